@@ -1,0 +1,1 @@
+"""The engine: cache pools, ForwardBatch, the model runner, memory plan, graphs, speculation."""

@@ -1,0 +1,43 @@
+"""The model contract: the joint every family bends at (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts the engine needs about a loaded model, independent of its family."""
+
+    vocab_size: int
+    max_position: int
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    dtype: torch.dtype = torch.float32
+    hybrid: bool = False  # has per-request state (recurrent/conv): prefix cache needs snapshots
+    extra: dict = field(default_factory=dict)
+
+
+class Model(nn.Module, ABC):
+    """A loaded model. Families subclass this; the engine only calls these methods."""
+
+    info: ModelInfo
+
+    @abstractmethod
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """Per layer name: ``PagedKV`` or ``StateSpec``. The engine allocates and owns the memory."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run one step; return hidden rows ``[len(batch.logits_indices), hidden]`` to sample from."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden rows -> logits ``[R, vocab]`` (vocab-sharded under TP; the engine gathers)."""

@@ -1,0 +1,59 @@
+"""What a plugin declares about a model family, and what the engine hands it to load one."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    """One model family a plugin provides.
+
+    ``architectures`` / ``model_types`` are the HF config.json values the family claims (the first
+    ``architectures`` entry is matched first, then ``model_type``). ``implemented`` lists the claimed
+    values it can load today; a claimed but unimplemented one is refused with a clear
+    "not yet supported" error rather than a crash.
+    """
+
+    name: str
+    plugin: str
+    architectures: tuple[str, ...] = ()
+    model_types: tuple[str, ...] = ()
+    implemented: tuple[str, ...] = ()
+    description: str = ""
+
+    def claims(self, value: str) -> bool:
+        return value in self.architectures or value in self.model_types
+
+    def implements(self, value: str) -> bool:
+        return value in self.implemented
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place in a tensor-parallel world (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    size: int = 1
+
+
+@dataclass
+class LoadContext:
+    """Everything a plugin's loader needs: the checkpoint, its parsed HF config, engine settings, world.
+
+    ``hf_config`` is the checkpoint's config.json as a dict; ``engine`` is the deployment's
+    ``engine.*`` section (a ``dgpp.config.EngineConfig``); ``dtype``/``device`` are what weights are
+    computed in (the checkpoint's dtype unless a deployment key says otherwise).
+    """
+
+    checkpoint_dir: Path
+    hf_config: dict[str, Any]
+    family: str
+    architecture: str
+    engine: Any = None
+    world: World = field(default_factory=World)
+    device: Any = "cpu"
+    dtype: Any = None
+    group: Any = None  # torch.distributed process group for TP collectives, when size > 1

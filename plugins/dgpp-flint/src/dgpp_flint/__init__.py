@@ -1,0 +1,1 @@
+"""dgpp plugin for the Flint model families."""

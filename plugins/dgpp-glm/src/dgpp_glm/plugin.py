@@ -1,0 +1,46 @@
+"""Hook implementations only: what the GLM plugin registers with dgpp."""
+
+from __future__ import annotations
+
+from dgpp.family import FamilySpec, LoadContext
+from dgpp.hookspecs import hookimpl
+
+FAMILY = "glm"
+# Every HF architecture / model_type this family claims, implemented or not yet.
+ARCHITECTURES = (
+    "Glm4MoeForCausalLM",
+    "Glm5NextForConditionalGeneration",
+    "Glm5NextForCausalLM",
+    "GlmMoeDsaForCausalLM",
+)
+MODEL_TYPES = (
+    "glm4_moe",
+    "glm5_next",
+    "glm5_next_text",
+    "glm_moe_dsa",
+)
+# The claimed values this plugin can load today; the rest get a clear "not yet supported".
+IMPLEMENTED: tuple[str, ...] = ()
+
+
+@hookimpl
+def dgpp_families() -> list[FamilySpec]:
+    return [
+        FamilySpec(
+            name=FAMILY,
+            plugin="dgpp-glm",
+            architectures=ARCHITECTURES,
+            model_types=MODEL_TYPES,
+            implemented=IMPLEMENTED,
+            description="GLM-4.7 (glm4_moe), GLM-5.3-Flash (glm5_next), full GLM-5.3 (glm_moe_dsa)",
+        )
+    ]
+
+
+@hookimpl
+def dgpp_load_model(ctx: LoadContext):
+    if ctx.family != FAMILY:
+        return None
+    from dgpp_glm.loader import load_model
+
+    return load_model(ctx)

@@ -1,0 +1,1 @@
+"""dgpp plugin for the Qwen model families."""

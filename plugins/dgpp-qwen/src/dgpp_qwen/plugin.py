@@ -1,0 +1,54 @@
+"""Hook implementations only: what the Qwen plugin registers with dgpp."""
+
+from __future__ import annotations
+
+from dgpp.family import FamilySpec, LoadContext
+from dgpp.hookspecs import hookimpl
+
+FAMILY = "qwen"
+# Every HF architecture / model_type this family claims, implemented or not yet.
+ARCHITECTURES = (
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen4ExpForCausalLM",
+    "Qwen4ExpForConditionalGeneration",
+)
+MODEL_TYPES = (
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+    "qwen4_exp",
+    "qwen4_exp_text",
+)
+# The claimed values this plugin can load today; the rest get a clear "not yet supported".
+IMPLEMENTED: tuple[str, ...] = ()
+
+
+@hookimpl
+def dgpp_families() -> list[FamilySpec]:
+    return [
+        FamilySpec(
+            name=FAMILY,
+            plugin="dgpp-qwen",
+            architectures=ARCHITECTURES,
+            model_types=MODEL_TYPES,
+            implemented=IMPLEMENTED,
+            description="Qwen3, Qwen3-MoE, Qwen3.5 / Qwen3.8-27B hybrids, Qwen3.5-122B-A10B MoE, Qwen3.8-Flash-Next (qwen4_exp)",
+        )
+    ]
+
+
+@hookimpl
+def dgpp_load_model(ctx: LoadContext):
+    if ctx.family != FAMILY:
+        return None
+    from dgpp_qwen.loader import load_model
+
+    return load_model(ctx)
