@@ -1,0 +1,87 @@
+"""SamplingParams: how one choice of one request picks its tokens (vLLM's name for it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SamplingDefaults:
+    """The checkpoint's preferred sampling values (``generation_config.json``), used when a request omits one."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    @classmethod
+    def from_generation_config(cls, checkpoint_dir: str | Path | None) -> SamplingDefaults:
+        """Read ``generation_config.json``; a checkpoint without one (or with ``do_sample: false``) samples greedily
+        only when the request asks; absent keys keep OpenAI's defaults."""
+        if checkpoint_dir is None:
+            return cls()
+        path = Path(checkpoint_dir) / "generation_config.json"
+        if not path.is_file():
+            return cls()
+        try:
+            raw: dict[str, Any] = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not valid JSON ({e})") from e
+        base = cls()
+        return cls(
+            temperature=float(raw.get("temperature", base.temperature)),
+            top_p=float(raw.get("top_p", base.top_p)),
+            top_k=int(raw.get("top_k", base.top_k) or 0),
+            min_p=float(raw.get("min_p", base.min_p) or 0.0),
+            repetition_penalty=float(raw.get("repetition_penalty", base.repetition_penalty)),
+        )
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+        }
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Everything that decides which token a choice emits next, plus its stop conditions.
+
+    ``temperature == 0`` (or ``top_k == 1``) is greedy: the highest logit wins, ties go to the lowest id,
+    and no random draw is consumed. ``seed`` makes sampled choices reproducible regardless of batching.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)
+    logprobs: bool = False
+    top_logprobs: int = 0
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+    def with_defaults(self, defaults: SamplingDefaults, given: set[str]) -> SamplingParams:
+        """Fill the sampling fields the request did not name (``given``) from the checkpoint's defaults."""
+        fill = {k: v for k, v in defaults.as_dict().items() if k not in given}
+        return replace(self, **fill)

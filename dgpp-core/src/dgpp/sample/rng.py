@@ -1,0 +1,34 @@
+"""Per-choice random streams: a seeded choice draws the same numbers however it is batched."""
+
+from __future__ import annotations
+
+import secrets
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def splitmix64(x: int) -> int:
+    """One SplitMix64 output for state ``x``: spreads nearby seeds (seed, seed+1) over the whole range."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def choice_generator(seed: int | None, choice_index: int) -> torch.Generator:
+    """A CPU generator owned by one choice. Seeded from (seed, choice index) so the n choices of a seeded
+    request differ from each other yet repeat exactly across runs; unseeded choices get fresh entropy."""
+    gen = torch.Generator(device="cpu")
+    if seed is None:
+        gen.manual_seed(secrets.randbits(63))
+    else:
+        mixed = splitmix64((seed & _MASK64) ^ splitmix64(choice_index))
+        gen.manual_seed(mixed & ((1 << 63) - 1))
+    return gen
+
+
+def uniform(gen: torch.Generator) -> float:
+    """One float64 draw in [0, 1)."""
+    return float(torch.rand((), dtype=torch.float64, generator=gen))

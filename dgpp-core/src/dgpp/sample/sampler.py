@@ -1,0 +1,145 @@
+"""The sampler: one token per choice from one fp32 logits row, in the anchor's order.
+
+penalties → logit bias → mask → temperature → top-k → min-p → top-p → draw. Rows are processed one
+at a time with each choice's own generator, so a choice's tokens never depend on its batch mates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from dgpp.sample.params import SamplingParams
+from dgpp.sample.processors import TokenHistory, apply_logit_bias, apply_mask, apply_penalties
+from dgpp.sample.rng import choice_generator, uniform
+
+# JSON has no -inf: a token with zero mass reports this floor (as vLLM and OpenAI clients expect).
+LOGPROB_FLOOR = -9999.0
+
+MaskFn = Callable[[int], "torch.Tensor | None"]
+AcceptFn = Callable[[int], None]
+
+
+@dataclass
+class SampleResult:
+    """The picked token, and (when asked) its logprob and the top alternatives ``[(id, logprob)]``."""
+
+    token: int
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] = field(default_factory=list)
+
+
+class ChoiceSampler:
+    """Sampling state of one choice: its params, generator, penalty history and grammar callbacks.
+
+    ``mask_fn(vocab_size)`` returns the allowed-token bool tensor for the next position (or None for no
+    constraint); ``accept_fn(token)`` tells the grammar what was emitted.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        prompt_ids: list[int],
+        choice_index: int = 0,
+        mask_fn: MaskFn | None = None,
+        accept_fn: AcceptFn | None = None,
+    ) -> None:
+        self.params = params
+        self.vocab_size = vocab_size
+        self.generator = choice_generator(params.seed, choice_index)
+        self.history = TokenHistory(vocab_size, prompt_ids, params.has_penalties)
+        self.mask_fn = mask_fn
+        self.accept_fn = accept_fn
+        self.bias_ids: torch.Tensor | None = None
+        self.bias_values: torch.Tensor | None = None
+        if params.logit_bias:
+            items = sorted(params.logit_bias.items())
+            self.bias_ids = torch.tensor([int(k) for k, _ in items], dtype=torch.long)
+            self.bias_values = torch.tensor([float(v) for _, v in items], dtype=torch.float32)
+
+    def processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """Penalties, bias and mask applied to a fp32 copy of ``logits`` (before temperature)."""
+        row = logits.detach().to(device="cpu", dtype=torch.float32).clone()
+        p = self.params
+        apply_penalties(row, self.history, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
+        apply_logit_bias(row, self.bias_ids, self.bias_values)
+        if self.mask_fn is not None:
+            apply_mask(row, self.mask_fn(row.shape[0]))
+        return row
+
+    def sample(self, logits: torch.Tensor) -> SampleResult:
+        row = self.processed_logits(logits)
+        p = self.params
+        if p.greedy:
+            # torch.argmax returns the first maximum: ties go to the lowest id, no draw consumed
+            token = int(torch.argmax(row))
+            logprobs = torch.log_softmax(row, dim=0) if p.logprobs else None
+        else:
+            ids, probs = filtered_distribution(row, p)
+            cumulative = torch.cumsum(probs.to(torch.float64), dim=0)
+            u = uniform(self.generator) * float(cumulative[-1])
+            pick = int(torch.searchsorted(cumulative, torch.tensor([u], dtype=torch.float64), right=True)[0])
+            pick = min(pick, ids.shape[0] - 1)
+            token = int(ids[pick])
+            logprobs = None
+            if p.logprobs:
+                logprobs = torch.full_like(row, float("-inf"))
+                logprobs[ids] = torch.log(probs / probs.sum())
+        result = SampleResult(token=token)
+        if logprobs is not None:
+            result.logprob = _finite(float(logprobs[token]))
+            if p.top_logprobs > 0:
+                k = min(p.top_logprobs, logprobs.shape[0])
+                vals, idx = torch.sort(logprobs, descending=True, stable=True)
+                result.top_logprobs = [(int(i), _finite(float(v))) for v, i in zip(vals[:k], idx[:k], strict=True)]
+        return result
+
+    def accept(self, token: int) -> None:
+        """Record an emitted token (penalty history, grammar state)."""
+        self.history.add(token)
+        if self.accept_fn is not None:
+            self.accept_fn(token)
+
+
+def filtered_distribution(row: torch.Tensor, p: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
+    """Temperature, top-k, min-p and top-p on a processed fp32 row.
+
+    Returns the surviving ids in draw order (descending logit, then ascending id) and their fp32
+    probabilities (not yet renormalized after the last filter; callers divide by the sum).
+    """
+    # a stable descending sort keeps equal logits in ascending id order
+    vals, ids = torch.sort(row, descending=True, stable=True)
+    n = int(torch.isfinite(vals).sum())
+    if n == 0:
+        raise ValueError("every token is masked: nothing can be sampled")
+    if p.top_k > 0:
+        n = min(n, p.top_k)
+    vals, ids = vals[:n] / p.temperature, ids[:n]
+    probs = torch.softmax(vals, dim=0)
+    if p.min_p > 0.0:
+        keep = int((probs >= p.min_p * probs[0]).sum())
+        probs, ids = probs[:keep], ids[:keep]
+    if p.top_p < 1.0:
+        cumulative = torch.cumsum((probs / probs.sum()).to(torch.float64), dim=0)
+        # keep every token before the crossing and the crossing token itself
+        crossing = int(torch.searchsorted(cumulative, torch.tensor([p.top_p], dtype=torch.float64), right=False)[0])
+        keep = min(crossing + 1, probs.shape[0])
+        probs, ids = probs[:keep], ids[:keep]
+    return ids, probs
+
+
+def _finite(x: float) -> float:
+    return x if x > LOGPROB_FLOOR else LOGPROB_FLOOR
+
+
+class Sampler:
+    """Samples one token for each row of a logits batch, each with its own ``ChoiceSampler``."""
+
+    def sample(self, logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[SampleResult]:
+        if logits.shape[0] != len(choices):
+            raise ValueError(f"logits has {logits.shape[0]} rows but {len(choices)} choices were given")
+        host = logits.detach().to(device="cpu", dtype=torch.float32)
+        return [choice.sample(host[i]) for i, choice in enumerate(choices)]
