@@ -1,0 +1,142 @@
+"""Tiny random ``glm4_moe`` checkpoints in the release layout, MTP layer included.
+
+transformers builds and saves the main stack (per-expert tensors, as GLM ships them) but keeps no MTP
+weights, so the builder saves one extra decoder layer, renames nothing (the checkpoint already calls
+it ``model.layers.{num_hidden_layers}``), adds the MTP-only tensors (``eh_proj``, ``enorm``, ``hnorm``,
+``shared_head.norm``; optionally ``embed_tokens`` and ``shared_head.head`` as GLM-4.5 ships them) and
+rewrites ``config.json`` so the extra layer is the MTP layer.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# Small enough for the 2-core CI box, big enough that every GLM feature runs: one dense layer then MoE
+# layers, 4 groups of 4 experts of which 2 groups are eligible, q/k/v biases, q/k norm, partial RoPE.
+TINY_GLM4_MOE: dict[str, Any] = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_act": "silu",
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "partial_rotary_factor": 0.5,
+    "max_position_embeddings": 512,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.08,
+    "eos_token_id": [1, 2],
+    "bos_token_id": None,
+    "pad_token_id": 0,
+}
+
+
+def tiny_glm4_moe_config(**overrides: Any) -> dict[str, Any]:
+    """The tiny config as a plain dict (what config.json will hold), with ``overrides`` applied."""
+    cfg = dict(TINY_GLM4_MOE)
+    cfg.update(overrides)
+    return cfg
+
+
+def _hf_config(cfg: dict[str, Any], num_layers: int, dtype: torch.dtype):
+    from transformers import Glm4MoeConfig
+
+    kwargs = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "num_nextn_predict_layers")}
+    kwargs["num_hidden_layers"] = num_layers
+    kwargs["num_mtp_layers"] = cfg.get("num_nextn_predict_layers", 0)
+    return Glm4MoeConfig(**kwargs, dtype=str(dtype).removeprefix("torch."))
+
+
+@torch.no_grad()
+def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
+    """HF initializes norms to 1 and biases / correction bias to 0; move them off those values so a
+    loader that drops one of them (or swaps two) changes the logits."""
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+        elif name.endswith(".bias"):
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+    for name, b in model.named_buffers():
+        if name.endswith("e_score_correction_bias"):
+            b.copy_(0.2 * torch.randn(b.shape, generator=gen, dtype=torch.float64).to(b.dtype))
+
+
+def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> dict:
+    hidden, vocab, std = cfg["hidden_size"], cfg["vocab_size"], cfg["initializer_range"]
+
+    def rand(*shape: int, scale: float = std, base: float = 0.0) -> torch.Tensor:
+        return (base + scale * torch.randn(shape, generator=gen, dtype=torch.float64)).to(dtype).contiguous()
+
+    pre = f"model.layers.{layer}."
+    out = {
+        pre + "eh_proj.weight": rand(hidden, 2 * hidden),
+        pre + "enorm.weight": rand(hidden, scale=0.2, base=1.0),
+        pre + "hnorm.weight": rand(hidden, scale=0.2, base=1.0),
+        pre + "shared_head.norm.weight": rand(hidden, scale=0.2, base=1.0),
+    }
+    if own_head:  # some releases repeat the embedding and head inside the MTP layer
+        out[pre + "embed_tokens.weight"] = rand(vocab, hidden)
+        out[pre + "shared_head.head.weight"] = rand(vocab, hidden)
+    return out
+
+
+def build_tiny_glm4_moe(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    mtp_own_head: bool = False,
+    **overrides: Any,
+) -> Path:
+    """Write a random ``Glm4MoeForCausalLM`` checkpoint (config.json + model.safetensors) to ``out_dir``.
+
+    With ``num_nextn_predict_layers`` = M > 0 the file also holds M MTP layers at
+    ``model.layers.{num_hidden_layers + i}``; ``mtp_own_head`` adds their own embedding and head copies.
+    """
+    from safetensors.torch import load_file, save_file
+    from transformers import Glm4MoeForCausalLM
+
+    out = Path(out_dir)
+    cfg = tiny_glm4_moe_config(**overrides)
+    layers, mtp = cfg["num_hidden_layers"], cfg.get("num_nextn_predict_layers", 0)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    # Build the stack with the MTP layers as ordinary trailing decoder layers: their tensors then carry
+    # exactly the names (and per-expert layout) the release uses for them.
+    model = Glm4MoeForCausalLM(_hf_config(cfg, layers + mtp, dtype)).to(dtype).eval()
+    _spread_weights(model, gen)
+    model.save_pretrained(out)
+    weights_path = out / "model.safetensors"
+    if not weights_path.exists():
+        raise RuntimeError(f"tiny glm4_moe checkpoint was sharded; expected one file at {weights_path}")
+    tensors = load_file(weights_path)
+    for i in range(mtp):
+        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, mtp_own_head))
+    save_file(tensors, weights_path, metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    config["num_nextn_predict_layers"] = mtp
+    config.pop("num_mtp_layers", None)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return out
