@@ -10,7 +10,7 @@ from transformers.models.qwen3_5.modeling_qwen3_5 import (
     torch_recurrent_gated_delta_rule,
 )
 
-from dgpp.nn.gated_deltanet import gated_delta_rule_varlen, gated_rms_norm
+from dgpp.nn.gated_deltanet import GatedRMSNorm, gated_delta_rule_varlen
 
 HK, HV, DK, DV = 2, 4, 8, 6
 
@@ -103,5 +103,7 @@ def test_gated_rms_norm_matches_transformers(dtype):
     with torch.no_grad():
         norm.weight.uniform_(0.5, 1.5)
     norm = norm.to(dtype)
+    ours = GatedRMSNorm(DV, 1e-6, dtype=dtype)
+    ours.weight.copy_(norm.weight.detach())
     x, z = torch.randn(10, DV, dtype=dtype), torch.randn(10, DV, dtype=dtype)
-    torch.testing.assert_close(gated_rms_norm(x, z, norm.weight, 1e-6), norm(x, z), rtol=0, atol=0)
+    torch.testing.assert_close(ours(x, z), norm(x, z), rtol=0, atol=0)

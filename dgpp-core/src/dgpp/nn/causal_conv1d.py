@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
 def token_layout(q_lens: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -85,3 +89,32 @@ def causal_conv1d_varlen(
     new_state = source[source_row(seqs, tail)]
     conv_state[state_slots] = new_state.to(conv_state.dtype)
     return out
+
+
+class CausalConv1d(nn.Module):
+    """Depthwise causal conv layer whose per-sequence history lives in the state pool (``conv_state``).
+
+    ``weight`` is ``[channels, 1, kernel]`` as checkpoints store it (``conv1d.weight``)."""
+
+    def __init__(self, channels: int, kernel: int, *, bias: bool = False, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.channels = channels
+        self.kernel = kernel
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel, dtype=dtype), requires_grad=False)
+        set_weight_attrs(self.weight, weight_loader=default_weight_loader)
+        if bias:
+            self.bias = nn.Parameter(torch.empty(channels, dtype=dtype), requires_grad=False)
+            set_weight_attrs(self.bias, weight_loader=default_weight_loader)
+        else:
+            self.register_parameter("bias", None)
+
+    def state_shape(self) -> tuple[int, int]:
+        return (self.kernel - 1, self.channels)
+
+    def forward(
+        self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch, activation: str | None = "silu"
+    ) -> torch.Tensor:
+        return causal_conv1d_varlen(
+            x, self.weight[:, 0, :], self.bias, conv_state, batch.state_slots,
+            batch.q_lens_cpu, batch.context_lens_cpu, activation,
+        )

@@ -17,7 +17,10 @@ from torch import nn
 
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import StateSpec
-from dgpp.nn.causal_conv1d import causal_conv1d_varlen, token_layout
+from dgpp.nn.causal_conv1d import CausalConv1d, token_layout
+from dgpp.nn.linear import Linear
+from dgpp.nn.norm import rms_normalize
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 CHUNK_SIZE = 64
 
@@ -166,9 +169,87 @@ def gated_delta_rule_varlen(
     return out
 
 
-def gated_rms_norm(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim (plain ``w``, not ``1+w``), rounded to x's dtype, then times ``silu(gate)``."""
-    dtype = x.dtype
-    xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
-    return (weight * normed * F.silu(gate.float())).to(dtype)
+class GatedRMSNorm(nn.Module):
+    """Per-head RMSNorm (plain ``w``, not ``1+w``), rounded to the input dtype, then times ``silu(gate)``."""
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
+        set_weight_attrs(self.weight, weight_loader=default_weight_loader)
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        normed = rms_normalize(x, self.eps).to(x.dtype)
+        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    """A GDN token mixer: ``[q|k|v]`` projection -> causal conv + SiLU -> gated delta rule -> gated norm -> out.
+
+    Its state (``cache_spec()``) is the conv history ``[kernel-1, conv_dim]`` in the activation dtype and
+    the recurrent state ``[Hv, dk, dv]`` in fp32, both read and written through ``batch.cache.state[name]``.
+    Parameter names follow the checkpoints (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
+    ``conv1d``, ``A_log``, ``dt_bias``, ``norm``, ``out_proj``).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        hidden_size: int,
+        num_k_heads: int,
+        num_v_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        conv_kernel: int,
+        eps: float = 1e-6,
+        dtype: torch.dtype = torch.float32,
+        chunk_size: int = CHUNK_SIZE,
+    ) -> None:
+        super().__init__()
+        if num_v_heads % num_k_heads:
+            raise ValueError(f"{name}: value heads {num_v_heads} must be a multiple of key heads {num_k_heads}")
+        self.name = name
+        self.dtype = dtype
+        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
+        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.chunk_size = chunk_size
+        conv_dim = 2 * self.key_dim + self.value_dim
+        self.in_proj_qkv = Linear(hidden_size, conv_dim, dtype=dtype)
+        self.in_proj_z = Linear(hidden_size, self.value_dim, dtype=dtype)
+        self.in_proj_b = Linear(hidden_size, num_v_heads, dtype=dtype)
+        self.in_proj_a = Linear(hidden_size, num_v_heads, dtype=dtype)
+        self.conv1d = CausalConv1d(conv_dim, conv_kernel, dtype=dtype)
+        self.A_log = nn.Parameter(torch.empty(num_v_heads, dtype=dtype), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(num_v_heads, dtype=dtype), requires_grad=False)
+        set_weight_attrs(self.A_log, weight_loader=default_weight_loader)
+        set_weight_attrs(self.dt_bias, weight_loader=default_weight_loader)
+        self.norm = GatedRMSNorm(head_v_dim, eps, dtype=dtype)
+        self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
+
+    def cache_spec(self) -> StateSpec:
+        return StateSpec(
+            {
+                "conv": (self.conv1d.state_shape(), self.dtype),
+                "recurrent": ((self.num_v_heads, self.head_k_dim, self.head_v_dim), torch.float32),
+            }
+        )
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        state = batch.cache.state[self.name]
+        rows = hidden.shape[0]
+        mixed = self.conv1d(self.in_proj_qkv(hidden), state["conv"], batch)
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.reshape(rows, self.num_k_heads, self.head_k_dim)
+        k = k.reshape(rows, self.num_k_heads, self.head_k_dim)
+        v = v.reshape(rows, self.num_v_heads, self.head_v_dim)
+        beta = self.in_proj_b(hidden).sigmoid()
+        # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
+        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias)
+        core = gated_delta_rule_varlen(
+            q, k, v, g, beta, state["recurrent"], batch.state_slots,
+            batch.q_lens_cpu, batch.context_lens_cpu, self.chunk_size,
+        ).to(hidden.dtype)
+        z = self.in_proj_z(hidden).reshape(rows, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.norm(core, z).reshape(rows, self.value_dim))
