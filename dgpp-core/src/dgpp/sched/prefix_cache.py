@@ -1,0 +1,219 @@
+"""Exact prefix cache: full KV blocks shared by reference, plus state snapshots for hybrid models.
+
+Keys are hash-chained over token ids (block i's key covers every token up to its end), and a hit is
+confirmed by comparing the block's tokens. Exactness comes from *where* a request may attach:
+
+* only at ``cut`` positions, multiples of the prefill chunk size, because a cold run computes its KV
+  in chunks cut at those same positions; the suffix prefill then repeats the cold chunk sequence;
+* only blocks computed by prefill chunks ending at a cut are indexed (never decode-written KV);
+* never at the last prompt token, whose logits the request needs;
+* for hybrid models (recurrent / conv state) only where a state snapshot was taken at that cut.
+
+The cache holds one reference on each indexed block; an entry whose block nobody else references is
+evictable, least recently used first (deeper blocks before their parents on equal age).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dgpp.sched.block_pool import BlockPool, SlotPool
+
+ROOT_KEY = b"dgpp-prefix-root"
+
+
+def chain_key(parent: bytes, tokens: list[int] | tuple[int, ...]) -> bytes:
+    """Key of a block given its parent's key and its own token ids."""
+    h = hashlib.blake2b(parent, digest_size=16)
+    h.update(b"".join(int(t).to_bytes(8, "little", signed=True) for t in tokens))
+    return h.digest()
+
+
+@dataclass
+class _BlockEntry:
+    block: int
+    tokens: tuple[int, ...]
+    depth: int
+    last_used: int
+
+
+@dataclass
+class _SnapshotEntry:
+    slot: int
+    position: int
+    blocks: list[int]  # the blocks before the cut, pinned while the snapshot lives
+    last_used: int
+
+
+@dataclass
+class PrefixMatch:
+    """Where a new request attaches: ``position`` tokens are cached in ``blocks`` (and ``snapshot_slot``)."""
+
+    position: int = 0
+    blocks: list[int] = field(default_factory=list)
+    snapshot_slot: int | None = None
+
+
+@dataclass
+class PrefixCacheStats:
+    hits: int = 0
+    misses: int = 0
+    tokens_saved: int = 0
+    snapshots: int = 0
+    evictions: int = 0
+    duplicates: int = 0
+    skipped_no_slot: int = 0
+
+
+class PrefixCache:
+    """Index of reusable prefill work. ``cut`` is the chunk size (a multiple of the block size)."""
+
+    def __init__(
+        self,
+        pool: BlockPool,
+        cut: int,
+        hybrid: bool = False,
+        slots: SlotPool | None = None,
+        copy_state: Callable[[int, int], None] | None = None,
+        min_tokens: int = 0,
+        enabled: bool = True,
+    ) -> None:
+        if cut % pool.block_size:
+            raise ValueError(f"prefix cache cut {cut} must be a multiple of the KV block size {pool.block_size}")
+        if hybrid and (slots is None or copy_state is None):
+            raise ValueError("a hybrid model's prefix cache needs snapshot slots and copy_state")
+        self.pool = pool
+        self.cut = cut
+        self.hybrid = hybrid
+        self.slots = slots
+        self.copy_state = copy_state
+        self.min_tokens = min_tokens
+        self.enabled = enabled
+        self.stats = PrefixCacheStats()
+        self._blocks: dict[bytes, _BlockEntry] = {}
+        self._snapshots: dict[bytes, _SnapshotEntry] = {}
+        self._clock = 0
+
+    # ---- lookup -------------------------------------------------------------------------------
+    def match(self, prompt: list[int]) -> PrefixMatch:
+        """Longest usable cached prefix of ``prompt``; takes a reference on each returned block."""
+        if not self.enabled:
+            return PrefixMatch()
+        self._clock += 1
+        bs = self.pool.block_size
+        key, chain, keys = ROOT_KEY, [], []
+        while (len(chain) + 1) * bs <= len(prompt) - 1:  # never the last prompt token
+            i = len(chain)
+            tokens = tuple(prompt[i * bs : (i + 1) * bs])
+            key = chain_key(key, tokens)
+            entry = self._blocks.get(key)
+            if entry is None or entry.tokens != tokens:
+                break
+            chain.append(entry)
+            keys.append(key)
+        position = (len(chain) * bs // self.cut) * self.cut
+        snapshot: _SnapshotEntry | None = None
+        if self.hybrid:
+            position = 0
+            for n in range(len(chain), 0, -1):
+                snap = self._snapshots.get(keys[n - 1])
+                if snap is not None and snap.position == n * bs:
+                    snapshot, position = snap, n * bs
+                    break
+        if position == 0:
+            self.stats.misses += 1
+            return PrefixMatch()
+        used = chain[: position // bs]
+        for entry in used:
+            entry.last_used = self._clock
+            self.pool.incref(entry.block)
+        if snapshot is not None:
+            snapshot.last_used = self._clock
+        self.stats.hits += 1
+        self.stats.tokens_saved += position
+        return PrefixMatch(position, [e.block for e in used], snapshot.slot if snapshot else None)
+
+    # ---- insertion ----------------------------------------------------------------------------
+    def insert(self, tokens: list[int], block_table: list[int], position: int, state_slot: int | None = None) -> None:
+        """Index the prefill work of a request whose first ``position`` tokens (a cut) are now in its
+        blocks; for hybrid models also snapshot ``state_slot`` at that cut."""
+        if not self.enabled or position <= 0 or position % self.cut or position < self.min_tokens:
+            return
+        self._clock += 1
+        bs = self.pool.block_size
+        key = ROOT_KEY
+        indexed: list[int] = []  # the blocks the index holds for this prefix (maybe another request's)
+        for i in range(position // bs):
+            block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
+            key = chain_key(key, block_tokens)
+            entry = self._blocks.get(key)
+            if entry is None:
+                self.pool.incref(block_table[i])
+                entry = self._blocks[key] = _BlockEntry(block_table[i], block_tokens, i, self._clock)
+            else:
+                if entry.block != block_table[i]:
+                    self.stats.duplicates += 1
+                entry.last_used = self._clock
+            indexed.append(entry.block)
+        if self.hybrid and state_slot is not None and key not in self._snapshots:
+            self._snapshot(key, position, indexed, state_slot)
+
+    def _snapshot(self, key: bytes, position: int, blocks: list[int], state_slot: int) -> None:
+        assert self.slots is not None and self.copy_state is not None
+        slot = self.slots.take_snapshot()
+        if slot is None and self._evict_snapshot():
+            slot = self.slots.take_snapshot()
+        if slot is None:
+            self.stats.skipped_no_slot += 1
+            return
+        self.copy_state(state_slot, slot)
+        for b in blocks:
+            self.pool.incref(b)
+        self._snapshots[key] = _SnapshotEntry(slot, position, list(blocks), self._clock)
+        self.stats.snapshots += 1
+
+    # ---- eviction -----------------------------------------------------------------------------
+    def evict_blocks(self, need_free: int) -> None:
+        """Drop least recently used blocks held only by the cache until ``need_free`` blocks are free."""
+        if self.pool.num_free >= need_free:
+            return
+        while self.pool.num_free < need_free:
+            idle = [(e.last_used, -e.depth, k) for k, e in self._blocks.items() if self.pool.refcount[e.block] == 1]
+            if not idle:
+                if not self._evict_snapshot():
+                    return
+                continue
+            idle.sort()
+            for _, _, key in idle:
+                entry = self._blocks.pop(key)
+                self.pool.decref(entry.block)
+                self.stats.evictions += 1
+                if self.pool.num_free >= need_free:
+                    return
+
+    def _evict_snapshot(self) -> bool:
+        if not self._snapshots:
+            return False
+        key = min(self._snapshots, key=lambda k: self._snapshots[k].last_used)
+        snap = self._snapshots.pop(key)
+        for b in snap.blocks:
+            self.pool.decref(b)
+        assert self.slots is not None
+        self.slots.give_snapshot(snap.slot)
+        self.stats.evictions += 1
+        return True
+
+    # ---- introspection ------------------------------------------------------------------------
+    @property
+    def num_entries(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def num_snapshots(self) -> int:
+        return len(self._snapshots)
+
+    @property
+    def blocks_pinned(self) -> int:
+        return len(self._blocks)

@@ -1,0 +1,89 @@
+"""One sequence in the scheduler: a choice of a request, from submission to retirement."""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from dgpp.sample.params import SamplingParams
+from dgpp.sample.sampler import ChoiceSampler, SampleResult
+
+
+class RetireReason(enum.Enum):
+    """Why a sequence stopped (the anchor's retire reasons)."""
+
+    EOS = "eos"
+    LENGTH = "length"
+    STOP = "stop"  # a stop string matched (the serving layer asked for it)
+    CANCELLED = "cancelled"
+    POOL_EXHAUSTED = "pool_exhausted"
+    FAILED = "failed"
+
+    @property
+    def finish_reason(self) -> str:
+        """The OpenAI ``finish_reason`` this retirement reports."""
+        return "length" if self in (RetireReason.LENGTH, RetireReason.POOL_EXHAUSTED) else "stop"
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    FINISHED = "finished"
+
+
+@dataclass
+class SeqEvent:
+    """What the engine thread tells the serving side after a tick: new tokens and maybe the end."""
+
+    tokens: list[int]
+    samples: list[SampleResult]
+    retired: RetireReason | None = None
+    cached_tokens: int = 0
+    error: str | None = None
+
+
+EventSink = Callable[["Sequence", SeqEvent], None]
+
+
+@dataclass(eq=False)
+class Sequence:
+    """A choice being generated. ``seq_id`` is its admission-order key: decode rows follow it."""
+
+    request_id: str
+    choice_index: int
+    prompt: list[int]
+    params: SamplingParams
+    sampler: ChoiceSampler
+    sink: EventSink
+    use_prefix_cache: bool = True
+    seq_id: int = -1
+    status: SeqStatus = SeqStatus.WAITING
+    slot: int | None = None
+    block_table: list[int] = field(default_factory=list)
+    computed: int = 0  # tokens whose KV / state is in the cache
+    cached_tokens: int = 0  # of those, how many came from the prefix cache
+    output: list[int] = field(default_factory=list)
+    retired: RetireReason | None = None
+    arrival: float = field(default_factory=time.monotonic)
+    admitted_at: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt)
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def max_total_tokens(self) -> int:
+        return self.prompt_len + self.params.max_tokens
+
+    @property
+    def remaining_prefill(self) -> int:
+        return max(0, self.prompt_len - self.computed)

@@ -1,0 +1,241 @@
+"""The scheduler tick: cancels → admission → chunked prefill within budget → one decode pass.
+
+It is single-threaded (the engine thread owns it) and deterministic: live sequences are kept and
+decoded in admission order (``seq_id``), chunk boundaries sit at absolute multiples of the chunk size
+whatever the budget, and every decision depends only on what was submitted and cancelled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from dgpp.sample.sampler import SampleResult
+from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
+from dgpp.sched.config import SchedulerConfig
+from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence, SeqStatus
+from dgpp.sched.stats import SchedulerStats
+from dgpp.sched.work import SeqWork, StepRunner
+
+
+class QueueFull(RuntimeError):
+    """More sequences are waiting than ``engine.queue_limit`` allows (HTTP 503 ``overloaded``)."""
+
+
+class Scheduler:
+    """Continuous batching over a ``StepRunner``; see the module docstring for the tick."""
+
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        runner: StepRunner,
+        blocks: BlockPool,
+        slots: SlotPool,
+        prefix_cache: PrefixCache,
+        eos_token_ids: frozenset[int] | set[int] = frozenset(),
+    ) -> None:
+        self.config = config
+        self.runner = runner
+        self.blocks = blocks
+        self.slots = slots
+        self.prefix_cache = prefix_cache
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.waiting: deque[Sequence] = deque()
+        self.live: list[Sequence] = []  # admission order
+        self.stats = SchedulerStats()
+        self._next_seq_id = 0
+        self._cancels: dict[str, RetireReason] = {}
+        self._events: dict[Sequence, SeqEvent] = {}
+
+    # ---- inputs (called on the engine thread between ticks) -----------------------------------
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue the choices of one request together; all or none (``QueueFull``)."""
+        if len(self.waiting) + len(seqs) > self.config.queue_limit:
+            raise QueueFull(f"{len(self.waiting)} sequences waiting; engine.queue_limit is {self.config.queue_limit}")
+        for s in seqs:
+            s.seq_id = self._next_seq_id
+            self._next_seq_id += 1
+            self.waiting.append(s)
+
+    def cancel(self, request_id: str, reason: RetireReason = RetireReason.CANCELLED) -> None:
+        self._cancels[request_id] = reason
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.live or self._cancels)
+
+    # ---- the tick -----------------------------------------------------------------------------
+    def tick(self) -> None:
+        started = time.monotonic()
+        self._apply_cancels()
+        self._admit()
+        decoding = [s for s in self.live if s.status is SeqStatus.DECODE]
+        if self.config.admission == "grow":
+            decoding = self._grow(decoding)
+        budget = self.config.busy_chunks if decoding else self.config.idle_chunks
+        first_round = True
+        while True:
+            prefilling = [s for s in self.live if s.status is SeqStatus.PREFILL]
+            round_seqs = prefilling[:budget]
+            budget -= len(round_seqs)
+            rows = decoding if first_round else []
+            if not round_seqs and not rows:
+                break
+            self._run_round(round_seqs, rows)
+            first_round = False
+            if budget <= 0:
+                break
+        self._flush_events()
+        self.stats.step_ms += (time.monotonic() - started) * 1000.0
+
+    # ---- cancels and retirement ---------------------------------------------------------------
+    def _apply_cancels(self) -> None:
+        if not self._cancels:
+            return
+        cancels, self._cancels = self._cancels, {}
+        for s in list(self.waiting):
+            if s.request_id in cancels:
+                self.waiting.remove(s)
+                self._retire(s, cancels[s.request_id])
+        for s in list(self.live):
+            if s.request_id in cancels:
+                self._retire(s, cancels[s.request_id])
+
+    def _retire(self, s: Sequence, reason: RetireReason) -> None:
+        if s.status is SeqStatus.FINISHED:
+            return
+        s.status, s.retired = SeqStatus.FINISHED, reason
+        if s in self.live:
+            self.live.remove(s)
+        for b in s.block_table:
+            self.blocks.decref(b)
+        s.block_table = []
+        if s.slot is not None:
+            self.slots.give_live(s.slot)
+            s.slot = None
+        self._event(s).retired = reason
+        self.stats.retired(reason)
+
+    # ---- admission ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        for s in list(self.waiting):
+            if len(self.live) >= self.config.max_concurrency:
+                return
+            if self._try_admit(s):
+                self.waiting.remove(s)
+
+    def _try_admit(self, s: Sequence) -> bool:
+        match = self.prefix_cache.match(s.prompt) if s.use_prefix_cache else None
+        cached = match.blocks if match else []
+        reserve = s.max_total_tokens
+        if self.config.admission == "grow":
+            reserve = min(reserve, s.prompt_len + self.config.admission_window)
+        need = self.blocks.blocks_for_tokens(reserve) - len(cached)
+        self.prefix_cache.evict_blocks(need)
+        if need > self.blocks.num_free:
+            for b in cached:  # give back the references the match took; try again next tick
+                self.blocks.decref(b)
+            return False
+        slot = self.slots.take_live()
+        assert slot is not None, "a live slot must exist below max_concurrency"
+        s.slot = slot
+        s.block_table = cached + self.blocks.allocate(need)
+        s.computed = s.cached_tokens = match.position if match else 0
+        if match is not None and match.snapshot_slot is not None:
+            self.prefix_cache.copy_state(match.snapshot_slot, slot)  # type: ignore[misc]
+        s.status = SeqStatus.PREFILL
+        s.admitted_at = time.monotonic()
+        self.live.append(s)
+        self.stats.admitted(s)
+        return True
+
+    def _grow(self, decoding: list[Sequence]) -> list[Sequence]:
+        """Grow admission: give each decoding sequence room for its next token, shedding the youngest
+        live sequence (no preemption) when the pool is exhausted."""
+        for s in list(decoding):
+            while s.status is SeqStatus.DECODE and len(s.block_table) * self.blocks.block_size < s.computed + 1:
+                window = self.blocks.blocks_for_tokens(self.config.admission_window)
+                want = min(window, self.blocks.blocks_for_tokens(s.max_total_tokens) - len(s.block_table))
+                self.prefix_cache.evict_blocks(want)
+                try:
+                    s.block_table += self.blocks.allocate(min(want, self.blocks.num_free) or 1)
+                    self.stats.reservations_grown += 1
+                except OutOfBlocks:
+                    self._retire(max(self.live, key=lambda x: x.seq_id), RetireReason.POOL_EXHAUSTED)
+        return [s for s in decoding if s.status is SeqStatus.DECODE]
+
+    # ---- model steps --------------------------------------------------------------------------
+    def _run_round(self, prefills: list[Sequence], decodes: list[Sequence]) -> None:
+        works: list[SeqWork] = []
+        sampled: list[Sequence] = []
+        chunk_ends: list[tuple[Sequence, int]] = []
+        for s in prefills:
+            end = min(s.prompt_len, (s.computed // self.config.chunk_tokens + 1) * self.config.chunk_tokens)
+            last = end == s.prompt_len
+            works.append(SeqWork(s.slot, s.block_table, s.computed, s.prompt[s.computed : end], want_logits=last))  # type: ignore[arg-type]
+            chunk_ends.append((s, end))
+            if last:
+                sampled.append(s)
+        for s in decodes:
+            works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], want_logits=True))  # type: ignore[arg-type]
+            sampled.append(s)
+        t0 = time.monotonic()
+        logits = self.runner.step(works)
+        elapsed = time.monotonic() - t0
+        self.stats.stepped(prefill_tokens=sum(e - s.computed for s, e in chunk_ends), decode_rows=len(decodes),
+                           seconds=elapsed)
+        for s, end in chunk_ends:
+            s.computed = end
+            self._maybe_cache(s)
+        for s in decodes:
+            s.computed += 1
+        # rows come back in the order of the works that wanted logits: prefill tails first, then decodes
+        results = [s.sampler.sample(logits[i]) for i, s in enumerate(sampled)]
+        for s, r in zip(sampled, results, strict=True):
+            if s.status is SeqStatus.PREFILL:
+                s.status = SeqStatus.DECODE
+                self.stats.prompts_prefilled += 1
+            self._emit(s, r)
+
+    def _maybe_cache(self, s: Sequence) -> None:
+        if not s.use_prefix_cache or s.computed % self.config.chunk_tokens or s.computed >= s.prompt_len:
+            return
+        deepest = (s.prompt_len - 1) // self.config.chunk_tokens * self.config.chunk_tokens
+        snapshot_slot = s.slot if s.computed == deepest else None
+        self.prefix_cache.insert(s.prompt, s.block_table, s.computed, snapshot_slot)
+
+    def _emit(self, s: Sequence, r: SampleResult) -> None:
+        now = time.monotonic()
+        if s.first_token_at is None:
+            s.first_token_at = now
+        s.last_token_at = now
+        s.output.append(r.token)
+        s.sampler.accept(r.token)
+        ev = self._event(s)
+        ev.tokens.append(r.token)
+        ev.samples.append(r)
+        self.stats.tokens_generated += 1
+        if r.token in self.eos_token_ids and not (s.params.ignore_eos or self.config.no_eos):
+            self._retire(s, RetireReason.EOS)
+        elif len(s.output) >= s.params.max_tokens or s.computed + 1 >= self.config.max_position:
+            self._retire(s, RetireReason.LENGTH)
+
+    def _event(self, s: Sequence) -> SeqEvent:
+        ev = self._events.get(s)
+        if ev is None:
+            ev = self._events[s] = SeqEvent(tokens=[], samples=[], cached_tokens=s.cached_tokens)
+        return ev
+
+    def _flush_events(self) -> None:
+        events, self._events = self._events, {}
+        for s, ev in events.items():
+            s.sink(s, ev)
+
+    def fail_all(self, message: str) -> None:
+        """The runner failed: retire every sequence with an error event (the engine is marked failed)."""
+        for s in list(self.live) + list(self.waiting):
+            self._retire(s, RetireReason.FAILED)
+            self._event(s).error = message
+        self.waiting.clear()
+        self._flush_events()

@@ -1,0 +1,50 @@
+"""Counters the scheduler keeps for ``/metrics``, Prometheus and the periodic stats line."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dgpp.sched.request import RetireReason, Sequence
+
+
+@dataclass
+class SchedulerStats:
+    """Monotonic counters (totals since start) plus the last decode batch's shape."""
+
+    admitted_total: int = 0
+    prompts_prefilled: int = 0
+    prompt_tokens: int = 0
+    prompt_tokens_cached: int = 0
+    prompt_tokens_computed: int = 0
+    tokens_generated: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+    prefill_ms: float = 0.0
+    decode_ms: float = 0.0
+    step_ms: float = 0.0
+    reservations_grown: int = 0
+    last_decode_rows: int = 0
+    finished: Counter = field(default_factory=Counter)
+
+    def admitted(self, s: Sequence) -> None:
+        self.admitted_total += 1
+        self.prompt_tokens += s.prompt_len
+        self.prompt_tokens_cached += s.cached_tokens
+
+    def stepped(self, prefill_tokens: int, decode_rows: int, seconds: float) -> None:
+        self.prompt_tokens_computed += prefill_tokens
+        if decode_rows:
+            self.decode_steps += 1
+            self.decode_rows += decode_rows
+            self.last_decode_rows = decode_rows
+        # a mixed step is booked to prefill when it carries prompt tokens: that is what dominates its time
+        if prefill_tokens:
+            self.prefill_ms += seconds * 1000.0
+        else:
+            self.decode_ms += seconds * 1000.0
+
+    def retired(self, reason: RetireReason) -> None:
+        self.finished[reason.value] += 1
