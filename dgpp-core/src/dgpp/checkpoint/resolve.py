@@ -1,0 +1,82 @@
+"""Where a template's ``model`` lives on disk: a local directory, the CPU demo, or the HF cache (offline).
+
+dgpp never downloads. An HF id ``ORG/NAME`` is looked up in the Hugging Face cache layout
+(``<hub>/models--ORG--NAME/snapshots/<rev>``, ``rev`` from ``refs/main`` when present), where
+``<hub>`` is ``HF_HUB_CACHE``, else ``HF_HOME/hub``, else ``~/.cache/huggingface/hub``. A miss names
+every place that was looked at.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from dgpp.errors import CheckpointError
+
+DEMO_ORG = "dgpp-demo"  # ids under this org are generated locally by dgpp.demo, never looked up
+_HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def hf_hub_dir() -> tuple[Path, str]:
+    """The HF hub cache directory and the setting that chose it (for messages)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser(), "HF_HUB_CACHE"
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub", "HF_HOME/hub"
+    return Path("~/.cache/huggingface/hub").expanduser(), "default HF cache"
+
+
+def _checked_dir(path: Path, what: str) -> Path:
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{what} {path} has no config.json (not a checkpoint, or an incomplete download)")
+    return path.resolve()
+
+
+def _snapshot(repo_dir: Path, model: str) -> Path:
+    snapshots = repo_dir / "snapshots"
+    ref = repo_dir / "refs" / "main"
+    if ref.is_file():
+        rev = ref.read_text(encoding="utf-8").strip()
+        if (snapshots / rev).is_dir():
+            return snapshots / rev
+        raise CheckpointError(f"checkpoint {model!r}: {ref} names revision {rev} but {snapshots / rev} is missing")
+    revs = sorted(p for p in snapshots.iterdir() if p.is_dir()) if snapshots.is_dir() else []
+    if len(revs) == 1:
+        return revs[0]
+    if not revs:
+        raise CheckpointError(f"checkpoint {model!r}: {snapshots} holds no snapshot")
+    raise CheckpointError(
+        f"checkpoint {model!r}: {snapshots} holds {len(revs)} snapshots and no refs/main; "
+        f"set model to one snapshot directory ({', '.join(p.name for p in revs)})"
+    )
+
+
+def resolve_checkpoint(model: str, base_dir: str | Path | None = None) -> Path:
+    """The checkpoint directory for a template's ``model`` value (raises CheckpointError naming where it looked).
+
+    ``base_dir`` (the template's directory) is also tried for a relative local path.
+    """
+    if model.startswith(DEMO_ORG + "/"):
+        from dgpp.demo import ensure_demo_checkpoint
+
+        return ensure_demo_checkpoint(model)
+    looked: list[str] = []
+    local = Path(model).expanduser()
+    candidates = [local] if local.is_absolute() else [local, *([Path(base_dir) / local] if base_dir else [])]
+    for cand in candidates:
+        if cand.is_dir():
+            return _checked_dir(cand, "checkpoint directory")
+        looked.append(f"local directory {cand.absolute()}")
+    if model.startswith(("/", ".", "~")) or not _HF_ID.match(model):
+        raise CheckpointError(f"checkpoint {model!r} not found: looked for {' and '.join(looked)}")
+    hub, setting = hf_hub_dir()
+    org, name = model.split("/")
+    repo_dir = hub / f"models--{org}--{name}"
+    if not repo_dir.is_dir():
+        looked.append(f"HF cache {repo_dir} ({setting})")
+        raise CheckpointError(
+            f"checkpoint {model!r} not found: looked for {' and '.join(looked)}; "
+            f"dgpp does not download: fetch it first (e.g. `hf download {model}`) or point HF_HUB_CACHE at its cache"
+        )
+    return _checked_dir(_snapshot(repo_dir, model), f"checkpoint {model!r} snapshot")

@@ -1,0 +1,108 @@
+"""Paged attention (torch reference path) and the sigmoid-gated attention output.
+
+K/V live in the engine's pool, ``[num_blocks, block_size, kv_heads, dim]`` per layer. New rows are
+written through ``slot_mapping``; each sequence then attends over its whole context, read back from
+the pool through its ``block_table`` — so a prefill chunk sees the earlier chunks, and a decode row
+sees everything before it. One code path serves prefill, decode and mixed batches.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+
+
+def write_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """Store rows ``k``/``v`` ``[T, kv_heads, dim]`` at flat slots ``slot_mapping`` (−1: skip the row)."""
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
+    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` token rows of one sequence, ``[length, kv_heads, dim]``, in order."""
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    blocks = block_table[:num_blocks].long()
+    if num_blocks and int(blocks.min()) < 0:
+        raise ValueError(f"block table covers fewer than {length} tokens")
+    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
+    """Causal GQA attention for one sequence: query row ``i`` sits at position ``q_offset + i`` and sees
+    keys ``0..q_offset+i``. ``q`` [n, Hq, D], ``k`` [L, Hkv, D], ``v`` [L, Hkv, Dv] -> [n, Hq, Dv].
+    Scores and softmax in fp32; the result is cast back to q's dtype."""
+    n, num_q_heads, _ = q.shape
+    length, num_kv_heads, _ = k.shape
+    group = num_q_heads // num_kv_heads
+    qf = q.float().view(n, num_kv_heads, group, -1)
+    scores = torch.einsum("nhgd,lhd->hgnl", qf, k.float()) * scale
+    key_pos = torch.arange(length, device=q.device)
+    query_pos = q_offset + torch.arange(n, device=q.device)
+    scores = scores.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("hgnl,lhd->nhgd", probs, v.float())
+    return out.reshape(n, num_q_heads, -1).to(q.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+) -> torch.Tensor:
+    """Varlen causal attention over the paged cache, after this step's K/V were written.
+
+    ``q`` is ``[T, Hq, D]`` (flattened rows of all sequences); returns ``[T, Hq, Dv]``.
+    """
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    start = 0
+    for i, q_len in enumerate(batch.q_lens_cpu):
+        if q_len == 0:
+            continue
+        length = batch.seq_lens_cpu[i]
+        k = gather_context(k_cache, batch.block_tables[i], length)
+        v = gather_context(v_cache, batch.block_tables[i], length)
+        out[start : start + q_len] = attend(q[start : start + q_len], k, v, batch.context_lens_cpu[i], scale)
+        start += q_len
+    return out
+
+
+class PagedAttention(nn.Module):
+    """Attention core of one layer: write this step's K/V into the pool entry ``cache_name``, then
+    attend. Inputs ``[T, heads, dim]`` (after RoPE and any q/k norm); output ``[T, Hq*Dv]``."""
+
+    def __init__(self, cache_name: str, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
+        super().__init__()
+        if num_heads % num_kv_heads:
+            raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
+        self.cache_name = cache_name
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = head_dim**-0.5 if scale is None else scale
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        k_cache, v_cache = batch.cache.kv[self.cache_name]
+        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        return paged_attention(q, k_cache, v_cache, batch, self.scale).flatten(1)
+
+
+def split_query_gate(q_proj_out: torch.Tensor, num_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Qwen3.5's ``[q|gate]`` q_proj packs, per head, ``head_dim`` query dims then ``head_dim`` gate dims.
+    Returns ``q`` ``[T, H, D]`` and ``gate`` ``[T, H*D]``."""
+    per_head = q_proj_out.view(q_proj_out.shape[0], num_heads, 2 * head_dim)
+    q, gate = per_head.split(head_dim, dim=-1)
+    return q, gate.reshape(q_proj_out.shape[0], num_heads * head_dim)
+
+
+def gated_output(attn_out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    """Per-element sigmoid output gate applied before o_proj."""
+    return attn_out * torch.sigmoid(gate)

@@ -1,0 +1,87 @@
+"""Linear layers that go through a pluggable ``LinearMethod``, so quantized formats can slot in later.
+
+A layer declares how tensor parallelism splits it (``parallel``): ``"column"`` splits the output
+features (dim 0 of the weight), ``"row"`` splits the input features (dim 1), ``"replicated"`` keeps it
+whole. The parameters carry ``tp_dim`` and a ``weight_loader`` so the checkpoint loader can slice a
+full tensor for this rank without knowing the layer.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.family import World
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+
+Parallel = Literal["replicated", "column", "row"]
+
+
+class LinearMethod(Protocol):
+    """How a linear layer stores its weight and computes ``x @ W.T`` (dgpp.quant provides others)."""
+
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None: ...
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor: ...
+
+
+class UnquantizedLinearMethod:
+    """Plain dense weight ``[out, in]`` in the compute dtype."""
+
+    def create_weights(self, layer: Linear, dtype: torch.dtype) -> None:
+        weight = nn.Parameter(torch.empty(layer.out_local, layer.in_local, dtype=dtype), requires_grad=False)
+        tp_dim = {"column": 0, "row": 1}.get(layer.parallel)
+        set_weight_attrs(weight, tp_dim=tp_dim, world=layer.world, weight_loader=default_weight_loader)
+        layer.weight = weight
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        return F.linear(x, layer.weight, bias)
+
+
+class Linear(nn.Module):
+    """``y = x W^T (+ b)`` with TP split ``parallel`` over ``world``; the row-parallel all-reduce is the
+    caller's (done once per block, after the residual-facing projection)."""
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        *,
+        bias: bool = False,
+        dtype: torch.dtype = torch.float32,
+        parallel: Parallel = "replicated",
+        world: World | None = None,
+        quant_method: LinearMethod | None = None,
+    ) -> None:
+        super().__init__()
+        self.world = world or World()
+        self.parallel = parallel
+        self.in_features = in_features
+        self.out_features = out_features
+        size = self.world.size
+        if parallel == "column" and out_features % size:
+            raise ValueError(f"column-parallel output size {out_features} is not divisible by world {size}")
+        if parallel == "row" and in_features % size:
+            raise ValueError(f"row-parallel input size {in_features} is not divisible by world {size}")
+        self.out_local = out_features // size if parallel == "column" else out_features
+        self.in_local = in_features // size if parallel == "row" else in_features
+        self.quant_method: LinearMethod = quant_method or UnquantizedLinearMethod()
+        self.quant_method.create_weights(self, dtype)
+        if bias:
+            # a row-parallel bias is added once (by rank 0's share), so it stays whole
+            self.bias = nn.Parameter(torch.empty(self.out_local, dtype=dtype), requires_grad=False)
+            set_weight_attrs(
+                self.bias, tp_dim=0 if parallel == "column" else None, world=self.world,
+                weight_loader=default_weight_loader,
+            )
+        else:
+            self.register_parameter("bias", None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.quant_method.apply(self, x, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, parallel={self.parallel}, bias={self.bias is not None}"

@@ -1,0 +1,172 @@
+"""Top-k mixture of experts: router (softmax or sigmoid scoring, optional correction bias,
+group-limited top-k, renormalization, routed scaling), fused SwiGLU experts, and an optional shared
+expert with an optional sigmoid gate.
+
+Experts are held fused as transformers 5 does in memory (``gate_up_proj [E, 2I, H]``,
+``down_proj [E, H, I]``) and load from either that fused layout or the per-expert tensors
+(``experts.N.gate_proj.weight`` ...) that releases store on disk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.checkpoint.sources import Alternatives, Source
+from dgpp.family import World
+from dgpp.nn.linear import Linear
+from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
+from dgpp.nn.weights import WeightShapeError, copy_checked, narrow_for_rank, set_weight_attrs
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """How tokens pick experts. ``n_group``/``topk_group``: keep only the best ``topk_group`` of
+    ``n_group`` expert groups (group score = sum of its top-2 when a correction bias is used, as
+    DeepSeek-V3/GLM-4.5, else its max) before the top-k."""
+
+    num_experts: int
+    top_k: int
+    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    renormalize: bool = True
+    routed_scaling_factor: float = 1.0
+    correction_bias: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    router_fp32: bool = False  # compute router logits in fp32 (DeepSeek-V3) instead of the model dtype
+
+
+class TopKRouter(nn.Module):
+    """``weight [E, H]``; returns ``(weights [T, k], expert ids [T, k])``."""
+
+    def __init__(self, hidden_size: int, cfg: RoutingConfig, *, dtype: torch.dtype):
+        super().__init__()
+        if cfg.num_experts % cfg.n_group:
+            raise ValueError(f"num_experts {cfg.num_experts} is not divisible by n_group {cfg.n_group}")
+        self.cfg = cfg
+        self.weight = nn.Parameter(torch.empty(cfg.num_experts, hidden_size, dtype=dtype), requires_grad=False)
+        if cfg.correction_bias:
+            self.e_score_correction_bias = nn.Parameter(torch.empty(cfg.num_experts, dtype=torch.float32), requires_grad=False)
+        else:
+            self.register_parameter("e_score_correction_bias", None)
+
+    def _group_mask(self, choice: torch.Tensor) -> torch.Tensor:
+        cfg = self.cfg
+        grouped = choice.view(choice.shape[0], cfg.n_group, -1)
+        if self.e_score_correction_bias is not None:
+            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
+        else:
+            group_scores = grouped.max(dim=-1).values
+        best = group_scores.topk(cfg.topk_group, dim=-1).indices
+        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+        return keep[:, :, None].expand_as(grouped).reshape(choice.shape)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        if cfg.router_fp32:
+            logits = F.linear(x.float(), self.weight.float())
+        else:
+            logits = F.linear(x, self.weight)
+        scores = torch.softmax(logits.float(), dim=-1) if cfg.scoring == "softmax" else torch.sigmoid(logits.float())
+        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+        if cfg.n_group > 1:
+            choice = choice.masked_fill(~self._group_mask(choice), float("-inf"))
+        ids = choice.topk(cfg.top_k, dim=-1).indices
+        weights = scores.gather(1, ids)
+        if cfg.renormalize:
+            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+        weights = weights * cfg.routed_scaling_factor
+        return weights.to(x.dtype), ids
+
+
+class FusedExperts(nn.Module):
+    """``E`` SwiGLU experts; TP splits each expert's intermediate dim (gate/up column, down row)."""
+
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, world: World | None = None):
+        super().__init__()
+        self.world = world or World()
+        if intermediate_size % self.world.size:
+            raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
+        self.num_experts = num_experts
+        self.inter = intermediate_size // self.world.size
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden_size, dtype=dtype), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, self.inter, dtype=dtype), requires_grad=False)
+        set_weight_attrs(self.gate_up_proj, weight_loader=self._load_gate_up)
+        set_weight_attrs(self.down_proj, weight_loader=self._load_down)
+
+    def checkpoint_sources(self) -> dict[str, Alternatives]:
+        experts = range(self.num_experts)
+        return {
+            "gate_up_proj": [
+                [Source("gate_up_proj")],
+                [Source(f"{e}.{part}_proj.weight", (e, part)) for e in experts for part in ("gate", "up")],
+            ],
+            "down_proj": [[Source("down_proj")], [Source(f"{e}.down_proj.weight", e) for e in experts]],
+        }
+
+    def _load_gate_up(self, param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
+        if shard is None:  # fused [E, 2I, H]: slice each half for this rank
+            if loaded.dim() != 3 or loaded.shape[1] % 2:
+                raise WeightShapeError(f"shape {list(loaded.shape)} is not a fused [E, 2I, H] gate_up tensor")
+            gate, up = loaded.chunk(2, dim=1)
+            parts = [narrow_for_rank(t, 1, self.world) for t in (gate, up)]
+            copy_checked(param, torch.cat(parts, dim=1))
+            return
+        expert, part = shard
+        rows = slice(0, self.inter) if part == "gate" else slice(self.inter, 2 * self.inter)
+        copy_checked(param[expert, rows], narrow_for_rank(loaded, 0, self.world))
+
+    def _load_down(self, param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
+        if shard is None:
+            copy_checked(param, narrow_for_rank(loaded, 2, self.world))
+        else:
+            copy_checked(param[shard], narrow_for_rank(loaded, 1, self.world))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """Sum over each token's experts of ``weight · expert(x)``; only experts that were picked run."""
+        out = torch.zeros_like(x)
+        for expert in torch.unique(ids).tolist():
+            token_idx, slot = torch.where(ids == expert)
+            gate, up = F.linear(x[token_idx], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = F.linear(silu_and_mul(gate, up), self.down_proj[expert])
+            out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
+        return out
+
+
+class SparseMoE(nn.Module):
+    """Router + routed experts (+ shared expert, optionally sigmoid-gated). Attribute names follow the
+    Qwen checkpoints (``gate``, ``experts``, ``shared_expert``, ``shared_expert_gate``); families with
+    other names map them in their loader."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        routing: RoutingConfig,
+        *,
+        dtype: torch.dtype,
+        shared_intermediate_size: int = 0,
+        shared_gate: bool = False,
+        world: World | None = None,
+    ):
+        super().__init__()
+        self.gate = TopKRouter(hidden_size, routing, dtype=dtype)
+        self.experts = FusedExperts(routing.num_experts, hidden_size, intermediate_size, dtype=dtype, world=world)
+        self.shared_expert = (
+            SwiGLUMLP(hidden_size, shared_intermediate_size, dtype=dtype, world=world) if shared_intermediate_size else None
+        )
+        self.shared_expert_gate = Linear(hidden_size, 1, dtype=dtype) if shared_gate and self.shared_expert else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.gate(x)
+        out = self.experts(x, weights, ids)
+        if self.shared_expert is not None:
+            shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None:
+                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
+        return out

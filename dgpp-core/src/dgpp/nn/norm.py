@@ -1,0 +1,39 @@
+"""RMSNorm, plain (``w · x̂``) and zero-centred (``(1 + w) · x̂``, Qwen3.5 / Qwen3-Next)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+
+
+def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / rms(x)`` over the last dim, computed in fp32 (returned in fp32)."""
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+class RMSNorm(nn.Module):
+    """Root-mean-square norm over the last dim.
+
+    ``zero_centered=False``: ``w * x̂.to(dtype)`` (the product in the activation dtype, as Llama/Qwen3).
+    ``zero_centered=True``: ``(x̂ * (1 + w)).to(dtype)`` (the product in fp32; weights stored around 0).
+    The two orders differ in bf16, so each family picks the one its reference uses.
+    """
+
+    def __init__(self, dim: int, eps: float = 1e-6, *, zero_centered: bool = False, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.eps = eps
+        self.zero_centered = zero_centered
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
+        set_weight_attrs(self.weight, weight_loader=default_weight_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = rms_normalize(x, self.eps)
+        if self.zero_centered:
+            return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return self.weight * normed.to(x.dtype)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, eps={self.eps}, zero_centered={self.zero_centered}"

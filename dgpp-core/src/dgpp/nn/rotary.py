@@ -1,0 +1,128 @@
+"""Rotary position embeddings: rotate-half (NeoX) and interleaved (GPT-J) styles, partial rotary,
+YaRN frequency scaling, and multimodal RoPE (mRoPE) collapsed to 1-D for text.
+
+For text-only input every mRoPE section (temporal / height / width) carries the same position, so
+the recomposed frequencies equal plain 1-D RoPE over ``rotary_dim``; ``mrope_section`` is therefore
+only validated here, not applied.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import nn
+
+RotaryStyle = Literal["half", "interleaved"]
+
+
+@dataclass(frozen=True)
+class YarnScaling:
+    """YaRN (arXiv 2309.00071): interpolate low frequencies by ``factor``, keep high ones, ramp between."""
+
+    factor: float
+    original_max_position: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None  # scales cos/sin; default 0.1·ln(factor)+1 (or the mscale ratio)
+    mscale: float | None = None
+    mscale_all_dim: float | None = None
+    truncate: bool = True
+
+    def magnitude(self) -> float:
+        if self.attention_factor is not None:
+            return self.attention_factor
+
+        def yarn_mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(self.factor, self.mscale_all_dim)
+        return yarn_mscale(self.factor)
+
+    def inv_freq(self, base: float, dim: int) -> torch.Tensor:
+        exponents = torch.arange(0, dim, 2, dtype=torch.float32) / dim
+        extrapolated = 1.0 / base**exponents
+        interpolated = extrapolated / self.factor
+
+        def correction_dim(rotations: float) -> float:
+            # the dimension index whose wavelength makes `rotations` turns over the original context
+            return dim * math.log(self.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dim - 1)
+        if low == high:
+            high += 0.001  # avoid a zero-width ramp
+        ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+        keep_extrapolated = 1.0 - ramp
+        return interpolated * (1.0 - keep_extrapolated) + extrapolated * keep_extrapolated
+
+
+def default_inv_freq(base: float, dim: int) -> torch.Tensor:
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((-second, first), dim=-1)
+
+
+def _rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((-odd, even), dim=-1).flatten(-2)
+
+
+class RotaryEmbedding(nn.Module):
+    """Applies RoPE to the first ``rotary_dim`` dims of each head of q and k (``[T, heads, head_dim]``).
+
+    cos/sin are computed in fp32 from the positions and cast to the activation dtype before the
+    rotation, matching the HF reference's rounding in bf16.
+    """
+
+    def __init__(
+        self,
+        head_dim: int,
+        rotary_dim: int | None = None,
+        base: float = 10000.0,
+        *,
+        style: RotaryStyle = "half",
+        yarn: YarnScaling | None = None,
+        mrope_section: tuple[int, ...] | None = None,
+    ) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.rotary_dim = head_dim if rotary_dim is None else rotary_dim
+        if self.rotary_dim % 2 or self.rotary_dim > head_dim:
+            raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {head_dim}")
+        if mrope_section is not None and 2 * sum(mrope_section) != self.rotary_dim:
+            raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}")
+        self.style = style
+        self.mrope_section = mrope_section
+        inv_freq = yarn.inv_freq(base, self.rotary_dim) if yarn else default_inv_freq(base, self.rotary_dim)
+        self.magnitude = yarn.magnitude() if yarn else 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[T, rotary_dim]`` cos and sin laid out for this style."""
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        if self.style == "half":
+            angles = torch.cat((freqs, freqs), dim=-1)
+        else:
+            angles = freqs.repeat_interleave(2, dim=-1)
+        return (angles.cos() * self.magnitude).to(dtype), (angles.sin() * self.magnitude).to(dtype)
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        turned = _rotate_half(rot) if self.style == "half" else _rotate_interleaved(rot)
+        out = rot * cos[:, None, :] + turned * sin[:, None, :]
+        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin(positions, q.dtype)
+        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)

@@ -1,0 +1,1 @@
+"""Test support for plugin authors: tiny random checkpoints in release layout, and conformance checks."""

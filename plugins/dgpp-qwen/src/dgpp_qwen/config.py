@@ -1,0 +1,294 @@
+"""HF config.json -> typed Qwen architecture config, for qwen3, qwen3_moe, qwen3_5(_text) and
+qwen3_5_moe(_text), including the ``Qwen3_5*ForConditionalGeneration`` wrapper whose text part is
+under ``text_config``. Values this engine cannot run are rejected with a ``ConfigError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dgpp.errors import ConfigError
+from dgpp.nn.rotary import YarnScaling
+
+DENSE_TYPES = ("qwen3",)
+MOE_TYPES = ("qwen3_moe",)
+HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
+WRAPPER_TYPES = ("qwen3_5", "qwen3_5_moe")  # multimodal wrappers: the text model is under text_config
+LAYER_KINDS = ("full_attention", "linear_attention")
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# head_dim when config.json leaves it out (the HF classes' defaults)
+_DEFAULT_HEAD_DIM = {"qwen3": 128, "qwen3_5_text": 256, "qwen3_5_moe_text": 256}
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary settings: ``rotary_dim`` of each head rotates (rotate-half); optional YaRN; the mRoPE
+    sections are kept for validation but collapse to 1-D for text."""
+
+    theta: float
+    rotary_dim: int
+    yarn: YarnScaling | None = None
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+
+
+@dataclass(frozen=True)
+class MoEConfig:
+    """Routed experts (softmax top-k) and an optional sigmoid-gated shared expert (Qwen3.5-MoE)."""
+
+    num_experts: int
+    top_k: int
+    intermediate_size: int
+    norm_topk_prob: bool
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
+    shared_expert_intermediate_size: int = 0
+
+
+@dataclass(frozen=True)
+class LinearAttnConfig:
+    """Gated DeltaNet sizes of the hybrid (qwen3_5) layers."""
+
+    conv_kernel: int
+    key_head_dim: int
+    value_head_dim: int
+    num_key_heads: int
+    num_value_heads: int
+
+
+@dataclass(frozen=True)
+class QwenConfig:
+    """One Qwen text model's architecture. ``model_type`` is the text type (``qwen3_5_text`` for a
+    wrapped ``qwen3_5``); ``weight_prefix`` is where the text model's tensors live in the checkpoint."""
+
+    model_type: str
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position: int
+    tie_word_embeddings: bool
+    attention_bias: bool
+    rope: RopeConfig
+    layer_types: tuple[str, ...]
+    moe: MoEConfig | None
+    linear_attn: LinearAttnConfig | None
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+    dtype: torch.dtype
+    weight_prefix: str = "model."
+
+    @property
+    def hybrid(self) -> bool:
+        """Qwen3.5 types: Gated DeltaNet layers with per-request state, gated attention, (1+w) norms."""
+        return self.model_type in HYBRID_TYPES
+
+    def is_moe_layer(self, layer: int) -> bool:
+        moe = self.moe
+        if moe is None or layer in moe.mlp_only_layers:
+            return False
+        return (layer + 1) % moe.decoder_sparse_step == 0
+
+
+class _Keys:
+    """Typed access to a config dict that names ``where.key`` in every error."""
+
+    def __init__(self, raw: dict[str, Any], where: str = "") -> None:
+        self.raw = raw
+        self.where = where
+
+    def name(self, key: str) -> str:
+        return f"{self.where}{key}"
+
+    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
+        if key not in self.raw or self.raw[key] is None:
+            if required:
+                raise ConfigError(f"config.json: required key {self.name(key)!r} is missing")
+            return default
+        value = self.raw[key]
+        ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in _as_tuple(kind))
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            ok, value = True, float(value)
+        if not ok:
+            raise ConfigError(f"config.json: {self.name(key)} = {value!r} has the wrong type")
+        return value
+
+    def positive(self, key: str, default: Any = None, *, required: bool = False) -> int:
+        value = self.get(key, int, default, required=required)
+        if value is None or value <= 0:
+            raise ConfigError(f"config.json: {self.name(key)} = {value!r} must be a positive integer")
+        return value
+
+
+def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
+    return kind if isinstance(kind, tuple) else (kind,)
+
+
+def _token_ids(keys: _Keys, key: str) -> tuple[int, ...]:
+    value = keys.raw.get(key)
+    if value is None:
+        return ()
+    values = value if isinstance(value, list) else [value]
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
+        raise ConfigError(f"config.json: {keys.name(key)} = {value!r} must be an int or a list of ints")
+    return tuple(values)
+
+
+def _parse_rope(keys: _Keys, head_dim: int, default_partial: float, max_position: int) -> RopeConfig:
+    if isinstance(keys.raw.get("rope_parameters"), dict):
+        params, where = dict(keys.raw["rope_parameters"]), keys.name("rope_parameters")
+    else:  # older configs: rope_theta at top level plus an optional rope_scaling dict
+        scaling = keys.raw.get("rope_scaling")
+        if scaling is not None and not isinstance(scaling, dict):
+            raise ConfigError(f"config.json: {keys.name('rope_scaling')} must be an object or null")
+        params, where = dict(scaling or {}), keys.name("rope_scaling")
+        params.setdefault("rope_theta", keys.raw.get("rope_theta", 10000.0))
+    rk = _Keys(params, where + ".")
+    type_key = "rope_type" if "rope_type" in params else "type"
+    rope_type = params.get(type_key, "default")
+    if rope_type not in ("default", "yarn"):
+        raise ConfigError(
+            f"config.json: {rk.name(type_key)} = {rope_type!r} is not supported (supported: 'default', 'yarn')"
+        )
+    theta = rk.get("rope_theta", float, 10000.0)
+    partial = rk.get("partial_rotary_factor", float, keys.raw.get("partial_rotary_factor", default_partial))
+    rotary_dim = int(head_dim * partial)
+    if not 0 < partial <= 1 or rotary_dim % 2:
+        raise ConfigError(f"config.json: {rk.name('partial_rotary_factor')} = {partial} gives an unusable rotary dim {rotary_dim}")
+    yarn = None
+    if rope_type == "yarn":
+        factor = rk.get("factor", float, required=True)
+        if factor < 1:
+            raise ConfigError(f"config.json: {rk.name('factor')} = {factor} must be >= 1")
+        yarn = YarnScaling(
+            factor=factor,
+            original_max_position=rk.get("original_max_position_embeddings", int, max_position),
+            beta_fast=rk.get("beta_fast", float, 32.0),
+            beta_slow=rk.get("beta_slow", float, 1.0),
+            attention_factor=rk.get("attention_factor", float),
+            truncate=rk.get("truncate", bool, True),
+        )
+    section = params.get("mrope_section")
+    if section is not None:
+        if not isinstance(section, list) or 2 * sum(section) != rotary_dim:
+            raise ConfigError(f"config.json: {rk.name('mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
+        section = tuple(section)
+    return RopeConfig(theta, rotary_dim, yarn, section, bool(params.get("mrope_interleaved", False)))
+
+
+def _parse_layer_types(keys: _Keys, model_type: str, num_layers: int) -> tuple[str, ...]:
+    if keys.get("use_sliding_window", bool, False):
+        raise ConfigError(f"config.json: {keys.name('use_sliding_window')} = true is not supported (sliding-window attention)")
+    types = keys.get("layer_types", list)
+    if types is None:
+        if model_type not in HYBRID_TYPES:
+            return ("full_attention",) * num_layers
+        interval = keys.positive("full_attention_interval", 4)
+        return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers))
+    if len(types) != num_layers:
+        raise ConfigError(f"config.json: {keys.name('layer_types')} has {len(types)} entries for {num_layers} layers")
+    allowed = LAYER_KINDS if model_type in HYBRID_TYPES else ("full_attention",)
+    for i, kind in enumerate(types):
+        if kind not in allowed:
+            raise ConfigError(f"config.json: {keys.name('layer_types')}[{i}] = {kind!r} is not supported (supported: {', '.join(allowed)})")
+    return tuple(types)
+
+
+def _parse_moe(keys: _Keys, model_type: str) -> MoEConfig | None:
+    if model_type not in ("qwen3_moe", "qwen3_5_moe_text"):
+        return None
+    expert_key = "num_experts" if "num_experts" in keys.raw else "num_local_experts"
+    num_experts = keys.positive(expert_key, required=True)
+    top_k = keys.positive("num_experts_per_tok", required=True)
+    if top_k > num_experts:
+        raise ConfigError(f"config.json: {keys.name('num_experts_per_tok')} = {top_k} exceeds num_experts {num_experts}")
+    hybrid = model_type == "qwen3_5_moe_text"
+    only = keys.get("mlp_only_layers", list, [])
+    return MoEConfig(
+        num_experts=num_experts,
+        top_k=top_k,
+        intermediate_size=keys.positive("moe_intermediate_size", required=True),
+        norm_topk_prob=True if hybrid else keys.get("norm_topk_prob", bool, False),
+        decoder_sparse_step=1 if hybrid else keys.positive("decoder_sparse_step", 1),
+        mlp_only_layers=tuple(only),
+        shared_expert_intermediate_size=keys.positive("shared_expert_intermediate_size", required=True) if hybrid else 0,
+    )
+
+
+def _parse_linear_attn(keys: _Keys, model_type: str) -> LinearAttnConfig | None:
+    if model_type not in HYBRID_TYPES:
+        return None
+    return LinearAttnConfig(
+        conv_kernel=keys.positive("linear_conv_kernel_dim", 4),
+        key_head_dim=keys.positive("linear_key_head_dim", 128),
+        value_head_dim=keys.positive("linear_value_head_dim", 128),
+        num_key_heads=keys.positive("linear_num_key_heads", 16),
+        num_value_heads=keys.positive("linear_num_value_heads", 32),
+    )
+
+
+def parse_config(hf_config: dict[str, Any]) -> QwenConfig:
+    """Parse a Qwen config.json dict; raise ``ConfigError`` naming the key for anything unsupported."""
+    top = _Keys(hf_config)
+    model_type = top.get("model_type", str, required=True)
+    archs = hf_config.get("architectures") or []
+    architecture = archs[0] if archs else model_type
+    keys, prefix = top, "model."
+    if model_type in WRAPPER_TYPES:
+        text = hf_config.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError(f"config.json: {model_type} needs a 'text_config' object")
+        keys, prefix = _Keys(text, "text_config."), "model.language_model."
+        model_type = f"{model_type}_text"
+    if model_type not in (*DENSE_TYPES, *MOE_TYPES, *HYBRID_TYPES):
+        raise ConfigError(f"config.json: model_type = {model_type!r} is not a Qwen type this plugin parses")
+    act = keys.get("hidden_act", str, "silu")
+    if act != "silu":
+        raise ConfigError(f"config.json: {keys.name('hidden_act')} = {act!r} is not supported (only 'silu')")
+    attention_bias = keys.get("attention_bias", bool, False)
+    if attention_bias and model_type in HYBRID_TYPES:
+        raise ConfigError(f"config.json: {keys.name('attention_bias')} = true is not supported for {model_type}")
+    hidden = keys.positive("hidden_size", required=True)
+    heads = keys.positive("num_attention_heads", required=True)
+    kv_heads = keys.positive("num_key_value_heads", heads)
+    if heads % kv_heads:
+        raise ConfigError(f"config.json: {keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+    head_dim = keys.positive("head_dim", _DEFAULT_HEAD_DIM.get(model_type, hidden // heads))
+    num_layers = keys.positive("num_hidden_layers", required=True)
+    max_position = keys.positive("max_position_embeddings", 32768)
+    dtype_name = top.get("dtype", str) or top.get("torch_dtype", str) or keys.get("dtype", str) or "float32"
+    if dtype_name not in _DTYPES:
+        raise ConfigError(f"config.json: dtype = {dtype_name!r} is not supported (supported: {', '.join(_DTYPES)})")
+    tie = top.get("tie_word_embeddings", bool, keys.get("tie_word_embeddings", bool, False))
+    return QwenConfig(
+        model_type=model_type,
+        architecture=architecture,
+        vocab_size=keys.positive("vocab_size", required=True),
+        hidden_size=hidden,
+        # qwen3_5_moe_text has no dense MLP layers, hence no intermediate_size
+        intermediate_size=0 if model_type == "qwen3_5_moe_text" else keys.positive("intermediate_size", required=True),
+        num_layers=num_layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        rms_norm_eps=keys.get("rms_norm_eps", float, 1e-6),
+        max_position=max_position,
+        tie_word_embeddings=tie,
+        attention_bias=attention_bias,
+        rope=_parse_rope(keys, head_dim, 0.25 if model_type in HYBRID_TYPES else 1.0, max_position),
+        layer_types=_parse_layer_types(keys, model_type, num_layers),
+        moe=_parse_moe(keys, model_type),
+        linear_attn=_parse_linear_attn(keys, model_type),
+        eos_token_ids=_token_ids(keys, "eos_token_id") or _token_ids(top, "eos_token_id"),
+        bos_token_id=keys.get("bos_token_id", int, top.get("bos_token_id", int)),
+        dtype=_DTYPES[dtype_name],
+        weight_prefix=prefix,
+    )
