@@ -1,0 +1,181 @@
+"""Paged decode attention: one query row per sequence against its K/V blocks (GQA, split context).
+
+``q [B, Hq, D]``; ``k_cache [num_blocks, block_size, Hk, D]``, ``v_cache [.., Hk, Dv]``;
+``block_tables [B, max_blocks]`` (int32); ``seq_lens [B]`` = tokens in the cache for each sequence,
+the current one included (its K/V was written before the call). A row with ``seq_len == 0`` is a
+padding row (CUDA-graph batch padding) and gets zeros. ``window > 0`` attends to the last
+``window`` tokens only. Returns ``[B, Hq, Dv]`` in q's dtype.
+
+The Triton path is flash-decoding: the context is cut into partitions, one program per
+(sequence, KV head, partition) computes a partial softmax for all query heads of the KV group
+(the group shares every K/V byte it loads), and a second kernel merges the partitions. The
+partition count depends only on the batch and table shapes, so a captured graph keeps working
+as contexts grow.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+
+_MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
+_TARGET_PROGRAMS = 1024  # enough programs to cover 132 SMs several times over
+
+
+def paged_decode_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, window: int = 0,
+) -> torch.Tensor:
+    batch, hq, _ = q.shape
+    bs, hk = k_cache.shape[1], k_cache.shape[2]
+    out = torch.zeros(batch, hq, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    for b, n in enumerate(seq_lens.tolist()):
+        if n <= 0:
+            continue
+        first = max(0, n - window) if window > 0 else 0
+        tok = torch.arange(first, n, device=q.device)
+        phys = block_tables[b, tok // bs].long()
+        k = k_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)  # [L, Hq, D]
+        v = v_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)
+        scores = torch.einsum("hd,lhd->hl", q[b].float(), k) * scale
+        out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _decode_partition_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
+    scale, window, group, head_dim, v_dim, block_size, num_splits,
+    q_b, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_b, o_h,
+    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(lens_ptr + b)
+    start = split * PARTITION
+    if window > 0:
+        start = tl.maximum(start, seq_len - window)
+    end = tl.minimum(seq_len, (split + 1) * PARTITION)
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    heads = kvh * group + g
+    gmask = g < group
+    q = tl.load(q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
+                mask=gmask[:, None] & (d[None, :] < head_dim), other=0.0)
+
+    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+    for tok0 in range(start, end, BLOCK_N):
+        toks = tok0 + tl.arange(0, BLOCK_N)
+        tmask = toks < end
+        phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
+        off = (toks % block_size).to(tl.int64)
+        k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
+        kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+        s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
+        v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+
+    omask = gmask[:, None] & (dv[None, :] < v_dim)
+    if ONE_SPLIT:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty (padding) rows come out as zeros
+        tl.store(out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty), mask=omask)
+    else:
+        # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2]
+        row = (b * group * tl.num_programs(1) + heads) * num_splits + split
+        tl.store(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], acc, mask=omask)
+        tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
+
+
+@triton.jit
+def _merge_partitions_kernel(
+    part_acc_ptr, part_ml_ptr, lens_ptr, out_ptr, v_dim, num_heads, num_splits, window, o_b, o_h,
+    PARTITION: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    seq_len = tl.load(lens_ptr + b)
+    first = 0
+    if window > 0:
+        first = tl.maximum(seq_len - window, 0) // PARTITION
+    splits = tl.arange(0, BLOCK_S)
+    smask = (splits >= first) & (splits * PARTITION < seq_len) & (splits < num_splits)
+    row = (b * num_heads + h) * num_splits + splits
+    m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+    lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+    m_max = tl.max(m, axis=0)
+    w = tl.where(smask, tl.exp(m - m_max), 0.0)
+    dv = tl.arange(0, BLOCK_DV)
+    acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], mask=smask[:, None], other=0.0)
+    num = tl.sum(acc * w[:, None], axis=0)
+    den = tl.sum(lsum * w, axis=0)
+    out = num / tl.where(den > 0, den, 1.0)
+    tl.store(out_ptr + b * o_b + h * o_h + dv, out.to(out_ptr.dtype.element_ty), mask=dv < v_dim)
+
+
+def plan_partition(batch: int, kv_heads: int, max_context: int) -> tuple[int, int]:
+    """(partition tokens, splits): split long contexts only while the grid is too small for the GPU."""
+    want = max(1, _TARGET_PROGRAMS // max(1, batch * kv_heads))
+    splits = max(1, min(want, triton.cdiv(max_context, _MIN_PARTITION)))
+    partition = next_pow2(triton.cdiv(max_context, splits))
+    partition = max(partition, 64)
+    return partition, triton.cdiv(max_context, partition)
+
+
+def paged_decode_attention_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, window: int = 0,
+) -> torch.Tensor:
+    batch, hq, head_dim = q.shape
+    block_size, hk = k_cache.shape[1], k_cache.shape[2]
+    v_dim = v_cache.shape[-1]
+    group = hq // hk
+    out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
+    if batch == 0:
+        return out
+    partition, splits = plan_partition(batch, hk, block_tables.shape[1] * block_size)
+    block_dv = next_pow2(v_dim)
+    if splits > 1:
+        part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
+        part_ml = torch.empty(batch, hq, splits, 2, dtype=torch.float32, device=q.device)
+    else:
+        part_acc = part_ml = out  # unused
+    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
+    _decode_partition_kernel[(batch, hk, splits)](
+        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
+        float(scale), int(window), group, head_dim, v_dim, block_size, splits,
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+        PARTITION=partition, BLOCK_N=min(64, partition), BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=next_pow2(head_dim), BLOCK_DV=block_dv, ONE_SPLIT=splits == 1, PRECISION=precision,
+        num_warps=4,
+    )
+    if splits > 1:
+        _merge_partitions_kernel[(batch, hq)](
+            part_acc, part_ml, seq_lens, out, v_dim, hq, splits, int(window), out.stride(0), out.stride(1),
+            PARTITION=partition, BLOCK_S=next_pow2(splits), BLOCK_DV=block_dv, num_warps=4,
+        )
+    return out
+
+
+def paged_decode_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, window: int = 0,
+) -> torch.Tensor:
+    """Decode attention over paged K/V; Triton on CUDA, torch elsewhere."""
+    fn = paged_decode_attention_triton if use_triton(q) else paged_decode_attention_ref
+    return fn(q, k_cache, v_cache, block_tables, seq_lens, scale, window)

@@ -1,0 +1,102 @@
+"""RMSNorm, optionally fused with the residual add that precedes it.
+
+``rms_norm(x, w, eps)``                   -> ``norm(x) * w``
+``rms_norm(x, w, eps, residual=r)``       -> ``(norm(x + r) * w, x + r)``
+
+Numerics follow HF transformers: the residual sum is rounded to the input dtype, the norm is taken
+in fp32, the normalised row is rounded to the input dtype and then scaled by the weight.
+``weight_offset=1.0`` gives the ``(1 + w)`` form some families use (Qwen3-Next, Gemma).
+One program normalises one row; the row stays in registers between the add and the norm.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+
+
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None:
+        x = x + residual
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    w = weight.float() + weight_offset if weight_offset else weight
+    out = (normed * w).to(x.dtype)
+    return (out, x) if residual is not None else out
+
+
+@triton.jit
+def _rms_norm_kernel(
+    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
+    n_cols, x_stride, res_stride, out_stride, res_out_stride,
+    eps, weight_offset,
+    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    # upcast right after loading: the interpreter gets bf16 arithmetic wrong, and fp32 is what HF does
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        r = tl.load(res_ptr + row * res_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        # round the sum to the storage dtype first, as an eager ``x + residual`` would
+        x = (x + r).to(res_out_ptr.dtype.element_ty)
+        tl.store(res_out_ptr + row * res_out_stride + cols, x, mask=mask)
+        x = x.to(tl.float32)
+    var = tl.sum(x * x, axis=0) / n_cols
+    normed = (x * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    tl.store(out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def rms_norm_triton(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows, cols = x2.shape
+    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    if residual is not None:
+        r2 = residual.reshape(-1, shape[-1])
+        if r2.stride(-1) != 1:
+            r2 = r2.contiguous()
+        res_out = torch.empty_like(out)
+    else:
+        r2, res_out = x2, out  # unused by the kernel
+    block = next_pow2(cols)
+    if rows:
+        _rms_norm_kernel[(rows,)](
+            x2, r2, weight, out, res_out,
+            cols, x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
+            float(eps), float(weight_offset),
+            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            num_warps=min(16, max(1, block // 256)),
+        )
+    if residual is not None:
+        return out.view(shape), res_out.view(shape)
+    return out.view(shape)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm (fused with ``x + residual`` when given); Triton on CUDA, torch elsewhere."""
+    fn = rms_norm_triton if use_triton(x) else rms_norm_ref
+    return fn(x, weight, eps, residual, weight_offset)

@@ -1,0 +1,114 @@
+"""Rotary position embedding on query and key rows.
+
+``q [T, Hq, D]``, ``k [T, Hk, D]``, ``positions [T]``, ``cos_sin_cache [max_pos, rotary_dim]`` holding
+``cos`` in its first half and ``sin`` in its second (fp32). The first ``rotary_dim`` channels of each
+head rotate (partial rotary leaves the rest as is). ``is_neox=True`` pairs channel ``i`` with
+``i + rotary_dim/2`` (HF ``rotate_half``); ``False`` pairs neighbours ``2i, 2i+1`` (GPT-J / GLM style).
+Both paths return new tensors; the inputs are not modified.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+
+
+def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, is_neox: bool) -> torch.Tensor:
+    rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
+    if is_neox:
+        x1, x2 = rot.chunk(2, dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+    o1 = x1 * cos - x2 * sin
+    o2 = x2 * cos + x1 * sin
+    if is_neox:
+        out = torch.cat([o1, o2], dim=-1)
+    else:
+        out = torch.stack([o1, o2], dim=-1).flatten(-2)
+    return torch.cat([out.to(x.dtype), rest], dim=-1)
+
+
+def rotary_ref(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    cs = cos_sin_cache[positions.long()].float()
+    cos, sin = cs[:, None, : rotary_dim // 2], cs[:, None, rotary_dim // 2 : rotary_dim]
+    return _rotate_ref(q, cos, sin, rotary_dim, is_neox), _rotate_ref(k, cos, sin, rotary_dim, is_neox)
+
+
+@triton.jit
+def _rotate_heads(
+    src, dst, row, n_heads, s_tok, s_head, d_tok, d_head, head_dim, cos, sin, half_offs,
+    IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    hmask = heads < n_heads
+    if IS_NEOX:
+        i1 = half_offs[None, :]
+        i2 = i1 + ROT // 2
+    else:
+        i1 = 2 * half_offs[None, :]
+        i2 = i1 + 1
+    sbase = src + row * s_tok + heads * s_head
+    dbase = dst + row * d_tok + heads * d_head
+    x1 = tl.load(sbase + i1, mask=hmask, other=0.0).to(tl.float32)
+    x2 = tl.load(sbase + i2, mask=hmask, other=0.0).to(tl.float32)
+    tl.store(dbase + i1, (x1 * cos - x2 * sin).to(dst.dtype.element_ty), mask=hmask)
+    tl.store(dbase + i2, (x2 * cos + x1 * sin).to(dst.dtype.element_ty), mask=hmask)
+    if ROT < BLOCK_D:  # partial rotary: the channels past rotary_dim are copied unchanged
+        tail = ROT + tl.arange(0, BLOCK_D)[None, :]
+        tmask = hmask & (tail < head_dim)
+        tl.store(dbase + tail, tl.load(sbase + tail, mask=tmask), mask=tmask)
+
+
+@triton.jit
+def _rotary_kernel(
+    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr,
+    n_q_heads, n_k_heads, head_dim,
+    q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head, cs_stride,
+    IS_NEOX: tl.constexpr, ROT: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.int64)
+    half = tl.arange(0, ROT // 2)
+    cos = tl.load(cs_ptr + pos * cs_stride + half).to(tl.float32)[None, :]
+    sin = tl.load(cs_ptr + pos * cs_stride + ROT // 2 + half).to(tl.float32)[None, :]
+    _rotate_heads(q_ptr, qo_ptr, row, n_q_heads, q_tok, q_head, qo_tok, qo_head, head_dim, cos, sin, half,
+                  IS_NEOX, ROT, BLOCK_HQ, BLOCK_D)
+    _rotate_heads(k_ptr, ko_ptr, row, n_k_heads, k_tok, k_head, ko_tok, ko_head, head_dim, cos, sin, half,
+                  IS_NEOX, ROT, BLOCK_HK, BLOCK_D)
+
+
+def rotary_triton(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if rotary_dim % 2 or rotary_dim & (rotary_dim - 1):
+        raise ValueError(f"rotary_triton needs a power-of-two rotary_dim, got {rotary_dim}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1:
+        q, k = q.contiguous(), k.contiguous()
+    q_out, k_out = torch.empty_like(q), torch.empty_like(k)
+    tokens, hq, dim = q.shape
+    if tokens:
+        _rotary_kernel[(tokens,)](
+            q, k, q_out, k_out, positions, cos_sin_cache,
+            hq, k.shape[1], dim,
+            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
+            IS_NEOX=is_neox, ROT=rotary_dim,
+            BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_D=next_pow2(dim),
+            num_warps=4,
+        )
+    return q_out, k_out
+
+
+def rotary(
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+    is_neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q and k at ``positions``; Triton on CUDA, torch elsewhere."""
+    fn = rotary_triton if use_triton(q) else rotary_ref
+    return fn(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
