@@ -1,0 +1,134 @@
+"""Incremental detokenization for streaming: whole UTF-8 characters only, stop strings held back and matched exactly."""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from dgpp.text.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class StopMatch:
+    """Where a stop string matched: ``stop`` is the string, ``token_index`` the 0-based index (among the pushed
+    tokens) of the token that completed it, ``text`` everything visible before the stop string."""
+
+    stop: str
+    token_index: int
+    text: str
+
+
+class _BytesDecoder:
+    """Byte-level tokenizers: token -> bytes -> an incremental UTF-8 decoder (exact, O(1) per token)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._table = tokenizer.token_bytes
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._utf8.decode(self._table[token_id])
+
+    def flush(self) -> str:
+        return self._utf8.decode(b"", final=True)
+
+
+class _WindowDecoder:
+    """Any other decoder: re-decode a short window and emit what it adds once it no longer ends in U+FFFD."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tok = tokenizer
+        self._ids: list[int] = []
+        self._prefix = 0  # window start: earlier text is final
+        self._read = 0  # ids up to here are already emitted
+
+    def push(self, token_id: int) -> str:
+        self._ids.append(token_id)
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        if after.endswith("\ufffd") or len(after) <= len(before):
+            return ""  # an unfinished character (or nothing new yet): wait for the next token
+        self._prefix, self._read = self._read, len(self._ids)
+        return after[len(before) :]
+
+    def flush(self) -> str:
+        before = self._tok.decode(self._ids[self._prefix : self._read])
+        after = self._tok.decode(self._ids[self._prefix :])
+        self._prefix = self._read = len(self._ids)
+        return after[len(before) :]
+
+
+class IncrementalDetokenizer:
+    """Turns one request's generated ids into text chunks as they arrive.
+
+    It never emits part of a UTF-8 character (an unfinished tail is held back, and becomes U+FFFD only at
+    ``finish``), and it holds back any tail that could be the start of a stop string. When a stop string
+    matches, ``push`` returns the text before it, ``stopped`` records the match, and later pushes return "".
+    ``skip_ids`` are ids that produce no text (e.g. EOS, BOS, pad).
+    """
+
+    def __init__(self, tokenizer: Tokenizer, stop: Iterable[str] = (), skip_ids: Iterable[int] = ()) -> None:
+        self._decoder = _BytesDecoder(tokenizer) if tokenizer.is_byte_level else _WindowDecoder(tokenizer)
+        self.stop_strings = tuple(s for s in stop if s)
+        self._skip = frozenset(skip_ids)
+        self._pending = ""  # decoded but held back: a possible stop-string prefix
+        self._count = 0
+        self.text = ""  # everything emitted so far
+        self.stopped: StopMatch | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        return self._count
+
+    def push(self, token_id: int) -> str:
+        """Add one generated id; return the newly visible text (maybe "")."""
+        if self.stopped is not None:
+            return ""
+        self._count += 1
+        if token_id in self._skip:
+            return ""
+        return self._release(self._pending + self._decoder.push(token_id))
+
+    def push_many(self, token_ids: Iterable[int]) -> str:
+        return "".join(self.push(t) for t in token_ids)
+
+    def finish(self) -> str:
+        """End of generation: flush the held-back text (an unfinished character becomes U+FFFD)."""
+        if self.stopped is not None:
+            return ""
+        text = self._release(self._pending + self._decoder.flush(), final=True)
+        return text
+
+    def _release(self, text: str, final: bool = False) -> str:
+        if self.stop_strings:
+            hit = self._first_stop(text)
+            if hit is not None:
+                at, stop = hit
+                out = text[:at]
+                self.text += out
+                self._pending = ""
+                self.stopped = StopMatch(stop=stop, token_index=self._count - 1, text=self.text)
+                return out
+        keep = 0 if final else self._held_tail(text)
+        out, self._pending = text[: len(text) - keep], text[len(text) - keep :]
+        self.text += out
+        return out
+
+    def _first_stop(self, text: str) -> tuple[int, str] | None:
+        """The earliest stop-string occurrence (the longest stop wins a tie at one position)."""
+        best: tuple[int, str] | None = None
+        for stop in self.stop_strings:
+            at = text.find(stop)
+            if at >= 0 and (best is None or at < best[0] or (at == best[0] and len(stop) > len(best[1]))):
+                best = (at, stop)
+        return best
+
+    def _held_tail(self, text: str) -> int:
+        """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
+        longest = 0
+        for stop in self.stop_strings:
+            for k in range(min(len(stop) - 1, len(text)), longest, -1):
+                if stop.startswith(text[len(text) - k :]):
+                    longest = k
+                    break
+        return longest

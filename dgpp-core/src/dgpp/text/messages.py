@@ -1,0 +1,97 @@
+"""OpenAI chat messages -> the plain dicts chat templates read (HF conventions).
+
+- ``developer`` becomes ``system``;
+- text parts (``text`` / ``input_text`` / ``output_text`` / ``refusal``) are joined in order with "\\n";
+  media parts keep the parts list;
+- Anthropic-style ``thinking`` parts fold into ``reasoning_content``; ``redacted_thinking`` payloads are dropped;
+- assistant tool calls keep OpenAI's shape; ``arguments`` is parsed into a dict for templates that iterate it
+  (HF's convention) and left a JSON string for templates that concatenate it; custom tool calls become a
+  function call with one ``input`` argument;
+- keys whose value is None are dropped (as HF does), except an assistant turn with tool calls and no content
+  gets ``""`` so templates that test ``content is none`` and those that concatenate it render the same.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from dgpp.text.errors import TemplateError
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
+    """(content, reasoning) from a list of content parts."""
+    texts: list[str] = []
+    reasoning: list[str] = []
+    media = False
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict):
+            raise TemplateError(f"{where}.content[{j}] must be an object")
+        kind = part.get("type")
+        if kind in TEXT_PARTS:
+            texts.append(str(part.get("text", "")))
+        elif kind == "refusal":
+            texts.append(str(part.get("refusal", "")))
+        elif kind == "thinking":
+            reasoning.append(str(part.get("thinking", "")))
+        elif kind == "redacted_thinking":
+            continue
+        else:
+            media = True
+    if media:
+        kept = [p for p in parts if p.get("type") not in ("thinking", "redacted_thinking")]
+        return kept, ("".join(reasoning) or None)
+    return "\n".join(texts), ("".join(reasoning) or None)
+
+
+def _tool_call(call: Any, where: str, arguments_as_dict: bool) -> dict:
+    if not isinstance(call, dict):
+        raise TemplateError(f"{where} must be an object")
+    if call.get("type") == "custom":
+        body = call.get("custom") or {}
+        fn = {"name": body.get("name"), "arguments": json.dumps({"input": body.get("input", "")}, ensure_ascii=False)}
+    else:
+        fn = dict(call.get("function") or {})
+    args = fn.get("arguments", "{}")
+    if arguments_as_dict and isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except json.JSONDecodeError as exc:
+            raise TemplateError(f"{where}.function.arguments is not valid JSON: {exc}") from exc
+    elif not arguments_as_dict and not isinstance(args, str):
+        args = json.dumps(args, ensure_ascii=False)
+    fn["arguments"] = args
+    out = {k: v for k, v in call.items() if k not in ("function", "custom") and v is not None}
+    out["type"] = "function"
+    out["function"] = fn
+    return out
+
+
+def prepare_messages(messages: list, arguments_as_dict: bool = True) -> list[dict]:
+    """Normalize a request's messages for rendering (a fresh copy; the caller's list is untouched)."""
+    if not isinstance(messages, list):
+        raise TemplateError("messages must be an array")
+    out: list[dict] = []
+    for i, msg in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str):
+            raise TemplateError(f"{where} must be an object with a string role")
+        m = {k: v for k, v in msg.items() if v is not None}
+        if m["role"] == "developer":
+            m["role"] = "system"
+        if isinstance(m.get("content"), list):
+            content, reasoning = _fold_parts(m["content"], where)
+            m["content"] = content
+            if reasoning is not None and "reasoning_content" not in m:
+                m["reasoning_content"] = reasoning
+        if m["role"] == "assistant" and m.get("tool_calls"):
+            m["tool_calls"] = [
+                _tool_call(c, f"{where}.tool_calls[{j}]", arguments_as_dict) for j, c in enumerate(m["tool_calls"])
+            ]
+            m.setdefault("content", "")
+        elif "tool_calls" in m and not m["tool_calls"]:
+            del m["tool_calls"]  # an empty list would make templates render an empty tool-call block
+        out.append(m)
+    return out
