@@ -1,12 +1,61 @@
-"""Tensor names -> modules for the Qwen family."""
+"""Build and load a Qwen model for a ``LoadContext``: parse config.json, pick the model class,
+fill its parameters from the checkpoint (HF tensor names; multimodal wrappers keep the text model
+under ``model.language_model.``)."""
 
 from __future__ import annotations
 
-from dgpp.errors import UnsupportedModelError
+import json
+from pathlib import Path
+
+import torch
+
+from dgpp.checkpoint import CheckpointReader, load_weights
+from dgpp.engine.model import Model
+from dgpp.errors import CheckpointError, UnsupportedModelError
 from dgpp.family import LoadContext
+from dgpp_qwen.config import DENSE_TYPES, HYBRID_TYPES, MOE_TYPES, QwenConfig, parse_config
 
 
-def load_model(ctx: LoadContext):
-    raise UnsupportedModelError(
-        f"{ctx.architecture!r} (family Qwen) is claimed by dgpp-qwen but not yet supported"
-    )
+def generation_eos(checkpoint_dir: Path) -> tuple[int, ...]:
+    """EOS ids from generation_config.json (chat models list ``<|im_end|>`` there), if present."""
+    path = checkpoint_dir / "generation_config.json"
+    if not path.exists():
+        return ()
+    try:
+        value = json.loads(path.read_text()).get("eos_token_id")
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+    if value is None:
+        return ()
+    return tuple(value) if isinstance(value, list) else (value,)
+
+
+def build_model(cfg: QwenConfig, ctx: LoadContext, extra_eos: tuple[int, ...]) -> Model:
+    if cfg.model_type in (*DENSE_TYPES, *MOE_TYPES):
+        from dgpp_qwen.qwen3 import Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM(cfg, ctx.world, extra_eos)
+    if cfg.model_type in HYBRID_TYPES:
+        from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
+
+        return Qwen35ForCausalLM(cfg)
+    raise UnsupportedModelError(f"{ctx.architecture!r} (family Qwen) is claimed by dgpp-qwen but not yet supported")
+
+
+def rename_for(cfg: QwenConfig):
+    """Module-side names use ``model.``; the checkpoint may nest the text model deeper."""
+    if cfg.weight_prefix == "model.":
+        return lambda name: name
+    return lambda name: cfg.weight_prefix + name[len("model.") :] if name.startswith("model.") else name
+
+
+def load_model(ctx: LoadContext) -> Model:
+    cfg = parse_config(ctx.hf_config)
+    if ctx.dtype is not None:
+        cfg = QwenConfig(**{**cfg.__dict__, "dtype": ctx.dtype})
+    reader = CheckpointReader(ctx.checkpoint_dir)
+    with torch.device(ctx.device or "cpu"):
+        model = build_model(cfg, ctx, generation_eos(Path(ctx.checkpoint_dir)))
+    load_weights(model, reader, rename=rename_for(cfg))
+    reader.close()
+    return model.eval()

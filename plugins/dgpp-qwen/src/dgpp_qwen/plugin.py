@@ -28,7 +28,22 @@ MODEL_TYPES = (
     "qwen4_exp_text",
 )
 # The claimed values this plugin can load today; the rest get a clear "not yet supported".
-IMPLEMENTED: tuple[str, ...] = ()
+IMPLEMENTED: tuple[str, ...] = (
+    # Qwen3 / Qwen3-MoE (dgpp_qwen.qwen3)
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+    "qwen3",
+    "qwen3_moe",
+    # Qwen3.5 hybrids (dgpp_qwen.qwen3_5)
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+    "qwen3_5",
+    "qwen3_5_text",
+    "qwen3_5_moe",
+    "qwen3_5_moe_text",
+)
 
 
 @hookimpl

@@ -1,0 +1,68 @@
+"""Greedy generation through the ``ModelRunner``, for tests and the CPU demo (serving is ``sched``'s).
+
+All sequences advance together: each step carries, per unfinished sequence, its next prefill chunk
+(``chunk_size`` tokens, or the whole prompt) or its one decode token, so steps mix prefill and decode
+whenever prompts differ in length. Ties go to the lowest token id (``torch.argmax``'s first maximum).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.engine.allocators import BlockAllocator, SlotAllocator
+from dgpp.engine.model import Model
+from dgpp.engine.pools import CachePools
+from dgpp.engine.runner import ModelRunner, SeqWork
+
+
+def make_pools(model: Model, total_tokens: list[int], block_size: int) -> tuple[CachePools, BlockAllocator, SlotAllocator]:
+    """Pools just large enough for sequences of ``total_tokens`` tokens each."""
+    num_blocks = sum(-(-n // block_size) for n in total_tokens)
+    device = next(model.parameters()).device
+    pools = CachePools(model.cache_spec(), num_blocks, block_size, len(total_tokens), device=device)
+    return pools, BlockAllocator(num_blocks, block_size), SlotAllocator(len(total_tokens))
+
+
+def greedy_generate(
+    model: Model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    *,
+    chunk_size: int | None = None,
+    block_size: int = 16,
+    stop_at_eos: bool = True,
+) -> list[list[int]]:
+    """The greedy continuation (new tokens only) of each prompt; a sequence stops after an EOS id."""
+    if any(not p for p in prompts):
+        raise ValueError("every prompt needs at least one token")
+    pools, blocks, slots = make_pools(model, [len(p) + max_new_tokens for p in prompts], block_size)
+    runner = ModelRunner(model, pools)
+    eos = set(model.info.eos_token_ids) if stop_at_eos else set()
+    tokens = [list(p) for p in prompts]
+    cached = [0] * len(prompts)
+    tables = [blocks.allocate(blocks.blocks_for_tokens(len(p) + max_new_tokens)) for p in prompts]
+    state_slots = [slots.allocate() for _ in prompts]
+    out: list[list[int]] = [[] for _ in prompts]
+    live = [i for i in range(len(prompts)) if max_new_tokens > 0]
+    while live:
+        work = []
+        for i in live:
+            feed = tokens[i][cached[i] :]
+            if chunk_size:
+                feed = feed[:chunk_size]
+            work.append(SeqWork(state_slots[i], tables[i], cached[i], feed, cached[i] + len(feed) == len(tokens[i])))
+        logits = runner.step(work)
+        row = 0
+        for i, w in zip(live, work):
+            cached[i] += len(w.token_ids)
+            if not w.want_logits:
+                continue
+            token = int(torch.argmax(logits[row]))
+            row += 1
+            tokens[i].append(token)
+            out[i].append(token)
+        live = [i for i in live if not (len(out[i]) >= max_new_tokens or (out[i] and out[i][-1] in eos))]
+    for table, slot in zip(tables, state_slots):
+        blocks.free(table)
+        slots.free(slot)
+    return out

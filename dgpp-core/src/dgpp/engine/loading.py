@@ -1,0 +1,55 @@
+"""Load a model from a checkpoint directory: read config.json, resolve the family's plugin, and call
+its ``dgpp_load_model`` hook."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgpp.engine.model import Model
+from dgpp.errors import CheckpointError, UnsupportedModelError
+from dgpp.family import LoadContext, World
+from dgpp.plugins import manager, resolve
+
+
+def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
+    path = checkpoint_dir / "config.json"
+    if not path.exists():
+        raise CheckpointError(f"{path} is missing")
+    try:
+        return json.loads(path.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{path}: not valid JSON ({e})") from e
+
+
+def load_model(
+    checkpoint_dir: str | Path,
+    engine_cfg: Any = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    world: World | None = None,
+    pm: Any = None,
+) -> Model:
+    """The loaded ``Model`` for ``checkpoint_dir`` (weights in ``dtype``, else the checkpoint's)."""
+    checkpoint_dir = Path(checkpoint_dir)
+    hf_config = read_hf_config(checkpoint_dir)
+    pm = pm or manager()
+    res = resolve(pm, hf_config)
+    ctx = LoadContext(
+        checkpoint_dir=checkpoint_dir,
+        hf_config=hf_config,
+        family=res.family.name,
+        architecture=res.matched,
+        engine=engine_cfg,
+        world=world or World(),
+        device=device,
+        dtype=dtype,
+    )
+    model = pm.hook.dgpp_load_model(ctx=ctx)
+    if model is None:
+        raise UnsupportedModelError(f"plugin {res.family.plugin} returned no model for {res.matched!r}")
+    return model

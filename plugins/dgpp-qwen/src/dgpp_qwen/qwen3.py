@@ -1,0 +1,102 @@
+"""Qwen3 (dense) and Qwen3-MoE: pre-norm decoder layers of GQA attention (per-head q/k RMSNorm,
+rotate-half RoPE) and a SwiGLU MLP or a softmax top-k MoE (``mlp_only_layers`` /
+``decoder_sparse_step`` pick which layers are sparse). Parameter names follow the HF checkpoints.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec, PagedKV
+from dgpp.engine.model import Model, ModelInfo
+from dgpp.family import World
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.mlp import SwiGLUMLP
+from dgpp.nn.moe import RoutingConfig, SparseMoE
+from dgpp.nn.norm import RMSNorm
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp_qwen.attention import QwenAttention, build_rotary
+from dgpp_qwen.config import QwenConfig
+
+
+def kv_cache_name(layer: int) -> str:
+    return f"layers.{layer}.self_attn"
+
+
+def build_mlp(cfg: QwenConfig, layer: int, world: World) -> nn.Module:
+    moe = cfg.moe
+    if moe is None or not cfg.is_moe_layer(layer):
+        return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=cfg.dtype, world=world)
+    routing = RoutingConfig(num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=moe.norm_topk_prob)
+    return SparseMoE(
+        cfg.hidden_size,
+        moe.intermediate_size,
+        routing,
+        dtype=cfg.dtype,
+        shared_intermediate_size=moe.shared_expert_intermediate_size,
+        shared_gate=moe.shared_expert_intermediate_size > 0,
+        world=world,
+    )
+
+
+class Qwen3DecoderLayer(nn.Module):
+    """``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+
+    def __init__(self, cfg: QwenConfig, layer: int, rotary: RotaryEmbedding, world: World) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
+        self.self_attn = QwenAttention(cfg, kv_cache_name(layer), rotary, world=world)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
+        self.mlp = build_mlp(cfg, layer, world)
+
+    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch)
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+class Qwen3Body(nn.Module):
+    """``embed_tokens`` -> layers -> ``norm`` (the checkpoint's ``model.`` prefix)."""
+
+    def __init__(self, cfg: QwenConfig, world: World) -> None:
+        super().__init__()
+        rotary = build_rotary(cfg)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i, rotary, world) for i in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
+
+
+class Qwen3ForCausalLM(Model):
+    """Qwen3 / Qwen3-MoE text model over the engine's paged K/V pool."""
+
+    def __init__(self, cfg: QwenConfig, world: World | None = None, extra_eos: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        world = world or World()
+        self.cfg = cfg
+        self.model = Qwen3Body(cfg, world)
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied)
+        self.kv_heads_local = cfg.num_kv_heads // world.size
+        self.info = ModelInfo(
+            vocab_size=cfg.vocab_size,
+            max_position=cfg.max_position,
+            eos_token_ids=tuple(dict.fromkeys((*cfg.eos_token_ids, *extra_eos))),
+            bos_token_id=cfg.bos_token_id,
+            dtype=cfg.dtype,
+            hybrid=False,
+        )
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        spec = PagedKV(num_kv_heads=self.kv_heads_local, head_dim=self.cfg.head_dim, dtype=self.cfg.dtype)
+        return {kv_cache_name(i): spec for i in range(self.cfg.num_layers)}
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            hidden = layer(hidden, batch)
+        # only the rows that are sampled from need the final norm
+        return self.model.norm(hidden[batch.logits_indices])
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
