@@ -10,14 +10,17 @@ Every norm outside the GDN output norm is zero-centred ``(1+w)``.
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
 
 import torch
 from torch import nn
 
+from dgpp.checkpoint import CheckpointReader, load_weights
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec, PagedKV
 from dgpp.engine.model import Model, ModelInfo
+from dgpp.errors import CheckpointError, ConfigError, UnsupportedModelError
+from dgpp.family import LoadContext
 from dgpp.nn.attention import PagedAttention, gated_output, split_query_gate
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet
@@ -26,6 +29,7 @@ from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp_qwen.config import QwenConfig, parse_config
 
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
@@ -38,10 +42,10 @@ def layer_cache_name(index: int) -> str:
 class GatedFullAttention(nn.Module):
     """Qwen3.5 full-attention layer: q/k/v projections, q/k norm, partial RoPE, paged attention, σ(gate)·o."""
 
-    def __init__(self, cfg: Any, index: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: QwenConfig, index: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         dtype, hidden, head_dim = cfg.dtype, cfg.hidden_size, cfg.head_dim
-        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, head_dim
         bias = cfg.attention_bias
         self.q_proj = Linear(hidden, self.num_heads * head_dim * 2, bias=bias, dtype=dtype)
         self.k_proj = Linear(hidden, self.num_kv_heads * head_dim, bias=bias, dtype=dtype)
@@ -68,29 +72,36 @@ class GatedFullAttention(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm residual block: token mixer (GDN or gated full attention), then the MLP or MoE."""
 
-    def __init__(self, cfg: Any, index: int, rotary: RotaryEmbedding) -> None:
+    def __init__(self, cfg: QwenConfig, index: int, rotary: RotaryEmbedding) -> None:
         super().__init__()
         dtype, hidden = cfg.dtype, cfg.hidden_size
         self.layer_type = cfg.layer_types[index]
         if self.layer_type == LINEAR_ATTENTION:
+            gdn = cfg.linear_attn
+            if gdn is None:
+                raise ConfigError(f"config.json: layer_types[{index}] = 'linear_attention' needs a qwen3_5 model_type")
             self.linear_attn = GatedDeltaNet(
                 layer_cache_name(index),
                 hidden_size=hidden,
-                num_k_heads=cfg.linear_num_key_heads,
-                num_v_heads=cfg.linear_num_value_heads,
-                head_k_dim=cfg.linear_key_head_dim,
-                head_v_dim=cfg.linear_value_head_dim,
-                conv_kernel=cfg.linear_conv_kernel_dim,
+                num_k_heads=gdn.num_key_heads,
+                num_v_heads=gdn.num_value_heads,
+                head_k_dim=gdn.key_head_dim,
+                head_v_dim=gdn.value_head_dim,
+                conv_kernel=gdn.conv_kernel,
                 eps=cfg.rms_norm_eps,
                 dtype=dtype,
             )
         else:
             self.self_attn = GatedFullAttention(cfg, index, rotary)
-        if cfg.num_experts:
-            routing = RoutingConfig(num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, scoring="softmax")
+        moe = cfg.moe
+        if moe is not None and cfg.is_moe_layer(index):
+            routing = RoutingConfig(
+                num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=moe.norm_topk_prob
+            )
             self.mlp: nn.Module = SparseMoE(
-                hidden, cfg.moe_intermediate_size, routing, dtype=dtype,
-                shared_intermediate_size=cfg.shared_expert_intermediate_size, shared_gate=True,
+                hidden, moe.intermediate_size, routing, dtype=dtype,
+                shared_intermediate_size=moe.shared_expert_intermediate_size,
+                shared_gate=moe.shared_expert_intermediate_size > 0,
             )
         else:
             self.mlp = SwiGLUMLP(hidden, cfg.intermediate_size, dtype=dtype)
@@ -116,20 +127,21 @@ class Qwen35TextStack(nn.Module):
     """``embed_tokens`` -> decoder layers -> final norm (the checkpoint's ``model.`` or
     ``model.language_model.`` prefix)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: QwenConfig) -> None:
         super().__init__()
+        rope = cfg.rope
         rotary = RotaryEmbedding(
-            cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, style="half", mrope_section=cfg.mrope_section
+            cfg.head_dim, rope.rotary_dim, rope.theta, style="half", yarn=rope.yarn, mrope_section=rope.mrope_section
         )
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i, rotary) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype)
 
 
 class Qwen35ForCausalLM(Model):
     """The text model of Qwen3.5 / Qwen3.8-27B / Qwen3.5-122B-A10B (vision tower and MTP weights are not loaded)."""
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: QwenConfig) -> None:
         super().__init__()
         self.cfg = cfg
         self.model = Qwen35TextStack(cfg)
@@ -137,7 +149,7 @@ class Qwen35ForCausalLM(Model):
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied)
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
+            max_position=cfg.max_position,
             eos_token_ids=tuple(cfg.eos_token_ids),
             bos_token_id=cfg.bos_token_id,
             dtype=cfg.dtype,
@@ -156,3 +168,31 @@ class Qwen35ForCausalLM(Model):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+
+# Checkpoint tensors the text model deliberately leaves alone: the MTP drafter and the vision tower.
+_NOT_TEXT_PREFIXES = ("mtp.", "model.visual.", "visual.")
+
+
+def load_qwen3_5(ctx: LoadContext, cfg: QwenConfig | None = None) -> Qwen35ForCausalLM:
+    """Build the hybrid text model for ``ctx`` and fill it from the checkpoint (``model.`` or
+    ``model.language_model.`` prefix). Any unused tensor other than MTP / vision weights is an error."""
+    cfg = cfg or parse_config(ctx.hf_config)
+    if ctx.dtype is not None and ctx.dtype != cfg.dtype:
+        cfg = dataclasses.replace(cfg, dtype=ctx.dtype)
+    if ctx.world.size > 1:
+        raise UnsupportedModelError(f"{ctx.architecture}: tensor parallelism is not implemented for qwen3_5 yet")
+    with torch.device(ctx.device):
+        model = Qwen35ForCausalLM(cfg)
+    prefix = cfg.weight_prefix
+
+    def rename(name: str) -> str:
+        return prefix + name[len("model.") :] if name.startswith("model.") else name
+
+    report = load_weights(model, CheckpointReader(ctx.checkpoint_dir), rename=rename)
+    stray = [n for n in report.unused if not n.startswith(_NOT_TEXT_PREFIXES)]
+    if stray:
+        raise CheckpointError(
+            f"{ctx.checkpoint_dir}: {len(stray)} tensor(s) the {cfg.model_type} model does not use, e.g. {stray[0]!r}"
+        )
+    return model.eval()
