@@ -52,22 +52,19 @@ def _snapshot(repo_dir: Path, model: str) -> Path:
     )
 
 
-def resolve_checkpoint(model: str, base_dir: str | Path | None = None) -> Path:
+def resolve_checkpoint(model: str) -> Path:
     """The checkpoint directory for a template's ``model`` value (raises CheckpointError naming where it looked).
 
-    ``base_dir`` (the template's directory) is also tried for a relative local path.
+    A relative local path is relative to the current directory.
     """
     if model.startswith(DEMO_ORG + "/"):
         from dgpp.demo import ensure_demo_checkpoint
 
         return ensure_demo_checkpoint(model)
-    looked: list[str] = []
     local = Path(model).expanduser()
-    candidates = [local] if local.is_absolute() else [local, *([Path(base_dir) / local] if base_dir else [])]
-    for cand in candidates:
-        if cand.is_dir():
-            return _checked_dir(cand, "checkpoint directory")
-        looked.append(f"local directory {cand.absolute()}")
+    if local.is_dir():
+        return _checked_dir(local, "checkpoint directory")
+    looked = [f"local directory {local.absolute()}"]
     if model.startswith(("/", ".", "~")) or not _HF_ID.match(model):
         raise CheckpointError(f"checkpoint {model!r} not found: looked for {' and '.join(looked)}")
     hub, setting = hf_hub_dir()

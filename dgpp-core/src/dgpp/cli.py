@@ -1,0 +1,149 @@
+"""The ``dgpp`` command: ``serve``, ``check``, ``plugins``, ``templates`` and ``--version``.
+
+Exit codes follow the original engine: 0 orderly, 1 a startup/contract error (bad template, missing
+checkpoint, unsupported model, memory plan refusal), 2 a usage error (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from typing import Any
+
+from dgpp.config import KNOB_KEYS, REFUSED_KNOBS, load_config
+from dgpp.errors import DgppError
+
+# (flag, dest, type, help); every dest is a key of dgpp.config.KNOB_KEYS
+_KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
+    ("--max-concurrency", "max_concurrency", int, "engine.max_concurrency: active request slots"),
+    ("--kv-capacity", "kv_capacity", int, "engine.kv_capacity: shared KV pool, tokens per rank"),
+    ("--mtp-depth", "mtp_depth", int, "engine.mtp_depth: drafts per step"),
+    ("--kv-dtype", "kv_dtype", str, "engine.kv_dtype: auto|bf16|fp8|fp4"),
+    ("--prefix-cache-gib", "prefix_cache_gib", float, "engine.prefix_cache_gib (0 disables)"),
+    ("--dense-weights", "dense_weights", str, "engine.dense_weights: checkpoint|fp8"),
+    ("--bf16-weights", "bf16_weights", str, "engine.bf16_weights: checkpoint|bf12|bf12+bf16"),
+    ("--fp8-head", "fp8_head", str, "engine.fp8_head: gemv|mma"),
+    ("--port", "port", int, "http.port"),
+    ("--host", "host", str, "http.bind_host"),
+]
+
+
+class _Refuse(argparse.Action):
+    """A topology/model flag given as a knob: refused by name (they change which ranks or weights exist)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None):
+        parser.error(f"{option_string} is not a knob: the model and topology come from the template; edit it instead")
+
+
+def _add_knob_flags(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("knobs (override the template's keys for this run)")
+    for flag, dest, typ, text in _KNOB_FLAGS:
+        g.add_argument(flag, dest=dest, type=typ, default=None, help=text)
+    g.add_argument("--no-mtp", dest="mtp", action="store_const", const=False, default=None, help="engine.mtp = false")
+    g.add_argument("--mtp", dest="mtp", action="store_const", const=True, help="engine.mtp = true")
+    for key in REFUSED_KNOBS:
+        g.add_argument(f"--{key.replace('_', '-')}", action=_Refuse, nargs="?", help=argparse.SUPPRESS)
+
+
+def _knob_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="--knobs", add_help=False)
+    _add_knob_flags(p)
+    return p
+
+
+def collect_knobs(args: argparse.Namespace) -> dict[str, Any]:
+    """Knob values from ``--knobs "FLAGS"`` (the launcher's form) and from flags given directly (which win)."""
+    knobs: dict[str, Any] = {}
+    if getattr(args, "knobs", None):
+        inner = _knob_parser().parse_args(shlex.split(args.knobs))
+        knobs.update({k: v for k, v in vars(inner).items() if k in KNOB_KEYS and v is not None})
+    knobs.update({k: v for k, v in vars(args).items() if k in KNOB_KEYS and v is not None})
+    return knobs
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from dgpp import __version__
+
+    parser = argparse.ArgumentParser(prog="dgpp", description="dgpp: an LLM inference engine with an OpenAI-compatible API")
+    parser.add_argument("--version", action="version", version=f"dgpp {__version__}")
+    parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console lines")
+    parser.add_argument("--log-level", default=None, help="debug|info|warning|error (default: $DGPP_LOG_LEVEL or info)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = sub.add_parser("serve", help="serve a deployment template")
+    check = sub.add_parser("check", help="validate a template, resolve checkpoint and family, print the memory plan")
+    for p in (serve, check):
+        p.add_argument("config", metavar="CONFIG", help="deployment template (JSON)")
+        p.add_argument("--knobs", default=None, help='knob flags as one string, e.g. "--no-mtp --kv-capacity 4096"')
+        _add_knob_flags(p)
+    check.add_argument("--device", default=None, help="where the pools would live (default: cuda if present, else cpu)")
+    check.add_argument("--headroom-gib", type=float, default=None, help="memory kept free (default 4)")
+    check.add_argument("--free-gib", type=float, default=None, help="assume this much free memory instead of measuring")
+    serve.set_defaults(func=cmd_serve)
+    check.set_defaults(func=cmd_check)
+
+    plugins = sub.add_parser("plugins", help="installed plugins, families, architectures, quant formats, templates")
+    plugins.add_argument("--json", action="store_true", help="machine-readable output")
+    plugins.set_defaults(func=cmd_plugins)
+    templates = sub.add_parser("templates", help="deployment templates shipped in deploy/ and by plugins")
+    templates.add_argument("--json", action="store_true", help="machine-readable output")
+    templates.set_defaults(func=cmd_templates)
+    return parser
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = load_config(args.config, collect_knobs(args))
+    try:
+        from dgpp.serve.app import run
+    except ImportError as exc:
+        if exc.name and (exc.name == "dgpp.serve" or exc.name.startswith("dgpp.serve.")):
+            print(
+                "dgpp serve: the HTTP server (dgpp.serve.app.run) is not in this build yet; "
+                f"`dgpp check {args.config}` validates the deployment meanwhile",
+                file=sys.stderr,
+            )
+            return 1
+        raise
+    result = run(cfg)
+    return result if isinstance(result, int) else 0
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from dgpp.cli_report import check_deployment
+
+    return check_deployment(args, collect_knobs(args))
+
+
+def cmd_plugins(args: argparse.Namespace) -> int:
+    from dgpp.cli_report import list_plugins
+
+    return list_plugins(as_json=args.json)
+
+
+def cmd_templates(args: argparse.Namespace) -> int:
+    from dgpp.cli_report import list_templates
+
+    return list_templates(as_json=args.json)
+
+
+def main(argv: list[str] | None = None) -> int:
+    from dgpp.log import configure_logging
+
+    args = build_parser().parse_args(argv)
+    try:
+        configure_logging(json=args.log_json, level=args.log_level)
+    except ValueError as exc:
+        print(f"dgpp: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return args.func(args)
+    except DgppError as exc:
+        print(f"dgpp {args.command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,169 @@
+"""What ``dgpp check``, ``dgpp plugins`` and ``dgpp templates`` print (stdout: results; stderr: refusals)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from dgpp.errors import ConfigError, DgppError
+
+
+def _read_hf_config(checkpoint: Path) -> dict[str, Any]:
+    path = checkpoint / "config.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read the checkpoint's config ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object")
+    return data
+
+
+def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
+    """Everything startup would refuse, without loading weights; 0 when the deployment would start."""
+    from dgpp.checkpoint.resolve import resolve_checkpoint
+    from dgpp.config import load_config
+    from dgpp.engine.memory import DEFAULT_HEADROOM, GiB, format_bytes, free_memory_bytes, plan_for
+    from dgpp.family import LoadContext, World
+    from dgpp.plugins import manager, resolve
+
+    cfg = load_config(args.config, knobs)
+    print(f"config       {args.config} (digest {cfg.digest()})")
+    checkpoint = resolve_checkpoint(cfg.model)
+    print(f"checkpoint   {cfg.model} -> {checkpoint}")
+    hf_config = _read_hf_config(checkpoint)
+    pm = manager()
+    res = resolve(pm, hf_config)
+    print(f"family       {res.family.name} (plugin {res.family.plugin}) for {res.matched}")
+    print(f"world        {cfg.world} rank(s); listening on {cfg.http.bind_host}:{cfg.http.port}")
+    print(f"lossy levers {', '.join(cfg.engine.lossy_levers()) or 'none'}")
+    device = args.device or _default_device()
+    ctx = LoadContext(checkpoint_dir=checkpoint, hf_config=hf_config, family=res.family.name,
+                      architecture=res.matched, engine=cfg.engine, world=World(0, cfg.world), device=device)
+    plan = plan_for(pm, ctx)
+    print("memory plan  (per rank)")
+    for line in plan.describe():
+        print(f"  {line}")
+    headroom = int(args.headroom_gib * GiB) if args.headroom_gib is not None else DEFAULT_HEADROOM
+    free = int(args.free_gib * GiB) if args.free_gib is not None else free_memory_bytes(device)
+    if not plan.fits(free, headroom):
+        raise DgppError(plan.refusal(free, headroom, cfg.engine.block_size))
+    print(f"fits         {format_bytes(free)} free on {device}, {format_bytes(headroom)} headroom kept")
+    print("ready")
+    return 0
+
+
+def _default_device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _plugin_version(pm: Any, name: str) -> str:
+    from dgpp.plugins import CORE_NAME, installed_entry_points
+
+    if name == CORE_NAME:
+        dist = CORE_NAME
+    else:
+        ep = installed_entry_points().get(name)
+        dist = ep.dist.name if ep is not None and getattr(ep, "dist", None) else None
+    try:
+        return f"{dist} {version(dist)}" if dist else "(registered directly)"
+    except PackageNotFoundError:
+        return str(dist)
+
+
+def _label(obj: Any) -> str:
+    return str(getattr(obj, "name", obj))
+
+
+def plugin_report(pm: Any) -> list[dict[str, Any]]:
+    """One record per registered plugin: distribution, families (implemented / claimed), quant formats, templates."""
+    from dgpp.plugins import answers_by_plugin
+
+    report: dict[str, dict[str, Any]] = {}
+    for name in [pm.get_name(p) for p in pm.get_plugins()]:
+        report[name] = {"name": name, "distribution": _plugin_version(pm, name), "families": [],
+                        "quant_formats": [], "templates": []}
+    for name, fams in answers_by_plugin(pm, "dgpp_families"):
+        for fam in fams or []:
+            report[name]["families"].append({
+                "name": fam.name, "description": fam.description,
+                "implemented": list(fam.implemented),
+                "claimed": [v for v in (*fam.architectures, *fam.model_types) if v not in fam.implemented],
+            })
+    for name, formats in answers_by_plugin(pm, "dgpp_quant_formats"):
+        report[name]["quant_formats"] += [_label(f) for f in formats or []]
+    for name, paths in answers_by_plugin(pm, "dgpp_deploy_templates"):
+        report[name]["templates"] += [str(p) for p in paths or []]
+    return sorted(report.values(), key=lambda r: (r["name"] != "dgpp-core", r["name"]))
+
+
+def list_plugins(as_json: bool = False) -> int:
+    from dgpp.plugins import manager
+
+    report = plugin_report(manager())
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for rec in report:
+        print(f"{rec['name']}  [{rec['distribution']}]")
+        for fam in rec["families"]:
+            print(f"  family {fam['name']}: {fam['description']}")
+            print(f"    implemented: {', '.join(fam['implemented']) or 'none yet'}")
+            print(f"    claimed, not yet supported: {', '.join(fam['claimed']) or 'none'}")
+        print(f"  quant formats: {', '.join(rec['quant_formats']) or 'none'}")
+        if rec["templates"]:
+            print(f"  templates: {len(rec['templates'])} (see `dgpp templates`)")
+    return 0
+
+
+def deploy_dir() -> Path | None:
+    """The repository's deploy/ (``$DGPP_DEPLOY_DIR`` overrides); None when dgpp is installed without it."""
+    if os.environ.get("DGPP_DEPLOY_DIR"):
+        return Path(os.environ["DGPP_DEPLOY_DIR"]).expanduser()
+    import dgpp
+
+    repo_deploy = Path(dgpp.__file__).resolve().parents[3] / "deploy"  # dgpp-core/src/dgpp -> repo root
+    return repo_deploy if repo_deploy.is_dir() else None
+
+
+def template_report() -> list[dict[str, Any]]:
+    """Every known template with its model, world and whether it validates."""
+    from dgpp.config import load_config
+    from dgpp.plugins import answers_by_plugin, manager
+
+    found: list[tuple[str, Path]] = []
+    root = deploy_dir()
+    if root is not None:
+        found += [("deploy", p) for p in sorted(root.glob("*.json"))]
+    for name, paths in answers_by_plugin(manager(), "dgpp_deploy_templates"):
+        found += [(name, Path(p)) for p in paths or []]
+    out = []
+    for source, path in found:
+        rec: dict[str, Any] = {"source": source, "path": str(path), "name": path.stem}
+        try:
+            cfg = load_config(path)
+            rec.update(model=cfg.model, world=cfg.world, valid=True, digest=cfg.digest())
+        except DgppError as exc:
+            rec.update(valid=False, error=str(exc))
+        out.append(rec)
+    return out
+
+
+def list_templates(as_json: bool = False) -> int:
+    report = template_report()
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return 0
+    if not report:
+        print("no templates found (set DGPP_DEPLOY_DIR to a directory of templates)", file=sys.stderr)
+    for rec in report:
+        status = f"{rec['model']}  w{rec['world']}" if rec["valid"] else f"INVALID: {rec['error']}"
+        print(f"{rec['name']:<44} {rec['source']:<8} {status}")
+    return 0 if all(r["valid"] for r in report) else 1

@@ -1,0 +1,194 @@
+"""Deployment-template diagnostics: msgspec's errors in the template's own words, and rules between keys.
+
+msgspec reports ``Expected `int` >= 1 - at `$.engine.kv_capacity```; a person wants
+``engine.kv_capacity: out of range: expected int >= 1, got 0``. The offending value is looked up
+in the raw JSON, and an unknown key gets the nearest known key as a suggestion.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import json
+import re
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:
+    from dgpp.config import DeployConfig
+
+# Per-node environment a template may set (anchor §1.2); anything else is refused so tokens never travel.
+NODE_ENV_ALLOWED = frozenset(
+    {
+        "DGPP_ROCE_DEVICES",
+        "DGPP_ROCE_GID_INDICES",
+        "HF_HUB_CACHE",
+        "HF_HOME",
+        "DGPP_RESIDENT_CACHE_DIR",
+        "DGPP_LOG_LEVEL",
+        "DGPP_MLOCK",
+        "CUDA_VISIBLE_DEVICES",
+    }
+)
+
+_MSG = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
+_PATH_TOKEN = re.compile(r"\.([A-Za-z_][A-Za-z0-9_+\-]*)|\[(\d+|\.\.\.)\]")
+
+
+def _tokens(path: str) -> list[str | int]:
+    out: list[str | int] = []
+    for name, index in _PATH_TOKEN.findall(path):
+        if name:
+            out.append(name)
+        elif index != "...":
+            out.append(int(index))
+    return out
+
+
+def _dotted(tokens: list[str | int]) -> str:
+    text = ""
+    for t in tokens:
+        text += f"[{t}]" if isinstance(t, int) else (f".{t}" if text else t)
+    return text or "(top level)"
+
+
+def _value_at(raw: Any, tokens: list[str | int]) -> Any:
+    node = raw
+    for t in tokens:
+        try:
+            node = node[t]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return node
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _type_at(tokens: list[str | int]) -> msgspec.inspect.Type | None:
+    """The msgspec type description of the key at ``tokens`` (for allowed values and key suggestions)."""
+    from dgpp.config import DeployConfig
+
+    node: Any = msgspec.inspect.type_info(DeployConfig)
+    for t in tokens:
+        node = _unwrap(node)
+        if isinstance(t, int) and isinstance(node, msgspec.inspect.ListType):
+            node = node.item_type
+        elif isinstance(t, str) and isinstance(node, msgspec.inspect.StructType):
+            match = [f for f in node.fields if f.encode_name == t]
+            if not match:
+                return None
+            node = match[0].type
+        else:
+            return None
+    return _unwrap(node)
+
+
+def _unwrap(node: Any) -> Any:
+    # "X | None" is a UnionType of X and None; the interesting part is X
+    if isinstance(node, msgspec.inspect.UnionType):
+        rest = [t for t in node.types if not isinstance(t, msgspec.inspect.NoneType)]
+        if len(rest) == 1:
+            return rest[0]
+    return node
+
+
+def _suggest(struct_tokens: list[str | int], unknown: str) -> str:
+    info = _type_at(struct_tokens)
+    if not isinstance(info, msgspec.inspect.StructType):
+        return ""
+    close = difflib.get_close_matches(unknown, [f.encode_name for f in info.fields], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def translate_validation_error(message: str, raw: Any) -> str:
+    """Rewrite one msgspec ValidationError message as ``<key path>: <what is wrong>``."""
+    m = _MSG.match(message)
+    msg, path = m.group("msg"), m.group("path") or ""
+    tokens = _tokens(path)
+    if msg.startswith("Object contains unknown field"):
+        field = msg.split("`")[1]
+        return f"{_dotted([*tokens, field])}: unknown key{_suggest(tokens, field)}"
+    if msg.startswith("Object missing required field"):
+        field = msg.split("`")[1]
+        return f"{_dotted([*tokens, field])}: required key missing"
+    value = _value_at(raw, tokens)
+    where = _dotted(tokens)
+    if msg.startswith("Invalid enum value"):
+        info = _type_at(tokens)
+        allowed = getattr(info, "values", None)
+        hint = f" (allowed: {', '.join(map(str, allowed))})" if allowed else ""
+        return f"{where}: invalid value {_short(value)}{hint}"
+    expected = msg.replace("`", "")
+    if ", got " in expected:  # wrong type: msgspec already names both types
+        return f"{where}: wrong type: {expected[0].lower()}{expected[1:]}"
+    if expected.startswith("Expected"):  # a constraint (>=, <=, length) failed on a well-typed value
+        return f"{where}: out of range: {expected[0].lower()}{expected[1:]}, got {_short(value)}"
+    return f"{where}: {msg}"
+
+
+def check_cross_keys(cfg: DeployConfig) -> list[str]:
+    """Rules that involve more than one key; each problem names the keys at fault."""
+    problems: list[str] = []
+    if cfg.world_size is not None and cfg.nodes is not None:
+        problems.append("world_size, nodes: mutually exclusive (give world_size for one host, nodes for several)")
+    if cfg.nodes is not None and not cfg.nodes:
+        problems.append("nodes: must name at least one node (rank 0 first)")
+    if cfg.node_env and len(cfg.node_env) != cfg.world:
+        problems.append(f"node_env: {len(cfg.node_env)} entries for {cfg.world} ranks (one object per rank)")
+    for i, env in enumerate(cfg.node_env):
+        for key in sorted(set(env) - NODE_ENV_ALLOWED):
+            problems.append(f"node_env[{i}].{key}: not an allowed variable (allowed: {', '.join(sorted(NODE_ENV_ALLOWED))})")
+    problems += _check_http_and_ports(cfg)
+    problems += _check_engine(cfg)
+    return problems
+
+
+def _check_http_and_ports(cfg: DeployConfig) -> list[str]:
+    problems: list[str] = []
+    http, ports = cfg.http, cfg.ports
+    if http.bind_host != "localhost":
+        try:
+            ipaddress.IPv4Address(http.bind_host)
+        except ValueError:
+            problems.append(f"http.bind_host: {http.bind_host!r} is not an IPv4 address (or 'localhost')")
+    if http.sse_ping_interval == 0:
+        problems.append("http.sse_ping_interval: out of range: 0 (seconds >= 1, or -1 to disable)")
+    if ports.http is not None and ports.http != http.port:
+        problems.append(f"ports.http, http.port: disagree ({ports.http} vs {http.port}); give one")
+    if ports.fabric == ports.journal:
+        problems.append(f"ports.fabric, ports.journal: must differ (both {ports.fabric})")
+    if ports.metrics and ports.metrics in (ports.fabric, ports.journal):
+        problems.append(f"ports.metrics: {ports.metrics} collides with ports.fabric/ports.journal")
+    if http.port in (ports.fabric, ports.journal):
+        problems.append(f"http.port: {http.port} collides with ports.fabric/ports.journal")
+    return problems
+
+
+def _check_engine(cfg: DeployConfig) -> list[str]:
+    problems: list[str] = []
+    eng = cfg.engine
+    if eng.block_size & (eng.block_size - 1):
+        problems.append(f"engine.block_size: {eng.block_size} is not a power of two")
+    if eng.graph_batch_min_live > eng.max_concurrency:
+        problems.append(
+            f"engine.graph_batch_min_live: {eng.graph_batch_min_live} exceeds engine.max_concurrency {eng.max_concurrency}"
+        )
+    if eng.mtp_schedule_min_depth > eng.mtp_depth:
+        problems.append(
+            f"engine.mtp_schedule_min_depth: {eng.mtp_schedule_min_depth} exceeds engine.mtp_depth {eng.mtp_depth}"
+        )
+    busy, idle = eng.prefill_budget_tokens, eng.prefill_idle_budget_tokens
+    if idle > 0 and busy > 0 and idle < busy:
+        problems.append(
+            f"engine.prefill_idle_budget_tokens: {idle} is below engine.prefill_budget_tokens {busy} (idle may only be larger)"
+        )
+    if eng.fp8_head == "mma" and eng.dense_weights != "fp8":
+        problems.append("engine.fp8_head: 'mma' needs engine.dense_weights 'fp8' (an FP8 head to multiply)")
+    rs = eng.rope_scaling
+    if rs is not None and rs.rope_type is None and rs.type is None:
+        problems.append("engine.rope_scaling.rope_type: required key missing (\"yarn\")")
+    return problems

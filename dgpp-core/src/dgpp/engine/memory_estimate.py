@@ -1,0 +1,146 @@
+"""A generic memory plan from config.json and safetensors headers (no weight is read).
+
+Used when a family's plugin offers no ``dgpp_memory_plan``. It is an estimate with stated rules:
+weights = the checkpoint's stored bytes divided evenly over the ranks (TP shards nearly everything);
+the drafter = tensors of MTP layers (named ``mtp`` or indexed past ``num_hidden_layers``); KV per
+token from the attention geometry (MLA latent rows when ``kv_lora_rank`` is set); state per request
+from linear-attention geometry; activations per prefill row from the hidden and MLP widths.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import struct
+from pathlib import Path
+from typing import Any
+
+from dgpp.engine.memory import MemoryPlan
+from dgpp.errors import CheckpointError
+
+_DTYPE_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32, "I16": 16, "I8": 8, "U8": 8,
+               "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "U16": 16, "U32": 32, "U64": 64}
+_NAME_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "bf16": 16, "fp8": 8, "fp4": 4}
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+_MTP = re.compile(r"(?:^|\.)mtp(?:\.|_)")
+
+
+def tensor_bytes(checkpoint_dir: Path) -> dict[str, int]:
+    """Stored bytes of every tensor, from the safetensors headers (the index when sharded)."""
+    index = checkpoint_dir / "model.safetensors.index.json"
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = sorted(p.name for p in checkpoint_dir.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{checkpoint_dir}: no *.safetensors files (and no model.safetensors.index.json)")
+    sizes: dict[str, int] = {}
+    for name in files:
+        path = checkpoint_dir / name
+        try:
+            with path.open("rb") as f:
+                (length,) = struct.unpack("<Q", f.read(8))
+                header = json.loads(f.read(length))
+        except (OSError, struct.error, ValueError) as exc:
+            raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
+        for tensor, meta in header.items():
+            if tensor != "__metadata__":
+                start, end = meta["data_offsets"]
+                sizes[tensor] = end - start
+    return sizes
+
+
+def _text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
+    # multimodal wrappers keep the language model's geometry under text_config
+    return hf_config.get("text_config") or hf_config
+
+
+def _compute_bits(hf_config: dict[str, Any], engine: Any) -> int:
+    name = getattr(engine, "dtype", "auto")
+    if name == "auto":
+        name = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or _text_config(hf_config).get("dtype") or "bfloat16")
+    return _NAME_BITS.get(name, 16)
+
+
+def _layer_kinds(cfg: dict[str, Any]) -> tuple[int, int]:
+    """(attention layers with a KV cache, linear-attention layers with a state)."""
+    n = int(cfg.get("num_hidden_layers", 0))
+    kinds = cfg.get("layer_types")
+    if isinstance(kinds, list) and kinds:
+        linear = sum(1 for k in kinds if "linear" in str(k))
+        return len(kinds) - linear, linear
+    interval = cfg.get("full_attention_interval")
+    if interval:
+        return n // int(interval), n - n // int(interval)
+    return n, 0
+
+
+def _kv_bits_per_token(cfg: dict[str, Any], kv_bits: int, world: int) -> int:
+    attn_layers, _ = _layer_kinds(cfg)
+    if cfg.get("kv_lora_rank"):  # MLA: one latent row (+ rope part) per token, replicated over ranks
+        row = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
+        return attn_layers * row * kv_bits
+    heads = int(cfg.get("num_attention_heads", 1))
+    kv_heads = max(1, int(cfg.get("num_key_value_heads") or heads) // world)
+    head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // heads)
+    v_dim = int(cfg.get("v_head_dim") or head_dim)
+    return attn_layers * kv_heads * (head_dim + v_dim) * kv_bits
+
+
+def _state_bytes_per_request(cfg: dict[str, Any], act_bits: int, world: int) -> int:
+    _, linear_layers = _layer_kinds(cfg)
+    if not linear_layers:
+        return 0
+    v_heads = max(1, int(cfg.get("linear_num_value_heads", 0)) // world)
+    k_heads = max(1, int(cfg.get("linear_num_key_heads", 0)) // world)
+    k_dim, v_dim = int(cfg.get("linear_key_head_dim", 0)), int(cfg.get("linear_value_head_dim", 0))
+    kernel = int(cfg.get("linear_conv_kernel_dim", 4))
+    recurrent = v_heads * k_dim * v_dim * 4  # fp32 recurrent state
+    conv = (2 * k_heads * k_dim + v_heads * v_dim) * (kernel - 1) * act_bits // 8
+    return linear_layers * (recurrent + conv)
+
+
+def _prefill_rows(engine: Any, max_position: int) -> int:
+    busy = getattr(engine, "prefill_budget_tokens", -1)
+    idle = getattr(engine, "prefill_idle_budget_tokens", 0)
+    if busy == 0:  # monolithic prefill: a whole prompt in one forward
+        return min(getattr(engine, "kv_capacity", max_position), max_position)
+    return max(256 if busy < 0 else busy, idle)
+
+
+def estimate_memory_plan(checkpoint_dir: Path, hf_config: dict[str, Any], engine: Any, world_size: int = 1) -> MemoryPlan:
+    """The generic per-rank plan for a checkpoint under the deployment's ``engine`` settings."""
+    cfg = _text_config(hf_config)
+    n_layers = int(cfg.get("num_hidden_layers", 0))
+    weights = drafter = 0
+    for name, size in tensor_bytes(Path(checkpoint_dir)).items():
+        layer = _LAYER.search(name)
+        if _MTP.search(name) or (layer and int(layer.group(1)) >= n_layers):
+            drafter += size
+        else:
+            weights += size
+    act_bits = _compute_bits(hf_config, engine)
+    kv_name = getattr(engine, "kv_dtype", "auto")
+    kv_bits = act_bits if kv_name == "auto" else _NAME_BITS[kv_name]
+    hidden = int(cfg.get("hidden_size", 0))
+    mlp = max(int(cfg.get("intermediate_size", 0)),
+              int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("num_experts_per_tok", 0)))
+    vocab = int(cfg.get("vocab_size", 0))
+    max_position = int(cfg.get("max_position_embeddings", 4096))
+    state = _state_bytes_per_request(cfg, act_bits, world_size)
+    max_conc = getattr(engine, "max_concurrency", 1)
+    # prefix snapshots need their own arena only when requests carry state; plain KV is shared by reference
+    prefix = int(getattr(engine, "prefix_cache_gib", 0) * (1 << 30)) if state else 0
+    return MemoryPlan(
+        weights=-(-weights // world_size),
+        drafter=-(-drafter // world_size) if getattr(engine, "mtp", False) else 0,
+        kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size) // 8),
+        state_per_request=state,
+        activations_per_token=(8 * hidden + 3 * mlp // world_size) * act_bits // 8,
+        kv_capacity=getattr(engine, "kv_capacity", 0),
+        max_concurrency=max_conc,
+        prefill_tokens=_prefill_rows(engine, max_position),
+        prefix_cache=prefix,
+        extra={"logits": 4 * vocab * max(max_conc * (1 + getattr(engine, "mtp_depth", 1)), 8) // world_size},
+        notes=("generic estimate from config.json and safetensors headers (the family plugin offers no plan)",),
+    )
