@@ -58,3 +58,17 @@ def test_reference_matches_sdpa_on_contiguous_cache() -> None:
     v = vc[bt[0, tok // 4].long(), tok % 4].repeat_interleave(2, 1).transpose(0, 1)
     sdpa = torch.nn.functional.scaled_dot_product_attention(q[0][:, None], k, v)[:, 0]
     torch.testing.assert_close(out[0], sdpa, rtol=1e-5, atol=1e-5)
+
+
+def test_kv_write_skips_padding_slots() -> None:
+    from dgpp.kernels.kv_write import write_kv_ref, write_kv_triton
+
+    g = torch.Generator().manual_seed(13)
+    kc, vc = torch.randn(6, 4, 2, 16, generator=g), torch.randn(6, 4, 2, 8, generator=g)
+    k, v = torch.randn(5, 2, 16, generator=g), torch.randn(5, 2, 8, generator=g)
+    slots = torch.tensor([3, -1, 17, 0, 23])
+    kc2, vc2 = kc.clone(), vc.clone()
+    write_kv_triton(kc, vc, k, v, slots)
+    write_kv_ref(kc2, vc2, k, v, slots)
+    assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
+    assert torch.equal(kc.view(-1, 2, 16)[17], k[2])
