@@ -72,7 +72,7 @@ def pack_int32(codes: torch.Tensor, bits: int, dim: int = -1) -> torch.Tensor:
     shifts = torch.arange(per_word, device=codes.device, dtype=torch.int64) * bits
     words = (c << shifts).sum(-1)
     words = torch.where(words >= 2**31, words - 2**32, words)
-    return words.to(torch.int32).movedim(-1, dim)
+    return words.to(torch.int32).movedim(-1, dim).contiguous()
 
 
 def expand_blocks(scale: torch.Tensor, shape: tuple[int, int], block: tuple[int, int]) -> torch.Tensor:

@@ -115,7 +115,7 @@ def encode_gptq(w: torch.Tensor, fmt: GPTQ, g_idx: torch.Tensor | None = None) -
     groups = torch.arange(k) // group if g_idx is None else g_idx.long()
     half = 1 << (fmt.bits - 1)
     num_groups = k // group
-    amax = torch.zeros(num_groups, n).index_reduce_(0, groups, w.float().abs().t(), "amax")
+    amax = torch.zeros(num_groups, n).scatter_reduce_(0, groups[:, None].expand(k, n), w.float().abs().t(), "amax")
     scales = (amax / (half - 1)).clamp_min(2.0**-14).to(torch.float16)
     codes = (w.float().t() / scales.float()[groups]).round().clamp(-half, half - 1) + half  # [K, N]
     zeros = torch.full((num_groups, n), half - fmt.zero_offset, dtype=torch.int64)

@@ -1,0 +1,125 @@
+"""Putting formats into a built model: per-module swaps before loading, explicit conversions after.
+
+``quantize_modules`` (before ``load_weights``) gives every ``Linear`` / ``FusedExperts`` whose checkpoint
+name the ``quantization_config`` resolves to a format the packed parameters of that format, so the
+checkpoint loads as shipped. ``convert_dense_weights`` (after loading) applies the engine's explicit
+load-time conversions, each logged at startup: ``engine.dense_weights: fp8`` (lossy: dense projections
+to block-128 E4M3) and ``engine.bf16_weights: bf12 | bf12+bf16`` (lossless). Both are off by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dgpp.errors import ConfigError
+from dgpp.log import get_logger
+from dgpp.nn.linear import Linear, UnquantizedLinearMethod
+from dgpp.nn.moe import FusedExperts
+from dgpp.quant.bf12 import BF12, encode_bf12
+from dgpp.quant.encode import encode_fp8_block
+from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.linear import QuantLinearMethod
+from dgpp.quant.moe import PROJECTIONS, QuantExperts
+from dgpp.quant.scheme import QuantScheme
+
+log = get_logger("dgpp.quant")
+BF12_MAX_ROWS = 8  # decode launches; larger batches (prefill) use the bf16 copy under bf12+bf16
+
+
+def _checkpoint_name(module_name: str, rename: Callable[[str], str]) -> str:
+    return rename(module_name + ".weight")[: -len(".weight")]
+
+
+def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
+    parent_name, _, attr = name.rpartition(".")
+    setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+
+
+def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
+                     rename: Callable[[str], str] = lambda n: n) -> QuantScheme | None:
+    """Swap in packed parameters for every module the checkpoint stores quantized; returns the scheme."""
+    scheme = QuantScheme.from_hf_config(hf_config)
+    if scheme is None:
+        return None
+    counts: dict[str, int] = {}
+    for name, module in list(model.named_modules()):
+        ckpt = _checkpoint_name(name, rename)
+        if isinstance(module, Linear) and isinstance(module.quant_method, UnquantizedLinearMethod):
+            fmt = scheme.format_for(ckpt)
+            if fmt is None:
+                continue
+            dtype = module.weight.dtype
+            del module.weight
+            module.quant_method = QuantLinearMethod(fmt, act_order=scheme.act_order)
+            module.quant_method.create_weights(module, dtype)
+        elif isinstance(module, FusedExperts):
+            fmts = {scheme.format_for(f"{ckpt}.{e}.{p}") for e in (0, module.num_experts - 1) for p in PROJECTIONS}
+            if fmts == {None}:
+                continue
+            if len(fmts) != 1:
+                raise ConfigError(f"quantization_config: the experts of {ckpt} resolve to mixed formats "
+                                  f"({sorted(f.name if f else 'dense' for f in fmts)}), which is not supported")
+            fmt = fmts.pop()
+            hidden = module.down_proj.shape[1]
+            _replace(model, name, QuantExperts(fmt, module.num_experts, hidden, module.inter * module.world.size,
+                                               world=module.world))
+        else:
+            continue
+        counts[fmt.name] = counts.get(fmt.name, 0) + 1
+    log.info("quantized modules", method=scheme.method, modules=counts)
+    return scheme
+
+
+class DualMethod:
+    """``bf12+bf16``: the packed bf12 copy serves decode-sized launches, the bf16 weight serves prefill."""
+
+    def __init__(self, packed: QuantLinearMethod) -> None:
+        self.packed = packed
+
+    def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
+        raise RuntimeError("DualMethod is installed on loaded layers only")
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.reshape(-1, x.shape[-1]).shape[0] <= BF12_MAX_ROWS:
+            return self.packed.apply(layer, x, bias)
+        return torch.nn.functional.linear(x, layer.weight, bias)
+
+
+def convert_dense_weights(model: nn.Module, engine: Any) -> dict[str, int]:
+    """Apply ``engine.dense_weights`` / ``engine.bf16_weights`` to loaded dense Linears; logs what it did."""
+    dense = getattr(engine, "dense_weights", "checkpoint") if engine is not None else "checkpoint"
+    bf16 = getattr(engine, "bf16_weights", "checkpoint") if engine is not None else "checkpoint"
+    done = {"fp8": 0, "bf12": 0, "kept_bf16": 0}
+    if dense == "checkpoint" and bf16 == "checkpoint":
+        return done
+    fp8 = FP8Block(block=(128, 128))
+    for _, module in model.named_modules():
+        if not (isinstance(module, Linear) and isinstance(module.quant_method, UnquantizedLinearMethod)):
+            continue
+        weight = module.weight.data
+        if dense == "fp8" and weight.dtype.is_floating_point:
+            QuantLinearMethod(fp8).adopt(module, encode_fp8_block(weight.float(), fp8))
+            done["fp8"] += 1
+        elif bf16 != "checkpoint" and weight.dtype == torch.bfloat16 and weight.shape[1] % 1024 == 0:
+            packed = encode_bf12(weight)
+            if packed is None:
+                done["kept_bf16"] += 1
+                continue
+            method = QuantLinearMethod(BF12())
+            keep_dense = bf16 == "bf12+bf16"
+            method.adopt(module, packed)
+            if keep_dense:
+                module.weight = nn.Parameter(weight, requires_grad=False)
+                module.quant_method = DualMethod(method)
+            done["bf12"] += 1
+    if dense == "fp8":
+        log.warning("engine.dense_weights=fp8: dense projections re-encoded to block-128 E4M3 at load (lossy)",
+                    converted=done["fp8"])
+    if bf16 != "checkpoint":
+        log.info(f"engine.bf16_weights={bf16}: BF16 matrices packed to bf12 (lossless)",
+                 packed=done["bf12"], kept_bf16=done["kept_bf16"])
+    return done

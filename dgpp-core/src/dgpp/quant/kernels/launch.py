@@ -1,0 +1,121 @@
+"""Host side of the weight-only kernel: per-format arguments, tile sizes, split-K and the fixed-order reduce."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from dgpp.quant.format import QuantFormat, Shape, cdiv
+from dgpp.quant.fp4 import FP4Grouped
+from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.intq import GPTQ, IntPacked
+
+
+@dataclasses.dataclass(frozen=True)
+class TileConfig:
+    """Tile sizes: BM rows of x, BN output columns, BKP stored elements along K per step, split-K ways."""
+
+    bm: int = 16
+    bn: int = 32
+    bkp: int = 128
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def has_kernel(fmt: QuantFormat) -> bool:
+    return isinstance(fmt, (FP8Block, FP4Grouped, IntPacked, GPTQ))
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _format_args(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape) -> dict:
+    from dgpp.quant.kernels.wo_matmul import FMT_FP4, FMT_FP8, FMT_GPTQ, FMT_INT
+
+    n, k = shape
+    dummy = t[next(iter(t))]
+    args = dict(z=dummy, g=dummy, gidx=dummy, stride_zk=0, SBN=1, BITS=8, SCALE_E8M0=False, GLOBAL_OP=0,
+                ZERO_OFFSET=0, HAS_GIDX=False)
+    if isinstance(fmt, FP8Block):
+        w = t["weight"].view(torch.uint8)
+        s = t[fmt.scale_name]
+        bn, bk = fmt.block_for(shape)
+        args.update(w=w, s=s, FMT=FMT_FP8, PACK=1, SBN=bn, SBK=bk, stride_wn=w.stride(0), stride_wk=w.stride(1),
+                    stride_sn=s.stride(0), stride_sk=s.stride(1) if s.dim() > 1 else 0)
+    elif isinstance(fmt, FP4Grouped):
+        w = t[fmt.data_name].view(torch.uint8)
+        s = t[fmt.scale_name].view(torch.uint8)  # E4M3 or E8M0 bytes, decoded in the kernel
+        e8m0 = fmt.scale_kind == "e8m0"
+        args.update(w=w, s=s, FMT=FMT_FP4, PACK=2, BITS=4, SBK=fmt.group, SCALE_E8M0=e8m0,
+                    stride_wn=w.stride(0), stride_wk=w.stride(1), stride_sn=s.stride(0), stride_sk=s.stride(1))
+        if fmt.global_name:
+            args.update(g=t[fmt.global_name].to(torch.float32), GLOBAL_OP=1 if fmt.global_op == "mul" else 2)
+    elif isinstance(fmt, IntPacked):
+        w, s = t["weight_packed"], t["weight_scale"]
+        args.update(w=w, s=s, FMT=FMT_INT, PACK=32 // fmt.bits, BITS=fmt.bits, SBK=fmt.group_size(shape),
+                    ZERO_OFFSET=1 << (fmt.bits - 1), stride_wn=w.stride(0), stride_wk=w.stride(1),
+                    stride_sn=s.stride(0), stride_sk=s.stride(1))
+    elif isinstance(fmt, GPTQ):
+        w, s, z = t["qweight"], t["scales"], t["qzeros"].contiguous()
+        g_idx = t.get("g_idx")
+        args.update(w=w, s=s, z=z, FMT=FMT_GPTQ, PACK=32 // fmt.bits, BITS=fmt.bits, SBK=fmt.group_size(shape),
+                    ZERO_OFFSET=fmt.zero_offset, stride_wn=w.stride(1), stride_wk=w.stride(0), stride_sn=s.stride(1),
+                    stride_sk=s.stride(0), stride_zk=z.stride(0))
+        if g_idx is not None:
+            args.update(gidx=g_idx.to(torch.int32), HAS_GIDX=True)
+    else:
+        raise NotImplementedError(f"no Triton kernel for format {fmt.name}")
+    args["KP"] = k // args["PACK"]
+    return args
+
+
+def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device) -> TileConfig:
+    """Tiles for a [m, K] x [N, K]^T problem: decode rows pad to 16; small-N problems split K so that
+    every SM has work (the step is bound by reading the weights once)."""
+    n, k = shape
+    pack = 2 if isinstance(fmt, FP4Grouped) else 32 // fmt.bits if isinstance(fmt, (IntPacked, GPTQ)) else 1
+    bkp = max(16, 256 // pack)
+    bm = 16 if m <= 16 else 64
+    bn = 32 if m <= 16 else 64
+    if interpreting() or device.type != "cuda":
+        return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=1)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiles = cdiv(m, bm) * cdiv(n, bn)
+    split = max(1, min(cdiv(2 * sms, tiles), cdiv(k // pack, bkp) // 4, 16))
+    return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split)
+
+
+def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
+                 config: TileConfig | None = None) -> torch.Tensor:
+    """``x [.., K] @ W^T`` with W in ``fmt`` (tensors as returned by ``fmt.prepare``), via the Triton kernel."""
+    from dgpp.quant.kernels.wo_matmul import wo_matmul_kernel
+
+    import triton.language as tl
+
+    n, k = shape
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k).contiguous()
+    m = x2.shape[0]
+    args = _format_args(fmt, tensors, shape)
+    cfg = config or default_config(fmt, m, shape, x.device)
+    kp = args.pop("KP")
+    kp_per_split = cdiv(cdiv(kp, cfg.split_k), cfg.bkp) * cfg.bkp
+    split = cdiv(kp, kp_per_split)
+    partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
+    round_dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
+    dot_low = round_dtype is not tl.float32 and not interpreting()
+    grid = (cdiv(m, cfg.bm), cdiv(n, cfg.bn), split)
+    wo_matmul_kernel[grid](
+        x2, args.pop("w"), args.pop("s"), args.pop("z"), args.pop("g"), args.pop("gidx"), partial,
+        m, n, kp, x2.stride(0), args.pop("stride_wn"), args.pop("stride_wk"), args.pop("stride_sn"),
+        args.pop("stride_sk"), args.pop("stride_zk"), partial.stride(1), partial.stride(0),
+        args.pop("SBN"), args.pop("SBK"), kp_per_split,
+        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args,
+    )
+    out = partial[0] if split == 1 else partial.sum(0)
+    return out.to(x.dtype).reshape(*lead, n)

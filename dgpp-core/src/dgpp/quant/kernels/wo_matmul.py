@@ -1,0 +1,111 @@
+"""One Triton weight-only GEMM/GEMV that reads the packed bytes of every integer/float format as shipped.
+
+``out[M, N] = x[M, K] @ W^T`` where W's [BN, BK] tiles are decoded in registers. A stored element holds
+PACK consecutive weights along K (1 for FP8, 2 for E2M1 pairs, 32/bits for int32 words); the kernel
+walks a tile of stored elements and issues one dot per sub-position, with x read at stride PACK, so the
+packed bytes are never expanded in memory. Decoded values are rounded to ROUND_DTYPE (the activation
+dtype) exactly like the torch reference decode, then the dot runs in that dtype (DOT_LOW, tensor cores)
+or in fp32 (the interpreter, whose bf16 is broken, and fp32 activations). Split-K writes fp32 partials
+that the caller sums in a fixed order, so results do not depend on scheduling.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+FMT_FP8 = 0  # E4M3 bytes [N, K] (passed as uint8 so masked loads can fill 0), F32/BF16 scale per (SBN x SBK) tile
+FMT_FP4 = 1  # E2M1 pairs [N, K/2], E4M3 or E8M0 scale per SBK columns, optional global mul/div
+FMT_INT = 2  # codes in int32 words along K [N, K*b/32], scale per SBK columns, fixed zero ZERO_OFFSET
+FMT_GPTQ = 3  # codes in int32 words along K, transposed [K*b/32, N]; packed zeros and F16 scales per group
+
+
+@triton.jit
+def _e2m1_value(nib):
+    mag = nib & 7
+    e = mag >> 1
+    m = (mag & 1).to(tl.float32)
+    normal = (1.0 + 0.5 * m) * tl.where(e == 1, 1.0, tl.where(e == 2, 2.0, 4.0))
+    v = tl.where(e == 0, 0.5 * m, normal)
+    return tl.where(nib >= 8, -v, v)
+
+
+@triton.jit
+def _e8m0_value(s):
+    s32 = s.to(tl.int32)
+    v = (s32 << 23).to(tl.float32, bitcast=True)
+    return tl.where(s32 == 0, 5.877471754111438e-39, v)
+
+
+@triton.jit
+def wo_matmul_kernel(
+    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, gidx_ptr, out_ptr,
+    M, N, KP, stride_xm, stride_wn, stride_wk, stride_sn, stride_sk, stride_zk, stride_om, stride_os,
+    SBN, SBK, kp_per_split,
+    FMT: tl.constexpr, PACK: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr,
+    GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_s = tl.program_id(2)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    m_ok = offs_m < M
+    n_ok = offs_n < N
+    kp_lo = pid_s * kp_per_split
+    kp_hi = tl.minimum(kp_lo + kp_per_split, KP)
+    code_mask: tl.constexpr = (1 << BITS) - 1
+    if GLOBAL_OP != 0:
+        g = tl.load(g_ptr).to(tl.float32)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for kp0 in range(kp_lo, kp_hi, BKP):
+        offs_kp = kp0 + tl.arange(0, BKP)
+        kp_ok = offs_kp < kp_hi
+        tile_ok = n_ok[:, None] & kp_ok[None, :]
+        stored = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk, mask=tile_ok, other=0)
+        for i in tl.static_range(PACK):
+            offs_k = offs_kp * PACK + i
+            if FMT == 0:
+                s = tl.load(s_ptr + (offs_n // SBN)[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                            mask=tile_ok, other=0.0)
+                w = stored.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s.to(tl.float32)
+            elif FMT == 1:
+                nib = (stored.to(tl.int32) >> (4 * i)) & 0xF
+                s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                            mask=tile_ok, other=0)
+                if SCALE_E8M0:
+                    sf = _e8m0_value(s)
+                else:
+                    sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+                w = _e2m1_value(nib) * sf
+                if GLOBAL_OP == 1:
+                    w = w * g
+                elif GLOBAL_OP == 2:
+                    w = w / g
+            elif FMT == 2:
+                code = (stored >> (BITS * i)) & code_mask
+                s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                            mask=tile_ok, other=0.0)
+                w = (code - ZERO_OFFSET).to(tl.float32) * s.to(tl.float32)
+            else:
+                code = (stored >> (BITS * i)) & code_mask
+                if HAS_GIDX:
+                    grp = tl.load(gidx_ptr + offs_k, mask=kp_ok, other=0)
+                else:
+                    grp = offs_k // SBK
+                s = tl.load(s_ptr + grp[None, :] * stride_sk + offs_n[:, None] * stride_sn, mask=tile_ok, other=0.0)
+                per_word: tl.constexpr = 32 // BITS
+                zw = tl.load(z_ptr + grp[None, :] * stride_zk + (offs_n // per_word)[:, None], mask=tile_ok, other=0)
+                zero = ((zw >> ((offs_n % per_word) * BITS)[:, None]) & code_mask) + ZERO_OFFSET
+                w = (code - zero).to(tl.float32) * s.to(tl.float32)
+            w = w.to(ROUND_DTYPE)
+            xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                         mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
+            if DOT_LOW:
+                acc += tl.dot(xi.to(ROUND_DTYPE), tl.trans(w))
+            else:
+                acc += tl.dot(xi.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    out = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])

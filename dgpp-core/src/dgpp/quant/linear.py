@@ -1,0 +1,142 @@
+"""Quantized linear: a ``LinearMethod`` for ``dgpp.nn.linear.Linear`` that keeps a format's tensors as shipped.
+
+``create_weights`` registers one parameter per stored tensor (named by its checkpoint suffix, so
+``q_proj.weight_scale_inv`` loads by name); ``apply`` computes ``x @ W^T`` with the Triton kernel on GPU
+(reading the packed bytes) and, on CPU or for formats without a kernel, by decoding W to the activation
+dtype (the reference path). Scale tensors are widened once to exact float32 at load; codes stay packed.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.nn.weights import WeightShapeError, narrow_for_rank, set_weight_attrs
+from dgpp.quant.codecs import scale_to_float
+from dgpp.quant.format import QuantFormat, Shape
+from dgpp.quant.fp4 import FP4Grouped
+from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.intq import GPTQ
+from dgpp.quant.kernels import has_kernel, quant_matmul
+
+TORCH_ONLY_ENV = "DGPP_QUANT_TORCH"  # "1": always use the decode path (debugging, A/B against the kernels)
+
+
+def storage_dtype(fmt: QuantFormat, suffix: str, shipped: tuple[int, ...]) -> torch.dtype:
+    """Resident dtype of a stored tensor: codes keep their bytes, float scales widen exactly to float32."""
+    if isinstance(fmt, FP8Block):
+        return torch.float8_e4m3fn if suffix == "weight" else torch.float32
+    if isinstance(fmt, FP4Grouped):
+        return torch.float32 if suffix == fmt.global_name else torch.uint8
+    if suffix in ("weight_packed", "qweight", "qzeros", "g_idx"):
+        return torch.int32
+    return torch.float32
+
+
+def tp_dim(fmt: QuantFormat, parallel: str) -> int | None:
+    """The dim of every non-scalar stored tensor that TP slices (GPTQ tensors are stored [K, N])."""
+    if parallel == "replicated":
+        return None
+    column = parallel == "column"
+    if isinstance(fmt, GPTQ):
+        return 1 if column else 0
+    return 0 if column else 1
+
+
+def load_packed(param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
+    """Checkpoint tensor -> resident parameter (``shard`` = expert index for stacked expert tensors)."""
+    copy_packed(param if shard is None else param[shard], loaded, param)
+
+
+def copy_packed(dst: torch.Tensor, loaded: torch.Tensor, attrs: torch.Tensor) -> None:
+    """Same bytes for codes, exact float32 for scales, then this rank's TP slice (``attrs`` carries
+    ``tp_dim``/``world``/``e8m0``)."""
+    if dst.dtype == torch.float32:
+        if loaded.dtype in (torch.int32, torch.int64):
+            raise WeightShapeError(f"dtype {loaded.dtype} is not a scale dtype")
+        loaded = scale_to_float(loaded, e8m0=getattr(attrs, "e8m0", False))
+    elif dst.element_size() == 1 and loaded.element_size() == 1:
+        loaded = loaded.view(dst.dtype)
+    elif loaded.dtype != dst.dtype:
+        raise WeightShapeError(f"dtype {loaded.dtype} cannot be loaded into a {dst.dtype} parameter")
+    if dst.numel() == 1 and loaded.numel() == 1:
+        loaded = loaded.reshape(dst.shape)
+    dim = getattr(attrs, "tp_dim", None)
+    world = getattr(attrs, "world", None)
+    if dim is not None and world is not None and world.size > 1:
+        if loaded.shape[dim] != dst.shape[dim] * world.size:
+            raise WeightShapeError(
+                f"shape {list(loaded.shape)} cannot be split into {world.size} block-aligned parts of "
+                f"{list(dst.shape)} along dim {dim} (re-blocking is not implemented)"
+            )
+        loaded = narrow_for_rank(loaded, dim, world)
+    if tuple(loaded.shape) != tuple(dst.shape):
+        raise WeightShapeError(f"shape {list(loaded.shape)} does not match the expected {list(dst.shape)}")
+    with torch.no_grad():
+        dst.copy_(loaded)
+
+
+def is_e8m0(fmt: QuantFormat) -> bool:
+    return getattr(fmt, "scale_format", None) == "e8m0" or getattr(fmt, "scale_kind", None) == "e8m0"
+
+
+def make_param(fmt: QuantFormat, suffix: str, shape: tuple[int, ...], dim: int | None, world: Any,
+               lead: tuple[int, ...] = ()) -> nn.Parameter:
+    """An empty parameter for stored tensor ``suffix`` (``lead``: stacking dims such as experts)."""
+    param = nn.Parameter(torch.empty(*lead, *shape, dtype=storage_dtype(fmt, suffix, shape)), requires_grad=False)
+    scalar = len(shape) == 1 and shape[0] == 1
+    set_weight_attrs(param, tp_dim=None if scalar else dim, world=world, weight_loader=load_packed,
+                     e8m0=is_e8m0(fmt) and suffix != "weight")
+    return param
+
+
+def packed_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape) -> torch.Tensor:
+    """``x @ W^T``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference)."""
+    if x.is_cuda and has_kernel(fmt) and os.environ.get(TORCH_ONLY_ENV) != "1":
+        return quant_matmul(fmt, tensors, x, shape)
+    return F.linear(x, fmt.decode(tensors, shape, x.dtype))
+
+
+class QuantLinearMethod:
+    """``LinearMethod`` for one format; ``fmt`` is the configured format (block size, bits, group)."""
+
+    def __init__(self, fmt: QuantFormat, act_order: bool = False) -> None:
+        self.fmt = fmt
+        self.act_order = act_order and isinstance(fmt, GPTQ)
+
+    def local_shape(self, layer: nn.Module) -> Shape:
+        return (layer.out_local, layer.in_local)
+
+    def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
+        shape = self.local_shape(layer)
+        dim = tp_dim(self.fmt, layer.parallel)
+        shapes = dict(self.fmt.tensor_shapes(shape))
+        if self.act_order:
+            shapes["g_idx"] = (shape[1],)
+        layer.quant_tensor_names = tuple(shapes)
+        for suffix, stored in shapes.items():
+            setattr(layer, suffix, make_param(self.fmt, suffix, stored, dim, layer.world))
+
+    def adopt(self, layer: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+        """Install already-encoded tensors (a load-time conversion) in place of the layer's weight."""
+        if "weight" in layer._parameters and "weight" not in tensors:
+            del layer.weight
+        layer.quant_method = self
+        layer.quant_tensor_names = tuple(tensors)
+        for suffix, t in tensors.items():
+            setattr(layer, suffix, nn.Parameter(t, requires_grad=False))
+
+    def tensors(self, layer: nn.Module) -> dict[str, torch.Tensor]:
+        return {name: getattr(layer, name) for name in layer.quant_tensor_names}
+
+    def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The decoded [out_local, in_local] weight (reference path; also what a dense reference is given)."""
+        return self.fmt.decode(self.tensors(layer), self.local_shape(layer), dtype)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        y = packed_matmul(self.fmt, self.tensors(layer), x, self.local_shape(layer))
+        return y if bias is None else y + bias

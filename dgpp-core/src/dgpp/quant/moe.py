@@ -1,0 +1,79 @@
+"""MoE experts in a packed format: per-expert tensors stacked along a leading expert dim, decoded per expert.
+
+A drop-in for ``dgpp.nn.moe.FusedExperts`` (same ``forward(x, weights, ids)``): only the experts that
+tokens picked run, each through the Triton kernel on GPU or the per-expert decode path
+(``expert_weight``) on CPU. Tensors load from the per-expert names releases ship
+(``experts.N.gate_proj.weight_scale`` ...).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.checkpoint.sources import Alternatives, Source
+from dgpp.family import World
+from dgpp.nn.mlp import silu_and_mul
+from dgpp.quant.format import QuantFormat, Shape
+from dgpp.quant.linear import make_param, packed_matmul, tp_dim
+
+PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+
+class _ExpertStack(nn.Module):
+    """One projection of every expert: each stored tensor as a parameter [E, *stored]."""
+
+    def __init__(self, fmt: QuantFormat, num_experts: int, shape: Shape, parallel: str, world: World) -> None:
+        super().__init__()
+        self.fmt, self.shape = fmt, shape
+        self.names = tuple(fmt.tensor_shapes(shape))
+        dim = tp_dim(fmt, parallel)
+        for suffix, stored in fmt.tensor_shapes(shape).items():
+            setattr(self, suffix, make_param(fmt, suffix, stored, dim, world, lead=(num_experts,)))
+
+    def expert_tensors(self, expert: int) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name)[expert] for name in self.names}
+
+
+class QuantExperts(nn.Module):
+    """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt``; TP splits the
+    intermediate dim (gate/up column, down row) like ``FusedExperts``."""
+
+    def __init__(self, fmt: QuantFormat, num_experts: int, hidden_size: int, intermediate_size: int,
+                 *, world: World | None = None) -> None:
+        super().__init__()
+        self.world = world or World()
+        if intermediate_size % self.world.size:
+            raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
+        self.fmt = fmt
+        self.num_experts = num_experts
+        inter = intermediate_size // self.world.size
+        self.gate_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
+        self.up_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
+        self.down_proj = _ExpertStack(fmt, num_experts, (hidden_size, inter), "row", self.world)
+
+    def checkpoint_sources(self) -> dict[str, Alternatives]:
+        out: dict[str, Alternatives] = {}
+        for proj in PROJECTIONS:
+            for suffix in getattr(self, proj).names:
+                out[f"{proj}.{suffix}"] = [[Source(f"{e}.{proj}.{suffix}", e) for e in range(self.num_experts)]]
+        return out
+
+    def expert_weight(self, proj: str, expert: int, dtype: torch.dtype) -> torch.Tensor:
+        """The decoded [out, in] weight of one expert's projection (the per-expert decode path)."""
+        stack: _ExpertStack = getattr(self, proj)
+        return stack.fmt.decode(stack.expert_tensors(expert), stack.shape, dtype)
+
+    def _project(self, proj: str, expert: int, x: torch.Tensor) -> torch.Tensor:
+        stack: _ExpertStack = getattr(self, proj)
+        return packed_matmul(stack.fmt, stack.expert_tensors(expert), x, stack.shape)
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        for expert in torch.unique(ids).tolist():
+            token_idx, slot = torch.where(ids == expert)
+            rows = x[token_idx]
+            hidden = silu_and_mul(self._project("gate_proj", expert, rows), self._project("up_proj", expert, rows))
+            y = self._project("down_proj", expert, hidden)
+            out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
+        return out
