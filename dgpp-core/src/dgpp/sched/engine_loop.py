@@ -1,0 +1,117 @@
+"""The engine thread: runs scheduler ticks apart from the HTTP event loop.
+
+The HTTP side calls ``submit`` / ``cancel`` from any thread; they land in an inbox the engine thread
+drains before each tick. Token events leave through each sequence's sink (called on the engine thread;
+the serving side hands them to its event loop). After every pass the loop publishes a metrics snapshot,
+and while busy it logs the periodic ``stats:`` line every ``stats_interval_s``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from dgpp.sched.request import RetireReason, Sequence
+from dgpp.sched.scheduler import QueueFull, Scheduler
+from dgpp.sched.stats_line import StatsLine
+
+log = structlog.get_logger("dgpp.engine")
+
+
+class EngineFailed(RuntimeError):
+    """The model runner raised: the engine serves no more requests (``/health`` says why)."""
+
+
+class EngineLoop:
+    """Owns a ``Scheduler`` on a daemon thread; thread-safe ``submit`` / ``cancel``."""
+
+    def __init__(self, scheduler: Scheduler, stats_interval_s: float = 10.0,
+                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None) -> None:
+        self.scheduler = scheduler
+        self.failed: str | None = None
+        self.requests_shed = 0
+        self.requests_cancelled = 0
+        self._inbox: list[list[Sequence]] = []
+        self._cancels: list[tuple[str, RetireReason]] = []
+        self._cond = threading.Condition()
+        self._stop = False
+        self._thread = threading.Thread(target=self._run, name="dgpp-engine", daemon=True)
+        self._snapshot_fn = snapshot
+        self.published: dict[str, Any] = {}
+        self.published_at = time.monotonic()
+        self._stats_line = StatsLine(scheduler, stats_interval_s)
+
+    # ---- called from the serving side ---------------------------------------------------------
+    def start(self) -> None:
+        self._publish()
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def submit(self, seqs: list[Sequence]) -> None:
+        """Queue the choices of one request; ``QueueFull`` when ``engine.queue_limit`` would be passed,
+        ``EngineFailed`` after a runner failure."""
+        with self._cond:
+            if self.failed is not None:
+                raise EngineFailed(self.failed)
+            waiting = len(self.scheduler.waiting) + sum(len(g) for g in self._inbox)
+            if waiting + len(seqs) > self.scheduler.config.queue_limit:
+                self.requests_shed += 1
+                raise QueueFull(f"{waiting} sequences waiting; engine.queue_limit is {self.scheduler.config.queue_limit}")
+            self._inbox.append(seqs)
+            self._cond.notify()
+
+    def cancel(self, request_id: str, reason: RetireReason = RetireReason.CANCELLED) -> None:
+        with self._cond:
+            self._cancels.append((request_id, reason))
+            if reason is RetireReason.CANCELLED:
+                self.requests_cancelled += 1
+            self._cond.notify()
+
+    @property
+    def pending(self) -> tuple[int, int]:
+        """(admissions, cancellations) waiting for the next tick."""
+        with self._cond:
+            return sum(len(g) for g in self._inbox), len(self._cancels)
+
+    # ---- the thread ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        sched = self.scheduler
+        while True:
+            with self._cond:
+                while not (self._stop or self._inbox or self._cancels or sched.has_work):
+                    self._cond.wait(timeout=1.0)
+                    self._stats_line.maybe_log(idle=True)
+                if self._stop:
+                    return
+                inbox, self._inbox = self._inbox, []
+                cancels, self._cancels = self._cancels, []
+            for group in inbox:
+                sched.submit(group)
+            for request_id, reason in cancels:
+                sched.cancel(request_id, reason)
+            try:
+                sched.tick()
+            except Exception as exc:  # the runner failed: nothing more can be computed
+                self.failed = f"{type(exc).__name__}: {exc}"
+                log.error("engine failure", error=self.failed, traceback=traceback.format_exc())
+                sched.fail_all(self.failed)
+                self._publish()
+                return
+            self._publish()
+            self._stats_line.maybe_log(idle=False)
+
+    def _publish(self) -> None:
+        if self._snapshot_fn is not None:
+            self.published = self._snapshot_fn(self.scheduler)
+        self.published_at = time.monotonic()

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP API on Litestar: protocol structs, validation, SSE, errors, metrics."""

@@ -1,0 +1,105 @@
+"""The Litestar application: routes, error handlers, and ``run(cfg)`` (what ``dgpp serve`` calls)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, Response, get
+from litestar.exceptions import HTTPException
+
+from dgpp.serve.backend import ServingEngine
+from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
+from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from dgpp.serve.metrics import metrics_json, prometheus_text
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=status)
+
+
+def model_object(engine: ServingEngine) -> dict[str, Any]:
+    lim = engine.limits
+    return {
+        "id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "dgpp",
+        "sampling": {"available": True, "defaults": engine.defaults.as_dict()},
+        "tools": {"available": engine.chat_template is not None, "constrained": False},
+        "response_format": {"json_object": False, "json_schema": False},
+        "input_modalities": ["text"],
+        "context": {
+            "request_limit_tokens": lim.request_limit_tokens, "position_ceiling_tokens": lim.max_position,
+            "kv_pool_tokens": lim.kv_pool_tokens,
+            "limited_by": "position-ceiling" if lim.max_position <= lim.kv_pool_tokens else "kv-pool",
+        },
+    }
+
+
+@get("/v1/models")
+async def list_models(request: Request) -> Response:
+    return _json({"object": "list", "data": [model_object(request.app.state.engine)]})
+
+
+@get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str) -> Response:
+    engine: ServingEngine = request.app.state.engine
+    model_id = model_id.lstrip("/")
+    if model_id != engine.model_id:
+        raise APIError(404, f"model {model_id!r} is not served here (this server serves {engine.model_id!r})",
+                       "model_not_found", "model")
+    return _json(model_object(engine))
+
+
+@get("/health")
+async def health(request: Request) -> Response:
+    engine: ServingEngine = request.app.state.engine
+    if engine.loop.failed is not None:
+        return _json({"status": "failed", "model": engine.model_id, "error": engine.loop.failed}, 503)
+    return _json({"status": "ok", "model": engine.model_id})
+
+
+@get(["/metrics", "/v1/metrics"])
+async def metrics(request: Request) -> Response:
+    return _json(metrics_json(request.app.state.engine))
+
+
+@get("/metrics/prometheus")
+async def metrics_prometheus(request: Request) -> Response:
+    return Response(content=prometheus_text(request.app.state.engine),
+                    media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def build_app(engine: ServingEngine, max_body_bytes: int = 268435456, sse_ping_interval: int = 30) -> Litestar:
+    """An app serving ``engine``; the engine loop must already be started."""
+    if not engine.created:
+        engine.created = int(time.time())
+
+    async def body_limit(request: Request) -> None:
+        if request.method == "POST":
+            reject_body_too_large(request, max_body_bytes)
+
+    app = Litestar(
+        route_handlers=[chat_completions, completions, list_models, get_model, health, metrics, metrics_prometheus],
+        exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
+                            Exception: handle_unexpected},
+        before_request=body_limit,
+        request_max_body_size=max_body_bytes,
+        on_shutdown=[lambda: engine.shutdown()],
+        openapi_config=None,
+    )
+    app.state.engine = engine
+    app.state.service = engine.counters
+    app.state.sse_ping_interval = sse_ping_interval
+    return app
+
+
+def run(cfg: Any) -> None:
+    """Load the deployment's model and serve it with uvicorn until interrupted (``dgpp serve CONFIG``)."""
+    import uvicorn
+
+    from dgpp.serve.build import build_serving_engine
+
+    engine = build_serving_engine(cfg)
+    app = build_app(engine, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
+    uvicorn.run(app, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning",
+                limit_concurrency=getattr(cfg.engine, "max_connections", None))

@@ -1,0 +1,157 @@
+"""The serving side of the engine: prompt preparation off the event loop, submission, and per-request events.
+
+``ServingEngine`` is what the HTTP routes talk to. It owns the tokenizer and chat template, knows the
+served model's limits, and turns one HTTP request into ``n`` scheduler sequences whose events arrive on
+an asyncio queue (the engine thread posts them with ``call_soon_threadsafe``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from dgpp.sample.params import SamplingDefaults, SamplingParams
+from dgpp.sample.sampler import ChoiceSampler
+from dgpp.sched.engine_loop import EngineFailed, EngineLoop
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence
+from dgpp.sched.scheduler import QueueFull
+from dgpp.serve.errors import APIError
+from dgpp.text.errors import TextError
+
+
+@dataclass
+class ServiceCounters:
+    """HTTP-side counters for ``/metrics`` ``service``."""
+
+    requests_total: int = 0
+    rejects_bad: int = 0
+    requests_failed: int = 0
+    tokens_out: int = 0
+
+
+@dataclass
+class ModelLimits:
+    vocab_size: int
+    max_position: int
+    kv_pool_tokens: int
+
+    @property
+    def request_limit_tokens(self) -> int:
+        return min(self.max_position, self.kv_pool_tokens)
+
+
+@dataclass
+class RequestHandle:
+    """One HTTP request's sequences and the queue their events arrive on: ``(choice_index, SeqEvent)``."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    seqs: list[Sequence] = field(default_factory=list)
+    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    engine: ServingEngine | None = None
+    done: set[int] = field(default_factory=set)  # choices the engine has retired
+    cancelled: set[int] = field(default_factory=set)  # choices we asked the engine to stop
+
+    def cancel(self, choice: int | None = None, reason: RetireReason = RetireReason.CANCELLED) -> None:
+        """Stop one choice (a stop string matched) or, with ``choice=None``, every unfinished choice."""
+        assert self.engine is not None
+        for s in self.seqs:
+            i = s.choice_index
+            if (choice is None or i == choice) and i not in self.done and i not in self.cancelled:
+                self.cancelled.add(i)
+                self.engine.loop.cancel(s.request_id, reason)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.seqs)
+
+
+class ServingEngine:
+    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``start``."""
+
+    def __init__(
+        self,
+        model_id: str,
+        tokenizer: Any,
+        chat_template: Any,
+        loop: EngineLoop,
+        limits: ModelLimits,
+        defaults: SamplingDefaults,
+        default_max_tokens: int = 256,
+        eos_token_ids: frozenset[int] = frozenset(),
+        prep_workers: int = 2,
+    ) -> None:
+        self.model_id = model_id
+        self.tokenizer = tokenizer
+        self.chat_template = chat_template
+        self.loop = loop
+        self.limits = limits
+        self.defaults = defaults
+        self.default_max_tokens = default_max_tokens
+        self.eos_token_ids = eos_token_ids
+        self.counters = ServiceCounters()
+        self.created = 0
+        self._prep = ThreadPoolExecutor(max_workers=prep_workers, thread_name_prefix="dgpp-prep")
+
+    # ---- prompt preparation (worker pool, off the event loop) ---------------------------------
+    async def prepare_chat(self, messages: list, tools: list | None, kwargs: dict | None, effort: str | None) -> list[int]:
+        if self.chat_template is None:
+            raise APIError(400, "this model has no chat template; use /v1/completions", "unsupported_parameter", "messages")
+
+        def work() -> list[int]:
+            text = self.chat_template.render(messages, tools, chat_template_kwargs=kwargs, reasoning_effort=effort)
+            return self.tokenizer.encode(text)
+
+        return await self._run_prep(work)
+
+    async def prepare_text(self, prompt: str) -> list[int]:
+        ids = await self._run_prep(lambda: self.tokenizer.encode(prompt))
+        if not ids:
+            raise APIError(400, "prompt is empty after tokenization", "invalid_parameter", "prompt")
+        return ids
+
+    async def _run_prep(self, fn: Any) -> list[int]:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._prep, fn)
+        except TextError as e:
+            raise APIError(400, e.message, "invalid_parameter", e.param) from None
+
+    # ---- submission ---------------------------------------------------------------------------
+    def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
+              kind: str = "chatcmpl") -> RequestHandle:
+        """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure."""
+        total = len(prompt_ids) + params.max_tokens
+        if total > self.limits.max_position:
+            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                                f"model's context of {self.limits.max_position} tokens",
+                           "context_length_exceeded", "max_tokens")
+        if total > self.limits.kv_pool_tokens:
+            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                                f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
+                           "context_length_exceeded", "max_tokens")
+        handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, engine=self)
+        loop = asyncio.get_running_loop()
+
+        def sink(seq: Sequence, ev: SeqEvent) -> None:
+            loop.call_soon_threadsafe(handle.queue.put_nowait, (seq.choice_index, ev))
+
+        for i in range(n):
+            # n choices of one seeded request differ: each draws from (seed, choice index)
+            sampler = ChoiceSampler(params, self.limits.vocab_size, prompt_ids, choice_index=i)
+            handle.seqs.append(Sequence(f"{handle.request_id}/{i}", i, prompt_ids, params, sampler, sink,
+                                        use_prefix_cache=use_prefix_cache))
+        try:
+            self.loop.submit(handle.seqs)
+        except QueueFull as e:
+            raise APIError(503, f"server overloaded: {e}", "overloaded") from None
+        except EngineFailed as e:
+            raise APIError(503, f"engine failed: {e}", "engine_failure") from None
+        return handle
+
+    def shutdown(self) -> None:
+        self.loop.stop()
+        self._prep.shutdown(wait=False, cancel_futures=True)

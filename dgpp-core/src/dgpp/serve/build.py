@@ -1,0 +1,129 @@
+"""Assemble a ``ServingEngine`` from a deployment: checkpoint, tokenizer, template, model, pools, scheduler."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import structlog
+import torch
+
+from dgpp.sample.params import SamplingDefaults
+from dgpp.sched.block_pool import BlockPool, SlotPool
+from dgpp.sched.config import SchedulerConfig
+from dgpp.sched.engine_loop import EngineLoop
+from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.scheduler import Scheduler
+from dgpp.sched.work import StepRunner
+from dgpp.serve.backend import ModelLimits, ServingEngine
+from dgpp.serve.metrics import scheduler_snapshot
+
+log = structlog.get_logger("dgpp.serve")
+MAX_SNAPSHOT_SLOTS = 4096
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def snapshot_slots(engine_cfg: Any, state_bytes_per_request: int) -> int:
+    """Prefix-cache snapshot slots: ``min(4096, floor(prefix_cache_gib · 2^30 / snapshot bytes))``."""
+    gib = float(getattr(engine_cfg, "prefix_cache_gib", 1.5))
+    if gib <= 0 or state_bytes_per_request <= 0:
+        return 0
+    return min(MAX_SNAPSHOT_SLOTS, int(gib * 2**30 // state_bytes_per_request))
+
+
+def assemble(
+    model_id: str,
+    engine_cfg: Any,
+    tokenizer: Any,
+    chat_template: Any,
+    runner: StepRunner,
+    *,
+    vocab_size: int,
+    max_position: int,
+    num_blocks: int,
+    block_size: int,
+    hybrid: bool,
+    copy_state: Any,
+    num_snapshot_slots: int,
+    eos_token_ids: frozenset[int],
+    defaults: SamplingDefaults,
+) -> ServingEngine:
+    """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread."""
+    sched_cfg = SchedulerConfig.from_engine(engine_cfg, block_size, max_position)
+    blocks = BlockPool(num_blocks, block_size)
+    slots = SlotPool(sched_cfg.max_concurrency, num_snapshot_slots if hybrid else 0)
+    enabled = sched_cfg.prefix_cache and (num_snapshot_slots > 0 or not hybrid)
+    cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
+                        min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled)
+    scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
+    loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot)
+    loop.start()
+    limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=num_blocks * block_size)
+    log.info("engine ready", model=model_id, kv_blocks=num_blocks, block_size=block_size,
+             chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, snapshot_slots=slots.num_snapshots)
+    return ServingEngine(model_id, tokenizer, chat_template, loop, limits, defaults,
+                         default_max_tokens=int(getattr(engine_cfg, "default_max_tokens", 256)),
+                         eos_token_ids=eos_token_ids)
+
+
+def _text_stack(checkpoint: Path) -> tuple[Any, Any]:
+    from dgpp.text.chat_template import ChatTemplate
+    from dgpp.text.errors import TemplateError
+    from dgpp.text.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_dir(checkpoint)
+    try:
+        template = ChatTemplate.for_checkpoint(tokenizer)
+    except TemplateError as e:
+        log.warning("no chat template: /v1/chat/completions will answer 400", reason=e.message)
+        template = None
+    return tokenizer, template
+
+
+def build_serving_engine(cfg: Any) -> ServingEngine:
+    """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin."""
+    from dgpp.checkpoint.resolve import resolve_checkpoint
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.pools import CachePools
+    from dgpp.engine.runner import ModelRunner
+
+    engine_cfg = cfg.engine
+    checkpoint = resolve_checkpoint(cfg.model)
+    tokenizer, template = _text_stack(checkpoint)
+    dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device)
+    info = model.info
+    block_size = int(getattr(engine_cfg, "block_size", 16))
+    num_blocks = -(-int(engine_cfg.kv_capacity) // block_size)
+    spec = model.cache_spec()
+    state_bytes = sum(s.bytes_per_request() for s in spec.values() if hasattr(s, "bytes_per_request"))
+    n_snap = snapshot_slots(engine_cfg, state_bytes) if info.hybrid else 0
+    pools = CachePools(spec, num_blocks, block_size, int(engine_cfg.max_concurrency) + n_snap, device=device)
+    runner = ModelRunner(model, pools)
+    eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
+    return assemble(
+        engine_cfg.model_alias or cfg.model, engine_cfg, tokenizer, template, runner,
+        vocab_size=info.vocab_size, max_position=info.max_position, num_blocks=num_blocks, block_size=block_size,
+        hybrid=info.hybrid, copy_state=pools.copy_state, num_snapshot_slots=n_snap, eos_token_ids=eos,
+        defaults=SamplingDefaults.from_generation_config(checkpoint),
+    )
+
+
+def build_toy_engine(model_id: str, tokenizer_dir: str | Path, engine_cfg: Any, *, hybrid: bool = False,
+                     favour: dict[int, float] | None = None) -> ServingEngine:
+    """A serving engine over ``ToyRunner`` (no checkpoint) for API-shape tests."""
+    from dgpp.sched.toy_runner import ToyRunner
+
+    tokenizer, template = _text_stack(Path(tokenizer_dir))
+    block_size = int(getattr(engine_cfg, "block_size", 16))
+    num_blocks = -(-int(engine_cfg.kv_capacity) // block_size)
+    n_snap = 16 if hybrid else 0
+    runner = ToyRunner(tokenizer.vocab_size, num_blocks, block_size, int(engine_cfg.max_concurrency) + n_snap,
+                       hybrid=hybrid, favour=favour)
+    return assemble(
+        model_id, engine_cfg, tokenizer, template, runner, vocab_size=tokenizer.vocab_size, max_position=4096,
+        num_blocks=num_blocks, block_size=block_size, hybrid=hybrid, copy_state=runner.copy_state,
+        num_snapshot_slots=n_snap, eos_token_ids=frozenset(tokenizer.eos_token_ids),
+        defaults=SamplingDefaults.from_generation_config(tokenizer_dir),
+    )

@@ -1,0 +1,144 @@
+"""POST /v1/chat/completions and /v1/completions: validate, prepare, submit, then answer once or stream."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, post
+from litestar.response import Stream
+
+from dgpp.sched.request import RetireReason
+from dgpp.serve.backend import RequestHandle, ServingEngine
+from dgpp.serve.choice_output import ChoiceOutput
+from dgpp.serve.errors import APIError, invalid
+from dgpp.serve.openai_format import DONE, KEEP_ALIVE, ChunkWriter, chat_response, completion_response
+from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
+from dgpp.serve.validate import check_model, parse_body, sampling_params
+
+
+def _engine(request: Request) -> ServingEngine:
+    return request.app.state.engine
+
+
+async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], ServingEngine]:
+    engine = _engine(request)
+    engine.counters.requests_total += 1
+    req, raw = parse_body(await request.body(), kind)
+    check_model(req.model, engine.model_id)
+    return req, raw, engine
+
+
+@post("/v1/chat/completions", status_code=200)
+async def chat_completions(request: Request) -> Response | Stream:
+    req, raw, engine = await _read(request, ChatCompletionRequest)
+    params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
+    fmt = req.response_format or {}
+    if fmt.get("type", "text") != "text":
+        raise APIError(400, f"response_format {fmt.get('type')!r} needs constrained decoding, which this server "
+                            "does not offer yet", "constrained_decoding_unsupported", "response_format")
+    if req.tool_choice not in (None, "auto", "none"):
+        raise APIError(400, "tool_choice other than auto/none needs constrained decoding, which this server does "
+                            "not offer yet", "constrained_decoding_unsupported", "tool_choice")
+    tools = None if req.tool_choice == "none" else req.tools
+    prompt = await engine.prepare_chat(req.messages, tools, req.chat_template_kwargs, req.reasoning_effort)
+    handle = engine.start(prompt, params, n=req.n or 1, use_prefix_cache=req.prefix_cache, kind="chatcmpl")
+    return await _answer(request, engine, handle, req, chat=True)
+
+
+@post("/v1/completions", status_code=200)
+async def completions(request: Request) -> Response | Stream:
+    req, raw, engine = await _read(request, CompletionRequest)
+    params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
+    prompt = await engine.prepare_text(req.prompt)
+    handle = engine.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl")
+    return await _answer(request, engine, handle, req, chat=False)
+
+
+async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle, req: Any, chat: bool) -> Response | Stream:
+    outputs = [ChoiceOutput(i, engine.tokenizer, handle.params, engine.eos_token_ids) for i in range(len(handle.seqs))]
+    created = int(time.time())
+    if req.stream:
+        include_usage = bool(req.stream_options and req.stream_options.include_usage)
+        writer = ChunkWriter(handle.request_id, created, engine.model_id, chat, include_usage)
+        ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
+        return Stream(_stream(engine, handle, outputs, writer, ping), media_type="text/event-stream",
+                      status_code=200, headers={"Cache-Control": "no-cache"})
+    try:
+        async for _ in _drive(handle, outputs, None):
+            pass
+    finally:
+        handle.cancel()  # a client gone before the answer frees its slots
+    failed = [o for o in outputs if o.finish_reason == "error"]
+    if failed:
+        engine.counters.requests_failed += 1
+        raise APIError(503, "engine failed while generating this request", "engine_failure")
+    engine.counters.tokens_out += sum(o.completion_tokens for o in outputs)
+    if chat:
+        body = chat_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
+                             handle.params.logprobs, req.metadata)
+    else:
+        body = completion_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
+                                   handle.params.logprobs)
+    return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
+
+
+async def _drive(handle: RequestHandle, outputs: list[ChoiceOutput], ping: float | None) -> AsyncIterator[Any]:
+    """Yield ``(choice, Delta)`` as events arrive (``None`` after ``ping`` seconds of silence) until every choice ends."""
+    while not all(o.finished for o in outputs):
+        try:
+            if ping is None:
+                index, ev = await handle.queue.get()
+            else:
+                index, ev = await asyncio.wait_for(handle.queue.get(), timeout=ping)
+        except TimeoutError:
+            yield None
+            continue
+        if ev.retired is not None:
+            handle.done.add(index)
+        delta = outputs[index].feed(ev)
+        if delta.stopped_by_string:
+            handle.cancel(index, RetireReason.STOP)
+        yield index, delta
+
+
+async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[ChoiceOutput], writer: ChunkWriter,
+                  ping: int) -> AsyncIterator[bytes]:
+    try:
+        async for item in _drive(handle, outputs, None if ping < 0 else float(ping)):
+            if item is None:
+                yield KEEP_ALIVE
+                continue
+            index, delta = item
+            if delta.error is not None:
+                engine.counters.requests_failed += 1
+                yield writer.delta(index, delta.text, delta.logprobs, None)
+                yield writer.error(f"engine failed: {delta.error}")
+                yield DONE
+                return
+            chunk = writer.delta(index, delta.text, delta.logprobs, delta.finish_reason)
+            if chunk:
+                yield chunk
+        engine.counters.tokens_out += sum(o.completion_tokens for o in outputs)
+        if writer.include_usage:
+            yield writer.usage_chunk(len(handle.prompt_ids), outputs)
+        yield DONE
+    finally:
+        handle.cancel()  # client disconnect (or any exit): unfinished choices free their slots
+
+
+def reject_body_too_large(request: Request, max_body_bytes: int) -> None:
+    """413 from Content-Length, before the body is read or tokenized."""
+    length = request.headers.get("content-length")
+    if length is None:
+        return
+    try:
+        size = int(length)
+    except ValueError:
+        raise invalid("Content-Length is not a number", None) from None
+    if size > max_body_bytes:
+        raise APIError(413, f"request body of {size} bytes exceeds http.max_body_bytes = {max_body_bytes}",
+                       "request_too_large")

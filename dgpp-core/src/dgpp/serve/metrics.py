@@ -1,0 +1,168 @@
+"""``/metrics`` JSON (anchor §2.11 key groups) and ``/metrics/prometheus`` (``dgpp_*`` names, §2.12).
+
+The scheduler part is captured on the engine thread after each pass (``scheduler_snapshot``) so a
+reader never walks structures the engine is changing; ``snapshot_age_ms`` says how old it is.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+from dgpp.sched.request import RetireReason, SeqStatus
+from dgpp.sched.scheduler import Scheduler
+
+SLOT_KEYS = [str(i) for i in range(1, 17)]
+
+
+def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
+    st, pc = s.stats, s.prefix_cache
+    now = time.monotonic()
+    prefilling = [q for q in s.live if q.status is SeqStatus.PREFILL]
+    rows = [
+        {"id": q.request_id, "slot": q.slot, "prompt_tokens": q.prompt_len, "processed_tokens": q.computed,
+         "cached_tokens": q.cached_tokens, "computed_tokens": q.computed - q.cached_tokens,
+         "remaining_tokens": q.remaining_prefill, "elapsed_ms": (now - (q.admitted_at or now)) * 1000.0}
+        for q in prefilling
+    ]
+    summed = {k: sum(r[k] for r in rows) for k in
+              ("prompt_tokens", "processed_tokens", "cached_tokens", "computed_tokens", "remaining_tokens")}
+    decode_live = sum(1 for q in s.live if q.status is SeqStatus.DECODE)
+    return {
+        "scheduler": {
+            "active": len(s.live), "queued": len(s.waiting), "terminal": sum(st.finished.values()),
+            "records": len(s.live) + len(s.waiting), "record_tokens": sum(len(q.tokens) for q in s.live),
+            "pool_blocks_total": s.blocks.num_blocks, "pool_blocks_in_use": s.blocks.num_in_use,
+            "prefilling": len(prefilling), "tokens_generated": st.tokens_generated,
+            "prompts_prefilled": st.prompts_prefilled, "prompt_tokens": st.prompt_tokens,
+            "prompt_tokens_computed": st.prompt_tokens_computed, "decode_steps": st.decode_steps,
+            "decode_rows": st.decode_rows,
+            "decode_batch": {
+                "last_slots": st.last_decode_rows, "last_active": decode_live, "last_rows_per_request": 1,
+                "replays": 0, "rows": st.decode_rows, "padded_rows": 0,
+                "replays_by_slots": dict.fromkeys(SLOT_KEYS, 0),
+            },
+            "spec_decode": {"depth": 0, "num_drafts_total": 0, "num_draft_tokens_total": 0,
+                            "num_accepted_tokens_total": 0, "num_draft_tokens_per_pos_total": [],
+                            "num_accepted_tokens_per_pos_total": []},
+            "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_ms, "step_ms": st.step_ms,
+            "finished": dict(st.finished), "reservations_grown": st.reservations_grown,
+        },
+        "prefix_cache": {
+            "enabled": pc.enabled, "slots": pc.slots.num_snapshots if pc.slots else 0, "min_tokens": pc.min_tokens,
+            "head_cuts": 0, "entries": pc.num_entries, "hits": pc.stats.hits, "misses": pc.stats.misses,
+            "tokens_saved": pc.stats.tokens_saved, "snapshots": pc.stats.snapshots, "head_snapshots": 0,
+            "close_entries": 0, "rolling_snapshots": 0, "hop_snapshots": 0, "evictions": pc.stats.evictions,
+            "duplicates": pc.stats.duplicates, "skipped_no_block": 0, "skipped_no_slot": pc.stats.skipped_no_slot,
+            "skipped_image_bytes": 0, "image_bytes": 0, "blocks_pinned": pc.blocks_pinned, "snapshot_bytes": 0,
+            "arena_snapshots": pc.num_snapshots, "snapshot_ms_avg": 0.0, "arena_attaches": pc.stats.hits,
+            "attach_ms_avg": 0.0, "ttft_hit_count": 0, "ttft_hit_ms_avg": 0.0, "ttft_miss_count": 0,
+            "ttft_miss_ms_avg": 0.0, "key": f"cut={pc.cut}",
+        },
+        "prefill": {"requests": rows, **summed},
+    }
+
+
+def metrics_json(engine: Any) -> dict[str, Any]:
+    """The full ``/metrics`` body: the engine's last snapshot plus the HTTP side's counters."""
+    loop = engine.loop
+    snap = dict(loop.published)
+    sched_part = dict(snap.get("scheduler", {}))
+    finished = sched_part.pop("finished", {})
+    grown = sched_part.pop("reservations_grown", 0)
+    sched_part["snapshot_age_ms"] = (time.monotonic() - loop.published_at) * 1000.0
+    pending_adm, pending_cancel = loop.pending
+    cfg = loop.scheduler.config
+    c = engine.counters
+    service = {
+        "requests_total": c.requests_total, "requests_shed": loop.requests_shed,
+        "pending_admissions": pending_adm, "pending_cancellations": pending_cancel,
+        "requests_cancelled": finished.get(RetireReason.CANCELLED.value, 0),
+        "requests_shed_pool": finished.get(RetireReason.POOL_EXHAUSTED.value, 0),
+        "requests_failed": c.requests_failed, "engine_failed": loop.failed is not None,
+        "reservations_grown": grown,
+        "admission": {"mode": cfg.admission, "window": cfg.admission_window,
+                      "prefill_budget_tokens": cfg.chunk_tokens * cfg.busy_chunks,
+                      "prefill_idle_budget_tokens": cfg.chunk_tokens * cfg.idle_chunks},
+        "tokens_out": c.tokens_out, "rejects_bad": c.rejects_bad, "tool_calls_out": 0,
+    }
+    return {"scheduler": sched_part, "service": service, "prefix_cache": snap.get("prefix_cache", {}),
+            "prefill": snap.get("prefill", {}), "finished": finished}
+
+
+class _Collector:
+    """Renders the JSON metrics as Prometheus families at scrape time (label ``model_name``)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
+        m = metrics_json(self.engine)
+        label = self.engine.model_id
+        sch, svc, pc, pre = m["scheduler"], m["service"], m["prefix_cache"], m["prefill"]
+        cfg = self.engine.loop.scheduler.config
+
+        def gauge(name: str, value: float, doc: str = "") -> GaugeMetricFamily:
+            g = GaugeMetricFamily(f"dgpp_{name}", doc or name, labels=["model_name"])
+            g.add_metric([label], float(value))
+            return g
+
+        def counter(name: str, value: float, doc: str = "") -> CounterMetricFamily:
+            c = CounterMetricFamily(f"dgpp_{name}", doc or name, labels=["model_name"])
+            c.add_metric([label], float(value))
+            return c
+
+        total = sch.get("pool_blocks_total", 0) or 1
+        yield gauge("engine_failed", svc["engine_failed"])
+        yield gauge("max_concurrent_requests", cfg.max_concurrency)
+        yield gauge("queue_limit", cfg.queue_limit)
+        yield gauge("kv_pool_tokens", self.engine.limits.kv_pool_tokens)
+        yield gauge("admission_window_tokens", cfg.admission_window)
+        yield gauge("admission_prefill_budget_tokens", svc["admission"]["prefill_budget_tokens"])
+        yield gauge("admission_prefill_idle_budget_tokens", svc["admission"]["prefill_idle_budget_tokens"])
+        yield gauge("num_requests_running", sch.get("active", 0))
+        yield gauge("num_requests_waiting", sch.get("queued", 0))
+        yield gauge("num_requests_prefilling", sch.get("prefilling", 0))
+        yield gauge("pending_admissions", svc["pending_admissions"])
+        yield gauge("pending_cancellations", svc["pending_cancellations"])
+        yield gauge("kv_pool_blocks_total", sch.get("pool_blocks_total", 0))
+        yield gauge("kv_pool_blocks_in_use", sch.get("pool_blocks_in_use", 0))
+        yield gauge("kv_cache_usage_perc", sch.get("pool_blocks_in_use", 0) / total)
+        yield gauge("scheduler_snapshot_age_seconds", sch["snapshot_age_ms"] / 1000.0)
+        yield gauge("prefill_inflight_prompt_tokens", pre.get("prompt_tokens", 0))
+        yield gauge("prefill_inflight_remaining_tokens", pre.get("remaining_tokens", 0))
+        yield gauge("prefix_cache_entries", pc.get("entries", 0))
+        yield gauge("prefix_cache_slots", pc.get("slots", 0))
+        yield gauge("prefix_cache_blocks_pinned", pc.get("blocks_pinned", 0))
+        yield counter("requests", svc["requests_total"])
+        yield counter("shed", svc["requests_shed"])
+        yield counter("shed_pool", svc["requests_shed_pool"])
+        yield counter("cancelled", svc["requests_cancelled"])
+        yield counter("failed", svc["requests_failed"])
+        yield counter("rejected", svc["rejects_bad"])
+        yield counter("reservations_grown", svc["reservations_grown"])
+        finished = CounterMetricFamily("dgpp_request_finished", "retired sequences by reason",
+                                       labels=["model_name", "reason"])
+        for reason in ("none", "eos", "length", "cancelled", "pool_exhausted", "stop"):
+            finished.add_metric([label, reason], float(m["finished"].get(reason, 0)))
+        yield finished
+        yield counter("prompt_tokens", sch.get("prompt_tokens", 0))
+        yield counter("prompt_tokens_computed", sch.get("prompt_tokens_computed", 0))
+        yield counter("prompt_tokens_cached", pc.get("tokens_saved", 0))
+        yield counter("generation_tokens", sch.get("tokens_generated", 0))
+        yield counter("prompts_prefilled", sch.get("prompts_prefilled", 0))
+        yield counter("prefill_seconds", sch.get("prefill_ms", 0.0) / 1000.0)
+        yield counter("decode_steps", sch.get("decode_steps", 0))
+        yield counter("decode_rows", sch.get("decode_rows", 0))
+        for key in ("hits", "misses", "tokens_saved", "snapshots", "evictions", "duplicates", "skipped_no_slot"):
+            yield counter(f"prefix_cache_{key}", pc.get(key, 0))
+        yield counter("prefix_cache_queries", pc.get("hits", 0) + pc.get("misses", 0))
+
+
+def prometheus_text(engine: Any) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(engine))
+    return generate_latest(registry)

@@ -1,0 +1,132 @@
+"""JSON shapes of responses and SSE chunks (anchor §2.5-2.6), for chat and legacy completions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from dgpp.serve.choice_output import ChoiceOutput, chat_logprobs, legacy_logprobs
+
+
+def sse(data: dict[str, Any] | str) -> bytes:
+    payload = data if isinstance(data, str) else msgspec.json.encode(data).decode()
+    return f"data: {payload}\n\n".encode()
+
+
+KEEP_ALIVE = b": keep-alive\n\n"
+DONE = sse("[DONE]")
+
+
+def usage(prompt_tokens: int, outputs: list[ChoiceOutput]) -> dict[str, Any]:
+    completion = sum(o.completion_tokens for o in outputs)
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": prompt_tokens + completion,
+        "prompt_tokens_details": {"cached_tokens": outputs[0].cached_tokens if outputs else 0},
+        "completion_tokens_details": {"reasoning_tokens": 0},
+    }
+
+
+class ChunkWriter:
+    """Builds the SSE chunks of one streamed request (chat or legacy)."""
+
+    def __init__(self, request_id: str, created: int, model: str, chat: bool, include_usage: bool) -> None:
+        self.base = {
+            "id": request_id,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
+        self.chat = chat
+        self.include_usage = include_usage
+        self._preamble_sent: set[int] = set()
+        self._text_offset: dict[int, int] = {}
+
+    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+        body = {**self.base, "choices": choices}
+        if self.include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    def preamble(self, index: int) -> bytes:
+        """The lazy role chunk, written once per choice just before its first real output."""
+        if not self.chat or index in self._preamble_sent:
+            return b""
+        self._preamble_sent.add(index)
+        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                             "finish_reason": None}])
+
+    def delta(self, index: int, text: str, logprobs: list[dict[str, Any]], finish_reason: str | None) -> bytes:
+        out = b""
+        if text or logprobs:
+            out += self.preamble(index)
+            out += self._choice(index, text, logprobs, None)
+        if finish_reason is not None:
+            out += self.preamble(index)
+            out += self._choice(index, "", [], finish_reason)
+        return out
+
+    def _choice(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None) -> bytes:
+        if self.chat:
+            delta = {"content": text} if text else {}
+            lp = chat_logprobs(logprobs) if logprobs else None
+            return self._chunk([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+        start = self._text_offset.get(index, 0)
+        self._text_offset[index] = start + len(text)
+        lp = legacy_logprobs(logprobs, start) if logprobs else None
+        return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}])
+
+    def usage_chunk(self, prompt_tokens: int, outputs: list[ChoiceOutput]) -> bytes:
+        return sse({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
+
+    @staticmethod
+    def error(message: str, code: str = "engine_failure") -> bytes:
+        return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
+
+
+def chat_response(request_id: str, created: int, model: str, prompt_tokens: int, outputs: list[ChoiceOutput],
+                  want_logprobs: bool, metadata: dict | None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": request_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": o.index,
+                "message": {"role": "assistant", "content": o.text, "refusal": None},
+                "logprobs": chat_logprobs(o.logprobs) if want_logprobs else None,
+                "finish_reason": o.finish_reason,
+            }
+            for o in outputs
+        ],
+        "usage": usage(prompt_tokens, outputs),
+    }
+    if metadata:
+        body["metadata"] = metadata
+    return body
+
+
+def completion_response(request_id: str, created: int, model: str, prompt_tokens: int,
+                        outputs: list[ChoiceOutput], want_logprobs: bool) -> dict[str, Any]:
+    return {
+        "id": request_id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": o.index,
+                "text": o.text,
+                "logprobs": legacy_logprobs(o.logprobs) if want_logprobs else None,
+                "finish_reason": o.finish_reason,
+            }
+            for o in outputs
+        ],
+        "usage": usage(prompt_tokens, outputs),
+    }

@@ -1,0 +1,147 @@
+"""Request body -> a typed request and ``SamplingParams``; every failure is one 400 naming the field."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, TypeVar
+
+import msgspec
+
+from dgpp.sample.params import SamplingDefaults, SamplingParams
+from dgpp.serve.errors import APIError, invalid, unsupported
+from dgpp.serve.protocol import (
+    COMPLETION_REJECTED,
+    REJECTED,
+    REJECTED_WHEN_SET,
+    ChatCompletionRequest,
+    CompletionRequest,
+)
+
+T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
+_PATH = re.compile(r"at `\$\.?([^`]*)`")
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in seen:
+            raise _DuplicateKey(k)
+        seen[k] = v
+    return seen
+
+
+def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
+    try:
+        raw = json.loads(body, object_pairs_hook=_no_duplicates)
+    except _DuplicateKey as e:
+        raise invalid(f"duplicate key {e.args[0]!r} in the request body", e.args[0]) from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise invalid(f"the request body is not valid JSON: {e}", None) from None
+    if not isinstance(raw, dict):
+        raise invalid("the request body must be a JSON object", None)
+    rejected = REJECTED if kind is ChatCompletionRequest else COMPLETION_REJECTED
+    for name in rejected:
+        if name in raw:
+            raise unsupported(name)
+    if kind is ChatCompletionRequest:
+        for name in REJECTED_WHEN_SET:
+            if raw.get(name) is not None:
+                raise unsupported(name)
+    if kind is CompletionRequest and "prompt" in raw and not isinstance(raw["prompt"], str):
+        raise invalid("prompt must be a string (arrays of prompts or token ids are not supported)", "prompt")
+    try:
+        req = msgspec.convert(raw, kind, strict=True)
+    except msgspec.ValidationError as e:
+        text = str(e)
+        m = _PATH.search(text)
+        param = m.group(1) if m else None
+        if param and "[" in param:
+            param = param.split("[")[0] or param
+        if text.startswith("Object missing required field"):
+            field = text.split("`")[1]
+            param = f"{param}.{field}" if param else field
+            raise invalid(f"{field} is required", param) from None
+        raise invalid(f"{param or 'request'}: {text.split(' - at ')[0]}", param) from None
+    _check(req)
+    return req, raw
+
+
+def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
+    if req.stream_options is not None and not req.stream:
+        raise invalid("stream_options requires stream: true", "stream_options")
+    if req.sse_ping_interval is not None and not req.stream:
+        raise invalid("sse_ping_interval requires stream: true", "sse_ping_interval")
+    if req.sse_ping_interval == 0:
+        raise invalid("sse_ping_interval must be positive seconds or -1 (off)", "sse_ping_interval")
+    if isinstance(req, ChatCompletionRequest):
+        if req.max_tokens is not None and req.max_completion_tokens is not None:
+            raise invalid("send one of max_tokens and max_completion_tokens, not both", "max_tokens")
+        if req.top_logprobs and not req.logprobs:
+            raise invalid("top_logprobs requires logprobs: true", "top_logprobs")
+        if req.store:
+            raise invalid("store: true is not supported (nothing is stored)", "store")
+        if req.service_tier not in (None, "auto", "default"):
+            raise invalid(f"service_tier {req.service_tier!r} is not offered (auto, default)", "service_tier")
+        if req.modalities is not None and req.modalities != ["text"]:
+            raise invalid('only modalities ["text"] is supported', "modalities")
+
+
+def sampling_params(
+    req: ChatCompletionRequest | CompletionRequest,
+    raw: dict[str, Any],
+    defaults: SamplingDefaults,
+    vocab_size: int,
+    default_max_tokens: int,
+) -> SamplingParams:
+    """The request's sampling, with the checkpoint's defaults for what it omitted (or sent as null)."""
+    bias: dict[int, float] = {}
+    for key, value in (req.logit_bias or {}).items():
+        try:
+            tid = int(key)
+        except ValueError:
+            raise invalid(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
+        if not 0 <= tid < vocab_size:
+            raise invalid(f"logit_bias token id {tid} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
+        if tid in bias:
+            raise invalid(f"logit_bias names token id {tid} twice", "logit_bias")
+        bias[tid] = float(value)
+    if isinstance(req, ChatCompletionRequest):
+        max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
+        want_logprobs, top = bool(req.logprobs), req.top_logprobs or 0
+    else:
+        max_tokens = req.max_tokens or default_max_tokens
+        want_logprobs, top = req.logprobs is not None, req.logprobs or 0
+    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    given = {k for k in SAMPLING_KEYS if raw.get(k) is not None}
+    top_k = req.top_k or 0
+    if req.top_p == 0.0:  # the anchor's rule: top_p 0 is greedy, via top_k 1
+        top_k, given = 1, given | {"top_k"}
+    params = SamplingParams(
+        temperature=req.temperature if req.temperature is not None else 1.0,
+        top_p=req.top_p if req.top_p not in (None, 0.0) else 1.0,
+        top_k=top_k,
+        min_p=req.min_p or 0.0,
+        repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        seed=req.seed,
+        logit_bias=bias,
+        logprobs=want_logprobs,
+        top_logprobs=top,
+        max_tokens=max_tokens,
+        stop=stop,
+        ignore_eos=req.ignore_eos,
+    )
+    return params.with_defaults(defaults, given)
+
+
+def check_model(requested: str, served: str) -> None:
+    if requested != served:
+        raise APIError(404, f"model {requested!r} is not served here (this server serves {served!r})",
+                       "model_not_found", "model")

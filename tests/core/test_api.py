@@ -1,0 +1,191 @@
+"""API shapes on a toy engine (no checkpoint): routes, SSE, errors, stop strings, n/seed, logit_bias, metrics."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from dgpp.config import EngineConfig
+from dgpp.sched.request import Sequence
+from dgpp.serve.app import build_app
+from dgpp.serve.build import build_toy_engine
+from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+MODEL = "toy/model"
+USER = [{"role": "user", "content": "What is the weather in Paris today?"}]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tok_dir = build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
+    cfg = EngineConfig(max_concurrency=4, kv_capacity=4096, block_size=4, prefill_budget_tokens=8,
+                       prefix_min_tokens=0, queue_limit=16, stats_interval_s=0)
+    # the toy model never favours EOS, so outputs run to max_tokens unless a test says otherwise
+    engine = build_toy_engine(MODEL, tok_dir, cfg)
+    app = build_app(engine, max_body_bytes=20000, sse_ping_interval=30)
+    with TestClient(app=app, base_url="http://dgpp.local") as client:
+        yield client, engine
+    engine.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sdk(server):
+    client, _ = server
+    return openai.OpenAI(base_url="http://dgpp.local/v1", api_key="x", http_client=client)
+
+
+def chat(sdk, **kw):
+    return sdk.chat.completions.create(model=MODEL, messages=kw.pop("messages", USER), **kw)
+
+
+def test_models_health_and_unknown_routes(server) -> None:
+    client, _ = server
+    models = client.get("/v1/models").json()
+    assert models["data"][0]["id"] == MODEL and models["data"][0]["owned_by"] == "dgpp"
+    assert client.get(f"/v1/models/{MODEL}").json()["context"]["kv_pool_tokens"] == 4096
+    assert client.get("/health").json() == {"status": "ok", "model": MODEL}
+    r = client.get("/v1/models/other")
+    assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+    r = client.get("/nope")
+    assert r.status_code == 404 and r.json()["error"]["message"] == "unknown route: GET /nope"
+    r = client.post("/metrics")
+    assert r.status_code == 405 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_chat_one_shot_and_stream_agree(sdk) -> None:
+    one = chat(sdk, max_tokens=12, temperature=0)
+    assert one.object == "chat.completion" and one.id.startswith("chatcmpl-")
+    assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 12
+    assert one.usage.total_tokens == one.usage.prompt_tokens + 12
+    chunks = list(chat(sdk, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == one.choices[0].message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_raw_sse_framing(server) -> None:
+    client, _ = server
+    body = {"model": MODEL, "prompt": "Hello world", "max_tokens": 3, "stream": True, "temperature": 0}
+    with client.stream("POST", "/v1/completions", json=body) as r:
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+        raw = r.read().decode()
+    events = [e for e in raw.replace("\r\n", "\n").split("\n\n") if e]
+    assert events[-1] == "data: [DONE]"
+    first = json.loads(events[0][len("data: "):])
+    assert first["object"] == "text_completion" and first["id"].startswith("cmpl-")
+
+
+def test_legacy_completion_and_logprobs(sdk) -> None:
+    r = sdk.completions.create(model=MODEL, prompt="Hello world", max_tokens=5, temperature=0, logprobs=2)
+    lp = r.choices[0].logprobs
+    # legacy top_logprobs is keyed by token text: byte pieces of one character may collide
+    assert len(lp.tokens) == 5 and 1 <= len(lp.top_logprobs[0]) <= 2 and lp.text_offset[0] == 0
+    assert lp.text_offset == sorted(lp.text_offset) and all(x <= 0 for x in lp.token_logprobs)
+    c = chat(sdk, max_tokens=4, temperature=0, logprobs=True, top_logprobs=3)
+    content = c.choices[0].logprobs.content
+    assert len(content) == 4 and len(content[0].top_logprobs) == 3
+    assert content[0].logprob == content[0].top_logprobs[0].logprob  # greedy picks the top entry
+
+
+def test_stop_strings_cut_exactly_also_in_streams(sdk) -> None:
+    full = chat(sdk, max_tokens=24, temperature=0).choices[0].message.content
+    assert len(full) > 12
+    stop = full[5:9]  # likely spans a token boundary
+    cut = full[: full.index(stop)]
+    one = chat(sdk, max_tokens=24, temperature=0, stop=[stop, "never-appears"])
+    assert one.choices[0].message.content == cut and one.choices[0].finish_reason == "stop"
+    assert one.usage.completion_tokens < 24
+    streamed = "".join(c.choices[0].delta.content or "" for c in chat(sdk, max_tokens=24, temperature=0, stop=stop,
+                                                                         stream=True) if c.choices)
+    assert streamed == cut
+
+
+def test_seeded_n_choices_reproduce(sdk) -> None:
+    a = chat(sdk, max_tokens=8, temperature=1.0, seed=1234, n=3)
+    b = chat(sdk, max_tokens=8, temperature=1.0, seed=1234, n=3)
+    texts = [c.message.content for c in a.choices]
+    assert texts == [c.message.content for c in b.choices] and len(set(texts)) > 1
+    assert [c.index for c in a.choices] == [0, 1, 2]
+
+
+def test_logit_bias_forces_and_forbids(sdk, server) -> None:
+    _, engine = server
+    tid = engine.tokenizer.encode(" fox")[0]
+    forced = chat(sdk, max_tokens=4, temperature=0.8, seed=3, logit_bias={str(tid): 100})
+    assert forced.choices[0].message.content == engine.tokenizer.decode([tid] * 4)
+    free = chat(sdk, max_tokens=6, temperature=0, logprobs=True)
+    first = free.choices[0].logprobs.content[0]
+    banned = engine.tokenizer.encode(first.token)[0]
+    again = chat(sdk, max_tokens=6, temperature=0, logprobs=True, logit_bias={str(banned): -100})
+    assert banned not in [engine.tokenizer.encode(t.token)[0] for t in again.choices[0].logprobs.content]
+
+
+def test_prefix_cache_hit_matches_cold(sdk) -> None:
+    long = [{"role": "system", "content": "You are a helpful assistant. Think step by step. " * 3}, *USER]
+    cold = chat(sdk, messages=long, max_tokens=8, temperature=0, extra_body={"prefix_cache": False})
+    first = chat(sdk, messages=long, max_tokens=8, temperature=0)
+    hit = chat(sdk, messages=long, max_tokens=8, temperature=0)
+    assert first.choices[0].message.content == cold.choices[0].message.content == hit.choices[0].message.content
+    assert hit.usage.prompt_tokens_details.cached_tokens > 0
+    assert cold.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def err(r, status: int, code: str | None, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    e = r.json()["error"]
+    assert set(e) == {"message", "type", "param", "code"} and e["code"] == code and e["message"]
+    assert e["type"] == ("server_error" if status >= 500 else "invalid_request_error")
+    if param is not None:
+        assert e["param"] == param
+    return e
+
+
+def test_error_classes(server) -> None:
+    client, engine = server
+    post = lambda body, path="/v1/chat/completions": client.post(path, json=body)  # noqa: E731
+    base = {"model": MODEL, "messages": USER}
+    err(post({**base, "temperature": 3}), 400, "invalid_parameter", "temperature")
+    err(post({**base, "model": "gpt-4"}), 404, "model_not_found", "model")
+    err(post({**base, "functions": []}), 400, "unsupported_parameter", "functions")
+    err(post({**base, "max_tokens": 5, "max_completion_tokens": 5}), 400, "invalid_parameter", "max_tokens")
+    err(post({**base, "logit_bias": {"99999": 1}}), 400, "invalid_parameter", "logit_bias")
+    err(post({**base, "max_tokens": 5000}), 400, "context_length_exceeded", "max_tokens")
+    err(post({"model": MODEL, "prompt": ["a"]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
+    err(post({"model": MODEL, "prompt": "a", "echo": True}, "/v1/completions"), 400, "unsupported_parameter", "echo")
+    err(client.post("/v1/chat/completions", content=b'{"model": "a", "model": "b"}'), 400, "invalid_parameter", "model")
+    err(client.post("/v1/chat/completions", content=b"x" * 30000), 413, "request_too_large")
+    assert post({**base, "max_tokens": 2, "preserveThinking": True, "user": "u"}).status_code == 200
+
+
+def test_metrics_json_and_prometheus(server, sdk) -> None:
+    client, _ = server
+    chat(sdk, max_tokens=2, temperature=0)
+    m = client.get("/metrics").json()
+    assert set(client.get("/v1/metrics").json()) == set(m)
+    for key in ("active", "queued", "pool_blocks_total", "pool_blocks_in_use", "tokens_generated", "decode_batch",
+                "spec_decode", "snapshot_age_ms"):
+        assert key in m["scheduler"]
+    assert len(m["scheduler"]["decode_batch"]["replays_by_slots"]) == 16
+    for key in ("requests_total", "requests_shed", "requests_cancelled", "admission", "rejects_bad"):
+        assert key in m["service"]
+    assert m["service"]["requests_total"] > 0 and m["prefix_cache"]["enabled"] is True
+    text = client.get("/metrics/prometheus").text
+    assert 'dgpp_requests_total{model_name="toy/model"}' in text
+    assert 'dgpp_request_finished_total{model_name="toy/model",reason="length"}' in text
+
+
+def test_overloaded_queue_sheds_with_503(server) -> None:
+    """Runs last in this module: it parks the engine thread so nothing drains, then fills the queue."""
+    client, engine = server
+    engine.loop.stop()
+    parked = [Sequence("parked", 0, [1], None, None, None)] * engine.loop.scheduler.config.queue_limit  # type: ignore[arg-type]
+    engine.loop._inbox.append(parked)
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
+    err(r, 503, "overloaded")
+    assert client.get("/metrics").json()["service"]["requests_shed"] == 1
