@@ -7,13 +7,11 @@ import torch
 
 from dgpp.kernels.rmsnorm import rms_norm_ref, rms_norm_triton
 from dgpp.kernels.rotary import rotary_ref, rotary_triton
-from dgpp.kernels.swiglu import silu_and_mul_ref, silu_and_mul_triton
+from dgpp.kernels.swiglu import silu_and_mul_ref, silu_and_mul_triton, silu_mul_pair_triton
 
 
-def _cos_sin(max_pos: int, rot: int, base: float = 10000.0) -> torch.Tensor:
-    inv = 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
-    freqs = torch.outer(torch.arange(max_pos, dtype=torch.float32), inv)
-    return torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+def _inv_freq(rot: int, base: float = 10000.0) -> torch.Tensor:
+    return 1.0 / base ** (torch.arange(0, rot, 2, dtype=torch.float32) / rot)
 
 
 @pytest.mark.parametrize("offset", [0.0, 1.0])
@@ -23,6 +21,18 @@ def test_rms_norm_matches_reference(hidden: int, offset: float) -> None:
     x = torch.randn(5, hidden, generator=g)
     w = torch.randn(hidden, generator=g)
     torch.testing.assert_close(rms_norm_triton(x, w, 1e-6, None, offset), rms_norm_ref(x, w, 1e-6, None, offset))
+
+
+def test_rms_norm_reference_matches_nn_layer() -> None:
+    from dgpp.nn.norm import RMSNorm
+
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 64, generator=g).to(torch.bfloat16)
+    for zero_centered in (False, True):
+        layer = RMSNorm(64, 1e-6, zero_centered=zero_centered, dtype=torch.bfloat16)
+        layer.weight.data.copy_(torch.randn(64, generator=g))
+        ref = rms_norm_ref(x, layer.weight, 1e-6, None, 1.0 if zero_centered else 0.0)
+        assert torch.equal(ref, layer(x))
 
 
 def test_fused_add_rms_norm_returns_sum_and_norm() -> None:
@@ -51,29 +61,34 @@ def test_rotary_matches_reference(rot: int, neox: bool) -> None:
     g = torch.Generator().manual_seed(rot + neox)
     q, k = torch.randn(6, 4, 32, generator=g), torch.randn(6, 2, 32, generator=g)
     pos = torch.tensor([0, 5, 17, 3, 63, 1])
-    cs = _cos_sin(64, rot)
-    q_ref, k_ref = rotary_ref(q, k, pos, cs, rot, neox)
-    q_tri, k_tri = rotary_triton(q, k, pos, cs, rot, neox)
+    inv = _inv_freq(rot)
+    q_ref, k_ref = rotary_ref(q, k, pos, inv, 1.3, neox)
+    q_tri, k_tri = rotary_triton(q, k, pos, inv, 1.3, neox)
     torch.testing.assert_close(q_tri, q_ref)
     torch.testing.assert_close(k_tri, k_ref)
     if rot < 32:  # channels past rotary_dim pass through untouched
         torch.testing.assert_close(q_tri[..., rot:], q[..., rot:])
 
 
-def test_rotary_reference_matches_hf_rotate_half() -> None:
-    # independent check of the reference itself: HF's q*cos + rotate_half(q)*sin
+@pytest.mark.parametrize("style", ["half", "interleaved"])
+def test_rotary_reference_matches_nn_rotary_layer(style: str) -> None:
+    # the reference against dgpp.nn's RotaryEmbedding (HF rotate_half / GPT-J interleaving), partial dims
+    from dgpp.nn.rotary import RotaryEmbedding
+
     g = torch.Generator().manual_seed(9)
-    q, k = torch.randn(3, 2, 16, generator=g), torch.randn(3, 1, 16, generator=g)
-    pos = torch.tensor([1, 4, 9])
-    cs = _cos_sin(16, 16)
-    cos = torch.cat([cs[pos, :8]] * 2, -1)[:, None]
-    sin = torch.cat([cs[pos, 8:]] * 2, -1)[:, None]
+    q, k = torch.randn(3, 2, 32, generator=g), torch.randn(3, 1, 32, generator=g)
+    pos = torch.tensor([1, 4, 900])
+    layer = RotaryEmbedding(32, 16, 10000.0, style=style)
+    q_nn, k_nn = layer(pos, q, k)
+    q_ref, k_ref = rotary_ref(q, k, pos, layer.inv_freq, layer.magnitude, style == "half")
+    torch.testing.assert_close(q_ref, q_nn)
+    torch.testing.assert_close(k_ref, k_nn)
 
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        return torch.cat([-x[..., 8:], x[..., :8]], -1)
 
-    q_ref, _ = rotary_ref(q, k, pos, cs, 16, True)
-    torch.testing.assert_close(q_ref, q * cos + rotate_half(q) * sin)
+def test_silu_mul_pair_on_separate_projections() -> None:
+    g = torch.Generator().manual_seed(4)
+    gate, up = torch.randn(3, 70, generator=g), torch.randn(3, 70, generator=g)
+    torch.testing.assert_close(silu_mul_pair_triton(gate, up), torch.nn.functional.silu(gate) * up)
 
 
 def test_silu_and_mul_matches_reference() -> None:

@@ -3,9 +3,10 @@
 ``rms_norm(x, w, eps)``                   -> ``norm(x) * w``
 ``rms_norm(x, w, eps, residual=r)``       -> ``(norm(x + r) * w, x + r)``
 
-Numerics follow HF transformers: the residual sum is rounded to the input dtype, the norm is taken
-in fp32, the normalised row is rounded to the input dtype and then scaled by the weight.
-``weight_offset=1.0`` gives the ``(1 + w)`` form some families use (Qwen3-Next, Gemma).
+Numerics follow HF transformers: the residual sum is rounded to the input dtype and the norm is
+taken in fp32. Plain weights (Llama/Qwen3): the normalised row is rounded to the input dtype, then
+scaled by ``w``. ``weight_offset=1.0`` gives the zero-centred ``(1 + w)`` form (Qwen3-Next/3.5,
+Gemma), whose product stays in fp32 and is rounded once.
 One program normalises one row; the row stays in registers between the add and the norm.
 """
 
@@ -26,9 +27,11 @@ def rms_norm_ref(
     if residual is not None:
         x = x + residual
     xf = x.float()
-    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    w = weight.float() + weight_offset if weight_offset else weight
-    out = (normed * w).to(x.dtype)
+    normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    if weight_offset:
+        out = (normed * (weight.float() + weight_offset)).to(x.dtype)
+    else:
+        out = (weight * normed.to(x.dtype)).to(x.dtype)
     return (out, x) if residual is not None else out
 
 
@@ -37,7 +40,7 @@ def _rms_norm_kernel(
     x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
     n_cols, x_stride, res_stride, out_stride, res_out_stride,
     eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -51,7 +54,9 @@ def _rms_norm_kernel(
         tl.store(res_out_ptr + row * res_out_stride + cols, x, mask=mask)
         x = x.to(tl.float32)
     var = tl.sum(x * x, axis=0) / n_cols
-    normed = (x * tl.rsqrt(var + eps)).to(out_ptr.dtype.element_ty).to(tl.float32)
+    normed = x * tl.rsqrt(var + eps)
+    if not ZERO_CENTERED:  # plain weights scale the row after it was rounded to the storage dtype
+        normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
     tl.store(out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -82,7 +87,7 @@ def rms_norm_triton(
             x2, r2, weight, out, res_out,
             cols, x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
             float(eps), float(weight_offset),
-            HAS_RESIDUAL=residual is not None, BLOCK=block,
+            HAS_RESIDUAL=residual is not None, ZERO_CENTERED=weight_offset != 0.0, BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
     if residual is not None:

@@ -1,8 +1,9 @@
 """Rotary position embedding on query and key rows.
 
-``q [T, Hq, D]``, ``k [T, Hk, D]``, ``positions [T]``, ``cos_sin_cache [max_pos, rotary_dim]`` holding
-``cos`` in its first half and ``sin`` in its second (fp32). The first ``rotary_dim`` channels of each
-head rotate (partial rotary leaves the rest as is). ``is_neox=True`` pairs channel ``i`` with
+``q [T, Hq, D]``, ``k [T, Hk, D]``, ``positions [T]``, ``inv_freq [rotary_dim / 2]`` (fp32, YaRN or
+plain), ``magnitude`` scales cos and sin (YaRN attention factor). The angles are computed in the
+kernel (``pos * inv_freq`` in fp32, as the torch layer does), so there is no cos/sin table to size
+or index. The first ``rotary_dim`` channels of each head rotate (partial rotary leaves the rest). ``is_neox=True`` pairs channel ``i`` with
 ``i + rotary_dim/2`` (HF ``rotate_half``); ``False`` pairs neighbours ``2i, 2i+1`` (GPT-J / GLM style).
 Both paths return new tensors; the inputs are not modified.
 """
@@ -30,11 +31,12 @@ def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_di
 
 
 def rotary_ref(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    cs = cos_sin_cache[positions.long()].float()
-    cos, sin = cs[:, None, : rotary_dim // 2], cs[:, None, rotary_dim // 2 : rotary_dim]
+    rotary_dim = 2 * inv_freq.shape[0]
+    angles = positions.float()[:, None] * inv_freq.float()[None, :]
+    cos, sin = (angles.cos() * magnitude)[:, None, :], (angles.sin() * magnitude)[:, None, :]
     return _rotate_ref(q, cos, sin, rotary_dim, is_neox), _rotate_ref(k, cos, sin, rotary_dim, is_neox)
 
 
@@ -65,17 +67,18 @@ def _rotate_heads(
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, cs_ptr,
+    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, freq_ptr, magnitude,
     n_q_heads, n_k_heads, head_dim,
-    q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head, cs_stride,
+    q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head,
     IS_NEOX: tl.constexpr, ROT: tl.constexpr,
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.int64)
+    pos = tl.load(pos_ptr + row).to(tl.float32)
     half = tl.arange(0, ROT // 2)
-    cos = tl.load(cs_ptr + pos * cs_stride + half).to(tl.float32)[None, :]
-    sin = tl.load(cs_ptr + pos * cs_stride + ROT // 2 + half).to(tl.float32)[None, :]
+    angle = pos * tl.load(freq_ptr + half)
+    cos = (tl.cos(angle) * magnitude)[None, :]
+    sin = (tl.sin(angle) * magnitude)[None, :]
     _rotate_heads(q_ptr, qo_ptr, row, n_q_heads, q_tok, q_head, qo_tok, qo_head, head_dim, cos, sin, half,
                   IS_NEOX, ROT, BLOCK_HQ, BLOCK_D)
     _rotate_heads(k_ptr, ko_ptr, row, n_k_heads, k_tok, k_head, ko_tok, ko_head, head_dim, cos, sin, half,
@@ -83,9 +86,10 @@ def _rotary_kernel(
 
 
 def rotary_triton(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    rotary_dim = 2 * inv_freq.shape[0]
     if rotary_dim % 2 or rotary_dim & (rotary_dim - 1):
         raise ValueError(f"rotary_triton needs a power-of-two rotary_dim, got {rotary_dim}")
     if q.stride(-1) != 1 or k.stride(-1) != 1:
@@ -94,10 +98,10 @@ def rotary_triton(
     tokens, hq, dim = q.shape
     if tokens:
         _rotary_kernel[(tokens,)](
-            q, k, q_out, k_out, positions, cos_sin_cache,
+            q, k, q_out, k_out, positions, inv_freq.float().contiguous(), float(magnitude),
             hq, k.shape[1], dim,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1), cos_sin_cache.stride(0),
+            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
             IS_NEOX=is_neox, ROT=rotary_dim,
             BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_D=next_pow2(dim),
             num_warps=4,
@@ -106,9 +110,9 @@ def rotary_triton(
 
 
 def rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k at ``positions``; Triton on CUDA, torch elsewhere."""
     fn = rotary_triton if use_triton(q) else rotary_ref
-    return fn(q, k, positions, cos_sin_cache, rotary_dim, is_neox)
+    return fn(q, k, positions, inv_freq, magnitude, is_neox)

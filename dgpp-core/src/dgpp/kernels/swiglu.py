@@ -18,31 +18,44 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, inter, x_stride, out_stride, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, inter, gate_stride, up_stride, out_stride, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
-    gate = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + row * x_stride + inter + cols, mask=mask, other=0.0).to(tl.float32)
+    gate = tl.load(gate_ptr + row * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(up_ptr + row * up_stride + cols, mask=mask, other=0.0).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
-    shape = x.shape
-    x2 = x.reshape(-1, shape[-1])
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
-    inter = shape[-1] // 2
-    out = torch.empty(x2.shape[0], inter, dtype=x.dtype, device=x.device)
+def silu_mul_pair_triton(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up`` for two ``[..., I]`` tensors (separate gate and up projections)."""
+    shape = gate.shape
+    g2, u2 = gate.reshape(-1, shape[-1]), up.reshape(-1, shape[-1])
+    if g2.stride(-1) != 1 or u2.stride(-1) != 1:
+        g2, u2 = g2.contiguous(), u2.contiguous()
+    inter = shape[-1]
+    out = torch.empty(g2.shape[0], inter, dtype=gate.dtype, device=gate.device)
     block = 1024
-    if x2.shape[0]:
-        _silu_and_mul_kernel[(x2.shape[0], triton.cdiv(inter, block))](
-            x2, out, inter, x2.stride(0), out.stride(0), BLOCK=block, num_warps=4
+    if g2.shape[0]:
+        _silu_and_mul_kernel[(g2.shape[0], triton.cdiv(inter, block))](
+            g2, u2, out, inter, g2.stride(0), u2.stride(0), out.stride(0), BLOCK=block, num_warps=4
         )
-    return out.view(*shape[:-1], inter)
+    return out.view(shape)
+
+
+def silu_and_mul_triton(x: torch.Tensor) -> torch.Tensor:
+    inter = x.shape[-1] // 2
+    return silu_mul_pair_triton(x[..., :inter], x[..., inter:])
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """``silu(x[..., :I]) * x[..., I:]``; Triton on CUDA, torch elsewhere."""
     return silu_and_mul_triton(x) if use_triton(x) else silu_and_mul_ref(x)
+
+
+def silu_mul_pair(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """``silu(gate) * up``; Triton on CUDA, torch elsewhere."""
+    if use_triton(gate):
+        return silu_mul_pair_triton(gate, up)
+    return (F.silu(gate.float()) * up.float()).to(gate.dtype)

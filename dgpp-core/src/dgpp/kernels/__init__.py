@@ -1,0 +1,30 @@
+"""Triton kernels, each beside its torch reference (``<op>_ref``) in ``dgpp/kernels/<op>.py``.
+
+The names exported here dispatch: Triton for CUDA tensors, the torch reference elsewhere
+(``DGPP_KERNELS=torch`` forces the references on a GPU, for A/B checks). Layers in ``dgpp.nn``
+call them on their CUDA path only, importing lazily so CPU installs never load Triton.
+"""
+
+from __future__ import annotations
+
+from dgpp.kernels.gated_delta import gated_delta
+from dgpp.kernels.kv_write import write_kv
+from dgpp.kernels.moe import fused_moe
+from dgpp.kernels.paged_attention import paged_decode_attention
+from dgpp.kernels.rmsnorm import rms_norm
+from dgpp.kernels.rotary import rotary
+from dgpp.kernels.sampling import greedy_tokens, sample_tokens
+from dgpp.kernels.swiglu import silu_and_mul, silu_mul_pair
+
+__all__ = [
+    "fused_moe",
+    "gated_delta",
+    "greedy_tokens",
+    "paged_decode_attention",
+    "rms_norm",
+    "rotary",
+    "sample_tokens",
+    "silu_and_mul",
+    "silu_mul_pair",
+    "write_kv",
+]
