@@ -94,11 +94,13 @@ def make_param(fmt: QuantFormat, suffix: str, shape: tuple[int, ...], dim: int |
     return param
 
 
-def packed_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape) -> torch.Tensor:
-    """``x @ W^T``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference)."""
+def packed_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ W^T (+ bias)``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference)."""
     if x.is_cuda and has_kernel(fmt) and os.environ.get(TORCH_ONLY_ENV) != "1":
-        return quant_matmul(fmt, tensors, x, shape)
-    return F.linear(x, fmt.decode(tensors, shape, x.dtype))
+        y = quant_matmul(fmt, tensors, x, shape)
+        return y if bias is None else y + bias
+    return F.linear(x, fmt.decode(tensors, shape, x.dtype), bias)
 
 
 class QuantLinearMethod:
@@ -138,5 +140,4 @@ class QuantLinearMethod:
         return self.fmt.decode(self.tensors(layer), self.local_shape(layer), dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        y = packed_matmul(self.fmt, self.tensors(layer), x, self.local_shape(layer))
-        return y if bias is None else y + bias
+        return packed_matmul(self.fmt, self.tensors(layer), x, self.local_shape(layer), bias)
