@@ -10,24 +10,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from dgpp.errors import ConfigError, DgppError
-
-
-def _read_hf_config(checkpoint: Path) -> dict[str, Any]:
-    path = checkpoint / "config.json"
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ConfigError(f"{path}: cannot read the checkpoint's config ({exc})") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a JSON object")
-    return data
+from dgpp.errors import DgppError
 
 
 def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     """Everything startup would refuse, without loading weights; 0 when the deployment would start."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.config import load_config
+    from dgpp.engine.loading import read_hf_config
     from dgpp.engine.memory import DEFAULT_HEADROOM, GiB, format_bytes, free_memory_bytes, plan_for
     from dgpp.family import LoadContext, World
     from dgpp.plugins import manager, resolve
@@ -36,7 +26,7 @@ def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     print(f"config       {args.config} (digest {cfg.digest()})")
     checkpoint = resolve_checkpoint(cfg.model)
     print(f"checkpoint   {cfg.model} -> {checkpoint}")
-    hf_config = _read_hf_config(checkpoint)
+    hf_config = read_hf_config(checkpoint)
     pm = manager()
     res = resolve(pm, hf_config)
     print(f"family       {res.family.name} (plugin {res.family.plugin}) for {res.matched}")

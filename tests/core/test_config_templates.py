@@ -1,0 +1,42 @@
+"""Every shipped deployment template validates, and the demo template resolves to a loadable checkpoint."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dgpp.config import load_config
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+TEMPLATES = sorted(DEPLOY.glob("*.json"))
+
+
+def test_templates_exist():
+    names = {p.name for p in TEMPLATES}
+    assert {"demo_cpu.json", "qwen_nvfp4_w1.json"} <= names
+
+
+@pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
+def test_template_validates(path):
+    cfg = load_config(path)
+    assert cfg.model and cfg.world >= 1
+    assert len(cfg.digest()) == 16
+
+
+def test_demo_template_builds_its_checkpoint_once_and_deterministically(tmp_path, monkeypatch):
+    from dgpp.checkpoint.resolve import resolve_checkpoint
+    from dgpp.engine.loading import load_model
+
+    cfg = load_config(DEPLOY / "demo_cpu.json")
+    monkeypatch.setenv("DGPP_DEMO_DIR", str(tmp_path / "a"))
+    first = resolve_checkpoint(cfg.model)
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in first.iterdir()}
+    stamp = (first / "model.safetensors").stat().st_mtime_ns
+    assert resolve_checkpoint(cfg.model) == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
+    monkeypatch.setenv("DGPP_DEMO_DIR", str(tmp_path / "b"))
+    second = resolve_checkpoint(cfg.model)
+    for name in ("model.safetensors", "tokenizer.json", "config.json"):
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    model = load_model(first)
+    assert model.info.vocab_size == 512 and model.info.eos_token_ids
