@@ -37,18 +37,20 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
     """Causal GQA attention for one sequence: query row ``i`` sits at position ``q_offset + i`` and sees
     keys ``0..q_offset+i``. ``q`` [n, Hq, D], ``k`` [L, Hkv, D], ``v`` [L, Hkv, Dv] -> [n, Hq, Dv].
-    Scores and softmax in fp32; the result is cast back to q's dtype."""
+
+    The two products run in the activation dtype and the softmax in fp32 (probabilities cast back),
+    the rounding points of the reference implementations, so bf16 results track them closely."""
     n, num_q_heads, _ = q.shape
     length, num_kv_heads, _ = k.shape
     group = num_q_heads // num_kv_heads
-    qf = q.float().view(n, num_kv_heads, group, -1)
-    scores = torch.einsum("nhgd,lhd->hgnl", qf, k.float()) * scale
+    grouped = q.reshape(n, num_kv_heads, group, -1)
+    scores = torch.einsum("nhgd,lhd->hgnl", grouped, k.to(q.dtype)) * scale
     key_pos = torch.arange(length, device=q.device)
     query_pos = q_offset + torch.arange(n, device=q.device)
     scores = scores.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
-    out = torch.einsum("hgnl,lhd->nhgd", probs, v.float())
-    return out.reshape(n, num_q_heads, -1).to(q.dtype)
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.einsum("hgnl,lhd->nhgd", probs, v.to(q.dtype))
+    return out.reshape(n, num_q_heads, -1)
 
 
 def paged_attention(
@@ -91,7 +93,16 @@ class PagedAttention(nn.Module):
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = batch.cache.kv[self.cache_name]
-        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        if q.is_cuda:  # Triton: no host syncs, so a decode step can be captured in a CUDA graph
+            from dgpp import kernels
+
+            kernels.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+            if batch.is_decode_only:
+                return kernels.paged_decode_attention(
+                    q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
+                ).flatten(1)
+        else:
+            write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         return paged_attention(q, k_cache, v_cache, batch, self.scale).flatten(1)
 
 

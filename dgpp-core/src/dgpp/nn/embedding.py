@@ -19,7 +19,9 @@ class VocabEmbedding(nn.Module):
         set_weight_attrs(self.weight, weight_loader=default_weight_loader)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
+        # the range check reads the ids on the host, which a CUDA-graph capture cannot do
+        capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
+        if input_ids.numel() and not capturing and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
             raise ValueError(f"token id out of range [0, {self.vocab_size}): {input_ids.min()}..{input_ids.max()}")
         return F.embedding(input_ids, self.weight)
 

@@ -247,9 +247,17 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(hidden).sigmoid()
         # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias)
-        core = gated_delta_rule_varlen(
-            q, k, v, g, beta, state["recurrent"], batch.state_slots,
-            batch.q_lens_cpu, batch.context_lens_cpu, self.chunk_size,
-        ).to(hidden.dtype)
+        if hidden.is_cuda:  # Triton decode step / chunked prefill on the pooled state
+            from dgpp import kernels
+
+            core = kernels.gated_delta(
+                q, k, v, g, beta, state["recurrent"], batch.state_slots, batch.query_start_loc,
+                batch.context_lens == 0, batch.is_decode_only,
+            ).to(hidden.dtype)
+        else:
+            core = gated_delta_rule_varlen(
+                q, k, v, g, beta, state["recurrent"], batch.state_slots,
+                batch.q_lens_cpu, batch.context_lens_cpu, self.chunk_size,
+            ).to(hidden.dtype)
         z = self.in_proj_z(hidden).reshape(rows, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z).reshape(rows, self.value_dim))

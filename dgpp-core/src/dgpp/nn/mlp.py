@@ -11,6 +11,10 @@ from dgpp.nn.linear import Linear
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if gate.is_cuda:  # one Triton pass instead of silu + mul
+        from dgpp import kernels
+
+        return kernels.silu_mul_pair(gate, up)
     return F.silu(gate) * up
 
 

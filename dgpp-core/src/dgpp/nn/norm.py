@@ -30,6 +30,10 @@ class RMSNorm(nn.Module):
         set_weight_attrs(self.weight, weight_loader=default_weight_loader)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda:  # one Triton pass, same rounding order
+            from dgpp import kernels
+
+            return kernels.rms_norm(x, self.weight, self.eps, weight_offset=1.0 if self.zero_centered else 0.0)
         normed = rms_normalize(x, self.eps)
         if self.zero_centered:
             return (normed * (1.0 + self.weight.float())).to(x.dtype)

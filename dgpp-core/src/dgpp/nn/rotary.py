@@ -124,5 +124,9 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        if q.is_cuda:  # one Triton launch for q and k, angles computed in fp32 in the kernel
+            from dgpp import kernels
+
+            return kernels.rotary(q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half")
         cos, sin = self.cos_sin(positions, q.dtype)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
