@@ -78,15 +78,15 @@ def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device)
     every SM has work (the step is bound by reading the weights once)."""
     n, k = shape
     pack = 2 if isinstance(fmt, FP4Grouped) else 32 // fmt.bits if isinstance(fmt, (IntPacked, GPTQ)) else 1
-    bkp = max(16, 256 // pack)
-    bm = 16 if m <= 16 else 64
-    bn = 32 if m <= 16 else 64
+    small = m <= 16
+    bkp = max(16, (256 if small else 64) // pack)
+    bm, bn, stages = (16, 32, 3) if small else (64, 64, 2)
     if interpreting() or device.type != "cuda":
-        return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=1)
+        return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=1, num_stages=stages)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = cdiv(m, bm) * cdiv(n, bn)
     split = max(1, min(cdiv(2 * sms, tiles), cdiv(k // pack, bkp) // 4, 16))
-    return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split)
+    return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split, num_stages=stages)
 
 
 def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,

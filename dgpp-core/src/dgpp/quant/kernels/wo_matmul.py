@@ -57,6 +57,7 @@ def wo_matmul_kernel(
     kp_lo = pid_s * kp_per_split
     kp_hi = tl.minimum(kp_lo + kp_per_split, KP)
     code_mask: tl.constexpr = (1 << BITS) - 1
+    per_word: tl.constexpr = 32 // BITS
     if GLOBAL_OP != 0:
         g = tl.load(g_ptr).to(tl.float32)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
@@ -96,7 +97,6 @@ def wo_matmul_kernel(
                 else:
                     grp = offs_k // SBK
                 s = tl.load(s_ptr + grp[None, :] * stride_sk + offs_n[:, None] * stride_sn, mask=tile_ok, other=0.0)
-                per_word: tl.constexpr = 32 // BITS
                 zw = tl.load(z_ptr + grp[None, :] * stride_zk + (offs_n // per_word)[:, None], mask=tile_ok, other=0)
                 zero = ((zw >> ((offs_n % per_word) * BITS)[:, None]) & code_mask) + ZERO_OFFSET
                 w = (code - zero).to(tl.float32) * s.to(tl.float32)
