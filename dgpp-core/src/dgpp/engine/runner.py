@@ -74,10 +74,19 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
 class ModelRunner:
     """Runs ``Model`` steps over engine-owned ``CachePools`` (eager; graphs come later)."""
 
-    def __init__(self, model: Model, pools: CachePools) -> None:
+    def __init__(
+        self, model: Model, pools: CachePools, *, decode_graph: bool = False, max_batch: int = 64,
+        max_blocks: int | None = None,
+    ) -> None:
         self.model = model
         self.pools = pools
         self.device = next(model.parameters()).device
+        # engine.decode_graph: decode-only steps replay CUDA graphs (dgpp.engine.graphs); prefill stays eager
+        self.graphs = None
+        if decode_graph and self.device.type == "cuda" and not model.info.hybrid:
+            from dgpp.engine.graphs import DecodeGraphs
+
+            self.graphs = DecodeGraphs(model, pools, max_batch, max_blocks or pools.num_blocks)
 
     @torch.inference_mode()
     def step(self, work: list[SeqWork]) -> torch.Tensor:
@@ -89,5 +98,7 @@ class ModelRunner:
                 if w.context_len == 0:
                     self.pools.zero_state(w.state_slot)
         batch = build_batch(work, self.pools, self.device)
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
         hidden = self.model(batch)
         return self.model.compute_logits(hidden).float()

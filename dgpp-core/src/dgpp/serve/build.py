@@ -100,7 +100,10 @@ def build_serving_engine(cfg: Any) -> ServingEngine:
     state_bytes = sum(s.bytes_per_request() for s in spec.values() if hasattr(s, "bytes_per_request"))
     n_snap = snapshot_slots(engine_cfg, state_bytes) if info.hybrid else 0
     pools = CachePools(spec, num_blocks, block_size, int(engine_cfg.max_concurrency) + n_snap, device=device)
-    runner = ModelRunner(model, pools)
+    runner = ModelRunner(
+        model, pools, decode_graph=bool(getattr(engine_cfg, "decode_graph", False)),
+        max_batch=int(engine_cfg.max_concurrency), max_blocks=min(num_blocks, -(-info.max_position // block_size)),
+    )
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     return assemble(
         engine_cfg.model_alias or cfg.model, engine_cfg, tokenizer, template, runner,

@@ -1,0 +1,1 @@
+"""Benchmarks (``tests/perf/bench_decode.py``): random-weight real geometries, roofline, HF baseline."""

@@ -1,0 +1,166 @@
+"""Decode benchmark: prompt length x batch x generated length, against the memory roofline and HF.
+
+Per case it prints the bytes one decode step must read (weights once, plus every sequence's K/V),
+ms per step, tok/s, the achieved GB/s and its share of the device-to-device copy bandwidth measured
+in the same run, and transformers' tok/s (``generate``, greedy, eager) on the same weights.
+The step is timed through ``ModelRunner.step`` (host batch building included); ``replay ms`` is
+the captured graph alone, which separates GPU time from host time.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from dgpp.engine.model import Model
+from dgpp.engine.pools import CachePools
+from dgpp.engine.runner import ModelRunner, SeqWork
+
+
+@dataclass
+class DecodeResult:
+    """One benchmark case's numbers (times in ms, rates in tok/s and GB/s)."""
+
+    prompt: int
+    batch: int
+    generated: int
+    graph: bool
+    step_bytes: float = 0.0
+    ms_per_step: float = 0.0
+    replay_ms: float = 0.0
+    tok_s: float = 0.0
+    gb_s: float = 0.0
+    copy_pct: float = 0.0
+    hf_tok_s: float = 0.0
+    tokens: list[list[int]] = field(default_factory=list)
+
+
+def copy_bandwidth_gbs(device: str, nbytes: int = 4 << 30, reps: int = 20) -> float:
+    """Device-to-device copy rate, counting bytes read plus written (the method's ceiling)."""
+    src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    del src, dst
+    return nbytes / (sorted(times)[len(times) // 2] * 1e-3) / 1e9
+
+
+def kv_bytes_per_token(model: Model) -> int:
+    return sum(spec.bytes_per_token() for spec in model.cache_spec().values() if hasattr(spec, "bytes_per_token"))
+
+
+class DecodeSession:
+    """Pools and block tables for ``batch`` sequences of up to ``max_len`` tokens, every table full
+    width (so eager and graph steps split attention identically)."""
+
+    def __init__(self, model: Model, batch: int, max_len: int, block_size: int, graph: bool) -> None:
+        self.blocks_per_seq = -(-max_len // block_size)
+        device = next(model.parameters()).device
+        self.pools = CachePools(model.cache_spec(), batch * self.blocks_per_seq, block_size, batch, device=device)
+        self.tables = [list(range(b * self.blocks_per_seq, (b + 1) * self.blocks_per_seq)) for b in range(batch)]
+        self.runner = ModelRunner(model, self.pools, decode_graph=graph, max_batch=max(batch, 1),
+                                  max_blocks=self.blocks_per_seq)
+
+    def prefill(self, prompts: list[list[int]]) -> list[int]:
+        work = [SeqWork(b, self.tables[b], 0, p) for b, p in enumerate(prompts)]
+        return torch.argmax(self.runner.step(work), dim=-1).tolist()
+
+    def decode(self, last: list[int], context: int, steps: int) -> list[list[int]]:
+        out = [[t] for t in last]
+        for s in range(steps):
+            work = [SeqWork(b, self.tables[b], context + s, [out[b][-1]]) for b in range(len(last))]
+            for b, t in enumerate(torch.argmax(self.runner.step(work), dim=-1).tolist()):
+                out[b].append(t)
+        return out
+
+
+def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
+
+
+def run_case(
+    model: Model, prompt: int, batch: int, generated: int, *, graph: bool, copy_gbs: float, block_size: int = 16,
+    seed: int = 0,
+) -> DecodeResult:
+    """Prefill ``batch`` random prompts, then time ``generated - 1`` decode steps (greedy)."""
+    from dgpp.bench.models import weight_bytes_per_step
+
+    res = DecodeResult(prompt, batch, generated, graph)
+    session = DecodeSession(model, batch, prompt + generated, block_size, graph)
+    prompts = _prompts(batch, prompt, model.info.vocab_size, seed)
+    first = session.prefill(prompts)
+    session.decode(first, prompt, 2)  # warm-up: compiles kernels, captures graphs
+    torch.cuda.synchronize()
+    steps = generated - 1
+    t0 = time.perf_counter()
+    res.tokens = session.decode(first, prompt, steps)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
+    res.ms_per_step = elapsed / steps * 1e3
+    res.tok_s = batch * steps / elapsed
+    mean_context = prompt + 1 + (steps - 1) / 2
+    res.step_bytes = weight_bytes_per_step(model) + batch * mean_context * kv_bytes_per_token(model)
+    res.gb_s = res.step_bytes / (res.ms_per_step * 1e-3) / 1e9
+    res.copy_pct = 100.0 * res.gb_s / copy_gbs
+    graphs = session.runner.graphs
+    if graphs is not None and graphs.captured:
+        size = min(s for s in graphs.sizes if s >= batch)
+        res.replay_ms = _time_replay(graphs.graphs[size])
+    return res
+
+
+def _time_replay(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    graph.replay()
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+@torch.inference_mode()
+def hf_tok_s(hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab: int, seed: int = 0) -> float:
+    """transformers ``generate`` (greedy, eager, its default cache), decode rate after the first token."""
+    ids = torch.tensor(_prompts(batch, prompt, vocab, seed), device=next(hf.parameters()).device)
+    mask = torch.ones_like(ids)
+    kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    hf.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **kwargs)  # warm-up
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    hf.generate(ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, **kwargs)
+    torch.cuda.synchronize()
+    t_first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    hf.generate(ids, attention_mask=mask, max_new_tokens=generated, min_new_tokens=generated, **kwargs)
+    torch.cuda.synchronize()
+    decode_time = time.perf_counter() - t0 - t_first
+    return batch * (generated - 1) / decode_time
+
+
+def format_table(results: list[DecodeResult], copy_gbs: float) -> str:
+    head = ("| prompt | batch | new | mode | bytes/step (GB) | ms/step | replay ms | tok/s | GB/s | % copy bw "
+            "| HF tok/s | x HF |")
+    lines = [head, "|" + "---|" * 12]
+    for r in results:
+        ratio = f"{r.tok_s / r.hf_tok_s:.1f}" if r.hf_tok_s else "-"
+        hf = f"{r.hf_tok_s:.1f}" if r.hf_tok_s else "-"
+        replay = f"{r.replay_ms:.2f}" if r.replay_ms else "-"
+        lines.append(
+            f"| {r.prompt} | {r.batch} | {r.generated} | {'graph' if r.graph else 'eager'} | {r.step_bytes / 1e9:.2f} "
+            f"| {r.ms_per_step:.2f} | {replay} | {r.tok_s:.1f} | {r.gb_s:.0f} | {r.copy_pct:.1f}% | {hf} | {ratio} |"
+        )
+    lines.append(f"\nmeasured device-to-device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
+    return "\n".join(lines)

@@ -1,0 +1,167 @@
+"""CUDA-graph decode: one captured decode step per padded batch size, replayed for every decode step.
+
+Decode at small batch is bound by launch overhead as much as by memory: a step is a few hundred
+small kernels. Capturing the step once per batch size and replaying it removes the per-kernel CPU
+cost. Sizes are 1, 2, 4, 8, then steps of 8 up to ``max_batch``; a batch of ``n`` rows runs in the
+smallest captured size ``>= n``, its extra rows padded so they write nothing (``slot_mapping = -1``,
+``seq_len = 0``, ``state_slot = -1``) and read nothing that matters. All graphs share one memory
+pool and one set of static input buffers (views of the largest size), so memory is paid once.
+
+Prefill and mixed steps stay eager. The captured model code must not sync with the host: on CUDA
+the ``dgpp.nn`` layers dispatch to ``dgpp.kernels`` for exactly that reason. Hybrid models (conv
+state updated through host-built index tensors) are refused for now.
+
+``DecodeGraphs(..., capture=False)`` runs the same padded static batch eagerly, which is how the
+padding and size-selection logic is tested on a CPU.
+"""
+
+from __future__ import annotations
+
+import bisect
+
+import torch
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.model import Model
+from dgpp.engine.pools import CachePools
+
+
+def capture_sizes(max_batch: int, step: int = 8) -> list[int]:
+    """1, 2, 4, 8, then every ``step`` rows, always ending at ``max_batch``."""
+    if max_batch < 1:
+        raise ValueError(f"decode graphs need max_batch >= 1, got {max_batch}")
+    sizes = [s for s in (1, 2, 4, 8) if s < max_batch]
+    size = 8 + step
+    while size < max_batch:
+        sizes.append(size)
+        size += step
+    sizes.append(max_batch)
+    return sizes
+
+
+def pick_size(sizes: list[int], rows: int) -> int | None:
+    """The smallest captured size that holds ``rows`` rows, or None when none does."""
+    i = bisect.bisect_left(sizes, rows)
+    return sizes[i] if i < len(sizes) else None
+
+
+class DecodeGraphs:
+    """Captured decode steps of ``model`` over ``pools`` for batches up to ``max_batch`` rows whose
+    block tables are at most ``max_blocks`` wide. ``run(batch)`` returns fp32 logits ``[rows, vocab]``."""
+
+    def __init__(
+        self, model: Model, pools: CachePools, max_batch: int, max_blocks: int, *, capture: bool = True,
+    ) -> None:
+        if model.info.hybrid:
+            raise ValueError("decode graphs do not support hybrid (recurrent-state) models yet; run them eagerly")
+        self.model = model
+        self.pools = pools
+        self.sizes = capture_sizes(max_batch)
+        self.max_batch = max_batch
+        self.max_blocks = max_blocks
+        self.device = next(model.parameters()).device
+        self.use_graphs = capture and self.device.type == "cuda"
+        n, dev = max_batch, self.device
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
+        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.context_lens = torch.zeros(n, dtype=torch.int32, device=dev)
+        self.block_tables = torch.full((n, max_blocks), -1, dtype=torch.int32, device=dev)
+        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        self.state_slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
+        self.logits_indices = torch.arange(n, dtype=torch.int64, device=dev)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+        self.captured = False
+
+    def can_run(self, batch: ForwardBatch) -> bool:
+        return (
+            batch.is_decode_only
+            and batch.num_seqs <= self.max_batch
+            and batch.block_tables.shape[1] <= self.max_blocks
+            and batch.logits_indices.shape[0] == batch.num_seqs
+        )
+
+    def _static_batch(self, size: int, seq_lens: list[int] | None = None, ctx: list[int] | None = None) -> ForwardBatch:
+        """Views of the static buffers for ``size`` rows. The host lists only serve the eager (CPU) path;
+        a captured graph reads the device buffers alone."""
+        seq_lens = seq_lens if seq_lens is not None else [0] * size
+        ctx = ctx if ctx is not None else [0] * size
+        return ForwardBatch(
+            input_ids=self.input_ids[:size], positions=self.positions[:size],
+            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
+            context_lens=self.context_lens[:size], block_tables=self.block_tables[:size],
+            slot_mapping=self.slot_mapping[:size], state_slots=self.state_slots[:size],
+            logits_indices=self.logits_indices[:size], cache=self.pools,
+            q_lens_cpu=[1] * size, seq_lens_cpu=seq_lens, context_lens_cpu=ctx,
+        )
+
+    def _forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.model.compute_logits(self.model(batch)).float()
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every size, largest first (later, smaller graphs reuse the pool's blocks)."""
+        if not self.use_graphs or self.captured:
+            self.captured = True
+            return
+        self._fill_padding(0)  # every row padding: the warm-up and capture write nothing to the pools
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(2):  # compile Triton kernels and let allocator/cuBLAS settle outside capture
+                self._forward(self._static_batch(self.max_batch))
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        for size in reversed(self.sizes):
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs[size] = self._forward(self._static_batch(size))
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[size] = graph
+        torch.cuda.synchronize(self.device)
+        self.captured = True
+
+    def _fill_padding(self, start: int) -> None:
+        self.input_ids[start:].zero_()
+        self.positions[start:].zero_()
+        self.seq_lens[start:].zero_()
+        self.context_lens[start:].zero_()
+        self.slot_mapping[start:].fill_(-1)
+        self.state_slots[start:].fill_(-1)
+        self.block_tables[start:].fill_(-1)
+
+    def load(self, batch: ForwardBatch) -> int:
+        """Copy ``batch`` into the static buffers, pad to the chosen size; returns that size."""
+        rows = batch.num_seqs
+        size = pick_size(self.sizes, rows)
+        if size is None or not self.can_run(batch):
+            raise ValueError(f"decode graphs cannot run this batch ({rows} rows, {batch.block_tables.shape[1]} blocks)")
+        width = batch.block_tables.shape[1]
+        self.input_ids[:rows].copy_(batch.input_ids)
+        self.positions[:rows].copy_(batch.positions)
+        self.seq_lens[:rows].copy_(batch.seq_lens)
+        self.context_lens[:rows].copy_(batch.context_lens)
+        self.block_tables[:rows, :width].copy_(batch.block_tables)
+        self.block_tables[:rows, width:].fill_(-1)
+        self.slot_mapping[:rows].copy_(batch.slot_mapping)
+        self.state_slots[:rows].copy_(batch.state_slots)
+        self._fill_padding(rows)
+        return size
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` for a decode-only batch (replay, or the eager padded step off CUDA)."""
+        if not self.captured:
+            self.capture()
+        size = self.load(batch)
+        rows = batch.num_seqs
+        if self.use_graphs:
+            self.graphs[size].replay()
+            return self.outputs[size][:rows].clone()
+        pad = size - rows
+        eager = self._static_batch(size, batch.seq_lens_cpu + [0] * pad, batch.context_lens_cpu + [0] * pad)
+        return self._forward(eager)[:rows]

@@ -1,0 +1,69 @@
+"""Decode-graph logic on the CPU: size selection, padding rows that write nothing, same logits as eager."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgpp.bench.models import build_random_model
+from dgpp.engine.graphs import DecodeGraphs, capture_sizes, pick_size
+from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.engine.pools import CachePools
+
+
+def test_capture_sizes_and_selection() -> None:
+    assert capture_sizes(1) == [1]
+    assert capture_sizes(6) == [1, 2, 4, 6]
+    assert capture_sizes(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert capture_sizes(20) == [1, 2, 4, 8, 16, 20]
+    sizes = capture_sizes(64)
+    assert [pick_size(sizes, n) for n in (1, 3, 8, 9, 33, 64)] == [1, 4, 8, 16, 40, 64]
+    assert pick_size(sizes, 65) is None
+    with pytest.raises(ValueError):
+        capture_sizes(0)
+
+
+@pytest.fixture(scope="module")
+def tiny_model():
+    return build_random_model("tiny", "cpu", torch.float32, seed=3)
+
+
+def _prefilled(model, n_seqs: int, prompt: int, blocks_per_seq: int):
+    pools = CachePools(model.cache_spec(), n_seqs * blocks_per_seq + 2, 4, n_seqs)
+    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(n_seqs)]
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, model.info.vocab_size, (n_seqs, prompt), generator=gen).tolist()
+    runner = ModelRunner(model, pools)
+    logits = runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)])
+    return pools, tables, torch.argmax(logits, -1).tolist(), runner
+
+
+def test_padded_graph_batch_equals_eager_and_leaves_spare_blocks_alone(tiny_model) -> None:
+    pools, tables, last, runner = _prefilled(tiny_model, 3, 9, 4)
+    graphs = DecodeGraphs(tiny_model, pools, max_batch=8, max_blocks=4, capture=False)
+    spare = [k[-2:].clone() for k, _ in pools.kv.values()]  # blocks no sequence owns
+    for step in range(3):
+        work = [SeqWork(i, tables[i], 9 + step, [last[i]]) for i in range(3)]
+        batch = build_batch(work, pools)
+        assert graphs.can_run(batch)
+        padded = graphs.run(batch)  # 3 rows in the size-4 batch: one padding row
+        assert padded.shape == (3, tiny_model.info.vocab_size)
+        # eager on the very same step: re-running writes the same K/V again, so logits must agree
+        eager = runner.step(work)
+        torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
+        last = torch.argmax(eager, -1).tolist()
+    for (k, _), before in zip(pools.kv.values(), spare):
+        assert torch.equal(k[-2:], before)
+    # buffers past the live rows hold padding: no write (-1), empty context, no state slot
+    assert graphs.slot_mapping[3:].eq(-1).all() and graphs.seq_lens[3:].eq(0).all()
+    assert graphs.state_slots[3:].eq(-1).all()
+
+
+def test_graphs_refuse_prefill_and_oversized_batches(tiny_model) -> None:
+    pools, tables, last, _ = _prefilled(tiny_model, 2, 5, 4)
+    graphs = DecodeGraphs(tiny_model, pools, max_batch=1, max_blocks=4, capture=False)
+    prefill = build_batch([SeqWork(0, tables[0], 5, [1, 2])], pools)
+    too_many = build_batch([SeqWork(i, tables[i], 5, [last[i]]) for i in range(2)], pools)
+    assert not graphs.can_run(prefill) and not graphs.can_run(too_many)
+    with pytest.raises(ValueError, match="cannot run"):
+        graphs.load(too_many)
