@@ -10,17 +10,13 @@ Every norm outside the GDN output norm is zero-centred ``(1+w)``.
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 from torch import nn
 
-from dgpp.checkpoint import CheckpointReader, load_weights
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec, PagedKV
 from dgpp.engine.model import Model, ModelInfo
-from dgpp.errors import CheckpointError, ConfigError, UnsupportedModelError
-from dgpp.family import LoadContext
+from dgpp.errors import ConfigError
 from dgpp.nn.attention import PagedAttention, gated_output, split_query_gate
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet
@@ -29,7 +25,7 @@ from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp_qwen.config import QwenConfig, parse_config
+from dgpp_qwen.config import QwenConfig
 
 LINEAR_ATTENTION = "linear_attention"
 FULL_ATTENTION = "full_attention"
@@ -169,30 +165,3 @@ class Qwen35ForCausalLM(Model):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
 
-
-# Checkpoint tensors the text model deliberately leaves alone: the MTP drafter and the vision tower.
-_NOT_TEXT_PREFIXES = ("mtp.", "model.visual.", "visual.")
-
-
-def load_qwen3_5(ctx: LoadContext, cfg: QwenConfig | None = None) -> Qwen35ForCausalLM:
-    """Build the hybrid text model for ``ctx`` and fill it from the checkpoint (``model.`` or
-    ``model.language_model.`` prefix). Any unused tensor other than MTP / vision weights is an error."""
-    cfg = cfg or parse_config(ctx.hf_config)
-    if ctx.dtype is not None and ctx.dtype != cfg.dtype:
-        cfg = dataclasses.replace(cfg, dtype=ctx.dtype)
-    if ctx.world.size > 1:
-        raise UnsupportedModelError(f"{ctx.architecture}: tensor parallelism is not implemented for qwen3_5 yet")
-    with torch.device(ctx.device):
-        model = Qwen35ForCausalLM(cfg)
-    prefix = cfg.weight_prefix
-
-    def rename(name: str) -> str:
-        return prefix + name[len("model.") :] if name.startswith("model.") else name
-
-    report = load_weights(model, CheckpointReader(ctx.checkpoint_dir), rename=rename)
-    stray = [n for n in report.unused if not n.startswith(_NOT_TEXT_PREFIXES)]
-    if stray:
-        raise CheckpointError(
-            f"{ctx.checkpoint_dir}: {len(stray)} tensor(s) the {cfg.model_type} model does not use, e.g. {stray[0]!r}"
-        )
-    return model.eval()
