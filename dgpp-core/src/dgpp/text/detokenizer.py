@@ -9,6 +9,18 @@ from dataclasses import dataclass
 from dgpp.text.tokenizer import Tokenizer
 
 
+def held_prefix_length(text: str, markers: Iterable[str]) -> int:
+    """Length of the longest tail of ``text`` that is a proper prefix of one of ``markers`` (text that must
+    wait for the next token before it can be released)."""
+    longest = 0
+    for marker in markers:
+        for k in range(min(len(marker) - 1, len(text)), longest, -1):
+            if marker.startswith(text[len(text) - k :]):
+                longest = k
+                break
+    return longest
+
+
 @dataclass(frozen=True)
 class StopMatch:
     """Where a stop string matched: ``stop`` is the string, ``token_index`` the 0-based index (among the pushed
@@ -109,7 +121,7 @@ class IncrementalDetokenizer:
                 self._pending = ""
                 self.stopped = StopMatch(stop=stop, token_index=self._count - 1, text=self.text)
                 return out
-        keep = 0 if final else self._held_tail(text)
+        keep = 0 if final else held_prefix_length(text, self.stop_strings)
         out, self._pending = text[: len(text) - keep], text[len(text) - keep :]
         self.text += out
         return out
@@ -122,13 +134,3 @@ class IncrementalDetokenizer:
             if at >= 0 and (best is None or at < best[0] or (at == best[0] and len(stop) > len(best[1]))):
                 best = (at, stop)
         return best
-
-    def _held_tail(self, text: str) -> int:
-        """Length of the longest tail of ``text`` that is a proper prefix of some stop string."""
-        longest = 0
-        for stop in self.stop_strings:
-            for k in range(min(len(stop) - 1, len(text)), longest, -1):
-                if stop.startswith(text[len(text) - k :]):
-                    longest = k
-                    break
-        return longest

@@ -24,6 +24,16 @@ class ToolSpec:
     description: str | None = None
     strict: bool = False
     custom: bool = False
+    grammar: dict[str, Any] | None = None  # a custom tool's {"syntax": "regex"|"lark", "definition"}
+
+    def grammar_expression(self, g: Any) -> str:
+        """The custom tool's own grammar as a Lark expression (``g`` is a ``LarkBuilder``)."""
+        syntax, definition = (self.grammar or {}).get("syntax"), (self.grammar or {}).get("definition", "")
+        if syntax == "regex":
+            return g.rule(f"{self.name}_input", "/" + definition.replace("/", "\\/") + "/")
+        if syntax == "lark":
+            return g.subgrammar(f"{self.name}_input", definition)
+        raise TextError(f"custom tool {self.name!r}: grammar syntax {syntax!r} is not 'regex' or 'lark'", "tools")
 
     def as_openai(self) -> dict[str, Any]:
         fn: dict[str, Any] = {"name": self.name}
@@ -51,7 +61,11 @@ def tool_specs(tools: list[dict] | None) -> list[ToolSpec]:
             body = tool.get("custom") or {}
             name = body.get("name")
             params = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
-            spec = ToolSpec(name, params, body.get("description"), strict=True, custom=True)
+            fmt = body.get("format") or {"type": "text"}
+            grammar = fmt.get("grammar") if fmt.get("type") == "grammar" else None
+            if fmt.get("type") not in ("text", "grammar") or (fmt.get("type") == "grammar" and not isinstance(grammar, dict)):
+                raise TextError(f"tools[{i}].custom.format must be text or grammar", param=f"tools[{i}].custom.format")
+            spec = ToolSpec(name, params, body.get("description"), strict=True, custom=True, grammar=grammar)
         elif kind == "function":
             body = tool.get("function", tool)
             name = body.get("name")

@@ -20,7 +20,7 @@ MODEL_TYPES = (
     "glm_moe_dsa",
 )
 # The claimed values this plugin can load today; the rest get a clear "not yet supported".
-IMPLEMENTED: tuple[str, ...] = ()
+IMPLEMENTED: tuple[str, ...] = ("Glm4MoeForCausalLM", "glm4_moe")
 
 
 @hookimpl
@@ -44,3 +44,21 @@ def dgpp_load_model(ctx: LoadContext):
     from dgpp_glm.loader import load_model
 
     return load_model(ctx)
+
+
+@hookimpl
+def dgpp_tool_dialect(family: str, hf_config: dict):
+    if family != FAMILY:
+        return None
+    from dgpp_glm.dialect import dialect_for
+
+    return dialect_for(hf_config)
+
+
+@hookimpl
+def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
+    if family != FAMILY:
+        return None
+    from dgpp_glm.dialect import chat_template
+
+    return chat_template()

@@ -40,3 +40,21 @@ def dgpp_load_model(ctx: LoadContext):
     from dgpp_mimo.loader import load_model
 
     return load_model(ctx)
+
+
+@hookimpl
+def dgpp_tool_dialect(family: str, hf_config: dict):
+    if family != FAMILY:
+        return None
+    from dgpp_mimo.dialect import dialect_for
+
+    return dialect_for(hf_config)
+
+
+@hookimpl
+def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
+    if family != FAMILY:
+        return None
+    from dgpp_mimo.dialect import chat_template
+
+    return chat_template()

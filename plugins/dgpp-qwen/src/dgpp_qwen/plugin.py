@@ -67,3 +67,21 @@ def dgpp_load_model(ctx: LoadContext):
     from dgpp_qwen.loader import load_model
 
     return load_model(ctx)
+
+
+@hookimpl
+def dgpp_tool_dialect(family: str, hf_config: dict):
+    if family != FAMILY:
+        return None
+    from dgpp_qwen.dialect import dialect_for
+
+    return dialect_for(hf_config)
+
+
+@hookimpl
+def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
+    if family != FAMILY:
+        return None
+    from dgpp_qwen.dialect import chat_template
+
+    return chat_template()
