@@ -35,6 +35,10 @@ class ChoiceOutput:
         self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.logprobs: list[dict[str, Any]] = []
+        # a model's vocabulary is often padded past the tokenizer's: those ids have no text, and the
+        # detokenizer never sees them; ``_pushed`` maps its token count back to ours for stop accounting
+        self._known = tokenizer.vocab_size
+        self._pushed: list[int] = []
 
     @property
     def finished(self) -> bool:
@@ -46,14 +50,17 @@ class ChoiceOutput:
             return delta
         self.cached_tokens = ev.cached_tokens
         for token, sample in zip(ev.tokens, ev.samples, strict=True):
-            piece = self.detok.push(token)
+            piece = ""
+            if token < self._known:
+                piece = self.detok.push(token)
+                self._pushed.append(self.completion_tokens)
             self.completion_tokens += 1
             delta.text += piece
             if self.params.logprobs and token not in self.eos_token_ids and (piece or self.detok.stopped is None):
                 delta.logprobs.append(self._logprob_entry(token, sample))
             if self.detok.stopped is not None:
                 # completion_tokens counts up to the token that completed the match
-                self.completion_tokens = self.detok.stopped.token_index + 1
+                self.completion_tokens = self._pushed[self.detok.stopped.token_index] + 1
                 delta.finish_reason = self.finish_reason = "stop"
                 delta.stopped_by_string = True
                 break
@@ -81,9 +88,11 @@ class ChoiceOutput:
         }
 
     def _token_text(self, token: int) -> str:
-        return self.tokenizer.decode([token])
+        return self.tokenizer.decode([token]) if token < self._known else ""
 
     def _token_bytes(self, token: int) -> bytes:
+        if token >= self._known:
+            return b""
         if getattr(self.tokenizer, "is_byte_level", False):
             return self.tokenizer.token_bytes[token]
         return self._token_text(token).encode("utf-8")

@@ -1,0 +1,6 @@
+"""Make the e2e helpers importable as plain modules."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
