@@ -37,6 +37,11 @@ class DecodeResult:
     tokens: list[list[int]] = field(default_factory=list)
 
 
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def copy_bandwidth_gbs(device: str, nbytes: int = 4 << 30, reps: int = 20) -> float:
     """Device-to-device copy rate, counting bytes read plus written (the method's ceiling)."""
     src = torch.empty(nbytes // 2, dtype=torch.uint8, device=device).random_(0, 255)
@@ -101,11 +106,11 @@ def run_case(
     prompts = _prompts(batch, prompt, model.info.vocab_size, seed)
     first = session.prefill(prompts)
     session.decode(first, prompt, 2)  # warm-up: compiles kernels, captures graphs
-    torch.cuda.synchronize()
+    _sync()
     steps = generated - 1
     t0 = time.perf_counter()
     res.tokens = session.decode(first, prompt, steps)
-    torch.cuda.synchronize()
+    _sync()
     elapsed = time.perf_counter() - t0
     res.ms_per_step = elapsed / steps * 1e3
     res.tok_s = batch * steps / elapsed
@@ -138,14 +143,14 @@ def hf_tok_s(hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab
     mask = torch.ones_like(ids)
     kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     hf.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **kwargs)  # warm-up
-    torch.cuda.synchronize()
+    _sync()
     t0 = time.perf_counter()
     hf.generate(ids, attention_mask=mask, max_new_tokens=1, min_new_tokens=1, **kwargs)
-    torch.cuda.synchronize()
+    _sync()
     t_first = time.perf_counter() - t0
     t0 = time.perf_counter()
     hf.generate(ids, attention_mask=mask, max_new_tokens=generated, min_new_tokens=generated, **kwargs)
-    torch.cuda.synchronize()
+    _sync()
     decode_time = time.perf_counter() - t0 - t_first
     return batch * (generated - 1) / decode_time
 

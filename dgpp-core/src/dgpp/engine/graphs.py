@@ -108,14 +108,15 @@ class DecodeGraphs:
             self.captured = True
             return
         self._fill_padding(0)  # every row padding: the warm-up and capture write nothing to the pools
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(2):  # compile Triton kernels and let allocator/cuBLAS settle outside capture
-                self._forward(self._static_batch(self.max_batch))
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
         for size in reversed(self.sizes):
+            # each size may need its own Triton specialisations: compile them outside the capture
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    self._forward(self._static_batch(size))
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            torch.cuda.synchronize(self.device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 self.outputs[size] = self._forward(self._static_batch(size))

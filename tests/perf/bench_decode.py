@@ -1,0 +1,81 @@
+"""Decode benchmark on a CUDA machine (not a CI test): random weights of a real geometry, a sweep of
+prompt x batch x generated cases, graph and eager, against the copy-bandwidth roofline and HF.
+
+    python tests/perf/bench_decode.py --geometry qwen3-8b --cases 128x1x256,128x64x256 --hf-cases 128x1x256
+
+Prints the table (markdown) last; ``--out FILE`` also writes it with the run's date, device and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import subprocess
+import sys
+
+import torch
+
+from dgpp.bench.decode import copy_bandwidth_gbs, format_table, hf_tok_s, run_case
+from dgpp.bench.models import build_pair
+
+
+def parse_cases(text: str) -> list[tuple[int, int, int]]:
+    cases = []
+    for item in filter(None, text.split(",")):
+        prompt, batch, new = (int(x) for x in item.lower().split("x"))
+        cases.append((prompt, batch, new))
+    return cases
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--geometry", default="qwen3-8b")
+    parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
+    parser.add_argument("--hf-cases", default="128x1x256", help="cases also run through transformers generate")
+    parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
+    parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
+    args = parser.parse_args()
+    device = args.device
+    copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
+    model, hf = build_pair(args.geometry, device, torch.bfloat16 if device == "cuda" else torch.float32)
+    vocab = model.info.vocab_size
+    results, failures = [], []
+    for prompt, batch, new in parse_cases(args.check_cases):
+        graph = run_case(model, prompt, batch, new, graph=True, copy_gbs=copy_gbs)
+        eager = run_case(model, prompt, batch, new, graph=False, copy_gbs=copy_gbs)
+        same = graph.tokens == eager.tokens
+        print(f"greedy graph == eager for {prompt}x{batch}x{new}: {same}", flush=True)
+        if not same:
+            failures.append(f"{prompt}x{batch}x{new}")
+    hf_cases = set(parse_cases(args.hf_cases))
+    for prompt, batch, new in parse_cases(args.cases):
+        modes = (True, False) if args.eager else (True,)
+        for graph in modes:
+            res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
+            results.append(res)
+            print(f"{prompt}x{batch}x{new} {'graph' if graph else 'eager'}: {res.ms_per_step:.2f} ms/step "
+                  f"(replay {res.replay_ms:.2f}), {res.tok_s:.1f} tok/s, {res.copy_pct:.1f}% of copy bw", flush=True)
+        if (prompt, batch, new) in hf_cases:
+            rate = hf_tok_s(hf, prompt, batch, new, vocab)
+            for res in results[-len(modes):]:
+                res.hf_tok_s = rate
+            print(f"{prompt}x{batch}x{new} transformers: {rate:.1f} tok/s", flush=True)
+    table = format_table(results, copy_gbs)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    header = (f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, device "
+              f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, commit {commit or 'unknown'}, "
+              f"geometry {args.geometry} {model.info.dtype} random weights")
+    print("\n" + header + "\n" + table)
+    if failures:
+        print(f"graph/eager greedy mismatch in: {failures}")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(header + "\n\n" + table + "\n")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""Every Triton kernel at real sizes on the GPU: error against its torch reference on fresh random
+inputs (outputs poisoned first), and median time of both (triton.testing.do_bench).
+
+Run on a CUDA machine: ``python tests/perf/check_kernels.py [--json out.json]``. Not a CI test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from dgpp.kernels import gated_delta as gd
+from dgpp.kernels import kv_write, moe, paged_attention as pa, rmsnorm, rotary, sampling, swiglu
+
+DEV = "cuda"
+BF16 = torch.bfloat16
+ROWS: list[dict] = []
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out, ref = out.double(), ref.double()
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def record(name: str, err: float, tol: float, fast, slow, nbytes: float) -> None:
+    t_fast = triton.testing.do_bench(fast, warmup=25, rep=100, return_mode="median")
+    t_ref = triton.testing.do_bench(slow, warmup=5, rep=40, return_mode="median")
+    row = {"kernel": name, "rel_err": err, "ok": err <= tol, "triton_us": t_fast * 1e3, "torch_us": t_ref * 1e3,
+           "GB/s": nbytes / (t_fast * 1e-3) / 1e9}
+    ROWS.append(row)
+    print(f"{name:44s} err {err:.2e} ({'ok' if row['ok'] else 'FAIL'})  triton {row['triton_us']:9.1f} us  "
+          f"torch {row['torch_us']:9.1f} us  {row['GB/s']:7.0f} GB/s", flush=True)
+
+
+def check_rmsnorm() -> None:
+    for rows in (1, 64, 8192):
+        x, r = torch.randn(rows, 4096, device=DEV, dtype=BF16), torch.randn(rows, 4096, device=DEV, dtype=BF16)
+        w = torch.randn(4096, device=DEV, dtype=BF16)
+        out, res = rmsnorm.rms_norm_triton(x, w, 1e-6, r)
+        ref_out, ref_res = rmsnorm.rms_norm_ref(x.float(), w.float(), 1e-6, r.float())
+        err = max(rel_err(out, ref_out), rel_err(res, ref_res))
+        record(f"add+rmsnorm bf16 [{rows},4096]", err, 1e-2, lambda: rmsnorm.rms_norm_triton(x, w, 1e-6, r),
+               lambda: rmsnorm.rms_norm_ref(x, w, 1e-6, r), 4 * x.numel() * 2)
+
+
+def check_rotary_swiglu_kvwrite() -> None:
+    for t in (1, 64, 8192):
+        q = torch.randn(t, 32, 128, device=DEV, dtype=BF16)
+        k = torch.randn(t, 8, 128, device=DEV, dtype=BF16)
+        pos = torch.randint(0, 40000, (t,), device=DEV)
+        inv = 1.0 / 1e6 ** (torch.arange(0, 128, 2, device=DEV, dtype=torch.float32) / 128)
+        qo, ko = rotary.rotary_triton(q, k, pos, inv)
+        qr, kr = rotary.rotary_ref(q.float(), k.float(), pos, inv)
+        record(f"rotary bf16 T={t} 32/8x128", max(rel_err(qo, qr), rel_err(ko, kr)), 1e-2,
+               lambda: rotary.rotary_triton(q, k, pos, inv), lambda: rotary.rotary_ref(q, k, pos, inv),
+               2 * (q.numel() + k.numel()) * 2)
+        gate, up = torch.randn(t, 12288, device=DEV, dtype=BF16), torch.randn(t, 12288, device=DEV, dtype=BF16)
+        out = swiglu.silu_mul_pair_triton(gate, up)
+        record(f"silu*mul bf16 [{t},12288]", rel_err(out, F.silu(gate.float()) * up.float()), 1e-2,
+               lambda: swiglu.silu_mul_pair_triton(gate, up), lambda: F.silu(gate) * up, 3 * gate.numel() * 2)
+    kc = torch.randn(4096, 16, 8, 128, device=DEV, dtype=BF16)
+    vc = torch.randn_like(kc)
+    k, v = torch.randn(64, 8, 128, device=DEV, dtype=BF16), torch.randn(64, 8, 128, device=DEV, dtype=BF16)
+    slots = torch.randperm(4096 * 16, device=DEV)[:64]
+    slots[5] = -1
+    kc2, vc2 = kc.clone(), vc.clone()
+    kv_write.write_kv_triton(kc, vc, k, v, slots)
+    kv_write.write_kv_ref(kc2, vc2, k, v, slots)
+    err = 0.0 if torch.equal(kc, kc2) and torch.equal(vc, vc2) else math.inf
+    record("kv write bf16 64 rows 8x128", err, 0.0, lambda: kv_write.write_kv_triton(kc, vc, k, v, slots),
+           lambda: kv_write.write_kv_ref(kc2, vc2, k, v, slots), 4 * k.numel() * 2)
+
+
+def check_attention() -> None:
+    for batch, ctx in ((1, 384), (64, 384), (8, 32768), (64, 4096)):
+        bs, blocks = 16, -(-ctx // 16)
+        kc = torch.randn(batch * blocks + 3, bs, 8, 128, device=DEV, dtype=BF16)
+        vc = torch.randn_like(kc)
+        tables = torch.randperm(batch * blocks + 3, device=DEV)[: batch * blocks].view(batch, blocks).int()
+        lens = torch.randint(ctx // 2, ctx + 1, (batch,), device=DEV, dtype=torch.int32)
+        lens[0] = ctx
+        q = torch.randn(batch, 32, 128, device=DEV, dtype=BF16)
+        out = torch.full((batch, 32, 128), float("nan"), device=DEV, dtype=BF16)
+        out.copy_(pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5))
+        ref = pa.paged_decode_attention_ref(q.float(), kc.float(), vc.float(), tables, lens, 128**-0.5)
+        nbytes = float(lens.sum()) * 8 * 128 * 2 * 2
+        record(f"paged decode attn bf16 B={batch} ctx<={ctx}", rel_err(out, ref), 1e-2,
+               lambda: pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5),
+               lambda: pa.paged_decode_attention_ref(q, kc, vc, tables, lens, 128**-0.5), nbytes)
+
+
+def check_sampling() -> None:
+    for batch in (1, 64):
+        logits = torch.randn(batch, 151936, device=DEV) * 4
+        ones, zeros = torch.ones(batch, device=DEV), torch.zeros(batch, device=DEV)
+        seeds = torch.randint(0, 2**40, (batch,), device=DEV)
+        for label, params in (
+            ("greedy", (zeros, zeros.int(), zeros, ones)),
+            ("T=0.8 top-k 50 top-p 0.9", (ones * 0.8, (ones * 50).int(), zeros, ones * 0.9)),
+            ("T=1 top-p 0.95", (ones, zeros.int(), zeros, ones * 0.95)),
+        ):
+            tri = sampling.sample_tokens_triton(logits, *params, seeds)
+            ref = sampling.sample_tokens_ref(logits, *params, seeds)
+            err = float((tri != ref).float().mean())  # share of rows drawing another token
+            record(f"sample B={batch} V=151936 {label}", err, 0.02,
+                   lambda: sampling.sample_tokens_triton(logits, *params, seeds),
+                   lambda: torch.argmax(logits, -1), logits.numel() * 4)
+
+
+def check_gated_delta() -> None:
+    from dgpp.nn.gated_deltanet import chunked_gated_delta_rule, gated_delta_step
+
+    hk, hv, dk, dv = 16, 32, 128, 128  # Qwen3-Next / Qwen3.5 linear-attention geometry
+    for batch in (1, 64):
+        q, k = torch.randn(batch, hk, dk, device=DEV, dtype=BF16), torch.randn(batch, hk, dk, device=DEV, dtype=BF16)
+        v = torch.randn(batch, hv, dv, device=DEV, dtype=BF16)
+        g = -F.softplus(torch.randn(batch, hv, device=DEV))
+        beta = torch.rand(batch, hv, device=DEV, dtype=BF16)
+        pool = torch.randn(batch + 1, hv, dk, dv, device=DEV) * 0.1
+        slots, fresh = torch.arange(batch, device=DEV), torch.zeros(batch, dtype=torch.bool, device=DEV)
+        starts = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+        ref_pool = pool.clone()
+        ref = gd.gated_delta_ref(q, k, v, g, beta, ref_pool, slots, starts, fresh)
+        work = pool.clone()
+        out = gd.gdn_decode_step_triton(q, k, v, g, beta, work, slots, fresh)
+        record(f"gdn decode step B={batch} 16/32x128", max(rel_err(out, ref), rel_err(work, ref_pool)), 1e-4,
+               lambda: gd.gdn_decode_step_triton(q, k, v, g, beta, work, slots, fresh),
+               lambda: gated_delta_step(q, k, v, g, beta, pool[:batch]), 2 * pool[:batch].numel() * 4)
+    for length in (512, 8192):
+        q, k = torch.randn(length, hk, dk, device=DEV, dtype=BF16), torch.randn(length, hk, dk, device=DEV, dtype=BF16)
+        v = torch.randn(length, hv, dv, device=DEV, dtype=BF16)
+        g = -F.softplus(torch.randn(length, hv, device=DEV)) * 0.2
+        beta = torch.rand(length, hv, device=DEV, dtype=BF16)
+        state = torch.randn(1, hv, dk, dv, device=DEV) * 0.1
+        ref, ref_state = chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], state)
+        pool = state.clone()
+        one = (torch.zeros(1, dtype=torch.long, device=DEV), torch.tensor([0, length], device=DEV, dtype=torch.int32),
+               torch.zeros(1, dtype=torch.bool, device=DEV))
+        out = gd.gdn_chunked_prefill_triton(q, k, v, g, beta, pool, *one)
+        err = max(rel_err(out, ref[0]), rel_err(pool[0], ref_state[0]))
+        record(f"gdn chunked prefill L={length} 16/32x128", err, 1e-3,
+               lambda: gd.gdn_chunked_prefill_triton(q, k, v, g, beta, state.clone(), *one),
+               lambda: chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], state),
+               length * (2 * hk * dk + hv * dv) * 2)
+
+
+def check_moe() -> None:
+    experts, top_k, hidden, inter = 128, 8, 2048, 768  # Qwen3-30B-A3B geometry
+    gate_up = torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=BF16) * hidden**-0.5
+    down = torch.randn(experts, hidden, inter, device=DEV, dtype=BF16) * inter**-0.5
+    for tokens in (1, 64, 2048):
+        x = torch.randn(tokens, hidden, device=DEV, dtype=BF16)
+        w, ids = torch.randn(tokens, experts, device=DEV).softmax(-1).topk(top_k, -1)
+        out = moe.fused_moe_triton(x, gate_up, down, w, ids)
+        ref = moe.fused_moe_ref(x.float(), gate_up.float(), down.float(), w, ids)
+        used = int(torch.unique(ids).numel())
+        record(f"fused moe T={tokens} E=128 k=8 2048/768", rel_err(out, ref), 2e-2,
+               lambda: moe.fused_moe_triton(x, gate_up, down, w, ids),
+               lambda: moe.fused_moe_ref(x, gate_up, down, w, ids), used * 3 * inter * hidden * 2)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default="")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    for check in (check_rmsnorm, check_rotary_swiglu_kvwrite, check_attention, check_sampling, check_gated_delta,
+                  check_moe):
+        try:
+            check()
+        except Exception as e:  # keep going: one broken kernel must not hide the others' numbers
+            ROWS.append({"kernel": check.__name__, "ok": False, "error": repr(e)})
+            print(f"{check.__name__} FAILED: {e!r}", flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(ROWS, f, indent=1)
+    bad = [r["kernel"] for r in ROWS if not r["ok"]]
+    print(f"\nkernel checks: {len(ROWS) - len(bad)}/{len(ROWS)} ok" + (f"; failing: {bad}" if bad else ""))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
