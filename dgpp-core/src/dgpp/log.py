@@ -20,6 +20,7 @@ import structlog
 T = TypeVar("T")
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 _configured = False
+_stdlib_handler: logging.Handler | None = None
 
 
 def _utc_ms_timestamp(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -29,7 +30,7 @@ def _utc_ms_timestamp(_logger: Any, _method: str, event: dict[str, Any]) -> dict
 
 def configure_logging(json: bool = False, level: str | None = None, stream: Any = None) -> None:
     """Set up structlog (and route stdlib ``logging`` through the same renderer)."""
-    global _configured
+    global _configured, _stdlib_handler
     name = (level or os.environ.get("DGPP_LOG_LEVEL") or "info").lower()
     if name not in _LEVELS:
         raise ValueError(f"log level {name!r}: expected one of {', '.join(_LEVELS)}")
@@ -52,12 +53,16 @@ def configure_logging(json: bool = False, level: str | None = None, stream: Any 
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(processors=[
-        structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer
-    ], foreign_pre_chain=shared))
+    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+    ))
     root = logging.getLogger()
-    root.handlers[:] = [handler]
+    if _stdlib_handler is not None:  # replace only our own handler: others (pytest's caplog) stay
+        root.removeHandler(_stdlib_handler)
+    root.addHandler(handler)
     root.setLevel(_LEVELS[name])
+    _stdlib_handler = handler
     _configured = True
 
 

@@ -107,7 +107,7 @@ def answers_by_plugin(pm: pluggy.PluginManager, hook: str) -> list[tuple[str, An
     ``pm.hook.X()`` merges the answers; listings and error messages need to know who said what.
     """
     caller = getattr(pm.hook, hook)
-    return [(impl.plugin_name, impl.function()) for impl in reversed(caller.get_hookimpls())]
+    return [(impl.plugin_name, impl.function()) for impl in caller.get_hookimpls()]
 
 
 def families(pm: pluggy.PluginManager) -> list[FamilySpec]:
