@@ -1,0 +1,182 @@
+"""Conformance checks a family plugin's tests call on tiny checkpoints (see ``builders.py``).
+
+Each check raises ``AssertionError`` with a message that says what diverged and where:
+- ``check_logits``: every prompt row's logits, all prompts (of different lengths) in ONE engine step,
+  vs the transformers model run on each prompt alone, within ``rtol`` of the reference's max |logit|;
+- ``check_greedy``: greedy tokens identical to transformers' ``generate(do_sample=False)``;
+- ``check_chunked_prefill``: greedy tokens with several prefill chunk sizes identical to one-shot;
+- ``check_mixed_batch``: a batch mixing prefill and decode rows identical to each sequence alone;
+- ``check_state_snapshot``: (hybrid models) snapshot a sequence's state mid-way, continue, restore,
+  continue again: the two continuations are identical.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.engine.generate import greedy_generate, make_pools
+from dgpp.engine.model import Model
+from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+
+DEFAULT_LENGTHS = (5, 12, 23, 9)
+
+
+def make_prompts(vocab_size: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0) -> list[list[int]]:
+    """Random prompts of the given lengths (seeded)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def engine_all_logits(model: Model, prompts: list[list[int]], block_size: int = 16) -> list[torch.Tensor]:
+    """Logits of every row of every prompt, all prompts prefilled in one step (fp32)."""
+    pools, blocks, slots = make_pools(model, [len(p) for p in prompts], block_size)
+    work = [SeqWork(slots.allocate(), blocks.allocate(blocks.blocks_for_tokens(len(p))), 0, list(p)) for p in prompts]
+    if model.info.hybrid:
+        for w in work:
+            pools.zero_state(w.state_slot)
+    batch = build_batch(work, pools, next(model.parameters()).device)
+    batch.logits_indices = torch.arange(batch.num_tokens, device=batch.input_ids.device)
+    logits = model.compute_logits(model(batch)).float()
+    return list(logits.split([len(p) for p in prompts]))
+
+
+@torch.inference_mode()
+def reference_logits(reference: torch.nn.Module, prompt: list[int]) -> torch.Tensor:
+    return reference(torch.tensor([prompt])).logits[0].float()
+
+
+def check_logits(
+    model: Model,
+    reference: torch.nn.Module,
+    prompts: list[list[int]],
+    rtol: float = 1e-4,
+    max_outlier_rows: float = 0.0,
+) -> float:
+    """Returns the worst per-row relative error (max |diff| / max |reference logit| of the prompt).
+
+    ``max_outlier_rows``: the fraction of rows allowed above ``rtol``. Keep it 0 for fp32. In bf16 a
+    MoE router at a near-tie can pick a different expert than the reference for a row (either side's
+    rounding decides), which moves that whole row; such flips are isolated rows, so a small
+    fraction is allowed there while every other row must still be within ``rtol``.
+    """
+    errors: list[float] = []
+    for i, (ours, prompt) in enumerate(zip(engine_all_logits(model, prompts), prompts)):
+        ref = reference_logits(reference, prompt)
+        rows = ((ours - ref).abs().max(-1).values / ref.abs().max()).tolist()
+        errors.extend(rows)
+        if max_outlier_rows == 0.0 and max(rows) > rtol:
+            raise AssertionError(f"prompt {i} (length {len(prompt)}): logits differ by {max(rows):.3g} relative (> {rtol})")
+    outliers = sum(e > rtol for e in errors)
+    assert outliers <= max_outlier_rows * len(errors), (
+        f"{outliers} of {len(errors)} logit rows differ by more than {rtol} relative (worst {max(errors):.3g}); "
+        f"at most {max_outlier_rows:.0%} allowed"
+    )
+    return max(errors)
+
+
+@torch.inference_mode()
+def reference_greedy(reference: torch.nn.Module, prompt: list[int], max_new_tokens: int) -> list[int]:
+    out = reference.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def _first_diff(a: list[int], b: list[int]) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def assert_same_tokens(ours: list[int], theirs: list[int], what: str) -> None:
+    if ours != theirs:
+        at = _first_diff(ours, theirs)
+        raise AssertionError(f"{what}: tokens differ from position {at}: {ours[at:at + 8]} vs {theirs[at:at + 8]}")
+
+
+def check_greedy(model: Model, reference: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int = 32) -> None:
+    ours = greedy_generate(model, prompts, max_new_tokens)
+    for i, prompt in enumerate(prompts):
+        assert_same_tokens(ours[i], reference_greedy(reference, prompt, max_new_tokens), f"prompt {i} greedy vs transformers")
+
+
+@torch.inference_mode()
+def engine_forced_logits(model: Model, prompt: list[int], forced: list[int], block_size: int = 16) -> torch.Tensor:
+    """Our logits for each step of a teacher-forced decode: prefill ``prompt``, then feed ``forced``
+    one token at a time; row ``i`` is the distribution that picks ``forced[i]``."""
+    pools, blocks, slots = make_pools(model, [len(prompt) + len(forced)], block_size)
+    runner = ModelRunner(model, pools)
+    table, slot = blocks.allocate(blocks.blocks_for_tokens(len(prompt) + len(forced))), slots.allocate()
+    rows = [runner.step([SeqWork(slot, table, 0, list(prompt))])[0]]
+    for i, token in enumerate(forced[:-1]):
+        rows.append(runner.step([SeqWork(slot, table, len(prompt) + i, [token])])[0])
+    return torch.stack(rows)
+
+
+@torch.inference_mode()
+def check_greedy_near_ties(
+    model: Model, reference: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int, rtol: float
+) -> int:
+    """Greedy along the reference's own path (teacher-forced through our decode path): every step's
+    pick must equal the reference's, except where the reference itself scores our pick within
+    ``rtol`` (of its max |logit|) of its own — a near-tie that rounding in a low-precision dtype may
+    decide either way. Returns the number of such near-tie steps (the caller bounds it)."""
+    ties = 0
+    for i, prompt in enumerate(prompts):
+        gen = reference.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+            output_logits=True, return_dict_in_generate=True,
+        )
+        path = gen.sequences[0, len(prompt) :].tolist()
+        ref_rows = torch.cat(gen.logits).float()
+        ours = engine_forced_logits(model, prompt, path).argmax(-1).tolist()
+        for step, (mine, theirs) in enumerate(zip(ours, path)):
+            if mine == theirs:
+                continue
+            row = ref_rows[step]
+            gap = float(row[theirs] - row[mine]) / float(row.abs().max())
+            assert gap <= rtol, f"prompt {i} step {step}: picked {mine}, reference {theirs}, not a near-tie (gap {gap:.3g})"
+            ties += 1
+    return ties
+
+
+def check_chunked_prefill(
+    model: Model, prompts: list[list[int]], chunk_sizes: tuple[int, ...] = (1, 4, 7), max_new_tokens: int = 8
+) -> None:
+    one_shot = greedy_generate(model, prompts, max_new_tokens)
+    for size in chunk_sizes:
+        chunked = greedy_generate(model, prompts, max_new_tokens, chunk_size=size)
+        for i in range(len(prompts)):
+            assert_same_tokens(chunked[i], one_shot[i], f"prompt {i} with prefill chunk {size} vs one-shot")
+
+
+def check_mixed_batch(model: Model, prompts: list[list[int]], max_new_tokens: int = 8, chunk_size: int | None = 5) -> None:
+    """Prompts of different lengths, chunked, run together (so steps mix prefill and decode rows)."""
+    together = greedy_generate(model, prompts, max_new_tokens, chunk_size=chunk_size)
+    for i, prompt in enumerate(prompts):
+        alone = greedy_generate(model, [prompt], max_new_tokens)
+        assert_same_tokens(together[i], alone[0], f"prompt {i} in a mixed batch vs alone")
+
+
+@torch.inference_mode()
+def check_state_snapshot(model: Model, prompt: list[int], split: int, max_new_tokens: int = 8, block_size: int = 16) -> None:
+    """Prefill ``prompt[:split]``, snapshot the state slot, continue; restore the snapshot and continue
+    again over the same blocks: both continuations must be identical."""
+    total = len(prompt) + max_new_tokens
+    pools, blocks, slots = make_pools(model, [total, total], block_size)
+    runner = ModelRunner(model, pools)
+    table = blocks.allocate(blocks.blocks_for_tokens(total))
+    live, snapshot = slots.allocate(), slots.allocate()
+    runner.step([SeqWork(live, table, 0, prompt[:split], want_logits=False)])
+    pools.copy_state(live, snapshot)
+
+    def continue_from_split() -> list[int]:
+        tokens = list(prompt)
+        logits = runner.step([SeqWork(live, table, split, tokens[split:])])
+        out = []
+        for _ in range(max_new_tokens):
+            out.append(int(torch.argmax(logits[0])))
+            tokens.append(out[-1])
+            logits = runner.step([SeqWork(live, table, len(tokens) - 1, [tokens[-1]])])
+        return out
+
+    first = continue_from_split()
+    pools.copy_state(snapshot, live)
+    assert_same_tokens(continue_from_split(), first, "continuation after restoring the state snapshot")
