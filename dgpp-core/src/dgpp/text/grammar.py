@@ -30,8 +30,10 @@ class GrammarContext:
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         eos = min(self.eos_ids) if self.eos_ids else None
         self.lltok = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos)
+        # llguidance decides itself which added tokens are special (never matched by literal text), e.g.
+        # DeepSeek's </think> although tokenizer.json does not mark it; grammars must name those by id.
         added = tokenizer.backend.get_added_tokens_decoder()
-        self.specials = {tok.content: tid for tid, tok in added.items() if tok.special}
+        self.specials = {tok.content: tid for tid, tok in added.items() if self.lltok.is_special_token(tid)}
 
     def builder(self) -> LarkBuilder:
         return LarkBuilder(self.specials)

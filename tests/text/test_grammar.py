@@ -1,0 +1,165 @@
+"""Constrained decoding: sampled output always satisfies the schema / tool_choice; errors name the field."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+import torch
+from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
+from dgpp_qwen.dialect import QwenXmlDialect
+
+from conversations import TIME_TOOL, WEATHER_TOOL
+from dgpp.text.errors import GrammarError
+from dgpp.text.grammar import GrammarContext, build_matcher
+from dgpp.text.tools import tool_specs
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 6},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "tags": {"type": "array", "items": {"enum": ["a", "b", "c"]}, "maxItems": 3},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["name", "age", "tags", "ok"],
+    "additionalProperties": False,
+}
+# Tools whose arguments a random sampler finishes quickly (bare-text strings would run on indefinitely).
+LAMP = {"type": "function", "function": {"name": "set_lamp", "strict": True, "parameters": {
+    "type": "object", "properties": {"room": {"type": "string", "enum": ["hall", "kitchen"]},
+                                     "level": {"type": "integer", "minimum": 0, "maximum": 10}},
+    "required": ["room", "level"], "additionalProperties": False}}}
+ALARM = {"type": "function", "function": {"name": "alarm", "parameters": {
+    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}
+
+
+@pytest.fixture(scope="module")
+def tiny_ctx(tiny_tokenizer):
+    return GrammarContext(tiny_tokenizer, vocab_size=512)
+
+
+def sample(matcher, vocab, seed, max_tokens=400, logits_fn=None):
+    """A random-logits stand-in for a model: masked, seeded draws until the matcher is done."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(max_tokens):
+        logits = torch.randn(vocab, generator=gen) if logits_fn is None else logits_fn(out)
+        mask = matcher.mask(vocab)
+        assert mask.any(), "the constraint left no token to sample"
+        logits = logits.masked_fill(~mask, float("-inf"))
+        token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
+        assert matcher.accept(token)
+        out.append(token)
+        if matcher.is_done():
+            return out
+    raise AssertionError(f"no complete structure within {max_tokens} tokens")
+
+
+def strip_eos(tokenizer, ids):
+    return [i for i in ids if i not in tokenizer.eos_token_ids]
+
+
+def test_json_schema_samples_always_validate(tiny_ctx, tiny_tokenizer):
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+    for seed in range(100):
+        m = build_matcher(tiny_ctx, response_format=fmt)
+        text = tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed)))
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_tool_choice_required_always_yields_valid_calls(tiny_ctx, tiny_tokenizer):
+    dialect = QwenXmlDialect()
+    specs = tool_specs([LAMP, ALARM])
+    schemas = {s.name: s.parameters for s in specs}
+    counts = set()
+    for seed in range(40):
+        m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice="required", dialect=dialect)
+        text = tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed)))
+        parsed = dialect.parse(text, specs)
+        assert parsed.tool_calls and parsed.content is None, text
+        for call in parsed.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
+        counts.add(len(parsed.tool_calls))
+    assert max(counts) > 1  # parallel calls happen when allowed
+
+
+def test_named_tool_and_no_parallel_calls(tiny_ctx, tiny_tokenizer):
+    dialect = QwenXmlDialect()
+    for seed in range(10):
+        m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice={"type": "function", "function": {"name": "alarm"}},
+                          dialect=dialect)
+        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([LAMP, ALARM]))
+        assert [c.name for c in parsed.tool_calls] == ["alarm"]
+        m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice="required", parallel_tool_calls=False, dialect=dialect)
+        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([LAMP, ALARM]))
+        assert len(parsed.tool_calls) == 1
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "set_lamp"}}]}}
+    m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice=allowed, dialect=dialect)
+    parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, 3))), tool_specs([LAMP, ALARM]))
+    assert {c.name for c in parsed.tool_calls} == {"set_lamp"}
+
+
+def test_eos_withheld_until_complete(tiny_ctx, tiny_tokenizer):
+    eos_ids = sorted(tiny_tokenizer.eos_token_ids)
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
+    m = build_matcher(tiny_ctx, response_format=fmt)
+    text = '{"name": "Bo", "age": 7, "tags": ["a"], "ok": true}'
+    for tid in tiny_tokenizer.encode(text):
+        mask = m.mask(512)
+        assert not mask[eos_ids].any() and not m.accept(eos_ids[0])  # an EOS now would cut the JSON short
+        assert mask[tid] and m.accept(tid)
+    mask = m.mask(512)
+    assert mask[eos_ids].all() and int(mask.sum()) == len(eos_ids)  # complete: only EOS remains
+    assert m.accept(eos_ids[0]) and m.is_done() and not m.mask(512).any()
+
+
+def test_unconstrained_requests_get_no_matcher(tiny_ctx):
+    assert build_matcher(tiny_ctx) is None
+    assert build_matcher(tiny_ctx, response_format={"type": "text"}, tools=[LAMP], tool_choice="auto", dialect=QwenXmlDialect()) is None
+
+
+def test_bad_constraints_name_the_field(tiny_ctx):
+    bad = {"type": "object", "properties": {"x": {"type": "string", "format": "not-a-format"}}}
+    with pytest.raises(GrammarError) as err:
+        build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad, "strict": True}})
+    assert err.value.param == "response_format.json_schema.schema"
+    lax = build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}})
+    assert lax.warnings and "json_object" in lax.warnings[0]
+    with pytest.raises(GrammarError) as err:
+        build_matcher(tiny_ctx, tools=[LAMP], tool_choice={"type": "function", "function": {"name": "nope"}}, dialect=QwenXmlDialect())
+    assert err.value.param == "tool_choice"
+
+
+def test_real_outputs_pass_the_mask_deepseek(deepseek_v4):
+    """DSML calls after a thinking block, on the real DeepSeek vocabulary (</think> is a special token there)."""
+    ctx = GrammarContext(deepseek_v4, vocab_size=129280)
+    dialect = deepseek_dialect({"model_type": "deepseek_v41"})
+    m = build_matcher(ctx, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required", dialect=dialect, prompt_opens_thinking=True)
+    text = "Need weather.</think>\n\n" + dialect.format_calls([("get_weather", {"city": "Paris </x>", "days": 3}), ("get_time", {})])
+    for tid in deepseek_v4.encode(text):
+        mask = m.mask(129280)
+        assert mask[tid] and not mask[1]
+        assert m.accept(tid)
+    assert m.mask(129280)[1] and m.accept(1) and m.is_done()
+
+
+def test_custom_tool_regex_grammar(tiny_ctx, tiny_tokenizer):
+    shell = {"type": "custom", "custom": {"name": "calc", "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": "[0-9]{1,3}[+*][0-9]{1,3}"}}}}
+    dialect = QwenXmlDialect()
+    for seed in range(10):
+        m = build_matcher(tiny_ctx, tools=[shell], tool_choice="required", parallel_tool_calls=False, dialect=dialect)
+        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([shell]))
+        call = parsed.tool_calls[0].as_openai()
+        assert call["type"] == "custom" and __import__("re").fullmatch(r"[0-9]{1,3}[+*][0-9]{1,3}", call["custom"]["input"])
+
+
+def test_rollback_restores_the_mask(tiny_ctx, tiny_tokenizer):
+    m = build_matcher(tiny_ctx, response_format={"type": "json_object"})
+    first = m.mask(512).clone()
+    ids = tiny_tokenizer.encode('{"a": 1')
+    for tid in ids:
+        assert m.accept(tid)
+    m.rollback(len(ids))
+    assert torch.equal(m.mask(512), first)
