@@ -6,7 +6,7 @@ scaling we do not compute, an activation other than SiLU, a routing shape the ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -16,16 +16,6 @@ from dgpp.errors import ConfigError
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Keys that change what the model computes and that this family does not implement when set.
 _MUST_BE_UNSET = ("rope_scaling", "sliding_window", "layer_types", "mlp_layer_types")
-
-
-@dataclass(frozen=True)
-class QuantConfig:
-    """The checkpoint's weight format as shipped: ``method``/``algo`` and the modules left unquantized."""
-
-    method: str
-    algo: str
-    group_size: int
-    exclude_modules: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,8 +52,7 @@ class Glm4MoeArchConfig:
     dtype: torch.dtype
     eos_token_ids: tuple[int, ...] = ()
     bos_token_id: int | None = None
-    quant: QuantConfig | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    quant_method: str | None = None  # e.g. 'modelopt' (NVFP4) for nvidia/GLM-4.7-NVFP4
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """Layers below ``first_k_dense_replace`` (and none past the stack) use the dense MLP."""
@@ -116,25 +105,12 @@ def _rope(cfg: dict[str, Any], head_dim: int) -> tuple[float, int]:
     return float(theta), rotary_dim
 
 
-def _quant(cfg: dict[str, Any]) -> QuantConfig | None:
-    q = cfg.get("quantization_config")
-    if not q:
-        return None
-    method = q.get("quant_method")
-    algo = q.get("quant_algo")
-    if method != "modelopt" or algo != "NVFP4":
-        raise ConfigError(
-            f"glm4_moe config.json: quantization_config quant_method={method!r} quant_algo={algo!r} is not supported "
-            "(supported: modelopt NVFP4)"
-        )
-    group = q.get("group_size")
-    if group is None:  # the config_groups form keeps it per group
-        groups = q.get("config_groups") or {}
-        group = next((g.get("weights", {}).get("group_size") for g in groups.values()), 16)
-    if group != 16:
-        raise ConfigError(f"glm4_moe config.json: quantization_config group_size={group!r} (NVFP4 needs 16)")
-    exclude = q.get("exclude_modules", q.get("ignore")) or []
-    return QuantConfig(method=method, algo=algo, group_size=16, exclude_modules=tuple(exclude))
+def _quant_method(cfg: dict[str, Any]) -> str | None:
+    """The shipped weight format's method; dgpp.quant resolves it per module (and refuses unknown ones)."""
+    from dgpp.quant.scheme import QuantScheme
+
+    scheme = QuantScheme.from_hf_config(cfg)
+    return None if scheme is None else scheme.method
 
 
 def _eos(cfg: dict[str, Any]) -> tuple[int, ...]:
@@ -213,5 +189,5 @@ def parse_glm4_moe_config(cfg: dict[str, Any]) -> Glm4MoeArchConfig:
         dtype=_DTYPES[dtype_name],
         eos_token_ids=_eos(cfg),
         bos_token_id=cfg.get("bos_token_id"),
-        quant=_quant(cfg),
+        quant_method=_quant_method(cfg),
     )

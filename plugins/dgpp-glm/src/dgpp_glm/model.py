@@ -1,0 +1,179 @@
+"""GLM-4.x MoE (``Glm4MoeForCausalLM``): the forward pass over the engine's paged KV.
+
+Pre-norm decoder blocks: GQA attention with q/k/v biases, per-head q/k RMSNorm and half-split RoPE on
+the first ``rotary_dim`` dims of each head; then a SwiGLU MLP in the first ``first_k_dense_replace``
+layers and a sigmoid-routed MoE (correction bias, group-limited top-k, routed scaling, shared experts)
+after. Module names follow the checkpoint's tensor names, so loading is a name-to-parameter walk.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec, PagedKV
+from dgpp.engine.model import Model, ModelInfo
+from dgpp.family import World
+from dgpp.nn.attention import PagedAttention
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.linear import Linear
+from dgpp.nn.mlp import SwiGLUMLP
+from dgpp.nn.moe import RoutingConfig, SparseMoE
+from dgpp.nn.norm import RMSNorm
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp_glm.config import Glm4MoeArchConfig
+
+
+def all_reduce(x: torch.Tensor, world: World, group=None) -> torch.Tensor:
+    """Sum a row-parallel partial over the TP group (nothing to do on one rank)."""
+    if world.size > 1:
+        torch.distributed.all_reduce(x, group=group)
+    return x
+
+
+def attention_cache_name(layer_idx: int) -> str:
+    return f"layers.{layer_idx}.self_attn"
+
+
+def build_glm_moe(cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> SparseMoE:
+    """GLM's MoE on the shared layer: fp32 sigmoid router, expert choice on score + correction bias
+    within the best ``topk_group`` of ``n_group`` groups, weights = renormalized unbiased scores times
+    ``routed_scaling_factor``; plus ``n_shared_experts`` ungated shared experts fused into one MLP."""
+    routing = RoutingConfig(
+        num_experts=cfg.n_routed_experts,
+        top_k=cfg.num_experts_per_tok,
+        scoring="sigmoid",
+        renormalize=cfg.norm_topk_prob,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+        correction_bias=True,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        router_fp32=True,
+    )
+    return SparseMoE(
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+        routing,
+        dtype=dtype,
+        shared_intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts,
+        world=world,
+    )
+
+
+class Glm4MoeAttention(nn.Module):
+    """GQA self-attention of one GLM block; heads are split over TP ranks, ``o_proj`` is row-parallel."""
+
+    def __init__(self, cfg: Glm4MoeArchConfig, cache_name: str, *, dtype: torch.dtype, world: World) -> None:
+        super().__init__()
+        if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
+            raise ValueError(
+                f"TP world {world.size} does not divide {cfg.num_attention_heads} q heads / {cfg.num_key_value_heads} kv heads"
+            )
+        self.world = world
+        self.head_dim = cfg.head_dim
+        self.num_heads = cfg.num_attention_heads // world.size
+        self.num_kv_heads = cfg.num_key_value_heads // world.size
+        d, hidden, bias = cfg.head_dim, cfg.hidden_size, cfg.attention_bias
+        self.q_proj = Linear(hidden, cfg.num_attention_heads * d, bias=bias, dtype=dtype, parallel="column", world=world)
+        self.k_proj = Linear(hidden, cfg.num_key_value_heads * d, bias=bias, dtype=dtype, parallel="column", world=world)
+        self.v_proj = Linear(hidden, cfg.num_key_value_heads * d, bias=bias, dtype=dtype, parallel="column", world=world)
+        self.o_proj = Linear(cfg.num_attention_heads * d, hidden, dtype=dtype, parallel="row", world=world)
+        if cfg.use_qk_norm:
+            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype)
+            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype)
+        else:
+            self.q_norm = self.k_norm = None
+        self.rotary = RotaryEmbedding(d, cfg.rotary_dim, cfg.rope_theta, style="half")
+        self.attn = PagedAttention(cache_name, self.num_heads, self.num_kv_heads, d)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
+        rows = x.shape[0]
+        q = self.q_proj(x).view(rows, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:  # per-head norm before RoPE, as GLM-4.5+ trains it
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(batch.positions, q, k)
+        return all_reduce(self.o_proj(self.attn(q, k, v, batch)), self.world, group)
+
+
+class Glm4MoeDecoderLayer(nn.Module):
+    """One pre-norm block: ``h = x + attn(norm(x))``; ``out = h + mlp(norm(h))`` (dense or MoE by index)."""
+
+    def __init__(self, cfg: Glm4MoeArchConfig, layer_idx: int, cache_name: str, *, dtype: torch.dtype, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.self_attn = Glm4MoeAttention(cfg, cache_name, dtype=dtype, world=world)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        if cfg.is_moe_layer(layer_idx):
+            self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)
+        else:
+            self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
+        h = x + self.self_attn(self.input_layernorm(x), batch, group)
+        return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
+
+
+class Glm4MoeBackbone(nn.Module):
+    """``model.*`` of the checkpoint: embedding, the decoder stack, the final norm."""
+
+    def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(
+            Glm4MoeDecoderLayer(cfg, i, attention_cache_name(i), dtype=dtype, world=world)
+            for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+
+
+class Glm4MoeForCausalLM(Model):
+    """The GLM-4.x MoE model behind the engine's model contract.
+
+    ``forward`` keeps the post-final-norm hidden of every row in ``last_hidden``: GLM's MTP layer
+    drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
+    """
+
+    def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group=None):
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype or cfg.dtype
+        self.world = world or World()
+        self.group = group
+        self.model = Glm4MoeBackbone(cfg, dtype=self.dtype, world=self.world)
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied)
+        self.last_hidden: torch.Tensor | None = None
+        self.info = ModelInfo(
+            vocab_size=cfg.vocab_size,
+            max_position=cfg.max_position_embeddings,
+            eos_token_ids=cfg.eos_token_ids,
+            bos_token_id=cfg.bos_token_id,
+            dtype=self.dtype,
+            hybrid=False,
+            extra={"num_mtp_layers": cfg.num_mtp_layers},
+        )
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
+        return {attention_cache_name(i): kv for i in range(self.config.num_hidden_layers)}
+
+    def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
+        """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``."""
+        x = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, batch, self.group)
+        return self.model.norm(x)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.hidden_states(batch)
+        self.last_hidden = hidden
+        return hidden[batch.logits_indices]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
