@@ -134,10 +134,9 @@ def main() -> None:
             base = default_config(fmt, 1, shape, device)
             cfgs = [base]
             if fmt.name in swept:
-                cfgs += [TileConfig(bm=16, bn=bn, bkp=bkp, split_k=sk, num_warps=nw, num_stages=ns)
-                         for bn, bkp, nw, ns in ((16, base.bkp, 4, 3), (32, base.bkp, 4, 4), (64, base.bkp, 8, 3),
-                                                 (32, base.bkp * 2, 8, 3), (16, base.bkp // 2, 4, 4))
-                         for sk in (1, max(1, base.split_k // 2), base.split_k * 2)]
+                cfgs += [TileConfig(bm=1, bn=bn, bkp=base.bkp * mult, split_k=sk, num_warps=nw, num_stages=ns)
+                         for bn, mult, nw, ns in ((16, 1, 4, 4), (64, 1, 4, 4), (64, 1, 8, 3), (32, 2, 4, 3), (128, 1, 8, 3))
+                         for sk in (base.split_k, base.split_k * 2)]
             best = default_row = None
             for cfg in cfgs:
                 try:

@@ -67,11 +67,26 @@ def test_kernel_matches_torch_path(fmt):
     w = torch.randn(n, k) * 0.05
     layer, _ = _quant_linear(fmt, w)
     tensors = layer.quant_method.tensors(layer)
-    for rows, cfg in ((1, None), (3, TileConfig(bm=16, bn=16, bkp=16, split_k=3))):
+    pack = 2 if fmt.name.startswith(("nv", "mx")) else 32 // fmt.bits if isinstance(fmt, (IntPacked, GPTQ)) else 1
+    block_k = getattr(fmt, "block", (1, k))[1] if isinstance(fmt, FP8Block) else getattr(fmt, "group", 16) or k
+    rowwise = TileConfig(bm=1, bn=16, bkp=max(1, block_k // pack), split_k=2)  # K tiles inside one scale block
+    for rows, cfg in ((1, None), (3, TileConfig(bm=16, bn=16, bkp=16, split_k=3)), (2, rowwise)):
         x = torch.randn(rows, k)
         ref = F.linear(x, fmt.decode(tensors, (n, k), torch.float32))
         got = quant_matmul(fmt, tensors, x, (n, k), cfg)
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_gemv_rows_do_not_depend_on_batch():
+    """Decode rows are computed alone: row r's bits are the same in a launch of 1 row or of 5."""
+    torch.manual_seed(4)
+    fmt, n, k = NVFP4ModelOpt(), 40, 256
+    layer, _ = _quant_linear(fmt, torch.randn(n, k) * 0.05)
+    tensors = layer.quant_method.tensors(layer)
+    x = torch.randn(5, k)
+    batched = quant_matmul(fmt, tensors, x, (n, k))
+    for r in range(5):
+        assert torch.equal(quant_matmul(fmt, tensors, x[r : r + 1], (n, k))[0], batched[r])
 
 
 def test_gptq_act_order_kernel():

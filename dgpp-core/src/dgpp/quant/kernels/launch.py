@@ -73,18 +73,35 @@ def _format_args(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape) -> 
     return args
 
 
+GEMV_MAX_ROWS = 8  # up to this many rows run the row-independent GEMV path (decode, MTP verify)
+
+
+def _pack(fmt: QuantFormat) -> int:
+    if isinstance(fmt, FP4Grouped):
+        return 2
+    if isinstance(fmt, (IntPacked, GPTQ)):
+        return 32 // fmt.bits
+    return 1
+
+
 def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device) -> TileConfig:
-    """Tiles for a [m, K] x [N, K]^T problem: decode rows pad to 16; small-N problems split K so that
-    every SM has work (the step is bound by reading the weights once)."""
+    """Tiles for a [m, K] x [N, K]^T problem. Decode (m <= GEMV_MAX_ROWS): one row per program, K tiles
+    that sit inside one scale block where the format allows (scales load once per tile), and split-K so
+    that every SM streams weights. Larger m: 64x64 tensor-core tiles."""
     n, k = shape
-    pack = 2 if isinstance(fmt, FP4Grouped) else 32 // fmt.bits if isinstance(fmt, (IntPacked, GPTQ)) else 1
-    small = m <= 16
-    bkp = max(16, (256 if small else 64) // pack)
-    bm, bn, stages = (16, 32, 3) if small else (64, 64, 2)
+    pack = _pack(fmt)
+    if m <= GEMV_MAX_ROWS:
+        bm, bn, stages = 1, 32, 4
+        bkp = max(1, 128 // pack)
+        if isinstance(fmt, FP4Grouped):
+            bkp = 128
+    else:
+        bm, bn, stages = 64, 64, 2
+        bkp = max(16, 64 // pack)
     if interpreting() or device.type != "cuda":
         return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=1, num_stages=stages)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    tiles = cdiv(m, bm) * cdiv(n, bn)
+    tiles = cdiv(n, bn) * (1 if bm == 1 else cdiv(m, bm))  # the GEMV split must not depend on m
     split = max(1, min(cdiv(2 * sms, tiles), cdiv(k // pack, bkp) // 4, 16))
     return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split, num_stages=stages)
 
@@ -108,13 +125,14 @@ def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Te
     partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     round_dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
     dot_low = round_dtype is not tl.float32 and not interpreting()
+    # a K tile inside one scale column lets the kernel load scales (and zeros) once per tile
+    rowwise = args["SBK"] % (cfg.bkp * args["PACK"]) == 0 and not args["HAS_GIDX"] and args["FMT"] != 1
     grid = (cdiv(m, cfg.bm), cdiv(n, cfg.bn), split)
     wo_matmul_kernel[grid](
         x2, args.pop("w"), args.pop("s"), args.pop("z"), args.pop("g"), args.pop("gidx"), partial,
         m, n, kp, x2.stride(0), args.pop("stride_wn"), args.pop("stride_wk"), args.pop("stride_sn"),
-        args.pop("stride_sk"), args.pop("stride_zk"), partial.stride(1), partial.stride(0),
-        args.pop("SBN"), args.pop("SBK"), kp_per_split,
-        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
+        args.pop("stride_sk"), args.pop("stride_zk"), partial.stride(1), partial.stride(0), kp_per_split,
+        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, ROWWISE=rowwise, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args,
     )
     out = partial[0] if split == 1 else partial.sum(0)

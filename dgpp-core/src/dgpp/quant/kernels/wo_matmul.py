@@ -38,74 +38,133 @@ def _e8m0_value(s):
 
 
 @triton.jit
+def _tile_scales(s_ptr, z_ptr, offs_n, n_ok, k_first, stride_sn, stride_sk, stride_zk,
+                 FMT: tl.constexpr, BITS: tl.constexpr, ZERO_OFFSET: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr):
+    """Scale (and zero) per output row for a K tile that lies inside one scale block (ROWWISE)."""
+    col = k_first // SBK
+    if FMT == 0:
+        s = tl.load(s_ptr + (offs_n // SBN) * stride_sn + col * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+        z = tl.zeros_like(offs_n)
+    elif FMT == 2:
+        s = tl.load(s_ptr + offs_n * stride_sn + col * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+        z = tl.zeros_like(offs_n) + ZERO_OFFSET
+    else:
+        per_word: tl.constexpr = 32 // BITS
+        s = tl.load(s_ptr + col * stride_sk + offs_n * stride_sn, mask=n_ok, other=0.0).to(tl.float32)
+        zw = tl.load(z_ptr + col * stride_zk + offs_n // per_word, mask=n_ok, other=0)
+        z = ((zw >> ((offs_n % per_word) * BITS)) & ((1 << BITS) - 1)) + ZERO_OFFSET
+    return s, z
+
+
+@triton.jit
+def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_row, z_row,
+            stride_sn, stride_sk, stride_zk,
+            FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr,
+            ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr, ROWWISE: tl.constexpr,
+            SBN: tl.constexpr, SBK: tl.constexpr):
+    """Sub-position ``i`` of a stored [BN, BKP] tile -> fp32 weights [BN, BKP] (before the final rounding)."""
+    code_mask: tl.constexpr = (1 << BITS) - 1
+    if FMT == 0:
+        if ROWWISE:
+            sf = s_row[:, None]
+        else:
+            sf = tl.load(s_ptr + (offs_n // SBN)[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                         mask=tile_ok, other=0.0).to(tl.float32)
+        w = stored.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sf
+    elif FMT == 1:
+        nib = (stored.to(tl.int32) >> (4 * i)) & 0xF
+        s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk, mask=tile_ok, other=0)
+        if SCALE_E8M0:
+            sf = _e8m0_value(s)
+        else:
+            sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+        w = _e2m1_value(nib) * sf
+        if GLOBAL_OP == 1:
+            w = w * g
+        elif GLOBAL_OP == 2:
+            w = w / g
+    elif FMT == 2:
+        code = (stored >> (BITS * i)) & code_mask
+        if ROWWISE:
+            w = (code - ZERO_OFFSET).to(tl.float32) * s_row[:, None]
+        else:
+            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                        mask=tile_ok, other=0.0)
+            w = (code - ZERO_OFFSET).to(tl.float32) * s.to(tl.float32)
+    else:
+        code = (stored >> (BITS * i)) & code_mask
+        if ROWWISE:
+            w = (code - z_row[:, None]).to(tl.float32) * s_row[:, None]
+        else:
+            per_word: tl.constexpr = 32 // BITS
+            if HAS_GIDX:
+                grp = tl.load(gidx_ptr + offs_k, mask=kp_ok, other=0)
+            else:
+                grp = offs_k // SBK
+            s = tl.load(s_ptr + grp[None, :] * stride_sk + offs_n[:, None] * stride_sn, mask=tile_ok, other=0.0)
+            zw = tl.load(z_ptr + grp[None, :] * stride_zk + (offs_n // per_word)[:, None], mask=tile_ok, other=0)
+            zero = ((zw >> ((offs_n % per_word) * BITS)[:, None]) & code_mask) + ZERO_OFFSET
+            w = (code - zero).to(tl.float32) * s.to(tl.float32)
+    return w
+
+
+@triton.jit
 def wo_matmul_kernel(
     x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, gidx_ptr, out_ptr,
     M, N, KP, stride_xm, stride_wn, stride_wk, stride_sn, stride_sk, stride_zk, stride_om, stride_os,
-    SBN, SBK, kp_per_split,
+    kp_per_split,
+    SBN: tl.constexpr, SBK: tl.constexpr,
     FMT: tl.constexpr, PACK: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr,
     GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr,
-    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, ROWWISE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
 ):
+    """BM == 1 is the decode GEMV: one x row per program (grid dim 0 = rows), fp32 multiply-and-sum, so a
+    row's result does not depend on how many rows share the launch. BM >= 16 uses tensor-core dots."""
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
-    offs_m = pid_m * BM + tl.arange(0, BM)
     offs_n = pid_n * BN + tl.arange(0, BN)
-    m_ok = offs_m < M
     n_ok = offs_n < N
     kp_lo = pid_s * kp_per_split
     kp_hi = tl.minimum(kp_lo + kp_per_split, KP)
-    code_mask: tl.constexpr = (1 << BITS) - 1
-    per_word: tl.constexpr = 32 // BITS
+    g = 1.0
     if GLOBAL_OP != 0:
         g = tl.load(g_ptr).to(tl.float32)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    if BM == 1:
+        acc = tl.zeros((BN,), dtype=tl.float32)
+    else:
+        offs_m = pid_m * BM + tl.arange(0, BM)
+        m_ok = offs_m < M
+        acc = tl.zeros((BM, BN), dtype=tl.float32)
+    s_row = tl.zeros((BN,), dtype=tl.float32)
+    z_row = tl.zeros((BN,), dtype=tl.int32)
     for kp0 in range(kp_lo, kp_hi, BKP):
         offs_kp = kp0 + tl.arange(0, BKP)
         kp_ok = offs_kp < kp_hi
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         stored = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk, mask=tile_ok, other=0)
+        if ROWWISE:
+            s_row, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
+                                        FMT, BITS, ZERO_OFFSET, SBN, SBK)
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
-            if FMT == 0:
-                s = tl.load(s_ptr + (offs_n // SBN)[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
-                            mask=tile_ok, other=0.0)
-                w = stored.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s.to(tl.float32)
-            elif FMT == 1:
-                nib = (stored.to(tl.int32) >> (4 * i)) & 0xF
-                s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
-                            mask=tile_ok, other=0)
-                if SCALE_E8M0:
-                    sf = _e8m0_value(s)
-                else:
-                    sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-                w = _e2m1_value(nib) * sf
-                if GLOBAL_OP == 1:
-                    w = w * g
-                elif GLOBAL_OP == 2:
-                    w = w / g
-            elif FMT == 2:
-                code = (stored >> (BITS * i)) & code_mask
-                s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
-                            mask=tile_ok, other=0.0)
-                w = (code - ZERO_OFFSET).to(tl.float32) * s.to(tl.float32)
-            else:
-                code = (stored >> (BITS * i)) & code_mask
-                if HAS_GIDX:
-                    grp = tl.load(gidx_ptr + offs_k, mask=kp_ok, other=0)
-                else:
-                    grp = offs_k // SBK
-                s = tl.load(s_ptr + grp[None, :] * stride_sk + offs_n[:, None] * stride_sn, mask=tile_ok, other=0.0)
-                zw = tl.load(z_ptr + grp[None, :] * stride_zk + (offs_n // per_word)[:, None], mask=tile_ok, other=0)
-                zero = ((zw >> ((offs_n % per_word) * BITS)[:, None]) & code_mask) + ZERO_OFFSET
-                w = (code - zero).to(tl.float32) * s.to(tl.float32)
+            w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_row, z_row,
+                        stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP, ZERO_OFFSET, HAS_GIDX,
+                        ROWWISE, SBN, SBK)
             w = w.to(ROUND_DTYPE)
-            xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                         mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
-            if DOT_LOW:
-                acc += tl.dot(xi.to(ROUND_DTYPE), tl.trans(w))
+            if BM == 1:
+                xr = tl.load(x_ptr + pid_m * stride_xm + offs_k, mask=kp_ok, other=0.0).to(tl.float32)
+                acc += tl.sum(w.to(tl.float32) * xr[None, :], axis=1)
             else:
-                acc += tl.dot(xi.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
-    out = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
+                xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                             mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
+                if DOT_LOW:
+                    acc += tl.dot(xi.to(ROUND_DTYPE), tl.trans(w))
+                else:
+                    acc += tl.dot(xi.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+    if BM == 1:
+        tl.store(out_ptr + pid_s * stride_os + pid_m * stride_om + offs_n, acc, mask=n_ok)
+    else:
+        out = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
