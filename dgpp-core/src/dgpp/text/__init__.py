@@ -1,30 +1,45 @@
 """The text stack: tokenizer, streaming detokenizer, chat templates, reasoning split, tool dialects, grammars.
 
-What the serving path uses, per model: ``Tokenizer.from_dir`` and ``ChatTemplate.for_checkpoint`` once;
-per request: ``ChatTemplate.render`` -> ``Tokenizer.encode``; per generated token:
-``IncrementalDetokenizer.push`` -> ``ReasoningSplitter.push`` -> ``Dialect`` stream parser; and, for
-constrained requests, a ``GrammarMatcher`` from ``build_matcher`` that the sampler masks with.
+What the serving path uses. Per model, once: ``Tokenizer.from_dir``, ``ChatTemplate.for_checkpoint``, the
+family's ``Dialect`` (``dgpp_tool_dialect`` hook), a ``GrammarContext``. Per request: ``ChatTemplate.render``
+-> ``Tokenizer.encode``; ``build_matcher`` for a constrained request (the sampler calls ``mask`` / ``accept``
+/ ``is_done``); one ``ChoiceOutput`` per choice, fed every sampled id, yielding OpenAI deltas.
 """
 
 from __future__ import annotations
 
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.detokenizer import IncrementalDetokenizer, StopMatch
+from dgpp.text.dialect import Dialect, ParsedOutput, ToolCall, ToolCallStream, call_id
 from dgpp.text.effort import EffortMapping
 from dgpp.text.errors import GrammarError, TemplateError, TextError, TokenizerError
+from dgpp.text.grammar import GrammarContext, GrammarMatcher, build_matcher
+from dgpp.text.output import ChoiceOutput
+from dgpp.text.reasoning import ReasoningSplitter, Split
 from dgpp.text.tokenizer import Tokenizer
 from dgpp.text.tools import ToolSpec, tool_specs
 
 __all__ = [
     "ChatTemplate",
+    "ChoiceOutput",
+    "Dialect",
     "EffortMapping",
+    "GrammarContext",
     "GrammarError",
+    "GrammarMatcher",
     "IncrementalDetokenizer",
+    "ParsedOutput",
+    "ReasoningSplitter",
+    "Split",
     "StopMatch",
     "TemplateError",
     "TextError",
     "Tokenizer",
     "TokenizerError",
+    "ToolCall",
+    "ToolCallStream",
     "ToolSpec",
+    "build_matcher",
+    "call_id",
     "tool_specs",
 ]
