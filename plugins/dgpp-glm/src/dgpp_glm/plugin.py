@@ -62,3 +62,12 @@ def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
     from dgpp_glm.dialect import chat_template
 
     return chat_template()
+
+
+@hookimpl
+def dgpp_build_draft(ctx: LoadContext, model):
+    if ctx.family != FAMILY:
+        return None
+    from dgpp_glm.draft import build_draft
+
+    return build_draft(ctx, model)

@@ -1,0 +1,142 @@
+"""GLM-4.x multi-token prediction (MTP) layers: the drafter a speculative step will run.
+
+Checkpoint layout: MTP layer ``i`` is ``model.layers.{num_hidden_layers + i}.*``: a full decoder block
+(``self_attn``, ``mlp`` (MoE), ``input_layernorm``, ``post_attention_layernorm``) plus ``enorm``,
+``hnorm``, ``eh_proj`` ``[H, 2H]`` and ``shared_head.norm``. Some releases repeat the embedding
+(``embed_tokens``) and head (``shared_head.head``) inside the layer; others leave them out, and the
+layer then uses the main model's. transformers drops all of it when loading the main model.
+
+Row ``r`` at position ``p`` takes the main model's post-final-norm hidden of position ``p`` and the
+token at ``p + 1``: ``x = eh_proj([enorm(embed(tok)) | hnorm(h)])``, runs the block over its own paged
+KV (positions as the main model's), and predicts the token at ``p + 2`` with
+``shared_head.head(shared_head.norm(x))``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dgpp.checkpoint import CheckpointReader
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec, PagedKV
+from dgpp.errors import CheckpointError
+from dgpp.family import LoadContext
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.linear import Linear
+from dgpp.nn.norm import RMSNorm
+from dgpp_glm.config import Glm4MoeArchConfig
+from dgpp_glm.loader import arch_config, checkpoint_name, fill
+from dgpp_glm.model import Glm4MoeDecoderLayer, Glm4MoeForCausalLM
+
+
+def mtp_cache_name(step: int) -> str:
+    return f"mtp.{step}.self_attn"
+
+
+class SharedHead(nn.Module):
+    """``shared_head.norm`` (always the layer's own) and ``shared_head.head`` (when the layer has one)."""
+
+    def __init__(self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool) -> None:
+        super().__init__()
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_head else None
+
+
+class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
+    """One MTP layer: the decoder block's modules plus the MTP-only ones, named as in the checkpoint."""
+
+    def __init__(self, cfg: Glm4MoeArchConfig, step: int, *, dtype: torch.dtype, world, own_embed: bool, own_head: bool):
+        # layer index past the stack: is_moe_layer() is true there, as the release's MTP block is MoE
+        super().__init__(cfg, cfg.num_hidden_layers + step, mtp_cache_name(step), dtype=dtype, world=world)
+        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        # replicated: 2H x H is small next to the experts, and it keeps the hidden replicated
+        self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, dtype=dtype)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_embed else None
+        self.shared_head = SharedHead(cfg, dtype, own_head)
+
+
+@dataclass
+class _MainVocab:
+    """The main model's embedding and head, held without registering them as submodules (so the
+    drafter's load neither looks for nor reloads them)."""
+
+    embed: VocabEmbedding
+    head: LMHead
+
+
+class Glm4MoeMTPDrafter(nn.Module):
+    """The MTP layers of a GLM-4.x checkpoint, over the engine's paged KV (one cache entry per layer).
+
+    ``forward(batch, previous_hidden, step)`` returns the pre-head hidden rows at ``batch.logits_indices``
+    (``last_hidden`` keeps all rows, for chaining deeper drafts); ``compute_logits`` applies
+    ``shared_head.norm`` and the head. ``batch.input_ids`` are the tokens one position ahead of
+    ``batch.positions``.
+    """
+
+    def __init__(self, cfg: Glm4MoeArchConfig, main: Glm4MoeForCausalLM, *, own_embed: bool, own_head: bool) -> None:
+        super().__init__()
+        if cfg.num_mtp_layers < 1:
+            raise ValueError("config has no MTP layers (num_nextn_predict_layers = 0)")
+        self.config = cfg
+        self.dtype = main.dtype
+        self.world = main.world
+        self.group = main.group
+        self.layers = nn.ModuleList(
+            Glm4MoeMTPLayer(cfg, i, dtype=main.dtype, world=main.world, own_embed=own_embed, own_head=own_head)
+            for i in range(cfg.num_mtp_layers)
+        )
+        self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
+        self.last_hidden: torch.Tensor | None = None
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
+        return {mtp_cache_name(i): kv for i in range(len(self.layers))}
+
+    def checkpoint_name(self, name: str) -> str:
+        """``layers.{i}.x`` here is ``model.layers.{num_hidden_layers + i}.x`` in the checkpoint."""
+        _, index, rest = name.split(".", 2)
+        return checkpoint_name(f"model.layers.{self.config.num_hidden_layers + int(index)}.{rest}")
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
+        layer = self.layers[step % len(self.layers)]
+        embed = self._main.embed if layer.embed_tokens is None else layer.embed_tokens
+        e = layer.enorm(embed(batch.input_ids))
+        h = layer.hnorm(previous_hidden.to(self.dtype))
+        x = layer.eh_proj(torch.cat([e, h], dim=-1))
+        x = layer(x, batch, self.group)
+        self.last_hidden = x
+        return x[batch.logits_indices]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
+        shared = self.layers[step % len(self.layers)].shared_head
+        head = self._main.head if shared.head is None else shared.head
+        return head(shared.norm(hidden))
+
+
+def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> Glm4MoeMTPDrafter | None:
+    """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
+    cfg = arch_config(ctx)
+    if cfg.num_mtp_layers == 0:
+        return None
+    first = f"model.layers.{cfg.num_hidden_layers}."
+    reader = CheckpointReader(ctx.checkpoint_dir)
+    try:
+        if first + "eh_proj.weight" not in reader:
+            raise CheckpointError(
+                f"config.json declares num_nextn_predict_layers={cfg.num_mtp_layers} but tensor "
+                f"{first + 'eh_proj.weight'!r} is missing from the checkpoint in {ctx.checkpoint_dir}"
+            )
+        own_embed = first + "embed_tokens.weight" in reader
+        own_head = first + "shared_head.head.weight" in reader
+    finally:
+        reader.close()
+    with torch.device(ctx.device or "cpu"):
+        drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=own_embed, own_head=own_head)
+    fill(drafter, ctx, drafter.checkpoint_name)
+    return drafter.eval()
