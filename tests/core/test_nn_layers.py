@@ -1,0 +1,88 @@
+"""Shared layers against transformers' own implementations (or the formula, where none exists)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+from transformers.models.qwen3 import modeling_qwen3 as hf_qwen3
+from transformers.models.qwen3_5 import modeling_qwen3_5 as hf_qwen35
+
+from dgpp.nn.attention import gated_output, split_query_gate
+from dgpp.nn.norm import RMSNorm
+from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
+
+GEN = torch.Generator().manual_seed(0)
+
+
+def randn(*shape, dtype=torch.float32):
+    return torch.randn(*shape, generator=GEN).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zero_centered", [False, True])
+def test_rmsnorm_matches_transformers_bit_for_bit(dtype, zero_centered):
+    x, w = randn(5, 64, dtype=dtype), randn(64, dtype=dtype)
+    ours = RMSNorm(64, 1e-6, zero_centered=zero_centered, dtype=dtype)
+    ref = hf_qwen35.Qwen3_5RMSNorm(64, eps=1e-6) if zero_centered else hf_qwen3.Qwen3RMSNorm(64, eps=1e-6)
+    ref = ref.to(dtype)
+    with torch.no_grad():
+        ours.weight.copy_(w)
+        ref.weight.copy_(w)
+        assert torch.equal(ours(x), ref(x))
+
+
+@pytest.mark.parametrize("rotary_dim", [16, 4])
+def test_rotate_half_rotary_matches_transformers(rotary_dim):
+    T, H, D = 7, 3, 16
+    q, k = randn(T, H, D), randn(T, 1, D)
+    positions = torch.tensor([0, 1, 2, 9, 10, 100, 511])
+    rope = RotaryEmbedding(D, rotary_dim, 10000.0)
+    oq, ok = rope(positions, q, k)
+    inv = 1.0 / 10000.0 ** (torch.arange(0, rotary_dim, 2).float() / rotary_dim)
+    freqs = positions[:, None].float() * inv
+    emb = torch.cat((freqs, freqs), -1)
+    apply = hf_qwen3.apply_rotary_pos_emb if rotary_dim == D else hf_qwen35.apply_rotary_pos_emb
+    rq, rk = apply(q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None])
+    torch.testing.assert_close(oq, rq[0].transpose(0, 1), rtol=0, atol=1e-6)
+    torch.testing.assert_close(ok, rk[0].transpose(0, 1), rtol=0, atol=1e-6)
+
+
+def test_interleaved_rotary_is_complex_multiplication():
+    T, H, D = 5, 2, 8
+    q = randn(T, H, D, dtype=torch.float64).float()
+    positions = torch.arange(3, 3 + T)
+    rope = RotaryEmbedding(D, D, 500.0, style="interleaved")
+    out, _ = rope(positions, q, q[:, :1])
+    angle = positions[:, None].double() * (1.0 / 500.0 ** (torch.arange(0, D, 2).double() / D))
+    z = torch.view_as_complex(q.double().reshape(T, H, D // 2, 2).contiguous()) * torch.polar(torch.ones_like(angle), angle)[:, None]
+    torch.testing.assert_close(out.double(), torch.view_as_real(z).reshape(T, H, D), rtol=0, atol=1e-5)
+
+
+def test_yarn_frequencies_and_magnitude_match_transformers():
+    params = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 4096,
+              "partial_rotary_factor": 0.25}
+    cfg = transformers.Qwen3_5TextConfig(head_dim=256, max_position_embeddings=16384, rope_parameters=params)
+    ref_inv, ref_scale = ROPE_INIT_FUNCTIONS["yarn"](cfg)
+    yarn = YarnScaling(factor=4.0, original_max_position=4096)
+    torch.testing.assert_close(yarn.inv_freq(1e6, 64), ref_inv, rtol=1e-6, atol=0)
+    assert yarn.magnitude() == pytest.approx(ref_scale)
+    rope = RotaryEmbedding(256, 64, 1e6, yarn=yarn)
+    cos, _ = rope.cos_sin(torch.tensor([0]), torch.float32)
+    assert cos[0, 0].item() == pytest.approx(ref_scale)
+
+
+def test_mrope_section_must_cover_the_rotary_dims():
+    RotaryEmbedding(256, 64, 1e7, mrope_section=(11, 11, 10))
+    with pytest.raises(ValueError, match="mrope_section"):
+        RotaryEmbedding(256, 64, 1e7, mrope_section=(16, 16, 16))
+
+
+def test_query_gate_split_follows_per_head_packing():
+    H, D = 3, 4
+    packed = torch.arange(2 * 2 * H * D, dtype=torch.float32).view(2, 2 * H * D)
+    q, gate = split_query_gate(packed, H, D)
+    ref_q, ref_gate = torch.chunk(packed.view(2, H, 2 * D), 2, dim=-1)
+    assert torch.equal(q, ref_q) and torch.equal(gate, ref_gate.reshape(2, H * D))
+    assert torch.equal(gated_output(torch.ones(2, H * D), gate), torch.sigmoid(gate))
