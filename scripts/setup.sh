@@ -2,13 +2,22 @@
 # Creates .venv (if absent) and installs dgpp-core, every in-tree plugin and the test tools.
 # torch is pinned first: on the CPU dev/CI machine torch==2.13.0 is a local CPU wheel, and anything
 # that pulls torch before it would resolve to a multi-GB CUDA build.
+# A rerun with unchanged requirements and pyproject files skips the installs (a stamp in .venv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 . .venv/bin/activate
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+PLUGINS=(./plugins/dgpp-qwen ./plugins/dgpp-glm ./plugins/dgpp-deepseek ./plugins/dgpp-mimo ./plugins/dgpp-flint)
+# entry points are generated at install time, so a changed pyproject must reinstall
+stamp=$(cat scripts/setup.sh requirements-dev.txt dgpp-core/pyproject.toml plugins/*/pyproject.toml | sha256sum | cut -d' ' -f1)
+if [ "$(cat .venv/.dgpp-setup 2>/dev/null)" = "$stamp" ] && python -c "import dgpp, torch" 2>/dev/null; then
+  exit 0
+fi
 pip install -q "torch==2.13.0" "triton==3.8.0" numpy
 pip install -q -r requirements-dev.txt
-pip install -q -e ./dgpp-core -e ./plugins/dgpp-qwen -e ./plugins/dgpp-glm -e ./plugins/dgpp-deepseek \
-  -e ./plugins/dgpp-mimo -e ./plugins/dgpp-flint
+editable=(-e ./dgpp-core)
+for plugin in "${PLUGINS[@]}"; do editable+=(-e "$plugin"); done
+pip install -q "${editable[@]}"
+echo "$stamp" > .venv/.dgpp-setup

@@ -40,3 +40,25 @@ def test_demo_template_builds_its_checkpoint_once_and_deterministically(tmp_path
         assert (first / name).read_bytes() == (second / name).read_bytes(), name
     model = load_model(first)
     assert model.info.vocab_size == 512 and model.info.eos_token_ids
+
+
+def test_every_schema_key_is_documented():
+    import msgspec
+
+    from dgpp.config import DeployConfig
+
+    doc = (DEPLOY.parent / "docs" / "configuration.md").read_text()
+    missing = []
+
+    def walk(info, prefix):
+        for f in info.fields:
+            if f"`{f.encode_name}`" not in doc:
+                missing.append(prefix + f.encode_name)
+            inner = f.type
+            if isinstance(inner, msgspec.inspect.UnionType):
+                inner = next((t for t in inner.types if not isinstance(t, msgspec.inspect.NoneType)), inner)
+            if isinstance(inner, msgspec.inspect.StructType):
+                walk(inner, f"{prefix}{f.encode_name}.")
+
+    walk(msgspec.inspect.type_info(DeployConfig), "")
+    assert not missing, f"keys missing from docs/configuration.md: {missing}"
