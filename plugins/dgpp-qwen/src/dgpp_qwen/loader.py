@@ -4,6 +4,7 @@ under ``model.language_model.``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -30,15 +31,15 @@ def generation_eos(checkpoint_dir: Path) -> tuple[int, ...]:
     return tuple(value) if isinstance(value, list) else (value,)
 
 
-def build_model(cfg: QwenConfig, ctx: LoadContext, extra_eos: tuple[int, ...]) -> Model:
+def build_model(cfg: QwenConfig, ctx: LoadContext) -> Model:
     if cfg.model_type in (*DENSE_TYPES, *MOE_TYPES):
         from dgpp_qwen.qwen3 import Qwen3ForCausalLM
 
-        return Qwen3ForCausalLM(cfg, ctx.world, extra_eos)
+        return Qwen3ForCausalLM(cfg, ctx.world)
     if cfg.model_type in HYBRID_TYPES:
         from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
 
-        return Qwen35ForCausalLM(cfg)
+        return Qwen35ForCausalLM(cfg, ctx.world, group=ctx.group)
     raise UnsupportedModelError(f"{ctx.architecture!r} (family Qwen) is claimed by dgpp-qwen but not yet supported")
 
 
@@ -51,11 +52,12 @@ def rename_for(cfg: QwenConfig):
 
 def load_model(ctx: LoadContext) -> Model:
     cfg = parse_config(ctx.hf_config)
-    if ctx.dtype is not None:
-        cfg = QwenConfig(**{**cfg.__dict__, "dtype": ctx.dtype})
+    # chat checkpoints name their turn-end token (<|im_end|>) only in generation_config.json
+    eos = tuple(dict.fromkeys((*cfg.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
+    cfg = dataclasses.replace(cfg, eos_token_ids=eos, dtype=ctx.dtype or cfg.dtype)
     reader = CheckpointReader(ctx.checkpoint_dir)
     with torch.device(ctx.device or "cpu"):
-        model = build_model(cfg, ctx, generation_eos(Path(ctx.checkpoint_dir)))
+        model = build_model(cfg, ctx)
     load_weights(model, reader, rename=rename_for(cfg))
     reader.close()
     return model.eval()

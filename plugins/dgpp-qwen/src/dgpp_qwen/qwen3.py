@@ -70,7 +70,7 @@ class Qwen3Body(nn.Module):
 class Qwen3ForCausalLM(Model):
     """Qwen3 / Qwen3-MoE text model over the engine's paged K/V pool."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, extra_eos: tuple[int, ...] = ()) -> None:
+    def __init__(self, cfg: QwenConfig, world: World | None = None) -> None:
         super().__init__()
         world = world or World()
         self.cfg = cfg
@@ -81,7 +81,7 @@ class Qwen3ForCausalLM(Model):
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position,
-            eos_token_ids=tuple(dict.fromkeys((*cfg.eos_token_ids, *extra_eos))),
+            eos_token_ids=cfg.eos_token_ids,
             bos_token_id=cfg.bos_token_id,
             dtype=cfg.dtype,
             hybrid=False,
@@ -93,10 +93,30 @@ class Qwen3ForCausalLM(Model):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)
+        if hidden.is_cuda:
+            return self._forward_fused_residual(hidden, batch)
         for layer in self.model.layers:
             hidden = layer(hidden, batch)
         # only the rows that are sampled from need the final norm
         return self.model.norm(hidden[batch.logits_indices])
+
+    def _forward_fused_residual(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The same layers with each residual add fused into the RMSNorm that follows it (one Triton
+        kernel instead of two; the sum is rounded to the activation dtype exactly as ``hidden + out``)."""
+        from dgpp.kernels import rms_norm
+
+        def add_norm(out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+            return rms_norm(out, norm.weight, norm.eps, residual, 1.0 if norm.zero_centered else 0.0)
+
+        layers = self.model.layers
+        x, residual = layers[0].input_layernorm(hidden), hidden
+        for i, layer in enumerate(layers):
+            x, residual = add_norm(layer.self_attn(x, batch), residual, layer.post_attention_layernorm)
+            out = layer.mlp(x)
+            if i + 1 < len(layers):
+                x, residual = add_norm(out, residual, layers[i + 1].input_layernorm)
+        rows = batch.logits_indices
+        return add_norm(out[rows], residual[rows], self.model.norm)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
