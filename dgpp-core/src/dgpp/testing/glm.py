@@ -101,18 +101,76 @@ def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.
     return out
 
 
+# What nvidia/GLM-4.7-NVFP4 keeps in BF16: attention, the head, and the MTP layer (its draft is requantized at load).
+NVFP4_EXCLUDE = ("lm_head", "model.layers.*.self_attn*")
+
+
+def _is_nvfp4_weight(name: str, num_layers: int) -> bool:
+    """MLP / expert / shared-expert projection weights of the main stack (what ModelOpt quantizes)."""
+    if not name.endswith("_proj.weight") or ".self_attn." in name or not name.startswith("model.layers."):
+        return False
+    return int(name.split(".")[2]) < num_layers
+
+
+def _nvfp4_roundtrip(tensors: dict[str, torch.Tensor], num_layers: int) -> dict[str, dict[str, torch.Tensor]]:
+    """Snap every quantizable weight onto the NVFP4 grid in place (so the dense checkpoint holds exactly
+    the values the packed one decodes to) and return the ModelOpt tensors of each."""
+    from dgpp.quant.encode import encode_fp4
+    from dgpp.quant.fp4 import NVFP4ModelOpt
+
+    fmt = NVFP4ModelOpt()
+    packed: dict[str, dict[str, torch.Tensor]] = {}
+    for name in sorted(tensors):
+        if not _is_nvfp4_weight(name, num_layers):
+            continue
+        w = tensors[name]
+        snapped = fmt.decode(encode_fp4(w.float(), fmt), tuple(w.shape), torch.float32)
+        tensors[name] = snapped.to(w.dtype)
+        enc = encode_fp4(snapped, fmt)
+        enc["input_scale"] = torch.ones(1, dtype=torch.float32)  # shipped, unused by weight-only kernels
+        packed[name] = enc
+    return packed
+
+
+def nvfp4_twin(dense_dir: str | Path, out_dir: str | Path, num_layers: int) -> Path:
+    """Write the ModelOpt NVFP4 release form of a tiny checkpoint whose quantizable weights are already on
+    the NVFP4 grid (``build_tiny_glm4_moe(nvfp4_grid=True)``): same config plus ``quantization_config``."""
+    from safetensors.torch import load_file, save_file
+
+    dense, out = Path(dense_dir), Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = load_file(dense / "model.safetensors")
+    packed = _nvfp4_roundtrip(tensors, num_layers)
+    for name, enc in packed.items():
+        del tensors[name]
+        prefix = name[: -len("weight")]
+        tensors.update({prefix + suffix: t.contiguous() for suffix, t in enc.items()})
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((dense / "config.json").read_text())
+    config["quantization_config"] = {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": [*NVFP4_EXCLUDE, *(f"model.layers.{num_layers + i}*" for i in range(config["num_nextn_predict_layers"]))],
+    }
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return out
+
+
 def build_tiny_glm4_moe(
     out_dir: str | Path,
     *,
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     mtp_own_head: bool = False,
+    nvfp4_grid: bool = False,
     **overrides: Any,
 ) -> Path:
     """Write a random ``Glm4MoeForCausalLM`` checkpoint (config.json + model.safetensors) to ``out_dir``.
 
     With ``num_nextn_predict_layers`` = M > 0 the file also holds M MTP layers at
     ``model.layers.{num_hidden_layers + i}``; ``mtp_own_head`` adds their own embedding and head copies.
+    ``nvfp4_grid`` snaps the MLP/expert weights onto the NVFP4 grid, for ``nvfp4_twin``.
     """
     from safetensors.torch import load_file, save_file
     from transformers import Glm4MoeForCausalLM
@@ -131,6 +189,8 @@ def build_tiny_glm4_moe(
     if not weights_path.exists():
         raise RuntimeError(f"tiny glm4_moe checkpoint was sharded; expected one file at {weights_path}")
     tensors = load_file(weights_path)
+    if nvfp4_grid:
+        _nvfp4_roundtrip(tensors, layers)
     for i in range(mtp):
         tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, mtp_own_head))
     save_file(tensors, weights_path, metadata={"format": "pt"})

@@ -98,8 +98,10 @@ class Glm4MoeMTPDrafter(nn.Module):
 
     def checkpoint_name(self, name: str) -> str:
         """``layers.{i}.x`` here is ``model.layers.{num_hidden_layers + i}.x`` in the checkpoint."""
-        _, index, rest = name.split(".", 2)
-        return checkpoint_name(f"model.layers.{self.config.num_hidden_layers + int(index)}.{rest}")
+        parts = name.split(".", 2)
+        if len(parts) < 3 or parts[0] != "layers":  # the quantizer also asks about container modules
+            return name
+        return checkpoint_name(f"model.layers.{self.config.num_hidden_layers + int(parts[1])}.{parts[2]}")
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
