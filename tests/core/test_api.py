@@ -38,7 +38,9 @@ def sdk(server):
 
 
 def chat(sdk, **kw):
-    return sdk.chat.completions.create(model=MODEL, messages=kw.pop("messages", USER), **kw)
+    """Thinking off unless a test turns it on: the tiny template otherwise opens a <think> block."""
+    extra = {"chat_template_kwargs": {"enable_thinking": kw.pop("thinking", False)}, **kw.pop("extra_body", {})}
+    return sdk.chat.completions.create(model=MODEL, messages=kw.pop("messages", USER), extra_body=extra, **kw)
 
 
 def test_models_health_and_unknown_routes(server) -> None:
@@ -91,6 +93,16 @@ def test_legacy_completion_and_logprobs(sdk) -> None:
     content = c.choices[0].logprobs.content
     assert len(content) == 4 and len(content[0].top_logprobs) == 3
     assert content[0].logprob == content[0].top_logprobs[0].logprob  # greedy picks the top entry
+
+
+def test_reasoning_goes_to_reasoning_content(sdk) -> None:
+    r = chat(sdk, max_tokens=6, temperature=0, thinking=True)
+    msg = r.choices[0].message
+    assert msg.content == "" and len(msg.reasoning_content) > 0  # the toy model never writes </think>
+    assert r.usage.completion_tokens_details.reasoning_tokens == 6
+    chunks = list(chat(sdk, max_tokens=6, temperature=0, thinking=True, stream=True))
+    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    assert streamed == msg.reasoning_content
 
 
 def test_stop_strings_cut_exactly_also_in_streams(sdk) -> None:

@@ -13,6 +13,7 @@ from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
+NO_THINK = {"enable_thinking": False}
 ENGINE = {"max_concurrency": 4, "kv_capacity": 4096, "block_size": 4, "prefill_budget_tokens": 16,
           "prefix_min_tokens": 0, "prefix_cache_gib": 0.01, "default_max_tokens": 12, "stats_interval_s": 0}
 
@@ -36,7 +37,7 @@ def test_hybrid_prefix_hit_equals_cold_and_the_runner(env) -> None:
 
     def ask(**extra):
         return sdk.chat.completions.create(model=str(ckpt), messages=messages, max_tokens=12, temperature=0,
-                                           extra_body={"ignore_eos": True, **extra})
+                                           extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra})
 
     cold = ask(prefix_cache=False)
     first = ask()
@@ -47,7 +48,7 @@ def test_hybrid_prefix_hit_equals_cold_and_the_runner(env) -> None:
     assert hit.usage.prompt_tokens_details.cached_tokens >= 16
     assert hit.usage.prompt_tokens_details.cached_tokens % 16 == 0  # attached at a chunk cut with a snapshot
     tok = Tokenizer.from_dir(ckpt)
-    ids = tok.encode(ChatTemplate.for_checkpoint(tok).render(messages))
+    ids = tok.encode(ChatTemplate.for_checkpoint(tok).render(messages, chat_template_kwargs=NO_THINK))
     want = greedy_generate(load_model(ckpt), [ids], 12, stop_at_eos=False)[0]
     assert texts.pop() == tok.decode(want, skip_special_tokens=True)
     import httpx

@@ -18,6 +18,7 @@ from dgpp.text.tokenizer import Tokenizer
 pytestmark = pytest.mark.e2e
 ENGINE = {"max_concurrency": 8, "kv_capacity": 8192, "block_size": 4, "prefill_budget_tokens": 16,
           "prefix_min_tokens": 0, "default_max_tokens": 16, "queue_limit": 64, "stats_interval_s": 1}
+NO_THINK = {"enable_thinking": False}
 SYSTEM = "You are a helpful assistant. Think step by step, then answer the question briefly. " * 2
 PROMPTS = ["Hello world! What is the weather in Paris today?", "def add(a, b):", "The quick brown fox",
            "你好，世界。"]
@@ -40,8 +41,11 @@ def env(tmp_path_factory):
 
 def chat(env, content: str, **kw):
     messages = kw.pop("messages", [{"role": "user", "content": content}])
-    if "ignore_eos" in kw:  # a DGPP extension: the SDK sends it through extra_body
-        kw["extra_body"] = {**kw.get("extra_body", {}), "ignore_eos": kw.pop("ignore_eos")}
+    # DGPP extensions go through extra_body; thinking is off unless asked (the tiny template opens <think>)
+    extra = {"chat_template_kwargs": {"enable_thinking": kw.pop("thinking", False)}}
+    if "ignore_eos" in kw:
+        extra["ignore_eos"] = kw.pop("ignore_eos")
+    kw["extra_body"] = {**extra, **kw.get("extra_body", {})}
     return env["sdk"].chat.completions.create(model=env["model"], messages=messages, **kw)
 
 
@@ -56,7 +60,7 @@ def test_greedy_equals_the_runner(env) -> None:
     n = 20
     for text in PROMPTS[:2]:
         messages = [{"role": "user", "content": text}]
-        ids = env["tok"].encode(env["template"].render(messages))
+        ids = env["tok"].encode(env["template"].render(messages, chat_template_kwargs=NO_THINK))
         want = greedy_generate(model, [ids], n, stop_at_eos=False)[0]
         got = chat(env, text, max_tokens=n, temperature=0, ignore_eos=True, logprobs=True)
         entries = got.choices[0].logprobs.content
@@ -180,3 +184,43 @@ def test_disconnect_frees_the_slot_and_server_keeps_serving(env) -> None:
     prom = httpx.get(env["server"].url + "/metrics/prometheus").text
     assert 'reason="cancelled"' in prom and "dgpp_kv_pool_blocks_in_use" in prom
     assert "stats: decode" in env["server"].log.read_text()
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+                   "required": ["city"]}}}
+
+
+def test_json_schema_and_forced_tool_call(env) -> None:
+    import json
+
+    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+              "additionalProperties": False}
+    r = chat(env, PROMPTS[0], max_tokens=40, temperature=0.7, seed=5,
+             response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema, "strict": True}})
+    assert json.loads(r.choices[0].message.content)["unit"] in ("celsius", "fahrenheit")
+    assert r.choices[0].finish_reason == "stop"
+    forced = chat(env, PROMPTS[0], max_tokens=60, temperature=0, tools=[WEATHER_TOOL], tool_choice="required")
+    choice = forced.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    assert call.id.startswith("call_") and len(call.id) == 21
+    chunks = list(chat(env, PROMPTS[0], max_tokens=60, temperature=0, tools=[WEATHER_TOOL], tool_choice="required",
+                       stream=True))
+    deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
+    assert len(deltas) == 2 and deltas[0][0].function.name == "get_weather"
+    assert deltas[1][0].function.arguments == call.function.arguments
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    bad = httpx.post(env["server"].url + "/v1/chat/completions", json={
+        "model": env["model"], "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER_TOOL],
+        "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_grammar"
+
+
+def test_reasoning_is_split_from_content(env) -> None:
+    r = chat(env, PROMPTS[0], max_tokens=8, temperature=0, thinking=True, ignore_eos=True)
+    assert r.choices[0].message.content == ""  # the tiny model never closes </think> this early
+    assert len(r.choices[0].message.model_extra["reasoning_content"]) > 0
+    assert r.usage.completion_tokens_details.reasoning_tokens == 8

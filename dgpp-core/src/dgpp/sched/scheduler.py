@@ -191,12 +191,15 @@ class Scheduler:
         for s in decodes:
             s.computed += 1
         # rows come back in the order of the works that wanted logits: prefill tails first, then decodes
-        results = [s.sampler.sample(logits[i]) for i, s in enumerate(sampled)]
-        for s, r in zip(sampled, results, strict=True):
+        for i, s in enumerate(sampled):
             if s.status is SeqStatus.PREFILL:
                 s.status = SeqStatus.DECODE
                 self.stats.prompts_prefilled += 1
-            self._emit(s, r)
+            try:
+                self._emit(s, s.sampler.sample(logits[i]))
+            except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
+                self._event(s).error = f"sampling failed: {type(exc).__name__}: {exc}"
+                self._retire(s, RetireReason.FAILED)
 
     def _maybe_cache(self, s: Sequence) -> None:
         if not s.use_prefix_cache or s.computed % self.config.chunk_tokens or s.computed >= s.prompt_len:

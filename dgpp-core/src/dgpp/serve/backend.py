@@ -19,7 +19,7 @@ from dgpp.sched.engine_loop import EngineFailed, EngineLoop
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull
 from dgpp.serve.errors import APIError
-from dgpp.text.errors import TextError
+from dgpp.text.errors import GrammarError, TextError
 
 
 @dataclass
@@ -41,6 +41,17 @@ class ModelLimits:
     @property
     def request_limit_tokens(self) -> int:
         return min(self.max_position, self.kv_pool_tokens)
+
+
+@dataclass
+class PreparedChat:
+    """A chat request made ready off the event loop: prompt ids, how to route its output, and one grammar
+    matcher per choice when something constrains it."""
+
+    prompt_ids: list[int]
+    prompt_text: str
+    tools: list[dict] | None
+    matchers: list[Any] | None = None
 
 
 @dataclass
@@ -84,6 +95,9 @@ class ServingEngine:
         default_max_tokens: int = 256,
         eos_token_ids: frozenset[int] = frozenset(),
         prep_workers: int = 2,
+        dialect: Any = None,
+        grammar: Any = None,
+        reasoning_in_content: bool = False,
     ) -> None:
         self.model_id = model_id
         self.tokenizer = tokenizer
@@ -93,20 +107,70 @@ class ServingEngine:
         self.defaults = defaults
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = eos_token_ids
+        self.dialect = dialect
+        self.grammar = grammar  # a dgpp.text.grammar.GrammarContext, or None without constrained decoding
+        self.reasoning_in_content = reasoning_in_content
         self.counters = ServiceCounters()
         self.created = 0
         self._prep = ThreadPoolExecutor(max_workers=prep_workers, thread_name_prefix="dgpp-prep")
 
     # ---- prompt preparation (worker pool, off the event loop) ---------------------------------
-    async def prepare_chat(self, messages: list, tools: list | None, kwargs: dict | None, effort: str | None) -> list[int]:
+    async def prepare_chat(self, req: Any, n: int) -> PreparedChat:
+        """Render the template, tokenize, and compile the constraint (if any) in the worker pool."""
         if self.chat_template is None:
             raise APIError(400, "this model has no chat template; use /v1/completions", "unsupported_parameter", "messages")
+        from dgpp.text.reasoning import ReasoningSplitter
+        from dgpp.text.tools import tool_specs
 
-        def work() -> list[int]:
-            text = self.chat_template.render(messages, tools, chat_template_kwargs=kwargs, reasoning_effort=effort)
-            return self.tokenizer.encode(text)
+        tools = None if req.tool_choice == "none" else req.tools
+        think = (self.dialect.think_start, self.dialect.think_end) if self.dialect is not None else ("<think>", "</think>")
+
+        def work() -> PreparedChat:
+            specs = tool_specs(tools)
+            text = self.chat_template.render(req.messages, tools, chat_template_kwargs=req.chat_template_kwargs,
+                                             reasoning_effort=req.reasoning_effort)
+            opens = ReasoningSplitter.prompt_opens_thinking(text, *think)
+            matchers = self._matchers(req, tools, opens, n) if specs or req.response_format else None
+            return PreparedChat(self.tokenizer.encode(text), text, tools, matchers)
 
         return await self._run_prep(work)
+
+    def _matchers(self, req: Any, tools: list | None, opens_thinking: bool, n: int) -> list[Any] | None:
+        fmt = req.response_format or {}
+        forced = req.tool_choice not in (None, "auto", "none")
+        if self.grammar is None:
+            if fmt.get("type", "text") != "text" or forced:
+                param = "response_format" if fmt.get("type", "text") != "text" else "tool_choice"
+                raise APIError(400, f"{param} needs constrained decoding, which this server does not offer",
+                               "constrained_decoding_unsupported", param)
+            return None
+        from dgpp.text.grammar import build_matcher
+
+        def one() -> Any:
+            return build_matcher(self.grammar, response_format=fmt or None, tools=tools, tool_choice=req.tool_choice,
+                                 parallel_tool_calls=req.parallel_tool_calls is not False, dialect=self.dialect,
+                                 prompt_opens_thinking=opens_thinking)
+
+        first = one()
+        return None if first is None else [first] + [one() for _ in range(n - 1)]
+
+    def text_outputs(self, handle: RequestHandle, prepared: PreparedChat | None) -> list[Any]:
+        """One ``ServedChoice`` per choice; a chat routes reasoning and tool calls, a legacy completion
+        passes its text through unchanged."""
+        from dgpp.serve.choice_output import ServedChoice
+        from dgpp.text.output import ChoiceOutput
+
+        out = []
+        for i in range(len(handle.seqs)):
+            if prepared is None:
+                text = ChoiceOutput(self.tokenizer, stop=handle.params.stop, reasoning_in_content=True)
+            else:
+                text = ChoiceOutput(self.tokenizer, prompt=prepared.prompt_text, dialect=self.dialect,
+                                    tools=prepared.tools, stop=handle.params.stop,
+                                    reasoning_in_content=self.reasoning_in_content,
+                                    request_tag=f"{handle.request_id}/{i}")
+            out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids))
+        return out
 
     async def prepare_text(self, prompt: str) -> list[int]:
         ids = await self._run_prep(lambda: self.tokenizer.encode(prompt))
@@ -114,15 +178,17 @@ class ServingEngine:
             raise APIError(400, "prompt is empty after tokenization", "invalid_parameter", "prompt")
         return ids
 
-    async def _run_prep(self, fn: Any) -> list[int]:
+    async def _run_prep(self, fn: Any) -> Any:
         try:
             return await asyncio.get_running_loop().run_in_executor(self._prep, fn)
+        except GrammarError as e:
+            raise APIError(400, e.message, "invalid_grammar", e.param) from None
         except TextError as e:
             raise APIError(400, e.message, "invalid_parameter", e.param) from None
 
     # ---- submission ---------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
-              kind: str = "chatcmpl") -> RequestHandle:
+              kind: str = "chatcmpl", matchers: list[Any] | None = None) -> RequestHandle:
         """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure."""
         total = len(prompt_ids) + params.max_tokens
         if total > self.limits.max_position:
@@ -141,7 +207,9 @@ class ServingEngine:
 
         for i in range(n):
             # n choices of one seeded request differ: each draws from (seed, choice index)
-            sampler = ChoiceSampler(params, self.limits.vocab_size, prompt_ids, choice_index=i)
+            m = matchers[i] if matchers else None
+            sampler = ChoiceSampler(params, self.limits.vocab_size, prompt_ids, choice_index=i,
+                                    mask_fn=m.mask if m else None, accept_fn=m.accept if m else None)
             handle.seqs.append(Sequence(f"{handle.request_id}/{i}", i, prompt_ids, params, sampler, sink,
                                         use_prefix_cache=use_prefix_cache))
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +35,6 @@ def snapshot_slots(engine_cfg: Any, state_bytes_per_request: int) -> int:
 def assemble(
     model_id: str,
     engine_cfg: Any,
-    tokenizer: Any,
-    chat_template: Any,
     runner: StepRunner,
     *,
     vocab_size: int,
@@ -47,6 +46,7 @@ def assemble(
     num_snapshot_slots: int,
     eos_token_ids: frozenset[int],
     defaults: SamplingDefaults,
+    text: TextStack,
 ) -> ServingEngine:
     """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread."""
     sched_cfg = SchedulerConfig.from_engine(engine_cfg, block_size, max_position)
@@ -61,39 +61,67 @@ def assemble(
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=num_blocks * block_size)
     log.info("engine ready", model=model_id, kv_blocks=num_blocks, block_size=block_size,
              chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, snapshot_slots=slots.num_snapshots)
-    return ServingEngine(model_id, tokenizer, chat_template, loop, limits, defaults,
+    return ServingEngine(model_id, text.tokenizer, text.template, loop, limits, defaults,
                          default_max_tokens=int(getattr(engine_cfg, "default_max_tokens", 256)),
-                         eos_token_ids=eos_token_ids)
+                         eos_token_ids=eos_token_ids, dialect=text.dialect, grammar=text.grammar,
+                         reasoning_in_content=bool(getattr(engine_cfg, "reasoning_in_content", False)))
 
 
-def _text_stack(checkpoint: Path) -> tuple[Any, Any]:
+@dataclass
+class TextStack:
+    """The checkpoint's text side: tokenizer, chat template, tool/reasoning dialect, grammar context."""
+
+    tokenizer: Any
+    template: Any = None
+    dialect: Any = None
+    grammar: Any = None
+
+
+def _text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | None = None,
+                hf_config: dict | None = None, pm: Any = None) -> TextStack:
     from dgpp.text.chat_template import ChatTemplate
     from dgpp.text.errors import TemplateError
     from dgpp.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(checkpoint)
+    dialect = None
+    if pm is not None and family is not None:
+        dialect = pm.hook.dgpp_tool_dialect(family=family, hf_config=hf_config or {})
     try:
-        template = ChatTemplate.for_checkpoint(tokenizer)
+        template = ChatTemplate.for_checkpoint(tokenizer, family, hf_config, pm,
+                                               effort=getattr(dialect, "effort", None))
     except TemplateError as e:
         log.warning("no chat template: /v1/chat/completions will answer 400", reason=e.message)
         template = None
-    return tokenizer, template
+    grammar = None
+    try:
+        from dgpp.text.grammar import GrammarContext
+
+        grammar = GrammarContext(tokenizer, vocab_size)
+    except Exception as e:  # constrained decoding is optional: requests that need it get a clear 400
+        log.warning("constrained decoding unavailable", reason=f"{type(e).__name__}: {e}")
+    return TextStack(tokenizer, template, dialect, grammar)
 
 
 def build_serving_engine(cfg: Any) -> ServingEngine:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
-    from dgpp.engine.loading import load_model
+    from dgpp.engine.loading import load_model, read_hf_config
     from dgpp.engine.pools import CachePools
     from dgpp.engine.runner import ModelRunner
+    from dgpp.plugins import manager, resolve
 
     engine_cfg = cfg.engine
     checkpoint = resolve_checkpoint(cfg.model)
-    tokenizer, template = _text_stack(checkpoint)
+    pm = manager()
+    hf_config = read_hf_config(checkpoint)
+    family = resolve(pm, hf_config).family.name
     dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device)
+    model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm)
     info = model.info
+    text = _text_stack(checkpoint, info.vocab_size, family, hf_config, pm)
+    tokenizer = text.tokenizer
     block_size = int(getattr(engine_cfg, "block_size", 16))
     num_blocks = -(-int(engine_cfg.kv_capacity) // block_size)
     spec = model.cache_spec()
@@ -106,10 +134,10 @@ def build_serving_engine(cfg: Any) -> ServingEngine:
     )
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     return assemble(
-        engine_cfg.model_alias or cfg.model, engine_cfg, tokenizer, template, runner,
+        engine_cfg.model_alias or cfg.model, engine_cfg, runner,
         vocab_size=info.vocab_size, max_position=info.max_position, num_blocks=num_blocks, block_size=block_size,
         hybrid=info.hybrid, copy_state=pools.copy_state, num_snapshot_slots=n_snap, eos_token_ids=eos,
-        defaults=SamplingDefaults.from_generation_config(checkpoint),
+        defaults=SamplingDefaults.from_generation_config(checkpoint), text=text,
     )
 
 
@@ -118,15 +146,16 @@ def build_toy_engine(model_id: str, tokenizer_dir: str | Path, engine_cfg: Any, 
     """A serving engine over ``ToyRunner`` (no checkpoint) for API-shape tests."""
     from dgpp.sched.toy_runner import ToyRunner
 
-    tokenizer, template = _text_stack(Path(tokenizer_dir))
+    text = _text_stack(Path(tokenizer_dir))
+    tokenizer = text.tokenizer
     block_size = int(getattr(engine_cfg, "block_size", 16))
     num_blocks = -(-int(engine_cfg.kv_capacity) // block_size)
     n_snap = 16 if hybrid else 0
     runner = ToyRunner(tokenizer.vocab_size, num_blocks, block_size, int(engine_cfg.max_concurrency) + n_snap,
                        hybrid=hybrid, favour=favour)
     return assemble(
-        model_id, engine_cfg, tokenizer, template, runner, vocab_size=tokenizer.vocab_size, max_position=4096,
+        model_id, engine_cfg, runner, vocab_size=tokenizer.vocab_size, max_position=4096,
         num_blocks=num_blocks, block_size=block_size, hybrid=hybrid, copy_state=runner.copy_state,
         num_snapshot_slots=n_snap, eos_token_ids=frozenset(tokenizer.eos_token_ids),
-        defaults=SamplingDefaults.from_generation_config(tokenizer_dir),
+        defaults=SamplingDefaults.from_generation_config(tokenizer_dir), text=text,
     )

@@ -1,4 +1,9 @@
-"""One choice's output as the client sees it: text deltas (stop strings cut exactly), logprobs, finish reason."""
+"""One served choice: scheduler events in, OpenAI deltas, logprobs and the finish reason out.
+
+The text chain itself (detokenizer with stop strings, reasoning split, tool-call parsing) is
+``dgpp.text.output.ChoiceOutput``; this adds what serving needs around it: token accounting against
+the model's (possibly padded) vocabulary, logprob entries for visible tokens, and retirement.
+"""
 
 from __future__ import annotations
 
@@ -6,43 +11,55 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.sample.params import SamplingParams
-from dgpp.sched.request import SeqEvent
-from dgpp.text.detokenizer import IncrementalDetokenizer
+from dgpp.sched.request import RetireReason, SeqEvent
+from dgpp.text.output import ChoiceOutput
 
 
 @dataclass
 class Delta:
-    """What one event adds to a choice: visible text, logprob entries for it, and maybe the finish."""
+    """What one event adds to a choice: OpenAI deltas, logprob entries, and maybe the finish."""
 
-    text: str = ""
+    parts: list[dict[str, Any]] = field(default_factory=list)
     logprobs: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     stopped_by_string: bool = False
     error: str | None = None
 
 
-class ChoiceOutput:
-    """Feeds a choice's token events through the incremental detokenizer and keeps its totals."""
+class ServedChoice:
+    """Feeds one choice's token events through the text chain and keeps its totals."""
 
-    def __init__(self, index: int, tokenizer: Any, params: SamplingParams, eos_token_ids: frozenset[int]) -> None:
+    def __init__(self, index: int, text: ChoiceOutput, tokenizer: Any, params: SamplingParams,
+                 eos_token_ids: frozenset[int]) -> None:
         self.index = index
+        self.text = text
         self.tokenizer = tokenizer
         self.params = params
         self.eos_token_ids = eos_token_ids
-        self.detok = IncrementalDetokenizer(tokenizer, params.stop, skip_ids=eos_token_ids)
-        self.text = ""
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.logprobs: list[dict[str, Any]] = []
-        # a model's vocabulary is often padded past the tokenizer's: those ids have no text, and the
-        # detokenizer never sees them; ``_pushed`` maps its token count back to ours for stop accounting
+        # a model's vocabulary is often padded past the tokenizer's: those ids have no text and never reach
+        # the text chain; ``_pushed`` maps its token count back to ours for stop-string accounting
         self._known = tokenizer.vocab_size
         self._pushed: list[int] = []
+        self._reasoning_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    @property
+    def content(self) -> str:
+        return self.text.content
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self._reasoning_tokens if self._reasoning_tokens is not None else self.text.reasoning_tokens
+
+    def message(self) -> dict[str, Any]:
+        return self.text.message()
 
     def feed(self, ev: SeqEvent) -> Delta:
         delta = Delta()
@@ -50,30 +67,40 @@ class ChoiceOutput:
             return delta
         self.cached_tokens = ev.cached_tokens
         for token, sample in zip(ev.tokens, ev.samples, strict=True):
-            piece = ""
+            hidden = self.text.splitter.in_reasoning and not self.text.splitter.in_content
+            parts: list[dict[str, Any]] = []
             if token < self._known:
-                piece = self.detok.push(token)
+                parts = self.text.push(token)
                 self._pushed.append(self.completion_tokens)
+            delta.parts += parts
             self.completion_tokens += 1
-            delta.text += piece
-            if self.params.logprobs and token not in self.eos_token_ids and (piece or self.detok.stopped is None):
+            stopped = self.text.stopped
+            # logprobs describe visible tokens: not hidden reasoning, not EOS, not a fully suppressed stop token
+            if self.params.logprobs and not hidden and token not in self.eos_token_ids and (stopped is None or parts):
                 delta.logprobs.append(self._logprob_entry(token, sample))
-            if self.detok.stopped is not None:
+            if stopped is not None:
                 # completion_tokens counts up to the token that completed the match
-                self.completion_tokens = self._pushed[self.detok.stopped.token_index] + 1
-                delta.finish_reason = self.finish_reason = "stop"
+                self.completion_tokens = self._pushed[stopped.token_index] + 1
                 delta.stopped_by_string = True
-                break
-        if ev.error is not None and not self.finished:
+                self._finish(delta, "stop")
+                return delta
+        if ev.error is not None:
             delta.error = ev.error
-            delta.text += self.detok.finish()
-            delta.finish_reason = self.finish_reason = "error"
-        elif ev.retired is not None and not self.finished:
-            delta.text += self.detok.finish()
-            delta.finish_reason = self.finish_reason = ev.retired.finish_reason
-        self.text += delta.text
-        self.logprobs.extend(delta.logprobs)
+            self._finish(delta, "error")
+        elif ev.retired is not None:
+            # EOS ends a choice that made tool calls with "tool_calls"
+            eos = ev.retired is RetireReason.EOS
+            self._finish(delta, self.text.finish_reason("stop") if eos else ev.retired.finish_reason)
+        else:
+            self.logprobs.extend(delta.logprobs)
         return delta
+
+    def _finish(self, delta: Delta, reason: str) -> None:
+        # read the count before the final flush: flushing held-back text is not a generated token
+        self._reasoning_tokens = self.text.reasoning_tokens
+        delta.parts += self.text.finish()
+        delta.finish_reason = self.finish_reason = reason
+        self.logprobs.extend(delta.logprobs)
 
     def _logprob_entry(self, token: int, sample: Any) -> dict[str, Any]:
         return {
@@ -84,7 +111,6 @@ class ChoiceOutput:
                 {"token": self._token_text(t), "logprob": lp, "bytes": list(self._token_bytes(t))}
                 for t, lp in sample.top_logprobs
             ],
-            "_id": token,
         }
 
     def _token_text(self, token: int) -> str:
@@ -99,7 +125,7 @@ class ChoiceOutput:
 
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"content": [{k: v for k, v in e.items() if k != "_id"} for e in entries], "refusal": None}
+    return {"content": entries, "refusal": None}
 
 
 def legacy_logprobs(entries: list[dict[str, Any]], text_start: int = 0) -> dict[str, Any]:

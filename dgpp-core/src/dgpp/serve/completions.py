@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -13,7 +14,7 @@ from litestar.response import Stream
 
 from dgpp.sched.request import RetireReason
 from dgpp.serve.backend import RequestHandle, ServingEngine
-from dgpp.serve.choice_output import ChoiceOutput
+from dgpp.serve.choice_output import ServedChoice
 from dgpp.serve.errors import APIError, invalid
 from dgpp.serve.openai_format import DONE, KEEP_ALIVE, ChunkWriter, chat_response, completion_response
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -36,17 +37,12 @@ async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Serv
 async def chat_completions(request: Request) -> Response | Stream:
     req, raw, engine = await _read(request, ChatCompletionRequest)
     params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
-    fmt = req.response_format or {}
-    if fmt.get("type", "text") != "text":
-        raise APIError(400, f"response_format {fmt.get('type')!r} needs constrained decoding, which this server "
-                            "does not offer yet", "constrained_decoding_unsupported", "response_format")
-    if req.tool_choice not in (None, "auto", "none"):
-        raise APIError(400, "tool_choice other than auto/none needs constrained decoding, which this server does "
-                            "not offer yet", "constrained_decoding_unsupported", "tool_choice")
-    tools = None if req.tool_choice == "none" else req.tools
-    prompt = await engine.prepare_chat(req.messages, tools, req.chat_template_kwargs, req.reasoning_effort)
-    handle = engine.start(prompt, params, n=req.n or 1, use_prefix_cache=req.prefix_cache, kind="chatcmpl")
-    return await _answer(request, engine, handle, req, chat=True)
+    prepared = await engine.prepare_chat(req, req.n or 1)
+    if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
+        params = replace(params, ignore_eos=False)
+    handle = engine.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
+                          kind="chatcmpl", matchers=prepared.matchers)
+    return await _answer(request, engine, handle, req, engine.text_outputs(handle, prepared))
 
 
 @post("/v1/completions", status_code=200)
@@ -55,11 +51,12 @@ async def completions(request: Request) -> Response | Stream:
     params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
     prompt = await engine.prepare_text(req.prompt)
     handle = engine.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl")
-    return await _answer(request, engine, handle, req, chat=False)
+    return await _answer(request, engine, handle, req, engine.text_outputs(handle, None))
 
 
-async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle, req: Any, chat: bool) -> Response | Stream:
-    outputs = [ChoiceOutput(i, engine.tokenizer, handle.params, engine.eos_token_ids) for i in range(len(handle.seqs))]
+async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle, req: Any,
+                  outputs: list[ServedChoice]) -> Response | Stream:
+    chat = isinstance(req, ChatCompletionRequest)
     created = int(time.time())
     if req.stream:
         include_usage = bool(req.stream_options and req.stream_options.include_usage)
@@ -86,7 +83,7 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
-async def _drive(handle: RequestHandle, outputs: list[ChoiceOutput], ping: float | None) -> AsyncIterator[Any]:
+async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float | None) -> AsyncIterator[Any]:
     """Yield ``(choice, Delta)`` as events arrive (``None`` after ``ping`` seconds of silence) until every choice ends."""
     while not all(o.finished for o in outputs):
         try:
@@ -105,7 +102,7 @@ async def _drive(handle: RequestHandle, outputs: list[ChoiceOutput], ping: float
         yield index, delta
 
 
-async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[ChoiceOutput], writer: ChunkWriter,
+async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[ServedChoice], writer: ChunkWriter,
                   ping: int) -> AsyncIterator[bytes]:
     try:
         async for item in _drive(handle, outputs, None if ping < 0 else float(ping)):
@@ -115,11 +112,11 @@ async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[Ch
             index, delta = item
             if delta.error is not None:
                 engine.counters.requests_failed += 1
-                yield writer.delta(index, delta.text, delta.logprobs, None)
+                yield writer.delta(index, delta.parts, delta.logprobs, None)
                 yield writer.error(f"engine failed: {delta.error}")
                 yield DONE
                 return
-            chunk = writer.delta(index, delta.text, delta.logprobs, delta.finish_reason)
+            chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason)
             if chunk:
                 yield chunk
         engine.counters.tokens_out += sum(o.completion_tokens for o in outputs)

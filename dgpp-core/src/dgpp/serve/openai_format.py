@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from dgpp.serve.choice_output import ChoiceOutput, chat_logprobs, legacy_logprobs
+from dgpp.serve.choice_output import ServedChoice, chat_logprobs, legacy_logprobs
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -18,14 +18,14 @@ KEEP_ALIVE = b": keep-alive\n\n"
 DONE = sse("[DONE]")
 
 
-def usage(prompt_tokens: int, outputs: list[ChoiceOutput]) -> dict[str, Any]:
+def usage(prompt_tokens: int, outputs: list[ServedChoice]) -> dict[str, Any]:
     completion = sum(o.completion_tokens for o in outputs)
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion,
         "total_tokens": prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": outputs[0].cached_tokens if outputs else 0},
-        "completion_tokens_details": {"reasoning_tokens": 0},
+        "completion_tokens_details": {"reasoning_tokens": sum(o.reasoning_tokens for o in outputs)},
     }
 
 
@@ -59,27 +59,36 @@ class ChunkWriter:
         return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                              "finish_reason": None}])
 
-    def delta(self, index: int, text: str, logprobs: list[dict[str, Any]], finish_reason: str | None) -> bytes:
+    def delta(self, index: int, parts: list[dict[str, Any]], logprobs: list[dict[str, Any]],
+              finish_reason: str | None) -> bytes:
+        """Chunks for one event of one choice: one per delta part (logprobs ride on the first, or on an
+        empty delta), then the terminal chunk when the choice finished."""
         out = b""
-        if text or logprobs:
+        if not self.chat:
+            text = "".join(p.get("content", "") for p in parts)
+            if text or logprobs:
+                out += self._legacy(index, text, logprobs, None)
+            if finish_reason is not None:
+                out += self._legacy(index, "", [], finish_reason)
+            return out
+        if logprobs and not parts:
+            parts = [{}]
+        for i, part in enumerate(parts):
             out += self.preamble(index)
-            out += self._choice(index, text, logprobs, None)
+            lp = chat_logprobs(logprobs) if logprobs and i == 0 else None
+            out += self._chunk([{"index": index, "delta": part, "logprobs": lp, "finish_reason": None}])
         if finish_reason is not None:
             out += self.preamble(index)
-            out += self._choice(index, "", [], finish_reason)
+            out += self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
         return out
 
-    def _choice(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None) -> bytes:
-        if self.chat:
-            delta = {"content": text} if text else {}
-            lp = chat_logprobs(logprobs) if logprobs else None
-            return self._chunk([{"index": index, "delta": delta, "logprobs": lp, "finish_reason": finish}])
+    def _legacy(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None) -> bytes:
         start = self._text_offset.get(index, 0)
         self._text_offset[index] = start + len(text)
         lp = legacy_logprobs(logprobs, start) if logprobs else None
         return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}])
 
-    def usage_chunk(self, prompt_tokens: int, outputs: list[ChoiceOutput]) -> bytes:
+    def usage_chunk(self, prompt_tokens: int, outputs: list[ServedChoice]) -> bytes:
         return sse({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
 
     @staticmethod
@@ -87,7 +96,7 @@ class ChunkWriter:
         return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
 
 
-def chat_response(request_id: str, created: int, model: str, prompt_tokens: int, outputs: list[ChoiceOutput],
+def chat_response(request_id: str, created: int, model: str, prompt_tokens: int, outputs: list[ServedChoice],
                   want_logprobs: bool, metadata: dict | None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,
@@ -98,7 +107,7 @@ def chat_response(request_id: str, created: int, model: str, prompt_tokens: int,
         "choices": [
             {
                 "index": o.index,
-                "message": {"role": "assistant", "content": o.text, "refusal": None},
+                "message": o.message(),
                 "logprobs": chat_logprobs(o.logprobs) if want_logprobs else None,
                 "finish_reason": o.finish_reason,
             }
@@ -112,7 +121,7 @@ def chat_response(request_id: str, created: int, model: str, prompt_tokens: int,
 
 
 def completion_response(request_id: str, created: int, model: str, prompt_tokens: int,
-                        outputs: list[ChoiceOutput], want_logprobs: bool) -> dict[str, Any]:
+                        outputs: list[ServedChoice], want_logprobs: bool) -> dict[str, Any]:
     return {
         "id": request_id,
         "object": "text_completion",
@@ -122,7 +131,7 @@ def completion_response(request_id: str, created: int, model: str, prompt_tokens
         "choices": [
             {
                 "index": o.index,
-                "text": o.text,
+                "text": o.content,
                 "logprobs": legacy_logprobs(o.logprobs) if want_logprobs else None,
                 "finish_reason": o.finish_reason,
             }
