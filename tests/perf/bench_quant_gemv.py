@@ -76,7 +76,7 @@ def main() -> None:
     skip_checks = os.environ.get("SKIP_CHECKS") == "1"
     # 1. correctness at real sizes, fresh random inputs, M in {1, 4, 64}
     for fmt in [] if skip_checks else formats:
-        for shape in shapes[:2]:
+        for shape in shapes[:1]:
             t = random_tensors(fmt, shape, device)
             dense = fmt.decode(t, shape, dtype).float()
             for m in (1, 4, 64) if not args.smoke else (1, 20):
@@ -135,7 +135,7 @@ def main() -> None:
             cfgs = [base]
             if fmt.name in swept:
                 cfgs += [TileConfig(bm=1, bn=bn, bkp=base.bkp * mult, split_k=sk, num_warps=nw, num_stages=ns)
-                         for bn, mult, nw, ns in ((16, 1, 4, 4), (64, 1, 4, 4), (64, 1, 8, 3), (32, 2, 4, 3), (128, 1, 8, 3))
+                         for bn, mult, nw, ns in ((32, 1, 4, 4), (64, 1, 8, 3), (16, 2, 4, 4), (16, 1, 2, 4))
                          for sk in (base.split_k, base.split_k * 2)]
             best = default_row = None
             for cfg in cfgs:

@@ -70,7 +70,8 @@ def test_kernel_matches_torch_path(fmt):
     pack = 2 if fmt.name.startswith(("nv", "mx")) else 32 // fmt.bits if isinstance(fmt, (IntPacked, GPTQ)) else 1
     block_k = getattr(fmt, "block", (1, k))[1] if isinstance(fmt, FP8Block) else getattr(fmt, "group", 16) or k
     rowwise = TileConfig(bm=1, bn=16, bkp=max(1, block_k // pack), split_k=2)  # K tiles inside one scale block
-    for rows, cfg in ((1, None), (3, TileConfig(bm=16, bn=16, bkp=16, split_k=3)), (2, rowwise)):
+    gathered = TileConfig(bm=1, bn=16, bkp=4)  # tiles smaller than a scale group: per-weight scale gathers
+    for rows, cfg in ((1, None), (3, TileConfig(bm=16, bn=16, bkp=16, split_k=3)), (2, rowwise), (1, gathered)):
         x = torch.randn(rows, k)
         ref = F.linear(x, fmt.decode(tensors, (n, k), torch.float32))
         got = quant_matmul(fmt, tensors, x, (n, k), cfg)

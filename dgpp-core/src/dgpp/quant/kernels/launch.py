@@ -91,10 +91,12 @@ def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device)
     n, k = shape
     pack = _pack(fmt)
     if m <= GEMV_MAX_ROWS:
-        bm, bn, stages = 1, 32, 4
+        bm, bn, stages = 1, 16, 4
         bkp = max(1, 128 // pack)
         if isinstance(fmt, FP4Grouped):
             bkp = 128
+        elif isinstance(fmt, (IntPacked, GPTQ)):
+            bkp = max(1, min(128, fmt.group_size(shape)) // pack)
     else:
         bm, bn, stages = 64, 64, 2
         bkp = max(16, 64 // pack)
@@ -125,14 +127,21 @@ def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Te
     partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     round_dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(x.dtype, tl.float32)
     dot_low = round_dtype is not tl.float32 and not interpreting()
-    # a K tile inside one scale column lets the kernel load scales (and zeros) once per tile
-    rowwise = args["SBK"] % (cfg.bkp * args["PACK"]) == 0 and not args["HAS_GIDX"] and args["FMT"] != 1
+    # Scales: once per row when a K tile sits inside one scale column (mode 1), once per group and
+    # broadcast when groups tile the K tile (mode 2), else gathered per weight (mode 0).
+    sbk, pack = args["SBK"], args["PACK"]
+    if sbk % (cfg.bkp * pack) == 0 and not args["HAS_GIDX"] and args["FMT"] != 1:
+        scale_mode = 1
+    elif args["FMT"] in (1, 2) and sbk % pack == 0 and cfg.bkp % (sbk // pack) == 0:
+        scale_mode = 2
+    else:
+        scale_mode = 0
     grid = (cdiv(m, cfg.bm), cdiv(n, cfg.bn), split)
     wo_matmul_kernel[grid](
         x2, args.pop("w"), args.pop("s"), args.pop("z"), args.pop("g"), args.pop("gidx"), partial,
         m, n, kp, x2.stride(0), args.pop("stride_wn"), args.pop("stride_wk"), args.pop("stride_sn"),
         args.pop("stride_sk"), args.pop("stride_zk"), partial.stride(1), partial.stride(0), kp_per_split,
-        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, ROWWISE=rowwise, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
+        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, SCALE_MODE=scale_mode, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args,
     )
     out = partial[0] if split == 1 else partial.sum(0)

@@ -22,12 +22,13 @@ FMT_GPTQ = 3  # codes in int32 words along K, transposed [K*b/32, N]; packed zer
 
 @triton.jit
 def _e2m1_value(nib):
-    mag = nib & 7
-    e = mag >> 1
-    m = (mag & 1).to(tl.float32)
-    normal = (1.0 + 0.5 * m) * tl.where(e == 1, 1.0, tl.where(e == 2, 2.0, 4.0))
-    v = tl.where(e == 0, 0.5 * m, normal)
-    return tl.where(nib >= 8, -v, v)
+    """E2M1 code -> fp32 by building the fp32 bits (integer ops only): 0.5·m for e == 0, else (1 + m/2)·2^(e−1)."""
+    e = (nib >> 1) & 3
+    m = nib & 1
+    exp_field = tl.where(e == 0, m * 126, e + 126)
+    mant = tl.where(e == 0, 0, m << 22)
+    bits = ((nib >> 3) << 31) | (exp_field << 23) | mant
+    return bits.to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -57,27 +58,50 @@ def _tile_scales(s_ptr, z_ptr, offs_n, n_ok, k_first, stride_sn, stride_sk, stri
 
 
 @triton.jit
-def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_row, z_row,
+def _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT: tl.constexpr, SCALE_E8M0: tl.constexpr,
+                  BN: tl.constexpr, BKP: tl.constexpr, GS: tl.constexpr):
+    """Scales of a [BN, BKP] tile whose groups span GS stored elements: one load per group, decoded once,
+    then broadcast over the group (instead of one gather per weight)."""
+    offs_g = kp0 // GS + tl.arange(0, BKP // GS)
+    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk,
+                mask=n_ok[:, None] & (offs_g * GS < kp_hi)[None, :], other=0)
+    if FMT == 1:
+        if SCALE_E8M0:
+            sf = _e8m0_value(s)
+        else:
+            sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    else:
+        sf = s.to(tl.float32)
+    return tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, BKP // GS, GS)), (BN, BKP))
+
+
+@triton.jit
+def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_pre, z_row,
             stride_sn, stride_sk, stride_zk,
             FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr,
-            ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr, ROWWISE: tl.constexpr,
+            ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr, SCALE_MODE: tl.constexpr,
             SBN: tl.constexpr, SBK: tl.constexpr):
-    """Sub-position ``i`` of a stored [BN, BKP] tile -> fp32 weights [BN, BKP] (before the final rounding)."""
+    """Sub-position ``i`` of a stored [BN, BKP] tile -> fp32 weights [BN, BKP] (before the final rounding).
+    ``s_pre``: per-row scales [BN] (SCALE_MODE 1) or the tile's scales [BN, BKP] (SCALE_MODE 2)."""
     code_mask: tl.constexpr = (1 << BITS) - 1
     if FMT == 0:
-        if ROWWISE:
-            sf = s_row[:, None]
+        if SCALE_MODE == 1:
+            sf = s_pre[:, None]
         else:
             sf = tl.load(s_ptr + (offs_n // SBN)[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
                          mask=tile_ok, other=0.0).to(tl.float32)
         w = stored.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sf
     elif FMT == 1:
         nib = (stored.to(tl.int32) >> (4 * i)) & 0xF
-        s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk, mask=tile_ok, other=0)
-        if SCALE_E8M0:
-            sf = _e8m0_value(s)
+        if SCALE_MODE == 2:
+            sf = s_pre
         else:
-            sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                        mask=tile_ok, other=0)
+            if SCALE_E8M0:
+                sf = _e8m0_value(s)
+            else:
+                sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
         w = _e2m1_value(nib) * sf
         if GLOBAL_OP == 1:
             w = w * g
@@ -85,16 +109,18 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
             w = w / g
     elif FMT == 2:
         code = (stored >> (BITS * i)) & code_mask
-        if ROWWISE:
-            w = (code - ZERO_OFFSET).to(tl.float32) * s_row[:, None]
+        if SCALE_MODE == 1:
+            w = (code - ZERO_OFFSET).to(tl.float32) * s_pre[:, None]
+        elif SCALE_MODE == 2:
+            w = (code - ZERO_OFFSET).to(tl.float32) * s_pre
         else:
             s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
                         mask=tile_ok, other=0.0)
             w = (code - ZERO_OFFSET).to(tl.float32) * s.to(tl.float32)
     else:
         code = (stored >> (BITS * i)) & code_mask
-        if ROWWISE:
-            w = (code - z_row[:, None]).to(tl.float32) * s_row[:, None]
+        if SCALE_MODE == 1:
+            w = (code - z_row[:, None]).to(tl.float32) * s_pre[:, None]
         else:
             per_word: tl.constexpr = 32 // BITS
             if HAS_GIDX:
@@ -116,7 +142,7 @@ def wo_matmul_kernel(
     SBN: tl.constexpr, SBK: tl.constexpr,
     FMT: tl.constexpr, PACK: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr,
     GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr,
-    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, ROWWISE: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, SCALE_MODE: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
 ):
     """BM == 1 is the decode GEMV: one x row per program (grid dim 0 = rows), fp32 multiply-and-sum, so a
@@ -132,30 +158,36 @@ def wo_matmul_kernel(
     if GLOBAL_OP != 0:
         g = tl.load(g_ptr).to(tl.float32)
     if BM == 1:
-        acc = tl.zeros((BN,), dtype=tl.float32)
+        acc = tl.zeros((BN, BKP), dtype=tl.float32)  # reduced over K once, after the loop
     else:
         offs_m = pid_m * BM + tl.arange(0, BM)
         m_ok = offs_m < M
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    s_row = tl.zeros((BN,), dtype=tl.float32)
+    if SCALE_MODE == 2:
+        s_pre = tl.zeros((BN, BKP), dtype=tl.float32)
+    else:
+        s_pre = tl.zeros((BN,), dtype=tl.float32)
     z_row = tl.zeros((BN,), dtype=tl.int32)
     for kp0 in range(kp_lo, kp_hi, BKP):
         offs_kp = kp0 + tl.arange(0, BKP)
         kp_ok = offs_kp < kp_hi
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         stored = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk, mask=tile_ok, other=0)
-        if ROWWISE:
-            s_row, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
+        if SCALE_MODE == 1:
+            s_pre, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
                                         FMT, BITS, ZERO_OFFSET, SBN, SBK)
+        elif SCALE_MODE == 2:
+            s_pre = _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0,
+                                  BN, BKP, SBK // PACK)
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
-            w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_row, z_row,
+            w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_pre, z_row,
                         stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP, ZERO_OFFSET, HAS_GIDX,
-                        ROWWISE, SBN, SBK)
+                        SCALE_MODE, SBN, SBK)
             w = w.to(ROUND_DTYPE)
             if BM == 1:
                 xr = tl.load(x_ptr + pid_m * stride_xm + offs_k, mask=kp_ok, other=0.0).to(tl.float32)
-                acc += tl.sum(w.to(tl.float32) * xr[None, :], axis=1)
+                acc += w.to(tl.float32) * xr[None, :]
             else:
                 xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
                              mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
@@ -164,7 +196,7 @@ def wo_matmul_kernel(
                 else:
                     acc += tl.dot(xi.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
     if BM == 1:
-        tl.store(out_ptr + pid_s * stride_os + pid_m * stride_om + offs_n, acc, mask=n_ok)
+        tl.store(out_ptr + pid_s * stride_os + pid_m * stride_om + offs_n, tl.sum(acc, axis=1), mask=n_ok)
     else:
         out = out_ptr + pid_s * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
         tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
