@@ -72,3 +72,22 @@ def test_skip_ids_produce_no_text(tiny_tokenizer):
     ids = tiny_tokenizer.encode("Hello") + [eos]
     assert detok.push_many(ids) + detok.finish() == "Hello"
     assert detok.num_tokens == len(ids)
+
+
+def test_non_byte_level_tokenizer_streams_like_one_shot():
+    """A SentencePiece-style (Metaspace) vocabulary goes through the re-decoding window path."""
+    from tokenizers.implementations import SentencePieceBPETokenizer
+
+    from dgpp.text.tokenizer import Tokenizer
+
+    sp = SentencePieceBPETokenizer()
+    corpus = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello there!", "你好 世界 😀 ok"] * 5
+    sp.train_from_iterator(corpus, vocab_size=200, min_frequency=1, show_progress=False, special_tokens=["<unk>", "</s>"])
+    tok = Tokenizer(sp._tokenizer, {"eos_token": "</s>"})
+    assert not tok.is_byte_level
+    ids = tok.encode(" Hello  world, the lazy 你好 😀 fox.")
+    for k in range(1, len(ids) + 1):
+        detok = IncrementalDetokenizer(tok, stop=["lazy 你"])
+        streamed = detok.push_many(ids[:k]) + detok.finish()
+        expected = tok.decode(ids[:k])
+        assert streamed == expected.split("lazy 你")[0]

@@ -163,3 +163,31 @@ def test_rollback_restores_the_mask(tiny_ctx, tiny_tokenizer):
         assert m.accept(tid)
     m.rollback(len(ids))
     assert torch.equal(m.mask(512), first)
+
+
+def test_json_answer_or_call_under_auto(tiny_ctx, tiny_tokenizer):
+    """response_format JSON with tools under auto: either a JSON value or calls, never free text."""
+    dialect = QwenXmlDialect()
+    fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
+    kinds = set()
+    for seed in range(30):
+        m = build_matcher(tiny_ctx, response_format=fmt, tools=[LAMP, ALARM], tool_choice="auto", dialect=dialect)
+        text = tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed)))
+        parsed = dialect.parse(text, tool_specs([LAMP, ALARM]))
+        if parsed.tool_calls:
+            kinds.add("call")
+            assert parsed.content is None
+        else:
+            kinds.add("json")
+            jsonschema.validate(json.loads(text), PERSON)
+    assert kinds == {"call", "json"}
+
+
+def test_custom_tool_lark_grammar(tiny_ctx, tiny_tokenizer):
+    lark = 'start: expr\nexpr: NUM (OP NUM)?\nNUM: /[0-9]{1,2}/\nOP: "+" | "-"'
+    calc = {"type": "custom", "custom": {"name": "calc", "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": lark}}}}
+    dialect = deepseek_dialect({"model_type": "deepseek_v4"})
+    for seed in range(10):
+        m = build_matcher(tiny_ctx, tools=[calc], tool_choice={"type": "custom", "custom": {"name": "calc"}}, dialect=dialect)
+        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([calc]))
+        assert __import__("re").fullmatch(r"[0-9]{1,2}([+-][0-9]{1,2})?", parsed.tool_calls[0].as_openai()["custom"]["input"])

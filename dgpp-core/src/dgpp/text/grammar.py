@@ -172,6 +172,10 @@ def build_matcher(
     if response_format and response_format.get("type", "text") != "text":
         branches.append(_json_format(response_format, g, warnings))
     chosen = _named_tools(tool_choice, specs) if specs else None
+    if chosen is None and branches and specs and dialect is not None and tool_choice != "none":
+        # JSON answer + tools under auto: the first value or call opener picks the branch (anchor §2.7)
+        one = "(" + " | ".join(dialect.call_grammar(s, g) for s in specs) + ")"
+        branches.append(dialect.calls_grammar(one, parallel_tool_calls, g))
     if chosen is not None:
         if dialect is None:
             raise GrammarError("this model has no tool-call dialect, so tool_choice cannot be enforced", "tool_choice")
