@@ -99,3 +99,23 @@ def test_silu_and_mul_matches_reference() -> None:
     torch.testing.assert_close(out, silu_and_mul_ref(x))
     gate, up = x[..., :1100], x[..., 1100:]
     torch.testing.assert_close(out, torch.nn.functional.silu(gate) * up)
+
+
+@pytest.mark.parametrize(("rot", "neox", "offset"), [(32, True, 0.0), (16, True, 1.0), (32, False, 0.0)])
+def test_qk_norm_rope_equals_norm_then_rotary(rot: int, neox: bool, offset: float) -> None:
+    from dgpp.kernels.qk_norm_rope import qk_norm_rope_ref, qk_norm_rope_triton
+
+    g = torch.Generator().manual_seed(rot + 7 * neox)
+    # q as a strided view (per-head [q|gate] packing), k contiguous
+    packed = torch.randn(5, 4, 64, generator=g)
+    q, k = packed[..., :32], torch.randn(5, 2, 32, generator=g)
+    qw, kw = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    pos = torch.tensor([0, 3, 99, 7, 1000])
+    inv = _inv_freq(rot)
+    q_tri, k_tri = qk_norm_rope_triton(q, k, qw, kw, 1e-6, offset, pos, inv, 1.0, neox)
+    q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, 1e-6, offset, pos, inv, 1.0, neox)
+    torch.testing.assert_close(q_tri, q_ref)
+    torch.testing.assert_close(k_tri, k_ref)
+    q_two, _ = rotary_triton(rms_norm_triton(q, qw, 1e-6, None, offset), rms_norm_triton(k, kw, 1e-6, None, offset),
+                             pos, inv, 1.0, neox)
+    torch.testing.assert_close(q_tri, q_two)

@@ -34,6 +34,7 @@ def main() -> int:
     parser.add_argument("--hf-cases", default="128x1x256", help="cases also run through transformers generate")
     parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
     parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
+    parser.add_argument("--profile", default="", help="cases whose per-kernel GPU time is broken down")
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
     args = parser.parse_args()
@@ -64,6 +65,16 @@ def main() -> int:
                 res.hf_tok_s = rate
             print(f"{prompt}x{batch}x{new} transformers: {rate:.1f} tok/s", flush=True)
     table = format_table(results, copy_gbs)
+    for prompt, batch, new in parse_cases(args.profile):
+        from dgpp.bench.profile import format_breakdown, kernel_breakdown
+
+        for graph in (False, True):
+            try:
+                per_step, rows = kernel_breakdown(model, batch, prompt, graph=graph)
+                label = f"{prompt}x{batch} decode, {'graph replay' if graph else 'eager'}"
+                table += "\n\n" + format_breakdown(label, per_step, rows)
+            except Exception as e:  # the profiler is optional: keep the table
+                table += f"\n\nprofile {prompt}x{batch} graph={graph} failed: {e!r}"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     header = (f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, device "
               f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, commit {commit or 'unknown'}, "

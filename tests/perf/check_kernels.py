@@ -16,7 +16,8 @@ import torch.nn.functional as F
 import triton.testing
 
 from dgpp.kernels import gated_delta as gd
-from dgpp.kernels import kv_write, moe, paged_attention as pa, rmsnorm, rotary, sampling, swiglu
+from dgpp.kernels import kv_write, moe, qk_norm_rope, rmsnorm, rotary, sampling, swiglu
+from dgpp.kernels import paged_attention as pa
 
 DEV = "cuda"
 BF16 = torch.bfloat16
@@ -61,6 +62,13 @@ def check_rotary_swiglu_kvwrite() -> None:
         qr, kr = rotary.rotary_ref(q.float(), k.float(), pos, inv)
         record(f"rotary bf16 T={t} 32/8x128", max(rel_err(qo, qr), rel_err(ko, kr)), 1e-2,
                lambda: rotary.rotary_triton(q, k, pos, inv), lambda: rotary.rotary_ref(q, k, pos, inv),
+               2 * (q.numel() + k.numel()) * 2)
+        qw, kw = torch.randn(128, device=DEV, dtype=BF16), torch.randn(128, device=DEV, dtype=BF16)
+        qo, ko = qk_norm_rope.qk_norm_rope_triton(q, k, qw, kw, 1e-6, 0.0, pos, inv)
+        qr, kr = qk_norm_rope.qk_norm_rope_ref(q.float(), k.float(), qw.float(), kw.float(), 1e-6, 0.0, pos, inv)
+        record(f"q/k norm+rotary bf16 T={t} 32/8x128", max(rel_err(qo, qr), rel_err(ko, kr)), 1e-2,
+               lambda: qk_norm_rope.qk_norm_rope_triton(q, k, qw, kw, 1e-6, 0.0, pos, inv),
+               lambda: qk_norm_rope.qk_norm_rope_ref(q, k, qw, kw, 1e-6, 0.0, pos, inv),
                2 * (q.numel() + k.numel()) * 2)
         gate, up = torch.randn(t, 12288, device=DEV, dtype=BF16), torch.randn(t, 12288, device=DEV, dtype=BF16)
         out = swiglu.silu_mul_pair_triton(gate, up)

@@ -2,27 +2,28 @@
 
 The names exported here dispatch: Triton for CUDA tensors, the torch reference elsewhere
 (``DGPP_KERNELS=torch`` forces the references on a GPU, for A/B checks). Layers in ``dgpp.nn``
-call them on their CUDA path only, importing lazily so CPU installs never load Triton.
+call them on their CUDA path only, importing lazily so CPU installs never load Triton. (Dispatchers
+are named apart from their modules, so ``dgpp.kernels.rotary`` stays the module.)
 """
 
 from __future__ import annotations
 
-from dgpp.kernels.gated_delta import gated_delta
+from dgpp.kernels.gated_delta import gated_delta_rule
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
 from dgpp.kernels.paged_attention import paged_decode_attention
 from dgpp.kernels.rmsnorm import rms_norm
-from dgpp.kernels.rotary import rotary
+from dgpp.kernels.rotary import apply_rotary
 from dgpp.kernels.sampling import greedy_tokens, sample_tokens
 from dgpp.kernels.swiglu import silu_and_mul, silu_mul_pair
 
 __all__ = [
+    "apply_rotary",
     "fused_moe",
-    "gated_delta",
+    "gated_delta_rule",
     "greedy_tokens",
     "paged_decode_attention",
     "rms_norm",
-    "rotary",
     "sample_tokens",
     "silu_and_mul",
     "silu_mul_pair",

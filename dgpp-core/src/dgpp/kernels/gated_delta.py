@@ -193,7 +193,7 @@ def gdn_chunked_prefill_triton(
     return out
 
 
-def gated_delta(
+def gated_delta_rule(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
     state_pool: torch.Tensor, state_slots: torch.Tensor, query_start_loc: torch.Tensor, fresh: torch.Tensor,
     decode_only: bool,

@@ -109,7 +109,7 @@ def rotary_triton(
     return q_out, k_out
 
 
-def rotary(
+def apply_rotary(
     q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -127,6 +127,6 @@ class RotaryEmbedding(nn.Module):
         if q.is_cuda:  # one Triton launch for q and k, angles computed in fp32 in the kernel
             from dgpp import kernels
 
-            return kernels.rotary(q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half")
+            return kernels.apply_rotary(q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half")
         cos, sin = self.cos_sin(positions, q.dtype)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin)

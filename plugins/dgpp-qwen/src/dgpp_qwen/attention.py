@@ -64,7 +64,17 @@ class QwenAttention(nn.Module):
             q, gate = self.q_proj(x).view(rows, self.num_heads, self.head_dim), None
         k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(batch.positions, self.q_norm(q), self.k_norm(k))
+        rot = self.rotary.rotary_dim
+        if x.is_cuda and rot & (rot - 1) == 0:  # q/k norm + RoPE in one Triton launch
+            from dgpp import kernels
+
+            q, k = kernels.qk_norm_rope(
+                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                1.0 if self.q_norm.zero_centered else 0.0, batch.positions, self.rotary.inv_freq,
+                self.rotary.magnitude, is_neox=self.rotary.style == "half",
+            )
+        else:
+            q, k = self.rotary(batch.positions, self.q_norm(q), self.k_norm(k))
         out = self.attn(q, k, v, batch)
         if gate is not None:
             out = gated_output(out, gate)

@@ -5,6 +5,8 @@ rotate-half RoPE) and a SwiGLU MLP or a softmax top-k MoE (``mlp_only_layers`` /
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -16,6 +18,7 @@ from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
+from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp_qwen.attention import QwenAttention, build_rotary
 from dgpp_qwen.config import QwenConfig
@@ -42,39 +45,41 @@ def build_mlp(cfg: QwenConfig, layer: int, world: World) -> nn.Module:
 
 
 class Qwen3DecoderLayer(nn.Module):
-    """``x + attn(norm(x))``, then ``x + mlp(norm(x))``."""
+    """``x + attn(norm(x))``, then ``x + mlp(norm(x))``; under TP both branches end row-parallel, so
+    their partial sums are reduced before the residual add."""
 
-    def __init__(self, cfg: QwenConfig, layer: int, rotary: RotaryEmbedding, world: World) -> None:
+    def __init__(self, cfg: QwenConfig, layer: int, rotary: RotaryEmbedding, world: World, group: Any = None) -> None:
         super().__init__()
+        self.world, self.group = world, group
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.self_attn = QwenAttention(cfg, kv_cache_name(layer), rotary, world=world)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.mlp = build_mlp(cfg, layer, world)
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), batch)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+        hidden = hidden + all_reduce(self.self_attn(self.input_layernorm(hidden), batch), self.world, self.group)
+        return hidden + all_reduce(self.mlp(self.post_attention_layernorm(hidden)), self.world, self.group)
 
 
 class Qwen3Body(nn.Module):
     """``embed_tokens`` -> layers -> ``norm`` (the checkpoint's ``model.`` prefix)."""
 
-    def __init__(self, cfg: QwenConfig, world: World) -> None:
+    def __init__(self, cfg: QwenConfig, world: World, group: Any = None) -> None:
         super().__init__()
         rotary = build_rotary(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i, rotary, world) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i, rotary, world, group) for i in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
 
 
 class Qwen3ForCausalLM(Model):
     """Qwen3 / Qwen3-MoE text model over the engine's paged K/V pool."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None) -> None:
+    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None) -> None:
         super().__init__()
         world = world or World()
         self.cfg = cfg
-        self.model = Qwen3Body(cfg, world)
+        self.model = Qwen3Body(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied)
         self.kv_heads_local = cfg.num_kv_heads // world.size
