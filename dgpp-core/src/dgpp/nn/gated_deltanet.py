@@ -17,10 +17,11 @@ from torch import nn
 
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import StateSpec
+from dgpp.family import World
 from dgpp.nn.causal_conv1d import CausalConv1d, token_layout
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import rms_normalize
-from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.nn.weights import WeightShapeError, copy_checked, default_weight_loader, narrow_for_rank, set_weight_attrs
 
 CHUNK_SIZE = 64
 
@@ -169,6 +170,21 @@ def gated_delta_rule_varlen(
     return out
 
 
+def stacked_parts_loader(part_sizes: tuple[int, ...], world: World):
+    """``weight_loader`` for a tensor stacking separately head-sharded parts along dim 0 (``[q|k|v]``): each
+    part is cut to this rank's heads and the cuts are stacked again, so a rank holds ``[q_r|k_r|v_r]``."""
+
+    def load(param: torch.Tensor, loaded: torch.Tensor, shard: object = None) -> None:
+        if shard is not None or loaded.shape[0] != sum(part_sizes):
+            raise WeightShapeError(
+                f"shape {list(loaded.shape)}: dim 0 should stack parts of {' + '.join(map(str, part_sizes))} rows"
+            )
+        parts = loaded.split(list(part_sizes), dim=0)
+        copy_checked(param, torch.cat([narrow_for_rank(part, 0, world) for part in parts], dim=0))
+
+    return load
+
+
 class GatedRMSNorm(nn.Module):
     """Per-head RMSNorm (plain ``w``, not ``1+w``), rounded to the input dtype, then times ``silu(gate)``."""
 
@@ -190,6 +206,10 @@ class GatedDeltaNet(nn.Module):
     the recurrent state ``[Hv, dk, dv]`` in fp32, both read and written through ``batch.cache.state[name]``.
     Parameter names follow the checkpoints (``in_proj_qkv``, ``in_proj_z``, ``in_proj_b``, ``in_proj_a``,
     ``conv1d``, ``A_log``, ``dt_bias``, ``norm``, ``out_proj``).
+
+    Under tensor parallelism each rank holds ``1/world`` of the key heads and the value heads that read them
+    (contiguous, so v head j still reads k head j // group); ``out_proj`` is row-parallel and its output is
+    a partial sum that the caller all-reduces.
     """
 
     def __init__(
@@ -205,28 +225,35 @@ class GatedDeltaNet(nn.Module):
         eps: float = 1e-6,
         dtype: torch.dtype = torch.float32,
         chunk_size: int = CHUNK_SIZE,
+        world: World | None = None,
     ) -> None:
         super().__init__()
+        world = world or World()
         if num_v_heads % num_k_heads:
             raise ValueError(f"{name}: value heads {num_v_heads} must be a multiple of key heads {num_k_heads}")
+        if num_k_heads % world.size:
+            raise ValueError(f"{name}: {num_k_heads} key heads do not split over a TP world of {world.size}")
         self.name = name
         self.dtype = dtype
-        self.num_k_heads, self.num_v_heads = num_k_heads, num_v_heads
+        self.num_k_heads, self.num_v_heads = num_k_heads // world.size, num_v_heads // world.size
         self.head_k_dim, self.head_v_dim = head_k_dim, head_v_dim
-        self.key_dim, self.value_dim = num_k_heads * head_k_dim, num_v_heads * head_v_dim
+        self.key_dim, self.value_dim = self.num_k_heads * head_k_dim, self.num_v_heads * head_v_dim
         self.chunk_size = chunk_size
-        conv_dim = 2 * self.key_dim + self.value_dim
-        self.in_proj_qkv = Linear(hidden_size, conv_dim, dtype=dtype)
-        self.in_proj_z = Linear(hidden_size, self.value_dim, dtype=dtype)
-        self.in_proj_b = Linear(hidden_size, num_v_heads, dtype=dtype)
-        self.in_proj_a = Linear(hidden_size, num_v_heads, dtype=dtype)
-        self.conv1d = CausalConv1d(conv_dim, conv_kernel, dtype=dtype)
-        self.A_log = nn.Parameter(torch.empty(num_v_heads, dtype=dtype), requires_grad=False)
-        self.dt_bias = nn.Parameter(torch.empty(num_v_heads, dtype=dtype), requires_grad=False)
-        set_weight_attrs(self.A_log, weight_loader=default_weight_loader)
-        set_weight_attrs(self.dt_bias, weight_loader=default_weight_loader)
+        full_parts = (num_k_heads * head_k_dim, num_k_heads * head_k_dim, num_v_heads * head_v_dim)
+        column = dict(dtype=dtype, parallel="column", world=world)
+        self.in_proj_qkv = Linear(hidden_size, sum(full_parts), **column)
+        self.in_proj_z = Linear(hidden_size, num_v_heads * head_v_dim, **column)
+        self.in_proj_b = Linear(hidden_size, num_v_heads, **column)
+        self.in_proj_a = Linear(hidden_size, num_v_heads, **column)
+        self.conv1d = CausalConv1d(sum(full_parts) // world.size, conv_kernel, dtype=dtype)
+        for stacked in (self.in_proj_qkv.weight, self.conv1d.weight):
+            set_weight_attrs(stacked, weight_loader=stacked_parts_loader(full_parts, world))
+        self.A_log = nn.Parameter(torch.empty(self.num_v_heads, dtype=dtype), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(self.num_v_heads, dtype=dtype), requires_grad=False)
+        for per_head in (self.A_log, self.dt_bias):
+            set_weight_attrs(per_head, tp_dim=0, world=world, weight_loader=default_weight_loader)
         self.norm = GatedRMSNorm(head_v_dim, eps, dtype=dtype)
-        self.out_proj = Linear(self.value_dim, hidden_size, dtype=dtype)
+        self.out_proj = Linear(num_v_heads * head_v_dim, hidden_size, dtype=dtype, parallel="row", world=world)
 
     def cache_spec(self) -> StateSpec:
         return StateSpec(
@@ -250,7 +277,7 @@ class GatedDeltaNet(nn.Module):
         if hidden.is_cuda:  # Triton decode step / chunked prefill on the pooled state
             from dgpp import kernels
 
-            core = kernels.gated_delta(
+            core = kernels.gated_delta_rule(
                 q, k, v, g, beta, state["recurrent"], batch.state_slots, batch.query_start_loc,
                 batch.context_lens == 0, batch.is_decode_only,
             ).to(hidden.dtype)
