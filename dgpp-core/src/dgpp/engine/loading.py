@@ -32,9 +32,11 @@ def load_model(
     device: torch.device | str = "cpu",
     *,
     world: World | None = None,
+    group: Any = None,
     pm: Any = None,
 ) -> Model:
-    """The loaded ``Model`` for ``checkpoint_dir`` (weights in ``dtype``, else the checkpoint's)."""
+    """The loaded ``Model`` for ``checkpoint_dir`` (weights in ``dtype``, else the checkpoint's), sliced
+    for ``world`` (``group``: the torch.distributed TP group when ``world.size > 1``)."""
     checkpoint_dir = Path(checkpoint_dir)
     hf_config = read_hf_config(checkpoint_dir)
     pm = pm or manager()
@@ -48,6 +50,7 @@ def load_model(
         world=world or World(),
         device=device,
         dtype=dtype,
+        group=group,
     )
     model = pm.hook.dgpp_load_model(ctx=ctx)
     if model is None:

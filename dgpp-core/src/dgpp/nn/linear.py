@@ -81,7 +81,10 @@ class Linear(nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.quant_method.apply(self, x, self.bias)
+        bias = self.bias
+        if self.parallel == "row" and self.world.rank != 0:
+            bias = None  # the partial sums are all-reduced: only one rank may add the bias
+        return self.quant_method.apply(self, x, bias)
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, parallel={self.parallel}, bias={self.bias is not None}"

@@ -35,7 +35,7 @@ def build_model(cfg: QwenConfig, ctx: LoadContext) -> Model:
     if cfg.model_type in (*DENSE_TYPES, *MOE_TYPES):
         from dgpp_qwen.qwen3 import Qwen3ForCausalLM
 
-        return Qwen3ForCausalLM(cfg, ctx.world)
+        return Qwen3ForCausalLM(cfg, ctx.world, ctx.group)
     if cfg.model_type in HYBRID_TYPES:
         from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
 
