@@ -68,3 +68,26 @@ def test_glm_4_7_template_validates_and_fits_the_architecture():
     # TP over heads and MLP intermediate dims: every split the template's world needs is exact
     for size in (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.moe_intermediate_size):
         assert size % deploy.world == 0
+
+
+def test_memory_plan_of_glm_4_7_nvfp4_at_w4(tmp_path):
+    """The plugin's plan for the real shapes (built on meta, nothing read): KV rows match the original
+    engine's 95 KB/token/rank at w4 (92 layers + the MTP layer), weights near its ~57 GiB/rank."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    from dgpp.engine.memory import GiB, plan_for
+    from dgpp.family import LoadContext, World
+    from dgpp.plugins import build_manager
+
+    (tmp_path / "config.json").write_text(json.dumps(GLM_4_7))
+    save_file({"model.layers.92.eh_proj.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # names only
+    deploy = load_config(TEMPLATE)
+    ctx = LoadContext(tmp_path, GLM_4_7, "glm", "Glm4MoeForCausalLM", engine=deploy.engine, world=World(0, 4))
+    plan = plan_for(build_manager(), ctx)
+    assert plan.kv_per_token == 93 * 2 * 128 * 2 * 2
+    assert 45 * GiB < plan.weights < 60 * GiB
+    assert 1 * GiB < plan.drafter < 3 * GiB  # one BF16 MoE block sliced over 4 ranks
+    assert plan.fits(121 * GiB)  # a GB10 node's OS-visible memory

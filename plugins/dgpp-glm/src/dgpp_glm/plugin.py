@@ -71,3 +71,12 @@ def dgpp_build_draft(ctx: LoadContext, model):
     from dgpp_glm.draft import build_draft
 
     return build_draft(ctx, model)
+
+
+@hookimpl
+def dgpp_memory_plan(ctx: LoadContext):
+    if ctx.family != FAMILY:
+        return None
+    from dgpp_glm.memory import memory_plan
+
+    return memory_plan(ctx)

@@ -1,0 +1,81 @@
+"""The GLM memory plan: the exact per-rank bytes of the model as it would be built, without reading a weight.
+
+The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank,
+with the checkpoint's packed formats swapped in, so the plan counts what is really resident: the
+replicated embedding, head, routers and norms in full, the TP-split projections and experts as this
+rank's slice, NVFP4 experts at their packed size. KV per token comes from ``cache_spec()`` (the MTP
+layer's own KV included), e.g. 92 + 1 layers x 2 kv heads x 128 x (K+V) x 2 B = 95,232 B at w4.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from dgpp.engine.memory import MemoryPlan
+from dgpp.engine.memory_estimate import tensor_bytes
+from dgpp.family import LoadContext
+from dgpp.nn.linear import Linear, UnquantizedLinearMethod
+from dgpp.quant.apply import quantize_modules
+from dgpp_glm.loader import arch_config, checkpoint_name
+
+# engine.bf16_weights: resident bytes of an eligible BF16 matrix, relative to BF16 (bf12 packs to ~0.75)
+_BF12_FACTOR = {"checkpoint": 1.0, "bf12": 0.75, "bf12+bf16": 1.75}
+
+
+def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint") -> int:
+    """Bytes of ``module``'s (unique) parameters, with the bf12 repacking ``engine.bf16_weights`` applies."""
+    total = 0.0
+    bf12_eligible = {
+        id(m.weight) for m in module.modules()
+        if isinstance(m, Linear) and isinstance(m.quant_method, UnquantizedLinearMethod)
+        and m.weight.dtype == torch.bfloat16 and m.weight.shape[1] % 1024 == 0
+    }
+    for p in module.parameters():
+        size = p.numel() * p.element_size()
+        total += size * (_BF12_FACTOR[bf16_weights] if id(p) in bf12_eligible else 1.0)
+    return int(total)
+
+
+def memory_plan(ctx: LoadContext) -> MemoryPlan:
+    from dgpp_glm.draft import Glm4MoeMTPDrafter
+    from dgpp_glm.model import Glm4MoeForCausalLM
+
+    cfg = arch_config(ctx)
+    engine = ctx.engine
+    bf16 = getattr(engine, "bf16_weights", "checkpoint")
+    with torch.device("meta"):
+        model = Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
+        quantize_modules(model, ctx.hf_config, rename=checkpoint_name)
+        spec = dict(model.cache_spec())
+        drafter_bytes = 0
+        if cfg.num_mtp_layers and getattr(engine, "mtp", False):
+            names = tensor_bytes(Path(ctx.checkpoint_dir))
+            first = f"model.layers.{cfg.num_hidden_layers}."
+            drafter = Glm4MoeMTPDrafter(
+                cfg, model, own_embed=first + "embed_tokens.weight" in names, own_head=first + "shared_head.head.weight" in names
+            )
+            quantize_modules(drafter, ctx.hf_config, rename=drafter.checkpoint_name)
+            spec.update(drafter.cache_spec())
+            drafter_bytes = resident_bytes(drafter, bf16)
+    itemsize = torch.empty((), dtype=model.dtype).element_size()
+    world = ctx.world.size
+    max_conc = getattr(engine, "max_concurrency", 1)
+    depth = getattr(engine, "mtp_depth", 1) if getattr(engine, "mtp", False) else 0
+    budget = getattr(engine, "prefill_budget_tokens", -1)
+    widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
+    return MemoryPlan.from_cache_spec(
+        spec,
+        weights=resident_bytes(model, bf16),
+        # a prefill row: residual, normed input, q/k/v/attention rows, the widest MLP's gate/up/act on this rank
+        activations_per_token=(8 * cfg.hidden_size + 3 * widest_mlp // world) * itemsize,
+        drafter=drafter_bytes,
+        kv_capacity=getattr(engine, "kv_capacity", 0),
+        max_concurrency=max_conc,
+        prefill_tokens=max(256 if budget < 0 else budget, getattr(engine, "prefill_idle_budget_tokens", 0)),
+        extra={"logits": 4 * cfg.vocab_size * max(max_conc * (1 + depth), 8)},
+        notes=(f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}; KV includes the MTP layer"
+               if drafter_bytes else f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}",),
+    )
