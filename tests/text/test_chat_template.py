@@ -112,3 +112,15 @@ def test_reasoning_effort_mapping(tiny_tokenizer):
         ChatTemplate("{{ messages[0].content }}").render(user, reasoning_effort="none")
     assert ChatTemplate("{{ messages[0].content }}").render(user, reasoning_effort="high") == "x"
     assert ct.effort_mapping()["medium"] == {"enable_thinking": True, "reasoning_effort": "medium"}
+
+
+@pytest.mark.parametrize("bad,where", [
+    ({"role": "user"}, "messages[0].content"),
+    ({"role": "user", "content": None}, "messages[0].content"),
+    ({"role": "tool", "content": "x"}, "messages[0].tool_call_id"),
+    ({"role": "wizard", "content": "x"}, "messages[0].role"),
+])
+def test_invalid_messages_are_named(bad, where):
+    with pytest.raises(TemplateError, match=where.replace("[", r"\[").replace("]", r"\]")) as err:
+        prepare_messages([bad])
+    assert err.value.param == "messages"

@@ -19,6 +19,7 @@ from typing import Any
 from dgpp.text.errors import TemplateError
 
 TEXT_PARTS = ("text", "input_text", "output_text")
+ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
@@ -81,6 +82,12 @@ def prepare_messages(messages: list, arguments_as_dict: bool = True) -> list[dic
         m = {k: v for k, v in msg.items() if v is not None}
         if m["role"] == "developer":
             m["role"] = "system"
+        if m["role"] not in ROLES:
+            raise TemplateError(f"{where}.role {m['role']!r} is not one of {', '.join(ROLES)}")
+        if m["role"] in ("user", "tool") and "content" not in m:
+            raise TemplateError(f"{where}.content is required for a {m['role']} message")
+        if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
+            raise TemplateError(f"{where}.tool_call_id is required for a tool message")
         if isinstance(m.get("content"), list):
             content, reasoning = _fold_parts(m["content"], where)
             m["content"] = content
