@@ -37,7 +37,16 @@ def _edited_copy(src, dst, edit):
 def test_missing_tensor_names_tensor_and_checkpoint(qwen3_dir, tmp_path):
     name = "model.layers.1.self_attn.k_norm.weight"
     path = _edited_copy(qwen3_dir, tmp_path / "ckpt", lambda t: t.pop(name))
-    with pytest.raises(CheckpointError, match=rf"'{name}'.*missing.*{tmp_path / 'ckpt'}"):
+    with pytest.raises(CheckpointError, match=rf"'{name}'.*missing from {tmp_path / 'ckpt'}/model\.safetensors$"):
+        load_model(path)
+
+
+def test_missing_tensor_in_sharded_checkpoint_names_the_index(tmp_path):
+    path = build_tiny_checkpoint("qwen3", tmp_path, seed=1, max_shard_size="60KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    del index["weight_map"]["model.norm.weight"]
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight'.*missing from .*model\.safetensors\.index\.json"):
         load_model(path)
 
 

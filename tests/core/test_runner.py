@@ -89,3 +89,28 @@ def test_slot_allocator():
     with pytest.raises(RuntimeError, match="not allocated"):
         slots.free(s0)
     assert slots.allocate() == s0
+
+
+class ConstantLogits(Model):
+    """Every row gets the same logits, with a tie between ids 3 and 7 for the maximum."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dummy = torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+        self.info = ModelInfo(vocab_size=10, max_position=64, eos_token_ids=(9,))
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        return {}
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        return torch.zeros(len(batch.logits_indices), 1)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        row = torch.tensor([0.0, 1, 2, 5, 0, 0, 0, 5, 0, 4])
+        return row.expand(hidden.shape[0], -1)
+
+
+def test_greedy_ties_go_to_the_lowest_id():
+    from dgpp.engine.generate import greedy_generate
+
+    assert greedy_generate(ConstantLogits(), [[1, 2], [4]], 3, chunk_size=1) == [[3, 3, 3], [3, 3, 3]]

@@ -17,7 +17,10 @@ from torch import nn
 from dgpp.checkpoint.reader import CheckpointReader
 from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.errors import CheckpointError
+from dgpp.log import get_logger
 from dgpp.nn.weights import WeightShapeError, default_weight_loader
+
+log = get_logger("dgpp.checkpoint")
 
 
 @dataclass
@@ -61,7 +64,7 @@ def load_weights(
                 if name not in reader:
                     tried = " or ".join(repr(rename(alt[0].name)) for alt in alternatives)
                     raise CheckpointError(
-                        f"tensor {name!r} (for parameter {pname}) is missing from the checkpoint in {reader.dir}"
+                        f"tensor {name!r} (for parameter {pname}) is missing from {reader.searched()}"
                         + (f"; looked for {tried}" if len(alternatives) > 1 else "")
                     )
                 try:
@@ -71,4 +74,6 @@ def load_weights(
                 report.loaded.append(name)
     used = set(report.loaded)
     report.unused = [n for n in reader.names() if n not in used]
+    log.info("weights loaded", checkpoint=str(reader.dir), tensors=len(used), unused=len(report.unused),
+             unused_first=report.unused[:4])
     return report

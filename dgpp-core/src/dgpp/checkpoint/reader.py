@@ -32,11 +32,13 @@ class CheckpointReader:
         if not self.dir.is_dir():
             raise CheckpointError(f"checkpoint directory {self.dir} does not exist")
         self._handles: dict[Path, object] = {}
+        self.index_path: Path | None = None
         self.file_of: dict[str, Path] = self._map_files()
 
     def _map_files(self) -> dict[str, Path]:
         index = self.dir / INDEX_NAME
         if index.exists():
+            self.index_path = index
             try:
                 weight_map = json.loads(index.read_text())["weight_map"]
             except (ValueError, KeyError) as e:
@@ -72,14 +74,21 @@ class CheckpointReader:
         return name in self.file_of
 
     def where(self, name: str) -> str:
-        """The file holding ``name`` (for messages), or the directory when it is absent."""
+        """The file holding ``name`` (for messages), or what was searched when it is absent."""
         path = self.file_of.get(name)
-        return str(path) if path else str(self.dir)
+        return str(path) if path else self.searched()
+
+    def searched(self) -> str:
+        """The index, or the safetensors file(s), a look-up went through (for messages)."""
+        if self.index_path is not None:
+            return str(self.index_path)
+        files = sorted({p.name for p in self.file_of.values()})
+        return f"{self.dir}/{files[0]}" if len(files) == 1 else f"{self.dir}/{{{','.join(files)}}}"
 
     def _require(self, name: str) -> Path:
         path = self.file_of.get(name)
         if path is None:
-            raise CheckpointError(f"tensor {name!r} is missing from the checkpoint in {self.dir}")
+            raise CheckpointError(f"tensor {name!r} is missing from {self.searched()}")
         return path
 
     def shape(self, name: str) -> tuple[int, ...]:
