@@ -14,6 +14,7 @@ from dgpp.checkpoint import CheckpointReader, load_weights
 from dgpp.engine.model import Model
 from dgpp.errors import CheckpointError, UnsupportedModelError
 from dgpp.family import LoadContext
+from dgpp.quant.apply import convert_dense_weights, quantize_modules
 from dgpp_qwen.config import DENSE_TYPES, HYBRID_TYPES, MOE_TYPES, QwenConfig, parse_config
 
 
@@ -58,6 +59,9 @@ def load_model(ctx: LoadContext) -> Model:
     reader = CheckpointReader(ctx.checkpoint_dir)
     with torch.device(ctx.device or "cpu"):
         model = build_model(cfg, ctx)
+        # modules the checkpoint ships quantized get that format's packed parameters (dgpp.quant)
+        quantize_modules(model, ctx.hf_config, rename=rename_for(cfg))
     load_weights(model, reader, rename=rename_for(cfg))
     reader.close()
+    convert_dense_weights(model, ctx.engine)  # explicit engine.dense_weights / bf16_weights, logged
     return model.eval()
