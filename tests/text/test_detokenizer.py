@@ -91,3 +91,9 @@ def test_non_byte_level_tokenizer_streams_like_one_shot():
         streamed = detok.push_many(ids[:k]) + detok.finish()
         expected = tok.decode(ids[:k])
         assert streamed == expected.split("lazy 你")[0]
+
+
+def test_ids_past_the_tokenizer_have_no_text(deepseek_v3):
+    """Models pad their vocabulary (DeepSeek-V3: 129,280 rows, 128,815 tokenizer ids)."""
+    detok = IncrementalDetokenizer(deepseek_v3)
+    assert detok.push(129000) == "" and detok.push_many(deepseek_v3.encode("ok")) == "ok"

@@ -39,7 +39,8 @@ class _BytesDecoder:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def push(self, token_id: int) -> str:
-        return self._utf8.decode(self._table[token_id])
+        # ids past the tokenizer (a model's padded vocabulary rows) have no text
+        return self._utf8.decode(self._table[token_id] if token_id < len(self._table) else b"")
 
     def flush(self) -> str:
         return self._utf8.decode(b"", final=True)
