@@ -12,6 +12,7 @@ from dgpp.kernels.gated_delta import gated_delta_rule
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
 from dgpp.kernels.paged_attention import paged_decode_attention
+from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
 from dgpp.kernels.rmsnorm import rms_norm
 from dgpp.kernels.rotary import apply_rotary
 from dgpp.kernels.sampling import greedy_tokens, sample_tokens
@@ -20,6 +21,7 @@ from dgpp.kernels.swiglu import silu_and_mul, silu_mul_pair
 __all__ = [
     "apply_rotary",
     "fused_moe",
+    "fused_qk_norm_rope",
     "gated_delta_rule",
     "greedy_tokens",
     "paged_decode_attention",

@@ -110,7 +110,7 @@ def qk_norm_rope_triton(
     return q_out, k_out
 
 
-def qk_norm_rope(
+def fused_qk_norm_rope(
     q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
     weight_offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
     is_neox: bool = True,

@@ -68,7 +68,7 @@ class QwenAttention(nn.Module):
         if x.is_cuda and rot & (rot - 1) == 0:  # q/k norm + RoPE in one Triton launch
             from dgpp import kernels
 
-            q, k = kernels.qk_norm_rope(
+            q, k = kernels.fused_qk_norm_rope(
                 q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
                 1.0 if self.q_norm.zero_centered else 0.0, batch.positions, self.rotary.inv_freq,
                 self.rotary.magnitude, is_neox=self.rotary.style == "half",
