@@ -15,21 +15,14 @@ from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec, PagedKV
 from dgpp.engine.model import Model, ModelInfo
 from dgpp.family import World
-from dgpp.nn.attention import PagedAttention
 from dgpp.nn.embedding import LMHead, VocabEmbedding
-from dgpp.nn.linear import Linear
+from dgpp.nn.gqa import GQAttention
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
+from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp_glm.config import Glm4MoeArchConfig
-
-
-def all_reduce(x: torch.Tensor, world: World, group=None) -> torch.Tensor:
-    """Sum a row-parallel partial over the TP group (nothing to do on one rank)."""
-    if world.size > 1:
-        torch.distributed.all_reduce(x, group=group)
-    return x
 
 
 def attention_cache_name(layer_idx: int) -> str:
@@ -61,41 +54,14 @@ def build_glm_moe(cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -
     )
 
 
-class Glm4MoeAttention(nn.Module):
-    """GQA self-attention of one GLM block; heads are split over TP ranks, ``o_proj`` is row-parallel."""
-
-    def __init__(self, cfg: Glm4MoeArchConfig, cache_name: str, *, dtype: torch.dtype, world: World) -> None:
-        super().__init__()
-        if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
-            raise ValueError(
-                f"TP world {world.size} does not divide {cfg.num_attention_heads} q heads / {cfg.num_key_value_heads} kv heads"
-            )
-        self.world = world
-        self.head_dim = cfg.head_dim
-        self.num_heads = cfg.num_attention_heads // world.size
-        self.num_kv_heads = cfg.num_key_value_heads // world.size
-        d, hidden, bias = cfg.head_dim, cfg.hidden_size, cfg.attention_bias
-        self.q_proj = Linear(hidden, cfg.num_attention_heads * d, bias=bias, dtype=dtype, parallel="column", world=world)
-        self.k_proj = Linear(hidden, cfg.num_key_value_heads * d, bias=bias, dtype=dtype, parallel="column", world=world)
-        self.v_proj = Linear(hidden, cfg.num_key_value_heads * d, bias=bias, dtype=dtype, parallel="column", world=world)
-        self.o_proj = Linear(cfg.num_attention_heads * d, hidden, dtype=dtype, parallel="row", world=world)
-        if cfg.use_qk_norm:
-            self.q_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype)
-            self.k_norm = RMSNorm(d, cfg.rms_norm_eps, dtype=dtype)
-        else:
-            self.q_norm = self.k_norm = None
-        self.rotary = RotaryEmbedding(d, cfg.rotary_dim, cfg.rope_theta, style="half")
-        self.attn = PagedAttention(cache_name, self.num_heads, self.num_kv_heads, d)
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
-        rows = x.shape[0]
-        q = self.q_proj(x).view(rows, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:  # per-head norm before RoPE, as GLM-4.5+ trains it
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(batch.positions, q, k)
-        return all_reduce(self.o_proj(self.attn(q, k, v, batch)), self.world, group)
+def build_attention(cfg: Glm4MoeArchConfig, cache_name: str, *, dtype: torch.dtype, world: World) -> GQAttention:
+    """GLM's GQA: q/k/v biases, per-head q/k norm before RoPE, half-split RoPE on the first ``rotary_dim``
+    dims of each head (64 of 128 in GLM-4.7)."""
+    rotary = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, style="half")
+    return GQAttention(
+        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary, cache_name,
+        dtype=dtype, qkv_bias=cfg.attention_bias, qk_norm=cfg.use_qk_norm, norm_eps=cfg.rms_norm_eps, world=world,
+    )
 
 
 class Glm4MoeDecoderLayer(nn.Module):
@@ -105,7 +71,7 @@ class Glm4MoeDecoderLayer(nn.Module):
         super().__init__()
         self.world = world
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = Glm4MoeAttention(cfg, cache_name, dtype=dtype, world=world)
+        self.self_attn = build_attention(cfg, cache_name, dtype=dtype, world=world)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         if cfg.is_moe_layer(layer_idx):
             self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)
@@ -113,7 +79,7 @@ class Glm4MoeDecoderLayer(nn.Module):
             self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
-        h = x + self.self_attn(self.input_layernorm(x), batch, group)
+        h = x + all_reduce(self.self_attn(self.input_layernorm(x), batch), self.world, group)
         return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
 
 
