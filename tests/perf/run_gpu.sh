@@ -4,6 +4,11 @@
 set -uo pipefail
 OUT=${OUT:-perf_out}
 mkdir -p "$OUT"
+# pure-python runtime deps the device image lacks travel as wheels in .whl (carry it)
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/structlog-*.whl
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/dgpp-core/src:$PWD/plugins/dgpp-qwen/src:${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
