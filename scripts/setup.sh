@@ -15,9 +15,11 @@ stamp=$(cat scripts/setup.sh requirements-dev.txt dgpp-core/pyproject.toml plugi
 if [ "$(cat .venv/.dgpp-setup 2>/dev/null)" = "$stamp" ] && python -c "import dgpp, torch" 2>/dev/null; then
   exit 0
 fi
-pip install -q "torch==2.13.0" "triton==3.8.0" numpy
-pip install -q -r requirements-dev.txt
+# the machine's pip config names index directories that may be absent; their warnings are noise
+pip_install() { pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
+pip_install "torch==2.13.0" "triton==3.8.0" numpy
+pip_install -r requirements-dev.txt
 editable=(-e ./dgpp-core)
 for plugin in "${PLUGINS[@]}"; do editable+=(-e "$plugin"); done
-pip install -q "${editable[@]}"
+pip_install "${editable[@]}"
 echo "$stamp" > .venv/.dgpp-setup

@@ -16,8 +16,14 @@ def run_dgpp(*args: str, env_extra: dict | None = None, cwd=None) -> subprocess.
     import os
 
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "dgpp.cli", *args], capture_output=True, text=True, env=env,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "dgpp.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -58,12 +64,13 @@ def test_check_refusals_exit_1_with_the_reason(tmp_path, tiny_qwen3):
     assert str(tmp_path / "hub") in out.stderr
 
 
-
 def test_check_refuses_unsupported_models_and_plans_that_do_not_fit(tmp_path, tiny_qwen3, capsys):
     # in-process (same code path as the subprocess runs above, without another interpreter start)
     unsupported = tmp_path / "unsupported"
     unsupported.mkdir()
-    (unsupported / "config.json").write_text(json.dumps({"architectures": ["NoSuchForCausalLM"], "model_type": "nosuch"}))
+    (unsupported / "config.json").write_text(
+        json.dumps({"architectures": ["NoSuchForCausalLM"], "model_type": "nosuch"})
+    )
     assert main(["check", write_template(tmp_path, "u.json", model=str(unsupported))]) == 1
     assert "no installed plugin claims" in capsys.readouterr().err
 
@@ -88,9 +95,16 @@ def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, mon
     app.run = lambda cfg: seen.setdefault("cfg", cfg) and 0
     monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
     cfg = write_template(tmp_path, "s.json", model="m", engine={"mtp": True, "mtp_depth": 2})
-    assert main(["serve", cfg, "--no-mtp", "--knobs", "--kv-capacity 4096 --mtp-depth 3", "--port", "9001"]) == 0
+    assert (
+        main(["serve", cfg, "--no-mtp", "--knobs", "--kv-capacity 4096 --mtp-depth 3", "--port", "9001"]) == 0
+    )
     got = seen["cfg"]
-    assert (got.engine.mtp, got.engine.mtp_depth, got.engine.kv_capacity, got.http.port) == (False, 3, 4096, 9001)
+    assert (got.engine.mtp, got.engine.mtp_depth, got.engine.kv_capacity, got.http.port) == (
+        False,
+        3,
+        4096,
+        9001,
+    )
 
 
 def test_serve_without_a_server_says_so(tmp_path, monkeypatch, capsys):

@@ -25,11 +25,23 @@ def free_port() -> int:
 @pytest.mark.e2e
 def test_demo_serves_the_readme_example(tmp_path):
     port = free_port()
-    env = {**os.environ, "DGPP_DEMO_DIR": str(tmp_path / "demo"), "CUDA_VISIBLE_DEVICES": "",
-           "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "*", "http_proxy": "", "https_proxy": ""}
+    env = {
+        **os.environ,
+        "DGPP_DEMO_DIR": str(tmp_path / "demo"),
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "NO_PROXY": "*",
+        "http_proxy": "",
+        "https_proxy": "",
+    }
     log = open(tmp_path / "serve.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "dgpp.cli", "serve", str(DEMO), "--port", str(port)],
-                            env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "dgpp.cli", "serve", str(DEMO), "--port", str(port)],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         deadline = time.monotonic() + 240
         while True:
@@ -43,12 +55,19 @@ def test_demo_serves_the_readme_example(tmp_path):
         from openai import OpenAI
 
         client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused")
-        chunks = list(client.chat.completions.create(
-            model="dgpp-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0,
-            stream=True))
+        chunks = list(
+            client.chat.completions.create(
+                model="dgpp-demo",
+                messages=[{"role": "user", "content": "Hello!"}],
+                max_tokens=8,
+                temperature=0,
+                stream=True,
+            )
+        )
         streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
         once = client.chat.completions.create(
-            model="dgpp-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0)
+            model="dgpp-demo", messages=[{"role": "user", "content": "Hello!"}], max_tokens=8, temperature=0
+        )
         assert once.choices[0].message.content == streamed  # greedy: the same text streamed or not
         assert once.usage.completion_tokens >= 1
         assert (tmp_path / "demo" / "qwen3-tiny" / "config.json").is_file()

@@ -24,7 +24,12 @@ def test_json_lines_carry_event_level_and_utc_ms_timestamp():
     lines = [json.loads(x) for x in buf.getvalue().splitlines()]
     assert len(lines) == 1
     rec = lines[0]
-    assert rec["event"] == "loaded" and rec["tensors"] == 3 and rec["level"] == "info" and rec["logger"] == "dgpp.test"
+    assert (
+        rec["event"] == "loaded"
+        and rec["tensors"] == 3
+        and rec["level"] == "info"
+        and rec["logger"] == "dgpp.test"
+    )
     assert rec["timestamp"].endswith("Z") and len(rec["timestamp"].split(".")[1]) == 4  # milliseconds + Z
 
 

@@ -16,10 +16,22 @@ MiB = 1 << 20
 
 
 def test_items_total_fits_and_largest_kv_capacity():
-    plan = MemoryPlan(weights=10 * GiB, kv_per_token=1000, state_per_request=MiB, activations_per_token=4096,
-                      drafter=GiB, kv_capacity=1_000_000, max_concurrency=8, prefill_tokens=256)
+    plan = MemoryPlan(
+        weights=10 * GiB,
+        kv_per_token=1000,
+        state_per_request=MiB,
+        activations_per_token=4096,
+        drafter=GiB,
+        kv_capacity=1_000_000,
+        max_concurrency=8,
+        prefill_tokens=256,
+    )
     items = plan.items()
-    assert items["kv_pool"] == 1_000_000_000 and items["request_state"] == 8 * MiB and items["activations"] == 256 * 4096
+    assert (
+        items["kv_pool"] == 1_000_000_000
+        and items["request_state"] == 8 * MiB
+        and items["activations"] == 256 * 4096
+    )
     assert list(items)[0] == "weights"  # largest first
     assert plan.total() == sum(items.values())
     assert plan.fits(plan.total() + 4 * GiB) and not plan.fits(plan.total() + 4 * GiB - 1)
@@ -33,9 +45,14 @@ def test_items_total_fits_and_largest_kv_capacity():
 
 
 def test_from_cache_spec_sums_paged_and_state_layers():
-    spec = {"l0": PagedKV(2, 16, torch.bfloat16), "l1": PagedKV(2, 16, torch.bfloat16, v_head_dim=8),
-            "l2": StateSpec({"rec": ((4, 16, 16), torch.float32), "conv": ((3, 96), torch.bfloat16)})}
-    plan = MemoryPlan.from_cache_spec(spec, weights=100, activations_per_token=8, kv_capacity=10, max_concurrency=2)
+    spec = {
+        "l0": PagedKV(2, 16, torch.bfloat16),
+        "l1": PagedKV(2, 16, torch.bfloat16, v_head_dim=8),
+        "l2": StateSpec({"rec": ((4, 16, 16), torch.float32), "conv": ((3, 96), torch.bfloat16)}),
+    }
+    plan = MemoryPlan.from_cache_spec(
+        spec, weights=100, activations_per_token=8, kv_capacity=10, max_concurrency=2
+    )
     assert plan.kv_per_token == 2 * 32 * 2 + 2 * 24 * 2
     assert plan.state_per_request == 4 * 16 * 16 * 4 + 3 * 96 * 2
     assert plan.items()["kv_pool"] == 10 * plan.kv_per_token
@@ -56,35 +73,68 @@ def write_safetensors_header(path, tensors: dict[str, tuple[str, list[int]]]):
 
 
 def test_generic_estimate_reads_headers_only(tmp_path):
-    hf = {"architectures": ["X"], "num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
-          "num_key_value_heads": 2, "head_dim": 16, "intermediate_size": 128, "vocab_size": 512,
-          "max_position_embeddings": 4096, "dtype": "bfloat16"}
-    write_safetensors_header(tmp_path / "model.safetensors", {
-        "model.layers.0.w": ("BF16", [64, 64]), "model.layers.1.w": ("F8_E4M3", [64, 64]),
-        "model.layers.2.w": ("BF16", [64, 64]),  # past num_hidden_layers: an MTP layer
-        "mtp.head": ("F32", [10]),
-    })
+    hf = {
+        "architectures": ["X"],
+        "num_hidden_layers": 2,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 128,
+        "vocab_size": 512,
+        "max_position_embeddings": 4096,
+        "dtype": "bfloat16",
+    }
+    write_safetensors_header(
+        tmp_path / "model.safetensors",
+        {
+            "model.layers.0.w": ("BF16", [64, 64]),
+            "model.layers.1.w": ("F8_E4M3", [64, 64]),
+            "model.layers.2.w": ("BF16", [64, 64]),  # past num_hidden_layers: an MTP layer
+            "mtp.head": ("F32", [10]),
+        },
+    )
     assert sum(tensor_bytes(tmp_path).values()) == 64 * 64 * 2 + 64 * 64 + 64 * 64 * 2 + 40
     cfg = parse_config({"model": "m", "engine": {"kv_capacity": 1000, "mtp": True, "max_concurrency": 2}})
     plan = estimate_memory_plan(tmp_path, hf, cfg.engine, world_size=1)
     assert plan.weights == 64 * 64 * 3 and plan.drafter == 64 * 64 * 2 + 40
     assert plan.kv_per_token == 2 * 2 * (16 + 16) * 2  # layers * kv heads * (K+V dims) * bf16
     assert plan.state_per_request == 0 and plan.prefix_cache == 0 and plan.prefill_tokens == 256
-    fp8 = estimate_memory_plan(tmp_path, hf, parse_config({"model": "m", "engine": {"kv_dtype": "fp8"}}).engine, world_size=2)
-    assert fp8.kv_per_token == 2 * 1 * (16 + 16) * 1 and fp8.drafter == 0  # kv heads split over 2 ranks; mtp off
+    fp8 = estimate_memory_plan(
+        tmp_path, hf, parse_config({"model": "m", "engine": {"kv_dtype": "fp8"}}).engine, world_size=2
+    )
+    assert (
+        fp8.kv_per_token == 2 * 1 * (16 + 16) * 1 and fp8.drafter == 0
+    )  # kv heads split over 2 ranks; mtp off
 
 
 def test_generic_estimate_counts_hybrid_state_and_mla(tmp_path):
     write_safetensors_header(tmp_path / "model.safetensors", {"w": ("BF16", [4])})
-    hybrid = {"num_hidden_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
-              "head_dim": 16, "layer_types": ["linear_attention", "full_attention"] * 2,
-              "linear_num_value_heads": 4, "linear_num_key_heads": 2, "linear_key_head_dim": 16,
-              "linear_value_head_dim": 16, "linear_conv_kernel_dim": 4, "dtype": "float32"}
+    hybrid = {
+        "num_hidden_layers": 4,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "layer_types": ["linear_attention", "full_attention"] * 2,
+        "linear_num_value_heads": 4,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 16,
+        "linear_value_head_dim": 16,
+        "linear_conv_kernel_dim": 4,
+        "dtype": "float32",
+    }
     eng = parse_config({"model": "m"}).engine
     plan = estimate_memory_plan(tmp_path, {"text_config": hybrid}, eng)
     assert plan.kv_per_token == 2 * 2 * 32 * 4  # only the two full-attention layers, fp32
     assert plan.state_per_request == 2 * (4 * 16 * 16 * 4 + (2 * 2 * 16 + 4 * 16) * 3 * 4)
     assert plan.prefix_cache == int(1.5 * GiB)  # hybrid prefix snapshots need their own arena
-    mla = {"num_hidden_layers": 3, "hidden_size": 64, "num_attention_heads": 4, "kv_lora_rank": 32,
-           "qk_rope_head_dim": 8, "dtype": "bfloat16"}
+    mla = {
+        "num_hidden_layers": 3,
+        "hidden_size": 64,
+        "num_attention_heads": 4,
+        "kv_lora_rank": 32,
+        "qk_rope_head_dim": 8,
+        "dtype": "bfloat16",
+    }
     assert estimate_memory_plan(tmp_path, mla, eng).kv_per_token == 3 * 40 * 2

@@ -22,8 +22,12 @@ def test_fnv1a64_known_answers():
 
 
 def test_reordered_keys_give_the_same_digest(tmp_path):
-    reordered = {"engine": dict(reversed(list(TEMPLATE["engine"].items()))), "http": {"bind_host": "0.0.0.0", "port": 8000},
-                 "world_size": 1, "model": "org/name"}
+    reordered = {
+        "engine": dict(reversed(list(TEMPLATE["engine"].items()))),
+        "http": {"bind_host": "0.0.0.0", "port": 8000},
+        "world_size": 1,
+        "model": "org/name",
+    }
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(TEMPLATE, indent=2))
     b.write_text(json.dumps(reordered))
@@ -33,7 +37,11 @@ def test_reordered_keys_give_the_same_digest(tmp_path):
 
 
 def test_spelled_out_defaults_do_not_change_the_digest():
-    spelled = {**TEMPLATE, "ports": {"http": 8000, "fabric": 29970}, "engine": {**TEMPLATE["engine"], "queue_limit": 64}}
+    spelled = {
+        **TEMPLATE,
+        "ports": {"http": 8000, "fabric": 29970},
+        "engine": {**TEMPLATE["engine"], "queue_limit": 64},
+    }
     assert parse_config(spelled).digest() == parse_config(TEMPLATE).digest()
     no_world = {k: v for k, v in TEMPLATE.items() if k != "world_size"}
     assert parse_config(no_world).digest() == parse_config(TEMPLATE).digest()
@@ -41,8 +49,12 @@ def test_spelled_out_defaults_do_not_change_the_digest():
 
 def test_a_changed_value_changes_the_digest():
     base = parse_config(TEMPLATE).digest()
-    for section, key, value in [("engine", "kv_capacity", 65552), ("engine", "mtp", False),
-                                ("engine", "prefill_fp8_gemm", True), ("http", "port", 8001)]:
+    for section, key, value in [
+        ("engine", "kv_capacity", 65552),
+        ("engine", "mtp", False),
+        ("engine", "prefill_fp8_gemm", True),
+        ("http", "port", 8001),
+    ]:
         changed = json.loads(json.dumps(TEMPLATE))
         changed.setdefault(section, {})[key] = value
         assert parse_config(changed).digest() != base, (section, key)

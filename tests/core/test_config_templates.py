@@ -31,9 +31,13 @@ def test_demo_template_builds_its_checkpoint_once_and_deterministically(tmp_path
     cfg = load_config(DEPLOY / "demo_cpu.json")
     monkeypatch.setenv("DGPP_DEMO_DIR", str(tmp_path / "a"))
     first = resolve_checkpoint(cfg.model)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {p.name for p in first.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in first.iterdir()
+    }
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert resolve_checkpoint(cfg.model) == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
+    assert (
+        resolve_checkpoint(cfg.model) == first and (first / "model.safetensors").stat().st_mtime_ns == stamp
+    )
     monkeypatch.setenv("DGPP_DEMO_DIR", str(tmp_path / "b"))
     second = resolve_checkpoint(cfg.model)
     for name in ("model.safetensors", "tokenizer.json", "config.json"):

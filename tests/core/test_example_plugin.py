@@ -20,8 +20,12 @@ DIST = "dgpp-example-plugin"
 
 
 def pip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
-                          capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -35,13 +39,15 @@ def installed():
 
 
 def run_py(code: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, cwd=cwd, timeout=300
+    )
 
 
 def test_dgpp_plugins_lists_the_toy_family(installed, tmp_path):
-    out = subprocess.run([sys.executable, "-m", "dgpp.cli", "plugins", "--json"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "dgpp.cli", "plugins", "--json"], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     report = {rec["name"]: rec for rec in json.loads(out.stdout)}
     toy = report["toy"]
@@ -79,13 +85,22 @@ def test_the_toy_model_loads_through_the_plugin_and_matches_its_reference(instal
 
 
 def test_dgpp_check_accepts_a_toy_deployment(installed, tmp_path):
-    prep = run_py("from dgpp_example.checkpoint import write_toy_checkpoint; write_toy_checkpoint('toy-checkpoint')",
-                  cwd=tmp_path)
+    prep = run_py(
+        "from dgpp_example.checkpoint import write_toy_checkpoint; write_toy_checkpoint('toy-checkpoint')",
+        cwd=tmp_path,
+    )
     assert prep.returncode == 0, prep.stderr
     template = tmp_path / "toy.json"
     template.write_text(json.dumps({"model": "./toy-checkpoint", "engine": {"kv_capacity": 512}}))
-    out = subprocess.run([sys.executable, "-m", "dgpp.cli", "check", str(template)], capture_output=True, text=True,
-                         cwd=tmp_path, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "dgpp.cli", "check", str(template)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "family       toy (plugin dgpp-example-plugin) for ToyForCausalLM" in out.stdout
-    assert "kv 512 B/token x 512" in out.stdout  # from the plugin's own plan: 2 layers x 2 heads x (16+16) x fp32
+    assert (
+        "kv 512 B/token x 512" in out.stdout
+    )  # from the plugin's own plan: 2 layers x 2 heads x (16+16) x fp32

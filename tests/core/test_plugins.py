@@ -72,13 +72,17 @@ def test_resolve_by_architecture_then_model_type():
 
 def test_claimed_but_unimplemented_is_not_yet_supported():
     pm = build_manager(allow=set(), extra=[fake_plugin("fake", "fam", ("BarForCausalLM",))])
-    with pytest.raises(UnsupportedModelError, match="'BarForCausalLM' is claimed by plugin fake .* not yet supported"):
+    with pytest.raises(
+        UnsupportedModelError, match="'BarForCausalLM' is claimed by plugin fake .* not yet supported"
+    ):
         resolve(pm, {"architectures": ["BarForCausalLM"]})
 
 
 def test_unclaimed_architecture_lists_what_is_claimed():
     pm = build_manager(allow=set(), extra=[fake_plugin("fake", "fam", ("BarForCausalLM",))])
-    with pytest.raises(UnsupportedModelError, match="no installed plugin claims .*NopeForCausalLM.*claimed: BarForCausalLM"):
+    with pytest.raises(
+        UnsupportedModelError, match="no installed plugin claims .*NopeForCausalLM.*claimed: BarForCausalLM"
+    ):
         resolve(pm, {"architectures": ["NopeForCausalLM"], "model_type": "nope"})
 
 
@@ -90,8 +94,10 @@ def test_a_plugin_that_fails_to_import_is_named(monkeypatch):
 
 
 def test_two_distributions_with_one_entry_point_name(monkeypatch):
-    eps = [EntryPoint(name="qwen", value="dgpp_qwen.plugin", group="dgpp"),
-           EntryPoint(name="qwen", value="other_qwen.plugin", group="dgpp")]
+    eps = [
+        EntryPoint(name="qwen", value="dgpp_qwen.plugin", group="dgpp"),
+        EntryPoint(name="qwen", value="other_qwen.plugin", group="dgpp"),
+    ]
     monkeypatch.setattr(plugins, "entry_points", lambda group: eps)
     with pytest.raises(PluginError, match="two installed plugins use the entry-point name 'qwen'"):
         build_manager()

@@ -32,15 +32,21 @@ _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
 class _Refuse(argparse.Action):
     """A topology/model flag given as a knob: refused by name (they change which ranks or weights exist)."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None):
-        parser.error(f"{option_string} is not a knob: the model and topology come from the template; edit it instead")
+    def __call__(
+        self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: str | None = None
+    ):
+        parser.error(
+            f"{option_string} is not a knob: the model and topology come from the template; edit it instead"
+        )
 
 
 def _add_knob_flags(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("knobs (override the template's keys for this run)")
     for flag, dest, typ, text in _KNOB_FLAGS:
         g.add_argument(flag, dest=dest, type=typ, default=None, help=text)
-    g.add_argument("--no-mtp", dest="mtp", action="store_const", const=False, default=None, help="engine.mtp = false")
+    g.add_argument(
+        "--no-mtp", dest="mtp", action="store_const", const=False, default=None, help="engine.mtp = false"
+    )
     g.add_argument("--mtp", dest="mtp", action="store_const", const=True, help="engine.mtp = true")
     for key in REFUSED_KNOBS:
         g.add_argument(f"--{key.replace('_', '-')}", action=_Refuse, nargs="?", help=argparse.SUPPRESS)
@@ -65,25 +71,39 @@ def collect_knobs(args: argparse.Namespace) -> dict[str, Any]:
 def build_parser() -> argparse.ArgumentParser:
     from dgpp import __version__
 
-    parser = argparse.ArgumentParser(prog="dgpp", description="dgpp: an LLM inference engine with an OpenAI-compatible API")
+    parser = argparse.ArgumentParser(
+        prog="dgpp", description="dgpp: an LLM inference engine with an OpenAI-compatible API"
+    )
     parser.add_argument("--version", action="version", version=f"dgpp {__version__}")
     parser.add_argument("--log-json", action="store_true", help="log JSON lines instead of console lines")
-    parser.add_argument("--log-level", default=None, help="debug|info|warning|error (default: $DGPP_LOG_LEVEL or info)")
+    parser.add_argument(
+        "--log-level", default=None, help="debug|info|warning|error (default: $DGPP_LOG_LEVEL or info)"
+    )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = sub.add_parser("serve", help="serve a deployment template")
-    check = sub.add_parser("check", help="validate a template, resolve checkpoint and family, print the memory plan")
+    check = sub.add_parser(
+        "check", help="validate a template, resolve checkpoint and family, print the memory plan"
+    )
     for p in (serve, check):
         p.add_argument("config", metavar="CONFIG", help="deployment template (JSON)")
-        p.add_argument("--knobs", default=None, help='knob flags as one string, e.g. "--no-mtp --kv-capacity 4096"')
+        p.add_argument(
+            "--knobs", default=None, help='knob flags as one string, e.g. "--no-mtp --kv-capacity 4096"'
+        )
         _add_knob_flags(p)
-    check.add_argument("--device", default=None, help="where the pools would live (default: cuda if present, else cpu)")
+    check.add_argument(
+        "--device", default=None, help="where the pools would live (default: cuda if present, else cpu)"
+    )
     check.add_argument("--headroom-gib", type=float, default=None, help="memory kept free (default 4)")
-    check.add_argument("--free-gib", type=float, default=None, help="assume this much free memory instead of measuring")
+    check.add_argument(
+        "--free-gib", type=float, default=None, help="assume this much free memory instead of measuring"
+    )
     serve.set_defaults(func=cmd_serve)
     check.set_defaults(func=cmd_check)
 
-    plugins = sub.add_parser("plugins", help="installed plugins, families, architectures, quant formats, templates")
+    plugins = sub.add_parser(
+        "plugins", help="installed plugins, families, architectures, quant formats, templates"
+    )
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=cmd_plugins)
     templates = sub.add_parser("templates", help="deployment templates shipped in deploy/ and by plugins")

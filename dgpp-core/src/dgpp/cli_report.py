@@ -33,8 +33,15 @@ def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     print(f"world        {cfg.world} rank(s); listening on {cfg.http.bind_host}:{cfg.http.port}")
     print(f"lossy levers {', '.join(cfg.engine.lossy_levers()) or 'none'}")
     device = args.device or _default_device()
-    ctx = LoadContext(checkpoint_dir=checkpoint, hf_config=hf_config, family=res.family.name,
-                      architecture=res.matched, engine=cfg.engine, world=World(0, cfg.world), device=device)
+    ctx = LoadContext(
+        checkpoint_dir=checkpoint,
+        hf_config=hf_config,
+        family=res.family.name,
+        architecture=res.matched,
+        engine=cfg.engine,
+        world=World(0, cfg.world),
+        device=device,
+    )
     plan = plan_for(pm, ctx)
     print("memory plan  (per rank)")
     for line in plan.describe():
@@ -78,15 +85,25 @@ def plugin_report(pm: Any) -> list[dict[str, Any]]:
 
     report: dict[str, dict[str, Any]] = {}
     for name in [pm.get_name(p) for p in pm.get_plugins()]:
-        report[name] = {"name": name, "distribution": _plugin_version(pm, name), "families": [],
-                        "quant_formats": [], "templates": []}
+        report[name] = {
+            "name": name,
+            "distribution": _plugin_version(pm, name),
+            "families": [],
+            "quant_formats": [],
+            "templates": [],
+        }
     for name, fams in answers_by_plugin(pm, "dgpp_families"):
         for fam in fams or []:
-            report[name]["families"].append({
-                "name": fam.name, "description": fam.description,
-                "implemented": list(fam.implemented),
-                "claimed": [v for v in (*fam.architectures, *fam.model_types) if v not in fam.implemented],
-            })
+            report[name]["families"].append(
+                {
+                    "name": fam.name,
+                    "description": fam.description,
+                    "implemented": list(fam.implemented),
+                    "claimed": [
+                        v for v in (*fam.architectures, *fam.model_types) if v not in fam.implemented
+                    ],
+                }
+            )
     for name, formats in answers_by_plugin(pm, "dgpp_quant_formats"):
         report[name]["quant_formats"] += [_label(f) for f in formats or []]
     for name, paths in answers_by_plugin(pm, "dgpp_deploy_templates"):

@@ -36,7 +36,9 @@ class HttpConfig(_Section):
     bind_host: str = "127.0.0.1"
     port: Port = 18080
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = 268435456
-    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] = 30  # seconds; -1 disables; 0 refused
+    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] = (
+        30  # seconds; -1 disables; 0 refused
+    )
 
 
 class PortsConfig(_Section):
@@ -182,7 +184,9 @@ REFUSED_KNOBS = ("model", "world_size", "nodes", "ssh_user", "release")
 
 
 def canonical_json(data: Any) -> bytes:
-    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False).encode()
+    return json.dumps(
+        data, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
+    ).encode()
 
 
 def fnv1a64_hex(data: bytes) -> str:
@@ -198,9 +202,13 @@ def apply_knobs(raw: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
     out = json.loads(json.dumps(raw))
     for name, value in knobs.items():
         if name in REFUSED_KNOBS:
-            raise ConfigError(f"--{name.replace('_', '-')}: {name} is a topology/model key; edit the template instead")
+            raise ConfigError(
+                f"--{name.replace('_', '-')}: {name} is a topology/model key; edit the template instead"
+            )
         if name not in KNOB_KEYS:
-            raise ConfigError(f"--{name.replace('_', '-')}: not a knob (knobs: {', '.join(sorted(KNOB_KEYS))})")
+            raise ConfigError(
+                f"--{name.replace('_', '-')}: not a knob (knobs: {', '.join(sorted(KNOB_KEYS))})"
+            )
         section, key = KNOB_KEYS[name]
         target = out.setdefault(section, {})
         if not isinstance(target, dict):

@@ -134,14 +134,18 @@ def check_cross_keys(cfg: DeployConfig) -> list[str]:
     """Rules that involve more than one key; each problem names the keys at fault."""
     problems: list[str] = []
     if cfg.world_size is not None and cfg.nodes is not None:
-        problems.append("world_size, nodes: mutually exclusive (give world_size for one host, nodes for several)")
+        problems.append(
+            "world_size, nodes: mutually exclusive (give world_size for one host, nodes for several)"
+        )
     if cfg.nodes is not None and not cfg.nodes:
         problems.append("nodes: must name at least one node (rank 0 first)")
     if cfg.node_env and len(cfg.node_env) != cfg.world:
         problems.append(f"node_env: {len(cfg.node_env)} entries for {cfg.world} ranks (one object per rank)")
     for i, env in enumerate(cfg.node_env):
         for key in sorted(set(env) - NODE_ENV_ALLOWED):
-            problems.append(f"node_env[{i}].{key}: not an allowed variable (allowed: {', '.join(sorted(NODE_ENV_ALLOWED))})")
+            problems.append(
+                f"node_env[{i}].{key}: not an allowed variable (allowed: {', '.join(sorted(NODE_ENV_ALLOWED))})"
+            )
     problems += _check_http_and_ports(cfg)
     problems += _check_engine(cfg)
     return problems
@@ -190,5 +194,5 @@ def _check_engine(cfg: DeployConfig) -> list[str]:
         problems.append("engine.fp8_head: 'mma' needs engine.dense_weights 'fp8' (an FP8 head to multiply)")
     rs = eng.rope_scaling
     if rs is not None and rs.rope_type is None and rs.type is None:
-        problems.append("engine.rope_scaling.rope_type: required key missing (\"yarn\")")
+        problems.append('engine.rope_scaling.rope_type: required key missing ("yarn")')
     return problems

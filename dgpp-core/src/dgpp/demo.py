@@ -40,8 +40,12 @@ def build_qwen3_tiny(out: Path) -> None:
     build_tiny_tokenizer(out)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    overrides = {"eos_token_id": eos, "pad_token_id": eos[1], "bos_token_id": None,
-                 "max_position_embeddings": DEMO_MAX_POSITION}
+    overrides = {
+        "eos_token_id": eos,
+        "pad_token_id": eos[1],
+        "bos_token_id": None,
+        "max_position_embeddings": DEMO_MAX_POSITION,
+    }
     build_tiny_checkpoint("qwen3", out, seed=DEMO_SEED, overrides=overrides)
 
 
@@ -53,7 +57,9 @@ def ensure_demo_checkpoint(model: str) -> Path:
     name = model.split("/", 1)[1]
     builder = DEMO_BUILDERS.get(name)
     if builder is None:
-        raise CheckpointError(f"model {model!r}: no such demo checkpoint (demos: {', '.join(sorted(DEMO_BUILDERS))})")
+        raise CheckpointError(
+            f"model {model!r}: no such demo checkpoint (demos: {', '.join(sorted(DEMO_BUILDERS))})"
+        )
     final = demo_cache_dir() / name
     if (final / "config.json").is_file():
         return final

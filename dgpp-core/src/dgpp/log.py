@@ -11,8 +11,8 @@ import logging
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from collections.abc import Iterable, Iterator
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import structlog
@@ -24,7 +24,7 @@ _stdlib_handler: logging.Handler | None = None
 
 
 def _utc_ms_timestamp(_logger: Any, _method: str, event: dict[str, Any]) -> dict[str, Any]:
-    event["timestamp"] = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    event["timestamp"] = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return event
 
 
@@ -53,10 +53,12 @@ def configure_logging(json: bool = False, level: str | None = None, stream: Any 
         cache_logger_on_first_use=False,
     )
     handler = logging.StreamHandler(stream)
-    handler.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
-        foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
-    ))
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[structlog.stdlib.add_logger_name, *shared],
+        )
+    )
     root = logging.getLogger()
     if _stdlib_handler is not None:  # replace only our own handler: others (pytest's caplog) stay
         root.removeHandler(_stdlib_handler)
@@ -88,5 +90,11 @@ def progress(iterable: Iterable[T], total: int | None, what: str, every_s: float
         if now - last >= every_s and (total is None or done < total):
             last = now
             pct = f" ({100 * done // total}%)" if total else ""
-            log.info(what, done=done, total=total, progress=f"{done}/{total or '?'}{pct}", elapsed_s=round(now - start, 1))
+            log.info(
+                what,
+                done=done,
+                total=total,
+                progress=f"{done}/{total or '?'}{pct}",
+                elapsed_s=round(now - start, 1),
+            )
     log.info(what + " done", done=done, total=total, elapsed_s=round(time.monotonic() - start, 1))

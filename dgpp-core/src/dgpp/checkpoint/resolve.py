@@ -29,7 +29,9 @@ def hf_hub_dir() -> tuple[Path, str]:
 
 def _checked_dir(path: Path, what: str) -> Path:
     if not (path / "config.json").is_file():
-        raise CheckpointError(f"{what} {path} has no config.json (not a checkpoint, or an incomplete download)")
+        raise CheckpointError(
+            f"{what} {path} has no config.json (not a checkpoint, or an incomplete download)"
+        )
     return path.resolve()
 
 
@@ -40,7 +42,9 @@ def _snapshot(repo_dir: Path, model: str) -> Path:
         rev = ref.read_text(encoding="utf-8").strip()
         if (snapshots / rev).is_dir():
             return snapshots / rev
-        raise CheckpointError(f"checkpoint {model!r}: {ref} names revision {rev} but {snapshots / rev} is missing")
+        raise CheckpointError(
+            f"checkpoint {model!r}: {ref} names revision {rev} but {snapshots / rev} is missing"
+        )
     revs = sorted(p for p in snapshots.iterdir() if p.is_dir()) if snapshots.is_dir() else []
     if len(revs) == 1:
         return revs[0]

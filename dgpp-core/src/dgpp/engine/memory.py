@@ -47,12 +47,19 @@ class MemoryPlan:
     notes: tuple[str, ...] = ()
 
     @classmethod
-    def from_cache_spec(cls, spec: dict[str, CacheSpec], weights: int, activations_per_token: int, **sizes: Any) -> MemoryPlan:
+    def from_cache_spec(
+        cls, spec: dict[str, CacheSpec], weights: int, activations_per_token: int, **sizes: Any
+    ) -> MemoryPlan:
         """A plan whose KV and state rates come from a model's ``cache_spec()``."""
         kv = sum(s.bytes_per_token() for s in spec.values() if isinstance(s, PagedKV))
         state = sum(s.bytes_per_request() for s in spec.values() if isinstance(s, StateSpec))
-        return cls(weights=weights, kv_per_token=kv, state_per_request=state,
-                   activations_per_token=activations_per_token, **sizes)
+        return cls(
+            weights=weights,
+            kv_per_token=kv,
+            state_per_request=state,
+            activations_per_token=activations_per_token,
+            **sizes,
+        )
 
     def items(self) -> dict[str, int]:
         """Every item in bytes, largest first."""
@@ -95,7 +102,11 @@ class MemoryPlan:
         """Why the plan does not fit: the need, what is free, the largest items and the kv_capacity that would fit."""
         top = ", ".join(f"{k} {format_bytes(v)}" for k, v in list(self.items().items())[:3] if v)
         cap = self.max_kv_capacity(free_bytes, headroom, block_size)
-        hint = f"largest engine.kv_capacity that fits: {cap}" if cap else "no kv_capacity fits (the rest alone is too large)"
+        hint = (
+            f"largest engine.kv_capacity that fits: {cap}"
+            if cap
+            else "no kv_capacity fits (the rest alone is too large)"
+        )
         return (
             f"memory plan does not fit: needs {format_bytes(self.total())} + {format_bytes(headroom)} headroom, "
             f"{format_bytes(free_bytes)} free; largest items: {top}; {hint}"

@@ -18,8 +18,25 @@ from typing import Any
 from dgpp.engine.memory import MemoryPlan
 from dgpp.errors import CheckpointError
 
-_DTYPE_BITS = {"F64": 64, "F32": 32, "F16": 16, "BF16": 16, "I64": 64, "I32": 32, "I16": 16, "I8": 8, "U8": 8,
-               "BOOL": 8, "F8_E4M3": 8, "F8_E5M2": 8, "F8_E8M0": 8, "F4": 4, "U16": 16, "U32": 32, "U64": 64}
+_DTYPE_BITS = {
+    "F64": 64,
+    "F32": 32,
+    "F16": 16,
+    "BF16": 16,
+    "I64": 64,
+    "I32": 32,
+    "I16": 16,
+    "I8": 8,
+    "U8": 8,
+    "BOOL": 8,
+    "F8_E4M3": 8,
+    "F8_E5M2": 8,
+    "F8_E8M0": 8,
+    "F4": 4,
+    "U16": 16,
+    "U32": 32,
+    "U64": 64,
+}
 _NAME_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "bf16": 16, "fp8": 8, "fp4": 4}
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP = re.compile(r"(?:^|\.)mtp(?:\.|_)")
@@ -33,7 +50,9 @@ def tensor_bytes(checkpoint_dir: Path) -> dict[str, int]:
     else:
         files = sorted(p.name for p in checkpoint_dir.glob("*.safetensors"))
     if not files:
-        raise CheckpointError(f"{checkpoint_dir}: no *.safetensors files (and no model.safetensors.index.json)")
+        raise CheckpointError(
+            f"{checkpoint_dir}: no *.safetensors files (and no model.safetensors.index.json)"
+        )
     sizes: dict[str, int] = {}
     for name in files:
         path = checkpoint_dir / name
@@ -58,7 +77,12 @@ def _text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
 def _compute_bits(hf_config: dict[str, Any], engine: Any) -> int:
     name = getattr(engine, "dtype", "auto")
     if name == "auto":
-        name = str(hf_config.get("dtype") or hf_config.get("torch_dtype") or _text_config(hf_config).get("dtype") or "bfloat16")
+        name = str(
+            hf_config.get("dtype")
+            or hf_config.get("torch_dtype")
+            or _text_config(hf_config).get("dtype")
+            or "bfloat16"
+        )
     return _NAME_BITS.get(name, 16)
 
 
@@ -108,7 +132,9 @@ def _prefill_rows(engine: Any, max_position: int) -> int:
     return max(256 if busy < 0 else busy, idle)
 
 
-def estimate_memory_plan(checkpoint_dir: Path, hf_config: dict[str, Any], engine: Any, world_size: int = 1) -> MemoryPlan:
+def estimate_memory_plan(
+    checkpoint_dir: Path, hf_config: dict[str, Any], engine: Any, world_size: int = 1
+) -> MemoryPlan:
     """The generic per-rank plan for a checkpoint under the deployment's ``engine`` settings."""
     cfg = _text_config(hf_config)
     n_layers = int(cfg.get("num_hidden_layers", 0))
@@ -123,8 +149,10 @@ def estimate_memory_plan(checkpoint_dir: Path, hf_config: dict[str, Any], engine
     kv_name = getattr(engine, "kv_dtype", "auto")
     kv_bits = act_bits if kv_name == "auto" else _NAME_BITS[kv_name]
     hidden = int(cfg.get("hidden_size", 0))
-    mlp = max(int(cfg.get("intermediate_size", 0)),
-              int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("num_experts_per_tok", 0)))
+    mlp = max(
+        int(cfg.get("intermediate_size", 0)),
+        int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("num_experts_per_tok", 0)),
+    )
     vocab = int(cfg.get("vocab_size", 0))
     max_position = int(cfg.get("max_position_embeddings", 4096))
     state = _state_bytes_per_request(cfg, act_bits, world_size)
@@ -142,5 +170,7 @@ def estimate_memory_plan(checkpoint_dir: Path, hf_config: dict[str, Any], engine
         prefill_tokens=_prefill_rows(engine, max_position),
         prefix_cache=prefix,
         extra={"logits": 4 * vocab * max(max_conc * (1 + getattr(engine, "mtp_depth", 1)), 8) // world_size},
-        notes=("generic estimate from config.json and safetensors headers (the family plugin offers no plan)",),
+        notes=(
+            "generic estimate from config.json and safetensors headers (the family plugin offers no plan)",
+        ),
     )

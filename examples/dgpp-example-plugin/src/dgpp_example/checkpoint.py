@@ -19,8 +19,16 @@ from dgpp_example.model import ToyConfig, ToyModel
 
 ARCHITECTURE = "ToyForCausalLM"
 MODEL_TYPE = "dgpp_toy"
-TINY = ToyConfig(vocab_size=96, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, head_dim=16,
-                 intermediate_size=64, max_position_embeddings=256, eos_token_id=1)
+TINY = ToyConfig(
+    vocab_size=96,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    head_dim=16,
+    intermediate_size=64,
+    max_position_embeddings=256,
+    eos_token_id=1,
+)
 
 
 def parse_config(hf_config: dict[str, Any]) -> ToyConfig:
@@ -29,7 +37,9 @@ def parse_config(hf_config: dict[str, Any]) -> ToyConfig:
     optional = {"rms_norm_eps", "eos_token_id"}
     missing = sorted(known - optional - set(hf_config))
     if missing:
-        raise ConfigError(f"config.json: missing key {missing[0]} (toy needs {', '.join(sorted(known - optional))})")
+        raise ConfigError(
+            f"config.json: missing key {missing[0]} (toy needs {', '.join(sorted(known - optional))})"
+        )
     return ToyConfig(**{k: hf_config[k] for k in known if k in hf_config})
 
 
@@ -47,7 +57,9 @@ def write_toy_checkpoint(out_dir: str | Path, cfg: ToyConfig = TINY, seed: int =
     return out
 
 
-def load_toy(checkpoint_dir: Path, hf_config: dict[str, Any], dtype: torch.dtype | None, device: Any) -> ToyModel:
+def load_toy(
+    checkpoint_dir: Path, hf_config: dict[str, Any], dtype: torch.dtype | None, device: Any
+) -> ToyModel:
     cfg = parse_config(hf_config)
     path = checkpoint_dir / "model.safetensors"
     if not path.is_file():
@@ -58,6 +70,8 @@ def load_toy(checkpoint_dir: Path, hf_config: dict[str, Any], dtype: torch.dtype
         if name not in tensors:
             raise CheckpointError(f"tensor {name!r} is missing from {path}")
         if tuple(tensors[name].shape) != tuple(param.shape):
-            raise CheckpointError(f"tensor {name!r} in {path} has shape {tuple(tensors[name].shape)}, expected {tuple(param.shape)}")
+            raise CheckpointError(
+                f"tensor {name!r} in {path} has shape {tuple(tensors[name].shape)}, expected {tuple(param.shape)}"
+            )
     model.load_state_dict(tensors, strict=False)  # every expected name was checked above; extras are ignored
     return model.to(device).eval()

@@ -60,7 +60,7 @@ class ToyBlock(nn.Module):
         flat_v[batch.slot_mapping[keep]] = v[keep].to(flat_v.dtype)
         out = torch.empty_like(q)
         starts = batch.query_start_loc.tolist()
-        for i, (ctx, total) in enumerate(zip(batch.context_lens_cpu, batch.seq_lens_cpu)):
+        for i, (ctx, total) in enumerate(zip(batch.context_lens_cpu, batch.seq_lens_cpu, strict=True)):
             pos = torch.arange(total, device=x.device)
             slots = batch.block_tables[i, pos // block_size].long() * block_size + pos % block_size
             keys, values = flat_k[slots].to(q.dtype), flat_v[slots].to(q.dtype)  # [total, heads, dim]
@@ -88,13 +88,19 @@ class ToyModel(Model):
         self.final_norm = nn.Parameter(torch.ones(cfg.hidden_size))
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         eos = () if cfg.eos_token_id is None else (cfg.eos_token_id,)
-        self.info = ModelInfo(vocab_size=cfg.vocab_size, max_position=cfg.max_position_embeddings,
-                              eos_token_ids=eos, dtype=dtype)
+        self.info = ModelInfo(
+            vocab_size=cfg.vocab_size,
+            max_position=cfg.max_position_embeddings,
+            eos_token_ids=eos,
+            dtype=dtype,
+        )
         self.to(dtype)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
-        return {block.cache_name: PagedKV(self.cfg.num_attention_heads, self.cfg.head_dim, self.info.dtype)
-                for block in self.layers}
+        return {
+            block.cache_name: PagedKV(self.cfg.num_attention_heads, self.cfg.head_dim, self.info.dtype)
+            for block in self.layers
+        }
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.embed(batch.input_ids) + self.pos_embed(batch.positions)
@@ -112,7 +118,11 @@ class ToyModel(Model):
         heads, dim, n = self.cfg.num_attention_heads, self.cfg.head_dim, len(token_ids)
         mask = torch.ones(n, n, dtype=torch.bool).tril()
         for block in self.layers:
-            q, k, v = block.qkv(rms_norm(x, block.attn_norm, self.cfg.rms_norm_eps)).view(n, 3, heads, dim).unbind(1)
+            q, k, v = (
+                block.qkv(rms_norm(x, block.attn_norm, self.cfg.rms_norm_eps))
+                .view(n, 3, heads, dim)
+                .unbind(1)
+            )
             scores = torch.einsum("qhd,khd->hqk", q, k) / dim**0.5
             attn = torch.einsum("hqk,khd->qhd", scores.masked_fill(~mask, float("-inf")).softmax(-1), v)
             x = x + block.o(attn.reshape(n, heads * dim))

@@ -18,8 +18,16 @@ PLUGIN = "dgpp-example-plugin"
 def dgpp_families() -> list[FamilySpec]:
     from dgpp_example.checkpoint import ARCHITECTURE, MODEL_TYPE
 
-    return [FamilySpec(name=FAMILY, plugin=PLUGIN, architectures=(ARCHITECTURE,), model_types=(MODEL_TYPE,),
-                       implemented=(ARCHITECTURE, MODEL_TYPE), description="two-layer toy transformer (example plugin)")]
+    return [
+        FamilySpec(
+            name=FAMILY,
+            plugin=PLUGIN,
+            architectures=(ARCHITECTURE,),
+            model_types=(MODEL_TYPE,),
+            implemented=(ARCHITECTURE, MODEL_TYPE),
+            description="two-layer toy transformer (example plugin)",
+        )
+    ]
 
 
 @hookimpl
@@ -44,8 +52,12 @@ def dgpp_memory_plan(ctx: LoadContext):
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     eng = ctx.engine
     return MemoryPlan.from_cache_spec(
-        model.cache_spec(), weights=weights, activations_per_token=4 * (4 * cfg.hidden_size + cfg.intermediate_size),
-        kv_capacity=eng.kv_capacity, max_concurrency=eng.max_concurrency, prefill_tokens=256,
+        model.cache_spec(),
+        weights=weights,
+        activations_per_token=4 * (4 * cfg.hidden_size + cfg.intermediate_size),
+        kv_capacity=eng.kv_capacity,
+        max_concurrency=eng.max_concurrency,
+        prefill_tokens=256,
     )
 
 
