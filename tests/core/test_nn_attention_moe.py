@@ -36,17 +36,17 @@ def test_paged_attention_mixed_prefill_chunk_and_decode_matches_dense():
     full = [(torch.randn(n, hq, d, generator=GEN), torch.randn(n, hkv, d, generator=GEN), torch.randn(n, hkv, d, generator=GEN))
             for n in lengths]
     # earlier tokens reach the cache through an earlier step
-    earlier = [SeqWork(0, t, 0, [0] * c) for t, c in zip(tables, contexts) if c]
+    earlier = [SeqWork(0, t, 0, [0] * c) for t, c in zip(tables, contexts, strict=True) if c]
     kept = [i for i, c in enumerate(contexts) if c]
     b0 = build_batch(earlier, pools)
     layer(torch.cat([full[i][0][: contexts[i]] for i in kept]), torch.cat([full[i][1][: contexts[i]] for i in kept]),
           torch.cat([full[i][2][: contexts[i]] for i in kept]), b0)
-    step = [SeqWork(0, t, c, [0] * (n - c)) for t, c, n in zip(tables, contexts, lengths)]
+    step = [SeqWork(0, t, c, [0] * (n - c)) for t, c, n in zip(tables, contexts, lengths, strict=True)]
     batch = build_batch(step, pools)
-    q, k, v = (torch.cat([f[j][c:] for f, c in zip(full, contexts)]) for j in range(3))
+    q, k, v = (torch.cat([f[j][c:] for f, c in zip(full, contexts, strict=True)]) for j in range(3))
     out = layer(q, k, v, batch).view(-1, hq, d)
-    rows = out.split([n - c for n, c in zip(lengths, contexts)])
-    for (fq, fk, fv), c, got in zip(full, contexts, rows):
+    rows = out.split([n - c for n, c in zip(lengths, contexts, strict=True)])
+    for (fq, fk, fv), c, got in zip(full, contexts, rows, strict=True):
         torch.testing.assert_close(got, dense_causal(fq, fk, fv, d**-0.5)[c:], rtol=1e-5, atol=1e-6)
 
 

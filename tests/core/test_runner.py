@@ -44,7 +44,7 @@ class RunningSum(Model):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         total = batch.cache.state["sum"]["total"]
-        for i, (start, end) in enumerate(zip(batch.query_start_loc[:-1].tolist(), batch.query_start_loc[1:].tolist())):
+        for i, (start, end) in enumerate(zip(batch.query_start_loc[:-1].tolist(), batch.query_start_loc[1:].tolist(), strict=True)):
             total[batch.state_slots[i]] += batch.input_ids[start:end].sum()
         sums = total[batch.state_slots]
         last = (batch.query_start_loc[1:] - 1).tolist()

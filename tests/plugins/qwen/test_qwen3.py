@@ -99,7 +99,7 @@ def test_generation_config_eos_stops_generation(tmp_path):
     model = load_model(path)
     prompt = conf.make_prompts(512, (8,), seed=12)
     free = greedy_generate(model, prompt, 6)[0]
-    (path / "generation_config.json").write_text('{"eos_token_id": [%d, 3]}' % free[2])
+    (path / "generation_config.json").write_text(f'{{"eos_token_id": [{free[2]}, 3]}}')
     model = load_model(path)
     assert free[2] in model.info.eos_token_ids
     assert greedy_generate(model, prompt, 6)[0] == free[: free.index(free[2]) + 1]

@@ -44,5 +44,5 @@ def test_two_rank_tensor_parallel_matches_one_rank(tmp_path):
     mp.spawn(_rank_main, args=(2, _free_port(), str(path), str(out)), nprocs=2, join=True)
     sharded = torch.load(out)
     whole = conf.engine_all_logits(load_model(path), conf.make_prompts(512, PROMPT_LENGTHS, seed=3))
-    for a, b in zip(sharded, whole):
+    for a, b in zip(sharded, whole, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

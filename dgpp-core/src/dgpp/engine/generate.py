@@ -53,7 +53,7 @@ def greedy_generate(
             work.append(SeqWork(state_slots[i], tables[i], cached[i], feed, cached[i] + len(feed) == len(tokens[i])))
         logits = runner.step(work)
         row = 0
-        for i, w in zip(live, work):
+        for i, w in zip(live, work, strict=True):
             cached[i] += len(w.token_ids)
             if not w.want_logits:
                 continue
@@ -62,7 +62,7 @@ def greedy_generate(
             tokens[i].append(token)
             out[i].append(token)
         live = [i for i in live if not (len(out[i]) >= max_new_tokens or (out[i] and out[i][-1] in eos))]
-    for table, slot in zip(tables, state_slots):
+    for table, slot in zip(tables, state_slots, strict=True):
         blocks.free(table)
         slots.free(slot)
     return out

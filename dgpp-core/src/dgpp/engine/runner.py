@@ -49,7 +49,7 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
         tables[i, : len(w.block_table)] = torch.tensor(w.block_table, dtype=torch.int32)
     q_lens = [len(w.token_ids) for w in work]
     ctx = [w.context_len for w in work]
-    seq = [c + q for c, q in zip(ctx, q_lens)]
+    seq = [c + q for c, q in zip(ctx, q_lens, strict=True)]
 
     def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)

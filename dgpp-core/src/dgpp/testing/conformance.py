@@ -61,7 +61,7 @@ def check_logits(
     fraction is allowed there while every other row must still be within ``rtol``.
     """
     errors: list[float] = []
-    for i, (ours, prompt) in enumerate(zip(engine_all_logits(model, prompts), prompts)):
+    for i, (ours, prompt) in enumerate(zip(engine_all_logits(model, prompts), prompts, strict=True)):
         ref = reference_logits(reference, prompt)
         rows = ((ours - ref).abs().max(-1).values / ref.abs().max()).tolist()
         errors.extend(rows)
@@ -82,7 +82,7 @@ def reference_greedy(reference: torch.nn.Module, prompt: list[int], max_new_toke
 
 
 def _first_diff(a: list[int], b: list[int]) -> int:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    return next((i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), min(len(a), len(b)))
 
 
 def assert_same_tokens(ours: list[int], theirs: list[int], what: str) -> None:
@@ -127,7 +127,7 @@ def check_greedy_near_ties(
         path = gen.sequences[0, len(prompt) :].tolist()
         ref_rows = torch.cat(gen.logits).float()
         ours = engine_forced_logits(model, prompt, path).argmax(-1).tolist()
-        for step, (mine, theirs) in enumerate(zip(ours, path)):
+        for step, (mine, theirs) in enumerate(zip(ours, path, strict=True)):
             if mine == theirs:
                 continue
             row = ref_rows[step]
