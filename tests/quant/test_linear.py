@@ -55,6 +55,9 @@ def test_quant_linear_equals_dense_on_decoded(fmt):
     x = torch.randn(5, k)
     dense = fmt.decode(shipped, (n, k), torch.float32)
     assert torch.equal(layer.quant_method.dense_weight(layer, torch.float32), dense)
+    for suffix in layer.quant_tensor_names:  # resident bytes are the shipped bytes (E8M0 grids excepted)
+        if shipped[suffix].dtype != torch.float8_e8m0fnu:
+            assert getattr(layer, suffix).element_size() == shipped[suffix].element_size(), suffix
     assert torch.equal(layer(x), F.linear(x, dense, layer.bias))
     # the quantization itself is sane: decoded weights stay close to what was encoded
     assert (dense - w).abs().max() <= 0.2 * w.abs().max()

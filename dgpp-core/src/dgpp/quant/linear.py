@@ -3,7 +3,7 @@
 ``create_weights`` registers one parameter per stored tensor (named by its checkpoint suffix, so
 ``q_proj.weight_scale_inv`` loads by name); ``apply`` computes ``x @ W^T`` with the Triton kernel on GPU
 (reading the packed bytes) and, on CPU or for formats without a kernel, by decoding W to the activation
-dtype (the reference path). Scale tensors are widened once to exact float32 at load; codes stay packed.
+dtype (the reference path). Codes stay packed; E8M0 block scales widen exactly to float32 at load.
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ TORCH_ONLY_ENV = "DGPP_QUANT_TORCH"  # "1": always use the decode path (debuggin
 
 
 def storage_dtype(fmt: QuantFormat, suffix: str, shipped: tuple[int, ...]) -> torch.dtype:
-    """Resident dtype of a stored tensor: codes keep their bytes, float scales widen exactly to float32."""
+    """Resident dtype of a stored tensor: codes keep their bytes; float scales start as float32, which
+    holds E8M0 exactly, and 2-byte scales switch to their shipped dtype when they load."""
     if isinstance(fmt, FP8Block):
         return torch.float8_e4m3fn if suffix == "weight" else torch.float32
     if isinstance(fmt, FP4Grouped):
@@ -49,6 +50,9 @@ def tp_dim(fmt: QuantFormat, parallel: str) -> int | None:
 
 def load_packed(param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
     """Checkpoint tensor -> resident parameter (``shard`` = expert index for stacked expert tensors)."""
+    if param.dtype == torch.float32 and loaded.dtype in (torch.bfloat16, torch.float16) and shard in (None, 0):
+        # 2-byte scales stay as shipped (what packed_bytes counts); kernels widen them in registers
+        param.data = torch.empty(param.shape, dtype=loaded.dtype, device=param.device)
     copy_packed(param if shard is None else param[shard], loaded, param)
 
 

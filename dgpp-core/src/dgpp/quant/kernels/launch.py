@@ -93,19 +93,20 @@ def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device)
     if m <= GEMV_MAX_ROWS:
         bm, bn, stages = 1, 16, 4
         bkp = max(1, 128 // pack)
+        warps = 2 if isinstance(fmt, FP8Block) else 4  # measured best on H200 (docs/benchmarks.md)
         if isinstance(fmt, FP4Grouped):
             bkp = 128
         elif isinstance(fmt, (IntPacked, GPTQ)):
             bkp = max(1, min(128, fmt.group_size(shape)) // pack)
     else:
-        bm, bn, stages = 64, 64, 2
+        bm, bn, stages, warps = 64, 64, 2, 4
         bkp = max(16, 64 // pack)
     if interpreting() or device.type != "cuda":
-        return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=1, num_stages=stages)
+        return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=1, num_warps=warps, num_stages=stages)
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     tiles = cdiv(n, bn) * (1 if bm == 1 else cdiv(m, bm))  # the GEMV split must not depend on m
     split = max(1, min(cdiv(2 * sms, tiles), cdiv(k // pack, bkp) // 4, 16))
-    return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split, num_stages=stages)
+    return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split, num_warps=warps, num_stages=stages)
 
 
 def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
