@@ -89,12 +89,12 @@ def test_topology_flags_are_refused_as_knobs(tmp_path, capsys):
         assert f"{flag} is not a knob" in capsys.readouterr().err
 
 
-def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, monkeypatch):
+def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, tiny_qwen3, monkeypatch):
     seen = {}
     app = types.ModuleType("dgpp.serve.app")
     app.run = lambda cfg: seen.setdefault("cfg", cfg) and 0
     monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
-    cfg = write_template(tmp_path, "s.json", model="m", engine={"mtp": True, "mtp_depth": 2})
+    cfg = write_template(tmp_path, "s.json", model=str(tiny_qwen3), engine={"mtp": True, "mtp_depth": 2})
     assert (
         main(["serve", cfg, "--no-mtp", "--knobs", "--kv-capacity 4096 --mtp-depth 3", "--port", "9001"]) == 0
     )
@@ -105,6 +105,15 @@ def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, mon
         4096,
         9001,
     )
+
+
+def test_serve_refuses_a_plan_that_does_not_fit_before_loading(tmp_path, tiny_qwen3, monkeypatch, capsys):
+    app = types.ModuleType("dgpp.serve.app")
+    app.run = lambda cfg: pytest.fail("run() must not be reached")
+    monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
+    cfg = write_template(tmp_path, "s.json", model=str(tiny_qwen3), engine={"kv_capacity": 1 << 40})
+    assert main(["serve", cfg]) == 1
+    assert "memory plan does not fit" in capsys.readouterr().err
 
 
 def test_serve_without_a_server_says_so(tmp_path, monkeypatch, capsys):

@@ -11,7 +11,7 @@ import shlex
 import sys
 from typing import Any
 
-from dgpp.config import KNOB_KEYS, REFUSED_KNOBS, load_config
+from dgpp.config import KNOB_KEYS, REFUSED_KNOBS, DeployConfig, load_config
 from dgpp.errors import DgppError
 
 # (flag, dest, type, help); every dest is a key of dgpp.config.KNOB_KEYS
@@ -125,8 +125,39 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             return 1
         raise
+    _startup_checks(cfg, args.config)
     result = run(cfg)
     return result if isinstance(result, int) else 0
+
+
+def _startup_checks(cfg: DeployConfig, path: str) -> None:
+    """Log what is being served (digest, lossy levers) and refuse a memory plan that does not fit."""
+    from dgpp.engine.memory import format_bytes
+    from dgpp.log import get_logger
+    from dgpp.preflight import preflight, require_fit
+
+    log = get_logger("dgpp.serve")
+    found = preflight(cfg)
+    fam = found.resolution.family
+    log.info(
+        "deployment",
+        config=path,
+        digest=cfg.digest(),
+        model=cfg.model,
+        checkpoint=str(found.checkpoint),
+        family=fam.name,
+        plugin=fam.plugin,
+        world=cfg.world,
+    )
+    for lever in cfg.engine.lossy_levers():
+        log.warning("lossy lever on: results may differ from the exact chain", key=f"engine.{lever}")
+    require_fit(cfg, found)
+    log.info(
+        "memory plan fits",
+        need=format_bytes(found.plan.total()),
+        free=format_bytes(found.free_bytes),
+        device=found.device,
+    )
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -15,50 +15,32 @@ from dgpp.errors import DgppError
 
 def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     """Everything startup would refuse, without loading weights; 0 when the deployment would start."""
-    from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.config import load_config
-    from dgpp.engine.loading import read_hf_config
-    from dgpp.engine.memory import DEFAULT_HEADROOM, GiB, format_bytes, free_memory_bytes, plan_for
-    from dgpp.family import LoadContext, World
-    from dgpp.plugins import manager, resolve
+    from dgpp.engine.memory import GiB, format_bytes
+    from dgpp.preflight import preflight, require_fit
 
     cfg = load_config(args.config, knobs)
     print(f"config       {args.config} (digest {cfg.digest()})")
-    checkpoint = resolve_checkpoint(cfg.model)
-    print(f"checkpoint   {cfg.model} -> {checkpoint}")
-    hf_config = read_hf_config(checkpoint)
-    pm = manager()
-    res = resolve(pm, hf_config)
-    print(f"family       {res.family.name} (plugin {res.family.plugin}) for {res.matched}")
+    found = preflight(
+        cfg,
+        device=args.device,
+        headroom=int(args.headroom_gib * GiB) if args.headroom_gib is not None else None,
+        free_bytes=int(args.free_gib * GiB) if args.free_gib is not None else None,
+    )
+    fam = found.resolution.family
+    print(f"checkpoint   {cfg.model} -> {found.checkpoint}")
+    print(f"family       {fam.name} (plugin {fam.plugin}) for {found.resolution.matched}")
     print(f"world        {cfg.world} rank(s); listening on {cfg.http.bind_host}:{cfg.http.port}")
     print(f"lossy levers {', '.join(cfg.engine.lossy_levers()) or 'none'}")
-    device = args.device or _default_device()
-    ctx = LoadContext(
-        checkpoint_dir=checkpoint,
-        hf_config=hf_config,
-        family=res.family.name,
-        architecture=res.matched,
-        engine=cfg.engine,
-        world=World(0, cfg.world),
-        device=device,
-    )
-    plan = plan_for(pm, ctx)
     print("memory plan  (per rank)")
-    for line in plan.describe():
+    for line in found.plan.describe():
         print(f"  {line}")
-    headroom = int(args.headroom_gib * GiB) if args.headroom_gib is not None else DEFAULT_HEADROOM
-    free = int(args.free_gib * GiB) if args.free_gib is not None else free_memory_bytes(device)
-    if not plan.fits(free, headroom):
-        raise DgppError(plan.refusal(free, headroom, cfg.engine.block_size))
-    print(f"fits         {format_bytes(free)} free on {device}, {format_bytes(headroom)} headroom kept")
+    require_fit(cfg, found)
+    print(
+        f"fits         {format_bytes(found.free_bytes)} free on {found.device}, {format_bytes(found.headroom)} headroom kept"
+    )
     print("ready")
     return 0
-
-
-def _default_device() -> str:
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _plugin_version(pm: Any, name: str) -> str:
