@@ -1,5 +1,5 @@
 """Constrained sampling with a tiny random model (dgpp.testing's qwen3 checkpoint, logits from its forward
-pass) and the tiny tokenizer: the output always parses and validates."""
+pass) and the tiny tokenizer: 100 seeded json_schema samples parse and validate; required calls are valid."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dgpp_qwen.dialect import QwenXmlDialect
 
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
 from dgpp.text import ChatTemplate, ChoiceOutput, GrammarContext, build_matcher
-from test_grammar import LAMP, PERSON
+from test_grammar import ALARM, LAMP, PERSON
 
 
 @pytest.fixture(scope="module")
@@ -21,49 +21,69 @@ def tiny_model(tmp_path_factory):
     return load_reference(path)
 
 
-def generate(model, prompt_ids, matcher, seed, max_tokens=200):
-    """Sample at temperature 1 from the model's masked logits, reusing the KV cache between steps."""
+def generate_batch(model, prompt_ids, matchers, seed, max_tokens=160):
+    """One row per matcher, sampled together at temperature 1 from the model's masked logits (KV cache
+    reused); a finished row keeps decoding a pad id that nobody reads."""
     gen = torch.Generator().manual_seed(seed)
-    ids, past, out = torch.tensor([prompt_ids]), None, []
+    rows = len(matchers)
+    ids, past = torch.tensor([prompt_ids] * rows), None
+    outs: list[list[int]] = [[] for _ in range(rows)]
     with torch.no_grad():
         for _ in range(max_tokens):
-            res = model(input_ids=ids, cache=past, use_cache=True)
-            past, logits = res.past_key_values, res.logits[0, -1].float()
-            logits = logits.masked_fill(~matcher.mask(logits.shape[0]), float("-inf"))
-            token = int(torch.multinomial(torch.softmax(logits, -1), 1, generator=gen))
-            assert matcher.accept(token)
-            out.append(token)
-            if matcher.is_done():
-                return out
-            ids = torch.tensor([[token]])
-    raise AssertionError("the constrained output did not finish")
+            res = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past, logits = res.past_key_values, res.logits[:, -1].float()
+            nxt = []
+            for r, m in enumerate(matchers):
+                if m.is_done():
+                    nxt.append(0)
+                    continue
+                row = logits[r].masked_fill(~m.mask(logits.shape[1]), float("-inf"))
+                token = int(torch.multinomial(torch.softmax(row, -1), 1, generator=gen))
+                assert m.accept(token)
+                outs[r].append(token)
+                nxt.append(token)
+            if all(m.is_done() for m in matchers):
+                return outs
+            ids = torch.tensor(nxt).unsqueeze(1)
+    raise AssertionError("some constrained outputs did not finish")
 
 
-def test_json_schema_with_tiny_model(tiny_model, tiny_tokenizer):
+def visible_text(tokenizer, prompt, ids, **kwargs):
+    out = ChoiceOutput(tokenizer, prompt=prompt, **kwargs)
+    for t in ids:
+        out.push(t)
+    out.finish()
+    return out
+
+
+def test_json_schema_100_samples_with_tiny_model(tiny_model, tiny_tokenizer):
     ctx = GrammarContext(tiny_tokenizer, vocab_size=512)
-    ct = ChatTemplate.for_checkpoint(tiny_tokenizer)
-    prompt = ct.render([{"role": "user", "content": "Describe a person as JSON."}], chat_template_kwargs={"enable_thinking": False})
+    prompt = ChatTemplate.for_checkpoint(tiny_tokenizer).render(
+        [{"role": "user", "content": "Describe a person as JSON."}], chat_template_kwargs={"enable_thinking": False})
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
-    for seed in range(3):  # the model's forward dominates: a few samples; test_grammar draws 100
-        ids = generate(tiny_model, tiny_tokenizer.encode(prompt), build_matcher(ctx, response_format=fmt), seed)
-        out = ChoiceOutput(tiny_tokenizer, prompt=prompt)
-        text = "".join(d.get("content", "") for t in ids for d in out.push(t)) + "".join(d.get("content", "") for d in out.finish())
+    matchers = [build_matcher(ctx, response_format=fmt) for _ in range(100)]
+    outs = generate_batch(tiny_model, tiny_tokenizer.encode(prompt), matchers, seed=11)
+    texts = {visible_text(tiny_tokenizer, prompt, ids).message()["content"] for ids in outs}
+    assert len(texts) > 50  # the samples really differ
+    for text in texts:
         jsonschema.validate(json.loads(text), PERSON)
 
 
-def test_required_tool_call_with_tiny_model(tiny_model, tiny_tokenizer):
-    """A required single call sampled from the model; ChoiceOutput reports it with finish_reason tool_calls."""
+def test_required_tool_calls_with_tiny_model(tiny_model, tiny_tokenizer):
     ctx = GrammarContext(tiny_tokenizer, vocab_size=512)
-    ct = ChatTemplate.for_checkpoint(tiny_tokenizer)
-    prompt = ct.render([{"role": "user", "content": "Dim the hall."}], [LAMP], chat_template_kwargs={"enable_thinking": False})
     dialect = QwenXmlDialect()
-    for seed in range(2):
-        m = build_matcher(ctx, tools=[LAMP], tool_choice="required", parallel_tool_calls=False, dialect=dialect)
-        ids = generate(tiny_model, tiny_tokenizer.encode(prompt), m, seed)
-        out = ChoiceOutput(tiny_tokenizer, prompt=prompt, dialect=dialect, tools=[LAMP])
-        for t in ids:
-            out.push(t)
-        out.finish()
-        assert out.finish_reason("stop") == "tool_calls" and len(out.tool_calls) == 1
+    tools = [LAMP, ALARM]
+    prompt = ChatTemplate.for_checkpoint(tiny_tokenizer).render(
+        [{"role": "user", "content": "Dim the hall."}], tools, chat_template_kwargs={"enable_thinking": False})
+    # one call per sample: a random model rarely prefers EOS over yet another call (parallel calls are
+    # drawn in test_grammar with random logits)
+    matchers = [build_matcher(ctx, tools=tools, tool_choice="required", parallel_tool_calls=False, dialect=dialect)
+                for _ in range(20)]
+    outs = generate_batch(tiny_model, tiny_tokenizer.encode(prompt), matchers, seed=5)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
+    for ids in outs:
+        out = visible_text(tiny_tokenizer, prompt, ids, dialect=dialect, tools=tools)
+        assert out.finish_reason("stop") == "tool_calls" and out.message()["content"] is None
+        assert len(out.tool_calls) == 1
         for call in out.tool_calls:
-            jsonschema.validate(json.loads(call.arguments), LAMP["function"]["parameters"])
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
