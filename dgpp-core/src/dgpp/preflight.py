@@ -43,6 +43,13 @@ def default_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def compute_dtype(cfg: DeployConfig) -> Any:
+    """``engine.dtype`` as a torch dtype; None for ``auto`` (the checkpoint's own)."""
+    import torch
+
+    return None if cfg.engine.dtype == "auto" else getattr(torch, cfg.engine.dtype)
+
+
 def preflight(
     cfg: DeployConfig, device: str | None = None, headroom: int | None = None, free_bytes: int | None = None
 ) -> Preflight:
@@ -65,6 +72,7 @@ def preflight(
         engine=cfg.engine,
         world=World(0, cfg.world),
         device=device,
+        dtype=compute_dtype(cfg),
     )
     return Preflight(
         checkpoint=checkpoint,
