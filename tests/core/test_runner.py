@@ -29,6 +29,8 @@ def test_short_block_table_is_refused():
     pools = CachePools({}, num_blocks=8, block_size=4, num_state_slots=1)
     with pytest.raises(ValueError, match="covers 4 tokens, needs 5"):
         build_batch([SeqWork(0, [1], 3, [1, 2])], pools)
+    with pytest.raises(ValueError, match="outside the pool"):
+        build_batch([SeqWork(0, [8], 0, [1, 2])], pools)
 
 
 class RunningSum(Model):
@@ -114,3 +116,10 @@ def test_greedy_ties_go_to_the_lowest_id():
     from dgpp.engine.generate import greedy_generate
 
     assert greedy_generate(ConstantLogits(), [[1, 2], [4]], 3, chunk_size=1) == [[3, 3, 3], [3, 3, 3]]
+
+
+def test_generation_past_the_position_limit_is_refused():
+    from dgpp.engine.generate import greedy_generate
+
+    with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
+        greedy_generate(ConstantLogits(), [[1] * 60], 5)

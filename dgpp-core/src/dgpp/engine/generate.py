@@ -35,6 +35,9 @@ def greedy_generate(
     """The greedy continuation (new tokens only) of each prompt; a sequence stops after an EOS id."""
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
+    longest = max(len(p) for p in prompts) + max_new_tokens
+    if longest > model.info.max_position:
+        raise ValueError(f"prompt + max_new_tokens = {longest} exceeds the model's {model.info.max_position} positions")
     pools, blocks, slots = make_pools(model, [len(p) + max_new_tokens for p in prompts], block_size)
     runner = ModelRunner(model, pools)
     eos = set(model.info.eos_token_ids) if stop_at_eos else set()

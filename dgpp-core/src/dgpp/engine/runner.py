@@ -36,6 +36,8 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
                 f"work item {i}: block table of {len(w.block_table)} blocks covers {len(w.block_table) * bs} "
                 f"tokens, needs {end}"
             )
+        if w.block_table and not 0 <= min(w.block_table) <= max(w.block_table) < pools.num_blocks:
+            raise ValueError(f"work item {i}: block ids {w.block_table} outside the pool's 0..{pools.num_blocks - 1}")
         for pos in range(w.context_len, end):
             positions.append(pos)
             slots.append(w.block_table[pos // bs] * bs + pos % bs)
