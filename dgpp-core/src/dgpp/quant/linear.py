@@ -48,6 +48,29 @@ def tp_dim(fmt: QuantFormat, parallel: str) -> int | None:
     return 0 if column else 1
 
 
+def check_tp_alignment(fmt: QuantFormat, local: Shape, parallel: str, world_size: int) -> None:
+    """Each rank's slice must start and end on the format's scale-block / group / word boundaries
+    (re-blocking a scale grid with replicated scales is not implemented); raises ValueError naming why."""
+    if world_size == 1 or parallel == "replicated":
+        return
+    n, k = local
+    if isinstance(fmt, FP8Block):
+        bn, bk = fmt.block_for((n, k))
+        unit, size = (bn, n) if parallel == "column" else (bk, k)
+    elif isinstance(fmt, FP4Grouped):
+        unit, size = (1, n) if parallel == "column" else (fmt.group, k)
+    elif isinstance(fmt, GPTQ):
+        unit, size = (32 // fmt.bits, n) if parallel == "column" else (fmt.group_size((n, k)), k)
+    else:
+        group = getattr(fmt, "group", 0) or k
+        unit, size = (1, n) if parallel == "column" else (group, k)
+    if size % unit:
+        raise ValueError(
+            f"{parallel}-parallel slice of {size} per rank is not a multiple of the {fmt.name} block/group/word "
+            f"of {unit} (world {world_size}); re-blocking is not implemented"
+        )
+
+
 def load_packed(param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
     """Checkpoint tensor -> resident parameter (``shard`` = expert index for stacked expert tensors)."""
     if param.dtype == torch.float32 and loaded.dtype in (torch.bfloat16, torch.float16) and shard in (None, 0):
@@ -119,13 +142,18 @@ class QuantLinearMethod:
 
     def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
         shape = self.local_shape(layer)
+        check_tp_alignment(self.fmt, shape, layer.parallel, layer.world.size)
         dim = tp_dim(self.fmt, layer.parallel)
         shapes = dict(self.fmt.tensor_shapes(shape))
         if self.act_order:
+            if layer.parallel == "row" and layer.world.size > 1:
+                # a K slice of a permuted g_idx points at groups other ranks hold
+                raise ValueError("GPTQ act-order (desc_act) weights cannot be split row-parallel")
             shapes["g_idx"] = (shape[1],)
         layer.quant_tensor_names = tuple(shapes)
         for suffix, stored in shapes.items():
-            setattr(layer, suffix, make_param(self.fmt, suffix, stored, dim, layer.world))
+            own_dim = None if suffix == "g_idx" else dim  # g_idx is whole on every column-parallel rank
+            setattr(layer, suffix, make_param(self.fmt, suffix, stored, own_dim, layer.world))
 
     def adopt(self, layer: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         """Install already-encoded tensors (a load-time conversion) in place of the layer's weight."""
