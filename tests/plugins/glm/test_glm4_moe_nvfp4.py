@@ -54,3 +54,19 @@ def test_mtp_layer_stays_dense_and_equals_dense_twin(twins):
     assert isinstance(drafts[0].layers[0].mlp.experts.gate_up_proj, torch.nn.Parameter)  # not packed
     for name, param in drafts[0].state_dict().items():
         torch.testing.assert_close(param, drafts[1].state_dict()[name], rtol=0, atol=0, msg=name)
+
+
+def test_dense_mtp_layer_loads_when_the_exclude_list_omits_it(twins, tmp_path):
+    """Releases graft a BF16 MTP layer into an NVFP4 checkpoint without listing it in exclude_modules:
+    the drafter goes by the tensors (no block scales -> dense), not by the list."""
+    import json
+    import shutil
+
+    _, packed, model = twins
+    grafted = tmp_path / "grafted"
+    shutil.copytree(packed, grafted)
+    cfg = json.loads((grafted / "config.json").read_text())
+    cfg["quantization_config"]["exclude_modules"] = ["lm_head", "model.layers.*.self_attn*"]
+    (grafted / "config.json").write_text(json.dumps(cfg))
+    drafter = build_draft(LoadContext(grafted, cfg, "glm", "Glm4MoeForCausalLM"), model)
+    assert isinstance(drafter.layers[0].eh_proj.quant_method, UnquantizedLinearMethod)

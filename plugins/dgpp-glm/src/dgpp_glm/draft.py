@@ -14,6 +14,7 @@ KV (positions as the main model's), and predicts the token at ``p + 2`` with
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -121,24 +122,45 @@ class Glm4MoeMTPDrafter(nn.Module):
         return head(shared.norm(hidden))
 
 
+@dataclass(frozen=True)
+class MTPLayout:
+    """How a checkpoint stores MTP layer 0: its own embedding / head copies, and packed (quantized) or dense."""
+
+    own_embed: bool
+    own_head: bool
+    packed: bool
+
+    @classmethod
+    def of(cls, names: Iterable[str], cfg: Glm4MoeArchConfig) -> MTPLayout:
+        first = f"model.layers.{cfg.num_hidden_layers}."
+        mtp = [n for n in names if n.startswith(first)]
+        if first + "eh_proj.weight" not in mtp:
+            raise CheckpointError(
+                f"config.json declares num_nextn_predict_layers={cfg.num_mtp_layers} but tensor "
+                f"{first + 'eh_proj.weight'!r} is missing from the checkpoint"
+            )
+        # NVFP4 releases ship the MTP layer in BF16 (or graft it in later), whether or not their
+        # exclude list names it: it is packed only if its tensors carry block scales
+        return cls(
+            own_embed=first + "embed_tokens.weight" in mtp,
+            own_head=first + "shared_head.head.weight" in mtp,
+            packed=any(n.endswith(".weight_scale") for n in mtp),
+        )
+
+
 def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> Glm4MoeMTPDrafter | None:
     """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
     cfg = arch_config(ctx)
     if cfg.num_mtp_layers == 0:
         return None
-    first = f"model.layers.{cfg.num_hidden_layers}."
     reader = CheckpointReader(ctx.checkpoint_dir)
     try:
-        if first + "eh_proj.weight" not in reader:
-            raise CheckpointError(
-                f"config.json declares num_nextn_predict_layers={cfg.num_mtp_layers} but tensor "
-                f"{first + 'eh_proj.weight'!r} is missing from the checkpoint in {ctx.checkpoint_dir}"
-            )
-        own_embed = first + "embed_tokens.weight" in reader
-        own_head = first + "shared_head.head.weight" in reader
+        layout = MTPLayout.of(reader.names(), cfg)
+    except CheckpointError as e:
+        raise CheckpointError(f"{e} in {ctx.checkpoint_dir}") from None
     finally:
         reader.close()
     with torch.device(ctx.device or "cpu"):
-        drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=own_embed, own_head=own_head)
-    fill(drafter, ctx, drafter.checkpoint_name)
+        drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head)
+    fill(drafter, ctx, drafter.checkpoint_name, packed=layout.packed)
     return drafter.eval()

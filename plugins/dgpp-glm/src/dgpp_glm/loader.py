@@ -29,12 +29,14 @@ def arch_config(ctx: LoadContext) -> Glm4MoeArchConfig:
     return parse_glm4_moe_config(ctx.hf_config)
 
 
-def fill(module: nn.Module, ctx: LoadContext, rename: Callable[[str], str]) -> None:
+def fill(module: nn.Module, ctx: LoadContext, rename: Callable[[str], str], *, packed: bool = True) -> None:
     """Quantized modules first (so their packed parameters exist), then load, then the engine's
-    explicit load-time conversions (``engine.dense_weights`` / ``engine.bf16_weights``)."""
+    explicit load-time conversions (``engine.dense_weights`` / ``engine.bf16_weights``).
+    ``packed=False``: the module's tensors are stored dense whatever ``quantization_config`` says."""
     reader = CheckpointReader(ctx.checkpoint_dir)
     try:
-        quantize_modules(module, ctx.hf_config, rename=rename)
+        if packed:
+            quantize_modules(module, ctx.hf_config, rename=rename)
         load_weights(module, reader, rename=rename)
     finally:
         reader.close()

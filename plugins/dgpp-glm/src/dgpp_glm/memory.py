@@ -40,7 +40,7 @@ def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint") -> int:
 
 
 def memory_plan(ctx: LoadContext) -> MemoryPlan:
-    from dgpp_glm.draft import Glm4MoeMTPDrafter
+    from dgpp_glm.draft import Glm4MoeMTPDrafter, MTPLayout
     from dgpp_glm.model import Glm4MoeForCausalLM
 
     cfg = arch_config(ctx)
@@ -52,12 +52,10 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
         spec = dict(model.cache_spec())
         drafter_bytes = 0
         if cfg.num_mtp_layers and getattr(engine, "mtp", False):
-            names = tensor_bytes(Path(ctx.checkpoint_dir))
-            first = f"model.layers.{cfg.num_hidden_layers}."
-            drafter = Glm4MoeMTPDrafter(
-                cfg, model, own_embed=first + "embed_tokens.weight" in names, own_head=first + "shared_head.head.weight" in names
-            )
-            quantize_modules(drafter, ctx.hf_config, rename=drafter.checkpoint_name)
+            layout = MTPLayout.of(tensor_bytes(Path(ctx.checkpoint_dir)), cfg)
+            drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head)
+            if layout.packed:
+                quantize_modules(drafter, ctx.hf_config, rename=drafter.checkpoint_name)
             spec.update(drafter.cache_spec())
             drafter_bytes = resident_bytes(drafter, bf16)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
