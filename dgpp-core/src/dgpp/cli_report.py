@@ -16,11 +16,12 @@ from dgpp.errors import DgppError
 def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     """Everything startup would refuse, without loading weights; 0 when the deployment would start."""
     from dgpp.config import load_config
+
+    cfg = load_config(args.config, knobs)  # before the heavy imports: a bad template is refused at once
+    print(f"config       {args.config} (digest {cfg.digest()})")
     from dgpp.engine.memory import GiB, format_bytes
     from dgpp.preflight import preflight, require_fit
 
-    cfg = load_config(args.config, knobs)
-    print(f"config       {args.config} (digest {cfg.digest()})")
     found = preflight(
         cfg,
         device=args.device,
