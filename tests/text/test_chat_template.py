@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conversations import CONVERSATIONS
+
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.effort import EffortMapping
 from dgpp.text.errors import TemplateError
@@ -18,8 +18,9 @@ def hf_render(tok_dir, template, messages, tools, **kwargs):
     hf = _hf_cache.get(str(tok_dir))
     if hf is None:
         hf = _hf_cache[str(tok_dir)] = AutoTokenizer.from_pretrained(str(tok_dir))
-    return hf.apply_chat_template(messages, tools=tools, chat_template=template, tokenize=False,
-                                  add_generation_prompt=True, **kwargs)
+    return hf.apply_chat_template(
+        messages, tools=tools, chat_template=template, tokenize=False, add_generation_prompt=True, **kwargs
+    )
 
 
 _hf_cache: dict = {}
@@ -30,7 +31,9 @@ def assert_same_as_hf(ct: ChatTemplate, tok_dir, name: str, **kwargs):
     source = ct.source(bool(tools))
     ours = ct.render(messages, tools, chat_template_kwargs=kwargs or None)
     dict_args = "arguments|items" in source.replace(" ", "") or "arguments|tojson" in source.replace(" ", "")
-    theirs = hf_render(tok_dir, source, prepare_messages(messages, arguments_as_dict=dict_args), tools, **kwargs)
+    theirs = hf_render(
+        tok_dir, source, prepare_messages(messages, arguments_as_dict=dict_args), tools, **kwargs
+    )
     assert ours == theirs
     return ours
 
@@ -59,7 +62,10 @@ def test_developer_role_and_parts_are_normalized():
     think = prepare_messages(CONVERSATIONS["thinking_history"][0])
     assert think[-1] == {"role": "assistant", "content": "10", "reasoning_content": "5*2=10"}
     calls = prepare_messages(CONVERSATIONS["tools"][0])[2]
-    assert calls["content"] == "" and calls["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "days": 2}
+    assert calls["content"] == "" and calls["tool_calls"][0]["function"]["arguments"] == {
+        "city": "Paris",
+        "days": 2,
+    }
 
 
 def test_template_failure_is_a_messages_error(tiny_tokenizer):
@@ -92,13 +98,27 @@ def test_hf_helpers_behave_like_transformers():
 
 
 def test_named_templates_pick_tool_use():
-    ct = ChatTemplate([{"name": "default", "template": "plain"}, {"name": "tool_use", "template": "tools:{{ tools|length }}"}])
+    ct = ChatTemplate(
+        [
+            {"name": "default", "template": "plain"},
+            {"name": "tool_use", "template": "tools:{{ tools|length }}"},
+        ]
+    )
     assert ct.render([{"role": "user", "content": "x"}]) == "plain"
     assert ct.render([{"role": "user", "content": "x"}], CONVERSATIONS["tools"][1]) == "tools:2"
 
 
 def test_reasoning_effort_mapping(tiny_tokenizer):
-    qwen_like = EffortMapping({"minimal": "low", "low": "low", "medium": "medium", "high": "xhigh", "xhigh": "xhigh", "max": "xhigh"})
+    qwen_like = EffortMapping(
+        {
+            "minimal": "low",
+            "low": "low",
+            "medium": "medium",
+            "high": "xhigh",
+            "xhigh": "xhigh",
+            "max": "xhigh",
+        }
+    )
     src = "{{ enable_thinking }}/{{ reasoning_effort | default('-') }}"
     ct = ChatTemplate(src, effort=qwen_like)
     user = [{"role": "user", "content": "x"}]
@@ -114,12 +134,15 @@ def test_reasoning_effort_mapping(tiny_tokenizer):
     assert ct.effort_mapping()["medium"] == {"enable_thinking": True, "reasoning_effort": "medium"}
 
 
-@pytest.mark.parametrize("bad,where", [
-    ({"role": "user"}, "messages[0].content"),
-    ({"role": "user", "content": None}, "messages[0].content"),
-    ({"role": "tool", "content": "x"}, "messages[0].tool_call_id"),
-    ({"role": "wizard", "content": "x"}, "messages[0].role"),
-])
+@pytest.mark.parametrize(
+    "bad,where",
+    [
+        ({"role": "user"}, "messages[0].content"),
+        ({"role": "user", "content": None}, "messages[0].content"),
+        ({"role": "tool", "content": "x"}, "messages[0].tool_call_id"),
+        ({"role": "wizard", "content": "x"}, "messages[0].role"),
+    ],
+)
 def test_invalid_messages_are_named(bad, where):
     with pytest.raises(TemplateError, match=where.replace("[", r"\[").replace("]", r"\]")) as err:
         prepare_messages([bad])

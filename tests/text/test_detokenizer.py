@@ -81,8 +81,14 @@ def test_non_byte_level_tokenizer_streams_like_one_shot():
     from dgpp.text.tokenizer import Tokenizer
 
     sp = SentencePieceBPETokenizer()
-    corpus = ["The quick brown fox jumps over the lazy dog.", "Hello world, hello there!", "你好 世界 😀 ok"] * 5
-    sp.train_from_iterator(corpus, vocab_size=200, min_frequency=1, show_progress=False, special_tokens=["<unk>", "</s>"])
+    corpus = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Hello world, hello there!",
+        "你好 世界 😀 ok",
+    ] * 5
+    sp.train_from_iterator(
+        corpus, vocab_size=200, min_frequency=1, show_progress=False, special_tokens=["<unk>", "</s>"]
+    )
     tok = Tokenizer(sp._tokenizer, {"eos_token": "</s>"})
     assert not tok.is_byte_level
     ids = tok.encode(" Hello  world, the lazy 你好 😀 fox.")

@@ -6,15 +6,15 @@ import json
 import random
 
 import pytest
+from conversations import TIME_TOOL, WEATHER_TOOL
+
+from dgpp.plugins import build_manager
+from dgpp.text.dialect import call_id
+from dgpp.text.tools import tool_specs
 from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
 from dgpp_glm.dialect import GlmDialect
 from dgpp_mimo.dialect import MimoDialect
 from dgpp_qwen.dialect import QwenXmlDialect
-
-from conversations import TIME_TOOL, WEATHER_TOOL
-from dgpp.plugins import build_manager
-from dgpp.text.dialect import call_id
-from dgpp.text.tools import tool_specs
 
 TOOLS = tool_specs([WEATHER_TOOL, TIME_TOOL])
 DIALECTS = {
@@ -27,17 +27,17 @@ DIALECTS = {
 # What each family's model writes for get_weather(city="New York", days=3) then get_time().
 REAL = {
     "qwen": "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n"
-            "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
+    "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
     "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York</arg_value>\n<arg_key>days</arg_key>\n"
-           "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>",
+    "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>",
     "mimo": "<tool_call><function=get_weather><parameter=city>New York</parameter><parameter=days>3</parameter>"
-            "</function></tool_call><tool_call><function=get_time></function></tool_call>",
-    "deepseek_v4": "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter name=\"city\" string=\"true\">"
-                   "New York</｜DSML｜parameter>\n<｜DSML｜parameter name=\"days\" string=\"false\">3</｜DSML｜parameter>\n"
-                   "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
-    "deepseek_v41": "<｜DSML｜ tool_calls>\n<｜DSML｜ invoke name=\"get_weather\">\n<｜DSML｜ parameter name=\"city\" string=\"true\">"
-                    "New York</｜DSML｜ parameter>\n<｜DSML｜ parameter name=\"days\" string=\"false\">3</｜DSML｜ parameter>\n"
-                    "</｜DSML｜ invoke>\n<｜DSML｜ invoke name=\"get_time\">\n</｜DSML｜ invoke>\n</｜DSML｜ tool_calls>",
+    "</function></tool_call><tool_call><function=get_time></function></tool_call>",
+    "deepseek_v4": '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
+    'New York</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
+    '</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+    "deepseek_v41": '<｜DSML｜ tool_calls>\n<｜DSML｜ invoke name="get_weather">\n<｜DSML｜ parameter name="city" string="true">'
+    'New York</｜DSML｜ parameter>\n<｜DSML｜ parameter name="days" string="false">3</｜DSML｜ parameter>\n'
+    '</｜DSML｜ invoke>\n<｜DSML｜ invoke name="get_time">\n</｜DSML｜ invoke>\n</｜DSML｜ tool_calls>',
 }
 EXPECTED = [("get_weather", {"city": "New York", "days": 3}), ("get_time", {})]
 FAMILIES = sorted(DIALECTS)
@@ -58,7 +58,7 @@ def stream_all(dialect, text, pieces, tools=TOOLS):
 def random_pieces(text, seed):
     rng = random.Random(seed)
     cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(1, 12))))
-    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+    return [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -90,7 +90,10 @@ def test_streaming_equals_one_shot(family, seed):
     assert len(calls) == 4  # two deltas per call
     starts, args = calls[0::2], calls[1::2]
     assert [s["function"]["name"] for s in starts] == ["get_weather", "get_time"]
-    assert all(s["function"]["arguments"] == "" and s["id"].startswith("call_") and len(s["id"]) == 21 for s in starts)
+    assert all(
+        s["function"]["arguments"] == "" and s["id"].startswith("call_") and len(s["id"]) == 21
+        for s in starts
+    )
     assert [json.loads(a["function"]["arguments"]) for a in args] == [e[1] for e in EXPECTED]
     assert "".join(x.get("content", "") for x in deltas) == one_shot.content == "Sure, 你好 😀."
 
@@ -108,7 +111,9 @@ def test_malformed_output_is_text(family):
         broken.append(REAL[family].replace('string="false">3', 'string="false">{not json'))
     else:  # one good block, one bad: the good call is kept, the bad block stays text
         mixed = d.parse(d.format_calls([("get_time", {})]) + "\n" + d.format_calls([("nope", {})]), TOOLS)
-        assert [c.name for c in mixed.tool_calls] == ["get_time"] and mixed.content == d.format_calls([("nope", {})])
+        assert [c.name for c in mixed.tool_calls] == ["get_time"] and mixed.content == d.format_calls(
+            [("nope", {})]
+        )
     for text in broken:
         parsed = d.parse("pre " + text, TOOLS)
         assert parsed.tool_calls == []
@@ -136,7 +141,10 @@ def test_string_schema_keeps_text_and_typed_values_become_json():
 
 def test_custom_tool_call_is_reported_custom():
     tools = tool_specs([{"type": "custom", "custom": {"name": "shell"}}])
-    parsed = DIALECTS["qwen"].parse("<tool_call>\n<function=shell>\n<parameter=input>\nls -la\n</parameter>\n</function>\n</tool_call>", tools)
+    parsed = DIALECTS["qwen"].parse(
+        "<tool_call>\n<function=shell>\n<parameter=input>\nls -la\n</parameter>\n</function>\n</tool_call>",
+        tools,
+    )
     call = parsed.tool_calls[0]
     assert call.as_openai()["custom"] == {"name": "shell", "input": "ls -la"}
     assert call.stream_deltas()[1]["tool_calls"][0]["custom"] == {"input": "ls -la"}

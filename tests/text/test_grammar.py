@@ -7,13 +7,13 @@ import json
 import jsonschema
 import pytest
 import torch
-from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
-from dgpp_qwen.dialect import QwenXmlDialect
-
 from conversations import TIME_TOOL, WEATHER_TOOL
+
 from dgpp.text.errors import GrammarError
 from dgpp.text.grammar import GrammarContext, build_matcher
 from dgpp.text.tools import tool_specs
+from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
+from dgpp_qwen.dialect import QwenXmlDialect
 
 PERSON = {
     "type": "object",
@@ -27,12 +27,29 @@ PERSON = {
     "additionalProperties": False,
 }
 # Tools whose arguments a random sampler finishes quickly (bare-text strings would run on indefinitely).
-LAMP = {"type": "function", "function": {"name": "set_lamp", "strict": True, "parameters": {
-    "type": "object", "properties": {"room": {"type": "string", "enum": ["hall", "kitchen"]},
-                                     "level": {"type": "integer", "minimum": 0, "maximum": 10}},
-    "required": ["room", "level"], "additionalProperties": False}}}
-ALARM = {"type": "function", "function": {"name": "alarm", "parameters": {
-    "type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]}}}
+LAMP = {
+    "type": "function",
+    "function": {
+        "name": "set_lamp",
+        "strict": True,
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "room": {"type": "string", "enum": ["hall", "kitchen"]},
+                "level": {"type": "integer", "minimum": 0, "maximum": 10},
+            },
+            "required": ["room", "level"],
+            "additionalProperties": False,
+        },
+    },
+}
+ALARM = {
+    "type": "function",
+    "function": {
+        "name": "alarm",
+        "parameters": {"type": "object", "properties": {"on": {"type": "boolean"}}, "required": ["on"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")
@@ -88,16 +105,34 @@ def test_tool_choice_required_always_yields_valid_calls(tiny_ctx, tiny_tokenizer
 def test_named_tool_and_no_parallel_calls(tiny_ctx, tiny_tokenizer):
     dialect = QwenXmlDialect()
     for seed in range(10):
-        m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice={"type": "function", "function": {"name": "alarm"}},
-                          dialect=dialect)
-        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([LAMP, ALARM]))
+        m = build_matcher(
+            tiny_ctx,
+            tools=[LAMP, ALARM],
+            tool_choice={"type": "function", "function": {"name": "alarm"}},
+            dialect=dialect,
+        )
+        parsed = dialect.parse(
+            tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([LAMP, ALARM])
+        )
         assert [c.name for c in parsed.tool_calls] == ["alarm"]
-        m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice="required", parallel_tool_calls=False, dialect=dialect)
-        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([LAMP, ALARM]))
+        m = build_matcher(
+            tiny_ctx, tools=[LAMP, ALARM], tool_choice="required", parallel_tool_calls=False, dialect=dialect
+        )
+        parsed = dialect.parse(
+            tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([LAMP, ALARM])
+        )
         assert len(parsed.tool_calls) == 1
-    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "set_lamp"}}]}}
+    allowed = {
+        "type": "allowed_tools",
+        "allowed_tools": {
+            "mode": "required",
+            "tools": [{"type": "function", "function": {"name": "set_lamp"}}],
+        },
+    }
     m = build_matcher(tiny_ctx, tools=[LAMP, ALARM], tool_choice=allowed, dialect=dialect)
-    parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, 3))), tool_specs([LAMP, ALARM]))
+    parsed = dialect.parse(
+        tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, 3))), tool_specs([LAMP, ALARM])
+    )
     assert {c.name for c in parsed.tool_calls} == {"set_lamp"}
 
 
@@ -117,18 +152,40 @@ def test_eos_withheld_until_complete(tiny_ctx, tiny_tokenizer):
 
 def test_unconstrained_requests_get_no_matcher(tiny_ctx):
     assert build_matcher(tiny_ctx) is None
-    assert build_matcher(tiny_ctx, response_format={"type": "text"}, tools=[LAMP], tool_choice="auto", dialect=QwenXmlDialect()) is None
+    assert (
+        build_matcher(
+            tiny_ctx,
+            response_format={"type": "text"},
+            tools=[LAMP],
+            tool_choice="auto",
+            dialect=QwenXmlDialect(),
+        )
+        is None
+    )
 
 
 def test_bad_constraints_name_the_field(tiny_ctx):
     bad = {"type": "object", "properties": {"x": {"type": "string", "format": "not-a-format"}}}
     with pytest.raises(GrammarError) as err:
-        build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad, "strict": True}})
+        build_matcher(
+            tiny_ctx,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "b", "schema": bad, "strict": True},
+            },
+        )
     assert err.value.param == "response_format.json_schema.schema"
-    lax = build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}})
+    lax = build_matcher(
+        tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}}
+    )
     assert lax.warnings and "json_object" in lax.warnings[0]
     with pytest.raises(GrammarError) as err:
-        build_matcher(tiny_ctx, tools=[LAMP], tool_choice={"type": "function", "function": {"name": "nope"}}, dialect=QwenXmlDialect())
+        build_matcher(
+            tiny_ctx,
+            tools=[LAMP],
+            tool_choice={"type": "function", "function": {"name": "nope"}},
+            dialect=QwenXmlDialect(),
+        )
     assert err.value.param == "tool_choice"
 
 
@@ -136,8 +193,16 @@ def test_real_outputs_pass_the_mask_deepseek(deepseek_v4):
     """DSML calls after a thinking block, on the real DeepSeek vocabulary (</think> is a special token there)."""
     ctx = GrammarContext(deepseek_v4, vocab_size=129280)
     dialect = deepseek_dialect({"model_type": "deepseek_v41"})
-    m = build_matcher(ctx, tools=[WEATHER_TOOL, TIME_TOOL], tool_choice="required", dialect=dialect, prompt_opens_thinking=True)
-    text = "Need weather.</think>\n\n" + dialect.format_calls([("get_weather", {"city": "Paris </x>", "days": 3}), ("get_time", {})])
+    m = build_matcher(
+        ctx,
+        tools=[WEATHER_TOOL, TIME_TOOL],
+        tool_choice="required",
+        dialect=dialect,
+        prompt_opens_thinking=True,
+    )
+    text = "Need weather.</think>\n\n" + dialect.format_calls(
+        [("get_weather", {"city": "Paris </x>", "days": 3}), ("get_time", {})]
+    )
     for tid in deepseek_v4.encode(text):
         mask = m.mask(129280)
         assert mask[tid] and not mask[1]
@@ -146,13 +211,28 @@ def test_real_outputs_pass_the_mask_deepseek(deepseek_v4):
 
 
 def test_custom_tool_regex_grammar(tiny_ctx, tiny_tokenizer):
-    shell = {"type": "custom", "custom": {"name": "calc", "format": {"type": "grammar", "grammar": {"syntax": "regex", "definition": "[0-9]{1,3}[+*][0-9]{1,3}"}}}}
+    shell = {
+        "type": "custom",
+        "custom": {
+            "name": "calc",
+            "format": {
+                "type": "grammar",
+                "grammar": {"syntax": "regex", "definition": "[0-9]{1,3}[+*][0-9]{1,3}"},
+            },
+        },
+    }
     dialect = QwenXmlDialect()
     for seed in range(10):
-        m = build_matcher(tiny_ctx, tools=[shell], tool_choice="required", parallel_tool_calls=False, dialect=dialect)
-        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([shell]))
+        m = build_matcher(
+            tiny_ctx, tools=[shell], tool_choice="required", parallel_tool_calls=False, dialect=dialect
+        )
+        parsed = dialect.parse(
+            tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([shell])
+        )
         call = parsed.tool_calls[0].as_openai()
-        assert call["type"] == "custom" and __import__("re").fullmatch(r"[0-9]{1,3}[+*][0-9]{1,3}", call["custom"]["input"])
+        assert call["type"] == "custom" and __import__("re").fullmatch(
+            r"[0-9]{1,3}[+*][0-9]{1,3}", call["custom"]["input"]
+        )
 
 
 def test_rollback_restores_the_mask(tiny_ctx, tiny_tokenizer):
@@ -171,7 +251,9 @@ def test_json_answer_or_call_under_auto(tiny_ctx, tiny_tokenizer):
     fmt = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON, "strict": True}}
     kinds = set()
     for seed in range(30):
-        m = build_matcher(tiny_ctx, response_format=fmt, tools=[LAMP, ALARM], tool_choice="auto", dialect=dialect)
+        m = build_matcher(
+            tiny_ctx, response_format=fmt, tools=[LAMP, ALARM], tool_choice="auto", dialect=dialect
+        )
         text = tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed)))
         parsed = dialect.parse(text, tool_specs([LAMP, ALARM]))
         if parsed.tool_calls:
@@ -185,9 +267,24 @@ def test_json_answer_or_call_under_auto(tiny_ctx, tiny_tokenizer):
 
 def test_custom_tool_lark_grammar(tiny_ctx, tiny_tokenizer):
     lark = 'start: expr\nexpr: NUM (OP NUM)?\nNUM: /[0-9]{1,2}/\nOP: "+" | "-"'
-    calc = {"type": "custom", "custom": {"name": "calc", "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": lark}}}}
+    calc = {
+        "type": "custom",
+        "custom": {
+            "name": "calc",
+            "format": {"type": "grammar", "grammar": {"syntax": "lark", "definition": lark}},
+        },
+    }
     dialect = deepseek_dialect({"model_type": "deepseek_v4"})
     for seed in range(10):
-        m = build_matcher(tiny_ctx, tools=[calc], tool_choice={"type": "custom", "custom": {"name": "calc"}}, dialect=dialect)
-        parsed = dialect.parse(tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([calc]))
-        assert __import__("re").fullmatch(r"[0-9]{1,2}([+-][0-9]{1,2})?", parsed.tool_calls[0].as_openai()["custom"]["input"])
+        m = build_matcher(
+            tiny_ctx,
+            tools=[calc],
+            tool_choice={"type": "custom", "custom": {"name": "calc"}},
+            dialect=dialect,
+        )
+        parsed = dialect.parse(
+            tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed))), tool_specs([calc])
+        )
+        assert __import__("re").fullmatch(
+            r"[0-9]{1,2}([+-][0-9]{1,2})?", parsed.tool_calls[0].as_openai()["custom"]["input"]
+        )

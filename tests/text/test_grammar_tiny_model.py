@@ -8,11 +8,11 @@ import json
 import jsonschema
 import pytest
 import torch
-from dgpp_qwen.dialect import QwenXmlDialect
+from test_grammar import ALARM, LAMP, PERSON
 
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
 from dgpp.text import ChatTemplate, ChoiceOutput, GrammarContext, build_matcher
-from test_grammar import ALARM, LAMP, PERSON
+from dgpp_qwen.dialect import QwenXmlDialect
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +59,9 @@ def visible_text(tokenizer, prompt, ids, **kwargs):
 def test_json_schema_100_samples_with_tiny_model(tiny_model, tiny_tokenizer):
     ctx = GrammarContext(tiny_tokenizer, vocab_size=512)
     prompt = ChatTemplate.for_checkpoint(tiny_tokenizer).render(
-        [{"role": "user", "content": "Describe a person as JSON."}], chat_template_kwargs={"enable_thinking": False})
+        [{"role": "user", "content": "Describe a person as JSON."}],
+        chat_template_kwargs={"enable_thinking": False},
+    )
     fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
     matchers = [build_matcher(ctx, response_format=fmt) for _ in range(100)]
     outs = generate_batch(tiny_model, tiny_tokenizer.encode(prompt), matchers, seed=11)
@@ -74,11 +76,14 @@ def test_required_tool_calls_with_tiny_model(tiny_model, tiny_tokenizer):
     dialect = QwenXmlDialect()
     tools = [LAMP, ALARM]
     prompt = ChatTemplate.for_checkpoint(tiny_tokenizer).render(
-        [{"role": "user", "content": "Dim the hall."}], tools, chat_template_kwargs={"enable_thinking": False})
+        [{"role": "user", "content": "Dim the hall."}], tools, chat_template_kwargs={"enable_thinking": False}
+    )
     # one call per sample: a random model rarely prefers EOS over yet another call (parallel calls are
     # drawn in test_grammar with random logits)
-    matchers = [build_matcher(ctx, tools=tools, tool_choice="required", parallel_tool_calls=False, dialect=dialect)
-                for _ in range(20)]
+    matchers = [
+        build_matcher(ctx, tools=tools, tool_choice="required", parallel_tool_calls=False, dialect=dialect)
+        for _ in range(20)
+    ]
     outs = generate_batch(tiny_model, tiny_tokenizer.encode(prompt), matchers, seed=5)
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     for ids in outs:

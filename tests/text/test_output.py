@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 
-from dgpp_qwen.dialect import QwenXmlDialect
-
 from conversations import WEATHER_TOOL
+
 from dgpp.text import ChatTemplate, ChoiceOutput
+from dgpp_qwen.dialect import QwenXmlDialect
 
 
 def feed(out, tokenizer, text, eos=True):
@@ -22,8 +22,12 @@ def feed(out, tokenizer, text, eos=True):
 def test_reasoning_then_tool_call(tiny_tokenizer):
     ct = ChatTemplate.for_checkpoint(tiny_tokenizer)
     prompt = ct.render([{"role": "user", "content": "weather?"}], [WEATHER_TOOL])
-    out = ChoiceOutput(tiny_tokenizer, prompt=prompt, dialect=QwenXmlDialect(), tools=[WEATHER_TOOL], request_tag=5)
-    text = "Need the tool.</think>\n\n" + QwenXmlDialect().format_calls([("get_weather", {"city": "Paris", "days": 2})])
+    out = ChoiceOutput(
+        tiny_tokenizer, prompt=prompt, dialect=QwenXmlDialect(), tools=[WEATHER_TOOL], request_tag=5
+    )
+    text = "Need the tool.</think>\n\n" + QwenXmlDialect().format_calls(
+        [("get_weather", {"city": "Paris", "days": 2})]
+    )
     deltas = feed(out, tiny_tokenizer, text)
     assert "".join(d.get("reasoning_content", "") for d in deltas) == "Need the tool."
     assert not any("content" in d for d in deltas)
@@ -32,7 +36,11 @@ def test_reasoning_then_tool_call(tiny_tokenizer):
     assert json.loads(calls[1]["function"]["arguments"]) == {"city": "Paris", "days": 2}
     assert out.finish_reason("stop") == "tool_calls" and out.reasoning_tokens > 0
     msg = out.message()
-    assert msg["content"] is None and msg["reasoning_content"] == "Need the tool." and len(msg["tool_calls"]) == 1
+    assert (
+        msg["content"] is None
+        and msg["reasoning_content"] == "Need the tool."
+        and len(msg["tool_calls"]) == 1
+    )
 
 
 def test_tool_choice_none_leaves_calls_as_text(tiny_tokenizer):

@@ -6,23 +6,31 @@ from __future__ import annotations
 import json
 
 import pytest
+from conversations import CONVERSATIONS, TIME_TOOL, WEATHER_TOOL
+
+from dgpp.text.chat_template import ChatTemplate
+from dgpp.text.messages import prepare_messages
+from dgpp.text.tools import tool_specs
 from dgpp_deepseek import dialect as deepseek
 from dgpp_glm import dialect as glm
 from dgpp_mimo import dialect as mimo
 from dgpp_qwen import dialect as qwen
-
-from conversations import CONVERSATIONS, TIME_TOOL, WEATHER_TOOL
-from dgpp.text.chat_template import ChatTemplate
-from dgpp.text.messages import prepare_messages
-from dgpp.text.tools import tool_specs
 
 # family -> (template text, dialect, tokenizer fixture whose specials the template is rendered with)
 FAMILIES = {
     "qwen": (qwen.chat_template(), qwen.dialect_for({}), "qwen35"),
     "glm": (glm.chat_template(), glm.dialect_for({}), "tiny"),
     "mimo": (mimo.chat_template(), mimo.dialect_for({}), "tiny"),
-    "deepseek_v4": (deepseek.chat_template({"model_type": "deepseek_v4"}), deepseek.dialect_for({"model_type": "deepseek_v4"}), "deepseek_v4"),
-    "deepseek_v41": (deepseek.chat_template({"model_type": "deepseek_v41"}), deepseek.dialect_for({"model_type": "deepseek_v41"}), "deepseek_v4"),
+    "deepseek_v4": (
+        deepseek.chat_template({"model_type": "deepseek_v4"}),
+        deepseek.dialect_for({"model_type": "deepseek_v4"}),
+        "deepseek_v4",
+    ),
+    "deepseek_v41": (
+        deepseek.chat_template({"model_type": "deepseek_v41"}),
+        deepseek.dialect_for({"model_type": "deepseek_v41"}),
+        "deepseek_v4",
+    ),
 }
 _hf: dict = {}
 
@@ -33,9 +41,14 @@ def hf_tokenizer(request, which):
     from dgpp.testing import tokenizers as fixtures
 
     if which not in _hf:
-        path = {"tiny": lambda: request.getfixturevalue("tiny_dir"), "qwen35": fixtures.qwen35_tokenizer_dir,
-                "deepseek_v4": fixtures.deepseek_v4_tokenizer_dir}[which]()
-        request.getfixturevalue("tiny_tokenizer" if which == "tiny" else which)  # skips when the registry is down
+        path = {
+            "tiny": lambda: request.getfixturevalue("tiny_dir"),
+            "qwen35": fixtures.qwen35_tokenizer_dir,
+            "deepseek_v4": fixtures.deepseek_v4_tokenizer_dir,
+        }[which]()
+        request.getfixturevalue(
+            "tiny_tokenizer" if which == "tiny" else which
+        )  # skips when the registry is down
         _hf[which] = AutoTokenizer.from_pretrained(str(path))
     return _hf[which]
 
@@ -51,8 +64,14 @@ def test_plugin_template_matches_transformers(request, family, name, thinking):
     kwargs = {} if thinking is None else {switch: thinking}
     messages, tools = CONVERSATIONS[name]
     ours = ct.render(messages, tools, chat_template_kwargs=kwargs or None)
-    theirs = hf.apply_chat_template(prepare_messages(messages), tools=tools, chat_template=source, tokenize=False,
-                                    add_generation_prompt=True, **kwargs)
+    theirs = hf.apply_chat_template(
+        prepare_messages(messages),
+        tools=tools,
+        chat_template=source,
+        tokenize=False,
+        add_generation_prompt=True,
+        **kwargs,
+    )
     assert ours == theirs
     if family != "glm":  # GLM's generation prompt lets the model open <think> itself
         assert ours.rstrip().endswith("<think>") == (thinking is not False)
@@ -64,14 +83,28 @@ def test_rendered_tool_calls_parse_back(family):
     ct = ChatTemplate(source, {"bos_token": "<s>"})
     messages, tools = CONVERSATIONS["tools_pending_result"]
     calls = [("get_weather", {"city": "Paris", "days": 4}), ("get_time", {})]
-    history = [messages[0], {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}} for i, (n, a) in enumerate(calls)]}]
+    history = [
+        messages[0],
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": f"c{i}", "type": "function", "function": {"name": n, "arguments": json.dumps(a)}}
+                for i, (n, a) in enumerate(calls)
+            ],
+        },
+    ]
     before = ct.render(history[:1], tools, add_generation_prompt=True)
     full = ct.render(history, tools, add_generation_prompt=False)
     # the assistant turn as the model would have written it: what follows the generation prompt's role header
-    header = {"qwen": "<|im_start|>assistant\n", "mimo": "<|im_start|>assistant\n", "glm": "<|assistant|>",
-              "deepseek_v4": "<｜Assistant｜>", "deepseek_v41": "<｜Assistant｜>"}[family]
-    turn = full[full.rindex(header) + len(header):]
+    header = {
+        "qwen": "<|im_start|>assistant\n",
+        "mimo": "<|im_start|>assistant\n",
+        "glm": "<|assistant|>",
+        "deepseek_v4": "<｜Assistant｜>",
+        "deepseek_v41": "<｜Assistant｜>",
+    }[family]
+    turn = full[full.rindex(header) + len(header) :]
     parsed = dialect.parse(turn.split("</think>")[-1], tool_specs([WEATHER_TOOL, TIME_TOOL]))
     assert [(c.name, json.loads(c.arguments)) for c in parsed.tool_calls] == calls
     assert before.startswith(full[: len(before) - 20])

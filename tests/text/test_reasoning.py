@@ -25,7 +25,9 @@ def run(tokenizer, text, opens, in_content=False):
 @pytest.mark.parametrize("name", ["deepseek_v4", "qwen35", "tiny_tokenizer"])
 def test_prompt_opened_thinking(request, name):
     tok = request.getfixturevalue(name)
-    reasoning, content, split, ids = run(tok, "Let me think: 2+2 是 4 😀.</think>\n\nThe answer is 4.", opens=True)
+    reasoning, content, split, ids = run(
+        tok, "Let me think: 2+2 是 4 😀.</think>\n\nThe answer is 4.", opens=True
+    )
     assert reasoning == "Let me think: 2+2 是 4 😀." and content == "The answer is 4."
     upto = next(k for k in range(1, len(ids) + 1) if "</think>" in tok.decode(ids[:k]))
     assert split.reasoning_tokens == upto  # ids up to and including the one completing </think>

@@ -6,6 +6,7 @@ import json
 import shutil
 
 from conversations import WEATHER_TOOL
+
 from dgpp.plugins import build_manager
 from dgpp.text import TextStack
 
@@ -16,10 +17,19 @@ def test_qwen_family_stack_from_a_checkpoint_without_template(tiny_dir, tmp_path
     cfg = json.loads((tiny_dir / "tokenizer_config.json").read_text())
     cfg.pop("chat_template")  # the plugin's fallback template must be used
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(cfg))
-    stack = TextStack.from_checkpoint(tmp_path, "qwen", {"model_type": "qwen3_5", "vocab_size": 512}, build_manager())
-    prompt = stack.render([{"role": "user", "content": "weather in Paris?"}], [WEATHER_TOOL], reasoning_effort="high")
-    assert "Reasoning effort: xhigh" in prompt.text and prompt.token_ids == stack.tokenizer.encode(prompt.text)
-    assert "<tools>" not in stack.render([{"role": "user", "content": "x"}], [WEATHER_TOOL], tool_choice="none").text
+    stack = TextStack.from_checkpoint(
+        tmp_path, "qwen", {"model_type": "qwen3_5", "vocab_size": 512}, build_manager()
+    )
+    prompt = stack.render(
+        [{"role": "user", "content": "weather in Paris?"}], [WEATHER_TOOL], reasoning_effort="high"
+    )
+    assert "Reasoning effort: xhigh" in prompt.text and prompt.token_ids == stack.tokenizer.encode(
+        prompt.text
+    )
+    assert (
+        "<tools>"
+        not in stack.render([{"role": "user", "content": "x"}], [WEATHER_TOOL], tool_choice="none").text
+    )
     assert stack.matcher(prompt, tools=[WEATHER_TOOL], tool_choice="auto") is None
     matcher = stack.matcher(prompt, tools=[WEATHER_TOOL], tool_choice="required")
     out = stack.choice_output(prompt, tools=[WEATHER_TOOL], request_tag=1)

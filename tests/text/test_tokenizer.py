@@ -32,7 +32,31 @@ def test_deepseek_vocab_facts(deepseek_v3, deepseek_v4):
     assert deepseek_v4.token_to_id("<｜User｜>") == 128803
     # the anchor's golden ids for this text
     ids = deepseek_v4.encode("Hello! 毕老师！1 + 1 = 2 The quick brown fox")
-    assert ids[:20] == [19923, 3, 223, 5464, 5008, 1175, 19, 940, 223, 19, 438, 223, 20, 455, 4787, 13769, 46012, 54994, 1060, 270][:len(ids[:20])]
+    assert (
+        ids[:20]
+        == [
+            19923,
+            3,
+            223,
+            5464,
+            5008,
+            1175,
+            19,
+            940,
+            223,
+            19,
+            438,
+            223,
+            20,
+            455,
+            4787,
+            13769,
+            46012,
+            54994,
+            1060,
+            270,
+        ][: len(ids[:20])]
+    )
     assert deepseek_v3.eos_token_ids == {1}
     assert deepseek_v3.special_tokens_map["bos_token"] == "<｜begin▁of▁sentence｜>"
     assert deepseek_v3.chat_template and "<｜Assistant｜>" in deepseek_v3.chat_template
@@ -52,10 +76,16 @@ def test_qwen_conversion_matches_tiktoken(qwen35):
 
             tok, rank = line.split()
             ranks[base64.b64decode(tok)] = int(rank)
-    enc = tiktoken.Encoding("qwen35", pat_str=pattern, mergeable_ranks=ranks,
-                            special_tokens={t: 248044 + i for i, t in enumerate(specials)})
+    enc = tiktoken.Encoding(
+        "qwen35",
+        pat_str=pattern,
+        mergeable_ranks=ranks,
+        special_tokens={t: 248044 + i for i, t in enumerate(specials)},
+    )
     for text in SAMPLES + ["<|im_start|>user\n<think>x</think><tool_call>\n<|im_end|>", "e\u0301 decomposed"]:
-        assert qwen35.encode(text) == enc.encode(unicodedata.normalize("NFC", text), allowed_special="all"), text
+        assert qwen35.encode(text) == enc.encode(unicodedata.normalize("NFC", text), allowed_special="all"), (
+            text
+        )
     assert qwen35.token_to_id("<think>") == 248068 and qwen35.token_to_id("<|im_end|>") == 248046
     assert qwen35.vocab_size == 248077
 

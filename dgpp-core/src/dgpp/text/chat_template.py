@@ -21,7 +21,9 @@ from dgpp.text.tools import template_tools, tool_specs
 # Names every render passes itself; a caller's chat_template_kwargs may not set them.
 RESERVED = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
 # A template iterates tool-call arguments (HF's dict convention) rather than concatenating a JSON string.
-_ITERATES_ARGUMENTS = re.compile(r"arguments\s*(\|\s*items|\|\s*tojson|\.items\(\)|\s+is\s+mapping|\s+is\s+string)")
+_ITERATES_ARGUMENTS = re.compile(
+    r"arguments\s*(\|\s*items|\|\s*tojson|\.items\(\)|\s+is\s+mapping|\s+is\s+string)"
+)
 
 
 class ChatTemplate:
@@ -48,13 +50,19 @@ class ChatTemplate:
             try:
                 self._compiled[name] = compile_template(text)
             except jinja2.TemplateSyntaxError as exc:
-                raise TemplateError(f"chat template {name!r} does not compile: {exc} (line {exc.lineno})") from exc
+                raise TemplateError(
+                    f"chat template {name!r} does not compile: {exc} (line {exc.lineno})"
+                ) from exc
 
     @staticmethod
     def _named_sources(source: str | list[dict]) -> dict[str, str]:
         if isinstance(source, str):
             return {"default": source}
-        named = {t["name"]: t["template"] for t in source if isinstance(t, dict) and "name" in t and "template" in t}
+        named = {
+            t["name"]: t["template"]
+            for t in source
+            if isinstance(t, dict) and "name" in t and "template" in t
+        }
         if not named:
             raise TemplateError("chat_template list holds no {name, template} entries")
         return named
@@ -92,7 +100,9 @@ class ChatTemplate:
             return self.named["default"]
         if len(self.named) == 1:
             return next(iter(self.named.values()))
-        raise TemplateError(f"chat template list has no 'default' entry (has {', '.join(sorted(self.named))})")
+        raise TemplateError(
+            f"chat template list has no 'default' entry (has {', '.join(sorted(self.named))})"
+        )
 
     def accepted_kwargs(self, has_tools: bool = False) -> frozenset[str]:
         """Variables the template reads that a caller may set through ``chat_template_kwargs``."""
@@ -133,7 +143,9 @@ class ChatTemplate:
         kwargs: dict[str, Any] = {**self.special_tokens, **self.default_kwargs}
         kwargs.update(self.effort.kwargs(reasoning_effort, accepted, explicit))
         kwargs.update(explicit)
-        prepared = prepare_messages(messages, arguments_as_dict=bool(_ITERATES_ARGUMENTS.search(self.source(bool(specs)))))
+        prepared = prepare_messages(
+            messages, arguments_as_dict=bool(_ITERATES_ARGUMENTS.search(self.source(bool(specs))))
+        )
         try:
             text = template.render(
                 messages=prepared,
@@ -145,7 +157,9 @@ class ChatTemplate:
         except jinja2.TemplateError as exc:
             raise TemplateError(f"chat template failed on these messages: {exc}") from exc
         except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            raise TemplateError(f"chat template failed on these messages: {type(exc).__name__}: {exc}") from exc
+            raise TemplateError(
+                f"chat template failed on these messages: {type(exc).__name__}: {exc}"
+            ) from exc
         if not text:
             raise TemplateError("chat template rendered an empty prompt for these messages")
         return text

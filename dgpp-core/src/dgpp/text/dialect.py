@@ -49,8 +49,16 @@ class ToolCall:
 
     def as_openai(self) -> dict[str, Any]:
         if self.custom:
-            return {"id": self.id, "type": "custom", "custom": {"name": self.name, "input": self.input_text()}}
-        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+            return {
+                "id": self.id,
+                "type": "custom",
+                "custom": {"name": self.name, "input": self.input_text()},
+            }
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
 
     def input_text(self) -> str:
         return str(json.loads(self.arguments).get("input", ""))
@@ -58,11 +66,20 @@ class ToolCall:
     def stream_deltas(self) -> list[dict[str, Any]]:
         """The two streamed deltas of this call (anchor §2.5)."""
         if self.custom:
-            start = {"index": self.index, "id": self.id, "type": "custom", "custom": {"name": self.name, "input": ""}}
+            start = {
+                "index": self.index,
+                "id": self.id,
+                "type": "custom",
+                "custom": {"name": self.name, "input": ""},
+            }
             rest = {"index": self.index, "custom": {"input": self.input_text()}}
         else:
-            start = {"index": self.index, "id": self.id, "type": "function",
-                     "function": {"name": self.name, "arguments": ""}}
+            start = {
+                "index": self.index,
+                "id": self.id,
+                "type": "function",
+                "function": {"name": self.name, "arguments": ""},
+            }
             rest = {"index": self.index, "function": {"arguments": self.arguments}}
         return [{"tool_calls": [start]}, {"tool_calls": [rest]}]
 
@@ -141,7 +158,9 @@ class Dialect(ABC):
             parts.append(expr if key in required or spec.strict else f"({expr})?")
         return " ".join(parts) if parts else '""'
 
-    def parse(self, text: str, tools: list[ToolSpec] | None = None, request_tag: int | str = 0) -> ParsedOutput:
+    def parse(
+        self, text: str, tools: list[ToolSpec] | None = None, request_tag: int | str = 0
+    ) -> ParsedOutput:
         """Parse complete output (same result as streaming it)."""
         stream = self.stream(tools, request_tag)
         deltas = stream.push(text) + stream.finish()
@@ -151,7 +170,9 @@ class Dialect(ABC):
     def stream(self, tools: list[ToolSpec] | None = None, request_tag: int | str = 0) -> ToolCallStream:
         return ToolCallStream(self, tools, request_tag)
 
-    def _checked_calls(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict, ToolSpec | None]] | None:
+    def _checked_calls(
+        self, inner: str, tools: dict[str, ToolSpec]
+    ) -> list[tuple[str, dict, ToolSpec | None]] | None:
         try:
             calls = self.parse_block(inner, tools)
         except (ValueError, KeyError, IndexError, TypeError):
@@ -231,8 +252,13 @@ class ToolCallStream:
         self._pending_ws, self._after_call = "", True  # whitespace around call blocks only separates them
         for name, args, spec in calls:
             index = len(self.calls)
-            call = ToolCall(name, json.dumps(args, ensure_ascii=False), call_id(self.request_tag, index), index,
-                            custom=bool(spec and spec.custom))
+            call = ToolCall(
+                name,
+                json.dumps(args, ensure_ascii=False),
+                call_id(self.request_tag, index),
+                index,
+                custom=bool(spec and spec.custom),
+            )
             self.calls.append(call)
             out.extend(call.stream_deltas())
 

@@ -25,12 +25,16 @@ class EffortMapping:
     levels: Mapping[str, Any] = field(default_factory=dict)
     key: str = "reasoning_effort"
 
-    def kwargs(self, effort: str | None, accepted: frozenset[str], explicit: Mapping[str, Any]) -> dict[str, Any]:
+    def kwargs(
+        self, effort: str | None, accepted: frozenset[str], explicit: Mapping[str, Any]
+    ) -> dict[str, Any]:
         """Template kwargs for ``effort`` given the variables the template reads and the caller's own kwargs."""
         if effort is None:
             return {}
         if effort not in EFFORTS:
-            raise TemplateError(f"reasoning_effort {effort!r} is not one of {', '.join(EFFORTS)}", "reasoning_effort")
+            raise TemplateError(
+                f"reasoning_effort {effort!r} is not one of {', '.join(EFFORTS)}", "reasoning_effort"
+            )
         thinking = effort != "none"
         switch = next((s for s in SWITCHES if s in accepted), None)
         for name in SWITCHES:

@@ -29,7 +29,9 @@ class GrammarContext:
         self.vocab_size = max(vocab_size or 0, tokenizer.vocab_size)
         self.eos_ids = frozenset(tokenizer.eos_token_ids)
         eos = min(self.eos_ids) if self.eos_ids else None
-        self.lltok = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos)
+        self.lltok = llguidance.LLTokenizer(
+            tokenizer.backend.to_str(), n_vocab=self.vocab_size, eos_token=eos
+        )
         # llguidance decides itself which added tokens are special (never matched by literal text), e.g.
         # DeepSeek's </think> although tokenizer.json does not mark it; grammars must name those by id.
         added = tokenizer.backend.get_added_tokens_decoder()
@@ -46,7 +48,13 @@ class GrammarMatcher:
     ``warnings`` lists what was relaxed (a non-strict schema that fell back to any JSON object).
     """
 
-    def __init__(self, ctx: GrammarContext, grammar: str, warnings: list[str] | None = None, param: str = "response_format") -> None:
+    def __init__(
+        self,
+        ctx: GrammarContext,
+        grammar: str,
+        warnings: list[str] | None = None,
+        param: str = "response_format",
+    ) -> None:
         self.ctx = ctx
         self.grammar = grammar
         self.warnings = list(warnings or [])
@@ -104,16 +112,22 @@ def _json_format(fmt: dict, g: LarkBuilder, warnings: list[str]) -> str:
     if kind == "json_object":
         return g.json({"type": "object"})
     if kind != "json_schema":
-        raise GrammarError(f"response_format.type {kind!r} is not text, json_object or json_schema", "response_format.type")
+        raise GrammarError(
+            f"response_format.type {kind!r} is not text, json_object or json_schema", "response_format.type"
+        )
     spec = fmt.get("json_schema") or {}
     schema = spec.get("schema")
     if not isinstance(schema, dict):
-        raise GrammarError("response_format.json_schema.schema must be an object", "response_format.json_schema.schema")
+        raise GrammarError(
+            "response_format.json_schema.schema must be an object", "response_format.json_schema.schema"
+        )
     alone = LarkBuilder({})
     problem = llguidance.LLMatcher.validate_grammar(alone.grammar(alone.json(schema)))
     if problem and not problem.startswith("WARNING"):
         if spec.get("strict"):
-            raise GrammarError(f"response_format.json_schema.schema: {problem}", "response_format.json_schema.schema")
+            raise GrammarError(
+                f"response_format.json_schema.schema: {problem}", "response_format.json_schema.schema"
+            )
         warnings.append(f"response_format schema not supported ({problem}); falling back to json_object")
         return g.json({"type": "object"})
     return g.json(schema)
@@ -138,16 +152,22 @@ def _named_tools(choice: Any, specs: list[ToolSpec]) -> tuple[list[ToolSpec], bo
         body = choice.get("allowed_tools") or {}
         names = []
         for t in body.get("tools") or []:
-            inner = t.get(t.get("type", "function")) if isinstance(t.get(t.get("type", "function")), dict) else t
+            inner = (
+                t.get(t.get("type", "function")) if isinstance(t.get(t.get("type", "function")), dict) else t
+            )
             names.append(inner.get("name"))
         missing = [n for n in names if n not in by_name]
         if missing or not names:
-            raise GrammarError(f"tool_choice.allowed_tools names tools not in tools: {missing or 'none given'}",
-                               "tool_choice.allowed_tools")
+            raise GrammarError(
+                f"tool_choice.allowed_tools names tools not in tools: {missing or 'none given'}",
+                "tool_choice.allowed_tools",
+            )
         if body.get("mode", "auto") == "required":
             return [by_name[n] for n in names], True
         return None
-    raise GrammarError(f"tool_choice.type {kind!r} is not function, custom or allowed_tools", "tool_choice.type")
+    raise GrammarError(
+        f"tool_choice.type {kind!r} is not function, custom or allowed_tools", "tool_choice.type"
+    )
 
 
 def build_matcher(
@@ -178,10 +198,14 @@ def build_matcher(
         branches.append(dialect.calls_grammar(one, parallel_tool_calls, g))
     if chosen is not None:
         if dialect is None:
-            raise GrammarError("this model has no tool-call dialect, so tool_choice cannot be enforced", "tool_choice")
+            raise GrammarError(
+                "this model has no tool-call dialect, so tool_choice cannot be enforced", "tool_choice"
+            )
         allowed, _ = chosen
         one = "(" + " | ".join(dialect.call_grammar(s, g) for s in allowed) + ")"
-        parallel = parallel_tool_calls and not (isinstance(tool_choice, dict) and tool_choice.get("type") in ("function", "custom"))
+        parallel = parallel_tool_calls and not (
+            isinstance(tool_choice, dict) and tool_choice.get("type") in ("function", "custom")
+        )
         branches = [dialect.calls_grammar(one, parallel, g)]  # a required call replaces any JSON answer
         param = "tool_choice"
     if not branches:

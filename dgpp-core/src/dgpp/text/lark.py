@@ -12,7 +12,10 @@ from collections.abc import Mapping
 from typing import Any
 
 # Structural JSON whitespace: at most 16 consecutive bytes (anchor §2.7), so output cannot run away in blanks.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": True, "whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}"}
+JSON_OPTIONS: dict[str, Any] = {
+    "whitespace_flexible": True,
+    "whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}",
+}
 
 
 def quote(text: str) -> str:
@@ -26,7 +29,9 @@ class LarkBuilder:
     def __init__(self, specials: Mapping[str, int]) -> None:
         self.specials = dict(specials)
         self._split = (
-            re.compile("(" + "|".join(re.escape(s) for s in sorted(self.specials, key=len, reverse=True)) + ")")
+            re.compile(
+                "(" + "|".join(re.escape(s) for s in sorted(self.specials, key=len, reverse=True)) + ")"
+            )
             if self.specials
             else None
         )
@@ -83,5 +88,7 @@ class LarkBuilder:
         main = "\n".join([f"start: {start}", *self.rules]) + "\n"
         if not self.subgrammars:
             return main
-        grammars = [{"lark_grammar": main}] + [{"name": n, "lark_grammar": g} for n, g in self.subgrammars.items()]
+        grammars = [{"lark_grammar": main}] + [
+            {"name": n, "lark_grammar": g} for n, g in self.subgrammars.items()
+        ]
         return json.dumps({"grammars": grammars}, ensure_ascii=False)

@@ -52,7 +52,10 @@ def _tool_call(call: Any, where: str, arguments_as_dict: bool) -> dict:
         raise TemplateError(f"{where} must be an object")
     if call.get("type") == "custom":
         body = call.get("custom") or {}
-        fn = {"name": body.get("name"), "arguments": json.dumps({"input": body.get("input", "")}, ensure_ascii=False)}
+        fn = {
+            "name": body.get("name"),
+            "arguments": json.dumps({"input": body.get("input", "")}, ensure_ascii=False),
+        }
     else:
         fn = dict(call.get("function") or {})
     args = fn.get("arguments", "{}")
@@ -95,7 +98,8 @@ def prepare_messages(messages: list, arguments_as_dict: bool = True) -> list[dic
                 m["reasoning_content"] = reasoning
         if m["role"] == "assistant" and m.get("tool_calls"):
             m["tool_calls"] = [
-                _tool_call(c, f"{where}.tool_calls[{j}]", arguments_as_dict) for j, c in enumerate(m["tool_calls"])
+                _tool_call(c, f"{where}.tool_calls[{j}]", arguments_as_dict)
+                for j, c in enumerate(m["tool_calls"])
             ]
             m.setdefault("content", "")
         elif "tool_calls" in m and not m["tool_calls"]:

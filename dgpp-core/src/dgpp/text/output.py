@@ -43,7 +43,10 @@ class ChoiceOutput:
             hidden.add(tokenizer.bos_token_id)
         self.detokenizer = IncrementalDetokenizer(tokenizer, stop=stop, skip_ids=hidden)
         self.splitter = ReasoningSplitter(
-            ReasoningSplitter.prompt_opens_thinking(prompt, start, end), start, end, in_content=reasoning_in_content
+            ReasoningSplitter.prompt_opens_thinking(prompt, start, end),
+            start,
+            end,
+            in_content=reasoning_in_content,
         )
         specs = tool_specs(tools)
         parse_tools = dialect is not None and bool(specs) and tool_choice != "none"
@@ -117,7 +120,10 @@ class ChoiceOutput:
     def message(self) -> dict[str, Any]:
         """The one-shot ``choices[i].message`` (call after ``finish``)."""
         calls = self.tool_calls
-        msg: dict[str, Any] = {"role": "assistant", "content": self.content if self.content or not calls else None}
+        msg: dict[str, Any] = {
+            "role": "assistant",
+            "content": self.content if self.content or not calls else None,
+        }
         if self.reasoning:
             msg["reasoning_content"] = self.reasoning
         if calls:

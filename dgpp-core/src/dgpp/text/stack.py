@@ -53,11 +53,21 @@ class TextStack:
         if plugin_manager is not None:
             dialect = plugin_manager.hook.dgpp_tool_dialect(family=family, hf_config=hf_config)
         template = ChatTemplate.for_checkpoint(
-            tokenizer, family, hf_config, plugin_manager,
-            effort=dialect.effort if dialect is not None else None, default_kwargs=default_chat_template_kwargs,
+            tokenizer,
+            family,
+            hf_config,
+            plugin_manager,
+            effort=dialect.effort if dialect is not None else None,
+            default_kwargs=default_chat_template_kwargs,
         )
-        return cls(tokenizer, template, dialect, vocab_size or hf_config.get("vocab_size"), reasoning_in_content,
-                   dict(default_chat_template_kwargs or {}))
+        return cls(
+            tokenizer,
+            template,
+            dialect,
+            vocab_size or hf_config.get("vocab_size"),
+            reasoning_in_content,
+            dict(default_chat_template_kwargs or {}),
+        )
 
     @cached_property
     def grammar_context(self) -> GrammarContext:
@@ -74,8 +84,9 @@ class TextStack:
     ) -> RenderedPrompt:
         """Render and tokenize; ``tool_choice: none`` leaves the tools out of the prompt (anchor §2.7)."""
         shown = None if tool_choice == "none" else tools
-        text = self.chat_template.render(messages, shown, chat_template_kwargs=chat_template_kwargs,
-                                         reasoning_effort=reasoning_effort)
+        text = self.chat_template.render(
+            messages, shown, chat_template_kwargs=chat_template_kwargs, reasoning_effort=reasoning_effort
+        )
         return RenderedPrompt(text, self.tokenizer.encode(text))
 
     def matcher(
@@ -95,8 +106,15 @@ class TextStack:
         opens = self.dialect is not None and ReasoningSplitter.prompt_opens_thinking(
             prompt.text, self.dialect.think_start, self.dialect.think_end
         )
-        return build_matcher(self.grammar_context, response_format=response_format, tools=tools, tool_choice=tool_choice,
-                             parallel_tool_calls=parallel_tool_calls, dialect=self.dialect, prompt_opens_thinking=opens)
+        return build_matcher(
+            self.grammar_context,
+            response_format=response_format,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            dialect=self.dialect,
+            prompt_opens_thinking=opens,
+        )
 
     def choice_output(
         self,
@@ -106,14 +124,25 @@ class TextStack:
         stop: Iterable[str] = (),
         request_tag: int | str = 0,
     ) -> ChoiceOutput:
-        return ChoiceOutput(self.tokenizer, prompt=prompt.text, dialect=self.dialect, tools=tools, tool_choice=tool_choice,
-                            stop=stop, reasoning_in_content=self.reasoning_in_content, request_tag=request_tag)
+        return ChoiceOutput(
+            self.tokenizer,
+            prompt=prompt.text,
+            dialect=self.dialect,
+            tools=tools,
+            tool_choice=tool_choice,
+            stop=stop,
+            reasoning_in_content=self.reasoning_in_content,
+            request_tag=request_tag,
+        )
 
     def model_info(self) -> dict[str, Any]:
         """The text-stack part of the ``/v1/models`` object (anchor §2.10)."""
         return {
             "tools": {"available": self.dialect is not None, "constrained": self.dialect is not None},
             "response_format": {"json_object": True, "json_schema": True},
-            "reasoning": {"in_content": self.reasoning_in_content, "effort_mapping": self.chat_template.effort_mapping()},
+            "reasoning": {
+                "in_content": self.reasoning_in_content,
+                "effort_mapping": self.chat_template.effort_mapping(),
+            },
             "default_chat_template_kwargs": dict(self.default_kwargs),
         }

@@ -13,12 +13,24 @@ import tokenizers
 from dgpp.text.errors import TokenizerError
 
 # The special-token names HF passes to chat templates (``special_tokens_map``), in HF's order.
-SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+SPECIAL_TOKEN_NAMES = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
 
 
 def _byte_level_alphabet() -> dict[str, int]:
     """The GPT-2 byte-level alphabet: printable character -> the byte it stands for."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
     chars = list(printable)
     extra = 0
     for byte in range(256):
@@ -26,7 +38,7 @@ def _byte_level_alphabet() -> dict[str, int]:
             printable.append(byte)
             chars.append(256 + extra)
             extra += 1
-    return {chr(c): b for b, c in zip(printable, chars)}
+    return {chr(c): b for b, c in zip(printable, chars, strict=True)}
 
 
 def _token_text(value: Any) -> str | None:

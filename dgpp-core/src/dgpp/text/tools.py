@@ -33,7 +33,9 @@ class ToolSpec:
             return g.rule(f"{self.name}_input", "/" + definition.replace("/", "\\/") + "/")
         if syntax == "lark":
             return g.subgrammar(f"{self.name}_input", definition)
-        raise TextError(f"custom tool {self.name!r}: grammar syntax {syntax!r} is not 'regex' or 'lark'", "tools")
+        raise TextError(
+            f"custom tool {self.name!r}: grammar syntax {syntax!r} is not 'regex' or 'lark'", "tools"
+        )
 
     def as_openai(self) -> dict[str, Any]:
         fn: dict[str, Any] = {"name": self.name}
@@ -63,8 +65,12 @@ def tool_specs(tools: list[dict] | None) -> list[ToolSpec]:
             params = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
             fmt = body.get("format") or {"type": "text"}
             grammar = fmt.get("grammar") if fmt.get("type") == "grammar" else None
-            if fmt.get("type") not in ("text", "grammar") or (fmt.get("type") == "grammar" and not isinstance(grammar, dict)):
-                raise TextError(f"tools[{i}].custom.format must be text or grammar", param=f"tools[{i}].custom.format")
+            if fmt.get("type") not in ("text", "grammar") or (
+                fmt.get("type") == "grammar" and not isinstance(grammar, dict)
+            ):
+                raise TextError(
+                    f"tools[{i}].custom.format must be text or grammar", param=f"tools[{i}].custom.format"
+                )
             spec = ToolSpec(name, params, body.get("description"), strict=True, custom=True, grammar=grammar)
         elif kind == "function":
             body = tool.get("function", tool)
@@ -72,7 +78,9 @@ def tool_specs(tools: list[dict] | None) -> list[ToolSpec]:
             params = body.get("parameters") or dict(EMPTY_PARAMETERS)
             spec = ToolSpec(name, params, body.get("description"), strict=bool(body.get("strict", False)))
         else:
-            raise TextError(f"tools[{i}].type {kind!r} is not 'function' or 'custom'", param=f"tools[{i}].type")
+            raise TextError(
+                f"tools[{i}].type {kind!r} is not 'function' or 'custom'", param=f"tools[{i}].type"
+            )
         if not isinstance(name, str) or not name:
             raise TextError(f"tools[{i}] has no function name", param=f"tools[{i}]")
         specs.append(spec)

@@ -34,7 +34,9 @@ V41_EFFORT = EffortMapping({"minimal": 25, "low": 50, "medium": 62, "high": 75, 
 V4_EFFORT = EffortMapping({e: e for e in ("minimal", "low", "medium", "high", "xhigh", "max")})
 _BAR = "｜DSML｜"
 _INVOKE = re.compile(rf'<{_BAR} ?invoke name="([^"]+)">(.*?)</{_BAR} ?invoke>', re.S)
-_PARAM = re.compile(rf'<{_BAR} ?parameter name="([^"]+)" string="(true|false)">(.*?)</{_BAR} ?parameter>', re.S)
+_PARAM = re.compile(
+    rf'<{_BAR} ?parameter name="([^"]+)" string="(true|false)">(.*?)</{_BAR} ?parameter>', re.S
+)
 
 
 class DsmlDialect(Dialect):
@@ -78,7 +80,9 @@ class DsmlDialect(Dialect):
         for name, args in calls:
             out.append(f'<{t}invoke name="{name}">\n')
             for k, v in args.items():
-                out.append(f'<{t}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{value_text(v)}</{t}parameter>\n')
+                out.append(
+                    f'<{t}parameter name="{k}" string="{str(isinstance(v, str)).lower()}">{value_text(v)}</{t}parameter>\n'
+                )
             out.append(f"</{t}invoke>\n")
         out.append(f"</{t}tool_calls>")
         return "".join(out)
@@ -104,7 +108,9 @@ class DsmlDialect(Dialect):
 
 def dialect_for(hf_config: dict) -> DsmlDialect:
     """V4.1 (``deepseek_v41``) writes the spaced tags and takes numeric budgets; V4 the plain ones."""
-    is_v41 = hf_config.get("model_type") == "deepseek_v41" or any("V41" in a for a in hf_config.get("architectures") or [])
+    is_v41 = hf_config.get("model_type") == "deepseek_v41" or any(
+        "V41" in a for a in hf_config.get("architectures") or []
+    )
     return DsmlDialect(" ", V41_EFFORT) if is_v41 else DsmlDialect("", V4_EFFORT)
 
 

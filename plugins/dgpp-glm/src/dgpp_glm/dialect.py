@@ -22,7 +22,9 @@ from dgpp.text.tools import ToolSpec
 from dgpp.text.xml_calls import value_text
 
 TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
-GLM_EFFORT = EffortMapping({"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"})
+GLM_EFFORT = EffortMapping(
+    {"minimal": "low", "low": "low", "medium": "high", "high": "high", "xhigh": "max", "max": "max"}
+)
 _NAME = re.compile(r"\s*([^\s<>]+)\s*")
 _PAIR = re.compile(r"\s*<arg_key>(.*?)</arg_key>\s*<arg_value>(.*?)</arg_value>", re.S)
 
@@ -51,7 +53,9 @@ class GlmDialect(Dialect):
     def format_calls(self, calls: list[tuple[str, dict]]) -> str:
         blocks = []
         for name, args in calls:
-            pairs = "".join(f"<arg_key>{k}</arg_key>\n<arg_value>{value_text(v)}</arg_value>\n" for k, v in args.items())
+            pairs = "".join(
+                f"<arg_key>{k}</arg_key>\n<arg_value>{value_text(v)}</arg_value>\n" for k, v in args.items()
+            )
             blocks.append(f"<tool_call>{name}\n{pairs}</tool_call>")
         return "\n".join(blocks)
 
