@@ -101,3 +101,8 @@ def test_two_distributions_with_one_entry_point_name(monkeypatch):
     monkeypatch.setattr(plugins, "entry_points", lambda group: eps)
     with pytest.raises(PluginError, match="two installed plugins use the entry-point name 'qwen'"):
         build_manager()
+
+
+def test_implemented_values_must_be_claimed():
+    with pytest.raises(PluginError, match="family fam \\(plugin p\\) implements FooForCausalLM without claiming it"):
+        FamilySpec(name="fam", plugin="p", architectures=("BarForCausalLM",), implemented=("FooForCausalLM",))

@@ -24,6 +24,17 @@ class FamilySpec:
     implemented: tuple[str, ...] = ()
     description: str = ""
 
+    def __post_init__(self) -> None:
+        # an implemented value that is not claimed could never be resolved: a plugin-authoring slip
+        stray = [v for v in self.implemented if v not in self.architectures and v not in self.model_types]
+        if stray:
+            from dgpp.errors import PluginError
+
+            raise PluginError(
+                f"family {self.name} (plugin {self.plugin}) implements {', '.join(stray)} "
+                "without claiming it: add it to architectures or model_types"
+            )
+
     def claims(self, value: str) -> bool:
         return value in self.architectures or value in self.model_types
 
