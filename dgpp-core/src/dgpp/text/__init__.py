@@ -1,8 +1,8 @@
 """The text stack: tokenizer, streaming detokenizer, chat templates, reasoning split, tool dialects, grammars.
 
-What the serving path uses. Per model, once: ``TextStack.from_checkpoint`` (``Tokenizer.from_dir``,
-``ChatTemplate.for_checkpoint``, the family's ``Dialect`` from the ``dgpp_tool_dialect`` hook, a lazy
-``GrammarContext``). Per request: ``ChatTemplate.render``
+What the serving path uses (``dgpp.serve.build`` assembles it). Per model, once: ``Tokenizer.from_dir``,
+``ChatTemplate.for_checkpoint``, the family's ``Dialect`` from the ``dgpp_tool_dialect`` hook, a
+``GrammarContext``. Per request: ``ChatTemplate.render``
 -> ``Tokenizer.encode``; ``build_matcher`` for a constrained request (the sampler calls ``mask`` / ``accept``
 / ``is_done``); one ``ChoiceOutput`` per choice, fed every sampled id, yielding OpenAI deltas.
 """
@@ -17,7 +17,6 @@ from dgpp.text.errors import GrammarError, TemplateError, TextError, TokenizerEr
 from dgpp.text.grammar import GrammarContext, GrammarMatcher, build_matcher
 from dgpp.text.output import ChoiceOutput
 from dgpp.text.reasoning import ReasoningSplitter, Split
-from dgpp.text.stack import RenderedPrompt, TextStack
 from dgpp.text.tokenizer import Tokenizer
 from dgpp.text.tools import ToolSpec, tool_specs
 
@@ -32,12 +31,10 @@ __all__ = [
     "IncrementalDetokenizer",
     "ParsedOutput",
     "ReasoningSplitter",
-    "RenderedPrompt",
     "Split",
     "StopMatch",
     "TemplateError",
     "TextError",
-    "TextStack",
     "Tokenizer",
     "TokenizerError",
     "ToolCall",
