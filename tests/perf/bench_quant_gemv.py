@@ -60,7 +60,7 @@ def main() -> None:
     import triton
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt, NVFP4CompressedTensors
+    from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
     from dgpp.quant.fp8 import FP8Block, FP8Channel
     from dgpp.quant.intq import GPTQ, IntPacked
     from dgpp.quant.kernels import TileConfig, default_config, quant_matmul
@@ -93,11 +93,13 @@ def main() -> None:
         return
 
     # 2. copy bandwidth (bytes read + written)
-    src = torch.empty(2**31, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-    copy_bw = 2 * src.numel() / (ms * 1e-3)
-    del src, dst
+    def copy_bandwidth(nbytes: int = 2**31) -> float:
+        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.empty_like(src)
+        ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
+        return 2 * nbytes / (ms * 1e-3)
+
+    copy_bw = copy_bandwidth()
     results["copy_GBps"] = copy_bw / 1e9
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s", flush=True)
 
@@ -163,7 +165,7 @@ def main() -> None:
         ws = [torch.randn(shape, device=device, dtype=dtype) for _ in range(4)]
         x = torch.randn(1, shape[1], device=device, dtype=dtype)
 
-        def dense_all():
+        def dense_all(ws=ws, x=x):
             for w in ws:
                 F.linear(x, w)
 

@@ -24,8 +24,6 @@ class QuantFormat(ABC):
     """
 
     name: ClassVar[str]
-    #: the tensor (suffix) a quantized module must carry for this format to be detected on it.
-    marker: ClassVar[str] = "weight"
 
     def with_params(self, **params) -> QuantFormat:
         return dataclasses.replace(self, **params)

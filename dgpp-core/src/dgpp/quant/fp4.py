@@ -27,10 +27,6 @@ class FP4Grouped(QuantFormat):
     global_name: str | None = None
     global_op: str | None = None  # "mul" (ModelOpt weight_scale_2) or "div" (compressed-tensors global scale)
 
-    @property
-    def marker(self) -> str:  # type: ignore[override]
-        return self.data_name
-
     def tensor_shapes(self, shape: Shape) -> dict[str, tuple[int, ...]]:
         n, k = shape
         if k % self.group:

@@ -112,9 +112,9 @@ def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device)
 def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
                  config: TileConfig | None = None) -> torch.Tensor:
     """``x [.., K] @ W^T`` with W in ``fmt`` (tensors as returned by ``fmt.prepare``), via the Triton kernel."""
-    from dgpp.quant.kernels.wo_matmul import wo_matmul_kernel
-
     import triton.language as tl
+
+    from dgpp.quant.kernels.wo_matmul import wo_matmul_kernel
 
     n, k = shape
     lead = x.shape[:-1]
