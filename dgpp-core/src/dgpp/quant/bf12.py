@@ -52,10 +52,11 @@ def encode_bf12(weight: torch.Tensor) -> dict[str, torch.Tensor] | None:
     exp = (bits >> 7) & 0xFF
     sm = ((bits >> 8) & 0x80) | (bits & 0x7F)
     # Base per row: the 15-exponent window holding the most weights (smallest base on ties).
-    hist = torch.zeros(n, 257, dtype=torch.int32)
+    dev = weight.device
+    hist = torch.zeros(n, 257, dtype=torch.int32, device=dev)
     hist[:, 1:].scatter_add_(1, exp.long(), torch.ones_like(exp))
     cum = hist.cumsum(1)
-    bases = torch.arange(256 - 14)
+    bases = torch.arange(256 - 14, device=dev)
     in_window = cum[:, bases + 15] - cum[:, bases]
     base = in_window.argmax(1).to(torch.int32)
     code = exp - base[:, None]
@@ -68,10 +69,10 @@ def encode_bf12(weight: torch.Tensor) -> dict[str, torch.Tensor] | None:
     escaped &= ~raw[:, None]
     rows, cols = escaped.nonzero(as_tuple=True)  # row-major: columns sorted within each row
     escapes = (cols.to(torch.int64) << 16 | bits[rows, cols].to(torch.int64)).to(torch.int32)
-    offsets = torch.zeros(n + 1, dtype=torch.int32)
+    offsets = torch.zeros(n + 1, dtype=torch.int32, device=dev)
     offsets[1:] = escaped.sum(1).cumsum(0)
     sb = k // SUPER_BLOCK
-    cols_of = (torch.arange(sb)[:, None] * SUPER_BLOCK + _COLUMN_OF[None, :])  # [sb, 1024]
+    cols_of = torch.arange(sb, device=dev)[:, None] * SUPER_BLOCK + _COLUMN_OF.to(dev)[None, :]  # [sb, 1024]
     sm_packed = sm[:, cols_of].to(torch.uint8)  # [n, sb, 1024]
     code_p = code[:, cols_of]
     exp_packed = (code_p[..., :512] | (code_p[..., 512:] << 4)).to(torch.uint8)

@@ -25,7 +25,7 @@ def _tile_amax(w: torch.Tensor, block: tuple[int, int]) -> torch.Tensor:
     n, k = w.shape
     bn, bk = block
     gn, gk = cdiv(n, bn), cdiv(k, bk)
-    padded = torch.zeros(gn * bn, gk * bk, dtype=torch.float32)
+    padded = torch.zeros(gn * bn, gk * bk, dtype=torch.float32, device=w.device)
     padded[:n, :k] = w.abs().float()
     return padded.reshape(gn, bn, gk, bk).amax(dim=(1, 3))
 
@@ -58,7 +58,7 @@ def encode_fp8_block(w: torch.Tensor, fmt: FP8Block) -> dict[str, torch.Tensor]:
 def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
     """Nearest E2M1 code (0..15) of each value (already divided by its scale)."""
     mag = x.abs().clamp_max(E2M1_MAX)
-    idx = (mag.unsqueeze(-1) - _E2M1).abs().argmin(-1)
+    idx = (mag.unsqueeze(-1) - _E2M1.to(x.device)).abs().argmin(-1)
     return torch.where((x < 0) & (idx > 0), idx + 8, idx)
 
 
@@ -112,13 +112,13 @@ def encode_gptq(w: torch.Tensor, fmt: GPTQ, g_idx: torch.Tensor | None = None) -
     """Symmetric GPTQ; ``g_idx`` (a group per input column) gives act-order layouts."""
     n, k = w.shape
     group = fmt.group_size((n, k))
-    groups = torch.arange(k) // group if g_idx is None else g_idx.long()
+    groups = torch.arange(k, device=w.device) // group if g_idx is None else g_idx.long().to(w.device)
     half = 1 << (fmt.bits - 1)
     num_groups = k // group
-    amax = torch.zeros(num_groups, n).scatter_reduce_(0, groups[:, None].expand(k, n), w.float().abs().t(), "amax")
+    amax = torch.zeros(num_groups, n, device=w.device).scatter_reduce_(0, groups[:, None].expand(k, n), w.float().abs().t(), "amax")
     scales = (amax / (half - 1)).clamp_min(2.0**-14).to(torch.float16)
     codes = (w.float().t() / scales.float()[groups]).round().clamp(-half, half - 1) + half  # [K, N]
-    zeros = torch.full((num_groups, n), half - fmt.zero_offset, dtype=torch.int64)
+    zeros = torch.full((num_groups, n), half - fmt.zero_offset, dtype=torch.int64, device=w.device)
     out = {
         "qweight": pack_int32(codes.to(torch.int64), fmt.bits, dim=0),
         "qzeros": pack_int32(zeros, fmt.bits, dim=1),
