@@ -80,3 +80,41 @@ def test_snapshot_restored_into_another_slot_continues_a_shared_prefix(model):
     assert b_slot != a_slot
     b_tokens = continue_greedy(b_slot, shared + blocks.allocate(1), logits)
     conf.assert_same_tokens(b_tokens, a_tokens, "sequence restored from a snapshot in another slot")
+
+
+@torch.inference_mode()
+def test_decode_padding_rows_write_nothing(model):
+    """CUDA-graph batches pad decode steps with rows of state slot -1 / KV slot -1 / seq_len 0: the real rows'
+    logits must not change and no pool entry (state or K/V) may be written by a padding row."""
+    from dgpp.engine.runner import build_batch
+
+    prompts = conf.make_prompts(model.info.vocab_size, (6, 11), seed=9)
+    pools, blocks, slots = make_pools(model, [16, 16, 16], 16)
+    runner = ModelRunner(model, pools)
+    tables = [blocks.allocate(1) for _ in prompts]
+    seq_slots = [slots.allocate() for _ in prompts]
+    spare = slots.allocate()  # never used: a padding row must not touch it (slot -1 would wrap to it)
+    firsts = runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seq_slots, tables, prompts)]).argmax(-1).tolist()
+    work = [SeqWork(s, t, len(p), [tok]) for s, t, p, tok in zip(seq_slots, tables, prompts, firsts)]
+    snapshot = {n: {t: v.clone() for t, v in ts.items()} for n, ts in pools.state.items()}
+    kv_before = {n: (k.clone(), v.clone()) for n, (k, v) in pools.kv.items()}
+    plain = model.compute_logits(model(build_batch(work, pools)))
+    after_plain = {n: {t: v.clone() for t, v in ts.items()} for n, ts in pools.state.items()}
+    for name, ts in snapshot.items():  # rewind the state, then run the same step padded with two rows
+        for t, v in ts.items():
+            pools.state[name][t].copy_(v)
+    batch = build_batch(work + [SeqWork(0, [0], 0, [0]), SeqWork(0, [0], 0, [0])], pools)
+    batch.state_slots[2:] = -1
+    batch.slot_mapping[2:] = -1
+    batch.seq_lens[2:] = 0
+    batch.seq_lens_cpu[2:] = [0, 0]
+    batch.logits_indices = batch.logits_indices[:2]
+    padded = model.compute_logits(model(batch))
+    torch.testing.assert_close(padded, plain, rtol=1e-5, atol=1e-5)  # a 4-row GEMM rounds unlike a 2-row one
+    for name, ts in after_plain.items():
+        for t, v in ts.items():
+            torch.testing.assert_close(pools.state[name][t], v, rtol=1e-5, atol=1e-5, msg=f"{name}.{t}")
+            assert torch.equal(pools.state[name][t][spare], snapshot[name][t][spare]), f"padding wrote {name}.{t}"
+    for name, (k, v) in pools.kv.items():
+        written = (k != kv_before[name][0]).any(-1).any(-1).nonzero().tolist()
+        assert all(blk in (tables[0][0], tables[1][0]) for blk, _ in written), f"{name}: padding wrote K/V"

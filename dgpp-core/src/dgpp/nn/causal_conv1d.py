@@ -114,7 +114,17 @@ class CausalConv1d(nn.Module):
     def forward(
         self, x: torch.Tensor, conv_state: torch.Tensor, batch: ForwardBatch, activation: str | None = "silu"
     ) -> torch.Tensor:
+        if activation not in ("silu", None):
+            raise ValueError(f"causal_conv1d: unsupported activation {activation!r}")
+        weight = self.weight[:, 0, :]
+        if batch.is_decode_only and (x.is_cuda or bool((batch.state_slots < 0).any())):
+            # one token per sequence: the step that reads only device tensors (CUDA-graph safe) and
+            # leaves padding rows (slot -1) alone
+            from dgpp.kernels.causal_conv1d import causal_conv1d_decode
+
+            return causal_conv1d_decode(
+                x, weight, self.bias, conv_state, batch.state_slots, batch.context_lens == 0, activation == "silu"
+            )
         return causal_conv1d_varlen(
-            x, self.weight[:, 0, :], self.bias, conv_state, batch.state_slots,
-            batch.q_lens_cpu, batch.context_lens_cpu, activation,
+            x, weight, self.bias, conv_state, batch.state_slots, batch.q_lens_cpu, batch.context_lens_cpu, activation
         )

@@ -131,12 +131,14 @@ def gated_delta_rule_varlen(
 ) -> torch.Tensor:
     """The gated delta rule over flattened token rows (``q_lens`` per sequence), state read from and written to
     ``state_pool[state_slots]``. q/k ``[T, Hk, dk]``, v ``[T, Hv, dv]``, g/beta ``[T, Hv]``. Returns ``[T, Hv, dv]``
-    fp32. Single-token sequences take the recurrent step; longer ones the chunked form, padded together."""
+    fp32 (zeros for padding rows, whose slot is -1). Single-token sequences take the recurrent step; longer
+    ones the chunked form, padded together."""
     device = v.device
-    out = torch.empty(v.shape, dtype=torch.float32, device=device)
+    out = torch.zeros(v.shape, dtype=torch.float32, device=device)
     seq_of_token, offset_in_seq, starts = token_layout(q_lens, device)
-    decode = [i for i, n in enumerate(q_lens) if n == 1]
-    prefill = [i for i, n in enumerate(q_lens) if n > 1]
+    live = [slot >= 0 for slot in state_slots.tolist()]  # slot -1: a padding row, nothing read or written
+    decode = [i for i, n in enumerate(q_lens) if n == 1 and live[i]]
+    prefill = [i for i, n in enumerate(q_lens) if n > 1 and live[i]]
 
     if decode:
         seqs = torch.tensor(decode, dtype=torch.int64, device=device)
