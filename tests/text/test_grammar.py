@@ -288,3 +288,23 @@ def test_custom_tool_lark_grammar(tiny_ctx, tiny_tokenizer):
         assert __import__("re").fullmatch(
             r"[0-9]{1,2}([+-][0-9]{1,2})?", parsed.tool_calls[0].as_openai()["custom"]["input"]
         )
+
+
+def test_non_strict_tool_schema_with_unknown_keyword_still_compiles(tiny_ctx):
+    unique = {
+        "type": "array",
+        "items": {"type": "integer"},
+        "uniqueItems": True,
+    }  # not implemented by llguidance
+    odd = {
+        "type": "function",
+        "function": {
+            "name": "odd",
+            "parameters": {"type": "object", "properties": {"ns": unique}, "required": ["ns"]},
+        },
+    }
+    assert build_matcher(tiny_ctx, tools=[odd], tool_choice="required", dialect=QwenXmlDialect()) is not None
+    strict = {"type": "function", "function": {**odd["function"], "strict": True}}
+    with pytest.raises(GrammarError) as err:
+        build_matcher(tiny_ctx, tools=[strict], tool_choice="required", dialect=QwenXmlDialect())
+    assert err.value.param == "tool_choice" and "uniqueItems" in err.value.message

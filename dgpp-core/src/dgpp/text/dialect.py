@@ -146,7 +146,7 @@ class Dialect(ABC):
             if choices and all(isinstance(c, str) for c in choices):
                 return "(" + " | ".join(g.lit(c) for c in choices) + ") " + g.lit(end)
             return g.text_until(end, f"{spec.name}_{key}")
-        return f"{g.json(prop or {})} {g.lit(end)}"
+        return f"{g.json(prop or {}, lenient=not spec.strict)} {g.lit(end)}"
 
     def arguments_grammar(self, spec: ToolSpec, one_argument, g: LarkBuilder) -> str:
         """The arguments of ``spec`` in schema order; optional ones may be left out."""

@@ -71,10 +71,12 @@ class LarkBuilder:
             raise ValueError(f"end marker {end!r} mixes text and special tokens")
         return self.rule(stem, r"/(?s:.*)/", attrs=f"[suffix={quote(end)}]")
 
-    def json(self, schema: Mapping[str, Any]) -> str:
-        """An embedded JSON-schema value (``%json``), with dgpp's whitespace limits."""
+    def json(self, schema: Mapping[str, Any], lenient: bool = False) -> str:
+        """An embedded JSON-schema value (``%json``), with dgpp's whitespace limits; ``lenient`` ignores
+        keywords llguidance does not implement (non-strict tool schemas) instead of failing."""
         body = dict(schema)
-        body["x-guidance"] = {**JSON_OPTIONS, **(body.get("x-guidance") or {})}
+        options = {**JSON_OPTIONS, **({"lenient": True} if lenient else {})}
+        body["x-guidance"] = {**options, **(body.get("x-guidance") or {})}
         return "%json " + json.dumps(body, ensure_ascii=False)
 
     def subgrammar(self, stem: str, lark: str) -> str:
