@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dgpp.errors import ConfigError
-from dgpp.quant import packed_bytes
+from dgpp.quant import module_weight_bytes, packed_bytes
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.intq import GPTQ, IntPacked
@@ -103,3 +103,10 @@ def test_registry_and_packed_bytes():
     assert packed_bytes(IntPacked(bits=4, group=64), (n, k)) == n * k // 2 + n * k // 64 * 2
     assert packed_bytes(GPTQ(bits=4, group=128), (n, k)) == n * k // 2 + (k // 128) * n // 8 * 4 + (k // 128) * n * 2
     assert packed_bytes("bf12", (n, k)) == n * k * 3 // 2 + n + (n + 1) * 4
+
+
+def test_module_weight_bytes_for_the_memory_plan():
+    s = scheme({"quant_method": "modelopt", "quant_algo": "NVFP4", "exclude_modules": ["*self_attn*"]})
+    assert module_weight_bytes(s, "model.layers.0.self_attn.q_proj", (64, 64), 2) == 64 * 64 * 2
+    assert module_weight_bytes(s, "model.layers.0.mlp.experts.1.up_proj", (32, 64), 2) == 32 * 32 + 32 * 4 + 4
+    assert module_weight_bytes(None, "lm_head", (512, 64), 4) == 512 * 64 * 4
