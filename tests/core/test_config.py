@@ -225,3 +225,13 @@ def test_knobs_override_engine_keys_and_are_validated_like_the_file(tmp_path):
         apply_knobs({"model": "m"}, {"model": "other"})
     with pytest.raises(ConfigError, match="--queue-limit: not a knob"):
         apply_knobs({"model": "m"}, {"queue_limit": 3})
+
+
+def test_non_finite_numbers_are_refused(tmp_path):
+    assert "engine.prefix_cache_gib: inf is not a finite number" in error_of(
+        {"model": "m", "engine": {"prefix_cache_gib": float("inf")}}
+    )
+    path = tmp_path / "nan.json"
+    path.write_text('{"model": "m", "engine": {"stats_interval_s": NaN}}')
+    with pytest.raises(ConfigError, match="nan.json: not valid JSON: NaN is not a JSON number"):
+        load_config(path)

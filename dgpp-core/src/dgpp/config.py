@@ -159,8 +159,8 @@ class DeployConfig(_Section, kw_only=True):
     def digest(self) -> str:
         """16 hex digits: FNV-1a 64 of the canonical JSON of the effective config.
 
-        Canonical = sorted keys, no whitespace, so the order of keys in the file never matters,
-        while any changed effective value (or a default that is spelled out) behaves the same.
+        Canonical = sorted keys, no whitespace, defaults filled in: the order of keys in the file and
+        spelling out a default change nothing; any changed effective value changes the digest.
         """
         return fnv1a64_hex(canonical_json(self.to_dict()))
 
@@ -239,7 +239,11 @@ def parse_config(raw: Any, source: str = "<config>") -> DeployConfig:
     return cfg
 
 
-def read_template(path: str | Path) -> dict[str, Any]:
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def read_template(path: str | Path) -> Any:
     """Read a template file as JSON data, naming the file (and line) when it cannot be read."""
     p = Path(path).expanduser()
     try:
@@ -249,9 +253,11 @@ def read_template(path: str | Path) -> dict[str, Any]:
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read deployment template ({exc.strerror})") from None
     try:
-        return json.loads(text)
+        return json.loads(text, parse_constant=_refuse_constant)  # NaN / Infinity are not JSON
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}: not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except ValueError as exc:
+        raise ConfigError(f"{p}: not valid JSON: {exc}") from None
 
 
 def load_config(path: str | Path, knobs: dict[str, Any] | None = None) -> DeployConfig:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import ipaddress
 import json
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
@@ -130,9 +131,20 @@ def translate_validation_error(message: str, raw: Any) -> str:
     return f"{where}: {msg}"
 
 
+def _non_finite(data: Any, path: str = "") -> list[str]:
+    # inf / nan pass msgspec's >= bounds (a knob can give them); they would also break the digest
+    if isinstance(data, float) and not math.isfinite(data):
+        return [f"{path}: {data} is not a finite number"]
+    if isinstance(data, dict):
+        return [p for k, v in data.items() for p in _non_finite(v, f"{path}.{k}" if path else k)]
+    if isinstance(data, list):
+        return [p for i, v in enumerate(data) for p in _non_finite(v, f"{path}[{i}]")]
+    return []
+
+
 def check_cross_keys(cfg: DeployConfig) -> list[str]:
     """Rules that involve more than one key; each problem names the keys at fault."""
-    problems: list[str] = []
+    problems: list[str] = _non_finite(msgspec.to_builtins(cfg))
     if cfg.world_size is not None and cfg.nodes is not None:
         problems.append(
             "world_size, nodes: mutually exclusive (give world_size for one host, nodes for several)"
