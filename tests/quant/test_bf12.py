@@ -12,6 +12,8 @@ from dgpp.nn.linear import Linear
 from dgpp.quant.apply import DualMethod, convert_dense_weights
 from dgpp.quant.bf12 import BF12, MAX_ROW_ESCAPES, encode_bf12
 from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.kernels import quant_matmul
+from dgpp.quant.kernels.bf12_gemv import bf12_matmul
 from dgpp.quant.linear import QuantLinearMethod
 
 
@@ -33,6 +35,18 @@ def test_round_trip_is_bit_exact_with_escapes_and_raw_rows():
     got = BF12().decode(packed, tuple(w.shape), torch.bfloat16)
     assert torch.equal(_bits(got), _bits(w))
     assert packed["packed"].numel() == w.numel() * 2 * 3 // 4  # 12 bits per weight: 0.75 of the bf16 bytes
+
+
+def test_bf12_kernel_matches_torch_decode():
+    gen = torch.Generator().manual_seed(2)
+    w = (torch.randn(20, 2048, generator=gen) * 0.02).to(torch.bfloat16)
+    w[2, 9], w[5, 1500] = 0.0, 2.0e3  # escapes
+    w[13, :80] = 0.0  # a raw row
+    packed = encode_bf12(w)
+    x = torch.randn(3, 2048, generator=gen)
+    ref = F.linear(x, BF12().decode(packed, (20, 2048), torch.float32))
+    for got in (quant_matmul(BF12(), packed, x, (20, 2048)), bf12_matmul(packed, x, (20, 2048), bn=8, split_k=2)):
+        torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
 
 
 def test_byte_layout_matches_the_documented_lanes():

@@ -7,6 +7,7 @@ import os
 
 import torch
 
+from dgpp.quant.bf12 import BF12
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
@@ -25,7 +26,12 @@ class TileConfig:
     num_stages: int = 3
 
 
+BF12_TRITON_ENV = "DGPP_BF12_TRITON"  # "1": use the bf12 GEMV on GPU (interpreter-checked, not yet measured)
+
+
 def has_kernel(fmt: QuantFormat) -> bool:
+    if isinstance(fmt, BF12):
+        return os.environ.get(BF12_TRITON_ENV) == "1"
     return isinstance(fmt, (FP8Block, FP4Grouped, IntPacked, GPTQ))
 
 
@@ -116,6 +122,10 @@ def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Te
 
     from dgpp.quant.kernels.wo_matmul import wo_matmul_kernel
 
+    if isinstance(fmt, BF12):
+        from dgpp.quant.kernels.bf12_gemv import bf12_matmul
+
+        return bf12_matmul(tensors, x, shape)
     n, k = shape
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
