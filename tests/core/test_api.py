@@ -201,3 +201,49 @@ def test_overloaded_queue_sheds_with_503(server) -> None:
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
     err(r, 503, "overloaded")
     assert client.get("/metrics").json()["service"]["requests_shed"] == 1
+
+
+def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
+    tok_dir = build_tiny_tokenizer(tmp_path / "tok")
+    engine = build_toy_engine(MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0))
+
+    def broken(works):
+        raise RuntimeError("device lost")
+
+    engine.loop.scheduler.runner.step = broken
+    with TestClient(app=build_app(engine), base_url="http://dgpp.local") as client:
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
+        err(r, 503, "engine_failure")
+        health = client.get("/health")
+        assert health.status_code == 503 and health.json()["status"] == "failed"
+        assert "device lost" in health.json()["error"]
+        err(client.post("/v1/completions", json={"model": MODEL, "prompt": "x"}), 503, "engine_failure")
+        assert client.get("/metrics").json()["service"]["engine_failed"] is True
+    engine.shutdown()
+
+
+def test_keep_alive_comment_after_silence(server) -> None:
+    """The SSE writer alone: an event arrives after 1.3 s of silence with a 1 s ping interval."""
+    import asyncio
+
+    from dgpp.sample import SamplingParams
+    from dgpp.sched.request import RetireReason, SeqEvent
+    from dgpp.serve.backend import RequestHandle
+    from dgpp.serve.completions import _stream
+    from dgpp.serve.openai_format import ChunkWriter
+
+    _, engine = server
+
+    async def run() -> list[bytes]:
+        handle = RequestHandle("chatcmpl-x", [1, 2], SamplingParams(max_tokens=1), engine=engine)
+        handle.seqs = [Sequence("chatcmpl-x/0", 0, [1, 2], handle.params, None, None)]  # type: ignore[arg-type]
+        outputs = engine.text_outputs(handle, None)
+        writer = ChunkWriter(handle.request_id, 0, MODEL, chat=True, include_usage=False)
+        asyncio.get_running_loop().call_later(1.3, handle.queue.put_nowait,
+                                              (0, SeqEvent([], [], retired=RetireReason.LENGTH)))
+        return [chunk async for chunk in _stream(engine, handle, outputs, writer, 1)]
+
+    chunks = asyncio.run(run())
+    assert chunks[0] == b": keep-alive\n\n" and chunks[-1] == b"data: [DONE]\n\n"
+    events = b"".join(chunks[1:-1]).split(b"\n\n")[:-1]
+    assert b'"role":"assistant"' in events[0] and b'"finish_reason":"length"' in events[1]  # lazy preamble first

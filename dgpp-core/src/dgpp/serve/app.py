@@ -24,8 +24,10 @@ def model_object(engine: ServingEngine) -> dict[str, Any]:
     return {
         "id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "dgpp",
         "sampling": {"available": True, "defaults": engine.defaults.as_dict()},
-        "tools": {"available": engine.chat_template is not None, "constrained": False},
-        "response_format": {"json_object": False, "json_schema": False},
+        "tools": {"available": engine.chat_template is not None, "constrained": engine.grammar is not None},
+        "response_format": {"json_object": engine.grammar is not None, "json_schema": engine.grammar is not None},
+        "reasoning": {"in_content": engine.reasoning_in_content, "effort_mapping": _effort_mapping(engine)},
+        "default_chat_template_kwargs": dict(getattr(engine.chat_template, "default_kwargs", {}) or {}),
         "input_modalities": ["text"],
         "context": {
             "request_limit_tokens": lim.request_limit_tokens, "position_ceiling_tokens": lim.max_position,
@@ -33,6 +35,15 @@ def model_object(engine: ServingEngine) -> dict[str, Any]:
             "limited_by": "position-ceiling" if lim.max_position <= lim.kv_pool_tokens else "kv-pool",
         },
     }
+
+
+def _effort_mapping(engine: ServingEngine) -> dict[str, Any]:
+    if engine.chat_template is None:
+        return {}
+    try:
+        return engine.chat_template.effort_mapping()
+    except Exception:  # a template without the mapping's variables maps nothing
+        return {}
 
 
 @get("/v1/models")

@@ -63,6 +63,9 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
         param = m.group(1) if m else None
         if param and "[" in param:
             param = param.split("[")[0] or param
+        if text.startswith("Object contains unknown field"):
+            field = text.split("`")[1]
+            raise unsupported(f"{param}.{field}" if param else field) from None
         if text.startswith("Object missing required field"):
             field = text.split("`")[1]
             param = f"{param}.{field}" if param else field
