@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import os
 import subprocess
 import sys
 
@@ -35,6 +36,9 @@ def main() -> int:
     parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
     parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
     parser.add_argument("--profile", default="", help="cases whose per-kernel GPU time is broken down")
+    parser.add_argument("--gemv", choices=("on", "off", "both"), default="on",
+                        help="decode GEMV kernels (DGPP_GEMV) for the timed cases; both = each case twice")
+    parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
     args = parser.parse_args()
@@ -52,19 +56,30 @@ def main() -> int:
         if not same:
             failures.append(f"{prompt}x{batch}x{new}")
     hf_cases = set(parse_cases(args.hf_cases))
+    gemv_modes = {"on": ("1",), "off": ("0",), "both": ("1", "0")}[args.gemv]
     for prompt, batch, new in parse_cases(args.cases):
-        modes = (True, False) if args.eager else (True,)
-        for graph in modes:
+        modes = [(g, s) for g in ((True, False) if args.eager else (True,)) for s in gemv_modes]
+        for graph, gemv in modes:
+            os.environ["DGPP_GEMV"] = gemv
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
+            res.label = f"{'graph' if graph else 'eager'}{'' if gemv == '1' else ', cuBLAS GEMV'}"
             results.append(res)
-            print(f"{prompt}x{batch}x{new} {'graph' if graph else 'eager'}: {res.ms_per_step:.2f} ms/step "
+            print(f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step "
                   f"(replay {res.replay_ms:.2f}), {res.tok_s:.1f} tok/s, {res.copy_pct:.1f}% of copy bw", flush=True)
+        os.environ["DGPP_GEMV"] = gemv_modes[0]
         if (prompt, batch, new) in hf_cases:
             rate = hf_tok_s(hf, prompt, batch, new, vocab)
             for res in results[-len(modes):]:
                 res.hf_tok_s = rate
             print(f"{prompt}x{batch}x{new} transformers: {rate:.1f} tok/s", flush=True)
     table = format_table(results, copy_gbs)
+    if args.prefill and device == "cuda":
+        from dgpp.bench.decode import matmul_peak_tflops, prefill_tflops
+
+        peak = matmul_peak_tflops(device)
+        seconds, rate = prefill_tflops(model, args.prefill)
+        table += (f"\n\nprefill of {args.prefill} tokens (batch 1, eager): {seconds * 1e3:.0f} ms, {rate:.0f} TFLOP/s = "
+                  f"{100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate measured in the same run")
     for prompt, batch, new in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
 

@@ -160,6 +160,24 @@ def check_gated_delta() -> None:
                length * (2 * hk * dk + hv * dv) * 2)
 
 
+def check_gemv() -> None:
+    from dgpp.kernels import gemv
+
+    for n, k in ((4096, 4096), (1024, 4096), (6144, 4096), (4096, 12288)):
+        for m in (1, 8):
+            x = torch.randn(m, k, device=DEV, dtype=BF16)
+            w = torch.randn(n, k, device=DEV, dtype=BF16) * k**-0.5
+            (out,) = gemv.multi_linear_triton(x, [w])
+            record(f"gemv M={m} [{n},{k}] (torch = cuBLAS)", rel_err(out, F.linear(x.float(), w.float())), 1e-2,
+                   lambda: gemv.multi_linear_triton(x, [w]), lambda: F.linear(x, w), w.numel() * 2)
+    x = torch.randn(1, 4096, device=DEV, dtype=BF16)
+    wg, wu = (torch.randn(12288, 4096, device=DEV, dtype=BF16) * 4096**-0.5 for _ in range(2))
+    out = gemv.gate_up_silu_triton(x, wg, wu)
+    record("gate+up+silu M=1 2x[12288,4096] (torch = 2 cuBLAS)", rel_err(out, gemv.gate_up_silu_ref(x.float(), wg.float(), wu.float())),
+           1e-2, lambda: gemv.gate_up_silu_triton(x, wg, wu), lambda: (F.linear(x, wg), F.linear(x, wu)),
+           2 * wg.numel() * 2)
+
+
 def check_moe() -> None:
     experts, top_k, hidden, inter = 128, 8, 2048, 768  # Qwen3-30B-A3B geometry
     gate_up = torch.randn(experts, 2 * inter, hidden, device=DEV, dtype=BF16) * hidden**-0.5
@@ -178,10 +196,14 @@ def check_moe() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default="")
+    parser.add_argument("--only", default="", help="comma-separated check names (e.g. gemv,attention)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    for check in (check_rmsnorm, check_rotary_swiglu_kvwrite, check_attention, check_sampling, check_gated_delta,
-                  check_moe):
+    checks = (check_rmsnorm, check_rotary_swiglu_kvwrite, check_attention, check_sampling, check_gated_delta,
+              check_gemv, check_moe)
+    if args.only:
+        checks = tuple(c for c in checks if c.__name__.removeprefix("check_") in args.only.split(","))
+    for check in checks:
         try:
             check()
         except Exception as e:  # keep going: one broken kernel must not hide the others' numbers

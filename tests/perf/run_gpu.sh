@@ -13,7 +13,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/dgpp-core/src:$PWD/plugins/dgpp-qwen/
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
-  python3 tests/perf/check_kernels.py --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log"
+  python3 tests/perf/check_kernels.py --json "$OUT/kernels.json" ${KERNEL_CHECKS:+--only "$KERNEL_CHECKS"} 2>&1 | tee "$OUT/kernels.log"
 fi
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
   python3 tests/perf/bench_decode.py --out "$OUT/decode.md" "$@" 2>&1 | tee "$OUT/bench.log"

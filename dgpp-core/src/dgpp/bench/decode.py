@@ -34,6 +34,7 @@ class DecodeResult:
     gb_s: float = 0.0
     copy_pct: float = 0.0
     hf_tok_s: float = 0.0
+    label: str = ""
     tokens: list[list[int]] = field(default_factory=list)
 
 
@@ -164,8 +165,44 @@ def format_table(results: list[DecodeResult], copy_gbs: float) -> str:
         hf = f"{r.hf_tok_s:.1f}" if r.hf_tok_s else "-"
         replay = f"{r.replay_ms:.2f}" if r.replay_ms else "-"
         lines.append(
-            f"| {r.prompt} | {r.batch} | {r.generated} | {'graph' if r.graph else 'eager'} | {r.step_bytes / 1e9:.2f} "
+            f"| {r.prompt} | {r.batch} | {r.generated} | {r.label or ('graph' if r.graph else 'eager')} | {r.step_bytes / 1e9:.2f} "
             f"| {r.ms_per_step:.2f} | {replay} | {r.tok_s:.1f} | {r.gb_s:.0f} | {r.copy_pct:.1f}% | {hf} | {ratio} |"
         )
     lines.append(f"\nmeasured device-to-device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
     return "\n".join(lines)
+
+
+def matmul_peak_tflops(device: str, n: int = 8192, reps: int = 10) -> float:
+    """bf16 matrix product rate on random data (the prefill ceiling), median of ``reps``."""
+    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(reps):
+        start.record()
+        a @ b
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return 2 * n**3 / (sorted(times)[reps // 2] * 1e-3) / 1e12
+
+
+def prefill_tflops(model: Model, tokens: int, seed: int = 0) -> tuple[float, float]:
+    """(seconds, TFLOP/s) of one eager prefill of ``tokens`` tokens; FLOPs = 2 x matrix params x tokens
+    plus causal attention (QK^T and PV over half the square)."""
+    from dgpp.bench.models import weight_bytes_per_step
+
+    session = DecodeSession(model, 1, tokens + 1, 16, graph=False)
+    prompt = _prompts(1, tokens, model.info.vocab_size, seed)
+    session.prefill(prompt)  # warm-up
+    _sync()
+    t0 = time.perf_counter()
+    session.prefill(prompt)
+    _sync()
+    seconds = time.perf_counter() - t0
+    params = weight_bytes_per_step(model) / next(model.parameters()).element_size()
+    cfg = model.cfg
+    attn = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens / 2
+    return seconds, (2 * params * tokens + attn) / seconds / 1e12

@@ -9,6 +9,7 @@ are named apart from their modules, so ``dgpp.kernels.rotary`` stays the module.
 from __future__ import annotations
 
 from dgpp.kernels.gated_delta import gated_delta_rule
+from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
 from dgpp.kernels.paged_attention import paged_decode_attention
@@ -22,8 +23,11 @@ __all__ = [
     "apply_rotary",
     "fused_moe",
     "fused_qk_norm_rope",
+    "gate_up_silu",
     "gated_delta_rule",
+    "gemv_applies",
     "greedy_tokens",
+    "multi_linear",
     "paged_decode_attention",
     "rms_norm",
     "sample_tokens",

@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
-from dgpp.nn.linear import Linear
+from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -28,4 +28,14 @@ class SwiGLUMLP(nn.Module):
         self.down_proj = Linear(intermediate_size, hidden_size, dtype=dtype, parallel="row", world=world)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and dense_weights(self.gate_proj, self.up_proj):  # decode: gate, up and SwiGLU in one launch
+            from dgpp import kernels
+
+            if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
+                return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+
+def dense_weights(*layers: Linear) -> bool:
+    """True when every layer holds a plain dense weight and no bias (the fused decode kernels' input)."""
+    return all(isinstance(layer.quant_method, UnquantizedLinearMethod) and layer.bias is None for layer in layers)

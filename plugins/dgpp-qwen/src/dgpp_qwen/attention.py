@@ -14,6 +14,7 @@ from dgpp.engine.batch import ForwardBatch
 from dgpp.family import World
 from dgpp.nn.attention import PagedAttention, gated_output, split_query_gate
 from dgpp.nn.linear import Linear
+from dgpp.nn.mlp import dense_weights
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp_qwen.config import QwenConfig
@@ -56,14 +57,26 @@ class QwenAttention(nn.Module):
         self.rotary = rotary
         self.attn = PagedAttention(cache_name, self.num_heads, self.num_kv_heads, d)
 
+    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if x.is_cuda and dense_weights(*projections):  # decode rows: q, k and v in one Triton launch
+            from dgpp import kernels
+
+            weights = [p.weight for p in projections]
+            if kernels.gemv_applies(x, *weights):
+                q, k, v = kernels.multi_linear(x, weights)
+                return q, k, v
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
+        q_out, k_out, v_out = self._project(x)
         if self.output_gate:
-            q, gate = split_query_gate(self.q_proj(x), self.num_heads, self.head_dim)
+            q, gate = split_query_gate(q_out, self.num_heads, self.head_dim)
         else:
-            q, gate = self.q_proj(x).view(rows, self.num_heads, self.head_dim), None
-        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+            q, gate = q_out.view(rows, self.num_heads, self.head_dim), None
+        k = k_out.view(rows, self.num_kv_heads, self.head_dim)
+        v = v_out.view(rows, self.num_kv_heads, self.head_dim)
         rot = self.rotary.rotary_dim
         if x.is_cuda and rot & (rot - 1) == 0:  # q/k norm + RoPE in one Triton launch
             from dgpp import kernels
