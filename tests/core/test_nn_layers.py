@@ -86,3 +86,14 @@ def test_query_gate_split_follows_per_head_packing():
     ref_q, ref_gate = torch.chunk(packed.view(2, H, 2 * D), 2, dim=-1)
     assert torch.equal(q, ref_q) and torch.equal(gate, ref_gate.reshape(2, H * D))
     assert torch.equal(gated_output(torch.ones(2, H * D), gate), torch.sigmoid(gate))
+
+
+@pytest.mark.parametrize("out_features, in_features", [(1, 64), (8, 64), (64, 64), (512, 64), (33, 77)])
+def test_batch_invariant_linear_rows_do_not_depend_on_the_row_count(out_features, in_features):
+    from dgpp.nn.batch_invariant import batch_invariant_linear
+
+    w, x, b = randn(out_features, in_features), randn(40, in_features), randn(out_features)
+    full = batch_invariant_linear(x, w, b)
+    torch.testing.assert_close(full, torch.nn.functional.linear(x, w, b), rtol=1e-6, atol=1e-5)
+    for rows in range(1, 40):
+        assert torch.equal(batch_invariant_linear(x[:rows], w, b), full[:rows]), rows

@@ -45,6 +45,15 @@ def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
     conf.check_mixed_batch(model, conf.make_prompts(model.info.vocab_size, (3, 17, 9), seed=3))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logits_are_bit_identical_alone_and_batched(fp32_pair, dtype, tmp_path):
+    kind, model, _ = fp32_pair
+    if dtype != torch.float32:
+        model = load_model(build_tiny_checkpoint(kind, tmp_path, dtype=dtype, seed=13))
+    # 1..3 rows per prompt alone vs 20 rows together: different GEMM shapes on the CPU
+    conf.check_batch_invariance(model, conf.make_prompts(model.info.vocab_size, (1, 3, 9, 7), seed=14))
+
+
 def test_kv_continuation_is_reproducible(fp32_pair):
     _, model, _ = fp32_pair
     conf.check_state_snapshot(model, conf.make_prompts(model.info.vocab_size, (14,), seed=4)[0], split=6)

@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
@@ -39,4 +40,4 @@ class LMHead(nn.Module):
             set_weight_attrs(self.weight, weight_loader=default_weight_loader)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.weight)
+        return batch_invariant_linear(hidden, self.weight)

@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Literal, Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 Parallel = Literal["replicated", "column", "row"]
@@ -38,12 +38,7 @@ class UnquantizedLinearMethod:
         layer.weight = weight
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda and bias is None:  # decode rows: one Triton GEMV pass, no split-K reduction
-            from dgpp import kernels
-
-            if kernels.gemv_applies(x, layer.weight):
-                return kernels.multi_linear(x, [layer.weight])[0]
-        return F.linear(x, layer.weight, bias)
+        return batch_invariant_linear(x, layer.weight, bias)
 
 
 class Linear(nn.Module):

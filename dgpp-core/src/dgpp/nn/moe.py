@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.family import World
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
 from dgpp.nn.weights import WeightShapeError, copy_checked, narrow_for_rank, set_weight_attrs
@@ -68,9 +68,9 @@ class TopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         if cfg.router_fp32:
-            logits = F.linear(x.float(), self.weight.float())
+            logits = batch_invariant_linear(x.float(), self.weight.float())
         else:
-            logits = F.linear(x, self.weight)
+            logits = batch_invariant_linear(x, self.weight)
         scores = torch.softmax(logits.float(), dim=-1) if cfg.scoring == "softmax" else torch.sigmoid(logits.float())
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
         if cfg.n_group > 1:
@@ -135,8 +135,8 @@ class FusedExperts(nn.Module):
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
-            gate, up = F.linear(x[token_idx], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(silu_and_mul(gate, up), self.down_proj[expert])
+            gate, up = batch_invariant_linear(x[token_idx], self.gate_up_proj[expert]).chunk(2, dim=-1)
+            y = batch_invariant_linear(silu_and_mul(gate, up), self.down_proj[expert])
             out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
         return out
 

@@ -6,6 +6,7 @@ Each check raises ``AssertionError`` with a message that says what diverged and 
 - ``check_greedy``: greedy tokens identical to transformers' ``generate(do_sample=False)``;
 - ``check_chunked_prefill``: greedy tokens with several prefill chunk sizes identical to one-shot;
 - ``check_mixed_batch``: a batch mixing prefill and decode rows identical to each sequence alone;
+- ``check_batch_invariance``: each prompt's logits bit-identical alone and batched;
 - ``check_state_snapshot``: (hybrid models) snapshot a sequence's state mid-way, continue, restore,
   continue again: the two continuations are identical.
 """
@@ -135,6 +136,17 @@ def check_greedy_near_ties(
             assert gap <= rtol, f"prompt {i} step {step}: picked {mine}, reference {theirs}, not a near-tie (gap {gap:.3g})"
             ties += 1
     return ties
+
+
+def check_batch_invariance(model: Model, prompts: list[list[int]]) -> None:
+    """Each prompt's logits rows are bit-identical alone and in one step with all the others
+    (row-independent arithmetic: a batch can never flip a greedy near-tie)."""
+    together = engine_all_logits(model, prompts)
+    for i, prompt in enumerate(prompts):
+        alone = engine_all_logits(model, [prompt])[0]
+        if not torch.equal(together[i], alone):
+            worst = float((together[i] - alone).abs().max())
+            raise AssertionError(f"prompt {i}: logits in a batch differ from alone by up to {worst:.3g}")
 
 
 def check_chunked_prefill(
