@@ -38,6 +38,11 @@ class UnquantizedLinearMethod:
         layer.weight = weight
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.is_cuda and bias is None:  # decode rows: one Triton GEMV pass, no split-K reduction
+            from dgpp import kernels
+
+            if kernels.gemv_applies(x, layer.weight):
+                return kernels.multi_linear(x, [layer.weight])[0]
         return batch_invariant_linear(x, layer.weight, bias)
 
 
