@@ -8,6 +8,7 @@ import json
 
 import pytest
 import torch
+from glm_reference import load_f64, main_hidden, mtp_logits
 
 from dgpp.engine.generate import make_pools
 from dgpp.engine.loading import load_model, read_hf_config
@@ -17,8 +18,6 @@ from dgpp.family import LoadContext
 from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp_glm.config import parse_glm4_moe_config
 from dgpp_glm.draft import Glm4MoeMTPDrafter, build_draft
-
-from glm_reference import load_f64, main_hidden, mtp_logits
 
 RTOL = 1e-4
 

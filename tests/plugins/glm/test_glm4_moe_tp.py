@@ -70,7 +70,7 @@ def test_tp2_matches_single_rank(tmp_path):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["kv_heads"] == 1  # 2 kv heads over 2 ranks
         assert got["numel"] < 0.6 * single["numel"]  # only norms, routers and the correction bias are whole
-        for ours, ref in zip(got["logits"], single["logits"]):
+        for ours, ref in zip(got["logits"], single["logits"], strict=True):
             # same math with partial sums added in another order: fp32 rounding only
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
         assert got["tokens"] == single["tokens"], f"rank {rank} greedy tokens differ from the single-rank model"

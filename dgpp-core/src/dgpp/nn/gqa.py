@@ -62,9 +62,9 @@ class GQAttention(nn.Module):
         if self.q_norm is None:
             return self.rotary(positions, q, k)
         if q.is_cuda and rot & (rot - 1) == 0:  # one launch for both norms and both rotations
-            from dgpp.kernels.qk_norm_rope import qk_norm_rope
+            from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
 
-            return qk_norm_rope(
+            return fused_qk_norm_rope(
                 q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, 0.0, positions,
                 self.rotary.inv_freq, self.rotary.magnitude, is_neox=self.rotary.style == "half",
             )

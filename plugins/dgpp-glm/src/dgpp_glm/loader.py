@@ -35,8 +35,9 @@ def fill(module: nn.Module, ctx: LoadContext, rename: Callable[[str], str], *, p
     ``packed=False``: the module's tensors are stored dense whatever ``quantization_config`` says."""
     reader = CheckpointReader(ctx.checkpoint_dir)
     try:
-        if packed:
-            quantize_modules(module, ctx.hf_config, rename=rename)
+        if packed:  # the packed parameters are created here: on the model's device
+            with torch.device(ctx.device or "cpu"):
+                quantize_modules(module, ctx.hf_config, rename=rename)
         load_weights(module, reader, rename=rename)
     finally:
         reader.close()
