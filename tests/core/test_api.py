@@ -190,6 +190,8 @@ def test_metrics_json_and_prometheus(server, sdk) -> None:
     text = client.get("/metrics/prometheus").text
     assert 'dgpp_requests_total{model_name="toy/model"}' in text
     assert 'dgpp_request_finished_total{model_name="toy/model",reason="length"}' in text
+    assert 'dgpp_time_to_first_token_seconds_count{model_name="toy/model",prefix_cache="miss"}' in text
+    assert 'dgpp_e2e_request_latency_seconds_bucket{le="0.005",model_name="toy/model"}' in text
 
 
 def test_overloaded_queue_sheds_with_503(server) -> None:
@@ -247,3 +249,39 @@ def test_keep_alive_comment_after_silence(server) -> None:
     assert chunks[0] == b": keep-alive\n\n" and chunks[-1] == b"data: [DONE]\n\n"
     events = b"".join(chunks[1:-1]).split(b"\n\n")[:-1]
     assert b'"role":"assistant"' in events[0] and b'"finish_reason":"length"' in events[1]  # lazy preamble first
+
+
+def test_connection_limit_answers_openai_shaped_503() -> None:
+    import asyncio
+
+    from dgpp.serve.connections import ConnectionLimit
+
+    release = asyncio.Event()
+
+    async def slow_app(scope, receive, send) -> None:
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    shed: list[int] = []
+    limited = ConnectionLimit(slow_app, 1, on_reject=lambda: shed.append(1))
+
+    async def call() -> list[dict]:
+        sent: list[dict] = []
+
+        async def send(msg: dict) -> None:
+            sent.append(msg)
+
+        await limited({"type": "http"}, None, send)
+        return sent
+
+    async def run() -> tuple[list[dict], list[dict]]:
+        first = asyncio.create_task(call())
+        await asyncio.sleep(0)
+        refused = await call()
+        release.set()
+        return await first, refused
+
+    ok, refused = asyncio.run(run())
+    assert ok[0]["status"] == 200 and refused[0]["status"] == 503 and shed == [1]
+    assert json.loads(refused[1]["body"])["error"]["code"] == "overloaded"

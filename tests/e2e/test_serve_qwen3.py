@@ -183,6 +183,9 @@ def test_disconnect_frees_the_slot_and_server_keeps_serving(env) -> None:
     assert chat(env, "hi", max_tokens=2).choices[0].finish_reason in ("length", "stop")
     prom = httpx.get(env["server"].url + "/metrics/prometheus").text
     assert 'reason="cancelled"' in prom and "dgpp_kv_pool_blocks_in_use" in prom
+    deadline = time.monotonic() + 5  # the periodic stats line (engine.stats_interval_s = 1) follows busy seconds
+    while "stats: decode" not in env["server"].log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert "stats: decode" in env["server"].log.read_text()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
@@ -47,6 +48,8 @@ class Scheduler:
         self._next_seq_id = 0
         self._cancels: dict[str, RetireReason] = {}
         self._events: dict[Sequence, SeqEvent] = {}
+        # called on the engine thread for every retired sequence (request histograms)
+        self.on_retire: list[Callable[[Sequence], None]] = []
 
     # ---- inputs (called on the engine thread between ticks) -----------------------------------
     def submit(self, seqs: list[Sequence]) -> None:
@@ -116,6 +119,8 @@ class Scheduler:
             s.slot = None
         self._event(s).retired = reason
         self.stats.retired(reason)
+        for hook in self.on_retire:
+            hook(s)
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:

@@ -10,9 +10,10 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
 from dgpp.serve.backend import ServingEngine
+from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
 from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
-from dgpp.serve.metrics import metrics_json, prometheus_text
+from dgpp.serve.metrics import PrometheusExport, metrics_json
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -76,7 +77,7 @@ async def metrics(request: Request) -> Response:
 
 @get("/metrics/prometheus")
 async def metrics_prometheus(request: Request) -> Response:
-    return Response(content=prometheus_text(request.app.state.engine),
+    return Response(content=request.app.state.prometheus.text(),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
@@ -99,6 +100,7 @@ def build_app(engine: ServingEngine, max_body_bytes: int = 268435456, sse_ping_i
         openapi_config=None,
     )
     app.state.engine = engine
+    app.state.prometheus = PrometheusExport(engine)
     app.state.service = engine.counters
     app.state.sse_ping_interval = sse_ping_interval
     return app
@@ -112,5 +114,10 @@ def run(cfg: Any) -> None:
 
     engine = build_serving_engine(cfg)
     app = build_app(engine, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
-    uvicorn.run(app, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning",
-                limit_concurrency=getattr(cfg.engine, "max_connections", None))
+
+    def shed() -> None:
+        engine.loop.requests_shed += 1
+        engine.counters.requests_total += 1
+
+    limited = ConnectionLimit(app, int(getattr(cfg.engine, "max_connections", 64)), on_reject=shed)
+    uvicorn.run(limited, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning")

@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from dgpp.sched.request import RetireReason, SeqStatus
 from dgpp.sched.scheduler import Scheduler
+from dgpp.serve.histograms import RequestHistograms
 
 SLOT_KEYS = [str(i) for i in range(1, 17)]
 
@@ -162,7 +163,15 @@ class _Collector:
         yield counter("prefix_cache_queries", pc.get("hits", 0) + pc.get("misses", 0))
 
 
-def prometheus_text(engine: Any) -> bytes:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Collector(engine))
-    return generate_latest(registry)
+class PrometheusExport:
+    """One registry per engine: the scheduler/service families (read at scrape time) plus the request
+    histograms (observed at retirement)."""
+
+    def __init__(self, engine: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_Collector(engine))
+        self.histograms = RequestHistograms(self.registry, engine.model_id)
+        engine.loop.scheduler.on_retire.append(lambda s: self.histograms.observe(s, time.monotonic()))
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,52 @@
+"""Per-request latency and size histograms for ``/metrics/prometheus`` (anchor §2.12 names).
+
+Observed on the engine thread when a sequence retires, from the timestamps the scheduler keeps on it
+(arrival, admission, first and last token); prometheus_client histograms are thread-safe.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Histogram
+
+from dgpp.sched.request import RetireReason, Sequence
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 32768, 131072)
+
+
+class RequestHistograms:
+    """The ``dgpp_*`` request histograms, labelled ``model_name`` (TTFT also by ``prefix_cache`` hit/miss)."""
+
+    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+        self.model_name = model_name
+
+        def hist(name: str, doc: str, buckets: tuple, extra: tuple[str, ...] = ()) -> Histogram:
+            return Histogram(f"dgpp_{name}", doc, ["model_name", *extra], buckets=buckets, registry=registry)
+
+        self.ttft = hist("time_to_first_token_seconds", "arrival to first token", _LATENCY, ("prefix_cache",))
+        self.queue = hist("request_queue_time_seconds", "arrival to admission", _LATENCY)
+        self.prefill = hist("request_prefill_time_seconds", "admission to first token", _LATENCY)
+        self.decode = hist("request_decode_time_seconds", "first to last token", _LATENCY)
+        self.e2e = hist("e2e_request_latency_seconds", "arrival to retirement", _LATENCY)
+        self.tpot = hist("request_time_per_output_token_seconds", "mean gap between output tokens", _LATENCY)
+        self.prompt = hist("request_prompt_tokens", "prompt tokens per sequence", _TOKENS)
+        self.generation = hist("request_generation_tokens", "generated tokens per sequence", _TOKENS)
+
+    def observe(self, s: Sequence, now: float) -> None:
+        m = self.model_name
+        if s.retired is RetireReason.FAILED:
+            return
+        self.prompt.labels(m).observe(s.prompt_len)
+        self.generation.labels(m).observe(len(s.output))
+        self.e2e.labels(m).observe(now - s.arrival)
+        if s.admitted_at is not None:
+            self.queue.labels(m).observe(s.admitted_at - s.arrival)
+        if s.first_token_at is None:
+            return
+        self.ttft.labels(m, "hit" if s.cached_tokens else "miss").observe(s.first_token_at - s.arrival)
+        if s.admitted_at is not None:
+            self.prefill.labels(m).observe(s.first_token_at - s.admitted_at)
+        if s.last_token_at is not None:
+            self.decode.labels(m).observe(s.last_token_at - s.first_token_at)
+            if len(s.output) > 1:
+                self.tpot.labels(m).observe((s.last_token_at - s.first_token_at) / (len(s.output) - 1))
