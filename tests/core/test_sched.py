@@ -145,3 +145,22 @@ def test_full_admission_waits_for_room_oldest_that_fits_first() -> None:
     assert [s.request_id for s in sched.live] == ["big", "small"]
     run(sched)
     assert len(tokens(ev, ("huge", 0))) == 20
+
+
+def test_stats_line_has_the_anchor_shape() -> None:
+    import time
+
+    from dgpp.sched.stats_line import StatsLine
+
+    sched, _ = build()
+    line = StatsLine(sched, interval_s=0.01)
+    ev: dict = {}
+    sched.submit([seq("a", list(range(1, 20)), ev, max_tokens=5, ignore_eos=True)])
+    run(sched)
+    time.sleep(0.02)
+    text = line.maybe_log(idle=False)
+    assert text is not None and text.startswith("stats: decode ")
+    for part in ("tok/s", "ms/step (4 steps / 4 tok", "| prefill ", "cached 0 (0/1 hits)", "| live 0, queued 0",
+                 f"| pool {sched.blocks.num_in_use}/64 blocks", "| requests +1 (shed 0, cancelled 0)"):
+        assert part in text, part
+    assert line.maybe_log(idle=True) is None  # nothing new: no line

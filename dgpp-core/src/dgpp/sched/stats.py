@@ -22,6 +22,8 @@ class SchedulerStats:
     tokens_generated: int = 0
     decode_steps: int = 0
     decode_rows: int = 0
+    decode_only_steps: int = 0  # steps without prompt tokens: the ones decode rates are measured on
+    decode_only_rows: int = 0
     prefill_ms: float = 0.0
     decode_ms: float = 0.0
     step_ms: float = 0.0
@@ -45,6 +47,8 @@ class SchedulerStats:
             self.prefill_ms += seconds * 1000.0
         else:
             self.decode_ms += seconds * 1000.0
+            self.decode_only_steps += 1
+            self.decode_only_rows += decode_rows
 
     def retired(self, reason: RetireReason) -> None:
         self.finished[reason.value] += 1
