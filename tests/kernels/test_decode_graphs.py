@@ -7,8 +7,8 @@ import torch
 
 from dgpp.bench.models import build_random_model
 from dgpp.engine.graphs import DecodeGraphs, capture_sizes, pick_size
-from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
 from dgpp.engine.pools import CachePools
+from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
 
 
 def test_capture_sizes_and_selection() -> None:
@@ -52,7 +52,7 @@ def test_padded_graph_batch_equals_eager_and_leaves_spare_blocks_alone(tiny_mode
         eager = runner.step(work)
         torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)
         last = torch.argmax(eager, -1).tolist()
-    for (k, _), before in zip(pools.kv.values(), spare):
+    for (k, _), before in zip(pools.kv.values(), spare, strict=True):
         assert torch.equal(k[-2:], before)
     # buffers past the live rows hold padding: no write (-1), empty context, no state slot
     assert graphs.slot_mapping[3:].eq(-1).all() and graphs.seq_lens[3:].eq(0).all()

@@ -14,7 +14,7 @@ def test_multi_linear_matches_separate_projections() -> None:
     ws = [torch.randn(64, 80, generator=g), torch.randn(16, 80, generator=g), torch.randn(32, 80, generator=g)]
     outs = multi_linear_triton(x, ws)
     assert [tuple(o.shape) for o in outs] == [(3, 64), (3, 16), (3, 32)]
-    for out, w in zip(outs, ws):
+    for out, w in zip(outs, ws, strict=True):
         torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
     # per-head views of a column slice work as the attention layer uses them
     assert outs[0].view(3, 4, 16).shape == (3, 4, 16)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.kernels.paged_attention import paged_decode_attention_ref, paged_decode_attention_triton, plan_partition
+from dgpp.kernels.paged_attention import (
+    paged_decode_attention_ref,
+    paged_decode_attention_triton,
+    plan_partition,
+)
 
 
 def _paged_setup(seq_lens: list[int], hq: int, hk: int, dim: int, block_size: int, num_blocks: int, seed: int):

@@ -109,6 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
     templates = sub.add_parser("templates", help="deployment templates shipped in deploy/ and by plugins")
     templates.add_argument("--json", action="store_true", help="machine-readable output")
     templates.set_defaults(func=cmd_templates)
+    bench = sub.add_parser("bench", help="decode benchmark on a CUDA GPU: roofline and transformers (docs/benchmarks.md)")
+    from dgpp.bench.args import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
@@ -176,6 +181,12 @@ def cmd_templates(args: argparse.Namespace) -> int:
     from dgpp.cli_report import list_templates
 
     return list_templates(as_json=args.json)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from dgpp.bench.cli import run
+
+    return run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

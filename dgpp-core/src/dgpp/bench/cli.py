@@ -1,7 +1,9 @@
-"""Decode benchmark on a CUDA machine (not a CI test): random weights of a real geometry, a sweep of
-prompt x batch x generated cases, graph and eager, against the copy-bandwidth roofline and HF.
+"""``dgpp bench`` (also ``tests/perf/bench_decode.py``): the decode benchmark on a CUDA machine (not a CI test).
 
-    python tests/perf/bench_decode.py --geometry qwen3-8b --cases 128x1x256,128x64x256 --hf-cases 128x1x256
+Random weights of a real geometry, a sweep of prompt x batch x generated cases, graph and eager,
+against the copy-bandwidth roofline and HF transformers on the same weights:
+
+    dgpp bench --geometry qwen3-8b --cases 128x1x256,128x64x256 --hf-cases 128x1x256
 
 Prints the table (markdown) last; ``--out FILE`` also writes it with the run's date, device and commit.
 """
@@ -16,6 +18,7 @@ import sys
 
 import torch
 
+from dgpp.bench.args import add_arguments
 from dgpp.bench.decode import copy_bandwidth_gbs, format_table, hf_tok_s, run_case
 from dgpp.bench.models import build_pair
 
@@ -28,20 +31,7 @@ def parse_cases(text: str) -> list[tuple[int, int, int]]:
     return cases
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--geometry", default="qwen3-8b")
-    parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
-    parser.add_argument("--hf-cases", default="128x1x256", help="cases also run through transformers generate")
-    parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
-    parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
-    parser.add_argument("--profile", default="", help="cases whose per-kernel GPU time is broken down")
-    parser.add_argument("--gemv", choices=("on", "off", "both"), default="on",
-                        help="decode GEMV kernels (DGPP_GEMV) for the timed cases; both = each case twice")
-    parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
-    parser.add_argument("--out", default="")
-    parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
-    args = parser.parse_args()
+def run(args: argparse.Namespace) -> int:
     device = args.device
     copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
     print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
@@ -80,7 +70,7 @@ def main() -> int:
         seconds, rate = prefill_tflops(model, args.prefill)
         table += (f"\n\nprefill of {args.prefill} tokens (batch 1, eager): {seconds * 1e3:.0f} ms, {rate:.0f} TFLOP/s = "
                   f"{100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate measured in the same run")
-    for prompt, batch, new in parse_cases(args.profile):
+    for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
 
         for graph in (False, True):
@@ -91,7 +81,7 @@ def main() -> int:
             except Exception as e:  # the profiler is optional: keep the table
                 table += f"\n\nprofile {prompt}x{batch} graph={graph} failed: {e!r}"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    header = (f"date {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC, device "
+    header = (f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "
               f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, commit {commit or 'unknown'}, "
               f"geometry {args.geometry} {model.info.dtype} random weights")
     print("\n" + header + "\n" + table)
@@ -101,6 +91,13 @@ def main() -> int:
         with open(args.out, "w") as f:
             f.write(header + "\n\n" + table + "\n")
     return 1 if failures else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="dgpp bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

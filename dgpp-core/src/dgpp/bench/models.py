@@ -77,7 +77,7 @@ def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int
     gen = torch.Generator(device=device).manual_seed(seed)
     with torch.device(device):
         model = Qwen3ForCausalLM(parse_config(raw)).eval()
-    for name, param in sorted(model.named_parameters()):
+    for _, param in sorted(model.named_parameters()):
         if param.dim() == 1:
             param.fill_(1.0)
         else:

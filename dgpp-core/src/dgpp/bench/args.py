@@ -1,0 +1,19 @@
+"""The flags of ``dgpp bench`` (kept free of torch so the ``dgpp`` command starts fast)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--geometry", default="qwen3-8b")
+    parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
+    parser.add_argument("--hf-cases", default="128x1x256", help="cases also run through transformers generate")
+    parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
+    parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
+    parser.add_argument("--profile", default="", help="cases whose per-kernel GPU time is broken down")
+    parser.add_argument("--gemv", choices=("on", "off", "both"), default="on",
+                        help="decode GEMV kernels (DGPP_GEMV) for the timed cases; both = each case twice")
+    parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
+    parser.add_argument("--out", default="")
+    parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
