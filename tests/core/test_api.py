@@ -172,6 +172,17 @@ def test_error_classes(server) -> None:
     err(post({"model": MODEL, "prompt": "a", "echo": True}, "/v1/completions"), 400, "unsupported_parameter", "echo")
     err(client.post("/v1/chat/completions", content=b'{"model": "a", "model": "b"}'), 400, "invalid_parameter", "model")
     err(client.post("/v1/chat/completions", content=b"x" * 30000), 413, "request_too_large")
+    bad_tool = {"type": "function", "function": {"name": "get weather"}}
+    err(post({**base, "tools": [bad_tool]}), 400, "invalid_parameter", "tools[0]")
+    err(post({**base, "tool_choice": "required"}), 400, "invalid_parameter", "tool_choice")
+    image = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
+    err(post({**base, "messages": [{"role": "user", "content": image}]}), 400, "unsupported_parameter",
+        "messages[0].content[1]")
+    err(post({**base, "messages": [{"role": "bogus", "content": "x"}]}), 400, "invalid_parameter", "messages")
+    surrogate = b'{"model": "toy/model", "messages": [{"role": "user", "content": "\\ud800"}]}'
+    err(client.post("/v1/chat/completions", content=surrogate), 400, "invalid_parameter")
+    err(post({**base, "stream": True, "stream_options": {"include_usage": True, "x": 1}}), 400,
+        "unsupported_parameter", "stream_options.x")
     assert post({**base, "max_tokens": 2, "preserveThinking": True, "user": "u"}).status_code == 200
 
 

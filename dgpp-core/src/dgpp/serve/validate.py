@@ -20,6 +20,7 @@ from dgpp.serve.protocol import (
 
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
@@ -45,6 +46,10 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
         raise invalid(f"the request body is not valid JSON: {e}", None) from None
     if not isinstance(raw, dict):
         raise invalid("the request body must be a JSON object", None)
+    try:  # JSON may escape lone UTF-16 surrogates ("\\ud800"), which no tokenizer can take
+        json.dumps(raw, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        raise invalid("the request holds an unpaired UTF-16 surrogate escape (not valid Unicode text)", None) from None
     rejected = REJECTED if kind is ChatCompletionRequest else COMPLETION_REJECTED
     for name in rejected:
         if name in raw:
@@ -93,6 +98,37 @@ def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise invalid(f"service_tier {req.service_tier!r} is not offered (auto, default)", "service_tier")
         if req.modalities is not None and req.modalities != ["text"]:
             raise invalid('only modalities ["text"] is supported', "modalities")
+        _check_tools(req)
+        _check_media(req.messages)
+
+
+def _check_tools(req: ChatCompletionRequest) -> None:
+    """Tool names ``[A-Za-z0-9_-]{1,64}``, unique; a forcing ``tool_choice`` needs tools."""
+    seen: set[str] = set()
+    for i, tool in enumerate(req.tools or []):
+        inner = tool.get(tool.get("type", "function"))
+        name = (inner if isinstance(inner, dict) else tool).get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise invalid(f"tools[{i}] name {name!r} must match [A-Za-z0-9_-]{{1,64}}", f"tools[{i}]")
+        if name in seen:
+            raise invalid(f"tools[{i}] repeats the tool name {name!r}", f"tools[{i}]")
+        seen.add(name)
+    if req.tool_choice not in (None, "auto", "none") and not req.tools:
+        raise invalid("tool_choice other than auto/none needs tools", "tool_choice")
+    if isinstance(req.tool_choice, str) and req.tool_choice not in ("auto", "none", "required"):
+        raise invalid(f"tool_choice {req.tool_choice!r} is not auto, none, required or an object", "tool_choice")
+
+
+def _check_media(messages: list[Any]) -> None:
+    """This text-only server refuses image, audio and file parts by position instead of dropping them."""
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if not isinstance(content, list):
+            continue
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image_url", "input_image", "input_audio", "file", "input_file"):
+                raise unsupported(f"messages[{i}].content[{j}]", f"is a {kind} part; this model takes text only")
 
 
 def sampling_params(
