@@ -36,13 +36,26 @@ def test_rank_slices_decode_to_weight_slices(fmt, parallel):
     assert torch.equal(torch.cat(decoded, dim=0 if parallel == "column" else 1), full)
 
 
+@pytest.mark.parametrize("parallel", ["column", "row"])
+def test_fp8_grid_reblocked_when_slices_cut_blocks(parallel):
+    """40 rows / 2 ranks = 20 per rank on 16-row blocks (Qwen experts: 640/W on 128): the grid is
+    re-blocked to gcd(20, 16) = 4 with replicated scales, which is exact."""
+    fmt, n, k = FP8Block(block=(16, 16)), 40, 48
+    shipped = encode(fmt, torch.randn(n, k, generator=torch.Generator().manual_seed(4)))
+    full = fmt.decode(shipped, (n, k), torch.float32)
+    layers = [_rank_layer(fmt, parallel, r, shipped, n, k) for r in range(2)]
+    assert layers[0].quant_method.fmt.block == ((4, 16) if parallel == "column" else (16, 8))
+    decoded = [layer.quant_method.dense_weight(layer, torch.float32) for layer in layers]
+    assert torch.equal(torch.cat(decoded, dim=0 if parallel == "column" else 1), full)
+
+
 def test_unaligned_slice_is_refused_by_name():
-    fmt = FP8Block(block=(48, 48))  # 64 rows / 2 ranks = 32: not a whole number of 48-row blocks
+    fmt = NVFP4ModelOpt()  # 48 input columns / 2 ranks = 24: not whole 16-column groups
     with pytest.raises(ValueError, match="re-blocking is not implemented"):
-        Linear(96, 64, parallel="column", world=World(rank=1, size=2), quant_method=QuantLinearMethod(fmt))
+        Linear(48, 64, parallel="row", world=World(rank=1, size=2), quant_method=QuantLinearMethod(fmt))
     layer = Linear(96, 64, parallel="column", world=World(rank=1, size=2), quant_method=QuantLinearMethod(FP8Block(block=(16, 16))))
     param = layer.weight_scale_inv
-    with pytest.raises(WeightShapeError, match="block-aligned"):  # a grid of the wrong size for this world
+    with pytest.raises(WeightShapeError, match="cannot be split"):  # a grid of the wrong size for this world
         param.weight_loader(param, torch.ones(3, 6))
 
 

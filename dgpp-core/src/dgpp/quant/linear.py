@@ -8,6 +8,7 @@ dtype (the reference path). Codes stay packed; E8M0 block scales widen exactly t
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -46,6 +47,19 @@ def tp_dim(fmt: QuantFormat, parallel: str) -> int | None:
     if isinstance(fmt, GPTQ):
         return 1 if column else 0
     return 0 if column else 1
+
+
+def reblock_for_tp(fmt: QuantFormat, local: Shape, parallel: str, world_size: int) -> tuple[QuantFormat, tuple[int, int]]:
+    """An FP8 block grid whose TP slice does not start on a block boundary (Qwen experts: 640/W rows on
+    128-row blocks) is re-blocked to the gcd with replicated scales, which is exact. Returns the
+    rank's format and the (rows, cols) replication factors (1, 1 when nothing changes)."""
+    if type(fmt) is not FP8Block or world_size == 1 or parallel == "replicated":
+        return fmt, (1, 1)
+    (bn, bk), (n, k) = fmt.block, local
+    fine = (math.gcd(n, bn), bk) if parallel == "column" else (bn, math.gcd(k, bk))
+    if fine == (bn, bk):
+        return fmt, (1, 1)
+    return fmt.with_params(block=fine), (bn // fine[0], bk // fine[1])
 
 
 def check_tp_alignment(fmt: QuantFormat, local: Shape, parallel: str, world_size: int) -> None:
@@ -94,11 +108,16 @@ def copy_packed(dst: torch.Tensor, loaded: torch.Tensor, attrs: torch.Tensor) ->
         loaded = loaded.reshape(dst.shape)
     dim = getattr(attrs, "tp_dim", None)
     world = getattr(attrs, "world", None)
+    rows, cols = getattr(attrs, "reblock", (1, 1))
+    if (rows, cols) != (1, 1) and dim is not None:
+        # replicate each shipped scale over the finer blocks, then crop the ceil grid to this world's size
+        loaded = loaded.repeat_interleave(rows, 0).repeat_interleave(cols, 1)
+        loaded = loaded.narrow(dim, 0, dst.shape[dim] * world.size)
     if dim is not None and world is not None and world.size > 1:
         if loaded.shape[dim] != dst.shape[dim] * world.size:
             raise WeightShapeError(
                 f"shape {list(loaded.shape)} cannot be split into {world.size} block-aligned parts of "
-                f"{list(dst.shape)} along dim {dim} (re-blocking is not implemented)"
+                f"{list(dst.shape)} along dim {dim}"
             )
         loaded = narrow_for_rank(loaded, dim, world)
     if tuple(loaded.shape) != tuple(dst.shape):
@@ -112,12 +131,14 @@ def is_e8m0(fmt: QuantFormat) -> bool:
 
 
 def make_param(fmt: QuantFormat, suffix: str, shape: tuple[int, ...], dim: int | None, world: Any,
-               lead: tuple[int, ...] = ()) -> nn.Parameter:
-    """An empty parameter for stored tensor ``suffix`` (``lead``: stacking dims such as experts)."""
+               lead: tuple[int, ...] = (), reblock: tuple[int, int] = (1, 1)) -> nn.Parameter:
+    """An empty parameter for stored tensor ``suffix`` (``lead``: stacking dims such as experts;
+    ``reblock``: scale replication factors from ``reblock_for_tp``)."""
     param = nn.Parameter(torch.empty(*lead, *shape, dtype=storage_dtype(fmt, suffix, shape)), requires_grad=False)
     scalar = len(shape) == 1 and shape[0] == 1
+    is_scale = suffix == getattr(fmt, "scale_name", None)
     set_weight_attrs(param, tp_dim=None if scalar else dim, world=world, weight_loader=load_packed,
-                     e8m0=is_e8m0(fmt) and suffix != "weight")
+                     e8m0=is_e8m0(fmt) and suffix != "weight", reblock=reblock if is_scale else (1, 1))
     return param
 
 
@@ -142,6 +163,7 @@ class QuantLinearMethod:
 
     def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
         shape = self.local_shape(layer)
+        self.fmt, reblock = reblock_for_tp(self.fmt, shape, layer.parallel, layer.world.size)
         check_tp_alignment(self.fmt, shape, layer.parallel, layer.world.size)
         dim = tp_dim(self.fmt, layer.parallel)
         shapes = dict(self.fmt.tensor_shapes(shape))
@@ -153,7 +175,7 @@ class QuantLinearMethod:
         layer.quant_tensor_names = tuple(shapes)
         for suffix, stored in shapes.items():
             own_dim = None if suffix == "g_idx" else dim  # g_idx is whole on every column-parallel rank
-            setattr(layer, suffix, make_param(self.fmt, suffix, stored, own_dim, layer.world))
+            setattr(layer, suffix, make_param(self.fmt, suffix, stored, own_dim, layer.world, reblock=reblock))
 
     def adopt(self, layer: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         """Install already-encoded tensors (a load-time conversion) in place of the layer's weight."""

@@ -15,7 +15,7 @@ from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.family import World
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.quant.format import QuantFormat, Shape
-from dgpp.quant.linear import check_tp_alignment, make_param, packed_matmul, tp_dim
+from dgpp.quant.linear import check_tp_alignment, make_param, packed_matmul, reblock_for_tp, tp_dim
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -25,12 +25,13 @@ class _ExpertStack(nn.Module):
 
     def __init__(self, fmt: QuantFormat, num_experts: int, shape: Shape, parallel: str, world: World) -> None:
         super().__init__()
+        fmt, reblock = reblock_for_tp(fmt, shape, parallel, world.size)
         self.fmt, self.shape = fmt, shape
         self.names = tuple(fmt.tensor_shapes(shape))
         check_tp_alignment(fmt, shape, parallel, world.size)
         dim = tp_dim(fmt, parallel)
         for suffix, stored in fmt.tensor_shapes(shape).items():
-            setattr(self, suffix, make_param(fmt, suffix, stored, dim, world, lead=(num_experts,)))
+            setattr(self, suffix, make_param(fmt, suffix, stored, dim, world, lead=(num_experts,), reblock=reblock))
 
     def expert_tensors(self, expert: int) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name)[expert] for name in self.names}
