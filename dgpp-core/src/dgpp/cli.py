@@ -1,4 +1,4 @@
-"""The ``dgpp`` command: ``serve``, ``check``, ``plugins``, ``templates`` and ``--version``.
+"""The ``dgpp`` command: ``serve``, ``check``, ``plugins``, ``templates``, ``bench`` and ``--version``.
 
 Exit codes follow the original engine: 0 orderly, 1 a startup/contract error (bad template, missing
 checkpoint, unsupported model, memory plan refusal), 2 a usage error (argparse).
