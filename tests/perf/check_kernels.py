@@ -171,6 +171,18 @@ def check_gemv() -> None:
             (out,) = gemv.multi_linear_triton(x, [w])
             record(f"gemv M={m} [{n},{k}] (torch = cuBLAS)", rel_err(out, F.linear(x.float(), w.float())), 1e-2,
                    lambda: gemv.multi_linear_triton(x, [w]), lambda: F.linear(x, w), w.numel() * 2)
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288)):  # tile sweep at batch 1 (BN, BK, stages)
+        x = torch.randn(1, k, device=DEV, dtype=BF16)
+        ws = [torch.randn(n, k, device=DEV, dtype=BF16) for _ in range(4)]  # rotate: weights stay out of L2
+        for tile in ((16, 256, 4), (16, 512, 3), (16, 512, 4), (16, 1024, 3), (32, 256, 4), (32, 512, 3)):
+            try:
+                t = triton.testing.do_bench_cudagraph(
+                    lambda: [gemv.multi_linear_triton(x, [w], tile) for w in ws], rep=50, return_mode="median")
+            except Exception as e:  # a tile over the shared-memory limit
+                print(f"tile {tile} [{n},{k}]: {type(e).__name__}")
+                continue
+            print(f"gemv sweep M=1 [{n},{k}] tile {tile}: {t * 1e3 / 4:.1f} us, "
+                  f"{n * k * 2 / (t / 4 * 1e-3) / 1e9:.0f} GB/s", flush=True)
     x = torch.randn(1, 4096, device=DEV, dtype=BF16)
     wg, wu = (torch.randn(12288, 4096, device=DEV, dtype=BF16) * 4096**-0.5 for _ in range(2))
     out = gemv.gate_up_silu_triton(x, wg, wu)

@@ -3,8 +3,9 @@
 ``q [T, Hq, D]``, ``k [T, Hk, D]``; ``q_weight, k_weight [D]``; rotary as in ``dgpp.kernels.rotary``
 (``inv_freq [rotary_dim/2]``, ``magnitude``, neox or interleaved pairs). The result equals
 ``apply_rotary(rms_norm(q), rms_norm(k))`` of the separate kernels bit for bit: the normalised rows
-are rounded to the activation dtype before they rotate, as the unfused layers do. One program
-handles all heads of one token, so decode pays one launch instead of three.
+are rounded to the activation dtype before they rotate, as the unfused layers do. One program per
+(token, head) over the q heads then the k heads: decode pays one launch instead of three, and its
+few tokens still spread over many SMs.
 """
 
 from __future__ import annotations
@@ -70,19 +71,22 @@ def _norm_rope_heads(
 @triton.jit
 def _qk_norm_rope_kernel(
     q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr, freq_ptr, magnitude, eps, weight_offset,
-    n_q_heads, n_k_heads, head_dim, q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head,
-    ZERO_CENTERED: tl.constexpr, IS_NEOX: tl.constexpr, ROT: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    n_q_heads, head_dim, q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head,
+    ZERO_CENTERED: tl.constexpr, IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
     half = tl.arange(0, ROT // 2)
     angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(freq_ptr + half)
     cos = (tl.cos(angle) * magnitude)[None, :]
     sin = (tl.sin(angle) * magnitude)[None, :]
-    _norm_rope_heads(q_ptr, qo_ptr, qw_ptr, row, n_q_heads, q_tok, q_head, qo_tok, qo_head, head_dim, eps,
-                     weight_offset, cos, sin, half, ZERO_CENTERED, IS_NEOX, ROT, BLOCK_HQ, BLOCK_D)
-    _norm_rope_heads(k_ptr, ko_ptr, kw_ptr, row, n_k_heads, k_tok, k_head, ko_tok, ko_head, head_dim, eps,
-                     weight_offset, cos, sin, half, ZERO_CENTERED, IS_NEOX, ROT, BLOCK_HK, BLOCK_D)
+    # heads 0..Hq-1 are q's, the rest k's
+    src, dst, w_ptr, s_tok, d_tok = q_ptr + head * q_head, qo_ptr + head * qo_head, qw_ptr, q_tok, qo_tok
+    if head >= n_q_heads:
+        kh = head - n_q_heads
+        src, dst, w_ptr, s_tok, d_tok = k_ptr + kh * k_head, ko_ptr + kh * ko_head, kw_ptr, k_tok, ko_tok
+    _norm_rope_heads(src, dst, w_ptr, row, 1, s_tok, 0, d_tok, 0, head_dim, eps, weight_offset, cos, sin, half,
+                     ZERO_CENTERED, IS_NEOX, ROT, 1, BLOCK_D)
 
 
 def qk_norm_rope_triton(
@@ -99,13 +103,13 @@ def qk_norm_rope_triton(
     q_out = torch.empty(tokens, hq, dim, dtype=q.dtype, device=q.device)
     k_out = torch.empty(tokens, k.shape[1], dim, dtype=k.dtype, device=k.device)
     if tokens:
-        _qk_norm_rope_kernel[(tokens,)](
+        _qk_norm_rope_kernel[(tokens, hq + k.shape[1])](
             q, k, q_out, k_out, q_weight, k_weight, positions, inv_freq.float().contiguous(), float(magnitude),
-            float(eps), float(weight_offset), hq, k.shape[1], dim,
+            float(eps), float(weight_offset), hq, dim,
             q.stride(0), q.stride(1), k.stride(0), k.stride(1),
             q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-            ZERO_CENTERED=weight_offset != 0.0, IS_NEOX=is_neox, ROT=rotary_dim,
-            BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_D=next_pow2(dim), num_warps=4,
+            ZERO_CENTERED=weight_offset != 0.0, IS_NEOX=is_neox, ROT=rotary_dim, BLOCK_D=next_pow2(dim),
+            num_warps=1,
         )
     return q_out, k_out
 
