@@ -17,17 +17,30 @@ class TokenHistory:
 
     def __init__(self, vocab_size: int, prompt_ids: list[int], track: bool) -> None:
         self.track = track
+        self.vocab_size = vocab_size
+        self._prompt_ids = [t for t in prompt_ids if 0 <= t < vocab_size] if track else []
+        self._pending: list[int] = []  # tokens accepted before the tensors exist
         self.counts: torch.Tensor | None = None
         self.prompt_seen: torch.Tensor | None = None
-        if track:
-            self.counts = torch.zeros(vocab_size, dtype=torch.int32)
-            self.prompt_seen = torch.zeros(vocab_size, dtype=torch.bool)
-            ids = [t for t in prompt_ids if 0 <= t < vocab_size]
-            if ids:
-                self.prompt_seen[torch.tensor(ids, dtype=torch.long)] = True
+
+    def materialize(self, device: torch.device) -> None:
+        """Build the tensors on the logits' device the first time penalties run (GPU rows stay on the GPU)."""
+        if not self.track or self.counts is not None:
+            return
+        self.counts = torch.zeros(self.vocab_size, dtype=torch.int32, device=device)
+        self.prompt_seen = torch.zeros(self.vocab_size, dtype=torch.bool, device=device)
+        if self._prompt_ids:
+            self.prompt_seen[torch.tensor(self._prompt_ids, dtype=torch.long, device=device)] = True
+        for t in self._pending:
+            self.counts[t] += 1
+        self._pending = []
 
     def add(self, token: int) -> None:
-        if self.counts is not None and 0 <= token < self.counts.shape[0]:
+        if not self.track or not 0 <= token < self.vocab_size:
+            return
+        if self.counts is None:
+            self._pending.append(token)
+        else:
             self.counts[token] += 1
 
 
@@ -38,8 +51,10 @@ def apply_penalties(
     presence: float,
     frequency: float,
 ) -> None:
-    if not history.track or history.counts is None or history.prompt_seen is None:
+    if not history.track:
         return
+    history.materialize(row.device)
+    assert history.counts is not None and history.prompt_seen is not None
     vocab = row.shape[0]
     counts = history.counts[:vocab]
     if repetition != 1.0:
@@ -56,7 +71,7 @@ def apply_penalties(
 def apply_logit_bias(row: torch.Tensor, bias_ids: torch.Tensor | None, bias_values: torch.Tensor | None) -> None:
     if bias_ids is None or bias_values is None:
         return
-    row.index_add_(0, bias_ids, bias_values.to(row.dtype))
+    row.index_add_(0, bias_ids.to(row.device), bias_values.to(device=row.device, dtype=row.dtype))
 
 
 def apply_mask(row: torch.Tensor, allowed: torch.Tensor | None) -> None:
@@ -64,6 +79,6 @@ def apply_mask(row: torch.Tensor, allowed: torch.Tensor | None) -> None:
     if allowed is None:
         return
     n = min(row.shape[0], allowed.shape[0])
-    row[:n].masked_fill_(~allowed[:n].to(torch.bool), float("-inf"))
+    row[:n].masked_fill_(~allowed[:n].to(device=row.device, dtype=torch.bool), float("-inf"))
     if allowed.shape[0] < row.shape[0]:
         row[n:] = float("-inf")

@@ -61,8 +61,8 @@ class ChoiceSampler:
             self.bias_values = torch.tensor([float(v) for _, v in items], dtype=torch.float32)
 
     def processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Penalties, bias and mask applied to a fp32 copy of ``logits`` (before temperature)."""
-        row = logits.detach().to(device="cpu", dtype=torch.float32).clone()
+        """Penalties, bias and mask applied to a fp32 copy of ``logits`` (before temperature), on its device."""
+        row = logits.detach().to(dtype=torch.float32).clone()
         p = self.params
         apply_penalties(row, self.history, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
         apply_logit_bias(row, self.bias_ids, self.bias_values)
@@ -81,7 +81,8 @@ class ChoiceSampler:
             ids, probs = filtered_distribution(row, p)
             cumulative = torch.cumsum(probs.to(torch.float64), dim=0)
             u = uniform(self.generator) * float(cumulative[-1])
-            pick = int(torch.searchsorted(cumulative, torch.tensor([u], dtype=torch.float64), right=True)[0])
+            at = torch.tensor([u], dtype=torch.float64, device=cumulative.device)
+            pick = int(torch.searchsorted(cumulative, at, right=True)[0])
             pick = min(pick, ids.shape[0] - 1)
             token = int(ids[pick])
             logprobs = None
@@ -94,7 +95,8 @@ class ChoiceSampler:
             if p.top_logprobs > 0:
                 k = min(p.top_logprobs, logprobs.shape[0])
                 vals, idx = torch.sort(logprobs, descending=True, stable=True)
-                result.top_logprobs = [(int(i), _finite(float(v))) for v, i in zip(vals[:k], idx[:k], strict=True)]
+                pairs = zip(idx[:k].tolist(), vals[:k].tolist(), strict=True)  # one device sync, not 2k
+                result.top_logprobs = [(int(i), _finite(float(v))) for i, v in pairs]
         return result
 
     def accept(self, token: int) -> None:
@@ -125,7 +127,8 @@ def filtered_distribution(row: torch.Tensor, p: SamplingParams) -> tuple[torch.T
     if p.top_p < 1.0:
         cumulative = torch.cumsum((probs / probs.sum()).to(torch.float64), dim=0)
         # keep every token before the crossing and the crossing token itself
-        crossing = int(torch.searchsorted(cumulative, torch.tensor([p.top_p], dtype=torch.float64), right=False)[0])
+        at = torch.tensor([p.top_p], dtype=torch.float64, device=cumulative.device)
+        crossing = int(torch.searchsorted(cumulative, at, right=False)[0])
         keep = min(crossing + 1, probs.shape[0])
         probs, ids = probs[:keep], ids[:keep]
     return ids, probs
@@ -141,5 +144,4 @@ class Sampler:
     def sample(self, logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[SampleResult]:
         if logits.shape[0] != len(choices):
             raise ValueError(f"logits has {logits.shape[0]} rows but {len(choices)} choices were given")
-        host = logits.detach().to(device="cpu", dtype=torch.float32)
-        return [choice.sample(host[i]) for i, choice in enumerate(choices)]
+        return [choice.sample(logits[i]) for i, choice in enumerate(choices)]
