@@ -46,12 +46,14 @@ def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_logits_are_bit_identical_alone_and_batched(fp32_pair, dtype, tmp_path):
+def test_logits_are_bit_identical_alone_batched_and_chunked(fp32_pair, dtype, tmp_path):
     kind, model, _ = fp32_pair
     if dtype != torch.float32:
         model = load_model(build_tiny_checkpoint(kind, tmp_path, dtype=dtype, seed=13))
     # 1..3 rows per prompt alone vs 20 rows together: different GEMM shapes on the CPU
-    conf.check_batch_invariance(model, conf.make_prompts(model.info.vocab_size, (1, 3, 9, 7), seed=14))
+    prompts = conf.make_prompts(model.info.vocab_size, (1, 3, 9, 7), seed=14)
+    conf.check_batch_invariance(model, prompts)
+    conf.check_chunk_invariance(model, prompts, chunk_sizes=(1, 4))
 
 
 def test_kv_continuation_is_reproducible(fp32_pair):

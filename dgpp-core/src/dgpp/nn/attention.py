@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from dgpp.engine.batch import ForwardBatch
+from dgpp.nn.batch_invariant import batch_invariant_linear
 
 
 def write_kv(
@@ -38,18 +39,23 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, sca
     """Causal GQA attention for one sequence: query row ``i`` sits at position ``q_offset + i`` and sees
     keys ``0..q_offset+i``. ``q`` [n, Hq, D], ``k`` [L, Hkv, D], ``v`` [L, Hkv, Dv] -> [n, Hq, Dv].
 
-    The two products run in the activation dtype and the softmax in fp32 (probabilities cast back),
-    the rounding points of the reference implementations, so bf16 results track them closely."""
+    Each row is computed over exactly its visible keys (no masked tail), with row-independent
+    products: a position's output is then bit-identical however the prompt was chunked, batched or
+    restored from a prefix cache. The products run in the activation dtype and the softmax in fp32
+    (probabilities cast back), the rounding points of the reference implementations."""
     n, num_q_heads, _ = q.shape
-    length, num_kv_heads, _ = k.shape
+    num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     grouped = q.reshape(n, num_kv_heads, group, -1)
-    scores = torch.einsum("nhgd,lhd->hgnl", grouped, k.to(q.dtype)) * scale
-    key_pos = torch.arange(length, device=q.device)
-    query_pos = q_offset + torch.arange(n, device=q.device)
-    scores = scores.masked_fill(key_pos[None, :] > query_pos[:, None], float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-    out = torch.einsum("hgnl,lhd->nhgd", probs, v.to(q.dtype))
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    out = q.new_empty(n, num_kv_heads, group, v.shape[-1])
+    for h in range(num_kv_heads):
+        v_t = v[:, h].t()
+        for i in range(n):
+            visible = q_offset + i + 1
+            scores = batch_invariant_linear(grouped[i, h], k[:visible, h]) * scale
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out[i, h] = batch_invariant_linear(probs, v_t[:, :visible])
     return out.reshape(n, num_q_heads, -1)
 
 

@@ -7,6 +7,7 @@ Each check raises ``AssertionError`` with a message that says what diverged and 
 - ``check_chunked_prefill``: greedy tokens with several prefill chunk sizes identical to one-shot;
 - ``check_mixed_batch``: a batch mixing prefill and decode rows identical to each sequence alone;
 - ``check_batch_invariance``: each prompt's logits bit-identical alone and batched;
+- ``check_chunk_invariance``: each row's logits bit-identical with and without chunked prefill;
 - ``check_state_snapshot``: (hybrid models) snapshot a sequence's state mid-way, continue, restore,
   continue again: the two continuations are identical.
 """
@@ -29,17 +30,29 @@ def make_prompts(vocab_size: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS, se
 
 
 @torch.inference_mode()
-def engine_all_logits(model: Model, prompts: list[list[int]], block_size: int = 16) -> list[torch.Tensor]:
-    """Logits of every row of every prompt, all prompts prefilled in one step (fp32)."""
+def engine_all_logits(
+    model: Model, prompts: list[list[int]], block_size: int = 16, chunk_size: int | None = None
+) -> list[torch.Tensor]:
+    """Logits of every row of every prompt (fp32), all prompts prefilled together: in one step, or
+    in steps of ``chunk_size`` tokens per prompt."""
     pools, blocks, slots = make_pools(model, [len(p) for p in prompts], block_size)
-    work = [SeqWork(slots.allocate(), blocks.allocate(blocks.blocks_for_tokens(len(p))), 0, list(p)) for p in prompts]
+    seqs = [(slots.allocate(), blocks.allocate(blocks.blocks_for_tokens(len(p)))) for p in prompts]
     if model.info.hybrid:
-        for w in work:
-            pools.zero_state(w.state_slot)
-    batch = build_batch(work, pools, next(model.parameters()).device)
-    batch.logits_indices = torch.arange(batch.num_tokens, device=batch.input_ids.device)
-    logits = model.compute_logits(model(batch)).float()
-    return list(logits.split([len(p) for p in prompts]))
+        for slot, _ in seqs:
+            pools.zero_state(slot)
+    device = next(model.parameters()).device
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    done = [0] * len(prompts)
+    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
+        live = [i for i, p in enumerate(prompts) if done[i] < len(p)]
+        work = [SeqWork(*seqs[i], done[i], prompts[i][done[i] : done[i] + (chunk_size or len(prompts[i]))]) for i in live]
+        batch = build_batch(work, pools, device)
+        batch.logits_indices = torch.arange(batch.num_tokens, device=batch.input_ids.device)
+        logits = model.compute_logits(model(batch)).float()
+        for i, w, part in zip(live, work, logits.split([len(w.token_ids) for w in work]), strict=True):
+            rows[i].append(part)
+            done[i] += len(w.token_ids)
+    return [torch.cat(r) for r in rows]
 
 
 @torch.inference_mode()
@@ -147,6 +160,16 @@ def check_batch_invariance(model: Model, prompts: list[list[int]]) -> None:
         if not torch.equal(together[i], alone):
             worst = float((together[i] - alone).abs().max())
             raise AssertionError(f"prompt {i}: logits in a batch differ from alone by up to {worst:.3g}")
+
+
+def check_chunk_invariance(model: Model, prompts: list[list[int]], chunk_sizes: tuple[int, ...] = (1, 5)) -> None:
+    """Every row's logits bit-identical whether the prompts are prefilled in one step or in chunks."""
+    one_shot = engine_all_logits(model, prompts)
+    for size in chunk_sizes:
+        for i, (chunked, whole) in enumerate(zip(engine_all_logits(model, prompts, chunk_size=size), one_shot, strict=True)):
+            if not torch.equal(chunked, whole):
+                worst = float((chunked - whole).abs().max())
+                raise AssertionError(f"prompt {i}: logits with prefill chunk {size} differ from one-shot by up to {worst:.3g}")
 
 
 def check_chunked_prefill(
