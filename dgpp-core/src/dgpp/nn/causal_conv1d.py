@@ -73,7 +73,8 @@ def causal_conv1d_varlen(
     taps = torch.arange(kernel, device=device)
     window_rows = source_row(seq_of_token[:, None], offset_in_seq[:, None] + taps[None, :])  # [T, K]
     windows = source[window_rows].float()  # [T, K, C]
-    out = torch.einsum("tkc,ck->tc", windows, weight.float())
+    # contiguous [T, C]: callers split channels into heads, and the GDN kernels want unit-stride rows
+    out = torch.einsum("tkc,ck->tc", windows, weight.float()).contiguous()
     if bias is not None:
         out = out + bias.float()
     out = out.to(x.dtype)
