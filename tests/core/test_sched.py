@@ -164,3 +164,23 @@ def test_stats_line_has_the_anchor_shape() -> None:
                  f"| pool {sched.blocks.num_in_use}/64 blocks", "| requests +1 (shed 0, cancelled 0)"):
         assert part in text, part
     assert line.maybe_log(idle=True) is None  # nothing new: no line
+
+
+def test_n_choices_compute_the_shared_prompt_once() -> None:
+    prompt = list(range(3, 30))  # 27 tokens: deepest cut 24
+    sched, runner = build()
+    ev: dict = {}
+    choices = [seq("n", prompt, ev, choice=i, temperature=1.0, seed=11, ignore_eos=True) for i in range(3)]
+    for follower in choices[1:]:
+        follower.leader = choices[0]
+    sched.submit(choices)
+    run(sched)
+    assert [ev[("n", i)][0].cached_tokens for i in range(3)] == [0, 24, 24]
+    prefilled = sum(n for step in runner.steps for _, n in step if n > 1)
+    assert prefilled == 27 + 2 * 3  # the leader's whole prompt, then each follower's 3-token suffix
+    for i in range(3):  # each choice equals the same choice computed alone
+        solo_sched, _ = build()
+        solo: dict = {}
+        solo_sched.submit([seq("n", prompt, solo, choice=i, temperature=1.0, seed=11, ignore_eos=True)])
+        run(solo_sched)
+        assert tokens(ev, ("n", i)) == tokens(solo, ("n", i))

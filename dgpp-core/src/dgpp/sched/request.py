@@ -59,6 +59,9 @@ class Sequence:
     sampler: ChoiceSampler
     sink: EventSink
     use_prefix_cache: bool = True
+    # choice 0 of an n > 1 request: the other choices wait for its prefill, then attach to it through
+    # the prefix cache, so the shared prompt is computed once
+    leader: Sequence | None = None
     seq_id: int = -1
     status: SeqStatus = SeqStatus.WAITING
     slot: int | None = None

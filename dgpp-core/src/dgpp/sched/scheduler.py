@@ -127,8 +127,15 @@ class Scheduler:
         for s in list(self.waiting):
             if len(self.live) >= self.config.max_concurrency:
                 return
+            if self._follows_unfinished_prefill(s):
+                continue
             if self._try_admit(s):
                 self.waiting.remove(s)
+
+    def _follows_unfinished_prefill(self, s: Sequence) -> bool:
+        leader = s.leader
+        return (leader is not None and s.use_prefix_cache and self.prefix_cache.enabled
+                and leader.status in (SeqStatus.WAITING, SeqStatus.PREFILL))
 
     def _try_admit(self, s: Sequence) -> bool:
         match = self.prefix_cache.match(s.prompt) if s.use_prefix_cache else None

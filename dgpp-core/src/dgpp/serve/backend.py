@@ -211,7 +211,8 @@ class ServingEngine:
             sampler = ChoiceSampler(params, self.limits.vocab_size, prompt_ids, choice_index=i,
                                     mask_fn=m.mask if m else None, accept_fn=m.accept if m else None)
             handle.seqs.append(Sequence(f"{handle.request_id}/{i}", i, prompt_ids, params, sampler, sink,
-                                        use_prefix_cache=use_prefix_cache))
+                                        use_prefix_cache=use_prefix_cache,
+                                        leader=handle.seqs[0] if i else None))
         try:
             self.loop.submit(handle.seqs)
         except QueueFull as e:

@@ -56,7 +56,8 @@ def assemble(
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
-    loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot)
+    loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot,
+                      gather_ms=float(getattr(engine_cfg, "admission_gather_ms", 0)))
     loop.start()
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=num_blocks * block_size)
     log.info("engine ready", model=model_id, kv_blocks=num_blocks, block_size=block_size,
