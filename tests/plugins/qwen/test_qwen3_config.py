@@ -103,6 +103,7 @@ def _with(base: dict, path: str, value) -> dict:
         (QWEN3, "use_sliding_window", True, "use_sliding_window"),
         (QWEN3, "layer_types", ["sliding_attention"] * 28, "layer_types[0]"),
         (QWEN35_WRAPPER, "text_config.attention_bias", True, "text_config.attention_bias"),
+        (QWEN35_WRAPPER, "text_config.attn_output_gate", False, "text_config.attn_output_gate"),
         (QWEN35_WRAPPER, "text_config.layer_types", ["mamba"] * 8, "text_config.layer_types[0]"),
         (QWEN3, "num_key_value_heads", 5, "num_attention_heads"),
         (QWEN3, "hidden_size", "big", "hidden_size"),

@@ -256,6 +256,9 @@ def parse_config(hf_config: dict[str, Any]) -> QwenConfig:
     attention_bias = keys.get("attention_bias", bool, False)
     if attention_bias and model_type in HYBRID_TYPES:
         raise ConfigError(f"config.json: {keys.name('attention_bias')} = true is not supported for {model_type}")
+    # Qwen3.5 full attention always carries the [q|gate] output gate; a release without it is another model
+    if model_type in HYBRID_TYPES and not keys.get("attn_output_gate", bool, True):
+        raise ConfigError(f"config.json: {keys.name('attn_output_gate')} = false is not supported for {model_type}")
     hidden = keys.positive("hidden_size", required=True)
     heads = keys.positive("num_attention_heads", required=True)
     kv_heads = keys.positive("num_key_value_heads", heads)
