@@ -81,6 +81,17 @@ def test_raw_sse_framing(server) -> None:
     assert events[-1] == "data: [DONE]"
     first = json.loads(events[0][len("data: "):])
     assert first["object"] == "text_completion" and first["id"].startswith("cmpl-")
+    assert "obfuscation" not in first  # legacy streams are never padded
+    chat_body = {"model": MODEL, "messages": USER, "max_tokens": 3, "stream": True, "service_tier": "auto",
+                 "stream_options": {"include_usage": True}}
+    with client.stream("POST", "/v1/chat/completions", json=chat_body) as r:
+        payloads = [e[len("data: "):] for e in r.read().decode().replace("\r\n", "\n").split("\n\n") if e][:-1]
+    for p in payloads:  # chat events are padded to 128-byte buckets with at least 16 random characters
+        body = json.loads(p)
+        assert len(p.encode()) % 128 == 0 and len(body["obfuscation"]) >= 16 and body["service_tier"] == "default"
+    chat_body["stream_options"]["include_obfuscation"] = False
+    with client.stream("POST", "/v1/chat/completions", json=chat_body) as r:
+        assert "obfuscation" not in r.read().decode()
 
 
 def test_legacy_completion_and_logprobs(sdk) -> None:
@@ -183,6 +194,12 @@ def test_error_classes(server) -> None:
     err(client.post("/v1/chat/completions", content=surrogate), 400, "invalid_parameter")
     err(post({**base, "stream": True, "stream_options": {"include_usage": True, "x": 1}}), 400,
         "unsupported_parameter", "stream_options.x")
+    grammar, engine.grammar = engine.grammar, None  # as on a build without llguidance
+    try:
+        err(post({**base, "response_format": {"type": "json_object"}}), 400, "constrained_decoding_unsupported",
+            "response_format")
+    finally:
+        engine.grammar = grammar
     assert post({**base, "max_tokens": 2, "preserveThinking": True, "user": "u"}).status_code == 200
 
 

@@ -59,8 +59,11 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
     chat = isinstance(req, ChatCompletionRequest)
     created = int(time.time())
     if req.stream:
-        include_usage = bool(req.stream_options and req.stream_options.include_usage)
-        writer = ChunkWriter(handle.request_id, created, engine.model_id, chat, include_usage)
+        opts = req.stream_options
+        include_usage = bool(opts and opts.include_usage)
+        obfuscate = opts.include_obfuscation if opts is not None else True
+        tier = chat and req.service_tier is not None
+        writer = ChunkWriter(handle.request_id, created, engine.model_id, chat, include_usage, obfuscate, tier)
         ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
         return Stream(_stream(engine, handle, outputs, writer, ping), media_type="text/event-stream",
                       status_code=200, headers={"Cache-Control": "no-cache"})
@@ -76,7 +79,7 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
     engine.counters.tokens_out += sum(o.completion_tokens for o in outputs)
     if chat:
         body = chat_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
-                             handle.params.logprobs, req.metadata)
+                             handle.params.logprobs, req.metadata, service_tier=req.service_tier is not None)
     else:
         body = completion_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
                                    handle.params.logprobs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 import msgspec
@@ -15,6 +16,14 @@ def sse(data: dict[str, Any] | str) -> bytes:
 
 
 KEEP_ALIVE = b": keep-alive\n\n"
+OBFUSCATION_BUCKET = 128
+
+
+def _padding(size: int) -> str:
+    """Random characters that bring a ``size``-byte event to a multiple of 128 bytes, at least 16 of them,
+    so event sizes do not reveal token lengths."""
+    n = 16 + (-(size + 16)) % OBFUSCATION_BUCKET
+    return secrets.token_hex(n // 2 + 1)[:n]
 DONE = sse("[DONE]")
 
 
@@ -32,7 +41,8 @@ def usage(prompt_tokens: int, outputs: list[ServedChoice]) -> dict[str, Any]:
 class ChunkWriter:
     """Builds the SSE chunks of one streamed request (chat or legacy)."""
 
-    def __init__(self, request_id: str, created: int, model: str, chat: bool, include_usage: bool) -> None:
+    def __init__(self, request_id: str, created: int, model: str, chat: bool, include_usage: bool,
+                 obfuscate: bool = False, service_tier: bool = False) -> None:
         self.base = {
             "id": request_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -40,8 +50,11 @@ class ChunkWriter:
             "model": model,
             "system_fingerprint": None,
         }
+        if service_tier:
+            self.base["service_tier"] = "default"
         self.chat = chat
         self.include_usage = include_usage
+        self.obfuscate = obfuscate and chat
         self._preamble_sent: set[int] = set()
         self._text_offset: dict[int, int] = {}
 
@@ -49,6 +62,11 @@ class ChunkWriter:
         body = {**self.base, "choices": choices}
         if self.include_usage:
             body["usage"] = None
+        return self._event(body)
+
+    def _event(self, body: dict[str, Any]) -> bytes:
+        if self.obfuscate:
+            body["obfuscation"] = _padding(len(msgspec.json.encode({**body, "obfuscation": ""})))
         return sse(body)
 
     def preamble(self, index: int) -> bytes:
@@ -89,7 +107,7 @@ class ChunkWriter:
         return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}])
 
     def usage_chunk(self, prompt_tokens: int, outputs: list[ServedChoice]) -> bytes:
-        return sse({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
+        return self._event({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
 
     @staticmethod
     def error(message: str, code: str = "engine_failure") -> bytes:
@@ -97,7 +115,7 @@ class ChunkWriter:
 
 
 def chat_response(request_id: str, created: int, model: str, prompt_tokens: int, outputs: list[ServedChoice],
-                  want_logprobs: bool, metadata: dict | None) -> dict[str, Any]:
+                  want_logprobs: bool, metadata: dict | None, service_tier: bool = False) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion",
@@ -117,6 +135,8 @@ def chat_response(request_id: str, created: int, model: str, prompt_tokens: int,
     }
     if metadata:
         body["metadata"] = metadata
+    if service_tier:
+        body["service_tier"] = "default"
     return body
 
 

@@ -29,7 +29,7 @@ COMPLETION_REJECTED = ("echo", "suffix", "top_logprobs", "n", "best_of", "user")
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
-    include_obfuscation: bool = False
+    include_obfuscation: bool = True  # chat streams pad each event (anchor §2.5); legacy streams never do
 
 
 class _Sampling(msgspec.Struct, kw_only=True):
