@@ -74,7 +74,8 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
 
 
 class ModelRunner:
-    """Runs ``Model`` steps over engine-owned ``CachePools`` (eager; graphs come later)."""
+    """Runs ``Model`` steps over engine-owned ``CachePools``: eager, or a CUDA-graph replay for
+    decode-only steps when ``decode_graph`` is on."""
 
     def __init__(
         self, model: Model, pools: CachePools, *, decode_graph: bool = False, max_batch: int = 64,

@@ -4,6 +4,8 @@ Each check raises ``AssertionError`` with a message that says what diverged and 
 - ``check_logits``: every prompt row's logits, all prompts (of different lengths) in ONE engine step,
   vs the transformers model run on each prompt alone, within ``rtol`` of the reference's max |logit|;
 - ``check_greedy``: greedy tokens identical to transformers' ``generate(do_sample=False)``;
+- ``check_greedy_near_ties``: (low precision) teacher-forced along transformers' greedy path, every pick
+  equal except at a near-tie within ``rtol``;
 - ``check_chunked_prefill``: greedy tokens with several prefill chunk sizes identical to one-shot;
 - ``check_mixed_batch``: a batch mixing prefill and decode rows identical to each sequence alone;
 - ``check_batch_invariance``: each prompt's logits bit-identical alone and batched;
