@@ -181,6 +181,17 @@ def test_disconnect_frees_the_slot_and_server_keeps_serving(env) -> None:
         time.sleep(0.1)
     assert m["scheduler"]["active"] == 0 and m["service"]["requests_cancelled"] == before + 1
     assert chat(env, "hi", max_tokens=2).choices[0].finish_reason in ("length", "stop")
+    # a one-shot request whose client gives up is cancelled too
+    one_shot = {**body, "stream": False}
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(env["server"].url + "/v1/chat/completions", json=one_shot, timeout=0.3)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = _metrics(env)
+        if m["scheduler"]["active"] == 0 and m["service"]["requests_cancelled"] == before + 2:
+            break
+        time.sleep(0.1)
+    assert m["scheduler"]["active"] == 0 and m["service"]["requests_cancelled"] == before + 2
     prom = httpx.get(env["server"].url + "/metrics/prometheus").text
     assert 'reason="cancelled"' in prom and "dgpp_kv_pool_blocks_in_use" in prom
     deadline = time.monotonic() + 5  # the periodic stats line (engine.stats_interval_s = 1) follows busy seconds

@@ -67,10 +67,12 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
         ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
         return Stream(_stream(engine, handle, outputs, writer, ping), media_type="text/event-stream",
                       status_code=200, headers={"Cache-Control": "no-cache"})
+    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, handle))
     try:
         async for _ in _drive(handle, outputs, None):
             pass
     finally:
+        watcher.cancel()
         handle.cancel()  # a client gone before the answer frees its slots
     failed = [o for o in outputs if o.finish_reason == "error"]
     if failed:
@@ -84,6 +86,16 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
         body = completion_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
                                    handle.params.logprobs)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
+
+
+async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
+    """A one-shot request whose client hangs up stops generating (the body was read, so the next ASGI
+    message can only be the disconnect)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            handle.cancel()
+            return
 
 
 async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float | None) -> AsyncIterator[Any]:
