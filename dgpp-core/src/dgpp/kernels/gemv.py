@@ -86,10 +86,12 @@ def _gate_up_silu_kernel(
              mask=rows[:, None] < m)
 
 
-def _tile(n_total: int) -> tuple[int, int]:
-    # enough programs to cover the SMs about twice; rows stream in 512-wide K steps (16 KB of weight
-    # per stage at BN 16), so each program keeps enough bytes in flight
-    return (32 if n_total // 32 >= 264 else 16), 512
+def _tile(n_total: int, k_dim: int) -> tuple[int, int, int]:
+    """(BN, BK, stages). From the H200 sweep at batch 1 (docs/benchmarks.md): 32-row tiles beat 16-row
+    ones on every 8B shape (4096x4096 2.99 vs 2.64 TB/s, 6144x4096 3.28 vs 2.93, 4096x12288 3.74 vs 3.27),
+    512-wide K steps pay off only on long rows; narrow outputs keep 16 rows so the grid fills the SMs."""
+    bn = 32 if n_total // 32 >= 128 else 16
+    return (bn, 512, 3) if k_dim >= 8192 else (bn, 256, 4)
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -104,8 +106,7 @@ def multi_linear_triton(
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
     sizes = [w.shape[0] for w in weights]
     n_total = sum(sizes)
-    bn, bk = _tile(n_total)
-    stages = 3
+    bn, bk, stages = _tile(n_total, x.shape[1])
     if tile is not None:
         bn, bk, stages = tile
     if any(n % bn for n in sizes):
@@ -124,7 +125,7 @@ def multi_linear_triton(
 def gate_up_silu_triton(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
     inter = w_gate.shape[0]
     # measured at 89% of copy bandwidth on the H200 (12288x4096 pairs) with 256-wide K steps
-    bn, bk = _tile(2 * inter)[0], 256
+    bn, bk = _tile(2 * inter, x.shape[1])[0], 256
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     _gate_up_silu_kernel[(inter // bn,)](
         x, w_gate, w_up, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
