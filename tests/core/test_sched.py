@@ -136,7 +136,7 @@ def test_grow_admission_sheds_youngest_when_pool_runs_out() -> None:
 
 
 def test_full_admission_waits_for_room_oldest_that_fits_first() -> None:
-    sched, _ = build(num_blocks=8, prefix_cache=False)
+    sched, _ = build(num_blocks=8)
     ev: dict = {}
     sched.submit([seq("big", [1] * 8, ev, max_tokens=20, ignore_eos=True)])  # 7 blocks
     sched.submit([seq("huge", [2] * 8, ev, max_tokens=20, ignore_eos=True)])  # must wait
@@ -145,6 +145,9 @@ def test_full_admission_waits_for_room_oldest_that_fits_first() -> None:
     assert [s.request_id for s in sched.live] == ["big", "small"]
     run(sched)
     assert len(tokens(ev, ("huge", 0))) == 20
+    # "huge" was tried on several ticks before it fitted: the cache counted one lookup for it, not one a tick
+    stats = sched.prefix_cache.stats
+    assert stats.hits + stats.misses == 3
 
 
 def test_stats_line_has_the_anchor_shape() -> None:

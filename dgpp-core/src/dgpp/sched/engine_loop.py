@@ -16,7 +16,7 @@ from typing import Any
 
 import structlog
 
-from dgpp.sched.request import RetireReason, Sequence
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull, Scheduler
 from dgpp.sched.stats_line import StatsLine
 
@@ -46,6 +46,11 @@ class EngineLoop:
         self.published_at = time.monotonic()
         self._stats_line = StatsLine(scheduler, stats_interval_s)
         self._gather_s = gather_ms / 1000.0
+        # tensor parallelism (dgpp.dist): rank 0 journals each tick's inputs before it runs, and a
+        # failure seen off the engine thread (a peer died) ends the engine through ``fail``
+        self.before_tick: Callable[[list[list[Sequence]], list[tuple[str, RetireReason]]], None] | None = None
+        self.after_tick: Callable[[], None] | None = None
+        self._fail_pending = False
 
     # ---- called from the serving side ---------------------------------------------------------
     def start(self) -> None:
@@ -79,6 +84,15 @@ class EngineLoop:
                 self.requests_cancelled += 1
             self._cond.notify()
 
+    def fail(self, message: str) -> None:
+        """Mark the engine failed from any thread; the engine thread ends every request with ``message``."""
+        with self._cond:
+            if self.failed is None:
+                self.failed = message
+                log.error("engine failure", error=message)
+            self._fail_pending = True
+            self._cond.notify()
+
     @property
     def pending(self) -> tuple[int, int]:
         """(admissions, cancellations) waiting for the next tick."""
@@ -90,23 +104,37 @@ class EngineLoop:
         sched = self.scheduler
         while True:
             with self._cond:
-                while not (self._stop or self._inbox or self._cancels or sched.has_work):
+                while not (self._stop or self._fail_pending or self._inbox or self._cancels or sched.has_work):
                     self._cond.wait(timeout=1.0)
                     self._stats_line.maybe_log(idle=True)
                 if self._stop:
+                    return
+                if self._fail_pending:
+                    message = self.failed or "engine failed"
+                    for group in self._inbox:  # never reached the scheduler: end them here
+                        for s in group:
+                            s.sink(s, SeqEvent(tokens=[], samples=[], retired=RetireReason.FAILED, error=message))
+                    self._inbox = []
+                    sched.fail_all(message)
+                    self._publish()
                     return
                 if self._gather_s and self._inbox and not sched.has_work:
                     self._gather()
                 inbox, self._inbox = self._inbox, []
                 cancels, self._cancels = self._cancels, []
-            for group in inbox:
-                sched.submit(group)
-            for request_id, reason in cancels:
-                sched.cancel(request_id, reason)
             try:
+                if self.before_tick is not None:
+                    self.before_tick(inbox, cancels)
+                for group in inbox:
+                    sched.submit(group)
+                for request_id, reason in cancels:
+                    sched.cancel(request_id, reason)
                 sched.tick()
+                if self.after_tick is not None:
+                    self.after_tick()
             except Exception as exc:  # the runner failed: nothing more can be computed
-                self.failed = f"{type(exc).__name__}: {exc}"
+                with self._cond:  # a failure already reported (e.g. a peer's) is the cause: keep it
+                    self.failed = self.failed or f"{type(exc).__name__}: {exc}"
                 log.error("engine failure", error=self.failed, traceback=traceback.format_exc())
                 sched.fail_all(self.failed)
                 self._publish()

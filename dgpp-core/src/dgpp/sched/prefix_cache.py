@@ -135,6 +135,16 @@ class PrefixCache:
         self.stats.tokens_saved += position
         return PrefixMatch(position, [e.block for e in used], snapshot.slot if snapshot else None)
 
+    def release(self, match: PrefixMatch) -> None:
+        """Undo a ``match`` whose request could not be admitted after all (drops its references and counts)."""
+        for b in match.blocks:
+            self.pool.decref(b)
+        if match.position:
+            self.stats.hits -= 1
+            self.stats.tokens_saved -= match.position
+        elif self.enabled:
+            self.stats.misses -= 1
+
     # ---- insertion ----------------------------------------------------------------------------
     def insert(self, tokens: list[int], block_table: list[int], position: int, state_slot: int | None = None) -> None:
         """Index the prefill work of a request whose first ``position`` tokens (a cut) are now in its

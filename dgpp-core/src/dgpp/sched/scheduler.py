@@ -146,8 +146,8 @@ class Scheduler:
         need = self.blocks.blocks_for_tokens(reserve) - len(cached)
         self.prefix_cache.evict_blocks(need)
         if need > self.blocks.num_free:
-            for b in cached:  # give back the references the match took; try again next tick
-                self.blocks.decref(b)
+            if match is not None:  # give back what the match took; try again next tick
+                self.prefix_cache.release(match)
             return False
         slot = self.slots.take_live()
         assert slot is not None, "a live slot must exist below max_concurrency"
