@@ -226,8 +226,8 @@ def test_overloaded_queue_sheds_with_503(server) -> None:
     """Runs last in this module: it parks the engine thread so nothing drains, then fills the queue."""
     client, engine = server
     engine.loop.stop()
-    parked = [Sequence("parked", 0, [1], None, None, None)] * engine.loop.scheduler.config.queue_limit  # type: ignore[arg-type]
-    engine.loop._inbox.append(parked)
+    for _ in range(engine.loop.scheduler.config.queue_limit):  # queue_limit requests, parked in the inbox
+        engine.loop._inbox.append([Sequence("parked", 0, [1], None, None, None)])  # type: ignore[arg-type]
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
     err(r, 503, "overloaded")
     assert client.get("/metrics").json()["service"]["requests_shed"] == 1

@@ -119,7 +119,11 @@ def test_eos_stops_unless_ignored_and_queue_limit() -> None:
     sched.submit([seq("e", [1, 2, 3], ev, max_tokens=40, logit_bias={0: 5.0})])
     run(sched)
     assert tokens(ev, ("e", 0))[-1] == 0 and ev[("e", 0)][-1].retired is RetireReason.EOS
-    sched.submit([seq("q1", [1], ev), seq("q2", [2], ev)])
+    group = [seq("q1", [1], ev, choice=i) for i in range(3)]
+    for follower in group[1:]:
+        follower.leader = group[0]
+    sched.submit(group)  # one request of three choices counts once against queue_limit
+    sched.submit([seq("q2", [2], ev)])
     with pytest.raises(QueueFull):
         sched.submit([seq("q3", [3], ev)])
 

@@ -70,10 +70,10 @@ class EngineLoop:
         with self._cond:
             if self.failed is not None:
                 raise EngineFailed(self.failed)
-            waiting = len(self.scheduler.waiting) + sum(len(g) for g in self._inbox)
-            if waiting + len(seqs) > self.scheduler.config.queue_limit:
+            waiting = self.scheduler.waiting_requests + len(self._inbox)
+            if waiting + 1 > self.scheduler.config.queue_limit:
                 self.requests_shed += 1
-                raise QueueFull(f"{waiting} sequences waiting; engine.queue_limit is {self.scheduler.config.queue_limit}")
+                raise QueueFull(f"{waiting} requests waiting; engine.queue_limit is {self.scheduler.config.queue_limit}")
             self._inbox.append(seqs)
             self._cond.notify()
 
@@ -97,7 +97,7 @@ class EngineLoop:
     def pending(self) -> tuple[int, int]:
         """(admissions, cancellations) waiting for the next tick."""
         with self._cond:
-            return sum(len(g) for g in self._inbox), len(self._cancels)
+            return len(self._inbox), len(self._cancels)
 
     # ---- the thread ---------------------------------------------------------------------------
     def _run(self) -> None:

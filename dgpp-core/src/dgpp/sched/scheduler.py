@@ -52,10 +52,15 @@ class Scheduler:
         self.on_retire: list[Callable[[Sequence], None]] = []
 
     # ---- inputs (called on the engine thread between ticks) -----------------------------------
+    @property
+    def waiting_requests(self) -> int:
+        """Requests (not choices) in the queue: ``engine.queue_limit`` counts these."""
+        return sum(1 for s in self.waiting if s.leader is None)
+
     def submit(self, seqs: list[Sequence]) -> None:
         """Queue the choices of one request together; all or none (``QueueFull``)."""
-        if len(self.waiting) + len(seqs) > self.config.queue_limit:
-            raise QueueFull(f"{len(self.waiting)} sequences waiting; engine.queue_limit is {self.config.queue_limit}")
+        if self.waiting_requests + 1 > self.config.queue_limit:
+            raise QueueFull(f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}")
         for s in seqs:
             s.seq_id = self._next_seq_id
             self._next_seq_id += 1
