@@ -53,6 +53,15 @@ def test_chunked_prefill_equals_one_shot(fp32_pair):
     conf.check_chunked_prefill(model, conf.make_prompts(model.info.vocab_size, (11, 23), seed=2), chunk_sizes=(1, 5, 16))
 
 
+def test_rows_bit_identical_chunked_batched_or_alone(fp32_pair):
+    """Row-independent arithmetic (sigmoid router included): a token's logits do not depend on the prefill
+    chunking or on which other sequences share the step, so no batch can flip a greedy near-tie."""
+    model, _ = fp32_pair
+    prompts = conf.make_prompts(model.info.vocab_size, (11, 23, 4, 1), seed=2)
+    conf.check_batch_invariance(model, prompts)
+    conf.check_chunk_invariance(model, prompts, chunk_sizes=(1, 5))
+
+
 def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
     model, _ = fp32_pair
     conf.check_mixed_batch(model, conf.make_prompts(model.info.vocab_size, (3, 17, 9), seed=3))

@@ -11,6 +11,8 @@ kernels and is left alone.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -30,3 +32,18 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], out_features)
+
+
+ROW_MULTIPLE = 64
+
+
+def batch_invariant_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``fn(x)`` for a row-wise / elementwise ``fn`` of ``x [rows, n]``, each row's result independent of
+    ``rows``. CPU elementwise kernels (``torch.sigmoid``, ``F.silu``) treat a tensor's vector tail apart from
+    its body, so a row's last bit could depend on how many rows came with it; padding the rows to a multiple
+    of ``ROW_MULTIPLE`` keeps every element of a row on the same side (measured for widths 8..512, 1..70 rows)."""
+    if x.device.type != "cpu" or x.dim() != 2:
+        return fn(x)
+    rows = x.shape[0]
+    pad = -rows % ROW_MULTIPLE
+    return fn(F.pad(x, (0, 0, 0, pad)))[:rows] if pad else fn(x)

@@ -17,7 +17,7 @@ from torch import nn
 
 from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.family import World
-from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
 from dgpp.nn.weights import WeightShapeError, copy_checked, narrow_for_rank, set_weight_attrs
@@ -71,7 +71,10 @@ class TopKRouter(nn.Module):
             logits = batch_invariant_linear(x.float(), self.weight.float())
         else:
             logits = batch_invariant_linear(x, self.weight)
-        scores = torch.softmax(logits.float(), dim=-1) if cfg.scoring == "softmax" else torch.sigmoid(logits.float())
+        if cfg.scoring == "softmax":
+            scores = torch.softmax(logits.float(), dim=-1)
+        else:  # padded rows: a token's routing weights must not depend on how many tokens share the step
+            scores = batch_invariant_rows(torch.sigmoid, logits.float())
         choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
         if cfg.n_group > 1:
             choice = choice.masked_fill(~self._group_mask(choice), float("-inf"))
