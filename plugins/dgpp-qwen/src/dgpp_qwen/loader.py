@@ -52,6 +52,10 @@ def rename_for(cfg: QwenConfig):
 
 
 def load_model(ctx: LoadContext) -> Model:
+    if ctx.hf_config.get("model_type") in ("qwen4_exp", "qwen4_exp_text"):  # its own config and loader
+        from dgpp_qwen.qwen4_exp import load_qwen4_exp
+
+        return load_qwen4_exp(ctx)
     cfg = parse_config(ctx.hf_config)
     # chat checkpoints name their turn-end token (<|im_end|>) only in generation_config.json
     eos = tuple(dict.fromkeys((*cfg.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))

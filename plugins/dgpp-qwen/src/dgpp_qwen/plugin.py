@@ -43,6 +43,11 @@ IMPLEMENTED: tuple[str, ...] = (
     "qwen3_5_text",
     "qwen3_5_moe",
     "qwen3_5_moe_text",
+    # Qwen3.8-Flash-Next (dgpp_qwen.qwen4_exp)
+    "Qwen4ExpForCausalLM",
+    "Qwen4ExpForConditionalGeneration",
+    "qwen4_exp",
+    "qwen4_exp_text",
 )
 
 
@@ -85,3 +90,12 @@ def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
     from dgpp_qwen.dialect import chat_template
 
     return chat_template()
+
+
+@hookimpl
+def dgpp_build_draft(ctx: LoadContext, model):
+    if ctx.family != FAMILY:
+        return None
+    from dgpp_qwen.draft import build_draft
+
+    return build_draft(ctx, model)

@@ -1,0 +1,97 @@
+"""The QSA block indexer: which earlier tokens each query of a Qwen Sparse Attention layer may attend to.
+
+Every token writes one raw index key (``index_qk_proj``'s last head, before any norm or RoPE) into the
+engine's pool (a ``PagedKV`` entry with no V). For a query at position ``p`` the visible tokens
+``0..p`` are cut into complete blocks of ``compress_ratio`` tokens and a tail of at most
+``compress_ratio - 1``. A block's key is the fp32 mean of its raw keys (rounded to the activation dtype),
+zero-centred RMSNorm'd and rotated at the block's first position. The query's ``n_heads`` index heads
+(normed, rotated at ``p``) score each block as ``Σ_h relu(q_h · c) / √head_dim``; the best
+``budget / compress_ratio`` blocks (ties to the lower block index) plus the tail are selected. While
+``p + 1 < (block_topk + 1) · compress_ratio`` every block is kept, i.e. the attention is dense.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import PagedKV
+from dgpp.nn.attention import gather_context
+from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.linear import Linear
+from dgpp.nn.norm import RMSNorm
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp_qwen.qwen4_exp_config import IndexerConfig
+
+Selection = list[torch.Tensor | None]  # per token row: sorted key positions, or None for "all visible"
+
+
+class QSAIndexer(nn.Module):
+    """Parameter names follow the checkpoint (``index_qk_proj``, ``q_layernorm``, ``k_layernorm``).
+    Replicated under TP: every rank selects the same tokens for its own attention heads."""
+
+    def __init__(
+        self, hidden_size: int, cfg: IndexerConfig, rotary: RotaryEmbedding, cache_name: str, eps: float, *, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        if rotary.rotary_dim > cfg.head_dim:
+            raise ValueError(f"indexer head dim {cfg.head_dim} is below the rotary dim {rotary.rotary_dim}")
+        self.cfg = cfg
+        self.cache_name = cache_name
+        self.rotary = rotary
+        self.dtype = dtype
+        self.index_qk_proj = Linear(hidden_size, (cfg.n_heads + 1) * cfg.head_dim, dtype=dtype)
+        self.q_layernorm = RMSNorm(cfg.head_dim, eps, zero_centered=True, dtype=dtype)
+        self.k_layernorm = RMSNorm(cfg.head_dim, eps, zero_centered=True, dtype=dtype)
+
+    def cache_spec(self) -> PagedKV:
+        return PagedKV(num_kv_heads=1, head_dim=self.cfg.head_dim, dtype=self.dtype, v_head_dim=0)
+
+    def dense_limit(self) -> int:
+        """The longest visible span (tokens) that is still attended densely."""
+        return (self.cfg.block_topk + 1) * self.cfg.compress_ratio - 1
+
+    def _block_keys(self, raw_keys: torch.Tensor) -> torch.Tensor:
+        """Compressed keys ``[blocks, head_dim]`` of every complete block of ``raw_keys`` ``[L, head_dim]``."""
+        ratio = self.cfg.compress_ratio
+        blocks = raw_keys.shape[0] // ratio
+        pooled = raw_keys[: blocks * ratio].view(blocks, ratio, -1).float().mean(dim=1).to(raw_keys.dtype)
+        starts = torch.arange(blocks, device=raw_keys.device) * ratio
+        cos, sin = self.rotary.cos_sin(starts, raw_keys.dtype)
+        return self.rotary.rotate(self.k_layernorm(pooled).unsqueeze(1), cos, sin).squeeze(1)
+
+    def _select(self, query: torch.Tensor, block_keys: torch.Tensor, position: int) -> torch.Tensor:
+        """Sorted key positions for one query ``[n_heads, head_dim]`` at ``position`` (sparse case)."""
+        ratio, topk = self.cfg.compress_ratio, self.cfg.block_topk
+        blocks = (position + 1) // ratio
+        per_head = batch_invariant_linear(query.float(), block_keys[:blocks].float())  # [heads, blocks]
+        scores = torch.relu(per_head.t()).sum(dim=-1) / math.sqrt(self.cfg.head_dim)
+        # a stable descending sort keeps equal scores in index order: ties go to the lower block
+        best = torch.sort(scores, descending=True, stable=True).indices[:topk]
+        tokens = (best[:, None] * ratio + torch.arange(ratio, device=best.device)).flatten()
+        tail = torch.arange(blocks * ratio, position + 1, device=best.device)
+        return torch.sort(torch.cat([tokens, tail])).values
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> Selection:
+        rows, cfg = x.shape[0], self.cfg
+        q, raw_k = self.index_qk_proj(x).split([cfg.n_heads * cfg.head_dim, cfg.head_dim], dim=-1)
+        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        q = self.rotary.rotate(self.q_layernorm(q.reshape(rows, cfg.n_heads, cfg.head_dim)), cos, sin)
+        k_cache = batch.cache.kv[self.cache_name][0]  # the entry's V part is empty
+        keep = batch.slot_mapping >= 0  # -1: a padding row writes nothing
+        k_cache.view(-1, cfg.head_dim)[batch.slot_mapping[keep]] = raw_k[keep].to(k_cache.dtype)
+
+        selection: Selection = [None] * rows
+        start = 0
+        for i, q_len in enumerate(batch.q_lens_cpu):
+            context, length = batch.context_lens_cpu[i], batch.seq_lens_cpu[i]
+            if q_len and length > self.dense_limit():
+                block_keys = self._block_keys(gather_context(k_cache, batch.block_tables[i], length)[:, 0])
+                for j in range(q_len):
+                    if context + j + 1 > self.dense_limit():
+                        selection[start + j] = self._select(q[start + j], block_keys, context + j)
+            start += q_len
+        return selection

@@ -1,0 +1,203 @@
+"""PLE: Qwen3.8-Flash-Next's per-layer hashed n-gram embedding, injected into every residual stream.
+
+Hash (exactly the reference's): for n-gram order ``n`` in ``2..ngram_size`` and token ``t``,
+``mixed = tok[t]·m0 ^ tok[t-1]·m1 ^ ... ^ tok[t-n+1]·m(n-1)`` in int64, where a token before the start of
+its EOS-delimited segment (or of the sequence) reads as EOS. Each order has ``heads_per_ngram`` heads;
+head ``h`` looks up row ``offset_h + mixed mod prime_h`` of the layer's table. The odd multipliers come
+from splitmix64 over ``seed + 10007·ple_index``; the primes are the consecutive primes from
+``ngram_vocab_size_base`` on, ``heads`` of them per PLE layer in layer order.
+
+The previous ``ngram_size - 1`` token ids and the dilated conv's last ``(kernel-1)·ngram_size`` inputs cross
+decode steps: they are this layer's ``StateSpec`` entry (``ngram_context``, ``conv``), snapshotted with the
+rest of the request state. A sequence starting at position 0 reads EOS context and a zero conv history.
+The table itself lives in ``table.py`` (resident or memory-mapped).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import StateSpec
+from dgpp.nn.linear import Linear
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp_qwen.layers.gated_residual import GroupedRMSNorm
+from dgpp_qwen.qwen4_exp_config import NGramConfig
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
+_LAYER_SEED_STRIDE = 10007
+
+
+def splitmix64(value: int) -> int:
+    value = (value + _GOLDEN_GAMMA) & _MASK64
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return value ^ (value >> 31)
+
+
+def hash_multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: int) -> list[int]:
+    """Odd multipliers, one per n-gram position, small enough that ``token · m`` fits in int64."""
+    half_bound = max(1, ((1 << 63) - 1) // max(vocab_size, 1) // 2)
+    layer_seed = seed + _LAYER_SEED_STRIDE * ple_index
+    return [2 * (splitmix64((layer_seed + _GOLDEN_GAMMA * (i + 1)) & _MASK64) % half_bound) + 1 for i in range(ngram_size)]
+
+
+def _is_prime(n: int) -> bool:
+    if n < 2 or n % 2 == 0:
+        return n == 2
+    return all(n % d for d in range(3, math.isqrt(n) + 1, 2))
+
+
+def head_vocab_sizes(base: int, ple_index: int, num_heads: int) -> list[int]:
+    """The primes of this PLE layer's heads: numbers ``ple_index·heads .. +heads`` (0-based) among the
+    consecutive primes ``>= base``."""
+    primes: list[int] = []
+    candidate = base
+    while len(primes) < (ple_index + 1) * num_heads:
+        if _is_prime(candidate):
+            primes.append(candidate)
+        candidate += 1
+    return primes[ple_index * num_heads :]
+
+
+def shifted_in_segment(history: torch.Tensor, shift: int, eos: int) -> torch.Tensor:
+    """``history[t - shift]`` where no EOS lies in ``history[t-shift+1 .. t-1]`` and ``t >= shift``, else EOS."""
+    if shift == 0:
+        return history
+    length = history.shape[0]
+    positions = torch.arange(length, device=history.device)
+    eos_at = torch.where(history == eos, positions, -1)
+    last_eos_before = torch.cat([eos_at.new_full((1,), -1), torch.cummax(eos_at, 0).values[:-1]])
+    valid = (positions - (last_eos_before + 1) >= shift) & (positions >= shift)
+    source = history[(positions - shift).clamp_min(0)]
+    return torch.where(valid, source, torch.full_like(history, eos))
+
+
+class NGramHasher(nn.Module):
+    """Token history -> table row ids ``[L, heads]`` for one PLE layer."""
+
+    def __init__(self, cfg: NGramConfig, vocab_size: int, ple_index: int) -> None:
+        super().__init__()
+        self.cfg = cfg
+        sizes = head_vocab_sizes(cfg.vocab_size_base, ple_index, cfg.num_heads)
+        offsets = [sum(sizes[:h]) for h in range(len(sizes))]
+        self.table_rows = math.ceil(sum(sizes) / cfg.vocab_divisor) * cfg.vocab_divisor
+        self.register_buffer("multipliers", torch.tensor(hash_multipliers(vocab_size, cfg.ngram_size, ple_index, cfg.seed)), persistent=False)
+        self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64), persistent=False)
+        self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.int64), persistent=False)
+
+    def forward(self, history: torch.Tensor, length: int) -> torch.Tensor:
+        """Row ids of the last ``length`` tokens of ``history`` (int64, context first)."""
+        cfg = self.cfg
+        shifted = [shifted_in_segment(history, s, cfg.eos_token_id) for s in range(cfg.ngram_size)]
+        ids = []
+        for order in range(2, cfg.ngram_size + 1):
+            heads = slice((order - 2) * cfg.heads_per_ngram, (order - 1) * cfg.heads_per_ngram)
+            mixed = shifted[0] * self.multipliers[0]
+            for pos in range(1, order):
+                mixed = torch.bitwise_xor(mixed, shifted[pos] * self.multipliers[pos])
+            ids.append(torch.remainder(mixed[:, None], self.sizes[heads]) + self.offsets[heads])
+        return torch.cat(ids, dim=-1)[-length:]
+
+
+class DilatedDepthwiseConv(nn.Module):
+    """``weight [C, 1, K]``; output ``t`` = Σ_k w[:, k] · x[t - (K-1-k)·dilation], accumulated in fp32 tap by
+    tap (row-independent), from a history of the previous ``(K-1)·dilation`` inputs."""
+
+    def __init__(self, channels: int, kernel: int, dilation: int, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.kernel, self.dilation = kernel, dilation
+        self.weight = nn.Parameter(torch.empty(channels, 1, kernel, dtype=dtype), requires_grad=False)
+        set_weight_attrs(self.weight, weight_loader=default_weight_loader)
+
+    @property
+    def history(self) -> int:
+        return (self.kernel - 1) * self.dilation
+
+    def forward(self, padded: torch.Tensor) -> torch.Tensor:
+        """``padded`` ``[history + L, C]`` -> ``[L, C]`` fp32."""
+        length = padded.shape[0] - self.history
+        weight = self.weight[:, 0, :].float()
+        out = torch.zeros(length, padded.shape[1], dtype=torch.float32, device=padded.device)
+        for k in range(self.kernel):
+            start = k * self.dilation
+            out += padded[start : start + length].float() * weight[:, k]
+        return out
+
+
+class PLELayer(nn.Module):
+    """One PLE site (checkpoint names under ``ple.``: ``ple_embedding``, ``key_proj``, ``value_proj``,
+    ``norm_key``, ``norm_query``, ``norm_conv``, ``conv1d``). ``forward`` returns what is added to the hyper
+    state ``[T, hc·H]``: per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``."""
+
+    def __init__(
+        self, cfg: NGramConfig, name: str, ple_index: int, *, vocab_size: int, hidden_size: int, hc_count: int,
+        eps: float, dtype: torch.dtype,
+    ) -> None:
+        super().__init__()
+        from dgpp_qwen.layers.table import NGramEmbedding
+
+        self.name, self.cfg, self.dtype = name, cfg, dtype
+        self.hidden_size, self.hc_count = hidden_size, hc_count
+        width = hidden_size * hc_count
+        self.ple_embedding = NGramEmbedding(NGramHasher(cfg, vocab_size, ple_index), cfg.embed_dim // cfg.num_heads)
+        self.key_proj = Linear(cfg.embed_dim, width, dtype=dtype)
+        self.value_proj = Linear(cfg.embed_dim, hidden_size, dtype=dtype)
+        self.norm_key = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)
+        self.norm_query = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)
+        self.norm_conv = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)
+        self.conv1d = DilatedDepthwiseConv(width, cfg.conv_kernel, cfg.ngram_size, dtype=dtype)
+
+    def cache_spec(self) -> StateSpec:
+        return StateSpec(
+            {
+                "ngram_context": ((self.cfg.ngram_size - 1,), torch.int64),
+                "conv": ((self.conv1d.history, self.hidden_size * self.hc_count), self.dtype),
+            }
+        )
+
+    def _row_ids(self, batch: ForwardBatch, context: torch.Tensor) -> torch.Tensor:
+        """Table rows ``[T, heads]``; stores each live sequence's last token ids as its next context."""
+        eos, keep = self.cfg.eos_token_id, self.cfg.ngram_size - 1
+        rows, start = [], 0
+        for i, q_len in enumerate(batch.q_lens_cpu):
+            slot = int(batch.state_slots[i])
+            tokens = batch.input_ids[start : start + q_len]
+            fresh = batch.context_lens_cpu[i] == 0 or slot < 0
+            previous = tokens.new_full((keep,), eos) if fresh else context[slot]
+            history = torch.cat([previous, tokens])
+            rows.append(self.ple_embedding.hasher(history, q_len))
+            if slot >= 0:
+                context[slot] = history[-keep:]
+            start += q_len
+        return torch.cat(rows)
+
+    def _conv(self, x: torch.Tensor, batch: ForwardBatch, conv_state: torch.Tensor) -> torch.Tensor:
+        out, start, hist = torch.empty_like(x), 0, self.conv1d.history
+        for i, q_len in enumerate(batch.q_lens_cpu):
+            slot = int(batch.state_slots[i])
+            fresh = batch.context_lens_cpu[i] == 0 or slot < 0
+            previous = x.new_zeros(hist, x.shape[1]) if fresh else conv_state[slot].to(x.dtype)
+            padded = torch.cat([previous, x[start : start + q_len]])
+            out[start : start + q_len] = F.silu(self.conv1d(padded).to(x.dtype))
+            if slot >= 0:
+                conv_state[slot] = padded[-hist:].to(conv_state.dtype)
+            start += q_len
+        return out
+
+    def forward(self, hyper: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        state = batch.cache.state[self.name]
+        embeddings = self.ple_embedding(self._row_ids(batch, state["ngram_context"])).to(self.dtype)
+        streams = (self.hc_count, self.hidden_size)
+        key = self.norm_key(self.key_proj(embeddings)).unflatten(-1, streams)
+        query = self.norm_query(hyper).unflatten(-1, streams)
+        value = self.value_proj(embeddings)
+        gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(self.hidden_size)
+        gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()  # signed square root
+        gated = (torch.sigmoid(gate) * value.unsqueeze(-2)).flatten(-2)
+        return gated + self._conv(self.norm_conv(gated), batch, state["conv"])

@@ -1,0 +1,90 @@
+"""Qwen Sparse Attention (QSA): Qwen3.5's gated full attention (``[q|gate]`` q_proj, per-head zero-centred
+q/k RMSNorm, partial rotate-half RoPE, sigmoid output gate) where each query attends only to the tokens
+its block indexer selects (``indexer.py``); short contexts select everything and stay dense.
+
+K/V go to the pool entry ``cache_name``; the indexer's raw keys to its own entry. A query's output is
+the softmax over exactly its selected keys, in position order, with row-independent products (so a
+position's result does not depend on chunking or batching).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.family import World
+from dgpp.nn.attention import gated_output, gather_context, split_query_gate, write_kv
+from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp_qwen.attention import QwenAttention
+from dgpp_qwen.layers.indexer import QSAIndexer, Selection
+from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
+
+
+def attend_selected(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, selected: Selection, scale: float
+) -> torch.Tensor:
+    """One sequence: query row ``i`` (position ``q_offset + i``) attends to key positions ``selected[i]``, or
+    to all of ``0..q_offset+i`` when that is None. ``q`` [n, Hq, D], ``k`` [L, Hkv, D], ``v`` [L, Hkv, Dv]."""
+    n, num_q_heads, _ = q.shape
+    num_kv_heads = k.shape[1]
+    grouped = q.reshape(n, num_kv_heads, num_q_heads // num_kv_heads, -1)
+    k, v = k.to(q.dtype), v.to(q.dtype)
+    out = q.new_empty(n, num_kv_heads, num_q_heads // num_kv_heads, v.shape[-1])
+    for i in range(n):
+        picked = selected[i]
+        keys = k[: q_offset + i + 1] if picked is None else k[picked]
+        values = v[: q_offset + i + 1] if picked is None else v[picked]
+        for h in range(num_kv_heads):
+            scores = batch_invariant_linear(grouped[i, h], keys[:, h]) * scale
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+            out[i, h] = batch_invariant_linear(probs, values[:, h].t())
+    return out.reshape(n, num_q_heads, -1)
+
+
+class QSAttention(QwenAttention):
+    """One QSA layer (checkpoint names: ``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm``, ``k_norm``,
+    ``indexer.*``). Heads split over TP ranks as in ``QwenAttention``; the indexer is replicated."""
+
+    def __init__(
+        self, cfg: Qwen4ExpConfig, cache_name: str, index_cache_name: str, rotary: RotaryEmbedding, world: World | None = None
+    ) -> None:
+        super().__init__(cfg.base, cache_name, rotary, output_gate=True, zero_centered_norm=True, world=world)
+        base = cfg.base
+        self.indexer = QSAIndexer(base.hidden_size, cfg.indexer, rotary, index_cache_name, base.rms_norm_eps, dtype=base.dtype)
+
+    def cache_specs(self, dtype: torch.dtype) -> dict[str, Any]:
+        from dgpp.engine.cache_spec import PagedKV
+
+        return {
+            self.attn.cache_name: PagedKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype),
+            self.indexer.cache_name: self.indexer.cache_spec(),
+        }
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        rows = x.shape[0]
+        q_out, k_out, v_out = self._project(x)
+        q, gate = split_query_gate(q_out, self.num_heads, self.head_dim)
+        k = k_out.view(rows, self.num_kv_heads, self.head_dim)
+        v = v_out.view(rows, self.num_kv_heads, self.head_dim)
+        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
+        k_cache, v_cache = batch.cache.kv[self.attn.cache_name]
+        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        selection = self.indexer(x, batch)
+
+        out = q.new_empty(rows, self.num_heads, self.head_dim)
+        start = 0
+        for i, q_len in enumerate(batch.q_lens_cpu):
+            if q_len:
+                length = batch.seq_lens_cpu[i]
+                keys = gather_context(k_cache, batch.block_tables[i], length)
+                values = gather_context(v_cache, batch.block_tables[i], length)
+                out[start : start + q_len] = attend_selected(
+                    q[start : start + q_len], keys, values, batch.context_lens_cpu[i],
+                    selection[start : start + q_len], self.attn.scale,
+                )
+            start += q_len
+        return self.o_proj(gated_output(out.flatten(1), gate))

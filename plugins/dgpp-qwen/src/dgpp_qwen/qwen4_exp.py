@@ -1,0 +1,213 @@
+"""Qwen3.8-Flash-Next (``qwen4_exp``): the Qwen3.5-MoE hybrid's token mixers (Gated DeltaNet, gated full
+attention) and MoE, rebuilt around a multi-stream residual.
+
+- The residual is ``hc_count`` streams (``layers/gated_residual.py``): the embedding is copied into every
+  stream; each block's input is a gated mix of the normalised streams and its output is injected back into
+  each stream with its own weight. There are no pre-norms and no final norm: the last mixer
+  (``hyper_connection_mixer``) feeds the LM head.
+- Full-attention layers are QSA (``layers/qsa.py``): attention restricted to the blocks a small indexer picks.
+- Layers named by ``ple_layer_ids`` first add a hashed n-gram embedding (PLE, ``layers/ngram.py``).
+
+Cache entries: ``layers.{i}`` (GDN state, or QSA K/V), ``layers.{i}.indexer`` (QSA index keys, paged),
+``layers.{i}.ple`` (n-gram context and PLE conv history, per request).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from dgpp.checkpoint import CheckpointReader, load_weights
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec
+from dgpp.engine.model import Model, ModelInfo
+from dgpp.errors import CheckpointError
+from dgpp.family import LoadContext, World
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.gated_deltanet import GatedDeltaNet, GatedRMSNorm
+from dgpp.nn.moe import RoutingConfig, SparseMoE
+from dgpp.nn.norm import rms_normalize
+from dgpp.nn.parallel import all_reduce
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.quant.apply import convert_dense_weights, quantize_modules
+from dgpp_qwen.attention import build_rotary
+from dgpp_qwen.layers.gated_residual import GatedResidual
+from dgpp_qwen.layers.ngram import PLELayer
+from dgpp_qwen.layers.qsa import QSAttention
+from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig, parse_qwen4_exp_config, with_engine_rope_scaling
+
+LINEAR_ATTENTION = "linear_attention"
+
+
+def layer_cache_name(index: int) -> str:
+    return f"layers.{index}"
+
+
+class SigmoidGatedRMSNorm(GatedRMSNorm):
+    """The GDN output norm with a sigmoid gate (``output_gate_type: sigmoid``) instead of SiLU."""
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        normed = rms_normalize(x, self.eps).to(x.dtype)
+        return (self.weight * normed * torch.sigmoid(gate.float())).to(x.dtype)
+
+
+def build_moe(cfg: Qwen4ExpConfig, world: World) -> SparseMoE:
+    moe, base = cfg.base.moe, cfg.base
+    routing = RoutingConfig(num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=cfg.norm_topk_prob)
+    return SparseMoE(
+        base.hidden_size, moe.intermediate_size, routing, dtype=base.dtype,
+        shared_intermediate_size=moe.shared_expert_intermediate_size, shared_gate=True, world=world,
+    )
+
+
+class Qwen4ExpDecoderLayer(nn.Module):
+    """``[+PLE] -> GR mix -> GDN|QSA -> GR combine -> GR mix -> MoE -> GR combine`` over the hyper state."""
+
+    def __init__(
+        self, cfg: Qwen4ExpConfig, index: int, rotary: RotaryEmbedding, world: World, group: Any, *, cache_name: str | None = None
+    ) -> None:
+        super().__init__()
+        base = cfg.base
+        self.world, self.group, self.dtype = world, group, base.dtype
+        self.layer_type = base.layer_types[index]
+        self.cache_name = cache_name or layer_cache_name(index)
+        if self.layer_type == LINEAR_ATTENTION:
+            gdn = base.linear_attn
+            self.linear_attn = GatedDeltaNet(
+                self.cache_name, hidden_size=base.hidden_size, num_k_heads=gdn.num_key_heads,
+                num_v_heads=gdn.num_value_heads, head_k_dim=gdn.key_head_dim, head_v_dim=gdn.value_head_dim,
+                conv_kernel=gdn.conv_kernel, eps=base.rms_norm_eps, dtype=base.dtype, world=world,
+            )
+            if cfg.gdn_output_gate == "sigmoid":
+                self.linear_attn.norm = SigmoidGatedRMSNorm(gdn.value_head_dim, base.rms_norm_eps, dtype=base.dtype)
+        else:
+            self.self_attn = QSAttention(cfg, self.cache_name, f"{self.cache_name}.indexer", rotary, world)
+        self.mlp = build_moe(cfg, world)
+        ngram = cfg.ngram
+        self.ple = None
+        if ngram is not None and index in ngram.layer_ids:
+            self.ple = PLELayer(
+                ngram, f"{self.cache_name}.ple", ngram.layer_ids.index(index), vocab_size=base.vocab_size,
+                hidden_size=base.hidden_size, hc_count=cfg.hc_count, eps=base.rms_norm_eps, dtype=base.dtype,
+            )
+        gr = dict(hidden_size=base.hidden_size, hc_count=cfg.hc_count, lowrank=cfg.hc_lowrank, eps=base.rms_norm_eps, dtype=base.dtype)
+        self.attn_hyper_connection = GatedResidual(**gr)
+        self.mlp_hyper_connection = GatedResidual(**gr)
+
+    def cache_specs(self) -> dict[str, CacheSpec]:
+        specs: dict[str, CacheSpec] = {}
+        if self.layer_type == LINEAR_ATTENTION:
+            specs[self.cache_name] = self.linear_attn.cache_spec()
+        else:
+            specs.update(self.self_attn.cache_specs(self.dtype))
+        if self.ple is not None:
+            specs[self.ple.name] = self.ple.cache_spec()
+        return specs
+
+    def forward(self, hyper: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if self.ple is not None:
+            hyper = hyper + self.ple(hyper, batch)
+        mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
+        x, inject = self.attn_hyper_connection.mix(hyper)
+        hyper = self.attn_hyper_connection.combine(hyper, all_reduce(mixer(x, batch), self.world, self.group), inject)
+        x, inject = self.mlp_hyper_connection.mix(hyper)
+        return self.mlp_hyper_connection.combine(hyper, all_reduce(self.mlp(x), self.world, self.group), inject)
+
+
+class Qwen4ExpTextStack(nn.Module):
+    """``embed_tokens`` -> decoder layers -> ``hyper_connection_mixer`` (checkpoint prefix ``model.``)."""
+
+    def __init__(self, cfg: Qwen4ExpConfig, world: World, group: Any) -> None:
+        super().__init__()
+        base = cfg.base
+        rotary = build_rotary(base)
+        self.embed_tokens = VocabEmbedding(base.vocab_size, base.hidden_size, dtype=base.dtype)
+        self.layers = nn.ModuleList(Qwen4ExpDecoderLayer(cfg, i, rotary, world, group) for i in range(base.num_layers))
+        self.hyper_connection_mixer = GatedResidual(
+            base.hidden_size, cfg.hc_count, cfg.hc_lowrank, base.rms_norm_eps, dtype=base.dtype, use_combine=False
+        )
+
+
+class Qwen4ExpForCausalLM(Model):
+    """The text model of Qwen3.8-Flash-Next (vision tower not loaded; the MTP layer is ``draft.py``'s).
+
+    ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP layer's input)."""
+
+    def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None) -> None:
+        super().__init__()
+        world = world or World()
+        base = cfg.base
+        self.cfg, self.world, self.group = cfg, world, group
+        self.model = Qwen4ExpTextStack(cfg, world, group)
+        tied = self.model.embed_tokens if base.tie_word_embeddings else None
+        self.lm_head = LMHead(base.vocab_size, base.hidden_size, dtype=base.dtype, tied_to=tied)
+        self.last_hidden: torch.Tensor | None = None
+        self.info = ModelInfo(
+            vocab_size=base.vocab_size, max_position=base.max_position, eos_token_ids=base.eos_token_ids,
+            bos_token_id=base.bos_token_id, dtype=base.dtype, hybrid=True,
+        )
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        specs: dict[str, CacheSpec] = {}
+        for layer in self.model.layers:
+            specs.update(layer.cache_specs())
+        return specs
+
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.model.embed_tokens(batch.input_ids)
+        hyper = hidden.repeat(1, self.cfg.hc_count)  # every stream starts as the embedding
+        for layer in self.model.layers:
+            hyper = layer(hyper, batch)
+        self.last_hidden = self.model.hyper_connection_mixer.mix_only(hyper)
+        return self.last_hidden[batch.logits_indices]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
+
+
+def _check_hash_buffers(model: Qwen4ExpForCausalLM, reader: CheckpointReader, rename: Any) -> None:
+    """Releases save the hash constants; they must equal what this engine derives from the config."""
+    for i, layer in enumerate(model.model.layers):
+        if layer.ple is None:
+            continue
+        hasher = layer.ple.ple_embedding.hasher
+        for ours, theirs in (("multipliers", "layer_multipliers"), ("sizes", "ngram_heads_vocab_sizes"), ("offsets", "ngram_heads_offsets")):
+            name = rename(f"model.layers.{i}.ple.ple_embedding.{theirs}")
+            if name in reader and not torch.equal(reader.get(name).long().cpu(), getattr(hasher, ours).cpu()):
+                raise CheckpointError(f"tensor {name!r} in {reader.where(name)} disagrees with the n-gram hash derived from config.json")
+
+
+def load_ngram_tables(model: Qwen4ExpForCausalLM, reader: CheckpointReader, rename: Any, ctx: LoadContext) -> None:
+    mode = getattr(ctx.engine, "ngram_table", "resident") if ctx.engine is not None else "resident"
+    ngram = model.cfg.ngram
+    for i, layer in enumerate(model.model.layers):
+        if layer.ple is not None:
+            prefix = rename(f"model.layers.{i}.ple.ple_embedding.ngram_embedding")
+            layer.ple.ple_embedding.load(reader, prefix, ngram.split_parts, mode, ctx.device or "cpu")
+
+
+def load_qwen4_exp(ctx: LoadContext) -> Qwen4ExpForCausalLM:
+    from dgpp_qwen.loader import generation_eos, rename_for
+
+    cfg = parse_qwen4_exp_config(ctx.hf_config)
+    base = cfg.base
+    eos = tuple(dict.fromkeys((*base.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
+    cfg = dataclasses.replace(cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype))
+    cfg = with_engine_rope_scaling(cfg, getattr(ctx.engine, "rope_scaling", None) if ctx.engine is not None else None)
+    rename = rename_for(cfg.base)
+    reader = CheckpointReader(ctx.checkpoint_dir)
+    try:
+        with torch.device(ctx.device or "cpu"):
+            model = Qwen4ExpForCausalLM(cfg, ctx.world, ctx.group)
+            quantize_modules(model, ctx.hf_config, rename=rename)
+        load_weights(model, reader, rename=rename)
+        _check_hash_buffers(model, reader, rename)
+        load_ngram_tables(model, reader, rename, ctx)
+    finally:
+        reader.close()
+    convert_dense_weights(model, ctx.engine)
+    return model.eval()

@@ -1,0 +1,185 @@
+"""config.json -> typed config for ``qwen4_exp`` / ``qwen4_exp_text`` (Qwen3.8-Flash-Next).
+
+The shared part (sizes, GDN, MoE, RoPE, dtype, EOS) is the Qwen3.5-MoE hybrid's and goes through
+``dgpp_qwen.config.parse_config``; this module adds the QSA indexer, the gated-residual streams and the
+PLE n-gram table, and rejects values the engine cannot run, naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from dgpp.errors import ConfigError
+from dgpp.nn.rotary import YarnScaling
+from dgpp_qwen.config import QwenConfig, _Keys, parse_config
+
+QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")
+INDEXED_ATTENTION = "indexed_attention"
+
+
+@dataclass(frozen=True)
+class IndexerConfig:
+    """QSA block indexer: ``n_heads`` query heads and one key head of ``head_dim``; keys averaged over
+    ``compress_ratio`` tokens per block; ``budget`` tokens (``budget / compress_ratio`` blocks) kept."""
+
+    n_heads: int
+    head_dim: int
+    budget: int
+    compress_ratio: int
+
+    @property
+    def block_topk(self) -> int:
+        return self.budget // self.compress_ratio
+
+
+@dataclass(frozen=True)
+class NGramConfig:
+    """PLE hashed n-gram embedding: one table per PLE layer (``layer_ids`` zero-indexed)."""
+
+    layer_ids: tuple[int, ...]
+    embed_dim: int
+    conv_kernel: int
+    ngram_size: int
+    heads_per_ngram: int
+    vocab_size_base: int
+    vocab_divisor: int
+    seed: int
+    split_parts: int
+    eos_token_id: int
+
+    @property
+    def num_heads(self) -> int:
+        return (self.ngram_size - 1) * self.heads_per_ngram
+
+
+@dataclass(frozen=True)
+class Qwen4ExpConfig:
+    """The Qwen3.5-MoE hybrid fields (``base``) plus what qwen4_exp adds."""
+
+    base: QwenConfig
+    indexer: IndexerConfig
+    hc_count: int
+    hc_lowrank: int
+    ngram: NGramConfig | None
+    gdn_output_gate: str  # "silu" or "sigmoid"
+    norm_topk_prob: bool
+
+
+def _text_keys(hf_config: dict[str, Any]) -> tuple[_Keys, str]:
+    model_type = hf_config.get("model_type")
+    if model_type == "qwen4_exp":
+        text = hf_config.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError("config.json: qwen4_exp needs a 'text_config' object")
+        return _Keys(text, "text_config."), "model.language_model."
+    if model_type == "qwen4_exp_text":
+        return _Keys(hf_config), "model."
+    raise ConfigError(f"config.json: model_type = {model_type!r} is not a qwen4_exp type")
+
+
+def _as_hybrid_moe(keys: _Keys, hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The text config in the qwen3_5_moe_text shape ``parse_config`` reads: QSA layers are its full-attention
+    layers, and RoPE is full-width unless ``partial_rotary_factor`` says otherwise (transformers' default here)."""
+    text = dict(keys.raw)
+    text["model_type"] = "qwen3_5_moe_text"
+    types = text.get("layer_types")
+    if isinstance(types, list):
+        text["layer_types"] = ["full_attention" if t in (INDEXED_ATTENTION, "full_attention") else t for t in types]
+    rope = text.get("rope_parameters")
+    if isinstance(rope, dict) and "partial_rotary_factor" not in rope:
+        text["rope_parameters"] = {**rope, "partial_rotary_factor": 1.0}
+    for key in ("dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id"):
+        if key not in text and key in hf_config:
+            text[key] = hf_config[key]
+    return text
+
+
+def _parse_indexer(keys: _Keys, base: QwenConfig) -> IndexerConfig:
+    if keys.get("indexer_kv_heads", int, 1) != 1:
+        raise ConfigError(f"config.json: {keys.name('indexer_kv_heads')} must be 1 (QSA has one index key head)")
+    cfg = IndexerConfig(
+        n_heads=keys.positive("indexer_n_heads", required=True),
+        head_dim=keys.positive("indexer_head_dim", required=True),
+        budget=keys.positive("indexer_budget", required=True),
+        compress_ratio=keys.positive("indexer_compress_ratio", required=True),
+    )
+    if cfg.budget % cfg.compress_ratio:
+        raise ConfigError(f"config.json: {keys.name('indexer_budget')} = {cfg.budget} is not a multiple of indexer_compress_ratio")
+    if base.rope.rotary_dim > cfg.head_dim:
+        raise ConfigError(f"config.json: {keys.name('indexer_head_dim')} = {cfg.head_dim} is below the rotary dim {base.rope.rotary_dim}")
+    return cfg
+
+
+def _parse_ngram(keys: _Keys, base: QwenConfig) -> NGramConfig | None:
+    ids = keys.get("ple_layer_ids", list, [])
+    if not ids:
+        return None
+    if not all(isinstance(i, int) and 1 <= i <= base.num_layers for i in ids):
+        raise ConfigError(f"config.json: {keys.name('ple_layer_ids')} = {ids!r} must be one-indexed layer ids in [1, {base.num_layers}]")
+    layer_ids = tuple(sorted({i - 1 for i in ids}))
+    if any(base.layer_types[i] != "linear_attention" for i in layer_ids):
+        raise ConfigError(f"config.json: {keys.name('ple_layer_ids')} may only name linear_attention layers")
+    if not base.eos_token_ids:
+        raise ConfigError(f"config.json: {keys.name('eos_token_id')} must be set when ple_layer_ids is")
+    cfg = NGramConfig(
+        layer_ids=layer_ids,
+        embed_dim=keys.positive("ple_embed_dim", base.hidden_size),
+        conv_kernel=keys.positive("ple_conv_kernel_size", 4),
+        ngram_size=keys.positive("ngram_size", 3),
+        heads_per_ngram=keys.positive("heads_per_ngram", 8),
+        vocab_size_base=keys.positive("ngram_vocab_size_base", 20_000_000),
+        vocab_divisor=keys.positive("make_ngram_vocab_size_divisible_by", 128),
+        seed=keys.get("seed", int, 1234),
+        split_parts=keys.positive("split_ngram_parts", 512),
+        eos_token_id=base.eos_token_ids[0],
+    )
+    if cfg.ngram_size < 2 or cfg.embed_dim % cfg.num_heads:
+        raise ConfigError(
+            f"config.json: {keys.name('ple_embed_dim')} = {cfg.embed_dim} must split over {cfg.num_heads} n-gram heads"
+        )
+    return cfg
+
+
+def parse_qwen4_exp_config(hf_config: dict[str, Any]) -> Qwen4ExpConfig:
+    keys, prefix = _text_keys(hf_config)
+    base = parse_config(_as_hybrid_moe(keys, hf_config))
+    archs = hf_config.get("architectures") or []
+    base = dataclasses.replace(
+        base, model_type="qwen4_exp_text", architecture=archs[0] if archs else hf_config["model_type"], weight_prefix=prefix
+    )
+    gate = keys.get("output_gate_type", str) or keys.get("hidden_act", str, "silu")
+    if gate not in ("silu", "sigmoid"):
+        raise ConfigError(f"config.json: {keys.name('output_gate_type')} = {gate!r} is not supported (silu, sigmoid)")
+    hc_count = keys.positive("hc_count", 4)
+    if hc_count < 2:
+        raise ConfigError(f"config.json: {keys.name('hc_count')} = {hc_count} must be at least 2")
+    return Qwen4ExpConfig(
+        base=base,
+        indexer=_parse_indexer(keys, base),
+        hc_count=hc_count,
+        hc_lowrank=keys.positive("hc_lowrank", 320),
+        ngram=_parse_ngram(keys, base),
+        gdn_output_gate=gate,
+        norm_topk_prob=keys.get("norm_topk_prob", bool, True),
+    )
+
+
+def with_engine_rope_scaling(cfg: Qwen4ExpConfig, rope_scaling: Any) -> Qwen4ExpConfig:
+    """``engine.rope_scaling`` (YaRN, opt-in 512K): replaces the checkpoint's RoPE frequencies and raises
+    the position limit to ``factor × original_max_position_embeddings``."""
+    if rope_scaling is None:
+        return cfg
+    yarn = YarnScaling(
+        factor=rope_scaling.factor,
+        original_max_position=rope_scaling.original_max_position_embeddings,
+        beta_fast=rope_scaling.beta_fast,
+        beta_slow=rope_scaling.beta_slow,
+        # attn_factor multiplies YaRN's default magnitude 0.1·ln(factor)+1 (1.0 keeps it)
+        attention_factor=rope_scaling.attn_factor * YarnScaling(rope_scaling.factor, 1).magnitude(),
+    )
+    base = cfg.base
+    rope = dataclasses.replace(base.rope, yarn=yarn)
+    max_position = max(base.max_position, int(rope_scaling.factor * rope_scaling.original_max_position_embeddings))
+    return dataclasses.replace(cfg, base=dataclasses.replace(base, rope=rope, max_position=max_position))
