@@ -276,12 +276,14 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(hidden).sigmoid()
         # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias)
-        if hidden.is_cuda:  # Triton decode step / chunked prefill on the pooled state
+        if hidden.is_cuda and batch.is_decode_only:  # Triton decode step on the pooled state, no host sync
+            # (prefill stays on the torch chunked form: on the H200 it beat dgpp.kernels' chunked kernel, whose
+            # UT solve is still sequential per program; docs/benchmarks.md)
             from dgpp import kernels
 
             core = kernels.gated_delta_rule(
                 q, k, v, g, beta, state["recurrent"], batch.state_slots, batch.query_start_loc,
-                batch.context_lens == 0, batch.is_decode_only,
+                batch.context_lens == 0, True,
             ).to(hidden.dtype)
         else:
             core = gated_delta_rule_varlen(
