@@ -18,14 +18,14 @@ def splitmix64(x: int) -> int:
 
 
 def choice_generator(seed: int | None, choice_index: int) -> torch.Generator:
-    """A CPU generator owned by one choice. Seeded from (seed, choice index) so the n choices of a seeded
-    request differ from each other yet repeat exactly across runs; unseeded choices get fresh entropy."""
+    """A CPU generator owned by one choice. Choice ``i`` of a request seeded ``s`` uses seed ``s + i``
+    (anchor §2.2), mixed by SplitMix64 so neighbouring seeds do not give neighbouring streams; unseeded
+    choices get fresh entropy."""
     gen = torch.Generator(device="cpu")
     if seed is None:
         gen.manual_seed(secrets.randbits(63))
     else:
-        mixed = splitmix64((seed & _MASK64) ^ splitmix64(choice_index))
-        gen.manual_seed(mixed & ((1 << 63) - 1))
+        gen.manual_seed(splitmix64((seed + choice_index) & _MASK64) & ((1 << 63) - 1))
     return gen
 
 

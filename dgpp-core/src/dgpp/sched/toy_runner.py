@@ -8,6 +8,8 @@ of the prefix cache and the scheduler need to catch.
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
 from dgpp.sched.work import SeqWork
@@ -26,7 +28,8 @@ class ToyRunner:
         self.kv = torch.full((num_blocks, block_size), -1, dtype=torch.int64)
         self.state = torch.zeros(num_state_slots, dtype=torch.int64)
         self.favour = favour or {}
-        self.steps: list[list[tuple[int, int]]] = []  # (context_len, tokens) per work, for tests
+        # (context_len, tokens) per work of the recent steps, for tests
+        self.steps: deque[list[tuple[int, int]]] = deque(maxlen=10_000)
 
     def copy_state(self, src: int, dst: int) -> None:
         self.state[dst] = self.state[src]
