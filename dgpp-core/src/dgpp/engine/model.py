@@ -29,6 +29,11 @@ class Model(nn.Module, ABC):
     """A loaded model. Families subclass this; the engine only calls these methods."""
 
     info: ModelInfo
+    #: Hidden rows of EVERY token of the last ``forward`` (``[T, hidden]``), for a drafter that reads them
+    #: (MTP layers draft from the target's hidden at each position, prompt rows included, not only the
+    #: sampled rows ``forward`` returns). Set by families with such a drafter; which hidden (e.g. GLM's
+    #: post-final-norm) is the family's convention. None otherwise.
+    last_hidden: torch.Tensor | None = None
 
     @abstractmethod
     def cache_spec(self) -> dict[str, CacheSpec]:

@@ -112,7 +112,6 @@ class Glm4MoeForCausalLM(Model):
         self.model = Glm4MoeBackbone(cfg, dtype=self.dtype, world=self.world)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied)
-        self.last_hidden: torch.Tensor | None = None
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position_embeddings,
