@@ -139,3 +139,14 @@ def test_fused_experts_slice_each_half_for_the_rank():
     assert torch.equal(experts.gate_up_proj, torch.cat([gate[:, 3:], up[:, 3:]], dim=1))
     experts.down_proj.weight_loader(experts.down_proj, down[1], 1)
     assert torch.equal(experts.down_proj[1], down[1][:, 3:])
+
+
+def test_tp_rank_reads_only_its_slice(qwen3_dir):
+    reader = CheckpointReader(qwen3_dir)
+    name = "model.layers.0.mlp.down_proj.weight"
+    full = reader.get(name)
+    assert torch.equal(reader.get_part(name, 1, 64, 64), full[:, 64:])
+    model_rank1 = load_model(qwen3_dir, world=World(rank=1, size=2))
+    layer = model_rank1.model.layers[0]
+    assert torch.equal(layer.mlp.down_proj.weight, full[:, 64:])
+    assert torch.equal(layer.self_attn.q_proj.weight, reader.get("model.layers.0.self_attn.q_proj.weight")[32:])

@@ -18,7 +18,7 @@ from dgpp.checkpoint.reader import CheckpointReader
 from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.errors import CheckpointError
 from dgpp.log import get_logger
-from dgpp.nn.weights import WeightShapeError, default_weight_loader
+from dgpp.nn.weights import WeightShapeError, copy_checked, default_weight_loader
 
 log = get_logger("dgpp.checkpoint")
 
@@ -42,6 +42,22 @@ def _sources_of(model: nn.Module) -> dict[str, Alternatives]:
         for local, alternatives in fn().items():
             out[base + local] = [[Source(base + s.name, s.shard) for s in alt] for alt in alternatives]
     return out
+
+
+def _is_sliced(param: torch.Tensor) -> bool:
+    world = getattr(param, "world", None)
+    return getattr(param, "tp_dim", None) is not None and world is not None and world.size > 1
+
+
+def _load_rank_slice(param: torch.Tensor, reader: CheckpointReader, name: str) -> None:
+    """The default loader's work for a TP-split parameter, reading only this rank's part from disk."""
+    dim, world = param.tp_dim, param.world
+    expected = list(param.shape)
+    expected[dim] *= world.size
+    if list(reader.shape(name)) != expected:
+        raise WeightShapeError(f"shape {list(reader.shape(name))} does not match the expected {expected}")
+    part = param.shape[dim]
+    copy_checked(param, reader.get_part(name, dim, world.rank * part, part))
 
 
 def load_weights(
@@ -68,7 +84,10 @@ def load_weights(
                         + (f"; looked for {tried}" if len(alternatives) > 1 else "")
                     )
                 try:
-                    loader(param, reader.get(name), src.shard)
+                    if loader is default_weight_loader and src.shard is None and _is_sliced(param):
+                        _load_rank_slice(param, reader, name)
+                    else:
+                        loader(param, reader.get(name), src.shard)
                 except WeightShapeError as e:
                     raise CheckpointError(f"tensor {name!r} in {reader.where(name)}: {e}") from e
                 report.loaded.append(name)

@@ -107,5 +107,16 @@ class CheckpointReader:
         except Exception as e:
             raise CheckpointError(f"tensor {name!r} in {path}: cannot be read ({e})") from e
 
+    def get_part(self, name: str, dim: int, start: int, length: int) -> torch.Tensor:
+        """Only ``[start, start+length)`` along ``dim`` of ``name``: a TP rank reads its slice, not the whole."""
+        path = self._require(name)
+        try:
+            view = self._open(path).get_slice(name)
+            index = [slice(None)] * len(view.get_shape())
+            index[dim] = slice(start, start + length)
+            return view[tuple(index)]
+        except Exception as e:
+            raise CheckpointError(f"tensor {name!r} in {path}: cannot be read ({e})") from e
+
     def close(self) -> None:
         self._handles.clear()
