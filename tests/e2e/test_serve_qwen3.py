@@ -227,6 +227,7 @@ def test_json_schema_and_forced_tool_call(env) -> None:
     assert len(deltas) == 2 and deltas[0][0].function.name == "get_weather"
     assert deltas[1][0].function.arguments == call.function.arguments
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert httpx.get(env["server"].url + "/metrics").json()["service"]["tool_calls_out"] >= 2
     bad = httpx.post(env["server"].url + "/v1/chat/completions", json={
         "model": env["model"], "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER_TOOL],
         "tool_choice": {"type": "function", "function": {"name": "nope"}}})

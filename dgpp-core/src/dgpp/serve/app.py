@@ -106,13 +106,14 @@ def build_app(engine: ServingEngine, max_body_bytes: int = 268435456, sse_ping_i
     return app
 
 
-def run(cfg: Any) -> None:
-    """Load the deployment's model and serve it with uvicorn until interrupted (``dgpp serve CONFIG``)."""
+def run(cfg: Any, engine: ServingEngine | None = None) -> None:
+    """Load the deployment's model (or take ``engine``, rank 0's under TP) and serve it with uvicorn
+    until interrupted (``dgpp serve CONFIG``)."""
     import uvicorn
 
     from dgpp.serve.build import build_serving_engine
 
-    engine = build_serving_engine(cfg)
+    engine = engine or build_serving_engine(cfg)
     app = build_app(engine, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
 
     def shed() -> None:

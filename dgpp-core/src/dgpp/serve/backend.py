@@ -30,6 +30,11 @@ class ServiceCounters:
     rejects_bad: int = 0
     requests_failed: int = 0
     tokens_out: int = 0
+    tool_calls_out: int = 0
+
+    def finished(self, outputs: list[Any]) -> None:
+        self.tokens_out += sum(o.completion_tokens for o in outputs)
+        self.tool_calls_out += sum(len(o.text.tool_calls) for o in outputs)
 
 
 @dataclass

@@ -47,8 +47,10 @@ def assemble(
     eos_token_ids: frozenset[int],
     defaults: SamplingDefaults,
     text: TextStack,
+    start_loop: bool = True,
 ) -> ServingEngine:
-    """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread."""
+    """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread
+    unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead)."""
     sched_cfg = SchedulerConfig.from_engine(engine_cfg, block_size, max_position)
     blocks = BlockPool(num_blocks, block_size)
     slots = SlotPool(sched_cfg.max_concurrency, num_snapshot_slots if hybrid else 0)
@@ -58,7 +60,8 @@ def assemble(
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot,
                       gather_ms=float(getattr(engine_cfg, "admission_gather_ms", 0)))
-    loop.start()
+    if start_loop:
+        loop.start()
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=num_blocks * block_size)
     log.info("engine ready", model=model_id, kv_blocks=num_blocks, block_size=block_size,
              chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, snapshot_slots=slots.num_snapshots)
@@ -104,8 +107,10 @@ def _text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | N
     return TextStack(tokenizer, template, dialect, grammar)
 
 
-def build_serving_engine(cfg: Any) -> ServingEngine:
-    """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin."""
+def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, device: str | None = None,
+                         start_loop: bool = True) -> ServingEngine:
+    """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
+    slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``)."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.engine.loading import load_model, read_hf_config
     from dgpp.engine.pools import CachePools
@@ -118,8 +123,8 @@ def build_serving_engine(cfg: Any) -> ServingEngine:
     hf_config = read_hf_config(checkpoint)
     family = resolve(pm, hf_config).family.name
     dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm, world=world, group=group)
     info = model.info
     text = _text_stack(checkpoint, info.vocab_size, family, hf_config, pm)
     tokenizer = text.tokenizer
@@ -138,7 +143,7 @@ def build_serving_engine(cfg: Any) -> ServingEngine:
         engine_cfg.model_alias or cfg.model, engine_cfg, runner,
         vocab_size=info.vocab_size, max_position=info.max_position, num_blocks=num_blocks, block_size=block_size,
         hybrid=info.hybrid, copy_state=pools.copy_state, num_snapshot_slots=n_snap, eos_token_ids=eos,
-        defaults=SamplingDefaults.from_generation_config(checkpoint), text=text,
+        defaults=SamplingDefaults.from_generation_config(checkpoint), text=text, start_loop=start_loop,
     )
 
 

@@ -78,7 +78,7 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
     if failed:
         engine.counters.requests_failed += 1
         raise APIError(503, "engine failed while generating this request", "engine_failure")
-    engine.counters.tokens_out += sum(o.completion_tokens for o in outputs)
+    engine.counters.finished(outputs)
     if chat:
         body = chat_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
                              handle.params.logprobs, req.metadata, service_tier=req.service_tier is not None)
@@ -134,7 +134,7 @@ async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[Se
             chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason)
             if chunk:
                 yield chunk
-        engine.counters.tokens_out += sum(o.completion_tokens for o in outputs)
+        engine.counters.finished(outputs)
         if writer.include_usage:
             yield writer.usage_chunk(len(handle.prompt_ids), outputs)
         yield DONE

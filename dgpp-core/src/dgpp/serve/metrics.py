@@ -67,6 +67,12 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
     }
 
 
+def _version() -> str:
+    from dgpp import __version__
+
+    return str(__version__)
+
+
 def metrics_json(engine: Any) -> dict[str, Any]:
     """The full ``/metrics`` body: the engine's last snapshot plus the HTTP side's counters."""
     loop = engine.loop
@@ -88,7 +94,7 @@ def metrics_json(engine: Any) -> dict[str, Any]:
         "admission": {"mode": cfg.admission, "window": cfg.admission_window,
                       "prefill_budget_tokens": cfg.chunk_tokens * cfg.busy_chunks,
                       "prefill_idle_budget_tokens": cfg.chunk_tokens * cfg.idle_chunks},
-        "tokens_out": c.tokens_out, "rejects_bad": c.rejects_bad, "tool_calls_out": 0,
+        "tokens_out": c.tokens_out, "rejects_bad": c.rejects_bad, "tool_calls_out": c.tool_calls_out,
     }
     return {"scheduler": sched_part, "service": service, "prefix_cache": snap.get("prefix_cache", {}),
             "prefill": snap.get("prefill", {}), "finished": finished}
@@ -117,6 +123,10 @@ class _Collector:
             return c
 
         total = sch.get("pool_blocks_total", 0) or 1
+        info = GaugeMetricFamily("dgpp_build_info", "build and deployment", labels=["model_name", "version",
+                                 "git_sha", "world_size", "admission"])
+        info.add_metric([label, _version(), "", "1", cfg.admission], 1.0)
+        yield info
         yield gauge("engine_failed", svc["engine_failed"])
         yield gauge("max_concurrent_requests", cfg.max_concurrency)
         yield gauge("queue_limit", cfg.queue_limit)
@@ -135,6 +145,12 @@ class _Collector:
         yield gauge("scheduler_snapshot_age_seconds", sch["snapshot_age_ms"] / 1000.0)
         yield gauge("prefill_inflight_prompt_tokens", pre.get("prompt_tokens", 0))
         yield gauge("prefill_inflight_remaining_tokens", pre.get("remaining_tokens", 0))
+        batch = sch.get("decode_batch", {})
+        yield gauge("decode_batch_last_slots", batch.get("last_slots", 0))
+        yield gauge("decode_batch_last_active", batch.get("last_active", 0))
+        yield gauge("decode_batch_last_rows_per_request", batch.get("last_rows_per_request", 0))
+        yield gauge("spec_decode_depth", sch.get("spec_decode", {}).get("depth", 0))
+        yield gauge("prefix_cache_snapshot_bytes", pc.get("snapshot_bytes", 0))
         yield gauge("prefix_cache_entries", pc.get("entries", 0))
         yield gauge("prefix_cache_slots", pc.get("slots", 0))
         yield gauge("prefix_cache_blocks_pinned", pc.get("blocks_pinned", 0))
@@ -145,6 +161,7 @@ class _Collector:
         yield counter("failed", svc["requests_failed"])
         yield counter("rejected", svc["rejects_bad"])
         yield counter("reservations_grown", svc["reservations_grown"])
+        yield counter("tool_calls", svc["tool_calls_out"])
         finished = CounterMetricFamily("dgpp_request_finished", "retired sequences by reason",
                                        labels=["model_name", "reason"])
         for reason in ("none", "eos", "length", "cancelled", "pool_exhausted", "stop"):
