@@ -48,7 +48,7 @@ def oracle(logits: list[float], params: SamplingParams, prompt: list[int], gener
                 break
         cands, probs = cands[:keep], probs[:keep]
     s = sum(probs)
-    return {t: p / s for t, p in zip(cands, probs)}
+    return {t: p / s for t, p in zip(cands, probs, strict=True)}
 
 
 CASES = [
@@ -73,7 +73,7 @@ def test_distribution_matches_float64_oracle(params: SamplingParams) -> None:
     for t in generated:
         choice.accept(t)
     ids, probs = filtered_distribution(choice.processed_logits(logits), params)
-    got = {int(i): float(p) for i, p in zip(ids, probs / probs.sum())}
+    got = {int(i): float(p) for i, p in zip(ids, probs / probs.sum(), strict=True)}
     want = oracle(logits.tolist(), params, prompt, generated, allowed)
     assert list(got) == list(want), "surviving ids or their draw order differ from the oracle"
     for t in want:

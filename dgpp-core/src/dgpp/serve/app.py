@@ -10,8 +10,8 @@ from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
 from dgpp.serve.backend import ServingEngine
-from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
+from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from dgpp.serve.metrics import PrometheusExport, metrics_json
 
