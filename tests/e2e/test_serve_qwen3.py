@@ -84,11 +84,23 @@ def test_seeded_n3_is_reproducible(env) -> None:
 
 
 def test_stop_strings_cut_exactly(env) -> None:
-    full = chat(env, PROMPTS[0], temperature=0, max_tokens=24, ignore_eos=True).choices[0].message.content
-    stop = full[7:10]
-    cut = full[: full.index(stop)]
+    full = chat(env, PROMPTS[0], temperature=0, max_tokens=24, ignore_eos=True, logprobs=True)
+    text = full.choices[0].message.content
+    pieces = [bytes(e.bytes) for e in full.choices[0].logprobs.content]
+    # a stop string made of the last character of one token and the first of the next: it spans a boundary
+    at, stop = 0, None
+    for i in range(len(pieces) - 1):
+        at += len(pieces[i].decode("utf-8", "replace"))
+        left, right = pieces[i].decode("utf-8", "ignore"), pieces[i + 1].decode("utf-8", "ignore")
+        if at > 1 and left and right and text[at - 1 : at + 1] == left[-1] + right[0] \
+                and text.find(left[-1] + right[0]) == at - 1:
+            stop = left[-1] + right[0]
+            break
+    assert stop is not None, "no token boundary to test in this output"
+    cut = text[: at - 1]
     one = chat(env, PROMPTS[0], temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
     assert one.choices[0].message.content == cut and one.choices[0].finish_reason == "stop"
+    assert one.usage.completion_tokens == i + 2  # counted up to the token that completed the match
     stream = chat(env, PROMPTS[0], temperature=0, max_tokens=24, ignore_eos=True, stop=stop, stream=True,
                   stream_options={"include_usage": True})
     chunks = list(stream)
