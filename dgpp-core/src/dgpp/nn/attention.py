@@ -76,6 +76,10 @@ def paged_attention(
         if q_len == 0:
             continue
         length = batch.seq_lens_cpu[i]
+        if length == 0:  # a CUDA-graph padding row (seq_len 0): no context, zeros, as the Triton kernel gives
+            out[start : start + q_len] = 0
+            start += q_len
+            continue
         k = gather_context(k_cache, batch.block_tables[i], length)
         v = gather_context(v_cache, batch.block_tables[i], length)
         out[start : start + q_len] = attend(q[start : start + q_len], k, v, batch.context_lens_cpu[i], scale)
