@@ -114,3 +114,13 @@ def test_generation_config_eos_stops_generation(tmp_path):
     model = load_model(path)
     assert free[2] in model.info.eos_token_ids
     assert greedy_generate(model, prompt, 6)[0] == free[: free.index(free[2]) + 1]
+
+
+def test_fp32_checkpoint_loaded_in_bf16(fp32_pair, tmp_path):
+    kind, model, _ = fp32_pair
+    path = build_tiny_checkpoint(kind, tmp_path, seed=0)  # the fixture's checkpoint (same kind and seed)
+    bf16 = load_model(path, dtype=torch.bfloat16)
+    assert bf16.info.dtype == torch.bfloat16 and {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
+    prompts = conf.make_prompts(512, (6, 11), seed=15)
+    for a, b in zip(conf.engine_all_logits(bf16, prompts), conf.engine_all_logits(model, prompts), strict=True):
+        assert float((a - b).abs().max() / b.abs().max()) < BF16_RTOL
