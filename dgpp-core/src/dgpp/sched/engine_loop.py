@@ -126,12 +126,14 @@ class EngineLoop:
                 if self.before_tick is not None:
                     self.before_tick(inbox, cancels)
                 for group in inbox:
-                    sched.submit(group)
+                    sched.submit(group, check_limit=False)
                 for request_id, reason in cancels:
                     sched.cancel(request_id, reason)
                 sched.tick()
                 if self.after_tick is not None:
                     self.after_tick()
+                self._publish()
+                self._stats_line.maybe_log(idle=False)
             except Exception as exc:  # the runner failed: nothing more can be computed
                 with self._cond:  # a failure already reported (e.g. a peer's) is the cause: keep it
                     self.failed = self.failed or f"{type(exc).__name__}: {exc}"
@@ -139,8 +141,6 @@ class EngineLoop:
                 sched.fail_all(self.failed)
                 self._publish()
                 return
-            self._publish()
-            self._stats_line.maybe_log(idle=False)
 
     def _gather(self) -> None:
         """engine.admission_gather_ms: the first arrival at an idle engine waits a moment, so a burst of

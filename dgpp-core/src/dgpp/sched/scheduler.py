@@ -57,9 +57,10 @@ class Scheduler:
         """Requests (not choices) in the queue: ``engine.queue_limit`` counts these."""
         return sum(1 for s in self.waiting if s.leader is None)
 
-    def submit(self, seqs: list[Sequence]) -> None:
-        """Queue the choices of one request together; all or none (``QueueFull``)."""
-        if self.waiting_requests + 1 > self.config.queue_limit:
+    def submit(self, seqs: list[Sequence], check_limit: bool = True) -> None:
+        """Queue the choices of one request together; all or none (``QueueFull``). The engine thread passes
+        ``check_limit=False``: ``EngineLoop.submit`` already enforced the limit when the request arrived."""
+        if check_limit and self.waiting_requests + 1 > self.config.queue_limit:
             raise QueueFull(f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}")
         for s in seqs:
             s.seq_id = self._next_seq_id
