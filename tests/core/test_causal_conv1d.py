@@ -25,9 +25,9 @@ def _run_in_pieces(x_seqs, weight, splits, num_slots=8):
     for step in range(max(len(s) for s in splits)):
         live = [i for i in range(len(x_seqs)) if step < len(splits[i])]
         q_lens = [splits[i][step] for i in live]
-        rows = torch.cat([x_seqs[i][done[i] : done[i] + n] for i, n in zip(live, q_lens)])
+        rows = torch.cat([x_seqs[i][done[i] : done[i] + n] for i, n in zip(live, q_lens, strict=False)])
         y = causal_conv1d_varlen(rows, weight, None, pool, slots[live], q_lens, [done[i] for i in live])
-        for i, piece in zip(live, torch.split(y, q_lens)):
+        for i, piece in zip(live, torch.split(y, q_lens), strict=False):
             outs[i].append(piece)
             done[i] += piece.shape[0]
     return [torch.cat(o) for o in outs], pool, slots
@@ -46,7 +46,7 @@ def test_conv_matches_reference_for_any_split(splits):
     weight = torch.randn(CHANNELS, KERNEL)
     x_seqs = [torch.randn(sum(s), CHANNELS) for s in splits]
     outs, pool, slots = _run_in_pieces(x_seqs, weight, splits)
-    for x, y, slot in zip(x_seqs, outs, slots):
+    for x, y, slot in zip(x_seqs, outs, slots, strict=False):
         torch.testing.assert_close(y, _reference(x, weight), rtol=1e-5, atol=1e-6)
         # the state is the last K-1 inputs, zero-padded on the left for short sequences
         expected_state = torch.cat([torch.zeros(KERNEL - 1, CHANNELS), x])[-(KERNEL - 1) :]

@@ -41,11 +41,11 @@ def _run(seqs, splits, chunk_size, pool, slots, start_ctx):
         live = [i for i in range(len(seqs)) if step < len(splits[i])]
         q_lens = [splits[i][step] for i in live]
         parts = [
-            tuple(x[done[i] - base[i] : done[i] - base[i] + n] for x in seqs[i]) for i, n in zip(live, q_lens)
+            tuple(x[done[i] - base[i] : done[i] - base[i] + n] for x in seqs[i]) for i, n in zip(live, q_lens, strict=False)
         ]
         flat = [torch.cat([p[j] for p in parts]) for j in range(5)]
         y = gated_delta_rule_varlen(*flat, pool, slots[live], q_lens, [done[i] for i in live], chunk_size)
-        for i, piece in zip(live, torch.split(y, q_lens)):
+        for i, piece in zip(live, torch.split(y, q_lens), strict=False):
             outs[i].append(piece)
             done[i] += piece.shape[0]
     return [torch.cat(o) for o in outs]
@@ -65,7 +65,7 @@ def test_varlen_matches_recurrent_reference(splits, chunk_size):
     pool = torch.randn(6, HV, DK, DV)  # garbage: fresh sequences must start from zeros
     slots = torch.tensor([4, 0, 2])
     outs = _run(seqs, splits, chunk_size, pool, slots, [0, 0, 0])
-    for seq, out, slot in zip(seqs, outs, slots):
+    for seq, out, slot in zip(seqs, outs, slots, strict=False):
         ref_out, ref_state = _reference(seq, torch.zeros(HV, DK, DV))
         torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(pool[slot], ref_state, rtol=1e-4, atol=1e-5)

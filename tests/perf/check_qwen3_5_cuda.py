@@ -76,10 +76,10 @@ def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12)
     finally:
         model.info = info
     seqs = []
-    for p, need in zip(prompts * 2, total):
+    for p, need in zip(prompts * 2, total, strict=False):
         seqs.append({"slot": slots.allocate(), "table": blocks.allocate(blocks.blocks_for_tokens(need)), "tokens": list(p)})
     first = runner.step([SeqWork(s["slot"], s["table"], 0, s["tokens"]) for s in seqs]).argmax(-1).tolist()
-    for s, tok in zip(seqs, first):
+    for s, tok in zip(seqs, first, strict=False):
         s["tokens"].append(tok)
     worst = 0.0
     n = len(prompts)
@@ -88,7 +88,7 @@ def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12)
         eager = runner.step(work[:n])
         replay = graphs.run(build_batch(work[n:], pools, runner.device))
         worst = max(worst, float((replay - eager).abs().max() / eager.abs().max()))
-        for s, row in zip(seqs, torch.cat([eager, replay])):
+        for s, row in zip(seqs, torch.cat([eager, replay]), strict=False):
             s["tokens"].append(int(row.argmax()))
     same = all(seqs[i]["tokens"] == seqs[n + i]["tokens"] for i in range(n))
     return same, worst
@@ -106,11 +106,11 @@ def check(root: Path) -> int:
             model = _load(path)
             prompts = ref["prompts"]
             ours = conf.engine_all_logits(model, prompts)
-            err = max(float((o.cpu() - r).abs().max() / r.abs().max()) for o, r in zip(ours, ref["logits"]))
+            err = max(float((o.cpu() - r).abs().max() / r.abs().max()) for o, r in zip(ours, ref["logits"], strict=False))
             one_shot = greedy_generate(model, prompts, NEW_TOKENS)
             chunked = greedy_generate(model, prompts, NEW_TOKENS, chunk_size=13)
             alone = [greedy_generate(model, [p], NEW_TOKENS)[0] for p in prompts]
-            same_ref = sum(a == b for a, b in zip(one_shot, ref["greedy"]))
+            same_ref = sum(a == b for a, b in zip(one_shot, ref["greedy"], strict=False))
             ok = err <= LOGIT_RTOL[tag] and chunked == one_shot and alone == one_shot
             ok = ok and (same_ref == len(prompts) or tag == "bf16")  # bf16 greedy may part at a near-tie
             try:

@@ -32,7 +32,7 @@ def _check_greedy_up_to_near_ties(model, ref, prompt: list[int], max_new_tokens:
     theirs = conf.reference_greedy(ref, prompt, max_new_tokens)
     if ours == theirs:
         return len(ours)
-    at = next(i for i, (a, b) in enumerate(zip(ours, theirs)) if a != b)
+    at = next(i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b)
     with torch.no_grad():
         logits = ref(torch.tensor([prompt + theirs[:at]])).logits[0, -1].float()
     best, second = logits.topk(2).values.tolist()

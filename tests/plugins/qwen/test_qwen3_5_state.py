@@ -102,8 +102,8 @@ def test_decode_padding_rows_write_nothing(model):
     tables = [blocks.allocate(1) for _ in prompts]
     seq_slots = [slots.allocate() for _ in prompts]
     spare = slots.allocate()  # never used: a padding row must not touch it (slot -1 would wrap to it)
-    firsts = runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seq_slots, tables, prompts)]).argmax(-1).tolist()
-    work = [SeqWork(s, t, len(p), [tok]) for s, t, p, tok in zip(seq_slots, tables, prompts, firsts)]
+    firsts = runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seq_slots, tables, prompts, strict=False)]).argmax(-1).tolist()
+    work = [SeqWork(s, t, len(p), [tok]) for s, t, p, tok in zip(seq_slots, tables, prompts, firsts, strict=False)]
     snapshot = {n: {t: v.clone() for t, v in ts.items()} for n, ts in pools.state.items()}
     kv_before = {n: (k.clone(), v.clone()) for n, (k, v) in pools.kv.items()}
     plain = model.compute_logits(model(build_batch(work, pools)))
@@ -123,6 +123,6 @@ def test_decode_padding_rows_write_nothing(model):
         for t, v in ts.items():
             torch.testing.assert_close(pools.state[name][t], v, rtol=1e-5, atol=1e-5, msg=f"{name}.{t}")
             assert torch.equal(pools.state[name][t][spare], snapshot[name][t][spare]), f"padding wrote {name}.{t}"
-    for name, (k, v) in pools.kv.items():
+    for name, (k, _v) in pools.kv.items():
         written = (k != kv_before[name][0]).any(-1).any(-1).nonzero().tolist()
         assert all(blk in (tables[0][0], tables[1][0]) for blk, _ in written), f"{name}: padding wrote K/V"

@@ -1,12 +1,5 @@
-"""Gated DeltaNet (GDN): the gated delta rule over varlen sequences with fp32 recurrent state in the state pool.
-
-Per value head the state ``S`` is ``[dk, dv]``; one token does ``S <- exp(g)·S``, then writes the correction
-``beta·(v - S^T k)`` along ``k`` (the delta rule), and reads ``o = S^T q``. q and k are L2-normalised and q is
-scaled by ``dk^-1/2``; value head ``j`` reads key/query head ``j // (Hv/Hk)``.
-
-Prefill uses the chunked (UT-transform) form: inside a chunk every token's contribution is solved at once, and
-only the chunk-to-chunk state hand-off is sequential. Decode rows (one token) take the plain recurrent step.
-Everything runs in fp32; outputs are rounded to the input dtype once.
+"""Gated DeltaNet (GDN) layer: ``[q|k|v]`` projection -> causal conv + SiLU -> gated delta rule (see
+``gated_delta_rule.py``) -> gated RMSNorm with the ``z`` gate -> output projection, over the engine's state pool.
 """
 
 from __future__ import annotations
@@ -18,158 +11,22 @@ from torch import nn
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import StateSpec
 from dgpp.family import World
-from dgpp.nn.causal_conv1d import CausalConv1d, token_layout
-from dgpp.nn.linear import Linear
+from dgpp.nn.causal_conv1d import CausalConv1d
+from dgpp.nn.gated_delta_rule import (  # noqa: F401  (re-exported: the math's historical home)
+    CHUNK_SIZE,
+    chunked_gated_delta_rule,
+    gated_delta_rule_varlen,
+    gated_delta_step,
+)
+from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import rms_normalize
-from dgpp.nn.weights import WeightShapeError, copy_checked, default_weight_loader, narrow_for_rank, set_weight_attrs
-
-CHUNK_SIZE = 64
-
-
-def l2_normalize(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
-
-
-def _prepare_qk(q: torch.Tensor, k: torch.Tensor, num_v_heads: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp32, L2-normalised, q scaled, and key heads repeated so that value head j reads key head j // group."""
-    group = num_v_heads // q.shape[-2]
-    q = l2_normalize(q.float())
-    k = l2_normalize(k.float())
-    q = q * q.shape[-1] ** -0.5
-    if group > 1:
-        q = q.repeat_interleave(group, dim=-2)
-        k = k.repeat_interleave(group, dim=-2)
-    return q, k
-
-
-def initial_states(pool: torch.Tensor, slots: torch.Tensor, context_lens: list[int]) -> torch.Tensor:
-    """Each sequence's starting state: its slot's state, or zeros when it starts at position 0."""
-    states = pool[slots].float()
-    fresh = torch.tensor([c == 0 for c in context_lens], dtype=torch.bool, device=pool.device)
-    return torch.where(fresh[:, None, None, None], torch.zeros_like(states), states)
-
-
-def gated_delta_step(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per sequence. q/k ``[B, Hk, dk]``, v ``[B, Hv, dv]``, g/beta ``[B, Hv]``, state ``[B, Hv, dk, dv]``
-    (fp32). Returns (output ``[B, Hv, dv]`` fp32, new state)."""
-    q, k = _prepare_qk(q, k, v.shape[-2])
-    v, g, beta = v.float(), g.float(), beta.float()
-    state = state * g.exp()[..., None, None]
-    predicted = torch.einsum("bhkv,bhk->bhv", state, k)
-    correction = (v - predicted) * beta[..., None]
-    state = state + k[..., :, None] * correction[..., None, :]
-    out = torch.einsum("bhkv,bhk->bhv", state, q)
-    return out, state
-
-
-def chunked_gated_delta_rule(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state: torch.Tensor,
-    chunk_size: int = CHUNK_SIZE,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded batch form. q/k ``[B, L, Hk, dk]``, v ``[B, L, Hv, dv]``, g/beta ``[B, L, Hv]``, state
-    ``[B, Hv, dk, dv]``. Padding rows must carry k = v = beta = g = 0 (they then leave the state untouched).
-    Returns (output ``[B, L, Hv, dv]`` fp32, final state fp32)."""
-    batch, length, num_v_heads, dv = v.shape
-    q, k = _prepare_qk(q, k, num_v_heads)
-    pad = (-length) % chunk_size
-    num_chunks = (length + pad) // chunk_size
-
-    def heads_first_chunked(x: torch.Tensor) -> torch.Tensor:  # [B, L, H, ...] -> [B, H, N, C, ...]
-        x = x.float().transpose(1, 2)
-        x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
-        return x.reshape(batch, num_v_heads, num_chunks, chunk_size, *x.shape[3:])
-
-    q, k, v, g, beta = (heads_first_chunked(x) for x in (q, k, v, g, beta))
-    log_decay = g.cumsum(dim=-1)  # within each chunk, log of the decay from chunk start to position i
-    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
-    # decay_between[i, j] = exp(log_decay_i - log_decay_j) for j <= i, zero above the diagonal
-    decay_between = (log_decay[..., :, None] - log_decay[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-
-    k_beta = k * beta[..., None]
-    # UT transform: (I + strict_lower(beta_i k_i·k_j decay_ij)) X = RHS, solved once per chunk for both
-    # the beta-weighted values and the decayed keys that read the incoming state.
-    # unitriangular: the solver takes the unit diagonal as given, so only the strict lower part is kept
-    system = ((k_beta @ k.transpose(-1, -2)) * decay_between).tril(-1)
-    values_solved = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
-    keys_solved = torch.linalg.solve_triangular(
-        system, k_beta * log_decay.exp()[..., None], upper=False, unitriangular=True
-    )
-
-    intra = (q @ k.transpose(-1, -2)) * decay_between
-    q_decayed = q * log_decay.exp()[..., None]
-    k_to_end = k * (log_decay[..., -1:] - log_decay).exp()[..., None]
-    chunk_decay = log_decay[..., -1].exp()[..., None, None]
-
-    state = state.float()
-    out = torch.empty_like(v)
-    for n in range(num_chunks):
-        new_values = values_solved[:, :, n] - keys_solved[:, :, n] @ state
-        out[:, :, n] = q_decayed[:, :, n] @ state + intra[:, :, n] @ new_values
-        state = state * chunk_decay[:, :, n] + k_to_end[:, :, n].transpose(-1, -2) @ new_values
-    out = out.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
-    return out, state
-
-
-def gated_delta_rule_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    state_pool: torch.Tensor,
-    state_slots: torch.Tensor,
-    q_lens: list[int],
-    context_lens: list[int],
-    chunk_size: int = CHUNK_SIZE,
-) -> torch.Tensor:
-    """The gated delta rule over flattened token rows (``q_lens`` per sequence), state read from and written to
-    ``state_pool[state_slots]``. q/k ``[T, Hk, dk]``, v ``[T, Hv, dv]``, g/beta ``[T, Hv]``. Returns ``[T, Hv, dv]``
-    fp32 (zeros for padding rows, whose slot is -1). Single-token sequences take the recurrent step; longer
-    ones the chunked form, padded together."""
-    device = v.device
-    out = torch.zeros(v.shape, dtype=torch.float32, device=device)
-    seq_of_token, offset_in_seq, starts = token_layout(q_lens, device)
-    live = [slot >= 0 for slot in state_slots.tolist()]  # slot -1: a padding row, nothing read or written
-    decode = [i for i, n in enumerate(q_lens) if n == 1 and live[i]]
-    prefill = [i for i, n in enumerate(q_lens) if n > 1 and live[i]]
-
-    if decode:
-        seqs = torch.tensor(decode, dtype=torch.int64, device=device)
-        rows = starts[seqs]
-        slots = state_slots[seqs]
-        state = initial_states(state_pool, slots, [context_lens[i] for i in decode])
-        out[rows], state = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
-        state_pool[slots] = state.to(state_pool.dtype)
-
-    if prefill:
-        seqs = torch.tensor(prefill, dtype=torch.int64, device=device)
-        slots = state_slots[seqs]
-        # Scatter each prefill sequence's rows into a zero-padded [B', Lmax] batch.
-        batch_index = torch.full((len(q_lens),), -1, dtype=torch.int64, device=device)
-        batch_index[seqs] = torch.arange(len(prefill), device=device)
-        token_batch = batch_index[seq_of_token]
-        rows = (token_batch >= 0).nonzero().squeeze(-1)
-        max_len = max(q_lens[i] for i in prefill)
-
-        def padded(x: torch.Tensor) -> torch.Tensor:
-            buf = torch.zeros((len(prefill), max_len, *x.shape[1:]), dtype=x.dtype, device=device)
-            buf[token_batch[rows], offset_in_seq[rows]] = x[rows]
-            return buf
-
-        state = initial_states(state_pool, slots, [context_lens[i] for i in prefill])
-        chunk_out, state = chunked_gated_delta_rule(
-            padded(q), padded(k), padded(v), padded(g), padded(beta), state, chunk_size
-        )
-        out[rows] = chunk_out[token_batch[rows], offset_in_seq[rows]]
-        state_pool[slots] = state.to(state_pool.dtype)
-    return out
+from dgpp.nn.weights import (
+    WeightShapeError,
+    copy_checked,
+    default_weight_loader,
+    narrow_for_rank,
+    set_weight_attrs,
+)
 
 
 def stacked_parts_loader(part_sizes: tuple[int, ...], world: World):
@@ -256,6 +113,18 @@ class GatedDeltaNet(nn.Module):
             set_weight_attrs(per_head, tp_dim=0, world=world, weight_loader=default_weight_loader)
         self.norm = GatedRMSNorm(head_v_dim, eps, dtype=dtype)
         self.out_proj = Linear(num_v_heads * head_v_dim, hidden_size, dtype=dtype, parallel="row", world=world)
+        self.world = world
+        self._layout_checked = False
+
+    def _check_split_layout(self) -> None:
+        """A quantized ``in_proj_qkv`` gets its format's own (contiguous) TP slicing, not the per-part one above,
+        which would mix q, k and v heads on a rank: refuse that rather than compute garbage."""
+        if self.world.size > 1 and not isinstance(self.in_proj_qkv.quant_method, UnquantizedLinearMethod):
+            raise NotImplementedError(
+                f"{self.name}.in_proj_qkv: a quantized [q|k|v] projection cannot be split over a TP world of "
+                f"{self.world.size} yet (it needs per-part slicing); run this checkpoint on one rank"
+            )
+        self._layout_checked = True
 
     def cache_spec(self) -> StateSpec:
         return StateSpec(
@@ -266,6 +135,8 @@ class GatedDeltaNet(nn.Module):
         )
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if not self._layout_checked:
+            self._check_split_layout()
         state = batch.cache.state[self.name]
         rows = hidden.shape[0]
         mixed = self.conv1d(self.in_proj_qkv(hidden), state["conv"], batch)
