@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--knobs", default=None, help='knob flags as one string, e.g. "--no-mtp --kv-capacity 4096"'
         )
         _add_knob_flags(p)
+    serve.add_argument(
+        "--rank", type=int, default=None, help="this process's rank in a world of several (nodes / world_size)"
+    )
     check.add_argument(
         "--device", default=None, help="where the pools would live (default: cuda if present, else cpu)"
     )
@@ -100,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.set_defaults(func=cmd_serve)
     check.set_defaults(func=cmd_check)
+
+    launch = sub.add_parser("launch", help="start every local rank of a multi-rank template (one process per rank)")
+    launch.add_argument("config", metavar="CONFIG", help="deployment template (JSON)")
+    launch.add_argument("--knobs", default=None, help="knob flags as one string, passed to every rank")
+    launch.set_defaults(func=cmd_launch)
 
     plugins = sub.add_parser(
         "plugins", help="installed plugins, families, architectures, quant formats, templates"
@@ -130,9 +138,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
             )
             return 1
         raise
+    if cfg.world > 1 or args.rank not in (None, 0):
+        if args.rank is None:
+            print(f"dgpp serve: the template describes a world of {cfg.world} ranks: give --rank R on each node, "
+                  f"or `dgpp launch {args.config}` for the ranks of this machine", file=sys.stderr)
+            return 1
+        from dgpp.dist.serve_rank import serve_rank
+
+        _startup_checks(cfg, args.config)
+        return serve_rank(cfg, args.rank)
     _startup_checks(cfg, args.config)
     result = run(cfg)
     return result if isinstance(result, int) else 0
+
+
+def cmd_launch(args: argparse.Namespace) -> int:
+    from dgpp.dist.launch import launch
+
+    cfg = load_config(args.config, collect_knobs(args))
+    return launch(args.config, cfg, ["--knobs", args.knobs] if args.knobs else [])
 
 
 def _startup_checks(cfg: DeployConfig, path: str) -> None:

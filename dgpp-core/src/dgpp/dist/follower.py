@@ -1,0 +1,103 @@
+"""A peer rank's engine: no HTTP, no inbox; it applies rank 0's journal tick by tick.
+
+For each ``Tick`` it first compares rank 0's op-stream fold with its own (a mismatch stops the world
+with ``op-stream divergence at tick N``), then rebuilds the admitted sequences bit for bit, applies
+cancels and stops, and runs the same scheduler tick (whose collectives pair with rank 0's).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from dgpp.dist.channel import LineSocket
+from dgpp.dist.digest import OpStream
+from dgpp.dist.journal import OpRecorder
+from dgpp.dist.records import Admission, Diverged, Final, Stop, Tick, params_from_wire
+from dgpp.log import get_logger
+from dgpp.sample.sampler import ChoiceSampler
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence
+
+log = get_logger("dgpp.dist")
+
+EXIT_ORDERLY = 0
+EXIT_RELEASED = 3  # anchor §4.10: a peer released by its watch (rank 0 gone, divergence, failed tick)
+
+
+class DivergenceError(RuntimeError):
+    """This rank's op stream disagrees with rank 0's."""
+
+
+def _ignore(seq: Sequence, ev: SeqEvent) -> None:
+    """Peers serve nobody: their events only feed the op stream."""
+
+
+class Follower:
+    """Runs ``scheduler`` from the journal on ``link`` until ``Stop`` (0) or a failure (3)."""
+
+    def __init__(self, link: LineSocket, scheduler: Any, vocab_size: int, stream: OpStream, rank: int) -> None:
+        self.link = link
+        self.scheduler = scheduler
+        self.vocab_size = vocab_size
+        self.stream = stream
+        self.rank = rank
+        self.recorder = OpRecorder(scheduler, stream)
+        self.error: str | None = None
+
+    def run(self) -> int:
+        while True:
+            record = self.link.recv()
+            if record is None:
+                self.error = "rank 0 closed the journal"
+                log.error("released", rank=self.rank, reason=self.error)
+                return EXIT_RELEASED
+            try:
+                if isinstance(record, Stop):
+                    self._check(record.n + 1, record.od)
+                    self.link.send(Final(self.rank, self.stream.full_digest(), self.stream.fold))
+                    log.info("op stream", rank=self.rank, md5=self.stream.full_digest(), ticks=record.n)
+                    return EXIT_ORDERLY
+                if isinstance(record, Tick):
+                    self._check(record.n, record.od)
+                    self._apply(record)
+            except DivergenceError as e:
+                self.error = str(e)
+                log.error("released", rank=self.rank, reason=self.error)
+                self._linger()
+                return EXIT_RELEASED
+            except Exception as e:  # a failed collective: rank 0 or another peer is gone
+                self.error = f"tick failed: {type(e).__name__}: {e}"
+                log.error("released", rank=self.rank, reason=self.error)
+                return EXIT_RELEASED
+
+    def _check(self, n: int, theirs: str) -> None:
+        ours = self.stream.fold
+        if ours != theirs:
+            self.link.send(Diverged(self.rank, n, ours, theirs))
+            raise DivergenceError(f"op-stream divergence at tick {n}: rank {self.rank} folded {ours}, rank 0 {theirs}")
+
+    def _linger(self, seconds: float = 1.0) -> None:
+        """Give rank 0's watcher time to read our report before our exit breaks its collectives."""
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline and self.link.recv(timeout=seconds) is not None:
+            pass
+
+    def _apply(self, tick: Tick) -> None:
+        for group in tick.s:
+            self.scheduler.submit(self._sequences(group))
+        for request_id, reason in tick.c:
+            self.scheduler.cancel(request_id, RetireReason(reason))
+        self.scheduler.tick()  # rank 0 ticks whenever it journals a tick, work or not
+        self.recorder.end_tick(tick.n)
+
+    def _sequences(self, group: list[Admission]) -> list[Sequence]:
+        seqs: dict[str, Sequence] = {}
+        for a in group:
+            params = params_from_wire(a.sp)
+            sampler = ChoiceSampler(params, self.vocab_size, a.p, choice_index=a.choice)
+            sampler.generator.manual_seed(a.gs)
+            seq = Sequence(a.id, a.choice, a.p, params, sampler, _ignore, use_prefix_cache=a.prefix,
+                           leader=seqs.get(a.leader) if a.leader else None)
+            self.recorder.wrap(seq)
+            seqs[a.id] = seq
+        return list(seqs.values())

@@ -1,0 +1,75 @@
+"""``dgpp serve CONFIG --rank R`` for worlds of more than one rank.
+
+Every rank forms the world, loads its slice of the checkpoint and builds the same scheduler. Rank 0
+serves HTTP and journals each tick to the peers; the peers follow the journal. A peer's death makes
+rank 0 fail the engine (``/health`` 503, streams end with ``engine_failure``) and exit 2; rank 0's
+death releases the peers (exit 3). At an orderly shutdown every rank's op-stream digest is compared.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+import torch.distributed as dist
+
+from dgpp.dist.channel import WorldError
+from dgpp.dist.digest import OpStream
+from dgpp.dist.follower import Follower
+from dgpp.dist.journal import JournalWriter
+from dgpp.dist.watchdog import EXIT_ENGINE_FAILURE, PROGRESS_LIMIT_S, ProgressWatchdog, exit_after_failure
+from dgpp.dist.world import DistWorld, WorldSpec, form_world, settings_of
+from dgpp.log import get_logger
+
+log = get_logger("dgpp.dist")
+
+
+def progress_limit_s() -> float:
+    """The progress watchdog's limit (``DGPP_PROGRESS_WATCHDOG_S`` shortens it for tests and drills)."""
+    return float(os.environ.get("DGPP_PROGRESS_WATCHDOG_S", PROGRESS_LIMIT_S))
+
+
+def serve_rank(cfg: Any, rank: int) -> int:
+    """Run rank ``rank`` of ``cfg``'s world to the end; returns the process exit code."""
+    from dgpp.dist.fabric import apply_fabric_env
+    from dgpp.serve.build import build_serving_engine
+
+    spec = WorldSpec.from_config(cfg, rank)
+    apply_fabric_env(log_result=True)  # NCCL reads its env at init: before the process group forms
+    world = form_world(spec, settings_of(cfg))
+    try:
+        engine = build_serving_engine(cfg, world=world.world, group=world.group, device=world.device, start_loop=False)
+        dist.barrier()  # every rank has its slice before rank 0 accepts a request
+        if rank == 0:
+            return _serve_rank0(cfg, world, engine)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # peers end on rank 0's Stop, not on the launcher's ^C
+        assert world.link is not None
+        return Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, OpStream(), rank).run()
+    finally:
+        world.close()
+
+
+def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
+    from dgpp.serve.app import run
+
+    assert world.hub is not None
+    engine.grammar = None  # grammar matchers are not journaled: constrained requests get a clear 400
+    stream = OpStream()
+    writer = JournalWriter(world.hub, engine.loop.scheduler, stream)
+    loop = engine.loop
+    loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
+    world.hub.watch(loop.fail)
+    ProgressWatchdog(writer, progress_limit_s(), loop.fail).start()
+    exit_after_failure(loop, before_exit=lambda: log.info("op stream", rank=0, md5=stream.full_digest()))
+    loop.start()
+    run(cfg, engine)
+    loop.stop()
+    if loop.failed is not None:
+        return EXIT_ENGINE_FAILURE
+    try:
+        writer.stop()
+    except WorldError as e:
+        log.error("shutdown", error=str(e))
+        return EXIT_ENGINE_FAILURE
+    return 0

@@ -1,0 +1,144 @@
+"""One rank of a test world: form it, load this rank's slice, serve a fixed set of requests through the
+real scheduler (rank 0 journals, peers follow), then compare logits; results land in ``out_dir``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgpp.config import parse_config
+from dgpp.dist.digest import OpStream
+from dgpp.dist.follower import Follower
+from dgpp.dist.journal import JournalWriter, OpRecorder
+from dgpp.dist.world import WorldSpec, form_world, settings_of
+from dgpp.sample.params import SamplingParams
+from dgpp.sample.sampler import ChoiceSampler
+from dgpp.sched.request import SeqEvent, Sequence
+from dgpp.serve.build import build_serving_engine
+from dgpp.testing import conformance as conf
+
+# (prompt length, params, n): greedy short, greedy chunked over several ticks, seeded and unseeded sampling
+REQUESTS: list[tuple[int, dict[str, Any], int]] = [
+    (9, {"temperature": 0.0, "max_tokens": 8}, 1),
+    (37, {"temperature": 0.0, "max_tokens": 6}, 1),
+    (12, {"temperature": 0.8, "top_p": 0.9, "seed": 1234, "max_tokens": 6}, 2),
+    (7, {"temperature": 1.0, "max_tokens": 5}, 1),
+]
+LOGIT_PROMPTS = (5, 19)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def deploy_dict(checkpoint: Path, size: int, **engine: Any) -> dict[str, Any]:
+    return {
+        "model": str(checkpoint), "world_size": size,
+        "ports": {"fabric": free_port(), "journal": free_port()},
+        "engine": {"kv_capacity": 1024, "max_concurrency": 4, "prefill_budget_tokens": 16,
+                   "rendezvous_timeout_ms": 60000, **engine},
+    }
+
+
+def _submit_all(engine: Any, vocab: int) -> tuple[dict[str, list[int]], threading.Event]:
+    transcripts: dict[str, list[int]] = {}
+    done = threading.Event()
+    total = sum(n for _, _, n in REQUESTS)
+    finished: list[str] = []
+    prompts = conf.make_prompts(vocab, tuple(length for length, _, _ in REQUESTS), seed=21)
+
+    def sink(s: Sequence, ev: SeqEvent) -> None:
+        transcripts.setdefault(s.request_id, []).extend(ev.tokens)
+        if ev.retired is not None:
+            finished.append(s.request_id)
+            if len(finished) == total:
+                done.set()
+
+    for r, ((_, raw, n), prompt) in enumerate(zip(REQUESTS, prompts, strict=True)):
+        params = SamplingParams(**raw)
+        seqs: list[Sequence] = []
+        for i in range(n):
+            sampler = ChoiceSampler(params, vocab, prompt, choice_index=i)
+            seqs.append(Sequence(f"req{r}/{i}", i, prompt, params, sampler, sink, leader=seqs[0] if i else None))
+        engine.loop.submit(seqs)
+    return transcripts, done
+
+
+def run_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str, diverge_at: int = 0) -> None:
+    """The body of one spawned rank (``size == 1``: the single-process reference, no journal)."""
+    torch.set_num_threads(1)
+    cfg = parse_config(raw_cfg)
+    out = Path(out_dir)
+    world = None
+    if cfg.world > 1:
+        world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
+    try:
+        kw = {"world": world.world, "group": world.group} if world else {}
+        engine = build_serving_engine(cfg, device="cpu", start_loop=False, **kw)
+        if world:
+            torch.distributed.barrier()
+        stream = OpStream()
+        result: dict[str, Any] = {}
+        if rank == 0:
+            loop = engine.loop
+            if world:
+                writer = JournalWriter(world.hub, loop.scheduler, stream)
+                loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
+                world.hub.watch(loop.fail)
+            else:
+                writer = _LocalRecorder(loop.scheduler, stream)
+                loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
+            transcripts, done = _submit_all(engine, engine.limits.vocab_size)
+            loop.start()
+            finished = done.wait(120)
+            loop.stop()
+            result["failed"] = loop.failed
+            result["transcripts"] = transcripts
+            if finished and loop.failed is None:
+                result["digests"] = writer.stop() if world else {0: stream.full_digest()}
+        else:
+            follower = Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, stream, rank)
+            if diverge_at:
+                inner = follower.recorder.end_tick
+
+                def end_tick(n: int) -> None:
+                    inner(n)
+                    if n == diverge_at:
+                        stream.add("X injected")
+
+                follower.recorder.end_tick = end_tick  # type: ignore[method-assign]
+            result["exit"] = follower.run()
+            result["error"] = follower.error
+        result["digest"] = stream.full_digest()
+        if not diverge_at:  # the same logits on every rank: the reduced hidden state and the head are replicated
+            model = engine.loop.scheduler.runner.model
+            logits = conf.engine_all_logits(model, conf.make_prompts(engine.limits.vocab_size, LOGIT_PROMPTS, seed=5))
+            torch.save(logits, out / f"logits{rank}.pt")
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+    finally:
+        if world:
+            world.close()
+
+
+class _LocalRecorder:
+    """World 1: the same op stream as rank 0 of a larger world, without a journal."""
+
+    def __init__(self, scheduler: Any, stream: OpStream) -> None:
+        self.recorder = OpRecorder(scheduler, stream)
+        self.tick = 0
+
+    def before_tick(self, inbox: list[list[Sequence]], cancels: list) -> None:
+        self.tick += 1
+        for group in inbox:
+            for s in group:
+                self.recorder.wrap(s)
+
+    def after_tick(self) -> None:
+        self.recorder.end_tick(self.tick)
