@@ -72,9 +72,11 @@ def causal_conv1d_varlen(
 
     taps = torch.arange(kernel, device=device)
     window_rows = source_row(seq_of_token[:, None], offset_in_seq[:, None] + taps[None, :])  # [T, K]
-    windows = source[window_rows].float()  # [T, K, C]
-    # contiguous [T, C]: callers split channels into heads, and the GDN kernels want unit-stride rows
-    out = torch.einsum("tkc,ck->tc", windows, weight.float()).contiguous()
+    # one tap at a time: a [T, C] fp32 accumulator instead of a [T, K, C] window tensor (prefill chunks are big)
+    wf = weight.float()
+    out = torch.zeros(num_tokens, channels, dtype=torch.float32, device=device)
+    for tap in range(kernel):
+        out += source[window_rows[:, tap]].float() * wf[:, tap]
     if bias is not None:
         out = out + bias.float()
     out = out.to(x.dtype)
