@@ -151,3 +151,34 @@ def test_defaults_from_generation_config(tmp_path) -> None:
     d = SamplingDefaults.from_generation_config(tmp_path)
     p = SamplingParams(temperature=0.0).with_defaults(d, given={"temperature"})
     assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.0, 0.95, 20, 0.0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_rows_on_the_gpu_follow_the_same_rules() -> None:
+    """Logits that stay on the GPU: same surviving ids and probabilities, same greedy tie rule, seeded
+    draws independent of batch mates."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(VOCAB, generator=gen) * 3
+    params = CASES[-1]
+    mask = torch.zeros(VOCAB, dtype=torch.bool)
+    mask[::3] = True
+    cpu = ChoiceSampler(params, VOCAB, [1, 2], mask_fn=lambda v: mask)
+    gpu = ChoiceSampler(params, VOCAB, [1, 2], mask_fn=lambda v: mask)
+    for t in (3, 3, 9):
+        cpu.accept(t)
+        gpu.accept(t)
+    ids_c, probs_c = filtered_distribution(cpu.processed_logits(logits), params)
+    ids_g, probs_g = filtered_distribution(gpu.processed_logits(logits.cuda()), params)
+    assert ids_g.is_cuda and ids_c.tolist() == ids_g.cpu().tolist()
+    assert torch.allclose(probs_c, probs_g.cpu(), rtol=1e-5, atol=1e-7)
+    ties = torch.tensor([0.0, 3.0, 1.0, 3.0], device="cuda")
+    assert ChoiceSampler(SamplingParams(temperature=0.0), 4, []).sample(ties).token == 1
+    rows = torch.randn(10, 3, VOCAB, generator=gen).cuda()
+    seeded = SamplingParams(temperature=0.8, seed=9, logprobs=True, top_logprobs=2)
+
+    def run(batch: list[int]) -> list[int]:
+        choices = [ChoiceSampler(seeded, VOCAB, [], choice_index=i) for i in range(3)]
+        return [Sampler().sample(step[batch], [choices[r] for r in batch])[batch.index(1)].token for step in rows]
+
+    assert run([1]) == run([0, 1, 2])
