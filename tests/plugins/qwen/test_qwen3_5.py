@@ -43,3 +43,12 @@ def test_32_greedy_tokens_match_transformers_generate(fp32_pair):
     model, ref = fp32_pair
     prompts = conf.make_prompts(model.info.vocab_size, (7, 66), seed=1)
     conf.check_greedy(model, ref, prompts, max_new_tokens=32)
+
+
+@pytest.mark.parametrize("kind", ("qwen3_5", "qwen3_5_vl"))
+def test_tied_embeddings(kind, tmp_path):
+    """Small Qwen3.5 releases tie the head to the embedding (no lm_head tensor in the checkpoint)."""
+    path = build_tiny_checkpoint(kind, tmp_path, seed=4, overrides={"tie_word_embeddings": True})
+    model, ref = load_model(path), load_reference(path)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (8, 21), seed=5), rtol=1e-4)
