@@ -16,6 +16,7 @@ evictable, least recently used first (deeper blocks before their parents on equa
 from __future__ import annotations
 
 import hashlib
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -35,8 +36,6 @@ def chain_key(parent: bytes, tokens: list[int] | tuple[int, ...]) -> bytes:
 class _BlockEntry:
     block: int
     tokens: tuple[int, ...]
-    depth: int
-    last_used: int
 
 
 @dataclass
@@ -44,7 +43,6 @@ class _SnapshotEntry:
     slot: int
     position: int
     blocks: list[int]  # the blocks before the cut, pinned while the snapshot lives
-    last_used: int
 
 
 @dataclass
@@ -92,16 +90,16 @@ class PrefixCache:
         self.min_tokens = min_tokens
         self.enabled = enabled
         self.stats = PrefixCacheStats()
-        self._blocks: dict[bytes, _BlockEntry] = {}
-        self._snapshots: dict[bytes, _SnapshotEntry] = {}
-        self._clock = 0
+        # both in least-recently-used-first order; a chain is refreshed deepest block first, so a
+        # parent is always more recent than its children and children are evicted first
+        self._blocks: OrderedDict[bytes, _BlockEntry] = OrderedDict()
+        self._snapshots: OrderedDict[bytes, _SnapshotEntry] = OrderedDict()
 
     # ---- lookup -------------------------------------------------------------------------------
     def match(self, prompt: list[int]) -> PrefixMatch:
         """Longest usable cached prefix of ``prompt``; takes a reference on each returned block."""
         if not self.enabled:
             return PrefixMatch()
-        self._clock += 1
         bs = self.pool.block_size
         key, chain, keys = ROOT_KEY, [], []
         while (len(chain) + 1) * bs <= len(prompt) - 1:  # never the last prompt token
@@ -127,10 +125,10 @@ class PrefixCache:
             return PrefixMatch()
         used = chain[: position // bs]
         for entry in used:
-            entry.last_used = self._clock
             self.pool.incref(entry.block)
+        self._touch(keys[: len(used)])
         if snapshot is not None:
-            snapshot.last_used = self._clock
+            self._snapshots.move_to_end(keys[len(used) - 1])
         self.stats.hits += 1
         self.stats.tokens_saved += position
         return PrefixMatch(position, [e.block for e in used], snapshot.slot if snapshot else None)
@@ -151,9 +149,9 @@ class PrefixCache:
         blocks; for hybrid models also snapshot ``state_slot`` at that cut."""
         if not self.enabled or position <= 0 or position % self.cut or position < self.min_tokens:
             return
-        self._clock += 1
         bs = self.pool.block_size
         key = ROOT_KEY
+        keys: list[bytes] = []
         indexed: list[int] = []  # the blocks the index holds for this prefix (maybe another request's)
         for i in range(position // bs):
             block_tokens = tuple(tokens[i * bs : (i + 1) * bs])
@@ -161,12 +159,12 @@ class PrefixCache:
             entry = self._blocks.get(key)
             if entry is None:
                 self.pool.incref(block_table[i])
-                entry = self._blocks[key] = _BlockEntry(block_table[i], block_tokens, i, self._clock)
-            else:
-                if entry.block != block_table[i]:
-                    self.stats.duplicates += 1
-                entry.last_used = self._clock
+                entry = self._blocks[key] = _BlockEntry(block_table[i], block_tokens)
+            elif entry.block != block_table[i]:
+                self.stats.duplicates += 1
+            keys.append(key)
             indexed.append(entry.block)
+        self._touch(keys)
         if self.hybrid and state_slot is not None and key not in self._snapshots:
             self._snapshot(key, position, indexed, state_slot)
 
@@ -181,39 +179,42 @@ class PrefixCache:
         self.copy_state(state_slot, slot)
         for b in blocks:
             self.pool.incref(b)
-        self._snapshots[key] = _SnapshotEntry(slot, position, list(blocks), self._clock)
+        self._snapshots[key] = _SnapshotEntry(slot, position, list(blocks))
         self.stats.snapshots += 1
 
     # ---- eviction -----------------------------------------------------------------------------
     def evict_blocks(self, need_free: int) -> None:
         """Drop least recently used blocks held only by the cache until ``need_free`` blocks are free."""
-        if self.pool.num_free >= need_free:
-            return
         while self.pool.num_free < need_free:
-            idle = [(e.last_used, -e.depth, k) for k, e in self._blocks.items() if self.pool.refcount[e.block] == 1]
-            if not idle:
+            short = need_free - self.pool.num_free
+            victims = []
+            for key, entry in self._blocks.items():  # oldest first
+                if self.pool.refcount[entry.block] == 1:
+                    victims.append(key)
+                    if len(victims) == short:
+                        break
+            if not victims:  # everything left is pinned by requests or snapshots: free a snapshot's pins
                 if not self._evict_snapshot():
                     return
                 continue
-            idle.sort()
-            for _, _, key in idle:
-                entry = self._blocks.pop(key)
-                self.pool.decref(entry.block)
+            for key in victims:
+                self.pool.decref(self._blocks.pop(key).block)
                 self.stats.evictions += 1
-                if self.pool.num_free >= need_free:
-                    return
 
     def _evict_snapshot(self) -> bool:
         if not self._snapshots:
             return False
-        key = min(self._snapshots, key=lambda k: self._snapshots[k].last_used)
-        snap = self._snapshots.pop(key)
+        _, snap = self._snapshots.popitem(last=False)
         for b in snap.blocks:
             self.pool.decref(b)
         assert self.slots is not None
         self.slots.give_snapshot(snap.slot)
         self.stats.evictions += 1
         return True
+
+    def _touch(self, keys: list[bytes]) -> None:
+        for key in reversed(keys):
+            self._blocks.move_to_end(key)
 
     # ---- introspection ------------------------------------------------------------------------
     @property

@@ -35,7 +35,7 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
     return {
         "scheduler": {
             "active": len(s.live), "queued": len(s.waiting), "terminal": sum(st.finished.values()),
-            "records": len(s.live) + len(s.waiting), "record_tokens": sum(len(q.tokens) for q in s.live),
+            "records": len(s.live) + len(s.waiting), "record_tokens": sum(q.prompt_len + len(q.output) for q in s.live),
             "pool_blocks_total": s.blocks.num_blocks, "pool_blocks_in_use": s.blocks.num_in_use,
             "prefilling": len(prefilling), "tokens_generated": st.tokens_generated,
             "prompts_prefilled": st.prompts_prefilled, "prompt_tokens": st.prompt_tokens,
