@@ -96,16 +96,25 @@ class PrefixCache:
         self._snapshots: OrderedDict[bytes, _SnapshotEntry] = OrderedDict()
 
     # ---- lookup -------------------------------------------------------------------------------
-    def match(self, prompt: list[int]) -> PrefixMatch:
+    def block_keys(self, prompt: list[int]) -> list[bytes]:
+        """The chain keys of the prompt's full blocks before its last token (callers may keep them: a
+        request waiting for room is looked up again every tick)."""
+        bs = self.pool.block_size
+        key, keys = ROOT_KEY, []
+        for i in range((len(prompt) - 1) // bs):  # never the last prompt token
+            key = chain_key(key, prompt[i * bs : (i + 1) * bs])
+            keys.append(key)
+        return keys
+
+    def match(self, prompt: list[int], block_keys: list[bytes] | None = None) -> PrefixMatch:
         """Longest usable cached prefix of ``prompt``; takes a reference on each returned block."""
         if not self.enabled:
             return PrefixMatch()
         bs = self.pool.block_size
-        key, chain, keys = ROOT_KEY, [], []
-        while (len(chain) + 1) * bs <= len(prompt) - 1:  # never the last prompt token
-            i = len(chain)
+        all_keys = block_keys if block_keys is not None else self.block_keys(prompt)
+        chain, keys = [], []
+        for i, key in enumerate(all_keys):
             tokens = tuple(prompt[i * bs : (i + 1) * bs])
-            key = chain_key(key, tokens)
             entry = self._blocks.get(key)
             if entry is None or entry.tokens != tokens:
                 break

@@ -62,6 +62,7 @@ class Sequence:
     # choice 0 of an n > 1 request: the other choices wait for its prefill, then attach to it through
     # the prefix cache, so the shared prompt is computed once
     leader: Sequence | None = None
+    block_keys: list[bytes] | None = None  # prefix-cache keys of the prompt, computed once
     seq_id: int = -1
     status: SeqStatus = SeqStatus.WAITING
     slot: int | None = None

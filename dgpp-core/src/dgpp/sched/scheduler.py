@@ -144,7 +144,11 @@ class Scheduler:
                 and leader.status in (SeqStatus.WAITING, SeqStatus.PREFILL))
 
     def _try_admit(self, s: Sequence) -> bool:
-        match = self.prefix_cache.match(s.prompt) if s.use_prefix_cache else None
+        match = None
+        if s.use_prefix_cache and self.prefix_cache.enabled:
+            if s.block_keys is None:
+                s.block_keys = self.prefix_cache.block_keys(s.prompt)
+            match = self.prefix_cache.match(s.prompt, s.block_keys)
         cached = match.blocks if match else []
         reserve = s.max_total_tokens
         if self.config.admission == "grow":
