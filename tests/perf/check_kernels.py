@@ -106,6 +106,26 @@ def check_attention() -> None:
                lambda: pa.paged_decode_attention_ref(q, kc, vc, tables, lens, 128**-0.5), nbytes)
 
 
+def check_prefill_attention() -> None:
+    from dgpp.kernels import prefill_attention as pf
+
+    for ctx, rows in ((0, 8192), (4096, 1024)):
+        bs, total = 16, ctx + rows
+        blocks = total // bs
+        kc = torch.randn(blocks + 2, bs, 8, 128, device=DEV, dtype=BF16)
+        vc = torch.randn_like(kc)
+        tables = torch.randperm(blocks + 2, device=DEV)[:blocks].view(1, blocks).int()
+        q = torch.randn(rows, 32, 128, device=DEV, dtype=BF16)
+        starts = torch.tensor([0, rows], device=DEV, dtype=torch.int32)
+        ctx_t = torch.tensor([ctx], device=DEV, dtype=torch.int32)
+        out = pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5)
+        ref = pf.prefill_attention_ref(q.float(), kc.float(), vc.float(), tables, starts, ctx_t, 128**-0.5)
+        flops = 4 * 32 * 128 * rows * (ctx + rows / 2)
+        record(f"prefill attn bf16 ctx={ctx} rows={rows} 32/8x128 (x1e3 = TFLOP/s)", rel_err(out, ref), 1e-2,
+               lambda: pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5),
+               lambda: pf.prefill_attention_ref(q, kc, vc, tables, starts, ctx_t, 128**-0.5), flops / 1e3)
+
+
 def check_sampling() -> None:
     for batch in (1, 64):
         logits = torch.randn(batch, 151936, device=DEV) * 4
@@ -212,8 +232,8 @@ def main() -> int:
     parser.add_argument("--only", default="", help="comma-separated check names (e.g. gemv,attention)")
     args = parser.parse_args()
     torch.manual_seed(0)
-    checks = (check_rmsnorm, check_rotary_swiglu_kvwrite, check_attention, check_sampling, check_gated_delta,
-              check_gemv, check_moe)
+    checks = (check_rmsnorm, check_rotary_swiglu_kvwrite, check_attention, check_prefill_attention, check_sampling,
+              check_gated_delta, check_gemv, check_moe)
     if args.only:
         checks = tuple(c for c in checks if c.__name__.removeprefix("check_") in args.only.split(","))
     for check in checks:

@@ -13,6 +13,7 @@ from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
 from dgpp.kernels.paged_attention import paged_decode_attention
+from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
 from dgpp.kernels.rmsnorm import rms_norm
 from dgpp.kernels.rotary import apply_rotary
@@ -29,6 +30,7 @@ __all__ = [
     "greedy_tokens",
     "multi_linear",
     "paged_decode_attention",
+    "paged_prefill_attention",
     "rms_norm",
     "sample_tokens",
     "silu_and_mul",

@@ -8,6 +8,8 @@ sees everything before it. One code path serves prefill, decode and mixed batche
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import nn
 
@@ -110,6 +112,10 @@ class PagedAttention(nn.Module):
             if batch.is_decode_only:
                 return kernels.paged_decode_attention(
                     q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
+                ).flatten(1)
+            if os.environ.get("DGPP_PREFILL_ATTN") == "triton":  # opt-in until it is timed on a GPU
+                return kernels.paged_prefill_attention(
+                    q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, self.scale
                 ).flatten(1)
         else:
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)

@@ -1,0 +1,135 @@
+"""Varlen causal prefill attention over the paged K/V pool (flash-style, GQA).
+
+``q [T, Hq, D]`` holds the new rows of every sequence (``query_start_loc [B+1]``); sequence ``b``'s rows
+sit at positions ``context_lens[b] ..`` and their K/V were already written to the pool, so each row
+attends to the pool's first ``context + i + 1`` tokens of its sequence (earlier chunks included).
+Returns ``[T, Hq, Dv]`` in q's dtype.
+
+The Triton path gives one program to each (block of ``BLOCK_M`` query rows of one sequence, query
+head): it streams the sequence's K/V blocks through an online softmax, never materialising the
+score matrix, and skips the key blocks wholly above the causal diagonal. The block-to-sequence map
+is built on the host (prefill runs eagerly). ``DGPP_PREFILL_ATTN=triton`` selects it in
+``dgpp.nn.attention``; it has been checked under the interpreter only, not yet timed on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+
+
+def prefill_attention_ref(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    hq, hk = q.shape[1], k_cache.shape[2]
+    bs = k_cache.shape[1]
+    out = torch.zeros(q.shape[0], hq, v_cache.shape[-1], dtype=q.dtype, device=q.device)
+    starts = query_start_loc.tolist()
+    for b, ctx in enumerate(context_lens.tolist()):
+        rows = starts[b + 1] - starts[b]
+        if rows == 0:
+            continue
+        tok = torch.arange(ctx + rows, device=q.device)
+        phys = block_tables[b, tok // bs].long()
+        k = k_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)
+        v = v_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)
+        qb = q[starts[b] : starts[b + 1]].float()
+        scores = torch.einsum("nhd,lhd->hnl", qb, k) * scale
+        visible = tok[None, :] <= (ctx + torch.arange(rows, device=q.device))[:, None]
+        scores = scores.masked_fill(~visible[None], float("-inf"))
+        out[starts[b] : starts[b + 1]] = torch.einsum("hnl,lhd->nhd", scores.softmax(-1), v).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, blk_seq_ptr, blk_row_ptr, starts_ptr, ctx_ptr,
+    scale, group, head_dim, v_dim, block_size,
+    q_t, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_t, o_h,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    blk = tl.program_id(0)
+    head = tl.program_id(1)
+    kvh = head // group
+    b = tl.load(blk_seq_ptr + blk).to(tl.int64)
+    first_row = tl.load(blk_row_ptr + blk)  # offset of this block's first row inside its sequence
+    seq_start = tl.load(starts_ptr + b)
+    n_rows = tl.load(starts_ptr + b + 1) - seq_start
+    ctx = tl.load(ctx_ptr + b)
+    m_idx = first_row + tl.arange(0, BLOCK_M)
+    m_mask = m_idx < n_rows
+    rows = (seq_start + m_idx).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    q = tl.load(q_ptr + rows[:, None] * q_t + head * q_h + d[None, :],
+                mask=m_mask[:, None] & (d[None, :] < head_dim), other=0.0)
+    q_pos = ctx + m_idx  # absolute position of each query row
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    # keys up to the block's last visible position; later key blocks are all above the diagonal
+    end = ctx + tl.minimum(first_row + BLOCK_M, n_rows)
+    for n0 in range(0, end, BLOCK_N):
+        toks = n0 + tl.arange(0, BLOCK_N)
+        tmask = toks < end
+        phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
+        off = (toks % block_size).to(tl.int64)
+        kt = tl.load(k_ptr + (phys * k_blk + off * k_tok + kvh * k_head)[None, :] + d[:, None],
+                     mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+        s = tl.dot(q, kt, input_precision=PRECISION) * scale
+        visible = tmask[None, :] & (toks[None, :] <= q_pos[:, None])
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past the sequence see no key
+        alpha = tl.exp(m_i - m_safe)
+        p = tl.exp(s - m_safe[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + (phys * v_blk + off * v_tok + kvh * v_head)[:, None] + dv[None, :],
+                    mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + rows[:, None] * o_t + head * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=m_mask[:, None] & (dv[None, :] < v_dim))
+
+
+def prefill_attention_triton(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float, block_m: int = 64,
+) -> torch.Tensor:
+    tokens, hq, head_dim = q.shape
+    hk, v_dim = k_cache.shape[2], v_cache.shape[-1]
+    out = torch.empty(tokens, hq, v_dim, dtype=q.dtype, device=q.device)
+    starts = query_start_loc.tolist()
+    blk_seq, blk_row = [], []
+    for b in range(len(starts) - 1):
+        for row in range(0, starts[b + 1] - starts[b], block_m):
+            blk_seq.append(b)
+            blk_row.append(row)
+    if not blk_seq:
+        return out
+    device = q.device
+    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
+    _prefill_kernel[(len(blk_seq), hq)](
+        q, k_cache, v_cache, out, block_tables,
+        torch.tensor(blk_seq, dtype=torch.int32, device=device), torch.tensor(blk_row, dtype=torch.int32, device=device),
+        query_start_loc, context_lens,
+        float(scale), hq // hk, head_dim, v_dim, k_cache.shape[1],
+        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
+        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_DV=max(16, next_pow2(v_dim)),
+        PRECISION=precision, num_warps=4, num_stages=2,
+    )
+    return out
+
+
+def paged_prefill_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+) -> torch.Tensor:
+    """Causal varlen attention of new rows over the paged pool; Triton on CUDA, torch elsewhere."""
+    fn = prefill_attention_triton if use_triton(q) else prefill_attention_ref
+    return fn(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
