@@ -121,7 +121,7 @@ def check_prefill_attention() -> None:
         out = pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5)
         ref = pf.prefill_attention_ref(q.float(), kc.float(), vc.float(), tables, starts, ctx_t, 128**-0.5)
         flops = 4 * 32 * 128 * rows * (ctx + rows / 2)
-        record(f"prefill attn bf16 ctx={ctx} rows={rows} 32/8x128 (x1e3 = TFLOP/s)", rel_err(out, ref), 1e-2,
+        record(f"prefill attn bf16 ctx={ctx} rows={rows} 32/8x128 (GB/s column = TFLOP/s)", rel_err(out, ref), 1e-2,
                lambda: pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5),
                lambda: pf.prefill_attention_ref(q, kc, vc, tables, starts, ctx_t, 128**-0.5), flops / 1e3)
 
