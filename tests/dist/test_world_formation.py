@@ -1,0 +1,101 @@
+"""World formation: the settings handshake refuses a mismatched world by name; records keep sampling
+floats bit-exact; the op-stream fold and digest; the progress watchdog."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch.multiprocessing as mp
+from tp_harness import free_port
+
+from dgpp.config import parse_config
+from dgpp.dist.channel import WorldError
+from dgpp.dist.digest import OpStream
+from dgpp.dist.records import Admission, Tick, decode, encode, params_from_wire, params_to_wire
+from dgpp.dist.watchdog import ProgressWatchdog
+from dgpp.dist.world import WorldSpec, form_world, settings_difference, settings_of
+from dgpp.sample.params import SamplingParams
+
+
+def _form(rank: int, raws: list[dict], out_dir: str) -> None:
+    cfg = parse_config(raws[rank])
+    try:
+        world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
+    except WorldError as e:
+        message = str(e)
+    else:
+        message = "formed"
+        world.close()
+    (Path(out_dir) / f"rank{rank}.txt").write_text(message)
+
+
+def _raw(ports: dict, **engine) -> dict:
+    return {"model": "/nonexistent/ckpt", "world_size": 2, "ports": ports,
+            "engine": {"rendezvous_timeout_ms": 30000, **engine}}
+
+
+def test_matching_world_forms_and_mismatched_config_digest_is_refused_by_name(tmp_path):
+    ports = {"fabric": free_port(), "journal": free_port()}
+    mp.spawn(_form, args=([_raw(ports), _raw(ports)], str(tmp_path)), nprocs=2, join=True)
+    assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["formed", "formed"]
+
+    ports = {"fabric": free_port(), "journal": free_port()}
+    raws = [_raw(ports, kv_capacity=4096), _raw(ports, kv_capacity=8192)]
+    mp.spawn(_form, args=(raws, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):  # both sides refuse, naming the digest and the differing key
+        message = (tmp_path / f"rank{rank}.txt").read_text()
+        assert message.startswith("world refused: config digest"), message
+        assert "engine.kv_capacity (4096 vs 8192)" in message
+
+
+def test_settings_difference_names_version_and_model():
+    ours = settings_of(parse_config({"model": "a", "world_size": 2}))
+    theirs = dict(ours, version="0.0.0-other", model="b")
+    text = settings_difference(ours, theirs, 1)
+    assert "version" in text and "'a' on rank 0 vs 'b' on rank 1" in text
+    assert settings_difference(ours, dict(ours), 1) is None
+
+
+def test_rank_outside_world_is_refused():
+    with pytest.raises(WorldError, match="--rank 2 is outside the world of 2"):
+        WorldSpec.from_config(parse_config({"model": "a", "world_size": 2}), 2)
+
+
+def test_tick_records_keep_sampling_bits_exact():
+    params = SamplingParams(temperature=0.1 + 0.2, top_p=1 / 3, min_p=5e-324, logit_bias={7: -0.1, 2: 1e-300},
+                            seed=2**63 - 1, stop=("END",), max_tokens=9)
+    tick = Tick(n=4, od="00ff", s=[[Admission(id="r/0", choice=0, p=[1, 2, 3], sp=params_to_wire(params), gs=99)]],
+                c=[("x/0", "stop")])
+    back = decode(encode(tick))
+    assert back == tick
+    assert params_from_wire(json.loads(json.dumps(back.s[0][0].sp))) == params
+
+
+def test_op_stream_fold_tracks_every_line(tmp_path):
+    a, b = OpStream(), OpStream(tmp_path / "ops.txt")
+    for s in (a, b):
+        s.add("A r/0 0 0 1,2")
+        s.add("K r/0 17")
+    assert a.fold == b.fold and a.full_digest() == b.full_digest()
+    b.add("T 1")
+    b.close()
+    assert a.fold != b.fold
+    assert (tmp_path / "ops.txt").read_text().splitlines()[-1] == "T 1"
+
+
+class _Progress:
+    tick = 7
+    tick_started: float | None = None
+
+
+def test_progress_watchdog_reports_a_stalled_tick():
+    now = [100.0]
+    progress = _Progress()
+    dog = ProgressWatchdog(progress, 120.0, on_stall=lambda m: None, clock=lambda: now[0])
+    assert dog.check() is None  # idle between ticks: nothing to watch
+    progress.tick_started = 50.0
+    assert dog.check() is None
+    now[0] = 171.0
+    assert dog.check() == "engine progress watchdog: tick 7 has made no progress for 121.0 s"
