@@ -215,6 +215,7 @@ def test_metrics_json_and_prometheus(server, sdk) -> None:
     for key in ("requests_total", "requests_shed", "requests_cancelled", "admission", "rejects_bad"):
         assert key in m["service"]
     assert m["service"]["requests_total"] > 0 and m["prefix_cache"]["enabled"] is True
+    assert m["prefix_cache"]["ttft_miss_count"] > 0 and m["prefix_cache"]["ttft_miss_ms_avg"] > 0
     text = client.get("/metrics/prometheus").text
     assert 'dgpp_requests_total{model_name="toy/model"}' in text
     assert 'dgpp_request_finished_total{model_name="toy/model",reason="length"}' in text

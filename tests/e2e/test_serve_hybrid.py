@@ -55,3 +55,4 @@ def test_hybrid_prefix_hit_equals_cold_and_the_runner(env) -> None:
 
     pc = httpx.get(server.url + "/metrics").json()["prefix_cache"]
     assert pc["snapshots"] >= 1 and pc["hits"] >= 1 and pc["slots"] > 0
+    assert pc["arena_attaches"] >= 1 and pc["snapshot_bytes"] > 0 and pc["ttft_hit_count"] >= 1

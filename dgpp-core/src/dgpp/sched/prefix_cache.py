@@ -16,6 +16,7 @@ evictable, least recently used first (deeper blocks before their parents on equa
 from __future__ import annotations
 
 import hashlib
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -63,6 +64,22 @@ class PrefixCacheStats:
     evictions: int = 0
     duplicates: int = 0
     skipped_no_slot: int = 0
+    snapshot_ms: float = 0.0  # total time copying state into snapshot slots
+    attaches: int = 0  # hits that restored a snapshot
+    attach_ms: float = 0.0
+    ttft_hit_count: int = 0
+    ttft_hit_ms: float = 0.0
+    ttft_miss_count: int = 0
+    ttft_miss_ms: float = 0.0
+
+    def first_token(self, hit: bool, ms: float) -> None:
+        """Time to first token of a sequence, booked by whether it attached to the cache."""
+        if hit:
+            self.ttft_hit_count += 1
+            self.ttft_hit_ms += ms
+        else:
+            self.ttft_miss_count += 1
+            self.ttft_miss_ms += ms
 
 
 class PrefixCache:
@@ -77,6 +94,7 @@ class PrefixCache:
         copy_state: Callable[[int, int], None] | None = None,
         min_tokens: int = 0,
         enabled: bool = True,
+        snapshot_bytes: int = 0,
     ) -> None:
         if cut % pool.block_size:
             raise ValueError(f"prefix cache cut {cut} must be a multiple of the KV block size {pool.block_size}")
@@ -89,6 +107,7 @@ class PrefixCache:
         self.copy_state = copy_state
         self.min_tokens = min_tokens
         self.enabled = enabled
+        self.snapshot_bytes_each = snapshot_bytes  # state bytes one snapshot holds (for metrics)
         self.stats = PrefixCacheStats()
         # both in least-recently-used-first order; a chain is refreshed deepest block first, so a
         # parent is always more recent than its children and children are evicted first
@@ -152,6 +171,15 @@ class PrefixCache:
         elif self.enabled:
             self.stats.misses -= 1
 
+    def attach(self, match: PrefixMatch, slot: int) -> None:
+        """Restore a hybrid match's snapshot into the request's state slot."""
+        if match.snapshot_slot is None or self.copy_state is None:
+            return
+        started = time.monotonic()
+        self.copy_state(match.snapshot_slot, slot)
+        self.stats.attaches += 1
+        self.stats.attach_ms += (time.monotonic() - started) * 1000.0
+
     # ---- insertion ----------------------------------------------------------------------------
     def insert(self, tokens: list[int], block_table: list[int], position: int, state_slot: int | None = None) -> None:
         """Index the prefill work of a request whose first ``position`` tokens (a cut) are now in its
@@ -185,7 +213,9 @@ class PrefixCache:
         if slot is None:
             self.stats.skipped_no_slot += 1
             return
+        started = time.monotonic()
         self.copy_state(state_slot, slot)
+        self.stats.snapshot_ms += (time.monotonic() - started) * 1000.0
         for b in blocks:
             self.pool.incref(b)
         self._snapshots[key] = _SnapshotEntry(slot, position, list(blocks))

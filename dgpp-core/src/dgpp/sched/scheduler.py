@@ -164,8 +164,8 @@ class Scheduler:
         s.slot = slot
         s.block_table = cached + self.blocks.allocate(need)
         s.computed = s.cached_tokens = match.position if match else 0
-        if match is not None and match.snapshot_slot is not None:
-            self.prefix_cache.copy_state(match.snapshot_slot, slot)  # type: ignore[misc]
+        if match is not None:
+            self.prefix_cache.attach(match, slot)
         s.status = SeqStatus.PREFILL
         s.admitted_at = time.monotonic()
         self.live.append(s)
@@ -234,6 +234,7 @@ class Scheduler:
         now = time.monotonic()
         if s.first_token_at is None:
             s.first_token_at = now
+            self.prefix_cache.stats.first_token(s.cached_tokens > 0, (now - s.arrival) * 1000.0)
         s.last_token_at = now
         s.output.append(r.token)
         s.sampler.accept(r.token)

@@ -45,6 +45,7 @@ def assemble(
     copy_state: Any,
     num_snapshot_slots: int,
     eos_token_ids: frozenset[int],
+    snapshot_bytes: int = 0,
     defaults: SamplingDefaults,
     text: TextStack,
     start_loop: bool = True,
@@ -56,7 +57,7 @@ def assemble(
     slots = SlotPool(sched_cfg.max_concurrency, num_snapshot_slots if hybrid else 0)
     enabled = sched_cfg.prefix_cache and (num_snapshot_slots > 0 or not hybrid)
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
-                        min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled)
+                        min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot,
                       gather_ms=float(getattr(engine_cfg, "admission_gather_ms", 0)))
@@ -143,6 +144,7 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
         engine_cfg.model_alias or cfg.model, engine_cfg, runner,
         vocab_size=info.vocab_size, max_position=info.max_position, num_blocks=num_blocks, block_size=block_size,
         hybrid=info.hybrid, copy_state=pools.copy_state, num_snapshot_slots=n_snap, eos_token_ids=eos,
+        snapshot_bytes=state_bytes,
         defaults=SamplingDefaults.from_generation_config(checkpoint), text=text, start_loop=start_loop,
     )
 

@@ -19,6 +19,10 @@ from dgpp.serve.histograms import RequestHistograms
 SLOT_KEYS = [str(i) for i in range(1, 17)]
 
 
+def _avg(total: float, count: int) -> float:
+    return total / count if count else 0.0
+
+
 def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
     st, pc = s.stats, s.prefix_cache
     now = time.monotonic()
@@ -58,10 +62,13 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
             "tokens_saved": pc.stats.tokens_saved, "snapshots": pc.stats.snapshots, "head_snapshots": 0,
             "close_entries": 0, "rolling_snapshots": 0, "hop_snapshots": 0, "evictions": pc.stats.evictions,
             "duplicates": pc.stats.duplicates, "skipped_no_block": 0, "skipped_no_slot": pc.stats.skipped_no_slot,
-            "skipped_image_bytes": 0, "image_bytes": 0, "blocks_pinned": pc.blocks_pinned, "snapshot_bytes": 0,
-            "arena_snapshots": pc.num_snapshots, "snapshot_ms_avg": 0.0, "arena_attaches": pc.stats.hits,
-            "attach_ms_avg": 0.0, "ttft_hit_count": 0, "ttft_hit_ms_avg": 0.0, "ttft_miss_count": 0,
-            "ttft_miss_ms_avg": 0.0, "key": f"cut={pc.cut}",
+            "skipped_image_bytes": 0, "image_bytes": 0, "blocks_pinned": pc.blocks_pinned,
+            "snapshot_bytes": pc.num_snapshots * pc.snapshot_bytes_each, "arena_snapshots": pc.num_snapshots,
+            "snapshot_ms_avg": _avg(pc.stats.snapshot_ms, pc.stats.snapshots), "arena_attaches": pc.stats.attaches,
+            "attach_ms_avg": _avg(pc.stats.attach_ms, pc.stats.attaches),
+            "ttft_hit_count": pc.stats.ttft_hit_count, "ttft_hit_ms_avg": _avg(pc.stats.ttft_hit_ms, pc.stats.ttft_hit_count),
+            "ttft_miss_count": pc.stats.ttft_miss_count,
+            "ttft_miss_ms_avg": _avg(pc.stats.ttft_miss_ms, pc.stats.ttft_miss_count), "key": f"cut={pc.cut}",
         },
         "prefill": {"requests": rows, **summed},
     }
