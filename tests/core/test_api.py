@@ -237,12 +237,26 @@ def test_overloaded_queue_sheds_with_503(server) -> None:
 def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
     tok_dir = build_tiny_tokenizer(tmp_path / "tok")
     engine = build_toy_engine(MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0))
+    runner = engine.loop.scheduler.runner
+    working, calls = runner.step, []
 
-    def broken(works):
-        raise RuntimeError("device lost")
+    def fails_on_the_fourth_step(works):
+        calls.append(1)
+        if len(calls) >= 4:
+            raise RuntimeError("device lost")
+        return working(works)
 
-    engine.loop.scheduler.runner.step = broken
+    runner.step = fails_on_the_fourth_step
     with TestClient(app=build_app(engine), base_url="http://dgpp.local") as client:
+        body = {"model": MODEL, "messages": USER, "max_tokens": 10, "stream": True,
+                "chat_template_kwargs": {"enable_thinking": False}, "stream_options": {"include_obfuscation": False}}
+        with client.stream("POST", "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200  # headers went out before the failure
+            events = [e for e in r.read().decode().replace("\r\n", "\n").split("\n\n") if e]
+        assert events[-1] == "data: [DONE]"
+        failure = json.loads(events[-2][len("data: "):])["error"]
+        assert failure["type"] == "server_error" and failure["code"] == "engine_failure"
+        assert '"content"' in "".join(events[:-2])  # the tokens made before the failure were flushed first
         r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
         err(r, 503, "engine_failure")
         health = client.get("/health")
