@@ -10,12 +10,11 @@ import pytest
 import torch
 from glm_reference import load_f64, main_hidden, mtp_logits
 
-from dgpp.engine.generate import make_pools
 from dgpp.engine.loading import load_model, read_hf_config
-from dgpp.engine.runner import SeqWork, build_batch
 from dgpp.errors import CheckpointError
 from dgpp.family import LoadContext
 from dgpp.testing.glm import build_tiny_glm4_moe
+from dgpp.testing.mtp import draft_logits as _draft_logits
 from dgpp_glm.config import parse_glm4_moe_config
 from dgpp_glm.draft import Glm4MoeMTPDrafter, build_draft
 
@@ -33,29 +32,6 @@ def loaded(request, tmp_path_factory):
     drafter = build_draft(_ctx(path), model)
     cfg = parse_glm4_moe_config(json.loads((path / "config.json").read_text()))
     return model, drafter, cfg, load_f64(path / "model.safetensors")
-
-
-@torch.inference_mode()
-def _draft_logits(model, drafter, tokens: list[int], chunks: list[int]) -> torch.Tensor:
-    """Main model over ``tokens[:-1]``, then the MTP layer over (hidden at p, token p+1) for every
-    position, prefilled in ``chunks``; the MTP logits of every row."""
-    n = len(tokens) - 1
-    pools, blocks, _ = make_pools(model, [n], 16)
-    table = blocks.allocate(blocks.blocks_for_tokens(n))
-    batch = build_batch([SeqWork(0, table, 0, tokens[:n])], pools)
-    model(batch)
-    hidden = model.last_hidden
-    draft_pools, draft_blocks, _ = make_pools(drafter, [n], 16)
-    draft_table = draft_blocks.allocate(draft_blocks.blocks_for_tokens(n))
-    out, start = [], 0
-    for size in chunks:
-        work = SeqWork(0, draft_table, start, tokens[start + 1 : start + 1 + size])
-        batch = build_batch([work], draft_pools)
-        batch.logits_indices = torch.arange(size)
-        out.append(drafter.compute_logits(drafter(batch, hidden[start : start + size])).float())
-        start += size
-    assert start == n
-    return torch.cat(out)
 
 
 def _reference(weights, cfg, tokens: list[int]) -> torch.Tensor:

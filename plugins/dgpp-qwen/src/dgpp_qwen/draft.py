@@ -15,6 +15,7 @@ the token at ``p + 2``. Deeper drafts run the same layer again on its own output
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -89,18 +90,30 @@ class Qwen4ExpMTPDrafter(nn.Module):
         return self._main.head(hidden)
 
 
-def build_draft(ctx: LoadContext, model: nn.Module) -> Qwen4ExpMTPDrafter | None:
-    """The MTP drafter of a qwen4_exp checkpoint, weights loaded; None for other Qwen models (their MTP
-    layers are not served) or a checkpoint without ``mtp.fc.weight``."""
-    if not isinstance(model, Qwen4ExpForCausalLM):
-        return None
+def load_mtp_drafter(ctx: LoadContext, make: Callable[[], nn.Module]) -> nn.Module | None:
+    """Build a drafter with ``make()`` on the load device and fill it from the checkpoint's ``mtp.*`` tensors;
+    None when the checkpoint has no ``mtp.fc.weight`` (any Qwen MTP layout with an input fc)."""
     reader = CheckpointReader(ctx.checkpoint_dir)
     try:
         if f"{MTP_PREFIX}fc.weight" not in reader:
             return None
         with torch.device(ctx.device or "cpu"):
-            drafter = Qwen4ExpMTPDrafter(model)
+            drafter = make()
         load_weights(drafter, reader, rename=lambda name: MTP_PREFIX + name)
     finally:
         reader.close()
     return drafter.eval()
+
+
+def build_draft(ctx: LoadContext, model: nn.Module) -> nn.Module | None:
+    """The MTP drafter of a qwen4_exp checkpoint, weights loaded; None for other Qwen models or a checkpoint
+    without an MTP layer."""
+    from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
+
+    if isinstance(model, Qwen35ForCausalLM):  # the Qwen3.5 hybrids' MTP layer (qwen3_5_mtp.py)
+        from dgpp_qwen.qwen3_5_mtp import Qwen35MTPDrafter
+
+        return load_mtp_drafter(ctx, lambda: Qwen35MTPDrafter(model))
+    if not isinstance(model, Qwen4ExpForCausalLM):
+        return None
+    return load_mtp_drafter(ctx, lambda: Qwen4ExpMTPDrafter(model))

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
@@ -56,8 +57,10 @@ class GatedResidual(nn.Module):
             raise ValueError(f"gated residual: expected {self.hc_count} x {self.hidden_size} features, got {hyper.shape[-1]}")
 
     def _weighted_mean(self, normed: torch.Tensor) -> torch.Tensor:
-        gate = F.silu(self.input_mix_weight_down(normed) / self.hc_count)
-        weights = torch.sigmoid(self.input_mix_weight_up(gate)).unflatten(-1, (self.hc_count, self.hidden_size))
+        # sigmoid / silu on padded rows: CPU vector tails would make a row depend on the step's row count
+        gate = batch_invariant_rows(F.silu, self.input_mix_weight_down(normed) / self.hc_count)
+        weights = batch_invariant_rows(torch.sigmoid, self.input_mix_weight_up(gate))
+        weights = weights.unflatten(-1, (self.hc_count, self.hidden_size))
         return (weights * normed.unflatten(-1, (self.hc_count, self.hidden_size))).mean(dim=-2)
 
     def mix_only(self, hyper: torch.Tensor) -> torch.Tensor:
@@ -71,7 +74,7 @@ class GatedResidual(nn.Module):
             raise RuntimeError("this gated residual has no block_inject_weight (use mix_only)")
         self._check(hyper)
         normed = self.hc_norm(hyper)
-        inject = 2 * torch.sigmoid(self.block_inject_weight(normed) / self.hc_count)
+        inject = 2 * batch_invariant_rows(torch.sigmoid, self.block_inject_weight(normed) / self.hc_count)
         return self._weighted_mean(normed), inject
 
     def combine(self, hyper: torch.Tensor, block_out: torch.Tensor, inject: torch.Tensor) -> torch.Tensor:

@@ -23,6 +23,7 @@ from torch import nn
 
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import StateSpec
+from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp_qwen.layers.gated_residual import GroupedRMSNorm
@@ -184,7 +185,7 @@ class PLELayer(nn.Module):
             fresh = batch.context_lens_cpu[i] == 0 or slot < 0
             previous = x.new_zeros(hist, x.shape[1]) if fresh else conv_state[slot].to(x.dtype)
             padded = torch.cat([previous, x[start : start + q_len]])
-            out[start : start + q_len] = F.silu(self.conv1d(padded).to(x.dtype))
+            out[start : start + q_len] = batch_invariant_rows(F.silu, self.conv1d(padded).to(x.dtype))
             if slot >= 0:
                 conv_state[slot] = padded[-hist:].to(conv_state.dtype)
             start += q_len
@@ -199,5 +200,7 @@ class PLELayer(nn.Module):
         value = self.value_proj(embeddings)
         gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(self.hidden_size)
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()  # signed square root
-        gated = (torch.sigmoid(gate) * value.unsqueeze(-2)).flatten(-2)
+        # sigmoid on padded rows: a CPU vector tail would make a row depend on the step's row count
+        gate = batch_invariant_rows(torch.sigmoid, gate.flatten(1)).unsqueeze(-1)
+        gated = (gate * value.unsqueeze(-2)).flatten(-2)
         return gated + self._conv(self.norm_conv(gated), batch, state["conv"])
