@@ -6,6 +6,7 @@ import json
 
 import openai
 import pytest
+import torch
 from litestar.testing import TestClient
 
 from dgpp.config import EngineConfig
@@ -223,17 +224,6 @@ def test_metrics_json_and_prometheus(server, sdk) -> None:
     assert 'dgpp_e2e_request_latency_seconds_bucket{le="0.005",model_name="toy/model"}' in text
 
 
-def test_overloaded_queue_sheds_with_503(server) -> None:
-    """Runs last in this module: it parks the engine thread so nothing drains, then fills the queue."""
-    client, engine = server
-    engine.loop.stop()
-    for _ in range(engine.loop.scheduler.config.queue_limit):  # queue_limit requests, parked in the inbox
-        engine.loop._inbox.append([Sequence("parked", 0, [1], None, None, None)])  # type: ignore[arg-type]
-    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
-    err(r, 503, "overloaded")
-    assert client.get("/metrics").json()["service"]["requests_shed"] == 1
-
-
 def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
     tok_dir = build_tiny_tokenizer(tmp_path / "tok")
     engine = build_toy_engine(MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0))
@@ -328,3 +318,37 @@ def test_connection_limit_answers_openai_shaped_503() -> None:
     ok, refused = asyncio.run(run())
     assert ok[0]["status"] == 200 and refused[0]["status"] == 503 and shed == [1]
     assert json.loads(refused[1]["body"])["error"]["code"] == "overloaded"
+
+
+def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
+    """A request whose sampling raises (here: a mask that allows nothing) gets a 500; the engine serves on."""
+    client, engine = server
+    real_start = engine.start
+
+    def start_with_empty_mask(*args, **kwargs):
+        handle = real_start(*args, **kwargs)
+        for s in handle.seqs:
+            s.sampler.mask_fn = lambda vocab: torch.zeros(vocab, dtype=torch.bool)
+        return handle
+
+    engine.start = start_with_empty_mask
+    try:
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 3,
+                                                      "temperature": 1.0})
+    finally:
+        engine.start = real_start
+    e = err(r, 500, "generation_failed")
+    assert "masked" in e["message"]
+    assert client.get("/health").status_code == 200
+    assert chat(sdk, max_tokens=2).choices[0].finish_reason == "length"
+
+
+def test_overloaded_queue_sheds_with_503(server) -> None:
+    """Runs last in this module: it parks the engine thread so nothing drains, then fills the queue."""
+    client, engine = server
+    engine.loop.stop()
+    for _ in range(engine.loop.scheduler.config.queue_limit):  # queue_limit requests, parked in the inbox
+        engine.loop._inbox.append([Sequence("parked", 0, [1], None, None, None)])  # type: ignore[arg-type]
+    r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
+    err(r, 503, "overloaded")
+    assert client.get("/metrics").json()["service"]["requests_shed"] == 1

@@ -39,6 +39,7 @@ class ServedChoice:
         self.completion_tokens = 0
         self.cached_tokens = 0
         self.finish_reason: str | None = None
+        self.error: str | None = None
         self.logprobs: list[dict[str, Any]] = []
         # a model's vocabulary is often padded past the tokenizer's: those ids have no text and never reach
         # the text chain; ``_pushed`` maps its token count back to ours for stop-string accounting
@@ -85,7 +86,7 @@ class ServedChoice:
                 self._finish(delta, "stop")
                 return delta
         if ev.error is not None:
-            delta.error = ev.error
+            delta.error = self.error = ev.error
             self._finish(delta, "error")
         elif ev.retired is not None:
             # EOS ends a choice that made tool calls with "tool_calls"

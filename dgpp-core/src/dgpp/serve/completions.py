@@ -77,7 +77,7 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
     failed = [o for o in outputs if o.finish_reason == "error"]
     if failed:
         engine.counters.requests_failed += 1
-        raise APIError(503, "engine failed while generating this request", "engine_failure")
+        raise _generation_error(engine, failed[0].error)
     engine.counters.finished(outputs)
     if chat:
         body = chat_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
@@ -86,6 +86,14 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
         body = completion_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
                                    handle.params.logprobs)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
+
+
+def _generation_error(engine: ServingEngine, why: str | None) -> APIError:
+    """503 ``engine_failure`` when the engine is down; 500 when only this request's generation failed
+    (e.g. its grammar matcher), which is a server fault but leaves the engine serving."""
+    if engine.loop.failed is not None:
+        return APIError(503, f"engine failed while generating this request: {engine.loop.failed}", "engine_failure")
+    return APIError(500, f"generation failed: {why}", "generation_failed")
 
 
 async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
@@ -127,8 +135,9 @@ async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[Se
             index, delta = item
             if delta.error is not None:
                 engine.counters.requests_failed += 1
+                err = _generation_error(engine, delta.error)
                 yield writer.delta(index, delta.parts, delta.logprobs, None)
-                yield writer.error(f"engine failed: {delta.error}")
+                yield writer.error(err.message, err.code or "engine_failure")
                 yield DONE
                 return
             chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason)
