@@ -32,6 +32,10 @@ def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     print(f"checkpoint   {cfg.model} -> {found.checkpoint}")
     print(f"family       {fam.name} (plugin {fam.plugin}) for {found.resolution.matched}")
     print(f"world        {cfg.world} rank(s); listening on {cfg.http.bind_host}:{cfg.http.port}")
+    from dgpp.dist.fabric import probe  # RDMA lanes for NCCL, or why collectives stay on TCP
+
+    for line in probe().lines():
+        print(line)
     print(f"lossy levers {', '.join(cfg.engine.lossy_levers()) or 'none'}")
     print("memory plan  (per rank)")
     for line in found.plan.describe():

@@ -84,7 +84,8 @@ class Follower:
 
     def _apply(self, tick: Tick) -> None:
         for group in tick.s:
-            self.scheduler.submit(self._sequences(group))
+            # rank 0 accepted it against engine.queue_limit when it arrived: never refuse it here
+            self.scheduler.submit(self._sequences(group), check_limit=False)
         for request_id, reason in tick.c:
             self.scheduler.cancel(request_id, RetireReason(reason))
         self.scheduler.tick()  # rank 0 ticks whenever it journals a tick, work or not
