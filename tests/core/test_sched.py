@@ -191,3 +191,17 @@ def test_n_choices_compute_the_shared_prompt_once() -> None:
         solo_sched.submit([seq("n", prompt, solo, choice=i, temperature=1.0, seed=11, ignore_eos=True)])
         run(solo_sched)
         assert tokens(ev, ("n", i)) == tokens(solo, ("n", i))
+
+
+def test_hybrid_body_cut_serves_a_changed_question_after_a_long_document() -> None:
+    document = list(range(100, 140))  # 40 tokens = 5 chunks
+    first, second = document + [1, 2, 3, 4, 5, 6, 7], document[:36] + [9, 9, 9, 9, 9, 9, 9]
+    cold = alone(second, hybrid=True)
+    sched, _ = build(hybrid=True)
+    ev: dict = {}
+    sched.submit([seq("a", first, ev, ignore_eos=True)])
+    run(sched)
+    assert sched.prefix_cache.num_snapshots == 2  # deepest cut 40 and body cut 24
+    sched.submit([seq("b", second, ev, ignore_eos=True)])
+    run(sched)
+    assert ev[("b", 0)][0].cached_tokens == 24 and tokens(ev, ("b", 0)) == cold

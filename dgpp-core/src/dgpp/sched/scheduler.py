@@ -226,8 +226,12 @@ class Scheduler:
     def _maybe_cache(self, s: Sequence) -> None:
         if not s.use_prefix_cache or s.computed % self.config.chunk_tokens or s.computed >= s.prompt_len:
             return
-        deepest = (s.prompt_len - 1) // self.config.chunk_tokens * self.config.chunk_tokens
-        snapshot_slot = s.slot if s.computed == deepest else None
+        chunk = self.config.chunk_tokens
+        deepest = (s.prompt_len - 1) // chunk * chunk
+        # hybrid snapshots: the deepest cut, plus a "body" cut two chunks earlier for prompts of 4+ chunks,
+        # so a changed question after a long shared document still finds a snapshot to attach to
+        body = deepest - 2 * chunk if deepest >= 4 * chunk else -1
+        snapshot_slot = s.slot if s.computed in (deepest, body) else None
         self.prefix_cache.insert(s.prompt, s.block_table, s.computed, snapshot_slot)
 
     def _emit(self, s: Sequence, r: SampleResult) -> None:
