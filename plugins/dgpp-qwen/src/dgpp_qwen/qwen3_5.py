@@ -40,16 +40,20 @@ class DecoderLayer(nn.Module):
     """Pre-norm residual block: token mixer (GDN or gated full attention), then the MLP or MoE. Under TP both
     sublayers end row-parallel, so each output is all-reduced once before its residual add."""
 
-    def __init__(self, cfg: QwenConfig, index: int, rotary: RotaryEmbedding, world: World, group: Any) -> None:
+    def __init__(
+        self, cfg: QwenConfig, index: int, rotary: RotaryEmbedding, world: World, group: Any,
+        cache_name: str | None = None,
+    ) -> None:
         super().__init__()
         self.world, self.group = world, group
         self.layer_type = cfg.layer_types[index]
+        cache_name = cache_name or layer_cache_name(index)  # the pool entry of its K/V or state
         if self.layer_type == LINEAR_ATTENTION:
             gdn = cfg.linear_attn
             if gdn is None:
                 raise ConfigError(f"config.json: layer_types[{index}] = 'linear_attention' needs a qwen3_5 model_type")
             self.linear_attn = GatedDeltaNet(
-                layer_cache_name(index),
+                cache_name,
                 hidden_size=cfg.hidden_size,
                 num_k_heads=gdn.num_key_heads,
                 num_v_heads=gdn.num_value_heads,
@@ -62,7 +66,7 @@ class DecoderLayer(nn.Module):
             )
         else:
             self.self_attn = QwenAttention(
-                cfg, layer_cache_name(index), rotary, output_gate=True, zero_centered_norm=True, world=world
+                cfg, cache_name, rotary, output_gate=True, zero_centered_norm=True, world=world
             )
         self.mlp = build_mlp(cfg, index, world)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype)
@@ -102,6 +106,7 @@ class Qwen35ForCausalLM(Model):
         super().__init__()
         world = world or World()
         self.cfg = cfg
+        self.world, self.group = world, group
         self.model = Qwen35TextStack(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied)
@@ -121,8 +126,9 @@ class Qwen35ForCausalLM(Model):
         hidden = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             hidden = layer(hidden, batch)
-        # the final norm only on the rows that are sampled from
-        return self.model.norm(hidden[batch.logits_indices])
+        # every row's normed hidden stays for the MTP drafter (it drafts from each position, prompt included)
+        self.last_hidden = self.model.norm(hidden)
+        return self.last_hidden[batch.logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
