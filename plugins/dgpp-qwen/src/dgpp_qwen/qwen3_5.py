@@ -97,7 +97,8 @@ class Qwen35TextStack(nn.Module):
 
 
 class Qwen35ForCausalLM(Model):
-    """The text model of Qwen3.5 / Qwen3.8-27B / Qwen3.5-122B-A10B (vision tower and MTP weights are not loaded).
+    """The text model of Qwen3.5 / Qwen3.8-27B / Qwen3.5-122B-A10B. The vision tower is not loaded; the ``mtp.*``
+    weights load separately, as the drafter (``qwen3_5_mtp.py``).
 
     Hidden state is replicated at every block boundary; GDN and attention heads, MLP and expert intermediate
     dims are split over ``world``; embedding and head are replicated."""
