@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from dgpp.testing.builders import TINY_VISION
+
 EOS = 7
 TINY_QWEN4_EXP: dict[str, Any] = {
     "vocab_size": 512,
@@ -85,11 +87,11 @@ def _randomize(module: torch.nn.Module, gen: torch.Generator, std: float) -> Non
                 p.copy_(noise * std)
 
 
-def _add_mtp(model: Any, out: Path, dtype: torch.dtype, seed: int) -> None:
+def _add_mtp(text_config: Any, out: Path, dtype: torch.dtype, seed: int) -> None:
     from safetensors.torch import load_file, save_file
 
-    mtp = build_hf_mtp(model.config)
-    _randomize(mtp, torch.Generator().manual_seed(seed + 2), model.config.initializer_range)
+    mtp = build_hf_mtp(text_config)
+    _randomize(mtp, torch.Generator().manual_seed(seed + 2), text_config.initializer_range)
     path = out / "model.safetensors"
     tensors = load_file(str(path))
     tensors.update({f"mtp.{name}": t.to(dtype).contiguous() for name, t in mtp.state_dict().items()})
@@ -103,13 +105,21 @@ def build_tiny_qwen4_exp(
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
     with_mtp: bool = False,
+    wrapped: bool = False,
 ) -> Path:
-    """Write a tiny random ``Qwen4ExpForCausalLM`` checkpoint to ``out_dir`` (``overrides``: config keys)."""
+    """Write a tiny random ``Qwen4ExpForCausalLM`` checkpoint to ``out_dir`` (``overrides``: config keys);
+    ``wrapped``: the multimodal ``Qwen4ExpForConditionalGeneration`` release layout (text under
+    ``text_config`` and ``model.language_model.``, plus a one-block vision tower)."""
     import transformers
 
-    config = transformers.Qwen4ExpTextConfig(**{**TINY_QWEN4_EXP, **(overrides or {})})
+    text = {**TINY_QWEN4_EXP, **(overrides or {})}
     torch.manual_seed(seed)
-    model = transformers.Qwen4ExpForCausalLM(config).eval()
+    if wrapped:
+        tie = text.pop("tie_word_embeddings")
+        config = transformers.Qwen4ExpConfig(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie)
+        model = transformers.Qwen4ExpForConditionalGeneration(config).eval()
+    else:
+        model = transformers.Qwen4ExpForCausalLM(transformers.Qwen4ExpTextConfig(**text)).eval()
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
@@ -122,5 +132,5 @@ def build_tiny_qwen4_exp(
     out = Path(out_dir)
     model.save_pretrained(out)
     if with_mtp:
-        _add_mtp(model, out, dtype, seed)
+        _add_mtp(model.config.get_text_config(), out, dtype, seed)
     return out
