@@ -70,6 +70,10 @@ def test_chat_one_shot_and_stream_agree(sdk) -> None:
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
     assert all(c.usage is None for c in chunks[:-1])
+    # llama.cpp-style timings (a DGPP extension) on the last choice chunk and in one-shot bodies
+    assert chunks[-2].model_extra["timings"]["predicted_n"] == 11
+    t = one.model_extra["timings"]
+    assert t["prompt_n"] + t["cache_n"] == one.usage.prompt_tokens and t["predicted_n"] == 11 and t["predicted_ms"] >= 0
 
 
 def test_raw_sse_framing(server) -> None:

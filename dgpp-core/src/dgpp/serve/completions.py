@@ -16,7 +16,14 @@ from dgpp.sched.request import RetireReason
 from dgpp.serve.backend import RequestHandle, ServingEngine
 from dgpp.serve.choice_output import ServedChoice
 from dgpp.serve.errors import APIError, invalid
-from dgpp.serve.openai_format import DONE, KEEP_ALIVE, ChunkWriter, chat_response, completion_response
+from dgpp.serve.openai_format import (
+    DONE,
+    KEEP_ALIVE,
+    ChunkWriter,
+    chat_response,
+    completion_response,
+    timings,
+)
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
 from dgpp.serve.validate import check_model, parse_body, sampling_params
 
@@ -85,6 +92,7 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
     else:
         body = completion_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
                                    handle.params.logprobs)
+    body["timings"] = timings(handle.seqs[0], outputs[0].completion_tokens)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
@@ -140,7 +148,9 @@ async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[Se
                 yield writer.error(err.message, err.code or "engine_failure")
                 yield DONE
                 return
-            chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason)
+            last = delta.finish_reason is not None and all(o.finished for o in outputs)
+            times = timings(handle.seqs[0], outputs[0].completion_tokens) if last else None
+            chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason, times)
             if chunk:
                 yield chunk
         engine.counters.finished(outputs)

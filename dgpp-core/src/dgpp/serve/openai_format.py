@@ -38,6 +38,24 @@ def usage(prompt_tokens: int, outputs: list[ServedChoice]) -> dict[str, Any]:
     }
 
 
+def timings(seq: Any, completion_tokens: int) -> dict[str, Any]:
+    """llama.cpp-style ``timings`` of choice 0 (a DGPP extension): prompt work (what the prefix cache did not
+    cover) from admission to the first token, generation from the first token to the last."""
+    prompt_n = seq.prompt_len - seq.cached_tokens
+    prompt_ms = ((seq.first_token_at or 0.0) - (seq.admitted_at or 0.0)) * 1000.0 if seq.first_token_at else 0.0
+    predicted_ms = ((seq.last_token_at or 0.0) - (seq.first_token_at or 0.0)) * 1000.0 if seq.last_token_at else 0.0
+    predicted_n = max(completion_tokens - 1, 0)  # the first token belongs to the prompt's forward
+    return {
+        "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+        "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
+        "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms else 0.0,
+        "cache_n": seq.cached_tokens,
+        "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+        "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
+        "predicted_per_second": 1000.0 * predicted_n / predicted_ms if predicted_ms else 0.0,
+    }
+
+
 class ChunkWriter:
     """Builds the SSE chunks of one streamed request (chat or legacy)."""
 
@@ -58,10 +76,12 @@ class ChunkWriter:
         self._preamble_sent: set[int] = set()
         self._text_offset: dict[int, int] = {}
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> bytes:
+    def _chunk(self, choices: list[dict[str, Any]], extra: dict[str, Any] | None = None) -> bytes:
         body = {**self.base, "choices": choices}
         if self.include_usage:
             body["usage"] = None
+        if extra:
+            body.update(extra)
         return self._event(body)
 
     def _event(self, body: dict[str, Any]) -> bytes:
@@ -78,7 +98,7 @@ class ChunkWriter:
                              "finish_reason": None}])
 
     def delta(self, index: int, parts: list[dict[str, Any]], logprobs: list[dict[str, Any]],
-              finish_reason: str | None) -> bytes:
+              finish_reason: str | None, timings: dict[str, Any] | None = None) -> bytes:
         """Chunks for one event of one choice: one per delta part (logprobs ride on the first, or on an
         empty delta), then the terminal chunk when the choice finished."""
         out = b""
@@ -87,7 +107,7 @@ class ChunkWriter:
             if text or logprobs:
                 out += self._legacy(index, text, logprobs, None)
             if finish_reason is not None:
-                out += self._legacy(index, "", [], finish_reason)
+                out += self._legacy(index, "", [], finish_reason, timings)
             return out
         if logprobs and not parts:
             parts = [{}]
@@ -97,14 +117,17 @@ class ChunkWriter:
             out += self._chunk([{"index": index, "delta": part, "logprobs": lp, "finish_reason": None}])
         if finish_reason is not None:
             out += self.preamble(index)
-            out += self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}])
+            out += self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}],
+                               {"timings": timings} if timings else None)
         return out
 
-    def _legacy(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None) -> bytes:
+    def _legacy(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None,
+                timings: dict[str, Any] | None = None) -> bytes:
         start = self._text_offset.get(index, 0)
         self._text_offset[index] = start + len(text)
         lp = legacy_logprobs(logprobs, start) if logprobs else None
-        return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}])
+        return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
+                           {"timings": timings} if timings else None)
 
     def usage_chunk(self, prompt_tokens: int, outputs: list[ServedChoice]) -> bytes:
         return self._event({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
