@@ -52,3 +52,45 @@ def test_tied_embeddings(kind, tmp_path):
     model, ref = load_model(path), load_reference(path)
     assert model.lm_head.weight is model.model.embed_tokens.weight
     conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (8, 21), seed=5), rtol=1e-4)
+
+
+def _release_config() -> dict:
+    """Qwen3.8-27B's geometry (anchor §3.5) in the release's config.json shape (multimodal wrapper)."""
+    return {
+        "architectures": ["Qwen3_5ForConditionalGeneration"],
+        "model_type": "qwen3_5",
+        "dtype": "bfloat16",
+        "text_config": {
+            "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
+            "num_hidden_layers": 64, "full_attention_interval": 4, "num_attention_heads": 24,
+            "num_key_value_heads": 4, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 48,
+            "linear_key_head_dim": 128, "linear_value_head_dim": 128, "linear_conv_kernel_dim": 4,
+            "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "hidden_act": "silu",
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
+                                "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+        },
+        "vision_config": {"depth": 27},
+    }
+
+
+@pytest.mark.parametrize("world_size", (1, 2))
+def test_release_geometry_builds_with_the_expected_cache(world_size):
+    """The 27B's real sizes, built on the meta device: 48 GDN + 16 attention layers, per-rank state and K/V."""
+    from dgpp.family import World
+    from dgpp_qwen.config import parse_config
+    from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
+
+    cfg = parse_config(_release_config())
+    with torch.device("meta"):
+        model = Qwen35ForCausalLM(cfg, World(rank=0, size=world_size))
+    spec = model.cache_spec()
+    gdn = [s for s in spec.values() if isinstance(s, StateSpec)]
+    attn = [s for s in spec.values() if isinstance(s, PagedKV)]
+    assert (len(gdn), len(attn)) == (48, 16)
+    assert isinstance(spec["layers.3"], PagedKV) and isinstance(spec["layers.4"], StateSpec)
+    assert gdn[0].tensors["recurrent"] == ((48 // world_size, 128, 128), torch.float32)
+    assert gdn[0].tensors["conv"] == ((3, (2 * 16 * 128 + 48 * 128) // world_size), torch.bfloat16)
+    assert attn[0] == PagedKV(num_kv_heads=4 // world_size, head_dim=256, dtype=torch.bfloat16)
+    per_request = sum(s.bytes_per_request() for s in gdn)
+    assert per_request == 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2) // world_size  # ≈ 147 MiB at TP1
+    assert model.model.layers[3].self_attn.rotary.rotary_dim == 64
