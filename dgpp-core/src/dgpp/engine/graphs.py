@@ -8,8 +8,8 @@ smallest captured size ``>= n``, its extra rows padded so they write nothing (``
 pool and one set of static input buffers (views of the largest size), so memory is paid once.
 
 Prefill and mixed steps stay eager. The captured model code must not sync with the host: on CUDA
-the ``dgpp.nn`` layers dispatch to ``dgpp.kernels`` for exactly that reason. Hybrid models (conv
-state updated through host-built index tensors) are refused for now.
+the ``dgpp.nn`` layers dispatch to ``dgpp.kernels`` for exactly that reason. Hybrid models run too: their
+decode-only conv and gated-delta steps read device tensors alone and skip padding rows (state slot -1).
 
 ``DecodeGraphs(..., capture=False)`` runs the same padded static batch eagerly, which is how the
 padding and size-selection logic is tested on a CPU.
@@ -52,8 +52,6 @@ class DecodeGraphs:
     def __init__(
         self, model: Model, pools: CachePools, max_batch: int, max_blocks: int, *, capture: bool = True,
     ) -> None:
-        if model.info.hybrid:
-            raise ValueError("decode graphs do not support hybrid (recurrent-state) models yet; run them eagerly")
         self.model = model
         self.pools = pools
         self.sizes = capture_sizes(max_batch)

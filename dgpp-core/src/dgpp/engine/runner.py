@@ -86,7 +86,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         # engine.decode_graph: decode-only steps replay CUDA graphs (dgpp.engine.graphs); prefill stays eager
         self.graphs = None
-        if decode_graph and self.device.type == "cuda" and not model.info.hybrid:
+        if decode_graph and self.device.type == "cuda":
             from dgpp.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, pools, max_batch, max_blocks or pools.num_blocks)
