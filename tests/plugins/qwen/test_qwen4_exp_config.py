@@ -8,6 +8,7 @@ import json
 import pytest
 from safetensors.torch import load_file, save_file
 
+from dgpp.engine.cache_spec import StateSpec
 from dgpp.engine.loading import load_model
 from dgpp.errors import CheckpointError, ConfigError
 from dgpp.testing import conformance as conf
@@ -76,3 +77,30 @@ def test_hash_constants_disagreeing_with_the_config_are_refused(tmp_path):
     (path / "config.json").write_text(json.dumps({**config, "seed": 99}))
     with pytest.raises(CheckpointError, match="layer_multipliers"):
         load_model(path)
+
+
+def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
+    from dgpp.config import EngineConfig
+    from dgpp.engine.loading import read_hf_config
+    from dgpp.engine.memory import plan_for
+    from dgpp.family import LoadContext
+    from dgpp.plugins import manager
+    from dgpp_qwen.qwen4_exp_memory import ngram_table_bytes
+
+    path = build_tiny_qwen4_exp(tmp_path, seed=25, with_mtp=True)
+
+    def plan(**engine):
+        return plan_for(manager(), LoadContext(path, read_hf_config(path), "qwen", "Qwen4ExpForCausalLM", EngineConfig(**engine)))
+
+    resident, mapped, with_mtp = plan(), plan(ngram_table="mmap"), plan(mtp=True)
+    model = load_model(path)
+    # per QSA layer: K+V of 2 kv heads x 16, plus one 16-wide index key, fp32
+    assert resident.kv_per_token == 2 * (2 * 16 * 2 + 16) * 4
+    assert with_mtp.kv_per_token == 3 * (2 * 16 * 2 + 16) * 4 and with_mtp.drafter > 0
+    states = [s for s in model.cache_spec().values() if isinstance(s, StateSpec)]
+    assert len(states) == 4 and resident.state_per_request == sum(s.bytes_per_request() for s in states)
+    table = ngram_table_bytes(path)
+    ple_layers = [layer.ple for layer in model.model.layers if layer.ple is not None]
+    assert table == sum(ple.ple_embedding.hasher.table_rows * 4 * 4 for ple in ple_layers)  # 4 dims, fp32
+    assert resident.weights - mapped.weights == table
+    assert resident.weights == sum(p.numel() * p.element_size() for p in model.parameters()) + table

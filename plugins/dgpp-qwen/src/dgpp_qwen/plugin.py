@@ -99,3 +99,14 @@ def dgpp_build_draft(ctx: LoadContext, model):
     from dgpp_qwen.draft import build_draft
 
     return build_draft(ctx, model)
+
+
+@hookimpl
+def dgpp_memory_plan(ctx: LoadContext):
+    # qwen4_exp's indexer keys, PLE state and n-gram tables are outside the generic estimate; the other
+    # Qwen models keep it (None lets it apply)
+    if ctx.family != FAMILY or ctx.hf_config.get("model_type") not in ("qwen4_exp", "qwen4_exp_text"):
+        return None
+    from dgpp_qwen.qwen4_exp_memory import memory_plan
+
+    return memory_plan(ctx)

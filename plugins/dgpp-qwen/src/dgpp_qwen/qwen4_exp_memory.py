@@ -1,0 +1,73 @@
+"""The qwen4_exp memory plan: per-rank bytes of the model as it would be built, without reading a weight.
+
+The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank, so
+weights are this rank's real parameter bytes; KV per token and state per request come from
+``cache_spec()``, so they include the QSA indexer's keys and the PLE n-gram context and conv history. The
+PLE n-gram tables count as weights when ``engine.ngram_table`` is ``resident``; when ``mmap`` they stay
+in the page cache of the checkpoint files and are only noted.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from dgpp.engine.memory import MemoryPlan
+from dgpp.engine.memory_estimate import tensor_bytes
+from dgpp.family import LoadContext
+
+GIB = 1 << 30
+
+
+def ngram_table_bytes(checkpoint_dir: Path) -> int:
+    """On-disk bytes of every PLE table of the main model (all shards)."""
+    return sum(
+        size for name, size in tensor_bytes(checkpoint_dir).items()
+        if ".ple_embedding.ngram_embedding." in name and not name.startswith("mtp.")
+    )
+
+
+def memory_plan(ctx: LoadContext) -> MemoryPlan:
+    from dgpp_qwen.draft import Qwen4ExpMTPDrafter
+    from dgpp_qwen.qwen4_exp import Qwen4ExpForCausalLM
+    from dgpp_qwen.qwen4_exp_config import parse_qwen4_exp_config
+
+    engine = ctx.engine
+    cfg = parse_qwen4_exp_config(ctx.hf_config)
+    base = cfg.base
+    dtype = ctx.dtype or base.dtype
+    mtp = bool(getattr(engine, "mtp", False))
+    with torch.device("meta"):
+        model = Qwen4ExpForCausalLM(cfg, ctx.world)
+        spec = dict(model.cache_spec())
+        drafter_bytes = 0
+        if mtp:
+            drafter = Qwen4ExpMTPDrafter(model)
+            spec.update(drafter.cache_spec())
+            drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    table = ngram_table_bytes(Path(ctx.checkpoint_dir)) if cfg.ngram else 0
+    mapped = getattr(engine, "ngram_table", "resident") == "mmap"
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    world, moe = ctx.world.size, base.moe
+    max_conc = getattr(engine, "max_concurrency", 1)
+    depth = getattr(engine, "mtp_depth", 1) if mtp else 0
+    budget = getattr(engine, "prefill_budget_tokens", -1)
+    notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
+    if table:
+        notes.append(f"PLE n-gram tables {table / GIB:.2f} GiB " + ("memory-mapped, not resident" if mapped else "resident"))
+    return MemoryPlan.from_cache_spec(
+        spec,
+        weights=weights + (0 if mapped else table),
+        # a prefill row: the hyper state and its normed copy, the block input, q/k/v/attention rows, the routed
+        # experts' gate/up/act on this rank
+        activations_per_token=(2 * cfg.hc_count * base.hidden_size + 6 * base.hidden_size
+                               + 3 * moe.intermediate_size * moe.top_k // world) * itemsize,
+        drafter=drafter_bytes,
+        kv_capacity=getattr(engine, "kv_capacity", 0),
+        max_concurrency=max_conc,
+        prefill_tokens=max(256 if budget < 0 else budget, getattr(engine, "prefill_idle_budget_tokens", 0)),
+        extra={"logits": 4 * base.vocab_size * max(max_conc * (1 + depth), 8)},
+        notes=tuple(notes),
+    )
