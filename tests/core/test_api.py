@@ -324,6 +324,16 @@ def test_connection_limit_answers_openai_shaped_503() -> None:
     assert json.loads(refused[1]["body"])["error"]["code"] == "overloaded"
 
 
+def test_default_max_tokens_is_cut_to_the_room_the_prompt_leaves(sdk, server) -> None:
+    client, engine = server
+    long = sdk.completions.create(model=MODEL, prompt="Hello world! " * 1300, temperature=0,  # ~3900 tokens
+                                  extra_body={"ignore_eos": True})
+    room = engine.limits.request_limit_tokens - long.usage.prompt_tokens
+    assert 0 < room < 256 and long.usage.completion_tokens == room and long.choices[0].finish_reason == "length"
+    r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello world! " * 1400})
+    err(r, 400, "context_length_exceeded", "prompt")
+
+
 def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
     """A request whose sampling raises (here: a mask that allows nothing) gets a 500; the engine serves on."""
     client, engine = server

@@ -54,7 +54,9 @@ class ToyRunner:
 
     def _logits(self, w: SeqWork) -> torch.Tensor:
         end = w.context_len + len(w.token_ids)
-        history = [int(self.kv[w.block_table[p // self.block_size], p % self.block_size]) for p in range(end)]
+        positions = torch.arange(end)
+        blocks = torch.tensor(w.block_table, dtype=torch.long)[positions // self.block_size]
+        history = self.kv[blocks, positions % self.block_size].tolist()  # read back through the block table
         seed = 7
         for tok in history:
             seed = (seed * 1_000_003 + tok + 1) % _MOD

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from dgpp.sample.params import SamplingDefaults, SamplingParams
@@ -193,8 +193,19 @@ class ServingEngine:
 
     # ---- submission ---------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
-              kind: str = "chatcmpl", matchers: list[Any] | None = None) -> RequestHandle:
-        """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure."""
+              kind: str = "chatcmpl", matchers: list[Any] | None = None,
+              max_tokens_given: bool = True) -> RequestHandle:
+        """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
+
+        A request that named no max_tokens gets ``engine.default_max_tokens`` cut to the room its prompt
+        leaves; one that named it too large is refused (the client asked for something impossible)."""
+        room = self.limits.request_limit_tokens - len(prompt_ids)
+        if not max_tokens_given:
+            if room < 1:
+                param = "messages" if kind == "chatcmpl" else "prompt"
+                raise APIError(400, f"the prompt ({len(prompt_ids)} tokens) leaves no room to generate within "
+                                    f"{self.limits.request_limit_tokens} tokens", "context_length_exceeded", param)
+            params = replace(params, max_tokens=min(params.max_tokens, room))
         total = len(prompt_ids) + params.max_tokens
         if total > self.limits.max_position:
             raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "

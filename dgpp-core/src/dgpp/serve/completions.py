@@ -48,7 +48,8 @@ async def chat_completions(request: Request) -> Response | Stream:
     if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
         params = replace(params, ignore_eos=False)
     handle = engine.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
-                          kind="chatcmpl", matchers=prepared.matchers)
+                          kind="chatcmpl", matchers=prepared.matchers,
+                          max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
     return await _answer(request, engine, handle, req, engine.text_outputs(handle, prepared))
 
 
@@ -57,7 +58,8 @@ async def completions(request: Request) -> Response | Stream:
     req, raw, engine = await _read(request, CompletionRequest)
     params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
     prompt = await engine.prepare_text(req.prompt)
-    handle = engine.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl")
+    handle = engine.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl",
+                          max_tokens_given=req.max_tokens is not None)
     return await _answer(request, engine, handle, req, engine.text_outputs(handle, None))
 
 
