@@ -20,8 +20,8 @@ class SamplingDefaults:
 
     @classmethod
     def from_generation_config(cls, checkpoint_dir: str | Path | None) -> SamplingDefaults:
-        """Read ``generation_config.json``; a checkpoint without one (or with ``do_sample: false``) samples greedily
-        only when the request asks; absent keys keep OpenAI's defaults."""
+        """Read ``generation_config.json``. Absent keys keep OpenAI's defaults; ``do_sample: false`` makes the
+        default greedy (temperature 0), as HF's ``generate`` would be for that checkpoint."""
         if checkpoint_dir is None:
             return cls()
         path = Path(checkpoint_dir) / "generation_config.json"
@@ -32,8 +32,9 @@ class SamplingDefaults:
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not valid JSON ({e})") from e
         base = cls()
+        greedy = raw.get("do_sample") is False
         return cls(
-            temperature=float(raw.get("temperature", base.temperature)),
+            temperature=0.0 if greedy else float(raw.get("temperature", base.temperature)),
             top_p=float(raw.get("top_p", base.top_p)),
             top_k=int(raw.get("top_k", base.top_k) or 0),
             min_p=float(raw.get("min_p", base.min_p) or 0.0),
