@@ -12,7 +12,7 @@ from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
 from dgpp.testing.mtp import draft_logits
-from dgpp.testing.qwen4_exp import build_hf_mtp, build_tiny_qwen4_exp
+from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp, mtp_reference_logits
 from dgpp_qwen.draft import Qwen4ExpMTPDrafter
 
 RTOL = 1e-4
@@ -25,29 +25,6 @@ def loaded(tmp_path_factory):
     ctx = LoadContext(path, read_hf_config(path), "qwen", "Qwen4ExpForCausalLM")
     drafter = manager().hook.dgpp_build_draft(ctx=ctx, model=model)
     return path, model, drafter
-
-
-@torch.inference_mode()
-def _reference(path, tokens: list[int]) -> torch.Tensor:
-    import transformers
-
-    # eager experts: the grouped-GEMM path has no float64 kernel
-    ref = transformers.Qwen4ExpForCausalLM.from_pretrained(
-        path, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
-    ).eval()
-    mtp = build_hf_mtp(ref.config).double().eval()
-    weights = {k[len("mtp."):]: v.double() for k, v in load_file(str(path / "model.safetensors")).items() if k.startswith("mtp.")}
-    mtp.load_state_dict(weights)
-    ids = torch.tensor([tokens])
-    n = len(tokens) - 1
-    hidden = ref.model(ids[:, :-1]).last_hidden_state
-    x = mtp["fc"](torch.cat([mtp["pre_fc_norm_embedding"](ref.model.embed_tokens(ids[:, 1:])),
-                             mtp["pre_fc_norm_hidden"](hidden)], dim=-1))
-    hyper = x.repeat(1, 1, ref.config.hc_count)
-    position_embeddings = ref.model.rotary_emb(hyper, torch.arange(n).view(1, 1, -1).expand(3, 1, -1))
-    causal = torch.full((n, n), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
-    hyper = mtp["layers"][0](hyper, position_embeddings=position_embeddings, attention_mask=causal, cache=None)
-    return ref.lm_head(mtp["hyper_connection_mixer"](hyper))[0]
 
 
 def test_drafter_loads_mtp_tensors(loaded):
@@ -66,7 +43,7 @@ def test_mtp_logits_match_float64_reference(loaded, chunks):
     path, model, drafter = loaded
     tokens = torch.randint(0, 512, (31,), generator=torch.Generator().manual_seed(14)).tolist()
     ours = draft_logits(model, drafter, tokens, chunks).double()
-    theirs = _reference(path, tokens)
+    theirs = mtp_reference_logits(path, tokens)
     worst = float(((ours - theirs).abs().max(-1).values / theirs.abs().max()).max())
     assert worst < RTOL, f"MTP logits differ from the float64 reference by {worst:.3g} relative"
 

@@ -134,3 +134,31 @@ def build_tiny_qwen4_exp(
     if with_mtp:
         _add_mtp(model.config.get_text_config(), out, dtype, seed)
     return out
+
+
+@torch.inference_mode()
+def mtp_reference_logits(path: str | Path, tokens: list[int]) -> torch.Tensor:
+    """Float64 MTP logits of every position of ``tokens[:-1]`` (row ``p`` predicts ``tokens[p + 2]``):
+    transformers' main model gives the mixed hidden state, then transformers' decoder-layer and gated-residual
+    classes run the ``mtp.*`` tensors (``build_hf_mtp``) glued as ``dgpp_qwen.draft`` documents."""
+    import transformers
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    # eager experts: the grouped-GEMM path has no float64 kernel
+    ref = transformers.Qwen4ExpForCausalLM.from_pretrained(
+        path, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+    ).eval()
+    mtp = build_hf_mtp(ref.config).double().eval()
+    stored = load_file(str(path / "model.safetensors"))
+    mtp.load_state_dict({k[len("mtp.") :]: v.double() for k, v in stored.items() if k.startswith("mtp.")})
+    ids = torch.tensor([tokens])
+    n = len(tokens) - 1
+    hidden = ref.model(ids[:, :-1]).last_hidden_state
+    embedded = mtp["pre_fc_norm_embedding"](ref.model.embed_tokens(ids[:, 1:]))
+    x = mtp["fc"](torch.cat([embedded, mtp["pre_fc_norm_hidden"](hidden)], dim=-1))
+    hyper = x.repeat(1, 1, ref.config.hc_count)
+    position_embeddings = ref.model.rotary_emb(hyper, torch.arange(n).view(1, 1, -1).expand(3, 1, -1))
+    causal = torch.full((n, n), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
+    hyper = mtp["layers"][0](hyper, position_embeddings=position_embeddings, attention_mask=causal, cache=None)
+    return ref.lm_head(mtp["hyper_connection_mixer"](hyper))[0]
