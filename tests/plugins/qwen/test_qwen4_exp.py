@@ -89,3 +89,16 @@ def test_hash_constants_equal_the_reference_at_release_scale():
         assert hash_multipliers(248320, 3, ple_index, 1234) == hf._build_layer_multipliers(248320, 3, ple_index, 1234).tolist()
     ours = head_vocab_sizes(20_000_000, 1, 3)  # heads 3..5 of the sequence (second PLE layer of 3-head layers)
     assert ours == [hf._find_nth_prime_after(19_999_999, n) for n in (4, 5, 6)]
+
+
+@torch.inference_mode()
+def test_indexer_ties_go_to_the_lower_block(pair):
+    """All-zero scores (every ReLU clipped) tie every block: the lowest blocks win, plus the tail."""
+    model, _ = pair
+    indexer = model.model.layers[1].self_attn.indexer
+    query = -torch.ones(16, 16)
+    block_keys = torch.ones(10, 16)  # q·c < 0 for every head and block
+    picked = indexer._select(query, block_keys, position=41)  # 10 complete blocks, tail 40..41
+    assert picked.tolist() == [*range(16), 40, 41]
+    block_keys[7] = -1.0  # one block now scores > 0: it takes the place of the highest tied block
+    assert indexer._select(query, block_keys, position=41).tolist() == [*range(12), *range(28, 32), 40, 41]

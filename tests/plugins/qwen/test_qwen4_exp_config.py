@@ -104,3 +104,13 @@ def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
     assert table == sum(ple.ple_embedding.hasher.table_rows * 4 * 4 for ple in ple_layers)  # 4 dims, fp32
     assert resident.weights - mapped.weights == table
     assert resident.weights == sum(p.numel() * p.element_size() for p in model.parameters()) + table
+
+
+def test_fp8_ngram_table_is_refused_not_misread(tmp_path):
+    import torch
+
+    path = build_tiny_qwen4_exp(tmp_path, seed=26)
+    name = "model.layers.0.ple.ple_embedding.ngram_embedding.shard_0.weight"
+    _rewrite(path, lambda t: t.update({name: t[name].to(torch.float8_e4m3fn)}))
+    with pytest.raises(CheckpointError, match="n-gram table is not supported"):
+        load_model(path)

@@ -81,6 +81,9 @@ class NGramEmbedding(nn.Module):
         names = self.tensor_names(reader, prefix, split_parts)
         rows = 0
         for name in names:
+            if reader.dtype(name) not in _SAFETENSORS_DTYPES.values():
+                # FP8 releases store codes plus a scale; looking the codes up as values would be silently wrong
+                raise CheckpointError(f"tensor {name!r} in {reader.where(name)}: a {reader.dtype(name)} n-gram table is not supported yet")
             shape = reader.shape(name)
             if len(shape) != 2 or shape[1] != self.dim:
                 raise CheckpointError(f"tensor {name!r} in {reader.where(name)} has shape {list(shape)}; expected [rows, {self.dim}]")
