@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -65,3 +67,14 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         self._log_file.close()
+
+
+@contextmanager
+def running(checkpoint: Path, workdir: Path, engine: dict, http: dict | None = None) -> Iterator[Server]:
+    """A ready ``Server``, stopped on exit."""
+    server = Server(checkpoint, workdir, engine, http)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()

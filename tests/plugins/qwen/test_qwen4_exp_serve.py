@@ -19,7 +19,7 @@ from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
-from serve_fixture import Server  # noqa: E402
+from serve_fixture import running  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 NO_THINK = {"enable_thinking": False}
@@ -33,12 +33,8 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen4_exp_serve")
     ckpt = build_tiny_qwen4_exp(root / "ckpt", seed=61)
     build_tiny_tokenizer(ckpt)
-    server = Server(ckpt, root, ENGINE)
-    try:
-        server.wait_ready()
+    with running(ckpt, root, ENGINE) as server:
         yield server, ckpt, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    finally:
-        server.stop()
 
 
 def _messages(question: str) -> list[dict]:
