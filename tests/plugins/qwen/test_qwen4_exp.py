@@ -102,3 +102,22 @@ def test_indexer_ties_go_to_the_lower_block(pair):
     assert picked.tolist() == [*range(16), 40, 41]
     block_keys[7] = -1.0  # one block now scores > 0: it takes the place of the highest tied block
     assert indexer._select(query, block_keys, position=41).tolist() == [*range(12), *range(28, 32), 40, 41]
+
+
+@torch.inference_mode()
+def test_all_rows_at_once_path_equals_row_by_row(pair, monkeypatch):
+    """The CUDA form (one product and sort per sequence, masked attention), forced on the CPU: the same
+    selection masks and logits within fp32 rounding of the row-by-row reference path, one-shot and chunked."""
+    model, _ = pair
+    indexer = model.model.layers[1].self_attn.indexer
+    q = torch.randn(30, 16, 16, generator=torch.Generator().manual_seed(4))
+    keys = torch.randn(12, 16, generator=torch.Generator().manual_seed(5))
+    rows = indexer._select_rows(q, keys, context=18, length=48)
+    assert torch.equal(indexer._select_all(q, keys, torch.arange(18, 48), 48), rows)
+    prompts = prompts_with_eos(model, (12, 47), seed=6)
+    reference = conf.engine_all_logits(model, prompts)
+    for layer in (model.model.layers[1], model.model.layers[3]):
+        monkeypatch.setattr(layer.self_attn.indexer, "vectorized", True)
+    for chunk in (None, 9):
+        for ours, theirs in zip(conf.engine_all_logits(model, prompts, chunk_size=chunk), reference, strict=True):
+            torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max()))

@@ -26,7 +26,7 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp_qwen.qwen4_exp_config import IndexerConfig
 
-Selection = list[torch.Tensor | None]  # per token row: sorted key positions, or None for "all visible"
+Selection = list[torch.Tensor | None]  # per sequence: a [q_len, seq_len] key mask, or None when all rows are dense
 
 
 class QSAIndexer(nn.Module):
@@ -46,6 +46,7 @@ class QSAIndexer(nn.Module):
         self.index_qk_proj = Linear(hidden_size, (cfg.n_heads + 1) * cfg.head_dim, dtype=dtype)
         self.q_layernorm = RMSNorm(cfg.head_dim, eps, zero_centered=True, dtype=dtype)
         self.k_layernorm = RMSNorm(cfg.head_dim, eps, zero_centered=True, dtype=dtype)
+        self.vectorized: bool | None = None  # None: all rows at once on CUDA, row by row on the CPU
 
     def cache_spec(self) -> PagedKV:
         return PagedKV(num_kv_heads=1, head_dim=self.cfg.head_dim, dtype=self.dtype, v_head_dim=0)
@@ -75,7 +76,37 @@ class QSAIndexer(nn.Module):
         tail = torch.arange(blocks * ratio, position + 1, device=best.device)
         return torch.sort(torch.cat([tokens, tail])).values
 
+    def _select_all(self, q: torch.Tensor, block_keys: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+        """The selection mask ``[n, length]`` of query rows ``q`` ``[n, n_heads, head_dim]`` at ``positions``, all
+        at once (one product, one sort): the CUDA path. Same rule as ``_select``; its products are not
+        row-independent on the CPU, so the CPU keeps the per-row form."""
+        ratio, topk = self.cfg.compress_ratio, self.cfg.block_topk
+        num_blocks = block_keys.shape[0]
+        per_head = torch.einsum("nhd,bd->nbh", q.float(), block_keys.float())
+        scores = torch.relu(per_head).sum(dim=-1) / math.sqrt(self.cfg.head_dim)
+        complete = (positions + 1) // ratio  # complete blocks each row sees
+        visible = torch.arange(num_blocks, device=q.device)[None, :] < complete[:, None]
+        order = torch.sort(scores.masked_fill(~visible, float("-inf")), dim=1, descending=True, stable=True).indices
+        picked = torch.zeros_like(visible).scatter_(1, order[:, : min(topk, num_blocks)], True) & visible
+        tokens = torch.arange(length, device=q.device)
+        block_of = (tokens // ratio).clamp(max=max(num_blocks - 1, 0))
+        in_picked = (tokens < num_blocks * ratio)[None, :] & picked.gather(1, block_of.expand(q.shape[0], -1))
+        tail = (tokens[None, :] >= complete[:, None] * ratio) & (tokens[None, :] <= positions[:, None])
+        return in_picked | tail
+
+    def _select_rows(self, q: torch.Tensor, block_keys: torch.Tensor, context: int, length: int) -> torch.Tensor:
+        """The selection mask ``[n, length]`` row by row (CPU: row-independent products)."""
+        mask = torch.zeros(q.shape[0], length, dtype=torch.bool, device=q.device)
+        for j in range(q.shape[0]):
+            position = context + j
+            if position + 1 > self.dense_limit():
+                mask[j, self._select(q[j], block_keys, position)] = True
+            else:
+                mask[j, : position + 1] = True
+        return mask
+
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """Per sequence: the selection mask of its rows ``[q_len, seq_len]``, or None when all of them are dense."""
         rows, cfg = x.shape[0], self.cfg
         q, raw_k = self.index_qk_proj(x).split([cfg.n_heads * cfg.head_dim, cfg.head_dim], dim=-1)
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
@@ -84,14 +115,19 @@ class QSAIndexer(nn.Module):
         keep = batch.slot_mapping >= 0  # -1: a padding row writes nothing
         k_cache.view(-1, cfg.head_dim)[batch.slot_mapping[keep]] = raw_k[keep].to(k_cache.dtype)
 
-        selection: Selection = [None] * rows
+        vectorized = x.is_cuda if self.vectorized is None else self.vectorized
+        selection: Selection = []
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):
             context, length = batch.context_lens_cpu[i], batch.seq_lens_cpu[i]
+            mask = None
             if q_len and length > self.dense_limit():
                 block_keys = self._block_keys(gather_context(k_cache, batch.block_tables[i], length)[:, 0])
-                for j in range(q_len):
-                    if context + j + 1 > self.dense_limit():
-                        selection[start + j] = self._select(q[start + j], block_keys, context + j)
+                rows_q = q[start : start + q_len]
+                if vectorized:
+                    mask = self._select_all(rows_q, block_keys, batch.positions[start : start + q_len], length)
+                else:
+                    mask = self._select_rows(rows_q, block_keys, context, length)
+            selection.append(mask)
             start += q_len
         return selection

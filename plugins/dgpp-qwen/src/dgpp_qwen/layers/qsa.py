@@ -19,29 +19,44 @@ from dgpp.nn.attention import gated_output, gather_context, split_query_gate, wr
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp_qwen.attention import QwenAttention
-from dgpp_qwen.layers.indexer import QSAIndexer, Selection
+from dgpp_qwen.layers.indexer import QSAIndexer
 from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
 
 
 def attend_selected(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, selected: Selection, scale: float
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """One sequence: query row ``i`` (position ``q_offset + i``) attends to key positions ``selected[i]``, or
-    to all of ``0..q_offset+i`` when that is None. ``q`` [n, Hq, D], ``k`` [L, Hkv, D], ``v`` [L, Hkv, Dv]."""
+    """One sequence, row by row (CPU): query row ``i`` (position ``q_offset + i``) attends to the keys ``mask[i]``
+    selects, or to all of ``0..q_offset+i`` when ``mask`` is None. ``q`` [n, Hq, D], ``k`` [L, Hkv, D],
+    ``v`` [L, Hkv, Dv]; each row over exactly its keys in position order, with row-independent products."""
     n, num_q_heads, _ = q.shape
     num_kv_heads = k.shape[1]
     grouped = q.reshape(n, num_kv_heads, num_q_heads // num_kv_heads, -1)
     k, v = k.to(q.dtype), v.to(q.dtype)
     out = q.new_empty(n, num_kv_heads, num_q_heads // num_kv_heads, v.shape[-1])
     for i in range(n):
-        picked = selected[i]
-        keys = k[: q_offset + i + 1] if picked is None else k[picked]
-        values = v[: q_offset + i + 1] if picked is None else v[picked]
+        picked = slice(0, q_offset + i + 1) if mask is None else mask[i].nonzero().squeeze(-1)
+        keys, values = k[picked], v[picked]
         for h in range(num_kv_heads):
             scores = batch_invariant_linear(grouped[i, h], keys[:, h]) * scale
             probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
             out[i, h] = batch_invariant_linear(probs, values[:, h].t())
     return out.reshape(n, num_q_heads, -1)
+
+
+def attend_masked(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """The same attention with every row at once over a masked ``[n, L]`` score matrix (CUDA)."""
+    n, num_q_heads, _ = q.shape
+    length, num_kv_heads = k.shape[:2]
+    if mask is None:
+        mask = torch.arange(length, device=q.device)[None, :] <= q_offset + torch.arange(n, device=q.device)[:, None]
+    grouped = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, -1).permute(1, 2, 0, 3)  # [Hkv, g, n, D]
+    scores = torch.matmul(grouped, k.to(q.dtype).permute(1, 2, 0).unsqueeze(1)) * scale  # [Hkv, g, n, L]
+    probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
+    out = torch.matmul(probs, v.to(q.dtype).permute(1, 0, 2).unsqueeze(1))  # [Hkv, g, n, Dv]
+    return out.permute(2, 0, 1, 3).reshape(n, num_q_heads, -1)
 
 
 class QSAttention(QwenAttention):
@@ -75,6 +90,7 @@ class QSAttention(QwenAttention):
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         selection = self.indexer(x, batch)
 
+        attend = attend_masked if (x.is_cuda if self.indexer.vectorized is None else self.indexer.vectorized) else attend_selected
         out = q.new_empty(rows, self.num_heads, self.head_dim)
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):
@@ -82,9 +98,8 @@ class QSAttention(QwenAttention):
                 length = batch.seq_lens_cpu[i]
                 keys = gather_context(k_cache, batch.block_tables[i], length)
                 values = gather_context(v_cache, batch.block_tables[i], length)
-                out[start : start + q_len] = attend_selected(
-                    q[start : start + q_len], keys, values, batch.context_lens_cpu[i],
-                    selection[start : start + q_len], self.attn.scale,
+                out[start : start + q_len] = attend(
+                    q[start : start + q_len], keys, values, batch.context_lens_cpu[i], selection[i], self.attn.scale
                 )
             start += q_len
         return self.o_proj(gated_output(out.flatten(1), gate))
