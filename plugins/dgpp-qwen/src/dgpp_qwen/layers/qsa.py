@@ -2,18 +2,18 @@
 q/k RMSNorm, partial rotate-half RoPE, sigmoid output gate) where each query attends only to the tokens
 its block indexer selects (``indexer.py``); short contexts select everything and stay dense.
 
-K/V go to the pool entry ``cache_name``; the indexer's raw keys to its own entry. A query's output is
-the softmax over exactly its selected keys, in position order, with row-independent products (so a
-position's result does not depend on chunking or batching).
+K/V go to the pool entry ``cache_name``; the indexer's raw keys to its own entry. On the CPU (the reference
+path) a query's output is the softmax over exactly its selected keys, in position order, with row-independent
+products, so a position's result does not depend on batching. On CUDA all rows of a sequence go at once
+through a masked score matrix (``attend_masked``): the same selection and the same math, other rounding.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec, PagedKV
 from dgpp.family import World
 from dgpp.nn.attention import gated_output, gather_context, split_query_gate, write_kv
 from dgpp.nn.batch_invariant import batch_invariant_linear
@@ -70,9 +70,7 @@ class QSAttention(QwenAttention):
         base = cfg.base
         self.indexer = QSAIndexer(base.hidden_size, cfg.indexer, rotary, index_cache_name, base.rms_norm_eps, dtype=base.dtype)
 
-    def cache_specs(self, dtype: torch.dtype) -> dict[str, Any]:
-        from dgpp.engine.cache_spec import PagedKV
-
+    def cache_specs(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         return {
             self.attn.cache_name: PagedKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype),
             self.indexer.cache_name: self.indexer.cache_spec(),
@@ -90,7 +88,8 @@ class QSAttention(QwenAttention):
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         selection = self.indexer(x, batch)
 
-        attend = attend_masked if (x.is_cuda if self.indexer.vectorized is None else self.indexer.vectorized) else attend_selected
+        all_rows = x.is_cuda if self.indexer.vectorized is None else self.indexer.vectorized
+        attend = attend_masked if all_rows else attend_selected
         out = q.new_empty(rows, self.num_heads, self.head_dim)
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):
