@@ -25,6 +25,15 @@ def test_wrapped_release_layout_matches_transformers(tmp_path):
     assert conf.check_logits(model, reference, prompts, rtol=1e-4) < 1e-4
 
 
+def test_sigmoid_gdn_output_gate_matches_transformers(tmp_path):
+    """``output_gate_type: sigmoid`` (the GDN norm gated by σ(z), as the anchor describes the release)."""
+    path = build_tiny_qwen4_exp(tmp_path, seed=27, overrides={"output_gate_type": "sigmoid"})
+    model, reference = load_model(path), load_reference(path)
+    assert model.cfg.gdn_output_gate == "sigmoid"
+    prompts = conf.make_prompts(model.info.vocab_size, (7, 30), seed=28)
+    assert conf.check_logits(model, reference, prompts, rtol=1e-4) < 1e-4
+
+
 def _text(**changes):
     return {"model_type": "qwen4_exp_text", "architectures": ["Qwen4ExpForCausalLM"], **TINY_QWEN4_EXP, **changes}
 
