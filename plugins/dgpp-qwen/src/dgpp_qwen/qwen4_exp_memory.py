@@ -17,7 +17,7 @@ from dgpp.engine.memory import MemoryPlan
 from dgpp.engine.memory_estimate import tensor_bytes
 from dgpp.family import LoadContext
 
-GIB = 1 << 30
+MIB = 1 << 20
 
 
 def ngram_table_bytes(checkpoint_dir: Path) -> int:
@@ -56,7 +56,7 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
     budget = getattr(engine, "prefill_budget_tokens", -1)
     notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
     if table:
-        notes.append(f"PLE n-gram tables {table / GIB:.2f} GiB " + ("memory-mapped, not resident" if mapped else "resident"))
+        notes.append(f"PLE n-gram tables {table / MIB:,.1f} MiB " + ("memory-mapped, not resident" if mapped else "resident"))
     return MemoryPlan.from_cache_spec(
         spec,
         weights=weights + (0 if mapped else table),
