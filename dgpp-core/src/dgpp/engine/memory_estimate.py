@@ -1,7 +1,8 @@
 """A generic memory plan from config.json and safetensors headers (no weight is read).
 
 Used when a family's plugin offers no ``dgpp_memory_plan``. It is an estimate with stated rules:
-weights = the checkpoint's stored bytes divided evenly over the ranks (TP shards nearly everything);
+weights = the checkpoint's stored bytes divided evenly over the ranks (TP shards nearly everything;
+a quantized checkpoint stores its linears packed, so these are ``dgpp.quant.packed_bytes``, not dequantized bytes);
 the drafter = tensors of MTP layers (named ``mtp`` or indexed past ``num_hidden_layers``); KV per
 token from the attention geometry (MLA latent rows when ``kv_lora_rank`` is set); state per request
 from linear-attention geometry; activations per prefill row from the hidden and MLP widths.
