@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 from safetensors.torch import load_file, save_file
 
 from dgpp.engine.cache_spec import StateSpec
@@ -116,10 +117,33 @@ def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
 
 
 def test_fp8_ngram_table_is_refused_not_misread(tmp_path):
-    import torch
-
     path = build_tiny_qwen4_exp(tmp_path, seed=26)
     name = "model.layers.0.ple.ple_embedding.ngram_embedding.shard_0.weight"
     _rewrite(path, lambda t: t.update({name: t[name].to(torch.float8_e4m3fn)}))
     with pytest.raises(CheckpointError, match="n-gram table is not supported"):
         load_model(path)
+
+
+@torch.inference_mode()
+def test_unpadded_ngram_table_loads_and_gives_the_same_logits(tmp_path):
+    """The release stores 320,001,446 rows (the sum of its 16 primes, = our derivation), not transformers' padding
+    to a multiple of 128: a table cut to the rows the hash can reach loads, in both modes, with equal logits."""
+    from dgpp.config import EngineConfig
+    from dgpp_qwen.layers.ngram import head_vocab_sizes
+
+    assert sum(head_vocab_sizes(20_000_000, 0, 16)) == 320_001_446
+    path = build_tiny_qwen4_exp(tmp_path, seed=29)
+    model = load_model(path)
+    prompts = conf.make_prompts(model.info.vocab_size, (9, 33), seed=30)
+    before = conf.engine_all_logits(model, prompts)
+    last = [layer.ple.ple_embedding.hasher.rows_needed for layer in model.model.layers if layer.ple is not None]
+
+    def cut(tensors):
+        for layer, needed in zip((0, 2), last, strict=True):
+            name = f"model.layers.{layer}.ple.ple_embedding.ngram_embedding.shard_3.weight"
+            tensors[name] = tensors[name][: needed - 3 * tensors[name].shape[0]].clone()
+
+    _rewrite(path, cut)
+    for engine in (None, EngineConfig(ngram_table="mmap")):
+        after = conf.engine_all_logits(load_model(path, engine), prompts)
+        assert all(torch.equal(a, b) for a, b in zip(after, before, strict=True))

@@ -87,7 +87,8 @@ class NGramHasher(nn.Module):
         self.cfg = cfg
         sizes = head_vocab_sizes(cfg.vocab_size_base, ple_index, cfg.num_heads)
         offsets = [sum(sizes[:h]) for h in range(len(sizes))]
-        self.table_rows = math.ceil(sum(sizes) / cfg.vocab_divisor) * cfg.vocab_divisor
+        self.rows_needed = sum(sizes)  # the largest row id is rows_needed - 1
+        self.table_rows = math.ceil(self.rows_needed / cfg.vocab_divisor) * cfg.vocab_divisor  # as transformers pads
         self.register_buffer("multipliers", torch.tensor(hash_multipliers(vocab_size, cfg.ngram_size, ple_index, cfg.seed)), persistent=False)
         self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64), persistent=False)
         self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.int64), persistent=False)

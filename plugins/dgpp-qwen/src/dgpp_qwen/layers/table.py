@@ -88,8 +88,12 @@ class NGramEmbedding(nn.Module):
             if len(shape) != 2 or shape[1] != self.dim:
                 raise CheckpointError(f"tensor {name!r} in {reader.where(name)} has shape {list(shape)}; expected [rows, {self.dim}]")
             rows += shape[0]
-        if rows != self.hasher.table_rows:
-            raise CheckpointError(f"PLE table {prefix!r} has {rows} rows; the config's hash needs {self.hasher.table_rows}")
+        # transformers pads the table to make_ngram_vocab_size_divisible_by; a release may store it unpadded
+        if not self.hasher.rows_needed <= rows <= self.hasher.table_rows:
+            raise CheckpointError(
+                f"PLE table {prefix!r} has {rows} rows; the config's hash needs {self.hasher.rows_needed} "
+                f"(padded: {self.hasher.table_rows})"
+            )
         self.mode = mode
         if mode == "resident":
             self.table = torch.cat([reader.get(n) for n in names]).to(device)
