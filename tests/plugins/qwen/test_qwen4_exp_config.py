@@ -67,6 +67,15 @@ def test_bad_config_names_the_key(changes, key):
         parse_qwen4_exp_config(_text(**changes))
 
 
+def test_wrapped_config_errors_name_text_config_keys():
+    text = {**TINY_QWEN4_EXP, "indexer_kv_heads": 2}
+    with pytest.raises(ConfigError, match=r"text_config\.indexer_kv_heads"):
+        parse_qwen4_exp_config({"model_type": "qwen4_exp", "text_config": text})
+    text = {**TINY_QWEN4_EXP, "num_hidden_layers": None}
+    with pytest.raises(ConfigError, match=r"text_config\.num_hidden_layers"):
+        parse_qwen4_exp_config({"model_type": "qwen4_exp", "text_config": text})
+
+
 def _rewrite(path, edit):
     tensors = load_file(str(path / "model.safetensors"))
     edit(tensors)

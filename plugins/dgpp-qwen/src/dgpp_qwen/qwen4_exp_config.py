@@ -90,9 +90,9 @@ def _as_hybrid_moe(keys: _Keys, hf_config: dict[str, Any]) -> dict[str, Any]:
     rope = text.get("rope_parameters")
     if isinstance(rope, dict) and "partial_rotary_factor" not in rope:
         text["rope_parameters"] = {**rope, "partial_rotary_factor": 1.0}
-    for key in ("dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id"):
-        if key not in text and key in hf_config:
-            text[key] = hf_config[key]
+    if keys.where:  # the multimodal wrapper: parse as qwen3_5_moe, so errors name text_config.<key>
+        top = {k: v for k, v in hf_config.items() if k in ("architectures", "dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id")}
+        return {**top, "model_type": "qwen3_5_moe", "text_config": text}
     return text
 
 
