@@ -103,3 +103,22 @@ def test_ids_past_the_tokenizer_have_no_text(deepseek_v3):
     """Models pad their vocabulary (DeepSeek-V3: 129,280 rows, 128,815 tokenizer ids)."""
     detok = IncrementalDetokenizer(deepseek_v3)
     assert detok.push(129000) == "" and detok.push_many(deepseek_v3.encode("ok")) == "ok"
+
+
+def test_ids_past_a_tiny_vocabulary_have_no_text(tiny_tokenizer):
+    """Tiny fixture models pad vocab to 512 past the tokenizer; both decoder paths give such ids no text."""
+    from tokenizers.implementations import SentencePieceBPETokenizer
+
+    from dgpp.text.tokenizer import Tokenizer
+
+    sp = SentencePieceBPETokenizer()
+    sp.train_from_iterator(["hello world"] * 5, vocab_size=60, min_frequency=1, show_progress=False)
+    window = Tokenizer(sp._tokenizer, {})
+    for tok in (tiny_tokenizer, window):
+        detok = IncrementalDetokenizer(tok, stop=["wor"])
+        past = tok.vocab_size
+        assert detok.push(past) == "" and detok.push(past + 100) == ""
+        assert detok.push_many(tok.encode(" hello")).strip() == "hello"
+        assert detok.push(past) == "" and detok.push_many(tok.encode(" world")) + detok.finish() == " "
+        assert detok.stopped.stop == "wor" and detok.stopped.token_index == detok.num_tokens - 1
+        assert detok.text.strip() == "hello"

@@ -57,3 +57,46 @@ def test_stop_string_counts_tokens_to_the_match(tiny_tokenizer):
     ids = tiny_tokenizer.encode("Hello world, more text")
     first = next(k for k in range(1, len(ids) + 1) if "world" in tiny_tokenizer.decode(ids[:k]))
     assert out.completion_tokens == first and out.finish_reason("stop") == "stop"
+
+
+def test_reasoning_tokens_cut_mid_thinking_count_generated_ids_only(tiny_tokenizer):
+    """A choice cut (length) while still thinking: every generated id is a reasoning id, and the final flush
+    of held-back text is not one more (anchor §2.6: ids up to and including </think>)."""
+    out = ChoiceOutput(tiny_tokenizer, prompt="<|im_start|>assistant\n<think>\n")
+    ids = tiny_tokenizer.encode("Still thinking about 2+2 是 4 <")  # "<" may start </think>: held back
+    for tid in ids:
+        out.push(tid)
+    deltas = out.finish()
+    assert out.reasoning_tokens == len(ids) == out.completion_tokens
+    assert out.reasoning.endswith("4 <") and any(d.get("reasoning_content", "").endswith("<") for d in deltas)
+
+
+def test_reasoning_tokens_stop_at_the_closing_tag(tiny_tokenizer):
+    out = ChoiceOutput(tiny_tokenizer, prompt="<|im_start|>assistant\n<think>\n")
+    ids = tiny_tokenizer.encode("hmm, four.</think>\n\nThe answer is 4.")
+    feed(out, tiny_tokenizer, "hmm, four.</think>\n\nThe answer is 4.")
+    upto = next(k for k in range(1, len(ids) + 1) if "</think>" in tiny_tokenizer.decode(ids[:k]))
+    assert out.reasoning_tokens == upto and out.content == "The answer is 4."
+
+
+def test_ids_past_the_tokenizer_pass_through_as_no_text(tiny_tokenizer):
+    """Tiny models pad their vocabulary past the tokenizer's: such ids are counted and carry no text,
+    inside reasoning, in content, and across a stop string."""
+    padded = tiny_tokenizer.vocab_size + 7
+    out = ChoiceOutput(tiny_tokenizer, prompt="<|im_start|>assistant\n<think>\n", stop=["world"])
+    ids = [padded] + tiny_tokenizer.encode("ok</think>") + [padded, padded + 1]
+    ids += tiny_tokenizer.encode("Hello") + [padded] + tiny_tokenizer.encode(" world and more")
+    deltas = []
+    for tid in ids:
+        deltas += out.push(tid)
+        if out.stopped:
+            break
+    deltas += out.finish()
+    assert out.reasoning == "ok" and out.content == "Hello "
+    closing = 1 + next(k for k in range(1, 20) if "</think>" in tiny_tokenizer.decode(ids[1 : 1 + k]))
+    assert out.reasoning_tokens == closing
+    known = [i if i < padded - 7 else None for i in ids]
+    matched = next(
+        k for k in range(1, len(ids) + 1) if "world" in tiny_tokenizer.decode([i for i in known[:k] if i is not None])
+    )
+    assert out.completion_tokens == matched

@@ -2,7 +2,7 @@
 
 The text chain itself (detokenizer with stop strings, reasoning split, tool-call parsing) is
 ``dgpp.text.output.ChoiceOutput``; this adds what serving needs around it: token accounting against
-the model's (possibly padded) vocabulary, logprob entries for visible tokens, and retirement.
+logprob entries for visible tokens, and retirement.
 """
 
 from __future__ import annotations
@@ -41,11 +41,9 @@ class ServedChoice:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[str, Any]] = []
-        # a model's vocabulary is often padded past the tokenizer's: those ids have no text and never reach
-        # the text chain; ``_pushed`` maps its token count back to ours for stop-string accounting
+        # a model's vocabulary is often padded past the tokenizer's: those ids have no text (the text chain
+        # counts them as tokens) and no logprob bytes
         self._known = tokenizer.vocab_size
-        self._pushed: list[int] = []
-        self._reasoning_tokens: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -57,7 +55,7 @@ class ServedChoice:
 
     @property
     def reasoning_tokens(self) -> int:
-        return self._reasoning_tokens if self._reasoning_tokens is not None else self.text.reasoning_tokens
+        return self.text.reasoning_tokens
 
     def message(self) -> dict[str, Any]:
         return self.text.message()
@@ -69,10 +67,7 @@ class ServedChoice:
         self.cached_tokens = ev.cached_tokens
         for token, sample in zip(ev.tokens, ev.samples, strict=True):
             hidden = self.text.splitter.in_reasoning and not self.text.splitter.in_content
-            parts: list[dict[str, Any]] = []
-            if token < self._known:
-                parts = self.text.push(token)
-                self._pushed.append(self.completion_tokens)
+            parts = self.text.push(token)
             delta.parts += parts
             self.completion_tokens += 1
             stopped = self.text.stopped
@@ -81,7 +76,7 @@ class ServedChoice:
                 delta.logprobs.append(self._logprob_entry(token, sample))
             if stopped is not None:
                 # completion_tokens counts up to the token that completed the match
-                self.completion_tokens = self._pushed[stopped.token_index] + 1
+                self.completion_tokens = self.text.completion_tokens
                 delta.stopped_by_string = True
                 self._finish(delta, "stop")
                 return delta
@@ -97,8 +92,6 @@ class ServedChoice:
         return delta
 
     def _finish(self, delta: Delta, reason: str) -> None:
-        # read the count before the final flush: flushing held-back text is not a generated token
-        self._reasoning_tokens = self.text.reasoning_tokens
         delta.parts += self.text.finish()
         delta.finish_reason = self.finish_reason = reason
         self.logprobs.extend(delta.logprobs)

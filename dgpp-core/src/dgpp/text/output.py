@@ -63,15 +63,15 @@ class ChoiceOutput:
 
     def finish(self) -> list[dict[str, Any]]:
         """End of the choice (EOS, length, stop string or cancel): flush everything held back."""
-        out = self._route(self.detokenizer.finish())
+        out = self._route(self.detokenizer.finish(), is_token=False)  # held-back text, not another id
         tail = self.splitter.finish()
         out += self._route_split(tail.reasoning, tail.content)
         if self.calls_stream is not None:
             out += self._collect(self.calls_stream.finish())
         return out
 
-    def _route(self, text: str) -> list[dict[str, Any]]:
-        part = self.splitter.push(text)
+    def _route(self, text: str, is_token: bool = True) -> list[dict[str, Any]]:
+        part = self.splitter.push(text, is_token)
         return self._route_split(part.reasoning, part.content)
 
     def _route_split(self, reasoning: str, content: str) -> list[dict[str, Any]]:

@@ -48,9 +48,10 @@ class ReasoningSplitter:
     def in_reasoning(self) -> bool:
         return self._state == "reasoning"
 
-    def push(self, text: str) -> Split:
-        """Add the text of one generated token (may be "")."""
-        if self._state == "reasoning":
+    def push(self, text: str, is_token: bool = True) -> Split:
+        """Add the text of one generated token (may be ""); ``is_token=False`` for text released without a
+        new token (the detokenizer's final flush), which is routed but not counted."""
+        if is_token and self._state == "reasoning":
             self.reasoning_tokens += 1
         if self.in_content:
             self._route(text)  # still tracks state for the token count
