@@ -44,6 +44,8 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
         raise invalid(f"duplicate key {e.args[0]!r} in the request body", e.args[0]) from None
     except (ValueError, UnicodeDecodeError) as e:
         raise invalid(f"the request body is not valid JSON: {e}", None) from None
+    except RecursionError:  # the stdlib decoder recurses per nesting level; a client's [[[[... is not a 500
+        raise invalid("the request body nests JSON arrays/objects too deeply", None) from None
     if not isinstance(raw, dict):
         raise invalid("the request body must be a JSON object", None)
     try:  # JSON may escape lone UTF-16 surrogates ("\\ud800"), which no tokenizer can take

@@ -1,0 +1,23 @@
+"""Request validation edge cases found in review: client mistakes are 400s naming the field, never 500s."""
+
+from __future__ import annotations
+
+import pytest
+
+from dgpp.serve.errors import APIError
+from dgpp.serve.protocol import ChatCompletionRequest
+from dgpp.serve.validate import parse_body
+
+
+def _refused(body: bytes) -> APIError:
+    with pytest.raises(APIError) as info:
+        parse_body(body, ChatCompletionRequest)
+    return info.value
+
+
+def test_deeply_nested_body_is_a_400_not_a_recursion_error() -> None:
+    depth = 5000  # past the decoder's recursion limit
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "metadata": ' + b"[" * depth
+    body += b"]" * depth + b"}"
+    err = _refused(body)
+    assert err.status == 400 and "too deeply" in err.message
