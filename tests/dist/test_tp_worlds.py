@@ -1,6 +1,6 @@
-"""Worlds of 2 and 4 CPU ranks (gloo) on tiny Qwen checkpoints against world 1: same transcripts
-(greedy and seeded/unseeded sampling), logits within 1e-5 (fp32), the same op-stream digest on every
-rank."""
+"""Worlds of 2 and 4 CPU ranks (gloo) on tiny Qwen checkpoints (dense qwen3 with a tied head, hybrid
+qwen3_5_moe) against world 1: same greedy and seeded transcripts, logits within 1e-5 (fp32) and
+bit-identical on every rank, the same op-stream digest on every rank."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from dgpp.testing.tokenizers import build_tiny_tokenizer
 
 # every split dimension divides by 4: attention and GDN heads, MLP, expert and shared-expert widths
 OVERRIDES = {
-    "qwen3": {"num_key_value_heads": 4},
+    "qwen3": {"num_key_value_heads": 4, "tie_word_embeddings": True},  # the head is a view of the embedding
     "qwen3_5_moe": {"num_key_value_heads": 4, "linear_num_key_heads": 4, "linear_num_value_heads": 8,
                     "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]},
 }
@@ -48,6 +48,7 @@ def test_worlds_2_and_4_equal_world_1(kind, tmp_path):
         assert len(set(rank0["digests"].values())) == 1 and len(rank0["digests"]) == size, rank0["digests"]
         assert [r["digest"] for r in ranks] == [rank0["digest"]] * size
         assert all(r["exit"] == 0 for r in ranks[1:])
+        assert [r["head_rows"] for r in ranks] == [512 // size] * size  # vocab-parallel head, gathered logits
         for rank in range(size):
             got = torch.load(tmp_path / f"w{size}" / f"logits{rank}.pt")
             for ours, ref in zip(got, ref_logits, strict=True):

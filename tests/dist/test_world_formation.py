@@ -99,3 +99,20 @@ def test_progress_watchdog_reports_a_stalled_tick():
     assert dog.check() is None
     now[0] = 171.0
     assert dog.check() == "engine progress watchdog: tick 7 has made no progress for 121.0 s"
+
+
+def test_progress_watchdog_thread_calls_on_stall_once_and_can_be_disarmed():
+    import threading
+    import time
+
+    progress = _Progress()
+    progress.tick_started = time.monotonic()
+    stalls: list[str] = []
+    called = threading.Event()
+    stop = ProgressWatchdog(progress, 0.2, on_stall=lambda m: (stalls.append(m), called.set())).start(0.05)
+    assert called.wait(5.0) and len(stalls) == 1 and stalls[0].startswith("engine progress watchdog: tick 7")
+    stop.set()
+    quiet = ProgressWatchdog(_Progress(), 0.2, on_stall=stalls.append).start(0.05)
+    time.sleep(0.3)  # idle: nothing reported
+    quiet.set()
+    assert len(stalls) == 1

@@ -77,6 +77,7 @@ def run_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str, diverge_at: int =
     cfg = parse_config(raw_cfg)
     out = Path(out_dir)
     world = None
+    orderly = False
     if cfg.world > 1:
         world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
     try:
@@ -119,12 +120,14 @@ def run_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str, diverge_at: int =
         result["digest"] = stream.full_digest()
         if not diverge_at:  # the same logits on every rank: the reduced hidden state and the head are replicated
             model = engine.loop.scheduler.runner.model
+            result["head_rows"] = model.lm_head.vocab_local
             logits = conf.engine_all_logits(model, conf.make_prompts(engine.limits.vocab_size, LOGIT_PROMPTS, seed=5))
             torch.save(logits, out / f"logits{rank}.pt")
         (out / f"rank{rank}.json").write_text(json.dumps(result))
+        orderly = not diverge_at
     finally:
         if world:
-            world.close()
+            world.close(orderly=orderly)
 
 
 class _LocalRecorder:

@@ -63,6 +63,9 @@ class JournalHub:
         self.finals: dict[int, Final] = {}
         self._closing = False
         self._final_cond = threading.Condition()
+        self._watchers: list[threading.Thread] = []
+        self.departure: str | None = None  # the first peer failure a watcher saw
+        self._departed = threading.Event()
 
     def accept(self, size: int, timeout_s: float) -> None:
         """Wait for ranks ``1..size-1`` to say hello (``WorldError`` naming the missing ranks at the deadline)."""
@@ -97,8 +100,10 @@ class JournalHub:
     def watch(self, on_failure: Callable[[str], None]) -> None:
         """Start one daemon thread per peer that reports a divergence or a closed connection once."""
         for rank, link in self.peers.items():
-            threading.Thread(target=self._watch_one, args=(rank, link, on_failure), daemon=True,
-                             name=f"dgpp-journal-watch-{rank}").start()
+            thread = threading.Thread(target=self._watch_one, args=(rank, link, on_failure), daemon=True,
+                                      name=f"dgpp-journal-watch-{rank}")
+            thread.start()
+            self._watchers.append(thread)
 
     def _watch_one(self, rank: int, link: LineSocket, on_failure: Callable[[str], None]) -> None:
         while True:
@@ -109,13 +114,24 @@ class JournalHub:
                     self._final_cond.notify_all()
                 continue
             if isinstance(record, Diverged):
-                on_failure(f"op-stream divergence at tick {record.n} (rank {rank} folded {record.ours}, "
-                           f"rank 0 {record.theirs})")
+                self._report(on_failure, f"op-stream divergence at tick {record.n} (rank {rank} folded "
+                                         f"{record.ours}, rank 0 {record.theirs})")
                 return
             if record is None:
                 if not self._closing and rank not in self.finals:
-                    on_failure(f"rank {rank} left the world (its journal connection closed)")
+                    self._report(on_failure, f"rank {rank} left the world (its journal connection closed)")
                 return
+
+    def _report(self, on_failure: Callable[[str], None], message: str) -> None:
+        if self.departure is None:
+            self.departure = message
+        self._departed.set()
+        on_failure(message)
+
+    def wait_departure(self, timeout_s: float) -> str | None:
+        """The peer failure the watchers saw, waiting up to ``timeout_s`` for one (None: none seen)."""
+        self._departed.wait(timeout_s)
+        return self.departure
 
     def wait_finals(self, timeout_s: float) -> dict[int, Final]:
         deadline = time.monotonic() + timeout_s
@@ -129,6 +145,10 @@ class JournalHub:
         for link in self.peers.values():
             link.close()
         self._listener.close()
+        # a daemon thread still inside recv when the interpreter finalizes aborts the process: join them
+        for thread in self._watchers:
+            if thread is not threading.current_thread():
+                thread.join(timeout=2.0)
 
 
 def connect_journal(host: str, port: int, timeout_s: float) -> LineSocket:

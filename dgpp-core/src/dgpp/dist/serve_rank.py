@@ -18,7 +18,13 @@ from dgpp.dist.channel import WorldError
 from dgpp.dist.digest import OpStream
 from dgpp.dist.follower import Follower
 from dgpp.dist.journal import JournalWriter
-from dgpp.dist.watchdog import EXIT_ENGINE_FAILURE, PROGRESS_LIMIT_S, ProgressWatchdog, exit_after_failure
+from dgpp.dist.watchdog import (
+    EXIT_ENGINE_FAILURE,
+    PROGRESS_LIMIT_S,
+    PeerAwareRunner,
+    ProgressWatchdog,
+    exit_after_failure,
+)
 from dgpp.dist.world import DistWorld, WorldSpec, form_world, settings_of
 from dgpp.log import get_logger
 
@@ -38,16 +44,19 @@ def serve_rank(cfg: Any, rank: int) -> int:
     spec = WorldSpec.from_config(cfg, rank)
     apply_fabric_env(log_result=True)  # NCCL reads its env at init: before the process group forms
     world = form_world(spec, settings_of(cfg))
+    code = 1
     try:
         engine = build_serving_engine(cfg, world=world.world, group=world.group, device=world.device, start_loop=False)
         dist.barrier()  # every rank has its slice before rank 0 accepts a request
         if rank == 0:
-            return _serve_rank0(cfg, world, engine)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # peers end on rank 0's Stop, not on the launcher's ^C
-        assert world.link is not None
-        return Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, OpStream(), rank).run()
+            code = _serve_rank0(cfg, world, engine)
+        else:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # peers end on rank 0's Stop, not on the launcher's ^C
+            assert world.link is not None
+            code = Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, OpStream(), rank).run()
+        return code
     finally:
-        world.close()
+        world.close(orderly=code == 0)
 
 
 def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
@@ -60,13 +69,18 @@ def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
     loop = engine.loop
     loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
     world.hub.watch(loop.fail)
-    ProgressWatchdog(writer, progress_limit_s(), loop.fail).start()
-    exit_after_failure(loop, before_exit=lambda: log.info("op stream", rank=0, md5=stream.full_digest()))
+    loop.scheduler.runner = PeerAwareRunner(loop.scheduler.runner, world.hub)
+    watchdog = ProgressWatchdog(writer, progress_limit_s(), loop.fail).start()
+    failure_exit = exit_after_failure(loop, before_exit=lambda: log.info("op stream", rank=0, md5=stream.full_digest()))
     loop.start()
-    run(cfg, engine)
-    loop.stop()
+    try:
+        run(cfg, engine)
+    finally:
+        loop.stop()
+        watchdog.set()
     if loop.failed is not None:
         return EXIT_ENGINE_FAILURE
+    failure_exit.set()
     try:
         writer.stop()
     except WorldError as e:

@@ -35,29 +35,59 @@ class ProgressWatchdog:
             return f"engine progress watchdog: tick {self.progress.tick} has made no progress for {stalled:.1f} s"
         return None
 
-    def start(self, interval_s: float | None = None) -> None:
+    def start(self, interval_s: float | None = None) -> threading.Event:
+        """Check every ``interval_s`` on a daemon thread until a stall is reported or the returned event is set."""
         interval = interval_s or min(1.0, self.limit_s / 4)
+        stop = threading.Event()
 
         def loop() -> None:
-            while (message := self.check()) is None:
-                time.sleep(interval)
-            self.on_stall(message)
+            while not stop.wait(interval):
+                if (message := self.check()) is not None:
+                    self.on_stall(message)
+                    return
 
         threading.Thread(target=loop, name="dgpp-progress-watchdog", daemon=True).start()
+        return stop
+
+
+class PeerAwareRunner:
+    """Wraps rank 0's model runner: when a step fails because a collective broke (a peer died), the
+    error names the peer the journal watch saw leave, not the transport's message."""
+
+    def __init__(self, runner: Any, hub: Any, wait_s: float = 1.0) -> None:
+        self.runner = runner
+        self.hub = hub
+        self.wait_s = wait_s
+
+    def step(self, works: Any) -> Any:
+        try:
+            return self.runner.step(works)
+        except Exception as e:
+            cause = self.hub.wait_departure(self.wait_s)
+            if cause is None:
+                raise
+            raise RuntimeError(cause) from e
+
+    def __getattr__(self, name: str) -> Any:  # model, pools, graphs: the wrapped runner's
+        return getattr(self.runner, name)
 
 
 def exit_after_failure(loop: Any, grace_s: float = FAILURE_GRACE_S,
-                       before_exit: Callable[[], None] | None = None) -> None:
+                       before_exit: Callable[[], None] | None = None) -> threading.Event:
     """Once ``loop.failed`` is set, give streams ``grace_s`` to end, then leave with exit code 2
-    (uvicorn would otherwise keep answering 503 forever)."""
+    (uvicorn would otherwise keep answering 503 forever). Setting the returned event disarms it."""
+    stop = threading.Event()
 
     def watch() -> None:
         while loop.failed is None:
-            time.sleep(0.05)
-        time.sleep(grace_s)
+            if stop.wait(0.05):
+                return
+        if stop.wait(grace_s):
+            return
         log.error("rank 0 exits after engine failure", error=loop.failed, code=EXIT_ENGINE_FAILURE)
         if before_exit is not None:
             before_exit()
         os._exit(EXIT_ENGINE_FAILURE)
 
     threading.Thread(target=watch, name="dgpp-failure-exit", daemon=True).start()
+    return stop

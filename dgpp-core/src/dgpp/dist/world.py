@@ -84,7 +84,14 @@ class DistWorld:
     link: LineSocket | None = None  # peers
     device: str = "cpu"
 
-    def close(self) -> None:
+    def close(self, orderly: bool = True) -> None:
+        """Leave the world. ``orderly``: every rank is closing too, so wait for all of them first (a rank
+        that tears its gloo pairs down while another still uses them can abort the process)."""
+        if orderly and dist.is_initialized():
+            try:
+                dist.barrier()
+            except Exception as e:  # a rank is already gone: nothing left to wait for
+                log.warning("closing barrier failed", error=str(e))
         if self.hub is not None:
             self.hub.close()
         if self.link is not None:

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.dist.collectives import all_gather_last_dim
+from dgpp.family import World
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
@@ -29,15 +33,30 @@ class VocabEmbedding(nn.Module):
 
 class LMHead(nn.Module):
     """Hidden rows -> logits ``[R, vocab]``. With ``tied_to`` the head reuses the embedding matrix, so it
-    is loaded once (``named_parameters`` lists the shared tensor only under the embedding)."""
+    is loaded once (``named_parameters`` lists the shared tensor only under the embedding).
 
-    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, tied_to: VocabEmbedding | None = None):
+    Under tensor parallelism (``world.size > 1`` dividing the vocabulary) the head is vocab-parallel:
+    each rank holds ``vocab / size`` rows (a view of the tied embedding, or its slice of the checkpoint
+    tensor), computes its shard of the logits, and the shards are gathered in rank order."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, tied_to: VocabEmbedding | None = None,
+                 world: World | None = None, group: Any = None):
         super().__init__()
+        self.world, self.group = world or World(), group
+        self.vocab_parallel = self.world.size > 1 and vocab_size % self.world.size == 0
+        self.vocab_local = vocab_size // self.world.size if self.vocab_parallel else vocab_size
         if tied_to is not None:
             self.weight = tied_to.weight
         else:
-            self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size, dtype=dtype), requires_grad=False)
-            set_weight_attrs(self.weight, weight_loader=default_weight_loader)
+            rows = self.vocab_local
+            self.weight = nn.Parameter(torch.empty(rows, hidden_size, dtype=dtype), requires_grad=False)
+            set_weight_attrs(self.weight, weight_loader=default_weight_loader,
+                             tp_dim=0 if self.vocab_parallel else None, world=self.world)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return batch_invariant_linear(hidden, self.weight)
+        weight = self.weight
+        if not self.vocab_parallel:
+            return batch_invariant_linear(hidden, weight)
+        if weight.shape[0] != self.vocab_local:  # tied: this rank's rows of the replicated embedding
+            weight = weight.narrow(0, self.world.rank * self.vocab_local, self.vocab_local)
+        return all_gather_last_dim(batch_invariant_linear(hidden, weight), self.world, self.group)

@@ -6,11 +6,11 @@ from typing import Any
 
 import torch
 
+from dgpp.dist.collectives import all_reduce_sum
 from dgpp.family import World
 
 
 def all_reduce(x: torch.Tensor, world: World, group: Any = None) -> torch.Tensor:
-    """Sum ``x`` over the tensor-parallel group in place (a no-op on one rank); returns ``x``."""
-    if world.size > 1:
-        torch.distributed.all_reduce(x, group=group)
-    return x
+    """Sum ``x`` over the tensor-parallel group in place (a no-op on one rank; half types summed in
+    fp32 and rounded once, so every rank holds the same bits); returns ``x``."""
+    return all_reduce_sum(x, world, group)

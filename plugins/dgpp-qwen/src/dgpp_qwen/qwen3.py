@@ -81,7 +81,7 @@ class Qwen3ForCausalLM(Model):
         self.cfg = cfg
         self.model = Qwen3Body(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group)
         self.kv_heads_local = cfg.num_kv_heads // world.size
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,

@@ -101,7 +101,7 @@ class Qwen35ForCausalLM(Model):
     weights load separately, as the drafter (``qwen3_5_mtp.py``).
 
     Hidden state is replicated at every block boundary; GDN and attention heads, MLP and expert intermediate
-    dims are split over ``world``; embedding and head are replicated."""
+    dims are split over ``world``; the embedding is replicated, the head vocab-parallel."""
 
     def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None) -> None:
         super().__init__()
@@ -110,7 +110,7 @@ class Qwen35ForCausalLM(Model):
         self.world, self.group = world, group
         self.model = Qwen35TextStack(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied)
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group)
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position,
