@@ -29,7 +29,8 @@ def tiny_model():
 
 
 def _prefilled(model, n_seqs: int, prompt: int, blocks_per_seq: int):
-    pools = CachePools(model.cache_spec(), n_seqs * blocks_per_seq + 2, 4, n_seqs)
+    device = next(model.parameters()).device
+    pools = CachePools(model.cache_spec(), n_seqs * blocks_per_seq + 2, 4, n_seqs, device)
     tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(n_seqs)]
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, model.info.vocab_size, (n_seqs, prompt), generator=gen).tolist()
@@ -67,3 +68,41 @@ def test_graphs_refuse_prefill_and_oversized_batches(tiny_model) -> None:
     assert not graphs.can_run(prefill) and not graphs.can_run(too_many)
     with pytest.raises(ValueError, match="cannot run"):
         graphs.load(too_many)
+
+
+@pytest.fixture(scope="module")
+def moe_checkpoint(tmp_path_factory):
+    from dgpp.testing.builders import build_tiny_checkpoint
+
+    return build_tiny_checkpoint("qwen3_moe", tmp_path_factory.mktemp("qwen3_moe"), seed=5)
+
+
+def _decode_graph_vs_eager(model, steps: int, atol: float, capture: bool) -> DecodeGraphs:
+    pools, tables, last, runner = _prefilled(model, 3, 9, 4)
+    graphs = DecodeGraphs(model, pools, max_batch=8, max_blocks=4, capture=capture)
+    graphs.capture()
+    for step in range(steps):
+        work = [SeqWork(i, tables[i], 9 + step, [last[i]]) for i in range(3)]
+        batch = build_batch(work, pools, graphs.device)
+        assert graphs.can_run(batch)
+        padded = graphs.run(batch)  # 3 rows in the size-4 batch: the padding row is routed to experts too
+        eager = runner.step(work)
+        torch.testing.assert_close(padded, eager, rtol=atol, atol=atol)
+        assert torch.argmax(padded, -1).tolist() == torch.argmax(eager, -1).tolist()
+        last = torch.argmax(eager, -1).tolist()
+    return graphs
+
+
+def test_moe_model_runs_the_padded_graph_batch(moe_checkpoint) -> None:
+    """A MoE model goes through the decode-graph path (its expert alignment has no host sync)."""
+    from dgpp.engine.loading import load_model
+
+    _decode_graph_vs_eager(load_model(moe_checkpoint), 3, 1e-5, capture=False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with TRITON_INTERPRET=0)")
+def test_moe_model_decode_is_captured_on_cuda(moe_checkpoint) -> None:
+    from dgpp.engine.loading import load_model
+
+    graphs = _decode_graph_vs_eager(load_model(moe_checkpoint, device="cuda"), 4, 1e-4, capture=True)
+    assert graphs.use_graphs and set(graphs.graphs) == {1, 2, 4, 8}

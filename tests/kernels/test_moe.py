@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dgpp.kernels.moe import align_to_experts, fused_moe_ref, fused_moe_triton
@@ -31,6 +32,68 @@ def test_align_puts_each_block_on_one_expert() -> None:
         assert all(int(flat[r]) == expert for r in real)
         seen += real
     assert sorted(seen) == list(range(n))
+
+
+def _expected_layout(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[list[int], list[int]]:
+    """The alignment spelled out: each expert's assignments in index order, padded with ``n`` to whole
+    blocks, experts in order; each block's expert, -1 past the used blocks."""
+    flat = ids.flatten().tolist()
+    n = len(flat)
+    rows: list[int] = []
+    experts: list[int] = []
+    for e in range(num_experts):
+        mine = [i for i, x in enumerate(flat) if x == e]
+        padded = -(-len(mine) // block_m) * block_m
+        rows += mine + [n] * (padded - len(mine))
+        experts += [e] * (padded // block_m)
+    return rows, experts
+
+
+@pytest.mark.parametrize("tokens,experts,top_k,block_m", [(1, 8, 2, 16), (7, 6, 2, 4), (33, 64, 8, 16), (40, 4, 2, 64),
+                                                          (5, 1, 1, 16)])
+def test_align_layout_is_exact_with_a_fixed_shape_expert_count(tokens, experts, top_k, block_m) -> None:
+    """Expert counts come from a scatter into a preallocated [E] tensor (torch.bincount sizes its output from
+    the data: a host sync that CUDA-graph capture refuses); the layout must be exactly the spelled-out one."""
+    gen = torch.Generator().manual_seed(tokens * 100 + experts)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(tokens)]).to(torch.int32)
+    sorted_ids, block_expert = align_to_experts(ids, experts, block_m)
+    rows, owners = _expected_layout(ids, experts, block_m)
+    assert sorted_ids.dtype == block_expert.dtype == torch.int32
+    assert sorted_ids[: len(rows)].tolist() == rows and sorted_ids[len(rows) :].eq(ids.numel()).all()
+    assert block_expert[: len(owners)].tolist() == owners and block_expert[len(owners) :].eq(-1).all()
+    assert sorted_ids.numel() == block_expert.numel() * block_m
+
+
+def test_align_never_calls_bincount(monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise AssertionError("torch.bincount syncs with the host; decode graphs cannot capture it")
+
+    monkeypatch.setattr(torch, "bincount", refuse)
+    x, gate_up, down, w, ids = _moe_inputs(tokens=3, experts=4, top_k=2, hidden=16, inter=8, seed=4)
+    align_to_experts(ids, 4, 16)
+    torch.testing.assert_close(fused_moe_triton(x, gate_up, down, w, ids), fused_moe_ref(x, gate_up, down, w, ids),
+                               rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with TRITON_INTERPRET=0)")
+def test_fused_moe_is_captured_in_a_cuda_graph() -> None:
+    """A captured fused MoE replays new routings (copied into its static inputs) bit-identically to eager."""
+    x, gate_up, down, w, ids = (t.cuda() for t in _moe_inputs(tokens=4, experts=8, top_k=2, hidden=64, inter=32, seed=5))
+    torch.cuda.set_sync_debug_mode("error")  # any host sync inside the MoE raises
+    try:
+        fused_moe_triton(x, gate_up, down, w, ids)  # compile outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fused_moe_triton(x, gate_up, down, w, ids)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    for seed in (6, 7):
+        x2, _, _, w2, ids2 = (t.cuda() for t in _moe_inputs(tokens=4, experts=8, top_k=2, hidden=64, inter=32, seed=seed))
+        for static, new in ((x, x2), (w, w2), (ids, ids2)):
+            static.copy_(new)
+        graph.replay()
+        assert torch.equal(out, fused_moe_triton(x2, gate_up, down, w2, ids2))
 
 
 def test_fused_moe_matches_reference() -> None:

@@ -43,7 +43,9 @@ def align_to_experts(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     capacity = triton.cdiv(n + min(n, num_experts) * (block_m - 1), block_m) * block_m
     order = torch.argsort(flat, stable=True)
     expert_sorted = flat[order]
-    counts = torch.bincount(flat, minlength=num_experts)
+    # per-expert counts by a scatter into a fixed-size tensor: torch.bincount sizes its output from the
+    # data (a host sync), which would break CUDA-graph capture of a MoE decode step
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)
     rank = torch.arange(n, device=flat.device) - (torch.cumsum(counts, 0) - counts)[expert_sorted]
