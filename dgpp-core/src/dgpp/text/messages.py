@@ -32,7 +32,9 @@ def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
             raise TemplateError(f"{where}.content[{j}] must be an object")
         kind = part.get("type")
         if kind in TEXT_PARTS:
-            texts.append(str(part.get("text", "")))
+            if not isinstance(part.get("text"), str):
+                raise TemplateError(f"{where}.content[{j}].text must be a string for a {kind} part")
+            texts.append(part["text"])
         elif kind == "refusal":
             texts.append(str(part.get("refusal", "")))
         elif kind == "thinking":
@@ -57,7 +59,11 @@ def _tool_call(call: Any, where: str, arguments_as_dict: bool) -> dict:
             "arguments": json.dumps({"input": body.get("input", "")}, ensure_ascii=False),
         }
     else:
-        fn = dict(call.get("function") or {})
+        if not isinstance(call.get("function"), dict):
+            raise TemplateError(f"{where}.function must be an object")
+        fn = dict(call["function"])
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise TemplateError(f"{where} needs a tool name (a non-empty string)")
     args = fn.get("arguments", "{}")
     if arguments_as_dict and isinstance(args, str):
         try:
@@ -91,6 +97,8 @@ def prepare_messages(messages: list, arguments_as_dict: bool = True) -> list[dic
             raise TemplateError(f"{where}.content is required for a {m['role']} message")
         if m["role"] == "tool" and not isinstance(m.get("tool_call_id"), str):
             raise TemplateError(f"{where}.tool_call_id is required for a tool message")
+        if "content" in m and not isinstance(m["content"], (str, list)):
+            raise TemplateError(f"{where}.content must be a string or an array of content parts")
         if isinstance(m.get("content"), list):
             content, reasoning = _fold_parts(m["content"], where)
             m["content"] = content

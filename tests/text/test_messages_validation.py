@@ -1,0 +1,39 @@
+"""Malformed chat messages are refused naming the message (a 400), not rendered as whatever str() makes of them."""
+
+from __future__ import annotations
+
+import pytest
+
+from dgpp.text.errors import TemplateError
+from dgpp.text.messages import prepare_messages
+
+
+@pytest.mark.parametrize(
+    ("message", "named"),
+    [
+        ({"role": "user", "content": 5}, "messages[0].content must be a string or an array"),
+        ({"role": "system", "content": {"text": "x"}}, "messages[0].content must be a string or an array"),
+        ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text must be a string"),
+        ({"role": "user", "content": [{"type": "text", "text": 7}]}, "messages[0].content[0].text must be a string"),
+        ({"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]},
+         "messages[0].tool_calls[0].function must be an object"),
+        ({"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": {"arguments": "{}"}}]},
+         "messages[0].tool_calls[0] needs a tool name"),
+        ({"role": "assistant", "tool_calls": [{"id": "a", "type": "custom", "custom": {"input": "x"}}]},
+         "messages[0].tool_calls[0] needs a tool name"),
+    ],
+)
+def test_malformed_message_is_refused_by_position(message, named) -> None:
+    with pytest.raises(TemplateError, match=named.replace("[", r"\[").replace("]", r"\]")):
+        prepare_messages([message])
+
+
+def test_well_formed_messages_still_pass() -> None:
+    out = prepare_messages([
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_text", "text": "b"}]},
+        {"role": "assistant", "content": None,
+         "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]},
+        {"role": "tool", "tool_call_id": "c", "content": "r"},
+    ])
+    assert out[0]["content"] == "a\nb"
+    assert out[1]["content"] == "" and out[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"x": 1}}
