@@ -21,3 +21,13 @@ def test_deeply_nested_body_is_a_400_not_a_recursion_error() -> None:
     body += b"]" * depth + b"}"
     err = _refused(body)
     assert err.status == 400 and "too deeply" in err.message
+
+
+def test_tool_parameters_that_are_not_a_schema_object_are_refused() -> None:
+    body = (b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
+            b' "tools": [{"type": "function", "function": {"name": "f", "parameters": 5}}]}')
+    err = _refused(body)
+    assert err.status == 400 and err.param == "tools[0]" and "parameters" in err.message
+    ok = (b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
+          b' "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}')
+    assert parse_body(ok, ChatCompletionRequest)[0].tools[0]["function"]["name"] == "f"

@@ -114,6 +114,9 @@ def _check_tools(req: ChatCompletionRequest) -> None:
             raise invalid(f"tools[{i}] name {name!r} must match [A-Za-z0-9_-]{{1,64}}", f"tools[{i}]")
         if name in seen:
             raise invalid(f"tools[{i}] repeats the tool name {name!r}", f"tools[{i}]")
+        params = inner.get("parameters") if isinstance(inner, dict) else None
+        if params is not None and not isinstance(params, dict):  # templates and grammars read it as a schema
+            raise invalid(f"tools[{i}].function.parameters must be a JSON Schema object", f"tools[{i}]")
         seen.add(name)
     if req.tool_choice not in (None, "auto", "none") and not req.tools:
         raise invalid("tool_choice other than auto/none needs tools", "tool_choice")
