@@ -95,3 +95,26 @@ def test_peer_killed_gives_health_503_and_engine_failure_within_5s(tmp_path):
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+def test_rank0_killed_releases_the_peer_with_exit_3(tmp_path):
+    ckpt = _checkpoint(tmp_path)
+    port = free_port()
+    raw = deploy_dict(ckpt, 2)
+    raw["http"] = {"bind_host": "127.0.0.1", "port": port}
+    config = tmp_path / "deploy.json"
+    config.write_text(json.dumps(raw))
+    logs = [tmp_path / f"rank{r}.log" for r in range(2)]
+    procs = [_serve(config, r, logs[r]) for r in range(2)]
+    try:
+        _wait_healthy(f"http://127.0.0.1:{port}", procs, logs)
+        os.kill(procs[0].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        assert procs[1].wait(10) == 3
+        assert time.monotonic() - killed < 5.0
+        assert "rank 0 closed the journal" in logs[1].read_text()
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
