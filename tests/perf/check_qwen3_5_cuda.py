@@ -10,7 +10,6 @@ no installed entry points are needed). Exits non-zero when a check fails.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -29,20 +28,13 @@ LOGIT_RTOL = {"fp32": 1e-3, "bf16": 5e-2}
 def prepare(root: Path) -> None:
     from dgpp.testing import conformance as conf
     from dgpp.testing.builders import build_tiny_checkpoint, load_reference
+    from dgpp.testing.gpu_check import reference_data
 
     prompts = conf.make_prompts(512, PROMPT_LENS, seed=21)
     for kind in KINDS:
         for tag, dtype in DTYPES.items():
             path = build_tiny_checkpoint(kind, root / f"{kind}_{tag}", dtype=dtype, seed=22)
-            ref = load_reference(path)
-            torch.save(
-                {
-                    "prompts": prompts,
-                    "logits": [conf.reference_logits(ref, p) for p in prompts],
-                    "greedy": [conf.reference_greedy(ref, p, NEW_TOKENS) for p in prompts],
-                },
-                path / "reference.pt",
-            )
+            torch.save(reference_data(load_reference(path), prompts, NEW_TOKENS), path / "reference.pt")
             print("prepared", path)
 
 
@@ -89,8 +81,8 @@ def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12)
 
 
 def check(root: Path) -> int:
-    from dgpp.engine.generate import greedy_generate
     from dgpp.testing import conformance as conf
+    from dgpp.testing.gpu_check import greedy_agreement, print_table
 
     rows, failed = [], 0
     for kind in KINDS:
@@ -101,12 +93,9 @@ def check(root: Path) -> int:
             prompts = ref["prompts"]
             ours = conf.engine_all_logits(model, prompts)
             err = max(float((o.cpu() - r).abs().max() / r.abs().max()) for o, r in zip(ours, ref["logits"], strict=False))
-            one_shot = greedy_generate(model, prompts, NEW_TOKENS)
-            chunked = greedy_generate(model, prompts, NEW_TOKENS, chunk_size=13)
-            alone = [greedy_generate(model, [p], NEW_TOKENS)[0] for p in prompts]
-            same_ref = sum(a == b for a, b in zip(one_shot, ref["greedy"], strict=False))
-            ok = err <= LOGIT_RTOL[tag] and chunked == one_shot and alone == one_shot
-            ok = ok and (same_ref == len(prompts) or tag == "bf16")  # bf16 greedy may part at a near-tie
+            greedy = greedy_agreement(model, prompts, NEW_TOKENS, ref["greedy"])
+            ok = err <= LOGIT_RTOL[tag] and greedy.chunked_same and greedy.alone_same
+            ok = ok and (greedy.same_as_reference == len(prompts) or tag == "bf16")  # bf16 greedy may part at a near-tie
             try:
                 graph_same, graph_err = graph_decode_matches_eager(model, prompts)
             except RuntimeError as e:  # e.g. a layer that syncs with the host cannot be captured
@@ -114,27 +103,16 @@ def check(root: Path) -> int:
                 graph_same, graph_err = False, float("nan")
             ok = ok and graph_same and graph_err <= LOGIT_RTOL[tag]
             failed += not ok
-            rows.append(f"| {kind} | {tag} | {err:.2e} | {same_ref}/{len(prompts)} | {chunked == one_shot} | "
-                        f"{alone == one_shot} | {graph_same} ({graph_err:.1e}) | {'ok' if ok else 'FAIL'} |")
+            rows.append(f"| {kind} | {tag} | {err:.2e} | {greedy.same_as_reference}/{len(prompts)} | "
+                        f"{greedy.chunked_same} | {greedy.alone_same} | {graph_same} ({graph_err:.1e}) | "
+                        f"{'ok' if ok else 'FAIL'} |")
             print(rows[-1], flush=True)
-    print(f"device: {torch.cuda.get_device_name()}")
-    print("| model | dtype | max rel logit err vs HF (CPU) | greedy = HF | chunk 13 = one-shot | batch = alone "
-          "| graph decode = eager (rel err) | |")
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print_table(["model", "dtype", "max rel logit err vs HF (CPU)", "greedy = HF", "chunk 13 = one-shot",
+                 "batch = alone", "graph decode = eager (rel err)", ""], rows)
     return 1 if failed else 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("prepare", "check"))
-    parser.add_argument("--dir", type=Path, default=Path(".cache/qwen3_5_gpu"))
-    args = parser.parse_args()
-    if args.mode == "prepare":
-        prepare(args.dir)
-        return 0
-    return check(args.dir)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from dgpp.testing.gpu_check import main
+
+    sys.exit(main(__doc__, prepare, check, ".cache/qwen3_5_gpu"))

@@ -11,7 +11,6 @@ pluggy, structlog and msgspec. Exits non-zero when a check fails.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -39,6 +38,7 @@ def prepare(root: Path) -> None:
     from dgpp.testing import conformance as conf
     from dgpp.testing.builders import load_reference
     from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
+    from dgpp.testing.gpu_check import reference_data
     from dgpp_glm.config import parse_glm4_moe_config
 
     transformers.logging.set_verbosity_error()
@@ -46,12 +46,7 @@ def prepare(root: Path) -> None:
     for name, (dtype, packed, _, _) in CASES.items():
         dense = build_tiny_glm4_moe(root / (f"{name}_dense" if packed else name), dtype=dtype, seed=32, nvfp4_grid=packed)
         path = nvfp4_twin(dense, root / name, num_layers=3) if packed else dense
-        ref = load_reference(dense)
-        data = {
-            "prompts": prompts,
-            "logits": [conf.reference_logits(ref, p) for p in prompts],
-            "greedy": [conf.reference_greedy(ref, p, NEW_TOKENS) for p in prompts],
-        }
+        data = reference_data(load_reference(dense), prompts, NEW_TOKENS)
         if name == "fp32":
             cfg = parse_glm4_moe_config(json.loads((path / "config.json").read_text()))
             w = load_f64(path / "model.safetensors")
@@ -85,8 +80,8 @@ def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float
 
 
 def check(root: Path) -> int:
-    from dgpp.engine.generate import greedy_generate
     from dgpp.testing import conformance as conf
+    from dgpp.testing.gpu_check import greedy_agreement, print_table
     from dgpp_glm.loader import load_model
 
     rows, failed = [], 0
@@ -98,35 +93,20 @@ def check(root: Path) -> int:
         ours = conf.engine_all_logits(model, prompts)
         rows_err = torch.cat([(o.cpu() - r).abs().max(-1).values / r.abs().max() for o, r in zip(ours, ref["logits"], strict=True)])
         err, past = float(rows_err.max()), float((rows_err > rtol).float().mean())
-        one_shot = greedy_generate(model, prompts, NEW_TOKENS)
-        chunked = greedy_generate(model, prompts, NEW_TOKENS, chunk_size=13)
-        alone = [greedy_generate(model, [p], NEW_TOKENS)[0] for p in prompts]
-        same_ref = sum(a == b for a, b in zip(one_shot, ref["greedy"], strict=True))
+        greedy = greedy_agreement(model, prompts, NEW_TOKENS, ref["greedy"])
         mtp = _mtp_error(path, model, prompts[1], ref["mtp"]) if "mtp" in ref else float("nan")
-        ok = past <= outliers and chunked == one_shot and alone == one_shot and not mtp > 1e-3
-        ok = ok and (same_ref == len(prompts) or name != "fp32")  # bf16 greedy may part at a near-tie
+        ok = past <= outliers and greedy.chunked_same and greedy.alone_same and not mtp > 1e-3
+        ok = ok and (greedy.same_as_reference == len(prompts) or name != "fp32")  # bf16 greedy may part at a near-tie
         failed += not ok
-        rows.append(f"| {name} | {err:.2e} | {past:.1%} | {same_ref}/{len(prompts)} | {chunked == one_shot} | "
-                    f"{alone == one_shot} | {mtp:.2e} | {'ok' if ok else 'FAIL'} |")
+        rows.append(f"| {name} | {err:.2e} | {past:.1%} | {greedy.same_as_reference}/{len(prompts)} | "
+                    f"{greedy.chunked_same} | {greedy.alone_same} | {mtp:.2e} | {'ok' if ok else 'FAIL'} |")
         print(rows[-1], flush=True)
-    print(f"device: {torch.cuda.get_device_name()}")
-    print("| case | max rel logit err vs HF (CPU) | rows past bound | greedy = HF | chunk 13 = one-shot | batch = alone "
-          "| MTP rel err vs f64 | |")
-    print("|---|---|---|---|---|---|---|---|")
-    print("\n".join(rows))
+    print_table(["case", "max rel logit err vs HF (CPU)", "rows past bound", "greedy = HF", "chunk 13 = one-shot",
+                 "batch = alone", "MTP rel err vs f64", ""], rows)
     return 1 if failed else 0
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", choices=("prepare", "check"))
-    parser.add_argument("--dir", type=Path, default=Path(".cache/glm_gpu"))
-    args = parser.parse_args()
-    if args.mode == "prepare":
-        prepare(args.dir)
-        return 0
-    return check(args.dir)
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    from dgpp.testing.gpu_check import main
+
+    sys.exit(main(__doc__, prepare, check, ".cache/glm_gpu"))
