@@ -18,7 +18,7 @@ from dgpp.dist.journal import JournalWriter, OpRecorder
 from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler
-from dgpp.sched.request import SeqEvent, Sequence
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.serve.build import build_serving_engine
 from dgpp.testing import conformance as conf
 
@@ -30,6 +30,7 @@ REQUESTS: list[tuple[int, dict[str, Any], int]] = [
     (7, {"temperature": 1.0, "max_tokens": 5}, 1),
 ]
 LOGIT_PROMPTS = (5, 19)
+STOPPED = "req1/0"  # retired by a journaled stop after its third token
 
 
 def free_port() -> int:
@@ -52,10 +53,15 @@ def _submit_all(engine: Any, vocab: int) -> tuple[dict[str, list[int]], threadin
     done = threading.Event()
     total = sum(n for _, _, n in REQUESTS)
     finished: list[str] = []
+    stopped: list[str] = []
     prompts = conf.make_prompts(vocab, tuple(length for length, _, _ in REQUESTS), seed=21)
 
     def sink(s: Sequence, ev: SeqEvent) -> None:
-        transcripts.setdefault(s.request_id, []).extend(ev.tokens)
+        got = transcripts.setdefault(s.request_id, [])
+        got.extend(ev.tokens)
+        if s.request_id == STOPPED and len(got) >= 3 and ev.retired is None and STOPPED not in stopped:
+            stopped.append(STOPPED)  # as a stop string would: the cancel travels in the next tick's record
+            engine.loop.cancel(STOPPED, RetireReason.STOP)
         if ev.retired is not None:
             finished.append(s.request_id)
             if len(finished) == total:
