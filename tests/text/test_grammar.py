@@ -308,3 +308,10 @@ def test_non_strict_tool_schema_with_unknown_keyword_still_compiles(tiny_ctx):
     with pytest.raises(GrammarError) as err:
         build_matcher(tiny_ctx, tools=[strict], tool_choice="required", dialect=QwenXmlDialect())
     assert err.value.param == "tool_choice" and "uniqueItems" in err.value.message
+
+
+@pytest.mark.parametrize("spec", [5, "schema", [1]])
+def test_json_schema_that_is_not_an_object_names_the_field(tiny_ctx, spec):
+    with pytest.raises(GrammarError) as err:  # was an AttributeError (HTTP 500)
+        build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": spec})
+    assert err.value.param == "response_format.json_schema"

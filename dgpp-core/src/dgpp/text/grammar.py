@@ -116,6 +116,8 @@ def _json_format(fmt: dict, g: LarkBuilder, warnings: list[str]) -> str:
             f"response_format.type {kind!r} is not text, json_object or json_schema", "response_format.type"
         )
     spec = fmt.get("json_schema") or {}
+    if not isinstance(spec, dict):
+        raise GrammarError("response_format.json_schema must be an object", "response_format.json_schema")
     schema = spec.get("schema")
     if not isinstance(schema, dict):
         raise GrammarError(
