@@ -15,6 +15,8 @@ from dgpp.text.messages import prepare_messages
         ({"role": "system", "content": {"text": "x"}}, "messages[0].content must be a string or an array"),
         ({"role": "user", "content": [{"type": "text"}]}, "messages[0].content[0].text must be a string"),
         ({"role": "user", "content": [{"type": "text", "text": 7}]}, "messages[0].content[0].text must be a string"),
+        ({"role": "assistant", "tool_calls": "abc"}, "messages[0].tool_calls must be an array"),
+        ({"role": "assistant", "tool_calls": {"id": "a"}}, "messages[0].tool_calls must be an array"),
         ({"role": "assistant", "tool_calls": [{"id": "a", "type": "function"}]},
          "messages[0].tool_calls[0].function must be an object"),
         ({"role": "assistant", "tool_calls": [{"id": "a", "type": "function", "function": {"arguments": "{}"}}]},

@@ -104,6 +104,8 @@ def prepare_messages(messages: list, arguments_as_dict: bool = True) -> list[dic
             m["content"] = content
             if reasoning is not None and "reasoning_content" not in m:
                 m["reasoning_content"] = reasoning
+        if "tool_calls" in m and not isinstance(m["tool_calls"], list):
+            raise TemplateError(f"{where}.tool_calls must be an array")
         if m["role"] == "assistant" and m.get("tool_calls"):
             m["tool_calls"] = [
                 _tool_call(c, f"{where}.tool_calls[{j}]", arguments_as_dict)
