@@ -80,3 +80,15 @@ def test_operator_env_wins(monkeypatch):
     import os
 
     assert os.environ["NCCL_IB_GID_INDEX"] == "1" and os.environ["NCCL_IB_HCA"] == "x:1"
+
+
+def test_node_env_picks_and_orders_devices_and_gid_indices(tmp_path, monkeypatch):
+    devices = {name: {1: (4, 2, [LINK_LOCAL, ROUTABLE, ROUTABLE])} for name in ("mlx5_0", "mlx5_1", "mlx5_2")}
+    for name in devices:
+        _sysfs(tmp_path, name, 1, ["RoCE v2", "RoCE v2", "RoCE v2"], f"eth_{name}")
+    monkeypatch.setenv("DGPP_ROCE_DEVICES", "mlx5_2,mlx5_0,mlx5_9")
+    monkeypatch.setenv("DGPP_ROCE_GID_INDICES", "2")
+    report = fabric.probe(_fake_pyverbs(devices), sysfs=tmp_path)
+    assert [(ln.device, ln.gid_index) for ln in report.lanes] == [("mlx5_2", 2), ("mlx5_0", 1)]
+    assert report.env["NCCL_IB_HCA"] == "mlx5_2:1,mlx5_0:1" and report.env["NCCL_IB_GID_INDEX"] == "2"
+    assert any("mlx5_9" in n for n in report.notes)

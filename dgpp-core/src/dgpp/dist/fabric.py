@@ -10,7 +10,7 @@ is preferred (anchor §4.9).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,9 +73,17 @@ def _pick_gid(ctx: Any, device: str, port: int, table_len: int, sysfs: Path) -> 
     return None if best is None else best[1:]
 
 
+def _env_list(name: str) -> list[str]:
+    return [v.strip() for v in os.environ.get(name, "").split(",") if v.strip()]
+
+
 def probe(pyverbs_device: Any = None, sysfs: Path = SYSFS) -> FabricReport:
-    """List RDMA devices and active Ethernet ports, pick a RoCE v2 GID per port, derive the NCCL env."""
+    """List RDMA devices and active Ethernet ports, pick a RoCE v2 GID per port, derive the NCCL env.
+
+    ``DGPP_ROCE_DEVICES`` (comma-separated names, from the template's ``node_env``) limits the devices and
+    orders the lanes; ``DGPP_ROCE_GID_INDICES`` (one per lane) overrides the chosen GID indices."""
     report = FabricReport()
+    wanted = _env_list("DGPP_ROCE_DEVICES")
     if pyverbs_device is None:
         try:
             import pyverbs.device as pyverbs_device  # type: ignore[import-not-found,no-redef]
@@ -107,6 +115,15 @@ def probe(pyverbs_device: Any = None, sysfs: Path = SYSFS) -> FabricReport:
                 report.lanes.append(Lane(name, port, index, gid, netdev, 128 << int(attr.active_mtu)))
         finally:
             ctx.close()
+    if wanted:
+        report.lanes = sorted((ln for ln in report.lanes if ln.device in wanted), key=lambda ln: wanted.index(ln.device))
+        missing = [d for d in wanted if d not in {ln.device for ln in report.lanes}]
+        if missing:
+            report.notes.append(f"DGPP_ROCE_DEVICES names {', '.join(missing)}, which has no usable port")
+    indices = _env_list("DGPP_ROCE_GID_INDICES")
+    if indices:
+        report.lanes = [replace(ln, gid_index=int(i)) for ln, i in zip(report.lanes, indices, strict=False)] + \
+            report.lanes[len(indices):]
     report.env = nccl_env(report.lanes)
     return report
 

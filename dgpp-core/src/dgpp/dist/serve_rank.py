@@ -42,6 +42,8 @@ def serve_rank(cfg: Any, rank: int) -> int:
     from dgpp.serve.build import build_serving_engine
 
     spec = WorldSpec.from_config(cfg, rank)
+    if cfg.node_env:  # this rank's allow-listed environment from the template (RoCE lanes, caches, log level)
+        os.environ.update(cfg.node_env[rank])
     apply_fabric_env(log_result=True)  # NCCL reads its env at init: before the process group forms
     world = form_world(spec, settings_of(cfg))
     code = 1
