@@ -6,15 +6,7 @@ import secrets
 
 import torch
 
-_MASK64 = (1 << 64) - 1
-
-
-def splitmix64(x: int) -> int:
-    """One SplitMix64 output for state ``x``: spreads nearby seeds (seed, seed+1) over the whole range."""
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
+from dgpp.splitmix import MASK64, splitmix64
 
 
 def choice_generator(seed: int | None, choice_index: int) -> torch.Generator:
@@ -25,7 +17,7 @@ def choice_generator(seed: int | None, choice_index: int) -> torch.Generator:
     if seed is None:
         gen.manual_seed(secrets.randbits(63))
     else:
-        gen.manual_seed(splitmix64((seed + choice_index) & _MASK64) & ((1 << 63) - 1))
+        gen.manual_seed(splitmix64((seed + choice_index) & MASK64) & ((1 << 63) - 1))
     return gen
 
 

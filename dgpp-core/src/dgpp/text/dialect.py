@@ -15,26 +15,18 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgpp.splitmix import MASK64, splitmix64
 from dgpp.text.detokenizer import held_prefix_length
 from dgpp.text.effort import SWITCH_ONLY, EffortMapping
 from dgpp.text.lark import LarkBuilder
 from dgpp.text.tools import ToolSpec
-
-_MASK64 = (1 << 64) - 1
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
 
 
 def call_id(request_tag: int | str, index: int) -> str:
     """``call_`` + 16 hex digits, a SplitMix64 hash of (request tag, call index): unique and repeatable."""
     if isinstance(request_tag, str):
         request_tag = int.from_bytes(hashlib.blake2b(request_tag.encode(), digest_size=8).digest(), "little")
-    return f"call_{_splitmix64(_splitmix64(request_tag & _MASK64) ^ index):016x}"
+    return f"call_{splitmix64(splitmix64(request_tag & MASK64) ^ index):016x}"
 
 
 @dataclass(frozen=True)
