@@ -17,6 +17,7 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.work import StepRunner
 from dgpp.serve.backend import ModelLimits, ServingEngine
+from dgpp.serve.engine_keys import check_engine_keys
 from dgpp.serve.metrics import scheduler_snapshot
 
 log = structlog.get_logger("dgpp.serve")
@@ -123,10 +124,12 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
     pm = manager()
     hf_config = read_hf_config(checkpoint)
     family = resolve(pm, hf_config).family.name
+    check_engine_keys(engine_cfg)  # before any weight is read
     dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm, world=world, group=group)
     info = model.info
+    check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
     text = _text_stack(checkpoint, info.vocab_size, family, hf_config, pm)
     tokenizer = text.tokenizer
     block_size = int(getattr(engine_cfg, "block_size", 16))

@@ -1,0 +1,51 @@
+"""Engine keys the serving path accepts but does not act on yet: refused when lossy, otherwise warned.
+
+``dgpp.config`` validates the full key set of the original engine so templates stay portable, but some
+levers have no implementation behind them in this build. Serving with one silently would mislead: a
+template asking for an FP8 KV cache would get the compute dtype (and a memory plan that counted FP8 bytes),
+and ``engine.mtp: true`` would give no speculative decoding while the log said nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+import torch
+
+from dgpp.errors import ConfigError
+
+log = structlog.get_logger("dgpp.serve")
+
+_KV_NAMES = {"bf16": torch.bfloat16}
+# key -> the value at which it has no effect; any other value is accepted by the config but ignored here
+INERT_KEYS: dict[str, Any] = {
+    "mtp": False,  # drafters load (dgpp_build_draft) but the scheduler never runs a verify step
+    "mtp_schedule": False,
+    "prefill_group": True,
+    "fp8_head": "gemv",
+    "prefill_bf16_partials": False,
+    "prefill_fold_scales": False,
+    "prefill_fp8_gemm": False,
+    "prefill_fp8_per_tensor": False,
+}
+
+
+def check_engine_keys(engine_cfg: Any, compute_dtype: torch.dtype | None = None) -> list[str]:
+    """Raise ``ConfigError`` for a KV format this build cannot store; return (and log) the set keys that
+    have no effect here. Before the model is loaded ``compute_dtype`` is None and only the formats that are
+    never stored (fp8, fp4) are refused, so a refusal costs no weight loading."""
+    kv = str(getattr(engine_cfg, "kv_dtype", "auto"))
+    named = _KV_NAMES.get(kv)
+    if kv != "auto" and (named is None or (compute_dtype is not None and named != compute_dtype)):
+        where = f", {str(compute_dtype).removeprefix('torch.')}" if compute_dtype is not None else ""
+        raise ConfigError(
+            f"engine.kv_dtype: {kv!r} is not implemented by this build (the KV cache is stored in the compute "
+            f"dtype{where}); use \"auto\""
+        )
+    if compute_dtype is not None:
+        return []  # the second call (after loading) only checks the KV dtype against the model's
+    inert = [key for key, off in INERT_KEYS.items() if getattr(engine_cfg, key, off) != off]
+    for key in inert:
+        log.warning("engine key has no effect in this build", key=f"engine.{key}", value=getattr(engine_cfg, key))
+    return inert
