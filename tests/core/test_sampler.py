@@ -185,3 +185,16 @@ def test_rows_on_the_gpu_follow_the_same_rules() -> None:
         return [Sampler().sample(step[batch], [choices[r] for r in batch])[batch.index(1)].token for step in rows]
 
     assert run([1]) == run([0, 1, 2])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_fully_masked_row_fails_greedy_and_sampled_alike(temperature) -> None:
+    # greedy used to emit id 0 (argmax of an all -inf row) where sampling raised
+    nothing = torch.zeros(8, dtype=torch.bool)
+    choice = ChoiceSampler(SamplingParams(temperature=temperature, seed=1), 8, [], mask_fn=lambda v: nothing)
+    with pytest.raises(ValueError, match="every token is masked"):
+        choice.sample(torch.randn(8))
+    only_five = torch.zeros(8, dtype=torch.bool)
+    only_five[5] = True
+    choice = ChoiceSampler(SamplingParams(temperature=temperature, seed=1), 8, [], mask_fn=lambda v: only_five)
+    assert choice.sample(torch.randn(8)).token == 5

@@ -76,6 +76,9 @@ class ChoiceSampler:
         if p.greedy:
             # torch.argmax returns the first maximum: ties go to the lowest id, no draw consumed
             token = int(torch.argmax(row))
+            # a mask is the only processor that gives -inf; with every id masked argmax would return id 0
+            if self.mask_fn is not None and bool(torch.isneginf(row[token])):
+                raise ValueError("every token is masked: nothing can be sampled")
             logprobs = torch.log_softmax(row, dim=0) if p.logprobs else None
         else:
             ids, probs = filtered_distribution(row, p)
