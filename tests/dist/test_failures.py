@@ -68,7 +68,7 @@ def test_peer_killed_gives_health_503_and_engine_failure_within_5s(tmp_path):
     url = f"http://127.0.0.1:{port}"
     try:
         _wait_healthy(url, procs, logs)
-        body = {"model": str(ckpt), "prompt": "hello world", "max_tokens": 400, "stream": True,
+        body = {"model": str(ckpt), "prompt": "hello world", "max_tokens": 480, "stream": True,
                 "ignore_eos": True, "temperature": 0}
         events: list[str] = []
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=30.0) as response:
