@@ -111,10 +111,7 @@ class EngineLoop:
                     return
                 if self._fail_pending:
                     message = self.failed or "engine failed"
-                    for group in self._inbox:  # never reached the scheduler: end them here
-                        for s in group:
-                            s.sink(s, SeqEvent(tokens=[], samples=[], retired=RetireReason.FAILED, error=message))
-                    self._inbox = []
+                    self._fail_inbox(message)
                     sched.fail_all(message)
                     self._publish()
                     return
@@ -137,10 +134,20 @@ class EngineLoop:
             except Exception as exc:  # the runner failed: nothing more can be computed
                 with self._cond:  # a failure already reported (e.g. a peer's) is the cause: keep it
                     self.failed = self.failed or f"{type(exc).__name__}: {exc}"
+                    # requests submitted while this tick ran passed submit()'s check before ``failed`` was
+                    # set; nothing will drain the inbox again, so they end here instead of waiting forever
+                    self._fail_inbox(self.failed)
                 log.error("engine failure", error=self.failed, traceback=traceback.format_exc())
                 sched.fail_all(self.failed)
                 self._publish()
                 return
+
+    def _fail_inbox(self, message: str) -> None:
+        """End the requests that never reached the scheduler with ``message``. Called holding the lock."""
+        for group in self._inbox:
+            for s in group:
+                s.sink(s, SeqEvent(tokens=[], samples=[], retired=RetireReason.FAILED, error=message))
+        self._inbox = []
 
     def _gather(self) -> None:
         """engine.admission_gather_ms: the first arrival at an idle engine waits a moment, so a burst of
