@@ -198,3 +198,23 @@ def test_a_fully_masked_row_fails_greedy_and_sampled_alike(temperature) -> None:
     only_five[5] = True
     choice = ChoiceSampler(SamplingParams(temperature=temperature, seed=1), 8, [], mask_fn=lambda v: only_five)
     assert choice.sample(torch.randn(8)).token == 5
+
+
+@pytest.mark.parametrize(
+    ("raw", "named"),
+    [({"top_p": "0.9"}, "top_p"), ({"temperature": -1}, "temperature"), ({"repetition_penalty": 0}, "repetition_penalty"),
+     ({"top_k": True}, "top_k"), ({"min_p": 2}, "min_p")],
+)
+def test_bad_generation_config_values_are_refused_naming_file_and_key(tmp_path, raw, named) -> None:
+    from dgpp.errors import ConfigError
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(raw))
+    with pytest.raises(ConfigError, match=f"generation_config.json: {named} must be a number"):
+        SamplingDefaults.from_generation_config(tmp_path)
+
+
+def test_null_generation_config_values_keep_the_defaults(tmp_path) -> None:
+    # transformers writes unset values as null; float(None) used to crash the startup
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": None, "top_p": None, "top_k": 5}))
+    d = SamplingDefaults.from_generation_config(tmp_path)
+    assert (d.temperature, d.top_p, d.top_k) == (1.0, 1.0, 5)

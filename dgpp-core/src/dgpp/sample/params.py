@@ -7,6 +7,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dgpp.errors import ConfigError
+
 
 @dataclass(frozen=True)
 class SamplingDefaults:
@@ -30,15 +32,29 @@ class SamplingDefaults:
         try:
             raw: dict[str, Any] = json.loads(path.read_text())
         except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not valid JSON ({e})") from e
+            raise ConfigError(f"{path}: not valid JSON ({e})") from e
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{path}: must hold a JSON object")
         base = cls()
+
+        def number(key: str, default: float, lo: float, hi: float, lo_open: bool = False) -> float:
+            value = raw.get(key)
+            if value is None:  # null is how transformers writes an unset value
+                return default
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                (lo < value if lo_open else lo <= value) and value <= hi
+            ):
+                bound = f"{'(' if lo_open else '['}{lo}, {hi}]"
+                raise ConfigError(f"{path}: {key} must be a number in {bound}, got {value!r}")
+            return float(value)
+
         greedy = raw.get("do_sample") is False
         return cls(
-            temperature=0.0 if greedy else float(raw.get("temperature", base.temperature)),
-            top_p=float(raw.get("top_p", base.top_p)),
-            top_k=int(raw.get("top_k", base.top_k) or 0),
-            min_p=float(raw.get("min_p", base.min_p) or 0.0),
-            repetition_penalty=float(raw.get("repetition_penalty", base.repetition_penalty)),
+            temperature=0.0 if greedy else number("temperature", base.temperature, 0.0, 1e4),
+            top_p=number("top_p", base.top_p, 0.0, 1.0),
+            top_k=int(number("top_k", base.top_k, 0, 2**31)),
+            min_p=number("min_p", base.min_p, 0.0, 1.0),
+            repetition_penalty=number("repetition_penalty", base.repetition_penalty, 0.0, 1e4, lo_open=True),
         )
 
     def as_dict(self) -> dict[str, float | int]:
