@@ -1,9 +1,13 @@
 """Grouped-query self-attention block over the paged KV: q/k/v projections (optionally biased), optional
-per-head q/k RMSNorm, (partial) RoPE, paged attention, ``o_proj``.
+per-head q/k RMSNorm (plain or zero-centred), (partial) RoPE, paged attention, optional sigmoid output gate,
+``o_proj``.
 
-The shape Llama-style families share (GLM-4.x, Qwen3): heads split over TP ranks (q/k/v column-, o_proj
-row-parallel; the caller all-reduces the output once per block). On CUDA, with q/k norm and a
-power-of-two rotary dim, the norm and the rotation run as one Triton launch.
+The shape Llama-style families share (GLM-4.x, Qwen3, Qwen3.5's gated full attention): heads split over TP
+ranks (q/k/v column-, o_proj row-parallel; the caller all-reduces the output once per block). With
+``output_gate`` the q projection is ``[q|gate]`` per head (Qwen3.5), so a column slice still holds whole
+heads with their gates. On CUDA, decode rows take q, k and v in one Triton GEMV when the projections are
+plain dense weights without bias, and with q/k norm and a power-of-two rotary dim the norms and the
+rotation run as one Triton launch.
 """
 
 from __future__ import annotations
@@ -13,17 +17,19 @@ from torch import nn
 
 from dgpp.engine.batch import ForwardBatch
 from dgpp.family import World
-from dgpp.nn.attention import PagedAttention
+from dgpp.nn.attention import PagedAttention, gated_output, split_query_gate
 from dgpp.nn.linear import Linear
+from dgpp.nn.mlp import dense_weights
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 
 
 class GQAttention(nn.Module):
-    """``o_proj(attn(rope(norm(q)), rope(norm(k)), v))`` for one layer; K/V go to pool entry ``cache_name``.
+    """``o_proj(gate * attn(rope(norm(q)), rope(norm(k)), v))`` for one layer; K/V go to pool entry ``cache_name``.
 
     Parameter names follow HF checkpoints (``q_proj``, ``k_proj``, ``v_proj``, ``o_proj``, ``q_norm``,
-    ``k_norm``). ``qk_norm=False`` leaves ``q_norm``/``k_norm`` as None.
+    ``k_norm``). ``qk_norm=False`` leaves ``q_norm``/``k_norm`` as None; ``output_gate=False`` means no gate.
+    ``o_bias`` is separate from ``qkv_bias`` because GLM biases only q/k/v while Qwen biases all four.
     """
 
     def __init__(
@@ -37,7 +43,10 @@ class GQAttention(nn.Module):
         *,
         dtype: torch.dtype,
         qkv_bias: bool = False,
+        o_bias: bool = False,
         qk_norm: bool = False,
+        zero_centered_norm: bool = False,
+        output_gate: bool = False,
         norm_eps: float = 1e-6,
         world: World | None = None,
     ) -> None:
@@ -48,32 +57,61 @@ class GQAttention(nn.Module):
         self.num_heads = num_heads // world.size
         self.num_kv_heads = num_kv_heads // world.size
         self.head_dim = head_dim
-        self.q_proj = Linear(hidden_size, num_heads * head_dim, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
-        self.k_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
-        self.v_proj = Linear(hidden_size, num_kv_heads * head_dim, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
-        self.o_proj = Linear(num_heads * head_dim, hidden_size, dtype=dtype, parallel="row", world=world)
-        self.q_norm = RMSNorm(head_dim, norm_eps, dtype=dtype) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps, dtype=dtype) if qk_norm else None
+        self.output_gate = output_gate
+        q_out = num_heads * head_dim * (2 if output_gate else 1)
+        kv_out = num_kv_heads * head_dim
+        self.q_proj = Linear(hidden_size, q_out, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
+        self.k_proj = Linear(hidden_size, kv_out, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
+        self.v_proj = Linear(hidden_size, kv_out, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
+        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=o_bias, dtype=dtype, parallel="row", world=world)
+        self.q_norm = RMSNorm(head_dim, norm_eps, zero_centered=zero_centered_norm, dtype=dtype) if qk_norm else None
+        self.k_norm = RMSNorm(head_dim, norm_eps, zero_centered=zero_centered_norm, dtype=dtype) if qk_norm else None
         self.rotary = rotary
         self.attn = PagedAttention(cache_name, self.num_heads, self.num_kv_heads, head_dim)
+
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The raw q (``[q|gate]`` when gated), k and v projections of ``x``, flat per row."""
+        projections = (self.q_proj, self.k_proj, self.v_proj)
+        if x.is_cuda and dense_weights(*projections):  # decode rows: q, k and v in one Triton launch
+            from dgpp import kernels
+
+            weights = [p.weight for p in projections]
+            if kernels.gemv_applies(x, *weights):
+                q, k, v = kernels.multi_linear(x, weights)
+                return q, k, v
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
+    def split_heads(
+        self, q_out: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor, torch.Tensor]:
+        """``(q, gate, k, v)`` per head: q ``[rows, Hq, D]``, gate as ``split_query_gate`` gives it or None."""
+        rows = q_out.shape[0]
+        if self.output_gate:
+            q, gate = split_query_gate(q_out, self.num_heads, self.head_dim)
+        else:
+            q, gate = q_out.view(rows, self.num_heads, self.head_dim), None
+        k = k_out.view(rows, self.num_kv_heads, self.head_dim)
+        v = v_out.view(rows, self.num_kv_heads, self.head_dim)
+        return q, gate, k, v
 
     def norm_and_rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         rot = self.rotary.rotary_dim
         if self.q_norm is None:
             return self.rotary(positions, q, k)
         if q.is_cuda and rot & (rot - 1) == 0:  # one launch for both norms and both rotations
-            from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
+            from dgpp import kernels
 
-            return fused_qk_norm_rope(
-                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, 0.0, positions,
-                self.rotary.inv_freq, self.rotary.magnitude, is_neox=self.rotary.style == "half",
+            return kernels.fused_qk_norm_rope(
+                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
+                1.0 if self.q_norm.zero_centered else 0.0, positions, self.rotary.inv_freq,
+                self.rotary.magnitude, is_neox=self.rotary.style == "half",
             )
         return self.rotary(positions, self.q_norm(q), self.k_norm(k))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        rows = x.shape[0]
-        q = self.q_proj(x).view(rows, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+        q, gate, k, v = self.split_heads(*self.project(x))
         q, k = self.norm_and_rotate(q, k, batch.positions)
-        return self.o_proj(self.attn(q, k, v, batch))
+        out = self.attn(q, k, v, batch)
+        if gate is not None:
+            out = gated_output(out, gate)
+        return self.o_proj(out)

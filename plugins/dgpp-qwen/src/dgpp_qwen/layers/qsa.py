@@ -15,7 +15,7 @@ import torch
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec, PagedKV
 from dgpp.family import World
-from dgpp.nn.attention import gated_output, gather_context, split_query_gate, write_kv
+from dgpp.nn.attention import gated_output, gather_context, write_kv
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp_qwen.attention import QwenAttention
@@ -78,10 +78,7 @@ class QSAttention(QwenAttention):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
-        q_out, k_out, v_out = self._project(x)
-        q, gate = split_query_gate(q_out, self.num_heads, self.head_dim)
-        k = k_out.view(rows, self.num_kv_heads, self.head_dim)
-        v = v_out.view(rows, self.num_kv_heads, self.head_dim)
+        q, gate, k, v = self.split_heads(*self.project(x))
         cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
         q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
         k_cache, v_cache = batch.cache.kv[self.attn.cache_name]
