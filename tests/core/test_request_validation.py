@@ -31,3 +31,29 @@ def test_tool_parameters_that_are_not_a_schema_object_are_refused() -> None:
     ok = (b'{"model": "m", "messages": [{"role": "user", "content": "x"}],'
           b' "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}')
     assert parse_body(ok, ChatCompletionRequest)[0].tools[0]["function"]["name"] == "f"
+
+
+def test_chunked_body_past_the_limit_is_request_too_large(tmp_path) -> None:
+    from litestar.testing import TestClient
+
+    from dgpp.config import EngineConfig
+    from dgpp.serve.app import build_app
+    from dgpp.serve.build import build_toy_engine
+    from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+    engine = build_toy_engine("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
+                                                                                        stats_interval_s=0))
+
+    def chunks():  # a generator body goes out chunked: no Content-Length for the early check to read
+        yield b'{"model": "toy/model", "messages": [{"role": "user", "content": "'
+        for _ in range(5):
+            yield b"a" * 10000
+        yield b'"}]}'
+
+    try:
+        with TestClient(app=build_app(engine, max_body_bytes=20000)) as client:
+            r = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
+    finally:
+        engine.shutdown()
+    assert r.status_code == 413
+    assert r.json()["error"]["code"] == "request_too_large" and "max_body_bytes" in r.json()["error"]["message"]

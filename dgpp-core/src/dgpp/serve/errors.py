@@ -52,6 +52,8 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response:
         err = APIError(404, f"unknown route: {request.method} {request.url.path}", None)
     elif isinstance(exc, MethodNotAllowedException):
         err = APIError(405, f"method {request.method} not allowed on {request.url.path}", None)
+    elif exc.status_code == 413:  # a chunked body (no Content-Length) that grew past request_max_body_size
+        err = APIError(413, "request body exceeds http.max_body_bytes", "request_too_large")
     else:
         status = exc.status_code
         err = APIError(status, str(exc.detail), "invalid_parameter" if status < 500 else "server_error")
