@@ -24,6 +24,8 @@ INERT_KEYS: dict[str, Any] = {
     "mtp_schedule": False,
     "prefill_group": True,
     "fp8_head": "gemv",
+    "graph_batch_min_live": 0,  # decode graphs batch every decode-only step; there is no per-slot mode
+    "sampling_candidates": 128,  # the sampler works on the full row (dgpp.sample), no candidate table
     "prefill_bf16_partials": False,
     "prefill_fold_scales": False,
     "prefill_fp8_gemm": False,
