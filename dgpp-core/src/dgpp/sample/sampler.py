@@ -92,15 +92,7 @@ class ChoiceSampler:
             if p.logprobs:
                 logprobs = torch.full_like(row, float("-inf"))
                 logprobs[ids] = torch.log(probs / probs.sum())
-        result = SampleResult(token=token)
-        if logprobs is not None:
-            result.logprob = _finite(float(logprobs[token]))
-            if p.top_logprobs > 0:
-                k = min(p.top_logprobs, logprobs.shape[0])
-                vals, idx = torch.sort(logprobs, descending=True, stable=True)
-                pairs = zip(idx[:k].tolist(), vals[:k].tolist(), strict=True)  # one device sync, not 2k
-                result.top_logprobs = [(int(i), _finite(float(v))) for i, v in pairs]
-        return result
+        return result_with_logprobs(token, logprobs, p.top_logprobs)
 
     def accept(self, token: int) -> None:
         """Record an emitted token (penalty history, grammar state)."""
@@ -135,6 +127,20 @@ def filtered_distribution(row: torch.Tensor, p: SamplingParams) -> tuple[torch.T
         keep = min(crossing + 1, probs.shape[0])
         probs, ids = probs[:keep], ids[:keep]
     return ids, probs
+
+
+def result_with_logprobs(token: int, logprobs: torch.Tensor | None, top_logprobs: int) -> SampleResult:
+    """``token``'s result, with its logprob and the ``top_logprobs`` best alternatives when ``logprobs`` is given
+    (also used by speculative decoding's ratio test, which reports what the plain sampler would)."""
+    result = SampleResult(token=token)
+    if logprobs is not None:
+        result.logprob = _finite(float(logprobs[token]))
+        if top_logprobs > 0:
+            k = min(top_logprobs, logprobs.shape[0])
+            vals, idx = torch.sort(logprobs, descending=True, stable=True)
+            pairs = zip(idx[:k].tolist(), vals[:k].tolist(), strict=True)  # one device sync, not 2k
+            result.top_logprobs = [(int(i), _finite(float(v))) for i, v in pairs]
+    return result
 
 
 def _finite(x: float) -> float:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
@@ -50,6 +51,8 @@ class Scheduler:
         self._events: dict[Sequence, SeqEvent] = {}
         # called on the engine thread for every retired sequence (request histograms)
         self.on_retire: list[Callable[[Sequence], None]] = []
+        # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
+        self.speculative: Any = None
 
     # ---- inputs (called on the engine thread between ticks) -----------------------------------
     @property
@@ -88,13 +91,15 @@ class Scheduler:
             prefilling = [s for s in self.live if s.status is SeqStatus.PREFILL]
             round_seqs = prefilling[:budget]
             budget -= len(round_seqs)
-            rows = decoding if first_round else []
+            rows = decoding if first_round and self.speculative is None else []
             if not round_seqs and not rows:
                 break
             self._run_round(round_seqs, rows)
             first_round = False
             if budget <= 0:
                 break
+        if self.speculative is not None:
+            self._run_speculative(decoding)
         self._flush_events()
         self.stats.step_ms += (time.monotonic() - started) * 1000.0
 
@@ -205,6 +210,8 @@ class Scheduler:
         t0 = time.monotonic()
         logits = self.runner.step(works)
         elapsed = time.monotonic() - t0
+        if self.speculative is not None and chunk_ends:  # the drafter follows the prompt rows
+            self.speculative.after_prefill([(s, s.computed, end) for s, end in chunk_ends])
         self.stats.stepped(prefill_tokens=sum(e - s.computed for s, e in chunk_ends), decode_rows=len(decodes),
                            seconds=elapsed)
         for s, end in chunk_ends:
@@ -220,8 +227,21 @@ class Scheduler:
             try:
                 self._emit(s, s.sampler.sample(logits[i]))
             except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
-                self._event(s).error = f"sampling failed: {type(exc).__name__}: {exc}"
-                self._retire(s, RetireReason.FAILED)
+                self._sampling_failed(s, exc)
+
+    def _sampling_failed(self, s: Sequence, exc: Exception) -> None:
+        self._event(s).error = f"sampling failed: {type(exc).__name__}: {exc}"
+        self._retire(s, RetireReason.FAILED)
+
+    def _run_speculative(self, decoding: list[Sequence]) -> None:
+        """The decode pass with ``engine.mtp``: draft, one verify forward, per-token commit (a step may retire
+        a request mid-list)."""
+        seqs = [s for s in decoding if s.status is SeqStatus.DECODE]
+        if not seqs:
+            return
+        t0 = time.monotonic()
+        self.speculative.decode(seqs, self._emit, self._sampling_failed)
+        self.stats.stepped(prefill_tokens=0, decode_rows=len(seqs), seconds=time.monotonic() - t0)
 
     def _maybe_cache(self, s: Sequence) -> None:
         if not s.use_prefix_cache or s.computed % self.config.chunk_tokens or s.computed >= s.prompt_len:

@@ -50,9 +50,9 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
                 "replays": 0, "rows": st.decode_rows, "padded_rows": 0,
                 "replays_by_slots": dict.fromkeys(SLOT_KEYS, 0),
             },
-            "spec_decode": {"depth": 0, "num_drafts_total": 0, "num_draft_tokens_total": 0,
-                            "num_accepted_tokens_total": 0, "num_draft_tokens_per_pos_total": [],
-                            "num_accepted_tokens_per_pos_total": []},
+            "spec_decode": s.speculative.stats.as_metrics() if s.speculative is not None else {
+                "depth": 0, "num_drafts_total": 0, "num_draft_tokens_total": 0, "num_accepted_tokens_total": 0,
+                "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []},
             "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_ms, "step_ms": st.step_ms,
             "finished": dict(st.finished), "reservations_grown": st.reservations_grown,
         },

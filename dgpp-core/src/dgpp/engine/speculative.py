@@ -1,0 +1,220 @@
+"""Transactional speculative decoding with an MTP drafter (``engine.mtp``, ``engine.mtp_depth``; anchor §4.7).
+
+One decode pass, for every live request at position ``c`` (``c`` tokens cached, last token ``x`` not yet fed):
+
+1. **Draft.** The drafter row at position ``p`` reads the target's hidden at ``p`` and the token at ``p + 1`` and
+   predicts the token at ``p + 2``. The rows the drafter has not seen yet (the request's *backlog*: the target
+   hidden rows of the last accepted inputs, ending at ``c - 1``) run first, over the drafter's own paged K/V;
+   the last one proposes ``d1``. Deeper drafts run the drafter on its own output (provisional K/V rows past the
+   accepted prefix are rewritten by the next pass's backlog).
+2. **Verify.** One target forward over ``[x, d1 .. dD]`` at ``c .. c + D`` for every request, through the same
+   ``ModelRunner`` as plain decode (so batched ≡ solo still holds); logits of every row.
+3. **Judge** row by row (``speculative_accept``): emit the row's token, stop at the first rejected draft, at
+   retirement (EOS / length: a multi-token step can retire mid-list), or after the bonus row.
+4. **Commit.** ``computed`` advances by the emitted count; K/V written past it is invisible (positions are read
+   up to ``computed``) and overwritten later. A hybrid model's recurrent/conv state saw every verify row, so it
+   is restored from the snapshot taken before the verify and the accepted rows are run again (exact; per-row
+   state snapshots in the kernels would save that second forward).
+
+Greedy requests thus emit exactly the plain greedy transcript, whatever the drafter proposes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+from dgpp.engine.cache_spec import StateSpec
+from dgpp.engine.pools import CachePools
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.speculative_accept import judge_row
+from dgpp.engine.speculative_stats import SpecDecodeStats
+from dgpp.sched.work import SeqWork
+
+if TYPE_CHECKING:
+    from dgpp.sample.sampler import SampleResult
+    from dgpp.sched.request import Sequence
+
+EmitFn = Callable[["Sequence", "SampleResult"], None]
+FailFn = Callable[["Sequence", Exception], None]
+
+
+class SpeculativeDecoder:
+    """Drafts, verifies and commits decode steps for the scheduler (see the module docstring).
+
+    The drafter's K/V lives in its own ``CachePools`` with the target's block geometry, so a request's
+    ``block_table`` addresses both. ``after_prefill`` must see every target prefill step, so the drafter's
+    K/V covers the prompt."""
+
+    def __init__(self, runner: ModelRunner, drafter: nn.Module, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
+        spec = drafter.cache_spec()
+        stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
+        if stateful:
+            raise ValueError(f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported")
+        # a verify step whose requests all have no room left to draft is one row each, which the decode graphs
+        # would take; they do not refresh ``last_hidden``, so speculative decoding runs eager
+        runner.graphs = None
+        self.runner = runner
+        self.model = runner.model
+        self.drafter = drafter
+        self.depth = depth
+        pools = runner.pools
+        self.draft_pools = CachePools(spec, pools.num_blocks, pools.block_size, pools.num_state_slots, runner.device)
+        self.stats = SpecDecodeStats(depth)
+        # target hidden rows the drafter has not consumed yet: seq -> (first position, rows)
+        self._backlog: dict[Sequence, tuple[int, torch.Tensor]] = {}
+        self._logits_take_step = "step" in inspect.signature(drafter.compute_logits).parameters
+
+    # ---- prefill: the drafter follows the prompt ----------------------------------------------
+    @torch.inference_mode()
+    def after_prefill(self, chunks: list[tuple[Sequence, int, int]]) -> None:
+        """Right after a target step whose rows are exactly the prefill ``chunks`` ``(seq, start, end)``, in
+        order: run the drafter over every row whose next token is already known (the prompt), keep the last."""
+        hidden = self.model.last_hidden
+        if hidden is None:
+            raise RuntimeError(f"{type(self.model).__name__} sets no last_hidden: it cannot drive an MTP drafter")
+        self._prune()
+        offset = 0
+        ready: list[tuple[Sequence, int, torch.Tensor]] = []
+        for s, start, end in chunks:
+            rows = hidden[offset : offset + end - start]
+            offset += end - start
+            first, pending = self._backlog.pop(s, (start, rows[:0]))
+            rows = torch.cat([pending, rows]) if pending.shape[0] else rows
+            ready.append((s, first, rows))
+        runnable = [(s, first, rows[:-1]) for s, first, rows in ready if rows.shape[0] > 1]
+        if runnable:
+            self._draft_step([(s, first, s.prompt[first + 1 : first + rows.shape[0] + 1]) for s, first, rows in runnable],
+                             torch.cat([rows for _, _, rows in runnable]), 0)
+        for s, first, rows in ready:
+            self._backlog[s] = (first + rows.shape[0] - 1, rows[-1:].clone())
+
+    # ---- decode --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, seqs: list[Sequence], emit: EmitFn, fail: FailFn) -> None:
+        """One speculative decode step for ``seqs`` (all in DECODE); ``emit`` is the scheduler's per-token
+        commit (EOS / length retirement), ``fail`` retires a request whose sampling raised."""
+        self._prune()
+        depths = [self._depth_for(s) for s in seqs]
+        drafts = self._draft(seqs, depths)
+        hybrid = bool(self.model.info.hybrid)
+        snapshot = self._save_state([s for s, d in zip(seqs, depths, strict=True) if d]) if hybrid else None
+        starts = [s.computed for s in seqs]
+        works = [SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], want_logits=False)  # type: ignore[arg-type]
+                 for s, c, d in zip(seqs, starts, drafts, strict=True)]
+        self.runner.step(works)
+        hidden = self.model.last_hidden
+        logits = self.model.compute_logits(hidden).float()
+        offset, redo = 0, []
+        for s, c, d in zip(seqs, starts, drafts, strict=True):
+            kept = self._judge(s, c, d, logits[offset : offset + len(d) + 1], emit, fail)
+            if s.retired is None:
+                if hybrid and kept < len(d) + 1:
+                    redo.append((s, c, kept))
+                else:
+                    self._backlog[s] = (c, hidden[offset : offset + kept].clone())
+            offset += len(d) + 1
+        if redo:
+            self._rerun_accepted(redo, snapshot)
+
+    def _depth_for(self, s: Sequence) -> int:
+        """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
+        if s not in self._backlog:
+            return 0
+        room = len(s.block_table) * self.runner.pools.block_size - 1 - s.computed
+        remaining = s.params.max_tokens - len(s.output) - 1
+        positions = self.model.info.max_position - 1 - s.computed
+        return max(0, min(self.depth, room, remaining, positions))
+
+    def _judge(self, s: Sequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn) -> int:
+        """Emit this request's tokens row by row; the number of verify rows whose inputs stand (>= 1)."""
+        accepted = 0
+        for j in range(len(drafts) + 1):
+            draft = drafts[j] if j < len(drafts) else None
+            try:
+                result, took_draft = judge_row(s.sampler, logits[j], draft)
+            except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
+                fail(s, exc)
+                break
+            s.computed = c + j + 1
+            emit(s, result)
+            if not took_draft or s.retired is not None:
+                break
+            accepted += 1
+        self.stats.verified(len(drafts), accepted)
+        return s.computed - c
+
+    # ---- drafting ------------------------------------------------------------------------------
+    def _draft(self, seqs: list[Sequence], depths: list[int]) -> list[list[int]]:
+        drafts: list[list[int]] = [[] for _ in seqs]
+        items, rows = [], []
+        for s in seqs:
+            first, backlog = self._backlog.pop(s, (s.computed, None))
+            if backlog is None:
+                continue
+            # the backlog ends at c - 1; its next tokens end with the last emitted one (fed at c)
+            items.append((s, first, s.tokens[first + 1 : first + backlog.shape[0] + 1]))
+            rows.append(backlog)
+        if not items:
+            return drafts
+        hidden, logits = self._draft_step(items, torch.cat(rows), 0)
+        index = {s: i for i, s in enumerate(seqs)}
+        chain = [(index[s], s) for s, _, _ in items]
+        for step in range(self.depth):
+            picks = torch.argmax(logits, dim=-1).tolist()  # greedy drafts; ties to the lowest id
+            keep = []
+            for row, ((i, s), token) in enumerate(zip(chain, picks, strict=True)):
+                if len(drafts[i]) < depths[i]:
+                    drafts[i].append(int(token))
+                    if len(drafts[i]) < depths[i]:
+                        keep.append(row)
+            if not keep or step + 1 == self.depth:
+                break
+            chain = [chain[r] for r in keep]
+            hidden = hidden[keep]
+            items = [(s, s.computed - 1 + len(drafts[i]), [drafts[i][-1]]) for i, s in chain]
+            hidden, logits = self._draft_step(items, hidden, step + 1)
+        return drafts
+
+    def _draft_step(self, items: list[tuple[Sequence, int, list[int]]], previous: torch.Tensor, step: int
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
+        fp32 logits of each item's last row."""
+        works = [SeqWork(s.slot, s.block_table, first, tokens) for s, first, tokens in items]  # type: ignore[arg-type]
+        batch = build_batch(works, self.draft_pools, self.runner.device)
+        hidden = self.drafter(batch, previous, step)
+        logits = self.drafter.compute_logits(hidden, step) if self._logits_take_step else self.drafter.compute_logits(hidden)
+        return hidden, logits.float()
+
+    # ---- hybrid state --------------------------------------------------------------------------
+    def _save_state(self, seqs: list[Sequence]) -> dict[int, list[torch.Tensor]]:
+        """Each slot's state tensors before the verify (the state after ``c`` tokens)."""
+        pools = self.runner.pools
+        return {s.slot: [t[s.slot].clone() for ts in pools.state.values() for t in ts.values()] for s in seqs}  # type: ignore[index]
+
+    def _rerun_accepted(self, redo: list[tuple[Sequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None) -> None:
+        """Restore the pre-verify state and feed only the inputs that stand, so the state is the accepted one."""
+        assert snapshot is not None
+        pools = self.runner.pools
+        for s, _, _ in redo:
+            tensors = [t for ts in pools.state.values() for t in ts.values()]
+            for t, saved in zip(tensors, snapshot[s.slot], strict=True):  # type: ignore[index]
+                t[s.slot].copy_(saved)
+        # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
+        works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept], want_logits=False)  # type: ignore[arg-type]
+                 for s, c, kept in redo]
+        self.runner.step(works)
+        hidden, offset = self.model.last_hidden, 0
+        for s, c, kept in redo:
+            self._backlog[s] = (c, hidden[offset : offset + kept].clone())
+            offset += kept
+
+    def _prune(self) -> None:
+        for s in [s for s in self._backlog if s.retired is not None]:
+            del self._backlog[s]

@@ -1,0 +1,44 @@
+"""Speculative-decoding counters for ``/metrics`` (``spec_decode``, vLLM's names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SpecDecodeStats:
+    """Totals since start. A *draft* is one request's proposal in one verify step (``num_drafts_total``);
+    position ``i`` counts the ``i``-th draft token, accepted only when every earlier one was."""
+
+    depth: int
+    num_drafts_total: int = 0
+    num_draft_tokens_total: int = 0
+    num_accepted_tokens_total: int = 0
+    draft_tokens_per_pos: list[int] = field(default_factory=list)
+    accepted_tokens_per_pos: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.draft_tokens_per_pos = [0] * self.depth
+        self.accepted_tokens_per_pos = [0] * self.depth
+
+    def verified(self, drafted: int, accepted: int) -> None:
+        """One request's verify: ``drafted`` tokens proposed, the leading ``accepted`` of them kept."""
+        if drafted == 0:
+            return
+        self.num_drafts_total += 1
+        self.num_draft_tokens_total += drafted
+        self.num_accepted_tokens_total += accepted
+        for i in range(drafted):
+            self.draft_tokens_per_pos[i] += 1
+        for i in range(accepted):
+            self.accepted_tokens_per_pos[i] += 1
+
+    def as_metrics(self) -> dict:
+        return {
+            "depth": self.depth,
+            "num_drafts_total": self.num_drafts_total,
+            "num_draft_tokens_total": self.num_draft_tokens_total,
+            "num_accepted_tokens_total": self.num_accepted_tokens_total,
+            "num_draft_tokens_per_pos_total": list(self.draft_tokens_per_pos),
+            "num_accepted_tokens_per_pos_total": list(self.accepted_tokens_per_pos),
+        }

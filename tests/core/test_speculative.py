@@ -1,0 +1,227 @@
+"""Speculative decoding (engine.mtp) through the scheduler: greedy with MTP on emits exactly the plain greedy
+transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2), an oracle drafter gets full
+acceptance, a half-right one exercises the hybrid state restore, seeded sampling is reproducible, and the
+``spec_decode`` counters move."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from dgpp.engine.loading import load_model, read_hf_config
+from dgpp.engine.pools import CachePools
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.family import LoadContext
+from dgpp.plugins import manager
+from dgpp.sample import ChoiceSampler, SamplingParams
+from dgpp.sched.block_pool import BlockPool, SlotPool
+from dgpp.sched.config import SchedulerConfig
+from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.request import SeqEvent, Sequence
+from dgpp.sched.scheduler import Scheduler
+from dgpp.serve.metrics import scheduler_snapshot
+from dgpp.testing.builders import build_tiny_checkpoint
+from dgpp.testing.glm import build_tiny_glm4_moe
+
+BS, CHUNK, BLOCKS, VOCAB = 4, 8, 96, 512
+# several lengths (chunked prefill: 8-token chunks), two sharing a 16-token prefix (a prefix-cache hit), and
+# more requests than max_concurrency (admission while others decode)
+_GEN = torch.Generator().manual_seed(5)
+_SHARED = torch.randint(3, VOCAB, (16,), generator=_GEN).tolist()
+PROMPTS = [torch.randint(3, VOCAB, (n,), generator=_GEN).tolist() for n in (5, 13, 21)] + [
+    _SHARED + [7, 8, 9], _SHARED + [11, 12, 13, 14, 15]]
+MAX_TOKENS = [9, 12, 7, 10, 11]
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    path = build_tiny_glm4_moe(tmp_path_factory.mktemp("spec_glm"), seed=21)
+    model = load_model(path)
+    ctx = LoadContext(path, read_hf_config(path), "glm", "Glm4MoeForCausalLM")
+    return model, manager().hook.dgpp_build_draft(ctx=ctx, model=model)
+
+
+@pytest.fixture(scope="module")
+def qwen35(tmp_path_factory):
+    """The dense Qwen3.5 hybrid with its MTP layer built on it (random weights: the hook's loading is tested
+    in tests/plugins/qwen/test_qwen3_5_mtp.py)."""
+    from dgpp_qwen.qwen3_5_mtp import Qwen35MTPDrafter
+
+    model = load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("spec_qwen35"), seed=23))
+    drafter = Qwen35MTPDrafter(model).eval()
+    gen = torch.Generator().manual_seed(24)
+    with torch.no_grad():
+        for _, p in sorted(drafter.named_parameters()):
+            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.dim() == 1 else 0.08 * torch.randn(p.shape, generator=gen))
+    return model, drafter
+
+
+class OracleDrafter(nn.Module):
+    """A test double: proposes the token at ``p + 2`` of a known transcript (``wrong_from``: deeper drafts from
+    that step on are off by one, so only a prefix is accepted)."""
+
+    def __init__(self, scheduler: Scheduler, transcripts: dict[str, list[int]], wrong_from: int | None = None) -> None:
+        super().__init__()
+        self.scheduler, self.transcripts, self.wrong_from = scheduler, transcripts, wrong_from
+
+    def cache_spec(self) -> dict:
+        return {}
+
+    def forward(self, batch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
+        by_slot = {s.slot: s for s in self.scheduler.live}
+        out = torch.zeros(batch.num_tokens, VOCAB)
+        starts = batch.query_start_loc.tolist()
+        for i, slot in enumerate(batch.state_slots.tolist()):
+            full = self.transcripts[by_slot[slot].request_id]
+            for row in range(starts[i], starts[i + 1]):
+                at = int(batch.positions[row]) + 2
+                token = full[at] if at < len(full) else 0
+                if self.wrong_from is not None and step >= self.wrong_from:
+                    token = (token + 1) % VOCAB
+                out[row, token] = 1.0
+        return out[batch.logits_indices]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+def serve(model, drafter=None, depth: int = 1, *, temperature: float = 0.0, oracle: dict | None = None,
+          wrong_from: int | None = None, eos: frozenset[int] = frozenset()) -> tuple[dict[str, list[int]], Scheduler]:
+    """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
+    conf = SchedulerConfig(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
+    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4)
+    runner = ModelRunner(model, pools)
+    blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
+    cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
+    sched = Scheduler(conf, runner, blocks, slots, cache, eos_token_ids=eos)
+    if oracle is not None:
+        drafter = OracleDrafter(sched, oracle, wrong_from)
+    if drafter is not None:
+        sched.speculative = SpeculativeDecoder(runner, drafter, depth)
+    out: dict[str, list[int]] = {}
+
+    def sink(s: Sequence, ev: SeqEvent) -> None:
+        assert ev.error is None, ev.error
+        out.setdefault(s.request_id, []).extend(ev.tokens)
+
+    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
+        params = SamplingParams(temperature=temperature, max_tokens=n, seed=100 + i if temperature else None)
+        sched.submit([Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, VOCAB, prompt), sink)])
+    for _ in range(400):
+        if not sched.has_work:
+            break
+        sched.tick()
+    assert not sched.has_work, "scheduler did not drain"
+    return out, sched
+
+
+def _check_counters(sched: Scheduler, depth: int) -> dict:
+    spec = scheduler_snapshot(sched)["scheduler"]["spec_decode"]
+    assert spec["depth"] == depth
+    assert spec["num_drafts_total"] > 0 and spec["num_draft_tokens_total"] >= spec["num_drafts_total"]
+    assert spec["num_draft_tokens_total"] == sum(spec["num_draft_tokens_per_pos_total"])
+    assert spec["num_accepted_tokens_total"] == sum(spec["num_accepted_tokens_per_pos_total"])
+    assert len(spec["num_draft_tokens_per_pos_total"]) == depth
+    return spec
+
+
+@pytest.mark.parametrize("depth", [1, 3])
+def test_glm_greedy_mtp_equals_plain(glm, depth):
+    model, drafter = glm
+    plain, _ = serve(model)
+    assert [len(plain[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_TOKENS
+    spec, sched = serve(model, drafter, depth)
+    assert spec == plain
+    _check_counters(sched, depth)
+
+
+def test_eos_retires_mid_step(glm):
+    """An EOS among the accepted tokens ends the request there: the oracle drafts past it, the tokens after it
+    are dropped, as in plain decoding."""
+    model, _ = glm
+    full, _ = serve(model)
+    eos = frozenset({full["r1"][3]})
+    plain, _ = serve(model, eos=eos)
+    assert len(plain["r1"]) == full["r1"].index(full["r1"][3]) + 1 < MAX_TOKENS[1]
+    transcripts = {f"r{i}": PROMPTS[i] + full[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, _ = serve(model, depth=3, oracle=transcripts, eos=eos)
+    assert spec == plain
+
+
+def test_qwen35_hybrid_greedy_mtp_equals_plain(qwen35):
+    model, drafter = qwen35
+    plain, _ = serve(model)
+    spec, sched = serve(model, drafter, 2)
+    assert spec == plain
+    _check_counters(sched, 2)
+
+
+def test_oracle_drafter_is_fully_accepted(glm):
+    model, _ = glm
+    plain, base = serve(model)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, sched = serve(model, depth=3, oracle=transcripts)
+    assert spec == plain
+    counters = _check_counters(sched, 3)
+    assert counters["num_accepted_tokens_total"] == counters["num_draft_tokens_total"]
+    # up to four tokens per verify: far fewer decode steps than tokens
+    assert sched.stats.decode_rows < base.stats.decode_rows / 2
+
+
+def test_hybrid_partial_acceptance_restores_state(qwen35):
+    """Drafts right at depth 1 and wrong at depth 2: every verify keeps 2 of 3 rows, so the GDN state is
+    restored and the accepted rows are run again; the transcript stays the plain one."""
+    model, _ = qwen35
+    plain, _ = serve(model)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, sched = serve(model, depth=2, oracle=transcripts, wrong_from=1)
+    assert spec == plain
+    counters = _check_counters(sched, 2)
+    per_pos = counters["num_accepted_tokens_per_pos_total"]
+    assert per_pos[0] == counters["num_draft_tokens_per_pos_total"][0] and per_pos[1] == 0
+
+
+def test_seeded_sampling_with_mtp_is_reproducible(glm):
+    model, drafter = glm
+    first, sched = serve(model, drafter, 2, temperature=0.9)
+    second, _ = serve(model, drafter, 2, temperature=0.9)
+    assert first == second
+    assert [len(first[f"r{i}"]) for i in range(len(PROMPTS))] == MAX_TOKENS
+    _check_counters(sched, 2)
+
+
+def test_oracle_drafts_are_accepted_when_sampling(glm):
+    """The ratio test keeps a greedy draft with the target's probability of it: at a near-greedy temperature the
+    plain greedy transcript as drafts is accepted almost always."""
+    model, _ = glm
+    plain, _ = serve(model)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    _, sched = serve(model, depth=2, oracle=transcripts, temperature=0.01)
+    counters = _check_counters(sched, 2)
+    assert counters["num_accepted_tokens_total"] > 0.8 * counters["num_draft_tokens_total"]
+
+
+def test_ratio_test_keeps_the_target_distribution():
+    """Accept-with-p(draft), else draw from the residual: the emitted token is distributed as the target's p,
+    and the draft is kept with probability p(draft)."""
+    from dgpp.engine.speculative_accept import judge_row
+
+    logits = torch.tensor([2.0, 1.5, 0.3, -1.0, 0.9, 0.0, -0.5, 1.1])
+    params = SamplingParams(temperature=0.8, top_k=6, max_tokens=1)
+    target = torch.zeros(8, dtype=torch.float64)
+    kept = torch.topk(logits, 6).indices
+    target[kept] = torch.softmax(logits[kept].double() / 0.8, 0)
+    draft, n = 1, 6000
+    counts = torch.zeros(8, dtype=torch.float64)
+    accepted = 0
+    for seed in range(n):
+        p = SamplingParams(temperature=0.8, top_k=6, max_tokens=1, seed=seed)
+        result, took = judge_row(ChoiceSampler(p, 8, [0]), logits, draft)
+        counts[result.token] += 1
+        accepted += took
+        assert took == (result.token == draft)
+    assert params.top_k == 6 and counts[3] == 0 and counts[6] == 0  # filtered ids never come out
+    assert float((counts / n - target).abs().max()) < 0.02
+    assert abs(accepted / n - float(target[draft])) < 0.02
