@@ -51,7 +51,7 @@ def test_fp8_grid_reblocked_when_slices_cut_blocks(parallel):
 
 def test_unaligned_slice_is_refused_by_name():
     fmt = NVFP4ModelOpt()  # 48 input columns / 2 ranks = 24: not whole 16-column groups
-    with pytest.raises(ValueError, match="re-blocking is not implemented"):
+    with pytest.raises(ValueError, match="this format cannot be re-blocked"):
         Linear(48, 64, parallel="row", world=World(rank=1, size=2), quant_method=QuantLinearMethod(fmt))
     layer = Linear(96, 64, parallel="column", world=World(rank=1, size=2), quant_method=QuantLinearMethod(FP8Block(block=(16, 16))))
     param = layer.weight_scale_inv

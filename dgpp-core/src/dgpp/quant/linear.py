@@ -63,8 +63,9 @@ def reblock_for_tp(fmt: QuantFormat, local: Shape, parallel: str, world_size: in
 
 
 def check_tp_alignment(fmt: QuantFormat, local: Shape, parallel: str, world_size: int) -> None:
-    """Each rank's slice must start and end on the format's scale-block / group / word boundaries
-    (re-blocking a scale grid with replicated scales is not implemented); raises ValueError naming why."""
+    """Each rank's slice must start and end on the format's scale-block / group / word boundaries; raises
+    ValueError naming why. Call it after ``reblock_for_tp``: FP8 block grids are re-blocked there (so they
+    always pass), while FP4 groups, GPTQ words/groups and other group formats cannot be re-blocked."""
     if world_size == 1 or parallel == "replicated":
         return
     n, k = local
@@ -81,7 +82,7 @@ def check_tp_alignment(fmt: QuantFormat, local: Shape, parallel: str, world_size
     if size % unit:
         raise ValueError(
             f"{parallel}-parallel slice of {size} per rank is not a multiple of the {fmt.name} block/group/word "
-            f"of {unit} (world {world_size}); re-blocking is not implemented"
+            f"of {unit} (world {world_size}); this format cannot be re-blocked"
         )
 
 
