@@ -30,7 +30,7 @@ def test_defaults_have_no_inert_keys_and_set_ones_are_warned() -> None:
     assert check_engine_keys(EngineConfig()) == []
     assert all(getattr(EngineConfig(), key) == off for key, off in INERT_KEYS.items())
     with structlog.testing.capture_logs() as logs:
-        inert = check_engine_keys(EngineConfig(mtp=True, prefill_fp8_gemm=True))
-    assert inert == ["mtp", "prefill_fp8_gemm"]
+        inert = check_engine_keys(EngineConfig(mtp=True, mtp_schedule=True, prefill_fp8_gemm=True))
+    assert inert == ["mtp_schedule", "prefill_fp8_gemm"]  # engine.mtp is implemented (dgpp.engine.speculative)
     assert [e["key"] for e in logs if e["event"] == "engine key has no effect in this build"] == [
-        "engine.mtp", "engine.prefill_fp8_gemm"]
+        "engine.mtp_schedule", "engine.prefill_fp8_gemm"]

@@ -225,3 +225,26 @@ def test_ratio_test_keeps_the_target_distribution():
     assert params.top_k == 6 and counts[3] == 0 and counts[6] == 0  # filtered ids never come out
     assert float((counts / n - target).abs().max()) < 0.02
     assert abs(accepted / n - float(target[draft])) < 0.02
+
+
+def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):
+    """``engine.mtp`` off: no decoder (the default decode path); on: the family's drafter at ``engine.mtp_depth``;
+    on for a checkpoint without MTP layers: a ConfigError naming the key."""
+    from dgpp.config import EngineConfig
+    from dgpp.engine.speculative_build import build_speculative
+    from dgpp.errors import ConfigError
+    from dgpp_glm.draft import Glm4MoeMTPDrafter
+
+    def runner_for(path):
+        model = load_model(path)
+        return ModelRunner(model, CachePools(model.cache_spec(), 8, BS, 2))
+
+    path = build_tiny_glm4_moe(tmp_path / "mtp", seed=31)
+    runner = runner_for(path)
+    assert build_speculative(EngineConfig(), path, runner, pm=manager()) is None
+    decoder = build_speculative(EngineConfig(mtp=True, mtp_depth=3), path, runner, pm=manager())
+    assert isinstance(decoder.drafter, Glm4MoeMTPDrafter) and decoder.depth == 3 and decoder.stats.depth == 3
+    assert set(decoder.draft_pools.kv) == {"mtp.0.self_attn"} and decoder.draft_pools.num_blocks == 8
+    bare = build_tiny_glm4_moe(tmp_path / "bare", seed=32, num_nextn_predict_layers=0)
+    with pytest.raises(ConfigError, match=r"engine\.mtp"):
+        build_speculative(EngineConfig(mtp=True), bare, runner_for(bare), pm=manager())

@@ -37,11 +37,30 @@ def load_model(
 ) -> Model:
     """The loaded ``Model`` for ``checkpoint_dir`` (weights in ``dtype``, else the checkpoint's), sliced
     for ``world`` (``group``: the torch.distributed TP group when ``world.size > 1``)."""
+    pm = pm or manager()
+    ctx = load_context(checkpoint_dir, engine_cfg, dtype, device, world=world, group=group, pm=pm)
+    model = pm.hook.dgpp_load_model(ctx=ctx)
+    if model is None:
+        res = resolve(pm, ctx.hf_config)
+        raise UnsupportedModelError(f"plugin {res.family.plugin} returned no model for {res.matched!r}")
+    return model
+
+
+def load_context(
+    checkpoint_dir: str | Path,
+    engine_cfg: Any = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    world: World | None = None,
+    group: Any = None,
+    pm: Any = None,
+) -> LoadContext:
+    """The ``LoadContext`` plugin hooks get for ``checkpoint_dir`` (``load_model``'s; also the drafter's)."""
     checkpoint_dir = Path(checkpoint_dir)
     hf_config = read_hf_config(checkpoint_dir)
-    pm = pm or manager()
-    res = resolve(pm, hf_config)
-    ctx = LoadContext(
+    res = resolve(pm or manager(), hf_config)
+    return LoadContext(
         checkpoint_dir=checkpoint_dir,
         hf_config=hf_config,
         family=res.family.name,
@@ -52,7 +71,3 @@ def load_model(
         dtype=dtype,
         group=group,
     )
-    model = pm.hook.dgpp_load_model(ctx=ctx)
-    if model is None:
-        raise UnsupportedModelError(f"plugin {res.family.plugin} returned no model for {res.matched!r}")
-    return model

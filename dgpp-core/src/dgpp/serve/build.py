@@ -50,6 +50,7 @@ def assemble(
     defaults: SamplingDefaults,
     text: TextStack,
     start_loop: bool = True,
+    speculative: Any = None,
 ) -> ServingEngine:
     """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread
     unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead)."""
@@ -60,6 +61,7 @@ def assemble(
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
+    scheduler.speculative = speculative  # engine.mtp (None: plain decode)
     loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot,
                       gather_ms=float(getattr(engine_cfg, "admission_gather_ms", 0)))
     if start_loop:
@@ -142,6 +144,10 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
         model, pools, decode_graph=bool(getattr(engine_cfg, "decode_graph", False)),
         max_batch=int(engine_cfg.max_concurrency), max_blocks=min(num_blocks, -(-info.max_position // block_size)),
     )
+    from dgpp.engine.speculative_build import build_speculative
+
+    speculative = build_speculative(engine_cfg, checkpoint, runner, pm=pm, dtype=dtype, device=device, world=world,
+                                    group=group)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     return assemble(
         engine_cfg.model_alias or cfg.model, engine_cfg, runner,
@@ -149,6 +155,7 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
         hybrid=info.hybrid, copy_state=pools.copy_state, num_snapshot_slots=n_snap, eos_token_ids=eos,
         snapshot_bytes=state_bytes,
         defaults=SamplingDefaults.from_generation_config(checkpoint), text=text, start_loop=start_loop,
+        speculative=speculative,
     )
 
 

@@ -3,7 +3,7 @@
 ``dgpp.config`` validates the full key set of the original engine so templates stay portable, but some
 levers have no implementation behind them in this build. Serving with one silently would mislead: a
 template asking for an FP8 KV cache would get the compute dtype (and a memory plan that counted FP8 bytes),
-and ``engine.mtp: true`` would give no speculative decoding while the log said nothing.
+and ``engine.mtp_schedule: true`` would give no confidence schedule while the log said nothing.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ log = structlog.get_logger("dgpp.serve")
 _KV_NAMES = {"bf16": torch.bfloat16}
 # key -> the value at which it has no effect; any other value is accepted by the config but ignored here
 INERT_KEYS: dict[str, Any] = {
-    "mtp": False,  # drafters load (dgpp_build_draft) but the scheduler never runs a verify step
     "mtp_schedule": False,
     "prefill_group": True,
     "fp8_head": "gemv",

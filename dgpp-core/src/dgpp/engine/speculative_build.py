@@ -1,0 +1,30 @@
+"""``engine.mtp``: the drafter from the family's ``dgpp_build_draft`` hook, wrapped in a ``SpeculativeDecoder``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgpp.engine.loading import load_context
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.errors import ConfigError
+
+
+def build_speculative(
+    engine_cfg: Any, checkpoint: Path, runner: ModelRunner, *, pm: Any, dtype: torch.dtype | None = None,
+    device: Any = "cpu", world: Any = None, group: Any = None,
+) -> SpeculativeDecoder | None:
+    """None unless ``engine.mtp`` is on; then the decoder at ``engine.mtp_depth`` (a ``ConfigError`` naming the key
+    when the checkpoint has no drafter)."""
+    if not bool(getattr(engine_cfg, "mtp", False)):
+        return None
+    model = runner.model
+    ctx = load_context(checkpoint, engine_cfg, dtype, device, world=world, group=group, pm=pm)
+    drafter = pm.hook.dgpp_build_draft(ctx=ctx, model=model)
+    if drafter is None:
+        raise ConfigError(f"engine.mtp: true but {checkpoint} has no MTP drafter ({ctx.family} plugin's dgpp_build_draft "
+                          "returned None); set engine.mtp to false")
+    return SpeculativeDecoder(runner, drafter, int(getattr(engine_cfg, "mtp_depth", 1)))
