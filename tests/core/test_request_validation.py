@@ -2,11 +2,33 @@
 
 from __future__ import annotations
 
-import pytest
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
 
+import pytest
+from litestar.testing import TestClient
+
+from dgpp.config import EngineConfig
+from dgpp.serve.app import build_app
+from dgpp.serve.build import build_toy_engine
 from dgpp.serve.errors import APIError
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.validate import parse_body
+from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+
+@contextmanager
+def _toy_client(tmp_path, max_body_bytes: int = 1 << 20, template: Any = None) -> Iterator[TestClient]:
+    engine = build_toy_engine("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
+                                                                                        stats_interval_s=0))
+    if template is not None:
+        engine.chat_template = template
+    try:
+        with TestClient(app=build_app(engine, max_body_bytes=max_body_bytes)) as client:
+            yield client
+    finally:
+        engine.shutdown()
 
 
 def _refused(body: bytes) -> APIError:
@@ -34,26 +56,31 @@ def test_tool_parameters_that_are_not_a_schema_object_are_refused() -> None:
 
 
 def test_chunked_body_past_the_limit_is_request_too_large(tmp_path) -> None:
-    from litestar.testing import TestClient
-
-    from dgpp.config import EngineConfig
-    from dgpp.serve.app import build_app
-    from dgpp.serve.build import build_toy_engine
-    from dgpp.testing.tokenizers import build_tiny_tokenizer
-
-    engine = build_toy_engine("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
-                                                                                        stats_interval_s=0))
-
     def chunks():  # a generator body goes out chunked: no Content-Length for the early check to read
         yield b'{"model": "toy/model", "messages": [{"role": "user", "content": "'
         for _ in range(5):
             yield b"a" * 10000
         yield b'"}]}'
 
-    try:
-        with TestClient(app=build_app(engine, max_body_bytes=20000)) as client:
-            r = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
-    finally:
-        engine.shutdown()
+    with _toy_client(tmp_path, max_body_bytes=20000) as client:
+        r = client.post("/v1/chat/completions", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
     assert r.json()["error"]["code"] == "request_too_large" and "max_body_bytes" in r.json()["error"]["message"]
+
+
+def test_a_chat_template_that_renders_nothing_is_a_400_not_an_engine_step(tmp_path) -> None:
+    # anchor §2.3: an empty render is the request's problem; a model step of zero tokens would fail the engine
+    class RendersNothing:
+        default_kwargs: dict = {}
+
+        def render(self, *args, **kwargs) -> str:
+            return ""
+
+        def effort_mapping(self) -> dict:
+            return {}
+
+    with _toy_client(tmp_path, template=RendersNothing()) as client:
+        r = client.post("/v1/chat/completions", json={"model": "toy/model", "max_tokens": 2,
+                                                      "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "messages" and "empty" in r.json()["error"]["message"]

@@ -57,6 +57,7 @@ class PreparedChat:
     prompt_text: str
     tools: list[dict] | None
     matchers: list[Any] | None = None
+    constraint: dict[str, Any] | None = None  # what the matchers were built from (journaled under TP)
 
 
 @dataclass
@@ -135,12 +136,16 @@ class ServingEngine:
             text = self.chat_template.render(req.messages, tools, chat_template_kwargs=req.chat_template_kwargs,
                                              reasoning_effort=req.reasoning_effort)
             opens = ReasoningSplitter.prompt_opens_thinking(text, *think)
-            matchers = self._matchers(req, tools, opens, n) if specs or req.response_format else None
-            return PreparedChat(self.tokenizer.encode(text), text, tools, matchers)
+            constraint = self._constraint(req, tools, opens) if specs or req.response_format else None
+            matchers = self._matchers(constraint, n) if constraint is not None else None
+            return PreparedChat(self.tokenizer.encode(text), text, tools, matchers,
+                                constraint if matchers else None)
 
         return await self._run_prep(work)
 
-    def _matchers(self, req: Any, tools: list | None, opens_thinking: bool, n: int) -> list[Any] | None:
+    def _constraint(self, req: Any, tools: list | None, opens_thinking: bool) -> dict[str, Any] | None:
+        """The request's constraint as plain JSON data (``constraint_matcher``'s input), or None when this
+        server has no grammar support and nothing forces one."""
         fmt = req.response_format or {}
         forced = req.tool_choice not in (None, "auto", "none")
         if self.grammar is None:
@@ -149,15 +154,21 @@ class ServingEngine:
                 raise APIError(400, f"{param} needs constrained decoding, which this server does not offer",
                                "constrained_decoding_unsupported", param)
             return None
+        return {"response_format": fmt or None, "tools": tools, "tool_choice": req.tool_choice,
+                "parallel_tool_calls": req.parallel_tool_calls is not False, "prompt_opens_thinking": opens_thinking}
+
+    def _matchers(self, constraint: dict[str, Any], n: int) -> list[Any] | None:
+        first = self.constraint_matcher(constraint)
+        return None if first is None else [first] + [self.constraint_matcher(constraint) for _ in range(n - 1)]
+
+    def constraint_matcher(self, constraint: dict[str, Any]) -> Any:
+        """A fresh grammar matcher for ``constraint`` (``_constraint``'s output, possibly as journaled by rank 0),
+        or None when it constrains nothing. The same constraint gives the same masks on every rank."""
+        if self.grammar is None:
+            raise GrammarError("this rank has no constrained decoding (grammar context unavailable)", "response_format")
         from dgpp.text.grammar import build_matcher
 
-        def one() -> Any:
-            return build_matcher(self.grammar, response_format=fmt or None, tools=tools, tool_choice=req.tool_choice,
-                                 parallel_tool_calls=req.parallel_tool_calls is not False, dialect=self.dialect,
-                                 prompt_opens_thinking=opens_thinking)
-
-        first = one()
-        return None if first is None else [first] + [one() for _ in range(n - 1)]
+        return build_matcher(self.grammar, dialect=self.dialect, **constraint)
 
     def text_outputs(self, handle: RequestHandle, prepared: PreparedChat | None) -> list[Any]:
         """One ``ServedChoice`` per choice; a chat routes reasoning and tool calls, a legacy completion
@@ -194,11 +205,14 @@ class ServingEngine:
     # ---- submission ---------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
               kind: str = "chatcmpl", matchers: list[Any] | None = None,
-              max_tokens_given: bool = True) -> RequestHandle:
+              max_tokens_given: bool = True, constraint: dict[str, Any] | None = None) -> RequestHandle:
         """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
 
         A request that named no max_tokens gets ``engine.default_max_tokens`` cut to the room its prompt
         leaves; one that named it too large is refused (the client asked for something impossible)."""
+        if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the engine
+            param = "messages" if kind == "chatcmpl" else "prompt"
+            raise APIError(400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param)
         room = self.limits.request_limit_tokens - len(prompt_ids)
         if not max_tokens_given:
             if room < 1:
@@ -228,7 +242,8 @@ class ServingEngine:
                                     mask_fn=m.mask if m else None, accept_fn=m.accept if m else None)
             handle.seqs.append(Sequence(f"{handle.request_id}/{i}", i, prompt_ids, params, sampler, sink,
                                         use_prefix_cache=use_prefix_cache,
-                                        leader=handle.seqs[0] if i else None))
+                                        leader=handle.seqs[0] if i else None,
+                                        constraint=constraint if m else None))
         try:
             self.loop.submit(handle.seqs)
         except QueueFull as e:
