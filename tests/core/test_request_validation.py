@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -19,11 +20,14 @@ from dgpp.testing.tokenizers import build_tiny_tokenizer
 
 
 @contextmanager
-def _toy_client(tmp_path, max_body_bytes: int = 1 << 20, template: Any = None) -> Iterator[TestClient]:
+def _toy_client(tmp_path, max_body_bytes: int = 1 << 20, template: Any = None,
+                model_vocab: int | None = None) -> Iterator[TestClient]:
     engine = build_toy_engine("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
                                                                                         stats_interval_s=0))
     if template is not None:
         engine.chat_template = template
+    if model_vocab is not None:  # a model with fewer embedding rows than the tokenizer has ids
+        engine.limits = replace(engine.limits, vocab_size=model_vocab)
     try:
         with TestClient(app=build_app(engine, max_body_bytes=max_body_bytes)) as client:
             yield client
@@ -84,3 +88,13 @@ def test_a_chat_template_that_renders_nothing_is_a_400_not_an_engine_step(tmp_pa
                                                       "messages": [{"role": "user", "content": "x"}]})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == "messages" and "empty" in r.json()["error"]["message"]
+
+
+def test_a_prompt_token_past_the_model_vocabulary_is_a_400(tmp_path) -> None:
+    # the tiny tokenizer's specials sit at its top ids; a 400-row model cannot embed them
+    with _toy_client(tmp_path, model_vocab=400) as client:
+        ok = client.post("/v1/completions", json={"model": "toy/model", "prompt": "hello", "max_tokens": 2})
+        bad = client.post("/v1/completions", json={"model": "toy/model", "prompt": "hello<|im_end|>", "max_tokens": 2})
+    assert ok.status_code == 200, ok.text
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
+    assert "past the model's vocabulary of 400" in bad.json()["error"]["message"]

@@ -213,6 +213,11 @@ class ServingEngine:
         if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the engine
             param = "messages" if kind == "chatcmpl" else "prompt"
             raise APIError(400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param)
+        top = max(prompt_ids)
+        if top >= self.limits.vocab_size:  # a tokenizer with more (added) tokens than the model's embedding rows
+            param = "messages" if kind == "chatcmpl" else "prompt"
+            raise APIError(400, f"the prompt holds token id {top} ({self.tokenizer.decode([top])!r}), past the "
+                                f"model's vocabulary of {self.limits.vocab_size}", "invalid_parameter", param)
         room = self.limits.request_limit_tokens - len(prompt_ids)
         if not max_tokens_given:
             if room < 1:
