@@ -158,6 +158,20 @@ def test_qwen35_hybrid_greedy_mtp_equals_plain(qwen35):
     _check_counters(sched, 2)
 
 
+def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
+    """qwen4_exp's drafter (QSA layer with index keys in its own paged pools) through the hook."""
+    from dgpp.engine.loading import load_context
+    from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+
+    path = build_tiny_qwen4_exp(tmp_path, seed=3, with_mtp=True)
+    model = load_model(path)
+    drafter = manager().hook.dgpp_build_draft(ctx=load_context(path), model=model)
+    plain, _ = serve(model)
+    spec, sched = serve(model, drafter, 2)
+    assert spec == plain
+    _check_counters(sched, 2)
+
+
 def test_oracle_drafter_is_fully_accepted(glm):
     model, _ = glm
     plain, base = serve(model)

@@ -46,16 +46,9 @@ def load_model(
     return model
 
 
-def load_context(
-    checkpoint_dir: str | Path,
-    engine_cfg: Any = None,
-    dtype: torch.dtype | None = None,
-    device: torch.device | str = "cpu",
-    *,
-    world: World | None = None,
-    group: Any = None,
-    pm: Any = None,
-) -> LoadContext:
+def load_context(checkpoint_dir: str | Path, engine_cfg: Any = None, dtype: torch.dtype | None = None,
+                 device: torch.device | str = "cpu", *, world: World | None = None, group: Any = None,
+                 pm: Any = None) -> LoadContext:
     """The ``LoadContext`` plugin hooks get for ``checkpoint_dir`` (``load_model``'s; also the drafter's)."""
     checkpoint_dir = Path(checkpoint_dir)
     hf_config = read_hf_config(checkpoint_dir)

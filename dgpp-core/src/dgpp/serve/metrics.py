@@ -156,7 +156,10 @@ class _Collector:
         yield gauge("decode_batch_last_slots", batch.get("last_slots", 0))
         yield gauge("decode_batch_last_active", batch.get("last_active", 0))
         yield gauge("decode_batch_last_rows_per_request", batch.get("last_rows_per_request", 0))
-        yield gauge("spec_decode_depth", sch.get("spec_decode", {}).get("depth", 0))
+        spec = sch.get("spec_decode", {})
+        yield gauge("spec_decode_depth", spec.get("depth", 0))
+        for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # vLLM's spec_decode counters
+            yield counter(f"spec_decode_{key}", spec.get(f"{key}_total", 0))
         yield gauge("prefix_cache_snapshot_bytes", pc.get("snapshot_bytes", 0))
         yield gauge("prefix_cache_entries", pc.get("entries", 0))
         yield gauge("prefix_cache_slots", pc.get("slots", 0))
