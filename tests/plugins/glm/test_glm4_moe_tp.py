@@ -1,6 +1,6 @@
 """GLM-4.7 under tensor parallelism (2 ranks, gloo on CPU): q/k/v heads (with their biases), the dense MLP,
 every expert's and the shared expert's intermediate dim are split, the router and norms replicated, and each
-block's row-parallel outputs all-reduced. Every rank's logits, greedy tokens and MTP draft must equal the
+block's row-parallel outputs all-reduced; the LM head is vocab-parallel (logit shards gathered). Every rank's logits, greedy tokens and MTP draft must equal the
 single-rank model's."""
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def _run(path: str, world: World) -> dict:
         "draft": _draft_logits(model, drafter),
         "numel": sum(p.numel() for p in model.model.layers.parameters()),
         "kv_heads": model.cache_spec()["layers.0.self_attn"].num_kv_heads,
+        "head": (model.lm_head.vocab_parallel, tuple(model.lm_head.weight.shape), model.lm_head.weight.clone()),
     }
 
 
@@ -66,8 +67,16 @@ def test_tp2_matches_single_rank(tmp_path):
     path = build_tiny_glm4_moe(tmp_path / "ckpt", seed=22)
     single = _run(str(path), World())
     mp.spawn(_rank_main, args=(str(path), str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
+    for rank, got in enumerate(ranks):
+        # vocab-parallel head: the rank holds its slice of the untied checkpoint head, rows in rank order
+        parallel, shape, rows = got["head"]
+        whole = single["head"][2]
+        shard = whole.shape[0] // WORLD
+        assert not single["head"][0] and parallel and shape == (shard, whole.shape[1])
+        assert torch.equal(rows, whole[rank * shard : (rank + 1) * shard])
+        for ours, theirs in zip(got["logits"], ranks[0]["logits"], strict=True):
+            assert torch.equal(ours, theirs), f"rank {rank} logits differ from rank 0's"
         assert got["kv_heads"] == 1  # 2 kv heads over 2 ranks
         assert got["numel"] < 0.6 * single["numel"]  # only norms, routers and the correction bias are whole
         for ours, ref in zip(got["logits"], single["logits"], strict=True):

@@ -1,5 +1,6 @@
 """qwen4_exp under tensor parallelism (2 ranks, gloo on CPU): QSA and GDN heads, expert and shared-expert
-intermediate dims split with one all-reduce per block; gated residuals, the indexer and PLE replicated.
+intermediate dims split with one all-reduce per block; gated residuals, the indexer and PLE replicated; the
+LM head vocab-parallel (logit shards gathered in rank order).
 Logits and greedy tokens of every rank must equal the single-rank model's."""
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
         model = load_model(path, world=World(rank=rank, size=WORLD))
         result = _run(model)
         result["kv_heads"] = model.cache_spec()["layers.1"].num_kv_heads
+        result["head"] = (model.lm_head.vocab_parallel, model.lm_head.weight.clone())
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
@@ -37,10 +39,18 @@ def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
 
 def test_tp2_matches_single_rank(tmp_path):
     path = build_tiny_qwen4_exp(tmp_path / "ckpt", seed=32)
-    single = _run(load_model(path))
+    whole = load_model(path)
+    single, head = _run(whole), whole.lm_head.weight
     mp.spawn(_rank_main, args=(str(path), str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
+    for rank, got in enumerate(ranks):
+        # vocab-parallel head: the rank holds its slice of the untied checkpoint head, rows in rank order
+        parallel, rows = got["head"]
+        shard = head.shape[0] // WORLD
+        assert parallel and rows.shape == (shard, head.shape[1])
+        assert torch.equal(rows, head[rank * shard : (rank + 1) * shard])
+        for ours, theirs in zip(got["logits"], ranks[0]["logits"], strict=True):
+            assert torch.equal(ours, theirs), f"rank {rank} logits differ from rank 0's"
         assert got["kv_heads"] == 1  # 2 kv heads over 2 ranks
         for ours, ref in zip(got["logits"], single["logits"], strict=True):
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))

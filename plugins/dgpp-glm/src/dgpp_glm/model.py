@@ -111,7 +111,9 @@ class Glm4MoeForCausalLM(Model):
         self.group = group
         self.model = Glm4MoeBackbone(cfg, dtype=self.dtype, world=self.world)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied)
+        self.lm_head = LMHead(
+            cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world, group=self.group
+        )
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position_embeddings,

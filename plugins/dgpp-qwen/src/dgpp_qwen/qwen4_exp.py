@@ -144,7 +144,7 @@ class Qwen4ExpForCausalLM(Model):
         self.cfg, self.world, self.group = cfg, world, group
         self.model = Qwen4ExpTextStack(cfg, world, group)
         tied = self.model.embed_tokens if base.tie_word_embeddings else None
-        self.lm_head = LMHead(base.vocab_size, base.hidden_size, dtype=base.dtype, tied_to=tied)
+        self.lm_head = LMHead(base.vocab_size, base.hidden_size, dtype=base.dtype, tied_to=tied, world=world, group=group)
         self.last_hidden: torch.Tensor | None = None
         self.info = ModelInfo(
             vocab_size=base.vocab_size, max_position=base.max_position, eos_token_ids=base.eos_token_ids,
