@@ -91,6 +91,12 @@ def test_hash_constants_equal_the_reference_at_release_scale():
     assert ours == [hf._find_nth_prime_after(19_999_999, n) for n in (4, 5, 6)]
 
 
+def test_hash_multipliers_pinned():
+    """The multipliers come from dgpp.splitmix; these values were produced by the PLE's former private copy."""
+    assert hash_multipliers(512, 3, 0, 0) == [13859160516121295, 2456519431064331, 6598516710904673]
+    assert hash_multipliers(151936, 4, 5, 12345) == [6593811459909, 17271316155133, 27733087130627, 59352543803031]
+
+
 @torch.inference_mode()
 def test_indexer_ties_go_to_the_lower_block(pair):
     """All-zero scores (every ReLU clipped) tie every block: the lowest blocks win, plus the tail."""

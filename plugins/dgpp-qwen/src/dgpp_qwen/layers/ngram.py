@@ -4,8 +4,8 @@ Hash (exactly the reference's): for n-gram order ``n`` in ``2..ngram_size`` and 
 ``mixed = tok[t]·m0 ^ tok[t-1]·m1 ^ ... ^ tok[t-n+1]·m(n-1)`` in int64, where a token before the start of
 its EOS-delimited segment (or of the sequence) reads as EOS. Each order has ``heads_per_ngram`` heads;
 head ``h`` looks up row ``offset_h + mixed mod prime_h`` of the layer's table. The odd multipliers come
-from splitmix64 over ``seed + 10007·ple_index``; the primes are the consecutive primes from
-``ngram_vocab_size_base`` on, ``heads`` of them per PLE layer in layer order.
+from ``dgpp.splitmix`` (the state stepping by its golden gamma) over ``seed + 10007·ple_index``; the primes
+are the consecutive primes from ``ngram_vocab_size_base`` on, ``heads`` of them per PLE layer in layer order.
 
 The previous ``ngram_size - 1`` token ids and the dilated conv's last ``(kernel-1)·ngram_size`` inputs cross
 decode steps: they are this layer's ``StateSpec`` entry (``ngram_context``, ``conv``), snapshotted with the
@@ -26,26 +26,18 @@ from dgpp.engine.cache_spec import StateSpec
 from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.splitmix import GOLDEN_GAMMA, MASK64, splitmix64
 from dgpp_qwen.layers.gated_residual import GroupedRMSNorm
 from dgpp_qwen.qwen4_exp_config import NGramConfig
 
-_MASK64 = (1 << 64) - 1
-_GOLDEN_GAMMA = 0x9E3779B97F4A7C15
 _LAYER_SEED_STRIDE = 10007
-
-
-def splitmix64(value: int) -> int:
-    value = (value + _GOLDEN_GAMMA) & _MASK64
-    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return value ^ (value >> 31)
 
 
 def hash_multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: int) -> list[int]:
     """Odd multipliers, one per n-gram position, small enough that ``token · m`` fits in int64."""
     half_bound = max(1, ((1 << 63) - 1) // max(vocab_size, 1) // 2)
     layer_seed = seed + _LAYER_SEED_STRIDE * ple_index
-    return [2 * (splitmix64((layer_seed + _GOLDEN_GAMMA * (i + 1)) & _MASK64) % half_bound) + 1 for i in range(ngram_size)]
+    return [2 * (splitmix64((layer_seed + GOLDEN_GAMMA * (i + 1)) & MASK64) % half_bound) + 1 for i in range(ngram_size)]
 
 
 def _is_prime(n: int) -> bool:
