@@ -8,6 +8,7 @@ cancels and stops, and runs the same scheduler tick (whose collectives pair with
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from dgpp.dist.channel import LineSocket
@@ -33,10 +34,15 @@ def _ignore(seq: Sequence, ev: SeqEvent) -> None:
 
 
 class Follower:
-    """Runs ``scheduler`` from the journal on ``link`` until ``Stop`` (0) or a failure (3)."""
+    """Runs ``scheduler`` from the journal on ``link`` until ``Stop`` (0) or a failure (3).
 
-    def __init__(self, link: LineSocket, scheduler: Any, vocab_size: int, stream: OpStream, rank: int) -> None:
+    ``constraint_matcher`` (``ServingEngine.constraint_matcher``) builds a grammar matcher from a journaled
+    constraint spec; without it a constrained admission fails the tick."""
+
+    def __init__(self, link: LineSocket, scheduler: Any, vocab_size: int, stream: OpStream, rank: int,
+                 constraint_matcher: Callable[[dict[str, Any]], Any] | None = None) -> None:
         self.link = link
+        self.constraint_matcher = constraint_matcher
         self.scheduler = scheduler
         self.vocab_size = vocab_size
         self.stream = stream
@@ -95,10 +101,23 @@ class Follower:
         seqs: dict[str, Sequence] = {}
         for a in group:
             params = params_from_wire(a.sp)
-            sampler = ChoiceSampler(params, self.vocab_size, a.p, choice_index=a.choice)
+            matcher = self._matcher(a)
+            sampler = ChoiceSampler(params, self.vocab_size, a.p, choice_index=a.choice,
+                                    mask_fn=matcher.mask if matcher else None, accept_fn=matcher.accept if matcher else None)
             sampler.generator.manual_seed(a.gs)
             seq = Sequence(a.id, a.choice, a.p, params, sampler, _ignore, use_prefix_cache=a.prefix,
-                           leader=seqs.get(a.leader) if a.leader else None)
+                           leader=seqs.get(a.leader) if a.leader else None, constraint=a.g)
             self.recorder.wrap(seq)
             seqs[a.id] = seq
         return list(seqs.values())
+
+    def _matcher(self, a: Admission) -> Any:
+        """The choice's own grammar matcher, compiled here from rank 0's spec (None when unconstrained)."""
+        if a.g is None:
+            return None
+        if self.constraint_matcher is None:
+            raise RuntimeError(f"{a.id}: constrained admission, but rank {self.rank} builds no grammar matchers")
+        matcher = self.constraint_matcher(a.g)
+        if matcher is None:  # rank 0 built one from the same spec, so this rank differs from it
+            raise RuntimeError(f"{a.id}: the journaled constraint builds no matcher on rank {self.rank}")
+        return matcher

@@ -55,13 +55,14 @@ class OpRecorder:
 
 
 def admission_of(s: Sequence) -> Admission:
-    """Everything a peer needs to rebuild ``s`` exactly (the generator seed as drawn here)."""
-    if s.sampler.mask_fn is not None:
-        raise WorldError(f"{s.request_id}: constrained decoding is not journaled under tensor parallelism")
+    """Everything a peer needs to rebuild ``s`` exactly (the generator seed as drawn here, the grammar
+    constraint its mask was built from)."""
+    if s.sampler.mask_fn is not None and s.constraint is None:
+        raise WorldError(f"{s.request_id}: a token mask without its constraint spec cannot be journaled")
     return Admission(
         id=s.request_id, choice=s.choice_index, p=list(s.prompt), sp=params_to_wire(s.params),
         gs=s.sampler.generator.initial_seed(), leader=s.leader.request_id if s.leader is not None else None,
-        prefix=s.use_prefix_cache,
+        prefix=s.use_prefix_cache, g=s.constraint,
     )
 
 

@@ -1,7 +1,7 @@
 """Journal records: newline-framed JSON on the TCP star from rank 0 (anchor §4.3).
 
 Floats of sampling parameters travel as ``float.hex`` strings so every rank rebuilds the exact bits;
-unseeded choices carry the seed their generator was given on rank 0.
+unseeded choices carry the seed their generator was given on rank 0, constrained ones their grammar spec.
 """
 
 from __future__ import annotations
@@ -41,6 +41,9 @@ class Admission(msgspec.Struct, omit_defaults=True):
     gs: int  # the choice's generator seed as rank 0 drew it
     leader: str | None = None
     prefix: bool = True
+    # the grammar constraint exactly as rank 0's serving layer resolved it (response_format, tools,
+    # tool_choice, ...): every rank compiles the same matcher from it, so masks agree
+    g: dict[str, Any] | None = None
 
 
 class Tick(msgspec.Struct, tag="tick", tag_field="op"):

@@ -55,7 +55,8 @@ def serve_rank(cfg: Any, rank: int) -> int:
         else:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # peers end on rank 0's Stop, not on the launcher's ^C
             assert world.link is not None
-            code = Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, OpStream(), rank).run()
+            code = Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, OpStream(), rank,
+                            constraint_matcher=engine.constraint_matcher if engine.grammar is not None else None).run()
         return code
     finally:
         world.close(orderly=code == 0)
@@ -65,7 +66,6 @@ def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
     from dgpp.serve.app import run
 
     assert world.hub is not None
-    engine.grammar = None  # grammar matchers are not journaled: constrained requests get a clear 400
     stream = OpStream()
     writer = JournalWriter(world.hub, engine.loop.scheduler, stream)
     loop = engine.loop

@@ -6,6 +6,7 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler, SampleResult
@@ -63,6 +64,9 @@ class Sequence:
     # the prefix cache, so the shared prompt is computed once
     leader: Sequence | None = None
     block_keys: list[bytes] | None = None  # prefix-cache keys of the prompt, computed once
+    # what the sampler's grammar mask was built from (``ServingEngine.constraint_matcher``'s input), so
+    # tensor-parallel peers can build the same matcher from the journal; None when unconstrained
+    constraint: dict[str, Any] | None = None
     seq_id: int = -1
     status: SeqStatus = SeqStatus.WAITING
     slot: int | None = None

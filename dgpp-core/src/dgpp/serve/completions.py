@@ -48,7 +48,7 @@ async def chat_completions(request: Request) -> Response | Stream:
     if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
         params = replace(params, ignore_eos=False)
     handle = engine.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
-                          kind="chatcmpl", matchers=prepared.matchers,
+                          kind="chatcmpl", matchers=prepared.matchers, constraint=prepared.constraint,
                           max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
     return await _answer(request, engine, handle, req, engine.text_outputs(handle, prepared))
 

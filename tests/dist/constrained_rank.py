@@ -1,0 +1,97 @@
+"""One rank of a test world serving grammar-constrained chat requests: rank 0 prepares them through the
+serving layer (chat template, constraint spec, matchers) and journals them; peers compile their own
+matchers from the journaled spec. Each rank writes its op stream (``ops<rank>.txt``) and a result JSON."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import torch
+
+from dgpp.config import parse_config
+from dgpp.dist.digest import OpStream
+from dgpp.dist.follower import Follower
+from dgpp.dist.journal import JournalWriter
+from dgpp.dist.world import WorldSpec, form_world, settings_of
+from dgpp.sample.params import SamplingParams
+from dgpp.serve.build import build_serving_engine
+from dgpp.serve.protocol import ChatCompletionRequest
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}, "ok": {"type": "boolean"}},
+    "required": ["n", "ok"],
+    "additionalProperties": False,
+}
+CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Answer as JSON."}],
+    "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}},
+    "chat_template_kwargs": {"enable_thinking": False},
+}
+N_CHOICES = 2
+CONSTRAINED = SamplingParams(temperature=1.0, seed=7, max_tokens=96)
+PLAIN = SamplingParams(temperature=0.0, max_tokens=6)  # an unconstrained request in the same batch
+
+
+async def _serve(engine: Any) -> dict[str, Any]:
+    req = msgspec.convert(CHAT, ChatCompletionRequest)
+    prepared = await engine.prepare_chat(req, N_CHOICES)
+    handles = [
+        engine.start(prepared.prompt_ids, CONSTRAINED, n=N_CHOICES, matchers=prepared.matchers,
+                     constraint=prepared.constraint),
+        engine.start(prepared.prompt_ids[:9], PLAIN, n=1),
+    ]
+    tokens: dict[str, list[int]] = {}
+    reasons: dict[str, str] = {}
+    for handle in handles:
+        while len(handle.done) < len(handle.seqs):
+            choice, ev = await asyncio.wait_for(handle.queue.get(), 120)
+            rid = handle.seqs[choice].request_id
+            tokens.setdefault(rid, []).extend(ev.tokens)
+            if ev.retired is not None:
+                handle.done.add(choice)
+                reasons[rid] = ev.retired.value
+    constrained = [s.request_id for s in handles[0].seqs]
+    texts = {rid: engine.tokenizer.decode(tokens[rid], skip_special_tokens=True) for rid in constrained}
+    return {"tokens": tokens, "reasons": reasons, "texts": texts, "constraint": prepared.constraint}
+
+
+def run_constrained_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str) -> None:
+    torch.set_num_threads(1)
+    cfg = parse_config(raw_cfg)
+    out = Path(out_dir)
+    world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
+    orderly = False
+    try:
+        engine = build_serving_engine(cfg, device="cpu", start_loop=False, world=world.world, group=world.group)
+        torch.distributed.barrier()
+        stream = OpStream(out / f"ops{rank}.txt")
+        result: dict[str, Any] = {}
+        if rank == 0:
+            loop = engine.loop
+            writer = JournalWriter(world.hub, loop.scheduler, stream)
+            loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
+            world.hub.watch(loop.fail)
+            loop.start()
+            try:
+                result.update(asyncio.run(_serve(engine)))
+            finally:
+                loop.stop()
+            result["failed"] = loop.failed
+            result["digests"] = writer.stop()
+        else:
+            follower = Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, stream, rank,
+                                constraint_matcher=engine.constraint_matcher)
+            result["exit"] = follower.run()
+            result["error"] = follower.error
+        result["digest"] = stream.full_digest()
+        stream.close()
+        (out / f"rank{rank}.json").write_text(json.dumps(result))
+        orderly = True
+    finally:
+        world.close(orderly=orderly)
