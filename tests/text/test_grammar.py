@@ -315,3 +315,30 @@ def test_json_schema_that_is_not_an_object_names_the_field(tiny_ctx, spec):
     with pytest.raises(GrammarError) as err:  # was an AttributeError (HTTP 500)
         build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": spec})
     assert err.value.param == "response_format.json_schema"
+
+
+@pytest.mark.parametrize(
+    ("tool_choice", "param"),
+    [
+        ({"type": "function", "function": "lamp"}, "tool_choice.function"),
+        ({"type": "allowed_tools", "allowed_tools": 5}, "tool_choice.allowed_tools"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": 5}}, "tool_choice.allowed_tools"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": ["lamp"]}}, "tool_choice.allowed_tools"),
+        ({"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": [LAMP]}},
+         "tool_choice.allowed_tools.mode"),
+    ],
+)
+def test_malformed_tool_choice_objects_name_the_field(tiny_ctx, tool_choice, param):
+    # these were AttributeError / TypeError (HTTP 500), or (a bad mode) silently treated as auto
+    with pytest.raises(GrammarError) as err:
+        build_matcher(tiny_ctx, tools=[LAMP], tool_choice=tool_choice, dialect=QwenXmlDialect())
+    assert err.value.param == param
+
+
+def test_custom_tool_format_that_is_not_an_object_names_the_field(tiny_ctx):
+    from dgpp.text.errors import TextError
+
+    tool = {"type": "custom", "custom": {"name": "g", "format": 5}}
+    with pytest.raises(TextError) as err:  # was an AttributeError (HTTP 500)
+        build_matcher(tiny_ctx, tools=[tool], tool_choice="required", dialect=QwenXmlDialect())
+    assert err.value.param == "tools[0].custom.format"

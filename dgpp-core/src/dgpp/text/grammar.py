@@ -146,25 +146,34 @@ def _named_tools(choice: Any, specs: list[ToolSpec]) -> tuple[list[ToolSpec], bo
     by_name = {s.name: s for s in specs}
     kind = choice.get("type")
     if kind in ("function", "custom"):
-        name = (choice.get(kind) or {}).get("name", choice.get("name"))
+        named = choice.get(kind) or {}
+        if not isinstance(named, dict):
+            raise GrammarError(f"tool_choice.{kind} must be an object with a name", f"tool_choice.{kind}")
+        name = named.get("name", choice.get("name"))
         if name not in by_name:
             raise GrammarError(f"tool_choice names {name!r}, which is not in tools", "tool_choice")
         return [by_name[name]], True
     if kind == "allowed_tools":
         body = choice.get("allowed_tools") or {}
+        listed = body.get("tools") if isinstance(body, dict) else None
+        if not isinstance(listed, list) or not all(isinstance(t, dict) for t in listed):
+            raise GrammarError("tool_choice.allowed_tools must be an object whose tools is an array of tools",
+                               "tool_choice.allowed_tools")
+        mode = body.get("mode", "auto")
+        if mode not in ("auto", "required"):
+            raise GrammarError(f"tool_choice.allowed_tools.mode {mode!r} is not auto or required",
+                               "tool_choice.allowed_tools.mode")
         names = []
-        for t in body.get("tools") or []:
-            inner = (
-                t.get(t.get("type", "function")) if isinstance(t.get(t.get("type", "function")), dict) else t
-            )
-            names.append(inner.get("name"))
+        for t in listed:
+            inner = t.get(t.get("type", "function"))
+            names.append((inner if isinstance(inner, dict) else t).get("name"))
         missing = [n for n in names if n not in by_name]
         if missing or not names:
             raise GrammarError(
                 f"tool_choice.allowed_tools names tools not in tools: {missing or 'none given'}",
                 "tool_choice.allowed_tools",
             )
-        if body.get("mode", "auto") == "required":
+        if mode == "required":
             return [by_name[n] for n in names], True
         return None
     raise GrammarError(

@@ -64,6 +64,7 @@ def tool_specs(tools: list[dict] | None) -> list[ToolSpec]:
             name = body.get("name")
             params = {"type": "object", "properties": {"input": {"type": "string"}}, "required": ["input"]}
             fmt = body.get("format") or {"type": "text"}
+            fmt = fmt if isinstance(fmt, dict) else {"type": None}
             grammar = fmt.get("grammar") if fmt.get("type") == "grammar" else None
             if fmt.get("type") not in ("text", "grammar") or (
                 fmt.get("type") == "grammar" and not isinstance(grammar, dict)
