@@ -91,7 +91,7 @@ class SpeculativeDecoder:
         runnable = [(s, first, rows[:-1]) for s, first, rows in ready if rows.shape[0] > 1]
         if runnable:
             self._draft_step([(s, first, s.prompt[first + 1 : first + rows.shape[0] + 1]) for s, first, rows in runnable],
-                             torch.cat([rows for _, _, rows in runnable]), 0)
+                             torch.cat([rows for _, _, rows in runnable]), 0, want_logits=False)
         for s, first, rows in ready:
             self._backlog[s] = (first + rows.shape[0] - 1, rows[-1:].clone())
 
@@ -106,11 +106,10 @@ class SpeculativeDecoder:
         hybrid = bool(self.model.info.hybrid)
         snapshot = self._save_state([s for s, d in zip(seqs, depths, strict=True) if d]) if hybrid else None
         starts = [s.computed for s in seqs]
-        works = [SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], want_logits=False)  # type: ignore[arg-type]
+        works = [SeqWork(s.slot, s.block_table, c, [s.output[-1], *d])  # type: ignore[arg-type]
                  for s, c, d in zip(seqs, starts, drafts, strict=True)]
-        self.runner.step(works)
+        logits = self._verify_logits(works)
         hidden = self.model.last_hidden
-        logits = self.model.compute_logits(hidden).float()
         offset, redo = 0, []
         for s, c, d in zip(seqs, starts, drafts, strict=True):
             kept = self._judge(s, c, d, logits[offset : offset + len(d) + 1], emit, fail)
@@ -122,6 +121,18 @@ class SpeculativeDecoder:
             offset += len(d) + 1
         if redo:
             self._rerun_accepted(redo, snapshot)
+
+    def _verify_logits(self, works: list[SeqWork]) -> torch.Tensor:
+        """The verify forward; fp32 logits of every row. The runner returns each request's last row; the rows
+        before it go through the head from ``last_hidden`` (never an empty batch: a TP head gathers its shards)."""
+        last = self.runner.step(works)
+        ends = torch.tensor([len(w.token_ids) for w in works]).cumsum(0)
+        logits = torch.empty(int(ends[-1]), last.shape[-1], dtype=last.dtype, device=last.device)
+        logits[ends - 1] = last
+        inner = [row for w, end in zip(works, ends.tolist(), strict=True) for row in range(end - len(w.token_ids), end - 1)]
+        if inner:
+            logits[inner] = self.model.compute_logits(self.model.last_hidden[inner]).float()
+        return logits
 
     def _depth_for(self, s: Sequence) -> int:
         """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
@@ -144,9 +155,9 @@ class SpeculativeDecoder:
                 break
             s.computed = c + j + 1
             emit(s, result)
-            if not took_draft or s.retired is not None:
+            accepted += took_draft
+            if not took_draft or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
                 break
-            accepted += 1
         self.stats.verified(len(drafts), accepted)
         return s.computed - c
 
@@ -158,6 +169,9 @@ class SpeculativeDecoder:
             first, backlog = self._backlog.pop(s, (s.computed, None))
             if backlog is None:
                 continue
+            if first + backlog.shape[0] != s.computed:
+                raise RuntimeError(f"request {s.request_id}: drafter backlog ends at {first + backlog.shape[0]}, "
+                                   f"the sequence at {s.computed}")
             # the backlog ends at c - 1; its next tokens end with the last emitted one (fed at c)
             items.append((s, first, s.tokens[first + 1 : first + backlog.shape[0] + 1]))
             rows.append(backlog)
@@ -167,9 +181,10 @@ class SpeculativeDecoder:
         index = {s: i for i, s in enumerate(seqs)}
         chain = [(index[s], s) for s, _, _ in items]
         for step in range(self.depth):
+            assert logits is not None
             picks = torch.argmax(logits, dim=-1).tolist()  # greedy drafts; ties to the lowest id
             keep = []
-            for row, ((i, s), token) in enumerate(zip(chain, picks, strict=True)):
+            for row, ((i, _), token) in enumerate(zip(chain, picks, strict=True)):
                 if len(drafts[i]) < depths[i]:
                     drafts[i].append(int(token))
                     if len(drafts[i]) < depths[i]:
@@ -182,13 +197,15 @@ class SpeculativeDecoder:
             hidden, logits = self._draft_step(items, hidden, step + 1)
         return drafts
 
-    def _draft_step(self, items: list[tuple[Sequence, int, list[int]]], previous: torch.Tensor, step: int
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _draft_step(self, items: list[tuple[Sequence, int, list[int]]], previous: torch.Tensor, step: int,
+                    want_logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
-        fp32 logits of each item's last row."""
+        (``want_logits``) fp32 logits of each item's last row."""
         works = [SeqWork(s.slot, s.block_table, first, tokens) for s, first, tokens in items]  # type: ignore[arg-type]
         batch = build_batch(works, self.draft_pools, self.runner.device)
         hidden = self.drafter(batch, previous, step)
+        if not want_logits:
+            return hidden, None
         logits = self.drafter.compute_logits(hidden, step) if self._logits_take_step else self.drafter.compute_logits(hidden)
         return hidden, logits.float()
 
@@ -207,7 +224,8 @@ class SpeculativeDecoder:
             for t, saved in zip(tensors, snapshot[s.slot], strict=True):  # type: ignore[index]
                 t[s.slot].copy_(saved)
         # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
-        works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept], want_logits=False)  # type: ignore[arg-type]
+        # logits of the last rows are wanted only so the head never sees an empty batch
+        works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
                  for s, c, kept in redo]
         self.runner.step(works)
         hidden, offset = self.model.last_hidden, 0
