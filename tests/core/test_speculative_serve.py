@@ -1,0 +1,53 @@
+"""``engine.mtp`` through the real serving build (checkpoint → drafter hook → scheduler → HTTP): greedy chat
+completions equal those of the same deployment with MTP off, and ``/metrics`` reports the drafts."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from litestar.testing import TestClient
+
+from dgpp.config import parse_config
+from dgpp.serve.app import build_app
+from dgpp.serve.build import build_serving_engine
+from dgpp.testing.glm import build_tiny_glm4_moe
+from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+ENGINE = {"max_concurrency": 4, "kv_capacity": 2048, "block_size": 4, "prefill_budget_tokens": 8,
+          "prefix_min_tokens": 0, "stats_interval_s": 0}
+QUESTIONS = ["What is the weather in Paris today?", "Write a haiku about the sea.", "2 + 2 = ?"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = build_tiny_glm4_moe(tmp_path_factory.mktemp("spec_serve"), seed=41)
+    build_tiny_tokenizer(path)
+    return path
+
+
+def _answers(checkpoint, engine: dict) -> tuple[list[str], dict]:
+    cfg = parse_config({"model": str(checkpoint), "engine": {**ENGINE, **engine}})
+    served = build_serving_engine(cfg, device="cpu")
+    try:
+        with TestClient(app=build_app(served, max_body_bytes=20000, sse_ping_interval=30),
+                        base_url="http://dgpp.local") as client:
+            sdk = openai.OpenAI(base_url="http://dgpp.local/v1", api_key="x", http_client=client)
+            out = [sdk.chat.completions.create(
+                model=str(checkpoint), messages=[{"role": "user", "content": q}], max_tokens=10, temperature=0,
+                extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}},
+            ).choices[0].message.content for q in QUESTIONS]
+            metrics = client.get("/metrics").json()["scheduler"]["spec_decode"]
+            prometheus = client.get("/metrics/prometheus").text
+    finally:
+        served.shutdown()
+    metrics["prometheus_has_counters"] = "dgpp_spec_decode_num_drafts_total" in prometheus
+    return out, metrics
+
+
+def test_served_greedy_with_mtp_equals_mtp_off(checkpoint):
+    plain, off = _answers(checkpoint, {"mtp": False})
+    spec, on = _answers(checkpoint, {"mtp": True, "mtp_depth": 2})
+    assert spec == plain and all(plain)
+    assert off["num_drafts_total"] == 0 and off["depth"] == 0
+    assert on["depth"] == 2 and on["num_drafts_total"] > 0 and on["prometheus_has_counters"]
+    assert on["num_draft_tokens_total"] == sum(on["num_draft_tokens_per_pos_total"])
