@@ -47,15 +47,22 @@ def glm(tmp_path_factory):
 def qwen35(tmp_path_factory):
     """The dense Qwen3.5 hybrid with its MTP layer built on it (random weights: the hook's loading is tested
     in tests/plugins/qwen/test_qwen3_5_mtp.py)."""
+    model = load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("spec_qwen35"), seed=23))
+    return model, random_qwen35_drafter(model, seed=24)
+
+
+def random_qwen35_drafter(model, seed: int) -> nn.Module:
     from dgpp_qwen.qwen3_5_mtp import Qwen35MTPDrafter
 
-    model = load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("spec_qwen35"), seed=23))
-    drafter = Qwen35MTPDrafter(model).eval()
-    gen = torch.Generator().manual_seed(24)
+    device = next(model.parameters()).device
+    with torch.device(device):
+        drafter = Qwen35MTPDrafter(model).eval()
+    gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for _, p in sorted(drafter.named_parameters()):
-            p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen) if p.dim() == 1 else 0.08 * torch.randn(p.shape, generator=gen))
-    return model, drafter
+            noise = torch.randn(p.shape, generator=gen)
+            p.copy_(1.0 + 0.1 * noise if p.dim() == 1 else 0.08 * noise)
+    return drafter
 
 
 class OracleDrafter(nn.Module):
@@ -71,7 +78,7 @@ class OracleDrafter(nn.Module):
 
     def forward(self, batch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
         by_slot = {s.slot: s for s in self.scheduler.live}
-        out = torch.zeros(batch.num_tokens, VOCAB)
+        out = torch.zeros(batch.num_tokens, VOCAB, device=batch.input_ids.device)
         starts = batch.query_start_loc.tolist()
         for i, slot in enumerate(batch.state_slots.tolist()):
             full = self.transcripts[by_slot[slot].request_id]
@@ -91,7 +98,7 @@ def serve(model, drafter=None, depth: int = 1, *, temperature: float = 0.0, orac
           wrong_from: int | None = None, eos: frozenset[int] = frozenset()) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
     conf = SchedulerConfig(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4)
+    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device)
     runner = ModelRunner(model, pools)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
