@@ -1,5 +1,6 @@
-"""``dgpp launch`` on one machine: both ranks start, rank 0 serves, ^C ends the world in order with
-every rank's op-stream digest equal (exit 0)."""
+"""``dgpp launch`` on one machine: both ranks start, rank 0 serves (plain completions and a json_schema
+chat, whose grammar constraint the peer builds from the journal), ^C ends the world in order with every
+rank's op-stream digest equal (exit 0)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import subprocess
 import sys
 
 import httpx
+import jsonschema
+from constrained_rank import SCHEMA
 from test_failures import _checkpoint, _wait_healthy
 from tp_harness import deploy_dict, free_port
 
@@ -31,6 +34,16 @@ def test_launch_serves_and_stops_with_equal_digests(tmp_path):
             body = {"model": str(ckpt), "prompt": prompt, "max_tokens": 6, "temperature": 0}
             answer = httpx.post(url + "/v1/completions", json=body, timeout=60.0)
             assert answer.status_code == 200, answer.text
+        # a constrained chat: the peer compiles the journaled spec (a missing mask would diverge the world)
+        chat = {"model": str(ckpt), "messages": [{"role": "user", "content": "JSON please"}], "max_tokens": 96,
+                "temperature": 1.0, "seed": 7, "response_format": {"type": "json_schema", "json_schema": {
+                    "name": "answer", "schema": SCHEMA, "strict": True}},
+                "chat_template_kwargs": {"enable_thinking": False}}
+        answer = httpx.post(url + "/v1/chat/completions", json=chat, timeout=60.0)
+        assert answer.status_code == 200, answer.text
+        choice = answer.json()["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema.validate(json.loads(choice["message"]["content"]), SCHEMA)
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0, log.read_text()
     finally:
