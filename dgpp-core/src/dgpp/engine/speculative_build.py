@@ -11,6 +11,9 @@ from dgpp.engine.loading import load_context
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
 from dgpp.errors import ConfigError
+from dgpp.log import get_logger
+
+log = get_logger("dgpp.engine")
 
 
 def build_speculative(
@@ -27,4 +30,8 @@ def build_speculative(
     if drafter is None:
         raise ConfigError(f"engine.mtp: true but {checkpoint} has no MTP drafter ({ctx.family} plugin's dgpp_build_draft "
                           "returned None); set engine.mtp to false")
-    return SpeculativeDecoder(runner, drafter, int(getattr(engine_cfg, "mtp_depth", 1)))
+    if runner.graphs is not None:
+        log.warning("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
+    decoder = SpeculativeDecoder(runner, drafter, int(getattr(engine_cfg, "mtp_depth", 1)))
+    log.info("speculative decoding on", drafter=type(drafter).__name__, depth=decoder.depth)
+    return decoder
