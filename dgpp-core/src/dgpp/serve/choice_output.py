@@ -41,6 +41,9 @@ class ServedChoice:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.logprobs: list[dict[str, Any]] = []
+        # entries of tokens the tool-call parser holds: dropped if they become a call (tool syntax is not
+        # visible content, anchor §2.9), released in order if they turn out to be content
+        self._held: list[dict[str, Any]] = []
         # a model's vocabulary is often padded past the tokenizer's: those ids have no text (the text chain
         # counts them as tokens) and no logprob bytes
         self._known = tokenizer.vocab_size
@@ -73,7 +76,7 @@ class ServedChoice:
             stopped = self.text.stopped
             # logprobs describe visible tokens: not hidden reasoning, not EOS, not a fully suppressed stop token
             if self.params.logprobs and not hidden and token not in self.eos_token_ids and (stopped is None or parts):
-                delta.logprobs.append(self._logprob_entry(token, sample))
+                self._route_logprob(self._logprob_entry(token, sample), parts, delta)
             if stopped is not None:
                 # completion_tokens counts up to the token that completed the match
                 self.completion_tokens = self.text.completion_tokens
@@ -91,8 +94,23 @@ class ServedChoice:
             self.logprobs.extend(delta.logprobs)
         return delta
 
+    def _route_logprob(self, entry: dict[str, Any], parts: list[dict[str, Any]], delta: Delta) -> None:
+        if any("tool_calls" in p for p in parts):  # the held block parsed as calls: its tokens were syntax
+            self._held = []
+        elif any("content" in p for p in parts):
+            delta.logprobs += self._held + [entry]
+            self._held = []
+        elif self.text.holding_call_text:
+            self._held.append(entry)
+        else:
+            delta.logprobs.append(entry)
+
     def _finish(self, delta: Delta, reason: str) -> None:
-        delta.parts += self.text.finish()
+        tail = self.text.finish()
+        delta.parts += tail
+        if not any("tool_calls" in p for p in tail):  # a cut-off or malformed block flushes as content
+            delta.logprobs += self._held
+        self._held = []
         delta.finish_reason = self.finish_reason = reason
         self.logprobs.extend(delta.logprobs)
 

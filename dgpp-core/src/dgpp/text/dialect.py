@@ -195,6 +195,11 @@ class ToolCallStream:
         self._pending_ws = ""  # trailing whitespace of content, held until it is known not to precede a call
         self._after_call = False
 
+    @property
+    def holding(self) -> bool:
+        """True while text is held back because it is, or may start, a call block (not yet content or calls)."""
+        return self._open is not None or bool(self._buf)
+
     def push(self, text: str) -> list[dict[str, Any]]:
         self._buf += text
         out: list[dict[str, Any]] = []

@@ -99,6 +99,11 @@ class ChoiceOutput:
         return self.detokenizer.stopped
 
     @property
+    def holding_call_text(self) -> bool:
+        """True while the tool-call parser holds text that may yet turn out to be a call."""
+        return self.calls_stream is not None and self.calls_stream.holding
+
+    @property
     def completion_tokens(self) -> int:
         """Ids counted for usage: after a stop-string match, up to the id that completed it."""
         if self.stopped is not None:
