@@ -1,12 +1,13 @@
 """GLM-4.7 under tensor parallelism (2 ranks, gloo on CPU): q/k/v heads (with their biases), the dense MLP,
 every expert's and the shared expert's intermediate dim are split, the router and norms replicated, and each
-block's row-parallel outputs all-reduced; the LM head is vocab-parallel (logit shards gathered). Every rank's logits, greedy tokens and MTP draft must equal the
-single-rank model's."""
+block's row-parallel outputs all-reduced; the LM head (and an MTP layer's own head copy) is vocab-parallel,
+logit shards gathered. Every rank's logits, greedy tokens and MTP draft must equal the single-rank model's."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -51,6 +52,7 @@ def _run(path: str, world: World) -> dict:
         "numel": sum(p.numel() for p in model.model.layers.parameters()),
         "kv_heads": model.cache_spec()["layers.0.self_attn"].num_kv_heads,
         "head": (model.lm_head.vocab_parallel, tuple(model.lm_head.weight.shape), model.lm_head.weight.clone()),
+        "mtp_head_rows": [layer.shared_head.head.vocab_local for layer in drafter.layers if layer.shared_head.head],
     }
 
 
@@ -63,8 +65,9 @@ def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
         torch.distributed.destroy_process_group()
 
 
-def test_tp2_matches_single_rank(tmp_path):
-    path = build_tiny_glm4_moe(tmp_path / "ckpt", seed=22)
+@pytest.mark.parametrize("own_head", [False, True], ids=["mtp_shares_main_head", "mtp_own_head"])
+def test_tp2_matches_single_rank(tmp_path, own_head):
+    path = build_tiny_glm4_moe(tmp_path / "ckpt", seed=22, mtp_own_head=own_head)
     single = _run(str(path), World())
     mp.spawn(_rank_main, args=(str(path), str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     ranks = [torch.load(tmp_path / f"rank{rank}.pt") for rank in range(WORLD)]
@@ -74,6 +77,7 @@ def test_tp2_matches_single_rank(tmp_path):
         whole = single["head"][2]
         shard = whole.shape[0] // WORLD
         assert not single["head"][0] and parallel and shape == (shard, whole.shape[1])
+        assert got["mtp_head_rows"] == ([shard] if own_head else [])  # the MTP layer's own head copy too
         assert torch.equal(rows, whole[rank * shard : (rank + 1) * shard])
         for ours, theirs in zip(got["logits"], ranks[0]["logits"], strict=True):
             assert torch.equal(ours, theirs), f"rank {rank} logits differ from rank 0's"

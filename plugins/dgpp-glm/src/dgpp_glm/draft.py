@@ -40,16 +40,18 @@ def mtp_cache_name(step: int) -> str:
 class SharedHead(nn.Module):
     """``shared_head.norm`` (always the layer's own) and ``shared_head.head`` (when the layer has one)."""
 
-    def __init__(self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool) -> None:
+    def __init__(self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool, world=None, group=None) -> None:
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_head else None
+        # vocab-parallel under TP like the main head: a rank loads only its rows of the copy
+        self.head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, world=world, group=group) if own_head else None
 
 
 class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
     """One MTP layer: the decoder block's modules plus the MTP-only ones, named as in the checkpoint."""
 
-    def __init__(self, cfg: Glm4MoeArchConfig, step: int, *, dtype: torch.dtype, world, own_embed: bool, own_head: bool):
+    def __init__(self, cfg: Glm4MoeArchConfig, step: int, *, dtype: torch.dtype, world, own_embed: bool, own_head: bool,
+                 group=None):
         # layer index past the stack: is_moe_layer() is true there, as the release's MTP block is MoE
         super().__init__(cfg, cfg.num_hidden_layers + step, mtp_cache_name(step), dtype=dtype, world=world)
         self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
@@ -57,7 +59,7 @@ class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
         # replicated: 2H x H is small next to the experts, and it keeps the hidden replicated
         self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, dtype=dtype)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_embed else None
-        self.shared_head = SharedHead(cfg, dtype, own_head)
+        self.shared_head = SharedHead(cfg, dtype, own_head, world, group)
 
 
 @dataclass
@@ -87,7 +89,8 @@ class Glm4MoeMTPDrafter(nn.Module):
         self.world = main.world
         self.group = main.group
         self.layers = nn.ModuleList(
-            Glm4MoeMTPLayer(cfg, i, dtype=main.dtype, world=main.world, own_embed=own_embed, own_head=own_head)
+            Glm4MoeMTPLayer(cfg, i, dtype=main.dtype, world=main.world, own_embed=own_embed, own_head=own_head,
+                            group=main.group)
             for i in range(cfg.num_mtp_layers)
         )
         self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
