@@ -1,6 +1,7 @@
-"""One rank of a test world serving grammar-constrained chat requests: rank 0 prepares them through the
-serving layer (chat template, constraint spec, matchers) and journals them; peers compile their own
-matchers from the journaled spec. Each rank writes its op stream (``ops<rank>.txt``) and a result JSON."""
+"""One rank of a test world serving grammar-constrained chat requests (a json_schema answer with two seeded
+choices, a required tool call) beside a plain one: rank 0 prepares them through the serving layer (chat
+template, constraint spec, matchers) and journals them; peers compile their own matchers from the journaled
+spec. Each rank writes its op stream (``ops<rank>.txt``) and a result JSON."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
 from dgpp.serve.build import build_serving_engine
 from dgpp.serve.protocol import ChatCompletionRequest
+from dgpp.text import ChoiceOutput
 
 SCHEMA = {
     "type": "object",
@@ -33,18 +35,34 @@ CHAT = {
     "response_format": {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}},
     "chat_template_kwargs": {"enable_thinking": False},
 }
+LAMP_ARGS = {
+    "type": "object",
+    "properties": {"room": {"type": "string", "enum": ["hall", "kitchen"]},
+                   "level": {"type": "integer", "minimum": 0, "maximum": 10}},
+    "required": ["room", "level"],
+    "additionalProperties": False,
+}
+TOOL_CHAT = {
+    "model": "tiny",
+    "messages": [{"role": "user", "content": "Dim the hall."}],
+    "tools": [{"type": "function", "function": {"name": "set_lamp", "strict": True, "parameters": LAMP_ARGS}}],
+    "tool_choice": "required",
+    "parallel_tool_calls": False,
+    "chat_template_kwargs": {"enable_thinking": False},
+}
 N_CHOICES = 2
 CONSTRAINED = SamplingParams(temperature=1.0, seed=7, max_tokens=96)
 PLAIN = SamplingParams(temperature=0.0, max_tokens=6)  # an unconstrained request in the same batch
 
 
 async def _serve(engine: Any) -> dict[str, Any]:
-    req = msgspec.convert(CHAT, ChatCompletionRequest)
-    prepared = await engine.prepare_chat(req, N_CHOICES)
+    prepared = await engine.prepare_chat(msgspec.convert(CHAT, ChatCompletionRequest), N_CHOICES)
+    tool = await engine.prepare_chat(msgspec.convert(TOOL_CHAT, ChatCompletionRequest), 1)
     handles = [
         engine.start(prepared.prompt_ids, CONSTRAINED, n=N_CHOICES, matchers=prepared.matchers,
                      constraint=prepared.constraint),
         engine.start(prepared.prompt_ids[:9], PLAIN, n=1),
+        engine.start(tool.prompt_ids, CONSTRAINED, n=1, matchers=tool.matchers, constraint=tool.constraint),
     ]
     tokens: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
@@ -58,7 +76,12 @@ async def _serve(engine: Any) -> dict[str, Any]:
                 reasons[rid] = ev.retired.value
     constrained = [s.request_id for s in handles[0].seqs]
     texts = {rid: engine.tokenizer.decode(tokens[rid], skip_special_tokens=True) for rid in constrained}
-    return {"tokens": tokens, "reasons": reasons, "texts": texts, "constraint": prepared.constraint}
+    call = ChoiceOutput(engine.tokenizer, prompt=tool.prompt_text, dialect=engine.dialect, tools=tool.tools)
+    for token in tokens[handles[2].seqs[0].request_id]:
+        call.push(token)
+    call.finish()
+    calls = [[c.name, c.arguments] for c in call.tool_calls]
+    return {"tokens": tokens, "reasons": reasons, "texts": texts, "constraint": prepared.constraint, "calls": calls}
 
 
 def run_constrained_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str) -> None:

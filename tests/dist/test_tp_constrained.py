@@ -1,7 +1,7 @@
 """Grammar-constrained decoding under tensor parallelism (world 2, gloo): rank 0 journals each constrained
 choice's constraint spec with its admission, the peer compiles its own matcher from it, and both ranks
 mask and sample identically: the same tokens on both ranks (read from each rank's op stream), equal digests,
-and the sampled text is JSON that validates against the schema."""
+JSON answers that validate against the schema and a required tool call with valid arguments."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import jsonschema
 import torch.multiprocessing as mp
-from constrained_rank import CHAT, N_CHOICES, SCHEMA, run_constrained_rank
+from constrained_rank import CHAT, LAMP_ARGS, N_CHOICES, SCHEMA, run_constrained_rank
 from tp_harness import deploy_dict
 
 from dgpp.dist.records import Admission, Tick, decode, encode
@@ -52,7 +52,7 @@ def test_json_schema_request_identical_on_both_ranks(tmp_path):
 
     # both ranks emitted exactly the tokens rank 0 served (the peer masked with its own matcher)
     served = rank0["tokens"]
-    assert len(served) == N_CHOICES + 1
+    assert len(served) == N_CHOICES + 2
     assert _op_tokens(out / "ops0.txt") == served
     assert _op_tokens(out / "ops1.txt") == served
     assert len(set(rank0["digests"].values())) == 1 and len(rank0["digests"]) == WORLD
@@ -64,3 +64,7 @@ def test_json_schema_request_identical_on_both_ranks(tmp_path):
     for rid, text in texts.items():
         assert rank0["reasons"][rid] == "eos", (rid, text)  # the grammar ended it
         jsonschema.validate(json.loads(text), SCHEMA)
+
+    # the required tool call (tools and tool_choice journaled too): exactly one valid call
+    assert len(rank0["calls"]) == 1 and rank0["calls"][0][0] == "set_lamp", rank0["calls"]
+    jsonschema.validate(json.loads(rank0["calls"][0][1]), LAMP_ARGS)
