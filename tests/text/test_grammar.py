@@ -342,3 +342,46 @@ def test_custom_tool_format_that_is_not_an_object_names_the_field(tiny_ctx):
     with pytest.raises(TextError) as err:  # was an AttributeError (HTTP 500)
         build_matcher(tiny_ctx, tools=[tool], tool_choice="required", dialect=QwenXmlDialect())
     assert err.value.param == "tools[0].custom.format"
+
+
+def _strict_tool(prop: dict) -> dict:
+    return {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+        "type": "object", "properties": {"a": prop}, "required": ["a"]}}}
+
+
+def _call_allowed(tiny_ctx, tiny_tokenizer, tool: dict, value: str) -> bool:
+    """Whether the required-call grammar of ``tool`` lets the model write ``a=value`` (token by token)."""
+    dialect = QwenXmlDialect()
+    m = build_matcher(tiny_ctx, tools=[tool], tool_choice="required", dialect=dialect)
+    for tid in tiny_tokenizer.encode(dialect.format_calls([("f", {"a": value})])):
+        if not m.mask(tiny_ctx.vocab_size)[tid]:
+            return False
+        m.accept(tid)
+    return m.is_accepting()
+
+
+@pytest.mark.parametrize(
+    ("prop", "good", "bad"),
+    [
+        ({"type": "string", "pattern": "^[0-9]{3}$"}, "123", "12a"),
+        ({"type": "string", "pattern": "[0-9]{2}"}, "ab12cd", "abcd"),  # unanchored: a search
+        ({"type": "string", "pattern": "^a/b"}, "a/b and more", "b/a"),  # a slash in a Lark regex literal
+        ({"type": "string", "minLength": 2, "maxLength": 4}, "abc", "abcdef"),
+        ({"type": "string", "minLength": 2}, "ab", "a"),
+    ],
+)
+def test_strict_string_arguments_obey_pattern_and_length(tiny_ctx, tiny_tokenizer, prop, good, bad):
+    # bare-text string arguments used to be free text whatever the strict schema said
+    assert _call_allowed(tiny_ctx, tiny_tokenizer, _strict_tool(prop), good)
+    assert not _call_allowed(tiny_ctx, tiny_tokenizer, _strict_tool(prop), bad)
+    lax = _strict_tool(prop)
+    lax["function"]["strict"] = False
+    assert _call_allowed(tiny_ctx, tiny_tokenizer, lax, bad)  # non-strict stays lenient
+
+
+@pytest.mark.parametrize("prop", [{"type": "string", "pattern": "^a|b$"},
+                                  {"type": "string", "pattern": "[0-9]", "maxLength": 3},
+                                  {"type": "string", "pattern": "(?=a)a"}])
+def test_strict_string_constraints_that_cannot_be_enforced_are_refused(tiny_ctx, prop):
+    with pytest.raises(GrammarError):
+        build_matcher(tiny_ctx, tools=[_strict_tool(prop)], tool_choice="required", dialect=QwenXmlDialect())

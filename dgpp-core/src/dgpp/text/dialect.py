@@ -19,6 +19,7 @@ from dgpp.splitmix import MASK64, splitmix64
 from dgpp.text.detokenizer import held_prefix_length
 from dgpp.text.effort import SWITCH_ONLY, EffortMapping
 from dgpp.text.lark import LarkBuilder
+from dgpp.text.string_schema import string_value_regex
 from dgpp.text.tools import ToolSpec
 
 
@@ -137,6 +138,10 @@ class Dialect(ABC):
             choices = [prop["const"]] if "const" in prop else prop.get("enum")
             if choices and all(isinstance(c, str) for c in choices):
                 return "(" + " | ".join(g.lit(c) for c in choices) + ") " + g.lit(end)
+            # a strict tool's pattern / length limits hold for the bare text (non-strict ones stay lenient)
+            regex = string_value_regex(prop, f"tool {spec.name!r} argument {key!r}") if spec.strict else None
+            if regex is not None:
+                return g.text_until(end, f"{spec.name}_{key}", regex)
             return g.text_until(end, f"{spec.name}_{key}")
         return f"{g.json(prop or {}, lenient=not spec.strict)} {g.lit(end)}"
 

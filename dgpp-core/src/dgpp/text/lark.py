@@ -23,6 +23,19 @@ def quote(text: str) -> str:
     return json.dumps(text, ensure_ascii=False)
 
 
+def _slashes_escaped(regex: str) -> str:
+    """``regex`` safe inside a Lark ``/.../`` literal: every ``/`` (escaped or not) becomes ``\\x2f``."""
+    out, i = [], 0
+    while i < len(regex):
+        if regex[i] == "\\" and i + 1 < len(regex):
+            out.append(r"\x2f" if regex[i + 1] == "/" else regex[i : i + 2])
+            i += 2
+            continue
+        out.append(r"\x2f" if regex[i] == "/" else regex[i])
+        i += 1
+    return "".join(out)
+
+
 class LarkBuilder:
     """Accumulates named rules; ``specials`` maps special-token text to its id."""
 
@@ -62,14 +75,15 @@ class LarkBuilder:
         parts = [p for p in self._split.split(text) if p]
         return " ".join(f"<[{self.specials[p]}]>" if p in self.specials else quote(p) for p in parts)
 
-    def text_until(self, end: str, stem: str = "text") -> str:
-        """Free text up to the first occurrence of ``end`` (``end`` included)."""
+    def text_until(self, end: str, stem: str = "text", regex: str = r"(?s:.*)") -> str:
+        """Text matching ``regex`` (by default any text) up to the first occurrence of ``end`` (included)."""
+        literal = "/" + _slashes_escaped(regex) + "/"
         if end in self.specials:
-            body = self.rule(stem, r"/(?s:.*)/")
+            body = self.rule(stem, literal)
             return f"{body} <[{self.specials[end]}]>"
         if self._split is not None and self._split.search(end):
             raise ValueError(f"end marker {end!r} mixes text and special tokens")
-        return self.rule(stem, r"/(?s:.*)/", attrs=f"[suffix={quote(end)}]")
+        return self.rule(stem, literal, attrs=f"[suffix={quote(end)}]")
 
     def json(self, schema: Mapping[str, Any], lenient: bool = False) -> str:
         """An embedded JSON-schema value (``%json``), with dgpp's whitespace limits; ``lenient`` ignores
