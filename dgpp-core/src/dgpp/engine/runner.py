@@ -8,6 +8,8 @@ sequence starts (``context_len == 0``).
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from dgpp.engine.batch import ForwardBatch
@@ -18,54 +20,68 @@ from dgpp.sched.work import SeqWork  # one definition shared with the scheduler
 __all__ = ["ModelRunner", "SeqWork", "build_batch"]
 
 
-def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | str = "cpu") -> ForwardBatch:
-    """Flatten ``work`` into a ``ForwardBatch`` over ``pools`` (raises ValueError on a short block table)."""
-    bs = pools.block_size
-    ids: list[int] = []
-    positions: list[int] = []
-    slots: list[int] = []
-    starts = [0]
-    logits_rows: list[int] = []
+def _check_work(work: list[SeqWork], tables: torch.Tensor, table_lens: torch.Tensor, num_blocks: int, bs: int) -> None:
+    """Raise ValueError naming the first work item with no tokens, a short block table or a block id outside
+    the pool. The range check runs on the padded table tensor; the loop only runs to name the culprit."""
     for i, w in enumerate(work):
-        n = len(w.token_ids)
-        end = w.context_len + n
-        if n == 0:
+        end = w.context_len + len(w.token_ids)
+        if not w.token_ids:
             raise ValueError(f"work item {i} has no tokens")
         if len(w.block_table) * bs < end:
             raise ValueError(
                 f"work item {i}: block table of {len(w.block_table)} blocks covers {len(w.block_table) * bs} "
                 f"tokens, needs {end}"
             )
-        if w.block_table and not 0 <= min(w.block_table) <= max(w.block_table) < pools.num_blocks:
-            raise ValueError(f"work item {i}: block ids {w.block_table} outside the pool's 0..{pools.num_blocks - 1}")
-        for pos in range(w.context_len, end):
-            positions.append(pos)
-            slots.append(w.block_table[pos // bs] * bs + pos % bs)
-        ids.extend(w.token_ids)
-        starts.append(starts[-1] + n)
-        if w.want_logits:
-            logits_rows.append(starts[-1] - 1)
-    width = max(len(w.block_table) for w in work)
-    tables = torch.full((len(work), width), -1, dtype=torch.int32)
-    for i, w in enumerate(work):
-        tables[i, : len(w.block_table)] = torch.tensor(w.block_table, dtype=torch.int32)
+    valid = torch.arange(tables.shape[1]) < table_lens[:, None]
+    bad = valid & ((tables < 0) | (tables >= num_blocks))
+    if bool(bad.any()):
+        i = int(bad.any(dim=1).nonzero()[0])
+        raise ValueError(f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{num_blocks - 1}")
+
+
+def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | str = "cpu") -> ForwardBatch:
+    """Flatten ``work`` into a ``ForwardBatch`` over ``pools`` (raises ValueError on a short block table).
+
+    Positions and slots are computed with tensor ops on the host (no per-token Python loop: an 8K-token
+    prefill chunk is one arange and one gather), then moved to ``device``."""
+    if not work:
+        raise ValueError("build_batch needs at least one work item")
+    bs = pools.block_size
     q_lens = [len(w.token_ids) for w in work]
     ctx = [w.context_len for w in work]
     seq = [c + q for c, q in zip(ctx, q_lens, strict=True)]
+    table_lens = torch.tensor([len(w.block_table) for w in work], dtype=torch.int64)
+    width = max(int(table_lens.max()), 1)
+    # -1 padded block tables: every row's ids scattered into the mask of its valid columns, row-major
+    # (int64 until checked, so an absurd id is named by the range check, not an int32 overflow)
+    tables = torch.full((len(work), width), -1, dtype=torch.int64)
+    tables[torch.arange(width) < table_lens[:, None]] = torch.tensor(
+        list(itertools.chain.from_iterable(w.block_table for w in work)), dtype=torch.int64)
+    _check_work(work, tables, table_lens, pools.num_blocks, bs)
+    tables = tables.to(torch.int32)
+
+    q = torch.tensor(q_lens, dtype=torch.int64)
+    starts = torch.zeros(len(work) + 1, dtype=torch.int64)
+    torch.cumsum(q, 0, out=starts[1:])
+    row_seq = torch.repeat_interleave(torch.arange(len(work)), q)  # owning work item of each token row
+    offsets = torch.arange(int(starts[-1]), dtype=torch.int64) - starts[:-1][row_seq]
+    positions = torch.tensor(ctx, dtype=torch.int64)[row_seq] + offsets
+    slots = tables[row_seq, positions // bs].to(torch.int64) * bs + positions % bs
+    logits_rows = starts[1:][torch.tensor([w.want_logits for w in work], dtype=torch.bool)] - 1
 
     def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
     return ForwardBatch(
-        input_ids=t(ids, torch.int64),
-        positions=t(positions, torch.int64),
-        query_start_loc=t(starts, torch.int32),
+        input_ids=t(list(itertools.chain.from_iterable(w.token_ids for w in work)), torch.int64),
+        positions=positions.to(device),
+        query_start_loc=starts.to(device=device, dtype=torch.int32),
         seq_lens=t(seq, torch.int32),
         context_lens=t(ctx, torch.int32),
         block_tables=tables.to(device),
-        slot_mapping=t(slots, torch.int64),
+        slot_mapping=slots.to(device),
         state_slots=t([w.state_slot for w in work], torch.int64),
-        logits_indices=t(logits_rows, torch.int64),
+        logits_indices=logits_rows.to(device),
         cache=pools,
         q_lens_cpu=q_lens,
         seq_lens_cpu=seq,
