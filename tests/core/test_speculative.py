@@ -131,6 +131,11 @@ def _check_counters(sched: Scheduler, depth: int) -> dict:
     assert spec["num_draft_tokens_total"] == sum(spec["num_draft_tokens_per_pos_total"])
     assert spec["num_accepted_tokens_total"] == sum(spec["num_accepted_tokens_per_pos_total"])
     assert len(spec["num_draft_tokens_per_pos_total"]) == depth
+    # every verify feeds each request its last token plus its drafts: rows = requests + drafts; no graph replays
+    batch = scheduler_snapshot(sched)["scheduler"]["decode_batch"]
+    assert batch["rows"] == sched.stats.decode_rows + spec["num_draft_tokens_total"]
+    assert batch["rows"] > sched.stats.decode_rows and batch["replays"] == 0
+    assert 1.0 <= batch["last_rows_per_request"] <= depth + 1
     return spec
 
 
@@ -189,6 +194,9 @@ def test_oracle_drafter_is_fully_accepted(glm):
     assert counters["num_accepted_tokens_total"] == counters["num_draft_tokens_total"]
     # up to four tokens per verify: far fewer decode steps than tokens
     assert sched.stats.decode_rows < base.stats.decode_rows / 2
+    # plain decode feeds one row per request; full acceptance at depth 3 averages well over two
+    assert base.stats.last_rows_per_request == 1.0 and base.stats.decode_batch_rows == base.stats.decode_rows
+    assert sched.stats.decode_batch_rows > 2 * sched.stats.decode_rows
 
 
 def test_hybrid_partial_acceptance_restores_state(qwen35):

@@ -18,6 +18,8 @@ padding and size-selection logic is tested on a CPU.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from dataclasses import dataclass, field
 
 import torch
 
@@ -43,6 +45,30 @@ def pick_size(sizes: list[int], rows: int) -> int | None:
     """The smallest captured size that holds ``rows`` rows, or None when none does."""
     i = bisect.bisect_left(sizes, rows)
     return sizes[i] if i < len(sizes) else None
+
+
+#: ``/metrics`` ``decode_batch.replays_by_slots`` always carries these keys (anchor §2.11), larger sizes are added
+REPLAY_SLOT_KEYS = [str(i) for i in range(1, 17)]
+
+
+@dataclass
+class ReplayStats:
+    """Decode steps that went through the graph path: replays, the padding rows they carried, and replays per
+    captured size (the padded row count). Off CUDA (``capture=False``) the padded eager step counts the same."""
+
+    replays: int = 0
+    padded_rows: int = 0
+    by_size: Counter = field(default_factory=Counter)
+
+    def record(self, size: int, rows: int) -> None:
+        self.replays += 1
+        self.padded_rows += size - rows
+        self.by_size[size] += 1
+
+    def as_metrics(self) -> dict:
+        by_slots = dict.fromkeys(REPLAY_SLOT_KEYS, 0)
+        by_slots.update({str(size): n for size, n in sorted(self.by_size.items())})
+        return {"replays": self.replays, "padded_rows": self.padded_rows, "replays_by_slots": by_slots}
 
 
 class DecodeGraphs:
@@ -73,6 +99,7 @@ class DecodeGraphs:
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
         self.captured = False
+        self.stats = ReplayStats()
 
     def can_run(self, batch: ForwardBatch) -> bool:
         return (
@@ -158,6 +185,7 @@ class DecodeGraphs:
             self.capture()
         size = self.load(batch)
         rows = batch.num_seqs
+        self.stats.record(size, rows)
         if self.use_graphs:
             self.graphs[size].replay()
             return self.outputs[size][:rows].clone()

@@ -97,9 +97,10 @@ class SpeculativeDecoder:
 
     # ---- decode --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], emit: EmitFn, fail: FailFn) -> None:
+    def decode(self, seqs: list[Sequence], emit: EmitFn, fail: FailFn) -> int:
         """One speculative decode step for ``seqs`` (all in DECODE); ``emit`` is the scheduler's per-token
-        commit (EOS / length retirement), ``fail`` retires a request whose sampling raised."""
+        commit (EOS / length retirement), ``fail`` retires a request whose sampling raised. Returns the verify
+        forward's row count (``/metrics`` ``decode_batch.last_rows_per_request``)."""
         self._prune()
         depths = [self._depth_for(s) for s in seqs]
         drafts = self._draft(seqs, depths)
@@ -121,6 +122,7 @@ class SpeculativeDecoder:
             offset += len(d) + 1
         if redo:
             self._rerun_accepted(redo, snapshot)
+        return offset
 
     def _verify_logits(self, works: list[SeqWork]) -> torch.Tensor:
         """The verify forward; fp32 logits of every row. The runner returns each request's last row; the rows

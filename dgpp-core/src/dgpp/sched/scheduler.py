@@ -220,10 +220,12 @@ class Scheduler:
         for s in decodes:
             s.computed += 1
         # rows come back in the order of the works that wanted logits: prefill tails first, then decodes
+        done_at = time.monotonic()
         for i, s in enumerate(sampled):
             if s.status is SeqStatus.PREFILL:
                 s.status = SeqStatus.DECODE
                 self.stats.prompts_prefilled += 1
+                self.stats.prefill_done(s.admitted_at, done_at)
             try:
                 self._emit(s, s.sampler.sample(logits[i]))
             except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
@@ -240,8 +242,8 @@ class Scheduler:
         if not seqs:
             return
         t0 = time.monotonic()
-        self.speculative.decode(seqs, self._emit, self._sampling_failed)
-        self.stats.stepped(prefill_tokens=0, decode_rows=len(seqs), seconds=time.monotonic() - t0)
+        verify_rows = self.speculative.decode(seqs, self._emit, self._sampling_failed)
+        self.stats.stepped(prefill_tokens=0, decode_rows=len(seqs), seconds=time.monotonic() - t0, batch_rows=verify_rows)
 
     def _maybe_cache(self, s: Sequence) -> None:
         if not s.use_prefix_cache or s.computed % self.config.chunk_tokens or s.computed >= s.prompt_len:

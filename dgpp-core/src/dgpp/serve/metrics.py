@@ -12,15 +12,22 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dgpp.engine.graphs import ReplayStats
 from dgpp.sched.request import RetireReason, SeqStatus
 from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.histograms import RequestHistograms
 
-SLOT_KEYS = [str(i) for i in range(1, 17)]
-
 
 def _avg(total: float, count: int) -> float:
     return total / count if count else 0.0
+
+
+def _replay_stats(s: Scheduler) -> dict[str, Any]:
+    """The decode graphs' replay counters (zeros when the runner has none: eager, MTP, a toy runner)."""
+    graphs = getattr(s.runner, "graphs", None)
+    if graphs is None:
+        return ReplayStats().as_metrics()
+    return graphs.stats.as_metrics()
 
 
 def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
@@ -46,14 +53,14 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
             "prompt_tokens_computed": st.prompt_tokens_computed, "decode_steps": st.decode_steps,
             "decode_rows": st.decode_rows,
             "decode_batch": {
-                "last_slots": st.last_decode_rows, "last_active": decode_live, "last_rows_per_request": 1,
-                "replays": 0, "rows": st.decode_rows, "padded_rows": 0,
-                "replays_by_slots": dict.fromkeys(SLOT_KEYS, 0),
+                "last_slots": st.last_decode_rows, "last_active": decode_live,
+                "last_rows_per_request": st.last_rows_per_request, "rows": st.decode_batch_rows,
+                **_replay_stats(s),
             },
             "spec_decode": s.speculative.stats.as_metrics() if s.speculative is not None else {
                 "depth": 0, "num_drafts_total": 0, "num_draft_tokens_total": 0, "num_accepted_tokens_total": 0,
                 "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []},
-            "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_ms, "step_ms": st.step_ms,
+            "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_request_ms, "step_ms": st.step_ms,
             "finished": dict(st.finished), "reservations_grown": st.reservations_grown,
         },
         "prefix_cache": {
@@ -156,6 +163,13 @@ class _Collector:
         yield gauge("decode_batch_last_slots", batch.get("last_slots", 0))
         yield gauge("decode_batch_last_active", batch.get("last_active", 0))
         yield gauge("decode_batch_last_rows_per_request", batch.get("last_rows_per_request", 0))
+        for key in ("replays", "rows", "padded_rows"):
+            yield counter(f"decode_batch_{key}", batch.get(key, 0))
+        by_slots = CounterMetricFamily("dgpp_decode_batch_replays_by_slots", "decode graph replays by captured size",
+                                       labels=["model_name", "slots"])
+        for slots, n in batch.get("replays_by_slots", {}).items():
+            by_slots.add_metric([label, slots], float(n))
+        yield by_slots
         spec = sch.get("spec_decode", {})
         yield gauge("spec_decode_depth", spec.get("depth", 0))
         for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # vLLM's spec_decode counters
@@ -183,6 +197,7 @@ class _Collector:
         yield counter("generation_tokens", sch.get("tokens_generated", 0))
         yield counter("prompts_prefilled", sch.get("prompts_prefilled", 0))
         yield counter("prefill_seconds", sch.get("prefill_ms", 0.0) / 1000.0)
+        yield counter("prefill_request_seconds", sch.get("prefill_request_ms", 0.0) / 1000.0)
         yield counter("decode_steps", sch.get("decode_steps", 0))
         yield counter("decode_rows", sch.get("decode_rows", 0))
         for key in ("hits", "misses", "tokens_saved", "snapshots", "evictions", "duplicates", "skipped_no_slot"):
