@@ -71,6 +71,7 @@ def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float
     drafter = build_draft(_ctx(path), model)
     n = len(prompt) - 1
     pools, blocks, _ = make_pools(model, [n], 16)
+    model.keep_hidden = True  # what the speculative decoder turns on: the drafter reads every row
     model(build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, prompt[:n])], pools, "cuda"))
     pools, blocks, _ = make_pools(drafter, [n], 16)
     batch = build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, prompt[1:])], pools, "cuda")

@@ -33,6 +33,7 @@ def _draft_logits(model, drafter) -> torch.Tensor:
     tokens = _prompts()[1]
     n = len(tokens) - 1
     pools, blocks, _ = make_pools(model, [n], 16)
+    model.keep_hidden = True  # what the speculative decoder turns on: the drafter reads every row
     model(build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, tokens[:n])], pools))
     pools, blocks, _ = make_pools(drafter, [n], 16)
     batch = build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, tokens[1:])], pools)

@@ -31,9 +31,16 @@ class Model(nn.Module, ABC):
     info: ModelInfo
     #: Hidden rows of EVERY token of the last ``forward`` (``[T, hidden]``), for a drafter that reads them
     #: (MTP layers draft from the target's hidden at each position, prompt rows included, not only the
-    #: sampled rows ``forward`` returns). Set by families with such a drafter; which hidden (e.g. GLM's
-    #: post-final-norm) is the family's convention. None otherwise.
+    #: sampled rows ``forward`` returns). Set by families with such a drafter, and only while ``keep_hidden``
+    #: is on; which hidden (e.g. GLM's post-final-norm) is the family's convention. None otherwise.
     last_hidden: torch.Tensor | None = None
+    #: Whether ``forward`` keeps ``last_hidden``. Off by default so plain serving holds no activations past a
+    #: step; the speculative decoder (``engine.mtp``) turns it on for the drafter.
+    keep_hidden: bool = False
+
+    def keep_last_hidden(self, hidden: torch.Tensor) -> None:
+        """Remember every row's hidden for a drafter when ``keep_hidden`` is on (drop the last one otherwise)."""
+        self.last_hidden = hidden if self.keep_hidden else None
 
     @abstractmethod
     def cache_spec(self) -> dict[str, CacheSpec]:

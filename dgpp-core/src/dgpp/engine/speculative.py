@@ -60,6 +60,7 @@ class SpeculativeDecoder:
         # a verify step whose requests all have no room left to draft is one row each, which the decode graphs
         # would take; they do not refresh ``last_hidden``, so speculative decoding runs eager
         runner.graphs = None
+        runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)
         self.runner = runner
         self.model = runner.model
         self.drafter = drafter

@@ -19,8 +19,12 @@ def draft_logits(model, drafter, tokens: list[int], chunks: list[int], block_siz
     pools, blocks, slots = make_pools(model, [n], block_size)
     slot = slots.allocate()
     pools.zero_state(slot)
-    model(build_batch([SeqWork(slot, blocks.allocate(blocks.blocks_for_tokens(n)), 0, tokens[:n])], pools))
-    hidden = model.last_hidden
+    keep, model.keep_hidden = model.keep_hidden, True
+    try:
+        model(build_batch([SeqWork(slot, blocks.allocate(blocks.blocks_for_tokens(n)), 0, tokens[:n])], pools))
+        hidden = model.last_hidden
+    finally:
+        model.keep_hidden = keep
     draft_pools, draft_blocks, draft_slots = make_pools(drafter, [n], block_size)
     table, draft_slot = draft_blocks.allocate(draft_blocks.blocks_for_tokens(n)), draft_slots.allocate()
     out, start = [], 0

@@ -99,8 +99,8 @@ class Glm4MoeBackbone(nn.Module):
 class Glm4MoeForCausalLM(Model):
     """The GLM-4.x MoE model behind the engine's model contract.
 
-    ``forward`` keeps the post-final-norm hidden of every row in ``last_hidden``: GLM's MTP layer
-    drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
+    With ``keep_hidden`` on, ``forward`` keeps the post-final-norm hidden of every row in ``last_hidden``: GLM's
+    MTP layer drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
     """
 
     def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group=None):
@@ -138,7 +138,7 @@ class Glm4MoeForCausalLM(Model):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.hidden_states(batch)
-        self.last_hidden = hidden
+        self.keep_last_hidden(hidden)
         return hidden[batch.logits_indices]
 
     @torch.no_grad()

@@ -127,9 +127,11 @@ class Qwen35ForCausalLM(Model):
         hidden = self.model.embed_tokens(batch.input_ids)
         for layer in self.model.layers:
             hidden = layer(hidden, batch)
-        # every row's normed hidden stays for the MTP drafter (it drafts from each position, prompt included)
-        self.last_hidden = self.model.norm(hidden)
-        return self.last_hidden[batch.logits_indices]
+        # every row is normed (the same ops whether or not a drafter listens, so MTP never changes the logits);
+        # the rows stay for the MTP drafter (it drafts from each position, prompt included) only if it is on
+        hidden = self.model.norm(hidden)
+        self.keep_last_hidden(hidden)
+        return hidden[batch.logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

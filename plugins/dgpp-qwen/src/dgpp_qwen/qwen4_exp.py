@@ -135,7 +135,8 @@ class Qwen4ExpTextStack(nn.Module):
 class Qwen4ExpForCausalLM(Model):
     """The text model of Qwen3.8-Flash-Next (vision tower not loaded; the MTP layer is ``draft.py``'s).
 
-    ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP layer's input)."""
+    With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
+    layer's input)."""
 
     def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None) -> None:
         super().__init__()
@@ -162,8 +163,9 @@ class Qwen4ExpForCausalLM(Model):
         hyper = hidden.repeat(1, self.cfg.hc_count)  # every stream starts as the embedding
         for layer in self.model.layers:
             hyper = layer(hyper, batch)
-        self.last_hidden = self.model.hyper_connection_mixer.mix_only(hyper)
-        return self.last_hidden[batch.logits_indices]
+        hidden = self.model.hyper_connection_mixer.mix_only(hyper)
+        self.keep_last_hidden(hidden)
+        return hidden[batch.logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
