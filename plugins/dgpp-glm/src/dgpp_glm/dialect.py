@@ -72,6 +72,6 @@ def dialect_for(hf_config: dict) -> GlmDialect:
     return GlmDialect()
 
 
-def chat_template() -> str:
+def chat_template(hf_config: dict | None = None) -> str:
     """The in-repo GLM-4.x-style template (no published GLM template exists to ship)."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")

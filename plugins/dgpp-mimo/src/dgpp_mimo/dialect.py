@@ -27,6 +27,6 @@ def dialect_for(hf_config: dict) -> MimoDialect:
     return MimoDialect()
 
 
-def chat_template() -> str:
+def chat_template(hf_config: dict | None = None) -> str:
     """The in-repo MiMo-style template, for checkpoints that ship none."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")

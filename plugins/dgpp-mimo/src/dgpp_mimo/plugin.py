@@ -1,60 +1,29 @@
-"""Hook implementations only: what the MiMo plugin registers with dgpp."""
+"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the MiMo plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from dgpp.family import FamilySpec, LoadContext
-from dgpp.hookspecs import hookimpl
+from dgpp.family import FamilySpec
+from dgpp.family_hooks import FamilyHooks
 
-FAMILY = "mimo"
-# Every HF architecture / model_type this family claims, implemented or not yet.
-ARCHITECTURES = (
-    "MiMoV2FlashForCausalLM",
-    "MiMoV2ForCausalLM",
+HOOKS = FamilyHooks(
+    FamilySpec(
+        name="mimo",
+        plugin="dgpp-mimo",
+        # every HF architecture / model_type this family claims, implemented or not yet
+        architectures=(
+            "MiMoV2FlashForCausalLM",
+            "MiMoV2ForCausalLM",
+        ),
+        model_types=(
+            "mimo_v2_flash",
+            "mimo_v2",
+        ),
+        # the claimed values this plugin can load today; the rest get a clear "not yet supported"
+        implemented=(),
+        description="MiMo-V2.6-Flash (mimo_v2_flash / mimo_v2)",
+    ),
+    load_model="dgpp_mimo.loader:load_model",
+    tool_dialect="dgpp_mimo.dialect:dialect_for",
+    chat_template="dgpp_mimo.dialect:chat_template",
 )
-MODEL_TYPES = (
-    "mimo_v2_flash",
-    "mimo_v2",
-)
-# The claimed values this plugin can load today; the rest get a clear "not yet supported".
-IMPLEMENTED: tuple[str, ...] = ()
-
-
-@hookimpl
-def dgpp_families() -> list[FamilySpec]:
-    return [
-        FamilySpec(
-            name=FAMILY,
-            plugin="dgpp-mimo",
-            architectures=ARCHITECTURES,
-            model_types=MODEL_TYPES,
-            implemented=IMPLEMENTED,
-            description="MiMo-V2.6-Flash (mimo_v2_flash / mimo_v2)",
-        )
-    ]
-
-
-@hookimpl
-def dgpp_load_model(ctx: LoadContext):
-    if ctx.family != FAMILY:
-        return None
-    from dgpp_mimo.loader import load_model
-
-    return load_model(ctx)
-
-
-@hookimpl
-def dgpp_tool_dialect(family: str, hf_config: dict):
-    if family != FAMILY:
-        return None
-    from dgpp_mimo.dialect import dialect_for
-
-    return dialect_for(hf_config)
-
-
-@hookimpl
-def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
-    if family != FAMILY:
-        return None
-    from dgpp_mimo.dialect import chat_template
-
-    return chat_template()
+globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes

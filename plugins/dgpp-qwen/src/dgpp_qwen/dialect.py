@@ -32,6 +32,6 @@ def dialect_for(hf_config: dict) -> QwenXmlDialect:
     return QwenXmlDialect()
 
 
-def chat_template() -> str:
+def chat_template(hf_config: dict | None = None) -> str:
     """The in-repo Qwen3.5-style template, for checkpoints that ship none."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")
