@@ -21,31 +21,41 @@ def value_text(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
 
+def whole_matches(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | None:
+    """Every match of ``pattern`` in ``text``, or None when anything but whitespace stands between or around them.
+
+    Tag-structured call syntaxes (this one, DeepSeek's DSML) accept a block only when it is nothing but
+    their elements: stray text means the model did not write a call, and it stays text.
+    """
+    found: list[re.Match[str]] = []
+    pos = 0
+    for match in pattern.finditer(text):
+        if text[pos : match.start()].strip():
+            return None
+        found.append(match)
+        pos = match.end()
+    return None if text[pos:].strip() else found
+
+
 def parse_functions(inner: str, tools: dict[str, ToolSpec], coerce) -> list[tuple[str, dict]] | None:
     """The ``<function=...>`` elements of one block; None when anything else but whitespace is in it."""
+    functions = whole_matches(_FUNCTION, inner)
+    if functions is None:
+        return None
     calls: list[tuple[str, dict]] = []
-    pos = 0
-    for fn in _FUNCTION.finditer(inner):
-        if inner[pos : fn.start()].strip():
-            return None
-        pos = fn.end()
+    for fn in functions:
         name, body = fn.group(1).strip(), fn.group(2)
+        params = whole_matches(_PARAMETER, body)
+        if params is None:
+            return None
         args: dict[str, Any] = {}
-        bpos = 0
-        for par in _PARAMETER.finditer(body):
-            if body[bpos : par.start()].strip():
-                return None
-            bpos = par.end()
+        for par in params:
             raw = par.group(2)
             raw = raw[1:] if raw.startswith("\n") else raw
             raw = raw[:-1] if raw.endswith("\n") else raw
             key = par.group(1).strip()
             args[key] = coerce(raw, tools.get(name), key)
-        if body[bpos:].strip():
-            return None
         calls.append((name, args))
-    if inner[pos:].strip():
-        return None
     return calls or None
 
 

@@ -27,7 +27,7 @@ from dgpp.text.dialect import Dialect
 from dgpp.text.effort import EffortMapping
 from dgpp.text.lark import LarkBuilder
 from dgpp.text.tools import ToolSpec
-from dgpp.text.xml_calls import value_text
+from dgpp.text.xml_calls import value_text, whole_matches
 
 TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
 V41_EFFORT = EffortMapping({"minimal": 25, "low": 50, "medium": 62, "high": 75, "xhigh": 100, "max": 100})
@@ -55,23 +55,19 @@ class DsmlDialect(Dialect):
         )
 
     def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict]] | None:
-        calls, pos = [], 0
-        for inv in _INVOKE.finditer(inner):
-            if inner[pos : inv.start()].strip():
-                return None
-            pos = inv.end()
-            name, body, bpos, args = inv.group(1), inv.group(2), 0, {}
-            for par in _PARAM.finditer(body):
-                if body[bpos : par.start()].strip():
-                    return None
-                bpos = par.end()
-                raw = par.group(3)
-                args[par.group(1)] = raw if par.group(2) == "true" else json.loads(raw)
-            if body[bpos:].strip():
-                return None
-            calls.append((name, args))
-        if inner[pos:].strip():
+        invokes = whole_matches(_INVOKE, inner)
+        if invokes is None:
             return None
+        calls = []
+        for inv in invokes:
+            params = whole_matches(_PARAM, inv.group(2))
+            if params is None:
+                return None
+            args = {
+                par.group(1): par.group(3) if par.group(2) == "true" else json.loads(par.group(3))
+                for par in params
+            }
+            calls.append((inv.group(1), args))
         return calls or None
 
     def format_calls(self, calls: list[tuple[str, dict]]) -> str:
