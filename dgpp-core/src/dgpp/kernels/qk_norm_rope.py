@@ -14,7 +14,7 @@ import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 from dgpp.kernels.rmsnorm import rms_norm_ref
-from dgpp.kernels.rotary import rotary_ref
+from dgpp.kernels.rotary import rotary_cos_sin, rotary_pair_offsets, rotary_ref
 
 
 def qk_norm_rope_ref(
@@ -35,12 +35,7 @@ def _norm_rope_heads(
 ):
     heads = tl.arange(0, BLOCK_H)[:, None]
     hmask = heads < n_heads
-    if IS_NEOX:
-        i1 = half[None, :]
-        i2 = i1 + ROT // 2
-    else:
-        i1 = 2 * half[None, :]
-        i2 = i1 + 1
+    i1, i2 = rotary_pair_offsets(half, IS_NEOX, ROT)
     tail = ROT + tl.arange(0, BLOCK_D)[None, :]
     tmask = hmask & (tail < head_dim)
     sbase = src + row * s_tok + heads * s_head
@@ -77,9 +72,7 @@ def _qk_norm_rope_kernel(
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half = tl.arange(0, ROT // 2)
-    angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(freq_ptr + half)
-    cos = (tl.cos(angle) * magnitude)[None, :]
-    sin = (tl.sin(angle) * magnitude)[None, :]
+    cos, sin = rotary_cos_sin(pos_ptr, freq_ptr, row, half, magnitude)
     # heads 0..Hq-1 are q's, the rest k's
     src, dst, w_ptr, s_tok, d_tok = q_ptr + head * q_head, qo_ptr + head * qo_head, qw_ptr, q_tok, qo_tok
     if head >= n_q_heads:

@@ -41,18 +41,35 @@ def rotary_ref(
 
 
 @triton.jit
-def _rotate_heads(
-    src, dst, row, n_heads, s_tok, s_head, d_tok, d_head, head_dim, cos, sin, half_offs,
-    IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):
-    heads = tl.arange(0, BLOCK_H)[:, None]
-    hmask = heads < n_heads
+def rotary_pair_offsets(half_offs, IS_NEOX: tl.constexpr, ROT: tl.constexpr):
+    """The two channels each rotary pair ``half_offs`` rotates, as ``[1, ROT/2]`` offsets: ``i, i + ROT/2``
+    (neox) or ``2i, 2i + 1`` (interleaved). Shared with the fused norm+RoPE kernel so both pair alike."""
     if IS_NEOX:
         i1 = half_offs[None, :]
         i2 = i1 + ROT // 2
     else:
         i1 = 2 * half_offs[None, :]
         i2 = i1 + 1
+    return i1, i2
+
+
+@triton.jit
+def rotary_cos_sin(pos_ptr, freq_ptr, row, half_offs, magnitude):
+    """``cos`` and ``sin`` of ``positions[row] * inv_freq`` scaled by ``magnitude``, as ``[1, ROT/2]`` fp32 rows.
+
+    Computed the same way in the fused norm+RoPE kernel, so fused and separate paths agree bit for bit."""
+    angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(freq_ptr + half_offs)
+    return (tl.cos(angle) * magnitude)[None, :], (tl.sin(angle) * magnitude)[None, :]
+
+
+@triton.jit
+def _rotate_heads(
+    src, dst, row, n_heads, s_tok, s_head, d_tok, d_head, head_dim, cos, sin, half_offs,
+    IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    heads = tl.arange(0, BLOCK_H)[:, None]
+    hmask = heads < n_heads
+    i1, i2 = rotary_pair_offsets(half_offs, IS_NEOX, ROT)
     sbase = src + row * s_tok + heads * s_head
     dbase = dst + row * d_tok + heads * d_head
     x1 = tl.load(sbase + i1, mask=hmask, other=0.0).to(tl.float32)
@@ -74,11 +91,8 @@ def _rotary_kernel(
     BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
-    pos = tl.load(pos_ptr + row).to(tl.float32)
     half = tl.arange(0, ROT // 2)
-    angle = pos * tl.load(freq_ptr + half)
-    cos = (tl.cos(angle) * magnitude)[None, :]
-    sin = (tl.sin(angle) * magnitude)[None, :]
+    cos, sin = rotary_cos_sin(pos_ptr, freq_ptr, row, half, magnitude)
     _rotate_heads(q_ptr, qo_ptr, row, n_q_heads, q_tok, q_head, qo_tok, qo_head, head_dim, cos, sin, half,
                   IS_NEOX, ROT, BLOCK_HQ, BLOCK_D)
     _rotate_heads(k_ptr, ko_ptr, row, n_k_heads, k_tok, k_head, ko_tok, ko_head, head_dim, cos, sin, half,
