@@ -28,13 +28,30 @@ def _utc_ms_timestamp(_logger: Any, _method: str, event: dict[str, Any]) -> dict
     return event
 
 
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write.
+
+    Binding the stream object at configure time breaks once it is closed or replaced (pytest's capture
+    closes each test's stream; a daemon may redirect stderr): later lines would raise on a closed file.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(sys.stderr, "isatty", lambda: False)())
+
+
 def configure_logging(json: bool = False, level: str | None = None, stream: Any = None) -> None:
     """Set up structlog (and route stdlib ``logging`` through the same renderer)."""
     global _configured, _stdlib_handler
     name = (level or os.environ.get("DGPP_LOG_LEVEL") or "info").lower()
     if name not in _LEVELS:
         raise ValueError(f"log level {name!r}: expected one of {', '.join(_LEVELS)}")
-    stream = stream or sys.stderr
+    stream = stream or _CurrentStderr()
     shared = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
