@@ -154,3 +154,16 @@ def test_templates_reports_an_invalid_one(tmp_path, monkeypatch, capsys):
     assert main(["templates"]) == 1
     out = capsys.readouterr().out
     assert "INVALID" in out and "engine.nope: unknown key" in out and "good" in out
+
+
+def test_check_refuses_a_kv_format_serve_would_refuse(tmp_path, tiny_qwen3, capsys):
+    # check and serve share the preflight: "ready" from check must mean serve starts
+    fp8_kv = write_template(tmp_path, "fp8kv.json", model=str(tiny_qwen3), engine={"kv_dtype": "fp8"})
+    assert main(["check", fp8_kv]) == 1
+    assert "engine.kv_dtype" in capsys.readouterr().err
+
+
+def test_check_names_a_load_time_fp8_conversion_as_a_lossy_lever(tmp_path, tiny_qwen3, capsys):
+    dense_fp8 = write_template(tmp_path, "d.json", model=str(tiny_qwen3), engine={"dense_weights": "fp8"})
+    assert main(["check", dense_fp8]) == 0
+    assert "lossy levers dense_weights" in capsys.readouterr().out

@@ -119,7 +119,7 @@ class EngineConfig(_Section):
     fp8_head: Literal["gemv", "mma"] = "gemv"
     ngram_table: Literal["resident", "mmap"] = "resident"
     rope_scaling: RopeScaling | None = None
-    # lossy prefill levers: the only keys that may change results; off unless a template opts in
+    # lossy prefill levers (with dense_weights: fp8, the keys that may change results); off unless a template opts in
     prefill_bf16_partials: bool = False
     prefill_fold_scales: bool = False
     prefill_fp8_gemm: bool = False
@@ -128,7 +128,10 @@ class EngineConfig(_Section):
     def lossy_levers(self) -> list[str]:
         """The lossy keys turned on (logged at startup, carried by the digest)."""
         names = ("prefill_bf16_partials", "prefill_fold_scales", "prefill_fp8_gemm", "prefill_fp8_per_tensor")
-        return [n for n in names if getattr(self, n)]
+        levers = [n for n in names if getattr(self, n)]
+        if self.dense_weights == "fp8":  # BF16 dense projections re-encoded to block FP8 at load
+            levers.insert(0, "dense_weights")
+        return levers
 
 
 class DeployConfig(_Section, kw_only=True):

@@ -59,6 +59,9 @@ def preflight(
     from dgpp.family import LoadContext, World
     from dgpp.plugins import manager, resolve
 
+    from dgpp.serve.engine_keys import refuse_unstored_kv
+
+    refuse_unstored_kv(cfg.engine)  # before the checkpoint is even looked for: check and serve agree
     checkpoint = resolve_checkpoint(cfg.model)
     hf_config = read_hf_config(checkpoint)
     pm = manager()
