@@ -21,9 +21,9 @@ from dgpp.dist.journal import JournalWriter
 from dgpp.dist.watchdog import (
     EXIT_ENGINE_FAILURE,
     PROGRESS_LIMIT_S,
-    PeerAwareRunner,
     ProgressWatchdog,
     exit_after_failure,
+    name_departed_peers,
 )
 from dgpp.dist.world import DistWorld, WorldSpec, form_world, settings_of
 from dgpp.log import get_logger
@@ -71,7 +71,7 @@ def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
     loop = engine.loop
     loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
     world.hub.watch(loop.fail)
-    loop.scheduler.runner = PeerAwareRunner(loop.scheduler.runner, world.hub)
+    name_departed_peers(loop.scheduler, world.hub)  # the runner and, under engine.mtp, the speculative decoder
     watchdog = ProgressWatchdog(writer, progress_limit_s(), loop.fail).start()
     failure_exit = exit_after_failure(loop, before_exit=lambda: log.info("op stream", rank=0, md5=stream.full_digest()))
     loop.start()

@@ -50,6 +50,18 @@ class ProgressWatchdog:
         return stop
 
 
+def call_naming_departure(hub: Any, wait_s: float, call: Callable[[], Any]) -> Any:
+    """``call()``; when it raises and the journal watch saw a peer leave (within ``wait_s``), a RuntimeError
+    naming that peer replaces the transport's message (the original stays as its cause)."""
+    try:
+        return call()
+    except Exception as e:
+        cause = hub.wait_departure(wait_s)
+        if cause is None:
+            raise
+        raise RuntimeError(cause) from e
+
+
 class PeerAwareRunner:
     """Wraps rank 0's model runner: when a step fails because a collective broke (a peer died), the
     error names the peer the journal watch saw leave, not the transport's message."""
@@ -60,16 +72,38 @@ class PeerAwareRunner:
         self.wait_s = wait_s
 
     def step(self, works: Any) -> Any:
-        try:
-            return self.runner.step(works)
-        except Exception as e:
-            cause = self.hub.wait_departure(self.wait_s)
-            if cause is None:
-                raise
-            raise RuntimeError(cause) from e
+        return call_naming_departure(self.hub, self.wait_s, lambda: self.runner.step(works))
 
     def __getattr__(self, name: str) -> Any:  # model, pools, graphs: the wrapped runner's
         return getattr(self.runner, name)
+
+
+class PeerAwareDecoder:
+    """Wraps rank 0's ``SpeculativeDecoder`` (``engine.mtp``) the way ``PeerAwareRunner`` wraps the runner: its
+    decode pass (drafter, verify forward, TP head gathers) holds a reference to the bare runner, so a
+    collective broken by a dead peer during it would otherwise surface as the transport's message."""
+
+    def __init__(self, decoder: Any, hub: Any, wait_s: float = 1.0) -> None:
+        self.decoder = decoder
+        self.hub = hub
+        self.wait_s = wait_s
+
+    def decode(self, *args: Any, **kwargs: Any) -> Any:
+        return call_naming_departure(self.hub, self.wait_s, lambda: self.decoder.decode(*args, **kwargs))
+
+    def after_prefill(self, *args: Any, **kwargs: Any) -> Any:
+        return call_naming_departure(self.hub, self.wait_s, lambda: self.decoder.after_prefill(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:  # stats, depth, drafter: the wrapped decoder's
+        return getattr(self.decoder, name)
+
+
+def name_departed_peers(scheduler: Any, hub: Any, wait_s: float = 1.0) -> None:
+    """Route every step of rank 0's ``scheduler`` that runs collectives (the runner, and the speculative decoder
+    when ``engine.mtp`` is on) through the journal watch, so a peer's death is reported by the peer's name."""
+    scheduler.runner = PeerAwareRunner(scheduler.runner, hub, wait_s)
+    if getattr(scheduler, "speculative", None) is not None:
+        scheduler.speculative = PeerAwareDecoder(scheduler.speculative, hub, wait_s)
 
 
 def exit_after_failure(loop: Any, grace_s: float = FAILURE_GRACE_S,
