@@ -37,13 +37,15 @@ class LineSocket:
             self.sock.sendall(encode(record))
 
     def recv(self, timeout: float | None = None) -> Record | None:
-        """The next record, or None when the other side closed."""
+        """The next record, or None when the other side closed (also in the middle of a record)."""
         self.sock.settimeout(timeout)
         try:
             line = self._reader.readline()
         except (ConnectionError, OSError):
             return None
-        return decode(line) if line else None
+        # a process killed inside sendall leaves a record without its newline before EOF: that is a closed
+        # connection, not a decode error (which would escape the follower's exit-3 path and kill a watcher)
+        return decode(line) if line.endswith(b"\n") else None
 
     def close(self) -> None:
         try:
