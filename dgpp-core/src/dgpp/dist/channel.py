@@ -12,6 +12,8 @@ import threading
 import time
 from collections.abc import Callable
 
+import msgspec
+
 from dgpp.dist.records import Diverged, Final, Hello, Record, decode, encode
 from dgpp.errors import DgppError
 from dgpp.log import get_logger
@@ -45,7 +47,12 @@ class LineSocket:
             return None
         # a process killed inside sendall leaves a record without its newline before EOF: that is a closed
         # connection, not a decode error (which would escape the follower's exit-3 path and kill a watcher)
-        return decode(line) if line.endswith(b"\n") else None
+        if not line.endswith(b"\n"):
+            return None
+        try:
+            return decode(line)
+        except msgspec.DecodeError as e:  # ValidationError too: a record this build does not know
+            raise WorldError(f"unreadable journal record ({e}): {line[:120]!r}") from e
 
     def close(self) -> None:
         try:
@@ -109,7 +116,11 @@ class JournalHub:
 
     def _watch_one(self, rank: int, link: LineSocket, on_failure: Callable[[str], None]) -> None:
         while True:
-            record = link.recv()
+            try:
+                record = link.recv()
+            except WorldError as e:  # an unreadable record: report it rather than let this thread die silently
+                self._report(on_failure, f"rank {rank}: {e}")
+                return
             if isinstance(record, Final):
                 with self._final_cond:
                     self.finals[rank] = record

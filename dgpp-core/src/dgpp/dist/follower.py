@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from dgpp.dist.channel import LineSocket
+from dgpp.dist.channel import LineSocket, WorldError
 from dgpp.dist.digest import OpStream
 from dgpp.dist.journal import OpRecorder
 from dgpp.dist.records import Admission, Diverged, Final, Stop, Tick, params_from_wire
@@ -52,7 +52,12 @@ class Follower:
 
     def run(self) -> int:
         while True:
-            record = self.link.recv()
+            try:
+                record = self.link.recv()
+            except WorldError as e:  # rank 0 sent what this rank cannot read: released like any other failure
+                self.error = str(e)
+                log.error("released", rank=self.rank, reason=self.error)
+                return EXIT_RELEASED
             if record is None:
                 self.error = "rank 0 closed the journal"
                 log.error("released", rank=self.rank, reason=self.error)
