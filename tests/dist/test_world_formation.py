@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
-from tp_harness import free_port
+from tp_harness import free_ports
 
 from dgpp.config import parse_config
 from dgpp.dist.channel import WorldError
@@ -37,11 +37,11 @@ def _raw(ports: dict, **engine) -> dict:
 
 
 def test_matching_world_forms_and_mismatched_config_digest_is_refused_by_name(tmp_path):
-    ports = {"fabric": free_port(), "journal": free_port()}
+    ports = dict(zip(("fabric", "journal"), free_ports(2), strict=True))
     mp.spawn(_form, args=([_raw(ports), _raw(ports)], str(tmp_path)), nprocs=2, join=True)
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["formed", "formed"]
 
-    ports = {"fabric": free_port(), "journal": free_port()}
+    ports = dict(zip(("fabric", "journal"), free_ports(2), strict=True))
     raws = [_raw(ports, kv_capacity=4096), _raw(ports, kv_capacity=8192)]
     mp.spawn(_form, args=(raws, str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):  # both sides refuse, naming the digest and the differing key

@@ -33,16 +33,27 @@ LOGIT_PROMPTS = (5, 19)
 STOPPED = "req1/0"  # retired by a journaled stop after its third token
 
 
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are picked, so two cannot coincide."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 def deploy_dict(checkpoint: Path, size: int, **engine: Any) -> dict[str, Any]:
+    fabric, journal = free_ports(2)
     return {
         "model": str(checkpoint), "world_size": size,
-        "ports": {"fabric": free_port(), "journal": free_port()},
+        "ports": {"fabric": fabric, "journal": journal},
         "engine": {"kv_capacity": 1024, "max_concurrency": 4, "prefill_budget_tokens": 16,
                    "rendezvous_timeout_ms": 60000, **engine},
     }
