@@ -34,3 +34,8 @@ def test_defaults_have_no_inert_keys_and_set_ones_are_warned() -> None:
     assert inert == ["mtp_schedule", "prefill_fp8_gemm"]  # engine.mtp is implemented (dgpp.engine.speculative)
     assert [e["key"] for e in logs if e["event"] == "engine key has no effect in this build"] == [
         "engine.mtp_schedule", "engine.prefill_fp8_gemm"]
+
+
+def test_drafter_keys_nothing_reads_are_warned() -> None:
+    inert = check_engine_keys(EngineConfig(mtp=True, mtp_draft="sampled", mtp_expert_format="bf16"))
+    assert inert == ["mtp_draft", "mtp_expert_format"]

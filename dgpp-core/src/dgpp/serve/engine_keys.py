@@ -21,6 +21,9 @@ _KV_NAMES = {"bf16": torch.bfloat16}
 # key -> the value at which it has no effect; any other value is accepted by the config but ignored here
 INERT_KEYS: dict[str, Any] = {
     "mtp_schedule": False,
+    "mtp_draft": "auto",  # drafts are always the drafter's argmax (exact for the output distribution)
+    "mtp_draft_temperature": 1.0,
+    "mtp_expert_format": "fp8",  # drafter experts are kept in the checkpoint's own format
     "prefill_group": True,
     "fp8_head": "gemv",
     "graph_batch_min_live": 0,  # decode graphs batch every decode-only step; there is no per-slot mode
