@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import torch.multiprocessing as mp
-from tp_harness import deploy_dict, free_port, run_rank
+from tp_harness import deploy_dict, run_rank, write_served_deploy
 
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -58,11 +58,7 @@ def _wait_healthy(url: str, procs: list[subprocess.Popen], logs: list[Path], tim
 
 def test_peer_killed_gives_health_503_and_engine_failure_within_5s(tmp_path):
     ckpt = _checkpoint(tmp_path)
-    port = free_port()
-    raw = deploy_dict(ckpt, 2, kv_capacity=2048)
-    raw["http"] = {"bind_host": "127.0.0.1", "port": port}
-    config = tmp_path / "deploy.json"
-    config.write_text(json.dumps(raw))
+    config, port = write_served_deploy(tmp_path, ckpt, 2, kv_capacity=2048)
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     procs = [_serve(config, r, logs[r]) for r in range(2)]
     url = f"http://127.0.0.1:{port}"
@@ -99,11 +95,7 @@ def test_peer_killed_gives_health_503_and_engine_failure_within_5s(tmp_path):
 
 def test_rank0_killed_releases_the_peer_with_exit_3(tmp_path):
     ckpt = _checkpoint(tmp_path)
-    port = free_port()
-    raw = deploy_dict(ckpt, 2)
-    raw["http"] = {"bind_host": "127.0.0.1", "port": port}
-    config = tmp_path / "deploy.json"
-    config.write_text(json.dumps(raw))
+    config, port = write_served_deploy(tmp_path, ckpt, 2)
     logs = [tmp_path / f"rank{r}.log" for r in range(2)]
     procs = [_serve(config, r, logs[r]) for r in range(2)]
     try:

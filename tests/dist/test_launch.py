@@ -14,16 +14,12 @@ import httpx
 import jsonschema
 from constrained_rank import SCHEMA
 from test_failures import _checkpoint, _wait_healthy
-from tp_harness import deploy_dict, free_port
+from tp_harness import write_served_deploy
 
 
 def test_launch_serves_and_stops_with_equal_digests(tmp_path):
     ckpt = _checkpoint(tmp_path)
-    port = free_port()
-    raw = deploy_dict(ckpt, 2)
-    raw["http"] = {"bind_host": "127.0.0.1", "port": port}
-    config = tmp_path / "deploy.json"
-    config.write_text(json.dumps(raw))
+    config, port = write_served_deploy(tmp_path, ckpt, 2)
     log = tmp_path / "launch.log"
     proc = subprocess.Popen([sys.executable, "-m", "dgpp.cli", "launch", str(config)],
                             stdout=log.open("w"), stderr=subprocess.STDOUT)

@@ -59,6 +59,18 @@ def deploy_dict(checkpoint: Path, size: int, **engine: Any) -> dict[str, Any]:
     }
 
 
+def write_served_deploy(tmp_path: Path, checkpoint: Path, size: int, **engine: Any) -> tuple[Path, int]:
+    """A deployment file for a served world on loopback; returns its path and the HTTP port (distinct from
+    the fabric and journal ports, all picked with their sockets held together)."""
+    http, fabric, journal = free_ports(3)
+    raw = deploy_dict(checkpoint, size, **engine)
+    raw["ports"] = {"fabric": fabric, "journal": journal}
+    raw["http"] = {"bind_host": "127.0.0.1", "port": http}
+    config = tmp_path / "deploy.json"
+    config.write_text(json.dumps(raw))
+    return config, http
+
+
 def _submit_all(engine: Any, vocab: int) -> tuple[dict[str, list[int]], threading.Event]:
     transcripts: dict[str, list[int]] = {}
     done = threading.Event()
