@@ -6,7 +6,7 @@ OUT=${OUT:-perf_out}
 mkdir -p "$OUT"
 # pure-python runtime deps the device image lacks travel as wheels in .whl (carry it)
 if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/structlog-*.whl
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/dgpp-core/src:$PWD/plugins/dgpp-qwen/src:${PYTHONPATH:-}"

@@ -15,5 +15,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gemv", choices=("on", "off", "both"), default="on",
                         help="decode GEMV kernels (DGPP_GEMV) for the timed cases; both = each case twice")
     parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
+    parser.add_argument("--prefill-attn", default="torch",
+                        help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)")
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")

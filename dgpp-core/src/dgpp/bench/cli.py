@@ -67,9 +67,14 @@ def run(args: argparse.Namespace) -> int:
         from dgpp.bench.decode import matmul_peak_tflops, prefill_tflops
 
         peak = matmul_peak_tflops(device)
-        seconds, rate = prefill_tflops(model, args.prefill)
-        table += (f"\n\nprefill of {args.prefill} tokens (batch 1, eager): {seconds * 1e3:.0f} ms, {rate:.0f} TFLOP/s = "
-                  f"{100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate measured in the same run")
+        for attn in filter(None, args.prefill_attn.split(",")):
+            os.environ["DGPP_PREFILL_ATTN"] = attn
+            seconds, rate = prefill_tflops(model, args.prefill)
+            table += (f"\n\nprefill of {args.prefill} tokens (batch 1, eager, {attn} attention): {seconds * 1e3:.0f} ms, "
+                      f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate measured "
+                      "in the same run")
+            print(table.rsplit("\n", 1)[-1], flush=True)
+        os.environ.pop("DGPP_PREFILL_ATTN", None)
     for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
 

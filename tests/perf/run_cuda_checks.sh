@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call's correctness half: the CUDA-only pytest tests (skipped on the CPU box) and the check scripts
+# whose references were prepared on the CPU box (carry .cache and .whl). Logs under $OUT. Not a CI step.
+#   bash tests/perf/run_cuda_checks.sh
+set -uo pipefail
+OUT=${OUT:-perf_out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
+fi
+src=$(ls -d "$PWD"/plugins/*/src | tr '\n' ':')
+export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD/dgpp-core/src:$src${PYTHONPATH:-}"
+status=0
+python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_moe.py tests/kernels/test_decode_graphs.py \
+  tests/core/test_sampler.py tests/plugins/qwen/test_qwen3_cuda.py tests/core/test_speculative_cuda.py 2>&1 \
+  | tee "$OUT/pytest_cuda.log" || status=1
+for check in "tests/plugins/qwen/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu" \
+             "tests/plugins/glm/check_glm4_moe_cuda.py check --dir .cache/glm_gpu" \
+             "tests/core/test_speculative_cuda.py check --dir .cache/spec_gpu"; do
+  echo "== $check"
+  python3 $check 2>&1 | tee -a "$OUT/checks.log" || status=1
+done
+exit $status
