@@ -1,6 +1,6 @@
-"""Decode-size linear layers (``M <= 16`` rows): several weights in one launch, and gate/up + SwiGLU.
+"""Decode-size linear layers (``M <= 64`` rows): several weights in one launch, and gate/up + SwiGLU.
 
-At batch 1..16 a linear layer is a matrix-vector product bound by reading its weight once. cuBLAS
+At batch 1..64 a linear layer is a matrix-vector product bound by reading its weight once. cuBLAS
 picks split-K kernels plus a separate reduction for the small decode shapes (and reaches ~40% of
 the copy bandwidth on the 1024x4096 K/V projections). These kernels stream each weight tile once
 with the whole ``K`` loop in one program (no split, so the sum order is fixed and results repeat
@@ -11,6 +11,15 @@ outputs are column views of one buffer). ``gate_up_silu(x, w_gate, w_up)`` -> ``
 (the MLP's first half, one launch, the activation never stored in between).
 
 ``x [M, K]``, weights ``[N_i, K]`` contiguous, ``N_i`` multiples of 16. ``DGPP_GEMV=0`` turns them off.
+
+Row tiles: 1..16 rows run with BM=16, 17..32 with BM=32, 33..64 with BM=64 (at batch 64 cuBLAS picks
+split-K plus a reduction for down/q/o). Within one BM every row's result is independent of how many other
+rows share the launch, bit for bit: padding rows are masked loads of zeros and the K loop order is fixed.
+So a row computed with 1..16 rows is identical for every count in 1..16 (MTP verify relies on it), and
+likewise within 17..32 and within 33..64. Across BM classes (16 vs 32 vs 64 rows) equality is NOT
+guaranteed: the tensor-core instruction chosen for the dot depends on BM (mma vs wgmma on Hopper), and
+its internal accumulation order may differ; ``tests/perf/check_kernels.py`` reports whether it held on
+the device. The values agree to fp32-accumulation rounding either way.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ import torch.nn.functional as F
 
 from dgpp.kernels._triton import tl, triton, use_triton
 
-MAX_ROWS = 16
+MAX_ROWS = 64
 
 
 def multi_linear_ref(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -86,6 +95,20 @@ def _gate_up_silu_kernel(
              mask=rows[:, None] < m)
 
 
+def row_block(m: int) -> int:
+    """The row tile (BM) for ``m`` rows: 16, 32 or 64 (see the module docstring on bit equality)."""
+    if not 1 <= m <= MAX_ROWS:
+        raise ValueError(f"decode GEMV takes 1..{MAX_ROWS} rows, got {m}")
+    return 16 if m <= 16 else 32 if m <= 32 else 64
+
+
+def _fit_stages(bm: int, bn: int, bk: int, stages: int, weight_tiles: int, elem: int) -> int:
+    """Cap the pipeline depth so the staged x and weight tiles fit Hopper's ~227 KB of shared memory
+    (wider row tiles stage more of x per K step)."""
+    per_stage = (bm + weight_tiles * bn) * bk * elem
+    return max(1, min(stages, (200 * 1024) // per_stage))
+
+
 def _tile(n_total: int, k_dim: int) -> tuple[int, int, int]:
     """(BN, BK, stages). From the H200 sweep at batch 1 (docs/benchmarks.md): 32-row tiles beat 16-row
     ones on every 8B shape (4096x4096 2.99 vs 2.64 TB/s, 6144x4096 3.28 vs 2.93, 4096x12288 3.74 vs 3.27),
@@ -102,6 +125,7 @@ def multi_linear_triton(
     x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, int, int] | None = None
 ) -> list[torch.Tensor]:
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU)."""
+    bm = row_block(x.shape[0])
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
     sizes = [w.shape[0] for w in weights]
@@ -111,31 +135,41 @@ def multi_linear_triton(
         bn, bk, stages = tile
     if any(n % bn for n in sizes):
         bn = 16
+    stages = _fit_stages(bm, bn, bk, stages, 1, x.element_size())
     out = torch.empty(x.shape[0], n_total, dtype=x.dtype, device=x.device)
     padded = list(weights) + [weights[0]] * (3 - len(weights))
     n0 = sizes[0]
     n1 = sizes[1] if len(sizes) > 1 else 0
     _multi_linear_kernel[(n_total // bn,)](
         x, *padded, out, x.shape[0], x.shape[1], n0, n1, x.stride(0), out.stride(0),
-        BM=MAX_ROWS, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
+        BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
     )
     return list(out.split(sizes, dim=1))
 
 
-def gate_up_silu_triton(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+def gate_up_silu_triton(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tile: tuple[int, int, int] | None = None
+) -> torch.Tensor:
+    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU)."""
+    bm = row_block(x.shape[0])
     inter = w_gate.shape[0]
-    # measured at 89% of copy bandwidth on the H200 (12288x4096 pairs) with 256-wide K steps
-    bn, bk = _tile(2 * inter, x.shape[1])[0], 256
+    # measured at 89% of copy bandwidth on the H200 (12288x4096 pairs, 1 row) with 256-wide K steps
+    bn, bk, stages = _tile(2 * inter, x.shape[1])[0], 256, 3
+    if tile is not None:
+        bn, bk, stages = tile
+    if inter % bn:
+        bn = 16
+    stages = _fit_stages(bm, bn, bk, stages, 2, x.element_size())
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     _gate_up_silu_kernel[(inter // bn,)](
         x, w_gate, w_up, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
-        BM=MAX_ROWS, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=3,
+        BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
     )
     return out
 
 
 def gemv_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
-    """True when the decode kernels can take these operands (CUDA, <= 16 rows, plain dense weights)."""
+    """True when the decode kernels can take these operands (CUDA, <= 64 rows, plain dense weights)."""
     if not use_triton(x) or os.environ.get("DGPP_GEMV", "1") == "0":
         return False
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(-1) != 1:
