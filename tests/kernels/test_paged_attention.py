@@ -76,3 +76,27 @@ def test_kv_write_skips_padding_slots() -> None:
     write_kv_ref(kc2, vc2, k, v, slots)
     assert torch.equal(kc, kc2) and torch.equal(vc, vc2)
     assert torch.equal(kc.view(-1, 2, 16)[17], k[2])
+
+
+def test_each_sequence_spreads_its_own_context_over_the_splits() -> None:
+    """Wide tables (the graph's capture-time width) with short and long contexts in one batch: rows of at most
+    one 64-token step are answered by split 0 alone (no merge), longer ones spread over as many splits as
+    they need; every row matches the reference, windowed or not."""
+    lens = [3, 64, 65, 0, 300, 129]
+    q, kc, vc, bt, seq = _paged_setup(lens, 4, 2, 16, 4, 6 * 80, seed=17)
+    _, splits = plan_partition(len(lens), 2, bt.shape[1] * 4)
+    assert splits > 1
+    for window in (0, 70):
+        out = paged_decode_attention_triton(q, kc, vc, bt, seq, 0.2, window=window)
+        ref = paged_decode_attention_ref(q, kc, vc, bt, seq, 0.2, window=window)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+        assert torch.equal(out[3], torch.zeros_like(out[3]))
+
+
+def test_split_count_does_not_change_a_short_row() -> None:
+    """A context that fits one step gives the same result whatever the table width (grid split count)."""
+    q, kc, vc, bt, seq = _paged_setup([40], 4, 1, 16, 4, 200, seed=19)
+    wide = paged_decode_attention_triton(q, kc, vc, bt, seq, 0.25)
+    narrow = paged_decode_attention_triton(q, kc, vc, bt[:, :10].contiguous(), seq, 0.25)
+    assert plan_partition(1, 1, bt.shape[1] * 4)[1] > 1 == plan_partition(1, 1, 40)[1]
+    assert torch.equal(wide, narrow)

@@ -89,11 +89,14 @@ def check_rotary_swiglu_kvwrite() -> None:
 
 
 def check_attention() -> None:
-    for batch, ctx in ((1, 384), (64, 384), (8, 32768), (64, 4096)):
-        bs, blocks = 16, -(-ctx // 16)
+    # (batch, context, table width in tokens): the wide tables are a served graph's (max_position 40960)
+    for batch, ctx, width in ((1, 384, 384), (1, 384, 40960), (1, 48, 40960), (64, 384, 384), (64, 384, 40960),
+                              (8, 32768, 32768), (64, 4096, 4096)):
+        bs, blocks, cols = 16, -(-ctx // 16), width // 16
         kc = torch.randn(batch * blocks + 3, bs, 8, 128, device=DEV, dtype=BF16)
         vc = torch.randn_like(kc)
-        tables = torch.randperm(batch * blocks + 3, device=DEV)[: batch * blocks].view(batch, blocks).int()
+        tables = torch.full((batch, cols), -1, device=DEV, dtype=torch.int32)
+        tables[:, :blocks] = torch.randperm(batch * blocks + 3, device=DEV)[: batch * blocks].view(batch, blocks).int()
         lens = torch.randint(ctx // 2, ctx + 1, (batch,), device=DEV, dtype=torch.int32)
         lens[0] = ctx
         q = torch.randn(batch, 32, 128, device=DEV, dtype=BF16)
@@ -101,7 +104,7 @@ def check_attention() -> None:
         out.copy_(pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5))
         ref = pa.paged_decode_attention_ref(q.float(), kc.float(), vc.float(), tables, lens, 128**-0.5)
         nbytes = float(lens.sum()) * 8 * 128 * 2 * 2
-        record(f"paged decode attn bf16 B={batch} ctx<={ctx}", rel_err(out, ref), 1e-2,
+        record(f"paged decode attn bf16 B={batch} ctx<={ctx} table {width}", rel_err(out, ref), 1e-2,
                lambda: pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5),
                lambda: pa.paged_decode_attention_ref(q, kc, vc, tables, lens, 128**-0.5), nbytes)
 

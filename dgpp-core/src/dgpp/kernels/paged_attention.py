@@ -6,11 +6,15 @@ the current one included (its K/V was written before the call). A row with ``seq
 padding row (CUDA-graph batch padding) and gets zeros. ``window > 0`` attends to the last
 ``window`` tokens only. Returns ``[B, Hq, Dv]`` in q's dtype.
 
-The Triton path is flash-decoding: the context is cut into partitions, one program per
-(sequence, KV head, partition) computes a partial softmax for all query heads of the KV group
-(the group shares every K/V byte it loads), and a second kernel merges the partitions. The
-partition count depends only on the batch and table shapes, so a captured graph keeps working
-as contexts grow.
+The Triton path is flash-decoding: one program per (sequence, KV head, split) computes a partial
+softmax for all query heads of the KV group (the group shares every K/V byte it loads), and a second
+kernel merges the splits. The split count (the grid) depends only on the batch and table shapes, so a
+captured graph keeps working as contexts grow. How a sequence's context is cut is decided on the device,
+per sequence, from its own ``seq_len`` (no host sync, valid for any context at replay): its tokens are
+spread evenly over the splits in ``BLOCK_N``-token steps, so a short context uses as many splits as it
+has ``BLOCK_N`` chunks (not one long partition sized for the widest table), and a context of at most
+``BLOCK_N`` tokens is done in one pass by split 0, which writes the output itself: no partials, and the
+merge kernel leaves that row alone.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import torch
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
+_BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
 _TARGET_PROGRAMS = 1024  # enough programs to cover 132 SMs several times over
 
 
@@ -44,21 +49,33 @@ def paged_decode_attention_ref(
 
 
 @triton.jit
+def _sequence_split(seq_len, window, num_splits, BLOCK_N: tl.constexpr):
+    """(first token, tokens per split, splits used) of one sequence: its attended span cut evenly into
+    ``BLOCK_N`` multiples over at most ``num_splits`` splits."""
+    first = 0
+    if window > 0:
+        first = tl.maximum(seq_len - window, 0)
+    span = seq_len - first
+    per_split = tl.cdiv(tl.cdiv(span, num_splits), BLOCK_N) * BLOCK_N
+    used = tl.cdiv(span, tl.maximum(per_split, 1))
+    return first, per_split, used
+
+
+@triton.jit
 def _decode_partition_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
     scale, window, group, head_dim, v_dim, block_size, num_splits,
     q_b, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_b, o_h,
-    PARTITION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
-    start = split * PARTITION
-    if window > 0:
-        start = tl.maximum(start, seq_len - window)
-    end = tl.minimum(seq_len, (split + 1) * PARTITION)
+    first, per_split, used = _sequence_split(seq_len, window, num_splits, BLOCK_N)
+    start = first + split * per_split
+    end = tl.minimum(seq_len, start + per_split)  # <= start for the splits this sequence leaves unused
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -90,45 +107,49 @@ def _decode_partition_kernel(
         m_i = m_new
 
     omask = gmask[:, None] & (dv[None, :] < v_dim)
-    if ONE_SPLIT:
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # empty (padding) rows come out as zeros
-        tl.store(out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty), mask=omask)
-    else:
-        # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2]
+    # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
+    direct = (split == 0) & (used <= 1)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    tl.store(out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=omask & direct)
+    if not ONE_SPLIT:
+        # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2], written only when a merge follows
+        partial = (used > 1) & (split < used)
         row = (b * group * tl.num_programs(1) + heads) * num_splits + split
-        tl.store(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], acc, mask=omask)
-        tl.store(part_ml_ptr + row * 2, m_i, mask=gmask)
-        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask)
+        tl.store(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], acc, mask=omask & partial)
+        tl.store(part_ml_ptr + row * 2, m_i, mask=gmask & partial)
+        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask & partial)
 
 
 @triton.jit
 def _merge_partitions_kernel(
     part_acc_ptr, part_ml_ptr, lens_ptr, out_ptr, v_dim, num_heads, num_splits, window, o_b, o_h,
-    PARTITION: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
-    first = 0
-    if window > 0:
-        first = tl.maximum(seq_len - window, 0) // PARTITION
-    splits = tl.arange(0, BLOCK_S)
-    smask = (splits >= first) & (splits * PARTITION < seq_len) & (splits < num_splits)
-    row = (b * num_heads + h) * num_splits + splits
-    m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
-    lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
-    m_max = tl.max(m, axis=0)
-    w = tl.where(smask, tl.exp(m - m_max), 0.0)
-    dv = tl.arange(0, BLOCK_DV)
-    acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], mask=smask[:, None], other=0.0)
-    num = tl.sum(acc * w[:, None], axis=0)
-    den = tl.sum(lsum * w, axis=0)
-    out = num / tl.where(den > 0, den, 1.0)
-    tl.store(out_ptr + b * o_b + h * o_h + dv, out.to(out_ptr.dtype.element_ty), mask=dv < v_dim)
+    _first, _per_split, used = _sequence_split(seq_len, window, num_splits, BLOCK_N)
+    if used > 1:  # a one-split row was written by the partition kernel itself
+        splits = tl.arange(0, BLOCK_S)
+        smask = splits < used
+        row = (b * num_heads + h) * num_splits + splits
+        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
+        lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
+        m_max = tl.max(m, axis=0)
+        w = tl.where(smask, tl.exp(m - m_max), 0.0)
+        dv = tl.arange(0, BLOCK_DV)
+        acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], mask=smask[:, None], other=0.0)
+        num = tl.sum(acc * w[:, None], axis=0)
+        den = tl.sum(lsum * w, axis=0)
+        out = num / tl.where(den > 0, den, 1.0)
+        tl.store(out_ptr + b * o_b + h * o_h + dv, out.to(out_ptr.dtype.element_ty), mask=dv < v_dim)
 
 
 def plan_partition(batch: int, kv_heads: int, max_context: int) -> tuple[int, int]:
-    """(partition tokens, splits): split long contexts only while the grid is too small for the GPU."""
+    """(partition tokens, splits) for the widest context the table allows: split long contexts only while
+    the grid is too small for the GPU. The splits size the grid; each sequence then spreads its own
+    context over them (see the module docstring), so the partition is an upper bound per split."""
     want = max(1, _TARGET_PROGRAMS // max(1, batch * kv_heads))
     splits = max(1, min(want, triton.cdiv(max_context, _MIN_PARTITION)))
     partition = next_pow2(triton.cdiv(max_context, splits))
@@ -147,7 +168,7 @@ def paged_decode_attention_triton(
     out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    partition, splits = plan_partition(batch, hk, block_tables.shape[1] * block_size)
+    _partition, splits = plan_partition(batch, hk, block_tables.shape[1] * block_size)
     block_dv = next_pow2(v_dim)
     if splits > 1:
         part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
@@ -160,14 +181,14 @@ def paged_decode_attention_triton(
         float(scale), int(window), group, head_dim, v_dim, block_size, splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        PARTITION=partition, BLOCK_N=min(64, partition), BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_N=_BLOCK_N, BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=next_pow2(head_dim), BLOCK_DV=block_dv, ONE_SPLIT=splits == 1, PRECISION=precision,
         num_warps=4,
     )
     if splits > 1:
         _merge_partitions_kernel[(batch, hq)](
             part_acc, part_ml, seq_lens, out, v_dim, hq, splits, int(window), out.stride(0), out.stride(1),
-            PARTITION=partition, BLOCK_S=next_pow2(splits), BLOCK_DV=block_dv, num_warps=4,
+            BLOCK_N=_BLOCK_N, BLOCK_S=next_pow2(splits), BLOCK_DV=block_dv, num_warps=4,
         )
     return out
 
