@@ -79,6 +79,13 @@ class GQAttention(nn.Module):
             if kernels.gemv_applies(x, *weights):
                 q, k, v = kernels.multi_linear(x, weights)
                 return q, k, v
+        elif x.is_cuda:  # packed q/k/v of one format: one quantized decode GEMV launch
+            from dgpp.quant.linear import fused_packed_linear
+
+            fused = fused_packed_linear(projections, x)
+            if fused is not None:
+                q, k, v = fused
+                return q, k, v
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def split_heads(

@@ -33,6 +33,12 @@ class SwiGLUMLP(nn.Module):
 
             if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
                 return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
+        elif x.is_cuda:  # packed gate/up of one format: gate, up and SwiGLU in one quantized launch
+            from dgpp.quant.linear import fused_packed_gate_up_silu
+
+            fused = fused_packed_gate_up_silu(self.gate_proj, self.up_proj, x)
+            if fused is not None:
+                return self.down_proj(fused)
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
 

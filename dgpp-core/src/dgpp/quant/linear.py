@@ -22,7 +22,7 @@ from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ
-from dgpp.quant.kernels import has_kernel, quant_matmul
+from dgpp.quant.kernels import decode_gemv_applies, has_kernel, quant_gate_up_silu, quant_matmul, quant_multi_linear
 
 TORCH_ONLY_ENV = "DGPP_QUANT_TORCH"  # "1": always use the decode path (debugging, A/B against the kernels)
 
@@ -196,3 +196,36 @@ class QuantLinearMethod:
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         return packed_matmul(self.fmt, self.tensors(layer), x, self.local_shape(layer), bias)
+
+
+def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu: bool) -> QuantFormat | None:
+    """The format of ``layers`` when all hold packed weights of one format, none has a bias, and the
+    packed decode GEMV takes ``x`` (a GPU, 1..16 rows): then they can share one launch. Else None."""
+    methods = [layer.quant_method for layer in layers]
+    if not all(isinstance(m, QuantLinearMethod) for m in methods) or any(layer.bias is not None for layer in layers):
+        return None
+    fmt = methods[0].fmt
+    if any(m.fmt != fmt for m in methods) or os.environ.get(TORCH_ONLY_ENV) == "1":
+        return None
+    tensor_sets = [m.tensors(layer) for m, layer in zip(methods, layers, strict=True)]
+    shapes = [m.local_shape(layer) for m, layer in zip(methods, layers, strict=True)]
+    return fmt if decode_gemv_applies(fmt, tensor_sets, x, shapes, on_gpu) else None
+
+
+def fused_packed_linear(layers: tuple[nn.Module, ...], x: torch.Tensor) -> list[torch.Tensor] | None:
+    """``[layer(x) for layer in layers]`` (1..3 packed layers, e.g. q/k/v) in one decode GEMV launch, or
+    None when ``shared_decode_format`` says they cannot share one."""
+    fmt = shared_decode_format(layers, x, on_gpu=x.is_cuda)
+    if fmt is None:
+        return None
+    return quant_multi_linear(fmt, [layer.quant_method.tensors(layer) for layer in layers], x,
+                              [layer.quant_method.local_shape(layer) for layer in layers])
+
+
+def fused_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+    """``silu(gate(x)) * up(x)`` in one decode GEMV launch for packed gate/up layers, or None."""
+    fmt = shared_decode_format((gate, up), x, on_gpu=x.is_cuda)
+    if fmt is None or gate.quant_method.local_shape(gate) != up.quant_method.local_shape(up):
+        return None
+    return quant_gate_up_silu(fmt, gate.quant_method.tensors(gate), up.quant_method.tensors(up), x,
+                              gate.quant_method.local_shape(gate))

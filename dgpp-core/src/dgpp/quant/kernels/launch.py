@@ -12,6 +12,7 @@ from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels.decode_launch import decode_gemv_applies, quant_multi_linear
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,7 +118,9 @@ def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device)
 
 def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
                  config: TileConfig | None = None) -> torch.Tensor:
-    """``x [.., K] @ W^T`` with W in ``fmt`` (tensors as returned by ``fmt.prepare``), via the Triton kernel."""
+    """``x [.., K] @ W^T`` with W in ``fmt`` (tensors as returned by ``fmt.prepare``), via the Triton kernels:
+    on a GPU, 1..16 rows of a format the packed decode GEMV covers go there (unless ``config`` pins the
+    generic kernel's tiles); everything else runs ``wo_matmul``."""
     import triton.language as tl
 
     from dgpp.quant.kernels.wo_matmul import wo_matmul_kernel
@@ -130,6 +133,9 @@ def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Te
     lead = x.shape[:-1]
     x2 = x.reshape(-1, k).contiguous()
     m = x2.shape[0]
+    if config is None and decode_gemv_applies(fmt, [tensors], x2, [shape], on_gpu=x.is_cuda):
+        # decode rows (1..16): the packed tensor-core GEMV, whole K per program (batch-invariant)
+        return quant_multi_linear(fmt, [tensors], x2, [shape])[0].reshape(*lead, n)
     args = _format_args(fmt, tensors, shape)
     cfg = config or default_config(fmt, m, shape, x.device)
     kp = args.pop("KP")

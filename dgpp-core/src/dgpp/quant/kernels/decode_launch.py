@@ -1,0 +1,170 @@
+"""Host side of the packed decode GEMVs: which weights they take, tile choice, and the three launches
+(one weight, q/k/v side by side, gate/up + SwiGLU). Kernels in ``decode_gemv.py``.
+
+The selection is explicit (``on_gpu``) so CPU tests can check it without a GPU; everything the GEMVs do
+not cover (more than 16 rows, FP8 blocks narrower than 16 columns, int formats, bf12) stays on the
+generic ``wo_matmul`` path.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+import torch
+
+from dgpp.quant.format import QuantFormat, Shape, cdiv
+from dgpp.quant.fp4 import FP4Grouped
+from dgpp.quant.fp8 import FP8Block, FP8Channel
+
+MAX_ROWS = 16
+DISABLE_ENV = "DGPP_QUANT_GEMV"  # "0": decode rows take the generic weight-only kernel instead
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvTile:
+    """BN output rows per program, BK logical K columns per loop step, pipeline stages, warps, and (FP4)
+    whether nibbles are interleaved for one dot against contiguous x instead of two stride-2 dots."""
+
+    bn: int = 32
+    bk: int = 256
+    stages: int = 4
+    warps: int = 4
+    interleave: bool = False
+
+
+def _pow2_divisor(n: int) -> int:
+    return n & -n
+
+
+def _scale_block(fmt: QuantFormat, shape: Shape) -> tuple[int, int]:
+    if isinstance(fmt, FP8Block):
+        return fmt.block_for(shape)
+    return (1, fmt.group)
+
+
+def format_supported(fmt: QuantFormat, shape: Shape) -> bool:
+    """FP8 (block scales whose K extent holds a 16-column power-of-two sub-block, or per-channel) and
+    FP4 with power-of-two groups of 16..128."""
+    if isinstance(fmt, FP8Channel):
+        return True
+    if isinstance(fmt, FP8Block):
+        return _pow2_divisor(fmt.block_for(shape)[1]) >= 16
+    if isinstance(fmt, FP4Grouped):
+        return fmt.group in (16, 32, 64, 128)
+    return False
+
+
+def _tensors_ok(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape, device: torch.device) -> bool:
+    n, k = shape
+    if isinstance(fmt, FP8Block):
+        w, s = t["weight"], t[fmt.scale_name]
+        grid = (n, 1) if isinstance(fmt, FP8Channel) else fmt.scale_grid(shape)
+        scale_ok = s.is_floating_point() and s.element_size() in (2, 4) and tuple(s.shape) == tuple(grid)
+    else:
+        w, s = t[fmt.data_name], t[fmt.scale_name]
+        scale_ok = s.element_size() == 1 and tuple(s.shape) == (n, k // fmt.group)
+    return (w.element_size() == 1 and w.is_contiguous() and s.is_contiguous() and scale_ok
+            and w.device == device and s.device == device)
+
+
+def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
+                        shapes: list[Shape], on_gpu: bool) -> bool:
+    """True when the packed decode GEMV takes these weights for ``x``: on a GPU only (``on_gpu``; the
+    CPU keeps the torch decode path), 1..16 rows, a supported format and resident layout, one K."""
+    if not on_gpu or os.environ.get(DISABLE_ENV, "1") == "0":
+        return False
+    if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(-1) != 1:
+        return False
+    if x.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return False
+    k = x.shape[1]
+    return all(
+        s[1] == k and format_supported(fmt, s) and _tensors_ok(fmt, t, s, x.device)
+        for t, s in zip(tensor_sets, shapes, strict=True)
+    )
+
+
+def default_tile(fmt: QuantFormat, n_total: int, k: int) -> GemvTile:
+    """Like the bf16 GEMV's choice per stored byte: 32-row tiles when the grid still fills the SMs, and
+    about 256-512 stored bytes of each row per step (FP8: 256 columns, FP4: 512)."""
+    bn = 32 if n_total // 32 >= 128 else 16
+    if isinstance(fmt, FP4Grouped):
+        return GemvTile(bn=bn, bk=512, stages=4, warps=4)
+    return GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4)
+
+
+def _launch_args(fmt: QuantFormat, tile: GemvTile, shape: Shape, x: torch.Tensor) -> dict:
+    """The format's constexprs for a tile."""
+    import triton.language as tl
+
+    from dgpp.quant.kernels import decode_gemv as kern
+    from dgpp.quant.kernels.launch import interpreting
+
+    sbn, sbk = _scale_block(fmt, shape)
+    if isinstance(fmt, FP8Channel):
+        kind, bkd = kern.FMT_FP8_CHANNEL, min(tile.bk, 256)
+    elif isinstance(fmt, FP8Block):
+        kind, bkd = kern.FMT_FP8_BLOCK, min(tile.bk, _pow2_divisor(sbk))
+    else:
+        kind, bkd = (kern.FMT_FP4_E8M0 if fmt.scale_kind == "e8m0" else kern.FMT_FP4_E4M3), tile.bk
+        if tile.bk % fmt.group:
+            raise ValueError(f"tile bk={tile.bk} is not a multiple of the {fmt.name} group {fmt.group}")
+    global_op = kern.GLOBAL_NONE
+    if isinstance(fmt, FP4Grouped) and fmt.global_name:
+        global_op = kern.GLOBAL_MUL if fmt.global_op == "mul" else kern.GLOBAL_DIV
+    dot_fp32 = x.dtype == torch.float32 or interpreting()
+    dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
+    return dict(FMT=kind, SBN=sbn, SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op,
+                BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
+                num_warps=tile.warps, num_stages=tile.stages)
+
+
+def _operand(fmt: QuantFormat, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes as uint8, scales, global scale or the scales again as a placeholder)."""
+    if isinstance(fmt, FP8Block):
+        s = t[fmt.scale_name]
+        return t["weight"].view(torch.uint8), s, s
+    s = t[fmt.scale_name].view(torch.uint8)
+    g = t[fmt.global_name] if fmt.global_name else s
+    if fmt.global_name and g.dtype != torch.float32:
+        g = g.to(torch.float32)
+    return t[fmt.data_name].view(torch.uint8), s, g
+
+
+def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
+                       shapes: list[Shape], tile: GemvTile | None = None) -> list[torch.Tensor]:
+    """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m <= 16, K]``); the outputs are
+    column views of one ``[m, sum N_i]`` buffer."""
+    from dgpp.quant.kernels.decode_gemv import quant_multi_gemv_kernel
+
+    if not 1 <= len(tensor_sets) <= 3:
+        raise ValueError(f"quant_multi_linear takes 1 to 3 weights, got {len(tensor_sets)}")
+    sizes = [s[0] for s in shapes]
+    k = x.shape[1]
+    tile = tile or default_tile(fmt, sum(sizes), k)
+    ops = [_operand(fmt, t) for t in tensor_sets]
+    ops += [ops[0]] * (3 - len(ops))
+    ns = sizes + [0] * (3 - len(sizes))
+    out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
+    grid = (sum(cdiv(n, tile.bn) for n in sizes),)
+    quant_multi_gemv_kernel[grid](
+        x, *ops[0], *ops[1], *ops[2], out, x.shape[0], k, ns[0], ns[1], ns[2], x.stride(0), out.stride(0),
+        **_launch_args(fmt, tile, shapes[0], x),
+    )
+    return list(out.split(sizes, dim=1))
+
+
+def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict[str, torch.Tensor], x: torch.Tensor,
+                       shape: Shape, tile: GemvTile | None = None) -> torch.Tensor:
+    """``silu(x Wg^T) * (x Wu^T)`` in one launch; gate and up share ``shape`` and format."""
+    from dgpp.quant.kernels.decode_gemv import quant_gate_up_silu_kernel
+
+    n, k = shape
+    tile = tile or default_tile(fmt, 2 * n, k)
+    out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
+    quant_gate_up_silu_kernel[(cdiv(n, tile.bn),)](
+        x, *_operand(fmt, gate), *_operand(fmt, up), out, x.shape[0], k, n, x.stride(0), out.stride(0),
+        **_launch_args(fmt, tile, shape, x),
+    )
+    return out

@@ -1,0 +1,160 @@
+"""Packed decode GEMVs (FP8 block/channel, NVFP4, MXFP4) under the Triton interpreter: against the torch
+decode reference, batch invariance, fused q/k/v and gate/up equal to the unfused launches, and the
+selection rule (GPU only, 1..16 rows, supported formats)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dgpp.nn.linear import Linear
+from dgpp.quant.encode import encode
+from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
+from dgpp.quant.fp8 import FP8Block, FP8Channel
+from dgpp.quant.intq import IntPacked
+from dgpp.quant.kernels import GemvTile, decode_gemv_applies, quant_gate_up_silu, quant_multi_linear
+from dgpp.quant.linear import QuantLinearMethod, shared_decode_format
+
+FORMATS = [
+    FP8Block(),  # 128x128 blocks on a ceil grid (n=40, k=200: partial edge blocks both ways)
+    FP8Block(block=(16, 48), scale_format="bf16"),  # a K block that is not a power of two: 16-column dots
+    FP8Block(block=(32, 32), scale_format="e8m0"),
+    FP8Channel(),
+    NVFP4ModelOpt(),
+    NVFP4CompressedTensors(),
+    MXFP4(),
+]
+IDS = [f"{f.name}-{i}" for i, f in enumerate(FORMATS)]
+SMALL = GemvTile(bn=16, bk=64)
+
+
+def _k(fmt) -> int:
+    return 200 if isinstance(fmt, FP8Block) and not isinstance(fmt, FP8Channel) else 256
+
+
+def _weights(fmt, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Packed tensors as a layer holds them, and their exact fp32 decode."""
+    torch.manual_seed(seed)
+    tensors = fmt.prepare(encode(fmt, torch.randn(n, k) * 0.05), (n, k))
+    return tensors, fmt.decode(tensors, (n, k), torch.float32)
+
+
+def _ref(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    return x.float() @ dense.t()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 3, 16])
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_decode_gemv_matches_reference(fmt, rows, dtype):
+    n, k = 40, _k(fmt)
+    tensors, dense = _weights(fmt, n, k, seed=rows)
+    x = torch.randn(rows, k).to(dtype)
+    got = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]
+    assert got.dtype == dtype and got.shape == (rows, n)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)
+    else:  # the only rounding is the bf16 output (the interpreter upcasts after loading)
+        torch.testing.assert_close(got.float(), _ref(x, dense), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize(
+    "tile", [GemvTile(bn=32, bk=128), GemvTile(bn=16, bk=256, interleave=True), GemvTile(bn=64, bk=32)],
+    ids=["bn32-bk128", "bn16-bk256-interleave", "bn64-bk32"],
+)
+@pytest.mark.parametrize("fmt", [FP8Block(), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+def test_tile_override(fmt, tile):
+    n, k = 80, _k(fmt)
+    if tile.bk % getattr(fmt, "group", 1):
+        pytest.skip("FP4 steps hold whole groups")
+    tensors, dense = _weights(fmt, n, k, seed=5)
+    x = torch.randn(2, k)
+    got = quant_multi_linear(fmt, [tensors], x, [(n, k)], tile)[0]
+    torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)
+
+
+def test_fp4_tile_must_hold_whole_groups():
+    fmt = MXFP4()
+    tensors, _ = _weights(fmt, 16, 256, seed=0)
+    with pytest.raises(ValueError, match="group"):
+        quant_multi_linear(fmt, [tensors], torch.randn(1, 256), [(16, 256)], GemvTile(bn=16, bk=16))
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_row_does_not_depend_on_batch(fmt):
+    n, k = 40, _k(fmt)
+    tensors, _ = _weights(fmt, n, k, seed=7)
+    x = torch.randn(16, k)
+    alone = quant_multi_linear(fmt, [tensors], x[:1], [(n, k)], SMALL)[0]
+    batched = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]
+    assert torch.equal(alone[0], batched[0])
+
+
+@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors()],
+                         ids=lambda f: f.name)
+def test_fused_qkv_equals_separate(fmt):
+    k = 128
+    # 40 and 24 rows are not multiples of the 16-row tile: segments are padded to whole tiles
+    shapes = [(48, k), (40, k), (24, k)]
+    sets = [_weights(fmt, n, k, seed=i)[0] for i, (n, _) in enumerate(shapes)]
+    x = torch.randn(3, k)
+    fused = quant_multi_linear(fmt, sets, x, shapes, SMALL)
+    for t, s, got in zip(sets, shapes, fused, strict=True):
+        assert torch.equal(got, quant_multi_linear(fmt, [t], x, [s], SMALL)[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+def test_fused_gate_up_silu_equals_separate(fmt, dtype):
+    n, k = 48, 128
+    gate, _ = _weights(fmt, n, k, seed=1)
+    up, _ = _weights(fmt, n, k, seed=2)
+    x = torch.randn(4, k).to(dtype)
+    got = quant_gate_up_silu(fmt, gate, up, x, (n, k), SMALL)
+    g = quant_multi_linear(fmt, [gate], x, [(n, k)], SMALL)[0].float()
+    u = quant_multi_linear(fmt, [up], x, [(n, k)], SMALL)[0].float()
+    want = (F.silu(g) * u).to(dtype)
+    tol = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+
+def test_selection_gpu_only_rows_and_formats():
+    fmt, n, k = NVFP4ModelOpt(), 32, 128
+    t, _ = _weights(fmt, n, k, seed=0)
+    x = torch.randn(16, k)
+    assert decode_gemv_applies(fmt, [t], x, [(n, k)], on_gpu=True)
+    assert not decode_gemv_applies(fmt, [t], x, [(n, k)], on_gpu=False)  # CPU keeps the torch path
+    assert not decode_gemv_applies(fmt, [t], torch.randn(17, k), [(n, k)], on_gpu=True)  # prefill: wo_matmul
+    assert not decode_gemv_applies(fmt, [t], x[:, :64], [(n, k)], on_gpu=True)  # K mismatch
+    narrow = FP8Block(block=(16, 8))  # 8-column scale blocks: too narrow for a 16-deep dot
+    assert not decode_gemv_applies(narrow, [_weights(narrow, n, k, 0)[0]], x, [(n, k)], on_gpu=True)
+    ints = IntPacked(bits=4, group=64)
+    assert not decode_gemv_applies(ints, [_weights(ints, n, k, 0)[0]], x, [(n, k)], on_gpu=True)
+    strided = {**t, fmt.data_name: t[fmt.data_name].t().contiguous().t()}
+    assert not decode_gemv_applies(fmt, [strided], x, [(n, k)], on_gpu=True)
+
+
+def _layer(fmt, n: int, k: int, seed: int, bias: bool = False) -> Linear:
+    layer = Linear(k, n, bias=bias, quant_method=QuantLinearMethod(fmt))
+    torch.manual_seed(seed)
+    shipped = encode(fmt, torch.randn(n, k) * 0.05)
+    for suffix in layer.quant_tensor_names:
+        param = getattr(layer, suffix)
+        param.weight_loader(param, shipped[suffix])
+    return layer
+
+
+def test_layers_share_a_launch_only_with_one_format_and_no_bias():
+    k = 128
+    q, kp, v = (_layer(NVFP4ModelOpt(), n, k, i) for i, n in enumerate((64, 32, 32)))
+    x = torch.randn(2, k)
+    assert shared_decode_format((q, kp, v), x, on_gpu=True) == NVFP4ModelOpt()
+    assert shared_decode_format((q, kp, v), x, on_gpu=False) is None
+    assert shared_decode_format((q, _layer(MXFP4(), 32, k, 3)), x, on_gpu=True) is None
+    assert shared_decode_format((q, _layer(NVFP4ModelOpt(), 32, k, 4, bias=True)), x, on_gpu=True) is None
+    # the layers' resident tensors go through the fused launch and match each layer's own forward
+    fused = quant_multi_linear(NVFP4ModelOpt(), [lyr.quant_method.tensors(lyr) for lyr in (q, kp, v)], x,
+                               [(64, k), (32, k), (32, k)], SMALL)
+    for lyr, got in zip((q, kp, v), fused, strict=True):
+        torch.testing.assert_close(got, lyr(x), rtol=1e-5, atol=1e-5)
