@@ -1,12 +1,16 @@
-"""MoE experts in a packed format: per-expert tensors stacked along a leading expert dim, decoded per expert.
+"""MoE experts in a packed format: per-expert tensors stacked along a leading expert dim.
 
-A drop-in for ``dgpp.nn.moe.FusedExperts`` (same ``forward(x, weights, ids)``): only the experts that
-tokens picked run, each through the Triton kernel on GPU or the per-expert decode path
-(``expert_weight``) on CPU. Tensors load from the per-expert names releases ship
-(``experts.N.gate_proj.weight_scale`` ...).
+A drop-in for ``dgpp.nn.moe.FusedExperts`` (same ``forward(x, weights, ids)``). On CUDA the routed
+experts run through one fused grouped GEMM that decodes the packed weights in registers
+(``dgpp.quant.kernels.moe_launch``): no host sync, so the layer captures in a CUDA graph. The
+reference (CPU, and CUDA under ``DGPP_QUANT_TORCH=1``) loops over the experts that were picked,
+decoding each one's weights (``expert_weight``). Tensors load from the per-expert names releases
+ship (``experts.N.gate_proj.weight_scale`` ...).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -15,7 +19,8 @@ from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.family import World
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.quant.format import QuantFormat, Shape
-from dgpp.quant.linear import check_tp_alignment, make_param, packed_matmul, reblock_for_tp, tp_dim
+from dgpp.quant.kernels.moe_launch import fused_quant_moe, has_moe_kernel
+from dgpp.quant.linear import TORCH_ONLY_ENV, check_tp_alignment, make_param, packed_matmul, reblock_for_tp, tp_dim
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -36,10 +41,17 @@ class _ExpertStack(nn.Module):
     def expert_tensors(self, expert: int) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name)[expert] for name in self.names}
 
+    def stacks(self) -> dict[str, torch.Tensor]:
+        return {name: getattr(self, name) for name in self.names}
+
 
 class QuantExperts(nn.Module):
     """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt``; TP splits the
-    intermediate dim (gate/up column, down row) like ``FusedExperts``."""
+    intermediate dim (gate/up column, down row) like ``FusedExperts``. ``use_fused``: None picks the
+    fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``); True/False force it (tests run it on CPU
+    under the Triton interpreter)."""
+
+    use_fused: bool | None = None
 
     def __init__(self, fmt: QuantFormat, num_experts: int, hidden_size: int, intermediate_size: int,
                  *, world: World | None = None) -> None:
@@ -49,7 +61,7 @@ class QuantExperts(nn.Module):
             raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
         self.fmt = fmt
         self.num_experts = num_experts
-        inter = intermediate_size // self.world.size
+        self.inter = inter = intermediate_size // self.world.size
         self.gate_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
         self.up_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
         self.down_proj = _ExpertStack(fmt, num_experts, (hidden_size, inter), "row", self.world)
@@ -70,7 +82,19 @@ class QuantExperts(nn.Module):
         stack: _ExpertStack = getattr(self, proj)
         return packed_matmul(stack.fmt, stack.expert_tensors(expert), x, stack.shape)
 
+    def fused(self, x: torch.Tensor) -> bool:
+        if self.use_fused is not None:
+            return self.use_fused
+        return x.is_cuda and has_moe_kernel(self.fmt) and os.environ.get(TORCH_ONLY_ENV) != "1"
+
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        if self.fused(x):
+            return fused_quant_moe((self.gate_proj.fmt, self.gate_proj.stacks(), self.up_proj.stacks()),
+                                   (self.down_proj.fmt, self.down_proj.stacks()), x, weights, ids, self.inter)
+        return self.forward_reference(x, weights, ids)
+
+    def forward_reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """One pass per expert that was picked (at most ``E`` however many tokens), each decoding its weights."""
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)

@@ -1,0 +1,132 @@
+"""Grouped GEMM over routed experts whose weights stay packed: the quantized twin of ``dgpp.kernels.moe``.
+
+Rows are the ``T*K`` (token, expert) assignments sorted by expert in blocks of ``BM`` rows
+(``dgpp.kernels.moe.align_to_experts``), so one launch serves every expert and each block reads its
+expert's packed weight tiles once. Each stored [BN, BKP] tile is decoded in registers by the same
+helpers as the weight-only linear (``wo_matmul``: FP8 block/channel, E2M1 with E4M3/E8M0 group scales
+and a global, packed int and GPTQ words), rounded to the activation dtype like the torch reference
+decode, then fed to ``tl.dot``. The first GEMM gathers token rows and fuses SwiGLU (gate and up are
+two stacks, each with its own scales and global); the second scales each row by its routing weight
+and writes it at its assignment index, so the caller sums each token's ``K`` rows in a fixed order.
+Every expert-dependent quantity is read on the device: nothing here needs the host.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from dgpp.quant.kernels.wo_matmul import _decode, _group_scales, _tile_scales
+
+
+@triton.jit
+def _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride_zk,
+            FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+            SCALE_MODE: tl.constexpr, PACK: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr,
+            BN: tl.constexpr, BKP: tl.constexpr):
+    """Scales (and zeros) loaded once for a K tile: per row (mode 1), per group broadcast (mode 2), or
+    nothing here (mode 0: ``_decode`` gathers them per weight)."""
+    if SCALE_MODE == 1:
+        s_pre, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
+                                    FMT, BITS, ZERO_OFFSET, SBN, SBK)
+    elif SCALE_MODE == 2:
+        s_pre = _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0,
+                              BN, BKP, SBK // PACK)
+        z_row = tl.zeros((BN,), dtype=tl.int32)
+    else:
+        s_pre = tl.zeros((BN,), dtype=tl.float32)
+        z_row = tl.zeros((BN,), dtype=tl.int32)
+    return s_pre, z_row
+
+
+@triton.jit
+def _dot(a, w, ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr):
+    """``a [BM, BKP] @ w [BN, BKP]^T``: tensor cores in the activation dtype, or exact fp32 (fp32
+    activations, and the interpreter whose bf16 dot is wrong)."""
+    if DOT_LOW:
+        return tl.dot(a.to(ROUND_DTYPE), tl.trans(w))
+    return tl.dot(a.to(tl.float32), tl.trans(w.to(tl.float32)), input_precision="ieee")
+
+
+@triton.jit
+def quant_moe_gemm_kernel(
+    a_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_w_ptr,
+    w_ptr, s_ptr, z_ptr, g_ptr, w2_ptr, s2_ptr, z2_ptr, g2_ptr,
+    num_assign, top_k, N, KP, a_row_stride, c_row_stride,
+    stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zk, stride_ge,
+    SBN: tl.constexpr, SBK: tl.constexpr, FMT: tl.constexpr, PACK: tl.constexpr, BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, SCALE_MODE: tl.constexpr,
+    GATHER_TOKENS: tl.constexpr, SWIGLU: tl.constexpr, SCATTER_WEIGHTED: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
+):
+    """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
+    ``w/s/z/g``: the (gate or down) stack; ``w2/s2/z2/g2``: the up stack (SWIGLU only); every stack is
+    [E, *stored] with expert stride ``stride_*e``. Blocks past the used ones run no iterations."""
+    pid_m = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    expert = tl.load(block_expert_ptr + pid_m).to(tl.int64)
+    kp_end = tl.where(expert >= 0, KP, 0)
+    expert = tl.maximum(expert, 0)
+    rows = pid_m * BM + tl.arange(0, BM)
+    sid = tl.load(sorted_ids_ptr + rows)
+    rvalid = sid < num_assign
+    if GATHER_TOKENS:  # the first GEMM reads token rows; the second reads its own sorted rows
+        a_rows = (sid // top_k).to(tl.int64)
+    else:
+        a_rows = rows.to(tl.int64)
+    offs_n = pid_n * BN + tl.arange(0, BN)
+    n_ok = offs_n < N
+    w_base = w_ptr + expert * stride_we
+    s_base = s_ptr + expert * stride_se
+    z_base = z_ptr + expert * stride_ze
+    w2_base = w2_ptr + expert * stride_we
+    s2_base = s2_ptr + expert * stride_se
+    z2_base = z2_ptr + expert * stride_ze
+    g = 1.0
+    g2 = 1.0
+    if GLOBAL_OP != 0:
+        g = tl.load(g_ptr + expert * stride_ge).to(tl.float32)
+        if SWIGLU:
+            g2 = tl.load(g2_ptr + expert * stride_ge).to(tl.float32)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    for kp0 in range(0, kp_end, BKP):
+        offs_kp = kp0 + tl.arange(0, BKP)
+        kp_ok = offs_kp < KP
+        tile_ok = n_ok[:, None] & kp_ok[None, :]
+        w_off = offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk
+        stored = tl.load(w_base + w_off, mask=tile_ok, other=0)
+        s_pre, z_row = _scales(s_base, z_base, offs_n, n_ok, kp0, KP, stride_sn, stride_sk, stride_zk, FMT, BITS,
+                               SCALE_E8M0, ZERO_OFFSET, SCALE_MODE, PACK, SBN, SBK, BN, BKP)
+        if SWIGLU:
+            stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
+            s_up, z_up = _scales(s2_base, z2_base, offs_n, n_ok, kp0, KP, stride_sn, stride_sk, stride_zk, FMT,
+                                 BITS, SCALE_E8M0, ZERO_OFFSET, SCALE_MODE, PACK, SBN, SBK, BN, BKP)
+        else:  # unused: keeps every name defined on both constexpr branches
+            stored_up = stored
+            s_up = s_pre
+            z_up = z_row
+        for i in tl.static_range(PACK):
+            offs_k = offs_kp * PACK + i
+            a = tl.load(a_ptr + a_rows[:, None] * a_row_stride + offs_k[None, :],
+                        mask=rvalid[:, None] & kp_ok[None, :], other=0.0)
+            w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_base, z_base, s_base, g, s_pre, z_row,
+                        stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP, ZERO_OFFSET, False,
+                        SCALE_MODE, SBN, SBK)
+            acc += _dot(a, w.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
+            if SWIGLU:
+                w_up = _decode(stored_up, i, offs_n, offs_k, kp_ok, tile_ok, s2_base, z2_base, s2_base, g2, s_up,
+                               z_up, stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP,
+                               ZERO_OFFSET, False, SCALE_MODE, SBN, SBK)
+                acc_up += _dot(a, w_up.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
+    if SWIGLU:
+        # the reference rounds gate and up to the activation dtype before silu(gate) * up
+        gate = acc.to(ROUND_DTYPE).to(tl.float32)
+        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(ROUND_DTYPE).to(tl.float32)
+    c_rows = rows.to(tl.int64)
+    if SCATTER_WEIGHTED:
+        acc = acc * tl.load(topk_w_ptr + sid, mask=rvalid, other=0.0).to(tl.float32)[:, None]
+        c_rows = sid.to(tl.int64)
+    tl.store(c_ptr + c_rows[:, None] * c_row_stride + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
+             mask=rvalid[:, None] & n_ok[None, :])

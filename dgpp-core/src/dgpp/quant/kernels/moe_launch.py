@@ -1,0 +1,142 @@
+"""Host side of the packed-expert grouped GEMM: stacked-tensor arguments, tile choice and the two launches.
+
+``fused_quant_moe`` routes ``x [T, H]`` through the experts each token picked, with every expert's
+gate/up/down weights kept in their packed format as stacks ``[E, *stored]``. Shapes and launch grids
+depend only on ``T``, ``top_k`` and ``E`` (the block layout uses its worst case), and no value is read
+back to the host, so a decode step that calls it can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from dgpp.kernels.moe import align_to_experts
+from dgpp.quant.format import QuantFormat, Shape, cdiv
+from dgpp.quant.fp4 import FP4Grouped
+from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels.launch import _format_args, interpreting
+
+def has_moe_kernel(fmt: QuantFormat) -> bool:
+    """Formats the fused expert GEMM decodes (bf12 is a dense-matrix form, never an expert format)."""
+    return isinstance(fmt, (FP8Block, FP4Grouped, IntPacked, GPTQ))
+
+
+def _role_names(fmt: QuantFormat) -> dict[str, str]:
+    """Which stored tensor is the code (w), scale (s), zero point (z) and global (g) argument."""
+    if isinstance(fmt, FP8Block):
+        return {"w": "weight", "s": fmt.scale_name}
+    if isinstance(fmt, FP4Grouped):
+        names = {"w": fmt.data_name, "s": fmt.scale_name}
+        return {**names, "g": fmt.global_name} if fmt.global_name else names
+    if isinstance(fmt, IntPacked):
+        return {"w": "weight_packed", "s": "weight_scale"}
+    if isinstance(fmt, GPTQ):
+        return {"w": "qweight", "s": "scales", "z": "qzeros"}
+    raise NotImplementedError(f"no fused MoE kernel for format {fmt.name}")
+
+
+def stack_args(fmt: QuantFormat, stack: dict[str, torch.Tensor], shape: Shape) -> dict:
+    """Kernel arguments for one projection of every expert: the per-expert layout (strides, block sizes,
+    flags) is the weight-only linear's, read off expert 0; pointers are the whole stacks, whose
+    expert strides go in ``stride_*e``."""
+    args = _format_args(fmt, {name: t[0] for name, t in stack.items()}, shape)
+    args.update(stride_we=0, stride_se=0, stride_ze=0, stride_ge=0)
+    for role, name in _role_names(fmt).items():
+        t = stack[name]
+        if t.element_size() == 1 and role in ("w", "s"):
+            t = t.view(torch.uint8)  # E4M3 / E2M1 / E8M0 bytes are decoded in the kernel
+        args[role] = t
+        args[f"stride_{role}e"] = t.stride(0)
+    return args
+
+
+@dataclasses.dataclass(frozen=True)
+class MoETiles:
+    """BM sorted rows (one expert per block), BN output columns, BKP stored elements along K per step."""
+
+    bm: int
+    bn: int
+    bkp: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def moe_tiles(pack: int, n_assign: int, num_experts: int) -> MoETiles:
+    """Decode (few rows per expert: the weights read is the cost) uses 16-row blocks, the smallest a
+    tensor-core dot takes, so an expert's bytes are read once per block; larger batches 64-row blocks.
+    A K step covers 128 weights whatever the packing."""
+    bkp = max(16, 128 // pack)
+    if n_assign <= 4 * num_experts:
+        return MoETiles(bm=16, bn=32, bkp=bkp)
+    return MoETiles(bm=64, bn=64, bkp=bkp)
+
+
+def _scale_mode(args: dict, bkp: int) -> int:
+    """1: a K tile sits inside one scale column (scales once per row); 2: whole groups tile it (once per
+    group, broadcast); 0: gathered per weight (the general case, e.g. small FP8 test blocks)."""
+    from dgpp.quant.kernels.wo_matmul import FMT_FP4, FMT_INT
+
+    sbk, pack, fmt = args["SBK"], args["PACK"], args["FMT"]
+    if fmt != FMT_FP4 and sbk % (bkp * pack) == 0:
+        return 1
+    if fmt in (FMT_FP4, FMT_INT) and sbk % pack == 0 and bkp % (sbk // pack) == 0:
+        return 2
+    return 0
+
+
+def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorted_ids: torch.Tensor,
+            block_expert: torch.Tensor, topk_w: torch.Tensor, num_assign: int, top_k: int, n_out: int,
+            tiles: MoETiles, *, gather: bool, swiglu: bool, scatter: bool) -> None:
+    import triton.language as tl
+
+    from dgpp.quant.kernels.moe_gemm import quant_moe_gemm_kernel
+
+    round_dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(a.dtype, tl.float32)
+    up = up or args
+    grid = (sorted_ids.shape[0] // tiles.bm, cdiv(n_out, tiles.bn))
+    quant_moe_gemm_kernel[grid](
+        a, c, sorted_ids, block_expert, topk_w,
+        args["w"], args["s"], args["z"], args["g"], up["w"], up["s"], up["z"], up["g"],
+        num_assign, top_k, n_out, args["KP"], a.stride(0), c.stride(0),
+        args["stride_we"], args["stride_wn"], args["stride_wk"], args["stride_se"], args["stride_sn"],
+        args["stride_sk"], args["stride_ze"], args["stride_zk"], args["stride_ge"],
+        SBN=args["SBN"], SBK=args["SBK"], FMT=args["FMT"], PACK=args["PACK"], BITS=args["BITS"],
+        SCALE_E8M0=args["SCALE_E8M0"], GLOBAL_OP=args["GLOBAL_OP"], ZERO_OFFSET=args["ZERO_OFFSET"],
+        ROUND_DTYPE=round_dtype, DOT_LOW=round_dtype is not tl.float32 and not interpreting(),
+        SCALE_MODE=_scale_mode(args, tiles.bkp), GATHER_TOKENS=gather, SWIGLU=swiglu, SCATTER_WEIGHTED=scatter,
+        BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+
+
+def fused_quant_moe(gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[str, torch.Tensor]],
+                    down: tuple[QuantFormat, dict[str, torch.Tensor]], x: torch.Tensor, topk_weights: torch.Tensor,
+                    topk_ids: torch.Tensor, inter: int, tiles: MoETiles | None = None) -> torch.Tensor:
+    """``sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t)`` with ``e = topk_ids[t, k]``.
+
+    ``gate_up``: (format, gate stacks, up stacks) and ``down``: (format, down stacks), each stack a stored
+    tensor with a leading expert dim (logical gate/up [E, I, H], down [E, H, I]; the two formats differ
+    only when TP re-blocks an FP8 grid). Weighted per-assignment rows are summed per token in a fixed
+    order (no atomics)."""
+    tokens, hidden = x.shape
+    top_k = topk_ids.shape[1]
+    if tokens == 0:
+        return torch.empty_like(x)
+    x = x.contiguous()
+    gate_args = stack_args(gate_up[0], gate_up[1], (inter, hidden))
+    up_args = stack_args(gate_up[0], gate_up[2], (inter, hidden))
+    down_args = stack_args(down[0], down[1], (hidden, inter))
+    num_experts = gate_args["w"].shape[0]
+    n_assign = tokens * top_k
+    tiles = tiles or moe_tiles(gate_args["PACK"], n_assign, num_experts)
+    sorted_ids, block_expert = align_to_experts(topk_ids, num_experts, tiles.bm)
+    weights = topk_weights.contiguous().view(-1)
+    act = torch.empty(sorted_ids.shape[0], inter, dtype=x.dtype, device=x.device)
+    _launch(gate_args, up_args, x, act, sorted_ids, block_expert, weights, n_assign, top_k, inter, tiles,
+            gather=True, swiglu=True, scatter=False)
+    per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
+    _launch(down_args, None, act, per_assign, sorted_ids, block_expert, weights, n_assign, top_k, hidden, tiles,
+            gather=False, swiglu=False, scatter=True)
+    return per_assign.view(tokens, top_k, hidden).sum(1).to(x.dtype)
