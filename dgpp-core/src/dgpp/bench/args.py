@@ -17,5 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
     parser.add_argument("--prefill-attn", default="torch",
                         help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)")
+    parser.add_argument("--quant", default="",
+                        help="weight formats to benchmark in turn, comma separated: bf16 (the dense model), fp8_block, "
+                             "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device)")
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")

@@ -4,6 +4,10 @@ Random weights of a real geometry, a sweep of prompt x batch x generated cases, 
 against the copy-bandwidth roofline and HF transformers on the same weights:
 
     dgpp bench --geometry qwen3-8b --cases 128x1x256,128x64x256 --hf-cases 128x1x256
+    dgpp bench --quant bf16,fp8_block,nvfp4 ...   # the same sweep per weight format, one table
+
+``--quant`` encodes every decoder-layer linear of the random bf16 model on the device (dgpp/bench/quantize.py)
+and serves it through the quantized LinearMethod a loaded checkpoint gets; transformers runs the decoded values.
 
 Prints the table (markdown) last; ``--out FILE`` also writes it with the run's date, device and commit.
 """
@@ -15,12 +19,26 @@ import datetime
 import os
 import subprocess
 import sys
+import time
 
 import torch
 
 from dgpp.bench.args import add_arguments
 from dgpp.bench.decode import copy_bandwidth_gbs, format_table, hf_tok_s, run_case
-from dgpp.bench.models import build_pair
+from dgpp.bench.models import build_pair, hf_config, weight_bytes_per_step
+from dgpp.bench.quantize import (
+    DENSE,
+    compare_with_torch_path,
+    parse_variants,
+    quantize_model,
+    shares_storage,
+    sync_hf_weights,
+)
+from dgpp.engine.model import Model
+
+# kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so logits
+# differ by rounding; a layout or scale bug moves them by their own size
+GROSS_MISMATCH = 0.25
 
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
@@ -31,20 +49,21 @@ def parse_cases(text: str) -> list[tuple[int, int, int]]:
     return cases
 
 
-def run(args: argparse.Namespace) -> int:
-    device = args.device
-    copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
-    print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
-    model, hf = build_pair(args.geometry, device, torch.bfloat16 if device == "cuda" else torch.float32)
-    vocab = model.info.vocab_size
-    results, failures = [], []
+def bench_weights(
+    model: Model, hf: torch.nn.Module | None, args: argparse.Namespace, copy_gbs: float, tag: str,
+) -> tuple[list, list[str], list[str]]:
+    """Every check, case, prefill and profile of one weight variant: (results, table sections, failures).
+    ``tag`` (the format under ``--quant``) starts each row's mode and each section's title; ``hf`` None: no
+    transformers column (it lacks the model type, or it does not hold this variant's weights)."""
+    device, vocab = args.device, model.info.vocab_size
+    results, sections, failures = [], [], []
     for prompt, batch, new in parse_cases(args.check_cases):
         graph = run_case(model, prompt, batch, new, graph=True, copy_gbs=copy_gbs)
         eager = run_case(model, prompt, batch, new, graph=False, copy_gbs=copy_gbs)
         same = graph.tokens == eager.tokens
-        print(f"greedy graph == eager for {prompt}x{batch}x{new}: {same}", flush=True)
+        print(f"{tag}greedy graph == eager for {prompt}x{batch}x{new}: {same}", flush=True)
         if not same:
-            failures.append(f"{prompt}x{batch}x{new}")
+            failures.append(f"{tag}{prompt}x{batch}x{new}")
     hf_cases = set(parse_cases(args.hf_cases))
     gemv_modes = {"on": ("1",), "off": ("0",), "both": ("1", "0")}[args.gemv]
     for prompt, batch, new in parse_cases(args.cases):
@@ -52,17 +71,16 @@ def run(args: argparse.Namespace) -> int:
         for graph, gemv in modes:
             os.environ["DGPP_GEMV"] = gemv
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
-            res.label = f"{'graph' if graph else 'eager'}{'' if gemv == '1' else ', cuBLAS GEMV'}"
+            res.label = f"{tag}{'graph' if graph else 'eager'}{'' if gemv == '1' else ', cuBLAS GEMV'}"
             results.append(res)
-            print(f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step "
-                  f"(replay {res.replay_ms:.2f}), {res.tok_s:.1f} tok/s, {res.copy_pct:.1f}% of copy bw", flush=True)
+            print(f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step (replay {res.replay_ms:.2f}), "
+                  f"{res.tok_s:.1f} tok/s, {res.step_bytes / 1e9:.3f} GB/step, {res.copy_pct:.1f}% of copy bw", flush=True)
         os.environ["DGPP_GEMV"] = gemv_modes[0]
-        if (prompt, batch, new) in hf_cases:
+        if hf is not None and (prompt, batch, new) in hf_cases:
             rate = hf_tok_s(hf, prompt, batch, new, vocab)
             for res in results[-len(modes):]:
                 res.hf_tok_s = rate
-            print(f"{prompt}x{batch}x{new} transformers: {rate:.1f} tok/s", flush=True)
-    table = format_table(results, copy_gbs)
+            print(f"{prompt}x{batch}x{new} {tag}transformers: {rate:.1f} tok/s", flush=True)
     if args.prefill and device == "cuda":
         from dgpp.bench.decode import matmul_peak_tflops, prefill_tflops
 
@@ -70,10 +88,10 @@ def run(args: argparse.Namespace) -> int:
         for attn in filter(None, args.prefill_attn.split(",")):
             os.environ["DGPP_PREFILL_ATTN"] = attn
             seconds, rate = prefill_tflops(model, args.prefill)
-            table += (f"\n\nprefill of {args.prefill} tokens (batch 1, eager, {attn} attention): {seconds * 1e3:.0f} ms, "
-                      f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate measured "
-                      "in the same run")
-            print(table.rsplit("\n", 1)[-1], flush=True)
+            sections.append(f"{tag}prefill of {args.prefill} tokens (batch 1, eager, {attn} attention): {seconds * 1e3:.0f} ms, "
+                            f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate "
+                            "measured in the same run")
+            print(sections[-1], flush=True)
         os.environ.pop("DGPP_PREFILL_ATTN", None)
     for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
@@ -81,17 +99,64 @@ def run(args: argparse.Namespace) -> int:
         for graph in (False, True):
             try:
                 per_step, rows = kernel_breakdown(model, batch, prompt, graph=graph)
-                label = f"{prompt}x{batch} decode, {'graph replay' if graph else 'eager'}"
-                table += "\n\n" + format_breakdown(label, per_step, rows)
+                label = f"{tag}{prompt}x{batch} decode, {'graph replay' if graph else 'eager'}"
+                sections.append(format_breakdown(label, per_step, rows))
             except Exception as e:  # the profiler is optional: keep the table
-                table += f"\n\nprofile {prompt}x{batch} graph={graph} failed: {e!r}"
+                sections.append(f"{tag}profile {prompt}x{batch} graph={graph} failed: {e!r}")
+    return results, sections, failures
+
+
+def run(args: argparse.Namespace) -> int:
+    device = args.device
+    quant = getattr(args, "quant", "")
+    variants = parse_variants(quant)
+    copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
+    print(f"copy bandwidth {copy_gbs:.0f} GB/s", flush=True)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    dense, hf = build_pair(args.geometry, device, dtype)
+    dense_name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    results, sections, failures = [], [], []
+    hf_holds, wants_hf = DENSE, hf is not None and bool(parse_cases(args.hf_cases))
+    if wants_hf and len(variants) > 1 and shares_storage(dense, hf):
+        # decoded weights written into transformers would overwrite the dense source every format is encoded from
+        print("transformers shares dgpp's tensors (no room for two copies): no HF column for quantized formats")
+        wants_hf = False
+    for variant in variants:
+        model = dense
+        if variant != DENSE:
+            t0 = time.perf_counter()
+            model = quantize_model(dense, hf_config(args.geometry, dtype), variant)
+            print(f"{variant}: decoder-layer linears encoded on {device} in {time.perf_counter() - t0:.1f} s, "
+                  f"weights read per step {weight_bytes_per_step(model)} bytes "
+                  f"(dense: {weight_bytes_per_step(dense)})", flush=True)
+            check = compare_with_torch_path(model)
+            sections.append(f"{variant}: kernels vs the torch decode path (4 random 32-token prompts): max |diff| / max "
+                            f"|logit| {check['prefill_rel_diff']:.2e} prefill, {check['decode_rel_diff']:.2e} decode step; "
+                            f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}")
+            print(sections[-1], flush=True)
+            if max(check["prefill_rel_diff"], check["decode_rel_diff"]) > GROSS_MISMATCH:
+                failures.append(f"{variant} kernels vs torch path")
+        if wants_hf and hf_holds != variant:  # transformers runs the values this variant decodes to
+            sync_hf_weights(hf, model)
+            hf_holds = variant
+        tag = f"{dense_name if variant == DENSE else variant} " if quant else ""
+        found, extra, failed = bench_weights(model, hf if hf_holds == variant else None, args, copy_gbs, tag)
+        results += found
+        sections += extra
+        failures += failed
+        del model
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    table = "\n\n".join([format_table(results, copy_gbs), *sections])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    weights = (f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: every "
+               f"decoder-layer linear; embedding, lm_head and norms {dense_name}; transformers runs the decoded values)")
     header = (f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "
               f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, commit {commit or 'unknown'}, "
-              f"geometry {args.geometry} {model.info.dtype} random weights")
+              f"geometry {args.geometry} {dense.info.dtype} random weights" + (f", {weights}" if quant else ""))
     print("\n" + header + "\n" + table)
     if failures:
-        print(f"graph/eager greedy mismatch in: {failures}")
+        print(f"failed checks (graph/eager greedy, kernels vs torch path): {failures}")
     if args.out:
         with open(args.out, "w") as f:
             f.write(header + "\n\n" + table + "\n")

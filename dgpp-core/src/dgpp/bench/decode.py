@@ -1,6 +1,7 @@
 """Decode benchmark: prompt length x batch x generated length, against the memory roofline and HF.
 
-Per case it prints the bytes one decode step must read (weights once, plus every sequence's K/V),
+Per case it prints the bytes one decode step must read (weights once, MoE layers only the routed experts
+the step picked, plus every sequence's K/V and hybrid GDN state read and written; ``dgpp.bench.step_bytes``),
 ms per step, tok/s, the achieved GB/s and its share of the device-to-device copy bandwidth measured
 in the same run, and transformers' tok/s (``generate``, greedy, eager) on the same weights.
 The step is timed through ``ModelRunner.step`` (host batch building included); ``replay ms`` is
@@ -14,9 +15,12 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dgpp.bench.step_bytes import RouterTap, decode_step_bytes, kv_bytes_per_token, moe_layers
 from dgpp.engine.model import Model
 from dgpp.engine.pools import CachePools
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+
+__all__ = ["DecodeResult", "DecodeSession", "kv_bytes_per_token", "run_case", "hf_tok_s", "format_table"]
 
 
 @dataclass
@@ -36,6 +40,7 @@ class DecodeResult:
     hf_tok_s: float = 0.0
     label: str = ""
     tokens: list[list[int]] = field(default_factory=list)
+    experts_read: float = 0.0  # MoE: distinct routed experts per layer in a measured step (0: not an MoE)
 
 
 def _sync() -> None:
@@ -61,13 +66,10 @@ def copy_bandwidth_gbs(device: str, nbytes: int = 4 << 30, reps: int = 20) -> fl
     return nbytes / (sorted(times)[len(times) // 2] * 1e-3) / 1e9
 
 
-def kv_bytes_per_token(model: Model) -> int:
-    return sum(spec.bytes_per_token() for spec in model.cache_spec().values() if hasattr(spec, "bytes_per_token"))
-
-
 class DecodeSession:
     """Pools and block tables for ``batch`` sequences of up to ``max_len`` tokens, every table full
-    width (so eager and graph steps split attention identically)."""
+    width (so eager and graph steps split attention identically). Sequence ``b`` owns state slot ``b``
+    (hybrid models' GDN state; the runner zeroes it at the sequence's first prefill)."""
 
     def __init__(self, model: Model, batch: int, max_len: int, block_size: int, graph: bool) -> None:
         self.blocks_per_seq = -(-max_len // block_size)
@@ -89,6 +91,15 @@ class DecodeSession:
                 out[b].append(t)
         return out
 
+    def routed_experts(self, tokens: list[list[int]], context: int) -> float:
+        """One more decode step of every sequence, eager, with the routers tapped: the mean distinct routed
+        experts per MoE layer (the step reads exactly those). ``tokens[b][-1]`` is fed at ``context``."""
+        work = [SeqWork(b, self.tables[b], context, [seq[-1]]) for b, seq in enumerate(tokens)]
+        batch = build_batch(work, self.pools, self.runner.device)
+        with RouterTap(self.runner.model, rows=len(tokens)) as tap:
+            self.runner.model(batch)
+        return tap.mean_distinct()
+
 
 def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
@@ -100,10 +111,9 @@ def run_case(
     seed: int = 0,
 ) -> DecodeResult:
     """Prefill ``batch`` random prompts, then time ``generated - 1`` decode steps (greedy)."""
-    from dgpp.bench.models import weight_bytes_per_step
-
     res = DecodeResult(prompt, batch, generated, graph)
-    session = DecodeSession(model, batch, prompt + generated, block_size, graph)
+    # one slot more than generated: the MoE routing measurement steps once past the timed decode
+    session = DecodeSession(model, batch, prompt + generated + 1, block_size, graph)
     prompts = _prompts(batch, prompt, model.info.vocab_size, seed)
     first = session.prefill(prompts)
     session.decode(first, prompt, 2)  # warm-up: compiles kernels, captures graphs
@@ -116,7 +126,9 @@ def run_case(
     res.ms_per_step = elapsed / steps * 1e3
     res.tok_s = batch * steps / elapsed
     mean_context = prompt + 1 + (steps - 1) / 2
-    res.step_bytes = weight_bytes_per_step(model) + batch * mean_context * kv_bytes_per_token(model)
+    if moe_layers(model):
+        res.experts_read = session.routed_experts(res.tokens, prompt + steps)
+    res.step_bytes = decode_step_bytes(model, batch, mean_context, res.experts_read or None)
     res.gb_s = res.step_bytes / (res.ms_per_step * 1e-3) / 1e9
     res.copy_pct = 100.0 * res.gb_s / copy_gbs
     graphs = session.runner.graphs
@@ -139,7 +151,10 @@ def _time_replay(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
 
 @torch.inference_mode()
 def hf_tok_s(hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab: int, seed: int = 0) -> float:
-    """transformers ``generate`` (greedy, eager, its default cache), decode rate after the first token."""
+    """transformers ``generate`` (greedy, eager, its default cache), decode rate after the first token;
+    0.0 (shown as '-') without a transformers model (its version lacks the geometry's model type)."""
+    if hf is None:
+        return 0.0
     ids = torch.tensor(_prompts(batch, prompt, vocab, seed), device=next(hf.parameters()).device)
     mask = torch.ones_like(ids)
     kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
@@ -169,6 +184,12 @@ def format_table(results: list[DecodeResult], copy_gbs: float) -> str:
             f"| {r.ms_per_step:.2f} | {replay} | {r.tok_s:.1f} | {r.gb_s:.0f} | {r.copy_pct:.1f}% | {hf} | {ratio} |"
         )
     lines.append(f"\nmeasured device-to-device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
+    routed = [r for r in results if r.experts_read]
+    if routed:
+        lines.append("MoE bytes/step count only the routed experts read: distinct experts per layer, measured from the "
+                     "routers in one eager step after each case: "
+                     + ", ".join(f"{r.prompt}x{r.batch} {r.label or ('graph' if r.graph else 'eager')} {r.experts_read:.1f}"
+                                 for r in routed))
     return "\n".join(lines)
 
 

@@ -1,7 +1,10 @@
 """Random-weight models of real geometries, built straight in device memory, for benchmarks.
 
-transformers builds the model from a config (its own random init), and dgpp's model is filled
-from that model's state dict, so both run the very same weights. Nothing touches the disk.
+transformers builds the model from a config (its own random init), and dgpp's model takes that model's
+tensors, so both run the very same weights. Nothing touches the disk. When two copies do not fit on the
+device (a 27B hybrid in bf16 is 54 GB), dgpp's parameters *are* transformers' tensors (shared storage).
+Geometries transformers cannot build (its version lacks the model type) or that the caller runs without
+the HF baseline get dgpp's own random init (:func:`build_random_model`).
 """
 
 from __future__ import annotations
@@ -12,6 +15,36 @@ import torch
 
 from dgpp.engine.model import Model
 
+
+def _hybrid_layer_types(num_layers: int, interval: int = 4) -> list[str]:
+    """Qwen3.5's layout: every ``interval``-th layer full attention, the others Gated DeltaNet."""
+    return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)]
+
+
+# Qwen3.5 rotary: theta 1e7 on the first quarter of each 256-wide head; mRoPE sections collapse to 1-D for text
+_QWEN35_ROPE = {"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25,
+                "mrope_section": [11, 11, 10], "mrope_interleaved": True}
+# shared by both Qwen3.5 geometries: GDN sizes, tokenizer, context
+_QWEN35_COMMON = {
+    "vocab_size": 248320, "head_dim": 256, "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128, "linear_num_key_heads": 16, "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "attn_output_gate": True, "rope_parameters": _QWEN35_ROPE,
+}
+# Qwen3.5-122B-A10B has 48 layers (240 GB in bf16); the benchmark keeps its per-layer shape and runs 24
+# (18 GDN + 6 full attention, 60 GB of experts... 123 GB in all), which leaves K/V and workspace room on a 141 GB H200
+MOE_122B_LAYERS = 24
+_TINY_TEXT = {
+    "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 16, "max_position_embeddings": 512, "rms_norm_eps": 1e-6,
+    "initializer_range": 0.08, "tie_word_embeddings": False,
+}
+_TINY_QWEN35 = {
+    **_TINY_TEXT, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "num_hidden_layers": 4,
+    "layer_types": _hybrid_layer_types(4), "linear_conv_kernel_dim": 4, "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16, "linear_num_key_heads": 2, "linear_num_value_heads": 4,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+}
+
 # HF config.json fields of the geometries the benchmarks run (random weights; values from the
 # published configs of the models named)
 GEOMETRIES: dict[str, dict[str, Any]] = {
@@ -21,11 +54,28 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
         "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
         "tie_word_embeddings": False,
     },
-    "tiny": {
-        "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"], "vocab_size": 512, "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 16, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "initializer_range": 0.08,
-        "tie_word_embeddings": False,
+    # Qwen/Qwen3.5-27B text_config (anchor §3.5): 64 layers = 48 GDN (16 k / 48 v heads x 128) + 16 gated full
+    # attention (24 q / 4 kv heads x 256), SwiGLU 17408 after each, hidden 5120
+    "qwen3.5-27b": {
+        **_QWEN35_COMMON, "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"], "hidden_size": 5120,
+        "intermediate_size": 17408, "num_hidden_layers": 64, "layer_types": _hybrid_layer_types(64),
+        "num_attention_heads": 24, "num_key_value_heads": 4, "linear_num_value_heads": 48,
+    },
+    # Qwen/Qwen3.5-122B-A10B text_config (anchor §3.6) per layer: hidden 3072, 32 q / 2 kv heads x 256, GDN
+    # 16 k / 64 v heads x 128, 256 experts top-8 of 1024 + a sigmoid-gated shared expert of 1024; 24 of 48 layers
+    f"qwen3.5-122b-a10b-{MOE_122B_LAYERS}l": {
+        **_QWEN35_COMMON, "model_type": "qwen3_5_moe_text", "architectures": ["Qwen3_5MoeForCausalLM"],
+        "hidden_size": 3072, "num_hidden_layers": MOE_122B_LAYERS, "layer_types": _hybrid_layer_types(MOE_122B_LAYERS),
+        "num_attention_heads": 32, "num_key_value_heads": 2, "linear_num_value_heads": 64, "num_experts": 256,
+        "num_experts_per_tok": 8, "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024,
+    },
+    "tiny": {**_TINY_TEXT, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
+    # CPU smoke versions of the two hybrids (3 GDN layers + 1 full attention)
+    "tiny-qwen3.5": _TINY_QWEN35,
+    "tiny-qwen3.5-moe": {
+        **{k: v for k, v in _TINY_QWEN35.items() if k != "intermediate_size"}, "model_type": "qwen3_5_moe_text",
+        "architectures": ["Qwen3_5MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
     },
 }
 
@@ -37,51 +87,116 @@ def hf_config(geometry: str, dtype: torch.dtype) -> dict[str, Any]:
     return {**GEOMETRIES[geometry], "dtype": name, "torch_dtype": name}
 
 
+def new_model(raw_config: dict[str, Any], device: torch.device | str) -> Model:
+    """dgpp's Qwen model for an HF config dict (Qwen3 dense/MoE or a Qwen3.5 hybrid), parameters uninitialised."""
+    from dgpp_qwen.config import parse_config
+
+    cfg = parse_config(raw_config)
+    with torch.device(device):
+        if cfg.hybrid:
+            from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
+
+            return Qwen35ForCausalLM(cfg).eval()
+        from dgpp_qwen.qwen3 import Qwen3ForCausalLM
+
+        return Qwen3ForCausalLM(cfg).eval()
+
+
+def transformers_knows(model_type: str) -> bool:
+    """Whether the installed transformers can build ``model_type`` (the device's version may predate it)."""
+    try:
+        from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    except ImportError:
+        return False
+    return model_type in CONFIG_MAPPING
+
+
 @torch.inference_mode()
-def build_pair(geometry: str, device: str, dtype: torch.dtype, seed: int = 0) -> tuple[Model, torch.nn.Module]:
-    """(dgpp model, transformers model) sharing the same random weights, both on ``device``."""
+def build_pair(
+    geometry: str, device: str, dtype: torch.dtype, seed: int = 0, *, with_hf: bool = True,
+) -> tuple[Model, torch.nn.Module | None]:
+    """(dgpp model, transformers model) sharing the same random weights, both on ``device``. The
+    transformers model is None when ``with_hf`` is off or transformers lacks the model type; dgpp's model
+    then gets :func:`build_random_model`'s weights."""
+    raw = hf_config(geometry, dtype)
+    if not with_hf or not transformers_knows(raw["model_type"]):
+        if with_hf:
+            print(f"transformers has no model type {raw['model_type']!r}: dgpp's random model alone (HF column '-')")
+        return build_random_model(geometry, device, dtype, seed), None
     import transformers
 
-    raw = hf_config(geometry, dtype)
     config = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "architectures"})
     torch.manual_seed(seed)
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
-    ours = build_model_like(raw, hf.state_dict(), device)
+    ours = build_model_like(raw, hf.state_dict(), device, share=not _second_copy_fits(hf, device))
     return ours, hf
 
 
-@torch.inference_mode()
-def build_model_like(raw_config: dict[str, Any], state: dict[str, torch.Tensor], device: str) -> Model:
-    """A dgpp Qwen3 model for ``raw_config`` whose parameters are copied from ``state`` (HF names)."""
-    from dgpp_qwen.config import parse_config
-    from dgpp_qwen.qwen3 import Qwen3ForCausalLM
+def _second_copy_fits(module: torch.nn.Module, device: str, headroom: float = 1.25) -> bool:
+    if torch.device(device).type != "cuda":
+        return True
+    need = sum(p.numel() * p.element_size() for p in module.parameters()) * headroom
+    return torch.cuda.mem_get_info(torch.device(device))[0] > need
 
-    with torch.device(device):
-        model = Qwen3ForCausalLM(parse_config(raw_config)).eval()
+
+@torch.inference_mode()
+def build_model_like(
+    raw_config: dict[str, Any], state: dict[str, torch.Tensor], device: str, *, share: bool = False,
+) -> Model:
+    """A dgpp model for ``raw_config`` whose parameters come from ``state`` (HF names): copies, or with
+    ``share`` the very tensors of ``state`` (no second copy; a write to one model then shows in both)."""
+    # shared: build on the host, where the uninitialised (never touched) parameters cost no memory
+    model = new_model(raw_config, "cpu" if share else device)
     for name, param in model.named_parameters():
         if name not in state:
             raise KeyError(f"benchmark weights have no tensor {name}")
-        param.copy_(state[name])
-    return model
+        source = state[name]
+        if share and source.shape == param.shape and source.dtype == param.dtype:
+            param.data = source
+        elif share:
+            param.data = source.to(dtype=param.dtype, copy=True)
+        else:
+            param.copy_(source)
+    return model.to(device)
+
+
+def _init_value(model: torch.nn.Module, name: str, param: torch.Tensor) -> float | None:
+    """The constant a 1-D parameter starts at (None: draw it): norms at their identity, ``(1 + w)`` norms at 0."""
+    leaf = name.rpartition(".")[2]
+    if leaf == "dt_bias":
+        return 1.0
+    owner = model.get_submodule(name.rpartition(".")[0])
+    return 0.0 if getattr(owner, "zero_centered", False) else 1.0
+
+
+def _fill_normal(param: torch.Tensor, std: float, gen: torch.Generator, chunk: int = 1 << 28) -> None:
+    """N(0, std) drawn in fp32, in dim-0 slices for tensors over ``chunk`` elements (an expert stack is
+    2.4G elements: one fp32 draw would need 10 GB)."""
+    if param.numel() <= chunk:
+        param.copy_(torch.randn(param.shape, generator=gen, device=param.device, dtype=torch.float32) * std)
+        return
+    rows = max(1, chunk // max(1, param[0].numel()))
+    for start in range(0, param.shape[0], rows):
+        part = param[start : start + rows]
+        part.copy_(torch.randn(part.shape, generator=gen, device=param.device, dtype=torch.float32) * std)
 
 
 @torch.inference_mode()
 def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int = 0) -> Model:
-    """A dgpp model with N(0, 0.02) matrices and unit norms (no transformers model kept)."""
-    from dgpp_qwen.config import parse_config
-    from dgpp_qwen.qwen3 import Qwen3ForCausalLM
-
+    """A dgpp model with N(0, std) matrices, norms at identity and GDN decays as HF initialises them
+    (A = U(1, 16), dt_bias 1); no transformers model kept."""
     raw = hf_config(geometry, dtype)
     std = float(raw.get("initializer_range", 0.02))
     gen = torch.Generator(device=device).manual_seed(seed)
-    with torch.device(device):
-        model = Qwen3ForCausalLM(parse_config(raw)).eval()
-    for _, param in sorted(model.named_parameters()):
-        if param.dim() == 1:
-            param.fill_(1.0)
+    model = new_model(raw, device)
+    for name, param in sorted(model.named_parameters()):
+        if name.endswith("A_log"):
+            param.copy_((torch.rand(param.shape, generator=gen, device=device) * 15 + 1).log())
+        elif param.dim() == 1:
+            param.fill_(_init_value(model, name, param))
         else:
-            param.copy_(torch.randn(param.shape, generator=gen, device=device, dtype=torch.float32) * std)
+            _fill_normal(param, std, gen)
     return model
 
 

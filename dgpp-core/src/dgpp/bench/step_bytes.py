@@ -1,0 +1,85 @@
+"""Bytes one decode step must move, the benchmark's roofline numerator.
+
+- weights once (``weight_bytes_per_step``: every parameter but the embedding table), except that an MoE
+  layer reads only the routed experts its tokens picked: at batch 1 exactly ``top_k``, at batch ``b`` the
+  distinct experts among ``b x top_k`` picks (measured from the routers by :class:`RouterTap`, or the
+  uniform-routing expectation when not measured);
+- every sequence's K/V up to its context (paged attention layers);
+- every sequence's fixed-size state (Gated DeltaNet recurrent and conv state), read and written back.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.engine.cache_spec import PagedKV, StateSpec
+from dgpp.engine.model import Model
+from dgpp.nn.moe import SparseMoE, TopKRouter
+
+
+def kv_bytes_per_token(model: Model) -> int:
+    """K/V bytes one token of context adds (all paged attention layers)."""
+    return sum(spec.bytes_per_token() for spec in model.cache_spec().values() if isinstance(spec, PagedKV))
+
+
+def state_bytes_per_request(model: Model) -> int:
+    """Fixed-size per-sequence state (all GDN layers: fp32 recurrent state plus conv window)."""
+    return sum(spec.bytes_per_request() for spec in model.cache_spec().values() if isinstance(spec, StateSpec))
+
+
+def moe_layers(model: Model) -> list[SparseMoE]:
+    return [m for m in model.modules() if isinstance(m, SparseMoE)]
+
+
+def _module_bytes(module: torch.nn.Module) -> int:
+    # packed (quantized) experts count their stored tensors, whatever they are named
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float:
+    """Distinct experts among ``batch`` tokens' top-k picks if every token picked ``top_k`` of
+    ``num_experts`` uniformly at random: ``E (1 - (1 - k/E)^b)`` (exactly ``k`` at batch 1)."""
+    return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
+
+
+def decode_step_bytes(model: Model, batch: int, mean_context: float, experts_read: float | None = None) -> float:
+    """Bytes a decode step of ``batch`` sequences at ``mean_context`` tokens of context reads and writes.
+    ``experts_read``: distinct routed experts per MoE layer (None: the uniform-routing expectation)."""
+    from dgpp.bench.models import weight_bytes_per_step
+
+    weights = float(weight_bytes_per_step(model))
+    for moe in moe_layers(model):
+        experts = moe.experts.num_experts
+        read = experts_read if experts_read is not None else expected_distinct_experts(experts, moe.gate.cfg.top_k, batch)
+        stack = _module_bytes(moe.experts)
+        weights += stack * (min(read, experts) / experts) - stack  # the stack was counted whole
+    return weights + batch * mean_context * kv_bytes_per_token(model) + 2 * batch * state_bytes_per_request(model)
+
+
+class RouterTap:
+    """While entered, records the expert ids every router of ``model`` picks (eager forwards only: a
+    captured graph runs no Python hooks). ``rows`` limits counting to the first rows (real sequences,
+    not graph padding)."""
+
+    def __init__(self, model: Model, rows: int | None = None) -> None:
+        self.routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+        self.rows = rows
+        self.distinct: list[int] = []  # one entry per router call
+        self._handles: list = []
+
+    def _hook(self, module: torch.nn.Module, args: tuple, output: tuple[torch.Tensor, torch.Tensor]) -> None:
+        ids = output[1] if self.rows is None else output[1][: self.rows]
+        self.distinct.append(int(torch.unique(ids).numel()))
+
+    def __enter__(self) -> RouterTap:
+        self._handles = [r.register_forward_hook(self._hook) for r in self.routers]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+    def mean_distinct(self) -> float:
+        """Mean distinct experts per router call (0.0 when nothing was routed)."""
+        return sum(self.distinct) / len(self.distinct) if self.distinct else 0.0
