@@ -223,7 +223,9 @@ def prefill_tflops(model: Model, tokens: int, seed: int = 0) -> tuple[float, flo
     session.prefill(prompt)
     _sync()
     seconds = time.perf_counter() - t0
-    params = weight_bytes_per_step(model) / next(model.parameters()).element_size()
+    from dgpp.bench.quantize import logical_weight_elements
+
+    params = logical_weight_elements(model, weight_bytes_per_step(model))  # packed linears: out x in each
     cfg = model.cfg
     attn = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens / 2
     return seconds, (2 * params * tokens + attn) / seconds / 1e12
