@@ -106,3 +106,44 @@ def test_moe_model_decode_is_captured_on_cuda(moe_checkpoint) -> None:
 
     graphs = _decode_graph_vs_eager(load_model(moe_checkpoint, device="cuda"), 4, 1e-4, capture=True)
     assert graphs.use_graphs and set(graphs.graphs) == {1, 2, 4, 8}
+
+
+def test_work_list_path_fills_the_same_inputs_as_a_batch(tiny_model) -> None:
+    """run_work (the runner's decode path: SeqWork lists -> pinned mirrors -> two copies) feeds the graph the
+    same live inputs and padding as load(build_batch(...)), gives the same logits, and names bad tables."""
+    pools, tables, last, runner = _prefilled(tiny_model, 3, 9, 4)
+    via_batch = DecodeGraphs(tiny_model, pools, max_batch=8, max_blocks=6, capture=False)
+    via_work = DecodeGraphs(tiny_model, pools, max_batch=8, max_blocks=6, capture=False)
+    for step in range(3):
+        # rows of ragged table widths; the widest row shrinks after the first step (stale columns stay unread)
+        work = [SeqWork(i, tables[i][: 4 if step == 0 or i != 2 else 3], 9 + step, [last[i]]) for i in range(3)]
+        if step == 2:
+            work = work[:2]
+        assert via_work.can_run_work(work)
+        from_work = via_work.run_work(work)
+        from_batch = via_batch.run(build_batch(work, pools))
+        assert torch.equal(from_work, from_batch)
+        for name in ("input_ids", "positions", "slot_mapping", "state_slots", "seq_lens", "context_lens"):
+            assert torch.equal(getattr(via_work, name), getattr(via_batch, name)), name
+        for i, w in enumerate(work):
+            assert via_work.block_tables[i, : len(w.block_table)].tolist() == w.block_table
+        last = torch.argmax(from_work, -1).tolist() + last[len(work):]
+    assert via_work.stats.as_metrics()["replays"] == 3 and via_work.stats.padded_rows == 1 + 1 + 0
+    assert not via_work.can_run_work([SeqWork(0, tables[0], 9, [1, 2])])  # prefill
+    assert not via_work.can_run_work([SeqWork(0, tables[0], 9, [1], want_logits=False)])
+    assert not via_work.can_run_work([SeqWork(i, tables[0], 9, [1]) for i in range(9)])  # over max_batch
+    with pytest.raises(ValueError, match="covers 4 tokens, needs 5"):
+        via_work.run_work([SeqWork(0, tables[0][:1], 4, [1])])
+    with pytest.raises(ValueError, match=r"work item 1: block ids \[0, 99\] outside the pool"):
+        via_work.run_work([SeqWork(0, tables[0], 9, [1]), SeqWork(1, [0, 99], 5, [1])])
+
+
+def test_runner_decode_steps_take_the_work_list_path(tiny_model) -> None:
+    pools, tables, last, runner = _prefilled(tiny_model, 2, 5, 4)
+    eager = ModelRunner(tiny_model, pools)
+    runner.graphs = DecodeGraphs(tiny_model, pools, max_batch=4, max_blocks=4, capture=False)
+    work = [SeqWork(i, tables[i], 5, [last[i]]) for i in range(2)]
+    torch.testing.assert_close(runner.step(work), eager.step(work), rtol=1e-5, atol=1e-5)
+    assert runner.graphs.stats.replays == 1
+    runner.step([SeqWork(0, tables[0], 6, [1, 2])])  # a prefill chunk stays eager
+    assert runner.graphs.stats.replays == 1

@@ -24,8 +24,10 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.graph_inputs import DecodeInputs
 from dgpp.engine.model import Model
 from dgpp.engine.pools import CachePools
+from dgpp.sched.work import SeqWork
 
 
 def capture_sizes(max_batch: int, step: int = 8) -> list[int]:
@@ -86,15 +88,15 @@ class DecodeGraphs:
         self.device = next(model.parameters()).device
         self.use_graphs = capture and self.device.type == "cuda"
         n, dev = max_batch, self.device
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=dev)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=dev)
+        # the static buffers are views of two device tensors with pinned host mirrors (dgpp.engine.graph_inputs)
+        self.inputs = DecodeInputs(n, max_blocks, pools.block_size, pools.num_blocks, dev)
+        self.input_ids, self.positions = self.inputs.input_ids, self.inputs.positions
+        self.seq_lens, self.context_lens = self.inputs.seq_lens, self.inputs.context_lens
+        self.block_tables, self.slot_mapping = self.inputs.block_tables, self.inputs.slot_mapping
+        self.state_slots = self.inputs.state_slots
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=dev)
-        self.seq_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.context_lens = torch.zeros(n, dtype=torch.int32, device=dev)
-        self.block_tables = torch.full((n, max_blocks), -1, dtype=torch.int32, device=dev)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=dev)
-        self.state_slots = torch.full((n,), -1, dtype=torch.int64, device=dev)
         self.logits_indices = torch.arange(n, dtype=torch.int64, device=dev)
+        self._fill_padding(0)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -184,11 +186,29 @@ class DecodeGraphs:
         if not self.captured:
             self.capture()
         size = self.load(batch)
-        rows = batch.num_seqs
+        return self._replay(size, batch.num_seqs, batch.seq_lens_cpu, batch.context_lens_cpu)
+
+    def can_run_work(self, work: list[SeqWork]) -> bool:
+        """``can_run`` on the scheduler's work list itself (no ``ForwardBatch`` built)."""
+        return self.inputs.fits(work)
+
+    @torch.inference_mode()
+    def run_work(self, work: list[SeqWork]) -> torch.Tensor:
+        """``run`` straight from the work list: the inputs go to the device in two copies (see graph_inputs)."""
+        if not self.captured:
+            self.capture()
+        rows = len(work)
+        size = pick_size(self.sizes, rows)
+        if size is None or not self.can_run_work(work):
+            raise ValueError(f"decode graphs cannot run this step ({rows} rows)")
+        seq = self.inputs.stage(work)
+        return self._replay(size, rows, seq, [s - 1 for s in seq])
+
+    def _replay(self, size: int, rows: int, seq_lens: list[int], ctx: list[int]) -> torch.Tensor:
         self.stats.record(size, rows)
         if self.use_graphs:
             self.graphs[size].replay()
             return self.outputs[size][:rows].clone()
         pad = size - rows
-        eager = self._static_batch(size, batch.seq_lens_cpu + [0] * pad, batch.context_lens_cpu + [0] * pad)
+        eager = self._static_batch(size, list(seq_lens) + [0] * pad, list(ctx) + [0] * pad)
         return self._forward(eager)[:rows]

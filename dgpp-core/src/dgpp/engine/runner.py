@@ -116,8 +116,9 @@ class ModelRunner:
             for w in work:
                 if w.context_len == 0:
                     self.pools.zero_state(w.state_slot)
+        if self.graphs is not None and self.graphs.can_run_work(work):
+            # decode-only: straight into the graphs' static inputs, no ForwardBatch of small host tensors
+            return self.graphs.run_work(work)
         batch = build_batch(work, self.pools, self.device)
-        if self.graphs is not None and self.graphs.can_run(batch):
-            return self.graphs.run(batch)
         hidden = self.model(batch)
         return self.model.compute_logits(hidden).float()

@@ -1,0 +1,98 @@
+"""The decode graphs' static inputs, filled from the scheduler's work list with one host->device copy per dtype.
+
+A replayed decode step reads fixed device buffers. Building a ``ForwardBatch`` first (a dozen small host
+tensors, each copied to the device) and then copying every field into those buffers cost about as much
+host time per step as the batch-1 model's GEMVs save in a graph. Here the buffers are views of two
+device tensors, an int64 one (token ids, positions, slot mapping, state slots) and an int32 one (seq lens,
+context lens, block tables, in that order, so the live rows' part is one contiguous prefix), and each has
+a pinned host mirror written straight from the ``SeqWork`` lists with numpy. A step is then two
+asynchronous copies.
+
+Padding rows (past the live ones) get ``slot_mapping = -1``, ``seq_len = 0``, ``state_slot = -1``: they
+write nothing and attend to nothing. Their block-table rows, and table columns past a row's own blocks,
+may hold stale ids from earlier steps; no kernel reads a table entry past ``seq_len``.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+
+from dgpp.sched.work import SeqWork
+
+
+class DecodeInputs:
+    """Static decode inputs for up to ``max_batch`` rows and ``max_blocks``-wide block tables on ``device``."""
+
+    def __init__(self, max_batch: int, max_blocks: int, block_size: int, num_blocks: int, device: torch.device) -> None:
+        n = self.max_batch = max_batch
+        self.max_blocks, self.block_size, self.num_blocks = max_blocks, block_size, num_blocks
+        self.device = device
+        pin = device.type == "cuda"
+        self.dev64 = torch.zeros(4, n, dtype=torch.int64, device=device)
+        self.dev32 = torch.zeros(2 * n + n * max_blocks, dtype=torch.int32, device=device)
+        self.host64 = torch.zeros(4, n, dtype=torch.int64, pin_memory=pin)
+        self.host32 = torch.zeros(2 * n + n * max_blocks, dtype=torch.int32, pin_memory=pin)
+        self.input_ids, self.positions, self.slot_mapping, self.state_slots = self.dev64.unbind(0)
+        self.seq_lens, self.context_lens = self.dev32[:n], self.dev32[n : 2 * n]
+        self.block_tables = self.dev32[2 * n :].view(n, max_blocks)
+        self.dev32[2 * n :].fill_(-1)
+        self.host32[2 * n :].fill_(-1)
+        self._np64, self._np32 = self.host64.numpy(), self.host32.numpy()
+        self._host_table = self._np32[2 * n :].reshape(n, max_blocks)
+        self._stale_width = 0  # table columns the host mirror may hold ids in
+        self._copied = torch.cuda.Event() if pin else None
+
+    def fits(self, work: list[SeqWork]) -> bool:
+        """True for a decode-only step the graphs can take (one token per row, every row wants logits)."""
+        return (
+            0 < len(work) <= self.max_batch
+            and all(len(w.token_ids) == 1 and w.want_logits and len(w.block_table) <= self.max_blocks for w in work)
+        )
+
+    def stage(self, work: list[SeqWork]) -> list[int]:
+        """Write ``work`` (``fits`` must hold) into the static buffers; returns the host seq lens. Raises
+        ValueError naming the first row whose block table is too short or holds an id outside the pool."""
+        rows, bs, n = len(work), self.block_size, self.max_batch
+        ctx = [w.context_len for w in work]
+        for i, (w, c) in enumerate(zip(work, ctx, strict=True)):
+            if len(w.block_table) * bs <= c:
+                raise ValueError(f"work item {i}: block table of {len(w.block_table)} blocks covers "
+                                 f"{len(w.block_table) * bs} tokens, needs {c + 1}")
+        lens = [len(w.block_table) for w in work]
+        width = max(lens)
+        flat = np.fromiter(itertools.chain.from_iterable(w.block_table for w in work), dtype=np.int64, count=sum(lens))
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.num_blocks):
+            lo = np.cumsum([0, *lens])
+            i = next(i for i in range(rows) if ((flat[lo[i] : lo[i + 1]] < 0) | (flat[lo[i] : lo[i + 1]] >= self.num_blocks)).any())
+            raise ValueError(f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{self.num_blocks - 1}")
+        if self._copied is not None:
+            self._copied.synchronize()  # the previous step's copy has left the pinned mirror
+        table = self._host_table
+        used = np.arange(width)[None, :] < np.asarray(lens)[:, None]
+        region = np.full((rows, max(width, self._stale_width)), -1, dtype=np.int32)
+        region[:, :width][used] = flat
+        table[:rows, : region.shape[1]] = region
+        self._stale_width = max(width, self._stale_width)
+        slots = [w.block_table[c // bs] * bs + c % bs for w, c in zip(work, ctx, strict=True)]
+        h64 = self._np64
+        h64[0, :rows] = [w.token_ids[0] for w in work]
+        h64[1, :rows] = ctx
+        h64[2, :rows] = slots
+        h64[3, :rows] = [w.state_slot for w in work]
+        h64[:2, rows:] = 0
+        h64[2:, rows:] = -1
+        seq = [c + 1 for c in ctx]
+        h32 = self._np32
+        h32[:rows] = seq
+        h32[n : n + rows] = ctx
+        h32[rows:n] = 0
+        h32[n + rows : 2 * n] = 0
+        live = 2 * n + (rows - 1) * self.max_blocks + width  # seq/context lens and the live rows' tables
+        self.dev64.copy_(self.host64, non_blocking=True)
+        self.dev32[:live].copy_(self.host32[:live], non_blocking=True)
+        if self._copied is not None:
+            self._copied.record()
+        return seq
