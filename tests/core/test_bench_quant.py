@@ -102,13 +102,15 @@ def test_quantized_logits_equal_the_decoded_weights(pair, fmt):
 def test_bench_runs_every_format_in_one_call(tmp_path, capsys):
     out = tmp_path / "table.md"
     rc = main(["--device", "cpu", "--geometry", "tiny", "--quant", "bf16," + ",".join(FORMATS), "--cases", "6x2x3",
-               "--hf-cases", "6x2x3", "--check-cases", "6x1x3", "--out", str(out)])
+               "--hf-cases", "6x2x3", "--check-cases", "6x1x3", "--gemv", "both", "--out", str(out)])
     assert rc == 0
     text = out.read_text()
     for variant in ("fp32", *FORMATS):
         # the HF column holds a rate (on CPU its sign is timing noise): transformers ran on this variant
         row = re.search(rf"^\| 6 \| 2 \| 3 \| {variant} graph \| .* \| -?\d+\.\d \| \S+ \|$", text, re.M)
         assert row is not None, f"no table row for {variant} with a transformers rate:\n{text}"
+    # --gemv both: the second row of a packed format names the generic kernel, the dense one cuBLAS
+    assert "| fp32 graph, cuBLAS GEMV |" in text and "| nvfp4 graph, wo_matmul |" in text
     printed = capsys.readouterr().out
     assert all(f"{v} greedy graph == eager for 6x1x3: True" in printed for v in FORMATS)
 

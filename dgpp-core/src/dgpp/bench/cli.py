@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import os
 import subprocess
 import sys
@@ -31,10 +32,12 @@ from dgpp.bench.quantize import (
     compare_with_torch_path,
     parse_variants,
     quantize_model,
+    quantized_linears,
     shares_storage,
     sync_hf_weights,
 )
 from dgpp.engine.model import Model
+from dgpp.quant.kernels.decode_launch import DISABLE_ENV as QUANT_GEMV_ENV
 
 # kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so logits
 # differ by rounding; a layout or scale bug moves them by their own size
@@ -66,16 +69,18 @@ def bench_weights(
             failures.append(f"{tag}{prompt}x{batch}x{new}")
     hf_cases = set(parse_cases(args.hf_cases))
     gemv_modes = {"on": ("1",), "off": ("0",), "both": ("1", "0")}[args.gemv]
+    # --gemv off: dense layers go to cuBLAS, packed ones to the generic weight-only kernel (wo_matmul)
+    off_label = ", wo_matmul" if quantized_linears(model) else ", cuBLAS GEMV"
     for prompt, batch, new in parse_cases(args.cases):
         modes = [(g, s) for g in ((True, False) if args.eager else (True,)) for s in gemv_modes]
         for graph, gemv in modes:
-            os.environ["DGPP_GEMV"] = gemv
+            os.environ["DGPP_GEMV"] = os.environ[QUANT_GEMV_ENV] = gemv
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
-            res.label = f"{tag}{'graph' if graph else 'eager'}{'' if gemv == '1' else ', cuBLAS GEMV'}"
+            res.label = f"{tag}{'graph' if graph else 'eager'}{'' if gemv == '1' else off_label}"
             results.append(res)
             print(f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step (replay {res.replay_ms:.2f}), "
                   f"{res.tok_s:.1f} tok/s, {res.step_bytes / 1e9:.3f} GB/step, {res.copy_pct:.1f}% of copy bw", flush=True)
-        os.environ["DGPP_GEMV"] = gemv_modes[0]
+        os.environ["DGPP_GEMV"] = os.environ[QUANT_GEMV_ENV] = gemv_modes[0]
         if hf is not None and (prompt, batch, new) in hf_cases:
             rate = hf_tok_s(hf, prompt, batch, new, vocab)
             for res in results[-len(modes):]:
@@ -145,7 +150,8 @@ def run(args: argparse.Namespace) -> int:
         sections += extra
         failures += failed
         del model
-        if device == "cuda":
+        if device == "cuda":  # the next format's copy takes this one's room (graphs hold it until collected)
+            gc.collect()
             torch.cuda.empty_cache()
     table = "\n\n".join([format_table(results, copy_gbs), *sections])
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
