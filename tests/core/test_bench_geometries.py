@@ -151,3 +151,22 @@ def test_dgpp_bench_runs_both_tiny_hybrids_on_cpu(capsys) -> None:
         assert f"geometry {geometry}" in out
         assert ("MoE bytes/step count only the routed experts read" in out) == geometry.endswith("moe")
     assert set(GEOMETRIES) >= {"qwen3.5-27b", MOE_GEOMETRY, "tiny-qwen3.5", "tiny-qwen3.5-moe"}
+
+
+def test_padded_graph_path_of_the_tiny_moe_hybrid_equals_eager() -> None:
+    """The bench's graph path on CPU (DecodeGraphs without capture): 3 sequences padded to 4 rows, the padding
+    row on state slot -1 and no blocks, decode the same greedy tokens as the plain eager runner."""
+    from dgpp.bench.decode import DecodeSession, _prompts
+    from dgpp.engine.graphs import DecodeGraphs
+
+    model = build_random_model("tiny-qwen3.5-moe", "cpu", torch.float32)
+    prompts = _prompts(3, 7, model.info.vocab_size, seed=3)
+    runs = []
+    for padded in (False, True):
+        session = DecodeSession(model, 3, 7 + 6, 16, graph=False)
+        if padded:
+            session.runner.graphs = DecodeGraphs(model, session.pools, 4, session.blocks_per_seq, capture=False)
+        runs.append(session.decode(session.prefill(prompts), 7, 5))
+        if padded:
+            assert session.runner.graphs.stats.by_size == {4: 5}
+    assert runs[0] == runs[1]
