@@ -145,3 +145,22 @@ def test_kernel_check_sees_a_wrong_kernel(pair, monkeypatch):
     wrong = compare_with_torch_path(quant, batch=2, prompt=5)
     assert wrong["prefill_rel_diff"] > 0.25 and wrong["decode_rel_diff"] > 0.25
     assert quant_linear.TORCH_ONLY_ENV not in os.environ
+
+
+def test_a_failing_format_keeps_the_others(tmp_path, monkeypatch):
+    import dgpp.bench.cli as cli
+
+    real = cli.quantize_model
+
+    def flaky(source, raw, fmt):
+        if fmt == "fp8_channel":
+            raise RuntimeError("kernel did not compile")
+        return real(source, raw, fmt)
+
+    monkeypatch.setattr(cli, "quantize_model", flaky)
+    out = tmp_path / "table.md"
+    rc = main(["--device", "cpu", "--geometry", "tiny", "--quant", "fp8_channel,mxfp4", "--cases", "6x1x3",
+               "--hf-cases", "", "--check-cases", "", "--out", str(out)])
+    text = out.read_text()
+    assert rc == 1
+    assert "| mxfp4 graph |" in text and "fp8_channel failed: RuntimeError('kernel did not compile')" in text

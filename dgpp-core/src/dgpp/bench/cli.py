@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+import traceback
 
 import torch
 
@@ -111,6 +112,24 @@ def bench_weights(
     return results, sections, failures
 
 
+def prepare_variant(dense: Model, args: argparse.Namespace, dtype: torch.dtype, variant: str, sections: list[str],
+                    failures: list[str]) -> Model:
+    """``dense`` encoded in ``variant``, its bytes printed and its kernels checked against the torch path."""
+    t0 = time.perf_counter()
+    model = quantize_model(dense, hf_config(args.geometry, dtype), variant)
+    print(f"{variant}: decoder-layer linears encoded on {args.device} in {time.perf_counter() - t0:.1f} s, "
+          f"weights read per step {weight_bytes_per_step(model)} bytes (dense: {weight_bytes_per_step(dense)})",
+          flush=True)
+    check = compare_with_torch_path(model)
+    sections.append(f"{variant}: kernels vs the torch decode path (4 random 32-token prompts): max |diff| / max "
+                    f"|logit| {check['prefill_rel_diff']:.2e} prefill, {check['decode_rel_diff']:.2e} decode step; "
+                    f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}")
+    print(sections[-1], flush=True)
+    if max(check["prefill_rel_diff"], check["decode_rel_diff"]) > GROSS_MISMATCH:
+        failures.append(f"{variant} kernels vs torch path")
+    return model
+
+
 def run(args: argparse.Namespace) -> int:
     device = args.device
     quant = getattr(args, "quant", "")
@@ -127,29 +146,21 @@ def run(args: argparse.Namespace) -> int:
         print("transformers shares dgpp's tensors (no room for two copies): no HF column for quantized formats")
         wants_hf = False
     for variant in variants:
-        model = dense
-        if variant != DENSE:
-            t0 = time.perf_counter()
-            model = quantize_model(dense, hf_config(args.geometry, dtype), variant)
-            print(f"{variant}: decoder-layer linears encoded on {device} in {time.perf_counter() - t0:.1f} s, "
-                  f"weights read per step {weight_bytes_per_step(model)} bytes "
-                  f"(dense: {weight_bytes_per_step(dense)})", flush=True)
-            check = compare_with_torch_path(model)
-            sections.append(f"{variant}: kernels vs the torch decode path (4 random 32-token prompts): max |diff| / max "
-                            f"|logit| {check['prefill_rel_diff']:.2e} prefill, {check['decode_rel_diff']:.2e} decode step; "
-                            f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}")
-            print(sections[-1], flush=True)
-            if max(check["prefill_rel_diff"], check["decode_rel_diff"]) > GROSS_MISMATCH:
-                failures.append(f"{variant} kernels vs torch path")
-        if wants_hf and hf_holds != variant:  # transformers runs the values this variant decodes to
-            sync_hf_weights(hf, model)
-            hf_holds = variant
         tag = f"{dense_name if variant == DENSE else variant} " if quant else ""
-        found, extra, failed = bench_weights(model, hf if hf_holds == variant else None, args, copy_gbs, tag)
+        try:
+            model = dense if variant == DENSE else prepare_variant(dense, args, dtype, variant, sections, failures)
+            if wants_hf and hf_holds != variant:  # transformers runs the values this variant decodes to
+                sync_hf_weights(hf, model)
+                hf_holds = variant
+            found, extra, failed = bench_weights(model, hf if hf_holds == variant else None, args, copy_gbs, tag)
+        except Exception as e:  # one format's failure must not lose the others' numbers (GPU time is scarce)
+            traceback.print_exc()
+            failures.append(f"{tag}raised {e!r}")
+            found, extra, failed = [], [f"{tag}failed: {e!r}"], []
         results += found
         sections += extra
         failures += failed
-        del model
+        model = None
         if device == "cuda":  # the next format's copy takes this one's room (graphs hold it until collected)
             gc.collect()
             torch.cuda.empty_cache()
@@ -162,7 +173,7 @@ def run(args: argparse.Namespace) -> int:
               f"geometry {args.geometry} {dense.info.dtype} random weights" + (f", {weights}" if quant else ""))
     print("\n" + header + "\n" + table)
     if failures:
-        print(f"failed checks (graph/eager greedy, kernels vs torch path): {failures}")
+        print(f"failed checks (graph/eager greedy, kernels vs torch path, errors): {failures}")
     if args.out:
         with open(args.out, "w") as f:
             f.write(header + "\n\n" + table + "\n")
