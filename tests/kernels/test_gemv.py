@@ -68,3 +68,17 @@ def test_a_row_does_not_depend_on_the_row_count_within_a_row_tile(lo: int, hi: i
         (part,) = multi_linear_triton(x[:m], [w])
         assert torch.equal(part, full[:m])
         assert torch.equal(gate_up_silu_triton(x[:m], wg, wu), full_mlp[:m])
+
+
+def test_lm_head_gemv_is_opt_in_and_matches(monkeypatch) -> None:
+    import dgpp.kernels.gemv as gemv
+
+    g = torch.Generator().manual_seed(6)
+    x, head = torch.randn(3, 64, generator=g), torch.randn(512, 64, generator=g)
+    monkeypatch.setattr(gemv, "use_triton", lambda t: True)  # stand in for CUDA under the interpreter
+    monkeypatch.delenv("DGPP_GEMV_HEAD", raising=False)
+    assert gemv.lm_head_gemv(x, head) is None
+    monkeypatch.setenv("DGPP_GEMV_HEAD", "1")
+    torch.testing.assert_close(gemv.lm_head_gemv(x, head), F.linear(x, head), rtol=1e-5, atol=1e-5)
+    # a vocab-parallel rank's contiguous slice of rows
+    torch.testing.assert_close(gemv.lm_head_gemv(x, head.narrow(0, 256, 256)), F.linear(x, head[256:]), rtol=1e-5, atol=1e-5)

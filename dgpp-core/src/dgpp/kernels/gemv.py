@@ -190,3 +190,14 @@ def gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> t
     if gemv_applies(x, w_gate, w_up):
         return gate_up_silu_triton(x, w_gate, w_up)
     return gate_up_silu_ref(x, w_gate, w_up)
+
+
+def lm_head_gemv(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """The LM head's ``hidden @ weight.T`` through the decode GEMV, or None to leave it to cuBLAS.
+
+    Opt-in (``DGPP_GEMV_HEAD=1``): cuBLAS already streams the 151936x4096 Qwen3 head at ~3.8 TB/s, so the
+    GEMV takes it only where ``tests/perf/check_kernels.py`` (``lm head`` lines) measures a tile beating
+    that. A vocab-parallel rank passes its own contiguous slice of rows."""
+    if os.environ.get("DGPP_GEMV_HEAD", "0") != "1" or not gemv_applies(hidden, weight):
+        return None
+    return multi_linear_triton(hidden, [weight])[0]

@@ -55,8 +55,15 @@ class LMHead(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if not self.vocab_parallel:
-            return batch_invariant_linear(hidden, weight)
-        if weight.shape[0] != self.vocab_local:  # tied: this rank's rows of the replicated embedding
+        if self.vocab_parallel and weight.shape[0] != self.vocab_local:  # tied: this rank's rows of the embedding
             weight = weight.narrow(0, self.world.rank * self.vocab_local, self.vocab_local)
-        return all_gather_last_dim(batch_invariant_linear(hidden, weight), self.world, self.group)
+        logits = _head_gemv(hidden, weight) if hidden.is_cuda else None
+        if logits is None:
+            logits = batch_invariant_linear(hidden, weight)
+        return all_gather_last_dim(logits, self.world, self.group) if self.vocab_parallel else logits
+
+
+def _head_gemv(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    from dgpp.kernels.gemv import lm_head_gemv  # decode rows, opt-in (DGPP_GEMV_HEAD=1)
+
+    return lm_head_gemv(hidden, weight)
