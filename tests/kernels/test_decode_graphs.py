@@ -130,6 +130,7 @@ def test_work_list_path_fills_the_same_inputs_as_a_batch(tiny_model) -> None:
         last = torch.argmax(from_work, -1).tolist() + last[len(work):]
     assert via_work.stats.as_metrics()["replays"] == 3 and via_work.stats.padded_rows == 1 + 1 + 0
     assert not via_work.can_run_work([SeqWork(0, tables[0], 9, [1, 2])])  # prefill
+    assert via_work.run_work([SeqWork(0, tables[0], 9, [1, 2])]) is None and via_work.stats.replays == 3
     assert not via_work.can_run_work([SeqWork(0, tables[0], 9, [1], want_logits=False)])
     assert not via_work.can_run_work([SeqWork(i, tables[0], 9, [1]) for i in range(9)])  # over max_batch
     with pytest.raises(ValueError, match="covers 4 tokens, needs 5"):

@@ -42,7 +42,6 @@ class DecodeInputs:
         self.host32[2 * n :].fill_(-1)
         self._np64, self._np32 = self.host64.numpy(), self.host32.numpy()
         self._host_table = self._np32[2 * n :].reshape(n, max_blocks)
-        self._stale_width = 0  # table columns the host mirror may hold ids in
         self._copied = torch.cuda.Event() if pin else None
 
     def fits(self, work: list[SeqWork]) -> bool:
@@ -70,12 +69,10 @@ class DecodeInputs:
             raise ValueError(f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{self.num_blocks - 1}")
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has left the pinned mirror
-        table = self._host_table
         used = np.arange(width)[None, :] < np.asarray(lens)[:, None]
-        region = np.full((rows, max(width, self._stale_width)), -1, dtype=np.int32)
-        region[:, :width][used] = flat
-        table[:rows, : region.shape[1]] = region
-        self._stale_width = max(width, self._stale_width)
+        region = np.full((rows, width), -1, dtype=np.int32)
+        region[used] = flat
+        self._host_table[:rows, :width] = region
         slots = [w.block_table[c // bs] * bs + c % bs for w, c in zip(work, ctx, strict=True)]
         h64 = self._np64
         h64[0, :rows] = [w.token_ids[0] for w in work]

@@ -193,14 +193,15 @@ class DecodeGraphs:
         return self.inputs.fits(work)
 
     @torch.inference_mode()
-    def run_work(self, work: list[SeqWork]) -> torch.Tensor:
-        """``run`` straight from the work list: the inputs go to the device in two copies (see graph_inputs)."""
+    def run_work(self, work: list[SeqWork]) -> torch.Tensor | None:
+        """``run`` straight from the work list (the inputs go to the device in two copies, see graph_inputs),
+        or None when this is not a step the graphs take (prefill rows, too many rows, too wide a table)."""
+        if not self.inputs.fits(work):
+            return None
         if not self.captured:
             self.capture()
         rows = len(work)
         size = pick_size(self.sizes, rows)
-        if size is None or not self.can_run_work(work):
-            raise ValueError(f"decode graphs cannot run this step ({rows} rows)")
         seq = self.inputs.stage(work)
         return self._replay(size, rows, seq, [s - 1 for s in seq])
 

@@ -116,9 +116,11 @@ class ModelRunner:
             for w in work:
                 if w.context_len == 0:
                     self.pools.zero_state(w.state_slot)
-        if self.graphs is not None and self.graphs.can_run_work(work):
+        if self.graphs is not None:
             # decode-only: straight into the graphs' static inputs, no ForwardBatch of small host tensors
-            return self.graphs.run_work(work)
+            logits = self.graphs.run_work(work)
+            if logits is not None:
+                return logits
         batch = build_batch(work, self.pools, self.device)
         hidden = self.model(batch)
         return self.model.compute_logits(hidden).float()
