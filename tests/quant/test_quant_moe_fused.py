@@ -92,3 +92,101 @@ def test_fused_path_never_reads_values_back(monkeypatch):
         with pytest.raises(AssertionError, match="host sync"):
             moe.forward_reference(x, weights, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_fused_bf16_within_bf16_tolerance():
+    """bf16 activations: weights decode to bf16 as the reference does; sums stay fp32 in the kernel. The
+    interpreter truncates fp32 -> bf16 (a GPU rounds), so this is a loose check here (a few bf16 ulps);
+    tests/perf/check_quant_moe.py measures the real error on the GPU."""
+    moe = build_experts(NVFP4ModelOpt(), seed=4)
+    x = torch.randn(6, HIDDEN, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    weights, ids = routing(6, 2, seed=6)
+    weights = weights.to(torch.bfloat16)
+    want = moe.forward_reference(x, weights, ids).float()
+    moe.use_fused = True
+    got = moe(x, weights, ids)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2 * want.abs().max().item())
+
+
+NVFP4_EXPERTS_ONLY = {
+    "quant_method": "modelopt",
+    "quant_algo": "NVFP4",
+    "group_size": 16,
+    "exclude_modules": ["lm_head", "*self_attn*", "*linear_attn*", "*shared_expert*", "*mlp.gate"],
+}
+
+
+@pytest.fixture(scope="module")
+def nvfp4_qwen3_5_moe(tmp_path_factory):
+    """A tiny Qwen3.5-MoE checkpoint with NVFP4 (ModelOpt) experts, and its dequantized twin."""
+    from dgpp.quant.checkpoints import dequantize_checkpoint, quantize_checkpoint
+    from dgpp.testing.builders import build_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("qwen3_5_moe_nvfp4")
+    quantized = quantize_checkpoint(build_tiny_checkpoint("qwen3_5_moe", root / "src", seed=12), root / "q",
+                                    NVFP4_EXPERTS_ONLY)
+    return quantized, dequantize_checkpoint(quantized, root / "dense")
+
+
+def test_nvfp4_qwen3_5_moe_through_fused_experts_matches_transformers(nvfp4_qwen3_5_moe, monkeypatch):
+    from dgpp.engine.loading import load_model
+    from dgpp.testing import conformance as conf
+    from dgpp.testing.builders import load_reference
+
+    monkeypatch.setattr(QuantExperts, "use_fused", True)
+    quantized, dense = nvfp4_qwen3_5_moe
+    model, ref = load_model(quantized), load_reference(dense)
+    experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
+    assert experts and all(m.fused(torch.zeros(1)) for m in experts)
+    prompts = conf.make_prompts(model.info.vocab_size, (7, 19), seed=1)
+    assert conf.check_logits(model, ref, prompts, rtol=1e-4) < 1e-4
+    conf.check_greedy(model, ref, prompts, max_new_tokens=8)
+
+
+def test_decode_graph_batch_through_fused_experts_equals_reference(nvfp4_qwen3_5_moe):
+    """The padded static batch DecodeGraphs captures on CUDA (run eagerly here) goes through the fused
+    experts, padding row included, and gives the logits of the eager step through the reference experts."""
+    from dgpp.engine.graphs import DecodeGraphs
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.pools import CachePools
+    from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+
+    model = load_model(nvfp4_qwen3_5_moe[0])
+    experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
+    pools = CachePools(model.cache_spec(), 3 * 4 + 2, 4, 6, torch.device("cpu"))  # slots 3..5: state snapshots
+    tables = [list(range(i * 4, (i + 1) * 4)) for i in range(3)]
+    prompts = torch.randint(0, model.info.vocab_size, (3, 6), generator=torch.Generator().manual_seed(0)).tolist()
+    runner = ModelRunner(model, pools)
+    last = torch.argmax(runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)]), -1).tolist()
+    graphs = DecodeGraphs(model, pools, max_batch=4, max_blocks=4, capture=False)
+    for step in range(2):
+        work = [SeqWork(i, tables[i], 6 + step, [last[i]]) for i in range(3)]
+        for i in range(3):
+            pools.copy_state(i, i + 3)
+        for m in experts:
+            m.use_fused = True
+        padded = graphs.run(build_batch(work, pools))  # 3 rows in the size-4 batch
+        for m in experts:
+            m.use_fused = False
+        for i in range(3):  # the same step again from the same recurrent state (K/V rewrites are idempotent)
+            pools.copy_state(i + 3, i)
+        eager = runner.step(work)
+        torch.testing.assert_close(padded, eager, rtol=1e-4, atol=1e-4)
+        last = torch.argmax(eager, -1).tolist()
+
+
+@pytest.mark.parametrize("fmt", [FP8Block(block=(128, 128)), MXFP4(), GPTQ(bits=4, group=64)], ids=lambda f: f.name)
+def test_other_tiles_give_the_same_result(fmt):
+    """The tile grid the GPU check sweeps: 64-row blocks for a decode batch, narrow columns, a K step
+    of two scale groups; each computes the same values."""
+    moe = build_experts(fmt, seed=7)
+    x = torch.randn(4, HIDDEN, generator=torch.Generator().manual_seed(8))
+    weights, ids = routing(4, 2, seed=9)
+    want = moe.forward_reference(x, weights, ids)
+    g, d = moe.gate_proj, moe.down_proj
+    pack = 2 if isinstance(fmt, MXFP4) else 8 if isinstance(fmt, GPTQ) else 1
+    for tiles in (MoETiles(bm=64, bn=16, bkp=128 // pack), MoETiles(bm=16, bn=64, bkp=256 // pack)):
+        got = fused_quant_moe((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()), x, weights, ids,
+                              moe.inter, tiles)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -20,7 +20,14 @@ from dgpp.family import World
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.kernels.moe_launch import fused_quant_moe, has_moe_kernel
-from dgpp.quant.linear import TORCH_ONLY_ENV, check_tp_alignment, make_param, packed_matmul, reblock_for_tp, tp_dim
+from dgpp.quant.linear import (
+    TORCH_ONLY_ENV,
+    check_tp_alignment,
+    make_param,
+    packed_matmul,
+    reblock_for_tp,
+    tp_dim,
+)
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 

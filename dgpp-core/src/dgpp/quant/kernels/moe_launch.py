@@ -19,6 +19,7 @@ from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.launch import _format_args, interpreting
 
+
 def has_moe_kernel(fmt: QuantFormat) -> bool:
     """Formats the fused expert GEMM decodes (bf12 is a dense-matrix form, never an expert format)."""
     return isinstance(fmt, (FP8Block, FP4Grouped, IntPacked, GPTQ))
