@@ -107,6 +107,15 @@ def check_attention() -> None:
         record(f"paged decode attn bf16 B={batch} ctx<={ctx} table {width}", rel_err(out, ref), 1e-2,
                lambda: pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5),
                lambda: pa.paged_decode_attention_ref(q, kc, vc, tables, lens, 128**-0.5), nbytes)
+        if ctx <= 4096:  # short contexts are latency-bound: would more, shorter splits pay for the merge?
+            for min_part in (64, 128, 256):
+                out = pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5, min_partition=min_part)
+                t = triton.testing.do_bench_cudagraph(
+                    lambda: pa.paged_decode_attention_triton(q, kc, vc, tables, lens, 128**-0.5, min_partition=min_part),
+                    rep=50, return_mode="median") * 1e3
+                print(f"  same, min partition {min_part} ({pa.plan_partition(batch, 8, width, min_part)[1]} splits): "
+                      f"err {rel_err(out, ref):.2e}, {t:.1f} us (graph replay; default "
+                      f"{pa.plan_partition(batch, 8, width)[1]} splits)", flush=True)
 
 
 def check_prefill_attention() -> None:

@@ -146,12 +146,12 @@ def _merge_partitions_kernel(
         tl.store(out_ptr + b * o_b + h * o_h + dv, out.to(out_ptr.dtype.element_ty), mask=dv < v_dim)
 
 
-def plan_partition(batch: int, kv_heads: int, max_context: int) -> tuple[int, int]:
+def plan_partition(batch: int, kv_heads: int, max_context: int, min_partition: int = _MIN_PARTITION) -> tuple[int, int]:
     """(partition tokens, splits) for the widest context the table allows: split long contexts only while
     the grid is too small for the GPU. The splits size the grid; each sequence then spreads its own
     context over them (see the module docstring), so the partition is an upper bound per split."""
     want = max(1, _TARGET_PROGRAMS // max(1, batch * kv_heads))
-    splits = max(1, min(want, triton.cdiv(max_context, _MIN_PARTITION)))
+    splits = max(1, min(want, triton.cdiv(max_context, min_partition)))
     partition = next_pow2(triton.cdiv(max_context, splits))
     partition = max(partition, 64)
     return partition, triton.cdiv(max_context, partition)
@@ -159,8 +159,9 @@ def plan_partition(batch: int, kv_heads: int, max_context: int) -> tuple[int, in
 
 def paged_decode_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int = 0,
+    seq_lens: torch.Tensor, scale: float, window: int = 0, min_partition: int = _MIN_PARTITION,
 ) -> torch.Tensor:
+    """``min_partition`` (tokens) bounds the split count for short tables (check_kernels times 64 vs 128)."""
     batch, hq, head_dim = q.shape
     block_size, hk = k_cache.shape[1], k_cache.shape[2]
     v_dim = v_cache.shape[-1]
@@ -168,7 +169,7 @@ def paged_decode_attention_triton(
     out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    _partition, splits = plan_partition(batch, hk, block_tables.shape[1] * block_size)
+    _partition, splits = plan_partition(batch, hk, block_tables.shape[1] * block_size, min_partition)
     block_dv = next_pow2(v_dim)
     if splits > 1:
         part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
