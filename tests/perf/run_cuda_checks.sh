@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # One device call's correctness half: the CUDA-only pytest tests (skipped on the CPU box) and the check scripts
 # whose references were prepared on the CPU box (carry .cache and .whl). Logs under $OUT. Not a CI step.
+# Plugins are found through their entry points: carry wheels of dgpp-core and the plugins in .whl (the code itself
+# still comes from the tree, which is first on PYTHONPATH):
+#   pip wheel -q --no-deps --no-build-isolation -w .whl ./dgpp-core ./plugins/dgpp-*
 #   bash tests/perf/run_cuda_checks.sh
 set -uo pipefail
 OUT=${OUT:-perf_out}
@@ -12,8 +15,10 @@ fi
 src=$(ls -d "$PWD"/plugins/*/src | tr '\n' ':')
 export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD/dgpp-core/src:$src${PYTHONPATH:-}"
 status=0
-python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/kernels/test_moe.py tests/kernels/test_decode_graphs.py \
-  tests/core/test_sampler.py tests/plugins/qwen/test_qwen3_cuda.py tests/core/test_speculative_cuda.py 2>&1 \
+# only the tests that skip on the CPU box: the rest feed CPU tensors to kernels written for the interpreter there
+python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "cuda or gpu" tests/kernels/test_moe.py \
+  tests/kernels/test_decode_graphs.py tests/core/test_sampler.py tests/plugins/qwen/test_qwen3_cuda.py \
+  tests/core/test_speculative_cuda.py ${CUDA_TESTS:-} 2>&1 \
   | tee "$OUT/pytest_cuda.log" || status=1
 for check in "tests/plugins/qwen/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu" \
              "tests/plugins/glm/check_glm4_moe_cuda.py check --dir .cache/glm_gpu" \

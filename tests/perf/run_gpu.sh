@@ -9,7 +9,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
   export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
 fi
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/dgpp-core/src:$PWD/plugins/dgpp-qwen/src:${PYTHONPATH:-}"
+src=$(ls -d "$PWD"/plugins/*/src | tr '\n' ':')
+export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/dgpp-core/src:$src${PYTHONPATH:-}"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then

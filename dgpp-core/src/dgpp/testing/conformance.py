@@ -78,7 +78,7 @@ def check_logits(
     """
     errors: list[float] = []
     for i, (ours, prompt) in enumerate(zip(engine_all_logits(model, prompts), prompts, strict=True)):
-        ref = reference_logits(reference, prompt)
+        ref = reference_logits(reference, prompt).to(ours.device)  # the reference may run on another device
         rows = ((ours - ref).abs().max(-1).values / ref.abs().max()).tolist()
         errors.extend(rows)
         if max_outlier_rows == 0.0 and max(rows) > rtol:
