@@ -136,6 +136,16 @@ def check_prefill_attention() -> None:
         record(f"prefill attn bf16 ctx={ctx} rows={rows} 32/8x128 (GB/s column = TFLOP/s)", rel_err(out, ref), 1e-2,
                lambda: pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5),
                lambda: pf.prefill_attention_ref(q, kc, vc, tables, starts, ctx_t, 128**-0.5), flops / 1e3)
+        for tile in ((64, 64, 4, 2), (64, 64, 4, 3), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 128, 4, 2)):
+            try:
+                err = rel_err(pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5, tile=tile), ref)
+                ms = triton.testing.do_bench(
+                    lambda: pf.prefill_attention_triton(q, kc, vc, tables, starts, ctx_t, 128**-0.5, tile=tile),
+                    warmup=10, rep=50, return_mode="median")
+                print(f"prefill attn sweep ctx={ctx} rows={rows} tile {tile}: {ms * 1e3:.0f} us, "
+                      f"{flops / ms / 1e9:.0f} TFLOP/s, err {err:.1e}", flush=True)
+            except Exception as e:  # a tile that does not fit in shared memory
+                print(f"prefill attn sweep tile {tile}: {type(e).__name__}", flush=True)
 
 
 def check_sampling() -> None:

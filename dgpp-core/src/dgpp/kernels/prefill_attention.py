@@ -46,15 +46,41 @@ def prefill_attention_ref(
 
 
 @triton.jit
+def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_pos, qk_scale, kvh, d, dv, head_dim, v_dim,
+                  block_size, k_blk, k_tok, k_head, v_blk, v_tok, v_head,
+                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+    """One key block of the online softmax (base 2: ``qk_scale`` carries log2(e)). Unmasked blocks lie wholly
+    below the diagonal of every row of the query block, so they skip the causal and length masks."""
+    toks = n0 + tl.arange(0, BLOCK_N)
+    tmask = toks < end
+    phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
+    off = (toks % block_size).to(tl.int64)
+    kt = tl.load(k_ptr + (phys * k_blk + off * k_tok + kvh * k_head)[None, :] + d[:, None],
+                 mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+    s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
+    if MASKED:
+        s = tl.where(tmask[None, :] & (toks[None, :] <= q_pos[:, None]), s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past the sequence see no key
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    v = tl.load(v_ptr + (phys * v_blk + off * v_tok + kvh * v_head)[:, None] + dv[None, :],
+                mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _prefill_kernel(
     q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, blk_seq_ptr, blk_row_ptr, starts_ptr, ctx_ptr,
-    scale, group, head_dim, v_dim, block_size,
+    qk_scale, group, head_dim, v_dim, block_size,
     q_t, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_t, o_h,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    blk = tl.program_id(0)
-    head = tl.program_id(1)
+    head = tl.program_id(0)
+    blk = tl.program_id(1)  # the host lists query blocks longest context first, so the heaviest start first
     kvh = head // group
     b = tl.load(blk_seq_ptr + blk).to(tl.int64)
     first_row = tl.load(blk_row_ptr + blk)  # offset of this block's first row inside its sequence
@@ -72,58 +98,58 @@ def _prefill_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
-    # keys up to the block's last visible position; later key blocks are all above the diagonal
+    # keys before the block's first row are visible to all its rows; later ones up to its last row need the
+    # causal mask; key blocks past that are above the diagonal and never loaded
     end = ctx + tl.minimum(first_row + BLOCK_M, n_rows)
-    for n0 in range(0, end, BLOCK_N):
-        toks = n0 + tl.arange(0, BLOCK_N)
-        tmask = toks < end
-        phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
-        off = (toks % block_size).to(tl.int64)
-        kt = tl.load(k_ptr + (phys * k_blk + off * k_tok + kvh * k_head)[None, :] + d[:, None],
-                     mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
-        s = tl.dot(q, kt, input_precision=PRECISION) * scale
-        visible = tmask[None, :] & (toks[None, :] <= q_pos[:, None])
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows past the sequence see no key
-        alpha = tl.exp(m_i - m_safe)
-        p = tl.exp(s - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_ptr + (phys * v_blk + off * v_tok + kvh * v_head)[:, None] + dv[None, :],
-                    mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
+    full_end = (ctx + first_row) // BLOCK_N * BLOCK_N
+    for n0 in range(0, full_end, BLOCK_N):
+        m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_pos, qk_scale, kvh, d,
+                                      dv, head_dim, v_dim, block_size, k_blk, k_tok, k_head, v_blk, v_tok, v_head,
+                                      BLOCK_N, False, PRECISION)
+    for n0 in range(full_end, end, BLOCK_N):
+        m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_pos, qk_scale, kvh, d,
+                                      dv, head_dim, v_dim, block_size, k_blk, k_tok, k_head, v_blk, v_tok, v_head,
+                                      BLOCK_N, True, PRECISION)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(out_ptr + rows[:, None] * o_t + head * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
              mask=m_mask[:, None] & (dv[None, :] < v_dim))
 
 
+# (BLOCK_M, BLOCK_N, num_warps, num_stages). H200 sweep, 8192 rows, 32/8 heads x 128, bf16: see
+# docs/benchmarks.md; the interpreter ignores warps/stages.
+DEFAULT_TILE = (64, 64, 4, 2)
+
+
 def prefill_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float, block_m: int = 64,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float, block_m: int | None = None,
+    tile: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
+    """``tile = (BLOCK_M, BLOCK_N, num_warps, num_stages)`` overrides the default (GPU sweeps); ``block_m``
+    alone overrides BLOCK_M."""
     tokens, hq, head_dim = q.shape
     hk, v_dim = k_cache.shape[2], v_cache.shape[-1]
+    bm, bn, warps, stages = tile or DEFAULT_TILE
+    bm = block_m or bm
     out = torch.empty(tokens, hq, v_dim, dtype=q.dtype, device=q.device)
     starts = query_start_loc.tolist()
-    blk_seq, blk_row = [], []
-    for b in range(len(starts) - 1):
-        for row in range(0, starts[b + 1] - starts[b], block_m):
-            blk_seq.append(b)
-            blk_row.append(row)
-    if not blk_seq:
+    ctx = context_lens.tolist()
+    blocks = [(ctx[b] + row, b, row) for b in range(len(starts) - 1) for row in range(0, starts[b + 1] - starts[b], bm)]
+    if not blocks:
         return out
+    blocks.sort(key=lambda item: -item[0])  # longest visible context first: causal work is uneven
     device = q.device
     precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
-    _prefill_kernel[(len(blk_seq), hq)](
+    _prefill_kernel[(hq, len(blocks))](
         q, k_cache, v_cache, out, block_tables,
-        torch.tensor(blk_seq, dtype=torch.int32, device=device), torch.tensor(blk_row, dtype=torch.int32, device=device),
+        torch.tensor([b for _, b, _ in blocks], dtype=torch.int32, device=device),
+        torch.tensor([row for _, _, row in blocks], dtype=torch.int32, device=device),
         query_start_loc, context_lens,
-        float(scale), hq // hk, head_dim, v_dim, k_cache.shape[1],
+        float(scale) * 1.4426950408889634, hq // hk, head_dim, v_dim, k_cache.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        BLOCK_M=block_m, BLOCK_N=64, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_DV=max(16, next_pow2(v_dim)),
-        PRECISION=precision, num_warps=4, num_stages=2,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_DV=max(16, next_pow2(v_dim)),
+        PRECISION=precision, num_warps=warps, num_stages=stages,
     )
     return out
 
