@@ -11,6 +11,11 @@ Prefill and mixed steps stay eager. The captured model code must not sync with t
 the ``dgpp.nn`` layers dispatch to ``dgpp.kernels`` for exactly that reason. Hybrid models run too: their
 decode-only conv and gated-delta steps read device tensors alone and skip padding rows (state slot -1).
 
+The runner feeds a step with ``run_work`` straight from its ``SeqWork`` list: the static buffers are views
+of two device tensors whose pinned host mirrors are written with numpy and copied in two async copies
+(``dgpp.engine.graph_inputs``); ``run(batch)`` takes an already built ``ForwardBatch`` (speculative and
+test callers).
+
 ``DecodeGraphs(..., capture=False)`` runs the same padded static batch eagerly, which is how the
 padding and size-selection logic is tested on a CPU.
 """
