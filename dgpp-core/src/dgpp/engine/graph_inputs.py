@@ -2,11 +2,10 @@
 
 A replayed decode step reads fixed device buffers. Building a ``ForwardBatch`` first (a dozen small host
 tensors, each copied to the device) and then copying every field into those buffers cost about as much
-host time per step as the batch-1 model's GEMVs save in a graph. Here the buffers are views of two
-device tensors, an int64 one (token ids, positions, slot mapping, state slots) and an int32 one (seq lens,
-context lens, block tables, in that order, so the live rows' part is one contiguous prefix), and each has
-a pinned host mirror written straight from the ``SeqWork`` lists with numpy. A step is then two
-asynchronous copies.
+host time per step as the batch-1 model's GEMVs save in a graph. Here the buffers are typed views of one
+device byte buffer: int64 token ids, positions, slot mapping and state slots, then int32 seq lens, context
+lens and block tables, in that order, so a step's live part is one contiguous prefix. Its pinned host
+mirror is written straight from the ``SeqWork`` lists with numpy, and a step is one asynchronous copy.
 
 Padding rows (past the live ones) get ``slot_mapping = -1``, ``seq_len = 0``, ``state_slot = -1``: they
 write nothing and attend to nothing. Their block-table rows, and table columns past a row's own blocks,
@@ -31,18 +30,26 @@ class DecodeInputs:
         self.max_blocks, self.block_size, self.num_blocks = max_blocks, block_size, num_blocks
         self.device = device
         pin = device.type == "cuda"
-        self.dev64 = torch.zeros(4, n, dtype=torch.int64, device=device)
-        self.dev32 = torch.zeros(2 * n + n * max_blocks, dtype=torch.int32, device=device)
-        self.host64 = torch.zeros(4, n, dtype=torch.int64, pin_memory=pin)
-        self.host32 = torch.zeros(2 * n + n * max_blocks, dtype=torch.int32, pin_memory=pin)
-        self.input_ids, self.positions, self.slot_mapping, self.state_slots = self.dev64.unbind(0)
-        self.seq_lens, self.context_lens = self.dev32[:n], self.dev32[n : 2 * n]
-        self.block_tables = self.dev32[2 * n :].view(n, max_blocks)
-        self.dev32[2 * n :].fill_(-1)
-        self.host32[2 * n :].fill_(-1)
-        self._np64, self._np32 = self.host64.numpy(), self.host32.numpy()
+        # one byte buffer: int64 [4, n] (ids, positions, slots, state slots), then int32 seq lens, context lens
+        # and tables; the step's live part is one prefix of it, so one copy moves it
+        self._split = 4 * n * 8
+        nbytes = self._split + (2 * n + n * max_blocks) * 4
+        self.dev_bytes = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        self.host_bytes = torch.zeros(nbytes, dtype=torch.uint8, pin_memory=pin)
+        dev64, dev32 = self._typed(self.dev_bytes)
+        self.input_ids, self.positions, self.slot_mapping, self.state_slots = dev64.unbind(0)
+        self.seq_lens, self.context_lens = dev32[:n], dev32[n : 2 * n]
+        self.block_tables = dev32[2 * n :].view(n, max_blocks)
+        host64, host32 = self._typed(self.host_bytes)
+        self.block_tables.fill_(-1)
+        host32[2 * n :].fill_(-1)
+        self._np64, self._np32 = host64.numpy(), host32.numpy()
         self._host_table = self._np32[2 * n :].reshape(n, max_blocks)
         self._copied = torch.cuda.Event() if pin else None
+
+    def _typed(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The int64 [4, n] and flat int32 views of a byte buffer laid out as above."""
+        return raw[: self._split].view(torch.int64).view(4, self.max_batch), raw[self._split :].view(torch.int32)
 
     def fits(self, work: list[SeqWork]) -> bool:
         """True for a decode-only step the graphs can take (one token per row, every row wants logits)."""
@@ -87,9 +94,9 @@ class DecodeInputs:
         h32[n : n + rows] = ctx
         h32[rows:n] = 0
         h32[n + rows : 2 * n] = 0
-        live = 2 * n + (rows - 1) * self.max_blocks + width  # seq/context lens and the live rows' tables
-        self.dev64.copy_(self.host64, non_blocking=True)
-        self.dev32[:live].copy_(self.host32[:live], non_blocking=True)
+        # everything up to the last live row's last table column, in one copy
+        live = self._split + (2 * n + (rows - 1) * self.max_blocks + width) * 4
+        self.dev_bytes[:live].copy_(self.host_bytes[:live], non_blocking=True)
         if self._copied is not None:
             self._copied.record()
         return seq

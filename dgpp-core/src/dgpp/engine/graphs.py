@@ -12,7 +12,7 @@ the ``dgpp.nn`` layers dispatch to ``dgpp.kernels`` for exactly that reason. Hyb
 decode-only conv and gated-delta steps read device tensors alone and skip padding rows (state slot -1).
 
 The runner feeds a step with ``run_work`` straight from its ``SeqWork`` list: the static buffers are views
-of two device tensors whose pinned host mirrors are written with numpy and copied in two async copies
+of one device buffer whose pinned host mirror is written with numpy and sent in one async copy
 (``dgpp.engine.graph_inputs``); ``run(batch)`` takes an already built ``ForwardBatch`` (speculative and
 test callers).
 
@@ -93,7 +93,7 @@ class DecodeGraphs:
         self.device = next(model.parameters()).device
         self.use_graphs = capture and self.device.type == "cuda"
         n, dev = max_batch, self.device
-        # the static buffers are views of two device tensors with pinned host mirrors (dgpp.engine.graph_inputs)
+        # the static buffers are views of one device buffer with a pinned host mirror (dgpp.engine.graph_inputs)
         self.inputs = DecodeInputs(n, max_blocks, pools.block_size, pools.num_blocks, dev)
         self.input_ids, self.positions = self.inputs.input_ids, self.inputs.positions
         self.seq_lens, self.context_lens = self.inputs.seq_lens, self.inputs.context_lens
@@ -131,7 +131,10 @@ class DecodeGraphs:
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        return self.model.compute_logits(self.model(batch)).float()
+        from dgpp.nn import exact_cuda
+
+        with exact_cuda.routing(batch):  # decode rows take the canonical kernels, captured or eager
+            return self.model.compute_logits(self.model(batch)).float()
 
     @torch.inference_mode()
     def capture(self) -> None:
@@ -199,7 +202,7 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def run_work(self, work: list[SeqWork]) -> torch.Tensor | None:
-        """``run`` straight from the work list (the inputs go to the device in two copies, see graph_inputs),
+        """``run`` straight from the work list (the inputs go to the device in one copy, see graph_inputs),
         or None when this is not a step the graphs take (prefill rows, too many rows, too wide a table)."""
         if not self.inputs.fits(work):
             return None
