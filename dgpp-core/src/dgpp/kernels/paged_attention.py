@@ -162,6 +162,17 @@ def paged_decode_attention_triton(
     seq_lens: torch.Tensor, scale: float, window: int = 0, min_partition: int = _MIN_PARTITION,
 ) -> torch.Tensor:
     """``min_partition`` (tokens) bounds the split count for short tables (check_kernels times 64 vs 128)."""
+    _partition, splits = plan_partition(q.shape[0], k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1],
+                                        min_partition)
+    return decode_attention_with_splits(q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits)
+
+
+def decode_attention_with_splits(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
+    seq_lens: torch.Tensor, scale: float, window: int, splits: int,
+) -> torch.Tensor:
+    """The Triton decode attention over a grid of exactly ``splits`` splits per (sequence, KV head); each
+    sequence spreads its own context over them, and the merge runs only when ``splits > 1``."""
     batch, hq, head_dim = q.shape
     block_size, hk = k_cache.shape[1], k_cache.shape[2]
     v_dim = v_cache.shape[-1]
@@ -169,7 +180,6 @@ def paged_decode_attention_triton(
     out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    _partition, splits = plan_partition(batch, hk, block_tables.shape[1] * block_size, min_partition)
     block_dv = next_pow2(v_dim)
     if splits > 1:
         part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
