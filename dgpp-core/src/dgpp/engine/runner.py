@@ -15,6 +15,7 @@ import torch
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.model import Model
 from dgpp.engine.pools import CachePools
+from dgpp.nn import exact_cuda
 from dgpp.sched.work import SeqWork  # one definition shared with the scheduler
 
 __all__ = ["ModelRunner", "SeqWork", "build_batch"]
@@ -122,5 +123,6 @@ class ModelRunner:
             if logits is not None:
                 return logits
         batch = build_batch(work, self.pools, self.device)
-        hidden = self.model(batch)
+        with exact_cuda.routing(batch):  # which CUDA kernel each row takes (a function of the row alone)
+            hidden = self.model(batch)
         return self.model.compute_logits(hidden).float()

@@ -33,6 +33,7 @@ from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
+from dgpp.nn.exact_cuda import verify_step
 from dgpp.sched.work import SeqWork
 
 if TYPE_CHECKING:
@@ -128,7 +129,8 @@ class SpeculativeDecoder:
     def _verify_logits(self, works: list[SeqWork]) -> torch.Tensor:
         """The verify forward; fp32 logits of every row. The runner returns each request's last row; the rows
         before it go through the head from ``last_hidden`` (never an empty batch: a TP head gathers its shards)."""
-        last = self.runner.step(works)
+        with verify_step():  # every verify row computes what plain decode would (dgpp.nn.exact_cuda)
+            last = self.runner.step(works)
         ends = torch.tensor([len(w.token_ids) for w in works]).cumsum(0)
         logits = torch.empty(int(ends[-1]), last.shape[-1], dtype=last.dtype, device=last.device)
         logits[ends - 1] = last
@@ -230,7 +232,8 @@ class SpeculativeDecoder:
         # logits of the last rows are wanted only so the head never sees an empty batch
         works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
                  for s, c, kept in redo]
-        self.runner.step(works)
+        with verify_step():  # the state must be the one plain decode reaches, row by row
+            self.runner.step(works)
         hidden, offset = self.model.last_hidden, 0
         for s, c, kept in redo:
             self._backlog[s] = (c, hidden[offset : offset + kept].clone())

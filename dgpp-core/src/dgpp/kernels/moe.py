@@ -114,7 +114,11 @@ def fused_moe_triton(
         return torch.empty_like(x)
     x = x.contiguous()
     n_assign = tokens * top_k
-    block_m = 16 if n_assign <= 4 * num_experts else 64
+    # one row block for every token count when rows must not depend on the step (dgpp.nn.exact_cuda):
+    # a tile's rows are independent of each other only for a fixed BM (the dot instruction follows BM)
+    from dgpp.nn.exact_cuda import routing_enabled
+
+    block_m = 64 if routing_enabled() or n_assign > 4 * num_experts else 16
     sorted_ids, block_expert = align_to_experts(topk_ids, num_experts, block_m)
     capacity = sorted_ids.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
@@ -135,7 +139,12 @@ def fused_moe_triton(
         BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=4,
     )
     # fixed-order sum over each token's experts: deterministic, no atomics
-    return per_assign.view(tokens, top_k, hidden).sum(1).to(x.dtype)
+    # (explicit adds in k order: a reduction kernel's split of the k axis could follow the token count)
+    per_token = per_assign.view(tokens, top_k, hidden)
+    total = per_token[:, 0].clone()
+    for k in range(1, top_k):
+        total += per_token[:, k]
+    return total.to(x.dtype)
 
 
 def fused_moe(

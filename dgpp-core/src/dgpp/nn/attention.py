@@ -109,6 +109,9 @@ class PagedAttention(nn.Module):
             from dgpp import kernels
 
             kernels.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+            routed = _routed_attention(q, k_cache, v_cache, batch, self.scale)
+            if routed is not None:
+                return routed.flatten(1)
             if batch.is_decode_only:
                 return kernels.paged_decode_attention(
                     q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
@@ -122,6 +125,42 @@ class PagedAttention(nn.Module):
         else:
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
         return paged_attention(q, k_cache, v_cache, batch, self.scale).flatten(1)
+
+
+def _routed_attention(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
+) -> torch.Tensor | None:
+    """Attention by the step's route (``dgpp.nn.exact_cuda``): canonical rows through the fixed-split decode
+    kernel, each as its own decode row; bulk (prefill-chunk) rows through the flash prefill kernel. None when
+    routing is off."""
+    from dgpp.nn import exact_cuda
+
+    route = exact_cuda.current_route()
+    if route is None:
+        if not (exact_cuda.routing_enabled() and exact_cuda.batch_invariant()):
+            return None
+        route = exact_cuda.route_for(batch.q_lens_cpu, q.device)
+    from dgpp import kernels
+    from dgpp.kernels.exact_attention import expand_rows, paged_decode_attention_fixed
+
+    if batch.is_decode_only:  # one row per sequence already (graph padding rows keep seq_len 0)
+        return paged_decode_attention_fixed(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale)
+    if route.all_exact:
+        _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
+        return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale)
+    # mixed: the prefill kernel over every row (its rows depend on their own sequence only), then the
+    # decode rows overwritten with the canonical kernel's
+    out = kernels.paged_prefill_attention(
+        q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale
+    )
+    if route.exact_rows is not None:
+        seqs = torch.tensor(route.exact_seqs, dtype=torch.int64).to(q.device, non_blocking=True)
+        decoded = paged_decode_attention_fixed(
+            q.index_select(0, route.exact_rows), k_cache, v_cache, batch.block_tables.index_select(0, seqs),
+            batch.seq_lens.index_select(0, seqs), scale,
+        )
+        out.index_copy_(0, route.exact_rows, decoded)
+    return out
 
 
 def split_query_gate(q_proj_out: torch.Tensor, num_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

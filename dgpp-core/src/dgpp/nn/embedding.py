@@ -65,5 +65,9 @@ class LMHead(nn.Module):
 
 def _head_gemv(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     from dgpp.kernels.gemv import lm_head_gemv  # decode rows, opt-in (DGPP_GEMV_HEAD=1)
+    from dgpp.nn.exact_cuda import always_fixed
 
-    return lm_head_gemv(hidden, weight)
+    # every row through one fixed-order kernel whatever the row count (a verify's rows, plain decode's, a
+    # prompt's last row: dgpp.nn.exact_cuda); DGPP_EXACT=0 gives the head back to cuBLAS / the opt-in GEMV
+    logits = always_fixed(hidden, weight)
+    return logits if logits is not None else lm_head_gemv(hidden, weight)

@@ -12,6 +12,7 @@ from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import StateSpec
 from dgpp.family import World
 from dgpp.nn.causal_conv1d import CausalConv1d
+from dgpp.nn.exact_recurrent import recurrent_plan
 from dgpp.nn.gated_delta_rule import (  # noqa: F401  (re-exported: the math's historical home)
     CHUNK_SIZE,
     chunked_gated_delta_rule,
@@ -139,7 +140,13 @@ class GatedDeltaNet(nn.Module):
             self._check_split_layout()
         state = batch.cache.state[self.name]
         rows = hidden.shape[0]
-        mixed = self.conv1d(self.in_proj_qkv(hidden), state["conv"], batch)
+        # CUDA, not decode-only: rows by the step's route (decode / verify rows through the decode kernels)
+        plan = recurrent_plan(batch)
+        projected = self.in_proj_qkv(hidden)
+        if plan is not None:
+            mixed = plan.conv(projected, self.conv1d.weight[:, 0, :], self.conv1d.bias, state["conv"])
+        else:
+            mixed = self.conv1d(projected, state["conv"], batch)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(rows, self.num_k_heads, self.head_k_dim)
         k = k.reshape(rows, self.num_k_heads, self.head_k_dim)
@@ -147,7 +154,9 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(hidden).sigmoid()
         # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias)
-        if hidden.is_cuda and batch.is_decode_only:  # Triton decode step on the pooled state, no host sync
+        if plan is not None:
+            core = plan.delta(q, k, v, g, beta, state["recurrent"], self.chunk_size).to(hidden.dtype)
+        elif hidden.is_cuda and batch.is_decode_only:  # Triton decode step on the pooled state, no host sync
             # (prefill stays on the torch chunked form: on the H200 it beat dgpp.kernels' chunked kernel, whose
             # UT solve is still sequential per program; docs/benchmarks.md)
             from dgpp import kernels

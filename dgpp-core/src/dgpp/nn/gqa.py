@@ -74,8 +74,13 @@ class GQAttention(nn.Module):
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if x.is_cuda and dense_weights(*projections):  # decode rows: q, k and v in one Triton launch
             from dgpp import kernels
+            from dgpp.nn import exact_cuda
 
             weights = [p.weight for p in projections]
+            routed = exact_cuda.routed_linears(x, weights, lambda rows: kernels.multi_linear(rows, weights))
+            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact_cuda)
+                q, k, v = routed
+                return q, k, v
             if kernels.gemv_applies(x, *weights):
                 q, k, v = kernels.multi_linear(x, weights)
                 return q, k, v

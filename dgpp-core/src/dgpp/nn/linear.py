@@ -38,6 +38,16 @@ class UnquantizedLinearMethod:
         layer.weight = weight
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.is_cuda:  # canonical rows (decode, verify) through the fixed-order kernel: dgpp.nn.exact_cuda
+            from dgpp.nn import exact_cuda
+
+            routed = exact_cuda.routed_linears(x, [layer.weight], lambda rows: [self._stock(layer, rows, bias)], bias)
+            if routed is not None:
+                return routed[0]
+        return self._stock(layer, x, bias)
+
+    @staticmethod
+    def _stock(layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda and bias is None:  # decode rows: one Triton GEMV pass, no split-K reduction
             from dgpp import kernels
 

@@ -30,7 +30,12 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and dense_weights(self.gate_proj, self.up_proj):  # decode: gate, up and SwiGLU in one launch
             from dgpp import kernels
+            from dgpp.nn import exact_cuda
 
+            wg, wu = self.gate_proj.weight, self.up_proj.weight
+            routed = exact_cuda.routed_gate_up_silu(x, wg, wu, lambda rows: self._stock_gate_up(rows))
+            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact_cuda)
+                return self.down_proj(routed)
             if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
                 return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
         elif x.is_cuda:  # packed gate/up of one format: gate, up and SwiGLU in one quantized launch
@@ -40,6 +45,15 @@ class SwiGLUMLP(nn.Module):
             if fused is not None:
                 return self.down_proj(fused)
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
+
+    def _stock_gate_up(self, x: torch.Tensor) -> torch.Tensor:
+        """The gate/up + SwiGLU of bulk (prefill) rows: the decode GEMV for <= 64 rows, cuBLAS above."""
+        from dgpp import kernels
+
+        wg, wu = self.gate_proj.weight, self.up_proj.weight
+        if kernels.gemv_applies(x, wg, wu):
+            return kernels.gate_up_silu(x, wg, wu)
+        return silu_and_mul(F.linear(x, wg), F.linear(x, wu))
 
 
 def dense_weights(*layers: Linear) -> bool:

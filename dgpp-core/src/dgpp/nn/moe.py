@@ -67,10 +67,8 @@ class TopKRouter(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        if cfg.router_fp32:
-            logits = batch_invariant_linear(x.float(), self.weight.float())
-        else:
-            logits = batch_invariant_linear(x, self.weight)
+        xr, wr = (x.float(), self.weight.float()) if cfg.router_fp32 else (x, self.weight)
+        logits = _router_logits(xr, wr)
         if cfg.scoring == "softmax":
             scores = torch.softmax(logits.float(), dim=-1)
         else:  # padded rows: a token's routing weights must not depend on how many tokens share the step
@@ -84,6 +82,16 @@ class TopKRouter(nn.Module):
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         weights = weights * cfg.routed_scaling_factor
         return weights.to(x.dtype), ids
+
+
+def _router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if x.is_cuda:  # one fixed-order kernel for every token count (dgpp.nn.exact_cuda): cuBLAS picks by M
+        from dgpp.nn.exact_cuda import always_fixed
+
+        logits = always_fixed(x, weight)
+        if logits is not None:
+            return logits
+    return batch_invariant_linear(x, weight)
 
 
 class FusedExperts(nn.Module):

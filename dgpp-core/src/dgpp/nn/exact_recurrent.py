@@ -1,0 +1,108 @@
+"""Gated DeltaNet / causal conv rows by the step's route (``dgpp.nn.exact_cuda``), on CUDA.
+
+The stock GDN layer takes the recurrent decode kernels for a decode-only step and the chunked varlen form
+for any step with a multi-row sequence, so a decode row sharing a step with a prefill chunk, or a verify
+row, came out different from plain decode. Here canonical rows always take the decode kernels: the rows
+of a multi-row canonical sequence (a verify's 1+depth rows, or every prompt row under ``batch_invariant``)
+run as successive one-token steps over the pooled state, step ``j`` holding row ``j`` of every sequence
+that has one, which is exactly what plain decode does token by token. Bulk (prefill-chunk) rows keep the
+chunked form, over those sequences only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.nn.exact_cuda import StepRoute
+
+RowStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, sequences, fresh) on the device
+
+
+@dataclass
+class RecurrentPlan:
+    """The decode-kernel steps and the (optional) chunked bulk part of one step."""
+
+    steps: list[RowStep]
+    state_slots: torch.Tensor
+    bulk_rows: torch.Tensor | None = None
+    bulk_slots: torch.Tensor | None = None
+    bulk_q_lens: tuple[int, ...] = ()
+    bulk_context_lens: tuple[int, ...] = ()
+
+    def conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor) -> torch.Tensor:
+        """Causal conv + SiLU of every row (``weight [channels, kernel]``), updating ``conv_state`` in place."""
+        from dgpp.kernels.causal_conv1d import causal_conv1d_decode
+        from dgpp.nn.causal_conv1d import causal_conv1d_varlen
+
+        out = torch.empty_like(x)
+        for rows, seqs, fresh in self.steps:
+            out[rows] = causal_conv1d_decode(x[rows], weight, bias, conv_state, self.state_slots[seqs], fresh, True)
+        if self.bulk_rows is not None:
+            out[self.bulk_rows] = causal_conv1d_varlen(
+                x[self.bulk_rows], weight, bias, conv_state, self.bulk_slots, list(self.bulk_q_lens),
+                list(self.bulk_context_lens), "silu",
+            ).to(out.dtype)
+        return out
+
+    def delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+              state_pool: torch.Tensor, chunk_size: int) -> torch.Tensor:
+        """The gated delta rule of every row (fp32 ``[T, Hv, dv]``), updating the pooled state in place."""
+        from dgpp.kernels.gated_delta import gdn_decode_step_triton
+        from dgpp.nn.gated_delta_rule import gated_delta_rule_varlen
+
+        out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
+        for rows, seqs, fresh in self.steps:
+            out[rows] = gdn_decode_step_triton(q[rows], k[rows], v[rows], g[rows], beta[rows], state_pool,
+                                               self.state_slots[seqs], fresh).float()
+        if self.bulk_rows is not None:
+            b = self.bulk_rows
+            out[b] = gated_delta_rule_varlen(
+                q[b], k[b], v[b], g[b], beta[b], state_pool, self.bulk_slots, list(self.bulk_q_lens),
+                list(self.bulk_context_lens), chunk_size,
+            ).float()
+        return out
+
+
+def plan_rows(batch: ForwardBatch, route: StepRoute) -> RecurrentPlan:
+    """Split ``batch``'s sequences: canonical ones into one-token steps, the rest into one chunked bulk part."""
+    device = batch.input_ids.device
+    q_lens, ctx = batch.q_lens_cpu, batch.context_lens_cpu
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    canonical = [i for i, n in enumerate(q_lens) if n > 0 and (route.per_row or n == 1)]
+    bulk = [i for i, n in enumerate(q_lens) if n > 1 and not route.per_row]
+    steps: list[RowStep] = []
+    for j in range(max((q_lens[i] for i in canonical), default=0)):
+        seqs = [i for i in canonical if q_lens[i] > j]
+        rows = [starts[i] + j for i in seqs]
+        fresh = [j == 0 and ctx[i] == 0 for i in seqs]
+        steps.append((_device(rows, torch.int64, device), _device(seqs, torch.int64, device),
+                      _device(fresh, torch.bool, device)))
+    plan = RecurrentPlan(steps, batch.state_slots)
+    if bulk:
+        plan.bulk_rows = _device([r for i in bulk for r in range(starts[i], starts[i + 1])], torch.int64, device)
+        plan.bulk_slots = batch.state_slots.index_select(0, _device(bulk, torch.int64, device))
+        plan.bulk_q_lens = tuple(q_lens[i] for i in bulk)
+        plan.bulk_context_lens = tuple(ctx[i] for i in bulk)
+    return plan
+
+
+def _device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
+def recurrent_plan(batch: ForwardBatch) -> RecurrentPlan | None:
+    """The plan for a CUDA step that is not decode-only (decode-only steps keep the stock, graph-safe path), or
+    None when routing is off / no route is set."""
+    from dgpp.nn import exact_cuda
+
+    if not batch.input_ids.is_cuda or batch.is_decode_only:
+        return None
+    route = exact_cuda.current_route()
+    if route is None and exact_cuda.routing_enabled() and exact_cuda.batch_invariant():
+        route = exact_cuda.route_for(batch.q_lens_cpu, batch.input_ids.device)
+    return None if route is None else plan_rows(batch, route)

@@ -1,0 +1,148 @@
+"""Row routing for exactness on CUDA (dgpp.nn.exact_cuda), checked on the CPU: which kernel a row takes is a
+function of the row alone, and the canonical kernels (Triton interpreter) give a row the same bits whatever
+the row count / batch / table width. The GPU twin: tests/perf/check_exact_cuda.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgpp.kernels.exact_attention import expand_rows, paged_decode_attention_fixed
+from dgpp.kernels.exact_gemm import fixed_order_gate_up_silu, fixed_order_linear
+from dgpp.kernels.paged_attention import paged_decode_attention_ref
+from dgpp.nn import exact_cuda
+from dgpp.nn.exact_recurrent import plan_rows
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fixed_order_linear_rows_do_not_depend_on_the_row_count(dtype):
+    torch.manual_seed(0)
+    ws = [torch.randn(n, 64, dtype=dtype) for n in (32, 16, 16)]
+    x = torch.randn(70, 64, dtype=dtype)
+    solo = torch.cat([torch.cat(fixed_order_linear(x[r : r + 1], ws), 1) for r in range(70)])
+    for m in (2, 3, 17, 64, 65, 70):
+        assert torch.equal(torch.cat(fixed_order_linear(x[:m], ws), 1), solo[:m]), m
+    if dtype == torch.float32:  # the interpreter's bf16 dot is wrong (tests/conftest.py); the GPU check covers it
+        ref = torch.cat([torch.nn.functional.linear(x, w) for w in ws], 1)
+        torch.testing.assert_close(solo, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fixed_order_gate_up_silu_rows_and_values():
+    torch.manual_seed(1)
+    wg, wu, x = torch.randn(32, 64), torch.randn(32, 64), torch.randn(66, 64)
+    solo = torch.cat([fixed_order_gate_up_silu(x[r : r + 1], wg, wu) for r in range(66)])
+    assert torch.equal(fixed_order_gate_up_silu(x, wg, wu), solo)
+    ref = torch.nn.functional.silu(x @ wg.T) * (x @ wu.T)
+    torch.testing.assert_close(solo, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fixed_order_linear_refuses_bad_shapes_by_name():
+    with pytest.raises(ValueError, match="fixed_order_linear"):
+        fixed_order_linear(torch.randn(2, 64), [torch.randn(10, 64)])
+
+
+def _paged(seed: int, seqs: int, ctx: int, bs: int = 16):
+    g = torch.Generator().manual_seed(seed)
+    per = -(-ctx // bs)
+    kc, vc = torch.randn(seqs * per + 2, bs, 2, 32, generator=g), torch.randn(seqs * per + 2, bs, 2, 32, generator=g)
+    tables = torch.randperm(seqs * per + 2, generator=g)[: seqs * per].view(seqs, per).int()
+    return kc, vc, tables
+
+
+def test_fixed_split_decode_attention_row_independent_of_batch_and_table_width():
+    kc, vc, tables = _paged(2, 5, 300)
+    q = torch.randn(5, 4, 32)
+    lens = torch.tensor([300, 7, 64, 65, 190], dtype=torch.int32)
+    solo = torch.cat([paged_decode_attention_fixed(q[r : r + 1], kc, vc, tables[r : r + 1], lens[r : r + 1], 0.2, splits=4)
+                      for r in range(5)])
+    assert torch.equal(paged_decode_attention_fixed(q, kc, vc, tables, lens, 0.2, splits=4), solo)
+    wide = torch.cat([tables, tables[:, :3]], 1)
+    assert torch.equal(paged_decode_attention_fixed(q, kc, vc, wide, lens, 0.2, splits=4), solo)
+    ref = paged_decode_attention_ref(q, kc, vc, tables, lens, 0.2)
+    torch.testing.assert_close(solo, ref, rtol=1e-4, atol=1e-4)
+
+
+def test_verify_rows_expand_to_the_decode_rows_of_their_positions():
+    kc, vc, tables = _paged(3, 2, 200)
+    # sequence 0: 3 verify rows ending at 150 tokens; sequence 1: one decode row at 90
+    index, rows_tables, seq_lens = expand_rows(tables, [150, 90], [3, 1])
+    assert index.tolist() == [0, 0, 0, 1] and seq_lens.tolist() == [148, 149, 150, 90]
+    q = torch.randn(4, 4, 32)
+    together = paged_decode_attention_fixed(q, kc, vc, rows_tables, seq_lens, 0.3, splits=4)
+    for r, (s, n) in enumerate([(0, 148), (0, 149), (0, 150), (1, 90)]):
+        alone = paged_decode_attention_fixed(q[r : r + 1], kc, vc, tables[s : s + 1], torch.tensor([n], dtype=torch.int32),
+                                             0.3, splits=4)
+        assert torch.equal(together[r : r + 1], alone), r
+    assert expand_rows(tables, [0], [1])[2].tolist() == [0]  # a graph padding row stays empty
+
+
+def test_route_is_a_function_of_each_row_alone(monkeypatch):
+    monkeypatch.setitem(exact_cuda._state, "batch_invariant", False)
+    decode = exact_cuda.route_for([1, 1, 1], "cpu")
+    assert decode.per_row and decode.all_exact
+    mixed = exact_cuda.route_for([1, 5, 1], "cpu")
+    assert not mixed.per_row and mixed.exact_seqs == (0, 2) and mixed.bulk_seqs == (1,)
+    assert mixed.exact_rows.tolist() == [0, 6] and mixed.bulk_rows.tolist() == [1, 2, 3, 4, 5]
+    assert exact_cuda.route_for([4, 9], "cpu").none_exact
+    with exact_cuda.verify_step():
+        assert exact_cuda.route_for([4, 2, 1], "cpu").per_row
+    assert not exact_cuda.route_for([4, 2, 1], "cpu").per_row
+    monkeypatch.setitem(exact_cuda._state, "batch_invariant", True)
+    assert exact_cuda.route_for([7, 1], "cpu").per_row
+
+
+def test_route_rows_merges_canonical_and_bulk_rows(monkeypatch):
+    route = exact_cuda.route_for([1, 3, 1], "cpu")
+    monkeypatch.setitem(exact_cuda._state, "route", route)
+    x = torch.arange(5.0)[:, None].repeat(1, 2)
+    seen = {}
+
+    def tag(name, value):
+        def fn(rows):
+            seen[name] = rows[:, 0].tolist()
+            return [torch.full((rows.shape[0], 1), value)]
+        return fn
+
+    out = exact_cuda.route_rows(x, tag("exact", 1.0), tag("bulk", 2.0))[0]
+    assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 2.0, 1.0]
+    assert seen == {"exact": [0.0, 4.0], "bulk": [1.0, 2.0, 3.0]}  # bulk rows computed over the chunk rows only
+    # a row set of its own (logits rows): all canonical
+    assert exact_cuda.route_rows(x[:2], tag("exact", 1.0), tag("bulk", 2.0))[0][:, 0].tolist() == [1.0, 1.0]
+
+
+def test_recurrent_plan_steps_rows_like_plain_decode():
+    from types import SimpleNamespace
+
+    batch = SimpleNamespace(input_ids=torch.zeros(7, dtype=torch.long), q_lens_cpu=[3, 1, 3], context_lens_cpu=[10, 4, 0],
+                            state_slots=torch.tensor([5, 6, 7]))
+    with exact_cuda.verify_step():
+        plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    steps = [(r.tolist(), s.tolist(), f.tolist()) for r, s, f in plan.steps]
+    assert steps == [([0, 3, 4], [0, 1, 2], [False, False, True]), ([1, 5], [0, 2], [False, False]),
+                     ([2, 6], [0, 2], [False, False])]
+    assert plan.bulk_rows is None
+    mixed = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    assert [(r.tolist(), s.tolist()) for r, s, _ in mixed.steps] == [([3], [1])]
+    assert mixed.bulk_rows.tolist() == [0, 1, 2, 4, 5, 6] and mixed.bulk_slots.tolist() == [5, 7]
+    assert mixed.bulk_q_lens == (3, 3) and mixed.bulk_context_lens == (10, 0)
+
+
+def test_recurrent_plan_gated_delta_equals_the_token_by_token_definition():
+    from types import SimpleNamespace
+
+    from dgpp.kernels.gated_delta import gated_delta_ref
+
+    torch.manual_seed(4)
+    t, hk, hv, dk, dv = 6, 1, 2, 16, 16
+    q, k = torch.randn(t, hk, dk), torch.randn(t, hk, dk)
+    v, g, beta = torch.randn(t, hv, dv), -torch.rand(t, hv), torch.rand(t, hv)
+    pool = torch.randn(3, hv, dk, dv)
+    batch = SimpleNamespace(input_ids=torch.zeros(t, dtype=torch.long), q_lens_cpu=[4, 2], context_lens_cpu=[5, 3],
+                            state_slots=torch.tensor([0, 2]))
+    ref_pool = pool.clone()
+    ref = gated_delta_ref(q, k, v, g, beta, ref_pool, batch.state_slots, torch.tensor([0, 4, 6]), torch.tensor([False, False]))
+    with exact_cuda.verify_step():
+        plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    out = plan.delta(q, k, v, g, beta, pool, 64)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-4)

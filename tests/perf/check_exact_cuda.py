@@ -1,0 +1,146 @@
+"""Row exactness on the GPU (``dgpp.nn.exact_cuda``): is a row the same bits whatever the row count, for each
+linear and attention path, and what does the canonical path cost against the stock one?
+
+    PYTHONPATH=dgpp-core/src TRITON_INTERPRET=0 python3 tests/perf/check_exact_cuda.py
+
+One line per result. ``same`` lines compare every row of an M-row call with the same row computed alone
+(M = 1) for M in ROW_COUNTS; ``time`` lines are do_bench medians with the weights rotated out of L2.
+Exits non-zero when a canonical path is not row-exact (stock paths are reported, not judged).
+"""
+# ruff: noqa: B023
+from __future__ import annotations
+
+import sys
+
+import torch
+import torch.nn.functional as F
+import triton.testing
+
+from dgpp.kernels import gemv, moe
+from dgpp.kernels import paged_attention as pa
+from dgpp.kernels.exact_attention import expand_rows, paged_decode_attention_fixed
+from dgpp.kernels.exact_gemm import fixed_order_gate_up_silu, fixed_order_linear
+
+DEV, BF16 = "cuda", torch.bfloat16
+ROW_COUNTS = (1, 2, 3, 8, 16, 17, 64, 65, 300)
+FAILS: list[str] = []
+
+
+def same_rows(name: str, fn, x: torch.Tensor, judged: bool) -> None:
+    solo = torch.cat([fn(x[r : r + 1]) for r in range(x.shape[0])])
+    bad = [m for m in ROW_COUNTS if not torch.equal(fn(x[:m]), solo[:m])]
+    diff = max((float((fn(x[:m]).float() - solo[:m].float()).abs().max()) for m in bad), default=0.0)
+    verdict = "IDENTICAL" if not bad else f"DIFFERENT at M={bad} (max abs {diff:.3e})"
+    print(f"same  {name:46s} {verdict}", flush=True)
+    if bad and judged:
+        FAILS.append(name)
+
+
+def bench(fn_of, copies: list) -> float:
+    """Median us of ``fn_of(copy)``, cycling through weight copies so each call reads from HBM."""
+    state = {"i": 0}
+
+    def call():
+        state["i"] = (state["i"] + 1) % len(copies)
+        fn_of(copies[state["i"]])
+
+    return triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median") * 1e3
+
+
+def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
+    return float((out.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def check_linears() -> None:
+    shapes = {"qkv 4096->4096+1024+1024": (4096, [4096, 1024, 1024]), "o 4096->4096": (4096, [4096]),
+              "down 12288->4096": (12288, [4096]), "lm head 4096->151936": (4096, [151936]),
+              "router 4096->128": (4096, [128])}
+    for name, (k, ns) in shapes.items():
+        ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for n in ns]
+        x = torch.randn(max(ROW_COUNTS), k, device=DEV, dtype=BF16)
+        def fixed(rows):
+            return torch.cat(fixed_order_linear(rows, ws), 1)
+        def stock(rows):
+            return torch.cat(gemv.multi_linear(rows, ws), 1)
+        same_rows(f"linear fixed {name}", fixed, x, True)
+        same_rows(f"linear stock {name}", stock, x, False)
+        print(f"err   linear fixed {name:40s} {rel_err(fixed(x), torch.cat([F.linear(x.float(), w.float()) for w in ws], 1)):.2e}")
+        nbytes = sum(w.numel() for w in ws) * 2
+        copies = [[w.clone() for w in ws] for _ in range(max(2, int(2e8 // nbytes) + 1))]
+        for m in (1, 8, 64, 300) if "head" in name else (1, 8, 64, 300, 4096):
+            xm = torch.randn(m, k, device=DEV, dtype=BF16)
+            t_fixed = bench(lambda c: fixed_order_linear(xm, c), copies)
+            t_stock = bench(lambda c: gemv.multi_linear(xm, c), copies)
+            print(f"time  linear {name:30s} M={m:5d} fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
+                  f"cost {100 * (t_fixed / t_stock - 1):+6.1f}%", flush=True)
+    wg, wu = (torch.randn(12288, 4096, device=DEV, dtype=BF16) / 64 for _ in range(2))
+    x = torch.randn(max(ROW_COUNTS), 4096, device=DEV, dtype=BF16)
+    same_rows("gate_up_silu fixed 4096->2x12288", lambda r: fixed_order_gate_up_silu(r, wg, wu), x, True)
+    same_rows("gate_up_silu stock 4096->2x12288", lambda r: gemv.gate_up_silu(r, wg, wu), x, False)
+    copies = [(wg.clone(), wu.clone()) for _ in range(2)]
+    for m in (1, 64, 4096):
+        xm = torch.randn(m, 4096, device=DEV, dtype=BF16)
+        t_fixed = bench(lambda c: fixed_order_gate_up_silu(xm, *c), copies)
+        t_stock = bench(lambda c: gemv.gate_up_silu(xm, *c), copies)
+        print(f"time  gate_up_silu 4096->2x12288           M={m:5d} fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
+              f"cost {100 * (t_fixed / t_stock - 1):+6.1f}%", flush=True)
+
+
+def check_attention() -> None:
+    bs, hq, hk, d, ctx = 16, 32, 8, 128, 4096
+    blocks = 64 * (ctx // bs) + 8
+    kc = torch.randn(blocks, bs, hk, d, device=DEV, dtype=BF16)
+    vc = torch.randn(blocks, bs, hk, d, device=DEV, dtype=BF16)
+    perm = torch.randperm(blocks, device=DEV)[: 64 * (ctx // bs)].view(64, ctx // bs).int()
+    lens = torch.randint(1, ctx + 1, (64,), device=DEV, dtype=torch.int32)
+    lens[0], lens[1] = 37, ctx  # one short (direct) row, one full-table row
+    q = torch.randn(64, hq, d, device=DEV, dtype=BF16)
+    for label, fn, judged in (("fixed", paged_decode_attention_fixed, True), ("stock", pa.paged_decode_attention, False)):
+        solo = torch.cat([fn(q[r : r + 1], kc, vc, perm[r : r + 1], lens[r : r + 1], d**-0.5) for r in range(64)])
+        bad = [m for m in (1, 2, 3, 8, 16, 17, 64) if not torch.equal(fn(q[:m], kc, vc, perm[:m], lens[:m], d**-0.5), solo[:m])]
+        wide = torch.cat([perm, perm[:, :64]], 1)  # a wider table (a served graph's) must not change a row either
+        bad += ["wide"] if not torch.equal(fn(q, kc, vc, wide, lens, d**-0.5), solo) else []
+        print(f"same  decode attention {label} (batch / table width)    {'IDENTICAL' if not bad else f'DIFFERENT at {bad}'}")
+        if bad and judged:
+            FAILS.append(f"decode attention {label}")
+    ref = pa.paged_decode_attention_ref(q[:8], kc, vc, perm[:8], lens[:8], d**-0.5)
+    print(f"err   decode attention fixed                   {rel_err(paged_decode_attention_fixed(q[:8], kc, vc, perm[:8], lens[:8], d**-0.5), ref):.2e}")
+    # a verify: 4 rows of one sequence at 1000..1003 == the four decode rows of those positions
+    _, tables, vlens = expand_rows(perm[:1], [1004], [4])
+    rows = paged_decode_attention_fixed(q[:4], kc, vc, tables, vlens, d**-0.5)
+    alone = torch.cat([paged_decode_attention_fixed(q[j : j + 1], kc, vc, perm[:1], torch.tensor([1001 + j], device=DEV, dtype=torch.int32), d**-0.5) for j in range(4)])
+    print(f"same  verify rows == decode rows                   {'IDENTICAL' if torch.equal(rows, alone) else 'DIFFERENT'}")
+    if not torch.equal(rows, alone):
+        FAILS.append("verify rows")
+    for b in (1, 64):
+        full = torch.full((b,), ctx, device=DEV, dtype=torch.int32)
+        t_fixed = triton.testing.do_bench(lambda: paged_decode_attention_fixed(q[:b], kc, vc, perm[:b], full, 0.1), return_mode="median") * 1e3
+        t_stock = triton.testing.do_bench(lambda: pa.paged_decode_attention(q[:b], kc, vc, perm[:b], full, 0.1), return_mode="median") * 1e3
+        print(f"time  decode attention batch {b:2d} ctx {ctx}          fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
+              f"cost {100 * (t_fixed / t_stock - 1):+6.1f}%", flush=True)
+
+
+def check_moe() -> None:
+    e, h, inter, top = 64, 2048, 768, 8
+    gate_up = torch.randn(e, 2 * inter, h, device=DEV, dtype=BF16) / h**0.5
+    down = torch.randn(e, h, inter, device=DEV, dtype=BF16) / inter**0.5
+    x = torch.randn(max(ROW_COUNTS), h, device=DEV, dtype=BF16)
+    ids = torch.stack([torch.randperm(e, device=DEV)[:top] for _ in range(x.shape[0])])
+    w = torch.rand(x.shape[0], top, device=DEV).to(BF16)
+    def fn(r):
+        return moe.fused_moe(r, gate_up, down, w[_rows(r, x)], ids[_rows(r, x)])
+    same_rows("fused moe 64 experts top 8 (2048/768)", fn, x, True)
+
+
+def _rows(r: torch.Tensor, x: torch.Tensor) -> slice:
+    start = (r.data_ptr() - x.data_ptr()) // (x.stride(0) * x.element_size())
+    return slice(start, start + r.shape[0])
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    check_linears()
+    check_attention()
+    check_moe()
+    print("FAILED: " + ", ".join(FAILS) if FAILS else "all canonical paths row-exact")
+    sys.exit(1 if FAILS else 0)
