@@ -1,183 +1,254 @@
-"""Quantized GEMV/GEMM on a GPU: correctness of every Triton kernel at real sizes, then decode-GEMV bytes/step,
-time and % of the measured copy bandwidth (8B geometry). Not a test: run by hand, results go to
-docs/benchmarks.md ("Quantized GEMV").
+"""Packed decode GEMVs on a GPU at 8B geometry: check every kernel against the torch decode reference on
+fresh random weights, then time them (CUDA-graph replays over rotated weight copies, out of L2) and print
+GB/s of packed bytes (codes + scales) and % of the copy bandwidth measured here. Not a test; one line per
+result, JSON to $OUT/quant_gemv.json; results go to docs/benchmarks.md ("Quantized GEMV").
 
-    PYTHONPATH=dgpp-core/src python tests/perf/bench_quant_gemv.py [--smoke]   # --smoke: tiny, CPU interpreter
+    PYTHONPATH=dgpp-core/src python3 tests/perf/bench_quant_gemv.py            # H200: ~2 minutes
+    PYTHONPATH=dgpp-core/src python3 tests/perf/bench_quant_gemv.py --smoke    # CPU interpreter, checks only
+    options: --sweep none|small|full (tile sweep on o_proj; default small), --formats fp8_block,nvfp4,...
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import os
 import sys
 
 import torch
 import torch.nn.functional as F
 
+LAYERS_8B = 36
+# name -> (kind, weight shapes): one attention block's q/k/v and o, the MLP's gate/up and down (Qwen3-8B)
+PROBLEMS = {
+    "qkv": ("multi", [(4096, 4096), (1024, 4096), (1024, 4096)]),
+    "o": ("multi", [(4096, 4096)]),
+    "gate_up": ("gate_up", [(12288, 4096), (12288, 4096)]),
+    "down": ("multi", [(4096, 12288)]),
+}
+SMOKE_PROBLEMS = {
+    "qkv": ("multi", [(64, 256), (32, 256), (32, 256)]),
+    "gate_up": ("gate_up", [(96, 256), (96, 256)]),
+    "down": ("multi", [(64, 512)]),
+}
 
-def random_tensors(fmt, shape, device):
-    """Random stored bytes for every tensor of ``fmt`` (finite codes, moderate scales)."""
+
+def formats() -> dict:
+    from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
+    from dgpp.quant.fp8 import FP8Block, FP8Channel
+
+    return {"fp8_block": FP8Block(), "fp8_channel": FP8Channel(), "nvfp4": NVFP4ModelOpt(),
+            "nvfp4_ct": NVFP4CompressedTensors(), "mxfp4": MXFP4()}
+
+
+def random_weight(fmt, shape, device, gen) -> dict[str, torch.Tensor]:
+    """Random resident tensors of ``fmt`` (finite codes, moderate scales), as a loaded layer holds them."""
+    def rand_bytes(s, lo=0, hi=256):
+        return torch.randint(lo, hi, s, device=device, generator=gen, dtype=torch.int32).to(torch.uint8)
+
     out = {}
-    g = torch.Generator(device=device).manual_seed(hash((fmt.name, shape)) % 2**31)
     for name, s in fmt.tensor_shapes(shape).items():
         if name == "weight" and fmt.name.startswith("fp8"):
-            b = torch.randint(0, 256, s, device=device, generator=g, dtype=torch.int32)
-            b = torch.where((b & 0x7F) == 0x7F, b & 0xF0, b).to(torch.uint8)
-            out[name] = b.view(torch.float8_e4m3fn)
-        elif name in ("weight_scale_inv",) or (fmt.name == "fp8_channel" and name == "weight_scale"):
-            out[name] = torch.rand(s, device=device, generator=g) * 2e-3 + 1e-4
-        elif fmt.name in ("nvfp4_modelopt", "nvfp4_ct", "mxfp4"):
-            if name == fmt.data_name:
-                out[name] = torch.randint(0, 256, s, device=device, generator=g, dtype=torch.int32).to(torch.uint8)
-            elif name == fmt.scale_name:
-                lo, hi = (120, 130) if fmt.scale_kind == "e8m0" else (0x20, 0x50)
-                out[name] = torch.randint(lo, hi, s, device=device, generator=g, dtype=torch.int32).to(torch.uint8)
-            else:
-                out[name] = torch.full(s, 3e-3 if fmt.global_op == "mul" else 300.0, device=device)
-        elif name in ("weight_packed", "qweight", "qzeros"):
-            out[name] = torch.randint(-(2**31), 2**31 - 1, s, device=device, generator=g, dtype=torch.int32)
-        elif name == "weight_scale":
-            out[name] = (torch.rand(s, device=device, generator=g) * 2e-3).to(torch.bfloat16)
-        elif name == "scales":
-            out[name] = (torch.rand(s, device=device, generator=g) * 2e-3).to(torch.float16)
+            b = rand_bytes(s).to(torch.int32)
+            out[name] = torch.where((b & 0x7F) == 0x7F, b & 0xF0, b).to(torch.uint8).view(torch.float8_e4m3fn)
+        elif fmt.name.startswith("fp8"):
+            out[name] = torch.rand(s, device=device, generator=gen) * 2e-3 + 1e-4
+        elif name == fmt.data_name:
+            out[name] = rand_bytes(s)
+        elif name == fmt.scale_name:
+            out[name] = rand_bytes(s, 120, 130) if fmt.scale_kind == "e8m0" else rand_bytes(s, 0x20, 0x50)
         else:
-            raise KeyError(name)
+            out[name] = torch.full(s, 3e-3 if fmt.global_op == "mul" else 300.0, device=device)
     return fmt.prepare(out, shape)
 
 
-def nbytes(tensors):
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+def nbytes(tensor_sets) -> int:
+    return sum(t.numel() * t.element_size() for ts in tensor_sets for t in ts.values())
+
+
+def run(fmt, kind, sets, shapes, x, tile=None):
+    from dgpp.quant.kernels import quant_gate_up_silu, quant_multi_linear
+
+    if kind == "gate_up":
+        return quant_gate_up_silu(fmt, sets[0], sets[1], x, shapes[0], tile)
+    return torch.cat(quant_multi_linear(fmt, sets, x, shapes, tile), dim=1)
+
+
+def reference(fmt, kind, sets, shapes, x):
+    outs = [x.float() @ fmt.decode(t, s, torch.float32).t() for t, s in zip(sets, shapes, strict=True)]
+    if kind == "gate_up":  # gate and up are activations in the model dtype before the product
+        return F.silu(outs[0].to(x.dtype).float()) * outs[1].to(x.dtype).float()
+    return torch.cat(outs, dim=1)
+
+
+def check(name, fmt, pname, kind, sets, shapes, device, dtype, results) -> None:
+    """Against the reference at m = 1, 3, 16; row 0 identical alone and in 16 rows; fused q/k/v equal to
+    one launch per weight."""
+    from dgpp.quant.kernels import quant_multi_linear
+
+    k = shapes[0][1]
+    x16 = torch.randn(16, k, device=device, dtype=dtype)
+    got16 = run(fmt, kind, sets, shapes, x16)
+    for m in (1, 3, 16):
+        got = run(fmt, kind, sets, shapes, x16[:m]).float()
+        ref = reference(fmt, kind, sets, shapes, x16[:m])
+        rel = ((got - ref).norm() / ref.norm()).item()
+        invariant = torch.equal(got16[:m].float(), got) if m < 16 else True
+        # gate_up: silu(g) * u of two bf16-rounded activations, each off by up to one bf16 ulp
+        ok = math.isfinite(rel) and rel < (2e-2 if kind == "gate_up" else 1e-2) and invariant
+        results["checks"].append({"format": name, "problem": pname, "m": m, "rel_err": rel, "invariant": invariant,
+                                  "ok": ok})
+        print(f"check {name:11s} {pname:8s} m={m:2d} rel_err={rel:.2e} batch_invariant={invariant} "
+              f"{'ok' if ok else 'FAIL'}", flush=True)
+    if kind == "multi" and len(sets) > 1:
+        fused = quant_multi_linear(fmt, sets, x16, shapes)
+        alone = [quant_multi_linear(fmt, [t], x16, [s])[0] for t, s in zip(sets, shapes, strict=True)]
+        same = all(torch.equal(a, b) for a, b in zip(fused, alone, strict=True))
+        results["checks"].append({"format": name, "problem": pname, "fused_equals_separate": same, "ok": same})
+        print(f"check {name:11s} {pname:8s} fused == separate launches: {same} {'ok' if same else 'FAIL'}", flush=True)
+
+
+def check_generic(device, dtype, results, smoke: bool) -> None:
+    """The generic weight-only kernel (prefill rows, int formats, GPTQ) still matches the reference."""
+    from dgpp.quant.encode import encode
+    from dgpp.quant.intq import GPTQ, IntPacked
+    from dgpp.quant.kernels import quant_matmul
+
+    n, k = (48, 256) if smoke else (1024, 4096)
+    for fmt in [*formats().values(), IntPacked(bits=4, group=64), IntPacked(bits=8, group=64), GPTQ(bits=4, group=128),
+                GPTQ(bits=8, group=128)]:
+        t = {key: v.to(device) for key, v in fmt.prepare(encode(fmt, torch.randn(n, k) * 0.05), (n, k)).items()}
+        dense = fmt.decode(t, (n, k), torch.float32)
+        for m in (1, 20) if smoke else (1, 64):
+            x = torch.randn(m, k, device=device, dtype=dtype)
+            ref = x.float() @ dense.t()
+            rel = ((quant_matmul(fmt, t, x, (n, k)).float() - ref).norm() / ref.norm()).item()
+            ok = math.isfinite(rel) and rel < 1e-2
+            results["checks"].append({"format": fmt.name, "problem": "generic", "m": m, "rel_err": rel, "ok": ok})
+            print(f"check {fmt.name:14s} quant_matmul {n}x{k} m={m:2d} rel_err={rel:.2e} {'ok' if ok else 'FAIL'}",
+                  flush=True)
+
+
+def sweep_tiles(name: str, level: str) -> list:
+    from dgpp.quant.kernels import GemvTile
+
+    if level == "none":
+        return []
+    fp4 = not name.startswith("fp8")
+    base = [GemvTile(bn=bn, bk=bk, stages=st, warps=wp, w_as_a=a)
+            for a, bn, wp in ((False, 32, 4), (False, 16, 4), (False, 64, 8), (True, 32, 2), (True, 64, 4),
+                              (True, 16, 1))
+            for bk, st in ((256, 4), (512, 3))]
+    if level == "full":
+        base += [dataclasses.replace(t, stages=s) for t in base for s in (2, 5) if t.stages != s]
+        base += [dataclasses.replace(t, warps=8) for t in base if t.warps == 4]
+    if fp4:
+        base += [dataclasses.replace(t, interleave=True) for t in base[:4]]
+        base += [dataclasses.replace(t, fast_fp4=False) for t in base[:2]]
+    return base
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--sweep", default="small", choices=("none", "small", "full"))
+    ap.add_argument("--formats", default="")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
     import triton
-    from triton.testing import do_bench, do_bench_cudagraph
-
-    from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
-    from dgpp.quant.fp8 import FP8Block, FP8Channel
-    from dgpp.quant.intq import GPTQ, IntPacked
-    from dgpp.quant.kernels import TileConfig, default_config, quant_matmul
 
     device = torch.device("cpu" if args.smoke else "cuda")
-    dtype = torch.float32 if args.smoke else torch.bfloat16
-    formats = [FP8Block(), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4(), IntPacked(bits=4, group=64),
-               IntPacked(bits=8, group=64), GPTQ(bits=4, group=128), GPTQ(bits=8, group=128)]
-    shapes = [(64, 256)] if args.smoke else [(12288, 4096), (4096, 12288), (6144, 4096), (4096, 4096)]
+    dtype = torch.bfloat16
+    fmts = {k: v for k, v in formats().items() if not args.formats or k in args.formats.split(",")}
+    problems = SMOKE_PROBLEMS if args.smoke else PROBLEMS
+    gen = torch.Generator(device=device).manual_seed(0)
     results = {"device": "cpu-interpreter" if args.smoke else torch.cuda.get_device_name(),
-               "torch": torch.__version__, "triton": triton.__version__, "checks": [], "gemv": [], "sweep": []}
-
-    skip_checks = os.environ.get("SKIP_CHECKS") == "1"
-    # 1. correctness at real sizes, fresh random inputs, M in {1, 4, 64}
-    for fmt in [] if skip_checks else formats:
-        for shape in shapes[:1]:
-            t = random_tensors(fmt, shape, device)
-            dense = fmt.decode(t, shape, dtype).float()
-            for m in (1, 4, 64) if not args.smoke else (1, 20):
-                x = torch.randn(m, shape[1], device=device, dtype=dtype)
-                ref = x.float() @ dense.t()
-                got = quant_matmul(fmt, t, x, shape).float()
-                rel = ((got - ref).norm() / ref.norm()).item()
-                assert got.isfinite().all()
-                results["checks"].append({"format": fmt.name, "shape": shape, "m": m, "rel_err": rel})
-                print(f"check {fmt.name:15s} {str(shape):14s} m={m:3d} rel_err={rel:.2e}", flush=True)
-                assert rel < 1e-2, (fmt.name, shape, m, rel)
+               "torch": torch.__version__, "triton": triton.__version__, "checks": [], "timings": [], "model": []}
+    for name, fmt in fmts.items():
+        for pname, (kind, shapes) in problems.items():
+            sets = [random_weight(fmt, s, device, gen) for s in shapes]
+            check(name, fmt, pname, kind, sets, shapes, device, dtype, results)
+    check_generic(device, dtype, results, args.smoke)
+    failed = [c for c in results["checks"] if not c["ok"]]
     if args.smoke:
-        print("smoke ok")
-        return
-
-    # 2. copy bandwidth (bytes read + written)
-    def copy_bandwidth(nbytes: int = 2**31) -> float:
-        src = torch.empty(nbytes, dtype=torch.uint8, device=device)
-        dst = torch.empty_like(src)
-        ms = do_bench(lambda: dst.copy_(src), warmup=50, rep=300, return_mode="median")
-        return 2 * nbytes / (ms * 1e-3)
-
-    copy_bw = copy_bandwidth()
-    results["copy_GBps"] = copy_bw / 1e9
-    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s", flush=True)
-
-    # 3. decode GEMV (M=1), weights rotated over enough copies to defeat the 60 MB L2
-    cache = {}
-
-    def weight_sets(fmt, shape):
-        """Enough random copies (>= 256 MB together) that rotating through them defeats the 60 MB L2."""
-        key = (fmt, shape)
-        if key not in cache:
-            cache.clear()
-            sets = [random_tensors(fmt, shape, device)]
-            while len(sets) < 8 and nbytes(sets[0]) * len(sets) < (256 << 20):
-                sets.append(random_tensors(fmt, shape, device))
-            cache[key] = sets
-        return cache[key]
-
-    def time_one(fmt, shape, cfg=None, m=1):
-        ts = weight_sets(fmt, shape)
-        xs = [torch.randn(m, shape[1], device=device, dtype=dtype) for _ in ts]
-
-        def step_all():  # one replay = one launch per weight copy (decode steps run from CUDA graphs)
-            for j in range(len(ts)):
-                quant_matmul(fmt, ts[j], xs[j], shape, cfg)
-
-        step_all()
-        ms = do_bench_cudagraph(step_all, rep=60, return_mode="median") / len(ts)
-        b = nbytes(ts[0]) + xs[0].numel() * 2 + m * shape[0] * 2
-        return ms, b
-
-    swept = {"fp8_block", "nvfp4_modelopt"}
-    for fmt in [formats[0], formats[2], formats[4], formats[5], formats[7]]:
-        for shape in shapes:
-            base = default_config(fmt, 1, shape, device)
-            cfgs = [base]
-            if fmt.name in swept:
-                cfgs += [TileConfig(bm=1, bn=bn, bkp=base.bkp * mult, split_k=sk, num_warps=nw, num_stages=ns)
-                         for bn, mult, nw, ns in ((32, 1, 4, 4), (64, 1, 8, 3), (16, 2, 4, 4), (16, 1, 2, 4))
-                         for sk in (base.split_k, base.split_k * 2)]
-            best = default_row = None
-            for cfg in cfgs:
-                try:
-                    ms, b = time_one(fmt, shape, cfg)
-                except Exception as e:  # a config that does not fit (shared memory) is skipped, not fatal
-                    print(f"skip {cfg}: {e}", flush=True)
-                    continue
-                row = {"format": fmt.name, "shape": shape, "cfg": dict(cfg.__dict__), "us": ms * 1e3, "bytes": b,
-                       "GBps": b / (ms * 1e-3) / 1e9, "pct_copy": 100 * b / (ms * 1e-3) / copy_bw}
-                results["sweep"].append(row)
-                if best is None or row["us"] < best["us"]:
-                    best = row
-                if default_row is None:
-                    default_row = row
-            if default_row is None or best is None:
-                continue
-            results["gemv"].append({"default": default_row, "best": best})
-            print(f"gemv {fmt.name:15s} {str(shape):14s} bytes={default_row['bytes']/1e6:7.2f}MB "
-                  f"default {default_row['us']:7.1f}us {default_row['pct_copy']:5.1f}% | best {best['us']:7.1f}us "
-                  f"{best['pct_copy']:5.1f}% {best['cfg']}", flush=True)
-    cache.clear()
-    # dense bf16 baseline (cuBLAS through torch)
-    for shape in shapes:
-        ws = [torch.randn(shape, device=device, dtype=dtype) for _ in range(4)]
-        x = torch.randn(1, shape[1], device=device, dtype=dtype)
-
-        def dense_all(ws=ws, x=x):
-            for w in ws:
-                F.linear(x, w)
-
-        dense_all()
-        ms = do_bench_cudagraph(dense_all, rep=60, return_mode="median") / len(ws)
-        b = ws[0].numel() * 2
-        results["gemv"].append({"default": {"format": "bf16 (torch F.linear)", "shape": shape, "us": ms * 1e3, "bytes": b,
-                                            "pct_copy": 100 * b / (ms * 1e-3) / copy_bw}})
-        print(f"gemv bf16-dense       {str(shape):14s} bytes={b/1e6:7.2f}MB {ms*1e3:7.1f}us {100*b/(ms*1e-3)/copy_bw:5.1f}%")
+        print("smoke ok" if not failed else f"smoke FAILED: {len(failed)} checks")
+        sys.exit(1 if failed else 0)
+    time_all(args, fmts, problems, device, dtype, gen, results)
     with open(os.path.join(args.out, "quant_gemv.json"), "w") as f:
-        json.dump(results, f, indent=1)
+        json.dump(results, f, indent=1, default=str)
+    print(f"checks: {len(results['checks']) - len(failed)} ok, {len(failed)} failed", flush=True)
+
+
+def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
+    from triton.testing import do_bench, do_bench_cudagraph
+
+    from dgpp.quant.kernels import default_config, default_tile, quant_matmul
+
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    copy_bw = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3)
+    del src, dst
+    results["copy_GBps"] = copy_bw / 1e9
+    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
+
+    def timed(fn, copies) -> float:
+        """Seconds per call: one CUDA graph replays ``fn(i)`` over every weight copy."""
+        def step():
+            for i in range(copies):
+                fn(i)
+        step()
+        return do_bench_cudagraph(step, rep=40, return_mode="median") * 1e-3 / copies
+
+    for name, fmt in fmts.items():
+        per_layer = 0.0
+        layer_bytes = 0
+        for pname, (kind, shapes) in problems.items():
+            one = [random_weight(fmt, s, device, gen) for s in shapes]
+            b = nbytes(one)
+            copies = max(4, min(16, math.ceil((512 << 20) / b)))
+            sets = [one] + [[random_weight(fmt, s, device, gen) for s in shapes] for _ in range(copies - 1)]
+            x = torch.randn(1, shapes[0][1], device=device, dtype=dtype)
+            tiles = [default_tile(fmt, sum(s[0] for s in shapes) if kind == "multi" else 2 * shapes[0][0],
+                                  shapes[0][1])]
+            if pname == "o":
+                tiles += sweep_tiles(name, args.sweep)
+            best = None
+            for tile in tiles:
+                try:
+                    sec = timed(lambda i, tile=tile: run(fmt, kind, sets[i], shapes, x, tile), copies)
+                except Exception as e:  # a tile that does not compile or fit is reported, not fatal
+                    print(f"skip {name} {pname} {tile}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                row = {"format": name, "problem": pname, "tile": dataclasses.asdict(tile), "us": sec * 1e6,
+                       "bytes": b, "GBps": b / sec / 1e9, "pct_copy": 100 * b / sec / copy_bw}
+                results["timings"].append(row)
+                tag = "default" if tile is tiles[0] else "sweep  "
+                print(f"gemv {tag} {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
+                      f"{row['GBps']:6.0f}GB/s {row['pct_copy']:5.1f}% {dataclasses.asdict(tile)}", flush=True)
+                best = row if best is None or row["us"] < best["us"] else best
+            if best is None:
+                continue
+            per_layer += best["us"]
+            layer_bytes += b
+            if pname == "o":  # the generic weight-only kernel on the same weights, for comparison
+                t, s = sets[0][0], shapes[0]
+                cfg = default_config(fmt, 1, s, device)
+                sec = timed(lambda i: quant_matmul(fmt, sets[i][0], x, s, cfg), copies)
+                print(f"gemv old     {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
+                      f"{b / sec / 1e9:6.0f}GB/s {100 * b / sec / copy_bw:5.1f}% (wo_matmul)", flush=True)
+            del sets
+        if per_layer:
+            step_ms = per_layer * LAYERS_8B / 1e3
+            pct = 100 * layer_bytes / (per_layer * 1e-6) / copy_bw
+            results["model"].append({"format": name, "layer_us": per_layer, "layer_bytes": layer_bytes,
+                                     "step_ms_36_layers": step_ms, "pct_copy": pct})
+            print(f"model {name:11s} 8B layer GEMVs {per_layer:7.1f}us {layer_bytes / 1e6:7.1f}MB "
+                  f"-> {step_ms:.2f} ms/step over {LAYERS_8B} layers, {pct:5.1f}% of copy bandwidth", flush=True)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

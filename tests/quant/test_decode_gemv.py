@@ -158,3 +158,18 @@ def test_layers_share_a_launch_only_with_one_format_and_no_bias():
                                [(64, k), (32, k), (32, k)], SMALL)
     for lyr, got in zip((q, kp, v), fused, strict=True):
         torch.testing.assert_close(got, lyr(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_e2m1_ptx_decoder_logic(dtype):
+    """The inline-PTX nibble decoder's tables and selectors (replayed in Python) give every byte's two
+    E2M1 values exactly, signed zeros included (the GPU benchmark checks the PTX itself)."""
+    from dgpp.quant.codecs import e2m1_unpack
+    from dgpp.quant.kernels.e2m1_asm import e2m1_pairs_model
+
+    every_byte = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    lo, hi = e2m1_pairs_model(every_byte, dtype)
+    want = e2m1_unpack(every_byte)
+    for got, ref in ((lo, want[0::2]), (hi, want[1::2])):
+        assert torch.equal(got.float(), ref)
+        assert torch.equal(got.float().signbit(), ref.signbit())

@@ -23,6 +23,7 @@ in fp32 with IEEE dots instead.
 from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
+from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
 
 FMT_FP8_BLOCK = 0
 FMT_FP8_CHANNEL = 1
@@ -33,21 +34,48 @@ GLOBAL_NONE = 0
 GLOBAL_MUL = 1
 GLOBAL_DIV = 2
 
-BM = 16  # x rows per MMA: decode batches of 1..16 share one padded tile
+# x rows per MMA: decode batches of 1..16 share one padded tile (a constexpr global, readable in kernels)
+BM = tl.constexpr(16) if tl is not None else 16
 
 
 @triton.jit
-def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, DOT_DTYPE: tl.constexpr):
-    xv = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=(rows[:, None] < m) & (kk < k_dim)[None, :],
-                 other=0.0)
-    return xv.to(DOT_DTYPE)
+def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    mask = rows[:, None] < m
+    if not EVEN:
+        mask = mask & (kk < k_dim)[None, :]
+    return tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=mask, other=0.0).to(DOT_DTYPE)
 
 
 @triton.jit
-def _dot(a, b_t, DOT_FP32: tl.constexpr):
-    if DOT_FP32:
-        return tl.dot(a, tl.trans(b_t), input_precision="ieee")
-    return tl.dot(a, tl.trans(b_t))
+def _w_tile(ptrs, col_ok, k_ok, EVEN: tl.constexpr):
+    """Stored bytes of a weight tile; ``EVEN`` (every N a multiple of BN, K of BK) drops the masks."""
+    if EVEN:
+        tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
+    return tile
+
+
+@triton.jit
+def _mma(xv, wv, W_AS_A: tl.constexpr, DOT_FP32: tl.constexpr):
+    """One step's partial in the accumulator's orientation: ``w @ x^T`` [BN, BM] when the weight is the
+    MMA's A operand (each warp then owns whole 16-row weight slices and x is re-read less), else ``x @ w^T``."""
+    precision: tl.constexpr = "ieee" if DOT_FP32 else None
+    if W_AS_A:
+        out = tl.dot(wv, tl.trans(xv), input_precision=precision)
+    else:
+        out = tl.dot(xv, tl.trans(wv), input_precision=precision)
+    return out
+
+
+@triton.jit
+def _per_row(acc, s, W_AS_A: tl.constexpr):
+    """``acc`` scaled by one fp32 value per weight row (``s`` [BN])."""
+    if W_AS_A:
+        out = acc * s[:, None]
+    else:
+        out = acc * s[None, :]
+    return out
 
 
 @triton.jit
@@ -58,37 +86,56 @@ def _e2m1_scaled(nib, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _fp4_group_scales(s_ptr, cols, col_ok, kg0, groups, GPS: tl.constexpr, FMT: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """The ``GPS`` group scales of each row in one step, decoded to ``DOT_DTYPE`` ([BN, GPS])."""
-    offs_g = kg0 + tl.arange(0, GPS)
-    s = tl.load(s_ptr + cols[:, None].to(tl.int64) * groups + offs_g[None, :],
-                mask=col_ok[:, None] & (offs_g < groups)[None, :], other=0)
+def _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, G: tl.constexpr, BN: tl.constexpr,
+                 BK: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """One step's scaled weights (even columns, odd columns), each [BN, BK/2] in ``DOT_DTYPE``; × 2^-14
+    unless ``FAST`` (the inline-PTX decoder, exact values; GPU only).
+
+    Bytes and scales are addressed as [BN, groups, G/2] and [BN, groups, 1] so the group scale broadcasts
+    inside each thread's registers (no shuffle of the scales to the weights' layout per weight)."""
+    GPS: tl.constexpr = BK // G
+    groups = k_dim // G
+    offs_g = k0 // G + tl.arange(0, GPS)
+    offs_j = tl.arange(0, G // 2)
+    ptrs = w_rows[:, :, None] + (offs_g * (G // 2))[None, :, None] + offs_j[None, None, :]
+    s_ptrs = s_ptr + cols[:, None, None].to(tl.int64) * groups + offs_g[None, :, None]
+    if EVEN:
+        packed = tl.load(ptrs)
+        s = tl.load(s_ptrs)
+    else:
+        g_ok = (offs_g < groups)[None, :, None]
+        packed = tl.load(ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
+        s = tl.load(s_ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
     if FMT == 3:  # E8M0: 2^(s-127) built as fp32 bits; s == 0 is 2^-127, an fp32 subnormal
         s32 = s.to(tl.int32)
         sf = tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True))
     else:
         sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    return sf.to(DOT_DTYPE)
-
-
-@triton.jit
-def _spread(sf, BN: tl.constexpr, GPS: tl.constexpr, PER: tl.constexpr):
-    """[BN, GPS] group scales -> [BN, GPS * PER], each repeated over its PER columns."""
-    return tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, GPS, PER)), (BN, GPS * PER))
+    sf = sf.to(DOT_DTYPE)
+    if FAST:
+        lo, hi = e2m1_pairs(packed, DOT_DTYPE)
+    else:
+        b = packed.to(tl.int16)
+        lo = _e2m1_scaled(b & 0xF, DOT_DTYPE)
+        hi = _e2m1_scaled(b >> 4, DOT_DTYPE)
+    return tl.reshape(lo * sf, (BN, BK // 2)), tl.reshape(hi * sf, (BN, BK // 2))
 
 
 @triton.jit
 def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols,
                FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-               DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """``x[:16] @ W[cols]^T`` as fp32 [BM, BN] for one packed weight (all scales applied).
+               W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """``W[cols] @ x[:16]^T`` as fp32 [BN, BM] for one packed weight (all scales applied).
 
     FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
     FP4: ``BK`` logical columns per step, ``SBK`` = group size."""
     rows = tl.arange(0, BM)
     col_ok = cols < n_rows
-    acc = tl.zeros([BM, BN], tl.float32)
+    if W_AS_A:
+        acc = tl.zeros([BN, BM], tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], tl.float32)
     if FMT <= 1:
         w_rows = w_ptr + cols[:, None].to(tl.int64) * k_dim
         scale_cols = tl.cdiv(k_dim, SBK)
@@ -96,44 +143,47 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols,
             for j in tl.static_range(BK // BKD):
                 kd = k0 + j * BKD
                 kk = kd + tl.arange(0, BKD)
-                xv = _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, DOT_DTYPE)
-                codes = tl.load(w_rows + kk[None, :], mask=col_ok[:, None] & (kk < k_dim)[None, :], other=0)
-                wv = codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
-                part = _dot(xv, wv, DOT_FP32)
+                xv = _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN, DOT_DTYPE)
+                codes = _w_tile(w_rows + kk[None, :], col_ok, kk < k_dim, EVEN)
+                part = _mma(xv, codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), W_AS_A, DOT_FP32)
                 if FMT == 0:
-                    s = tl.load(s_ptr + (cols // SBN) * scale_cols + kd // SBK, mask=col_ok & (kd < k_dim), other=0.0)
-                    acc += part * s.to(tl.float32)[None, :]
+                    s_ptrs = s_ptr + (cols // SBN) * scale_cols + kd // SBK
+                    if EVEN:
+                        s = tl.load(s_ptrs)
+                    else:
+                        s = tl.load(s_ptrs, mask=col_ok & (kd < k_dim), other=0.0)
+                    acc += _per_row(part, s.to(tl.float32), W_AS_A)
                 else:
                     acc += part
         if FMT == 1:
-            acc = acc * tl.load(s_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+            if EVEN:
+                s = tl.load(s_ptr + cols)
+            else:
+                s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
+            acc = _per_row(acc, s.to(tl.float32), W_AS_A)
     else:
         HALF: tl.constexpr = BK // 2
-        GPS: tl.constexpr = BK // SBK  # groups per step
         w_rows = w_ptr + cols[:, None].to(tl.int64) * (k_dim // 2)
-        groups = k_dim // SBK
         for k0 in range(0, k_dim, BK):
-            kp = k0 // 2 + tl.arange(0, HALF)
-            packed = tl.load(w_rows + kp[None, :], mask=col_ok[:, None] & (kp < k_dim // 2)[None, :], other=0)
-            b = packed.to(tl.int16)
-            sf = _fp4_group_scales(s_ptr, cols, col_ok, k0 // SBK, groups, GPS, FMT, DOT_DTYPE)
-            if INTERLEAVE:
-                wv = tl.interleave(_e2m1_scaled(b & 0xF, DOT_DTYPE), _e2m1_scaled(b >> 4, DOT_DTYPE))
-                wv = wv * _spread(sf, BN, GPS, SBK)
+            lo, hi = _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE)
+            if INTERLEAVE:  # one dot against contiguous x
                 kk = k0 + tl.arange(0, BK)
-                acc += _dot(_x_tile(x_ptr, rows, m, x_stride, kk, k_dim, DOT_DTYPE), wv, DOT_FP32)
-            else:
-                spread = _spread(sf, BN, GPS, SBK // 2)
-                lo = _e2m1_scaled(b & 0xF, DOT_DTYPE) * spread
-                hi = _e2m1_scaled(b >> 4, DOT_DTYPE) * spread
-                even = k0 + 2 * tl.arange(0, HALF)
-                acc += _dot(_x_tile(x_ptr, rows, m, x_stride, even, k_dim, DOT_DTYPE), lo, DOT_FP32)
-                acc += _dot(_x_tile(x_ptr, rows, m, x_stride, even + 1, k_dim, DOT_DTYPE), hi, DOT_FP32)
-        acc = acc * 16384.0  # undo the 2^-14 of the fp16 nibble trick (exact)
+                wv = tl.interleave(lo, hi)
+                acc += _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
+            else:  # even and odd columns meet x split the same way (x read contiguously once)
+                kk = k0 + tl.arange(0, BK)
+                x_even, x_odd = tl.split(tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN, DOT_DTYPE),
+                                                    (BM, HALF, 2)))
+                acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
+                acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
+        if not FAST_FP4:
+            acc = acc * 16384.0  # undo the 2^-14 of the fp16 nibble trick (exact)
     if GLOBAL_OP == 1:
         acc = acc * tl.load(g_ptr).to(tl.float32)
     elif GLOBAL_OP == 2:
         acc = acc / tl.load(g_ptr).to(tl.float32)
+    if not W_AS_A:
+        acc = tl.trans(acc)
     return acc
 
 
@@ -142,7 +192,7 @@ def quant_multi_gemv_kernel(
     x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
     FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-    DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation."""
@@ -157,10 +207,10 @@ def quant_multi_gemv_kernel(
         w_ptr, s_ptr, g_ptr, local, n_rows, out_base = w1, s1, g1, start - seg1, n1, n0
     cols = local + tl.arange(0, BN)
     acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
-                     BN, BK, BKD, INTERLEAVE, DOT_FP32, DOT_DTYPE)
+                     BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
     rows = tl.arange(0, BM)
-    tl.store(out_ptr + rows[:, None] * out_stride + (out_base + cols)[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < m) & (cols < n_rows)[None, :])
+    tl.store(out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None], acc.to(out_ptr.dtype.element_ty),
+             mask=(rows[None, :] < m) & (cols < n_rows)[:, None])
 
 
 @triton.jit
@@ -168,18 +218,18 @@ def quant_gate_up_silu_kernel(
     x_ptr, wg, sg, gg, wu, su, gu, out_ptr, m, k_dim, n_rows, x_stride, out_stride,
     FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-    DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns; gate and up rounded to the output dtype
     first, as the eager layer's activations are."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
-                      BN, BK, BKD, INTERLEAVE, DOT_FP32, DOT_DTYPE)
+                      BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
     up = quant_tile(x_ptr, wu, su, gu, m, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
-                    BN, BK, BKD, INTERLEAVE, DOT_FP32, DOT_DTYPE)
+                    BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
     gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
     up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
     rows = tl.arange(0, BM)
-    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=(rows[:, None] < m) & (cols < n_rows)[None, :])
+    tl.store(out_ptr + rows[None, :] * out_stride + cols[:, None], out.to(out_ptr.dtype.element_ty),
+             mask=(rows[None, :] < m) & (cols < n_rows)[:, None])

@@ -24,13 +24,17 @@ DISABLE_ENV = "DGPP_QUANT_GEMV"  # "0": decode rows take the generic weight-only
 @dataclasses.dataclass(frozen=True)
 class GemvTile:
     """BN output rows per program, BK logical K columns per loop step, pipeline stages, warps, and (FP4)
-    whether nibbles are interleaved for one dot against contiguous x instead of two stride-2 dots."""
+    whether nibbles are interleaved for one dot against contiguous x instead of two stride-2 dots;
+    ``w_as_a``: the weight tile is the MMA's A operand (``W x^T``), so each warp owns 16-row weight slices
+    and re-reads x from shared memory less often than with x as A (``x W^T``, each warp an 8-row slice)."""
 
     bn: int = 32
     bk: int = 256
     stages: int = 4
     warps: int = 4
     interleave: bool = False
+    w_as_a: bool = True
+    fast_fp4: bool = True  # FP4 nibbles decoded by inline PTX (GPU); False: portable Triton bit ops
 
 
 def _pow2_divisor(n: int) -> int:
@@ -86,22 +90,27 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
 
 
 def default_tile(fmt: QuantFormat, n_total: int, k: int) -> GemvTile:
-    """Like the bf16 GEMV's choice per stored byte: 32-row tiles when the grid still fills the SMs, and
-    about 256-512 stored bytes of each row per step (FP8: 256 columns, FP4: 512)."""
-    bn = 32 if n_total // 32 >= 128 else 16
+    """Not yet measured on a GPU (tests/perf/bench_quant_gemv.py sweeps the alternatives); chosen from the
+    sm_90 SASS of the main loop. FP8: x as the MMA's A operand with 8 weight rows per warp like the bf16
+    GEMV (~6.4 packed bytes per warp instruction, 4 warps per 32 rows: enough warps to hide latency).
+    FP4: weights as the A operand of a 64-row warpgroup MMA (~3.6 bytes per instruction: the nibble
+    decode is the budget, and wgmma needs the fewest register shuffles)."""
     if isinstance(fmt, FP4Grouped):
-        return GemvTile(bn=bn, bk=512, stages=4, warps=4)
-    return GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4)
+        return GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True)
+    bn = 32 if n_total // 32 >= 128 else 16
+    return GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4, w_as_a=False)
 
 
-def _launch_args(fmt: QuantFormat, tile: GemvTile, shape: Shape, x: torch.Tensor) -> dict:
-    """The format's constexprs for a tile."""
+def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch.Tensor) -> dict:
+    """The format's and tile's constexprs for weights of ``shapes`` (one K)."""
     import triton.language as tl
 
     from dgpp.quant.kernels import decode_gemv as kern
     from dgpp.quant.kernels.launch import interpreting
 
+    shape = shapes[0]
     sbn, sbk = _scale_block(fmt, shape)
+    even = shape[1] % tile.bk == 0 and all(n % tile.bn == 0 for n, _ in shapes)
     if isinstance(fmt, FP8Channel):
         kind, bkd = kern.FMT_FP8_CHANNEL, min(tile.bk, 256)
     elif isinstance(fmt, FP8Block):
@@ -116,7 +125,7 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shape: Shape, x: torch.Tensor
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
     return dict(FMT=kind, SBN=sbn, SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op,
-                BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
+                BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even, FAST_FP4=tile.fast_fp4 and not dot_fp32, DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
                 num_warps=tile.warps, num_stages=tile.stages)
 
 
@@ -150,7 +159,7 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
     grid = (sum(cdiv(n, tile.bn) for n in sizes),)
     quant_multi_gemv_kernel[grid](
         x, *ops[0], *ops[1], *ops[2], out, x.shape[0], k, ns[0], ns[1], ns[2], x.stride(0), out.stride(0),
-        **_launch_args(fmt, tile, shapes[0], x),
+        **_launch_args(fmt, tile, shapes, x),
     )
     return list(out.split(sizes, dim=1))
 
@@ -165,6 +174,6 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     quant_gate_up_silu_kernel[(cdiv(n, tile.bn),)](
         x, *_operand(fmt, gate), *_operand(fmt, up), out, x.shape[0], k, n, x.stride(0), out.stride(0),
-        **_launch_args(fmt, tile, shape, x),
+        **_launch_args(fmt, tile, [shape], x),
     )
     return out
