@@ -82,7 +82,8 @@ def test_route_is_a_function_of_each_row_alone(monkeypatch):
     assert decode.per_row and decode.all_exact
     mixed = exact_cuda.route_for([1, 5, 1], "cpu")
     assert not mixed.per_row and mixed.exact_seqs == (0, 2) and mixed.bulk_seqs == (1,)
-    assert mixed.exact_rows.tolist() == [0, 6] and mixed.bulk_rows.tolist() == [1, 2, 3, 4, 5]
+    assert mixed.exact_rows.tolist() == [0, 6] and mixed.bulk_ranges == ((1, 6),)
+    assert exact_cuda.route_for([3, 1, 2], "cpu").bulk_ranges == ((0, 3), (4, 6))
     assert exact_cuda.route_for([4, 9], "cpu").none_exact
     with exact_cuda.verify_step():
         assert exact_cuda.route_for([4, 2, 1], "cpu").per_row
@@ -92,20 +93,21 @@ def test_route_is_a_function_of_each_row_alone(monkeypatch):
 
 
 def test_route_rows_merges_canonical_and_bulk_rows(monkeypatch):
-    route = exact_cuda.route_for([1, 3, 1], "cpu")
+    route = exact_cuda.route_for([1, 3, 1, 2], "cpu")
     monkeypatch.setitem(exact_cuda._state, "route", route)
-    x = torch.arange(5.0)[:, None].repeat(1, 2)
+    x = torch.arange(7.0)[:, None].repeat(1, 2)
     seen = {}
 
     def tag(name, value):
         def fn(rows):
-            seen[name] = rows[:, 0].tolist()
+            seen.setdefault(name, []).append(rows[:, 0].tolist())
             return [torch.full((rows.shape[0], 1), value)]
         return fn
 
     out = exact_cuda.route_rows(x, tag("exact", 1.0), tag("bulk", 2.0))[0]
-    assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 2.0, 1.0]
-    assert seen == {"exact": [0.0, 4.0], "bulk": [1.0, 2.0, 3.0]}  # bulk rows computed over the chunk rows only
+    assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 2.0, 1.0, 2.0, 2.0]
+    # decode rows in one canonical call; each prefill chunk in a call of its own
+    assert seen == {"exact": [[0.0, 4.0]], "bulk": [[1.0, 2.0, 3.0], [5.0, 6.0]]}
     # a row set of its own (logits rows): all canonical
     assert exact_cuda.route_rows(x[:2], tag("exact", 1.0), tag("bulk", 2.0))[0][:, 0].tolist() == [1.0, 1.0]
 
@@ -120,11 +122,10 @@ def test_recurrent_plan_steps_rows_like_plain_decode():
     steps = [(r.tolist(), s.tolist(), f.tolist()) for r, s, f in plan.steps]
     assert steps == [([0, 3, 4], [0, 1, 2], [False, False, True]), ([1, 5], [0, 2], [False, False]),
                      ([2, 6], [0, 2], [False, False])]
-    assert plan.bulk_rows is None
+    assert plan.bulk == ()
     mixed = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
     assert [(r.tolist(), s.tolist()) for r, s, _ in mixed.steps] == [([3], [1])]
-    assert mixed.bulk_rows.tolist() == [0, 1, 2, 4, 5, 6] and mixed.bulk_slots.tolist() == [5, 7]
-    assert mixed.bulk_q_lens == (3, 3) and mixed.bulk_context_lens == (10, 0)
+    assert mixed.bulk == ((0, 3, 0, 10), (4, 7, 2, 0))
 
 
 def test_recurrent_plan_gated_delta_equals_the_token_by_token_definition():
@@ -146,3 +147,64 @@ def test_recurrent_plan_gated_delta_equals_the_token_by_token_definition():
     out = plan.delta(q, k, v, g, beta, pool, 64)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-4)
+
+
+def test_recurrent_plan_mixed_and_verify_match_the_definition():
+    from types import SimpleNamespace
+
+    from dgpp.kernels.causal_conv1d import conv_decode_ref
+    from dgpp.kernels.gated_delta import gated_delta_ref
+
+    torch.manual_seed(5)
+    t, hk, hv, dk, dv = 7, 1, 2, 16, 16
+    q, k = torch.randn(t, hk, dk), torch.randn(t, hk, dk)
+    v, g, beta = torch.randn(t, hv, dv), -torch.rand(t, hv), torch.rand(t, hv)
+    batch = SimpleNamespace(input_ids=torch.zeros(t, dtype=torch.long), q_lens_cpu=[4, 1, 2], context_lens_cpu=[5, 3, 0],
+                            state_slots=torch.tensor([0, 2, 1]))
+    qsl, fresh = torch.tensor([0, 4, 5, 7]), torch.tensor([False, False, True])
+    for verify in (False, True):
+        pool = torch.randn(3, hv, dk, dv)
+        ref_pool = pool.clone()
+        ref = gated_delta_ref(q, k, v, g, beta, ref_pool, batch.state_slots, qsl, fresh)
+        if verify:
+            with exact_cuda.verify_step():
+                plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+        else:
+            plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+        assert len(plan.bulk) == (0 if verify else 2)
+        torch.testing.assert_close(plan.delta(q, k, v, g, beta, pool, 64), ref, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-4)
+    # the conv: row-by-row steps == the decode reference fed one token at a time
+    x, weight, conv = torch.randn(t, 8), torch.randn(8, 4), torch.randn(3, 3, 8)
+    with exact_cuda.verify_step():
+        plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    ref_conv, ref_rows = conv.clone(), torch.empty(t, 8)
+    for j in range(4):
+        for i, (start, n) in enumerate(zip((0, 4, 5), batch.q_lens_cpu, strict=True)):
+            if j < n:
+                ref_rows[start + j] = conv_decode_ref(x[start + j : start + j + 1], weight, None, ref_conv,
+                                                      batch.state_slots[i : i + 1], torch.tensor([j == 0 and i == 2]))[0]
+    torch.testing.assert_close(plan.conv(x, weight, None, conv), ref_rows, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(conv, ref_conv, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (TRITON_INTERPRET=0)")
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe"])
+def test_batch_invariant_chunked_prefill_equals_one_shot_on_cuda(kind, tmp_path):
+    import json
+
+    from dgpp.family import LoadContext
+    from dgpp.testing import conformance as conf
+    from dgpp.testing.builders import build_tiny_checkpoint
+    from dgpp_qwen.loader import load_model
+
+    path = build_tiny_checkpoint(kind, tmp_path / kind, dtype=torch.bfloat16, seed=31)
+    hf = json.loads((path / "config.json").read_text())
+    model = load_model(LoadContext(path, hf, "qwen", hf["architectures"][0], device="cuda"))
+    prompts = conf.make_prompts(model.info.vocab_size, (3, 29, 17), seed=34)
+    exact_cuda.set_batch_invariant(True)
+    try:
+        conf.check_chunked_prefill(model, prompts, chunk_sizes=(1, 7, 16))
+        conf.check_mixed_batch(model, prompts)
+    finally:
+        exact_cuda.set_batch_invariant(False)

@@ -148,11 +148,20 @@ def _routed_attention(
     if route.all_exact:
         _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
         return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale)
-    # mixed: the prefill kernel over every row (its rows depend on their own sequence only), then the
-    # decode rows overwritten with the canonical kernel's
-    out = kernels.paged_prefill_attention(
-        q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale
-    )
+    # prefill chunks: the flash kernel over the chunk sequences (its programs each hold rows of one sequence,
+    # so a row depends on its own sequence only); decode rows beside them: the canonical kernel
+    if route.none_exact:
+        return kernels.paged_prefill_attention(
+            q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale
+        )
+    out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
+    bulk_rows = torch.cat([torch.arange(a, b) for a, b in route.bulk_ranges]).to(q.device, non_blocking=True)
+    bulk_seqs = torch.tensor(route.bulk_seqs, dtype=torch.int64).to(q.device, non_blocking=True)
+    starts = torch.tensor([0] + [b - a for a, b in route.bulk_ranges], dtype=torch.int32).cumsum(0, dtype=torch.int32)
+    out.index_copy_(0, bulk_rows, kernels.paged_prefill_attention(
+        q.index_select(0, bulk_rows), k_cache, v_cache, batch.block_tables.index_select(0, bulk_seqs),
+        starts.to(q.device, non_blocking=True), batch.context_lens.index_select(0, bulk_seqs), scale,
+    ))
     if route.exact_rows is not None:
         seqs = torch.tensor(route.exact_seqs, dtype=torch.int64).to(q.device, non_blocking=True)
         decoded = paged_decode_attention_fixed(

@@ -17,8 +17,10 @@ take, whatever else shares the step:
 - gated DeltaNet / causal conv: the recurrent decode kernels, one step per row;
 - the LM head: always the fixed-order kernel; fused MoE: one row block for every token count.
 
-The other rows (prefill chunks, default mode) keep the fast kernels, computed over the chunk rows only, so
-their bits depend on the step's chunks but not on the decode rows beside them. ``DGPP_EXACT=0`` turns the
+The other rows (prefill chunks, default mode) keep the fast kernels (cuBLAS, flash prefill, chunked GDN),
+each chunk in calls of its own: a chunk row's bits then depend on its own chunk (length, position), never on
+the decode rows or the other prompts' chunks sharing the step, so spec on / off and any admission timing
+give the same prompt rows. (Costs a weight read per prefilling sequence per step: see the docs.) ``DGPP_EXACT=0`` turns the
 routing off (the previous dispatch, for A/B timing).
 """
 
@@ -62,15 +64,16 @@ def verify_step() -> Iterator[None]:
 
 @dataclass(frozen=True)
 class StepRoute:
-    """One step's routing: ``per_row`` (every row canonical; multi-row sequences run row by row) or the
-    canonical rows' indices (``exact_rows``, device) beside the bulk rows (``bulk_rows``) of a mixed step."""
+    """One step's routing: ``per_row`` (every row canonical; multi-row sequences run row by row), or the
+    canonical (decode) rows' indices ``exact_rows`` (device) and each bulk (prefill-chunk) sequence's row range
+    ``bulk_ranges`` of a step with prefill chunks."""
 
     num_tokens: int
     per_row: bool
     exact_rows: torch.Tensor | None = None
-    bulk_rows: torch.Tensor | None = None
     exact_seqs: tuple[int, ...] = ()
     bulk_seqs: tuple[int, ...] = ()
+    bulk_ranges: tuple[tuple[int, int], ...] = ()
 
     @property
     def all_exact(self) -> bool:
@@ -88,15 +91,12 @@ def route_for(q_lens: list[int], device: torch.device | str) -> StepRoute:
         return StepRoute(total, per_row=True)
     exact_seqs = tuple(i for i, n in enumerate(q_lens) if n == 1)
     bulk_seqs = tuple(i for i, n in enumerate(q_lens) if n > 1)
-    if not exact_seqs:
-        return StepRoute(total, per_row=False, bulk_seqs=bulk_seqs)
     starts = [0]
     for n in q_lens:
         starts.append(starts[-1] + n)
-    exact = [starts[i] for i in exact_seqs]
-    bulk = [r for i in bulk_seqs for r in range(starts[i], starts[i + 1])]
-    as_index = lambda rows: torch.tensor(rows, dtype=torch.int64).to(device, non_blocking=True)  # noqa: E731
-    return StepRoute(total, False, as_index(exact), as_index(bulk), exact_seqs, bulk_seqs)
+    ranges = tuple((starts[i], starts[i + 1]) for i in bulk_seqs)
+    exact = torch.tensor([starts[i] for i in exact_seqs], dtype=torch.int64).to(device, non_blocking=True)
+    return StepRoute(total, False, exact if exact_seqs else None, exact_seqs, bulk_seqs, ranges)
 
 
 @contextmanager
@@ -145,17 +145,19 @@ def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tenso
         return exact(x) if batch_invariant() else None
     if x.shape[0] != route.num_tokens or route.all_exact:  # a row set of its own (e.g. logits rows): canonical
         return exact(x)
-    if route.none_exact:
+    if route.none_exact and len(route.bulk_ranges) == 1:
         return bulk(x)
-    assert route.exact_rows is not None and route.bulk_rows is not None
-    exact_out = exact(x.index_select(0, route.exact_rows))
-    bulk_out = bulk(x.index_select(0, route.bulk_rows))
-    merged = []
-    for e, b in zip(exact_out, bulk_out, strict=True):
-        out = e.new_empty(x.shape[0], e.shape[1])
-        out.index_copy_(0, route.exact_rows, e)
-        out.index_copy_(0, route.bulk_rows, b)
-        merged.append(out)
+    parts = [((a, b), bulk(x[a:b])) for a, b in route.bulk_ranges]
+    exact_out = exact(x.index_select(0, route.exact_rows)) if route.exact_rows is not None else None
+    first = parts[0][1] if parts else exact_out
+    assert first is not None
+    merged = [t.new_empty(x.shape[0], t.shape[1]) for t in first]
+    for (a, b), outs in parts:
+        for out, part in zip(merged, outs, strict=True):
+            out[a:b] = part
+    if exact_out is not None:
+        for out, part in zip(merged, exact_out, strict=True):
+            out.index_copy_(0, route.exact_rows, part)
     return merged
 
 

@@ -6,7 +6,8 @@ row, came out different from plain decode. Here canonical rows always take the d
 of a multi-row canonical sequence (a verify's 1+depth rows, or every prompt row under ``batch_invariant``)
 run as successive one-token steps over the pooled state, step ``j`` holding row ``j`` of every sequence
 that has one, which is exactly what plain decode does token by token. Bulk (prefill-chunk) rows keep the
-chunked form, over those sequences only.
+chunked form, one call per sequence (the chunked form pads its sequences into one batch, so a chunk's bits
+would otherwise follow the other chunks of the step).
 """
 
 from __future__ import annotations
@@ -23,14 +24,11 @@ RowStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, sequences, f
 
 @dataclass
 class RecurrentPlan:
-    """The decode-kernel steps and the (optional) chunked bulk part of one step."""
+    """The decode-kernel steps and the chunked calls (one per prefill-chunk sequence) of one step."""
 
     steps: list[RowStep]
     state_slots: torch.Tensor
-    bulk_rows: torch.Tensor | None = None
-    bulk_slots: torch.Tensor | None = None
-    bulk_q_lens: tuple[int, ...] = ()
-    bulk_context_lens: tuple[int, ...] = ()
+    bulk: tuple[tuple[int, int, int, int], ...] = ()  # (first row, end row, sequence, context) per chunk
 
     def conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor) -> torch.Tensor:
         """Causal conv + SiLU of every row (``weight [channels, kernel]``), updating ``conv_state`` in place."""
@@ -40,11 +38,9 @@ class RecurrentPlan:
         out = torch.empty_like(x)
         for rows, seqs, fresh in self.steps:
             out[rows] = causal_conv1d_decode(x[rows], weight, bias, conv_state, self.state_slots[seqs], fresh, True)
-        if self.bulk_rows is not None:
-            out[self.bulk_rows] = causal_conv1d_varlen(
-                x[self.bulk_rows], weight, bias, conv_state, self.bulk_slots, list(self.bulk_q_lens),
-                list(self.bulk_context_lens), "silu",
-            ).to(out.dtype)
+        for a, b, seq, ctx in self.bulk:
+            out[a:b] = causal_conv1d_varlen(x[a:b], weight, bias, conv_state, self.state_slots[seq : seq + 1],
+                                            [b - a], [ctx], "silu").to(out.dtype)
         return out
 
     def delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
@@ -57,17 +53,14 @@ class RecurrentPlan:
         for rows, seqs, fresh in self.steps:
             out[rows] = gdn_decode_step_triton(q[rows], k[rows], v[rows], g[rows], beta[rows], state_pool,
                                                self.state_slots[seqs], fresh).float()
-        if self.bulk_rows is not None:
-            b = self.bulk_rows
-            out[b] = gated_delta_rule_varlen(
-                q[b], k[b], v[b], g[b], beta[b], state_pool, self.bulk_slots, list(self.bulk_q_lens),
-                list(self.bulk_context_lens), chunk_size,
-            ).float()
+        for a, b, seq, ctx in self.bulk:
+            out[a:b] = gated_delta_rule_varlen(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state_pool,
+                                               self.state_slots[seq : seq + 1], [b - a], [ctx], chunk_size).float()
         return out
 
 
 def plan_rows(batch: ForwardBatch, route: StepRoute) -> RecurrentPlan:
-    """Split ``batch``'s sequences: canonical ones into one-token steps, the rest into one chunked bulk part."""
+    """Split ``batch``'s sequences: canonical ones into one-token steps, the rest into chunked calls of their own."""
     device = batch.input_ids.device
     q_lens, ctx = batch.q_lens_cpu, batch.context_lens_cpu
     starts = [0]
@@ -82,13 +75,7 @@ def plan_rows(batch: ForwardBatch, route: StepRoute) -> RecurrentPlan:
         fresh = [j == 0 and ctx[i] == 0 for i in seqs]
         steps.append((_device(rows, torch.int64, device), _device(seqs, torch.int64, device),
                       _device(fresh, torch.bool, device)))
-    plan = RecurrentPlan(steps, batch.state_slots)
-    if bulk:
-        plan.bulk_rows = _device([r for i in bulk for r in range(starts[i], starts[i + 1])], torch.int64, device)
-        plan.bulk_slots = batch.state_slots.index_select(0, _device(bulk, torch.int64, device))
-        plan.bulk_q_lens = tuple(q_lens[i] for i in bulk)
-        plan.bulk_context_lens = tuple(ctx[i] for i in bulk)
-    return plan
+    return RecurrentPlan(steps, batch.state_slots, tuple((starts[i], starts[i + 1], i, ctx[i]) for i in bulk))
 
 
 def _device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
