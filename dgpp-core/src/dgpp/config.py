@@ -118,6 +118,7 @@ class EngineConfig(_Section):
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"
     fp8_head: Literal["gemv", "mma"] = "gemv"
     ngram_table: Literal["resident", "mmap"] = "resident"
+    batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact_cuda)
     rope_scaling: RopeScaling | None = None
     # lossy prefill levers (with dense_weights: fp8, the keys that may change results); off unless a template opts in
     prefill_bf16_partials: bool = False

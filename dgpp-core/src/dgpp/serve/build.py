@@ -129,6 +129,9 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
     check_engine_keys(engine_cfg)  # before any weight is read
     dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    from dgpp.nn.exact_cuda import set_batch_invariant
+
+    set_batch_invariant(bool(getattr(engine_cfg, "batch_invariant", False)))  # engine-wide row routing on CUDA
     model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm, world=world, group=group)
     info = model.info
     check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
