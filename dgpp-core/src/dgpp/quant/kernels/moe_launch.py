@@ -12,6 +12,7 @@ import dataclasses
 
 import torch
 
+from dgpp.kernels import moe_align
 from dgpp.kernels.moe import align_to_experts
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
@@ -132,7 +133,9 @@ def fused_quant_moe(gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[st
     num_experts = gate_args["w"].shape[0]
     n_assign = tokens * top_k
     tiles = tiles or moe_tiles(gate_args["PACK"], n_assign, num_experts)
-    sorted_ids, block_expert = align_to_experts(topk_ids, num_experts, tiles.bm)
+    # decode-sized routings sort in one launch; the torch chain is ~15 small kernels
+    align = moe_align.align_to_experts_triton if moe_align.fits(topk_ids, num_experts) else align_to_experts
+    sorted_ids, block_expert = align(topk_ids, num_experts, tiles.bm)
     weights = topk_weights.contiguous().view(-1)
     act = torch.empty(sorted_ids.shape[0], inter, dtype=x.dtype, device=x.device)
     _launch(gate_args, up_args, x, act, sorted_ids, block_expert, weights, n_assign, top_k, inter, tiles,
