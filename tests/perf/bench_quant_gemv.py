@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -76,6 +77,16 @@ def run(fmt, kind, sets, shapes, x, tile=None):
     return torch.cat(quant_multi_linear(fmt, sets, x, shapes, tile), dim=1)
 
 
+def run_copy(fmt, kind, sets, shapes, x, tile, i):
+    return run(fmt, kind, sets[i], shapes, x, tile)
+
+
+def generic_copy(fmt, sets, shape, x, cfg, i):
+    from dgpp.quant.kernels import quant_matmul
+
+    return quant_matmul(fmt, sets[i][0], x, shape, cfg)
+
+
 def reference(fmt, kind, sets, shapes, x):
     outs = [x.float() @ fmt.decode(t, s, torch.float32).t() for t, s in zip(sets, shapes, strict=True)]
     if kind == "gate_up":  # gate and up are activations in the model dtype before the product
@@ -131,23 +142,29 @@ def check_generic(device, dtype, results, smoke: bool) -> None:
                   flush=True)
 
 
+SWEPT = ("fp8_block", "nvfp4")  # the tile sweep runs on these (others: default tile, with/without split)
+
+
 def sweep_tiles(name: str, level: str) -> list:
+    """(w_as_a, bn, warps, bk, stages) candidates; ``full`` adds stage/warp variants of each."""
     from dgpp.quant.kernels import GemvTile
 
-    if level == "none":
+    if level == "none" or (level == "small" and name not in SWEPT):
         return []
-    fp4 = not name.startswith("fp8")
-    base = [GemvTile(bn=bn, bk=bk, stages=st, warps=wp, w_as_a=a)
-            for a, bn, wp in ((False, 32, 4), (False, 16, 4), (False, 64, 8), (True, 32, 2), (True, 64, 4),
-                              (True, 16, 1))
-            for bk, st in ((256, 4), (512, 3))]
+    if name.startswith("fp8"):
+        shapes = [(False, 32, 4, 256, 4), (False, 16, 4, 256, 4), (False, 32, 4, 512, 3), (False, 64, 8, 256, 4),
+                  (True, 32, 2, 256, 4), (True, 64, 4, 256, 4), (True, 64, 4, 512, 3)]
+    else:
+        shapes = [(True, 64, 4, 256, 4), (True, 64, 4, 512, 3), (True, 32, 2, 256, 4), (True, 16, 1, 512, 3),
+                  (False, 32, 4, 256, 4), (False, 64, 8, 256, 4)]
+    tiles = [GemvTile(bn=bn, bk=bk, stages=st, warps=wp, w_as_a=a) for a, bn, wp, bk, st in shapes]
     if level == "full":
-        base += [dataclasses.replace(t, stages=s) for t in base for s in (2, 5) if t.stages != s]
-        base += [dataclasses.replace(t, warps=8) for t in base if t.warps == 4]
-    if fp4:
-        base += [dataclasses.replace(t, interleave=True) for t in base[:4]]
-        base += [dataclasses.replace(t, fast_fp4=False) for t in base[:2]]
-    return base
+        tiles += [dataclasses.replace(t, stages=st) for t in tiles for st in (2, 3, 4, 5) if st != t.stages]
+        tiles += [dataclasses.replace(t, warps=8) for t in tiles if t.warps == 4 and not t.w_as_a]
+    if not name.startswith("fp8"):
+        tiles += [dataclasses.replace(t, interleave=True) for t in tiles[:2]]
+        tiles += [dataclasses.replace(tiles[0], fast_fp4=False)]
+    return tiles
 
 
 def main() -> None:
@@ -186,12 +203,13 @@ def main() -> None:
 def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
     from triton.testing import do_bench, do_bench_cudagraph
 
-    from dgpp.quant.kernels import default_config, default_tile, quant_matmul
+    from dgpp.quant.kernels import default_config, default_tile
+    from dgpp.quant.kernels.decode_launch import with_split
 
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     copy_bw = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3)
-    del src, dst
     results["copy_GBps"] = copy_bw / 1e9
     print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
 
@@ -212,14 +230,17 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
             copies = max(4, min(16, math.ceil((512 << 20) / b)))
             sets = [one] + [[random_weight(fmt, s, device, gen) for s in shapes] for _ in range(copies - 1)]
             x = torch.randn(1, shapes[0][1], device=device, dtype=dtype)
-            tiles = [default_tile(fmt, sum(s[0] for s in shapes) if kind == "multi" else 2 * shapes[0][0],
-                                  shapes[0][1])]
-            if pname == "o":
-                tiles += sweep_tiles(name, args.sweep)
+            rows, per = (sum(s[0] for s in shapes), 1) if kind == "multi" else (2 * shapes[0][0], 2)
+            tiles = [default_tile(fmt, rows, shapes[0][1], sms, per)]
+            if pname in ("o", "gate_up"):  # each swept tile with and without its K split
+                for t in sweep_tiles(name, args.sweep if pname == "o" else "none"):
+                    tiles += [t, with_split(t, rows, shapes[0][1], sms, per)]
+                tiles += [dataclasses.replace(tiles[0], split_k=1)] if tiles[0].split_k > 1 else []
+                tiles = list(dict.fromkeys(tiles))
             best = None
             for tile in tiles:
                 try:
-                    sec = timed(lambda i, tile=tile: run(fmt, kind, sets[i], shapes, x, tile), copies)
+                    sec = timed(functools.partial(run_copy, fmt, kind, sets, shapes, x, tile), copies)
                 except Exception as e:  # a tile that does not compile or fit is reported, not fatal
                     print(f"skip {name} {pname} {tile}: {type(e).__name__}: {str(e)[:120]}", flush=True)
                     continue
@@ -235,12 +256,10 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
             per_layer += best["us"]
             layer_bytes += b
             if pname == "o":  # the generic weight-only kernel on the same weights, for comparison
-                t, s = sets[0][0], shapes[0]
-                cfg = default_config(fmt, 1, s, device)
-                sec = timed(lambda i: quant_matmul(fmt, sets[i][0], x, s, cfg), copies)
+                cfg = default_config(fmt, 1, shapes[0], device)
+                sec = timed(functools.partial(generic_copy, fmt, sets, shapes[0], x, cfg), copies)
                 print(f"gemv old     {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
                       f"{b / sec / 1e9:6.0f}GB/s {100 * b / sec / copy_bw:5.1f}% (wo_matmul)", flush=True)
-            del sets
         if per_layer:
             step_ms = per_layer * LAYERS_8B / 1e3
             pct = 100 * layer_bytes / (per_layer * 1e-6) / copy_bw

@@ -173,3 +173,35 @@ def test_e2m1_ptx_decoder_logic(dtype):
     for got, ref in ((lo, want[0::2]), (hi, want[1::2])):
         assert torch.equal(got.float(), ref)
         assert torch.equal(got.float().signbit(), ref.signbit())
+
+
+@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+def test_split_k_sums_in_one_launch(fmt):
+    """K cut in 2 or 3 slices (3 leaves a ragged last slice): the last program to finish sums the partials;
+    equal to the reference, row 0 identical alone and in 16 rows, and the counters are re-armed to 0."""
+    from dgpp.quant.kernels.decode_launch import _COUNTERS
+
+    n, k = 48, 448 if fmt.name.startswith("fp8") else 512
+    gate, dense = _weights(fmt, n, k, seed=11)
+    up, dense_up = _weights(fmt, n, k, seed=12)
+    x = torch.randn(16, k)
+    for split in (2, 3):
+        tile = GemvTile(bn=16, bk=64, split_k=split)
+        got = quant_multi_linear(fmt, [gate], x, [(n, k)], tile)[0]
+        torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)
+        assert torch.equal(quant_multi_linear(fmt, [gate], x[:1], [(n, k)], tile)[0][0], got[0])
+        fused = quant_gate_up_silu(fmt, gate, up, x[:3], (n, k), tile)
+        want = F.silu(_ref(x[:3], dense)) * _ref(x[:3], dense_up)
+        torch.testing.assert_close(fused, want, rtol=1e-5, atol=1e-5)
+        assert all(int(c.abs().sum()) == 0 for c in _COUNTERS.values())
+
+
+def test_default_split_depends_on_shape_not_rows():
+    from dgpp.quant.kernels import default_tile
+
+    fp8, fp4 = FP8Block(), NVFP4ModelOpt()
+    assert default_tile(fp8, 4096, 4096).split_k == 1  # no SM count (CPU): never split
+    o_proj = default_tile(fp4, 4096, 4096, sms=132)
+    assert o_proj.split_k > 1 and o_proj.split_k & (o_proj.split_k - 1) == 0
+    assert default_tile(fp4, 24576, 4096, sms=132, weights_per_program=2).split_k < o_proj.split_k
+    assert default_tile(fp8, 4096, 256, sms=132).split_k == 1  # too short a K to cut

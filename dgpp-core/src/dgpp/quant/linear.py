@@ -22,7 +22,13 @@ from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ
-from dgpp.quant.kernels import decode_gemv_applies, has_kernel, quant_gate_up_silu, quant_matmul, quant_multi_linear
+from dgpp.quant.kernels import (
+    decode_gemv_applies,
+    has_kernel,
+    quant_gate_up_silu,
+    quant_matmul,
+    quant_multi_linear,
+)
 
 TORCH_ONLY_ENV = "DGPP_QUANT_TORCH"  # "1": always use the decode path (debugging, A/B against the kernels)
 

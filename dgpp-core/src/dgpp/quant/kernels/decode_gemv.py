@@ -86,7 +86,7 @@ def _e2m1_scaled(nib, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, G: tl.constexpr, BN: tl.constexpr,
+def _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.constexpr, G: tl.constexpr, BN: tl.constexpr,
                  BK: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """One step's scaled weights (even columns, odd columns), each [BN, BK/2] in ``DOT_DTYPE``; × 2^-14
     unless ``FAST`` (the inline-PTX decoder, exact values; GPU only).
@@ -103,7 +103,7 @@ def _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, G: t
         packed = tl.load(ptrs)
         s = tl.load(s_ptrs)
     else:
-        g_ok = (offs_g < groups)[None, :, None]
+        g_ok = (offs_g < k_hi // G)[None, :, None]
         packed = tl.load(ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
         s = tl.load(s_ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
     if FMT == 3:  # E8M0: 2^(s-127) built as fp32 bits; s == 0 is 2^-127, an fp32 subnormal
@@ -122,7 +122,7 @@ def _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, G: t
 
 
 @triton.jit
-def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols,
+def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols,
                FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
                W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
@@ -139,19 +139,19 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols,
     if FMT <= 1:
         w_rows = w_ptr + cols[:, None].to(tl.int64) * k_dim
         scale_cols = tl.cdiv(k_dim, SBK)
-        for k0 in range(0, k_dim, BK):
+        for k0 in range(k_lo, k_hi, BK):
             for j in tl.static_range(BK // BKD):
                 kd = k0 + j * BKD
                 kk = kd + tl.arange(0, BKD)
-                xv = _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN, DOT_DTYPE)
-                codes = _w_tile(w_rows + kk[None, :], col_ok, kk < k_dim, EVEN)
+                xv = _x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE)
+                codes = _w_tile(w_rows + kk[None, :], col_ok, kk < k_hi, EVEN)
                 part = _mma(xv, codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), W_AS_A, DOT_FP32)
                 if FMT == 0:
                     s_ptrs = s_ptr + (cols // SBN) * scale_cols + kd // SBK
                     if EVEN:
                         s = tl.load(s_ptrs)
                     else:
-                        s = tl.load(s_ptrs, mask=col_ok & (kd < k_dim), other=0.0)
+                        s = tl.load(s_ptrs, mask=col_ok & (kd < k_hi), other=0.0)
                     acc += _per_row(part, s.to(tl.float32), W_AS_A)
                 else:
                     acc += part
@@ -164,15 +164,15 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols,
     else:
         HALF: tl.constexpr = BK // 2
         w_rows = w_ptr + cols[:, None].to(tl.int64) * (k_dim // 2)
-        for k0 in range(0, k_dim, BK):
-            lo, hi = _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE)
+        for k0 in range(k_lo, k_hi, BK):
+            lo, hi = _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE)
             if INTERLEAVE:  # one dot against contiguous x
                 kk = k0 + tl.arange(0, BK)
                 wv = tl.interleave(lo, hi)
-                acc += _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
+                acc += _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
             else:  # even and odd columns meet x split the same way (x read contiguously once)
                 kk = k0 + tl.arange(0, BK)
-                x_even, x_odd = tl.split(tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN, DOT_DTYPE),
+                x_even, x_odd = tl.split(tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE),
                                                     (BM, HALF, 2)))
                 acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
                 acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
@@ -188,14 +188,60 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols,
 
 
 @triton.jit
+def _k_range(k_dim, BK: tl.constexpr, SPLIT: tl.constexpr):
+    """This program's K slice: ``SPLIT`` slices of whole BK steps (the split never depends on M)."""
+    per = tl.cdiv(tl.cdiv(k_dim, SPLIT), BK) * BK
+    k_lo = tl.program_id(1) * per
+    return k_lo, tl.minimum(k_lo + per, k_dim)
+
+
+@triton.jit
+def _ws_offsets(split_id, part, tile_id, PARTS: tl.constexpr, BN: tl.constexpr):
+    base = ((split_id * PARTS + part) * tl.num_programs(0) + tile_id) * (BN * BM)
+    return base + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
+
+
+@triton.jit
+def _publish(ws_ptr, acc, part, m, PARTS: tl.constexpr, BN: tl.constexpr):
+    """Store this K slice's partial (rows < m only) for the program that finishes the tile."""
+    offs = _ws_offsets(tl.program_id(1), part, tl.program_id(0), PARTS, BN)
+    tl.store(ws_ptr + offs, acc, mask=tl.arange(0, BM)[None, :] < m)
+
+
+@triton.jit
+def _arrive_last(cnt_ptr, SPLIT: tl.constexpr):
+    """True in the last of the tile's SPLIT programs to finish (acq_rel: it sees every partial), which also
+    re-arms the counter for the next launch. The barrier orders every thread's partial stores before the
+    one thread's release (the bar.sync then gpu-scope release chain of the PTX memory model)."""
+    tl.debug_barrier()
+    count = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    last = count == SPLIT - 1
+    if last:
+        tl.store(cnt_ptr + tl.program_id(0), 0)
+    return last
+
+
+@triton.jit
+def _gather(ws_ptr, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr):
+    """The tile's partials summed in split order (fixed, so the result does not depend on who finished last)."""
+    total = tl.zeros([BN, BM], tl.float32)
+    for split_id in tl.static_range(SPLIT):
+        offs = _ws_offsets(split_id, part, tl.program_id(0), PARTS, BN)
+        total += tl.load(ws_ptr + offs, mask=tl.arange(0, BM)[None, :] < m, other=0.0, cache_modifier=".cg")
+    return total
+
+
+@triton.jit
 def quant_multi_gemv_kernel(
-    x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
-    FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
+    x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
+    SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
     W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
-    starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation."""
+    starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
+    ``SPLIT`` > 1: grid axis 1 cuts K; each program publishes its fp32 partial and the last to arrive sums
+    them in split order and stores (one launch, deterministic)."""
     start = tl.program_id(0) * BN
     w_ptr, s_ptr, g_ptr, local, n_rows = w0, s0, g0, start, n0
     seg1 = tl.cdiv(n0, BN) * BN
@@ -206,30 +252,51 @@ def quant_multi_gemv_kernel(
     elif start >= seg1:
         w_ptr, s_ptr, g_ptr, local, n_rows, out_base = w1, s1, g1, start - seg1, n1, n0
     cols = local + tl.arange(0, BN)
-    acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
-                     BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
+    k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
+    acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK,
+                     GLOBAL_OP, BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
     rows = tl.arange(0, BM)
-    tl.store(out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None], acc.to(out_ptr.dtype.element_ty),
-             mask=(rows[None, :] < m) & (cols < n_rows)[:, None])
+    out_ptrs = out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None]
+    out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]
+    if SPLIT == 1:
+        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        _publish(ws_ptr, acc, 0, m, 1, BN)
+        if _arrive_last(cnt_ptr, SPLIT):
+            tl.store(out_ptrs, _gather(ws_ptr, 0, m, SPLIT, 1, BN).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def quant_gate_up_silu_kernel(
-    x_ptr, wg, sg, gg, wu, su, gu, out_ptr, m, k_dim, n_rows, x_stride, out_stride,
-    FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
+    x_ptr, wg, sg, gg, wu, su, gu, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n_rows, x_stride, out_stride,
+    SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
     W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns; gate and up rounded to the output dtype
-    first, as the eager layer's activations are."""
+    """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
+    k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
+    gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
                       BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
-    up = quant_tile(x_ptr, wu, su, gu, m, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
+    up = quant_tile(x_ptr, wu, su, gu, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
                     BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
-    gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
-    up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
-    out = gate / (1.0 + tl.exp(-gate)) * up
     rows = tl.arange(0, BM)
-    tl.store(out_ptr + rows[None, :] * out_stride + cols[:, None], out.to(out_ptr.dtype.element_ty),
-             mask=(rows[None, :] < m) & (cols < n_rows)[:, None])
+    out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]
+    out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]
+    if SPLIT == 1:
+        tl.store(out_ptrs, _swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
+    else:
+        _publish(ws_ptr, gate, 0, m, 2, BN)
+        _publish(ws_ptr, up, 1, m, 2, BN)
+        if _arrive_last(cnt_ptr, SPLIT):
+            gate = _gather(ws_ptr, 0, m, SPLIT, 2, BN)
+            up = _gather(ws_ptr, 1, m, SPLIT, 2, BN)
+            tl.store(out_ptrs, _swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
+
+
+@triton.jit
+def _swiglu(gate, up, OUT_DTYPE: tl.constexpr):
+    """silu(gate) * up with both rounded to the output dtype first, as the eager layer's activations are."""
+    gate = gate.to(OUT_DTYPE).to(tl.float32)
+    up = up.to(OUT_DTYPE).to(tl.float32)
+    return (gate / (1.0 + tl.exp(-gate)) * up).to(OUT_DTYPE)

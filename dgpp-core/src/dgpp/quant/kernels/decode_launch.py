@@ -35,6 +35,7 @@ class GemvTile:
     interleave: bool = False
     w_as_a: bool = True
     fast_fp4: bool = True  # FP4 nibbles decoded by inline PTX (GPU); False: portable Triton bit ops
+    split_k: int = 1  # K slices per output tile, summed in a fixed order in the same launch
 
 
 def _pow2_divisor(n: int) -> int:
@@ -89,16 +90,61 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
     )
 
 
-def default_tile(fmt: QuantFormat, n_total: int, k: int) -> GemvTile:
+def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
+                 weights_per_program: int = 1) -> GemvTile:
     """Not yet measured on a GPU (tests/perf/bench_quant_gemv.py sweeps the alternatives); chosen from the
     sm_90 SASS of the main loop. FP8: x as the MMA's A operand with 8 weight rows per warp like the bf16
-    GEMV (~6.4 packed bytes per warp instruction, 4 warps per 32 rows: enough warps to hide latency).
-    FP4: weights as the A operand of a 64-row warpgroup MMA (~3.6 bytes per instruction: the nibble
-    decode is the budget, and wgmma needs the fewest register shuffles)."""
+    GEMV (~6.4 packed bytes per warp instruction). FP4: weights as the A operand of a 64-row warpgroup
+    MMA (~3.6 bytes per instruction: the nibble decode is the budget, and wgmma needs the fewest register
+    shuffles). With ``sms`` known, K is split until about 8 warps per SM run (decode ALU and latency need
+    more warps than N/BN programs give at 4096 rows); the split depends on the shape only, never on M."""
     if isinstance(fmt, FP4Grouped):
-        return GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True)
-    bn = 32 if n_total // 32 >= 128 else 16
-    return GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4, w_as_a=False)
+        tile = GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True)
+    else:
+        bn = 32 if n_total // 32 >= 128 else 16
+        tile = GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4, w_as_a=False)
+    return with_split(tile, n_total, k, sms, weights_per_program) if sms else tile
+
+
+def with_split(tile: GemvTile, n_total: int, k: int, sms: int, weights_per_program: int = 1) -> GemvTile:
+    """``tile`` with K split (1..8, powers of two) until about 8 warps per SM run, each slice >= 2 steps."""
+    warps = cdiv(n_total, tile.bn * weights_per_program) * tile.warps
+    split = 1
+    while split < 8 and warps * split * 2 <= 8 * sms and k // (2 * split) >= 2 * tile.bk:
+        split *= 2
+    return dataclasses.replace(tile, split_k=split)
+
+
+_SMS: dict[torch.device, int] = {}
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+def _sms(device: torch.device) -> int | None:
+    from dgpp.quant.kernels.launch import interpreting
+
+    if device.type != "cuda" or interpreting():
+        return None
+    if device not in _SMS:
+        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return _SMS[device]
+
+
+def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
+                   ) -> tuple[GemvTile, torch.Tensor, torch.Tensor]:
+    """(tile, fp32 workspace for the partials, arrival counters). The counters are zero between launches
+    (the last program of each tile re-arms its own), shared by launches on one stream; they are never
+    first allocated inside a CUDA graph capture (that launch runs unsplit instead)."""
+    cnt = _COUNTERS.get(device)
+    if tile.split_k > 1 and (cnt is None or cnt.numel() < tiles):
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            tile = dataclasses.replace(tile, split_k=1)
+        else:
+            cnt = _COUNTERS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+    if tile.split_k == 1:
+        dummy = torch.empty(1, dtype=torch.float32, device=device)
+        return tile, dummy, dummy
+    ws = torch.empty(tile.split_k * parts * tiles * tile.bn * MAX_ROWS, dtype=torch.float32, device=device)
+    return tile, ws, cnt
 
 
 def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch.Tensor) -> dict:
@@ -110,7 +156,7 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
 
     shape = shapes[0]
     sbn, sbk = _scale_block(fmt, shape)
-    even = shape[1] % tile.bk == 0 and all(n % tile.bn == 0 for n, _ in shapes)
+    even = shape[1] % (tile.bk * tile.split_k) == 0 and all(n % tile.bn == 0 for n, _ in shapes)
     if isinstance(fmt, FP8Channel):
         kind, bkd = kern.FMT_FP8_CHANNEL, min(tile.bk, 256)
     elif isinstance(fmt, FP8Block):
@@ -124,8 +170,9 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
         global_op = kern.GLOBAL_MUL if fmt.global_op == "mul" else kern.GLOBAL_DIV
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
-    return dict(FMT=kind, SBN=sbn, SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op,
-                BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even, FAST_FP4=tile.fast_fp4 and not dot_fp32, DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
+    return dict(SPLIT=tile.split_k, FMT=kind, SBN=sbn, SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op,
+                BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even,
+                FAST_FP4=tile.fast_fp4 and not dot_fp32, DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
                 num_warps=tile.warps, num_stages=tile.stages)
 
 
@@ -151,14 +198,15 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
         raise ValueError(f"quant_multi_linear takes 1 to 3 weights, got {len(tensor_sets)}")
     sizes = [s[0] for s in shapes]
     k = x.shape[1]
-    tile = tile or default_tile(fmt, sum(sizes), k)
+    tile = tile or default_tile(fmt, sum(sizes), k, _sms(x.device))
     ops = [_operand(fmt, t) for t in tensor_sets]
     ops += [ops[0]] * (3 - len(ops))
     ns = sizes + [0] * (3 - len(sizes))
     out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
-    grid = (sum(cdiv(n, tile.bn) for n in sizes),)
-    quant_multi_gemv_kernel[grid](
-        x, *ops[0], *ops[1], *ops[2], out, x.shape[0], k, ns[0], ns[1], ns[2], x.stride(0), out.stride(0),
+    tiles = sum(cdiv(n, tile.bn) for n in sizes)
+    tile, ws, cnt = _split_buffers(tile, tiles, 1, x.shape[0], x.device)
+    quant_multi_gemv_kernel[(tiles, tile.split_k)](
+        x, *ops[0], *ops[1], *ops[2], out, ws, cnt, x.shape[0], k, ns[0], ns[1], ns[2], x.stride(0), out.stride(0),
         **_launch_args(fmt, tile, shapes, x),
     )
     return list(out.split(sizes, dim=1))
@@ -170,10 +218,12 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
     from dgpp.quant.kernels.decode_gemv import quant_gate_up_silu_kernel
 
     n, k = shape
-    tile = tile or default_tile(fmt, 2 * n, k)
+    tile = tile or default_tile(fmt, 2 * n, k, _sms(x.device), weights_per_program=2)
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    quant_gate_up_silu_kernel[(cdiv(n, tile.bn),)](
-        x, *_operand(fmt, gate), *_operand(fmt, up), out, x.shape[0], k, n, x.stride(0), out.stride(0),
+    tiles = cdiv(n, tile.bn)
+    tile, ws, cnt = _split_buffers(tile, tiles, 2, x.shape[0], x.device)
+    quant_gate_up_silu_kernel[(tiles, tile.split_k)](
+        x, *_operand(fmt, gate), *_operand(fmt, up), out, ws, cnt, x.shape[0], k, n, x.stride(0), out.stride(0),
         **_launch_args(fmt, tile, [shape], x),
     )
     return out
