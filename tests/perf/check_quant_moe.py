@@ -6,7 +6,8 @@ the routed experts' weights come from HBM, not L2), GB/s of the routed experts' 
 time, the old per-expert loop's time (A/B), and a CUDA-graph capture of the layer replayed with new
 routing, which must equal eager bit for bit. One line per result. Not a CI test.
 
-    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep] [--json f]
+    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep]
+                                          [--no-old-loop] [--json f]
 
 Shape (anchor notes §3.6): hidden 3072, moe_intermediate 1024, 256 experts, top 8 (flags change it).
 """
@@ -157,8 +158,8 @@ def check(name: str, fmt, args, sweep: bool) -> None:
                                                      rep=50, return_mode="median")  # what fused_quant_moe uses
         t_eager = triton.testing.do_bench(lambda: fused(x, w, ids), warmup=10, rep=50, return_mode="median")
         try:  # the old CUDA path: a packed linear launch per picked expert, after a host sync
-            t_loop = triton.testing.do_bench(lambda: moe.forward_reference(x, w, ids), warmup=3, rep=30,
-                                             return_mode="median")
+            t_loop = math.nan if args.no_old_loop else triton.testing.do_bench(
+                lambda: moe.forward_reference(x, w, ids), warmup=3, rep=30, return_mode="median")
         except Exception as exc:  # that path's own kernels are checked elsewhere; a failure here is only reported
             print(f"  old loop failed: {type(exc).__name__}: {exc}", flush=True)
             t_loop = math.nan
@@ -209,6 +210,7 @@ def main() -> int:
     ap.add_argument("--tokens", type=lambda s: [int(v) for v in s.split(",")], default=[1, 8, 64])
     ap.add_argument("--formats", default="fp8,nvfp4,mxfp4,int4", help=f"comma list of {','.join(FORMATS)}")
     ap.add_argument("--rotate", type=int, default=8, help="routing sets cycled per timed replay (weights out of L2)")
+    ap.add_argument("--no-old-loop", action="store_true", help="skip timing the old per-expert loop (A/B)")
     ap.add_argument("--sweep", action="store_true", help="also time a grid of tile sizes per format and token count")
     ap.add_argument("--json", help="write the result rows here")
     args = ap.parse_args()
