@@ -208,3 +208,77 @@ def test_batch_invariant_chunked_prefill_equals_one_shot_on_cuda(kind, tmp_path)
         conf.check_mixed_batch(model, prompts)
     finally:
         exact_cuda.set_batch_invariant(False)
+
+
+def _gdn_and_batches(q_lens: list[int], ctx: list[int]):
+    from dgpp.engine.pools import CachePools
+    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.nn.gated_deltanet import GatedDeltaNet
+
+    torch.manual_seed(6)
+    gdn = GatedDeltaNet("gdn", hidden_size=32, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, conv_kernel=4)
+    with torch.no_grad():
+        for p in gdn.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+        gdn.A_log.copy_(torch.rand_like(gdn.A_log) * 0.5)
+    pools = CachePools({"gdn": gdn.cache_spec()}, 8, 4, len(q_lens) + 1)
+    for t in pools.state["gdn"].values():
+        t.copy_(torch.randn_like(t))
+    works = [SeqWork(i, [2 * i, 2 * i + 1], c, list(range(1, n + 1))) for i, (n, c) in enumerate(zip(q_lens, ctx, strict=True))]
+    return gdn, pools, build_batch(works, pools)
+
+
+@pytest.mark.parametrize("verify", [False, True])
+def test_gdn_layer_through_the_routed_plan_equals_the_stock_layer(monkeypatch, verify):
+    """The GDN layer's CUDA wiring (recurrent_plan) run on the CPU: outputs and the pooled state match the stock
+    varlen path (fp32, to rounding), for a mixed step and a verify step."""
+    import dgpp.nn.gated_deltanet as gdn_module
+
+    q_lens, ctx = [3, 1, 2], [2, 5, 0]
+    gdn, pools, batch = _gdn_and_batches(q_lens, ctx)
+    hidden = torch.randn(sum(q_lens), 32)
+    saved = {k: t.clone() for k, t in pools.state["gdn"].items()}
+    stock = gdn(hidden, batch)
+    stock_state = {k: t.clone() for k, t in pools.state["gdn"].items()}
+    for k, t in pools.state["gdn"].items():
+        t.copy_(saved[k])
+    if verify:
+        monkeypatch.setitem(exact_cuda._state, "verify", 1)
+    route = exact_cuda.route_for(q_lens, "cpu")
+    monkeypatch.setattr(gdn_module, "recurrent_plan", lambda b: plan_rows(b, route))
+    routed = gdn(hidden, batch)
+    torch.testing.assert_close(routed, stock, rtol=1e-4, atol=1e-4)
+    for k, t in pools.state["gdn"].items():
+        torch.testing.assert_close(t, stock_state[k], rtol=1e-4, atol=1e-4)
+
+
+def test_routed_attention_mixed_and_verify_steps_match_the_reference(monkeypatch):
+    """nn.attention's routed branch on the CPU (flash prefill falls back to its torch reference, the fixed-split
+    decode kernel runs in the interpreter): a mixed step and a verify step equal the torch paged attention, and a
+    verify row equals the decode row of its position bit for bit."""
+    from dgpp.engine.cache_spec import PagedKV
+    from dgpp.engine.pools import CachePools
+    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.nn.attention import _routed_attention, paged_attention
+
+    torch.manual_seed(7)
+    spec = {"kv": PagedKV(num_kv_heads=2, head_dim=16, dtype=torch.float32)}
+    pools = CachePools(spec, 16, 4, 4)
+    k_cache, v_cache = pools.kv["kv"]
+    k_cache.copy_(torch.randn_like(k_cache))
+    v_cache.copy_(torch.randn_like(v_cache))
+    works = [SeqWork(0, [0, 1, 2], 6, [1]), SeqWork(1, [3, 4, 5], 2, [1, 2, 3, 4]), SeqWork(2, [6, 7], 4, [1, 2])]
+    batch = build_batch(works, pools)
+    q = torch.randn(batch.num_tokens, 4, 16)
+    ref = paged_attention(q, k_cache, v_cache, batch, 0.25)
+    for verify in (0, 1):
+        monkeypatch.setitem(exact_cuda._state, "verify", verify)
+        monkeypatch.setitem(exact_cuda._state, "route", exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+        out = _routed_attention(q, k_cache, v_cache, batch, 0.25)
+        torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    # verify rows of sequence 1 (positions 2..5) == its decode rows
+    for j in range(4):
+        alone = build_batch([SeqWork(1, [3, 4, 5], 2 + j, [1])], pools)
+        monkeypatch.setitem(exact_cuda._state, "route", exact_cuda.route_for(alone.q_lens_cpu, "cpu"))
+        row = _routed_attention(q[1 + j : 2 + j], k_cache, v_cache, alone, 0.25)
+        assert torch.equal(row, out[1 + j : 2 + j]), j

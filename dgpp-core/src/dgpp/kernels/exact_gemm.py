@@ -67,9 +67,12 @@ def _fixed_gate_up_silu_kernel(
              mask=rows[:, None] < m)
 
 
-def _widen(bn: int, m: int, sizes: list[int]) -> int:
-    """The output tile for ``m`` rows: the decode ``bn``, or ``WIDE_BN`` for prefill-size calls."""
-    if m >= WIDE_ROWS and os.environ.get("DGPP_EXACT_WIDE_BN", "1") != "0" and all(n % WIDE_BN == 0 for n in sizes):
+def _widen(bn: int, m: int, sizes: list[int], bk: int, weight_tiles: int, elem: int) -> int:
+    """The output tile for ``m`` rows: the decode ``bn``, or ``WIDE_BN`` for prefill-size calls whose one
+    pipeline stage still fits shared memory (fp32 gate/up would not)."""
+    fits = (ROW_BLOCK + weight_tiles * WIDE_BN) * bk * elem <= 200 * 1024
+    if (m >= WIDE_ROWS and fits and os.environ.get("DGPP_EXACT_WIDE_BN", "1") != "0"
+            and all(n % WIDE_BN == 0 for n in sizes)):
         return WIDE_BN
     return bn
 
@@ -95,7 +98,7 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor]) -> list[tor
     bn, bk, stages = _tile(n_total, k_dim)
     if any(n % bn for n in sizes):
         bn = 16
-    bn = _widen(bn, m, sizes)
+    bn = _widen(bn, m, sizes, bk, 1, x.element_size())
     stages = _fit_stages(ROW_BLOCK, bn, bk, stages, 1, x.element_size())
     out = torch.empty(m, n_total, dtype=x.dtype, device=x.device)
     padded = list(weights) + [weights[0]] * (3 - len(weights))
@@ -117,8 +120,8 @@ def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.
     bn = _tile(2 * inter, k_dim)[0]
     if inter % bn:
         bn = 16
-    bn = _widen(bn, m, [inter])
     bk = 256
+    bn = _widen(bn, m, [inter], bk, 2, x.element_size())
     stages = _fit_stages(ROW_BLOCK, bn, bk, 3, 2, x.element_size())
     out = torch.empty(m, inter, dtype=x.dtype, device=x.device)
     _fixed_gate_up_silu_kernel[(inter // bn, triton.cdiv(m, ROW_BLOCK))](

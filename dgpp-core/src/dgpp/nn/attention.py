@@ -127,6 +127,9 @@ class PagedAttention(nn.Module):
         return paged_attention(q, k_cache, v_cache, batch, self.scale).flatten(1)
 
 
+_EXPANDED_ROWS_PER_CALL = 256
+
+
 def _routed_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
 ) -> torch.Tensor | None:
@@ -147,7 +150,15 @@ def _routed_attention(
         return paged_decode_attention_fixed(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale)
     if route.all_exact:
         _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
-        return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale)
+        if q.shape[0] <= _EXPANDED_ROWS_PER_CALL:
+            return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale)
+        # a whole prompt row by row (batch_invariant): calls of bounded rows keep the split partials small;
+        # rows are independent, so the cut changes no bits
+        return torch.cat([
+            paged_decode_attention_fixed(q[r : r + _EXPANDED_ROWS_PER_CALL], k_cache, v_cache,
+                                         tables[r : r + _EXPANDED_ROWS_PER_CALL], seq_lens[r : r + _EXPANDED_ROWS_PER_CALL], scale)
+            for r in range(0, q.shape[0], _EXPANDED_ROWS_PER_CALL)
+        ])
     # prefill chunks: the flash kernel over the chunk sequences (its programs each hold rows of one sequence,
     # so a row depends on its own sequence only); decode rows beside them: the canonical kernel
     if route.none_exact:
