@@ -165,21 +165,20 @@ def _routed_attention(
         return kernels.paged_prefill_attention(
             q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale
         )
+    assert route.exact_rows is not None and route.exact_seq_index is not None
+    assert route.bulk_rows is not None and route.bulk_seq_index is not None and route.bulk_query_starts is not None
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
-    bulk_rows = torch.cat([torch.arange(a, b) for a, b in route.bulk_ranges]).to(q.device, non_blocking=True)
-    bulk_seqs = torch.tensor(route.bulk_seqs, dtype=torch.int64).to(q.device, non_blocking=True)
-    starts = torch.tensor([0] + [b - a for a, b in route.bulk_ranges], dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    out.index_copy_(0, bulk_rows, kernels.paged_prefill_attention(
-        q.index_select(0, bulk_rows), k_cache, v_cache, batch.block_tables.index_select(0, bulk_seqs),
-        starts.to(q.device, non_blocking=True), batch.context_lens.index_select(0, bulk_seqs), scale,
+    bulk_seqs = route.bulk_seq_index
+    out.index_copy_(0, route.bulk_rows, kernels.paged_prefill_attention(
+        q.index_select(0, route.bulk_rows), k_cache, v_cache, batch.block_tables.index_select(0, bulk_seqs),
+        route.bulk_query_starts, batch.context_lens.index_select(0, bulk_seqs), scale,
     ))
-    if route.exact_rows is not None:
-        seqs = torch.tensor(route.exact_seqs, dtype=torch.int64).to(q.device, non_blocking=True)
-        decoded = paged_decode_attention_fixed(
-            q.index_select(0, route.exact_rows), k_cache, v_cache, batch.block_tables.index_select(0, seqs),
-            batch.seq_lens.index_select(0, seqs), scale,
-        )
-        out.index_copy_(0, route.exact_rows, decoded)
+    seqs = route.exact_seq_index
+    decoded = paged_decode_attention_fixed(
+        q.index_select(0, route.exact_rows), k_cache, v_cache, batch.block_tables.index_select(0, seqs),
+        batch.seq_lens.index_select(0, seqs), scale,
+    )
+    out.index_copy_(0, route.exact_rows, decoded)
     return out
 
 

@@ -74,6 +74,11 @@ class StepRoute:
     exact_seqs: tuple[int, ...] = ()
     bulk_seqs: tuple[int, ...] = ()
     bulk_ranges: tuple[tuple[int, int], ...] = ()
+    # device copies for the attention of a step with chunks and decode rows (built once per step, not per layer)
+    exact_seq_index: torch.Tensor | None = None
+    bulk_rows: torch.Tensor | None = None
+    bulk_seq_index: torch.Tensor | None = None
+    bulk_query_starts: torch.Tensor | None = None
 
     @property
     def all_exact(self) -> bool:
@@ -95,8 +100,20 @@ def route_for(q_lens: list[int], device: torch.device | str) -> StepRoute:
     for n in q_lens:
         starts.append(starts[-1] + n)
     ranges = tuple((starts[i], starts[i + 1]) for i in bulk_seqs)
-    exact = torch.tensor([starts[i] for i in exact_seqs], dtype=torch.int64).to(device, non_blocking=True)
-    return StepRoute(total, False, exact if exact_seqs else None, exact_seqs, bulk_seqs, ranges)
+    if not exact_seqs:
+        return StepRoute(total, False, None, exact_seqs, bulk_seqs, ranges)
+
+    def index(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    query_starts = [0]
+    for a, b in ranges:
+        query_starts.append(query_starts[-1] + b - a)
+    return StepRoute(
+        total, False, index([starts[i] for i in exact_seqs]), exact_seqs, bulk_seqs, ranges,
+        exact_seq_index=index(list(exact_seqs)), bulk_rows=index([r for a, b in ranges for r in range(a, b)]),
+        bulk_seq_index=index(list(bulk_seqs)), bulk_query_starts=index(query_starts, torch.int32),
+    )
 
 
 @contextmanager
