@@ -282,3 +282,18 @@ def test_routed_attention_mixed_and_verify_steps_match_the_reference(monkeypatch
         monkeypatch.setitem(exact_cuda._state, "route", exact_cuda.route_for(alone.q_lens_cpu, "cpu"))
         row = _routed_attention(q[1 + j : 2 + j], k_cache, v_cache, alone, 0.25)
         assert torch.equal(row, out[1 + j : 2 + j]), j
+
+
+def test_fused_moe_rows_do_not_depend_on_the_token_count():
+    from dgpp.kernels.moe import fused_moe_ref, fused_moe_triton
+
+    torch.manual_seed(8)
+    e, h, inter, top, t = 8, 32, 16, 2, 40
+    gate_up, down = torch.randn(e, 2 * inter, h) / 6, torch.randn(e, h, inter) / 4
+    x = torch.randn(t, h)
+    ids = torch.stack([torch.randperm(e)[:top] for _ in range(t)])
+    w = torch.rand(t, top)
+    solo = torch.cat([fused_moe_triton(x[r : r + 1], gate_up, down, w[r : r + 1], ids[r : r + 1]) for r in range(t)])
+    for m in (2, 5, t):  # 5 tokens: 10 assignments <= 4 * experts took 16-row blocks before the exact routing
+        assert torch.equal(fused_moe_triton(x[:m], gate_up, down, w[:m], ids[:m]), solo[:m]), m
+    torch.testing.assert_close(solo, fused_moe_ref(x, gate_up, down, w, ids), rtol=1e-4, atol=1e-4)

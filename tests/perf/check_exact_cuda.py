@@ -2,6 +2,7 @@
 linear and attention path, and what does the canonical path cost against the stock one?
 
     PYTHONPATH=dgpp-core/src TRITON_INTERPRET=0 python3 tests/perf/check_exact_cuda.py
+    python tests/perf/check_exact_cuda.py --smoke      # CPU, interpreter, tiny shapes, no timing (CI runs it)
 
 One line per result. ``same`` lines compare every row of an M-row call with the same row computed alone
 (M = 1) for M in ROW_COUNTS; ``time`` lines are do_bench medians with the weights rotated out of L2.
@@ -24,6 +25,10 @@ from dgpp.kernels.exact_gemm import fixed_order_gate_up_silu, fixed_order_linear
 DEV, BF16 = "cuda", torch.bfloat16
 ROW_COUNTS = (1, 2, 3, 8, 16, 17, 64, 65, 300)
 FAILS: list[str] = []
+# real sizes; --smoke shrinks them (fp32, CPU interpreter) so the script's logic is covered without a GPU
+SIZES = {"hidden": 4096, "inter": 12288, "kv": 1024, "vocab": 151936, "experts": 128, "ctx": 4096, "heads": (32, 8, 128),
+         "moe": (64, 2048, 768, 8), "time_rows": (1, 8, 64, 300, 4096), "batches": (1, 64)}
+TIMING = {"on": True}
 
 
 def same_rows(name: str, fn, x: torch.Tensor, judged: bool) -> None:
@@ -38,6 +43,8 @@ def same_rows(name: str, fn, x: torch.Tensor, judged: bool) -> None:
 
 def bench(fn_of, copies: list) -> float:
     """Median us of ``fn_of(copy)``, cycling through weight copies so each call reads from HBM."""
+    if not TIMING["on"]:
+        return float("nan")
     state = {"i": 0}
 
     def call():
@@ -52,9 +59,9 @@ def rel_err(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def check_linears() -> None:
-    shapes = {"qkv 4096->4096+1024+1024": (4096, [4096, 1024, 1024]), "o 4096->4096": (4096, [4096]),
-              "down 12288->4096": (12288, [4096]), "lm head 4096->151936": (4096, [151936]),
-              "router 4096->128": (4096, [128])}
+    h, i, kv, vocab = SIZES["hidden"], SIZES["inter"], SIZES["kv"], SIZES["vocab"]
+    shapes = {f"qkv {h}->{h}+{kv}+{kv}": (h, [h, kv, kv]), f"o {h}->{h}": (h, [h]), f"down {i}->{h}": (i, [h]),
+              f"lm head {h}->{vocab}": (h, [vocab]), f"router {h}->{SIZES['experts']}": (h, [SIZES["experts"]])}
     for name, (k, ns) in shapes.items():
         ws = [torch.randn(n, k, device=DEV, dtype=BF16) / k**0.5 for n in ns]
         x = torch.randn(max(ROW_COUNTS), k, device=DEV, dtype=BF16)
@@ -67,27 +74,27 @@ def check_linears() -> None:
         print(f"err   linear fixed {name:40s} {rel_err(fixed(x), torch.cat([F.linear(x.float(), w.float()) for w in ws], 1)):.2e}")
         nbytes = sum(w.numel() for w in ws) * 2
         copies = [[w.clone() for w in ws] for _ in range(max(2, int(2e8 // nbytes) + 1))]
-        for m in (1, 8, 64, 300) if "head" in name else (1, 8, 64, 300, 4096):
+        for m in [r for r in SIZES["time_rows"] if r <= 300 or "head" not in name]:
             xm = torch.randn(m, k, device=DEV, dtype=BF16)
             t_fixed = bench(lambda c: fixed_order_linear(xm, c), copies)
             t_stock = bench(lambda c: gemv.multi_linear(xm, c), copies)
             print(f"time  linear {name:30s} M={m:5d} fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
                   f"cost {100 * (t_fixed / t_stock - 1):+6.1f}%", flush=True)
-    wg, wu = (torch.randn(12288, 4096, device=DEV, dtype=BF16) / 64 for _ in range(2))
-    x = torch.randn(max(ROW_COUNTS), 4096, device=DEV, dtype=BF16)
-    same_rows("gate_up_silu fixed 4096->2x12288", lambda r: fixed_order_gate_up_silu(r, wg, wu), x, True)
-    same_rows("gate_up_silu stock 4096->2x12288", lambda r: gemv.gate_up_silu(r, wg, wu), x, False)
+    wg, wu = (torch.randn(i, h, device=DEV, dtype=BF16) / h**0.5 for _ in range(2))
+    x = torch.randn(max(ROW_COUNTS), h, device=DEV, dtype=BF16)
+    same_rows(f"gate_up_silu fixed {h}->2x{i}", lambda r: fixed_order_gate_up_silu(r, wg, wu), x, True)
+    same_rows(f"gate_up_silu stock {h}->2x{i}", lambda r: gemv.gate_up_silu(r, wg, wu), x, False)
     copies = [(wg.clone(), wu.clone()) for _ in range(2)]
-    for m in (1, 64, 4096):
-        xm = torch.randn(m, 4096, device=DEV, dtype=BF16)
+    for m in SIZES["time_rows"]:
+        xm = torch.randn(m, h, device=DEV, dtype=BF16)
         t_fixed = bench(lambda c: fixed_order_gate_up_silu(xm, *c), copies)
         t_stock = bench(lambda c: gemv.gate_up_silu(xm, *c), copies)
-        print(f"time  gate_up_silu 4096->2x12288           M={m:5d} fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
+        print(f"time  gate_up_silu {h}->2x{i:<23d} M={m:5d} fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
               f"cost {100 * (t_fixed / t_stock - 1):+6.1f}%", flush=True)
 
 
 def check_attention() -> None:
-    bs, hq, hk, d, ctx = 16, 32, 8, 128, 4096
+    (hq, hk, d), ctx, bs = SIZES["heads"], SIZES["ctx"], 16
     blocks = 64 * (ctx // bs) + 8
     kc = torch.randn(blocks, bs, hk, d, device=DEV, dtype=BF16)
     vc = torch.randn(blocks, bs, hk, d, device=DEV, dtype=BF16)
@@ -105,31 +112,34 @@ def check_attention() -> None:
             FAILS.append(f"decode attention {label}")
     ref = pa.paged_decode_attention_ref(q[:8], kc, vc, perm[:8], lens[:8], d**-0.5)
     print(f"err   decode attention fixed                   {rel_err(paged_decode_attention_fixed(q[:8], kc, vc, perm[:8], lens[:8], d**-0.5), ref):.2e}")
-    # a verify: 4 rows of one sequence at 1000..1003 == the four decode rows of those positions
-    _, tables, vlens = expand_rows(perm[:1], [1004], [4])
+    # a verify: 4 rows of one sequence == the four decode rows of those positions
+    end = ctx // 4 + 4
+    _, tables, vlens = expand_rows(perm[:1], [end], [4])
     rows = paged_decode_attention_fixed(q[:4], kc, vc, tables, vlens, d**-0.5)
-    alone = torch.cat([paged_decode_attention_fixed(q[j : j + 1], kc, vc, perm[:1], torch.tensor([1001 + j], device=DEV, dtype=torch.int32), d**-0.5) for j in range(4)])
+    alone = torch.cat([paged_decode_attention_fixed(q[j : j + 1], kc, vc, perm[:1],
+                                                    torch.tensor([end - 3 + j], device=DEV, dtype=torch.int32), d**-0.5)
+                       for j in range(4)])
     print(f"same  verify rows == decode rows                   {'IDENTICAL' if torch.equal(rows, alone) else 'DIFFERENT'}")
     if not torch.equal(rows, alone):
         FAILS.append("verify rows")
-    for b in (1, 64):
+    for b in SIZES["batches"]:
         full = torch.full((b,), ctx, device=DEV, dtype=torch.int32)
-        t_fixed = triton.testing.do_bench(lambda: paged_decode_attention_fixed(q[:b], kc, vc, perm[:b], full, 0.1), return_mode="median") * 1e3
-        t_stock = triton.testing.do_bench(lambda: pa.paged_decode_attention(q[:b], kc, vc, perm[:b], full, 0.1), return_mode="median") * 1e3
+        t_fixed = bench(lambda _: paged_decode_attention_fixed(q[:b], kc, vc, perm[:b], full, 0.1), [None])
+        t_stock = bench(lambda _: pa.paged_decode_attention(q[:b], kc, vc, perm[:b], full, 0.1), [None])
         print(f"time  decode attention batch {b:2d} ctx {ctx}          fixed {t_fixed:9.1f} us  stock {t_stock:9.1f} us  "
               f"cost {100 * (t_fixed / t_stock - 1):+6.1f}%", flush=True)
 
 
 def check_moe() -> None:
-    e, h, inter, top = 64, 2048, 768, 8
+    e, h, inter, top = SIZES["moe"]
     gate_up = torch.randn(e, 2 * inter, h, device=DEV, dtype=BF16) / h**0.5
     down = torch.randn(e, h, inter, device=DEV, dtype=BF16) / inter**0.5
     x = torch.randn(max(ROW_COUNTS), h, device=DEV, dtype=BF16)
     ids = torch.stack([torch.randperm(e, device=DEV)[:top] for _ in range(x.shape[0])])
     w = torch.rand(x.shape[0], top, device=DEV).to(BF16)
     def fn(r):
-        return moe.fused_moe(r, gate_up, down, w[_rows(r, x)], ids[_rows(r, x)])
-    same_rows("fused moe 64 experts top 8 (2048/768)", fn, x, True)
+        return moe.fused_moe_triton(r, gate_up, down, w[_rows(r, x)], ids[_rows(r, x)])
+    same_rows(f"fused moe {e} experts top {top} ({h}/{inter})", fn, x, True)
 
 
 def _rows(r: torch.Tensor, x: torch.Tensor) -> slice:
@@ -137,7 +147,18 @@ def _rows(r: torch.Tensor, x: torch.Tensor) -> slice:
     return slice(start, start + r.shape[0])
 
 
+def smoke() -> None:
+    """Tiny fp32 shapes on the CPU under the Triton interpreter, no timing: the script's own logic."""
+    global DEV, BF16, ROW_COUNTS
+    DEV, BF16, ROW_COUNTS = "cpu", torch.float32, (1, 2, 17, 65)
+    TIMING["on"] = False
+    SIZES.update(hidden=64, inter=96, kv=32, vocab=512, experts=16, ctx=192, heads=(4, 2, 32), moe=(8, 64, 32, 2),
+                 time_rows=(1, 65), batches=(1, 4))
+
+
 if __name__ == "__main__":
+    if "--smoke" in sys.argv:
+        smoke()
     torch.manual_seed(0)
     check_linears()
     check_attention()
