@@ -232,10 +232,10 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
             x = torch.randn(1, shapes[0][1], device=device, dtype=dtype)
             rows, per = (sum(s[0] for s in shapes), 1) if kind == "multi" else (2 * shapes[0][0], 2)
             tiles = [default_tile(fmt, rows, shapes[0][1], sms, per)]
-            if pname in ("o", "gate_up"):  # each swept tile with and without its K split
-                for t in sweep_tiles(name, args.sweep if pname == "o" else "none"):
-                    tiles += [t, with_split(t, rows, shapes[0][1], sms, per)]
+            if pname in ("o", "gate_up"):  # the default unsplit, and each swept tile with its own K split
                 tiles += [dataclasses.replace(tiles[0], split_k=1)] if tiles[0].split_k > 1 else []
+                tiles += [with_split(t, rows, shapes[0][1], sms, per)
+                          for t in sweep_tiles(name, args.sweep if pname == "o" else "none")]
                 tiles = list(dict.fromkeys(tiles))
             best = None
             for tile in tiles:
