@@ -3,7 +3,9 @@
 
 The selection is explicit (``on_gpu``) so CPU tests can check it without a GPU; everything the GEMVs do
 not cover (more than 16 rows, FP8 blocks narrower than 16 columns, int formats, bf12) stays on the
-generic ``wo_matmul`` path.
+generic ``wo_matmul`` path. On a GPU the default tile splits K by the shape and SM count (never by M):
+the partials meet in the same launch through a per-device arrival counter, allocated at the first call
+(the engine's eager warm-up, before any CUDA-graph capture) and shared by launches on one stream.
 """
 
 from __future__ import annotations
