@@ -60,11 +60,14 @@ def _w_tile(ptrs, col_ok, k_ok, EVEN: tl.constexpr):
 def _mma(xv, wv, W_AS_A: tl.constexpr, DOT_FP32: tl.constexpr):
     """One step's partial in the accumulator's orientation: ``w @ x^T`` [BN, BM] when the weight is the
     MMA's A operand (each warp then owns whole 16-row weight slices and x is re-read less), else ``x @ w^T``."""
-    precision: tl.constexpr = "ieee" if DOT_FP32 else None
     if W_AS_A:
-        out = tl.dot(wv, tl.trans(xv), input_precision=precision)
+        a, b = wv, tl.trans(xv)
     else:
-        out = tl.dot(xv, tl.trans(wv), input_precision=precision)
+        a, b = xv, tl.trans(wv)
+    if DOT_FP32:
+        out = tl.dot(a, b, input_precision="ieee")
+    else:
+        out = tl.dot(a, b)
     return out
 
 
