@@ -24,12 +24,16 @@ import torch
 from dgpp.kernels._triton import tl, triton
 from dgpp.kernels.gemv import _fit_stages, _gemv_tile, _precision, _tile
 
-ROW_BLOCK = 64  # the one BM every call uses (wgmma-sized on Hopper)
+# the one BM every call uses, engine-wide: 64 (wgmma-sized on Hopper) or 16 (mma; less work per weight byte at
+# batch 1). Either is row-exact, since no call ever picks another; check_exact_cuda.py times both
+ROW_BLOCK = int(os.environ.get("DGPP_EXACT_ROW_BLOCK", "64"))
+if ROW_BLOCK not in (16, 32, 64):
+    raise ValueError(f"DGPP_EXACT_ROW_BLOCK must be 16, 32 or 64, got {ROW_BLOCK}")
 WIDE_ROWS = 256  # from this many rows on, the output tile widens to WIDE_BN
 WIDE_BN = 128
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (m == 1 included)
 def _fixed_linear_kernel(
     x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, x_stride, out_stride,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
@@ -50,7 +54,7 @@ def _fixed_linear_kernel(
              mask=rows[:, None] < m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _fixed_gate_up_silu_kernel(
     x_ptr, wg_ptr, wu_ptr, out_ptr, m, k_dim, x_stride, out_stride,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
@@ -67,10 +71,10 @@ def _fixed_gate_up_silu_kernel(
              mask=rows[:, None] < m)
 
 
-def _widen(bn: int, m: int, sizes: list[int], bk: int, weight_tiles: int, elem: int) -> int:
+def _widen(bn: int, m: int, sizes: list[int], bk: int, weight_tiles: int, elem: int, bm: int) -> int:
     """The output tile for ``m`` rows: the decode ``bn``, or ``WIDE_BN`` for prefill-size calls whose one
     pipeline stage still fits shared memory (fp32 gate/up would not)."""
-    fits = (ROW_BLOCK + weight_tiles * WIDE_BN) * bk * elem <= 200 * 1024
+    fits = (bm + weight_tiles * WIDE_BN) * bk * elem <= 200 * 1024
     if (m >= WIDE_ROWS and fits and os.environ.get("DGPP_EXACT_WIDE_BN", "1") != "0"
             and all(n % WIDE_BN == 0 for n in sizes)):
         return WIDE_BN
@@ -85,8 +89,10 @@ def fixed_order_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     )
 
 
-def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Tensor]:
-    """``[x @ w.T for w in weights]`` (1 to 3 weights, one launch), each row independent of ``x.shape[0]``."""
+def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: int | None = None) -> list[torch.Tensor]:
+    """``[x @ w.T for w in weights]`` (1 to 3 weights, one launch), each row independent of ``x.shape[0]``.
+    ``row_block`` overrides ``ROW_BLOCK`` (GPU timing only: the engine must use one value everywhere)."""
+    bm = row_block or ROW_BLOCK
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"fixed_order_linear takes 1 to 3 weights, got {len(weights)}")
     if not fixed_order_applies(x, *weights):
@@ -98,20 +104,22 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor]) -> list[tor
     bn, bk, stages = _tile(n_total, k_dim)
     if any(n % bn for n in sizes):
         bn = 16
-    bn = _widen(bn, m, sizes, bk, 1, x.element_size())
-    stages = _fit_stages(ROW_BLOCK, bn, bk, stages, 1, x.element_size())
+    bn = _widen(bn, m, sizes, bk, 1, x.element_size(), bm)
+    stages = _fit_stages(bm, bn, bk, stages, 1, x.element_size())
     out = torch.empty(m, n_total, dtype=x.dtype, device=x.device)
     padded = list(weights) + [weights[0]] * (3 - len(weights))
     n1 = sizes[1] if len(sizes) > 1 else 0
-    _fixed_linear_kernel[(n_total // bn, triton.cdiv(m, ROW_BLOCK))](
+    _fixed_linear_kernel[(n_total // bn, triton.cdiv(m, bm))](
         x, *padded, out, m, k_dim, sizes[0], n1, x.stride(0), out.stride(0),
-        BM=ROW_BLOCK, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
+        BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
     )
     return list(out.split(sizes, dim=1))
 
 
-def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
+                             row_block: int | None = None) -> torch.Tensor:
     """``silu(x wg^T) * (x wu^T)`` in one launch, each row independent of ``x.shape[0]``."""
+    bm = row_block or ROW_BLOCK
     if not fixed_order_applies(x, w_gate, w_up) or w_gate.shape != w_up.shape:
         raise ValueError(f"fixed_order_gate_up_silu: x {tuple(x.shape)} does not fit gate {tuple(w_gate.shape)} / "
                          f"up {tuple(w_up.shape)}")
@@ -121,11 +129,11 @@ def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.
     if inter % bn:
         bn = 16
     bk = 256
-    bn = _widen(bn, m, [inter], bk, 2, x.element_size())
-    stages = _fit_stages(ROW_BLOCK, bn, bk, 3, 2, x.element_size())
+    bn = _widen(bn, m, [inter], bk, 2, x.element_size(), bm)
+    stages = _fit_stages(bm, bn, bk, 3, 2, x.element_size())
     out = torch.empty(m, inter, dtype=x.dtype, device=x.device)
-    _fixed_gate_up_silu_kernel[(inter // bn, triton.cdiv(m, ROW_BLOCK))](
+    _fixed_gate_up_silu_kernel[(inter // bn, triton.cdiv(m, bm))](
         x, w_gate, w_up, out, m, k_dim, x.stride(0), out.stride(0),
-        BM=ROW_BLOCK, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
+        BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
     )
     return out
