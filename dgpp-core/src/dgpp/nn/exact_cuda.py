@@ -197,10 +197,21 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
     """``silu(x wg^T) * (x wu^T)`` through the step's route, or None."""
     from dgpp.kernels.exact_gemm import fixed_order_applies, fixed_order_gate_up_silu
 
-    if not _applies(x, [w_gate, w_up]) or not fixed_order_applies(x.contiguous(), w_gate, w_up):
+    if not _applies(x, [w_gate, w_up]):
         return None
-    out = route_rows(x, lambda rows: [fixed_order_gate_up_silu(rows.contiguous(), w_gate, w_up)],
-                     lambda rows: [bulk(rows)])
+
+    def exact(rows: torch.Tensor) -> list[torch.Tensor]:
+        rows = rows.contiguous()
+        if fixed_order_applies(rows, w_gate, w_up) and w_gate.shape == w_up.shape:
+            return [fixed_order_gate_up_silu(rows, w_gate, w_up)]
+        from dgpp import (
+            kernels,  # odd sizes (tiny fixtures): both projections padded, then the row-wise SwiGLU
+        )
+
+        gate, up = fixed_linear(rows, [w_gate, w_up])
+        return [kernels.silu_mul_pair(gate, up)]
+
+    out = route_rows(x, exact, lambda rows: [bulk(rows)])
     return None if out is None else out[0]
 
 
