@@ -204,10 +204,9 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
         rows = rows.contiguous()
         if fixed_order_applies(rows, w_gate, w_up) and w_gate.shape == w_up.shape:
             return [fixed_order_gate_up_silu(rows, w_gate, w_up)]
-        from dgpp import (
-            kernels,  # odd sizes (tiny fixtures): both projections padded, then the row-wise SwiGLU
-        )
+        from dgpp import kernels
 
+        # odd sizes (tiny fixtures): both projections padded, then the row-wise SwiGLU
         gate, up = fixed_linear(rows, [w_gate, w_up])
         return [kernels.silu_mul_pair(gate, up)]
 
