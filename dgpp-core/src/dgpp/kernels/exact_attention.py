@@ -6,8 +6,9 @@ and so its last bit, change with how many other rows share the step. Here the gr
 ``FIXED_SPLITS`` splits, so a sequence's cut (``BLOCK_N``-token multiples, decided on the device from its
 ``seq_len``) and the merge's reduction width are the same in every step: plain decode at any batch size,
 a speculative verify's rows (each its own decode row) and a prompt run row by row all agree bit for bit.
-The kernels are ``dgpp.kernels.paged_attention``'s; only the split count is pinned. Contexts up to
-``BLOCK_N`` tokens are written directly by split 0, longer ones merged over at most ``FIXED_SPLITS`` parts.
+The launch is ``dgpp.kernels.paged_attention.decode_attention_with_splits``; only the split count is
+pinned. Contexts up to ``BLOCK_N`` tokens are written directly by split 0, longer ones merged over at most
+``FIXED_SPLITS`` parts.
 """
 
 from __future__ import annotations
@@ -16,8 +17,7 @@ import os
 
 import torch
 
-from dgpp.kernels._triton import next_pow2
-from dgpp.kernels.paged_attention import _BLOCK_N, _decode_partition_kernel, _merge_partitions_kernel
+from dgpp.kernels.paged_attention import decode_attention_with_splits
 
 FIXED_SPLITS = int(os.environ.get("DGPP_EXACT_SPLITS", "32"))
 
@@ -27,33 +27,9 @@ def paged_decode_attention_fixed(
     seq_lens: torch.Tensor, scale: float, window: int = 0, splits: int = FIXED_SPLITS,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width)."""
-    batch, hq, head_dim = q.shape
-    block_size, hk = k_cache.shape[1], k_cache.shape[2]
-    v_dim = v_cache.shape[-1]
-    group = hq // hk
-    out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
-    if batch == 0:
-        return out
-    if splits < 2:
-        raise ValueError(f"paged_decode_attention_fixed needs at least 2 splits, got {splits}")
-    block_dv = next_pow2(v_dim)
-    part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
-    part_ml = torch.empty(batch, hq, splits, 2, dtype=torch.float32, device=q.device)
-    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
-    _decode_partition_kernel[(batch, hk, splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
-        float(scale), int(window), group, head_dim, v_dim, block_size, splits,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        BLOCK_N=_BLOCK_N, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=next_pow2(head_dim), BLOCK_DV=block_dv, ONE_SPLIT=False, PRECISION=precision,
-        num_warps=4,
-    )
-    _merge_partitions_kernel[(batch, hq)](
-        part_acc, part_ml, seq_lens, out, v_dim, hq, splits, int(window), out.stride(0), out.stride(1),
-        BLOCK_N=_BLOCK_N, BLOCK_S=next_pow2(splits), BLOCK_DV=block_dv, num_warps=4,
-    )
-    return out
+    if splits < 1:
+        raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
+    return decode_attention_with_splits(q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits)
 
 
 def expand_rows(
