@@ -109,12 +109,20 @@ def _fit_stages(bm: int, bn: int, bk: int, stages: int, weight_tiles: int, elem:
     return max(1, min(stages, (200 * 1024) // per_stage))
 
 
-def _tile(n_total: int, k_dim: int) -> tuple[int, int, int]:
-    """(BN, BK, stages). From the H200 sweep at batch 1 (docs/benchmarks.md): 32-row tiles beat 16-row
-    ones on every 8B shape (4096x4096 2.99 vs 2.64 TB/s, 6144x4096 3.28 vs 2.93, 4096x12288 3.74 vs 3.27),
-    512-wide K steps pay off only on long rows; narrow outputs keep 16 rows so the grid fills the SMs."""
+def _tile(n_total: int, k_dim: int, bm: int = 16) -> tuple[int, int, int]:
+    """(BN, BK, stages) for a ``bm``-row tile, from the H200 sweeps (graph replays, weights out of L2;
+    docs/benchmarks.md). 16 rows: 32-wide output tiles beat 16 on every 8B shape (4096x4096 2.94 vs 2.60
+    TB/s, 6144x4096 3.29 vs 2.92, 4096x12288 3.81 vs 3.11), narrow outputs keep 16 so the grid fills
+    the SMs. 32 rows: (32, 256, 4) is best or within 2% everywhere. 64 rows: the 12288-long rows need 256
+    K steps (30.1 us vs 46.5 us with 512), wide outputs a 64x128 tile (6144x4096: 17.1 us vs 20.9).
+    The tile does not change a row's bits: the K loop accumulates into one MMA accumulator in the same
+    order whatever BN and BK are."""
     bn = 32 if n_total // 32 >= 128 else 16
-    return (bn, 512, 3) if k_dim >= 8192 else (bn, 256, 4)
+    if bm == 16:
+        return (bn, 512, 3) if k_dim >= 8192 else (bn, 256, 4)
+    if bm == 64 and n_total >= 6144 and k_dim < 8192:
+        return (64, 128, 4)
+    return (bn, 256, 4)
 
 
 def _precision(x: torch.Tensor) -> str:
@@ -130,7 +138,7 @@ def multi_linear_triton(
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
     sizes = [w.shape[0] for w in weights]
     n_total = sum(sizes)
-    bn, bk, stages = _tile(n_total, x.shape[1])
+    bn, bk, stages = _tile(n_total, x.shape[1], bm)
     if tile is not None:
         bn, bk, stages = tile
     if any(n % bn for n in sizes):
@@ -153,8 +161,9 @@ def gate_up_silu_triton(
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU)."""
     bm = row_block(x.shape[0])
     inter = w_gate.shape[0]
-    # measured at 89% of copy bandwidth on the H200 (12288x4096 pairs, 1 row) with 256-wide K steps
-    bn, bk, stages = _tile(2 * inter, x.shape[1])[0], 256, 3
+    # H200, 12288x4096 pairs: 4.23 TB/s at 1-16 rows with (32, 256, 3); (32, 128, 4) is as fast there and
+    # best at 32 rows (51.8 us) and 64 rows (66.9 us against 72.3)
+    bn, bk, stages = _tile(2 * inter, x.shape[1])[0], 128, 4
     if tile is not None:
         bn, bk, stages = tile
     if inter % bn:
