@@ -132,8 +132,10 @@ def quantize_model(source: Model, raw_config: dict[str, Any], fmt_name: str) -> 
     config = {**raw_config, KEY: QUANT_CONFIGS[fmt_name]}
     device = next(source.parameters()).device
     model = new_model(config, device)
-    # the loader's own path: packed parameters first, then every tensor through its weight_loader
-    quantize_modules(model, config)
+    # the loader's own path: packed parameters first, then every tensor through its weight_loader; the
+    # packed parameters are created on the model's device, inside the device context as the Qwen loader does
+    with torch.device(device):
+        quantize_modules(model, config)
     formats = {name: layer.quant_method.fmt for name, layer in quantized_linears(model).items()}
     stray = [name for name in formats if not name.startswith("model.layers.")]
     if stray:
