@@ -103,8 +103,13 @@ def _grouped_gemm_kernel(
              mask=rvalid[:, None] & cmask[None, :])
 
 
+# (BN, BK, num_warps, num_stages) of both grouped GEMMs; ``tile=`` overrides it (GPU sweeps)
+DEFAULT_TILE = (64, 64, 4, 2)
+
+
 def fused_moe_triton(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    tile: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -124,19 +129,19 @@ def fused_moe_triton(
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(capacity, inter, dtype=x.dtype, device=x.device)
     weights = topk_weights.contiguous().view(-1)
-    bn, bk = 64, 64
+    bn, bk, warps, stages = tile or DEFAULT_TILE
     _grouped_gemm_kernel[(capacity // block_m, triton.cdiv(inter, bn))](
         x, gate_up, act, sorted_ids, block_expert, weights,
         n_assign, top_k, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         act.stride(0), GATHER_TOKENS=True, SWIGLU=True, SCATTER_WEIGHTED=False,
-        BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=4,
+        BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=warps, num_stages=stages,
     )
     per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
     _grouped_gemm_kernel[(capacity // block_m, triton.cdiv(hidden, bn))](
         act, down, per_assign, sorted_ids, block_expert, weights,
         n_assign, top_k, hidden, inter, act.stride(0), down.stride(0), down.stride(1), down.stride(2),
         per_assign.stride(0), GATHER_TOKENS=False, SWIGLU=False, SCATTER_WEIGHTED=True,
-        BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=4,
+        BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=warps, num_stages=stages,
     )
     # fixed-order sum over each token's experts: deterministic, no atomics
     # (explicit adds in k order: a reduction kernel's split of the k axis could follow the token count)
