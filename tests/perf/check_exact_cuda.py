@@ -73,6 +73,8 @@ def check_linears() -> None:
         for bm in ROW_BLOCKS:  # the engine's ROW_BLOCK is judged; the other is reported for the choice
             same_rows(f"linear fixed BM{bm} {name}", lambda r: fixed(r, bm), x, bm == ROW_BLOCK)
         same_rows(f"linear stock {name}", stock, x, False)
+        # what the engine calls: the stock GEMV up to 64 rows, the fixed tile above; judged
+        same_rows(f"linear engine {name}", fixed, x, True)
         print(f"err   linear fixed {name:40s} {rel_err(fixed(x), torch.cat([F.linear(x.float(), w.float()) for w in ws], 1)):.2e}")
         nbytes = sum(w.numel() for w in ws) * 2
         copies = [[w.clone() for w in ws] for _ in range(max(2, int(2e8 // nbytes) + 1))]
@@ -87,6 +89,7 @@ def check_linears() -> None:
         same_rows(f"gate_up_silu fixed BM{bm} {h}->2x{i}", lambda r: fixed_order_gate_up_silu(r, wg, wu, bm), x,
                   bm == ROW_BLOCK)
     same_rows(f"gate_up_silu stock {h}->2x{i}", lambda r: gemv.gate_up_silu(r, wg, wu), x, False)
+    same_rows(f"gate_up_silu engine {h}->2x{i}", lambda r: fixed_order_gate_up_silu(r, wg, wu), x, True)
     copies = [(wg.clone(), wu.clone()) for _ in range(2)]
     for m in SIZES["time_rows"]:
         xm = torch.randn(m, h, device=DEV, dtype=BF16)

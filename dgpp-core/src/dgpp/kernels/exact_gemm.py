@@ -22,7 +22,15 @@ import os
 import torch
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.kernels.gemv import _fit_stages, _gemv_tile, _precision, _tile
+from dgpp.kernels.gemv import (
+    MAX_ROWS,
+    _fit_stages,
+    _gemv_tile,
+    _precision,
+    _tile,
+    gate_up_silu_triton,
+    multi_linear_triton,
+)
 
 # the one BM every call uses, engine-wide: 64 (wgmma-sized on Hopper) or 16 (mma; less work per weight byte at
 # batch 1). Either is row-exact, since no call ever picks another; check_exact_cuda.py times both
@@ -99,6 +107,11 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: 
         raise ValueError(f"fixed_order_linear: x {tuple(x.shape)} {x.dtype} does not fit weights "
                          f"{[tuple(w.shape) for w in weights]} (dense, contiguous, rows a multiple of 16)")
     m, k_dim = x.shape
+    if row_block is None and m <= MAX_ROWS:
+        # the decode GEMV gives these rows the same bits (H200: rows of 1..64-row launches are bit-identical
+        # whatever the row class and tile, since the K loop feeds one MMA accumulator in a fixed order) with
+        # tiles tuned per row class: 8B decode at batch 1 spent 3.3 ms/step in this kernel's 64-row tile, 2.2 there
+        return multi_linear_triton(x, weights)
     sizes = [w.shape[0] for w in weights]
     n_total = sum(sizes)
     bn, bk, stages = _tile(n_total, k_dim)
@@ -124,6 +137,8 @@ def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.
         raise ValueError(f"fixed_order_gate_up_silu: x {tuple(x.shape)} does not fit gate {tuple(w_gate.shape)} / "
                          f"up {tuple(w_up.shape)}")
     m, k_dim = x.shape
+    if row_block is None and m <= MAX_ROWS:  # same bits, tuned tiles (see fixed_order_linear)
+        return gate_up_silu_triton(x, w_gate, w_up)
     inter = w_gate.shape[0]
     bn = _tile(2 * inter, k_dim)[0]
     if inter % bn:
