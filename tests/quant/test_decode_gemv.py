@@ -205,3 +205,42 @@ def test_default_split_depends_on_shape_not_rows():
     assert o_proj.split_k > 1 and o_proj.split_k & (o_proj.split_k - 1) == 0
     assert default_tile(fp4, 24576, 4096, sms=132, weights_per_program=2).split_k < o_proj.split_k
     assert default_tile(fp8, 4096, 256, sms=132).split_k == 1  # too short a K to cut
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_e4m3_bit_decoder_logic(dtype):
+    """The integer E4M3 decoder (PTX replayed in Python) gives every code's value exactly, subnormals and
+    signed zeros included; NaN codes are excluded (checkpoints do not hold them)."""
+    from dgpp.quant.kernels.e4m3_asm import e4m3_model
+
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F] + [0, 0x80], dtype=torch.int32).to(torch.uint8)
+    got = e4m3_model(codes, dtype)
+    want = codes.view(torch.float8_e4m3fn).to(dtype)
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+
+
+FP4_VARIANTS = [GemvTile(bn=16, bk=64, fp4_layout="flat"), GemvTile(bn=32, bk=128, fp4_layout="flat", fp4_scales="broadcast"),
+                GemvTile(bn=16, bk=64, fp4_layout="flat", split_k=3, w_as_a=False)]
+
+
+@pytest.mark.parametrize("tile", FP4_VARIANTS, ids=["flat-gather", "flat-broadcast", "flat-split3-x-as-a"])
+@pytest.mark.parametrize("fmt", [NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+def test_fp4_flat_layout(fmt, tile):
+    """The flat FP4 tile (bytes as stored, scales per byte or per group, x at stride 2): equal to the
+    reference on ragged shapes (masks) and even ones, and a row does not depend on the batch."""
+    for n, k in ((40, 256), (64, 512)):
+        tensors, dense = _weights(fmt, n, k, seed=n)
+        x = torch.randn(16, k)
+        got = quant_multi_linear(fmt, [tensors], x, [(n, k)], tile)[0]
+        torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)
+        assert torch.equal(quant_multi_linear(fmt, [tensors], x[:1], [(n, k)], tile)[0][0], got[0])
+
+
+@pytest.mark.parametrize("fmt", [FP8Block(), FP8Block(block=(16, 48)), FP8Channel()], ids=lambda f: f.name)
+def test_fp8_bit_decode(fmt):
+    """FP8 codes placed as fp32 bits (the fp32 twin of the PTX bit decode) give the reference result."""
+    n, k = 40, _k(fmt)
+    tensors, dense = _weights(fmt, n, k, seed=3)
+    x = torch.randn(3, k)
+    got = quant_multi_linear(fmt, [tensors], x, [(n, k)], GemvTile(bn=16, bk=64, fp8_bits=True))[0]
+    torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)

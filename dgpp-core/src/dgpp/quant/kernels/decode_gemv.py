@@ -23,7 +23,8 @@ in fp32 with IEEE dots instead.
 from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
+from dgpp.quant.kernels.e4m3_asm import e4m3_fp32, e4m3_values
+from dgpp.quant.kernels.fp4_tiles import fp4_flat_weights, fp4_grouped_weights
 
 FMT_FP8_BLOCK = 0
 FMT_FP8_CHANNEL = 1
@@ -44,6 +45,16 @@ def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN: tl.constexpr, DOT_DTYPE: 
     if not EVEN:
         mask = mask & (kk < k_dim)[None, :]
     return tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=mask, other=0.0).to(DOT_DTYPE)
+
+
+@triton.jit
+def _x_pairs(x_ptr, rows, m, x_stride, k0, k_dim, HALF: tl.constexpr, EVEN: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """x[:, k0 : k0 + 2 HALF] as [BM, HALF, 2] column pairs (the pair contiguous, so ``tl.split`` stays in registers)."""
+    kk = k0 + 2 * tl.arange(0, HALF)[None, :, None] + tl.arange(0, 2)[None, None, :]
+    mask = rows[:, None, None] < m
+    if not EVEN:
+        mask = mask & (kk < k_dim)
+    return tl.load(x_ptr + rows[:, None, None] * x_stride + kk, mask=mask, other=0.0).to(DOT_DTYPE)
 
 
 @triton.jit
@@ -72,6 +83,20 @@ def _mma(xv, wv, W_AS_A: tl.constexpr, DOT_FP32: tl.constexpr):
 
 
 @triton.jit
+def _fp8_values(codes, FP8_BITS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """E4M3 codes -> exact values in the dot dtype: Triton's conversion (the cvt pipe), or ``FP8_BITS``
+    integer bit placement (inline PTX on the GPU, fp32 bit ops for fp32 dots)."""
+    if FP8_BITS:
+        if DOT_FP32:
+            out = e4m3_fp32(codes)
+        else:
+            out = e4m3_values(codes, DOT_DTYPE)
+    else:
+        out = codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
+    return out
+
+
+@triton.jit
 def _per_row(acc, s, W_AS_A: tl.constexpr):
     """``acc`` scaled by one fp32 value per weight row (``s`` [BN])."""
     if W_AS_A:
@@ -82,53 +107,11 @@ def _per_row(acc, s, W_AS_A: tl.constexpr):
 
 
 @triton.jit
-def _e2m1_scaled(nib, DOT_DTYPE: tl.constexpr):
-    """4-bit E2M1 codes (int16, 0..15) -> value × 2^-14 in ``DOT_DTYPE``, exactly, via fp16 bits."""
-    bits = ((nib & 0x7) << 9) | ((nib & 0x8) << 12)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(DOT_DTYPE)
-
-
-@triton.jit
-def _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.constexpr, G: tl.constexpr, BN: tl.constexpr,
-                 BK: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """One step's scaled weights (even columns, odd columns), each [BN, BK/2] in ``DOT_DTYPE``; × 2^-14
-    unless ``FAST`` (the inline-PTX decoder, exact values; GPU only).
-
-    Bytes and scales are addressed as [BN, groups, G/2] and [BN, groups, 1] so the group scale broadcasts
-    inside each thread's registers (no shuffle of the scales to the weights' layout per weight)."""
-    GPS: tl.constexpr = BK // G
-    groups = k_dim // G
-    offs_g = k0 // G + tl.arange(0, GPS)
-    offs_j = tl.arange(0, G // 2)
-    ptrs = w_rows[:, :, None] + (offs_g * (G // 2))[None, :, None] + offs_j[None, None, :]
-    s_ptrs = s_ptr + cols[:, None, None].to(tl.int64) * groups + offs_g[None, :, None]
-    if EVEN:
-        packed = tl.load(ptrs)
-        s = tl.load(s_ptrs)
-    else:
-        g_ok = (offs_g < k_hi // G)[None, :, None]
-        packed = tl.load(ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
-        s = tl.load(s_ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
-    if FMT == 3:  # E8M0: 2^(s-127) built as fp32 bits; s == 0 is 2^-127, an fp32 subnormal
-        s32 = s.to(tl.int32)
-        sf = tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True))
-    else:
-        sf = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    sf = sf.to(DOT_DTYPE)
-    if FAST:
-        lo, hi = e2m1_pairs(packed, DOT_DTYPE)
-    else:
-        b = packed.to(tl.int16)
-        lo = _e2m1_scaled(b & 0xF, DOT_DTYPE)
-        hi = _e2m1_scaled(b >> 4, DOT_DTYPE)
-    return tl.reshape(lo * sf, (BN, BK // 2)), tl.reshape(hi * sf, (BN, BK // 2))
-
-
-@triton.jit
 def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols,
                FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-               W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
+               W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """``W[cols] @ x[:16]^T`` as fp32 [BN, BM] for one packed weight (all scales applied).
 
     FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
@@ -148,7 +131,7 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_strid
                 kk = kd + tl.arange(0, BKD)
                 xv = _x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE)
                 codes = _w_tile(w_rows + kk[None, :], col_ok, kk < k_hi, EVEN)
-                part = _mma(xv, codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE), W_AS_A, DOT_FP32)
+                part = _mma(xv, _fp8_values(codes, FP8_BITS, DOT_FP32, DOT_DTYPE), W_AS_A, DOT_FP32)
                 if FMT == 0:
                     s_ptrs = s_ptr + (cols // SBN) * scale_cols + kd // SBK
                     if EVEN:
@@ -168,11 +151,20 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_strid
         HALF: tl.constexpr = BK // 2
         w_rows = w_ptr + cols[:, None].to(tl.int64) * (k_dim // 2)
         for k0 in range(k_lo, k_hi, BK):
-            lo, hi = _fp4_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE)
+            if FP4_LAYOUT == 1:
+                lo, hi = fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN,
+                                          FAST_FP4, FP4_SCALES, DOT_DTYPE)
+            else:
+                lo, hi = fp4_grouped_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN,
+                                             FAST_FP4, DOT_DTYPE)
             if INTERLEAVE:  # one dot against contiguous x
                 kk = k0 + tl.arange(0, BK)
                 wv = tl.interleave(lo, hi)
                 acc += _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
+            elif FP4_LAYOUT == 1:  # x loaded as [BM, BK/2, 2] (pairs in one thread), split without a reshape
+                x_even, x_odd = tl.split(_x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, HALF, EVEN, DOT_DTYPE))
+                acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
+                acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
             else:  # even and odd columns meet x split the same way (x read contiguously once)
                 kk = k0 + tl.arange(0, BK)
                 x_even, x_odd = tl.split(tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE),
@@ -239,7 +231,8 @@ def quant_multi_gemv_kernel(
     x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
     SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
@@ -257,7 +250,8 @@ def quant_multi_gemv_kernel(
     cols = local + tl.arange(0, BN)
     k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
     acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK,
-                     GLOBAL_OP, BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
+                     GLOBAL_OP, BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
+                     DOT_FP32, DOT_DTYPE)
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None]
     out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]
@@ -274,15 +268,18 @@ def quant_gate_up_silu_kernel(
     x_ptr, wg, sg, gg, wu, su, gu, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n_rows, x_stride, out_stride,
     SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
     gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
-                      BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
+                      BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
+                     DOT_FP32, DOT_DTYPE)
     up = quant_tile(x_ptr, wu, su, gu, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
-                    BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, DOT_FP32, DOT_DTYPE)
+                    BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
+                     DOT_FP32, DOT_DTYPE)
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]
     out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]

@@ -21,6 +21,8 @@ from dgpp.quant.fp8 import FP8Block, FP8Channel
 
 MAX_ROWS = 16
 DISABLE_ENV = "DGPP_QUANT_GEMV"  # "0": decode rows take the generic weight-only kernel instead
+FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
+FP4_SCALES = ("gather", "broadcast")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,6 +40,9 @@ class GemvTile:
     w_as_a: bool = True
     fast_fp4: bool = True  # FP4 nibbles decoded by inline PTX (GPU); False: portable Triton bit ops
     split_k: int = 1  # K slices per output tile, summed in a fixed order in the same launch
+    fp8_bits: bool = False  # E4M3 -> dot dtype by integer bit placement (e4m3_asm) instead of Triton's cvt
+    fp4_layout: str = "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
+    fp4_scales: str = "gather"  # flat layout: scales loaded per byte ("gather") or per group + "broadcast"
 
 
 def _pow2_divisor(n: int) -> int:
@@ -174,7 +179,9 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
     return dict(SPLIT=tile.split_k, FMT=kind, SBN=sbn, SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op,
                 BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even,
-                FAST_FP4=tile.fast_fp4 and not dot_fp32, DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
+                FAST_FP4=tile.fast_fp4 and not dot_fp32, FP8_BITS=tile.fp8_bits,
+                FP4_LAYOUT=FP4_LAYOUTS.index(tile.fp4_layout), FP4_SCALES=FP4_SCALES.index(tile.fp4_scales),
+                DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
                 num_warps=tile.warps, num_stages=tile.stages)
 
 
