@@ -5,7 +5,9 @@ result, JSON to $OUT/quant_gemv.json; results go to docs/benchmarks.md ("Quantiz
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_quant_gemv.py            # H200: ~2 minutes
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_quant_gemv.py --smoke    # CPU interpreter, checks only
-    options: --sweep none|small|full (tile sweep on o_proj; default small), --formats fp8_block,nvfp4,...
+    options: --sweep none|small|full (variants on o_proj and gate_up for fp8_block, nvfp4, mxfp4; default
+             small, prints each winner), --formats fp8_block,nvfp4,...  (--formats fp8_block,nvfp4,mxfp4
+             --problems o,gate_up: the sweep alone, ~90 s)
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ def reference(fmt, kind, sets, shapes, x):
 def check(name, fmt, pname, kind, sets, shapes, device, dtype, results) -> None:
     """Against the reference at m = 1, 3, 16; row 0 identical alone and in 16 rows; fused q/k/v equal to
     one launch per weight."""
-    from dgpp.quant.kernels import quant_multi_linear
+    from dgpp.quant.kernels import default_tile, quant_multi_linear
 
     k = shapes[0][1]
     x16 = torch.randn(16, k, device=device, dtype=dtype)
@@ -114,8 +116,13 @@ def check(name, fmt, pname, kind, sets, shapes, device, dtype, results) -> None:
         print(f"check {name:11s} {pname:8s} m={m:2d} rel_err={rel:.2e} batch_invariant={invariant} "
               f"{'ok' if ok else 'FAIL'}", flush=True)
     if kind == "multi" and len(sets) > 1:
-        fused = quant_multi_linear(fmt, sets, x16, shapes)
-        alone = [quant_multi_linear(fmt, [t], x16, [s])[0] for t, s in zip(sets, shapes, strict=True)]
+        # like with like: the separate launches take the fused launch's tile. By default each launch picks
+        # its K split from its own N (k/v alone split more than q/k/v together), which changes the fp32
+        # summation order, so the default launches agree only to rounding.
+        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+        tile = default_tile(fmt, sum(s[0] for s in shapes), k, sms)
+        fused = quant_multi_linear(fmt, sets, x16, shapes, tile)
+        alone = [quant_multi_linear(fmt, [t], x16, [s], tile)[0] for t, s in zip(sets, shapes, strict=True)]
         same = all(torch.equal(a, b) for a, b in zip(fused, alone, strict=True))
         results["checks"].append({"format": name, "problem": pname, "fused_equals_separate": same, "ok": same})
         print(f"check {name:11s} {pname:8s} fused == separate launches: {same} {'ok' if same else 'FAIL'}", flush=True)
@@ -142,28 +149,70 @@ def check_generic(device, dtype, results, smoke: bool) -> None:
                   flush=True)
 
 
-SWEPT = ("fp8_block", "nvfp4")  # the tile sweep runs on these (others: default tile, with/without split)
+def _decode_probe(codes_ptr, fp8_ptr, lo_ptr, hi_ptr, DTYPE: tl.constexpr):  # noqa: F821 (bound at run time)
+    """Every code of ``codes_ptr`` (256 bytes) through the E4M3 and the E2M1-pair PTX decoders."""
+    offs = tl.arange(0, 256)  # noqa: F821
+    codes = tl.load(codes_ptr + offs)  # noqa: F821
+    tl.store(fp8_ptr + offs, e4m3_values(codes, DTYPE))  # noqa: F821
+    lo, hi = e2m1_pairs(codes, DTYPE)  # noqa: F821
+    tl.store(lo_ptr + offs, lo)  # noqa: F821
+    tl.store(hi_ptr + offs, hi)  # noqa: F821
+
+
+def check_decoders(device, results) -> None:
+    """The inline-PTX decoders on every code, bit for bit against torch's decode (bf16 and fp16)."""
+    import triton
+    import triton.language as tl
+
+    from dgpp.quant.codecs import e2m1_unpack
+    from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
+    from dgpp.quant.kernels.e4m3_asm import e4m3_values
+
+    globals().update(tl=tl, e2m1_pairs=e2m1_pairs, e4m3_values=e4m3_values)  # names the probe kernel resolves
+
+    probe = triton.jit(_decode_probe)
+
+    codes = torch.arange(256, dtype=torch.int32, device=device).to(torch.uint8)
+    finite = (codes.to(torch.int32) & 0x7F) != 0x7F
+    for dtype, tl_dtype in ((torch.bfloat16, tl.bfloat16), (torch.float16, tl.float16)):
+        fp8, lo, hi = (torch.empty(256, dtype=dtype, device=device) for _ in range(3))
+        probe[(1,)](codes, fp8, lo, hi, DTYPE=tl_dtype)
+        want8 = codes.view(torch.float8_e4m3fn).to(dtype)
+        same8 = torch.equal(fp8[finite].view(torch.int16), want8[finite].view(torch.int16))
+        pairs = e2m1_unpack(codes.cpu()).to(dtype)
+        same4 = torch.equal(lo.cpu().view(torch.int16), pairs[0::2].view(torch.int16)) and torch.equal(
+            hi.cpu().view(torch.int16), pairs[1::2].view(torch.int16))
+        for name, ok in (("e4m3 bit decode", same8), ("e2m1 pair decode", same4)):
+            results["checks"].append({"format": name, "problem": str(dtype), "ok": ok})
+            print(f"check {name} {dtype} all codes bit-exact: {ok} {'ok' if ok else 'FAIL'}", flush=True)
+
+
+SWEPT = ("fp8_block", "nvfp4", "mxfp4")  # the variant sweep runs on these, at o_proj and gate/up only
+SWEPT_PROBLEMS = ("o", "gate_up")
 
 
 def sweep_tiles(name: str, level: str) -> list:
-    """(w_as_a, bn, warps, bk, stages) candidates; ``full`` adds stage/warp variants of each."""
+    """Variants besides the default tile (each timed with its own K split): FP8 with Triton's conversion
+    vs the integer bit decode, wider tiles, weights as the A operand; FP4 flat layout at three widths,
+    per-byte scales, weights as A, and the first round's grouped/interleaved tile. ``full`` adds stage
+    and warp variants of each."""
     from dgpp.quant.kernels import GemvTile
 
-    if level == "none" or (level == "small" and name not in SWEPT):
+    if level == "none" or name not in SWEPT:
         return []
     if name.startswith("fp8"):
-        shapes = [(False, 32, 4, 256, 4), (False, 16, 4, 256, 4), (False, 32, 4, 512, 3), (False, 64, 8, 256, 4),
-                  (True, 32, 2, 256, 4), (True, 64, 4, 256, 4), (True, 64, 4, 512, 3)]
+        base = GemvTile(bn=32, bk=256, stages=4, warps=4, w_as_a=False, fp8_bits=True)
+        tiles = [dataclasses.replace(base, fp8_bits=False), dataclasses.replace(base, bn=64, warps=8),
+                 dataclasses.replace(base, bk=512, stages=3), dataclasses.replace(base, bn=64, w_as_a=True)]
     else:
-        shapes = [(True, 64, 4, 256, 4), (True, 64, 4, 512, 3), (True, 32, 2, 256, 4), (True, 16, 1, 512, 3),
-                  (False, 32, 4, 256, 4), (False, 64, 8, 256, 4)]
-    tiles = [GemvTile(bn=bn, bk=bk, stages=st, warps=wp, w_as_a=a) for a, bn, wp, bk, st in shapes]
+        base = GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=False, fp4_layout="flat", fp4_scales="broadcast")
+        tiles = [dataclasses.replace(base, bn=32), dataclasses.replace(base, bn=128, warps=8, stages=3),
+                 dataclasses.replace(base, bk=512, stages=3), dataclasses.replace(base, fp4_scales="gather"),
+                 dataclasses.replace(base, w_as_a=True),
+                 GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True, interleave=True)]  # round 1's best
     if level == "full":
         tiles += [dataclasses.replace(t, stages=st) for t in tiles for st in (2, 3, 4, 5) if st != t.stages]
-        tiles += [dataclasses.replace(t, warps=8) for t in tiles if t.warps == 4 and not t.w_as_a]
-    if not name.startswith("fp8"):
-        tiles += [dataclasses.replace(t, interleave=True) for t in tiles[:2]]
-        tiles += [dataclasses.replace(tiles[0], fast_fp4=False)]
+        tiles += [dataclasses.replace(t, warps=8) for t in tiles if t.warps == 4]
     return tiles
 
 
@@ -172,6 +221,7 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--sweep", default="small", choices=("none", "small", "full"))
     ap.add_argument("--formats", default="")
+    ap.add_argument("--problems", default="", help="subset of qkv,o,gate_up,down")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     if args.smoke:
@@ -182,6 +232,7 @@ def main() -> None:
     dtype = torch.bfloat16
     fmts = {k: v for k, v in formats().items() if not args.formats or k in args.formats.split(",")}
     problems = SMOKE_PROBLEMS if args.smoke else PROBLEMS
+    problems = {k: v for k, v in problems.items() if not args.problems or k in args.problems.split(",")}
     gen = torch.Generator(device=device).manual_seed(0)
     results = {"device": "cpu-interpreter" if args.smoke else torch.cuda.get_device_name(),
                "torch": torch.__version__, "triton": triton.__version__, "checks": [], "timings": [], "model": []}
@@ -190,6 +241,8 @@ def main() -> None:
             sets = [random_weight(fmt, s, device, gen) for s in shapes]
             check(name, fmt, pname, kind, sets, shapes, device, dtype, results)
     check_generic(device, dtype, results, args.smoke)
+    if not args.smoke:
+        check_decoders(device, results)
     failed = [c for c in results["checks"] if not c["ok"]]
     if args.smoke:
         print("smoke ok" if not failed else f"smoke FAILED: {len(failed)} checks")
@@ -232,10 +285,9 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
             x = torch.randn(1, shapes[0][1], device=device, dtype=dtype)
             rows, per = (sum(s[0] for s in shapes), 1) if kind == "multi" else (2 * shapes[0][0], 2)
             tiles = [default_tile(fmt, rows, shapes[0][1], sms, per)]
-            if pname in ("o", "gate_up"):  # the default unsplit, and each swept tile with its own K split
+            if pname in SWEPT_PROBLEMS:  # the default unsplit, and each swept tile with its own K split
                 tiles += [dataclasses.replace(tiles[0], split_k=1)] if tiles[0].split_k > 1 else []
-                tiles += [with_split(t, rows, shapes[0][1], sms, per)
-                          for t in sweep_tiles(name, args.sweep if pname == "o" else "none")]
+                tiles += [with_split(t, rows, shapes[0][1], sms, per) for t in sweep_tiles(name, args.sweep)]
                 tiles = list(dict.fromkeys(tiles))
             best = None
             for tile in tiles:
@@ -253,6 +305,9 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
                 best = row if best is None or row["us"] < best["us"] else best
             if best is None:
                 continue
+            if len(tiles) > 1:
+                print(f"winner {name:11s} {pname:8s} {best['us']:7.1f}us {best['pct_copy']:5.1f}% {best['tile']}", flush=True)
+                results.setdefault("winners", []).append(best)
             per_layer += best["us"]
             layer_bytes += b
             if pname == "o":  # the generic weight-only kernel on the same weights, for comparison

@@ -149,7 +149,10 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_strid
             acc = _per_row(acc, s.to(tl.float32), W_AS_A)
     else:
         HALF: tl.constexpr = BK // 2
-        w_rows = w_ptr + cols[:, None].to(tl.int64) * (k_dim // 2)
+        row_bytes = k_dim // 2
+        if EVEN and BK >= 32:  # K is a multiple of BK: rows start 16-byte aligned, so loads vectorize to 16 bytes
+            row_bytes = tl.multiple_of(row_bytes, 16)
+        w_rows = w_ptr + cols[:, None].to(tl.int64) * row_bytes
         for k0 in range(k_lo, k_hi, BK):
             if FP4_LAYOUT == 1:
                 lo, hi = fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN,

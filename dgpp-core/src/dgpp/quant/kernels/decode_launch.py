@@ -99,17 +99,21 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
 
 def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
                  weights_per_program: int = 1) -> GemvTile:
-    """Not yet measured on a GPU (tests/perf/bench_quant_gemv.py sweeps the alternatives); chosen from the
-    sm_90 SASS of the main loop. FP8: x as the MMA's A operand with 8 weight rows per warp like the bf16
-    GEMV (~6.4 packed bytes per warp instruction). FP4: weights as the A operand of a 64-row warpgroup
-    MMA (~3.6 bytes per instruction: the nibble decode is the budget, and wgmma needs the fewest register
-    shuffles). With ``sms`` known, K is split until about 8 warps per SM run (decode ALU and latency need
-    more warps than N/BN programs give at 4096 rows); the split depends on the shape only, never on M."""
+    """Chosen from the sm_90 SASS that Triton 3.6 emits (compiled ahead on the CPU), to be confirmed by the
+    H200 sweep (tests/perf/bench_quant_gemv.py). Both formats: x as the MMA's A operand (``mma.sync``), so
+    the weight bytes go global -> shared by 16-byte ``cp.async`` and are decoded in registers in the dot
+    operand layout (no byte-wise shared stores; the first measurement's 3.4% FP4 tile stored its x split
+    through shared memory 2 bytes at a time). FP8: the integer bit decode (``fp8_bits``) keeps the 16/clock
+    conversion pipe out of the loop. FP4: the ``flat`` layout with scales loaded per group and broadcast,
+    64 rows per program (the x tile costs the same per step whatever BN, so wider tiles amortise it).
+    With ``sms`` known, K is split until about 8 warps per SM run; the split depends on the shape only,
+    never on M."""
     if isinstance(fmt, FP4Grouped):
-        tile = GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True)
+        tile = GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=False, fp4_layout="flat", fp4_scales="broadcast")
     else:
         bn = 32 if n_total // 32 >= 128 else 16
-        tile = GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4, w_as_a=False)
+        tile = GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4, w_as_a=False,
+                        fp8_bits=True)
     return with_split(tile, n_total, k, sms, weights_per_program) if sms else tile
 
 
