@@ -40,6 +40,15 @@ def _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride
 
 
 @triton.jit
+def _activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, offs_kp, kp_ok):
+    """Activation columns (2j, 2j + 1) for stored pair j as [BM, BKP, 2] (contiguous, so the load vectorizes
+    and ``tl.split`` needs no data movement), instead of two stride-2 loads."""
+    cols = offs_kp[None, :, None] * 2 + tl.arange(0, 2)[None, None, :]
+    mask = rvalid[:, None, None] & kp_ok[None, :, None]
+    return tl.load(a_ptr + a_rows[:, None, None] * a_row_stride + cols, mask=mask, other=0.0)
+
+
+@triton.jit
 def _dot(a, w, ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr):
     """``a [BM, BKP] @ w [BN, BKP]^T``: tensor cores in the activation dtype, or exact fp32 (fp32
     activations, and the interpreter whose bf16 dot is wrong)."""
@@ -58,7 +67,7 @@ def quant_moe_gemm_kernel(
     SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr,
     ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, SCALE_MODE: tl.constexpr,
     GATHER_TOKENS: tl.constexpr, SWIGLU: tl.constexpr, SCATTER_WEIGHTED: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, FAST_E2M1: tl.constexpr = False,
 ):
     """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
     ``w/s/z/g``: the (gate or down) stack; ``w2/s2/z2/g2``: the up stack (SWIGLU only); every stack is
@@ -107,18 +116,26 @@ def quant_moe_gemm_kernel(
             stored_up = stored
             s_up = s_pre
             z_up = z_row
+        if PACK == 2:  # E2M1 pairs: activations loaded as [BM, BKP, 2] column pairs, split in registers
+            a_lo, a_hi = tl.split(_activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, offs_kp, kp_ok))
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
-            a = tl.load(a_ptr + a_rows[:, None] * a_row_stride + offs_k[None, :],
-                        mask=rvalid[:, None] & kp_ok[None, :], other=0.0)
+            if PACK == 2:
+                if i == 0:
+                    a = a_lo
+                else:
+                    a = a_hi
+            else:
+                a = tl.load(a_ptr + a_rows[:, None] * a_row_stride + offs_k[None, :],
+                            mask=rvalid[:, None] & kp_ok[None, :], other=0.0)
             w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_base, z_base, s_base, g, s_pre, z_row,
                         stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP, ZERO_OFFSET, False,
-                        SCALE_MODE, SBN, SBK)
+                        SCALE_MODE, SBN, SBK, FAST_E2M1, ROUND_DTYPE)
             acc += _dot(a, w.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
             if SWIGLU:
                 w_up = _decode(stored_up, i, offs_n, offs_k, kp_ok, tile_ok, s2_base, z2_base, s2_base, g2, s_up,
                                z_up, stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP,
-                               ZERO_OFFSET, False, SCALE_MODE, SBN, SBK)
+                               ZERO_OFFSET, False, SCALE_MODE, SBN, SBK, FAST_E2M1, ROUND_DTYPE)
                 acc_up += _dot(a, w_up.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
     if SWIGLU:
         # the reference rounds gate and up to the activation dtype before silu(gate) * up

@@ -95,8 +95,12 @@ def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorte
     import triton.language as tl
 
     from dgpp.quant.kernels.moe_gemm import quant_moe_gemm_kernel
+    from dgpp.quant.kernels.wo_matmul import FMT_FP4
 
     round_dtype = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}.get(a.dtype, tl.float32)
+    dot_low = round_dtype is not tl.float32 and not interpreting()
+    # the PTX pair decoder works on 4 bytes per register: tiles that give each thread at least 4 bytes
+    fast_e2m1 = dot_low and args["FMT"] == FMT_FP4 and tiles.bn * tiles.bkp >= 4 * 32 * tiles.num_warps
     up = up or args
     grid = (sorted_ids.shape[0] // tiles.bm, cdiv(n_out, tiles.bn))
     quant_moe_gemm_kernel[grid](
@@ -107,7 +111,7 @@ def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorte
         args["stride_sk"], args["stride_ze"], args["stride_zk"], args["stride_ge"],
         SBN=args["SBN"], SBK=args["SBK"], FMT=args["FMT"], PACK=args["PACK"], BITS=args["BITS"],
         SCALE_E8M0=args["SCALE_E8M0"], GLOBAL_OP=args["GLOBAL_OP"], ZERO_OFFSET=args["ZERO_OFFSET"],
-        ROUND_DTYPE=round_dtype, DOT_LOW=round_dtype is not tl.float32 and not interpreting(),
+        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, FAST_E2M1=fast_e2m1,
         SCALE_MODE=_scale_mode(args, tiles.bkp), GATHER_TOKENS=gather, SWIGLU=swiglu, SCATTER_WEIGHTED=scatter,
         BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
