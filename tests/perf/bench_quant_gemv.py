@@ -250,6 +250,7 @@ def main() -> None:
     time_all(args, fmts, problems, device, dtype, gen, results)
     with open(os.path.join(args.out, "quant_gemv.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
+    failed = [c for c in results["checks"] if not c["ok"]]  # the timed variants add checks
     print(f"checks: {len(results['checks']) - len(failed)} ok, {len(failed)} failed", flush=True)
 
 
@@ -290,11 +291,19 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
                 tiles += [with_split(t, rows, shapes[0][1], sms, per) for t in sweep_tiles(name, args.sweep)]
                 tiles = list(dict.fromkeys(tiles))
             best = None
+            ref = reference(fmt, kind, one, shapes, x)
             for tile in tiles:
                 try:
+                    got = run(fmt, kind, one, shapes, x, tile).float()  # same m as timed: no extra compile
                     sec = timed(functools.partial(run_copy, fmt, kind, sets, shapes, x, tile), copies)
                 except Exception as e:  # a tile that does not compile or fit is reported, not fatal
                     print(f"skip {name} {pname} {tile}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                    continue
+                rel = ((got - ref).norm() / ref.norm()).item()
+                if not rel < (2e-2 if kind == "gate_up" else 1e-2):  # a wrong variant never wins
+                    print(f"WRONG {name} {pname} rel_err={rel:.2e} {tile}", flush=True)
+                    results["checks"].append({"format": name, "problem": pname, "tile": str(tile), "rel_err": rel,
+                                              "ok": False})
                     continue
                 row = {"format": name, "problem": pname, "tile": dataclasses.asdict(tile), "us": sec * 1e6,
                        "bytes": b, "GBps": b / sec / 1e9, "pct_copy": 100 * b / sec / copy_bw}
