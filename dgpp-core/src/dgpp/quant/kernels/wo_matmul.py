@@ -34,6 +34,14 @@ def _e2m1_value(nib):
 
 
 @triton.jit
+def _code_f32(code, offset):
+    """``code - offset`` as fp32 for codes 0 <= code < 2^23, without the int->float conversion pipe (16 per
+    clock per SM): OR-ing the code into the mantissa of 2^23 gives 2^23 + code exactly, and the subtraction
+    of the integer 2^23 + offset is exact too."""
+    return (code.to(tl.int32) | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + offset)
+
+
+@triton.jit
 def _e8m0_value(s):
     s32 = s.to(tl.int32)
     v = (s32 << 23).to(tl.float32, bitcast=True)
@@ -123,13 +131,13 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
     elif FMT == 2:
         code = (stored >> (BITS * i)) & code_mask
         if SCALE_MODE == 1:
-            w = (code - ZERO_OFFSET).to(tl.float32) * s_pre[:, None]
+            w = _code_f32(code, ZERO_OFFSET) * s_pre[:, None]
         elif SCALE_MODE == 2:
-            w = (code - ZERO_OFFSET).to(tl.float32) * s_pre
+            w = _code_f32(code, ZERO_OFFSET) * s_pre
         else:
             s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
                         mask=tile_ok, other=0.0)
-            w = (code - ZERO_OFFSET).to(tl.float32) * s.to(tl.float32)
+            w = _code_f32(code, ZERO_OFFSET) * s.to(tl.float32)
     else:
         code = (stored >> (BITS * i)) & code_mask
         if SCALE_MODE == 1:
