@@ -5,16 +5,17 @@ is fixed): x rows are padded to ``BM = 16`` and every step is a tensor-core ``tl
 dtype. Rows never mix inside an MMA, so a row's result is the same bits whatever the batch (MTP verify
 relies on it). The packed bytes are read once and decoded in registers:
 
-* FP8 E4M3 (``FMT_FP8_BLOCK``): codes upcast to the dot dtype (exact), one dot per scale block along K,
-  the fp32 partial multiplied by that block's scale. Per-channel (``FMT_FP8_CHANNEL``): one scale per
-  output row, applied once after the K loop.
-* E2M1 pairs (``FMT_FP4_E4M3`` NVFP4, ``FMT_FP4_E8M0`` MXFP4): a nibble's three magnitude bits shifted
-  into an fp16's exponent/mantissa (``mag << 9``) and its sign into bit 15 give exactly e2m1 × 2^-14 (the
-  subnormal 0.5 included): 4 integer ops and one convert per weight. The group scale multiplies in the
-  dot dtype (e2m1 × E4M3 and e2m1 × 2^e are exact in bf16); 2^14 and the per-tensor global scale are
-  applied to the fp32 accumulator after the loop. Low nibbles (even columns) and high nibbles (odd
-  columns) either meet x read at stride 2 in two dots, or are interleaved (``INTERLEAVE``) for one dot
-  against contiguous x.
+* FP8 E4M3 (``FMT_FP8_BLOCK``): codes upcast to the dot dtype (exact) by Triton's conversion or, with
+  ``FP8_BITS``, by integer bit placement (``e4m3_asm``, off the conversion pipe); one dot per scale block
+  along K, the fp32 partial multiplied by that block's scale. Per-channel (``FMT_FP8_CHANNEL``): one scale
+  per output row, applied once after the K loop.
+* E2M1 pairs (``FMT_FP4_E4M3`` NVFP4, ``FMT_FP4_E8M0`` MXFP4): decoded by inline-PTX byte permutes
+  (``FAST_FP4``, exact values) or by shifting a nibble's magnitude into an fp16's exponent/mantissa
+  (e2m1 × 2^-14, undone on the accumulator); the group scale multiplies in the dot dtype (exact in
+  bf16); the per-tensor global scale is applied to the fp32 accumulator after the loop. The tile is
+  built by ``fp4_tiles`` in the ``FP4_LAYOUT`` chosen; low nibbles (even columns) and high nibbles (odd
+  columns) meet x split into even/odd columns in two dots, or are interleaved (``INTERLEAVE``) for one
+  dot against contiguous x.
 
 ``DOT_FP32`` (fp32 activations, and the Triton interpreter whose bf16 is wrong) decodes and multiplies
 in fp32 with IEEE dots instead.
