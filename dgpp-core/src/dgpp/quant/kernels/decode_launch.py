@@ -107,12 +107,19 @@ def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
     conversion pipe out of the loop. FP4: the ``flat`` layout with scales loaded per group and broadcast,
     64 rows per program (the x tile costs the same per step whatever BN, so wider tiles amortise it).
     With ``sms`` known, K is split for an even spread over the SMs (``with_split``); the split depends on
-    the shape only, never on M."""
+    the shape only, never on M.
+
+    H200 sweep (docs/benchmarks.md, "Quantized decode"): FP4 128-row tiles with 8 warps and 3 stages won on
+    o_proj (18.5 vs 19.2 us) and gate/up (69.6 vs 83.6 us) for NVFP4 and MXFP4; FP8 gate/up prefers 512-wide
+    K steps (34.7 vs 35.8 us)."""
     if isinstance(fmt, FP4Grouped):
-        tile = GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=False, fp4_layout="flat", fp4_scales="broadcast")
+        bn = 128 if n_total // 128 >= 32 else 64
+        tile = GemvTile(bn=bn, bk=256, stages=3, warps=8 if bn == 128 else 4, w_as_a=False, fp4_layout="flat",
+                        fp4_scales="broadcast")
     else:
         bn = 32 if n_total // 32 >= 128 else 16
-        tile = GemvTile(bn=bn, bk=512 if k >= 8192 else 256, stages=3 if k >= 8192 else 4, warps=4, w_as_a=False,
+        wide_k = k >= 8192 or weights_per_program == 2  # gate/up pairs read two weights per K step
+        tile = GemvTile(bn=bn, bk=512 if wide_k else 256, stages=3 if wide_k else 4, warps=4, w_as_a=False,
                         fp8_bits=True)
     return with_split(tile, n_total, k, sms, weights_per_program) if sms else tile
 
