@@ -308,7 +308,7 @@ def check_moe() -> None:
         routes = [torch.randn(tokens, experts, device=DEV).softmax(-1).topk(top_k, -1) for _ in range(8)]
         ref = moe.fused_moe_ref(x.float(), gate_up.float(), down.float(), *routes[0])
         used = sum(int(torch.unique(ids).numel()) for _, ids in routes) / len(routes)
-        for tile in (None, (32, 128, 4, 3), (32, 256, 4, 3), (64, 128, 4, 3), (16, 256, 4, 4), (64, 64, 4, 3)):
+        for tile in (None, (32, 128, 4, 3), (64, 128, 4, 3), (64, 64, 4, 3)):
             try:
                 err = rel_err(moe.fused_moe_triton(x, gate_up, down, *routes[0], tile=tile), ref)
                 graph = torch.cuda.CUDAGraph()
@@ -317,7 +317,7 @@ def check_moe() -> None:
                     for w, ids in routes:
                         moe.fused_moe_triton(x, gate_up, down, w, ids, tile=tile)
                 ms = triton.testing.do_bench(graph.replay, warmup=5, rep=30, return_mode="median") / len(routes)
-                print(f"moe sweep 122B experts T={tokens} tile {tile or moe.DEFAULT_TILE}: {ms * 1e3:.1f} us, "
+                print(f"moe sweep 122B experts T={tokens} tile {tile or 'default'}: {ms * 1e3:.1f} us, "
                       f"{used * 3 * inter * hidden * 2 / ms / 1e6:.0f} GB/s of routed experts, err {err:.1e}", flush=True)
             except Exception as e:  # a tile that does not fit
                 print(f"moe sweep tile {tile}: {type(e).__name__}: {e}", flush=True)
