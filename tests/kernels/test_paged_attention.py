@@ -100,3 +100,16 @@ def test_split_count_does_not_change_a_short_row() -> None:
     narrow = paged_decode_attention_triton(q, kc, vc, bt[:, :10].contiguous(), seq, 0.25)
     assert plan_partition(1, 1, bt.shape[1] * 4)[1] > 1 == plan_partition(1, 1, 40)[1]
     assert torch.equal(wide, narrow)
+
+
+def test_programs_per_row_do_not_change_the_bits() -> None:
+    """The context's cut follows ``splits``; how many programs compute the splits (``grid_splits``) does not
+    change a bit, padding rows included (exact decode attention sizes the grid by the batch)."""
+    from dgpp.kernels.paged_attention import decode_attention_with_splits
+
+    lens = [3, 64, 65, 0, 300, 129]
+    q, kc, vc, bt, seq = _paged_setup(lens, 4, 2, 16, 4, 6 * 80, seed=23)
+    full = decode_attention_with_splits(q, kc, vc, bt, seq, 0.2, 0, 8)
+    torch.testing.assert_close(full, paged_decode_attention_ref(q, kc, vc, bt, seq, 0.2), rtol=1e-4, atol=1e-5)
+    for grid in (1, 3, 5):
+        assert torch.equal(decode_attention_with_splits(q, kc, vc, bt, seq, 0.2, 0, 8, grid), full)

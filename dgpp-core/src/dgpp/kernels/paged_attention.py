@@ -64,18 +64,18 @@ def _sequence_split(seq_len, window, num_splits, BLOCK_N: tl.constexpr):
 @triton.jit
 def _decode_partition_kernel(
     q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    scale, window, group, head_dim, v_dim, block_size, num_splits,
+    scale, window, group, head_dim, v_dim, block_size, num_splits, grid_splits,
     q_b, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_b, o_h,
     BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
 ):
+    """Program ``(b, kvh, p)`` computes splits ``p, p + grid_splits, ...`` of its sequence: how the context
+    is cut depends on ``seq_len`` and ``num_splits`` alone, how many programs share the work does not
+    change any split's bits (``grid_splits <= num_splits`` trades parallelism for fewer programs)."""
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
-    split = tl.program_id(2)
     seq_len = tl.load(lens_ptr + b)
     first, per_split, used = _sequence_split(seq_len, window, num_splits, BLOCK_N)
-    start = first + split * per_split
-    end = tl.minimum(seq_len, start + per_split)  # <= start for the splits this sequence leaves unused
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -84,41 +84,43 @@ def _decode_partition_kernel(
     gmask = g < group
     q = tl.load(q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
                 mask=gmask[:, None] & (d[None, :] < head_dim), other=0.0)
-
-    m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_G], tl.float32)
-    acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
-    for tok0 in range(start, end, BLOCK_N):
-        toks = tok0 + tl.arange(0, BLOCK_N)
-        tmask = toks < end
-        phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
-        off = (toks % block_size).to(tl.int64)
-        k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
-        kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
-        s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
-        s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
-        v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-
     omask = gmask[:, None] & (dv[None, :] < v_dim)
-    # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
-    direct = (split == 0) & (used <= 1)
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=omask & direct)
-    if not ONE_SPLIT:
-        # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2], written only when a merge follows
-        partial = (used > 1) & (split < used)
-        row = (b * group * tl.num_programs(1) + heads) * num_splits + split
-        tl.store(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], acc, mask=omask & partial)
-        tl.store(part_ml_ptr + row * 2, m_i, mask=gmask & partial)
-        tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask & partial)
+    # a padding row (seq_len 0) still runs split 0, which writes its zeros
+    for split in range(tl.program_id(2), tl.maximum(used, 1), grid_splits):
+        start = first + split * per_split
+        end = tl.minimum(seq_len, start + per_split)
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+        for tok0 in range(start, end, BLOCK_N):
+            toks = tok0 + tl.arange(0, BLOCK_N)
+            tmask = toks < end
+            phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
+            off = (toks % block_size).to(tl.int64)
+            k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
+            kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+            s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
+            s = tl.where(tmask[None, :], s, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(s, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(s - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
+            v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+            m_i = m_new
+        # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
+        direct = (split == 0) & (used <= 1)
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=omask & direct)
+        if not ONE_SPLIT:
+            # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2], written only when a merge follows
+            partial = (used > 1) & (split < used)
+            row = (b * group * tl.num_programs(1) + heads) * num_splits + split
+            tl.store(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], acc, mask=omask & partial)
+            tl.store(part_ml_ptr + row * 2, m_i, mask=gmask & partial)
+            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask & partial)
 
 
 @triton.jit
@@ -169,10 +171,11 @@ def paged_decode_attention_triton(
 
 def decode_attention_with_splits(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int, splits: int,
+    seq_lens: torch.Tensor, scale: float, window: int, splits: int, grid_splits: int | None = None,
 ) -> torch.Tensor:
-    """The Triton decode attention over a grid of exactly ``splits`` splits per (sequence, KV head); each
-    sequence spreads its own context over them, and the merge runs only when ``splits > 1``."""
+    """The Triton decode attention with each sequence's context spread over ``splits`` splits (the merge
+    runs only when ``splits > 1``), computed by ``grid_splits`` (default ``splits``) programs per
+    (sequence, KV head): fewer programs when the batch alone fills the GPU, with the same bits."""
     batch, hq, head_dim = q.shape
     block_size, hk = k_cache.shape[1], k_cache.shape[2]
     v_dim = v_cache.shape[-1]
@@ -187,9 +190,10 @@ def decode_attention_with_splits(
     else:
         part_acc = part_ml = out  # unused
     precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
-    _decode_partition_kernel[(batch, hk, splits)](
+    grid_splits = max(1, min(grid_splits or splits, splits))
+    _decode_partition_kernel[(batch, hk, grid_splits)](
         q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
-        float(scale), int(window), group, head_dim, v_dim, block_size, splits,
+        float(scale), int(window), group, head_dim, v_dim, block_size, splits, grid_splits,
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
         BLOCK_N=_BLOCK_N, BLOCK_G=max(16, next_pow2(group)),
