@@ -57,7 +57,7 @@ def _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, cols, BM: tl.constexpr, B
     return acc
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (dgpp.kernels.exact_gemm)
 def _multi_linear_kernel(
     x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, x_stride, out_stride,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
@@ -71,27 +71,27 @@ def _multi_linear_kernel(
     elif start >= n0:
         w_ptr = w1_ptr
         local = start - n0
-    rows = tl.arange(0, BM)
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)  # grid axis 1: row blocks (one for decode calls)
     acc = _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, local + tl.arange(0, BN), BM, BN, BK, PRECISION)
     out_cols = start + tl.arange(0, BN)
-    tl.store(out_ptr + rows[:, None] * out_stride + out_cols[None, :], acc.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + out_cols[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=rows[:, None] < m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["m"])
 def _gate_up_silu_kernel(
     x_ptr, wg_ptr, wu_ptr, out_ptr, m, k_dim, x_stride, out_stride,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
 ):
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    rows = tl.arange(0, BM)
+    rows = tl.program_id(1) * BM + tl.arange(0, BM)
     gate = _gemv_tile(x_ptr, wg_ptr, m, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
     up = _gemv_tile(x_ptr, wu_ptr, m, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
     # the projections are activations in the model dtype before the product, as in the eager layer
     gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
     up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + rows[:, None] * out_stride + cols[None, :], out.to(out_ptr.dtype.element_ty),
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :], out.to(out_ptr.dtype.element_ty),
              mask=rows[:, None] < m)
 
 
@@ -130,10 +130,11 @@ def _precision(x: torch.Tensor) -> str:
 
 
 def multi_linear_triton(
-    x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, int, int] | None = None
+    x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, int, int] | None = None, bm: int | None = None
 ) -> list[torch.Tensor]:
-    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU)."""
-    bm = row_block(x.shape[0])
+    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU). ``bm`` pins the row tile for
+    any row count (the grid then walks ``bm``-row blocks: ``dgpp.kernels.exact_gemm``'s fixed-order calls)."""
+    bm = bm or row_block(x.shape[0])
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
     sizes = [w.shape[0] for w in weights]
@@ -148,7 +149,7 @@ def multi_linear_triton(
     padded = list(weights) + [weights[0]] * (3 - len(weights))
     n0 = sizes[0]
     n1 = sizes[1] if len(sizes) > 1 else 0
-    _multi_linear_kernel[(n_total // bn,)](
+    _multi_linear_kernel[(n_total // bn, triton.cdiv(x.shape[0], bm))](
         x, *padded, out, x.shape[0], x.shape[1], n0, n1, x.stride(0), out.stride(0),
         BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
     )
@@ -156,10 +157,11 @@ def multi_linear_triton(
 
 
 def gate_up_silu_triton(
-    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tile: tuple[int, int, int] | None = None
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tile: tuple[int, int, int] | None = None,
+    bm: int | None = None,
 ) -> torch.Tensor:
-    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU)."""
-    bm = row_block(x.shape[0])
+    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU); ``bm`` as in multi_linear_triton."""
+    bm = bm or row_block(x.shape[0])
     inter = w_gate.shape[0]
     # H200, 12288x4096 pairs: 4.23 TB/s at 1-16 rows with (32, 256, 3); (32, 128, 4) is as fast there and
     # best at 32 rows (51.8 us) and 64 rows (66.9 us against 72.3)
@@ -170,7 +172,7 @@ def gate_up_silu_triton(
         bn = 16
     stages = _fit_stages(bm, bn, bk, stages, 2, x.element_size())
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    _gate_up_silu_kernel[(inter // bn,)](
+    _gate_up_silu_kernel[(inter // bn, triton.cdiv(x.shape[0], bm))](
         x, w_gate, w_up, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
         BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
     )
