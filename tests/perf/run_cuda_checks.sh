@@ -6,14 +6,8 @@
 #   pip wheel -q --no-deps --no-build-isolation -w .whl ./dgpp-core ./plugins/dgpp-*
 #   bash tests/perf/run_cuda_checks.sh
 set -uo pipefail
-OUT=${OUT:-perf_out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
-fi
-src=$(ls -d "$PWD"/plugins/*/src | tr '\n' ':')
-export PYTHONUNBUFFERED=1 TRITON_INTERPRET=0 PYTHONPATH="$PWD/dgpp-core/src:$src${PYTHONPATH:-}"
+source "$(dirname "$0")/device_env.sh"
+export TRITON_INTERPRET=0
 status=0
 # only the tests that skip on the CPU box: the rest feed CPU tensors to kernels written for the interpreter there
 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "cuda or gpu" tests/kernels/test_moe.py \

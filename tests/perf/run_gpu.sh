@@ -2,15 +2,7 @@
 # One device call: install dgpp from the working tree, check every kernel at real sizes, then run the
 # decode benchmark. Logs under $OUT (or ./perf_out). Usage: bash tests/perf/run_gpu.sh [bench args...]
 set -uo pipefail
-OUT=${OUT:-perf_out}
-mkdir -p "$OUT"
-# pure-python runtime deps the device image lacks travel as wheels in .whl (carry it)
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  export PYTHONPATH="/tmp/site:${PYTHONPATH:-}"
-fi
-src=$(ls -d "$PWD"/plugins/*/src | tr '\n' ':')
-export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD/dgpp-core/src:$src${PYTHONPATH:-}"
+source "$(dirname "$0")/device_env.sh"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 if [ "${SKIP_KERNELS:-0}" != 1 ]; then
