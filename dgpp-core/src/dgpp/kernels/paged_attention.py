@@ -148,11 +148,16 @@ def _merge_partitions_kernel(
         tl.store(out_ptr + b * o_b + h * o_h + dv, out.to(out_ptr.dtype.element_ty), mask=dv < v_dim)
 
 
+def programs_per_row(batch: int, kv_heads: int) -> int:
+    """Split programs per (sequence, KV head) that cover the GPU several times over (``_TARGET_PROGRAMS``)."""
+    return max(1, _TARGET_PROGRAMS // max(1, batch * kv_heads))
+
+
 def plan_partition(batch: int, kv_heads: int, max_context: int, min_partition: int = _MIN_PARTITION) -> tuple[int, int]:
     """(partition tokens, splits) for the widest context the table allows: split long contexts only while
     the grid is too small for the GPU. The splits size the grid; each sequence then spreads its own
     context over them (see the module docstring), so the partition is an upper bound per split."""
-    want = max(1, _TARGET_PROGRAMS // max(1, batch * kv_heads))
+    want = programs_per_row(batch, kv_heads)
     splits = max(1, min(want, triton.cdiv(max_context, min_partition)))
     partition = next_pow2(triton.cdiv(max_context, splits))
     partition = max(partition, 64)
