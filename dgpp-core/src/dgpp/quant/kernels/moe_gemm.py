@@ -16,27 +16,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dgpp.quant.kernels.wo_matmul import _decode, _group_scales, _tile_scales
-
-
-@triton.jit
-def _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride_zk,
-            FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, ZERO_OFFSET: tl.constexpr,
-            SCALE_MODE: tl.constexpr, PACK: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr,
-            BN: tl.constexpr, BKP: tl.constexpr):
-    """Scales (and zeros) loaded once for a K tile: per row (mode 1), per group broadcast (mode 2), or
-    nothing here (mode 0: ``_decode`` gathers them per weight)."""
-    if SCALE_MODE == 1:
-        s_pre, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
-                                    FMT, BITS, ZERO_OFFSET, SBN, SBK)
-    elif SCALE_MODE == 2:
-        s_pre = _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0,
-                              BN, BKP, SBK // PACK)
-        z_row = tl.zeros((BN,), dtype=tl.int32)
-    else:
-        s_pre = tl.zeros((BN,), dtype=tl.float32)
-        z_row = tl.zeros((BN,), dtype=tl.int32)
-    return s_pre, z_row
+from dgpp.quant.kernels.wo_matmul import _decode, _scales
 
 
 @triton.jit

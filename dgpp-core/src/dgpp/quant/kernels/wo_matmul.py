@@ -86,6 +86,26 @@ def _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT: tl
 
 
 @triton.jit
+def _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride_zk,
+            FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, ZERO_OFFSET: tl.constexpr,
+            SCALE_MODE: tl.constexpr, PACK: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr,
+            BN: tl.constexpr, BKP: tl.constexpr):
+    """Scales (and zeros) loaded once for a K tile: per row (mode 1), per group broadcast (mode 2), or
+    nothing here (mode 0: ``_decode`` gathers them per weight)."""
+    if SCALE_MODE == 1:
+        s_pre, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
+                                    FMT, BITS, ZERO_OFFSET, SBN, SBK)
+    elif SCALE_MODE == 2:
+        s_pre = _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0,
+                              BN, BKP, SBK // PACK)
+        z_row = tl.zeros((BN,), dtype=tl.int32)
+    else:
+        s_pre = tl.zeros((BN,), dtype=tl.float32)
+        z_row = tl.zeros((BN,), dtype=tl.int32)
+    return s_pre, z_row
+
+
+@triton.jit
 def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_pre, z_row,
             stride_sn, stride_sk, stride_zk,
             FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr,
@@ -184,22 +204,13 @@ def wo_matmul_kernel(
         offs_m = pid_m * BM + tl.arange(0, BM)
         m_ok = offs_m < M
         acc = tl.zeros((BM, BN), dtype=tl.float32)
-    if SCALE_MODE == 2:
-        s_pre = tl.zeros((BN, BKP), dtype=tl.float32)
-    else:
-        s_pre = tl.zeros((BN,), dtype=tl.float32)
-    z_row = tl.zeros((BN,), dtype=tl.int32)
     for kp0 in range(kp_lo, kp_hi, BKP):
         offs_kp = kp0 + tl.arange(0, BKP)
         kp_ok = offs_kp < kp_hi
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         stored = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk, mask=tile_ok, other=0)
-        if SCALE_MODE == 1:
-            s_pre, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
-                                        FMT, BITS, ZERO_OFFSET, SBN, SBK)
-        elif SCALE_MODE == 2:
-            s_pre = _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0,
-                                  BN, BKP, SBK // PACK)
+        s_pre, z_row = _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride_zk, FMT, BITS,
+                               SCALE_E8M0, ZERO_OFFSET, SCALE_MODE, PACK, SBN, SBK, BN, BKP)
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
             w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_pre, z_row,
