@@ -9,3 +9,15 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # the tiny test models issue thousands of microsecond-sized ops; with 2 OpenMP threads on a shared 2-core
 # box every op pays a thread hand-off, measured 15-30x slower (64 decode steps: 5.4 s vs 0.34 s)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _engine_wide_kernel_choices():
+    """Engines built by a test fix process-wide kernel choices (the packed decode GEMV); later tests start clean."""
+    yield
+    from dgpp.quant.kernels.decode_launch import set_decode_kernel
+
+    set_decode_kernel(None)

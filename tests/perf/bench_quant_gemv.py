@@ -254,26 +254,35 @@ def main() -> None:
     print(f"checks: {len(results['checks']) - len(failed)} ok, {len(failed)} failed", flush=True)
 
 
-def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
-    from triton.testing import do_bench, do_bench_cudagraph
+def copy_bandwidth(device) -> float:
+    """Device-to-device copy rate of 1 GiB in bytes/s (read + write), printed."""
+    from triton.testing import do_bench
 
+    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    rate = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3)
+    print(f"copy bandwidth {rate / 1e9:.0f} GB/s (read + write)", flush=True)
+    return rate
+
+
+def timed(fn, copies) -> float:
+    """Seconds per call: one CUDA graph replays ``fn(i)`` over every weight copy."""
+    from triton.testing import do_bench_cudagraph
+
+    def step():
+        for i in range(copies):
+            fn(i)
+    step()
+    return do_bench_cudagraph(step, rep=40, return_mode="median") * 1e-3 / copies
+
+
+def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
     from dgpp.quant.kernels import default_config, default_tile
     from dgpp.quant.kernels.decode_launch import with_split
 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    copy_bw = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3)
+    copy_bw = copy_bandwidth(device)
     results["copy_GBps"] = copy_bw / 1e9
-    print(f"copy bandwidth {copy_bw / 1e9:.0f} GB/s (read + write)", flush=True)
-
-    def timed(fn, copies) -> float:
-        """Seconds per call: one CUDA graph replays ``fn(i)`` over every weight copy."""
-        def step():
-            for i in range(copies):
-                fn(i)
-        step()
-        return do_bench_cudagraph(step, rep=40, return_mode="median") * 1e-3 / copies
 
     for name, fmt in fmts.items():
         per_layer = 0.0

@@ -2,7 +2,8 @@
 linear and attention path, and what does the canonical path cost against the stock one?
 
     PYTHONPATH=dgpp-core/src TRITON_INTERPRET=0 python3 tests/perf/check_exact_cuda.py
-    python tests/perf/check_exact_cuda.py --smoke      # CPU, interpreter, tiny shapes, no timing (CI runs it)
+    python tests/perf/check_exact_cuda.py --smoke      # CPU, interpreter, tiny shapes, no timing (~3 min)
+    ... --only linears,attention,moe,packed            # a subset
 
 One line per result. ``same`` lines compare every row of an M-row call with the same row computed alone
 (M = 1) for M in ROW_COUNTS; ``time`` lines are do_bench medians with the weights rotated out of L2.
@@ -148,6 +149,36 @@ def check_moe() -> None:
     same_rows(f"fused moe {e} experts top {top} ({h}/{inter})", fn, x, True)
 
 
+def check_packed() -> None:
+    """Canonical rows of packed (FP8 / NVFP4) linears: the decode GEMV in launches of <= 16 rows, for each of
+    the two kernels an engine can fix (``engine.quant_decode_gemv``), against the weight-only GEMM."""
+    import os
+
+    from bench_quant_gemv import formats, random_weight
+
+    from dgpp.quant.exact_rows import decode_rows
+    from dgpp.quant.linear import packed_matmul
+
+    h, kv, i = SIZES["hidden"], SIZES["kv"], SIZES["inter"]
+    gen = torch.Generator(device=DEV).manual_seed(0)
+    for fname in ("nvfp4", "fp8_block"):
+        fmt = formats()[fname]
+        for name, shapes in ((f"qkv {h}->{h}+{kv}+{kv}", [(h, h), (kv, h), (kv, h)]), (f"down {i}->{h}", [(h, i)])):
+            sets = [random_weight(fmt, s, DEV, gen) for s in shapes]
+            x = torch.randn(max(ROW_COUNTS), shapes[0][1], device=DEV, dtype=BF16)
+            for kernel in ("row", "mma"):
+                os.environ["DGPP_QUANT_GEMV"] = kernel
+                same_rows(f"packed {fname} {kernel} {name}", lambda r: torch.cat(decode_rows(fmt, sets, r, shapes), 1),
+                          x, True)
+                for m in SIZES["time_rows"][:3]:
+                    t = bench(lambda c: decode_rows(fmt, c, x[:m], shapes), [sets])
+                    gemm = bench(lambda c: [packed_matmul(fmt, w, x[:m], s) for w, s in zip(c, shapes, strict=True)],
+                                 [sets])
+                    print(f"time  packed {fname} {kernel} {name:24s} M={m:5d} decode rows {t:9.1f} us  "
+                          f"weight-only GEMM {gemm:9.1f} us (weights L2-warm)", flush=True)
+            os.environ.pop("DGPP_QUANT_GEMV", None)
+
+
 def _rows(r: torch.Tensor, x: torch.Tensor) -> slice:
     start = (r.data_ptr() - x.data_ptr()) // (x.stride(0) * x.element_size())
     return slice(start, start + r.shape[0])
@@ -166,8 +197,10 @@ if __name__ == "__main__":
     if "--smoke" in sys.argv:
         smoke()
     torch.manual_seed(0)
-    check_linears()
-    check_attention()
-    check_moe()
+    only = sys.argv[sys.argv.index("--only") + 1].split(",") if "--only" in sys.argv else None
+    for part, check in (("linears", check_linears), ("attention", check_attention), ("moe", check_moe),
+                        ("packed", check_packed)):
+        if only is None or part in only:
+            check()
     print("FAILED: " + ", ".join(FAILS) if FAILS else "all canonical paths row-exact")
     sys.exit(1 if FAILS else 0)

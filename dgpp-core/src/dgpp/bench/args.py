@@ -12,9 +12,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
     parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
     parser.add_argument("--profile", default="", help="cases whose per-kernel GPU time is broken down")
-    parser.add_argument("--gemv", choices=("on", "off", "both"), default="on",
+    parser.add_argument("--gemv", choices=("on", "off", "both", "mma", "row+mma"), default="on",
                         help="decode GEMV kernels (DGPP_GEMV; packed weights: DGPP_QUANT_GEMV) for the timed cases; "
-                             "both = each case twice")
+                             "both = each case twice; mma / row+mma: packed layers on the MMA GEMV (and the row GEMV)")
     parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
     parser.add_argument("--prefill-attn", default="torch",
                         help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)")

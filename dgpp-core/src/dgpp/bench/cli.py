@@ -45,6 +45,16 @@ from dgpp.quant.kernels.decode_launch import DISABLE_ENV as QUANT_GEMV_ENV
 GROSS_MISMATCH = 0.25
 
 
+# --gemv modes -> the label a timed case gets ("0" takes the caller's cuBLAS / wo_matmul label)
+GEMV_LABELS = {"1": "", "row": ", row GEMV", "mma": ", MMA GEMV"}
+
+
+def _set_gemv(mode: str) -> None:
+    """Dense decode GEMV on unless mode "0"; packed layers: "1" (the default choice), "0" (wo_matmul), "row"/"mma"."""
+    os.environ["DGPP_GEMV"] = "0" if mode == "0" else "1"
+    os.environ[QUANT_GEMV_ENV] = mode
+
+
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
     cases = []
     for item in filter(None, text.split(",")):
@@ -69,19 +79,19 @@ def bench_weights(
         if not same:
             failures.append(f"{tag}{prompt}x{batch}x{new}")
     hf_cases = set(parse_cases(args.hf_cases))
-    gemv_modes = {"on": ("1",), "off": ("0",), "both": ("1", "0")}[args.gemv]
+    gemv_modes = {"on": ("1",), "off": ("0",), "both": ("1", "0"), "mma": ("mma",), "row+mma": ("row", "mma")}[args.gemv]
     # --gemv off: dense layers go to cuBLAS, packed ones to the generic weight-only kernel (wo_matmul)
     off_label = ", wo_matmul" if quantized_linears(model) else ", cuBLAS GEMV"
     for prompt, batch, new in parse_cases(args.cases):
         modes = [(g, s) for g in ((True, False) if args.eager else (True,)) for s in gemv_modes]
         for graph, gemv in modes:
-            os.environ["DGPP_GEMV"] = os.environ[QUANT_GEMV_ENV] = gemv
+            _set_gemv(gemv)
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
-            res.label = f"{tag}{'graph' if graph else 'eager'}{'' if gemv == '1' else off_label}"
+            res.label = f"{tag}{'graph' if graph else 'eager'}{GEMV_LABELS.get(gemv, off_label)}"
             results.append(res)
             print(f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step (replay {res.replay_ms:.2f}), "
                   f"{res.tok_s:.1f} tok/s, {res.step_bytes / 1e9:.3f} GB/step, {res.copy_pct:.1f}% of copy bw", flush=True)
-        os.environ["DGPP_GEMV"] = os.environ[QUANT_GEMV_ENV] = gemv_modes[0]
+        _set_gemv(gemv_modes[0])
         if hf is not None and (prompt, batch, new) in hf_cases:
             rate = hf_tok_s(hf, prompt, batch, new, vocab)
             for res in results[-len(modes):]:

@@ -117,7 +117,8 @@ def _prefill_kernel(
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). H200 sweep, bf16, 32/8 heads x 128: 8192 rows 2.26 ms (244
 # TFLOP/s) with 128x128 tiles against 2.72 ms with 64x64; 1024 rows over a 4096 context 0.47 ms vs 0.51.
-# Heads wider than 128 keep the 64x64 tile, whose q/K/V stages fit shared memory at head_dim 256.
+# Rows wider than 256 bytes (heads over 128 in bf16, fp32 heads over 64) keep the 64x64 tile, whose q/K/V stages
+# fit shared memory (228 KB on sm_90) at 512 bytes per row: 128x128 fp32 tiles of 128-wide heads need 256 KB.
 WIDE_TILE = (128, 128, 8, 2)
 NARROW_TILE = (64, 64, 4, 2)
 
@@ -131,7 +132,8 @@ def prefill_attention_triton(
     alone overrides BLOCK_M."""
     tokens, hq, head_dim = q.shape
     hk, v_dim = k_cache.shape[2], v_cache.shape[-1]
-    bm, bn, warps, stages = tile or (WIDE_TILE if max(head_dim, v_dim) <= 128 else NARROW_TILE)
+    row_bytes = max(head_dim, v_dim) * q.element_size()
+    bm, bn, warps, stages = tile or (WIDE_TILE if row_bytes <= 256 else NARROW_TILE)
     bm = block_m or bm
     out = torch.empty(tokens, hq, v_dim, dtype=q.dtype, device=q.device)
     starts = query_start_loc.tolist()

@@ -201,6 +201,12 @@ class QuantLinearMethod:
         return self.fmt.decode(self.tensors(layer), self.local_shape(layer), dtype)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if x.is_cuda and bias is None:  # canonical rows through the decode GEMV (dgpp.quant.exact_rows)
+            from dgpp.quant.exact_rows import routed_packed_linears
+
+            routed = routed_packed_linears((layer,), x)
+            if routed is not None:
+                return routed[0]
         return packed_matmul(self.fmt, self.tensors(layer), x, self.local_shape(layer), bias)
 
 
@@ -221,6 +227,12 @@ def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu:
 def fused_packed_linear(layers: tuple[nn.Module, ...], x: torch.Tensor) -> list[torch.Tensor] | None:
     """``[layer(x) for layer in layers]`` (1..3 packed layers, e.g. q/k/v) in one decode GEMV launch, or
     None when ``shared_decode_format`` says they cannot share one."""
+    if x.is_cuda:  # canonical rows through the decode GEMV whatever the step's row count
+        from dgpp.quant.exact_rows import routed_packed_linears
+
+        routed = routed_packed_linears(layers, x)
+        if routed is not None:
+            return routed
     fmt = shared_decode_format(layers, x, on_gpu=x.is_cuda)
     if fmt is None:
         return None
@@ -230,6 +242,12 @@ def fused_packed_linear(layers: tuple[nn.Module, ...], x: torch.Tensor) -> list[
 
 def fused_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
     """``silu(gate(x)) * up(x)`` in one decode GEMV launch for packed gate/up layers, or None."""
+    if x.is_cuda:  # canonical rows through the decode GEMV whatever the step's row count
+        from dgpp.quant.exact_rows import routed_packed_gate_up_silu
+
+        routed = routed_packed_gate_up_silu(gate, up, x)
+        if routed is not None:
+            return routed
     fmt = shared_decode_format((gate, up), x, on_gpu=x.is_cuda)
     if fmt is None or gate.quant_method.local_shape(gate) != up.quant_method.local_shape(up):
         return None

@@ -111,6 +111,17 @@ def _text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | N
     return TextStack(tokenizer, template, dialect, grammar)
 
 
+def _choose_quant_decode_gemv(engine_cfg: Any) -> None:
+    """Fix the packed decode GEMV for this engine's life (a row's bits must not depend on server load)."""
+    from dgpp.quant.kernels.decode_launch import set_decode_kernel
+
+    depth = int(getattr(engine_cfg, "mtp_depth", 1)) if getattr(engine_cfg, "mtp", False) else 0
+    max_rows = int(getattr(engine_cfg, "max_concurrency", 1)) * (1 + depth)
+    setting = str(getattr(engine_cfg, "quant_decode_gemv", "auto"))
+    set_decode_kernel(setting, max_rows)
+    log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
+
+
 def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, device: str | None = None,
                          start_loop: bool = True) -> ServingEngine:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
@@ -132,6 +143,7 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
     from dgpp.nn.exact_cuda import set_batch_invariant
 
     set_batch_invariant(bool(getattr(engine_cfg, "batch_invariant", False)))  # engine-wide row routing on CUDA
+    _choose_quant_decode_gemv(engine_cfg)
     model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm, world=world, group=group)
     info = model.info
     check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype

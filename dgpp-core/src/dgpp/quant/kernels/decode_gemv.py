@@ -231,6 +231,22 @@ def _gather(ws_ptr, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.co
 
 
 @triton.jit
+def pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN: tl.constexpr):
+    """The weight (pointers, its BN output columns, its rows, its first output column) of this program's tile
+    when up to three weights sit side by side: segment starts are BN-aligned, so a tile never straddles two."""
+    start = tl.program_id(0) * BN
+    w_ptr, s_ptr, g_ptr, local, n_rows = w0, s0, g0, start, n0
+    seg1 = tl.cdiv(n0, BN) * BN
+    seg2 = seg1 + tl.cdiv(n1, BN) * BN
+    out_base = 0
+    if start >= seg2:
+        w_ptr, s_ptr, g_ptr, local, n_rows, out_base = w2, s2, g2, start - seg2, n2, n0 + n1
+    elif start >= seg1:
+        w_ptr, s_ptr, g_ptr, local, n_rows, out_base = w1, s1, g1, start - seg1, n1, n0
+    return w_ptr, s_ptr, g_ptr, local + tl.arange(0, BN), n_rows, out_base
+
+
+@triton.jit
 def quant_multi_gemv_kernel(
     x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
     SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
@@ -242,16 +258,7 @@ def quant_multi_gemv_kernel(
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
     ``SPLIT`` > 1: grid axis 1 cuts K; each program publishes its fp32 partial and the last to arrive sums
     them in split order and stores (one launch, deterministic)."""
-    start = tl.program_id(0) * BN
-    w_ptr, s_ptr, g_ptr, local, n_rows = w0, s0, g0, start, n0
-    seg1 = tl.cdiv(n0, BN) * BN
-    seg2 = seg1 + tl.cdiv(n1, BN) * BN
-    out_base = 0
-    if start >= seg2:
-        w_ptr, s_ptr, g_ptr, local, n_rows, out_base = w2, s2, g2, start - seg2, n2, n0 + n1
-    elif start >= seg1:
-        w_ptr, s_ptr, g_ptr, local, n_rows, out_base = w1, s1, g1, start - seg1, n1, n0
-    cols = local + tl.arange(0, BN)
+    w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN)
     k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
     acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK,
                      GLOBAL_OP, BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,

@@ -1,5 +1,8 @@
-"""Host side of the packed decode GEMVs: which weights they take, tile choice, and the three launches
-(one weight, q/k/v side by side, gate/up + SwiGLU). Kernels in ``decode_gemv.py``.
+"""Host side of the packed decode GEMVs: which weights they take, which of the two kernels runs (the CUDA-core
+row GEMV, ``row_launch``/``row_gemv.py``, or the tensor-core MMA GEMV here, ``decode_gemv.py``), tile choice,
+and the three launches (one weight, q/k/v side by side, gate/up + SwiGLU). Both keep a row's bits
+independent of the other rows in the launch; they differ from each other, so an engine picks one for its
+whole life (``engine.quant_decode_gemv``, ``set_decode_kernel``).
 
 The selection is explicit (``on_gpu``) so CPU tests can check it without a GPU; everything the GEMVs do
 not cover (more than 16 rows, FP8 blocks narrower than 16 columns, int formats, bf12) stays on the
@@ -18,9 +21,10 @@ import torch
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block, FP8Channel
+from dgpp.quant.kernels.row_launch import RowTile, row_gate_up_silu, row_multi_linear, row_supported
 
 MAX_ROWS = 16
-DISABLE_ENV = "DGPP_QUANT_GEMV"  # "0": decode rows take the generic weight-only kernel instead
+DISABLE_ENV = "DGPP_QUANT_GEMV"  # "0": the generic weight-only kernel; "row" / "mma": that decode GEMV (A/B)
 FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
 FP4_SCALES = ("gather", "broadcast")
 
@@ -92,9 +96,45 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
         return False
     k = x.shape[1]
     return all(
-        s[1] == k and format_supported(fmt, s) and _tensors_ok(fmt, t, s, x.device)
+        s[1] == k and (format_supported(fmt, s) or row_supported(fmt, s)) and _tensors_ok(fmt, t, s, x.device)
         for t, s in zip(tensor_sets, shapes, strict=True)
     )
+
+
+# measured crossovers (H200, 8B shapes, docs/benchmarks.md "Row GEMV"): up to this many rows per step the row
+# GEMV beats the MMA GEMV (FP4: 123 vs 156 us per layer at 4 rows; FP8: even at 2 rows, MMA ahead from 4)
+ROW_AUTO_MAX_ROWS = {"fp4": 4, "fp8": 2}
+_ENGINE: dict = {"setting": None, "max_rows": 1}
+
+
+def set_decode_kernel(setting: str | None, max_rows: int = 1) -> None:
+    """The engine's ``engine.quant_decode_gemv`` ("auto" / "row" / "mma"; None: row wherever it applies, as in
+    tests and benchmarks) and the most rows a decode or verify step can hold (max_concurrency x (1 + MTP
+    depth)). Fixed for the engine's life, so a row's bits never depend on how busy the server is: "auto"
+    resolves per format from ``max_rows`` alone."""
+    if setting not in (None, "auto", "row", "mma"):
+        raise ValueError(f"engine.quant_decode_gemv must be auto, row or mma, not {setting!r}")
+    _ENGINE.update(setting=setting, max_rows=max_rows)
+
+
+def decode_kernel(fmt: QuantFormat) -> str:
+    """"row" or "mma": ``DGPP_QUANT_GEMV=row|mma`` (A/B), else the engine's setting resolved for ``fmt``."""
+    env = os.environ.get(DISABLE_ENV)
+    setting = env if env in ("row", "mma") else _ENGINE["setting"] or "row"
+    if setting == "auto":
+        limit = ROW_AUTO_MAX_ROWS["fp4" if isinstance(fmt, FP4Grouped) else "fp8"]
+        setting = "row" if _ENGINE["max_rows"] <= limit else "mma"
+    return setting
+
+
+def _row_kernel(fmt: QuantFormat, shapes: list[Shape], tile) -> bool:
+    """The CUDA-core row GEMV (``row_gemv``) unless a GemvTile or the kernel choice asks for the MMA one, or
+    the format is one only the MMA GEMV covers (FP4 groups of 64/128, K not a multiple of 16)."""
+    if isinstance(tile, RowTile):
+        return True
+    if tile is not None:
+        return False
+    return decode_kernel(fmt) == "row" and all(row_supported(fmt, s) for s in shapes)
 
 
 def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
@@ -211,10 +251,13 @@ def _operand(fmt: QuantFormat, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor
 
 
 def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
-                       shapes: list[Shape], tile: GemvTile | None = None) -> list[torch.Tensor]:
+                       shapes: list[Shape], tile: GemvTile | RowTile | None = None) -> list[torch.Tensor]:
     """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m <= 16, K]``); the outputs are
     column views of one ``[m, sum N_i]`` buffer."""
     from dgpp.quant.kernels.decode_gemv import quant_multi_gemv_kernel
+
+    if _row_kernel(fmt, shapes, tile):
+        return row_multi_linear(fmt, tensor_sets, x, shapes, tile)
 
     if not 1 <= len(tensor_sets) <= 3:
         raise ValueError(f"quant_multi_linear takes 1 to 3 weights, got {len(tensor_sets)}")
@@ -235,9 +278,12 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
 
 
 def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict[str, torch.Tensor], x: torch.Tensor,
-                       shape: Shape, tile: GemvTile | None = None) -> torch.Tensor:
+                       shape: Shape, tile: GemvTile | RowTile | None = None) -> torch.Tensor:
     """``silu(x Wg^T) * (x Wu^T)`` in one launch; gate and up share ``shape`` and format."""
     from dgpp.quant.kernels.decode_gemv import quant_gate_up_silu_kernel
+
+    if _row_kernel(fmt, [shape], tile):
+        return row_gate_up_silu(fmt, gate, up, x, shape, tile)
 
     n, k = shape
     tile = tile or default_tile(fmt, 2 * n, k, _sms(x.device), weights_per_program=2)

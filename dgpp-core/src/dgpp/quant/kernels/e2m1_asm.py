@@ -30,26 +30,32 @@ SIGN_SELECT = (0xD9C8, 0xFBEA)  # sign-replicate selectors over {r, r << 4} for 
 EVEN_PAIR, ODD_PAIR = 0x6240, 0x7351  # [low, high] bytes of weights (0, 2) and (1, 3) of four
 
 
-def _ptx(high: tuple[int, int], low: tuple[int, int]) -> str:
-    return f"""{{
-    .reg .b32 w, w2, r4, hb0, hb1, lb0, lb1, sg0, sg1, th0, th1, tl0, tl1;
-    mov.b32 th0, {high[0]:#x};
+def _signed_high_bytes(src: str, high: tuple[int, int]) -> str:
+    """PTX lines that leave in hb0 / hb1 the high bytes of the eight weights of register ``src`` (table ``high``)
+    with their signs, and the masked selectors in w / w2 (steps 1-3 above)."""
+    return f"""mov.b32 th0, {high[0]:#x};
     mov.b32 th1, {high[1]:#x};
-    mov.b32 tl0, {low[0]:#x};
-    mov.b32 tl1, {low[1]:#x};
-    and.b32 w, $4, 0x77777777;
+    and.b32 w, {src}, 0x77777777;
     shr.u32 w2, w, 16;
     prmt.b32 hb0, th0, th1, w;
     prmt.b32 hb1, th0, th1, w2;
-    prmt.b32 lb0, tl0, tl1, w;
-    prmt.b32 lb1, tl0, tl1, w2;
-    shl.b32 r4, $4, 4;
-    prmt.b32 sg0, r4, $4, {SIGN_SELECT[0]:#x};
-    prmt.b32 sg1, r4, $4, {SIGN_SELECT[1]:#x};
+    shl.b32 r4, {src}, 4;
+    prmt.b32 sg0, r4, {src}, {SIGN_SELECT[0]:#x};
+    prmt.b32 sg1, r4, {src}, {SIGN_SELECT[1]:#x};
     and.b32 sg0, sg0, 0x80808080;
     and.b32 sg1, sg1, 0x80808080;
     or.b32 hb0, hb0, sg0;
-    or.b32 hb1, hb1, sg1;
+    or.b32 hb1, hb1, sg1;"""
+
+
+def _ptx(high: tuple[int, int], low: tuple[int, int]) -> str:
+    return f"""{{
+    .reg .b32 w, w2, r4, hb0, hb1, lb0, lb1, sg0, sg1, th0, th1, tl0, tl1;
+    {_signed_high_bytes("$4", high)}
+    mov.b32 tl0, {low[0]:#x};
+    mov.b32 tl1, {low[1]:#x};
+    prmt.b32 lb0, tl0, tl1, w;
+    prmt.b32 lb1, tl0, tl1, w2;
     prmt.b32 $0, lb0, hb0, {EVEN_PAIR:#x};
     prmt.b32 $1, lb1, hb1, {EVEN_PAIR:#x};
     prmt.b32 $2, lb0, hb0, {ODD_PAIR:#x};
@@ -57,9 +63,34 @@ def _ptx(high: tuple[int, int], low: tuple[int, int]) -> str:
 }}"""
 
 
+# fp32 outputs: the fp16 high bytes (fp16 E2M1 values have zero low bytes) spread into f16x2 lanes, then
+# one exact fp16 -> fp32 conversion per weight; $0..$3 = nibbles 0, 2, 4, 6 (low nibbles of bytes 0..3),
+# $4..$7 = nibbles 1, 3, 5, 7
+F16_LANES_LOW, F16_LANES_HIGH = 0x2404, 0x3414  # [0, w0, 0, w2] and [0, w1, 0, w3] of four weights' high bytes
+
+
+def _ptx_fp32() -> str:
+    halves = "\n    ".join(f"cvt.f32.f16 ${i}, h{i};" for i in range(8))
+    return f"""{{
+    .reg .b32 w, w2, r4, hb0, hb1, sg0, sg1, th0, th1, p0, p1, p2, p3;
+    .reg .b16 h0, h1, h2, h3, h4, h5, h6, h7;
+    {_signed_high_bytes("$8", FP16_HIGH)}
+    prmt.b32 p0, hb0, 0, {F16_LANES_LOW:#x};
+    prmt.b32 p1, hb1, 0, {F16_LANES_LOW:#x};
+    prmt.b32 p2, hb0, 0, {F16_LANES_HIGH:#x};
+    prmt.b32 p3, hb1, 0, {F16_LANES_HIGH:#x};
+    mov.b32 {{h0, h1}}, p0;
+    mov.b32 {{h2, h3}}, p1;
+    mov.b32 {{h4, h5}}, p2;
+    mov.b32 {{h6, h7}}, p3;
+    {halves}
+}}"""
+
+
 if tl is not None:
     _BF16_PTX = tl.constexpr(_ptx(BF16_HIGH, BF16_LOW))
     _FP16_PTX = tl.constexpr(_ptx(FP16_HIGH, FP16_LOW))
+    _FP32_PTX = tl.constexpr(_ptx_fp32())
 
 
 @triton.jit
@@ -72,6 +103,14 @@ def e2m1_pairs(packed, DOT_DTYPE: tl.constexpr):
         lo, hi = tl.inline_asm_elementwise(_BF16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16),
                                            is_pure=True, pack=4)
     return lo, hi
+
+
+@triton.jit
+def e2m1_word_fp32(words):
+    """int32 words of eight E2M1 codes (nibble i = column i) -> their exact fp32 values, returned as
+    (columns 0, 2, 4, 6, 1, 3, 5, 7): the order the PTX leaves them in (``e2m1_fp32_model``)."""
+    return tl.inline_asm_elementwise(_FP32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
+                                     dtype=(tl.float32,) * 8, is_pure=True, pack=1)
 
 
 def prmt(a: int, b: int, selector: int) -> int:
@@ -107,5 +146,27 @@ def e2m1_pairs_model(packed: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
     # the registers hold weights of bytes (0, 1) then (2, 3): already byte order
     def as_float(bits: list[int]) -> torch.Tensor:
         return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(dtype)
+
+    return as_float(lo_bits), as_float(hi_bits)
+
+
+def e2m1_fp32_model(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``e2m1_word_fp32``'s PTX replayed in Python (prmt emulated; fp16 -> fp32 by torch) on 4k bytes: the
+    (low-nibble, high-nibble) values of every byte, i.e. outputs 0-3 and 4-7 of each word."""
+    lo_bits, hi_bits = [], []
+    for b0, b1, b2, b3 in packed.to(torch.int64).reshape(-1, 4).tolist():
+        r = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)
+        w = r & 0x77777777
+        r4 = (r << 4) & 0xFFFFFFFF
+        hb0 = prmt(*FP16_HIGH, w) | (prmt(r4, r, SIGN_SELECT[0]) & 0x80808080)
+        hb1 = prmt(*FP16_HIGH, w >> 16) | (prmt(r4, r, SIGN_SELECT[1]) & 0x80808080)
+        lanes = [prmt(hb, 0, sel) for sel, hb in ((F16_LANES_LOW, hb0), (F16_LANES_LOW, hb1),
+                                                  (F16_LANES_HIGH, hb0), (F16_LANES_HIGH, hb1))]
+        halves = [half for lane in lanes for half in (lane & 0xFFFF, lane >> 16)]
+        lo_bits += halves[:4]
+        hi_bits += halves[4:]
+
+    def as_float(bits: list[int]) -> torch.Tensor:
+        return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(torch.float16).float()
 
     return as_float(lo_bits), as_float(hi_bits)

@@ -47,7 +47,24 @@ def _ptx(shift: int, restore: int, mul: str) -> str:
 }}"""
 
 
+# int32 word of four E4M3 codes -> four exact fp32 values (byte i -> $i): two e4m3x2 -> f16x2 conversions,
+# then one fp16 -> fp32 conversion per code
+_WORD_FP32 = """{
+    .reg .b16 lo, hi, a, b, c, d;
+    .reg .b32 h01, h23;
+    mov.b32 {lo, hi}, $4;
+    cvt.rn.f16x2.e4m3x2 h01, lo;
+    cvt.rn.f16x2.e4m3x2 h23, hi;
+    mov.b32 {a, b}, h01;
+    mov.b32 {c, d}, h23;
+    cvt.f32.f16 $0, a;
+    cvt.f32.f16 $1, b;
+    cvt.f32.f16 $2, c;
+    cvt.f32.f16 $3, d;
+}"""
+
 if tl is not None:
+    _WORD_FP32_PTX = tl.constexpr(_WORD_FP32)
     _BF16_PTX = tl.constexpr(_ptx(BF16_SHIFT, BF16_RESTORE, "mul.rn.bf16x2"))
     _FP16_PTX = tl.constexpr(_ptx(FP16_SHIFT, FP16_RESTORE, "mul.rn.f16x2"))
 
@@ -60,6 +77,13 @@ def e4m3_values(codes, DOT_DTYPE: tl.constexpr):
     else:
         out = tl.inline_asm_elementwise(_BF16_PTX, "=r,=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=4)
     return out
+
+
+@triton.jit
+def e4m3_word_fp32(words):
+    """int32 words of four E4M3 codes (byte i = column i) -> four exact fp32 tensors, columns 0..3 (GPU only)."""
+    return tl.inline_asm_elementwise(_WORD_FP32_PTX, "=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 4,
+                                     is_pure=True, pack=1)
 
 
 @triton.jit
