@@ -14,30 +14,16 @@ from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.intq import IntPacked
 from dgpp.quant.kernels import GemvTile, decode_gemv_applies, quant_gate_up_silu, quant_multi_linear
+from dgpp.quant.kernels.row_launch import RowTile
 from dgpp.quant.linear import QuantLinearMethod, shared_decode_format
 
-FORMATS = [
-    FP8Block(),  # 128x128 blocks on a ceil grid (n=40, k=200: partial edge blocks both ways)
-    FP8Block(block=(16, 48), scale_format="bf16"),  # a K block that is not a power of two: 16-column dots
-    FP8Block(block=(32, 32), scale_format="e8m0"),
-    FP8Channel(),
-    NVFP4ModelOpt(),
-    NVFP4CompressedTensors(),
-    MXFP4(),
-]
-IDS = [f"{f.name}-{i}" for i, f in enumerate(FORMATS)]
+from .gemv_cases import FORMATS, IDS, packed_weights
+
 SMALL = GemvTile(bn=16, bk=64)
 
 
 def _k(fmt) -> int:
     return 200 if isinstance(fmt, FP8Block) and not isinstance(fmt, FP8Channel) else 256
-
-
-def _weights(fmt, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Packed tensors as a layer holds them, and their exact fp32 decode."""
-    torch.manual_seed(seed)
-    tensors = fmt.prepare(encode(fmt, torch.randn(n, k) * 0.05), (n, k))
-    return tensors, fmt.decode(tensors, (n, k), torch.float32)
 
 
 def _ref(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
@@ -49,7 +35,7 @@ def _ref(x: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 def test_decode_gemv_matches_reference(fmt, rows, dtype):
     n, k = 40, _k(fmt)
-    tensors, dense = _weights(fmt, n, k, seed=rows)
+    tensors, dense = packed_weights(fmt, n, k, seed=rows)
     x = torch.randn(rows, k).to(dtype)
     got = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]
     assert got.dtype == dtype and got.shape == (rows, n)
@@ -68,7 +54,7 @@ def test_tile_override(fmt, tile):
     n, k = 80, _k(fmt)
     if tile.bk % getattr(fmt, "group", 1):
         pytest.skip("FP4 steps hold whole groups")
-    tensors, dense = _weights(fmt, n, k, seed=5)
+    tensors, dense = packed_weights(fmt, n, k, seed=5)
     x = torch.randn(2, k)
     got = quant_multi_linear(fmt, [tensors], x, [(n, k)], tile)[0]
     torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)
@@ -76,7 +62,7 @@ def test_tile_override(fmt, tile):
 
 def test_fp4_tile_must_hold_whole_groups():
     fmt = MXFP4()
-    tensors, _ = _weights(fmt, 16, 256, seed=0)
+    tensors, _ = packed_weights(fmt, 16, 256, seed=0)
     with pytest.raises(ValueError, match="group"):
         quant_multi_linear(fmt, [tensors], torch.randn(1, 256), [(16, 256)], GemvTile(bn=16, bk=16))
 
@@ -84,36 +70,43 @@ def test_fp4_tile_must_hold_whole_groups():
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 def test_row_does_not_depend_on_batch(fmt):
     n, k = 40, _k(fmt)
-    tensors, _ = _weights(fmt, n, k, seed=7)
+    tensors, _ = packed_weights(fmt, n, k, seed=7)
     x = torch.randn(16, k)
     alone = quant_multi_linear(fmt, [tensors], x[:1], [(n, k)], SMALL)[0]
     batched = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]
     assert torch.equal(alone[0], batched[0])
 
 
+# the two decode GEMVs (MMA and CUDA-core row) share the launch contract: both are checked here
+KERNEL_TILES = [SMALL, RowTile(bn=8, bk=64)]
+KERNEL_IDS = ["mma", "row"]
+
+
+@pytest.mark.parametrize("tile", KERNEL_TILES, ids=KERNEL_IDS)
 @pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors()],
                          ids=lambda f: f.name)
-def test_fused_qkv_equals_separate(fmt):
+def test_fused_qkv_equals_separate(fmt, tile):
     k = 128
     # 40 and 24 rows are not multiples of the 16-row tile: segments are padded to whole tiles
     shapes = [(48, k), (40, k), (24, k)]
-    sets = [_weights(fmt, n, k, seed=i)[0] for i, (n, _) in enumerate(shapes)]
+    sets = [packed_weights(fmt, n, k, seed=i)[0] for i, (n, _) in enumerate(shapes)]
     x = torch.randn(3, k)
-    fused = quant_multi_linear(fmt, sets, x, shapes, SMALL)
+    fused = quant_multi_linear(fmt, sets, x, shapes, tile)
     for t, s, got in zip(sets, shapes, fused, strict=True):
-        assert torch.equal(got, quant_multi_linear(fmt, [t], x, [s], SMALL)[0])
+        assert torch.equal(got, quant_multi_linear(fmt, [t], x, [s], tile)[0])
 
 
+@pytest.mark.parametrize("tile", KERNEL_TILES, ids=KERNEL_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
-def test_fused_gate_up_silu_equals_separate(fmt, dtype):
+def test_fused_gate_up_silu_equals_separate(fmt, dtype, tile):
     n, k = 48, 128
-    gate, _ = _weights(fmt, n, k, seed=1)
-    up, _ = _weights(fmt, n, k, seed=2)
+    gate, _ = packed_weights(fmt, n, k, seed=1)
+    up, _ = packed_weights(fmt, n, k, seed=2)
     x = torch.randn(4, k).to(dtype)
-    got = quant_gate_up_silu(fmt, gate, up, x, (n, k), SMALL)
-    g = quant_multi_linear(fmt, [gate], x, [(n, k)], SMALL)[0].float()
-    u = quant_multi_linear(fmt, [up], x, [(n, k)], SMALL)[0].float()
+    got = quant_gate_up_silu(fmt, gate, up, x, (n, k), tile)
+    g = quant_multi_linear(fmt, [gate], x, [(n, k)], tile)[0].float()
+    u = quant_multi_linear(fmt, [up], x, [(n, k)], tile)[0].float()
     want = (F.silu(g) * u).to(dtype)
     tol = 1e-6 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -121,16 +114,16 @@ def test_fused_gate_up_silu_equals_separate(fmt, dtype):
 
 def test_selection_gpu_only_rows_and_formats():
     fmt, n, k = NVFP4ModelOpt(), 32, 128
-    t, _ = _weights(fmt, n, k, seed=0)
+    t, _ = packed_weights(fmt, n, k, seed=0)
     x = torch.randn(16, k)
     assert decode_gemv_applies(fmt, [t], x, [(n, k)], on_gpu=True)
     assert not decode_gemv_applies(fmt, [t], x, [(n, k)], on_gpu=False)  # CPU keeps the torch path
     assert not decode_gemv_applies(fmt, [t], torch.randn(17, k), [(n, k)], on_gpu=True)  # prefill: wo_matmul
     assert not decode_gemv_applies(fmt, [t], x[:, :64], [(n, k)], on_gpu=True)  # K mismatch
     narrow = FP8Block(block=(16, 8))  # 8-column scale blocks: too narrow for a 16-deep dot
-    assert not decode_gemv_applies(narrow, [_weights(narrow, n, k, 0)[0]], x, [(n, k)], on_gpu=True)
+    assert not decode_gemv_applies(narrow, [packed_weights(narrow, n, k, 0)[0]], x, [(n, k)], on_gpu=True)
     ints = IntPacked(bits=4, group=64)
-    assert not decode_gemv_applies(ints, [_weights(ints, n, k, 0)[0]], x, [(n, k)], on_gpu=True)
+    assert not decode_gemv_applies(ints, [packed_weights(ints, n, k, 0)[0]], x, [(n, k)], on_gpu=True)
     strided = {**t, fmt.data_name: t[fmt.data_name].t().contiguous().t()}
     assert not decode_gemv_applies(fmt, [strided], x, [(n, k)], on_gpu=True)
 
@@ -182,8 +175,8 @@ def test_split_k_sums_in_one_launch(fmt):
     from dgpp.quant.kernels.decode_launch import _COUNTERS
 
     n, k = 48, 448 if fmt.name.startswith("fp8") else 512
-    gate, dense = _weights(fmt, n, k, seed=11)
-    up, dense_up = _weights(fmt, n, k, seed=12)
+    gate, dense = packed_weights(fmt, n, k, seed=11)
+    up, dense_up = packed_weights(fmt, n, k, seed=12)
     x = torch.randn(16, k)
     for split in (2, 3):
         tile = GemvTile(bn=16, bk=64, split_k=split)
@@ -229,7 +222,7 @@ def test_fp4_flat_layout(fmt, tile):
     """The flat FP4 tile (bytes as stored, scales per byte or per group, x at stride 2): equal to the
     reference on ragged shapes (masks) and even ones, and a row does not depend on the batch."""
     for n, k in ((40, 256), (64, 512)):
-        tensors, dense = _weights(fmt, n, k, seed=n)
+        tensors, dense = packed_weights(fmt, n, k, seed=n)
         x = torch.randn(16, k)
         got = quant_multi_linear(fmt, [tensors], x, [(n, k)], tile)[0]
         torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)
@@ -240,7 +233,7 @@ def test_fp4_flat_layout(fmt, tile):
 def test_fp8_bit_decode(fmt):
     """FP8 codes placed as fp32 bits (the fp32 twin of the PTX bit decode) give the reference result."""
     n, k = 40, _k(fmt)
-    tensors, dense = _weights(fmt, n, k, seed=3)
+    tensors, dense = packed_weights(fmt, n, k, seed=3)
     x = torch.randn(3, k)
     got = quant_multi_linear(fmt, [tensors], x, [(n, k)], GemvTile(bn=16, bk=64, fp8_bits=True))[0]
     torch.testing.assert_close(got, _ref(x, dense), rtol=1e-5, atol=1e-5)

@@ -1,6 +1,6 @@
 """The CUDA-core row GEMV for packed FP8/FP4 weights (``dgpp.quant.kernels.row_gemv``) under the Triton
 interpreter: against the torch decode reference, every row's bits independent of the rows launched with it
-(1, 2, 4 and 8 row slots), fused q/k/v and gate/up equal to separate launches, the dispatch rule, and the
+(1, 2, 4 and 8 row slots), tile variants, the dispatch rule, and the
 logic of its E2M1 -> fp32 PTX replayed in Python. The PTX itself is checked on a GPU by
 tests/perf/bench_row_gemv.py."""
 
@@ -8,27 +8,17 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from dgpp.quant.codecs import e2m1_unpack
-from dgpp.quant.encode import encode
-from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
+from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
-from dgpp.quant.kernels import GemvTile, quant_gate_up_silu, quant_multi_linear
+from dgpp.quant.kernels import GemvTile, quant_multi_linear
 from dgpp.quant.kernels.decode_launch import _row_kernel, decode_kernel, set_decode_kernel
 from dgpp.quant.kernels.e2m1_asm import e2m1_fp32_model
 from dgpp.quant.kernels.row_launch import RowTile, row_supported, rows_per_program
 
-FORMATS = [
-    FP8Block(),  # 128x128 blocks on a ceil grid: K = 208 leaves a partial edge block
-    FP8Block(block=(16, 48), scale_format="bf16"),  # three 16-column spans per scale block
-    FP8Block(block=(32, 32), scale_format="e8m0"),
-    FP8Channel(),
-    NVFP4ModelOpt(),
-    NVFP4CompressedTensors(),
-    MXFP4(),
-]
-IDS = [f"{f.name}-{i}" for i, f in enumerate(FORMATS)]
+from .gemv_cases import FORMATS, IDS, packed_weights
+
 SMALL = RowTile(bn=8, bk=64)
 
 
@@ -36,18 +26,12 @@ def _k(fmt) -> int:
     return 224 if isinstance(fmt, MXFP4) else 208  # not a multiple of the 64-column step: the masked path
 
 
-def _weights(fmt, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    torch.manual_seed(seed)
-    tensors = fmt.prepare(encode(fmt, torch.randn(n, k) * 0.05), (n, k))
-    return tensors, fmt.decode(tensors, (n, k), torch.float32)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [1, 3, 11])
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 def test_row_gemv_matches_reference(fmt, rows, dtype):
     n, k = 36, _k(fmt)  # 36 rows: the last 8-row tile is partial
-    tensors, dense = _weights(fmt, n, k, seed=rows)
+    tensors, dense = packed_weights(fmt, n, k, seed=rows)
     x = torch.randn(rows, k).to(dtype)
     got = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]
     assert got.dtype == dtype and got.shape == (rows, n)
@@ -61,38 +45,12 @@ def test_row_gemv_matches_reference(fmt, rows, dtype):
 @pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
 def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(fmt):
     n, k = 24, _k(fmt)
-    tensors, _ = _weights(fmt, n, k, seed=7)
+    tensors, _ = packed_weights(fmt, n, k, seed=7)
     x = torch.randn(16, k)
     batched = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]  # two programs of 8 row slots
     for start, size in ((5, 1), (3, 2), (9, 3), (0, 5)):  # 1, 2, 4 and 8 row slots
         part = quant_multi_linear(fmt, [tensors], x[start:start + size], [(n, k)], SMALL)[0]
         assert torch.equal(part, batched[start:start + size])
-
-
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()],
-                         ids=lambda f: f.name)
-def test_fused_qkv_equals_separate(fmt):
-    k = 128
-    shapes = [(48, k), (20, k), (12, k)]  # 20 and 12 are not multiples of the 8-row tile
-    sets = [_weights(fmt, n, k, seed=i)[0] for i, (n, _) in enumerate(shapes)]
-    x = torch.randn(3, k)
-    fused = quant_multi_linear(fmt, sets, x, shapes, SMALL)
-    for t, s, got in zip(sets, shapes, fused, strict=True):
-        assert torch.equal(got, quant_multi_linear(fmt, [t], x, [s], SMALL)[0])
-
-
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
-def test_fused_gate_up_silu_equals_separate(fmt, dtype):
-    n, k = 40, 128
-    gate, _ = _weights(fmt, n, k, seed=1)
-    up, _ = _weights(fmt, n, k, seed=2)
-    x = torch.randn(6, k).to(dtype)
-    got = quant_gate_up_silu(fmt, gate, up, x, (n, k), SMALL)
-    g = quant_multi_linear(fmt, [gate], x, [(n, k)], SMALL)[0].float()
-    u = quant_multi_linear(fmt, [up], x, [(n, k)], SMALL)[0].float()
-    tol = 1e-6 if dtype == torch.float32 else 1e-2
-    torch.testing.assert_close(got, (F.silu(g) * u).to(dtype), rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize("tile", [RowTile(bn=16, bk=128), RowTile(bn=4, bk=256, prefetch=False),
@@ -101,7 +59,7 @@ def test_fused_gate_up_silu_equals_separate(fmt, dtype):
 @pytest.mark.parametrize("fmt", [FP8Block(), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
 def test_tile_variants(fmt, tile):
     n, k = 32, 256  # K a multiple of every step: the unmasked path
-    tensors, dense = _weights(fmt, n, k, seed=3)
+    tensors, dense = packed_weights(fmt, n, k, seed=3)
     x = torch.randn(2, k)
     got = quant_multi_linear(fmt, [tensors], x, [(n, k)], tile)[0]
     torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
