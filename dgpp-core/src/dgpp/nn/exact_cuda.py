@@ -148,7 +148,9 @@ def fixed_linear(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Ten
     return [o[:, :n] if o.shape[1] != n else o for o, n in zip(outs, sizes, strict=True)]
 
 
-def _applies(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+def routable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
+    """``x``'s rows can follow the step's route: CUDA, routing on, a non-empty 2-D batch, and every dense
+    weight (none for packed layers) of ``x``'s dtype and width."""
     return (x.is_cuda and routing_enabled() and x.dim() == 2 and x.shape[0] > 0
             and all(w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1] for w in weights))
 
@@ -182,7 +184,7 @@ def routed_linears(x: torch.Tensor, weights: list[torch.Tensor], bulk: Callable[
                    bias: torch.Tensor | None = None) -> list[torch.Tensor] | None:
     """``[x @ w.T (+ bias)]`` for dense weights through the step's route, or None (not CUDA / routing off / no
     route). ``bias`` (one weight only) is added after the fixed-order product; ``bulk`` adds its own."""
-    if not _applies(x, weights):
+    if not routable(x, weights):
         return None
 
     def exact(rows: torch.Tensor) -> list[torch.Tensor]:
@@ -197,7 +199,7 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
     """``silu(x wg^T) * (x wu^T)`` through the step's route, or None."""
     from dgpp.kernels.exact_gemm import fixed_order_applies, fixed_order_gate_up_silu
 
-    if not _applies(x, [w_gate, w_up]):
+    if not routable(x, [w_gate, w_up]):
         return None
 
     def exact(rows: torch.Tensor) -> list[torch.Tensor]:
@@ -217,6 +219,6 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
 def always_fixed(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     """``x @ weight.T`` through the fixed-order kernel for every row of every step (the LM head, MoE routers:
     few rows, and a token's logits / expert choice must never depend on the step), or None off CUDA / off."""
-    if not _applies(x, [weight]):
+    if not routable(x, [weight]):
         return None
     return fixed_linear(x, [weight])[0]

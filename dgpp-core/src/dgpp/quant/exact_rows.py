@@ -20,11 +20,6 @@ from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.kernels.decode_launch import MAX_ROWS
 
 
-def _layer_sets(layers: tuple[nn.Module, ...]) -> tuple[list[dict[str, torch.Tensor]], list[Shape]]:
-    return ([layer.quant_method.tensors(layer) for layer in layers],
-            [layer.quant_method.local_shape(layer) for layer in layers])
-
-
 def _chunks(rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
     """``launch`` over row chunks of at most MAX_ROWS, outputs concatenated per weight."""
     if rows.shape[0] <= MAX_ROWS:
@@ -42,13 +37,12 @@ def decode_rows(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], ro
 
 
 def _format(layers: tuple[nn.Module, ...], x: torch.Tensor) -> QuantFormat | None:
-    """The layers' shared format when the step has a route and the decode GEMV takes these weights."""
+    """The layers' shared format when ``x`` can follow a route and the decode GEMV takes these weights (whether
+    a step has a route at all is ``route_rows``'s call)."""
     from dgpp.nn import exact_cuda
     from dgpp.quant.linear import shared_decode_format
 
-    if not (x.is_cuda and exact_cuda.routing_enabled() and x.dim() == 2 and x.shape[0] > 0):
-        return None
-    if exact_cuda.current_route() is None and not exact_cuda.batch_invariant():
+    if not exact_cuda.routable(x, []):
         return None
     return shared_decode_format(layers, x[:1], on_gpu=True)
 
@@ -57,23 +51,23 @@ def _bulk_linears(fmt: QuantFormat, layers: tuple[nn.Module, ...], rows: torch.T
     """A prefill chunk's rows: the weight-only GEMM with its prefill tiles at every chunk length (a chunk of
     13 rows and a 25-row one-shot prompt then give each row the same bits; the decode GEMV would not)."""
     from dgpp.quant.kernels import default_config, quant_matmul
-    from dgpp.quant.kernels.launch import GEMV_MAX_ROWS
+    from dgpp.quant.linear import layer_tensors
 
-    sets, shapes = _layer_sets(layers)
+    sets, shapes = layer_tensors(layers)
     rows = rows.contiguous()
-    prefill_rows = max(rows.shape[0], GEMV_MAX_ROWS + 1)  # the GEMM branch of the tile choice, never its GEMV
-    return [quant_matmul(fmt, t, rows, s, default_config(fmt, prefill_rows, s, rows.device))
+    return [quant_matmul(fmt, t, rows, s, default_config(fmt, rows.shape[0], s, rows.device, gemm=True))
             for t, s in zip(sets, shapes, strict=True)]
 
 
 def routed_packed_linears(layers: tuple[nn.Module, ...], x: torch.Tensor) -> list[torch.Tensor] | None:
     """``[layer(x) for layer in layers]`` (1..3 packed layers of one format, no bias) through the route, or None."""
     from dgpp.nn import exact_cuda
+    from dgpp.quant.linear import layer_tensors
 
     fmt = _format(layers, x)
     if fmt is None:
         return None
-    sets, shapes = _layer_sets(layers)
+    sets, shapes = layer_tensors(layers)
     return exact_cuda.route_rows(x, lambda rows: decode_rows(fmt, sets, rows, shapes),
                                  lambda rows: _bulk_linears(fmt, layers, rows))
 
@@ -83,11 +77,12 @@ def routed_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) 
     from dgpp.nn import exact_cuda
     from dgpp.nn.mlp import silu_and_mul
     from dgpp.quant.kernels import quant_gate_up_silu
+    from dgpp.quant.linear import layer_tensors
 
     fmt = _format((gate, up), x)
     if fmt is None or gate.quant_method.local_shape(gate) != up.quant_method.local_shape(up):
         return None
-    (tg, tu), (shape, _) = _layer_sets((gate, up))
+    (tg, tu), (shape, _) = layer_tensors((gate, up))
 
     def fused(rows: torch.Tensor) -> list[torch.Tensor]:
         return [quant_gate_up_silu(fmt, tg, tu, rows, shape)]

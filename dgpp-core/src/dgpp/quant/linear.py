@@ -210,6 +210,12 @@ class QuantLinearMethod:
         return packed_matmul(self.fmt, self.tensors(layer), x, self.local_shape(layer), bias)
 
 
+def layer_tensors(layers: tuple[nn.Module, ...]) -> tuple[list[dict[str, torch.Tensor]], list[Shape]]:
+    """The packed tensors and local [N, K] shape of each layer."""
+    return ([layer.quant_method.tensors(layer) for layer in layers],
+            [layer.quant_method.local_shape(layer) for layer in layers])
+
+
 def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu: bool) -> QuantFormat | None:
     """The format of ``layers`` when all hold packed weights of one format, none has a bias, and the
     packed decode GEMV takes ``x`` (a GPU, 1..16 rows): then they can share one launch. Else None."""
@@ -219,8 +225,7 @@ def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu:
     fmt = methods[0].fmt
     if any(m.fmt != fmt for m in methods) or os.environ.get(TORCH_ONLY_ENV) == "1":
         return None
-    tensor_sets = [m.tensors(layer) for m, layer in zip(methods, layers, strict=True)]
-    shapes = [m.local_shape(layer) for m, layer in zip(methods, layers, strict=True)]
+    tensor_sets, shapes = layer_tensors(layers)
     return fmt if decode_gemv_applies(fmt, tensor_sets, x, shapes, on_gpu) else None
 
 
@@ -236,8 +241,8 @@ def fused_packed_linear(layers: tuple[nn.Module, ...], x: torch.Tensor) -> list[
     fmt = shared_decode_format(layers, x, on_gpu=x.is_cuda)
     if fmt is None:
         return None
-    return quant_multi_linear(fmt, [layer.quant_method.tensors(layer) for layer in layers], x,
-                              [layer.quant_method.local_shape(layer) for layer in layers])
+    tensor_sets, shapes = layer_tensors(layers)
+    return quant_multi_linear(fmt, tensor_sets, x, shapes)
 
 
 def fused_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) -> torch.Tensor | None:

@@ -295,18 +295,18 @@ def quant_gate_up_silu_kernel(
     out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]
     out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]
     if SPLIT == 1:
-        tl.store(out_ptrs, _swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
+        tl.store(out_ptrs, swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
     else:
         _publish(ws_ptr, gate, 0, m, 2, BN)
         _publish(ws_ptr, up, 1, m, 2, BN)
         if _arrive_last(cnt_ptr, SPLIT):
             gate = _gather(ws_ptr, 0, m, SPLIT, 2, BN)
             up = _gather(ws_ptr, 1, m, SPLIT, 2, BN)
-            tl.store(out_ptrs, _swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(out_ptrs, swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
-def _swiglu(gate, up, OUT_DTYPE: tl.constexpr):
+def swiglu(gate, up, OUT_DTYPE: tl.constexpr):
     """silu(gate) * up with both rounded to the output dtype first, as the eager layer's activations are."""
     gate = gate.to(OUT_DTYPE).to(tl.float32)
     up = up.to(OUT_DTYPE).to(tl.float32)

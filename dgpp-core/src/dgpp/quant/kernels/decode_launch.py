@@ -96,7 +96,7 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
         return False
     k = x.shape[1]
     return all(
-        s[1] == k and (format_supported(fmt, s) or row_supported(fmt, s)) and _tensors_ok(fmt, t, s, x.device)
+        s[1] == k and format_supported(fmt, s) and _tensors_ok(fmt, t, s, x.device)
         for t, s in zip(tensor_sets, shapes, strict=True)
     )
 

@@ -26,7 +26,7 @@ def _e2m1_scaled(nib, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def _scale_values(s, FMT: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def scale_values(s, FMT: tl.constexpr, DOT_DTYPE: tl.constexpr):
     """Stored group scales (uint8) -> values in ``DOT_DTYPE`` (exact: E4M3 and powers of two fit bf16)."""
     if FMT == 3:  # E8M0: 2^(s-127) built as fp32 bits; s == 0 is 2^-127, an fp32 subnormal
         s32 = s.to(tl.int32)
@@ -65,7 +65,7 @@ def fp4_grouped_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.co
         g_ok = (offs_g < k_hi // G)[None, :, None]
         packed = tl.load(ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
         s = tl.load(s_ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
-    sf = _scale_values(s, FMT, DOT_DTYPE)
+    sf = scale_values(s, FMT, DOT_DTYPE)
     lo, hi = _nibbles(packed, FAST, DOT_DTYPE)
     return tl.reshape(lo * sf, (BN, BK // 2)), tl.reshape(hi * sf, (BN, BK // 2))
 
@@ -89,7 +89,7 @@ def fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.const
             s = tl.load(s_ptrs)
         else:
             s = tl.load(s_ptrs, mask=ok, other=0)
-        sf = _scale_values(s, FMT, DOT_DTYPE)
+        sf = scale_values(s, FMT, DOT_DTYPE)
     else:  # one load per group, broadcast to its G/2 bytes
         GPS: tl.constexpr = BK // G
         offs_g = k0 // G + tl.arange(0, GPS)
@@ -97,7 +97,7 @@ def fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.const
             s = tl.load(s_rows + offs_g[None, :])
         else:
             s = tl.load(s_rows + offs_g[None, :], mask=col_ok[:, None] & (offs_g < k_hi // G)[None, :], other=0)
-        sg = _scale_values(s, FMT, DOT_DTYPE)
+        sg = scale_values(s, FMT, DOT_DTYPE)
         sf = tl.reshape(tl.broadcast_to(sg[:, :, None], (BN, GPS, G // 2)), (BN, HALF))
     lo, hi = _nibbles(packed, FAST, DOT_DTYPE)
     return lo * sf, hi * sf

@@ -91,13 +91,14 @@ def _pack(fmt: QuantFormat) -> int:
     return 1
 
 
-def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device) -> TileConfig:
+def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device, gemm: bool = False) -> TileConfig:
     """Tiles for a [m, K] x [N, K]^T problem. Decode (m <= GEMV_MAX_ROWS): one row per program, K tiles
     that sit inside one scale block where the format allows (scales load once per tile), and split-K so
-    that every SM streams weights. Larger m: 64x64 tensor-core tiles."""
+    that every SM streams weights. Larger m, or ``gemm`` (prefill chunks, whose rows must not change kernel with
+    the chunk length): 64x64 tensor-core tiles."""
     n, k = shape
     pack = _pack(fmt)
-    if m <= GEMV_MAX_ROWS:
+    if m <= GEMV_MAX_ROWS and not gemm:
         bm, bn, stages = 1, 16, 4
         bkp = max(1, 128 // pack)
         warps = 2 if isinstance(fmt, FP8Block) else 4  # measured best on H200 (docs/benchmarks.md)

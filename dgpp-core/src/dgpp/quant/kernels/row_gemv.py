@@ -20,9 +20,10 @@ scale per output row (1); E2M1 pairs with E4M3 (2, NVFP4) or E8M0 (3, MXFP4) sca
 from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.quant.kernels.decode_gemv import pick_segment
+from dgpp.quant.kernels.decode_gemv import pick_segment, swiglu
 from dgpp.quant.kernels.e2m1_asm import e2m1_word_fp32
 from dgpp.quant.kernels.e4m3_asm import e4m3_fp32, e4m3_word_fp32
+from dgpp.quant.kernels.fp4_tiles import scale_values as fp4_scale_values
 
 
 @triton.jit
@@ -32,19 +33,6 @@ def _e2m1_portable(nib):
     normal = (((mag >> 1) + 126) << 23) | ((mag & 1) << 22)  # 2^(e-1) (1 + m/2) for e = mag >> 1 >= 1
     value = tl.where(mag >= 2, normal.to(tl.float32, bitcast=True), mag.to(tl.float32) * 0.5)
     return tl.where((nib & 8) != 0, -value, value)
-
-
-@triton.jit
-def _scale_values(s, FMT: tl.constexpr):
-    """Stored scales -> fp32: E8M0 as 2^(s - 127) (0 is the fp32 subnormal 2^-127), E4M3 exactly, floats as is."""
-    if FMT == 3:
-        s32 = s.to(tl.int32)
-        out = tl.where(s32 == 0, 5.877471754111438e-39, (s32 << 23).to(tl.float32, bitcast=True))
-    elif FMT == 2:
-        out = s.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    else:
-        out = s.to(tl.float32)
-    return out
 
 
 @triton.jit
@@ -70,7 +58,10 @@ def _load_step(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, SBN: t
             s = tl.load(ptrs)
         else:
             s = tl.load(ptrs, mask=col_ok[:, None] & (offs_g * SPAN < k_dim)[None, :], other=0)
-        sc = _scale_values(s, FMT)
+        if FMT == 0:
+            sc = s.to(tl.float32)
+        else:
+            sc = fp4_scale_values(s, FMT, tl.float32)
     return raw, sc
 
 
@@ -218,14 +209,6 @@ def row_multi_gemv_kernel(
 
 
 @triton.jit
-def _swiglu(gate, up, OUT_DTYPE: tl.constexpr):
-    """silu(gate) * up with both rounded to the output dtype first, as the eager layer's activations are."""
-    gate = gate.to(OUT_DTYPE).to(tl.float32)
-    up = up.to(OUT_DTYPE).to(tl.float32)
-    return gate / (1.0 + tl.exp(-gate)) * up
-
-
-@triton.jit
 def row_gate_up_silu_kernel(
     x_ptr, wg, sg, gg, wu, su, gu, out_ptr, m, k_dim, n_rows, x_stride, out_stride,
     FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, SPAN: tl.constexpr, GLOBAL_OP: tl.constexpr,
@@ -240,8 +223,8 @@ def row_gate_up_silu_kernel(
     u_lo, u_hi = row_tile(x_ptr, wu, su, gu, m, r0, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, SPAN, GLOBAL_OP,
                           BN, BK, ROWS, EVEN, FAST, PREFETCH, WIDE, SCALE_WEIGHTS)
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    lo = (_swiglu(g_lo[0], u_lo[0], dtype), _swiglu(g_lo[1], u_lo[1], dtype), _swiglu(g_lo[2], u_lo[2], dtype),
-          _swiglu(g_lo[3], u_lo[3], dtype))
-    hi = (_swiglu(g_hi[0], u_hi[0], dtype), _swiglu(g_hi[1], u_hi[1], dtype), _swiglu(g_hi[2], u_hi[2], dtype),
-          _swiglu(g_hi[3], u_hi[3], dtype))
+    lo = (swiglu(g_lo[0], u_lo[0], dtype), swiglu(g_lo[1], u_lo[1], dtype), swiglu(g_lo[2], u_lo[2], dtype),
+          swiglu(g_lo[3], u_lo[3], dtype))
+    hi = (swiglu(g_hi[0], u_hi[0], dtype), swiglu(g_hi[1], u_hi[1], dtype), swiglu(g_hi[2], u_hi[2], dtype),
+          swiglu(g_hi[3], u_hi[3], dtype))
     _store_rows(out_ptr, out_stride, cols, cols < n_rows, m, r0, lo, hi, ROWS)
