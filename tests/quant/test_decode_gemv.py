@@ -8,16 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dgpp.nn.linear import Linear
-from dgpp.quant.encode import encode
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.intq import IntPacked
 from dgpp.quant.kernels import GemvTile, decode_gemv_applies, quant_gate_up_silu, quant_multi_linear
 from dgpp.quant.kernels.row_launch import RowTile
-from dgpp.quant.linear import QuantLinearMethod, shared_decode_format
+from dgpp.quant.linear import shared_decode_format
 
-from .gemv_cases import FORMATS, IDS, packed_weights
+from .gemv_cases import FORMATS, IDS, packed_layer, packed_weights
 
 SMALL = GemvTile(bn=16, bk=64)
 
@@ -128,24 +126,14 @@ def test_selection_gpu_only_rows_and_formats():
     assert not decode_gemv_applies(fmt, [strided], x, [(n, k)], on_gpu=True)
 
 
-def _layer(fmt, n: int, k: int, seed: int, bias: bool = False) -> Linear:
-    layer = Linear(k, n, bias=bias, quant_method=QuantLinearMethod(fmt))
-    torch.manual_seed(seed)
-    shipped = encode(fmt, torch.randn(n, k) * 0.05)
-    for suffix in layer.quant_tensor_names:
-        param = getattr(layer, suffix)
-        param.weight_loader(param, shipped[suffix])
-    return layer
-
-
 def test_layers_share_a_launch_only_with_one_format_and_no_bias():
     k = 128
-    q, kp, v = (_layer(NVFP4ModelOpt(), n, k, i) for i, n in enumerate((64, 32, 32)))
+    q, kp, v = (packed_layer(NVFP4ModelOpt(), n, k, i) for i, n in enumerate((64, 32, 32)))
     x = torch.randn(2, k)
     assert shared_decode_format((q, kp, v), x, on_gpu=True) == NVFP4ModelOpt()
     assert shared_decode_format((q, kp, v), x, on_gpu=False) is None
-    assert shared_decode_format((q, _layer(MXFP4(), 32, k, 3)), x, on_gpu=True) is None
-    assert shared_decode_format((q, _layer(NVFP4ModelOpt(), 32, k, 4, bias=True)), x, on_gpu=True) is None
+    assert shared_decode_format((q, packed_layer(MXFP4(), 32, k, 3)), x, on_gpu=True) is None
+    assert shared_decode_format((q, packed_layer(NVFP4ModelOpt(), 32, k, 4, bias=True)), x, on_gpu=True) is None
     # the layers' resident tensors go through the fused launch and match each layer's own forward
     fused = quant_multi_linear(NVFP4ModelOpt(), [lyr.quant_method.tensors(lyr) for lyr in (q, kp, v)], x,
                                [(64, k), (32, k), (32, k)], SMALL)

@@ -10,24 +10,14 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.nn import exact_cuda
-from dgpp.nn.linear import Linear
-from dgpp.quant.encode import encode
 from dgpp.quant.exact_rows import decode_rows, routed_packed_gate_up_silu, routed_packed_linears
 from dgpp.quant.fp4 import NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
-from dgpp.quant.linear import QuantLinearMethod, layer_tensors
+from dgpp.quant.linear import layer_tensors
+
+from .gemv_cases import packed_layer
 
 K = 128
-
-
-def _layer(fmt, n: int, seed: int) -> Linear:
-    layer = Linear(K, n, quant_method=QuantLinearMethod(fmt))
-    torch.manual_seed(seed)
-    shipped = encode(fmt, torch.randn(n, K) * 0.05)
-    for suffix in layer.quant_tensor_names:
-        param = getattr(layer, suffix)
-        param.weight_loader(param, shipped[suffix])
-    return layer
 
 
 @pytest.fixture
@@ -47,7 +37,7 @@ def _dense(layers) -> torch.Tensor:
 
 @pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), NVFP4ModelOpt()], ids=lambda f: f.name)
 def test_mixed_step_decode_rows_are_canonical_and_prompt_rows_follow_their_chunk(fmt, route):
-    layers = tuple(_layer(fmt, n, i) for i, n in enumerate((48, 16, 16)))
+    layers = tuple(packed_layer(fmt, n, K, i) for i, n in enumerate((48, 16, 16)))
     sets, shapes = layer_tensors(layers)
     q_lens = [1, 20, 1, 13]  # decode, a 20-row prompt, decode, a 13-row chunk of the same prompt
     x = torch.randn(sum(q_lens), K)
@@ -63,7 +53,7 @@ def test_mixed_step_decode_rows_are_canonical_and_prompt_rows_follow_their_chunk
 
 def test_more_than_16_decode_rows_each_equal_the_row_alone(route):
     fmt = NVFP4ModelOpt()
-    layers = (_layer(fmt, 32, 0),)
+    layers = (packed_layer(fmt, 32, K, 0),)
     sets, shapes = layer_tensors(layers)
     route([1] * 20)  # two launches of the decode GEMV
     x = torch.randn(20, K)
@@ -74,7 +64,7 @@ def test_more_than_16_decode_rows_each_equal_the_row_alone(route):
 
 def test_gate_up_silu_through_the_route(route):
     fmt = NVFP4ModelOpt()
-    gate, up = _layer(fmt, 32, 1), _layer(fmt, 32, 2)
+    gate, up = packed_layer(fmt, 32, K, 1), packed_layer(fmt, 32, K, 2)
     q_lens = [1, 18, 1]
     x = torch.randn(sum(q_lens), K)
     route(q_lens)
@@ -88,5 +78,5 @@ def test_gate_up_silu_through_the_route(route):
 def test_no_route_leaves_the_caller_its_own_path(monkeypatch):
     monkeypatch.setattr(exact_cuda, "routable", lambda x, weights: True)
     monkeypatch.setitem(exact_cuda._state, "route", None)
-    layers = (_layer(NVFP4ModelOpt(), 16, 0),)
+    layers = (packed_layer(NVFP4ModelOpt(), 16, K, 0),)
     assert routed_packed_linears(layers, torch.randn(3, K)) is None
