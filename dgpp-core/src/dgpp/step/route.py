@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -83,19 +84,20 @@ def step_route(input_ids: torch.Tensor, q_lens: list[int], *, verify: bool = Fal
     return route_for(q_lens, input_ids.device, per_row=policy.batch_invariant or verify)
 
 
-_flight: list[StepRoute | None] = [None]
+# the route of the step in flight, per thread (an engine steps on its own thread)
+_FLIGHT: ContextVar[StepRoute | None] = ContextVar("dgpp_step_route", default=None)
 
 
 @contextmanager
 def in_flight(route: StepRoute | None) -> Iterator[None]:
     """``route`` (a batch's) is the step in flight for the layers inside that are called without the batch."""
-    _flight.append(route)
+    token = _FLIGHT.set(route)
     try:
         yield
     finally:
-        _flight.pop()
+        _FLIGHT.reset(token)
 
 
 def current_route() -> StepRoute | None:
     """The route of the step in flight (None outside a model step, off CUDA or with routing off)."""
-    return _flight[-1]
+    return _FLIGHT.get()

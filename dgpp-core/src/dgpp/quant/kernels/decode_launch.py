@@ -14,6 +14,7 @@ the partials meet in the same launch through a per-device arrival counter, alloc
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -161,16 +162,19 @@ def with_split(tile: GemvTile, n_total: int, k: int, sms: int, weights_per_progr
     return dataclasses.replace(tile, split_k=split)
 
 
-_SMS: dict[torch.device, int] = {}
+# per-device arrival counters of split-K launches: a workspace, allocated at a device's first split launch
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+
+
+@functools.cache
+def _device_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def _sms(device: torch.device) -> int | None:
     if device.type != "cuda" or interpreting():
         return None
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
+    return _device_sms(device)
 
 
 def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
