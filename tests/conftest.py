@@ -21,8 +21,9 @@ use_fixed_order_dot()
 
 @pytest.fixture(autouse=True)
 def _engine_wide_kernel_choices():
-    """Engines built by a test fix process-wide kernel choices (the packed decode GEMV); later tests start clean."""
+    """Engines built by a test install their execution policy (batch invariance, the packed decode GEMV) for the
+    process; later tests start from the defaults and the environment again."""
     yield
-    from dgpp.quant.kernels.decode_launch import set_decode_kernel
+    from dgpp.policy import ExecPolicy, install, with_environment
 
-    set_decode_kernel(None)
+    install(with_environment(ExecPolicy()))

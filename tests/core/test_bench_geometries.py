@@ -111,7 +111,7 @@ def test_router_tap_counts_distinct_experts_of_real_rows_only() -> None:
 
 
 def _pools(model):
-    from dgpp.engine.pools import CachePools
+    from dgpp.step.pools import CachePools
 
     return CachePools(model.cache_spec(), 4, 16, 1)
 
@@ -156,11 +156,11 @@ def test_dgpp_bench_runs_both_tiny_hybrids_on_cpu(capsys) -> None:
 def test_padded_graph_path_of_the_tiny_moe_hybrid_equals_eager() -> None:
     """The bench's graph path on CPU (DecodeGraphs without capture): 3 sequences padded to 4 rows, the padding
     row on state slot -1 and no blocks, decode the same greedy tokens as the plain eager runner."""
-    from dgpp.bench.decode import DecodeSession, _prompts
+    from dgpp.bench.decode import DecodeSession, random_prompts
     from dgpp.engine.graphs import DecodeGraphs
 
     model = build_random_model("tiny-qwen3.5-moe", "cpu", torch.float32)
-    prompts = _prompts(3, 7, model.info.vocab_size, seed=3)
+    prompts = random_prompts(3, 7, model.info.vocab_size, seed=3)
     runs = []
     for padded in (False, True):
         session = DecodeSession(model, 3, 7 + 6, 16, graph=False)

@@ -125,10 +125,10 @@ def test_unknown_format_is_named():
 
 def test_kernel_check_sees_a_wrong_kernel(pair, monkeypatch):
     """On CPU both paths are the torch path (agree exactly); a 'kernel' that scales its output by 1.5 when
-    DGPP_QUANT_TORCH is off must show up as a large difference, and the variable is restored."""
-    import os
-
+    the torch path (``quant_torch_only``, DGPP_QUANT_TORCH) is off must show up as a large difference, and the
+    switch is restored."""
     import dgpp.quant.linear as quant_linear
+    from dgpp.policy import current
 
     dense, _ = pair
     quant = quantize_model(dense, hf_config("tiny", torch.float32), "nvfp4")
@@ -138,13 +138,12 @@ def test_kernel_check_sees_a_wrong_kernel(pair, monkeypatch):
 
     def broken(fmt, tensors, x, shape, bias=None):
         y = real(fmt, tensors, x, shape, bias)
-        return y if os.environ.get(quant_linear.TORCH_ONLY_ENV) == "1" else y * 1.5
+        return y if current().quant_torch_only else y * 1.5
 
     monkeypatch.setattr(quant_linear, "packed_matmul", broken)
-    monkeypatch.delenv(quant_linear.TORCH_ONLY_ENV, raising=False)
     wrong = compare_with_torch_path(quant, batch=2, prompt=5)
     assert wrong["prefill_rel_diff"] > 0.25 and wrong["decode_rel_diff"] > 0.25
-    assert quant_linear.TORCH_ONLY_ENV not in os.environ
+    assert not current().quant_torch_only
 
 
 def test_a_failing_format_keeps_the_others(tmp_path, monkeypatch):

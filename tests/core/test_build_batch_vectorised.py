@@ -8,8 +8,8 @@ import random
 import pytest
 import torch
 
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.step.pools import CachePools
 
 
 def loop_reference(work: list[SeqWork], block_size: int) -> dict[str, list]:

@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from dgpp.bench.models import build_random_model
 from dgpp.engine.graphs import DecodeGraphs, ReplayStats
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
@@ -22,6 +21,7 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.metrics import _Collector, scheduler_snapshot
+from dgpp.step.pools import CachePools
 
 BS, BLOCKS, MAX_TOKENS = 4, 48, 6
 

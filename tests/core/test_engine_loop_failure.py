@@ -6,6 +6,7 @@ import threading
 
 import torch
 
+from dgpp.engine.work import SeqWork
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
@@ -13,7 +14,6 @@ from dgpp.sched.engine_loop import EngineLoop
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
-from dgpp.sched.work import SeqWork
 
 VOCAB = 16
 

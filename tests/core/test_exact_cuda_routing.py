@@ -1,4 +1,4 @@
-"""Row routing for exactness on CUDA (dgpp.nn.exact_cuda), checked on the CPU: which kernel a row takes is a
+"""Row routing for exactness on CUDA (dgpp.step.route, dgpp.nn.exact), checked on the CPU: which kernel a row takes is a
 function of the row alone, and the canonical kernels (Triton interpreter) give a row the same bits whatever
 the row count / batch / table width. The GPU twin: tests/perf/check_exact_cuda.py."""
 
@@ -7,11 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.kernels.exact_attention import expand_rows, paged_decode_attention_fixed
-from dgpp.kernels.exact_gemm import fixed_order_gate_up_silu, fixed_order_linear
 from dgpp.kernels.paged_attention import paged_decode_attention_ref
-from dgpp.nn import exact_cuda
-from dgpp.nn.exact_recurrent import plan_rows
+from dgpp.nn.exact import routing as exact_cuda
+from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
+from dgpp.nn.exact.gemm import fixed_order_gate_up_silu, fixed_order_linear
+from dgpp.nn.exact.recurrent import plan_rows
+from dgpp.policy import overriding
+from dgpp.step.route import in_flight, route_for, step_route
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -76,25 +78,26 @@ def test_verify_rows_expand_to_the_decode_rows_of_their_positions():
     assert expand_rows(tables, [0], [1])[2].tolist() == [0]  # a graph padding row stays empty
 
 
-def test_route_is_a_function_of_each_row_alone(monkeypatch):
-    monkeypatch.setitem(exact_cuda._state, "batch_invariant", False)
-    decode = exact_cuda.route_for([1, 1, 1], "cpu")
+def test_route_is_a_function_of_each_row_alone():
+    from types import SimpleNamespace
+
+    cuda_ids = SimpleNamespace(is_cuda=True, device="cpu")  # a CUDA step's input ids, as the engine routes them
+    decode = route_for([1, 1, 1], "cpu")
     assert decode.per_row and decode.all_exact
-    mixed = exact_cuda.route_for([1, 5, 1], "cpu")
+    mixed = route_for([1, 5, 1], "cpu")
     assert not mixed.per_row and mixed.exact_seqs == (0, 2) and mixed.bulk_seqs == (1,)
     assert mixed.exact_rows.tolist() == [0, 6] and mixed.bulk_ranges == ((1, 6),)
-    assert exact_cuda.route_for([3, 1, 2], "cpu").bulk_ranges == ((0, 3), (4, 6))
-    assert exact_cuda.route_for([4, 9], "cpu").none_exact
-    with exact_cuda.verify_step():
-        assert exact_cuda.route_for([4, 2, 1], "cpu").per_row
-    assert not exact_cuda.route_for([4, 2, 1], "cpu").per_row
-    monkeypatch.setitem(exact_cuda._state, "batch_invariant", True)
-    assert exact_cuda.route_for([7, 1], "cpu").per_row
+    assert route_for([3, 1, 2], "cpu").bulk_ranges == ((0, 3), (4, 6))
+    assert route_for([4, 9], "cpu").none_exact
+    with overriding(batch_invariant=False):
+        assert step_route(cuda_ids, [4, 2, 1], verify=True).per_row
+        assert not step_route(cuda_ids, [4, 2, 1]).per_row
+    with overriding(batch_invariant=True):
+        assert step_route(cuda_ids, [7, 1]).per_row
 
 
-def test_route_rows_merges_canonical_and_bulk_rows(monkeypatch):
-    route = exact_cuda.route_for([1, 3, 1, 2], "cpu")
-    monkeypatch.setitem(exact_cuda._state, "route", route)
+def test_route_rows_merges_canonical_and_bulk_rows():
+    route = route_for([1, 3, 1, 2], "cpu")
     x = torch.arange(7.0)[:, None].repeat(1, 2)
     seen = {}
 
@@ -104,12 +107,13 @@ def test_route_rows_merges_canonical_and_bulk_rows(monkeypatch):
             return [torch.full((rows.shape[0], 1), value)]
         return fn
 
-    out = exact_cuda.route_rows(x, tag("exact", 1.0), tag("bulk", 2.0))[0]
-    assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 2.0, 1.0, 2.0, 2.0]
-    # decode rows in one canonical call; each prefill chunk in a call of its own
-    assert seen == {"exact": [[0.0, 4.0]], "bulk": [[1.0, 2.0, 3.0], [5.0, 6.0]]}
-    # a row set of its own (logits rows): all canonical
-    assert exact_cuda.route_rows(x[:2], tag("exact", 1.0), tag("bulk", 2.0))[0][:, 0].tolist() == [1.0, 1.0]
+    with in_flight(route):
+        out = exact_cuda.route_rows(x, tag("exact", 1.0), tag("bulk", 2.0))[0]
+        assert out[:, 0].tolist() == [1.0, 2.0, 2.0, 2.0, 1.0, 2.0, 2.0]
+        # decode rows in one canonical call; each prefill chunk in a call of its own
+        assert seen == {"exact": [[0.0, 4.0]], "bulk": [[1.0, 2.0, 3.0], [5.0, 6.0]]}
+        # a row set of its own (logits rows): all canonical
+        assert exact_cuda.route_rows(x[:2], tag("exact", 1.0), tag("bulk", 2.0))[0][:, 0].tolist() == [1.0, 1.0]
 
 
 def test_recurrent_plan_steps_rows_like_plain_decode():
@@ -117,13 +121,12 @@ def test_recurrent_plan_steps_rows_like_plain_decode():
 
     batch = SimpleNamespace(input_ids=torch.zeros(7, dtype=torch.long), q_lens_cpu=[3, 1, 3], context_lens_cpu=[10, 4, 0],
                             state_slots=torch.tensor([5, 6, 7]))
-    with exact_cuda.verify_step():
-        plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    plan = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu", per_row=True))  # a verify step
     steps = [(r.tolist(), s.tolist(), f.tolist()) for r, s, f in plan.steps]
     assert steps == [([0, 3, 4], [0, 1, 2], [False, False, True]), ([1, 5], [0, 2], [False, False]),
                      ([2, 6], [0, 2], [False, False])]
     assert plan.bulk == ()
-    mixed = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    mixed = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu"))
     assert [(r.tolist(), s.tolist()) for r, s, _ in mixed.steps] == [([3], [1])]
     assert mixed.bulk == ((0, 3, 0, 10), (4, 7, 2, 0))
 
@@ -142,8 +145,7 @@ def test_recurrent_plan_gated_delta_equals_the_token_by_token_definition():
                             state_slots=torch.tensor([0, 2]))
     ref_pool = pool.clone()
     ref = gated_delta_ref(q, k, v, g, beta, ref_pool, batch.state_slots, torch.tensor([0, 4, 6]), torch.tensor([False, False]))
-    with exact_cuda.verify_step():
-        plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    plan = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu", per_row=True))  # a verify step
     out = plan.delta(q, k, v, g, beta, pool, 64)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-4)
@@ -166,18 +168,13 @@ def test_recurrent_plan_mixed_and_verify_match_the_definition():
         pool = torch.randn(3, hv, dk, dv)
         ref_pool = pool.clone()
         ref = gated_delta_ref(q, k, v, g, beta, ref_pool, batch.state_slots, qsl, fresh)
-        if verify:
-            with exact_cuda.verify_step():
-                plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
-        else:
-            plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+        plan = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu", per_row=verify))
         assert len(plan.bulk) == (0 if verify else 2)
         torch.testing.assert_close(plan.delta(q, k, v, g, beta, pool, 64), ref, rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(pool, ref_pool, rtol=1e-4, atol=1e-4)
     # the conv: row-by-row steps == the decode reference fed one token at a time
     x, weight, conv = torch.randn(t, 8), torch.randn(8, 4), torch.randn(3, 3, 8)
-    with exact_cuda.verify_step():
-        plan = plan_rows(batch, exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+    plan = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu", per_row=True))  # a verify step
     ref_conv, ref_rows = conv.clone(), torch.empty(t, 8)
     for j in range(4):
         for i, (start, n) in enumerate(zip((0, 4, 5), batch.q_lens_cpu, strict=True)):
@@ -202,18 +199,15 @@ def test_batch_invariant_chunked_prefill_equals_one_shot_on_cuda(kind, tmp_path)
     hf = json.loads((path / "config.json").read_text())
     model = load_model(LoadContext(path, hf, "qwen", hf["architectures"][0], device="cuda"))
     prompts = conf.make_prompts(model.info.vocab_size, (3, 29, 17), seed=34)
-    exact_cuda.set_batch_invariant(True)
-    try:
+    with overriding(batch_invariant=True):
         conf.check_chunked_prefill(model, prompts, chunk_sizes=(1, 7, 16))
         conf.check_mixed_batch(model, prompts)
-    finally:
-        exact_cuda.set_batch_invariant(False)
 
 
 def _gdn_and_batches(q_lens: list[int], ctx: list[int]):
-    from dgpp.engine.pools import CachePools
     from dgpp.engine.runner import SeqWork, build_batch
     from dgpp.nn.gated_deltanet import GatedDeltaNet
+    from dgpp.step.pools import CachePools
 
     torch.manual_seed(6)
     gdn = GatedDeltaNet("gdn", hidden_size=32, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, conv_kernel=4)
@@ -242,9 +236,7 @@ def test_gdn_layer_through_the_routed_plan_equals_the_stock_layer(monkeypatch, v
     stock_state = {k: t.clone() for k, t in pools.state["gdn"].items()}
     for k, t in pools.state["gdn"].items():
         t.copy_(saved[k])
-    if verify:
-        monkeypatch.setitem(exact_cuda._state, "verify", 1)
-    route = exact_cuda.route_for(q_lens, "cpu")
+    route = route_for(q_lens, "cpu", per_row=verify)
     monkeypatch.setattr(gdn_module, "recurrent_plan", lambda b: plan_rows(b, route))
     routed = gdn(hidden, batch)
     torch.testing.assert_close(routed, stock, rtol=1e-4, atol=1e-4)
@@ -256,10 +248,10 @@ def test_routed_attention_mixed_and_verify_steps_match_the_reference(monkeypatch
     """nn.attention's routed branch on the CPU (flash prefill falls back to its torch reference, the fixed-split
     decode kernel runs in the interpreter): a mixed step and a verify step equal the torch paged attention, and a
     verify row equals the decode row of its position bit for bit."""
-    from dgpp.engine.cache_spec import PagedKV
-    from dgpp.engine.pools import CachePools
     from dgpp.engine.runner import SeqWork, build_batch
     from dgpp.nn.attention import _routed_attention, paged_attention
+    from dgpp.step.cache_spec import PagedKV
+    from dgpp.step.pools import CachePools
 
     torch.manual_seed(7)
     spec = {"kv": PagedKV(num_kv_heads=2, head_dim=16, dtype=torch.float32)}
@@ -272,14 +264,13 @@ def test_routed_attention_mixed_and_verify_steps_match_the_reference(monkeypatch
     q = torch.randn(batch.num_tokens, 4, 16)
     ref = paged_attention(q, k_cache, v_cache, batch, 0.25)
     for verify in (0, 1):
-        monkeypatch.setitem(exact_cuda._state, "verify", verify)
-        monkeypatch.setitem(exact_cuda._state, "route", exact_cuda.route_for(batch.q_lens_cpu, "cpu"))
+        batch.route = route_for(batch.q_lens_cpu, "cpu", per_row=bool(verify))
         out = _routed_attention(q, k_cache, v_cache, batch, 0.25)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
     # verify rows of sequence 1 (positions 2..5) == its decode rows
     for j in range(4):
         alone = build_batch([SeqWork(1, [3, 4, 5], 2 + j, [1])], pools)
-        monkeypatch.setitem(exact_cuda._state, "route", exact_cuda.route_for(alone.q_lens_cpu, "cpu"))
+        alone.route = route_for(alone.q_lens_cpu, "cpu")
         row = _routed_attention(q[1 + j : 2 + j], k_cache, v_cache, alone, 0.25)
         assert torch.equal(row, out[1 + j : 2 + j]), j
 

@@ -62,7 +62,7 @@ def test_the_toy_model_loads_through_the_plugin_and_matches_its_reference(instal
         import torch
         from dgpp_example.checkpoint import write_toy_checkpoint
         from dgpp.engine.loading import load_model
-        from dgpp.engine.pools import CachePools
+        from dgpp.step.pools import CachePools
         from dgpp.engine.runner import ModelRunner, SeqWork
 
         ckpt = write_toy_checkpoint("toy", seed=7)

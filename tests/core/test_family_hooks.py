@@ -191,11 +191,10 @@ def test_in_tree_plugins_register_without_importing_implementations():
 
 def test_in_tree_special_cases_are_kept():
     """Qwen's memory plan answers only for qwen4_exp; every dialect family's fallback template comes through the hook."""
+    from dgpp.plugins import build_manager
     from dgpp_deepseek import dialect as deepseek_dialect
     from dgpp_qwen import dialect as qwen_dialect
     from dgpp_qwen import plugin as qwen_plugin
-
-    from dgpp.plugins import build_manager
 
     assert qwen_plugin.dgpp_memory_plan(_ctx("qwen", "qwen3")) is None
     assert qwen_plugin.dgpp_memory_plan(_ctx("glm", "qwen4_exp")) is None

@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 from dgpp.engine.loading import load_model
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, SeqWork
 from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.step.pools import CachePools
 
 
 class NoCacheDrafter(nn.Module):

@@ -9,11 +9,11 @@ import transformers
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_dsv3
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf_q35moe
 
-from dgpp.engine.cache_spec import PagedKV
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import SeqWork, build_batch
 from dgpp.nn.attention import PagedAttention
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
+from dgpp.step.cache_spec import PagedKV
+from dgpp.step.pools import CachePools
 
 GEN = torch.Generator().manual_seed(0)
 

@@ -6,11 +6,11 @@ import pytest
 import torch
 
 from dgpp.engine.allocators import BlockAllocator, OutOfBlocks, OutOfSlots, SlotAllocator
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, StateSpec
 from dgpp.engine.model import Model, ModelInfo
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import CacheSpec, StateSpec
+from dgpp.step.pools import CachePools
 
 
 def test_build_batch_positions_slots_and_logit_rows():

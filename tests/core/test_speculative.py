@@ -10,7 +10,6 @@ import torch
 from torch import nn
 
 from dgpp.engine.loading import load_model, read_hf_config
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
 from dgpp.family import LoadContext
@@ -22,6 +21,7 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.metrics import scheduler_snapshot
+from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.glm import build_tiny_glm4_moe
 

@@ -10,8 +10,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from tp_harness import free_port
 
-from dgpp.dist.collectives import all_gather_last_dim, all_reduce_sum
 from dgpp.family import World
+from dgpp.nn.collectives import all_gather_last_dim, all_reduce_sum
 
 SIZE = 4
 

@@ -7,8 +7,8 @@ import torch
 
 from dgpp.bench.models import build_random_model
 from dgpp.engine.graphs import DecodeGraphs, capture_sizes, pick_size
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.step.pools import CachePools
 
 
 def test_capture_sizes_and_selection() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from dgpp.bench.models import build_random_model
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.step.pools import CachePools
 
 
 def test_fused_residual_forward_equals_plain_loop() -> None:

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels.gemv import gate_up_silu_ref, gate_up_silu_triton, multi_linear_triton
+from dgpp.policy import ExecPolicy, install, with_environment
 
 
 def test_multi_linear_matches_separate_projections() -> None:
@@ -77,8 +78,10 @@ def test_lm_head_gemv_is_opt_in_and_matches(monkeypatch) -> None:
     x, head = torch.randn(3, 64, generator=g), torch.randn(512, 64, generator=g)
     monkeypatch.setattr(gemv, "use_triton", lambda t: True)  # stand in for CUDA under the interpreter
     monkeypatch.delenv("DGPP_GEMV_HEAD", raising=False)
+    install(with_environment(ExecPolicy()))
     assert gemv.lm_head_gemv(x, head) is None
     monkeypatch.setenv("DGPP_GEMV_HEAD", "1")
+    install(with_environment(ExecPolicy()))  # the override is read once, when the policy is built
     torch.testing.assert_close(gemv.lm_head_gemv(x, head), F.linear(x, head), rtol=1e-5, atol=1e-5)
     # a vocab-parallel rank's contiguous slice of rows
     torch.testing.assert_close(gemv.lm_head_gemv(x, head.narrow(0, 256, 256)), F.linear(x, head[256:]), rtol=1e-5, atol=1e-5)

@@ -31,8 +31,8 @@ def test_prefill_attention_matches_reference_with_chunks_and_gqa() -> None:
 
 
 def test_reference_matches_nn_attention_torch_path() -> None:
-    from dgpp.engine.batch import ForwardBatch
     from dgpp.nn.attention import paged_attention
+    from dgpp.step.batch import ForwardBatch
 
     ctx, rows = [0, 6], [5, 4]
     q, kc, vc, bt, starts, ctx_t = _setup(ctx, rows, 4, 2, 16, 4, seed=1)

@@ -1,4 +1,4 @@
-"""Row exactness on the GPU (``dgpp.nn.exact_cuda``): is a row the same bits whatever the row count, for each
+"""Row exactness on the GPU (``dgpp.nn.exact.routing``): is a row the same bits whatever the row count, for each
 linear and attention path, and what does the canonical path cost against the stock one?
 
     PYTHONPATH=dgpp-core/src TRITON_INTERPRET=0 python3 tests/perf/check_exact_cuda.py
@@ -20,8 +20,9 @@ import triton.testing
 
 from dgpp.kernels import gemv, moe
 from dgpp.kernels import paged_attention as pa
-from dgpp.kernels.exact_attention import expand_rows, paged_decode_attention_fixed
-from dgpp.kernels.exact_gemm import ROW_BLOCK, fixed_order_gate_up_silu, fixed_order_linear
+from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
+from dgpp.nn.exact.gemm import fixed_order_gate_up_silu, fixed_order_linear
+from dgpp.policy import current
 
 DEV, BF16 = "cuda", torch.bfloat16
 ROW_COUNTS = (1, 2, 3, 8, 16, 17, 64, 65, 300)
@@ -71,8 +72,8 @@ def check_linears() -> None:
             return torch.cat(fixed_order_linear(rows, ws, bm), 1)
         def stock(rows):
             return torch.cat(gemv.multi_linear(rows, ws), 1)
-        for bm in ROW_BLOCKS:  # the engine's ROW_BLOCK is judged; the other is reported for the choice
-            same_rows(f"linear fixed BM{bm} {name}", lambda r: fixed(r, bm), x, bm == ROW_BLOCK)
+        for bm in ROW_BLOCKS:  # the engine's row block is judged; the other is reported for the choice
+            same_rows(f"linear fixed BM{bm} {name}", lambda r: fixed(r, bm), x, bm == current().exact_row_block)
         same_rows(f"linear stock {name}", stock, x, False)
         # what the engine calls: the stock GEMV up to 64 rows, the fixed tile above; judged
         same_rows(f"linear engine {name}", fixed, x, True)
@@ -88,7 +89,7 @@ def check_linears() -> None:
     x = torch.randn(max(ROW_COUNTS), h, device=DEV, dtype=BF16)
     for bm in ROW_BLOCKS:
         same_rows(f"gate_up_silu fixed BM{bm} {h}->2x{i}", lambda r: fixed_order_gate_up_silu(r, wg, wu, bm), x,
-                  bm == ROW_BLOCK)
+                  bm == current().exact_row_block)
     same_rows(f"gate_up_silu stock {h}->2x{i}", lambda r: gemv.gate_up_silu(r, wg, wu), x, False)
     same_rows(f"gate_up_silu engine {h}->2x{i}", lambda r: fixed_order_gate_up_silu(r, wg, wu), x, True)
     copies = [(wg.clone(), wu.clone()) for _ in range(2)]
@@ -152,12 +153,11 @@ def check_moe() -> None:
 def check_packed() -> None:
     """Canonical rows of packed (FP8 / NVFP4) linears: the decode GEMV in launches of <= 16 rows, for each of
     the two kernels an engine can fix (``engine.quant_decode_gemv``), against the weight-only GEMM."""
-    import os
 
     from bench_quant_gemv import formats, random_weight
 
-    from dgpp.quant.exact_rows import decode_rows
-    from dgpp.quant.linear import packed_matmul
+    from dgpp.policy import overriding
+    from dgpp.quant.linear import decode_rows, packed_matmul
 
     h, kv, i = SIZES["hidden"], SIZES["kv"], SIZES["inter"]
     gen = torch.Generator(device=DEV).manual_seed(0)
@@ -167,16 +167,15 @@ def check_packed() -> None:
             sets = [random_weight(fmt, s, DEV, gen) for s in shapes]
             x = torch.randn(max(ROW_COUNTS), shapes[0][1], device=DEV, dtype=BF16)
             for kernel in ("row", "mma"):
-                os.environ["DGPP_QUANT_GEMV"] = kernel
-                same_rows(f"packed {fname} {kernel} {name}", lambda r: torch.cat(decode_rows(fmt, sets, r, shapes), 1),
-                          x, True)
-                for m in SIZES["time_rows"][:3]:
-                    t = bench(lambda c: decode_rows(fmt, c, x[:m], shapes), [sets])
-                    gemm = bench(lambda c: [packed_matmul(fmt, w, x[:m], s) for w, s in zip(c, shapes, strict=True)],
-                                 [sets])
-                    print(f"time  packed {fname} {kernel} {name:24s} M={m:5d} decode rows {t:9.1f} us  "
-                          f"weight-only GEMM {gemm:9.1f} us (weights L2-warm)", flush=True)
-            os.environ.pop("DGPP_QUANT_GEMV", None)
+                with overriding(quant_decode_gemv=kernel):
+                    same_rows(f"packed {fname} {kernel} {name}", lambda r: torch.cat(decode_rows(fmt, sets, r, shapes), 1),
+                              x, True)
+                    for m in SIZES["time_rows"][:3]:
+                        t = bench(lambda c: decode_rows(fmt, c, x[:m], shapes), [sets])
+                        gemm = bench(lambda c: [packed_matmul(fmt, w, x[:m], s) for w, s in zip(c, shapes, strict=True)],
+                                     [sets])
+                        print(f"time  packed {fname} {kernel} {name:24s} M={m:5d} decode rows {t:9.1f} us  "
+                              f"weight-only GEMM {gemm:9.1f} us (weights L2-warm)", flush=True)
 
 
 def _rows(r: torch.Tensor, x: torch.Tensor) -> slice:

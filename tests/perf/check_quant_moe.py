@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 from pathlib import Path
 
@@ -30,12 +29,12 @@ import triton.testing  # noqa: E402
 
 from dgpp.kernels.moe import align_to_experts  # noqa: E402
 from dgpp.kernels.moe_align import align_to_experts_triton  # noqa: E402
+from dgpp.policy import overriding  # noqa: E402
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt  # noqa: E402
 from dgpp.quant.fp8 import FP8Block  # noqa: E402
 from dgpp.quant.intq import GPTQ, IntPacked  # noqa: E402
 from dgpp.quant.kernels.launch import _pack  # noqa: E402
 from dgpp.quant.kernels.moe_launch import MoETiles, fused_quant_moe, moe_tiles  # noqa: E402
-from dgpp.quant.linear import TORCH_ONLY_ENV  # noqa: E402
 from dgpp.quant.moe import QuantExperts  # noqa: E402
 
 DEV = "cuda"
@@ -138,10 +137,9 @@ def check(name: str, fmt, args, sweep: bool) -> None:
         w, ids = routes[0]
         fused = layer(moe, None)
         got = fused(x, w, ids)
-        os.environ[TORCH_ONLY_ENV] = "1"  # the reference decodes each picked expert (no Triton)
-        ref = moe.forward_reference(x, w, ids)
-        exact = moe.forward_reference(x.float(), w.float(), ids)
-        os.environ.pop(TORCH_ONLY_ENV)
+        with overriding(quant_torch_only=True):  # the reference decodes each picked expert (no Triton)
+            ref = moe.forward_reference(x, w, ids)
+            exact = moe.forward_reference(x.float(), w.float(), ids)
         err, err32, ref_err32 = rel_err(got, ref), rel_err(got, exact), rel_err(ref, exact)
         graph_ok = graph_equals_eager(fused, x, routes)
         used = sum(r[1].unique().numel() for r in routes) / len(routes)

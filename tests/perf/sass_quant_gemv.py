@@ -29,12 +29,13 @@ SHOWN = ("PRMT", "LOP3", "SHF", "IMAD", "F2F", "F2FP", "HMUL2", "HMMA", "HGMMA",
 def compile_tile(fmt, tile, shape: tuple[int, int]):
     """The q/k/v-style kernel for one weight of ``shape`` with ``tile``'s constexprs, built for sm_90."""
     import triton
+    from bench_quant_gemv import random_weight
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from bench_quant_gemv import random_weight
     from dgpp.quant.kernels.decode_gemv import quant_multi_gemv_kernel as kernel
-    from dgpp.quant.kernels.decode_launch import _launch_args, _operand
+    from dgpp.quant.kernels.decode_launch import _launch_args
+    from dgpp.quant.kernels.operands import operand as _operand
 
     x = torch.empty(1, shape[1], dtype=torch.bfloat16)
     args = _launch_args(fmt, tile, [shape], x)
@@ -70,6 +71,7 @@ def sass_summary(compiled) -> str:
 
 def main() -> None:
     from bench_quant_gemv import formats, sweep_tiles
+
     from dgpp.quant.kernels import default_tile
 
     ap = argparse.ArgumentParser()

@@ -1,19 +1,21 @@
-"""Packed linears through a step's exactness route (``dgpp.quant.exact_rows``), on the CPU under the Triton
+"""Packed linears through a step's exactness route (``dgpp.quant.linear``), on the CPU under the Triton
 interpreter: the route is set by hand and ``exact_cuda.routable`` is told to accept CPU tensors (on a GPU the
 model step sets both; tests/perf/check_exact_cuda.py checks the kernels there). Canonical rows must equal the
 same row computed alone at any step size; prefill-chunk rows must not depend on the chunk's length."""
 
 from __future__ import annotations
 
+from contextlib import ExitStack
+
 import pytest
 import torch
 import torch.nn.functional as F
 
-from dgpp.nn import exact_cuda
-from dgpp.quant.exact_rows import decode_rows, routed_packed_gate_up_silu, routed_packed_linears
+from dgpp.nn.exact import routing as exact_cuda
 from dgpp.quant.fp4 import NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
-from dgpp.quant.linear import layer_tensors
+from dgpp.quant.linear import decode_rows, layer_tensors, routed_packed_gate_up_silu, routed_packed_linears
+from dgpp.step.route import in_flight, route_for
 
 from .gemv_cases import packed_layer
 
@@ -24,11 +26,12 @@ K = 128
 def route(monkeypatch):
     """Set a step's route for rows of ``q_lens``; CPU tensors count as routable."""
     monkeypatch.setattr(exact_cuda, "routable", lambda x, weights: x.dim() == 2 and x.shape[0] > 0)
+    with ExitStack() as steps:
 
-    def set_route(q_lens: list[int]) -> None:
-        monkeypatch.setitem(exact_cuda._state, "route", exact_cuda.route_for(q_lens, "cpu"))
+        def set_route(q_lens: list[int]) -> None:
+            steps.enter_context(in_flight(route_for(q_lens, "cpu")))
 
-    return set_route
+        yield set_route
 
 
 def _dense(layers) -> torch.Tensor:
@@ -77,6 +80,6 @@ def test_gate_up_silu_through_the_route(route):
 
 def test_no_route_leaves_the_caller_its_own_path(monkeypatch):
     monkeypatch.setattr(exact_cuda, "routable", lambda x, weights: True)
-    monkeypatch.setitem(exact_cuda._state, "route", None)
     layers = (packed_layer(NVFP4ModelOpt(), 16, K, 0),)
-    assert routed_packed_linears(layers, torch.randn(3, K)) is None
+    with in_flight(None):
+        assert routed_packed_linears(layers, torch.randn(3, K)) is None

@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dgpp.checkpoint.sources import Source  # noqa: F401  (import check: moe sources use it)
 from dgpp.nn.linear import Linear
+from dgpp.nn.sources import Source  # noqa: F401  (import check: moe sources use it)
 from dgpp.quant.encode import encode
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel

@@ -149,8 +149,8 @@ def test_decode_graph_batch_through_fused_experts_equals_reference(nvfp4_qwen3_5
     experts, padding row included, and gives the logits of the eager step through the reference experts."""
     from dgpp.engine.graphs import DecodeGraphs
     from dgpp.engine.loading import load_model
-    from dgpp.engine.pools import CachePools
     from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+    from dgpp.step.pools import CachePools
 
     model = load_model(nvfp4_qwen3_5_moe[0])
     experts = [m for m in model.modules() if isinstance(m, QuantExperts)]

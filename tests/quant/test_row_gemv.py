@@ -9,11 +9,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dgpp.policy import ExecPolicy, install, with_environment
 from dgpp.quant.codecs import e2m1_unpack
 from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.kernels import GemvTile, quant_multi_linear
-from dgpp.quant.kernels.decode_launch import _row_kernel, decode_kernel, set_decode_kernel
+from dgpp.quant.kernels.decode_launch import _row_kernel, decode_kernel
 from dgpp.quant.kernels.e2m1_asm import e2m1_fp32_model
 from dgpp.quant.kernels.row_launch import RowTile, row_supported, rows_per_program
 
@@ -73,6 +74,7 @@ def test_dispatch_rule(monkeypatch):
     assert _row_kernel(nv, [shape], RowTile())
     assert not _row_kernel(nv, [shape], GemvTile())
     monkeypatch.setenv("DGPP_QUANT_GEMV", "mma")
+    install(with_environment(ExecPolicy()))  # the override is read once, when the policy is built
     assert not _row_kernel(nv, [shape], None)
     assert not row_supported(FP8Block(), (32, 200))
     assert not row_supported(FP8Block(block=(16, 8)), (32, 256))
@@ -85,16 +87,18 @@ def test_dispatch_rule(monkeypatch):
     ("row", 64, "row", "row"), ("mma", 1, "mma", "mma")])
 def test_engine_choice_is_fixed_by_config_not_by_the_step(monkeypatch, setting, max_rows, fp4, fp8):
     monkeypatch.delenv("DGPP_QUANT_GEMV", raising=False)
-    try:
-        set_decode_kernel(setting, max_rows)
-        assert decode_kernel(NVFP4ModelOpt()) == fp4 and decode_kernel(MXFP4()) == fp4
-        assert decode_kernel(FP8Block()) == fp8 and decode_kernel(FP8Channel()) == fp8
-        monkeypatch.setenv("DGPP_QUANT_GEMV", "row")  # the A/B override wins
-        assert decode_kernel(FP8Block()) == "row"
-    finally:
-        set_decode_kernel(None)
+
+    def engine(setting: str) -> None:
+        install(ExecPolicy.for_engine(batch_invariant=False, quant_decode_gemv=setting, decode_max_rows=max_rows))
+
+    engine(setting)
+    assert decode_kernel(NVFP4ModelOpt()) == fp4 and decode_kernel(MXFP4()) == fp4
+    assert decode_kernel(FP8Block()) == fp8 and decode_kernel(FP8Channel()) == fp8
+    monkeypatch.setenv("DGPP_QUANT_GEMV", "row")  # the A/B override wins
+    engine(setting)
+    assert decode_kernel(FP8Block()) == "row"
     with pytest.raises(ValueError, match="quant_decode_gemv"):
-        set_decode_kernel("fast")
+        engine("fast")
 
 
 def test_e2m1_fp32_ptx_logic_on_every_byte():

@@ -119,7 +119,7 @@ class EngineConfig(_Section):
     fp8_head: Literal["gemv", "mma"] = "gemv"
     quant_decode_gemv: Literal["auto", "row", "mma"] = "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
     ngram_table: Literal["resident", "mmap"] = "resident"
-    batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact_cuda)
+    batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
     # lossy prefill levers (with dense_weights: fp8, the keys that may change results); off unless a template opts in
     prefill_bf16_partials: bool = False

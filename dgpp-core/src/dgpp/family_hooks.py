@@ -23,6 +23,7 @@ from dgpp.hookspecs import hookimpl
 # hook name -> the FamilyHooks field holding its implementation reference
 _REFERENCED_HOOKS = {
     "dgpp_load_model": "load_model",
+    "dgpp_build_model": "build_model",
     "dgpp_tool_dialect": "tool_dialect",
     "dgpp_chat_template": "chat_template",
     "dgpp_build_draft": "build_draft",
@@ -53,7 +54,7 @@ class FamilyHooks:
 
     Each reference is ``"package.module:function"``, imported on first use and called with the hook's
     arguments minus the family: ``load_model(ctx)``, ``tool_dialect(hf_config)``,
-    ``chat_template(hf_config)``, ``build_draft(ctx, model)``, ``memory_plan(ctx)``. A hook left as None
+    ``chat_template(hf_config)``, ``build_draft(ctx, model)``, ``memory_plan(ctx)``, ``build_model(ctx)``. A hook left as None
     is not exported, so the plugin does not take part in it. ``only_model_types`` narrows a hook to some
     of the family's config ``model_type`` values (e.g. ``{"memory_plan": ("qwen4_exp",)}``): for the
     others it returns None and the engine's generic behaviour applies.
@@ -65,6 +66,7 @@ class FamilyHooks:
     chat_template: str | None = None
     build_draft: str | None = None
     memory_plan: str | None = None
+    build_model: str | None = None
     only_model_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -97,6 +99,11 @@ class FamilyHooks:
     @hookimpl
     def dgpp_load_model(self, ctx: LoadContext) -> Any:
         impl = self._implementation("load_model", ctx.family, ctx.hf_config)
+        return None if impl is None else impl(ctx)
+
+    @hookimpl
+    def dgpp_build_model(self, ctx: LoadContext) -> Any:
+        impl = self._implementation("build_model", ctx.family, ctx.hf_config)
         return None if impl is None else impl(ctx)
 
     @hookimpl

@@ -39,6 +39,12 @@ def dgpp_load_model(ctx: LoadContext) -> Any:
 
 
 @hookspec(firstresult=True)
+def dgpp_build_model(ctx: LoadContext) -> Any:
+    """Build the model for ``ctx.hf_config`` on ``ctx.device`` with its parameters allocated but not loaded
+    (``dgpp bench`` fills them with random values of a real geometry); None for a family that is not yours."""
+
+
+@hookspec(firstresult=True)
 def dgpp_build_draft(ctx: LoadContext, model: Any) -> Any:
     """Build the speculative drafter (an MTP layer, a block drafter) for ``model``, or None."""
 

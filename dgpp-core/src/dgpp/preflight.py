@@ -58,7 +58,6 @@ def preflight(
     from dgpp.engine.loading import read_hf_config
     from dgpp.family import LoadContext, World
     from dgpp.plugins import manager, resolve
-
     from dgpp.serve.engine_keys import refuse_unstored_kv
 
     refuse_unstored_kv(cfg.engine)  # before the checkpoint is even looked for: check and serve agree

@@ -63,13 +63,10 @@ def test_chunked_and_mixed_batches_give_the_same_tokens(pair):
     """fp32 holds with the default dispatch. bf16 prompt rows in cuBLAS / flash prefill round differently from
     the decode kernels a 1-token chunk takes (H200: tokens differed from position 2), so in bf16 the promise is
     made by ``engine.batch_invariant`` (docs/architecture.md, "Exactness on CUDA"), which this test turns on."""
-    from dgpp.nn import exact_cuda
+    from dgpp.policy import overriding
 
     model, _, dtype = pair
     prompts = conf.make_prompts(model.info.vocab_size, (3, 29, 17), seed=34)
-    exact_cuda.set_batch_invariant(dtype == torch.bfloat16)
-    try:
+    with overriding(batch_invariant=dtype == torch.bfloat16):
         conf.check_chunked_prefill(model, prompts, chunk_sizes=(1, 16))
         conf.check_mixed_batch(model, prompts)
-    finally:
-        exact_cuda.set_batch_invariant(False)

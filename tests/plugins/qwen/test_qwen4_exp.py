@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.cache_spec import PagedKV, StateSpec
 from dgpp.engine.loading import load_model
+from dgpp.step.cache_spec import PagedKV, StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.qwen4_exp import EOS, build_tiny_qwen4_exp

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dgpp.engine.cache_spec import StateSpec
 from dgpp.engine.loading import load_model
 from dgpp.errors import CheckpointError, ConfigError
+from dgpp.step.cache_spec import StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.qwen4_exp import TINY_QWEN4_EXP, build_tiny_qwen4_exp

@@ -15,9 +15,9 @@ Prints the table (markdown) last; ``--out FILE`` also writes it with the run's d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import gc
-import os
 import subprocess
 import sys
 import time
@@ -38,7 +38,7 @@ from dgpp.bench.quantize import (
     sync_hf_weights,
 )
 from dgpp.engine.model import Model
-from dgpp.quant.kernels.decode_launch import DISABLE_ENV as QUANT_GEMV_ENV
+from dgpp.policy import current, install, overriding
 
 # kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so logits
 # differ by rounding; a layout or scale bug moves them by their own size
@@ -51,8 +51,8 @@ GEMV_LABELS = {"1": "", "row": ", row GEMV", "mma": ", MMA GEMV"}
 
 def _set_gemv(mode: str) -> None:
     """Dense decode GEMV on unless mode "0"; packed layers: "1" (the default choice), "0" (wo_matmul), "row"/"mma"."""
-    os.environ["DGPP_GEMV"] = "0" if mode == "0" else "1"
-    os.environ[QUANT_GEMV_ENV] = mode
+    install(dataclasses.replace(current(), dense_gemv=mode != "0", packed_decode_gemv=mode != "0",
+                                quant_decode_gemv=mode if mode in ("row", "mma") else None))
 
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
@@ -102,13 +102,12 @@ def bench_weights(
 
         peak = matmul_peak_tflops(device)
         for attn in filter(None, args.prefill_attn.split(",")):
-            os.environ["DGPP_PREFILL_ATTN"] = attn
-            seconds, rate = prefill_tflops(model, args.prefill)
+            with overriding(prefill_attention=attn):
+                seconds, rate = prefill_tflops(model, args.prefill)
             sections.append(f"{tag}prefill of {args.prefill} tokens (batch 1, eager, {attn} attention): {seconds * 1e3:.0f} ms, "
                             f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate "
                             "measured in the same run")
             print(sections[-1], flush=True)
-        os.environ.pop("DGPP_PREFILL_ATTN", None)
     for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
 

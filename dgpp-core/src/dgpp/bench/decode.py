@@ -15,10 +15,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dgpp.bench.step_bytes import RouterTap, decode_step_bytes, kv_bytes_per_token, moe_layers
+from dgpp.bench.step_bytes import (
+    RouterTap,
+    decode_step_bytes,
+    kv_bytes_per_token,
+    logical_weight_elements,
+    moe_layers,
+)
 from dgpp.engine.model import Model
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.step.pools import CachePools
 
 __all__ = ["DecodeResult", "DecodeSession", "kv_bytes_per_token", "run_case", "hf_tok_s", "format_table"]
 
@@ -101,7 +107,7 @@ class DecodeSession:
         return tap.mean_distinct()
 
 
-def _prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     gen = torch.Generator().manual_seed(seed)
     return torch.randint(0, vocab, (batch, length), generator=gen).tolist()
 
@@ -114,7 +120,7 @@ def run_case(
     res = DecodeResult(prompt, batch, generated, graph)
     # one slot more than generated: the MoE routing measurement steps once past the timed decode
     session = DecodeSession(model, batch, prompt + generated + 1, block_size, graph)
-    prompts = _prompts(batch, prompt, model.info.vocab_size, seed)
+    prompts = random_prompts(batch, prompt, model.info.vocab_size, seed)
     first = session.prefill(prompts)
     session.decode(first, prompt, 2)  # warm-up: compiles kernels, captures graphs
     _sync()
@@ -155,7 +161,7 @@ def hf_tok_s(hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab
     0.0 (shown as '-') without a transformers model (its version lacks the geometry's model type)."""
     if hf is None:
         return 0.0
-    ids = torch.tensor(_prompts(batch, prompt, vocab, seed), device=next(hf.parameters()).device)
+    ids = torch.tensor(random_prompts(batch, prompt, vocab, seed), device=next(hf.parameters()).device)
     mask = torch.ones_like(ids)
     kwargs = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
     hf.generate(ids, attention_mask=mask, max_new_tokens=2, min_new_tokens=2, **kwargs)  # warm-up
@@ -216,15 +222,13 @@ def prefill_tflops(model: Model, tokens: int, seed: int = 0) -> tuple[float, flo
     from dgpp.bench.models import weight_bytes_per_step
 
     session = DecodeSession(model, 1, tokens + 1, 16, graph=False)
-    prompt = _prompts(1, tokens, model.info.vocab_size, seed)
+    prompt = random_prompts(1, tokens, model.info.vocab_size, seed)
     session.prefill(prompt)  # warm-up
     _sync()
     t0 = time.perf_counter()
     session.prefill(prompt)
     _sync()
     seconds = time.perf_counter() - t0
-    from dgpp.bench.quantize import logical_weight_elements
-
     params = logical_weight_elements(model, weight_bytes_per_step(model))  # packed linears: out x in each
     cfg = model.cfg
     attn = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens / 2

@@ -9,6 +9,7 @@ the HF baseline get dgpp's own random init (:func:`build_random_model`).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -88,18 +89,20 @@ def hf_config(geometry: str, dtype: torch.dtype) -> dict[str, Any]:
 
 
 def new_model(raw_config: dict[str, Any], device: torch.device | str) -> Model:
-    """dgpp's Qwen model for an HF config dict (Qwen3 dense/MoE or a Qwen3.5 hybrid), parameters uninitialised."""
-    from dgpp_qwen.config import parse_config
+    """The model its family plugin builds for an HF config dict (``dgpp_build_model``), parameters uninitialised."""
+    from dgpp.errors import UnsupportedModelError
+    from dgpp.family import LoadContext
+    from dgpp.plugins import manager, resolve
 
-    cfg = parse_config(raw_config)
-    with torch.device(device):
-        if cfg.hybrid:
-            from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
-
-            return Qwen35ForCausalLM(cfg).eval()
-        from dgpp_qwen.qwen3 import Qwen3ForCausalLM
-
-        return Qwen3ForCausalLM(cfg).eval()
+    pm = manager()
+    found = resolve(pm, raw_config)
+    ctx = LoadContext(checkpoint_dir=Path(), hf_config=raw_config, family=found.family.name,
+                      architecture=found.matched, device=device)
+    model = pm.hook.dgpp_build_model(ctx=ctx)
+    if model is None:
+        raise UnsupportedModelError(f"family {found.family.name} (plugin {found.family.plugin}) builds no model "
+                                    "without a checkpoint (dgpp_build_model)")
+    return model
 
 
 def transformers_knows(model_type: str) -> bool:

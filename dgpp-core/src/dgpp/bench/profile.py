@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from dgpp.bench.decode import DecodeSession, _prompts
+from dgpp.bench.decode import DecodeSession, random_prompts
 from dgpp.engine.model import Model
 
 
@@ -28,7 +28,7 @@ def _short(name: str) -> str:
 def kernel_breakdown(model: Model, batch: int, prompt: int, *, graph: bool, steps: int = 5) -> tuple[float, list]:
     """(kernel microseconds per step, [(kernel, launches per step, us per step)] largest first)."""
     session = DecodeSession(model, batch, prompt + steps + 4, 16, graph)
-    first = session.prefill(_prompts(batch, prompt, model.info.vocab_size, 0))
+    first = session.prefill(random_prompts(batch, prompt, model.info.vocab_size, 0))
     session.decode(first, prompt, 2)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -16,15 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.bench.step_bytes import quantized_linears
 from dgpp.checkpoint.loader import load_weights
 from dgpp.engine.model import Model
 from dgpp.errors import ConfigError
-from dgpp.nn.linear import Linear
 from dgpp.nn.moe import FusedExperts
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.encode import encode
 from dgpp.quant.format import QuantFormat
-from dgpp.quant.linear import QuantLinearMethod
 from dgpp.quant.scheme import KEY
 
 DENSE = "bf16"  # the unquantized model in a ``--quant`` list (the compute dtype: fp32 on CPU)
@@ -55,12 +54,6 @@ def parse_variants(text: str) -> list[str]:
     if unknown:
         raise ConfigError(f"--quant: unknown format(s) {unknown}; known: {', '.join([DENSE, *QUANT_CONFIGS])}")
     return list(dict.fromkeys(names))
-
-
-def quantized_linears(model: nn.Module) -> dict[str, Linear]:
-    """Module name -> every ``Linear`` whose weight is held in a packed format."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, Linear) and isinstance(m.quant_method, QuantLinearMethod)}
 
 
 class EncodingReader:
@@ -168,48 +161,27 @@ def sync_hf_weights(hf: nn.Module, model: Model) -> None:
         hf_params[name].copy_(param)
 
 
-def logical_weight_elements(model: Model, step_bytes: int) -> int:
-    """Weight elements behind ``step_bytes`` (``weight_bytes_per_step``): packed linears count their
-    logical out x in elements, so FLOP rates do not depend on the storage format."""
-    itemsize = torch.empty((), dtype=model.info.dtype).element_size()
-    packed_bytes = 0
-    logical = 0
-    for layer in quantized_linears(model).values():
-        packed_bytes += sum(t.numel() * t.element_size() for t in layer.quant_method.tensors(layer).values())
-        logical += layer.out_local * layer.in_local
-    return (step_bytes - packed_bytes) // itemsize + logical
-
-
 @torch.inference_mode()
 def compare_with_torch_path(model: Model, batch: int = 4, prompt: int = 32, seed: int = 1) -> dict[str, float]:
     """The quantized model through its kernels against the same model through the torch decode path
-    (``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then ``F.linear``): one prefill (the
+    (the policy's ``quant_torch_only``, ``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then ``F.linear``): one prefill (the
     GEMM path) and one decode step (the GEMV path) on random prompts, both fed the reference's tokens.
     Returns the largest |difference| over the largest |reference logit| and the argmax agreement of each."""
-    import os
-
-    from dgpp.bench.decode import DecodeSession, _prompts
+    from dgpp.bench.decode import DecodeSession, random_prompts
     from dgpp.engine.runner import SeqWork
-    from dgpp.quant.linear import TORCH_ONLY_ENV
+    from dgpp.policy import overriding
 
-    prompts = _prompts(batch, prompt, model.info.vocab_size, seed)
-    previous = os.environ.get(TORCH_ONLY_ENV)
+    prompts = random_prompts(batch, prompt, model.info.vocab_size, seed)
     logits: dict[str, list[torch.Tensor]] = {}
     first: list[int] = []
-    try:
-        for path, flag in (("torch", "1"), ("kernels", "0")):
-            os.environ[TORCH_ONLY_ENV] = flag
+    for path, torch_only in (("torch", True), ("kernels", False)):
+        with overriding(quant_torch_only=torch_only):
             session = DecodeSession(model, batch, prompt + 2, 16, graph=False)
             work = [SeqWork(b, session.tables[b], 0, p) for b, p in enumerate(prompts)]
             pre = session.runner.step(work).float()
             first = first or pre.argmax(-1).tolist()
             work = [SeqWork(b, session.tables[b], prompt, [first[b]]) for b in range(batch)]
             logits[path] = [pre, session.runner.step(work).float()]
-    finally:
-        if previous is None:
-            os.environ.pop(TORCH_ONLY_ENV, None)
-        else:
-            os.environ[TORCH_ONLY_ENV] = previous
     out: dict[str, float] = {}
     for i, phase in enumerate(("prefill", "decode")):
         ref, got = logits["torch"][i], logits["kernels"][i]

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.cache_spec import PagedKV, StateSpec
 from dgpp.engine.model import Model
+from dgpp.nn.linear import Linear
 from dgpp.nn.moe import SparseMoE, TopKRouter
+from dgpp.quant.linear import QuantLinearMethod
+from dgpp.step.cache_spec import PagedKV, StateSpec
 
 
 def kv_bytes_per_token(model: Model) -> int:
@@ -83,3 +85,21 @@ class RouterTap:
     def mean_distinct(self) -> float:
         """Mean distinct experts per router call (0.0 when nothing was routed)."""
         return sum(self.distinct) / len(self.distinct) if self.distinct else 0.0
+
+
+def quantized_linears(model: torch.nn.Module) -> dict[str, Linear]:
+    """Module name -> every ``Linear`` whose weight is held in a packed format."""
+    return {name: m for name, m in model.named_modules()
+            if isinstance(m, Linear) and isinstance(m.quant_method, QuantLinearMethod)}
+
+
+def logical_weight_elements(model: Model, step_bytes: int) -> int:
+    """Weight elements behind ``step_bytes`` (``weight_bytes_per_step``): packed linears count their
+    logical out x in elements, so FLOP rates do not depend on the storage format."""
+    itemsize = torch.empty((), dtype=model.info.dtype).element_size()
+    packed_bytes = 0
+    logical = 0
+    for layer in quantized_linears(model).values():
+        packed_bytes += sum(t.numel() * t.element_size() for t in layer.quant_method.tensors(layer).values())
+        logical += layer.out_local * layer.in_local
+    return (step_bytes - packed_bytes) // itemsize + logical

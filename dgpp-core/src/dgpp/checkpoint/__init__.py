@@ -2,6 +2,6 @@
 
 from dgpp.checkpoint.loader import LoadReport, load_weights
 from dgpp.checkpoint.reader import CheckpointReader
-from dgpp.checkpoint.sources import Source
+from dgpp.nn.sources import Source
 
 __all__ = ["CheckpointReader", "LoadReport", "Source", "load_weights"]

@@ -15,9 +15,9 @@ import torch
 from torch import nn
 
 from dgpp.checkpoint.reader import CheckpointReader
-from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.errors import CheckpointError
 from dgpp.log import get_logger
+from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import WeightShapeError, copy_checked, default_weight_loader
 
 log = get_logger("dgpp.checkpoint")

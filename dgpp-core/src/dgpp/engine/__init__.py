@@ -1,1 +1,3 @@
-"""The engine: cache pools, ForwardBatch, the model runner, memory plan, graphs, speculation."""
+"""The engine: the model runner (one ``ForwardBatch`` per step, its route set), decode CUDA graphs, the memory
+plan, loading, speculative decoding. The step's types themselves (``ForwardBatch``, pools, cache specs) are
+``dgpp.step``'s."""

@@ -1,43 +1,7 @@
-"""ForwardBatch: one model step over several sequences, some in prefill and some in decode.
-
-Token rows are flattened (varlen). Sequence ``i`` owns rows ``query_start_loc[i]:query_start_loc[i+1]``
-at positions ``context_lens[i] .. seq_lens[i]-1``; its earlier tokens are already in the cache.
-"""
+"""``ForwardBatch`` where plugins import it from: the model contract's step (defined in ``dgpp.step.batch``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dgpp.step.batch import ForwardBatch
 
-import torch
-
-from dgpp.engine.pools import CachePools
-
-
-@dataclass
-class ForwardBatch:
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64
-    query_start_loc: torch.Tensor  # [B+1] int32, cumulative query lengths
-    seq_lens: torch.Tensor  # [B] int32, context length after this step
-    context_lens: torch.Tensor  # [B] int32, tokens already cached before this step
-    block_tables: torch.Tensor  # [B, max_blocks] int32, -1 padded
-    slot_mapping: torch.Tensor  # [T] int64, flat K/V slot (block*block_size+offset); -1 writes nothing
-    state_slots: torch.Tensor  # [B] int64, state pool slot of each sequence
-    logits_indices: torch.Tensor  # [R] int64, rows whose hidden state forward() returns
-    cache: CachePools
-    # host copies, so torch paths can loop over sequences without device syncs
-    q_lens_cpu: list[int]
-    seq_lens_cpu: list[int]
-    context_lens_cpu: list[int]
-
-    @property
-    def num_seqs(self) -> int:
-        return len(self.q_lens_cpu)
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.input_ids.shape[0])
-
-    @property
-    def is_decode_only(self) -> bool:
-        return all(q == 1 for q in self.q_lens_cpu)
+__all__ = ["ForwardBatch"]

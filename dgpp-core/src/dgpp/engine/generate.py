@@ -11,8 +11,8 @@ import torch
 
 from dgpp.engine.allocators import BlockAllocator, SlotAllocator
 from dgpp.engine.model import Model
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.step.pools import CachePools
 
 
 def make_pools(model: Model, total_tokens: list[int], block_size: int) -> tuple[CachePools, BlockAllocator, SlotAllocator]:

@@ -19,7 +19,7 @@ import itertools
 import numpy as np
 import torch
 
-from dgpp.sched.work import SeqWork
+from dgpp.engine.work import SeqWork
 
 
 class DecodeInputs:

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.graph_inputs import DecodeInputs
 from dgpp.engine.model import Model
-from dgpp.engine.pools import CachePools
-from dgpp.sched.work import SeqWork
+from dgpp.engine.work import SeqWork
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.pools import CachePools
 
 
 def capture_sizes(max_batch: int, step: int = 8) -> list[int]:
@@ -131,9 +131,10 @@ class DecodeGraphs:
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
-        from dgpp.nn import exact_cuda
+        from dgpp.step.route import in_flight, step_route
 
-        with exact_cuda.routing(batch):  # decode rows take the canonical kernels, captured or eager
+        batch.route = step_route(batch.input_ids, batch.q_lens_cpu)  # decode rows: the canonical kernels
+        with in_flight(batch.route):  # captured or eager
             return self.model.compute_logits(self.model(batch)).float()
 
     @torch.inference_mode()

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dgpp.engine.cache_spec import CacheSpec, PagedKV, StateSpec
+from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
 
 GiB = 1 << 30
 DEFAULT_HEADROOM = 4 * GiB  # what the original engine keeps free for the allocator, graphs and the driver

@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import CacheSpec
 
 
 @dataclass(frozen=True)

@@ -12,11 +12,11 @@ import itertools
 
 import torch
 
-from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.model import Model
-from dgpp.engine.pools import CachePools
-from dgpp.nn import exact_cuda
-from dgpp.sched.work import SeqWork  # one definition shared with the scheduler
+from dgpp.engine.work import SeqWork  # one definition shared with the scheduler
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.pools import CachePools
+from dgpp.step.route import in_flight, step_route
 
 __all__ = ["ModelRunner", "SeqWork", "build_batch"]
 
@@ -109,8 +109,9 @@ class ModelRunner:
             self.graphs = DecodeGraphs(model, pools, max_batch, max_blocks or pools.num_blocks)
 
     @torch.inference_mode()
-    def step(self, work: list[SeqWork]) -> torch.Tensor:
-        """fp32 logits ``[n_want, vocab]``, in order of the work items with ``want_logits``."""
+    def step(self, work: list[SeqWork], *, verify: bool = False) -> torch.Tensor:
+        """fp32 logits ``[n_want, vocab]``, in order of the work items with ``want_logits``; ``verify``: a
+        speculative verify, whose every row computes what plain decode would (``dgpp.step.route``)."""
         if not work:
             raise ValueError("step() needs at least one work item")
         if self.model.info.hybrid:
@@ -123,6 +124,8 @@ class ModelRunner:
             if logits is not None:
                 return logits
         batch = build_batch(work, self.pools, self.device)
-        with exact_cuda.routing(batch):  # which CUDA kernel each row takes (a function of the row alone)
+        # which CUDA kernel each row takes (a function of the row alone), on the batch for the step's layers
+        batch.route = step_route(batch.input_ids, batch.q_lens_cpu, verify=verify)
+        with in_flight(batch.route):
             hidden = self.model(batch)
         return self.model.compute_logits(hidden).float()

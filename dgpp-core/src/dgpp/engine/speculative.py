@@ -28,20 +28,18 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
-from dgpp.engine.cache_spec import StateSpec
-from dgpp.engine.pools import CachePools
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
-from dgpp.nn.exact_cuda import verify_step
-from dgpp.sched.work import SeqWork
+from dgpp.engine.work import DecodingSequence, SeqWork
+from dgpp.step.cache_spec import StateSpec
+from dgpp.step.pools import CachePools
 
 if TYPE_CHECKING:
     from dgpp.sample.sampler import SampleResult
-    from dgpp.sched.request import Sequence
 
-EmitFn = Callable[["Sequence", "SampleResult"], None]
-FailFn = Callable[["Sequence", Exception], None]
+EmitFn = Callable[[DecodingSequence, "SampleResult"], None]
+FailFn = Callable[[DecodingSequence, Exception], None]
 
 
 class SpeculativeDecoder:
@@ -70,12 +68,12 @@ class SpeculativeDecoder:
         self.draft_pools = CachePools(spec, pools.num_blocks, pools.block_size, pools.num_state_slots, runner.device)
         self.stats = SpecDecodeStats(depth)
         # target hidden rows the drafter has not consumed yet: seq -> (first position, rows)
-        self._backlog: dict[Sequence, tuple[int, torch.Tensor]] = {}
+        self._backlog: dict[DecodingSequence, tuple[int, torch.Tensor]] = {}
         self._logits_take_step = "step" in inspect.signature(drafter.compute_logits).parameters
 
     # ---- prefill: the drafter follows the prompt ----------------------------------------------
     @torch.inference_mode()
-    def after_prefill(self, chunks: list[tuple[Sequence, int, int]]) -> None:
+    def after_prefill(self, chunks: list[tuple[DecodingSequence, int, int]]) -> None:
         """Right after a target step whose rows are exactly the prefill ``chunks`` ``(seq, start, end)``, in
         order: run the drafter over every row whose next token is already known (the prompt), keep the last."""
         hidden = self.model.last_hidden
@@ -83,7 +81,7 @@ class SpeculativeDecoder:
             raise RuntimeError(f"{type(self.model).__name__} sets no last_hidden: it cannot drive an MTP drafter")
         self._prune()
         offset = 0
-        ready: list[tuple[Sequence, int, torch.Tensor]] = []
+        ready: list[tuple[DecodingSequence, int, torch.Tensor]] = []
         for s, start, end in chunks:
             rows = hidden[offset : offset + end - start]
             offset += end - start
@@ -99,7 +97,7 @@ class SpeculativeDecoder:
 
     # ---- decode --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def decode(self, seqs: list[Sequence], emit: EmitFn, fail: FailFn) -> int:
+    def decode(self, seqs: list[DecodingSequence], emit: EmitFn, fail: FailFn) -> int:
         """One speculative decode step for ``seqs`` (all in DECODE); ``emit`` is the scheduler's per-token
         commit (EOS / length retirement), ``fail`` retires a request whose sampling raised. Returns the verify
         forward's row count (``/metrics`` ``decode_batch.last_rows_per_request``)."""
@@ -129,8 +127,7 @@ class SpeculativeDecoder:
     def _verify_logits(self, works: list[SeqWork]) -> torch.Tensor:
         """The verify forward; fp32 logits of every row. The runner returns each request's last row; the rows
         before it go through the head from ``last_hidden`` (never an empty batch: a TP head gathers its shards)."""
-        with verify_step():  # every verify row computes what plain decode would (dgpp.nn.exact_cuda)
-            last = self.runner.step(works)
+        last = self.runner.step(works, verify=True)  # every verify row computes what plain decode would
         ends = torch.tensor([len(w.token_ids) for w in works]).cumsum(0)
         logits = torch.empty(int(ends[-1]), last.shape[-1], dtype=last.dtype, device=last.device)
         logits[ends - 1] = last
@@ -139,7 +136,7 @@ class SpeculativeDecoder:
             logits[inner] = self.model.compute_logits(self.model.last_hidden[inner]).float()
         return logits
 
-    def _depth_for(self, s: Sequence) -> int:
+    def _depth_for(self, s: DecodingSequence) -> int:
         """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
         if s not in self._backlog:
             return 0
@@ -148,7 +145,7 @@ class SpeculativeDecoder:
         positions = self.model.info.max_position - 1 - s.computed
         return max(0, min(self.depth, room, remaining, positions))
 
-    def _judge(self, s: Sequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn) -> int:
+    def _judge(self, s: DecodingSequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn) -> int:
         """Emit this request's tokens row by row; the number of verify rows whose inputs stand (>= 1)."""
         accepted = 0
         for j in range(len(drafts) + 1):
@@ -167,7 +164,7 @@ class SpeculativeDecoder:
         return s.computed - c
 
     # ---- drafting ------------------------------------------------------------------------------
-    def _draft(self, seqs: list[Sequence], depths: list[int]) -> list[list[int]]:
+    def _draft(self, seqs: list[DecodingSequence], depths: list[int]) -> list[list[int]]:
         drafts: list[list[int]] = [[] for _ in seqs]
         items, rows = [], []
         for s in seqs:
@@ -202,7 +199,7 @@ class SpeculativeDecoder:
             hidden, logits = self._draft_step(items, hidden, step + 1)
         return drafts
 
-    def _draft_step(self, items: list[tuple[Sequence, int, list[int]]], previous: torch.Tensor, step: int,
+    def _draft_step(self, items: list[tuple[DecodingSequence, int, list[int]]], previous: torch.Tensor, step: int,
                     want_logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
         (``want_logits``) fp32 logits of each item's last row."""
@@ -215,12 +212,12 @@ class SpeculativeDecoder:
         return hidden, logits.float()
 
     # ---- hybrid state --------------------------------------------------------------------------
-    def _save_state(self, seqs: list[Sequence]) -> dict[int, list[torch.Tensor]]:
+    def _save_state(self, seqs: list[DecodingSequence]) -> dict[int, list[torch.Tensor]]:
         """Each slot's state tensors before the verify (the state after ``c`` tokens)."""
         pools = self.runner.pools
         return {s.slot: [t[s.slot].clone() for ts in pools.state.values() for t in ts.values()] for s in seqs}  # type: ignore[index]
 
-    def _rerun_accepted(self, redo: list[tuple[Sequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None) -> None:
+    def _rerun_accepted(self, redo: list[tuple[DecodingSequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None) -> None:
         """Restore the pre-verify state and feed only the inputs that stand, so the state is the accepted one."""
         assert snapshot is not None
         pools = self.runner.pools
@@ -232,8 +229,7 @@ class SpeculativeDecoder:
         # logits of the last rows are wanted only so the head never sees an empty batch
         works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
                  for s, c, kept in redo]
-        with verify_step():  # the state must be the one plain decode reaches, row by row
-            self.runner.step(works)
+        self.runner.step(works, verify=True)  # the state must be the one plain decode reaches, row by row
         hidden, offset = self.model.last_hidden, 0
         for s, c, kept in redo:
             self._backlog[s] = (c, hidden[offset : offset + kept].clone())

@@ -6,9 +6,9 @@ reference, so CPU-only installs still import ``dgpp.kernels``.
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from dgpp.policy import current
 
 try:
     import triton
@@ -41,7 +41,7 @@ __all__ = ["HAS_TRITON", "next_pow2", "tl", "triton", "use_triton"]
 
 def use_triton(x: torch.Tensor) -> bool:
     """Triton on CUDA tensors; ``DGPP_KERNELS=torch`` forces the references (A/B checks on a GPU)."""
-    return HAS_TRITON and x.is_cuda and os.environ.get("DGPP_KERNELS", "triton") != "torch"
+    return HAS_TRITON and x.is_cuda and current().triton_kernels
 
 
 def next_pow2(n: int) -> int:

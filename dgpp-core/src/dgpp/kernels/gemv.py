@@ -24,12 +24,11 @@ the device. The values agree to fp32-accumulation rounding either way.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import torch.nn.functional as F
 
 from dgpp.kernels._triton import tl, triton, use_triton
+from dgpp.policy import current
 
 MAX_ROWS = 64
 
@@ -57,7 +56,7 @@ def _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, cols, BM: tl.constexpr, B
     return acc
 
 
-@triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (dgpp.kernels.exact_gemm)
+@triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (dgpp.nn.exact.gemm)
 def _multi_linear_kernel(
     x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, x_stride, out_stride,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
@@ -133,7 +132,7 @@ def multi_linear_triton(
     x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, int, int] | None = None, bm: int | None = None
 ) -> list[torch.Tensor]:
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU). ``bm`` pins the row tile for
-    any row count (the grid then walks ``bm``-row blocks: ``dgpp.kernels.exact_gemm``'s fixed-order calls)."""
+    any row count (the grid then walks ``bm``-row blocks: ``dgpp.nn.exact.gemm``'s fixed-order calls)."""
     bm = bm or row_block(x.shape[0])
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
@@ -181,7 +180,7 @@ def gate_up_silu_triton(
 
 def gemv_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     """True when the decode kernels can take these operands (CUDA, <= 64 rows, plain dense weights)."""
-    if not use_triton(x) or os.environ.get("DGPP_GEMV", "1") == "0":
+    if not use_triton(x) or not current().dense_gemv:
         return False
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(-1) != 1:
         return False
@@ -209,6 +208,6 @@ def lm_head_gemv(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | N
     Opt-in (``DGPP_GEMV_HEAD=1``): cuBLAS already streams the 151936x4096 Qwen3 head at ~3.8 TB/s, so the
     GEMV takes it only where ``tests/perf/check_kernels.py`` (``lm head`` lines) measures a tile beating
     that. A vocab-parallel rank passes its own contiguous slice of rows."""
-    if os.environ.get("DGPP_GEMV_HEAD", "0") != "1" or not gemv_applies(hidden, weight):
+    if not current().gemv_head or not gemv_applies(hidden, weight):
         return None
     return multi_linear_triton(hidden, [weight])[0]

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels._triton import tl, triton, use_triton
+from dgpp.policy import current
 
 
 def fused_moe_ref(
@@ -125,11 +126,9 @@ def fused_moe_triton(
         return torch.empty_like(x)
     x = x.contiguous()
     n_assign = tokens * top_k
-    # one row block for every token count when rows must not depend on the step (dgpp.nn.exact_cuda):
+    # one row block for every token count when rows must not depend on the step (dgpp.nn.exact.routing):
     # a tile's rows are independent of each other only for a fixed BM (the dot instruction follows BM)
-    from dgpp.nn.exact_cuda import routing_enabled
-
-    block_m = 64 if routing_enabled() or n_assign > 4 * num_experts else 16
+    block_m = 64 if current().exact_routing or n_assign > 4 * num_experts else 16
     sorted_ids, block_expert = align_to_experts(topk_ids, num_experts, block_m)
     capacity = sorted_ids.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"

@@ -8,13 +8,13 @@ sees everything before it. One code path serves prefill, decode and mixed batche
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
 from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.policy import current
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.route import route_for
 
 
 def write_kv(
@@ -118,7 +118,7 @@ class PagedAttention(nn.Module):
                 ).flatten(1)
             # H200, 8K-token prefill, 32/8 heads x 128: 3.5 ms against 49.5 ms for the torch path (which holds
             # the score matrix); DGPP_PREFILL_ATTN=torch keeps the torch path for A/B
-            if os.environ.get("DGPP_PREFILL_ATTN", "triton") != "torch":
+            if current().prefill_attention != "torch":
                 return kernels.paged_prefill_attention(
                     q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, self.scale
                 ).flatten(1)
@@ -133,18 +133,17 @@ _EXPANDED_ROWS_PER_CALL = 256
 def _routed_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
 ) -> torch.Tensor | None:
-    """Attention by the step's route (``dgpp.nn.exact_cuda``): canonical rows through the fixed-split decode
+    """Attention by the step's route (``batch.route``, ``dgpp.nn.exact``): canonical rows through the fixed-split decode
     kernel, each as its own decode row; bulk (prefill-chunk) rows through the flash prefill kernel. None when
     routing is off."""
-    from dgpp.nn import exact_cuda
-
-    route = exact_cuda.current_route()
+    route = batch.route
     if route is None:
-        if not (exact_cuda.routing_enabled() and exact_cuda.batch_invariant()):
+        policy = current()
+        if not (policy.exact_routing and policy.batch_invariant):
             return None
-        route = exact_cuda.route_for(batch.q_lens_cpu, q.device)
+        route = route_for(batch.q_lens_cpu, q.device, per_row=True)
     from dgpp import kernels
-    from dgpp.kernels.exact_attention import expand_rows, paged_decode_attention_fixed
+    from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
 
     if batch.is_decode_only:  # one row per sequence already (graph padding rows keep seq_len 0)
         return paged_decode_attention_fixed(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale)

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.step.batch import ForwardBatch
 
 
 def token_layout(q_lens: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

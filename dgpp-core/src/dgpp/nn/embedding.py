@@ -8,9 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.dist.collectives import all_gather_last_dim
 from dgpp.family import World
 from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.collectives import all_gather_last_dim
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
@@ -65,9 +65,9 @@ class LMHead(nn.Module):
 
 def _head_gemv(hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
     from dgpp.kernels.gemv import lm_head_gemv  # decode rows, opt-in (DGPP_GEMV_HEAD=1)
-    from dgpp.nn.exact_cuda import always_fixed
+    from dgpp.nn.exact.routing import always_fixed
 
     # every row through one fixed-order kernel whatever the row count (a verify's rows, plain decode's, a
-    # prompt's last row: dgpp.nn.exact_cuda); DGPP_EXACT=0 gives the head back to cuBLAS / the opt-in GEMV
+    # prompt's last row: dgpp.nn.exact.routing); DGPP_EXACT=0 gives the head back to cuBLAS / the opt-in GEMV
     logits = always_fixed(hidden, weight)
     return logits if logits is not None else lm_head_gemv(hidden, weight)

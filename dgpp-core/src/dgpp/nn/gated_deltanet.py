@@ -8,11 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import StateSpec
 from dgpp.family import World
 from dgpp.nn.causal_conv1d import CausalConv1d
-from dgpp.nn.exact_recurrent import recurrent_plan
+from dgpp.nn.exact.recurrent import recurrent_plan
 from dgpp.nn.gated_delta_rule import (  # noqa: F401  (re-exported: the math's historical home)
     CHUNK_SIZE,
     chunked_gated_delta_rule,
@@ -28,6 +26,8 @@ from dgpp.nn.weights import (
     narrow_for_rank,
     set_weight_attrs,
 )
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import StateSpec
 
 
 def stacked_parts_loader(part_sizes: tuple[int, ...], world: World):

@@ -15,13 +15,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
 from dgpp.family import World
 from dgpp.nn.attention import PagedAttention, gated_output, split_query_gate
-from dgpp.nn.linear import Linear
+from dgpp.nn.linear import Linear, fused_linears
 from dgpp.nn.mlp import dense_weights
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.step.batch import ForwardBatch
 
 
 class GQAttention(nn.Module):
@@ -74,20 +74,18 @@ class GQAttention(nn.Module):
         projections = (self.q_proj, self.k_proj, self.v_proj)
         if x.is_cuda and dense_weights(*projections):  # decode rows: q, k and v in one Triton launch
             from dgpp import kernels
-            from dgpp.nn import exact_cuda
+            from dgpp.nn.exact import routing as exact_cuda
 
             weights = [p.weight for p in projections]
             routed = exact_cuda.routed_linears(x, weights, lambda rows: kernels.multi_linear(rows, weights))
-            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact_cuda)
+            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact.routing)
                 q, k, v = routed
                 return q, k, v
             if kernels.gemv_applies(x, *weights):
                 q, k, v = kernels.multi_linear(x, weights)
                 return q, k, v
         elif x.is_cuda:  # packed q/k/v of one format: one quantized decode GEMV launch
-            from dgpp.quant.linear import fused_packed_linear
-
-            fused = fused_packed_linear(projections, x)
+            fused = fused_linears(projections, x)
             if fused is not None:
                 q, k, v = fused
                 return q, k, v

@@ -38,8 +38,8 @@ class UnquantizedLinearMethod:
         layer.weight = weight
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda:  # canonical rows (decode, verify) through the fixed-order kernel: dgpp.nn.exact_cuda
-            from dgpp.nn import exact_cuda
+        if x.is_cuda:  # canonical rows (decode, verify) through the fixed-order kernel: dgpp.nn.exact.routing
+            from dgpp.nn.exact import routing as exact_cuda
 
             routed = exact_cuda.routed_linears(x, [layer.weight], lambda rows: [self._stock(layer, rows, bias)], bias)
             if routed is not None:
@@ -54,6 +54,19 @@ class UnquantizedLinearMethod:
             if kernels.gemv_applies(x, layer.weight):
                 return kernels.multi_linear(x, [layer.weight])[0]
         return batch_invariant_linear(x, layer.weight, bias)
+
+
+def fused_linears(layers: tuple[Linear, ...], x: torch.Tensor) -> list[torch.Tensor] | None:
+    """``[layer(x) for layer in layers]`` in one launch when the first layer's method can fuse them (packed
+    formats: ``dgpp.quant.linear.QuantLinearMethod.fused_linears``), else None (the caller's own path)."""
+    fuse = getattr(layers[0].quant_method, "fused_linears", None)
+    return None if fuse is None else fuse(layers, x)
+
+
+def fused_gate_up_silu(gate: Linear, up: Linear, x: torch.Tensor) -> torch.Tensor | None:
+    """``silu(gate(x)) * up(x)`` in one launch when ``gate``'s method can fuse it (packed formats), else None."""
+    fuse = getattr(gate.quant_method, "fused_gate_up_silu", None)
+    return None if fuse is None else fuse(gate, up, x)
 
 
 class Linear(nn.Module):

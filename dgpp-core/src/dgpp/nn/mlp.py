@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
-from dgpp.nn.linear import Linear, UnquantizedLinearMethod
+from dgpp.nn.linear import Linear, UnquantizedLinearMethod, fused_gate_up_silu
 
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -30,18 +30,16 @@ class SwiGLUMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and dense_weights(self.gate_proj, self.up_proj):  # decode: gate, up and SwiGLU in one launch
             from dgpp import kernels
-            from dgpp.nn import exact_cuda
+            from dgpp.nn.exact import routing as exact_cuda
 
             wg, wu = self.gate_proj.weight, self.up_proj.weight
             routed = exact_cuda.routed_gate_up_silu(x, wg, wu, lambda rows: self._stock_gate_up(rows))
-            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact_cuda)
+            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact.routing)
                 return self.down_proj(routed)
             if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
                 return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
         elif x.is_cuda:  # packed gate/up of one format: gate, up and SwiGLU in one quantized launch
-            from dgpp.quant.linear import fused_packed_gate_up_silu
-
-            fused = fused_packed_gate_up_silu(self.gate_proj, self.up_proj, x)
+            fused = fused_gate_up_silu(self.gate_proj, self.up_proj, x)
             if fused is not None:
                 return self.down_proj(fused)
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))

@@ -15,11 +15,11 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.family import World
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
+from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import WeightShapeError, copy_checked, narrow_for_rank, set_weight_attrs
 
 
@@ -85,8 +85,8 @@ class TopKRouter(nn.Module):
 
 
 def _router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    if x.is_cuda:  # one fixed-order kernel for every token count (dgpp.nn.exact_cuda): cuBLAS picks by M
-        from dgpp.nn.exact_cuda import always_fixed
+    if x.is_cuda:  # one fixed-order kernel for every token count (dgpp.nn.exact.routing): cuBLAS picks by M
+        from dgpp.nn.exact.routing import always_fixed
 
         logits = always_fixed(x, weight)
         if logits is not None:

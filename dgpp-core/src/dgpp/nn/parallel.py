@@ -6,8 +6,8 @@ from typing import Any
 
 import torch
 
-from dgpp.dist.collectives import all_reduce_sum
 from dgpp.family import World
+from dgpp.nn.collectives import all_reduce_sum
 
 
 def all_reduce(x: torch.Tensor, world: World, group: Any = None) -> torch.Tensor:

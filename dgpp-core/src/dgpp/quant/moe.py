@@ -10,24 +10,17 @@ ship (``experts.N.gate_proj.weight_scale`` ...).
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
-from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.family import World
 from dgpp.nn.mlp import silu_and_mul
+from dgpp.nn.sources import Alternatives, Source
+from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.kernels.moe_launch import fused_quant_moe, has_moe_kernel
-from dgpp.quant.linear import (
-    TORCH_ONLY_ENV,
-    check_tp_alignment,
-    make_param,
-    packed_matmul,
-    reblock_for_tp,
-    tp_dim,
-)
+from dgpp.quant.linear import packed_matmul
+from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -92,7 +85,7 @@ class QuantExperts(nn.Module):
     def fused(self, x: torch.Tensor) -> bool:
         if self.use_fused is not None:
             return self.use_fused
-        return x.is_cuda and has_moe_kernel(self.fmt) and os.environ.get(TORCH_ONLY_ENV) != "1"
+        return x.is_cuda and has_moe_kernel(self.fmt) and not current().quant_torch_only
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.fused(x):

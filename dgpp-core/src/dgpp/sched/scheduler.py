@@ -12,13 +12,13 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from dgpp.engine.work import SeqWork, StepRunner
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
 from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import RetireReason, SeqEvent, SeqStatus, Sequence
 from dgpp.sched.stats import SchedulerStats
-from dgpp.sched.work import SeqWork, StepRunner
 
 
 class QueueFull(RuntimeError):

@@ -12,7 +12,7 @@ from collections import deque
 
 import torch
 
-from dgpp.sched.work import SeqWork
+from dgpp.engine.work import SeqWork
 
 _MOD = (1 << 61) - 1
 

@@ -9,13 +9,13 @@ from typing import Any
 import structlog
 import torch
 
+from dgpp.engine.work import StepRunner
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.engine_loop import EngineLoop
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
-from dgpp.sched.work import StepRunner
 from dgpp.serve.backend import ModelLimits, ServingEngine
 from dgpp.serve.engine_keys import check_engine_keys
 from dgpp.serve.metrics import scheduler_snapshot
@@ -111,14 +111,17 @@ def _text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | N
     return TextStack(tokenizer, template, dialect, grammar)
 
 
-def _choose_quant_decode_gemv(engine_cfg: Any) -> None:
-    """Fix the packed decode GEMV for this engine's life (a row's bits must not depend on server load)."""
-    from dgpp.quant.kernels.decode_launch import set_decode_kernel
+def _install_policy(engine_cfg: Any) -> None:
+    """Fix this engine's execution policy for its life (``dgpp.policy``): batch invariance and the packed decode
+    GEMV, whose "auto" resolves from the most rows a step can hold (a row's bits must not depend on server load)."""
+    from dgpp.policy import ExecPolicy, install
 
     depth = int(getattr(engine_cfg, "mtp_depth", 1)) if getattr(engine_cfg, "mtp", False) else 0
     max_rows = int(getattr(engine_cfg, "max_concurrency", 1)) * (1 + depth)
     setting = str(getattr(engine_cfg, "quant_decode_gemv", "auto"))
-    set_decode_kernel(setting, max_rows)
+    policy = ExecPolicy.for_engine(batch_invariant=bool(getattr(engine_cfg, "batch_invariant", False)),
+                                   quant_decode_gemv=setting, decode_max_rows=max_rows)
+    install(policy)
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
 
 
@@ -128,9 +131,9 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
     slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``)."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.engine.loading import load_model, read_hf_config
-    from dgpp.engine.pools import CachePools
     from dgpp.engine.runner import ModelRunner
     from dgpp.plugins import manager, resolve
+    from dgpp.step.pools import CachePools
 
     engine_cfg = cfg.engine
     checkpoint = resolve_checkpoint(cfg.model)
@@ -140,10 +143,7 @@ def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, devi
     check_engine_keys(engine_cfg)  # before any weight is read
     dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    from dgpp.nn.exact_cuda import set_batch_invariant
-
-    set_batch_invariant(bool(getattr(engine_cfg, "batch_invariant", False)))  # engine-wide row routing on CUDA
-    _choose_quant_decode_gemv(engine_cfg)
+    _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
     model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm, world=world, group=group)
     info = model.info
     check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype

@@ -44,6 +44,12 @@ def build_model(cfg: QwenConfig, ctx: LoadContext) -> Model:
     raise UnsupportedModelError(f"{ctx.architecture!r} (family Qwen) is claimed by dgpp-qwen but not yet supported")
 
 
+def build_unloaded(ctx: LoadContext) -> Model:
+    """The model for ``ctx.hf_config`` on ``ctx.device``, parameters uninitialised (the ``dgpp_build_model`` hook)."""
+    with torch.device(ctx.device or "cpu"):
+        return build_model(parse_config(ctx.hf_config), ctx).eval()
+
+
 def rename_for(cfg: QwenConfig):
     """Module-side names use ``model.``; the checkpoint may nest the text model deeper."""
     if cfg.weight_prefix == "model.":

@@ -55,6 +55,7 @@ HOOKS = FamilyHooks(
         description="Qwen3, Qwen3-MoE, Qwen3.5 / Qwen3.8-27B hybrids, Qwen3.5-122B-A10B MoE, Qwen3.8-Flash-Next (qwen4_exp)",
     ),
     load_model="dgpp_qwen.loader:load_model",
+    build_model="dgpp_qwen.loader:build_unloaded",
     tool_dialect="dgpp_qwen.dialect:dialect_for",
     chat_template="dgpp_qwen.dialect:chat_template",
     build_draft="dgpp_qwen.draft:build_draft",

@@ -2,7 +2,7 @@
 row GEMV, ``row_launch``/``row_gemv.py``, or the tensor-core MMA GEMV here, ``decode_gemv.py``), tile choice,
 and the three launches (one weight, q/k/v side by side, gate/up + SwiGLU). Both keep a row's bits
 independent of the other rows in the launch; they differ from each other, so an engine picks one for its
-whole life (``engine.quant_decode_gemv``, ``set_decode_kernel``).
+whole life (``engine.quant_decode_gemv``, the policy's ``quant_decode_gemv``: ``dgpp.policy``).
 
 The selection is explicit (``on_gpu``) so CPU tests can check it without a GPU; everything the GEMVs do
 not cover (more than 16 rows, FP8 blocks narrower than 16 columns, int formats, bf12) stays on the
@@ -14,17 +14,18 @@ the partials meet in the same launch through a per-device arrival counter, alloc
 from __future__ import annotations
 
 import dataclasses
-import os
+import functools
 
 import torch
 
+from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block, FP8Channel
+from dgpp.quant.kernels.operands import interpreting, operand, scale_block
 from dgpp.quant.kernels.row_launch import RowTile, row_gate_up_silu, row_multi_linear, row_supported
 
 MAX_ROWS = 16
-DISABLE_ENV = "DGPP_QUANT_GEMV"  # "0": the generic weight-only kernel; "row" / "mma": that decode GEMV (A/B)
 FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
 FP4_SCALES = ("gather", "broadcast")
 
@@ -51,12 +52,6 @@ class GemvTile:
 
 def _pow2_divisor(n: int) -> int:
     return n & -n
-
-
-def _scale_block(fmt: QuantFormat, shape: Shape) -> tuple[int, int]:
-    if isinstance(fmt, FP8Block):
-        return fmt.block_for(shape)
-    return (1, fmt.group)
 
 
 def format_supported(fmt: QuantFormat, shape: Shape) -> bool:
@@ -88,7 +83,7 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
                         shapes: list[Shape], on_gpu: bool) -> bool:
     """True when the packed decode GEMV takes these weights for ``x``: on a GPU only (``on_gpu``; the
     CPU keeps the torch decode path), 1..16 rows, a supported format and resident layout, one K."""
-    if not on_gpu or os.environ.get(DISABLE_ENV, "1") == "0":
+    if not on_gpu or not current().packed_decode_gemv:
         return False
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(-1) != 1:
         return False
@@ -104,26 +99,18 @@ def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tens
 # measured crossovers (H200, 8B shapes, docs/benchmarks.md "Row GEMV"): up to this many rows per step the row
 # GEMV beats the MMA GEMV (FP4: 123 vs 156 us per layer at 4 rows; FP8: even at 2 rows, MMA ahead from 4)
 ROW_AUTO_MAX_ROWS = {"fp4": 4, "fp8": 2}
-_ENGINE: dict = {"setting": None, "max_rows": 1}
-
-
-def set_decode_kernel(setting: str | None, max_rows: int = 1) -> None:
-    """The engine's ``engine.quant_decode_gemv`` ("auto" / "row" / "mma"; None: row wherever it applies, as in
-    tests and benchmarks) and the most rows a decode or verify step can hold (max_concurrency x (1 + MTP
-    depth)). Fixed for the engine's life, so a row's bits never depend on how busy the server is: "auto"
-    resolves per format from ``max_rows`` alone."""
-    if setting not in (None, "auto", "row", "mma"):
-        raise ValueError(f"engine.quant_decode_gemv must be auto, row or mma, not {setting!r}")
-    _ENGINE.update(setting=setting, max_rows=max_rows)
 
 
 def decode_kernel(fmt: QuantFormat) -> str:
-    """"row" or "mma": ``DGPP_QUANT_GEMV=row|mma`` (A/B), else the engine's setting resolved for ``fmt``."""
-    env = os.environ.get(DISABLE_ENV)
-    setting = env if env in ("row", "mma") else _ENGINE["setting"] or "row"
+    """"row" or "mma": the policy's ``quant_decode_gemv`` (the engine's ``engine.quant_decode_gemv``, which
+    ``DGPP_QUANT_GEMV=row|mma`` overrides for A/B; None: row wherever it applies, as in tests and benchmarks)
+    resolved for ``fmt``. Fixed for the engine's life, so a row's bits never depend on how busy the server is:
+    "auto" resolves per format from the most rows a decode or verify step can hold alone."""
+    policy = current()
+    setting = policy.quant_decode_gemv or "row"
     if setting == "auto":
         limit = ROW_AUTO_MAX_ROWS["fp4" if isinstance(fmt, FP4Grouped) else "fp8"]
-        setting = "row" if _ENGINE["max_rows"] <= limit else "mma"
+        setting = "row" if policy.decode_max_rows <= limit else "mma"
     return setting
 
 
@@ -175,18 +162,19 @@ def with_split(tile: GemvTile, n_total: int, k: int, sms: int, weights_per_progr
     return dataclasses.replace(tile, split_k=split)
 
 
-_SMS: dict[torch.device, int] = {}
+# per-device arrival counters of split-K launches: a workspace, allocated at a device's first split launch
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
 
 
-def _sms(device: torch.device) -> int | None:
-    from dgpp.quant.kernels.launch import interpreting
+@functools.cache
+def _device_sms(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
+
+def _sms(device: torch.device) -> int | None:
     if device.type != "cuda" or interpreting():
         return None
-    if device not in _SMS:
-        _SMS[device] = torch.cuda.get_device_properties(device).multi_processor_count
-    return _SMS[device]
+    return _device_sms(device)
 
 
 def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
@@ -212,10 +200,8 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
     import triton.language as tl
 
     from dgpp.quant.kernels import decode_gemv as kern
-    from dgpp.quant.kernels.launch import interpreting
-
     shape = shapes[0]
-    sbn, sbk = _scale_block(fmt, shape)
+    sbn, sbk = scale_block(fmt, shape)
     even = shape[1] % (tile.bk * tile.split_k) == 0 and all(n % tile.bn == 0 for n, _ in shapes)
     if isinstance(fmt, FP8Channel):
         kind, bkd = kern.FMT_FP8_CHANNEL, min(tile.bk, 256)
@@ -238,18 +224,6 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
                 num_warps=tile.warps, num_stages=tile.stages)
 
 
-def _operand(fmt: QuantFormat, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(codes as uint8, scales, global scale or the scales again as a placeholder)."""
-    if isinstance(fmt, FP8Block):
-        s = t[fmt.scale_name]
-        return t["weight"].view(torch.uint8), s, s
-    s = t[fmt.scale_name].view(torch.uint8)
-    g = t[fmt.global_name] if fmt.global_name else s
-    if fmt.global_name and g.dtype != torch.float32:
-        g = g.to(torch.float32)
-    return t[fmt.data_name].view(torch.uint8), s, g
-
-
 def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
                        shapes: list[Shape], tile: GemvTile | RowTile | None = None) -> list[torch.Tensor]:
     """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m <= 16, K]``); the outputs are
@@ -264,7 +238,7 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
     sizes = [s[0] for s in shapes]
     k = x.shape[1]
     tile = tile or default_tile(fmt, sum(sizes), k, _sms(x.device))
-    ops = [_operand(fmt, t) for t in tensor_sets]
+    ops = [operand(fmt, t) for t in tensor_sets]
     ops += [ops[0]] * (3 - len(ops))
     ns = sizes + [0] * (3 - len(sizes))
     out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
@@ -291,7 +265,7 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
     tiles = cdiv(n, tile.bn)
     tile, ws, cnt = _split_buffers(tile, tiles, 2, x.shape[0], x.device)
     quant_gate_up_silu_kernel[(tiles, tile.split_k)](
-        x, *_operand(fmt, gate), *_operand(fmt, up), out, ws, cnt, x.shape[0], k, n, x.stride(0), out.stride(0),
+        x, *operand(fmt, gate), *operand(fmt, up), out, ws, cnt, x.shape[0], k, n, x.stride(0), out.stride(0),
         **_launch_args(fmt, tile, [shape], x),
     )
     return out

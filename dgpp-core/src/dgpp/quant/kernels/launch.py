@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 
 import torch
 
+from dgpp.policy import current
 from dgpp.quant.bf12 import BF12
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.decode_launch import decode_gemv_applies, quant_multi_linear
+from dgpp.quant.kernels.operands import interpreting
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,17 +28,12 @@ class TileConfig:
     num_stages: int = 3
 
 
-BF12_TRITON_ENV = "DGPP_BF12_TRITON"  # "1": use the bf12 GEMV on GPU (interpreter-checked, not yet measured)
 
 
 def has_kernel(fmt: QuantFormat) -> bool:
     if isinstance(fmt, BF12):
-        return os.environ.get(BF12_TRITON_ENV) == "1"
+        return current().bf12_triton  # DGPP_BF12_TRITON=1 (interpreter-checked, not yet measured)
     return isinstance(fmt, (FP8Block, FP4Grouped, IntPacked, GPTQ))
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def _format_args(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape) -> dict:

@@ -18,7 +18,8 @@ from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
-from dgpp.quant.kernels.launch import _format_args, interpreting
+from dgpp.quant.kernels.launch import _format_args
+from dgpp.quant.kernels.operands import interpreting
 
 
 def has_moe_kernel(fmt: QuantFormat) -> bool:

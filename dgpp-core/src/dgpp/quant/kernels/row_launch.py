@@ -10,6 +10,7 @@ import torch
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block, FP8Channel
+from dgpp.quant.kernels.operands import interpreting, operand, scale_block
 
 SPAN_FP8 = 16  # FP8 columns per partial sum: one thread's 16-byte vector
 
@@ -58,18 +59,15 @@ def row_supported(fmt: QuantFormat, shape: Shape) -> bool:
 
 def _word_operand(fmt: QuantFormat, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes as int32 words, scales, global scale): the bytes of a row, four at a time."""
-    from dgpp.quant.kernels.decode_launch import _operand
 
-    w, s, g = _operand(fmt, t)
+    w, s, g = operand(fmt, t)
     return w.view(torch.int32), s, g
 
 
 def _row_args(fmt: QuantFormat, tile: RowTile, shapes: list[Shape], x: torch.Tensor, rows: int) -> dict:
     from dgpp.quant.kernels import decode_gemv as kern
-    from dgpp.quant.kernels.decode_launch import _scale_block
-    from dgpp.quant.kernels.launch import interpreting
 
-    sbn, sbk = _scale_block(fmt, shapes[0])
+    sbn, sbk = scale_block(fmt, shapes[0])
     if isinstance(fmt, FP8Channel):
         kind = kern.FMT_FP8_CHANNEL
     elif isinstance(fmt, FP8Block):

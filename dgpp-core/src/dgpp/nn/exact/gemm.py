@@ -2,8 +2,8 @@
 
 ``fixed_order_linear(x, [w0, w1, w2])`` and ``fixed_order_gate_up_silu(x, w_gate, w_up)`` are
 ``dgpp.kernels.gemv``'s ``multi_linear`` / ``gate_up_silu`` kernels for ANY row count: up to ``MAX_ROWS``
-rows the decode GEMV itself, above it the same kernels with the row tile pinned to ``ROW_BLOCK`` and the
-grid's second axis walking ``ROW_BLOCK``-row blocks. Every row runs the GEMV's inner tile (whole K in one
+rows the decode GEMV itself, above it the same kernels with the row tile pinned to the policy's ``exact_row_block`` and the
+grid's second axis walking row blocks of that size. Every row runs the GEMV's inner tile (whole K in one
 program, ``BK``-wide steps in ascending order, one fp32 MMA accumulator), which the H200 showed gives a row
 the same bits whatever the row class (BM) and tile. cuBLAS (the stock path above 64 rows) picks its kernel
 and split-K by ``M``, so a row's last bit followed how many rows shared the step, which flips greedy
@@ -18,17 +18,14 @@ decode ``BN`` for every ``M`` should the GPU check (``tests/perf/check_exact_cud
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from dgpp.kernels.gemv import MAX_ROWS, _tile, gate_up_silu_triton, multi_linear_triton
+from dgpp.policy import current
 
-# the BM of calls above MAX_ROWS rows (up to MAX_ROWS the decode GEMV's own row classes, which the H200 showed
-# give the same bits); DGPP_EXACT_ROW_BLOCK 16 or 64, check_exact_cuda.py times both
-ROW_BLOCK = int(os.environ.get("DGPP_EXACT_ROW_BLOCK", "64"))
-if ROW_BLOCK not in (16, 32, 64):
-    raise ValueError(f"DGPP_EXACT_ROW_BLOCK must be 16, 32 or 64, got {ROW_BLOCK}")
+# the BM of calls above MAX_ROWS rows is the policy's ``exact_row_block`` (up to MAX_ROWS the decode GEMV's own
+# row classes, which the H200 showed give the same bits); DGPP_EXACT_ROW_BLOCK 16 or 64, check_exact_cuda.py
+# times both
 WIDE_ROWS = 256  # from this many rows on, the output tile widens to WIDE_BN
 WIDE_BN = 128
 GATE_UP_TILE = (128, 4)  # (BK, stages) the stock gate/up launch uses
@@ -39,7 +36,7 @@ def _wide_tile(m: int, sizes: list[int], bk: int, stages: int, weight_tiles: int
     """``(WIDE_BN, bk, stages)`` for prefill-size calls whose one pipeline stage fits shared memory, else None
     (the kernel's own tile)."""
     fits = (bm + weight_tiles * WIDE_BN) * bk * elem <= 200 * 1024
-    if (m >= WIDE_ROWS and fits and os.environ.get("DGPP_EXACT_WIDE_BN", "1") != "0"
+    if (m >= WIDE_ROWS and fits and current().exact_wide_bn
             and all(n % WIDE_BN == 0 for n in sizes)):
         return WIDE_BN, bk, stages
     return None
@@ -55,8 +52,9 @@ def fixed_order_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
 
 def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: int | None = None) -> list[torch.Tensor]:
     """``[x @ w.T for w in weights]`` (1 to 3 weights, one launch), each row independent of ``x.shape[0]``.
-    ``row_block`` overrides ``ROW_BLOCK`` (GPU timing only: the engine must use one value everywhere)."""
-    bm = row_block or ROW_BLOCK
+    ``row_block`` overrides the policy's ``exact_row_block`` (GPU timing only: the engine must use one value
+    everywhere)."""
+    bm = row_block or current().exact_row_block
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"fixed_order_linear takes 1 to 3 weights, got {len(weights)}")
     if not fixed_order_applies(x, *weights):
@@ -76,7 +74,7 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: 
 def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
                              row_block: int | None = None) -> torch.Tensor:
     """``silu(x wg^T) * (x wu^T)`` in one launch, each row independent of ``x.shape[0]``."""
-    bm = row_block or ROW_BLOCK
+    bm = row_block or current().exact_row_block
     if not fixed_order_applies(x, w_gate, w_up) or w_gate.shape != w_up.shape:
         raise ValueError(f"fixed_order_gate_up_silu: x {tuple(x.shape)} does not fit gate {tuple(w_gate.shape)} / "
                          f"up {tuple(w_up.shape)}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.cache_spec import CacheSpec, PagedKV, StateSpec
+from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
 
 
 class CachePools:

@@ -1,4 +1,4 @@
-"""Gated DeltaNet / causal conv rows by the step's route (``dgpp.nn.exact_cuda``), on CUDA.
+"""Gated DeltaNet / causal conv rows by the step's route (``dgpp.nn.exact.routing``), on CUDA.
 
 The stock GDN layer takes the recurrent decode kernels for a decode-only step and the chunked varlen form
 for any step with a multi-row sequence, so a decode row sharing a step with a prefill chunk, or a verify
@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.nn.exact_cuda import StepRoute
+from dgpp.policy import current
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.route import StepRoute, route_for
 
 RowStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (rows, sequences, fresh) on the device
 
@@ -85,11 +86,10 @@ def _device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Ten
 def recurrent_plan(batch: ForwardBatch) -> RecurrentPlan | None:
     """The plan for a CUDA step that is not decode-only (decode-only steps keep the stock, graph-safe path), or
     None when routing is off / no route is set."""
-    from dgpp.nn import exact_cuda
-
     if not batch.input_ids.is_cuda or batch.is_decode_only:
         return None
-    route = exact_cuda.current_route()
-    if route is None and exact_cuda.routing_enabled() and exact_cuda.batch_invariant():
-        route = exact_cuda.route_for(batch.q_lens_cpu, batch.input_ids.device)
+    route = batch.route
+    policy = current()
+    if route is None and policy.exact_routing and policy.batch_invariant:
+        route = route_for(batch.q_lens_cpu, batch.input_ids.device, per_row=True)
     return None if route is None else plan_rows(batch, route)

@@ -3,33 +3,32 @@
 ``paged_decode_attention_triton`` sizes its split grid from the batch and the table width
 (``plan_partition``), and each sequence spreads its context over that many splits: a row's partial sums,
 and so its last bit, change with how many other rows share the step. Here the grid always has
-``FIXED_SPLITS`` splits, so a sequence's cut (``BLOCK_N``-token multiples, decided on the device from its
+``exact_splits`` splits (``dgpp.policy``, 32), so a sequence's cut (``BLOCK_N``-token multiples, decided on the device from its
 ``seq_len``) and the merge's reduction width are the same in every step: plain decode at any batch size,
 a speculative verify's rows (each its own decode row) and a prompt run row by row all agree bit for bit.
 The launch is ``dgpp.kernels.paged_attention.decode_attention_with_splits``; only the split count is
 pinned. Contexts up to ``BLOCK_N`` tokens are written directly by split 0, longer ones merged over at most
-``FIXED_SPLITS`` parts.
+``exact_splits`` parts.
 """
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from dgpp.kernels.paged_attention import decode_attention_with_splits, programs_per_row
-
-FIXED_SPLITS = int(os.environ.get("DGPP_EXACT_SPLITS", "32"))
+from dgpp.policy import current
 
 
 def paged_decode_attention_fixed(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int = 0, splits: int = FIXED_SPLITS,
+    seq_lens: torch.Tensor, scale: float, window: int = 0, splits: int | None = None,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width).
     The programs per (row, KV head) follow the batch (``programs_per_row``): that never changes a row's
     bits, and at batch 64 it keeps the grid at 1024 programs instead of 16384 mostly idle ones (H200, 8B,
-    batch 64, 128-384 tokens: 136 us per layer with the full 32-split grid, against 25-40 us stock)."""
+    batch 64, 128-384 tokens: 136 us per layer with the full 32-split grid, against 25-40 us stock).
+    ``splits`` defaults to the policy's ``exact_splits``."""
+    splits = current().exact_splits if splits is None else splits
     if splits < 1:
         raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
     grid = programs_per_row(q.shape[0], k_cache.shape[2])

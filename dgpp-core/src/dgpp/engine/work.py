@@ -1,0 +1,46 @@
+"""What the scheduler asks the model runner to compute, per sequence, in one step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from dgpp.sample.params import SamplingParams
+from dgpp.sample.sampler import ChoiceSampler
+
+
+@dataclass
+class SeqWork:
+    """Feed ``token_ids`` at positions ``context_len..`` of the sequence in ``state_slot`` / ``block_table``."""
+
+    state_slot: int
+    block_table: list[int]
+    context_len: int
+    token_ids: list[int]
+    want_logits: bool = True
+
+
+class StepRunner(Protocol):
+    """The runner contract: one forward over several sequences; fp32 logits for rows with ``want_logits``."""
+
+    def step(self, works: list[SeqWork]) -> torch.Tensor: ...
+
+
+class DecodingSequence(Protocol):
+    """What speculative decoding (``dgpp.engine.speculative``) reads and advances of a sequence the scheduler
+    hands it (``dgpp.sched.request.Sequence``): its cache place, progress, sampling and output."""
+
+    request_id: str
+    prompt: list[int]
+    params: SamplingParams
+    sampler: ChoiceSampler
+    slot: int | None
+    block_table: list[int]
+    computed: int
+    output: list[int]
+    retired: Any  # None while live
+
+    @property
+    def tokens(self) -> list[int]: ...

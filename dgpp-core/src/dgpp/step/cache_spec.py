@@ -1,0 +1,44 @@
+"""What each layer of a model needs the engine to hold for it (``Model.cache_spec()``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class PagedKV:
+    """Paged K/V rows for one attention layer: per token ``num_kv_heads × head_dim`` (V may differ)."""
+
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    v_head_dim: int | None = None
+
+    @property
+    def v_dim(self) -> int:
+        return self.head_dim if self.v_head_dim is None else self.v_head_dim
+
+    def bytes_per_token(self) -> int:
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """Fixed-size per-request state for one layer (recurrent / conv / ring): ``name -> (shape, dtype)``."""
+
+    tensors: dict[str, tuple[tuple[int, ...], torch.dtype]] = field(default_factory=dict)
+
+    def bytes_per_request(self) -> int:
+        total = 0
+        for shape, dtype in self.tensors.values():
+            n = 1
+            for d in shape:
+                n *= d
+            total += n * torch.empty((), dtype=dtype).element_size()
+        return total
+
+
+CacheSpec = PagedKV | StateSpec
