@@ -12,8 +12,8 @@ from litestar.testing import TestClient
 from dgpp.config import EngineConfig
 from dgpp.sched.request import Sequence
 from dgpp.serve.app import build_app
-from dgpp.serve.build import build_toy_engine
 from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp.testing.toy_engine import build_toy_engine
 
 MODEL = "toy/model"
 USER = [{"role": "user", "content": "What is the weather in Paris today?"}]

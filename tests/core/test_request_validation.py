@@ -12,11 +12,11 @@ from litestar.testing import TestClient
 
 from dgpp.config import EngineConfig
 from dgpp.serve.app import build_app
-from dgpp.serve.build import build_toy_engine
 from dgpp.serve.errors import APIError
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.validate import parse_body
 from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp.testing.toy_engine import build_toy_engine
 
 
 @contextmanager

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -26,7 +26,12 @@ from dgpp.dist.watchdog import (
     name_departed_peers,
 )
 from dgpp.dist.world import DistWorld, WorldSpec, form_world, settings_of
+from dgpp.config import DeployConfig
 from dgpp.log import get_logger
+
+if TYPE_CHECKING:
+    from dgpp.preflight import Deployment
+    from dgpp.serve.backend import ServingEngine
 
 log = get_logger("dgpp.dist")
 
@@ -36,8 +41,9 @@ def progress_limit_s() -> float:
     return float(os.environ.get("DGPP_PROGRESS_WATCHDOG_S", PROGRESS_LIMIT_S))
 
 
-def serve_rank(cfg: Any, rank: int) -> int:
-    """Run rank ``rank`` of ``cfg``'s world to the end; returns the process exit code."""
+def serve_rank(cfg: DeployConfig, rank: int, deployment: Deployment | None = None) -> int:
+    """Run rank ``rank`` of ``cfg``'s world to the end; returns the process exit code (``deployment``:
+    preflight's resolution of checkpoint and family, reused for loading)."""
     from dgpp.dist.fabric import apply_fabric_env
     from dgpp.serve.build import build_serving_engine
 
@@ -48,7 +54,7 @@ def serve_rank(cfg: Any, rank: int) -> int:
     world = form_world(spec, settings_of(cfg))
     code = 1
     try:
-        engine = build_serving_engine(cfg, world=world.world, group=world.group, device=world.device, start_loop=False)
+        engine = build_serving_engine(cfg, deployment, world=world.world, group=world.group, device=world.device, start_loop=False)
         dist.barrier()  # every rank has its slice before rank 0 accepts a request
         if rank == 0:
             code = _serve_rank0(cfg, world, engine)
@@ -62,7 +68,7 @@ def serve_rank(cfg: Any, rank: int) -> int:
         world.close(orderly=code == 0)
 
 
-def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
+def _serve_rank0(cfg: DeployConfig, world: DistWorld, engine: ServingEngine) -> int:
     from dgpp.serve.app import run
 
     assert world.hub is not None

@@ -30,8 +30,8 @@ class EngineFailed(RuntimeError):
 class EngineLoop:
     """Owns a ``Scheduler`` on a daemon thread; thread-safe ``submit`` / ``cancel``."""
 
-    def __init__(self, scheduler: Scheduler, stats_interval_s: float = 10.0,
-                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float = 0.0) -> None:
+    def __init__(self, scheduler: Scheduler, stats_interval_s: float, *,
+                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float) -> None:
         self.scheduler = scheduler
         self.failed: str | None = None
         self.requests_shed = 0

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
+from dgpp.config import DeployConfig
 from dgpp.serve.backend import ServingEngine
 from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
 from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from dgpp.serve.metrics import PrometheusExport, metrics_json
+
+if TYPE_CHECKING:
+    from dgpp.preflight import Deployment
 
 
 def _json(body: Any, status: int = 200) -> Response:
@@ -106,19 +110,19 @@ def build_app(engine: ServingEngine, max_body_bytes: int = 268435456, sse_ping_i
     return app
 
 
-def run(cfg: Any, engine: ServingEngine | None = None) -> None:
+def run(cfg: DeployConfig, engine: ServingEngine | None = None, deployment: Deployment | None = None) -> None:
     """Load the deployment's model (or take ``engine``, rank 0's under TP) and serve it with uvicorn
-    until interrupted (``dgpp serve CONFIG``)."""
+    until interrupted (``dgpp serve CONFIG``); ``deployment`` is preflight's resolution, reused."""
     import uvicorn
 
     from dgpp.serve.build import build_serving_engine
 
-    engine = engine or build_serving_engine(cfg)
+    engine = engine or build_serving_engine(cfg, deployment)
     app = build_app(engine, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
 
     def shed() -> None:
         engine.loop.requests_shed += 1
         engine.counters.requests_total += 1
 
-    limited = ConnectionLimit(app, int(getattr(cfg.engine, "max_connections", 64)), on_reject=shed)
+    limited = ConnectionLimit(app, cfg.engine.max_connections, on_reject=shed)
     uvicorn.run(limited, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning")

@@ -98,12 +98,13 @@ class ServingEngine:
         loop: EngineLoop,
         limits: ModelLimits,
         defaults: SamplingDefaults,
-        default_max_tokens: int = 256,
+        *,
+        default_max_tokens: int,
         eos_token_ids: frozenset[int] = frozenset(),
         prep_workers: int = 2,
         dialect: Any = None,
         grammar: Any = None,
-        reasoning_in_content: bool = False,
+        reasoning_in_content: bool,
     ) -> None:
         self.model_id = model_id
         self.tokenizer = tokenizer
