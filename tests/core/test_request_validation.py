@@ -16,13 +16,13 @@ from dgpp.serve.errors import APIError
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.validate import parse_body
 from dgpp.testing.tokenizers import build_tiny_tokenizer
-from dgpp.testing.toy_engine import build_toy_engine
+from dgpp.testing.toy_backend import build_toy_backend
 
 
 @contextmanager
 def _toy_client(tmp_path, max_body_bytes: int = 1 << 20, template: Any = None,
                 model_vocab: int | None = None) -> Iterator[TestClient]:
-    engine = build_toy_engine("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
+    engine = build_toy_backend("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
                                                                                         stats_interval_s=0))
     if template is not None:
         engine.chat_template = template

@@ -1,4 +1,4 @@
-"""Assemble a ``ServingEngine`` from a deployment: checkpoint, tokenizer, template, model, pools, scheduler."""
+"""Assemble a ``Backend`` from a deployment: checkpoint, tokenizer, template, model, pools, scheduler."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from dgpp.config import DeployConfig, EngineConfig
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
-from dgpp.sched.engine_loop import EngineLoop
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
+from dgpp.sched.step_loop import StepLoop
 from dgpp.sched.work import StepRunner
-from dgpp.serve.backend import ModelLimits, ServingEngine
+from dgpp.serve.backend import Backend, ModelLimits
 from dgpp.serve.engine_keys import check_engine_keys
 from dgpp.serve.metrics import scheduler_snapshot
 
@@ -76,8 +76,8 @@ def assemble(
     text: TextStack,
     start_loop: bool = True,
     speculative: Any = None,
-) -> ServingEngine:
-    """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread
+) -> Backend:
+    """Wire pools, prefix cache, scheduler and step loop thread around ``runner``; starts the step loop thread
     unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead)."""
     sched_cfg = SchedulerConfig.from_engine(engine_cfg, sizes.block_size, max_position)
     blocks = BlockPool(sizes.num_blocks, sizes.block_size)
@@ -87,14 +87,14 @@ def assemble(
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     scheduler.speculative = speculative  # engine.mtp (None: plain decode)
-    loop = EngineLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
+    loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
                       gather_ms=engine_cfg.admission_gather_ms)
     if start_loop:
         loop.start()
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=sizes.kv_tokens)
     log.info("engine ready", model=model_id, kv_blocks=sizes.num_blocks, block_size=sizes.block_size,
              chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, snapshot_slots=slots.num_snapshots)
-    return ServingEngine(model_id, text.tokenizer, text.template, loop, limits, defaults,
+    return Backend(model_id, text.tokenizer, text.template, loop, limits, defaults,
                          default_max_tokens=engine_cfg.default_max_tokens,
                          eos_token_ids=eos_token_ids, dialect=text.dialect, grammar=text.grammar,
                          reasoning_in_content=engine_cfg.reasoning_in_content)
@@ -148,8 +148,8 @@ def _choose_quant_decode_gemv(engine_cfg: EngineConfig) -> None:
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
 
 
-def build_serving_engine(cfg: DeployConfig, deployment: Deployment | None = None, *, world: Any = None,
-                         group: Any = None, device: str | None = None, start_loop: bool = True) -> ServingEngine:
+def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, world: Any = None,
+                         group: Any = None, device: str | None = None, start_loop: bool = True) -> Backend:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
     slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``).
 

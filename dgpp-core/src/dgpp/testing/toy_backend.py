@@ -1,4 +1,4 @@
-"""A serving engine over ``ToyRunner`` (no checkpoint), for API-shape and scheduler tests."""
+"""A ``Backend`` over ``ToyRunner`` (no checkpoint), for API-shape and scheduler tests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 from dgpp.config import EngineConfig
 from dgpp.sample.params import SamplingDefaults
-from dgpp.serve.backend import ServingEngine
+from dgpp.serve.backend import Backend
 from dgpp.serve.build import PoolSizes, assemble, text_stack
 from dgpp.testing.toy_runner import ToyRunner
 
@@ -14,9 +14,9 @@ TOY_SNAPSHOT_SLOTS = 16  # hybrid mode: enough prefix-cache snapshots for the te
 TOY_MAX_POSITION = 4096
 
 
-def build_toy_engine(model_id: str, tokenizer_dir: str | Path, engine_cfg: EngineConfig, *, hybrid: bool = False,
-                     favour: dict[int, float] | None = None) -> ServingEngine:
-    """The product's scheduler, prefix cache, engine thread and HTTP-facing engine around a ``ToyRunner``."""
+def build_toy_backend(model_id: str, tokenizer_dir: str | Path, engine_cfg: EngineConfig, *, hybrid: bool = False,
+                     favour: dict[int, float] | None = None) -> Backend:
+    """The product's scheduler, prefix cache, step loop thread and HTTP-facing engine around a ``ToyRunner``."""
     text = text_stack(Path(tokenizer_dir))
     tokenizer = text.tokenizer
     sizes = PoolSizes.of(engine_cfg, TOY_SNAPSHOT_SLOTS if hybrid else 0)
