@@ -111,7 +111,9 @@ class EngineConfig(_Section):
     bf16_weights: Literal["checkpoint", "bf12", "bf12+bf16"] = "checkpoint"
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"
     fp8_head: Literal["gemv", "mma"] = "gemv"
-    quant_decode_gemv: Literal["auto", "row", "mma"] = "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
+    quant_decode_gemv: Literal["auto", "row", "mma"] = (
+        "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
+    )
     ngram_table: Literal["resident", "mmap"] = "resident"
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact_cuda)
     rope_scaling: RopeScaling | None = None
@@ -162,7 +164,6 @@ class DeployConfig(_Section, kw_only=True):
         spelling out a default change nothing; any changed effective value changes the digest.
         """
         return fnv1a64_hex(canonical_json(self.to_dict()))
-
 
 
 def canonical_json(data: Any) -> bytes:

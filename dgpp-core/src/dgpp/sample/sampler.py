@@ -145,4 +145,3 @@ def result_with_logprobs(token: int, logprobs: torch.Tensor | None, top_logprobs
 
 def _finite(x: float) -> float:
     return x if x > LOGPROB_FLOOR else LOGPROB_FLOOR
-
