@@ -12,8 +12,8 @@ from litestar.testing import TestClient
 from dgpp.config import EngineConfig
 from dgpp.sched.request import Sequence
 from dgpp.serve.app import build_app
-from dgpp.serve.build import build_toy_engine
 from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp.testing.toy_backend import build_toy_backend
 
 MODEL = "toy/model"
 USER = [{"role": "user", "content": "What is the weather in Paris today?"}]
@@ -25,7 +25,7 @@ def server(tmp_path_factory):
     cfg = EngineConfig(max_concurrency=4, kv_capacity=4096, block_size=4, prefill_budget_tokens=8,
                        prefix_min_tokens=0, queue_limit=16, stats_interval_s=0)
     # the toy model never favours EOS, so outputs run to max_tokens unless a test says otherwise
-    engine = build_toy_engine(MODEL, tok_dir, cfg)
+    engine = build_toy_backend(MODEL, tok_dir, cfg)
     app = build_app(engine, max_body_bytes=20000, sse_ping_interval=30)
     with TestClient(app=app, base_url="http://dgpp.local") as client:
         yield client, engine
@@ -230,7 +230,7 @@ def test_metrics_json_and_prometheus(server, sdk) -> None:
 
 def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
     tok_dir = build_tiny_tokenizer(tmp_path / "tok")
-    engine = build_toy_engine(MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0))
+    engine = build_toy_backend(MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0))
     runner = engine.loop.scheduler.runner
     working, calls = runner.step, []
 
@@ -274,7 +274,7 @@ def test_keep_alive_comment_after_silence(server) -> None:
     _, engine = server
 
     async def run() -> list[bytes]:
-        handle = RequestHandle("chatcmpl-x", [1, 2], SamplingParams(max_tokens=1), engine=engine)
+        handle = RequestHandle("chatcmpl-x", [1, 2], SamplingParams(max_tokens=1), backend=engine)
         handle.seqs = [Sequence("chatcmpl-x/0", 0, [1, 2], handle.params, None, None)]  # type: ignore[arg-type]
         outputs = engine.text_outputs(handle, None)
         writer = ChunkWriter(handle.request_id, 0, MODEL, chat=True, include_usage=False)
@@ -358,7 +358,7 @@ def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
 
 
 def test_overloaded_queue_sheds_with_503(server) -> None:
-    """Runs last in this module: it parks the engine thread so nothing drains, then fills the queue."""
+    """Runs last in this module: it parks the step loop thread so nothing drains, then fills the queue."""
     client, engine = server
     engine.loop.stop()
     for _ in range(engine.loop.scheduler.config.queue_limit):  # queue_limit requests, parked in the inbox

@@ -15,13 +15,13 @@ from dgpp.engine.graphs import DecodeGraphs, ReplayStats
 from dgpp.engine.runner import ModelRunner
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
-from dgpp.sched.config import SchedulerConfig
-from dgpp.sched.engine_loop import EngineLoop
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import Sequence
 from dgpp.sched.scheduler import Scheduler
+from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.metrics import _Collector, scheduler_snapshot
 from dgpp.step.pools import CachePools
+from dgpp.testing.scheduler import scheduler_config
 
 BS, BLOCKS, MAX_TOKENS = 4, 48, 6
 
@@ -32,7 +32,7 @@ def tiny_model():
 
 
 def _scheduler(model, graphs: bool) -> Scheduler:
-    conf = SchedulerConfig(block_size=BS, chunk_tokens=16, max_concurrency=3, busy_chunks=3, idle_chunks=3)
+    conf = scheduler_config(block_size=BS, chunk_tokens=16, max_concurrency=3, busy_chunks=3, idle_chunks=3)
     pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 2)
     runner = ModelRunner(model, pools)
     if graphs:  # what decode_graph builds on CUDA; capture=False runs the same padded batch eagerly
@@ -93,7 +93,7 @@ def test_replay_sizes_past_16_get_their_own_key() -> None:
 def test_prometheus_renders_the_decode_batch_counters(tiny_model) -> None:
     sched = _scheduler(tiny_model, graphs=True)
     _serve(sched, tiny_model.info.vocab_size)
-    loop = EngineLoop(sched, snapshot=scheduler_snapshot)
+    loop = StepLoop(sched, 10.0, snapshot=scheduler_snapshot, gather_ms=0)
     loop._publish()
     counters = SimpleNamespace(requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0)
     engine = SimpleNamespace(loop=loop, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=1))

@@ -12,17 +12,17 @@ from litestar.testing import TestClient
 
 from dgpp.config import EngineConfig
 from dgpp.serve.app import build_app
-from dgpp.serve.build import build_toy_engine
 from dgpp.serve.errors import APIError
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.validate import parse_body
 from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp.testing.toy_backend import build_toy_backend
 
 
 @contextmanager
 def _toy_client(tmp_path, max_body_bytes: int = 1 << 20, template: Any = None,
                 model_vocab: int | None = None) -> Iterator[TestClient]:
-    engine = build_toy_engine("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
+    engine = build_toy_backend("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(kv_capacity=1024,
                                                                                         stats_interval_s=0))
     if template is not None:
         engine.chat_template = template

@@ -1,16 +1,17 @@
-"""Runner batch building, state-slot reset at sequence start, and the allocators."""
+"""Runner batch building, state-slot reset at sequence start, the block pool and the test slot allocator."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from dgpp.engine.allocators import BlockAllocator, OutOfBlocks, OutOfSlots, SlotAllocator
 from dgpp.engine.model import Model, ModelInfo
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.sched.block_pool import BlockPool, OutOfBlocks
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, StateSpec
 from dgpp.step.pools import CachePools
+from dgpp.testing.generate import OutOfSlots, SlotAllocator
 
 
 def test_build_batch_positions_slots_and_logit_rows():
@@ -67,18 +68,19 @@ def test_state_slot_is_zeroed_when_a_sequence_starts():
     assert runner.step([SeqWork(0, [2], 0, [6])]).argmax(-1).tolist() == [6]
 
 
-def test_block_allocator_refcounts_and_exhaustion():
-    alloc = BlockAllocator(4, 16)
+def test_block_pool_refcounts_and_exhaustion():
+    alloc = BlockPool(4, 16)
     a = alloc.allocate(3)
     alloc.incref(a[0])
-    alloc.free(a)
+    for block in a:
+        alloc.decref(block)
     assert alloc.num_free == 3  # a[0] still held once
-    alloc.free([a[0]])
+    alloc.decref(a[0])
     assert alloc.num_free == 4
     with pytest.raises(OutOfBlocks):
         alloc.allocate(5)
     with pytest.raises(RuntimeError, match="free KV block"):
-        alloc.free([a[1]])
+        alloc.decref(a[1])
 
 
 def test_slot_allocator():
@@ -113,13 +115,13 @@ class ConstantLogits(Model):
 
 
 def test_greedy_ties_go_to_the_lowest_id():
-    from dgpp.engine.generate import greedy_generate
+    from dgpp.testing.generate import greedy_generate
 
     assert greedy_generate(ConstantLogits(), [[1, 2], [4]], 3, chunk_size=1) == [[3, 3, 3], [3, 3, 3]]
 
 
 def test_generation_past_the_position_limit_is_refused():
-    from dgpp.engine.generate import greedy_generate
+    from dgpp.testing.generate import greedy_generate
 
     with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
         greedy_generate(ConstantLogits(), [[1] * 60], 5)

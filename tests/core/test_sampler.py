@@ -8,9 +8,14 @@ import math
 import pytest
 import torch
 
-from dgpp.sample import ChoiceSampler, Sampler, SamplingDefaults, SamplingParams, filtered_distribution
+from dgpp.sample import ChoiceSampler, SampleResult, SamplingDefaults, SamplingParams, filtered_distribution
 
 VOCAB = 64
+
+
+def sample_rows(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[SampleResult]:
+    """One token per row, each from its own choice's sampler (what a step does for its rows)."""
+    return [choice.sample(logits[i]) for i, choice in enumerate(choices)]
 
 
 def oracle(logits: list[float], params: SamplingParams, prompt: list[int], generated: list[int],
@@ -111,7 +116,7 @@ def test_seeded_choice_is_independent_of_batch_mates() -> None:
         choices = [ChoiceSampler(params, VOCAB, [], choice_index=i) for i in range(3)]
         picked = []
         for logits in steps:
-            results = Sampler().sample(logits[rows], [choices[r] for r in rows])
+            results = sample_rows(logits[rows], [choices[r] for r in rows])
             picked.append(results[rows.index(1)].token)
         return picked
 
@@ -182,7 +187,7 @@ def test_rows_on_the_gpu_follow_the_same_rules() -> None:
 
     def run(batch: list[int]) -> list[int]:
         choices = [ChoiceSampler(seeded, VOCAB, [], choice_index=i) for i in range(3)]
-        return [Sampler().sample(step[batch], [choices[r] for r in batch])[batch.index(1)].token for step in rows]
+        return [sample_rows(step[batch], [choices[r] for r in batch])[batch.index(1)].token for step in rows]
 
     assert run([1]) == run([0, 1, 2])
 

@@ -6,17 +6,17 @@ import pytest
 
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
-from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull, Scheduler
-from dgpp.sched.toy_runner import ToyRunner
+from dgpp.testing.scheduler import scheduler_config
+from dgpp.testing.toy_runner import ToyRunner
 
 VOCAB, BS, CHUNK = 48, 4, 8
 
 
 def build(hybrid: bool = False, num_blocks: int = 64, **cfg) -> tuple[Scheduler, ToyRunner]:
-    conf = SchedulerConfig(block_size=BS, chunk_tokens=CHUNK, **cfg)
+    conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, **cfg)
     runner = ToyRunner(VOCAB, num_blocks, BS, conf.max_concurrency + 4, hybrid=hybrid)
     pool = BlockPool(num_blocks, BS)
     slots = SlotPool(conf.max_concurrency, 4)

@@ -9,14 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from dgpp.engine.loading import load_model, read_hf_config
+from dgpp.engine.loading import load_context, load_model, read_hf_config
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
-from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
@@ -24,6 +23,7 @@ from dgpp.serve.metrics import scheduler_snapshot
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.glm import build_tiny_glm4_moe
+from dgpp.testing.scheduler import scheduler_config
 
 BS, CHUNK, BLOCKS, VOCAB = 4, 8, 96, 512
 # several lengths (chunked prefill: 8-token chunks), two sharing a 16-token prefix (a prefix-cache hit), and
@@ -97,7 +97,7 @@ class OracleDrafter(nn.Module):
 def serve(model, drafter=None, depth: int = 1, *, temperature: float = 0.0, oracle: dict | None = None,
           wrong_from: int | None = None, eos: frozenset[int] = frozenset()) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
-    conf = SchedulerConfig(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
+    conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
     pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device)
     runner = ModelRunner(model, pools)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
@@ -172,7 +172,6 @@ def test_qwen35_hybrid_greedy_mtp_equals_plain(qwen35):
 
 def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
     """qwen4_exp's drafter (QSA layer with index keys in its own paged pools) through the hook."""
-    from dgpp.engine.loading import load_context
     from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 
     path = build_tiny_qwen4_exp(tmp_path, seed=3, with_mtp=True)
@@ -270,10 +269,12 @@ def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):
 
     path = build_tiny_glm4_moe(tmp_path / "mtp", seed=31)
     runner = runner_for(path)
-    assert build_speculative(EngineConfig(), path, runner, pm=manager()) is None
-    decoder = build_speculative(EngineConfig(mtp=True, mtp_depth=3), path, runner, pm=manager())
+    assert build_speculative(EngineConfig(), load_context(path), runner, pm=manager()) is None
+    on = EngineConfig(mtp=True, mtp_depth=3)
+    decoder = build_speculative(on, load_context(path, on), runner, pm=manager())
     assert isinstance(decoder.drafter, Glm4MoeMTPDrafter) and decoder.depth == 3 and decoder.stats.depth == 3
     assert set(decoder.draft_pools.kv) == {"mtp.0.self_attn"} and decoder.draft_pools.num_blocks == 8
     bare = build_tiny_glm4_moe(tmp_path / "bare", seed=32, num_nextn_predict_layers=0)
     with pytest.raises(ConfigError, match=r"engine\.mtp"):
-        build_speculative(EngineConfig(mtp=True), bare, runner_for(bare), pm=manager())
+        build_speculative(EngineConfig(mtp=True), load_context(bare, EngineConfig(mtp=True)), runner_for(bare),
+                          pm=manager())

@@ -1,8 +1,8 @@
-"""Speculative decoding on a CUDA machine (skipped on the CPU box): greedy MTP must equal plain greedy through the
+"""Speculative decoding on a CUDA machine (skipped without a GPU): greedy MTP must equal plain greedy through the
 CUDA kernels too, where a verify's 1+depth rows take the multi-row attention / GDN paths and plain decode the
 one-row ones, in fp32 and bf16.
 
-    python tests/core/test_speculative_cuda.py prepare --dir .cache/spec_gpu   # CPU box: tiny checkpoints
+    python tests/core/test_speculative_cuda.py prepare --dir .cache/spec_gpu   # CPU host: tiny checkpoints
     python tests/core/test_speculative_cuda.py check --dir .cache/spec_gpu     # GPU: exits non-zero on a difference
 
 ``check`` loads through the family loaders directly (no installed entry points needed).

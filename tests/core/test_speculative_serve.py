@@ -9,7 +9,7 @@ from litestar.testing import TestClient
 
 from dgpp.config import parse_config
 from dgpp.serve.app import build_app
-from dgpp.serve.build import build_serving_engine
+from dgpp.serve.build import build_backend
 from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 
@@ -27,7 +27,7 @@ def checkpoint(tmp_path_factory):
 
 def _answers(checkpoint, engine: dict) -> tuple[list[str], dict]:
     cfg = parse_config({"model": str(checkpoint), "engine": {**ENGINE, **engine}})
-    served = build_serving_engine(cfg, device="cpu")
+    served = build_backend(cfg, device="cpu")
     try:
         with TestClient(app=build_app(served, max_body_bytes=20000, sse_ping_interval=30),
                         base_url="http://dgpp.local") as client:

@@ -1,7 +1,7 @@
 """Greedy transcripts of every in-tree family through the whole serving engine, against recorded token ids.
 
-Each fixture is a tiny random checkpoint served by ``build_serving_engine`` (plugin resolution, loading,
-pools, scheduler, engine thread) with small prefill chunks, several requests in flight at once and a
+Each fixture is a tiny random checkpoint served by ``build_backend`` (plugin resolution, loading,
+pools, scheduler, step loop) with small prefill chunks, several requests in flight at once and a
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
 e9af83d, torch 2.13.0 CPU, fp32): a refactor that changes any greedy token of any family fails here.
@@ -21,7 +21,7 @@ import pytest
 
 from dgpp.config import parse_config
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_serving_engine
+from dgpp.serve.build import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
 from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
@@ -81,7 +81,7 @@ def transcript(name: str, root: Path) -> list[list[int]]:
         "engine": {"max_concurrency": 4, "kv_capacity": 1024, "prefill_budget_tokens": 16,
                    "prefix_min_tokens": 16, "mtp": mtp, "stats_interval_s": 0},
     })
-    engine = build_serving_engine(cfg, device="cpu")
+    engine = build_backend(cfg, device="cpu")
     try:
         vocab = json.loads((ckpt / "config.json").read_text())
         vocab = vocab.get("vocab_size") or vocab["text_config"]["vocab_size"]

@@ -19,7 +19,7 @@ from dgpp.dist.follower import Follower
 from dgpp.dist.journal import JournalWriter
 from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_serving_engine
+from dgpp.serve.build import build_backend
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.text import ChoiceOutput
 
@@ -91,7 +91,7 @@ def run_constrained_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str) -> No
     world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
     orderly = False
     try:
-        engine = build_serving_engine(cfg, device="cpu", start_loop=False, world=world.world, group=world.group)
+        engine = build_backend(cfg, device="cpu", start_loop=False, world=world.world, group=world.group)
         torch.distributed.barrier()
         stream = OpStream(out / f"ops{rank}.txt")
         result: dict[str, Any] = {}

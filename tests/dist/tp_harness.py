@@ -19,7 +19,7 @@ from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
-from dgpp.serve.build import build_serving_engine
+from dgpp.serve.build import build_backend
 from dgpp.testing import conformance as conf
 
 # (prompt length, params, n): greedy short, greedy chunked over several ticks, seeded and unseeded sampling
@@ -111,7 +111,7 @@ def run_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str, diverge_at: int =
         world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
     try:
         kw = {"world": world.world, "group": world.group} if world else {}
-        engine = build_serving_engine(cfg, device="cpu", start_loop=False, **kw)
+        engine = build_backend(cfg, device="cpu", start_loop=False, **kw)
         if world:
             torch.distributed.barrier()
         stream = OpStream()

@@ -1,7 +1,7 @@
 """Qwen3.5 hybrids on a CUDA machine (not a CI test): the whole model through its CUDA paths (Triton GDN,
 attention and MoE kernels, the torch conv) against transformers' CPU reference, prepared beforehand.
 
-    python tests/perf/check_qwen3_5_cuda.py prepare --dir .cache/qwen3_5_gpu   # on the CPU box: checkpoints + reference
+    python tests/perf/check_qwen3_5_cuda.py prepare --dir .cache/qwen3_5_gpu   # on a CPU host: checkpoints + reference
     python tests/perf/check_qwen3_5_cuda.py check --dir .cache/qwen3_5_gpu     # on the GPU: compare, print a table
 
 ``check`` needs only torch, triton, safetensors, pluggy and structlog (the loader is called directly, so
@@ -52,9 +52,9 @@ def _load(path: Path):
 def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12) -> tuple[bool, float]:
     """Decode every prompt twice, once eagerly and once through captured CUDA graphs (3 rows padded to a
     captured size of 4, so a padding row with state slot -1 runs too): same tokens, logits close."""
-    from dgpp.engine.generate import make_pools
     from dgpp.engine.graphs import DecodeGraphs
     from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+    from dgpp.testing.generate import make_pools
 
     total = [len(p) + steps + 1 for p in prompts] * 2
     pools, blocks, slots = make_pools(model, total, 16)

@@ -1,5 +1,5 @@
-# Sourced by the device scripts (run_gpu.sh, run_cuda_checks.sh): the pure-python packages the device image lacks
-# travel as wheels in .whl (carry it) and are installed to /tmp/site; the tree's dgpp-core and plugin sources come
+# Sourced by the GPU scripts (run_gpu.sh, run_cuda_checks.sh): pure-python packages a GPU host without package
+# access lacks are installed from wheels in .whl to /tmp/site; the tree's dgpp-core and plugin sources come
 # first on PYTHONPATH, so the wheels of dgpp itself only contribute their entry points.
 OUT=${OUT:-perf_out}
 mkdir -p "$OUT"

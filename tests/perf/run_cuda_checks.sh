@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# One device call's correctness half: the CUDA-only pytest tests (skipped on the CPU box) and the check scripts
-# whose references were prepared on the CPU box (carry .cache and .whl). Logs under $OUT. Not a CI step.
-# Plugins are found through their entry points: carry wheels of dgpp-core and the plugins in .whl (the code itself
-# still comes from the tree, which is first on PYTHONPATH):
+# Correctness on a CUDA GPU: the CUDA-only pytest tests (skipped without a GPU) and the check scripts whose
+# references were prepared on a CPU-only host (`... prepare --dir .cache/...`). Logs under $OUT. Not a CI step.
+# Plugins are found through their entry points: on a GPU host without package access, put wheels of dgpp-core and
+# the plugins in .whl (the code itself still comes from the tree, which is first on PYTHONPATH):
 #   pip wheel -q --no-deps --no-build-isolation -w .whl ./dgpp-core ./plugins/dgpp-*
 #   bash tests/perf/run_cuda_checks.sh
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 export TRITON_INTERPRET=0
 status=0
-# only the tests that skip on the CPU box: the rest feed CPU tensors to kernels written for the interpreter there
+# only the tests that skip without a GPU: the rest feed CPU tensors to kernels written for the Triton interpreter
 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "cuda or gpu" tests/kernels/test_moe.py \
   tests/kernels/test_decode_graphs.py tests/core/test_sampler.py tests/plugins/qwen/test_qwen3_cuda.py \
   tests/core/test_speculative_cuda.py \

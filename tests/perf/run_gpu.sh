@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One device call: install dgpp from the working tree, check every kernel at real sizes, then run the
+# Kernels and decode speed on a CUDA GPU: install dgpp from the working tree, check every kernel at real sizes, then run the
 # decode benchmark. Logs under $OUT (or ./perf_out). Usage: bash tests/perf/run_gpu.sh [bench args...]
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"

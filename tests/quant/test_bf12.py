@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.config import EngineConfig
 from dgpp.nn.linear import Linear
 from dgpp.quant.apply import DualMethod, convert_dense_weights
 from dgpp.quant.bf12 import BF12, MAX_ROW_ESCAPES, encode_bf12
@@ -86,7 +85,7 @@ def test_bf16_weights_bf12_and_bf12_plus_bf16():
     for mode in ("bf12", "bf12+bf16"):
         model = _tiny(torch.bfloat16)
         dense = model.up.weight.detach().clone()
-        done = convert_dense_weights(model, SimpleNamespace(dense_weights="checkpoint", bf16_weights=mode))
+        done = convert_dense_weights(model, EngineConfig(dense_weights="checkpoint", bf16_weights=mode))
         assert done["bf12"] == 1
         method = model.up.quant_method
         packed = method.packed if isinstance(method, DualMethod) else method
@@ -99,9 +98,9 @@ def test_bf16_weights_bf12_and_bf12_plus_bf16():
 
 def test_dense_weights_fp8_is_explicit_and_converts():
     model = _tiny(torch.float32)
-    assert convert_dense_weights(model, SimpleNamespace(dense_weights="checkpoint", bf16_weights="checkpoint"))["fp8"] == 0
+    assert convert_dense_weights(model, EngineConfig(dense_weights="checkpoint", bf16_weights="checkpoint"))["fp8"] == 0
     dense = model.up.weight.detach().clone()
-    assert convert_dense_weights(model, SimpleNamespace(dense_weights="fp8", bf16_weights="checkpoint"))["fp8"] == 2
+    assert convert_dense_weights(model, EngineConfig(dense_weights="fp8", bf16_weights="checkpoint"))["fp8"] == 2
     assert isinstance(model.up.quant_method, QuantLinearMethod) and isinstance(model.up.quant_method.fmt, FP8Block)
     decoded = model.up.quant_method.dense_weight(model.up, torch.float32)
     assert (decoded - dense).abs().max() <= dense.abs().max() / 8  # E4M3 keeps 3 mantissa bits

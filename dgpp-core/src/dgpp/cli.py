@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgpp.config import KNOB_KEYS, REFUSED_KNOBS, DeployConfig, load_config
 from dgpp.errors import DgppError
+
+if TYPE_CHECKING:
+    from dgpp.preflight import Deployment
 
 # (flag, dest, type, help); every dest is a key of dgpp.config.KNOB_KEYS
 _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
@@ -127,17 +130,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, collect_knobs(args))
-    try:
-        from dgpp.serve.app import run
-    except ImportError as exc:
-        if exc.name and (exc.name == "dgpp.serve" or exc.name.startswith("dgpp.serve.")):
-            print(
-                "dgpp serve: the HTTP server (dgpp.serve.app.run) is not in this build yet; "
-                f"`dgpp check {args.config}` validates the deployment meanwhile",
-                file=sys.stderr,
-            )
-            return 1
-        raise
     if cfg.world > 1 or args.rank not in (None, 0):
         if args.rank is None:
             print(f"dgpp serve: the template describes a world of {cfg.world} ranks: give --rank R on each node, "
@@ -145,10 +137,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         from dgpp.dist.serve_rank import serve_rank
 
-        _startup_checks(cfg, args.config)
-        return serve_rank(cfg, args.rank)
-    _startup_checks(cfg, args.config)
-    result = run(cfg)
+        return serve_rank(cfg, args.rank, _startup_checks(cfg, args.config))
+    from dgpp.serve.app import run
+
+    result = run(cfg, deployment=_startup_checks(cfg, args.config))
     return result if isinstance(result, int) else 0
 
 
@@ -159,8 +151,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return launch(args.config, cfg, ["--knobs", args.knobs] if args.knobs else [])
 
 
-def _startup_checks(cfg: DeployConfig, path: str) -> None:
-    """Log what is being served (digest, lossy levers) and refuse a memory plan that does not fit."""
+def _startup_checks(cfg: DeployConfig, path: str) -> Deployment:
+    """Log what is being served (digest, lossy levers) and refuse a memory plan that does not fit; the resolved
+    deployment (checkpoint, config.json, family) is what the model is then loaded from."""
     from dgpp.engine.memory import format_bytes
     from dgpp.log import get_logger
     from dgpp.preflight import preflight, require_fit
@@ -187,6 +180,7 @@ def _startup_checks(cfg: DeployConfig, path: str) -> None:
         free=format_bytes(found.free_bytes),
         device=found.device,
     )
+    return found.deployment
 
 
 def cmd_check(args: argparse.Namespace) -> int:

@@ -12,12 +12,11 @@ import ipaddress
 import json
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 
-if TYPE_CHECKING:
-    from dgpp.config import DeployConfig
+from dgpp.config_schema import DeployConfig
 
 # Per-node environment a template may set (anchor §1.2); anything else is refused so tokens never travel.
 NODE_ENV_ALLOWED = frozenset(
@@ -69,11 +68,9 @@ def _short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _type_at(tokens: list[str | int]) -> msgspec.inspect.Type | None:
-    """The msgspec type description of the key at ``tokens`` (for allowed values and key suggestions)."""
-    from dgpp.config import DeployConfig
-
-    node: Any = msgspec.inspect.type_info(DeployConfig)
+def _type_at(schema: type, tokens: list[str | int]) -> msgspec.inspect.Type | None:
+    """The msgspec type description of the key at ``tokens`` in ``schema`` (for allowed values and suggestions)."""
+    node: Any = msgspec.inspect.type_info(schema)
     for t in tokens:
         node = _unwrap(node)
         if isinstance(t, int) and isinstance(node, msgspec.inspect.ListType):
@@ -97,29 +94,29 @@ def _unwrap(node: Any) -> Any:
     return node
 
 
-def _suggest(struct_tokens: list[str | int], unknown: str) -> str:
-    info = _type_at(struct_tokens)
+def _suggest(schema: type, struct_tokens: list[str | int], unknown: str) -> str:
+    info = _type_at(schema, struct_tokens)
     if not isinstance(info, msgspec.inspect.StructType):
         return ""
     close = difflib.get_close_matches(unknown, [f.encode_name for f in info.fields], n=1, cutoff=0.6)
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def translate_validation_error(message: str, raw: Any) -> str:
-    """Rewrite one msgspec ValidationError message as ``<key path>: <what is wrong>``."""
+def translate_validation_error(message: str, raw: Any, schema: type = DeployConfig) -> str:
+    """Rewrite one msgspec ValidationError message (``raw`` converted to ``schema``) as ``<key path>: <what is wrong>``."""
     m = _MSG.match(message)
     msg, path = m.group("msg"), m.group("path") or ""
     tokens = _tokens(path)
     if msg.startswith("Object contains unknown field"):
         field = msg.split("`")[1]
-        return f"{_dotted([*tokens, field])}: unknown key{_suggest(tokens, field)}"
+        return f"{_dotted([*tokens, field])}: unknown key{_suggest(schema, tokens, field)}"
     if msg.startswith("Object missing required field"):
         field = msg.split("`")[1]
         return f"{_dotted([*tokens, field])}: required key missing"
     value = _value_at(raw, tokens)
     where = _dotted(tokens)
     if msg.startswith("Invalid enum value"):
-        info = _type_at(tokens)
+        info = _type_at(schema, tokens)
         allowed = getattr(info, "values", None)
         hint = f" (allowed: {', '.join(map(str, allowed))})" if allowed else ""
         return f"{where}: invalid value {_short(value)}{hint}"

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dgpp.config_schema import EngineConfig
+
 
 @dataclass(frozen=True)
 class FamilySpec:
@@ -55,15 +57,16 @@ class LoadContext:
     """Everything a plugin's loader needs: the checkpoint, its parsed HF config, engine settings, world.
 
     ``hf_config`` is the checkpoint's config.json as a dict; ``engine`` is the deployment's
-    ``engine.*`` section (a ``dgpp.config.EngineConfig``); ``dtype``/``device`` are what weights are
-    computed in (the checkpoint's dtype unless a deployment key says otherwise).
+    ``engine.*`` section (its schema defaults when the caller gives none: a plugin reads every setting
+    from it, never with a fallback of its own); ``dtype``/``device`` are what weights are computed in
+    (the checkpoint's dtype unless a deployment key says otherwise).
     """
 
     checkpoint_dir: Path
     hf_config: dict[str, Any]
     family: str
     architecture: str
-    engine: Any = None
+    engine: EngineConfig = field(default_factory=EngineConfig)
     world: World = field(default_factory=World)
     device: Any = "cpu"
     dtype: Any = None

@@ -1,33 +1,71 @@
 """Preflight: everything startup refuses, decided before a weight is read or a pool allocated.
 
-A validated ``DeployConfig`` -> the checkpoint directory -> its family (through the plugins) -> the
-memory plan against free memory. ``dgpp check`` prints the result; ``dgpp serve`` runs the same steps
-and refuses to start (exit 1) when the plan does not fit, naming the largest items (anchor §4.5).
+A validated ``DeployConfig`` -> the checkpoint directory -> its config.json -> its family (through the
+plugins) -> the memory plan against free memory. ``dgpp check`` prints the result; ``dgpp serve`` runs the
+same steps and refuses to start (exit 1) when the plan does not fit, naming the largest items (anchor §4.5).
+The resolution (``Deployment``) is made once and handed on: ``dgpp.serve.build`` loads the model and the
+drafter from its ``LoadContext`` instead of finding the checkpoint and the family again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pluggy
+
 from dgpp.config import DeployConfig
 from dgpp.engine.memory import DEFAULT_HEADROOM, MemoryPlan, free_memory_bytes, plan_for
 from dgpp.errors import DgppError
+from dgpp.family import LoadContext, World
 from dgpp.plugins import Resolution
 
 
 @dataclass(frozen=True)
-class Preflight:
-    """What startup found: where the weights are, which family serves them, and the memory verdict."""
+class Deployment:
+    """A template resolved once: the checkpoint, its config.json, the family serving it and the plugin manager.
 
+    ``context`` is the ``LoadContext`` of rank 0 of the deployment's world on ``device``; ``for_rank`` gives a
+    rank's own (its world slot, device and process group), the same checkpoint and family.
+    """
+
+    cfg: DeployConfig
     checkpoint: Path
     hf_config: dict[str, Any]
     resolution: Resolution
+    pm: pluggy.PluginManager
+    context: LoadContext
+
+    def for_rank(self, world: World | None = None, device: Any = None, group: Any = None) -> LoadContext:
+        """This rank's ``LoadContext`` (``world`` None: one process serving the whole model)."""
+        return dataclasses.replace(
+            self.context, world=world or World(), device=device or self.context.device, group=group
+        )
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What startup found: the resolved deployment and the memory verdict."""
+
+    deployment: Deployment
     plan: MemoryPlan
     device: str
     free_bytes: int
     headroom: int
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.deployment.checkpoint
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        return self.deployment.hf_config
+
+    @property
+    def resolution(self) -> Resolution:
+        return self.deployment.resolution
 
     @property
     def fits(self) -> bool:
@@ -50,13 +88,10 @@ def compute_dtype(cfg: DeployConfig) -> Any:
     return None if cfg.engine.dtype == "auto" else getattr(torch, cfg.engine.dtype)
 
 
-def preflight(
-    cfg: DeployConfig, device: str | None = None, headroom: int | None = None, free_bytes: int | None = None
-) -> Preflight:
-    """Resolve checkpoint and family and size the memory plan (raises DgppError for what cannot start)."""
+def resolve_deployment(cfg: DeployConfig, device: str | None = None) -> Deployment:
+    """Find the checkpoint, read its config.json and pick its family (raises DgppError naming what is wrong)."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.engine.loading import read_hf_config
-    from dgpp.family import LoadContext, World
     from dgpp.plugins import manager, resolve
     from dgpp.serve.engine_keys import refuse_unstored_kv
 
@@ -65,7 +100,6 @@ def preflight(
     hf_config = read_hf_config(checkpoint)
     pm = manager()
     res = resolve(pm, hf_config)
-    device = device or default_device()
     ctx = LoadContext(
         checkpoint_dir=checkpoint,
         hf_config=hf_config,
@@ -73,14 +107,21 @@ def preflight(
         architecture=res.matched,
         engine=cfg.engine,
         world=World(0, cfg.world),
-        device=device,
+        device=device or default_device(),
         dtype=compute_dtype(cfg),
     )
+    return Deployment(cfg, checkpoint, hf_config, res, pm, ctx)
+
+
+def preflight(
+    cfg: DeployConfig, device: str | None = None, headroom: int | None = None, free_bytes: int | None = None
+) -> Preflight:
+    """Resolve checkpoint and family and size the memory plan (raises DgppError for what cannot start)."""
+    found = resolve_deployment(cfg, device)
+    device = found.context.device
     return Preflight(
-        checkpoint=checkpoint,
-        hf_config=hf_config,
-        resolution=res,
-        plan=plan_for(pm, ctx),
+        deployment=found,
+        plan=plan_for(found.pm, found.context),
         device=device,
         free_bytes=free_memory_bytes(device) if free_bytes is None else free_bytes,
         headroom=DEFAULT_HEADROOM if headroom is None else headroom,

@@ -1,8 +1,8 @@
 """GLM-4.7 (glm4_moe) on a CUDA machine (not a CI test): the model through its CUDA paths (fused q/k norm +
 partial RoPE, paged attention, MoE, the NVFP4 weight-only GEMM) and the MTP drafter, against references
-prepared on the CPU box (transformers for the main model, the float64 spec reference for MTP).
+prepared on a CPU-only host (transformers for the main model, the float64 spec reference for MTP).
 
-    python tests/plugins/glm/check_glm4_moe_cuda.py prepare --dir .cache/glm_gpu   # CPU box
+    python tests/plugins/glm/check_glm4_moe_cuda.py prepare --dir .cache/glm_gpu   # CPU host
     python tests/plugins/glm/check_glm4_moe_cuda.py check --dir .cache/glm_gpu     # GPU
 
 ``check`` calls the loader directly (no installed entry points): it needs torch, triton, safetensors,
@@ -64,8 +64,8 @@ def _ctx(path: Path):
 
 @torch.inference_mode()
 def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float:
-    from dgpp.engine.generate import make_pools
     from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.testing.generate import make_pools
     from dgpp_glm.draft import build_draft
 
     drafter = build_draft(_ctx(path), model)

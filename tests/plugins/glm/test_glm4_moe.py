@@ -8,10 +8,10 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
+from dgpp.testing.generate import greedy_generate
 from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp_glm.model import Glm4MoeForCausalLM
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.generate import greedy_generate
 from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext, World
 from dgpp.testing import conformance as conf
+from dgpp.testing.generate import greedy_generate
 from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp_glm.draft import build_draft
 
@@ -27,8 +27,8 @@ def _prompts() -> list[list[int]]:
 
 def _draft_logits(model, drafter) -> torch.Tensor:
     """MTP logits of one prompt (every row), after the main model's prefill of it."""
-    from dgpp.engine.generate import make_pools
     from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.testing.generate import make_pools
 
     tokens = _prompts()[1]
     n = len(tokens) - 1

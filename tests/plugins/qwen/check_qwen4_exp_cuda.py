@@ -1,13 +1,13 @@
 """Qwen3.8-Flash-Next (qwen4_exp) on a CUDA machine (not a CI test): the model through its CUDA paths (Triton
 norms, GDN, grouped MoE; QSA, indexer, gated residuals and PLE in torch) and the MTP drafter, against
-references prepared on the CPU box (transformers for the main model, the float64 reference for MTP).
+references prepared on a CPU-only host (transformers for the main model, the float64 reference for MTP).
 
-    python tests/plugins/qwen/check_qwen4_exp_cuda.py prepare --dir .cache/qwen4_exp_gpu   # CPU box
+    python tests/plugins/qwen/check_qwen4_exp_cuda.py prepare --dir .cache/qwen4_exp_gpu   # CPU host
     python tests/plugins/qwen/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu     # GPU
 
 ``check`` calls the loader directly (no installed entry points): it needs torch, triton, safetensors, pluggy,
-structlog and msgspec (carry ``.whl``). Exits non-zero when a check fails. Status: ``prepare`` runs on the CPU
-box; ``check`` has not yet run on a GPU (this session's device time was spent before it could start one).
+structlog and msgspec (wheels in ``.whl`` on a GPU host without package access). Exits non-zero when a check
+fails. Passed on an H200 on 2026-12-01 (docs/benchmarks.md, "CUDA checks").
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def _mtp_error(ctx, model, prompt: list[int], ref: torch.Tensor) -> float:
 
 
 def _decode_ms(model, prompt: list[int]) -> float:
-    from dgpp.engine.generate import greedy_generate
+    from dgpp.testing.generate import greedy_generate
 
     greedy_generate(model, [prompt], 4)
     torch.cuda.synchronize()

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.generate import make_pools
 from dgpp.engine.loading import load_model
 from dgpp.engine.runner import ModelRunner, SeqWork
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
+from dgpp.testing.generate import make_pools
 
 
 @pytest.fixture(scope="module")

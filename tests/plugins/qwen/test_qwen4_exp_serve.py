@@ -11,8 +11,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from dgpp.engine.generate import greedy_generate
 from dgpp.engine.loading import load_model
+from dgpp.testing.generate import greedy_generate
 from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp.text.chat_template import ChatTemplate

@@ -10,10 +10,10 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.family import World
 from dgpp.testing import conformance as conf
+from dgpp.testing.generate import greedy_generate
 from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 
 WORLD = 2

@@ -36,7 +36,7 @@ def _ignore(seq: Sequence, ev: SeqEvent) -> None:
 class Follower:
     """Runs ``scheduler`` from the journal on ``link`` until ``Stop`` (0) or a failure (3).
 
-    ``constraint_matcher`` (``ServingEngine.constraint_matcher``) builds a grammar matcher from a journaled
+    ``constraint_matcher`` (``Backend.constraint_matcher``) builds a grammar matcher from a journaled
     constraint spec; without it a constrained admission fails the tick."""
 
     def __init__(self, link: LineSocket, scheduler: Any, vocab_size: int, stream: OpStream, rank: int,

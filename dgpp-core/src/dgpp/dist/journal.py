@@ -67,7 +67,7 @@ def admission_of(s: Sequence) -> Admission:
 
 
 class JournalWriter:
-    """Hooks for rank 0's ``EngineLoop`` (``before_tick`` / ``after_tick``) plus the orderly ``stop``."""
+    """Hooks for rank 0's ``StepLoop`` (``before_tick`` / ``after_tick``) plus the orderly ``stop``."""
 
     def __init__(self, hub: JournalHub, scheduler: Any, stream: OpStream) -> None:
         self.hub = hub

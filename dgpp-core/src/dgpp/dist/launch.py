@@ -16,13 +16,14 @@ import threading
 import time
 from typing import Any
 
+from dgpp.config import DeployConfig
 from dgpp.log import get_logger
 
 log = get_logger("dgpp.launch")
 _LOCAL = {"127.0.0.1", "localhost", "::1"}
 
 
-def local_ranks(cfg: Any) -> list[int]:
+def local_ranks(cfg: DeployConfig) -> list[int]:
     """Ranks of ``cfg`` that run on this machine: all of them for ``world_size``, else the local ``nodes``."""
     if not cfg.nodes:
         return list(range(cfg.world))
@@ -34,7 +35,7 @@ def rank_command(config: str, rank: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "dgpp.cli", "serve", config, "--rank", str(rank), *extra]
 
 
-def launch(config: str, cfg: Any, extra: list[str] | None = None, grace_s: float = 10.0) -> int:
+def launch(config: str, cfg: DeployConfig, extra: list[str] | None = None, grace_s: float = 10.0) -> int:
     """Run the local ranks to completion; the world's exit code."""
     ranks = local_ranks(cfg)
     if not ranks:

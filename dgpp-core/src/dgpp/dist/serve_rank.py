@@ -2,7 +2,7 @@
 
 Every rank forms the world, loads its slice of the checkpoint and builds the same scheduler. Rank 0
 serves HTTP and journals each tick to the peers; the peers follow the journal. A peer's death makes
-rank 0 fail the engine (``/health`` 503, streams end with ``engine_failure``) and exit 2; rank 0's
+rank 0 fail its step loop (``/health`` 503, streams end with ``engine_failure``) and exit 2; rank 0's
 death releases the peers (exit 3). At an orderly shutdown every rank's op-stream digest is compared.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch.distributed as dist
 
@@ -26,7 +26,12 @@ from dgpp.dist.watchdog import (
     name_departed_peers,
 )
 from dgpp.dist.world import DistWorld, WorldSpec, form_world, settings_of
+from dgpp.config import DeployConfig
 from dgpp.log import get_logger
+
+if TYPE_CHECKING:
+    from dgpp.preflight import Deployment
+    from dgpp.serve.backend import Backend
 
 log = get_logger("dgpp.dist")
 
@@ -36,10 +41,11 @@ def progress_limit_s() -> float:
     return float(os.environ.get("DGPP_PROGRESS_WATCHDOG_S", PROGRESS_LIMIT_S))
 
 
-def serve_rank(cfg: Any, rank: int) -> int:
-    """Run rank ``rank`` of ``cfg``'s world to the end; returns the process exit code."""
+def serve_rank(cfg: DeployConfig, rank: int, deployment: Deployment | None = None) -> int:
+    """Run rank ``rank`` of ``cfg``'s world to the end; returns the process exit code (``deployment``:
+    preflight's resolution of checkpoint and family, reused for loading)."""
     from dgpp.dist.fabric import apply_fabric_env
-    from dgpp.serve.build import build_serving_engine
+    from dgpp.serve.build import build_backend
 
     spec = WorldSpec.from_config(cfg, rank)
     if cfg.node_env:  # this rank's allow-listed environment from the template (RoCE lanes, caches, log level)
@@ -48,27 +54,27 @@ def serve_rank(cfg: Any, rank: int) -> int:
     world = form_world(spec, settings_of(cfg))
     code = 1
     try:
-        engine = build_serving_engine(cfg, world=world.world, group=world.group, device=world.device, start_loop=False)
+        backend = build_backend(cfg, deployment, world=world.world, group=world.group, device=world.device, start_loop=False)
         dist.barrier()  # every rank has its slice before rank 0 accepts a request
         if rank == 0:
-            code = _serve_rank0(cfg, world, engine)
+            code = _serve_rank0(cfg, world, backend)
         else:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # peers end on rank 0's Stop, not on the launcher's ^C
             assert world.link is not None
-            code = Follower(world.link, engine.loop.scheduler, engine.limits.vocab_size, OpStream(), rank,
-                            constraint_matcher=engine.constraint_matcher if engine.grammar is not None else None).run()
+            code = Follower(world.link, backend.loop.scheduler, backend.limits.vocab_size, OpStream(), rank,
+                            constraint_matcher=backend.constraint_matcher if backend.grammar is not None else None).run()
         return code
     finally:
         world.close(orderly=code == 0)
 
 
-def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
+def _serve_rank0(cfg: DeployConfig, world: DistWorld, backend: Backend) -> int:
     from dgpp.serve.app import run
 
     assert world.hub is not None
     stream = OpStream()
-    writer = JournalWriter(world.hub, engine.loop.scheduler, stream)
-    loop = engine.loop
+    writer = JournalWriter(world.hub, backend.loop.scheduler, stream)
+    loop = backend.loop
     loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
     world.hub.watch(loop.fail)
     name_departed_peers(loop.scheduler, world.hub)  # the runner and, under engine.mtp, the speculative decoder
@@ -76,7 +82,7 @@ def _serve_rank0(cfg: Any, world: DistWorld, engine: Any) -> int:
     failure_exit = exit_after_failure(loop, before_exit=lambda: log.info("op stream", rank=0, md5=stream.full_digest()))
     loop.start()
     try:
-        run(cfg, engine)
+        run(cfg, backend)
     finally:
         loop.stop()
         watchdog.set()

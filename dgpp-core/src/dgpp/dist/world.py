@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dgpp.config import DeployConfig
 from dgpp.dist.channel import JournalHub, LineSocket, WorldError, connect_journal
 from dgpp.dist.records import Formed, Hello, Refuse
 from dgpp.family import World
@@ -34,7 +35,7 @@ class WorldSpec:
     timeout_s: float
 
     @classmethod
-    def from_config(cls, cfg: Any, rank: int) -> WorldSpec:
+    def from_config(cls, cfg: DeployConfig, rank: int) -> WorldSpec:
         size = cfg.world
         if not 0 <= rank < size:
             raise WorldError(f"--rank {rank} is outside the world of {size} (nodes / world_size)")
@@ -44,7 +45,7 @@ class WorldSpec:
                    cfg.engine.rendezvous_timeout_ms / 1000.0)
 
 
-def settings_of(cfg: Any) -> dict[str, Any]:
+def settings_of(cfg: DeployConfig) -> dict[str, Any]:
     """What every rank must agree on before anything loads."""
     from dgpp import __version__
 

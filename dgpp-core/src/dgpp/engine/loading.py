@@ -1,5 +1,10 @@
 """Load a model from a checkpoint directory: read config.json, resolve the family's plugin, and call
-its ``dgpp_load_model`` hook."""
+its ``dgpp_load_model`` hook.
+
+A deployment resolves its checkpoint, config.json and family once (``dgpp.preflight.resolve_deployment``)
+and loads through ``model_for`` with that context; ``load_model`` / ``load_context`` resolve a bare
+checkpoint directory (tests, the bench, the demo).
+"""
 
 from __future__ import annotations
 
@@ -7,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pluggy
 import torch
 
+from dgpp.config_schema import EngineConfig
 from dgpp.engine.model import Model
 from dgpp.errors import CheckpointError, UnsupportedModelError
 from dgpp.family import LoadContext, World
@@ -25,31 +32,35 @@ def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: not valid JSON ({e})") from e
 
 
+def model_for(ctx: LoadContext, pm: pluggy.PluginManager) -> Model:
+    """The family's loaded ``Model`` for ``ctx`` (its ``dgpp_load_model`` hook); a plugin that answers None is an error."""
+    model = pm.hook.dgpp_load_model(ctx=ctx)
+    if model is None:
+        res = resolve(pm, ctx.hf_config)  # only to name the plugin in the error
+        raise UnsupportedModelError(f"plugin {res.family.plugin} returned no model for {res.matched!r}")
+    return model
+
+
 def load_model(
     checkpoint_dir: str | Path,
-    engine_cfg: Any = None,
+    engine_cfg: EngineConfig | None = None,
     dtype: torch.dtype | None = None,
     device: torch.device | str = "cpu",
     *,
     world: World | None = None,
     group: Any = None,
-    pm: Any = None,
+    pm: pluggy.PluginManager | None = None,
 ) -> Model:
     """The loaded ``Model`` for ``checkpoint_dir`` (weights in ``dtype``, else the checkpoint's), sliced
     for ``world`` (``group``: the torch.distributed TP group when ``world.size > 1``)."""
     pm = pm or manager()
-    ctx = load_context(checkpoint_dir, engine_cfg, dtype, device, world=world, group=group, pm=pm)
-    model = pm.hook.dgpp_load_model(ctx=ctx)
-    if model is None:
-        res = resolve(pm, ctx.hf_config)
-        raise UnsupportedModelError(f"plugin {res.family.plugin} returned no model for {res.matched!r}")
-    return model
+    return model_for(load_context(checkpoint_dir, engine_cfg, dtype, device, world=world, group=group, pm=pm), pm)
 
 
-def load_context(checkpoint_dir: str | Path, engine_cfg: Any = None, dtype: torch.dtype | None = None,
+def load_context(checkpoint_dir: str | Path, engine_cfg: EngineConfig | None = None, dtype: torch.dtype | None = None,
                  device: torch.device | str = "cpu", *, world: World | None = None, group: Any = None,
-                 pm: Any = None) -> LoadContext:
-    """The ``LoadContext`` plugin hooks get for ``checkpoint_dir`` (``load_model``'s; also the drafter's)."""
+                 pm: pluggy.PluginManager | None = None) -> LoadContext:
+    """The ``LoadContext`` plugin hooks get for ``checkpoint_dir`` (``engine_cfg`` None: the schema's defaults)."""
     checkpoint_dir = Path(checkpoint_dir)
     hf_config = read_hf_config(checkpoint_dir)
     res = resolve(pm or manager(), hf_config)
@@ -58,7 +69,7 @@ def load_context(checkpoint_dir: str | Path, engine_cfg: Any = None, dtype: torc
         hf_config=hf_config,
         family=res.family.name,
         architecture=res.matched,
-        engine=engine_cfg,
+        engine=engine_cfg or EngineConfig(),
         world=world or World(),
         device=device,
         dtype=dtype,

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
+
+if TYPE_CHECKING:
+    import pluggy
+
+    from dgpp.family import LoadContext
 
 GiB = 1 << 30
 DEFAULT_HEADROOM = 4 * GiB  # what the original engine keeps free for the allocator, graphs and the driver
@@ -131,7 +136,7 @@ def free_memory_bytes(device: str = "cpu") -> int:
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def plan_for(pm: Any, ctx: Any) -> MemoryPlan:
+def plan_for(pm: pluggy.PluginManager, ctx: LoadContext) -> MemoryPlan:
     """The plugin's plan for ``ctx`` when it offers one, else the generic estimate."""
     plan = pm.hook.dgpp_memory_plan(ctx=ctx)
     if plan is not None:

@@ -16,6 +16,7 @@ import struct
 from pathlib import Path
 from typing import Any
 
+from dgpp.config_schema import EngineConfig
 from dgpp.engine.memory import MemoryPlan
 from dgpp.errors import CheckpointError
 
@@ -75,8 +76,8 @@ def _text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
     return hf_config.get("text_config") or hf_config
 
 
-def _compute_bits(hf_config: dict[str, Any], engine: Any) -> int:
-    name = getattr(engine, "dtype", "auto")
+def _compute_bits(hf_config: dict[str, Any], engine: EngineConfig) -> int:
+    name: str = engine.dtype
     if name == "auto":
         name = str(
             hf_config.get("dtype")
@@ -125,16 +126,16 @@ def _state_bytes_per_request(cfg: dict[str, Any], act_bits: int, world: int) -> 
     return linear_layers * (recurrent + conv)
 
 
-def _prefill_rows(engine: Any, max_position: int) -> int:
-    busy = getattr(engine, "prefill_budget_tokens", -1)
-    idle = getattr(engine, "prefill_idle_budget_tokens", 0)
+def _prefill_rows(engine: EngineConfig, max_position: int) -> int:
+    busy = engine.prefill_budget_tokens
+    idle = engine.prefill_idle_budget_tokens
     if busy == 0:  # monolithic prefill: a whole prompt in one forward
-        return min(getattr(engine, "kv_capacity", max_position), max_position)
+        return min(engine.kv_capacity, max_position)
     return max(256 if busy < 0 else busy, idle)
 
 
 def estimate_memory_plan(
-    checkpoint_dir: Path, hf_config: dict[str, Any], engine: Any, world_size: int = 1
+    checkpoint_dir: Path, hf_config: dict[str, Any], engine: EngineConfig, world_size: int = 1
 ) -> MemoryPlan:
     """The generic per-rank plan for a checkpoint under the deployment's ``engine`` settings."""
     cfg = _text_config(hf_config)
@@ -147,7 +148,7 @@ def estimate_memory_plan(
         else:
             weights += size
     act_bits = _compute_bits(hf_config, engine)
-    kv_name = getattr(engine, "kv_dtype", "auto")
+    kv_name = engine.kv_dtype
     kv_bits = act_bits if kv_name == "auto" else _NAME_BITS[kv_name]
     hidden = int(cfg.get("hidden_size", 0))
     mlp = max(
@@ -157,20 +158,20 @@ def estimate_memory_plan(
     vocab = int(cfg.get("vocab_size", 0))
     max_position = int(cfg.get("max_position_embeddings", 4096))
     state = _state_bytes_per_request(cfg, act_bits, world_size)
-    max_conc = getattr(engine, "max_concurrency", 1)
+    max_conc = engine.max_concurrency
     # prefix snapshots need their own arena only when requests carry state; plain KV is shared by reference
-    prefix = int(getattr(engine, "prefix_cache_gib", 0) * (1 << 30)) if state else 0
+    prefix = int(engine.prefix_cache_gib * (1 << 30)) if state else 0
     return MemoryPlan(
         weights=-(-weights // world_size),
-        drafter=-(-drafter // world_size) if getattr(engine, "mtp", False) else 0,
+        drafter=-(-drafter // world_size) if engine.mtp else 0,
         kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size) // 8),
         state_per_request=state,
         activations_per_token=(8 * hidden + 3 * mlp // world_size) * act_bits // 8,
-        kv_capacity=getattr(engine, "kv_capacity", 0),
+        kv_capacity=engine.kv_capacity,
         max_concurrency=max_conc,
         prefill_tokens=_prefill_rows(engine, max_position),
         prefix_cache=prefix,
-        extra={"logits": 4 * vocab * max(max_conc * (1 + getattr(engine, "mtp_depth", 1)), 8) // world_size},
+        extra={"logits": 4 * vocab * max(max_conc * (1 + engine.mtp_depth), 8) // world_size},
         notes=(
             "generic estimate from config.json and safetensors headers (the family plugin offers no plan)",
         ),

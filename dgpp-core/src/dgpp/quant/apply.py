@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.log import get_logger
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
@@ -89,10 +90,9 @@ class DualMethod:
         return torch.nn.functional.linear(x, layer.weight, bias)
 
 
-def convert_dense_weights(model: nn.Module, engine: Any) -> dict[str, int]:
+def convert_dense_weights(model: nn.Module, engine: EngineConfig) -> dict[str, int]:
     """Apply ``engine.dense_weights`` / ``engine.bf16_weights`` to loaded dense Linears; logs what it did."""
-    dense = getattr(engine, "dense_weights", "checkpoint") if engine is not None else "checkpoint"
-    bf16 = getattr(engine, "bf16_weights", "checkpoint") if engine is not None else "checkpoint"
+    dense, bf16 = engine.dense_weights, engine.bf16_weights
     done = {"fp8": 0, "bf12": 0, "kept_bf16": 0}
     if dense == "checkpoint" and bf16 == "checkpoint":
         return done

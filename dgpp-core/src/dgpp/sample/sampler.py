@@ -145,12 +145,3 @@ def result_with_logprobs(token: int, logprobs: torch.Tensor | None, top_logprobs
 
 def _finite(x: float) -> float:
     return x if x > LOGPROB_FLOOR else LOGPROB_FLOOR
-
-
-class Sampler:
-    """Samples one token for each row of a logits batch, each with its own ``ChoiceSampler``."""
-
-    def sample(self, logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[SampleResult]:
-        if logits.shape[0] != len(choices):
-            raise ValueError(f"logits has {logits.shape[0]} rows but {len(choices)} choices were given")
-        return [choice.sample(logits[i]) for i, choice in enumerate(choices)]

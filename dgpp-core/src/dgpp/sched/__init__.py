@@ -1,1 +1,1 @@
-"""Scheduling: request state, the tick (admission, chunked prefill, decode), the exact prefix cache, the engine thread."""
+"""Scheduling: request state, the tick (admission, chunked prefill, decode), the exact prefix cache, the step loop thread."""

@@ -37,7 +37,7 @@ class SeqStatus(enum.Enum):
 
 @dataclass
 class SeqEvent:
-    """What the engine thread tells the serving side after a tick: new tokens and maybe the end."""
+    """What the step loop thread tells the serving side after a tick: new tokens and maybe the end."""
 
     tokens: list[int]
     samples: list[SampleResult]
@@ -64,7 +64,7 @@ class Sequence:
     # the prefix cache, so the shared prompt is computed once
     leader: Sequence | None = None
     block_keys: list[bytes] | None = None  # prefix-cache keys of the prompt, computed once
-    # what the sampler's grammar mask was built from (``ServingEngine.constraint_matcher``'s input), so
+    # what the sampler's grammar mask was built from (``Backend.constraint_matcher``'s input), so
     # tensor-parallel peers can build the same matcher from the journal; None when unconstrained
     constraint: dict[str, Any] | None = None
     seq_id: int = -1

@@ -1,6 +1,6 @@
 """The scheduler tick: cancels → admission → chunked prefill within budget → one decode pass.
 
-It is single-threaded (the engine thread owns it) and deterministic: live sequences are kept and
+It is single-threaded (the step loop thread owns it) and deterministic: live sequences are kept and
 decoded in admission order (``seq_id``), chunk boundaries sit at absolute multiples of the chunk size
 whatever the budget, and every decision depends only on what was submitted and cancelled.
 """
@@ -49,20 +49,20 @@ class Scheduler:
         self._next_seq_id = 0
         self._cancels: dict[str, RetireReason] = {}
         self._events: dict[Sequence, SeqEvent] = {}
-        # called on the engine thread for every retired sequence (request histograms)
+        # called on the step loop thread for every retired sequence (request histograms)
         self.on_retire: list[Callable[[Sequence], None]] = []
         # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
         self.speculative: Any = None
 
-    # ---- inputs (called on the engine thread between ticks) -----------------------------------
+    # ---- inputs (called on the step loop thread between ticks) -----------------------------------
     @property
     def waiting_requests(self) -> int:
         """Requests (not choices) in the queue: ``engine.queue_limit`` counts these."""
         return sum(1 for s in self.waiting if s.leader is None)
 
     def submit(self, seqs: list[Sequence], check_limit: bool = True) -> None:
-        """Queue the choices of one request together; all or none (``QueueFull``). The engine thread passes
-        ``check_limit=False``: ``EngineLoop.submit`` already enforced the limit when the request arrived."""
+        """Queue the choices of one request together; all or none (``QueueFull``). The step loop thread passes
+        ``check_limit=False``: ``StepLoop.submit`` already enforced the limit when the request arrived."""
         if check_limit and self.waiting_requests + 1 > self.config.queue_limit:
             raise QueueFull(f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}")
         for s in seqs:

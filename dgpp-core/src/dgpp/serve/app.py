@@ -3,32 +3,36 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get
 from litestar.exceptions import HTTPException
 
-from dgpp.serve.backend import ServingEngine
+from dgpp.config import DeployConfig
+from dgpp.serve.backend import Backend
 from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
 from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from dgpp.serve.metrics import PrometheusExport, metrics_json
+
+if TYPE_CHECKING:
+    from dgpp.preflight import Deployment
 
 
 def _json(body: Any, status: int = 200) -> Response:
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=status)
 
 
-def model_object(engine: ServingEngine) -> dict[str, Any]:
-    lim = engine.limits
+def model_object(backend: Backend) -> dict[str, Any]:
+    lim = backend.limits
     return {
-        "id": engine.model_id, "object": "model", "created": engine.created, "owned_by": "dgpp",
-        "sampling": {"available": True, "defaults": engine.defaults.as_dict()},
-        "tools": {"available": engine.chat_template is not None, "constrained": engine.grammar is not None},
-        "response_format": {"json_object": engine.grammar is not None, "json_schema": engine.grammar is not None},
-        "reasoning": {"in_content": engine.reasoning_in_content, "effort_mapping": _effort_mapping(engine)},
-        "default_chat_template_kwargs": dict(getattr(engine.chat_template, "default_kwargs", {}) or {}),
+        "id": backend.model_id, "object": "model", "created": backend.created, "owned_by": "dgpp",
+        "sampling": {"available": True, "defaults": backend.defaults.as_dict()},
+        "tools": {"available": backend.chat_template is not None, "constrained": backend.grammar is not None},
+        "response_format": {"json_object": backend.grammar is not None, "json_schema": backend.grammar is not None},
+        "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": _effort_mapping(backend)},
+        "default_chat_template_kwargs": dict(getattr(backend.chat_template, "default_kwargs", {}) or {}),
         "input_modalities": ["text"],
         "context": {
             "request_limit_tokens": lim.request_limit_tokens, "position_ceiling_tokens": lim.max_position,
@@ -38,41 +42,41 @@ def model_object(engine: ServingEngine) -> dict[str, Any]:
     }
 
 
-def _effort_mapping(engine: ServingEngine) -> dict[str, Any]:
-    if engine.chat_template is None:
+def _effort_mapping(backend: Backend) -> dict[str, Any]:
+    if backend.chat_template is None:
         return {}
     try:
-        return engine.chat_template.effort_mapping()
+        return backend.chat_template.effort_mapping()
     except Exception:  # a template without the mapping's variables maps nothing
         return {}
 
 
 @get("/v1/models")
 async def list_models(request: Request) -> Response:
-    return _json({"object": "list", "data": [model_object(request.app.state.engine)]})
+    return _json({"object": "list", "data": [model_object(request.app.state.backend)]})
 
 
 @get("/v1/models/{model_id:path}")
 async def get_model(request: Request, model_id: str) -> Response:
-    engine: ServingEngine = request.app.state.engine
+    backend: Backend = request.app.state.backend
     model_id = model_id.lstrip("/")
-    if model_id != engine.model_id:
-        raise APIError(404, f"model {model_id!r} is not served here (this server serves {engine.model_id!r})",
+    if model_id != backend.model_id:
+        raise APIError(404, f"model {model_id!r} is not served here (this server serves {backend.model_id!r})",
                        "model_not_found", "model")
-    return _json(model_object(engine))
+    return _json(model_object(backend))
 
 
 @get("/health")
 async def health(request: Request) -> Response:
-    engine: ServingEngine = request.app.state.engine
-    if engine.loop.failed is not None:
-        return _json({"status": "failed", "model": engine.model_id, "error": engine.loop.failed}, 503)
-    return _json({"status": "ok", "model": engine.model_id})
+    backend: Backend = request.app.state.backend
+    if backend.loop.failed is not None:
+        return _json({"status": "failed", "model": backend.model_id, "error": backend.loop.failed}, 503)
+    return _json({"status": "ok", "model": backend.model_id})
 
 
 @get(["/metrics", "/v1/metrics"])
 async def metrics(request: Request) -> Response:
-    return _json(metrics_json(request.app.state.engine))
+    return _json(metrics_json(request.app.state.backend))
 
 
 @get("/metrics/prometheus")
@@ -81,10 +85,10 @@ async def metrics_prometheus(request: Request) -> Response:
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def build_app(engine: ServingEngine, max_body_bytes: int = 268435456, sse_ping_interval: int = 30) -> Litestar:
-    """An app serving ``engine``; the engine loop must already be started."""
-    if not engine.created:
-        engine.created = int(time.time())
+def build_app(backend: Backend, max_body_bytes: int = 268435456, sse_ping_interval: int = 30) -> Litestar:
+    """An app serving ``backend``; its step loop must already be started."""
+    if not backend.created:
+        backend.created = int(time.time())
 
     async def body_limit(request: Request) -> None:
         if request.method == "POST":
@@ -96,29 +100,29 @@ def build_app(engine: ServingEngine, max_body_bytes: int = 268435456, sse_ping_i
                             Exception: handle_unexpected},
         before_request=body_limit,
         request_max_body_size=max_body_bytes,
-        on_shutdown=[lambda: engine.shutdown()],
+        on_shutdown=[lambda: backend.shutdown()],
         openapi_config=None,
     )
-    app.state.engine = engine
-    app.state.prometheus = PrometheusExport(engine)
-    app.state.service = engine.counters
+    app.state.backend = backend
+    app.state.prometheus = PrometheusExport(backend)
+    app.state.service = backend.counters
     app.state.sse_ping_interval = sse_ping_interval
     return app
 
 
-def run(cfg: Any, engine: ServingEngine | None = None) -> None:
-    """Load the deployment's model (or take ``engine``, rank 0's under TP) and serve it with uvicorn
-    until interrupted (``dgpp serve CONFIG``)."""
+def run(cfg: DeployConfig, backend: Backend | None = None, deployment: Deployment | None = None) -> None:
+    """Load the deployment's model (or take ``backend``, rank 0's under TP) and serve it with uvicorn
+    until interrupted (``dgpp serve CONFIG``); ``deployment`` is preflight's resolution, reused."""
     import uvicorn
 
-    from dgpp.serve.build import build_serving_engine
+    from dgpp.serve.build import build_backend
 
-    engine = engine or build_serving_engine(cfg)
-    app = build_app(engine, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
+    backend = backend or build_backend(cfg, deployment)
+    app = build_app(backend, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
 
     def shed() -> None:
-        engine.loop.requests_shed += 1
-        engine.counters.requests_total += 1
+        backend.loop.requests_shed += 1
+        backend.counters.requests_total += 1
 
-    limited = ConnectionLimit(app, int(getattr(cfg.engine, "max_connections", 64)), on_reject=shed)
+    limited = ConnectionLimit(app, cfg.engine.max_connections, on_reject=shed)
     uvicorn.run(limited, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning")

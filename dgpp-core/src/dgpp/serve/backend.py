@@ -1,8 +1,9 @@
-"""The serving side of the engine: prompt preparation off the event loop, submission, and per-request events.
+"""The model-facing half of the server (``Backend``): prompt preparation off the event loop, submission, and
+per-request events.
 
-``ServingEngine`` is what the HTTP routes talk to. It owns the tokenizer and chat template, knows the
+``Backend`` is what the HTTP routes talk to. It owns the tokenizer and chat template, knows the
 served model's limits, and turns one HTTP request into ``n`` scheduler sequences whose events arrive on
-an asyncio queue (the engine thread posts them with ``call_soon_threadsafe``).
+an asyncio queue (the step loop thread posts them with ``call_soon_threadsafe``).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ from typing import Any
 
 from dgpp.sample.params import SamplingDefaults, SamplingParams
 from dgpp.sample.sampler import ChoiceSampler
-from dgpp.sched.engine_loop import EngineFailed, EngineLoop
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull
+from dgpp.sched.step_loop import StepLoop, StepLoopFailed
 from dgpp.serve.errors import APIError
 from dgpp.text.errors import GrammarError, TextError
 
@@ -69,25 +70,25 @@ class RequestHandle:
     params: SamplingParams
     seqs: list[Sequence] = field(default_factory=list)
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    engine: ServingEngine | None = None
-    done: set[int] = field(default_factory=set)  # choices the engine has retired
-    cancelled: set[int] = field(default_factory=set)  # choices we asked the engine to stop
+    backend: Backend | None = None
+    done: set[int] = field(default_factory=set)  # choices the scheduler has retired
+    cancelled: set[int] = field(default_factory=set)  # choices we asked the scheduler to stop
 
     def cancel(self, choice: int | None = None, reason: RetireReason = RetireReason.CANCELLED) -> None:
         """Stop one choice (a stop string matched) or, with ``choice=None``, every unfinished choice."""
-        assert self.engine is not None
+        assert self.backend is not None
         for s in self.seqs:
             i = s.choice_index
             if (choice is None or i == choice) and i not in self.done and i not in self.cancelled:
                 self.cancelled.add(i)
-                self.engine.loop.cancel(s.request_id, reason)
+                self.backend.loop.cancel(s.request_id, reason)
 
     @property
     def finished(self) -> bool:
         return len(self.done) == len(self.seqs)
 
 
-class ServingEngine:
+class Backend:
     """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``start``."""
 
     def __init__(
@@ -95,15 +96,16 @@ class ServingEngine:
         model_id: str,
         tokenizer: Any,
         chat_template: Any,
-        loop: EngineLoop,
+        loop: StepLoop,
         limits: ModelLimits,
         defaults: SamplingDefaults,
-        default_max_tokens: int = 256,
+        *,
+        default_max_tokens: int,
         eos_token_ids: frozenset[int] = frozenset(),
         prep_workers: int = 2,
         dialect: Any = None,
         grammar: Any = None,
-        reasoning_in_content: bool = False,
+        reasoning_in_content: bool,
     ) -> None:
         self.model_id = model_id
         self.tokenizer = tokenizer
@@ -210,7 +212,7 @@ class ServingEngine:
 
         A request that named no max_tokens gets ``engine.default_max_tokens`` cut to the room its prompt
         leaves; one that named it too large is refused (the client asked for something impossible)."""
-        if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the engine
+        if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the step loop
             param = "messages" if kind == "chatcmpl" else "prompt"
             raise APIError(400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param)
         top = max(prompt_ids)
@@ -234,7 +236,7 @@ class ServingEngine:
             raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                                 f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
                            "context_length_exceeded", "max_tokens")
-        handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, engine=self)
+        handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
         loop = asyncio.get_running_loop()
 
         def sink(seq: Sequence, ev: SeqEvent) -> None:
@@ -253,7 +255,7 @@ class ServingEngine:
             self.loop.submit(handle.seqs)
         except QueueFull as e:
             raise APIError(503, f"server overloaded: {e}", "overloaded") from None
-        except EngineFailed as e:
+        except StepLoopFailed as e:
             raise APIError(503, f"engine failed: {e}", "engine_failure") from None
         return handle
 

@@ -1,78 +1,103 @@
-"""Assemble a ``ServingEngine`` from a deployment: checkpoint, tokenizer, template, model, pools, scheduler."""
+"""Assemble a ``Backend`` from a deployment: checkpoint, tokenizer, template, model, pools, scheduler."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
-import torch
 
+from dgpp.config import DeployConfig, EngineConfig
 from dgpp.engine.work import StepRunner
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
-from dgpp.sched.engine_loop import EngineLoop
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
-from dgpp.serve.backend import ModelLimits, ServingEngine
+from dgpp.sched.step_loop import StepLoop
+from dgpp.serve.backend import Backend, ModelLimits
 from dgpp.serve.engine_keys import check_engine_keys
 from dgpp.serve.metrics import scheduler_snapshot
 
+if TYPE_CHECKING:
+    from dgpp.preflight import Deployment
+
 log = structlog.get_logger("dgpp.serve")
 MAX_SNAPSHOT_SLOTS = 4096
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def snapshot_slots(engine_cfg: Any, state_bytes_per_request: int) -> int:
+def snapshot_slots(engine_cfg: EngineConfig, state_bytes_per_request: int) -> int:
     """Prefix-cache snapshot slots: ``min(4096, floor(prefix_cache_gib · 2^30 / snapshot bytes))``."""
-    gib = float(getattr(engine_cfg, "prefix_cache_gib", 1.5))
+    gib = engine_cfg.prefix_cache_gib
     if gib <= 0 or state_bytes_per_request <= 0:
         return 0
     return min(MAX_SNAPSHOT_SLOTS, int(gib * 2**30 // state_bytes_per_request))
 
 
+@dataclass(frozen=True)
+class PoolSizes:
+    """The KV and state geometry, derived once from ``engine.*`` and handed to both sides that must agree on it:
+    the tensors (``CachePools``) and the ids the scheduler hands out (``BlockPool``, ``SlotPool``)."""
+
+    num_blocks: int
+    block_size: int
+    live_slots: int
+    snapshot_slots: int
+
+    @classmethod
+    def of(cls, engine_cfg: EngineConfig, snapshot_slots: int = 0) -> PoolSizes:
+        """``ceil(kv_capacity / block_size)`` blocks; one live state slot per concurrent request."""
+        return cls(-(-engine_cfg.kv_capacity // engine_cfg.block_size), engine_cfg.block_size,
+                   engine_cfg.max_concurrency, snapshot_slots)
+
+    @property
+    def state_slots(self) -> int:
+        return self.live_slots + self.snapshot_slots
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+
 def assemble(
     model_id: str,
-    engine_cfg: Any,
+    engine_cfg: EngineConfig,
     runner: StepRunner,
     *,
+    sizes: PoolSizes,
     vocab_size: int,
     max_position: int,
-    num_blocks: int,
-    block_size: int,
     hybrid: bool,
     copy_state: Any,
-    num_snapshot_slots: int,
     eos_token_ids: frozenset[int],
     snapshot_bytes: int = 0,
     defaults: SamplingDefaults,
     text: TextStack,
     start_loop: bool = True,
     speculative: Any = None,
-) -> ServingEngine:
-    """Wire pools, prefix cache, scheduler and engine thread around ``runner``; starts the engine thread
+) -> Backend:
+    """Wire pools, prefix cache, scheduler and step loop thread around ``runner``; starts the step loop thread
     unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead)."""
-    sched_cfg = SchedulerConfig.from_engine(engine_cfg, block_size, max_position)
-    blocks = BlockPool(num_blocks, block_size)
-    slots = SlotPool(sched_cfg.max_concurrency, num_snapshot_slots if hybrid else 0)
-    enabled = sched_cfg.prefix_cache and (num_snapshot_slots > 0 or not hybrid)
+    sched_cfg = SchedulerConfig.from_engine(engine_cfg, sizes.block_size, max_position)
+    blocks = BlockPool(sizes.num_blocks, sizes.block_size)
+    slots = SlotPool(sizes.live_slots, sizes.snapshot_slots if hybrid else 0)
+    enabled = sched_cfg.prefix_cache and (sizes.snapshot_slots > 0 or not hybrid)
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     scheduler.speculative = speculative  # engine.mtp (None: plain decode)
-    loop = EngineLoop(scheduler, float(getattr(engine_cfg, "stats_interval_s", 10.0)), snapshot=scheduler_snapshot,
-                      gather_ms=float(getattr(engine_cfg, "admission_gather_ms", 0)))
+    loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
+                      gather_ms=engine_cfg.admission_gather_ms)
     if start_loop:
         loop.start()
-    limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=num_blocks * block_size)
-    log.info("engine ready", model=model_id, kv_blocks=num_blocks, block_size=block_size,
+    limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=sizes.kv_tokens)
+    log.info("engine ready", model=model_id, kv_blocks=sizes.num_blocks, block_size=sizes.block_size,
              chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, snapshot_slots=slots.num_snapshots)
-    return ServingEngine(model_id, text.tokenizer, text.template, loop, limits, defaults,
-                         default_max_tokens=int(getattr(engine_cfg, "default_max_tokens", 256)),
+    return Backend(model_id, text.tokenizer, text.template, loop, limits, defaults,
+                         default_max_tokens=engine_cfg.default_max_tokens,
                          eos_token_ids=eos_token_ids, dialect=text.dialect, grammar=text.grammar,
-                         reasoning_in_content=bool(getattr(engine_cfg, "reasoning_in_content", False)))
+                         reasoning_in_content=engine_cfg.reasoning_in_content)
 
 
 @dataclass
@@ -85,8 +110,9 @@ class TextStack:
     grammar: Any = None
 
 
-def _text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | None = None,
-                hf_config: dict | None = None, pm: Any = None) -> TextStack:
+def text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | None = None,
+               hf_config: dict | None = None, pm: Any = None) -> TextStack:
+    """Tokenizer, chat template, dialect and grammar context of ``checkpoint`` (the family's, when named)."""
     from dgpp.text.chat_template import ChatTemplate
     from dgpp.text.errors import TemplateError
     from dgpp.text.tokenizer import Tokenizer
@@ -111,84 +137,60 @@ def _text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | N
     return TextStack(tokenizer, template, dialect, grammar)
 
 
-def _install_policy(engine_cfg: Any) -> None:
+def _install_policy(engine_cfg: EngineConfig) -> None:
     """Fix this engine's execution policy for its life (``dgpp.policy``): batch invariance and the packed decode
     GEMV, whose "auto" resolves from the most rows a step can hold (a row's bits must not depend on server load)."""
     from dgpp.policy import ExecPolicy, install
 
-    depth = int(getattr(engine_cfg, "mtp_depth", 1)) if getattr(engine_cfg, "mtp", False) else 0
-    max_rows = int(getattr(engine_cfg, "max_concurrency", 1)) * (1 + depth)
-    setting = str(getattr(engine_cfg, "quant_decode_gemv", "auto"))
-    policy = ExecPolicy.for_engine(batch_invariant=bool(getattr(engine_cfg, "batch_invariant", False)),
-                                   quant_decode_gemv=setting, decode_max_rows=max_rows)
-    install(policy)
+    depth = engine_cfg.mtp_depth if engine_cfg.mtp else 0
+    max_rows = engine_cfg.max_concurrency * (1 + depth)
+    setting = engine_cfg.quant_decode_gemv
+    install(ExecPolicy.for_engine(batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting,
+                                  decode_max_rows=max_rows))
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
 
 
-def build_serving_engine(cfg: Any, *, world: Any = None, group: Any = None, device: str | None = None,
-                         start_loop: bool = True) -> ServingEngine:
+def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, world: Any = None,
+                         group: Any = None, device: str | None = None, start_loop: bool = True) -> Backend:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
-    slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``)."""
-    from dgpp.checkpoint.resolve import resolve_checkpoint
-    from dgpp.engine.loading import load_model, read_hf_config
+    slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``).
+
+    ``deployment`` is preflight's resolution of the checkpoint, config.json and family (resolved here when
+    the caller ran no preflight); the model and the drafter load from its context.
+    """
+    from dgpp.engine.loading import model_for
     from dgpp.engine.runner import ModelRunner
-    from dgpp.plugins import manager, resolve
+    from dgpp.preflight import resolve_deployment
     from dgpp.step.pools import CachePools
 
     engine_cfg = cfg.engine
-    checkpoint = resolve_checkpoint(cfg.model)
-    pm = manager()
-    hf_config = read_hf_config(checkpoint)
-    family = resolve(pm, hf_config).family.name
+    deployment = deployment or resolve_deployment(cfg, device)
+    ctx = deployment.for_rank(world, device, group)
     check_engine_keys(engine_cfg)  # before any weight is read
-    dtype = _DTYPES.get(str(getattr(engine_cfg, "dtype", "auto")))
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = ctx.device
     _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
-    model = load_model(checkpoint, engine_cfg, dtype=dtype, device=device, pm=pm, world=world, group=group)
+    model = model_for(ctx, deployment.pm)
     info = model.info
     check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
-    text = _text_stack(checkpoint, info.vocab_size, family, hf_config, pm)
+    text = text_stack(deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm)
     tokenizer = text.tokenizer
-    block_size = int(getattr(engine_cfg, "block_size", 16))
-    num_blocks = -(-int(engine_cfg.kv_capacity) // block_size)
     spec = model.cache_spec()
     state_bytes = sum(s.bytes_per_request() for s in spec.values() if hasattr(s, "bytes_per_request"))
-    n_snap = snapshot_slots(engine_cfg, state_bytes) if info.hybrid else 0
-    pools = CachePools(spec, num_blocks, block_size, int(engine_cfg.max_concurrency) + n_snap, device=device)
+    sizes = PoolSizes.of(engine_cfg, snapshot_slots(engine_cfg, state_bytes) if info.hybrid else 0)
+    pools = CachePools(spec, sizes.num_blocks, sizes.block_size, sizes.state_slots, device=device)
     runner = ModelRunner(
-        model, pools, decode_graph=bool(getattr(engine_cfg, "decode_graph", False)),
-        max_batch=int(engine_cfg.max_concurrency), max_blocks=min(num_blocks, -(-info.max_position // block_size)),
+        model, pools, decode_graph=engine_cfg.decode_graph, max_batch=engine_cfg.max_concurrency,
+        max_blocks=min(sizes.num_blocks, -(-info.max_position // sizes.block_size)),
     )
     from dgpp.engine.speculative_build import build_speculative
 
-    speculative = build_speculative(engine_cfg, checkpoint, runner, pm=pm, dtype=dtype, device=device, world=world,
-                                    group=group)
+    speculative = build_speculative(engine_cfg, ctx, runner, pm=deployment.pm)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     return assemble(
-        engine_cfg.model_alias or cfg.model, engine_cfg, runner,
-        vocab_size=info.vocab_size, max_position=info.max_position, num_blocks=num_blocks, block_size=block_size,
-        hybrid=info.hybrid, copy_state=pools.copy_state, num_snapshot_slots=n_snap, eos_token_ids=eos,
+        engine_cfg.model_alias or cfg.model, engine_cfg, runner, sizes=sizes,
+        vocab_size=info.vocab_size, max_position=info.max_position,
+        hybrid=info.hybrid, copy_state=pools.copy_state, eos_token_ids=eos,
         snapshot_bytes=state_bytes,
-        defaults=SamplingDefaults.from_generation_config(checkpoint), text=text, start_loop=start_loop,
+        defaults=SamplingDefaults.from_generation_config(deployment.checkpoint), text=text, start_loop=start_loop,
         speculative=speculative,
-    )
-
-
-def build_toy_engine(model_id: str, tokenizer_dir: str | Path, engine_cfg: Any, *, hybrid: bool = False,
-                     favour: dict[int, float] | None = None) -> ServingEngine:
-    """A serving engine over ``ToyRunner`` (no checkpoint) for API-shape tests."""
-    from dgpp.sched.toy_runner import ToyRunner
-
-    text = _text_stack(Path(tokenizer_dir))
-    tokenizer = text.tokenizer
-    block_size = int(getattr(engine_cfg, "block_size", 16))
-    num_blocks = -(-int(engine_cfg.kv_capacity) // block_size)
-    n_snap = 16 if hybrid else 0
-    runner = ToyRunner(tokenizer.vocab_size, num_blocks, block_size, int(engine_cfg.max_concurrency) + n_snap,
-                       hybrid=hybrid, favour=favour)
-    return assemble(
-        model_id, engine_cfg, runner, vocab_size=tokenizer.vocab_size, max_position=4096,
-        num_blocks=num_blocks, block_size=block_size, hybrid=hybrid, copy_state=runner.copy_state,
-        num_snapshot_slots=n_snap, eos_token_ids=frozenset(tokenizer.eos_token_ids),
-        defaults=SamplingDefaults.from_generation_config(tokenizer_dir), text=text,
     )

@@ -13,7 +13,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from dgpp.sched.request import RetireReason
-from dgpp.serve.backend import RequestHandle, ServingEngine
+from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import ServedChoice
 from dgpp.serve.errors import APIError, invalid
 from dgpp.serve.openai_format import (
@@ -28,42 +28,42 @@ from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
 from dgpp.serve.validate import check_model, parse_body, sampling_params
 
 
-def _engine(request: Request) -> ServingEngine:
-    return request.app.state.engine
+def _backend(request: Request) -> Backend:
+    return request.app.state.backend
 
 
-async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], ServingEngine]:
-    engine = _engine(request)
-    engine.counters.requests_total += 1
+async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Backend]:
+    backend = _backend(request)
+    backend.counters.requests_total += 1
     req, raw = parse_body(await request.body(), kind)
-    check_model(req.model, engine.model_id)
-    return req, raw, engine
+    check_model(req.model, backend.model_id)
+    return req, raw, backend
 
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request) -> Response | Stream:
-    req, raw, engine = await _read(request, ChatCompletionRequest)
-    params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
-    prepared = await engine.prepare_chat(req, req.n or 1)
+    req, raw, backend = await _read(request, ChatCompletionRequest)
+    params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
+    prepared = await backend.prepare_chat(req, req.n or 1)
     if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
         params = replace(params, ignore_eos=False)
-    handle = engine.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
+    handle = backend.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
                           kind="chatcmpl", matchers=prepared.matchers, constraint=prepared.constraint,
                           max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
-    return await _answer(request, engine, handle, req, engine.text_outputs(handle, prepared))
+    return await _answer(request, backend, handle, req, backend.text_outputs(handle, prepared))
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request) -> Response | Stream:
-    req, raw, engine = await _read(request, CompletionRequest)
-    params = sampling_params(req, raw, engine.defaults, engine.limits.vocab_size, engine.default_max_tokens)
-    prompt = await engine.prepare_text(req.prompt)
-    handle = engine.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl",
+    req, raw, backend = await _read(request, CompletionRequest)
+    params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
+    prompt = await backend.prepare_text(req.prompt)
+    handle = backend.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl",
                           max_tokens_given=req.max_tokens is not None)
-    return await _answer(request, engine, handle, req, engine.text_outputs(handle, None))
+    return await _answer(request, backend, handle, req, backend.text_outputs(handle, None))
 
 
-async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle, req: Any,
+async def _answer(request: Request, backend: Backend, handle: RequestHandle, req: Any,
                   outputs: list[ServedChoice]) -> Response | Stream:
     chat = isinstance(req, ChatCompletionRequest)
     created = int(time.time())
@@ -72,9 +72,9 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
         include_usage = bool(opts and opts.include_usage)
         obfuscate = opts.include_obfuscation if opts is not None else True
         tier = chat and req.service_tier is not None
-        writer = ChunkWriter(handle.request_id, created, engine.model_id, chat, include_usage, obfuscate, tier)
+        writer = ChunkWriter(handle.request_id, created, backend.model_id, chat, include_usage, obfuscate, tier)
         ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
-        return Stream(_stream(engine, handle, outputs, writer, ping), media_type="text/event-stream",
+        return Stream(_stream(backend, handle, outputs, writer, ping), media_type="text/event-stream",
                       status_code=200, headers={"Cache-Control": "no-cache"})
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, handle))
     try:
@@ -85,24 +85,24 @@ async def _answer(request: Request, engine: ServingEngine, handle: RequestHandle
         handle.cancel()  # a client gone before the answer frees its slots
     failed = [o for o in outputs if o.finish_reason == "error"]
     if failed:
-        engine.counters.requests_failed += 1
-        raise _generation_error(engine, failed[0].error)
-    engine.counters.finished(outputs)
+        backend.counters.requests_failed += 1
+        raise _generation_error(backend, failed[0].error)
+    backend.counters.finished(outputs)
     if chat:
-        body = chat_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
+        body = chat_response(handle.request_id, created, backend.model_id, len(handle.prompt_ids), outputs,
                              handle.params.logprobs, req.metadata, service_tier=req.service_tier is not None)
     else:
-        body = completion_response(handle.request_id, created, engine.model_id, len(handle.prompt_ids), outputs,
+        body = completion_response(handle.request_id, created, backend.model_id, len(handle.prompt_ids), outputs,
                                    handle.params.logprobs)
     body["timings"] = timings(handle.seqs[0], outputs[0].completion_tokens)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
-def _generation_error(engine: ServingEngine, why: str | None) -> APIError:
-    """503 ``engine_failure`` when the engine is down; 500 when only this request's generation failed
-    (e.g. its grammar matcher), which is a server fault but leaves the engine serving."""
-    if engine.loop.failed is not None:
-        return APIError(503, f"engine failed while generating this request: {engine.loop.failed}", "engine_failure")
+def _generation_error(backend: Backend, why: str | None) -> APIError:
+    """503 ``engine_failure`` when the step loop stopped on a failure; 500 when only this request's generation
+    failed (e.g. its grammar matcher), which is a server fault but leaves the model serving."""
+    if backend.loop.failed is not None:
+        return APIError(503, f"engine failed while generating this request: {backend.loop.failed}", "engine_failure")
     return APIError(500, f"generation failed: {why}", "generation_failed")
 
 
@@ -135,7 +135,7 @@ async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float
         yield index, delta
 
 
-async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[ServedChoice], writer: ChunkWriter,
+async def _stream(backend: Backend, handle: RequestHandle, outputs: list[ServedChoice], writer: ChunkWriter,
                   ping: int) -> AsyncIterator[bytes]:
     try:
         async for item in _drive(handle, outputs, None if ping < 0 else float(ping)):
@@ -144,8 +144,8 @@ async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[Se
                 continue
             index, delta = item
             if delta.error is not None:
-                engine.counters.requests_failed += 1
-                err = _generation_error(engine, delta.error)
+                backend.counters.requests_failed += 1
+                err = _generation_error(backend, delta.error)
                 yield writer.delta(index, delta.parts, delta.logprobs, None)
                 yield writer.error(err.message, err.code or "engine_failure")
                 yield DONE
@@ -155,7 +155,7 @@ async def _stream(engine: ServingEngine, handle: RequestHandle, outputs: list[Se
             chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason, times)
             if chunk:
                 yield chunk
-        engine.counters.finished(outputs)
+        backend.counters.finished(outputs)
         if writer.include_usage:
             yield writer.usage_chunk(len(handle.prompt_ids), outputs)
         yield DONE

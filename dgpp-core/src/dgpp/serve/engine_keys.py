@@ -13,6 +13,7 @@ from typing import Any
 import structlog
 import torch
 
+from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 
 log = structlog.get_logger("dgpp.serve")
@@ -35,22 +36,22 @@ INERT_KEYS: dict[str, Any] = {
 }
 
 
-def check_engine_keys(engine_cfg: Any, compute_dtype: torch.dtype | None = None) -> list[str]:
+def check_engine_keys(engine_cfg: EngineConfig, compute_dtype: torch.dtype | None = None) -> list[str]:
     """Raise ``ConfigError`` for a KV format this build cannot store; return (and log) the set keys that
     have no effect here. Before the model is loaded ``compute_dtype`` is None and only the formats that are
     never stored (fp8, fp4) are refused, so a refusal costs no weight loading."""
     refuse_unstored_kv(engine_cfg, compute_dtype)
     if compute_dtype is not None:
         return []  # the second call (after loading) only checks the KV dtype against the model's
-    inert = [key for key, off in INERT_KEYS.items() if getattr(engine_cfg, key, off) != off]
+    inert = [key for key, off in INERT_KEYS.items() if getattr(engine_cfg, key) != off]
     for key in inert:
         log.warning("engine key has no effect in this build", key=f"engine.{key}", value=getattr(engine_cfg, key))
     return inert
 
 
-def refuse_unstored_kv(engine_cfg: Any, compute_dtype: torch.dtype | None = None) -> None:
+def refuse_unstored_kv(engine_cfg: EngineConfig, compute_dtype: torch.dtype | None = None) -> None:
     """Raise ``ConfigError`` for a KV format this build cannot store (``dgpp check`` and ``dgpp serve`` alike)."""
-    kv = str(getattr(engine_cfg, "kv_dtype", "auto"))
+    kv = engine_cfg.kv_dtype
     named = _KV_NAMES.get(kv)
     if kv != "auto" and (named is None or (compute_dtype is not None and named != compute_dtype)):
         where = f", {str(compute_dtype).removeprefix('torch.')}" if compute_dtype is not None else ""

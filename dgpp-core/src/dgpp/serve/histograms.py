@@ -1,6 +1,6 @@
 """Per-request latency and size histograms for ``/metrics/prometheus`` (anchor §2.12 names).
 
-Observed on the engine thread when a sequence retires, from the timestamps the scheduler keeps on it
+Observed on the step loop thread when a sequence retires, from the timestamps the scheduler keeps on it
 (arrival, admission, first and last token); prometheus_client histograms are thread-safe.
 """
 

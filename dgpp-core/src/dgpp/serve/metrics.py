@@ -1,7 +1,7 @@
 """``/metrics`` JSON (anchor §2.11 key groups) and ``/metrics/prometheus`` (``dgpp_*`` names, §2.12).
 
-The scheduler part is captured on the engine thread after each pass (``scheduler_snapshot``) so a
-reader never walks structures the engine is changing; ``snapshot_age_ms`` says how old it is.
+The scheduler part is captured on the step loop's thread after each pass (``scheduler_snapshot``) so a
+reader never walks structures the scheduler is changing; ``snapshot_age_ms`` says how old it is.
 """
 
 from __future__ import annotations
@@ -87,9 +87,9 @@ def _version() -> str:
     return str(__version__)
 
 
-def metrics_json(engine: Any) -> dict[str, Any]:
-    """The full ``/metrics`` body: the engine's last snapshot plus the HTTP side's counters."""
-    loop = engine.loop
+def metrics_json(backend: Any) -> dict[str, Any]:
+    """The full ``/metrics`` body: the step loop's last snapshot plus the HTTP side's counters."""
+    loop = backend.loop
     snap = dict(loop.published)
     sched_part = dict(snap.get("scheduler", {}))
     finished = sched_part.pop("finished", {})
@@ -97,7 +97,7 @@ def metrics_json(engine: Any) -> dict[str, Any]:
     sched_part["snapshot_age_ms"] = (time.monotonic() - loop.published_at) * 1000.0
     pending_adm, pending_cancel = loop.pending
     cfg = loop.scheduler.config
-    c = engine.counters
+    c = backend.counters
     service = {
         "requests_total": c.requests_total, "requests_shed": loop.requests_shed,
         "pending_admissions": pending_adm, "pending_cancellations": pending_cancel,
@@ -117,14 +117,14 @@ def metrics_json(engine: Any) -> dict[str, Any]:
 class _Collector:
     """Renders the JSON metrics as Prometheus families at scrape time (label ``model_name``)."""
 
-    def __init__(self, engine: Any) -> None:
-        self.engine = engine
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
 
     def collect(self):  # noqa: ANN201 - prometheus_client's collector protocol
-        m = metrics_json(self.engine)
-        label = self.engine.model_id
+        m = metrics_json(self.backend)
+        label = self.backend.model_id
         sch, svc, pc, pre = m["scheduler"], m["service"], m["prefix_cache"], m["prefill"]
-        cfg = self.engine.loop.scheduler.config
+        cfg = self.backend.loop.scheduler.config
 
         def gauge(name: str, value: float, doc: str = "") -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"dgpp_{name}", doc or name, labels=["model_name"])
@@ -144,7 +144,7 @@ class _Collector:
         yield gauge("engine_failed", svc["engine_failed"])
         yield gauge("max_concurrent_requests", cfg.max_concurrency)
         yield gauge("queue_limit", cfg.queue_limit)
-        yield gauge("kv_pool_tokens", self.engine.limits.kv_pool_tokens)
+        yield gauge("kv_pool_tokens", self.backend.limits.kv_pool_tokens)
         yield gauge("admission_window_tokens", cfg.admission_window)
         yield gauge("admission_prefill_budget_tokens", svc["admission"]["prefill_budget_tokens"])
         yield gauge("admission_prefill_idle_budget_tokens", svc["admission"]["prefill_idle_budget_tokens"])
@@ -206,14 +206,14 @@ class _Collector:
 
 
 class PrometheusExport:
-    """One registry per engine: the scheduler/service families (read at scrape time) plus the request
+    """One registry per backend: the scheduler/service families (read at scrape time) plus the request
     histograms (observed at retirement)."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, backend: Any) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(_Collector(engine))
-        self.histograms = RequestHistograms(self.registry, engine.model_id)
-        engine.loop.scheduler.on_retire.append(lambda s: self.histograms.observe(s, time.monotonic()))
+        self.registry.register(_Collector(backend))
+        self.histograms = RequestHistograms(self.registry, backend.model_id)
+        backend.loop.scheduler.on_retire.append(lambda s: self.histograms.observe(s, time.monotonic()))
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-# Small enough for the 2-core CI box, big enough that every GLM feature runs: one dense layer then MoE
+# Small enough for a 2-core CPU test run, big enough that every GLM feature runs: one dense layer then MoE
 # layers, 4 groups of 4 experts of which 2 groups are eligible, q/k/v biases, q/k norm, partial RoPE.
 TINY_GLM4_MOE: dict[str, Any] = {
     "architectures": ["Glm4MoeForCausalLM"],

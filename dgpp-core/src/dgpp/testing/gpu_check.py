@@ -1,4 +1,4 @@
-"""Shared pieces of the ``check_*_cuda.py`` scripts: references are prepared on the CPU box, then checked on a GPU
+"""Shared pieces of the ``check_*_cuda.py`` scripts: references are prepared on a CPU host, then checked on a GPU
 machine (which has no transformers release new enough), with a markdown table of what held."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class GreedyAgreement:
 
 
 def greedy_agreement(model, prompts: list[list[int]], new_tokens: int, reference: list[list[int]]) -> GreedyAgreement:
-    from dgpp.engine.generate import greedy_generate
+    from dgpp.testing.generate import greedy_generate
 
     one_shot = greedy_generate(model, prompts, new_tokens)
     chunked = greedy_generate(model, prompts, new_tokens, chunk_size=13)
@@ -51,7 +51,7 @@ def print_table(header: list[str], rows: list[str]) -> None:
 
 
 def main(doc: str, prepare: Callable[[Path], None], check: Callable[[Path], int], default_dir: str) -> int:
-    """``prepare --dir D`` (CPU box) or ``check --dir D`` (GPU); returns the exit status."""
+    """``prepare --dir D`` (CPU host) or ``check --dir D`` (GPU); returns the exit status."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("mode", choices=("prepare", "check"))
     parser.add_argument("--dir", type=Path, default=Path(default_dir))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.generate import make_pools
 from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.testing.generate import make_pools
 
 
 @torch.inference_mode()

@@ -45,13 +45,13 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
 
     cfg = arch_config(ctx)
     engine = ctx.engine
-    bf16 = getattr(engine, "bf16_weights", "checkpoint")
+    bf16 = engine.bf16_weights
     with torch.device("meta"):
         model = Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
         quantize_modules(model, ctx.hf_config, rename=checkpoint_name)
         spec = dict(model.cache_spec())
         drafter_bytes = 0
-        if cfg.num_mtp_layers and getattr(engine, "mtp", False):
+        if cfg.num_mtp_layers and engine.mtp:
             layout = MTPLayout.of(tensor_bytes(Path(ctx.checkpoint_dir)), cfg)
             drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head)
             if layout.packed:
@@ -60,9 +60,9 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
             drafter_bytes = resident_bytes(drafter, bf16)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     world = ctx.world.size
-    max_conc = getattr(engine, "max_concurrency", 1)
-    depth = getattr(engine, "mtp_depth", 1) if getattr(engine, "mtp", False) else 0
-    budget = getattr(engine, "prefill_budget_tokens", -1)
+    max_conc = engine.max_concurrency
+    depth = engine.mtp_depth if engine.mtp else 0
+    budget = engine.prefill_budget_tokens
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
     return MemoryPlan.from_cache_spec(
         spec,
@@ -70,9 +70,9 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
         # a prefill row: residual, normed input, q/k/v/attention rows, the widest MLP's gate/up/act on this rank
         activations_per_token=(8 * cfg.hidden_size + 3 * widest_mlp // world) * itemsize,
         drafter=drafter_bytes,
-        kv_capacity=getattr(engine, "kv_capacity", 0),
+        kv_capacity=engine.kv_capacity,
         max_concurrency=max_conc,
-        prefill_tokens=max(256 if budget < 0 else budget, getattr(engine, "prefill_idle_budget_tokens", 0)),
+        prefill_tokens=max(256 if budget < 0 else budget, engine.prefill_idle_budget_tokens),
         extra={"logits": 4 * cfg.vocab_size * max(max_conc * (1 + depth), 8)},
         notes=(f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}; KV includes the MTP layer"
                if drafter_bytes else f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}",),

@@ -184,7 +184,7 @@ def _check_hash_buffers(model: Qwen4ExpForCausalLM, reader: CheckpointReader, re
 
 
 def load_ngram_tables(model: Qwen4ExpForCausalLM, reader: CheckpointReader, rename: Any, ctx: LoadContext) -> None:
-    mode = getattr(ctx.engine, "ngram_table", "resident") if ctx.engine is not None else "resident"
+    mode = ctx.engine.ngram_table
     ngram = model.cfg.ngram
     for i, layer in enumerate(model.model.layers):
         if layer.ple is not None:
@@ -199,7 +199,7 @@ def load_qwen4_exp(ctx: LoadContext) -> Qwen4ExpForCausalLM:
     base = cfg.base
     eos = tuple(dict.fromkeys((*base.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
     cfg = dataclasses.replace(cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype))
-    cfg = with_engine_rope_scaling(cfg, getattr(ctx.engine, "rope_scaling", None) if ctx.engine is not None else None)
+    cfg = with_engine_rope_scaling(cfg, ctx.engine.rope_scaling)
     rename = rename_for(cfg.base)
     reader = CheckpointReader(ctx.checkpoint_dir)
     try:

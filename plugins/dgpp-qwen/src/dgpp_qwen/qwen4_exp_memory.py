@@ -37,7 +37,7 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
     cfg = parse_qwen4_exp_config(ctx.hf_config)
     base = cfg.base
     dtype = ctx.dtype or base.dtype
-    mtp = bool(getattr(engine, "mtp", False))
+    mtp = engine.mtp
     with torch.device("meta"):
         model = Qwen4ExpForCausalLM(cfg, ctx.world)
         spec = dict(model.cache_spec())
@@ -48,12 +48,12 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
             drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
     table = ngram_table_bytes(Path(ctx.checkpoint_dir)) if cfg.ngram else 0
-    mapped = getattr(engine, "ngram_table", "resident") == "mmap"
+    mapped = engine.ngram_table == "mmap"
     itemsize = torch.empty((), dtype=dtype).element_size()
     world, moe = ctx.world.size, base.moe
-    max_conc = getattr(engine, "max_concurrency", 1)
-    depth = getattr(engine, "mtp_depth", 1) if mtp else 0
-    budget = getattr(engine, "prefill_budget_tokens", -1)
+    max_conc = engine.max_concurrency
+    depth = engine.mtp_depth if mtp else 0
+    budget = engine.prefill_budget_tokens
     notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
     if table:
         notes.append(f"PLE n-gram tables {table / MIB:,.1f} MiB " + ("memory-mapped, not resident" if mapped else "resident"))
@@ -65,9 +65,9 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
         activations_per_token=(2 * cfg.hc_count * base.hidden_size + 6 * base.hidden_size
                                + 3 * moe.intermediate_size * moe.top_k // world) * itemsize,
         drafter=drafter_bytes,
-        kv_capacity=getattr(engine, "kv_capacity", 0),
+        kv_capacity=engine.kv_capacity,
         max_concurrency=max_conc,
-        prefill_tokens=max(256 if budget < 0 else budget, getattr(engine, "prefill_idle_budget_tokens", 0)),
+        prefill_tokens=max(256 if budget < 0 else budget, engine.prefill_idle_budget_tokens),
         extra={"logits": 4 * base.vocab_size * max(max_conc * (1 + depth), 8)},
         notes=tuple(notes),
     )

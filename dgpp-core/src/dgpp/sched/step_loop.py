@@ -1,7 +1,7 @@
-"""The engine thread: runs scheduler ticks apart from the HTTP event loop.
+"""The step loop: one thread that runs scheduler ticks apart from the HTTP event loop.
 
-The HTTP side calls ``submit`` / ``cancel`` from any thread; they land in an inbox the engine thread
-drains before each tick. Token events leave through each sequence's sink (called on the engine thread;
+The HTTP side calls ``submit`` / ``cancel`` from any thread; they land in an inbox the step loop's thread
+drains before each tick. Token events leave through each sequence's sink (called on that thread;
 the serving side hands them to its event loop). After every pass the loop publishes a metrics snapshot,
 and while busy it logs the periodic ``stats:`` line every ``stats_interval_s``.
 """
@@ -23,15 +23,15 @@ from dgpp.sched.stats_line import StatsLine
 log = structlog.get_logger("dgpp.engine")
 
 
-class EngineFailed(RuntimeError):
-    """The model runner raised: the engine serves no more requests (``/health`` says why)."""
+class StepLoopFailed(RuntimeError):
+    """The model runner raised: the step loop serves no more requests (``/health`` says why)."""
 
 
-class EngineLoop:
+class StepLoop:
     """Owns a ``Scheduler`` on a daemon thread; thread-safe ``submit`` / ``cancel``."""
 
-    def __init__(self, scheduler: Scheduler, stats_interval_s: float = 10.0,
-                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float = 0.0) -> None:
+    def __init__(self, scheduler: Scheduler, stats_interval_s: float, *,
+                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float) -> None:
         self.scheduler = scheduler
         self.failed: str | None = None
         self.requests_shed = 0
@@ -40,14 +40,14 @@ class EngineLoop:
         self._cancels: list[tuple[str, RetireReason]] = []
         self._cond = threading.Condition()
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="dgpp-engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="dgpp-step-loop", daemon=True)
         self._snapshot_fn = snapshot
         self.published: dict[str, Any] = {}
         self.published_at = time.monotonic()
         self._stats_line = StatsLine(scheduler, stats_interval_s)
         self._gather_s = gather_ms / 1000.0
         # tensor parallelism (dgpp.dist): rank 0 journals each tick's inputs before it runs, and a
-        # failure seen off the engine thread (a peer died) ends the engine through ``fail``
+        # failure seen off the step loop thread (a peer died) ends the step loop through ``fail``
         self.before_tick: Callable[[list[list[Sequence]], list[tuple[str, RetireReason]]], None] | None = None
         self.after_tick: Callable[[], None] | None = None
         self._fail_pending = False
@@ -66,10 +66,10 @@ class EngineLoop:
 
     def submit(self, seqs: list[Sequence]) -> None:
         """Queue the choices of one request; ``QueueFull`` when ``engine.queue_limit`` would be passed,
-        ``EngineFailed`` after a runner failure."""
+        ``StepLoopFailed`` after a runner failure."""
         with self._cond:
             if self.failed is not None:
-                raise EngineFailed(self.failed)
+                raise StepLoopFailed(self.failed)
             waiting = self.scheduler.waiting_requests + len(self._inbox)
             if waiting + 1 > self.scheduler.config.queue_limit:
                 self.requests_shed += 1
@@ -85,7 +85,7 @@ class EngineLoop:
             self._cond.notify()
 
     def fail(self, message: str) -> None:
-        """Mark the engine failed from any thread; the engine thread ends every request with ``message``."""
+        """Mark the engine failed from any thread; the step loop thread ends every request with ``message``."""
         with self._cond:
             if self.failed is None:
                 self.failed = message

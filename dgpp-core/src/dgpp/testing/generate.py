@@ -1,4 +1,5 @@
-"""Greedy generation through the ``ModelRunner``, for tests and the CPU demo (serving is ``sched``'s).
+"""Greedy generation straight through the ``ModelRunner``: the reference loop tests compare the scheduler,
+the server and other families' references with (serving is ``dgpp.sched``'s; this is test support).
 
 All sequences advance together: each step carries, per unfinished sequence, its next prefill chunk
 (``chunk_size`` tokens, or the whole prompt) or its one decode token, so steps mix prefill and decode
@@ -7,20 +8,49 @@ whenever prompts differ in length. Ties go to the lowest token id (``torch.argma
 
 from __future__ import annotations
 
+from collections import deque
+
 import torch
 
-from dgpp.engine.allocators import BlockAllocator, SlotAllocator
 from dgpp.engine.model import Model
 from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.sched.block_pool import BlockPool
 from dgpp.step.pools import CachePools
 
 
-def make_pools(model: Model, total_tokens: list[int], block_size: int) -> tuple[CachePools, BlockAllocator, SlotAllocator]:
-    """Pools just large enough for sequences of ``total_tokens`` tokens each."""
+class OutOfSlots(RuntimeError):
+    """Every state slot is in use."""
+
+
+class SlotAllocator:
+    """State-pool slot ids ``0..num_slots-1``, each held by at most one live sequence (misuse raises)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free: deque[int] = deque(range(num_slots))
+        self._used: set[int] = set()
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfSlots(f"all {self.num_slots} state slots are in use")
+        slot = self._free.popleft()
+        self._used.add(slot)
+        return slot
+
+    def free(self, slot: int) -> None:
+        if slot not in self._used:
+            raise RuntimeError(f"state slot {slot} is not allocated")
+        self._used.remove(slot)
+        self._free.append(slot)
+
+
+def make_pools(model: Model, total_tokens: list[int], block_size: int) -> tuple[CachePools, BlockPool, SlotAllocator]:
+    """Pools just large enough for sequences of ``total_tokens`` tokens each; the scheduler's ``BlockPool`` hands
+    out their blocks."""
     num_blocks = sum(-(-n // block_size) for n in total_tokens)
     device = next(model.parameters()).device
     pools = CachePools(model.cache_spec(), num_blocks, block_size, len(total_tokens), device=device)
-    return pools, BlockAllocator(num_blocks, block_size), SlotAllocator(len(total_tokens))
+    return pools, BlockPool(num_blocks, block_size), SlotAllocator(len(total_tokens))
 
 
 def greedy_generate(
@@ -66,6 +96,7 @@ def greedy_generate(
             out[i].append(token)
         live = [i for i in live if not (len(out[i]) >= max_new_tokens or (out[i] and out[i][-1] in eos))]
     for table, slot in zip(tables, state_slots, strict=True):
-        blocks.free(table)
+        for block in table:
+            blocks.decref(block)
         slots.free(slot)
     return out

@@ -9,11 +9,11 @@ import torch
 from dgpp.engine.work import SeqWork
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
-from dgpp.sched.config import SchedulerConfig
-from dgpp.sched.engine_loop import EngineLoop
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
+from dgpp.sched.step_loop import StepLoop
+from dgpp.testing.scheduler import scheduler_config
 
 VOCAB = 16
 
@@ -37,7 +37,7 @@ def _seq(rid: str, events: _Events) -> Sequence:
 class _FailingRunner:
     """Submits a second request from inside the step (as the HTTP thread could), then fails."""
 
-    loop: EngineLoop
+    loop: StepLoop
     late: Sequence
 
     def step(self, works: list[SeqWork]) -> torch.Tensor:
@@ -46,12 +46,12 @@ class _FailingRunner:
 
 
 def test_request_submitted_during_a_failing_tick_is_ended_not_left_waiting() -> None:
-    conf = SchedulerConfig(block_size=4, chunk_tokens=8)
+    conf = scheduler_config(block_size=4, chunk_tokens=8)
     pool = BlockPool(16, 4)
     slots = SlotPool(conf.max_concurrency, 0)
     runner = _FailingRunner()
     sched = Scheduler(conf, runner, pool, slots, PrefixCache(pool, 8))
-    loop = EngineLoop(sched, stats_interval_s=0)
+    loop = StepLoop(sched, stats_interval_s=0, gather_ms=0)
     events = _Events()
     runner.loop, runner.late = loop, _seq("late", events)
     loop.start()
