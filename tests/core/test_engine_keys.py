@@ -8,7 +8,7 @@ import torch
 
 from dgpp.config import EngineConfig
 from dgpp.errors import ConfigError
-from dgpp.serve.engine_keys import INERT_KEYS, check_engine_keys
+from dgpp.engine.keys import INERT_KEYS, check_engine_keys
 
 
 @pytest.mark.parametrize("kv", ["fp8", "fp4"])

@@ -17,7 +17,7 @@ from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception,
 from dgpp.serve.metrics import PrometheusExport, metrics_json
 
 if TYPE_CHECKING:
-    from dgpp.preflight import Deployment
+    from dgpp.engine.deployment import Deployment
 
 
 def _json(body: Any, status: int = 200) -> Response:

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 import structlog
 
 from dgpp.config import DeployConfig, EngineConfig
+from dgpp.engine.keys import check_engine_keys
 from dgpp.engine.work import StepRunner
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
@@ -17,11 +18,10 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.backend import Backend, ModelLimits
-from dgpp.serve.engine_keys import check_engine_keys
 from dgpp.serve.metrics import scheduler_snapshot
 
 if TYPE_CHECKING:
-    from dgpp.preflight import Deployment
+    from dgpp.engine.deployment import Deployment
 
 log = structlog.get_logger("dgpp.serve")
 MAX_SNAPSHOT_SLOTS = 4096
@@ -158,9 +158,9 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     ``deployment`` is preflight's resolution of the checkpoint, config.json and family (resolved here when
     the caller ran no preflight); the model and the drafter load from its context.
     """
+    from dgpp.engine.deployment import resolve_deployment
     from dgpp.engine.loading import model_for
     from dgpp.engine.runner import ModelRunner
-    from dgpp.preflight import resolve_deployment
     from dgpp.step.pools import CachePools
 
     engine_cfg = cfg.engine
