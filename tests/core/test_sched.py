@@ -205,3 +205,21 @@ def test_hybrid_body_cut_serves_a_changed_question_after_a_long_document() -> No
     sched.submit([seq("b", second, ev, ignore_eos=True)])
     run(sched)
     assert ev[("b", 0)][0].cached_tokens == 24 and tokens(ev, ("b", 0)) == cold
+
+
+def test_a_burst_of_short_prompts_shares_forwards_by_token_budget() -> None:
+    """The prefill budget counts tokens: eight 3-token prompts fit one 16-token idle budget five at a time
+    (3 * 5 = 15), instead of one prompt per chunk of budget; outputs still equal each prompt run alone."""
+    prompts = [[7 + i, 20 + i, 3] for i in range(8)]
+    solo = [alone(p) for p in prompts]
+    sched, runner = build(max_concurrency=8, idle_chunks=2, busy_chunks=1)
+    ev: dict = {}
+    for i, p in enumerate(prompts):
+        sched.submit([seq(str(i), p, ev, ignore_eos=True)])
+    sched.tick()
+    first = runner.steps[0]
+    assert [n for _, n in first] == [3] * 5  # idle: 16 tokens of budget, five 3-token prompts
+    sched.tick()  # busy: 8 tokens of budget -> two more prompts ride along with the five decode rows
+    assert sorted(n for _, n in runner.steps[1]) == [1] * 5 + [3, 3]
+    run(sched)
+    assert [tokens(ev, (str(i), 0)) for i in range(len(prompts))] == solo

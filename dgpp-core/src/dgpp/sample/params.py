@@ -9,6 +9,9 @@ from typing import Any
 
 from dgpp.errors import ConfigError
 
+#: the smallest normal fp32; temperatures below it (0 included) are greedy
+GREEDY_BELOW = 1.1754943508222875e-38
+
 
 @dataclass(frozen=True)
 class SamplingDefaults:
@@ -72,7 +75,8 @@ class SamplingParams:
     """Everything that decides which token a choice emits next, plus its stop conditions.
 
     ``temperature == 0`` (or ``top_k == 1``) is greedy: the highest logit wins, ties go to the lowest id,
-    and no random draw is consumed. ``seed`` makes sampled choices reproducible regardless of batching.
+    and no random draw is consumed. A positive temperature below the smallest normal fp32 (``GREEDY_BELOW``)
+    is greedy too: that is its limit, and fp32 cannot divide by it. ``seed`` makes sampled choices reproducible regardless of batching.
     """
 
     temperature: float = 1.0
@@ -92,7 +96,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
+        return self.temperature < GREEDY_BELOW or self.top_k == 1
 
     @property
     def has_penalties(self) -> bool:

@@ -13,7 +13,7 @@ import torch
 
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.processors import TokenHistory, apply_logit_bias, apply_mask, apply_penalties
-from dgpp.sample.rng import choice_generator, uniform
+from dgpp.sample.rng import choice_generator, draw_seed, uniform
 
 # JSON has no -inf: a token with zero mass reports this floor (as vLLM and OpenAI clients expect).
 LOGPROB_FLOOR = -9999.0
@@ -59,6 +59,19 @@ class ChoiceSampler:
             items = sorted(params.logit_bias.items())
             self.bias_ids = torch.tensor([int(k) for k, _ in items], dtype=torch.long)
             self.bias_values = torch.tensor([float(v) for _, v in items], dtype=torch.float32)
+        self.draws = 0  # device draws taken (dgpp.sample.batch): the next one's seed follows from it
+
+    @property
+    def needs_processing(self) -> bool:
+        """Whether a penalty, a logit bias or a grammar mask changes this choice's logits before the draw."""
+        return self.history.track or self.bias_ids is not None or self.mask_fn is not None
+
+    def next_draw_seed(self) -> int:
+        """The seed of this choice's next device draw, from its generator's seed (journaled under tensor
+        parallelism, so every rank draws the same) and the number of draws taken so far."""
+        seed = draw_seed(self.generator.initial_seed(), self.draws)
+        self.draws += 1
+        return seed
 
     def processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
         """Penalties, bias and mask applied to a fp32 copy of ``logits`` (before temperature), on its device."""
@@ -114,7 +127,9 @@ def filtered_distribution(row: torch.Tensor, p: SamplingParams) -> tuple[torch.T
         raise ValueError("every token is masked: nothing can be sampled")
     if p.top_k > 0:
         n = min(n, p.top_k)
-    vals, ids = vals[:n] / p.temperature, ids[:n]
+    # shifted so the best logit is 0: a tiny temperature sends the others to -inf (its limit) instead of
+    # overflowing to inf - inf = nan
+    vals, ids = (vals[:n] - vals[0]) / p.temperature, ids[:n]
     probs = torch.softmax(vals, dim=0)
     if p.min_p > 0.0:
         keep = int((probs >= p.min_p * probs[0]).sum())

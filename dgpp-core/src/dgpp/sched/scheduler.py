@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dgpp.engine.work import SeqWork, StepRunner
+from dgpp.sample.batch import sample_batch
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
 from dgpp.sched.config import SchedulerConfig
@@ -85,18 +86,26 @@ class Scheduler:
         decoding = [s for s in self.live if s.status is SeqStatus.DECODE]
         if self.config.admission == "grow":
             decoding = self._grow(decoding)
-        budget = self.config.busy_chunks if decoding else self.config.idle_chunks
+        # the budget counts prompt tokens, so short prompts share a forward (a burst costs per token, not
+        # per request); each prompt still advances one chunk per round, so chunk boundaries never move
+        budget = self.config.chunk_tokens * (self.config.busy_chunks if decoding else self.config.idle_chunks)
         first_round = True
         while True:
-            prefilling = [s for s in self.live if s.status is SeqStatus.PREFILL]
-            round_seqs = prefilling[:budget]
-            budget -= len(round_seqs)
+            round_seqs = []
+            for s in self.live:
+                if s.status is not SeqStatus.PREFILL:
+                    continue
+                n = self._chunk_end(s) - s.computed
+                if n > budget:  # first come, first served: nobody behind it jumps the queue
+                    break
+                round_seqs.append(s)
+                budget -= n
             rows = decoding if first_round and self.speculative is None else []
             if not round_seqs and not rows:
                 break
             self._run_round(round_seqs, rows)
             first_round = False
-            if budget <= 0:
+            if budget <= 0 or not round_seqs:
                 break
         if self.speculative is not None:
             self._run_speculative(decoding)
@@ -193,12 +202,16 @@ class Scheduler:
         return [s for s in decoding if s.status is SeqStatus.DECODE]
 
     # ---- model steps --------------------------------------------------------------------------
+    def _chunk_end(self, s: Sequence) -> int:
+        """Where ``s``'s next prefill chunk ends: the next multiple of the chunk size, or the prompt's end."""
+        return min(s.prompt_len, (s.computed // self.config.chunk_tokens + 1) * self.config.chunk_tokens)
+
     def _run_round(self, prefills: list[Sequence], decodes: list[Sequence]) -> None:
         works: list[SeqWork] = []
         sampled: list[Sequence] = []
         chunk_ends: list[tuple[Sequence, int]] = []
         for s in prefills:
-            end = min(s.prompt_len, (s.computed // self.config.chunk_tokens + 1) * self.config.chunk_tokens)
+            end = self._chunk_end(s)
             last = end == s.prompt_len
             works.append(SeqWork(s.slot, s.block_table, s.computed, s.prompt[s.computed : end], want_logits=last))  # type: ignore[arg-type]
             chunk_ends.append((s, end))
@@ -219,16 +232,21 @@ class Scheduler:
             self._maybe_cache(s)
         for s in decodes:
             s.computed += 1
-        # rows come back in the order of the works that wanted logits: prefill tails first, then decodes
+        # rows come back in the order of the works that wanted logits: prefill tails first, then decodes;
+        # the whole batch samples in one call (one device->host copy of the chosen ids)
+        results = sample_batch(logits, [s.sampler for s in sampled]) if sampled else []
         done_at = time.monotonic()
-        for i, s in enumerate(sampled):
+        for s, r in zip(sampled, results, strict=True):
             if s.status is SeqStatus.PREFILL:
                 s.status = SeqStatus.DECODE
                 self.stats.prompts_prefilled += 1
                 self.stats.prefill_done(s.admitted_at, done_at)
+            if isinstance(r, Exception):  # one request's sampling (e.g. its grammar) failed: only it ends
+                self._sampling_failed(s, r)
+                continue
             try:
-                self._emit(s, s.sampler.sample(logits[i]))
-            except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
+                self._emit(s, r)
+            except Exception as exc:  # its grammar refused the token: only this request ends
                 self._sampling_failed(s, exc)
 
     def _sampling_failed(self, s: Sequence, exc: Exception) -> None:

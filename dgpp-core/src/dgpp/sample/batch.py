@@ -1,0 +1,67 @@
+"""One sampling call per step for the whole batch: the scheduler's sampler.
+
+The batch's logits stay on their device. Rows whose choice has penalties, a logit bias or a grammar mask get
+their row processed first (``ChoiceSampler.processed_logits``, in the anchor's order); then every row is drawn
+in one ``draw_tokens`` call (greedy rows as an argmax), and the chosen ids cross to the host in one copy. Only
+rows asking for logprobs do more work afterwards. A seeded choice's ``k``-th draw uses a seed derived from its
+stream and ``k`` (``ChoiceSampler.next_draw_seed``), so it is reproducible however it is batched.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.sample.draw import RowParams, draw_tokens
+from dgpp.sample.sampler import ChoiceSampler, SampleResult, filtered_distribution, result_with_logprobs
+
+
+def row_params(choice: ChoiceSampler) -> RowParams:
+    """The draw's parameters for ``choice``'s next token (takes a draw seed when it samples)."""
+    p = choice.params
+    if p.greedy:
+        return RowParams(greedy=True)
+    return RowParams(False, p.temperature, p.top_k, p.min_p, p.top_p, choice.next_draw_seed())
+
+
+def sample_batch(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[SampleResult | Exception]:
+    """One result per row of fp32 ``logits [R, V]``: the sample, or the exception that row's processing raised
+    (a grammar failure ends that request alone)."""
+    if logits.shape[0] != len(choices):
+        raise ValueError(f"logits has {logits.shape[0]} rows but {len(choices)} choices were given")
+    failed: dict[int, Exception] = {}
+    x = logits
+    processed = [i for i, c in enumerate(choices) if c.needs_processing]
+    if processed:
+        x = logits.clone()
+        for i in processed:
+            try:
+                row = choices[i].processed_logits(logits[i])
+                if choices[i].mask_fn is not None and not bool(torch.isfinite(row).any()):
+                    raise ValueError("every token is masked: nothing can be sampled")
+                x[i] = row
+            except Exception as exc:  # noqa: BLE001 - reported per row, the others still sample
+                failed[i] = exc
+    rows = [RowParams(greedy=True) if i in failed else row_params(c) for i, c in enumerate(choices)]
+    tokens = draw_tokens(x, rows).tolist()  # the step's one device->host copy
+    results: list[SampleResult | Exception] = []
+    for i, (token, choice) in enumerate(zip(tokens, choices, strict=True)):
+        if i in failed:
+            results.append(failed[i])
+        elif choice.params.logprobs:
+            results.append(_with_logprobs(x[i], int(token), choice))
+        else:
+            results.append(SampleResult(token=int(token)))
+    return results
+
+
+def _with_logprobs(row: torch.Tensor, token: int, choice: ChoiceSampler) -> SampleResult:
+    """What the reference sampler reports: the raw distribution for greedy rows, the filtered and renormalized
+    one for sampled rows."""
+    p = choice.params
+    if p.greedy:
+        logprobs = torch.log_softmax(row, dim=0)
+    else:
+        ids, probs = filtered_distribution(row, p)
+        logprobs = torch.full_like(row, float("-inf"))
+        logprobs[ids] = torch.log(probs / probs.sum())
+    return result_with_logprobs(token, logprobs, p.top_logprobs)
