@@ -19,6 +19,7 @@ from typing import Any
 from dgpp.config_schema import EngineConfig
 from dgpp.engine.memory import MemoryPlan
 from dgpp.errors import CheckpointError
+from dgpp.prefill_budget import largest_prefill_tokens
 
 _DTYPE_BITS = {
     "F64": 64,
@@ -127,11 +128,9 @@ def _state_bytes_per_request(cfg: dict[str, Any], act_bits: int, world: int) -> 
 
 
 def _prefill_rows(engine: EngineConfig, max_position: int) -> int:
-    busy = engine.prefill_budget_tokens
-    idle = engine.prefill_idle_budget_tokens
-    if busy == 0:  # monolithic prefill: a whole prompt in one forward
+    if engine.prefill_budget_tokens == 0:  # monolithic prefill: a whole prompt in one forward
         return min(engine.kv_capacity, max_position)
-    return max(256 if busy < 0 else busy, idle)
+    return largest_prefill_tokens(engine)
 
 
 def estimate_memory_plan(

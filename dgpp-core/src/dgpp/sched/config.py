@@ -9,14 +9,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from dgpp.config_schema import EngineConfig
+from dgpp.prefill_budget import AUTO_CHUNK_TOKENS, busy_budget_tokens
 
-AUTO_CHUNK_TOKENS = 256
+__all__ = ["AUTO_CHUNK_TOKENS", "SchedulerConfig"]
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    """``chunk_tokens`` is the prefill chunk (aligned to the block size); ``busy_chunks`` / ``idle_chunks`` are
-    how many chunks may run per tick while something decodes / when nothing does."""
+    """``chunk_tokens`` is the prefill chunk (aligned to the block size); a tick may prefill ``busy_chunks`` /
+    ``idle_chunks`` chunks' worth of tokens while something decodes / when nothing does, packed from as many
+    prompts as fit (a burst of short prompts shares a forward)."""
 
     max_concurrency: int
     queue_limit: int
@@ -44,7 +46,9 @@ class SchedulerConfig:
         if budget < 0:
             budget = AUTO_CHUNK_TOKENS
         chunk = max_position if monolithic else _align_up(budget, block_size)
-        idle_chunks = max(1, idle // chunk) if not monolithic else 1
+        # the auto budget keeps 256-token chunks but packs several of them per tick (dgpp.prefill_budget)
+        busy_chunks = max(1, busy_budget_tokens(engine) // chunk) if not monolithic else 1
+        idle_chunks = max(busy_chunks, idle // chunk) if not monolithic else 1
         return cls(
             max_concurrency=engine.max_concurrency,
             queue_limit=engine.queue_limit,
@@ -52,7 +56,7 @@ class SchedulerConfig:
             admission_window=engine.admission_window,
             block_size=block_size,
             chunk_tokens=chunk,
-            busy_chunks=1,
+            busy_chunks=busy_chunks,
             idle_chunks=idle_chunks,
             max_position=max_position,
             no_eos=engine.no_eos,

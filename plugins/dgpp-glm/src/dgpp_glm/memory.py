@@ -18,6 +18,7 @@ from dgpp.engine.memory import MemoryPlan
 from dgpp.engine.memory_estimate import tensor_bytes
 from dgpp.family import LoadContext
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
+from dgpp.prefill_budget import largest_prefill_tokens
 from dgpp.quant.apply import quantize_modules
 from dgpp_glm.loader import arch_config, checkpoint_name
 
@@ -62,7 +63,6 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
     world = ctx.world.size
     max_conc = engine.max_concurrency
     depth = engine.mtp_depth if engine.mtp else 0
-    budget = engine.prefill_budget_tokens
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
     return MemoryPlan.from_cache_spec(
         spec,
@@ -72,7 +72,7 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
         drafter=drafter_bytes,
         kv_capacity=engine.kv_capacity,
         max_concurrency=max_conc,
-        prefill_tokens=max(256 if budget < 0 else budget, engine.prefill_idle_budget_tokens),
+        prefill_tokens=largest_prefill_tokens(engine),
         extra={"logits": 4 * cfg.vocab_size * max(max_conc * (1 + depth), 8)},
         notes=(f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}; KV includes the MTP layer"
                if drafter_bytes else f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}",),

@@ -16,6 +16,7 @@ import torch
 from dgpp.engine.memory import MemoryPlan
 from dgpp.engine.memory_estimate import tensor_bytes
 from dgpp.family import LoadContext
+from dgpp.prefill_budget import largest_prefill_tokens
 
 MIB = 1 << 20
 
@@ -53,7 +54,6 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
     world, moe = ctx.world.size, base.moe
     max_conc = engine.max_concurrency
     depth = engine.mtp_depth if mtp else 0
-    budget = engine.prefill_budget_tokens
     notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
     if table:
         notes.append(f"PLE n-gram tables {table / MIB:,.1f} MiB " + ("memory-mapped, not resident" if mapped else "resident"))
@@ -67,7 +67,7 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
         drafter=drafter_bytes,
         kv_capacity=engine.kv_capacity,
         max_concurrency=max_conc,
-        prefill_tokens=max(256 if budget < 0 else budget, engine.prefill_idle_budget_tokens),
+        prefill_tokens=largest_prefill_tokens(engine),
         extra={"logits": 4 * base.vocab_size * max(max_conc * (1 + depth), 8)},
         notes=tuple(notes),
     )
