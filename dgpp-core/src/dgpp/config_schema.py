@@ -93,7 +93,7 @@ class EngineConfig(_Section):
     sampling_candidates: Annotated[int, msgspec.Meta(ge=1, le=256)] = 128
     rendezvous_timeout_ms: PosInt = 120000
     # graphs and speculation
-    decode_graph: bool = False
+    decode_graph: bool = True  # CUDA-graph decode; the runner takes it only where CUDA graphs exist
     mtp: bool = False
     mtp_depth: Depth = 1
     mtp_schedule: bool = False

@@ -28,7 +28,7 @@ def build_speculative(
         raise ConfigError(f"engine.mtp: true but {checkpoint} has no MTP drafter ({ctx.family} plugin's dgpp_build_draft "
                           "returned None); set engine.mtp to false")
     if runner.graphs is not None:
-        log.warning("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
+        log.info("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
     decoder = SpeculativeDecoder(runner, drafter, engine_cfg.mtp_depth)
     log.info("speculative decoding on", drafter=type(drafter).__name__, depth=decoder.depth)
     return decoder
