@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -20,6 +21,7 @@ from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull
 from dgpp.sched.step_loop import StepLoop, StepLoopFailed
 from dgpp.serve.errors import APIError
+from dgpp.serve.event_relay import EventRelay
 from dgpp.text.errors import GrammarError, TextError
 
 
@@ -121,6 +123,7 @@ class Backend:
         self.counters = ServiceCounters()
         self.created = 0
         self._prep = ThreadPoolExecutor(max_workers=prep_workers, thread_name_prefix="dgpp-prep")
+        self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay] = weakref.WeakKeyDictionary()
 
     # ---- prompt preparation (worker pool, off the event loop) ---------------------------------
     async def prepare_chat(self, req: Any, n: int) -> PreparedChat:
@@ -237,10 +240,10 @@ class Backend:
                                 f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
                            "context_length_exceeded", "max_tokens")
         handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
-        loop = asyncio.get_running_loop()
+        relay = self._relay(asyncio.get_running_loop())
 
         def sink(seq: Sequence, ev: SeqEvent) -> None:
-            loop.call_soon_threadsafe(handle.queue.put_nowait, (seq.choice_index, ev))
+            relay.post(handle.queue, (seq.choice_index, ev))
 
         for i in range(n):
             # n choices of one seeded request differ: each draws from (seed, choice index)
@@ -258,6 +261,13 @@ class Backend:
         except StepLoopFailed as e:
             raise APIError(503, f"engine failed: {e}", "engine_failure") from None
         return handle
+
+    def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
+        """The event relay of ``loop`` (one per serving loop; tests may serve from several loops in turn)."""
+        relay = self._relays.get(loop)
+        if relay is None:
+            relay = self._relays[loop] = EventRelay(loop)
+        return relay
 
     def shutdown(self) -> None:
         self.loop.stop()
