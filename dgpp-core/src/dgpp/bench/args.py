@@ -6,6 +6,8 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("mode", nargs="?", choices=("decode", "serve"), default="decode",
+                        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP")
     parser.add_argument("--geometry", default="qwen3-8b")
     parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
     parser.add_argument("--hf-cases", default="128x1x256", help="cases also run through transformers generate")
@@ -23,3 +25,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device)")
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
+    serve = parser.add_argument_group("serve mode (dgpp bench serve)")
+    serve.add_argument("--serve-cases", default="1,8,16,32,64,64:sampled,64:nostream",
+                       help="N[:sampled][:nostream], comma separated: N clients at once")
+    serve.add_argument("--prompt-tokens", type=int, default=128)
+    serve.add_argument("--max-tokens", type=int, default=256)
+    serve.add_argument("--engine", default="", help="engine keys (JSON object) over the bench's own")
+    serve.add_argument("--checkpoint-dir", default="", help="where the random checkpoint is written (reused)")
+    serve.add_argument("--server-pythonpath", default="", help="PYTHONPATH prepended for the server process")
+    serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")

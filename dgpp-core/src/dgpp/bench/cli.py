@@ -5,6 +5,7 @@ against the copy-bandwidth roofline and HF transformers on the same weights:
 
     dgpp bench --geometry qwen3-8b --cases 128x1x256,128x64x256 --hf-cases 128x1x256
     dgpp bench --quant bf16,fp8_block,nvfp4 ...   # the same sweep per weight format, one table
+    dgpp bench serve --serve-cases 1,8,64         # a real dgpp serve over HTTP (dgpp/bench/serve.py)
 
 ``--quant`` encodes every decoder-layer linear of the random bf16 model on the device (dgpp/bench/quantize.py)
 and serves it through the quantized LinearMethod a loaded checkpoint gets; transformers runs the decoded values.
@@ -140,6 +141,10 @@ def prepare_variant(dense: Model, args: argparse.Namespace, dtype: torch.dtype, 
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "mode", "decode") == "serve":
+        from dgpp.bench.serve import run_serve
+
+        return run_serve(args)
     device = args.device
     quant = getattr(args, "quant", "")
     variants = parse_variants(quant)
