@@ -33,4 +33,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--engine", default="", help="engine keys (JSON object) over the bench's own")
     serve.add_argument("--checkpoint-dir", default="", help="where the random checkpoint is written (reused)")
     serve.add_argument("--server-pythonpath", default="", help="PYTHONPATH prepended for the server process")
+    serve.add_argument("--profile-dir", default="", help="py-spy profiles of the server during streaming cases")
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")

@@ -18,7 +18,9 @@ import asyncio
 import datetime
 import gc
 import json
+import logging
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,6 +104,8 @@ async def _one(client, url: str, body: dict, times: StreamTimes) -> None:
 async def drive(base: str, case: Case, prompts: list[str], max_tokens: int) -> list[StreamTimes]:
     import httpx
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
+
     limits = httpx.Limits(max_connections=case.streams + 8, max_keepalive_connections=case.streams + 8)
     async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
         times = []
@@ -148,17 +152,21 @@ def summarize(case: Case, times: list[StreamTimes]) -> dict[str, float]:
     return out
 
 
-def bench_decode_rates(geometry: str, batches: set[int], prompt: int, new: int) -> dict[int, float]:
+def bench_decode_rates(
+    geometry: str, batches: set[int], prompt: int, new: int, device: str
+) -> dict[int, float]:
     """``dgpp bench``'s graph decode tok/s of ``geometry`` at each batch (model freed afterwards)."""
     from dgpp.bench.decode import copy_bandwidth_gbs, run_case
     from dgpp.bench.models import build_pair
 
-    model, _ = build_pair(geometry, "cuda", torch.bfloat16, with_hf=False)
-    copy_gbs = copy_bandwidth_gbs("cuda")
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    model, _ = build_pair(geometry, device, dtype, with_hf=False)
+    copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
     rates = {b: run_case(model, prompt, b, new, graph=True, copy_gbs=copy_gbs).tok_s for b in sorted(batches)}
     del model
     gc.collect()
-    torch.cuda.empty_cache()
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return rates
 
 
@@ -196,6 +204,32 @@ def _wait_ready(proc: subprocess.Popen, base: str, log: Path, timeout: float = 6
     raise RuntimeError(f"dgpp serve not ready after {timeout:.0f} s")
 
 
+def _profile(pid: int, out_dir: str, case: Case) -> subprocess.Popen | None:
+    """py-spy (when installed) samples every thread of the server for a few seconds of the case's decode."""
+    exe = shutil.which("py-spy")
+    if exe is None:
+        print("--profile-dir: py-spy is not installed; no profile", flush=True)
+        return None
+    out = Path(out_dir) / f"profile-{case.streams}{'-sampled' if case.sampled else ''}.txt"
+    cmd = [
+        exe,
+        "record",
+        "--pid",
+        str(pid),
+        "--duration",
+        "4",
+        "--rate",
+        "200",
+        "--threads",
+        "--nonblocking",
+        "--format",
+        "raw",
+        "--output",
+        str(out),
+    ]
+    return subprocess.Popen(["bash", "-c", 'sleep 2 && exec "$@"', "_", *cmd])
+
+
 def run_serve(args) -> int:
     from dgpp.bench.checkpoint import word_prompt, write_checkpoint
     from dgpp.bench.models import GEOMETRIES
@@ -204,13 +238,18 @@ def run_serve(args) -> int:
     vocab = int(GEOMETRIES[args.geometry]["vocab_size"])
     t0 = time.perf_counter()
     root = Path(args.checkpoint_dir or tempfile.mkdtemp(prefix="dgpp-bench-serve-"))
-    checkpoint = write_checkpoint(args.geometry, root / args.geometry, "cuda", torch.bfloat16)
+    checkpoint = write_checkpoint(
+        args.geometry,
+        root / args.geometry,
+        args.device,
+        torch.bfloat16 if args.device == "cuda" else torch.float32,
+    )
     print(f"checkpoint {checkpoint} ready in {time.perf_counter() - t0:.0f} s", flush=True)
     rates = (
         {}
         if args.no_bench
         else bench_decode_rates(
-            args.geometry, {c.streams for c in cases}, args.prompt_tokens, args.max_tokens
+            args.geometry, {c.streams for c in cases}, args.prompt_tokens, args.max_tokens, args.device
         )
     )
     width = max(c.streams for c in cases)
@@ -220,6 +259,7 @@ def run_serve(args) -> int:
         "queue_limit": 4 * width,
         "max_connections": 4 * width + 8,
         "default_max_tokens": args.max_tokens,
+        "model_alias": "bench",
         **json.loads(args.engine or "{}"),
     }
     workdir = Path(tempfile.mkdtemp(prefix="dgpp-bench-serve-run-"))
@@ -231,7 +271,10 @@ def run_serve(args) -> int:
         asyncio.run(drive(base, Case(width), warm, 8))  # graphs captured, prefill shapes compiled
         for n, case in enumerate(cases):
             prompts = [word_prompt(args.prompt_tokens, vocab, 1000 * n + i) for i in range(case.streams)]
+            spy = _profile(proc.pid, args.profile_dir, case) if args.profile_dir and case.stream else None
             stats = summarize(case, asyncio.run(drive(base, case, prompts, args.max_tokens)))
+            if spy is not None:
+                spy.wait()
             bench = rates.get(case.streams)
             ratio = stats.get("steady_tok_s", stats["wall_tok_s"]) / bench if bench else float("nan")
             rows.append((case, stats, bench, ratio))
@@ -255,8 +298,8 @@ def header(args, engine: dict) -> str:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     return (
-        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device {torch.cuda.get_device_name()}, "
-        f"commit {commit or 'unknown'}, geometry {args.geometry} bf16 random weights, {args.prompt_tokens}-token "
+        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
+        f"commit {commit or 'unknown'}, geometry {args.geometry} {'bf16' if args.device == 'cuda' else 'fp32'} random weights, {args.prompt_tokens}-token "
         f"prompts, {args.max_tokens} tokens out (ignore_eos), engine {json.dumps(engine)}"
     )
 
