@@ -99,7 +99,7 @@ def test_generic_estimate_reads_headers_only(tmp_path):
     plan = estimate_memory_plan(tmp_path, hf, cfg.engine, world_size=1)
     assert plan.weights == 64 * 64 * 3 and plan.drafter == 64 * 64 * 2 + 40
     assert plan.kv_per_token == 2 * 2 * (16 + 16) * 2  # layers * kv heads * (K+V dims) * bf16
-    assert plan.state_per_request == 0 and plan.prefix_cache == 0 and plan.prefill_tokens == 2048
+    assert plan.state_per_request == 0 and plan.prefix_cache == 0 and plan.prefill_tokens == 8192
     fp8 = estimate_memory_plan(
         tmp_path, hf, parse_config({"model": "m", "engine": {"kv_dtype": "fp8"}}).engine, world_size=2
     )

@@ -10,7 +10,7 @@ from dgpp.config_schema import EngineConfig
 AUTO_CHUNK_TOKENS = 256
 #: prompt tokens a tick may prefill under ``prefill_budget_tokens: -1``, packed from several prompts: bursts
 #: of short prompts are prefilled in a few forwards instead of one prompt per tick
-AUTO_BUSY_TOKENS = 2048
+AUTO_BUSY_TOKENS = 8192
 
 
 def busy_budget_tokens(engine: EngineConfig) -> int:

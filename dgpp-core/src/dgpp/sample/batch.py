@@ -42,7 +42,7 @@ def sample_batch(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[Sam
             except Exception as exc:  # noqa: BLE001 - reported per row, the others still sample
                 failed[i] = exc
     rows = [RowParams(greedy=True) if i in failed else row_params(c) for i, c in enumerate(choices)]
-    tokens = draw_tokens(x, rows).tolist()  # the step's one device->host copy
+    tokens = ids_to_host(draw_tokens(x, rows))  # the step's one device->host copy
     results: list[SampleResult | Exception] = []
     for i, (token, choice) in enumerate(zip(tokens, choices, strict=True)):
         if i in failed:
@@ -52,6 +52,20 @@ def sample_batch(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[Sam
         else:
             results.append(SampleResult(token=int(token)))
     return results
+
+
+def ids_to_host(ids: torch.Tensor) -> list[int]:
+    """The chosen ids as a list. On CUDA the wait for the step sleeps on an event with the GIL released (a
+    ``tolist`` on a device tensor spins a core until the GPU is done), so the serving thread formats and sends
+    the previous tokens while the GPU computes these."""
+    if ids.device.type != "cuda":
+        return ids.tolist()
+    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+    host.copy_(ids, non_blocking=True)
+    done = torch.cuda.Event(blocking=True)
+    done.record()
+    done.synchronize()
+    return host.tolist()
 
 
 def _with_logprobs(row: torch.Tensor, token: int, choice: ChoiceSampler) -> SampleResult:

@@ -8,6 +8,7 @@ and while busy it logs the periodic ``stats:`` line every ``stats_interval_s``.
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 import traceback
@@ -21,6 +22,7 @@ from dgpp.sched.scheduler import QueueFull, Scheduler
 from dgpp.sched.stats_line import StatsLine
 
 log = structlog.get_logger("dgpp.engine")
+GIL_SWITCH_S = 0.0005
 
 
 class StepLoopFailed(RuntimeError):
@@ -55,6 +57,9 @@ class StepLoop:
     # ---- called from the serving side ---------------------------------------------------------
     def start(self) -> None:
         self._publish()
+        # the engine thread shares the GIL with the HTTP event loop: by default a thread waiting for it waits
+        # 5 ms before the holder is asked to let go, which a 10 ms decode step cannot afford
+        sys.setswitchinterval(min(sys.getswitchinterval(), GIL_SWITCH_S))
         self._thread.start()
 
     def stop(self, timeout: float = 5.0) -> None:
