@@ -54,6 +54,11 @@ class Scheduler:
         self.on_retire: list[Callable[[Sequence], None]] = []
         # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
         self.speculative: Any = None
+        # serving: a tick's events are handed to the sinks once the next step is on the GPU, so the HTTP side
+        # formats them while the GPU computes instead of competing with the engine thread for the GIL between
+        # steps; the last tick before idle hands them out at once (see tick)
+        self.overlap_events = False
+        self._ready: dict[Sequence, SeqEvent] = {}
 
     # ---- inputs (called on the step loop thread between ticks) -----------------------------------
     @property
@@ -109,7 +114,11 @@ class Scheduler:
                 break
         if self.speculative is not None:
             self._run_speculative(decoding)
-        self._flush_events()
+        self._flush_ready()
+        if self.overlap_events and self.speculative is None and self.live:
+            self._ready, self._events = self._events, {}  # the next tick's first round hands them out
+        else:
+            self._flush_events()
         self.stats.step_ms += (time.monotonic() - started) * 1000.0
 
     # ---- cancels and retirement ---------------------------------------------------------------
@@ -223,6 +232,7 @@ class Scheduler:
         t0 = time.monotonic()
         logits = self.runner.step(works)
         elapsed = time.monotonic() - t0
+        self._flush_ready()  # the step is queued on the device: the previous tick's events go out meanwhile
         if self.speculative is not None and chunk_ends:  # the drafter follows the prompt rows
             self.speculative.after_prefill([(s, s.computed, end) for s, end in chunk_ends])
         self.stats.stepped(prefill_tokens=sum(e - s.computed for s, e in chunk_ends), decode_rows=len(decodes),
@@ -297,7 +307,13 @@ class Scheduler:
             ev = self._events[s] = SeqEvent(tokens=[], samples=[], cached_tokens=s.cached_tokens)
         return ev
 
+    def _flush_ready(self) -> None:
+        ready, self._ready = self._ready, {}
+        for s, ev in ready.items():
+            s.sink(s, ev)
+
     def _flush_events(self) -> None:
+        self._flush_ready()
         events, self._events = self._events, {}
         for s, ev in events.items():
             s.sink(s, ev)

@@ -87,6 +87,7 @@ def assemble(
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     scheduler.speculative = speculative  # engine.mtp (None: plain decode)
+    scheduler.overlap_events = True  # a tick's events go out while the next step runs on the GPU
     loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
                       gather_ms=engine_cfg.admission_gather_ms)
     if start_loop:
