@@ -37,7 +37,9 @@ def test_worlds_2_and_4_equal_world_1(kind, tmp_path):
     assert reference["failed"] is None
     ref_logits = torch.load(tmp_path / "w1" / "logits0.pt")
     assert len(reference["transcripts"]) == 5 and sum(map(len, reference["transcripts"].values())) >= 15
-    assert len(reference["transcripts"]["req1/0"]) == 3  # the journaled stop cut it short
+    # the journaled stop cut it short: the harness cancels on the third token's event, which the serving
+    # scheduler hands out while the fourth step runs (overlap_events), so the fourth token is the last
+    assert len(reference["transcripts"]["req1/0"]) == 4
     for size in (2, 4):
         ranks = _spawn(deploy_dict(ckpt, size), tmp_path / f"w{size}", size)
         rank0 = ranks[0]

@@ -30,7 +30,7 @@ REQUESTS: list[tuple[int, dict[str, Any], int]] = [
     (7, {"temperature": 1.0, "max_tokens": 5}, 1),
 ]
 LOGIT_PROMPTS = (5, 19)
-STOPPED = "req1/0"  # retired by a journaled stop after its third token
+STOPPED = "req1/0"  # cancelled by a journaled stop on its third token (it ends after the fourth)
 
 
 def free_ports(n: int) -> list[int]:
