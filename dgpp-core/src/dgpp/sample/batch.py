@@ -63,7 +63,7 @@ def ids_to_host(ids: torch.Tensor) -> list[int]:
     host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
     host.copy_(ids, non_blocking=True)
     done = torch.cuda.Event(blocking=True)
-    done.record()
+    done.record(torch.cuda.current_stream(ids.device))  # the ids' device (a tensor-parallel rank's own GPU)
     done.synchronize()
     return host.tolist()
 
