@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 import openai
 import pytest
@@ -184,8 +185,12 @@ def test_error_classes(server) -> None:
     err(post({**base, "max_tokens": 5, "max_completion_tokens": 5}), 400, "invalid_parameter", "max_tokens")
     err(post({**base, "logit_bias": {"99999": 1}}), 400, "invalid_parameter", "logit_bias")
     err(post({**base, "max_tokens": 5000}), 400, "context_length_exceeded", "max_tokens")
-    err(post({"model": MODEL, "prompt": ["a"]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
-    err(post({"model": MODEL, "prompt": "a", "echo": True}, "/v1/completions"), 400, "unsupported_parameter", "echo")
+    err(post({"model": MODEL, "prompt": ["a", 1]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
+    err(post({"model": MODEL, "prompt": [[1, -1]]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
+    err(post({"model": MODEL, "prompt": "a", "suffix": "b"}, "/v1/completions"), 400, "unsupported_parameter",
+        "suffix")
+    err(post({"model": MODEL, "prompt": "a", "n": 2, "best_of": 3}, "/v1/completions"), 400,
+        "unsupported_parameter", "best_of")
     err(client.post("/v1/chat/completions", content=b'{"model": "a", "model": "b"}'), 400, "invalid_parameter", "model")
     err(client.post("/v1/chat/completions", content=b"x" * 30000), 413, "request_too_large")
     bad_tool = {"type": "function", "function": {"name": "get weather"}}
@@ -334,9 +339,9 @@ def test_default_max_tokens_is_cut_to_the_room_the_prompt_leaves(sdk, server) ->
     err(r, 400, "context_length_exceeded", "prompt")
 
 
-def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
-    """A request whose sampling raises (here: a mask that allows nothing) gets a 500; the engine serves on."""
-    client, engine = server
+@contextmanager
+def sampling_fails(engine):
+    """Requests started inside get a grammar mask that allows nothing: their sampling raises."""
     real_start = engine.start
 
     def start_with_empty_mask(*args, **kwargs):
@@ -347,10 +352,17 @@ def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
 
     engine.start = start_with_empty_mask
     try:
-        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 3,
-                                                      "temperature": 1.0})
+        yield
     finally:
         engine.start = real_start
+
+
+def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
+    """A request whose sampling raises (here: a mask that allows nothing) gets a 500; the engine serves on."""
+    client, engine = server
+    with sampling_fails(engine):
+        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 3,
+                                                      "temperature": 1.0})
     e = err(r, 500, "generation_failed")
     assert "masked" in e["message"]
     assert client.get("/health").status_code == 200

@@ -23,9 +23,10 @@ def test_defaults_are_the_anchors():
     assert (cfg.http.bind_host, cfg.http.port, cfg.http.max_body_bytes, cfg.http.sse_ping_interval) == (
         "127.0.0.1",
         18080,
-        268435456,
+        16777216,  # 16 MiB, not the original's 256 MiB: a body is held whole in memory before it is parsed
         30,
     )
+    assert (cfg.http.body_timeout_s, cfg.http.api_key, cfg.http.api_key_env, cfg.http.cors_origins) == (30.0, "", "", [])
     assert (cfg.ports.http, cfg.ports.fabric, cfg.ports.journal, cfg.ports.metrics) == (
         18080,
         29970,

@@ -29,10 +29,14 @@ class HttpConfig(_Section):
 
     bind_host: str = "127.0.0.1"
     port: Port = 18080
-    max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = 268435456
-    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] = (
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = 16777216  # 16 MiB
+    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=86400)] = (
         30  # seconds; -1 disables; 0 refused
     )
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0  # the whole request body must arrive within it
+    api_key: str = ""  # "" = no authentication; else every route but /health needs Authorization: Bearer <key>
+    api_key_env: str = ""  # the name of an environment variable holding the key (instead of api_key)
+    cors_origins: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)
 
 
 class PortsConfig(_Section):

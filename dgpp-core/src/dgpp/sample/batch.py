@@ -47,6 +47,8 @@ def sample_batch(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[Sam
     for i, (token, choice) in enumerate(zip(tokens, choices, strict=True)):
         if i in failed:
             results.append(failed[i])
+        elif choice.samples_alone:  # e.g. a forced prompt walk: its own token and raw logprobs
+            results.append(choice.sample(logits[i]))
         elif choice.params.logprobs:
             results.append(_with_logprobs(x[i], int(token), choice))
         else:

@@ -61,6 +61,10 @@ class ChoiceSampler:
             self.bias_values = torch.tensor([float(v) for _, v in items], dtype=torch.float32)
         self.draws = 0  # device draws taken (dgpp.sample.batch): the next one's seed follows from it
 
+    # True for a sampler whose ``sample`` must see its row itself (``dgpp.sample.forced``): the batch draw
+    # leaves that row to it
+    samples_alone = False
+
     @property
     def needs_processing(self) -> bool:
         """Whether a penalty, a logit bias or a grammar mask changes this choice's logits before the draw."""

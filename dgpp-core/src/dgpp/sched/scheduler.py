@@ -12,6 +12,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from dgpp.engine.work import SeqWork, StepRunner
 from dgpp.sample.batch import sample_batch
 from dgpp.sample.sampler import SampleResult
@@ -20,6 +22,8 @@ from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import RetireReason, SeqEvent, SeqStatus, Sequence
 from dgpp.sched.stats import SchedulerStats
+
+log = structlog.get_logger("dgpp.engine")
 
 
 class QueueFull(RuntimeError):
@@ -260,6 +264,7 @@ class Scheduler:
                 self._sampling_failed(s, exc)
 
     def _sampling_failed(self, s: Sequence, exc: Exception) -> None:
+        log.error("sampling failed", request_id=s.request_id, exc_info=exc)  # the HTTP side logs its 500 too
         self._event(s).error = f"sampling failed: {type(exc).__name__}: {exc}"
         self._retire(s, RetireReason.FAILED)
 

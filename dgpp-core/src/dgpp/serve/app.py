@@ -7,14 +7,19 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get
+from litestar.config.cors import CORSConfig
 from litestar.exceptions import HTTPException
 
+from dgpp import __version__
 from dgpp.config import DeployConfig
+from dgpp.serve.access import ApiKey, configured_key
 from dgpp.serve.backend import Backend
 from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
 from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from dgpp.serve.http_guard import BodyGuard
 from dgpp.serve.metrics import PrometheusExport, metrics_json
+from dgpp.serve.openapi import openapi_document
 
 if TYPE_CHECKING:
     from dgpp.engine.deployment import Deployment
@@ -79,14 +84,21 @@ async def metrics(request: Request) -> Response:
     return _json(metrics_json(request.app.state.backend))
 
 
+@get("/openapi.json")
+async def openapi_json(request: Request) -> Response:
+    return _json(request.app.state.openapi)
+
+
 @get("/metrics/prometheus")
 async def metrics_prometheus(request: Request) -> Response:
     return Response(content=request.app.state.prometheus.text(),
                     media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
-def build_app(backend: Backend, max_body_bytes: int = 268435456, sse_ping_interval: int = 30) -> Litestar:
-    """An app serving ``backend``; its step loop must already be started."""
+def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interval: int = 30,
+              cors_origins: list[str] | None = None) -> Litestar:
+    """An app serving ``backend``; its step loop must already be started. ``serving_app`` adds the ASGI
+    wrappers a listening server needs (request ids, body deadline, API key, connection limit)."""
     if not backend.created:
         backend.created = int(time.time())
 
@@ -95,19 +107,36 @@ def build_app(backend: Backend, max_body_bytes: int = 268435456, sse_ping_interv
             reject_body_too_large(request, max_body_bytes)
 
     app = Litestar(
-        route_handlers=[chat_completions, completions, list_models, get_model, health, metrics, metrics_prometheus],
+        route_handlers=[chat_completions, completions, list_models, get_model, health, metrics, metrics_prometheus,
+                        openapi_json],
         exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
                             Exception: handle_unexpected},
         before_request=body_limit,
         request_max_body_size=max_body_bytes,
         on_shutdown=[lambda: backend.shutdown()],
         openapi_config=None,
+        cors_config=CORSConfig(allow_origins=list(cors_origins)) if cors_origins else None,
     )
     app.state.backend = backend
     app.state.prometheus = PrometheusExport(backend)
     app.state.service = backend.counters
     app.state.sse_ping_interval = sse_ping_interval
+    app.state.openapi = openapi_document(__version__)
     return app
+
+
+def serving_app(backend: Backend, http_cfg: Any, max_connections: int) -> Any:
+    """The ASGI application ``dgpp serve`` listens with: request id, API key and a deadline-bound body read
+    (``BodyGuard``), then ``engine.max_connections`` (``ConnectionLimit``), then the routes."""
+    app = build_app(backend, http_cfg.max_body_bytes, http_cfg.sse_ping_interval, list(http_cfg.cors_origins))
+
+    def shed() -> None:
+        backend.loop.requests_shed += 1
+        backend.counters.requests_total += 1
+
+    key = configured_key(http_cfg)
+    limited = ConnectionLimit(app, max_connections, on_reject=shed)
+    return BodyGuard(limited, http_cfg.max_body_bytes, http_cfg.body_timeout_s, ApiKey(key) if key else None)
 
 
 def run(cfg: DeployConfig, backend: Backend | None = None, deployment: Deployment | None = None) -> None:
@@ -116,13 +145,9 @@ def run(cfg: DeployConfig, backend: Backend | None = None, deployment: Deploymen
     import uvicorn
 
     from dgpp.serve.build import build_backend
+    from dgpp.serve.http_protocol import protocol_class
 
+    configured_key(cfg.http)  # a missing key variable fails before the model loads
     backend = backend or build_backend(cfg, deployment)
-    app = build_app(backend, cfg.http.max_body_bytes, cfg.http.sse_ping_interval)
-
-    def shed() -> None:
-        backend.loop.requests_shed += 1
-        backend.counters.requests_total += 1
-
-    limited = ConnectionLimit(app, cfg.engine.max_connections, on_reject=shed)
-    uvicorn.run(limited, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning")
+    asgi = serving_app(backend, cfg.http, cfg.engine.max_connections)
+    uvicorn.run(asgi, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning", http=protocol_class())

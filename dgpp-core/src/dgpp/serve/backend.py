@@ -20,7 +20,7 @@ from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull
 from dgpp.sched.step_loop import StepLoop, StepLoopFailed
-from dgpp.serve.errors import APIError
+from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.event_relay import EventRelay
 from dgpp.text.errors import GrammarError, TextError
 
@@ -140,6 +140,7 @@ class Backend:
             specs = tool_specs(tools)
             text = self.chat_template.render(req.messages, tools, chat_template_kwargs=req.chat_template_kwargs,
                                              reasoning_effort=req.reasoning_effort)
+            self._refuse_long_text(text, "messages")
             opens = ReasoningSplitter.prompt_opens_thinking(text, *think)
             constraint = self._constraint(req, tools, opens) if specs or req.response_format else None
             matchers = self._matchers(constraint, n) if constraint is not None else None
@@ -175,29 +176,42 @@ class Backend:
 
         return build_matcher(self.grammar, dialect=self.dialect, **constraint)
 
-    def text_outputs(self, handle: RequestHandle, prepared: PreparedChat | None) -> list[Any]:
+    def text_outputs(self, handle: RequestHandle, prepared: PreparedChat | None, skip_special_tokens: bool = True,
+                     spaces_between_special_tokens: bool = True) -> list[Any]:
         """One ``ServedChoice`` per choice; a chat routes reasoning and tool calls, a legacy completion
         passes its text through unchanged."""
         from dgpp.serve.choice_output import ServedChoice
         from dgpp.text.output import ChoiceOutput
 
         out = []
+        special = {"skip_special_tokens": skip_special_tokens,
+                   "spaces_between_special_tokens": spaces_between_special_tokens}
         for i in range(len(handle.seqs)):
             if prepared is None:
-                text = ChoiceOutput(self.tokenizer, stop=handle.params.stop, reasoning_in_content=True)
+                text = ChoiceOutput(self.tokenizer, stop=handle.params.stop, reasoning_in_content=True, **special)
             else:
                 text = ChoiceOutput(self.tokenizer, prompt=prepared.prompt_text, dialect=self.dialect,
                                     tools=prepared.tools, stop=handle.params.stop,
                                     reasoning_in_content=self.reasoning_in_content,
-                                    request_tag=f"{handle.request_id}/{i}")
+                                    request_tag=f"{handle.request_id}/{i}", **special)
             out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids))
         return out
 
     async def prepare_text(self, prompt: str) -> list[int]:
+        self._refuse_long_text(prompt, "prompt")
         ids = await self._run_prep(lambda: self.tokenizer.encode(prompt))
         if not ids:
             raise APIError(400, "prompt is empty after tokenization", "invalid_parameter", "prompt")
         return ids
+
+    def _refuse_long_text(self, text: str, param: str) -> None:
+        """400 for a prompt that cannot fit whatever it tokenizes to, decided from its length alone: a
+        20 MB prompt is refused at once instead of after seconds of tokenizing (and gigabytes of offsets)."""
+        at_least = self.tokenizer.min_tokens(text)
+        limit = self.limits.request_limit_tokens
+        if at_least >= limit:
+            raise APIError(400, f"the prompt ({len(text)} characters, at least {at_least} tokens) leaves no room to "
+                                f"generate within {limit} tokens", "context_length_exceeded", param)
 
     async def _run_prep(self, fn: Any) -> Any:
         try:
@@ -210,11 +224,13 @@ class Backend:
     # ---- submission ---------------------------------------------------------------------------
     def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
               kind: str = "chatcmpl", matchers: list[Any] | None = None,
-              max_tokens_given: bool = True, constraint: dict[str, Any] | None = None) -> RequestHandle:
+              max_tokens_given: bool = True, constraint: dict[str, Any] | None = None,
+              samplers: list[ChoiceSampler] | None = None) -> RequestHandle:
         """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
 
         A request that named no max_tokens gets ``engine.default_max_tokens`` cut to the room its prompt
-        leaves; one that named it too large is refused (the client asked for something impossible)."""
+        leaves; one that named it too large is refused (the client asked for something impossible).
+        ``samplers`` (one per choice) replace the request's own, e.g. a ``ForcedSampler`` scoring a prompt."""
         if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the step loop
             param = "messages" if kind == "chatcmpl" else "prompt"
             raise APIError(400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param)
@@ -248,8 +264,9 @@ class Backend:
         for i in range(n):
             # n choices of one seeded request differ: each draws from (seed, choice index)
             m = matchers[i] if matchers else None
-            sampler = ChoiceSampler(params, self.limits.vocab_size, prompt_ids, choice_index=i,
-                                    mask_fn=m.mask if m else None, accept_fn=m.accept if m else None)
+            sampler = samplers[i] if samplers else ChoiceSampler(
+                params, self.limits.vocab_size, prompt_ids, choice_index=i,
+                mask_fn=m.mask if m else None, accept_fn=m.accept if m else None)
             handle.seqs.append(Sequence(f"{handle.request_id}/{i}", i, prompt_ids, params, sampler, sink,
                                         use_prefix_cache=use_prefix_cache,
                                         leader=handle.seqs[0] if i else None,
@@ -257,7 +274,7 @@ class Backend:
         try:
             self.loop.submit(handle.seqs)
         except QueueFull as e:
-            raise APIError(503, f"server overloaded: {e}", "overloaded") from None
+            raise overloaded(f"server overloaded: {e}") from None
         except StepLoopFailed as e:
             raise APIError(503, f"engine failed: {e}", "engine_failure") from None
         return handle

@@ -14,6 +14,8 @@ from dgpp.sample.params import SamplingParams
 from dgpp.sched.request import RetireReason, SeqEvent
 from dgpp.text.output import ChoiceOutput
 
+REASONING = "reasoning"  # marks a logprob entry of a reasoning token until chat_logprobs places it
+
 
 @dataclass
 class Delta:
@@ -44,9 +46,7 @@ class ServedChoice:
         # entries of tokens the tool-call parser holds: dropped if they become a call (tool syntax is not
         # visible content, anchor §2.9), released in order if they turn out to be content
         self._held: list[dict[str, Any]] = []
-        # a model's vocabulary is often padded past the tokenizer's: those ids have no text (the text chain
-        # counts them as tokens) and no logprob bytes
-        self._known = tokenizer.vocab_size
+        self._entries = LogprobEntries(tokenizer)
 
     @property
     def finished(self) -> bool:
@@ -74,9 +74,15 @@ class ServedChoice:
             delta.parts += parts
             self.completion_tokens += 1
             stopped = self.text.stopped
-            # logprobs describe visible tokens: not hidden reasoning, not EOS, not a fully suppressed stop token
-            if self.params.logprobs and not hidden and token not in self.eos_token_ids and (stopped is None or parts):
-                self._route_logprob(self._logprob_entry(token, sample), parts, delta)
+            # logprobs describe generated tokens but EOS and a fully suppressed stop token; reasoning ones are
+            # marked and go to ``logprobs.reasoning_content`` (``chat_logprobs``), as reasoning tokens go to
+            # ``reasoning_content`` whether the template hides them or not
+            if self.params.logprobs and token not in self.eos_token_ids and (stopped is None or parts):
+                entry = self._logprob_entry(token, sample)
+                if hidden:
+                    delta.logprobs.append({**entry, REASONING: True})
+                else:
+                    self._route_logprob(entry, parts, delta)
             if stopped is not None:
                 # completion_tokens counts up to the token that completed the match
                 self.completion_tokens = self.text.completion_tokens
@@ -115,29 +121,49 @@ class ServedChoice:
         self.logprobs.extend(delta.logprobs)
 
     def _logprob_entry(self, token: int, sample: Any) -> dict[str, Any]:
+        return self._entries.entry(token, sample.logprob, sample.top_logprobs)
+
+
+class LogprobEntries:
+    """Logprob entries ``{token, logprob, bytes, top_logprobs}`` in OpenAI's chat shape (the legacy shape is
+    made from them by ``legacy_logprobs``)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        # a model's vocabulary is often padded past the tokenizer's: those ids have no text (the text chain
+        # counts them as tokens) and no logprob bytes
+        self._known = tokenizer.vocab_size
+
+    def entry(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None) -> dict[str, Any]:
+        """``top`` None gives ``top_logprobs: null`` (a prompt's first token, which nothing predicts)."""
         return {
-            "token": self._token_text(token),
-            "logprob": sample.logprob,
-            "bytes": list(self._token_bytes(token)),
-            "top_logprobs": [
-                {"token": self._token_text(t), "logprob": lp, "bytes": list(self._token_bytes(t))}
-                for t, lp in sample.top_logprobs
+            "token": self.text(token),
+            "logprob": logprob,
+            "bytes": list(self.bytes(token)),
+            "top_logprobs": None if top is None else [
+                {"token": self.text(t), "logprob": lp, "bytes": list(self.bytes(t))} for t, lp in top
             ],
         }
 
-    def _token_text(self, token: int) -> str:
+    def text(self, token: int) -> str:
         return self.tokenizer.decode([token]) if token < self._known else ""
 
-    def _token_bytes(self, token: int) -> bytes:
+    def bytes(self, token: int) -> bytes:
         if token >= self._known:
             return b""
         if getattr(self.tokenizer, "is_byte_level", False):
             return self.tokenizer.token_bytes[token]
-        return self._token_text(token).encode("utf-8")
+        return self.text(token).encode("utf-8")
 
 
 def chat_logprobs(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"content": entries, "refusal": None}
+    """``{content, refusal}``, plus ``reasoning_content`` (a DGPP extension, as vLLM reports reasoning
+    tokens' logprobs) when some entries are of reasoning tokens."""
+    out: dict[str, Any] = {"content": [e for e in entries if REASONING not in e], "refusal": None}
+    reasoning = [{k: v for k, v in e.items() if k != REASONING} for e in entries if REASONING in e]
+    if reasoning:
+        out["reasoning_content"] = reasoning
+    return out
 
 
 def legacy_logprobs(entries: list[dict[str, Any]], text_start: int = 0) -> dict[str, Any]:
@@ -149,6 +175,7 @@ def legacy_logprobs(entries: list[dict[str, Any]], text_start: int = 0) -> dict[
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+        "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                         for e in entries],
         "text_offset": offsets,
     }

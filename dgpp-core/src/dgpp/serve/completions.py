@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import replace
@@ -15,13 +16,13 @@ from litestar.response import Stream
 from dgpp.sched.request import RetireReason
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import ServedChoice
-from dgpp.serve.errors import APIError, invalid
+from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
+from dgpp.serve.legacy import LegacyPrompt, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
     DONE,
     KEEP_ALIVE,
     ChunkWriter,
     chat_response,
-    completion_response,
     timings,
 )
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
@@ -50,21 +51,46 @@ async def chat_completions(request: Request) -> Response | Stream:
     handle = backend.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
                           kind="chatcmpl", matchers=prepared.matchers, constraint=prepared.constraint,
                           max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
-    return await _answer(request, backend, handle, req, backend.text_outputs(handle, prepared))
+    return await _answer(request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req)))
 
 
 @post("/v1/completions", status_code=200)
 async def completions(request: Request) -> Response | Stream:
     req, raw, backend = await _read(request, CompletionRequest)
+    n = req.n or 1
     params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
-    prompt = await backend.prepare_text(req.prompt)
-    handle = backend.start(prompt, params, n=1, use_prefix_cache=req.prefix_cache, kind="cmpl",
-                          max_tokens_given=req.max_tokens is not None)
-    return await _answer(request, backend, handle, req, backend.text_outputs(handle, None))
+    split = split_prompts(req.prompt, backend.limits.vocab_size)
+    if req.stream and len(split) > 1:
+        raise unsupported("prompt", "holds several prompts, which only a non-streamed request can take")
+    prompts = [await prepare_prompt(backend, p) for p in split]
+    if req.echo and req.logprobs is not None:
+        await asyncio.gather(*(score_prompt(backend, p, req.logprobs) for p in prompts))
+    handles: list[RequestHandle] = []
+    try:
+        for p in prompts if req.max_tokens != 0 else []:
+            handles.append(backend.start(p.ids, params, n=n, use_prefix_cache=req.prefix_cache, kind="cmpl",
+                                        max_tokens_given=req.max_tokens is not None))
+    except APIError:
+        for h in handles:
+            h.cancel()
+        raise
+    outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
+    if req.stream:
+        return await _answer(request, backend, handles[0], req, outputs[0], prompts[0] if req.echo else None)
+    await asyncio.gather(*(_collect(request, backend, h, o) for h, o in zip(handles, outputs, strict=True)))
+    body = {"id": handles[0].request_id if handles else f"cmpl-{secrets.token_hex(8)}", "created": int(time.time()),
+            "model": backend.model_id, **legacy_body(prompts, outputs, n, req.echo, req.logprobs is not None)}
+    if handles:
+        body["timings"] = timings(handles[0].seqs[0], outputs[0][0].completion_tokens)
+    return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
+
+
+def _special(req: Any) -> tuple[bool, bool]:
+    return req.skip_special_tokens, req.spaces_between_special_tokens
 
 
 async def _answer(request: Request, backend: Backend, handle: RequestHandle, req: Any,
-                  outputs: list[ServedChoice]) -> Response | Stream:
+                  outputs: list[ServedChoice], echo: LegacyPrompt | None = None) -> Response | Stream:
     chat = isinstance(req, ChatCompletionRequest)
     created = int(time.time())
     if req.stream:
@@ -74,36 +100,42 @@ async def _answer(request: Request, backend: Backend, handle: RequestHandle, req
         tier = chat and req.service_tier is not None
         writer = ChunkWriter(handle.request_id, created, backend.model_id, chat, include_usage, obfuscate, tier)
         ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
-        return Stream(_stream(backend, handle, outputs, writer, ping), media_type="text/event-stream",
-                      status_code=200, headers={"Cache-Control": "no-cache"})
+        first = b"".join(writer.echo(o.index, echo.text, echo.logprobs) for o in outputs) if echo else b""
+        events = _stream(backend, handle, outputs, writer, ping, request_id_of(request), first)
+        return Stream(events, media_type="text/event-stream", status_code=200, headers={"Cache-Control": "no-cache"})
+    await _collect(request, backend, handle, outputs)  # one-shot legacy requests are answered by the route
+    body = chat_response(handle.request_id, created, backend.model_id, len(handle.prompt_ids), outputs,
+                         handle.params.logprobs, req.metadata, service_tier=req.service_tier is not None)
+    body["timings"] = timings(handle.seqs[0], outputs[0].completion_tokens)
+    return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
+
+
+async def _collect(request: Request, backend: Backend, handle: RequestHandle, outputs: list[ServedChoice]) -> None:
+    """Drive a one-shot request to its end; a client gone before the answer frees its slots."""
     watcher = asyncio.ensure_future(_cancel_on_disconnect(request, handle))
     try:
         async for _ in _drive(handle, outputs, None):
             pass
     finally:
         watcher.cancel()
-        handle.cancel()  # a client gone before the answer frees its slots
+        handle.cancel()
     failed = [o for o in outputs if o.finish_reason == "error"]
     if failed:
         backend.counters.requests_failed += 1
-        raise _generation_error(backend, failed[0].error)
+        raise _generation_error(backend, handle, failed[0].error)
     backend.counters.finished(outputs)
-    if chat:
-        body = chat_response(handle.request_id, created, backend.model_id, len(handle.prompt_ids), outputs,
-                             handle.params.logprobs, req.metadata, service_tier=req.service_tier is not None)
-    else:
-        body = completion_response(handle.request_id, created, backend.model_id, len(handle.prompt_ids), outputs,
-                                   handle.params.logprobs)
-    body["timings"] = timings(handle.seqs[0], outputs[0].completion_tokens)
-    return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
-def _generation_error(backend: Backend, why: str | None) -> APIError:
+def _generation_error(backend: Backend, handle: RequestHandle, why: str | None) -> APIError:
     """503 ``engine_failure`` when the step loop stopped on a failure; 500 when only this request's generation
-    failed (e.g. its grammar matcher), which is a server fault but leaves the model serving."""
+    failed (e.g. its grammar matcher), which is a server fault but leaves the model serving. The scheduler's log
+    line with the traceback names the completion id this error's log line carries."""
     if backend.loop.failed is not None:
-        return APIError(503, f"engine failed while generating this request: {backend.loop.failed}", "engine_failure")
-    return APIError(500, f"generation failed: {why}", "generation_failed")
+        err = APIError(503, f"engine failed while generating this request: {backend.loop.failed}", "engine_failure")
+    else:
+        err = APIError(500, f"generation failed: {why}", "generation_failed")
+    err.log_fields["completion_id"] = handle.request_id
+    return err
 
 
 async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
@@ -136,8 +168,10 @@ async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float
 
 
 async def _stream(backend: Backend, handle: RequestHandle, outputs: list[ServedChoice], writer: ChunkWriter,
-                  ping: int) -> AsyncIterator[bytes]:
+                  ping: int, request_id: str | None = None, first: bytes = b"") -> AsyncIterator[bytes]:
     try:
+        if first:
+            yield first
         async for item in _drive(handle, outputs, None if ping < 0 else float(ping)):
             if item is None:
                 yield KEEP_ALIVE
@@ -145,7 +179,8 @@ async def _stream(backend: Backend, handle: RequestHandle, outputs: list[ServedC
             index, delta = item
             if delta.error is not None:
                 backend.counters.requests_failed += 1
-                err = _generation_error(backend, delta.error)
+                err = _generation_error(backend, handle, delta.error)
+                log_error(err, request_id, "stream")
                 yield writer.delta(index, delta.parts, delta.logprobs, None)
                 yield writer.error(err.message, err.code or "engine_failure")
                 yield DONE

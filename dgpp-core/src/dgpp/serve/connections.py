@@ -1,7 +1,9 @@
 """``engine.max_connections``: requests in flight beyond it get an OpenAI-shaped 503 ``overloaded``.
 
-An ASGI wrapper around the app, so the refusal happens before routing or reading the body (uvicorn's own
-``limit_concurrency`` answers plain text, which OpenAI clients cannot parse).
+An ASGI wrapper around the app, so the refusal happens before routing (uvicorn's own ``limit_concurrency``
+answers plain text, which OpenAI clients cannot parse). It sits inside ``http_guard.BodyGuard``: a request
+counts only once its body has arrived, so clients that trickle bodies in cannot hold the slots, and
+``/health`` and the other GET routes are never counted (they do no model work).
 """
 
 from __future__ import annotations
@@ -9,9 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
-from dgpp.serve.errors import APIError
+from dgpp.serve.errors import REQUEST_ID_KEY, log_error, overloaded, send_error
 
 
 class ConnectionLimit:
@@ -24,17 +24,16 @@ class ConnectionLimit:
         self.active = 0
 
     async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
             await self.app(scope, receive, send)
             return
         if self.active >= self.limit:
             if self.on_reject is not None:
                 self.on_reject()
-            err = APIError(503, f"server overloaded: {self.active} requests in flight; engine.max_connections is "
-                                f"{self.limit}", "overloaded")
-            await send({"type": "http.response.start", "status": 503,
-                        "headers": [(b"content-type", b"application/json")]})
-            await send({"type": "http.response.body", "body": msgspec.json.encode(err.body())})
+            err = overloaded(f"server overloaded: {self.active} requests in flight; engine.max_connections is "
+                             f"{self.limit}")
+            log_error(err, scope.get(REQUEST_ID_KEY), scope.get("path", ""))
+            await send_error(send, err)
             return
         self.active += 1
         try:

@@ -2,22 +2,31 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
+import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, MethodNotAllowedException, NotFoundException
+
+log = structlog.get_logger("dgpp.serve")
+# where the HTTP request's id rides in the ASGI scope (set by ``dgpp.serve.http_guard``)
+REQUEST_ID_KEY = "dgpp.request_id"
 
 
 class APIError(Exception):
     """An error answered to the client; 4xx are ``invalid_request_error``, 5xx ``server_error``."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None) -> None:
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
+                 headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
+        self.headers = headers or {}
+        self.log_fields: dict[str, Any] = {}  # what the log line adds (e.g. the completion id), not the client
 
     @property
     def type(self) -> str:
@@ -35,14 +44,49 @@ def unsupported(param: str, why: str = "is not supported") -> APIError:
     return APIError(400, f"{param} {why}", "unsupported_parameter", param)
 
 
+RETRY_AFTER_S = 1
+
+
+def overloaded(message: str) -> APIError:
+    """503 ``overloaded``: the client may retry; ``Retry-After`` tells OpenAI SDKs (which honour it) when."""
+    return APIError(503, message, "overloaded", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
 def error_response(err: APIError) -> Response:
-    return Response(content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json")
+    return Response(content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json",
+                    headers=err.headers or None)
 
 
-def handle_api_error(request: Request, exc: APIError) -> Response:
+async def send_error(send: Callable[[dict], Awaitable[None]], err: APIError) -> None:
+    """The error as a whole ASGI response, for wrappers that answer before the app runs."""
+    body = msgspec.json.encode(err.body())
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def log_error(err: APIError, request_id: str | None, path: str, exc: BaseException | None = None) -> None:
+    """Every error answered is logged once: a client's mistake at info, a server fault (5xx) at error with the
+    traceback of what raised it."""
+    fields = {"request_id": request_id, "path": path, "status": err.status, "code": err.code, "param": err.param,
+              **err.log_fields}
+    if err.status >= 500:
+        log.error("request failed", error=err.message, exc_info=exc if exc is not None else err, **fields)
+    else:
+        log.info("request rejected", error=err.message, **fields)
+
+
+def request_id_of(request: Request) -> str | None:
+    return request.scope.get(REQUEST_ID_KEY)  # type: ignore[call-overload]
+
+
+def handle_api_error(request: Request, exc: APIError, cause: BaseException | None = None) -> Response:
     counters = getattr(request.app.state, "service", None)
     if counters is not None and exc.status < 500:
         counters.rejects_bad += 1
+    log_error(exc, request_id_of(request), request.url.path, cause)
     return error_response(exc)
 
 
@@ -61,8 +105,5 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response:
 
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:
-    """A bug, not the client's mistake: 500 without internals in the message."""
-    import structlog
-
-    structlog.get_logger("dgpp.serve").exception("unhandled error", path=request.url.path)
-    return error_response(APIError(500, f"internal error: {type(exc).__name__}", "internal_error"))
+    """A bug, not the client's mistake: 500 without internals in the message (the log has the traceback)."""
+    return handle_api_error(request, APIError(500, f"internal error: {type(exc).__name__}", "internal_error"), exc)

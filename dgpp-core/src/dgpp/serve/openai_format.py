@@ -121,6 +121,10 @@ class ChunkWriter:
                                {"timings": timings} if timings else None)
         return out
 
+    def echo(self, index: int, text: str, logprobs: list[dict[str, Any]]) -> bytes:
+        """A legacy stream's first chunk of a choice under ``echo``: the prompt (and its logprobs)."""
+        return self._legacy(index, text, logprobs, None)
+
     def _legacy(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None,
                 timings: dict[str, Any] | None = None) -> bytes:
         start = self._text_offset.get(index, 0)
@@ -161,24 +165,3 @@ def chat_response(request_id: str, created: int, model: str, prompt_tokens: int,
     if service_tier:
         body["service_tier"] = "default"
     return body
-
-
-def completion_response(request_id: str, created: int, model: str, prompt_tokens: int,
-                        outputs: list[ServedChoice], want_logprobs: bool) -> dict[str, Any]:
-    return {
-        "id": request_id,
-        "object": "text_completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [
-            {
-                "index": o.index,
-                "text": o.content,
-                "logprobs": legacy_logprobs(o.logprobs) if want_logprobs else None,
-                "finish_reason": o.finish_reason,
-            }
-            for o in outputs
-        ],
-        "usage": usage(prompt_tokens, outputs),
-    }

@@ -23,8 +23,8 @@ Stop = StopString | Annotated[list[StopString], msgspec.Meta(min_length=1, max_l
 # Chat fields refused whatever their value, and those refused unless null (anchor §2.2).
 REJECTED = ("web_search_options", "functions", "function_call", "prompt_cache_options")
 REJECTED_WHEN_SET = ("audio", "prediction", "moderation", "prompt_cache_key", "prompt_cache_retention", "verbosity")
-# Legacy completions fields the engine does not implement.
-COMPLETION_REJECTED = ("echo", "suffix", "top_logprobs", "n", "best_of", "user")
+# Legacy completions fields refused whatever their value (``logprobs`` is the legacy route's top count).
+COMPLETION_REJECTED = ("top_logprobs",)
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -51,7 +51,9 @@ class _Sampling(msgspec.Struct, kw_only=True):
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
     prefix_cache: bool = True
-    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1)] | None = None
+    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=86400)] | None = None  # seconds; a day at most
+    skip_special_tokens: bool = True  # vLLM's and SGLang's default: <|im_end|> and the like give no text
+    spaces_between_special_tokens: bool = True
 
 
 class ChatCompletionRequest(_Sampling, kw_only=True):
@@ -76,5 +78,11 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
 
 
 class CompletionRequest(_Sampling, kw_only=True):
-    prompt: str
+    prompt: Any  # a string, strings, token ids or token-id arrays: dgpp.serve.legacy.split_prompts checks it
+    max_tokens: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None  # 0: score the prompt only
     logprobs: Annotated[int, msgspec.Meta(ge=0, le=5)] | None = None
+    n: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
+    best_of: Annotated[int, msgspec.Meta(ge=1, le=128)] | None = None
+    echo: bool = False
+    suffix: str | None = None
+    user: str | None = None

@@ -17,6 +17,7 @@ from dgpp.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
+from dgpp.serve.response_format import check_response_format
 
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
@@ -60,8 +61,6 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
         for name in REJECTED_WHEN_SET:
             if raw.get(name) is not None:
                 raise unsupported(name)
-    if kind is CompletionRequest and "prompt" in raw and not isinstance(raw["prompt"], str):
-        raise invalid("prompt must be a string (arrays of prompts or token ids are not supported)", "prompt")
     try:
         req = msgspec.convert(raw, kind, strict=True)
     except msgspec.ValidationError as e:
@@ -89,6 +88,8 @@ def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
         raise invalid("sse_ping_interval requires stream: true", "sse_ping_interval")
     if req.sse_ping_interval == 0:
         raise invalid("sse_ping_interval must be positive seconds or -1 (off)", "sse_ping_interval")
+    if isinstance(req, CompletionRequest):
+        _check_legacy(req)
     if isinstance(req, ChatCompletionRequest):
         if req.max_tokens is not None and req.max_completion_tokens is not None:
             raise invalid("send one of max_tokens and max_completion_tokens, not both", "max_tokens")
@@ -100,8 +101,18 @@ def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise invalid(f"service_tier {req.service_tier!r} is not offered (auto, default)", "service_tier")
         if req.modalities is not None and req.modalities != ["text"]:
             raise invalid('only modalities ["text"] is supported', "modalities")
+        check_response_format(req.response_format)
         _check_tools(req)
         _check_media(req.messages)
+
+
+def _check_legacy(req: CompletionRequest) -> None:
+    if req.suffix:
+        raise unsupported("suffix", "is not supported (no fill-in-the-middle prompt format is known here)")
+    if req.best_of is not None and req.best_of != (req.n or 1):
+        raise unsupported("best_of", "must equal n: every generated choice is returned")
+    if req.max_tokens == 0 and req.stream:
+        raise invalid("max_tokens 0 (score the prompt only) needs stream: false", "max_tokens")
 
 
 def _check_tools(req: ChatCompletionRequest) -> None:
@@ -158,7 +169,7 @@ def sampling_params(
     if isinstance(req, ChatCompletionRequest):
         max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
         want_logprobs, top = bool(req.logprobs), req.top_logprobs or 0
-    else:
+    else:  # max_tokens 0 (nothing generated) never reaches the engine; the route answers it
         max_tokens = req.max_tokens or default_max_tokens
         want_logprobs, top = req.logprobs is not None, req.logprobs or 0
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())

@@ -77,13 +77,17 @@ class IncrementalDetokenizer:
     It never emits part of a UTF-8 character (an unfinished tail is held back, and becomes U+FFFD only at
     ``finish``), and it holds back any tail that could be the start of a stop string. When a stop string
     matches, ``push`` returns the text before it, ``stopped`` records the match, and later pushes return "".
-    ``skip_ids`` are ids that produce no text (e.g. EOS, BOS, pad).
+    ``skip_ids`` are ids that produce no text (e.g. EOS, BOS, pad); ``spaced_ids`` are ids whose text is set
+    apart by a space from the text before and after it (vLLM's ``spaces_between_special_tokens``).
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Iterable[str] = (), skip_ids: Iterable[int] = ()) -> None:
+    def __init__(self, tokenizer: Tokenizer, stop: Iterable[str] = (), skip_ids: Iterable[int] = (),
+                 spaced_ids: Iterable[int] = ()) -> None:
         self._decoder = _BytesDecoder(tokenizer) if tokenizer.is_byte_level else _WindowDecoder(tokenizer)
         self.stop_strings = tuple(s for s in stop if s)
         self._skip = frozenset(skip_ids)
+        self._spaced = frozenset(spaced_ids)
+        self._space_next = False  # the last id was a spaced one: text after it starts with a space
         self._pending = ""  # decoded but held back: a possible stop-string prefix
         self._count = 0
         self.text = ""  # everything emitted so far
@@ -100,7 +104,13 @@ class IncrementalDetokenizer:
         self._count += 1
         if token_id in self._skip:
             return ""
-        return self._release(self._pending + self._decoder.push(token_id))
+        piece = self._decoder.push(token_id)
+        if self._spaced:
+            spaced = token_id in self._spaced
+            if piece and (spaced or self._space_next) and (self.text or self._pending):
+                piece = " " + piece
+            self._space_next = spaced or (self._space_next and not piece)
+        return self._release(self._pending + piece)
 
     def push_many(self, token_ids: Iterable[int]) -> str:
         return "".join(self.push(t) for t in token_ids)

@@ -28,7 +28,8 @@ class EffortMapping:
     def kwargs(
         self, effort: str | None, accepted: frozenset[str], explicit: Mapping[str, Any]
     ) -> dict[str, Any]:
-        """Template kwargs for ``effort`` given the variables the template reads and the caller's own kwargs."""
+        """Template kwargs for ``effort`` given the variables the template reads and the caller's own kwargs
+        (``explicit``: ``chat_template_kwargs``, which the caller applies over these)."""
         if effort is None:
             return {}
         if effort not in EFFORTS:
@@ -37,12 +38,11 @@ class EffortMapping:
             )
         thinking = effort != "none"
         switch = next((s for s in SWITCHES if s in accepted), None)
-        for name in SWITCHES:
-            if name in explicit and bool(explicit[name]) != thinking:
-                raise TemplateError(
-                    f"chat_template_kwargs.{name}={explicit[name]!r} contradicts reasoning_effort {effort!r}",
-                    "reasoning_effort",
-                )
+        if switch is not None and switch in explicit:
+            # the request's own switch wins over the one the effort implies (the original engine's rule:
+            # its API check sends reasoning_effort "low" with enable_thinking false and expects no thinking);
+            # the effort's level variable is then set only when thinking stays on
+            thinking = bool(explicit[switch])
         out: dict[str, Any] = {}
         if switch is not None:
             out[switch] = thinking

@@ -107,7 +107,7 @@ class GrammarMatcher:
 # --- building from a request -----------------------------------------------------------------------------------------
 
 
-def _json_format(fmt: dict, g: LarkBuilder, warnings: list[str]) -> str:
+def _json_format(fmt: dict, g: LarkBuilder) -> str:
     kind = fmt.get("type")
     if kind == "json_object":
         return g.json({"type": "object"})
@@ -118,20 +118,18 @@ def _json_format(fmt: dict, g: LarkBuilder, warnings: list[str]) -> str:
     spec = fmt.get("json_schema") or {}
     if not isinstance(spec, dict):
         raise GrammarError("response_format.json_schema must be an object", "response_format.json_schema")
-    schema = spec.get("schema")
+    schema = spec.get("schema", {})  # OpenAI's schema is optional: none constrains to any JSON value
     if not isinstance(schema, dict):
         raise GrammarError(
             "response_format.json_schema.schema must be an object", "response_format.json_schema.schema"
         )
     alone = LarkBuilder({})
     problem = llguidance.LLMatcher.validate_grammar(alone.grammar(alone.json(schema)))
-    if problem and not problem.startswith("WARNING"):
-        if spec.get("strict"):
-            raise GrammarError(
-                f"response_format.json_schema.schema: {problem}", "response_format.json_schema.schema"
-            )
-        warnings.append(f"response_format schema not supported ({problem}); falling back to json_object")
-        return g.json({"type": "object"})
+    if problem:  # invalid, or a keyword llguidance would ignore (a WARNING): refused, strict or not, as OpenAI
+        raise GrammarError(
+            f"response_format.json_schema.schema cannot be enforced: {problem.strip()}",
+            "response_format.json_schema.schema",
+        )
     return g.json(schema)
 
 
@@ -201,7 +199,7 @@ def build_matcher(
     branches: list[str] = []
     param = "response_format"
     if response_format and response_format.get("type", "text") != "text":
-        branches.append(_json_format(response_format, g, warnings))
+        branches.append(_json_format(response_format, g))
     chosen = _named_tools(tool_choice, specs) if specs else None
     if chosen is None and branches and specs and dialect is not None and tool_choice != "none":
         # JSON answer + tools under auto: the first value or call opener picks the branch (anchor §2.7)

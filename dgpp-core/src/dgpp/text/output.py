@@ -22,6 +22,9 @@ class ChoiceOutput:
 
     ``prompt`` is the rendered prompt (it tells whether thinking is already open). Tool calls are parsed
     only when the request has tools and ``tool_choice`` is not ``none`` and the model has a dialect.
+    Special tokens (``<|im_end|>``, ``<|endoftext|>``...) give no text unless ``skip_special_tokens`` is
+    false, as in vLLM and SGLang; then ``spaces_between_special_tokens`` sets them apart from the text
+    around them with a space. The reasoning and tool-call markers always stay.
     After a stop-string match (``stopped``) further ids are ignored; the caller ends the choice.
     """
 
@@ -36,12 +39,21 @@ class ChoiceOutput:
         stop: Iterable[str] = (),
         reasoning_in_content: bool = False,
         request_tag: int | str = 0,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
     ) -> None:
         start, end = (dialect.think_start, dialect.think_end) if dialect else ("<think>", "</think>")
         hidden = set(tokenizer.eos_token_ids)
         if tokenizer.bos_token_id is not None:
             hidden.add(tokenizer.bos_token_id)
-        self.detokenizer = IncrementalDetokenizer(tokenizer, stop=stop, skip_ids=hidden)
+        # special tokens the reasoning split and the tool parser read stay text whatever the request says
+        markers = {start, end, *(m for pair in (dialect.markers if dialect else ()) for m in pair)}
+        kept = {tokenizer.token_to_id(m) for m in markers}
+        specials = tokenizer.special_ids - kept
+        if skip_special_tokens:
+            hidden |= specials
+        spaced = specials - hidden if spaces_between_special_tokens else frozenset()
+        self.detokenizer = IncrementalDetokenizer(tokenizer, stop=stop, skip_ids=hidden, spaced_ids=spaced)
         self.splitter = ReasoningSplitter(
             ReasoningSplitter.prompt_opens_thinking(prompt, start, end),
             start,

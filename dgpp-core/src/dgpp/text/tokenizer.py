@@ -12,6 +12,8 @@ import tokenizers
 
 from dgpp.text.errors import TokenizerError
 
+# Texts longer than this are encoded through encode_batch, which runs without holding the GIL.
+_LONG_TEXT = 32768
 # The special-token names HF passes to chat templates (``special_tokens_map``), in HF's order.
 SPECIAL_TOKEN_NAMES = (
     "bos_token",
@@ -200,7 +202,20 @@ class Tokenizer:
         ``add_special_tokens`` runs tokenizer.json's post-processor (e.g. a BOS); chat prompts are rendered
         with their specials already in the text, so the default is off.
         """
+        if len(text) > _LONG_TEXT:  # encode_batch releases the GIL while Rust works: the event loop keeps serving
+            return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    @cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one vocabulary entry spells (byte-level entries: one character per byte)."""
+        return max((len(t) for t in self.backend.get_vocab(with_added_tokens=True)), default=1) or 1
+
+    def min_tokens(self, text: str) -> int:
+        """A lower bound on ``len(encode(text))`` without tokenizing: no token covers more than
+        ``max_token_chars`` characters of input. Halved again for normalizers that shorten text before the
+        model (NFC composition, stripping), so the bound holds for every tokenizer.json."""
+        return len(text) // (2 * self.max_token_chars)
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -1,0 +1,111 @@
+"""Legacy ``/v1/completions`` beyond one string prompt: token-id prompts, batches of prompts, ``echo``,
+and the prompt's own logprobs (``echo`` with ``logprobs``, also with ``max_tokens: 0``), which
+log-likelihood harnesses such as lm-evaluation-harness' ``local-completions`` score with.
+
+Prompt logprobs come from a second sequence that walks the prompt one token per engine step with a
+``ForcedSampler``: each step's logits row is the model's distribution for the next prompt token given the
+ones before it (exact, the same numbers a prefill row gives), at the cost of one step per prompt token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from dgpp.sample.forced import ForcedSampler
+from dgpp.serve.backend import Backend
+from dgpp.serve.choice_output import LogprobEntries, ServedChoice, legacy_logprobs
+from dgpp.serve.errors import APIError, invalid
+from dgpp.serve.openai_format import usage
+
+PROMPT_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
+
+
+@dataclass
+class LegacyPrompt:
+    """One prompt of a legacy request: its ids, the text ``echo`` repeats, and its logprob entries."""
+
+    ids: list[int]
+    text: str
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def split_prompts(prompt: Any, vocab_size: int) -> list[str | list[int]]:
+    """The request's prompts, each a string or a list of token ids (OpenAI's four prompt shapes)."""
+    if isinstance(prompt, str):
+        return [prompt]
+    if not isinstance(prompt, list) or not prompt:
+        raise invalid(f"prompt must be {PROMPT_SHAPES} (non-empty)", "prompt")
+    if all(isinstance(p, str) for p in prompt):
+        return list(prompt)
+    if all(_is_id(t) for t in prompt):
+        return [_token_ids(prompt, vocab_size)]
+    if all(isinstance(p, list) for p in prompt):
+        return [_token_ids(p, vocab_size) for p in prompt]
+    raise invalid(f"prompt must be {PROMPT_SHAPES}; this array mixes them", "prompt")
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _token_ids(ids: list[Any], vocab_size: int) -> list[int]:
+    if not ids:
+        raise invalid("a token-id prompt must hold at least one id", "prompt")
+    for t in ids:
+        if not _is_id(t) or not 0 <= t < vocab_size:
+            raise invalid(f"prompt token id {t!r} is not in this model's vocabulary (0..{vocab_size - 1})", "prompt")
+    return list(ids)
+
+
+async def prepare_prompt(backend: Backend, prompt: str | list[int]) -> LegacyPrompt:
+    if isinstance(prompt, str):
+        return LegacyPrompt(await backend.prepare_text(prompt), prompt)
+    return LegacyPrompt(prompt, backend.tokenizer.decode(prompt))
+
+
+async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int) -> None:
+    """Fill ``prompt.logprobs``: one entry per prompt token, the first without a logprob (nothing predicts it)."""
+    entries = LogprobEntries(backend.tokenizer)
+    ids = prompt.ids
+    prompt.logprobs = [entries.entry(ids[0], None, None)]
+    if len(ids) == 1:
+        return
+    sampler = ForcedSampler(ids[1:], backend.limits.vocab_size, ids[:1], top)
+    handle = backend.start(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
+    try:
+        while not handle.finished:
+            _, ev = await handle.queue.get()
+            prompt.logprobs += [entries.entry(t, s.logprob, s.top_logprobs) for t, s in zip(ev.tokens, ev.samples,
+                                                                                             strict=True)]
+            if ev.retired is not None:
+                handle.done.add(0)
+            if ev.error is not None:
+                err = APIError(500, f"scoring the prompt failed: {ev.error}", "generation_failed")
+                err.log_fields["completion_id"] = handle.request_id
+                raise err
+    finally:
+        handle.cancel()
+    if len(prompt.logprobs) != len(ids):  # a forced walk only ends early when the engine stops it
+        raise APIError(500, f"scoring the prompt ended after {len(prompt.logprobs)} of {len(ids)} tokens",
+                       "generation_failed")
+
+
+def legacy_body(prompts: list[LegacyPrompt], outputs: list[list[ServedChoice]], n: int, echo: bool,
+                want_logprobs: bool) -> dict[str, Any]:
+    """A one-shot ``text_completion`` body (without id, created, model): choice ``p * n + i`` is choice ``i``
+    of prompt ``p``. Without outputs (``max_tokens: 0``) each choice is the echo alone, finished by length."""
+    choices = []
+    for p, prompt in enumerate(prompts):
+        for i in range(n):
+            out = outputs[p][i] if outputs else None
+            entries = (prompt.logprobs if echo else []) + (out.logprobs if out is not None else [])
+            choices.append({
+                "index": p * n + i,
+                "text": (prompt.text if echo else "") + (out.content if out is not None else ""),
+                "logprobs": legacy_logprobs(entries) if want_logprobs else None,
+                "finish_reason": out.finish_reason if out is not None else "length",
+            })
+    flat = [o for per_prompt in outputs for o in per_prompt]
+    return {"object": "text_completion", "system_fingerprint": None, "choices": choices,
+            "usage": usage(sum(len(p.ids) for p in prompts), flat)}
