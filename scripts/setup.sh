@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Creates .venv (if absent) and installs dgpp-core, every in-tree plugin and the test tools.
+# Creates .venv (if absent) and installs dgpp-core (with its demo extra), every in-tree plugin and the test tools.
 # torch is pinned first: on the CPU dev/CI machine torch==2.13.0 is a local CPU wheel, and anything
 # that pulls torch before it would resolve to a multi-GB CUDA build.
 # A rerun with unchanged requirements and pyproject files skips the installs (a stamp in .venv).
@@ -19,7 +19,7 @@ fi
 pip_install() { pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 pip_install "torch==2.13.0" "triton==3.8.0" numpy
 pip_install -r requirements-dev.txt
-editable=(-e ./dgpp-core)
+editable=(-e "./dgpp-core[demo]")  # the demo extra: transformers (also a test reference) and gguf
 for plugin in "${PLUGINS[@]}"; do editable+=(-e "$plugin"); done
 pip_install "${editable[@]}"
 echo "$stamp" > .venv/.dgpp-setup

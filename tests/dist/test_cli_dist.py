@@ -22,7 +22,7 @@ def test_check_reports_the_fabric_and_continues_on_tcp(tmp_path, capsys, monkeyp
     assert main(["check", _template(tmp_path, world_size=2), "--free-gib", "64", "--headroom-gib", "1"]) == 0
     out = capsys.readouterr().out
     assert "world        2 rank(s)" in out
-    assert "fabric: pyverbs is not installed; collectives use TCP" in out
+    assert "fabric: pyverbs is not installed: pip install 'dgpp-core[fabric]'; collectives use TCP" in out
     assert out.rstrip().endswith("ready")
 
 

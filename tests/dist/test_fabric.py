@@ -69,7 +69,7 @@ def test_without_pyverbs_or_devices_it_says_so_and_stays_on_tcp(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "pyverbs", None)  # import fails as if not installed
     monkeypatch.setitem(__import__("sys").modules, "pyverbs.device", None)
     missing = fabric.probe()
-    assert missing.lines() == ["fabric: pyverbs is not installed; collectives use TCP"]
+    assert missing.lines() == ["fabric: pyverbs is not installed: pip install 'dgpp-core[fabric]'; collectives use TCP"]
 
 
 def test_operator_env_wins(monkeypatch):

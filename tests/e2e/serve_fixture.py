@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -33,18 +34,29 @@ class Server:
     """A running ``dgpp serve`` child; ``url`` is its base, ``log`` its captured output file."""
 
     def __init__(self, checkpoint: Path, workdir: Path, engine: dict, http: dict | None = None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        port = free_port()
         self.config = workdir / "deploy.json"
         self.config.write_text(json.dumps({
             "model": str(checkpoint),
-            "http": {"bind_host": "127.0.0.1", "port": self.port, **(http or {})},
+            "http": {"bind_host": "127.0.0.1", "port": port, **(http or {})},
             "engine": engine,
         }))
+        cmd = [sys.executable, "-c", "import sys; from dgpp.cli import main; sys.exit(main())", "serve", str(self.config)]
+        self._start(cmd, port, workdir)
+
+    @classmethod
+    def command(cls, cmd: list[str], port: int, workdir: Path, **popen: Any) -> Server:
+        """A server started by ``cmd`` (which must listen on ``port``), e.g. an installed ``dgpp`` script."""
+        server = cls.__new__(cls)
+        server._start(cmd, port, workdir, **popen)
+        return server
+
+    def _start(self, cmd: list[str], port: int, workdir: Path, **popen: Any) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
         self.log = workdir / "server.log"
         self._log_file = open(self.log, "w")  # noqa: SIM115 - closed in stop()
-        cmd = [sys.executable, "-c", "import sys; from dgpp.cli import main; sys.exit(main())", "serve", str(self.config)]
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, **popen)
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         deadline = time.monotonic() + timeout

@@ -1,5 +1,7 @@
 """The ``dgpp`` command: ``serve``, ``check``, ``plugins``, ``templates``, ``bench`` and ``--version``.
 
+``serve`` and ``check`` take a template file, a shipped template's name or a model (``dgpp.cli_target``).
+
 Exit codes follow the original engine: 0 orderly, 1 a startup/contract error (bad template, missing
 checkpoint, unsupported model, memory plan refusal), 2 a usage error (argparse).
 """
@@ -11,6 +13,7 @@ import shlex
 import sys
 from typing import TYPE_CHECKING, Any
 
+from dgpp.cli_target import DEFAULT_MEMORY_FRACTION, resolve_target
 from dgpp.config import KNOB_KEYS, REFUSED_KNOBS, DeployConfig, load_config
 from dgpp.errors import DgppError
 
@@ -89,9 +92,21 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="validate a template, resolve checkpoint and family, print the memory plan"
     )
     for p in (serve, check):
-        p.add_argument("config", metavar="CONFIG", help="deployment template (JSON)")
+        p.add_argument(
+            "config",
+            metavar="CONFIG",
+            help="a deployment template (JSON file or a name from `dgpp templates`), or a model: "
+            "checkpoint directory, .gguf file or HF id in the local cache (a world-1 deployment with defaults)",
+        )
         p.add_argument(
             "--knobs", default=None, help='knob flags as one string, e.g. "--no-mtp --kv-capacity 4096"'
+        )
+        p.add_argument(
+            "--memory-fraction",
+            type=float,
+            default=None,
+            help=f"for a model: the share of free memory the engine may use; the KV pool gets what the "
+            f"rest of the memory plan leaves (default {DEFAULT_MEMORY_FRACTION}; --kv-capacity overrides)",
         )
         _add_knob_flags(p)
     serve.add_argument(
@@ -108,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.set_defaults(func=cmd_check)
 
     launch = sub.add_parser("launch", help="start every local rank of a multi-rank template (one process per rank)")
-    launch.add_argument("config", metavar="CONFIG", help="deployment template (JSON)")
+    launch.add_argument("config", metavar="CONFIG", help="deployment template (JSON file or template name)")
     launch.add_argument("--knobs", default=None, help="knob flags as one string, passed to every rank")
     launch.set_defaults(func=cmd_launch)
 
@@ -117,8 +132,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plugins.add_argument("--json", action="store_true", help="machine-readable output")
     plugins.set_defaults(func=cmd_plugins)
-    templates = sub.add_parser("templates", help="deployment templates shipped in deploy/ and by plugins")
+    templates = sub.add_parser("templates", help="deployment templates shipped by the plugins (and deploy/)")
     templates.add_argument("--json", action="store_true", help="machine-readable output")
+    templates.add_argument(
+        "--write",
+        nargs="+",
+        metavar=("NAME", "PATH"),
+        default=None,
+        help="write a copy of template NAME to PATH (a file or directory; default ./NAME.json) to edit",
+    )
     templates.set_defaults(func=cmd_templates)
     bench = sub.add_parser("bench", help="decode benchmark on a CUDA GPU: roofline and transformers (docs/benchmarks.md)")
     from dgpp.bench.args import add_arguments as add_bench_arguments
@@ -129,7 +151,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    cfg = load_config(args.config, collect_knobs(args))
+    cfg, target = resolve_target(args.config, collect_knobs(args), args.memory_fraction)
     if cfg.world > 1 or args.rank not in (None, 0):
         if args.rank is None:
             print(f"dgpp serve: the template describes a world of {cfg.world} ranks: give --rank R on each node, "
@@ -137,24 +159,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
             return 1
         from dgpp.dist.serve_rank import serve_rank
 
-        return serve_rank(cfg, args.rank, _startup_checks(cfg, args.config))
+        return serve_rank(cfg, args.rank, _startup_checks(cfg, target.label))
     from dgpp.serve.app import run
 
-    result = run(cfg, deployment=_startup_checks(cfg, args.config))
+    result = run(cfg, deployment=_startup_checks(cfg, target.label))
     return result if isinstance(result, int) else 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
+    from dgpp.cli_target import classify
     from dgpp.dist.launch import launch
 
-    cfg = load_config(args.config, collect_knobs(args))
-    return launch(args.config, cfg, ["--knobs", args.knobs] if args.knobs else [])
+    target = classify(args.config)
+    if target.template is None:
+        print(f"dgpp launch: {args.config} is a model; launch starts the ranks of a template", file=sys.stderr)
+        return 1
+    cfg = load_config(target.template, collect_knobs(args))
+    return launch(str(target.template), cfg, ["--knobs", args.knobs] if args.knobs else [])
 
 
 def _startup_checks(cfg: DeployConfig, path: str) -> Deployment:
     """Log what is being served (digest, lossy levers) and refuse a memory plan that does not fit; the resolved
     deployment (checkpoint, config.json, family) is what the model is then loaded from."""
+    from importlib.util import find_spec
+
     from dgpp.engine.memory import format_bytes
+    from dgpp.extras import install_hint
     from dgpp.log import get_logger
     from dgpp.preflight import preflight, require_fit
 
@@ -171,6 +201,9 @@ def _startup_checks(cfg: DeployConfig, path: str) -> Deployment:
         plugin=fam.plugin,
         world=cfg.world,
     )
+    if found.device.startswith("cuda") and find_spec("triton") is None:
+        log.warning("Triton kernels off: every op runs its torch reference",
+                    hint=install_hint("triton", "gpu"))
     for lever in cfg.engine.lossy_levers():
         log.warning("lossy lever on: results may differ from the exact chain", key=f"engine.{lever}")
     require_fit(cfg, found)
@@ -198,6 +231,15 @@ def cmd_plugins(args: argparse.Namespace) -> int:
 def cmd_templates(args: argparse.Namespace) -> int:
     from dgpp.cli_report import list_templates
 
+    if args.write:
+        from dgpp.deploy_templates import write_template_copy
+
+        if len(args.write) > 2:
+            print("dgpp templates: --write takes NAME and at most one PATH", file=sys.stderr)
+            return 2
+        written = write_template_copy(*args.write)
+        print(f"wrote {written} (edit it, then `dgpp check {written}`)")
+        return 0
     return list_templates(as_json=args.json)
 
 

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
-from pathlib import Path
 from typing import Any
 
 from dgpp.errors import DgppError
@@ -15,19 +13,21 @@ from dgpp.errors import DgppError
 
 def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     """Everything startup would refuse, without loading weights; 0 when the deployment would start."""
-    from dgpp.config import load_config
-
-    cfg = load_config(args.config, knobs)  # before the heavy imports: a bad template is refused at once
-    print(f"config       {args.config} (digest {cfg.digest()})")
+    from dgpp.cli_target import resolve_target
     from dgpp.engine.memory import GiB, format_bytes
     from dgpp.preflight import preflight, require_fit
 
-    found = preflight(
-        cfg,
-        device=args.device,
-        headroom=int(args.headroom_gib * GiB) if args.headroom_gib is not None else None,
-        free_bytes=int(args.free_gib * GiB) if args.free_gib is not None else None,
-    )
+    measured = {
+        "device": args.device,
+        "headroom": int(args.headroom_gib * GiB) if args.headroom_gib is not None else None,
+        "free_bytes": int(args.free_gib * GiB) if args.free_gib is not None else None,
+    }
+    cfg, target = resolve_target(args.config, knobs, args.memory_fraction, **measured)
+    print(f"config       {target.label} (digest {cfg.digest()})")
+    if target.model is not None:
+        sized = "given" if "kv_capacity" in knobs else "sized to the free memory"
+        print(f"deployment   world 1, defaults; engine.kv_capacity {cfg.engine.kv_capacity} ({sized})")
+    found = preflight(cfg, **measured)
     fam = found.resolution.family
     print(f"checkpoint   {cfg.model} -> {found.checkpoint}")
     print(f"family       {fam.name} (plugin {fam.plugin}) for {found.resolution.matched}")
@@ -117,32 +117,16 @@ def list_plugins(as_json: bool = False) -> int:
     return 0
 
 
-def deploy_dir() -> Path | None:
-    """The repository's deploy/ (``$DGPP_DEPLOY_DIR`` overrides); None when dgpp is installed without it."""
-    if os.environ.get("DGPP_DEPLOY_DIR"):
-        return Path(os.environ["DGPP_DEPLOY_DIR"]).expanduser()
-    import dgpp
-
-    repo_deploy = Path(dgpp.__file__).resolve().parents[3] / "deploy"  # dgpp-core/src/dgpp -> repo root
-    return repo_deploy if repo_deploy.is_dir() else None
-
-
 def template_report() -> list[dict[str, Any]]:
     """Every known template with its model, world and whether it validates."""
     from dgpp.config import load_config
-    from dgpp.plugins import answers_by_plugin, manager
+    from dgpp.deploy_templates import known_templates
 
-    found: list[tuple[str, Path]] = []
-    root = deploy_dir()
-    if root is not None:
-        found += [("deploy", p) for p in sorted(root.glob("*.json"))]
-    for name, paths in answers_by_plugin(manager(), "dgpp_deploy_templates"):
-        found += [(name, Path(p)) for p in paths or []]
     out = []
-    for source, path in found:
-        rec: dict[str, Any] = {"source": source, "path": str(path), "name": path.stem}
+    for tpl in known_templates():
+        rec: dict[str, Any] = {"source": tpl.source, "path": str(tpl.path), "name": tpl.name}
         try:
-            cfg = load_config(path)
+            cfg = load_config(tpl.path)
             rec.update(model=cfg.model, world=cfg.world, valid=True, digest=cfg.digest())
         except DgppError as exc:
             rec.update(valid=False, error=str(exc))
@@ -156,8 +140,14 @@ def list_templates(as_json: bool = False) -> int:
         print(json.dumps(report, indent=2))
         return 0
     if not report:
-        print("no templates found (set DGPP_DEPLOY_DIR to a directory of templates)", file=sys.stderr)
+        print(
+            "no templates found: install a family plugin (e.g. pip install dgpp-qwen) "
+            "or set DGPP_DEPLOY_DIR to a directory of templates",
+            file=sys.stderr,
+        )
     for rec in report:
         status = f"{rec['model']}  w{rec['world']}" if rec["valid"] else f"INVALID: {rec['error']}"
-        print(f"{rec['name']:<44} {rec['source']:<8} {status}")
+        print(f"{rec['name']:<44} {rec['source']:<10} {status}")
+    if report:
+        print("serve one by name (`dgpp serve NAME`), or copy it to edit: `dgpp templates --write NAME`")
     return 0 if all(r["valid"] for r in report) else 1

@@ -3,7 +3,8 @@
 ``deploy/demo_cpu.json`` names ``dgpp-demo/qwen3-tiny``; resolving it builds the checkpoint once under
 ``$DGPP_DEMO_DIR`` (default ``~/.cache/dgpp/demo/``) with a fixed seed, no GPU and no network, so the
 whole serving path can be exercised anywhere. The weights are random: the demo answers gibberish,
-deterministically. Building needs ``transformers`` (installed by scripts/setup.sh).
+deterministically. Building needs ``transformers``: the ``dgpp-core[demo]`` extra (scripts/setup.sh
+installs it); without it resolving a demo model is one error line naming the extra.
 """
 
 from __future__ import annotations
@@ -63,6 +64,9 @@ def ensure_demo_checkpoint(model: str) -> Path:
     final = demo_cache_dir() / name
     if (final / "config.json").is_file():
         return final
+    from dgpp.extras import require_extra
+
+    require_extra("transformers", "demo", f"building the demo checkpoint {model!r}")
     final.parent.mkdir(parents=True, exist_ok=True)
     from dgpp.log import get_logger
 

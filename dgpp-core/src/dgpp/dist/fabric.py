@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from dgpp.extras import install_hint
 from dgpp.log import get_logger
 
 log = get_logger("dgpp.dist")
@@ -88,7 +89,7 @@ def probe(pyverbs_device: Any = None, sysfs: Path = SYSFS) -> FabricReport:
         try:
             import pyverbs.device as pyverbs_device  # type: ignore[import-not-found,no-redef]
         except ImportError:
-            report.notes.append("pyverbs is not installed")
+            report.notes.append(install_hint("pyverbs", "fabric"))
             return report
     try:
         devices = pyverbs_device.get_device_list()

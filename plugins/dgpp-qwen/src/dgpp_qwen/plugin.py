@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from dgpp.deploy_templates import packaged_templates
 from dgpp.family import FamilySpec
 from dgpp.family_hooks import FamilyHooks
+from dgpp.hookspecs import hookimpl
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -65,3 +69,9 @@ HOOKS = FamilyHooks(
     only_model_types={"memory_plan": ("qwen4_exp", "qwen4_exp_text")},
 )
 globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes
+
+
+@hookimpl
+def dgpp_deploy_templates() -> list[Path]:
+    """The deployment templates of this family's releases, shipped in the wheel's templates/ folder."""
+    return packaged_templates(__name__)
