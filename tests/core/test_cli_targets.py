@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dgpp.cli import main
-from dgpp.cli_target import classify, resolve_target
-from dgpp.deploy_templates import deploy_dir, find_template, known_templates, write_template_copy
+from dgpp.cli_target import classify, find_template, known_templates, resolve_target, write_template_copy
+from dgpp.deploy_templates import deploy_dir
 from dgpp.engine.memory import GiB
 from dgpp.errors import CheckpointError, ConfigError
 

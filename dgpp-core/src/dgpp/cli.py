@@ -232,7 +232,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
     from dgpp.cli_report import list_templates
 
     if args.write:
-        from dgpp.deploy_templates import write_template_copy
+        from dgpp.cli_target import write_template_copy
 
         if len(args.write) > 2:
             print("dgpp templates: --write takes NAME and at most one PATH", file=sys.stderr)

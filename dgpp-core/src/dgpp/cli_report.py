@@ -119,8 +119,8 @@ def list_plugins(as_json: bool = False) -> int:
 
 def template_report() -> list[dict[str, Any]]:
     """Every known template with its model, world and whether it validates."""
+    from dgpp.cli_target import known_templates
     from dgpp.config import load_config
-    from dgpp.deploy_templates import known_templates
 
     out = []
     for tpl in known_templates():

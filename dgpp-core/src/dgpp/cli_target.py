@@ -9,11 +9,13 @@ free memory (and never eats into the headroom), capped at every slot holding a f
 
 from __future__ import annotations
 
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from dgpp.config import DeployConfig, load_config, parse_config
+from dgpp.deploy_templates import deploy_dir
 from dgpp.errors import ConfigError, DgppError
 
 DEFAULT_MEMORY_FRACTION = 0.9  # like vLLM's gpu_memory_utilization, but of the memory free at startup
@@ -40,10 +42,66 @@ def classify(arg: str) -> Target:
     if path.suffix == ".json" or path.is_file():
         return Target(template=path)
     if "/" not in arg and not arg.startswith(("~", ".")):
-        from dgpp.deploy_templates import find_template
-
         return Target(template=find_template(arg))
     return Target(model=arg)  # an HF id (ORG/NAME), looked up in the local cache
+
+
+@dataclass(frozen=True)
+class KnownTemplate:
+    """One template: its name, who ships it (a plugin's name, or ``deploy``) and its file."""
+
+    name: str
+    source: str
+    path: Path
+
+
+def known_templates() -> list[KnownTemplate]:
+    """Plugins' templates, then deploy/'s; a file reached twice (deploy/ links to a plugin's) is listed once."""
+    from dgpp.plugins import answers_by_plugin, manager
+
+    found: list[KnownTemplate] = []
+    for plugin, paths in answers_by_plugin(manager(), "dgpp_deploy_templates"):
+        found += [KnownTemplate(Path(p).stem, plugin, Path(p)) for p in paths or []]
+    root = deploy_dir()
+    if root is not None:
+        found += [KnownTemplate(p.stem, "deploy", p) for p in sorted(root.glob("*.json"))]
+    seen: set[Path] = set()
+    unique = []
+    for tpl in found:
+        real = tpl.path.resolve()
+        if real not in seen:
+            seen.add(real)
+            unique.append(tpl)
+    return unique
+
+
+def find_template(name: str) -> Path:
+    """The file of the template called ``name`` (a ConfigError listing the known names when there is none)."""
+    known = known_templates()
+    matches = [t for t in known if t.name == name]
+    if len(matches) > 1:
+        shippers = ", ".join(f"{t.source} ({t.path})" for t in matches)
+        raise ConfigError(f"template {name!r} is shipped twice: {shippers}; give the file's path instead")
+    if not matches:
+        names = ", ".join(sorted(t.name for t in known)) or "none (install a family plugin, e.g. dgpp-qwen)"
+        raise ConfigError(
+            f"{name!r} is neither a file, a checkpoint directory, nor a known template (templates: {names})"
+        )
+    return matches[0].path
+
+
+def write_template_copy(name: str, dest: str | Path | None = None) -> Path:
+    """Copy template ``name`` to ``dest`` (a file, or a directory to put ``NAME.json`` in; default: here)."""
+    source = find_template(name)
+    target = Path(dest).expanduser() if dest is not None else Path(f"{name}.json")
+    if target.is_dir():
+        target = target / f"{name}.json"
+    if target.exists():
+        raise ConfigError(f"{target} already exists; choose another path or remove it first")
+    if not target.parent.is_dir():
+        raise ConfigError(f"{target.parent}: no such directory")
+    shutil.copyfile(source, target)
+    return target
 
 
 def model_deployment(model: str, knobs: dict[str, Any]) -> DeployConfig:
