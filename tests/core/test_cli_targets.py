@@ -88,14 +88,18 @@ def test_a_checkpoint_directory_gets_a_kv_pool_sized_to_the_free_memory(tiny_qwe
         assert cfg.engine.kv_capacity == (budget - rest) // plan.kv_per_token // 16 * 16
         return cfg.engine.kv_capacity
 
-    # the headroom binds (3 MiB past it), then the fraction does (half of 4 MiB); neither reaches the cap
-    by_headroom = sized(GiB + (3 << 20), GiB, 0.95)
-    by_fraction = sized(4 << 20, 0, 0.5)
+    # what the plan needs besides the pool, then budgets 1 MiB past it: the headroom binds (it leaves less than
+    # 0.95 x free), then the fraction does (half of twice that); neither reaches the cap of 8 x 512 tokens
+    probe, _ = resolve_target(str(tiny_qwen3), {"kv_capacity": 16})
+    plan = preflight(probe, free_bytes=GiB, headroom=0).plan
+    rest = plan.total() - plan.kv_per_token * plan.kv_capacity
+    by_headroom = sized(GiB + rest + (1 << 20), GiB, 0.95)
+    by_fraction = sized(2 * (rest + (1 << 19)), 0, 0.5)
     assert 16 <= by_fraction < by_headroom < 8 * 512
 
     roomy, _ = resolve_target(str(tiny_qwen3), {"max_concurrency": 2}, free_bytes=64 * GiB)
     assert roomy.engine.kv_capacity == 2 * 512  # capped: two slots of max_position_embeddings each
-    given, _ = resolve_target(str(tiny_qwen3), {"kv_capacity": 100}, free_bytes=4 << 20, headroom=0)
+    given, _ = resolve_target(str(tiny_qwen3), {"kv_capacity": 100}, free_bytes=GiB, headroom=0)
     assert given.engine.kv_capacity == 100
 
 
