@@ -196,8 +196,8 @@ def test_in_tree_special_cases_are_kept():
     from dgpp_qwen import dialect as qwen_dialect
     from dgpp_qwen import plugin as qwen_plugin
 
-    assert qwen_plugin.dgpp_memory_plan(_ctx("qwen", "qwen3")) is None
-    assert qwen_plugin.dgpp_memory_plan(_ctx("glm", "qwen4_exp")) is None
+    assert qwen_plugin.HOOKS.dgpp_memory_plan(_ctx("qwen", "qwen3")) is None
+    assert qwen_plugin.HOOKS.dgpp_memory_plan(_ctx("glm", "qwen4_exp")) is None
     pm = build_manager()
     assert pm.hook.dgpp_chat_template(family="qwen", hf_config={}) == qwen_dialect.chat_template()
     v41 = {"model_type": "deepseek_v41"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -53,3 +54,27 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden rows -> logits ``[R, vocab]`` (vocab-sharded under TP; the engine gathers)."""
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A speculative drafter (an MTP layer, a block drafter): what ``dgpp_build_draft`` returns and
+    ``dgpp.engine.speculative`` runs. Usually an ``nn.Module``, whose ``__call__`` runs ``forward``.
+
+    ``step`` is the draft depth being produced (0 for the first draft token); a drafter with several layers
+    picks its layer from it, one with a single layer ignores it. Both calls take it, so the engine calls every
+    drafter the same way.
+    """
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The drafter's own cache entries (paged K/V only), allocated by the engine beside the target's."""
+        ...
+
+    def __call__(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """Rows of ``batch`` (tokens one position ahead of ``batch.positions``) fed the target's (or the previous
+        draft's) hidden rows; returns hidden rows at ``batch.logits_indices``."""
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """Hidden rows of draft depth ``step`` -> logits ``[R, vocab]``."""
+        ...

@@ -1,9 +1,8 @@
-"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the DeepSeek plugin registers with dgpp."""
+"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the DeepSeek plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from dgpp.family import FamilySpec
-from dgpp.family_hooks import FamilyHooks
+from dgpp.plugin_api import FamilyHooks, FamilySpec
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -26,4 +25,3 @@ HOOKS = FamilyHooks(
     tool_dialect="dgpp_deepseek.dialect:dialect_for",
     chat_template="dgpp_deepseek.dialect:chat_template",
 )
-globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes

@@ -1,9 +1,8 @@
-"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the Flint plugin registers with dgpp."""
+"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the Flint plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from dgpp.family import FamilySpec
-from dgpp.family_hooks import FamilyHooks
+from dgpp.plugin_api import FamilyHooks, FamilySpec
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -18,4 +17,3 @@ HOOKS = FamilyHooks(
     ),
     load_model="dgpp_flint.loader:load_model",
 )
-globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes

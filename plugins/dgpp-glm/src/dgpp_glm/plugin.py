@@ -1,9 +1,8 @@
-"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the GLM plugin registers with dgpp."""
+"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the GLM plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from dgpp.family import FamilySpec
-from dgpp.family_hooks import FamilyHooks
+from dgpp.plugin_api import FamilyHooks, FamilySpec
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -32,4 +31,3 @@ HOOKS = FamilyHooks(
     build_draft="dgpp_glm.draft:build_draft",
     memory_plan="dgpp_glm.memory:memory_plan",
 )
-globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes

@@ -10,18 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, PagedKV
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp_qwen.attention import QwenAttention, build_rotary
+from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, PagedKV, World
 from dgpp_qwen.config import QwenConfig
+from dgpp_qwen.layers.attention import QwenAttention, build_rotary
 
 
 def kv_cache_name(layer: int) -> str:
