@@ -3,14 +3,17 @@ them, else the generic estimate from config.json and the safetensors headers; si
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from dgpp.engine.memory import MemoryPlan, ModelMemory, plan_memory
 from dgpp.engine.memory_estimate import estimate_model_memory
 from dgpp.family import LoadContext
 
+if TYPE_CHECKING:
+    import pluggy
 
-def plan_for(pm: Any, ctx: LoadContext) -> MemoryPlan:
+
+def plan_for(pm: pluggy.PluginManager, ctx: LoadContext) -> MemoryPlan:
     """The plan for ``ctx``: the plugin's ``ModelMemory`` (or a complete ``MemoryPlan`` it sized itself), else
     the generic estimate."""
     answer = pm.hook.dgpp_memory_plan(ctx=ctx)
