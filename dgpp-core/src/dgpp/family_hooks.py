@@ -22,8 +22,8 @@ from dgpp.family import FamilySpec, LoadContext
 from dgpp.hookspecs import hookimpl
 
 if TYPE_CHECKING:
-    from dgpp.engine.memory import MemoryPlan, ModelMemory
-    from dgpp.engine.model import Drafter, Model
+    from dgpp.step.memory import MemoryPlan, ModelMemory
+    from dgpp.step.model import Drafter, Model
     from dgpp.text.dialect import Dialect
 
 # hook name -> the FamilyHooks field holding its implementation reference

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:  # the types stay out of the import: registering a plugin must not load torch
-    from dgpp.engine.memory import MemoryPlan, ModelMemory
-    from dgpp.engine.model import Drafter, Model
+    from dgpp.step.memory import MemoryPlan, ModelMemory
+    from dgpp.step.model import Drafter, Model
     from dgpp.family import FamilySpec, LoadContext
     from dgpp.quant.format import QuantFormat
     from dgpp.text.dialect import Dialect
@@ -54,7 +54,7 @@ def dgpp_build_model(ctx: LoadContext) -> Model | None:
 def dgpp_build_draft(ctx: LoadContext, model: Model) -> Drafter | None:
     """Build the speculative drafter (an MTP layer, a block drafter) for ``model``, weights loaded, or None.
 
-    The drafter follows ``dgpp.engine.model.Drafter``: ``drafter(batch, previous_hidden, step)`` and
+    The drafter follows ``dgpp.step.model.Drafter``: ``drafter(batch, previous_hidden, step)`` and
     ``compute_logits(hidden, step)``.
     """
 

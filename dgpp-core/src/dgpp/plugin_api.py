@@ -23,14 +23,14 @@ if TYPE_CHECKING:
     from dgpp.checkpoint import CheckpointReader
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.headers import tensor_bytes
-    from dgpp.engine.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
-    from dgpp.engine.model import Drafter, Model, ModelInfo
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
     from dgpp.step.batch import ForwardBatch
     from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
+    from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
+    from dgpp.step.model import Drafter, Model, ModelInfo
     from dgpp.text.dialect import Dialect
 
 # name -> the module that defines it (imported when the name is first read)
@@ -42,12 +42,12 @@ _LAZY = {
     "CacheSpec": "dgpp.step.cache_spec",
     "PagedKV": "dgpp.step.cache_spec",
     "StateSpec": "dgpp.step.cache_spec",
-    "MemoryPlan": "dgpp.engine.memory",
-    "ModelMemory": "dgpp.engine.memory",
-    "transformer_activation_bytes": "dgpp.engine.memory",
-    "Drafter": "dgpp.engine.model",
-    "Model": "dgpp.engine.model",
-    "ModelInfo": "dgpp.engine.model",
+    "MemoryPlan": "dgpp.step.memory",
+    "ModelMemory": "dgpp.step.memory",
+    "transformer_activation_bytes": "dgpp.step.memory",
+    "Drafter": "dgpp.step.model",
+    "Model": "dgpp.step.model",
+    "ModelInfo": "dgpp.step.model",
     "checkpoint_tensor_names": "dgpp.engine.weights",
     "load_family_weights": "dgpp.engine.weights",
     "quantize_modules": "dgpp.quant.apply",
