@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 import pluggy
 
 if TYPE_CHECKING:  # the types stay out of the import: registering a plugin must not load torch
-    from dgpp.step.memory import MemoryPlan, ModelMemory
-    from dgpp.step.model import Drafter, Model
     from dgpp.family import FamilySpec, LoadContext
     from dgpp.quant.format import QuantFormat
+    from dgpp.step.memory import MemoryPlan, ModelMemory
+    from dgpp.step.model import Drafter, Model
     from dgpp.text.dialect import Dialect
 
 PROJECT = "dgpp"
