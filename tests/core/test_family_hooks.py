@@ -141,6 +141,17 @@ def test_hooks_without_reference_are_not_exported():
     assert pm.hook.dgpp_tool_dialect.get_hookimpls() == []
 
 
+def test_the_object_registers_only_the_hooks_it_was_given(impl_module):
+    """An entry point names the FamilyHooks object itself: pluggy registers what ``hookimpls()`` lists, no more."""
+    bare = FamilyHooks(_spec(), load_model=f"{impl_module}:load_model")
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    pm.register(bare, name="bare")
+    assert pm.hook.dgpp_memory_plan.get_hookimpls() == [] and pm.hook.dgpp_build_draft.get_hookimpls() == []
+    assert pm.hook.dgpp_load_model(ctx=_ctx("fake", "fake_a")) == ("model", "FakeForCausalLM")
+    assert pm.hook.dgpp_load_model(ctx=_ctx("other", "fake_a")) is None
+
+
 def test_bad_references_are_clear_errors(impl_module):
     with pytest.raises(PluginError, match="'fakefam_impl' is not of the form"):
         FamilyHooks(_spec(), load_model="fakefam_impl")
@@ -196,8 +207,8 @@ def test_in_tree_special_cases_are_kept():
     from dgpp_qwen import dialect as qwen_dialect
     from dgpp_qwen import plugin as qwen_plugin
 
-    assert qwen_plugin.dgpp_memory_plan(_ctx("qwen", "qwen3")) is None
-    assert qwen_plugin.dgpp_memory_plan(_ctx("glm", "qwen4_exp")) is None
+    assert qwen_plugin.HOOKS.dgpp_memory_plan(_ctx("qwen", "qwen3")) is None
+    assert qwen_plugin.HOOKS.dgpp_memory_plan(_ctx("glm", "qwen4_exp")) is None
     pm = build_manager()
     assert pm.hook.dgpp_chat_template(family="qwen", hf_config={}) == qwen_dialect.chat_template()
     v41 = {"model_type": "deepseek_v41"}

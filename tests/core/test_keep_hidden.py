@@ -20,7 +20,7 @@ class NoCacheDrafter(nn.Module):
     def cache_spec(self) -> dict:
         return {}
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
         return hidden
 
 

@@ -23,30 +23,29 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # Names are dgpp's top-level modules and packages; one layer may hold several, whose packages must not import
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
-    ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks", "hookspecs",
+    ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks",
      "prefill_budget", "extras", "deploy_templates"),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
     ("quant",),  # weight formats: packed LinearMethods for nn's layers
-    ("checkpoint", "plugins", "builtin", "family_hooks"),  # reading checkpoints; finding families
+    # reading checkpoints; the plugin contract (hooks typed with step, quant and text types) and finding families
+    ("checkpoint", "hookspecs", "plugins", "builtin", "family_hooks"),
     ("engine",),  # runner, graphs, memory plan, speculation
     ("sched",),  # the tick, admission, prefix cache, the engine thread
     ("serve",),  # the HTTP API
     ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "testing"),  # entry points and tools
+    ("plugin_api",),  # what a plugin imports from core, gathered from every layer
 ]
 
 # known departures still to remove (issue 16): each must exist (a removed one is struck from here) and no other
 # may appear. This set only shrinks.
-PENDING_CIRCLES: set[frozenset[str]] = {
-    frozenset({"dgpp.builtin", "dgpp.plugins", "dgpp.quant.registry"}),
-    frozenset({"dgpp.engine.memory", "dgpp.engine.memory_estimate"}),
-    frozenset({"dgpp_qwen.loader", "dgpp_qwen.qwen4_exp"}),
-}
+PENDING_CIRCLES: set[frozenset[str]] = set()
 PENDING_PACKAGE_CIRCLES: set[frozenset[str]] = {
     # closed only by checkpoint.resolve -> demo (PENDING_UPWARD): demo -> testing -> serve -> engine -> checkpoint
     frozenset({"checkpoint", "demo", "engine", "sched", "serve", "testing"}),
-    frozenset({"builtin", "plugins", "quant"}),
+    # closed only by quant.registry -> plugins (PENDING_UPWARD); hookspecs joins it through its QuantFormat type
+    frozenset({"builtin", "hookspecs", "plugins", "quant"}),
 }
 PENDING_UPWARD: set[tuple[str, str]] = {
     ("dgpp.quant.registry", "dgpp.plugins"),  # the quant-format registry asks the plugin manager

@@ -90,7 +90,7 @@ class OracleDrafter(nn.Module):
                 out[row, token] = 1.0
         return out[batch.logits_indices]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
         return hidden
 
 

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dgpp.deploy_templates import packaged_templates
 from dgpp.hookspecs import hookimpl
 
+if TYPE_CHECKING:
+    from dgpp.quant.format import QuantFormat
+
 
 @hookimpl
-def dgpp_quant_formats() -> list:
-    try:
-        from dgpp.quant.registry import builtin_formats
-    except ImportError:  # quant formats land with their own issue
-        return []
+def dgpp_quant_formats() -> list[QuantFormat]:
+    from dgpp.quant.builtin_formats import builtin_formats  # on first use: listing plugins loads no torch
+
     return builtin_formats()
 
 

@@ -1,18 +1,24 @@
 """The dgpp plugin API: every hook a plugin may implement, and nothing else.
 
 Hooks are factories called at startup (or by ``dgpp check`` / ``dgpp plugins``); nothing on the
-per-token path goes through pluggy. A plugin is a module registered under the entry-point group
-``dgpp`` whose functions are decorated with ``dgpp.hookimpl``.
+per-token path goes through pluggy. A plugin is an object registered under the entry-point group
+``dgpp`` (a ``dgpp.family_hooks.FamilyHooks``, or a module) whose ``dgpp_*`` functions are decorated with
+``dgpp.hookimpl``. Every type these hooks take or return is importable from ``dgpp.plugin_api``.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pluggy
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the types stay out of the import: registering a plugin must not load torch
     from dgpp.family import FamilySpec, LoadContext
+    from dgpp.quant.format import QuantFormat
+    from dgpp.step.memory import MemoryPlan, ModelMemory
+    from dgpp.step.model import Drafter, Model
+    from dgpp.text.dialect import Dialect
 
 PROJECT = "dgpp"
 hookspec = pluggy.HookspecMarker(PROJECT)
@@ -29,7 +35,7 @@ def dgpp_families() -> list[FamilySpec]:
 
 
 @hookspec(firstresult=True)
-def dgpp_load_model(ctx: LoadContext) -> Any:
+def dgpp_load_model(ctx: LoadContext) -> Model | None:
     """Build and load the model for ``ctx`` (only the plugin whose family is ``ctx.family`` answers).
 
     Returns a ``dgpp.engine.model.Model`` with its weights loaded and sliced for ``ctx.world``;
@@ -39,34 +45,38 @@ def dgpp_load_model(ctx: LoadContext) -> Any:
 
 
 @hookspec(firstresult=True)
-def dgpp_build_model(ctx: LoadContext) -> Any:
+def dgpp_build_model(ctx: LoadContext) -> Model | None:
     """Build the model for ``ctx.hf_config`` on ``ctx.device`` with its parameters allocated but not loaded
     (``dgpp bench`` fills them with random values of a real geometry); None for a family that is not yours."""
 
 
 @hookspec(firstresult=True)
-def dgpp_build_draft(ctx: LoadContext, model: Any) -> Any:
-    """Build the speculative drafter (an MTP layer, a block drafter) for ``model``, or None."""
+def dgpp_build_draft(ctx: LoadContext, model: Model) -> Drafter | None:
+    """Build the speculative drafter (an MTP layer, a block drafter) for ``model``, weights loaded, or None.
+
+    The drafter follows ``dgpp.step.model.Drafter``: ``drafter(batch, previous_hidden, step)`` and
+    ``compute_logits(hidden, step)``.
+    """
 
 
 @hookspec(firstresult=True)
-def dgpp_memory_plan(ctx: LoadContext) -> Any:
-    """Return a ``dgpp.engine.memory.MemoryPlan`` for ``ctx`` without loading weights.
-
-    Itemized bytes per rank: weights (packed bytes for quantized formats), KV bytes per token, state
-    bytes per request, activation bytes per prefill token, drafter. The engine sizes its pools from
-    it and refuses to start when it does not fit. Return None for a family that is not yours.
+def dgpp_memory_plan(ctx: LoadContext) -> ModelMemory | MemoryPlan | None:
+    """Return the model's own bytes per rank for ``ctx`` (a ``dgpp.engine.memory.ModelMemory``) without
+    loading weights: weights (packed bytes for quantized formats), drafter, KV bytes per token, state bytes per
+    request, activation bytes per prefill row. Core sizes the deployment's plan from them
+    (``dgpp.engine.memory.plan_memory``) and refuses to start when it does not fit. Return None for a family
+    that is not yours (the generic estimate then applies). A complete ``MemoryPlan`` is taken as it is.
     """
 
 
 @hookspec
-def dgpp_quant_formats() -> list[Any]:
+def dgpp_quant_formats() -> list[QuantFormat]:
     """Return weight formats (``dgpp.quant.QuantFormat``) this plugin adds; core registers its own
     built-ins through this same hook."""
 
 
 @hookspec
-def dgpp_deploy_templates() -> list[Any]:
+def dgpp_deploy_templates() -> list[Path]:
     """Return paths of deployment templates (JSON) this plugin ships, for ``dgpp templates``."""
 
 
@@ -76,5 +86,5 @@ def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
 
 
 @hookspec(firstresult=True)
-def dgpp_tool_dialect(family: str, hf_config: dict) -> Any:
+def dgpp_tool_dialect(family: str, hf_config: dict) -> Dialect | None:
     """Return the family's tool-call / reasoning dialect (``dgpp.text.dialect.Dialect``), or None."""

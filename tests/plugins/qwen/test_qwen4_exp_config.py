@@ -101,10 +101,10 @@ def test_hash_constants_disagreeing_with_the_config_are_refused(tmp_path):
 def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
     from dgpp.config import EngineConfig
     from dgpp.engine.loading import read_hf_config
-    from dgpp.engine.memory import plan_for
+    from dgpp.engine.memory_plan import plan_for
     from dgpp.family import LoadContext
     from dgpp.plugins import manager
-    from dgpp_qwen.qwen4_exp_memory import ngram_table_bytes
+    from dgpp_qwen.memory import ngram_table_bytes
 
     path = build_tiny_qwen4_exp(tmp_path, seed=25, with_mtp=True)
 

@@ -1,146 +1,30 @@
-"""The memory plan: itemized bytes per rank, checked before anything is allocated.
-
-A plugin may answer ``dgpp_memory_plan(ctx)``; otherwise ``dgpp.engine.memory_estimate`` derives a
-plan from config.json and the safetensors headers without loading a weight. The engine refuses to
-start when ``total + headroom`` exceeds free memory, naming the largest items and the largest
-``kv_capacity`` that would fit (anchor §4.5).
-"""
+"""The memory plan where the engine imports it from (defined in ``dgpp.step.memory``, below the plugin
+contract whose ``dgpp_memory_plan`` hook returns a ``ModelMemory``)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from dgpp.step.memory import (
+    DEFAULT_HEADROOM,
+    GiB,
+    MemoryPlan,
+    ModelMemory,
+    cache_rates,
+    format_bytes,
+    free_memory_bytes,
+    plan_memory,
+    prefill_rows,
+    transformer_activation_bytes,
+)
 
-from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
-
-if TYPE_CHECKING:
-    import pluggy
-
-    from dgpp.family import LoadContext
-
-GiB = 1 << 30
-DEFAULT_HEADROOM = 4 * GiB  # what the original engine keeps free for the allocator, graphs and the driver
-
-
-def format_bytes(n: float) -> str:
-    for unit, size in (("GiB", GiB), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{int(n)} B"
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Bytes one rank needs: per-model items and per-token / per-request rates times the deployment's sizes.
-
-    ``weights`` excludes the drafter (its own item). ``kv_per_token`` counts every paged layer (K and V),
-    ``state_per_request`` every recurrent/conv/ring state, ``activations_per_token`` the scratch of one
-    prefill row. ``extra`` holds family-specific items (vision encoder, logits buffers, ...).
-    """
-
-    weights: int
-    kv_per_token: int
-    state_per_request: int
-    activations_per_token: int
-    drafter: int = 0
-    kv_capacity: int = 0
-    max_concurrency: int = 1
-    prefill_tokens: int = 0
-    prefix_cache: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
-    notes: tuple[str, ...] = ()
-
-    @classmethod
-    def from_cache_spec(
-        cls, spec: dict[str, CacheSpec], weights: int, activations_per_token: int, **sizes: Any
-    ) -> MemoryPlan:
-        """A plan whose KV and state rates come from a model's ``cache_spec()``."""
-        kv = sum(s.bytes_per_token() for s in spec.values() if isinstance(s, PagedKV))
-        state = sum(s.bytes_per_request() for s in spec.values() if isinstance(s, StateSpec))
-        return cls(
-            weights=weights,
-            kv_per_token=kv,
-            state_per_request=state,
-            activations_per_token=activations_per_token,
-            **sizes,
-        )
-
-    def items(self) -> dict[str, int]:
-        """Every item in bytes, largest first."""
-        items = {
-            "weights": self.weights,
-            "drafter": self.drafter,
-            "kv_pool": self.kv_per_token * self.kv_capacity,
-            "request_state": self.state_per_request * self.max_concurrency,
-            "activations": self.activations_per_token * self.prefill_tokens,
-            "prefix_cache": self.prefix_cache,
-            **self.extra,
-        }
-        return dict(sorted(items.items(), key=lambda kv: -kv[1]))
-
-    def total(self) -> int:
-        return sum(self.items().values())
-
-    def fits(self, free_bytes: int, headroom: int = DEFAULT_HEADROOM) -> bool:
-        return self.total() + headroom <= free_bytes
-
-    def max_kv_capacity(self, free_bytes: int, headroom: int = DEFAULT_HEADROOM, block_size: int = 1) -> int:
-        """The largest ``kv_capacity`` (a multiple of ``block_size``) that fits with everything else unchanged."""
-        if self.kv_per_token <= 0:
-            return 0
-        rest = self.total() - self.kv_per_token * self.kv_capacity
-        tokens = max(0, free_bytes - headroom - rest) // self.kv_per_token
-        return tokens - tokens % block_size
-
-    def describe(self) -> list[str]:
-        lines = [f"{name:<14} {format_bytes(n):>12}" for name, n in self.items().items() if n]
-        lines.append(f"{'total':<14} {format_bytes(self.total()):>12}")
-        rates = (
-            f"kv {format_bytes(self.kv_per_token)}/token x {self.kv_capacity}, "
-            f"state {format_bytes(self.state_per_request)}/request x {self.max_concurrency}, "
-            f"activations {format_bytes(self.activations_per_token)}/token x {self.prefill_tokens}"
-        )
-        return [*lines, rates, *self.notes]
-
-    def refusal(self, free_bytes: int, headroom: int = DEFAULT_HEADROOM, block_size: int = 1) -> str:
-        """Why the plan does not fit: the need, what is free, the largest items and the kv_capacity that would fit."""
-        top = ", ".join(f"{k} {format_bytes(v)}" for k, v in list(self.items().items())[:3] if v)
-        cap = self.max_kv_capacity(free_bytes, headroom, block_size)
-        hint = (
-            f"largest engine.kv_capacity that fits: {cap}"
-            if cap
-            else "no kv_capacity fits (the rest alone is too large)"
-        )
-        return (
-            f"memory plan does not fit: needs {format_bytes(self.total())} + {format_bytes(headroom)} headroom, "
-            f"{format_bytes(free_bytes)} free; largest items: {top}; {hint}"
-        )
-
-
-def free_memory_bytes(device: str = "cpu") -> int:
-    """Free memory where the pools would live: the CUDA device's free bytes, else the host's MemAvailable."""
-    if str(device).startswith("cuda"):
-        import torch
-
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return int(free)
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    import os
-
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def plan_for(pm: pluggy.PluginManager, ctx: LoadContext) -> MemoryPlan:
-    """The plugin's plan for ``ctx`` when it offers one, else the generic estimate."""
-    plan = pm.hook.dgpp_memory_plan(ctx=ctx)
-    if plan is not None:
-        return plan
-    from dgpp.engine.memory_estimate import estimate_memory_plan
-
-    return estimate_memory_plan(ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size)
+__all__ = [
+    "DEFAULT_HEADROOM",
+    "GiB",
+    "MemoryPlan",
+    "ModelMemory",
+    "cache_rates",
+    "format_bytes",
+    "free_memory_bytes",
+    "plan_memory",
+    "prefill_rows",
+    "transformer_activation_bytes",
+]

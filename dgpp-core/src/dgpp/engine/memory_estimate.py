@@ -1,6 +1,7 @@
 """A generic memory plan from config.json and safetensors headers (no weight is read).
 
-Used when a family's plugin offers no ``dgpp_memory_plan``. It is an estimate with stated rules:
+Used when a family's plugin offers no ``dgpp_memory_plan``: it estimates the model's bytes (a ``ModelMemory``),
+and ``dgpp.engine.memory.plan_memory`` sizes the deployment from them as for every family. The estimate's rules:
 weights = the checkpoint's stored bytes divided evenly over the ranks (TP shards nearly everything;
 a quantized checkpoint stores its linears packed, so these are ``dgpp.quant.packed_bytes``, not dequantized bytes);
 the drafter = tensors of MTP layers (named ``mtp`` or indexed past ``num_hidden_layers``); KV per
@@ -10,16 +11,13 @@ from linear-attention geometry; activations per prefill row from the hidden and 
 
 from __future__ import annotations
 
-import json
 import re
-import struct
 from pathlib import Path
 from typing import Any
 
+from dgpp.checkpoint.headers import tensor_bytes
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.memory import MemoryPlan
-from dgpp.errors import CheckpointError
-from dgpp.prefill_budget import largest_prefill_tokens
+from dgpp.engine.memory import MemoryPlan, ModelMemory, plan_memory, transformer_activation_bytes
 
 _DTYPE_BITS = {
     "F64": 64,
@@ -43,33 +41,6 @@ _DTYPE_BITS = {
 _NAME_BITS = {"float32": 32, "float16": 16, "bfloat16": 16, "bf16": 16, "fp8": 8, "fp4": 4}
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _MTP = re.compile(r"(?:^|\.)mtp(?:\.|_)")
-
-
-def tensor_bytes(checkpoint_dir: Path) -> dict[str, int]:
-    """Stored bytes of every tensor, from the safetensors headers (the index when sharded)."""
-    index = checkpoint_dir / "model.safetensors.index.json"
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = sorted(p.name for p in checkpoint_dir.glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(
-            f"{checkpoint_dir}: no *.safetensors files (and no model.safetensors.index.json)"
-        )
-    sizes: dict[str, int] = {}
-    for name in files:
-        path = checkpoint_dir / name
-        try:
-            with path.open("rb") as f:
-                (length,) = struct.unpack("<Q", f.read(8))
-                header = json.loads(f.read(length))
-        except (OSError, struct.error, ValueError) as exc:
-            raise CheckpointError(f"{path}: unreadable safetensors header ({exc})") from None
-        for tensor, meta in header.items():
-            if tensor != "__metadata__":
-                start, end = meta["data_offsets"]
-                sizes[tensor] = end - start
-    return sizes
 
 
 def _text_config(hf_config: dict[str, Any]) -> dict[str, Any]:
@@ -127,16 +98,10 @@ def _state_bytes_per_request(cfg: dict[str, Any], act_bits: int, world: int) -> 
     return linear_layers * (recurrent + conv)
 
 
-def _prefill_rows(engine: EngineConfig, max_position: int) -> int:
-    if engine.prefill_budget_tokens == 0:  # monolithic prefill: a whole prompt in one forward
-        return min(engine.kv_capacity, max_position)
-    return largest_prefill_tokens(engine)
-
-
-def estimate_memory_plan(
+def estimate_model_memory(
     checkpoint_dir: Path, hf_config: dict[str, Any], engine: EngineConfig, world_size: int = 1
-) -> MemoryPlan:
-    """The generic per-rank plan for a checkpoint under the deployment's ``engine`` settings."""
+) -> ModelMemory:
+    """The generic per-rank model bytes of a checkpoint under the deployment's ``engine`` settings."""
     cfg = _text_config(hf_config)
     n_layers = int(cfg.get("num_hidden_layers", 0))
     weights = drafter = 0
@@ -149,29 +114,27 @@ def estimate_memory_plan(
     act_bits = _compute_bits(hf_config, engine)
     kv_name = engine.kv_dtype
     kv_bits = act_bits if kv_name == "auto" else _NAME_BITS[kv_name]
-    hidden = int(cfg.get("hidden_size", 0))
     mlp = max(
         int(cfg.get("intermediate_size", 0)),
         int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("num_experts_per_tok", 0)),
     )
-    vocab = int(cfg.get("vocab_size", 0))
-    max_position = int(cfg.get("max_position_embeddings", 4096))
-    state = _state_bytes_per_request(cfg, act_bits, world_size)
-    max_conc = engine.max_concurrency
-    # prefix snapshots need their own arena only when requests carry state; plain KV is shared by reference
-    prefix = int(engine.prefix_cache_gib * (1 << 30)) if state else 0
-    return MemoryPlan(
+    return ModelMemory(
         weights=-(-weights // world_size),
-        drafter=-(-drafter // world_size) if engine.mtp else 0,
+        drafter=-(-drafter // world_size),
         kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size) // 8),
-        state_per_request=state,
-        activations_per_token=(8 * hidden + 3 * mlp // world_size) * act_bits // 8,
-        kv_capacity=engine.kv_capacity,
-        max_concurrency=max_conc,
-        prefill_tokens=_prefill_rows(engine, max_position),
-        prefix_cache=prefix,
-        extra={"logits": 4 * vocab * max(max_conc * (1 + engine.mtp_depth), 8) // world_size},
+        state_per_request=_state_bytes_per_request(cfg, act_bits, world_size),
+        # bits, not bytes, per element: sub-byte compute names (fp4) count exactly
+        activations_per_token=transformer_activation_bytes(int(cfg.get("hidden_size", 0)), mlp, world_size, act_bits) // 8,
+        vocab_size=int(cfg.get("vocab_size", 0)),
+        max_position=int(cfg.get("max_position_embeddings", 4096)),
         notes=(
             "generic estimate from config.json and safetensors headers (the family plugin offers no plan)",
         ),
     )
+
+
+def estimate_memory_plan(
+    checkpoint_dir: Path, hf_config: dict[str, Any], engine: EngineConfig, world_size: int = 1
+) -> MemoryPlan:
+    """The generic per-rank plan for a checkpoint under the deployment's ``engine`` settings."""
+    return plan_memory(estimate_model_memory(checkpoint_dir, hf_config, engine, world_size), engine)

@@ -1,55 +1,8 @@
-"""The model contract: the joint every family bends at (see docs/architecture.md)."""
+"""The model contract where the engine imports it from (defined in ``dgpp.step.model``, below the plugin
+contract that returns it)."""
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dgpp.step.model import Drafter, Model, ModelInfo
 
-import torch
-from torch import nn
-
-from dgpp.step.batch import ForwardBatch
-from dgpp.step.cache_spec import CacheSpec
-
-
-@dataclass(frozen=True)
-class ModelInfo:
-    """Facts the engine needs about a loaded model, independent of its family."""
-
-    vocab_size: int
-    max_position: int
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
-    dtype: torch.dtype = torch.float32
-    hybrid: bool = False  # has per-request state (recurrent/conv): prefix cache needs snapshots
-    extra: dict = field(default_factory=dict)
-
-
-class Model(nn.Module, ABC):
-    """A loaded model. Families subclass this; the engine only calls these methods."""
-
-    info: ModelInfo
-    #: Hidden rows of EVERY token of the last ``forward`` (``[T, hidden]``), for a drafter that reads them
-    #: (MTP layers draft from the target's hidden at each position, prompt rows included, not only the
-    #: sampled rows ``forward`` returns). Set by families with such a drafter, and only while ``keep_hidden``
-    #: is on; which hidden (e.g. GLM's post-final-norm) is the family's convention. None otherwise.
-    last_hidden: torch.Tensor | None = None
-    #: Whether ``forward`` keeps ``last_hidden``. Off by default so plain serving holds no activations past a
-    #: step; the speculative decoder (``engine.mtp``) turns it on for the drafter.
-    keep_hidden: bool = False
-
-    def keep_last_hidden(self, hidden: torch.Tensor) -> None:
-        """Remember every row's hidden for a drafter when ``keep_hidden`` is on (drop the last one otherwise)."""
-        self.last_hidden = hidden if self.keep_hidden else None
-
-    @abstractmethod
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        """Per layer name: ``PagedKV`` or ``StateSpec``. The engine allocates and owns the memory."""
-
-    @abstractmethod
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        """Run one step; return hidden rows ``[len(batch.logits_indices), hidden]`` to sample from."""
-
-    @abstractmethod
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Hidden rows -> logits ``[R, vocab]`` (vocab-sharded under TP; the engine gathers)."""
+__all__ = ["Drafter", "Model", "ModelInfo"]

@@ -21,13 +21,12 @@ Greedy requests thus emit exactly the plain greedy transcript, whatever the draf
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
-from torch import nn
 
+from dgpp.engine.model import Drafter
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
@@ -49,7 +48,7 @@ class SpeculativeDecoder:
     ``block_table`` addresses both. ``after_prefill`` must see every target prefill step, so the drafter's
     K/V covers the prompt."""
 
-    def __init__(self, runner: ModelRunner, drafter: nn.Module, depth: int) -> None:
+    def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int) -> None:
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
         spec = drafter.cache_spec()
@@ -69,7 +68,6 @@ class SpeculativeDecoder:
         self.stats = SpecDecodeStats(depth)
         # target hidden rows the drafter has not consumed yet: seq -> (first position, rows)
         self._backlog: dict[DecodingSequence, tuple[int, torch.Tensor]] = {}
-        self._logits_take_step = "step" in inspect.signature(drafter.compute_logits).parameters
 
     # ---- prefill: the drafter follows the prompt ----------------------------------------------
     @torch.inference_mode()
@@ -208,7 +206,7 @@ class SpeculativeDecoder:
         hidden = self.drafter(batch, previous, step)
         if not want_logits:
             return hidden, None
-        logits = self.drafter.compute_logits(hidden, step) if self._logits_take_step else self.drafter.compute_logits(hidden)
+        logits = self.drafter.compute_logits(hidden, step)
         return hidden, logits.float()
 
     # ---- hybrid state --------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""RMSNorm, plain (``w · x̂``) and zero-centred (``(1 + w) · x̂``, Qwen3.5 / Qwen3-Next)."""
+"""RMSNorm, plain (``w · x̂``) and zero-centred (``(1 + w) · x̂``, Qwen3.5 / Qwen3-Next), and the residual
+add fused into it (``add_rms_norm``), one op for every device."""
 
 from __future__ import annotations
 
@@ -41,3 +42,18 @@ class RMSNorm(nn.Module):
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, zero_centered={self.zero_centered}"
+
+
+def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(norm(residual + x), residual + x)``: the residual stream's add and the norm that follows it.
+
+    Where kernels run Triton this is one pass (``dgpp.kernels.rms_norm`` with a residual), which rounds the sum
+    to the activation dtype exactly as the eager add does; elsewhere the add, then ``norm``. A model writes its
+    residual stream with this op once, so every device runs the same sequence of layers and reductions.
+    """
+    from dgpp.kernels import rmsnorm  # imported on use: the layers import no kernel module up front
+
+    if rmsnorm.use_triton(x):
+        return rmsnorm.rms_norm_triton(x, norm.weight, norm.eps, residual, 1.0 if norm.zero_centered else 0.0)
+    summed = residual + x
+    return norm(summed), summed

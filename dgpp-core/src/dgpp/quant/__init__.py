@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from dgpp.quant.builtin_formats import builtin_formats
 from dgpp.quant.format import QuantFormat, Shape
-from dgpp.quant.registry import builtin_formats, get_format, registered_formats
+from dgpp.quant.registry import get_format, registered_formats
 from dgpp.quant.scheme import QuantScheme
 
 

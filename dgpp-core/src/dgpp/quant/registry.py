@@ -5,16 +5,8 @@ from __future__ import annotations
 from functools import lru_cache
 
 from dgpp.errors import ConfigError
-from dgpp.quant.bf12 import BF12
+from dgpp.quant.builtin_formats import builtin_formats
 from dgpp.quant.format import QuantFormat
-from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
-from dgpp.quant.fp8 import FP8Block, FP8Channel
-from dgpp.quant.intq import GPTQ, IntPacked
-
-
-def builtin_formats() -> list[QuantFormat]:
-    """Core's formats with their default parameters (called by ``dgpp.builtin``'s hook)."""
-    return [FP8Block(), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4(), IntPacked(), GPTQ(), BF12()]
 
 
 @lru_cache(maxsize=1)

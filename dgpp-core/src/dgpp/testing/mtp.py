@@ -33,6 +33,6 @@ def draft_logits(model, drafter, tokens: list[int], chunks: list[int], block_siz
         batch = build_batch([SeqWork(draft_slot, table, start, tokens[start + 1 : start + 1 + size])], draft_pools,
                             device)
         batch.logits_indices = torch.arange(size, device=batch.input_ids.device)
-        out.append(drafter.compute_logits(drafter(batch, hidden[start : start + size])).float())
+        out.append(drafter.compute_logits(drafter(batch, hidden[start : start + size], 0), 0).float())
         start += size
     return torch.cat(out)

@@ -23,7 +23,7 @@ import json
 import re
 from pathlib import Path
 
-from dgpp.text.dialect import Dialect
+from dgpp.plugin_api import Dialect
 from dgpp.text.effort import EffortMapping
 from dgpp.text.lark import LarkBuilder
 from dgpp.text.tools import ToolSpec

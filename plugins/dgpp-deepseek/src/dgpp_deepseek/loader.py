@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dgpp.errors import UnsupportedModelError
-from dgpp.family import LoadContext
+from dgpp.plugin_api import LoadContext, UnsupportedModelError
 
 
 def load_model(ctx: LoadContext):

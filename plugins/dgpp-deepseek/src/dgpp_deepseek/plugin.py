@@ -1,13 +1,8 @@
-"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the DeepSeek plugin registers with dgpp."""
+"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the DeepSeek plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from dgpp.deploy_templates import packaged_templates
-from dgpp.family import FamilySpec
-from dgpp.family_hooks import FamilyHooks
-from dgpp.hookspecs import hookimpl
+from dgpp.plugin_api import FamilyHooks, FamilySpec
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -29,11 +24,5 @@ HOOKS = FamilyHooks(
     load_model="dgpp_deepseek.loader:load_model",
     tool_dialect="dgpp_deepseek.dialect:dialect_for",
     chat_template="dgpp_deepseek.dialect:chat_template",
+    templates_package=__name__,
 )
-globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes
-
-
-@hookimpl
-def dgpp_deploy_templates() -> list[Path]:
-    """The deployment templates of this family's releases, shipped in the wheel's templates/ folder."""
-    return packaged_templates(__name__)

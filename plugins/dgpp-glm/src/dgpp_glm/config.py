@@ -11,9 +11,8 @@ from typing import Any
 
 import torch
 
-from dgpp.errors import ConfigError
+from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 # Keys that change what the model computes and that this family does not implement when set.
 _MUST_BE_UNSET = ("rope_scaling", "sliding_window", "layer_types", "mlp_layer_types")
 
@@ -107,7 +106,7 @@ def _rope(cfg: dict[str, Any], head_dim: int) -> tuple[float, int]:
 
 def _quant_method(cfg: dict[str, Any]) -> str | None:
     """The shipped weight format's method; dgpp.quant resolves it per module (and refuses unknown ones)."""
-    from dgpp.quant.scheme import QuantScheme
+    from dgpp.plugin_api import QuantScheme
 
     scheme = QuantScheme.from_hf_config(cfg)
     return None if scheme is None else scheme.method
@@ -156,8 +155,8 @@ def parse_glm4_moe_config(cfg: dict[str, Any]) -> Glm4MoeArchConfig:
     if mtp < 0:
         raise ConfigError(f"glm4_moe config.json: 'num_nextn_predict_layers'={mtp} must be >= 0")
     dtype_name = cfg.get("dtype", cfg.get("torch_dtype")) or "bfloat16"
-    if dtype_name not in _DTYPES:
-        raise ConfigError(f"glm4_moe config.json: 'torch_dtype'={dtype_name!r} is not supported ({', '.join(_DTYPES)})")
+    if dtype_name not in COMPUTE_DTYPES:
+        raise ConfigError(f"glm4_moe config.json: 'torch_dtype'={dtype_name!r} is not supported ({', '.join(COMPUTE_DTYPES)})")
     first_dense = _opt(cfg, "first_k_dense_replace", int, 1)
     if first_dense < 0:
         raise ConfigError(f"glm4_moe config.json: 'first_k_dense_replace'={first_dense} must be >= 0")
@@ -186,7 +185,7 @@ def parse_glm4_moe_config(cfg: dict[str, Any]) -> Glm4MoeArchConfig:
         routed_scaling_factor=_opt(cfg, "routed_scaling_factor", float, 1.0),
         num_mtp_layers=mtp,
         tie_word_embeddings=_opt(cfg, "tie_word_embeddings", bool, False),
-        dtype=_DTYPES[dtype_name],
+        dtype=COMPUTE_DTYPES[dtype_name],
         eos_token_ids=_eos(cfg),
         bos_token_id=cfg.get("bos_token_id"),
         quant_method=_quant_method(cfg),

@@ -15,7 +15,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from dgpp.text.dialect import Dialect, coerce_value
+from dgpp.plugin_api import Dialect
+from dgpp.text.dialect import coerce_value
 from dgpp.text.effort import EffortMapping
 from dgpp.text.lark import LarkBuilder
 from dgpp.text.tools import ToolSpec

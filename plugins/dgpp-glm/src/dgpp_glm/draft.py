@@ -20,16 +20,20 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dgpp.checkpoint import CheckpointReader
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, PagedKV
-from dgpp.errors import CheckpointError
-from dgpp.family import LoadContext
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
+from dgpp.plugin_api import (
+    CacheSpec,
+    CheckpointError,
+    ForwardBatch,
+    LoadContext,
+    PagedKV,
+    checkpoint_tensor_names,
+    load_family_weights,
+)
 from dgpp_glm.config import Glm4MoeArchConfig
-from dgpp_glm.loader import arch_config, checkpoint_name, fill
+from dgpp_glm.loader import arch_config, checkpoint_name
 from dgpp_glm.model import Glm4MoeDecoderLayer, Glm4MoeForCausalLM
 
 
@@ -60,6 +64,14 @@ class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
         self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, dtype=dtype)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_embed else None
         self.shared_head = SharedHead(cfg, dtype, own_head, world, group)
+
+
+def mtp_checkpoint_name(cfg: Glm4MoeArchConfig, name: str) -> str:
+    """``layers.{i}.x`` in the drafter is ``model.layers.{num_hidden_layers + i}.x`` in the checkpoint."""
+    parts = name.split(".", 2)
+    if len(parts) < 3 or parts[0] != "layers":  # the quantizer also asks about container modules
+        return name
+    return checkpoint_name(f"model.layers.{cfg.num_hidden_layers + int(parts[1])}.{parts[2]}")
 
 
 @dataclass
@@ -101,11 +113,7 @@ class Glm4MoeMTPDrafter(nn.Module):
         return {mtp_cache_name(i): kv for i in range(len(self.layers))}
 
     def checkpoint_name(self, name: str) -> str:
-        """``layers.{i}.x`` here is ``model.layers.{num_hidden_layers + i}.x`` in the checkpoint."""
-        parts = name.split(".", 2)
-        if len(parts) < 3 or parts[0] != "layers":  # the quantizer also asks about container modules
-            return name
-        return checkpoint_name(f"model.layers.{self.config.num_hidden_layers + int(parts[1])}.{parts[2]}")
+        return mtp_checkpoint_name(self.config, name)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
@@ -156,14 +164,14 @@ def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> Glm4MoeMTPDrafte
     cfg = arch_config(ctx)
     if cfg.num_mtp_layers == 0:
         return None
-    reader = CheckpointReader(ctx.checkpoint_dir)
+    names = checkpoint_tensor_names(ctx.checkpoint_dir)
     try:
-        layout = MTPLayout.of(reader.names(), cfg)
+        layout = MTPLayout.of(names, cfg)
     except CheckpointError as e:
         raise CheckpointError(f"{e} in {ctx.checkpoint_dir}") from None
-    finally:
-        reader.close()
-    with torch.device(ctx.device or "cpu"):
-        drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head)
-    fill(drafter, ctx, drafter.checkpoint_name, packed=layout.packed)
-    return drafter.eval()
+    return load_family_weights(
+        ctx,
+        lambda: Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head),
+        lambda name: mtp_checkpoint_name(cfg, name),
+        packed=layout.packed,
+    )

@@ -1,4 +1,5 @@
-"""The GLM memory plan: the exact per-rank bytes of the model as it would be built, without reading a weight.
+"""The GLM model's memory (``dgpp_memory_plan``): the exact per-rank bytes of the model as it would be built,
+without reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory.plan_memory``).
 
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank,
 with the checkpoint's packed formats swapped in, so the plan counts what is really resident: the
@@ -14,12 +15,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dgpp.engine.memory import MemoryPlan
-from dgpp.engine.memory_estimate import tensor_bytes
-from dgpp.family import LoadContext
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
-from dgpp.prefill_budget import largest_prefill_tokens
-from dgpp.quant.apply import quantize_modules
+from dgpp.plugin_api import (
+    LoadContext,
+    ModelMemory,
+    quantize_modules,
+    tensor_bytes,
+    transformer_activation_bytes,
+)
 from dgpp_glm.loader import arch_config, checkpoint_name
 
 # engine.bf16_weights: resident bytes of an eligible BF16 matrix, relative to BF16 (bf12 packs to ~0.75)
@@ -40,7 +43,7 @@ def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint") -> int:
     return int(total)
 
 
-def memory_plan(ctx: LoadContext) -> MemoryPlan:
+def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_glm.draft import Glm4MoeMTPDrafter, MTPLayout
     from dgpp_glm.model import Glm4MoeForCausalLM
 
@@ -61,19 +64,14 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
             drafter_bytes = resident_bytes(drafter, bf16)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     world = ctx.world.size
-    max_conc = engine.max_concurrency
-    depth = engine.mtp_depth if engine.mtp else 0
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
-    return MemoryPlan.from_cache_spec(
+    return ModelMemory.from_cache_spec(
         spec,
         weights=resident_bytes(model, bf16),
-        # a prefill row: residual, normed input, q/k/v/attention rows, the widest MLP's gate/up/act on this rank
-        activations_per_token=(8 * cfg.hidden_size + 3 * widest_mlp // world) * itemsize,
+        activations_per_token=transformer_activation_bytes(cfg.hidden_size, widest_mlp, world, itemsize),
         drafter=drafter_bytes,
-        kv_capacity=engine.kv_capacity,
-        max_concurrency=max_conc,
-        prefill_tokens=largest_prefill_tokens(engine),
-        extra={"logits": 4 * cfg.vocab_size * max(max_conc * (1 + depth), 8)},
+        vocab_size=cfg.vocab_size,
+        max_position=cfg.max_position_embeddings,
         notes=(f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}; KV includes the MTP layer"
                if drafter_bytes else f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}",),
     )

@@ -1,13 +1,8 @@
-"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the GLM plugin registers with dgpp."""
+"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the GLM plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from dgpp.deploy_templates import packaged_templates
-from dgpp.family import FamilySpec
-from dgpp.family_hooks import FamilyHooks
-from dgpp.hookspecs import hookimpl
+from dgpp.plugin_api import FamilyHooks, FamilySpec
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -35,11 +30,5 @@ HOOKS = FamilyHooks(
     chat_template="dgpp_glm.dialect:chat_template",
     build_draft="dgpp_glm.draft:build_draft",
     memory_plan="dgpp_glm.memory:memory_plan",
+    templates_package=__name__,
 )
-globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes
-
-
-@hookimpl
-def dgpp_deploy_templates() -> list[Path]:
-    """The deployment templates of this family's releases, shipped in the wheel's templates/ folder."""
-    return packaged_templates(__name__)

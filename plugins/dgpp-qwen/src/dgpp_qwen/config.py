@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 
-from dgpp.errors import ConfigError
 from dgpp.nn.rotary import YarnScaling
+from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError
 
 DENSE_TYPES = ("qwen3",)
 MOE_TYPES = ("qwen3_moe",)
 HYBRID_TYPES = ("qwen3_5", "qwen3_5_text", "qwen3_5_moe", "qwen3_5_moe_text")
 WRAPPER_TYPES = ("qwen3_5", "qwen3_5_moe")  # multimodal wrappers: the text model is under text_config
 LAYER_KINDS = ("full_attention", "linear_attention")
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+MTP_PREFIX = "mtp."  # the checkpoint stores a model's MTP layer under this prefix
 # head_dim when config.json leaves it out (the HF classes' defaults)
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "qwen3_5_text": 256, "qwen3_5_moe_text": 256}
 
@@ -268,8 +268,8 @@ def parse_config(hf_config: dict[str, Any]) -> QwenConfig:
     num_layers = keys.positive("num_hidden_layers", required=True)
     max_position = keys.positive("max_position_embeddings", 32768)
     dtype_name = top.get("dtype", str) or top.get("torch_dtype", str) or keys.get("dtype", str) or "float32"
-    if dtype_name not in _DTYPES:
-        raise ConfigError(f"config.json: dtype = {dtype_name!r} is not supported (supported: {', '.join(_DTYPES)})")
+    if dtype_name not in COMPUTE_DTYPES:
+        raise ConfigError(f"config.json: dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})")
     tie = top.get("tie_word_embeddings", bool, keys.get("tie_word_embeddings", bool, False))
     return QwenConfig(
         model_type=model_type,
@@ -292,6 +292,6 @@ def parse_config(hf_config: dict[str, Any]) -> QwenConfig:
         linear_attn=_parse_linear_attn(keys, model_type),
         eos_token_ids=_token_ids(keys, "eos_token_id") or _token_ids(top, "eos_token_id"),
         bos_token_id=keys.get("bos_token_id", int, top.get("bos_token_id", int)),
-        dtype=_DTYPES[dtype_name],
+        dtype=COMPUTE_DTYPES[dtype_name],
         weight_prefix=prefix,
     )

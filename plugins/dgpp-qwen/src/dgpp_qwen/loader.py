@@ -1,21 +1,26 @@
 """Build and load a Qwen model for a ``LoadContext``: parse config.json, pick the model class,
 fill its parameters from the checkpoint (HF tensor names; multimodal wrappers keep the text model
-under ``model.language_model.``)."""
+under ``model.language_model.``). qwen4_exp also reads its PLE n-gram tables here."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from dgpp.checkpoint import CheckpointReader, load_weights
-from dgpp.engine.model import Model
-from dgpp.errors import CheckpointError, UnsupportedModelError
-from dgpp.family import LoadContext
-from dgpp.quant.apply import convert_dense_weights, quantize_modules
+from dgpp.plugin_api import (
+    CheckpointError,
+    CheckpointReader,
+    LoadContext,
+    Model,
+    UnsupportedModelError,
+    load_family_weights,
+)
 from dgpp_qwen.config import DENSE_TYPES, HYBRID_TYPES, MOE_TYPES, QwenConfig, parse_config
+from dgpp_qwen.qwen4_exp_config import QWEN4_EXP_TYPES, parse_qwen4_exp_config, with_engine_rope_scaling
 
 
 def generation_eos(checkpoint_dir: Path) -> tuple[int, ...]:
@@ -50,7 +55,7 @@ def build_unloaded(ctx: LoadContext) -> Model:
         return build_model(parse_config(ctx.hf_config), ctx).eval()
 
 
-def rename_for(cfg: QwenConfig):
+def rename_for(cfg: QwenConfig) -> Callable[[str], str]:
     """Module-side names use ``model.``; the checkpoint may nest the text model deeper."""
     if cfg.weight_prefix == "model.":
         return lambda name: name
@@ -58,20 +63,49 @@ def rename_for(cfg: QwenConfig):
 
 
 def load_model(ctx: LoadContext) -> Model:
-    if ctx.hf_config.get("model_type") in ("qwen4_exp", "qwen4_exp_text"):  # its own config and loader
-        from dgpp_qwen.qwen4_exp import load_qwen4_exp
-
+    if ctx.hf_config.get("model_type") in QWEN4_EXP_TYPES:  # its own config, and n-gram tables beside the weights
         return load_qwen4_exp(ctx)
     cfg = parse_config(ctx.hf_config)
     # chat checkpoints name their turn-end token (<|im_end|>) only in generation_config.json
     eos = tuple(dict.fromkeys((*cfg.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
     cfg = dataclasses.replace(cfg, eos_token_ids=eos, dtype=ctx.dtype or cfg.dtype)
-    reader = CheckpointReader(ctx.checkpoint_dir)
-    with torch.device(ctx.device or "cpu"):
-        model = build_model(cfg, ctx)
-        # modules the checkpoint ships quantized get that format's packed parameters (dgpp.quant)
-        quantize_modules(model, ctx.hf_config, rename=rename_for(cfg))
-    load_weights(model, reader, rename=rename_for(cfg))
-    reader.close()
-    convert_dense_weights(model, ctx.engine)  # explicit engine.dense_weights / bf16_weights, logged
-    return model.eval()
+    return load_family_weights(ctx, lambda: build_model(cfg, ctx), rename_for(cfg))
+
+
+def load_qwen4_exp(ctx: LoadContext) -> Model:
+    from dgpp_qwen.qwen4_exp import Qwen4ExpForCausalLM
+
+    cfg = parse_qwen4_exp_config(ctx.hf_config)
+    base = cfg.base
+    eos = tuple(dict.fromkeys((*base.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
+    cfg = dataclasses.replace(cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype))
+    cfg = with_engine_rope_scaling(cfg, ctx.engine.rope_scaling)
+    rename = rename_for(cfg.base)
+
+    def tables(model: Qwen4ExpForCausalLM, reader: CheckpointReader) -> None:
+        check_hash_buffers(model, reader, rename)
+        load_ngram_tables(model, reader, rename, ctx)
+
+    return load_family_weights(ctx, lambda: Qwen4ExpForCausalLM(cfg, ctx.world, ctx.group), rename, after_load=tables)
+
+
+def check_hash_buffers(model: Model, reader: CheckpointReader, rename: Callable[[str], str]) -> None:
+    """Releases save the hash constants; they must equal what this engine derives from the config."""
+    for i, layer in enumerate(model.model.layers):
+        if layer.ple is None:
+            continue
+        hasher = layer.ple.ple_embedding.hasher
+        for ours, theirs in (("multipliers", "layer_multipliers"), ("sizes", "ngram_heads_vocab_sizes"), ("offsets", "ngram_heads_offsets")):
+            name = rename(f"model.layers.{i}.ple.ple_embedding.{theirs}")
+            if name in reader and not torch.equal(reader.get(name).long().cpu(), getattr(hasher, ours).cpu()):
+                raise CheckpointError(f"tensor {name!r} in {reader.where(name)} disagrees with the n-gram hash derived from config.json")
+
+
+def load_ngram_tables(model: Model, reader: CheckpointReader, rename: Callable[[str], str], ctx: LoadContext) -> None:
+    """The PLE n-gram tables (resident, or memory-mapped under ``engine.ngram_table: mmap``)."""
+    mode = ctx.engine.ngram_table
+    ngram = model.cfg.ngram
+    for i, layer in enumerate(model.model.layers):
+        if layer.ple is not None:
+            prefix = rename(f"model.layers.{i}.ple.ple_embedding.ngram_embedding")
+            layer.ple.ple_embedding.load(reader, prefix, ngram.split_parts, mode, ctx.device or "cpu")

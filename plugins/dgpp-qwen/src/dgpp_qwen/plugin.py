@@ -1,13 +1,8 @@
-"""Hook implementations only (built by ``dgpp.family_hooks.FamilyHooks``): what the Qwen plugin registers with dgpp."""
+"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the Qwen plugin registers with dgpp."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from dgpp.deploy_templates import packaged_templates
-from dgpp.family import FamilySpec
-from dgpp.family_hooks import FamilyHooks
-from dgpp.hookspecs import hookimpl
+from dgpp.plugin_api import FamilyHooks, FamilySpec
 
 HOOKS = FamilyHooks(
     FamilySpec(
@@ -63,15 +58,9 @@ HOOKS = FamilyHooks(
     tool_dialect="dgpp_qwen.dialect:dialect_for",
     chat_template="dgpp_qwen.dialect:chat_template",
     build_draft="dgpp_qwen.draft:build_draft",
-    memory_plan="dgpp_qwen.qwen4_exp_memory:memory_plan",
+    memory_plan="dgpp_qwen.memory:memory_plan",
     # qwen4_exp's indexer keys, PLE state and n-gram tables are outside the generic memory estimate; the other
     # Qwen models keep it (the hook returns None for them)
     only_model_types={"memory_plan": ("qwen4_exp", "qwen4_exp_text")},
+    templates_package=__name__,
 )
-globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes
-
-
-@hookimpl
-def dgpp_deploy_templates() -> list[Path]:
-    """The deployment templates of this family's releases, shipped in the wheel's templates/ folder."""
-    return packaged_templates(__name__)

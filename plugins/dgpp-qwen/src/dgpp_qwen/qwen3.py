@@ -10,18 +10,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, PagedKV
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
-from dgpp.nn.norm import RMSNorm
+from dgpp.nn.norm import RMSNorm, add_rms_norm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp_qwen.attention import QwenAttention, build_rotary
+from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, PagedKV, World
 from dgpp_qwen.config import QwenConfig
+from dgpp_qwen.layers.attention import QwenAttention, build_rotary
 
 
 def kv_cache_name(layer: int) -> str:
@@ -46,7 +43,11 @@ def build_mlp(cfg: QwenConfig, layer: int, world: World) -> nn.Module:
 
 class Qwen3DecoderLayer(nn.Module):
     """``x + attn(norm(x))``, then ``x + mlp(norm(x))``; under TP both branches end row-parallel, so
-    their partial sums are reduced before the residual add."""
+    their partial sums are reduced before the residual add.
+
+    ``forward`` takes this layer's normed input and the residual stream, and returns the MLP's reduced output
+    with the stream before that output is added: the add is fused into the next norm (``add_rms_norm``).
+    """
 
     def __init__(self, cfg: QwenConfig, layer: int, rotary: RotaryEmbedding, world: World, group: Any = None) -> None:
         super().__init__()
@@ -56,9 +57,12 @@ class Qwen3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.mlp = build_mlp(cfg, layer, world)
 
-    def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        hidden = hidden + all_reduce(self.self_attn(self.input_layernorm(hidden), batch), self.world, self.group)
-        return hidden + all_reduce(self.mlp(self.post_attention_layernorm(hidden)), self.world, self.group)
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn = all_reduce(self.self_attn(x, batch), self.world, self.group)
+        x, residual = add_rms_norm(attn, residual, self.post_attention_layernorm)
+        return all_reduce(self.mlp(x), self.world, self.group), residual
 
 
 class Qwen3Body(nn.Module):
@@ -98,30 +102,15 @@ class Qwen3ForCausalLM(Model):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)
-        if hidden.is_cuda:
-            return self._forward_fused_residual(hidden, batch)
-        for layer in self.model.layers:
-            hidden = layer(hidden, batch)
-        # only the rows that are sampled from need the final norm
-        return self.model.norm(hidden[batch.logits_indices])
-
-    def _forward_fused_residual(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        """The same layers with each residual add fused into the RMSNorm that follows it (one Triton
-        kernel instead of two; the sum is rounded to the activation dtype exactly as ``hidden + out``)."""
-        from dgpp.kernels import rms_norm
-
-        def add_norm(out: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
-            return rms_norm(out, norm.weight, norm.eps, residual, 1.0 if norm.zero_centered else 0.0)
-
         layers = self.model.layers
         x, residual = layers[0].input_layernorm(hidden), hidden
         for i, layer in enumerate(layers):
-            x, residual = add_norm(layer.self_attn(x, batch), residual, layer.post_attention_layernorm)
-            out = layer.mlp(x)
+            out, residual = layer(x, residual, batch)
             if i + 1 < len(layers):
-                x, residual = add_norm(out, residual, layers[i + 1].input_layernorm)
+                x, residual = add_rms_norm(out, residual, layers[i + 1].input_layernorm)
+        # only the rows that are sampled from need the last residual add and the final norm
         rows = batch.logits_indices
-        return add_norm(out[rows], residual[rows], self.model.norm)[0]
+        return add_rms_norm(out[rows], residual[rows], self.model.norm)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)

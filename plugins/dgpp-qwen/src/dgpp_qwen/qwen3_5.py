@@ -15,18 +15,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, PagedKV
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.errors import ConfigError
-from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp_qwen.attention import QwenAttention, build_rotary
+from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, ModelInfo, PagedKV, World
 from dgpp_qwen.config import QwenConfig
+from dgpp_qwen.layers.attention import QwenAttention, build_rotary
 from dgpp_qwen.qwen3 import build_mlp
 
 LINEAR_ATTENTION = "linear_attention"

@@ -20,15 +20,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
-from dgpp_qwen.attention import build_rotary
+from dgpp.plugin_api import CacheSpec, ForwardBatch
+from dgpp_qwen.config import MTP_PREFIX
+from dgpp_qwen.layers.attention import build_rotary
 from dgpp_qwen.qwen3_5 import DecoderLayer, Qwen35ForCausalLM
-
-MTP_PREFIX = "mtp."
 
 
 @dataclass
@@ -74,6 +72,7 @@ class Qwen35MTPDrafter(nn.Module):
         return self.last_hidden[batch.logits_indices]
 
     @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
+        # every draft depth goes through the main model's head
         return self._vocab.head(hidden)
 

@@ -14,31 +14,23 @@ Cache entries: ``layers.{i}`` (GDN state, or QSA K/V), ``layers.{i}.indexer`` (Q
 
 from __future__ import annotations
 
-import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from dgpp.checkpoint import CheckpointReader, load_weights
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.errors import CheckpointError
-from dgpp.family import LoadContext, World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet, GatedRMSNorm
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.quant.apply import convert_dense_weights, quantize_modules
-from dgpp_qwen.attention import build_rotary
+from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, World
+from dgpp_qwen.layers.attention import build_rotary
 from dgpp_qwen.layers.gated_residual import GatedResidual
 from dgpp_qwen.layers.ngram import PLELayer
 from dgpp_qwen.layers.qsa import QSAttention
-from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig, parse_qwen4_exp_config, with_engine_rope_scaling
+from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
 
 LINEAR_ATTENTION = "linear_attention"
 
@@ -169,47 +161,3 @@ class Qwen4ExpForCausalLM(Model):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
-
-
-def _check_hash_buffers(model: Qwen4ExpForCausalLM, reader: CheckpointReader, rename: Any) -> None:
-    """Releases save the hash constants; they must equal what this engine derives from the config."""
-    for i, layer in enumerate(model.model.layers):
-        if layer.ple is None:
-            continue
-        hasher = layer.ple.ple_embedding.hasher
-        for ours, theirs in (("multipliers", "layer_multipliers"), ("sizes", "ngram_heads_vocab_sizes"), ("offsets", "ngram_heads_offsets")):
-            name = rename(f"model.layers.{i}.ple.ple_embedding.{theirs}")
-            if name in reader and not torch.equal(reader.get(name).long().cpu(), getattr(hasher, ours).cpu()):
-                raise CheckpointError(f"tensor {name!r} in {reader.where(name)} disagrees with the n-gram hash derived from config.json")
-
-
-def load_ngram_tables(model: Qwen4ExpForCausalLM, reader: CheckpointReader, rename: Any, ctx: LoadContext) -> None:
-    mode = ctx.engine.ngram_table
-    ngram = model.cfg.ngram
-    for i, layer in enumerate(model.model.layers):
-        if layer.ple is not None:
-            prefix = rename(f"model.layers.{i}.ple.ple_embedding.ngram_embedding")
-            layer.ple.ple_embedding.load(reader, prefix, ngram.split_parts, mode, ctx.device or "cpu")
-
-
-def load_qwen4_exp(ctx: LoadContext) -> Qwen4ExpForCausalLM:
-    from dgpp_qwen.loader import generation_eos, rename_for
-
-    cfg = parse_qwen4_exp_config(ctx.hf_config)
-    base = cfg.base
-    eos = tuple(dict.fromkeys((*base.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
-    cfg = dataclasses.replace(cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype))
-    cfg = with_engine_rope_scaling(cfg, ctx.engine.rope_scaling)
-    rename = rename_for(cfg.base)
-    reader = CheckpointReader(ctx.checkpoint_dir)
-    try:
-        with torch.device(ctx.device or "cpu"):
-            model = Qwen4ExpForCausalLM(cfg, ctx.world, ctx.group)
-            quantize_modules(model, ctx.hf_config, rename=rename)
-        load_weights(model, reader, rename=rename)
-        _check_hash_buffers(model, reader, rename)
-        load_ngram_tables(model, reader, rename, ctx)
-    finally:
-        reader.close()
-    convert_dense_weights(model, ctx.engine)
-    return model.eval()

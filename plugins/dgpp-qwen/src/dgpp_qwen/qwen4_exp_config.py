@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from dgpp.errors import ConfigError
 from dgpp.nn.rotary import YarnScaling
+from dgpp.plugin_api import ConfigError
 from dgpp_qwen.config import QwenConfig, _Keys, parse_config
 
 QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")

@@ -17,13 +17,12 @@ import math
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import PagedKV
 from dgpp.nn.attention import gather_context
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.plugin_api import ForwardBatch, PagedKV
 from dgpp_qwen.qwen4_exp_config import IndexerConfig
 
 Selection = list[torch.Tensor | None]  # per sequence: a [q_len, seq_len] key mask, or None when all rows are dense

@@ -21,11 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import StateSpec
 from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.plugin_api import ForwardBatch, StateSpec
 from dgpp.splitmix import GOLDEN_GAMMA, MASK64, splitmix64
 from dgpp_qwen.layers.gated_residual import GroupedRMSNorm
 from dgpp_qwen.qwen4_exp_config import NGramConfig

@@ -12,13 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, PagedKV
-from dgpp.family import World
 from dgpp.nn.attention import gated_output, gather_context, write_kv
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp_qwen.attention import QwenAttention
+from dgpp.plugin_api import CacheSpec, ForwardBatch, PagedKV, World
+from dgpp_qwen.layers.attention import QwenAttention
 from dgpp_qwen.layers.indexer import QSAIndexer
 from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
 

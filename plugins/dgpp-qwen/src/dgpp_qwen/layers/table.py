@@ -19,8 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.checkpoint import CheckpointReader
-from dgpp.errors import CheckpointError
+from dgpp.plugin_api import CheckpointError, CheckpointReader
 
 _SAFETENSORS_DTYPES = {
     "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,

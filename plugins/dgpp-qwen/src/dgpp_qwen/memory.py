@@ -1,4 +1,5 @@
-"""The qwen4_exp memory plan: per-rank bytes of the model as it would be built, without reading a weight.
+"""The qwen4_exp model's memory (``dgpp_memory_plan``): per-rank bytes of the model as it would be built, without
+reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory.plan_memory``).
 
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank, so
 weights are this rank's real parameter bytes; KV per token and state per request come from
@@ -13,10 +14,7 @@ from pathlib import Path
 
 import torch
 
-from dgpp.engine.memory import MemoryPlan
-from dgpp.engine.memory_estimate import tensor_bytes
-from dgpp.family import LoadContext
-from dgpp.prefill_budget import largest_prefill_tokens
+from dgpp.plugin_api import LoadContext, ModelMemory, tensor_bytes
 
 MIB = 1 << 20
 
@@ -29,21 +27,20 @@ def ngram_table_bytes(checkpoint_dir: Path) -> int:
     )
 
 
-def memory_plan(ctx: LoadContext) -> MemoryPlan:
-    from dgpp_qwen.draft import Qwen4ExpMTPDrafter
+def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_qwen.qwen4_exp import Qwen4ExpForCausalLM
     from dgpp_qwen.qwen4_exp_config import parse_qwen4_exp_config
+    from dgpp_qwen.qwen4_exp_mtp import Qwen4ExpMTPDrafter
 
     engine = ctx.engine
     cfg = parse_qwen4_exp_config(ctx.hf_config)
     base = cfg.base
     dtype = ctx.dtype or base.dtype
-    mtp = engine.mtp
     with torch.device("meta"):
         model = Qwen4ExpForCausalLM(cfg, ctx.world)
         spec = dict(model.cache_spec())
         drafter_bytes = 0
-        if mtp:
+        if engine.mtp:
             drafter = Qwen4ExpMTPDrafter(model)
             spec.update(drafter.cache_spec())
             drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
@@ -52,12 +49,10 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
     mapped = engine.ngram_table == "mmap"
     itemsize = torch.empty((), dtype=dtype).element_size()
     world, moe = ctx.world.size, base.moe
-    max_conc = engine.max_concurrency
-    depth = engine.mtp_depth if mtp else 0
     notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
     if table:
         notes.append(f"PLE n-gram tables {table / MIB:,.1f} MiB " + ("memory-mapped, not resident" if mapped else "resident"))
-    return MemoryPlan.from_cache_spec(
+    return ModelMemory.from_cache_spec(
         spec,
         weights=weights + (0 if mapped else table),
         # a prefill row: the hyper state and its normed copy, the block input, q/k/v/attention rows, the routed
@@ -65,9 +60,7 @@ def memory_plan(ctx: LoadContext) -> MemoryPlan:
         activations_per_token=(2 * cfg.hc_count * base.hidden_size + 6 * base.hidden_size
                                + 3 * moe.intermediate_size * moe.top_k // world) * itemsize,
         drafter=drafter_bytes,
-        kv_capacity=engine.kv_capacity,
-        max_concurrency=max_conc,
-        prefill_tokens=largest_prefill_tokens(engine),
-        extra={"logits": 4 * base.vocab_size * max(max_conc * (1 + depth), 8)},
+        vocab_size=base.vocab_size,
+        max_position=base.max_position,
         notes=tuple(notes),
     )

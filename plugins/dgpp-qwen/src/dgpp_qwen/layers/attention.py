@@ -8,9 +8,9 @@ with both True.
 
 from __future__ import annotations
 
-from dgpp.family import World
 from dgpp.nn.gqa import GQAttention
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.plugin_api import World
 from dgpp_qwen.config import QwenConfig
 
 

@@ -1,0 +1,101 @@
+"""Everything a model-family plugin uses from dgpp core's contract, importable from this one module.
+
+``dgpp.hookspecs`` documents the hooks; this module gathers the types they take and return, the helpers that
+implement the shared parts of every family (declaring hooks, loading weights, the memory plan), and the errors
+a plugin raises. The shared layers (``dgpp.nn``), dialect building blocks (``dgpp.text``) and test builders
+(``dgpp.testing``) are libraries a family composes, imported from their own packages.
+
+Names that pull in torch are imported on first use, so ``plugin.py`` can import this module while
+``dgpp plugins`` stays fast.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
+from dgpp.family import FamilySpec, LoadContext, World
+from dgpp.family_hooks import FamilyHooks
+from dgpp.hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    from dgpp.checkpoint import CheckpointReader
+    from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
+    from dgpp.checkpoint.headers import tensor_bytes
+    from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights
+    from dgpp.quant.apply import quantize_modules
+    from dgpp.quant.format import QuantFormat
+    from dgpp.quant.scheme import QuantScheme
+    from dgpp.step.batch import ForwardBatch
+    from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
+    from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
+    from dgpp.step.model import Drafter, Model, ModelInfo
+    from dgpp.text.dialect import Dialect
+
+# name -> the module that defines it (imported when the name is first read)
+_LAZY = {
+    "CheckpointReader": "dgpp.checkpoint",
+    "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
+    "tensor_bytes": "dgpp.checkpoint.headers",
+    "ForwardBatch": "dgpp.step.batch",
+    "CacheSpec": "dgpp.step.cache_spec",
+    "PagedKV": "dgpp.step.cache_spec",
+    "StateSpec": "dgpp.step.cache_spec",
+    "MemoryPlan": "dgpp.step.memory",
+    "ModelMemory": "dgpp.step.memory",
+    "transformer_activation_bytes": "dgpp.step.memory",
+    "Drafter": "dgpp.step.model",
+    "Model": "dgpp.step.model",
+    "ModelInfo": "dgpp.step.model",
+    "checkpoint_tensor_names": "dgpp.engine.weights",
+    "load_family_weights": "dgpp.engine.weights",
+    "quantize_modules": "dgpp.quant.apply",
+    "QuantFormat": "dgpp.quant.format",
+    "QuantScheme": "dgpp.quant.scheme",
+    "Dialect": "dgpp.text.dialect",
+}
+
+__all__ = [
+    "COMPUTE_DTYPES",
+    "CacheSpec",
+    "CheckpointError",
+    "CheckpointReader",
+    "ConfigError",
+    "Dialect",
+    "Drafter",
+    "FamilyHooks",
+    "FamilySpec",
+    "ForwardBatch",
+    "LoadContext",
+    "MemoryPlan",
+    "Model",
+    "ModelInfo",
+    "ModelMemory",
+    "PagedKV",
+    "PluginError",
+    "QuantFormat",
+    "QuantScheme",
+    "StateSpec",
+    "UnsupportedModelError",
+    "World",
+    "checkpoint_tensor_names",
+    "hookimpl",
+    "load_family_weights",
+    "quantize_modules",
+    "tensor_bytes",
+    "transformer_activation_bytes",
+]
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -1,0 +1,80 @@
+"""The model contract: the joint every family bends at (see docs/architecture.md)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import CacheSpec
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Facts the engine needs about a loaded model, independent of its family."""
+
+    vocab_size: int
+    max_position: int
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    dtype: torch.dtype = torch.float32
+    hybrid: bool = False  # has per-request state (recurrent/conv): prefix cache needs snapshots
+    extra: dict = field(default_factory=dict)
+
+
+class Model(nn.Module, ABC):
+    """A loaded model. Families subclass this; the engine only calls these methods."""
+
+    info: ModelInfo
+    #: Hidden rows of EVERY token of the last ``forward`` (``[T, hidden]``), for a drafter that reads them
+    #: (MTP layers draft from the target's hidden at each position, prompt rows included, not only the
+    #: sampled rows ``forward`` returns). Set by families with such a drafter, and only while ``keep_hidden``
+    #: is on; which hidden (e.g. GLM's post-final-norm) is the family's convention. None otherwise.
+    last_hidden: torch.Tensor | None = None
+    #: Whether ``forward`` keeps ``last_hidden``. Off by default so plain serving holds no activations past a
+    #: step; the speculative decoder (``engine.mtp``) turns it on for the drafter.
+    keep_hidden: bool = False
+
+    def keep_last_hidden(self, hidden: torch.Tensor) -> None:
+        """Remember every row's hidden for a drafter when ``keep_hidden`` is on (drop the last one otherwise)."""
+        self.last_hidden = hidden if self.keep_hidden else None
+
+    @abstractmethod
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """Per layer name: ``PagedKV`` or ``StateSpec``. The engine allocates and owns the memory."""
+
+    @abstractmethod
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        """Run one step; return hidden rows ``[len(batch.logits_indices), hidden]`` to sample from."""
+
+    @abstractmethod
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Hidden rows -> logits ``[R, vocab]`` (vocab-sharded under TP; the engine gathers)."""
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """A speculative drafter (an MTP layer, a block drafter): what ``dgpp_build_draft`` returns and
+    ``dgpp.engine.speculative`` runs. Usually an ``nn.Module``, whose ``__call__`` runs ``forward``.
+
+    ``step`` is the draft depth being produced (0 for the first draft token); a drafter with several layers
+    picks its layer from it, one with a single layer ignores it. Both calls take it, so the engine calls every
+    drafter the same way.
+    """
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The drafter's own cache entries (paged K/V only), allocated by the engine beside the target's."""
+        ...
+
+    def __call__(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """Rows of ``batch`` (tokens one position ahead of ``batch.positions``) fed the target's (or the previous
+        draft's) hidden rows; returns hidden rows at ``batch.logits_indices``."""
+        ...
+
+    def compute_logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
+        """Hidden rows of draft depth ``step`` -> logits ``[R, vocab]``."""
+        ...
