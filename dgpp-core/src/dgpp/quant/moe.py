@@ -10,6 +10,8 @@ ship (``experts.N.gate_proj.weight_scale`` ...).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -46,25 +48,31 @@ class _ExpertStack(nn.Module):
 
 
 class QuantExperts(nn.Module):
-    """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt``; TP splits the
-    intermediate dim (gate/up column, down row) like ``FusedExperts``. ``use_fused``: None picks the
-    fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``); True/False force it (tests run it on CPU
-    under the Triton interpreter)."""
+    """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt`` (one format, or one per
+    projection: exports such as Flint's mix FP8 block-128 and NVFP4 across gate/up/down within a layer);
+    TP splits the intermediate dim (gate/up column, down row) like ``FusedExperts``. ``use_fused``: None
+    picks the fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``) when gate and up share a format (the
+    kernel decodes them together; down may differ); True/False force it (tests run it on CPU under the
+    Triton interpreter)."""
 
     use_fused: bool | None = None
 
-    def __init__(self, fmt: QuantFormat, num_experts: int, hidden_size: int, intermediate_size: int,
-                 *, world: World | None = None) -> None:
+    def __init__(self, fmt: QuantFormat | Mapping[str, QuantFormat], num_experts: int, hidden_size: int,
+                 intermediate_size: int, *, world: World | None = None) -> None:
         super().__init__()
         self.world = world or World()
         if intermediate_size % self.world.size:
             raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
-        self.fmt = fmt
+        formats = dict(fmt) if isinstance(fmt, Mapping) else dict.fromkeys(PROJECTIONS, fmt)
+        if sorted(formats) != sorted(PROJECTIONS):
+            raise ValueError(f"expert formats must name {', '.join(PROJECTIONS)}, got {sorted(formats)}")
+        self.formats = formats
+        self.fmt = formats["gate_proj"]  # the gate/up format the fused kernel decodes
         self.num_experts = num_experts
         self.inter = inter = intermediate_size // self.world.size
-        self.gate_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
-        self.up_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
-        self.down_proj = _ExpertStack(fmt, num_experts, (hidden_size, inter), "row", self.world)
+        self.gate_proj = _ExpertStack(formats["gate_proj"], num_experts, (inter, hidden_size), "column", self.world)
+        self.up_proj = _ExpertStack(formats["up_proj"], num_experts, (inter, hidden_size), "column", self.world)
+        self.down_proj = _ExpertStack(formats["down_proj"], num_experts, (hidden_size, inter), "row", self.world)
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:
         out: dict[str, Alternatives] = {}
@@ -85,7 +93,8 @@ class QuantExperts(nn.Module):
     def fused(self, x: torch.Tensor) -> bool:
         if self.use_fused is not None:
             return self.use_fused
-        return x.is_cuda and has_moe_kernel(self.fmt) and not current().quant_torch_only
+        fusable = self.formats["up_proj"] == self.fmt and all(has_moe_kernel(f) for f in self.formats.values())
+        return x.is_cuda and fusable and not current().quant_torch_only
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.fused(x):

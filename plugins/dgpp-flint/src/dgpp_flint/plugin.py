@@ -13,7 +13,7 @@ HOOKS = FamilyHooks(
         architectures=("FlintForCausalLM",),
         model_types=("flint",),
         # the claimed values this plugin can load today; the rest get a clear "not yet supported"
-        implemented=(),
+        implemented=("FlintForCausalLM", "flint"),
         description="Flint (flint)",
     ),
     load_model="dgpp_flint.loader:load_model",
