@@ -17,5 +17,8 @@ HOOKS = FamilyHooks(
         description="Flint (flint)",
     ),
     load_model="dgpp_flint.loader:load_model",
+    tool_dialect="dgpp_flint.dialect:dialect_for",
+    chat_template="dgpp_flint.dialect:chat_template",
+    memory_plan="dgpp_flint.memory:memory_plan",
 )
 globals().update(HOOKS.hookimpls())  # pluggy registers this module's dgpp_* attributes
