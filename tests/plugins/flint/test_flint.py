@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from dgpp.engine.cache_spec import PagedKV, WindowKV
-from dgpp.engine.generate import greedy_generate
+from dgpp.testing.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from dgpp.family import World
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.policy import current
@@ -88,6 +89,8 @@ class QuantExperts(nn.Module):
 
     def _project(self, proj: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         stack: _ExpertStack = getattr(self, proj)
+        if not x.is_cuda:  # the dense experts' CPU product: a row's bits do not depend on how many rows an expert got
+            return batch_invariant_linear(x, stack.fmt.decode(stack.expert_tensors(expert), stack.shape, x.dtype))
         return packed_matmul(stack.fmt, stack.expert_tensors(expert), x, stack.shape)
 
     def fused(self, x: torch.Tensor) -> bool:

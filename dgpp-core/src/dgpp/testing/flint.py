@@ -148,3 +148,24 @@ def mixed_expert_twins(dense_dir: str | Path, quant_dir: str | Path,
     config["quantization_config"] = quantization_config(layout)
     (quant / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     return dense, quant
+
+
+# An export layout of the kind the release describes (FP8 block-128 layers, NVFP4 layers, two layers mixing the two
+# across gate/up/down); which layer holds which format is an assumption, the byte rules are the formats'.
+RELEASE_LAYOUT: dict[int, dict[str, str]] = {
+    **{i: dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "fp8") for i in range(2, 25)},
+    **{i: dict.fromkeys(("gate_proj", "up_proj", "down_proj"), "nvfp4") for i in range(25, 47)},
+    47: {"gate_proj": "fp8", "up_proj": "fp8", "down_proj": "nvfp4"},
+    48: {"gate_proj": "nvfp4", "up_proj": "nvfp4", "down_proj": "fp8"},
+}
+# Flint as transformers' FlintConfig defaults describe the release (transformers >= 5.24), with its export's
+# quantization_config.
+FLINT_RELEASE: dict[str, Any] = {
+    "architectures": ["FlintForCausalLM"], "model_type": "flint", "vocab_size": 150144, "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
+    "num_hidden_layers": 49, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "sliding_window": 513, "mlp_only_layers": [0, 1], "decoder_sparse_step": 1, "num_experts": 256,
+    "num_experts_per_tok": 6, "norm_topk_prob": True, "max_position_embeddings": 262144,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "quantization_config": quantization_config(RELEASE_LAYOUT),
+}

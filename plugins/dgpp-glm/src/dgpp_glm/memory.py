@@ -20,6 +20,7 @@ from dgpp.quant.apply import quantize_modules
 from dgpp.quant.resident import resident_bytes
 from dgpp_glm.loader import arch_config, checkpoint_name
 
+
 def memory_plan(ctx: LoadContext) -> MemoryPlan:
     from dgpp_glm.draft import Glm4MoeMTPDrafter, MTPLayout
     from dgpp_glm.model import Glm4MoeForCausalLM
