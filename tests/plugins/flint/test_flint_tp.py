@@ -5,16 +5,14 @@ single-rank model's, on prompts longer than the window."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
-import torch.multiprocessing as mp
 
 from dgpp.engine.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.family import World
 from dgpp.testing import conformance as conf
 from dgpp.testing.flint import build_tiny_flint
+from dgpp.testing.tp_ranks import run_on_ranks
 
 WORLD = 2
 
@@ -33,21 +31,10 @@ def _run(path: str, world: World) -> dict:
     }
 
 
-def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
-    try:
-        torch.set_num_threads(1)
-        torch.save(_run(path, World(rank=rank, size=WORLD)), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        torch.distributed.destroy_process_group()
-
-
 def test_tp2_matches_single_rank(tmp_path):
     path = build_tiny_flint(tmp_path / "ckpt", seed=32)
     single = _run(str(path), World())
-    mp.spawn(_rank_main, args=(str(path), str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        got = torch.load(tmp_path / f"rank{rank}.pt")
+    for rank, got in enumerate(run_on_ranks(_run, path, tmp_path, WORLD)):
         assert got["ring_heads"] == got["paged_heads"] == 1  # 2 kv heads over 2 ranks
         assert torch.equal(got["sinks"], single["sinks"][rank * 2 : (rank + 1) * 2])  # 4 query heads' sinks
         for ours, ref in zip(got["logits"], single["logits"], strict=True):
