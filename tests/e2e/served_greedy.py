@@ -8,8 +8,8 @@ from pathlib import Path
 
 import openai
 
-from dgpp.testing.generate import greedy_generate
 from dgpp.engine.loading import load_model
+from dgpp.testing.generate import greedy_generate
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 

@@ -125,10 +125,10 @@ def fill_random(model: torch.nn.Module) -> None:
 
 
 def decode_bench(layers: int, batches: list[int], context: int, steps: int, bandwidth: float) -> list[str]:
-    from dgpp.testing.generate import make_pools
     from dgpp.engine.runner import ModelRunner, SeqWork
     from dgpp.quant.apply import quantize_modules
     from dgpp.testing.flint import FLINT_RELEASE, RELEASE_LAYOUT, quantization_config
+    from dgpp.testing.generate import make_pools
     from dgpp_flint.config import parse_flint_config
     from dgpp_flint.model import FlintForCausalLM
 
@@ -184,7 +184,8 @@ def decode_bench(layers: int, batches: list[int], context: int, steps: int, band
                            f"{str(exc)[:200]}")
             finally:
                 for t, s in zip(tables, ids, strict=True):
-                    blocks.free(t)
+                    for block in t:
+                        blocks.decref(block)
                     slots.free(s)
             print(out[-1], flush=True)
     return out

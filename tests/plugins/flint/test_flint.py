@@ -11,11 +11,11 @@ import torch
 import transformers
 
 from dgpp.engine.cache_spec import PagedKV, WindowKV
-from dgpp.testing.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.flint import build_tiny_flint
+from dgpp.testing.generate import greedy_generate
 from dgpp_flint.model import FlintForCausalLM
 
 transformers.logging.set_verbosity_error()

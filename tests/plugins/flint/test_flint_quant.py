@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.testing.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.errors import ConfigError
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.moe import QuantExperts
 from dgpp.testing import conformance as conf
 from dgpp.testing.flint import MIXED_EXPERT_FORMATS, build_tiny_flint, mixed_expert_twins, quantization_config
+from dgpp.testing.generate import greedy_generate
 
 
 @pytest.fixture(scope="module")

@@ -18,9 +18,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dgpp.nn.attention import write_kv
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import PagedKV, WindowKV
-from dgpp.nn.attention import write_kv
 
 
 class SinkAttention(nn.Module):

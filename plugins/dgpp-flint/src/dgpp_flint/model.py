@@ -13,7 +13,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.checkpoint.sources import Alternatives, Source
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.model import Model, ModelInfo
@@ -26,6 +25,7 @@ from dgpp.nn.norm import RMSNorm, rms_normalize
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.sliding_attention import SinkAttention
+from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp_flint.config import FlintArchConfig
 
