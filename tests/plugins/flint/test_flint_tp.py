@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.generate import greedy_generate
 from dgpp.engine.loading import load_model
 from dgpp.family import World
 from dgpp.testing import conformance as conf
 from dgpp.testing.flint import build_tiny_flint
+from dgpp.testing.generate import greedy_generate
 from dgpp.testing.tp_ranks import run_on_ranks
 
 WORLD = 2
