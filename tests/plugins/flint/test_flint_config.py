@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB, plan_for
+from dgpp.engine.memory import GiB
+from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
