@@ -11,7 +11,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.route import route_for
@@ -41,23 +40,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, sca
     """Causal GQA attention for one sequence: query row ``i`` sits at position ``q_offset + i`` and sees
     keys ``0..q_offset+i``. ``q`` [n, Hq, D], ``k`` [L, Hkv, D], ``v`` [L, Hkv, Dv] -> [n, Hq, Dv].
 
-    Each row is computed over exactly its visible keys (no masked tail), with row-independent
-    products: a position's output is then bit-identical however the prompt was chunked, batched or
-    restored from a prefix cache. The products run in the activation dtype and the softmax in fp32
-    (probabilities cast back), the rounding points of the reference implementations."""
+    Each row is computed over exactly its visible keys (no masked tail), all heads in one batched product
+    whose shape depends on the row's position alone: a position's output is then bit-identical however the
+    prompt was chunked, batched or restored from a prefix cache. The products run in the activation dtype
+    and the softmax in fp32 (probabilities cast back), the rounding points of the reference implementations."""
     n, num_q_heads, _ = q.shape
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     grouped = q.reshape(n, num_kv_heads, group, -1)
-    k, v = k.to(q.dtype), v.to(q.dtype)
+    k_t = k.to(q.dtype).permute(1, 2, 0)  # [Hkv, D, L]
+    v_h = v.to(q.dtype).transpose(0, 1)  # [Hkv, L, Dv]
     out = q.new_empty(n, num_kv_heads, group, v.shape[-1])
-    for h in range(num_kv_heads):
-        v_t = v[:, h].t()
-        for i in range(n):
-            visible = q_offset + i + 1
-            scores = batch_invariant_linear(grouped[i, h], k[:visible, h]) * scale
-            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
-            out[i, h] = batch_invariant_linear(probs, v_t[:, :visible])
+    for i in range(n):
+        visible = q_offset + i + 1
+        scores = torch.bmm(grouped[i], k_t[:, :, :visible]) * scale  # [Hkv, group, visible]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+        out[i] = torch.bmm(probs, v_h[:, :visible])
     return out.reshape(n, num_q_heads, -1)
 
 
