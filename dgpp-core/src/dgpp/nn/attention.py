@@ -19,11 +19,16 @@ from dgpp.step.route import route_for
 def write_kv(
     k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
 ) -> None:
-    """Store rows ``k``/``v`` ``[T, kv_heads, dim]`` at flat slots ``slot_mapping`` (−1: skip the row)."""
+    """Store rows ``k``/``v`` ``[T, kv_heads, dim]`` at flat slots ``slot_mapping`` (−1: skip the row).
+
+    ``index_select`` / ``index_copy_`` rather than boolean-mask indexing: on a 2-core CPU the advanced-index
+    path measured ~100x slower for these few rows (it dominated a decode step)."""
     keep = slot_mapping >= 0
-    slots = slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+    rows = None if bool(keep.all()) else keep.nonzero().squeeze(1)
+    slots = (slot_mapping if rows is None else slot_mapping.index_select(0, rows)).long()
+    for cache, new in ((k_cache, k), (v_cache, v)):
+        kept = new if rows is None else new.index_select(0, rows)
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, kept.to(cache.dtype))
 
 
 def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -33,7 +38,7 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     blocks = block_table[:num_blocks].long()
     if num_blocks and int(blocks.min()) < 0:
         raise ValueError(f"block table covers fewer than {length} tokens")
-    return cache[blocks].reshape(-1, *cache.shape[2:])[:length]
+    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[:length]
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
