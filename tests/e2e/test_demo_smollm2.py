@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from serve_fixture import running
+from serve_fixture import Server
 
 from dgpp.errors import CheckpointError
 
@@ -67,7 +67,9 @@ def test_the_demo_answers_paris_and_matches_transformers(demo_gguf, tmp_path):
     from openai import OpenAI
 
     template = json.loads(DEMO.read_text())
-    with running(template["model"], tmp_path, template["engine"]) as server:
+    server = Server(template["model"], tmp_path, template["engine"])
+    try:
+        server.wait_ready(timeout=600)  # loading 135M weights on a busy 2-core machine can take minutes
         client = OpenAI(base_url=server.url + "/v1", api_key="unused")
         reply = client.chat.completions.create(
             model="dgpp-demo",
@@ -84,4 +86,6 @@ def test_the_demo_answers_paris_and_matches_transformers(demo_gguf, tmp_path):
             .message.content
             for p in PROMPTS
         ]
+    finally:
+        server.stop()
     assert served == transformers_greedy(demo_gguf, PROMPTS, max_new_tokens=16)
