@@ -136,7 +136,8 @@ def test_plugins_lists_families_and_quant_formats(capsys):
 def test_templates_lists_the_deploy_directory(capsys):
     assert main(["templates", "--json"]) == 0
     report = {rec["name"]: rec for rec in json.loads(capsys.readouterr().out)}
-    assert report["demo_cpu"]["valid"] and report["demo_cpu"]["model"] == "dgpp-demo/qwen3-tiny"
+    assert report["demo_tiny_cpu"]["valid"] and report["demo_tiny_cpu"]["model"] == "dgpp-demo/qwen3-tiny"
+    assert report["demo_cpu"]["valid"] and report["demo_cpu"]["model"] == "dgpp-demo/smollm2-135m-instruct"
     assert report["qwen_nvfp4_w1"]["model"] == "nvidia/Qwen3.5-122B-A10B-NVFP4"
 
 

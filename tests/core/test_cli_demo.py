@@ -1,4 +1,4 @@
-"""``dgpp serve deploy/demo_cpu.json`` (what scripts/demo.sh runs): starts with no GPU and no network,
+"""``dgpp serve deploy/demo_tiny_cpu.json`` (the offline demo): starts with no GPU and no network,
 builds the demo checkpoint on first use, and answers the README's OpenAI SDK example."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-DEMO = Path(__file__).resolve().parents[2] / "deploy" / "demo_cpu.json"
+DEMO = Path(__file__).resolve().parents[2] / "deploy" / "demo_tiny_cpu.json"
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-"""Every shipped deployment template validates, and the demo template resolves to a loadable checkpoint."""
+"""Every shipped deployment template validates, and the tiny demo template resolves to a loadable checkpoint."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ TEMPLATES = sorted(DEPLOY.glob("*.json"))
 
 def test_templates_exist():
     names = {p.name for p in TEMPLATES}
-    assert {"demo_cpu.json", "qwen_nvfp4_w1.json"} <= names
+    assert {"demo_cpu.json", "demo_tiny_cpu.json", "qwen_nvfp4_w1.json"} <= names
 
 
 @pytest.mark.parametrize("path", TEMPLATES, ids=lambda p: p.stem)
@@ -28,7 +28,7 @@ def test_demo_template_builds_its_checkpoint_once_and_deterministically(tmp_path
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.engine.loading import load_model
 
-    cfg = load_config(DEPLOY / "demo_cpu.json")
+    cfg = load_config(DEPLOY / "demo_tiny_cpu.json")
     monkeypatch.setenv("DGPP_DEMO_DIR", str(tmp_path / "a"))
     first = resolve_checkpoint(cfg.model)
     assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= {

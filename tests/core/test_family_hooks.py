@@ -197,13 +197,14 @@ def test_in_tree_plugins_register_without_importing_implementations():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "False []"
-    assert "glm" in out[1] and "qwen" in out[1] and "flint" not in out[1]
+    assert "glm" in out[1] and "qwen" in out[1] and "flint" in out[1] and "mimo" not in out[1]
 
 
 def test_in_tree_special_cases_are_kept():
     """Qwen's memory plan answers only for qwen4_exp; every dialect family's fallback template comes through the hook."""
     from dgpp.plugins import build_manager
     from dgpp_deepseek import dialect as deepseek_dialect
+    from dgpp_flint import dialect as flint_dialect
     from dgpp_qwen import dialect as qwen_dialect
     from dgpp_qwen import plugin as qwen_plugin
 
@@ -213,4 +214,4 @@ def test_in_tree_special_cases_are_kept():
     assert pm.hook.dgpp_chat_template(family="qwen", hf_config={}) == qwen_dialect.chat_template()
     v41 = {"model_type": "deepseek_v41"}
     assert pm.hook.dgpp_chat_template(family="deepseek", hf_config=v41) == deepseek_dialect.chat_template(v41)
-    assert pm.hook.dgpp_chat_template(family="flint", hf_config={}) is None
+    assert pm.hook.dgpp_chat_template(family="flint", hf_config={}) == flint_dialect.chat_template()

@@ -24,7 +24,7 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
     ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks",
-     "prefill_budget", "extras", "deploy_templates"),
+     "prefill_budget", "extras", "deploy_templates", "pip_wheel"),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
@@ -34,7 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("engine",),  # runner, graphs, memory plan, speculation
     ("sched",),  # the tick, admission, prefix cache, the engine thread
     ("serve",),  # the HTTP API
-    ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "testing"),  # entry points and tools
+    ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "demo_fetch", "testing"),  # entry points and tools
     ("plugin_api",),  # what a plugin imports from core, gathered from every layer
 ]
 

@@ -90,10 +90,25 @@ def test_query_gate_split_follows_per_head_packing():
 
 @pytest.mark.parametrize("out_features, in_features", [(1, 64), (8, 64), (64, 64), (512, 64), (33, 77)])
 def test_batch_invariant_linear_rows_do_not_depend_on_the_row_count(out_features, in_features):
-    from dgpp.nn.batch_invariant import batch_invariant_linear
+    from dgpp.nn.batch_invariant import ROW_BATCH, batch_invariant_linear
 
-    w, x, b = randn(out_features, in_features), randn(40, in_features), randn(out_features)
+    total = ROW_BATCH + 44  # past one batched piece of rows
+    w, x, b = randn(out_features, in_features), randn(total, in_features), randn(out_features)
     full = batch_invariant_linear(x, w, b)
     torch.testing.assert_close(full, torch.nn.functional.linear(x, w, b), rtol=1e-6, atol=1e-5)
-    for rows in range(1, 40):
+    for rows in [*range(1, 40), ROW_BATCH - 1, ROW_BATCH, ROW_BATCH + 1, total]:
         assert torch.equal(batch_invariant_linear(x[:rows], w, b), full[:rows]), rows
+    for row in range(0, total, 13):  # a row alone (the decode GEMV) equals the same row among many
+        assert torch.equal(batch_invariant_linear(x[row : row + 1], w, b), full[row : row + 1]), row
+
+
+def test_narrow_cpu_weights_multiply_in_fp32_and_follow_in_place_updates():
+    from dgpp.nn.batch_invariant import batch_invariant_linear
+
+    w = torch.nn.Parameter(randn(48, 64).to(torch.bfloat16), requires_grad=False)
+    x = randn(5, 64).to(torch.bfloat16)
+    want = torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16)
+    assert torch.equal(batch_invariant_linear(x, w), want)
+    with torch.no_grad():
+        w.mul_(2)  # the fp32 copy is rebuilt after an in-place change
+    assert torch.equal(batch_invariant_linear(x, w), torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))

@@ -4,7 +4,8 @@ Each fixture is a tiny random checkpoint served by ``build_backend`` (plugin res
 pools, scheduler, step loop) with small prefill chunks, several requests in flight at once and a
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
-e9af83d, torch 2.13.0 CPU, fp32): a refactor that changes any greedy token of any family fails here.
+e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc): a refactor
+that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
 """
@@ -24,6 +25,7 @@ from dgpp.sample.params import SamplingParams
 from dgpp.serve.build import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
+from dgpp.testing.flint import build_tiny_flint
 from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
 from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -52,6 +54,8 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "glm4_moe": (_glm, False),
     "glm4_moe_mtp": (_glm, True),
     "glm4_moe_nvfp4": (_glm_nvfp4, False),
+    # sliding window 8: the prompts run past it, so the hit restores window rings from a state snapshot
+    "flint": (lambda out: build_tiny_flint(out, seed=0, vocab_size=512), False),
 }
 
 

@@ -12,6 +12,7 @@ from dgpp.plugins import build_manager
 from dgpp.text.dialect import call_id
 from dgpp.text.tools import tool_specs
 from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
+from dgpp_flint.dialect import FlintJsonDialect
 from dgpp_glm.dialect import GlmDialect
 from dgpp_mimo.dialect import MimoDialect
 from dgpp_qwen.dialect import QwenXmlDialect
@@ -21,6 +22,7 @@ DIALECTS = {
     "qwen": QwenXmlDialect(),
     "glm": GlmDialect(),
     "mimo": MimoDialect(),
+    "flint": FlintJsonDialect(),
     "deepseek_v4": deepseek_dialect({"model_type": "deepseek_v4"}),
     "deepseek_v41": deepseek_dialect({"model_type": "deepseek_v41"}),
 }
@@ -32,6 +34,8 @@ REAL = {
     "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>",
     "mimo": "<tool_call><function=get_weather><parameter=city>New York</parameter><parameter=days>3</parameter>"
     "</function></tool_call><tool_call><function=get_time></function></tool_call>",
+    "flint": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "New York", "days": 3}}\n</tool_call>\n'
+    '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
     "deepseek_v4": '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
     'New York</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">3</｜DSML｜parameter>\n'
     '</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
@@ -150,7 +154,7 @@ def test_custom_tool_call_is_reported_custom():
     assert call.stream_deltas()[1]["tool_calls"][0]["custom"] == {"input": "ls -la"}
 
 
-@pytest.mark.parametrize("family", ["qwen", "glm", "deepseek", "mimo"])
+@pytest.mark.parametrize("family", ["qwen", "glm", "deepseek", "mimo", "flint"])
 def test_plugins_return_their_dialect_and_template(family):
     pm = build_manager()
     cfg = {"model_type": {"deepseek": "deepseek_v41"}.get(family, family)}

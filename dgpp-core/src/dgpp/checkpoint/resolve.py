@@ -1,4 +1,5 @@
-"""Where a template's ``model`` lives on disk: a local directory, the CPU demo, or the HF cache (offline).
+"""Where a template's ``model`` lives on disk: a local directory, a GGUF file (converted once, see
+``gguf_convert``), the CPU demo, or the HF cache (offline).
 
 dgpp never downloads. An HF id ``ORG/NAME`` is looked up in the Hugging Face cache layout
 (``<hub>/models--ORG--NAME/snapshots/<rev>``, ``rev`` from ``refs/main`` when present), where
@@ -61,11 +62,17 @@ def resolve_checkpoint(model: str) -> Path:
 
     A relative local path is relative to the current directory.
     """
+    from dgpp.checkpoint.gguf_convert import ensure_converted, find_gguf
+
     if model.startswith(DEMO_ORG + "/"):
         from dgpp.demo import ensure_demo_checkpoint
 
-        return ensure_demo_checkpoint(model)
-    local = Path(model).expanduser()
+        local = ensure_demo_checkpoint(model)
+    else:
+        local = Path(model).expanduser()
+    gguf_file = find_gguf(local)
+    if gguf_file is not None:
+        return ensure_converted(gguf_file)
     if local.is_dir():
         return _checked_dir(local, "checkpoint directory")
     if local.suffix == ".gguf" and local.is_file():

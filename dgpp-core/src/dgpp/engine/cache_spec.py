@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
+from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec, WindowKV
 
-__all__ = ["CacheSpec", "PagedKV", "StateSpec"]
+__all__ = ["CacheSpec", "PagedKV", "StateSpec", "WindowKV"]

@@ -3,10 +3,19 @@
 On the CPU, ``F.linear`` picks a different GEMM kernel for 1-3, 5-7 and 9-11 rows (and for a single
 output feature) than for larger shapes, so a token's logits could change in the last bit with the
 number of tokens in the step (or routed to an expert) — enough to flip a greedy near-tie between a
-batched and a solo run. Padding both the rows and the output features up to ``MIN_GEMM_DIM`` with
-zeros always takes the large-shape kernel, whose rows measured bit-identical for every row count
-(1..300) and shape tried. The padding costs nothing measurable at these sizes; CUDA has its own
-kernels and is left alone.
+batched and a solo run. So every CPU row goes through one fixed row-wise kernel: the one-row product
+(a GEMV, ``F.linear`` of a single row), whatever else is in the step. A decode step then costs what a
+GEMV costs (it is bound by reading the weight once) instead of a GEMM padded to 16 rows, which on a
+2-core CPU measured ~75x slower for one row (fp32, 3072x576). Several rows run as one batched product of
+one-row products (``torch.bmm`` over rows against the same weight), whose rows measured bit-identical to
+the single-row call for every row count up to ``ROW_BATCH`` (and to ``torch.mv``); longer inputs go in
+pieces of ``ROW_BATCH`` rows. A prefill then reads the weight once per row, mostly from the CPU's cache.
+
+bf16 / fp16 weights that are parameters are multiplied in fp32 on the CPU: CPUs without bf16 units run
+the bf16 GEMV ~10x slower than the fp32 one. The fp32 copy is made once per weight (kept next to it,
+rebuilt if the weight changes in place), the inputs are widened exactly, and the product is rounded
+once to the activation dtype: what a bf16 GEMM with fp32 accumulation computes, at fp32 GEMV speed,
+for twice the weight memory. CUDA has its own kernels and is left alone.
 """
 
 from __future__ import annotations
@@ -16,7 +25,35 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-MIN_GEMM_DIM = 16
+ROW_BATCH = 256
+MIN_OUT_FEATURES = 16  # a one- or few-output product takes a dot-product kernel of its own: pad the weight
+_NARROW = (torch.bfloat16, torch.float16)
+
+
+def _fp32_weight(weight: torch.Tensor) -> torch.Tensor:
+    """An fp32 copy of a narrow parameter, cached on it (keyed by its in-place version counter)."""
+    cached = getattr(weight, "_dgpp_fp32", None)
+    if cached is None or cached[0] != weight._version:
+        cached = (weight._version, weight.detach().float())
+        weight._dgpp_fp32 = cached
+    return cached[1]
+
+
+def row_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x [rows, in] @ weight[out, in].T``, each row through the one-row product (see module docstring)."""
+    rows, out_features = x.shape[0], weight.shape[0]
+    if out_features < MIN_OUT_FEATURES:
+        return row_products(x, F.pad(weight, (0, 0, 0, MIN_OUT_FEATURES - out_features)))[:, :out_features]
+    if rows == 1:
+        return F.linear(x, weight)
+    if rows == 0:
+        return x.new_empty(0, out_features)
+    transposed = weight.t()
+    parts = [
+        torch.bmm(chunk.unsqueeze(1), transposed.expand(chunk.shape[0], -1, -1)).squeeze(1)
+        for chunk in x.split(ROW_BATCH)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -25,10 +62,10 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
         return F.linear(x, weight, bias)
     rows, out_features = x.numel() // x.shape[-1], weight.shape[0]
     flat = x.reshape(rows, x.shape[-1])
-    if rows < MIN_GEMM_DIM:
-        flat = F.pad(flat, (0, 0, 0, MIN_GEMM_DIM - rows))
-    w = weight if out_features >= MIN_GEMM_DIM else F.pad(weight, (0, 0, 0, MIN_GEMM_DIM - out_features))
-    out = F.linear(flat, w)[:rows, :out_features]
+    if weight.dtype in _NARROW and isinstance(weight, torch.nn.Parameter):
+        out = row_products(flat.float(), _fp32_weight(weight)).to(x.dtype)
+    else:
+        out = row_products(flat, weight)
     if bias is not None:
         out = out + bias
     return out.reshape(*x.shape[:-1], out_features)

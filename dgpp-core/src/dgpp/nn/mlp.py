@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
+from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod, fused_gate_up_silu
 
 
@@ -15,7 +16,8 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         from dgpp import kernels
 
         return kernels.silu_mul_pair(gate, up)
-    return F.silu(gate) * up
+    # silu's vector tail: a row's bits must not depend on how many rows came with it (widths like 48 differ)
+    return batch_invariant_rows(F.silu, gate) * up
 
 
 class SwiGLUMLP(nn.Module):

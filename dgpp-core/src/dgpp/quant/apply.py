@@ -22,6 +22,7 @@ from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.moe import FusedExperts
 from dgpp.quant.bf12 import BF12, encode_bf12
 from dgpp.quant.encode import encode_fp8_block
+from dgpp.quant.format import QuantFormat
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.linear import QuantLinearMethod
 from dgpp.quant.moe import PROJECTIONS, QuantExperts
@@ -38,6 +39,25 @@ def _checkpoint_name(module_name: str, rename: Callable[[str], str]) -> str:
 def _replace(model: nn.Module, name: str, new: nn.Module) -> None:
     parent_name, _, attr = name.rpartition(".")
     setattr(model.get_submodule(parent_name) if parent_name else model, attr, new)
+
+
+def _expert_formats(scheme: QuantScheme, ckpt: str, num_experts: int) -> dict[str, QuantFormat] | None:
+    """Each projection's format for the experts of ``ckpt`` (None: all dense). A projection may differ from
+    the others (per-projection exports); within a projection every expert must agree, and no projection
+    may be dense while another is packed."""
+    formats: dict[str, QuantFormat | None] = {}
+    for proj in PROJECTIONS:
+        fmts = {scheme.format_for(f"{ckpt}.{e}.{proj}") for e in (0, num_experts - 1)}
+        if len(fmts) != 1:
+            raise ConfigError(f"quantization_config: the experts of {ckpt} resolve to mixed formats for {proj} "
+                              f"({sorted(f.name if f else 'dense' for f in fmts)}), which is not supported")
+        formats[proj] = fmts.pop()
+    if all(f is None for f in formats.values()):
+        return None
+    if any(f is None for f in formats.values()):
+        raise ConfigError(f"quantization_config: the experts of {ckpt} are packed for some projections and dense for "
+                          f"others ({ {p: f.name if f else 'dense' for p, f in formats.items()} }), which is not supported")
+    return {p: f for p, f in formats.items() if f is not None}
 
 
 def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
@@ -58,16 +78,16 @@ def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
             module.quant_method = QuantLinearMethod(fmt, act_order=scheme.act_order)
             module.quant_method.create_weights(module, dtype)
         elif isinstance(module, FusedExperts):
-            fmts = {scheme.format_for(f"{ckpt}.{e}.{p}") for e in (0, module.num_experts - 1) for p in PROJECTIONS}
-            if fmts == {None}:
+            formats = _expert_formats(scheme, ckpt, module.num_experts)
+            if formats is None:
                 continue
-            if len(fmts) != 1:
-                raise ConfigError(f"quantization_config: the experts of {ckpt} resolve to mixed formats "
-                                  f"({sorted(f.name if f else 'dense' for f in fmts)}), which is not supported")
-            fmt = fmts.pop()
             hidden = module.down_proj.shape[1]
-            _replace(model, name, QuantExperts(fmt, module.num_experts, hidden, module.inter * module.world.size,
+            _replace(model, name, QuantExperts(formats, module.num_experts, hidden, module.inter * module.world.size,
                                                world=module.world))
+            fmt = formats["gate_proj"]
+            for proj in ("up_proj", "down_proj"):  # a layer that mixes formats counts each one it holds
+                if formats[proj] != fmt:
+                    counts[formats[proj].name] = counts.get(formats[proj].name, 0) + 1
         else:
             continue
         counts[fmt.name] = counts.get(fmt.name, 0) + 1

@@ -10,10 +10,13 @@ ship (``experts.N.gate_proj.weight_scale`` ...).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
 from dgpp.family import World
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.policy import current
@@ -46,25 +49,31 @@ class _ExpertStack(nn.Module):
 
 
 class QuantExperts(nn.Module):
-    """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt``; TP splits the
-    intermediate dim (gate/up column, down row) like ``FusedExperts``. ``use_fused``: None picks the
-    fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``); True/False force it (tests run it on CPU
-    under the Triton interpreter)."""
+    """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt`` (one format, or one per
+    projection: exports such as Flint's mix FP8 block-128 and NVFP4 across gate/up/down within a layer);
+    TP splits the intermediate dim (gate/up column, down row) like ``FusedExperts``. ``use_fused``: None
+    picks the fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``) when gate and up share a format (the
+    kernel decodes them together; down may differ); True/False force it (tests run it on CPU under the
+    Triton interpreter)."""
 
     use_fused: bool | None = None
 
-    def __init__(self, fmt: QuantFormat, num_experts: int, hidden_size: int, intermediate_size: int,
-                 *, world: World | None = None) -> None:
+    def __init__(self, fmt: QuantFormat | Mapping[str, QuantFormat], num_experts: int, hidden_size: int,
+                 intermediate_size: int, *, world: World | None = None) -> None:
         super().__init__()
         self.world = world or World()
         if intermediate_size % self.world.size:
             raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
-        self.fmt = fmt
+        formats = dict(fmt) if isinstance(fmt, Mapping) else dict.fromkeys(PROJECTIONS, fmt)
+        if sorted(formats) != sorted(PROJECTIONS):
+            raise ValueError(f"expert formats must name {', '.join(PROJECTIONS)}, got {sorted(formats)}")
+        self.formats = formats
+        self.fmt = formats["gate_proj"]  # the gate/up format the fused kernel decodes
         self.num_experts = num_experts
         self.inter = inter = intermediate_size // self.world.size
-        self.gate_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
-        self.up_proj = _ExpertStack(fmt, num_experts, (inter, hidden_size), "column", self.world)
-        self.down_proj = _ExpertStack(fmt, num_experts, (hidden_size, inter), "row", self.world)
+        self.gate_proj = _ExpertStack(formats["gate_proj"], num_experts, (inter, hidden_size), "column", self.world)
+        self.up_proj = _ExpertStack(formats["up_proj"], num_experts, (inter, hidden_size), "column", self.world)
+        self.down_proj = _ExpertStack(formats["down_proj"], num_experts, (hidden_size, inter), "row", self.world)
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:
         out: dict[str, Alternatives] = {}
@@ -80,12 +89,15 @@ class QuantExperts(nn.Module):
 
     def _project(self, proj: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         stack: _ExpertStack = getattr(self, proj)
+        if not x.is_cuda:  # the dense experts' CPU product: a row's bits do not depend on how many rows an expert got
+            return batch_invariant_linear(x, stack.fmt.decode(stack.expert_tensors(expert), stack.shape, x.dtype))
         return packed_matmul(stack.fmt, stack.expert_tensors(expert), x, stack.shape)
 
     def fused(self, x: torch.Tensor) -> bool:
         if self.use_fused is not None:
             return self.use_fused
-        return x.is_cuda and has_moe_kernel(self.fmt) and not current().quant_torch_only
+        fusable = self.formats["up_proj"] == self.fmt and all(has_moe_kernel(f) for f in self.formats.values())
+        return x.is_cuda and fusable and not current().quant_torch_only
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.fused(x):

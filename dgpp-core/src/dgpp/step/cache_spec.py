@@ -42,3 +42,30 @@ class StateSpec:
 
 
 CacheSpec = PagedKV | StateSpec
+
+
+@dataclass(frozen=True)
+class WindowKV(StateSpec):
+    """K/V of a sliding-window attention layer, bounded by the window: a per-request ring of the last
+    ``window - 1`` positions (position ``j`` at index ``j % (window - 1)``), held in the state pool. A row at
+    position ``p`` sees keys ``p - window + 1 .. p``: the ring holds every earlier one it can see, and the
+    step's own rows come from the step itself (``dgpp.nn.sliding_attention``). Being state, the ring is
+    snapshotted with the rest of a request's state, which keeps the prefix cache exact.
+
+    Build with keywords: ``WindowKV(num_kv_heads=4, head_dim=128, dtype=torch.bfloat16, window=513)``."""
+
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    dtype: torch.dtype = torch.bfloat16
+    window: int = 0
+    v_head_dim: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.window < 2:
+            raise ValueError(f"a sliding window must cover at least 2 tokens, got {self.window}")
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        ring = self.window - 1
+        object.__setattr__(self, "tensors", {
+            "k": ((ring, self.num_kv_heads, self.head_dim), self.dtype),
+            "v": ((ring, self.num_kv_heads, v_dim), self.dtype),
+        })

@@ -40,6 +40,7 @@ TINY_VISION: dict[str, Any] = {"depth": 1, "hidden_size": 32, "intermediate_size
 
 # kind -> (transformers config class, model class, extra text keys, wrapped in a ConditionalGeneration)
 KINDS: dict[str, tuple[str, str, dict[str, Any], bool]] = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, False),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}, False),
     "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**TINY_MOE, "norm_topk_prob": True}, False),
     "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", TINY_LINEAR_ATTN, False),

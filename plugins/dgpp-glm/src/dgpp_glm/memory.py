@@ -13,9 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from torch import nn
 
-from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.plugin_api import (
     LoadContext,
     ModelMemory,
@@ -23,24 +21,8 @@ from dgpp.plugin_api import (
     tensor_bytes,
     transformer_activation_bytes,
 )
+from dgpp.quant.resident import resident_bytes
 from dgpp_glm.loader import arch_config, checkpoint_name
-
-# engine.bf16_weights: resident bytes of an eligible BF16 matrix, relative to BF16 (bf12 packs to ~0.75)
-_BF12_FACTOR = {"checkpoint": 1.0, "bf12": 0.75, "bf12+bf16": 1.75}
-
-
-def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint") -> int:
-    """Bytes of ``module``'s (unique) parameters, with the bf12 repacking ``engine.bf16_weights`` applies."""
-    total = 0.0
-    bf12_eligible = {
-        id(m.weight) for m in module.modules()
-        if isinstance(m, Linear) and isinstance(m.quant_method, UnquantizedLinearMethod)
-        and m.weight.dtype == torch.bfloat16 and m.weight.shape[1] % 1024 == 0
-    }
-    for p in module.parameters():
-        size = p.numel() * p.element_size()
-        total += size * (_BF12_FACTOR[bf16_weights] if id(p) in bf12_eligible else 1.0)
-    return int(total)
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:

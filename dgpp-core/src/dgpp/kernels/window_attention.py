@@ -1,0 +1,250 @@
+"""Attention with per-head sink logits, optionally over a sliding window, for prefill and decode rows alike.
+
+``q [T, Hq, D]`` holds this step's rows of every sequence (``query_start_loc [B+1]``); sequence ``b``'s rows sit
+at positions ``context_lens[b] ..``. A row at position ``p`` attends to keys ``lo .. p`` with ``lo = p - window + 1``
+(clamped at 0; ``window = 0``: the whole context) plus, when ``sinks [Hq]`` is given, one extra logit per head
+that joins the softmax and attends to nothing (gpt-oss / Flint / MiMo attention sinks). The keys come from one
+of two sources:
+
+- ``paged``: the engine's paged pool ``[num_blocks, block_size, Hk, D]`` through ``block_tables`` (this step's
+  K/V already written), for full-attention layers;
+- ring: a per-request ring ``[slots, R, Hk, D]`` of the ``R`` positions before this step (position ``j`` at index
+  ``j % R``), selected by ``state_slots``, then this step's own rows ``k``/``v``. ``R = window - 1`` is all a
+  row needs, so the ring bounds a sliding layer's cache at ``window - 1`` tokens per request whatever the
+  context. ``ring_write`` stores the last ``R`` positions of each sequence after the attention read them.
+
+The Triton kernel gives one program to each (row, KV head): it walks the row's keys in ``BLOCK_N`` tiles that
+start at ``lo`` (a function of the row's position alone), with an online softmax seeded by the sink. Which
+source a key comes from does not change its bits, so a row's output is the same however the prompt was
+chunked, batched or restored from a prefix-cache snapshot. A padding row (``seq_lens == 0`` or state slot -1)
+gets zeros and writes nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+
+_BLOCK_N = 64
+
+
+def row_sequences(query_start_loc: torch.Tensor, num_rows: int) -> torch.Tensor:
+    """The sequence each of the ``num_rows`` flattened rows belongs to (on the device, no host sync)."""
+    rows = torch.arange(num_rows, device=query_start_loc.device, dtype=query_start_loc.dtype)
+    return torch.searchsorted(query_start_loc[1:].contiguous(), rows, right=True)
+
+
+def _key_rows(src_k, src_v, loc, b, ctx, start, positions, k, v, paged: bool):
+    """K/V rows ``[L, Hk, D]`` of sequence ``b`` at ``positions`` (reference helper)."""
+    if paged:
+        bs = src_k.shape[1]
+        phys = loc[b, positions // bs].long()
+        return src_k[phys, positions % bs], src_v[phys, positions % bs]
+    ring = src_k.shape[1]
+    slot = int(loc[b])
+    old = positions < ctx
+    idx_old = positions[old] % ring
+    idx_new = start + positions[~old] - ctx
+    return (torch.cat([src_k[slot, idx_old], k[idx_new]]), torch.cat([src_v[slot, idx_old], v[idx_new]]))
+
+
+def window_attention_ref(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
+    loc: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+    sinks: torch.Tensor | None, scale: float, window: int, paged: bool,
+) -> torch.Tensor:
+    """fp32 reference of the kernel (a loop over rows); ``loc`` is ``block_tables`` (paged) or ``state_slots``."""
+    hq, hk = q.shape[1], src_k.shape[2]
+    out = torch.zeros(q.shape[0], hq, src_v.shape[-1], dtype=q.dtype, device=q.device)
+    starts = query_start_loc.tolist()
+    for b, (ctx, n) in enumerate(zip(context_lens.tolist(), seq_lens.tolist(), strict=True)):
+        if n == 0 or (not paged and int(loc[b]) < 0):
+            continue
+        for r in range(starts[b], starts[b + 1]):
+            pos = ctx + r - starts[b]
+            lo = max(0, pos - window + 1) if window > 0 else 0
+            keys, vals = _key_rows(src_k, src_v, loc, b, ctx, starts[b], torch.arange(lo, pos + 1, device=q.device),
+                                   k, v, paged)
+            keys = keys.float().repeat_interleave(hq // hk, dim=1)
+            vals = vals.float().repeat_interleave(hq // hk, dim=1)
+            scores = torch.einsum("hd,lhd->hl", q[r].float(), keys) * scale
+            if sinks is not None:
+                scores = torch.cat([scores, sinks.float()[:, None]], dim=1)
+            probs = scores.softmax(-1)[:, : keys.shape[0]]
+            out[r] = torch.einsum("hl,lhd->hd", probs, vals).to(q.dtype)
+    return out
+
+
+@triton.jit
+def _window_attention_kernel(
+    q_ptr, kn_ptr, vn_ptr, ks_ptr, vs_ptr, loc_ptr, row_seq_ptr, qsl_ptr, ctx_ptr, lens_ptr, sink_ptr, out_ptr,
+    scale, window, group, head_dim, v_dim, cap,
+    q_t, q_h, kn_t, kn_h, vn_t, vn_h, ks_0, ks_1, ks_2, vs_0, vs_1, vs_2, loc_b, o_t, o_h,
+    PAGED: tl.constexpr, HAS_SINKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
+    b = tl.load(row_seq_ptr + r).to(tl.int64)
+    start = tl.load(qsl_ptr + b).to(tl.int64)
+    ctx = tl.load(ctx_ptr + b).to(tl.int64)
+    seq_len = tl.load(lens_ptr + b)
+    if PAGED:
+        live = seq_len > 0
+        slot = b * 0
+    else:
+        slot = tl.load(loc_ptr + b).to(tl.int64)
+        live = (seq_len > 0) & (slot >= 0)
+    pos = ctx + (r - start)
+    lo = tl.where(window > 0, tl.maximum(pos - window + 1, 0), 0)
+    hi = tl.where(live, pos + 1, lo)  # a padding row walks no keys
+
+    g = tl.arange(0, BLOCK_G)
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    heads = kvh * group + g
+    gmask = g < group
+    q = tl.load(q_ptr + r * q_t + heads[:, None] * q_h + d[None, :],
+                mask=gmask[:, None] & (d[None, :] < head_dim), other=0.0)
+    if HAS_SINKS:  # the sink is one more logit: it seeds the running max and adds exp(sink - m) to the sum
+        m_i = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
+        l_i = tl.full([BLOCK_G], 1.0, tl.float32)
+    else:
+        m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+    for tok0 in range(lo, hi, BLOCK_N):
+        toks = tok0 + tl.arange(0, BLOCK_N)
+        tmask = toks < hi
+        if PAGED:
+            phys = tl.load(loc_ptr + b * loc_b + toks // cap, mask=tmask, other=0).to(tl.int64)
+            k_rows = ks_ptr + phys * ks_0 + (toks % cap) * ks_1 + kvh * ks_2
+            v_rows = vs_ptr + phys * vs_0 + (toks % cap) * vs_1 + kvh * vs_2
+            kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+            v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+        else:  # positions before this step from the ring, the rest from this step's rows
+            old = toks < ctx
+            ring = toks % cap
+            fresh = start + toks - ctx
+            kr = ks_ptr + slot * ks_0 + ring * ks_1 + kvh * ks_2
+            kf = kn_ptr + fresh * kn_t + kvh * kn_h
+            kt = tl.load(kr[None, :] + d[:, None], mask=(tmask & old)[None, :] & (d[:, None] < head_dim), other=0.0)
+            kt += tl.load(kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0)
+            vr = vs_ptr + slot * vs_0 + ring * vs_1 + kvh * vs_2
+            vf = vn_ptr + fresh * vn_t + kvh * vn_h
+            v = tl.load(vr[:, None] + dv[None, :], mask=(tmask & old)[:, None] & (dv[None, :] < v_dim), other=0.0)
+            v += tl.load(vf[:, None] + dv[None, :], mask=(tmask & ~old)[:, None] & (dv[None, :] < v_dim), other=0.0)
+        s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
+        s = tl.where(tmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
+        m_i = m_new
+    out = tl.where(live, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+    tl.store(out_ptr + r * o_t + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=gmask[:, None] & (dv[None, :] < v_dim))
+
+
+def window_attention_triton(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
+    loc: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+    sinks: torch.Tensor | None, scale: float, window: int, paged: bool,
+) -> torch.Tensor:
+    rows, hq, head_dim = q.shape
+    hk, v_dim = src_k.shape[2], src_v.shape[-1]
+    out = torch.empty(rows, hq, v_dim, dtype=q.dtype, device=q.device)
+    if rows == 0:
+        return out
+    kn = k if k is not None else q  # unused by the paged source
+    vn = v if v is not None else q
+    row_seq = row_sequences(query_start_loc, rows)
+    group = hq // hk
+    _window_attention_kernel[(rows, hk)](
+        q, kn, vn, src_k, src_v, loc, row_seq, query_start_loc, context_lens, seq_lens,
+        sinks if sinks is not None else q, out,
+        float(scale), int(window), group, head_dim, v_dim, src_k.shape[1],
+        q.stride(0), q.stride(1), kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
+        src_k.stride(0), src_k.stride(1), src_k.stride(2), src_v.stride(0), src_v.stride(1), src_v.stride(2),
+        loc.stride(0), out.stride(0), out.stride(1),
+        PAGED=paged, HAS_SINKS=sinks is not None, BLOCK_N=_BLOCK_N, BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=next_pow2(head_dim), BLOCK_DV=next_pow2(v_dim),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+    )
+    return out
+
+
+def window_attention(
+    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
+    loc: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+    sinks: torch.Tensor | None, scale: float, window: int, paged: bool,
+) -> torch.Tensor:
+    """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere."""
+    fn = window_attention_triton if use_triton(q) else window_attention_ref
+    return fn(q, k, v, src_k, src_v, loc, query_start_loc, context_lens, seq_lens, sinks, scale, window, paged)
+
+
+def ring_write_ref(
+    k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+) -> None:
+    """Store each sequence's rows at positions ``>= seq_len - R`` into its ring (index ``position % R``)."""
+    cap = k_ring.shape[1]
+    starts = query_start_loc.tolist()
+    for b, (ctx, n, slot) in enumerate(zip(context_lens.tolist(), seq_lens.tolist(), state_slots.tolist(), strict=True)):
+        if slot < 0 or n == 0:
+            continue
+        first = max(ctx, n - cap)
+        rows = torch.arange(starts[b] + first - ctx, starts[b + 1], device=k.device)
+        idx = torch.arange(first, n, device=k.device) % cap
+        k_ring[slot, idx] = k[rows].to(k_ring.dtype)
+        v_ring[slot, idx] = v[rows].to(v_ring.dtype)
+
+
+@triton.jit
+def _ring_write_kernel(
+    k_ptr, v_ptr, kr_ptr, vr_ptr, slots_ptr, row_seq_ptr, qsl_ptr, ctx_ptr, lens_ptr,
+    head_dim, v_dim, cap, k_t, k_h, v_t, v_h, kr_0, kr_1, kr_2, vr_0, vr_1, vr_2,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    b = tl.load(row_seq_ptr + r).to(tl.int64)
+    slot = tl.load(slots_ptr + b).to(tl.int64)
+    seq_len = tl.load(lens_ptr + b).to(tl.int64)
+    pos = tl.load(ctx_ptr + b).to(tl.int64) + r - tl.load(qsl_ptr + b).to(tl.int64)
+    keep = (slot >= 0) & (seq_len > 0) & (pos >= seq_len - cap)  # the last R positions: no two rows share an index
+    idx = pos % cap
+    d = tl.arange(0, BLOCK_D)
+    dv = tl.arange(0, BLOCK_DV)
+    kk = tl.load(k_ptr + r * k_t + h * k_h + d, mask=d < head_dim)
+    tl.store(kr_ptr + slot * kr_0 + idx * kr_1 + h * kr_2 + d, kk.to(kr_ptr.dtype.element_ty), mask=keep & (d < head_dim))
+    vv = tl.load(v_ptr + r * v_t + h * v_h + dv, mask=dv < v_dim)
+    tl.store(vr_ptr + slot * vr_0 + idx * vr_1 + h * vr_2 + dv, vv.to(vr_ptr.dtype.element_ty), mask=keep & (dv < v_dim))
+
+
+def ring_write_triton(
+    k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+) -> None:
+    rows, hk, head_dim = k.shape
+    if rows == 0:
+        return
+    row_seq = row_sequences(query_start_loc, rows)
+    _ring_write_kernel[(rows, hk)](
+        k, v, k_ring, v_ring, state_slots, row_seq, query_start_loc, context_lens, seq_lens,
+        head_dim, v.shape[-1], k_ring.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        k_ring.stride(0), k_ring.stride(1), k_ring.stride(2), v_ring.stride(0), v_ring.stride(1), v_ring.stride(2),
+        BLOCK_D=next_pow2(head_dim), BLOCK_DV=next_pow2(v.shape[-1]), num_warps=1,
+    )
+
+
+def ring_write(
+    k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+) -> None:
+    """Ring update after the step's attention; Triton on CUDA, the torch reference elsewhere."""
+    fn = ring_write_triton if use_triton(k) else ring_write_ref
+    fn(k, v, k_ring, v_ring, state_slots, query_start_loc, context_lens, seq_lens)

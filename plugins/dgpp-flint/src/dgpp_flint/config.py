@@ -1,0 +1,164 @@
+"""HF ``config.json`` of a ``flint`` checkpoint -> a typed architecture config.
+
+Flint (transformers' ``FlintConfig``): GQA with per-head q/k RMSNorm and a learned sink per query head on
+every layer; ``layer_types`` picks full attention (no positional encoding at all) or sliding-window attention
+(RoPE over the whole head) per layer; a dense SwiGLU MLP on ``mlp_only_layers``, elsewhere a sigmoid-routed
+MoE (top-k on the sigmoid scores, renormalized, no bias) plus an ungated shared expert. Values this family
+does not compute are refused by key name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dgpp.errors import ConfigError
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_LAYER_TYPES = ("full_attention", "sliding_attention")
+_WHERE = "flint config.json"
+
+
+@dataclass(frozen=True)
+class FlintArchConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    sliding_window: int
+    layer_types: tuple[str, ...]
+    mlp_only_layers: tuple[int, ...]
+    decoder_sparse_step: int
+    num_experts: int
+    num_experts_per_tok: int
+    norm_topk_prob: bool
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+
+    def is_sliding(self, layer_idx: int) -> bool:
+        return self.layer_types[layer_idx] == "sliding_attention"
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """transformers' rule: MoE unless listed in ``mlp_only_layers``, on every ``decoder_sparse_step``-th layer."""
+        return (layer_idx not in self.mlp_only_layers and self.num_experts > 0
+                and (layer_idx + 1) % self.decoder_sparse_step == 0)
+
+
+def _req(cfg: dict[str, Any], key: str, kind: type) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"{_WHERE}: required key {key!r} is missing")
+    value = cfg[key]
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+        raise ConfigError(f"{_WHERE}: {key!r} must be {kind.__name__}, got {value!r}")
+    return value
+
+
+def _opt(cfg: dict[str, Any], key: str, kind: type, default: Any) -> Any:
+    return default if cfg.get(key) is None else _req(cfg, key, kind)
+
+
+def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
+    value = _req(cfg, key, int) if default is None else _opt(cfg, key, int, default)
+    if value <= 0:
+        raise ConfigError(f"{_WHERE}: {key!r} must be positive, got {value}")
+    return value
+
+
+def _rope_theta(cfg: dict[str, Any]) -> float:
+    params = cfg.get("rope_parameters") or {}
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default" or cfg.get("rope_scaling"):
+        raise ConfigError(f"{_WHERE}: rope_parameters.rope_type={rope_type!r} is not supported (only 'default')")
+    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
+        raise ConfigError(f"{_WHERE}: 'rope_theta' must be a positive number, got {theta!r}")
+    return float(theta)
+
+
+def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
+    """The stated ``layer_types``, else transformers' default: full attention on layers 0, 1, every
+    ``i % 4 == 1`` and the last, sliding window elsewhere."""
+    types = cfg.get("layer_types")
+    if types is None:
+        return tuple("full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention"
+                     for i in range(layers))
+    if not isinstance(types, list) or len(types) != layers:
+        raise ConfigError(f"{_WHERE}: 'layer_types' must list one type per layer ({layers}), got {types!r}")
+    for t in types:
+        if t not in _LAYER_TYPES:
+            raise ConfigError(f"{_WHERE}: 'layer_types' entry {t!r} is not supported ({', '.join(_LAYER_TYPES)})")
+    return tuple(types)
+
+
+def _int_list(cfg: dict[str, Any], key: str, default: list[int]) -> tuple[int, ...]:
+    value = cfg.get(key)
+    value = default if value is None else value
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise ConfigError(f"{_WHERE}: {key!r} must be a list of layer indices, got {value!r}")
+    return tuple(value)
+
+
+def parse_flint_config(cfg: dict[str, Any]) -> FlintArchConfig:
+    """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
+    act = cfg.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConfigError(f"{_WHERE}: 'hidden_act'={act!r} is not supported (only 'silu')")
+    if cfg.get("attention_bias"):
+        raise ConfigError(f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)")
+    heads = _positive(cfg, "num_attention_heads")
+    kv_heads = _positive(cfg, "num_key_value_heads")
+    if heads % kv_heads:
+        raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
+    layers = _positive(cfg, "num_hidden_layers")
+    layer_types = _layer_types(cfg, layers)
+    window = _positive(cfg, "sliding_window", 513)
+    if window < 2 and "sliding_attention" in layer_types:
+        raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
+    experts = _opt(cfg, "num_experts", int, 0)
+    top_k = _positive(cfg, "num_experts_per_tok", 1)
+    if experts and top_k > experts:
+        raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'num_experts'={experts}")
+    dtype_name = cfg.get("dtype", cfg.get("torch_dtype")) or "bfloat16"
+    if dtype_name not in _DTYPES:
+        raise ConfigError(f"{_WHERE}: 'torch_dtype'={dtype_name!r} is not supported ({', '.join(_DTYPES)})")
+    eos = cfg.get("eos_token_id")
+    hidden = _positive(cfg, "hidden_size")
+    return FlintArchConfig(
+        vocab_size=_positive(cfg, "vocab_size"),
+        hidden_size=hidden,
+        intermediate_size=_positive(cfg, "intermediate_size"),
+        moe_intermediate_size=_positive(cfg, "moe_intermediate_size", 512),
+        shared_expert_intermediate_size=_opt(cfg, "shared_expert_intermediate_size", int, 1024),
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=_positive(cfg, "head_dim", hidden // heads),
+        rms_norm_eps=_opt(cfg, "rms_norm_eps", float, 1e-6),
+        rope_theta=_rope_theta(cfg),
+        sliding_window=window,
+        layer_types=layer_types,
+        mlp_only_layers=_int_list(cfg, "mlp_only_layers", [0, 1]),
+        decoder_sparse_step=_positive(cfg, "decoder_sparse_step", 1),
+        num_experts=experts,
+        num_experts_per_tok=top_k,
+        norm_topk_prob=_opt(cfg, "norm_topk_prob", bool, True),
+        max_position_embeddings=_positive(cfg, "max_position_embeddings", 262144),
+        tie_word_embeddings=_opt(cfg, "tie_word_embeddings", bool, False),
+        dtype=_DTYPES[dtype_name],
+        eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
+        bos_token_id=cfg.get("bos_token_id"),
+    )

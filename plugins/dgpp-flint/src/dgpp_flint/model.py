@@ -1,0 +1,163 @@
+"""Flint (``FlintForCausalLM``): the forward pass over the engine's caches.
+
+Pre-norm decoder blocks. Attention: GQA with per-head q/k RMSNorm and a learned sink logit per query head on
+every layer; sliding-window layers rotate q/k (RoPE over the whole head) and keep their K/V in a ring of
+``sliding_window - 1`` positions per request; full-attention layers use no positional encoding and keep their
+K/V in the shared paged pool. MLP: dense SwiGLU on ``mlp_only_layers``, elsewhere a sigmoid-routed MoE
+(renormalized top-k, fp32 router) plus an ungated shared expert added in full. Module names follow the
+checkpoint's tensor names (``dgpp_flint.loader`` maps the few that differ).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.engine.batch import ForwardBatch
+from dgpp.engine.cache_spec import CacheSpec
+from dgpp.engine.model import Model, ModelInfo
+from dgpp.family import World
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.linear import Linear
+from dgpp.nn.mlp import SwiGLUMLP
+from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
+from dgpp.nn.norm import RMSNorm, rms_normalize
+from dgpp.nn.parallel import all_reduce
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.sliding_attention import SinkAttention
+from dgpp.nn.sources import Alternatives, Source
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp_flint.config import FlintArchConfig
+
+
+class FlintRMSNorm(RMSNorm):
+    """``(w · x̂)`` with the product in fp32, rounded once (transformers' Flint / gpt-oss order; Llama rounds
+    ``x̂`` first). The same numbers as ``RMSNorm`` in fp32, different bits in bf16."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.weight.float() * rms_normalize(x, self.eps)).to(x.dtype)
+
+
+def attention_cache_name(layer_idx: int) -> str:
+    return f"layers.{layer_idx}.self_attn"
+
+
+class FlintAttention(nn.Module):
+    """``o_proj(attn(rope?(q_norm(q)), rope?(k_norm(k)), v; sinks))`` for one layer (RoPE on sliding layers only)."""
+
+    def __init__(self, cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
+        super().__init__()
+        if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
+            raise ValueError(f"{cfg.num_attention_heads} q / {cfg.num_key_value_heads} kv heads do not split over "
+                             f"TP world {world.size}")
+        heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.num_heads, self.num_kv_heads, self.head_dim = heads // world.size, kv_heads // world.size, dim
+        self.q_proj = Linear(cfg.hidden_size, heads * dim, dtype=dtype, parallel="column", world=world)
+        self.k_proj = Linear(cfg.hidden_size, kv_heads * dim, dtype=dtype, parallel="column", world=world)
+        self.v_proj = Linear(cfg.hidden_size, kv_heads * dim, dtype=dtype, parallel="column", world=world)
+        self.o_proj = Linear(heads * dim, cfg.hidden_size, dtype=dtype, parallel="row", world=world)
+        self.q_norm = FlintRMSNorm(dim, cfg.rms_norm_eps, dtype=dtype)
+        self.k_norm = FlintRMSNorm(dim, cfg.rms_norm_eps, dtype=dtype)
+        # one logit per query head, kept in fp32 as the checkpoint ships it; TP splits it with the heads
+        self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(self.sinks, weight_loader=default_weight_loader, tp_dim=0, world=world)
+        sliding = cfg.is_sliding(layer_idx)
+        self.rotary = RotaryEmbedding(dim, dim, cfg.rope_theta, style="half") if sliding else None
+        self.attn = SinkAttention(attention_cache_name(layer_idx), self.num_heads, self.num_kv_heads, dim,
+                                  window=cfg.sliding_window if sliding else None)
+
+    def checkpoint_sources(self) -> dict[str, Alternatives]:
+        """Flint releases call the sink ``softmax_offset``; transformers renames it ``sinks``: read either."""
+        return {"sinks": [[Source("softmax_offset")], [Source("sinks")]]}
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        rows = x.shape[0]
+        q = self.q_norm(self.q_proj(x).view(rows, self.num_heads, self.head_dim))
+        k = self.k_norm(self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim))
+        v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
+        if self.rotary is not None:
+            q, k = self.rotary(batch.positions, q, k)
+        return self.o_proj(self.attn(q, k, v, batch, self.sinks))
+
+
+def build_flint_moe(cfg: FlintArchConfig, *, dtype: torch.dtype, world: World) -> SparseMoE:
+    """Sigmoid scores from an fp32 router (its weight kept in fp32), top-k on the scores, renormalized; the
+    shared expert is added without a gate."""
+    routing = RoutingConfig(num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, scoring="sigmoid",
+                            renormalize=cfg.norm_topk_prob, router_fp32=True)
+    moe = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, routing, dtype=dtype,
+                    shared_intermediate_size=cfg.shared_expert_intermediate_size, world=world)
+    moe.gate = TopKRouter(cfg.hidden_size, routing, dtype=torch.float32)
+    return moe
+
+
+class FlintDecoderLayer(nn.Module):
+    """``h = x + attn(norm(x))``; ``out = h + mlp(norm(h))`` (dense or MoE by index)."""
+
+    def __init__(self, cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.input_layernorm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self.self_attn = FlintAttention(cfg, layer_idx, dtype=dtype, world=world)
+        self.post_attention_layernorm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        if cfg.is_moe_layer(layer_idx):
+            self.mlp: nn.Module = build_flint_moe(cfg, dtype=dtype, world=world)
+        else:
+            self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
+        h = x + all_reduce(self.self_attn(self.input_layernorm(x), batch), self.world, group)
+        return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
+
+
+class FlintBackbone(nn.Module):
+    """``model.*`` of the checkpoint: embedding, the decoder stack, the final norm."""
+
+    def __init__(self, cfg: FlintArchConfig, *, dtype: torch.dtype, world: World) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(FlintDecoderLayer(cfg, i, dtype=dtype, world=world)
+                                    for i in range(cfg.num_hidden_layers))
+        self.norm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+
+
+class FlintForCausalLM(Model):
+    """The Flint model behind the engine's model contract. ``info.hybrid`` is set when any layer slides: the
+    rings are per-request state, so the prefix cache attaches only where it holds a state snapshot."""
+
+    def __init__(self, cfg: FlintArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
+                 group=None) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype or cfg.dtype
+        self.world = world or World()
+        self.group = group
+        self.model = FlintBackbone(cfg, dtype=self.dtype, world=self.world)
+        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world,
+                              group=self.group)
+        self.info = ModelInfo(
+            vocab_size=cfg.vocab_size,
+            max_position=cfg.max_position_embeddings,
+            eos_token_ids=cfg.eos_token_ids,
+            bos_token_id=cfg.bos_token_id,
+            dtype=self.dtype,
+            hybrid="sliding_attention" in cfg.layer_types,
+        )
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        return {attention_cache_name(i): layer.self_attn.attn.cache_spec(self.dtype)
+                for i, layer in enumerate(self.model.layers)}
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        x = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, batch, self.group)
+        hidden = self.model.norm(x)
+        self.keep_last_hidden(hidden)
+        return hidden[batch.logits_indices]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
