@@ -163,3 +163,22 @@ def test_shared_layers_reuse_the_selection(fp32_pair):
         return lambda: [setattr(attn, "reuses_selection", True) for attn in shared]
 
     assert _moved(model, conf.make_prompts(model.info.vocab_size, (23,), seed=6), drop_reuse) > 1e-3
+
+
+def test_yarn_rope_and_softmax_mscale_match_transformers(tmp_path):
+    """YaRN frequencies on both the MLA rope dims and the indexer's, the rope magnitude, and the softmax scale
+    times mscale(mscale_all_dim)²: against transformers on prompts longer than the original context."""
+    yarn = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "mscale": 0.707,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+    }
+    path = build_tiny_glm_moe_dsa(tmp_path, seed=3, rope_parameters=yarn)
+    model, ref = load_model(path), load_reference(path)
+    assert model.model.layers[0].self_attn.scale > (16 + 8) ** -0.5
+    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (9, 40), seed=7), rtol=1e-4)

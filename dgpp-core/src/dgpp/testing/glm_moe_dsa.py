@@ -48,7 +48,9 @@ TINY_GLM_MOE_DSA: dict[str, Any] = {
     "initializer_range": 0.08,
     "eos_token_id": [1, 2],
     "bos_token_id": None,
-    "pad_token_id": 0,
+    # no padding_idx: its all-zero embedding row gives a query of zeros, so every index score of that row
+    # ties at 0 and transformers' pick among them is unspecified
+    "pad_token_id": None,
 }
 
 
