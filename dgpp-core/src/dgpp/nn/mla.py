@@ -138,7 +138,7 @@ class MultiLatentAttention(nn.Module):
         self, query: MLAQuery, batch: ForwardBatch, selection: Selection | None = None
     ) -> torch.Tensor:
         """Attention of this step's rows over the cache (each over ``selection[row]`` when given), ``o_proj``'d."""
-        kv_b = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         core = self._absorbed if self.absorbed else self._expanded
         out = query.q_nope.new_zeros(query.q_nope.shape[0], self.num_heads, self.v_dim)
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
@@ -161,6 +161,15 @@ class MultiLatentAttention(nn.Module):
                 )
             start += q_len
         return self.o_proj(out.flatten(1))
+
+    def kv_b_weight(self) -> torch.Tensor:
+        """``kv_b_proj``'s [out_local, kv_lora_rank] matrix in the compute dtype; a packed one (int8 in the GLM-5.3
+        release) is decoded per step, as its own reference path decodes it (absorption needs the matrix itself)."""
+        layer = self.kv_b_proj
+        weight = getattr(layer, "weight", None)
+        if weight is not None:
+            return weight
+        return layer.quant_method.dense_weight(layer, self.dtype)
 
     def _keys(self, row: int, q_offset: int, picks: Selection | None) -> torch.Tensor | slice:
         chosen = None if picks is None else picks[row]
