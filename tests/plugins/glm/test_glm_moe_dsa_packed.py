@@ -11,29 +11,10 @@ from dgpp.engine.loading import load_model
 from dgpp.quant.checkpoints import dequantize_checkpoint, quantize_checkpoint
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION, build_tiny_glm_moe_dsa
 
 transformers.logging.set_verbosity_error()
 
-
-def _int_group(bits: int, targets: list[str]) -> dict:
-    weights = {"num_bits": bits, "type": "int", "strategy": "group", "group_size": 64, "symmetric": True}
-    return {"targets": targets, "weights": weights, "format": "pack-quantized"}
-
-
-# the quantization_config form of the GLM-5.3 release as the anchor notes describe it (router, indexer,
-# embedding and head stay BF16)
-GLM5_PACKED = {
-    "quant_method": "compressed-tensors",
-    "format": "pack-quantized",
-    "ignore": ["lm_head", r"re:.*\.indexer\..*", r"re:.*\.mlp\.gate$"],
-    "config_groups": {
-        "routed_experts": _int_group(4, [r"re:.*\.mlp\.experts\.\d+\.(gate|up|down)_proj$"]),
-        "attention_and_shared": _int_group(
-            8, [r"re:.*\.self_attn\..*", r"re:.*\.mlp\.(shared_experts\.)?(gate|up|down)_proj$"]
-        ),
-    },
-}
 
 # every packed matrix needs its input width in whole groups of 64
 GROUPED = {"q_lora_rank": 64, "kv_lora_rank": 64, "moe_intermediate_size": 64}
@@ -43,7 +24,7 @@ GROUPED = {"q_lora_rank": 64, "kv_lora_rank": 64, "moe_intermediate_size": 64}
 def packed_pair(tmp_path_factory):
     root = tmp_path_factory.mktemp("glm_moe_dsa_packed")
     dense = build_tiny_glm_moe_dsa(root / "dense", seed=2, **GROUPED)
-    packed = quantize_checkpoint(dense, root / "packed", GLM5_PACKED)
+    packed = quantize_checkpoint(dense, root / "packed", GLM5_PACKED_QUANTIZATION)
     decoded = dequantize_checkpoint(packed, root / "decoded")
     return load_model(packed), load_reference(decoded)
 

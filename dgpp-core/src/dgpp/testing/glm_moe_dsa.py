@@ -76,3 +76,24 @@ def build_tiny_glm_moe_dsa(
     out = Path(out_dir)
     model.save_pretrained(out)
     return out
+
+
+def _int_group(bits: int, targets: list[str]) -> dict[str, Any]:
+    weights = {"num_bits": bits, "type": "int", "strategy": "group", "group_size": 64, "symmetric": True}
+    return {"targets": targets, "weights": weights, "format": "pack-quantized"}
+
+
+# The quantization_config form of the GLM-5.3 int4/int8 release as the anchor notes describe it: compressed-tensors
+# pack-quantized, symmetric, group 64; int4 routed experts, int8 attention, shared experts and dense MLPs; router,
+# indexer, embedding and head dense. (The release's exact ignore list was not available to check.)
+GLM5_PACKED_QUANTIZATION: dict[str, Any] = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "ignore": ["lm_head", r"re:.*\.indexer\..*", r"re:.*\.mlp\.gate$"],
+    "config_groups": {
+        "routed_experts": _int_group(4, [r"re:.*\.mlp\.experts\.\d+\.(gate|up|down)_proj$"]),
+        "attention_and_shared": _int_group(
+            8, [r"re:.*\.self_attn\..*", r"re:.*\.mlp\.(shared_experts\.)?(gate|up|down)_proj$"]
+        ),
+    },
+}

@@ -29,6 +29,6 @@ HOOKS = FamilyHooks(
     tool_dialect="dgpp_glm.dialect:dialect_for",
     chat_template="dgpp_glm.dialect:chat_template",
     build_draft="dgpp_glm.draft:build_draft",
-    memory_plan="dgpp_glm.memory:memory_plan",
+    memory_plan="dgpp_glm.glm5_memory:memory_plan",  # GLM-5.3 here, the rest via memory.py
     templates_package=__name__,
 )
