@@ -138,6 +138,9 @@ class MultiLatentAttention(nn.Module):
         self, query: MLAQuery, batch: ForwardBatch, selection: Selection | None = None
     ) -> torch.Tensor:
         """Attention of this step's rows over the cache (each over ``selection[row]`` when given), ``o_proj``'d."""
+        if query.q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
+            # the torch path loops over host-side lengths: a captured graph would replay the capture's lengths
+            raise RuntimeError("MLA has no CUDA-graph path yet: serve it with engine.decode_graph false")
         kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         core = self._absorbed if self.absorbed else self._expanded
         out = query.q_nope.new_zeros(query.q_nope.shape[0], self.num_heads, self.v_dim)
