@@ -10,7 +10,8 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB, plan_for
+from dgpp.engine.memory import GiB
+from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
 from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION

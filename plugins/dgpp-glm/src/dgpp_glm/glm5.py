@@ -13,19 +13,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.family import World
 from dgpp.nn.dsa import DSAIndexer
-from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.embedding import VocabEmbedding
 from dgpp.nn.mla import MultiLatentAttention, Selection, mla_softmax_scale
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.plugin_api import CacheSpec, ForwardBatch, World
 from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
-from dgpp_glm.model import build_glm_moe
+from dgpp_glm.model import Glm4MoeForCausalLM, build_glm_moe
 
 
 class GlmMoeDsaAttention(MultiLatentAttention):
@@ -112,36 +109,11 @@ class GlmMoeDsaBackbone(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
 
 
-class GlmMoeDsaForCausalLM(Model):
-    """Full GLM-5.3 behind the engine's model contract; per layer a latent cache (plus indexer keys on ``full`` layers)."""
+class GlmMoeDsaForCausalLM(Glm4MoeForCausalLM):
+    """Full GLM-5.3 behind the engine's model contract (head, info and forward as GLM-4.7's); per layer a latent
+    cache, plus indexer keys on ``full`` layers."""
 
-    def __init__(
-        self,
-        cfg: GlmMoeDsaArchConfig,
-        *,
-        dtype: torch.dtype | None = None,
-        world: World | None = None,
-        group=None,
-    ):
-        super().__init__()
-        self.config = cfg
-        self.dtype = dtype or cfg.dtype
-        self.world = world or World()
-        self.group = group
-        self.model = GlmMoeDsaBackbone(cfg, dtype=self.dtype, world=self.world)
-        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(
-            cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world, group=group
-        )
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=self.dtype,
-            hybrid=False,
-            extra={"num_mtp_layers": cfg.num_mtp_layers},
-        )
+    backbone = GlmMoeDsaBackbone
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec: dict[str, CacheSpec] = {}
@@ -155,13 +127,3 @@ class GlmMoeDsaForCausalLM(Model):
         for layer in self.model.layers:
             x, selection = layer(x, batch, selection, self.group)
         return self.model.norm(x)
-
-    @torch.no_grad()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        hidden = self.hidden_states(batch)
-        self.keep_last_hidden(hidden)
-        return hidden[batch.logits_indices]
-
-    @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)

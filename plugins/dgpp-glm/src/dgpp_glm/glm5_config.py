@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from dgpp.errors import ConfigError
 from dgpp.nn.rotary import YarnScaling
-from dgpp_glm.config import _DTYPES, _eos, _opt, _positive, _quant_method, _req
+from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError
+from dgpp_glm.config import _eos, _opt, _positive, _quant_method, _req
 
 _WHAT = "glm_moe_dsa config.json"
 
@@ -155,8 +155,8 @@ def parse_glm_moe_dsa_config(cfg: dict[str, Any]) -> GlmMoeDsaArchConfig:
     if len(mlp_types) != layers or not set(mlp_types) <= {"dense", "sparse"}:
         raise _err(f"'mlp_layer_types' must list 'dense'/'sparse' for each of the {layers} layers")
     dtype_name = cfg.get("dtype", cfg.get("torch_dtype")) or "bfloat16"
-    if dtype_name not in _DTYPES:
-        raise _err(f"'torch_dtype'={dtype_name!r} is not supported ({', '.join(_DTYPES)})")
+    if dtype_name not in COMPUTE_DTYPES:
+        raise _err(f"'torch_dtype'={dtype_name!r} is not supported ({', '.join(COMPUTE_DTYPES)})")
     theta, yarn = _rope(cfg)
     return GlmMoeDsaArchConfig(
         vocab_size=_pos("vocab_size", req("vocab_size")),
@@ -189,7 +189,7 @@ def parse_glm_moe_dsa_config(cfg: dict[str, Any]) -> GlmMoeDsaArchConfig:
         routed_scaling_factor=opt("routed_scaling_factor", float, 1.0),
         num_mtp_layers=opt("num_nextn_predict_layers", int, 0),
         tie_word_embeddings=opt("tie_word_embeddings", bool, False),
-        dtype=_DTYPES[dtype_name],
+        dtype=COMPUTE_DTYPES[dtype_name],
         eos_token_ids=_eos(cfg),
         bos_token_id=cfg.get("bos_token_id"),
         quant_method=_quant_method(cfg),

@@ -3,22 +3,21 @@ every other GLM architecture goes on to ``dgpp_glm.loader``."""
 
 from __future__ import annotations
 
-import torch
-
-from dgpp.family import LoadContext
+from dgpp.plugin_api import LoadContext, Model, load_family_weights
 from dgpp_glm import loader
 from dgpp_glm.glm5_config import parse_glm_moe_dsa_config
 
 GLM_MOE_DSA = ("GlmMoeDsaForCausalLM", "glm_moe_dsa")
 
 
-def load_model(ctx: LoadContext):
+def load_model(ctx: LoadContext) -> Model:
     if ctx.architecture not in GLM_MOE_DSA:
         return loader.load_model(ctx)
     from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
 
     cfg = parse_glm_moe_dsa_config(ctx.hf_config)
-    with torch.device(ctx.device or "cpu"):
-        model = GlmMoeDsaForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group)
-    loader.fill(model, ctx, loader.checkpoint_name)
-    return model.eval()
+    return load_family_weights(
+        ctx,
+        lambda: GlmMoeDsaForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group),
+        loader.checkpoint_name,
+    )
