@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
     from dgpp.step.batch import ForwardBatch
-    from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
+    from dgpp.step.cache_spec import CacheSpec, LatentKV, PagedKV, StateSpec, WindowKV
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
     from dgpp.step.model import Drafter, Model, ModelInfo
     from dgpp.text.dialect import Dialect
@@ -40,6 +40,8 @@ _LAZY = {
     "tensor_bytes": "dgpp.checkpoint.headers",
     "ForwardBatch": "dgpp.step.batch",
     "CacheSpec": "dgpp.step.cache_spec",
+    "LatentKV": "dgpp.step.cache_spec",
+    "WindowKV": "dgpp.step.cache_spec",
     "PagedKV": "dgpp.step.cache_spec",
     "StateSpec": "dgpp.step.cache_spec",
     "MemoryPlan": "dgpp.step.memory",
@@ -67,6 +69,8 @@ __all__ = [
     "FamilyHooks",
     "FamilySpec",
     "ForwardBatch",
+    "LatentKV",
+    "WindowKV",
     "LoadContext",
     "MemoryPlan",
     "Model",

@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec, WindowKV
+from dgpp.step.cache_spec import CacheSpec, LatentKV, PagedKV, StateSpec, WindowKV
 
-__all__ = ["CacheSpec", "PagedKV", "StateSpec", "WindowKV"]
+__all__ = ["CacheSpec", "LatentKV", "PagedKV", "StateSpec", "WindowKV"]

@@ -26,6 +26,26 @@ class PagedKV:
 
 
 @dataclass(frozen=True)
+class LatentKV(PagedKV):
+    """Paged multi-head latent attention (MLA) rows for one layer: per token the normed latent
+    (``kv_lora_rank``) and the rotated shared rope key (``qk_rope_head_dim``), not the per-head K/V they
+    expand to. Stored as a one-head paged pair, so block tables, prefix sharing and the memory plan treat
+    it like any paged K/V: ``kv[name] = (latent [blocks, block_size, 1, latent_dim], k_rot [.., rope_dim])``."""
+
+    @classmethod
+    def of(cls, latent_dim: int, rope_dim: int, dtype: torch.dtype) -> LatentKV:
+        return cls(num_kv_heads=1, head_dim=latent_dim, dtype=dtype, v_head_dim=rope_dim)
+
+    @property
+    def latent_dim(self) -> int:
+        return self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        return self.v_dim
+
+
+@dataclass(frozen=True)
 class StateSpec:
     """Fixed-size per-request state for one layer (recurrent / conv / ring): ``name -> (shape, dtype)``."""
 

@@ -100,13 +100,15 @@ class Glm4MoeForCausalLM(Model):
     MTP layer drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
     """
 
+    backbone: type[nn.Module] = Glm4MoeBackbone  # GLM-5.3 swaps in its own decoder stack
+
     def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group=None):
         super().__init__()
         self.config = cfg
         self.dtype = dtype or cfg.dtype
         self.world = world or World()
         self.group = group
-        self.model = Glm4MoeBackbone(cfg, dtype=self.dtype, world=self.world)
+        self.model = self.backbone(cfg, dtype=self.dtype, world=self.world)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(
             cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world, group=self.group

@@ -22,13 +22,13 @@ HOOKS = FamilyHooks(
             "glm_moe_dsa",
         ),
         # the claimed values this plugin can load today; the rest get a clear "not yet supported"
-        implemented=("Glm4MoeForCausalLM", "glm4_moe"),
+        implemented=("Glm4MoeForCausalLM", "glm4_moe", "GlmMoeDsaForCausalLM", "glm_moe_dsa"),
         description="GLM-4.7 (glm4_moe), GLM-5.3-Flash (glm5_next), full GLM-5.3 (glm_moe_dsa)",
     ),
-    load_model="dgpp_glm.loader:load_model",
+    load_model="dgpp_glm.glm5_loader:load_model",  # GLM-5.3 here, the rest via loader.py
     tool_dialect="dgpp_glm.dialect:dialect_for",
     chat_template="dgpp_glm.dialect:chat_template",
     build_draft="dgpp_glm.draft:build_draft",
-    memory_plan="dgpp_glm.memory:memory_plan",
+    memory_plan="dgpp_glm.glm5_memory:memory_plan",  # GLM-5.3 here, the rest via memory.py
     templates_package=__name__,
 )

@@ -1,0 +1,109 @@
+"""DeepSeek sparse attention (DSA) indexer: which cached tokens each query row attends to.
+
+Per token the indexer caches one key ``LayerNorm(wk(x))`` with RoPE on its first ``rotary_dim`` dims
+(a paged entry with no V). A query row at position ``p`` scores every visible token ``t <= p``:
+``Σ_h w_h · relu(q_h · k_t · D^-½)`` with its own queries ``q = wq_b(q_resid)`` (RoPE likewise on the
+first dims) and per-head weights ``w = weights_proj(x) · H^-½`` (fp32, as the reference keeps that
+projection). The row keeps the ``topk`` best tokens, exact ties going to the lower position, in
+ascending order; with ``p + 1 <= topk`` visible tokens it keeps them all (dense, ``None``).
+
+Layers that do not run an indexer reuse the previous indexer layer's selection (GLM-5's cross-layer
+sharing); that wiring is the model's.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dgpp.nn.attention import gather_context
+from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
+from dgpp.nn.linear import Linear
+from dgpp.nn.mla import Selection
+from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import PagedKV
+
+
+class LayerNorm(nn.Module):
+    """``nn.LayerNorm`` (weight and bias) with rows independent of how many share the call."""
+
+    def __init__(self, dim: int, eps: float, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
+        for p in (self.weight, self.bias):
+            set_weight_attrs(p, weight_loader=default_weight_loader)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        norm = lambda rows: F.layer_norm(rows, (rows.shape[-1],), self.weight, self.bias, self.eps)  # noqa: E731
+        return batch_invariant_rows(norm, x)
+
+
+def top_k_lowest_on_ties(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Positions of the ``k`` highest ``scores`` (exact ties: the lower position wins), ascending."""
+    order = torch.sort(scores, descending=True, stable=True).indices[:k]
+    return order.sort().values
+
+
+class DSAIndexer(nn.Module):
+    """The indexer of one layer (``indexer.*`` in GLM-5 / DeepSeek-V3.2 checkpoints), replicated over TP."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        q_lora_rank: int,
+        num_heads: int,
+        head_dim: int,
+        topk: int,
+        rotary: RotaryEmbedding,
+        cache_name: str,
+        *,
+        dtype: torch.dtype,
+        norm_eps: float = 1e-6,
+    ) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim, self.topk = num_heads, head_dim, topk
+        self.cache_name = cache_name
+        self.dtype = dtype
+        self.wq_b = Linear(q_lora_rank, num_heads * head_dim, dtype=dtype)
+        self.wk = Linear(hidden_size, head_dim, dtype=dtype)
+        self.k_norm = LayerNorm(head_dim, norm_eps, dtype=dtype)
+        self.weights_proj = Linear(
+            hidden_size, num_heads, dtype=torch.float32
+        )  # fp32, as the reference keeps it
+        self.rotary = rotary
+
+    def cache_spec(self) -> PagedKV:
+        return PagedKV(num_kv_heads=1, head_dim=self.head_dim, dtype=self.dtype, v_head_dim=0)
+
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """Store this step's indexer keys, then select per row (``None``: dense)."""
+        rows = x.shape[0]
+        q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim)
+        k = self.k_norm(self.wk(x)).view(rows, 1, self.head_dim)
+        q, k = self.rotary(batch.positions, q, k)
+        k_cache = batch.cache.kv[self.cache_name][0]
+        keep = batch.slot_mapping >= 0  # -1: a row that writes nothing
+        k_cache.view(-1, 1, self.head_dim)[batch.slot_mapping[keep]] = k[keep].to(k_cache.dtype)
+        weights = self.weights_proj(x.float()) * self.num_heads**-0.5
+        selection: Selection = [None] * rows
+        start = 0
+        for i, q_len in enumerate(batch.q_lens_cpu):
+            offset, length = batch.context_lens_cpu[i], batch.seq_lens_cpu[i]
+            if length > self.topk and q_len:
+                keys = gather_context(k_cache, batch.block_tables[i], length)[:, 0].float()
+                for r in range(max(0, self.topk - offset), q_len):  # rows with more than topk visible tokens
+                    visible = offset + r + 1
+                    scores = self.scores(q[start + r].float(), keys[:visible], weights[start + r])
+                    selection[start + r] = top_k_lowest_on_ties(scores, self.topk)
+            start += q_len
+        return selection
+
+    def scores(self, q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """``Σ_h w_h · relu(q_h · k_t · D^-½)`` for one row over ``keys`` ``[n, D]`` -> ``[n]`` (fp32)."""
+        per_head = F.relu(batch_invariant_linear(q, keys) * self.head_dim**-0.5)  # [H, n]
+        return batch_invariant_linear(weights[None, :], per_head.t())[0]

@@ -1,0 +1,99 @@
+"""Tiny random ``glm_moe_dsa`` (full GLM-5.3) checkpoints, built and saved by transformers' own classes.
+
+Small enough for a CPU test run, big enough that every GLM-5.3 feature runs: one dense layer then MoE
+layers, indexer layers ``full, shared, full, shared`` (``index_topk_freq`` 2, ``index_skip_topk_offset``
+1, read by transformers' config), an ``index_topk`` of 8 (below the test prompts, so the sparse path is
+live) and 16 indexer heads: with few heads, ReLU-zero index scores tie at the top-k cut often enough that
+transformers' cached and uncached forwards pick different tokens (its ``torch.topk`` leaves tie order open).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dgpp.testing.glm import _spread_weights
+
+TINY_GLM_MOE_DSA: dict[str, Any] = {
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 8,
+    "v_head_dim": 16,
+    "index_n_heads": 16,
+    "index_head_dim": 16,
+    "index_topk": 8,
+    "index_topk_freq": 2,
+    "index_skip_topk_offset": 1,
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "rms_norm_eps": 1e-5,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+    "initializer_range": 0.08,
+    "eos_token_id": [1, 2],
+    "bos_token_id": None,
+    # no padding_idx: its all-zero embedding row gives a query of zeros, so every index score of that row
+    # ties at 0 and transformers' pick among them is unspecified
+    "pad_token_id": None,
+}
+
+
+def tiny_glm_moe_dsa_config(**overrides: Any) -> dict[str, Any]:
+    cfg = dict(TINY_GLM_MOE_DSA)
+    cfg.update(overrides)
+    return cfg
+
+
+def build_tiny_glm_moe_dsa(
+    out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+) -> Path:
+    """Write a random ``GlmMoeDsaForCausalLM`` checkpoint (config.json + model.safetensors) to ``out_dir``.
+    Norms, biases (the indexer's LayerNorm included) and the router's correction bias are moved off their
+    initial 1 / 0, so a loader that drops one changes the logits."""
+    from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
+
+    cfg = tiny_glm_moe_dsa_config(**overrides)
+    torch.manual_seed(seed)
+    config = GlmMoeDsaConfig(**cfg, dtype=str(dtype).removeprefix("torch."))
+    model = GlmMoeDsaForCausalLM(config).to(dtype).eval()
+    _spread_weights(model, torch.Generator().manual_seed(seed + 1))
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    return out
+
+
+def _int_group(bits: int, targets: list[str]) -> dict[str, Any]:
+    weights = {"num_bits": bits, "type": "int", "strategy": "group", "group_size": 64, "symmetric": True}
+    return {"targets": targets, "weights": weights, "format": "pack-quantized"}
+
+
+# The quantization_config form of the GLM-5.3 int4/int8 release as the anchor notes describe it: compressed-tensors
+# pack-quantized, symmetric, group 64; int4 routed experts, int8 attention, shared experts and dense MLPs; router,
+# indexer, embedding and head dense. (The release's exact ignore list was not available to check.)
+GLM5_PACKED_QUANTIZATION: dict[str, Any] = {
+    "quant_method": "compressed-tensors",
+    "format": "pack-quantized",
+    "ignore": ["lm_head", r"re:.*\.indexer\..*", r"re:.*\.mlp\.gate$"],
+    "config_groups": {
+        "routed_experts": _int_group(4, [r"re:.*\.mlp\.experts\.\d+\.(gate|up|down)_proj$"]),
+        "attention_and_shared": _int_group(
+            8, [r"re:.*\.self_attn\..*", r"re:.*\.mlp\.(shared_experts\.)?(gate|up|down)_proj$"]
+        ),
+    },
+}
