@@ -75,10 +75,6 @@ def resolve_checkpoint(model: str) -> Path:
         return ensure_converted(gguf_file)
     if local.is_dir():
         return _checked_dir(local, "checkpoint directory")
-    if local.suffix == ".gguf" and local.is_file():
-        raise CheckpointError(
-            f"{local}: a GGUF file; this build of dgpp-core loads safetensors checkpoint directories only"
-        )
     looked = [f"local directory {local.absolute()}"]
     if model.startswith(("/", ".", "~")) or not _HF_ID.match(model):
         raise CheckpointError(f"checkpoint {model!r} not found: looked for {' and '.join(looked)}")
