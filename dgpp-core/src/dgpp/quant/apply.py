@@ -83,7 +83,7 @@ def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
                 continue
             hidden = module.down_proj.shape[1]
             _replace(model, name, QuantExperts(formats, module.num_experts, hidden, module.inter * module.world.size,
-                                               world=module.world))
+                                               world=module.world, swiglu_limit=module.swiglu_limit))
             fmt = formats["gate_proj"]
             for proj in ("up_proj", "down_proj"):  # a layer that mixes formats counts each one it holds
                 if formats[proj] != fmt:
