@@ -28,7 +28,15 @@ if TYPE_CHECKING:
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
     from dgpp.step.batch import ForwardBatch
-    from dgpp.step.cache_spec import CacheSpec, LatentKV, PagedKV, StateSpec, WindowKV
+    from dgpp.step.cache_spec import (
+        CacheSpec,
+        CompressedKV,
+        LatentKV,
+        PagedKV,
+        StateSpec,
+        WindowBuffer,
+        WindowKV,
+    )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
     from dgpp.step.model import Drafter, Model, ModelInfo
     from dgpp.text.dialect import Dialect
@@ -42,6 +50,8 @@ _LAZY = {
     "CacheSpec": "dgpp.step.cache_spec",
     "LatentKV": "dgpp.step.cache_spec",
     "WindowKV": "dgpp.step.cache_spec",
+    "CompressedKV": "dgpp.step.cache_spec",
+    "WindowBuffer": "dgpp.step.cache_spec",
     "PagedKV": "dgpp.step.cache_spec",
     "StateSpec": "dgpp.step.cache_spec",
     "MemoryPlan": "dgpp.step.memory",
@@ -62,6 +72,7 @@ __all__ = [
     "COMPUTE_DTYPES",
     "CacheSpec",
     "CheckpointError",
+    "CompressedKV",
     "CheckpointReader",
     "ConfigError",
     "Dialect",
@@ -71,6 +82,7 @@ __all__ = [
     "ForwardBatch",
     "LatentKV",
     "WindowKV",
+    "WindowBuffer",
     "LoadContext",
     "MemoryPlan",
     "Model",
