@@ -11,41 +11,13 @@ import transformers
 
 from dgpp.engine.runner import SeqWork, build_batch
 from dgpp.step.pools import CachePools
+from dgpp.testing.deepseek_v4 import tiny_deepseek_v4_config
 from dgpp_deepseek.attention import DeepseekV4Attention
 from dgpp_deepseek.config import parse_deepseek_v4_config
 
 transformers.logging.set_verbosity_error()
 LAYER_TYPES = ["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention"]
-CONFIG = {
-    "model_type": "deepseek_v4",
-    "vocab_size": 64,
-    "hidden_size": 64,
-    "moe_intermediate_size": 32,
-    "num_hidden_layers": 3,
-    "num_attention_heads": 4,
-    "head_dim": 32,
-    "q_lora_rank": 48,
-    "qk_rope_head_dim": 8,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "layer_types": LAYER_TYPES,
-    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    "sliding_window": 6,
-    "o_groups": 2,
-    "o_lora_rank": 16,
-    "index_n_heads": 16,
-    "index_head_dim": 16,
-    "index_topk": 3,
-    "max_position_embeddings": 512,
-    "compress_rope_theta": 160000.0,
-    "rope_parameters": {
-        "rope_type": "yarn",
-        "factor": 4.0,
-        "original_max_position_embeddings": 128,
-        "beta_fast": 32,
-        "beta_slow": 1,
-    },
-}
+CONFIG = tiny_deepseek_v4_config(num_hidden_layers=3, layer_types=LAYER_TYPES, mlp_layer_types=["moe"] * 3)
 HF_TO_OURS = [
     ("q_a_proj", "wq_a"),
     ("q_a_norm", "q_norm"),
@@ -83,7 +55,7 @@ def layers():
     from transformers import DeepseekV4Config
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Attention as HFAttention
 
-    hf_cfg = DeepseekV4Config(**{k: v for k, v in CONFIG.items() if k != "model_type"})
+    hf_cfg = DeepseekV4Config(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
     cfg = parse_deepseek_v4_config(hf_cfg.to_dict())
     gen = torch.Generator().manual_seed(0)
     pairs = []
