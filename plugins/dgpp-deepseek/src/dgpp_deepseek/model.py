@@ -17,14 +17,14 @@ from torch import nn
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec
 from dgpp.engine.model import Model, ModelInfo
-from dgpp.family import World
+from dgpp.family import LoadContext, World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, HyperHead, to_streams
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
 from dgpp_deepseek.attention import DeepseekV4Attention
-from dgpp_deepseek.config import DeepseekV4ArchConfig
+from dgpp_deepseek.config import DeepseekV4ArchConfig, parse_deepseek_v4_config
 
 
 def build_moe(cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> SparseMoE:
@@ -134,3 +134,12 @@ class DeepseekV4ForCausalLM(Model):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden)
+
+
+def build_unloaded(ctx: LoadContext) -> DeepseekV4ForCausalLM:
+    """The model for ``ctx.hf_config`` on ``ctx.device``, parameters uninitialised (the ``dgpp_build_model`` hook:
+    ``dgpp bench`` fills it with random weights)."""
+    with torch.device(ctx.device or "cpu"):
+        return DeepseekV4ForCausalLM(
+            parse_deepseek_v4_config(ctx.hf_config), dtype=ctx.dtype, world=ctx.world
+        ).eval()
