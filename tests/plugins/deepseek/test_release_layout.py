@@ -34,7 +34,7 @@ def test_dense_modules_are_read_from_the_checkpoint():
 def test_release_rule_without_a_checkpoint():
     scheme = QuantScheme.from_hf_config(release_hf_config(CONFIG))
     for dense in ("head", "layers.2.attn.compressor.wkv", "layers.2.attn.compressor.wgate",
-                  "layers.2.attn.indexer.compressor.wkv", "layers.2.attn.indexer.weights_proj", "mtp.1.attn.compressor.wgate"):
+                  "layers.2.attn.indexer.compressor.wkv", "layers.2.attn.indexer.weights_proj", "mtp.1.attn.compressor.wgate", "layers.2.ffn.gate"):
         assert scheme.format_for(dense) is None, dense
     for fp8 in ("layers.2.attn.wq_a", "layers.2.attn.wq_b", "layers.2.attn.wkv", "layers.2.attn.wo_a",
                 "layers.2.attn.wo_b", "layers.2.attn.indexer.wq_b", "layers.2.ffn.shared_experts.w2"):
