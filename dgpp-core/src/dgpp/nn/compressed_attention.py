@@ -140,6 +140,9 @@ class CompressedSinkAttention(nn.Module):
         self.scale = head_dim**-0.5
         self.compressor = compressor
         self.indexer = indexer
+        # decode steps of compressed layers: batched (``dgpp.nn.compressed_decode``) or the per-row reference;
+        # None: batched on CUDA
+        self.batched_decode: bool | None = None
 
     def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         # K == V: the ring holds K only (a zero-width V)
@@ -169,6 +172,11 @@ class CompressedSinkAttention(nn.Module):
             out = window_attention(
                 q, latent, latent, ring, ring, batch.state_slots, *lens, sinks, self.scale, self.window, False
             )
+        elif (q.is_cuda if self.batched_decode is None else self.batched_decode) and batch.is_decode_only:
+            # batched over rows, no host sync: CUDA-graph safe
+            from dgpp.nn.compressed_decode import compressed_attention_decode
+
+            out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks)
         else:
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
             rows = q.shape[0]

@@ -15,6 +15,7 @@ from torch import nn
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.compressed_attention import CompressedSinkAttention, LightningIndexer
 from dgpp.nn.linear import Linear
+from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.trailing_rope import TrailingRotary
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, WindowCompressor
@@ -81,6 +82,11 @@ class DeepseekV4Attention(nn.Module):
 
     def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         return self.core.cache_spec(dtype)
+
+    def checkpoint_sources(self) -> dict[str, Alternatives]:
+        """The latent's norm is ``attn.kv_norm`` in DeepSeek's naming; transformers saves it back as ``attn.norm``
+        (its mapping reads both): read either."""
+        return {"kv_norm.weight": [[Source("kv_norm.weight")], [Source("norm.weight")]]}
 
     def grouped_output(self, out: torch.Tensor) -> torch.Tensor:
         """``wo_b(concat_g wo_a[g](heads of group g))``: ``wo_a``'s rows are ``o_groups`` blocks of
