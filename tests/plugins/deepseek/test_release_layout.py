@@ -58,6 +58,7 @@ def test_release_rule_without_a_checkpoint():
         "layers.2.attn.indexer.compressor.wkv",
         "layers.2.attn.indexer.weights_proj",
         "mtp.1.attn.compressor.wgate",
+        "layers.2.ffn.gate",
     ):
         assert scheme.format_for(dense) is None, dense
     for fp8 in (

@@ -12,9 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.compressed_attention import CompressedSinkAttention, LightningIndexer
-from dgpp.nn.linear import Linear
+from dgpp.nn.linear import Linear, row_block_linear
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.trailing_rope import TrailingRotary
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -93,9 +92,9 @@ class DeepseekV4Attention(nn.Module):
         ``o_lora_rank``, block ``g`` reading only group ``g``'s heads."""
         rows = out.shape[0]
         per_group = out.reshape(rows, self.groups, -1)
-        blocks = self.wo_a.weight.view(self.groups, self.o_lora_rank, -1)
+        r = self.o_lora_rank  # by rows of wo_a, whatever its format (the release ships it FP8 128 x 128)
         mixed = torch.cat(
-            [batch_invariant_linear(per_group[:, g], blocks[g]) for g in range(self.groups)], dim=-1
+            [row_block_linear(self.wo_a, per_group[:, g], g * r, (g + 1) * r) for g in range(self.groups)], dim=-1
         )
         return self.wo_b(mixed)
 

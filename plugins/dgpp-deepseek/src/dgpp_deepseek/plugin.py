@@ -25,5 +25,6 @@ HOOKS = FamilyHooks(
     build_model="dgpp_deepseek.model:build_unloaded",
     tool_dialect="dgpp_deepseek.dialect:dialect_for",
     chat_template="dgpp_deepseek.dialect:chat_template",
+    memory_plan="dgpp_deepseek.memory:memory_plan",
     templates_package=__name__,
 )

@@ -20,15 +20,17 @@ from the list above (``RELEASE_DENSE``: the memory plan, which reads no tensor).
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-from dgpp.plugin_api import ConfigError
+from dgpp.plugin_api import ConfigError, LoadContext, checkpoint_tensor_names
 
 KEY = "quantization_config"
 # the modules the release stores in BF16 though its quantization_config covers every Linear
 RELEASE_DENSE = (
+    r"(.*\.)?ffn\.gate",
     r"(.*\.)?attn\.(indexer\.)?compressor\.(wkv|wgate)",
     r"(.*\.)?attn\.indexer\.weights_proj",
     r"head",
@@ -65,3 +67,15 @@ def release_hf_config(hf_config: dict[str, Any], tensor_names: Iterable[str] | N
     if patterns:  # one anchored alternation: the resolver tries it once per module
         ignore.append("re:^(" + "|".join(patterns) + ")$")
     return {**hf_config, KEY: {**qc, "modules_to_not_convert": ignore}}
+
+
+def release_context(ctx: LoadContext) -> LoadContext:
+    """``ctx`` with the ``quantization_config`` the loader resolves: what the checkpoint stores dense stays dense."""
+    names = checkpoint_tensor_names(ctx.checkpoint_dir)
+    return dataclasses.replace(ctx, hf_config=release_hf_config(ctx.hf_config, names))
+
+
+def release_tensor_name(structural: Callable[[str], str]) -> Callable[[str], str]:
+    """A module-side parameter name -> the release's: ``structural`` (the family's module renames), then the
+    scale suffix (``scale_tensor_name``)."""
+    return lambda name: scale_tensor_name(structural(name))
