@@ -59,7 +59,8 @@ def test_template_plan_fits_a_node_at_1m_context(tmp_path, world, slots):
                       world=World(0, world))
     plan = plan_for(build_manager(), ctx)
     # per token, BF16: CSA a 512-wide entry and a 128-wide indexer key per 4 tokens, HCA a 512-wide entry per 128
-    assert plan.kv_per_token == 21 * (512 * 2 // 4 + 128 * 2 // 4) + 20 * (512 * 2 // 128)
+    # tokens, whose pool holds one row per 16-token block (CompressedKV.bytes_per_token)
+    assert plan.kv_per_token == 21 * (512 * 2 // 4 + 128 * 2 // 4) + 20 * (512 * 2 // 16)
     # routed experts are the bulk: 43 layers x 256 x 3 x 4096 x 2048 MXFP4 (0.5 B + one E8M0 per 32) / world
     experts = 43 * 256 * 3 * 4096 * 2048 * 17 // 32 // world
     assert experts < plan.weights < experts + 14 * GiB

@@ -68,6 +68,9 @@ class StateSpec:
 CacheSpec = PagedKV | StateSpec
 
 
+ACCOUNTED_BLOCK_SIZE = 16  # the engine's default engine.block_size, which CompressedKV's plan counts with
+
+
 @dataclass(frozen=True)
 class CompressedKV(PagedKV):
     """Compressed K/V entries of one layer (DeepSeek-V4's CSA / HCA): one entry per ``ratio`` tokens, pooled from
@@ -90,8 +93,10 @@ class CompressedKV(PagedKV):
         return max(1, block_size // self.ratio)
 
     def bytes_per_token(self) -> int:
+        """Pool bytes per token at the engine's default 16-token blocks: an entry per ``ratio`` tokens, but at
+        least one per block (ratio 128: an entry per 16 tokens' room). Larger blocks need less."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return -(-self.head_dim * itemsize // self.ratio)
+        return -(-self.head_dim * itemsize // min(self.ratio, ACCOUNTED_BLOCK_SIZE))
 
 
 @dataclass(frozen=True)
