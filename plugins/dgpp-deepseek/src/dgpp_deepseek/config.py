@@ -188,7 +188,7 @@ def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
     top_k = f.positive("num_experts_per_tok", 6)
     if top_k > experts:
         raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
-    dtype_name = cfg.get("dtype", cfg.get("torch_dtype")) or "bfloat16"
+    dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
     if dtype_name not in _DTYPES:
         raise ConfigError(f"{_WHERE}: 'torch_dtype'={dtype_name!r} is not supported ({', '.join(_DTYPES)})")
     window = f.positive("sliding_window", 128)
