@@ -33,15 +33,17 @@ def entry_rows(pool: torch.Tensor, block_tables: torch.Tensor, ratio: int, block
 
 
 def gather_visible_entries(
-    pool: torch.Tensor, batch: ForwardBatch, ratio: int
+    pool: torch.Tensor, batch: ForwardBatch, ratio: int, picks: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(entries ``[B, E, D]``, visible ``[B, E]``): entry ``w`` is visible to the row at ``p`` when complete."""
+    """(entries ``[B, E, D]``, visible ``[B, E]``): entry ``w`` is visible to the row at ``p`` when complete.
+    ``picks [B, k]``: only those entries of each row (the indexer's), read from the pool alone."""
     rows = entry_rows(pool, batch.block_tables, ratio, batch.cache.block_size)
+    entry = torch.arange(rows.shape[1], device=pool.device)[None].expand_as(rows)
+    if picks is not None:
+        rows, entry = rows.gather(1, picks), picks
     flat = pool.view(-1, pool.shape[-1])
     entries = flat[rows.reshape(-1)].view(*rows.shape, -1)
-    visible = (
-        torch.arange(rows.shape[1], device=pool.device)[None] < ((batch.positions + 1) // ratio)[:, None]
-    )
+    visible = entry < ((batch.positions + 1) // ratio)[:, None]
     return entries, visible & _live(batch)[:, None]
 
 
@@ -148,10 +150,7 @@ def compressed_attention_decode(
     """``CompressedSinkAttention`` of a compressed layer for a decode step (the ring write is the caller's)."""
     compress_decode(core.compressor, x, batch)
     pool = batch.cache.kv[core.compressor.cache_name][0]
-    entries, visible = gather_visible_entries(pool, batch, core.compressor.ratio)
-    if core.indexer is not None:
-        picks = indexer_decode(core.indexer, x, q_resid, batch)
-        entries = entries.gather(1, picks[:, :, None].expand(-1, -1, entries.shape[-1]))
-        visible = visible.gather(1, picks)
+    picks = indexer_decode(core.indexer, x, q_resid, batch) if core.indexer is not None else None
+    entries, visible = gather_visible_entries(pool, batch, core.compressor.ratio, picks)
     ring = batch.cache.state[core.cache_name]["k"]
     return attend_decode(q, kv, ring, batch, sinks, core.scale, core.window, entries, visible)
