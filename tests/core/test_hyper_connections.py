@@ -127,3 +127,18 @@ def test_sinkhorn_needs_positive_iterations_and_streams_shape():
     uniform = sinkhorn(torch.ones(1, N, N), 20, 0.0)
     torch.testing.assert_close(uniform, torch.full((1, N, N), 1.0 / N))
     assert to_streams(torch.arange(6.0).view(2, 3), N).shape == (2, N, 3)
+
+
+def test_bf16_streams_follow_the_reference_rounding():
+    """bf16 streams: fp32 coefficients, the update rounded as the reference rounds it (to bf16 tolerance)."""
+    gen = torch.Generator().manual_seed(4)
+    ref, our_layer, _ = _layer_pair(gen)
+    streams = torch.randn(T, N, H, generator=gen).to(torch.bfloat16)
+    ref.self_attn.w, ref.mlp.w = ref.self_attn.w.to(torch.bfloat16), ref.mlp.w.to(torch.bfloat16)
+    for norm in (ref.input_layernorm, ref.post_attention_layernorm):
+        norm.to(torch.bfloat16)
+    with torch.no_grad():
+        want = ref(streams.unsqueeze(0)).squeeze(0)
+        got = our_layer(streams)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -144,3 +144,27 @@ def test_wrong_tensor_shape_names_the_problem():
     scale = layer.weight_scale_inv
     with pytest.raises(ValueError, match=r"\[3, 4\]"):
         scale.weight_loader(scale, torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 32)), FP8Block(block=(32, 32), scale_format="e8m0"), MXFP4(),
+                                 NVFP4ModelOpt()], ids=lambda f: f.name)
+def test_row_block_equals_the_decoded_rows(fmt):
+    """``row_block_linear``: a group of output rows of a packed layer (DeepSeek-V4's grouped wo_a) through the
+    format's own row slice where its grid allows the cut, else the decoded rows; both equal the dense rows."""
+    from dgpp.nn.linear import row_block_linear
+
+    torch.manual_seed(3)
+    n, k = 96, 128
+    layer, shipped = _quant_linear(fmt, torch.randn(n, k) * 0.05)
+    dense = fmt.decode(shipped, (n, k), torch.float32)
+    twin = Linear(k, n)
+    twin.weight.data.copy_(dense)
+    x = torch.randn(3, k)
+    tensors, shape = layer.quant_method.tensors(layer), (n, k)
+    for start, stop in ((0, 32), (32, 96), (8, 40)):
+        sliced = fmt.row_slice(tensors, shape, start, stop)
+        aligned = isinstance(fmt, MXFP4 | NVFP4ModelOpt) or (start % fmt.block[0] == 0 and stop % fmt.block[0] == 0)
+        assert (sliced is not None) == aligned, (start, stop)
+        if sliced is not None:
+            assert torch.equal(fmt.decode(sliced, (stop - start, k), torch.float32), dense[start:stop])
+        assert torch.equal(row_block_linear(layer, x, start, stop), row_block_linear(twin, x, start, stop))

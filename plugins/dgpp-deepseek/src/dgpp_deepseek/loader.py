@@ -24,12 +24,14 @@ def arch_config(ctx: LoadContext) -> DeepseekV4ArchConfig:
 
 
 def load_model(ctx: LoadContext) -> Model:
+    from dgpp_deepseek.draft_blocks import attach_draft_blocks
     from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
     cfg = arch_config(ctx)
     ctx = release_context(ctx)
-    return load_family_weights(
-        ctx,
-        lambda: DeepseekV4ForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group),
-        checkpoint_name,
-    )
+
+    def build() -> DeepseekV4ForCausalLM:  # the release's mtp.* stages ride along, loaded and named, not run
+        model = DeepseekV4ForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group)
+        return attach_draft_blocks(model, cfg, ctx.checkpoint_dir, world=ctx.world)
+
+    return load_family_weights(ctx, build, checkpoint_name)

@@ -8,8 +8,8 @@ embedding and head), so the weights item is what is resident: the experts as thi
 the rest replicated (one shared latent K/V head has nothing to split), the head vocab-sharded. The cache rates
 come from ``cache_spec()``: per token a compressed entry per ratio (CSA: a 512-wide main entry per 4 tokens and
 a 128-wide indexer key per 4; HCA: one 512-wide entry per 128), per request the 128-token window ring of every
-layer and the compressors' open-window rows. The release's MTP / DSpark blocks are not counted: the model does
-not hold them (they serve speculation, which V4-Flash does not run here).
+layer and the compressors' open-window rows. The checkpoint's ``mtp.*`` draft stages are resident (loaded and
+named, not run: ``dgpp_deepseek.draft_blocks``) and counted with the weights, from its headers.
 """
 
 from __future__ import annotations
@@ -37,11 +37,13 @@ def activation_bytes(cfg: DeepseekV4ArchConfig, world: int, itemsize: int) -> in
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
+    from dgpp_deepseek.draft_blocks import attach_draft_blocks
     from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
     cfg = arch_config(ctx)
     with torch.device("meta"):
         model = DeepseekV4ForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
+        attach_draft_blocks(model, cfg, ctx.checkpoint_dir, world=ctx.world)  # counted: they are resident
         quantize_modules(model, release_hf_config(ctx.hf_config), rename=checkpoint_name)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     return ModelMemory.from_cache_spec(
@@ -52,6 +54,6 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         max_position=cfg.max_position_embeddings,
         notes=(
             f"DeepSeek-V4 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size} in the release's "
-            "formats; compressed entries per token, window rings per request; MTP blocks not counted",
+            "formats (mtp.* draft stages included); compressed entries per token, window rings per request",
         ),
     )

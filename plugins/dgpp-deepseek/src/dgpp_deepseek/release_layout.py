@@ -75,7 +75,11 @@ def release_context(ctx: LoadContext) -> LoadContext:
     return dataclasses.replace(ctx, hf_config=release_hf_config(ctx.hf_config, names))
 
 
+_STAGE_HEAD = re.compile(r"\.hc_head\.hc_(fn|base|scale)$")
+
+
 def release_tensor_name(structural: Callable[[str], str]) -> Callable[[str], str]:
-    """A module-side parameter name -> the release's: ``structural`` (the family's module renames), then the
-    scale suffix (``scale_tensor_name``)."""
-    return lambda name: scale_tensor_name(structural(name))
+    """A module-side parameter name -> the release's: ``structural`` (the family's module renames), a draft
+    stage's head (``mtp.<s>.hc_head.hc_fn`` is ``mtp.<s>.hc_head_fn``), then the scale suffix
+    (``scale_tensor_name``)."""
+    return lambda name: scale_tensor_name(_STAGE_HEAD.sub(r".hc_head_\1", structural(name)))
