@@ -1,7 +1,8 @@
-"""MiMo-V2-Flash in the FP8 layout its release ships (``quant_method: fp8``, E4M3 weights with a ``weight_scale_inv``
-per block, dense projections and routed experts alike; routers, norms, sinks, embedding and head unquantized): the
-packed checkpoint loads as shipped and its logits equal transformers' on the dequantized twin within 1e-4 (fp32).
-Blocks of 32 here (128 in the release) so the tiny projections hold several blocks each."""
+"""MiMo-V2-Flash in the FP8 block layout (``quant_method: fp8``, E4M3 weights with a ``weight_scale_inv`` per block,
+dense projections and routed experts alike; routers, norms, sinks, embedding and head unquantized, and o_proj
+left dense through ``modules_to_not_convert`` as MiMo-V2.6 keeps it): the packed checkpoint loads as shipped and
+its logits equal transformers' on the dequantized twin within 1e-4 (fp32). Blocks of 32 here (128 in releases)
+so the tiny projections hold several blocks each."""
 
 from __future__ import annotations
 
