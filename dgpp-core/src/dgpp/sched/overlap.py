@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dgpp.engine.work import SeqWork
-from dgpp.sample.batch import ids_to_host, row_params
+from dgpp.sample.batch import HostIds, row_params
 from dgpp.sample.draw import draw_tokens
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.request import SeqStatus, Sequence
@@ -37,6 +37,7 @@ class InFlight:
 
     seqs: list[Sequence]  # its rows, in order
     ids: torch.Tensor  # [len(seqs)] int64, the sampled ids
+    host: HostIds  # their copy to the host, queued right behind the draw
     launched_at: float
 
 
@@ -91,7 +92,7 @@ class OverlapSteps:
         logits = self.runner.step(works) if input_ids is None else self.runner.step(works, input_ids=input_ids)  # type: ignore[call-arg]
         self._flush_ready()
         ids = draw_tokens(logits, [row_params(s.sampler) for s in decodes])
-        self._inflight = InFlight(decodes, ids, t0)
+        self._inflight = InFlight(decodes, ids, HostIds(ids), t0)
 
     def _chain(self) -> bool:
         """Launch the step after the one in flight from its device ids, then emit the in-flight tokens; False
@@ -118,7 +119,7 @@ class OverlapSteps:
         """Wait for ``step``'s ids and emit them (rows retired meanwhile are skipped)."""
         if self._inflight is step:
             self._inflight = None
-        tokens = ids_to_host(step.ids)
+        tokens = step.host.wait()
         self.stats.stepped(prefill_tokens=0, decode_rows=len(step.seqs), seconds=time.monotonic() - step.launched_at)
         for s, token in zip(step.seqs, tokens, strict=True):
             if s.status is not SeqStatus.DECODE:
