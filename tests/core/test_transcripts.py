@@ -4,8 +4,8 @@ Each fixture is a tiny random checkpoint served by ``build_backend`` (plugin res
 pools, scheduler, step loop) with small prefill chunks, several requests in flight at once and a
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
-e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the deepseek_v4
-entry with the DeepSeek plugin, on top of eb726e8): a refactor
+e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the mimo entry with
+the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8): a refactor
 that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
@@ -29,6 +29,7 @@ from dgpp.testing.conformance import make_prompts
 from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
 from dgpp.testing.flint import build_tiny_flint
 from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
+from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 
@@ -58,6 +59,8 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "glm4_moe_nvfp4": (_glm_nvfp4, False),
     # sliding window 8: the prompts run past it, so the hit restores window rings from a state snapshot
     "flint": (lambda out: build_tiny_flint(out, seed=0, vocab_size=512), False),
+    # window 8 with sinks, twice the KV heads and v 32 != q/k 48 on the sliding layers
+    "mimo": (lambda out: build_tiny_mimo(out, seed=0, vocab_size=512), False),
     # window 6, HCA ratio 8, CSA ratio 4 keeping 3 entries: the hit restores rings and open windows, shares entries
     "deepseek_v4": (lambda out: build_tiny_deepseek_v4(out, seed=0, vocab_size=512), False),
 }
