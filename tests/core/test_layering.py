@@ -23,7 +23,7 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # Names are dgpp's top-level modules and packages; one layer may hold several, whose packages must not import
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
-    ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks", "config_fields",
+    ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks",
      "prefill_budget", "extras", "deploy_templates", "pip_wheel"),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),

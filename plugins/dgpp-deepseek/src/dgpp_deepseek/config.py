@@ -16,11 +16,10 @@ from typing import Any
 
 import torch
 
-from dgpp.config_fields import ConfigFields
+from dgpp.checkpoint.config_keys import ConfigKeys
 from dgpp.errors import ConfigError
 from dgpp.nn.rotary import YarnScaling
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 _RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
 _MLP_TYPES = ("hash_moe", "moe")
@@ -98,7 +97,7 @@ def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
 def _mlp_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     types = cfg.get("mlp_layer_types")
     if types is None:
-        n_hash = ConfigFields(cfg, _WHERE).opt("num_hash_layers", int, 3)
+        n_hash = ConfigKeys(cfg, _WHERE).optional("num_hash_layers", int, 3)
         types = ["hash_moe"] * min(layers, n_hash) + ["moe"] * max(0, layers - n_hash)
     if not isinstance(types, list) or len(types) < layers or any(t not in _MLP_TYPES for t in types[:layers]):
         raise ConfigError(
@@ -155,7 +154,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
 
 def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    f = ConfigFields(cfg, _WHERE)
+    f = ConfigKeys(cfg, _WHERE)
     if cfg.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"{_WHERE}: 'hidden_act'={cfg['hidden_act']!r} is not supported (only 'silu')")
     for key in ("attention_bias", "mlp_bias"):
@@ -163,7 +162,7 @@ def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
             raise ConfigError(
                 f"{_WHERE}: {key!r}=true is not supported (DeepSeek-V4 projections carry no bias)"
             )
-    if f.opt("num_key_value_heads", int, 1) != 1:
+    if f.optional("num_key_value_heads", int, 1) != 1:
         raise ConfigError(f"{_WHERE}: 'num_key_value_heads' must be 1 (one shared latent K/V head)")
     layers = f.positive("num_hidden_layers")
     heads = f.positive("num_attention_heads")
@@ -181,21 +180,17 @@ def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
         raise ConfigError(
             f"{_WHERE}: 'index_head_dim'={index_head_dim} is smaller than the rope dims {rope_dim}"
         )
-    scoring = f.opt("scoring_func", str, "sqrtsoftplus")
+    scoring = f.optional("scoring_func", str, "sqrtsoftplus")
     if scoring not in ("sqrtsoftplus", "softmax", "sigmoid"):
         raise ConfigError(f"{_WHERE}: 'scoring_func'={scoring!r} is not supported")
     experts = f.positive("n_routed_experts", 256)
     top_k = f.positive("num_experts_per_tok", 6)
     if top_k > experts:
         raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
-    dtype_name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    if dtype_name not in _DTYPES:
-        raise ConfigError(f"{_WHERE}: 'torch_dtype'={dtype_name!r} is not supported ({', '.join(_DTYPES)})")
     window = f.positive("sliding_window", 128)
     if window < 2:
         raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
     theta, compress_theta, yarn = _rope(cfg)
-    eos = cfg.get("eos_token_id")
     return DeepseekV4ArchConfig(
         vocab_size=f.positive("vocab_size"),
         hidden_size=f.positive("hidden_size"),
@@ -218,20 +213,20 @@ def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
         compress_rope_theta=compress_theta,
         compress_yarn=yarn,
         n_routed_experts=experts,
-        n_shared_experts=f.opt("n_shared_experts", int, 1),
+        n_shared_experts=f.optional("n_shared_experts", int, 1),
         num_experts_per_tok=top_k,
         scoring_func=scoring,
-        norm_topk_prob=f.opt("norm_topk_prob", bool, True),
-        routed_scaling_factor=f.opt("routed_scaling_factor", float, 1.5),
-        swiglu_limit=f.opt("swiglu_limit", float, 10.0),
+        norm_topk_prob=f.optional("norm_topk_prob", bool, True),
+        routed_scaling_factor=f.optional("routed_scaling_factor", float, 1.5),
+        swiglu_limit=f.optional("swiglu_limit", float, 10.0),
         hc_mult=f.positive("hc_mult", 4),
         hc_sinkhorn_iters=f.positive("hc_sinkhorn_iters", 20),
-        hc_eps=f.opt("hc_eps", float, 1e-6),
-        rms_norm_eps=f.opt("rms_norm_eps", float, 1e-6),
+        hc_eps=f.optional("hc_eps", float, 1e-6),
+        rms_norm_eps=f.optional("rms_norm_eps", float, 1e-6),
         max_position_embeddings=f.positive("max_position_embeddings", 1048576),
-        tie_word_embeddings=f.opt("tie_word_embeddings", bool, False),
-        num_nextn_predict_layers=f.opt("num_nextn_predict_layers", int, 0),
-        dtype=_DTYPES[dtype_name],
-        eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
+        tie_word_embeddings=f.optional("tie_word_embeddings", bool, False),
+        num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
+        dtype=f.dtype(),
+        eos_token_ids=f.token_ids("eos_token_id"),
         bos_token_id=cfg.get("bos_token_id"),
     )
