@@ -78,3 +78,23 @@ def test_w4_plan_counts_latent_bytes_and_fits_a_node(tmp_path):
     assert plan.kv_per_token == (78 * (512 + 64) + 21 * 128) * 2 == 95_232
     assert 90 * GiB < plan.weights < 105 * GiB  # the anchor's ~99 GiB/rank at w4
     assert plan.fits(121 * GiB)
+
+
+def test_w4_plan_with_mtp_adds_the_block_and_its_latent_rows(tmp_path):
+    """engine.mtp on: the BF16 MTP layer 78 (it ships an indexer) adds its weights and one more latent + index
+    row per token."""
+    import msgspec
+
+    names = [
+        "lm_head.weight",
+        "model.layers.78.eh_proj.weight",
+        "model.layers.78.self_attn.indexer.wk.weight",
+    ]
+    (tmp_path / "config.json").write_text(json.dumps(GLM_5_3))
+    save_file({n: torch.zeros(1) for n in names}, tmp_path / "model.safetensors")  # names only
+    engine = msgspec.structs.replace(load_config(TEMPLATE).engine, mtp=True)
+    ctx = LoadContext(tmp_path, GLM_5_3, "glm", "GlmMoeDsaForCausalLM", engine=engine, world=World(0, 4))
+    plan = plan_for(build_manager(), ctx)
+    assert plan.kv_per_token == (79 * (512 + 64) + 22 * 128) * 2
+    # the block at TP 4 in BF16: MLA + 256 experts of 2048 sliced 4 ways, eh_proj and the indexer replicated
+    assert 3 * GiB < plan.drafter < 6 * GiB
