@@ -82,6 +82,10 @@ class DSAIndexer(nn.Module):
 
     def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
         """Store this step's indexer keys, then select per row (``None``: dense)."""
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            # which rows select, and over how many keys, is read from host-side lengths: a graph would replay
+            # the capture's
+            raise RuntimeError("the DSA indexer cannot be captured in a CUDA graph: serve with engine.decode_graph false")
         rows = x.shape[0]
         q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(x)).view(rows, 1, self.head_dim)
