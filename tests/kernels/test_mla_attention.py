@@ -80,6 +80,7 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path):
     prefill chunks (rows past index_topk 8 attend their selection), then a decode-only step."""
     from dgpp.engine.loading import load_model
     from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.nn.dsa_cuda import device_selection
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
     from dgpp.testing.generate import make_pools
     from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
@@ -106,4 +107,78 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path):
         out = absorbed_attention_cuda(query.q_nope, query.q_rot, kv_b, *caches, batch, selection, attn.scale)
         ours = attn.o_proj(out.flatten(1))
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
+        # the same rows with the selection in its device form (what the CUDA indexer hands on): the same bits
+        ix = attn.indexer
+        q = ix.rotary(
+            batch.positions, ix.wq_b(query.q_resid).view(x.shape[0], ix.num_heads, -1), x[:, None, :16]
+        )[0]
+        weights = ix.weights_proj(x.float()) * ix.num_heads**-0.5
+        on_device = device_selection(
+            q, weights, batch.cache.kv[ix.cache_name][0], batch, ix.topk, ix.head_dim**-0.5
+        )
+        again = absorbed_attention_cuda(
+            query.q_nope, query.q_rot, kv_b, *caches, batch, on_device, attn.scale
+        )
+        assert torch.equal(again, out)
     assert any(s is not None for s in selection)  # the decode rows attend a sparse selection
+
+
+def test_index_scores_kernel_matches_reference_and_selects_like_the_torch_indexer():
+    from dgpp.kernels.dsa_index import index_scores_ref, index_scores_triton, select_top_k
+    from dgpp.nn.dsa import top_k_lowest_on_ties
+
+    g = torch.Generator().manual_seed(7)
+    heads, dim, topk = 16, 32, 12
+    k_cache = torch.randn(60, BS, 1, dim, generator=g)
+    tables = torch.randperm(60, generator=g)[:36].view(3, 12).int()  # 48 tokens of room: the grid overhangs
+    lens = torch.tensor([0, 9, 41], dtype=torch.int32)
+    q = torch.randn(3, heads, dim, generator=g)
+    w = torch.randn(3, heads, generator=g)
+    ours = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5)
+    ref = index_scores_ref(q, w, k_cache, tables, lens, dim**-0.5)
+    assert torch.isinf(ours[0]).all() and torch.isinf(ours[1, 9:]).all()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5)
+    positions, counts = select_top_k(ours, lens, topk)
+    assert counts.tolist() == [0, 9, 12]
+    assert positions[1, :9].tolist() == list(range(9))  # fewer tokens than top-k: all of them, in order
+    assert positions[2].tolist() == top_k_lowest_on_ties(ours[2, :41], topk).tolist()
+    assert ours.shape == (3, 48)
+
+
+@torch.inference_mode()
+def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
+    """The CUDA indexer's selection path (``dgpp.nn.dsa_cuda``, here with the reference scorer) against the torch
+    indexer on the same step: prefill chunks (rows past index_topk 8 select) and a decode step."""
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.nn.dsa_cuda import device_selection
+    from dgpp.testing.generate import make_pools
+    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+
+    model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=9))
+    layer = model.model.layers[0]
+    ix = layer.self_attn.indexer
+    pools, blocks, _ = make_pools(model, [24, 24], 4)
+    tables = [blocks.allocate(6), blocks.allocate(6)]
+    g = torch.Generator().manual_seed(10)
+    prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (14, 21)]
+    for work in (
+        [SeqWork(0, tables[0], 0, prompts[0]), SeqWork(1, tables[1], 0, prompts[1][:6])],
+        [SeqWork(1, tables[1], 6, prompts[1][6:])],
+        [SeqWork(0, tables[0], 14, [5]), SeqWork(1, tables[1], 21, [6])],
+    ):
+        batch = build_batch(work, pools)
+        x = layer.input_layernorm(model.model.embed_tokens(batch.input_ids))
+        q_resid = layer.self_attn.prepare(x, batch).q_resid
+        torch_rows = ix(x, q_resid, batch)
+        q = ix.rotary(
+            batch.positions, ix.wq_b(q_resid).view(x.shape[0], ix.num_heads, ix.head_dim), x[:, None, :16]
+        )[0]
+        weights = ix.weights_proj(x.float()) * ix.num_heads**-0.5
+        k_cache = batch.cache.kv[ix.cache_name][0]
+        picks = device_selection(q, weights, k_cache, batch, ix.topk, ix.head_dim**-0.5)
+        for r, want in enumerate(torch_rows):
+            n = int(picks.counts[r])
+            got = picks.positions[r, :n].tolist()
+            visible = int(batch.positions[r]) + 1
+            assert got == (list(range(visible)) if want is None else want.tolist())

@@ -31,11 +31,9 @@ from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
+from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import LatentKV
-
-# Per query row: the ascending context positions it attends to, or None for every visible position.
-Selection = list[torch.Tensor | None]
 
 
 def mla_softmax_scale(qk_head_dim: int, yarn: YarnScaling | None = None) -> float:
@@ -142,7 +140,7 @@ class MultiLatentAttention(nn.Module):
         return self.attend(self.prepare(x, batch), batch)
 
     def attend(
-        self, query: MLAQuery, batch: ForwardBatch, selection: Selection | None = None
+        self, query: MLAQuery, batch: ForwardBatch, selection: Selection | DeviceSelection | None = None
     ) -> torch.Tensor:
         """Attention of this step's rows over the cache (each over ``selection[row]`` when given), ``o_proj``'d."""
         if self.absorbed and use_triton(query.q_nope):
@@ -157,6 +155,8 @@ class MultiLatentAttention(nn.Module):
         if query.q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
             # the torch path loops over host-side lengths: a captured graph would replay the capture's lengths
             raise RuntimeError("MLA's torch path cannot be captured in a CUDA graph (DGPP_KERNELS=torch)")
+        if isinstance(selection, DeviceSelection):  # the CUDA indexer's picks, on the reference path
+            selection = selection.as_rows()
         kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         core = self._absorbed if self.absorbed else self._expanded
         out = query.q_nope.new_zeros(query.q_nope.shape[0], self.num_heads, self.v_dim)

@@ -16,10 +16,8 @@ import torch
 from dgpp.kernels.head_matmul import head_matmul
 from dgpp.kernels.mla_attention import mla_attention
 from dgpp.nn.exact.attention import expand_rows
+from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
-
-# per query row: the positions it attends (ascending), or None for its whole visible prefix (as dgpp.nn.mla)
-Selection = list[torch.Tensor | None]
 
 _ROWS_PER_CALL = 64  # bounds the split partials ([rows, heads, splits, latent] fp32) of a long prefill
 
@@ -31,7 +29,7 @@ def absorbed_attention_cuda(
     latent_cache: torch.Tensor,
     rope_cache: torch.Tensor,
     batch: ForwardBatch,
-    selection: Selection | None,
+    selection: Selection | DeviceSelection | None,
     scale: float,
 ) -> torch.Tensor:
     """``[T, H, v_head_dim]`` for this step's rows (before ``o_proj``): ``q_nope [T, H, nope]``, ``q_rot``
@@ -60,10 +58,14 @@ def absorbed_attention_cuda(
 
 
 def row_inputs(
-    batch: ForwardBatch, selection: Selection | None, device: torch.device
+    batch: ForwardBatch, selection: Selection | DeviceSelection | None, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Per query row: block table, tokens attended, and (with a selection) the picked positions and which rows
-    read them."""
+    read them. A decode-only step reads the step's own device tensors (nothing from the host)."""
+    if isinstance(selection, DeviceSelection):
+        tables = batch.block_tables if batch.is_decode_only else row_tables(batch)
+        every = torch.ones(selection.counts.shape[0], dtype=torch.int32, device=device)
+        return tables, selection.counts, selection.positions, every
     if batch.is_decode_only and (selection is None or all(s is None for s in selection)):
         return batch.block_tables, batch.seq_lens, None, None
     _, tables, lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
@@ -84,3 +86,8 @@ def row_inputs(
     lens = lens.index_copy(0, rows, counts)
     sparse = torch.zeros(lens.shape[0], dtype=torch.int32, device=device).index_fill_(0, rows, 1)
     return tables, lens, indices, sparse
+
+
+def row_tables(batch: ForwardBatch) -> torch.Tensor:
+    """Each query row's block table (its sequence's), for a step that is not decode-only."""
+    return expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)[1]
