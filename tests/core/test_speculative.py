@@ -183,6 +183,20 @@ def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
     _check_counters(sched, 2)
 
 
+def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
+    """Full GLM-5.3's drafter (an MLA block with its own DSA indexer over latent and index-key pools; index_topk 8
+    below most prompts, so both the target's and the drafter's selections are sparse) through the hook."""
+    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+
+    path = build_tiny_glm_moe_dsa(tmp_path, seed=7, mtp_layers=1)
+    model = load_model(path)
+    drafter = manager().hook.dgpp_build_draft(ctx=load_context(path), model=model)
+    plain, _ = serve(model)
+    spec, sched = serve(model, drafter, 2)
+    assert spec == plain
+    _check_counters(sched, 2)
+
+
 def test_oracle_drafter_is_fully_accepted(glm):
     model, _ = glm
     plain, base = serve(model)

@@ -111,6 +111,21 @@ def kernel_checks(failures: list[str]) -> list[str]:
     return rows_out
 
 
+def rate_line(label: str, seconds: float, batch: int, step_bytes: float, bandwidth: float) -> str:
+    """One decode measurement against the roofline of the bytes a step reads."""
+    return (f"{label}: {seconds * 1e3:.2f} ms/step, {batch / seconds:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, "
+            f"{step_bytes / seconds / 1e9:.0f} GB/s = {100 * step_bytes / seconds / bandwidth:.1f}% of copy bw "
+            f"(roofline {bandwidth / step_bytes * batch:.0f} tok/s)")
+
+
+def release(blocks, slots, tables: list[list[int]], ids: list[int]) -> None:
+    """Give a benchmark's sequences' blocks and slots back."""
+    for table, slot in zip(tables, ids, strict=True):
+        for block in table:
+            blocks.decref(block)
+        slots.free(slot)
+
+
 def fill_random(model: torch.nn.Module) -> None:
     """Random weights of the right kind: floats N(0, 0.02) (scales positive), packed codes random bytes."""
     g = torch.Generator(device="cuda").manual_seed(1)
@@ -175,18 +190,13 @@ def decode_bench(layers: int, batches: list[int], context: int, steps: int, band
                 torch.cuda.synchronize()
                 dt = (time.perf_counter() - t0) / steps
                 assert torch.isfinite(logits).all()
-                out.append(f"layers {layers} batch {batch} ctx {context} {'graph' if graph else 'eager'}: "
-                           f"{dt * 1e3:.2f} ms/step, {batch / dt:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, "
-                           f"{step_bytes / dt / 1e9:.0f} GB/s = {100 * step_bytes / dt / bandwidth:.1f}% of copy bw "
-                           f"(roofline {bandwidth / step_bytes * batch:.0f} tok/s)")
+                out.append(rate_line(f"layers {layers} batch {batch} ctx {context} {'graph' if graph else 'eager'}",
+                                     dt, batch, step_bytes, bandwidth))
             except Exception as exc:  # report and go on: the table says which mode failed
                 out.append(f"layers {layers} batch {batch} {'graph' if graph else 'eager'}: FAILED {type(exc).__name__}: "
                            f"{str(exc)[:200]}")
             finally:
-                for t, s in zip(tables, ids, strict=True):
-                    for block in t:
-                        blocks.decref(block)
-                    slots.free(s)
+                release(blocks, slots, tables, ids)
             print(out[-1], flush=True)
     return out
 

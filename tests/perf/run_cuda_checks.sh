@@ -18,7 +18,8 @@ python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "cuda or gpu" tests/ke
 for check in "tests/plugins/qwen/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu" \
              "tests/plugins/glm/check_glm4_moe_cuda.py check --dir .cache/glm_gpu" \
              "tests/core/test_speculative_cuda.py check --dir .cache/spec_gpu" \
-             "tests/perf/check_exact_cuda.py"; do
+             "tests/perf/check_exact_cuda.py" \
+             "tests/perf/check_glm5_cuda.py --cases 1x1024 --steps 4"; do
   echo "== $check"
   python3 $check 2>&1 | tee -a "$OUT/checks.log" || status=1
 done

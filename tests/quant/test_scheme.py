@@ -110,7 +110,7 @@ def test_unsupported_configs_name_the_key(qc, key):
 def test_registry_and_packed_bytes():
     names = {f.name for f in builtin_formats()}
     assert names <= set(registered_formats())
-    assert {"fp8_block", "fp8_channel", "nvfp4_modelopt", "nvfp4_ct", "mxfp4", "int_packed", "gptq", "bf12"} == names
+    assert {"fp8_block", "fp8_channel", "nvfp4_modelopt", "nvfp4_ct", "mxfp4", "int_packed", "gptq", "nf4i8", "bf12"} == names
     with pytest.raises(ConfigError, match="unknown weight format"):
         get_format("nf4")
     n, k = 4096, 12288

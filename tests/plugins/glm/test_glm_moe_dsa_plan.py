@@ -78,3 +78,42 @@ def test_w4_plan_counts_latent_bytes_and_fits_a_node(tmp_path):
     assert plan.kv_per_token == (78 * (512 + 64) + 21 * 128) * 2 == 95_232
     assert 90 * GiB < plan.weights < 105 * GiB  # the anchor's ~99 GiB/rank at w4
     assert plan.fits(121 * GiB)
+
+
+def test_w4_plan_with_mtp_adds_the_block_and_its_latent_rows(tmp_path):
+    """engine.mtp on: the BF16 MTP layer 78 (it ships an indexer) adds its weights and one more latent + index
+    row per token."""
+    import msgspec
+
+    names = [
+        "lm_head.weight",
+        "model.layers.78.eh_proj.weight",
+        "model.layers.78.self_attn.indexer.wk.weight",
+    ]
+    (tmp_path / "config.json").write_text(json.dumps(GLM_5_3))
+    save_file({n: torch.zeros(1) for n in names}, tmp_path / "model.safetensors")  # names only
+    engine = msgspec.structs.replace(load_config(TEMPLATE).engine, mtp=True)
+    ctx = LoadContext(tmp_path, GLM_5_3, "glm", "GlmMoeDsaForCausalLM", engine=engine, world=World(0, 4))
+    plan = plan_for(build_manager(), ctx)
+    assert plan.kv_per_token == (79 * (512 + 64) + 22 * 128) * 2
+    # the block at TP 4 in BF16: MLA + 256 experts of 2048 sliced 4 ways, eh_proj and the indexer replicated
+    assert 3 * GiB < plan.drafter < 6 * GiB
+
+
+def test_bench_geometry_keeps_the_release_layers_packed():
+    """``glm-5.3-12l`` (dgpp/bench/models.py): the release's first 12 layers in the int4/int8 form, indexer on the
+    layers the release's schedule places it, small enough for one H200 with room for K/V."""
+    from dgpp.bench.models import hf_config
+    from dgpp.plugin_api import quantize_modules
+    from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
+    from dgpp_glm.loader import checkpoint_name
+
+    raw = hf_config("glm-5.3-12l", torch.bfloat16)
+    cfg = parse_glm_moe_dsa_config(raw)
+    assert [i for i, t in enumerate(cfg.indexer_types) if t == "full"] == [0, 1, 2, 6, 10]
+    assert cfg.indexer_types == parse_glm_moe_dsa_config(GLM_5_3).indexer_types[:12]
+    with torch.device("meta"):
+        model = GlmMoeDsaForCausalLM(cfg, dtype=torch.bfloat16)
+        quantize_modules(model, raw, rename=checkpoint_name)
+    stored = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert 50e9 < stored < 60e9, stored  # 9 MoE layers of ~5 GB packed, embedding and head in BF16

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from dgpp.engine.model import Model
+from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION
 
 
 def _hybrid_layer_types(num_layers: int, interval: int = 4) -> list[str]:
@@ -81,6 +82,24 @@ _TINY_V4 = {
     "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
 }
 
+# Full GLM-5.3 (glm_moe_dsa, anchor §3.2) per layer: hidden 6144, MLA 64 heads (q_lora 2048, kv_lora 512, nope 192 +
+# rope 64, v 256), DSA indexer 32 x 128 top-2048 on the freq-4 / offset-3 schedule, 256 experts top-8 of 2048 + 1
+# shared; the int4 (routed experts) / int8 (attention, shared, dense MLP) group-64 release form. 78 layers do not
+# fit one H200 even packed (~5 GB per MoE layer): the benchmark keeps the first GLM5_LAYERS (3 dense + 9 MoE, the
+# indexer running on layers 0, 1, 2, 6 and 10 and the others reusing its selection, as in the release)
+GLM5_LAYERS = 12
+_GLM5 = {
+    "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "vocab_size": 154880, "hidden_size": 6144,
+    "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": GLM5_LAYERS,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 2048, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 8000000.0}, "max_position_embeddings": 1048576,
+    "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "routed_scaling_factor": 2.5, "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
+    "index_topk_freq": 4, "index_skip_topk_offset": 3, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "quantization_config": GLM5_PACKED_QUANTIZATION,
+}
+
 # HF config.json fields of the geometries the benchmarks run (random weights; values from the
 # published configs of the models named)
 GEOMETRIES: dict[str, dict[str, Any]] = {
@@ -107,6 +126,7 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
     },
     f"deepseek-v4-flash-{V4_FLASH_LAYERS}l": _V4_FLASH,
     "tiny-deepseek-v4": _TINY_V4,
+    f"glm-5.3-{GLM5_LAYERS}l": _GLM5,
     "tiny": {**_TINY_TEXT, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
     # CPU smoke versions of the two hybrids (3 GDN layers + 1 full attention)
     "tiny-qwen3.5": _TINY_QWEN35,

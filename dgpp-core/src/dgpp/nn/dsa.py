@@ -17,11 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
 from dgpp.nn.attention import gather_context
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear
-from dgpp.nn.mla import Selection
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import PagedKV
@@ -80,16 +81,29 @@ class DSAIndexer(nn.Module):
     def cache_spec(self) -> PagedKV:
         return PagedKV(num_kv_heads=1, head_dim=self.head_dim, dtype=self.dtype, v_head_dim=0)
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
-        """Store this step's indexer keys, then select per row (``None``: dense)."""
+    def forward(
+        self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
+    ) -> Selection | DeviceSelection | None:
+        """Store this step's indexer keys, then select per row (``None``: dense). On CUDA the selection is a
+        ``DeviceSelection`` (``dgpp.nn.dsa_cuda``); the torch path below is the CPU's and the reference."""
         rows = x.shape[0]
         q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(x)).view(rows, 1, self.head_dim)
         q, k = self.rotary(batch.positions, q, k)
-        k_cache = batch.cache.kv[self.cache_name][0]
+        k_cache, v_cache = batch.cache.kv[self.cache_name]
+        weights = self.weights_proj(x.float()) * self.num_heads**-0.5
+        if use_triton(x):
+            from dgpp import kernels
+            from dgpp.nn.dsa_cuda import device_selection
+
+            kernels.write_kv(k_cache, v_cache, k, k[..., :0], batch.slot_mapping)  # no V: an empty row
+            return device_selection(q, weights, k_cache, batch, self.topk, self.head_dim**-0.5)
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            # which rows select, and over how many keys, is read from host-side lengths: a graph would replay
+            # the capture's
+            raise RuntimeError("the DSA indexer's torch path cannot be captured in a CUDA graph (DGPP_KERNELS=torch)")
         keep = batch.slot_mapping >= 0  # -1: a row that writes nothing
         k_cache.view(-1, 1, self.head_dim)[batch.slot_mapping[keep]] = k[keep].to(k_cache.dtype)
-        weights = self.weights_proj(x.float()) * self.num_heads**-0.5
         selection: Selection = [None] * rows
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):

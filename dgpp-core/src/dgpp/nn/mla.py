@@ -11,7 +11,8 @@ Two exact forms of the same attention:
   against the cached latents directly) and its V half into the output (``out = (p · latent) · W_uvᵀ``),
   so a step reads ``latent + rope`` bytes per cached token and never expands K/V;
 - expanded (the reference): K/V rebuilt from every cached latent, then ordinary attention.
-They agree to rounding (tests/core/test_mla.py). Every row is computed over exactly its visible (or
+They agree to rounding (tests/core/test_mla.py). On CUDA the absorbed form runs as Triton kernels
+(``dgpp.nn.mla_cuda``); the CPU path is the torch one below. Every row is computed over exactly its visible (or
 selected) keys with row-independent products, so a position's output does not depend on chunking,
 batching or a prefix-cache hit.
 """
@@ -24,16 +25,15 @@ import torch
 from torch import nn
 
 from dgpp.family import World
+from dgpp.kernels._triton import use_triton
 from dgpp.nn.attention import gather_context, write_kv
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
+from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import LatentKV
-
-# Per query row: the ascending context positions it attends to, or None for every visible position.
-Selection = list[torch.Tensor | None]
 
 
 def mla_softmax_scale(qk_head_dim: int, yarn: YarnScaling | None = None) -> float:
@@ -127,7 +127,12 @@ class MultiLatentAttention(nn.Module):
         latent = self.kv_a_layernorm(latent)
         q_rot, k_rot = self.rotary(batch.positions, q_rot.contiguous(), k_rot.reshape(rows, 1, self.rope_dim))
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
-        write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
+        if use_triton(latent):  # the Triton write reads no host value (a decode step can be captured)
+            from dgpp import kernels
+
+            kernels.write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
+        else:
+            write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
         return MLAQuery(q_resid, q_nope, q_rot)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -135,12 +140,23 @@ class MultiLatentAttention(nn.Module):
         return self.attend(self.prepare(x, batch), batch)
 
     def attend(
-        self, query: MLAQuery, batch: ForwardBatch, selection: Selection | None = None
+        self, query: MLAQuery, batch: ForwardBatch, selection: Selection | DeviceSelection | None = None
     ) -> torch.Tensor:
         """Attention of this step's rows over the cache (each over ``selection[row]`` when given), ``o_proj``'d."""
+        if self.absorbed and use_triton(query.q_nope):
+            from dgpp.nn.mla_cuda import absorbed_attention_cuda
+
+            kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+            latent_cache, rope_cache = batch.cache.kv[self.cache_name]
+            out = absorbed_attention_cuda(
+                query.q_nope, query.q_rot, kv_b, latent_cache, rope_cache, batch, selection, self.scale
+            )
+            return self.o_proj(out.flatten(1))
         if query.q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
             # the torch path loops over host-side lengths: a captured graph would replay the capture's lengths
-            raise RuntimeError("MLA has no CUDA-graph path yet: serve it with engine.decode_graph false")
+            raise RuntimeError("MLA's torch path cannot be captured in a CUDA graph (DGPP_KERNELS=torch)")
+        if isinstance(selection, DeviceSelection):  # the CUDA indexer's picks, on the reference path
+            selection = selection.as_rows()
         kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         core = self._absorbed if self.absorbed else self._expanded
         out = query.q_nope.new_zeros(query.q_nope.shape[0], self.num_heads, self.v_dim)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from dgpp.quant.bf12 import BF12
+from dgpp.quant.codebook import NF4Codebook
 from dgpp.quant.format import QuantFormat
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
@@ -11,5 +12,6 @@ from dgpp.quant.intq import GPTQ, IntPacked
 
 
 def builtin_formats() -> list[QuantFormat]:
-    """FP8 (block, channel), NVFP4 (ModelOpt, compressed-tensors), MXFP4, packed int, GPTQ and BF12."""
-    return [FP8Block(), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4(), IntPacked(), GPTQ(), BF12()]
+    """FP8 (block, channel), NVFP4 (ModelOpt, compressed-tensors), MXFP4, packed int, GPTQ, NF4I8 and BF12."""
+    return [FP8Block(), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4(), IntPacked(), GPTQ(),
+            NF4Codebook(), BF12()]

@@ -16,8 +16,31 @@ def _check_bits(name: str, bits: int) -> None:
         raise CheckpointError(f"format {name}: {bits}-bit codes are not supported (2, 4 or 8)")
 
 
+def check_declared_shape(tensors: dict[str, torch.Tensor], shape: Shape, where: str) -> None:
+    """A shipped ``weight_shape`` must name the module's logical ``[N, K]``."""
+    declared = tensors.get("weight_shape")
+    if declared is not None and [int(v) for v in declared.tolist()] != list(shape):
+        raise CheckpointError(f"{where}.weight_shape: {declared.tolist()} does not match the module's {list(shape)}")
+
+
 @dataclasses.dataclass(frozen=True)
-class IntPacked(QuantFormat):
+class WordPacked(QuantFormat):
+    """Codes packed in int32 words beside a 2-byte scale per group, with an optional shipped ``weight_shape``
+    (compressed-tensors ``pack-quantized`` and the NF4I8 codebook indices)."""
+
+    def optional_tensors(self) -> tuple[str, ...]:
+        return ("weight_shape",)
+
+    def tensor_itemsize(self, name: str) -> int:
+        return 2 if name == "weight_scale" else 4
+
+    def check(self, tensors: dict[str, torch.Tensor], shape: Shape, where: str) -> None:
+        super().check(tensors, shape, where)
+        check_declared_shape(tensors, shape, where)
+
+
+@dataclasses.dataclass(frozen=True)
+class IntPacked(WordPacked):
     """compressed-tensors ``pack-quantized``, symmetric: ``weight_packed`` I32 [N, K·b/32] (codes along K,
     lowest bits first), ``weight_scale`` [N, K/group] (BF16 as shipped), ``weight_shape`` I64 [2].
 
@@ -39,18 +62,6 @@ class IntPacked(QuantFormat):
         if (k * self.bits) % 32 or k % g:
             raise CheckpointError(f"format {self.name}: in_features {k} must fill int32 words and groups of {g}")
         return {"weight_packed": (n, k * self.bits // 32), "weight_scale": (n, k // g)}
-
-    def optional_tensors(self) -> tuple[str, ...]:
-        return ("weight_shape",)
-
-    def tensor_itemsize(self, name: str) -> int:
-        return 2 if name == "weight_scale" else 4
-
-    def check(self, tensors: dict[str, torch.Tensor], shape: Shape, where: str) -> None:
-        super().check(tensors, shape, where)
-        declared = tensors.get("weight_shape")
-        if declared is not None and [int(v) for v in declared.tolist()] != list(shape):
-            raise CheckpointError(f"{where}.weight_shape: {declared.tolist()} does not match the module's {list(shape)}")
 
     def decode(self, tensors: dict[str, torch.Tensor], shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         codes = unpack_int32(tensors["weight_packed"], self.bits, dim=1)[:, : shape[1]]

@@ -20,6 +20,7 @@ from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.policy import current
+from dgpp.quant.codebook import NF4Codebook, hadamard32
 from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.kernels.moe_launch import fused_quant_moe, has_moe_kernel
 from dgpp.quant.linear import packed_matmul
@@ -91,6 +92,8 @@ the SwiGLU inputs as there. ``use_fused``: None
 
     def _project(self, proj: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         stack: _ExpertStack = getattr(self, proj)
+        if isinstance(stack.fmt, NF4Codebook):  # quantized in the rotated basis: rotate the input the same way
+            x = hadamard32(x)
         if not x.is_cuda:  # the dense experts' CPU product: a row's bits do not depend on how many rows an expert got
             return batch_invariant_linear(x, stack.fmt.decode(stack.expert_tensors(expert), stack.shape, x.dtype))
         return packed_matmul(stack.fmt, stack.expert_tensors(expert), x, stack.shape)

@@ -24,7 +24,7 @@ def storage_dtype(fmt: QuantFormat, suffix: str, shipped: tuple[int, ...]) -> to
         return torch.float8_e4m3fn if suffix == "weight" else torch.float32
     if isinstance(fmt, FP4Grouped):
         return torch.float32 if suffix == fmt.global_name else torch.uint8
-    if suffix in ("weight_packed", "qweight", "qzeros", "g_idx"):
+    if suffix in ("weight_packed", "weight_indices", "qweight", "qzeros", "g_idx"):
         return torch.int32
     return torch.float32
 

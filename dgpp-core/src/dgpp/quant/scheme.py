@@ -4,7 +4,8 @@ Supported ``quant_method`` values: ``fp8`` (block-scaled E4M3; ``scale_fmt: ue8m
 ``expert_dtype: fp4`` for routed experts in MXFP4, as DeepSeek-V4 / V4.1 ship them),
 ``modelopt`` (``quant_algo: NVFP4``), ``compressed-tensors`` (``config_groups`` with ``targets`` /
 ``ignore``: NVFP4, FP8 channel or block, symmetric pack-quantized int4/int8), ``gptq`` and ``auto-round``
-(GPTQ layout, with per-module ``dynamic`` / ``extra_config`` overrides). Anything else is a
+(GPTQ layout, with per-module ``dynamic`` / ``extra_config`` overrides), ``dgpp_nf4i8`` (full GLM-5.3's NF4I8
+re-encoding). Anything else is a
 ``ConfigError`` naming the key. Resolution order: ignore list first, then the first matching group.
 """
 
@@ -16,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.errors import ConfigError
+from dgpp.quant.codebook import NF4I8_LEVELS, ROTATION_BLOCK, NF4Codebook
 from dgpp.quant.format import QuantFormat
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
@@ -195,7 +197,64 @@ def _int_params(over: dict, base: GPTQ) -> dict:
     return {"bits": bits, "group": int(over.get("group_size", base.group))}
 
 
+def _require(section: dict, name: str, key: str, want: Any, default: Any = None) -> None:
+    got = section.get(key, default)
+    if got != want:
+        raise ConfigError(f"{name}.{key}: must be {want!r}, got {got!r}")
+
+
+def _layer_range(section: dict, name: str) -> tuple[int, int]:
+    bounds = section.get("layers")
+    if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
+            and 0 <= bounds[0] <= bounds[1]):
+        raise ConfigError(f"{name}.layers: must be [first, last] (inclusive), got {bounds!r}")
+    return bounds[0], bounds[1]
+
+
+def _nf4i8(qc: dict) -> QuantScheme:
+    """``dgpp_nf4i8`` (``mixed-codebook-packed`` version 1): on one inclusive layer range, the routed experts in
+    the NF4I8 codebook format (``dgpp.quant.codebook``) and the attention projections and shared experts as int8
+    group-64 pack-quantized triples (``retained_int8``); everything else dense. Every field the arithmetic
+    depends on must say what the code implements."""
+    _require(qc, KEY, "format", "mixed-codebook-packed")
+    _require(qc, KEY, "format_version", 1)
+    if qc.get("kv_cache_scheme") is not None:
+        raise ConfigError(f"{KEY}.kv_cache_scheme: a KV cache scheme is not supported")
+    retained, routed = qc.get("retained_int8"), qc.get("routed_experts")
+    for key, section in (("retained_int8", retained), ("routed_experts", routed)):
+        if not isinstance(section, dict):
+            raise ConfigError(f"{KEY}.{key}: missing")
+    r8, rx = f"{KEY}.retained_int8", f"{KEY}.routed_experts"
+    _require(retained, r8, "group_size", 64)
+    _require(retained, r8, "scale_dtype", "bfloat16", "bfloat16")
+    for key, want, default in (("bits", 4, None), ("group_size", 128, None), ("indices_dtype", "int32", "int32"),
+                               ("indices_key", "weight_indices", "weight_indices"),
+                               ("scale_dtype", "bfloat16", "bfloat16"), ("codebook", list(NF4I8_LEVELS), None)):
+        _require(routed, rx, key, want, default)
+    first, last = _layer_range(retained, r8)
+    if _layer_range(routed, rx) != (first, last):
+        raise ConfigError(f"{rx}.layers: must equal retained_int8.layers (one packed range)")
+    rotation = routed.get("input_transform")
+    if not isinstance(rotation, dict):
+        raise ConfigError(f"{rx}.input_transform: missing (the rotation the experts were quantized under)")
+    rt = f"{rx}.input_transform"
+    _require(rotation, rt, "type", "normalized_hadamard")
+    _require(rotation, rt, "block_size", ROTATION_BLOCK)
+    _require(rotation, rt, "axis", "input_channels", "input_channels")
+    if sorted(rotation.get("apply_to") or []) != ["down_proj", "gate_proj", "up_proj"]:
+        raise ConfigError(f"{rt}.apply_to: the rotation applies to gate_proj, up_proj and down_proj")
+    layers = "(?:" + "|".join(str(i) for i in range(first, last + 1)) + ")"
+    attention = r"self_attn\.(?:q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)"
+    shared = r"mlp\.shared_experts\.(?:gate_proj|up_proj|down_proj)"
+    groups: list[tuple[list[str], QuantFormat]] = [
+        ([rf"re:model\.layers\.{layers}\.(?:{attention}|{shared})$"], IntPacked(bits=8, group=64)),
+        ([rf"re:model\.layers\.{layers}\.mlp\.experts\.\d+\.(?:gate_proj|up_proj|down_proj)$"], NF4Codebook()),
+    ]
+    return QuantScheme("dgpp_nf4i8", groups=groups)
+
+
 _PARSERS = {
+    "dgpp_nf4i8": _nf4i8,
     "fp8": _fp8,
     "modelopt": _modelopt,
     "compressed-tensors": _compressed_tensors,

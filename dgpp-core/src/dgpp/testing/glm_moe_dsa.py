@@ -9,12 +9,13 @@ transformers' cached and uncached forwards pick different tokens (its ``torch.to
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dgpp.testing.glm import _spread_weights
+from dgpp.testing.glm import _mtp_extras, _spread_weights
 
 TINY_GLM_MOE_DSA: dict[str, Any] = {
     "vocab_size": 512,
@@ -61,21 +62,65 @@ def tiny_glm_moe_dsa_config(**overrides: Any) -> dict[str, Any]:
 
 
 def build_tiny_glm_moe_dsa(
-    out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    mtp_layers: int = 0,
+    mtp_own_head: bool = False,
+    **overrides: Any,
 ) -> Path:
     """Write a random ``GlmMoeDsaForCausalLM`` checkpoint (config.json + model.safetensors) to ``out_dir``.
     Norms, biases (the indexer's LayerNorm included) and the router's correction bias are moved off their
-    initial 1 / 0, so a loader that drops one changes the logits."""
+    initial 1 / 0, so a loader that drops one changes the logits.
+
+    ``mtp_layers`` = M > 0 adds M MTP layers at ``model.layers.{num_hidden_layers + i}`` as the release stores
+    them: transformers builds them as trailing MoE decoder blocks (so their tensors carry the release's names; an
+    indexer where the freq / offset schedule makes the index ``full``), plus the MTP-only tensors
+    (``mtp_own_head``: their own embedding and head copies); config.json then declares
+    ``num_nextn_predict_layers`` = M over the original stack."""
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
     cfg = tiny_glm_moe_dsa_config(**overrides)
+    layers = cfg["num_hidden_layers"]
     torch.manual_seed(seed)
-    config = GlmMoeDsaConfig(**cfg, dtype=str(dtype).removeprefix("torch."))
+    config = GlmMoeDsaConfig(
+        **{**cfg, "num_hidden_layers": layers + mtp_layers}, dtype=str(dtype).removeprefix("torch.")
+    )
     model = GlmMoeDsaForCausalLM(config).to(dtype).eval()
-    _spread_weights(model, torch.Generator().manual_seed(seed + 1))
+    gen = torch.Generator().manual_seed(seed + 1)
+    _spread_weights(model, gen)
     out = Path(out_dir)
     model.save_pretrained(out)
+    if mtp_layers:
+        _declare_mtp(out, layers, mtp_layers, cfg, dtype, gen, mtp_own_head)
     return out
+
+
+def _declare_mtp(
+    out: Path,
+    layers: int,
+    mtp: int,
+    cfg: dict[str, Any],
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    own_head: bool,
+) -> None:
+    """The trailing ``mtp`` blocks become MTP layers: their extra tensors added, the per-layer lists cut back."""
+    from safetensors.torch import load_file, save_file
+
+    weights = out / "model.safetensors"
+    tensors = load_file(weights)
+    for i in range(mtp):
+        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, own_head))
+    save_file(tensors, weights, metadata={"format": "pt"})
+    config = json.loads((out / "config.json").read_text())
+    config["num_hidden_layers"] = layers
+    config["num_nextn_predict_layers"] = mtp
+    for key in ("indexer_types", "mlp_layer_types", "layer_types"):
+        if isinstance(config.get(key), list):
+            config[key] = config[key][:layers]
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def _int_group(bits: int, targets: list[str]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ KV (positions as the main model's), and predicts the token at ``p + 2`` with
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -44,26 +44,50 @@ def mtp_cache_name(step: int) -> str:
 class SharedHead(nn.Module):
     """``shared_head.norm`` (always the layer's own) and ``shared_head.head`` (when the layer has one)."""
 
-    def __init__(self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool, world=None, group=None) -> None:
+    def __init__(
+        self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool, world=None, group=None
+    ) -> None:
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         # vocab-parallel under TP like the main head: a rank loads only its rows of the copy
-        self.head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, world=world, group=group) if own_head else None
+        self.head = (
+            LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, world=world, group=group)
+            if own_head
+            else None
+        )
+
+
+def add_mtp_parts(
+    layer: nn.Module, cfg, *, dtype: torch.dtype, world, group, own_embed: bool, own_head: bool
+) -> None:
+    """Give a decoder block the MTP-only modules, named as in the checkpoint (any GLM config: the same fields)."""
+    layer.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+    layer.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+    # replicated: 2H x H is small next to the experts, and it keeps the hidden replicated
+    layer.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, dtype=dtype)
+    layer.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_embed else None
+    layer.shared_head = SharedHead(cfg, dtype, own_head, world, group)
 
 
 class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
     """One MTP layer: the decoder block's modules plus the MTP-only ones, named as in the checkpoint."""
 
-    def __init__(self, cfg: Glm4MoeArchConfig, step: int, *, dtype: torch.dtype, world, own_embed: bool, own_head: bool,
-                 group=None):
+    def __init__(
+        self,
+        cfg: Glm4MoeArchConfig,
+        step: int,
+        *,
+        dtype: torch.dtype,
+        world,
+        own_embed: bool,
+        own_head: bool,
+        group=None,
+    ):
         # layer index past the stack: is_moe_layer() is true there, as the release's MTP block is MoE
         super().__init__(cfg, cfg.num_hidden_layers + step, mtp_cache_name(step), dtype=dtype, world=world)
-        self.enorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.hnorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        # replicated: 2H x H is small next to the experts, and it keeps the hidden replicated
-        self.eh_proj = Linear(2 * cfg.hidden_size, cfg.hidden_size, dtype=dtype)
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype) if own_embed else None
-        self.shared_head = SharedHead(cfg, dtype, own_head, world, group)
+        add_mtp_parts(
+            self, cfg, dtype=dtype, world=world, group=group, own_embed=own_embed, own_head=own_head
+        )
 
 
 def mtp_checkpoint_name(cfg: Glm4MoeArchConfig, name: str) -> str:
@@ -83,8 +107,9 @@ class _MainVocab:
     head: LMHead
 
 
-class Glm4MoeMTPDrafter(nn.Module):
-    """The MTP layers of a GLM-4.x checkpoint, over the engine's paged KV (one cache entry per layer).
+class GlmMTPDrafter(nn.Module):
+    """The MTP layers of a GLM checkpoint over the engine's paged caches; a family states its layers, their
+    cache entries and how its block runs (``run_block``).
 
     ``forward(batch, previous_hidden, step)`` returns the pre-head hidden rows at ``batch.logits_indices``
     (``last_hidden`` keeps all rows, for chaining deeper drafts); ``compute_logits`` applies
@@ -92,7 +117,7 @@ class Glm4MoeMTPDrafter(nn.Module):
     ``batch.positions``.
     """
 
-    def __init__(self, cfg: Glm4MoeArchConfig, main: Glm4MoeForCausalLM, *, own_embed: bool, own_head: bool) -> None:
+    def __init__(self, cfg, main: nn.Module, layers: Iterable[nn.Module]) -> None:
         super().__init__()
         if cfg.num_mtp_layers < 1:
             raise ValueError("config has no MTP layers (num_nextn_predict_layers = 0)")
@@ -100,20 +125,15 @@ class Glm4MoeMTPDrafter(nn.Module):
         self.dtype = main.dtype
         self.world = main.world
         self.group = main.group
-        self.layers = nn.ModuleList(
-            Glm4MoeMTPLayer(cfg, i, dtype=main.dtype, world=main.world, own_embed=own_embed, own_head=own_head,
-                            group=main.group)
-            for i in range(cfg.num_mtp_layers)
-        )
+        self.layers = nn.ModuleList(layers)
         self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
         self.last_hidden: torch.Tensor | None = None
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
-        return {mtp_cache_name(i): kv for i in range(len(self.layers))}
-
     def checkpoint_name(self, name: str) -> str:
         return mtp_checkpoint_name(self.config, name)
+
+    def run_block(self, layer: nn.Module, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return layer(x, batch, self.group)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
@@ -122,7 +142,7 @@ class Glm4MoeMTPDrafter(nn.Module):
         e = layer.enorm(embed(batch.input_ids))
         h = layer.hnorm(previous_hidden.to(self.dtype))
         x = layer.eh_proj(torch.cat([e, h], dim=-1))
-        x = layer(x, batch, self.group)
+        x = self.run_block(layer, x, batch)
         self.last_hidden = x
         return x[batch.logits_indices]
 
@@ -133,6 +153,31 @@ class Glm4MoeMTPDrafter(nn.Module):
         return head(shared.norm(hidden))
 
 
+class Glm4MoeMTPDrafter(GlmMTPDrafter):
+    """GLM-4.x's MTP layers: GQA + MoE blocks, one paged K/V entry per layer."""
+
+    def __init__(
+        self, cfg: Glm4MoeArchConfig, main: Glm4MoeForCausalLM, *, own_embed: bool, own_head: bool
+    ) -> None:
+        layers = [
+            Glm4MoeMTPLayer(
+                cfg,
+                i,
+                dtype=main.dtype,
+                world=main.world,
+                own_embed=own_embed,
+                own_head=own_head,
+                group=main.group,
+            )
+            for i in range(cfg.num_mtp_layers)
+        ]
+        super().__init__(cfg, main, layers)
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
+        return {mtp_cache_name(i): kv for i in range(len(self.layers))}
+
+
 @dataclass(frozen=True)
 class MTPLayout:
     """How a checkpoint stores MTP layer 0: its own embedding / head copies, and packed (quantized) or dense."""
@@ -140,9 +185,10 @@ class MTPLayout:
     own_embed: bool
     own_head: bool
     packed: bool
+    indexer: bool = False  # a DSA indexer in the block (GLM-5.3)
 
     @classmethod
-    def of(cls, names: Iterable[str], cfg: Glm4MoeArchConfig) -> MTPLayout:
+    def of(cls, names: Iterable[str], cfg) -> MTPLayout:
         first = f"model.layers.{cfg.num_hidden_layers}."
         mtp = [n for n in names if n.startswith(first)]
         if first + "eh_proj.weight" not in mtp:
@@ -156,12 +202,12 @@ class MTPLayout:
             own_embed=first + "embed_tokens.weight" in mtp,
             own_head=first + "shared_head.head.weight" in mtp,
             packed=any(n.endswith(".weight_scale") for n in mtp),
+            indexer=first + "self_attn.indexer.wk.weight" in mtp,
         )
 
 
-def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> Glm4MoeMTPDrafter | None:
-    """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
-    cfg = arch_config(ctx)
+def load_mtp(ctx: LoadContext, cfg, make: Callable[[MTPLayout], GlmMTPDrafter]) -> GlmMTPDrafter | None:
+    """The drafter ``make`` builds for the checkpoint's MTP layout, weights loaded; None without an MTP layer."""
     if cfg.num_mtp_layers == 0:
         return None
     names = checkpoint_tensor_names(ctx.checkpoint_dir)
@@ -170,8 +216,15 @@ def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> Glm4MoeMTPDrafte
     except CheckpointError as e:
         raise CheckpointError(f"{e} in {ctx.checkpoint_dir}") from None
     return load_family_weights(
+        ctx, lambda: make(layout), lambda name: mtp_checkpoint_name(cfg, name), packed=layout.packed
+    )
+
+
+def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> GlmMTPDrafter | None:
+    """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
+    cfg = arch_config(ctx)
+    return load_mtp(
         ctx,
-        lambda: Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head),
-        lambda name: mtp_checkpoint_name(cfg, name),
-        packed=layout.packed,
+        cfg,
+        lambda layout: Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head),
     )

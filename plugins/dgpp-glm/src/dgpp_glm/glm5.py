@@ -26,10 +26,20 @@ from dgpp_glm.model import Glm4MoeForCausalLM, build_glm_moe
 
 
 class GlmMoeDsaAttention(MultiLatentAttention):
-    """``self_attn.*``: MLA plus, on ``full`` layers, its ``indexer``."""
+    """``self_attn.*``: MLA plus, on ``full`` layers, its ``indexer``. ``name`` (the cache entry) and
+    ``indexer`` default to the stack's layer ``layer_idx``; the MTP block past the stack states both."""
 
-    def __init__(self, cfg: GlmMoeDsaArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
-        name = f"layers.{layer_idx}.self_attn"
+    def __init__(
+        self,
+        cfg: GlmMoeDsaArchConfig,
+        layer_idx: int,
+        *,
+        dtype: torch.dtype,
+        world: World,
+        name: str | None = None,
+        indexer: bool | None = None,
+    ) -> None:
+        name = name or f"layers.{layer_idx}.self_attn"
         rope = cfg.qk_rope_head_dim
         super().__init__(
             cfg.hidden_size,
@@ -48,7 +58,7 @@ class GlmMoeDsaAttention(MultiLatentAttention):
             world=world,
         )
         self.indexer = None
-        if cfg.runs_indexer(layer_idx):
+        if cfg.runs_indexer(layer_idx) if indexer is None else indexer:
             index_rotary = RotaryEmbedding(
                 cfg.index_head_dim, rope, cfg.rope_theta, style="interleaved", yarn=cfg.yarn
             )
@@ -82,13 +92,27 @@ class GlmMoeDsaAttention(MultiLatentAttention):
 
 
 class GlmMoeDsaDecoderLayer(nn.Module):
-    def __init__(self, cfg: GlmMoeDsaArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
+    """One pre-norm block; ``name`` / ``indexer`` / ``moe`` default to what the config says of layer ``layer_idx``."""
+
+    def __init__(
+        self,
+        cfg: GlmMoeDsaArchConfig,
+        layer_idx: int,
+        *,
+        dtype: torch.dtype,
+        world: World,
+        name: str | None = None,
+        indexer: bool | None = None,
+        moe: bool | None = None,
+    ) -> None:
         super().__init__()
         self.world = world
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = GlmMoeDsaAttention(cfg, layer_idx, dtype=dtype, world=world)
+        self.self_attn = GlmMoeDsaAttention(
+            cfg, layer_idx, dtype=dtype, world=world, name=name, indexer=indexer
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        if cfg.is_moe_layer(layer_idx):
+        if cfg.is_moe_layer(layer_idx) if moe is None else moe:
             self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)  # type: ignore[arg-type]  # same MoE fields
         else:
             self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)

@@ -28,7 +28,7 @@ HOOKS = FamilyHooks(
     load_model="dgpp_glm.glm5_loader:load_model",  # GLM-5.3 here, the rest via loader.py
     tool_dialect="dgpp_glm.dialect:dialect_for",
     chat_template="dgpp_glm.dialect:chat_template",
-    build_draft="dgpp_glm.draft:build_draft",
+    build_draft="dgpp_glm.glm5_draft:build_draft",  # GLM-5.3 here, the rest via draft.py
     memory_plan="dgpp_glm.glm5_memory:memory_plan",  # GLM-5.3 here, the rest via memory.py
     templates_package=__name__,
 )

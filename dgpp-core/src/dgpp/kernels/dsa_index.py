@@ -1,0 +1,94 @@
+"""DSA indexer scores and selection over the paged index-key cache, for every query row at once.
+
+``scores[r, t] = Σ_h w[r, h] · relu(scale · q[r, h] · k_t)`` for the first ``lens[r]`` cached tokens of row
+``r`` (its own block table), ``-inf`` past them up to the table's width; ``q [R, H, D]`` and the keys are read
+in fp32 as the indexer computes them, ``w [R, H]`` fp32. ``select_top_k`` keeps each row's ``k`` best
+positions (exact ties to the lower position, ``-inf`` never before a real token), ascending, and how many
+of them are real: a row with at most ``k`` tokens keeps them all, in order, which is the dense row.
+
+The Triton kernel computes a (row, token) score from that row's query and that token's key alone, in one
+fixed order (a 128-deep dot per head, then the head sum in a fixed tree), so a row's scores do not depend on
+the rows beside it or the table's width: prefill chunks, decode steps and a speculative verify select alike.
+Shapes depend only on the table, so a decode step's selection can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+
+_BLOCK_T = 64
+
+
+def index_scores_ref(
+    q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    rows, bs = q.shape[0], k_cache.shape[1]
+    width = tables.shape[1] * bs
+    out = torch.full((rows, width), float("-inf"), dtype=torch.float32, device=q.device)
+    for r, n in enumerate(lens.tolist()):
+        tok = torch.arange(n, device=q.device)
+        keys = k_cache[tables[r, tok // bs].long(), tok % bs, 0].float()
+        out[r, :n] = torch.relu(q[r].float() @ keys.t() * scale).t() @ weights[r].float()
+    return out
+
+
+@triton.jit
+def _index_scores_kernel(
+    q_ptr, w_ptr, k_ptr, bt_ptr, lens_ptr, out_ptr, heads, dim, block_size, width, scale,
+    q_r, q_h, w_r, k_blk, k_tok, bt_r, o_r,
+    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    r = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    n = tl.load(lens_ptr + r)
+    h = tl.arange(0, BLOCK_H)
+    d = tl.arange(0, BLOCK_D)
+    tmask = t < n
+    q = tl.load(q_ptr + r * q_r + h[:, None] * q_h + d[None, :], mask=(h[:, None] < heads) & (d[None, :] < dim),
+                other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
+    phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
+    off = (t % block_size).to(tl.int64)
+    k = tl.load(k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < dim),
+                other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_T]
+    s = tl.maximum(tl.dot(q, k, input_precision="ieee") * scale, 0.0)  # [BLOCK_H, BLOCK_T]
+    score = tl.sum(s * w[:, None], axis=0)
+    tl.store(out_ptr + r * o_r + t, tl.where(tmask, score, float("-inf")), mask=t < width)  # the grid overhangs
+
+
+def index_scores_triton(
+    q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    rows, heads, dim = q.shape
+    bs = k_cache.shape[1]
+    width = tables.shape[1] * bs
+    out = torch.empty(rows, width, dtype=torch.float32, device=q.device)
+    if rows and width:
+        weights = weights.float().contiguous()
+        _index_scores_kernel[(rows, triton.cdiv(width, _BLOCK_T))](
+            q, weights, k_cache, tables, lens, out, heads, dim, bs, width, float(scale),
+            q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), k_cache.stride(1), tables.stride(0),
+            out.stride(0),
+            BLOCK_T=_BLOCK_T, BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=max(16, next_pow2(dim)), num_warps=4,
+        )
+    return out
+
+
+def index_scores(
+    q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """``[R, width]`` fp32 index scores (``-inf`` past each row's tokens); Triton on CUDA, torch elsewhere."""
+    fn = index_scores_triton if use_triton(q) else index_scores_ref
+    return fn(q, weights, k_cache, tables, lens, scale)
+
+
+def select_top_k(scores: torch.Tensor, lens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(positions [R, k] int32 ascending, count [R] int32)``: each row's ``k`` best scores, exact ties to the lower
+    position (a stable sort), ``count = min(lens, k)`` real ones first."""
+    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
+    return best.sort(dim=1).values.to(torch.int32), torch.clamp(lens, max=k).to(torch.int32)

@@ -1,0 +1,56 @@
+"""The DSA indexer's CUDA path: every row's selection as device tensors (``DeviceSelection``).
+
+Scores come from ``dgpp.kernels.dsa_index`` (each (row, token) score from that row's query and that token's key
+alone), the picks from one stable sort per row: the same tokens, ties and order as the torch path's row-by-row
+``top_k_lowest_on_ties``. A decode-only step reads only the step's device tensors, so it can be captured in a
+CUDA graph; other steps give each query row its own table and visible length (``expand_rows``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.kernels.dsa_index import index_scores, select_top_k
+from dgpp.nn.exact.attention import expand_rows
+from dgpp.nn.selection import DeviceSelection
+from dgpp.step.batch import ForwardBatch
+
+_SCORES_PER_CALL = 1 << 26  # fp32 scores held at once (256 MB): rows per call = this / the table's width
+
+
+def device_selection(
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    batch: ForwardBatch,
+    topk: int,
+    scale: float,
+) -> DeviceSelection | None:
+    """Each row's ``topk`` picks among its visible tokens; None when the table is too short for any row to see
+    more than ``topk`` tokens (every row dense: the decision depends on the table's width alone)."""
+    width = batch.block_tables.shape[1] * k_cache.shape[1]
+    if width <= topk:
+        return None
+    if batch.is_decode_only:
+        tables, lens = batch.block_tables, batch.seq_lens
+    else:
+        _, tables, lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
+    step = max(1, _SCORES_PER_CALL // width)
+    picks = [
+        select_top_k(
+            index_scores(
+                q[r : r + step],
+                weights[r : r + step],
+                k_cache,
+                tables[r : r + step],
+                lens[r : r + step],
+                scale,
+            ),
+            lens[r : r + step],
+            topk,
+        )
+        for r in range(0, q.shape[0], step)
+    ]
+    if len(picks) == 1:
+        return DeviceSelection(*picks[0])
+    return DeviceSelection(torch.cat([p for p, _ in picks]), torch.cat([c for _, c in picks]))

@@ -1,0 +1,26 @@
+"""Which cached tokens each query row attends to (a DSA selection), in the two forms the layers pass along.
+
+- ``Selection``: per row the ascending positions it attends, or None for every visible position (the torch
+  path, built row by row from host-side lengths);
+- ``DeviceSelection``: every row's picks as device tensors (the CUDA path), ``positions [R, k]`` int32 ascending
+  with the first ``counts[r]`` real; a row with at most ``k`` visible tokens lists them all (its dense row). Its
+  shapes depend only on the step's table, so a decode step that builds one can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Selection = list[torch.Tensor | None]
+
+
+@dataclass(frozen=True)
+class DeviceSelection:
+    positions: torch.Tensor
+    counts: torch.Tensor
+
+    def as_rows(self) -> Selection:
+        """The per-row form (reads the counts back: reference paths only)."""
+        return [self.positions[r, :n].long() for r, n in enumerate(self.counts.tolist())]

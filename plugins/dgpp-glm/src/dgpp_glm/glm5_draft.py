@@ -1,0 +1,82 @@
+"""Full GLM-5.3's MTP layer (``glm_moe_dsa``) as a drafter; every other GLM architecture goes on to
+``dgpp_glm.draft``.
+
+Checkpoint layout (transformers skips it when loading the main model): MTP layer ``i`` is
+``model.layers.{num_hidden_layers + i}.*``, a GLM-5.3 decoder block (MLA ``self_attn`` with, when the
+checkpoint ships ``self_attn.indexer.*``, its own DSA indexer; a MoE ``mlp``; both layer norms) plus GLM's
+MTP-only tensors (``enorm``, ``hnorm``, ``eh_proj``, ``shared_head.norm``, optionally ``embed_tokens`` and
+``shared_head.head``). The block runs over its own latent cache (and indexer-key cache) in the drafter's
+pools; a block without an indexer attends densely (there is no earlier layer in the drafter whose selection
+it could reuse). Rows are fed the main model's post-final-norm hidden, as GLM-4.7's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.plugin_api import CacheSpec, ForwardBatch, LoadContext
+from dgpp_glm import draft
+from dgpp_glm.glm5 import GlmMoeDsaDecoderLayer, GlmMoeDsaForCausalLM
+from dgpp_glm.glm5_config import GlmMoeDsaArchConfig, parse_glm_moe_dsa_config
+from dgpp_glm.glm5_loader import GLM_MOE_DSA
+
+
+class GlmMoeDsaMTPLayer(GlmMoeDsaDecoderLayer):
+    """One GLM-5.3 MTP layer: an MoE decoder block with the MTP-only modules."""
+
+    def __init__(
+        self,
+        cfg: GlmMoeDsaArchConfig,
+        step: int,
+        layout: draft.MTPLayout,
+        *,
+        dtype: torch.dtype,
+        world,
+        group=None,
+    ) -> None:
+        super().__init__(
+            cfg,
+            cfg.num_hidden_layers + step,
+            dtype=dtype,
+            world=world,
+            name=draft.mtp_cache_name(step),
+            indexer=layout.indexer,
+            moe=True,
+        )
+        draft.add_mtp_parts(
+            self,
+            cfg,
+            dtype=dtype,
+            world=world,
+            group=group,
+            own_embed=layout.own_embed,
+            own_head=layout.own_head,
+        )
+
+
+class GlmMoeDsaMTPDrafter(draft.GlmMTPDrafter):
+    """GLM-5.3's MTP layers: MLA (+ DSA) + MoE blocks, each with its latent cache (and indexer keys)."""
+
+    def __init__(self, cfg: GlmMoeDsaArchConfig, main: GlmMoeDsaForCausalLM, layout: draft.MTPLayout) -> None:
+        layers = [
+            GlmMoeDsaMTPLayer(cfg, i, layout, dtype=main.dtype, world=main.world, group=main.group)
+            for i in range(cfg.num_mtp_layers)
+        ]
+        super().__init__(cfg, main, layers)
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        spec: dict[str, CacheSpec] = {}
+        for layer in self.layers:
+            spec.update(layer.self_attn.caches())
+        return spec
+
+    def run_block(self, layer: GlmMoeDsaMTPLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        return layer(x, batch, None, self.group)[0]
+
+
+def build_draft(ctx: LoadContext, model) -> draft.GlmMTPDrafter | None:
+    """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
+    if ctx.architecture not in GLM_MOE_DSA:
+        return draft.build_draft(ctx, model)
+    cfg = parse_glm_moe_dsa_config(ctx.hf_config)
+    return draft.load_mtp(ctx, cfg, lambda layout: GlmMoeDsaMTPDrafter(cfg, model, layout))
