@@ -21,6 +21,7 @@ from dgpp.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from dgpp.checkpoint import CheckpointReader
+    from dgpp.checkpoint.config_keys import ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.headers import tensor_bytes
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights
@@ -36,6 +37,7 @@ if TYPE_CHECKING:
 # name -> the module that defines it (imported when the name is first read)
 _LAZY = {
     "CheckpointReader": "dgpp.checkpoint",
+    "ConfigKeys": "dgpp.checkpoint.config_keys",
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
     "ForwardBatch": "dgpp.step.batch",
@@ -64,6 +66,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointReader",
     "ConfigError",
+    "ConfigKeys",
     "Dialect",
     "Drafter",
     "FamilyHooks",

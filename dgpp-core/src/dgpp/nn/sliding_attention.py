@@ -24,12 +24,13 @@ from dgpp.step.cache_spec import PagedKV, WindowKV
 
 
 class SinkAttention(nn.Module):
-    """Attention core of one layer: ``q [T, Hq, D]``, ``k``/``v [T, Hk, D]`` (after any norm and RoPE) and the
-    per-head ``sinks [Hq]`` (or None) -> ``[T, Hq*Dv]``. ``window=None``: full causal attention, K/V in the
-    paged pool entry ``cache_name``; ``window=W``: sliding, K/V in the ring state entry ``cache_name``."""
+    """Attention core of one layer: ``q [T, Hq, D]``, ``k [T, Hk, D]``, ``v [T, Hk, Dv]`` (after any norm and
+    RoPE) and the per-head ``sinks [Hq]`` (or None) -> ``[T, Hq*Dv]``. ``window=None``: full causal attention,
+    K/V in the paged pool entry ``cache_name``; ``window=W``: sliding, K/V in the ring state entry
+    ``cache_name``. ``v_head_dim`` (default ``head_dim``): MiMo's values are narrower than its keys."""
 
     def __init__(self, cache_name: str, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                 window: int | None = None, scale: float | None = None) -> None:
+                 window: int | None = None, scale: float | None = None, v_head_dim: int | None = None) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -39,13 +40,15 @@ class SinkAttention(nn.Module):
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.v_head_dim = v_head_dim
         self.window = window
         self.scale = head_dim**-0.5 if scale is None else scale
 
     def cache_spec(self, dtype: torch.dtype) -> PagedKV | WindowKV:
         if self.window is None:
-            return PagedKV(self.num_kv_heads, self.head_dim, dtype)
-        return WindowKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype, window=self.window)
+            return PagedKV(self.num_kv_heads, self.head_dim, dtype, v_head_dim=self.v_head_dim)
+        return WindowKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype, window=self.window,
+                        v_head_dim=self.v_head_dim)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
                 sinks: torch.Tensor | None) -> torch.Tensor:

@@ -14,9 +14,9 @@ from typing import Any
 
 import torch
 
+from dgpp.checkpoint.config_keys import ConfigKeys
 from dgpp.errors import ConfigError
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _WHERE = "flint config.json"
 
@@ -56,28 +56,6 @@ class FlintArchConfig:
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
 
-def _req(cfg: dict[str, Any], key: str, kind: type) -> Any:
-    if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"{_WHERE}: required key {key!r} is missing")
-    value = cfg[key]
-    if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value = float(value)
-    if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
-        raise ConfigError(f"{_WHERE}: {key!r} must be {kind.__name__}, got {value!r}")
-    return value
-
-
-def _opt(cfg: dict[str, Any], key: str, kind: type, default: Any) -> Any:
-    return default if cfg.get(key) is None else _req(cfg, key, kind)
-
-
-def _positive(cfg: dict[str, Any], key: str, default: int | None = None) -> int:
-    value = _req(cfg, key, int) if default is None else _opt(cfg, key, int, default)
-    if value <= 0:
-        raise ConfigError(f"{_WHERE}: {key!r} must be positive, got {value}")
-    return value
-
-
 def _rope_theta(cfg: dict[str, Any]) -> float:
     params = cfg.get("rope_parameters") or {}
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -114,51 +92,48 @@ def _int_list(cfg: dict[str, Any], key: str, default: list[int]) -> tuple[int, .
 
 def parse_flint_config(cfg: dict[str, Any]) -> FlintArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
+    keys = ConfigKeys(cfg, _WHERE)
     act = cfg.get("hidden_act", "silu")
     if act != "silu":
         raise ConfigError(f"{_WHERE}: 'hidden_act'={act!r} is not supported (only 'silu')")
     if cfg.get("attention_bias"):
         raise ConfigError(f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)")
-    heads = _positive(cfg, "num_attention_heads")
-    kv_heads = _positive(cfg, "num_key_value_heads")
+    heads = keys.positive("num_attention_heads")
+    kv_heads = keys.positive("num_key_value_heads")
     if heads % kv_heads:
         raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
-    layers = _positive(cfg, "num_hidden_layers")
+    layers = keys.positive("num_hidden_layers")
     layer_types = _layer_types(cfg, layers)
-    window = _positive(cfg, "sliding_window", 513)
+    window = keys.positive("sliding_window", 513)
     if window < 2 and "sliding_attention" in layer_types:
         raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
-    experts = _opt(cfg, "num_experts", int, 0)
-    top_k = _positive(cfg, "num_experts_per_tok", 1)
+    experts = keys.optional("num_experts", int, 0)
+    top_k = keys.positive("num_experts_per_tok", 1)
     if experts and top_k > experts:
         raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'num_experts'={experts}")
-    dtype_name = cfg.get("dtype", cfg.get("torch_dtype")) or "bfloat16"
-    if dtype_name not in _DTYPES:
-        raise ConfigError(f"{_WHERE}: 'torch_dtype'={dtype_name!r} is not supported ({', '.join(_DTYPES)})")
-    eos = cfg.get("eos_token_id")
-    hidden = _positive(cfg, "hidden_size")
+    hidden = keys.positive("hidden_size")
     return FlintArchConfig(
-        vocab_size=_positive(cfg, "vocab_size"),
+        vocab_size=keys.positive("vocab_size"),
         hidden_size=hidden,
-        intermediate_size=_positive(cfg, "intermediate_size"),
-        moe_intermediate_size=_positive(cfg, "moe_intermediate_size", 512),
-        shared_expert_intermediate_size=_opt(cfg, "shared_expert_intermediate_size", int, 1024),
+        intermediate_size=keys.positive("intermediate_size"),
+        moe_intermediate_size=keys.positive("moe_intermediate_size", 512),
+        shared_expert_intermediate_size=keys.optional("shared_expert_intermediate_size", int, 1024),
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        head_dim=_positive(cfg, "head_dim", hidden // heads),
-        rms_norm_eps=_opt(cfg, "rms_norm_eps", float, 1e-6),
+        head_dim=keys.positive("head_dim", hidden // heads),
+        rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-6),
         rope_theta=_rope_theta(cfg),
         sliding_window=window,
         layer_types=layer_types,
         mlp_only_layers=_int_list(cfg, "mlp_only_layers", [0, 1]),
-        decoder_sparse_step=_positive(cfg, "decoder_sparse_step", 1),
+        decoder_sparse_step=keys.positive("decoder_sparse_step", 1),
         num_experts=experts,
         num_experts_per_tok=top_k,
-        norm_topk_prob=_opt(cfg, "norm_topk_prob", bool, True),
-        max_position_embeddings=_positive(cfg, "max_position_embeddings", 262144),
-        tie_word_embeddings=_opt(cfg, "tie_word_embeddings", bool, False),
-        dtype=_DTYPES[dtype_name],
-        eos_token_ids=() if eos is None else tuple(eos) if isinstance(eos, list) else (int(eos),),
+        norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
+        max_position_embeddings=keys.positive("max_position_embeddings", 262144),
+        tie_word_embeddings=keys.optional("tie_word_embeddings", bool, False),
+        dtype=keys.dtype(),
+        eos_token_ids=keys.token_ids("eos_token_id"),
         bos_token_id=cfg.get("bos_token_id"),
     )

@@ -15,14 +15,12 @@ from torch import nn
 
 from dgpp.engine.batch import ForwardBatch
 from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.model import Model, ModelInfo
 from dgpp.family import World
-from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.nn.norm import RMSNorm, rms_normalize
-from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
@@ -91,73 +89,29 @@ def build_flint_moe(cfg: FlintArchConfig, *, dtype: torch.dtype, world: World) -
     return moe
 
 
-class FlintDecoderLayer(nn.Module):
-    """``h = x + attn(norm(x))``; ``out = h + mlp(norm(h))`` (dense or MoE by index)."""
-
-    def __init__(self, cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
-        super().__init__()
-        self.world = world
-        self.input_layernorm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = FlintAttention(cfg, layer_idx, dtype=dtype, world=world)
-        self.post_attention_layernorm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        if cfg.is_moe_layer(layer_idx):
-            self.mlp: nn.Module = build_flint_moe(cfg, dtype=dtype, world=world)
-        else:
-            self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
-        h = x + all_reduce(self.self_attn(self.input_layernorm(x), batch), self.world, group)
-        return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
+def build_layer(cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> PreNormBlock:
+    """One pre-norm block; the MLP dense or MoE by index."""
+    if cfg.is_moe_layer(layer_idx):
+        mlp: nn.Module = build_flint_moe(cfg, dtype=dtype, world=world)
+    else:
+        mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
+    return PreNormBlock(FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
+                        FlintAttention(cfg, layer_idx, dtype=dtype, world=world),
+                        FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
 
 
-class FlintBackbone(nn.Module):
-    """``model.*`` of the checkpoint: embedding, the decoder stack, the final norm."""
-
-    def __init__(self, cfg: FlintArchConfig, *, dtype: torch.dtype, world: World) -> None:
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(FlintDecoderLayer(cfg, i, dtype=dtype, world=world)
-                                    for i in range(cfg.num_hidden_layers))
-        self.norm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-
-
-class FlintForCausalLM(Model):
-    """The Flint model behind the engine's model contract. ``info.hybrid`` is set when any layer slides: the
-    rings are per-request state, so the prefix cache attaches only where it holds a state snapshot."""
+class FlintForCausalLM(PreNormCausalLM):
+    """The Flint model behind the engine's model contract. Hybrid when any layer slides: the rings are
+    per-request state, so the prefix cache attaches only where it holds a state snapshot."""
 
     def __init__(self, cfg: FlintArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
                  group=None) -> None:
-        super().__init__()
-        self.config = cfg
-        self.dtype = dtype or cfg.dtype
-        self.world = world or World()
-        self.group = group
-        self.model = FlintBackbone(cfg, dtype=self.dtype, world=self.world)
-        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world,
-                              group=self.group)
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=self.dtype,
-            hybrid="sliding_attention" in cfg.layer_types,
-        )
+        dtype, world = dtype or cfg.dtype, world or World()
+        layers = (build_layer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
+        norm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        super().__init__(cfg, DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype), dtype=dtype,
+                         world=world, group=group, hybrid="sliding_attention" in cfg.layer_types)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         return {attention_cache_name(i): layer.self_attn.attn.cache_spec(self.dtype)
                 for i, layer in enumerate(self.model.layers)}
-
-    @torch.no_grad()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        x = self.model.embed_tokens(batch.input_ids)
-        for layer in self.model.layers:
-            x = layer(x, batch, self.group)
-        hidden = self.model.norm(x)
-        self.keep_last_hidden(hidden)
-        return hidden[batch.logits_indices]
-
-    @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)

@@ -1,0 +1,56 @@
+"""Typed reads of an HF ``config.json`` for a family's config parser: each failure is one ``ConfigError`` that
+names the file's kind and the key (``ConfigKeys(cfg, "flint config.json").positive("hidden_size")``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
+from dgpp.errors import ConfigError
+
+
+class ConfigKeys:
+    """``cfg`` (config.json as a dict) read key by key; ``where`` opens every error message."""
+
+    def __init__(self, cfg: dict[str, Any], where: str) -> None:
+        self.cfg = cfg
+        self.where = where
+
+    def error(self, message: str) -> ConfigError:
+        return ConfigError(f"{self.where}: {message}")
+
+    def required(self, key: str, kind: type) -> Any:
+        """The value of ``key`` as ``kind`` (an int is accepted as a float; a bool is never an int)."""
+        if self.cfg.get(key) is None:
+            raise self.error(f"required key {key!r} is missing")
+        value = self.cfg[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if (kind is int and isinstance(value, bool)) or not isinstance(value, kind):
+            raise self.error(f"{key!r} must be {kind.__name__}, got {value!r}")
+        return value
+
+    def optional(self, key: str, kind: type, default: Any) -> Any:
+        """``default`` when ``key`` is absent or null, else as :meth:`required`."""
+        return default if self.cfg.get(key) is None else self.required(key, kind)
+
+    def positive(self, key: str, default: int | None = None) -> int:
+        """A positive int; required unless a ``default`` is given."""
+        value = self.required(key, int) if default is None else self.optional(key, int, default)
+        if value <= 0:
+            raise self.error(f"{key!r} must be positive, got {value}")
+        return value
+
+    def dtype(self, default: str = "bfloat16") -> torch.dtype:
+        """The checkpoint dtype (``dtype``, or the older ``torch_dtype``)."""
+        name = self.cfg.get("dtype", self.cfg.get("torch_dtype")) or default
+        if name not in COMPUTE_DTYPES:
+            raise self.error(f"'torch_dtype'={name!r} is not supported ({', '.join(COMPUTE_DTYPES)})")
+        return COMPUTE_DTYPES[name]
+
+    def token_ids(self, key: str) -> tuple[int, ...]:
+        """An id or a list of ids (``eos_token_id``) as a tuple; () when absent."""
+        value = self.cfg.get(key)
+        return () if value is None else tuple(value) if isinstance(value, list) else (int(value),)

@@ -1,0 +1,104 @@
+"""The skeleton of a pre-norm decoder-only language model: ``embed -> blocks -> final norm -> head``.
+
+Families whose blocks are plain pre-norm residuals (Flint, MiMo) build each block's norms, attention and MLP
+and hand them to ``PreNormBlock``; ``PreNormCausalLM`` holds the stack and the head behind the engine's model
+contract. Attribute names are the checkpoints' (``model.embed_tokens``, ``model.layers.N.input_layernorm``,
+``...self_attn``, ``...post_attention_layernorm``, ``...mlp``, ``model.norm``, ``lm_head``), so weights load by
+name with no renaming.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from dgpp.family import World
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.parallel import all_reduce
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.model import Model, ModelInfo
+
+
+class DecoderLMConfig(Protocol):
+    """What the skeleton reads from a family's typed config."""
+
+    vocab_size: int
+    hidden_size: int
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    eos_token_ids: tuple[int, ...]
+    bos_token_id: int | None
+
+
+class PreNormBlock(nn.Module):
+    """``h = x + attn(input_layernorm(x))``; ``out = h + mlp(post_attention_layernorm(h))``, each sublayer's
+    output summed over the tensor-parallel ranks. ``self_attn(x, batch)`` and ``mlp(x)`` are the family's."""
+
+    def __init__(self, input_layernorm: nn.Module, self_attn: nn.Module, post_attention_layernorm: nn.Module,
+                 mlp: nn.Module, world: World) -> None:
+        super().__init__()
+        self.world = world
+        self.input_layernorm = input_layernorm
+        self.self_attn = self_attn
+        self.post_attention_layernorm = post_attention_layernorm
+        self.mlp = mlp
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
+        h = x + all_reduce(self.self_attn(self.input_layernorm(x), batch), self.world, group)
+        return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
+
+
+class DecoderStack(nn.Module):
+    """``model.*`` of the checkpoint: embedding, the decoder blocks, the final norm."""
+
+    def __init__(self, vocab_size: int, hidden_size: int, layers: Iterable[nn.Module], norm: nn.Module, *,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(vocab_size, hidden_size, dtype=dtype)
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+
+
+class PreNormCausalLM(Model):
+    """A ``DecoderStack`` and its head behind the model contract. ``forward`` keeps the post-final-norm hidden
+    of every row when ``keep_hidden`` is on. ``hybrid``: some layer holds per-request state (a window ring, a
+    recurrent state), so the prefix cache attaches only where it holds a state snapshot."""
+
+    def __init__(self, cfg: DecoderLMConfig, stack: DecoderStack, *, dtype: torch.dtype, world: World, group=None,
+                 hybrid: bool = False) -> None:
+        super().__init__()
+        self.config = cfg
+        self.dtype = dtype
+        self.world = world
+        self.group = group
+        self.model = stack
+        tied = stack.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, tied_to=tied, world=world, group=group)
+        self.info = ModelInfo(
+            vocab_size=cfg.vocab_size,
+            max_position=cfg.max_position_embeddings,
+            eos_token_ids=cfg.eos_token_ids,
+            bos_token_id=cfg.bos_token_id,
+            dtype=dtype,
+            hybrid=hybrid,
+        )
+
+    def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
+        """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``."""
+        x = self.model.embed_tokens(batch.input_ids)
+        for layer in self.model.layers:
+            x = layer(x, batch, self.group)
+        return self.model.norm(x)
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        hidden = self.hidden_states(batch)
+        self.keep_last_hidden(hidden)
+        return hidden[batch.logits_indices]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)
