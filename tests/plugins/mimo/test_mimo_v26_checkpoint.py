@@ -12,7 +12,8 @@ from safetensors.torch import load_file, save_file
 from structlog.testing import capture_logs
 
 from dgpp.errors import CheckpointError
-from dgpp.testing.mimo_v26 import MIMO_V26_RELEASE, build_tiny_flash, write_v26_checkpoint
+from dgpp.testing.mimo import build_tiny_mimo
+from dgpp.testing.mimo_v26 import MIMO_V26_RELEASE, write_v26_checkpoint
 from dgpp_mimo.v26_checkpoint import V26Reader, V26Scheme, qkv_geometry
 from dgpp_mimo.v26_config import canonical_config
 
@@ -20,7 +21,7 @@ from dgpp_mimo.v26_config import canonical_config
 @pytest.fixture(scope="module")
 def v26(tmp_path_factory):
     root = tmp_path_factory.mktemp("mimo_v26")
-    flash = build_tiny_flash(root / "flash", seed=4)
+    flash = build_tiny_mimo(root / "flash", seed=4)
     v26_dir, twin_dir = write_v26_checkpoint(flash, root / "v26", root / "twin", mtp_layers=1, seed=5)
     raw = json.loads((v26_dir / "config.json").read_text())
     return v26_dir, raw, canonical_config(raw), load_file(str(twin_dir / "model.safetensors"))

@@ -86,30 +86,6 @@ MIMO_V26_RELEASE: dict[str, Any] = {
         "mxfp4_block_size": 32,
     },
 }
-# a tiny mimo_v2_flash shape whose fused qkv chunks cross FP8 blocks mid-way (Q 192 | K 48 | V 32 rows a chunk on
-# the global layer: V spans two 128-row blocks), with both layer kinds, a dense layer and MoE layers of MXFP4
-# width (multiples of 32), and a window of 5 keys so short prompts already slide
-TINY_FLASH: dict[str, Any] = {
-    "vocab_size": 96,
-    "hidden_size": 64,
-    "intermediate_size": 96,
-    "moe_intermediate_size": 32,
-    "num_hidden_layers": 4,
-    "num_attention_heads": 8,
-    "num_key_value_heads": 2,
-    "head_dim": 48,
-    "v_head_dim": 32,
-    "n_routed_experts": 4,
-    "num_experts_per_tok": 2,
-    "sliding_window": 5,
-    "layer_types": ["full_attention", "sliding_attention", "sliding_attention", "full_attention"],
-    "mlp_layer_types": ["dense", "sparse", "sparse", "sparse"],
-    "max_position_embeddings": 512,
-    "initializer_range": 0.08,
-    "eos_token_id": 1,
-    "bos_token_id": None,
-    "pad_token_id": 0,
-}
 FP8 = FP8Block(block=(128, 128))
 EXPERT_FORMAT = MXFP4()
 V26_QUANTIZATION = {
@@ -120,26 +96,6 @@ V26_QUANTIZATION = {
     "mxfp4_block_size": 32,
 }
 AUX_TENSORS = ("visual.patch_embed.proj.weight", "audio_encoder.layers.0.fc1.weight")
-
-
-@torch.no_grad()
-def build_tiny_flash(path: str | Path, seed: int = 0, **overrides: Any) -> Path:
-    """A random ``mimo_v2_flash`` checkpoint of ``TINY_FLASH`` (plus ``overrides``) as transformers saves it,
-    in float32, with norms away from 1 and sinks of order 1 (so dropping either moves the logits)."""
-    import transformers
-
-    path = Path(path)
-    config = transformers.MiMoV2FlashConfig(**{**TINY_FLASH, **overrides})
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-        elif name.endswith(".sinks"):
-            p.copy_(1.5 * torch.randn(p.shape, generator=gen))
-    model.save_pretrained(path)
-    return path
 
 
 def _roundtrip(fmt: Any, w: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -19,11 +19,16 @@ from dgpp_mimo.loader import arch_config
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_mimo.model import MimoV2FlashForCausalLM
+    from dgpp_mimo.v26_loader import V26, is_v26
 
+    scheme = None
+    if is_v26(ctx):  # the V2.6 release: the flash model, formats from the release's own keys
+        v26 = V26.of(ctx)
+        ctx, scheme = v26.ctx, v26.scheme()
     cfg = arch_config(ctx)
     with torch.device("meta"):
         model = MimoV2FlashForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
-        quantize_modules(model, ctx.hf_config)
+        quantize_modules(model, ctx.hf_config, scheme=scheme)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     world = ctx.world.size
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
