@@ -189,7 +189,7 @@ def _mtp_tensors(
     """One random MTP layer in the flash names (dense): a sliding-window attention block and a dense MLP."""
     h, heads, kv = flash["hidden_size"], flash["num_attention_heads"], 2 * flash["num_key_value_heads"]
     d, dv, inter = flash["head_dim"], flash["v_head_dim"], flash["intermediate_size"]
-    std = float(flash.get("initializer_range", 0.02)) * 4
+    std = float(flash.get("initializer_range", 0.02))
 
     def rand(*shape: int, scale: float = std, mean: float = 0.0) -> torch.Tensor:
         return (mean + scale * torch.randn(shape, generator=gen, dtype=torch.float64)).to(dtype)
