@@ -182,3 +182,15 @@ def load_drafter(
     return load_family_weights(
         ctx, lambda: MimoMTPDrafter(cfg, model, layers), mtp_checkpoint_name, **loading
     )
+
+
+def drafter_memory(cfg: MimoArchConfig, model: MimoV2FlashForCausalLM, layers: int, scheme, bf16_weights: str,
+                   hf_config: dict) -> tuple[dict[str, CacheSpec], int]:
+    """The drafter's cache entries and resident bytes, built on ``meta`` beside ``model`` (the memory plan)."""
+    from dgpp.plugin_api import quantize_modules
+    from dgpp.quant.resident import resident_bytes
+
+    with torch.device("meta"):
+        drafter = MimoMTPDrafter(cfg, model, layers)
+        quantize_modules(drafter, hf_config, rename=mtp_checkpoint_name, scheme=scheme)
+    return drafter.cache_spec(), resident_bytes(drafter, bf16_weights)
