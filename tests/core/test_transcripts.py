@@ -4,7 +4,8 @@ Each fixture is a tiny random checkpoint served by ``build_backend`` (plugin res
 pools, scheduler, step loop) with small prefill chunks, several requests in flight at once and a
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
-e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc): a refactor
+e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the mimo entry with
+the MiMo plugin, on top of e5ac5d1): a refactor
 that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
@@ -27,6 +28,7 @@ from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
 from dgpp.testing.flint import build_tiny_flint
 from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
+from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 
@@ -56,6 +58,8 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "glm4_moe_nvfp4": (_glm_nvfp4, False),
     # sliding window 8: the prompts run past it, so the hit restores window rings from a state snapshot
     "flint": (lambda out: build_tiny_flint(out, seed=0, vocab_size=512), False),
+    # window 8 with sinks, twice the KV heads and v 32 != q/k 48 on the sliding layers
+    "mimo": (lambda out: build_tiny_mimo(out, seed=0, vocab_size=512), False),
 }
 
 

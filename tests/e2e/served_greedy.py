@@ -3,17 +3,33 @@ all return exactly the runner's greedy tokens for the same rendered prompts."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 import openai
+from serve_fixture import Server, running
 
 from dgpp.engine.loading import load_model
 from dgpp.testing.generate import greedy_generate
+from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 
 NO_THINK = {"enable_thinking": False}
+# small prefill chunks and blocks, several requests at once, a prefix cache that keeps every cut
+SERVE_ENGINE = {"max_concurrency": 4, "kv_capacity": 4096, "block_size": 4, "prefill_budget_tokens": 16,
+                "prefix_min_tokens": 0, "prefix_cache_gib": 0.01, "default_max_tokens": 12, "stats_interval_s": 0}
+QUESTIONS = ("What is the weather in Paris today?", "def add(a, b):", "The quick brown fox")
+
+
+@contextmanager
+def served(ckpt: Path, root: Path) -> Iterator[tuple[Server, openai.OpenAI]]:
+    """``dgpp serve`` (``SERVE_ENGINE``) on ``ckpt`` with the tiny tokenizer, and an openai client for it."""
+    build_tiny_tokenizer(ckpt)
+    with running(ckpt, root, SERVE_ENGINE) as server:
+        yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
 def chat_messages(question: str) -> list[dict]:

@@ -7,29 +7,22 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import openai
 import pytest
 
 from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
-from dgpp.testing.tokenizers import build_tiny_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
-from serve_fixture import running  # noqa: E402
-from served_greedy import check_served_greedy  # noqa: E402
+from served_greedy import QUESTIONS, check_served_greedy, served  # noqa: E402
 
 pytestmark = pytest.mark.e2e
-ENGINE = {"max_concurrency": 4, "kv_capacity": 4096, "block_size": 4, "prefill_budget_tokens": 16,
-          "prefix_min_tokens": 0, "prefix_cache_gib": 0.01, "default_max_tokens": 12, "stats_interval_s": 0}
-QUESTIONS = ("What is the weather in Paris today?", "def add(a, b):", "The quick brown fox")
 
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("qwen4_exp_serve")
     ckpt = build_tiny_qwen4_exp(root / "ckpt", seed=61)
-    build_tiny_tokenizer(ckpt)
-    with running(ckpt, root, ENGINE) as server:
-        yield server, ckpt, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+    with served(ckpt, root) as (server, sdk):
+        yield server, ckpt, sdk
 
 
 def test_served_greedy_equals_the_runner_cold_hit_and_concurrent(env) -> None:
