@@ -79,3 +79,18 @@ def test_the_window_is_the_releases_not_one_key_more(v26_model, dirs, tmp_path):
     prompts = conf.make_prompts(v26_model.info.vocab_size, (26,), seed=10)
     with pytest.raises(AssertionError, match="logits differ"):
         conf.check_logits(v26_model, load_reference(tmp_path), prompts, rtol=1e-4)
+
+
+def test_split_projection_layout_equals_its_twin(tmp_path):
+    """``attention_projection_layout: split``: q/k/v ship as separate FP8 matrices (128-row grids of their own)."""
+    v26, twin = write_v26_checkpoint(
+        build_tiny_mimo(tmp_path / "flash", seed=13),
+        tmp_path / "v26",
+        tmp_path / "twin",
+        seed=14,
+        fused=False,
+    )
+    model = load_model(v26)
+    assert model.model.layers[0].self_attn.k_proj.quant_method.fmt.block == (128, 128)
+    prompts = conf.make_prompts(model.info.vocab_size, (19,), seed=15)
+    assert conf.check_logits(model, load_reference(twin), prompts, rtol=1e-4) < 1e-4

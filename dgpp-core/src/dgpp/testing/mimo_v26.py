@@ -217,9 +217,16 @@ def _mtp_tensors(
 
 @torch.no_grad()
 def write_v26_checkpoint(
-    flash_dir: str | Path, v26_dir: str | Path, twin_dir: str | Path, *, mtp_layers: int = 0, seed: int = 0
+    flash_dir: str | Path,
+    v26_dir: str | Path,
+    twin_dir: str | Path,
+    *,
+    mtp_layers: int = 0,
+    seed: int = 0,
+    fused: bool = True,
 ) -> tuple[Path, Path]:
-    """Write the V2.6 checkpoint and its dequantized flash-layout twin (see the module docstring)."""
+    """Write the V2.6 checkpoint and its dequantized flash-layout twin (see the module docstring). ``fused``
+    False: the ``split`` projection layout, q/k/v each an FP8 matrix with its own grid."""
     flash_dir, v26_dir, twin_dir = Path(flash_dir), Path(v26_dir), Path(twin_dir)
     flash = json.loads((flash_dir / "config.json").read_text())
     tensors = load_file(str(flash_dir / "model.safetensors"))
@@ -231,9 +238,13 @@ def write_v26_checkpoint(
     out: dict[str, torch.Tensor] = {}
     twin: dict[str, torch.Tensor] = {}
     for name, w in tensors.items():
-        if name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
+        if not fused and name.endswith(
+            ("self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight")
+        ):
+            _packed(FP8, name, w, out, twin)
+        elif name.endswith(("self_attn.k_proj.weight", "self_attn.v_proj.weight")):
             continue  # fused with q_proj below
-        if name.endswith("self_attn.q_proj.weight"):
+        elif name.endswith("self_attn.q_proj.weight"):
             prefix = name[: -len(".q_proj.weight")]
             _fuse_qkv(
                 w,
@@ -252,7 +263,11 @@ def write_v26_checkpoint(
             out[name] = twin[name] = w
     for i, name in enumerate(AUX_TENSORS):
         out[name] = torch.randn((8, 4 + i), generator=gen).to(dtype)
-    for directory, state, config in ((v26_dir, out, v26_config(flash, mtp_layers)), (twin_dir, twin, flash)):
+    layout = {"attention_projection_layout": "fused_qkv" if fused else "split"}
+    for directory, state, config in (
+        (v26_dir, out, {**v26_config(flash, mtp_layers), **layout}),
+        (twin_dir, twin, flash),
+    ):
         directory.mkdir(parents=True, exist_ok=True)
         save_file(
             {k: v.contiguous() for k, v in state.items()},

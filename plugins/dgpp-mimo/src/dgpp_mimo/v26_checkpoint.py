@@ -5,11 +5,12 @@
 codes and re-blocked scales (``dgpp_mimo.qkv_layout``), and the vision / audio towers the release bundles are
 not there at all (one log line says how many tensors were skipped). Everything else passes through.
 
-``v26_scheme`` says which format each module is stored in, from the config alone (so the memory plan can
+``V26Scheme`` says which format each module is stored in, from the config alone (so the memory plan can
 build the model on ``meta``) and, given the tensor names, checked against them: FP8 E4M3 with 128x128 F32
 ``weight_scale_inv`` on the dense projections (q/k/v at their split blocks), MXFP4 (E2M1 + an E8M0
 ``weight_scale`` per 32) on the routed experts, and BF16 for ``o_proj``, the router, ``eh_proj``, the
-embedding and the head. A projection the config says is FP8 but that ships without its scale is dense.
+embedding and the head. A projection the config says is FP8 but that ships without its scale is dense. In the
+``split`` projection layout q/k/v ship as separate matrices with grids of their own.
 """
 
 from __future__ import annotations
@@ -78,15 +79,20 @@ def _mxfp4_group(quant: dict[str, Any] | None) -> int:
 class V26Scheme(QuantScheme):
     """``format_for`` by module name (see the module docstring). ``quant``: the release's
     ``quantization_config`` (None: a BF16 checkpoint); ``names``: the checkpoint's tensors as ``V26Reader``
-    shows them, or None to trust the config."""
+    shows them, or None to trust the config; ``fused``: q/k/v come split from one ``qkv_proj``."""
 
     def __init__(
-        self, canonical: dict[str, Any], quant: dict[str, Any] | None, names: Iterable[str] | None = None
+        self,
+        canonical: dict[str, Any],
+        quant: dict[str, Any] | None,
+        names: Iterable[str] | None = None,
+        fused: bool = True,
     ) -> None:
         super().__init__("mimo_v2")
         self.canonical = canonical
         self.quant = quant
         self.names = None if names is None else set(names)
+        self.fused = fused
 
     def _stored(self, module: str, suffix: str) -> bool:
         return self.names is None or f"{module}.{suffix}" in self.names
@@ -100,7 +106,7 @@ class V26Scheme(QuantScheme):
         if match is None or not self._stored(module, FP8_SCALE):
             return None
         part = module.rsplit(".", 1)[1]
-        if part in PARTS:
+        if part in PARTS and self.fused:
             layout = qkv_geometry(self.canonical, self.quant, module.rsplit(".self_attn", 1)[0])
             return FP8Block(block=layout.part_block(part))
         return FP8Block(block=fp8_block(self.quant))

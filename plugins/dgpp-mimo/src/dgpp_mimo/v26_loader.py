@@ -47,7 +47,9 @@ class V26:
         )
 
     def scheme(self, reader: V26Reader | None = None) -> V26Scheme:
-        return V26Scheme(self.ctx.hf_config, self.quant, None if reader is None else reader.names())
+        return V26Scheme(
+            self.ctx.hf_config, self.quant, None if reader is None else reader.names(), self.fused
+        )
 
     def loading(self) -> dict[str, Any]:
         """``load_family_weights``' reader and scheme for this checkpoint."""
