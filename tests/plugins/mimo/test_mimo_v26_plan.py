@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
+from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
@@ -41,6 +42,7 @@ def test_template_validates():
     deploy = load_config(TEMPLATE)
     assert TEMPLATE.is_symlink() and deploy.model == "XiaomiMiMo/MiMo-V2.6-Flash-RL" and deploy.world == 2
     assert deploy.engine.mtp and deploy.engine.mtp_depth == 1 and deploy.engine.bf16_weights == "bf12"
+    refuse_unstored_kv(deploy.engine, torch.bfloat16)  # a K/V format this build stores (dgpp check and serve)
 
 
 def test_w2_plan_counts_window_bounded_kv_and_fits_a_node(tmp_path):
