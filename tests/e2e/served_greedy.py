@@ -25,10 +25,11 @@ QUESTIONS = ("What is the weather in Paris today?", "def add(a, b):", "The quick
 
 
 @contextmanager
-def served(ckpt: Path, root: Path) -> Iterator[tuple[Server, openai.OpenAI]]:
-    """``dgpp serve`` (``SERVE_ENGINE``) on ``ckpt`` with the tiny tokenizer, and an openai client for it."""
+def served(ckpt: Path, root: Path, engine: dict | None = None) -> Iterator[tuple[Server, openai.OpenAI]]:
+    """``dgpp serve`` (``engine``, default ``SERVE_ENGINE``) on ``ckpt`` with the tiny tokenizer, and an openai
+    client for it."""
     build_tiny_tokenizer(ckpt)
-    with running(ckpt, root, SERVE_ENGINE) as server:
+    with running(ckpt, root, SERVE_ENGINE if engine is None else engine) as server:
         yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
