@@ -1,4 +1,5 @@
-"""Sink / sliding-window attention and the window ring: Triton (interpreter, fp32) against the torch reference."""
+"""Sink / sliding-window attention and the window ring: Triton (interpreter, fp32) against the torch reference, with
+values as wide as the keys and narrower ones on a head dim that is not a power of two (MiMo: q/k 192, v 128)."""
 
 from __future__ import annotations
 
@@ -12,41 +13,46 @@ from dgpp.kernels.window_attention import (
     window_attention_triton,
 )
 
+DIMS = [(16, 16), (48, 32)]  # (q/k head dim, v head dim)
 
-def _step(ctx: list[int], q_lens: list[int], hq: int, hk: int, dim: int, seed: int):
+
+def _step(ctx: list[int], q_lens: list[int], hq: int, hk: int, dim: int, seed: int, v_dim: int | None = None):
     g = torch.Generator().manual_seed(seed)
     rows = sum(q_lens)
     starts = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32)
     q = torch.randn(rows, hq, dim, generator=g)
     k = torch.randn(rows, hk, dim, generator=g)
-    v = torch.randn(rows, hk, dim, generator=g)
+    v = torch.randn(rows, hk, v_dim or dim, generator=g)
     return q, k, v, starts, torch.tensor(ctx, dtype=torch.int32), torch.tensor(
         [c + n for c, n in zip(ctx, q_lens, strict=True)], dtype=torch.int32)
 
 
+@pytest.mark.parametrize(("dim", "v_dim"), DIMS)
 @pytest.mark.parametrize(("window", "sinks"), [(7, True), (7, False), (40, True)])
-def test_ring_attention_matches_reference(window: int, sinks: bool) -> None:
+def test_ring_attention_matches_reference(window: int, sinks: bool, dim: int, v_dim: int) -> None:
     """Decode rows, a chunk starting mid-sequence past the window, a first chunk, a padding row (slot -1)."""
-    hq, hk, dim = 4, 2, 16
-    q, k, v, starts, ctx, lens = _step([30, 3, 0, 0], [1, 9, 12, 1], hq, hk, dim, seed=window)
+    hq, hk = 4, 2
+    q, k, v, starts, ctx, lens = _step([30, 3, 0, 0], [1, 9, 12, 1], hq, hk, dim, seed=window, v_dim=v_dim)
     g = torch.Generator().manual_seed(1)
     k_ring = torch.randn(5, window - 1, hk, dim, generator=g)
-    v_ring = torch.randn(5, window - 1, hk, dim, generator=g)
+    v_ring = torch.randn(5, window - 1, hk, v_dim, generator=g)
     slots = torch.tensor([3, 0, 2, -1])
     lens[3] = 0
     sink = torch.randn(hq, generator=g) if sinks else None
     args = (q, k, v, k_ring, v_ring, slots, starts, ctx, lens, sink, 0.3, window, False)
     out = window_attention_triton(*args)
+    assert out.shape == (q.shape[0], hq, v_dim)
     torch.testing.assert_close(out, window_attention_ref(*args), rtol=1e-5, atol=1e-5)
     assert float(out[-1].abs().max()) == 0.0
 
 
-def test_paged_sink_attention_matches_reference() -> None:
-    hq, hk, dim, bs = 6, 2, 16, 4
-    q, k, v, starts, ctx, lens = _step([70, 0], [1, 13], hq, hk, dim, seed=3)
+@pytest.mark.parametrize(("dim", "v_dim"), DIMS)
+def test_paged_sink_attention_matches_reference(dim: int, v_dim: int) -> None:
+    hq, hk, bs = 6, 2, 4
+    q, k, v, starts, ctx, lens = _step([70, 0], [1, 13], hq, hk, dim, seed=3, v_dim=v_dim)
     g = torch.Generator().manual_seed(4)
     k_cache = torch.randn(40, bs, hk, dim, generator=g)
-    v_cache = torch.randn(40, bs, hk, dim, generator=g)
+    v_cache = torch.randn(40, bs, hk, v_dim, generator=g)
     tables = torch.randperm(40, generator=g)[:36].view(2, 18).int()
     sink = torch.randn(hq, generator=g)
     for window in (0, 9):
@@ -66,11 +72,12 @@ def test_sink_is_an_extra_softmax_logit() -> None:
     torch.testing.assert_close(tiny, none)
 
 
-def test_ring_write_keeps_the_last_positions() -> None:
+@pytest.mark.parametrize("v_dim", [8, 6])
+def test_ring_write_keeps_the_last_positions(v_dim: int) -> None:
     hk, dim, cap = 2, 8, 5
-    _, k, v, starts, ctx, lens = _step([2, 9, 0], [11, 1, 3], 2, hk, dim, seed=6)
+    _, k, v, starts, ctx, lens = _step([2, 9, 0], [11, 1, 3], 2, hk, dim, seed=6, v_dim=v_dim)
     slots = torch.tensor([1, 0, -1])
-    rings = [torch.full((3, cap, hk, dim), -7.0) for _ in range(4)]
+    rings = [torch.full((3, cap, hk, d), -7.0) for d in (dim, v_dim, dim, v_dim)]
     ring_write_ref(k, v, rings[0], rings[1], slots, starts, ctx, lens)
     ring_write_triton(k, v, rings[2], rings[3], slots, starts, ctx, lens)
     torch.testing.assert_close(rings[2], rings[0])

@@ -32,8 +32,8 @@ REAL = {
     "</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
     "glm": "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>New York</arg_value>\n<arg_key>days</arg_key>\n"
     "<arg_value>3</arg_value>\n</tool_call>\n<tool_call>get_time\n</tool_call>",
-    "mimo": "<tool_call><function=get_weather><parameter=city>New York</parameter><parameter=days>3</parameter>"
-    "</function></tool_call><tool_call><function=get_time></function></tool_call>",
+    "mimo": "<tool_call>\n<function=get_weather>\n<parameter=city>New York</parameter>\n<parameter=days>3</parameter>\n"
+    "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>",
     "flint": '<tool_call>\n{"name": "get_weather", "arguments": {"city": "New York", "days": 3}}\n</tool_call>\n'
     '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
     "deepseek_v4": '<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">'
@@ -141,6 +141,17 @@ def test_string_schema_keeps_text_and_typed_values_become_json():
     d = DIALECTS["qwen"]
     text = "<tool_call>\n<function=get_weather>\n<parameter=city>\n42\n</parameter>\n<parameter=days>\nsoon\n</parameter>\n</function>\n</tool_call>"
     assert calls_of(d.parse(text, TOOLS)) == [("get_weather", {"city": "42", "days": "soon"})]
+
+
+def test_mimo_keeps_values_exactly_as_written_qwen_drops_its_padding():
+    """MiMo's template tells the model a value is kept as written, spaces and line breaks included; Qwen pads
+    each value with one newline on both sides, which is layout, not value."""
+    code = "  def f():\n      return 1\n"
+    mimo = f"<tool_call>\n<function=get_weather>\n<parameter=city>{code}</parameter>\n</function>\n</tool_call>"
+    assert calls_of(DIALECTS["mimo"].parse(mimo, TOOLS)) == [("get_weather", {"city": code})]
+    qwen = f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{code}\n</parameter>\n</function>\n</tool_call>"
+    assert calls_of(DIALECTS["qwen"].parse(qwen, TOOLS)) == [("get_weather", {"city": code})]
+    assert DIALECTS["mimo"].format_calls([("get_weather", {"city": code})]) == mimo
 
 
 def test_custom_tool_call_is_reported_custom():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 import pytest
@@ -14,6 +15,7 @@ from dgpp.text.grammar import GrammarContext, build_matcher
 from dgpp.text.tools import tool_specs
 from dgpp_deepseek.dialect import dialect_for as deepseek_dialect
 from dgpp_flint.dialect import FlintJsonDialect
+from dgpp_mimo.dialect import MimoDialect
 from dgpp_qwen.dialect import QwenXmlDialect
 
 PERSON = {
@@ -87,8 +89,9 @@ def test_json_schema_samples_always_validate(tiny_ctx, tiny_tokenizer):
         jsonschema.validate(json.loads(text), PERSON)
 
 
-def test_tool_choice_required_always_yields_valid_calls(tiny_ctx, tiny_tokenizer):
-    dialect = QwenXmlDialect()
+@pytest.mark.parametrize("dialect", [QwenXmlDialect(), MimoDialect()], ids=["qwen", "mimo"])
+def test_tool_choice_required_always_yields_valid_calls(tiny_ctx, tiny_tokenizer, dialect):
+    """Qwen pads values with newlines, MiMo writes them bare: each grammar writes its own layout."""
     specs = tool_specs([LAMP, ALARM])
     schemas = {s.name: s.parameters for s in specs}
     counts = set()
@@ -97,6 +100,7 @@ def test_tool_choice_required_always_yields_valid_calls(tiny_ctx, tiny_tokenizer
         text = tiny_tokenizer.decode(strip_eos(tiny_tokenizer, sample(m, 512, seed)))
         parsed = dialect.parse(text, specs)
         assert parsed.tool_calls and parsed.content is None, text
+        assert (re.search(r"<parameter=\w+>\n", text) is not None) == dialect.padded_values, text
         for call in parsed.tool_calls:
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])
         counts.add(len(parsed.tool_calls))

@@ -75,7 +75,10 @@ def test_plugin_template_matches_transformers(request, family, name, thinking):
         **kwargs,
     )
     assert ours == theirs
-    if family != "glm":  # GLM's generation prompt lets the model open <think> itself
+    if family == "mimo":  # MiMo's model opens <think> itself; thinking off (its default) closes an empty one
+        assert ours.endswith("<|im_start|>assistant\n<think></think>") == (thinking is not True)
+        assert ours.endswith("<|im_start|>assistant\n") == (thinking is True)
+    elif family != "glm":  # GLM's generation prompt lets the model open <think> itself
         assert ours.rstrip().endswith("<think>") == (thinking is not False)
 
 

@@ -25,7 +25,7 @@ def env(tmp_path_factory):
     root = tmp_path_factory.mktemp("mimo_v26_serve")
     flash = build_tiny_mimo(root / "flash", seed=51, vocab_size=512, sliding_window=WINDOW)
     v26, _ = write_v26_checkpoint(flash, root / "v26", root / "twin", mtp_layers=1, seed=52)
-    with served(v26, root, {**SERVE_ENGINE, "mtp": True, "mtp_depth": 2}) as (server, sdk):
+    with served(v26, root, engine={**SERVE_ENGINE, "mtp": True, "mtp_depth": 2}) as (server, sdk):
         yield v26, server, sdk
 
 

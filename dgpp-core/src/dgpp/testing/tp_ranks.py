@@ -30,3 +30,22 @@ def run_on_ranks(run: RankRun, path: str | Path, out_dir: str | Path, world_size
     in rank order. ``out_dir`` holds the rendezvous file and each rank's result."""
     mp.spawn(_rank_main, args=(run, str(path), str(out_dir), world_size), nprocs=world_size, join=True)
     return [torch.load(Path(out_dir) / f"rank{rank}.pt") for rank in range(world_size)]
+
+
+@torch.inference_mode()
+def compared_outputs(model: Any, lengths: tuple[int, ...] = (6, 21), new_tokens: int = 10) -> dict[str, Any]:
+    """What a family's TP test compares between each rank and the single-rank model: every row's logits of fixed
+    prompts, and their greedy continuations prefilled in chunks of 5."""
+    from dgpp.testing import conformance as conf
+    from dgpp.testing.generate import greedy_generate
+
+    prompts = conf.make_prompts(model.info.vocab_size, lengths, seed=31)
+    return {"logits": conf.engine_all_logits(model, prompts),
+            "tokens": greedy_generate(model, prompts, new_tokens, chunk_size=5)}
+
+
+def assert_rank_matches_single(rank: int, got: dict[str, Any], single: dict[str, Any]) -> None:
+    """Logits within 1e-5 (relative to each row's largest) and identical greedy tokens."""
+    for ours, ref in zip(got["logits"], single["logits"], strict=True):
+        torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+    assert got["tokens"] == single["tokens"], f"rank {rank} greedy tokens differ from the single-rank model"

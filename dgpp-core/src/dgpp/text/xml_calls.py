@@ -1,5 +1,7 @@
 """The Qwen-XML function syntax (``<function=NAME>`` + ``<parameter=KEY>``), shared by the dialects that
-use it (Qwen writes it with newlines, MiMo compactly); parsing accepts both layouts."""
+use it. Qwen puts every tag on its own line and pads each value with a newline on both sides (the parser
+drops that padding); MiMo puts the tags on their own lines but writes each value exactly as it is between its
+tags (whitespace included, so nothing is stripped). Parsing accepts any whitespace between tags."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from dgpp.text.tools import ToolSpec
 _FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", re.S)
 # A parameter ends at its close tag; a missing close tag (seen in real output) ends at the next parameter.
 _PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
+_NL = "\n"
+_CLOSE_PARAMETER, _CLOSE_FUNCTION = "</parameter>\n", "</function>\n"
 
 
 def value_text(value: Any) -> str:
@@ -37,8 +41,11 @@ def whole_matches(pattern: re.Pattern[str], text: str) -> list[re.Match[str]] | 
     return None if text[pos:].strip() else found
 
 
-def parse_functions(inner: str, tools: dict[str, ToolSpec], coerce) -> list[tuple[str, dict]] | None:
-    """The ``<function=...>`` elements of one block; None when anything else but whitespace is in it."""
+def parse_functions(
+    inner: str, tools: dict[str, ToolSpec], coerce, padded: bool = True
+) -> list[tuple[str, dict]] | None:
+    """The ``<function=...>`` elements of one block; None when anything else but whitespace is in it.
+    ``padded``: drop one newline at each end of a value (the writer's padding, not the value's)."""
     functions = whole_matches(_FUNCTION, inner)
     if functions is None:
         return None
@@ -51,50 +58,47 @@ def parse_functions(inner: str, tools: dict[str, ToolSpec], coerce) -> list[tupl
         args: dict[str, Any] = {}
         for par in params:
             raw = par.group(2)
-            raw = raw[1:] if raw.startswith("\n") else raw
-            raw = raw[:-1] if raw.endswith("\n") else raw
+            if padded:
+                raw = raw[1:] if raw.startswith("\n") else raw
+                raw = raw[:-1] if raw.endswith("\n") else raw
             key = par.group(1).strip()
             args[key] = coerce(raw, tools.get(name), key)
         calls.append((name, args))
     return calls or None
 
 
-def format_function(name: str, args: dict, compact: bool) -> str:
-    nl = "" if compact else "\n"
-    params = "".join(f"<parameter={k}>{nl}{value_text(v)}{nl}</parameter>{nl}" for k, v in args.items())
-    return f"<function={name}>{nl}{params}</function>{nl}"
+def format_function(name: str, args: dict, padded: bool = True) -> str:
+    pad = "\n" if padded else ""
+    params = "".join(f"<parameter={k}>{pad}{value_text(v)}{pad}</parameter>\n" for k, v in args.items())
+    return f"<function={name}>\n{params}</function>\n"
 
 
-def function_grammar(dialect: Any, spec: ToolSpec, g: LarkBuilder, compact: bool) -> str:
+def function_grammar(dialect: Any, spec: ToolSpec, g: LarkBuilder, padded: bool = True) -> str:
     """Lark for one ``<function=...>`` element as ``format_function`` writes it."""
-    nl = "" if compact else "\n"
+    pad = "\n" if padded else ""
 
     def one_argument(key: str) -> str:
-        return f"{g.lit(f'<parameter={key}>{nl}')} {dialect.value_grammar(spec, key, f'{nl}</parameter>{nl}', g)}"
+        return f"{g.lit(f'<parameter={key}>{pad}')} {dialect.value_grammar(spec, key, pad + _CLOSE_PARAMETER, g)}"
 
     args = dialect.arguments_grammar(spec, one_argument, g)
-    return f"{g.lit(f'<function={spec.name}>{nl}')} {args} {g.lit(f'</function>{nl}')}"
+    return f"{g.lit(f'<function={spec.name}>' + _NL)} {args} {g.lit(_CLOSE_FUNCTION)}"
 
 
 class XmlFunctionDialect(Dialect):
-    """Calls as ``<tool_call>`` blocks holding one ``<function=...>`` each; ``compact`` drops the newlines."""
+    """Calls as ``<tool_call>`` blocks holding one ``<function=...>`` each, every tag on its own line, blocks
+    separated by a newline; ``padded_values`` (Qwen) pads each value with newlines, off (MiMo) writes and reads
+    values exactly as they stand between their tags."""
 
     name = "xml-function"
     markers = (("<tool_call>", "</tool_call>"),)
-    compact = False
+    padded_values = True
 
     def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict]] | None:
-        return parse_functions(inner, tools, coerce_value)
+        return parse_functions(inner, tools, coerce_value, self.padded_values)
 
     def format_calls(self, calls: list[tuple[str, dict]]) -> str:
-        nl = "" if self.compact else "\n"
-        return nl.join(f"<tool_call>{nl}{format_function(n, a, self.compact)}</tool_call>" for n, a in calls)
+        return "\n".join(f"<tool_call>\n{format_function(n, a, self.padded_values)}</tool_call>" for n, a in calls)
 
     def call_grammar(self, spec: ToolSpec, g: LarkBuilder) -> str:
-        nl = "" if self.compact else "\n"
-        body = function_grammar(self, spec, g, self.compact)
-        return f"{g.lit('<tool_call>' + nl)} {body} {g.lit('</tool_call>')}"
-
-    def calls_grammar(self, one_call: str, parallel: bool, g: LarkBuilder) -> str:
-        sep = g.lit("" if self.compact else "\n")
-        return one_call if not parallel else f"{one_call} ({sep} {one_call})*"
+        body = function_grammar(self, spec, g, self.padded_values)
+        return f"{g.lit('<tool_call>' + _NL)} {body} {g.lit('</tool_call>')}"

@@ -1,8 +1,12 @@
-"""MiMo's tool-call dialect: the Qwen-XML function syntax in its compact form, plus its chat template.
+"""MiMo's tool-call dialect and its chat template.
 
-A call is ``<tool_call><function=NAME><parameter=KEY>VALUE</parameter></function></tool_call>`` (string
-values bare, others JSON); the parser also accepts the newline layout. Thinking sits in ``<think>…</think>``;
-the template has only a thinking switch (``enable_thinking``), so efforts map as switch-only.
+A call is ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>VALUE</parameter>\\n</function>\\n</tool_call>``: the
+Qwen-XML function syntax with every tag on its own line, but each value written exactly as it stands between its
+tags (strings bare, other values JSON): MiMo's template tells the model whitespace inside a value is kept, so the
+parser keeps it too (Qwen's pads values with newlines and drops the padding). Parallel calls are consecutive
+blocks. Thinking sits in ``<think>...</think>``; the model opens ``<think>`` itself when thinking is on, and the
+template has only a switch (``enable_thinking``), so efforts map as switch-only. A checkpoint's own
+``chat_template`` wins; ``chat_template.jinja`` here is the fallback, off by default as MiMo-V2-Flash's is.
 """
 
 from __future__ import annotations
@@ -16,11 +20,11 @@ TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
 
 
 class MimoDialect(XmlFunctionDialect):
-    """Compact Qwen-XML tool calls."""
+    """Qwen-XML tool calls with values kept exactly as written."""
 
     name = "mimo-xml"
     effort = SWITCH_ONLY
-    compact = True
+    padded_values = False
 
 
 def dialect_for(hf_config: dict) -> MimoDialect:
@@ -28,5 +32,5 @@ def dialect_for(hf_config: dict) -> MimoDialect:
 
 
 def chat_template(hf_config: dict | None = None) -> str:
-    """The in-repo MiMo-style template, for checkpoints that ship none."""
+    """The in-repo MiMo template, for checkpoints that ship none."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")
