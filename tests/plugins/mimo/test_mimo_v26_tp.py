@@ -11,12 +11,10 @@ from dgpp.config import EngineConfig
 from dgpp.engine.loading import load_context, load_model
 from dgpp.family import World
 from dgpp.plugins import manager
-from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.testing.mimo_v26 import write_v26_checkpoint
 from dgpp.testing.mtp import draft_logits
-from dgpp.testing.tp_ranks import run_on_ranks
+from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
 
 WORLD = 2
 
@@ -24,35 +22,20 @@ WORLD = 2
 @torch.inference_mode()
 def _run(path: str, world: World) -> dict:
     model = load_model(path, world=world)
-    ctx = load_context(path, EngineConfig(mtp=True), world=world)
-    drafter = manager().hook.dgpp_build_draft(ctx=ctx, model=model)
-    prompts = conf.make_prompts(model.info.vocab_size, (6, 21), seed=41)
-    return {
-        "logits": conf.engine_all_logits(model, prompts),
-        "tokens": greedy_generate(model, prompts, 10, chunk_size=5),
-        "draft": draft_logits(model, drafter, prompts[1], [20]),
-        "k_rows": model.model.layers[0].self_attn.k_proj.quant_method.local_shape(
-            model.model.layers[0].self_attn.k_proj
-        )[0],
-    }
+    drafter = manager().hook.dgpp_build_draft(ctx=load_context(path, EngineConfig(mtp=True), world=world), model=model)
+    k_proj = model.model.layers[0].self_attn.k_proj
+    tokens = torch.randint(0, model.info.vocab_size, (21,), generator=torch.Generator().manual_seed(41)).tolist()
+    return {**compared_outputs(model), "draft": draft_logits(model, drafter, tokens, [20]),
+            "k_rows": k_proj.quant_method.local_shape(k_proj)[0]}
 
 
 def test_tp2_matches_single_rank(tmp_path):
     # experts of 64 so a rank's down_proj keeps whole MXFP4 groups of 32 (the release: 2048 -> 1024 per rank)
-    v26, _ = write_v26_checkpoint(
-        build_tiny_mimo(tmp_path / "flash", seed=42, moe_intermediate_size=64),
-        tmp_path / "v26",
-        tmp_path / "twin",
-        mtp_layers=1,
-        seed=43,
-    )
+    flash = build_tiny_mimo(tmp_path / "flash", seed=42, moe_intermediate_size=64)
+    v26, _ = write_v26_checkpoint(flash, tmp_path / "v26", tmp_path / "twin", mtp_layers=1, seed=43)
     single = _run(str(v26), World())
     for rank, got in enumerate(run_on_ranks(_run, v26, tmp_path, WORLD)):
         assert got["k_rows"] == single["k_rows"] // 2 == 48  # one of the global layer's 2 KV heads of 48
-        for ours, ref in zip(got["logits"], single["logits"], strict=True):
-            torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
-        assert got["tokens"] == single["tokens"], (
-            f"rank {rank} greedy tokens differ from the single-rank model"
-        )
+        assert_rank_matches_single(rank, got, single)
         ref = single["draft"]
         torch.testing.assert_close(got["draft"], ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
