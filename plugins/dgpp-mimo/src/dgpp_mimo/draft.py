@@ -34,7 +34,7 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.plugin_api import (
     CacheSpec,
-    CheckpointError,
+    ConfigError,
     ForwardBatch,
     LoadContext,
     PagedKV,
@@ -91,9 +91,7 @@ class PagedWindowAttention(SinkAttention):
 def mtp_config(cfg: MimoArchConfig) -> MimoArchConfig:
     """``cfg`` as seen by an MTP layer: one sliding-window layer with a dense MLP."""
     if SLIDING not in cfg.attention:
-        raise CheckpointError(
-            "the MTP layers attend like the sliding-window layers, and this config has none"
-        )
+        raise ConfigError("the MTP layers attend like the sliding-window layers, and this config has none")
     return dataclasses.replace(cfg, num_hidden_layers=1, layer_types=(SLIDING,), mlp_layer_types=("dense",))
 
 
@@ -184,8 +182,14 @@ def load_drafter(
     )
 
 
-def drafter_memory(cfg: MimoArchConfig, model: MimoV2FlashForCausalLM, layers: int, scheme, bf16_weights: str,
-                   hf_config: dict) -> tuple[dict[str, CacheSpec], int]:
+def drafter_memory(
+    cfg: MimoArchConfig,
+    model: MimoV2FlashForCausalLM,
+    layers: int,
+    scheme,
+    bf16_weights: str,
+    hf_config: dict,
+) -> tuple[dict[str, CacheSpec], int]:
     """The drafter's cache entries and resident bytes, built on ``meta`` beside ``model`` (the memory plan)."""
     from dgpp.plugin_api import quantize_modules
     from dgpp.quant.resident import resident_bytes

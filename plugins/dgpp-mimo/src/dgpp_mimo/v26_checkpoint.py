@@ -121,6 +121,10 @@ class _Split:
     part: str
     suffix: str
 
+    @property
+    def fused_name(self) -> str:
+        return f"{self.fused_module}.{self.suffix}"
+
 
 class V26Reader(CheckpointReader):
     """The checkpoint at ``checkpoint_dir`` under ``mimo_v2_flash`` names (see the module docstring)."""
@@ -164,11 +168,10 @@ class V26Reader(CheckpointReader):
         split = self.split.get(name)
         if split is None:
             return super().where(name)
-        return f"{self._fused_file[f'{split.fused_module}.{split.suffix}']} ({split.fused_module}.{split.suffix})"
+        return f"{self._fused_file[split.fused_name]} ({split.fused_name})"
 
     def _fused(self, split: _Split) -> torch.Tensor:
-        name = f"{split.fused_module}.{split.suffix}"
-        return self._open(self._fused_file[name]).get_tensor(name)
+        return self._open(self._fused_file[split.fused_name]).get_tensor(split.fused_name)
 
     def _split_tensor(self, split: _Split) -> torch.Tensor:
         fused = self._fused(split)
@@ -178,15 +181,14 @@ class V26Reader(CheckpointReader):
             return split.layout.split_rows(fused, split.part)
         except CheckpointError as e:
             raise CheckpointError(
-                f"tensor {split.fused_module}.{split.suffix} in {self.where(split.fused_module)}: {e}"
+                f"tensor {split.fused_name} in {self._fused_file[split.fused_name]}: {e}"
             ) from None
 
     def shape(self, name: str) -> tuple[int, ...]:
         split = self.split.get(name)
         if split is None:
             return super().shape(name)
-        fused = self._open(self._fused_file[f"{split.fused_module}.{split.suffix}"])
-        cols = fused.get_slice(f"{split.fused_module}.{split.suffix}").get_shape()[1]
+        cols = self._open(self._fused_file[split.fused_name]).get_slice(split.fused_name).get_shape()[1]
         rows = split.layout.part_rows(split.part)
         if split.suffix == FP8_SCALE:
             rows //= split.layout.part_block(split.part)[0]
@@ -194,7 +196,7 @@ class V26Reader(CheckpointReader):
 
     def dtype(self, name: str) -> torch.dtype:
         split = self.split.get(name)
-        return super().dtype(f"{split.fused_module}.{split.suffix}" if split else name)
+        return super().dtype(split.fused_name if split else name)
 
     def get(self, name: str) -> torch.Tensor:
         split = self.split.get(name)
