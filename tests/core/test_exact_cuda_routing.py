@@ -288,3 +288,46 @@ def test_fused_moe_rows_do_not_depend_on_the_token_count():
     for m in (2, 5, t):  # 5 tokens: 10 assignments <= 4 * experts took 16-row blocks before the exact routing
         assert torch.equal(fused_moe_triton(x[:m], gate_up, down, w[:m], ids[:m]), solo[:m]), m
     torch.testing.assert_close(solo, fused_moe_ref(x, gate_up, down, w, ids), rtol=1e-4, atol=1e-4)
+
+
+def test_prefill_chunks_in_place_equal_the_merged_chunks():
+    """Several prefill chunks in one step: each chunk's products written into its rows of one output (and one
+    SwiGLU pass) give what a call per chunk merged by copies gives, bit for bit; a decode row beside them stays
+    canonical."""
+    from dgpp.nn.exact import chunks
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(11, 32, generator=g)
+    weights = [torch.randn(64, 32, generator=g), torch.randn(128, 32, generator=g)]  # rows start 256-byte aligned
+    route = route_for([4, 1, 6], "cpu")  # chunk rows 0..3, a decode row 4, chunk rows 5..10
+    calls = []
+
+    def bulk(rows):
+        calls.append(rows.shape[0])
+        return [torch.nn.functional.linear(rows, w) for w in weights]
+
+    def exact(rows):
+        return [torch.full((rows.shape[0], w.shape[0]), 7.0) for w in weights]
+
+    with in_flight(route):
+        merged = exact_cuda.route_rows(x, exact, bulk)
+        assert calls == [4, 6]
+        in_place = exact_cuda.route_rows(x, exact, bulk, lambda rows, ranges: chunks.chunk_linears(rows, weights, ranges))
+        assert calls == [4, 6]  # the chunks went through chunk_linears, not through bulk
+        for a, b in zip(merged, in_place, strict=True):
+            assert torch.equal(a, b)
+        assert in_place[0][4].eq(7.0).all()
+        gate, up = weights[0], torch.randn(64, 32, generator=g)
+        fused = exact_cuda.route_rows(x, lambda rows: [rows.new_zeros(rows.shape[0], 64)], lambda rows: [chunks_ref(rows, gate, up)],
+                                      lambda rows, ranges: chunks.chunk_gate_up_silu(rows, gate, up, ranges))[0]
+        for a, b in ((0, 4), (5, 11)):
+            assert torch.equal(fused[a:b], chunks_ref(x[a:b], gate, up))
+        assert fused[4].eq(0).all()
+        # a chunk whose rows would start off the alignment cuBLAS sees for a fresh tensor: the copies instead
+        assert chunks.chunk_linears(x, [torch.randn(48, 32, generator=g)], ((0, 4), (5, 11))) is None
+
+
+def chunks_ref(rows, gate, up):
+    from dgpp import kernels
+
+    return kernels.silu_mul_pair(torch.nn.functional.linear(rows, gate), torch.nn.functional.linear(rows, up))

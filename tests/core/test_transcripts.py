@@ -5,7 +5,7 @@ pools, scheduler, step loop) with small prefill chunks, several requests in flig
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
 e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the mimo entry with
-the MiMo plugin, on top of e5ac5d1): a refactor
+the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8): a refactor
 that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
@@ -26,6 +26,7 @@ from dgpp.sample.params import SamplingParams
 from dgpp.serve.build import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
+from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
 from dgpp.testing.flint import build_tiny_flint
 from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
 from dgpp.testing.mimo import build_tiny_mimo
@@ -60,6 +61,8 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "flint": (lambda out: build_tiny_flint(out, seed=0, vocab_size=512), False),
     # window 8 with sinks, twice the KV heads and v 32 != q/k 48 on the sliding layers
     "mimo": (lambda out: build_tiny_mimo(out, seed=0, vocab_size=512), False),
+    # window 6, HCA ratio 8, CSA ratio 4 keeping 3 entries: the hit restores rings and open windows, shares entries
+    "deepseek_v4": (lambda out: build_tiny_deepseek_v4(out, seed=0, vocab_size=512), False),
 }
 
 

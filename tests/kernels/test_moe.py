@@ -116,3 +116,17 @@ def test_reference_matches_nn_fused_experts() -> None:
     experts.gate_up_proj.data.copy_(gate_up)
     experts.down_proj.data.copy_(down)
     torch.testing.assert_close(fused_moe_ref(x, gate_up, down, w, ids), experts(x, w, ids), rtol=1e-5, atol=1e-5)
+
+
+def test_fused_moe_clamps_swiglu_inputs_like_the_reference() -> None:
+    """DeepSeek-V4's limit: gate <= 10, |up| <= 10 before silu(gate) * up; weights large enough to cross it."""
+    x, gate_up, down, weights, ids = _moe_inputs(6, 8, 2, 32, 16, seed=5)
+    gate_up = gate_up * 15
+    assert (x @ gate_up[0].T).abs().max() > 10
+    want = fused_moe_ref(x, gate_up, down, weights, ids, swiglu_limit=10.0)
+    got = fused_moe_triton(x, gate_up, down, weights, ids, swiglu_limit=10.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4)
+    unclamped = fused_moe_triton(x, gate_up, down, weights, ids)
+    assert (unclamped - want).abs().max() > 1e-2
+    with pytest.raises(ValueError, match="swiglu_limit"):
+        fused_moe_triton(x, gate_up, down, weights, ids, swiglu_limit=0.0)

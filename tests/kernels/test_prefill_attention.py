@@ -55,3 +55,12 @@ def test_prefill_attention_tiles_agree() -> None:
     for tile in ((16, 16, 4, 2), (32, 16, 4, 2), (16, 32, 4, 2), (64, 64, 4, 2)):
         out = prefill_attention_triton(q, kc, vc, bt, starts, ctx, 0.25, tile=tile)
         torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5, msg=f"tile {tile}")
+
+
+def test_host_lists_give_the_same_attention() -> None:
+    """The engine hands the query starts and context lengths over as host lists (no device read per layer):
+    the same block plan, so the same bits."""
+    q, kc, vc, bt, starts, ctx = _setup([0, 9, 30], [40, 17, 2], 4, 2, 16, 4, seed=3)
+    read = prefill_attention_triton(q, kc, vc, bt, starts, ctx, 0.25, block_m=16)
+    given = prefill_attention_triton(q, kc, vc, bt, starts, ctx, 0.25, block_m=16, host=(starts.tolist(), ctx.tolist()))
+    assert torch.equal(read, given)

@@ -60,6 +60,18 @@ def test_paged_sink_attention_matches_reference(dim: int, v_dim: int) -> None:
         torch.testing.assert_close(window_attention_triton(*args), window_attention_ref(*args), rtol=1e-5, atol=1e-5)
 
 
+def test_wide_heads_split_the_query_heads_over_programs() -> None:
+    """DeepSeek-V4's shape in small: one 512-wide K == V head under 40 query heads (3 head groups of 16, the last
+    partial) walked in 16-key tiles; equals the reference on ring and fresh keys alike."""
+    hq, hk, dim, window = 40, 1, 512, 20
+    q, k, _, starts, ctx, lens = _step([25, 0], [1, 6], hq, hk, dim, seed=7)
+    g = torch.Generator().manual_seed(8)
+    ring = torch.randn(2, window - 1, hk, dim, generator=g)
+    sink = torch.randn(hq, generator=g)
+    args = (q, k, k, ring, ring, torch.tensor([1, 0]), starts, ctx, lens, sink, dim**-0.5, window, False)
+    torch.testing.assert_close(window_attention_triton(*args), window_attention_ref(*args), rtol=1e-5, atol=1e-5)
+
+
 def test_sink_is_an_extra_softmax_logit() -> None:
     """A huge sink takes all the probability (output ~0); a very negative one leaves plain softmax attention."""
     q, k, v, starts, ctx, lens = _step([0], [5], 2, 1, 8, seed=5)

@@ -91,9 +91,11 @@ def test_bf16_weights_bf12_and_bf12_plus_bf16():
         packed = method.packed if isinstance(method, DualMethod) else method
         assert isinstance(packed.fmt, BF12) and (mode == "bf12") == ("weight" not in model.up._parameters)
         assert torch.equal(_bits(packed.dense_weight(model.up, torch.bfloat16)), _bits(dense))
+        twin = Linear(1024, 64, dtype=torch.bfloat16)  # the dense layer: what every launch must compute
+        twin.weight.data.copy_(dense)
         for rows in (1, 8, 20):  # decode-sized and prefill-sized launches
             x = torch.randn(rows, 1024).to(torch.bfloat16)
-            assert torch.equal(model.up(x), F.linear(x, dense))
+            assert torch.equal(model.up(x), twin(x))
 
 
 def test_dense_weights_fp8_is_explicit_and_converts():

@@ -58,7 +58,11 @@ def test_quant_linear_equals_dense_on_decoded(fmt):
     for suffix in layer.quant_tensor_names:  # resident bytes are the shipped bytes (E8M0 grids excepted)
         if shipped[suffix].dtype != torch.float8_e8m0fnu:
             assert getattr(layer, suffix).element_size() == shipped[suffix].element_size(), suffix
-    assert torch.equal(layer(x), F.linear(x, dense, layer.bias))
+    twin = Linear(k, n, bias=True)  # a dense Linear holding the decoded weight: the same bits, row by row
+    twin.weight.data.copy_(dense)
+    twin.bias.data.copy_(layer.bias)
+    assert torch.equal(layer(x), twin(x))
+    assert torch.equal(layer(x[2:3]), twin(x)[2:3])  # a row's bits do not depend on the rows beside it
     # the quantization itself is sane: decoded weights stay close to what was encoded
     assert (dense - w).abs().max() <= 0.2 * w.abs().max()
 
@@ -140,3 +144,27 @@ def test_wrong_tensor_shape_names_the_problem():
     scale = layer.weight_scale_inv
     with pytest.raises(ValueError, match=r"\[3, 4\]"):
         scale.weight_loader(scale, torch.ones(3, 4))
+
+
+@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 32)), FP8Block(block=(32, 32), scale_format="e8m0"), MXFP4(),
+                                 NVFP4ModelOpt()], ids=lambda f: f.name)
+def test_row_block_equals_the_decoded_rows(fmt):
+    """``row_block_linear``: a group of output rows of a packed layer (DeepSeek-V4's grouped wo_a) through the
+    format's own row slice where its grid allows the cut, else the decoded rows; both equal the dense rows."""
+    from dgpp.nn.linear import row_block_linear
+
+    torch.manual_seed(3)
+    n, k = 96, 128
+    layer, shipped = _quant_linear(fmt, torch.randn(n, k) * 0.05)
+    dense = fmt.decode(shipped, (n, k), torch.float32)
+    twin = Linear(k, n)
+    twin.weight.data.copy_(dense)
+    x = torch.randn(3, k)
+    tensors, shape = layer.quant_method.tensors(layer), (n, k)
+    for start, stop in ((0, 32), (32, 96), (8, 40)):
+        sliced = fmt.row_slice(tensors, shape, start, stop)
+        aligned = isinstance(fmt, MXFP4 | NVFP4ModelOpt) or (start % fmt.block[0] == 0 and stop % fmt.block[0] == 0)
+        assert (sliced is not None) == aligned, (start, stop)
+        if sliced is not None:
+            assert torch.equal(fmt.decode(sliced, (stop - start, k), torch.float32), dense[start:stop])
+        assert torch.equal(row_block_linear(layer, x, start, stop), row_block_linear(twin, x, start, stop))

@@ -190,3 +190,20 @@ def test_other_tiles_give_the_same_result(fmt):
         got = fused_quant_moe((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()), x, weights, ids,
                               moe.inter, tiles)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", [MXFP4(), FP8Block(block=(128, 128), scale_format="e8m0")], ids=["mxfp4", "fp8-e8m0"])
+def test_fused_clamped_swiglu_equals_reference(fmt):
+    """DeepSeek-V4's experts (MXFP4) and shared-expert format with the SwiGLU clamp at 10: the fused kernel
+    clamps as the per-expert reference does, and the clamp matters for these inputs."""
+    moe = build_experts(fmt, seed=2)
+    x = torch.randn(5, HIDDEN, generator=torch.Generator().manual_seed(9)) * 25
+    weights, ids = routing(5, 2, seed=3)
+    moe.swiglu_limit = 10.0
+    want = moe.forward_reference(x, weights, ids)
+    moe.use_fused = True
+    got = moe(x, weights, ids)
+    moe.swiglu_limit = None
+    unclamped = moe(x, weights, ids)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * float(want.abs().max()))
+    assert (unclamped - want).abs().max() > 1e-2 * float(want.abs().max())

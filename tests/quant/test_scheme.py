@@ -32,6 +32,24 @@ def test_fp8_block_with_ignore_list_and_ue8m0():
     assert e8.scale_format == "e8m0" and e8.block == (32, 32)
 
 
+def test_fp8_with_mxfp4_experts_deepseek_v4():
+    """DeepSeek-V4: E8M0-scaled FP8 blocks everywhere, routed experts (``experts.<id>.``, MTP blocks too) in
+    MXFP4 by ``expert_dtype: fp4``, read from quantization_config or, as the release ships it, the top level."""
+    qc = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
+    for cfg in ({"quantization_config": {**qc, "expert_dtype": "fp4"}}, {"expert_dtype": "fp4", "quantization_config": qc}):
+        s = QuantScheme.from_hf_config(cfg)
+        for name in ("layers.3.ffn.experts.7.w1", "mtp.0.ffn.experts.12.w2", "model.layers.1.mlp.experts.5.up_proj"):
+            fmt = s.format_for(name)
+            assert isinstance(fmt, MXFP4) and fmt.group == 32 and fmt.scale_kind == "e8m0", name
+        for name in ("layers.3.ffn.shared_experts.w1", "layers.3.attn.wq_a", "layers.0.attn.indexer.wq_b"):
+            fmt = s.format_for(name)
+            assert isinstance(fmt, FP8Block) and fmt.block == (128, 128) and fmt.scale_format == "e8m0", name
+    assert isinstance(QuantScheme.from_hf_config({"quantization_config": {**qc, "expert_dtype": "fp8"}})
+                      .format_for("layers.3.ffn.experts.7.w1"), FP8Block)
+    with pytest.raises(ConfigError, match="expert_dtype"):
+        QuantScheme.from_hf_config({"quantization_config": {**qc, "expert_dtype": "int4"}})
+
+
 def test_modelopt_nvfp4_excludes_globs():
     s = scheme({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16,
                 "exclude_modules": ["lm_head", "*self_attn*"]}})

@@ -29,7 +29,15 @@ if TYPE_CHECKING:
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
     from dgpp.step.batch import ForwardBatch
-    from dgpp.step.cache_spec import CacheSpec, LatentKV, PagedKV, StateSpec, WindowKV
+    from dgpp.step.cache_spec import (
+        CacheSpec,
+        CompressedKV,
+        LatentKV,
+        PagedKV,
+        StateSpec,
+        WindowBuffer,
+        WindowKV,
+    )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
     from dgpp.step.model import Drafter, Model, ModelInfo
     from dgpp.text.dialect import Dialect
@@ -44,6 +52,8 @@ _LAZY = {
     "CacheSpec": "dgpp.step.cache_spec",
     "LatentKV": "dgpp.step.cache_spec",
     "WindowKV": "dgpp.step.cache_spec",
+    "CompressedKV": "dgpp.step.cache_spec",
+    "WindowBuffer": "dgpp.step.cache_spec",
     "PagedKV": "dgpp.step.cache_spec",
     "StateSpec": "dgpp.step.cache_spec",
     "MemoryPlan": "dgpp.step.memory",
@@ -64,6 +74,7 @@ __all__ = [
     "COMPUTE_DTYPES",
     "CacheSpec",
     "CheckpointError",
+    "CompressedKV",
     "CheckpointReader",
     "ConfigError",
     "ConfigKeys",
@@ -74,6 +85,7 @@ __all__ = [
     "ForwardBatch",
     "LatentKV",
     "WindowKV",
+    "WindowBuffer",
     "LoadContext",
     "MemoryPlan",
     "Model",

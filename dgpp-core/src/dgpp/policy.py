@@ -39,6 +39,7 @@ class ExecPolicy:
     exact_row_block: int = 64  # DGPP_EXACT_ROW_BLOCK: rows per tile of the fixed-order GEMM (16, 32, 64)
     exact_wide_bn: bool = True  # DGPP_EXACT_WIDE_BN=0: no wide output tile for prefill-size fixed-order calls
     exact_splits: int = 32  # DGPP_EXACT_SPLITS: pinned split count of the canonical decode attention
+    overlap_steps: bool = True  # DGPP_OVERLAP=0: no overlapped decode steps on a GPU (dgpp.sched.overlap; A/B)
 
     def __post_init__(self) -> None:
         if self.quant_decode_gemv not in (None, *DECODE_GEMV_SETTINGS):
@@ -74,6 +75,7 @@ def with_environment(base: ExecPolicy) -> ExecPolicy:
         ("dense_gemv", "DGPP_GEMV", "!0"),
         ("gemv_head", "DGPP_GEMV_HEAD", "1"),
         ("exact_wide_bn", "DGPP_EXACT_WIDE_BN", "!0"),
+        ("overlap_steps", "DGPP_OVERLAP", "!0"),
     ):
         value = _flag(name, on)
         if value is not None:

@@ -66,6 +66,41 @@ def _mimo_v26_pattern(num_layers: int) -> list[int]:
     return [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(num_layers)]
 
 
+# DeepSeek-V4-Flash (deepseek-ai/DeepSeek-V4-Flash-0731, anchor §3.8) per layer: hidden 4096, 64 q heads x 512 over one
+# shared latent, q_lora 1024, o_lora 1024 in 8 groups, a 128-token window everywhere, CSA (ratio 4, 64-head indexer
+# x 128, top 512) and HCA (ratio 128) layers, 256 experts top-6 of 2048 + one shared, hash routing on layers 0-2,
+# 4 hyper-connection streams. 43 layers are 570 GB in bf16 (the release ships MXFP4 experts): the benchmark keeps
+# the per-layer shape and runs 8 (2 sliding, then CSA / HCA alternating, as the release starts), 106 GB.
+V4_FLASH_LAYERS = 8
+_V4_FLASH_TYPES = ["sliding_attention"] * 2 + [
+    "compressed_sparse_attention" if i % 2 == 0 else "heavily_compressed_attention" for i in range(V4_FLASH_LAYERS - 2)
+]
+_V4_FLASH = {
+    "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 129280,
+    "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": V4_FLASH_LAYERS,
+    "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128, "layer_types": _V4_FLASH_TYPES,
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
+    "mlp_layer_types": ["hash_moe"] * 3 + ["moe"] * (V4_FLASH_LAYERS - 3), "index_n_heads": 64, "index_head_dim": 128,
+    "index_topk": 512, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "hc_mult": 4,
+    "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "max_position_embeddings": 1048576,
+    "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
+                        "beta_fast": 32, "beta_slow": 1},
+    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+}
+# its CPU smoke version: every layer kind, window / ratios / top-k below the bench's prompts
+_TINY_V4 = {
+    **_V4_FLASH, "vocab_size": 512, "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 4,
+    "num_attention_heads": 4, "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 48, "o_groups": 2,
+    "o_lora_rank": 16, "sliding_window": 4, "layer_types": ["sliding_attention", "heavily_compressed_attention",
+                                                            "compressed_sparse_attention", "compressed_sparse_attention"],
+    "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
+    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"], "index_n_heads": 16, "index_head_dim": 16, "index_topk": 2,
+    "n_routed_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 512, "initializer_range": 0.08,
+    "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
+}
+
 # HF config.json fields of the geometries the benchmarks run (random weights; values from the
 # published configs of the models named)
 GEOMETRIES: dict[str, dict[str, Any]] = {
@@ -98,6 +133,8 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
         "hybrid_layer_pattern": _mimo_v26_pattern(MIMO_V26_LAYERS), "moe_layer_freq": [0] + [1] * (MIMO_V26_LAYERS - 1),
         "n_routed_experts": 256, "num_experts_per_tok": 8, "max_position_embeddings": 1048576,
     },
+    f"deepseek-v4-flash-{V4_FLASH_LAYERS}l": _V4_FLASH,
+    "tiny-deepseek-v4": _TINY_V4,
     "tiny": {**_TINY_TEXT, "model_type": "qwen3", "architectures": ["Qwen3ForCausalLM"]},
     # CPU smoke versions of the two hybrids (3 GDN layers + 1 full attention)
     "tiny-qwen3.5": _TINY_QWEN35,
@@ -232,6 +269,10 @@ def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int
     for name, param in sorted(model.named_parameters()):
         if name.endswith("A_log"):
             param.copy_((torch.rand(param.shape, generator=gen, device=device) * 15 + 1).log())
+        elif name.endswith("tid2eid"):  # a hash router's token -> experts table: distinct experts per token
+            experts = model.get_submodule(name.rpartition(".")[0]).cfg.num_experts
+            picks = torch.rand(param.shape[0], experts, generator=gen, device=device).argsort(dim=-1)
+            param.copy_(picks[:, : param.shape[1]])
         elif param.dim() == 1:
             param.fill_(_init_value(model, name, param))
         else:
@@ -240,12 +281,14 @@ def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int
 
 
 def weight_bytes_per_step(model: Model) -> int:
-    """Bytes of weights a decode step reads: every parameter once, except the embedding table (one
-    row per token is read; a tied LM head still reads it whole, counted once)."""
+    """Bytes of weights a decode step reads: every parameter once, except the embedding table and a hash
+    router's token table (one row per token is read; a tied LM head still reads it whole, counted once)."""
     total = 0
     tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.model.embed_tokens.weight
     for name, param in model.named_parameters():
-        if name.endswith("embed_tokens.weight") and not tied:
+        if (name.endswith("embed_tokens.weight") or name == "embed.weight") and not tied:
+            continue
+        if name.endswith("tid2eid"):
             continue
         total += param.numel() * param.element_size()
     return total

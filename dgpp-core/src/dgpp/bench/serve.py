@@ -269,6 +269,8 @@ def run_serve(args) -> int:
         _wait_ready(proc, base, workdir / "server.log")
         warm = [word_prompt(args.prompt_tokens, vocab, 10_000 + i) for i in range(width)]
         asyncio.run(drive(base, Case(width), warm, 8))  # graphs captured, prefill shapes compiled
+        if any(c.sampled for c in cases):  # the sampling kernels compiled before a sampled case's burst
+            asyncio.run(drive(base, Case(width, sampled=True), warm, 8))
         for n, case in enumerate(cases):
             prompts = [word_prompt(args.prompt_tokens, vocab, 1000 * n + i) for i in range(case.streams)]
             spy = _profile(proc.pid, args.profile_dir, case) if args.profile_dir and case.stream else None

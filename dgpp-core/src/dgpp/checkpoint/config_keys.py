@@ -45,7 +45,7 @@ class ConfigKeys:
 
     def dtype(self, default: str = "bfloat16") -> torch.dtype:
         """The checkpoint dtype (``dtype``, or the older ``torch_dtype``)."""
-        name = self.cfg.get("dtype", self.cfg.get("torch_dtype")) or default
+        name = self.cfg.get("dtype") or self.cfg.get("torch_dtype") or default  # a null dtype defers to torch_dtype
         if name not in COMPUTE_DTYPES:
             raise self.error(f"'torch_dtype'={name!r} is not supported ({', '.join(COMPUTE_DTYPES)})")
         return COMPUTE_DTYPES[name]

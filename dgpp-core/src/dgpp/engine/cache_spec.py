@@ -3,6 +3,6 @@
 
 from __future__ import annotations
 
-from dgpp.step.cache_spec import CacheSpec, LatentKV, PagedKV, StateSpec, WindowKV
+from dgpp.step.cache_spec import CacheSpec, CompressedKV, LatentKV, PagedKV, StateSpec, WindowBuffer, WindowKV
 
-__all__ = ["CacheSpec", "LatentKV", "PagedKV", "StateSpec", "WindowKV"]
+__all__ = ["CacheSpec", "CompressedKV", "LatentKV", "PagedKV", "StateSpec", "WindowBuffer", "WindowKV"]

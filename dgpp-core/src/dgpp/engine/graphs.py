@@ -202,9 +202,10 @@ class DecodeGraphs:
         return self.inputs.fits(work)
 
     @torch.inference_mode()
-    def run_work(self, work: list[SeqWork]) -> torch.Tensor | None:
+    def run_work(self, work: list[SeqWork], input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """``run`` straight from the work list (the inputs go to the device in one copy, see graph_inputs),
-        or None when this is not a step the graphs take (prefill rows, too many rows, too wide a table)."""
+        or None when this is not a step the graphs take (prefill rows, too many rows, too wide a table).
+        ``input_ids``: the rows' token ids on the device (copied over the staged ones, device to device)."""
         if not self.inputs.fits(work):
             return None
         if not self.captured:
@@ -212,6 +213,8 @@ class DecodeGraphs:
         rows = len(work)
         size = pick_size(self.sizes, rows)
         seq = self.inputs.stage(work)
+        if input_ids is not None:
+            self.input_ids[:rows].copy_(input_ids)
         return self._replay(size, rows, seq, [s - 1 for s in seq])
 
     def _replay(self, size: int, rows: int, seq_lens: list[int], ctx: list[int]) -> torch.Tensor:

@@ -108,22 +108,33 @@ class ModelRunner:
 
             self.graphs = DecodeGraphs(model, pools, max_batch, max_blocks or pools.num_blocks)
 
+    @property
+    def overlaps_decode(self) -> bool:
+        """Whether overlapped decode steps pay here (dgpp.sched.overlap): on a GPU, where launching is asynchronous."""
+        return self.device.type == "cuda"
+
     @torch.inference_mode()
-    def step(self, work: list[SeqWork], *, verify: bool = False) -> torch.Tensor:
+    def step(self, work: list[SeqWork], *, verify: bool = False, input_ids: torch.Tensor | None = None) -> torch.Tensor:
         """fp32 logits ``[n_want, vocab]``, in order of the work items with ``want_logits``; ``verify``: a
-        speculative verify, whose every row computes what plain decode would (``dgpp.step.route``)."""
+        speculative verify, whose every row computes what plain decode would (``dgpp.step.route``).
+        ``input_ids``: a decode-only step's token ids on the device, one per work item, fed instead of the
+        items' ``token_ids`` (an overlapped step's inputs are the previous step's sampled ids, dgpp.sched.overlap)."""
         if not work:
             raise ValueError("step() needs at least one work item")
+        if input_ids is not None and (input_ids.shape != (len(work),) or any(len(w.token_ids) != 1 for w in work)):
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} must give one token to each of {len(work)} decode rows")
         if self.model.info.hybrid:
             for w in work:
                 if w.context_len == 0:
                     self.pools.zero_state(w.state_slot)
         if self.graphs is not None:
             # decode-only: straight into the graphs' static inputs, no ForwardBatch of small host tensors
-            logits = self.graphs.run_work(work)
+            logits = self.graphs.run_work(work, input_ids)
             if logits is not None:
                 return logits
         batch = build_batch(work, self.pools, self.device)
+        if input_ids is not None:
+            batch.input_ids = input_ids.to(batch.input_ids.dtype)
         # which CUDA kernel each row takes (a function of the row alone), on the batch for the step's layers
         batch.route = step_route(batch.input_ids, batch.q_lens_cpu, verify=verify)
         with in_flight(batch.route):

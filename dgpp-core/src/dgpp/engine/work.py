@@ -27,6 +27,9 @@ class StepRunner(Protocol):
 
     def step(self, works: list[SeqWork]) -> torch.Tensor: ...
 
+    # a runner that also takes ``step(works, input_ids=device_ids)`` (a decode-only step's tokens as a device
+    # tensor, replacing the works' token_ids) can run overlapped decode steps (dgpp.sched.overlap)
+
 
 class DecodingSequence(Protocol):
     """What speculative decoding (``dgpp.engine.speculative``) reads and advances of a sequence the scheduler

@@ -2,7 +2,8 @@
 
 ``fused_moe(x [T, H], gate_up [E, 2I, H], down [E, H, I], topk_weights [T, K], topk_ids [T, K]) -> [T, H]``
 computes ``sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t)`` with ``e = topk_ids[t, k]`` (the
-transformers 5 fused layout: gate rows first, then up rows).
+transformers 5 fused layout: gate rows first, then up rows). ``swiglu_limit`` clamps the SwiGLU inputs
+first (gate from above, up on both sides: DeepSeek-V4's experts).
 
 The ``T*K`` (token, expert) assignments are sorted by expert on the device and laid out in blocks of
 ``BM`` rows, each block holding one expert's rows (padded with a sentinel), so one GEMM launch
@@ -20,12 +21,15 @@ from dgpp.policy import current
 
 
 def fused_moe_ref(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     for expert in torch.unique(topk_ids).tolist():
         token, slot = torch.where(topk_ids == expert)
         gate, up = F.linear(x[token].float(), gate_up[expert].float()).chunk(2, dim=-1)
+        if swiglu_limit is not None:
+            gate, up = gate.clamp(max=swiglu_limit), up.clamp(min=-swiglu_limit, max=swiglu_limit)
         act = (F.silu(gate) * up).to(x.dtype).float()  # the activation is stored in the model dtype
         y = F.linear(act, down[expert].float()) * topk_weights[token, slot, None].float()
         out.index_add_(0, token, y)
@@ -63,7 +67,7 @@ def _grouped_gemm_kernel(
     a_ptr, b_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_w_ptr,
     num_assign, top_k, n_out, k_dim, a_row_stride, b_e, b_n, b_k, c_row_stride,
     GATHER_TOKENS: tl.constexpr, SWIGLU: tl.constexpr, SCATTER_WEIGHTED: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -95,6 +99,9 @@ def _grouped_gemm_kernel(
                            mask=kmask[:, None] & cmask[None, :], other=0.0)
             acc_up += tl.dot(a, b_up, input_precision=PRECISION)
     if SWIGLU:
+        if SWIGLU_LIMIT > 0:  # clamped SwiGLU: gate <= limit, -limit <= up <= limit
+            acc = tl.minimum(acc, SWIGLU_LIMIT)
+            acc_up = tl.minimum(tl.maximum(acc_up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     c_rows = rows.to(tl.int64)
     if SCATTER_WEIGHTED:
@@ -116,7 +123,7 @@ DECODE_ASSIGNMENTS = 16  # token x top-k assignments up to which DECODE_TILE is 
 
 def fused_moe_triton(
     x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    tile: tuple[int, int, int, int] | None = None,
+    tile: tuple[int, int, int, int] | None = None, swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -139,7 +146,8 @@ def fused_moe_triton(
         x, gate_up, act, sorted_ids, block_expert, weights,
         n_assign, top_k, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
         act.stride(0), GATHER_TOKENS=True, SWIGLU=True, SCATTER_WEIGHTED=False,
-        BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=warps, num_stages=stages,
+        BM=block_m, BN=bn, BK=bk, PRECISION=precision, SWIGLU_LIMIT=swiglu_limit_constant(swiglu_limit),
+        num_warps=warps, num_stages=stages,
     )
     per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
     _grouped_gemm_kernel[(capacity // block_m, triton.cdiv(hidden, bn))](
@@ -157,9 +165,18 @@ def fused_moe_triton(
     return total.to(x.dtype)
 
 
+def swiglu_limit_constant(swiglu_limit: float | None) -> float:
+    """The kernels' ``SWIGLU_LIMIT`` constant: 0 means no clamp."""
+    if swiglu_limit is not None and swiglu_limit <= 0:
+        raise ValueError(f"swiglu_limit must be > 0, got {swiglu_limit}")
+    return float(swiglu_limit or 0.0)
+
+
 def fused_moe(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts for each token, weighted and summed; Triton on CUDA, torch elsewhere."""
-    fn = fused_moe_triton if use_triton(x) else fused_moe_ref
-    return fn(x, gate_up, down, topk_weights, topk_ids)
+    if use_triton(x):
+        return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids, swiglu_limit=swiglu_limit)
+    return fused_moe_ref(x, gate_up, down, topk_weights, topk_ids, swiglu_limit)

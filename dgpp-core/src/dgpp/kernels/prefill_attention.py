@@ -16,6 +16,8 @@ fp32 reference.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
@@ -126,28 +128,25 @@ NARROW_TILE = (64, 64, 4, 2)
 def prefill_attention_triton(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float, block_m: int | None = None,
-    tile: tuple[int, int, int, int] | None = None,
+    tile: tuple[int, int, int, int] | None = None, host: tuple[list[int], list[int]] | None = None,
 ) -> torch.Tensor:
     """``tile = (BLOCK_M, BLOCK_N, num_warps, num_stages)`` overrides the default (GPU sweeps); ``block_m``
-    alone overrides BLOCK_M."""
+    alone overrides BLOCK_M. ``host``: ``query_start_loc`` and ``context_lens`` as host lists, which the engine
+    has (without them the kernel's block plan reads both back from the device, a sync per call)."""
     tokens, hq, head_dim = q.shape
     hk, v_dim = k_cache.shape[2], v_cache.shape[-1]
     row_bytes = max(head_dim, v_dim) * q.element_size()
     bm, bn, warps, stages = tile or (WIDE_TILE if row_bytes <= 256 else NARROW_TILE)
     bm = block_m or bm
     out = torch.empty(tokens, hq, v_dim, dtype=q.dtype, device=q.device)
-    starts = query_start_loc.tolist()
-    ctx = context_lens.tolist()
-    blocks = [(ctx[b] + row, b, row) for b in range(len(starts) - 1) for row in range(0, starts[b + 1] - starts[b], bm)]
-    if not blocks:
+    starts, ctx = host if host is not None else (query_start_loc.tolist(), context_lens.tolist())
+    plan = _block_plan(tuple(starts), tuple(ctx), bm, q.device)
+    if plan is None:
         return out
-    blocks.sort(key=lambda item: -item[0])  # longest visible context first: causal work is uneven
-    device = q.device
+    block_seqs, block_rows = plan
     precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
-    _prefill_kernel[(hq, len(blocks))](
-        q, k_cache, v_cache, out, block_tables,
-        torch.tensor([b for _, b, _ in blocks], dtype=torch.int32, device=device),
-        torch.tensor([row for _, _, row in blocks], dtype=torch.int32, device=device),
+    _prefill_kernel[(hq, block_seqs.shape[0])](
+        q, k_cache, v_cache, out, block_tables, block_seqs, block_rows,
         query_start_loc, context_lens,
         float(scale) * 1.4426950408889634, hq // hk, head_dim, v_dim, k_cache.shape[1],
         q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -158,10 +157,31 @@ def prefill_attention_triton(
     return out
 
 
+@functools.lru_cache(maxsize=8)
+def _block_plan(starts: tuple[int, ...], ctx: tuple[int, ...], bm: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The kernel's row blocks (sequence, first row) longest visible context first, as device tensors; None
+    when there are no rows. Cached: every layer of a step asks for the same plan, and building it costs two
+    host->device copies."""
+    blocks = [(ctx[b] + row, b, row) for b in range(len(starts) - 1) for row in range(0, starts[b + 1] - starts[b], bm)]
+    if not blocks:
+        return None
+    blocks.sort(key=lambda item: -item[0])  # longest visible context first: causal work is uneven
+    pinned = torch.tensor([[b for _, b, _ in blocks], [row for _, _, row in blocks]], dtype=torch.int32)
+    if device.type == "cuda":
+        pinned = pinned.pin_memory()
+    plan = pinned.to(device, non_blocking=True)
+    return plan[0], plan[1]
+
+
 def paged_prefill_attention(
     q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
     query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    host: tuple[list[int], list[int]] | None = None,
 ) -> torch.Tensor:
-    """Causal varlen attention of new rows over the paged pool; Triton on CUDA, torch elsewhere."""
-    fn = prefill_attention_triton if use_triton(q) else prefill_attention_ref
-    return fn(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+    """Causal varlen attention of new rows over the paged pool; Triton on CUDA, torch elsewhere. ``host``: the
+    query starts and context lengths as host lists (``prefill_attention_triton``)."""
+    if use_triton(q):
+        return prefill_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
+                                        host=host)
+    return prefill_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)

@@ -27,6 +27,23 @@ import torch
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 _BLOCK_N = 64
+# One program holds a [BLOCK_G, BLOCK_D] query tile, [BLOCK_D, BLOCK_N] keys and a [BLOCK_G, BLOCK_DV] fp32
+# accumulator. Wide heads (DeepSeek-V4's 512-wide shared K/V head under 64 query heads) overflow the SM's 227 KB
+# of shared memory and the register file at 64 heads x 64 keys, so they take fewer keys per tile and split the
+# query heads of one KV head over several programs. Both are functions of the shapes alone: a row's bits still
+# do not depend on how its prompt was chunked or batched.
+_WIDE_HEAD = 256
+_WIDE_BLOCK_N = 16
+_WIDE_MAX_G = 16
+
+
+def _tiles(group: int, head_dim: int, v_dim: int) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_G, head groups per KV head) for this head shape."""
+    block_g = max(16, next_pow2(group))
+    if max(head_dim, v_dim) <= _WIDE_HEAD:
+        return _BLOCK_N, block_g, 1
+    block_g = min(block_g, _WIDE_MAX_G)
+    return _WIDE_BLOCK_N, block_g, triton.cdiv(group, block_g)
 
 
 def row_sequences(query_start_loc: torch.Tensor, num_rows: int) -> torch.Tensor:
@@ -86,6 +103,7 @@ def _window_attention_kernel(
 ):
     r = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
+    hg = tl.program_id(2)  # which BLOCK_G heads of this KV head's group
     b = tl.load(row_seq_ptr + r).to(tl.int64)
     start = tl.load(qsl_ptr + b).to(tl.int64)
     ctx = tl.load(ctx_ptr + b).to(tl.int64)
@@ -103,8 +121,8 @@ def _window_attention_kernel(
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    heads = kvh * group + g
-    gmask = g < group
+    heads = kvh * group + hg * BLOCK_G + g
+    gmask = hg * BLOCK_G + g < group
     q = tl.load(q_ptr + r * q_t + heads[:, None] * q_h + d[None, :],
                 mask=gmask[:, None] & (d[None, :] < head_dim), other=0.0)
     if HAS_SINKS:  # the sink is one more logit: it seeds the running max and adds exp(sink - m) to the sum
@@ -162,14 +180,15 @@ def window_attention_triton(
     vn = v if v is not None else q
     row_seq = row_sequences(query_start_loc, rows)
     group = hq // hk
-    _window_attention_kernel[(rows, hk)](
+    block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
+    _window_attention_kernel[(rows, hk, head_groups)](
         q, kn, vn, src_k, src_v, loc, row_seq, query_start_loc, context_lens, seq_lens,
         sinks if sinks is not None else q, out,
         float(scale), int(window), group, head_dim, v_dim, src_k.shape[1],
         q.stride(0), q.stride(1), kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         src_k.stride(0), src_k.stride(1), src_k.stride(2), src_v.stride(0), src_v.stride(1), src_v.stride(2),
         loc.stride(0), out.stride(0), out.stride(1),
-        PAGED=paged, HAS_SINKS=sinks is not None, BLOCK_N=_BLOCK_N, BLOCK_G=max(16, next_pow2(group)),
+        PAGED=paged, HAS_SINKS=sinks is not None, BLOCK_N=block_n, BLOCK_G=block_g,
         BLOCK_D=next_pow2(head_dim), BLOCK_DV=next_pow2(v_dim),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
     )

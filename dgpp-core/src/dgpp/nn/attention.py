@@ -123,7 +123,8 @@ class PagedAttention(nn.Module):
             # the score matrix); DGPP_PREFILL_ATTN=torch keeps the torch path for A/B
             if current().prefill_attention != "torch":
                 return kernels.paged_prefill_attention(
-                    q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, self.scale
+                    q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, self.scale,
+                    host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
                 ).flatten(1)
         else:
             write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
@@ -165,15 +166,17 @@ def _routed_attention(
     # so a row depends on its own sequence only); decode rows beside them: the canonical kernel
     if route.none_exact:
         return kernels.paged_prefill_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale
+            q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale,
+            host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
         )
     assert route.exact_rows is not None and route.exact_seq_index is not None
     assert route.bulk_rows is not None and route.bulk_seq_index is not None and route.bulk_query_starts is not None
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     bulk_seqs = route.bulk_seq_index
+    host = _host_starts([b - a for a, b in route.bulk_ranges], [batch.context_lens_cpu[i] for i in route.bulk_seqs])
     out.index_copy_(0, route.bulk_rows, kernels.paged_prefill_attention(
         q.index_select(0, route.bulk_rows), k_cache, v_cache, batch.block_tables.index_select(0, bulk_seqs),
-        route.bulk_query_starts, batch.context_lens.index_select(0, bulk_seqs), scale,
+        route.bulk_query_starts, batch.context_lens.index_select(0, bulk_seqs), scale, host=host,
     ))
     seqs = route.exact_seq_index
     decoded = paged_decode_attention_fixed(
@@ -182,6 +185,14 @@ def _routed_attention(
     )
     out.index_copy_(0, route.exact_rows, decoded)
     return out
+
+
+def _host_starts(q_lens: list[int], context_lens: list[int]) -> tuple[list[int], list[int]]:
+    """The prefill kernel's ``query_start_loc`` and ``context_lens`` from the batch's host lists (no device read)."""
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    return starts, list(context_lens)
 
 
 def split_query_gate(q_proj_out: torch.Tensor, num_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:

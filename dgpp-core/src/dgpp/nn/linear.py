@@ -69,6 +69,16 @@ def fused_gate_up_silu(gate: Linear, up: Linear, x: torch.Tensor) -> torch.Tenso
     return None if fuse is None else fuse(gate, up, x)
 
 
+def row_block_linear(layer: Linear, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    """``x @ W[start:stop].T`` (no bias) for rows ``start:stop`` of ``layer``'s local weight, whatever its
+    format: a block-diagonal projection (DeepSeek-V4's grouped ``wo_a``) multiplies each group by its own
+    rows. Packed methods answer through their ``row_block`` (``dgpp.quant.linear``)."""
+    rows = getattr(layer.quant_method, "row_block", None)
+    if rows is not None:
+        return rows(layer, x, start, stop)
+    return batch_invariant_linear(x, layer.weight[start:stop])
+
+
 class Linear(nn.Module):
     """``y = x W^T (+ b)`` with TP split ``parallel`` over ``world``; the row-parallel all-reduce is the
     caller's (done once per block, after the residual-facing projection)."""

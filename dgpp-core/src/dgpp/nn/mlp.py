@@ -1,4 +1,5 @@
-"""SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``."""
+"""SwiGLU feed-forward: ``down(silu(gate(x)) * up(x))``, optionally with clamped inputs (``swiglu_limit``:
+``gate <= limit``, ``-limit <= up <= limit`` before the product, as DeepSeek-V4 and GLM-5.3-Flash train it)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,17 @@ from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod, fused_gate_up_silu
 
 
-def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+def clamp_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The SwiGLU inputs clamped at ``limit`` (asymmetric: the gate from above only, up on both sides); as is
+    for ``None``."""
+    if limit is None:
+        return gate, up
+    return gate.clamp(max=limit), up.clamp(min=-limit, max=limit)
+
+
+def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
+    """``silu(gate) * up`` after ``clamp_swiglu(gate, up, limit)``."""
+    gate, up = clamp_swiglu(gate, up, limit)
     if gate.is_cuda:  # one Triton pass instead of silu + mul
         from dgpp import kernels
 
@@ -21,15 +32,21 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 
 class SwiGLUMLP(nn.Module):
-    """The dense MLP of Llama-style blocks; ``gate_proj``/``up_proj`` column-, ``down_proj`` row-parallel."""
+    """The dense MLP of Llama-style blocks; ``gate_proj``/``up_proj`` column-, ``down_proj`` row-parallel.
+    ``swiglu_limit``: clamp the SwiGLU inputs (``clamp_swiglu``); the fused gate/up kernels, which do not
+    clamp, are then skipped."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, world: World | None = None):
+    def __init__(self, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, world: World | None = None,
+                 swiglu_limit: float | None = None):
         super().__init__()
+        self.swiglu_limit = swiglu_limit
         self.gate_proj = Linear(hidden_size, intermediate_size, dtype=dtype, parallel="column", world=world)
         self.up_proj = Linear(hidden_size, intermediate_size, dtype=dtype, parallel="column", world=world)
         self.down_proj = Linear(intermediate_size, hidden_size, dtype=dtype, parallel="row", world=world)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu_limit is not None:
+            return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
         if x.is_cuda and dense_weights(self.gate_proj, self.up_proj):  # decode: gate, up and SwiGLU in one launch
             from dgpp import kernels
             from dgpp.nn.exact import routing as exact_cuda

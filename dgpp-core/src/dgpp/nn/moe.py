@@ -1,6 +1,12 @@
-"""Top-k mixture of experts: router (softmax or sigmoid scoring, optional correction bias,
-group-limited top-k, renormalization, routed scaling), fused SwiGLU experts, and an optional shared
-expert with an optional sigmoid gate.
+"""Top-k mixture of experts: router (softmax, sigmoid or sqrt-softplus scoring, optional correction bias,
+group-limited top-k, renormalization, routed scaling), or a hash router (experts fixed per token id), fused
+SwiGLU experts (optionally clamped, ``swiglu_limit``), and an optional shared expert with an optional
+sigmoid gate.
+
+Hash routing (DeepSeek-V4's first layers) picks each token's experts from a frozen ``tid2eid [vocab, k]``
+table by the token's id, so its ``forward`` takes the step's token ids next to the hidden rows
+(``SparseMoE.forward(x, token_ids)``: a model passes ``batch.input_ids``, one id per row); the learned gate
+still weights the picked experts.
 
 Experts are held fused as transformers 5 does in memory (``gate_up_proj [E, 2I, H]``,
 ``down_proj [E, H, I]``) and load from either that fused layout or the per-expert tensors
@@ -31,13 +37,39 @@ class RoutingConfig:
 
     num_experts: int
     top_k: int
-    scoring: Literal["softmax", "sigmoid"] = "softmax"
+    scoring: Literal["softmax", "sigmoid", "sqrtsoftplus"] = "softmax"
     renormalize: bool = True
     routed_scaling_factor: float = 1.0
     correction_bias: bool = False
     n_group: int = 1
     topk_group: int = 1
     router_fp32: bool = False  # compute router logits in fp32 (DeepSeek-V3) instead of the model dtype
+    hash_vocab_size: int = 0  # > 0: a hash layer, experts from ``tid2eid [vocab, top_k]`` by token id
+
+
+def _sqrt_softplus(logits: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.softplus(logits).sqrt()
+
+
+def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Per-expert scores of router ``logits``: softmax / sigmoid in fp32; sqrt-softplus in the logits' dtype
+    (DeepSeek-V4 scores its model-dtype logits as they are). Row-wise ops: a row's bits do not depend on
+    the step's other rows."""
+    if scoring == "softmax":
+        return torch.softmax(logits.float(), dim=-1)
+    if scoring == "sigmoid":  # padded rows: a token's routing weights must not depend on how many tokens share the step
+        return batch_invariant_rows(torch.sigmoid, logits.float())
+    if scoring == "sqrtsoftplus":
+        return batch_invariant_rows(_sqrt_softplus, logits)
+    raise ValueError(f"router scoring {scoring!r} is not supported (softmax, sigmoid, sqrtsoftplus)")
+
+
+def picked_weights(scores: torch.Tensor, ids: torch.Tensor, cfg: RoutingConfig, dtype: torch.dtype) -> torch.Tensor:
+    """The routing weights of the picked experts ``ids``: their scores, renormalized, times the routed scale."""
+    weights = scores.gather(1, ids)
+    if cfg.renormalize:
+        weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
+    return (weights * cfg.routed_scaling_factor).to(dtype)
 
 
 class TopKRouter(nn.Module):
@@ -65,23 +97,40 @@ class TopKRouter(nn.Module):
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         return keep[:, :, None].expand_as(grouped).reshape(choice.shape)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         xr, wr = (x.float(), self.weight.float()) if cfg.router_fp32 else (x, self.weight)
-        logits = _router_logits(xr, wr)
-        if cfg.scoring == "softmax":
-            scores = torch.softmax(logits.float(), dim=-1)
-        else:  # padded rows: a token's routing weights must not depend on how many tokens share the step
-            scores = batch_invariant_rows(torch.sigmoid, logits.float())
-        choice = scores if self.e_score_correction_bias is None else scores + self.e_score_correction_bias.float()
+        return router_scores(_router_logits(xr, wr), cfg.scoring)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        cfg = self.cfg
+        scores = self.scores(x)
+        choice = scores.float()
+        if self.e_score_correction_bias is not None:
+            choice = choice + self.e_score_correction_bias.float()
         if cfg.n_group > 1:
             choice = choice.masked_fill(~self._group_mask(choice), float("-inf"))
         ids = choice.topk(cfg.top_k, dim=-1).indices
-        weights = scores.gather(1, ids)
-        if cfg.renormalize:
-            weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
-        weights = weights * cfg.routed_scaling_factor
-        return weights.to(x.dtype), ids
+        return picked_weights(scores, ids, cfg, x.dtype), ids
+
+
+class HashRouter(TopKRouter):
+    """DeepSeek-V4's hash layers: the experts of a token are ``tid2eid[token id]`` (a frozen int64 table
+    ``[vocab, top_k]`` the checkpoint ships); the learned ``weight`` scores them as ``TopKRouter`` does
+    (no correction bias: selection is not learned). ``forward(x, token_ids)`` needs one id per row."""
+
+    def __init__(self, hidden_size: int, cfg: RoutingConfig, *, dtype: torch.dtype):
+        if cfg.hash_vocab_size <= 0 or cfg.correction_bias or cfg.n_group > 1:
+            raise ValueError("a hash router needs hash_vocab_size > 0 and no correction bias or expert groups")
+        super().__init__(hidden_size, cfg, dtype=dtype)
+        self.tid2eid = nn.Parameter(torch.zeros(cfg.hash_vocab_size, cfg.top_k, dtype=torch.int64), requires_grad=False)
+
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if token_ids is None or token_ids.shape != x.shape[:1]:
+            got = None if token_ids is None else list(token_ids.shape)
+            raise ValueError(f"a hash-routed MoE needs one token id per row ({x.shape[0]}), got {got}")
+        ids = self.tid2eid[token_ids.long()]
+        return picked_weights(self.scores(x), ids, self.cfg, x.dtype), ids
 
 
 def _router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -95,10 +144,13 @@ def _router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 class FusedExperts(nn.Module):
-    """``E`` SwiGLU experts; TP splits each expert's intermediate dim (gate/up column, down row)."""
+    """``E`` SwiGLU experts; TP splits each expert's intermediate dim (gate/up column, down row).
+    ``swiglu_limit``: clamp each expert's SwiGLU inputs (``dgpp.nn.mlp.clamp_swiglu``)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, world: World | None = None):
+    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype,
+                 world: World | None = None, swiglu_limit: float | None = None):
         super().__init__()
+        self.swiglu_limit = swiglu_limit
         self.world = world or World()
         if intermediate_size % self.world.size:
             raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
@@ -142,12 +194,12 @@ class FusedExperts(nn.Module):
         if x.is_cuda:  # grouped Triton GEMMs: no per-expert host loop, no sync
             from dgpp import kernels
 
-            return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids)
+            return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit)
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
             gate, up = batch_invariant_linear(x[token_idx], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = batch_invariant_linear(silu_and_mul(gate, up), self.down_proj[expert])
+            y = batch_invariant_linear(silu_and_mul(gate, up, self.swiglu_limit), self.down_proj[expert])
             out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
         return out
 
@@ -155,7 +207,8 @@ class FusedExperts(nn.Module):
 class SparseMoE(nn.Module):
     """Router + routed experts (+ shared expert, optionally sigmoid-gated). Attribute names follow the
     Qwen checkpoints (``gate``, ``experts``, ``shared_expert``, ``shared_expert_gate``); families with
-    other names map them in their loader."""
+    other names map them in their loader. ``routing.hash_vocab_size > 0`` makes the gate a ``HashRouter``
+    (then ``forward`` needs ``token_ids``); ``swiglu_limit`` clamps the routed and the shared experts alike."""
 
     def __init__(
         self,
@@ -167,17 +220,22 @@ class SparseMoE(nn.Module):
         shared_intermediate_size: int = 0,
         shared_gate: bool = False,
         world: World | None = None,
+        swiglu_limit: float | None = None,
     ):
         super().__init__()
-        self.gate = TopKRouter(hidden_size, routing, dtype=dtype)
-        self.experts = FusedExperts(routing.num_experts, hidden_size, intermediate_size, dtype=dtype, world=world)
+        router = HashRouter if routing.hash_vocab_size > 0 else TopKRouter
+        self.gate = router(hidden_size, routing, dtype=dtype)
+        self.experts = FusedExperts(routing.num_experts, hidden_size, intermediate_size, dtype=dtype, world=world,
+                                    swiglu_limit=swiglu_limit)
         self.shared_expert = (
-            SwiGLUMLP(hidden_size, shared_intermediate_size, dtype=dtype, world=world) if shared_intermediate_size else None
+            SwiGLUMLP(hidden_size, shared_intermediate_size, dtype=dtype, world=world, swiglu_limit=swiglu_limit)
+            if shared_intermediate_size else None
         )
         self.shared_expert_gate = Linear(hidden_size, 1, dtype=dtype) if shared_gate and self.shared_expert else None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weights, ids = self.gate(x)
+    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``token_ids [T]``: the rows' token ids (``batch.input_ids``); only a hash-routed gate reads them."""
+        weights, ids = self.gate(x, token_ids)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)

@@ -24,7 +24,7 @@ from dgpp.quant.bf12 import BF12, encode_bf12
 from dgpp.quant.encode import encode_fp8_block
 from dgpp.quant.format import QuantFormat
 from dgpp.quant.fp8 import FP8Block
-from dgpp.quant.linear import QuantLinearMethod
+from dgpp.quant.linear import QuantLinearMethod, decoded_matmul
 from dgpp.quant.moe import PROJECTIONS, QuantExperts
 from dgpp.quant.scheme import QuantScheme
 
@@ -86,7 +86,7 @@ def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
                 continue
             hidden = module.down_proj.shape[1]
             _replace(model, name, QuantExperts(formats, module.num_experts, hidden, module.inter * module.world.size,
-                                               world=module.world))
+                                               world=module.world, swiglu_limit=module.swiglu_limit))
             fmt = formats["gate_proj"]
             for proj in ("up_proj", "down_proj"):  # a layer that mixes formats counts each one it holds
                 if formats[proj] != fmt:
@@ -107,10 +107,13 @@ class DualMethod:
     def create_weights(self, layer: nn.Module, dtype: torch.dtype) -> None:
         raise RuntimeError("DualMethod is installed on loaded layers only")
 
+    def row_block(self, layer: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        return decoded_matmul(x, layer.weight[start:stop])
+
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.reshape(-1, x.shape[-1]).shape[0] <= BF12_MAX_ROWS:
             return self.packed.apply(layer, x, bias)
-        return torch.nn.functional.linear(x, layer.weight, bias)
+        return decoded_matmul(x, layer.weight, bias)
 
 
 def convert_dense_weights(model: nn.Module, engine: EngineConfig) -> dict[str, int]:

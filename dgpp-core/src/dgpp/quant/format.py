@@ -52,6 +52,11 @@ class QuantFormat(ABC):
         """Tensors as the kernels want them (default: as shipped). Must not lose information."""
         return tensors
 
+    def row_slice(self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int) -> dict[str, torch.Tensor] | None:
+        """The stored tensors of output rows ``start:stop`` (views), or None when the format's layout cannot
+        be cut there (callers then decode the whole weight). Default: None."""
+        return None
+
     def check(self, tensors: dict[str, torch.Tensor], shape: Shape, where: str) -> None:
         """Raise ``CheckpointError`` naming the tensor when one is missing or mis-shaped."""
         for suffix, want in self.tensor_shapes(shape).items():

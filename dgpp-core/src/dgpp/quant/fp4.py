@@ -50,6 +50,11 @@ class FP4Grouped(QuantFormat):
             return None
         return tensors[self.global_name].to(torch.float32).reshape(())
 
+    def row_slice(self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int) -> dict[str, torch.Tensor] | None:
+        # rows are independent (codes and group scales per row; the global scale is one scalar)
+        rows = slice(start, stop)
+        return {**tensors, self.data_name: tensors[self.data_name][rows], self.scale_name: tensors[self.scale_name][rows]}
+
     def decode(self, tensors: dict[str, torch.Tensor], shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         values = e2m1_unpack(tensors[self.data_name])
         scaled = values * self.group_scales(tensors).repeat_interleave(self.group, dim=1)

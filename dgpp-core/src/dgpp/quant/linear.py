@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.exact import routing
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.policy import current
@@ -43,7 +44,19 @@ def packed_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.T
     if x.is_cuda and has_kernel(fmt) and not current().quant_torch_only:
         y = quant_matmul(fmt, tensors, x, shape)
         return y if bias is None else y + bias
-    return F.linear(x, fmt.decode(tensors, shape, x.dtype), bias)
+    return decoded_matmul(x, fmt.decode(tensors, shape, x.dtype), bias)
+
+
+def decoded_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight^T (+ bias)`` for a decoded weight: on the CPU, rows independent of the step and bit for bit
+    what a dense Linear holding that weight computes (``dgpp.nn.batch_invariant``: narrow dtypes multiply in
+    fp32 and round once)."""
+    if x.device.type != "cpu":
+        return F.linear(x, weight, bias)
+    if x.dtype in (torch.bfloat16, torch.float16) and not isinstance(weight, nn.Parameter):  # (a Parameter's fp32 copy is cached)
+        y = batch_invariant_linear(x.float(), weight.float()).to(x.dtype)
+        return y if bias is None else y + bias
+    return batch_invariant_linear(x, weight, bias)
 
 
 class QuantLinearMethod:
@@ -97,6 +110,16 @@ class QuantLinearMethod:
     def dense_weight(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The decoded [out_local, in_local] weight (reference path; also what a dense reference is given)."""
         return self.fmt.decode(self.tensors(layer), self.local_shape(layer), dtype)
+
+    def row_block(self, layer: nn.Module, x: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+        """``x @ W[start:stop]^T`` (``dgpp.nn.linear.row_block_linear``): the packed rows when the format can be
+        cut there, else the rows of the decoded weight."""
+        shape = self.local_shape(layer)
+        tensors = self.tensors(layer)
+        sliced = self.fmt.row_slice(tensors, shape, start, stop)
+        if sliced is None:
+            return decoded_matmul(x, self.fmt.decode(tensors, shape, x.dtype)[start:stop])
+        return packed_matmul(self.fmt, sliced, x, (stop - start, shape[1]))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if x.is_cuda and bias is None:  # canonical rows through the decode GEMV, whatever the step's row count

@@ -51,7 +51,8 @@ class _ExpertStack(nn.Module):
 class QuantExperts(nn.Module):
     """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt`` (one format, or one per
     projection: exports such as Flint's mix FP8 block-128 and NVFP4 across gate/up/down within a layer);
-    TP splits the intermediate dim (gate/up column, down row) like ``FusedExperts``. ``use_fused``: None
+    TP splits the intermediate dim (gate/up column, down row) like ``FusedExperts``, and ``swiglu_limit`` clamps
+the SwiGLU inputs as there. ``use_fused``: None
     picks the fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``) when gate and up share a format (the
     kernel decodes them together; down may differ); True/False force it (tests run it on CPU under the
     Triton interpreter)."""
@@ -59,8 +60,9 @@ class QuantExperts(nn.Module):
     use_fused: bool | None = None
 
     def __init__(self, fmt: QuantFormat | Mapping[str, QuantFormat], num_experts: int, hidden_size: int,
-                 intermediate_size: int, *, world: World | None = None) -> None:
+                 intermediate_size: int, *, world: World | None = None, swiglu_limit: float | None = None) -> None:
         super().__init__()
+        self.swiglu_limit = swiglu_limit
         self.world = world or World()
         if intermediate_size % self.world.size:
             raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
@@ -102,7 +104,8 @@ class QuantExperts(nn.Module):
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.fused(x):
             return fused_quant_moe((self.gate_proj.fmt, self.gate_proj.stacks(), self.up_proj.stacks()),
-                                   (self.down_proj.fmt, self.down_proj.stacks()), x, weights, ids, self.inter)
+                                   (self.down_proj.fmt, self.down_proj.stacks()), x, weights, ids, self.inter,
+                                   swiglu_limit=self.swiglu_limit)
         return self.forward_reference(x, weights, ids)
 
     def forward_reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -111,7 +114,8 @@ class QuantExperts(nn.Module):
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
             rows = x[token_idx]
-            hidden = silu_and_mul(self._project("gate_proj", expert, rows), self._project("up_proj", expert, rows))
+            hidden = silu_and_mul(self._project("gate_proj", expert, rows), self._project("up_proj", expert, rows),
+                                  self.swiglu_limit)
             y = self._project("down_proj", expert, hidden)
             out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
         return out

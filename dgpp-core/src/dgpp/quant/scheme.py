@@ -1,6 +1,7 @@
 """Which format each module is in: ``quantization_config`` of an HF config.json, resolved per module.
 
-Supported ``quant_method`` values: ``fp8`` (block-scaled E4M3; ``scale_fmt: ue8m0`` for E8M0 scales),
+Supported ``quant_method`` values: ``fp8`` (block-scaled E4M3; ``scale_fmt: ue8m0`` for E8M0 scales;
+``expert_dtype: fp4`` for routed experts in MXFP4, as DeepSeek-V4 / V4.1 ship them),
 ``modelopt`` (``quant_algo: NVFP4``), ``compressed-tensors`` (``config_groups`` with ``targets`` /
 ``ignore``: NVFP4, FP8 channel or block, symmetric pack-quantized int4/int8), ``gptq`` and ``auto-round``
 (GPTQ layout, with per-module ``dynamic`` / ``extra_config`` overrides). Anything else is a
@@ -63,6 +64,8 @@ class QuantScheme:
             return None
         if not isinstance(qc, dict):
             raise ConfigError(f"{KEY}: expected an object, got {type(qc).__name__}")
+        if "expert_dtype" in hf_config and "expert_dtype" not in qc:  # DeepSeek-V4 ships it at the top level
+            qc = {**qc, "expert_dtype": hf_config["expert_dtype"]}
         method = str(qc.get("quant_method", "")).lower()
         parser = _PARSERS.get(method)
         if parser is None:
@@ -81,7 +84,23 @@ def _fp8(qc: dict) -> QuantScheme:
         raise ConfigError(f"{KEY}.scale_fmt: {scale_fmt!r} is not supported (float or ue8m0)")
     fmt = FP8Block(block=(int(block[0]), int(block[1])), scale_format="e8m0" if scale_fmt == "ue8m0" else "f32")
     ignore = list(qc.get("modules_to_not_convert") or []) + list(qc.get("ignored_layers") or [])
-    return QuantScheme("fp8", ignore=ignore, groups=[(["Linear"], fmt)])
+    return QuantScheme("fp8", ignore=ignore, groups=[(["Linear"], fmt)], overrides=_expert_dtype(qc))
+
+
+# a routed expert's projection: ``...experts.<id>.<proj>`` (not ``shared_experts``)
+ROUTED_EXPERT = r"re:(.*\.)?experts\.\d+\.[^.]+$"
+
+
+def _expert_dtype(qc: dict) -> list[tuple[str, QuantFormat | None]]:
+    """``expert_dtype`` (DeepSeek-V4's key; transformers moves a top-level one into ``quantization_config``):
+    ``fp8`` keeps the experts in the block format, ``fp4`` ships them as MXFP4 (E2M1 pairs in one byte, an
+    E8M0 exponent per 32 inputs, ``weight`` and ``weight_scale``), whatever the dense block size."""
+    kind = qc.get("expert_dtype") or "fp8"
+    if kind == "fp8":
+        return []
+    if kind == "fp4":
+        return [(ROUTED_EXPERT, MXFP4())]
+    raise ConfigError(f"{KEY}.expert_dtype: {kind!r} is not supported (fp8 or fp4)")
 
 
 def _modelopt(qc: dict) -> QuantScheme:

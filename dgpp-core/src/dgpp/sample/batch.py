@@ -60,14 +60,28 @@ def ids_to_host(ids: torch.Tensor) -> list[int]:
     """The chosen ids as a list. On CUDA the wait for the step sleeps on an event with the GIL released (a
     ``tolist`` on a device tensor spins a core until the GPU is done), so the serving thread formats and sends
     the previous tokens while the GPU computes these."""
-    if ids.device.type != "cuda":
-        return ids.tolist()
-    host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
-    host.copy_(ids, non_blocking=True)
-    done = torch.cuda.Event(blocking=True)
-    done.record(torch.cuda.current_stream(ids.device))  # the ids' device (a tensor-parallel rank's own GPU)
-    done.synchronize()
-    return host.tolist()
+    return HostIds(ids).wait()
+
+
+class HostIds:
+    """A device->host copy of sampled ids queued now, read later: ``wait`` returns once the copy (and what the
+    stream held before it) is done, not whatever was queued after it (an overlapped step, dgpp.sched.overlap)."""
+
+    def __init__(self, ids: torch.Tensor) -> None:
+        if ids.device.type != "cuda":
+            self._ready: list[int] | None = ids.tolist()
+            return
+        self._ready = None
+        self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
+        self._host.copy_(ids, non_blocking=True)
+        self._done = torch.cuda.Event(blocking=True)
+        self._done.record(torch.cuda.current_stream(ids.device))  # the ids' device (a tensor-parallel rank's own GPU)
+
+    def wait(self) -> list[int]:
+        if self._ready is None:
+            self._done.synchronize()
+            self._ready = self._host.tolist()
+        return self._ready
 
 
 def _with_logprobs(row: torch.Tensor, token: int, choice: ChoiceSampler) -> SampleResult:

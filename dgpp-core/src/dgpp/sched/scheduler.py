@@ -19,6 +19,7 @@ from dgpp.sample.batch import sample_batch
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
 from dgpp.sched.config import SchedulerConfig
+from dgpp.sched.overlap import InFlight, OverlapSteps
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import RetireReason, SeqEvent, SeqStatus, Sequence
 from dgpp.sched.stats import SchedulerStats
@@ -30,7 +31,7 @@ class QueueFull(RuntimeError):
     """More sequences are waiting than ``engine.queue_limit`` allows (HTTP 503 ``overloaded``)."""
 
 
-class Scheduler:
+class Scheduler(OverlapSteps):
     """Continuous batching over a ``StepRunner``; see the module docstring for the tick."""
 
     def __init__(
@@ -63,6 +64,10 @@ class Scheduler:
         # steps; the last tick before idle hands them out at once (see tick)
         self.overlap_events = False
         self._ready: dict[Sequence, SeqEvent] = {}
+        # serving on a GPU: decode steps launch before the previous step's tokens are read (dgpp.sched.overlap);
+        # the runner's ``step`` must take ``input_ids`` (device ids replacing the works' tokens)
+        self.overlap_steps = False
+        self._inflight: InFlight | None = None
 
     # ---- inputs (called on the step loop thread between ticks) -----------------------------------
     @property
@@ -85,11 +90,17 @@ class Scheduler:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.live or self._cancels)
+        return bool(self.waiting or self.live or self._cancels or self._inflight)
 
     # ---- the tick -----------------------------------------------------------------------------
     def tick(self) -> None:
         started = time.monotonic()
+        if self._inflight is not None:
+            if self._chain():  # the next step is on the GPU and the previous one's tokens are out
+                self._flush_events()
+                self.stats.step_ms += (time.monotonic() - started) * 1000.0
+                return
+            self._drain(self._inflight)
         self._apply_cancels()
         self._admit()
         decoding = [s for s in self.live if s.status is SeqStatus.DECODE]
@@ -233,6 +244,11 @@ class Scheduler:
         for s in decodes:
             works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], want_logits=True))  # type: ignore[arg-type]
             sampled.append(s)
+        if not prefills and self._overlaps(decodes):
+            self._launch(works, decodes)
+            for s in decodes:
+                s.computed += 1
+            return
         t0 = time.monotonic()
         logits = self.runner.step(works)
         elapsed = time.monotonic() - t0
@@ -325,6 +341,7 @@ class Scheduler:
 
     def fail_all(self, message: str) -> None:
         """The runner failed: retire every sequence with an error event (the engine is marked failed)."""
+        self._inflight = None
         for s in list(self.live) + list(self.waiting):
             self._retire(s, RetireReason.FAILED)
             self._event(s).error = message

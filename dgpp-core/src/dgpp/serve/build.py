@@ -11,6 +11,7 @@ import structlog
 from dgpp.config import DeployConfig, EngineConfig
 from dgpp.engine.keys import check_engine_keys
 from dgpp.engine.work import StepRunner
+from dgpp.policy import current
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
@@ -88,6 +89,9 @@ def assemble(
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     scheduler.speculative = speculative  # engine.mtp (None: plain decode)
     scheduler.overlap_events = True  # a tick's events go out while the next step runs on the GPU
+    # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
+    scheduler.overlap_steps = (current().overlap_steps and speculative is None
+                               and bool(getattr(runner, "overlaps_decode", False)))
     loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
                       gather_ms=engine_cfg.admission_gather_ms)
     if start_loop:

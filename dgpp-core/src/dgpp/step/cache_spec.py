@@ -24,6 +24,10 @@ class PagedKV:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
         return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
 
+    def rows_per_block(self, block_size: int) -> int:
+        """Rows one pool block holds: one per token."""
+        return block_size
+
 
 @dataclass(frozen=True)
 class LatentKV(PagedKV):
@@ -62,6 +66,58 @@ class StateSpec:
 
 
 CacheSpec = PagedKV | StateSpec
+
+
+ACCOUNTED_BLOCK_SIZE = 16  # the engine's default engine.block_size, which CompressedKV's plan counts with
+
+
+@dataclass(frozen=True)
+class CompressedKV(PagedKV):
+    """Compressed K/V entries of one layer (DeepSeek-V4's CSA / HCA): one entry per ``ratio`` tokens, pooled from
+    that window's rows once the window is complete. Entries live in the paged pool beside the tokens they
+    summarise: entry ``w`` covers positions ``w·ratio .. w·ratio + ratio - 1`` and sits in the block of the
+    window's LAST token, so it is written in the step that writes that block, and a block shared by the prefix
+    cache already holds every entry it ever will. A block holds ``block_size // ratio`` entries (one when the
+    ratio is larger than a block; the block size and the ratio must divide one another). No V (``v_head_dim``
+    0): the entry is both key and value. Build with ``CompressedKV.of(ratio, head_dim, dtype)``."""
+
+    ratio: int = 1
+
+    @classmethod
+    def of(cls, ratio: int, head_dim: int, dtype: torch.dtype) -> CompressedKV:
+        return cls(num_kv_heads=1, head_dim=head_dim, dtype=dtype, v_head_dim=0, ratio=ratio)
+
+    def rows_per_block(self, block_size: int) -> int:
+        if block_size % self.ratio and self.ratio % block_size:
+            raise ValueError(f"block_size {block_size} and compression ratio {self.ratio} must divide one another")
+        return max(1, block_size // self.ratio)
+
+    def bytes_per_token(self) -> int:
+        """Pool bytes per token at the engine's default 16-token blocks: an entry per ``ratio`` tokens, but at
+        least one per block (ratio 128: an entry per 16 tokens' room). Larger blocks need less."""
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return -(-self.head_dim * itemsize // min(self.ratio, ACCOUNTED_BLOCK_SIZE))
+
+
+@dataclass(frozen=True)
+class WindowBuffer(StateSpec):
+    """The rows a compressor has not pooled yet, per request: a ring of the last ``rows`` positions' projected
+    K/V and gate logits (position ``j`` at index ``j % rows``), ``width`` wide each. ``rows`` is the ratio for
+    non-overlapping windows (HCA) and twice it for overlapping ones (CSA: entry ``w`` pools window ``w - 1``'s
+    first half-width with window ``w``'s second). Being state, it is snapshotted with the request, which keeps
+    chunked prefill and the prefix cache exact.
+
+    Build with keywords: ``WindowBuffer(rows=8, width=1024, dtype=torch.bfloat16)``."""
+
+    rows: int = 0
+    width: int = 0
+    dtype: torch.dtype = torch.bfloat16
+
+    def __post_init__(self) -> None:
+        if self.rows < 1 or self.width < 1:
+            raise ValueError(f"a window buffer needs rows and width >= 1, got {self.rows} x {self.width}")
+        shape = (self.rows, self.width)
+        object.__setattr__(self, "tensors", {"kv": (shape, self.dtype), "gate": (shape, self.dtype)})
 
 
 @dataclass(frozen=True)

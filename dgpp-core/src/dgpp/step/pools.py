@@ -31,8 +31,9 @@ class CachePools:
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         for name, s in spec.items():
             if isinstance(s, PagedKV):
-                k = torch.zeros(num_blocks, block_size, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=device)
-                v = torch.zeros(num_blocks, block_size, s.num_kv_heads, s.v_dim, dtype=s.dtype, device=device)
+                rows = s.rows_per_block(block_size)  # fewer than block_size for compressed entries
+                k = torch.zeros(num_blocks, rows, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=device)
+                v = torch.zeros(num_blocks, rows, s.num_kv_heads, s.v_dim, dtype=s.dtype, device=device)
                 self.kv[name] = (k, v)
             elif isinstance(s, StateSpec):
                 self.state[name] = {

@@ -34,8 +34,12 @@ class ToyRunner:
     def copy_state(self, src: int, dst: int) -> None:
         self.state[dst] = self.state[src]
 
-    def step(self, works: list[SeqWork]) -> torch.Tensor:
+    def step(self, works: list[SeqWork], input_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """``input_ids``: one token per (decode) work, replacing its ``token_ids`` (overlapped decode steps)."""
         self.steps.append([(w.context_len, len(w.token_ids)) for w in works])
+        if input_ids is not None:
+            works = [SeqWork(w.state_slot, w.block_table, w.context_len, [t], w.want_logits)
+                     for w, t in zip(works, input_ids.tolist(), strict=True)]
         rows = []
         for w in works:
             if w.context_len == 0:

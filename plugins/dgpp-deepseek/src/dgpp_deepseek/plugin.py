@@ -18,11 +18,13 @@ HOOKS = FamilyHooks(
             "deepseek_v41",
         ),
         # the claimed values this plugin can load today; the rest get a clear "not yet supported"
-        implemented=(),
+        implemented=("DeepseekV4ForCausalLM", "deepseek_v4"),
         description="DeepSeek-V4-Flash (deepseek_v4), DeepSeek-V4.1-Flash (deepseek_v41)",
     ),
     load_model="dgpp_deepseek.loader:load_model",
+    build_model="dgpp_deepseek.model:build_unloaded",
     tool_dialect="dgpp_deepseek.dialect:dialect_for",
     chat_template="dgpp_deepseek.dialect:chat_template",
+    memory_plan="dgpp_deepseek.memory:memory_plan",
     templates_package=__name__,
 )

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 import torch
 
+from dgpp.nn.exact.chunks import chunk_gate_up_silu, chunk_linears
 from dgpp.policy import current
 from dgpp.step.route import current_route
 
@@ -59,10 +60,18 @@ def routable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
             and all(w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1] for w in weights))
 
 
+BulkChunks = Callable[[torch.Tensor, tuple[tuple[int, int], ...]], "list[torch.Tensor] | None"]
+
+
 def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tensor]],
-               bulk: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor] | None:
+               bulk: Callable[[torch.Tensor], list[torch.Tensor]],
+               bulk_chunks: BulkChunks | None = None) -> list[torch.Tensor] | None:
     """Split ``x``'s rows by the current step's route: ``exact(rows)`` for canonical rows, ``bulk(rows)`` for
-    the rest (computed over the bulk rows only). None when no route is set (the caller's own path)."""
+    the rest (computed over the bulk rows only). None when no route is set (the caller's own path).
+
+    ``bulk_chunks(x, ranges)``, when given, computes every prefill chunk's rows at once into full-height outputs
+    (each chunk still in calls of its own, written in place: the same products ``bulk`` makes, without a copy
+    per chunk and output); it may return None to leave the chunks to ``bulk``."""
     route = current_route()
     if route is None:
         return exact(x) if current().batch_invariant else None
@@ -70,17 +79,25 @@ def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tenso
         return exact(x)
     if route.none_exact and len(route.bulk_ranges) == 1:
         return bulk(x)
-    parts = [((a, b), bulk(x[a:b])) for a, b in route.bulk_ranges]
     exact_out = exact(x.index_select(0, route.exact_rows)) if route.exact_rows is not None else None
+    merged = bulk_chunks(x, route.bulk_ranges) if bulk_chunks is not None else None
+    if merged is None:
+        merged = _merged_bulk(x, route.bulk_ranges, bulk, exact_out)
+    if exact_out is not None:
+        for out, part in zip(merged, exact_out, strict=True):
+            out.index_copy_(0, route.exact_rows, part)
+    return merged
+
+
+def _merged_bulk(x: torch.Tensor, ranges: tuple[tuple[int, int], ...],
+                 bulk: Callable[[torch.Tensor], list[torch.Tensor]], exact_out: list[torch.Tensor] | None) -> list[torch.Tensor]:
+    parts = [((a, b), bulk(x[a:b])) for a, b in ranges]
     first = parts[0][1] if parts else exact_out
     assert first is not None
     merged = [t.new_empty(x.shape[0], t.shape[1]) for t in first]
     for (a, b), outs in parts:
         for out, part in zip(merged, outs, strict=True):
             out[a:b] = part
-    if exact_out is not None:
-        for out, part in zip(merged, exact_out, strict=True):
-            out.index_copy_(0, route.exact_rows, part)
     return merged
 
 
@@ -95,7 +112,10 @@ def routed_linears(x: torch.Tensor, weights: list[torch.Tensor], bulk: Callable[
         outs = fixed_linear(rows, weights)
         return outs if bias is None else [outs[0] + bias]
 
-    return route_rows(x, exact, bulk)
+    def chunks(rows: torch.Tensor, ranges: tuple[tuple[int, int], ...]) -> list[torch.Tensor] | None:
+        return chunk_linears(rows, weights, ranges) if bias is None else None
+
+    return route_rows(x, exact, bulk, chunks)
 
 
 def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -116,7 +136,7 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
         gate, up = fixed_linear(rows, [w_gate, w_up])
         return [kernels.silu_mul_pair(gate, up)]
 
-    out = route_rows(x, exact, lambda rows: [bulk(rows)])
+    out = route_rows(x, exact, lambda rows: [bulk(rows)], lambda rows, ranges: chunk_gate_up_silu(rows, w_gate, w_up, ranges))
     return None if out is None else out[0]
 
 

@@ -48,6 +48,7 @@ def quant_moe_gemm_kernel(
     ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, SCALE_MODE: tl.constexpr,
     GATHER_TOKENS: tl.constexpr, SWIGLU: tl.constexpr, SCATTER_WEIGHTED: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, FAST_E2M1: tl.constexpr = False,
+    SWIGLU_LIMIT: tl.constexpr = 0.0,
 ):
     """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
     ``w/s/z/g``: the (gate or down) stack; ``w2/s2/z2/g2``: the up stack (SWIGLU only); every stack is
@@ -120,7 +121,11 @@ def quant_moe_gemm_kernel(
     if SWIGLU:
         # the reference rounds gate and up to the activation dtype before silu(gate) * up
         gate = acc.to(ROUND_DTYPE).to(tl.float32)
-        acc = gate / (1.0 + tl.exp(-gate)) * acc_up.to(ROUND_DTYPE).to(tl.float32)
+        up = acc_up.to(ROUND_DTYPE).to(tl.float32)
+        if SWIGLU_LIMIT > 0:  # clamped SwiGLU (DeepSeek-V4): gate <= limit, -limit <= up <= limit
+            gate = tl.minimum(gate, SWIGLU_LIMIT)
+            up = tl.minimum(tl.maximum(up, -SWIGLU_LIMIT), SWIGLU_LIMIT)
+        acc = gate / (1.0 + tl.exp(-gate)) * up
     c_rows = rows.to(tl.int64)
     if SCATTER_WEIGHTED:
         acc = acc * tl.load(topk_w_ptr + sid, mask=rvalid, other=0.0).to(tl.float32)[:, None]

@@ -13,7 +13,7 @@ import dataclasses
 import torch
 
 from dgpp.kernels import moe_align
-from dgpp.kernels.moe import align_to_experts
+from dgpp.kernels.moe import align_to_experts, swiglu_limit_constant
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
@@ -92,7 +92,7 @@ def _scale_mode(args: dict, bkp: int) -> int:
 
 def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorted_ids: torch.Tensor,
             block_expert: torch.Tensor, topk_w: torch.Tensor, num_assign: int, top_k: int, n_out: int,
-            tiles: MoETiles, *, gather: bool, swiglu: bool, scatter: bool) -> None:
+            tiles: MoETiles, *, gather: bool, swiglu: bool, scatter: bool, swiglu_limit: float = 0.0) -> None:
     import triton.language as tl
 
     from dgpp.quant.kernels.moe_gemm import quant_moe_gemm_kernel
@@ -114,14 +114,17 @@ def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorte
         SCALE_E8M0=args["SCALE_E8M0"], GLOBAL_OP=args["GLOBAL_OP"], ZERO_OFFSET=args["ZERO_OFFSET"],
         ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, FAST_E2M1=fast_e2m1,
         SCALE_MODE=_scale_mode(args, tiles.bkp), GATHER_TOKENS=gather, SWIGLU=swiglu, SCATTER_WEIGHTED=scatter,
-        BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp, SWIGLU_LIMIT=swiglu_limit,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
 def fused_quant_moe(gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[str, torch.Tensor]],
                     down: tuple[QuantFormat, dict[str, torch.Tensor]], x: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor, inter: int, tiles: MoETiles | None = None) -> torch.Tensor:
-    """``sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t)`` with ``e = topk_ids[t, k]``.
+                    topk_ids: torch.Tensor, inter: int, tiles: MoETiles | None = None,
+                    swiglu_limit: float | None = None) -> torch.Tensor:
+    """``sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t)`` with ``e = topk_ids[t, k]`` (gate and up
+    clamped at ``swiglu_limit`` first when it is set).
 
     ``gate_up``: (format, gate stacks, up stacks) and ``down``: (format, down stacks), each stack a stored
     tensor with a leading expert dim (logical gate/up [E, I, H], down [E, H, I]; the two formats differ
@@ -144,7 +147,7 @@ def fused_quant_moe(gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[st
     weights = topk_weights.contiguous().view(-1)
     act = torch.empty(sorted_ids.shape[0], inter, dtype=x.dtype, device=x.device)
     _launch(gate_args, up_args, x, act, sorted_ids, block_expert, weights, n_assign, top_k, inter, tiles,
-            gather=True, swiglu=True, scatter=False)
+            gather=True, swiglu=True, scatter=False, swiglu_limit=swiglu_limit_constant(swiglu_limit))
     per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
     _launch(down_args, None, act, per_assign, sorted_ids, block_expert, weights, n_assign, top_k, hidden, tiles,
             gather=False, swiglu=False, scatter=True)

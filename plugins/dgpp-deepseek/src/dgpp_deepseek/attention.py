@@ -1,0 +1,111 @@
+"""DeepSeek-V4 attention of one layer (the release's ``attn.*`` names): low-rank queries, one shared latent
+K == V head, per-head sinks, a sliding window on every layer plus, on CSA / HCA layers, compressed entries.
+
+``q = rms(wq_b(q_norm(wq_a(x))))`` per head (an unweighted RMSNorm), ``kv = norm(wkv(x))``; both rotate their
+last ``rope_head_dim`` dims (interleaved; ``rope_theta`` on sliding layers, ``compress_rope_theta`` + YaRN on
+compressed ones). The attention output's rope slice is rotated back at the query position, then the heads go
+through the grouped low-rank output: ``wo_a`` block-diagonal over ``o_groups`` groups of heads, then ``wo_b``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.nn.compressed_attention import CompressedSinkAttention, LightningIndexer
+from dgpp.nn.linear import Linear, row_block_linear
+from dgpp.nn.sources import Alternatives, Source
+from dgpp.nn.trailing_rope import TrailingRotary
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.nn.window_compressor import FP32WeightRMSNorm, WindowCompressor
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import CacheSpec
+from dgpp_deepseek.config import CSA, DeepseekV4ArchConfig
+
+
+def attention_cache_name(layer_idx: int) -> str:
+    return f"layers.{layer_idx}.attn"
+
+
+class DeepseekV4Attention(nn.Module):
+    """One layer's attention, replicated on every rank (one K/V head: nothing to split by heads)."""
+
+    def __init__(self, cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
+        super().__init__()
+        heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
+        self.num_heads, self.head_dim, self.groups, self.eps = heads, dim, cfg.o_groups, eps
+        self.o_lora_rank = cfg.o_lora_rank
+        self.wq_a = Linear(cfg.hidden_size, cfg.q_lora_rank, dtype=dtype)
+        self.q_norm = FP32WeightRMSNorm(cfg.q_lora_rank, eps)
+        self.wq_b = Linear(cfg.q_lora_rank, heads * dim, dtype=dtype)
+        self.wkv = Linear(cfg.hidden_size, dim, dtype=dtype)
+        self.kv_norm = FP32WeightRMSNorm(dim, eps)
+        self.wo_a = Linear(heads * dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype=dtype)
+        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype=dtype)
+        self.attn_sink = nn.Parameter(torch.empty(heads, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(self.attn_sink, weight_loader=default_weight_loader)
+        ratio = cfg.ratio(layer_idx)
+        name = attention_cache_name(layer_idx)
+        if ratio:
+            self.rotary = TrailingRotary(cfg.rope_head_dim, cfg.compress_rope_theta, yarn=cfg.compress_yarn)
+            self.compressor: WindowCompressor | None = WindowCompressor(
+                cfg.hidden_size,
+                dim,
+                ratio,
+                self.rotary,
+                f"{name}.compressor",
+                overlap=cfg.layer_types[layer_idx] == CSA,
+                dtype=dtype,
+                eps=eps,
+            )
+        else:
+            self.rotary = TrailingRotary(cfg.rope_head_dim, cfg.rope_theta)
+            self.compressor = None
+        self.indexer: LightningIndexer | None = None
+        if cfg.layer_types[layer_idx] == CSA:
+            self.indexer = LightningIndexer(
+                cfg.hidden_size,
+                cfg.q_lora_rank,
+                cfg.index_n_heads,
+                cfg.index_head_dim,
+                cfg.index_topk,
+                ratio,
+                self.rotary,
+                f"{name}.indexer",
+                dtype=dtype,
+                eps=eps,
+            )
+        self.core = CompressedSinkAttention(
+            name, heads, dim, cfg.sliding_window, compressor=self.compressor, indexer=self.indexer
+        )
+
+    def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        return self.core.cache_spec(dtype)
+
+    def checkpoint_sources(self) -> dict[str, Alternatives]:
+        """The latent's norm is ``attn.kv_norm`` in DeepSeek's naming; transformers saves it back as ``attn.norm``
+        (its mapping reads both): read either."""
+        return {"kv_norm.weight": [[Source("kv_norm.weight")], [Source("norm.weight")]]}
+
+    def grouped_output(self, out: torch.Tensor) -> torch.Tensor:
+        """``wo_b(concat_g wo_a[g](heads of group g))``: ``wo_a``'s rows are ``o_groups`` blocks of
+        ``o_lora_rank``, block ``g`` reading only group ``g``'s heads."""
+        rows = out.shape[0]
+        per_group = out.reshape(rows, self.groups, -1)
+        r = self.o_lora_rank  # by rows of wo_a, whatever its format (the release ships it FP8 128 x 128)
+        mixed = torch.cat(
+            [row_block_linear(self.wo_a, per_group[:, g], g * r, (g + 1) * r) for g in range(self.groups)], dim=-1
+        )
+        return self.wo_b(mixed)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        rows = x.shape[0]
+        q_resid = self.q_norm(self.wq_a(x))
+        q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim)
+        # per head, unweighted
+        q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps).to(q.dtype)
+        q = self.rotary.rotate(q, batch.positions)
+        kv = self.rotary.rotate(self.kv_norm(self.wkv(x))[:, None, :], batch.positions)[:, 0]
+        out = self.core(q, kv, x, q_resid, batch, self.attn_sink)
+        out = self.rotary.rotate(out, batch.positions, inverse=True)
+        return self.grouped_output(out)
