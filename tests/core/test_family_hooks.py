@@ -201,17 +201,15 @@ def test_in_tree_plugins_register_without_importing_implementations():
 
 
 def test_in_tree_special_cases_are_kept():
-    """Qwen's memory plan answers only for qwen4_exp, MiMo's only for mimo_v2_flash; every dialect family's fallback template comes through the hook."""
+    """Qwen's memory plan answers only for qwen4_exp; every dialect family's fallback template comes through the hook."""
     from dgpp.plugins import build_manager
     from dgpp_deepseek import dialect as deepseek_dialect
     from dgpp_flint import dialect as flint_dialect
-    from dgpp_mimo import plugin as mimo_plugin
     from dgpp_qwen import dialect as qwen_dialect
     from dgpp_qwen import plugin as qwen_plugin
 
     assert qwen_plugin.HOOKS.dgpp_memory_plan(_ctx("qwen", "qwen3")) is None
     assert qwen_plugin.HOOKS.dgpp_memory_plan(_ctx("glm", "qwen4_exp")) is None
-    assert mimo_plugin.HOOKS.dgpp_memory_plan(_ctx("mimo", "mimo_v2")) is None  # V2.6: the generic estimate
     pm = build_manager()
     assert pm.hook.dgpp_chat_template(family="qwen", hf_config={}) == qwen_dialect.chat_template()
     v41 = {"model_type": "deepseek_v41"}

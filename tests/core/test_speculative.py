@@ -1,5 +1,5 @@
 """Speculative decoding (engine.mtp) through the scheduler: greedy with MTP on emits exactly the plain greedy
-transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2), an oracle drafter gets full
+transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2, MiMo-V2.6 at depth 1 and 2), an oracle drafter gets full
 acceptance, a half-right one exercises the hybrid state restore, seeded sampling is reproducible, and the
 ``spec_decode`` counters move."""
 
@@ -147,6 +147,24 @@ def test_glm_greedy_mtp_equals_plain(glm, depth):
     spec, sched = serve(model, drafter, depth)
     assert spec == plain
     _check_counters(sched, depth)
+
+
+def test_mimo_v26_greedy_mtp_equals_plain(tmp_path):
+    """MiMo-V2.6 as shipped (fused FP8 qkv, MXFP4 experts): its MTP layer attends a sliding window over the
+    drafter's paged pool while the target's sliding layers keep per-request rings, restored on rejection."""
+    from dgpp.config import EngineConfig
+    from dgpp.testing.mimo import build_tiny_mimo
+    from dgpp.testing.mimo_v26 import write_v26_checkpoint
+
+    v26, _ = write_v26_checkpoint(build_tiny_mimo(tmp_path / "flash", seed=31, vocab_size=VOCAB), tmp_path / "v26",
+                                  tmp_path / "twin", mtp_layers=1, seed=32)
+    model = load_model(v26)
+    drafter = manager().hook.dgpp_build_draft(ctx=load_context(v26, EngineConfig(mtp=True)), model=model)
+    plain, _ = serve(model)
+    for depth in (1, 2):
+        spec, sched = serve(model, drafter, depth)
+        assert spec == plain
+        _check_counters(sched, depth)
 
 
 def test_eos_retires_mid_step(glm):

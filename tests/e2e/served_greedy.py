@@ -26,15 +26,16 @@ QUESTIONS = ("What is the weather in Paris today?", "def add(a, b):", "The quick
 
 
 @contextmanager
-def served(ckpt: Path, root: Path, chat_template: bool = True) -> Iterator[tuple[Server, openai.OpenAI]]:
-    """``dgpp serve`` (``SERVE_ENGINE``) on ``ckpt`` with the tiny tokenizer, and an openai client for it.
-    ``chat_template=False``: the tokenizer ships none, so the family plugin's template is used."""
+def served(ckpt: Path, root: Path, chat_template: bool = True,
+           engine: dict | None = None) -> Iterator[tuple[Server, openai.OpenAI]]:
+    """``dgpp serve`` (``engine``, default ``SERVE_ENGINE``) on ``ckpt`` with the tiny tokenizer, and an openai
+    client for it. ``chat_template=False``: the tokenizer ships none, so the family plugin's template is used."""
     build_tiny_tokenizer(ckpt)
     if not chat_template:
         config = json.loads((ckpt / "tokenizer_config.json").read_text())
         del config["chat_template"]
         (ckpt / "tokenizer_config.json").write_text(json.dumps(config))
-    with running(ckpt, root, SERVE_ENGINE) as server:
+    with running(ckpt, root, SERVE_ENGINE if engine is None else engine) as server:
         yield server, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 

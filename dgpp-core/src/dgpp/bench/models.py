@@ -47,6 +47,26 @@ _TINY_QWEN35 = {
     "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
 }
 
+# MiMo-V2.6-Flash (anchor §3.9, the release's own config keys: model type mimo_v2) per layer: hidden 4096, 64 q
+# heads of 192 (v 128), 4 KV heads on global layers and 8 on sliding-window ones (window 128 with a sink per
+# head), 256 experts top-8 of 2048, no shared expert. Its 48 layers are 309B parameters (618 GB in bf16); the
+# benchmark keeps the per-layer shape and runs 8: layer 0 global with the dense 16384 MLP, 1-4 sliding, 5 global,
+# 6-7 sliding, 1-7 MoE (95 GB of bf16 weights), which leaves K/V and workspace room on a 141 GB H200
+MIMO_V26_LAYERS = 8
+_MIMO_V26_COMMON = {
+    "model_type": "mimo_v2", "architectures": ["MiMoV2ForCausalLM"], "attention_projection_layout": "fused_qkv",
+    "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False, "partial_rotary_factor": 0.334,
+    "attention_value_scale": 0.707, "layernorm_epsilon": 1e-5, "rope_theta": 10000000.0, "swa_rope_theta": 10000.0,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+}
+
+
+def _mimo_v26_pattern(num_layers: int) -> list[int]:
+    """MiMo's layout (1 = sliding window): global attention on layer 0 and every sixth layer from 5 on."""
+    return [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(num_layers)]
+
+
 # DeepSeek-V4-Flash (deepseek-ai/DeepSeek-V4-Flash-0731, anchor §3.8) per layer: hidden 4096, 64 q heads x 512 over one
 # shared latent, q_lora 1024, o_lora 1024 in 8 groups, a 128-token window everywhere, CSA (ratio 4, 64-head indexer
 # x 128, top 512) and HCA (ratio 128) layers, 256 experts top-6 of 2048 + one shared, hash routing on layers 0-2,
@@ -124,6 +144,14 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
         "num_attention_heads": 32, "num_key_value_heads": 2, "linear_num_value_heads": 64, "num_experts": 256,
         "num_experts_per_tok": 8, "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024,
     },
+    f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l": {
+        **_MIMO_V26_COMMON, "vocab_size": 152576, "hidden_size": 4096, "intermediate_size": 16384,
+        "moe_intermediate_size": 2048, "num_hidden_layers": MIMO_V26_LAYERS, "num_attention_heads": 64,
+        "num_key_value_heads": 4, "head_dim": 192, "v_head_dim": 128, "swa_num_attention_heads": 64,
+        "swa_num_key_value_heads": 8, "swa_head_dim": 192, "swa_v_head_dim": 128, "sliding_window": 128,
+        "hybrid_layer_pattern": _mimo_v26_pattern(MIMO_V26_LAYERS), "moe_layer_freq": [0] + [1] * (MIMO_V26_LAYERS - 1),
+        "n_routed_experts": 256, "num_experts_per_tok": 8, "max_position_embeddings": 1048576,
+    },
     f"deepseek-v4-flash-{V4_FLASH_LAYERS}l": _V4_FLASH,
     "tiny-deepseek-v4": _TINY_V4,
     f"glm-5.3-{GLM5_LAYERS}l": _GLM5,
@@ -134,6 +162,14 @@ GEOMETRIES: dict[str, dict[str, Any]] = {
         **{k: v for k, v in _TINY_QWEN35.items() if k != "intermediate_size"}, "model_type": "qwen3_5_moe_text",
         "architectures": ["Qwen3_5MoeForCausalLM"], "num_experts": 8, "num_experts_per_tok": 2,
         "moe_intermediate_size": 32, "shared_expert_intermediate_size": 32,
+    },
+    # CPU smoke version of the MiMo-V2.6 geometry: 6 layers (0 and 5 global), window 8, 8 experts top-2
+    "tiny-mimo-v2.6": {
+        **_MIMO_V26_COMMON, **{k: v for k, v in _TINY_TEXT.items() if k != "rms_norm_eps"}, "num_hidden_layers": 6,
+        "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 48, "v_head_dim": 32,
+        "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4, "swa_head_dim": 48, "swa_v_head_dim": 32,
+        "sliding_window": 8, "hybrid_layer_pattern": _mimo_v26_pattern(6), "moe_layer_freq": [0] + [1] * 5,
+        "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
     },
 }
 

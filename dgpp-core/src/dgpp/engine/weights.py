@@ -18,6 +18,7 @@ from torch import nn
 from dgpp.checkpoint import CheckpointReader, load_weights
 from dgpp.family import LoadContext
 from dgpp.quant.apply import convert_dense_weights, quantize_modules
+from dgpp.quant.scheme import QuantScheme
 
 M = TypeVar("M", bound=nn.Module)
 
@@ -35,6 +36,8 @@ def load_family_weights(
     packed: bool = True,
     convert: bool = True,
     after_load: Callable[[M, CheckpointReader], None] | None = None,
+    reader: CheckpointReader | None = None,
+    scheme: QuantScheme | None = None,
 ) -> M:
     """``build()`` on ``ctx.device``, filled from ``ctx.checkpoint_dir`` and in eval mode.
 
@@ -42,15 +45,17 @@ def load_family_weights(
     dense whatever ``quantization_config`` says (no packed parameters are made). ``convert=False`` skips the
     engine's load-time conversions (a drafter that shares the main model's head). ``after_load(module,
     reader)`` reads what ``load_weights`` does not (tables, checks against constants) while the checkpoint is
-    open.
+    open. ``reader`` (closed here) presents the checkpoint under the module's names where a release stores
+    tensors its own way (e.g. fused, pre-sharded projections), and ``scheme`` says which format each module is
+    in where the release's ``quantization_config`` cannot (see ``quantize_modules``).
     """
-    reader = CheckpointReader(ctx.checkpoint_dir)
+    reader = reader if reader is not None else CheckpointReader(ctx.checkpoint_dir)
     try:
         # parameters, packed ones included, are made on the load device
         with torch.device(ctx.device or "cpu"):
             module = build()
             if packed:
-                quantize_modules(module, ctx.hf_config, rename=rename)
+                quantize_modules(module, ctx.hf_config, rename=rename, scheme=scheme)
         load_weights(module, reader, rename=rename)
         if after_load is not None:
             after_load(module, reader)

@@ -61,9 +61,12 @@ def _expert_formats(scheme: QuantScheme, ckpt: str, num_experts: int) -> dict[st
 
 
 def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
-                     rename: Callable[[str], str] = lambda n: n) -> QuantScheme | None:
-    """Swap in packed parameters for every module the checkpoint stores quantized; returns the scheme."""
-    scheme = QuantScheme.from_hf_config(hf_config)
+                     rename: Callable[[str], str] = lambda n: n,
+                     scheme: QuantScheme | None = None) -> QuantScheme | None:
+    """Swap in packed parameters for every module the checkpoint stores quantized; returns the scheme.
+    ``scheme`` (default: ``hf_config``'s ``quantization_config``) is for a family whose release says where
+    each format goes in keys of its own."""
+    scheme = scheme if scheme is not None else QuantScheme.from_hf_config(hf_config)
     if scheme is None:
         return None
     counts: dict[str, int] = {}

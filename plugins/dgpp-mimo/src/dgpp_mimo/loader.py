@@ -19,7 +19,10 @@ def arch_config(ctx: LoadContext) -> MimoArchConfig:
 
 def load_model(ctx: LoadContext) -> Model:
     from dgpp_mimo.model import MimoV2FlashForCausalLM
+    from dgpp_mimo.v26_loader import is_v26, load_v26
 
+    if is_v26(ctx):  # the V2.6 release: its own keys and tensor layout, the same model
+        return load_v26(ctx)
     cfg = arch_config(ctx)
     return load_family_weights(ctx, lambda: MimoV2FlashForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world,
                                                                    group=ctx.group))

@@ -18,14 +18,14 @@ HOOKS = FamilyHooks(
             "mimo_v2",
         ),
         # the claimed values this plugin can load today; the rest get a clear "not yet supported"
-        implemented=("MiMoV2FlashForCausalLM", "mimo_v2_flash"),
+        implemented=("MiMoV2FlashForCausalLM", "mimo_v2_flash", "MiMoV2ForCausalLM", "mimo_v2"),
         description="MiMo-V2-Flash (mimo_v2_flash), MiMo-V2.6-Flash (mimo_v2)",
     ),
     load_model="dgpp_mimo.loader:load_model",
     tool_dialect="dgpp_mimo.dialect:dialect_for",
     chat_template="dgpp_mimo.dialect:chat_template",
     memory_plan="dgpp_mimo.memory:memory_plan",
+    build_model="dgpp_mimo.v26_loader:build_model",
+    build_draft="dgpp_mimo.v26_loader:build_draft",
     templates_package=__name__,
-    # mimo_v2 (V2.6) is claimed but not loaded yet: the engine's generic estimate answers for it
-    only_model_types={"memory_plan": ("mimo_v2_flash",)},
 )
