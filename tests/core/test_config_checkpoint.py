@@ -77,7 +77,18 @@ def test_refs_main_naming_a_missing_snapshot(hub):
         resolve_checkpoint("org/name")
 
 
+def test_demo_ids_need_the_entry_point_to_enable_them(monkeypatch):
+    from dgpp import handoff
+
+    monkeypatch.setattr(handoff, "_demo_builder", None)
+    with pytest.raises(CheckpointError, match=r"demo checkpoint.*enable_demo_checkpoints\(\)"):
+        resolve_checkpoint("dgpp-demo/qwen3-tiny")
+
+
 def test_unknown_demo_is_refused(tmp_path, monkeypatch):
+    from dgpp.demo import enable_demo_checkpoints
+
+    enable_demo_checkpoints()
     monkeypatch.setenv("DGPP_DEMO_DIR", str(tmp_path))
     with pytest.raises(CheckpointError, match="no such demo checkpoint"):
         resolve_checkpoint("dgpp-demo/nonexistent")

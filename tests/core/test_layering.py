@@ -24,7 +24,8 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
     ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks",
-     "prefill_budget", "extras", "deploy_templates", "pip_wheel"),
+     "prefill_budget", "extras", "deploy_templates", "pip_wheel",
+     "handoff"),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
@@ -37,21 +38,6 @@ LAYERS: list[tuple[str, ...]] = [
     ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "demo_fetch", "testing"),  # entry points and tools
     ("plugin_api",),  # what a plugin imports from core, gathered from every layer
 ]
-
-# known departures still to remove (issue 16): each must exist (a removed one is struck from here) and no other
-# may appear. This set only shrinks.
-PENDING_CIRCLES: set[frozenset[str]] = set()
-PENDING_PACKAGE_CIRCLES: set[frozenset[str]] = {
-    # closed only by checkpoint.resolve -> demo (PENDING_UPWARD): demo -> testing -> serve -> engine -> checkpoint
-    frozenset({"checkpoint", "demo", "engine", "sched", "serve", "testing"}),
-    # closed only by quant.registry -> plugins (PENDING_UPWARD); hookspecs joins it through its QuantFormat type
-    frozenset({"builtin", "hookspecs", "plugins", "quant"}),
-}
-PENDING_UPWARD: set[tuple[str, str]] = {
-    ("dgpp.quant.registry", "dgpp.plugins"),  # the quant-format registry asks the plugin manager
-    ("dgpp.checkpoint.resolve", "dgpp.demo"),  # the demo checkpoint is built on first use
-}
-
 
 def _module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)
@@ -172,27 +158,18 @@ def test_every_core_module_has_a_layer():
 
 
 def test_no_circles():
-    found = set(circles(import_graph()))
-    new = [sorted(c) for c in found - PENDING_CIRCLES]
-    assert not new, f"import circles: {new}"
-    gone = [sorted(c) for c in PENDING_CIRCLES - found]
-    assert not gone, f"these circles are gone: strike them from PENDING_CIRCLES: {gone}"
+    found = [sorted(c) for c in circles(import_graph())]
+    assert not found, f"import circles: {found}"
 
 
 def test_core_packages_do_not_import_each_other_both_ways():
-    found = set(circles(package_graph(import_graph())))
-    new = [sorted(c) for c in found - PENDING_PACKAGE_CIRCLES]
-    assert not new, f"packages importing each other: {new}"
-    gone = [sorted(c) for c in PENDING_PACKAGE_CIRCLES - found]
-    assert not gone, f"these package circles are gone: strike them from PENDING_PACKAGE_CIRCLES: {gone}"
+    found = [sorted(c) for c in circles(package_graph(import_graph()))]
+    assert not found, f"packages importing each other: {found}"
 
 
 def test_no_upward_imports():
-    found = upward_imports(import_graph())
-    new = sorted(found - PENDING_UPWARD)
-    assert not new, "imports from a lower layer up to a higher one (LAYERS): " + ", ".join(f"{a} -> {b}" for a, b in new)
-    gone = sorted(PENDING_UPWARD - found)
-    assert not gone, f"these upward imports are gone: strike them from PENDING_UPWARD: {gone}"
+    found = sorted(upward_imports(import_graph()))
+    assert not found, "imports from a lower layer up to a higher one (LAYERS): " + ", ".join(f"{a} -> {b}" for a, b in found)
 
 
 def test_core_never_imports_a_plugin():

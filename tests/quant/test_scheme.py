@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dgpp.errors import ConfigError
+from dgpp.hookspecs import hookimpl
 from dgpp.quant import module_weight_bytes, packed_bytes
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
@@ -128,3 +129,28 @@ def test_module_weight_bytes_for_the_memory_plan():
     assert module_weight_bytes(s, "model.layers.0.self_attn.q_proj", (64, 64), 2) == 64 * 64 * 2
     assert module_weight_bytes(s, "model.layers.0.mlp.experts.1.up_proj", (32, 64), 2) == 32 * 32 + 32 * 4 + 4
     assert module_weight_bytes(None, "lm_head", (512, 64), 4) == 512 * 64 * 4
+
+
+class _PluginFP8(FP8Block):
+    name = "plugin_fp8"  # a format only a plugin registers
+
+
+class _FormatPlugin:
+    @hookimpl
+    def dgpp_quant_formats(self):
+        return [_PluginFP8()]
+
+
+def test_plugin_formats_are_handed_in_by_the_plugin_manager(monkeypatch):
+    """The registry knows what ``dgpp.plugins.manager()`` hands it, and names the missing hand-off before that."""
+    from dgpp import handoff
+    from dgpp.plugins import manager
+
+    monkeypatch.setattr(handoff, "_format_answers", None)
+    assert "fp8_block" in registered_formats()  # core's built-ins need no wiring
+    with pytest.raises(ConfigError, match="plugin formats are not registered yet"):
+        get_format("plugin_fp8")
+    pm = manager.__wrapped__()  # a fresh process-wide manager, as an entry point builds it
+    pm.register(_FormatPlugin(), name="format-plugin")  # before the first lookup through this manager
+    assert isinstance(get_format("plugin_fp8"), _PluginFP8)
+    assert get_format("plugin_fp8", block=(64, 64)).block == (64, 64)

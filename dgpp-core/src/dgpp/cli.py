@@ -250,8 +250,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dgpp.demo import enable_demo_checkpoints
     from dgpp.log import configure_logging
 
+    enable_demo_checkpoints()  # every command that takes a model (serve, check, TP ranks) builds demo ids
     args = build_parser().parse_args(argv)
     try:
         configure_logging(json=args.log_json, level=args.log_level)

@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 from dgpp.errors import CheckpointError
+from dgpp.handoff import provide_demo_builder
 
 DEMO_SEED = 20260101
 DEMO_MAX_POSITION = 4096
@@ -95,6 +96,11 @@ def ensure_demo_checkpoint(model: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def enable_demo_checkpoints() -> None:
+    """Have checkpoint resolution build ``dgpp-demo/*`` ids on first use (each entry point calls this at start)."""
+    provide_demo_builder(ensure_demo_checkpoint)
 
 
 if __name__ == "__main__":  # python -m dgpp.demo: build (or find) the demo checkpoint and print its path

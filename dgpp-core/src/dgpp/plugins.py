@@ -19,6 +19,7 @@ import pluggy
 from dgpp import hookspecs
 from dgpp.errors import PluginError, UnsupportedModelError
 from dgpp.family import FamilySpec
+from dgpp.handoff import provide_plugin_formats
 
 ENTRY_POINT_GROUP = "dgpp"
 ALLOW_ENV = "DGPP_PLUGINS"
@@ -97,8 +98,10 @@ def build_manager(allow: set[str] | None = None, extra: Iterable[Any] = ()) -> p
 
 @lru_cache(maxsize=1)
 def manager() -> pluggy.PluginManager:
-    """The process-wide plugin manager (built once)."""
-    return build_manager()
+    """The process-wide plugin manager (built once); it hands the quant-format registry its plugins' formats."""
+    pm = build_manager()
+    provide_plugin_formats(pm.hook.dgpp_quant_formats)
+    return pm
 
 
 def answers_by_plugin(pm: pluggy.PluginManager, hook: str) -> list[tuple[str, Any]]:

@@ -196,6 +196,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from dgpp.demo import enable_demo_checkpoints
+
+    enable_demo_checkpoints()  # the served checkpoint goes through checkpoint resolution like dgpp serve's
     parser = argparse.ArgumentParser(prog="dgpp bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser)

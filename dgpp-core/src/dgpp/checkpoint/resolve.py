@@ -14,9 +14,22 @@ import re
 from pathlib import Path
 
 from dgpp.errors import CheckpointError
+from dgpp.handoff import demo_builder
 
 DEMO_ORG = "dgpp-demo"  # ids under this org are generated locally by dgpp.demo, never looked up
 _HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def _demo_checkpoint(model: str) -> Path:
+    """A demo id through the builder the entry point handed in (``dgpp.demo`` is in a layer above this one)."""
+    builder = demo_builder()
+    if builder is None:
+        raise CheckpointError(
+            f"model {model!r} is a demo checkpoint, built on first use by dgpp's entry points (dgpp serve, "
+            f"dgpp check, dgpp bench, python -m dgpp.demo); this program did not enable them: call "
+            f"dgpp.demo.enable_demo_checkpoints() before resolving it"
+        )
+    return builder(model)
 
 
 def hf_hub_dir() -> tuple[Path, str]:
@@ -65,9 +78,7 @@ def resolve_checkpoint(model: str) -> Path:
     from dgpp.checkpoint.gguf_convert import ensure_converted, find_gguf
 
     if model.startswith(DEMO_ORG + "/"):
-        from dgpp.demo import ensure_demo_checkpoint
-
-        local = ensure_demo_checkpoint(model)
+        local = _demo_checkpoint(model)
     else:
         local = Path(model).expanduser()
     gguf_file = find_gguf(local)
