@@ -251,3 +251,26 @@ def test_echo_with_prompt_logprobs_matches_transformers(env) -> None:
     streamed = sdk.completions.create(model=env["model"], prompt=prompt, max_tokens=3, echo=True, stream=True,
                                       temperature=0)
     assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == c.text
+
+
+def test_prefix_hit_at_a_block_between_cuts_returns_cold_tokens(env) -> None:
+    """On the CPU a prompt row is the same however the prompt is chunked, so the prefix cache attaches at any
+    full KV block (4 tokens here), not only at the 16-token chunk cuts: a prompt sharing 26 tokens with an
+    earlier one reuses 24 of them (16 at cut granularity), and its greedy tokens equal a cold run's."""
+    from dgpp.engine.loading import load_model
+    from dgpp.testing.generate import greedy_generate
+
+    ids = env["tok"].encode("Prefix blocks: one two three four five six seven eight nine ten eleven twelve. " * 3)
+    shared = ids[:26]
+    first, second = shared + ids[30:33], shared + ids[40:42]
+    want = env["tok"].decode(greedy_generate(load_model(env["ckpt"]), [second], 8, stop_at_eos=False)[0])
+
+    def run(prompt: list[int], **extra) -> openai.types.Completion:
+        return env["sdk"].completions.create(model=env["model"], prompt=prompt, max_tokens=8, temperature=0,
+                                             extra_body={"ignore_eos": True, "skip_special_tokens": False, **extra})
+
+    cold = run(second, prefix_cache=False)
+    run(first)
+    hit = run(second)
+    assert hit.usage.prompt_tokens_details.cached_tokens == 24
+    assert hit.choices[0].text == cold.choices[0].text == want
