@@ -134,10 +134,14 @@ def test_client_mistakes_are_4xx_and_logged_with_the_request_id(env) -> None:
                        ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
                         "response_format.json_schema.name"),
                        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wrong"}}},
-                        "response_format.json_schema.schema")):
+                        "response_format.json_schema.schema"),
+                       # a keyword the structured-output backend would skip: refused by name, not loosened
+                       ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                           "type": "string", "contentEncoding": "base64"}}}, "response_format.json_schema.schema")):
         r = chat(env, max_tokens=2, response_format=fmt)
         assert r.status_code == 400, (fmt, r.text)
         assert json.loads(r.content)["error"]["param"] == param
+    assert "'contentEncoding'" in json.loads(r.content)["error"]["message"]
 
 
 @pytest.mark.parametrize("extra", [{"min_p": 0.1}, {"top_k": 5}, {"top_p": 0.9}])
