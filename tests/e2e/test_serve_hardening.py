@@ -278,3 +278,23 @@ def test_prefix_hit_at_a_block_between_cuts_returns_cold_tokens(env) -> None:
     hit = run(second)
     assert hit.usage.prompt_tokens_details.cached_tokens == 24
     assert hit.choices[0].text == cold.choices[0].text == want
+
+
+def test_best_of_returns_the_most_likely_candidates(env) -> None:
+    """best_of > n generates best_of candidates (those n=best_of would give: choice i draws from (seed, i)) and
+    answers with the n of the highest cumulative logprob, best first; usage counts every candidate."""
+    sdk, model = env["sdk"], env["model"]
+    sampled = {"prompt": "The quick brown fox", "max_tokens": 6, "temperature": 1.0, "seed": 5,
+               "extra_body": {"ignore_eos": True}}
+    candidates = sdk.completions.create(model=model, n=4, logprobs=0, **sampled).choices
+    score = {c.text: sum(c.logprobs.token_logprobs) for c in candidates}
+    ranked = sorted(candidates, key=lambda c: (-score[c.text], c.index))
+    assert [c.index for c in ranked[:2]] != [0, 1]  # returning the first n candidates would fail
+    best = sdk.completions.create(model=model, n=2, best_of=4, **sampled)
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]] and [c.index for c in best.choices] == [0, 1]
+    assert best.usage.completion_tokens == 4 * 6
+    assert best.choices[0].logprobs is None  # ranked by logprobs, not reporting them unless asked
+    for extra, why in (({"n": 3, "best_of": 2}, "greater than or equal"), ({"best_of": 2, "stream": True}, "streamed")):
+        r = completion(env, prompt="Hi", max_tokens=2, **extra)
+        assert r.status_code == 400 and why in openai_error(r.content, "invalid_parameter")["message"]
+        assert json.loads(r.content)["error"]["param"] == "best_of"
