@@ -77,7 +77,7 @@ async def completions(request: Request) -> Response | Stream:
                                                      kind="cmpl", max_tokens_given=req.max_tokens is not None)))
         outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
         if req.stream and not watch.gone:
-            watch.close()  # from here the stream notices its client leaving (its sends fail)
+            watch.close()  # from here the stream notices its client leaving (the response closes its generator)
             return await _answer(request, backend, handles[0], req, outputs[0], prompts[0] if req.echo else None)
         await asyncio.gather(*(_collect(request, backend, h, o, watch) for h, o in zip(handles, outputs, strict=True)))
     except BaseException:
