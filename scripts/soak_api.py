@@ -5,8 +5,8 @@ every greedy answer equals the first answer to the same prompt, and no KV block 
     python scripts/soak_api.py http://127.0.0.1:18080 [--requests 1000] [--concurrency 32]
 
 The mix: chat and legacy completions, one-shot and streamed, greedy (``temperature: 0``, ``ignore_eos``,
-fixed ``max_tokens``) over a few prompts, seeded sampled ones, and streams the client abandons after two
-events. A 503 ``overloaded`` is retried after its ``Retry-After`` (counted as shed, not lost). Exits 1
+fixed ``max_tokens``) over a few prompts, seeded sampled ones, streams the client abandons after two
+events, and one-shot batches (two prompts, ``n`` 2) the client gives up on after half a second. A 503 ``overloaded`` is retried after its ``Retry-After`` (counted as shed, not lost). Exits 1
 when a request is lost, a greedy answer differs, or blocks stay in use beyond what the prefix cache pins.
 Not part of the test suite (it runs for minutes).
 """
@@ -26,8 +26,9 @@ import httpx
 PROMPTS = ["Hello world! What is the weather in Paris today?", "def add(a, b):", "The quick brown fox",
            "Tell me a story about a robot.", "List three colors.", "你好，世界。", "Why is the sky blue?",
            "Summarize: " + "Background note. " * 40]
-KINDS = ["chat", "chat_stream", "legacy", "legacy_stream", "abandon", "sampled"]
-WEIGHTS = [40, 20, 15, 10, 10, 5]
+KINDS = ["chat", "chat_stream", "legacy", "legacy_stream", "abandon", "sampled", "abandon_batch"]
+WEIGHTS = [40, 20, 15, 10, 10, 5, 5]
+GIVE_UP_S = 0.5  # an abandoned batch's client waits this long, then closes its connection
 
 
 async def post(client: httpx.AsyncClient, path: str, body: dict, stats: Counter, stream: bool = False,
@@ -63,19 +64,35 @@ async def post(client: httpx.AsyncClient, path: str, body: dict, stats: Counter,
     raise RuntimeError("still overloaded after 100 tries")
 
 
+async def template_kwargs(client: httpx.AsyncClient, model: str) -> dict:
+    """``chat_template_kwargs`` turning thinking off where the chat template has that switch (a template without it
+    refuses the key by name, e.g. SmolLM2's)."""
+    no_think = {"chat_template_kwargs": {"enable_thinking": False}}
+    body = {"model": model, "max_tokens": 1, "messages": [{"role": "user", "content": "Hi"}], **no_think}
+    r = await client.post("/v1/chat/completions", json=body)
+    return {} if r.status_code == 400 and "enable_thinking" in r.text else no_think
+
+
 async def one(client: httpx.AsyncClient, model: str, i: int, rng: random.Random, answers: dict, stats: Counter,
-              mismatches: list) -> None:
+              mismatches: list, no_think: dict) -> None:
     kind = rng.choices(KINDS, WEIGHTS)[0]
     p = rng.randrange(len(PROMPTS))
     chat = kind in ("chat", "chat_stream", "abandon", "sampled")
     body: dict = {"model": model, "max_tokens": 16, "temperature": 0, "ignore_eos": True}
     if chat:
-        body |= {"messages": [{"role": "user", "content": PROMPTS[p]}],
-                 "chat_template_kwargs": {"enable_thinking": False}}
+        body |= {"messages": [{"role": "user", "content": PROMPTS[p]}], **no_think}
     else:
         body["prompt"] = PROMPTS[p]
     if kind == "sampled":
         body |= {"temperature": 0.8, "seed": i}
+    if kind == "abandon_batch":
+        body |= {"prompt": [PROMPTS[p], PROMPTS[(p + 1) % len(PROMPTS)]], "n": 2, "max_tokens": 64}
+        try:
+            await asyncio.wait_for(client.post("/v1/completions", json=body), GIVE_UP_S)
+            stats["abandon_batch_answered"] += 1  # answered (or refused) before the client gave up
+        except TimeoutError:
+            stats[kind] += 1  # the connection closes: the server must cancel all four sequences
+        return
     stream = kind in ("chat_stream", "legacy_stream", "abandon")
     if stream:
         body["stream"] = True
@@ -100,11 +117,12 @@ async def soak(url: str, n: int, concurrency: int, seed: int) -> int:
     async with httpx.AsyncClient(base_url=url, timeout=600) as client:
         model = (await client.get("/v1/models")).json()["data"][0]["id"]
         rng, answers, stats, mismatches = random.Random(seed), {}, Counter(), []
+        no_think = await template_kwargs(client, model)
         gate = asyncio.Semaphore(concurrency)
 
         async def gated(i: int) -> None:
             async with gate:
-                await one(client, model, i, rng, answers, stats, mismatches)
+                await one(client, model, i, rng, answers, stats, mismatches, no_think)
 
         t0 = time.monotonic()
         await asyncio.gather(*(gated(i) for i in range(n)))

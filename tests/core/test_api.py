@@ -189,8 +189,8 @@ def test_error_classes(server) -> None:
     err(post({"model": MODEL, "prompt": [[1, -1]]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
     err(post({"model": MODEL, "prompt": "a", "suffix": "b"}, "/v1/completions"), 400, "unsupported_parameter",
         "suffix")
-    err(post({"model": MODEL, "prompt": "a", "n": 2, "best_of": 3}, "/v1/completions"), 400,
-        "unsupported_parameter", "best_of")
+    err(post({"model": MODEL, "prompt": "a", "n": 3, "best_of": 2}, "/v1/completions"), 400,
+        "invalid_parameter", "best_of")
     err(client.post("/v1/chat/completions", content=b'{"model": "a", "model": "b"}'), 400, "invalid_parameter", "model")
     err(client.post("/v1/chat/completions", content=b"x" * 30000), 413, "request_too_large")
     bad_tool = {"type": "function", "function": {"name": "get weather"}}

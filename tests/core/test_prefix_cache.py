@@ -77,3 +77,34 @@ def test_hybrid_needs_a_snapshot_at_the_cut() -> None:
     cache.insert(other, pool.allocate(5), 8, state_slot=1)  # evicts the LRU snapshot for a slot
     assert cache.num_snapshots == 1 and cache.match(prompt).position == 0
     assert cache.match(other).position == 8
+
+
+def test_block_granularity_attaches_at_any_full_block() -> None:
+    """Where prefill rows do not depend on chunking, ``attach`` is the block size: a prompt shorter than one
+    chunk is indexed and reused block by block (at ``cut`` granularity it would never hit)."""
+    pool = BlockPool(16, 4)
+    cache = PrefixCache(pool, cut=16, attach=4)
+    prompt = list(range(100, 114))  # 14 tokens: three full blocks, less than one cut
+    table = fill(pool, cache, prompt, 12)
+    assert cache.num_entries == 3
+    m = cache.match(prompt)
+    assert (m.position, m.blocks) == (12, table[:3])
+    assert cache.match(prompt[:12]).position == 8  # never the last prompt token
+    assert cache.match(prompt[:6] + [1] * 8).position == 4  # diverges in block 1
+    at_cuts = PrefixCache(BlockPool(16, 4), cut=16)
+    fill(at_cuts.pool, at_cuts, prompt, 12)  # not a cut: nothing indexed
+    assert at_cuts.num_entries == 0 and at_cuts.match(prompt).position == 0
+    for bad in (6, 8 * 3, 32):  # not a block multiple, does not divide the cut
+        with pytest.raises(ValueError, match="attach granularity"):
+            PrefixCache(pool, cut=16, attach=bad)
+    with pytest.raises(ValueError, match="only at cuts"):
+        PrefixCache(pool, cut=16, attach=4, hybrid=True, slots=SlotPool(live=1, snapshots=1), copy_state=print)
+
+
+def test_block_attach_only_where_chunking_changes_no_bits() -> None:
+    from dgpp.config_schema import EngineConfig
+    from dgpp.serve.build import prefill_chunking_exact
+
+    assert prefill_chunking_exact("cpu", EngineConfig())
+    assert not prefill_chunking_exact("cuda:0", EngineConfig())  # the flash prefill kernel tiles by chunk
+    assert prefill_chunking_exact("cuda:0", EngineConfig(batch_invariant=True))

@@ -15,13 +15,13 @@ from dgpp.testing.toy_runner import ToyRunner
 VOCAB, BS, CHUNK = 48, 4, 8
 
 
-def build(hybrid: bool = False, num_blocks: int = 64, **cfg) -> tuple[Scheduler, ToyRunner]:
+def build(hybrid: bool = False, num_blocks: int = 64, attach: int | None = None, **cfg) -> tuple[Scheduler, ToyRunner]:
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, **cfg)
     runner = ToyRunner(VOCAB, num_blocks, BS, conf.max_concurrency + 4, hybrid=hybrid)
     pool = BlockPool(num_blocks, BS)
     slots = SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(pool, CHUNK, hybrid=hybrid, slots=slots, copy_state=runner.copy_state,
-                        enabled=conf.prefix_cache)
+                        enabled=conf.prefix_cache, attach=attach)
     return Scheduler(conf, runner, pool, slots, cache, eos_token_ids={0}), runner
 
 
@@ -96,6 +96,28 @@ def test_prefix_hit_returns_cold_tokens(hybrid: bool) -> None:
     run(sched)
     assert ev[("c", 0)][0].cached_tokens == (0 if hybrid else 8)
     assert tokens(ev, ("c", 0)) == alone(shared[:16], hybrid=hybrid)
+
+
+def test_block_granularity_hit_returns_cold_tokens() -> None:
+    """With ``attach`` at the block size (prefill rows independent of chunking), a prompt shorter than a chunk
+    and a prompt diverging between cuts attach at their last shared full block; tokens equal a cold run."""
+    shared = list(range(10, 24))  # 14 tokens
+    a, b, c = shared + [1, 2, 3], shared + [4, 5], shared[:6] + [9, 9, 9]
+    sched, runner = build(attach=BS)
+    ev: dict = {}
+    for rid, prompt in (("a", a), ("b", b), ("c", c)):
+        sched.submit([seq(rid, prompt, ev, ignore_eos=True)])
+        run(sched)
+        assert tokens(ev, (rid, 0)) == alone(prompt), rid
+    # a: cold; b: blocks 0-2 (12 tokens, between cuts 8 and 16); c: block 0 only (diverges inside block 1)
+    assert [ev[(r, 0)][0].cached_tokens for r in "abc"] == [0, 12, 4]
+    prefill_starts = [ctx for step in runner.steps for ctx, n in step if n > 1]
+    assert 12 in prefill_starts and 4 in prefill_starts  # suffix prefills start at blocks, not only at cuts
+    d = b + [7, 7]
+    sched.submit([seq("d", d, ev, ignore_eos=True)])
+    run(sched)
+    # b's last block (tokens 12..15, ending its prompt, not at a cut) was indexed when its prefill ended
+    assert ev[("d", 0)][0].cached_tokens == 16 and tokens(ev, ("d", 0)) == alone(d)
 
 
 def test_cancel_frees_slot_and_blocks() -> None:

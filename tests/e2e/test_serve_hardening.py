@@ -134,10 +134,14 @@ def test_client_mistakes_are_4xx_and_logged_with_the_request_id(env) -> None:
                        ({"type": "json_schema", "json_schema": {"schema": {"type": "object"}}},
                         "response_format.json_schema.name"),
                        ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wrong"}}},
-                        "response_format.json_schema.schema")):
+                        "response_format.json_schema.schema"),
+                       # a keyword the structured-output backend would skip: refused by name, not loosened
+                       ({"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                           "type": "string", "contentEncoding": "base64"}}}, "response_format.json_schema.schema")):
         r = chat(env, max_tokens=2, response_format=fmt)
         assert r.status_code == 400, (fmt, r.text)
         assert json.loads(r.content)["error"]["param"] == param
+    assert "'contentEncoding'" in json.loads(r.content)["error"]["message"]
 
 
 @pytest.mark.parametrize("extra", [{"min_p": 0.1}, {"top_k": 5}, {"top_p": 0.9}])
@@ -251,3 +255,46 @@ def test_echo_with_prompt_logprobs_matches_transformers(env) -> None:
     streamed = sdk.completions.create(model=env["model"], prompt=prompt, max_tokens=3, echo=True, stream=True,
                                       temperature=0)
     assert "".join(ch.choices[0].text for ch in streamed if ch.choices) == c.text
+
+
+def test_prefix_hit_at_a_block_between_cuts_returns_cold_tokens(env) -> None:
+    """On the CPU a prompt row is the same however the prompt is chunked, so the prefix cache attaches at any
+    full KV block (4 tokens here), not only at the 16-token chunk cuts: a prompt sharing 26 tokens with an
+    earlier one reuses 24 of them (16 at cut granularity), and its greedy tokens equal a cold run's."""
+    from dgpp.engine.loading import load_model
+    from dgpp.testing.generate import greedy_generate
+
+    ids = env["tok"].encode("Prefix blocks: one two three four five six seven eight nine ten eleven twelve. " * 3)
+    shared = ids[:26]
+    first, second = shared + ids[30:33], shared + ids[40:42]
+    want = env["tok"].decode(greedy_generate(load_model(env["ckpt"]), [second], 8, stop_at_eos=False)[0])
+
+    def run(prompt: list[int], **extra) -> openai.types.Completion:
+        return env["sdk"].completions.create(model=env["model"], prompt=prompt, max_tokens=8, temperature=0,
+                                             extra_body={"ignore_eos": True, "skip_special_tokens": False, **extra})
+
+    cold = run(second, prefix_cache=False)
+    run(first)
+    hit = run(second)
+    assert hit.usage.prompt_tokens_details.cached_tokens == 24
+    assert hit.choices[0].text == cold.choices[0].text == want
+
+
+def test_best_of_returns_the_most_likely_candidates(env) -> None:
+    """best_of > n generates best_of candidates (those n=best_of would give: choice i draws from (seed, i)) and
+    answers with the n of the highest cumulative logprob, best first; usage counts every candidate."""
+    sdk, model = env["sdk"], env["model"]
+    sampled = {"prompt": "The quick brown fox", "max_tokens": 6, "temperature": 1.0, "seed": 5,
+               "extra_body": {"ignore_eos": True}}
+    candidates = sdk.completions.create(model=model, n=4, logprobs=0, **sampled).choices
+    score = {c.text: sum(c.logprobs.token_logprobs) for c in candidates}
+    ranked = sorted(candidates, key=lambda c: (-score[c.text], c.index))
+    assert [c.index for c in ranked[:2]] != [0, 1]  # returning the first n candidates would fail
+    best = sdk.completions.create(model=model, n=2, best_of=4, **sampled)
+    assert [c.text for c in best.choices] == [c.text for c in ranked[:2]] and [c.index for c in best.choices] == [0, 1]
+    assert best.usage.completion_tokens == 4 * 6
+    assert best.choices[0].logprobs is None  # ranked by logprobs, not reporting them unless asked
+    for extra, why in (({"n": 3, "best_of": 2}, "greater than or equal"), ({"best_of": 2, "stream": True}, "streamed")):
+        r = completion(env, prompt="Hi", max_tokens=2, **extra)
+        assert r.status_code == 400 and why in openai_error(r.content, "invalid_parameter")["message"]
+        assert json.loads(r.content)["error"]["param"] == "best_of"

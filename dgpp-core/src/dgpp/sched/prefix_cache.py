@@ -3,11 +3,15 @@
 Keys are hash-chained over token ids (block i's key covers every token up to its end), and a hit is
 confirmed by comparing the block's tokens. Exactness comes from *where* a request may attach:
 
-* only at ``cut`` positions, multiples of the prefill chunk size, because a cold run computes its KV
-  in chunks cut at those same positions; the suffix prefill then repeats the cold chunk sequence;
-* only blocks computed by prefill chunks ending at a cut are indexed (never decode-written KV);
+* at multiples of ``attach``. By default that is ``cut``, the prefill chunk size: a cold run computes its
+  KV in chunks cut at those same positions, so the suffix prefill repeats the cold chunk sequence, which
+  is what keeps a hit exact when a row's bits depend on the chunk it was computed in (CUDA's prefill
+  kernels). Where every prompt row is computed the same however the prompt is chunked (the CPU paths,
+  and ``engine.batch_invariant``), ``attach`` is the KV block size: any full block can be reused;
+* only prefill-written blocks are indexed (never decode-written KV);
 * never at the last prompt token, whose logits the request needs;
-* for hybrid models (recurrent / conv state) only where a state snapshot was taken at that cut.
+* for hybrid models (recurrent / conv state) only where a state snapshot was taken at that cut
+  (``attach`` stays ``cut``: a snapshot exists only where a chunk ended).
 
 The cache holds one reference on each indexed block; an entry whose block nobody else references is
 evictable, least recently used first (deeper blocks before their parents on equal age).
@@ -83,7 +87,9 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    """Index of reusable prefill work. ``cut`` is the chunk size (a multiple of the block size)."""
+    """Index of reusable prefill work. ``cut`` is the chunk size (a multiple of the block size); ``attach``
+    (default ``cut``) the granularity a request may attach at, a divisor of ``cut`` and a multiple of the
+    block size (see the module docstring for when the block size is exact)."""
 
     def __init__(
         self,
@@ -95,13 +101,21 @@ class PrefixCache:
         min_tokens: int = 0,
         enabled: bool = True,
         snapshot_bytes: int = 0,
+        attach: int | None = None,
     ) -> None:
         if cut % pool.block_size:
             raise ValueError(f"prefix cache cut {cut} must be a multiple of the KV block size {pool.block_size}")
+        attach = cut if attach is None else attach
+        if attach % pool.block_size or cut % attach:
+            raise ValueError(f"prefix cache attach granularity {attach} must be a multiple of the KV block size "
+                             f"{pool.block_size} and divide the cut {cut}")
+        if hybrid and attach != cut:
+            raise ValueError("a hybrid model's prefix cache attaches only at cuts, where its snapshots are taken")
         if hybrid and (slots is None or copy_state is None):
             raise ValueError("a hybrid model's prefix cache needs snapshot slots and copy_state")
         self.pool = pool
         self.cut = cut
+        self.attach_every = attach
         self.hybrid = hybrid
         self.slots = slots
         self.copy_state = copy_state
@@ -139,7 +153,7 @@ class PrefixCache:
                 break
             chain.append(entry)
             keys.append(key)
-        position = (len(chain) * bs // self.cut) * self.cut
+        position = (len(chain) * bs // self.attach_every) * self.attach_every
         snapshot: _SnapshotEntry | None = None
         if self.hybrid:
             position = 0
@@ -182,9 +196,9 @@ class PrefixCache:
 
     # ---- insertion ----------------------------------------------------------------------------
     def insert(self, tokens: list[int], block_table: list[int], position: int, state_slot: int | None = None) -> None:
-        """Index the prefill work of a request whose first ``position`` tokens (a cut) are now in its
-        blocks; for hybrid models also snapshot ``state_slot`` at that cut."""
-        if not self.enabled or position <= 0 or position % self.cut or position < self.min_tokens:
+        """Index the prefill work of a request whose first ``position`` tokens (a multiple of ``attach``) are
+        now in its blocks; for hybrid models also snapshot ``state_slot`` at that cut."""
+        if not self.enabled or position <= 0 or position % self.attach_every or position < self.min_tokens:
             return
         bs = self.pool.block_size
         key = ROOT_KEY

@@ -295,9 +295,16 @@ class Scheduler(OverlapSteps):
         self.stats.stepped(prefill_tokens=0, decode_rows=len(seqs), seconds=time.monotonic() - t0, batch_rows=verify_rows)
 
     def _maybe_cache(self, s: Sequence) -> None:
-        if not s.use_prefix_cache or s.computed % self.config.chunk_tokens or s.computed >= s.prompt_len:
+        if not s.use_prefix_cache:
             return
         chunk = self.config.chunk_tokens
+        if s.computed == s.prompt_len:  # prefill done: its full blocks, where the cache attaches at blocks
+            every = self.prefix_cache.attach_every
+            if every < chunk:
+                self.prefix_cache.insert(s.prompt, s.block_table, s.computed // every * every)
+            return
+        if s.computed % chunk:
+            return
         deepest = (s.prompt_len - 1) // chunk * chunk
         # hybrid snapshots: the deepest cut, plus a "body" cut two chunks earlier for prompts of 4+ chunks,
         # so a changed question after a long shared document still finds a snapshot to attach to

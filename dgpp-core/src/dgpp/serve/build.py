@@ -77,15 +77,20 @@ def assemble(
     text: TextStack,
     start_loop: bool = True,
     speculative: Any = None,
+    chunking_exact: bool = False,
 ) -> Backend:
     """Wire pools, prefix cache, scheduler and step loop thread around ``runner``; starts the step loop thread
-    unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead)."""
+    unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead). ``chunking_exact``:
+    a prompt row's bits do not depend on how the prompt was chunked (``prefill_chunking_exact``), so the prefix
+    cache attaches at any full KV block instead of only at chunk cuts."""
     sched_cfg = SchedulerConfig.from_engine(engine_cfg, sizes.block_size, max_position)
     blocks = BlockPool(sizes.num_blocks, sizes.block_size)
     slots = SlotPool(sizes.live_slots, sizes.snapshot_slots if hybrid else 0)
     enabled = sched_cfg.prefix_cache and (sizes.snapshot_slots > 0 or not hybrid)
+    attach = sizes.block_size if chunking_exact and not hybrid else None
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
-                        min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes)
+                        min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes,
+                        attach=attach)
     scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
     scheduler.speculative = speculative  # engine.mtp (None: plain decode)
     scheduler.overlap_events = True  # a tick's events go out while the next step runs on the GPU
@@ -98,7 +103,8 @@ def assemble(
         loop.start()
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=sizes.kv_tokens)
     log.info("engine ready", model=model_id, kv_blocks=sizes.num_blocks, block_size=sizes.block_size,
-             chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, snapshot_slots=slots.num_snapshots)
+             chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, prefix_attach_tokens=cache.attach_every,
+             snapshot_slots=slots.num_snapshots)
     return Backend(model_id, text.tokenizer, text.template, loop, limits, defaults,
                          default_max_tokens=engine_cfg.default_max_tokens,
                          eos_token_ids=eos_token_ids, dialect=text.dialect, grammar=text.grammar,
@@ -155,6 +161,16 @@ def _install_policy(engine_cfg: EngineConfig) -> None:
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
 
 
+def prefill_chunking_exact(device: Any, engine_cfg: EngineConfig) -> bool:
+    """Whether a prompt row's bits are the same however the prompt is chunked: on the CPU every row goes through
+    row-wise products and per-row attention (``dgpp.nn.batch_invariant``, ``dgpp.nn.attention.attend``); on CUDA
+    only under ``engine.batch_invariant`` (every row canonical), since the flash prefill kernel's tiles follow
+    the chunk."""
+    import torch
+
+    return torch.device(device).type == "cpu" or engine_cfg.batch_invariant
+
+
 def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, world: Any = None,
                          group: Any = None, device: str | None = None, start_loop: bool = True) -> Backend:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
@@ -197,5 +213,5 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
         hybrid=info.hybrid, copy_state=pools.copy_state, eos_token_ids=eos,
         snapshot_bytes=state_bytes,
         defaults=SamplingDefaults.from_generation_config(deployment.checkpoint), text=text, start_loop=start_loop,
-        speculative=speculative,
+        speculative=speculative, chunking_exact=prefill_chunking_exact(device, engine_cfg),
     )

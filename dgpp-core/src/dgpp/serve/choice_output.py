@@ -39,6 +39,7 @@ class ServedChoice:
         self.params = params
         self.eos_token_ids = eos_token_ids
         self.completion_tokens = 0
+        self.cumulative_logprob = 0.0  # of the generated tokens, when sampled with logprobs (ranks best_of)
         self.cached_tokens = 0
         self.finish_reason: str | None = None
         self.error: str | None = None
@@ -73,6 +74,8 @@ class ServedChoice:
             parts = self.text.push(token)
             delta.parts += parts
             self.completion_tokens += 1
+            if sample.logprob is not None:
+                self.cumulative_logprob += sample.logprob
             stopped = self.text.stopped
             # logprobs describe generated tokens but EOS and a fully suppressed stop token; reasoning ones are
             # marked and go to ``logprobs.reasoning_content`` (``chat_logprobs``), as reasoning tokens go to

@@ -16,8 +16,9 @@ from litestar.response import Stream
 from dgpp.sched.request import RetireReason
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import ServedChoice
+from dgpp.serve.disconnect import DisconnectWatch, client_gone
 from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
-from dgpp.serve.legacy import LegacyPrompt, legacy_body, prepare_prompt, score_prompt, split_prompts
+from dgpp.serve.legacy import LegacyPrompt, best_of, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
     DONE,
     KEEP_ALIVE,
@@ -58,28 +59,38 @@ async def chat_completions(request: Request) -> Response | Stream:
 async def completions(request: Request) -> Response | Stream:
     req, raw, backend = await _read(request, CompletionRequest)
     n = req.n or 1
+    generate = req.best_of or n  # best_of > n: generate best_of per prompt, answer with the n most likely
     params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
+    if generate > n:
+        params = replace(params, logprobs=True)  # each candidate's cumulative logprob ranks it
     split = split_prompts(req.prompt, backend.limits.vocab_size)
     if req.stream and len(split) > 1:
         raise unsupported("prompt", "holds several prompts, which only a non-streamed request can take")
     prompts = [await prepare_prompt(backend, p) for p in split]
-    if req.echo and req.logprobs is not None:
-        await asyncio.gather(*(score_prompt(backend, p, req.logprobs) for p in prompts))
-    handles: list[RequestHandle] = []
+    watch = DisconnectWatch(request)  # one watcher for every sequence this request starts
     try:
-        for p in prompts if req.max_tokens != 0 else []:
-            handles.append(backend.start(p.ids, params, n=n, use_prefix_cache=req.prefix_cache, kind="cmpl",
-                                        max_tokens_given=req.max_tokens is not None))
-    except APIError:
-        for h in handles:
-            h.cancel()
+        if req.echo and req.logprobs is not None:
+            await asyncio.gather(*(score_prompt(backend, p, req.logprobs, watch.track) for p in prompts))
+        handles: list[RequestHandle] = []
+        for p in prompts if req.max_tokens != 0 and not watch.gone else []:
+            handles.append(watch.track(backend.start(p.ids, params, n=generate, use_prefix_cache=req.prefix_cache,
+                                                     kind="cmpl", max_tokens_given=req.max_tokens is not None)))
+        outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
+        if req.stream and not watch.gone:
+            watch.close()  # from here the stream notices its client leaving (the response closes its generator)
+            return await _answer(request, backend, handles[0], req, outputs[0], prompts[0] if req.echo else None)
+        await asyncio.gather(*(_collect(request, backend, h, o, watch) for h, o in zip(handles, outputs, strict=True)))
+    except BaseException:
+        watch.cancel_all()
         raise
-    outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
-    if req.stream:
-        return await _answer(request, backend, handles[0], req, outputs[0], prompts[0] if req.echo else None)
-    await asyncio.gather(*(_collect(request, backend, h, o) for h, o in zip(handles, outputs, strict=True)))
+    finally:
+        watch.close()
+    if watch.gone:
+        raise client_gone()
     body = {"id": handles[0].request_id if handles else f"cmpl-{secrets.token_hex(8)}", "created": int(time.time()),
-            "model": backend.model_id, **legacy_body(prompts, outputs, n, req.echo, req.logprobs is not None)}
+            "model": backend.model_id,
+            **legacy_body(prompts, [best_of(o, n) for o in outputs], n, req.echo, req.logprobs is not None,
+                          generated=[c for o in outputs for c in o])}
     if handles:
         body["timings"] = timings(handles[0].seqs[0], outputs[0][0].completion_tokens)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
@@ -110,15 +121,22 @@ async def _answer(request: Request, backend: Backend, handle: RequestHandle, req
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
-async def _collect(request: Request, backend: Backend, handle: RequestHandle, outputs: list[ServedChoice]) -> None:
-    """Drive a one-shot request to its end; a client gone before the answer frees its slots."""
-    watcher = asyncio.ensure_future(_cancel_on_disconnect(request, handle))
+async def _collect(request: Request, backend: Backend, handle: RequestHandle, outputs: list[ServedChoice],
+                   watch: DisconnectWatch | None = None) -> None:
+    """Drive a one-shot request to its end; a client gone before the answer frees its slots (``watch``: the HTTP
+    request's watcher, when it owns several engine requests)."""
+    own = watch is None
+    watch = watch or DisconnectWatch(request)
+    watch.track(handle)
     try:
         async for _ in _drive(handle, outputs, None):
             pass
     finally:
-        watcher.cancel()
+        if own:
+            watch.close()
         handle.cancel()
+    if own and watch.gone:
+        raise client_gone()
     failed = [o for o in outputs if o.finish_reason == "error"]
     if failed:
         backend.counters.requests_failed += 1
@@ -136,16 +154,6 @@ def _generation_error(backend: Backend, handle: RequestHandle, why: str | None) 
         err = APIError(500, f"generation failed: {why}", "generation_failed")
     err.log_fields["completion_id"] = handle.request_id
     return err
-
-
-async def _cancel_on_disconnect(request: Request, handle: RequestHandle) -> None:
-    """A one-shot request whose client hangs up stops generating (the body was read, so the next ASGI
-    message can only be the disconnect)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            handle.cancel()
-            return
 
 
 async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float | None) -> AsyncIterator[Any]:

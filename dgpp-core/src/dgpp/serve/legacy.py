@@ -9,11 +9,12 @@ ones before it (exact, the same numbers a prefill row gives), at the cost of one
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.sample.forced import ForcedSampler
-from dgpp.serve.backend import Backend
+from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import LogprobEntries, ServedChoice, legacy_logprobs
 from dgpp.serve.errors import APIError, invalid
 from dgpp.serve.openai_format import usage
@@ -64,8 +65,10 @@ async def prepare_prompt(backend: Backend, prompt: str | list[int]) -> LegacyPro
     return LegacyPrompt(prompt, backend.tokenizer.decode(prompt))
 
 
-async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int) -> None:
-    """Fill ``prompt.logprobs``: one entry per prompt token, the first without a logprob (nothing predicts it)."""
+async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
+                       track: Callable[[RequestHandle], Any] | None = None) -> None:
+    """Fill ``prompt.logprobs``: one entry per prompt token, the first without a logprob (nothing predicts it).
+    ``track`` is told the scoring walk's handle (so a client that hangs up stops it)."""
     entries = LogprobEntries(backend.tokenizer)
     ids = prompt.ids
     prompt.logprobs = [entries.entry(ids[0], None, None)]
@@ -73,6 +76,8 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int) -> None
         return
     sampler = ForcedSampler(ids[1:], backend.limits.vocab_size, ids[:1], top)
     handle = backend.start(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
+    if track is not None:
+        track(handle)
     try:
         while not handle.finished:
             _, ev = await handle.queue.get()
@@ -86,15 +91,26 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int) -> None
                 raise err
     finally:
         handle.cancel()
+    if handle.cancelled:  # the client left: nobody reads the scores
+        return
     if len(prompt.logprobs) != len(ids):  # a forced walk only ends early when the engine stops it
         raise APIError(500, f"scoring the prompt ended after {len(prompt.logprobs)} of {len(ids)} tokens",
                        "generation_failed")
 
 
+def best_of(outputs: list[ServedChoice], n: int) -> list[ServedChoice]:
+    """The ``n`` of one prompt's ``best_of`` candidates with the highest cumulative logprob, best first (ties to
+    the lower index); all of them, in order, when there are no more than ``n``."""
+    if len(outputs) <= n:
+        return outputs
+    return sorted(outputs, key=lambda o: (-o.cumulative_logprob, o.index))[:n]
+
+
 def legacy_body(prompts: list[LegacyPrompt], outputs: list[list[ServedChoice]], n: int, echo: bool,
-                want_logprobs: bool) -> dict[str, Any]:
+                want_logprobs: bool, generated: list[ServedChoice] | None = None) -> dict[str, Any]:
     """A one-shot ``text_completion`` body (without id, created, model): choice ``p * n + i`` is choice ``i``
-    of prompt ``p``. Without outputs (``max_tokens: 0``) each choice is the echo alone, finished by length."""
+    of prompt ``p``. Without outputs (``max_tokens: 0``) each choice is the echo alone, finished by length.
+    ``usage`` counts every ``generated`` choice (``best_of`` candidates not returned included), as OpenAI bills."""
     choices = []
     for p, prompt in enumerate(prompts):
         for i in range(n):
@@ -106,6 +122,6 @@ def legacy_body(prompts: list[LegacyPrompt], outputs: list[list[ServedChoice]], 
                 "logprobs": legacy_logprobs(entries) if want_logprobs else None,
                 "finish_reason": out.finish_reason if out is not None else "length",
             })
-    flat = [o for per_prompt in outputs for o in per_prompt]
+    flat = generated if generated is not None else [o for per_prompt in outputs for o in per_prompt]
     return {"object": "text_completion", "system_fingerprint": None, "choices": choices,
             "usage": usage(sum(len(p.ids) for p in prompts), flat)}

@@ -76,6 +76,7 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
             "ttft_hit_count": pc.stats.ttft_hit_count, "ttft_hit_ms_avg": _avg(pc.stats.ttft_hit_ms, pc.stats.ttft_hit_count),
             "ttft_miss_count": pc.stats.ttft_miss_count,
             "ttft_miss_ms_avg": _avg(pc.stats.ttft_miss_ms, pc.stats.ttft_miss_count), "key": f"cut={pc.cut}",
+            "attach_tokens": pc.attach_every,
         },
         "prefill": {"requests": rows, **summed},
     }

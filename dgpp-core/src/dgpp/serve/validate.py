@@ -109,8 +109,12 @@ def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
 def _check_legacy(req: CompletionRequest) -> None:
     if req.suffix:
         raise unsupported("suffix", "is not supported (no fill-in-the-middle prompt format is known here)")
-    if req.best_of is not None and req.best_of != (req.n or 1):
-        raise unsupported("best_of", "must equal n: every generated choice is returned")
+    n = req.n or 1
+    if req.best_of is not None and req.best_of < n:
+        raise invalid(f"best_of ({req.best_of}) must be greater than or equal to n ({n})", "best_of")
+    if req.best_of is not None and req.best_of > n and req.stream:
+        raise invalid("best_of greater than n cannot be streamed: the best choices are known only at the end",
+                      "best_of")
     if req.max_tokens == 0 and req.stream:
         raise invalid("max_tokens 0 (score the prompt only) needs stream: false", "max_tokens")
 

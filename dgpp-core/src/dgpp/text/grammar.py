@@ -17,6 +17,7 @@ import torch
 
 from dgpp.text.errors import GrammarError
 from dgpp.text.lark import LarkBuilder
+from dgpp.text.schema_keywords import unenforced_keyword
 from dgpp.text.tokenizer import Tokenizer
 from dgpp.text.tools import ToolSpec, tool_specs
 
@@ -123,6 +124,7 @@ def _json_format(fmt: dict, g: LarkBuilder) -> str:
         raise GrammarError(
             "response_format.json_schema.schema must be an object", "response_format.json_schema.schema"
         )
+    refuse_unenforced(schema, "response_format.json_schema.schema")
     alone = LarkBuilder({})
     problem = llguidance.LLMatcher.validate_grammar(alone.grammar(alone.json(schema)))
     if problem:  # invalid, or a keyword llguidance would ignore (a WARNING): refused, strict or not, as OpenAI
@@ -131,6 +133,23 @@ def _json_format(fmt: dict, g: LarkBuilder) -> str:
             "response_format.json_schema.schema",
         )
     return g.json(schema)
+
+
+def refuse_unenforced(schema: Any, param: str, what: str | None = None) -> None:
+    """400 naming the first keyword of ``schema`` the backend would silently ignore (``dgpp.text.schema_keywords``)."""
+    found = unenforced_keyword(schema)
+    if found is not None:
+        keyword, where = found
+        raise GrammarError(f"{what or param} uses {keyword!r} (at {where}), which structured output cannot "
+                           "enforce; remove it or describe the constraint in the prompt", param)
+
+
+def _strict_tool_schemas(specs: list[ToolSpec]) -> None:
+    """A strict tool's arguments are constrained to its schema, so they must be enforceable (non-strict tools are
+    compiled leniently: their schema guides, as OpenAI documents for them)."""
+    for spec in specs:
+        if spec.strict and not spec.custom:
+            refuse_unenforced(spec.parameters, "tools", f"strict tool {spec.name!r}: parameters")
 
 
 def _named_tools(choice: Any, specs: list[ToolSpec]) -> tuple[list[ToolSpec], bool] | None:
@@ -202,6 +221,7 @@ def build_matcher(
         branches.append(_json_format(response_format, g))
     chosen = _named_tools(tool_choice, specs) if specs else None
     if chosen is None and branches and specs and dialect is not None and tool_choice != "none":
+        _strict_tool_schemas(specs)
         # JSON answer + tools under auto: the first value or call opener picks the branch (anchor §2.7)
         one = "(" + " | ".join(dialect.call_grammar(s, g) for s in specs) + ")"
         branches.append(dialect.calls_grammar(one, parallel_tool_calls, g))
@@ -211,6 +231,7 @@ def build_matcher(
                 "this model has no tool-call dialect, so tool_choice cannot be enforced", "tool_choice"
             )
         allowed, _ = chosen
+        _strict_tool_schemas(allowed)
         one = "(" + " | ".join(dialect.call_grammar(s, g) for s in allowed) + ")"
         parallel = parallel_tool_calls and not (
             isinstance(tool_choice, dict) and tool_choice.get("type") in ("function", "custom")
