@@ -247,7 +247,8 @@ def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
 
     runner.step = fails_on_the_fourth_step
     with TestClient(app=build_app(engine), base_url="http://dgpp.local") as client:
-        body = {"model": MODEL, "messages": USER, "max_tokens": 10, "stream": True,
+        # ignore_eos: a sampled EOS before the fourth step would end the stream normally, before the failure
+        body = {"model": MODEL, "messages": USER, "max_tokens": 10, "stream": True, "ignore_eos": True,
                 "chat_template_kwargs": {"enable_thinking": False}, "stream_options": {"include_obfuscation": False}}
         with client.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200  # headers went out before the failure
