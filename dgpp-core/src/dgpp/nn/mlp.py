@@ -28,7 +28,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, limit: float | None = Non
 
         return kernels.silu_mul_pair(gate, up)
     # silu's vector tail: a row's bits must not depend on how many rows came with it (widths like 48 differ)
-    return batch_invariant_rows(F.silu, gate) * up
+    return batch_invariant_rows(F.silu, gate, elementwise=True) * up
 
 
 class SwiGLUMLP(nn.Module):
