@@ -21,3 +21,42 @@ def test_swiglu_row_alone_equals_the_row_among_many(dtype, width):
         assert torch.equal(silu_and_mul(gate[:rows], up[:rows]), full[:rows]), rows
     for row in range(0, total, 7):
         assert torch.equal(silu_and_mul(gate[row : row + 1], up[row : row + 1]), full[row : row + 1]), row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("outs, width", [((576, 192, 192), 576), ((1536, 1536), 576), ((40, 8, 8), 32)])
+def test_fused_projection_rows_do_not_depend_on_the_row_count(dtype, outs, width):
+    from dgpp.nn.batch_invariant import ROW_BATCH, batch_invariant_fused_linear
+
+    weights = tuple(
+        torch.nn.Parameter(torch.randn(n, width, generator=GEN).to(dtype), requires_grad=False) for n in outs
+    )
+    x = torch.randn(ROW_BATCH + 9, width, generator=GEN).to(dtype)
+    full = batch_invariant_fused_linear(x, weights)
+    separate = torch.cat([torch.nn.functional.linear(x.float(), w.float()) for w in weights], -1).to(dtype)
+    torch.testing.assert_close(full, separate, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
+    for rows in [1, 2, 3, 5, 16, 17, ROW_BATCH, ROW_BATCH + 9]:
+        assert torch.equal(batch_invariant_fused_linear(x[:rows], weights), full[:rows]), rows
+    for row in range(0, x.shape[0], 11):
+        assert torch.equal(batch_invariant_fused_linear(x[row : row + 1], weights), full[row : row + 1]), row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_weights_follow_in_place_updates(dtype):
+    from dgpp.nn.batch_invariant import batch_invariant_fused_linear
+
+    weights = tuple(
+        torch.nn.Parameter(torch.randn(n, 16, generator=GEN).to(dtype), requires_grad=False) for n in (32, 16)
+    )
+    x = torch.randn(3, 16, generator=GEN).to(dtype)
+    batch_invariant_fused_linear(x, weights)
+    with torch.no_grad():
+        weights[1].mul_(2)
+    want = torch.cat([torch.nn.functional.linear(x.float(), w.float()) for w in weights], -1).to(dtype)
+    torch.testing.assert_close(batch_invariant_fused_linear(x, weights), want, rtol=1e-2, atol=1e-3)
+    if dtype == torch.float32:  # fp32 parameters live in the fused tensor: no second copy of the weights
+        fused = weights[0]._dgpp_fused[1]
+        assert (
+            weights[0].data_ptr() == fused.data_ptr()
+            and weights[1].untyped_storage().data_ptr() == fused.data_ptr()
+        )

@@ -71,6 +71,38 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return out.reshape(*x.shape[:-1], out_features)
 
 
+def _fused_weight(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``cat(weights)`` in the CPU compute dtype, cached on the first weight. fp32 weights become views
+    into it (no second copy: an in-place change of one shows in the whole); narrow weights get one fp32
+    copy of them all, in place of one per weight, rebuilt when any of them changes in place."""
+    key = tuple((w.data_ptr(), w._version) for w in weights)
+    cached = getattr(weights[0], "_dgpp_fused", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    if all(w.dtype in _NARROW for w in weights):
+        fused = torch.cat([w.detach().float() for w in weights])
+    else:
+        fused = torch.cat([w.detach() for w in weights])
+        offset = 0
+        for w in weights:  # the parameters now live in the fused tensor
+            w.data = fused[offset : offset + w.shape[0]]
+            offset += w.shape[0]
+        key = tuple((w.data_ptr(), w._version) for w in weights)
+    weights[0]._dgpp_fused = (key, fused)
+    return fused
+
+
+def batch_invariant_fused_linear(x: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``cat([F.linear(x, w) for w in weights], -1)`` as one row-wise product against the concatenated
+    weights (CPU, parameters without bias, one dtype): one GEMV a decode row instead of one per weight.
+    Every row of every step goes through the fused weight, so rows stay independent of their batch mates."""
+    rows, out_features = x.numel() // x.shape[-1], sum(w.shape[0] for w in weights)
+    flat = x.reshape(rows, x.shape[-1])
+    fused = _fused_weight(weights)
+    out = row_products(flat.float(), fused).to(x.dtype) if fused.dtype != x.dtype else row_products(flat, fused)
+    return out.reshape(*x.shape[:-1], out_features)
+
+
 ROW_MULTIPLE = 64
 SERIAL_ELEMENTS = 16384  # below torch's elementwise grain (32768): one thread, no split of the range
 
