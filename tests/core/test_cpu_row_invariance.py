@@ -60,3 +60,36 @@ def test_fused_weights_follow_in_place_updates(dtype):
             weights[0].data_ptr() == fused.data_ptr()
             and weights[1].untyped_storage().data_ptr() == fused.data_ptr()
         )
+
+
+def test_narrow_weights_take_the_native_product_where_rows_stay_exact():
+    from dgpp.nn.batch_invariant import MAX_NATIVE_IN, batch_invariant_linear, native_rows_exact
+
+    w = torch.nn.Parameter(torch.randn(96, 576, generator=GEN).to(torch.bfloat16), requires_grad=False)
+    x = torch.randn(40, 576, generator=GEN).to(torch.bfloat16)
+    assert not native_rows_exact(torch.bfloat16, 96, MAX_NATIVE_IN + 1)
+    assert not native_rows_exact(torch.float32, 96, 576)
+    out = batch_invariant_linear(x, w)
+    if native_rows_exact(torch.bfloat16, 96, 576):  # this CPU's bf16 kernel passed the check: it is used
+        assert torch.equal(out, torch.nn.functional.linear(x, w))
+    else:
+        assert torch.equal(out, torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))
+    for row in range(x.shape[0]):
+        assert torch.equal(batch_invariant_linear(x[row : row + 1], w), out[row : row + 1]), row
+
+
+def test_fusing_in_inference_mode_leaves_the_parameters_ordinary_tensors():
+    from dgpp.nn.batch_invariant import batch_invariant_fused_linear
+
+    weights = tuple(
+        torch.nn.Parameter(torch.randn(n, 16, generator=GEN), requires_grad=False) for n in (32, 16)
+    )
+    x = torch.randn(2, 16, generator=GEN)
+    with torch.inference_mode():  # as the runner steps
+        first = batch_invariant_fused_linear(x, weights)
+        assert torch.equal(batch_invariant_fused_linear(x, weights), first)
+    assert not any(w.is_inference() for w in weights)
+    with torch.no_grad():
+        weights[0].zero_()  # still an ordinary parameter: in-place updates work and are followed
+    assert torch.equal(batch_invariant_fused_linear(x, weights)[:, :32], torch.zeros(2, 32))
+

@@ -84,9 +84,9 @@ def dense_weights(*layers: Linear) -> bool:
 
 def cpu_fusable(*layers: Linear) -> bool:
     """True when ``layers`` can run as one CPU product: dense, unbiased parameters of one dtype on the CPU."""
+    if not dense_weights(*layers):
+        return False
     weights = [layer.weight for layer in layers]
-    return (
-        dense_weights(*layers)
-        and all(isinstance(w, nn.Parameter) and w.device.type == "cpu" for w in weights)
-        and len({w.dtype for w in weights}) == 1
+    return all(isinstance(w, nn.Parameter) and w.device.type == "cpu" for w in weights) and (
+        len({w.dtype for w in weights}) == 1
     )
