@@ -93,3 +93,24 @@ def test_fusing_in_inference_mode_leaves_the_parameters_ordinary_tensors():
         weights[0].zero_()  # still an ordinary parameter: in-place updates work and are followed
     assert torch.equal(batch_invariant_fused_linear(x, weights)[:, :32], torch.zeros(2, 32))
 
+
+def test_cpu_rotary_angles_are_computed_once_a_step():
+    from dgpp.nn.rotary import RotaryEmbedding
+
+    rotary = RotaryEmbedding(64, 64, 1e4)
+    with torch.inference_mode():
+        positions = torch.arange(7)
+        first = rotary.cos_sin(positions, torch.bfloat16)
+        again = rotary.cos_sin(positions, torch.bfloat16)  # the next layer of the same step
+        assert again[0] is first[0] and again[1] is first[1]
+        fresh = rotary.cos_sin(torch.arange(7), torch.bfloat16)  # the next step's positions
+        assert (
+            fresh[0] is not first[0] and torch.equal(fresh[0], first[0]) and torch.equal(fresh[1], first[1])
+        )
+        assert rotary.cos_sin(positions, torch.float32)[0].dtype == torch.float32
+    shifted = torch.arange(7)
+    rotary.cos_sin(shifted, torch.float32)
+    shifted += 3  # changed in place: computed afresh
+    assert torch.equal(
+        rotary.cos_sin(shifted, torch.float32)[0], rotary.cos_sin(torch.arange(3, 10), torch.float32)[0]
+    )
