@@ -105,10 +105,14 @@ def test_batch_invariant_linear_rows_do_not_depend_on_the_row_count(out_features
 def test_narrow_cpu_weights_multiply_in_fp32_and_follow_in_place_updates():
     from dgpp.nn.batch_invariant import batch_invariant_linear
 
-    w = torch.nn.Parameter(randn(48, 64).to(torch.bfloat16), requires_grad=False)
-    x = randn(5, 64).to(torch.bfloat16)
-    want = torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16)
-    assert torch.equal(batch_invariant_linear(x, w), want)
+    w = torch.nn.Parameter(randn(48, 1536).to(torch.bfloat16), requires_grad=False)  # past MAX_NATIVE_IN
+    x = randn(5, 1536).to(torch.bfloat16)
+
+    def want() -> torch.Tensor:  # each row's fp32 GEMV, rounded once
+        rows = [torch.nn.functional.linear(x[i : i + 1].float(), w.float()) for i in range(x.shape[0])]
+        return torch.cat(rows).to(torch.bfloat16)
+
+    assert torch.equal(batch_invariant_linear(x, w), want())
     with torch.no_grad():
         w.mul_(2)  # the fp32 copy is rebuilt after an in-place change
-    assert torch.equal(batch_invariant_linear(x, w), torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))
+    assert torch.equal(batch_invariant_linear(x, w), want())

@@ -11,11 +11,16 @@ one-row products (``torch.bmm`` over rows against the same weight), whose rows m
 the single-row call for every row count up to ``ROW_BATCH`` (and to ``torch.mv``); longer inputs go in
 pieces of ``ROW_BATCH`` rows. A prefill then reads the weight once per row, mostly from the CPU's cache.
 
-bf16 / fp16 weights that are parameters are multiplied in fp32 on the CPU: CPUs without bf16 units run
-the bf16 GEMV ~10x slower than the fp32 one. The fp32 copy is made once per weight (kept next to it,
-rebuilt if the weight changes in place), the inputs are widened exactly, and the product is rounded
-once to the activation dtype: what a bf16 GEMM with fp32 accumulation computes, at fp32 GEMV speed,
-for twice the weight memory. CUDA has its own kernels and is left alone.
+bf16 / fp16 weights that are parameters take the CPU's own narrow product (``F.linear`` in bf16, oneDNN
+with fp32 accumulation) where it keeps rows independent for the weight's shape (``native_rows_exact``): it
+reads half the bytes of an fp32 GEMV, and its several-row calls measured bit-identical to the row alone
+for inputs of up to ``MAX_NATIVE_IN`` features on a CPU with bf16 dot products (AVX512-BF16; longer inputs
+split the sum by the row count). Each shape is checked once per process against the row-alone product
+before it is used. Elsewhere (longer inputs, a CPU whose narrow kernel fails the check) they are multiplied
+in fp32: the fp32 copy is made once per weight (kept next to it, rebuilt if the weight changes in place),
+the inputs are widened exactly, and the product is rounded once to the activation dtype: what a bf16 GEMM
+with fp32 accumulation computes, at fp32 GEMV speed, for twice the weight memory (CPUs without bf16 units
+run the bf16 GEMV ~10x slower than the fp32 one). CUDA has its own kernels and is left alone.
 """
 
 from __future__ import annotations
@@ -30,11 +35,52 @@ MIN_OUT_FEATURES = 16  # a one- or few-output product takes a dot-product kernel
 _NARROW = (torch.bfloat16, torch.float16)
 
 
+MAX_NATIVE_IN = 1024
+_PROBE_ROWS = (2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 65, 128, ROW_BATCH)
+_PROBE_CHECKED = 65
+_native_verdicts: dict[tuple[torch.dtype, int, int, int], bool] = {}
+
+
+def native_rows_exact(dtype: torch.dtype, out_features: int, in_features: int) -> bool:
+    """Whether the CPU's own ``dtype`` product of a ``[out, in]`` weight gives every row of a call of 1..ROW_BATCH
+    rows the bits of that row alone: checked once per shape and thread count on random data, against the
+    row-alone product, for the row counts where CPU GEMM kernels change (module docstring)."""
+    if dtype not in _NARROW or in_features > MAX_NATIVE_IN or out_features < MIN_OUT_FEATURES:
+        return False
+    key = (dtype, out_features, in_features, torch.get_num_threads())
+    verdict = _native_verdicts.get(key)
+    if verdict is None:
+        gen = torch.Generator().manual_seed(0)
+        weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
+        x = torch.randn(ROW_BATCH, in_features, generator=gen).to(dtype)
+        with torch.inference_mode():
+            alone = torch.cat([F.linear(x[i : i + 1], weight) for i in range(_PROBE_CHECKED)])
+            verdict = all(
+                torch.equal(F.linear(x[:rows], weight)[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
+                for rows in _PROBE_ROWS
+            )
+        _native_verdicts[key] = verdict
+    return verdict
+
+
+def native_row_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` in the weights' own narrow dtype, in calls of at most ``ROW_BATCH`` rows (the rows
+    ``native_rows_exact`` checked)."""
+    if x.shape[0] <= ROW_BATCH:
+        return F.linear(x, weight)
+    return torch.cat([F.linear(chunk, weight) for chunk in x.split(ROW_BATCH)])
+
+
+def _version(t: torch.Tensor) -> int:
+    """``t``'s in-place version counter; -1 for an inference tensor (which keeps none)."""
+    return -1 if t.is_inference() else t._version
+
+
 def _fp32_weight(weight: torch.Tensor) -> torch.Tensor:
     """An fp32 copy of a narrow parameter, cached on it (keyed by its in-place version counter)."""
     cached = getattr(weight, "_dgpp_fp32", None)
-    if cached is None or cached[0] != weight._version:
-        cached = (weight._version, weight.detach().float())
+    if cached is None or cached[0] != _version(weight):
+        cached = (_version(weight), weight.detach().float())
         weight._dgpp_fp32 = cached
     return cached[1]
 
@@ -63,7 +109,10 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     rows, out_features = x.numel() // x.shape[-1], weight.shape[0]
     flat = x.reshape(rows, x.shape[-1])
     if weight.dtype in _NARROW and isinstance(weight, torch.nn.Parameter):
-        out = row_products(flat.float(), _fp32_weight(weight)).to(x.dtype)
+        if x.dtype == weight.dtype and native_rows_exact(weight.dtype, *weight.shape):
+            out = native_row_products(flat, weight)
+        else:
+            out = row_products(flat.float(), _fp32_weight(weight)).to(x.dtype)
     else:
         out = row_products(flat, weight)
     if bias is not None:
@@ -71,16 +120,68 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     return out.reshape(*x.shape[:-1], out_features)
 
 
+def _fused_weight(weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``cat(weights)`` in the CPU compute dtype, cached on the first weight. fp32 weights, and narrow ones
+    whose fused shape takes the native product, become views into it (no second copy: an in-place change
+    of one shows in the whole); other narrow weights get one fp32 copy of them all, in place of one per
+    weight, rebuilt when any of them changes in place."""
+    key = tuple((w.data_ptr(), _version(w)) for w in weights)
+    cached = getattr(weights[0], "_dgpp_fused", None)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    dtype, out_features = weights[0].dtype, sum(w.shape[0] for w in weights)
+    # built outside inference mode: parameters re-pointed into an inference tensor would become one (and
+    # inference-tensor parameters, made under inference mode, keep their own storage: a copy is fused)
+    with torch.inference_mode(False):
+        if dtype in _NARROW and not native_rows_exact(dtype, out_features, weights[0].shape[1]):
+            fused = torch.cat([w.detach().float() for w in weights])
+        else:
+            fused = torch.cat([w.detach() for w in weights])
+        if fused.dtype == dtype and not any(w.is_inference() for w in weights):
+            offset = 0
+            for w in weights:  # the parameters now live in the fused tensor
+                w.data = fused[offset : offset + w.shape[0]]
+                offset += w.shape[0]
+            key = tuple((w.data_ptr(), _version(w)) for w in weights)
+    weights[0]._dgpp_fused = (key, fused)
+    return fused
+
+
+def batch_invariant_fused_linear(x: torch.Tensor, weights: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """``cat([F.linear(x, w) for w in weights], -1)`` as one row-wise product against the concatenated
+    weights (CPU, parameters without bias, one dtype): one GEMV a decode row instead of one per weight.
+    Every row of every step goes through the fused weight, so rows stay independent of their batch mates."""
+    rows, out_features = x.numel() // x.shape[-1], sum(w.shape[0] for w in weights)
+    flat = x.reshape(rows, x.shape[-1])
+    fused = _fused_weight(weights)
+    if fused.dtype != x.dtype:
+        out = row_products(flat.float(), fused).to(x.dtype)
+    elif fused.dtype in _NARROW:
+        out = native_row_products(flat, fused)
+    else:
+        out = row_products(flat, fused)
+    return out.reshape(*x.shape[:-1], out_features)
+
+
 ROW_MULTIPLE = 64
+SERIAL_ELEMENTS = 16384  # below torch's elementwise grain (32768): one thread, no split of the range
 
 
-def batch_invariant_rows(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+def batch_invariant_rows(
+    fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, *, elementwise: bool = False
+) -> torch.Tensor:
     """``fn(x)`` for a row-wise / elementwise ``fn`` of ``x [rows, n]``, each row's result independent of
     ``rows``. CPU elementwise kernels (``torch.sigmoid``, ``F.silu``) treat a tensor's vector tail apart from
     its body, so a row's last bit could depend on how many rows came with it; padding the rows to a multiple
-    of ``ROW_MULTIPLE`` keeps every element of a row on the same side (measured for widths 8..512, 1..70 rows)."""
+    of ``ROW_MULTIPLE`` keeps every element of a row on the same side (measured for widths 8..512, 1..70 rows).
+
+    An ``elementwise`` ``fn`` of a contiguous input of fewer than ``SERIAL_ELEMENTS`` elements, a multiple of ``ROW_MULTIPLE`` in all, runs
+    on one thread and wholly in the vector body already (its body steps are at most 64 elements), so it skips
+    the padding: a decode row of a SwiGLU (1 x 1536) then costs its own silu, not 64 rows' (0.11 ms a call)."""
     if x.device.type != "cpu" or x.dim() != 2:
         return fn(x)
     rows = x.shape[0]
+    if elementwise and x.numel() % ROW_MULTIPLE == 0 and x.numel() <= SERIAL_ELEMENTS and x.is_contiguous():
+        return fn(x)
     pad = -rows % ROW_MULTIPLE
     return fn(F.pad(x, (0, 0, 0, pad)))[:rows] if pad else fn(x)

@@ -6,7 +6,7 @@ The shape Llama-style families share (GLM-4.x, Qwen3, Qwen3.5's gated full atten
 ranks (q/k/v column-, o_proj row-parallel; the caller all-reduces the output once per block). With
 ``output_gate`` the q projection is ``[q|gate]`` per head (Qwen3.5), so a column slice still holds whole
 heads with their gates. On CUDA, decode rows take q, k and v in one Triton GEMV when the projections are
-plain dense weights without bias, and with q/k norm and a power-of-two rotary dim the norms and the
+plain dense weights without bias (on the CPU: one row-wise product against the concatenated weights), and with q/k norm and a power-of-two rotary dim the norms and the
 rotation run as one Triton launch.
 """
 
@@ -17,8 +17,9 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.nn.attention import PagedAttention, gated_output, split_query_gate
+from dgpp.nn.batch_invariant import batch_invariant_fused_linear
 from dgpp.nn.linear import Linear, fused_linears
-from dgpp.nn.mlp import dense_weights
+from dgpp.nn.mlp import cpu_fusable, dense_weights
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.step.batch import ForwardBatch
@@ -89,6 +90,10 @@ class GQAttention(nn.Module):
             if fused is not None:
                 q, k, v = fused
                 return q, k, v
+        elif cpu_fusable(*projections):  # CPU: q, k and v as one row-wise product (dgpp.nn.batch_invariant)
+            out = batch_invariant_fused_linear(x, tuple(p.weight for p in projections))
+            q, k, v = out.split([p.weight.shape[0] for p in projections], dim=-1)
+            return q, k, v
         return self.q_proj(x), self.k_proj(x), self.v_proj(x)
 
     def split_heads(

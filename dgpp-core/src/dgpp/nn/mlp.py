@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
-from dgpp.nn.batch_invariant import batch_invariant_rows
+from dgpp.nn.batch_invariant import batch_invariant_fused_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod, fused_gate_up_silu
 
 
@@ -28,7 +28,7 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, limit: float | None = Non
 
         return kernels.silu_mul_pair(gate, up)
     # silu's vector tail: a row's bits must not depend on how many rows came with it (widths like 48 differ)
-    return batch_invariant_rows(F.silu, gate) * up
+    return batch_invariant_rows(F.silu, gate, elementwise=True) * up
 
 
 class SwiGLUMLP(nn.Module):
@@ -61,6 +61,10 @@ class SwiGLUMLP(nn.Module):
             fused = fused_gate_up_silu(self.gate_proj, self.up_proj, x)
             if fused is not None:
                 return self.down_proj(fused)
+        elif cpu_fusable(self.gate_proj, self.up_proj):  # CPU: gate and up as one row-wise product
+            gate_up = batch_invariant_fused_linear(x, (self.gate_proj.weight, self.up_proj.weight))
+            gate, up = gate_up.split(self.gate_proj.weight.shape[0], dim=-1)
+            return self.down_proj(silu_and_mul(gate, up))
         return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x)))
 
     def _stock_gate_up(self, x: torch.Tensor) -> torch.Tensor:
@@ -76,3 +80,13 @@ class SwiGLUMLP(nn.Module):
 def dense_weights(*layers: Linear) -> bool:
     """True when every layer holds a plain dense weight and no bias (the fused decode kernels' input)."""
     return all(isinstance(layer.quant_method, UnquantizedLinearMethod) and layer.bias is None for layer in layers)
+
+
+def cpu_fusable(*layers: Linear) -> bool:
+    """True when ``layers`` can run as one CPU product: dense, unbiased parameters of one dtype on the CPU."""
+    if not dense_weights(*layers):
+        return False
+    weights = [layer.weight for layer in layers]
+    return all(isinstance(w, nn.Parameter) and w.device.type == "cpu" for w in weights) and (
+        len({w.dtype for w in weights}) == 1
+    )

@@ -105,15 +105,28 @@ class RotaryEmbedding(nn.Module):
         inv_freq = yarn.inv_freq(base, self.rotary_dim) if yarn else default_inv_freq(base, self.rotary_dim)
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self._cos_sin_memo: tuple | None = None  # (positions, (version, dtype), (cos, sin)): see cos_sin
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[T, rotary_dim]`` cos and sin laid out for this style."""
+        """``[T, rotary_dim]`` cos and sin laid out for this style.
+
+        On the CPU the last step's pair is kept: a model's layers share one module and one positions tensor
+        per step, so the angles are computed once a step instead of once a layer (a new or changed positions
+        tensor, or another dtype, computes afresh; the runner builds a fresh positions tensor every step, and
+        inference tensors carry no version to check). CUDA keeps no memo (a graph capture must record the work)."""
+        versions = tuple(None if t.is_inference() else t._version for t in (positions, self.inv_freq))
+        memo, key = self._cos_sin_memo, (versions, dtype)
+        if memo is not None and memo[0] is positions and memo[1] == key:
+            return memo[2]
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
         if self.style == "half":
             angles = torch.cat((freqs, freqs), dim=-1)
         else:
             angles = freqs.repeat_interleave(2, dim=-1)
-        return (angles.cos() * self.magnitude).to(dtype), (angles.sin() * self.magnitude).to(dtype)
+        pair = (angles.cos() * self.magnitude).to(dtype), (angles.sin() * self.magnitude).to(dtype)
+        if positions.device.type == "cpu":
+            self._cos_sin_memo = (positions, key, pair)
+        return pair
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]

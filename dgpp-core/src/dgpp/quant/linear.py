@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.batch_invariant import batch_invariant_linear, native_row_products, native_rows_exact
 from dgpp.nn.exact import routing
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.policy import current
@@ -49,12 +49,15 @@ def packed_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.T
 
 def decoded_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight^T (+ bias)`` for a decoded weight: on the CPU, rows independent of the step and bit for bit
-    what a dense Linear holding that weight computes (``dgpp.nn.batch_invariant``: narrow dtypes multiply in
-    fp32 and round once)."""
+    what a dense Linear holding that weight computes (``dgpp.nn.batch_invariant``: narrow dtypes take the native
+    product where its rows are exact for the shape, else multiply in fp32 and round once)."""
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
     if x.dtype in (torch.bfloat16, torch.float16) and not isinstance(weight, nn.Parameter):  # (a Parameter's fp32 copy is cached)
-        y = batch_invariant_linear(x.float(), weight.float()).to(x.dtype)
+        if weight.dtype == x.dtype and native_rows_exact(x.dtype, *weight.shape):  # as a dense narrow Linear does
+            y = native_row_products(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+        else:
+            y = batch_invariant_linear(x.float(), weight.float()).to(x.dtype)
         return y if bias is None else y + bias
     return batch_invariant_linear(x, weight, bias)
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import structlog
+import torch
 
 from dgpp.config import DeployConfig, EngineConfig
 from dgpp.engine.keys import check_engine_keys
@@ -171,6 +173,19 @@ def prefill_chunking_exact(device: Any, engine_cfg: EngineConfig) -> bool:
     return torch.device(device).type == "cpu" or engine_cfg.batch_invariant
 
 
+def _set_cpu_threads(setting: int, world_size: int) -> None:
+    """torch's intra-op threads for a CPU engine (``engine.cpu_threads``). The default leaves one core to the
+    HTTP event loop and the tokenizer threads: a decode step is a chain of small products bound by memory,
+    and with every core in the op pool a thread preempted by the server stalls each parallel region's
+    barrier. Several CPU ranks on one host keep torch's own setting unless the key names one."""
+    if setting == 0 and world_size > 1:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    threads = setting or max(1, cores - 1)
+    torch.set_num_threads(threads)
+    log.info("cpu threads", threads=threads, cores=cores, setting=setting)
+
+
 def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, world: Any = None,
                          group: Any = None, device: str | None = None, start_loop: bool = True) -> Backend:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
@@ -190,6 +205,8 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     check_engine_keys(engine_cfg)  # before any weight is read
     device = ctx.device
     _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
+    if torch.device(device or "cpu").type == "cpu":
+        _set_cpu_threads(engine_cfg.cpu_threads, ctx.world.size)
     model = model_for(ctx, deployment.pm)
     info = model.info
     check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype

@@ -1,0 +1,116 @@
+"""CPU decode paths keep a row's bits independent of the rows beside it (solo == batched == chunked)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgpp.nn.mlp import silu_and_mul
+
+GEN = torch.Generator().manual_seed(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("width", [48, 64, 576, 1536, 3072])
+def test_swiglu_row_alone_equals_the_row_among_many(dtype, width):
+    total = 300
+    gate = (torch.randn(total, width, generator=GEN) * 4).to(dtype)
+    up = torch.randn(total, width, generator=GEN).to(dtype)
+    full = silu_and_mul(gate, up)
+    for rows in [*range(1, 12), 31, 63, 64, 65, 100, total]:
+        assert torch.equal(silu_and_mul(gate[:rows], up[:rows]), full[:rows]), rows
+    for row in range(0, total, 7):
+        assert torch.equal(silu_and_mul(gate[row : row + 1], up[row : row + 1]), full[row : row + 1]), row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("outs, width", [((576, 192, 192), 576), ((1536, 1536), 576), ((40, 8, 8), 32)])
+def test_fused_projection_rows_do_not_depend_on_the_row_count(dtype, outs, width):
+    from dgpp.nn.batch_invariant import ROW_BATCH, batch_invariant_fused_linear
+
+    weights = tuple(
+        torch.nn.Parameter(torch.randn(n, width, generator=GEN).to(dtype), requires_grad=False) for n in outs
+    )
+    x = torch.randn(ROW_BATCH + 9, width, generator=GEN).to(dtype)
+    full = batch_invariant_fused_linear(x, weights)
+    separate = torch.cat([torch.nn.functional.linear(x.float(), w.float()) for w in weights], -1).to(dtype)
+    torch.testing.assert_close(full, separate, rtol=1e-2 if dtype == torch.bfloat16 else 1e-5, atol=1e-4)
+    for rows in [1, 2, 3, 5, 16, 17, ROW_BATCH, ROW_BATCH + 9]:
+        assert torch.equal(batch_invariant_fused_linear(x[:rows], weights), full[:rows]), rows
+    for row in range(0, x.shape[0], 11):
+        assert torch.equal(batch_invariant_fused_linear(x[row : row + 1], weights), full[row : row + 1]), row
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_weights_follow_in_place_updates(dtype):
+    from dgpp.nn.batch_invariant import batch_invariant_fused_linear
+
+    weights = tuple(
+        torch.nn.Parameter(torch.randn(n, 16, generator=GEN).to(dtype), requires_grad=False) for n in (32, 16)
+    )
+    x = torch.randn(3, 16, generator=GEN).to(dtype)
+    batch_invariant_fused_linear(x, weights)
+    with torch.no_grad():
+        weights[1].mul_(2)
+    want = torch.cat([torch.nn.functional.linear(x.float(), w.float()) for w in weights], -1).to(dtype)
+    torch.testing.assert_close(batch_invariant_fused_linear(x, weights), want, rtol=1e-2, atol=1e-3)
+    if dtype == torch.float32:  # fp32 parameters live in the fused tensor: no second copy of the weights
+        fused = weights[0]._dgpp_fused[1]
+        assert (
+            weights[0].data_ptr() == fused.data_ptr()
+            and weights[1].untyped_storage().data_ptr() == fused.data_ptr()
+        )
+
+
+def test_narrow_weights_take_the_native_product_where_rows_stay_exact():
+    from dgpp.nn.batch_invariant import MAX_NATIVE_IN, batch_invariant_linear, native_rows_exact
+
+    w = torch.nn.Parameter(torch.randn(96, 576, generator=GEN).to(torch.bfloat16), requires_grad=False)
+    x = torch.randn(40, 576, generator=GEN).to(torch.bfloat16)
+    assert not native_rows_exact(torch.bfloat16, 96, MAX_NATIVE_IN + 1)
+    assert not native_rows_exact(torch.float32, 96, 576)
+    out = batch_invariant_linear(x, w)
+    if native_rows_exact(torch.bfloat16, 96, 576):  # this CPU's bf16 kernel passed the check: it is used
+        assert torch.equal(out, torch.nn.functional.linear(x, w))
+    else:
+        assert torch.equal(out, torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))
+    for row in range(x.shape[0]):
+        assert torch.equal(batch_invariant_linear(x[row : row + 1], w), out[row : row + 1]), row
+
+
+def test_fusing_in_inference_mode_leaves_the_parameters_ordinary_tensors():
+    from dgpp.nn.batch_invariant import batch_invariant_fused_linear
+
+    weights = tuple(
+        torch.nn.Parameter(torch.randn(n, 16, generator=GEN), requires_grad=False) for n in (32, 16)
+    )
+    x = torch.randn(2, 16, generator=GEN)
+    with torch.inference_mode():  # as the runner steps
+        first = batch_invariant_fused_linear(x, weights)
+        assert torch.equal(batch_invariant_fused_linear(x, weights), first)
+    assert not any(w.is_inference() for w in weights)
+    with torch.no_grad():
+        weights[0].zero_()  # still an ordinary parameter: in-place updates work and are followed
+    assert torch.equal(batch_invariant_fused_linear(x, weights)[:, :32], torch.zeros(2, 32))
+
+
+def test_cpu_rotary_angles_are_computed_once_a_step():
+    from dgpp.nn.rotary import RotaryEmbedding
+
+    rotary = RotaryEmbedding(64, 64, 1e4)
+    with torch.inference_mode():
+        positions = torch.arange(7)
+        first = rotary.cos_sin(positions, torch.bfloat16)
+        again = rotary.cos_sin(positions, torch.bfloat16)  # the next layer of the same step
+        assert again[0] is first[0] and again[1] is first[1]
+        fresh = rotary.cos_sin(torch.arange(7), torch.bfloat16)  # the next step's positions
+        assert (
+            fresh[0] is not first[0] and torch.equal(fresh[0], first[0]) and torch.equal(fresh[1], first[1])
+        )
+        assert rotary.cos_sin(positions, torch.float32)[0].dtype == torch.float32
+    shifted = torch.arange(7)
+    rotary.cos_sin(shifted, torch.float32)
+    shifted += 3  # changed in place: computed afresh
+    assert torch.equal(
+        rotary.cos_sin(shifted, torch.float32)[0], rotary.cos_sin(torch.arange(3, 10), torch.float32)[0]
+    )
