@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels import head_matmul, mla_attention
 from dgpp.kernels.head_matmul import head_matmul_ref, head_matmul_triton
 from dgpp.kernels.mla_attention import mla_attention_ref, mla_attention_triton
 
@@ -74,7 +75,7 @@ def test_head_matmul_matches_reference_for_strided_weights():
 
 
 @torch.inference_mode()
-def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path):
+def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch):
     """The CUDA wiring (``dgpp.nn.mla_cuda``: per-row tables, DSA selections as index lists, the absorption
     products), run here through the interpreter, against the layer's torch path on the same step: a mixed batch of
     prefill chunks (rows past index_topk 8 attend their selection), then a decode-only step."""
@@ -85,6 +86,9 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path):
     from dgpp.testing.generate import make_pools
     from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
 
+    # stand in for CUDA: the kernels themselves run (interpreter), not their torch references
+    for module in (head_matmul, mla_attention):
+        monkeypatch.setattr(module, "use_triton", lambda x: True)
     model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=5))
     attn = model.model.layers[0].self_attn
     pools, blocks, _ = make_pools(model, [24, 24], 4)

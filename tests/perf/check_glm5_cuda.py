@@ -108,8 +108,9 @@ def kernel_checks(failures: list[str]) -> list[str]:
 
 
 def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Module:
-    """The model of config ``hf`` on ``device`` in its packed form: built on meta, packed formats swapped in, then
-    materialised (only packed bytes are ever allocated) and filled with random values of the right kind."""
+    """The model of config ``hf`` on ``device`` in its packed form, in the config's dtype (an fp32 config computes in
+    fp32): built on meta, packed formats swapped in, then materialised (only packed bytes are ever allocated) and
+    filled with random values of the right kind."""
     from dgpp.nn.rotary import RotaryEmbedding, default_inv_freq
     from dgpp.quant.apply import quantize_modules
     from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
@@ -118,7 +119,7 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
 
     cfg = parse_glm_moe_dsa_config(hf)
     with torch.device("meta"):
-        model = GlmMoeDsaForCausalLM(cfg, dtype=torch.bfloat16)
+        model = GlmMoeDsaForCausalLM(cfg, dtype=cfg.dtype)
         quantize_modules(model, hf, rename=checkpoint_name)
     model = model.to_empty(device=device)
     g = torch.Generator(device=device).manual_seed(1)
@@ -141,7 +142,15 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
     return model.eval()
 
 
-def _layer_paths(model, prompts: list[list[int]]) -> float:
+def tiny_fp32_config() -> dict:
+    """The tiny glm_moe_dsa config of the exactness checks (index_topk 8: sparse rows live), in fp32."""
+    from dgpp.testing.glm_moe_dsa import tiny_glm_moe_dsa_config
+
+    return {**tiny_glm_moe_dsa_config(), "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
+            "torch_dtype": "float32"}
+
+
+def layer_paths(model, prompts: list[list[int]], device: str = "cuda") -> float:
     """Layer 0's attention on one mixed prefill step (sparse rows live), through the CUDA kernels and through the
     torch path on the very same queries and selection: the largest relative difference."""
     from dgpp.engine.runner import SeqWork, build_batch
@@ -152,7 +161,7 @@ def _layer_paths(model, prompts: list[list[int]]) -> float:
     attn, layer = model.model.layers[0].self_attn, model.model.layers[0]
     pools, blocks, _ = make_pools(model, [len(p) for p in prompts], 4)
     work = [SeqWork(i, blocks.allocate(blocks.blocks_for_tokens(len(p))), 0, p) for i, p in enumerate(prompts)]
-    batch = build_batch(work, pools, "cuda")
+    batch = build_batch(work, pools, device)
     x = layer.input_layernorm(model.model.embed_tokens(batch.input_ids))
     query = attn.prepare(x, batch)
     selection = attn.indexer(x, query.q_resid, batch)
@@ -171,15 +180,12 @@ def exactness_checks(failures: list[str]) -> list[str]:
     bitwise on the kernel path with sparse rows."""
     from dgpp.policy import overriding
     from dgpp.testing import conformance as conf
-    from dgpp.testing.glm_moe_dsa import tiny_glm_moe_dsa_config
 
-    hf = {**tiny_glm_moe_dsa_config(), "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
-          "torch_dtype": "float32"}
-    model = build_glm5(hf, std=0.08)
+    model = build_glm5(tiny_fp32_config(), std=0.08)
     prompts = conf.make_prompts(512, (11, 23, 4, 1), seed=2)
     out = []
     with overriding(batch_invariant=True), torch.inference_mode():
-        err = _layer_paths(model, prompts)
+        err = layer_paths(model, prompts)
         out.append(f"tiny glm_moe_dsa fp32 on CUDA, layer 0 attention (sparse rows) kernels vs torch path: "
                    f"rel err {err:.2e}")
         if not err < 1e-4:
