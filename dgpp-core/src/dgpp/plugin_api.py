@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.config_keys import ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.headers import tensor_bytes
-    from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights
+    from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
@@ -64,6 +64,7 @@ _LAZY = {
     "ModelInfo": "dgpp.step.model",
     "checkpoint_tensor_names": "dgpp.engine.weights",
     "load_family_weights": "dgpp.engine.weights",
+    "settle_weights": "dgpp.engine.weights",
     "quantize_modules": "dgpp.quant.apply",
     "QuantFormat": "dgpp.quant.format",
     "QuantScheme": "dgpp.quant.scheme",
@@ -102,6 +103,7 @@ __all__ = [
     "hookimpl",
     "load_family_weights",
     "quantize_modules",
+    "settle_weights",
     "tensor_bytes",
     "transformer_activation_bytes",
 ]

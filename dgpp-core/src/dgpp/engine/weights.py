@@ -2,8 +2,9 @@
 
 build on the load device -> give the modules the checkpoint stores quantized their packed form
 (``quantize_modules``) -> fill every parameter (``load_weights``, one read per tensor, this rank's slice)
--> the family's own checks on the open checkpoint -> close it -> the engine's explicit load-time conversions
-(``convert_dense_weights``: ``engine.dense_weights`` / ``engine.bf16_weights``) -> eval mode.
+-> the family's own checks on the open checkpoint -> close it -> each module's own settled form of what it loaded
+(``settle_weights``) -> the engine's explicit load-time conversions (``convert_dense_weights``:
+``engine.dense_weights`` / ``engine.bf16_weights``) -> eval mode.
 """
 
 from __future__ import annotations
@@ -61,9 +62,21 @@ def load_family_weights(
             after_load(module, reader)
     finally:
         reader.close()
+    settle_weights(module)
     if convert:
         convert_dense_weights(module, ctx.engine)
     return module.eval()
+
+
+def settle_weights(module: nn.Module) -> nn.Module:
+    """Call ``settle_weights()`` on every submodule that defines one, once its weights are in: a layer may keep a
+    form of its tensors that its forward reads faster, with the same bits (e.g. MLA keeps a packed ``kv_b_proj``
+    decoded, ``dgpp.nn.mla``). Memory plans built on ``meta`` call it after ``quantize_modules`` so they count that
+    form; random-weight builds (``dgpp bench``) call it after filling."""
+    for sub in list(module.modules()):
+        if callable(getattr(type(sub), "settle_weights", None)):
+            sub.settle_weights()
+    return module
 
 
 def checkpoint_tensor_names(checkpoint_dir: Path) -> list[str]:

@@ -28,7 +28,7 @@ from dgpp.family import World
 from dgpp.kernels._triton import use_triton
 from dgpp.nn.attention import gather_context, write_kv
 from dgpp.nn.batch_invariant import batch_invariant_linear
-from dgpp.nn.linear import Linear
+from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
 from dgpp.nn.selection import DeviceSelection, Selection
@@ -182,13 +182,33 @@ class MultiLatentAttention(nn.Module):
         return self.o_proj(out.flatten(1))
 
     def kv_b_weight(self) -> torch.Tensor:
-        """``kv_b_proj``'s [out_local, kv_lora_rank] matrix in the compute dtype; a packed one (int8 in the GLM-5.3
-        release) is decoded per step, as its own reference path decodes it (absorption needs the matrix itself)."""
+        """``kv_b_proj``'s [out_local, kv_lora_rank] matrix in the compute dtype (``settle_weights`` decodes a packed
+        one once at load; a module that skipped it decodes here, every call)."""
         layer = self.kv_b_proj
         weight = getattr(layer, "weight", None)
         if weight is not None:
             return weight
         return layer.quant_method.dense_weight(layer, self.dtype)
+
+    def settle_weights(self) -> None:
+        """Keep a packed ``kv_b_proj`` (int8 in the GLM-5.3 release) as its decoded matrix: absorption reads the
+        whole matrix in every step (it is never multiplied as a linear), and decoding it per step was ~4 of 12.9 ms
+        of a 12-layer GLM-5.3 decode step on an H200. The matrix is the same bits the per-step decode gave, at
+        twice the int8 bytes (29 MB a layer at the release's size, whole; TP splits it by heads). On ``meta``
+        (memory plans) only the shape and dtype change."""
+        layer = self.kv_b_proj
+        if getattr(layer, "weight", None) is not None:
+            return
+        names = layer.quant_method.tensors(layer)
+        if any(t.is_meta for t in names.values()):
+            dense = torch.empty(layer.out_local, layer.in_local, dtype=self.dtype, device="meta")
+        else:
+            dense = layer.quant_method.dense_weight(layer, self.dtype)
+        for name in names:
+            delattr(layer, name)
+        del layer.quant_tensor_names
+        layer.quant_method = UnquantizedLinearMethod()
+        layer.weight = nn.Parameter(dense, requires_grad=False)
 
     def _keys(self, row: int, q_offset: int, picks: Selection | None) -> torch.Tensor | slice:
         chosen = None if picks is None else picks[row]

@@ -18,6 +18,7 @@ from dgpp.plugin_api import (
     LoadContext,
     ModelMemory,
     quantize_modules,
+    settle_weights,
     tensor_bytes,
     transformer_activation_bytes,
 )
@@ -38,6 +39,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
         quantize_modules(model, ctx.hf_config, rename=checkpoint_name)
+        settle_weights(model)  # the loaded forms: MLA's kv_b_proj decoded
         spec, drafter_bytes = dict(model.cache_spec()), 0
         # the MTP block: its weights and its own latent (and index-key) cache
         if cfg.num_mtp_layers and ctx.engine.mtp:
@@ -45,6 +47,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             drafter = GlmMoeDsaMTPDrafter(cfg, model, layout)
             if layout.packed:
                 quantize_modules(drafter, ctx.hf_config, rename=drafter.checkpoint_name)
+                settle_weights(drafter)
             spec.update(drafter.cache_spec())
             drafter_bytes = memory.resident_bytes(drafter, ctx.engine.bf16_weights)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
