@@ -130,4 +130,8 @@ def make_param(fmt: QuantFormat, suffix: str, shape: tuple[int, ...], dim: int |
     is_scale = suffix == getattr(fmt, "scale_name", None)
     set_weight_attrs(param, tp_dim=None if scalar else dim, world=world, weight_loader=load_packed,
                      e8m0=is_e8m0(fmt) and suffix != "weight", reblock=reblock if is_scale else (1, 1))
+    if param.dtype == torch.float32 and fmt.tensor_itemsize(suffix) == 2:
+        # a format whose scales ship in 2 bytes: load_packed keeps them as shipped, so a plan built on meta
+        # counts 2 bytes an element, not the float32 placeholder's 4 (dgpp.quant.resident)
+        param.loaded_itemsize = 2
     return param

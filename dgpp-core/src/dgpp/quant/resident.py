@@ -13,7 +13,8 @@ BF12_FACTOR = {"checkpoint": 1.0, "bf12": 0.75, "bf12+bf16": 1.75}
 
 
 def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint") -> int:
-    """Bytes of ``module``'s (unique) parameters, with the bf12 repacking ``engine.bf16_weights`` applies."""
+    """Bytes of ``module``'s (unique) parameters as loaded, with the bf12 repacking ``engine.bf16_weights``
+    applies."""
     total = 0.0
     bf12_eligible = {
         id(m.weight) for m in module.modules()
@@ -21,6 +22,7 @@ def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint") -> int:
         and m.weight.dtype == torch.bfloat16 and m.weight.shape[1] % 1024 == 0
     }
     for p in module.parameters():
-        size = p.numel() * p.element_size()
+        # on meta, a packed scale that loads in its shipped 2-byte dtype counts 2 bytes (dgpp.quant.params)
+        size = p.numel() * (getattr(p, "loaded_itemsize", p.element_size()) if p.is_meta else p.element_size())
         total += size * (BF12_FACTOR[bf16_weights] if id(p) in bf12_eligible else 1.0)
     return int(total)
