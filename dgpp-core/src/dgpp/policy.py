@@ -41,7 +41,7 @@ class ExecPolicy:
     exact_prefill_tile: bool = True  # DGPP_EXACT_PREFILL_TILE=0: prefill-size fixed-order calls keep the GEMV tiles
     # DGPP_EXACT_GROUP_ROWS: prefill chunks of at most this many rows take the fixed-order linears together in one
     # call per weight (0: every chunk in cuBLAS calls of its own); dgpp.nn.exact.routing
-    exact_group_rows: int = 1024
+    exact_group_rows: int = 256
     exact_splits: int = 32  # DGPP_EXACT_SPLITS: pinned split count of the canonical decode attention
     overlap_steps: bool = True  # DGPP_OVERLAP=0: no overlapped decode steps on a GPU (dgpp.sched.overlap; A/B)
 

@@ -6,9 +6,9 @@ hundred rows it runs the decode GEMV's own kernels (``dgpp.kernels.gemv``) over 
 weight once per 64 rows. These kernels compute each output element exactly as the GEMV does (the whole K loop
 in one program, ``BK``-wide steps in ascending order, ``acc += dot(x, w^T)`` into one fp32 MMA accumulator,
 which Triton folds into the MMA's accumulator operand, so the chain of k-steps is the same whatever ``BK``,
-``BM`` and ``BN`` are) in tiles sized for throughput: 128 x 256 (128 x 128 for gate/up, which holds two
-accumulators), 8 warps, a deep pipeline, and programs ordered in groups of ``GROUP_M`` row blocks so the
-weight tiles they share stay in L2. ``tests/perf/check_exact_cuda.py`` compares them with the decode GEMV's
+``BM`` and ``BN`` are) in tiles sized for throughput (256 x 128 at thousands of rows, 128 x 128 for gate/up,
+which holds two accumulators; narrower for a few hundred rows), a deep pipeline, and programs ordered in groups
+of ``GROUP_M`` row blocks so the weight tiles they share stay in L2. ``tests/perf/check_exact_cuda.py`` compares them with the decode GEMV's
 rows bit for bit on the GPU.
 
 Rows past ``m`` load row ``m - 1`` (an in-bounds clamp instead of a mask, so the loads stay unmasked): a row's
@@ -22,12 +22,13 @@ import torch
 from dgpp.kernels._triton import tl, triton
 from dgpp.kernels.gemv import _segment
 
-# (BM, BN, BK, warps, stages, GROUP_M) by row count; H200 sweeps of tests/perf/bench_prefill_gemm.py (2026-12-02):
-# from 1,024 rows 256 x 128 ran 578-612 TFLOP/s on the 8B shapes (cuBLAS 628-726), 128 x 256 475-558
-LINEAR_TILES = ((1024, (256, 128, 64, 8, 3, 8)), (0, (128, 128, 64, 8, 4, 8)))
-# gate/up holds two accumulators: 128 x 128 ran 553-591 TFLOP/s (cuBLAS + SwiGLU 624-646)
+# (BM, BN, BK, warps, stages, GROUP_M) by row count; H200 sweeps of tests/perf/bench_prefill_gemm.py (2026-12-02,
+# TFLOP/s on the 8B shapes): from 1,024 rows 256 x 128 (578-633; cuBLAS 631-726), from 384 rows 128 x 128 (382-573
+# at 384-768), below 128 x 64 with 4 warps (145-184 at 128 rows against cuBLAS's 111-311, 282-350 at 256)
+LINEAR_TILES = ((1024, (256, 128, 64, 8, 3, 8)), (384, (128, 128, 64, 8, 4, 8)), (0, (128, 64, 64, 4, 4, 8)))
+# gate/up holds two accumulators: 128 x 128 ran 368 / 457 / 566 / 553 TFLOP/s at 128 / 256 / 512 / 8,192 rows
+# (cuBLAS + SwiGLU 355 / 430 / 605 / 646)
 GATE_UP_TILES = ((0, (128, 128, 64, 8, 4, 8)),)
-
 
 def linear_tile(m: int) -> tuple[int, ...]:
     """The linear tile for ``m`` rows (a tile changes no row's bits, so it may follow the call)."""

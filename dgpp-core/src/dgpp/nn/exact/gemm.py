@@ -32,7 +32,9 @@ from dgpp.policy import current
 WIDE_ROWS = 256  # from this many rows on, the output tile widens to WIDE_BN
 WIDE_BN = 128
 GATE_UP_TILE = (128, 4)  # (BK, stages) the stock gate/up launch uses
-PREFILL_ROWS = 512  # from this many rows on, the prefill tiles (dgpp.kernels.gemm_prefill); H200 sweep
+# from this many rows on, the prefill tiles (dgpp.kernels.gemm_prefill): at 128 rows they ran 145-368 TFLOP/s on the
+# 8B shapes against 69-203 in the 64-row GEMV tiles (H200)
+PREFILL_ROWS = 128
 
 
 def _wide_tile(m: int, sizes: list[int], bk: int, stages: int, weight_tiles: int, elem: int,
