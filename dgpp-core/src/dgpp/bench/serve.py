@@ -204,8 +204,9 @@ def _wait_ready(proc: subprocess.Popen, base: str, log: Path, timeout: float = 6
     raise RuntimeError(f"dgpp serve not ready after {timeout:.0f} s")
 
 
-def _profile(pid: int, out_dir: str, case: Case) -> subprocess.Popen | None:
-    """py-spy (when installed) samples every thread of the server for a few seconds of the case's decode."""
+def _profile(pid: int, out_dir: str, case: Case, delay: float = 2.0) -> subprocess.Popen | None:
+    """py-spy (when installed) samples every thread of the server for 4 s from ``delay`` s after the case's
+    requests go out (the default: its decode; 0: the burst's admission and prefill too)."""
     exe = shutil.which("py-spy")
     if exe is None:
         print("--profile-dir: py-spy is not installed; no profile", flush=True)
@@ -227,7 +228,7 @@ def _profile(pid: int, out_dir: str, case: Case) -> subprocess.Popen | None:
         "--output",
         str(out),
     ]
-    return subprocess.Popen(["bash", "-c", 'sleep 2 && exec "$@"', "_", *cmd])
+    return subprocess.Popen(["bash", "-c", f'sleep {delay:g} && exec "$@"', "_", *cmd])
 
 
 def run_serve(args) -> int:
@@ -273,7 +274,7 @@ def run_serve(args) -> int:
             asyncio.run(drive(base, Case(width, sampled=True), warm, 8))
         for n, case in enumerate(cases):
             prompts = [word_prompt(args.prompt_tokens, vocab, 1000 * n + i) for i in range(case.streams)]
-            spy = _profile(proc.pid, args.profile_dir, case) if args.profile_dir and case.stream else None
+            spy = _profile(proc.pid, args.profile_dir, case, args.profile_delay) if args.profile_dir and case.stream else None
             stats = summarize(case, asyncio.run(drive(base, case, prompts, args.max_tokens)))
             if spy is not None:
                 spy.wait()
