@@ -25,12 +25,12 @@ from dgpp.nn.exact.gemm import fixed_order_gate_up_silu, fixed_order_linear
 from dgpp.policy import current
 
 DEV, BF16 = "cuda", torch.bfloat16
-ROW_COUNTS = (1, 2, 3, 8, 16, 17, 64, 65, 300)
+ROW_COUNTS = (1, 2, 3, 8, 16, 17, 64, 65, 300, 512, 1000)  # 512 on: the prefill tiles (nn.exact.gemm)
 ROW_BLOCKS = (64, 16)
 FAILS: list[str] = []
 # real sizes; --smoke shrinks them (fp32, CPU interpreter) so the script's logic is covered without a GPU
 SIZES = {"hidden": 4096, "inter": 12288, "kv": 1024, "vocab": 151936, "experts": 128, "ctx": 4096, "heads": (32, 8, 128),
-         "moe": (64, 2048, 768, 8), "time_rows": (1, 8, 64, 300, 4096), "batches": (1, 64)}
+         "moe": (64, 2048, 768, 8), "time_rows": (1, 8, 64, 300, 4096, 8192), "batches": (1, 64)}
 TIMING = {"on": True}
 
 
@@ -84,7 +84,9 @@ def check_linears() -> None:
             xm = torch.randn(m, k, device=DEV, dtype=BF16)
             t_stock = bench(lambda c: gemv.multi_linear(xm, c), copies)
             line = " ".join(f"BM{bm} {bench(lambda c: fixed_order_linear(xm, c, bm), copies):9.1f} us" for bm in ROW_BLOCKS)
-            print(f"time  linear {name:30s} M={m:5d} fixed {line}  stock {t_stock:9.1f} us", flush=True)
+            t_engine = bench(lambda c: fixed_order_linear(xm, c), copies)
+            print(f"time  linear {name:30s} M={m:5d} fixed {line} engine {t_engine:9.1f} us  stock {t_stock:9.1f} us",
+                  flush=True)
     wg, wu = (torch.randn(i, h, device=DEV, dtype=BF16) / h**0.5 for _ in range(2))
     x = torch.randn(max(ROW_COUNTS), h, device=DEV, dtype=BF16)
     for bm in ROW_BLOCKS:
@@ -98,7 +100,9 @@ def check_linears() -> None:
         t_stock = bench(lambda c: gemv.gate_up_silu(xm, *c), copies)
         line = " ".join(f"BM{bm} {bench(lambda c: fixed_order_gate_up_silu(xm, *c, bm), copies):9.1f} us"
                         for bm in ROW_BLOCKS)
-        print(f"time  gate_up_silu {h}->2x{i:<23d} M={m:5d} fixed {line}  stock {t_stock:9.1f} us", flush=True)
+        t_engine = bench(lambda c: fixed_order_gate_up_silu(xm, *c), copies)
+        print(f"time  gate_up_silu {h}->2x{i:<23d} M={m:5d} fixed {line} engine {t_engine:9.1f} us  stock {t_stock:9.1f} us",
+              flush=True)
 
 
 def check_attention() -> None:

@@ -34,4 +34,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     serve.add_argument("--checkpoint-dir", default="", help="where the random checkpoint is written (reused)")
     serve.add_argument("--server-pythonpath", default="", help="PYTHONPATH prepended for the server process")
     serve.add_argument("--profile-dir", default="", help="py-spy profiles of the server during streaming cases")
+    serve.add_argument("--profile-delay", type=float, default=2.0,
+                       help="seconds after a case's requests are sent before the profile starts (0: the burst itself)")
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")

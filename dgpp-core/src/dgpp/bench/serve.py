@@ -129,6 +129,17 @@ async def drive(base: str, case: Case, prompts: list[str], max_tokens: int) -> l
     return times
 
 
+async def staggered(base: str, case: Case, prompts: list[str], first: int = 4) -> None:
+    """A burst whose first ``first`` requests arrive ahead of the rest: they are admitted alone and are decoding
+    when the others arrive, so the others' prefill shares a step with decode rows. A warm-up: that step mix runs
+    kernel variants (prefill tile classes, the decode attention of decode rows beside prefill chunks) a burst
+    admitted at once never does, and the first run of each variant compiles it."""
+    early = asyncio.ensure_future(drive(base, Case(first, case.sampled), prompts[:first], 32))
+    await asyncio.sleep(0.1)
+    await drive(base, Case(len(prompts) - first, case.sampled), prompts[first:], 8)
+    await early
+
+
 def summarize(case: Case, times: list[StreamTimes]) -> dict[str, float]:
     start = min(t.sent for t in times)
     end = max(t.done for t in times)
@@ -204,8 +215,9 @@ def _wait_ready(proc: subprocess.Popen, base: str, log: Path, timeout: float = 6
     raise RuntimeError(f"dgpp serve not ready after {timeout:.0f} s")
 
 
-def _profile(pid: int, out_dir: str, case: Case) -> subprocess.Popen | None:
-    """py-spy (when installed) samples every thread of the server for a few seconds of the case's decode."""
+def _profile(pid: int, out_dir: str, case: Case, delay: float = 2.0) -> subprocess.Popen | None:
+    """py-spy (when installed) samples every thread of the server for 4 s from ``delay`` s after the case's
+    requests go out (the default: its decode; 0: the burst's admission and prefill too)."""
     exe = shutil.which("py-spy")
     if exe is None:
         print("--profile-dir: py-spy is not installed; no profile", flush=True)
@@ -227,7 +239,7 @@ def _profile(pid: int, out_dir: str, case: Case) -> subprocess.Popen | None:
         "--output",
         str(out),
     ]
-    return subprocess.Popen(["bash", "-c", 'sleep 2 && exec "$@"', "_", *cmd])
+    return subprocess.Popen(["bash", "-c", f'sleep {delay:g} && exec "$@"', "_", *cmd])
 
 
 def run_serve(args) -> int:
@@ -269,11 +281,14 @@ def run_serve(args) -> int:
         _wait_ready(proc, base, workdir / "server.log")
         warm = [word_prompt(args.prompt_tokens, vocab, 10_000 + i) for i in range(width)]
         asyncio.run(drive(base, Case(width), warm, 8))  # graphs captured, prefill shapes compiled
+        if width > 4:  # a burst admitted over two ticks: the step mix of decode rows beside prefill chunks
+            asyncio.run(staggered(base, Case(width), [word_prompt(args.prompt_tokens, vocab, 20_000 + i)
+                                                      for i in range(width)]))
         if any(c.sampled for c in cases):  # the sampling kernels compiled before a sampled case's burst
             asyncio.run(drive(base, Case(width, sampled=True), warm, 8))
         for n, case in enumerate(cases):
             prompts = [word_prompt(args.prompt_tokens, vocab, 1000 * n + i) for i in range(case.streams)]
-            spy = _profile(proc.pid, args.profile_dir, case) if args.profile_dir and case.stream else None
+            spy = _profile(proc.pid, args.profile_dir, case, args.profile_delay) if args.profile_dir and case.stream else None
             stats = summarize(case, asyncio.run(drive(base, case, prompts, args.max_tokens)))
             if spy is not None:
                 spy.wait()

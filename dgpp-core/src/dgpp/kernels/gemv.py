@@ -56,12 +56,9 @@ def _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, cols, BM: tl.constexpr, B
     return acc
 
 
-@triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (dgpp.nn.exact.gemm)
-def _multi_linear_kernel(
-    x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, x_stride, out_stride,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
-):
-    start = tl.program_id(0) * BN  # segments are BN-aligned, so a block never straddles two weights
+@triton.jit
+def _segment(start, w0_ptr, w1_ptr, w2_ptr, n0, n1):
+    """The weight that output column ``start`` of ``[w0 | w1 | w2]`` falls in, and the column within it."""
     w_ptr = w0_ptr
     local = start
     if start >= n0 + n1:
@@ -70,6 +67,16 @@ def _multi_linear_kernel(
     elif start >= n0:
         w_ptr = w1_ptr
         local = start - n0
+    return w_ptr, local
+
+
+@triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (dgpp.nn.exact.gemm)
+def _multi_linear_kernel(
+    x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, x_stride, out_stride,
+    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+):
+    start = tl.program_id(0) * BN  # segments are BN-aligned, so a block never straddles two weights
+    w_ptr, local = _segment(start, w0_ptr, w1_ptr, w2_ptr, n0, n1)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)  # grid axis 1: row blocks (one for decode calls)
     acc = _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, local + tl.arange(0, BN), BM, BN, BK, PRECISION)
     out_cols = start + tl.arange(0, BN)

@@ -23,7 +23,12 @@ from dgpp.policy import current
 class StepRoute:
     """One step's routing: ``per_row`` (every row canonical; multi-row sequences run row by row), or the
     canonical (decode) rows' indices ``exact_rows`` (device) and each bulk (prefill-chunk) sequence's row range
-    ``bulk_ranges`` of a step with prefill chunks."""
+    ``bulk_ranges`` of a step with prefill chunks.
+
+    For dense linears a chunk's kernel may follow its own length: chunks of at most the policy's
+    ``exact_group_rows`` rows join the decode rows in the fixed-order kernel (one call over all of them),
+    longer chunks keep calls of their own. ``long_ranges`` are the latter's row ranges; ``fixed_rows`` the rows
+    of the former (device), None when every row of the step is one (no long chunk) or none is."""
 
     num_tokens: int
     per_row: bool
@@ -36,6 +41,8 @@ class StepRoute:
     bulk_rows: torch.Tensor | None = None
     bulk_seq_index: torch.Tensor | None = None
     bulk_query_starts: torch.Tensor | None = None
+    long_ranges: tuple[tuple[int, int], ...] = ()
+    fixed_rows: torch.Tensor | None = None
 
     @property
     def all_exact(self) -> bool:
@@ -46,9 +53,11 @@ class StepRoute:
         return not self.per_row and not self.exact_seqs
 
 
-def route_for(q_lens: list[int], device: torch.device | str, *, per_row: bool = False) -> StepRoute:
+def route_for(q_lens: list[int], device: torch.device | str, *, per_row: bool = False,
+              group_rows: int | None = None) -> StepRoute:
     """The route of a step whose sequences have ``q_lens`` rows (host list: no device sync); ``per_row``: every
-    row canonical (a speculative verify, or ``batch_invariant``)."""
+    row canonical (a speculative verify, or ``batch_invariant``); ``group_rows`` overrides the policy's
+    ``exact_group_rows`` (the longest chunk whose linears join the fixed-order call)."""
     total = sum(q_lens)
     if per_row or all(n == 1 for n in q_lens):
         return StepRoute(total, per_row=True)
@@ -58,11 +67,19 @@ def route_for(q_lens: list[int], device: torch.device | str, *, per_row: bool = 
     for n in q_lens:
         starts.append(starts[-1] + n)
     ranges = tuple((starts[i], starts[i + 1]) for i in bulk_seqs)
-    if not exact_seqs:
-        return StepRoute(total, False, None, exact_seqs, bulk_seqs, ranges)
 
     def index(values: list[int], dtype: torch.dtype = torch.int64) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    group = current().exact_group_rows if group_rows is None else group_rows
+    long_ranges = tuple((a, b) for a, b in ranges if b - a > group)
+    fixed_rows = None
+    if long_ranges and len(long_ranges) < len(q_lens):  # some rows fixed, some in long chunks: their indices
+        short = [i for i, n in enumerate(q_lens) if n == 1 or n <= group]
+        fixed_rows = index([r for i in short for r in range(starts[i], starts[i + 1])])
+    if not exact_seqs:
+        return StepRoute(total, False, None, exact_seqs, bulk_seqs, ranges, long_ranges=long_ranges,
+                         fixed_rows=fixed_rows)
 
     query_starts = [0]
     for a, b in ranges:
@@ -71,6 +88,7 @@ def route_for(q_lens: list[int], device: torch.device | str, *, per_row: bool = 
         total, False, index([starts[i] for i in exact_seqs]), exact_seqs, bulk_seqs, ranges,
         exact_seq_index=index(list(exact_seqs)), bulk_rows=index([r for a, b in ranges for r in range(a, b)]),
         bulk_seq_index=index(list(bulk_seqs)), bulk_query_starts=index(query_starts, torch.int32),
+        long_ranges=long_ranges, fixed_rows=fixed_rows,
     )
 
 

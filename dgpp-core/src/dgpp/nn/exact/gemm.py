@@ -14,12 +14,15 @@ What may change with ``M`` without changing a row's bits: the grid, and ``BN`` (
 prefill-size calls re-reads x and the weight fewer times; each output element's sum over K is the same
 chain of k-steps whatever the tile's width, as ``gemv._tile`` notes). ``DGPP_EXACT_WIDE_BN=0`` keeps the
 decode ``BN`` for every ``M`` should the GPU check (``tests/perf/check_exact_cuda.py``) ever show otherwise.
+From ``PREFILL_ROWS`` rows on (a burst of short prompts in one call: ``dgpp.nn.exact.routing``) the calls take
+``dgpp.kernels.gemm_prefill``: the same per-element chain in GEMM-size tiles.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dgpp.kernels import gemm_prefill
 from dgpp.kernels.gemv import MAX_ROWS, _tile, gate_up_silu_triton, multi_linear_triton
 from dgpp.policy import current
 
@@ -29,6 +32,9 @@ from dgpp.policy import current
 WIDE_ROWS = 256  # from this many rows on, the output tile widens to WIDE_BN
 WIDE_BN = 128
 GATE_UP_TILE = (128, 4)  # (BK, stages) the stock gate/up launch uses
+# from this many rows on, the prefill tiles (dgpp.kernels.gemm_prefill): at 128 rows they ran 145-368 TFLOP/s on the
+# 8B shapes against 69-203 in the 64-row GEMV tiles (H200)
+PREFILL_ROWS = 128
 
 
 def _wide_tile(m: int, sizes: list[int], bk: int, stages: int, weight_tiles: int, elem: int,
@@ -40,6 +46,10 @@ def _wide_tile(m: int, sizes: list[int], bk: int, stages: int, weight_tiles: int
             and all(n % WIDE_BN == 0 for n in sizes)):
         return WIDE_BN, bk, stages
     return None
+
+
+def _prefill_size(x: torch.Tensor, sizes: list[int], tile: tuple[int, ...]) -> bool:
+    return x.shape[0] >= PREFILL_ROWS and current().exact_prefill_tile and gemm_prefill.prefill_tile_applies(x, sizes, tile)
 
 
 def fixed_order_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
@@ -66,6 +76,8 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: 
         # tiles tuned per row class: 8B decode at batch 1 spent 3.3 ms/step in the 64-row fixed tile, 2.2 there
         return multi_linear_triton(x, weights)
     sizes = [w.shape[0] for w in weights]
+    if row_block is None and _prefill_size(x, sizes, gemm_prefill.linear_tile(x.shape[0])):
+        return gemm_prefill.prefill_linear(x, weights)
     _, bk, stages = _tile(sum(sizes), x.shape[1], bm)
     tile = _wide_tile(x.shape[0], sizes, bk, stages, 1, x.element_size(), bm)
     return multi_linear_triton(x, weights, tile=tile, bm=bm)
@@ -80,5 +92,7 @@ def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.
                          f"up {tuple(w_up.shape)}")
     if row_block is None and x.shape[0] <= MAX_ROWS:  # same bits, tuned tiles (see fixed_order_linear)
         return gate_up_silu_triton(x, w_gate, w_up)
+    if row_block is None and _prefill_size(x, [w_gate.shape[0]], gemm_prefill.gate_up_tile(x.shape[0])):
+        return gemm_prefill.prefill_gate_up_silu(x, w_gate, w_up)
     tile = _wide_tile(x.shape[0], [w_gate.shape[0]], *GATE_UP_TILE, 2, x.element_size(), bm)
     return gate_up_silu_triton(x, w_gate, w_up, tile=tile, bm=bm)

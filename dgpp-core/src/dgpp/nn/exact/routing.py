@@ -23,6 +23,12 @@ the decode rows or the other prompts' chunks sharing the step, so spec on / off 
 give the same prompt rows. (Costs a weight read per prefilling sequence per step: see the docs.) ``DGPP_EXACT=0`` turns the
 routing off (the previous dispatch, for A/B timing).
 
+Dense linears go one step further (``grouped`` below): the kernel of a chunk's rows is a function of the
+chunk's own length, so chunks of at most ``exact_group_rows`` rows (the policy's; a burst of short prompts)
+take the fixed-order kernel, whose rows do not depend on the call, in ONE call together with the decode rows;
+longer chunks keep cuBLAS calls of their own (a lone long prompt keeps cuBLAS speed). A burst of 64 x 128-token
+prompts then reads each weight once per layer instead of 64 times.
+
 The route itself (which rows are canonical this step) is the engine's, on the step's batch: ``dgpp.step.route``.
 """
 
@@ -65,27 +71,32 @@ BulkChunks = Callable[[torch.Tensor, tuple[tuple[int, int], ...]], "list[torch.T
 
 def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tensor]],
                bulk: Callable[[torch.Tensor], list[torch.Tensor]],
-               bulk_chunks: BulkChunks | None = None) -> list[torch.Tensor] | None:
+               bulk_chunks: BulkChunks | None = None, *, grouped: bool = False) -> list[torch.Tensor] | None:
     """Split ``x``'s rows by the current step's route: ``exact(rows)`` for canonical rows, ``bulk(rows)`` for
     the rest (computed over the bulk rows only). None when no route is set (the caller's own path).
 
     ``bulk_chunks(x, ranges)``, when given, computes every prefill chunk's rows at once into full-height outputs
     (each chunk still in calls of its own, written in place: the same products ``bulk`` makes, without a copy
-    per chunk and output); it may return None to leave the chunks to ``bulk``."""
+    per chunk and output); it may return None to leave the chunks to ``bulk``. ``grouped``: ``exact`` is fast at
+    prefill size (the dense fixed-order kernel), so the rows of short chunks join the canonical rows' call and
+    only the route's ``long_ranges`` go to ``bulk``."""
     route = current_route()
     if route is None:
         return exact(x) if current().batch_invariant else None
     if x.shape[0] != route.num_tokens or route.all_exact:  # a row set of its own (e.g. logits rows): canonical
         return exact(x)
-    if route.none_exact and len(route.bulk_ranges) == 1:
+    ranges, rows = (route.long_ranges, route.fixed_rows) if grouped else (route.bulk_ranges, route.exact_rows)
+    if not ranges:  # decode rows and short chunks only: one fixed-order call over the step
+        return exact(x)
+    if rows is None and len(ranges) == 1 and ranges[0] == (0, x.shape[0]):
         return bulk(x)
-    exact_out = exact(x.index_select(0, route.exact_rows)) if route.exact_rows is not None else None
-    merged = bulk_chunks(x, route.bulk_ranges) if bulk_chunks is not None else None
+    exact_out = exact(x.index_select(0, rows)) if rows is not None else None
+    merged = bulk_chunks(x, ranges) if bulk_chunks is not None else None
     if merged is None:
-        merged = _merged_bulk(x, route.bulk_ranges, bulk, exact_out)
+        merged = _merged_bulk(x, ranges, bulk, exact_out)
     if exact_out is not None:
         for out, part in zip(merged, exact_out, strict=True):
-            out.index_copy_(0, route.exact_rows, part)
+            out.index_copy_(0, rows, part)
     return merged
 
 
@@ -115,7 +126,7 @@ def routed_linears(x: torch.Tensor, weights: list[torch.Tensor], bulk: Callable[
     def chunks(rows: torch.Tensor, ranges: tuple[tuple[int, int], ...]) -> list[torch.Tensor] | None:
         return chunk_linears(rows, weights, ranges) if bias is None else None
 
-    return route_rows(x, exact, bulk, chunks)
+    return route_rows(x, exact, bulk, chunks, grouped=True)
 
 
 def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
@@ -136,7 +147,8 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
         gate, up = fixed_linear(rows, [w_gate, w_up])
         return [kernels.silu_mul_pair(gate, up)]
 
-    out = route_rows(x, exact, lambda rows: [bulk(rows)], lambda rows, ranges: chunk_gate_up_silu(rows, w_gate, w_up, ranges))
+    out = route_rows(x, exact, lambda rows: [bulk(rows)], lambda rows, ranges: chunk_gate_up_silu(rows, w_gate, w_up, ranges),
+                     grouped=True)
     return None if out is None else out[0]
 
 
