@@ -35,7 +35,8 @@ class _StopAfterFirstTick:
         raise RuntimeError("first tick recorded")
 
 
-def _first_tick_size(gather_ms: int, gather_max_ms: int, arrivals: int, gap_s: float) -> int:
+def _recording_loop(gather_ms: int, gather_max_ms: int) -> tuple[StepLoop, list[int], threading.Event]:
+    """A started step loop whose first tick records how many requests it admitted (then its step fails)."""
     conf = scheduler_config(block_size=4, chunk_tokens=8, max_concurrency=64)
     pool = BlockPool(256, 4)
     sched = Scheduler(
@@ -51,14 +52,21 @@ def _first_tick_size(gather_ms: int, gather_max_ms: int, arrivals: int, gap_s: f
 
     loop.before_tick = record
     loop.start()
+    return loop, sizes, first
+
+
+def _request(i: int) -> list[Sequence]:
+    p = SamplingParams(temperature=0.0, max_tokens=2)
+    return [Sequence(f"r{i}", 0, [1, 2, 3], p, ChoiceSampler(p, VOCAB, [1, 2, 3]), lambda s, ev: None)]
+
+
+def _first_tick_size(gather_ms: int, gather_max_ms: int, arrivals: int, gap_s: float) -> int:
+    loop, sizes, first = _recording_loop(gather_ms, gather_max_ms)
     try:
-        p = SamplingParams(temperature=0.0, max_tokens=2)
         for i in range(arrivals):
             if first.is_set():
                 break
-            loop.submit(
-                [Sequence(f"r{i}", 0, [1, 2, 3], p, ChoiceSampler(p, VOCAB, [1, 2, 3]), lambda s, ev: None)]
-            )
+            loop.submit(_request(i))
             time.sleep(gap_s)
         assert first.wait(10)
     finally:
@@ -74,6 +82,22 @@ def test_a_burst_longer_than_the_quiet_gap_is_admitted_in_one_tick():
 def test_the_hold_ends_at_its_cap_however_requests_keep_arriving():
     # arrivals 10 ms apart for 300 ms; the hold stops at 120 ms
     assert _first_tick_size(50, 120, arrivals=30, gap_s=0.01) < 30
+
+
+def test_the_hold_waits_for_a_request_announced_on_its_way():
+    """``expect`` (a request being read and tokenized on the event loop) keeps the idle engine holding past the
+    quiet gap until that request is submitted."""
+    loop, sizes, first = _recording_loop(5, 5000)
+    try:
+        loop.expect()
+        loop.submit(_request(0))
+        time.sleep(0.2)  # 40 quiet gaps: without the announcement the first tick took request 0 alone
+        loop.submit(_request(1))
+        loop.unexpect()
+        assert first.wait(10)
+    finally:
+        loop.stop()
+    assert sizes[0] == 2
 
 
 @pytest.fixture(scope="module")
@@ -101,3 +125,17 @@ def test_short_prompts_are_tokenized_on_the_event_loop_long_ones_in_the_pool(bac
     assert asyncio.run(backend.prepare_text(short)) == expected
     with pytest.raises(RuntimeError, match="preparation pool"):
         asyncio.run(backend.prepare_text("x" * (INLINE_PREP_CHARS + 1)))
+
+
+def test_every_announcement_is_released_answered_or_refused(backend):
+    """A refused request (400) and an answered one leave no announcement behind: a leaked one would hold every
+    later idle admission for ``admission_gather_max_ms``."""
+    from litestar.testing import TestClient
+
+    from dgpp.serve.app import build_app
+
+    with TestClient(build_app(backend)) as client:
+        bad = client.post("/v1/completions", json={"model": backend.model_id, "prompt": "hi", "temperature": -1})
+        good = client.post("/v1/completions", json={"model": backend.model_id, "prompt": "hello", "max_tokens": 2})
+    assert bad.status_code == 400 and good.status_code == 200
+    assert backend.loop._expected == 0

@@ -20,6 +20,7 @@ from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull
 from dgpp.sched.step_loop import StepLoop, StepLoopFailed
+from dgpp.serve.arrivals import submitted
 from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.event_relay import EventRelay
 from dgpp.text.errors import GrammarError, TextError
@@ -296,6 +297,7 @@ class Backend:
                                         constraint=constraint if m else None))
         try:
             self.loop.submit(handle.seqs)
+            submitted()  # an idle engine's admission hold no longer waits for this request (serve/arrivals.py)
         except QueueFull as e:
             raise overloaded(f"server overloaded: {e}") from None
         except StepLoopFailed as e:
