@@ -33,7 +33,8 @@ class StepLoop:
     """Owns a ``Scheduler`` on a daemon thread; thread-safe ``submit`` / ``cancel``."""
 
     def __init__(self, scheduler: Scheduler, stats_interval_s: float, *,
-                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float) -> None:
+                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float,
+                 gather_max_ms: float = 0.0) -> None:
         self.scheduler = scheduler
         self.failed: str | None = None
         self.requests_shed = 0
@@ -48,6 +49,9 @@ class StepLoop:
         self.published_at = time.monotonic()
         self._stats_line = StatsLine(scheduler, stats_interval_s)
         self._gather_s = gather_ms / 1000.0
+        self._gather_max_s = max(gather_ms, gather_max_ms) / 1000.0
+        self._last_submit = 0.0
+        self._expected = 0  # requests announced by ``expect`` and not yet submitted or dropped
         # tensor parallelism (dgpp.dist): rank 0 journals each tick's inputs before it runs, and a
         # failure seen off the step loop thread (a peer died) ends the step loop through ``fail``
         self.before_tick: Callable[[list[list[Sequence]], list[tuple[str, RetireReason]]], None] | None = None
@@ -80,6 +84,19 @@ class StepLoop:
                 self.requests_shed += 1
                 raise QueueFull(f"{waiting} requests waiting; engine.queue_limit is {self.scheduler.config.queue_limit}")
             self._inbox.append(seqs)
+            self._last_submit = time.monotonic()
+            self._cond.notify()
+
+    def expect(self) -> None:
+        """A request is on its way to ``submit`` (read, being validated and tokenized): an idle engine's
+        admission hold (``_gather``) waits for it. Every ``expect`` is matched by one ``unexpect``."""
+        with self._cond:
+            self._expected += 1
+
+    def unexpect(self) -> None:
+        """The request announced by ``expect`` was submitted, or will not be."""
+        with self._cond:
+            self._expected -= 1
             self._cond.notify()
 
     def cancel(self, request_id: str, reason: RetireReason = RetireReason.CANCELLED) -> None:
@@ -155,11 +172,20 @@ class StepLoop:
         self._inbox = []
 
     def _gather(self) -> None:
-        """engine.admission_gather_ms: the first arrival at an idle engine waits a moment, so a burst of
-        requests is admitted (and prefilled) together instead of one tick apart. Called holding the lock."""
-        deadline = time.monotonic() + self._gather_s
-        while not self._stop and (left := deadline - time.monotonic()) > 0:
-            self._cond.wait(timeout=left)
+        """engine.admission_gather_ms / admission_gather_max_ms: an idle engine holds its first arrival until
+        no request has arrived for ``gather_ms`` and none announced by ``expect`` is still on its way (or
+        ``gather_max_ms`` have passed), so a burst is admitted and
+        prefilled in one step instead of a few of its requests in a step of their own and the rest a step later:
+        the burst's requests reach the engine over tens of milliseconds (each is read, validated and tokenized
+        on the event loop), while the first step, once launched, delays every later one. Called holding the lock."""
+        cap = time.monotonic() + self._gather_max_s
+        while not self._stop:
+            now = time.monotonic()
+            quiet = self._last_submit + self._gather_s - now
+            if now >= cap or (quiet <= 0 and not self._expected):
+                return
+            # a request announced by ``expect`` ends the wait when it is submitted (``submit`` notifies)
+            self._cond.wait(timeout=min(cap - now, quiet) if quiet > 0 else cap - now)
 
     def _publish(self) -> None:
         if self._snapshot_fn is not None:

@@ -100,7 +100,8 @@ def assemble(
     scheduler.overlap_steps = (current().overlap_steps and speculative is None
                                and bool(getattr(runner, "overlaps_decode", False)))
     loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
-                      gather_ms=engine_cfg.admission_gather_ms)
+                      gather_ms=engine_cfg.admission_gather_ms,
+                      gather_max_ms=engine_cfg.admission_gather_max_ms)
     if start_loop:
         loop.start()
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=sizes.kv_tokens)

@@ -14,10 +14,12 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from dgpp.sched.request import RetireReason
+from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import ServedChoice
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
-from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
+from dgpp.serve.errors import APIError, log_error, request_id_of, unsupported
+from dgpp.serve.http_guard import content_length
 from dgpp.serve.legacy import LegacyPrompt, best_of, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
     DONE,
@@ -43,6 +45,7 @@ async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Back
 
 
 @post("/v1/chat/completions", status_code=200)
+@announced(lambda request: _backend(request).loop)
 async def chat_completions(request: Request) -> Response | Stream:
     req, raw, backend = await _read(request, ChatCompletionRequest)
     params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
@@ -56,6 +59,7 @@ async def chat_completions(request: Request) -> Response | Stream:
 
 
 @post("/v1/completions", status_code=200)
+@announced(lambda request: _backend(request).loop)
 async def completions(request: Request) -> Response | Stream:
     req, raw, backend = await _read(request, CompletionRequest)
     n = req.n or 1
@@ -207,14 +211,9 @@ async def _stream(backend: Backend, handle: RequestHandle, outputs: list[ServedC
 
 
 def reject_body_too_large(request: Request, max_body_bytes: int) -> None:
-    """413 from Content-Length, before the body is read or tokenized."""
-    length = request.headers.get("content-length")
-    if length is None:
-        return
-    try:
-        size = int(length)
-    except ValueError:
-        raise invalid("Content-Length is not a number", None) from None
-    if size > max_body_bytes:
+    """413 from Content-Length, before the body is read or tokenized. Read from the raw ASGI headers: building
+    ``request.headers`` cost more than the rest of this check for every request of a burst."""
+    size = content_length(request.scope)
+    if size is not None and size > max_body_bytes:
         raise APIError(413, f"request body of {size} bytes exceeds http.max_body_bytes = {max_body_bytes}",
                        "request_too_large")

@@ -81,7 +81,7 @@ class BodyGuard:
         await self.app(scope, replay, send)
 
     async def _read(self, scope: dict, receive: Callable) -> bytes:
-        declared = _content_length(scope)
+        declared = content_length(scope)
         if declared is not None and declared > self.max_body_bytes:
             raise self._too_large(declared)
         chunks, size = [], 0
@@ -106,7 +106,7 @@ class BodyGuard:
         await send_error(send, err)
 
 
-def _content_length(scope: dict) -> int | None:
+def content_length(scope: dict) -> int | None:
     for name, value in scope.get("headers", ()):
         if name == b"content-length":
             try:
