@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.cache_spec import CompressedKV, WindowBuffer, WindowKV
 from dgpp.engine.loading import load_model
 from dgpp.nn.moe import RoutingConfig, TopKRouter
+from dgpp.plugin_api import CompressedKV, WindowBuffer, WindowKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4

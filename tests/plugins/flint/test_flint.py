@@ -10,8 +10,8 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.cache_spec import PagedKV, WindowKV
 from dgpp.engine.loading import load_model
+from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.flint import build_tiny_flint

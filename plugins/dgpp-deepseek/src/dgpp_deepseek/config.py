@@ -17,8 +17,8 @@ from typing import Any
 import torch
 
 from dgpp.checkpoint.config_keys import ConfigKeys
-from dgpp.errors import ConfigError
 from dgpp.nn.rotary import YarnScaling
+from dgpp.plugin_api import ConfigError
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 _RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from dgpp.checkpoint.config_keys import ConfigKeys
-from dgpp.errors import ConfigError
+from dgpp.plugin_api import ConfigError
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _WHERE = "flint config.json"

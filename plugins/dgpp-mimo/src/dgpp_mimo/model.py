@@ -15,9 +15,6 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.family import World
 from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP
@@ -27,6 +24,7 @@ from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.plugin_api import CacheSpec, ForwardBatch, World
 from dgpp_mimo.config import MimoArchConfig
 
 
