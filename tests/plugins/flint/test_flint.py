@@ -15,7 +15,7 @@ from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.flint import build_tiny_flint
-from dgpp.testing.generate import greedy_generate
+from dgpp.testing.suite import HybridConformance
 from dgpp_flint.model import FlintForCausalLM
 
 transformers.logging.set_verbosity_error()
@@ -49,42 +49,11 @@ def test_loads_both_attention_kinds_dense_and_moe_layers(fp32_pair):
     assert float(model.model.layers[0].self_attn.sinks.abs().min()) > 0  # loaded from softmax_offset
 
 
-def test_logits_match_transformers_prompts_shorter_and_longer_than_the_window(fp32_pair):
-    model, ref = fp32_pair
-    worst = conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, LENGTHS), rtol=1e-4)
-    assert worst < 1e-4
+class TestFlintConformance(HybridConformance):
+    """Prompts shorter and longer than the window; chunks shorter and longer than it are bit-identical to
+    one-shot (the ring gives each chunk exactly the keys the one-shot prompt had in place)."""
 
-
-def test_32_greedy_tokens_match_transformers_generate(fp32_pair):
-    model, ref = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (5, 19), seed=2)
-    conf.check_greedy(model, ref, prompts, max_new_tokens=32)
-    assert [len(t) for t in greedy_generate(model, prompts, 32)] == [32, 32]  # no early EOS: 32 compared
-
-
-def test_chunked_prefill_equals_one_shot(fp32_pair):
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (6, 27), seed=2)
-    conf.check_chunked_prefill(model, prompts, chunk_sizes=(1, 3, 16), max_new_tokens=10)
-
-
-def test_rows_bit_identical_chunked_batched_or_alone(fp32_pair):
-    """A chunk shorter than the window, one longer, and one row at a time: every row's logits are the same bits,
-    alone or batched (the ring gives each chunk exactly the keys the one-shot prompt had in place)."""
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (4, 23, 12, 1), seed=3)
-    conf.check_batch_invariance(model, prompts)
-    conf.check_chunk_invariance(model, prompts, chunk_sizes=(1, 5, 11))
-
-
-def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_mixed_batch(model, conf.make_prompts(model.info.vocab_size, (3, 17, 9), seed=4), max_new_tokens=12)
-
-
-def test_state_snapshot_restores_the_rings(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_state_snapshot(model, conf.make_prompts(model.info.vocab_size, (26,), seed=5)[0], split=16)
+    logits_lengths = LENGTHS
 
 
 def test_removing_the_sinks_breaks_the_match(fp32_pair):

@@ -1,0 +1,62 @@
+"""The conformance checks a hybrid family's fp32 tests run, as a pytest class to subclass (``conformance.py`` holds
+the checks themselves).
+
+A test module subclasses ``HybridConformance`` in a class named ``Test...`` and provides a fixture ``fp32_pair``
+(our model and transformers' for one tiny checkpoint); the class attributes set each check's prompt lengths,
+which a family picks around its own geometry (a sliding window, compression ratios, a GDN chunk). The seeds are
+fixed here, so two families with the same lengths run the same prompts.
+"""
+
+from __future__ import annotations
+
+from dgpp.testing import conformance as conf
+from dgpp.testing.generate import greedy_generate
+
+
+class HybridConformance:
+    """Logits and 32 greedy tokens against transformers; chunked prefill, mixed batches, bit-exact batch and chunk
+    invariance and the state snapshot against our own one-shot run."""
+
+    logits_lengths: tuple[int, ...] = (5, 23, 7, 30)
+    greedy_lengths: tuple[int, ...] = (5, 19)
+    chunked_lengths: tuple[int, ...] = (6, 27)
+    chunk_sizes: tuple[int, ...] = (1, 3, 16)
+    invariance_lengths: tuple[int, ...] = (4, 23, 12, 1)
+    invariance_chunk_sizes: tuple[int, ...] = (1, 5, 11)
+    mixed_lengths: tuple[int, ...] = (3, 17, 9)
+    snapshot_length: int = 26
+    snapshot_split: int = 16
+
+    def test_logits_match_transformers(self, fp32_pair):
+        model, ref = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.logits_lengths)
+        assert conf.check_logits(model, ref, prompts, rtol=1e-4) < 1e-4
+
+    def test_32_greedy_tokens_match_transformers_generate(self, fp32_pair):
+        model, ref = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.greedy_lengths, seed=2)
+        conf.check_greedy(model, ref, prompts, max_new_tokens=32)
+        assert [len(t) for t in greedy_generate(model, prompts, 32)] == [32] * len(prompts)  # no early EOS
+
+    def test_chunked_prefill_equals_one_shot(self, fp32_pair):
+        model, _ = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.chunked_lengths, seed=2)
+        conf.check_chunked_prefill(model, prompts, chunk_sizes=self.chunk_sizes, max_new_tokens=10)
+
+    def test_rows_bit_identical_chunked_batched_or_alone(self, fp32_pair):
+        model, _ = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.invariance_lengths, seed=3)
+        conf.check_batch_invariance(model, prompts)
+        conf.check_chunk_invariance(model, prompts, chunk_sizes=self.invariance_chunk_sizes)
+
+    def test_mixed_prefill_decode_batch_equals_solo(self, fp32_pair):
+        model, _ = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.mixed_lengths, seed=4)
+        conf.check_mixed_batch(model, prompts, max_new_tokens=12)
+
+    def test_state_snapshot_restores_the_state(self, fp32_pair):
+        """What a prefix-cache hit does: the state restored from a snapshot at the cut continues exactly as the
+        cold run."""
+        model, _ = fp32_pair
+        prompt = conf.make_prompts(model.info.vocab_size, (self.snapshot_length,), seed=5)[0]
+        conf.check_state_snapshot(model, prompt, split=self.snapshot_split)
