@@ -1,6 +1,6 @@
 """The skeleton of a pre-norm decoder-only language model: ``embed -> blocks -> final norm -> head``.
 
-Families whose blocks are plain pre-norm residuals (Flint, MiMo) build each block's norms, attention and MLP
+Families whose blocks are plain pre-norm residuals (Flint, MiMo, GLM-4.x) build each block's norms, attention and MLP
 and hand them to ``PreNormBlock``; ``PreNormCausalLM`` holds the stack and the head behind the engine's model
 contract. Attribute names are the checkpoints' (``model.embed_tokens``, ``model.layers.N.input_layernorm``,
 ``...self_attn``, ``...post_attention_layernorm``, ``...mlp``, ``model.norm``, ``lm_head``), so weights load by
@@ -65,10 +65,11 @@ class DecoderStack(nn.Module):
 class PreNormCausalLM(Model):
     """A ``DecoderStack`` and its head behind the model contract. ``forward`` keeps the post-final-norm hidden
     of every row when ``keep_hidden`` is on. ``hybrid``: some layer holds per-request state (a window ring, a
-    recurrent state), so the prefix cache attaches only where it holds a state snapshot."""
+    recurrent state), so the prefix cache attaches only where it holds a state snapshot. ``extra``: the family's
+    own facts for ``ModelInfo.extra`` (GLM: its MTP layer count)."""
 
     def __init__(self, cfg: DecoderLMConfig, stack: DecoderStack, *, dtype: torch.dtype, world: World, group=None,
-                 hybrid: bool = False) -> None:
+                 hybrid: bool = False, extra: dict | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
@@ -84,6 +85,7 @@ class PreNormCausalLM(Model):
             bos_token_id=cfg.bos_token_id,
             dtype=dtype,
             hybrid=hybrid,
+            extra=extra or {},
         )
 
     def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
