@@ -113,7 +113,7 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         if cfg.is_moe_layer(layer_idx) if moe is None else moe:
-            self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)  # type: ignore[arg-type]  # same MoE fields
+            self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)
         else:
             self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 

@@ -19,14 +19,14 @@ from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, PagedKV, World
-from dgpp_glm.config import Glm4MoeArchConfig
+from dgpp_glm.config import Glm4MoeArchConfig, GlmMoeFields
 
 
 def attention_cache_name(layer_idx: int) -> str:
     return f"layers.{layer_idx}.self_attn"
 
 
-def build_glm_moe(cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> SparseMoE:
+def build_glm_moe(cfg: GlmMoeFields, *, dtype: torch.dtype, world: World) -> SparseMoE:
     """GLM's MoE on the shared layer: fp32 sigmoid router, expert choice on score + correction bias
     within the best ``topk_group`` of ``n_group`` groups, weights = renormalized unbiased scores times
     ``routed_scaling_factor``; plus ``n_shared_experts`` ungated shared experts fused into one MLP."""
