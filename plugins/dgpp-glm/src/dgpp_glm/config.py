@@ -9,16 +9,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from dgpp.plugin_api import ConfigKeys
+from dgpp.plugin_api import CausalLMFields, ConfigKeys
 
 # Keys that change what the model computes and that this family does not implement when set.
 _MUST_BE_UNSET = ("rope_scaling", "sliding_window", "layer_types", "mlp_layer_types")
 
 
 @dataclass(frozen=True, kw_only=True)
-class GlmMoeFields:
+class GlmMoeFields(CausalLMFields):
     """What every GLM config carries: the stack's sizes, GLM's sigmoid-routed MoE (``build_glm_moe`` reads it),
     the MTP layer count, the head and the token ids (GLM-4.x's and GLM-5.3's configs add their attention)."""
 
@@ -31,7 +29,6 @@ class GlmMoeFields:
     rms_norm_eps: float
     attention_bias: bool
     rope_theta: float
-    max_position_embeddings: int
     n_routed_experts: int
     n_shared_experts: int
     num_experts_per_tok: int
@@ -40,10 +37,6 @@ class GlmMoeFields:
     norm_topk_prob: bool
     routed_scaling_factor: float
     num_mtp_layers: int
-    tie_word_embeddings: bool
-    dtype: torch.dtype
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
     quant_method: str | None = None  # e.g. 'modelopt' (NVFP4) for nvidia/GLM-4.7-NVFP4
 
 
@@ -97,11 +90,10 @@ def _quant_method(cfg: dict[str, Any]) -> str | None:
     return None if scheme is None else scheme.method
 
 
-def shared_fields(keys: ConfigKeys) -> dict[str, Any]:
+def shared_fields(keys: ConfigKeys, max_position: int) -> dict[str, Any]:
     """The ``GlmMoeFields`` that GLM-4.x and GLM-5.3 read by the same rules (each parser reads and checks the
-    rest: layer and head counts, expert groups, MTP layers, RoPE, the position limit)."""
-    if keys.cfg.get("hidden_act", "silu") != "silu":
-        raise keys.error(f"'hidden_act'={keys.cfg['hidden_act']!r} is not supported (only 'silu')")
+    rest: layer and head counts, expert groups, MTP layers, RoPE); ``max_position`` when config.json has none."""
+    keys.only("hidden_act", "silu")
     return {
         "vocab_size": keys.positive("vocab_size"),
         "hidden_size": keys.positive("hidden_size"),
@@ -112,10 +104,7 @@ def shared_fields(keys: ConfigKeys) -> dict[str, Any]:
         "n_shared_experts": keys.optional("n_shared_experts", int, 1),
         "norm_topk_prob": keys.optional("norm_topk_prob", bool, True),
         "routed_scaling_factor": keys.optional("routed_scaling_factor", float, 1.0),
-        "tie_word_embeddings": keys.optional("tie_word_embeddings", bool, False),
-        "dtype": keys.dtype(),
-        "eos_token_ids": keys.token_ids("eos_token_id"),
-        "bos_token_id": keys.cfg.get("bos_token_id"),
+        **keys.causal_lm_fields(max_position),
         "quant_method": _quant_method(keys.cfg),
     }
 
@@ -126,7 +115,7 @@ def parse_glm4_moe_config(cfg: dict[str, Any]) -> Glm4MoeArchConfig:
     for key in _MUST_BE_UNSET:
         if cfg.get(key) not in (None, {}, []):
             raise keys.error(f"{key!r}={cfg[key]!r} is not supported by dgpp-glm")
-    shared = shared_fields(keys)
+    shared = shared_fields(keys, max_position=131072)
     heads = keys.positive("num_attention_heads")
     kv_heads = keys.positive("num_key_value_heads")
     if heads % kv_heads:
@@ -162,7 +151,6 @@ def parse_glm4_moe_config(cfg: dict[str, Any]) -> Glm4MoeArchConfig:
         use_qk_norm=keys.optional("use_qk_norm", bool, False),
         rope_theta=theta,
         rotary_dim=rotary_dim,
-        max_position_embeddings=keys.positive("max_position_embeddings", 131072),
         first_k_dense_replace=first_dense,
         n_routed_experts=experts,
         num_experts_per_tok=top_k,

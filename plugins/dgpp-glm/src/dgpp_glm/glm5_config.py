@@ -101,7 +101,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, YarnScaling | None]:
 def parse_glm_moe_dsa_config(cfg: dict[str, Any]) -> GlmMoeDsaArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
     keys = ConfigKeys(cfg, _WHAT)
-    shared = shared_fields(keys)
+    shared = shared_fields(keys, max_position=202752)
     layers = keys.positive("num_hidden_layers")
     heads = keys.positive("num_attention_heads")
     if keys.optional("num_key_value_heads", int, heads) != heads:
@@ -140,7 +140,6 @@ def parse_glm_moe_dsa_config(cfg: dict[str, Any]) -> GlmMoeDsaArchConfig:
         v_head_dim=keys.positive("v_head_dim"),
         rope_theta=theta,
         yarn=yarn,
-        max_position_embeddings=keys.positive("max_position_embeddings", 202752),
         mlp_layer_types=mlp_types,
         indexer_types=indexer_types(cfg, layers),
         index_n_heads=keys.positive("index_n_heads", 32),
