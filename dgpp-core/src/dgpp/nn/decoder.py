@@ -9,7 +9,7 @@ name with no renaming.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.parallel import all_reduce
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.model import Model, ModelInfo
@@ -31,6 +32,24 @@ class DecoderLMConfig(Protocol):
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+
+
+class DenseOrMoEConfig(Protocol):
+    """What ``dense_or_moe`` reads from a family's typed config."""
+
+    hidden_size: int
+    intermediate_size: int
+
+    def is_moe_layer(self, layer_idx: int) -> bool: ...
+
+
+def dense_or_moe(cfg: DenseOrMoEConfig, layer_idx: int, moe: Callable[[], nn.Module], *, dtype: torch.dtype,
+                 world: World) -> nn.Module:
+    """Layer ``layer_idx``'s MLP: the family's ``moe()`` where ``cfg.is_moe_layer`` says so, else the dense SwiGLU
+    of ``intermediate_size``."""
+    if cfg.is_moe_layer(layer_idx):
+        return moe()
+    return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 
 
 class PreNormBlock(nn.Module):

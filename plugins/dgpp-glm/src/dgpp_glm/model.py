@@ -9,12 +9,12 @@ name-to-parameter walk.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from functools import partial
 
-from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM
+import torch
+
+from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_or_moe
 from dgpp.nn.gqa import GQAttention
-from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
@@ -68,10 +68,7 @@ class Glm4MoeDecoderLayer(PreNormBlock):
         input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self_attn = build_attention(cfg, cache_name, dtype=dtype, world=world)
         post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        if cfg.is_moe_layer(layer_idx):
-            mlp: nn.Module = build_glm_moe(cfg, dtype=dtype, world=world)
-        else:
-            mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
+        mlp = dense_or_moe(cfg, layer_idx, partial(build_glm_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world)
         super().__init__(input_layernorm, self_attn, post_attention_layernorm, mlp, world)
 
 
