@@ -18,21 +18,11 @@ from dgpp.plugin_api import CompressedKV, WindowBuffer, WindowKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
-from dgpp.testing.suite import HybridConformance
+from dgpp.testing.suite import HybridConformance, tiny_checkpoint_fixtures
 from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
 transformers.logging.set_verbosity_error()
-LENGTHS = (5, 23, 40, 9)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_deepseek_v4(tmp_path_factory.mktemp("deepseek_v4"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def fp32_pair(checkpoint):
-    return load_model(checkpoint), load_reference(checkpoint)
+checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_deepseek_v4, "deepseek_v4")
 
 
 def test_loads_every_layer_kind_and_its_caches(fp32_pair):
@@ -63,7 +53,7 @@ class TestDeepseekV4Conformance(HybridConformance):
     """Prompts far longer than the window (6) and the compression ratios (4, 8); the snapshot splits inside an HCA
     window and inside a CSA window, so it must carry the buffered rows."""
 
-    logits_lengths = LENGTHS
+    logits_lengths = (5, 23, 40, 9)
     greedy_lengths = (7, 26)
     chunked_lengths, chunk_sizes = (6, 33), (1, 3, 7)
     invariance_lengths = (4, 29, 13, 1)

@@ -15,24 +15,12 @@ from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.flint import build_tiny_flint
-from dgpp.testing.suite import HybridConformance
+from dgpp.testing.suite import HybridConformance, tiny_checkpoint_fixtures
 from dgpp_flint.model import FlintForCausalLM
 
 transformers.logging.set_verbosity_error()
 WINDOW = 8
-# 5 and 7 fit in the window; 23 and 30 run past it, so their late rows see neither the first keys nor, via the
-# ring, anything older than the window
-LENGTHS = (5, 23, 7, 30)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_flint(tmp_path_factory.mktemp("flint"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def fp32_pair(checkpoint):
-    return load_model(checkpoint), load_reference(checkpoint)
+checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_flint, "flint")
 
 
 def test_loads_both_attention_kinds_dense_and_moe_layers(fp32_pair):
@@ -52,8 +40,6 @@ def test_loads_both_attention_kinds_dense_and_moe_layers(fp32_pair):
 class TestFlintConformance(HybridConformance):
     """Prompts shorter and longer than the window; chunks shorter and longer than it are bit-identical to
     one-shot (the ring gives each chunk exactly the keys the one-shot prompt had in place)."""
-
-    logits_lengths = LENGTHS
 
 
 def test_removing_the_sinks_breaks_the_match(fp32_pair):

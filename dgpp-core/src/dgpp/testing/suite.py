@@ -2,21 +2,46 @@
 the checks themselves).
 
 A test module subclasses ``HybridConformance`` in a class named ``Test...`` and provides a fixture ``fp32_pair``
-(our model and transformers' for one tiny checkpoint); the class attributes set each check's prompt lengths,
+(our model and transformers' for one tiny checkpoint; ``tiny_checkpoint_fixtures`` makes it); the class attributes
+set each check's prompt lengths,
 which a family picks around its own geometry (a sliding window, compression ratios, a GDN chunk). The seeds are
 fixed here, so two families with the same lengths run the same prompts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
+from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate
+
+
+def tiny_checkpoint_fixtures(build: Callable[..., Path], name: str) -> tuple[Callable, Callable]:
+    """A test module's fixtures ``checkpoint`` (``build(dir, seed=0)``, once per module) and ``fp32_pair`` (our model
+    and transformers' loaded from it): ``checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_flint, "flint")``."""
+
+    @pytest.fixture(scope="module", name="checkpoint")
+    def checkpoint_fixture(tmp_path_factory):
+        return build(tmp_path_factory.mktemp(name), seed=0)
+
+    @pytest.fixture(scope="module", name="fp32_pair")
+    def fp32_pair_fixture(checkpoint):
+        return load_model(checkpoint), load_reference(checkpoint)
+
+    return checkpoint_fixture, fp32_pair_fixture
 
 
 class HybridConformance:
     """Logits and 32 greedy tokens against transformers; chunked prefill, mixed batches, bit-exact batch and chunk
     invariance and the state snapshot against our own one-shot run."""
 
+    # for a window of 8: 5 and 7 fit in it; 23 and 30 run past it, so their late rows see neither the first keys
+    # nor, via the ring, anything older than the window
     logits_lengths: tuple[int, ...] = (5, 23, 7, 30)
     greedy_lengths: tuple[int, ...] = (5, 19)
     chunked_lengths: tuple[int, ...] = (6, 27)
