@@ -1,11 +1,10 @@
-"""The conformance checks a hybrid family's fp32 tests run, as a pytest class to subclass (``conformance.py`` holds
-the checks themselves).
+"""The conformance checks a family's fp32 tests run, as pytest classes to subclass (``conformance.py`` holds the
+checks themselves).
 
-A test module subclasses ``HybridConformance`` in a class named ``Test...`` and provides a fixture ``fp32_pair``
-(our model and transformers' for one tiny checkpoint; ``tiny_checkpoint_fixtures`` makes it); the class attributes
-set each check's prompt lengths,
-which a family picks around its own geometry (a sliding window, compression ratios, a GDN chunk). The seeds are
-fixed here, so two families with the same lengths run the same prompts.
+A test module subclasses ``FamilyConformance`` (or ``HybridConformance``, which adds the state snapshot) in a
+class named ``Test...`` and provides a fixture ``fp32_pair`` (our model and transformers' for one tiny
+checkpoint; ``tiny_checkpoint_fixtures`` makes it). The class attributes set each check's prompts (lengths and
+seed) and lengths of run, which a family picks around its own geometry (a sliding window, compression ratios).
 """
 
 from __future__ import annotations
@@ -36,21 +35,23 @@ def tiny_checkpoint_fixtures(build: Callable[..., Path], name: str) -> tuple[Cal
     return checkpoint_fixture, fp32_pair_fixture
 
 
-class HybridConformance:
-    """Logits and 32 greedy tokens against transformers; chunked prefill, mixed batches, bit-exact batch and chunk
-    invariance and the state snapshot against our own one-shot run."""
+class FamilyConformance:
+    """Logits and 32 greedy tokens against transformers; chunked prefill, mixed batches and bit-exact batch and
+    chunk invariance against our own one-shot run."""
 
-    # for a window of 8: 5 and 7 fit in it; 23 and 30 run past it, so their late rows see neither the first keys
-    # nor, via the ring, anything older than the window
-    logits_lengths: tuple[int, ...] = (5, 23, 7, 30)
-    greedy_lengths: tuple[int, ...] = (5, 19)
-    chunked_lengths: tuple[int, ...] = (6, 27)
-    chunk_sizes: tuple[int, ...] = (1, 3, 16)
-    invariance_lengths: tuple[int, ...] = (4, 23, 12, 1)
-    invariance_chunk_sizes: tuple[int, ...] = (1, 5, 11)
+    logits_lengths: tuple[int, ...] = conf.DEFAULT_LENGTHS
+    greedy_lengths: tuple[int, ...] = (7, 19)
+    greedy_seed: int = 1
+    chunked_lengths: tuple[int, ...] = (11, 23)
+    chunked_seed: int = 2
+    chunk_sizes: tuple[int, ...] = (1, 5, 16)
+    chunked_new_tokens: int = 8
+    invariance_lengths: tuple[int, ...] = (11, 23, 4, 1)
+    invariance_seed: int = 2
+    invariance_chunk_sizes: tuple[int, ...] = (1, 5)
     mixed_lengths: tuple[int, ...] = (3, 17, 9)
-    snapshot_length: int = 26
-    snapshot_split: int = 16
+    mixed_seed: int = 3
+    mixed_new_tokens: int = 8
 
     def test_logits_match_transformers(self, fp32_pair):
         model, ref = fp32_pair
@@ -59,25 +60,39 @@ class HybridConformance:
 
     def test_32_greedy_tokens_match_transformers_generate(self, fp32_pair):
         model, ref = fp32_pair
-        prompts = conf.make_prompts(model.info.vocab_size, self.greedy_lengths, seed=2)
+        prompts = conf.make_prompts(model.info.vocab_size, self.greedy_lengths, seed=self.greedy_seed)
         conf.check_greedy(model, ref, prompts, max_new_tokens=32)
         assert [len(t) for t in greedy_generate(model, prompts, 32)] == [32] * len(prompts)  # no early EOS
 
     def test_chunked_prefill_equals_one_shot(self, fp32_pair):
         model, _ = fp32_pair
-        prompts = conf.make_prompts(model.info.vocab_size, self.chunked_lengths, seed=2)
-        conf.check_chunked_prefill(model, prompts, chunk_sizes=self.chunk_sizes, max_new_tokens=10)
+        prompts = conf.make_prompts(model.info.vocab_size, self.chunked_lengths, seed=self.chunked_seed)
+        conf.check_chunked_prefill(model, prompts, chunk_sizes=self.chunk_sizes, max_new_tokens=self.chunked_new_tokens)
 
     def test_rows_bit_identical_chunked_batched_or_alone(self, fp32_pair):
         model, _ = fp32_pair
-        prompts = conf.make_prompts(model.info.vocab_size, self.invariance_lengths, seed=3)
+        prompts = conf.make_prompts(model.info.vocab_size, self.invariance_lengths, seed=self.invariance_seed)
         conf.check_batch_invariance(model, prompts)
         conf.check_chunk_invariance(model, prompts, chunk_sizes=self.invariance_chunk_sizes)
 
     def test_mixed_prefill_decode_batch_equals_solo(self, fp32_pair):
         model, _ = fp32_pair
-        prompts = conf.make_prompts(model.info.vocab_size, self.mixed_lengths, seed=4)
-        conf.check_mixed_batch(model, prompts, max_new_tokens=12)
+        prompts = conf.make_prompts(model.info.vocab_size, self.mixed_lengths, seed=self.mixed_seed)
+        conf.check_mixed_batch(model, prompts, max_new_tokens=self.mixed_new_tokens)
+
+
+class HybridConformance(FamilyConformance):
+    """``FamilyConformance`` with longer runs, plus the state snapshot (window rings, open compression windows)."""
+
+    # for a window of 8: 5 and 7 fit in it; 23 and 30 run past it, so their late rows see neither the first keys
+    # nor, via the ring, anything older than the window
+    logits_lengths = (5, 23, 7, 30)
+    greedy_lengths, greedy_seed = (5, 19), 2
+    chunked_lengths, chunked_seed, chunk_sizes, chunked_new_tokens = (6, 27), 2, (1, 3, 16), 10
+    invariance_lengths, invariance_seed, invariance_chunk_sizes = (4, 23, 12, 1), 3, (1, 5, 11)
+    mixed_lengths, mixed_seed, mixed_new_tokens = (3, 17, 9), 4, 12
+    snapshot_length: int = 26
+    snapshot_split: int = 16
 
     def test_state_snapshot_restores_the_state(self, fp32_pair):
         """What a prefix-cache hit does: the state restored from a snapshot at the cut continues exactly as the
