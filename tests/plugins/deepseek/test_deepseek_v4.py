@@ -16,9 +16,8 @@ from dgpp.engine.loading import load_model
 from dgpp.nn.moe import RoutingConfig, TopKRouter
 from dgpp.plugin_api import CompressedKV, WindowBuffer, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.builders import load_reference
 from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
-from dgpp.testing.suite import HybridConformance, tiny_checkpoint_fixtures
+from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
 transformers.logging.set_verbosity_error()
@@ -125,12 +124,5 @@ def test_bf16_logits_within_tolerance(tmp_path):
     weights by 1-3% on most rows and by over 20% on rows where a router flips (measured 2026-12-02); ours is
     held to the same band around transformers' bf16 run."""
     path = build_tiny_deepseek_v4(tmp_path, seed=5, dtype=torch.bfloat16)
-    model, ref = load_model(path), load_reference(path)
+    model = check_checkpoint_logits(path, (6, 21), seed=6, rtol=6e-2, max_outlier_rows=0.15)
     assert model.info.dtype == torch.bfloat16
-    conf.check_logits(
-        model,
-        ref,
-        conf.make_prompts(model.info.vocab_size, (6, 21), seed=6),
-        rtol=6e-2,
-        max_outlier_rows=0.15,
-    )

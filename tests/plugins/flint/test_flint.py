@@ -13,9 +13,8 @@ import transformers
 from dgpp.engine.loading import load_model
 from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.builders import load_reference
 from dgpp.testing.flint import build_tiny_flint
-from dgpp.testing.suite import HybridConformance, tiny_checkpoint_fixtures
+from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_flint.model import FlintForCausalLM
 
 transformers.logging.set_verbosity_error()
@@ -80,14 +79,10 @@ def test_removing_the_window_breaks_the_match(checkpoint, fp32_pair, tmp_path):
     ids=["window_2_sliding_first_no_renorm", "sparse_step_tied_window_5"],
 )
 def test_variants_match_transformers(overrides, tmp_path):
-    path = build_tiny_flint(tmp_path, seed=7, **overrides)
-    model, ref = load_model(path), load_reference(path)
-    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (3, 18), seed=8), rtol=1e-4)
+    check_checkpoint_logits(build_tiny_flint(tmp_path, seed=7, **overrides), (3, 18), seed=8, rtol=1e-4)
 
 
 def test_bf16_logits_within_tolerance(tmp_path):
     path = build_tiny_flint(tmp_path, seed=5, dtype=torch.bfloat16)
-    model, ref = load_model(path), load_reference(path)
+    model = check_checkpoint_logits(path, (6, 21), seed=6, rtol=3e-2, max_outlier_rows=0.15)
     assert model.info.dtype == torch.bfloat16
-    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (6, 21), seed=6), rtol=3e-2,
-                      max_outlier_rows=0.15)

@@ -12,7 +12,7 @@ from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.glm import build_tiny_glm4_moe
-from dgpp.testing.suite import FamilyConformance, tiny_checkpoint_fixtures
+from dgpp.testing.suite import FamilyConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_glm.model import Glm4MoeForCausalLM
 
 transformers.logging.set_verbosity_error()
@@ -56,9 +56,8 @@ def test_group_limit_changes_routing(fp32_pair):
     ids=["two_dense_layers_no_renorm", "no_bias_no_qknorm_full_rope_tied"],
 )
 def test_variants_match_transformers(overrides, tmp_path):
-    path = build_tiny_glm4_moe(tmp_path, seed=7, num_nextn_predict_layers=0, **overrides)
-    model, ref = load_model(path), load_reference(path)
-    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (4, 30), seed=8), rtol=1e-4)
+    check_checkpoint_logits(build_tiny_glm4_moe(tmp_path, seed=7, num_nextn_predict_layers=0, **overrides), (4, 30),
+                            seed=8, rtol=1e-4)
 
 
 def test_bf16_logits_within_tolerance_and_greedy_matches(tmp_path):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from dgpp.engine.loading import load_model
+from dgpp.engine.model import Model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate
@@ -33,6 +34,16 @@ def tiny_checkpoint_fixtures(build: Callable[..., Path], name: str) -> tuple[Cal
         return load_model(checkpoint), load_reference(checkpoint)
 
     return checkpoint_fixture, fp32_pair_fixture
+
+
+def check_checkpoint_logits(path: Path, lengths: tuple[int, ...], seed: int, rtol: float,
+                            max_outlier_rows: float = 0.0) -> Model:
+    """Load ``path`` with dgpp and with transformers and ``check_logits`` on prompts of ``lengths`` (``seed``): a
+    config variant or another dtype of a family's tiny checkpoint. Returns our model."""
+    model, ref = load_model(path), load_reference(path)
+    prompts = conf.make_prompts(model.info.vocab_size, lengths, seed=seed)
+    conf.check_logits(model, ref, prompts, rtol=rtol, max_outlier_rows=max_outlier_rows)
+    return model
 
 
 class FamilyConformance:
