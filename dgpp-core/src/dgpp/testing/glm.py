@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dgpp.testing.builders import save_one_file, spread_tensors
+
 # Small enough for a 2-core CPU test run, big enough that every GLM feature runs: one dense layer then MoE
 # layers, 4 groups of 4 experts of which 2 groups are eligible, q/k/v biases, q/k norm, partial RoPE.
 TINY_GLM4_MOE: dict[str, Any] = {
@@ -68,18 +70,11 @@ def _hf_config(cfg: dict[str, Any], num_layers: int, dtype: torch.dtype):
     return Glm4MoeConfig(**kwargs, dtype=str(dtype).removeprefix("torch."))
 
 
-@torch.no_grad()
 def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     """HF initializes norms to 1 and biases / correction bias to 0; move them off those values so a
     loader that drops one of them (or swaps two) changes the logits."""
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-        elif name.endswith(".bias"):
-            p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            b.copy_(0.2 * torch.randn(b.shape, generator=gen, dtype=torch.float64).to(b.dtype))
+    spread_tensors(model.named_parameters(), gen, {"norm.weight": (1.0, 0.2), ".bias": (0.0, 0.1)})
+    spread_tensors(model.named_buffers(), gen, {"e_score_correction_bias": (0.0, 0.2)})
 
 
 def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> dict:
@@ -184,10 +179,7 @@ def build_tiny_glm4_moe(
     # exactly the names (and per-expert layout) the release uses for them.
     model = Glm4MoeForCausalLM(_hf_config(cfg, layers + mtp, dtype)).to(dtype).eval()
     _spread_weights(model, gen)
-    model.save_pretrained(out)
-    weights_path = out / "model.safetensors"
-    if not weights_path.exists():
-        raise RuntimeError(f"tiny glm4_moe checkpoint was sharded; expected one file at {weights_path}")
+    weights_path = save_one_file(model, out, "glm4_moe") / "model.safetensors"
     tensors = load_file(weights_path)
     if nvfp4_grid:
         _nvfp4_roundtrip(tensors, layers)
