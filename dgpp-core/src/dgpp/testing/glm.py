@@ -17,8 +17,21 @@ import torch
 
 from dgpp.testing.builders import save_one_file, spread_tensors
 
-# Small enough for a 2-core CPU test run, big enough that every GLM feature runs: one dense layer then MoE
-# layers, 4 groups of 4 experts of which 2 groups are eligible, q/k/v biases, q/k norm, partial RoPE.
+# GLM's MoE in miniature (GLM-4.x and GLM-5.3): one dense layer then MoE layers, 4 groups of 4 experts of which
+# 2 groups are eligible, a shared expert, routed scaling.
+TINY_GLM_MOE: dict[str, Any] = {
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
+# Small enough for a 2-core CPU test run, big enough that every GLM feature runs: GLM's MoE, q/k/v biases, q/k
+# norm, partial RoPE.
 TINY_GLM4_MOE: dict[str, Any] = {
     "architectures": ["Glm4MoeForCausalLM"],
     "model_type": "glm4_moe",
@@ -37,14 +50,7 @@ TINY_GLM4_MOE: dict[str, Any] = {
     "rope_theta": 10000.0,
     "partial_rotary_factor": 0.5,
     "max_position_embeddings": 512,
-    "first_k_dense_replace": 1,
-    "n_routed_experts": 16,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 4,
-    "n_group": 4,
-    "topk_group": 2,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
+    **TINY_GLM_MOE,
     "num_nextn_predict_layers": 1,
     "tie_word_embeddings": False,
     "initializer_range": 0.08,

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from dgpp.testing.glm import _mtp_extras, _spread_weights
+from dgpp.testing.glm import TINY_GLM_MOE, _mtp_extras, _spread_weights
 
 TINY_GLM_MOE_DSA: dict[str, Any] = {
     "vocab_size": 512,
@@ -35,14 +35,7 @@ TINY_GLM_MOE_DSA: dict[str, Any] = {
     "index_topk": 8,
     "index_topk_freq": 2,
     "index_skip_topk_offset": 1,
-    "first_k_dense_replace": 1,
-    "n_routed_experts": 16,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 4,
-    "n_group": 4,
-    "topk_group": 2,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
+    **TINY_GLM_MOE,
     "rms_norm_eps": 1e-5,
     "max_position_embeddings": 512,
     "tie_word_embeddings": False,
