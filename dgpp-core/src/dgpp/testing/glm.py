@@ -173,7 +173,7 @@ def build_tiny_glm4_moe(
     ``model.layers.{num_hidden_layers + i}``; ``mtp_own_head`` adds their own embedding and head copies.
     ``nvfp4_grid`` snaps the MLP/expert weights onto the NVFP4 grid, for ``nvfp4_twin``.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers import Glm4MoeForCausalLM
 
     out = Path(out_dir)
@@ -189,12 +189,25 @@ def build_tiny_glm4_moe(
     tensors = load_file(weights_path)
     if nvfp4_grid:
         _nvfp4_roundtrip(tensors, layers)
+    declare_mtp(out, tensors, cfg, layers, mtp, dtype, gen, mtp_own_head)
+    return out
+
+
+def declare_mtp(out: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], layers: int, mtp: int,
+                dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> None:
+    """The trailing ``mtp`` decoder blocks of a saved stack become MTP layers: their MTP-only tensors are added to
+    ``tensors`` (written back as ``model.safetensors``), and config.json declares ``layers`` decoder layers (its
+    per-layer lists cut back) and ``num_nextn_predict_layers`` = ``mtp``."""
+    from safetensors.torch import save_file
+
     for i in range(mtp):
-        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, mtp_own_head))
-    save_file(tensors, weights_path, metadata={"format": "pt"})
+        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, own_head))
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
     config["num_hidden_layers"] = layers
     config["num_nextn_predict_layers"] = mtp
     config.pop("num_mtp_layers", None)
+    for key in ("indexer_types", "mlp_layer_types", "layer_types"):
+        if isinstance(config.get(key), list):
+            config[key] = config[key][:layers]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    return out
