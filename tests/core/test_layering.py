@@ -39,6 +39,9 @@ LAYERS: list[tuple[str, ...]] = [
     ("plugin_api",),  # what a plugin imports from core, gathered from every layer
 ]
 
+# core modules a plugin reads only through ``dgpp.plugin_api``, which gathers their names (docs/plugin-authoring.md)
+PLUGIN_API_ONLY = ("engine", "step", "sched", "serve", "family", "family_hooks", "hookspecs", "errors")
+
 def _module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -184,3 +187,21 @@ def test_the_check_sees_a_circle_and_an_upward_import():
     assert circles(graph) == [frozenset(graph)]
     assert upward_imports(graph) == {("dgpp.kernels.a", "dgpp.nn.b")}
     assert circles(package_graph(graph)) == [frozenset({"kernels", "nn"})]
+
+
+def plugin_api_bypasses(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """(plugin module, core module) pairs where a plugin imports a ``PLUGIN_API_ONLY`` module itself."""
+    return {(m, t) for m, ts in graph.items() if m.split(".")[0] != "dgpp" for t in ts
+            if t.split(".")[0] == "dgpp" and _top(t) in PLUGIN_API_ONLY}
+
+
+def test_plugins_import_the_engine_side_through_plugin_api_only():
+    found = sorted(plugin_api_bypasses(import_graph()))
+    assert not found, "import these names from dgpp.plugin_api: " + ", ".join(f"{a} -> {b}" for a, b in found)
+
+
+def test_the_check_sees_a_plugin_bypassing_plugin_api():
+    graph = {"dgpp_toy.model": {"dgpp.plugin_api", "dgpp.nn.linear", "dgpp.step.batch"},
+             "dgpp_toy.config": {"dgpp.errors", "dgpp.checkpoint.config_keys"},
+             "dgpp.engine.runner": {"dgpp.step.batch"}}
+    assert plugin_api_bypasses(graph) == {("dgpp_toy.model", "dgpp.step.batch"), ("dgpp_toy.config", "dgpp.errors")}

@@ -71,3 +71,10 @@ def check_served_greedy(ckpt: Path, sdk: openai.OpenAI, questions: tuple[str, ..
     with ThreadPoolExecutor(len(questions)) as pool:
         together = list(pool.map(lambda q: ask(q).choices[0].message.content, questions))
     assert together == want
+
+
+def check_family_serves(ckpt: Path, root: Path, min_prompt_tokens: int) -> None:
+    """``dgpp serve`` on ``ckpt`` (``SERVE_ENGINE``, files under ``root``): cold, prefix-hit and concurrent answers to
+    ``QUESTIONS`` are the runner's greedy tokens (a family's end-to-end check)."""
+    with served(ckpt, root) as (_, sdk):
+        check_served_greedy(ckpt, sdk, QUESTIONS, min_prompt_tokens)

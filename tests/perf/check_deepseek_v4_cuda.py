@@ -18,6 +18,7 @@ import sys
 import time
 
 import torch
+from check_flint_cuda import finish
 
 CONTEXTS = (700, 2100, 4001)  # CSA: 175 entries (all kept), 525 (the indexer keeps 512); HCA: 5, 16, 31 entries
 STEPS = 6
@@ -151,10 +152,7 @@ def main() -> int:
     for layer_idx in (2, 3):  # CSA, HCA in the layer-scaled geometry
         table += check_layer(layer_idx, failures)
         print("\n".join(table[-2:]), flush=True)
-    print("\n== summary ==\n" + "\n".join(table))
-    if failures:
-        print("FAILED: " + "; ".join(failures))
-    return 1 if failures else 0
+    return finish(table, failures)
 
 
 if __name__ == "__main__":

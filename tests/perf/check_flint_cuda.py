@@ -217,6 +217,11 @@ def main() -> int:
         table += kernel_checks(failures)
         print("\n".join(table), flush=True)
     table += decode_bench(args.layers, [int(b) for b in args.batches.split(",")], args.context, args.steps, bandwidth)
+    return finish(table, failures)
+
+
+def finish(table: list[str], failures: list[str]) -> int:
+    """Print the summary table and the failed checks; the exit status (1 when a check failed)."""
     print("\n== summary ==\n" + "\n".join(table))
     if failures:
         print("FAILED: " + "; ".join(failures))

@@ -16,7 +16,7 @@ import sys
 import time
 
 import torch
-from check_flint_cuda import copy_bandwidth, rate_line, rel, release
+from check_flint_cuda import copy_bandwidth, finish, rate_line, rel, release
 
 HEADS, LATENT, ROPE, NOPE, V, BS = 64, 512, 64, 192, 256, 64
 SCALE = (NOPE + ROPE) ** -0.5
@@ -311,10 +311,7 @@ def main() -> int:
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
     table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile)  # type: ignore[arg-type]
-    print("\n== summary ==\n" + "\n".join(table))
-    if failures:
-        print("FAILED: " + "; ".join(failures))
-    return 1 if failures else 0
+    return finish(table, failures)
 
 
 if __name__ == "__main__":

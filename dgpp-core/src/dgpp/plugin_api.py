@@ -21,7 +21,7 @@ from dgpp.hookspecs import hookimpl
 
 if TYPE_CHECKING:
     from dgpp.checkpoint import CheckpointReader
-    from dgpp.checkpoint.config_keys import ConfigKeys
+    from dgpp.checkpoint.config_keys import CausalLMFields, ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.headers import tensor_bytes
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 _LAZY = {
     "CheckpointReader": "dgpp.checkpoint",
     "ConfigKeys": "dgpp.checkpoint.config_keys",
+    "CausalLMFields": "dgpp.checkpoint.config_keys",
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
     "ForwardBatch": "dgpp.step.batch",
@@ -74,6 +75,7 @@ _LAZY = {
 __all__ = [
     "COMPUTE_DTYPES",
     "CacheSpec",
+    "CausalLMFields",
     "CheckpointError",
     "CompressedKV",
     "CheckpointReader",

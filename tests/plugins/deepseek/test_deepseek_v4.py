@@ -12,27 +12,16 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.cache_spec import CompressedKV, WindowBuffer, WindowKV
 from dgpp.engine.loading import load_model
 from dgpp.nn.moe import RoutingConfig, TopKRouter
+from dgpp.plugin_api import CompressedKV, WindowBuffer, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.builders import load_reference
 from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
-from dgpp.testing.generate import greedy_generate
+from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
 transformers.logging.set_verbosity_error()
-LENGTHS = (5, 23, 40, 9)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_deepseek_v4(tmp_path_factory.mktemp("deepseek_v4"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def fp32_pair(checkpoint):
-    return load_model(checkpoint), load_reference(checkpoint)
+checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_deepseek_v4, "deepseek_v4")
 
 
 def test_loads_every_layer_kind_and_its_caches(fp32_pair):
@@ -59,43 +48,16 @@ def test_loads_every_layer_kind_and_its_caches(fp32_pair):
     assert bool((table[:, 0] != table[:, 1]).all()) and len(set(table[:, 0].tolist())) > 1
 
 
-def test_logits_match_transformers(fp32_pair):
-    model, ref = fp32_pair
-    worst = conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, LENGTHS), rtol=1e-4)
-    assert worst < 1e-4
+class TestDeepseekV4Conformance(HybridConformance):
+    """Prompts far longer than the window (6) and the compression ratios (4, 8); the snapshot splits inside an HCA
+    window and inside a CSA window, so it must carry the buffered rows."""
 
-
-def test_32_greedy_tokens_match_transformers_generate(fp32_pair):
-    model, ref = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (7, 26), seed=2)
-    conf.check_greedy(model, ref, prompts, max_new_tokens=32)
-    assert [len(t) for t in greedy_generate(model, prompts, 32)] == [32, 32]  # no early EOS: 32 compared
-
-
-def test_chunked_prefill_equals_one_shot(fp32_pair):
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (6, 33), seed=2)
-    conf.check_chunked_prefill(model, prompts, chunk_sizes=(1, 3, 7), max_new_tokens=10)
-
-
-def test_rows_bit_identical_chunked_batched_or_alone(fp32_pair):
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (4, 29, 13, 1), seed=3)
-    conf.check_batch_invariance(model, prompts)
-    conf.check_chunk_invariance(model, prompts, chunk_sizes=(1, 5, 11))
-
-
-def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_mixed_batch(
-        model, conf.make_prompts(model.info.vocab_size, (3, 21, 10), seed=4), max_new_tokens=12
-    )
-
-
-def test_state_snapshot_restores_rings_and_open_windows(fp32_pair):
-    """A split inside an HCA window and inside a CSA window: the snapshot must carry the buffered rows."""
-    model, _ = fp32_pair
-    conf.check_state_snapshot(model, conf.make_prompts(model.info.vocab_size, (30,), seed=5)[0], split=19)
+    logits_lengths = (5, 23, 40, 9)
+    greedy_lengths = (7, 26)
+    chunked_lengths, chunk_sizes = (6, 33), (1, 3, 7)
+    invariance_lengths = (4, 29, 13, 1)
+    mixed_lengths = (3, 21, 10)
+    snapshot_length, snapshot_split = 30, 19
 
 
 def _moves(model, ref, lengths=(23, 40)) -> None:
@@ -162,12 +124,5 @@ def test_bf16_logits_within_tolerance(tmp_path):
     weights by 1-3% on most rows and by over 20% on rows where a router flips (measured 2026-12-02); ours is
     held to the same band around transformers' bf16 run."""
     path = build_tiny_deepseek_v4(tmp_path, seed=5, dtype=torch.bfloat16)
-    model, ref = load_model(path), load_reference(path)
+    model = check_checkpoint_logits(path, (6, 21), seed=6, rtol=6e-2, max_outlier_rows=0.15)
     assert model.info.dtype == torch.bfloat16
-    conf.check_logits(
-        model,
-        ref,
-        conf.make_prompts(model.info.vocab_size, (6, 21), seed=6),
-        rtol=6e-2,
-        max_outlier_rows=0.15,
-    )

@@ -10,29 +10,16 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.cache_spec import PagedKV, WindowKV
 from dgpp.engine.loading import load_model
+from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.builders import load_reference
 from dgpp.testing.flint import build_tiny_flint
-from dgpp.testing.generate import greedy_generate
+from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_flint.model import FlintForCausalLM
 
 transformers.logging.set_verbosity_error()
 WINDOW = 8
-# 5 and 7 fit in the window; 23 and 30 run past it, so their late rows see neither the first keys nor, via the
-# ring, anything older than the window
-LENGTHS = (5, 23, 7, 30)
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return build_tiny_flint(tmp_path_factory.mktemp("flint"), seed=0)
-
-
-@pytest.fixture(scope="module")
-def fp32_pair(checkpoint):
-    return load_model(checkpoint), load_reference(checkpoint)
+checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_flint, "flint")
 
 
 def test_loads_both_attention_kinds_dense_and_moe_layers(fp32_pair):
@@ -49,42 +36,9 @@ def test_loads_both_attention_kinds_dense_and_moe_layers(fp32_pair):
     assert float(model.model.layers[0].self_attn.sinks.abs().min()) > 0  # loaded from softmax_offset
 
 
-def test_logits_match_transformers_prompts_shorter_and_longer_than_the_window(fp32_pair):
-    model, ref = fp32_pair
-    worst = conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, LENGTHS), rtol=1e-4)
-    assert worst < 1e-4
-
-
-def test_32_greedy_tokens_match_transformers_generate(fp32_pair):
-    model, ref = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (5, 19), seed=2)
-    conf.check_greedy(model, ref, prompts, max_new_tokens=32)
-    assert [len(t) for t in greedy_generate(model, prompts, 32)] == [32, 32]  # no early EOS: 32 compared
-
-
-def test_chunked_prefill_equals_one_shot(fp32_pair):
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (6, 27), seed=2)
-    conf.check_chunked_prefill(model, prompts, chunk_sizes=(1, 3, 16), max_new_tokens=10)
-
-
-def test_rows_bit_identical_chunked_batched_or_alone(fp32_pair):
-    """A chunk shorter than the window, one longer, and one row at a time: every row's logits are the same bits,
-    alone or batched (the ring gives each chunk exactly the keys the one-shot prompt had in place)."""
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (4, 23, 12, 1), seed=3)
-    conf.check_batch_invariance(model, prompts)
-    conf.check_chunk_invariance(model, prompts, chunk_sizes=(1, 5, 11))
-
-
-def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_mixed_batch(model, conf.make_prompts(model.info.vocab_size, (3, 17, 9), seed=4), max_new_tokens=12)
-
-
-def test_state_snapshot_restores_the_rings(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_state_snapshot(model, conf.make_prompts(model.info.vocab_size, (26,), seed=5)[0], split=16)
+class TestFlintConformance(HybridConformance):
+    """Prompts shorter and longer than the window; chunks shorter and longer than it are bit-identical to
+    one-shot (the ring gives each chunk exactly the keys the one-shot prompt had in place)."""
 
 
 def test_removing_the_sinks_breaks_the_match(fp32_pair):
@@ -125,14 +79,10 @@ def test_removing_the_window_breaks_the_match(checkpoint, fp32_pair, tmp_path):
     ids=["window_2_sliding_first_no_renorm", "sparse_step_tied_window_5"],
 )
 def test_variants_match_transformers(overrides, tmp_path):
-    path = build_tiny_flint(tmp_path, seed=7, **overrides)
-    model, ref = load_model(path), load_reference(path)
-    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (3, 18), seed=8), rtol=1e-4)
+    check_checkpoint_logits(build_tiny_flint(tmp_path, seed=7, **overrides), (3, 18), seed=8, rtol=1e-4)
 
 
 def test_bf16_logits_within_tolerance(tmp_path):
     path = build_tiny_flint(tmp_path, seed=5, dtype=torch.bfloat16)
-    model, ref = load_model(path), load_reference(path)
+    model = check_checkpoint_logits(path, (6, 21), seed=6, rtol=3e-2, max_outlier_rows=0.15)
     assert model.info.dtype == torch.bfloat16
-    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (6, 21), seed=6), rtol=3e-2,
-                      max_outlier_rows=0.15)

@@ -11,17 +11,14 @@ import transformers
 from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.generate import greedy_generate
 from dgpp.testing.glm import build_tiny_glm4_moe
+from dgpp.testing.suite import FamilyConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_glm.model import Glm4MoeForCausalLM
 
 transformers.logging.set_verbosity_error()
 
 
-@pytest.fixture(scope="module")
-def fp32_pair(tmp_path_factory):
-    path = build_tiny_glm4_moe(tmp_path_factory.mktemp("glm4_moe"), seed=0)
-    return load_model(path), load_reference(path)
+checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_glm4_moe, "glm4_moe")
 
 
 def test_loads_as_glm_model_with_dense_and_moe_layers(fp32_pair):
@@ -34,37 +31,9 @@ def test_loads_as_glm_model_with_dense_and_moe_layers(fp32_pair):
     assert float(router.e_score_correction_bias.abs().max()) > 0
 
 
-def test_logits_match_transformers_on_mixed_length_batch(fp32_pair):
-    model, ref = fp32_pair
-    worst = conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size), rtol=1e-4)
-    assert worst < 1e-4
-
-
-def test_32_greedy_tokens_match_transformers_generate(fp32_pair):
-    model, ref = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (7, 19), seed=1)
-    conf.check_greedy(model, ref, prompts, max_new_tokens=32)
-    # no early EOS: all 32 tokens were compared
-    assert [len(t) for t in greedy_generate(model, prompts, 32)] == [32, 32]
-
-
-def test_chunked_prefill_equals_one_shot(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_chunked_prefill(model, conf.make_prompts(model.info.vocab_size, (11, 23), seed=2), chunk_sizes=(1, 5, 16))
-
-
-def test_rows_bit_identical_chunked_batched_or_alone(fp32_pair):
+class TestGlm4MoeConformance(FamilyConformance):
     """Row-independent arithmetic (sigmoid router included): a token's logits do not depend on the prefill
     chunking or on which other sequences share the step, so no batch can flip a greedy near-tie."""
-    model, _ = fp32_pair
-    prompts = conf.make_prompts(model.info.vocab_size, (11, 23, 4, 1), seed=2)
-    conf.check_batch_invariance(model, prompts)
-    conf.check_chunk_invariance(model, prompts, chunk_sizes=(1, 5))
-
-
-def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
-    model, _ = fp32_pair
-    conf.check_mixed_batch(model, conf.make_prompts(model.info.vocab_size, (3, 17, 9), seed=3))
 
 
 def test_group_limit_changes_routing(fp32_pair):
@@ -87,9 +56,8 @@ def test_group_limit_changes_routing(fp32_pair):
     ids=["two_dense_layers_no_renorm", "no_bias_no_qknorm_full_rope_tied"],
 )
 def test_variants_match_transformers(overrides, tmp_path):
-    path = build_tiny_glm4_moe(tmp_path, seed=7, num_nextn_predict_layers=0, **overrides)
-    model, ref = load_model(path), load_reference(path)
-    conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (4, 30), seed=8), rtol=1e-4)
+    check_checkpoint_logits(build_tiny_glm4_moe(tmp_path, seed=7, num_nextn_predict_layers=0, **overrides), (4, 30),
+                            seed=8, rtol=1e-4)
 
 
 def test_bf16_logits_within_tolerance_and_greedy_matches(tmp_path):

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import load_file
 
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.cache_spec import PagedKV
 from dgpp.engine.loading import load_context, load_model
 from dgpp.errors import CheckpointError
+from dgpp.plugin_api import PagedKV
 from dgpp.plugins import manager
 from dgpp.testing.builders import load_reference
 from dgpp.testing.mimo import build_tiny_mimo

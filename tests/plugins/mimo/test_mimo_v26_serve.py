@@ -4,17 +4,12 @@ hit and concurrent answers are exactly the runner's plain greedy tokens."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
+from served_greedy import QUESTIONS, SERVE_ENGINE, check_served_greedy, served
 
 from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.testing.mimo_v26 import write_v26_checkpoint
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "e2e"))
-from served_greedy import QUESTIONS, SERVE_ENGINE, check_served_greedy, served  # noqa: E402
 
 pytestmark = pytest.mark.e2e
 WINDOW = 8

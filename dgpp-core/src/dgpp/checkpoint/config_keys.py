@@ -3,12 +3,26 @@ names the file's kind and the key (``ConfigKeys(cfg, "flint config.json").positi
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
 from dgpp.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True)
+class CausalLMFields:
+    """What every causal LM's typed config carries beside its architecture (``ModelInfo`` and
+    ``dgpp.nn.decoder`` read them); a family's config subclasses it and fills it from
+    ``ConfigKeys.causal_lm_fields``."""
+
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    dtype: torch.dtype
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
 
 
 class ConfigKeys:
@@ -54,3 +68,19 @@ class ConfigKeys:
         """An id or a list of ids (``eos_token_id``) as a tuple; () when absent."""
         value = self.cfg.get(key)
         return () if value is None else tuple(value) if isinstance(value, list) else (int(value),)
+
+    def only(self, key: str, supported: str) -> None:
+        """Refuse any value of ``key`` but ``supported``, which an absent key means (``hidden_act``: SiLU)."""
+        value = self.cfg.get(key, supported)
+        if value != supported:
+            raise self.error(f"{key!r}={value!r} is not supported (only {supported!r})")
+
+    def causal_lm_fields(self, max_position: int, bos_token_id: int | None = None) -> dict[str, Any]:
+        """``CausalLMFields``' values; ``max_position`` and ``bos_token_id`` are the defaults for absent keys."""
+        return {
+            "max_position_embeddings": self.positive("max_position_embeddings", max_position),
+            "tie_word_embeddings": self.optional("tie_word_embeddings", bool, False),
+            "dtype": self.dtype(),
+            "eos_token_ids": self.token_ids("eos_token_id"),
+            "bos_token_id": self.cfg.get("bos_token_id", bos_token_id),
+        }

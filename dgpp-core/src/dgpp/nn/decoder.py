@@ -1,6 +1,6 @@
 """The skeleton of a pre-norm decoder-only language model: ``embed -> blocks -> final norm -> head``.
 
-Families whose blocks are plain pre-norm residuals (Flint, MiMo) build each block's norms, attention and MLP
+Families whose blocks are plain pre-norm residuals (Flint, MiMo, GLM-4.x) build each block's norms, attention and MLP
 and hand them to ``PreNormBlock``; ``PreNormCausalLM`` holds the stack and the head behind the engine's model
 contract. Attribute names are the checkpoints' (``model.embed_tokens``, ``model.layers.N.input_layernorm``,
 ``...self_attn``, ``...post_attention_layernorm``, ``...mlp``, ``model.norm``, ``lm_head``), so weights load by
@@ -9,7 +9,7 @@ name with no renaming.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Protocol
 
 import torch
@@ -17,6 +17,7 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.parallel import all_reduce
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.model import Model, ModelInfo
@@ -31,6 +32,24 @@ class DecoderLMConfig(Protocol):
     tie_word_embeddings: bool
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+
+
+class DenseOrMoEConfig(Protocol):
+    """What ``dense_or_moe`` reads from a family's typed config."""
+
+    hidden_size: int
+    intermediate_size: int
+
+    def is_moe_layer(self, layer_idx: int) -> bool: ...
+
+
+def dense_or_moe(cfg: DenseOrMoEConfig, layer_idx: int, moe: Callable[[], nn.Module], *, dtype: torch.dtype,
+                 world: World) -> nn.Module:
+    """Layer ``layer_idx``'s MLP: the family's ``moe()`` where ``cfg.is_moe_layer`` says so, else the dense SwiGLU
+    of ``intermediate_size``."""
+    if cfg.is_moe_layer(layer_idx):
+        return moe()
+    return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 
 
 class PreNormBlock(nn.Module):
@@ -65,10 +84,11 @@ class DecoderStack(nn.Module):
 class PreNormCausalLM(Model):
     """A ``DecoderStack`` and its head behind the model contract. ``forward`` keeps the post-final-norm hidden
     of every row when ``keep_hidden`` is on. ``hybrid``: some layer holds per-request state (a window ring, a
-    recurrent state), so the prefix cache attaches only where it holds a state snapshot."""
+    recurrent state), so the prefix cache attaches only where it holds a state snapshot. ``extra``: the family's
+    own facts for ``ModelInfo.extra`` (GLM: its MTP layer count)."""
 
     def __init__(self, cfg: DecoderLMConfig, stack: DecoderStack, *, dtype: torch.dtype, world: World, group=None,
-                 hybrid: bool = False) -> None:
+                 hybrid: bool = False, extra: dict | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
@@ -84,6 +104,7 @@ class PreNormCausalLM(Model):
             bos_token_id=cfg.bos_token_id,
             dtype=dtype,
             hybrid=hybrid,
+            extra=extra or {},
         )
 
     def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:

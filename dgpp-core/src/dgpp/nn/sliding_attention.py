@@ -1,5 +1,5 @@
 """Attention cores with per-head sink logits: full attention over the paged pool, or sliding-window attention
-over a window-bounded ring (``dgpp.engine.cache_spec.WindowKV``).
+over a window-bounded ring (``dgpp.step.cache_spec.WindowKV``).
 
 A sink is one learned logit per query head that joins each row's softmax and attends to nothing (gpt-oss,
 Flint, MiMo, DeepSeek-V4): it takes probability mass away from the keys without adding a value. The

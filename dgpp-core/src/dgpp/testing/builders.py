@@ -7,6 +7,7 @@ away from its ones/zeros init, so a layer that ignores a norm weight or its ``(1
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -66,6 +67,30 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
         for _, p in sorted(model.named_parameters()):
             if p.dim() == 1:
                 p.add_(torch.randn(p.shape, generator=gen, dtype=torch.float32).to(p.dtype) * 0.2)
+
+
+@torch.no_grad()
+def spread_tensors(named: Iterable[tuple[str, torch.Tensor]], gen: torch.Generator,
+                   rules: dict[str, tuple[float, float]]) -> None:
+    """Redraw each tensor whose name ends with a rule's suffix (the first that matches) as ``mean + std · x``, ``x``
+    drawn from N(0, 1) in float64 by ``gen`` in iteration order and cast to the tensor's dtype before scaling: the
+    families' builders move norms, sinks and biases off transformers' 1 / 0 inits with it."""
+    for name, tensor in named:
+        for suffix, (mean, std) in rules.items():
+            if name.endswith(suffix):
+                drawn = std * torch.randn(tensor.shape, generator=gen, dtype=torch.float64).to(tensor.dtype)
+                tensor.copy_(mean + drawn if mean else drawn)
+                break
+
+
+def save_one_file(model: torch.nn.Module, out_dir: str | Path, kind: str) -> Path:
+    """``model.save_pretrained(out_dir)``; a ``RuntimeError`` unless it wrote one ``model.safetensors`` (the tiny
+    builders rewrite or extend that file)."""
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    if not (out / "model.safetensors").exists():
+        raise RuntimeError(f"tiny {kind} checkpoint was sharded; expected one file at {out / 'model.safetensors'}")
+    return out
 
 
 def build_tiny_checkpoint(

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from dgpp.testing.builders import save_one_file
+
 TINY_DEEPSEEK_V4: dict[str, Any] = {
     "architectures": ["DeepseekV4ForCausalLM"],
     "model_type": "deepseek_v4",
@@ -121,10 +123,7 @@ def build_tiny_deepseek_v4(
         dtype
     )
     _spread_weights(model.eval(), torch.Generator().manual_seed(seed + 1), cfg["n_routed_experts"])
-    model.save_pretrained(out)
-    path = out / "model.safetensors"
-    if not path.exists():
-        raise RuntimeError(f"tiny deepseek_v4 checkpoint was sharded; expected one file at {path}")
+    path = save_one_file(model, out, "deepseek_v4") / "model.safetensors"
     tensors = load_file(path)
     save_file({_release_name(k): v.contiguous() for k, v in tensors.items()}, path, metadata={"format": "pt"})
     return out

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from dgpp.testing.builders import save_one_file, spread_tensors
+
 TINY_FLINT: dict[str, Any] = {
     "architectures": ["FlintForCausalLM"],
     "model_type": "flint",
@@ -48,15 +50,10 @@ def tiny_flint_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-@torch.no_grad()
 def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Norms away from 1 and sinks of order 1 (HF initializes them at 1 and N(0, 0.08)), so a loader that
     drops either, or attention that ignores the sinks, changes the logits."""
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-        elif name.endswith(".sinks"):
-            p.copy_(1.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
+    spread_tensors(model.named_parameters(), gen, {"norm.weight": (1.0, 0.2), ".sinks": (0.0, 1.5)})
 
 
 def build_tiny_flint(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
@@ -70,10 +67,7 @@ def build_tiny_flint(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype =
     torch.manual_seed(seed)
     model = FlintForCausalLM(FlintConfig(**kwargs, dtype=str(dtype).removeprefix("torch."))).to(dtype).eval()
     _spread_weights(model, torch.Generator().manual_seed(seed + 1))
-    model.save_pretrained(out)
-    if not (out / "model.safetensors").exists():
-        raise RuntimeError(f"tiny flint checkpoint was sharded; expected one file at {out / 'model.safetensors'}")
-    return out
+    return save_one_file(model, out, "flint")
 
 
 def _expert_regex(layer: int, projections: tuple[str, ...]) -> str:

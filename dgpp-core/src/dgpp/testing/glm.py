@@ -15,8 +15,23 @@ from typing import Any
 
 import torch
 
-# Small enough for a 2-core CPU test run, big enough that every GLM feature runs: one dense layer then MoE
-# layers, 4 groups of 4 experts of which 2 groups are eligible, q/k/v biases, q/k norm, partial RoPE.
+from dgpp.testing.builders import save_one_file, spread_tensors
+
+# GLM's MoE in miniature (GLM-4.x and GLM-5.3): one dense layer then MoE layers, 4 groups of 4 experts of which
+# 2 groups are eligible, a shared expert, routed scaling.
+TINY_GLM_MOE: dict[str, Any] = {
+    "first_k_dense_replace": 1,
+    "n_routed_experts": 16,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 4,
+    "n_group": 4,
+    "topk_group": 2,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+}
+
+# Small enough for a 2-core CPU test run, big enough that every GLM feature runs: GLM's MoE, q/k/v biases, q/k
+# norm, partial RoPE.
 TINY_GLM4_MOE: dict[str, Any] = {
     "architectures": ["Glm4MoeForCausalLM"],
     "model_type": "glm4_moe",
@@ -35,14 +50,7 @@ TINY_GLM4_MOE: dict[str, Any] = {
     "rope_theta": 10000.0,
     "partial_rotary_factor": 0.5,
     "max_position_embeddings": 512,
-    "first_k_dense_replace": 1,
-    "n_routed_experts": 16,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 4,
-    "n_group": 4,
-    "topk_group": 2,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
+    **TINY_GLM_MOE,
     "num_nextn_predict_layers": 1,
     "tie_word_embeddings": False,
     "initializer_range": 0.08,
@@ -68,18 +76,11 @@ def _hf_config(cfg: dict[str, Any], num_layers: int, dtype: torch.dtype):
     return Glm4MoeConfig(**kwargs, dtype=str(dtype).removeprefix("torch."))
 
 
-@torch.no_grad()
 def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     """HF initializes norms to 1 and biases / correction bias to 0; move them off those values so a
     loader that drops one of them (or swaps two) changes the logits."""
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-        elif name.endswith(".bias"):
-            p.copy_(0.1 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            b.copy_(0.2 * torch.randn(b.shape, generator=gen, dtype=torch.float64).to(b.dtype))
+    spread_tensors(model.named_parameters(), gen, {"norm.weight": (1.0, 0.2), ".bias": (0.0, 0.1)})
+    spread_tensors(model.named_buffers(), gen, {"e_score_correction_bias": (0.0, 0.2)})
 
 
 def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> dict:
@@ -172,7 +173,7 @@ def build_tiny_glm4_moe(
     ``model.layers.{num_hidden_layers + i}``; ``mtp_own_head`` adds their own embedding and head copies.
     ``nvfp4_grid`` snaps the MLP/expert weights onto the NVFP4 grid, for ``nvfp4_twin``.
     """
-    from safetensors.torch import load_file, save_file
+    from safetensors.torch import load_file
     from transformers import Glm4MoeForCausalLM
 
     out = Path(out_dir)
@@ -184,19 +185,29 @@ def build_tiny_glm4_moe(
     # exactly the names (and per-expert layout) the release uses for them.
     model = Glm4MoeForCausalLM(_hf_config(cfg, layers + mtp, dtype)).to(dtype).eval()
     _spread_weights(model, gen)
-    model.save_pretrained(out)
-    weights_path = out / "model.safetensors"
-    if not weights_path.exists():
-        raise RuntimeError(f"tiny glm4_moe checkpoint was sharded; expected one file at {weights_path}")
+    weights_path = save_one_file(model, out, "glm4_moe") / "model.safetensors"
     tensors = load_file(weights_path)
     if nvfp4_grid:
         _nvfp4_roundtrip(tensors, layers)
+    declare_mtp(out, tensors, cfg, layers, mtp, dtype, gen, mtp_own_head)
+    return out
+
+
+def declare_mtp(out: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], layers: int, mtp: int,
+                dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> None:
+    """The trailing ``mtp`` decoder blocks of a saved stack become MTP layers: their MTP-only tensors are added to
+    ``tensors`` (written back as ``model.safetensors``), and config.json declares ``layers`` decoder layers (its
+    per-layer lists cut back) and ``num_nextn_predict_layers`` = ``mtp``."""
+    from safetensors.torch import save_file
+
     for i in range(mtp):
-        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, mtp_own_head))
-    save_file(tensors, weights_path, metadata={"format": "pt"})
+        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, own_head))
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((out / "config.json").read_text())
     config["num_hidden_layers"] = layers
     config["num_nextn_predict_layers"] = mtp
     config.pop("num_mtp_layers", None)
+    for key in ("indexer_types", "mlp_layer_types", "layer_types"):
+        if isinstance(config.get(key), list):
+            config[key] = config[key][:layers]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-    return out

@@ -9,13 +9,12 @@ transformers' cached and uncached forwards pick different tokens (its ``torch.to
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dgpp.testing.glm import _mtp_extras, _spread_weights
+from dgpp.testing.glm import TINY_GLM_MOE, _spread_weights, declare_mtp
 
 TINY_GLM_MOE_DSA: dict[str, Any] = {
     "vocab_size": 512,
@@ -35,14 +34,7 @@ TINY_GLM_MOE_DSA: dict[str, Any] = {
     "index_topk": 8,
     "index_topk_freq": 2,
     "index_skip_topk_offset": 1,
-    "first_k_dense_replace": 1,
-    "n_routed_experts": 16,
-    "n_shared_experts": 1,
-    "num_experts_per_tok": 4,
-    "n_group": 4,
-    "topk_group": 2,
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 2.5,
+    **TINY_GLM_MOE,
     "rms_norm_eps": 1e-5,
     "max_position_embeddings": 512,
     "tie_word_embeddings": False,
@@ -79,6 +71,7 @@ def build_tiny_glm_moe_dsa(
     indexer where the freq / offset schedule makes the index ``full``), plus the MTP-only tensors
     (``mtp_own_head``: their own embedding and head copies); config.json then declares
     ``num_nextn_predict_layers`` = M over the original stack."""
+    from safetensors.torch import load_file
     from transformers import GlmMoeDsaConfig, GlmMoeDsaForCausalLM
 
     cfg = tiny_glm_moe_dsa_config(**overrides)
@@ -93,34 +86,8 @@ def build_tiny_glm_moe_dsa(
     out = Path(out_dir)
     model.save_pretrained(out)
     if mtp_layers:
-        _declare_mtp(out, layers, mtp_layers, cfg, dtype, gen, mtp_own_head)
+        declare_mtp(out, load_file(out / "model.safetensors"), cfg, layers, mtp_layers, dtype, gen, mtp_own_head)
     return out
-
-
-def _declare_mtp(
-    out: Path,
-    layers: int,
-    mtp: int,
-    cfg: dict[str, Any],
-    dtype: torch.dtype,
-    gen: torch.Generator,
-    own_head: bool,
-) -> None:
-    """The trailing ``mtp`` blocks become MTP layers: their extra tensors added, the per-layer lists cut back."""
-    from safetensors.torch import load_file, save_file
-
-    weights = out / "model.safetensors"
-    tensors = load_file(weights)
-    for i in range(mtp):
-        tensors.update(_mtp_extras(cfg, layers + i, dtype, gen, own_head))
-    save_file(tensors, weights, metadata={"format": "pt"})
-    config = json.loads((out / "config.json").read_text())
-    config["num_hidden_layers"] = layers
-    config["num_nextn_predict_layers"] = mtp
-    for key in ("indexer_types", "mlp_layer_types", "layer_types"):
-        if isinstance(config.get(key), list):
-            config[key] = config[key][:layers]
-    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
 
 
 def _int_group(bits: int, targets: list[str]) -> dict[str, Any]:

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from dgpp.testing.builders import save_one_file, spread_tensors
+
 TINY_MIMO: dict[str, Any] = {
     "architectures": ["MiMoV2FlashForCausalLM"],
     "model_type": "mimo_v2_flash",
@@ -53,19 +55,12 @@ def tiny_mimo_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-@torch.no_grad()
 def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     """Norms away from 1, sinks of order 1 and correction biases of the sigmoid scores' order (HF initializes
     them at 1, N(0, 0.08) and 0), so a loader that drops any of them, or attention that ignores the sinks,
     or a router that ignores the bias, changes the logits."""
-    for name, p in model.named_parameters():
-        if name.endswith("norm.weight"):
-            p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-        elif name.endswith(".sinks"):
-            p.copy_(1.5 * torch.randn(p.shape, generator=gen, dtype=torch.float64).to(p.dtype))
-    for name, b in model.named_buffers():
-        if name.endswith("e_score_correction_bias"):
-            b.copy_(0.1 * torch.randn(b.shape, generator=gen, dtype=torch.float64).to(b.dtype))
+    spread_tensors(model.named_parameters(), gen, {"norm.weight": (1.0, 0.2), ".sinks": (0.0, 1.5)})
+    spread_tensors(model.named_buffers(), gen, {"e_score_correction_bias": (0.0, 0.1)})
 
 
 def build_tiny_mimo(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
@@ -80,10 +75,7 @@ def build_tiny_mimo(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = 
     model = MiMoV2FlashForCausalLM(MiMoV2FlashConfig(**kwargs, dtype=str(dtype).removeprefix("torch.")))
     model = model.to(dtype).eval()
     _spread_weights(model, torch.Generator().manual_seed(seed + 1))
-    model.save_pretrained(out)
-    if not (out / "model.safetensors").exists():
-        raise RuntimeError(f"tiny mimo checkpoint was sharded; expected one file at {out / 'model.safetensors'}")
-    return out
+    return save_one_file(model, out, "mimo")
 
 
 # MiMo-V2-Flash as transformers' MiMoV2FlashConfig defaults describe the release (transformers >= 5.24): the hub

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from dgpp.errors import ConfigError
+from dgpp.plugin_api import ConfigError
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}

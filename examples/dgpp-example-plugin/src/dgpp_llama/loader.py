@@ -9,7 +9,7 @@ import dataclasses
 import torch
 
 from dgpp.checkpoint import CheckpointReader, load_weights
-from dgpp.family import LoadContext
+from dgpp.plugin_api import LoadContext
 from dgpp.quant.apply import convert_dense_weights, quantize_modules
 from dgpp_llama.config import parse_config
 from dgpp_llama.model import LlamaForCausalLM

@@ -11,10 +11,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec, PagedKV
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gqa import GQAttention
 from dgpp.nn.linear import Linear
@@ -22,6 +18,7 @@ from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, PagedKV, World
 from dgpp_llama.config import LlamaConfig
 from dgpp_llama.rope import build_rotary
 

@@ -5,8 +5,7 @@ Heavy imports (torch, the model) stay inside the hook bodies, so ``dgpp plugins`
 
 from __future__ import annotations
 
-from dgpp.family import FamilySpec, LoadContext
-from dgpp.hookspecs import hookimpl
+from dgpp.plugin_api import FamilySpec, LoadContext, hookimpl
 
 FAMILY = "llama"
 PLUGIN = "dgpp-llama"

@@ -18,8 +18,7 @@ from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.trailing_rope import TrailingRotary
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, WindowCompressor
-from dgpp.step.batch import ForwardBatch
-from dgpp.step.cache_spec import CacheSpec
+from dgpp.plugin_api import CacheSpec, ForwardBatch
 from dgpp_deepseek.config import CSA, DeepseekV4ArchConfig
 
 

@@ -14,11 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from dgpp.checkpoint.config_keys import ConfigKeys
-from dgpp.errors import ConfigError
 from dgpp.nn.rotary import YarnScaling
+from dgpp.plugin_api import CausalLMFields, ConfigError, ConfigKeys
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
 _RATIO_TO_TYPE = {0: SLIDING, 4: CSA, 128: HCA}
@@ -26,8 +23,8 @@ _MLP_TYPES = ("hash_moe", "moe")
 _WHERE = "deepseek_v4 config.json"
 
 
-@dataclass(frozen=True)
-class DeepseekV4ArchConfig:
+@dataclass(frozen=True, kw_only=True)
+class DeepseekV4ArchConfig(CausalLMFields):
     vocab_size: int
     hidden_size: int
     moe_intermediate_size: int
@@ -59,12 +56,7 @@ class DeepseekV4ArchConfig:
     hc_sinkhorn_iters: int
     hc_eps: float
     rms_norm_eps: float
-    max_position_embeddings: int
-    tie_word_embeddings: bool
     num_nextn_predict_layers: int
-    dtype: torch.dtype
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
 
     def ratio(self, layer_idx: int) -> int:
         """Compression ratio of a layer (0: sliding only)."""
@@ -155,8 +147,7 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
 def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
     f = ConfigKeys(cfg, _WHERE)
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ConfigError(f"{_WHERE}: 'hidden_act'={cfg['hidden_act']!r} is not supported (only 'silu')")
+    f.only("hidden_act", "silu")
     for key in ("attention_bias", "mlp_bias"):
         if cfg.get(key):
             raise ConfigError(
@@ -223,10 +214,6 @@ def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
         hc_sinkhorn_iters=f.positive("hc_sinkhorn_iters", 20),
         hc_eps=f.optional("hc_eps", float, 1e-6),
         rms_norm_eps=f.optional("rms_norm_eps", float, 1e-6),
-        max_position_embeddings=f.positive("max_position_embeddings", 1048576),
-        tie_word_embeddings=f.optional("tie_word_embeddings", bool, False),
         num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
-        dtype=f.dtype(),
-        eos_token_ids=f.token_ids("eos_token_id"),
-        bos_token_id=cfg.get("bos_token_id"),
+        **f.causal_lm_fields(max_position=1048576),
     )

@@ -20,12 +20,11 @@ from collections.abc import Mapping
 import torch
 from torch import nn
 
-from dgpp.family import World
 from dgpp.nn.hyper_connections import HyperHead
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
-from dgpp.plugin_api import CheckpointError, CheckpointReader
+from dgpp.plugin_api import CheckpointError, CheckpointReader, World
 from dgpp_deepseek.config import CSA, HCA, SLIDING, DeepseekV4ArchConfig
 from dgpp_deepseek.model import DeepseekV4Block
 

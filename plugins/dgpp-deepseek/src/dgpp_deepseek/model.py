@@ -14,15 +14,12 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.engine.model import Model, ModelInfo
-from dgpp.family import LoadContext, World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, HyperHead, to_streams
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
+from dgpp.plugin_api import CacheSpec, ForwardBatch, LoadContext, Model, ModelInfo, World
 from dgpp_deepseek.attention import DeepseekV4Attention
 from dgpp_deepseek.config import DeepseekV4ArchConfig, parse_deepseek_v4_config
 

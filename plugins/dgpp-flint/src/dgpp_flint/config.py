@@ -12,17 +12,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from dgpp.checkpoint.config_keys import ConfigKeys
-from dgpp.errors import ConfigError
+from dgpp.plugin_api import CausalLMFields, ConfigError, ConfigKeys
 
 _LAYER_TYPES = ("full_attention", "sliding_attention")
 _WHERE = "flint config.json"
 
 
-@dataclass(frozen=True)
-class FlintArchConfig:
+@dataclass(frozen=True, kw_only=True)
+class FlintArchConfig(CausalLMFields):
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -41,11 +38,6 @@ class FlintArchConfig:
     num_experts: int
     num_experts_per_tok: int
     norm_topk_prob: bool
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    dtype: torch.dtype
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
 
     def is_sliding(self, layer_idx: int) -> bool:
         return self.layer_types[layer_idx] == "sliding_attention"
@@ -93,9 +85,7 @@ def _int_list(cfg: dict[str, Any], key: str, default: list[int]) -> tuple[int, .
 def parse_flint_config(cfg: dict[str, Any]) -> FlintArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
     keys = ConfigKeys(cfg, _WHERE)
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"{_WHERE}: 'hidden_act'={act!r} is not supported (only 'silu')")
+    keys.only("hidden_act", "silu")
     if cfg.get("attention_bias"):
         raise ConfigError(f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)")
     heads = keys.positive("num_attention_heads")
@@ -131,9 +121,5 @@ def parse_flint_config(cfg: dict[str, Any]) -> FlintArchConfig:
         num_experts=experts,
         num_experts_per_tok=top_k,
         norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
-        max_position_embeddings=keys.positive("max_position_embeddings", 262144),
-        tie_word_embeddings=keys.optional("tie_word_embeddings", bool, False),
-        dtype=keys.dtype(),
-        eos_token_ids=keys.token_ids("eos_token_id"),
-        bos_token_id=cfg.get("bos_token_id"),
+        **keys.causal_lm_fields(max_position=262144),
     )

@@ -13,8 +13,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dgpp.nn.decoder import DecoderStack
 from dgpp.nn.dsa import DSAIndexer
-from dgpp.nn.embedding import VocabEmbedding
 from dgpp.nn.mla import MultiLatentAttention, Selection, mla_softmax_scale
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
@@ -113,7 +113,7 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         if cfg.is_moe_layer(layer_idx) if moe is None else moe:
-            self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)  # type: ignore[arg-type]  # same MoE fields
+            self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)
         else:
             self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 
@@ -123,21 +123,15 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group), selection
 
 
-class GlmMoeDsaBackbone(nn.Module):
-    def __init__(self, cfg: GlmMoeDsaArchConfig, *, dtype: torch.dtype, world: World) -> None:
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(
-            GlmMoeDsaDecoderLayer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers)
-        )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-
-
 class GlmMoeDsaForCausalLM(Glm4MoeForCausalLM):
     """Full GLM-5.3 behind the engine's model contract (head, info and forward as GLM-4.7's); per layer a latent
     cache, plus indexer keys on ``full`` layers."""
 
-    backbone = GlmMoeDsaBackbone
+    @classmethod
+    def build_stack(cls, cfg: GlmMoeDsaArchConfig, *, dtype: torch.dtype, world: World) -> DecoderStack:
+        layers = (GlmMoeDsaDecoderLayer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
+        norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        return DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec: dict[str, CacheSpec] = {}

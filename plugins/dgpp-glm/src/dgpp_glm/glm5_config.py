@@ -11,54 +11,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from dgpp.nn.rotary import YarnScaling
-from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError
-from dgpp_glm.config import _eos, _opt, _positive, _quant_method, _req
+from dgpp.plugin_api import ConfigError, ConfigKeys
+from dgpp_glm.config import GlmMoeFields, shared_fields
 
 _WHAT = "glm_moe_dsa config.json"
 
 
-@dataclass(frozen=True)
-class GlmMoeDsaArchConfig:
+@dataclass(frozen=True, kw_only=True)
+class GlmMoeDsaArchConfig(GlmMoeFields):
     """Architecture of ``GlmMoeDsaForCausalLM``: MLA with a DSA indexer (``full`` layers select, ``shared``
     layers reuse), ``mlp_layer_types`` dense MLPs then GLM's sigmoid-routed MoE."""
 
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    moe_intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
     q_lora_rank: int
     kv_lora_rank: int
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-    rope_theta: float
     yarn: YarnScaling | None
-    rms_norm_eps: float
-    attention_bias: bool
-    max_position_embeddings: int
     mlp_layer_types: tuple[str, ...]
     indexer_types: tuple[str, ...]
     index_n_heads: int
     index_head_dim: int
     index_topk: int
-    n_routed_experts: int
-    n_shared_experts: int
-    num_experts_per_tok: int
-    n_group: int
-    topk_group: int
-    norm_topk_prob: bool
-    routed_scaling_factor: float
-    num_mtp_layers: int
-    tie_word_embeddings: bool
-    dtype: torch.dtype
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
-    quant_method: str | None = None
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return self.mlp_layer_types[layer_idx] == "sparse"
@@ -81,8 +56,9 @@ def indexer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
         else:
             explicit = pattern
     if explicit is None:
-        freq = max(_opt(cfg, "index_topk_freq", int, 1), 1)
-        offset = _opt(cfg, "index_skip_topk_offset", int, 2)
+        keys = ConfigKeys(cfg, _WHAT)
+        freq = max(keys.optional("index_topk_freq", int, 1), 1)
+        offset = keys.optional("index_skip_topk_offset", int, 2)
         explicit = ["full" if max(i - offset + 1, 0) % freq == 0 else "shared" for i in range(layers)]
     kinds = tuple(explicit)
     if len(kinds) != layers or not set(kinds) <= {"full", "shared"}:
@@ -124,91 +100,54 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, YarnScaling | None]:
 
 def parse_glm_moe_dsa_config(cfg: dict[str, Any]) -> GlmMoeDsaArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    req = lambda key, kind=int: _req_named(cfg, key, kind)  # noqa: E731
-    opt = lambda key, kind, default: _opt_named(cfg, key, kind, default)  # noqa: E731
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise _err(f"'hidden_act'={cfg['hidden_act']!r} is not supported (only 'silu')")
-    layers = _pos("num_hidden_layers", req("num_hidden_layers"))
-    heads = _pos("num_attention_heads", req("num_attention_heads"))
-    if opt("num_key_value_heads", int, heads) != heads:
+    keys = ConfigKeys(cfg, _WHAT)
+    shared = shared_fields(keys, max_position=202752)
+    layers = keys.positive("num_hidden_layers")
+    heads = keys.positive("num_attention_heads")
+    if keys.optional("num_key_value_heads", int, heads) != heads:
         raise _err(
             f"'num_key_value_heads' must equal 'num_attention_heads'={heads} (kv_b_proj expands every head)"
         )
-    q_lora = req("q_lora_rank") if cfg.get("q_lora_rank") is not None else None
-    if q_lora is None:
+    if cfg.get("q_lora_rank") is None:
         raise _err("'q_lora_rank' is required (the indexer reads the low-rank q)")
-    rope_dim = _pos("qk_rope_head_dim", req("qk_rope_head_dim"))
-    index_dim = _pos("index_head_dim", opt("index_head_dim", int, 128))
+    rope_dim = keys.positive("qk_rope_head_dim")
+    index_dim = keys.positive("index_head_dim", 128)
     if rope_dim % 2 or rope_dim > index_dim:
         raise _err(f"'qk_rope_head_dim'={rope_dim} must be even and at most 'index_head_dim'={index_dim}")
-    experts = _pos("n_routed_experts", req("n_routed_experts"))
-    n_group = _pos("n_group", opt("n_group", int, 1))
-    if experts % n_group or opt("topk_group", int, 1) > n_group:
+    experts = keys.positive("n_routed_experts")
+    n_group = keys.positive("n_group", 1)
+    topk_group = keys.optional("topk_group", int, 1)
+    if experts % n_group or topk_group > n_group:
         raise _err(
             f"'n_routed_experts'={experts} / 'n_group'={n_group} / 'topk_group' do not form expert groups"
         )
-    first_dense = opt("first_k_dense_replace", int, 3)
+    first_dense = keys.optional("first_k_dense_replace", int, 3)
     mlp_types = tuple(
         cfg.get("mlp_layer_types")
         or ["dense"] * min(first_dense, layers) + ["sparse"] * max(layers - first_dense, 0)
     )
     if len(mlp_types) != layers or not set(mlp_types) <= {"dense", "sparse"}:
         raise _err(f"'mlp_layer_types' must list 'dense'/'sparse' for each of the {layers} layers")
-    dtype_name = cfg.get("dtype", cfg.get("torch_dtype")) or "bfloat16"
-    if dtype_name not in COMPUTE_DTYPES:
-        raise _err(f"'torch_dtype'={dtype_name!r} is not supported ({', '.join(COMPUTE_DTYPES)})")
     theta, yarn = _rope(cfg)
     return GlmMoeDsaArchConfig(
-        vocab_size=_pos("vocab_size", req("vocab_size")),
-        hidden_size=_pos("hidden_size", req("hidden_size")),
-        intermediate_size=_pos("intermediate_size", req("intermediate_size")),
-        moe_intermediate_size=_pos("moe_intermediate_size", req("moe_intermediate_size")),
+        **shared,
         num_hidden_layers=layers,
         num_attention_heads=heads,
-        q_lora_rank=_pos("q_lora_rank", q_lora),
-        kv_lora_rank=_pos("kv_lora_rank", req("kv_lora_rank")),
-        qk_nope_head_dim=_pos("qk_nope_head_dim", req("qk_nope_head_dim")),
+        q_lora_rank=keys.positive("q_lora_rank"),
+        kv_lora_rank=keys.positive("kv_lora_rank"),
+        qk_nope_head_dim=keys.positive("qk_nope_head_dim"),
         qk_rope_head_dim=rope_dim,
-        v_head_dim=_pos("v_head_dim", req("v_head_dim")),
+        v_head_dim=keys.positive("v_head_dim"),
         rope_theta=theta,
         yarn=yarn,
-        rms_norm_eps=opt("rms_norm_eps", float, 1e-5),
-        attention_bias=opt("attention_bias", bool, False),
-        max_position_embeddings=_pos("max_position_embeddings", opt("max_position_embeddings", int, 202752)),
         mlp_layer_types=mlp_types,
         indexer_types=indexer_types(cfg, layers),
-        index_n_heads=_pos("index_n_heads", opt("index_n_heads", int, 32)),
+        index_n_heads=keys.positive("index_n_heads", 32),
         index_head_dim=index_dim,
-        index_topk=_pos("index_topk", opt("index_topk", int, 2048)),
+        index_topk=keys.positive("index_topk", 2048),
         n_routed_experts=experts,
-        n_shared_experts=opt("n_shared_experts", int, 1),
-        num_experts_per_tok=_pos("num_experts_per_tok", req("num_experts_per_tok")),
+        num_experts_per_tok=keys.positive("num_experts_per_tok"),
         n_group=n_group,
-        topk_group=opt("topk_group", int, 1),
-        norm_topk_prob=opt("norm_topk_prob", bool, True),
-        routed_scaling_factor=opt("routed_scaling_factor", float, 1.0),
-        num_mtp_layers=opt("num_nextn_predict_layers", int, 0),
-        tie_word_embeddings=opt("tie_word_embeddings", bool, False),
-        dtype=COMPUTE_DTYPES[dtype_name],
-        eos_token_ids=_eos(cfg),
-        bos_token_id=cfg.get("bos_token_id"),
-        quant_method=_quant_method(cfg),
+        topk_group=topk_group,
+        num_mtp_layers=keys.optional("num_nextn_predict_layers", int, 0),
     )
-
-
-def _req_named(cfg: dict[str, Any], key: str, kind: type) -> Any:
-    try:
-        return _req(cfg, key, kind)
-    except ConfigError as e:  # the shared checks name glm4_moe; say which config this is
-        raise _err(str(e).split(": ", 1)[1]) from None
-
-
-def _opt_named(cfg: dict[str, Any], key: str, kind: type, default: Any) -> Any:
-    return default if cfg.get(key) is None else _req_named(cfg, key, kind)
-
-
-def _pos(name: str, value: int) -> int:
-    try:
-        return _positive(name, value)
-    except ConfigError as e:
-        raise _err(str(e).split(": ", 1)[1]) from None

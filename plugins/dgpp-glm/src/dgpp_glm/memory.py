@@ -10,50 +10,71 @@ layer's own KV included), e.g. 92 + 1 layers x 2 kv heads x 128 x (K+V) x 2 B = 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from dgpp.plugin_api import (
     LoadContext,
+    Model,
     ModelMemory,
     quantize_modules,
+    settle_weights,
     tensor_bytes,
     transformer_activation_bytes,
 )
 from dgpp.quant.resident import resident_bytes
+from dgpp_glm.config import GlmMoeFields
 from dgpp_glm.loader import arch_config, checkpoint_name
+
+if TYPE_CHECKING:
+    from dgpp_glm.draft import MTPLayout
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
-    from dgpp_glm.draft import Glm4MoeMTPDrafter, MTPLayout
+    from dgpp_glm.draft import Glm4MoeMTPDrafter
     from dgpp_glm.model import Glm4MoeForCausalLM
 
     cfg = arch_config(ctx)
-    engine = ctx.engine
-    bf16 = engine.bf16_weights
+    rank = f"modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"
+    return meta_plan(
+        ctx, cfg, lambda: Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
+        lambda model, layout: Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head),
+        lambda mtp: f"GLM plan: {rank}; KV includes the MTP layer" if mtp else f"GLM plan: {rank}",
+    )
+
+
+def meta_plan(ctx: LoadContext, cfg: GlmMoeFields, build_model: Callable[[], Model],
+              build_drafter: Callable[[Model, MTPLayout], nn.Module], note: Callable[[bool], str]) -> ModelMemory:
+    """The plan of the model ``build_model()`` builds on ``meta`` for this rank, packed formats swapped in, and,
+    with ``engine.mtp`` on a config with MTP layers, of its drafter (weights and cache rows); ``note(mtp)``."""
+    from dgpp_glm.draft import MTPLayout
+
+    bf16 = ctx.engine.bf16_weights
     with torch.device("meta"):
-        model = Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
+        model = build_model()
         quantize_modules(model, ctx.hf_config, rename=checkpoint_name)
-        spec = dict(model.cache_spec())
-        drafter_bytes = 0
-        if cfg.num_mtp_layers and engine.mtp:
+        settle_weights(model)  # the loaded forms (GLM-5.3: MLA's kv_b_proj decoded)
+        spec, drafter_bytes = dict(model.cache_spec()), 0
+        if cfg.num_mtp_layers and ctx.engine.mtp:
             layout = MTPLayout.of(tensor_bytes(Path(ctx.checkpoint_dir)), cfg)
-            drafter = Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head)
+            drafter = build_drafter(model, layout)
             if layout.packed:
                 quantize_modules(drafter, ctx.hf_config, rename=drafter.checkpoint_name)
+                settle_weights(drafter)
             spec.update(drafter.cache_spec())
             drafter_bytes = resident_bytes(drafter, bf16)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
-    world = ctx.world.size
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
     return ModelMemory.from_cache_spec(
         spec,
         weights=resident_bytes(model, bf16),
-        activations_per_token=transformer_activation_bytes(cfg.hidden_size, widest_mlp, world, itemsize),
+        activations_per_token=transformer_activation_bytes(cfg.hidden_size, widest_mlp, ctx.world.size, itemsize),
         drafter=drafter_bytes,
         vocab_size=cfg.vocab_size,
         max_position=cfg.max_position_embeddings,
-        notes=(f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}; KV includes the MTP layer"
-               if drafter_bytes else f"GLM plan: modules built on meta for rank {ctx.world.rank} of {world}",),
+        notes=(note(bool(drafter_bytes)),),
     )

@@ -1,32 +1,32 @@
 """GLM-4.x MoE (``Glm4MoeForCausalLM``): the forward pass over the engine's paged KV.
 
-Pre-norm decoder blocks: GQA attention with q/k/v biases, per-head q/k RMSNorm and half-split RoPE on
-the first ``rotary_dim`` dims of each head; then a SwiGLU MLP in the first ``first_k_dense_replace``
-layers and a sigmoid-routed MoE (correction bias, group-limited top-k, routed scaling, shared experts)
-after. Module names follow the checkpoint's tensor names, so loading is a name-to-parameter walk.
+Pre-norm decoder blocks on core's skeleton (``dgpp.nn.decoder``): GQA attention with q/k/v biases, per-head
+q/k RMSNorm and half-split RoPE on the first ``rotary_dim`` dims of each head; then a SwiGLU MLP in the first
+``first_k_dense_replace`` layers and a sigmoid-routed MoE (correction bias, group-limited top-k, routed
+scaling, shared experts) after. Module names follow the checkpoint's tensor names, so loading is a
+name-to-parameter walk.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from functools import partial
 
-from dgpp.nn.embedding import LMHead, VocabEmbedding
+import torch
+
+from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_or_moe
 from dgpp.nn.gqa import GQAttention
-from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
-from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, PagedKV, World
-from dgpp_glm.config import Glm4MoeArchConfig
+from dgpp.plugin_api import CacheSpec, PagedKV, World
+from dgpp_glm.config import Glm4MoeArchConfig, GlmMoeFields
 
 
 def attention_cache_name(layer_idx: int) -> str:
     return f"layers.{layer_idx}.self_attn"
 
 
-def build_glm_moe(cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> SparseMoE:
+def build_glm_moe(cfg: GlmMoeFields, *, dtype: torch.dtype, world: World) -> SparseMoE:
     """GLM's MoE on the shared layer: fp32 sigmoid router, expert choice on score + correction bias
     within the best ``topk_group`` of ``n_group`` groups, weights = renormalized unbiased scores times
     ``routed_scaling_factor``; plus ``n_shared_experts`` ungated shared experts fused into one MLP."""
@@ -61,85 +61,37 @@ def build_attention(cfg: Glm4MoeArchConfig, cache_name: str, *, dtype: torch.dty
     )
 
 
-class Glm4MoeDecoderLayer(nn.Module):
+class Glm4MoeDecoderLayer(PreNormBlock):
     """One pre-norm block: ``h = x + attn(norm(x))``; ``out = h + mlp(norm(h))`` (dense or MoE by index)."""
 
     def __init__(self, cfg: Glm4MoeArchConfig, layer_idx: int, cache_name: str, *, dtype: torch.dtype, world: World) -> None:
-        super().__init__()
-        self.world = world
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = build_attention(cfg, cache_name, dtype=dtype, world=world)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        if cfg.is_moe_layer(layer_idx):
-            self.mlp = build_glm_moe(cfg, dtype=dtype, world=world)
-        else:
-            self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
-
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
-        h = x + all_reduce(self.self_attn(self.input_layernorm(x), batch), self.world, group)
-        return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
+        input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        self_attn = build_attention(cfg, cache_name, dtype=dtype, world=world)
+        post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        mlp = dense_or_moe(cfg, layer_idx, partial(build_glm_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world)
+        super().__init__(input_layernorm, self_attn, post_attention_layernorm, mlp, world)
 
 
-class Glm4MoeBackbone(nn.Module):
-    """``model.*`` of the checkpoint: embedding, the decoder stack, the final norm."""
-
-    def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> None:
-        super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=dtype)
-        self.layers = nn.ModuleList(
-            Glm4MoeDecoderLayer(cfg, i, attention_cache_name(i), dtype=dtype, world=world)
-            for i in range(cfg.num_hidden_layers)
-        )
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-
-
-class Glm4MoeForCausalLM(Model):
+class Glm4MoeForCausalLM(PreNormCausalLM):
     """The GLM-4.x MoE model behind the engine's model contract.
 
     With ``keep_hidden`` on, ``forward`` keeps the post-final-norm hidden of every row in ``last_hidden``: GLM's
     MTP layer drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
     """
 
-    backbone: type[nn.Module] = Glm4MoeBackbone  # GLM-5.3 swaps in its own decoder stack
-
     def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group=None):
-        super().__init__()
-        self.config = cfg
-        self.dtype = dtype or cfg.dtype
-        self.world = world or World()
-        self.group = group
-        self.model = self.backbone(cfg, dtype=self.dtype, world=self.world)
-        tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(
-            cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world, group=self.group
-        )
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=self.dtype,
-            hybrid=False,
-            extra={"num_mtp_layers": cfg.num_mtp_layers},
-        )
+        dtype, world = dtype or cfg.dtype, world or World()
+        super().__init__(cfg, self.build_stack(cfg, dtype=dtype, world=world), dtype=dtype, world=world, group=group,
+                         extra={"num_mtp_layers": cfg.num_mtp_layers})
+
+    @classmethod
+    def build_stack(cls, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> DecoderStack:
+        """``model.*``: the embedding, GLM's blocks and the final norm (GLM-5.3 builds its own blocks)."""
+        layers = (Glm4MoeDecoderLayer(cfg, i, attention_cache_name(i), dtype=dtype, world=world)
+                  for i in range(cfg.num_hidden_layers))
+        norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
+        return DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
         return {attention_cache_name(i): kv for i in range(self.config.num_hidden_layers)}
-
-    def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
-        """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``."""
-        x = self.model.embed_tokens(batch.input_ids)
-        for layer in self.model.layers:
-            x = layer(x, batch, self.group)
-        return self.model.norm(x)
-
-    @torch.no_grad()
-    def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        hidden = self.hidden_states(batch)
-        self.keep_last_hidden(hidden)
-        return hidden[batch.logits_indices]
-
-    @torch.no_grad()
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)

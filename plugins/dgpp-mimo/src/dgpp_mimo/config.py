@@ -14,9 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from dgpp.checkpoint.config_keys import ConfigKeys
+from dgpp.plugin_api import CausalLMFields, ConfigKeys
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
 _MLP_TYPES = ("dense", "sparse")
@@ -36,8 +34,8 @@ class AttentionShape:
     rotary_dim: int
 
 
-@dataclass(frozen=True)
-class MimoArchConfig:
+@dataclass(frozen=True, kw_only=True)
+class MimoArchConfig(CausalLMFields):
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -56,11 +54,6 @@ class MimoArchConfig:
     n_group: int
     topk_group: int
     attention_bias: bool
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    dtype: torch.dtype
-    eos_token_ids: tuple[int, ...] = ()
-    bos_token_id: int | None = None
 
     def is_sliding(self, layer_idx: int) -> bool:
         return self.layer_types[layer_idx] == "sliding_attention"
@@ -152,9 +145,7 @@ def _window(keys: ConfigKeys) -> int:
 def parse_mimo_config(cfg: dict[str, Any]) -> MimoArchConfig:
     """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
     keys = ConfigKeys(cfg, "mimo_v2_flash config.json")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise keys.error(f"'hidden_act'={act!r} is not supported (only 'silu')")
+    keys.only("hidden_act", "silu")
     layers = keys.positive("num_hidden_layers")
     layer_types = _types(keys, "layer_types", LAYER_TYPES, [
         "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)])
@@ -185,9 +176,5 @@ def parse_mimo_config(cfg: dict[str, Any]) -> MimoArchConfig:
         n_group=n_group,
         topk_group=topk_group,
         attention_bias=keys.optional("attention_bias", bool, False),
-        max_position_embeddings=keys.positive("max_position_embeddings", 131072),
-        tie_word_embeddings=keys.optional("tie_word_embeddings", bool, False),
-        dtype=keys.dtype(),
-        eos_token_ids=keys.token_ids("eos_token_id"),
-        bos_token_id=cfg.get("bos_token_id", 1),
+        **keys.causal_lm_fields(max_position=131072, bos_token_id=1),
     )

@@ -12,21 +12,20 @@ checkpoint's tensor names.
 
 from __future__ import annotations
 
+from functools import partial
+
 import torch
 from torch import nn
 
-from dgpp.engine.batch import ForwardBatch
-from dgpp.engine.cache_spec import CacheSpec
-from dgpp.family import World
-from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM
+from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_or_moe
 from dgpp.nn.linear import Linear
-from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.plugin_api import CacheSpec, ForwardBatch, World
 from dgpp_mimo.config import MimoArchConfig
 
 
@@ -87,10 +86,7 @@ def build_mimo_moe(cfg: MimoArchConfig, *, dtype: torch.dtype, world: World) -> 
 
 def build_layer(cfg: MimoArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> PreNormBlock:
     """One pre-norm block; the MLP dense or MoE by ``mlp_layer_types``."""
-    if cfg.is_moe_layer(layer_idx):
-        mlp: nn.Module = build_mimo_moe(cfg, dtype=dtype, world=world)
-    else:
-        mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
+    mlp = dense_or_moe(cfg, layer_idx, partial(build_mimo_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world)
     return PreNormBlock(RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
                         MimoAttention(cfg, layer_idx, dtype=dtype, world=world),
                         RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)

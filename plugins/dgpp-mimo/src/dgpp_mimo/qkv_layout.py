@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dgpp.errors import CheckpointError, ConfigError
+from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.quant.format import cdiv
 
 PARTS = ("q_proj", "k_proj", "v_proj")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dgpp.errors import ConfigError
+from dgpp.plugin_api import ConfigError
 
 _WHERE = "mimo_v2 config.json"
 SLIDING, FULL = "sliding_attention", "full_attention"
