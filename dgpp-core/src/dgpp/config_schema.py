@@ -99,6 +99,7 @@ class EngineConfig(_Section):
     rendezvous_timeout_ms: PosInt = 120000
     # graphs and speculation
     decode_graph: bool = True  # CUDA-graph decode; the runner takes it only where CUDA graphs exist
+    warmup: bool = True  # a CUDA engine runs its first step mixes before it listens (dgpp.serve.warmup)
     cpu_threads: NonNegInt = 0  # CPU engine: torch's intra-op threads; 0 -> one per core less one (at least 1)
     mtp: bool = False
     mtp_depth: Depth = 1

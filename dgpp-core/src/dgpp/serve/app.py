@@ -149,5 +149,9 @@ def run(cfg: DeployConfig, backend: Backend | None = None, deployment: Deploymen
 
     configured_key(cfg.http)  # a missing key variable fails before the model loads
     backend = backend or build_backend(cfg, deployment)
+    from dgpp.serve.warmup import compiles_kernels, warm_up
+
+    if cfg.engine.warmup and compiles_kernels(backend):  # the first bursts' kernel compiles, before listening
+        warm_up(backend, cfg.engine.max_concurrency)
     asgi = serving_app(backend, cfg.http, cfg.engine.max_connections)
     uvicorn.run(asgi, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning", http=protocol_class())

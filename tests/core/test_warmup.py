@@ -1,0 +1,64 @@
+"""``engine.warmup``: the step mixes a server meets first, sent to itself before it listens, leave nothing behind
+but compiled kernels: every KV block free again, no cached prefix, no counted request, and the same greedy
+tokens for a request afterwards as on a server that never warmed up."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from dgpp.config import parse_config
+from dgpp.sample.params import SamplingParams
+from dgpp.serve.build import build_backend
+from dgpp.serve.warmup import compiles_kernels, warm_up
+from dgpp.testing.builders import build_tiny_checkpoint
+from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    ckpt = build_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("warmup") / "qwen3")
+    build_tiny_tokenizer(ckpt)
+    return ckpt
+
+
+def _backend(ckpt):
+    return build_backend(
+        parse_config(
+            {"model": str(ckpt), "engine": {"stats_interval_s": 0, "max_concurrency": 8, "kv_capacity": 4096}}
+        ),
+        device="cpu",
+    )
+
+
+async def _greedy(backend, prompt: list[int]) -> list[int]:
+    handle = backend.start(
+        prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), kind="cmpl"
+    )
+    tokens: list[int] = []
+    while not handle.finished:
+        choice, ev = await handle.queue.get()
+        tokens.extend(ev.tokens)
+        if ev.retired is not None:
+            handle.done.add(choice)
+    return tokens
+
+
+def test_warm_up_leaves_nothing_behind_and_changes_no_token(checkpoint):
+    prompt = list(range(3, 40))
+    cold = _backend(checkpoint)
+    try:
+        expected = asyncio.run(_greedy(cold, prompt))
+    finally:
+        cold.shutdown()
+    warm = _backend(checkpoint)
+    try:
+        assert not compiles_kernels(warm)  # a CPU engine: `dgpp serve` skips it; run here by hand
+        sched = warm.loop.scheduler
+        assert warm_up(warm, 8) >= 8 + 8 + 8  # the bursts up to the engine's width, the staggered ones
+        assert sched.blocks.num_in_use == 0 and not sched.waiting and not sched.has_work
+        assert warm.counters.requests_total == 0
+        assert asyncio.run(_greedy(warm, prompt)) == expected
+    finally:
+        warm.shutdown()
