@@ -62,20 +62,32 @@ def test_fused_weights_follow_in_place_updates(dtype):
         )
 
 
-def test_narrow_weights_take_the_native_product_where_rows_stay_exact():
-    from dgpp.nn.batch_invariant import MAX_NATIVE_IN, batch_invariant_linear, native_rows_exact
+@pytest.mark.parametrize("out_features, in_features", [(96, 576), (576, 1536), (48, 1536), (576, 3072)])
+def test_narrow_weights_take_the_native_product_where_rows_stay_exact(out_features, in_features):
+    """bf16 parameters multiply natively, against a packed copy where oneDNN packs; every row of a call equals
+    the row alone. On an AVX512-BF16 CPU 576 x 1536 is exact only in calls of one or two rows (the row limit):
+    without it the batched rows below differ from the row alone."""
+    from dgpp.nn.batch_invariant import ROW_BATCH, _can_pack, batch_invariant_linear, native_row_limit
 
-    w = torch.nn.Parameter(torch.randn(96, 576, generator=GEN).to(torch.bfloat16), requires_grad=False)
-    x = torch.randn(40, 576, generator=GEN).to(torch.bfloat16)
-    assert not native_rows_exact(torch.bfloat16, 96, MAX_NATIVE_IN + 1)
-    assert not native_rows_exact(torch.float32, 96, 576)
+    w = torch.nn.Parameter(
+        torch.randn(out_features, in_features, generator=GEN).to(torch.bfloat16), requires_grad=False
+    )
+    x = torch.randn(ROW_BATCH + 9, in_features, generator=GEN).to(torch.bfloat16)
+    assert native_row_limit(torch.float32, out_features, in_features) == 0
     out = batch_invariant_linear(x, w)
-    if native_rows_exact(torch.bfloat16, 96, 576):  # this CPU's bf16 kernel passed the check: it is used
-        assert torch.equal(out, torch.nn.functional.linear(x, w))
+    if native_row_limit(torch.bfloat16, out_features, in_features):  # this CPU's bf16 kernel passed the check
+        alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], w) for i in range(x.shape[0])])
+        assert torch.equal(out, alone)
+        assert (w._dgpp_packed[1] is not None) == _can_pack(torch.bfloat16)
     else:
         assert torch.equal(out, torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))
-    for row in range(x.shape[0]):
+    for rows in [*range(1, 12), 17, 64, ROW_BATCH, ROW_BATCH + 9]:
+        assert torch.equal(batch_invariant_linear(x[:rows], w), out[:rows]), rows
+    for row in range(0, x.shape[0], 7):
         assert torch.equal(batch_invariant_linear(x[row : row + 1], w), out[row : row + 1]), row
+    with torch.no_grad():
+        w.mul_(2)  # the packed copy is rebuilt after an in-place change
+    assert torch.equal(batch_invariant_linear(x[:5], w), (out[:5].float() * 2).to(torch.bfloat16))
 
 
 def test_fusing_in_inference_mode_leaves_the_parameters_ordinary_tensors():
