@@ -126,3 +126,42 @@ def test_cpu_rotary_angles_are_computed_once_a_step():
     assert torch.equal(
         rotary.cos_sin(shifted, torch.float32)[0], rotary.cos_sin(torch.arange(3, 10), torch.float32)[0]
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_of_a_sequence_alone_equals_it_among_others(dtype):
+    """A single-sequence step (its own path: no output scatter) gives each row the bits that row gets in a
+    step with other sequences, and two layers of one step (sharing the step's write slots and context rows)
+    each read their own pool entry."""
+    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.nn.attention import PagedAttention
+    from dgpp.step.cache_spec import PagedKV
+    from dgpp.step.pools import CachePools
+
+    hq, hkv, d, bs = 6, 2, 16, 4
+    tables, contexts, new = [[3, 0, 5], [1, 4]], [0, 5], [9, 1]  # a prefill of 9 rows, a decode row at 5
+    keys = [torch.randn(c + n, hkv, d, generator=GEN).to(dtype) for c, n in zip(contexts, new, strict=True)]
+    values = [torch.randn(c + n, hkv, d, generator=GEN).to(dtype) for c, n in zip(contexts, new, strict=True)]
+    queries = [torch.randn(n, hq, d, generator=GEN).to(dtype) for n in new]
+
+    def run(seqs: list[int]) -> list[torch.Tensor]:
+        pools = CachePools({name: PagedKV(hkv, d, dtype) for name in ("a", "b")}, 8, bs, 1)
+        for name in ("a", "b"):
+            k_cache, v_cache = pools.kv[name]
+            for i in seqs:  # the earlier tokens, as an earlier step left them
+                for pos in range(contexts[i]):
+                    block, offset = tables[i][pos // bs], pos % bs
+                    k_cache[block, offset], v_cache[block, offset] = keys[i][pos], values[i][pos]
+        batch = build_batch([SeqWork(0, tables[i], contexts[i], [0] * new[i]) for i in seqs], pools)
+        q = torch.cat([queries[i] for i in seqs])
+        k = torch.cat([keys[i][contexts[i] :] for i in seqs])
+        v = torch.cat([values[i][contexts[i] :] for i in seqs])
+        first = PagedAttention("a", hq, hkv, d)(q, k, v, batch)
+        second = PagedAttention("b", hq, hkv, d)(q, k * 2, v * 2, batch)  # another layer, the same step
+        assert not torch.equal(first, second)
+        return list(first.split([new[i] for i in seqs])) + list(second.split([new[i] for i in seqs]))
+
+    together = run([0, 1])
+    alone = [run([0]), run([1])]
+    assert torch.equal(alone[0][0], together[0]) and torch.equal(alone[1][0], together[1])
+    assert torch.equal(alone[0][1], together[2]) and torch.equal(alone[1][1], together[3])
