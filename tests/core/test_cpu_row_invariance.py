@@ -165,3 +165,45 @@ def test_paged_attention_of_a_sequence_alone_equals_it_among_others(dtype):
     alone = [run([0]), run([1])]
     assert torch.equal(alone[0][0], together[0]) and torch.equal(alone[1][0], together[1])
     assert torch.equal(alone[0][1], together[2]) and torch.equal(alone[1][1], together[3])
+
+
+def test_bf16_llama_decode_alone_equals_batched_and_chunked(tmp_path):
+    """A whole bf16 model on the CPU (packed products, a 1536-wide ``down_proj`` one row a call, the step's
+    rotation, norms and attention): a sequence's logits are bit-identical decoded alone, beside another
+    sequence, and after its prompt was prefilled in chunks."""
+    pytest.importorskip("dgpp_llama", reason="the example plugin is installed by scripts/setup.sh")
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.step.pools import CachePools
+    from dgpp.testing.builders import build_tiny_checkpoint
+
+    overrides = {"intermediate_size": 1536, "tie_word_embeddings": True, "hidden_size": 96, "head_dim": 24}
+    checkpoint = build_tiny_checkpoint("llama", tmp_path / "llama", overrides=overrides)
+    model = load_model(checkpoint, dtype=torch.bfloat16)
+    prompts = [[(13 * i + 5) % 512 for i in range(11)], [(7 * i + 3) % 512 for i in range(7)]]
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+    def decode(seqs: list[int], chunk: int, steps: int = 5) -> list[list[torch.Tensor]]:
+        runner = ModelRunner(model, CachePools(model.cache_spec(), 8, 4, 2))
+        logits: list[list[torch.Tensor]] = [[] for _ in seqs]
+        done = 0
+        while done < len(prompts[seqs[0]]):  # the prompts in chunks (the last row of each prompt is sampled)
+            works = [SeqWork(j, tables[s], done, prompts[s][done : done + chunk]) for j, s in enumerate(seqs)]
+            works = [w for w in works if w.token_ids]
+            out = runner.step(works)
+            done += chunk
+            for j, s in enumerate(seqs):
+                if done >= len(prompts[s]) > done - chunk:
+                    logits[j].append(out[[w.state_slot for w in works].index(j)])
+        for _ in range(steps):
+            works = [
+                SeqWork(j, tables[s], len(prompts[s]) + len(logits[j]) - 1, [int(logits[j][-1].argmax())])
+                for j, s in enumerate(seqs)
+            ]
+            for j, row in enumerate(runner.step(works)):
+                logits[j].append(row)
+        return logits
+
+    alone = decode([0], chunk=16)[0]
+    assert all(torch.equal(a, b) for a, b in zip(alone, decode([0, 1], chunk=16)[0], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(alone, decode([0], chunk=4)[0], strict=True))
