@@ -91,12 +91,12 @@ def _native_verdict(dtype: torch.dtype, out_features: int, in_features: int) -> 
                 torch.equal(_packed_product(x[i : i + 1], packed), alone[i : i + 1])
                 for i in range(_PROBE_CHECKED)
             )
-            kernels = [lambda rows: F.linear(rows, weight)]
+            products = [lambda rows: F.linear(rows, weight)]
             if packed_ok:
-                kernels.append(lambda rows: _packed_product(rows, packed))
+                products.append(lambda rows: _packed_product(rows, packed))
             batched_ok = in_features <= MAX_BATCHED_IN and all(
-                torch.equal(kernel(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
-                for kernel in kernels
+                torch.equal(product(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
+                for product in products
                 for rows in _PROBE_ROWS
             )
         verdict = (ROW_BATCH if batched_ok else 1 if packed_ok else 0), packed_ok
