@@ -207,3 +207,22 @@ def test_bf16_llama_decode_alone_equals_batched_and_chunked(tmp_path):
     alone = decode([0], chunk=16)[0]
     assert all(torch.equal(a, b) for a, b in zip(alone, decode([0, 1], chunk=16)[0], strict=True))
     assert all(torch.equal(a, b) for a, b in zip(alone, decode([0], chunk=4)[0], strict=True))
+
+
+def test_a_packed_product_that_differs_from_the_plain_row_is_not_used(monkeypatch):
+    """Packing is kept only where the packed product gives each row the plain one-row ``F.linear``'s bits: a
+    packed layout whose rows differ (simulated: the packed copy of another weight) is refused and the plain
+    native product serves the weight."""
+    from dgpp.nn import batch_invariant
+
+    real_pack = batch_invariant._pack
+    monkeypatch.setattr(batch_invariant, "_native_verdicts", {})
+    monkeypatch.setattr(
+        batch_invariant, "_pack", lambda w: None if real_pack(w) is None else real_pack(w * 2)
+    )
+    w = torch.nn.Parameter(torch.randn(64, 96, generator=GEN).to(torch.bfloat16), requires_grad=False)
+    x = torch.randn(5, 96, generator=GEN).to(torch.bfloat16)
+    limit, packed = batch_invariant._native_verdict(torch.bfloat16, 64, 96)
+    assert not packed and limit in (0, batch_invariant.ROW_BATCH)
+    if limit:
+        assert torch.equal(batch_invariant.batch_invariant_linear(x, w), torch.nn.functional.linear(x, w))
