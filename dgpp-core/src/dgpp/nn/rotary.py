@@ -82,7 +82,7 @@ def _signed_sin(sin: torch.Tensor, style: RotaryStyle) -> torch.Tensor:
     if style == "half":
         first, second = sin.chunk(2, dim=-1)
         return torch.cat((-first, second), dim=-1)
-    return (sin.unflatten(-1, (-1, 2)) * sin.new_tensor([-1.0, 1.0])).flatten(-2)
+    return torch.stack((-sin[..., 0::2], sin[..., 1::2]), dim=-1).flatten(-2)
 
 
 class RotaryEmbedding(nn.Module):
@@ -114,17 +114,13 @@ class RotaryEmbedding(nn.Module):
         inv_freq = yarn.inv_freq(base, self.rotary_dim) if yarn else default_inv_freq(base, self.rotary_dim)
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._cos_sin_memo: tuple | None = None  # (positions, (versions, dtype), (cos, sin, signed sin)): _angles
+        self._cos_sin_memo: tuple | None = None  # (positions, (versions, dtype), (cos, sin)): see cos_sin
+        self._signed_sin_memo: tuple | None = None  # (sin, signed sin): see signed_sin
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[T, rotary_dim]`` cos and sin laid out for this style."""
-        cos, sin, _ = self._angles(positions, dtype)
-        return cos, sin
+        """``[T, rotary_dim]`` cos and sin laid out for this style.
 
-    def _angles(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``cos_sin`` and the sign-folded sin (``_signed_sin``) of ``positions``.
-
-        On the CPU the last step's triple is kept: a model's layers share one module and one positions tensor
+        On the CPU the last step's pair is kept: a model's layers share one module and one positions tensor
         per step, so the angles are computed once a step instead of once a layer (a new or changed positions
         tensor, or another dtype, computes afresh; the runner builds a fresh positions tensor every step, and
         inference tensors carry no version to check). CUDA keeps no memo (a graph capture must record the work)."""
@@ -137,15 +133,24 @@ class RotaryEmbedding(nn.Module):
             angles = torch.cat((freqs, freqs), dim=-1)
         else:
             angles = freqs.repeat_interleave(2, dim=-1)
-        cos, sin = (angles.cos() * self.magnitude).to(dtype), (angles.sin() * self.magnitude).to(dtype)
-        triple = cos, sin, _signed_sin(sin, self.style)
+        pair = (angles.cos() * self.magnitude).to(dtype), (angles.sin() * self.magnitude).to(dtype)
         if positions.device.type == "cpu":
-            self._cos_sin_memo = (positions, key, triple)
-        return triple
+            self._cos_sin_memo = (positions, key, pair)
+        return pair
+
+    def signed_sin(self, sin: torch.Tensor) -> torch.Tensor:
+        """``_signed_sin`` of ``cos_sin``'s sin; on the CPU kept with the step's pair (the same sin tensor)."""
+        memo = self._signed_sin_memo
+        if memo is not None and memo[0] is sin:
+            return memo[1]
+        signed = _signed_sin(sin, self.style)
+        if sin.device.type == "cpu":
+            self._signed_sin_memo = (sin, signed)
+        return signed
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x [T, heads, head_dim]`` rotated by ``cos_sin``'s pair."""
-        return self._rotate(x, cos, _signed_sin(sin, self.style))
+        return self._rotate(x, cos, self.signed_sin(sin))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
@@ -160,8 +165,8 @@ class RotaryEmbedding(nn.Module):
             from dgpp import kernels
 
             return kernels.apply_rotary(q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half")
-        cos, _, signed_sin = self._angles(positions, q.dtype)
+        cos, sin = self.cos_sin(positions, q.dtype)
         # q's and k's heads rotated as one tensor: half the small ops of a decode row (the rotation is per element)
-        both = self._rotate(torch.cat((q, k), dim=1), cos, signed_sin)
+        both = self._rotate(torch.cat((q, k), dim=1), cos, self.signed_sin(sin))
         q_rot, k_rot = both.split([q.shape[1], k.shape[1]], dim=1)
         return q_rot, k_rot
