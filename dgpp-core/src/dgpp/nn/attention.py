@@ -112,7 +112,8 @@ def paged_attention(
 
     ``q`` is ``[T, Hq, D]`` (flattened rows of all sequences); returns ``[T, Hq, Dv]``.
     """
-    if batch.num_seqs == 1 and batch.seq_lens_cpu[0]:  # one sequence (a single stream): no output scatter
+    # one sequence with rows and context (a single stream's step): its rows are the output, no scatter
+    if batch.num_seqs == 1 and batch.q_lens_cpu[0] and batch.seq_lens_cpu[0]:
         rows = _context_rows(batch, 0, k_cache.shape[1])
         k, v = gather_rows(k_cache, rows), gather_rows(v_cache, rows)
         return attend(q, k, v, batch.context_lens_cpu[0], scale)
