@@ -62,20 +62,32 @@ def test_fused_weights_follow_in_place_updates(dtype):
         )
 
 
-def test_narrow_weights_take_the_native_product_where_rows_stay_exact():
-    from dgpp.nn.batch_invariant import MAX_NATIVE_IN, batch_invariant_linear, native_rows_exact
+@pytest.mark.parametrize("out_features, in_features", [(96, 576), (576, 1536), (48, 1536), (576, 3072)])
+def test_narrow_weights_take_the_native_product_where_rows_stay_exact(out_features, in_features):
+    """bf16 parameters multiply natively, against a packed copy where oneDNN packs; every row of a call equals
+    the row alone. On an AVX512-BF16 CPU 576 x 1536 is exact only in calls of one or two rows (the row limit):
+    without it the batched rows below differ from the row alone."""
+    from dgpp.nn.batch_invariant import ROW_BATCH, _can_pack, batch_invariant_linear, native_row_limit
 
-    w = torch.nn.Parameter(torch.randn(96, 576, generator=GEN).to(torch.bfloat16), requires_grad=False)
-    x = torch.randn(40, 576, generator=GEN).to(torch.bfloat16)
-    assert not native_rows_exact(torch.bfloat16, 96, MAX_NATIVE_IN + 1)
-    assert not native_rows_exact(torch.float32, 96, 576)
+    w = torch.nn.Parameter(
+        torch.randn(out_features, in_features, generator=GEN).to(torch.bfloat16), requires_grad=False
+    )
+    x = torch.randn(ROW_BATCH + 9, in_features, generator=GEN).to(torch.bfloat16)
+    assert native_row_limit(torch.float32, out_features, in_features) == 0
     out = batch_invariant_linear(x, w)
-    if native_rows_exact(torch.bfloat16, 96, 576):  # this CPU's bf16 kernel passed the check: it is used
-        assert torch.equal(out, torch.nn.functional.linear(x, w))
+    if native_row_limit(torch.bfloat16, out_features, in_features):  # this CPU's bf16 kernel passed the check
+        alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], w) for i in range(x.shape[0])])
+        assert torch.equal(out, alone)
+        assert (w._dgpp_packed[1] is not None) == _can_pack(torch.bfloat16)
     else:
         assert torch.equal(out, torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))
-    for row in range(x.shape[0]):
+    for rows in [*range(1, 12), 17, 64, ROW_BATCH, ROW_BATCH + 9]:
+        assert torch.equal(batch_invariant_linear(x[:rows], w), out[:rows]), rows
+    for row in range(0, x.shape[0], 7):
         assert torch.equal(batch_invariant_linear(x[row : row + 1], w), out[row : row + 1]), row
+    with torch.no_grad():
+        w.mul_(2)  # the packed copy is rebuilt after an in-place change
+    assert torch.equal(batch_invariant_linear(x[:5], w), (out[:5].float() * 2).to(torch.bfloat16))
 
 
 def test_fusing_in_inference_mode_leaves_the_parameters_ordinary_tensors():
@@ -114,3 +126,103 @@ def test_cpu_rotary_angles_are_computed_once_a_step():
     assert torch.equal(
         rotary.cos_sin(shifted, torch.float32)[0], rotary.cos_sin(torch.arange(3, 10), torch.float32)[0]
     )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_attention_of_a_sequence_alone_equals_it_among_others(dtype):
+    """A single-sequence step (its own path: no output scatter) gives each row the bits that row gets in a
+    step with other sequences, and two layers of one step (sharing the step's write slots and context rows)
+    each read their own pool entry."""
+    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.nn.attention import PagedAttention
+    from dgpp.step.cache_spec import PagedKV
+    from dgpp.step.pools import CachePools
+
+    hq, hkv, d, bs = 6, 2, 16, 4
+    tables, contexts, new = [[3, 0, 5], [1, 4]], [0, 5], [9, 1]  # a prefill of 9 rows, a decode row at 5
+    keys = [torch.randn(c + n, hkv, d, generator=GEN).to(dtype) for c, n in zip(contexts, new, strict=True)]
+    values = [torch.randn(c + n, hkv, d, generator=GEN).to(dtype) for c, n in zip(contexts, new, strict=True)]
+    queries = [torch.randn(n, hq, d, generator=GEN).to(dtype) for n in new]
+
+    def run(seqs: list[int]) -> list[torch.Tensor]:
+        pools = CachePools({name: PagedKV(hkv, d, dtype) for name in ("a", "b")}, 8, bs, 1)
+        for name in ("a", "b"):
+            k_cache, v_cache = pools.kv[name]
+            for i in seqs:  # the earlier tokens, as an earlier step left them
+                for pos in range(contexts[i]):
+                    block, offset = tables[i][pos // bs], pos % bs
+                    k_cache[block, offset], v_cache[block, offset] = keys[i][pos], values[i][pos]
+        batch = build_batch([SeqWork(0, tables[i], contexts[i], [0] * new[i]) for i in seqs], pools)
+        q = torch.cat([queries[i] for i in seqs])
+        k = torch.cat([keys[i][contexts[i] :] for i in seqs])
+        v = torch.cat([values[i][contexts[i] :] for i in seqs])
+        first = PagedAttention("a", hq, hkv, d)(q, k, v, batch)
+        second = PagedAttention("b", hq, hkv, d)(q, k * 2, v * 2, batch)  # another layer, the same step
+        assert not torch.equal(first, second)
+        return list(first.split([new[i] for i in seqs])) + list(second.split([new[i] for i in seqs]))
+
+    together = run([0, 1])
+    alone = [run([0]), run([1])]
+    assert torch.equal(alone[0][0], together[0]) and torch.equal(alone[1][0], together[1])
+    assert torch.equal(alone[0][1], together[2]) and torch.equal(alone[1][1], together[3])
+
+
+def test_bf16_llama_decode_alone_equals_batched_and_chunked(tmp_path):
+    """A whole bf16 model on the CPU (packed products, a 1536-wide ``down_proj`` one row a call, the step's
+    rotation, norms and attention): a sequence's logits are bit-identical decoded alone, beside another
+    sequence, and after its prompt was prefilled in chunks."""
+    pytest.importorskip("dgpp_llama", reason="the example plugin is installed by scripts/setup.sh")
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.step.pools import CachePools
+    from dgpp.testing.builders import build_tiny_checkpoint
+
+    overrides = {"intermediate_size": 1536, "tie_word_embeddings": True, "hidden_size": 96, "head_dim": 24}
+    checkpoint = build_tiny_checkpoint("llama", tmp_path / "llama", overrides=overrides)
+    model = load_model(checkpoint, dtype=torch.bfloat16)
+    prompts = [[(13 * i + 5) % 512 for i in range(11)], [(7 * i + 3) % 512 for i in range(7)]]
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7]]
+
+    def decode(seqs: list[int], chunk: int, steps: int = 5) -> list[list[torch.Tensor]]:
+        runner = ModelRunner(model, CachePools(model.cache_spec(), 8, 4, 2))
+        logits: list[list[torch.Tensor]] = [[] for _ in seqs]
+        done = 0
+        while done < len(prompts[seqs[0]]):  # the prompts in chunks (the last row of each prompt is sampled)
+            works = [SeqWork(j, tables[s], done, prompts[s][done : done + chunk]) for j, s in enumerate(seqs)]
+            works = [w for w in works if w.token_ids]
+            out = runner.step(works)
+            done += chunk
+            for j, s in enumerate(seqs):
+                if done >= len(prompts[s]) > done - chunk:
+                    logits[j].append(out[[w.state_slot for w in works].index(j)])
+        for _ in range(steps):
+            works = [
+                SeqWork(j, tables[s], len(prompts[s]) + len(logits[j]) - 1, [int(logits[j][-1].argmax())])
+                for j, s in enumerate(seqs)
+            ]
+            for j, row in enumerate(runner.step(works)):
+                logits[j].append(row)
+        return logits
+
+    alone = decode([0], chunk=16)[0]
+    assert all(torch.equal(a, b) for a, b in zip(alone, decode([0, 1], chunk=16)[0], strict=True))
+    assert all(torch.equal(a, b) for a, b in zip(alone, decode([0], chunk=4)[0], strict=True))
+
+
+def test_a_packed_product_that_differs_from_the_plain_row_is_not_used(monkeypatch):
+    """Packing is kept only where the packed product gives each row the plain one-row ``F.linear``'s bits: a
+    packed layout whose rows differ (simulated: the packed copy of another weight) is refused and the plain
+    native product serves the weight."""
+    from dgpp.nn import batch_invariant
+
+    real_pack = batch_invariant._pack
+    monkeypatch.setattr(batch_invariant, "_native_verdicts", {})
+    monkeypatch.setattr(
+        batch_invariant, "_pack", lambda w: None if real_pack(w) is None else real_pack(w * 2)
+    )
+    w = torch.nn.Parameter(torch.randn(64, 96, generator=GEN).to(torch.bfloat16), requires_grad=False)
+    x = torch.randn(5, 96, generator=GEN).to(torch.bfloat16)
+    limit, packed = batch_invariant._native_verdict(torch.bfloat16, 64, 96)
+    assert not packed and limit in (0, batch_invariant.ROW_BATCH)
+    if limit:
+        assert torch.equal(batch_invariant.batch_invariant_linear(x, w), torch.nn.functional.linear(x, w))

@@ -18,29 +18,55 @@ from dgpp.step.route import route_for
 _NARROW = (torch.bfloat16, torch.float16)
 
 
-def write_kv(
-    k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor
-) -> None:
-    """Store rows ``k``/``v`` ``[T, kv_heads, dim]`` at flat slots ``slot_mapping`` (−1: skip the row).
+def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
 
-    ``index_select`` / ``index_copy_`` rather than boolean-mask indexing: on a 2-core CPU the advanced-index
-    path measured ~100x slower for these few rows (it dominated a decode step)."""
+
+def kv_write_rows(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """``(rows, slots)`` of a step's K/V write: the rows to store (None: all of them) and their int64 slots."""
     keep = slot_mapping >= 0
     rows = None if bool(keep.all()) else keep.nonzero().squeeze(1)
     slots = (slot_mapping if rows is None else slot_mapping.index_select(0, rows)).long()
+    return rows, slots
+
+
+def write_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    rows_slots: tuple[torch.Tensor | None, torch.Tensor] | None = None,
+) -> None:
+    """Store rows ``k``/``v`` ``[T, kv_heads, dim]`` at flat slots ``slot_mapping`` (−1: skip the row).
+    ``rows_slots``: ``kv_write_rows(slot_mapping)`` when the caller has it (the same for every layer of a step).
+
+    ``index_select`` / ``index_copy_`` rather than boolean-mask indexing: on a 2-core CPU the advanced-index
+    path measured ~100x slower for these few rows (it dominated a decode step)."""
+    rows, slots = rows_slots or kv_write_rows(slot_mapping)
     for cache, new in ((k_cache, k), (v_cache, v)):
         kept = new if rows is None else new.index_select(0, rows)
-        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, kept.to(cache.dtype))
+        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, _as(kept, cache.dtype))
 
 
-def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
-    """The first ``length`` token rows of one sequence, ``[length, kv_heads, dim]``, in order."""
-    block_size = cache.shape[1]
+def context_token_rows(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
+    """The flat pool rows (``block * block_size + offset``) of a sequence's first ``length`` tokens, in order."""
     num_blocks = -(-length // block_size)
     blocks = block_table[:num_blocks].long()
     if num_blocks and int(blocks.min()) < 0:
         raise ValueError(f"block table covers fewer than {length} tokens")
-    return cache.index_select(0, blocks).reshape(-1, *cache.shape[2:])[:length]
+    offsets = torch.arange(block_size, device=blocks.device)
+    return (blocks[:, None] * block_size + offsets).flatten()[:length]
+
+
+def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    """The first ``length`` token rows of one sequence, ``[length, kv_heads, dim]``, in order."""
+    return gather_rows(cache, context_token_rows(block_table, length, cache.shape[1]))
+
+
+def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
+    """Pool rows ``token_rows`` (``context_token_rows``) of ``cache``, ``[len, kv_heads, dim]``."""
+    return cache.view(-1, *cache.shape[2:]).index_select(0, token_rows)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
@@ -53,22 +79,26 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, sca
     activation dtype and the softmax runs in fp32 (probabilities cast back), the rounding points of the
     reference implementations. bf16/fp16 products are computed in fp32 on the CPU (exact widening, fp32
     accumulation, one rounding): the CPU's narrow batched product builds a oneDNN primitive per call, which
-    measured ~2x slower for a decode row on one thread and far worse on two."""
+    measured ~2x slower for a decode row on one thread and far worse on two. Casts to the dtype a tensor
+    already has are skipped (a decode row's attention is a few dozen small ops: each one counts)."""
     n, num_q_heads, _ = q.shape
     num_kv_heads = k.shape[1]
     group = num_q_heads // num_kv_heads
     dtype = q.dtype
     compute = torch.float32 if q.device.type == "cpu" and dtype in _NARROW else dtype
-    grouped = q.reshape(n, num_kv_heads, group, -1).to(compute)
-    k_t = k.to(dtype).to(compute).permute(1, 2, 0)  # [Hkv, D, L]
-    v_h = v.to(dtype).to(compute).transpose(0, 1)  # [Hkv, L, Dv]
-    out = q.new_empty(n, num_kv_heads, group, v.shape[-1])
+    grouped = _as(q.reshape(n, num_kv_heads, group, -1), compute)
+    k_t = _as(_as(k, dtype), compute).permute(1, 2, 0)  # [Hkv, D, L]
+    v_h = _as(_as(v, dtype), compute).transpose(0, 1)  # [Hkv, L, Dv]
+    length = k.shape[0]
+    rows = []
     for i in range(n):
         visible = q_offset + i + 1
-        scores = torch.bmm(grouped[i], k_t[:, :, :visible]).to(dtype) * scale  # [Hkv, group, visible]
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(dtype)
-        out[i] = torch.bmm(probs.to(compute), v_h[:, :visible])
-    return out.reshape(n, num_q_heads, -1)
+        keys, values = (k_t, v_h) if visible == length else (k_t[:, :, :visible], v_h[:, :visible])
+        scores = _as(torch.bmm(grouped[i], keys), dtype) * scale  # [Hkv, group, visible]
+        probs = _as(torch.softmax(scores, dim=-1, dtype=torch.float32), dtype)
+        rows.append(torch.bmm(_as(probs, compute), values))
+    out = rows[0].unsqueeze(0) if n == 1 else torch.stack(rows)
+    return _as(out, dtype).reshape(n, num_q_heads, -1)
 
 
 def paged_attention(
@@ -82,6 +112,11 @@ def paged_attention(
 
     ``q`` is ``[T, Hq, D]`` (flattened rows of all sequences); returns ``[T, Hq, Dv]``.
     """
+    # one sequence with rows and context (a single stream's step): its rows are the output, no scatter
+    if batch.num_seqs == 1 and batch.q_lens_cpu[0] and batch.seq_lens_cpu[0]:
+        rows = _context_rows(batch, 0, k_cache.shape[1])
+        k, v = gather_rows(k_cache, rows), gather_rows(v_cache, rows)
+        return attend(q, k, v, batch.context_lens_cpu[0], scale)
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     start = 0
     for i, q_len in enumerate(batch.q_lens_cpu):
@@ -92,11 +127,19 @@ def paged_attention(
             out[start : start + q_len] = 0
             start += q_len
             continue
-        k = gather_context(k_cache, batch.block_tables[i], length)
-        v = gather_context(v_cache, batch.block_tables[i], length)
+        rows = _context_rows(batch, i, k_cache.shape[1])
+        k, v = gather_rows(k_cache, rows), gather_rows(v_cache, rows)
         out[start : start + q_len] = attend(q[start : start + q_len], k, v, batch.context_lens_cpu[i], scale)
         start += q_len
     return out
+
+
+def _context_rows(batch: ForwardBatch, i: int, block_size: int) -> torch.Tensor:
+    """Sequence ``i``'s context pool rows, computed once a step (every layer of the step reads the same rows)."""
+    return batch.step_memo(
+        ("context_rows", i, block_size),
+        lambda: context_token_rows(batch.block_tables[i], batch.seq_lens_cpu[i], block_size),
+    )
 
 
 class PagedAttention(nn.Module):
@@ -134,7 +177,8 @@ class PagedAttention(nn.Module):
                     host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
                 ).flatten(1)
         else:
-            write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+            rows_slots = batch.step_memo("kv_write_rows", lambda: kv_write_rows(batch.slot_mapping))
+            write_kv(k_cache, v_cache, k, v, batch.slot_mapping, rows_slots)
         return paged_attention(q, k_cache, v_cache, batch, self.scale).flatten(1)
 
 

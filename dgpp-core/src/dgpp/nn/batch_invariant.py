@@ -11,16 +11,20 @@ one-row products (``torch.bmm`` over rows against the same weight), whose rows m
 the single-row call for every row count up to ``ROW_BATCH`` (and to ``torch.mv``); longer inputs go in
 pieces of ``ROW_BATCH`` rows. A prefill then reads the weight once per row, mostly from the CPU's cache.
 
-bf16 / fp16 weights that are parameters take the CPU's own narrow product (``F.linear`` in bf16, oneDNN
-with fp32 accumulation) where it keeps rows independent for the weight's shape (``native_rows_exact``): it
-reads half the bytes of an fp32 GEMV, and its several-row calls measured bit-identical to the row alone
-for inputs of up to ``MAX_NATIVE_IN`` features on a CPU with bf16 dot products (AVX512-BF16; longer inputs
-split the sum by the row count). Each shape is checked once per process against the row-alone product
-before it is used. Elsewhere (longer inputs, a CPU whose narrow kernel fails the check) they are multiplied
-in fp32: the fp32 copy is made once per weight (kept next to it, rebuilt if the weight changes in place),
-the inputs are widened exactly, and the product is rounded once to the activation dtype: what a bf16 GEMM
-with fp32 accumulation computes, at fp32 GEMV speed, for twice the weight memory (CPUs without bf16 units
-run the bf16 GEMV ~10x slower than the fp32 one). CUDA has its own kernels and is left alone.
+bf16 / fp16 weights take the CPU's own narrow product (oneDNN, fp32 accumulation) where it keeps rows
+independent for the weight's shape (``native_row_limit``): it reads half the bytes of an fp32 GEMV. Its
+several-row calls measured bit-identical to the row alone for inputs of up to ``MAX_BATCHED_IN`` features on
+a CPU with bf16 dot products (AVX512-BF16); a longer input (a ``down_proj``'s 1536) goes one row a call,
+each call the row alone by definition. Parameters (and fused weights) multiply against a copy in oneDNN's
+blocked layout (``torch.ops.mkldnn._reorder_linear_weight``, kept next to the weight and rebuilt if it
+changes in place): the same bits as the plain call, read at about twice the rate (one thread, one row, 576
+inputs: 3072 outputs 65 against 153 us, the 49,152-row head 1.5 against 3.6 ms), for a second copy of the
+weight in memory. Each shape is checked once per process against the row-alone product before it is used.
+Where the CPU's narrow kernel fails the check they are multiplied in fp32: the fp32 copy is made once per
+weight (kept next to it, rebuilt if the weight changes in place), the inputs are widened exactly, and the
+product is rounded once to the activation dtype: what a bf16 GEMM with fp32 accumulation computes, at fp32
+GEMV speed (CPUs without bf16 units run the bf16 GEMV ~10x slower than the fp32 one). CUDA has its own
+kernels and is left alone.
 """
 
 from __future__ import annotations
@@ -35,18 +39,45 @@ MIN_OUT_FEATURES = 16  # a one- or few-output product takes a dot-product kernel
 _NARROW = (torch.bfloat16, torch.float16)
 
 
-MAX_NATIVE_IN = 1024
+# longer inputs: oneDNN's bf16 sum is blocked by the row count (a random check can miss it)
+MAX_BATCHED_IN = 1024
 _PROBE_ROWS = (2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64, 65, 128, ROW_BATCH)
 _PROBE_CHECKED = 65
-_native_verdicts: dict[tuple[torch.dtype, int, int, int], bool] = {}
+_native_verdicts: dict[tuple[torch.dtype, int, int, int], tuple[int, bool]] = {}
 
 
-def native_rows_exact(dtype: torch.dtype, out_features: int, in_features: int) -> bool:
-    """Whether the CPU's own ``dtype`` product of a ``[out, in]`` weight gives every row of a call of 1..ROW_BATCH
-    rows the bits of that row alone: checked once per shape and thread count on random data, against the
-    row-alone product, for the row counts where CPU GEMM kernels change (module docstring)."""
-    if dtype not in _NARROW or in_features > MAX_NATIVE_IN or out_features < MIN_OUT_FEATURES:
+def _can_pack(dtype: torch.dtype) -> bool:
+    if not torch.backends.mkldnn.is_available():
         return False
+    return dtype != torch.bfloat16 or torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def _pack(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` reordered into oneDNN's blocked layout for a one-row product, or None where this torch / CPU
+    cannot (fp16 needs AVX512-FP16 or AVX-NE-CONVERT)."""
+    if not _can_pack(weight.dtype):
+        return None
+    try:
+        return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    except RuntimeError:
+        return None
+
+
+def _packed_product(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    # the overload itself: calling the packet resolves it on every call (12 us of a 30 us decode product)
+    return torch.ops.mkldnn._linear_pointwise.default(x, packed, None, "none", [], "")
+
+
+def _native_verdict(dtype: torch.dtype, out_features: int, in_features: int) -> tuple[int, bool]:
+    """``(rows per call, packed)`` of the CPU's own ``dtype`` product of a ``[out, in]`` weight: checked once per
+    shape and thread count on random data against ``F.linear`` of each row alone, at the row counts where CPU
+    GEMM kernels change (module docstring). ``packed``: the packed-weight call gives each row alone those bits.
+    ``ROW_BATCH`` rows when calls of 2..ROW_BATCH rows agree too (for every kernel in use) and the input is at
+    most ``MAX_BATCHED_IN`` wide; else one row when the packed call is exact (oneDNN's bf16 kernel blocks a
+    longer input's sum by the row count: 1536 inputs on an AVX512-BF16 CPU differ in a few rows in a hundred,
+    in the last bit); 0 (not used) otherwise."""
+    if dtype not in _NARROW or out_features < MIN_OUT_FEATURES:
+        return 0, False
     key = (dtype, out_features, in_features, torch.get_num_threads())
     verdict = _native_verdicts.get(key)
     if verdict is None:
@@ -55,20 +86,57 @@ def native_rows_exact(dtype: torch.dtype, out_features: int, in_features: int) -
         x = torch.randn(ROW_BATCH, in_features, generator=gen).to(dtype)
         with torch.inference_mode():
             alone = torch.cat([F.linear(x[i : i + 1], weight) for i in range(_PROBE_CHECKED)])
-            verdict = all(
-                torch.equal(F.linear(x[:rows], weight)[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
+            packed = _pack(weight)
+            packed_ok = packed is not None and all(
+                torch.equal(_packed_product(x[i : i + 1], packed), alone[i : i + 1])
+                for i in range(_PROBE_CHECKED)
+            )
+            products = [lambda rows: F.linear(rows, weight)]
+            if packed_ok:
+                products.append(lambda rows: _packed_product(rows, packed))
+            batched_ok = in_features <= MAX_BATCHED_IN and all(
+                torch.equal(product(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
+                for product in products
                 for rows in _PROBE_ROWS
             )
+        verdict = (ROW_BATCH if batched_ok else 1 if packed_ok else 0), packed_ok
         _native_verdicts[key] = verdict
     return verdict
 
 
-def native_row_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` in the weights' own narrow dtype, in calls of at most ``ROW_BATCH`` rows (the rows
-    ``native_rows_exact`` checked)."""
-    if x.shape[0] <= ROW_BATCH:
-        return F.linear(x, weight)
-    return torch.cat([F.linear(chunk, weight) for chunk in x.split(ROW_BATCH)])
+def native_row_limit(dtype: torch.dtype, out_features: int, in_features: int) -> int:
+    """How many rows one call of the CPU's own ``dtype`` product may hold with every row given the bits of the
+    row alone (``_native_verdict``): ``ROW_BATCH``, 1, or 0 where the native product is not used."""
+    return _native_verdict(dtype, out_features, in_features)[0]
+
+
+def native_rows_exact(dtype: torch.dtype, out_features: int, in_features: int) -> bool:
+    """Whether narrow weights of this shape take the CPU's own product (``native_row_limit``)."""
+    return native_row_limit(dtype, out_features, in_features) > 0
+
+
+def _packed_weight(weight: torch.Tensor) -> torch.Tensor | None:
+    """``weight`` in oneDNN's blocked layout, cached on it (keyed by its storage and in-place version counter)."""
+    key = (weight.data_ptr(), _version(weight))
+    cached = getattr(weight, "_dgpp_packed", None)
+    if cached is None or cached[0] != key:
+        with torch.inference_mode():
+            cached = (key, _pack(weight))
+        weight._dgpp_packed = cached
+    return cached[1]
+
+
+def native_row_products(x: torch.Tensor, weight: torch.Tensor, *, keep_packed: bool = False) -> torch.Tensor:
+    """``x @ weight.T`` in the weights' own narrow dtype, in calls of at most ``native_row_limit`` rows.
+    ``keep_packed``: ``weight`` lives on (a parameter, a fused weight): multiply against a copy of it in
+    oneDNN's blocked layout, kept next to it. Its rows are the plain call's bits (checked with the limit) and
+    its one-row product reads the weight at about twice the rate (576 x 3072 bf16, one thread: 65 against 153 us)."""
+    limit, packs = _native_verdict(weight.dtype, *weight.shape)
+    packed = _packed_weight(weight) if keep_packed and packs else None
+    product = F.linear if packed is None else lambda rows, _: _packed_product(rows, packed)
+    if x.shape[0] <= limit:
+        return product(x, weight)
+    return torch.cat([product(chunk, weight) for chunk in x.split(limit)])
 
 
 def _version(t: torch.Tensor) -> int:
@@ -110,7 +178,7 @@ def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Te
     flat = x.reshape(rows, x.shape[-1])
     if weight.dtype in _NARROW and isinstance(weight, torch.nn.Parameter):
         if x.dtype == weight.dtype and native_rows_exact(weight.dtype, *weight.shape):
-            out = native_row_products(flat, weight)
+            out = native_row_products(flat, weight, keep_packed=True)
         else:
             out = row_products(flat.float(), _fp32_weight(weight)).to(x.dtype)
     else:
@@ -157,7 +225,7 @@ def batch_invariant_fused_linear(x: torch.Tensor, weights: tuple[torch.Tensor, .
     if fused.dtype != x.dtype:
         out = row_products(flat.float(), fused).to(x.dtype)
     elif fused.dtype in _NARROW:
-        out = native_row_products(flat, fused)
+        out = native_row_products(flat, fused, keep_packed=True)
     else:
         out = row_products(flat, fused)
     return out.reshape(*x.shape[:-1], out_features)

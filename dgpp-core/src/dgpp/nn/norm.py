@@ -4,15 +4,17 @@ add fused into it (``add_rms_norm``), one op for every device."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
 def rms_normalize(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """``x / rms(x)`` over the last dim, computed in fp32 (returned in fp32)."""
-    xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    """``x / rms(x)`` over the last dim, computed in fp32 (returned in fp32): ``xf * rsqrt(mean(xf²) + eps)``,
+    which is what torch's ``rms_norm`` computes for an fp32 input, op for op (one call in place of five: a
+    CPU decode step runs 61 norms)."""
+    return F.rms_norm(x.float(), (x.shape[-1],), eps=eps)
 
 
 class RMSNorm(nn.Module):

@@ -66,14 +66,23 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    first, second = x.chunk(2, dim=-1)
-    return torch.cat((-second, first), dim=-1)
+def _swap_halves(x: torch.Tensor) -> torch.Tensor:
+    """The rotation partner of every dim: ``[x2, x1]`` for ``[x1, x2]`` (rotate-half style)."""
+    return x.roll(x.shape[-1] // 2, dims=-1)
 
 
-def _rotate_interleaved(x: torch.Tensor) -> torch.Tensor:
-    even, odd = x[..., 0::2], x[..., 1::2]
-    return torch.stack((-odd, even), dim=-1).flatten(-2)
+def _swap_pairs(x: torch.Tensor) -> torch.Tensor:
+    """The rotation partner of every dim: ``(odd, even)`` for each ``(even, odd)`` pair (interleaved style)."""
+    return x.unflatten(-1, (-1, 2)).flip(-1).flatten(-2)
+
+
+def _signed_sin(sin: torch.Tensor, style: RotaryStyle) -> torch.Tensor:
+    """``sin`` with the rotation's minus sign folded in: ``x * cos + partner(x) * signed_sin`` is the rotation,
+    bit for bit the ``x * cos + rotate_half(x) * sin`` of the references (``(-a) * b == a * (-b)`` exactly)."""
+    if style == "half":
+        first, second = sin.chunk(2, dim=-1)
+        return torch.cat((-first, second), dim=-1)
+    return torch.stack((-sin[..., 0::2], sin[..., 1::2]), dim=-1).flatten(-2)
 
 
 class RotaryEmbedding(nn.Module):
@@ -105,7 +114,8 @@ class RotaryEmbedding(nn.Module):
         inv_freq = yarn.inv_freq(base, self.rotary_dim) if yarn else default_inv_freq(base, self.rotary_dim)
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self._cos_sin_memo: tuple | None = None  # (positions, (version, dtype), (cos, sin)): see cos_sin
+        self._cos_sin_memo: tuple | None = None  # (positions, (versions, dtype), (cos, sin)): see cos_sin
+        self._signed_sin_memo: tuple | None = None  # (sin, signed sin): see signed_sin
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``[T, rotary_dim]`` cos and sin laid out for this style.
@@ -128,10 +138,24 @@ class RotaryEmbedding(nn.Module):
             self._cos_sin_memo = (positions, key, pair)
         return pair
 
+    def signed_sin(self, sin: torch.Tensor) -> torch.Tensor:
+        """``_signed_sin`` of ``cos_sin``'s sin; on the CPU kept with the step's pair (the same sin tensor)."""
+        memo = self._signed_sin_memo
+        if memo is not None and memo[0] is sin:
+            return memo[1]
+        signed = _signed_sin(sin, self.style)
+        if sin.device.type == "cpu":
+            self._signed_sin_memo = (sin, signed)
+        return signed
+
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """``x [T, heads, head_dim]`` rotated by ``cos_sin``'s pair."""
+        return self._rotate(x, cos, self.signed_sin(sin))
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
-        turned = _rotate_half(rot) if self.style == "half" else _rotate_interleaved(rot)
-        out = rot * cos[:, None, :] + turned * sin[:, None, :]
+        partner = _swap_halves(rot) if self.style == "half" else _swap_pairs(rot)
+        out = rot * cos[:, None, :] + partner * signed_sin[:, None, :]
         return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
 
     def forward(
@@ -142,4 +166,7 @@ class RotaryEmbedding(nn.Module):
 
             return kernels.apply_rotary(q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half")
         cos, sin = self.cos_sin(positions, q.dtype)
-        return self.rotate(q, cos, sin), self.rotate(k, cos, sin)
+        # q's and k's heads rotated as one tensor: half the small ops of a decode row (the rotation is per element)
+        both = self._rotate(torch.cat((q, k), dim=1), cos, self.signed_sin(sin))
+        q_rot, k_rot = both.split([q.shape[1], k.shape[1]], dim=1)
+        return q_rot, k_rot

@@ -6,12 +6,16 @@ at positions ``context_lens[i] .. seq_lens[i]-1``; its earlier tokens are alread
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 import torch
 
 from dgpp.step.pools import CachePools
 from dgpp.step.route import StepRoute
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -32,6 +36,15 @@ class ForwardBatch:
     context_lens_cpu: list[int]
     # which rows take the canonical CUDA kernels this step (set by the engine; None off CUDA / routing off)
     route: StepRoute | None = None
+    # values the layers derive from the batch once a step (e.g. the CPU's K/V write slots); ``step_memo``
+    _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def step_memo(self, key: Any, compute: Callable[[], T]) -> T:
+        """``compute()``, evaluated once per batch and ``key``: what every layer of a step would otherwise
+        recompute from the same batch tensors. Whoever replaces one of the batch's tensors clears the memo."""
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @property
     def num_seqs(self) -> int:
