@@ -49,7 +49,7 @@ def test_defaults_are_the_anchors():
         e.admission_window,
         e.admission_gather_ms,
         e.admission_gather_max_ms,
-    ) == (1.5, 1024, "full", 256, 3, 50)
+    ) == (1.5, 1024, "full", 256, 3, 0)
     assert (e.prefill_budget_tokens, e.prefill_idle_budget_tokens, e.sampling_candidates) == (-1, 0, 128)
     assert (e.block_size, e.dtype, e.kv_dtype, e.bf16_weights, e.dense_weights) == (
         16,

@@ -87,7 +87,7 @@ class EngineConfig(_Section):
     admission: Literal["full", "grow"] = "full"
     admission_window: PosInt = 256
     admission_gather_ms: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 3
-    admission_gather_max_ms: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 50
+    admission_gather_max_ms: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0  # 0: no extension past gather_ms
     prefill_budget_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**30)] = -1
     prefill_idle_budget_tokens: Annotated[int, msgspec.Meta(ge=0, le=2**30)] = 0
     prefill_group: bool = True

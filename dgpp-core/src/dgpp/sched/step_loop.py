@@ -175,9 +175,11 @@ class StepLoop:
         """engine.admission_gather_ms / admission_gather_max_ms: an idle engine holds its first arrival until
         no request has arrived for ``gather_ms`` and none announced by ``expect`` is still on its way (or
         ``gather_max_ms`` have passed), so a burst is admitted and
-        prefilled in one step instead of a few of its requests in a step of their own and the rest a step later:
-        the burst's requests reach the engine over tens of milliseconds (each is read, validated and tokenized
-        on the event loop), while the first step, once launched, delays every later one. Called holding the lock."""
+        prefilled in one step instead of a few of its requests in a step of their own and the rest a step later
+        (its requests reach the engine over tens of milliseconds: each is read, validated and tokenized on the
+        event loop). ``gather_max_ms`` 0 (the default) keeps the plain ``gather_ms`` hold from the first arrival:
+        on an H200 the whole-burst hold measured a 64-prompt burst's TTFT p50 at 390 ms against 360 without.
+        Called holding the lock."""
         cap = time.monotonic() + self._gather_max_s
         while not self._stop:
             now = time.monotonic()
