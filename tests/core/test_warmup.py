@@ -62,3 +62,18 @@ def test_warm_up_leaves_nothing_behind_and_changes_no_token(checkpoint):
         assert asyncio.run(_greedy(warm, prompt)) == expected
     finally:
         warm.shutdown()
+
+
+def test_warm_up_fits_its_prompts_to_a_short_context(checkpoint):
+    """A model whose context cannot hold a 128-token prompt and the decoding requests' 24 tokens warms up with
+    shorter prompts instead of failing the server's start on a refused request."""
+    from dataclasses import replace
+
+    backend = _backend(checkpoint)
+    try:
+        backend.limits = replace(backend.limits, max_position=64)
+        assert backend.limits.request_limit_tokens == 64
+        assert warm_up(backend, 8) > 0
+        assert backend.loop.scheduler.blocks.num_in_use == 0
+    finally:
+        backend.shutdown()

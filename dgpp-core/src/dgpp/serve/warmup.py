@@ -26,6 +26,7 @@ log = get_logger("dgpp.serve")
 
 SHORT = 128  # tokens of a burst's prompt
 LONG = 2048  # tokens of a prompt whose chunks take their own cuBLAS calls
+DECODING_TOKENS = 24  # new tokens of the requests a later burst arrives beside
 BURSTS = (1, 2, 3, 8, 64)  # prompts per burst: 128 to 8,192 rows, every prefill tile class
 GREEDY = SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True)
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=4, ignore_eos=True, seed=0)
@@ -48,27 +49,33 @@ async def _run(backend: Backend, width: int) -> int:
     def prompt(tokens: int) -> list[int]:
         return [rng.randrange(vocab) for _ in range(tokens)]
 
+    # a model whose context cannot hold a 128-token prompt and 24 new tokens warms up with shorter prompts
+    short = min(SHORT, backend.limits.request_limit_tokens - DECODING_TOKENS)
+    if short < 1:
+        return 0
     sent = 0
     for size in sorted({min(b, width) for b in BURSTS}):
-        await asyncio.gather(*(_generate(backend, prompt(SHORT), GREEDY) for _ in range(size)))
+        await asyncio.gather(*(_generate(backend, prompt(short), GREEDY) for _ in range(size)))
         sent += size
     room = backend.limits.request_limit_tokens - GREEDY.max_tokens
-    if room >= SHORT:  # a long prompt beside short ones: its chunks in cuBLAS, theirs grouped
+    if room > short:  # a long prompt beside short ones: its chunks in cuBLAS, theirs grouped
         long = min(LONG, room)
         await asyncio.gather(
             _generate(backend, prompt(long), GREEDY),
-            *(_generate(backend, prompt(SHORT), GREEDY) for _ in range(min(7, width - 1))),
+            *(_generate(backend, prompt(short), GREEDY) for _ in range(min(7, width - 1))),
         )
         sent += 1 + min(7, width - 1)
     # a burst arriving while earlier requests decode: prefill chunks beside decode rows, greedy and sampled
     for params in (GREEDY, SAMPLED):
         early = [
-            asyncio.ensure_future(_generate(backend, prompt(SHORT), replace(params, max_tokens=24)))
+            asyncio.ensure_future(
+                _generate(backend, prompt(short), replace(params, max_tokens=DECODING_TOKENS))
+            )
             for _ in range(min(4, width))
         ]
         await asyncio.sleep(0.05)
         late = max(0, width - len(early))
-        await asyncio.gather(*early, *(_generate(backend, prompt(SHORT), params) for _ in range(late)))
+        await asyncio.gather(*early, *(_generate(backend, prompt(short), params) for _ in range(late)))
         sent += len(early) + late
     return sent
 
@@ -84,7 +91,7 @@ def warm_up(backend: Backend, max_concurrency: int) -> int:
     returns how many were sent."""
     width = max(
         1,
-        min(max_concurrency, max(BURSTS), backend.limits.kv_pool_tokens // (SHORT + SAMPLED.max_tokens + 24)),
+        min(max_concurrency, max(BURSTS), backend.limits.kv_pool_tokens // (SHORT + DECODING_TOKENS)),
     )
     start = time.monotonic()
     sent = asyncio.run(_run(backend, width))
