@@ -107,6 +107,18 @@ def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, tin
     )
 
 
+def test_the_compute_dtype_is_a_knob(tmp_path, tiny_qwen3, monkeypatch, capsys):
+    seen = {}
+    app = types.ModuleType("dgpp.serve.app")
+    app.run = lambda cfg, **_: seen.setdefault("cfg", cfg) and 0
+    monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
+    cfg = write_template(tmp_path, "s.json", model=str(tiny_qwen3))
+    assert main(["serve", cfg, "--dtype", "bfloat16"]) == 0
+    assert seen["cfg"].engine.dtype == "bfloat16"
+    assert main(["serve", cfg, "--dtype", "bf17"]) == 1
+    assert "engine.dtype" in capsys.readouterr().err
+
+
 def test_serve_refuses_a_plan_that_does_not_fit_before_loading(tmp_path, tiny_qwen3, monkeypatch, capsys):
     app = types.ModuleType("dgpp.serve.app")
     app.run = lambda cfg, **_: pytest.fail("run() must not be reached")

@@ -54,6 +54,7 @@ KNOB_KEYS: dict[str, tuple[str, ...]] = {
     "mtp": ("engine", "mtp"),
     "mtp_depth": ("engine", "mtp_depth"),
     "kv_dtype": ("engine", "kv_dtype"),
+    "dtype": ("engine", "dtype"),
     "prefix_cache_gib": ("engine", "prefix_cache_gib"),
     "dense_weights": ("engine", "dense_weights"),
     "bf16_weights": ("engine", "bf16_weights"),
