@@ -70,12 +70,9 @@ async def _generate(engine, prompts: list[list[int]]) -> list[list[int]]:
     async def one(prompt: list[int]) -> list[int]:
         handle = engine.start(prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl")
         tokens: list[int] = []
-        while not handle.finished:
-            choice, ev = await handle.queue.get()
+        async for _, ev in handle.events():
             assert ev.error is None, ev.error
             tokens.extend(ev.tokens)
-            if ev.retired is not None:
-                handle.done.add(choice)
         return tokens
 
     together = await asyncio.gather(*(one(p) for p in prompts))  # batched, chunked prefill

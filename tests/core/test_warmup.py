@@ -37,11 +37,8 @@ async def _greedy(backend, prompt: list[int]) -> list[int]:
         prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), kind="cmpl"
     )
     tokens: list[int] = []
-    while not handle.finished:
-        choice, ev = await handle.queue.get()
+    async for _, ev in handle.events():
         tokens.extend(ev.tokens)
-        if ev.retired is not None:
-            handle.done.add(choice)
     return tokens
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import weakref
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -89,6 +90,15 @@ class RequestHandle:
     @property
     def finished(self) -> bool:
         return len(self.done) == len(self.seqs)
+
+    async def events(self) -> AsyncIterator[tuple[int, SeqEvent]]:
+        """``(choice, event)`` as the events arrive, until every choice has retired (a retired choice is marked
+        done before its last event is yielded)."""
+        while not self.finished:
+            choice, ev = await self.queue.get()
+            if ev.retired is not None:
+                self.done.add(choice)
+            yield choice, ev
 
 
 INLINE_PREP_CHARS = 8192  # prompts up to this many characters are prepared on the event loop (``_run_prep``)

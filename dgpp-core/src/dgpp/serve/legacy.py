@@ -79,12 +79,9 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
     if track is not None:
         track(handle)
     try:
-        while not handle.finished:
-            _, ev = await handle.queue.get()
+        async for _, ev in handle.events():
             prompt.logprobs += [entries.entry(t, s.logprob, s.top_logprobs) for t, s in zip(ev.tokens, ev.samples,
                                                                                              strict=True)]
-            if ev.retired is not None:
-                handle.done.add(0)
             if ev.error is not None:
                 err = APIError(500, f"scoring the prompt failed: {ev.error}", "generation_failed")
                 err.log_fields["completion_id"] = handle.request_id

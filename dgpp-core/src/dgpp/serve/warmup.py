@@ -34,12 +34,9 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=4, ig
 
 async def _generate(backend: Backend, prompt: list[int], params: SamplingParams) -> None:
     handle = backend.start(prompt, params, n=1, use_prefix_cache=False, kind="cmpl")
-    while not handle.finished:
-        choice, ev = await handle.queue.get()
+    async for _, ev in handle.events():
         if ev.error is not None:
             raise RuntimeError(f"engine warm-up request failed: {ev.error}")
-        if ev.retired is not None:
-            handle.done.add(choice)
 
 
 async def _run(backend: Backend, width: int) -> int:
