@@ -87,6 +87,12 @@ class StepLoop:
             self._last_submit = time.monotonic()
             self._cond.notify()
 
+    @property
+    def waits_for_announced(self) -> bool:
+        """Whether ``_gather`` can hold past ``gather_ms`` for a request announced by ``expect``
+        (``engine.admission_gather_max_ms`` above ``admission_gather_ms``); otherwise announcing is moot."""
+        return self._gather_max_s > self._gather_s
+
     def expect(self) -> None:
         """A request is on its way to ``submit`` (read, being validated and tokenized): an idle engine's
         admission hold (``_gather``) waits for it. Every ``expect`` is matched by one ``unexpect``."""

@@ -1,9 +1,9 @@
 """Requests on their way to the engine: announced when their handler starts, released once submitted.
 
 A burst's requests reach the engine one by one as the event loop reads, validates and tokenizes them (about a
-millisecond each on an H200 host, so 64 requests take ~60 ms). An idle engine holds its first arrival while
-announced requests are still on their way (``StepLoop._gather``, at most ``engine.admission_gather_max_ms``),
-so the whole burst is prefilled in one step. A handler is wrapped in ``announced``; ``Backend.start`` calls
+millisecond each on an H200 host, so 64 requests take ~60 ms). With ``engine.admission_gather_max_ms`` set (off by
+default), an idle engine holds its first arrival while announced requests are still on their way
+(``StepLoop._gather``, at most that long), so the whole burst is prefilled in one step. A handler is wrapped in ``announced``; ``Backend.start`` calls
 ``submitted`` right after it queues the request's sequences; the wrapper releases the announcement on any
 other exit (a refused request, a disconnect).
 """
@@ -47,7 +47,10 @@ def announced(loop_of: Callable[[Any], StepLoop]) -> Callable:
     def wrap(handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
         @functools.wraps(handler)
         async def run(request: Any) -> Any:
-            announcement = _Announcement(loop_of(request))
+            loop = loop_of(request)
+            if not loop.waits_for_announced:  # the plain hold (the default): no lock taken per request
+                return await handler(request)
+            announcement = _Announcement(loop)
             token = _current.set(announcement)
             try:
                 return await handler(request)
