@@ -135,6 +135,16 @@ def test_tool_call_round_trip(env) -> None:
     assert chained.previous_response_id == first.id
 
 
+def test_text_format_json_schema_constrains_the_output(env) -> None:
+    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "name": "unit", "schema": schema, "strict": True}
+    r = respond(env, input=QUESTION, text={"format": fmt}, temperature=0.7, max_output_tokens=40, reasoning=NO_THINK,
+                extra_body={"seed": 5})
+    assert r.status == "completed" and json.loads(r.output_text)["unit"] in ("celsius", "fahrenheit")
+    assert r.text.format.type == "json_schema" and r.text.format.name == "unit"
+
+
 def test_previous_response_id_chains_store_get_and_delete(env) -> None:
     first = respond(env, input="The quick brown fox", max_output_tokens=5, temperature=0, reasoning=NO_THINK,
                     instructions="Not carried over.")
