@@ -135,6 +135,39 @@ def test_tool_call_round_trip(env) -> None:
     assert chained.previous_response_id == first.id
 
 
+def test_custom_tool_call_round_trip(env) -> None:
+    """A custom (free-form) tool with a regex grammar, forced by name: a custom_tool_call item whose input
+    matches the grammar (streamed: input delta and done); its output goes back as custom_tool_call_output."""
+    import re
+
+    tool = {"type": "custom", "name": "set_city", "description": "set the city",
+            "format": {"type": "grammar", "syntax": "regex", "definition": "(Paris|Rome)"}}
+    first = respond(env, input=QUESTION, tools=[tool], tool_choice={"type": "custom", "name": "set_city"},
+                    temperature=0, max_output_tokens=40, reasoning=NO_THINK)
+    call = next(o for o in first.output if o.type == "custom_tool_call")
+    assert call.name == "set_city" and re.fullmatch("Paris|Rome", call.input) and call.call_id.startswith("call_")
+    events = list(respond(env, input=QUESTION, tools=[tool], tool_choice={"type": "custom", "name": "set_city"},
+                          temperature=0, max_output_tokens=40, reasoning=NO_THINK, stream=True))
+    done = next(e for e in events if e.type == "response.custom_tool_call_input.done")
+    assert "".join(e.delta for e in events if e.type == "response.custom_tool_call_input.delta") == done.input
+    assert done.input == call.input
+    result = {"type": "custom_tool_call_output", "call_id": call.call_id, "output": "done"}
+    chained = respond(env, previous_response_id=first.id, input=[result], tools=[tool], max_output_tokens=2,
+                      reasoning=NO_THINK)
+    history = [{"role": "user", "content": QUESTION},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"id": call.call_id, "type": "custom", "custom": {"name": "set_city", "input": call.input}}]},
+               {"role": "tool", "tool_call_id": call.call_id, "content": "done"}]
+    chat_tool = {"type": "custom", "custom": {"name": "set_city", "description": "set the city",
+                                              "format": {"type": "grammar",
+                                                         "grammar": {"syntax": "regex", "definition": "(Paris|Rome)"}}}}
+    assert chained.usage.input_tokens == prompt_tokens(env, history, [chat_tool], enable_thinking=False)
+    allowed = respond(env, input=QUESTION, tools=[TOOL, tool], temperature=0, max_output_tokens=60,
+                      reasoning=NO_THINK, tool_choice={"type": "allowed_tools", "mode": "required",
+                                                       "tools": [{"type": "function", "name": "get_weather"}]})
+    assert [o.name for o in allowed.output if o.type in ("function_call", "custom_tool_call")][0] == "get_weather"
+
+
 def test_text_format_json_schema_constrains_the_output(env) -> None:
     schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
               "additionalProperties": False}

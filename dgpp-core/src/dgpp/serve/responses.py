@@ -180,4 +180,4 @@ def _history_item(item: dict[str, Any]) -> dict[str, Any]:
                 "content": [{"type": "output_text", "text": p["text"]} for p in item["content"]]}
     if item["type"] == "reasoning":
         return {"type": "reasoning", "summary": [], "content": item["content"]}
-    return {k: item[k] for k in ("type", "call_id", "name", "arguments")}
+    return {k: item[k] for k in ("type", "call_id", "name", "arguments", "input") if k in item}

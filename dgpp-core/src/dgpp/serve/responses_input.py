@@ -80,13 +80,13 @@ def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]
             else:
                 turn = {"role": "assistant", "content": "", "reasoning_content": text}
                 out.append(turn)
-        elif kind == "function_call":
-            call = _function_call(item, where)
+        elif kind in ("function_call", "custom_tool_call"):
+            call = _tool_call(item, where)
             if turn is None:
                 turn = {"role": "assistant", "content": ""}
                 out.append(turn)
             turn.setdefault("tool_calls", []).append(call)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise invalid(f"{where}.call_id must be a non-empty string", "input")
@@ -94,7 +94,7 @@ def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]
             turn = None
         else:
             raise unsupported("input", f"item {where} of type {kind!r} is not supported (this server takes message, "
-                                       "reasoning, function_call and function_call_output items)")
+                                       "reasoning, function_call, custom_tool_call and their output items)")
     return out
 
 
@@ -124,36 +124,55 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     return ""
 
 
-def _function_call(item: dict[str, Any], where: str) -> dict[str, Any]:
-    for key in ("call_id", "name", "arguments"):
+def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
+    """A ``function_call`` or ``custom_tool_call`` item as a chat tool call."""
+    custom = item["type"] == "custom_tool_call"
+    for key in ("call_id", "name", "input" if custom else "arguments"):
         if not isinstance(item.get(key), str):
             raise invalid(f"{where}.{key} must be a string", "input")
+    if custom:
+        return {"id": item["call_id"], "type": "custom", "custom": {"name": item["name"], "input": item["input"]}}
     return {"id": item["call_id"], "type": "function",
             "function": {"name": item["name"], "arguments": item["arguments"]}}
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
-    """Responses' flat function tools in the chat route's nested shape; other tool types are refused."""
+    """Responses' flat function and custom tools in the chat route's nested shape; other types are refused."""
     if tools is None:
         return None
-    out = []
-    for i, tool in enumerate(tools):
-        kind = tool.get("type")
-        if kind != "function":
-            raise unsupported(f"tools[{i}].type", f"{kind!r} is not supported (this server calls function tools)")
+    return [_chat_tool(tool, i) for i, tool in enumerate(tools)]
+
+
+def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
+    kind = tool.get("type")
+    if kind == "function":
         fn = {k: tool[k] for k in ("name", "description", "parameters") if tool.get(k) is not None}
         if isinstance(tool.get("strict"), bool):
             fn["strict"] = tool["strict"]
-        out.append({"type": "function", "function": fn})
-    return out
+        return {"type": "function", "function": fn}
+    if kind == "custom":
+        body = {k: tool[k] for k in ("name", "description") if tool.get(k) is not None}
+        fmt = tool.get("format")
+        if isinstance(fmt, dict) and fmt.get("type") == "grammar":  # flat here, nested in the chat route
+            fmt = {"type": "grammar", "grammar": {k: fmt.get(k) for k in ("syntax", "definition")}}
+        if fmt is not None:
+            body["format"] = fmt
+        return {"type": "custom", "custom": body}
+    raise unsupported(f"tools[{i}].type", f"{kind!r} is not supported (this server calls function and custom tools)")
 
 
 def chat_tool_choice(choice: Any) -> Any:
+    """Responses' flat ``tool_choice`` objects in the chat route's nested shape."""
     if choice is None or isinstance(choice, str):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
-        return {"type": "function", "function": {"name": choice["name"]}}
-    raise unsupported("tool_choice", "must be auto, none, required or {\"type\": \"function\", \"name\": ...}")
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("function", "custom") and isinstance(choice.get("name"), str):
+        return {"type": kind, kind: {"name": choice["name"]}}
+    if kind == "allowed_tools":
+        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode", "auto"),
+                                                           "tools": choice.get("tools")}}
+    raise unsupported("tool_choice", "must be auto, none, required, {\"type\": \"function\" or \"custom\", "
+                                     "\"name\": ...} or allowed_tools")
 
 
 def chat_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -2,11 +2,11 @@
 
 The chat chain (``ServedChoice``) already splits the output into ``reasoning_content``, ``content`` and
 ``tool_calls`` deltas. ``OutputItems`` turns that sequence into output items in the order the model wrote
-them (a ``reasoning`` item, a ``message`` item with one ``output_text`` part, a ``function_call`` item per
-call) and, for a streamed response, into the events OpenAI's Responses stream sends: ``output_item.added``,
-``content_part.added``, ``reasoning_text.delta`` / ``output_text.delta`` / ``function_call_arguments.delta``,
-their ``.done`` events, ``content_part.done`` and ``output_item.done``. A one-shot response is built by the
-same code with the events dropped, so both agree.
+them (a ``reasoning`` item, a ``message`` item with one ``output_text`` part, a ``function_call`` or
+``custom_tool_call`` item per call) and, for a streamed response, into the events OpenAI's Responses stream
+sends: ``output_item.added``, ``content_part.added``, the deltas (``reasoning_text``, ``output_text``,
+``function_call_arguments``, ``custom_tool_call_input``), their ``.done`` events, ``content_part.done`` and
+``output_item.done``. A one-shot response is built by the same code with the events dropped, so both agree.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from dgpp.serve.choice_output import REASONING, ServedChoice
 from dgpp.serve.responses_protocol import ResponsesRequest
 
 Event = dict[str, Any]
+CALLS = ("function_call", "custom_tool_call")
 
 
 def item_id(prefix: str) -> str:
@@ -54,7 +55,7 @@ class OutputItems:
         that said nothing and called nothing still gets its (empty) message item, as does any empty output."""
         status = "incomplete" if incomplete else "completed"
         events = self._close(status)
-        if not self.items or not incomplete and not any(i["type"] in ("message", "function_call") for i in self.items):
+        if not self.items or not incomplete and not any(i["type"] in ("message", *CALLS) for i in self.items):
             events += self._open_message() + self._close(status)
         return events
 
@@ -77,18 +78,25 @@ class OutputItems:
         return [*events, {"type": "response.output_text.delta", **at, "delta": text, "logprobs": entries}]
 
     def _call(self, delta: dict[str, Any]) -> list[Event]:
-        if "id" in delta:  # the call's first delta: its id and name
+        """A call's first delta (its id and name) opens its item; the second carries the arguments (a custom
+        tool's input) whole."""
+        custom = "custom" in delta
+        if "id" in delta:
             events = self._close("completed")
-            fn = delta["function"]
-            item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": delta["id"],
-                    "name": fn["name"], "arguments": ""}
+            if custom:
+                item = {"id": item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
+                        "call_id": delta["id"], "name": delta["custom"]["name"], "input": ""}
+            else:
+                item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": delta["id"],
+                        "name": delta["function"]["name"], "arguments": ""}
             return [*events, *self._add(item)]
         item = self._open
-        assert item is not None and item["type"] == "function_call"
-        args = delta["function"]["arguments"]
-        item["arguments"] += args
-        return [{"type": "response.function_call_arguments.delta", "item_id": item["id"],
-                 "output_index": len(self.items) - 1, "delta": args}]
+        assert item is not None and item["type"] in CALLS
+        text = delta["custom"]["input"] if custom else delta["function"]["arguments"]
+        item["input" if custom else "arguments"] += text
+        kind = "custom_tool_call_input" if custom else "function_call_arguments"
+        return [{"type": f"response.{kind}.delta", "item_id": item["id"], "output_index": len(self.items) - 1,
+                 "delta": text}]
 
     # ---- opening and closing items ------------------------------------------------------------------------------
     def _add(self, item: dict[str, Any]) -> list[Event]:
@@ -124,6 +132,8 @@ class OutputItems:
         if item["type"] == "function_call":
             events.append({"type": "response.function_call_arguments.done", **at, "name": item["name"],
                            "arguments": item["arguments"]})
+        elif item["type"] == "custom_tool_call":
+            events.append({"type": "response.custom_tool_call_input.done", **at, "input": item["input"]})
         else:
             part = item["content"][0]
             if item["type"] == "message":
