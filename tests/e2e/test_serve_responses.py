@@ -5,6 +5,8 @@ history on ``/v1/chat/completions``."""
 from __future__ import annotations
 
 import json
+import socket
+import time
 
 import httpx
 import openai
@@ -272,3 +274,34 @@ def test_litellm_thinking_history_is_accepted_and_rendered(env) -> None:
               "content": [{"type": "reasoning_text", "text": "The user greets me."}]},
              {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello!"}]}]
     assert respond(env, input=items, max_output_tokens=2, reasoning=NO_THINK).usage.input_tokens == want
+
+
+def _scheduler(env) -> dict:
+    body = httpx.get(env["server"].url + "/metrics", timeout=30).json()
+    return {**body["scheduler"], "finished": body["finished"]}
+
+
+def _wait_for(env, done, what: str) -> dict:
+    deadline = time.monotonic() + 120  # the limit only turns a hang into a failure
+    while time.monotonic() < deadline:
+        state = _scheduler(env)
+        if done(state):
+            return state
+        time.sleep(0.1)
+    raise AssertionError(f"{what}: last /metrics scheduler {state}")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_hangs_up_frees_its_sequence(env, stream) -> None:
+    before = _scheduler(env)
+    payload = json.dumps({"model": env["model"], "input": QUESTION, "max_output_tokens": 400, "stream": stream,
+                          "reasoning": NO_THINK, "ignore_eos": True}).encode()
+    sock = socket.create_connection(("127.0.0.1", env["server"].port), timeout=60)
+    sock.sendall(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 + f"Content-Length: {len(payload)}\r\n\r\n".encode() + payload)
+    _wait_for(env, lambda s: s["active"] >= 1, "the request never started")
+    sock.close()
+    after = _wait_for(env, lambda s: s["active"] == 0 and s["queued"] == 0, "the sequence still decodes")
+    finished = {k: after["finished"].get(k, 0) - before["finished"].get(k, 0) for k in after["finished"]}
+    assert finished.get("cancelled", 0) == 1 and not finished.get("length"), finished
+    assert after["tokens_generated"] - before["tokens_generated"] < 400
