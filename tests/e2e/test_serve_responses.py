@@ -170,6 +170,20 @@ def test_custom_tool_call_round_trip(env) -> None:
     assert [o.name for o in allowed.output if o.type in ("function_call", "custom_tool_call")][0] == "get_weather"
 
 
+def test_a_codex_shaped_request_streams(env) -> None:
+    """The fields a Codex-style agent sends with every turn are accepted as they come."""
+    shell = {"type": "function", "name": "shell", "description": "run a command", "strict": False,
+             "parameters": {"type": "object", "properties": {"command": {"type": "array", "items": {"type": "string"}}},
+                            "required": ["command"], "additionalProperties": False}}
+    events = list(respond(
+        env, instructions="You are a coding agent.", tools=[shell], tool_choice="auto", parallel_tool_calls=False,
+        input=[{"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]}],
+        reasoning={"effort": "medium", "summary": "auto"}, store=False, stream=True, max_output_tokens=8,
+        include=["reasoning.encrypted_content"], prompt_cache_key="session-1", text={"verbosity": "low"}))
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.store is False and events[-1].response.usage.output_tokens <= 8
+
+
 def test_text_format_json_schema_constrains_the_output(env) -> None:
     schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
               "additionalProperties": False}
@@ -226,6 +240,7 @@ def test_previous_response_id_chains_store_get_and_delete(env) -> None:
     ({"input": "x", "reasoning": {"effort": "huge"}}, 400, "reasoning.effort"),
     ({"input": "x", "text": {"format": {"type": "xml"}}}, 400, "text.format.type"),
     ({"input": "x", "background": True}, 400, "background"),
+    ({"input": "x", "context_management": [{"type": "compaction"}]}, 400, "context_management"),
     ({"input": "x", "truncation": "auto"}, 400, "truncation"),
     ({"input": "x", "include": ["everything"]}, 400, "include[0]"),
     ({"input": "x", "stream_options": {"include_obfuscation": False}}, 400, "stream_options"),

@@ -14,7 +14,9 @@ import msgspec
 from dgpp.serve.protocol import MaxTokens, Penalty, RepetitionPenalty, Seed, Stop, Temperature, Unit
 
 # Responses fields for features this server has not got: refused unless null (or false for ``background``).
-REFUSED_WHEN_SET = ("background", "conversation", "prompt", "max_tool_calls", "prompt_cache_retention")
+REFUSED_WHEN_SET = ("background", "background_options", "conversation", "prompt", "max_tool_calls",
+                    "prompt_cache_retention", "prompt_cache_options", "context_management", "moderation", "image",
+                    "access_programs")
 # Chat-route options (DGPP/vLLM extensions) a Responses request may carry; they mean what they mean there.
 CHAT_EXTENSIONS = ("chat_template_kwargs", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
                    "frequency_penalty", "stop", "ignore_eos", "prefix_cache", "skip_special_tokens",
@@ -25,6 +27,7 @@ class ReasoningOptions(msgspec.Struct, forbid_unknown_fields=True):
     effort: str | None = None
     summary: str | None = None  # accepted; the reasoning item carries the full reasoning text, not a summary
     generate_summary: str | None = None  # the older spelling of ``summary``
+    context: str | None = None  # accepted; the chat template decides which turns' reasoning it renders
 
 
 class TextOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -63,10 +66,16 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     service_tier: str | None = None
     # refused when set (REFUSED_WHEN_SET)
     background: bool | None = None
+    background_options: Any = None
     conversation: Any = None
     prompt: Any = None
     max_tool_calls: Any = None
     prompt_cache_retention: Any = None
+    prompt_cache_options: Any = None
+    context_management: Any = None
+    moderation: Any = None
+    image: Any = None
+    access_programs: Any = None
     # chat-route extensions (CHAT_EXTENSIONS)
     chat_template_kwargs: dict[str, Any] | None = None
     seed: Seed | None = None
