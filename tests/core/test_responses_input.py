@@ -95,7 +95,7 @@ def test_tools_and_choices_this_server_cannot_serve_are_refused_by_name() -> Non
 
 
 @pytest.mark.parametrize(("chat_param", "named"), [
-    ("messages", "input"), ("messages[3].content", "input"), ("max_completion_tokens", "max_output_tokens"),
+    ("messages", "input"), ("messages[3].content", "input"), ("max_completion_tokens", "max_output_tokens"), ("max_tokens", "max_output_tokens"), ("prompt", "input"),
     ("response_format.json_schema", "text.format.json_schema"), ("reasoning_effort", "reasoning.effort"),
     ("tools[0]", "tools[0]"), (None, None)])
 def test_errors_on_the_chat_request_name_the_responses_parameter(chat_param, named) -> None:

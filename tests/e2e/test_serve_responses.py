@@ -228,6 +228,8 @@ def test_previous_response_id_chains_store_get_and_delete(env) -> None:
 
 @pytest.mark.parametrize(("body", "status", "param"), [
     ({"input": "x", "max_output_tokens": 0}, 400, "max_output_tokens"),
+    ({"input": "The quick brown fox " * 200}, 400, "input"),  # past the 512-token context
+    ({"input": "x", "max_output_tokens": 600}, 400, "max_output_tokens"),
     ({"input": "x", "bogus_option": 1}, 400, "bogus_option"),
     ({"input": 5}, 400, "input"),
     ({}, 400, "input"),

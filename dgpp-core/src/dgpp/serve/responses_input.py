@@ -22,10 +22,11 @@ INCLUDE_LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio", "image_url", "file")
-# chat parameters -> the Responses parameter an error names
-CHAT_TO_RESPONSES = {"messages": "input", "max_completion_tokens": "max_output_tokens",
-                     "response_format": "text.format", "reasoning_effort": "reasoning.effort",
-                     "logprobs": "top_logprobs"}
+# chat parameters -> the Responses parameter an error names (``prompt``: what Backend.start calls the prompt of
+# a request that is not a chat completion)
+CHAT_TO_RESPONSES = {"messages": "input", "prompt": "input", "max_completion_tokens": "max_output_tokens",
+                     "max_tokens": "max_output_tokens", "response_format": "text.format",
+                     "reasoning_effort": "reasoning.effort", "logprobs": "top_logprobs"}
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -210,5 +211,5 @@ def renamed(err: APIError) -> APIError:
     head, sep, rest = err.param.partition(".")
     base = head.split("[")[0]
     if base in CHAT_TO_RESPONSES:
-        err.param = CHAT_TO_RESPONSES[base] if base == "messages" else CHAT_TO_RESPONSES[base] + sep + rest
+        err.param = CHAT_TO_RESPONSES[base] if base in ("messages", "prompt") else CHAT_TO_RESPONSES[base] + sep + rest
     return err
