@@ -207,6 +207,17 @@ def test_previous_response_id_chains_store_get_and_delete(env) -> None:
                     reasoning=NO_THINK)
     history += [{"role": "assistant", "content": second.output_text}, {"role": "user", "content": "The quick"}]
     assert third.usage.input_tokens == prompt_tokens(env, history, enable_thinking=False)
+    listed = env["sdk"].responses.input_items.list(second.id)  # newest first
+    assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [
+        ("message", "user", "def add(a, b):"), ("message", "assistant", first.output_text),
+        ("message", "user", "The quick brown fox")]
+    assert listed.data[1].id == first.output[0].id and not listed.has_more
+    page = env["sdk"].responses.input_items.list(second.id, order="asc", limit=2)
+    assert [i.id for i in page.data] == [i.id for i in listed.data[::-1][:2]] and page.has_more
+    rest = env["sdk"].responses.input_items.list(second.id, order="asc", limit=2, after=page.data[-1].id)
+    assert [i.id for i in rest.data] == [listed.data[0].id] and not rest.has_more
+    r = httpx.get(f"{env['server'].url}/v1/responses/{second.id}/input_items", params={"limit": 0})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "limit"
     got = env["sdk"].responses.retrieve(second.id)
     assert got.id == second.id and got.output_text == second.output_text and got.usage == second.usage
     env["sdk"].responses.delete(second.id)

@@ -20,7 +20,7 @@ from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception,
 from dgpp.serve.http_guard import BodyGuard
 from dgpp.serve.metrics import PrometheusExport, metrics_json
 from dgpp.serve.openapi import openapi_document
-from dgpp.serve.responses import create_response, delete_response, get_response
+from dgpp.serve.responses import create_response, delete_response, get_response, list_input_items
 from dgpp.serve.responses_store import ResponseStore
 
 if TYPE_CHECKING:
@@ -109,8 +109,8 @@ def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interva
             reject_body_too_large(request, max_body_bytes)
 
     app = Litestar(
-        route_handlers=[chat_completions, completions, create_response, get_response, delete_response, list_models,
-                        get_model, health, metrics, metrics_prometheus, openapi_json],
+        route_handlers=[chat_completions, completions, create_response, get_response, delete_response,
+                        list_input_items, list_models, get_model, health, metrics, metrics_prometheus, openapi_json],
         exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
                             Exception: handle_unexpected},
         before_request=body_limit,

@@ -56,6 +56,7 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/responses/{response_id}": {
                 **_get("A stored response"),
                 "delete": {"summary": "Forget a stored response", "responses": _answers("a JSON body")}},
+            "/v1/responses/{response_id}/input_items": _get("A stored response's input items (limit, order, after)"),
             "/v1/models": _get("The served model"),
             "/v1/models/{model_id}": _get("One model by id"),
             "/health": _get("Liveness (503 once the engine failed); open without the API key"),

@@ -1,5 +1,5 @@
 """``POST /v1/responses`` (OpenAI's Responses API), served by the chat route's machinery; ``GET`` and
-``DELETE /v1/responses/{id}`` for stored responses.
+``DELETE /v1/responses/{id}`` and ``GET /v1/responses/{id}/input_items`` for stored responses.
 
 A Responses request becomes a chat request (``responses_input``): the same template rendering, tool
 dialect, reasoning split, constrained tool calls and sampling. Its one choice's deltas become output items
@@ -24,11 +24,11 @@ from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.completions import _collect, _drive, _generation_error
-from dgpp.serve.errors import APIError, log_error, request_id_of
+from dgpp.serve.errors import APIError, invalid, log_error, request_id_of
 from dgpp.serve.openai_format import KEEP_ALIVE
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.responses_input import chat_body, chat_messages, check_request, input_items, renamed
-from dgpp.serve.responses_output import OutputItems, response_body, status_of, usage
+from dgpp.serve.responses_output import OutputItems, item_id, response_body, status_of, usage
 from dgpp.serve.responses_protocol import ResponsesRequest
 from dgpp.serve.responses_store import ResponseStore
 from dgpp.serve.validate import check_model, convert, decode_json, parse_body, sampling_params
@@ -65,7 +65,7 @@ async def create_response(request: Request) -> Response | Stream:
     except APIError as e:
         raise renamed(e) from None
     choice = backend.text_outputs(handle, prepared, chat.skip_special_tokens, chat.spaces_between_special_tokens)[0]
-    run = ResponseRun(backend, _store(request), req, handle, choice, earlier + items)
+    run = ResponseRun(backend, _store(request), req, handle, choice, earlier + [_input_item(i) for i in items])
     if req.stream:
         ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
         return Stream(run.events(ping, request_id_of(request)), media_type="text/event-stream", status_code=200,
@@ -99,6 +99,33 @@ async def delete_response(request: Request, response_id: str) -> Response:
     if not _store(request).delete(response_id):
         raise _not_found(response_id)
     return _json({"id": response_id, "object": "response", "deleted": True})
+
+
+@get("/v1/responses/{response_id:str}/input_items")
+async def list_input_items(request: Request, response_id: str) -> Response:
+    """The items a stored response answered (its chain's earlier items and its own input), a page at a time:
+    ``limit`` 1-100 (20), ``order`` desc (newest first, the default) or asc, ``after`` an item id."""
+    store = _store(request)
+    body, conversation = store.response(response_id), store.conversation(response_id)
+    if body is None or conversation is None:
+        raise _not_found(response_id)
+    query = request.query_params
+    limit, order, after = query.get("limit", "20"), query.get("order", "desc"), query.get("after")
+    if not limit.isdigit() or not 1 <= int(limit) <= 100:
+        raise invalid(f"limit {limit!r} is not an integer from 1 to 100", "limit")
+    if order not in ("asc", "desc"):
+        raise invalid(f"order {order!r} is not asc or desc", "order")
+    inputs = conversation[: len(conversation) - len(body["output"])]
+    inputs = inputs[::-1] if order == "desc" else inputs
+    start = 0
+    if after is not None:
+        ids = [i.get("id") for i in inputs]
+        if after not in ids:
+            raise invalid(f"after {after!r} is not an input item of this response", "after")
+        start = ids.index(after) + 1
+    page = inputs[start : start + int(limit)]
+    return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
+                  "last_id": page[-1]["id"] if page else None, "has_more": start + int(limit) < len(inputs)})
 
 
 def _not_found(response_id: str) -> APIError:
@@ -173,11 +200,28 @@ class ResponseRun:
             self.handle.cancel()  # client disconnect (or any exit): an unfinished choice frees its slot
 
 
+ITEM_ID_PREFIX = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco",
+                  "custom_tool_call": "ctc", "custom_tool_call_output": "ctco"}
+
+
+def _input_item(item: dict[str, Any]) -> dict[str, Any]:
+    """An input item as the conversation keeps it: with an id, a message's content as parts (what
+    ``input_items`` lists; the prompt it renders to is the same)."""
+    kind = item.get("type", "message")
+    out = {**item, "type": kind, "id": item.get("id") or item_id(ITEM_ID_PREFIX[kind])}
+    if kind == "message":
+        out.setdefault("status", "completed")
+        if isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            out["content"] = [{"type": part, "text": item["content"]}]
+    return out
+
+
 def _history_item(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as the conversation keeps it: what a later turn's prompt needs, without logprobs."""
     if item["type"] == "message":
-        return {"type": "message", "role": "assistant",
+        return {"id": item["id"], "type": "message", "role": "assistant", "status": item["status"],
                 "content": [{"type": "output_text", "text": p["text"]} for p in item["content"]]}
     if item["type"] == "reasoning":
-        return {"type": "reasoning", "summary": [], "content": item["content"]}
-    return {k: item[k] for k in ("type", "call_id", "name", "arguments", "input") if k in item}
+        return {"id": item["id"], "type": "reasoning", "summary": [], "content": item["content"]}
+    return {k: item[k] for k in ("id", "type", "call_id", "name", "arguments", "input") if k in item}
