@@ -24,7 +24,7 @@ from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.completions import _collect, _drive, _generation_error
-from dgpp.serve.errors import APIError, invalid, log_error, request_id_of
+from dgpp.serve.errors import APIError, invalid, log, log_error, request_id_of
 from dgpp.serve.openai_format import KEEP_ALIVE
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.responses_input import chat_body, chat_messages, check_request, input_items, renamed
@@ -159,7 +159,10 @@ class ResponseRun:
                              self.items.items, usage=usage(len(self.handle.prompt_ids), self.choice),
                              incomplete_details=incomplete, completed_at=int(time.time()))
         if self.req.keeps:
-            self.store.put(self.id, body, self.conversation + [_history_item(i) for i in self.items.items])
+            kept = self.store.put(self.id, body, self.conversation + [_history_item(i) for i in self.items.items])
+            if not kept:  # a later previous_response_id to it gets the 400 that says why
+                log.info("response not stored: larger than http.responses_store_bytes", response_id=self.id,
+                         store_bytes=self.store.max_bytes)
         return events, body
 
     def _event(self, event: dict[str, Any]) -> bytes:
