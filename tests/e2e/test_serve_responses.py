@@ -184,6 +184,35 @@ def test_a_codex_shaped_request_streams(env) -> None:
     assert events[-1].response.store is False and events[-1].response.usage.output_tokens <= 8
 
 
+def _essence(item) -> tuple:
+    """What an output item says (ids and call ids are fresh per response)."""
+    texts = tuple(p.text for p in getattr(item, "content", None) or [])
+    return item.type, getattr(item, "name", None), getattr(item, "arguments", None), getattr(item, "input", None), texts
+
+
+@pytest.mark.parametrize("kind", ["json_schema_text", "function_call", "custom_tool_call"])
+def test_the_sdk_stream_helper_accumulates_the_same_response(env, kind) -> None:
+    """``client.responses.stream`` rebuilds the response from the events alone (item by item, part by part,
+    delta by delta) and needs ``response.completed``: outputs that end by EOS (a grammar's end, a forced
+    call) equal the one-shot response's."""
+    custom = {"type": "custom", "name": "set_city",
+              "format": {"type": "grammar", "syntax": "regex", "definition": "(Paris|Rome)"}}
+    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+              "additionalProperties": False}
+    kw = {"json_schema_text": {"text": {"format": {"type": "json_schema", "name": "u", "schema": schema}}},
+          "function_call": {"tools": [TOOL], "tool_choice": "required"},
+          "custom_tool_call": {"tools": [custom], "tool_choice": {"type": "custom", "name": "set_city"}}}[kind]
+    kw = {"reasoning": NO_THINK, "input": QUESTION, "temperature": 0, "max_output_tokens": 60, **kw}
+    one = respond(env, **kw)
+    with env["sdk"].responses.stream(model=env["model"], **kw) as stream:
+        for _ in stream:
+            pass
+        final = stream.get_final_response()
+    assert one.status == final.status == "completed"
+    assert [_essence(o) for o in final.output] == [_essence(o) for o in one.output]
+    assert final.output[-1].type == ("message" if kind == "json_schema_text" else kind)
+
+
 def test_text_format_json_schema_constrains_the_output(env) -> None:
     schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
               "additionalProperties": False}
