@@ -30,6 +30,7 @@ class HttpConfig(_Section):
     bind_host: str = "127.0.0.1"
     port: Port = 18080
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = 16777216  # 16 MiB
+    responses_store_bytes: Annotated[int, msgspec.Meta(ge=0, le=_I64)] = 67108864  # stored Responses, 64 MiB
     sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=86400)] = (
         30  # seconds; -1 disables; 0 refused
     )

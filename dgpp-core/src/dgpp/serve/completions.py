@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -16,7 +16,7 @@ from litestar.response import Stream
 from dgpp.sched.request import RetireReason
 from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
-from dgpp.serve.choice_output import ServedChoice
+from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
 from dgpp.serve.errors import APIError, log_error, request_id_of, unsupported
 from dgpp.serve.http_guard import content_length
@@ -126,15 +126,16 @@ async def _answer(request: Request, backend: Backend, handle: RequestHandle, req
 
 
 async def _collect(request: Request, backend: Backend, handle: RequestHandle, outputs: list[ServedChoice],
-                   watch: DisconnectWatch | None = None) -> None:
+                   watch: DisconnectWatch | None = None, on_delta: Callable[[Delta], Any] | None = None) -> None:
     """Drive a one-shot request to its end; a client gone before the answer frees its slots (``watch``: the HTTP
-    request's watcher, when it owns several engine requests)."""
+    request's watcher, when it owns several engine requests; ``on_delta`` sees each choice delta)."""
     own = watch is None
     watch = watch or DisconnectWatch(request)
     watch.track(handle)
     try:
-        async for _ in _drive(handle, outputs, None):
-            pass
+        async for item in _drive(handle, outputs, None):
+            if on_delta is not None:
+                on_delta(item[1])
     finally:
         if own:
             watch.close()

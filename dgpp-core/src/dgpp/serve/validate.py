@@ -20,6 +20,7 @@ from dgpp.serve.protocol import (
 from dgpp.serve.response_format import check_response_format
 
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
+S = TypeVar("S", bound=msgspec.Struct)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
@@ -39,6 +40,22 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 
 def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
+    raw = decode_json(body)
+    rejected = REJECTED if kind is ChatCompletionRequest else COMPLETION_REJECTED
+    for name in rejected:
+        if name in raw:
+            raise unsupported(name)
+    if kind is ChatCompletionRequest:
+        for name in REJECTED_WHEN_SET:
+            if raw.get(name) is not None:
+                raise unsupported(name)
+    req = convert(raw, kind)
+    _check(req)
+    return req, raw
+
+
+def decode_json(body: bytes) -> dict[str, Any]:
+    """The request body as a JSON object: duplicate keys, bad JSON and lone surrogates are 400s."""
     try:
         raw = json.loads(body, object_pairs_hook=_no_duplicates)
     except _DuplicateKey as e:
@@ -53,16 +70,13 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
         json.dumps(raw, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
         raise invalid("the request holds an unpaired UTF-16 surrogate escape (not valid Unicode text)", None) from None
-    rejected = REJECTED if kind is ChatCompletionRequest else COMPLETION_REJECTED
-    for name in rejected:
-        if name in raw:
-            raise unsupported(name)
-    if kind is ChatCompletionRequest:
-        for name in REJECTED_WHEN_SET:
-            if raw.get(name) is not None:
-                raise unsupported(name)
+    return raw
+
+
+def convert(raw: dict[str, Any], kind: type[S]) -> S:
+    """``raw`` as a ``kind`` Struct; a type, range, unknown or missing field is a 400 naming it."""
     try:
-        req = msgspec.convert(raw, kind, strict=True)
+        return msgspec.convert(raw, kind, strict=True)
     except msgspec.ValidationError as e:
         text = str(e)
         m = _PATH.search(text)
@@ -77,8 +91,6 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
             param = f"{param}.{field}" if param else field
             raise invalid(f"{field} is required", param) from None
         raise invalid(f"{param or 'request'}: {text.split(' - at ')[0]}", param) from None
-    _check(req)
-    return req, raw
 
 
 def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
