@@ -115,6 +115,11 @@ class EngineConfig(_Section):
     mtp_draft_temperature: Annotated[float, msgspec.Meta(gt=0, le=4)] = 1.0
     mtp_expert_format: Literal["fp8", "bf16_fused", "bf16"] = "fp8"
     graph_batch_min_live: NonNegInt = 0  # 0 -> min(2, max_concurrency)
+    # prompt-lookup drafts for any model (dgpp.engine.lookup_draft); "off" or engine.mtp decodes without them
+    draft: Literal["off", "lookup"] = "off"
+    draft_depth: Depth = 3
+    lookup_ngram: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3  # the longest suffix looked up
+    lookup_min_ngram: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2  # the shortest
     # weights and numerics
     bf16_weights: Literal["checkpoint", "bf12", "bf12+bf16"] = "checkpoint"
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"

@@ -58,7 +58,7 @@ def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
                 **_replay_stats(s),
             },
             "spec_decode": s.speculative.stats.as_metrics() if s.speculative is not None else {
-                "depth": 0, "num_drafts_total": 0, "num_draft_tokens_total": 0, "num_accepted_tokens_total": 0,
+                "depth": 0, "drafter": "none", "num_drafts_total": 0, "num_draft_tokens_total": 0, "num_accepted_tokens_total": 0,
                 "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []},
             "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_request_ms, "step_ms": st.step_ms,
             "finished": dict(st.finished), "reservations_grown": st.reservations_grown,
