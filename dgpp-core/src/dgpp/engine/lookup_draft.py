@@ -7,8 +7,12 @@ edits or quotes its prompt is where it pays. The drafts are point masses, so the
 (``dgpp.engine.speculative.VerifyDecoder``) keeps greedy transcripts exact and sampled ones distributed as
 plain sampling; a request with no match decodes plainly (one verify row).
 
-Each request keeps its n-gram index on its sequence (``draft_index``), extended by the tokens that arrived
-since the last step, so a step costs a few dictionary probes per request, never a scan of its prompt.
+Each request keeps its state on its sequence (``draft_state``): the n-gram index, extended by the tokens that
+arrived since the last step (a step costs a few dictionary probes per request, never a scan of its prompt), and
+how far its drafts have been right lately. A verify row costs time even when rejected (on a CPU, each row is a
+GEMV of every weight), so a request drafts one token more than it last had accepted (up to the depth), and after
+a step whose first draft was wrong it skips drafting for 1, 3, 7, 15 steps (doubling while they keep failing).
+The skip and the length only decide what is verified, never what is emitted.
 """
 
 from __future__ import annotations
@@ -45,6 +49,27 @@ class NgramIndex:
         return []
 
 
+class LookupState:
+    """One request's drafting state: its n-gram index and how many drafts it has earned (see the module docstring)."""
+
+    MAX_SKIP = 15
+
+    def __init__(self, min_n: int, max_n: int, depth: int) -> None:
+        self.index = NgramIndex(min_n, max_n)
+        self.limit = depth  # drafts to propose next time
+        self.skip = 0  # decode steps left without drafts
+        self.misses = 0  # consecutive verifies whose first draft was wrong
+
+    def judged(self, drafted: int, accepted: int, depth: int) -> None:
+        if accepted:
+            self.misses = 0
+            self.limit = min(depth, accepted + 1)
+        else:
+            self.misses += 1
+            self.limit = 1
+            self.skip = min(2**self.misses - 1, self.MAX_SKIP)
+
+
 class LookupDecoder(VerifyDecoder):
     """Speculative decoding with prompt-lookup drafts (see the module docstring)."""
 
@@ -57,15 +82,28 @@ class LookupDecoder(VerifyDecoder):
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
     def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
-        return [self._index(s).propose(room) if (room := self._room(s)) else [] for s in seqs]
+        drafts = []
+        for s in seqs:
+            state = self._state(s)
+            room = min(self._room(s), state.limit)
+            if state.skip:
+                state.skip -= 1
+                room = 0
+            drafts.append(state.index.propose(room) if room else [])
+        return drafts
 
-    def _index(self, s: DecodingSequence) -> NgramIndex:
-        """The sequence's index, brought up to its prompt and output (built from the prompt once)."""
-        index = s.draft_index
-        if index is None:
-            index = s.draft_index = NgramIndex(self.min_ngram, self.max_ngram)
-            index.extend(s.prompt)
+    def _judged(self, s: DecodingSequence, drafted: int, accepted: int) -> None:
+        if drafted:
+            s.draft_state.judged(drafted, accepted, self.depth)
+
+    def _state(self, s: DecodingSequence) -> LookupState:
+        """The sequence's state, its index brought up to its prompt and output (built from the prompt once)."""
+        state = s.draft_state
+        if state is None:
+            state = s.draft_state = LookupState(self.min_ngram, self.max_ngram, self.depth)
+            state.index.extend(s.prompt)
+        index = state.index
         seen = len(index.tokens) - len(s.prompt)
         if seen < len(s.output):
             index.extend(s.output[seen:])
-        return index
+        return state

@@ -70,6 +70,9 @@ class VerifyDecoder:
     def _keep(self, s: DecodingSequence, first: int, hidden: torch.Tensor) -> None:
         """The target's hidden rows of the inputs that stand, from position ``first``; unused by default."""
 
+    def _judged(self, s: DecodingSequence, drafted: int, accepted: int) -> None:
+        """``accepted`` of the request's ``drafted`` tokens were kept this step; unused by default."""
+
     def _room(self, s: DecodingSequence) -> int:
         """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
         room = len(s.block_table) * self.runner.pools.block_size - 1 - s.computed
@@ -123,6 +126,7 @@ class VerifyDecoder:
             if not took_draft or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
                 break
         self.stats.verified(len(drafts), accepted)
+        self._judged(s, len(drafts), accepted)
         return s.computed - c
 
     # ---- hybrid state --------------------------------------------------------------------------
