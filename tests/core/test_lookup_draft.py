@@ -115,6 +115,25 @@ def test_ngram_index_proposes_what_followed_the_latest_match():
     assert tail.propose(5) == [3, 4]  # only tokens that exist are proposed
 
 
+def test_lookup_state_drafts_what_it_has_earned():
+    """One more draft than last accepted (up to the depth); after a wrong first draft, 1, 3, 7 ... steps without."""
+    from dgpp.engine.lookup_draft import LookupState
+
+    state = LookupState(1, 3, depth=4)
+    assert (state.limit, state.skip) == (4, 0)
+    state.judged(4, 1, 4)
+    assert (state.limit, state.skip) == (2, 0)
+    state.judged(2, 2, 4)
+    assert state.limit == 3
+    skips = []
+    for _ in range(6):
+        state.judged(1, 0, 4)
+        skips.append(state.skip)
+    assert skips == [1, 3, 7, 15, 15, 15] and state.limit == 1
+    state.judged(1, 1, 4)
+    assert (state.misses, state.limit) == (0, 2)
+
+
 def test_verify_items_name_every_row_for_logits():
     """A verify item's every row is a logits row, in row order beside the other items' last rows, so any model's
     ``forward`` (which returns the rows ``logits_indices`` names) gives the verify its logits."""
