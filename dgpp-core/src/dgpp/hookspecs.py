@@ -15,6 +15,7 @@ import pluggy
 
 if TYPE_CHECKING:  # the types stay out of the import: registering a plugin must not load torch
     from dgpp.family import FamilySpec, LoadContext
+    from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.quant.format import QuantFormat
     from dgpp.step.memory import MemoryPlan, ModelMemory
     from dgpp.step.model import Drafter, Model
@@ -88,3 +89,21 @@ def dgpp_chat_template(family: str, hf_config: dict) -> str | None:
 @hookspec(firstresult=True)
 def dgpp_tool_dialect(family: str, hf_config: dict) -> Dialect | None:
     """Return the family's tool-call / reasoning dialect (``dgpp.text.dialect.Dialect``), or None."""
+
+
+@hookspec
+def dgpp_tiny_checkpoints() -> list[TinyCheckpoint]:
+    """Return the tiny random checkpoints (``dgpp.offers.TinyCheckpoint``) of this plugin's families, by name:
+    the tests' ``dgpp.testing.builders.build_tiny_checkpoint(name, ...)`` and the CPU demo build through them."""
+
+
+@hookspec
+def dgpp_bench_geometries() -> list[BenchGeometry]:
+    """Return the real geometries (``dgpp.offers.BenchGeometry``: HF config fields) ``dgpp bench --geometry``
+    can run with random weights for this plugin's families."""
+
+
+@hookspec
+def dgpp_gguf_architectures() -> list[GGUFArchitecture]:
+    """Return how GGUF files of an architecture (``general.architecture``) map onto checkpoints this plugin
+    loads (``dgpp.offers.GGUFArchitecture``); core converts such a file with it."""

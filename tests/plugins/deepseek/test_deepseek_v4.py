@@ -16,9 +16,9 @@ from dgpp.engine.loading import load_model
 from dgpp.nn.moe import RoutingConfig, TopKRouter
 from dgpp.plugin_api import CompressedKV, WindowBuffer, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
 from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_deepseek.model import DeepseekV4ForCausalLM
+from dgpp_deepseek.testing import build_tiny_deepseek_v4
 
 transformers.logging.set_verbosity_error()
 checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_deepseek_v4, "deepseek_v4")

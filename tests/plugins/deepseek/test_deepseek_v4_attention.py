@@ -11,9 +11,9 @@ import transformers
 
 from dgpp.engine.runner import SeqWork, build_batch
 from dgpp.step.pools import CachePools
-from dgpp.testing.deepseek_v4 import tiny_deepseek_v4_config
 from dgpp_deepseek.attention import DeepseekV4Attention
 from dgpp_deepseek.config import parse_deepseek_v4_config
+from dgpp_deepseek.testing import tiny_deepseek_v4_config
 
 transformers.logging.set_verbosity_error()
 LAYER_TYPES = ["sliding_attention", "heavily_compressed_attention", "compressed_sparse_attention"]

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.bench import models
 from dgpp.bench.cli import main as bench_main
 from dgpp.bench.models import build_random_model, hf_config, new_model, weight_bytes_per_step
+from dgpp_deepseek.testing import V4_FLASH_LAYERS
 
-GEOMETRY = f"deepseek-v4-flash-{models.V4_FLASH_LAYERS}l"
+GEOMETRY = f"deepseek-v4-flash-{V4_FLASH_LAYERS}l"
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 
 

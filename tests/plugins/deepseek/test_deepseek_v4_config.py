@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from dgpp.errors import ConfigError
-from dgpp.testing.deepseek_v4 import tiny_deepseek_v4_config
 from dgpp_deepseek.config import CSA, HCA, SLIDING, parse_deepseek_v4_config
+from dgpp_deepseek.testing import tiny_deepseek_v4_config
 
 
 def test_release_keys_fold_in() -> None:

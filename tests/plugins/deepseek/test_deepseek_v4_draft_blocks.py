@@ -16,8 +16,8 @@ from dgpp.engine.loading import load_context, load_model
 from dgpp.engine.memory_plan import plan_for
 from dgpp.plugins import build_manager
 from dgpp.testing import conformance as conf
-from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
 from dgpp_deepseek.loader import checkpoint_name
+from dgpp_deepseek.testing import build_tiny_deepseek_v4
 
 
 def _add_stages(src, dst) -> dict[str, torch.Tensor]:

@@ -25,8 +25,8 @@ from dgpp.quant.moe import QuantExperts
 from dgpp.quant.scheme import QuantScheme
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
 from dgpp_deepseek.release_layout import release_hf_config
+from dgpp_deepseek.testing import build_tiny_deepseek_v4
 
 transformers.logging.set_verbosity_error()
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from served_greedy import check_family_serves
 
-from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
+from dgpp_deepseek.testing import build_tiny_deepseek_v4
 
 pytestmark = pytest.mark.e2e
 

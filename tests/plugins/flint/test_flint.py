@@ -13,9 +13,9 @@ import transformers
 from dgpp.engine.loading import load_model
 from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.flint import build_tiny_flint
 from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_flint.model import FlintForCausalLM
+from dgpp_flint.testing import build_tiny_flint
 
 transformers.logging.set_verbosity_error()
 WINDOW = 8

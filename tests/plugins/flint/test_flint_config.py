@@ -16,8 +16,8 @@ from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp.testing.flint import FLINT_RELEASE as FLINT
 from dgpp_flint.config import parse_flint_config
+from dgpp_flint.testing import FLINT_RELEASE as FLINT
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "flint_fp8-nvfp4_w1.json"
 FULL_LAYERS = (0, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 48)

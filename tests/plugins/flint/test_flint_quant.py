@@ -12,8 +12,8 @@ from dgpp.errors import ConfigError
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.moe import QuantExperts
 from dgpp.testing import conformance as conf
-from dgpp.testing.flint import MIXED_EXPERT_FORMATS, build_tiny_flint, mixed_expert_twins, quantization_config
 from dgpp.testing.generate import greedy_generate
+from dgpp_flint.testing import MIXED_EXPERT_FORMATS, build_tiny_flint, mixed_expert_twins, quantization_config
 
 
 @pytest.fixture(scope="module")
@@ -50,9 +50,9 @@ def test_packed_chunked_and_batched_rows_are_bit_identical(twins):
 
 
 def test_a_projection_mixed_across_experts_is_refused_by_name():
-    from dgpp.testing.flint import tiny_flint_config
     from dgpp_flint.config import parse_flint_config
     from dgpp_flint.model import FlintForCausalLM
+    from dgpp_flint.testing import tiny_flint_config
 
     cfg = tiny_flint_config()
     qc = quantization_config({2: {"gate_proj": "fp8", "up_proj": "fp8", "down_proj": "fp8"}})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from served_greedy import check_family_serves
 
-from dgpp.testing.flint import build_tiny_flint
+from dgpp_flint.testing import build_tiny_flint
 
 pytestmark = pytest.mark.e2e
 WINDOW = 8

@@ -9,8 +9,8 @@ import torch
 
 from dgpp.engine.loading import load_model
 from dgpp.family import World
-from dgpp.testing.flint import build_tiny_flint
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
+from dgpp_flint.testing import build_tiny_flint
 
 WORLD = 2
 

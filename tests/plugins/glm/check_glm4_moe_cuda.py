@@ -37,9 +37,9 @@ def prepare(root: Path) -> None:
 
     from dgpp.testing import conformance as conf
     from dgpp.testing.builders import load_reference
-    from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
     from dgpp.testing.gpu_check import reference_data
     from dgpp_glm.config import parse_glm4_moe_config
+    from dgpp_glm.testing_glm4 import build_tiny_glm4_moe, nvfp4_twin
 
     transformers.logging.set_verbosity_error()
     prompts = conf.make_prompts(512, PROMPT_LENS, seed=31)

@@ -11,9 +11,9 @@ import transformers
 from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp.testing.suite import FamilyConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_glm.model import Glm4MoeForCausalLM
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
 transformers.logging.set_verbosity_error()
 

@@ -13,10 +13,10 @@ from glm_reference import load_f64, main_hidden, mtp_logits
 from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.errors import CheckpointError
 from dgpp.family import LoadContext
-from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp.testing.mtp import draft_logits as _draft_logits
 from dgpp_glm.config import parse_glm4_moe_config
 from dgpp_glm.draft import Glm4MoeMTPDrafter, build_draft
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
 RTOL = 1e-4
 

@@ -16,8 +16,8 @@ from dgpp.quant.linear import QuantLinearMethod
 from dgpp.quant.moe import QuantExperts
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
 from dgpp_glm.draft import build_draft
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe, nvfp4_twin
 
 transformers.logging.set_verbosity_error()
 

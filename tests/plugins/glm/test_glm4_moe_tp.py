@@ -15,8 +15,8 @@ from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext, World
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp_glm.draft import build_draft
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
 WORLD = 2
 

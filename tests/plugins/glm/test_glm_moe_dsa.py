@@ -13,9 +13,9 @@ from dgpp.step.cache_spec import LatentKV, PagedKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate, make_pools
-from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
 from dgpp.testing.suite import FamilyConformance, tiny_checkpoint_fixtures
 from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
+from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
 transformers.logging.set_verbosity_error()
 

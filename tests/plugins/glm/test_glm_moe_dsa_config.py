@@ -6,8 +6,8 @@ import pytest
 
 from dgpp.errors import ConfigError
 from dgpp.nn.mla import mla_softmax_scale
-from dgpp.testing.glm_moe_dsa import tiny_glm_moe_dsa_config
 from dgpp_glm.glm5_config import indexer_types, parse_glm_moe_dsa_config
+from dgpp_glm.testing_glm5 import tiny_glm_moe_dsa_config
 
 
 @pytest.mark.parametrize(
@@ -37,7 +37,7 @@ def test_release_schedule_runs_21_indexers():
 def test_saved_config_round_trips(tmp_path):
     import json
 
-    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     path = build_tiny_glm_moe_dsa(tmp_path)
     cfg = parse_glm_moe_dsa_config(json.loads((path / "config.json").read_text()))

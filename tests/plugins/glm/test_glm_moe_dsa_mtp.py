@@ -16,9 +16,9 @@ from dgpp.family import LoadContext
 from dgpp.plugins import manager
 from dgpp.step.cache_spec import LatentKV, PagedKV
 from dgpp.testing.builders import load_reference
-from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
 from dgpp.testing.mtp import draft_logits
 from dgpp_glm.glm5_draft import GlmMoeDsaMTPDrafter
+from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
 transformers.logging.set_verbosity_error()
 LAYERS = 4  # the tiny stack; the MTP layer is model.layers.4

@@ -19,8 +19,8 @@ from dgpp.quant.intq import IntPacked
 from dgpp.quant.scheme import QuantScheme
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
 from dgpp.testing.nf4i8 import nf4i8_quantization, nf4i8_twin, rotation
+from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
 transformers.logging.set_verbosity_error()
 

@@ -13,7 +13,7 @@ from dgpp.nn.mla import MultiLatentAttention
 from dgpp.quant.checkpoints import dequantize_checkpoint, quantize_checkpoint
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION, build_tiny_glm_moe_dsa
+from dgpp_glm.testing_glm5 import GLM5_PACKED_QUANTIZATION, build_tiny_glm_moe_dsa
 
 transformers.logging.set_verbosity_error()
 

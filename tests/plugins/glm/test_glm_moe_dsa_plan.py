@@ -14,8 +14,8 @@ from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION
 from dgpp_glm.glm5_config import parse_glm_moe_dsa_config
+from dgpp_glm.testing_glm5 import GLM5_PACKED_QUANTIZATION
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "glm-5.3_int4-int8_w4.json"
 

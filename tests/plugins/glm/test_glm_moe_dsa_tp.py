@@ -13,7 +13,7 @@ from dgpp.engine.loading import load_model
 from dgpp.family import World
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
 WORLD = 2
 

@@ -15,9 +15,9 @@ import transformers
 from dgpp.engine.loading import load_model
 from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.testing import conformance as conf
-from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_mimo.model import MimoV2FlashForCausalLM
+from dgpp_mimo.testing import build_tiny_mimo
 
 transformers.logging.set_verbosity_error()
 WINDOW = 8

@@ -14,8 +14,8 @@ from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp.testing.mimo import MIMO_V2_FLASH_RELEASE as MIMO
 from dgpp_mimo.config import parse_mimo_config
+from dgpp_mimo.testing import MIMO_V2_FLASH_RELEASE as MIMO
 
 FULL_LAYERS = (0, 5, 11, 17, 23, 29, 35, 41, 47)
 

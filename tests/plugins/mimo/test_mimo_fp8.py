@@ -15,7 +15,7 @@ from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.moe import QuantExperts
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.mimo import build_tiny_mimo
+from dgpp_mimo.testing import build_tiny_mimo
 
 transformers.logging.set_verbosity_error()
 FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32],

@@ -10,10 +10,10 @@ import json
 import pytest
 from served_greedy import check_family_serves, served
 
-from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 from dgpp_mimo import dialect as mimo_dialect
+from dgpp_mimo.testing import build_tiny_mimo
 
 pytestmark = pytest.mark.e2e
 WINDOW = 8

@@ -10,8 +10,8 @@ import torch
 
 from dgpp.engine.loading import load_model
 from dgpp.family import World
-from dgpp.testing.mimo import build_tiny_mimo
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
+from dgpp_mimo.testing import build_tiny_mimo
 
 WORLD = 2
 

@@ -17,8 +17,8 @@ from dgpp.quant.moe import QuantExperts
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.mimo import build_tiny_mimo
-from dgpp.testing.mimo_v26 import write_v26_checkpoint
+from dgpp_mimo.testing import build_tiny_mimo
+from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
 transformers.logging.set_verbosity_error()
 # the tiny model's window is 8 keys: 5 fits it, 19 and 26 run past it

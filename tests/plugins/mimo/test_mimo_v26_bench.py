@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.bench import models
 from dgpp.bench.cli import main as bench_main
-from dgpp.bench.models import GEOMETRIES, hf_config, new_model
+from dgpp.bench.models import geometries, hf_config, new_model
+from dgpp_mimo.testing_v26 import MIMO_V26_LAYERS, _mimo_v26_pattern
 
-GEOMETRY = f"mimo-v2.6-flash-{models.MIMO_V26_LAYERS}l"
+GEOMETRY = f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l"
 
 
 def test_geometry_is_the_release_at_scaled_depth():
     raw = hf_config(GEOMETRY, torch.bfloat16)
-    full = new_model({**raw, "num_hidden_layers": 48, "hybrid_layer_pattern": models._mimo_v26_pattern(48),
+    full = new_model({**raw, "num_hidden_layers": 48, "hybrid_layer_pattern": _mimo_v26_pattern(48),
                       "moe_layer_freq": [0] + [1] * 47}, "meta")
     cfg = full.config
     assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [0, 5, 11, 17, 23, 29, 35, 41, 47]
@@ -35,4 +35,4 @@ def test_dgpp_bench_decodes_the_tiny_mimo_v26_on_cpu(capsys):
     assert rc == 0, out
     assert "greedy graph == eager for 8x2x4: True" in out and "geometry tiny-mimo-v2.6" in out
     assert "MoE bytes/step count only the routed experts read" in out
-    assert {GEOMETRY, "tiny-mimo-v2.6"} <= set(GEOMETRIES)
+    assert {GEOMETRY, "tiny-mimo-v2.6"} <= set(geometries())

@@ -1,6 +1,6 @@
 """A MiMo-V2.6 checkpoint seen under ``mimo_v2_flash`` names: the fused, pre-sharded FP8 ``qkv_proj`` split into
 q/k/v with re-blocked scales, MXFP4 experts and FP8 dense projections decoding to exactly the values of the
-dequantized twin (written independently by ``dgpp.testing.mimo_v26``), vision / audio tensors left out."""
+dequantized twin (written independently by ``dgpp_mimo.testing_v26``), vision / audio tensors left out."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dgpp.errors import CheckpointError
-from dgpp.testing.mimo import build_tiny_mimo
-from dgpp.testing.mimo_v26 import MIMO_V26_RELEASE, write_v26_checkpoint
+from dgpp_mimo.testing import build_tiny_mimo
+from dgpp_mimo.testing_v26 import MIMO_V26_RELEASE, write_v26_checkpoint
 from dgpp_mimo.v26_checkpoint import V26Reader, V26Scheme, qkv_geometry
 from dgpp_mimo.v26_config import canonical_config
 

@@ -7,7 +7,7 @@ import pytest
 import transformers
 
 from dgpp.errors import ConfigError
-from dgpp.testing.mimo_v26 import MIMO_V26_RELEASE
+from dgpp_mimo.testing_v26 import MIMO_V26_RELEASE
 from dgpp_mimo.v26_config import canonical_config, window_of
 
 GLOBAL_LAYERS = (0, 5, 11, 17, 23, 29, 35, 41, 47)

@@ -17,10 +17,10 @@ from dgpp.errors import CheckpointError
 from dgpp.plugin_api import PagedKV
 from dgpp.plugins import manager
 from dgpp.testing.builders import load_reference
-from dgpp.testing.mimo import build_tiny_mimo
-from dgpp.testing.mimo_v26 import write_v26_checkpoint
 from dgpp.testing.mtp import draft_logits
 from dgpp_mimo.draft import MimoMTPDrafter
+from dgpp_mimo.testing import build_tiny_mimo
+from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
 RTOL = 1e-4
 MTP = "model.mtp.layers.0."

@@ -17,7 +17,7 @@ from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp.testing.mimo_v26 import MIMO_V26_RELEASE
+from dgpp_mimo.testing_v26 import MIMO_V26_RELEASE
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "mimo-v2.6-flash_mxfp4-fp8_w2.json"
 BF16 = 2

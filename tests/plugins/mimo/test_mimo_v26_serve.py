@@ -8,8 +8,8 @@ import httpx
 import pytest
 from served_greedy import QUESTIONS, SERVE_ENGINE, check_served_greedy, served
 
-from dgpp.testing.mimo import build_tiny_mimo
-from dgpp.testing.mimo_v26 import write_v26_checkpoint
+from dgpp_mimo.testing import build_tiny_mimo
+from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
 pytestmark = pytest.mark.e2e
 WINDOW = 8

@@ -11,10 +11,10 @@ from dgpp.config import EngineConfig
 from dgpp.engine.loading import load_context, load_model
 from dgpp.family import World
 from dgpp.plugins import manager
-from dgpp.testing.mimo import build_tiny_mimo
-from dgpp.testing.mimo_v26 import write_v26_checkpoint
 from dgpp.testing.mtp import draft_logits
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
+from dgpp_mimo.testing import build_tiny_mimo
+from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
 WORLD = 2
 

@@ -32,7 +32,7 @@ def prepare(root: Path) -> None:
     from dgpp.testing import conformance as conf
     from dgpp.testing.builders import load_reference
     from dgpp.testing.gpu_check import reference_data
-    from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp, mtp_reference_logits
+    from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp, mtp_reference_logits
 
     transformers.logging.set_verbosity_error()
     prompts = conf.make_prompts(512, PROMPT_LENS, seed=51)

@@ -11,8 +11,8 @@ from dgpp.engine.loading import load_model
 from dgpp.step.cache_spec import PagedKV, StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.qwen4_exp import EOS, build_tiny_qwen4_exp
 from dgpp_qwen.layers.ngram import hash_multipliers, head_vocab_sizes
+from dgpp_qwen.testing_qwen4_exp import EOS, build_tiny_qwen4_exp
 
 DENSE_LIMIT = 19  # (budget 16 / ratio 4 + 1) blocks of 4 tokens, minus one
 

@@ -9,7 +9,7 @@ import torch
 from dgpp.engine.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
 BF16_RTOL = 2e-2
 

@@ -14,8 +14,8 @@ from dgpp.errors import CheckpointError, ConfigError
 from dgpp.step.cache_spec import StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.qwen4_exp import TINY_QWEN4_EXP, build_tiny_qwen4_exp
 from dgpp_qwen.qwen4_exp_config import parse_qwen4_exp_config
+from dgpp_qwen.testing_qwen4_exp import TINY_QWEN4_EXP, build_tiny_qwen4_exp
 
 
 def test_wrapped_release_layout_matches_transformers(tmp_path):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from served_greedy import check_family_serves
 
-from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
 pytestmark = pytest.mark.e2e
 

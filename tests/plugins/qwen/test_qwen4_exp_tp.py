@@ -14,7 +14,7 @@ from dgpp.engine.loading import load_model
 from dgpp.family import World
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
 WORLD = 2
 

@@ -32,8 +32,9 @@ from safetensors.torch import load_file, save_file
 from dgpp.quant.encode import encode
 from dgpp.quant.fp4 import MXFP4
 from dgpp.quant.fp8 import FP8Block
+from dgpp.testing.builders import TINY_TEXT
 
-# MiMo-V2.6-Flash's config.json text keys (anchor §3.9): 48 layers, global attention on 0, 5, 11, ..., 47
+# MiMo-V2.6-Flash's config.json text keys: 48 layers, global attention on 0, 5, 11, ..., 47
 MIMO_V26_RELEASE: dict[str, Any] = {
     "architectures": ["MiMoV2ForCausalLM"],
     "model_type": "mimo_v2",
@@ -276,3 +277,41 @@ def write_v26_checkpoint(
         )
         (directory / "config.json").write_text(json.dumps(config, indent=2))
     return v26_dir, twin_dir
+
+
+# MiMo-V2.6-Flash (the release's own config keys: model type mimo_v2) per layer: hidden 4096, 64 q heads of 192
+# (v 128), 4 KV heads on global layers and 8 on sliding-window ones (window 128 with a sink per head), 256 experts
+# top-8 of 2048, no shared expert. Its 48 layers are 309B parameters (618 GB in bf16); the benchmark keeps the
+# per-layer shape and runs 8: layer 0 global with the dense 16384 MLP, 1-4 sliding, 5 global, 6-7 sliding, 1-7 MoE
+# (95 GB of bf16 weights), which leaves K/V and workspace room on a 141 GB H200
+MIMO_V26_LAYERS = 8
+_MIMO_V26_COMMON = {
+    "model_type": "mimo_v2", "architectures": ["MiMoV2ForCausalLM"], "attention_projection_layout": "fused_qkv",
+    "add_swa_attention_sink_bias": True, "add_full_attention_sink_bias": False, "partial_rotary_factor": 0.334,
+    "attention_value_scale": 0.707, "layernorm_epsilon": 1e-5, "rope_theta": 10000000.0, "swa_rope_theta": 10000.0,
+    "scoring_func": "sigmoid", "topk_method": "noaux_tc", "n_group": 1, "topk_group": 1, "norm_topk_prob": True,
+    "tie_word_embeddings": False, "num_nextn_predict_layers": 0,
+}
+
+
+def _mimo_v26_pattern(num_layers: int) -> list[int]:
+    """MiMo's layout (1 = sliding window): global attention on layer 0 and every sixth layer from 5 on."""
+    return [0 if i == 0 or (i + 1) % 6 == 0 else 1 for i in range(num_layers)]
+
+
+MIMO_V26_BENCH: dict[str, Any] = {
+    **_MIMO_V26_COMMON, "vocab_size": 152576, "hidden_size": 4096, "intermediate_size": 16384,
+    "moe_intermediate_size": 2048, "num_hidden_layers": MIMO_V26_LAYERS, "num_attention_heads": 64,
+    "num_key_value_heads": 4, "head_dim": 192, "v_head_dim": 128, "swa_num_attention_heads": 64,
+    "swa_num_key_value_heads": 8, "swa_head_dim": 192, "swa_v_head_dim": 128, "sliding_window": 128,
+    "hybrid_layer_pattern": _mimo_v26_pattern(MIMO_V26_LAYERS), "moe_layer_freq": [0] + [1] * (MIMO_V26_LAYERS - 1),
+    "n_routed_experts": 256, "num_experts_per_tok": 8, "max_position_embeddings": 1048576,
+}
+# the CPU smoke version of the geometry: 6 layers (0 and 5 global), window 8, 8 experts top-2
+TINY_MIMO_V26_BENCH: dict[str, Any] = {
+    **_MIMO_V26_COMMON, **{k: v for k, v in TINY_TEXT.items() if k != "rms_norm_eps"}, "num_hidden_layers": 6,
+    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 48, "v_head_dim": 32,
+    "swa_num_attention_heads": 8, "swa_num_key_value_heads": 4, "swa_head_dim": 48, "swa_v_head_dim": 32,
+    "sliding_window": 8, "hybrid_layer_pattern": _mimo_v26_pattern(6), "moe_layer_freq": [0] + [1] * 5,
+    "moe_intermediate_size": 32, "n_routed_experts": 8, "num_experts_per_tok": 2,
+}

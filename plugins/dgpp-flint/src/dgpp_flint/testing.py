@@ -3,6 +3,8 @@
 transformers builds and saves the model (per-expert tensors, the sink saved as ``softmax_offset`` as Flint
 ships it). The default shape has both attention kinds (layers 0, 1 and 5 full, 2-4 sliding), dense layers
 0-1 then MoE layers, and a window of 8 tokens, so prompts longer than the window exercise it and the sinks.
+
+``tiny_checkpoints`` offers the builder (``flint``) to core.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 
 import torch
 
+from dgpp.plugin_api import TinyCheckpoint
 from dgpp.testing.builders import save_one_file, spread_tensors
 
 TINY_FLINT: dict[str, Any] = {
@@ -163,3 +166,7 @@ FLINT_RELEASE: dict[str, Any] = {
     "num_experts_per_tok": 6, "norm_topk_prob": True, "max_position_embeddings": 262144,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16", "quantization_config": quantization_config(RELEASE_LAYOUT),
 }
+
+
+def tiny_checkpoints() -> list[TinyCheckpoint]:
+    return [TinyCheckpoint("flint", build_tiny_flint, "Flint: sliding and full attention with sinks, MoE")]

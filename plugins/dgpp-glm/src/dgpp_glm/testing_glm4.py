@@ -211,3 +211,4 @@ def declare_mtp(out: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any]
         if isinstance(config.get(key), list):
             config[key] = config[key][:layers]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+

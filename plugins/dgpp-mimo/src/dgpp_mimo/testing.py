@@ -4,6 +4,9 @@ The default shape has both attention kinds (transformers' default pattern at 6 l
 sliding, the sliding ones with twice the KV heads and sinks), q/k heads of 48 and v heads of 32 with RoPE on
 the first 16 dims (``int(48 x 0.334)``) at a different theta per layer type, a dense layer 0 then MoE layers,
 and a window of 8 tokens, so prompts longer than the window exercise it and the sinks.
+
+``tiny_checkpoints`` and ``bench_geometries`` offer the builder (``mimo``) and the MiMo-V2.6 benchmark
+geometries (``testing_v26``) to core.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import torch
 
+from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
 from dgpp.testing.builders import save_one_file, spread_tensors
 
 TINY_MIMO: dict[str, Any] = {
@@ -88,3 +92,16 @@ MIMO_V2_FLASH_RELEASE: dict[str, Any] = {
     "num_experts_per_tok": 8, "routed_scaling_factor": None, "norm_topk_prob": True, "max_position_embeddings": 131072,
     "tie_word_embeddings": False, "torch_dtype": "bfloat16",
 }
+
+
+def tiny_checkpoints() -> list[TinyCheckpoint]:
+    return [TinyCheckpoint("mimo", build_tiny_mimo, "MiMo-V2-Flash: sliding and global attention with sinks, MoE")]
+
+
+def bench_geometries() -> list[BenchGeometry]:
+    from dgpp_mimo.testing_v26 import MIMO_V26_BENCH, MIMO_V26_LAYERS, TINY_MIMO_V26_BENCH
+
+    return [
+        BenchGeometry(f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l", MIMO_V26_BENCH, "MiMo-V2.6-Flash's per-layer shape"),
+        BenchGeometry("tiny-mimo-v2.6", TINY_MIMO_V26_BENCH, "its CPU smoke version"),
+    ]

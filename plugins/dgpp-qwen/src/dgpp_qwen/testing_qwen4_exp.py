@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dgpp.testing.builders import TINY_VISION
+from dgpp_qwen.testing_qwen3 import TINY_VISION
 
 EOS = 7
 TINY_QWEN4_EXP: dict[str, Any] = {

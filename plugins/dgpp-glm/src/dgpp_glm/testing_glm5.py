@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dgpp.testing.glm import TINY_GLM_MOE, _spread_weights, declare_mtp
+from dgpp_glm.testing_glm4 import TINY_GLM_MOE, _spread_weights, declare_mtp
 
 TINY_GLM_MOE_DSA: dict[str, Any] = {
     "vocab_size": 512,
@@ -95,7 +95,7 @@ def _int_group(bits: int, targets: list[str]) -> dict[str, Any]:
     return {"targets": targets, "weights": weights, "format": "pack-quantized"}
 
 
-# The quantization_config form of the GLM-5.3 int4/int8 release as the anchor notes describe it: compressed-tensors
+# The quantization_config form of the GLM-5.3 int4/int8 release as its model card describes it: compressed-tensors
 # pack-quantized, symmetric, group 64; int4 routed experts, int8 attention, shared experts and dense MLPs; router,
 # indexer, embedding and head dense. (The release's exact ignore list was not available to check.)
 GLM5_PACKED_QUANTIZATION: dict[str, Any] = {
@@ -108,4 +108,22 @@ GLM5_PACKED_QUANTIZATION: dict[str, Any] = {
             8, [r"re:.*\.self_attn\..*", r"re:.*\.mlp\.(shared_experts\.)?(gate|up|down)_proj$"]
         ),
     },
+}
+
+# Full GLM-5.3 (glm_moe_dsa) per layer: hidden 6144, MLA 64 heads (q_lora 2048, kv_lora 512, nope 192 + rope 64,
+# v 256), DSA indexer 32 x 128 top-2048 on the freq-4 / offset-3 schedule, 256 experts top-8 of 2048 + 1 shared;
+# the int4 (routed experts) / int8 (attention, shared, dense MLP) group-64 release form. 78 layers do not fit one
+# H200 even packed (~5 GB per MoE layer): the benchmark keeps the first GLM5_LAYERS (3 dense + 9 MoE, the indexer
+# running on layers 0, 1, 2, 6 and 10 and the others reusing its selection, as in the release)
+GLM5_LAYERS = 12
+GLM5_BENCH: dict[str, Any] = {
+    "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "vocab_size": 154880, "hidden_size": 6144,
+    "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": GLM5_LAYERS,
+    "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 2048, "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 8000000.0}, "max_position_embeddings": 1048576,
+    "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+    "routed_scaling_factor": 2.5, "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
+    "index_topk_freq": 4, "index_skip_topk_offset": 3, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "quantization_config": GLM5_PACKED_QUANTIZATION,
 }

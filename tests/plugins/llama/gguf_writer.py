@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dgpp.checkpoint.gguf_arch import LLAMA_BLOCK_NAMES, LLAMA_GLOBAL_NAMES
+from dgpp_llama.gguf_arch import LLAMA_BLOCK_NAMES, LLAMA_GLOBAL_NAMES
 
 # the number llama.cpp gives each token kind in tokenizer.ggml.token_type
 NORMAL, CONTROL = 1, 3
