@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from dgpp.deploy_templates import packaged_templates
 from dgpp.errors import PluginError
 from dgpp.family import FamilySpec, LoadContext
-from dgpp.hookspecs import hookimpl
+from dgpp.hookspecs import PluginHooks, hookimpl
 
 if TYPE_CHECKING:
     from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
@@ -57,14 +57,14 @@ def split_reference(reference: str) -> tuple[str, str]:
 def resolve_reference(reference: str) -> Callable[..., Any]:
     """Import the referenced function; a dangling reference is a PluginError naming it."""
     module_name, attr = split_reference(reference)
-    target = getattr(import_module(module_name), attr, None)
+    target: object = getattr(import_module(module_name), attr, None)
     if not callable(target):
         raise PluginError(f"hook reference {reference!r}: module {module_name} has no function {attr}")
     return target
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: pluggy may hash the bound hookimpls
-class FamilyHooks:
+class FamilyHooks(PluginHooks):
     """One family's hookimpls, answering only for ``spec.name``.
 
     Each reference is ``"package.module:function"``, imported on first use and called with the hook's
@@ -130,12 +130,12 @@ class FamilyHooks:
         return None if impl is None else impl(ctx)
 
     @hookimpl
-    def dgpp_tool_dialect(self, family: str, hf_config: dict) -> Dialect | None:
+    def dgpp_tool_dialect(self, family: str, hf_config: dict[str, Any]) -> Dialect | None:
         impl = self._implementation("tool_dialect", family, hf_config)
         return None if impl is None else impl(hf_config)
 
     @hookimpl
-    def dgpp_chat_template(self, family: str, hf_config: dict) -> str | None:
+    def dgpp_chat_template(self, family: str, hf_config: dict[str, Any]) -> str | None:
         impl = self._implementation("chat_template", family, hf_config)
         return None if impl is None else impl(hf_config)
 

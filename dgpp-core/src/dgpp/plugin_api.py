@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
 from dgpp.family import FamilySpec, LoadContext, World
 from dgpp.family_hooks import FamilyHooks
-from dgpp.hookspecs import hookimpl
+from dgpp.hookspecs import PluginHooks, hookimpl
 from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 
 if TYPE_CHECKING:
@@ -102,6 +102,7 @@ __all__ = [
     "ModelMemory",
     "PagedKV",
     "PluginError",
+    "PluginHooks",
     "QuantFormat",
     "QuantScheme",
     "StateSpec",
