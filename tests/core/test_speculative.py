@@ -46,7 +46,7 @@ def glm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen35(tmp_path_factory):
     """The dense Qwen3.5 hybrid with its MTP layer built on it (random weights: the hook's loading is tested
-    in tests/plugins/qwen/test_qwen3_5_mtp.py)."""
+    in plugins/dgpp-qwen/tests/test_qwen3_5_mtp.py)."""
     model = load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("spec_qwen35"), seed=23))
     return model, random_qwen35_drafter(model, seed=24)
 

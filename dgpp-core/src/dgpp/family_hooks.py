@@ -100,7 +100,8 @@ class FamilyHooks(PluginHooks):
                 f"family {self.spec.name}: only_model_types names unknown hooks {', '.join(unknown)} "
                 f"(known: {', '.join(_REFERENCED_HOOKS.values())})"
             )
-        for attr in (*_REFERENCED_HOOKS.values(), *_OFFER_HOOKS.values()):  # a typo surfaces at registration, not at first request
+        # a typo surfaces at registration, not at first request
+        for attr in (*_REFERENCED_HOOKS.values(), *_OFFER_HOOKS.values()):
             reference = getattr(self, attr)
             if reference is not None:
                 split_reference(reference)

@@ -1,7 +1,7 @@
 """Qwen3 / Qwen3-MoE through their CUDA paths (Triton attention, norms, rotary, GEMV, grouped MoE) against
 transformers on the CPU. Skipped without a GPU; on a GPU machine:
 
-    TRITON_INTERPRET=0 python3 -m pytest -q tests/plugins/qwen/test_qwen3_cuda.py
+    TRITON_INTERPRET=0 python3 -m pytest -q plugins/dgpp-qwen/tests/test_qwen3_cuda.py
 """
 
 from __future__ import annotations

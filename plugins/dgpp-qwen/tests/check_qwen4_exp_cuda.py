@@ -2,8 +2,8 @@
 norms, GDN, grouped MoE; QSA, indexer, gated residuals and PLE in torch) and the MTP drafter, against
 references prepared on a CPU-only host (transformers for the main model, the float64 reference for MTP).
 
-    python tests/plugins/qwen/check_qwen4_exp_cuda.py prepare --dir .cache/qwen4_exp_gpu   # CPU host
-    python tests/plugins/qwen/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu     # GPU
+    python plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py prepare --dir .cache/qwen4_exp_gpu   # CPU host
+    python plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu     # GPU
 
 ``check`` calls the loader directly (no installed entry points): it needs torch, triton, safetensors, pluggy,
 structlog and msgspec (wheels in ``.whl`` on a GPU host without package access). Exits non-zero when a check

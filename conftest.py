@@ -1,7 +1,10 @@
-"""Test-wide setup: the Triton interpreter on CPU (set before any kernel is defined), no Hub access, and
-one intra-op thread."""
+"""Test-wide setup for every test of the repository (``tests/`` and each family's ``plugins/dgpp-<family>/tests``):
+the Triton interpreter on CPU (set before any kernel is defined), no Hub access, one intra-op thread, and the
+end-to-end helpers (``tests/e2e``: ``served_greedy``, ``serve_fixture``) importable as plain modules."""
 
 import os
+import sys
+from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 # tests build their checkpoints locally; nothing may reach the Hugging Face Hub (CI has no network)
@@ -10,6 +13,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # box every op pays a thread hand-off, measured 15-30x slower (64 decode steps: 5.4 s vs 0.34 s)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "tests" / "e2e"))
 
 import pytest  # noqa: E402
 

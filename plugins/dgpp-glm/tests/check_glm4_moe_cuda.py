@@ -2,8 +2,8 @@
 partial RoPE, paged attention, MoE, the NVFP4 weight-only GEMM) and the MTP drafter, against references
 prepared on a CPU-only host (transformers for the main model, the float64 spec reference for MTP).
 
-    python tests/plugins/glm/check_glm4_moe_cuda.py prepare --dir .cache/glm_gpu   # CPU host
-    python tests/plugins/glm/check_glm4_moe_cuda.py check --dir .cache/glm_gpu     # GPU
+    python plugins/dgpp-glm/tests/check_glm4_moe_cuda.py prepare --dir .cache/glm_gpu   # CPU host
+    python plugins/dgpp-glm/tests/check_glm4_moe_cuda.py check --dir .cache/glm_gpu     # GPU
 
 ``check`` calls the loader directly (no installed entry points): it needs torch, triton, safetensors,
 pluggy, structlog and msgspec. Exits non-zero when a check fails.

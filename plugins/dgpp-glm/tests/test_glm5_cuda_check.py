@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "perf"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "perf"))
 
 import check_glm5_cuda as check  # noqa: E402
 
