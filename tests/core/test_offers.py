@@ -4,7 +4,9 @@ offered twice is an error naming both, an unknown name lists what is offered, an
 
 from __future__ import annotations
 
+import ast
 import json
+import re
 import types
 from pathlib import Path
 
@@ -120,3 +122,33 @@ def test_bench_and_demo_import_no_test_code():
     assert "dgpp.bench.models" in tools and "dgpp.demo" in tools
     offenders = {m: sorted(t for t in graph[m] if t.startswith("dgpp.testing")) for m in tools}
     assert {m: t for m, t in offenders.items() if t} == {}
+
+
+FAMILY = re.compile(r"glm|qwen|deepseek|mimo|flint|llama", re.I)
+# the core modules that held family knowledge before the families offered it (and the two that find it)
+FAMILY_FREE = ("bench/models.py", "checkpoint/gguf_arch.py", "checkpoint/gguf_convert.py", "testing/builders.py",
+               "offers.py", "catalog.py")
+
+
+def _names_in_code(path: Path) -> set[str]:
+    """Family names in identifiers, imports and strings of ``path`` (docstrings and comments may name examples)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    words: list[str] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            words.append(node.value)
+        elif isinstance(node, ast.Name):
+            words.append(node.id)
+        elif isinstance(node, ast.Attribute):
+            words.append(node.attr)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            words += [getattr(node, "module", None) or "", *(a.name for a in node.names)]
+    return {m.group(0).lower() for word in words for m in FAMILY.finditer(word)}
+
+
+def test_the_modules_that_found_families_name_none():
+    core = Path(catalog.__file__).parent
+    assert {name: _names_in_code(core / name) for name in FAMILY_FREE} == {name: set() for name in FAMILY_FREE}
