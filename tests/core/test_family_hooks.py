@@ -55,7 +55,7 @@ def _plugin_module(hooks: FamilyHooks, name: str) -> types.ModuleType:
 
 def _manager(*modules: types.ModuleType) -> pluggy.PluginManager:
     pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
+    pm.add_hookspecs(hookspecs.PluginHooks)
     for module in modules:
         pm.register(module, name=module.__name__)
     return pm
@@ -145,7 +145,7 @@ def test_the_object_registers_only_the_hooks_it_was_given(impl_module):
     """An entry point names the FamilyHooks object itself: pluggy registers what ``hookimpls()`` lists, no more."""
     bare = FamilyHooks(_spec(), load_model=f"{impl_module}:load_model")
     pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
+    pm.add_hookspecs(hookspecs.PluginHooks)
     pm.register(bare, name="bare")
     assert pm.hook.dgpp_memory_plan.get_hookimpls() == [] and pm.hook.dgpp_build_draft.get_hookimpls() == []
     assert pm.hook.dgpp_load_model(ctx=_ctx("fake", "fake_a")) == ("model", "FakeForCausalLM")

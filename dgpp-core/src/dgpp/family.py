@@ -4,9 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgpp.config_schema import EngineConfig
+
+if TYPE_CHECKING:  # types only: declaring a family must not load torch
+    import torch
+    from torch.distributed import ProcessGroup
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,6 @@ class LoadContext:
     architecture: str
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: World = field(default_factory=World)
-    device: Any = "cpu"
-    dtype: Any = None
-    group: Any = None  # torch.distributed process group for TP collectives, when size > 1
+    device: torch.device | str = "cpu"
+    dtype: torch.dtype | None = None
+    group: ProcessGroup | None = None  # torch.distributed process group for TP collectives, when size > 1

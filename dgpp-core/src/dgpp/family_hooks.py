@@ -21,9 +21,10 @@ from typing import TYPE_CHECKING, Any
 from dgpp.deploy_templates import packaged_templates
 from dgpp.errors import PluginError
 from dgpp.family import FamilySpec, LoadContext
-from dgpp.hookspecs import hookimpl
+from dgpp.hookspecs import PluginHooks, hookimpl
 
 if TYPE_CHECKING:
+    from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.step.memory import MemoryPlan, ModelMemory
     from dgpp.step.model import Drafter, Model
     from dgpp.text.dialect import Dialect
@@ -36,6 +37,12 @@ _REFERENCED_HOOKS = {
     "dgpp_chat_template": "chat_template",
     "dgpp_build_draft": "build_draft",
     "dgpp_memory_plan": "memory_plan",
+}
+# hook name -> the FamilyHooks field naming a function that returns the plugin's offers (``dgpp.offers``)
+_OFFER_HOOKS = {
+    "dgpp_tiny_checkpoints": "tiny_checkpoints",
+    "dgpp_bench_geometries": "bench_geometries",
+    "dgpp_gguf_architectures": "gguf_architectures",
 }
 
 
@@ -50,14 +57,14 @@ def split_reference(reference: str) -> tuple[str, str]:
 def resolve_reference(reference: str) -> Callable[..., Any]:
     """Import the referenced function; a dangling reference is a PluginError naming it."""
     module_name, attr = split_reference(reference)
-    target = getattr(import_module(module_name), attr, None)
+    target: object = getattr(import_module(module_name), attr, None)
     if not callable(target):
         raise PluginError(f"hook reference {reference!r}: module {module_name} has no function {attr}")
     return target
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: pluggy may hash the bound hookimpls
-class FamilyHooks:
+class FamilyHooks(PluginHooks):
     """One family's hookimpls, answering only for ``spec.name``.
 
     Each reference is ``"package.module:function"``, imported on first use and called with the hook's
@@ -65,7 +72,9 @@ class FamilyHooks:
     ``chat_template(hf_config)``, ``build_draft(ctx, model)``, ``memory_plan(ctx)``, ``build_model(ctx)``. A hook left as None
     is not exported, so the plugin does not take part in it. ``only_model_types`` narrows a hook to some
     of the family's config ``model_type`` values (e.g. ``{"memory_plan": ("qwen4_exp",)}``): for the
-    others it returns None and the engine's generic behaviour applies. ``templates_package`` (the plugin's
+    others it returns None and the engine's generic behaviour applies. ``tiny_checkpoints``, ``bench_geometries``
+    and ``gguf_architectures`` reference functions of no argument returning the plugin's ``dgpp.offers`` lists
+    (conventionally in its ``testing.py``; the GGUF maps beside the loader). ``templates_package`` (the plugin's
     module name, ``__name__``) ships the ``*.json`` in that package's ``templates/`` folder through
     ``dgpp_deploy_templates``.
     """
@@ -78,6 +87,9 @@ class FamilyHooks:
     memory_plan: str | None = None
     build_model: str | None = None
     templates_package: str | None = None
+    tiny_checkpoints: str | None = None
+    bench_geometries: str | None = None
+    gguf_architectures: str | None = None
     only_model_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -88,7 +100,8 @@ class FamilyHooks:
                 f"family {self.spec.name}: only_model_types names unknown hooks {', '.join(unknown)} "
                 f"(known: {', '.join(_REFERENCED_HOOKS.values())})"
             )
-        for attr in _REFERENCED_HOOKS.values():  # a typo surfaces at registration, not at first request
+        # a typo surfaces at registration, not at first request
+        for attr in (*_REFERENCED_HOOKS.values(), *_OFFER_HOOKS.values()):
             reference = getattr(self, attr)
             if reference is not None:
                 split_reference(reference)
@@ -118,12 +131,12 @@ class FamilyHooks:
         return None if impl is None else impl(ctx)
 
     @hookimpl
-    def dgpp_tool_dialect(self, family: str, hf_config: dict) -> Dialect | None:
+    def dgpp_tool_dialect(self, family: str, hf_config: dict[str, Any]) -> Dialect | None:
         impl = self._implementation("tool_dialect", family, hf_config)
         return None if impl is None else impl(hf_config)
 
     @hookimpl
-    def dgpp_chat_template(self, family: str, hf_config: dict) -> str | None:
+    def dgpp_chat_template(self, family: str, hf_config: dict[str, Any]) -> str | None:
         impl = self._implementation("chat_template", family, hf_config)
         return None if impl is None else impl(hf_config)
 
@@ -141,6 +154,22 @@ class FamilyHooks:
     def dgpp_deploy_templates(self) -> list[Path]:
         return packaged_templates(self.templates_package) if self.templates_package else []
 
+    def _offers(self, hook: str) -> list[Any]:
+        reference = getattr(self, _OFFER_HOOKS[hook])
+        return [] if reference is None else list(resolve_reference(reference)())
+
+    @hookimpl
+    def dgpp_tiny_checkpoints(self) -> list[TinyCheckpoint]:
+        return self._offers("dgpp_tiny_checkpoints")
+
+    @hookimpl
+    def dgpp_bench_geometries(self) -> list[BenchGeometry]:
+        return self._offers("dgpp_bench_geometries")
+
+    @hookimpl
+    def dgpp_gguf_architectures(self) -> list[GGUFArchitecture]:
+        return self._offers("dgpp_gguf_architectures")
+
     def hookimpls(self) -> dict[str, Callable[..., Any]]:
         """``{hook name: bound hookimpl}`` for ``dgpp_families`` and every hook with a reference: what pluggy
         registers for this object (e.g. to place the hooks in a module beside hand-written ones)."""
@@ -150,10 +179,13 @@ class FamilyHooks:
                 exported[hook] = getattr(self, hook)
         if self.templates_package is not None:
             exported["dgpp_deploy_templates"] = self.dgpp_deploy_templates
+        for hook, attr in _OFFER_HOOKS.items():
+            if getattr(self, attr) is not None:
+                exported[hook] = getattr(self, hook)
         return exported
 
     def __dir__(self) -> list[str]:
         """The attributes pluggy scans for hookimpls: a hook left without a reference is not listed, so it is
         not registered at all (the plugin takes no part in it)."""
-        unexported = {*_REFERENCED_HOOKS, "dgpp_deploy_templates"} - set(self.hookimpls())
+        unexported = {*_REFERENCED_HOOKS, *_OFFER_HOOKS, "dgpp_deploy_templates"} - set(self.hookimpls())
         return [name for name in super().__dir__() if name not in unexported]

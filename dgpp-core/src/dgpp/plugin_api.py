@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
 from dgpp.family import FamilySpec, LoadContext, World
 from dgpp.family_hooks import FamilyHooks
-from dgpp.hookspecs import hookimpl
+from dgpp.hookspecs import PluginHooks, hookimpl
+from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 
 if TYPE_CHECKING:
     from dgpp.checkpoint import CheckpointReader
     from dgpp.checkpoint.config_keys import CausalLMFields, ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
+    from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
@@ -49,6 +51,7 @@ _LAZY = {
     "CausalLMFields": "dgpp.checkpoint.config_keys",
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
+    "GGUFFile": "dgpp.checkpoint.gguf_file",
     "ForwardBatch": "dgpp.step.batch",
     "CacheSpec": "dgpp.step.cache_spec",
     "LatentKV": "dgpp.step.cache_spec",
@@ -74,6 +77,7 @@ _LAZY = {
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "BenchGeometry",
     "CacheSpec",
     "CausalLMFields",
     "CheckpointError",
@@ -86,6 +90,8 @@ __all__ = [
     "FamilyHooks",
     "FamilySpec",
     "ForwardBatch",
+    "GGUFArchitecture",
+    "GGUFFile",
     "LatentKV",
     "WindowKV",
     "WindowBuffer",
@@ -96,9 +102,11 @@ __all__ = [
     "ModelMemory",
     "PagedKV",
     "PluginError",
+    "PluginHooks",
     "QuantFormat",
     "QuantScheme",
     "StateSpec",
+    "TinyCheckpoint",
     "UnsupportedModelError",
     "World",
     "checkpoint_tensor_names",

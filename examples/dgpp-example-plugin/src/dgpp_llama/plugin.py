@@ -34,3 +34,17 @@ def dgpp_load_model(ctx: LoadContext):
     from dgpp_llama.loader import load_model
 
     return load_model(ctx)
+
+
+@hookimpl
+def dgpp_tiny_checkpoints():
+    from dgpp_llama.testing import tiny_checkpoints
+
+    return tiny_checkpoints()
+
+
+@hookimpl
+def dgpp_gguf_architectures():
+    from dgpp_llama.gguf_arch import gguf_architectures
+
+    return gguf_architectures()

@@ -27,4 +27,6 @@ HOOKS = FamilyHooks(
     chat_template="dgpp_deepseek.dialect:chat_template",
     memory_plan="dgpp_deepseek.memory:memory_plan",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_deepseek.testing:tiny_checkpoints",
+    bench_geometries="dgpp_deepseek.testing:bench_geometries",
 )

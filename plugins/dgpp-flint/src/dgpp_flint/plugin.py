@@ -20,4 +20,5 @@ HOOKS = FamilyHooks(
     chat_template="dgpp_flint.dialect:chat_template",
     memory_plan="dgpp_flint.memory:memory_plan",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_flint.testing:tiny_checkpoints",
 )

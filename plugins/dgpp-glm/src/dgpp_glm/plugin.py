@@ -31,4 +31,6 @@ HOOKS = FamilyHooks(
     build_draft="dgpp_glm.glm5_draft:build_draft",  # GLM-5.3 here, the rest via draft.py
     memory_plan="dgpp_glm.glm5_memory:memory_plan",  # GLM-5.3 here, the rest via memory.py
     templates_package=__name__,
+    tiny_checkpoints="dgpp_glm.testing:tiny_checkpoints",
+    bench_geometries="dgpp_glm.testing:bench_geometries",
 )

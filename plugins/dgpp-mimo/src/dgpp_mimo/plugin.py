@@ -28,4 +28,6 @@ HOOKS = FamilyHooks(
     build_model="dgpp_mimo.v26_loader:build_model",
     build_draft="dgpp_mimo.v26_loader:build_draft",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_mimo.testing:tiny_checkpoints",
+    bench_geometries="dgpp_mimo.testing:bench_geometries",
 )

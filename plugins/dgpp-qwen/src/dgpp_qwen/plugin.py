@@ -63,4 +63,6 @@ HOOKS = FamilyHooks(
     # Qwen models keep it (the hook returns None for them)
     only_model_types={"memory_plan": ("qwen4_exp", "qwen4_exp_text")},
     templates_package=__name__,
+    tiny_checkpoints="dgpp_qwen.testing:tiny_checkpoints",
+    bench_geometries="dgpp_qwen.testing:bench_geometries",
 )
