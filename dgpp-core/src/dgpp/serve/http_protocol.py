@@ -87,16 +87,25 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_deadline = None
         if not self._in_head or self.transport.is_closing():
             return
+        if self._answering():  # a pipelined request's head: its deadline waits for the answer before it
+            self._arm_deadline()
+            return
         self._refuse(408, f"the request line and headers did not arrive within http.header_timeout_s = "
                           f"{self.header_timeout_s:g} s", "request_timeout")
+
+    def _answering(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
 
     def _refuse(self, status: int, message: str, code: str, parser_error: str | None = None) -> None:
         """Answer in OpenAI's error shape and close the connection (what is left of the request is unread)."""
         self._disarm_deadline()
+        if self._answering():  # an earlier request's answer is being written: no room for another, just close
+            log.info("connection closed", status=status, code=code, error=message, client=str(self.client))
+            self.transport.close()
+            return
         err = APIError(status, message, code)
         body = msgspec.json.encode(err.body())
-        log.info("request rejected", status=status, code=code, error=parser_error or message,
-                 client=str(getattr(self, "client", "")))
+        log.info("request rejected", status=status, code=code, error=parser_error or message, client=str(self.client))
         reason = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
         self.transport.write(b"".join([
             b"HTTP/1.1 %d %s\r\n" % (status, reason),
