@@ -35,7 +35,7 @@ from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.log import get_logger
 from dgpp.nn.embedding import LMHead
-from dgpp.nn.int4pack_cpu import Int4PackedWeight, Int4PackLinearMethod, int4pack_available, pack_codes
+from dgpp.nn.int4pack_cpu import Int4PackedWeight, Int4PackLinearMethod, int4pack_available
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 
 log = get_logger("dgpp.gguf")
@@ -77,9 +77,7 @@ OPERANDS: dict[str, tuple[Callable[[torch.Tensor, torch.dtype], tuple[torch.Tens
 def packed_weight(rows: torch.Tensor, type_name: str) -> Int4PackedWeight:
     """The ``Int4PackedWeight`` of one GGUF block-quant matrix (raw blocks ``rows``)."""
     operands, planes = OPERANDS[type_name]
-    codes, scale_zeros = operands(rows, torch.bfloat16)
-    n, k = _shape(rows, type_name)
-    return Int4PackedWeight(pack_codes(codes), scale_zeros, n, k, planes)
+    return Int4PackedWeight.from_codes(*operands(rows, torch.bfloat16), planes)
 
 
 def _targets(model: nn.Module, rename: Callable[[str], str]) -> list[tuple[str, nn.Module, str]]:

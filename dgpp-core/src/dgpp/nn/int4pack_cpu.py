@@ -25,6 +25,7 @@ from dgpp.nn.batch_invariant import ROW_BATCH, rows_alone, rows_match
 from dgpp.nn.mlp import silu_and_mul
 
 GROUP = 32  # inputs per scale and zero (a GGUF block)
+OUT_MULTIPLE = 16  # the product takes output blocks of 16, 32, 48 or 64: other counts are padded with zero rows
 LAYOUT_ROWS = 64  # the packed layout blocks output features by 64 (AVX512; 32 on AVX2): parts that are
 # whole multiples of it can be concatenated packed
 _row_limits: dict[tuple[int, int, int], int] = {}
@@ -73,17 +74,27 @@ class Int4PackedWeight(nn.Module):
 
     ``planes`` > 1: the weight is the sum of that many int4 planes laid side by side along K (an int8 code as its
     high and low nibble), each multiplying the same input, so the product runs on an input repeated ``planes``
-    times: one chain over ``planes * in_features`` terms."""
+    times: one chain over ``planes * in_features`` terms. ``from_codes`` pads the outputs to ``OUT_MULTIPLE``."""
 
     def __init__(self, packed: torch.Tensor, scale_zeros: torch.Tensor, out_features: int, in_features: int,
                  planes: int = 1) -> None:
         super().__init__()
-        if scale_zeros.shape != (planes * in_features // GROUP, out_features, 2):
+        rows = scale_zeros.shape[1]  # packed outputs: out_features, or more where padded
+        if scale_zeros.shape != (planes * in_features // GROUP, rows, 2) or rows % OUT_MULTIPLE or rows < out_features:
             raise ValueError(f"int4 scales and zeros of shape {tuple(scale_zeros.shape)} do not fit a "
                              f"[{out_features}, {in_features}] weight in {planes} plane(s)")
-        self.out_features, self.in_features, self.planes = out_features, in_features, planes
+        self.out_features, self.in_features, self.planes, self.rows = out_features, in_features, planes, rows
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale_zeros", scale_zeros.to(torch.bfloat16).contiguous(), persistent=False)
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scale_zeros: torch.Tensor, planes: int = 1) -> Int4PackedWeight:
+        """The weight of ``codes [N, planes * K]`` (0..15) and ``scale_zeros [planes * K / GROUP, N, 2]``."""
+        out_features, pad = codes.shape[0], -codes.shape[0] % OUT_MULTIPLE
+        if pad:  # zero scales and zeros: the padded outputs are 0, and are cut off
+            codes = torch.cat((codes, codes.new_zeros(pad, codes.shape[1])))
+            scale_zeros = torch.cat((scale_zeros, scale_zeros.new_zeros(scale_zeros.shape[0], pad, 2)), dim=1)
+        return cls(pack_codes(codes), scale_zeros, out_features, codes.shape[1] // planes, planes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x if x.dim() == 2 else x.reshape(-1, self.in_features)
@@ -94,11 +105,13 @@ class Int4PackedWeight(nn.Module):
             flat = flat.to(torch.bfloat16)
         if self.planes > 1:
             flat = flat.repeat(1, self.planes)
-        limit = int4pack_row_limit(self.out_features, self.planes * self.in_features)
+        limit = int4pack_row_limit(self.rows, self.planes * self.in_features)
         if rows <= limit:
             out = int4pack_product(flat, self.packed, self.scale_zeros)
         else:
             out = torch.cat([int4pack_product(part, self.packed, self.scale_zeros) for part in flat.split(limit)])
+        if self.rows != self.out_features:
+            out = out[:, : self.out_features].contiguous()
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
@@ -111,8 +124,8 @@ def concat_packed(parts: list[Int4PackedWeight]) -> Int4PackedWeight | None:
     """One ``Int4PackedWeight`` with the outputs of ``parts`` side by side (e.g. q, k and v), or None where the
     packed layout cannot be joined (an output count that is not a multiple of ``LAYOUT_ROWS``, mixed inputs)."""
     first = parts[0]
-    if any(p.in_features != first.in_features or p.planes != first.planes or p.out_features % LAYOUT_ROWS
-           for p in parts):
+    if any(p.in_features != first.in_features or p.planes != first.planes or p.rows != p.out_features
+           or p.out_features % LAYOUT_ROWS for p in parts):
         return None
     return Int4PackedWeight(torch.cat([p.packed for p in parts]), torch.cat([p.scale_zeros for p in parts], dim=1),
                             sum(p.out_features for p in parts), first.in_features, first.planes)
