@@ -121,7 +121,7 @@ class EngineConfig(_Section):
     # weights and numerics
     bf16_weights: Literal["checkpoint", "bf12", "bf12+bf16"] = "checkpoint"
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"
-    # lossy: a converted GGUF's Q4_1 / Q8_0 matrices multiplied packed on the CPU, in bf16 (dgpp.checkpoint.gguf_packed)
+    # lossy: a converted GGUF's Q4_1 / Q4_0 / Q8_0 matrices multiplied packed on the CPU, in bf16 (dgpp.checkpoint.gguf_packed)
     gguf_weights: Literal["decoded", "int4pack"] = "decoded"
     fp8_head: Literal["gemv", "mma"] = "gemv"
     quant_decode_gemv: Literal["auto", "row", "mma"] = (

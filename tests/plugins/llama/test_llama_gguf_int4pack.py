@@ -53,7 +53,7 @@ def blocks_of(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(raw).view(np.uint8).reshape(n, -1).copy())
 
 
-@pytest.mark.parametrize("kind", ["Q4_1", "Q8_0"])
+@pytest.mark.parametrize("kind", ["Q4_1", "Q4_0", "Q8_0"])
 def test_fp32_scales_give_the_gguf_weights_bit_for_bit(kind):
     """The layout and the math: codes, scales and zeros in fp32 through torch's int4 product (its fp32 kernel)
     multiply an identity into exactly the weights ggml's dequantizer gives."""
@@ -69,7 +69,7 @@ def test_fp32_scales_give_the_gguf_weights_bit_for_bit(kind):
     assert torch.equal(weights, decode_blocks(rows, kind))
 
 
-@pytest.mark.parametrize(("kind", "n"), [("Q4_1", 192), ("Q8_0", 192), ("Q4_1", 40)])  # 40: padded to 48 outputs
+@pytest.mark.parametrize(("kind", "n"), [("Q4_1", 192), ("Q4_0", 192), ("Q8_0", 192), ("Q4_1", 40)])  # 40: padded to 48 outputs
 def test_packed_product_equals_decode_then_multiply_within_bf16(kind, n):
     k = 256
     rows = blocks_of(kind, n, k, seed=2)

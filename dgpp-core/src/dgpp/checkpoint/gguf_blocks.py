@@ -52,10 +52,14 @@ def decode_q8_0(blocks: torch.Tensor) -> torch.Tensor:
     return d * q.float()
 
 
+def q4_0_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_0 blocks ``[n, 18]`` -> ``(q [n, 32] uint8 codes 0..15, d [n, 1] fp32)``."""
+    return _nibbles(blocks[:, 2:18]), _fp16_field(blocks, 0)
+
+
 def decode_q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _fp16_field(blocks, 0)
-    q = _nibbles(blocks[:, 2:18]).float() - 8.0
-    return d * q
+    q, d = q4_0_fields(blocks)
+    return d * (q.float() - 8.0)
 
 
 def decode_q4_1(blocks: torch.Tensor) -> torch.Tensor:

@@ -1,15 +1,16 @@
-"""``engine.gguf_weights: int4pack``: a converted GGUF checkpoint's Q4_1 and Q8_0 matrices multiplied packed on
+"""``engine.gguf_weights: int4pack``: a converted GGUF checkpoint's Q4_1, Q4_0 and Q8_0 matrices multiplied packed on
 the CPU (``dgpp.nn.int4pack_cpu``) instead of decoded. Off by default, because it is lossy.
 
 A converted checkpoint keeps the GGUF's raw blocks beside its decoded weights (``gguf_convert.BLOCKS_FILE``). After
-loading, every dense ``Linear`` (and the LM head, tied or not) whose weight the file stores as Q4_1 or Q8_0 gets the
-packed weight, and its decoded weight is dropped. How each type maps onto torch's int4 product, which computes
+loading, every dense ``Linear`` (and the LM head, tied or not) whose weight the file stores as Q4_1, Q4_0 or Q8_0
+gets the packed weight, and its decoded weight is dropped; float matrices (F32, F16, BF16) stay as they are. How each type maps onto torch's int4 product, which computes
 ``w = fma(code - 8, s, z)`` per weight from a scale and zero per 32 inputs:
 
 - Q4_1 (``w = d * q + m``, ``q`` 0..15, fp16 ``d`` and ``m``): code ``q``, ``s = d``, ``z = m + 8 d``. With fp32
   scales that is exactly the GGUF's weight wherever ``m + 8 d`` is exact in fp32 (it is for every block of the
   demo). The product runs on bf16 scales and zeros, though (the fast kernel's only form): ``s = bf16(d)``,
   ``z = bf16(m + 8 d)``, moving a weight by at most ``8 |d - s| + |z - (m + 8 d)|``.
+- Q4_0 (``w = d * (q - 8)``): code ``q``, ``s = d``, ``z = 0`` (``bf16(d)`` in the product).
 - Q8_0 (``w = d * q``, ``q`` int8): two int4 planes side by side along K, multiplied by the input repeated twice
   in one call: the high nibble ``h = q >> 4`` (code ``h + 8``, ``s = 16 d``, ``z = 0``) and the low nibble
   ``l = q & 15`` (code ``l``, ``s = d``, ``z = 8 d``); their sum is ``d * q`` for any ``d`` (bf16 scales: ``bf16(d) * q``).
@@ -29,7 +30,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from dgpp.checkpoint.gguf_blocks import BLOCK, BLOCK_BYTES, q4_1_fields, q8_0_fields
+from dgpp.checkpoint.gguf_blocks import BLOCK, BLOCK_BYTES, q4_0_fields, q4_1_fields, q8_0_fields
 from dgpp.checkpoint.gguf_convert import BLOCKS_FILE
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
@@ -56,6 +57,15 @@ def q4_1_operands(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor,
     return q.reshape(n, k), torch.stack((scale.t(), zero.t()), dim=-1).to(dtype).contiguous()
 
 
+def q4_0_operands(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(codes [N, K], scale_zeros [K / 32, N, 2])`` of Q4_0 blocks ``rows [N, K / 32 * 18]``: code ``q``, ``s = d``,
+    ``z = 0`` (exact for any ``d`` with fp32 scales)."""
+    n, k = _shape(rows, "Q4_0")
+    q, d = q4_0_fields(rows.reshape(-1, BLOCK_BYTES["Q4_0"]))
+    scale = d.reshape(n, k // BLOCK).t()
+    return q.reshape(n, k), torch.stack((scale, torch.zeros_like(scale)), dim=-1).to(dtype).contiguous()
+
+
 def q8_0_operands(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``(codes [N, 2K], scale_zeros [2K / 32, N, 2])``: Q8_0 blocks ``rows [N, K / 32 * 34]`` as a high-nibble plane
     then a low-nibble plane (module docstring), for an input repeated twice."""
@@ -69,6 +79,7 @@ def q8_0_operands(rows: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor,
 
 
 OPERANDS: dict[str, tuple[Callable[[torch.Tensor, torch.dtype], tuple[torch.Tensor, torch.Tensor]], int]] = {
+    "Q4_0": (q4_0_operands, 1),
     "Q4_1": (q4_1_operands, 1),
     "Q8_0": (q8_0_operands, 2),
 }
@@ -125,6 +136,6 @@ def pack_gguf_weights(model: nn.Module, checkpoint_dir: Path, engine: EngineConf
             else:
                 module.packed = weight
             packed += 1
-    log.warning(f"{KEY}=int4pack: GGUF Q4_1/Q8_0 matrices multiplied packed in bf16 (bf16 block scales; lossy)",
+    log.warning(f"{KEY}=int4pack: GGUF Q4_1/Q4_0/Q8_0 matrices multiplied packed in bf16 (bf16 block scales; lossy)",
                 packed=packed)
     return packed
