@@ -93,6 +93,17 @@ def test_a_row_alone_equals_the_row_among_many(kind, n):
         assert torch.equal(packed(x[:count]), alone[:count]), count
 
 
+def test_joined_products_equal_each_part_alone():
+    """q/k/v (and gate/up) join their packed weights into one product: each part's outputs keep their bits."""
+    parts = [gguf_packed.packed_weight(blocks_of("Q4_1", n, 128, seed=20 + n), "Q4_1") for n in (128, 64, 64)]
+    joined = int4pack_cpu.concat_packed(parts)
+    x = torch.randn(5, 128, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+    assert torch.equal(joined(x), torch.cat([part(x) for part in parts], dim=-1))
+    x_t = torch.randn(128, 5, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).t()  # not contiguous
+    assert torch.equal(joined(x_t), joined(x_t.contiguous()))
+    assert int4pack_cpu.concat_packed([parts[0], gguf_packed.packed_weight(blocks_of("Q4_1", 40, 128, 8), "Q4_1")]) is None
+
+
 def test_a_layout_whose_rows_depend_on_the_batch_is_refused(monkeypatch):
     """A product that sums a several-row call in another order than the row alone gets one row a call."""
     real = int4pack_cpu.int4pack_product

@@ -105,6 +105,8 @@ class Int4PackedWeight(nn.Module):
             flat = flat.to(torch.bfloat16)
         if self.planes > 1:
             flat = flat.repeat(1, self.planes)
+        elif not flat.is_contiguous():  # the kernel reads rows of K contiguous inputs
+            flat = flat.contiguous()
         limit = int4pack_row_limit(self.rows, self.planes * self.in_features)
         if rows <= limit:
             out = int4pack_product(flat, self.packed, self.scale_zeros)
