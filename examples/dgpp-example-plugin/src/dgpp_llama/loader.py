@@ -9,6 +9,7 @@ import dataclasses
 import torch
 
 from dgpp.checkpoint import CheckpointReader, load_weights
+from dgpp.checkpoint.gguf_packed import pack_gguf_weights
 from dgpp.plugin_api import LoadContext
 from dgpp.quant.apply import convert_dense_weights, quantize_modules
 from dgpp_llama.config import parse_config
@@ -25,4 +26,5 @@ def load_model(ctx: LoadContext) -> LlamaForCausalLM:
     load_weights(model, reader)
     reader.close()
     convert_dense_weights(model, ctx.engine)  # explicit engine.dense_weights / bf16_weights, logged
+    pack_gguf_weights(model, ctx.checkpoint_dir, ctx.engine)  # explicit engine.gguf_weights, logged
     return model.eval()
