@@ -40,6 +40,10 @@ class StepLoop:
         self.requests_shed = 0
         self.requests_cancelled = 0
         self._inbox: list[list[Sequence]] = []
+        # requests in the scheduler's queue as this thread last saw it, plus those it has drained from the inbox
+        # since: never fewer than are queued. ``submit`` checks the limit against it, under ``_cond``, and never
+        # walks the scheduler's queue, which this loop's thread changes without the lock
+        self._queued_requests = 0
         self._cancels: list[tuple[str, RetireReason]] = []
         self._cond = threading.Condition()
         self._stop = False
@@ -79,7 +83,7 @@ class StepLoop:
         with self._cond:
             if self.failed is not None:
                 raise StepLoopFailed(self.failed)
-            waiting = self.scheduler.waiting_requests + len(self._inbox)
+            waiting = self._queued_requests + len(self._inbox)
             if waiting + 1 > self.scheduler.config.queue_limit:
                 self.requests_shed += 1
                 raise QueueFull(f"{waiting} requests waiting; engine.queue_limit is {self.scheduler.config.queue_limit}")
@@ -132,6 +136,7 @@ class StepLoop:
         sched = self.scheduler
         while True:
             with self._cond:
+                self._queued_requests = sched.waiting_requests
                 while not (self._stop or self._fail_pending or self._inbox or self._cancels or sched.has_work):
                     self._cond.wait(timeout=1.0)
                     self._stats_line.maybe_log(idle=True)
@@ -147,6 +152,7 @@ class StepLoop:
                     self._gather()
                 inbox, self._inbox = self._inbox, []
                 cancels, self._cancels = self._cancels, []
+                self._queued_requests += len(inbox)
             try:
                 if self.before_tick is not None:
                     self.before_tick(inbox, cancels)
