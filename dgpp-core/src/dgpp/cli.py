@@ -25,12 +25,11 @@ _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--max-concurrency", "max_concurrency", int, "engine.max_concurrency: active request slots"),
     ("--kv-capacity", "kv_capacity", int, "engine.kv_capacity: shared KV pool, tokens per rank"),
     ("--mtp-depth", "mtp_depth", int, "engine.mtp_depth: drafts per step"),
-    ("--kv-dtype", "kv_dtype", str, "engine.kv_dtype: auto|bf16|fp8|fp4"),
+    ("--kv-dtype", "kv_dtype", str, "engine.kv_dtype: auto|bf16 (K/V in the compute dtype)"),
     ("--dtype", "dtype", str, "engine.dtype: auto|float32|bfloat16|float16 (compute dtype)"),
     ("--prefix-cache-gib", "prefix_cache_gib", float, "engine.prefix_cache_gib (0 disables)"),
     ("--dense-weights", "dense_weights", str, "engine.dense_weights: checkpoint|fp8"),
     ("--bf16-weights", "bf16_weights", str, "engine.bf16_weights: checkpoint|bf12|bf12+bf16"),
-    ("--fp8-head", "fp8_head", str, "engine.fp8_head: gemv|mma"),
     ("--port", "port", int, "http.port"),
     ("--host", "host", str, "http.bind_host"),
 ]

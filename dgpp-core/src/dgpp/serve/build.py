@@ -11,7 +11,7 @@ import structlog
 import torch
 
 from dgpp.config import DeployConfig, EngineConfig
-from dgpp.engine.keys import check_engine_keys
+from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.engine.work import StepRunner
 from dgpp.policy import current
 from dgpp.sample.params import SamplingDefaults
@@ -203,14 +203,13 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     engine_cfg = cfg.engine
     deployment = deployment or resolve_deployment(cfg, device)
     ctx = deployment.for_rank(world, device, group)
-    check_engine_keys(engine_cfg)  # before any weight is read
     device = ctx.device
     _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
     if torch.device(device or "cpu").type == "cpu":
         _set_cpu_threads(engine_cfg.cpu_threads, ctx.world.size)
     model = model_for(ctx, deployment.pm)
     info = model.info
-    check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
+    refuse_unstored_kv(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
     text = text_stack(deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm)
     tokenizer = text.tokenizer
     spec = model.cache_spec()
