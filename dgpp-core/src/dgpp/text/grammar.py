@@ -1,10 +1,10 @@
 """Constrained decoding with llguidance: response_format JSON (schema or any object), tool_choice
 required / named / allowed_tools in the family's own call syntax, strict schemas, parallel_tool_calls.
 
-Why llguidance (over xgrammar, also installed): its Lark grammars embed JSON schemas (``%json``) and
+Why llguidance (not xgrammar): its Lark grammars embed JSON schemas (``%json``) and
 lazy text (``[suffix=...]``), which is exactly what the families' call syntaxes need (bare-text string
 arguments inside XML / DSML / GLM markers, typed arguments as JSON), and custom tools' own Lark and
-regex grammars plug in as they are; masks cost ~0.05-0.2 ms per token on a 129k vocabulary here.
+regex grammars plug in as they are; masks cost ~0.05-0.2 ms per token on a 129k vocabulary.
 """
 
 from __future__ import annotations
