@@ -2,8 +2,9 @@
 
 The HTTP side calls ``submit`` / ``cancel`` from any thread; they land in an inbox the step loop's thread
 drains before each tick. Token events leave through each sequence's sink (called on that thread;
-the serving side hands them to its event loop). After every pass the loop publishes a metrics snapshot,
-and while busy it logs the periodic ``stats:`` line every ``stats_interval_s``.
+the serving side hands them to its event loop). After every pass the loop publishes the scheduler's gauges
+(``published``, read by ``/metrics`` when scraped; the HTTP side never reads the scheduler itself), and while
+busy it logs the periodic ``stats:`` line every ``stats_interval_s``.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
 
 import structlog
 
+from dgpp.sched.published import Published
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull, Scheduler
 from dgpp.sched.stats_line import StatsLine
@@ -32,8 +33,7 @@ class StepLoopFailed(RuntimeError):
 class StepLoop:
     """Owns a ``Scheduler`` on a daemon thread; thread-safe ``submit`` / ``cancel``."""
 
-    def __init__(self, scheduler: Scheduler, stats_interval_s: float, *,
-                 snapshot: Callable[[Scheduler], dict[str, Any]] | None = None, gather_ms: float,
+    def __init__(self, scheduler: Scheduler, stats_interval_s: float, *, gather_ms: float,
                  gather_max_ms: float = 0.0) -> None:
         self.scheduler = scheduler
         self.failed: str | None = None
@@ -48,9 +48,7 @@ class StepLoop:
         self._cond = threading.Condition()
         self._stop = False
         self._thread = threading.Thread(target=self._run, name="dgpp-step-loop", daemon=True)
-        self._snapshot_fn = snapshot
-        self.published: dict[str, Any] = {}
-        self.published_at = time.monotonic()
+        self.published = Published(scheduler)
         self._stats_line = StatsLine(scheduler, stats_interval_s)
         self._gather_s = gather_ms / 1000.0
         self._gather_max_s = max(gather_ms, gather_max_ms) / 1000.0
@@ -124,6 +122,10 @@ class StepLoop:
                 log.error("engine failure", error=message)
             self._fail_pending = True
             self._cond.notify()
+
+    def on_retire(self, hook: Callable[[Sequence], None]) -> None:
+        """Call ``hook`` on this loop's thread for every retired sequence (request histograms). Before ``start``."""
+        self.scheduler.on_retire.append(hook)
 
     @property
     def pending(self) -> tuple[int, int]:
@@ -202,6 +204,4 @@ class StepLoop:
             self._cond.wait(timeout=min(cap - now, quiet) if quiet > 0 else cap - now)
 
     def _publish(self) -> None:
-        if self._snapshot_fn is not None:
-            self.published = self._snapshot_fn(self.scheduler)
-        self.published_at = time.monotonic()
+        self.published.publish(self.scheduler)

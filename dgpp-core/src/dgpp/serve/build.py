@@ -21,7 +21,6 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.backend import Backend, ModelLimits
-from dgpp.serve.metrics import scheduler_snapshot
 
 if TYPE_CHECKING:
     from dgpp.engine.deployment import Deployment
@@ -99,7 +98,7 @@ def assemble(
     # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
     scheduler.overlap_steps = (current().overlap_steps and speculative is None
                                and bool(getattr(runner, "overlaps_decode", False)))
-    loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
+    loop = StepLoop(scheduler, engine_cfg.stats_interval_s,
                       gather_ms=engine_cfg.admission_gather_ms,
                       gather_max_ms=engine_cfg.admission_gather_max_ms)
     if start_loop:
