@@ -208,7 +208,7 @@ class PrometheusExport:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(backend))
         self.histograms = RequestHistograms(self.registry, backend.model_id)
-        backend.loop.on_retire(lambda s: self.histograms.observe(s, time.monotonic()))
+        backend.loop.on_retire(self.histograms.retired)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

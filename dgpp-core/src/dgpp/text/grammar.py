@@ -222,7 +222,7 @@ def build_matcher(
     chosen = _named_tools(tool_choice, specs) if specs else None
     if chosen is None and branches and specs and dialect is not None and tool_choice != "none":
         _strict_tool_schemas(specs)
-        # JSON answer + tools under auto: the first value or call opener picks the branch (anchor §2.7)
+        # JSON answer + tools under auto: the first value or call opener picks the branch
         one = "(" + " | ".join(dialect.call_grammar(s, g) for s in specs) + ")"
         branches.append(dialect.calls_grammar(one, parallel_tool_calls, g))
     if chosen is not None:
