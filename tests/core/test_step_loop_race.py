@@ -7,17 +7,22 @@ raced those changes (``RuntimeError: deque mutated during iteration``), which re
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import threading
 import time
 
+from dgpp.config import EngineConfig
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull, Scheduler
 from dgpp.sched.step_loop import StepLoop
+from dgpp.serve.errors import APIError
 from dgpp.testing.scheduler import scheduler_config
+from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp.testing.toy_backend import build_toy_backend
 from dgpp.testing.toy_runner import ToyRunner
 
 VOCAB = 32
@@ -99,3 +104,45 @@ def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
     finally:
         sys.setswitchinterval(interval)
         loop.stop()
+
+
+def test_backend_submissions_from_many_event_loops_answer_only_overloaded(tmp_path) -> None:
+    """``Backend.start`` under the same race: every submission is queued or refused 503 ``overloaded``, never an
+    exception the route would turn into a 500."""
+    backend = build_toy_backend("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(
+        kv_capacity=4096, block_size=4, max_concurrency=1, queue_limit=QUEUE_LIMIT, prefix_cache_gib=0,
+        stats_interval_s=0, admission_gather_ms=0))
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    outcomes: list[str] = []
+    errors: list[BaseException] = []
+    go = threading.Barrier(THREADS)
+
+    async def submit_until(deadline: float) -> None:
+        while time.monotonic() < deadline and not errors:
+            try:
+                backend.start([5, 6, 7], params, n=1 + len(outcomes) % 2)
+                outcomes.append("queued")
+            except APIError as e:
+                if (e.status, e.code) != (503, "overloaded"):
+                    errors.append(e)
+                outcomes.append("shed")
+            except Exception as exc:  # the race: anything but a 503 would answer 500
+                errors.append(exc)
+
+    def submitter() -> None:
+        go.wait()
+        asyncio.run(submit_until(time.monotonic() + DURATION_S / 2))
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=submitter) for _ in range(THREADS)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(120)
+    finally:
+        sys.setswitchinterval(interval)
+        backend.shutdown()
+    assert not errors, f"{len(errors)} submissions raised: {errors[0]!r}"
+    assert "queued" in outcomes
