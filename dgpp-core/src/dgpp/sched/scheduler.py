@@ -42,6 +42,10 @@ class Scheduler(OverlapSteps):
         slots: SlotPool,
         prefix_cache: PrefixCache,
         eos_token_ids: frozenset[int] | set[int] = frozenset(),
+        *,
+        speculative: Any = None,
+        overlap_events: bool = False,
+        overlap_steps: bool = False,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -59,15 +63,15 @@ class Scheduler(OverlapSteps):
         # called on the step loop thread for every retired sequence (request histograms)
         self.on_retire: list[Callable[[Sequence], None]] = []
         # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
-        self.speculative: Any = None
+        self.speculative: Any = speculative
         # serving: a tick's events are handed to the sinks once the next step is on the GPU, so the HTTP side
         # formats them while the GPU computes instead of competing with the engine thread for the GIL between
         # steps; the last tick before idle hands them out at once (see tick)
-        self.overlap_events = False
+        self.overlap_events = overlap_events
         self._ready: dict[Sequence, SeqEvent] = {}
         # serving on a GPU: decode steps launch before the previous step's tokens are read (dgpp.sched.overlap);
         # the runner's ``step`` must take ``input_ids`` (device ids replacing the works' tokens)
-        self.overlap_steps = False
+        self.overlap_steps = overlap_steps
         self._inflight: InFlight | None = None
 
     # ---- inputs (called on the step loop thread between ticks) -----------------------------------

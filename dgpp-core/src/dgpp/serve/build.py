@@ -92,12 +92,14 @@ def assemble(
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes,
                         attach=attach)
-    scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
-    scheduler.speculative = speculative  # engine.mtp (None: plain decode)
-    scheduler.overlap_events = True  # a tick's events go out while the next step runs on the GPU
-    # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
-    scheduler.overlap_steps = (current().overlap_steps and speculative is None
-                               and bool(getattr(runner, "overlaps_decode", False)))
+    scheduler = Scheduler(
+        sched_cfg, runner, blocks, slots, cache, eos_token_ids,
+        speculative=speculative,  # engine.mtp (None: plain decode)
+        overlap_events=True,  # a tick's events go out while the next step runs on the GPU
+        # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
+        overlap_steps=(current().overlap_steps and speculative is None
+                       and bool(getattr(runner, "overlaps_decode", False))),
+    )
     loop = StepLoop(scheduler, engine_cfg.stats_interval_s,
                       gather_ms=engine_cfg.admission_gather_ms,
                       gather_max_ms=engine_cfg.admission_gather_max_ms)
