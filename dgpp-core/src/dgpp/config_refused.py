@@ -44,8 +44,8 @@ NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
 # path -> {value: why it is refused}: the key is built, these values of it are not
 NOT_BUILT_VALUES: dict[tuple[str, ...], dict[Any, str]] = {
     ("engine", "kv_dtype"): {
-        "fp8": "an FP8 KV cache is not built: K/V are stored in the compute dtype (use \"auto\" or \"bf16\")",
-        "fp4": "an FP4 KV cache is not built: K/V are stored in the compute dtype (use \"auto\" or \"bf16\")",
+        "fp8": "K/V are stored in the compute dtype; use \"auto\" or \"bf16\"",
+        "fp4": "K/V are stored in the compute dtype; use \"auto\" or \"bf16\"",
     },
 }
 
