@@ -320,7 +320,7 @@ class Backend:
     @property
     def queue_limit(self) -> int:
         """``engine.queue_limit``: requests waiting beyond it are refused (503, retryable)."""
-        return self.loop.scheduler.config.queue_limit
+        return self.loop.published.config.queue_limit
 
     def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
         """The event relay of ``loop`` (one per serving loop; tests may serve from several loops in turn)."""
