@@ -107,7 +107,7 @@ def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
 
 
 def test_backend_submissions_from_many_event_loops_answer_only_overloaded(tmp_path) -> None:
-    """``Backend.start`` under the same race: every submission is queued or refused 503 ``overloaded``, never an
+    """``Backend.submit`` under the same race: every submission is queued or refused 503 ``overloaded``, never an
     exception the route would turn into a 500."""
     backend = build_toy_backend("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(
         kv_capacity=4096, block_size=4, max_concurrency=1, queue_limit=QUEUE_LIMIT, prefix_cache_gib=0,
@@ -120,7 +120,7 @@ def test_backend_submissions_from_many_event_loops_answer_only_overloaded(tmp_pa
     async def submit_until(deadline: float) -> None:
         while time.monotonic() < deadline and not errors:
             try:
-                backend.start([5, 6, 7], params, n=1 + len(outcomes) % 2)
+                backend.submit([5, 6, 7], params, n=1 + len(outcomes) % 2)
                 outcomes.append("queued")
             except APIError as e:
                 if (e.status, e.code) != (503, "overloaded"):

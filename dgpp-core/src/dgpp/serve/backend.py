@@ -118,7 +118,7 @@ def _message_chars(messages: list[Any]) -> int:
 
 
 class Backend:
-    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``start``."""
+    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``submit``."""
 
     def __init__(
         self,
@@ -263,7 +263,7 @@ class Backend:
             raise APIError(400, e.message, "invalid_parameter", e.param) from None
 
     # ---- submission ---------------------------------------------------------------------------
-    def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
               kind: str = "chatcmpl", matchers: list[Any] | None = None,
               max_tokens_given: bool = True, constraint: dict[str, Any] | None = None,
               samplers: list[ChoiceSampler] | None = None) -> RequestHandle:

@@ -6,7 +6,7 @@ kernels. Each costs seconds, which a server without warm-up charges to the first
 (docs/benchmarks.md). Here the server sends itself, before it listens, the mixes its users bring:
 one short prompt, bursts of 2, 3, 8 and up to 64 short prompts (every prefill tile class), one long prompt
 (its chunks in cuBLAS beside the grouped ones), a burst arriving while earlier requests decode, and sampled
-rows. Each is a real request through ``Backend.start`` with the prefix cache off, so nothing is left behind
+rows. Each is a real request through ``Backend.submit`` with the prefix cache off, so nothing is left behind
 but compiled kernels and captured decode graphs: no cached prefix, no held block, no counted request.
 """
 
@@ -32,7 +32,7 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=4, ig
 
 
 async def _generate(backend: Backend, prompt: list[int], params: SamplingParams) -> None:
-    handle = backend.start(prompt, params, n=1, use_prefix_cache=False, kind="cmpl")
+    handle = backend.submit(prompt, params, n=1, use_prefix_cache=False, kind="cmpl")
     async for _, ev in handle.events():
         if ev.error is not None:
             raise RuntimeError(f"engine warm-up request failed: {ev.error}")
