@@ -344,19 +344,19 @@ def test_default_max_tokens_is_cut_to_the_room_the_prompt_leaves(sdk, server) ->
 @contextmanager
 def sampling_fails(engine):
     """Requests started inside get a grammar mask that allows nothing: their sampling raises."""
-    real_start = engine.start
+    real_submit = engine.submit
 
-    def start_with_empty_mask(*args, **kwargs):
-        handle = real_start(*args, **kwargs)
+    def submit_with_empty_mask(*args, **kwargs):
+        handle = real_submit(*args, **kwargs)
         for s in handle.seqs:
             s.sampler.mask_fn = lambda vocab: torch.zeros(vocab, dtype=torch.bool)
         return handle
 
-    engine.start = start_with_empty_mask
+    engine.submit = submit_with_empty_mask
     try:
         yield
     finally:
-        engine.start = real_start
+        engine.submit = real_submit
 
 
 def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:

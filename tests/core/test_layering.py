@@ -24,7 +24,7 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
     ("dgpp", "errors", "log", "splitmix", "family", "offers", "policy", "config_schema", "config", "config_checks",
-     "prefill_budget", "extras", "deploy_templates", "pip_wheel",
+     "config_refused", "prefill_budget", "extras", "deploy_templates", "pip_wheel",
      "handoff"),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),

@@ -17,9 +17,10 @@ from dgpp.plugins import manager
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.published import Published
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
-from dgpp.serve.metrics import scheduler_snapshot
+from dgpp.serve.metrics import engine_report
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.scheduler import scheduler_config
@@ -125,14 +126,14 @@ def serve(model, drafter=None, depth: int = 1, *, temperature: float = 0.0, orac
 
 
 def _check_counters(sched: Scheduler, depth: int) -> dict:
-    spec = scheduler_snapshot(sched)["scheduler"]["spec_decode"]
+    spec = engine_report(Published(sched))["scheduler"]["spec_decode"]
     assert spec["depth"] == depth
     assert spec["num_drafts_total"] > 0 and spec["num_draft_tokens_total"] >= spec["num_drafts_total"]
     assert spec["num_draft_tokens_total"] == sum(spec["num_draft_tokens_per_pos_total"])
     assert spec["num_accepted_tokens_total"] == sum(spec["num_accepted_tokens_per_pos_total"])
     assert len(spec["num_draft_tokens_per_pos_total"]) == depth
     # every verify feeds each request its last token plus its drafts: rows = requests + drafts; no graph replays
-    batch = scheduler_snapshot(sched)["scheduler"]["decode_batch"]
+    batch = engine_report(Published(sched))["scheduler"]["decode_batch"]
     assert batch["rows"] == sched.stats.decode_rows + spec["num_draft_tokens_total"]
     assert batch["rows"] > sched.stats.decode_rows and batch["replays"] == 0
     assert 1.0 <= batch["last_rows_per_request"] <= depth + 1

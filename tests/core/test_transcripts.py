@@ -68,7 +68,7 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
 
 async def _generate(engine, prompts: list[list[int]]) -> list[list[int]]:
     async def one(prompt: list[int]) -> list[int]:
-        handle = engine.start(prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl")
+        handle = engine.submit(prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl")
         tokens: list[int] = []
         async for _, ev in handle.events():
             assert ev.error is None, ev.error

@@ -1,4 +1,4 @@
-"""Transactional speculative decoding with an MTP drafter (``engine.mtp``, ``engine.mtp_depth``; anchor §4.7).
+"""Transactional speculative decoding with an MTP drafter (``engine.mtp``, ``engine.mtp_depth``).
 
 One decode pass, for every live request at position ``c`` (``c`` tokens cached, last token ``x`` not yet fed):
 

@@ -192,8 +192,8 @@ class MultiLatentAttention(nn.Module):
 
     def settle_weights(self) -> None:
         """Keep a packed ``kv_b_proj`` (int8 in the GLM-5.3 release) as its decoded matrix: absorption reads the
-        whole matrix in every step (it is never multiplied as a linear), and decoding it per step was ~4 of 12.9 ms
-        of a 12-layer GLM-5.3 decode step on an H200. The matrix is the same bits the per-step decode gave, at
+        whole matrix in every step (it is never multiplied as a linear), and decoding it per step cost about a third
+        of a GLM-5.3 decode step (docs/benchmarks.md). The matrix is the same bits the per-step decode gave, at
         twice the int8 bytes (29 MB a layer at the release's size, whole; TP splits it by heads). On ``meta``
         (memory plans) only the shape and dtype change."""
         layer = self.kv_b_proj

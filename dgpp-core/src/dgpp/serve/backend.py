@@ -118,7 +118,7 @@ def _message_chars(messages: list[Any]) -> int:
 
 
 class Backend:
-    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``start``."""
+    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``submit``."""
 
     def __init__(
         self,
@@ -252,8 +252,7 @@ class Backend:
     async def _run_prep(self, fn: Any, inline: bool = False) -> Any:
         """``fn()`` in the worker pool, or ``inline`` on the event loop: a short prompt's preparation (~0.1 ms)
         costs less than the hop to a worker and back, and the hop made a burst's requests reach the engine in
-        lockstep only after every one of them had been read and queued (H200 host, 64 x 128-token prompts: the
-        first submission 35-40 ms after the first arrival)."""
+        lockstep only after every one of them had been read and queued (docs/benchmarks.md)."""
         try:
             if inline:
                 return fn()
@@ -264,7 +263,7 @@ class Backend:
             raise APIError(400, e.message, "invalid_parameter", e.param) from None
 
     # ---- submission ---------------------------------------------------------------------------
-    def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
               kind: str = "chatcmpl", matchers: list[Any] | None = None,
               max_tokens_given: bool = True, constraint: dict[str, Any] | None = None,
               samplers: list[ChoiceSampler] | None = None) -> RequestHandle:
@@ -298,11 +297,7 @@ class Backend:
                                 f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
                            "context_length_exceeded", "max_tokens")
         handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
-        relay = self._relay(asyncio.get_running_loop())
-
-        def sink(seq: Sequence, ev: SeqEvent) -> None:
-            relay.post(handle.queue, (seq.choice_index, ev))
-
+        sink = self._relay(asyncio.get_running_loop()).sink(handle.queue)
         for i in range(n):
             # n choices of one seeded request differ: each draws from (seed, choice index)
             m = matchers[i] if matchers else None
@@ -325,7 +320,7 @@ class Backend:
     @property
     def queue_limit(self) -> int:
         """``engine.queue_limit``: requests waiting beyond it are refused (503, retryable)."""
-        return self.loop.scheduler.config.queue_limit
+        return self.loop.published.config.queue_limit
 
     def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
         """The event relay of ``loop`` (one per serving loop; tests may serve from several loops in turn)."""

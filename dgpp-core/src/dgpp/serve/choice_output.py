@@ -46,7 +46,7 @@ class ServedChoice:
         self.error: str | None = None
         self.logprobs: list[dict[str, Any]] = []
         # entries of tokens the tool-call parser holds: dropped if they become a call (tool syntax is not
-        # visible content, anchor §2.9), released in order if they turn out to be content
+        # visible content), released in order if they turn out to be content
         self._held: list[dict[str, Any]] = []
         self._entries = LogprobEntries(tokenizer)
 

@@ -53,7 +53,7 @@ async def chat_completions(request: Request) -> Response | Stream:
     prepared = await backend.prepare_chat(req, req.n or 1)
     if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
         params = replace(params, ignore_eos=False)
-    handle = backend.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
+    handle = backend.submit(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
                           kind="chatcmpl", matchers=prepared.matchers, constraint=prepared.constraint,
                           max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
     return await _answer(request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req)))
@@ -82,7 +82,7 @@ async def completions(request: Request) -> Response | Stream:
             await asyncio.gather(*(score_prompt(backend, p, req.logprobs, watch.track) for p in prompts))
         handles: list[RequestHandle] = []
         for p in prompts if req.max_tokens != 0 and not watch.gone else []:
-            handles.append(watch.track(backend.start(p.ids, params, n=generate, use_prefix_cache=req.prefix_cache,
+            handles.append(watch.track(backend.submit(p.ids, params, n=generate, use_prefix_cache=req.prefix_cache,
                                                      kind="cmpl", max_tokens_given=req.max_tokens is not None)))
         outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
         if req.stream and not watch.gone:

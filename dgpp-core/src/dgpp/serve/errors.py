@@ -1,4 +1,4 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the anchor's codes."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` and stable ``code`` values."""
 
 from __future__ import annotations
 

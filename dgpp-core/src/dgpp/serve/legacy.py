@@ -77,7 +77,7 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
     if len(ids) == 1:
         return
     sampler = ForcedSampler(ids[1:], backend.limits.vocab_size, ids[:1], top)
-    handle = backend.start(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
+    handle = backend.submit(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
     if track is not None:
         track(handle)
     try:

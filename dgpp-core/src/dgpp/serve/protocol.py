@@ -20,7 +20,7 @@ Seed = Annotated[int, msgspec.Meta(ge=I64_MIN, le=I64_MAX)]
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
 Stop = StopString | Annotated[list[StopString], msgspec.Meta(min_length=1, max_length=4)]
 
-# Chat fields refused whatever their value, and those refused unless null (anchor §2.2).
+# Chat fields refused whatever their value, and those refused unless null (features this server lacks).
 REJECTED = ("web_search_options", "functions", "function_call", "prompt_cache_options")
 REJECTED_WHEN_SET = ("audio", "prediction", "moderation", "prompt_cache_key", "prompt_cache_retention", "verbosity")
 # Fields popular clients send that mean nothing here and change no answer: accepted and ignored even though
@@ -32,7 +32,7 @@ COMPLETION_REJECTED = ("top_logprobs",)
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
-    include_obfuscation: bool = True  # chat streams pad each event (anchor §2.5); legacy streams never do
+    include_obfuscation: bool = True  # chat streams pad each event; legacy streams never do
 
 
 class _Sampling(msgspec.Struct, kw_only=True):

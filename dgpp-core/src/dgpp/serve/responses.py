@@ -67,7 +67,7 @@ async def create_response(request: Request) -> Response | Stream:
         prepared = await backend.prepare_chat(chat, 1)
         if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
             params = replace(params, ignore_eos=False)
-        handle = backend.start(prepared.prompt_ids, params, use_prefix_cache=chat.prefix_cache, kind="resp",
+        handle = backend.submit(prepared.prompt_ids, params, use_prefix_cache=chat.prefix_cache, kind="resp",
                                matchers=prepared.matchers, constraint=prepared.constraint,
                                max_tokens_given=req.max_output_tokens is not None)
     except APIError as e:

@@ -232,7 +232,7 @@ def sampling_params(
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     given = {k for k in SAMPLING_KEYS if raw.get(k) is not None}
     top_k = req.top_k or 0
-    if req.top_p == 0.0:  # the anchor's rule: top_p 0 is greedy, via top_k 1
+    if req.top_p == 0.0:  # top_p 0 keeps only the most likely token: greedy, via top_k 1
         top_k, given = 1, given | {"top_k"}
     params = SamplingParams(
         temperature=req.temperature if req.temperature is not None else 1.0,

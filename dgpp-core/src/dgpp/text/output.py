@@ -140,7 +140,7 @@ class ChoiceOutput:
         return list(self.calls_stream.calls) if self.calls_stream is not None else []
 
     def finish_reason(self, reason: str) -> str:
-        """``stop`` becomes ``tool_calls`` when the choice made at least one call (anchor §2.6)."""
+        """``stop`` becomes ``tool_calls`` when the choice made at least one call."""
         return "tool_calls" if reason == "stop" and self.tool_calls else reason
 
     def message(self) -> dict[str, Any]:

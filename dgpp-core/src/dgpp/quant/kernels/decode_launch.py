@@ -126,19 +126,17 @@ def _row_kernel(fmt: QuantFormat, shapes: list[Shape], tile) -> bool:
 
 def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
                  weights_per_program: int = 1) -> GemvTile:
-    """Chosen from the sm_90 SASS that Triton 3.6 emits (compiled ahead on the CPU), to be confirmed by the
-    H200 sweep (tests/perf/bench_quant_gemv.py). Both formats: x as the MMA's A operand (``mma.sync``), so
+    """Chosen from the sm_90 SASS that Triton 3.6 emits (compiled ahead on the CPU), confirmed by a GPU
+    sweep (tests/perf/bench_quant_gemv.py). Both formats: x as the MMA's A operand (``mma.sync``), so
     the weight bytes go global -> shared by 16-byte ``cp.async`` and are decoded in registers in the dot
-    operand layout (no byte-wise shared stores; the first measurement's 3.4% FP4 tile stored its x split
-    through shared memory 2 bytes at a time). FP8: the integer bit decode (``fp8_bits``) keeps the 16/clock
+    operand layout (no byte-wise shared stores of x). FP8: the integer bit decode (``fp8_bits``) keeps the 16/clock
     conversion pipe out of the loop. FP4: the ``flat`` layout with scales loaded per group and broadcast,
     64 rows per program (the x tile costs the same per step whatever BN, so wider tiles amortise it).
     With ``sms`` known, K is split for an even spread over the SMs (``with_split``); the split depends on
     the shape only, never on M.
 
-    H200 sweep (docs/benchmarks.md, "Quantized decode"): FP4 128-row tiles with 8 warps and 3 stages won on
-    o_proj (18.5 vs 19.2 us) and gate/up (69.6 vs 83.6 us) for NVFP4 and MXFP4; FP8 gate/up prefers 512-wide
-    K steps (34.7 vs 35.8 us)."""
+    The sweep (docs/benchmarks.md, "Quantized decode"): FP4 128-row tiles with 8 warps and 3 stages won on
+    o_proj and gate/up for NVFP4 and MXFP4; FP8 gate/up prefers 512-wide K steps."""
     if isinstance(fmt, FP4Grouped):
         bn = 128 if n_total // 128 >= 32 else 64
         tile = GemvTile(bn=bn, bk=256, stages=3, warps=8 if bn == 128 else 4, w_as_a=False, fp4_layout="flat",
