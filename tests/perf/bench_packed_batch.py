@@ -75,15 +75,22 @@ def check_exact(name, fmt, pname, kind, sets, shapes, tile, results) -> bool:
     ref = reference(fmt, kind, sets, shapes, x[:64])
     rel = ((got - ref).norm() / ref.norm()).item()
     ok = not bad and math.isfinite(rel) and rel < (2e-2 if kind == "gate_up" else 1e-2)
-    results["checks"].append({"format": name, "problem": pname, "mismatched_rows": bad, "rel_err": rel, "ok": ok})
+    from dgpp.quant.kernels.decode_launch import _EXACT_BATCH
+
+    shape_key = tuple(shapes) if kind == "multi" else shapes[0]
+    chosen = [v for key, v in _EXACT_BATCH.items() if key[:3] == (kind, fmt, shape_key)]
+    tile = "16-row launches" if not chosen or chosen[-1] is None else (
+        f"64-row blocks bn={chosen[-1].bn} bk={chosen[-1].bk} warps={chosen[-1].warps} w_as_a={chosen[-1].w_as_a}")
+    results["checks"].append({"format": name, "problem": pname, "mismatched_rows": bad, "rel_err": rel, "ok": ok,
+                              "above_16_rows": tile})
     print(f"exact {name:11s} {pname:8s} rows of 1..300-row calls == alone: {not bad} {bad or ''} "
-          f"rel_err(64 rows)={rel:.2e} {'ok' if ok else 'FAIL'}", flush=True)
+          f"rel_err(64 rows)={rel:.2e} above 16 rows: {tile} {'ok' if ok else 'FAIL'}", flush=True)
     return ok
 
 
 def time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, results, sweep) -> dict:
     one = [random_weight(fmt, s, "cuda", gen) for s in shapes]
-    wbytes = nbytes([one])
+    wbytes = nbytes(one)
     copies = max(4, min(16, math.ceil((512 << 20) / wbytes)))
     sets = [one] + [[random_weight(fmt, s, "cuda", gen) for s in shapes] for _ in range(copies - 1)]
     dense = [[torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02 for s in shapes]

@@ -28,11 +28,11 @@ def _k(fmt) -> int:
     return 200 if isinstance(fmt, FP8Block) and not isinstance(fmt, FP8Channel) else 256
 
 
-def assert_rows_exact(fmt, tensors, x: torch.Tensor, shape, tile: GemvTile) -> None:
+def assert_rows_exact(fmt, tensors, x: torch.Tensor, shape, tile: GemvTile, batch: GemvTile | None = None) -> None:
     """Rows on each side of the block edges, in calls of ``ROW_COUNTS`` rows, are the bits of the row alone."""
     alone = {i: quant_multi_linear(fmt, [tensors], x[i : i + 1], [shape], tile)[0][0] for i in SAMPLED_ROWS}
     for m in ROW_COUNTS:
-        got = quant_multi_linear(fmt, [tensors], x[:m], [shape], tile)[0]
+        got = quant_multi_linear(fmt, [tensors], x[:m], [shape], tile, batch)[0]
         bad = [i for i in SAMPLED_ROWS if i < m and not torch.equal(got[i], alone[i])]
         assert not bad, f"{fmt.name}: rows {bad} of a {m}-row call differ from the row alone"
 
@@ -57,17 +57,24 @@ def test_row_alone_equals_row_among_1_to_300(fmt, tile):
 
 @pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
 def test_check_fails_when_k_chain_depends_on_rows(fmt, monkeypatch):
-    """A batch tile whose dots are half as wide (an M-dependent K order) changes rows' bits: the check sees it."""
+    """A batch tile whose dots are half as wide (an M-dependent K order) changes rows' bits: the check sees it,
+    and the launch's own probe (``exact_batch_tile``) passes it over for the next candidate, or for 16-row launches."""
     n, k = 40, 256
     tensors, dense = packed_weights(fmt, n, k, seed=4)
     x = torch.randn(300, k)
     narrower = dataclasses.replace(DECODE, bk=DECODE.bk // 2, bn=32)
-    monkeypatch.setattr(decode_launch, "default_batch_tile", lambda *_: narrower)
     monkeypatch.setattr(decode_launch, "_check_batch_tile", lambda *_: None)
-    torch.testing.assert_close(quant_multi_linear(fmt, [tensors], x, [(n, k)], DECODE)[0], x @ dense.t(),
+    torch.testing.assert_close(quant_multi_linear(fmt, [tensors], x, [(n, k)], DECODE, narrower)[0], x @ dense.t(),
                                rtol=1e-5, atol=1e-5)  # still the right products, in another order
     with pytest.raises(AssertionError, match="differ from the row alone"):
+        assert_rows_exact(fmt, tensors, x, (n, k), DECODE, narrower)
+    default = decode_launch.default_batch_tile(fmt, DECODE, (n, k))
+    for candidates, chosen in (([narrower, default], default), ([narrower], None)):
+        monkeypatch.setattr(decode_launch, "batch_candidates", lambda *_, c=candidates: c)
+        decode_launch._EXACT_BATCH.clear()
         assert_rows_exact(fmt, tensors, x, (n, k), DECODE)
+        assert list(decode_launch._EXACT_BATCH.values()) == [chosen]
+    decode_launch._EXACT_BATCH.clear()
 
 
 def test_batch_tile_must_keep_the_chain():

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -213,6 +214,55 @@ def _check_batch_tile(fmt: QuantFormat, tile: GemvTile, batch: GemvTile, shape: 
         raise ValueError(f"batch tile {batch} does not keep the {fmt.name} decode tile's K chain ({tile})")
 
 
+def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[GemvTile]:
+    """Tiles for 64-row blocks in order of preference: x as the MMA's A operand (the H200 sweep: as fast or
+    faster, NVFP4 gate/up 297 vs 347 us at 64 rows), then the weights as A; FP8 then x as A on 2 warps.
+
+    On the H200 (2026-12-05) only the last was row-exact: with 4 warps Triton issues wgmma for 64-row blocks,
+    whose rounding differs from the 16-row tile's mma; on 2 warps it keeps mma (FP8 8B layer at 64 rows: 220 us
+    against 347 in 16-row launches). FP4 has no 2-warp candidate: its 128-wide tile on 2 warps ran 7.7 ms a
+    layer, eleven times its 16-row launches, which it therefore keeps."""
+    base = default_batch_tile(fmt, tile, shape)
+    x_as_a = dataclasses.replace(base, w_as_a=False)
+    candidates = [x_as_a, base]
+    if not isinstance(fmt, FP4Grouped):
+        candidates.append(dataclasses.replace(x_as_a, warps=2))
+    return list(dict.fromkeys(candidates))
+
+
+# (launch kind, format, shapes, decode tile, dtype, device) -> the batch tile whose rows were found bit-identical to
+# the decode tile's 16-row launches on this device, or None (no candidate was: 16-row launches instead)
+_EXACT_BATCH: dict[tuple, GemvTile | None] = {}
+PROBE_ROWS = 80  # a full 64-row block and a partial one
+
+
+def exact_batch_tile(key: tuple, launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
+                     candidates: list[GemvTile], k: int, dtype: torch.dtype, device: torch.device) -> GemvTile | None:
+    """The first of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches of the decode
+    tile (``launch(rows, batch)``), probed once per key on random rows. A row's chain is the same in both by
+    construction, but the tensor-core instruction may not be (Hopper: mma for 16 rows, wgmma for 64), and only the
+    device can say whether they round alike; a candidate that fails to compile is skipped. Never probed inside a
+    CUDA-graph capture (None then: 16-row launches, which are the reference the probe compares with)."""
+    if key in _EXACT_BATCH:
+        return _EXACT_BATCH[key]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(PROBE_ROWS, k, generator=gen, device=device).to(dtype)
+    want = torch.cat([launch(x[i : i + MAX_ROWS], None) for i in range(0, PROBE_ROWS, MAX_ROWS)])
+    choice = None
+    for batch in candidates:
+        try:
+            got = launch(x, batch)
+        except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
+            continue
+        if torch.equal(got, want):
+            choice = batch
+            break
+    _EXACT_BATCH[key] = choice
+    return choice
+
+
 def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
                    ) -> tuple[GemvTile, torch.Tensor, torch.Tensor]:
     """(tile, fp32 workspace for the partials, arrival counters). The counters are zero between launches
@@ -296,8 +346,9 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
                        shapes: list[Shape], tile: GemvTile | RowTile | None = None,
                        batch: GemvTile | None = None) -> list[torch.Tensor]:
     """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m, K]``, any m; the row GEMV takes at
-    most 16 rows); the outputs are column views of one ``[m, sum N_i]`` buffer. ``batch``: the tile of 64-row
-    blocks (sweeps; it must keep ``tile``'s K chain)."""
+    most 16 rows); the outputs are column views of one ``[m, sum N_i]`` buffer. Above 16 rows: 64-row blocks
+    with the first of ``batch_candidates`` found row-exact on this device (``exact_batch_tile``), else 16-row
+    launches; ``batch`` pins the 64-row tile instead (sweeps; it must keep ``tile``'s K chain)."""
     from dgpp.quant.kernels.decode_gemv import quant_multi_gemv_kernel
 
     if _row_kernel(fmt, shapes, tile):
@@ -306,8 +357,16 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
     if not 1 <= len(tensor_sets) <= 3:
         raise ValueError(f"quant_multi_linear takes 1 to 3 weights, got {len(tensor_sets)}")
     sizes = [s[0] for s in shapes]
-    k = x.shape[1]
+    m, k = x.shape
     tile = tile or default_tile(fmt, sum(sizes), k, _sms(x.device))
+    if m > MAX_ROWS and batch is None:
+        def launch(rows: torch.Tensor, b: GemvTile | None) -> torch.Tensor:
+            return torch.cat(quant_multi_linear(fmt, tensor_sets, rows, shapes, tile, b), dim=1)
+
+        key = ("multi", fmt, tuple(shapes), tile, x.dtype, x.device)
+        batch = exact_batch_tile(key, launch, batch_candidates(fmt, tile, shapes[0]), k, x.dtype, x.device)
+        if batch is None:
+            return _in_decode_launches(x, lambda rows: quant_multi_linear(fmt, tensor_sets, rows, shapes, tile))
     ops = [operand(fmt, t) for t in tensor_sets]
     ops += [ops[0]] * (3 - len(ops))
     ns = sizes + [0] * (3 - len(sizes))
@@ -331,6 +390,14 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
 
     n, k = shape
     tile = tile or default_tile(fmt, 2 * n, k, _sms(x.device), weights_per_program=2)
+    if x.shape[0] > MAX_ROWS and batch is None:
+        def launch(rows: torch.Tensor, b: GemvTile | None) -> torch.Tensor:
+            return quant_gate_up_silu(fmt, gate, up, rows, shape, tile, b)
+
+        key = ("gate_up", fmt, shape, tile, x.dtype, x.device)
+        batch = exact_batch_tile(key, launch, batch_candidates(fmt, tile, shape), k, x.dtype, x.device)
+        if batch is None:
+            return _in_decode_launches(x, lambda rows: [quant_gate_up_silu(fmt, gate, up, rows, shape, tile)])[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, [shape], x, 2, [n])
     quant_gate_up_silu_kernel[plan.grid](
@@ -338,6 +405,12 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
         x.stride(0), out.stride(0), **plan.args,
     )
     return out
+
+
+def _in_decode_launches(x: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
+    """``launch`` over 16-row slices of ``x``, outputs concatenated per weight (no exact batch tile here)."""
+    parts = [launch(x[i : i + MAX_ROWS]) for i in range(0, x.shape[0], MAX_ROWS)]
+    return [torch.cat(outs) for outs in zip(*parts, strict=True)]
 
 
 def one_launch_for_any_rows(fmt: QuantFormat, shapes: list[Shape]) -> bool:
