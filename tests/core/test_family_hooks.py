@@ -159,7 +159,7 @@ def test_bad_references_are_clear_errors(impl_module):
         FamilyHooks(_spec(), load_model="x:y", only_model_types={"memory": ("fake_a",)})
     hooks = FamilyHooks(_spec(), load_model=f"{impl_module}:no_such_function")
     pm = _manager(_plugin_module(hooks, "fake_plugin"))
-    with pytest.raises(PluginError, match="has no function no_such_function"):
+    with pytest.raises(PluginError, match="has no callable no_such_function"):
         pm.hook.dgpp_load_model(ctx=_ctx("fake", "fake_a"))
 
 

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dgpp.deploy_templates import packaged_templates
 from dgpp.errors import PluginError
-from dgpp.family import FamilySpec, LoadContext
+from dgpp.family import FamilySpec, LoadContext, resolve_reference, split_reference
 from dgpp.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -37,23 +36,6 @@ _REFERENCED_HOOKS = {
     "dgpp_build_draft": "build_draft",
     "dgpp_memory_plan": "memory_plan",
 }
-
-
-def split_reference(reference: str) -> tuple[str, str]:
-    """``"package.module:function"`` -> ``("package.module", "function")``; any other form is a PluginError naming it."""
-    module_name, sep, attr = reference.partition(":")
-    if not sep or not module_name or not attr or ":" in attr:
-        raise PluginError(f"hook reference {reference!r} is not of the form 'package.module:function'")
-    return module_name, attr
-
-
-def resolve_reference(reference: str) -> Callable[..., Any]:
-    """Import the referenced function; a dangling reference is a PluginError naming it."""
-    module_name, attr = split_reference(reference)
-    target = getattr(import_module(module_name), attr, None)
-    if not callable(target):
-        raise PluginError(f"hook reference {reference!r}: module {module_name} has no function {attr}")
-    return target
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: pluggy may hash the bound hookimpls

@@ -15,7 +15,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
-from dgpp.family import FamilySpec, LoadContext, World
+from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
+from dgpp.family_contract import Family
 from dgpp.family_hooks import FamilyHooks
 from dgpp.hookspecs import hookimpl
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.config_keys import CausalLMFields, ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.headers import tensor_bytes
+    from dgpp.engine.loading import load_model
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
@@ -70,6 +72,7 @@ _LAZY = {
     "QuantFormat": "dgpp.quant.format",
     "QuantScheme": "dgpp.quant.scheme",
     "Dialect": "dgpp.text.dialect",
+    "load_model": "dgpp.engine.loading",
 }
 
 __all__ = [
@@ -83,7 +86,9 @@ __all__ = [
     "ConfigKeys",
     "Dialect",
     "Drafter",
+    "Family",
     "FamilyHooks",
+    "FamilyModel",
     "FamilySpec",
     "ForwardBatch",
     "LatentKV",
@@ -104,6 +109,7 @@ __all__ = [
     "checkpoint_tensor_names",
     "hookimpl",
     "load_family_weights",
+    "load_model",
     "quantize_modules",
     "settle_weights",
     "tensor_bytes",
