@@ -7,8 +7,8 @@ import structlog
 import torch
 
 from dgpp.config import EngineConfig
-from dgpp.errors import ConfigError
 from dgpp.engine.keys import INERT_KEYS, check_engine_keys
+from dgpp.errors import ConfigError
 
 
 @pytest.mark.parametrize("kv", ["fp8", "fp4"])

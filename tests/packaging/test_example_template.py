@@ -34,9 +34,11 @@ def renamed_copy(dest: Path) -> Path:
 
 
 def test_a_renamed_copy_installs_offline_and_passes_its_tests(tmp_path):
-    wheels = tmp_path / "wheels"
+    wheels, core = tmp_path / "wheels", tmp_path / "dgpp-core"
+    # built from a copy, so the build leaves nothing in the repository
+    shutil.copytree(REPO / "dgpp-core", core, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(wheels), str(REPO / "dgpp-core")], capture_output=True, text=True, timeout=600)
+                            "-w", str(wheels), str(core)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stdout + built.stderr
     plugin = renamed_copy(tmp_path / "acme-llama")
 

@@ -38,7 +38,7 @@ def dgpp_families() -> list[FamilySpec]:
 def dgpp_load_model(ctx: LoadContext) -> Model | None:
     """Build and load the model for ``ctx`` (only the plugin whose family is ``ctx.family`` answers).
 
-    Returns a ``dgpp.engine.model.Model`` with its weights loaded and sliced for ``ctx.world``;
+    Returns a ``dgpp.step.model.Model`` with its weights loaded and sliced for ``ctx.world``;
     return None for a family that is not yours. Raise ``CheckpointError`` naming the tensor and the
     file for missing or mis-shaped tensors, ``ConfigError`` naming the key for unsupported values.
     """
@@ -61,10 +61,10 @@ def dgpp_build_draft(ctx: LoadContext, model: Model) -> Drafter | None:
 
 @hookspec(firstresult=True)
 def dgpp_memory_plan(ctx: LoadContext) -> ModelMemory | MemoryPlan | None:
-    """Return the model's own bytes per rank for ``ctx`` (a ``dgpp.engine.memory.ModelMemory``) without
+    """Return the model's own bytes per rank for ``ctx`` (a ``dgpp.step.memory.ModelMemory``) without
     loading weights: weights (packed bytes for quantized formats), drafter, KV bytes per token, state bytes per
     request, activation bytes per prefill row. Core sizes the deployment's plan from them
-    (``dgpp.engine.memory.plan_memory``) and refuses to start when it does not fit. Return None for a family
+    (``dgpp.step.memory.plan_memory``) and refuses to start when it does not fit. Return None for a family
     that is not yours (the generic estimate then applies). A complete ``MemoryPlan`` is taken as it is.
     """
 

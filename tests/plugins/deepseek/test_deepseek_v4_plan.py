@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.step.memory import GiB
 from dgpp_deepseek.config import parse_deepseek_v4_config
 
 # deepseek-ai/DeepSeek-V4-Flash-0731 (anchor 3.8, families 3): 43 layers (2 sliding, then CSA / HCA alternating;

@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.step.memory import GiB
 from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION
 from dgpp_glm.glm5_config import parse_glm_moe_dsa_config
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dgpp.engine.model import Model
+from dgpp.step.model import Model
 from dgpp.testing.glm_moe_dsa import GLM5_PACKED_QUANTIZATION
 
 

@@ -1,5 +1,5 @@
 """The GLM model's memory (``dgpp_memory_plan``): the exact per-rank bytes of the model as it would be built,
-without reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory.plan_memory``).
+without reading a weight; core sizes the deployment's plan from them (``dgpp.step.memory.plan_memory``).
 
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank,
 with the checkpoint's packed formats swapped in, so the plan counts what is really resident: the

@@ -1,5 +1,5 @@
 """The qwen4_exp model's memory (``dgpp_memory_plan``): per-rank bytes of the model as it would be built, without
-reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory.plan_memory``).
+reading a weight; core sizes the deployment's plan from them (``dgpp.step.memory.plan_memory``).
 
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank, so
 weights are this rank's real parameter bytes; KV per token and state per request come from
