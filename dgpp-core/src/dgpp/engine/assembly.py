@@ -61,7 +61,7 @@ def load_declared_model(ctx: LoadContext, entry: FamilyModel) -> Model:
 def build_declared_model(ctx: LoadContext, entry: FamilyModel) -> Model:
     """The model on ``ctx.device`` with its parameters allocated, not loaded (``dgpp bench``)."""
     with torch.device(ctx.device or "cpu"):
-        return model_builder(ctx, entry)()
+        return model_builder(ctx, entry)().eval()
 
 
 def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> Any:
