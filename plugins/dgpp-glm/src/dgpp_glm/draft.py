@@ -33,8 +33,7 @@ from dgpp.plugin_api import (
     load_family_weights,
 )
 from dgpp_glm.config import Glm4MoeArchConfig
-from dgpp_glm.loader import arch_config, checkpoint_name
-from dgpp_glm.model import Glm4MoeDecoderLayer, Glm4MoeForCausalLM
+from dgpp_glm.model import Glm4MoeDecoderLayer, Glm4MoeForCausalLM, checkpoint_name
 
 
 def mtp_cache_name(step: int) -> str:
@@ -222,7 +221,7 @@ def load_mtp(ctx: LoadContext, cfg, make: Callable[[MTPLayout], GlmMTPDrafter]) 
 
 def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> GlmMTPDrafter | None:
     """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
-    cfg = arch_config(ctx)
+    cfg = Glm4MoeArchConfig.from_hf_config(ctx.hf_config)
     return load_mtp(
         ctx,
         cfg,
