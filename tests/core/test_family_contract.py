@@ -54,7 +54,7 @@ def test_every_installed_family_registers_through_the_contract():
     families listed here still register through the older FamilyHooks and are moved one at a time."""
     from dgpp.family_hooks import FamilyHooks
 
-    legacy = {"qwen", "deepseek"}
+    legacy = {"qwen"}
     for name, ep in installed_entry_points().items():
         plugin = ep.load()
         if name in legacy:
