@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
     ("quant",),  # weight formats: packed LinearMethods for nn's layers
     # reading checkpoints; the plugin contract (hooks typed with step, quant and text types) and finding families
-    ("checkpoint", "hookspecs", "plugins", "builtin", "family_hooks"),
+    ("checkpoint", "hookspecs", "plugins", "builtin"),
     ("engine", "family_contract"),  # runner, graphs, memory plan, speculation; a family's declaration
     ("sched",),  # the tick, admission, prefix cache, the engine thread
     ("serve",),  # the HTTP API
@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # core modules a plugin reads only through ``dgpp.plugin_api``, which gathers their names (docs/plugin-authoring.md)
-PLUGIN_API_ONLY = ("engine", "step", "sched", "serve", "family", "family_hooks", "family_contract", "hookspecs", "errors")
+PLUGIN_API_ONLY = ("engine", "step", "sched", "serve", "family", "family_contract", "hookspecs", "errors")
 
 def _module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)

@@ -2,7 +2,7 @@
 
 Hooks are factories called at startup (or by ``dgpp check`` / ``dgpp plugins``); nothing on the
 per-token path goes through pluggy. A plugin is an object registered under the entry-point group
-``dgpp`` (a ``dgpp.family_hooks.FamilyHooks``, or a module) whose ``dgpp_*`` functions are decorated with
+``dgpp`` (a family's ``dgpp.family_contract.Family``, or a module) whose ``dgpp_*`` functions are decorated with
 ``dgpp.hookimpl``. Every type these hooks take or return is importable from ``dgpp.plugin_api``.
 """
 

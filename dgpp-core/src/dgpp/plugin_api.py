@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
 from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
 from dgpp.family_contract import Family
-from dgpp.family_hooks import FamilyHooks
 from dgpp.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -26,6 +25,7 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.headers import tensor_bytes
     from dgpp.engine.loading import load_model
+    from dgpp.engine.memory_estimate import estimate_model_memory
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
@@ -73,6 +73,7 @@ _LAZY = {
     "QuantScheme": "dgpp.quant.scheme",
     "Dialect": "dgpp.text.dialect",
     "load_model": "dgpp.engine.loading",
+    "estimate_model_memory": "dgpp.engine.memory_estimate",
 }
 
 __all__ = [
@@ -87,7 +88,6 @@ __all__ = [
     "Dialect",
     "Drafter",
     "Family",
-    "FamilyHooks",
     "FamilyModel",
     "FamilySpec",
     "ForwardBatch",
@@ -110,6 +110,7 @@ __all__ = [
     "hookimpl",
     "load_family_weights",
     "load_model",
+    "estimate_model_memory",
     "quantize_modules",
     "settle_weights",
     "tensor_bytes",

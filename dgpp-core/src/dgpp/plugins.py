@@ -104,18 +104,11 @@ def check_contract(name: str, ep: EntryPoint, plugin: Any) -> None:
     if isinstance(plugin, FamilyContract):
         plugin.check()
         return
-    if hasattr(plugin, "dgpp_families") and not _legacy_family_hooks(plugin):
+    if hasattr(plugin, "dgpp_families"):
         raise PluginError(
             f"plugin {name!r} ({_dist_label(ep)}) declares families with hand-written hooks; declare them with "
             f"dgpp.plugin_api.Family and point the entry point at that object (docs/plugin-authoring.md)"
         )
-
-
-def _legacy_family_hooks(plugin: Any) -> bool:
-    # the in-tree families not yet moved onto Family still register through FamilyHooks
-    from dgpp.family_hooks import FamilyHooks
-
-    return isinstance(plugin, FamilyHooks)
 
 
 @lru_cache(maxsize=1)

@@ -5,6 +5,7 @@ rotate-half RoPE) and a SwiGLU MLP or a softmax top-k MoE (``mlp_only_layers`` /
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -79,8 +80,10 @@ class Qwen3Body(nn.Module):
 class Qwen3ForCausalLM(Model):
     """Qwen3 / Qwen3-MoE text model over the engine's paged K/V pool."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None) -> None:
+    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None, *,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        cfg = dataclasses.replace(cfg, dtype=dtype or cfg.dtype)  # ``dtype``: a deployment's compute dtype
         world = world or World()
         self.cfg = cfg
         self.model = Qwen3Body(cfg, world, group)

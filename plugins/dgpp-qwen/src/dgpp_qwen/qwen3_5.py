@@ -10,6 +10,7 @@ Every norm outside the GDN output norm is zero-centred ``(1+w)``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -99,8 +100,10 @@ class Qwen35ForCausalLM(Model):
     Hidden state is replicated at every block boundary; GDN and attention heads, MLP and expert intermediate
     dims are split over ``world``; the embedding is replicated, the head vocab-parallel."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None) -> None:
+    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None, *,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        cfg = dataclasses.replace(cfg, dtype=dtype or cfg.dtype)  # ``dtype``: a deployment's compute dtype
         world = world or World()
         self.cfg = cfg
         self.world, self.group = world, group

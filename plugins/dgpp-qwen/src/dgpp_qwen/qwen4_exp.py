@@ -14,6 +14,7 @@ Cache entries: ``layers.{i}`` (GDN state, or QSA K/V), ``layers.{i}.indexer`` (Q
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -130,8 +131,11 @@ class Qwen4ExpForCausalLM(Model):
     With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
     layer's input)."""
 
-    def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None) -> None:
+    def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None, *,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        # ``dtype``: a deployment's compute dtype
+        cfg = dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, dtype=dtype or cfg.base.dtype))
         world = world or World()
         base = cfg.base
         self.cfg, self.world, self.group = cfg, world, group
