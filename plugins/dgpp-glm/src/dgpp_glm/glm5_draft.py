@@ -65,7 +65,7 @@ class GlmMoeDsaMTPDrafter(draft.GlmMTPDrafter):
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec: dict[str, CacheSpec] = {}
         for layer in self.layers:
-            spec.update(layer.self_attn.caches())
+            spec.update(layer.self_attn.cache_entries(self.dtype))
         return spec
 
     def run_block(self, layer: GlmMoeDsaMTPLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

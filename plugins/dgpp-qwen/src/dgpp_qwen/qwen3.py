@@ -17,13 +17,9 @@ from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm, add_rms_norm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, PagedKV, World
+from dgpp.plugin_api import ForwardBatch, Model, ModelInfo, World
 from dgpp_qwen.config import QwenConfig
 from dgpp_qwen.layers.attention import QwenAttention, build_rotary
-
-
-def kv_cache_name(layer: int) -> str:
-    return f"layers.{layer}.self_attn"
 
 
 def build_mlp(cfg: QwenConfig, layer: int, world: World) -> nn.Module:
@@ -54,7 +50,7 @@ class Qwen3DecoderLayer(nn.Module):
         super().__init__()
         self.world, self.group = world, group
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.self_attn = QwenAttention(cfg, kv_cache_name(layer), rotary, world=world)
+        self.self_attn = QwenAttention(cfg, f"layers.{layer}.self_attn", rotary, world=world)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.mlp = build_mlp(cfg, layer, world)
 
@@ -99,9 +95,6 @@ class Qwen3ForCausalLM(Model):
             hybrid=False,
         )
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        spec = PagedKV(num_kv_heads=self.kv_heads_local, head_dim=self.cfg.head_dim, dtype=self.cfg.dtype)
-        return {kv_cache_name(i): spec for i in range(self.cfg.num_layers)}
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

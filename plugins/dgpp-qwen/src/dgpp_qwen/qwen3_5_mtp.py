@@ -60,7 +60,7 @@ class Qwen35MTPDrafter(nn.Module):
         self.last_hidden: torch.Tensor | None = None
 
     def cache_spec(self) -> dict[str, CacheSpec]:
-        return {f"{MTP_PREFIX}layers.{i}": layer.cache_spec(self.cfg.dtype) for i, layer in enumerate(self.layers)}
+        return {name: spec for layer in self.layers for name, spec in layer.cache_entries(self.cfg.dtype).items()}
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:

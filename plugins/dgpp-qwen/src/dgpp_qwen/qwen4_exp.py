@@ -91,7 +91,9 @@ class Qwen4ExpDecoderLayer(nn.Module):
         self.attn_hyper_connection = GatedResidual(**gr)
         self.mlp_hyper_connection = GatedResidual(**gr)
 
-    def cache_specs(self) -> dict[str, CacheSpec]:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        """The layer's entries (GDN state or QSA K/V and indexer keys, its PLE state), in the layer's own dtype
+        (the model's and the drafter's ``cache_spec`` collect them)."""
         specs: dict[str, CacheSpec] = {}
         if self.layer_type == LINEAR_ATTENTION:
             specs[self.cache_name] = self.linear_attn.cache_spec()
@@ -147,12 +149,6 @@ class Qwen4ExpForCausalLM(Model):
             vocab_size=base.vocab_size, max_position=base.max_position, eos_token_ids=base.eos_token_ids,
             bos_token_id=base.bos_token_id, dtype=base.dtype, hybrid=True,
         )
-
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        specs: dict[str, CacheSpec] = {}
-        for layer in self.model.layers:
-            specs.update(layer.cache_specs())
-        return specs
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

@@ -67,7 +67,7 @@ class Qwen4ExpMTPDrafter(nn.Module):
     def cache_spec(self) -> dict[str, CacheSpec]:
         specs: dict[str, CacheSpec] = {}
         for layer in self.layers:
-            specs.update(layer.cache_specs())
+            specs.update(layer.cache_entries(self.cfg.base.dtype))
         return specs
 
     @torch.no_grad()
