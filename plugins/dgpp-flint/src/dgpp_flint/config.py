@@ -81,7 +81,7 @@ class FlintArchConfig(CausalLMFields):
             num_key_value_heads=kv_heads,
             head_dim=keys.positive("head_dim", hidden // heads),
             rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-6),
-            rope_theta=_rope_theta(keys),
+            rope_theta=keys.rope(supported=("default",)).theta,  # plain RoPE, on the sliding layers
             sliding_window=window,
             layer_types=layer_types,
             mlp_only_layers=_int_list(cfg, "mlp_only_layers", [0, 1]),
@@ -91,14 +91,6 @@ class FlintArchConfig(CausalLMFields):
             norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
             **keys.causal_lm_fields(max_position=262144),
         )
-
-
-def _rope_theta(keys: ConfigKeys) -> float:
-    """Plain RoPE only (on the sliding layers); a positive ``rope_theta``."""
-    theta = keys.rope(supported=("default",)).theta
-    if theta <= 0:
-        raise keys.error(f"'rope_theta' must be a positive number, got {theta!r}")
-    return theta
 
 
 def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:

@@ -77,7 +77,6 @@ class Glm4MoeArchConfig(GlmMoeFields):
         if heads % kv_heads:
             raise keys.error(f"'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
         head_dim = keys.positive("head_dim", shared["hidden_size"] // heads)
-        theta, rotary_dim = _rope(keys, head_dim)
         experts = keys.positive("n_routed_experts")
         top_k = keys.positive("num_experts_per_tok")
         n_group = keys.positive("n_group", 1)
@@ -105,8 +104,8 @@ class Glm4MoeArchConfig(GlmMoeFields):
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
             use_qk_norm=keys.optional("use_qk_norm", bool, False),
-            rope_theta=theta,
-            rotary_dim=rotary_dim,
+            rope_theta=keys.rope(supported=("default",)).theta,
+            rotary_dim=keys.rotary_dim(head_dim, default_factor=0.5),
             first_k_dense_replace=first_dense,
             n_routed_experts=experts,
             num_experts_per_tok=top_k,
@@ -115,25 +114,6 @@ class Glm4MoeArchConfig(GlmMoeFields):
             num_mtp_layers=mtp,
         )
 
-
-
-def _rope(keys: ConfigKeys, head_dim: int) -> tuple[float, int]:
-    """(theta, rotary_dim) from either the transformers-5 ``rope_parameters`` or the flat release keys."""
-    cfg = keys.cfg
-    params = cfg.get("rope_parameters") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise keys.error(f"rope_parameters.rope_type={rope_type!r} is not supported (only 'default')")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5))
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise keys.error(f"'rope_theta' must be a positive number, got {theta!r}")
-    if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise keys.error(f"'partial_rotary_factor' must be in (0, 1], got {factor!r}")
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2:
-        raise keys.error(f"'partial_rotary_factor'={factor} gives an odd rotary dim {rotary_dim} of head_dim {head_dim}")
-    return float(theta), rotary_dim
 
 
 def _quant_method(cfg: dict[str, Any]) -> str | None:
