@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         WindowKV,
     )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
-    from dgpp.step.model import Drafter, Model, ModelInfo
+    from dgpp.step.model import Drafter, Model, ModelInfo, collect_cache_entries
     from dgpp.text.dialect import Dialect
 
 # name -> the module that defines it (imported when the name is first read)
@@ -64,6 +64,7 @@ _LAZY = {
     "transformer_activation_bytes": "dgpp.step.memory",
     "Drafter": "dgpp.step.model",
     "Model": "dgpp.step.model",
+    "collect_cache_entries": "dgpp.step.model",
     "ModelInfo": "dgpp.step.model",
     "checkpoint_tensor_names": "dgpp.engine.weights",
     "load_family_weights": "dgpp.engine.weights",
@@ -107,6 +108,7 @@ __all__ = [
     "UnsupportedModelError",
     "World",
     "checkpoint_tensor_names",
+    "collect_cache_entries",
     "hookimpl",
     "load_family_weights",
     "load_model",

@@ -28,8 +28,8 @@ from dgpp.plugin_api import (
     CheckpointError,
     ForwardBatch,
     LoadContext,
-    PagedKV,
     checkpoint_tensor_names,
+    collect_cache_entries,
     load_family_weights,
 )
 from dgpp_glm.config import Glm4MoeArchConfig
@@ -128,6 +128,10 @@ class GlmMTPDrafter(nn.Module):
         self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
         self.last_hidden: torch.Tensor | None = None
 
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The entries the MTP layers' attention declares (under the names the layers were built with)."""
+        return collect_cache_entries(self, self.dtype)
+
     def checkpoint_name(self, name: str) -> str:
         return mtp_checkpoint_name(self.config, name)
 
@@ -172,9 +176,6 @@ class Glm4MoeMTPDrafter(GlmMTPDrafter):
         ]
         super().__init__(cfg, main, layers)
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
-        return {mtp_cache_name(i): kv for i in range(len(self.layers))}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import CacheSpec, ForwardBatch, LoadContext
+from dgpp.plugin_api import ForwardBatch, LoadContext
 from dgpp_glm import draft
 from dgpp_glm.glm5 import GlmMoeDsaDecoderLayer, GlmMoeDsaForCausalLM
 from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
@@ -62,11 +62,6 @@ class GlmMoeDsaMTPDrafter(draft.GlmMTPDrafter):
         ]
         super().__init__(cfg, main, layers)
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        spec: dict[str, CacheSpec] = {}
-        for layer in self.layers:
-            spec.update(layer.self_attn.cache_entries(self.dtype))
-        return spec
 
     def run_block(self, layer: GlmMoeDsaMTPLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return layer(x, batch, None, self.group)[0]

@@ -85,7 +85,6 @@ class Qwen3ForCausalLM(Model):
         self.model = Qwen3Body(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group)
-        self.kv_heads_local = cfg.num_kv_heads // world.size
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position,
