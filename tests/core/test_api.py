@@ -149,10 +149,11 @@ def test_logit_bias_forces_and_forbids(sdk, server) -> None:
     forced = chat(sdk, max_tokens=4, temperature=0.8, seed=3, logit_bias={str(tid): 100})
     assert forced.choices[0].message.content == engine.tokenizer.decode([tid] * 4)
     free = chat(sdk, max_tokens=6, temperature=0, logprobs=True)
-    first = free.choices[0].logprobs.content[0]
-    banned = engine.tokenizer.encode(first.token)[0]
+    # an entry's ``token`` is the text it added (maybe "" for part of a character); ``bytes`` names the token
+    token_of = {b: i for i, b in enumerate(engine.tokenizer.token_bytes)}
+    banned = token_of[bytes(free.choices[0].logprobs.content[0].bytes)]
     again = chat(sdk, max_tokens=6, temperature=0, logprobs=True, logit_bias={str(banned): -100})
-    assert banned not in [engine.tokenizer.encode(t.token)[0] for t in again.choices[0].logprobs.content]
+    assert banned not in [token_of[bytes(t.bytes)] for t in again.choices[0].logprobs.content]
 
 
 def test_prefix_cache_hit_matches_cold(sdk) -> None:

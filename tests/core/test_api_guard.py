@@ -88,3 +88,7 @@ def test_openapi_document_describes_the_validated_bodies(engine) -> None:
     assert chat["properties"]["temperature"]["anyOf"][0]["maximum"] == 2.0
     legacy = doc["components"]["schemas"]["CompletionRequest"]["properties"]
     assert {"echo", "n", "best_of", "suffix", "user", "skip_special_tokens"} <= set(legacy)
+    ref = doc["paths"]["/v1/responses"]["post"]["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    responses = doc["components"]["schemas"][ref.rsplit("/", 1)[1]]
+    assert {"input", "instructions", "previous_response_id", "max_output_tokens"} <= set(responses["properties"])
+    assert {"get", "delete"} <= set(doc["paths"]["/v1/responses/{response_id}"])

@@ -22,8 +22,8 @@ from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.metrics import scheduler_snapshot
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
-from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp.testing.scheduler import scheduler_config
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
 BS, CHUNK, BLOCKS, VOCAB = 4, 8, 96, 512
 # several lengths (chunked prefill: 8-token chunks), two sharing a 16-token prefix (a prefix-cache hit), and
@@ -46,7 +46,7 @@ def glm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen35(tmp_path_factory):
     """The dense Qwen3.5 hybrid with its MTP layer built on it (random weights: the hook's loading is tested
-    in tests/plugins/qwen/test_qwen3_5_mtp.py)."""
+    in plugins/dgpp-qwen/tests/test_qwen3_5_mtp.py)."""
     model = load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("spec_qwen35"), seed=23))
     return model, random_qwen35_drafter(model, seed=24)
 
@@ -153,8 +153,8 @@ def test_mimo_v26_greedy_mtp_equals_plain(tmp_path):
     """MiMo-V2.6 as shipped (fused FP8 qkv, MXFP4 experts): its MTP layer attends a sliding window over the
     drafter's paged pool while the target's sliding layers keep per-request rings, restored on rejection."""
     from dgpp.config import EngineConfig
-    from dgpp.testing.mimo import build_tiny_mimo
-    from dgpp.testing.mimo_v26 import write_v26_checkpoint
+    from dgpp_mimo.testing import build_tiny_mimo
+    from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
     v26, _ = write_v26_checkpoint(build_tiny_mimo(tmp_path / "flash", seed=31, vocab_size=VOCAB), tmp_path / "v26",
                                   tmp_path / "twin", mtp_layers=1, seed=32)
@@ -190,7 +190,7 @@ def test_qwen35_hybrid_greedy_mtp_equals_plain(qwen35):
 
 def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
     """qwen4_exp's drafter (QSA layer with index keys in its own paged pools) through the hook."""
-    from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+    from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
     path = build_tiny_qwen4_exp(tmp_path, seed=3, with_mtp=True)
     model = load_model(path)
@@ -204,7 +204,7 @@ def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
 def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
     """Full GLM-5.3's drafter (an MLA block with its own DSA indexer over latent and index-key pools; index_topk 8
     below most prompts, so both the target's and the drafter's selections are sparse) through the hook."""
-    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     path = build_tiny_glm_moe_dsa(tmp_path, seed=7, mtp_layers=1)
     model = load_model(path)

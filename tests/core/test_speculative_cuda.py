@@ -26,7 +26,7 @@ CASES = {"glm": (1, 3), "qwen3_5": (2,)}  # family -> depths
 
 def prepare(root: Path) -> None:
     from dgpp.testing.builders import build_tiny_checkpoint
-    from dgpp.testing.glm import build_tiny_glm4_moe
+    from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
     for tag, dtype in DTYPES.items():
         print("prepared", build_tiny_glm4_moe(root / f"glm_{tag}", seed=21, dtype=dtype))

@@ -78,6 +78,8 @@ def test_the_demo_answers_paris_and_matches_transformers(demo_gguf, tmp_path):
             temperature=0,
         )
         assert "Paris" in reply.choices[0].message.content
+        answer = client.responses.create(model="dgpp-demo", input=PROMPTS[0], max_output_tokens=32, temperature=0)
+        assert answer.output_text == reply.choices[0].message.content  # the Responses API, the same greedy answer
         served = [
             client.chat.completions.create(
                 model="dgpp-demo", messages=[{"role": "user", "content": p}], max_tokens=16, temperature=0

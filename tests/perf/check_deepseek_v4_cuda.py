@@ -30,11 +30,11 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def build_layer(layer_idx: int):
-    from dgpp.bench.models import GEOMETRIES
+    from dgpp.bench.models import geometries
     from dgpp_deepseek.attention import DeepseekV4Attention
     from dgpp_deepseek.config import DeepseekV4ArchConfig
 
-    cfg = DeepseekV4ArchConfig.from_hf_config({**GEOMETRIES["deepseek-v4-flash-8l"], "dtype": "bfloat16"})
+    cfg = DeepseekV4ArchConfig.from_hf_config({**geometries()["deepseek-v4-flash-8l"], "dtype": "bfloat16"})
     g = torch.Generator(device="cuda").manual_seed(layer_idx)
     with torch.device("cuda"):
         layer = DeepseekV4Attention(cfg, layer_idx, dtype=torch.bfloat16)

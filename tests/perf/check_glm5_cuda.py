@@ -146,7 +146,7 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
 
 def tiny_fp32_config() -> dict:
     """The tiny glm_moe_dsa config of the exactness checks (index_topk 8: sparse rows live), in fp32."""
-    from dgpp.testing.glm_moe_dsa import tiny_glm_moe_dsa_config
+    from dgpp_glm.testing_glm5 import tiny_glm_moe_dsa_config
 
     return {**tiny_glm_moe_dsa_config(), "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
             "torch_dtype": "float32"}

@@ -30,10 +30,14 @@ class HttpConfig(_Section):
     bind_host: str = "127.0.0.1"
     port: Port = 18080
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = 16777216  # 16 MiB
+    responses_store_bytes: Annotated[int, msgspec.Meta(ge=0, le=_I64)] = 67108864  # stored Responses, 64 MiB
     sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=86400)] = (
         30  # seconds; -1 disables; 0 refused
     )
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0  # the whole request body must arrive within it
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**30)] = 65536  # request line + headers; more: 431
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0  # request line + headers must arrive within it
+    allow_unknown_fields: bool = False  # true: request fields this server does not know are ignored, not refused
     api_key: str = ""  # "" = no authentication; else every route but /health needs Authorization: Bearer <key>
     api_key_env: str = ""  # the name of an environment variable holding the key (instead of api_key)
     cors_origins: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)

@@ -6,10 +6,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from importlib import import_module
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
 
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import PluginError
+
+if TYPE_CHECKING:  # types only: declaring a family must not load torch
+    import torch
+    from torch.distributed import ProcessGroup
 
 
 @dataclass(frozen=True)
@@ -69,9 +73,9 @@ class LoadContext:
     architecture: str
     engine: EngineConfig = field(default_factory=EngineConfig)
     world: World = field(default_factory=World)
-    device: Any = "cpu"
-    dtype: Any = None
-    group: Any = None  # torch.distributed process group for TP collectives, when size > 1
+    device: torch.device | str = "cpu"
+    dtype: torch.dtype | None = None
+    group: ProcessGroup | None = None  # torch.distributed process group for TP collectives, when size > 1
 
 
 def split_reference(reference: str) -> tuple[str, str]:

@@ -18,19 +18,23 @@ from typing import TYPE_CHECKING, Any
 from dgpp.deploy_templates import packaged_templates
 from dgpp.errors import PluginError
 from dgpp.family import FamilyModel, FamilySpec, LoadContext, resolve_reference, split_reference
-from dgpp.hookspecs import hookimpl
+from dgpp.hookspecs import PluginHooks, hookimpl
 
 if TYPE_CHECKING:
+    from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.step.memory import MemoryPlan, ModelMemory
     from dgpp.step.model import Drafter, Model
     from dgpp.text.dialect import Dialect
 
 @dataclass(frozen=True, eq=False)  # identity hash: pluggy may hash the bound hookimpls
-class Family:
+class Family(PluginHooks):
     """Everything a family plugin tells dgpp. ``architectures`` / ``model_types`` are the config.json values it
     claims; the ``models`` implement some of them (a claimed value no model implements is refused as "not yet
     supported"). ``dialect`` / ``chat_template``: ``function(hf_config)`` references; ``templates_package``:
-    the plugin's package (``__name__``), whose ``templates/*.json`` ship as deployment templates."""
+    the plugin's package (``__name__``), whose ``templates/*.json`` ship as deployment templates.
+    ``tiny_checkpoints`` / ``bench_geometries`` / ``gguf_architectures``: functions of no argument returning the
+    family's ``dgpp.offers`` (tiny random checkpoints in its releases' layouts, benchmark geometries, GGUF
+    maps). Subclassing ``PluginHooks`` lets a type checker hold every hook below to its spec."""
 
     name: str
     plugin: str
@@ -41,6 +45,9 @@ class Family:
     dialect: str | None = None
     chat_template: str | None = None
     templates_package: str | None = None
+    tiny_checkpoints: str | None = None
+    bench_geometries: str | None = None
+    gguf_architectures: str | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -64,7 +71,8 @@ class Family:
                                   f"(known: {', '.join(entry.OWN_HOOKS)})")
             for reference in entry.references():
                 split_reference(reference)
-        for reference in (self.dialect, self.chat_template):
+        for reference in (self.dialect, self.chat_template, self.tiny_checkpoints, self.bench_geometries,
+                          self.gguf_architectures):
             if reference is not None:
                 split_reference(reference)
 
@@ -84,7 +92,13 @@ class Family:
         return None
 
     def _function(self, reference: str | None, family: str) -> Callable[..., Any] | None:
-        return None if reference is None or family != self.name else resolve_reference(reference)
+        if reference is None or family != self.name:
+            return None
+        function: Callable[..., Any] = resolve_reference(reference)
+        return function
+
+    def _offers(self, reference: str | None) -> list[Any]:
+        return [] if reference is None else list(resolve_reference(reference)())
 
     @hookimpl
     def dgpp_families(self) -> list[FamilySpec]:
@@ -116,18 +130,33 @@ class Family:
         entry = self.model_entry(ctx)
         if entry is None or entry.drafter is None:
             return None
-        return resolve_reference(entry.drafter)(ctx, model)
+        drafter: Drafter | None = resolve_reference(entry.drafter)(ctx, model)
+        return drafter
 
     @hookimpl
-    def dgpp_tool_dialect(self, family: str, hf_config: dict) -> Dialect | None:
+    def dgpp_tool_dialect(self, family: str, hf_config: dict[str, Any]) -> Dialect | None:
         impl = self._function(self.dialect, family)
-        return None if impl is None else impl(hf_config)
+        dialect: Dialect | None = None if impl is None else impl(hf_config)
+        return dialect
 
     @hookimpl
-    def dgpp_chat_template(self, family: str, hf_config: dict) -> str | None:
+    def dgpp_chat_template(self, family: str, hf_config: dict[str, Any]) -> str | None:
         impl = self._function(self.chat_template, family)
-        return None if impl is None else impl(hf_config)
+        template: str | None = None if impl is None else impl(hf_config)
+        return template
 
     @hookimpl
     def dgpp_deploy_templates(self) -> list[Path]:
         return packaged_templates(self.templates_package) if self.templates_package else []
+
+    @hookimpl
+    def dgpp_tiny_checkpoints(self) -> list[TinyCheckpoint]:
+        return self._offers(self.tiny_checkpoints)
+
+    @hookimpl
+    def dgpp_bench_geometries(self) -> list[BenchGeometry]:
+        return self._offers(self.bench_geometries)
+
+    @hookimpl
+    def dgpp_gguf_architectures(self) -> list[GGUFArchitecture]:
+        return self._offers(self.gguf_architectures)

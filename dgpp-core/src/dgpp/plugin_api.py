@@ -17,12 +17,14 @@ from typing import TYPE_CHECKING, Any
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
 from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
 from dgpp.family_contract import Family
-from dgpp.hookspecs import hookimpl
+from dgpp.hookspecs import PluginHooks, hookimpl
+from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 
 if TYPE_CHECKING:
     from dgpp.checkpoint import CheckpointReader
     from dgpp.checkpoint.config_keys import CausalLMFields, ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
+    from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
     from dgpp.engine.loading import load_model
     from dgpp.engine.memory_estimate import estimate_model_memory
@@ -51,6 +53,7 @@ _LAZY = {
     "CausalLMFields": "dgpp.checkpoint.config_keys",
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
+    "GGUFFile": "dgpp.checkpoint.gguf_file",
     "ForwardBatch": "dgpp.step.batch",
     "CacheSpec": "dgpp.step.cache_spec",
     "LatentKV": "dgpp.step.cache_spec",
@@ -79,6 +82,7 @@ _LAZY = {
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "BenchGeometry",
     "CacheSpec",
     "CausalLMFields",
     "CheckpointError",
@@ -92,6 +96,8 @@ __all__ = [
     "FamilyModel",
     "FamilySpec",
     "ForwardBatch",
+    "GGUFArchitecture",
+    "GGUFFile",
     "LatentKV",
     "WindowKV",
     "WindowBuffer",
@@ -102,9 +108,11 @@ __all__ = [
     "ModelMemory",
     "PagedKV",
     "PluginError",
+    "PluginHooks",
     "QuantFormat",
     "QuantScheme",
     "StateSpec",
+    "TinyCheckpoint",
     "UnsupportedModelError",
     "World",
     "checkpoint_tensor_names",

@@ -68,7 +68,7 @@ def build_manager(allow: set[str] | None = None, extra: Iterable[Any] = ()) -> p
     from dgpp import builtin
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
+    pm.add_hookspecs(hookspecs.PluginHooks)
     pm.register(builtin, name=CORE_NAME)
     allow = _allow_list() if allow is None else allow
     found = installed_entry_points()

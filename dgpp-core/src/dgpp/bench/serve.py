@@ -244,10 +244,10 @@ def _profile(pid: int, out_dir: str, case: Case, delay: float = 2.0) -> subproce
 
 def run_serve(args) -> int:
     from dgpp.bench.checkpoint import word_prompt, write_checkpoint
-    from dgpp.bench.models import GEOMETRIES
+    from dgpp.bench.models import geometries
 
     cases = parse_serve_cases(args.serve_cases)
-    vocab = int(GEOMETRIES[args.geometry]["vocab_size"])
+    vocab = int(geometries()[args.geometry]["vocab_size"])
     t0 = time.perf_counter()
     root = Path(args.checkpoint_dir or tempfile.mkdtemp(prefix="dgpp-bench-serve-"))
     checkpoint = write_checkpoint(

@@ -51,16 +51,17 @@ def write_converted(gguf_path: Path, out: Path) -> None:
     """Write the HF-layout checkpoint of ``gguf_path`` into directory ``out``."""
     from safetensors.torch import save_file
 
-    from dgpp.checkpoint.gguf_arch import hf_tensors, llama_config
+    from dgpp.checkpoint.gguf_arch import architecture, hf_tensors
     from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.gguf_tokenizer import build_tokenizer, tokenizer_configs
 
     gguf = GGUFFile(gguf_path)
-    config = llama_config(gguf, vocab_size=len(gguf.get("tokenizer.ggml.tokens") or ()))
+    arch = architecture(gguf)
+    config = arch.hf_config(gguf, len(gguf.get("tokenizer.ggml.tokens") or ()))
     tokenizer = build_tokenizer(gguf)
     tokenizer_config, generation = tokenizer_configs(gguf)
     config.update(generation)
-    tensors = dict(hf_tensors(gguf, config))
+    tensors = dict(hf_tensors(gguf, arch, config))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))

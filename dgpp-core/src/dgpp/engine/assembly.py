@@ -15,7 +15,7 @@ from dgpp.errors import PluginError
 from dgpp.family import FamilyModel, LoadContext, resolve_reference
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.resident import resident_bytes
-from dgpp.step.memory import ModelMemory
+from dgpp.step.memory import MemoryPlan, ModelMemory
 from dgpp.step.model import Model
 
 _MODEL_METHODS = ("cache_spec", "forward", "compute_logits", "activation_bytes_per_token")
@@ -54,7 +54,8 @@ def load_declared_model(ctx: LoadContext, entry: FamilyModel) -> Model:
     """The model with its weights: built, quantized where the checkpoint is, loaded, settled, converted."""
     own = entry.hooks.get("load_model")
     if own is not None:
-        return resolve_reference(own)(ctx)
+        model: Model = resolve_reference(own)(ctx)
+        return model
     return load_family_weights(ctx, model_builder(ctx, entry), renames(entry))
 
 
@@ -64,14 +65,15 @@ def build_declared_model(ctx: LoadContext, entry: FamilyModel) -> Model:
         return model_builder(ctx, entry)().eval()
 
 
-def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> Any:
+def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> ModelMemory | MemoryPlan:
     """The model's bytes on this rank as it would be loaded, without reading a weight: built on ``meta`` for the
     rank, packed where the checkpoint is quantized, settled, with the deployment's weight-form keys
     (``engine.bf16_weights``, ``engine.dense_weights``) applied to the count; KV and state rates from the cache
     entries its attention modules declare."""
     own = entry.hooks.get("memory_plan")
     if own is not None:
-        return resolve_reference(own)(ctx)
+        plan: ModelMemory | MemoryPlan = resolve_reference(own)(ctx)
+        return plan
     rename = renames(entry)
     with torch.device("meta"):
         model = model_builder(ctx, entry)()

@@ -161,6 +161,10 @@ class Backend:
         from dgpp.text.tools import tool_specs
 
         tools = None if req.tool_choice == "none" else req.tools
+        if tools and self.dialect is None:  # nothing could read a call back out of the text: refuse, never drop
+            raise APIError(400, "tools are not available for this model: its family has no tool-call dialect, so "
+                                "no call could be parsed from its output (/v1/models: tools.available is false); "
+                                "send tool_choice \"none\" or no tools", "unsupported_parameter", "tools")
         think = (self.dialect.think_start, self.dialect.think_end) if self.dialect is not None else ("<think>", "</think>")
 
         def work() -> PreparedChat:
@@ -213,7 +217,8 @@ class Backend:
 
         out = []
         special = {"skip_special_tokens": skip_special_tokens,
-                   "spaces_between_special_tokens": spaces_between_special_tokens}
+                   "spaces_between_special_tokens": spaces_between_special_tokens,
+                   "eos_is_text": handle.params.ignore_eos}
         for i in range(len(handle.seqs)):
             if prepared is None:
                 text = ChoiceOutput(self.tokenizer, stop=handle.params.stop, reasoning_in_content=True, **special)
@@ -222,7 +227,10 @@ class Backend:
                                     tools=prepared.tools, stop=handle.params.stop,
                                     reasoning_in_content=self.reasoning_in_content,
                                     request_tag=f"{handle.request_id}/{i}", **special)
-            out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids))
+            # a legacy completion reports the EOS that ended it among its logprobs, as OpenAI and vLLM do
+            # (log-likelihood harnesses drop the generated token's entry as the last one)
+            out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids,
+                                    eos_logprobs=prepared is None))
         return out
 
     async def prepare_text(self, prompt: str) -> list[int]:
@@ -313,6 +321,11 @@ class Backend:
         except StepLoopFailed as e:
             raise APIError(503, f"engine failed: {e}", "engine_failure") from None
         return handle
+
+    @property
+    def queue_limit(self) -> int:
+        """``engine.queue_limit``: requests waiting beyond it are refused (503, retryable)."""
+        return self.loop.scheduler.config.queue_limit
 
     def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
         """The event relay of ``loop`` (one per serving loop; tests may serve from several loops in turn)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Any
 
@@ -16,9 +16,9 @@ from litestar.response import Stream
 from dgpp.sched.request import RetireReason
 from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
-from dgpp.serve.choice_output import ServedChoice
+from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
-from dgpp.serve.errors import APIError, log_error, request_id_of, unsupported
+from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
 from dgpp.serve.http_guard import content_length
 from dgpp.serve.legacy import LegacyPrompt, best_of, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
@@ -29,7 +29,7 @@ from dgpp.serve.openai_format import (
     timings,
 )
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
-from dgpp.serve.validate import check_model, parse_body, sampling_params
+from dgpp.serve.validate import check_content_type, check_model, parse_body, sampling_params
 
 
 def _backend(request: Request) -> Backend:
@@ -39,7 +39,8 @@ def _backend(request: Request) -> Backend:
 async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Backend]:
     backend = _backend(request)
     backend.counters.requests_total += 1
-    req, raw = parse_body(await request.body(), kind)
+    check_content_type(request.scope)
+    req, raw = parse_body(await request.body(), kind, request.app.state.allow_unknown_fields)
     check_model(req.model, backend.model_id)
     return req, raw, backend
 
@@ -68,6 +69,10 @@ async def completions(request: Request) -> Response | Stream:
     if generate > n:
         params = replace(params, logprobs=True)  # each candidate's cumulative logprob ranks it
     split = split_prompts(req.prompt, backend.limits.vocab_size)
+    if len(split) > backend.queue_limit:  # each prompt is one queued request: this batch could never be accepted
+        raise invalid(f"prompt holds {len(split)} prompts, more than this server ever queues at once "
+                      f"(engine.queue_limit = {backend.queue_limit}); send at most {backend.queue_limit} per "
+                      "request", "prompt", "too_many_prompts")
     if req.stream and len(split) > 1:
         raise unsupported("prompt", "holds several prompts, which only a non-streamed request can take")
     prompts = [await prepare_prompt(backend, p) for p in split]
@@ -126,15 +131,16 @@ async def _answer(request: Request, backend: Backend, handle: RequestHandle, req
 
 
 async def _collect(request: Request, backend: Backend, handle: RequestHandle, outputs: list[ServedChoice],
-                   watch: DisconnectWatch | None = None) -> None:
+                   watch: DisconnectWatch | None = None, on_delta: Callable[[Delta], Any] | None = None) -> None:
     """Drive a one-shot request to its end; a client gone before the answer frees its slots (``watch``: the HTTP
-    request's watcher, when it owns several engine requests)."""
+    request's watcher, when it owns several engine requests; ``on_delta`` sees each choice delta)."""
     own = watch is None
     watch = watch or DisconnectWatch(request)
     watch.track(handle)
     try:
-        async for _ in _drive(handle, outputs, None):
-            pass
+        async for item in _drive(handle, outputs, None):
+            if on_delta is not None:
+                on_delta(item[1])
     finally:
         if own:
             watch.close()

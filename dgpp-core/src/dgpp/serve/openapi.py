@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
+from dgpp.serve.responses_protocol import ResponsesRequest
 
 _REF = "#/components/schemas/{name}"
 _ERROR = {
@@ -42,8 +43,8 @@ def _get(summary: str) -> dict[str, Any]:
 
 
 def openapi_document(version: str) -> dict[str, Any]:
-    (_, _), components = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest],
-                                                        ref_template=_REF)
+    (_, _, _), components = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest,
+                                                            ResponsesRequest], ref_template=_REF)
     components["Error"] = _ERROR
     return {
         "openapi": "3.1.0",
@@ -51,6 +52,11 @@ def openapi_document(version: str) -> dict[str, Any]:
         "paths": {
             "/v1/chat/completions": _post("Chat completion", "ChatCompletionRequest"),
             "/v1/completions": _post("Legacy text completion", "CompletionRequest"),
+            "/v1/responses": _post("Response (OpenAI Responses API)", "ResponsesRequest"),
+            "/v1/responses/{response_id}": {
+                **_get("A stored response"),
+                "delete": {"summary": "Forget a stored response", "responses": _answers("a JSON body")}},
+            "/v1/responses/{response_id}/input_items": _get("A stored response's input items (limit, order, after)"),
             "/v1/models": _get("The served model"),
             "/v1/models/{model_id}": _get("One model by id"),
             "/health": _get("Liveness (503 once the engine failed); open without the API key"),

@@ -4,6 +4,8 @@
 - text parts (``text`` / ``input_text`` / ``output_text`` / ``refusal``) are joined in order with "\\n";
   media parts keep the parts list;
 - Anthropic-style ``thinking`` parts fold into ``reasoning_content``; ``redacted_thinking`` payloads are dropped;
+  so do the ``thinking_blocks`` LiteLLM forwards beside the content, and a ``reasoning`` string (vLLM's newer
+  name for the field), when the message has no ``reasoning_content`` of its own;
 - assistant tool calls keep OpenAI's shape; ``arguments`` is parsed into a dict for templates that iterate it
   (HF's convention) and left a JSON string for templates that concatenate it; custom tool calls become a
   function call with one ``input`` argument;
@@ -47,6 +49,23 @@ def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
         kept = [p for p in parts if p.get("type") not in ("thinking", "redacted_thinking")]
         return kept, ("".join(reasoning) or None)
     return "\n".join(texts), ("".join(reasoning) or None)
+
+
+def _fold_side_reasoning(m: dict, where: str) -> None:
+    """LiteLLM's ``thinking_blocks`` and vLLM's ``reasoning`` -> ``reasoning_content`` (which wins if given)."""
+    blocks = m.pop("thinking_blocks", None)
+    if blocks is not None and not isinstance(blocks, list):
+        raise TemplateError(f"{where}.thinking_blocks must be an array of thinking blocks")
+    texts = []
+    for j, block in enumerate(blocks or []):
+        if not isinstance(block, dict) or block.get("type") not in ("thinking", "redacted_thinking"):
+            raise TemplateError(f"{where}.thinking_blocks[{j}] must be a thinking or redacted_thinking block")
+        if block["type"] == "thinking":
+            texts.append(str(block.get("thinking", "")))
+    reasoning = m.get("reasoning")  # kept too: a template may read it by this name
+    folded = "".join(texts) or (reasoning if isinstance(reasoning, str) else None)
+    if folded and "reasoning_content" not in m:
+        m["reasoning_content"] = folded
 
 
 def _tool_call(call: Any, where: str, arguments_as_dict: bool) -> dict:
@@ -104,6 +123,7 @@ def prepare_messages(messages: list, arguments_as_dict: bool = True) -> list[dic
             m["content"] = content
             if reasoning is not None and "reasoning_content" not in m:
                 m["reasoning_content"] = reasoning
+        _fold_side_reasoning(m, where)
         if "tool_calls" in m and not isinstance(m["tool_calls"], list):
             raise TemplateError(f"{where}.tool_calls must be an array")
         if m["role"] == "assistant" and m.get("tool_calls"):

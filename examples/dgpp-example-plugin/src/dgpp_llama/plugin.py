@@ -19,4 +19,7 @@ FAMILY = Family(
         ),
     ),
     description="Llama (LlamaForCausalLM: GQA, RoPE default/linear/llama3/yarn, SwiGLU), e.g. SmolLM2",
+    # what the family offers beside its model: a tiny random checkpoint for tests, the GGUF map of its releases
+    tiny_checkpoints="dgpp_llama.testing:tiny_checkpoints",
+    gguf_architectures="dgpp_llama.gguf_arch:gguf_architectures",
 )

@@ -25,4 +25,6 @@ FAMILY = Family(
     dialect="dgpp_deepseek.dialect:dialect_for",
     chat_template="dgpp_deepseek.dialect:chat_template",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_deepseek.testing:tiny_checkpoints",
+    bench_geometries="dgpp_deepseek.testing:bench_geometries",
 )

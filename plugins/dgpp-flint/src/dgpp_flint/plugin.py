@@ -22,4 +22,5 @@ FAMILY = Family(
     dialect="dgpp_flint.dialect:dialect_for",
     chat_template="dgpp_flint.dialect:chat_template",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_flint.testing:tiny_checkpoints",
 )

@@ -39,4 +39,6 @@ FAMILY = Family(
     dialect="dgpp_glm.dialect:dialect_for",
     chat_template="dgpp_glm.dialect:chat_template",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_glm.testing:tiny_checkpoints",
+    bench_geometries="dgpp_glm.testing:bench_geometries",
 )

@@ -31,4 +31,6 @@ FAMILY = Family(
     dialect="dgpp_mimo.dialect:dialect_for",
     chat_template="dgpp_mimo.dialect:chat_template",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_mimo.testing:tiny_checkpoints",
+    bench_geometries="dgpp_mimo.testing:bench_geometries",
 )

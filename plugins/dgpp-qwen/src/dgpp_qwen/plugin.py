@@ -67,4 +67,6 @@ FAMILY = Family(
     dialect="dgpp_qwen.dialect:dialect_for",
     chat_template="dgpp_qwen.dialect:chat_template",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_qwen.testing:tiny_checkpoints",
+    bench_geometries="dgpp_qwen.testing:bench_geometries",
 )
