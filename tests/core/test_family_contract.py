@@ -68,6 +68,7 @@ def test_every_installed_family_registers_through_the_contract():
         "dgpp.log",  # MiMo-V2.6 logs the formats its scheme picked
         "dgpp.kernels",  # MiMo's MTP attention over a paged sliding window
         "dgpp.splitmix",  # Qwen's n-gram hash derives its constants as the release does
+        "dgpp.quant.encode",  # the offered tiny checkpoints of quantized releases (Flint, GLM, MiMo) pack weights
     }
     extra: set[str] = set()
     for src in sources:
@@ -176,7 +177,9 @@ def test_the_plan_splits_kv_heads_over_ranks(tmp_path):
 
 
 def test_the_example_is_the_one_family_file_set():
-    """The example needs only its declaration, config and model (core does the loading and the plan)."""
+    """The example needs only its declaration, config and model (core does the loading and the plan), and the
+    offers of a family: its tiny checkpoint and its GGUF map."""
     package = Path(__file__).resolve().parents[2] / "examples" / "dgpp-example-plugin" / "src" / "dgpp_llama"
-    assert sorted(p.name for p in package.glob("*.py")) == ["__init__.py", "config.py", "model.py", "plugin.py"]
+    assert sorted(p.name for p in package.glob("*.py")) == ["__init__.py", "config.py", "gguf_arch.py", "model.py", "plugin.py",
+                                                                   "testing.py"]
     assert (package / "py.typed").exists()

@@ -71,10 +71,10 @@ class Family(PluginHooks):
                                   f"(known: {', '.join(entry.OWN_HOOKS)})")
             for reference in entry.references():
                 split_reference(reference)
-        for reference in (self.dialect, self.chat_template, self.tiny_checkpoints, self.bench_geometries,
-                          self.gguf_architectures):
-            if reference is not None:
-                split_reference(reference)
+        for optional in (self.dialect, self.chat_template, self.tiny_checkpoints, self.bench_geometries,
+                         self.gguf_architectures):
+            if optional is not None:
+                split_reference(optional)
 
     def families(self) -> list[FamilySpec]:
         implemented = tuple(v for entry in self.models for v in entry.claims)
