@@ -30,6 +30,7 @@ _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--prefix-cache-gib", "prefix_cache_gib", float, "engine.prefix_cache_gib (0 disables)"),
     ("--dense-weights", "dense_weights", str, "engine.dense_weights: checkpoint|fp8"),
     ("--bf16-weights", "bf16_weights", str, "engine.bf16_weights: checkpoint|bf12|bf12+bf16"),
+    ("--gguf-weights", "gguf_weights", str, "engine.gguf_weights: decoded|int4pack"),
     ("--fp8-head", "fp8_head", str, "engine.fp8_head: gemv|mma"),
     ("--port", "port", int, "http.port"),
     ("--host", "host", str, "http.bind_host"),

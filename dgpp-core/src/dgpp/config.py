@@ -58,6 +58,7 @@ KNOB_KEYS: dict[str, tuple[str, ...]] = {
     "prefix_cache_gib": ("engine", "prefix_cache_gib"),
     "dense_weights": ("engine", "dense_weights"),
     "bf16_weights": ("engine", "bf16_weights"),
+    "gguf_weights": ("engine", "gguf_weights"),
     "fp8_head": ("engine", "fp8_head"),
     "port": ("http", "port"),
     "host": ("http", "bind_host"),

@@ -121,6 +121,8 @@ class EngineConfig(_Section):
     # weights and numerics
     bf16_weights: Literal["checkpoint", "bf12", "bf12+bf16"] = "checkpoint"
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"
+    # lossy: a converted GGUF's Q4_1 / Q4_0 / Q8_0 matrices multiplied packed on the CPU, in bf16 (dgpp.checkpoint.gguf_packed)
+    gguf_weights: Literal["decoded", "int4pack"] = "decoded"
     fp8_head: Literal["gemv", "mma"] = "gemv"
     quant_decode_gemv: Literal["auto", "row", "mma"] = (
         "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
@@ -140,6 +142,8 @@ class EngineConfig(_Section):
         levers = [n for n in names if getattr(self, n)]
         if self.dense_weights == "fp8":  # BF16 dense projections re-encoded to block FP8 at load
             levers.insert(0, "dense_weights")
+        if self.gguf_weights == "int4pack":  # bf16 block scales and bf16 products
+            levers.insert(0, "gguf_weights")
         return levers
 
 

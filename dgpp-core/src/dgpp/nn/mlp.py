@@ -59,7 +59,7 @@ class SwiGLUMLP(nn.Module):
                 return self.down_proj(routed)
             if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
                 return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
-        elif x.is_cuda:  # packed gate/up of one format: gate, up and SwiGLU in one quantized launch
+        elif x.is_cuda or not dense_weights(self.gate_proj, self.up_proj):  # packed gate/up: one launch + SwiGLU
             fused = fused_gate_up_silu(self.gate_proj, self.up_proj, x)
             if fused is not None:
                 return self.down_proj(fused)
