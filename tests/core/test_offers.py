@@ -15,7 +15,7 @@ from test_layering import import_graph
 
 from dgpp import catalog
 from dgpp.errors import PluginError
-from dgpp.family_hooks import FamilyHooks
+from dgpp.family_contract import Family
 from dgpp.hookspecs import hookimpl
 from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 from dgpp.plugins import build_manager
@@ -94,26 +94,21 @@ def test_an_unknown_name_lists_what_is_offered():
     assert catalog.gguf_architectures(pm) == {}
 
 
-def test_family_hooks_offer_through_references(tmp_path, monkeypatch):
-    """A ``FamilyHooks`` plugin names its offer functions like its other hooks; without them it takes no part."""
+def test_a_family_offers_through_references(tmp_path, monkeypatch):
+    """A ``Family`` names its offer functions like its other references; without them it offers nothing."""
     (tmp_path / "fakefam_offers.py").write_text(
         "from dgpp.offers import GGUFArchitecture\n"
         "def gguf():\n"
         "    return [GGUFArchitecture('fakearch', lambda gguf, vocab: {}, {'output': 'lm_head'}, {})]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    from dgpp.family import FamilySpec
-
-    spec = FamilySpec(name="fake", plugin="fake", architectures=("FakeForCausalLM",))
-    hooks = FamilyHooks(spec, load_model="x:y", gguf_architectures="fakefam_offers:gguf")
-    assert "dgpp_gguf_architectures" in hooks.hookimpls() and "dgpp_tiny_checkpoints" not in hooks.hookimpls()
-    module = types.ModuleType("fake_plugin")
-    for name, impl in hooks.hookimpls().items():
-        setattr(module, name, impl)
-    pm = build_manager(allow=set(), extra=[module])
+    family = Family(name="fake", plugin="fake", architectures=("FakeForCausalLM",), models=(),
+                    gguf_architectures="fakefam_offers:gguf")
+    pm = build_manager(allow=set(), extra=[family])
     arch = catalog.gguf_architectures(pm)["fakearch"]
     assert isinstance(arch, GGUFArchitecture) and arch.global_names == {"output": "lm_head"}
-    assert "fake_plugin" not in [i.plugin_name for i in pm.hook.dgpp_tiny_checkpoints.get_hookimpls()]
+    assert catalog.tiny_checkpoints(pm) == {}
+    assert family.dgpp_tiny_checkpoints() == [] and family.dgpp_bench_geometries() == []
 
 
 def test_bench_and_demo_import_no_test_code():

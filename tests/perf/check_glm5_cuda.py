@@ -114,10 +114,10 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
     from dgpp.nn.rotary import RotaryEmbedding, default_inv_freq
     from dgpp.quant.apply import quantize_modules
     from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
-    from dgpp_glm.glm5_config import parse_glm_moe_dsa_config
-    from dgpp_glm.loader import checkpoint_name
+    from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
+    from dgpp_glm.model import checkpoint_name
 
-    cfg = parse_glm_moe_dsa_config(hf)
+    cfg = GlmMoeDsaArchConfig.from_hf_config(hf)
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg, dtype=cfg.dtype)
         quantize_modules(model, hf, rename=checkpoint_name)

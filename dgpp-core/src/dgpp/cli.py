@@ -184,10 +184,10 @@ def _startup_checks(cfg: DeployConfig, path: str) -> Deployment:
     deployment (checkpoint, config.json, family) is what the model is then loaded from."""
     from importlib.util import find_spec
 
-    from dgpp.engine.memory import format_bytes
     from dgpp.extras import install_hint
     from dgpp.log import get_logger
     from dgpp.preflight import preflight, require_fit
+    from dgpp.step.memory import format_bytes
 
     log = get_logger("dgpp.serve")
     found = preflight(cfg)

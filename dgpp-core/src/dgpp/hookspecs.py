@@ -2,11 +2,11 @@
 
 Hooks are factories called at startup (or by ``dgpp check`` / ``dgpp plugins``); nothing on the
 per-token path goes through pluggy. A plugin is an object registered under the entry-point group
-``dgpp`` (a ``dgpp.family_hooks.FamilyHooks``, or a module) whose ``dgpp_*`` functions are decorated with
+``dgpp`` (a family's ``dgpp.family_contract.Family``, or a module) whose ``dgpp_*`` functions are decorated with
 ``dgpp.hookimpl``. Every type these hooks take or return is importable from ``dgpp.plugin_api``.
 
 The hooks are the methods of ``PluginHooks``, which is also a base class: a plugin class that subclasses it
-(``FamilyHooks`` does) has each ``@hookimpl`` method checked by a type checker against its spec, so a wrong
+(``Family`` does) has each ``@hookimpl`` method checked by a type checker against its spec, so a wrong
 signature fails ``mypy`` (the test command's gate) instead of a request at run time. Only methods marked
 ``@hookimpl`` register; the inherited specs take no part.
 """
@@ -46,7 +46,7 @@ class PluginHooks:
     def dgpp_load_model(self, ctx: LoadContext) -> Model | None:
         """Build and load the model for ``ctx`` (only the plugin whose family is ``ctx.family`` answers).
 
-        Returns a ``dgpp.engine.model.Model`` with its weights loaded and sliced for ``ctx.world``;
+        Returns a ``dgpp.step.model.Model`` with its weights loaded and sliced for ``ctx.world``;
         return None for a family that is not yours. Raise ``CheckpointError`` naming the tensor and the
         file for missing or mis-shaped tensors, ``ConfigError`` naming the key for unsupported values.
         """
@@ -66,10 +66,10 @@ class PluginHooks:
 
     @hookspec(firstresult=True)
     def dgpp_memory_plan(self, ctx: LoadContext) -> ModelMemory | MemoryPlan | None:
-        """Return the model's own bytes per rank for ``ctx`` (a ``dgpp.engine.memory.ModelMemory``) without
+        """Return the model's own bytes per rank for ``ctx`` (a ``dgpp.step.memory.ModelMemory``) without
         loading weights: weights (packed bytes for quantized formats), drafter, KV bytes per token, state bytes per
         request, activation bytes per prefill row. Core sizes the deployment's plan from them
-        (``dgpp.engine.memory.plan_memory``) and refuses to start when it does not fit. Return None for a family
+        (``dgpp.step.memory.plan_memory``) and refuses to start when it does not fit. Return None for a family
         that is not yours (the generic estimate then applies). A complete ``MemoryPlan`` is taken as it is.
         """
 

@@ -15,8 +15,8 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
-from dgpp.family import FamilySpec, LoadContext, World
-from dgpp.family_hooks import FamilyHooks
+from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
+from dgpp.family_contract import Family
 from dgpp.hookspecs import PluginHooks, hookimpl
 from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.memory_estimate import estimate_model_memory
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
@@ -41,7 +43,7 @@ if TYPE_CHECKING:
         WindowKV,
     )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
-    from dgpp.step.model import Drafter, Model, ModelInfo
+    from dgpp.step.model import Drafter, Model, ModelInfo, collect_cache_entries
     from dgpp.text.dialect import Dialect
 
 # name -> the module that defines it (imported when the name is first read)
@@ -65,6 +67,7 @@ _LAZY = {
     "transformer_activation_bytes": "dgpp.step.memory",
     "Drafter": "dgpp.step.model",
     "Model": "dgpp.step.model",
+    "collect_cache_entries": "dgpp.step.model",
     "ModelInfo": "dgpp.step.model",
     "checkpoint_tensor_names": "dgpp.engine.weights",
     "load_family_weights": "dgpp.engine.weights",
@@ -73,6 +76,8 @@ _LAZY = {
     "QuantFormat": "dgpp.quant.format",
     "QuantScheme": "dgpp.quant.scheme",
     "Dialect": "dgpp.text.dialect",
+    "load_model": "dgpp.engine.loading",
+    "estimate_model_memory": "dgpp.engine.memory_estimate",
 }
 
 __all__ = [
@@ -87,7 +92,8 @@ __all__ = [
     "ConfigKeys",
     "Dialect",
     "Drafter",
-    "FamilyHooks",
+    "Family",
+    "FamilyModel",
     "FamilySpec",
     "ForwardBatch",
     "GGUFArchitecture",
@@ -110,8 +116,11 @@ __all__ = [
     "UnsupportedModelError",
     "World",
     "checkpoint_tensor_names",
+    "collect_cache_entries",
     "hookimpl",
     "load_family_weights",
+    "load_model",
+    "estimate_model_memory",
     "quantize_modules",
     "settle_weights",
     "tensor_bytes",

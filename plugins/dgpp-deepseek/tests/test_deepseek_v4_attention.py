@@ -12,7 +12,7 @@ import transformers
 from dgpp.engine.runner import SeqWork, build_batch
 from dgpp.step.pools import CachePools
 from dgpp_deepseek.attention import DeepseekV4Attention
-from dgpp_deepseek.config import parse_deepseek_v4_config
+from dgpp_deepseek.config import DeepseekV4ArchConfig
 from dgpp_deepseek.testing import tiny_deepseek_v4_config
 
 transformers.logging.set_verbosity_error()
@@ -56,7 +56,7 @@ def layers():
     from transformers.models.deepseek_v4.modeling_deepseek_v4 import DeepseekV4Attention as HFAttention
 
     hf_cfg = DeepseekV4Config(**{k: v for k, v in CONFIG.items() if k not in ("model_type", "architectures")})
-    cfg = parse_deepseek_v4_config(hf_cfg.to_dict())
+    cfg = DeepseekV4ArchConfig.from_hf_config(hf_cfg.to_dict())
     gen = torch.Generator().manual_seed(0)
     pairs = []
     for idx in range(3):
@@ -91,7 +91,7 @@ def _reference(ref, hf_cfg, x: torch.Tensor) -> torch.Tensor:
 
 def _ours(layer, xs: list[torch.Tensor], chunk: int | None = None) -> list[torch.Tensor]:
     """Each sequence of rows ``xs`` run together, in steps of ``chunk`` rows (or whole)."""
-    spec = layer.cache_spec(torch.float32)
+    spec = layer.cache_entries(torch.float32)
     block_size = 16
     tables = []
     next_block = 0
@@ -148,7 +148,7 @@ def test_batched_decode_path_matches_the_reference(layers, idx):
     for batched in (False, True):
         ours.core.batched_decode = batched
         try:
-            spec = ours.cache_spec(torch.float32)
+            spec = ours.cache_entries(torch.float32)
             pools = CachePools(spec, 6, 16, 2)
             tables = [[0, 1, 2], [3, 4, 5]]
             outs = []

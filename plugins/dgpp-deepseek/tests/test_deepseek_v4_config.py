@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from dgpp.errors import ConfigError
-from dgpp_deepseek.config import CSA, HCA, SLIDING, parse_deepseek_v4_config
+from dgpp_deepseek.config import CSA, HCA, SLIDING, DeepseekV4ArchConfig
 from dgpp_deepseek.testing import tiny_deepseek_v4_config
 
 
@@ -22,7 +22,7 @@ def test_release_keys_fold_in() -> None:
     )
     for key in ("layer_types", "mlp_layer_types", "rope_parameters"):
         raw.pop(key)
-    cfg = parse_deepseek_v4_config(raw)
+    cfg = DeepseekV4ArchConfig.from_hf_config(raw)
     assert cfg.layer_types == (SLIDING, SLIDING, CSA, HCA, CSA)
     assert cfg.mlp_layer_types == ("hash_moe",) * 3 + ("moe",) * 2
     assert (cfg.rope_head_dim, cfg.rope_theta, cfg.compress_rope_theta) == (8, 10000.0, 160000.0)
@@ -43,7 +43,7 @@ def test_nested_rope_parameters_as_transformers_saves_them() -> None:
             },
         }
     )
-    cfg = parse_deepseek_v4_config(raw)
+    cfg = DeepseekV4ArchConfig.from_hf_config(raw)
     assert (cfg.rope_theta, cfg.compress_rope_theta, cfg.compress_yarn.factor) == (5000.0, 80000.0, 2.0)
 
 
@@ -68,4 +68,4 @@ def test_nested_rope_parameters_as_transformers_saves_them() -> None:
 )
 def test_unsupported_values_are_refused_by_name(overrides, key) -> None:
     with pytest.raises(ConfigError, match=key):
-        parse_deepseek_v4_config(tiny_deepseek_v4_config(**overrides))
+        DeepseekV4ArchConfig.from_hf_config(tiny_deepseek_v4_config(**overrides))

@@ -12,11 +12,11 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp_deepseek.config import parse_deepseek_v4_config
+from dgpp.step.memory import GiB
+from dgpp_deepseek.config import DeepseekV4ArchConfig
 
 # deepseek-ai/DeepSeek-V4-Flash-0731 (anchor 3.8, families 3): 43 layers (2 sliding, then CSA / HCA alternating;
 # the 44th compress_ratios entry is the MTP block's), release quantization with MXFP4 experts
@@ -41,7 +41,7 @@ V4_FLASH = {
 
 
 def test_release_config_parses():
-    cfg = parse_deepseek_v4_config(V4_FLASH)
+    cfg = DeepseekV4ArchConfig.from_hf_config(V4_FLASH)
     assert cfg.layer_types.count("compressed_sparse_attention") == 21
     assert cfg.layer_types.count("heavily_compressed_attention") == 20
     assert cfg.mlp_layer_types[:4] == ("hash_moe",) * 3 + ("moe",)

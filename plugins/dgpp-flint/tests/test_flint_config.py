@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp_flint.config import parse_flint_config
+from dgpp.step.memory import GiB
+from dgpp_flint.config import FlintArchConfig
 from dgpp_flint.testing import FLINT_RELEASE as FLINT
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "flint_fp8-nvfp4_w1.json"
@@ -24,7 +24,7 @@ FULL_LAYERS = (0, 1, 5, 9, 13, 17, 21, 25, 29, 33, 37, 41, 45, 48)
 
 
 def test_release_config_parses_with_the_default_layer_types():
-    cfg = parse_flint_config(FLINT)
+    cfg = FlintArchConfig.from_hf_config(FLINT)
     assert tuple(i for i, t in enumerate(cfg.layer_types) if t == "full_attention") == FULL_LAYERS
     assert cfg.sliding_window == 513 and cfg.head_dim == 128 and cfg.dtype == torch.bfloat16
     assert [cfg.is_moe_layer(i) for i in (0, 1, 2, 48)] == [False, False, True, True]
@@ -46,7 +46,7 @@ def test_release_config_parses_with_the_default_layer_types():
 )
 def test_unsupported_values_are_refused_by_key(change, key):
     with pytest.raises(ConfigError, match=key):
-        parse_flint_config({**FLINT, **change})
+        FlintArchConfig.from_hf_config({**FLINT, **change})
 
 
 def test_template_validates_and_keeps_mtp_off():

@@ -50,7 +50,7 @@ def test_packed_chunked_and_batched_rows_are_bit_identical(twins):
 
 
 def test_a_projection_mixed_across_experts_is_refused_by_name():
-    from dgpp_flint.config import parse_flint_config
+    from dgpp_flint.config import FlintArchConfig
     from dgpp_flint.model import FlintForCausalLM
     from dgpp_flint.testing import tiny_flint_config
 
@@ -58,6 +58,6 @@ def test_a_projection_mixed_across_experts_is_refused_by_name():
     qc = quantization_config({2: {"gate_proj": "fp8", "up_proj": "fp8", "down_proj": "fp8"}})
     qc["config_groups"]["group_0"]["targets"] = [r"re:model\.layers\.2\.mlp\.experts\.0\..*"]  # expert 0 only
     with torch.device("meta"):
-        model = FlintForCausalLM(parse_flint_config(cfg))
+        model = FlintForCausalLM(FlintArchConfig.from_hf_config(cfg))
         with pytest.raises(ConfigError, match="model.layers.2.mlp.experts"):
             quantize_modules(model, {**cfg, "quantization_config": qc})

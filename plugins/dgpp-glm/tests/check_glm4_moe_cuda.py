@@ -38,7 +38,7 @@ def prepare(root: Path) -> None:
     from dgpp.testing import conformance as conf
     from dgpp.testing.builders import load_reference
     from dgpp.testing.gpu_check import reference_data
-    from dgpp_glm.config import parse_glm4_moe_config
+    from dgpp_glm.config import Glm4MoeArchConfig
     from dgpp_glm.testing_glm4 import build_tiny_glm4_moe, nvfp4_twin
 
     transformers.logging.set_verbosity_error()
@@ -48,7 +48,7 @@ def prepare(root: Path) -> None:
         path = nvfp4_twin(dense, root / name, num_layers=3) if packed else dense
         data = reference_data(load_reference(dense), prompts, NEW_TOKENS)
         if name == "fp32":
-            cfg = parse_glm4_moe_config(json.loads((path / "config.json").read_text()))
+            cfg = Glm4MoeArchConfig.from_hf_config(json.loads((path / "config.json").read_text()))
             w = load_f64(path / "model.safetensors")
             ids = torch.tensor(prompts[1])
             data["mtp"] = mtp_logits(w, main_hidden(w, ids[:-1], cfg), ids[1:], torch.arange(len(ids) - 1), cfg)
@@ -81,15 +81,16 @@ def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float
 
 
 def check(root: Path) -> int:
+    from dgpp.engine.loading import model_for
+    from dgpp.plugins import manager
     from dgpp.testing import conformance as conf
     from dgpp.testing.gpu_check import greedy_agreement, print_table
-    from dgpp_glm.loader import load_model
 
     rows, failed = [], 0
     for name, (_, _, rtol, outliers) in CASES.items():
         path = root / name
         ref = torch.load(path / "reference.pt")
-        model = load_model(_ctx(path))
+        model = model_for(_ctx(path), manager())
         prompts = ref["prompts"]
         ours = conf.engine_all_logits(model, prompts)
         rows_err = torch.cat([(o.cpu() - r).abs().max(-1).values / r.abs().max() for o, r in zip(ours, ref["logits"], strict=True)])

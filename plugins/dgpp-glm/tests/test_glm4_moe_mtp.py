@@ -14,7 +14,7 @@ from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.errors import CheckpointError
 from dgpp.family import LoadContext
 from dgpp.testing.mtp import draft_logits as _draft_logits
-from dgpp_glm.config import parse_glm4_moe_config
+from dgpp_glm.config import Glm4MoeArchConfig
 from dgpp_glm.draft import Glm4MoeMTPDrafter, build_draft
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
@@ -30,7 +30,7 @@ def loaded(request, tmp_path_factory):
     path = build_tiny_glm4_moe(tmp_path_factory.mktemp("glm_mtp"), seed=11, mtp_own_head=request.param)
     model = load_model(path)
     drafter = build_draft(_ctx(path), model)
-    cfg = parse_glm4_moe_config(json.loads((path / "config.json").read_text()))
+    cfg = Glm4MoeArchConfig.from_hf_config(json.loads((path / "config.json").read_text()))
     return model, drafter, cfg, load_f64(path / "model.safetensors")
 
 

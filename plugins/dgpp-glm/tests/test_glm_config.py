@@ -8,7 +8,7 @@ import pytest
 
 from dgpp.config import load_config
 from dgpp.errors import ConfigError
-from dgpp_glm.config import parse_glm4_moe_config
+from dgpp_glm.config import Glm4MoeArchConfig
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "glm-4.7_nvfp4_w4.json"
 
@@ -28,7 +28,7 @@ GLM_4_7 = {
 
 
 def test_real_glm_4_7_config_parses():
-    cfg = parse_glm4_moe_config(GLM_4_7)
+    cfg = Glm4MoeArchConfig.from_hf_config(GLM_4_7)
     assert (cfg.head_dim, cfg.rotary_dim, cfg.rope_theta) == (128, 64, 1e6)
     assert [cfg.is_moe_layer(i) for i in (0, 2, 3, 91)] == [False, False, True, True]
     assert cfg.mtp_layer_indices == (92,)
@@ -55,7 +55,7 @@ def test_real_glm_4_7_config_parses():
 )
 def test_unsupported_values_are_refused_by_key(change, key):
     with pytest.raises(ConfigError, match=key):
-        parse_glm4_moe_config({**GLM_4_7, **change})
+        Glm4MoeArchConfig.from_hf_config({**GLM_4_7, **change})
 
 
 def test_glm_4_7_template_validates_and_fits_the_architecture():
@@ -64,7 +64,7 @@ def test_glm_4_7_template_validates_and_fits_the_architecture():
     assert deploy.engine.mtp and deploy.engine.mtp_depth >= 1
     # 1 + depth verify rows per slot stay within the original engine's 32 batched rows for GLM-4.7
     assert deploy.engine.max_concurrency * (1 + deploy.engine.mtp_depth) <= 32
-    cfg = parse_glm4_moe_config(GLM_4_7)
+    cfg = Glm4MoeArchConfig.from_hf_config(GLM_4_7)
     # TP over heads and MLP intermediate dims: every split the template's world needs is exact
     for size in (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.moe_intermediate_size):
         assert size % deploy.world == 0
@@ -78,10 +78,10 @@ def test_memory_plan_of_glm_4_7_nvfp4_at_w4(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from dgpp.engine.memory import GiB
     from dgpp.engine.memory_plan import plan_for
     from dgpp.family import LoadContext, World
     from dgpp.plugins import build_manager
+    from dgpp.step.memory import GiB
 
     (tmp_path / "config.json").write_text(json.dumps(GLM_4_7))
     save_file({"model.layers.92.eh_proj.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # names only

@@ -6,7 +6,7 @@ import pytest
 
 from dgpp.errors import ConfigError
 from dgpp.nn.mla import mla_softmax_scale
-from dgpp_glm.glm5_config import indexer_types, parse_glm_moe_dsa_config
+from dgpp_glm.glm5_config import GlmMoeDsaArchConfig, indexer_types
 from dgpp_glm.testing_glm5 import tiny_glm_moe_dsa_config
 
 
@@ -40,14 +40,14 @@ def test_saved_config_round_trips(tmp_path):
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     path = build_tiny_glm_moe_dsa(tmp_path)
-    cfg = parse_glm_moe_dsa_config(json.loads((path / "config.json").read_text()))
+    cfg = GlmMoeDsaArchConfig.from_hf_config(json.loads((path / "config.json").read_text()))
     assert cfg.indexer_types == ("full", "shared", "full", "shared")
     assert cfg.mlp_layer_types == ("dense", "sparse", "sparse", "sparse")
     assert (cfg.index_n_heads, cfg.index_topk, cfg.kv_lora_rank, cfg.qk_rope_head_dim) == (16, 8, 32, 8)
 
 
 def test_yarn_softmax_scale_takes_mscale_squared():
-    cfg = parse_glm_moe_dsa_config(
+    cfg = GlmMoeDsaArchConfig.from_hf_config(
         tiny_glm_moe_dsa_config(
             rope_parameters={
                 "rope_type": "yarn",
@@ -79,4 +79,4 @@ def test_yarn_softmax_scale_takes_mscale_squared():
 )
 def test_bad_config_names_the_key(override, key):
     with pytest.raises(ConfigError, match=key):
-        parse_glm_moe_dsa_config(tiny_glm_moe_dsa_config(**override))
+        GlmMoeDsaArchConfig.from_hf_config(tiny_glm_moe_dsa_config(**override))

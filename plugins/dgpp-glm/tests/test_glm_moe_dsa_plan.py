@@ -10,11 +10,11 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp_glm.glm5_config import parse_glm_moe_dsa_config
+from dgpp.step.memory import GiB
+from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
 from dgpp_glm.testing_glm5 import GLM5_PACKED_QUANTIZATION
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "glm-5.3_int4-int8_w4.json"
@@ -60,7 +60,7 @@ GLM_5_3 = {
 
 
 def test_release_config_parses():
-    cfg = parse_glm_moe_dsa_config(GLM_5_3)
+    cfg = GlmMoeDsaArchConfig.from_hf_config(GLM_5_3)
     assert cfg.indexer_types.count("full") == 21 and cfg.rope_theta == 8e6
     assert cfg.mlp_layer_types.count("dense") == 3 and cfg.quant_method == "compressed-tensors"
 
@@ -106,12 +106,12 @@ def test_bench_geometry_keeps_the_release_layers_packed():
     from dgpp.bench.models import hf_config
     from dgpp.plugin_api import quantize_modules
     from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
-    from dgpp_glm.loader import checkpoint_name
+    from dgpp_glm.model import checkpoint_name
 
     raw = hf_config("glm-5.3-12l", torch.bfloat16)
-    cfg = parse_glm_moe_dsa_config(raw)
+    cfg = GlmMoeDsaArchConfig.from_hf_config(raw)
     assert [i for i, t in enumerate(cfg.indexer_types) if t == "full"] == [0, 1, 2, 6, 10]
-    assert cfg.indexer_types == parse_glm_moe_dsa_config(GLM_5_3).indexer_types[:12]
+    assert cfg.indexer_types == GlmMoeDsaArchConfig.from_hf_config(GLM_5_3).indexer_types[:12]
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg, dtype=torch.bfloat16)
         quantize_modules(model, raw, rename=checkpoint_name)

@@ -14,14 +14,14 @@ from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
-from dgpp_mimo.config import parse_mimo_config
+from dgpp_mimo.config import MimoArchConfig
 from dgpp_mimo.testing import MIMO_V2_FLASH_RELEASE as MIMO
 
 FULL_LAYERS = (0, 5, 11, 17, 23, 29, 35, 41, 47)
 
 
 def test_release_config_parses_with_transformers_defaults():
-    cfg = parse_mimo_config(MIMO)
+    cfg = MimoArchConfig.from_hf_config(MIMO)
     assert tuple(i for i, t in enumerate(cfg.layer_types) if t == "full_attention") == FULL_LAYERS
     assert cfg.mlp_layer_types == ("dense",) + ("sparse",) * 47
     assert cfg.sliding_window == 129  # sliding_window_size 128 previous tokens plus the query
@@ -36,9 +36,9 @@ def test_release_config_parses_with_transformers_defaults():
 def test_transformers_value_rules():
     """A stated ``sliding_window`` counts keys; a null value scale is 1.0, an absent one 0.707."""
     base = {k: v for k, v in MIMO.items() if k not in ("sliding_window_size", "attention_value_scale")}
-    assert parse_mimo_config({**base, "sliding_window": 64}).sliding_window == 64
-    assert parse_mimo_config(base).sliding_window == 129 and parse_mimo_config(base).attention_value_scale == 0.707
-    assert parse_mimo_config({**base, "attention_value_scale": None}).attention_value_scale == 1.0
+    assert MimoArchConfig.from_hf_config({**base, "sliding_window": 64}).sliding_window == 64
+    assert MimoArchConfig.from_hf_config(base).sliding_window == 129 and MimoArchConfig.from_hf_config(base).attention_value_scale == 0.707
+    assert MimoArchConfig.from_hf_config({**base, "attention_value_scale": None}).attention_value_scale == 1.0
 
 
 @pytest.mark.parametrize(
@@ -64,7 +64,7 @@ def test_transformers_value_rules():
 )
 def test_unsupported_values_are_refused_by_key(change, key):
     with pytest.raises(ConfigError, match=key):
-        parse_mimo_config({**MIMO, **change})
+        MimoArchConfig.from_hf_config({**MIMO, **change})
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -13,10 +13,10 @@ from safetensors.torch import save_file
 
 from dgpp.config import load_config
 from dgpp.engine.keys import refuse_unstored_kv
-from dgpp.engine.memory import GiB
 from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.step.memory import GiB
 from dgpp_mimo.testing_v26 import MIMO_V26_RELEASE
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "mimo-v2.6-flash_mxfp4-fp8_w2.json"

@@ -77,10 +77,10 @@ def _release_config() -> dict:
 def test_release_geometry_builds_with_the_expected_cache(world_size):
     """The 27B's real sizes, built on the meta device: 48 GDN + 16 attention layers, per-rank state and K/V."""
     from dgpp.family import World
-    from dgpp_qwen.config import parse_config
+    from dgpp_qwen.config import QwenConfig
     from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
 
-    cfg = parse_config(_release_config())
+    cfg = QwenConfig.from_hf_config(_release_config())
     with torch.device("meta"):
         model = Qwen35ForCausalLM(cfg, World(rank=0, size=world_size))
     spec = model.cache_spec()

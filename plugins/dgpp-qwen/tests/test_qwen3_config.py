@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dgpp.errors import ConfigError
-from dgpp_qwen.config import parse_config
+from dgpp_qwen.config import QwenConfig
 
 QWEN3 = {
     "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
@@ -45,7 +45,7 @@ QWEN35_MOE_WRAPPER = {
 
 
 def test_qwen3_release_config():
-    cfg = parse_config(QWEN3)
+    cfg = QwenConfig.from_hf_config(QWEN3)
     assert (cfg.model_type, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == ("qwen3", 16, 8, 128)
     assert cfg.rope.theta == 1e6 and cfg.rope.rotary_dim == 128 and cfg.rope.yarn is None
     assert cfg.tie_word_embeddings and cfg.dtype == torch.bfloat16 and cfg.moe is None
@@ -54,13 +54,13 @@ def test_qwen3_release_config():
 
 
 def test_qwen3_moe_config_sparse_layers():
-    cfg = parse_config({**QWEN3_MOE, "mlp_only_layers": [0, 3], "decoder_sparse_step": 2})
+    cfg = QwenConfig.from_hf_config({**QWEN3_MOE, "mlp_only_layers": [0, 3], "decoder_sparse_step": 2})
     assert cfg.moe.num_experts == 128 and cfg.moe.top_k == 8 and cfg.moe.norm_topk_prob
     assert [cfg.is_moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
 
 
 def test_qwen3_5_wrapper_reads_text_config():
-    cfg = parse_config(QWEN35_WRAPPER)
+    cfg = QwenConfig.from_hf_config(QWEN35_WRAPPER)
     assert cfg.model_type == "qwen3_5_text" and cfg.architecture == "Qwen3_5ForConditionalGeneration"
     assert cfg.weight_prefix == "model.language_model."
     assert cfg.hybrid and cfg.rope.rotary_dim == 64 and cfg.rope.mrope_section == (11, 11, 10)
@@ -69,15 +69,15 @@ def test_qwen3_5_wrapper_reads_text_config():
 
 
 def test_qwen3_5_moe_wrapper_and_plain_text_types():
-    cfg = parse_config(QWEN35_MOE_WRAPPER)
+    cfg = QwenConfig.from_hf_config(QWEN35_MOE_WRAPPER)
     assert cfg.model_type == "qwen3_5_moe_text" and cfg.moe.shared_expert_intermediate_size == 1024
     assert cfg.moe.norm_topk_prob and all(cfg.is_moe_layer(i) for i in range(cfg.num_layers))
-    plain = parse_config({**QWEN35_TEXT, "architectures": ["Qwen3_5ForCausalLM"]})
+    plain = QwenConfig.from_hf_config({**QWEN35_TEXT, "architectures": ["Qwen3_5ForCausalLM"]})
     assert plain.weight_prefix == "model." and plain.moe is None and plain.intermediate_size == 17408
 
 
 def test_legacy_rope_scaling_yarn():
-    cfg = parse_config({**QWEN3, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})
+    cfg = QwenConfig.from_hf_config({**QWEN3, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})
     assert cfg.rope.yarn.factor == 4.0 and cfg.rope.yarn.original_max_position == 32768
 
 
@@ -114,10 +114,10 @@ def _with(base: dict, path: str, value) -> dict:
 )
 def test_unsupported_values_are_rejected_by_key(base, path, value, key):
     with pytest.raises(ConfigError, match=key.replace("[", r"\[").replace("]", r"\]")):
-        parse_config(_with(base, path, value))
+        QwenConfig.from_hf_config(_with(base, path, value))
 
 
 def test_missing_required_key_is_named():
     broken = {k: v for k, v in QWEN3.items() if k != "num_hidden_layers"}
     with pytest.raises(ConfigError, match="num_hidden_layers"):
-        parse_config(broken)
+        QwenConfig.from_hf_config(broken)

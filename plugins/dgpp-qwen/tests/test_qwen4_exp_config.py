@@ -14,7 +14,7 @@ from dgpp.errors import CheckpointError, ConfigError
 from dgpp.step.cache_spec import StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp_qwen.qwen4_exp_config import parse_qwen4_exp_config
+from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
 from dgpp_qwen.testing_qwen4_exp import TINY_QWEN4_EXP, build_tiny_qwen4_exp
 
 
@@ -40,12 +40,12 @@ def _text(**changes):
 
 
 def test_parsed_fields():
-    cfg = parse_qwen4_exp_config(_text())
+    cfg = Qwen4ExpConfig.from_hf_config(_text())
     assert cfg.base.layer_types == ("linear_attention", "full_attention") * 2
     assert cfg.base.rope.rotary_dim == 8 and cfg.indexer.block_topk == 4 and cfg.hc_count == 4
     assert cfg.ngram.layer_ids == (0, 2) and cfg.ngram.num_heads == 16 and cfg.ngram.eos_token_id == 7
     # transformers' default for qwen4_exp is full-width RoPE when partial_rotary_factor is absent
-    plain = parse_qwen4_exp_config(_text(rope_parameters={"rope_type": "default", "rope_theta": 1e4}))
+    plain = Qwen4ExpConfig.from_hf_config(_text(rope_parameters={"rope_type": "default", "rope_theta": 1e4}))
     assert plain.base.rope.rotary_dim == 16
 
 
@@ -64,16 +64,16 @@ def test_parsed_fields():
 )
 def test_bad_config_names_the_key(changes, key):
     with pytest.raises(ConfigError, match=key):
-        parse_qwen4_exp_config(_text(**changes))
+        Qwen4ExpConfig.from_hf_config(_text(**changes))
 
 
 def test_wrapped_config_errors_name_text_config_keys():
     text = {**TINY_QWEN4_EXP, "indexer_kv_heads": 2}
     with pytest.raises(ConfigError, match=r"text_config\.indexer_kv_heads"):
-        parse_qwen4_exp_config({"model_type": "qwen4_exp", "text_config": text})
+        Qwen4ExpConfig.from_hf_config({"model_type": "qwen4_exp", "text_config": text})
     text = {**TINY_QWEN4_EXP, "num_hidden_layers": None}
     with pytest.raises(ConfigError, match=r"text_config\.num_hidden_layers"):
-        parse_qwen4_exp_config({"model_type": "qwen4_exp", "text_config": text})
+        Qwen4ExpConfig.from_hf_config({"model_type": "qwen4_exp", "text_config": text})
 
 
 def _rewrite(path, edit):

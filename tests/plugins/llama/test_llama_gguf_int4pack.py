@@ -152,7 +152,7 @@ def test_a_model_loaded_with_the_key_multiplies_packed(tiny_gguf, dtype):
     heads = [m for m in model.modules() if isinstance(m, LMHead)]
     assert len(heads) == 1 and heads[0].packed is not None and heads[0].packed.planes == 2  # Q8_0: two planes
     prompt = conf.make_prompts(model.info.vocab_size, (9,), seed=12)[0]
-    layers = model.cfg.num_layers
+    layers = model.config.num_hidden_layers
     # per layer one q/k/v, one o, one gate/up and one down product; the head: a step that decodes any of
     # them instead (a silent fall-back) makes fewer calls
     assert int4_calls(model, prompt) == 4 * layers + 1

@@ -38,8 +38,8 @@ from dgpp.bench.quantize import (
     shares_storage,
     sync_hf_weights,
 )
-from dgpp.engine.model import Model
 from dgpp.policy import current, install, overriding
+from dgpp.step.model import Model
 
 # kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so logits
 # differ by rounding; a layout or scale bug moves them by their own size

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dgpp.engine.model import Model
+from dgpp.step.model import Model
 
 
 def geometries() -> dict[str, dict[str, Any]]:

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.graph_inputs import DecodeInputs
-from dgpp.engine.model import Model
 from dgpp.engine.work import SeqWork
 from dgpp.step.batch import ForwardBatch
+from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 
 

@@ -26,12 +26,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dgpp.engine.model import Drafter
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.engine.work import DecodingSequence, SeqWork
 from dgpp.step.cache_spec import StateSpec
+from dgpp.step.model import Drafter
 from dgpp.step.pools import CachePools
 
 if TYPE_CHECKING:

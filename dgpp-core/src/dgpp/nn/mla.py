@@ -117,6 +117,10 @@ class MultiLatentAttention(nn.Module):
     def cache_spec(self) -> LatentKV:
         return LatentKV.of(self.kv_lora_rank, self.rope_dim, self.dtype)
 
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, LatentKV]:
+        """This layer's latent entry, in the layer's own dtype (the model's ``cache_spec`` collects it)."""
+        return {self.cache_name: self.cache_spec()}
+
     def prepare(self, x: torch.Tensor, batch: ForwardBatch) -> MLAQuery:
         """Project this step's rows: store their normed latents and rotated k_rot in the cache, return the queries."""
         rows = x.shape[0]
