@@ -10,7 +10,7 @@ status=0
 python -m pytest -q -p no:cacheprovider "$@" || status=$?
 if [ "$status" -eq 5 ]; then
   # pytest's "no tests collected": a selection that runs nothing must not look like a pass or a quiet skip
-  echo "scripts/test.sh: pytest collected no tests for: ${*:-tests/}" >&2
+  echo "scripts/test.sh: pytest collected no tests for: ${*:-tests/ plugins/}" >&2
   exit 1
 fi
 exit "$status"

@@ -149,10 +149,11 @@ def test_logit_bias_forces_and_forbids(sdk, server) -> None:
     forced = chat(sdk, max_tokens=4, temperature=0.8, seed=3, logit_bias={str(tid): 100})
     assert forced.choices[0].message.content == engine.tokenizer.decode([tid] * 4)
     free = chat(sdk, max_tokens=6, temperature=0, logprobs=True)
-    first = free.choices[0].logprobs.content[0]
-    banned = engine.tokenizer.encode(first.token)[0]
+    # an entry's ``token`` is the text it added (maybe "" for part of a character); ``bytes`` names the token
+    token_of = {b: i for i, b in enumerate(engine.tokenizer.token_bytes)}
+    banned = token_of[bytes(free.choices[0].logprobs.content[0].bytes)]
     again = chat(sdk, max_tokens=6, temperature=0, logprobs=True, logit_bias={str(banned): -100})
-    assert banned not in [engine.tokenizer.encode(t.token)[0] for t in again.choices[0].logprobs.content]
+    assert banned not in [token_of[bytes(t.bytes)] for t in again.choices[0].logprobs.content]
 
 
 def test_prefix_cache_hit_matches_cold(sdk) -> None:
@@ -343,19 +344,19 @@ def test_default_max_tokens_is_cut_to_the_room_the_prompt_leaves(sdk, server) ->
 @contextmanager
 def sampling_fails(engine):
     """Requests started inside get a grammar mask that allows nothing: their sampling raises."""
-    real_start = engine.start
+    real_submit = engine.submit
 
-    def start_with_empty_mask(*args, **kwargs):
-        handle = real_start(*args, **kwargs)
+    def submit_with_empty_mask(*args, **kwargs):
+        handle = real_submit(*args, **kwargs)
         for s in handle.seqs:
             s.sampler.mask_fn = lambda vocab: torch.zeros(vocab, dtype=torch.bool)
         return handle
 
-    engine.start = start_with_empty_mask
+    engine.submit = submit_with_empty_mask
     try:
         yield
     finally:
-        engine.start = real_start
+        engine.submit = real_submit
 
 
 def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:

@@ -6,21 +6,21 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.bench import models
 from dgpp.bench.cli import main as bench_main
 from dgpp.bench.decode import hf_tok_s, run_case
 from dgpp.bench.models import (
-    GEOMETRIES,
     build_model_like,
     build_pair,
     build_random_model,
+    geometries,
     hf_config,
     new_model,
 )
 from dgpp.bench.step_bytes import RouterTap, decode_step_bytes, expected_distinct_experts
 from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp_qwen.testing_qwen3 import MOE_122B_LAYERS, _hybrid_layer_types
 
-MOE_GEOMETRY = f"qwen3.5-122b-a10b-{models.MOE_122B_LAYERS}l"
+MOE_GEOMETRY = f"qwen3.5-122b-a10b-{MOE_122B_LAYERS}l"
 FP32 = 4  # bytes per element of the CPU (fp32) fixtures
 
 
@@ -45,7 +45,7 @@ def test_qwen3_5_27b_geometry_is_the_published_model() -> None:
 
 def test_qwen3_5_122b_geometry_has_the_published_layer_and_scaled_depth() -> None:
     raw = hf_config(MOE_GEOMETRY, torch.bfloat16)
-    full = new_model({**raw, "num_hidden_layers": 48, "layer_types": models._hybrid_layer_types(48)}, "meta")
+    full = new_model({**raw, "num_hidden_layers": 48, "layer_types": _hybrid_layer_types(48)}, "meta")
     cfg = full.cfg
     assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.moe.num_experts, cfg.moe.top_k) == (3072, 32, 2, 256, 8)
     assert cfg.moe.intermediate_size == cfg.moe.shared_expert_intermediate_size == 1024
@@ -150,7 +150,7 @@ def test_dgpp_bench_runs_both_tiny_hybrids_on_cpu(capsys) -> None:
         assert "greedy graph == eager for 8x2x4: True" in out
         assert f"geometry {geometry}" in out
         assert ("MoE bytes/step count only the routed experts read" in out) == geometry.endswith("moe")
-    assert set(GEOMETRIES) >= {"qwen3.5-27b", MOE_GEOMETRY, "tiny-qwen3.5", "tiny-qwen3.5-moe"}
+    assert set(geometries()) >= {"qwen3.5-27b", MOE_GEOMETRY, "tiny-qwen3.5", "tiny-qwen3.5-moe"}
 
 
 def test_padded_graph_path_of_the_tiny_moe_hybrid_equals_eager() -> None:

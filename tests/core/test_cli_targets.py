@@ -12,8 +12,8 @@ import pytest
 from dgpp.cli import main
 from dgpp.cli_target import classify, find_template, known_templates, resolve_target, write_template_copy
 from dgpp.deploy_templates import deploy_dir
-from dgpp.engine.memory import GiB
 from dgpp.errors import CheckpointError, ConfigError
+from dgpp.step.memory import GiB
 
 REPO = Path(__file__).resolve().parents[2]
 

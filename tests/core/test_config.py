@@ -27,13 +27,7 @@ def test_defaults_are_the_anchors():
         30,
     )
     assert (cfg.http.body_timeout_s, cfg.http.api_key, cfg.http.api_key_env, cfg.http.cors_origins) == (30.0, "", "", [])
-    assert (cfg.ports.http, cfg.ports.fabric, cfg.ports.journal, cfg.ports.metrics) == (
-        18080,
-        29970,
-        29971,
-        0,
-    )
-    assert cfg.paths.log_dir == "~/dgpp/log" and cfg.paths.resident_cache == ""
+    assert (cfg.ports.http, cfg.ports.fabric, cfg.ports.journal) == (18080, 29970, 29971)
     e = cfg.engine
     assert (e.max_concurrency, e.kv_capacity, e.default_max_tokens, e.queue_limit, e.max_connections) == (
         8,
@@ -50,7 +44,7 @@ def test_defaults_are_the_anchors():
         e.admission_gather_ms,
         e.admission_gather_max_ms,
     ) == (1.5, 1024, "full", 256, 3, 0)
-    assert (e.prefill_budget_tokens, e.prefill_idle_budget_tokens, e.sampling_candidates) == (-1, 0, 128)
+    assert (e.prefill_budget_tokens, e.prefill_idle_budget_tokens) == (-1, 0)
     assert (e.block_size, e.dtype, e.kv_dtype, e.bf16_weights, e.dense_weights) == (
         16,
         "auto",
@@ -114,7 +108,7 @@ def test_wrong_types_are_named(raw, expected):
         ({"model": "m", "http": {"sse_ping_interval": 0}}, "http.sse_ping_interval: out of range"),
         (
             {"model": "m", "engine": {"kv_dtype": "int3"}},
-            'engine.kv_dtype: invalid value "int3" (allowed: auto, bf16, fp4, fp8)',
+            'engine.kv_dtype: invalid value "int3" (allowed: auto, bf16)',
         ),
         ({"model": "m", "engine": {"admission": "lazy"}}, "engine.admission: invalid value"),
         ({"model": "m", "engine": {"block_size": 12}}, "engine.block_size: 12 is not a power of two"),
@@ -139,7 +133,6 @@ def test_out_of_range_values_are_named(raw, expected):
             {"model": "m", "ports": {"fabric": 4000, "journal": 4000}},
             "ports.fabric, ports.journal: must differ",
         ),
-        ({"model": "m", "ports": {"metrics": 29970}}, "ports.metrics: 29970 collides"),
         ({"model": "m", "ports": {"http": 9000}}, "ports.http, http.port: disagree"),
         (
             {"model": "m", "node_env": [{"AWS_SECRET": "x"}]},
@@ -151,16 +144,8 @@ def test_out_of_range_values_are_named(raw, expected):
             "http.bind_host: 'example.com' is not an IPv4 address",
         ),
         (
-            {"model": "m", "engine": {"mtp_depth": 2, "mtp_schedule_min_depth": 3}},
-            "engine.mtp_schedule_min_depth: 3 exceeds",
-        ),
-        (
             {"model": "m", "engine": {"prefill_budget_tokens": 512, "prefill_idle_budget_tokens": 256}},
             "engine.prefill_idle_budget_tokens: 256 is below",
-        ),
-        (
-            {"model": "m", "engine": {"fp8_head": "mma"}},
-            "engine.fp8_head: 'mma' needs engine.dense_weights 'fp8'",
         ),
     ],
 )
@@ -212,14 +197,16 @@ def test_knobs_override_engine_keys_and_are_validated_like_the_file(tmp_path):
         )
     )
     cfg = load_config(
-        path, {"mtp": False, "kv_capacity": 4096, "port": 9000, "host": "0.0.0.0", "kv_dtype": "fp8"}
+        path, {"mtp": False, "kv_capacity": 4096, "port": 9000, "host": "0.0.0.0", "kv_dtype": "bf16"}
     )
     assert (cfg.engine.mtp, cfg.engine.mtp_depth, cfg.engine.kv_capacity, cfg.engine.kv_dtype) == (
         False,
         3,
         4096,
-        "fp8",
+        "bf16",
     )
+    with pytest.raises(ConfigError, match="engine.kv_dtype: 'fp8' is not built in this engine"):
+        load_config(path, {"kv_dtype": "fp8"})
     assert (cfg.http.port, cfg.ports.http, cfg.http.bind_host) == (9000, 9000, "0.0.0.0")
     with pytest.raises(ConfigError, match="engine.max_concurrency: out of range: expected int >= 1, got 0"):
         load_config(path, {"max_concurrency": 0})

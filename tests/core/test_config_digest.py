@@ -52,7 +52,7 @@ def test_a_changed_value_changes_the_digest():
     for section, key, value in [
         ("engine", "kv_capacity", 65552),
         ("engine", "mtp", False),
-        ("engine", "prefill_fp8_gemm", True),
+        ("engine", "dense_weights", "fp8"),
         ("http", "port", 8001),
     ]:
         changed = json.loads(json.dumps(TEMPLATE))

@@ -16,10 +16,11 @@ from dgpp.engine.runner import ModelRunner
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.published import Published
 from dgpp.sched.request import Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
-from dgpp.serve.metrics import _Collector, scheduler_snapshot
+from dgpp.serve.metrics import _Collector, engine_report
 from dgpp.step.pools import CachePools
 from dgpp.testing.scheduler import scheduler_config
 
@@ -59,7 +60,7 @@ def _serve(sched: Scheduler, vocab: int) -> None:
 def test_graph_replays_padding_and_prefill_request_time(tiny_model) -> None:
     sched = _scheduler(tiny_model, graphs=True)
     _serve(sched, tiny_model.info.vocab_size)
-    m = scheduler_snapshot(sched)["scheduler"]
+    m = engine_report(Published(sched))["scheduler"]
     batch = m["decode_batch"]
     steps = MAX_TOKENS - 1  # the first token comes from the prefill step
     assert sched.stats.decode_only_steps == steps
@@ -76,7 +77,7 @@ def test_graph_replays_padding_and_prefill_request_time(tiny_model) -> None:
 def test_eager_decode_counts_no_replays(tiny_model) -> None:
     sched = _scheduler(tiny_model, graphs=False)
     _serve(sched, tiny_model.info.vocab_size)
-    batch = scheduler_snapshot(sched)["scheduler"]["decode_batch"]
+    batch = engine_report(Published(sched))["scheduler"]["decode_batch"]
     assert batch["replays"] == batch["padded_rows"] == 0 and not any(batch["replays_by_slots"].values())
     assert batch["rows"] == 3 * (MAX_TOKENS - 1)
 
@@ -93,7 +94,7 @@ def test_replay_sizes_past_16_get_their_own_key() -> None:
 def test_prometheus_renders_the_decode_batch_counters(tiny_model) -> None:
     sched = _scheduler(tiny_model, graphs=True)
     _serve(sched, tiny_model.info.vocab_size)
-    loop = StepLoop(sched, 10.0, snapshot=scheduler_snapshot, gather_ms=0)
+    loop = StepLoop(sched, 10.0, gather_ms=0)
     loop._publish()
     counters = SimpleNamespace(requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0)
     engine = SimpleNamespace(loop=loop, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=1))

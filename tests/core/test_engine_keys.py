@@ -1,41 +1,64 @@
-"""Engine keys accepted by the config but not implemented by the serving path: refused or warned, never silent."""
+"""The original engine's template keys this engine does not build are refused by name with the reason, through
+the template's error path (``dgpp check`` and ``dgpp serve`` alike); none is accepted and ignored."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
-import structlog
 import torch
 
-from dgpp.config import EngineConfig
+from dgpp.config import DeployConfig, EngineConfig, parse_config
+from dgpp.config_refused import NOT_BUILT_KEYS, NOT_BUILT_VALUES
+from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.errors import ConfigError
-from dgpp.engine.keys import INERT_KEYS, check_engine_keys
 
 
-@pytest.mark.parametrize("kv", ["fp8", "fp4"])
-def test_quantized_kv_cache_is_refused_before_loading(kv) -> None:
-    with pytest.raises(ConfigError, match=f"engine.kv_dtype: '{kv}' is not implemented"):
-        check_engine_keys(EngineConfig(kv_dtype=kv))
+def _with(path: tuple[str, ...], value: object) -> dict:
+    raw: dict = {"model": "m"}
+    node = raw
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+    if path[:2] == ("engine", "rope_scaling"):  # the refused key sits beside rope_scaling's required ones
+        node.update({"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 4096})
+    node[path[-1]] = value
+    return raw
+
+
+@pytest.mark.parametrize("path", sorted(NOT_BUILT_KEYS), ids=".".join)
+def test_a_key_that_is_not_built_is_refused_by_name_with_its_reason(path) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(_with(path, 1), source="t.json")
+    message = str(err.value)
+    assert message.startswith(f"t.json: {'.'.join(path)}: not built in this engine (")
+    assert NOT_BUILT_KEYS[path] in message and "unknown key" not in message
+
+
+@pytest.mark.parametrize(("path", "value"), [(p, v) for p, vs in NOT_BUILT_VALUES.items() for v in vs])
+def test_a_value_that_is_not_built_is_refused_by_name(path, value) -> None:
+    with pytest.raises(ConfigError, match=f"{'.'.join(path)}: '{value}' is not built in this engine"):
+        parse_config(_with(path, value))
+
+
+def test_no_refused_key_is_in_the_schema() -> None:
+    """A refused key comes back into the schema with its feature, and then leaves the refused list."""
+    for path in NOT_BUILT_KEYS:
+        node: type | None = DeployConfig
+        for key in path[:-1]:
+            fields = {f.encode_name: f.type for f in msgspec.structs.fields(node)} if node else {}
+            t = fields.get(key)
+            node = next((a for a in getattr(t, "__args__", (t,)) if isinstance(a, type)
+                         and issubclass(a, msgspec.Struct)), None)
+        names = {f.encode_name for f in msgspec.structs.fields(node)} if node else set()
+        assert path[-1] not in names, path
+
+
+def test_several_refused_keys_are_named_in_one_message() -> None:
+    with pytest.raises(ConfigError, match=r"engine\.mtp_schedule: not built.*; engine\.fp8_head: not built"):
+        parse_config({"model": "m", "engine": {"mtp_schedule": True, "fp8_head": "gemv"}})
 
 
 def test_bf16_kv_must_match_the_compute_dtype() -> None:
-    cfg = EngineConfig(kv_dtype="bf16")
-    assert check_engine_keys(cfg) == []  # not known yet before loading
-    check_engine_keys(cfg, torch.bfloat16)
-    with pytest.raises(ConfigError, match="compute dtype, float32"):
-        check_engine_keys(cfg, torch.float32)
-    check_engine_keys(EngineConfig(), torch.float32)  # auto is always fine
-
-
-def test_defaults_have_no_inert_keys_and_set_ones_are_warned() -> None:
-    assert check_engine_keys(EngineConfig()) == []
-    assert all(getattr(EngineConfig(), key) == off for key, off in INERT_KEYS.items())
-    with structlog.testing.capture_logs() as logs:
-        inert = check_engine_keys(EngineConfig(mtp=True, mtp_schedule=True, prefill_fp8_gemm=True))
-    assert inert == ["mtp_schedule", "prefill_fp8_gemm"]  # engine.mtp is implemented (dgpp.engine.speculative)
-    assert [e["key"] for e in logs if e["event"] == "engine key has no effect in this build"] == [
-        "engine.mtp_schedule", "engine.prefill_fp8_gemm"]
-
-
-def test_drafter_keys_nothing_reads_are_warned() -> None:
-    inert = check_engine_keys(EngineConfig(mtp=True, mtp_draft="sampled", mtp_expert_format="bf16"))
-    assert inert == ["mtp_draft", "mtp_expert_format"]
+    refuse_unstored_kv(EngineConfig(kv_dtype="bf16"), torch.bfloat16)
+    with pytest.raises(ConfigError, match="engine.kv_dtype: 'bf16' is not the compute dtype, float32"):
+        refuse_unstored_kv(EngineConfig(kv_dtype="bf16"), torch.float32)
+    refuse_unstored_kv(EngineConfig(), torch.float32)  # auto is always fine

@@ -26,11 +26,11 @@ class NoCacheDrafter(nn.Module):
 
 def _build(family: str, path):
     if family == "glm":
-        from dgpp.testing.glm import build_tiny_glm4_moe
+        from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
         return build_tiny_glm4_moe(path, seed=4)
     if family == "qwen4_exp":
-        from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+        from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
         return build_tiny_qwen4_exp(path, seed=4)
     from dgpp.testing.builders import build_tiny_checkpoint

@@ -23,16 +23,16 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # Names are dgpp's top-level modules and packages; one layer may hold several, whose packages must not import
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
-    ("dgpp", "errors", "log", "splitmix", "family", "policy", "config_schema", "config", "config_checks",
-     "prefill_budget", "extras", "deploy_templates", "pip_wheel",
+    ("dgpp", "errors", "log", "splitmix", "family", "offers", "policy", "config_schema", "config", "config_checks",
+     "config_refused", "prefill_budget", "extras", "deploy_templates", "pip_wheel",
      "handoff"),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
     ("quant",),  # weight formats: packed LinearMethods for nn's layers
     # reading checkpoints; the plugin contract (hooks typed with step, quant and text types) and finding families
-    ("checkpoint", "hookspecs", "plugins", "builtin", "family_hooks"),
-    ("engine",),  # runner, graphs, memory plan, speculation
+    ("checkpoint", "hookspecs", "plugins", "builtin", "catalog"),
+    ("engine", "family_contract"),  # runner, graphs, memory plan, speculation; a family's declaration
     ("sched",),  # the tick, admission, prefix cache, the engine thread
     ("serve",),  # the HTTP API
     ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "demo_fetch", "testing"),  # entry points and tools
@@ -40,7 +40,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # core modules a plugin reads only through ``dgpp.plugin_api``, which gathers their names (docs/plugin-authoring.md)
-PLUGIN_API_ONLY = ("engine", "step", "sched", "serve", "family", "family_hooks", "hookspecs", "errors")
+PLUGIN_API_ONLY = ("engine", "step", "sched", "serve", "family", "family_contract", "hookspecs", "errors")
 
 def _module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)

@@ -19,9 +19,10 @@ from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sample.sampler import filtered_distribution
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.published import Published
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
-from dgpp.serve.metrics import scheduler_snapshot
+from dgpp.serve.metrics import engine_report
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.scheduler import scheduler_config
@@ -95,7 +96,7 @@ def _greedy(biased: bool = False) -> list[tuple[list[int], SamplingParams]]:
 
 
 def _counters(sched: Scheduler) -> dict:
-    spec = scheduler_snapshot(sched)["scheduler"]["spec_decode"]
+    spec = engine_report(Published(sched))["scheduler"]["spec_decode"]
     assert spec["drafter"] == "lookup"
     assert spec["num_draft_tokens_total"] == sum(spec["num_draft_tokens_per_pos_total"])
     assert spec["num_accepted_tokens_total"] == sum(spec["num_accepted_tokens_per_pos_total"])

@@ -98,3 +98,14 @@ def test_a_prompt_token_past_the_model_vocabulary_is_a_400(tmp_path) -> None:
     assert ok.status_code == 200, ok.text
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt"
     assert "past the model's vocabulary of 400" in bad.json()["error"]["message"]
+
+
+def test_unknown_fields_are_refused_unless_the_server_allows_them() -> None:
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "min_tokens": 3, "top_k": 2}'
+    err = _refused(body)
+    assert err.status == 400 and err.param == "min_tokens" and "http.allow_unknown_fields" in err.message
+    req, raw = parse_body(body, ChatCompletionRequest, allow_unknown=True)  # the opt-out drops them
+    assert req.top_k == 2 and "min_tokens" not in raw
+    # a field refused unless null stays known: null is accepted either way
+    assert parse_body(b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "audio": null}',
+                      ChatCompletionRequest)[0].model == "m"

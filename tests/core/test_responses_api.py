@@ -41,23 +41,23 @@ def _events(text: str) -> list[dict]:
 
 def test_a_failing_generation_ends_the_stream_with_response_failed(server) -> None:
     client, engine = server
-    real_start = engine.start
+    real_submit = engine.submit
 
-    def start_with_empty_mask(*args, **kwargs):  # a mask that allows nothing: the choice's sampling raises
-        handle = real_start(*args, **kwargs)
+    def submit_with_empty_mask(*args, **kwargs):  # a mask that allows nothing: the choice's sampling raises
+        handle = real_submit(*args, **kwargs)
         for s in handle.seqs:
             s.sampler.mask_fn = lambda vocab: torch.zeros(vocab, dtype=torch.bool)
         return handle
 
     body = {"model": MODEL, "input": "Hello", "max_output_tokens": 4, "reasoning": {"effort": "none"}}
-    engine.start = start_with_empty_mask
+    engine.submit = submit_with_empty_mask
     try:
         with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
             assert r.status_code == 200
             events = _events(r.read().decode())
         one_shot = client.post("/v1/responses", json=body)
     finally:
-        engine.start = real_start
+        engine.submit = real_submit
     assert [e["type"] for e in events] == ["response.created", "response.in_progress", "response.failed"]
     failed = events[-1]["response"]
     assert failed["status"] == "failed" and failed["error"]["code"] == "generation_failed"

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.model import Model, ModelInfo
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, StateSpec
+from dgpp.step.model import Model, ModelInfo
 from dgpp.step.pools import CachePools
 from dgpp.testing.generate import OutOfSlots, SlotAllocator
 

@@ -17,13 +17,14 @@ from dgpp.plugins import manager
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.published import Published
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
-from dgpp.serve.metrics import scheduler_snapshot
+from dgpp.serve.metrics import engine_report
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
-from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp.testing.scheduler import scheduler_config
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
 BS, CHUNK, BLOCKS, VOCAB = 4, 8, 96, 512
 # several lengths (chunked prefill: 8-token chunks), two sharing a 16-token prefix (a prefix-cache hit), and
@@ -46,7 +47,7 @@ def glm(tmp_path_factory):
 @pytest.fixture(scope="module")
 def qwen35(tmp_path_factory):
     """The dense Qwen3.5 hybrid with its MTP layer built on it (random weights: the hook's loading is tested
-    in tests/plugins/qwen/test_qwen3_5_mtp.py)."""
+    in plugins/dgpp-qwen/tests/test_qwen3_5_mtp.py)."""
     model = load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("spec_qwen35"), seed=23))
     return model, random_qwen35_drafter(model, seed=24)
 
@@ -125,14 +126,14 @@ def serve(model, drafter=None, depth: int = 1, *, temperature: float = 0.0, orac
 
 
 def _check_counters(sched: Scheduler, depth: int) -> dict:
-    spec = scheduler_snapshot(sched)["scheduler"]["spec_decode"]
+    spec = engine_report(Published(sched))["scheduler"]["spec_decode"]
     assert spec["depth"] == depth
     assert spec["num_drafts_total"] > 0 and spec["num_draft_tokens_total"] >= spec["num_drafts_total"]
     assert spec["num_draft_tokens_total"] == sum(spec["num_draft_tokens_per_pos_total"])
     assert spec["num_accepted_tokens_total"] == sum(spec["num_accepted_tokens_per_pos_total"])
     assert len(spec["num_draft_tokens_per_pos_total"]) == depth
     # every verify feeds each request its last token plus its drafts: rows = requests + drafts; no graph replays
-    batch = scheduler_snapshot(sched)["scheduler"]["decode_batch"]
+    batch = engine_report(Published(sched))["scheduler"]["decode_batch"]
     assert batch["rows"] == sched.stats.decode_rows + spec["num_draft_tokens_total"]
     assert batch["rows"] > sched.stats.decode_rows and batch["replays"] == 0
     assert 1.0 <= batch["last_rows_per_request"] <= depth + 1
@@ -153,8 +154,8 @@ def test_mimo_v26_greedy_mtp_equals_plain(tmp_path):
     """MiMo-V2.6 as shipped (fused FP8 qkv, MXFP4 experts): its MTP layer attends a sliding window over the
     drafter's paged pool while the target's sliding layers keep per-request rings, restored on rejection."""
     from dgpp.config import EngineConfig
-    from dgpp.testing.mimo import build_tiny_mimo
-    from dgpp.testing.mimo_v26 import write_v26_checkpoint
+    from dgpp_mimo.testing import build_tiny_mimo
+    from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
     v26, _ = write_v26_checkpoint(build_tiny_mimo(tmp_path / "flash", seed=31, vocab_size=VOCAB), tmp_path / "v26",
                                   tmp_path / "twin", mtp_layers=1, seed=32)
@@ -190,7 +191,7 @@ def test_qwen35_hybrid_greedy_mtp_equals_plain(qwen35):
 
 def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
     """qwen4_exp's drafter (QSA layer with index keys in its own paged pools) through the hook."""
-    from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
+    from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
     path = build_tiny_qwen4_exp(tmp_path, seed=3, with_mtp=True)
     model = load_model(path)
@@ -204,7 +205,7 @@ def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
 def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
     """Full GLM-5.3's drafter (an MLA block with its own DSA indexer over latent and index-key pools; index_topk 8
     below most prompts, so both the target's and the drafter's selections are sparse) through the hook."""
-    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     path = build_tiny_glm_moe_dsa(tmp_path, seed=7, mtp_layers=1)
     model = load_model(path)

@@ -26,7 +26,7 @@ CASES = {"glm": (1, 3), "qwen3_5": (2,)}  # family -> depths
 
 def prepare(root: Path) -> None:
     from dgpp.testing.builders import build_tiny_checkpoint
-    from dgpp.testing.glm import build_tiny_glm4_moe
+    from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
     for tag, dtype in DTYPES.items():
         print("prepared", build_tiny_glm4_moe(root / f"glm_{tag}", seed=21, dtype=dtype))
@@ -40,11 +40,12 @@ def _load(path: Path, family: str):
     ctx = LoadContext(checkpoint_dir=path, hf_config=hf_config, family=family,
                       architecture=hf_config["architectures"][0], device="cuda" if torch.cuda.is_available() else "cpu")
     if family == "glm":
-        from dgpp_glm.draft import build_draft
-        from dgpp_glm.loader import load_model
+        from dgpp.engine.loading import model_for
+        from dgpp.plugins import manager
 
-        model = load_model(ctx)
-        return model, build_draft(ctx, model)
+        pm = manager()
+        model = model_for(ctx, pm)
+        return model, pm.hook.dgpp_build_draft(ctx=ctx, model=model)
     from dgpp_qwen.loader import load_model as load_qwen
 
     model = load_qwen(ctx)

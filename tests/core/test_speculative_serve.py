@@ -10,8 +10,8 @@ from litestar.testing import TestClient
 from dgpp.config import parse_config
 from dgpp.serve.app import build_app
 from dgpp.serve.build import build_backend
-from dgpp.testing.glm import build_tiny_glm4_moe
 from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
 ENGINE = {"max_concurrency": 4, "kv_capacity": 2048, "block_size": 4, "prefill_budget_tokens": 8,
           "prefix_min_tokens": 0, "stats_interval_s": 0}

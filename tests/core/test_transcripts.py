@@ -26,12 +26,12 @@ from dgpp.sample.params import SamplingParams
 from dgpp.serve.build import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
-from dgpp.testing.deepseek_v4 import build_tiny_deepseek_v4
-from dgpp.testing.flint import build_tiny_flint
-from dgpp.testing.glm import build_tiny_glm4_moe, nvfp4_twin
-from dgpp.testing.mimo import build_tiny_mimo
-from dgpp.testing.qwen4_exp import build_tiny_qwen4_exp
 from dgpp.testing.tokenizers import build_tiny_tokenizer
+from dgpp_deepseek.testing import build_tiny_deepseek_v4
+from dgpp_flint.testing import build_tiny_flint
+from dgpp_glm.testing_glm4 import build_tiny_glm4_moe, nvfp4_twin
+from dgpp_mimo.testing import build_tiny_mimo
+from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
 GOLDEN = Path(__file__).with_name("transcripts.json")
 NEW_TOKENS = 12
@@ -68,7 +68,7 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
 
 async def _generate(engine, prompts: list[list[int]]) -> list[list[int]]:
     async def one(prompt: list[int]) -> list[int]:
-        handle = engine.start(prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl")
+        handle = engine.submit(prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl")
         tokens: list[int] = []
         async for _, ev in handle.events():
             assert ev.error is None, ev.error

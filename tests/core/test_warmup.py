@@ -33,7 +33,7 @@ def _backend(ckpt):
 
 
 async def _greedy(backend, prompt: list[int]) -> list[int]:
-    handle = backend.start(
+    handle = backend.submit(
         prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), kind="cmpl"
     )
     tokens: list[int] = []

@@ -59,10 +59,10 @@ async def _serve(engine: Any) -> dict[str, Any]:
     prepared = await engine.prepare_chat(msgspec.convert(CHAT, ChatCompletionRequest), N_CHOICES)
     tool = await engine.prepare_chat(msgspec.convert(TOOL_CHAT, ChatCompletionRequest), 1)
     handles = [
-        engine.start(prepared.prompt_ids, CONSTRAINED, n=N_CHOICES, matchers=prepared.matchers,
+        engine.submit(prepared.prompt_ids, CONSTRAINED, n=N_CHOICES, matchers=prepared.matchers,
                      constraint=prepared.constraint),
-        engine.start(prepared.prompt_ids[:9], PLAIN, n=1),
-        engine.start(tool.prompt_ids, CONSTRAINED, n=1, matchers=tool.matchers, constraint=tool.constraint),
+        engine.submit(prepared.prompt_ids[:9], PLAIN, n=1),
+        engine.submit(tool.prompt_ids, CONSTRAINED, n=1, matchers=tool.matchers, constraint=tool.constraint),
     ]
     tokens: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}

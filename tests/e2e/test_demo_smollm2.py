@@ -91,3 +91,29 @@ def test_the_demo_answers_paris_and_matches_transformers(demo_gguf, tmp_path):
     finally:
         server.stop()
     assert served == transformers_greedy(demo_gguf, PROMPTS, max_new_tokens=16)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_demo_served_packed_answers_paris(demo_gguf, tmp_path):
+    """``--dtype bfloat16 --gguf-weights int4pack``: the GGUF's blocks multiplied packed (lossy, bf16) still give
+    the README's answer, and the server says which products it packed."""
+    from openai import OpenAI
+
+    template = json.loads(DEMO.read_text())
+    engine = {**template["engine"], "dtype": "bfloat16", "gguf_weights": "int4pack"}
+    server = Server(template["model"], tmp_path, engine)
+    try:
+        server.wait_ready(timeout=600)
+        client = OpenAI(base_url=server.url + "/v1", api_key="unused")
+        reply = client.chat.completions.create(
+            model="dgpp-demo",
+            messages=[{"role": "user", "content": PROMPTS[0]}],
+            max_tokens=32,
+            temperature=0,
+        )
+    finally:
+        server.stop()
+    assert reply.choices[0].message.content == "The capital of France is Paris."
+    log = server.log.read_text()
+    assert "engine.gguf_weights=int4pack" in log and "packed=211" in log  # 30 layers x 7 projections + the head

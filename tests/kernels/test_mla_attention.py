@@ -84,7 +84,7 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch)
     from dgpp.nn.dsa_cuda import device_selection
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
     from dgpp.testing.generate import make_pools
-    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     # stand in for CUDA: the kernels themselves run (interpreter), not their torch references
     for module in (head_matmul, mla_attention):
@@ -149,6 +149,24 @@ def test_index_scores_kernel_matches_reference_and_selects_like_the_torch_indexe
     assert ours.shape == (3, 48)
 
 
+def test_index_scores_tiles_past_a_rows_tokens_are_minus_inf_and_the_rest_unchanged():
+    """A table much wider than the rows' tokens (a decode graph's table spans the pool): the 64-token tiles wholly
+    past a row's length are skipped, -inf like the reference, and every tile with tokens scores as before."""
+    from dgpp.kernels.dsa_index import _BLOCK_T, index_scores_ref, index_scores_triton
+
+    g = torch.Generator().manual_seed(8)
+    heads, dim, blocks = 16, 32, 80
+    k_cache = torch.randn(blocks, BS, 1, dim, generator=g)
+    tables = torch.stack([torch.randperm(blocks, generator=g) for _ in range(4)]).int()
+    width = blocks * BS
+    lens = torch.tensor([0, _BLOCK_T - 1, _BLOCK_T + 1, width], dtype=torch.int32)  # 0, 1, 2 and every tile live
+    q, w = torch.randn(4, heads, dim, generator=g), torch.randn(4, heads, generator=g)
+    ours = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5)
+    torch.testing.assert_close(ours, index_scores_ref(q, w, k_cache, tables, lens, dim**-0.5), rtol=1e-5, atol=1e-5)
+    for row, n in enumerate(lens.tolist()):
+        assert torch.isinf(ours[row, n:]).all() and torch.isfinite(ours[row, :n]).all()
+
+
 @torch.inference_mode()
 def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
     """The CUDA indexer's selection path (``dgpp.nn.dsa_cuda``, here with the reference scorer) against the torch
@@ -157,7 +175,7 @@ def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
     from dgpp.engine.runner import SeqWork, build_batch
     from dgpp.nn.dsa_cuda import device_selection
     from dgpp.testing.generate import make_pools
-    from dgpp.testing.glm_moe_dsa import build_tiny_glm_moe_dsa
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=9))
     layer = model.model.layers[0]

@@ -1,6 +1,6 @@
 """Every distribution is publishable: ``python -m build`` makes an sdist and a wheel built from it, both pass
 ``twine check --strict`` (the README renders as the long description), and each carries its license, the
-one version its package states, and (plugins) the templates of its releases."""
+one version its package states, its ``py.typed`` marker, and (plugins) the templates of its releases."""
 
 from __future__ import annotations
 
@@ -62,6 +62,8 @@ def test_metadata_license_and_package_data(built_dists, project):
     assert meta.get_all("Classifier") and any(
         u.startswith("Source, https://") for u in meta.get_all("Project-URL")
     )
+    package = next((project / "src").glob("*/__init__.py")).parent.name
+    assert f"{package}/py.typed" in names  # type checkers read the package's annotations (PEP 561)
     shipped = sorted(p.name for p in (project / "src").glob("*/templates/*.json"))
     in_wheel = sorted(Path(n).name for n in names if re.match(r"[^/]+/templates/[^/]+\.json$", n))
     assert in_wheel == shipped

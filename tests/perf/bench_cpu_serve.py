@@ -2,10 +2,12 @@
 ``generate`` on the same file, in one run (docs/benchmarks.md, "CPU decode").
 
     python tests/perf/bench_cpu_serve.py [--tokens 256] [--dtypes float32,bfloat16] [--cpu-threads 0]
+                                         [--gguf-weights decoded,int4pack] [--no-transformers]
 
 dgpp: one streaming chat request with ``ignore_eos``; the rate is (completion tokens - 1) over the time
 from the first to the last streamed chunk (decode only, as a client sees it); the server takes
-``engine.cpu_threads`` from ``--cpu-threads`` (0: its default, one per core less one). transformers: greedy
+``engine.cpu_threads`` from ``--cpu-threads`` (0: its default, one per core less one), and one run per value of
+``--gguf-weights`` (``engine.gguf_weights``; ``int4pack``: the GGUF's blocks multiplied packed). transformers: greedy
 ``generate`` with ``min_new_tokens`` = ``max_new_tokens``; the rate is (N - 1) over the time of N tokens
 minus the time of one (its prefill), on all cores torch is given (``torch.get_num_threads()``).
 llama.cpp (when ``llama_cpp`` is importable): the same GGUF as shipped (its packed Q4_1/Q8_0 weights),
@@ -64,12 +66,13 @@ def llama_cpp_rate(gguf: Path, tokens: int) -> float | None:
     return (tokens - 1) / (stamps[-1] - stamps[0])
 
 
-def dgpp_rate(dtype: str, tokens: int, workdir: Path, cpu_threads: int = 0) -> float:
+def dgpp_rate(dtype: str, tokens: int, workdir: Path, cpu_threads: int = 0, gguf_weights: str = "decoded") -> float:
     from openai import OpenAI
     from serve_fixture import running
 
     template = json.loads((REPO / "deploy" / "demo_cpu.json").read_text())
-    engine = {**template["engine"], "dtype": dtype, "max_concurrency": 1, "cpu_threads": cpu_threads}
+    engine = {**template["engine"], "dtype": dtype, "max_concurrency": 1, "cpu_threads": cpu_threads,
+              "gguf_weights": gguf_weights}
     workdir.mkdir(parents=True, exist_ok=True)
     with running(template["model"], workdir, engine) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused")
@@ -118,21 +121,26 @@ def main() -> None:
     parser.add_argument(
         "--cpu-threads", type=int, default=0, help="dgpp's engine.cpu_threads (0: its default)"
     )
+    parser.add_argument("--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated")
+    parser.add_argument("--no-transformers", action="store_true", help="dgpp (and llama.cpp) only")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dgpp-bench-cpu"))
     args = parser.parse_args()
     gguf = demo_gguf()
     print(f"torch threads {torch.get_num_threads()}, {args.tokens} new tokens, prompt {PROMPT!r}")
-    print("| weights | dgpp serve | transformers generate | dgpp / transformers |")
-    print("|---|---|---|---|")
+    print("| weights | gguf_weights | dgpp serve | transformers generate | dgpp / transformers |")
+    print("|---|---|---|---|---|")
     for dtype in args.dtypes.split(","):
-        ours = dgpp_rate(dtype, args.tokens, args.workdir / dtype, args.cpu_threads)
-        theirs = transformers_rate(gguf, dtype, args.tokens)
-        print(f"| {dtype} | {ours:.1f} tok/s | {theirs:.1f} tok/s | {ours / theirs:.2f}x |")
+        theirs = None if args.no_transformers else transformers_rate(gguf, dtype, args.tokens)
+        for gguf_weights in args.gguf_weights.split(","):
+            ours = dgpp_rate(dtype, args.tokens, args.workdir / dtype, args.cpu_threads, gguf_weights)
+            ratio = "" if theirs is None else f"{ours / theirs:.2f}x"
+            print(f"| {dtype} | {gguf_weights} | {ours:.1f} tok/s | {'' if theirs is None else f'{theirs:.1f} tok/s'} "
+                  f"| {ratio} |")
     packed = llama_cpp_rate(gguf, args.tokens)
     if packed is None:
         print("llama.cpp: llama_cpp not importable (pip install llama-cpp-python), not measured")
     else:
-        print(f"| GGUF as shipped (Q4_1/Q8_0) | llama.cpp {packed:.1f} tok/s | | |")
+        print(f"| GGUF as shipped (Q4_1/Q8_0) | | llama.cpp {packed:.1f} tok/s | | |")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 (docs/benchmarks.md, "CPU decode step").
 
     python tests/perf/bench_cpu_step.py [--dtypes float32,bfloat16] [--threads 1,2] [--steps 32] [--context 200]
+                                        [--gguf-weights decoded,int4pack]
 
 Loads the demo checkpoint (the GGUF converted as ``dgpp serve`` converts it) through its family plugin, runs
 one prompt of ``--context`` tokens through ``ModelRunner.step``, then single-row decode steps (greedy, the
@@ -13,6 +14,7 @@ the other work too; with 2 threads it sums both) and as wall time; min and media
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -36,13 +38,15 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def measure(checkpoint: Path, dtype: torch.dtype, threads: int, steps: int, context: int) -> dict[str, float]:
+def measure(checkpoint: Path, dtype: torch.dtype, threads: int, steps: int, context: int,
+            gguf_weights: str = "decoded") -> dict[str, float]:
+    from dgpp.config_schema import EngineConfig
     from dgpp.engine.loading import load_model
     from dgpp.engine.runner import ModelRunner, SeqWork
     from dgpp.step.pools import CachePools
 
     torch.set_num_threads(threads)
-    model = load_model(checkpoint, dtype=dtype)
+    model = load_model(checkpoint, EngineConfig(gguf_weights=gguf_weights), dtype=dtype)
     block_size = 16
     blocks = -(-(context + steps + 16) // block_size)
     runner = ModelRunner(model, CachePools(model.cache_spec(), blocks, block_size, 1))
@@ -84,6 +88,7 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--context", type=int, default=200)
+    parser.add_argument("--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated")
     args = parser.parse_args()
     from bench_cpu_serve import demo_gguf
 
@@ -92,19 +97,20 @@ def main() -> None:
     checkpoint = ensure_converted(demo_gguf())
     print(f"torch {torch.__version__}, context {args.context}, {args.steps} decode steps")
     print(
-        "| weights | threads | CPU ms a step (min / median) | wall ms a step (min / median) | aten ops a step ",
+        "| weights | gguf_weights | threads | CPU ms a step (min / median) | wall ms a step (min / median) | aten ops a step ",
         end="",
     )
     print("(profiler / dispatched) |")
-    print("|---|---|---|---|---|")
-    for dtype in args.dtypes.split(","):
-        for threads in (int(t) for t in args.threads.split(",")):
-            r = measure(checkpoint, getattr(torch, dtype), threads, args.steps, args.context)
-            print(
-                f"| {dtype} | {threads} | {r['min_ms']:.1f} / {r['median_ms']:.1f} | "
-                f"{r['wall_min_ms']:.1f} / {r['wall_median_ms']:.1f} | "
-                f"{r['profiler_ops']:,} / {r['dispatched_ops']:,} |"
-            )
+    print("|---|---|---|---|---|---|")
+    for dtype, gguf_weights, threads in itertools.product(
+        args.dtypes.split(","), args.gguf_weights.split(","), (int(t) for t in args.threads.split(","))
+    ):
+        r = measure(checkpoint, getattr(torch, dtype), threads, args.steps, args.context, gguf_weights)
+        print(
+            f"| {dtype} | {gguf_weights} | {threads} | {r['min_ms']:.1f} / {r['median_ms']:.1f} | "
+            f"{r['wall_min_ms']:.1f} / {r['wall_median_ms']:.1f} | "
+            f"{r['profiler_ops']:,} / {r['dispatched_ops']:,} |"
+        )
 
 
 if __name__ == "__main__":

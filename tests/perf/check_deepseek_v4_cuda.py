@@ -30,11 +30,11 @@ def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def build_layer(layer_idx: int):
-    from dgpp.bench.models import GEOMETRIES
+    from dgpp.bench.models import geometries
     from dgpp_deepseek.attention import DeepseekV4Attention
-    from dgpp_deepseek.config import parse_deepseek_v4_config
+    from dgpp_deepseek.config import DeepseekV4ArchConfig
 
-    cfg = parse_deepseek_v4_config({**GEOMETRIES["deepseek-v4-flash-8l"], "dtype": "bfloat16"})
+    cfg = DeepseekV4ArchConfig.from_hf_config({**geometries()["deepseek-v4-flash-8l"], "dtype": "bfloat16"})
     g = torch.Generator(device="cuda").manual_seed(layer_idx)
     with torch.device("cuda"):
         layer = DeepseekV4Attention(cfg, layer_idx, dtype=torch.bfloat16)
@@ -62,7 +62,7 @@ def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
         tables.append(list(range(start, start + n)))
         start += n
     g = torch.Generator(device="cuda").manual_seed(100 + layer_idx)
-    pools = CachePools(layer.cache_spec(torch.bfloat16), start, BLOCK, len(CONTEXTS), device="cuda")
+    pools = CachePools(layer.cache_entries(torch.bfloat16), start, BLOCK, len(CONTEXTS), device="cuda")
     t0 = time.perf_counter()
     for i, ctx in enumerate(CONTEXTS):  # per-row reference prefill, in chunks
         for s in range(0, ctx, 1024):
@@ -73,7 +73,7 @@ def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
     prefill_s = time.perf_counter() - t0
     copies = {}
     for mode in ("reference", "batched"):
-        copy = CachePools(layer.cache_spec(torch.bfloat16), start, BLOCK, len(CONTEXTS), device="cuda")
+        copy = CachePools(layer.cache_entries(torch.bfloat16), start, BLOCK, len(CONTEXTS), device="cuda")
         for name in pools.kv:
             copy.kv[name][0].copy_(pools.kv[name][0])
         for name in pools.state:

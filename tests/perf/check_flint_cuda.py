@@ -142,14 +142,14 @@ def fill_random(model: torch.nn.Module) -> None:
 def decode_bench(layers: int, batches: list[int], context: int, steps: int, bandwidth: float) -> list[str]:
     from dgpp.engine.runner import ModelRunner, SeqWork
     from dgpp.quant.apply import quantize_modules
-    from dgpp.testing.flint import FLINT_RELEASE, RELEASE_LAYOUT, quantization_config
     from dgpp.testing.generate import make_pools
-    from dgpp_flint.config import parse_flint_config
+    from dgpp_flint.config import FlintArchConfig
     from dgpp_flint.model import FlintForCausalLM
+    from dgpp_flint.testing import FLINT_RELEASE, RELEASE_LAYOUT, quantization_config
 
     hf = {**FLINT_RELEASE, "num_hidden_layers": layers, "layer_types": None,
           "quantization_config": quantization_config({i: f for i, f in RELEASE_LAYOUT.items() if i < layers})}
-    cfg = parse_flint_config(hf)
+    cfg = FlintArchConfig.from_hf_config(hf)
     with torch.device("cuda"):
         model = FlintForCausalLM(cfg, dtype=torch.bfloat16)
         quantize_modules(model, hf)

@@ -114,10 +114,10 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
     from dgpp.nn.rotary import RotaryEmbedding, default_inv_freq
     from dgpp.quant.apply import quantize_modules
     from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
-    from dgpp_glm.glm5_config import parse_glm_moe_dsa_config
-    from dgpp_glm.loader import checkpoint_name
+    from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
+    from dgpp_glm.model import checkpoint_name
 
-    cfg = parse_glm_moe_dsa_config(hf)
+    cfg = GlmMoeDsaArchConfig.from_hf_config(hf)
     with torch.device("meta"):
         model = GlmMoeDsaForCausalLM(cfg, dtype=cfg.dtype)
         quantize_modules(model, hf, rename=checkpoint_name)
@@ -146,7 +146,7 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
 
 def tiny_fp32_config() -> dict:
     """The tiny glm_moe_dsa config of the exactness checks (index_topk 8: sparse rows live), in fp32."""
-    from dgpp.testing.glm_moe_dsa import tiny_glm_moe_dsa_config
+    from dgpp_glm.testing_glm5 import tiny_glm_moe_dsa_config
 
     return {**tiny_glm_moe_dsa_config(), "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
             "torch_dtype": "float32"}
@@ -261,7 +261,7 @@ def decode_bench(
                 dt = (time.perf_counter() - t0) / steps
                 assert torch.isfinite(logits).all()
                 last[graph] = logits
-                if profile and not graph and (batch, context) == cases[0]:
+                if profile and (batch, context) == cases[0]:  # both modes: what the graph's step spends and eager's not
                     _profile(runner, seqs, context + 2 + steps)
                 out.append(rate_line(f"{geometry} batch {batch} ctx {context} {mode}", dt, batch, read, bandwidth))
             except Exception as exc:  # report and go on: the table says which case failed
@@ -299,7 +299,7 @@ def main() -> int:
     ap.add_argument("--cases", default="1x1024,8x1024,1x8192", help="batch x context, comma-separated")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip-kernels", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="profile three decode steps of the first case")
+    ap.add_argument("--profile", action="store_true", help="profile three decode steps of the first case, eager and graph")
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bandwidth = copy_bandwidth()

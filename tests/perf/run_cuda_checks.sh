@@ -11,12 +11,12 @@ export TRITON_INTERPRET=0
 status=0
 # only the tests that skip without a GPU: the rest feed CPU tensors to kernels written for the Triton interpreter
 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "cuda or gpu" tests/kernels/test_moe.py \
-  tests/kernels/test_decode_graphs.py tests/core/test_sampler.py tests/plugins/qwen/test_qwen3_cuda.py \
+  tests/kernels/test_decode_graphs.py tests/core/test_sampler.py plugins/dgpp-qwen/tests/test_qwen3_cuda.py \
   tests/core/test_speculative_cuda.py \
   tests/core/test_exact_cuda_routing.py::test_batch_invariant_chunked_prefill_equals_one_shot_on_cuda ${CUDA_TESTS:-} 2>&1 \
   | tee "$OUT/pytest_cuda.log" || status=1
-for check in "tests/plugins/qwen/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu" \
-             "tests/plugins/glm/check_glm4_moe_cuda.py check --dir .cache/glm_gpu" \
+for check in "plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu" \
+             "plugins/dgpp-glm/tests/check_glm4_moe_cuda.py check --dir .cache/glm_gpu" \
              "tests/core/test_speculative_cuda.py check --dir .cache/spec_gpu" \
              "tests/perf/check_exact_cuda.py" \
              "tests/perf/check_glm5_cuda.py --cases 1x1024 --steps 4"; do

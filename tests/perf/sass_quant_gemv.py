@@ -38,7 +38,7 @@ def compile_tile(fmt, tile, shape: tuple[int, int]):
     from dgpp.quant.kernels.operands import operand as _operand
 
     x = torch.empty(1, shape[1], dtype=torch.bfloat16)
-    args = _launch_args(fmt, tile, [shape], x)
+    args = _launch_args(fmt, tile, [shape], x, tile.bk)
     options = {"num_warps": args.pop("num_warps"), "num_stages": args.pop("num_stages")}
     w, s, g = _operand(fmt, random_weight(fmt, shape, "cpu", torch.Generator().manual_seed(0)))
     ptrs = {"x_ptr": x, "out_ptr": x, "ws_ptr": g.float(), "cnt_ptr": torch.empty(1, dtype=torch.int32)}

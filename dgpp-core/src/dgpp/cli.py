@@ -27,12 +27,12 @@ _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--mtp-depth", "mtp_depth", int, "engine.mtp_depth: drafts per step"),
     ("--draft", "draft", str, "engine.draft: off|lookup (prompt-lookup drafts, any model)"),
     ("--draft-depth", "draft_depth", int, "engine.draft_depth: lookup drafts per step"),
-    ("--kv-dtype", "kv_dtype", str, "engine.kv_dtype: auto|bf16|fp8|fp4"),
+    ("--kv-dtype", "kv_dtype", str, "engine.kv_dtype: auto|bf16 (K/V in the compute dtype)"),
     ("--dtype", "dtype", str, "engine.dtype: auto|float32|bfloat16|float16 (compute dtype)"),
     ("--prefix-cache-gib", "prefix_cache_gib", float, "engine.prefix_cache_gib (0 disables)"),
     ("--dense-weights", "dense_weights", str, "engine.dense_weights: checkpoint|fp8"),
     ("--bf16-weights", "bf16_weights", str, "engine.bf16_weights: checkpoint|bf12|bf12+bf16"),
-    ("--fp8-head", "fp8_head", str, "engine.fp8_head: gemv|mma"),
+    ("--gguf-weights", "gguf_weights", str, "engine.gguf_weights: decoded|int4pack"),
     ("--port", "port", int, "http.port"),
     ("--host", "host", str, "http.bind_host"),
 ]
@@ -186,10 +186,10 @@ def _startup_checks(cfg: DeployConfig, path: str) -> Deployment:
     deployment (checkpoint, config.json, family) is what the model is then loaded from."""
     from importlib.util import find_spec
 
-    from dgpp.engine.memory import format_bytes
     from dgpp.extras import install_hint
     from dgpp.log import get_logger
     from dgpp.preflight import preflight, require_fit
+    from dgpp.step.memory import format_bytes
 
     log = get_logger("dgpp.serve")
     found = preflight(cfg)

@@ -14,8 +14,8 @@ from dgpp.errors import DgppError
 def check_deployment(args: argparse.Namespace, knobs: dict[str, Any]) -> int:
     """Everything startup would refuse, without loading weights; 0 when the deployment would start."""
     from dgpp.cli_target import resolve_target
-    from dgpp.engine.memory import GiB, format_bytes
     from dgpp.preflight import preflight, require_fit
+    from dgpp.step.memory import GiB, format_bytes
 
     measured = {
         "device": args.device,

@@ -1,8 +1,9 @@
 """Deployment templates: loading, knob overrides and validation into a ``DeployConfig``.
 
-A template is JSON; its keys follow the original engine's resolved cluster config (anchor §1.2/§1.4)
-where they apply to this engine. Unknown keys, wrong types and out-of-range values are refused
-with one ``ConfigError`` naming the key's path (``engine.max_concurency: unknown key``). The schema
+A template is JSON; its keys follow the original engine's deployment templates (github.com/HawkBearPig/dgpp)
+where this engine builds what they ask for. Unknown keys, wrong types and out-of-range values are refused
+with one ``ConfigError`` naming the key's path (``engine.max_concurency: unknown key``), and so are the
+original engine's keys this one does not build, with the reason (``dgpp.config_refused``). The schema
 (keys, types, ranges, the one default of each key) is ``dgpp.config_schema``, re-exported here; rules
 between keys are in ``dgpp.config_checks``. Every key, default and range is documented in
 docs/configuration.md.
@@ -17,11 +18,11 @@ from typing import Any
 import msgspec
 
 from dgpp.config_checks import check_cross_keys, translate_validation_error
+from dgpp.config_refused import not_built
 from dgpp.config_schema import (
     DeployConfig,
     EngineConfig,
     HttpConfig,
-    PathsConfig,
     PortsConfig,
     RopeScaling,
     canonical_json,
@@ -35,7 +36,6 @@ __all__ = [
     "DeployConfig",
     "EngineConfig",
     "HttpConfig",
-    "PathsConfig",
     "PortsConfig",
     "RopeScaling",
     "apply_knobs",
@@ -46,7 +46,7 @@ __all__ = [
     "read_template",
 ]
 
-# Knobs: the engine keys a command line may override on a template (anchor §1.1 "--knobs").
+# Knobs: the engine keys a command line may override on a template (``--knobs`` or one flag each).
 # Topology and model flags are refused: they change which ranks exist or which weights load.
 KNOB_KEYS: dict[str, tuple[str, ...]] = {
     "max_concurrency": ("engine", "max_concurrency"),
@@ -60,11 +60,11 @@ KNOB_KEYS: dict[str, tuple[str, ...]] = {
     "prefix_cache_gib": ("engine", "prefix_cache_gib"),
     "dense_weights": ("engine", "dense_weights"),
     "bf16_weights": ("engine", "bf16_weights"),
-    "fp8_head": ("engine", "fp8_head"),
+    "gguf_weights": ("engine", "gguf_weights"),
     "port": ("http", "port"),
     "host": ("http", "bind_host"),
 }
-REFUSED_KNOBS = ("model", "world_size", "nodes", "ssh_user", "release")
+REFUSED_KNOBS = ("model", "world_size", "nodes")
 
 
 def apply_knobs(raw: dict[str, Any], knobs: dict[str, Any]) -> dict[str, Any]:
@@ -94,6 +94,9 @@ def parse_config(raw: Any, source: str = "<config>") -> DeployConfig:
     """Validate plain JSON data as a deployment; every failure is one ConfigError naming the key."""
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: a deployment template must be a JSON object, got {type(raw).__name__}")
+    refused = not_built(raw)
+    if refused:
+        raise ConfigError(f"{source}: " + "; ".join(refused))
     try:
         cfg = msgspec.convert(raw, DeployConfig)
     except msgspec.ValidationError as exc:

@@ -1,8 +1,9 @@
 """The deployment template's schema: msgspec Structs whose annotations are the keys, types, ranges and defaults.
 
 Each key's default is written once, here; code that reads a setting reads it from these Structs (never
-``getattr(cfg, key, default)``). Loading, knobs and the rules between keys are in ``dgpp.config`` and
-``dgpp.config_checks``; every key is documented in docs/configuration.md.
+``getattr(cfg, key, default)``), and every key here is read by the engine. Loading, knobs and the rules between
+keys are in ``dgpp.config`` and ``dgpp.config_checks``; the original engine's keys that are not built are refused
+with their reason (``dgpp.config_refused``). Every key is documented in docs/configuration.md.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ class HttpConfig(_Section):
         30  # seconds; -1 disables; 0 refused
     )
     body_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0  # the whole request body must arrive within it
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**30)] = 65536  # request line + headers; more: 431
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0  # request line + headers must arrive within it
+    allow_unknown_fields: bool = False  # true: request fields this server does not know are ignored, not refused
     api_key: str = ""  # "" = no authentication; else every route but /health needs Authorization: Bearer <key>
     api_key_env: str = ""  # the name of an environment variable holding the key (instead of api_key)
     cors_origins: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)
@@ -46,20 +50,10 @@ class PortsConfig(_Section):
     http: Port | None = None
     fabric: Port = 29970
     journal: Port = 29971
-    metrics: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 0  # 0 = no per-peer Prometheus listener
-
-
-class PathsConfig(_Section):
-    """Where logs, staged configs, releases and the resident weight-image cache live (``~`` expanded at use)."""
-
-    log_dir: str = "~/dgpp/log"
-    stage_dir: str = "~/.cache/dgpp/stage"  # per user: a fixed shared /tmp name would collide between users
-    release_dir: str = "~/dgpp/releases"
-    resident_cache: str = ""  # "" -> ~/.cache/dgpp/resident (DGPP_RESIDENT_CACHE_DIR wins)
 
 
 class RopeScaling(_Section, kw_only=True):
-    """YaRN context extension (anchor §1.4): ``rope_type`` (or its old spelling ``type``) must be "yarn"."""
+    """YaRN context extension: ``rope_type`` (or its old spelling ``type``) must be "yarn"."""
 
     rope_type: Literal["yarn"] | None = None
     type: Literal["yarn"] | None = None
@@ -68,16 +62,15 @@ class RopeScaling(_Section, kw_only=True):
     beta_fast: float = 32.0
     beta_slow: float = 1.0
     attn_factor: float = 1.0
-    mrope_cache_factor: Annotated[float, msgspec.Meta(ge=1.0)] = 4.0
 
 
 class EngineConfig(_Section):
-    """Everything that changes what or how much the engine computes (anchor §1.4). Lossy levers default off."""
+    """Everything that changes what or how much the engine computes. Lossy levers default off."""
 
     # capacity and admission
     max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
     kv_capacity: Annotated[int, msgspec.Meta(ge=1, le=2**40)] = 8192
-    kv_dtype: Literal["auto", "bf16", "fp8", "fp4"] = "auto"
+    kv_dtype: Literal["auto", "bf16"] = "auto"
     block_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     default_max_tokens: Annotated[int, msgspec.Meta(ge=1, le=2**30)] = 256
@@ -91,12 +84,10 @@ class EngineConfig(_Section):
     admission_gather_max_ms: Annotated[int, msgspec.Meta(ge=0, le=1000)] = 0  # 0: no extension past gather_ms
     prefill_budget_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**30)] = -1
     prefill_idle_budget_tokens: Annotated[int, msgspec.Meta(ge=0, le=2**30)] = 0
-    prefill_group: bool = True
     model_alias: str = ""
     no_eos: bool = False
     reasoning_in_content: bool = False
     stats_interval_s: NonNegFloat = 10.0
-    sampling_candidates: Annotated[int, msgspec.Meta(ge=1, le=256)] = 128
     rendezvous_timeout_ms: PosInt = 120000
     # graphs and speculation
     decode_graph: bool = True  # CUDA-graph decode; the runner takes it only where CUDA graphs exist
@@ -104,17 +95,6 @@ class EngineConfig(_Section):
     cpu_threads: NonNegInt = 0  # CPU engine: torch's intra-op threads; 0 -> one per core less one (at least 1)
     mtp: bool = False
     mtp_depth: Depth = 1
-    mtp_schedule: bool = False
-    mtp_schedule_row_ms: Annotated[float, msgspec.Meta(gt=0)] = 8.0
-    mtp_schedule_base_ms: NonNegFloat = 28.0
-    mtp_schedule_lambda: NonNegFloat = 0.0
-    mtp_schedule_min_depth: Depth = 1
-    mtp_schedule_adapt: bool = True
-    mtp_schedule_sampled_scale: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.93
-    mtp_draft: Literal["auto", "sampled", "greedy"] = "auto"
-    mtp_draft_temperature: Annotated[float, msgspec.Meta(gt=0, le=4)] = 1.0
-    mtp_expert_format: Literal["fp8", "bf16_fused", "bf16"] = "fp8"
-    graph_batch_min_live: NonNegInt = 0  # 0 -> min(2, max_concurrency)
     # prompt-lookup drafts for any model (dgpp.engine.lookup_draft); "off" or engine.mtp decodes without them
     draft: Literal["off", "lookup"] = "off"
     draft_depth: Depth = 3
@@ -123,25 +103,20 @@ class EngineConfig(_Section):
     # weights and numerics
     bf16_weights: Literal["checkpoint", "bf12", "bf12+bf16"] = "checkpoint"
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"
-    fp8_head: Literal["gemv", "mma"] = "gemv"
+    # lossy: a converted GGUF's Q4_1 / Q4_0 / Q8_0 matrices multiplied packed on the CPU, in bf16 (dgpp.checkpoint.gguf_packed)
+    gguf_weights: Literal["decoded", "int4pack"] = "decoded"
     quant_decode_gemv: Literal["auto", "row", "mma"] = (
         "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
     )
     ngram_table: Literal["resident", "mmap"] = "resident"
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
-    # lossy prefill levers (with dense_weights: fp8, the keys that may change results); off unless a template opts in
-    prefill_bf16_partials: bool = False
-    prefill_fold_scales: bool = False
-    prefill_fp8_gemm: bool = False
-    prefill_fp8_per_tensor: bool = False
 
     def lossy_levers(self) -> list[str]:
         """The lossy keys turned on (logged at startup, carried by the digest)."""
-        names = ("prefill_bf16_partials", "prefill_fold_scales", "prefill_fp8_gemm", "prefill_fp8_per_tensor")
-        levers = [n for n in names if getattr(self, n)]
-        if self.dense_weights == "fp8":  # BF16 dense projections re-encoded to block FP8 at load
-            levers.insert(0, "dense_weights")
+        levers = ["dense_weights"] if self.dense_weights == "fp8" else []  # BF16 dense projections re-encoded to block FP8 at load
+        if self.gguf_weights == "int4pack":  # bf16 block scales and bf16 products
+            levers.append("gguf_weights")
         return levers
 
 
@@ -151,11 +126,8 @@ class DeployConfig(_Section, kw_only=True):
     model: Annotated[str, msgspec.Meta(min_length=1)]
     world_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] | None = None
     nodes: list[Annotated[str, msgspec.Meta(min_length=1)]] | None = None
-    ssh_user: str = ""
-    release: str = ""
     http: HttpConfig = msgspec.field(default_factory=HttpConfig)
     ports: PortsConfig = msgspec.field(default_factory=PortsConfig)
-    paths: PathsConfig = msgspec.field(default_factory=PathsConfig)
     node_env: list[dict[str, str]] = msgspec.field(default_factory=list)
     engine: EngineConfig = msgspec.field(default_factory=EngineConfig)
 

@@ -5,7 +5,7 @@
 - ``dgpp-demo/qwen3-tiny`` (``deploy/demo_tiny_cpu.json``): a tiny random Qwen3 with a small byte-level
   BPE tokenizer, built with a fixed seed, no GPU and no network, so the whole serving path can be
   exercised anywhere. Its weights are random: it answers gibberish, deterministically. Building needs
-  ``transformers``.
+  ``transformers`` and the Qwen plugin (which offers the builder).
 
 Both need the ``dgpp-core[demo]`` extra (scripts/setup.sh installs it): without it resolving a demo model is
 one error line naming the extra.
@@ -23,6 +23,7 @@ from dgpp.handoff import provide_demo_builder
 
 DEMO_SEED = 20260101
 DEMO_MAX_POSITION = 4096
+DEMO_TINY_KIND = "qwen3-chat"  # the tiny checkpoint (offered by the Qwen plugin) the qwen3-tiny demo is
 
 
 def demo_cache_dir() -> Path:
@@ -33,26 +34,16 @@ def demo_cache_dir() -> Path:
 def build_qwen3_tiny(out: Path) -> None:
     """Write the tiny Qwen3 demo checkpoint (tokenizer + config + safetensors) into ``out``.
 
-    Built from the same tiny-checkpoint and tokenizer builders the tests use (``dgpp.testing``), with
-    the tokenizer's end-of-turn tokens as the model's EOS.
+    Built by the Qwen plugin's ``qwen3-chat`` tiny checkpoint (found through the plugin manager,
+    ``dgpp_tiny_checkpoints``): a byte-level chat tokenizer whose end-of-turn tokens are the model's EOS.
     """
-    from tokenizers import Tokenizer
     from transformers.utils import logging as hf_logging
 
-    from dgpp.testing.builders import build_tiny_checkpoint
-    from dgpp.testing.tokenizers import build_tiny_tokenizer
+    from dgpp.catalog import tiny_checkpoint
 
     hf_logging.disable_progress_bar()  # a shard-writing bar is noise in a server log
-    build_tiny_tokenizer(out)
-    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
-    eos = [tok.token_to_id("<|im_end|>"), tok.token_to_id("<|endoftext|>")]
-    overrides = {
-        "eos_token_id": eos,
-        "pad_token_id": eos[1],
-        "bos_token_id": None,
-        "max_position_embeddings": DEMO_MAX_POSITION,
-    }
-    build_tiny_checkpoint("qwen3", out, seed=DEMO_SEED, overrides=overrides)
+    overrides = {"max_position_embeddings": DEMO_MAX_POSITION}
+    tiny_checkpoint(DEMO_TINY_KIND).build(out, seed=DEMO_SEED, overrides=overrides)
 
 
 def fetch_smollm2(out: Path) -> None:

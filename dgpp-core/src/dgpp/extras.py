@@ -4,7 +4,6 @@
 |---|---|---|
 | ``demo`` | transformers, gguf | building the CPU demo checkpoints (``dgpp serve demo_cpu``) |
 | ``gpu`` | triton | the Triton kernels (without it every op runs its torch reference) |
-| ``grammar`` | xgrammar | the second grammar engine (constrained decoding itself runs on llguidance, always installed) |
 | ``fabric`` | pyverbs | the RDMA fabric preflight of multi-node worlds (``dgpp check`` lists the lanes) |
 """
 

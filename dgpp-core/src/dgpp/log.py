@@ -62,7 +62,13 @@ def configure_logging(json: bool = False, level: str | None = None, stream: Any 
         shared.append(structlog.processors.format_exc_info)
     else:
         colors = bool(getattr(stream, "isatty", lambda: False)()) and not os.environ.get("NO_COLOR")
-        renderer = structlog.dev.ConsoleRenderer(colors=colors)
+        # tracebacks without local variables: a handler's locals hold the request body (a 2 KB request logged
+        # 175 KB), and a log is no place for a client's prompts
+        if isinstance(structlog.dev.default_exception_formatter, structlog.dev.RichTracebackFormatter):
+            formatter: Any = structlog.dev.RichTracebackFormatter(show_locals=False)
+        else:
+            formatter = structlog.dev.plain_traceback
+        renderer = structlog.dev.ConsoleRenderer(colors=colors, exception_formatter=formatter)
     structlog.configure(
         processors=[*shared, renderer],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS[name]),

@@ -15,15 +15,19 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
-from dgpp.family import FamilySpec, LoadContext, World
-from dgpp.family_hooks import FamilyHooks
-from dgpp.hookspecs import hookimpl
+from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
+from dgpp.family_contract import Family
+from dgpp.hookspecs import PluginHooks, hookimpl
+from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 
 if TYPE_CHECKING:
     from dgpp.checkpoint import CheckpointReader
     from dgpp.checkpoint.config_keys import CausalLMFields, ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
+    from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
+    from dgpp.engine.loading import load_model
+    from dgpp.engine.memory_estimate import estimate_model_memory
     from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
@@ -39,7 +43,7 @@ if TYPE_CHECKING:
         WindowKV,
     )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
-    from dgpp.step.model import Drafter, Model, ModelInfo
+    from dgpp.step.model import Drafter, Model, ModelInfo, collect_cache_entries
     from dgpp.text.dialect import Dialect
 
 # name -> the module that defines it (imported when the name is first read)
@@ -49,6 +53,7 @@ _LAZY = {
     "CausalLMFields": "dgpp.checkpoint.config_keys",
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
+    "GGUFFile": "dgpp.checkpoint.gguf_file",
     "ForwardBatch": "dgpp.step.batch",
     "CacheSpec": "dgpp.step.cache_spec",
     "LatentKV": "dgpp.step.cache_spec",
@@ -62,6 +67,7 @@ _LAZY = {
     "transformer_activation_bytes": "dgpp.step.memory",
     "Drafter": "dgpp.step.model",
     "Model": "dgpp.step.model",
+    "collect_cache_entries": "dgpp.step.model",
     "ModelInfo": "dgpp.step.model",
     "checkpoint_tensor_names": "dgpp.engine.weights",
     "load_family_weights": "dgpp.engine.weights",
@@ -70,10 +76,13 @@ _LAZY = {
     "QuantFormat": "dgpp.quant.format",
     "QuantScheme": "dgpp.quant.scheme",
     "Dialect": "dgpp.text.dialect",
+    "load_model": "dgpp.engine.loading",
+    "estimate_model_memory": "dgpp.engine.memory_estimate",
 }
 
 __all__ = [
     "COMPUTE_DTYPES",
+    "BenchGeometry",
     "CacheSpec",
     "CausalLMFields",
     "CheckpointError",
@@ -83,9 +92,12 @@ __all__ = [
     "ConfigKeys",
     "Dialect",
     "Drafter",
-    "FamilyHooks",
+    "Family",
+    "FamilyModel",
     "FamilySpec",
     "ForwardBatch",
+    "GGUFArchitecture",
+    "GGUFFile",
     "LatentKV",
     "WindowKV",
     "WindowBuffer",
@@ -96,14 +108,19 @@ __all__ = [
     "ModelMemory",
     "PagedKV",
     "PluginError",
+    "PluginHooks",
     "QuantFormat",
     "QuantScheme",
     "StateSpec",
+    "TinyCheckpoint",
     "UnsupportedModelError",
     "World",
     "checkpoint_tensor_names",
+    "collect_cache_entries",
     "hookimpl",
     "load_family_weights",
+    "load_model",
+    "estimate_model_memory",
     "quantize_modules",
     "settle_weights",
     "tensor_bytes",

@@ -18,7 +18,7 @@ import pluggy
 
 from dgpp import hookspecs
 from dgpp.errors import PluginError, UnsupportedModelError
-from dgpp.family import FamilySpec
+from dgpp.family import FamilyContract, FamilySpec
 from dgpp.handoff import provide_plugin_formats
 
 ENTRY_POINT_GROUP = "dgpp"
@@ -68,7 +68,7 @@ def build_manager(allow: set[str] | None = None, extra: Iterable[Any] = ()) -> p
     from dgpp import builtin
 
     pm = pluggy.PluginManager(hookspecs.PROJECT)
-    pm.add_hookspecs(hookspecs)
+    pm.add_hookspecs(hookspecs.PluginHooks)
     pm.register(builtin, name=CORE_NAME)
     allow = _allow_list() if allow is None else allow
     found = installed_entry_points()
@@ -89,11 +89,26 @@ def build_manager(allow: set[str] | None = None, extra: Iterable[Any] = ()) -> p
                 f"plugin {name!r} ({_dist_label(ep)}) failed to load: {type(exc).__name__}: {exc}; "
                 f"fix or uninstall it, or leave it out with {ALLOW_ENV}"
             ) from exc
+        check_contract(name, ep, module)
         pm.register(module, name=name)
     for module in extra:
         pm.register(module, name=getattr(module, "__name__", None))
     families(pm)  # duplicate claims are a startup error, found here rather than at first use
     return pm
+
+
+def check_contract(name: str, ep: EntryPoint, plugin: Any) -> None:
+    """A plugin that declares families does so through the one contract (``dgpp.plugin_api.Family``, checked
+    against ``FamilyContract``), so every family is built, loaded and planned by core the same way. A plugin
+    that adds no family (e.g. only weight formats) may be a module of hookimpls."""
+    if isinstance(plugin, FamilyContract):
+        plugin.check()
+        return
+    if hasattr(plugin, "dgpp_families"):
+        raise PluginError(
+            f"plugin {name!r} ({_dist_label(ep)}) declares families with hand-written hooks; declare them with "
+            f"dgpp.plugin_api.Family and point the entry point at that object (docs/plugin-authoring.md)"
+        )
 
 
 @lru_cache(maxsize=1)

@@ -2,7 +2,7 @@
 
 A validated ``DeployConfig`` -> the checkpoint directory -> its config.json -> its family (through the
 plugins) -> the memory plan against free memory. ``dgpp check`` prints the result; ``dgpp serve`` runs the
-same steps and refuses to start (exit 1) when the plan does not fit, naming the largest items (anchor §4.5).
+same steps and refuses to start (exit 1) when the plan does not fit, naming the largest items.
 The resolution (``Deployment``) is made once and handed on: ``dgpp.serve.build`` loads the model and the
 drafter from its ``LoadContext`` instead of finding the checkpoint and the family again.
 """
@@ -15,10 +15,10 @@ from typing import Any
 
 from dgpp.config import DeployConfig
 from dgpp.engine.deployment import Deployment, resolve_deployment
-from dgpp.engine.memory import DEFAULT_HEADROOM, MemoryPlan, free_memory_bytes
 from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import DgppError
 from dgpp.plugins import Resolution
+from dgpp.step.memory import DEFAULT_HEADROOM, MemoryPlan, free_memory_bytes
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ pytest.importorskip(
     "dgpp_llama", reason="the example plugin (examples/dgpp-example-plugin) is installed by scripts/setup.sh"
 )
 
-from dgpp.testing.gguf import write_llama_gguf  # noqa: E402  (needs gguf)
+from gguf_writer import write_llama_gguf  # noqa: E402  (needs gguf)
 
 
 @pytest.fixture(autouse=True)

@@ -22,7 +22,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)")
     parser.add_argument("--quant", default="",
                         help="weight formats to benchmark in turn, comma separated: bf16 (the dense model), fp8_block, "
-                             "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device)")
+                             "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device); serve mode: one "
+                             "format, the checkpoint written packed in that release's layout")
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
     serve = parser.add_argument_group("serve mode (dgpp bench serve)")

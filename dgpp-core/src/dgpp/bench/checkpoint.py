@@ -5,11 +5,17 @@ with N(0, 0.02) (norm weights 1) on the device and saved as safetensors shards, 
 downloaded checkpoint. The tokenizer is a word-level one over the model's whole vocabulary (``t0`` .. ``tN``): a
 prompt of ``n`` words is exactly ``n`` tokens, and every generated id decodes to visible text, so each streamed
 token arrives as its own event (what inter-token latency needs).
+
+``quant`` (a ``dgpp bench --quant`` format name) writes the checkpoint in that release's own layout: the
+``quantization_config`` a shipped checkpoint carries, and every decoder-layer linear encoded on the device as it is
+drawn (``<module>.weight`` codes plus its scale tensors, the names the format's releases use), so ``dgpp serve``
+loads and serves it packed, as users meet it.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,26 +27,54 @@ SHARD_BYTES = 4 << 30
 EOS = "<eos>"
 
 
-def write_checkpoint(geometry: str, out_dir: Path, device: str, dtype: torch.dtype, seed: int = 0) -> Path:
-    """Write config, weights and tokenizer of ``geometry`` into ``out_dir`` (kept when already complete)."""
+def write_checkpoint(geometry: str, out_dir: Path, device: str, dtype: torch.dtype, seed: int = 0,
+                     quant: str = "") -> Path:
+    """Write config, weights and tokenizer of ``geometry`` into ``out_dir`` (kept when already complete);
+    ``quant``: a format of ``dgpp.bench.quantize.QUANT_CONFIGS``, its decoder-layer linears packed."""
+    from dgpp.bench.quantize import QUANT_CONFIGS
+    from dgpp.errors import ConfigError
+    from dgpp.quant.scheme import KEY, QuantScheme
+
+    config = hf_config(geometry, dtype)
+    scheme = None
+    if quant:
+        if quant not in QUANT_CONFIGS:
+            raise ConfigError(f"--quant: unknown format {quant!r} for a served checkpoint; known: {', '.join(QUANT_CONFIGS)}")
+        config[KEY] = QUANT_CONFIGS[quant]
+        scheme = QuantScheme.from_hf_config(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     done = out_dir / ".complete"
     if done.is_file():
         return out_dir
-    config = hf_config(geometry, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
     (out_dir / "generation_config.json").write_text(json.dumps({"do_sample": False, "eos_token_id": 0}))
-    _write_weights(config, out_dir, device, dtype, seed)
+    _write_weights(config, out_dir, device, dtype, seed, scheme)
     write_word_tokenizer(out_dir, int(config["vocab_size"]))
     done.write_text("ok")
     return out_dir
 
 
-def _write_weights(config: dict[str, Any], out_dir: Path, device: str, dtype: torch.dtype, seed: int) -> None:
+DECODER_LINEAR = re.compile(r".*\.layers\.\d+\..*")  # what a release packs: decoder-layer linears, never embeddings
+
+
+def _stored(name: str, t: torch.Tensor, scheme: Any) -> dict[str, torch.Tensor]:
+    """The checkpoint tensors of parameter ``name``: itself, or its packed encoding where ``scheme`` packs its module."""
+    module = name[: -len(".weight")] if name.endswith(".weight") else None
+    fmt = scheme.format_for(module) if scheme and module and t.dim() == 2 and DECODER_LINEAR.fullmatch(module) else None
+    if fmt is None:
+        return {name: t}
+    from dgpp.quant.encode import encode
+
+    return {f"{module}.{suffix}": packed for suffix, packed in encode(fmt, t.float()).items()}
+
+
+def _write_weights(config: dict[str, Any], out_dir: Path, device: str, dtype: torch.dtype, seed: int,
+                   scheme: Any = None) -> None:
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    hf = AutoConfig.for_model(config["model_type"], **{k: v for k, v in config.items() if k != "model_type"})
+    plain = {k: v for k, v in config.items() if k not in ("model_type", "quantization_config")}  # shapes only
+    hf = AutoConfig.for_model(config["model_type"], **plain)
     with torch.device("meta"):
         shapes = [(name, p.shape) for name, p in AutoModelForCausalLM.from_config(hf).named_parameters()]
     gen = torch.Generator(device=device).manual_seed(seed)
@@ -60,8 +94,9 @@ def _write_weights(config: dict[str, Any], out_dir: Path, device: str, dtype: to
             t = torch.ones(shape, dtype=dtype, device=device)
         else:
             t = torch.empty(shape, dtype=dtype, device=device).normal_(0.0, 0.02, generator=gen)
-        shard[name] = t.cpu()
-        size += t.numel() * t.element_size()
+        for stored_name, stored in _stored(name, t, scheme).items():
+            shard[stored_name] = stored.cpu()
+            size += stored.numel() * stored.element_size()
         if size >= SHARD_BYTES:
             flush()
     flush()

@@ -38,8 +38,8 @@ from dgpp.bench.quantize import (
     shares_storage,
     sync_hf_weights,
 )
-from dgpp.engine.model import Model
 from dgpp.policy import current, install, overriding
+from dgpp.step.model import Model
 
 # kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so logits
 # differ by rounding; a layout or scale bug moves them by their own size
@@ -50,10 +50,11 @@ GROSS_MISMATCH = 0.25
 GEMV_LABELS = {"1": "", "row": ", row GEMV", "mma": ", MMA GEMV"}
 
 
-def _set_gemv(mode: str) -> None:
-    """Dense decode GEMV on unless mode "0"; packed layers: "1" (the default choice), "0" (wo_matmul), "row"/"mma"."""
+def _set_gemv(mode: str, rows: int = 1) -> None:
+    """Dense decode GEMV on unless mode "0"; packed layers: "1" (the engine's default: ``auto`` for an engine whose
+    steps hold ``rows`` decode rows, as ``dgpp serve`` resolves it), "0" (wo_matmul), "row"/"mma"."""
     install(dataclasses.replace(current(), dense_gemv=mode != "0", packed_decode_gemv=mode != "0",
-                                quant_decode_gemv=mode if mode in ("row", "mma") else None))
+                                quant_decode_gemv=mode if mode in ("row", "mma") else "auto", decode_max_rows=rows))
 
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
@@ -86,7 +87,7 @@ def bench_weights(
     for prompt, batch, new in parse_cases(args.cases):
         modes = [(g, s) for g in ((True, False) if args.eager else (True,)) for s in gemv_modes]
         for graph, gemv in modes:
-            _set_gemv(gemv)
+            _set_gemv(gemv, batch)
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
             res.label = f"{tag}{'graph' if graph else 'eager'}{GEMV_LABELS.get(gemv, off_label)}"
             results.append(res)

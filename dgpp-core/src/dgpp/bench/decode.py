@@ -22,8 +22,8 @@ from dgpp.bench.step_bytes import (
     logical_weight_elements,
     moe_layers,
 )
-from dgpp.engine.model import Model
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 
 __all__ = ["DecodeResult", "DecodeSession", "kv_bytes_per_token", "run_case", "hf_tok_s", "format_table"]

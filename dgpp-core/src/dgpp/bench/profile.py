@@ -15,7 +15,7 @@ from collections import defaultdict
 import torch
 
 from dgpp.bench.decode import DecodeSession, random_prompts
-from dgpp.engine.model import Model
+from dgpp.step.model import Model
 
 
 def _short(name: str) -> str:

@@ -18,13 +18,13 @@ from torch import nn
 
 from dgpp.bench.step_bytes import quantized_linears
 from dgpp.checkpoint.loader import load_weights
-from dgpp.engine.model import Model
 from dgpp.errors import ConfigError
 from dgpp.nn.moe import FusedExperts
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.encode import encode
 from dgpp.quant.format import QuantFormat
 from dgpp.quant.scheme import KEY
+from dgpp.step.model import Model
 
 DENSE = "bf16"  # the unquantized model in a ``--quant`` list (the compute dtype: fp32 on CPU)
 _KEEP_DENSE = ["lm_head"]  # the embedding is no Linear, so the scheme never reaches it

@@ -5,6 +5,7 @@ graph decode of that geometry at each case's batch, then starts a real ``dgpp se
 it with N concurrent clients per case (all sent at once: the burst is part of the measure):
 
     dgpp bench serve --geometry qwen3-8b --serve-cases 1,8,64,64:sampled,64:nostream
+    dgpp bench serve --quant fp8_block ...   # the checkpoint packed in that release's layout (one format)
 
 A case is ``N[:sampled][:nostream]`` (sampled = temperature 0.8, top-p 0.95, top-k 50). Each client streams
 ``/v1/completions`` for ``--max-tokens`` tokens (ignore_eos) from its own ``--prompt-tokens``-token prompt. Per case:
@@ -30,6 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from dgpp.errors import ConfigError
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 50}
 
@@ -164,16 +167,24 @@ def summarize(case: Case, times: list[StreamTimes]) -> dict[str, float]:
 
 
 def bench_decode_rates(
-    geometry: str, batches: set[int], prompt: int, new: int, device: str
+    geometry: str, batches: set[int], prompt: int, new: int, device: str, quant: str = ""
 ) -> dict[int, float]:
-    """``dgpp bench``'s graph decode tok/s of ``geometry`` at each batch (model freed afterwards)."""
+    """``dgpp bench``'s graph decode tok/s of ``geometry`` at each batch (model freed afterwards); ``quant``: its
+    linears packed in that format, and the packed decode kernel the server's engine resolves (``auto`` for steps
+    of the widest case's rows)."""
     from dgpp.bench.decode import copy_bandwidth_gbs, run_case
-    from dgpp.bench.models import build_pair
+    from dgpp.bench.models import build_pair, hf_config
+    from dgpp.policy import overriding
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model, _ = build_pair(geometry, device, dtype, with_hf=False)
+    if quant:
+        from dgpp.bench.quantize import quantize_model
+
+        model = quantize_model(model, hf_config(geometry, dtype), quant)
     copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
-    rates = {b: run_case(model, prompt, b, new, graph=True, copy_gbs=copy_gbs).tok_s for b in sorted(batches)}
+    with overriding(quant_decode_gemv="auto", decode_max_rows=max(batches)):
+        rates = {b: run_case(model, prompt, b, new, graph=True, copy_gbs=copy_gbs).tok_s for b in sorted(batches)}
     del model
     gc.collect()
     if device == "cuda":
@@ -242,26 +253,40 @@ def _profile(pid: int, out_dir: str, case: Case, delay: float = 2.0) -> subproce
     return subprocess.Popen(["bash", "-c", f'sleep {delay:g} && exec "$@"', "_", *cmd])
 
 
+def serve_quant(text: str) -> str:
+    """The one weight format ``dgpp bench serve --quant`` serves ("" for the dense bf16 checkpoint)."""
+    from dgpp.bench.quantize import DENSE, parse_variants
+
+    if not text.strip():
+        return ""
+    variants = parse_variants(text)
+    if len(variants) != 1:
+        raise ConfigError(f"--quant: dgpp bench serve serves one weight format at a time, got {variants}")
+    return "" if variants[0] == DENSE else variants[0]
+
+
 def run_serve(args) -> int:
     from dgpp.bench.checkpoint import word_prompt, write_checkpoint
-    from dgpp.bench.models import GEOMETRIES
+    from dgpp.bench.models import geometries
 
     cases = parse_serve_cases(args.serve_cases)
-    vocab = int(GEOMETRIES[args.geometry]["vocab_size"])
+    vocab = int(geometries()[args.geometry]["vocab_size"])
     t0 = time.perf_counter()
     root = Path(args.checkpoint_dir or tempfile.mkdtemp(prefix="dgpp-bench-serve-"))
+    quant = serve_quant(args.quant)
     checkpoint = write_checkpoint(
         args.geometry,
-        root / args.geometry,
+        root / (f"{args.geometry}-{quant}" if quant else args.geometry),
         args.device,
         torch.bfloat16 if args.device == "cuda" else torch.float32,
+        quant=quant,
     )
     print(f"checkpoint {checkpoint} ready in {time.perf_counter() - t0:.0f} s", flush=True)
     rates = (
         {}
         if args.no_bench
         else bench_decode_rates(
-            args.geometry, {c.streams for c in cases}, args.prompt_tokens, args.max_tokens, args.device
+            args.geometry, {c.streams for c in cases}, args.prompt_tokens, args.max_tokens, args.device, quant
         )
     )
     width = max(c.streams for c in cases)
@@ -316,7 +341,8 @@ def header(args, engine: dict) -> str:
     ).stdout.strip()
     return (
         f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
-        f"commit {commit or 'unknown'}, geometry {args.geometry} {'bf16' if args.device == 'cuda' else 'fp32'} random weights, {args.prompt_tokens}-token "
+        f"commit {commit or 'unknown'}, geometry {args.geometry} {'bf16' if args.device == 'cuda' else 'fp32'} random weights"
+        f"{f' packed as {args.quant}' if args.quant.strip() else ''}, {args.prompt_tokens}-token "
         f"prompts, {args.max_tokens} tokens out (ignore_eos), engine {json.dumps(engine)}"
     )
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.model import Model
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import SparseMoE, TopKRouter
 from dgpp.quant.linear import QuantLinearMethod
 from dgpp.step.cache_spec import PagedKV, StateSpec
+from dgpp.step.model import Model
 
 
 def kv_bytes_per_token(model: Model) -> int:

@@ -10,6 +10,7 @@ import torch
 
 from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
 from dgpp.errors import ConfigError
+from dgpp.nn.rotary import ROPE_TYPES, RopeScaling, YarnScaling
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -74,6 +75,59 @@ class ConfigKeys:
         value = self.cfg.get(key, supported)
         if value != supported:
             raise self.error(f"{key!r}={value!r} is not supported (only {supported!r})")
+
+    def rope(self, supported: tuple[str, ...] = ROPE_TYPES) -> RopeScaling:
+        """The RoPE of ``rope_parameters`` (transformers >= 5) or of top-level ``rope_theta`` + ``rope_scaling``
+        (older configs), as transformers reads it; a ``rope_type`` outside ``supported`` is refused by key."""
+        if isinstance(self.cfg.get("rope_parameters"), dict):
+            params, where = dict(self.cfg["rope_parameters"]), "rope_parameters."
+        else:
+            scaling = self.cfg.get("rope_scaling")
+            if scaling is not None and not isinstance(scaling, dict):
+                raise self.error("'rope_scaling' must be an object or null")
+            params, where = dict(scaling or {}), "rope_scaling."
+        params.setdefault("rope_theta", self.cfg.get("rope_theta", 10000.0))  # a top-level theta where none is nested
+        type_key = "rope_type" if "rope_type" in params else "type"
+        rope_type = params.get(type_key, "default")
+        if rope_type not in supported:
+            raise self.error(f"'{where}{type_key}'={rope_type!r} is not supported ({', '.join(supported)})")
+        keys = ConfigKeys(params, f"{self.where}: {where.rstrip('.')}")
+        theta = keys.optional("rope_theta", float, 10000.0)
+        if theta <= 0:
+            raise keys.error(f"'rope_theta' must be a positive number, got {theta!r}")
+        if rope_type == "default":
+            return RopeScaling(theta=theta)
+        factor = keys.required("factor", float)
+        if rope_type == "linear":
+            return RopeScaling(theta=theta, rope_type=rope_type, factor=factor)
+        if rope_type == "llama3":
+            return RopeScaling(theta=theta, rope_type=rope_type, factor=factor,
+                               low_freq_factor=keys.required("low_freq_factor", float),
+                               high_freq_factor=keys.required("high_freq_factor", float),
+                               original_max_position=keys.required("original_max_position_embeddings", int))
+        original = keys.optional("original_max_position_embeddings", int, self.cfg.get("max_position_embeddings"))
+        if original is None:
+            raise keys.error("required key 'original_max_position_embeddings' is missing")
+        optional = {k: keys.optional(k, float, None) for k in ("attention_factor", "mscale", "mscale_all_dim")}
+        yarn = YarnScaling(factor=factor, original_max_position=original,
+                           beta_fast=keys.optional("beta_fast", float, 32.0),
+                           beta_slow=keys.optional("beta_slow", float, 1.0),
+                           truncate=keys.optional("truncate", bool, True), **optional)
+        return RopeScaling(theta=theta, rope_type=rope_type, factor=factor, original_max_position=original, yarn=yarn)
+
+    def rotary_dim(self, head_dim: int, default_factor: float = 1.0) -> int:
+        """The dims of each head RoPE rotates: ``int(head_dim * partial_rotary_factor)`` (transformers' rounding),
+        the factor read from ``rope_parameters`` or the top level; it must give an even, non-zero width."""
+        params = self.cfg.get("rope_parameters")
+        factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
+        factor = self.cfg.get("partial_rotary_factor", default_factor) if factor is None else factor
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+            raise self.error(f"'partial_rotary_factor' must be in (0, 1], got {factor!r}")
+        rotary = int(head_dim * factor)
+        if rotary % 2 or rotary == 0:
+            raise self.error(f"'partial_rotary_factor'={factor} gives an odd or empty rotary dim {rotary} of "
+                             f"head_dim {head_dim}")
+        return rotary
 
     def causal_lm_fields(self, max_position: int, bos_token_id: int | None = None) -> dict[str, Any]:
         """``CausalLMFields``' values; ``max_position`` and ``bos_token_id`` are the defaults for absent keys."""

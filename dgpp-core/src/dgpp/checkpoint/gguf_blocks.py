@@ -37,25 +37,69 @@ def _nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat((packed & 0x0F, packed >> 4), dim=1)
 
 
+def q8_0_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q8_0 blocks ``[n, 34]`` -> ``(q [n, 32] int8, d [n, 1] fp32)``."""
+    return blocks[:, 2:34].contiguous().view(torch.int8), _fp16_field(blocks, 0)
+
+
+def q4_1_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Q4_1 blocks ``[n, 20]`` -> ``(q [n, 32] uint8 codes 0..15, d [n, 1] fp32, m [n, 1] fp32)``."""
+    return _nibbles(blocks[:, 4:20]), _fp16_field(blocks, 0), _fp16_field(blocks, 2)
+
+
 def decode_q8_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _fp16_field(blocks, 0)
-    q = blocks[:, 2:34].contiguous().view(torch.int8).float()
-    return d * q
+    q, d = q8_0_fields(blocks)
+    return d * q.float()
+
+
+def q4_0_fields(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_0 blocks ``[n, 18]`` -> ``(q [n, 32] uint8 codes 0..15, d [n, 1] fp32)``."""
+    return _nibbles(blocks[:, 2:18]), _fp16_field(blocks, 0)
 
 
 def decode_q4_0(blocks: torch.Tensor) -> torch.Tensor:
-    d = _fp16_field(blocks, 0)
-    q = _nibbles(blocks[:, 2:18]).float() - 8.0
-    return d * q
+    q, d = q4_0_fields(blocks)
+    return d * (q.float() - 8.0)
 
 
 def decode_q4_1(blocks: torch.Tensor) -> torch.Tensor:
-    d, m = _fp16_field(blocks, 0), _fp16_field(blocks, 2)
-    q = _nibbles(blocks[:, 4:20]).float()
-    return d * q + m
+    q, d, m = q4_1_fields(blocks)
+    return d * q.float() + m
 
 
 _DECODERS = {"Q8_0": decode_q8_0, "Q4_0": decode_q4_0, "Q4_1": decode_q4_1}
+
+
+def _raw_bytes(raw: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.array(raw).view(np.uint8).reshape(-1))  # a copy: the file's map is read-only
+
+
+def block_rows(raw: np.ndarray, type_name: str, shape: tuple[int, ...], what: str) -> torch.Tensor:
+    """The raw 32-weight blocks of block-quant tensor ``what`` as ``[rows, blocks a row * block bytes]`` uint8
+    (a row of ``shape``'s last dimension per row), checked against its type and shape like ``decode_tensor``."""
+    if type_name not in BLOCK_BYTES:
+        raise CheckpointError(
+            f"{what}: ggml type {type_name} is not supported (dgpp decodes {', '.join(SUPPORTED)}; "
+            "K-quants and i-quants are not yet supported)"
+        )
+    numel = int(np.prod(shape)) if shape else 1
+    if numel % BLOCK or (shape and shape[-1] % BLOCK):
+        raise CheckpointError(
+            f"{what}: {type_name} rows of {shape[-1]} weights are not whole 32-weight blocks"
+        )
+    data, block_bytes = _raw_bytes(raw), BLOCK_BYTES[type_name]
+    if data.numel() != numel // BLOCK * block_bytes:
+        raise CheckpointError(
+            f"{what}: {type_name} data holds {data.numel()} bytes, expected {numel // BLOCK * block_bytes}"
+        )
+    width = shape[-1] if shape else BLOCK
+    return data.reshape(numel // width, width // BLOCK * block_bytes)
+
+
+def decode_blocks(rows: torch.Tensor, type_name: str) -> torch.Tensor:
+    """``block_rows``' ``[rows, bytes]`` decoded to fp32 ``[rows, weights]`` (exact)."""
+    block_bytes = BLOCK_BYTES[type_name]
+    return _DECODERS[type_name](rows.reshape(-1, block_bytes)).reshape(rows.shape[0], -1)
 
 
 def decode_tensor(raw: np.ndarray, type_name: str, shape: tuple[int, ...], what: str) -> torch.Tensor:
@@ -64,27 +108,11 @@ def decode_tensor(raw: np.ndarray, type_name: str, shape: tuple[int, ...], what:
     Float types keep their dtype; block quants decode to fp32 (exact). Anything else is a
     ``CheckpointError`` naming the tensor and the type.
     """
-    numel = int(np.prod(shape)) if shape else 1
-    data = torch.from_numpy(np.array(raw).view(np.uint8).reshape(-1))  # a copy: the file's map is read-only
     if type_name in FLOAT_TYPES:
-        dtype = FLOAT_TYPES[type_name]
+        numel = int(np.prod(shape)) if shape else 1
+        data, dtype = _raw_bytes(raw), FLOAT_TYPES[type_name]
         expected = numel * torch.finfo(dtype).bits // 8
         if data.numel() != expected:
             raise CheckpointError(f"{what}: {type_name} data holds {data.numel()} bytes, expected {expected}")
         return data.view(dtype).reshape(shape)
-    decoder = _DECODERS.get(type_name)
-    if decoder is None:
-        raise CheckpointError(
-            f"{what}: ggml type {type_name} is not supported (dgpp decodes {', '.join(SUPPORTED)}; "
-            "K-quants and i-quants are not yet supported)"
-        )
-    if numel % BLOCK or (shape and shape[-1] % BLOCK):
-        raise CheckpointError(
-            f"{what}: {type_name} rows of {shape[-1]} weights are not whole 32-weight blocks"
-        )
-    blocks = numel // BLOCK
-    if data.numel() != blocks * BLOCK_BYTES[type_name]:
-        raise CheckpointError(
-            f"{what}: {type_name} data holds {data.numel()} bytes, expected {blocks * BLOCK_BYTES[type_name]}"
-        )
-    return decoder(data.reshape(blocks, BLOCK_BYTES[type_name])).reshape(shape)
+    return decode_blocks(block_rows(raw, type_name, shape, what), type_name).reshape(shape)

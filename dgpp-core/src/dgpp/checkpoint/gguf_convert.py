@@ -5,7 +5,10 @@ then writes, under ``$DGPP_GGUF_DIR`` (default ``~/.cache/dgpp/gguf/``), a direc
 tokenizer.json, tokenizer_config.json (with the file's chat template), generation_config.json and
 model.safetensors (the decoded weights: float tensors as stored, block quants as exact fp32), keyed by
 the file's path, size and modification time. Every family, the memory plan and the tokenizer then read
-it like any other checkpoint; a second start reuses it.
+it like any other checkpoint; a second start reuses it. Beside them, ``gguf/blocks.safetensors`` keeps the
+block-quant tensors' raw blocks as shipped (uint8 ``[rows, bytes]`` under the HF name, the ggml type in the
+file's metadata) for ``engine.gguf_weights: int4pack`` (``dgpp.checkpoint.gguf_packed``); the checkpoint
+reader does not look into subdirectories.
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from pathlib import Path
 
 from dgpp.errors import CheckpointError
 
-CONVERTER_VERSION = 1  # bump when the converted layout changes, so stale caches are rebuilt
+CONVERTER_VERSION = 2  # bump when the converted layout changes, so stale caches are rebuilt
+
+
+BLOCKS_FILE = Path("gguf") / "blocks.safetensors"  # relative to a converted checkpoint directory
 
 
 def gguf_cache_dir() -> Path:
@@ -51,17 +57,24 @@ def write_converted(gguf_path: Path, out: Path) -> None:
     """Write the HF-layout checkpoint of ``gguf_path`` into directory ``out``."""
     from safetensors.torch import save_file
 
-    from dgpp.checkpoint.gguf_arch import hf_tensors, llama_config
+    from dgpp.checkpoint.gguf_arch import architecture, hf_blocks, hf_tensors
     from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.gguf_tokenizer import build_tokenizer, tokenizer_configs
 
     gguf = GGUFFile(gguf_path)
-    config = llama_config(gguf, vocab_size=len(gguf.get("tokenizer.ggml.tokens") or ()))
+    arch = architecture(gguf)
+    config = arch.hf_config(gguf, len(gguf.get("tokenizer.ggml.tokens") or ()))
     tokenizer = build_tokenizer(gguf)
     tokenizer_config, generation = tokenizer_configs(gguf)
     config.update(generation)
-    tensors = dict(hf_tensors(gguf, config))
+    tensors = dict(hf_tensors(gguf, arch, config))
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt", "source": gguf_path.name})
+    blocks, types = {}, {}
+    for name, type_name, rows in hf_blocks(gguf, arch, config):
+        blocks[name], types[name] = rows.contiguous(), type_name
+    if blocks:
+        (out / BLOCKS_FILE).parent.mkdir()
+        save_file(blocks, str(out / BLOCKS_FILE), metadata={"source": gguf_path.name, "ggml_types": json.dumps(types)})
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))

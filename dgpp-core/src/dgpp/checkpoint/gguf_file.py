@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dgpp.checkpoint.gguf_blocks import decode_tensor
+from dgpp.checkpoint.gguf_blocks import BLOCK_BYTES, block_rows, decode_tensor
 from dgpp.errors import CheckpointError
 
 
@@ -80,10 +80,22 @@ class GGUFFile:
         """Row-major (torch) shape: ggml lists dimensions innermost first."""
         return tuple(int(d) for d in reversed(self._tensors[name].shape.tolist()))
 
-    def tensor(self, name: str) -> torch.Tensor:
-        """Tensor ``name`` decoded (float types keep their dtype; block quants become exact fp32)."""
+    def _info(self, name: str) -> Any:
         if name not in self._tensors:
             raise CheckpointError(f"{self.path}: tensor {name!r} is missing")
-        info = self._tensors[name]
+        return self._tensors[name]
+
+    def tensor(self, name: str) -> torch.Tensor:
+        """Tensor ``name`` decoded (float types keep their dtype; block quants become exact fp32)."""
+        info = self._info(name)
         raw = np.asarray(info.data)
         return decode_tensor(raw, info.tensor_type.name, self.shape(name), f"{self.path}: tensor {name!r}")
+
+    def blocks(self, name: str) -> torch.Tensor | None:
+        """Block-quant tensor ``name``'s raw blocks, ``[rows, bytes a row]`` uint8 (``gguf_blocks.block_rows``);
+        None for a float tensor."""
+        info = self._info(name)
+        if info.tensor_type.name not in BLOCK_BYTES:
+            return None
+        raw = np.asarray(info.data)
+        return block_rows(raw, info.tensor_type.name, self.shape(name), f"{self.path}: tensor {name!r}")

@@ -4,7 +4,7 @@ pyverbs is optional. Without it, or without an active RoCE port, the report says
 TCP sockets. Devices and ports come from pyverbs; a GID's type (RoCE v1/v2) and its network interface
 come from sysfs (``/sys/class/infiniband/<dev>/ports/<port>/gid_attrs``), which is where the kernel
 publishes them. Per port the routable RoCE v2 GID (not link-local ``fe80::``) with the lowest index
-is preferred (anchor §4.9).
+is preferred.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 log = get_logger("dgpp.dist")
 
 EXIT_ORDERLY = 0
-EXIT_RELEASED = 3  # anchor §4.10: a peer released by its watch (rank 0 gone, divergence, failed tick)
+EXIT_RELEASED = 3  # a peer released by its watch (rank 0 gone, divergence, failed tick)
 
 
 class DivergenceError(RuntimeError):

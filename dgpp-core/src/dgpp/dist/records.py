@@ -1,4 +1,4 @@
-"""Journal records: newline-framed JSON on the TCP star from rank 0 (anchor §4.3).
+"""Journal records: newline-framed JSON on the TCP star from rank 0.
 
 Floats of sampling parameters travel as ``float.hex`` strings so every rank rebuilds the exact bits;
 unseeded choices carry the seed their generator was given on rank 0, constrained ones their grammar spec.

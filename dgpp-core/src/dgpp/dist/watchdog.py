@@ -1,4 +1,4 @@
-"""Rank 0's failure handling (anchor §4.10): a progress watchdog for silent hangs and the exit that
+"""Rank 0's failure handling: a progress watchdog for silent hangs and the exit that
 follows an engine failure once live streams have had their ``engine_failure`` event."""
 
 from __future__ import annotations

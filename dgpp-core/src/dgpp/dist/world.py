@@ -1,4 +1,4 @@
-"""World formation (anchor §4.3, §4.9): the journal star and settings handshake first, then the
+"""World formation: the journal star and settings handshake first, then the
 torch.distributed process group (NCCL on GPUs, gloo on CPUs) on ``ports.fabric``.
 
 A world whose ranks disagree on version, model or any effective config value refuses to form, and

@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.graph_inputs import DecodeInputs
-from dgpp.engine.model import Model
 from dgpp.engine.work import SeqWork
 from dgpp.step.batch import ForwardBatch
+from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 
 
@@ -54,7 +54,7 @@ def pick_size(sizes: list[int], rows: int) -> int | None:
     return sizes[i] if i < len(sizes) else None
 
 
-#: ``/metrics`` ``decode_batch.replays_by_slots`` always carries these keys (anchor §2.11), larger sizes are added
+#: ``/metrics`` ``decode_batch.replays_by_slots`` always carries these keys, larger sizes are added
 REPLAY_SLOT_KEYS = [str(i) for i in range(1, 17)]
 
 

@@ -16,10 +16,10 @@ import pluggy
 import torch
 
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.model import Model
 from dgpp.errors import CheckpointError, UnsupportedModelError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import manager, resolve
+from dgpp.step.model import Model
 
 
 def read_hf_config(checkpoint_dir: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """A generic memory plan from config.json and safetensors headers (no weight is read).
 
 Used when a family's plugin offers no ``dgpp_memory_plan``: it estimates the model's bytes (a ``ModelMemory``),
-and ``dgpp.engine.memory.plan_memory`` sizes the deployment from them as for every family. The estimate's rules:
+and ``dgpp.step.memory.plan_memory`` sizes the deployment from them as for every family. The estimate's rules:
 weights = the checkpoint's stored bytes divided evenly over the ranks (TP shards nearly everything;
 a quantized checkpoint stores its linears packed, so these are ``dgpp.quant.packed_bytes``, not dequantized bytes);
 the drafter = tensors of MTP layers (named ``mtp`` or indexed past ``num_hidden_layers``); KV per
@@ -17,7 +17,7 @@ from typing import Any
 
 from dgpp.checkpoint.headers import tensor_bytes
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.memory import MemoryPlan, ModelMemory, plan_memory, transformer_activation_bytes
+from dgpp.step.memory import MemoryPlan, ModelMemory, plan_memory, transformer_activation_bytes
 
 _DTYPE_BITS = {
     "F64": 64,

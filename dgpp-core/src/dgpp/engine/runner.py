@@ -12,9 +12,9 @@ import itertools
 
 import torch
 
-from dgpp.engine.model import Model
 from dgpp.engine.work import SeqWork  # one definition shared with the scheduler
 from dgpp.step.batch import ForwardBatch
+from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 from dgpp.step.route import in_flight, step_route
 

@@ -1,5 +1,5 @@
-"""Transactional speculative decoding: an MTP drafter (``engine.mtp``, ``engine.mtp_depth``; anchor §4.7), and the
-verify step every drafter kind shares (``VerifyDecoder``; prompt-lookup drafts in ``dgpp.engine.lookup_draft``).
+"""Transactional speculative decoding: an MTP drafter (``engine.mtp``, ``engine.mtp_depth``), and the verify step
+every drafter kind shares (``VerifyDecoder``; prompt-lookup drafts in ``dgpp.engine.lookup_draft``).
 
 One decode pass, for every live request at position ``c`` (``c`` tokens cached, last token ``x`` not yet fed):
 
@@ -28,12 +28,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dgpp.engine.model import Drafter
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.engine.work import DecodingSequence, SeqWork
 from dgpp.step.cache_spec import StateSpec
+from dgpp.step.model import Drafter
 from dgpp.step.pools import CachePools
 
 if TYPE_CHECKING:

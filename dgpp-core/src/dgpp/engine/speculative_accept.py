@@ -1,4 +1,4 @@
-"""Judging one verify row against its draft token (anchor §4.7).
+"""Judging one verify row against its draft token.
 
 Greedy requests take the target's own greedy pick and keep the draft only when it equals it, so the
 transcript is the plain greedy one. Sampled requests run the ratio test for a greedy (point-mass) draft:

@@ -4,7 +4,7 @@ build on the load device -> give the modules the checkpoint stores quantized the
 (``quantize_modules``) -> fill every parameter (``load_weights``, one read per tensor, this rank's slice)
 -> the family's own checks on the open checkpoint -> close it -> each module's own settled form of what it loaded
 (``settle_weights``) -> the engine's explicit load-time conversions (``convert_dense_weights``:
-``engine.dense_weights`` / ``engine.bf16_weights``) -> eval mode.
+``engine.dense_weights`` / ``engine.bf16_weights``; ``pack_gguf_weights``: ``engine.gguf_weights``) -> eval mode.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from dgpp.checkpoint import CheckpointReader, load_weights
+from dgpp.checkpoint.gguf_packed import pack_gguf_weights
 from dgpp.family import LoadContext
 from dgpp.quant.apply import convert_dense_weights, quantize_modules
 from dgpp.quant.scheme import QuantScheme
@@ -65,6 +66,7 @@ def load_family_weights(
     settle_weights(module)
     if convert:
         convert_dense_weights(module, ctx.engine)
+        pack_gguf_weights(module, ctx.checkpoint_dir, ctx.engine, rename)
     return module.eval()
 
 

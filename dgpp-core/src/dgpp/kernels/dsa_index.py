@@ -42,21 +42,24 @@ def _index_scores_kernel(
     BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
-    t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+    start = tl.program_id(1) * BLOCK_T
+    t = start + tl.arange(0, BLOCK_T)
     n = tl.load(lens_ptr + r)
-    h = tl.arange(0, BLOCK_H)
-    d = tl.arange(0, BLOCK_D)
-    tmask = t < n
-    q = tl.load(q_ptr + r * q_r + h[:, None] * q_h + d[None, :], mask=(h[:, None] < heads) & (d[None, :] < dim),
-                other=0.0).to(tl.float32)
-    w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
-    phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
-    off = (t % block_size).to(tl.int64)
-    k = tl.load(k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < dim),
-                other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_T]
-    s = tl.maximum(tl.dot(q, k, input_precision="ieee") * scale, 0.0)  # [BLOCK_H, BLOCK_T]
-    score = tl.sum(s * w[:, None], axis=0)
-    tl.store(out_ptr + r * o_r + t, tl.where(tmask, score, float("-inf")), mask=t < width)  # the grid overhangs
+    score = tl.full([BLOCK_T], float("-inf"), tl.float32)
+    if start < n:  # a tile wholly past the row's tokens multiplies nothing (a decode graph's table spans the pool)
+        h = tl.arange(0, BLOCK_H)
+        d = tl.arange(0, BLOCK_D)
+        tmask = t < n
+        q = tl.load(q_ptr + r * q_r + h[:, None] * q_h + d[None, :], mask=(h[:, None] < heads) & (d[None, :] < dim),
+                    other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
+        phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
+        off = (t % block_size).to(tl.int64)
+        k = tl.load(k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
+                    mask=tmask[None, :] & (d[:, None] < dim), other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_T]
+        s = tl.maximum(tl.dot(q, k, input_precision="ieee") * scale, 0.0)  # [BLOCK_H, BLOCK_T]
+        score = tl.where(tmask, tl.sum(s * w[:, None], axis=0), float("-inf"))
+    tl.store(out_ptr + r * o_r + t, score, mask=t < width)  # the grid overhangs
 
 
 def index_scores_triton(

@@ -116,11 +116,10 @@ def _fit_stages(bm: int, bn: int, bk: int, stages: int, weight_tiles: int, elem:
 
 
 def _tile(n_total: int, k_dim: int, bm: int = 16) -> tuple[int, int, int]:
-    """(BN, BK, stages) for a ``bm``-row tile, from the H200 sweeps (graph replays, weights out of L2;
-    docs/benchmarks.md). 16 rows: 32-wide output tiles beat 16 on every 8B shape (4096x4096 2.94 vs 2.60
-    TB/s, 6144x4096 3.29 vs 2.92, 4096x12288 3.81 vs 3.11), narrow outputs keep 16 so the grid fills
-    the SMs. 32 rows: (32, 256, 4) is best or within 2% everywhere. 64 rows: the 12288-long rows need 256
-    K steps (30.1 us vs 46.5 us with 512), wide outputs a 64x128 tile (6144x4096: 17.1 us vs 20.9).
+    """(BN, BK, stages) for a ``bm``-row tile, from GPU sweeps (graph replays, weights out of L2;
+    docs/benchmarks.md). 16 rows: 32-wide output tiles beat 16 on every 8B shape, narrow outputs keep 16 so
+    the grid fills the SMs. 32 rows: (32, 256, 4) is best or within 2% everywhere. 64 rows: the 12288-long
+    rows need 256-wide K steps, wide outputs a 64x128 tile.
     The tile does not change a row's bits: the K loop accumulates into one MMA accumulator in the same
     order whatever BN and BK are."""
     bn = 32 if n_total // 32 >= 128 else 16

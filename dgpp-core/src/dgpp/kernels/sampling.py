@@ -13,8 +13,7 @@ bit for bit, so the reference and the kernel draw the same token from the same s
 
 The Triton kernel runs one program per row and finds the top-k and top-p thresholds by bisection
 on the float's order-preserving integer key (32 passes over the row, exact), so it never sorts.
-This is a device-side fast path; the anchor-exact sampler with per-choice generators is
-``dgpp.sample``.
+This is a device-side fast path; the sampler with per-choice generators is ``dgpp.sample``.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from torch import nn
 
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import PagedKV
 from dgpp.step.route import route_for
 
 _NARROW = (torch.bfloat16, torch.float16)
@@ -155,6 +156,10 @@ class PagedAttention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
+
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, PagedKV]:
+        """This layer's paged K/V entry (the model's ``cache_spec`` collects it)."""
+        return {self.cache_name: PagedKV(self.num_kv_heads, self.head_dim, dtype)}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = batch.cache.kv[self.cache_name]

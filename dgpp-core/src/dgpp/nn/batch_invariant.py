@@ -46,6 +46,20 @@ _PROBE_CHECKED = 65
 _native_verdicts: dict[tuple[torch.dtype, int, int, int], tuple[int, bool]] = {}
 
 
+def rows_alone(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """``product`` of each of the first ``_PROBE_CHECKED`` rows of ``x`` alone, one call a row."""
+    return torch.cat([product(x[i : i + 1]) for i in range(_PROBE_CHECKED)])
+
+
+def rows_match(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor, alone: torch.Tensor) -> bool:
+    """Whether calls of ``product`` on the first n rows of ``x`` give each row ``alone``'s bits (``rows_alone``),
+    for every n of ``_PROBE_ROWS``: the row counts where CPU kernels change their tiles (``x`` holds
+    ``ROW_BATCH`` rows)."""
+    return all(
+        torch.equal(product(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)]) for rows in _PROBE_ROWS
+    )
+
+
 def _can_pack(dtype: torch.dtype) -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
@@ -85,20 +99,13 @@ def _native_verdict(dtype: torch.dtype, out_features: int, in_features: int) -> 
         weight = torch.randn(out_features, in_features, generator=gen).to(dtype)
         x = torch.randn(ROW_BATCH, in_features, generator=gen).to(dtype)
         with torch.inference_mode():
-            alone = torch.cat([F.linear(x[i : i + 1], weight) for i in range(_PROBE_CHECKED)])
+            alone = rows_alone(lambda rows: F.linear(rows, weight), x)
             packed = _pack(weight)
-            packed_ok = packed is not None and all(
-                torch.equal(_packed_product(x[i : i + 1], packed), alone[i : i + 1])
-                for i in range(_PROBE_CHECKED)
-            )
+            packed_ok = packed is not None and torch.equal(rows_alone(lambda rows: _packed_product(rows, packed), x), alone)
             products = [lambda rows: F.linear(rows, weight)]
             if packed_ok:
                 products.append(lambda rows: _packed_product(rows, packed))
-            batched_ok = in_features <= MAX_BATCHED_IN and all(
-                torch.equal(product(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
-                for product in products
-                for rows in _PROBE_ROWS
-            )
+            batched_ok = in_features <= MAX_BATCHED_IN and all(rows_match(product, x, alone) for product in products)
         verdict = (ROW_BATCH if batched_ok else 1 if packed_ok else 0), packed_ok
         _native_verdicts[key] = verdict
     return verdict

@@ -1,8 +1,8 @@
 """The collectives the models need, with deterministic folds.
 
 Every rank must end bit-identical: a sum all-reduce gives every rank the same result (gloo and NCCL
-both broadcast one fold to all ranks), and bf16/fp16 partials are summed in fp32 and rounded once,
-as the anchor's bus does (§3, §4.9). The vocab-parallel head gathers its logit shards in rank order.
+both broadcast one fold to all ranks), and bf16/fp16 partials are summed in fp32 and rounded once
+(so the fold's result does not depend on the wire dtype). The vocab-parallel head gathers its logit shards in rank order.
 """
 
 from __future__ import annotations

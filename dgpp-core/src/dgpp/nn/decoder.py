@@ -20,6 +20,7 @@ from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.parallel import all_reduce
 from dgpp.step.batch import ForwardBatch
+from dgpp.step.memory import transformer_activation_bytes
 from dgpp.step.model import Model, ModelInfo
 
 
@@ -123,3 +124,10 @@ class PreNormCausalLM(Model):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(hidden)
+
+    def activation_bytes_per_token(self) -> int:
+        """A pre-norm block's prefill row (``transformer_activation_bytes``) with the widest MLP any layer
+        declares (its ``prefill_width``)."""
+        widest = max((getattr(m, "prefill_width", 0) for m in self.model.layers.modules()), default=0)
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return transformer_activation_bytes(self.config.hidden_size, widest, self.world.size, itemsize)

@@ -45,6 +45,7 @@ class LMHead(nn.Module):
         self.world, self.group = world or World(), group
         self.vocab_parallel = self.world.size > 1 and vocab_size % self.world.size == 0
         self.vocab_local = vocab_size // self.world.size if self.vocab_parallel else vocab_size
+        self.packed: nn.Module | None = None  # a CPU product of packed weights installed at load (engine.gguf_weights)
         if tied_to is not None:
             self.weight = tied_to.weight
         else:
@@ -58,6 +59,8 @@ class LMHead(nn.Module):
         if self.vocab_parallel and weight.shape[0] != self.vocab_local:  # tied: this rank's rows of the embedding
             weight = weight.narrow(0, self.world.rank * self.vocab_local, self.vocab_local)
         logits = _head_gemv(hidden, weight) if hidden.is_cuda else None
+        if logits is None and self.packed is not None:
+            logits = self.packed(hidden)
         if logits is None:
             logits = batch_invariant_linear(hidden, weight)
         return all_gather_last_dim(logits, self.world, self.group) if self.vocab_parallel else logits

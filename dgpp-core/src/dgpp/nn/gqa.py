@@ -85,7 +85,7 @@ class GQAttention(nn.Module):
             if kernels.gemv_applies(x, *weights):
                 q, k, v = kernels.multi_linear(x, weights)
                 return q, k, v
-        elif x.is_cuda:  # packed q/k/v of one format: one quantized decode GEMV launch
+        elif x.is_cuda or not dense_weights(*projections):  # packed q/k/v: one launch (GPU decode GEMV, CPU int4)
             fused = fused_linears(projections, x)
             if fused is not None:
                 q, k, v = fused

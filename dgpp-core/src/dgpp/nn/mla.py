@@ -117,6 +117,10 @@ class MultiLatentAttention(nn.Module):
     def cache_spec(self) -> LatentKV:
         return LatentKV.of(self.kv_lora_rank, self.rope_dim, self.dtype)
 
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, LatentKV]:
+        """This layer's latent entry, in the layer's own dtype (the model's ``cache_spec`` collects it)."""
+        return {self.cache_name: self.cache_spec()}
+
     def prepare(self, x: torch.Tensor, batch: ForwardBatch) -> MLAQuery:
         """Project this step's rows: store their normed latents and rotated k_rot in the cache, return the queries."""
         rows = x.shape[0]
@@ -192,8 +196,8 @@ class MultiLatentAttention(nn.Module):
 
     def settle_weights(self) -> None:
         """Keep a packed ``kv_b_proj`` (int8 in the GLM-5.3 release) as its decoded matrix: absorption reads the
-        whole matrix in every step (it is never multiplied as a linear), and decoding it per step was ~4 of 12.9 ms
-        of a 12-layer GLM-5.3 decode step on an H200. The matrix is the same bits the per-step decode gave, at
+        whole matrix in every step (it is never multiplied as a linear), and decoding it per step cost about a third
+        of a GLM-5.3 decode step (docs/benchmarks.md). The matrix is the same bits the per-step decode gave, at
         twice the int8 bytes (29 MB a layer at the release's size, whole; TP splits it by heads). On ``meta``
         (memory plans) only the shape and dtype change."""
         layer = self.kv_b_proj

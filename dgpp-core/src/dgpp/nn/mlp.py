@@ -34,15 +34,17 @@ def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, limit: float | None = Non
 class SwiGLUMLP(nn.Module):
     """The dense MLP of Llama-style blocks; ``gate_proj``/``up_proj`` column-, ``down_proj`` row-parallel.
     ``swiglu_limit``: clamp the SwiGLU inputs (``clamp_swiglu``); the fused gate/up kernels, which do not
-    clamp, are then skipped."""
+    clamp, are then skipped. ``bias``: all three projections carry one (Llama's ``mlp_bias``).
+    ``prefill_width`` is the row width its gate/up/activation take over all ranks (the memory plan's)."""
 
     def __init__(self, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, world: World | None = None,
-                 swiglu_limit: float | None = None):
+                 swiglu_limit: float | None = None, bias: bool = False):
         super().__init__()
         self.swiglu_limit = swiglu_limit
-        self.gate_proj = Linear(hidden_size, intermediate_size, dtype=dtype, parallel="column", world=world)
-        self.up_proj = Linear(hidden_size, intermediate_size, dtype=dtype, parallel="column", world=world)
-        self.down_proj = Linear(intermediate_size, hidden_size, dtype=dtype, parallel="row", world=world)
+        self.prefill_width = intermediate_size
+        self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype, parallel="column", world=world)
+        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype, parallel="column", world=world)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype, parallel="row", world=world)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu_limit is not None:
@@ -57,7 +59,7 @@ class SwiGLUMLP(nn.Module):
                 return self.down_proj(routed)
             if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
                 return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
-        elif x.is_cuda:  # packed gate/up of one format: gate, up and SwiGLU in one quantized launch
+        elif x.is_cuda or not dense_weights(self.gate_proj, self.up_proj):  # packed gate/up: one launch + SwiGLU
             fused = fused_gate_up_silu(self.gate_proj, self.up_proj, x)
             if fused is not None:
                 return self.down_proj(fused)

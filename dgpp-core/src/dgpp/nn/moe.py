@@ -224,6 +224,8 @@ class SparseMoE(nn.Module):
     ):
         super().__init__()
         router = HashRouter if routing.hash_vocab_size > 0 else TopKRouter
+        # a prefill row's gate/up/activation width over all ranks: its top-k experts and the shared one
+        self.prefill_width = routing.top_k * intermediate_size + shared_intermediate_size
         self.gate = router(hidden_size, routing, dtype=dtype)
         self.experts = FusedExperts(routing.num_experts, hidden_size, intermediate_size, dtype=dtype, world=world,
                                     swiglu_limit=swiglu_limit)

@@ -66,6 +66,55 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
 
 
+def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                    original_max_position: int) -> torch.Tensor:
+    """Llama 3.1's scaling: wavelengths longer than ``original / low_freq_factor`` are divided by ``factor``,
+    shorter than ``original / high_freq_factor`` kept, and the band between interpolated smoothly."""
+    wavelen = 2 * math.pi / inv_freq
+    long_wavelen = original_max_position / low_freq_factor
+    short_wavelen = original_max_position / high_freq_factor
+    scaled = torch.where(wavelen > long_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_position / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = (wavelen >= short_wavelen) & (wavelen <= long_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """A config.json's RoPE (``rope_parameters``, or ``rope_theta`` + ``rope_scaling``) as
+    ``dgpp.checkpoint.config_keys.ConfigKeys.rope`` reads it: ``theta``, the ``rope_type`` (one of
+    ``ROPE_TYPES``) and that type's keys (``factor``; llama3's ``low_freq_factor`` / ``high_freq_factor`` /
+    ``original_max_position``; yarn's ``YarnScaling``)."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position: int = 0
+    yarn: YarnScaling | None = None
+
+
+def rotary_embedding(rope: RopeScaling, head_dim: int, rotary_dim: int | None = None, *,
+                     style: RotaryStyle = "half") -> RotaryEmbedding:
+    """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
+    ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies."""
+    rotary = RotaryEmbedding(head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn)
+    if rope.rope_type in ("linear", "llama3"):
+        inv_freq = default_inv_freq(rope.theta, rotary.rotary_dim)
+        if rope.rope_type == "linear":
+            inv_freq = inv_freq / rope.factor
+        else:
+            inv_freq = llama3_inv_freq(inv_freq, rope.factor, rope.low_freq_factor, rope.high_freq_factor,
+                                       rope.original_max_position)
+        rotary.inv_freq.copy_(inv_freq)
+    return rotary
+
+
 def _swap_halves(x: torch.Tensor) -> torch.Tensor:
     """The rotation partner of every dim: ``[x2, x1]`` for ``[x1, x2]`` (rotate-half style)."""
     return x.roll(x.shape[-1] // 2, dims=-1)

@@ -50,6 +50,10 @@ class SinkAttention(nn.Module):
         return WindowKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype, window=self.window,
                         v_head_dim=self.v_head_dim)
 
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, PagedKV | WindowKV]:
+        """This layer's entry: paged K/V, or its ring (the model's ``cache_spec`` collects it)."""
+        return {self.cache_name: self.cache_spec(dtype)}
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
                 sinks: torch.Tensor | None) -> torch.Tensor:
         from dgpp import kernels

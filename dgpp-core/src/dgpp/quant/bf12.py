@@ -1,4 +1,4 @@
-"""bf12: the lossless 12-bit resident form of BF16 matrices (``engine.bf16_weights``; anchor §3.11).
+"""bf12: the lossless 12-bit resident form of BF16 matrices (``engine.bf16_weights``).
 
 Per weight: a sign+mantissa byte and a 4-bit exponent code relative to a per-row base exponent (window of
 15 exponents, codes 0..14). Code 15 is an escape: the true bf16 bits sit in a per-row, column-sorted side

@@ -65,7 +65,7 @@ class FP8Block(QuantFormat):
 
     def prepare(self, tensors: dict[str, torch.Tensor], shape: Shape) -> dict[str, torch.Tensor]:
         # E8M0 scale grids are tiny (one byte per 32x32 or 128x128 tile): widening them to exact F32
-        # once at load (as the anchor does) lets one kernel serve all three scale kinds.
+        # once at load lets one kernel serve all three scale kinds.
         if self.scale_format == "e8m0" or tensors[self.scale_name].dtype == torch.float8_e8m0fnu:
             return {**tensors, self.scale_name: self.block_scales(tensors)}
         return tensors

@@ -6,9 +6,11 @@
 dtype (the reference path). Codes stay packed; E8M0 block scales widen exactly to float32 at load.
 
 Canonical rows of a step (decode rows, speculative verify rows, every row under ``batch_invariant``) take the
-packed decode GEMV whatever the step's row count: launches of at most ``MAX_ROWS`` rows, in each of which a
-row's bits do not depend on the rows beside it; prefill-chunk rows take the weight-only GEMM with its prefill
-tiles whatever the chunk length (``dgpp.nn.exact`` routes the rows). Off CUDA, with routing off or outside a
+engine's packed decode kernel whatever the step's row count: the tensor-core one (``decode_gemv``) in ONE launch
+for all rows (64-row blocks above 16 rows, each packed weight read and decoded once per block), the CUDA-core
+row GEMV in launches of at most ``MAX_ROWS`` rows; either way a row's bits do not depend on the rows beside it;
+prefill-chunk rows take the weight-only GEMM with its prefill tiles whatever the chunk length (``dgpp.nn.exact``
+routes the rows). Off CUDA, with routing off or outside a
 model step, the routed functions return None and the caller takes its own path.
 """
 
@@ -34,7 +36,7 @@ from dgpp.quant.kernels import (
     quant_matmul,
     quant_multi_linear,
 )
-from dgpp.quant.kernels.decode_launch import MAX_ROWS
+from dgpp.quant.kernels.decode_launch import MAX_ROWS, one_launch_for_any_rows
 from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
 
 
@@ -178,9 +180,11 @@ def fused_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) -
                               gate.quant_method.local_shape(gate))
 
 
-def _chunks(rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
-    """``launch`` over row chunks of at most MAX_ROWS, outputs concatenated per weight."""
-    if rows.shape[0] <= MAX_ROWS:
+def _chunks(rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]], one_launch: bool
+            ) -> list[torch.Tensor]:
+    """``launch`` over all rows at once (``one_launch``: the tensor-core kernel) or over row chunks of at most
+    MAX_ROWS (the row GEMV), outputs concatenated per weight."""
+    if one_launch or rows.shape[0] <= MAX_ROWS:
         return launch(rows)
     parts = [launch(rows[i : i + MAX_ROWS]) for i in range(0, rows.shape[0], MAX_ROWS)]
     return [torch.cat(outs) for outs in zip(*parts, strict=True)]
@@ -189,7 +193,8 @@ def _chunks(rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tens
 def decode_rows(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], rows: torch.Tensor,
                 shapes: list[Shape]) -> list[torch.Tensor]:
     """``[rows @ W_i^T]`` through the packed decode GEMV for any number of rows (the canonical path)."""
-    return _chunks(rows.contiguous(), lambda part: quant_multi_linear(fmt, tensor_sets, part, shapes))
+    return _chunks(rows.contiguous(), lambda part: quant_multi_linear(fmt, tensor_sets, part, shapes),
+                   one_launch_for_any_rows(fmt, shapes))
 
 
 def _format(layers: tuple[nn.Module, ...], x: torch.Tensor) -> QuantFormat | None:
@@ -233,5 +238,6 @@ def routed_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) 
         g, u = _bulk_linears(fmt, (gate, up), rows)
         return [silu_and_mul(g, u)]
 
-    out = routing.route_rows(x, lambda rows: _chunks(rows.contiguous(), fused), bulk)
+    one_launch = one_launch_for_any_rows(fmt, [shape])
+    out = routing.route_rows(x, lambda rows: _chunks(rows.contiguous(), fused, one_launch), bulk)
     return None if out is None else out[0]

@@ -1,7 +1,7 @@
 """One sampling call per step for the whole batch: the scheduler's sampler.
 
 The batch's logits stay on their device. Rows whose choice has penalties, a logit bias or a grammar mask get
-their row processed first (``ChoiceSampler.processed_logits``, in the anchor's order); then every row is drawn
+their row processed first (``ChoiceSampler.processed_logits``, in the sampler's order); then every row is drawn
 in one ``draw_tokens`` call (greedy rows as an argmax), and the chosen ids cross to the host in one copy. Only
 rows asking for logprobs do more work afterwards. A seeded choice's ``k``-th draw uses a seed derived from its
 stream and ``k`` (``ChoiceSampler.next_draw_seed``), so it is reproducible however it is batched.

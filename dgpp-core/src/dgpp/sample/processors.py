@@ -1,6 +1,6 @@
 """Logit processors that run before the distribution is shaped: penalties, logit bias, token mask.
 
-All work on one fp32 row in place; the anchor's order is penalties → logit bias → mask.
+All work on one fp32 row in place, in the order penalties → logit bias → mask.
 """
 
 from __future__ import annotations

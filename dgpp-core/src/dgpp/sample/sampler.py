@@ -1,4 +1,4 @@
-"""The sampler: one token per choice from one fp32 logits row, in the anchor's order.
+"""The sampler: one token per choice from one fp32 logits row, in a fixed order.
 
 penalties → logit bias → mask → temperature → top-k → min-p → top-p → draw. Rows are processed one
 at a time with each choice's own generator, so a choice's tokens never depend on its batch mates.

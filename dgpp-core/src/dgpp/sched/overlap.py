@@ -1,8 +1,8 @@
 """Overlapped decode steps: the next step is on the GPU before the host reads the current step's tokens.
 
 Without overlap every decode step ends with the host waiting for the sampled ids, then emitting them, handing the
-events out, building and staging the next work list and launching it, while the GPU idles (about 0.7 ms per step
-at 64 rows of Qwen3-8B on an H200, against an 8.2 ms step). Here a decode-only step whose rows need the batched
+events out, building and staging the next work list and launching it, while the GPU idles (close to a tenth of
+an 8B decode step at 64 rows; docs/benchmarks.md). Here a decode-only step whose rows need the batched
 draw alone (no penalties, logit bias, grammar mask, logprobs or forced walk) is left in flight: its sampled ids stay
 on the device (``InFlight``). The next tick launches the following step from those ids (``runner.step(works,
 input_ids=ids)`` copies them into the step's inputs on the device) and only then waits for the first step's ids

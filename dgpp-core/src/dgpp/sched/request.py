@@ -13,7 +13,7 @@ from dgpp.sample.sampler import ChoiceSampler, SampleResult
 
 
 class RetireReason(enum.Enum):
-    """Why a sequence stopped (the anchor's retire reasons)."""
+    """Why a sequence stopped (``/metrics`` counts retirements by these values)."""
 
     EOS = "eos"
     LENGTH = "length"

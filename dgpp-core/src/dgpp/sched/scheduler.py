@@ -42,6 +42,10 @@ class Scheduler(OverlapSteps):
         slots: SlotPool,
         prefix_cache: PrefixCache,
         eos_token_ids: frozenset[int] | set[int] = frozenset(),
+        *,
+        speculative: Any = None,
+        overlap_events: bool = False,
+        overlap_steps: bool = False,
     ) -> None:
         self.config = config
         self.runner = runner
@@ -50,6 +54,7 @@ class Scheduler(OverlapSteps):
         self.prefix_cache = prefix_cache
         self.eos_token_ids = frozenset(eos_token_ids)
         self.waiting: deque[Sequence] = deque()
+        self._waiting_requests = 0  # leaders in ``waiting``: kept as it changes, so reading it walks nothing
         self.live: list[Sequence] = []  # admission order
         self.stats = SchedulerStats()
         self._next_seq_id = 0
@@ -58,22 +63,22 @@ class Scheduler(OverlapSteps):
         # called on the step loop thread for every retired sequence (request histograms)
         self.on_retire: list[Callable[[Sequence], None]] = []
         # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
-        self.speculative: Any = None
+        self.speculative: Any = speculative
         # serving: a tick's events are handed to the sinks once the next step is on the GPU, so the HTTP side
         # formats them while the GPU computes instead of competing with the engine thread for the GIL between
         # steps; the last tick before idle hands them out at once (see tick)
-        self.overlap_events = False
+        self.overlap_events = overlap_events
         self._ready: dict[Sequence, SeqEvent] = {}
         # serving on a GPU: decode steps launch before the previous step's tokens are read (dgpp.sched.overlap);
         # the runner's ``step`` must take ``input_ids`` (device ids replacing the works' tokens)
-        self.overlap_steps = False
+        self.overlap_steps = overlap_steps
         self._inflight: InFlight | None = None
 
     # ---- inputs (called on the step loop thread between ticks) -----------------------------------
     @property
     def waiting_requests(self) -> int:
         """Requests (not choices) in the queue: ``engine.queue_limit`` counts these."""
-        return sum(1 for s in self.waiting if s.leader is None)
+        return self._waiting_requests
 
     def submit(self, seqs: list[Sequence], check_limit: bool = True) -> None:
         """Queue the choices of one request together; all or none (``QueueFull``). The step loop thread passes
@@ -84,6 +89,7 @@ class Scheduler(OverlapSteps):
             s.seq_id = self._next_seq_id
             self._next_seq_id += 1
             self.waiting.append(s)
+            self._waiting_requests += s.leader is None
 
     def cancel(self, request_id: str, reason: RetireReason = RetireReason.CANCELLED) -> None:
         self._cancels[request_id] = reason
@@ -143,7 +149,7 @@ class Scheduler(OverlapSteps):
         cancels, self._cancels = self._cancels, {}
         for s in list(self.waiting):
             if s.request_id in cancels:
-                self.waiting.remove(s)
+                self._unqueue(s)
                 self._retire(s, cancels[s.request_id])
         for s in list(self.live):
             if s.request_id in cancels:
@@ -174,7 +180,11 @@ class Scheduler(OverlapSteps):
             if self._follows_unfinished_prefill(s):
                 continue
             if self._try_admit(s):
-                self.waiting.remove(s)
+                self._unqueue(s)
+
+    def _unqueue(self, s: Sequence) -> None:
+        self.waiting.remove(s)
+        self._waiting_requests -= s.leader is None
 
     def _follows_unfinished_prefill(self, s: Sequence) -> bool:
         leader = s.leader
@@ -353,4 +363,5 @@ class Scheduler(OverlapSteps):
             self._retire(s, RetireReason.FAILED)
             self._event(s).error = message
         self.waiting.clear()
+        self._waiting_requests = 0
         self._flush_events()

@@ -1,4 +1,4 @@
-"""The periodic ``stats:`` log line (anchor §7.3 shape), written every ``engine.stats_interval_s`` while busy."""
+"""The periodic ``stats:`` log line, written every ``engine.stats_interval_s`` while busy."""
 
 from __future__ import annotations
 

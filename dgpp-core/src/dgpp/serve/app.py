@@ -33,10 +33,11 @@ def _json(body: Any, status: int = 200) -> Response:
 
 def model_object(backend: Backend) -> dict[str, Any]:
     lim = backend.limits
+    tools = backend.chat_template is not None and backend.dialect is not None  # a dialect parses calls back
     return {
         "id": backend.model_id, "object": "model", "created": backend.created, "owned_by": "dgpp",
         "sampling": {"available": True, "defaults": backend.defaults.as_dict()},
-        "tools": {"available": backend.chat_template is not None, "constrained": backend.grammar is not None},
+        "tools": {"available": tools, "constrained": tools and backend.grammar is not None},
         "response_format": {"json_object": backend.grammar is not None, "json_schema": backend.grammar is not None},
         "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": _effort_mapping(backend)},
         "default_chat_template_kwargs": dict(getattr(backend.chat_template, "default_kwargs", {}) or {}),
@@ -98,7 +99,8 @@ async def metrics_prometheus(request: Request) -> Response:
 
 
 def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interval: int = 30,
-              cors_origins: list[str] | None = None, responses_store_bytes: int = 67108864) -> Litestar:
+              cors_origins: list[str] | None = None, responses_store_bytes: int = 67108864,
+              allow_unknown_fields: bool = False) -> Litestar:
     """An app serving ``backend``; its step loop must already be started. ``serving_app`` adds the ASGI
     wrappers a listening server needs (request ids, body deadline, API key, connection limit)."""
     if not backend.created:
@@ -123,6 +125,7 @@ def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interva
     app.state.prometheus = PrometheusExport(backend)
     app.state.service = backend.counters
     app.state.sse_ping_interval = sse_ping_interval
+    app.state.allow_unknown_fields = allow_unknown_fields
     app.state.openapi = openapi_document(__version__)
     app.state.responses = ResponseStore(responses_store_bytes)
     return app
@@ -132,7 +135,7 @@ def serving_app(backend: Backend, http_cfg: Any, max_connections: int) -> Any:
     """The ASGI application ``dgpp serve`` listens with: request id, API key and a deadline-bound body read
     (``BodyGuard``), then ``engine.max_connections`` (``ConnectionLimit``), then the routes."""
     app = build_app(backend, http_cfg.max_body_bytes, http_cfg.sse_ping_interval, list(http_cfg.cors_origins),
-                    http_cfg.responses_store_bytes)
+                    http_cfg.responses_store_bytes, http_cfg.allow_unknown_fields)
 
     def shed() -> None:
         backend.loop.requests_shed += 1
@@ -158,4 +161,5 @@ def run(cfg: DeployConfig, backend: Backend | None = None, deployment: Deploymen
     if cfg.engine.warmup and compiles_kernels(backend):  # the first bursts' kernel compiles, before listening
         warm_up(backend, cfg.engine.max_concurrency)
     asgi = serving_app(backend, cfg.http, cfg.engine.max_connections)
-    uvicorn.run(asgi, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning", http=protocol_class())
+    protocol = protocol_class(cfg.http.max_header_bytes, cfg.http.header_timeout_s)
+    uvicorn.run(asgi, host=cfg.http.bind_host, port=cfg.http.port, log_level="warning", http=protocol)

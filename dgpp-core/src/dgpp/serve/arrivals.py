@@ -1,9 +1,9 @@
 """Requests on their way to the engine: announced when their handler starts, released once submitted.
 
 A burst's requests reach the engine one by one as the event loop reads, validates and tokenizes them (about a
-millisecond each on an H200 host, so 64 requests take ~60 ms). With ``engine.admission_gather_max_ms`` set (off by
+millisecond each, so a 64-request burst takes tens of milliseconds to arrive). With ``engine.admission_gather_max_ms`` set (off by
 default), an idle engine holds its first arrival while announced requests are still on their way
-(``StepLoop._gather``, at most that long), so the whole burst is prefilled in one step. A handler is wrapped in ``announced``; ``Backend.start`` calls
+(``StepLoop._gather``, at most that long), so the whole burst is prefilled in one step. A handler is wrapped in ``announced``; ``Backend.submit`` calls
 ``submitted`` right after it queues the request's sequences; the wrapper releases the announcement on any
 other exit (a refused request, a disconnect).
 """

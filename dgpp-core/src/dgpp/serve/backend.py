@@ -118,7 +118,7 @@ def _message_chars(messages: list[Any]) -> int:
 
 
 class Backend:
-    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``start``."""
+    """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``submit``."""
 
     def __init__(
         self,
@@ -161,6 +161,10 @@ class Backend:
         from dgpp.text.tools import tool_specs
 
         tools = None if req.tool_choice == "none" else req.tools
+        if tools and self.dialect is None:  # nothing could read a call back out of the text: refuse, never drop
+            raise APIError(400, "tools are not available for this model: its family has no tool-call dialect, so "
+                                "no call could be parsed from its output (/v1/models: tools.available is false); "
+                                "send tool_choice \"none\" or no tools", "unsupported_parameter", "tools")
         think = (self.dialect.think_start, self.dialect.think_end) if self.dialect is not None else ("<think>", "</think>")
 
         def work() -> PreparedChat:
@@ -213,7 +217,8 @@ class Backend:
 
         out = []
         special = {"skip_special_tokens": skip_special_tokens,
-                   "spaces_between_special_tokens": spaces_between_special_tokens}
+                   "spaces_between_special_tokens": spaces_between_special_tokens,
+                   "eos_is_text": handle.params.ignore_eos}
         for i in range(len(handle.seqs)):
             if prepared is None:
                 text = ChoiceOutput(self.tokenizer, stop=handle.params.stop, reasoning_in_content=True, **special)
@@ -222,7 +227,10 @@ class Backend:
                                     tools=prepared.tools, stop=handle.params.stop,
                                     reasoning_in_content=self.reasoning_in_content,
                                     request_tag=f"{handle.request_id}/{i}", **special)
-            out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids))
+            # a legacy completion reports the EOS that ended it among its logprobs, as OpenAI and vLLM do
+            # (log-likelihood harnesses drop the generated token's entry as the last one)
+            out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids,
+                                    eos_logprobs=prepared is None))
         return out
 
     async def prepare_text(self, prompt: str) -> list[int]:
@@ -244,8 +252,7 @@ class Backend:
     async def _run_prep(self, fn: Any, inline: bool = False) -> Any:
         """``fn()`` in the worker pool, or ``inline`` on the event loop: a short prompt's preparation (~0.1 ms)
         costs less than the hop to a worker and back, and the hop made a burst's requests reach the engine in
-        lockstep only after every one of them had been read and queued (H200 host, 64 x 128-token prompts: the
-        first submission 35-40 ms after the first arrival)."""
+        lockstep only after every one of them had been read and queued (docs/benchmarks.md)."""
         try:
             if inline:
                 return fn()
@@ -256,7 +263,7 @@ class Backend:
             raise APIError(400, e.message, "invalid_parameter", e.param) from None
 
     # ---- submission ---------------------------------------------------------------------------
-    def start(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
+    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
               kind: str = "chatcmpl", matchers: list[Any] | None = None,
               max_tokens_given: bool = True, constraint: dict[str, Any] | None = None,
               samplers: list[ChoiceSampler] | None = None) -> RequestHandle:
@@ -290,11 +297,7 @@ class Backend:
                                 f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
                            "context_length_exceeded", "max_tokens")
         handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
-        relay = self._relay(asyncio.get_running_loop())
-
-        def sink(seq: Sequence, ev: SeqEvent) -> None:
-            relay.post(handle.queue, (seq.choice_index, ev))
-
+        sink = self._relay(asyncio.get_running_loop()).sink(handle.queue)
         for i in range(n):
             # n choices of one seeded request differ: each draws from (seed, choice index)
             m = matchers[i] if matchers else None
@@ -313,6 +316,11 @@ class Backend:
         except StepLoopFailed as e:
             raise APIError(503, f"engine failed: {e}", "engine_failure") from None
         return handle
+
+    @property
+    def queue_limit(self) -> int:
+        """``engine.queue_limit``: requests waiting beyond it are refused (503, retryable)."""
+        return self.loop.published.config.queue_limit
 
     def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
         """The event relay of ``loop`` (one per serving loop; tests may serve from several loops in turn)."""

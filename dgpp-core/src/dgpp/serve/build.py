@@ -11,7 +11,7 @@ import structlog
 import torch
 
 from dgpp.config import DeployConfig, EngineConfig
-from dgpp.engine.keys import check_engine_keys
+from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.engine.work import StepRunner
 from dgpp.policy import current
 from dgpp.sample.params import SamplingDefaults
@@ -21,7 +21,6 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.backend import Backend, ModelLimits
-from dgpp.serve.metrics import scheduler_snapshot
 
 if TYPE_CHECKING:
     from dgpp.engine.deployment import Deployment
@@ -93,13 +92,15 @@ def assemble(
     cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
                         min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes,
                         attach=attach)
-    scheduler = Scheduler(sched_cfg, runner, blocks, slots, cache, eos_token_ids)
-    scheduler.speculative = speculative  # engine.mtp (None: plain decode)
-    scheduler.overlap_events = True  # a tick's events go out while the next step runs on the GPU
-    # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
-    scheduler.overlap_steps = (current().overlap_steps and speculative is None
-                               and bool(getattr(runner, "overlaps_decode", False)))
-    loop = StepLoop(scheduler, engine_cfg.stats_interval_s, snapshot=scheduler_snapshot,
+    scheduler = Scheduler(
+        sched_cfg, runner, blocks, slots, cache, eos_token_ids,
+        speculative=speculative,  # engine.mtp (None: plain decode)
+        overlap_events=True,  # a tick's events go out while the next step runs on the GPU
+        # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
+        overlap_steps=(current().overlap_steps and speculative is None
+                       and bool(getattr(runner, "overlaps_decode", False))),
+    )
+    loop = StepLoop(scheduler, engine_cfg.stats_interval_s,
                       gather_ms=engine_cfg.admission_gather_ms,
                       gather_max_ms=engine_cfg.admission_gather_max_ms)
     if start_loop:
@@ -203,14 +204,13 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     engine_cfg = cfg.engine
     deployment = deployment or resolve_deployment(cfg, device)
     ctx = deployment.for_rank(world, device, group)
-    check_engine_keys(engine_cfg)  # before any weight is read
     device = ctx.device
     _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
     if torch.device(device or "cpu").type == "cpu":
         _set_cpu_threads(engine_cfg.cpu_threads, ctx.world.size)
     model = model_for(ctx, deployment.pm)
     info = model.info
-    check_engine_keys(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
+    refuse_unstored_kv(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
     text = text_stack(deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm)
     tokenizer = text.tokenizer
     spec = model.cache_spec()

@@ -32,12 +32,13 @@ class ServedChoice:
     """Feeds one choice's token events through the text chain and keeps its totals."""
 
     def __init__(self, index: int, text: ChoiceOutput, tokenizer: Any, params: SamplingParams,
-                 eos_token_ids: frozenset[int]) -> None:
+                 eos_token_ids: frozenset[int], eos_logprobs: bool = False) -> None:
         self.index = index
         self.text = text
         self.tokenizer = tokenizer
         self.params = params
         self.eos_token_ids = eos_token_ids
+        self.eos_logprobs = eos_logprobs  # whether an EOS gets a logprob entry (legacy completions)
         self.completion_tokens = 0
         self.cumulative_logprob = 0.0  # of the generated tokens, when sampled with logprobs (ranks best_of)
         self.cached_tokens = 0
@@ -45,7 +46,7 @@ class ServedChoice:
         self.error: str | None = None
         self.logprobs: list[dict[str, Any]] = []
         # entries of tokens the tool-call parser holds: dropped if they become a call (tool syntax is not
-        # visible content, anchor §2.9), released in order if they turn out to be content
+        # visible content), released in order if they turn out to be content
         self._held: list[dict[str, Any]] = []
         self._entries = LogprobEntries(tokenizer)
 
@@ -77,10 +78,11 @@ class ServedChoice:
             if sample.logprob is not None:
                 self.cumulative_logprob += sample.logprob
             stopped = self.text.stopped
-            # logprobs describe generated tokens but EOS and a fully suppressed stop token; reasoning ones are
-            # marked and go to ``logprobs.reasoning_content`` (``chat_logprobs``), as reasoning tokens go to
-            # ``reasoning_content`` whether the template hides them or not
-            if self.params.logprobs and token not in self.eos_token_ids and (stopped is None or parts):
+            # logprobs describe generated tokens but a fully suppressed stop token and, in a chat, EOS; reasoning
+            # ones are marked and go to ``logprobs.reasoning_content`` (``chat_logprobs``), as reasoning tokens go
+            # to ``reasoning_content`` whether the template hides them or not
+            eos_entry = self.eos_logprobs or token not in self.eos_token_ids
+            if self.params.logprobs and eos_entry and (stopped is None or parts):
                 entry = self._logprob_entry(token, sample)
                 if hidden:
                     delta.logprobs.append({**entry, REASONING: True})
@@ -116,6 +118,10 @@ class ServedChoice:
 
     def _finish(self, delta: Delta, reason: str) -> None:
         tail = self.text.finish()
+        flushed = self.text.last_piece  # an unfinished character ends the text as U+FFFD: the last entry's
+        entries = delta.logprobs or self.logprobs or self._held
+        if flushed and entries:
+            entries[-1]["token"] += flushed
         delta.parts += tail
         if not any("tool_calls" in p for p in tail):  # a cut-off or malformed block flushes as content
             delta.logprobs += self._held
@@ -124,7 +130,7 @@ class ServedChoice:
         self.logprobs.extend(delta.logprobs)
 
     def _logprob_entry(self, token: int, sample: Any) -> dict[str, Any]:
-        return self._entries.entry(token, sample.logprob, sample.top_logprobs)
+        return self._entries.entry(token, sample.logprob, sample.top_logprobs, self.text.last_piece)
 
 
 class LogprobEntries:
@@ -137,10 +143,13 @@ class LogprobEntries:
         # counts them as tokens) and no logprob bytes
         self._known = tokenizer.vocab_size
 
-    def entry(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None) -> dict[str, Any]:
-        """``top`` None gives ``top_logprobs: null`` (a prompt's first token, which nothing predicts)."""
+    def entry(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None,
+              text: str | None = None) -> dict[str, Any]:
+        """``top`` None gives ``top_logprobs: null`` (a prompt's first token, which nothing predicts). ``text`` is
+        what the token added to the returned text (so the entries join to it; ``bytes`` stay the token's own),
+        else its text decoded alone (the alternatives in ``top_logprobs``)."""
         return {
-            "token": self.text(token),
+            "token": self.text(token) if text is None else text,
             "logprob": logprob,
             "bytes": list(self.bytes(token)),
             "top_logprobs": None if top is None else [

@@ -18,7 +18,7 @@ from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
-from dgpp.serve.errors import APIError, log_error, request_id_of, unsupported
+from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
 from dgpp.serve.http_guard import content_length
 from dgpp.serve.legacy import LegacyPrompt, best_of, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
@@ -29,7 +29,7 @@ from dgpp.serve.openai_format import (
     timings,
 )
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
-from dgpp.serve.validate import check_model, parse_body, sampling_params
+from dgpp.serve.validate import check_content_type, check_model, parse_body, sampling_params
 
 
 def _backend(request: Request) -> Backend:
@@ -39,7 +39,8 @@ def _backend(request: Request) -> Backend:
 async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Backend]:
     backend = _backend(request)
     backend.counters.requests_total += 1
-    req, raw = parse_body(await request.body(), kind)
+    check_content_type(request.scope)
+    req, raw = parse_body(await request.body(), kind, request.app.state.allow_unknown_fields)
     check_model(req.model, backend.model_id)
     return req, raw, backend
 
@@ -52,7 +53,7 @@ async def chat_completions(request: Request) -> Response | Stream:
     prepared = await backend.prepare_chat(req, req.n or 1)
     if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
         params = replace(params, ignore_eos=False)
-    handle = backend.start(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
+    handle = backend.submit(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
                           kind="chatcmpl", matchers=prepared.matchers, constraint=prepared.constraint,
                           max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
     return await _answer(request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req)))
@@ -68,6 +69,10 @@ async def completions(request: Request) -> Response | Stream:
     if generate > n:
         params = replace(params, logprobs=True)  # each candidate's cumulative logprob ranks it
     split = split_prompts(req.prompt, backend.limits.vocab_size)
+    if len(split) > backend.queue_limit:  # each prompt is one queued request: this batch could never be accepted
+        raise invalid(f"prompt holds {len(split)} prompts, more than this server ever queues at once "
+                      f"(engine.queue_limit = {backend.queue_limit}); send at most {backend.queue_limit} per "
+                      "request", "prompt", "too_many_prompts")
     if req.stream and len(split) > 1:
         raise unsupported("prompt", "holds several prompts, which only a non-streamed request can take")
     prompts = [await prepare_prompt(backend, p) for p in split]
@@ -77,7 +82,7 @@ async def completions(request: Request) -> Response | Stream:
             await asyncio.gather(*(score_prompt(backend, p, req.logprobs, watch.track) for p in prompts))
         handles: list[RequestHandle] = []
         for p in prompts if req.max_tokens != 0 and not watch.gone else []:
-            handles.append(watch.track(backend.start(p.ids, params, n=generate, use_prefix_cache=req.prefix_cache,
+            handles.append(watch.track(backend.submit(p.ids, params, n=generate, use_prefix_cache=req.prefix_cache,
                                                      kind="cmpl", max_tokens_given=req.max_tokens is not None)))
         outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
         if req.stream and not watch.gone:

@@ -1,4 +1,4 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the anchor's codes."""
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` and stable ``code`` values."""
 
 from __future__ import annotations
 
@@ -68,11 +68,14 @@ async def send_error(send: Callable[[dict], Awaitable[None]], err: APIError) -> 
 
 
 def log_error(err: APIError, request_id: str | None, path: str, exc: BaseException | None = None) -> None:
-    """Every error answered is logged once: a client's mistake at info, a server fault (5xx) at error with the
-    traceback of what raised it."""
+    """Every error answered is logged once, one line with the request id and never the body: a client's mistake
+    at info, overload at warning (the server is fine, it is busy), a server fault at error with the traceback
+    of what raised it."""
     fields = {"request_id": request_id, "path": path, "status": err.status, "code": err.code, "param": err.param,
               **err.log_fields}
-    if err.status >= 500:
+    if err.code == "overloaded":
+        log.warning("request shed", error=err.message, **fields)
+    elif err.status >= 500:
         log.error("request failed", error=err.message, exc_info=exc if exc is not None else err, **fields)
     else:
         log.info("request rejected", error=err.message, **fields)

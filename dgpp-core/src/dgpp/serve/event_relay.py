@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
+
+from dgpp.sched.request import SeqEvent, Sequence
 
 
 class EventRelay:
@@ -33,6 +36,14 @@ class EventRelay:
             self.loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop closed (shutdown): nobody is waiting for events any more
             pass
+
+    def sink(self, queue: asyncio.Queue) -> Callable[[Sequence, SeqEvent], None]:
+        """A sequence sink (called on the step loop's thread) that relays ``(choice_index, event)`` to ``queue``."""
+
+        def post_event(seq: Sequence, ev: SeqEvent) -> None:
+            self.post(queue, (seq.choice_index, ev))
+
+        return post_event
 
     def _drain(self) -> None:
         with self._lock:

@@ -1,10 +1,12 @@
-"""Per-request latency and size histograms for ``/metrics/prometheus`` (anchor §2.12 names).
+"""Per-request latency and size histograms for ``/metrics/prometheus`` (``dgpp_request_*``).
 
 Observed on the step loop thread when a sequence retires, from the timestamps the scheduler keeps on it
 (arrival, admission, first and last token); prometheus_client histograms are thread-safe.
 """
 
 from __future__ import annotations
+
+import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
@@ -31,6 +33,10 @@ class RequestHistograms:
         self.tpot = hist("request_time_per_output_token_seconds", "mean gap between output tokens", _LATENCY)
         self.prompt = hist("request_prompt_tokens", "prompt tokens per sequence", _TOKENS)
         self.generation = hist("request_generation_tokens", "generated tokens per sequence", _TOKENS)
+
+    def retired(self, s: Sequence) -> None:
+        """``s`` retired just now (the step loop's ``on_retire`` hook)."""
+        self.observe(s, time.monotonic())
 
     def observe(self, s: Sequence, now: float) -> None:
         m = self.model_name

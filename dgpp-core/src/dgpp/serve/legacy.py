@@ -18,6 +18,7 @@ from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import LogprobEntries, ServedChoice, legacy_logprobs
 from dgpp.serve.errors import APIError, invalid
 from dgpp.serve.openai_format import usage
+from dgpp.text.detokenizer import IncrementalDetokenizer
 
 PROMPT_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
 
@@ -71,17 +72,19 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
     ``track`` is told the scoring walk's handle (so a client that hangs up stops it)."""
     entries = LogprobEntries(backend.tokenizer)
     ids = prompt.ids
-    prompt.logprobs = [entries.entry(ids[0], None, None)]
+    pieces = token_pieces(backend.tokenizer, ids)
+    prompt.logprobs = [entries.entry(ids[0], None, None, pieces[0])]
     if len(ids) == 1:
         return
     sampler = ForcedSampler(ids[1:], backend.limits.vocab_size, ids[:1], top)
-    handle = backend.start(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
+    handle = backend.submit(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
     if track is not None:
         track(handle)
     try:
         async for _, ev in handle.events():
-            prompt.logprobs += [entries.entry(t, s.logprob, s.top_logprobs) for t, s in zip(ev.tokens, ev.samples,
-                                                                                             strict=True)]
+            at = len(prompt.logprobs)
+            prompt.logprobs += [entries.entry(t, s.logprob, s.top_logprobs, piece) for t, s, piece in
+                                zip(ev.tokens, ev.samples, pieces[at : at + len(ev.tokens)], strict=True)]
             if ev.error is not None:
                 err = APIError(500, f"scoring the prompt failed: {ev.error}", "generation_failed")
                 err.log_fields["completion_id"] = handle.request_id
@@ -93,6 +96,17 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
     if len(prompt.logprobs) != len(ids):  # a forced walk only ends early when the engine stops it
         raise APIError(500, f"scoring the prompt ended after {len(prompt.logprobs)} of {len(ids)} tokens",
                        "generation_failed")
+
+
+def token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
+    """The text each of ``ids`` adds to their decoded text (a character split across tokens goes to the token that
+    finishes it), so a prompt's logprob entries join to its echo."""
+    detokenizer = IncrementalDetokenizer(tokenizer)
+    pieces = []
+    for t in ids:
+        detokenizer.push(t)
+        pieces.append(detokenizer.last_piece)
+    return pieces
 
 
 def best_of(outputs: list[ServedChoice], n: int) -> list[ServedChoice]:

@@ -1,7 +1,8 @@
-"""``/metrics`` JSON (anchor §2.11 key groups) and ``/metrics/prometheus`` (``dgpp_*`` names, §2.12).
+"""``/metrics`` JSON and ``/metrics/prometheus`` (``dgpp_*`` names), built when scraped.
 
-The scheduler part is captured on the step loop's thread after each pass (``scheduler_snapshot``) so a
-reader never walks structures the scheduler is changing; ``snapshot_age_ms`` says how old it is.
+The key groups follow the original engine's ``/metrics`` (github.com/HawkBearPig/dgpp). Everything comes from
+what the step loop publishes (``dgpp.sched.published``: counters, and gauges written once per pass) and the
+HTTP side's own counters; nothing here reads the scheduler. ``snapshot_age_ms`` says how old the gauges are.
 """
 
 from __future__ import annotations
@@ -12,71 +13,64 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from dgpp.engine.graphs import ReplayStats
-from dgpp.sched.request import RetireReason, SeqStatus
-from dgpp.sched.scheduler import Scheduler
+from dgpp.sched.published import Published
+from dgpp.sched.request import RetireReason
 from dgpp.serve.histograms import RequestHistograms
+
+_NO_SPEC = {"depth": 0, "drafter": "none", "num_drafts_total": 0, "num_draft_tokens_total": 0,
+            "num_accepted_tokens_total": 0, "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []}
 
 
 def _avg(total: float, count: int) -> float:
     return total / count if count else 0.0
 
 
-def _replay_stats(s: Scheduler) -> dict[str, Any]:
-    """The decode graphs' replay counters (zeros when the runner has none: eager, MTP, a toy runner)."""
-    graphs = getattr(s.runner, "graphs", None)
-    if graphs is None:
-        return ReplayStats().as_metrics()
-    return graphs.stats.as_metrics()
-
-
-def scheduler_snapshot(s: Scheduler) -> dict[str, Any]:
-    st, pc = s.stats, s.prefix_cache
+def engine_report(p: Published) -> dict[str, Any]:
+    """The ``scheduler``, ``prefix_cache`` and ``prefill`` groups from what the step loop published."""
+    st, pcs, shape, g = p.stats, p.prefix_stats, p.prefix_cache, p.gauges
     now = time.monotonic()
-    prefilling = [q for q in s.live if q.status is SeqStatus.PREFILL]
     rows = [
-        {"id": q.request_id, "slot": q.slot, "prompt_tokens": q.prompt_len, "processed_tokens": q.computed,
-         "cached_tokens": q.cached_tokens, "computed_tokens": q.computed - q.cached_tokens,
-         "remaining_tokens": q.remaining_prefill, "elapsed_ms": (now - (q.admitted_at or now)) * 1000.0}
-        for q in prefilling
+        {"id": r.request_id, "slot": r.slot, "prompt_tokens": r.prompt_tokens, "processed_tokens": r.processed_tokens,
+         "cached_tokens": r.cached_tokens, "computed_tokens": r.processed_tokens - r.cached_tokens,
+         "remaining_tokens": max(0, r.prompt_tokens - r.processed_tokens),
+         "elapsed_ms": (now - (r.admitted_at or now)) * 1000.0}
+        for r in g.prefilling
     ]
     summed = {k: sum(r[k] for r in rows) for k in
               ("prompt_tokens", "processed_tokens", "cached_tokens", "computed_tokens", "remaining_tokens")}
-    decode_live = sum(1 for q in s.live if q.status is SeqStatus.DECODE)
+    finished = dict(st.finished)
     return {
         "scheduler": {
-            "active": len(s.live), "queued": len(s.waiting), "terminal": sum(st.finished.values()),
-            "records": len(s.live) + len(s.waiting), "record_tokens": sum(q.prompt_len + len(q.output) for q in s.live),
-            "pool_blocks_total": s.blocks.num_blocks, "pool_blocks_in_use": s.blocks.num_in_use,
-            "prefilling": len(prefilling), "tokens_generated": st.tokens_generated,
+            "active": g.active, "queued": g.queued, "terminal": sum(finished.values()),
+            "records": g.active + g.queued, "record_tokens": g.record_tokens,
+            "pool_blocks_total": p.pool_blocks_total, "pool_blocks_in_use": g.pool_blocks_in_use,
+            "prefilling": len(rows), "tokens_generated": st.tokens_generated,
             "prompts_prefilled": st.prompts_prefilled, "prompt_tokens": st.prompt_tokens,
             "prompt_tokens_computed": st.prompt_tokens_computed, "decode_steps": st.decode_steps,
             "decode_rows": st.decode_rows,
             "decode_batch": {
-                "last_slots": st.last_decode_rows, "last_active": decode_live,
+                "last_slots": st.last_decode_rows, "last_active": g.decoding,
                 "last_rows_per_request": st.last_rows_per_request, "rows": st.decode_batch_rows,
-                **_replay_stats(s),
+                **p.replays.as_metrics(),
             },
-            "spec_decode": s.speculative.stats.as_metrics() if s.speculative is not None else {
-                "depth": 0, "drafter": "none", "num_drafts_total": 0, "num_draft_tokens_total": 0, "num_accepted_tokens_total": 0,
-                "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []},
+            "spec_decode": p.speculative.as_metrics() if p.speculative is not None else dict(_NO_SPEC),
             "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_request_ms, "step_ms": st.step_ms,
-            "finished": dict(st.finished), "reservations_grown": st.reservations_grown,
+            "finished": finished, "reservations_grown": st.reservations_grown,
         },
         "prefix_cache": {
-            "enabled": pc.enabled, "slots": pc.slots.num_snapshots if pc.slots else 0, "min_tokens": pc.min_tokens,
-            "head_cuts": 0, "entries": pc.num_entries, "hits": pc.stats.hits, "misses": pc.stats.misses,
-            "tokens_saved": pc.stats.tokens_saved, "snapshots": pc.stats.snapshots, "head_snapshots": 0,
-            "close_entries": 0, "rolling_snapshots": 0, "hop_snapshots": 0, "evictions": pc.stats.evictions,
-            "duplicates": pc.stats.duplicates, "skipped_no_block": 0, "skipped_no_slot": pc.stats.skipped_no_slot,
-            "skipped_image_bytes": 0, "image_bytes": 0, "blocks_pinned": pc.blocks_pinned,
-            "snapshot_bytes": pc.num_snapshots * pc.snapshot_bytes_each, "arena_snapshots": pc.num_snapshots,
-            "snapshot_ms_avg": _avg(pc.stats.snapshot_ms, pc.stats.snapshots), "arena_attaches": pc.stats.attaches,
-            "attach_ms_avg": _avg(pc.stats.attach_ms, pc.stats.attaches),
-            "ttft_hit_count": pc.stats.ttft_hit_count, "ttft_hit_ms_avg": _avg(pc.stats.ttft_hit_ms, pc.stats.ttft_hit_count),
-            "ttft_miss_count": pc.stats.ttft_miss_count,
-            "ttft_miss_ms_avg": _avg(pc.stats.ttft_miss_ms, pc.stats.ttft_miss_count), "key": f"cut={pc.cut}",
-            "attach_tokens": pc.attach_every,
+            "enabled": shape.enabled, "slots": shape.snapshot_slots, "min_tokens": shape.min_tokens,
+            "head_cuts": 0, "entries": g.prefix_entries, "hits": pcs.hits, "misses": pcs.misses,
+            "tokens_saved": pcs.tokens_saved, "snapshots": pcs.snapshots, "head_snapshots": 0,
+            "close_entries": 0, "rolling_snapshots": 0, "hop_snapshots": 0, "evictions": pcs.evictions,
+            "duplicates": pcs.duplicates, "skipped_no_block": 0, "skipped_no_slot": pcs.skipped_no_slot,
+            "skipped_image_bytes": 0, "image_bytes": 0, "blocks_pinned": g.prefix_blocks_pinned,
+            "snapshot_bytes": g.prefix_snapshots * shape.snapshot_bytes_each, "arena_snapshots": g.prefix_snapshots,
+            "snapshot_ms_avg": _avg(pcs.snapshot_ms, pcs.snapshots), "arena_attaches": pcs.attaches,
+            "attach_ms_avg": _avg(pcs.attach_ms, pcs.attaches),
+            "ttft_hit_count": pcs.ttft_hit_count, "ttft_hit_ms_avg": _avg(pcs.ttft_hit_ms, pcs.ttft_hit_count),
+            "ttft_miss_count": pcs.ttft_miss_count,
+            "ttft_miss_ms_avg": _avg(pcs.ttft_miss_ms, pcs.ttft_miss_count), "key": f"cut={shape.cut}",
+            "attach_tokens": shape.attach_tokens,
         },
         "prefill": {"requests": rows, **summed},
     }
@@ -89,15 +83,15 @@ def _version() -> str:
 
 
 def metrics_json(backend: Any) -> dict[str, Any]:
-    """The full ``/metrics`` body: the step loop's last snapshot plus the HTTP side's counters."""
+    """The full ``/metrics`` body: what the step loop published plus the HTTP side's counters."""
     loop = backend.loop
-    snap = dict(loop.published)
-    sched_part = dict(snap.get("scheduler", {}))
-    finished = sched_part.pop("finished", {})
-    grown = sched_part.pop("reservations_grown", 0)
-    sched_part["snapshot_age_ms"] = (time.monotonic() - loop.published_at) * 1000.0
+    snap = engine_report(loop.published)
+    sched_part = snap["scheduler"]
+    finished = sched_part.pop("finished")
+    grown = sched_part.pop("reservations_grown")
+    sched_part["snapshot_age_ms"] = (time.monotonic() - loop.published.at) * 1000.0
     pending_adm, pending_cancel = loop.pending
-    cfg = loop.scheduler.config
+    cfg = loop.published.config
     c = backend.counters
     service = {
         "requests_total": c.requests_total, "requests_shed": loop.requests_shed,
@@ -111,8 +105,8 @@ def metrics_json(backend: Any) -> dict[str, Any]:
                       "prefill_idle_budget_tokens": cfg.chunk_tokens * cfg.idle_chunks},
         "tokens_out": c.tokens_out, "rejects_bad": c.rejects_bad, "tool_calls_out": c.tool_calls_out,
     }
-    return {"scheduler": sched_part, "service": service, "prefix_cache": snap.get("prefix_cache", {}),
-            "prefill": snap.get("prefill", {}), "finished": finished}
+    return {"scheduler": sched_part, "service": service, "prefix_cache": snap["prefix_cache"],
+            "prefill": snap["prefill"], "finished": finished}
 
 
 class _Collector:
@@ -125,7 +119,7 @@ class _Collector:
         m = metrics_json(self.backend)
         label = self.backend.model_id
         sch, svc, pc, pre = m["scheduler"], m["service"], m["prefix_cache"], m["prefill"]
-        cfg = self.backend.loop.scheduler.config
+        cfg = self.backend.loop.published.config
 
         def gauge(name: str, value: float, doc: str = "") -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"dgpp_{name}", doc or name, labels=["model_name"])
@@ -214,7 +208,7 @@ class PrometheusExport:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(backend))
         self.histograms = RequestHistograms(self.registry, backend.model_id)
-        backend.loop.scheduler.on_retire.append(lambda s: self.histograms.observe(s, time.monotonic()))
+        backend.loop.on_retire(self.histograms.retired)
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

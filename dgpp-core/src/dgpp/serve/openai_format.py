@@ -1,4 +1,4 @@
-"""JSON shapes of responses and SSE chunks (anchor §2.5-2.6), for chat and legacy completions."""
+"""JSON shapes of responses and SSE chunks, for chat and legacy completions."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Request bodies of the OpenAI-compatible routes, as msgspec Structs (types and ranges by field name).
 
-Unknown top-level fields are ignored (clients send extensions); the fields in ``REJECTED`` /
-``REJECTED_WHEN_SET`` are refused by name. ``null`` counts as omitted for nullable options.
+Unknown top-level fields are refused by name (``http.allow_unknown_fields`` ignores them instead), and so are
+the fields in ``REJECTED`` / ``REJECTED_WHEN_SET``. ``null`` counts as omitted for nullable options.
 """
 
 from __future__ import annotations
@@ -20,16 +20,19 @@ Seed = Annotated[int, msgspec.Meta(ge=I64_MIN, le=I64_MAX)]
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
 Stop = StopString | Annotated[list[StopString], msgspec.Meta(min_length=1, max_length=4)]
 
-# Chat fields refused whatever their value, and those refused unless null (anchor §2.2).
+# Chat fields refused whatever their value, and those refused unless null (features this server lacks).
 REJECTED = ("web_search_options", "functions", "function_call", "prompt_cache_options")
 REJECTED_WHEN_SET = ("audio", "prediction", "moderation", "prompt_cache_key", "prompt_cache_retention", "verbosity")
+# Fields popular clients send that mean nothing here and change no answer: accepted and ignored even though
+# unknown fields are refused (OpenCode sends ``preserveThinking`` with every chat request).
+IGNORED_EXTENSIONS = ("preserveThinking",)
 # Legacy completions fields refused whatever their value (``logprobs`` is the legacy route's top count).
 COMPLETION_REJECTED = ("top_logprobs",)
 
 
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     include_usage: bool = False
-    include_obfuscation: bool = True  # chat streams pad each event (anchor §2.5); legacy streams never do
+    include_obfuscation: bool = True  # chat streams pad each event; legacy streams never do
 
 
 class _Sampling(msgspec.Struct, kw_only=True):

@@ -31,7 +31,14 @@ from dgpp.serve.responses_input import chat_body, chat_messages, check_request, 
 from dgpp.serve.responses_output import OutputItems, item_id, response_body, status_of, usage
 from dgpp.serve.responses_protocol import ResponsesRequest
 from dgpp.serve.responses_store import ResponseStore
-from dgpp.serve.validate import check_model, convert, decode_json, parse_body, sampling_params
+from dgpp.serve.validate import (
+    check_content_type,
+    check_model,
+    convert,
+    decode_json,
+    parse_body,
+    sampling_params,
+)
 
 
 def _json(body: Any) -> Response:
@@ -47,6 +54,7 @@ def _store(request: Request) -> ResponseStore:
 async def create_response(request: Request) -> Response | Stream:
     backend: Backend = request.app.state.backend
     backend.counters.requests_total += 1
+    check_content_type(request.scope)
     req = convert(decode_json(await request.body()), ResponsesRequest)
     check_model(req.model, backend.model_id)
     check_request(req)
@@ -59,7 +67,7 @@ async def create_response(request: Request) -> Response | Stream:
         prepared = await backend.prepare_chat(chat, 1)
         if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
             params = replace(params, ignore_eos=False)
-        handle = backend.start(prepared.prompt_ids, params, use_prefix_cache=chat.prefix_cache, kind="resp",
+        handle = backend.submit(prepared.prompt_ids, params, use_prefix_cache=chat.prefix_cache, kind="resp",
                                matchers=prepared.matchers, constraint=prepared.constraint,
                                max_tokens_given=req.max_output_tokens is not None)
     except APIError as e:

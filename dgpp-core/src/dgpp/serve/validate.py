@@ -12,6 +12,7 @@ from dgpp.sample.params import SamplingDefaults, SamplingParams
 from dgpp.serve.errors import APIError, invalid, unsupported
 from dgpp.serve.protocol import (
     COMPLETION_REJECTED,
+    IGNORED_EXTENSIONS,
     REJECTED,
     REJECTED_WHEN_SET,
     ChatCompletionRequest,
@@ -39,7 +40,46 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return seen
 
 
-def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
+# what to use instead, for fields other OpenAI-compatible servers take and this one does not
+_INSTEAD = {
+    "guided_json": "use response_format {\"type\": \"json_schema\"}",
+    "guided_regex": "use response_format json_schema with a string schema and a pattern",
+    "guided_choice": "use response_format json_schema with an enum",
+    "guided_grammar": "use response_format json_schema",
+    "min_tokens": "not implemented here",
+}
+
+
+def check_content_type(scope: dict[str, Any]) -> None:
+    """415 for a body declared as anything but JSON (a form post, text/plain); no Content-Type is read as JSON."""
+    for name, value in scope.get("headers", ()):
+        if name == b"content-type":
+            media = value.split(b";", 1)[0].strip().lower()
+            if media != b"application/json" and not media.endswith(b"+json"):
+                raise APIError(415, f"Content-Type {value.decode('latin-1')!r} is not JSON; send the body as "
+                                    "application/json", "unsupported_media_type", None)
+            return
+
+
+def _known_fields(raw: dict[str, Any], kind: type[T], allow_unknown: bool) -> dict[str, Any]:
+    """``raw`` when every field is one this route takes; else a 400 naming the others (the client asked for
+    something this server would not do), or, with ``http.allow_unknown_fields``, ``raw`` without them."""
+    known = set(kind.__struct_fields__) | set(IGNORED_EXTENSIONS)
+    if kind is ChatCompletionRequest:
+        known |= set(REJECTED_WHEN_SET)  # refused above unless null
+    unknown = sorted(k for k in raw if k not in known)
+    if not unknown:
+        return raw
+    if allow_unknown:
+        return {k: v for k, v in raw.items() if k in known}
+    hints = "".join(f"; {k}: {_INSTEAD[k]}" for k in unknown if k in _INSTEAD)
+    names = ", ".join(repr(k) for k in unknown)
+    raise APIError(400, f"unknown field{'s' if len(unknown) > 1 else ''} {names}: not part of this route's request "
+                        f"(refused rather than ignored{hints}; the server's http.allow_unknown_fields ignores them)",
+                   "unsupported_parameter", unknown[0])
+
+
+def parse_body(body: bytes, kind: type[T], allow_unknown: bool = False) -> tuple[T, dict[str, Any]]:
     raw = decode_json(body)
     rejected = REJECTED if kind is ChatCompletionRequest else COMPLETION_REJECTED
     for name in rejected:
@@ -49,6 +89,7 @@ def parse_body(body: bytes, kind: type[T]) -> tuple[T, dict[str, Any]]:
         for name in REJECTED_WHEN_SET:
             if raw.get(name) is not None:
                 raise unsupported(name)
+    raw = _known_fields(raw, kind, allow_unknown)
     req = convert(raw, kind)
     _check(req)
     return req, raw
@@ -191,7 +232,7 @@ def sampling_params(
     stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     given = {k for k in SAMPLING_KEYS if raw.get(k) is not None}
     top_k = req.top_k or 0
-    if req.top_p == 0.0:  # the anchor's rule: top_p 0 is greedy, via top_k 1
+    if req.top_p == 0.0:  # top_p 0 keeps only the most likely token: greedy, via top_k 1
         top_k, given = 1, given | {"top_k"}
     params = SamplingParams(
         temperature=req.temperature if req.temperature is not None else 1.0,

@@ -2,12 +2,11 @@
 
 Triton compiles a kernel variant the first time a step needs it: a prefill tile class (by the step's row count),
 the flash prefill attention of a burst, the decode attention of decode rows beside prefill chunks, the sampling
-kernels. Each costs one to two seconds on an H200 host, and a server met its first burst of a new mix with
-them: a 64-prompt burst whose prompts arrived over two ticks waited 3.8 s for its first tokens instead of
-0.36 s (docs/benchmarks.md). Here the server sends itself, before it listens, the mixes its users bring:
+kernels. Each costs seconds, which a server without warm-up charges to the first burst of each new mix
+(docs/benchmarks.md). Here the server sends itself, before it listens, the mixes its users bring:
 one short prompt, bursts of 2, 3, 8 and up to 64 short prompts (every prefill tile class), one long prompt
 (its chunks in cuBLAS beside the grouped ones), a burst arriving while earlier requests decode, and sampled
-rows. Each is a real request through ``Backend.start`` with the prefix cache off, so nothing is left behind
+rows. Each is a real request through ``Backend.submit`` with the prefix cache off, so nothing is left behind
 but compiled kernels and captured decode graphs: no cached prefix, no held block, no counted request.
 """
 
@@ -33,7 +32,7 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=4, ig
 
 
 async def _generate(backend: Backend, prompt: list[int], params: SamplingParams) -> None:
-    handle = backend.start(prompt, params, n=1, use_prefix_cache=False, kind="cmpl")
+    handle = backend.submit(prompt, params, n=1, use_prefix_cache=False, kind="cmpl")
     async for _, ev in handle.events():
         if ev.error is not None:
             raise RuntimeError(f"engine warm-up request failed: {ev.error}")

@@ -6,7 +6,7 @@ deployment's items from it (pools, request state, prefill scratch, prefix snapsh
 formulas for every family. A plugin answers ``dgpp_memory_plan(ctx)`` with its ``ModelMemory``; otherwise
 ``dgpp.engine.memory_estimate`` derives one from config.json and the safetensors headers
 (``dgpp.engine.memory_plan.plan_for`` picks). The engine refuses to start when ``total + headroom`` exceeds
-free memory, naming the largest items and the largest ``kv_capacity`` that would fit (anchor §4.5).
+free memory, naming the largest items and the largest ``kv_capacity`` that would fit.
 """
 
 from __future__ import annotations

@@ -43,9 +43,14 @@ class Model(nn.Module, ABC):
         """Remember every row's hidden for a drafter when ``keep_hidden`` is on (drop the last one otherwise)."""
         self.last_hidden = hidden if self.keep_hidden else None
 
-    @abstractmethod
     def cache_spec(self) -> dict[str, CacheSpec]:
-        """Per layer name: ``PagedKV`` or ``StateSpec``. The engine allocates and owns the memory."""
+        """Per cache entry name: ``PagedKV``, ``LatentKV`` or a ``StateSpec``. The engine allocates and owns the
+        memory. By default, the entries the model's modules declare (``cache_entries``)."""
+        return collect_cache_entries(self, self.info.dtype)
+
+    def activation_bytes_per_token(self) -> int:
+        """Scratch bytes of one prefill row on this rank, for the memory plan of a declared family."""
+        raise NotImplementedError(f"{type(self).__name__} does not say its activation bytes per prefill row")
 
     @abstractmethod
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -54,6 +59,28 @@ class Model(nn.Module, ABC):
     @abstractmethod
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Hidden rows -> logits ``[R, vocab]`` (vocab-sharded under TP; the engine gathers)."""
+
+
+def collect_cache_entries(module: nn.Module, dtype: torch.dtype) -> dict[str, CacheSpec]:
+    """The cache entries ``module``'s submodules declare, in module order: each module with a
+    ``cache_entries(dtype)`` method answers for itself and everything under it (the name is the one the module
+    reads its cache under, so nothing else has to repeat it). Two modules declaring one name is an error."""
+    found: dict[str, CacheSpec] = {}
+
+    def visit(sub: nn.Module) -> None:
+        declare = getattr(sub, "cache_entries", None)
+        if callable(declare):
+            for name, spec in declare(dtype).items():
+                if name in found:
+                    raise ValueError(f"cache entry {name!r} is declared by two modules")
+                found[name] = spec
+            return
+        for child in sub.children():
+            visit(child)
+
+    for child in module.children():
+        visit(child)
+    return found
 
 
 @runtime_checkable

@@ -1,5 +1,7 @@
 """Tiny random checkpoints built with transformers' own classes and ``save_pretrained``, so the tensor
-names, layouts and config.json are exactly what a release of that architecture has.
+names, layouts and config.json are exactly what a release of that architecture has. Which architectures there
+are is the family plugins' knowledge: each offers its builders by name (``dgpp_tiny_checkpoints``), and
+``build_tiny_checkpoint(kind)`` finds them through the plugin manager.
 
 Weights are drawn from a seeded generator and every 1-D tensor (norms, biases, gates) is perturbed
 away from its ones/zeros init, so a layer that ignores a norm weight or its ``(1 + w)`` form fails.
@@ -26,38 +28,6 @@ TINY_TEXT: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "initializer_range": 0.08,  # large enough that greedy picks are not near-ties
     "tie_word_embeddings": False,
-}
-TINY_MOE: dict[str, Any] = {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
-TINY_LINEAR_ATTN: dict[str, Any] = {
-    "linear_num_key_heads": 2,
-    "linear_num_value_heads": 4,
-    "linear_key_head_dim": 16,
-    "linear_value_head_dim": 16,
-    "linear_conv_kernel_dim": 4,
-    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
-    "num_hidden_layers": 4,
-}
-TINY_VISION: dict[str, Any] = {"depth": 1, "hidden_size": 32, "intermediate_size": 64, "num_heads": 2, "out_hidden_size": 64}
-
-# kind -> (transformers config class, model class, extra text keys, wrapped in a ConditionalGeneration)
-KINDS: dict[str, tuple[str, str, dict[str, Any], bool]] = {
-    "llama": ("LlamaConfig", "LlamaForCausalLM", {}, False),
-    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {}, False),
-    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**TINY_MOE, "norm_topk_prob": True}, False),
-    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", TINY_LINEAR_ATTN, False),
-    "qwen3_5_moe": (
-        "Qwen3_5MoeTextConfig",
-        "Qwen3_5MoeForCausalLM",
-        {**TINY_LINEAR_ATTN, **TINY_MOE, "shared_expert_intermediate_size": 32},
-        False,
-    ),
-    "qwen3_5_vl": ("Qwen3_5Config", "Qwen3_5ForConditionalGeneration", TINY_LINEAR_ATTN, True),
-    "qwen3_5_moe_vl": (
-        "Qwen3_5MoeConfig",
-        "Qwen3_5MoeForConditionalGeneration",
-        {**TINY_LINEAR_ATTN, **TINY_MOE, "shared_expert_intermediate_size": 32},
-        True,
-    ),
 }
 
 
@@ -93,31 +63,32 @@ def save_one_file(model: torch.nn.Module, out_dir: str | Path, kind: str) -> Pat
     return out
 
 
-def build_tiny_checkpoint(
-    kind: str,
+def build_transformers_checkpoint(
+    config_cls: str,
+    model_cls: str,
     out_dir: str | Path,
     *,
+    text: dict[str, Any] | None = None,
+    vision: dict[str, Any] | None = None,
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     overrides: dict[str, Any] | None = None,
     max_shard_size: str | None = None,
 ) -> Path:
-    """Write a tiny random ``kind`` checkpoint (see ``KINDS``) to ``out_dir``; returns the directory.
+    """Write a tiny random checkpoint of transformers' ``model_cls`` (configured by ``config_cls``) to ``out_dir``.
 
-    ``overrides`` are text-config keys (e.g. ``{"tie_word_embeddings": True}``); ``max_shard_size``
-    (e.g. ``"40KB"``) forces a sharded checkpoint with a ``model.safetensors.index.json``.
+    The text config is ``TINY_TEXT`` updated by ``text`` (the architecture's own keys), then by ``overrides``; with
+    ``vision`` the model is a ConditionalGeneration whose text config and vision tower are given apart.
+    ``max_shard_size`` (e.g. ``"40KB"``) forces a sharded checkpoint with a ``model.safetensors.index.json``.
     """
     import transformers
 
-    if kind not in KINDS:
-        raise ValueError(f"unknown tiny checkpoint kind {kind!r}; known: {', '.join(KINDS)}")
-    config_cls, model_cls, extra, wrapped = KINDS[kind]
-    text = {**TINY_TEXT, **extra, **(overrides or {})}
-    if wrapped:
-        tie = text.pop("tie_word_embeddings")
-        config = getattr(transformers, config_cls)(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie)
+    text_config = {**TINY_TEXT, **(text or {}), **(overrides or {})}
+    if vision is not None:
+        tie = text_config.pop("tie_word_embeddings")
+        config = getattr(transformers, config_cls)(text_config=text_config, vision_config=vision, tie_word_embeddings=tie)
     else:
-        config = getattr(transformers, config_cls)(**text)
+        config = getattr(transformers, config_cls)(**text_config)
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
     _perturb(model, seed)
@@ -126,6 +97,15 @@ def build_tiny_checkpoint(
     kwargs = {"max_shard_size": max_shard_size} if max_shard_size else {}
     model.save_pretrained(out, **kwargs)
     return out
+
+
+def build_tiny_checkpoint(kind: str, out_dir: str | Path, **options: Any) -> Path:
+    """Write the tiny random checkpoint ``kind`` to ``out_dir``: the builder an installed family plugin offers under
+    that name (``dgpp_tiny_checkpoints``), called with ``options`` (``seed``, ``dtype`` and the builder's own, e.g.
+    ``overrides`` of text-config keys and ``max_shard_size`` for transformers-built kinds)."""
+    from dgpp.catalog import tiny_checkpoint
+
+    return tiny_checkpoint(kind).build(out_dir, **options)
 
 
 def load_reference(checkpoint_dir: str | Path, dtype: torch.dtype | None = None) -> torch.nn.Module:

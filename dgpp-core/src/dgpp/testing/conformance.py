@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.model import Model
 from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.step.model import Model
 from dgpp.testing.generate import greedy_generate, make_pools
 
 DEFAULT_LENGTHS = (5, 12, 23, 9)

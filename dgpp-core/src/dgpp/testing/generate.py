@@ -12,9 +12,9 @@ from collections import deque
 
 import torch
 
-from dgpp.engine.model import Model
 from dgpp.engine.runner import ModelRunner, SeqWork
 from dgpp.sched.block_pool import BlockPool
+from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 
 

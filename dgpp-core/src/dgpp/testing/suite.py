@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from dgpp.engine.loading import load_model
-from dgpp.engine.model import Model
+from dgpp.step.model import Model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate

@@ -92,6 +92,9 @@ class IncrementalDetokenizer:
         self._count = 0
         self.text = ""  # everything emitted so far
         self.stopped: StopMatch | None = None
+        # the text the last pushed id added (before stop-string hold-back): a logprob entry's token, so that
+        # the entries join to the returned text (a hidden id adds "", an unfinished character waits)
+        self.last_piece = ""
 
     @property
     def num_tokens(self) -> int:
@@ -99,6 +102,7 @@ class IncrementalDetokenizer:
 
     def push(self, token_id: int) -> str:
         """Add one generated id; return the newly visible text (maybe "")."""
+        self.last_piece = ""
         if self.stopped is not None:
             return ""
         self._count += 1
@@ -110,6 +114,7 @@ class IncrementalDetokenizer:
             if piece and (spaced or self._space_next) and (self.text or self._pending):
                 piece = " " + piece
             self._space_next = spaced or (self._space_next and not piece)
+        self.last_piece = piece
         return self._release(self._pending + piece)
 
     def push_many(self, token_ids: Iterable[int]) -> str:
@@ -117,10 +122,11 @@ class IncrementalDetokenizer:
 
     def finish(self) -> str:
         """End of generation: flush the held-back text (an unfinished character becomes U+FFFD)."""
+        self.last_piece = ""
         if self.stopped is not None:
             return ""
-        text = self._release(self._pending + self._decoder.flush(), final=True)
-        return text
+        self.last_piece = self._decoder.flush()  # an unfinished character's U+FFFD: the last id's text
+        return self._release(self._pending + self.last_piece, final=True)
 
     def _release(self, text: str, final: bool = False) -> str:
         if self.stop_strings:

@@ -1,7 +1,7 @@
 """Tool-call dialects: a family's call syntax, parsed from complete output and from streamed increments.
 
 A dialect says where a call block starts and ends (``markers``) and how to read one block
-(``parse_block``); this base does the rest: content outside blocks, the anchor's two streamed deltas per
+(``parse_block``); this base does the rest: content outside blocks, two streamed deltas per
 call (a start delta with id, type and name, then one delta with the complete arguments), deterministic
 call ids, argument typing from the tool's schema. Malformed blocks come back as content, never as errors.
 """
@@ -57,7 +57,7 @@ class ToolCall:
         return str(json.loads(self.arguments).get("input", ""))
 
     def stream_deltas(self) -> list[dict[str, Any]]:
-        """The two streamed deltas of this call (anchor §2.5)."""
+        """The two streamed deltas of this call: a start delta (id, type, name), then the whole arguments."""
         if self.custom:
             start = {
                 "index": self.index,

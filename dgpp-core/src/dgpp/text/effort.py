@@ -1,4 +1,4 @@
-"""OpenAI ``reasoning_effort`` -> chat-template kwargs, per family (anchor §2.8)."""
+"""OpenAI ``reasoning_effort`` -> chat-template kwargs, per family."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """Constrained decoding with llguidance: response_format JSON (schema or any object), tool_choice
 required / named / allowed_tools in the family's own call syntax, strict schemas, parallel_tool_calls.
 
-Why llguidance (over xgrammar, also installed): its Lark grammars embed JSON schemas (``%json``) and
+Why llguidance (not xgrammar): its Lark grammars embed JSON schemas (``%json``) and
 lazy text (``[suffix=...]``), which is exactly what the families' call syntaxes need (bare-text string
 arguments inside XML / DSML / GLM markers, typed arguments as JSON), and custom tools' own Lark and
-regex grammars plug in as they are; masks cost ~0.05-0.2 ms per token on a 129k vocabulary here.
+regex grammars plug in as they are; masks cost ~0.05-0.2 ms per token on a 129k vocabulary.
 """
 
 from __future__ import annotations
@@ -222,7 +222,7 @@ def build_matcher(
     chosen = _named_tools(tool_choice, specs) if specs else None
     if chosen is None and branches and specs and dialect is not None and tool_choice != "none":
         _strict_tool_schemas(specs)
-        # JSON answer + tools under auto: the first value or call opener picks the branch (anchor §2.7)
+        # JSON answer + tools under auto: the first value or call opener picks the branch
         one = "(" + " | ".join(dialect.call_grammar(s, g) for s in specs) + ")"
         branches.append(dialect.calls_grammar(one, parallel_tool_calls, g))
     if chosen is not None:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-# Structural JSON whitespace: at most 16 consecutive bytes (anchor §2.7), so output cannot run away in blanks.
+# Structural JSON whitespace: at most 16 consecutive bytes, so output cannot run away in blanks.
 JSON_OPTIONS: dict[str, Any] = {
     "whitespace_flexible": True,
     "whitespace_pattern": r"[\x20\x0A\x0D\x09]{0,16}",

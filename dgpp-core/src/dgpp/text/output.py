@@ -41,10 +41,14 @@ class ChoiceOutput:
         request_tag: int | str = 0,
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
+        eos_is_text: bool = False,
     ) -> None:
         start, end = (dialect.think_start, dialect.think_end) if dialect else ("<think>", "</think>")
-        hidden = set(tokenizer.eos_token_ids)
-        if tokenizer.bos_token_id is not None:
+        # the EOS that ends a choice gives no text (vLLM's rule); with ``skip_special_tokens`` false, BOS and EOS
+        # are text like any special token (SmolLM2's are <|im_start|> / <|im_end|>), EOS only where it does
+        # not end the choice (``eos_is_text``: the request ignores EOS)
+        hidden = set() if eos_is_text and not skip_special_tokens else set(tokenizer.eos_token_ids)
+        if skip_special_tokens and tokenizer.bos_token_id is not None:
             hidden.add(tokenizer.bos_token_id)
         # special tokens the reasoning split and the tool parser read stay text whatever the request says
         markers = {start, end, *(m for pair in (dialect.markers if dialect else ()) for m in pair)}
@@ -111,6 +115,11 @@ class ChoiceOutput:
         return self.detokenizer.stopped
 
     @property
+    def last_piece(self) -> str:
+        """The text the last pushed id added to the output (its logprob entry's token)."""
+        return self.detokenizer.last_piece
+
+    @property
     def holding_call_text(self) -> bool:
         """True while the tool-call parser holds text that may yet turn out to be a call."""
         return self.calls_stream is not None and self.calls_stream.holding
@@ -131,7 +140,7 @@ class ChoiceOutput:
         return list(self.calls_stream.calls) if self.calls_stream is not None else []
 
     def finish_reason(self, reason: str) -> str:
-        """``stop`` becomes ``tool_calls`` when the choice made at least one call (anchor §2.6)."""
+        """``stop`` becomes ``tool_calls`` when the choice made at least one call."""
         return "tool_calls" if reason == "stop" and self.tool_calls else reason
 
     def message(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ class ReasoningSplitter:
     A request starts inside reasoning when its prompt opened the thinking block (the generation prompt ends
     with ``start_tag``); otherwise a ``start_tag`` at the very start of the output opens it. A tail that could
     be the start of a tag is held back. ``reasoning_tokens`` counts the tokens pushed while reasoning, up to
-    and including the one that completes ``end_tag`` (anchor §2.6). With ``in_content`` the text is passed
+    and including the one that completes ``end_tag``. With ``in_content`` the text is passed
     through unchanged (reasoning and ``</think>`` stay in ``content``; ``engine.reasoning_in_content``).
     """
 

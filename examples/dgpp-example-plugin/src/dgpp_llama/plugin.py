@@ -1,36 +1,25 @@
-"""Hook implementations: everything this plugin tells dgpp. Only ``dgpp.hookimpl``-decorated functions count.
-
-Heavy imports (torch, the model) stay inside the hook bodies, so ``dgpp plugins`` stays fast.
-"""
+"""What this plugin tells dgpp: one ``Family`` (its entry point names ``FAMILY``). References are
+``"module:name"`` strings, imported on first use, so registering the plugin loads no torch."""
 
 from __future__ import annotations
 
-from dgpp.plugin_api import FamilySpec, LoadContext, hookimpl
+from dgpp.plugin_api import Family, FamilyModel
 
-FAMILY = "llama"
-PLUGIN = "dgpp-llama"
-ARCHITECTURES = ("LlamaForCausalLM",)
-MODEL_TYPES = ("llama",)
-
-
-@hookimpl
-def dgpp_families() -> list[FamilySpec]:
-    return [
-        FamilySpec(
-            name=FAMILY,
-            plugin=PLUGIN,
-            architectures=ARCHITECTURES,
-            model_types=MODEL_TYPES,
-            implemented=(*ARCHITECTURES, *MODEL_TYPES),
-            description="Llama (LlamaForCausalLM: GQA, RoPE default/linear/llama3/yarn, SwiGLU), e.g. SmolLM2",
-        )
-    ]
-
-
-@hookimpl
-def dgpp_load_model(ctx: LoadContext):
-    if ctx.family != FAMILY:
-        return None  # not ours: let the family's own plugin answer
-    from dgpp_llama.loader import load_model
-
-    return load_model(ctx)
+FAMILY = Family(
+    name="llama",
+    plugin="dgpp-llama",
+    # every config.json value this family claims; a claimed value no model loads is "not yet supported"
+    architectures=("LlamaForCausalLM",),
+    model_types=("llama",),
+    models=(
+        FamilyModel(
+            claims=("LlamaForCausalLM", "llama"),
+            config="dgpp_llama.config:LlamaConfig",
+            model="dgpp_llama.model:LlamaForCausalLM",
+        ),
+    ),
+    description="Llama (LlamaForCausalLM: GQA, RoPE default/linear/llama3/yarn, SwiGLU), e.g. SmolLM2",
+    # what the family offers beside its model: a tiny random checkpoint for tests, the GGUF map of its releases
+    tiny_checkpoints="dgpp_llama.testing:tiny_checkpoints",
+    gguf_architectures="dgpp_llama.gguf_arch:gguf_architectures",
+)

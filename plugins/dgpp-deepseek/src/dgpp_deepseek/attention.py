@@ -22,10 +22,6 @@ from dgpp.plugin_api import CacheSpec, ForwardBatch
 from dgpp_deepseek.config import CSA, DeepseekV4ArchConfig
 
 
-def attention_cache_name(layer_idx: int) -> str:
-    return f"layers.{layer_idx}.attn"
-
-
 class DeepseekV4Attention(nn.Module):
     """One layer's attention, replicated on every rank (one K/V head: nothing to split by heads)."""
 
@@ -44,7 +40,7 @@ class DeepseekV4Attention(nn.Module):
         self.attn_sink = nn.Parameter(torch.empty(heads, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(self.attn_sink, weight_loader=default_weight_loader)
         ratio = cfg.ratio(layer_idx)
-        name = attention_cache_name(layer_idx)
+        name = f"layers.{layer_idx}.attn"  # the layer's cache entries are named from it (cache_entries)
         if ratio:
             self.rotary = TrailingRotary(cfg.rope_head_dim, cfg.compress_rope_theta, yarn=cfg.compress_yarn)
             self.compressor: WindowCompressor | None = WindowCompressor(
@@ -78,7 +74,9 @@ class DeepseekV4Attention(nn.Module):
             name, heads, dim, cfg.sliding_window, compressor=self.compressor, indexer=self.indexer
         )
 
-    def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        """The layer's window ring and, on compressed layers, its compressor's and indexer's entries (the
+        model's ``cache_spec`` collects them)."""
         return self.core.cache_spec(dtype)
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:

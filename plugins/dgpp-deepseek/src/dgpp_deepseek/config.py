@@ -11,6 +11,7 @@ refused by key name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +63,83 @@ class DeepseekV4ArchConfig(CausalLMFields):
         """Compression ratio of a layer (0: sliding only)."""
         kind = self.layer_types[layer_idx]
         return 0 if kind == SLIDING else self.compress_rates[kind]
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> DeepseekV4ArchConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        cfg = dict(hf_config)
+        f = ConfigKeys(cfg, _WHERE)
+        f.only("hidden_act", "silu")
+        for key in ("attention_bias", "mlp_bias"):
+            if cfg.get(key):
+                raise ConfigError(
+                    f"{_WHERE}: {key!r}=true is not supported (DeepSeek-V4 projections carry no bias)"
+                )
+        if f.optional("num_key_value_heads", int, 1) != 1:
+            raise ConfigError(f"{_WHERE}: 'num_key_value_heads' must be 1 (one shared latent K/V head)")
+        layers = f.positive("num_hidden_layers")
+        heads = f.positive("num_attention_heads")
+        head_dim = f.positive("head_dim", 512)
+        rope_dim = cfg.get("qk_rope_head_dim")
+        if rope_dim is None:
+            rope_dim = int(head_dim * float(cfg.get("partial_rotary_factor") or 64 / 512))
+        if not isinstance(rope_dim, int) or rope_dim <= 0 or rope_dim % 2 or rope_dim > head_dim:
+            raise ConfigError(f"{_WHERE}: 'qk_rope_head_dim' must be even and at most head_dim, got {rope_dim!r}")
+        groups = f.positive("o_groups", 8)
+        if heads % groups:
+            raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'o_groups'={groups}")
+        index_head_dim = f.positive("index_head_dim", 128)
+        if rope_dim > index_head_dim:
+            raise ConfigError(
+                f"{_WHERE}: 'index_head_dim'={index_head_dim} is smaller than the rope dims {rope_dim}"
+            )
+        scoring = f.optional("scoring_func", str, "sqrtsoftplus")
+        if scoring not in ("sqrtsoftplus", "softmax", "sigmoid"):
+            raise ConfigError(f"{_WHERE}: 'scoring_func'={scoring!r} is not supported")
+        experts = f.positive("n_routed_experts", 256)
+        top_k = f.positive("num_experts_per_tok", 6)
+        if top_k > experts:
+            raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
+        window = f.positive("sliding_window", 128)
+        if window < 2:
+            raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
+        theta, compress_theta, yarn = _rope(cfg)
+        return cls(
+            vocab_size=f.positive("vocab_size"),
+            hidden_size=f.positive("hidden_size"),
+            moe_intermediate_size=f.positive("moe_intermediate_size"),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            head_dim=head_dim,
+            rope_head_dim=rope_dim,
+            q_lora_rank=f.positive("q_lora_rank", 1024),
+            o_groups=groups,
+            o_lora_rank=f.positive("o_lora_rank", 1024),
+            sliding_window=window,
+            layer_types=_layer_types(cfg, layers),
+            compress_rates=_compress_rates(cfg),
+            mlp_layer_types=_mlp_types(cfg, layers),
+            index_n_heads=f.positive("index_n_heads", 64),
+            index_head_dim=index_head_dim,
+            index_topk=f.positive("index_topk", 512),
+            rope_theta=theta,
+            compress_rope_theta=compress_theta,
+            compress_yarn=yarn,
+            n_routed_experts=experts,
+            n_shared_experts=f.optional("n_shared_experts", int, 1),
+            num_experts_per_tok=top_k,
+            scoring_func=scoring,
+            norm_topk_prob=f.optional("norm_topk_prob", bool, True),
+            routed_scaling_factor=f.optional("routed_scaling_factor", float, 1.5),
+            swiglu_limit=f.optional("swiglu_limit", float, 10.0),
+            hc_mult=f.positive("hc_mult", 4),
+            hc_sinkhorn_iters=f.positive("hc_sinkhorn_iters", 20),
+            hc_eps=f.optional("hc_eps", float, 1e-6),
+            rms_norm_eps=f.optional("rms_norm_eps", float, 1e-6),
+            num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
+            **f.causal_lm_fields(max_position=1048576),
+        )
+
 
 
 def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
@@ -143,77 +221,3 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
     )
     return theta, compress_theta, yarn
 
-
-def parse_deepseek_v4_config(cfg: dict[str, Any]) -> DeepseekV4ArchConfig:
-    """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    f = ConfigKeys(cfg, _WHERE)
-    f.only("hidden_act", "silu")
-    for key in ("attention_bias", "mlp_bias"):
-        if cfg.get(key):
-            raise ConfigError(
-                f"{_WHERE}: {key!r}=true is not supported (DeepSeek-V4 projections carry no bias)"
-            )
-    if f.optional("num_key_value_heads", int, 1) != 1:
-        raise ConfigError(f"{_WHERE}: 'num_key_value_heads' must be 1 (one shared latent K/V head)")
-    layers = f.positive("num_hidden_layers")
-    heads = f.positive("num_attention_heads")
-    head_dim = f.positive("head_dim", 512)
-    rope_dim = cfg.get("qk_rope_head_dim")
-    if rope_dim is None:
-        rope_dim = int(head_dim * float(cfg.get("partial_rotary_factor") or 64 / 512))
-    if not isinstance(rope_dim, int) or rope_dim <= 0 or rope_dim % 2 or rope_dim > head_dim:
-        raise ConfigError(f"{_WHERE}: 'qk_rope_head_dim' must be even and at most head_dim, got {rope_dim!r}")
-    groups = f.positive("o_groups", 8)
-    if heads % groups:
-        raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'o_groups'={groups}")
-    index_head_dim = f.positive("index_head_dim", 128)
-    if rope_dim > index_head_dim:
-        raise ConfigError(
-            f"{_WHERE}: 'index_head_dim'={index_head_dim} is smaller than the rope dims {rope_dim}"
-        )
-    scoring = f.optional("scoring_func", str, "sqrtsoftplus")
-    if scoring not in ("sqrtsoftplus", "softmax", "sigmoid"):
-        raise ConfigError(f"{_WHERE}: 'scoring_func'={scoring!r} is not supported")
-    experts = f.positive("n_routed_experts", 256)
-    top_k = f.positive("num_experts_per_tok", 6)
-    if top_k > experts:
-        raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
-    window = f.positive("sliding_window", 128)
-    if window < 2:
-        raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
-    theta, compress_theta, yarn = _rope(cfg)
-    return DeepseekV4ArchConfig(
-        vocab_size=f.positive("vocab_size"),
-        hidden_size=f.positive("hidden_size"),
-        moe_intermediate_size=f.positive("moe_intermediate_size"),
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        head_dim=head_dim,
-        rope_head_dim=rope_dim,
-        q_lora_rank=f.positive("q_lora_rank", 1024),
-        o_groups=groups,
-        o_lora_rank=f.positive("o_lora_rank", 1024),
-        sliding_window=window,
-        layer_types=_layer_types(cfg, layers),
-        compress_rates=_compress_rates(cfg),
-        mlp_layer_types=_mlp_types(cfg, layers),
-        index_n_heads=f.positive("index_n_heads", 64),
-        index_head_dim=index_head_dim,
-        index_topk=f.positive("index_topk", 512),
-        rope_theta=theta,
-        compress_rope_theta=compress_theta,
-        compress_yarn=yarn,
-        n_routed_experts=experts,
-        n_shared_experts=f.optional("n_shared_experts", int, 1),
-        num_experts_per_tok=top_k,
-        scoring_func=scoring,
-        norm_topk_prob=f.optional("norm_topk_prob", bool, True),
-        routed_scaling_factor=f.optional("routed_scaling_factor", float, 1.5),
-        swiglu_limit=f.optional("swiglu_limit", float, 10.0),
-        hc_mult=f.positive("hc_mult", 4),
-        hc_sinkhorn_iters=f.positive("hc_sinkhorn_iters", 20),
-        hc_eps=f.optional("hc_eps", float, 1e-6),
-        rms_norm_eps=f.optional("rms_norm_eps", float, 1e-6),
-        num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
-        **f.causal_lm_fields(max_position=1048576),
-    )

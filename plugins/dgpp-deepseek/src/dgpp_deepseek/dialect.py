@@ -9,8 +9,8 @@ Calls are one block of invokes::
     </｜DSML｜tool_calls>
 
 ``string="true"`` values are bare text, ``string="false"`` values JSON. V4.1 writes a space after
-``｜DSML｜`` in every tag (``<｜DSML｜ invoke …>``), V4 none (anchor §2.7); the parser accepts both, and
-the older ``function_calls`` block name. Effort (anchor §2.8): V4.1 none -> chat mode, minimal…max -> native
+``｜DSML｜`` in every tag (``<｜DSML｜ invoke …>``), V4 none; the parser accepts both, and
+the older ``function_calls`` block name. Effort: V4.1 none -> chat mode, minimal…max -> native
 budgets 25/50/62/75/100/100; V4 passes the effort as its name.
 
 DeepSeek-V4 checkpoints ship no Jinja template (their renderer is Python), so ``chat_template.jinja``

@@ -90,8 +90,15 @@ def attach_draft_blocks(model: nn.Module, cfg: DeepseekV4ArchConfig, checkpoint_
     return model
 
 
+class DraftStages(nn.ModuleList):
+    """The release's draft stages (``model.mtp``): loaded and named, not run, so they hold no cache."""
+
+    def cache_entries(self, dtype: torch.dtype) -> dict:
+        return {}
+
+
 def build_draft_blocks(cfg: DeepseekV4ArchConfig, shapes: Shapes, *, dtype: torch.dtype,
-                       world: World) -> nn.ModuleList | None:
+                       world: World) -> DraftStages | None:
     """The ``mtp`` stages the checkpoint ships (``shapes``: tensor name -> (shape, dtype)), or None."""
     own: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}
     for name, info in shapes.items():
@@ -113,7 +120,7 @@ def build_draft_blocks(cfg: DeepseekV4ArchConfig, shapes: Shapes, *, dtype: torc
         num_experts_per_tok=min(cfg.num_experts_per_tok, experts or cfg.n_routed_experts),
         moe_intermediate_size=w1[0][0] if w1 else cfg.moe_intermediate_size,
     )
-    stages = nn.ModuleList()
+    stages = DraftStages()
     for s in range(len(own)):
         stage = DeepseekV4Block(stage_cfg, cfg.num_hidden_layers + s, dtype=dtype, world=world)
         _add_extras(stage, own[s], cfg, dtype)

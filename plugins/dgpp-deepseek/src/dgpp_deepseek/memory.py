@@ -1,5 +1,5 @@
-"""DeepSeek-V4's memory (``dgpp_memory_plan``): the per-rank bytes of the model as the loader would build it,
-without reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory_plan``).
+"""DeepSeek-V4's memory (a model hook, as its load): the per-rank bytes of the model as the loader would build
+it, without reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory_plan``).
 
 The model is built on the ``meta`` device for this rank with the release's packed formats swapped in
 (``dgpp_deepseek.release_layout``: MXFP4 routed experts, FP8 E4M3 + E8M0 block scales for the attention
@@ -19,7 +19,7 @@ import torch
 from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, transformer_activation_bytes
 from dgpp.quant.resident import resident_bytes
 from dgpp_deepseek.config import DeepseekV4ArchConfig
-from dgpp_deepseek.loader import arch_config, checkpoint_name
+from dgpp_deepseek.loader import checkpoint_name
 from dgpp_deepseek.release_layout import release_hf_config
 
 
@@ -40,7 +40,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_deepseek.draft_blocks import attach_draft_blocks
     from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
-    cfg = arch_config(ctx)
+    cfg = DeepseekV4ArchConfig.from_hf_config(ctx.hf_config)
     with torch.device("meta"):
         model = DeepseekV4ForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
         attach_draft_blocks(model, cfg, ctx.checkpoint_dir, world=ctx.world)  # counted: they are resident
@@ -48,7 +48,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     return ModelMemory.from_cache_spec(
         model.cache_spec(),
-        weights=resident_bytes(model, ctx.engine.bf16_weights),
+        weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights),
         activations_per_token=activation_bytes(cfg, ctx.world.size, itemsize),
         vocab_size=cfg.vocab_size,
         max_position=cfg.max_position_embeddings,

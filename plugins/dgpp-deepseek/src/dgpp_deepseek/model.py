@@ -19,9 +19,9 @@ from dgpp.nn.hyper_connections import HyperConnection, HyperHead, to_streams
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
-from dgpp.plugin_api import CacheSpec, ForwardBatch, LoadContext, Model, ModelInfo, World
+from dgpp.plugin_api import ForwardBatch, Model, ModelInfo, World
 from dgpp_deepseek.attention import DeepseekV4Attention
-from dgpp_deepseek.config import DeepseekV4ArchConfig, parse_deepseek_v4_config
+from dgpp_deepseek.config import DeepseekV4ArchConfig
 
 
 def build_moe(cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> SparseMoE:
@@ -113,12 +113,6 @@ class DeepseekV4ForCausalLM(Model):
             hybrid=True,
         )
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        spec: dict[str, CacheSpec] = {}
-        for layer in self.layers:
-            spec.update(layer.attn.cache_spec(self.dtype))
-        return spec
-
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         streams = to_streams(self.embed(batch.input_ids), self.config.hc_mult)
@@ -131,12 +125,3 @@ class DeepseekV4ForCausalLM(Model):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden)
-
-
-def build_unloaded(ctx: LoadContext) -> DeepseekV4ForCausalLM:
-    """The model for ``ctx.hf_config`` on ``ctx.device``, parameters uninitialised (the ``dgpp_build_model`` hook:
-    ``dgpp bench`` fills it with random weights)."""
-    with torch.device(ctx.device or "cpu"):
-        return DeepseekV4ForCausalLM(
-            parse_deepseek_v4_config(ctx.hf_config), dtype=ctx.dtype, world=ctx.world
-        ).eval()

@@ -9,6 +9,7 @@ does not compute are refused by key name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,16 +48,49 @@ class FlintArchConfig(CausalLMFields):
         return (layer_idx not in self.mlp_only_layers and self.num_experts > 0
                 and (layer_idx + 1) % self.decoder_sparse_step == 0)
 
-
-def _rope_theta(cfg: dict[str, Any]) -> float:
-    params = cfg.get("rope_parameters") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default" or cfg.get("rope_scaling"):
-        raise ConfigError(f"{_WHERE}: rope_parameters.rope_type={rope_type!r} is not supported (only 'default')")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not isinstance(theta, (int, float)) or isinstance(theta, bool) or theta <= 0:
-        raise ConfigError(f"{_WHERE}: 'rope_theta' must be a positive number, got {theta!r}")
-    return float(theta)
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> FlintArchConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        cfg = dict(hf_config)
+        keys = ConfigKeys(cfg, _WHERE)
+        keys.only("hidden_act", "silu")
+        if cfg.get("attention_bias"):
+            raise ConfigError(f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)")
+        heads = keys.positive("num_attention_heads")
+        kv_heads = keys.positive("num_key_value_heads")
+        if heads % kv_heads:
+            raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
+        layers = keys.positive("num_hidden_layers")
+        layer_types = _layer_types(cfg, layers)
+        window = keys.positive("sliding_window", 513)
+        if window < 2 and "sliding_attention" in layer_types:
+            raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
+        experts = keys.optional("num_experts", int, 0)
+        top_k = keys.positive("num_experts_per_tok", 1)
+        if experts and top_k > experts:
+            raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'num_experts'={experts}")
+        hidden = keys.positive("hidden_size")
+        return cls(
+            vocab_size=keys.positive("vocab_size"),
+            hidden_size=hidden,
+            intermediate_size=keys.positive("intermediate_size"),
+            moe_intermediate_size=keys.positive("moe_intermediate_size", 512),
+            shared_expert_intermediate_size=keys.optional("shared_expert_intermediate_size", int, 1024),
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=keys.positive("head_dim", hidden // heads),
+            rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-6),
+            rope_theta=keys.rope(supported=("default",)).theta,  # plain RoPE, on the sliding layers
+            sliding_window=window,
+            layer_types=layer_types,
+            mlp_only_layers=_int_list(cfg, "mlp_only_layers", [0, 1]),
+            decoder_sparse_step=keys.positive("decoder_sparse_step", 1),
+            num_experts=experts,
+            num_experts_per_tok=top_k,
+            norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
+            **keys.causal_lm_fields(max_position=262144),
+        )
 
 
 def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
@@ -80,46 +114,3 @@ def _int_list(cfg: dict[str, Any], key: str, default: list[int]) -> tuple[int, .
     if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
         raise ConfigError(f"{_WHERE}: {key!r} must be a list of layer indices, got {value!r}")
     return tuple(value)
-
-
-def parse_flint_config(cfg: dict[str, Any]) -> FlintArchConfig:
-    """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    keys = ConfigKeys(cfg, _WHERE)
-    keys.only("hidden_act", "silu")
-    if cfg.get("attention_bias"):
-        raise ConfigError(f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)")
-    heads = keys.positive("num_attention_heads")
-    kv_heads = keys.positive("num_key_value_heads")
-    if heads % kv_heads:
-        raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
-    layers = keys.positive("num_hidden_layers")
-    layer_types = _layer_types(cfg, layers)
-    window = keys.positive("sliding_window", 513)
-    if window < 2 and "sliding_attention" in layer_types:
-        raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
-    experts = keys.optional("num_experts", int, 0)
-    top_k = keys.positive("num_experts_per_tok", 1)
-    if experts and top_k > experts:
-        raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'num_experts'={experts}")
-    hidden = keys.positive("hidden_size")
-    return FlintArchConfig(
-        vocab_size=keys.positive("vocab_size"),
-        hidden_size=hidden,
-        intermediate_size=keys.positive("intermediate_size"),
-        moe_intermediate_size=keys.positive("moe_intermediate_size", 512),
-        shared_expert_intermediate_size=keys.optional("shared_expert_intermediate_size", int, 1024),
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=keys.positive("head_dim", hidden // heads),
-        rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-6),
-        rope_theta=_rope_theta(cfg),
-        sliding_window=window,
-        layer_types=layer_types,
-        mlp_only_layers=_int_list(cfg, "mlp_only_layers", [0, 1]),
-        decoder_sparse_step=keys.positive("decoder_sparse_step", 1),
-        num_experts=experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
-        **keys.causal_lm_fields(max_position=262144),
-    )

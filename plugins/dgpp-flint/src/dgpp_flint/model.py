@@ -5,7 +5,7 @@ every layer; sliding-window layers rotate q/k (RoPE over the whole head) and kee
 ``sliding_window - 1`` positions per request; full-attention layers use no positional encoding and keep their
 K/V in the shared paged pool. MLP: dense SwiGLU on ``mlp_only_layers``, elsewhere a sigmoid-routed MoE
 (renormalized top-k, fp32 router) plus an ungated shared expert added in full. Module names follow the
-checkpoint's tensor names (``dgpp_flint.loader`` maps the few that differ).
+checkpoint's tensor names (the sinks read either of their two names: ``checkpoint_sources``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
-from dgpp.plugin_api import CacheSpec, ForwardBatch, World
+from dgpp.plugin_api import ForwardBatch, World
 from dgpp_flint.config import FlintArchConfig
 
 
@@ -33,10 +33,6 @@ class FlintRMSNorm(RMSNorm):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return (self.weight.float() * rms_normalize(x, self.eps)).to(x.dtype)
-
-
-def attention_cache_name(layer_idx: int) -> str:
-    return f"layers.{layer_idx}.self_attn"
 
 
 class FlintAttention(nn.Module):
@@ -60,7 +56,8 @@ class FlintAttention(nn.Module):
         set_weight_attrs(self.sinks, weight_loader=default_weight_loader, tp_dim=0, world=world)
         sliding = cfg.is_sliding(layer_idx)
         self.rotary = RotaryEmbedding(dim, dim, cfg.rope_theta, style="half") if sliding else None
-        self.attn = SinkAttention(attention_cache_name(layer_idx), self.num_heads, self.num_kv_heads, dim,
+        # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
+        self.attn = SinkAttention(f"layers.{layer_idx}.self_attn", self.num_heads, self.num_kv_heads, dim,
                                   window=cfg.sliding_window if sliding else None)
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:
@@ -107,7 +104,3 @@ class FlintForCausalLM(PreNormCausalLM):
         norm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         super().__init__(cfg, DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype), dtype=dtype,
                          world=world, group=group, hybrid="sliding_attention" in cfg.layer_types)
-
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        return {attention_cache_name(i): layer.self_attn.attn.cache_spec(self.dtype)
-                for i, layer in enumerate(self.model.layers)}

@@ -1,23 +1,26 @@
-"""Hook implementations only (``HOOKS``, a ``dgpp.plugin_api.FamilyHooks`` the entry point names): what the Flint plugin registers with dgpp."""
+"""What the Flint plugin tells dgpp: one ``Family`` (its entry point names ``FAMILY``). References are
+``"module:name"`` strings, imported on first use, so registering the plugin loads no torch."""
 
 from __future__ import annotations
 
-from dgpp.plugin_api import FamilyHooks, FamilySpec
+from dgpp.plugin_api import Family, FamilyModel
 
-HOOKS = FamilyHooks(
-    FamilySpec(
-        name="flint",
-        plugin="dgpp-flint",
-        # every HF architecture / model_type this family claims, implemented or not yet
-        architectures=("FlintForCausalLM",),
-        model_types=("flint",),
-        # the claimed values this plugin can load today; the rest get a clear "not yet supported"
-        implemented=("FlintForCausalLM", "flint"),
-        description="Flint (flint)",
+FAMILY = Family(
+    name="flint",
+    plugin="dgpp-flint",
+    # every config.json value this family claims; a claimed value no model loads is "not yet supported"
+    architectures=("FlintForCausalLM",),
+    model_types=("flint",),
+    models=(
+        FamilyModel(
+            claims=("FlintForCausalLM", "flint"),
+            config="dgpp_flint.config:FlintArchConfig",
+            model="dgpp_flint.model:FlintForCausalLM",
+        ),
     ),
-    load_model="dgpp_flint.loader:load_model",
-    tool_dialect="dgpp_flint.dialect:dialect_for",
+    description="Flint (flint)",
+    dialect="dgpp_flint.dialect:dialect_for",
     chat_template="dgpp_flint.dialect:chat_template",
-    memory_plan="dgpp_flint.memory:memory_plan",
     templates_package=__name__,
+    tiny_checkpoints="dgpp_flint.testing:tiny_checkpoints",
 )

@@ -6,6 +6,7 @@ scaling we do not compute, an activation other than SiLU, a routing shape the ro
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,24 +63,57 @@ class Glm4MoeArchConfig(GlmMoeFields):
         """Checkpoint indices of the MTP layers (they follow the decoder stack)."""
         return tuple(self.num_hidden_layers + i for i in range(self.num_mtp_layers))
 
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> Glm4MoeArchConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        cfg = dict(hf_config)
+        keys = ConfigKeys(cfg, "glm4_moe config.json")
+        for key in _MUST_BE_UNSET:
+            if cfg.get(key) not in (None, {}, []):
+                raise keys.error(f"{key!r}={cfg[key]!r} is not supported by dgpp-glm")
+        shared = shared_fields(keys, max_position=131072)
+        heads = keys.positive("num_attention_heads")
+        kv_heads = keys.positive("num_key_value_heads")
+        if heads % kv_heads:
+            raise keys.error(f"'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
+        head_dim = keys.positive("head_dim", shared["hidden_size"] // heads)
+        experts = keys.positive("n_routed_experts")
+        top_k = keys.positive("num_experts_per_tok")
+        n_group = keys.positive("n_group", 1)
+        topk_group = keys.positive("topk_group", 1)
+        if experts % n_group:
+            raise keys.error(f"'n_routed_experts'={experts} is not a multiple of 'n_group'={n_group}")
+        if topk_group > n_group:
+            raise keys.error(f"'topk_group'={topk_group} exceeds 'n_group'={n_group}")
+        per_group = experts // n_group
+        if n_group > 1 and per_group < 2:  # a group is scored by the sum of its two best experts
+            raise keys.error(f"'n_group'={n_group} leaves {per_group} expert per group (need >= 2)")
+        if top_k > topk_group * per_group:
+            raise keys.error(f"'num_experts_per_tok'={top_k} exceeds the {topk_group * per_group} experts "
+                             f"that 'topk_group'={topk_group} groups offer")
+        mtp = keys.optional("num_nextn_predict_layers", int, 0)
+        if mtp < 0:
+            raise keys.error(f"'num_nextn_predict_layers'={mtp} must be >= 0")
+        first_dense = keys.optional("first_k_dense_replace", int, 1)
+        if first_dense < 0:
+            raise keys.error(f"'first_k_dense_replace'={first_dense} must be >= 0")
+        return cls(
+            **shared,
+            num_hidden_layers=keys.positive("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            use_qk_norm=keys.optional("use_qk_norm", bool, False),
+            rope_theta=keys.rope(supported=("default",)).theta,
+            rotary_dim=keys.rotary_dim(head_dim, default_factor=0.5),
+            first_k_dense_replace=first_dense,
+            n_routed_experts=experts,
+            num_experts_per_tok=top_k,
+            n_group=n_group,
+            topk_group=topk_group,
+            num_mtp_layers=mtp,
+        )
 
-def _rope(keys: ConfigKeys, head_dim: int) -> tuple[float, int]:
-    """(theta, rotary_dim) from either the transformers-5 ``rope_parameters`` or the flat release keys."""
-    cfg = keys.cfg
-    params = cfg.get("rope_parameters") or {}
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type != "default":
-        raise keys.error(f"rope_parameters.rope_type={rope_type!r} is not supported (only 'default')")
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    factor = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", 0.5))
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise keys.error(f"'rope_theta' must be a positive number, got {theta!r}")
-    if not isinstance(factor, (int, float)) or not 0 < factor <= 1:
-        raise keys.error(f"'partial_rotary_factor' must be in (0, 1], got {factor!r}")
-    rotary_dim = int(head_dim * factor)
-    if rotary_dim % 2:
-        raise keys.error(f"'partial_rotary_factor'={factor} gives an odd rotary dim {rotary_dim} of head_dim {head_dim}")
-    return float(theta), rotary_dim
 
 
 def _quant_method(cfg: dict[str, Any]) -> str | None:
@@ -108,53 +142,3 @@ def shared_fields(keys: ConfigKeys, max_position: int) -> dict[str, Any]:
         "quant_method": _quant_method(keys.cfg),
     }
 
-
-def parse_glm4_moe_config(cfg: dict[str, Any]) -> Glm4MoeArchConfig:
-    """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    keys = ConfigKeys(cfg, "glm4_moe config.json")
-    for key in _MUST_BE_UNSET:
-        if cfg.get(key) not in (None, {}, []):
-            raise keys.error(f"{key!r}={cfg[key]!r} is not supported by dgpp-glm")
-    shared = shared_fields(keys, max_position=131072)
-    heads = keys.positive("num_attention_heads")
-    kv_heads = keys.positive("num_key_value_heads")
-    if heads % kv_heads:
-        raise keys.error(f"'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
-    head_dim = keys.positive("head_dim", shared["hidden_size"] // heads)
-    theta, rotary_dim = _rope(keys, head_dim)
-    experts = keys.positive("n_routed_experts")
-    top_k = keys.positive("num_experts_per_tok")
-    n_group = keys.positive("n_group", 1)
-    topk_group = keys.positive("topk_group", 1)
-    if experts % n_group:
-        raise keys.error(f"'n_routed_experts'={experts} is not a multiple of 'n_group'={n_group}")
-    if topk_group > n_group:
-        raise keys.error(f"'topk_group'={topk_group} exceeds 'n_group'={n_group}")
-    per_group = experts // n_group
-    if n_group > 1 and per_group < 2:  # a group is scored by the sum of its two best experts
-        raise keys.error(f"'n_group'={n_group} leaves {per_group} expert per group (need >= 2)")
-    if top_k > topk_group * per_group:
-        raise keys.error(f"'num_experts_per_tok'={top_k} exceeds the {topk_group * per_group} experts "
-                         f"that 'topk_group'={topk_group} groups offer")
-    mtp = keys.optional("num_nextn_predict_layers", int, 0)
-    if mtp < 0:
-        raise keys.error(f"'num_nextn_predict_layers'={mtp} must be >= 0")
-    first_dense = keys.optional("first_k_dense_replace", int, 1)
-    if first_dense < 0:
-        raise keys.error(f"'first_k_dense_replace'={first_dense} must be >= 0")
-    return Glm4MoeArchConfig(
-        **shared,
-        num_hidden_layers=keys.positive("num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        head_dim=head_dim,
-        use_qk_norm=keys.optional("use_qk_norm", bool, False),
-        rope_theta=theta,
-        rotary_dim=rotary_dim,
-        first_k_dense_replace=first_dense,
-        n_routed_experts=experts,
-        num_experts_per_tok=top_k,
-        n_group=n_group,
-        topk_group=topk_group,
-        num_mtp_layers=mtp,
-    )

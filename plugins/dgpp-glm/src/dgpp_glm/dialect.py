@@ -2,11 +2,11 @@
 
 A call is ``<tool_call>NAME\\n<arg_key>KEY</arg_key>\\n<arg_value>VALUE</arg_value>\\n…</tool_call>``: string
 values bare, others JSON; parallel calls are consecutive blocks; the compact layout without newlines
-(GLM-4.7) parses too. Thinking sits in ``<think>…</think>``. Effort (anchor §2.8): minimal/low -> low,
+(GLM-4.7) parses too. Thinking sits in ``<think>…</think>``. Effort: minimal/low -> low,
 medium/high -> high, xhigh/max -> max; none only through the thinking switch.
 
 No GLM tokenizer or chat template is published on a package registry, so ``chat_template.jinja`` here is
-authored in-repo in the GLM-4.x style from the anchor's facts (``[gMASK]<sop>``, ``<|system|>``/``<|user|>``/
+authored in-repo in the GLM-4.x style from these facts (``[gMASK]<sop>``, ``<|system|>``/``<|user|>``/
 ``<|assistant|>``/``<|observation|>`` turns, ``<tool_response>`` results, ``/nothink``-free thinking switch).
 """
 

@@ -28,13 +28,12 @@ from dgpp.plugin_api import (
     CheckpointError,
     ForwardBatch,
     LoadContext,
-    PagedKV,
     checkpoint_tensor_names,
+    collect_cache_entries,
     load_family_weights,
 )
 from dgpp_glm.config import Glm4MoeArchConfig
-from dgpp_glm.loader import arch_config, checkpoint_name
-from dgpp_glm.model import Glm4MoeDecoderLayer, Glm4MoeForCausalLM
+from dgpp_glm.model import Glm4MoeDecoderLayer, Glm4MoeForCausalLM, checkpoint_name
 
 
 def mtp_cache_name(step: int) -> str:
@@ -129,6 +128,10 @@ class GlmMTPDrafter(nn.Module):
         self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
         self.last_hidden: torch.Tensor | None = None
 
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The entries the MTP layers' attention declares (under the names the layers were built with)."""
+        return collect_cache_entries(self, self.dtype)
+
     def checkpoint_name(self, name: str) -> str:
         return mtp_checkpoint_name(self.config, name)
 
@@ -173,9 +176,6 @@ class Glm4MoeMTPDrafter(GlmMTPDrafter):
         ]
         super().__init__(cfg, main, layers)
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
-        return {mtp_cache_name(i): kv for i in range(len(self.layers))}
 
 
 @dataclass(frozen=True)
@@ -222,7 +222,7 @@ def load_mtp(ctx: LoadContext, cfg, make: Callable[[MTPLayout], GlmMTPDrafter]) 
 
 def build_draft(ctx: LoadContext, model: Glm4MoeForCausalLM) -> GlmMTPDrafter | None:
     """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
-    cfg = arch_config(ctx)
+    cfg = Glm4MoeArchConfig.from_hf_config(ctx.hf_config)
     return load_mtp(
         ctx,
         cfg,

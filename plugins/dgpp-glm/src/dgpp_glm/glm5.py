@@ -74,7 +74,9 @@ class GlmMoeDsaAttention(MultiLatentAttention):
             )
         self.reuses_selection = True  # shared layers attend over the previous layer's picks (False: dense)
 
-    def caches(self) -> dict[str, CacheSpec]:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        """The layer's latent entry and, with an indexer, its keys, in the layer's own dtype (the model's and the
+        drafter's ``cache_spec`` collect them)."""
         spec: dict[str, CacheSpec] = {self.cache_name: self.cache_spec()}
         if self.indexer is not None:
             spec[self.indexer.cache_name] = self.indexer.cache_spec()
@@ -132,12 +134,6 @@ class GlmMoeDsaForCausalLM(Glm4MoeForCausalLM):
         layers = (GlmMoeDsaDecoderLayer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         return DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype)
-
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        spec: dict[str, CacheSpec] = {}
-        for layer in self.model.layers:
-            spec.update(layer.self_attn.caches())
-        return spec
 
     def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
         x = self.model.embed_tokens(batch.input_ids)

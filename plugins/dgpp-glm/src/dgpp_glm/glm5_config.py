@@ -8,6 +8,7 @@ freq 4 / offset 3 (21 full layers); a config without them runs the indexer on ev
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,63 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
 
     def runs_indexer(self, layer_idx: int) -> bool:
         return self.indexer_types[layer_idx] == "full"
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> GlmMoeDsaArchConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        cfg = dict(hf_config)
+        keys = ConfigKeys(cfg, _WHAT)
+        shared = shared_fields(keys, max_position=202752)
+        layers = keys.positive("num_hidden_layers")
+        heads = keys.positive("num_attention_heads")
+        if keys.optional("num_key_value_heads", int, heads) != heads:
+            raise _err(
+                f"'num_key_value_heads' must equal 'num_attention_heads'={heads} (kv_b_proj expands every head)"
+            )
+        if cfg.get("q_lora_rank") is None:
+            raise _err("'q_lora_rank' is required (the indexer reads the low-rank q)")
+        rope_dim = keys.positive("qk_rope_head_dim")
+        index_dim = keys.positive("index_head_dim", 128)
+        if rope_dim % 2 or rope_dim > index_dim:
+            raise _err(f"'qk_rope_head_dim'={rope_dim} must be even and at most 'index_head_dim'={index_dim}")
+        experts = keys.positive("n_routed_experts")
+        n_group = keys.positive("n_group", 1)
+        topk_group = keys.optional("topk_group", int, 1)
+        if experts % n_group or topk_group > n_group:
+            raise _err(
+                f"'n_routed_experts'={experts} / 'n_group'={n_group} / 'topk_group' do not form expert groups"
+            )
+        first_dense = keys.optional("first_k_dense_replace", int, 3)
+        mlp_types = tuple(
+            cfg.get("mlp_layer_types")
+            or ["dense"] * min(first_dense, layers) + ["sparse"] * max(layers - first_dense, 0)
+        )
+        if len(mlp_types) != layers or not set(mlp_types) <= {"dense", "sparse"}:
+            raise _err(f"'mlp_layer_types' must list 'dense'/'sparse' for each of the {layers} layers")
+        theta, yarn = _rope(cfg)
+        return cls(
+            **shared,
+            num_hidden_layers=layers,
+            num_attention_heads=heads,
+            q_lora_rank=keys.positive("q_lora_rank"),
+            kv_lora_rank=keys.positive("kv_lora_rank"),
+            qk_nope_head_dim=keys.positive("qk_nope_head_dim"),
+            qk_rope_head_dim=rope_dim,
+            v_head_dim=keys.positive("v_head_dim"),
+            rope_theta=theta,
+            yarn=yarn,
+            mlp_layer_types=mlp_types,
+            indexer_types=indexer_types(cfg, layers),
+            index_n_heads=keys.positive("index_n_heads", 32),
+            index_head_dim=index_dim,
+            index_topk=keys.positive("index_topk", 2048),
+            n_routed_experts=experts,
+            num_experts_per_tok=keys.positive("num_experts_per_tok"),
+            n_group=n_group,
+            topk_group=topk_group,
+            num_mtp_layers=keys.optional("num_nextn_predict_layers", int, 0),
+        )
+
 
 
 def _err(msg: str) -> ConfigError:
@@ -97,57 +155,3 @@ def _rope(cfg: dict[str, Any]) -> tuple[float, YarnScaling | None]:
         raise _err(f"rope_parameters: yarn needs {missing.args[0]!r}") from None
     return float(theta), yarn
 
-
-def parse_glm_moe_dsa_config(cfg: dict[str, Any]) -> GlmMoeDsaArchConfig:
-    """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    keys = ConfigKeys(cfg, _WHAT)
-    shared = shared_fields(keys, max_position=202752)
-    layers = keys.positive("num_hidden_layers")
-    heads = keys.positive("num_attention_heads")
-    if keys.optional("num_key_value_heads", int, heads) != heads:
-        raise _err(
-            f"'num_key_value_heads' must equal 'num_attention_heads'={heads} (kv_b_proj expands every head)"
-        )
-    if cfg.get("q_lora_rank") is None:
-        raise _err("'q_lora_rank' is required (the indexer reads the low-rank q)")
-    rope_dim = keys.positive("qk_rope_head_dim")
-    index_dim = keys.positive("index_head_dim", 128)
-    if rope_dim % 2 or rope_dim > index_dim:
-        raise _err(f"'qk_rope_head_dim'={rope_dim} must be even and at most 'index_head_dim'={index_dim}")
-    experts = keys.positive("n_routed_experts")
-    n_group = keys.positive("n_group", 1)
-    topk_group = keys.optional("topk_group", int, 1)
-    if experts % n_group or topk_group > n_group:
-        raise _err(
-            f"'n_routed_experts'={experts} / 'n_group'={n_group} / 'topk_group' do not form expert groups"
-        )
-    first_dense = keys.optional("first_k_dense_replace", int, 3)
-    mlp_types = tuple(
-        cfg.get("mlp_layer_types")
-        or ["dense"] * min(first_dense, layers) + ["sparse"] * max(layers - first_dense, 0)
-    )
-    if len(mlp_types) != layers or not set(mlp_types) <= {"dense", "sparse"}:
-        raise _err(f"'mlp_layer_types' must list 'dense'/'sparse' for each of the {layers} layers")
-    theta, yarn = _rope(cfg)
-    return GlmMoeDsaArchConfig(
-        **shared,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        q_lora_rank=keys.positive("q_lora_rank"),
-        kv_lora_rank=keys.positive("kv_lora_rank"),
-        qk_nope_head_dim=keys.positive("qk_nope_head_dim"),
-        qk_rope_head_dim=rope_dim,
-        v_head_dim=keys.positive("v_head_dim"),
-        rope_theta=theta,
-        yarn=yarn,
-        mlp_layer_types=mlp_types,
-        indexer_types=indexer_types(cfg, layers),
-        index_n_heads=keys.positive("index_n_heads", 32),
-        index_head_dim=index_dim,
-        index_topk=keys.positive("index_topk", 2048),
-        n_routed_experts=experts,
-        num_experts_per_tok=keys.positive("num_experts_per_tok"),
-        n_group=n_group,
-        topk_group=topk_group,
-        num_mtp_layers=keys.optional("num_nextn_predict_layers", int, 0),
-    )

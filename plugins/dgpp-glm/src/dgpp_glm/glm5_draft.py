@@ -1,5 +1,4 @@
-"""Full GLM-5.3's MTP layer (``glm_moe_dsa``) as a drafter; every other GLM architecture goes on to
-``dgpp_glm.draft``.
+"""Full GLM-5.3's MTP layer (``glm_moe_dsa``) as a drafter, on GLM-4.7's (``dgpp_glm.draft``).
 
 Checkpoint layout (transformers skips it when loading the main model): MTP layer ``i`` is
 ``model.layers.{num_hidden_layers + i}.*``, a GLM-5.3 decoder block (MLA ``self_attn`` with, when the
@@ -14,11 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import CacheSpec, ForwardBatch, LoadContext
+from dgpp.plugin_api import ForwardBatch, LoadContext
 from dgpp_glm import draft
 from dgpp_glm.glm5 import GlmMoeDsaDecoderLayer, GlmMoeDsaForCausalLM
-from dgpp_glm.glm5_config import GlmMoeDsaArchConfig, parse_glm_moe_dsa_config
-from dgpp_glm.glm5_loader import GLM_MOE_DSA
+from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
 
 
 class GlmMoeDsaMTPLayer(GlmMoeDsaDecoderLayer):
@@ -64,11 +62,6 @@ class GlmMoeDsaMTPDrafter(draft.GlmMTPDrafter):
         ]
         super().__init__(cfg, main, layers)
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        spec: dict[str, CacheSpec] = {}
-        for layer in self.layers:
-            spec.update(layer.self_attn.caches())
-        return spec
 
     def run_block(self, layer: GlmMoeDsaMTPLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return layer(x, batch, None, self.group)[0]
@@ -76,7 +69,5 @@ class GlmMoeDsaMTPDrafter(draft.GlmMTPDrafter):
 
 def build_draft(ctx: LoadContext, model) -> draft.GlmMTPDrafter | None:
     """The MTP drafter for ``model``'s checkpoint, weights loaded; None when it has no MTP layer."""
-    if ctx.architecture not in GLM_MOE_DSA:
-        return draft.build_draft(ctx, model)
-    cfg = parse_glm_moe_dsa_config(ctx.hf_config)
+    cfg = GlmMoeDsaArchConfig.from_hf_config(ctx.hf_config)
     return draft.load_mtp(ctx, cfg, lambda layout: GlmMoeDsaMTPDrafter(cfg, model, layout))

@@ -1,11 +1,16 @@
-"""The GLM model's memory (``dgpp_memory_plan``): the exact per-rank bytes of the model as it would be built,
-without reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory.plan_memory``).
+"""The GLM models' memory: the exact per-rank bytes of the model as it would be built, with its MTP drafter when
+``engine.mtp`` is on, without reading a weight; core sizes the deployment's plan from them
+(``dgpp.step.memory.plan_memory``). GLM's own plan (a model hook) because the drafter's layout (its own
+embedding and head, packed or not) is read from the checkpoint's tensor names.
 
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank,
 with the checkpoint's packed formats swapped in, so the plan counts what is really resident: the
 replicated embedding, head, routers and norms in full, the TP-split projections and experts as this
 rank's slice, NVFP4 experts at their packed size. KV per token comes from ``cache_spec()`` (the MTP
-layer's own KV included), e.g. 92 + 1 layers x 2 kv heads x 128 x (K+V) x 2 B = 95,232 B at w4.
+layer's own KV included), e.g. 92 + 1 layers x 2 kv heads x 128 x (K+V) x 2 B = 95,232 B at w4. Full GLM-5.3's
+cache is latent: per token and layer the normed latent and the rotated rope key (``kv_lora_rank +
+qk_rope_head_dim`` values, replicated on every rank), plus one indexer key on each ``full`` layer: at release
+size in BF16, 78 x 576 x 2 + 21 x 128 x 2 = 95,232 B per token per rank.
 """
 
 from __future__ import annotations
@@ -27,8 +32,8 @@ from dgpp.plugin_api import (
     transformer_activation_bytes,
 )
 from dgpp.quant.resident import resident_bytes
-from dgpp_glm.config import GlmMoeFields
-from dgpp_glm.loader import arch_config, checkpoint_name
+from dgpp_glm.config import Glm4MoeArchConfig, GlmMoeFields
+from dgpp_glm.model import checkpoint_name
 
 if TYPE_CHECKING:
     from dgpp_glm.draft import MTPLayout
@@ -38,12 +43,26 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_glm.draft import Glm4MoeMTPDrafter
     from dgpp_glm.model import Glm4MoeForCausalLM
 
-    cfg = arch_config(ctx)
+    cfg = Glm4MoeArchConfig.from_hf_config(ctx.hf_config)
     rank = f"modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"
     return meta_plan(
         ctx, cfg, lambda: Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
         lambda model, layout: Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head),
         lambda mtp: f"GLM plan: {rank}; KV includes the MTP layer" if mtp else f"GLM plan: {rank}",
+    )
+
+
+def glm5_memory_plan(ctx: LoadContext) -> ModelMemory:
+    """Full GLM-5.3 (``glm_moe_dsa``): its latent cache, and its MLA + DSA MTP layers with ``engine.mtp``."""
+    from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
+    from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
+    from dgpp_glm.glm5_draft import GlmMoeDsaMTPDrafter
+
+    cfg = GlmMoeDsaArchConfig.from_hf_config(ctx.hf_config)
+    note = f"GLM-5.3 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size}; latent cache"
+    return meta_plan(
+        ctx, cfg, lambda: GlmMoeDsaForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
+        lambda model, layout: GlmMoeDsaMTPDrafter(cfg, model, layout), lambda mtp: note,
     )
 
 
@@ -71,7 +90,7 @@ def meta_plan(ctx: LoadContext, cfg: GlmMoeFields, build_model: Callable[[], Mod
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
     return ModelMemory.from_cache_spec(
         spec,
-        weights=resident_bytes(model, bf16),
+        weights=resident_bytes(model, bf16, ctx.engine.dense_weights),
         activations_per_token=transformer_activation_bytes(cfg.hidden_size, widest_mlp, ctx.world.size, itemsize),
         drafter=drafter_bytes,
         vocab_size=cfg.vocab_size,

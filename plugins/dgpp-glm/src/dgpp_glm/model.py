@@ -18,12 +18,13 @@ from dgpp.nn.gqa import GQAttention
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.plugin_api import CacheSpec, PagedKV, World
+from dgpp.plugin_api import World
 from dgpp_glm.config import Glm4MoeArchConfig, GlmMoeFields
 
 
-def attention_cache_name(layer_idx: int) -> str:
-    return f"layers.{layer_idx}.self_attn"
+def checkpoint_name(name: str) -> str:
+    """dgpp's shared MoE calls its shared expert ``shared_expert``; GLM checkpoints say ``shared_experts``."""
+    return name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
 
 
 def build_glm_moe(cfg: GlmMoeFields, *, dtype: torch.dtype, world: World) -> SparseMoE:
@@ -87,11 +88,7 @@ class Glm4MoeForCausalLM(PreNormCausalLM):
     @classmethod
     def build_stack(cls, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> DecoderStack:
         """``model.*``: the embedding, GLM's blocks and the final norm (GLM-5.3 builds its own blocks)."""
-        layers = (Glm4MoeDecoderLayer(cfg, i, attention_cache_name(i), dtype=dtype, world=world)
+        layers = (Glm4MoeDecoderLayer(cfg, i, f"layers.{i}.self_attn", dtype=dtype, world=world)
                   for i in range(cfg.num_hidden_layers))
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         return DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype)
-
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        kv = PagedKV(self.config.num_key_value_heads // self.world.size, self.config.head_dim, self.dtype)
-        return {attention_cache_name(i): kv for i in range(self.config.num_hidden_layers)}

@@ -11,6 +11,7 @@ not compute are refused by key name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,46 @@ class MimoArchConfig(CausalLMFields):
 
     def shape(self, layer_idx: int) -> AttentionShape:
         return self.attention[self.layer_types[layer_idx]]
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> MimoArchConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        cfg = dict(hf_config)
+        keys = ConfigKeys(cfg, "mimo_v2_flash config.json")
+        keys.only("hidden_act", "silu")
+        layers = keys.positive("num_hidden_layers")
+        layer_types = _types(keys, "layer_types", LAYER_TYPES, [
+            "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)])
+        mlp_types = _types(keys, "mlp_layer_types", _MLP_TYPES, ["dense"] + ["sparse"] * (layers - 1))
+        experts = keys.positive("n_routed_experts", 256)
+        top_k = keys.positive("num_experts_per_tok", 8)
+        if top_k > experts:
+            raise keys.error(f"'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
+        n_group, topk_group = keys.positive("n_group", 1), keys.positive("topk_group", 1)
+        if experts % n_group or topk_group > n_group:
+            raise keys.error(f"'n_group'={n_group} / 'topk_group'={topk_group} do not fit {experts} experts")
+        return cls(
+            vocab_size=keys.positive("vocab_size"),
+            hidden_size=keys.positive("hidden_size"),
+            intermediate_size=keys.positive("intermediate_size"),
+            moe_intermediate_size=keys.positive("moe_intermediate_size", 2048),
+            num_hidden_layers=layers,
+            attention=_attention(keys, layer_types),
+            rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-5),
+            sliding_window=_window(keys),
+            layer_types=layer_types,
+            mlp_layer_types=mlp_types,
+            attention_value_scale=_value_scale(keys),
+            n_routed_experts=experts,
+            num_experts_per_tok=top_k,
+            norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
+            routed_scaling_factor=keys.optional("routed_scaling_factor", float, 1.0),
+            n_group=n_group,
+            topk_group=topk_group,
+            attention_bias=keys.optional("attention_bias", bool, False),
+            **keys.causal_lm_fields(max_position=131072, bos_token_id=1),
+        )
+
 
 
 def _types(keys: ConfigKeys, key: str, allowed: tuple[str, ...], default: list[str]) -> tuple[str, ...]:
@@ -140,41 +181,3 @@ def _window(keys: ConfigKeys) -> int:
     if window < 2:
         raise keys.error(f"'sliding_window'={window} must cover at least 2 tokens")
     return window
-
-
-def parse_mimo_config(cfg: dict[str, Any]) -> MimoArchConfig:
-    """Validate ``cfg`` (config.json as a dict) and return the typed config; ConfigError names the key."""
-    keys = ConfigKeys(cfg, "mimo_v2_flash config.json")
-    keys.only("hidden_act", "silu")
-    layers = keys.positive("num_hidden_layers")
-    layer_types = _types(keys, "layer_types", LAYER_TYPES, [
-        "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)])
-    mlp_types = _types(keys, "mlp_layer_types", _MLP_TYPES, ["dense"] + ["sparse"] * (layers - 1))
-    experts = keys.positive("n_routed_experts", 256)
-    top_k = keys.positive("num_experts_per_tok", 8)
-    if top_k > experts:
-        raise keys.error(f"'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
-    n_group, topk_group = keys.positive("n_group", 1), keys.positive("topk_group", 1)
-    if experts % n_group or topk_group > n_group:
-        raise keys.error(f"'n_group'={n_group} / 'topk_group'={topk_group} do not fit {experts} experts")
-    return MimoArchConfig(
-        vocab_size=keys.positive("vocab_size"),
-        hidden_size=keys.positive("hidden_size"),
-        intermediate_size=keys.positive("intermediate_size"),
-        moe_intermediate_size=keys.positive("moe_intermediate_size", 2048),
-        num_hidden_layers=layers,
-        attention=_attention(keys, layer_types),
-        rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-5),
-        sliding_window=_window(keys),
-        layer_types=layer_types,
-        mlp_layer_types=mlp_types,
-        attention_value_scale=_value_scale(keys),
-        n_routed_experts=experts,
-        num_experts_per_tok=top_k,
-        norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
-        routed_scaling_factor=keys.optional("routed_scaling_factor", float, 1.0),
-        n_group=n_group,
-        topk_group=topk_group,
-        attention_bias=keys.optional("attention_bias", bool, False),
-        **keys.causal_lm_fields(max_position=131072, bos_token_id=1),
-    )

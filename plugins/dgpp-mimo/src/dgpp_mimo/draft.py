@@ -38,6 +38,7 @@ from dgpp.plugin_api import (
     ForwardBatch,
     LoadContext,
     PagedKV,
+    collect_cache_entries,
     load_family_weights,
 )
 from dgpp_mimo.config import MimoArchConfig
@@ -152,10 +153,7 @@ class MimoMTPDrafter(nn.Module):
         self.last_hidden: torch.Tensor | None = None
 
     def cache_spec(self) -> dict[str, CacheSpec]:
-        return {
-            mtp_cache_name(k): layer.self_attn.attn.cache_spec(self.dtype)
-            for k, layer in enumerate(self.layers)
-        }
+        return collect_cache_entries(self, self.dtype)  # each layer's attention declares its paged entry
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:

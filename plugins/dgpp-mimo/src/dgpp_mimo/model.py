@@ -25,12 +25,8 @@ from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
-from dgpp.plugin_api import CacheSpec, ForwardBatch, World
+from dgpp.plugin_api import ForwardBatch, World
 from dgpp_mimo.config import MimoArchConfig
-
-
-def attention_cache_name(layer_idx: int) -> str:
-    return f"layers.{layer_idx}.self_attn"
 
 
 class MimoAttention(nn.Module):
@@ -56,7 +52,8 @@ class MimoAttention(nn.Module):
         else:
             self.register_parameter("sinks", None)
         self.rotary = RotaryEmbedding(shape.head_dim, shape.rotary_dim, shape.rope_theta, style="half")
-        self.attn = SinkAttention(attention_cache_name(layer_idx), self.num_heads, self.num_kv_heads, shape.head_dim,
+        # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
+        self.attn = SinkAttention(f"layers.{layer_idx}.self_attn", self.num_heads, self.num_kv_heads, shape.head_dim,
                                   window=cfg.sliding_window if cfg.is_sliding(layer_idx) else None,
                                   v_head_dim=shape.v_head_dim)
 
@@ -103,6 +100,11 @@ class MimoV2FlashForCausalLM(PreNormCausalLM):
         super().__init__(cfg, DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype), dtype=dtype,
                          world=world, group=group, hybrid="sliding_attention" in cfg.layer_types)
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        return {attention_cache_name(i): layer.self_attn.attn.cache_spec(self.dtype)
-                for i, layer in enumerate(self.model.layers)}
+    def activation_bytes_per_token(self) -> int:
+        """A prefill row: the residual and normed input, the widest layer's q/k/v/attention rows and the widest
+        MLP's gate/up/activation on this rank (MiMo's layer types differ in heads and head widths)."""
+        cfg, world = self.config, self.world.size
+        widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
+        widest_attn = max(s.num_heads * (2 * s.head_dim + s.v_head_dim) for s in cfg.attention.values())
+        itemsize = torch.empty((), dtype=self.dtype).element_size()
+        return (4 * cfg.hidden_size + (widest_attn + 3 * widest_mlp) // world) * itemsize

@@ -19,9 +19,11 @@ so nothing downstream can add the extra key.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from dgpp.plugin_api import ConfigError
+from dgpp_mimo.config import MimoArchConfig
 
 _WHERE = "mimo_v2 config.json"
 SLIDING, FULL = "sliding_attention", "full_attention"
@@ -174,3 +176,11 @@ def canonical_config(cfg: dict[str, Any]) -> dict[str, Any]:
         sliding_window=window_of(cfg),
     )
     return out
+
+
+class MimoV26Config(MimoArchConfig):
+    """A V2.6 config.json read as the flash config it describes (``canonical_config``)."""
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> MimoV26Config:
+        return super().from_hf_config(canonical_config(dict(hf_config)))

@@ -1,8 +1,7 @@
 """MiMo-V2.6 (``MiMoV2ForCausalLM`` / ``mimo_v2``) served by the MiMo-V2-Flash model: the release's config is
 rewritten into the ``mimo_v2_flash`` form (``dgpp_mimo.v26_config``), its tensors are read through
 ``V26Reader`` and its formats come from ``V26Scheme`` (``dgpp_mimo.v26_checkpoint``). Nothing is converted on
-disk: the FP8 and MXFP4 bytes load as shipped. Also the two hooks that answer for both MiMo types: building a
-model without a checkpoint (``dgpp bench``) and the MTP drafter (V2.6 ships one; transformers' flash layout
+disk: the FP8 and MXFP4 bytes load as shipped. Also the MTP drafter (V2.6 ships one; transformers' flash layout
 has none).
 """
 
@@ -12,10 +11,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from dgpp.plugin_api import CheckpointError, LoadContext, Model, load_family_weights
-from dgpp_mimo.config import MimoArchConfig, parse_mimo_config
+from dgpp_mimo.config import MimoArchConfig
 from dgpp_mimo.v26_checkpoint import V26Reader, V26Scheme
 from dgpp_mimo.v26_config import canonical_config, projection_layout
 
@@ -40,7 +37,7 @@ class V26:
         flash = dataclasses.replace(ctx, hf_config=canonical, architecture=FLASH_ARCHITECTURE)
         return cls(
             flash,
-            parse_mimo_config(canonical),
+            MimoArchConfig.from_hf_config(canonical),
             ctx.hf_config.get("quantization_config"),
             projection_layout(ctx.hf_config) == "fused_qkv",
             int(ctx.hf_config.get("num_nextn_predict_layers") or 0),
@@ -72,20 +69,9 @@ def load_v26(ctx: LoadContext) -> Model:
     )
 
 
-def build_model(ctx: LoadContext) -> Model:
-    """Either MiMo type built on ``ctx.device`` with uninitialised parameters (random-weight benchmarks)."""
-    from dgpp_mimo.model import MimoV2FlashForCausalLM
-
-    cfg = V26.of(ctx).cfg if is_v26(ctx) else parse_mimo_config(ctx.hf_config)
-    with torch.device(ctx.device or "cpu"):
-        return MimoV2FlashForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group).eval()
-
-
 def build_draft(ctx: LoadContext, model: Model):
     """The MTP drafter of a V2.6 checkpoint (``min(num_nextn_predict_layers, engine.mtp_depth)`` layers), or
-    None for a checkpoint without MTP layers (every ``mimo_v2_flash`` one: transformers' layout has none)."""
-    if not is_v26(ctx):
-        return None
+    None for a checkpoint without MTP layers."""
     from dgpp_mimo.draft import load_drafter
 
     v26 = V26.of(ctx)

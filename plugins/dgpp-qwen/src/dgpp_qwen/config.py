@@ -5,6 +5,7 @@ under ``text_config``. Values this engine cannot run are rejected with a ``Confi
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,6 +97,70 @@ class QwenConfig:
         if moe is None or layer in moe.mlp_only_layers:
             return False
         return (layer + 1) % moe.decoder_sparse_step == 0
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> QwenConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        hf_config = dict(hf_config)
+        top = _Keys(hf_config)
+        model_type = top.get("model_type", str, required=True)
+        archs = hf_config.get("architectures") or []
+        architecture = archs[0] if archs else model_type
+        keys, prefix = top, "model."
+        if model_type in WRAPPER_TYPES:
+            text = hf_config.get("text_config")
+            if not isinstance(text, dict):
+                raise ConfigError(f"config.json: {model_type} needs a 'text_config' object")
+            keys, prefix = _Keys(text, "text_config."), "model.language_model."
+            model_type = f"{model_type}_text"
+        if model_type not in (*DENSE_TYPES, *MOE_TYPES, *HYBRID_TYPES):
+            raise ConfigError(f"config.json: model_type = {model_type!r} is not a Qwen type this plugin parses")
+        act = keys.get("hidden_act", str, "silu")
+        if act != "silu":
+            raise ConfigError(f"config.json: {keys.name('hidden_act')} = {act!r} is not supported (only 'silu')")
+        attention_bias = keys.get("attention_bias", bool, False)
+        if attention_bias and model_type in HYBRID_TYPES:
+            raise ConfigError(f"config.json: {keys.name('attention_bias')} = true is not supported for {model_type}")
+        # Qwen3.5 full attention always carries the [q|gate] output gate; a release without it is another model
+        if model_type in HYBRID_TYPES and not keys.get("attn_output_gate", bool, True):
+            raise ConfigError(f"config.json: {keys.name('attn_output_gate')} = false is not supported for {model_type}")
+        hidden = keys.positive("hidden_size", required=True)
+        heads = keys.positive("num_attention_heads", required=True)
+        kv_heads = keys.positive("num_key_value_heads", heads)
+        if heads % kv_heads:
+            raise ConfigError(f"config.json: {keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+        head_dim = keys.positive("head_dim", _DEFAULT_HEAD_DIM.get(model_type, hidden // heads))
+        num_layers = keys.positive("num_hidden_layers", required=True)
+        max_position = keys.positive("max_position_embeddings", 32768)
+        dtype_name = top.get("dtype", str) or top.get("torch_dtype", str) or keys.get("dtype", str) or "float32"
+        if dtype_name not in COMPUTE_DTYPES:
+            raise ConfigError(f"config.json: dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})")
+        tie = top.get("tie_word_embeddings", bool, keys.get("tie_word_embeddings", bool, False))
+        return cls(
+            model_type=model_type,
+            architecture=architecture,
+            vocab_size=keys.positive("vocab_size", required=True),
+            hidden_size=hidden,
+            # qwen3_5_moe_text has no dense MLP layers, hence no intermediate_size
+            intermediate_size=0 if model_type == "qwen3_5_moe_text" else keys.positive("intermediate_size", required=True),
+            num_layers=num_layers,
+            num_heads=heads,
+            num_kv_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=keys.get("rms_norm_eps", float, 1e-6),
+            max_position=max_position,
+            tie_word_embeddings=tie,
+            attention_bias=attention_bias,
+            rope=_parse_rope(keys, head_dim, 0.25 if model_type in HYBRID_TYPES else 1.0, max_position),
+            layer_types=_parse_layer_types(keys, model_type, num_layers),
+            moe=_parse_moe(keys, model_type),
+            linear_attn=_parse_linear_attn(keys, model_type),
+            eos_token_ids=_token_ids(keys, "eos_token_id") or _token_ids(top, "eos_token_id"),
+            bos_token_id=keys.get("bos_token_id", int, top.get("bos_token_id", int)),
+            dtype=COMPUTE_DTYPES[dtype_name],
+            weight_prefix=prefix,
+        )
+
 
 
 class _Keys:
@@ -234,64 +299,3 @@ def _parse_linear_attn(keys: _Keys, model_type: str) -> LinearAttnConfig | None:
         num_value_heads=keys.positive("linear_num_value_heads", 32),
     )
 
-
-def parse_config(hf_config: dict[str, Any]) -> QwenConfig:
-    """Parse a Qwen config.json dict; raise ``ConfigError`` naming the key for anything unsupported."""
-    top = _Keys(hf_config)
-    model_type = top.get("model_type", str, required=True)
-    archs = hf_config.get("architectures") or []
-    architecture = archs[0] if archs else model_type
-    keys, prefix = top, "model."
-    if model_type in WRAPPER_TYPES:
-        text = hf_config.get("text_config")
-        if not isinstance(text, dict):
-            raise ConfigError(f"config.json: {model_type} needs a 'text_config' object")
-        keys, prefix = _Keys(text, "text_config."), "model.language_model."
-        model_type = f"{model_type}_text"
-    if model_type not in (*DENSE_TYPES, *MOE_TYPES, *HYBRID_TYPES):
-        raise ConfigError(f"config.json: model_type = {model_type!r} is not a Qwen type this plugin parses")
-    act = keys.get("hidden_act", str, "silu")
-    if act != "silu":
-        raise ConfigError(f"config.json: {keys.name('hidden_act')} = {act!r} is not supported (only 'silu')")
-    attention_bias = keys.get("attention_bias", bool, False)
-    if attention_bias and model_type in HYBRID_TYPES:
-        raise ConfigError(f"config.json: {keys.name('attention_bias')} = true is not supported for {model_type}")
-    # Qwen3.5 full attention always carries the [q|gate] output gate; a release without it is another model
-    if model_type in HYBRID_TYPES and not keys.get("attn_output_gate", bool, True):
-        raise ConfigError(f"config.json: {keys.name('attn_output_gate')} = false is not supported for {model_type}")
-    hidden = keys.positive("hidden_size", required=True)
-    heads = keys.positive("num_attention_heads", required=True)
-    kv_heads = keys.positive("num_key_value_heads", heads)
-    if heads % kv_heads:
-        raise ConfigError(f"config.json: {keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
-    head_dim = keys.positive("head_dim", _DEFAULT_HEAD_DIM.get(model_type, hidden // heads))
-    num_layers = keys.positive("num_hidden_layers", required=True)
-    max_position = keys.positive("max_position_embeddings", 32768)
-    dtype_name = top.get("dtype", str) or top.get("torch_dtype", str) or keys.get("dtype", str) or "float32"
-    if dtype_name not in COMPUTE_DTYPES:
-        raise ConfigError(f"config.json: dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})")
-    tie = top.get("tie_word_embeddings", bool, keys.get("tie_word_embeddings", bool, False))
-    return QwenConfig(
-        model_type=model_type,
-        architecture=architecture,
-        vocab_size=keys.positive("vocab_size", required=True),
-        hidden_size=hidden,
-        # qwen3_5_moe_text has no dense MLP layers, hence no intermediate_size
-        intermediate_size=0 if model_type == "qwen3_5_moe_text" else keys.positive("intermediate_size", required=True),
-        num_layers=num_layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        rms_norm_eps=keys.get("rms_norm_eps", float, 1e-6),
-        max_position=max_position,
-        tie_word_embeddings=tie,
-        attention_bias=attention_bias,
-        rope=_parse_rope(keys, head_dim, 0.25 if model_type in HYBRID_TYPES else 1.0, max_position),
-        layer_types=_parse_layer_types(keys, model_type, num_layers),
-        moe=_parse_moe(keys, model_type),
-        linear_attn=_parse_linear_attn(keys, model_type),
-        eos_token_ids=_token_ids(keys, "eos_token_id") or _token_ids(top, "eos_token_id"),
-        bos_token_id=keys.get("bos_token_id", int, top.get("bos_token_id", int)),
-        dtype=COMPUTE_DTYPES[dtype_name],
-        weight_prefix=prefix,
-    )

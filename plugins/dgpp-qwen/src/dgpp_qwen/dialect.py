@@ -2,7 +2,7 @@
 
 A call is ``<tool_call>\\n<function=NAME>\\n<parameter=KEY>\\nVALUE\\n</parameter>\\n</function>\\n</tool_call>``;
 string values are bare text, others JSON; parallel calls are consecutive blocks. Thinking sits in
-``<think>…</think>``. Effort (anchor §2.8): minimal/low -> low, medium -> medium, high/xhigh/max -> xhigh,
+``<think>…</think>``. Effort: minimal/low -> low, medium -> medium, high/xhigh/max -> xhigh,
 none -> ``enable_thinking: false``.
 """
 

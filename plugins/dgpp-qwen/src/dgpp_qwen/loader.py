@@ -1,6 +1,7 @@
-"""Build and load a Qwen model for a ``LoadContext``: parse config.json, pick the model class,
-fill its parameters from the checkpoint (HF tensor names; multimodal wrappers keep the text model
-under ``model.language_model.``). qwen4_exp also reads its PLE n-gram tables here."""
+"""Qwen's own loads (model hooks: chat checkpoints name their turn-end token only in generation_config.json, and
+qwen4_exp reads its PLE n-gram tables and checks its hash constants while the checkpoint is open), through core's
+pipeline (``load_family_weights``): parameters filled from the HF tensor names (multimodal wrappers keep the
+text model under ``model.language_model.``)."""
 
 from __future__ import annotations
 
@@ -16,11 +17,10 @@ from dgpp.plugin_api import (
     CheckpointReader,
     LoadContext,
     Model,
-    UnsupportedModelError,
     load_family_weights,
 )
-from dgpp_qwen.config import DENSE_TYPES, HYBRID_TYPES, MOE_TYPES, QwenConfig, parse_config
-from dgpp_qwen.qwen4_exp_config import QWEN4_EXP_TYPES, parse_qwen4_exp_config, with_engine_rope_scaling
+from dgpp_qwen.config import HYBRID_TYPES, QwenConfig
+from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig, with_engine_rope_scaling
 
 
 def generation_eos(checkpoint_dir: Path) -> tuple[int, ...]:
@@ -38,21 +38,13 @@ def generation_eos(checkpoint_dir: Path) -> tuple[int, ...]:
 
 
 def build_model(cfg: QwenConfig, ctx: LoadContext) -> Model:
-    if cfg.model_type in (*DENSE_TYPES, *MOE_TYPES):
-        from dgpp_qwen.qwen3 import Qwen3ForCausalLM
-
-        return Qwen3ForCausalLM(cfg, ctx.world, ctx.group)
     if cfg.model_type in HYBRID_TYPES:
         from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
 
         return Qwen35ForCausalLM(cfg, ctx.world, group=ctx.group)
-    raise UnsupportedModelError(f"{ctx.architecture!r} (family Qwen) is claimed by dgpp-qwen but not yet supported")
+    from dgpp_qwen.qwen3 import Qwen3ForCausalLM
 
-
-def build_unloaded(ctx: LoadContext) -> Model:
-    """The model for ``ctx.hf_config`` on ``ctx.device``, parameters uninitialised (the ``dgpp_build_model`` hook)."""
-    with torch.device(ctx.device or "cpu"):
-        return build_model(parse_config(ctx.hf_config), ctx).eval()
+    return Qwen3ForCausalLM(cfg, ctx.world, ctx.group)
 
 
 def rename_for(cfg: QwenConfig) -> Callable[[str], str]:
@@ -63,9 +55,8 @@ def rename_for(cfg: QwenConfig) -> Callable[[str], str]:
 
 
 def load_model(ctx: LoadContext) -> Model:
-    if ctx.hf_config.get("model_type") in QWEN4_EXP_TYPES:  # its own config, and n-gram tables beside the weights
-        return load_qwen4_exp(ctx)
-    cfg = parse_config(ctx.hf_config)
+    """Qwen3 / Qwen3-MoE / the Qwen3.5 hybrids."""
+    cfg = QwenConfig.from_hf_config(ctx.hf_config)
     # chat checkpoints name their turn-end token (<|im_end|>) only in generation_config.json
     eos = tuple(dict.fromkeys((*cfg.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
     cfg = dataclasses.replace(cfg, eos_token_ids=eos, dtype=ctx.dtype or cfg.dtype)
@@ -75,7 +66,7 @@ def load_model(ctx: LoadContext) -> Model:
 def load_qwen4_exp(ctx: LoadContext) -> Model:
     from dgpp_qwen.qwen4_exp import Qwen4ExpForCausalLM
 
-    cfg = parse_qwen4_exp_config(ctx.hf_config)
+    cfg = Qwen4ExpConfig.from_hf_config(ctx.hf_config)
     base = cfg.base
     eos = tuple(dict.fromkeys((*base.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
     cfg = dataclasses.replace(cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype))

@@ -1,5 +1,7 @@
-"""The qwen4_exp model's memory (``dgpp_memory_plan``): per-rank bytes of the model as it would be built, without
-reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory.plan_memory``).
+"""Qwen's memory (model hooks). qwen4_exp: per-rank bytes of the model as it would be built, without reading a
+weight; core sizes the deployment's plan from them (``dgpp.step.memory.plan_memory``). Qwen3 and the Qwen3.5
+hybrids keep core's estimate from config.json and the safetensors headers (``estimated_memory``), which their
+deployments' numbers were measured with.
 
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank, so
 weights are this rank's real parameter bytes; KV per token and state per request come from
@@ -14,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, tensor_bytes
+from dgpp.plugin_api import LoadContext, ModelMemory, estimate_model_memory, tensor_bytes
 
 MIB = 1 << 20
 
@@ -27,13 +29,18 @@ def ngram_table_bytes(checkpoint_dir: Path) -> int:
     )
 
 
+def estimated_memory(ctx: LoadContext) -> ModelMemory:
+    """Qwen3 / the Qwen3.5 hybrids: core's estimate from config.json and the safetensors headers."""
+    return estimate_model_memory(ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size)
+
+
 def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_qwen.qwen4_exp import Qwen4ExpForCausalLM
-    from dgpp_qwen.qwen4_exp_config import parse_qwen4_exp_config
+    from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
     from dgpp_qwen.qwen4_exp_mtp import Qwen4ExpMTPDrafter
 
     engine = ctx.engine
-    cfg = parse_qwen4_exp_config(ctx.hf_config)
+    cfg = Qwen4ExpConfig.from_hf_config(ctx.hf_config)
     base = cfg.base
     dtype = ctx.dtype or base.dtype
     with torch.device("meta"):

@@ -5,6 +5,7 @@ rotate-half RoPE) and a SwiGLU MLP or a softmax top-k MoE (``mlp_only_layers`` /
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -16,13 +17,9 @@ from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm, add_rms_norm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, PagedKV, World
+from dgpp.plugin_api import ForwardBatch, Model, ModelInfo, World
 from dgpp_qwen.config import QwenConfig
 from dgpp_qwen.layers.attention import QwenAttention, build_rotary
-
-
-def kv_cache_name(layer: int) -> str:
-    return f"layers.{layer}.self_attn"
 
 
 def build_mlp(cfg: QwenConfig, layer: int, world: World) -> nn.Module:
@@ -53,7 +50,7 @@ class Qwen3DecoderLayer(nn.Module):
         super().__init__()
         self.world, self.group = world, group
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
-        self.self_attn = QwenAttention(cfg, kv_cache_name(layer), rotary, world=world)
+        self.self_attn = QwenAttention(cfg, f"layers.{layer}.self_attn", rotary, world=world)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
         self.mlp = build_mlp(cfg, layer, world)
 
@@ -79,14 +76,15 @@ class Qwen3Body(nn.Module):
 class Qwen3ForCausalLM(Model):
     """Qwen3 / Qwen3-MoE text model over the engine's paged K/V pool."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None) -> None:
+    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None, *,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        cfg = dataclasses.replace(cfg, dtype=dtype or cfg.dtype)  # ``dtype``: a deployment's compute dtype
         world = world or World()
         self.cfg = cfg
         self.model = Qwen3Body(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group)
-        self.kv_heads_local = cfg.num_kv_heads // world.size
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position,
@@ -96,9 +94,6 @@ class Qwen3ForCausalLM(Model):
             hybrid=False,
         )
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        spec = PagedKV(num_kv_heads=self.kv_heads_local, head_dim=self.cfg.head_dim, dtype=self.cfg.dtype)
-        return {kv_cache_name(i): spec for i in range(self.cfg.num_layers)}
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

@@ -10,6 +10,7 @@ Every norm outside the GDN output norm is zero-centred ``(1+w)``.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -43,7 +44,7 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.world, self.group = world, group
         self.layer_type = cfg.layer_types[index]
-        cache_name = cache_name or layer_cache_name(index)  # the pool entry of its K/V or state
+        self.cache_name = cache_name = cache_name or layer_cache_name(index)  # the pool entry of its K/V or state
         if self.layer_type == LINEAR_ATTENTION:
             gdn = cfg.linear_attn
             if gdn is None:
@@ -68,11 +69,12 @@ class DecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype)
 
-    def cache_spec(self, dtype: torch.dtype) -> CacheSpec:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        """The layer's one entry: GDN state or paged K/V (the model's and the drafter's ``cache_spec`` collect it)."""
         if self.layer_type == LINEAR_ATTENTION:
-            return self.linear_attn.cache_spec()
+            return {self.cache_name: self.linear_attn.cache_spec()}
         attn = self.self_attn
-        return PagedKV(num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=dtype)
+        return {self.cache_name: PagedKV(num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=dtype)}
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
@@ -99,8 +101,10 @@ class Qwen35ForCausalLM(Model):
     Hidden state is replicated at every block boundary; GDN and attention heads, MLP and expert intermediate
     dims are split over ``world``; the embedding is replicated, the head vocab-parallel."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None) -> None:
+    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None, *,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        cfg = dataclasses.replace(cfg, dtype=dtype or cfg.dtype)  # ``dtype``: a deployment's compute dtype
         world = world or World()
         self.cfg = cfg
         self.world, self.group = world, group
@@ -116,8 +120,6 @@ class Qwen35ForCausalLM(Model):
             hybrid=any(t == LINEAR_ATTENTION for t in cfg.layer_types),
         )
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        return {layer_cache_name(i): layer.cache_spec(self.cfg.dtype) for i, layer in enumerate(self.model.layers)}
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

@@ -23,7 +23,7 @@ from torch import nn
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
-from dgpp.plugin_api import CacheSpec, ForwardBatch
+from dgpp.plugin_api import CacheSpec, ForwardBatch, collect_cache_entries
 from dgpp_qwen.config import MTP_PREFIX
 from dgpp_qwen.layers.attention import build_rotary
 from dgpp_qwen.qwen3_5 import DecoderLayer, Qwen35ForCausalLM
@@ -60,7 +60,7 @@ class Qwen35MTPDrafter(nn.Module):
         self.last_hidden: torch.Tensor | None = None
 
     def cache_spec(self) -> dict[str, CacheSpec]:
-        return {f"{MTP_PREFIX}layers.{i}": layer.cache_spec(self.cfg.dtype) for i, layer in enumerate(self.layers)}
+        return collect_cache_entries(self, self.cfg.dtype)  # each layer declares its entry
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:

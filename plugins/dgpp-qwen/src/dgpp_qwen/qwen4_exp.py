@@ -14,6 +14,7 @@ Cache entries: ``layers.{i}`` (GDN state, or QSA K/V), ``layers.{i}.indexer`` (Q
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
@@ -90,7 +91,9 @@ class Qwen4ExpDecoderLayer(nn.Module):
         self.attn_hyper_connection = GatedResidual(**gr)
         self.mlp_hyper_connection = GatedResidual(**gr)
 
-    def cache_specs(self) -> dict[str, CacheSpec]:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        """The layer's entries (GDN state or QSA K/V and indexer keys, its PLE state), in the layer's own dtype
+        (the model's and the drafter's ``cache_spec`` collect them)."""
         specs: dict[str, CacheSpec] = {}
         if self.layer_type == LINEAR_ATTENTION:
             specs[self.cache_name] = self.linear_attn.cache_spec()
@@ -130,8 +133,11 @@ class Qwen4ExpForCausalLM(Model):
     With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
     layer's input)."""
 
-    def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None) -> None:
+    def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None, *,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
+        # ``dtype``: a deployment's compute dtype
+        cfg = dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, dtype=dtype or cfg.base.dtype))
         world = world or World()
         base = cfg.base
         self.cfg, self.world, self.group = cfg, world, group
@@ -143,12 +149,6 @@ class Qwen4ExpForCausalLM(Model):
             vocab_size=base.vocab_size, max_position=base.max_position, eos_token_ids=base.eos_token_ids,
             bos_token_id=base.bos_token_id, dtype=base.dtype, hybrid=True,
         )
-
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        specs: dict[str, CacheSpec] = {}
-        for layer in self.model.layers:
-            specs.update(layer.cache_specs())
-        return specs
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

@@ -1,19 +1,22 @@
 """config.json -> typed config for ``qwen4_exp`` / ``qwen4_exp_text`` (Qwen3.8-Flash-Next).
 
 The shared part (sizes, GDN, MoE, RoPE, dtype, EOS) is the Qwen3.5-MoE hybrid's and goes through
-``dgpp_qwen.config.parse_config``; this module adds the QSA indexer, the gated-residual streams and the
+``dgpp_qwen.config.QwenConfig.from_hf_config``; this module adds the QSA indexer, the gated-residual streams and the
 PLE n-gram table, and rejects values the engine cannot run, naming the key.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 from dgpp.nn.rotary import YarnScaling
 from dgpp.plugin_api import ConfigError
-from dgpp_qwen.config import QwenConfig, _Keys, parse_config
+from dgpp_qwen.config import QwenConfig, _Keys
 
 QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")
 INDEXED_ATTENTION = "indexed_attention"
@@ -65,6 +68,38 @@ class Qwen4ExpConfig:
     ngram: NGramConfig | None
     gdn_output_gate: str  # "silu" or "sigmoid"
     norm_topk_prob: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The checkpoint's dtype (the base fields')."""
+        return self.base.dtype
+
+    @classmethod
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> Qwen4ExpConfig:
+        """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
+        hf_config = dict(hf_config)
+        keys, prefix = _text_keys(hf_config)
+        base = QwenConfig.from_hf_config(_as_hybrid_moe(keys, hf_config))
+        archs = hf_config.get("architectures") or []
+        base = dataclasses.replace(
+            base, model_type="qwen4_exp_text", architecture=archs[0] if archs else hf_config["model_type"], weight_prefix=prefix
+        )
+        gate = keys.get("output_gate_type", str) or keys.get("hidden_act", str, "silu")
+        if gate not in ("silu", "sigmoid"):
+            raise ConfigError(f"config.json: {keys.name('output_gate_type')} = {gate!r} is not supported (silu, sigmoid)")
+        hc_count = keys.positive("hc_count", 4)
+        if hc_count < 2:
+            raise ConfigError(f"config.json: {keys.name('hc_count')} = {hc_count} must be at least 2")
+        return cls(
+            base=base,
+            indexer=_parse_indexer(keys, base),
+            hc_count=hc_count,
+            hc_lowrank=keys.positive("hc_lowrank", 320),
+            ngram=_parse_ngram(keys, base),
+            gdn_output_gate=gate,
+            norm_topk_prob=keys.get("norm_topk_prob", bool, True),
+        )
+
 
 
 def _text_keys(hf_config: dict[str, Any]) -> tuple[_Keys, str]:
@@ -142,28 +177,6 @@ def _parse_ngram(keys: _Keys, base: QwenConfig) -> NGramConfig | None:
     return cfg
 
 
-def parse_qwen4_exp_config(hf_config: dict[str, Any]) -> Qwen4ExpConfig:
-    keys, prefix = _text_keys(hf_config)
-    base = parse_config(_as_hybrid_moe(keys, hf_config))
-    archs = hf_config.get("architectures") or []
-    base = dataclasses.replace(
-        base, model_type="qwen4_exp_text", architecture=archs[0] if archs else hf_config["model_type"], weight_prefix=prefix
-    )
-    gate = keys.get("output_gate_type", str) or keys.get("hidden_act", str, "silu")
-    if gate not in ("silu", "sigmoid"):
-        raise ConfigError(f"config.json: {keys.name('output_gate_type')} = {gate!r} is not supported (silu, sigmoid)")
-    hc_count = keys.positive("hc_count", 4)
-    if hc_count < 2:
-        raise ConfigError(f"config.json: {keys.name('hc_count')} = {hc_count} must be at least 2")
-    return Qwen4ExpConfig(
-        base=base,
-        indexer=_parse_indexer(keys, base),
-        hc_count=hc_count,
-        hc_lowrank=keys.positive("hc_lowrank", 320),
-        ngram=_parse_ngram(keys, base),
-        gdn_output_gate=gate,
-        norm_topk_prob=keys.get("norm_topk_prob", bool, True),
-    )
 
 
 def with_engine_rope_scaling(cfg: Qwen4ExpConfig, rope_scaling: Any) -> Qwen4ExpConfig:

@@ -23,7 +23,7 @@ from torch import nn
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
-from dgpp.plugin_api import CacheSpec, ForwardBatch
+from dgpp.plugin_api import CacheSpec, ForwardBatch, collect_cache_entries
 from dgpp_qwen.config import MTP_PREFIX
 from dgpp_qwen.layers.attention import build_rotary
 from dgpp_qwen.layers.gated_residual import GatedResidual
@@ -65,10 +65,7 @@ class Qwen4ExpMTPDrafter(nn.Module):
         self.last_hidden: torch.Tensor | None = None
 
     def cache_spec(self) -> dict[str, CacheSpec]:
-        specs: dict[str, CacheSpec] = {}
-        for layer in self.layers:
-            specs.update(layer.cache_specs())
-        return specs
+        return collect_cache_entries(self, self.cfg.base.dtype)  # the layer declares its entries
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, previous_hidden: torch.Tensor, step: int = 0) -> torch.Tensor:

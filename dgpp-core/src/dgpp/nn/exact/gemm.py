@@ -4,8 +4,8 @@
 ``dgpp.kernels.gemv``'s ``multi_linear`` / ``gate_up_silu`` kernels for ANY row count: up to ``MAX_ROWS``
 rows the decode GEMV itself, above it the same kernels with the row tile pinned to the policy's ``exact_row_block`` and the
 grid's second axis walking row blocks of that size. Every row runs the GEMV's inner tile (whole K in one
-program, ``BK``-wide steps in ascending order, one fp32 MMA accumulator), which the H200 showed gives a row
-the same bits whatever the row class (BM) and tile. cuBLAS (the stock path above 64 rows) picks its kernel
+program, ``BK``-wide steps in ascending order, one fp32 MMA accumulator), which gives a row
+the same bits (checked on the GPU by tests/perf/check_exact_cuda.py) whatever the row class (BM) and tile. cuBLAS (the stock path above 64 rows) picks its kernel
 and split-K by ``M``, so a row's last bit followed how many rows shared the step, which flips greedy
 near-ties between a speculative verify (1+depth rows per request) and plain decode (one), or between a
 one-token prefill chunk and the one-shot prompt.

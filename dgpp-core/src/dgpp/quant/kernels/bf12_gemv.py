@@ -1,4 +1,4 @@
-"""Triton GEMV over the bf12 form (anchor §3.11): rebuilds each weight's bf16 bits from its sign+mantissa
+"""Triton GEMV over the bf12 form: rebuilds each weight's bf16 bits from its sign+mantissa
 byte and 4-bit exponent code in registers, so a step reads 0.75 of the bf16 bytes.
 
 The kernel treats escape codes (15) as zero; the caller adds the escaped weights from the per-row side

@@ -1,9 +1,13 @@
-"""Decode GEMV kernels for packed FP8 and FP4 weights (``M <= 16`` rows), modelled on ``dgpp.kernels.gemv``.
+"""Tensor-core kernels for packed FP8 and FP4 weights at decode and serving batch sizes (any row count),
+modelled on ``dgpp.kernels.gemv``.
 
-Each program owns ``BN`` output rows of one weight and walks the whole ``K`` (no split, so the sum order
-is fixed): x rows are padded to ``BM = 16`` and every step is a tensor-core ``tl.dot`` in the activation
-dtype. Rows never mix inside an MMA, so a row's result is the same bits whatever the batch (MTP verify
-relies on it). The packed bytes are read once and decoded in registers:
+Each program owns ``BN`` output rows of one weight and a block of ``BM`` x rows (16 up to 16 rows, 64 above:
+``DECODE_BM`` / ``BATCH_BM``, grid axis 2) and walks its K slice (the slices are set by the shape, never by M):
+every step is a tensor-core ``tl.dot`` in the activation dtype, so the packed bytes of a K tile are read and
+decoded once for all rows of the block (a 64-row step reads each weight once, not once per 16 rows). Rows
+never mix inside an MMA, and each output's chain over K is the same whatever ``BM`` is (the same dots in the
+same order into one fp32 accumulator), so a row's result is the same bits whatever the batch (MTP verify
+relies on it). The packed bytes are decoded in registers:
 
 * FP8 E4M3 (``FMT_FP8_BLOCK``): codes upcast to the dot dtype (exact) by Triton's conversion or, with
   ``FP8_BITS``, by integer bit placement (``e4m3_asm``, off the conversion pipe); one dot per scale block
@@ -36,8 +40,10 @@ GLOBAL_NONE = 0
 GLOBAL_MUL = 1
 GLOBAL_DIV = 2
 
-# x rows per MMA: decode batches of 1..16 share one padded tile (a constexpr global, readable in kernels)
-BM = tl.constexpr(16) if tl is not None else 16
+# x rows per MMA at decode size: batches of 1..16 share one padded tile; larger batches take row blocks of
+# BATCH_BM (``decode_launch.row_block``), each program decoding its weight tile once for all of its rows
+DECODE_BM = 16
+BATCH_BM = 64
 
 
 @triton.jit
@@ -49,7 +55,8 @@ def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN: tl.constexpr, DOT_DTYPE: 
 
 
 @triton.jit
-def _x_pairs(x_ptr, rows, m, x_stride, k0, k_dim, HALF: tl.constexpr, EVEN: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def _x_pairs(x_ptr, rows, m, x_stride, k0, k_dim, BM: tl.constexpr, HALF: tl.constexpr, EVEN: tl.constexpr,
+             DOT_DTYPE: tl.constexpr):
     """x[:, k0 : k0 + 2 HALF] as [BM, HALF, 2] column pairs (the pair contiguous, so ``tl.split`` stays in registers)."""
     kk = k0 + 2 * tl.arange(0, HALF)[None, :, None] + tl.arange(0, 2)[None, None, :]
     mask = rows[:, None, None] < m
@@ -108,12 +115,14 @@ def _per_row(acc, s, W_AS_A: tl.constexpr):
 
 
 @triton.jit
-def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols,
+def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM: tl.constexpr,
                FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
                W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
     FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """``W[cols] @ x[:16]^T`` as fp32 [BN, BM] for one packed weight (all scales applied).
+    """``W[cols] @ x[:BM]^T`` as fp32 [BN, BM] for one packed weight (all scales applied). Each output's
+    chain over K (the dots, their widths and order, where the scales enter) is fixed by the format, ``BK``,
+    ``BKD`` and the K slice: never by ``BM``, so a row gets the same bits in a 16-row and a 64-row block.
 
     FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
     FP4: ``BK`` logical columns per step, ``SBK`` = group size."""
@@ -166,7 +175,7 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_strid
                 wv = tl.interleave(lo, hi)
                 acc += _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
             elif FP4_LAYOUT == 1:  # x loaded as [BM, BK/2, 2] (pairs in one thread), split without a reshape
-                x_even, x_odd = tl.split(_x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, HALF, EVEN, DOT_DTYPE))
+                x_even, x_odd = tl.split(_x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, BM, HALF, EVEN, DOT_DTYPE))
                 acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
                 acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
             else:  # even and odd columns meet x split the same way (x read contiguously once)
@@ -187,24 +196,33 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_strid
 
 
 @triton.jit
-def _k_range(k_dim, BK: tl.constexpr, SPLIT: tl.constexpr):
-    """This program's K slice: ``SPLIT`` slices of whole BK steps (the split never depends on M)."""
-    per = tl.cdiv(tl.cdiv(k_dim, SPLIT), BK) * BK
-    k_lo = tl.program_id(1) * per
-    return k_lo, tl.minimum(k_lo + per, k_dim)
+def _k_range(k_dim, k_per_split):
+    """This program's K slice: ``k_per_split`` columns each (the host's ``k_slice``: whole steps of the decode
+    tile's BK, from the shape alone, so the slices never depend on M)."""
+    k_lo = tl.program_id(1) * k_per_split
+    return k_lo, tl.minimum(k_lo + k_per_split, k_dim)
 
 
 @triton.jit
-def _ws_offsets(split_id, part, tile_id, PARTS: tl.constexpr, BN: tl.constexpr):
-    base = ((split_id * PARTS + part) * tl.num_programs(0) + tile_id) * (BN * BM)
+def _ws_offsets(split_id, part, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+    """Workspace slots of (row block, split, part, tile): row block ``program_id(2)``, tile ``program_id(0)``."""
+    slot = (tl.program_id(2) * SPLIT + split_id) * PARTS + part
+    base = (slot * tl.num_programs(0) + tl.program_id(0)).to(tl.int64) * (BN * BM)
     return base + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
 
 
 @triton.jit
-def _publish(ws_ptr, acc, part, m, PARTS: tl.constexpr, BN: tl.constexpr):
+def _publish(ws_ptr, acc, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
     """Store this K slice's partial (rows < m only) for the program that finishes the tile."""
-    offs = _ws_offsets(tl.program_id(1), part, tl.program_id(0), PARTS, BN)
+    offs = _ws_offsets(tl.program_id(1), part, SPLIT, PARTS, BN, BM)
     tl.store(ws_ptr + offs, acc, mask=tl.arange(0, BM)[None, :] < m)
+
+
+@triton.jit
+def _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM: tl.constexpr):
+    """This program's row block (grid axis 2): x and out moved to its first row, ``m`` its rows left."""
+    first = tl.program_id(2) * BM
+    return x_ptr + first * x_stride, out_ptr + first * out_stride, m - first
 
 
 @triton.jit
@@ -213,19 +231,20 @@ def _arrive_last(cnt_ptr, SPLIT: tl.constexpr):
     re-arms the counter for the next launch. The barrier orders every thread's partial stores before the
     one thread's release (the bar.sync then gpu-scope release chain of the PTX memory model)."""
     tl.debug_barrier()
-    count = tl.atomic_add(cnt_ptr + tl.program_id(0), 1, sem="acq_rel", scope="gpu")
+    slot = cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)  # one counter per (row block, tile)
+    count = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
     last = count == SPLIT - 1
     if last:
-        tl.store(cnt_ptr + tl.program_id(0), 0)
+        tl.store(slot, 0)
     return last
 
 
 @triton.jit
-def _gather(ws_ptr, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr):
+def _gather(ws_ptr, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
     """The tile's partials summed in split order (fixed, so the result does not depend on who finished last)."""
     total = tl.zeros([BN, BM], tl.float32)
     for split_id in tl.static_range(SPLIT):
-        offs = _ws_offsets(split_id, part, tl.program_id(0), PARTS, BN)
+        offs = _ws_offsets(split_id, part, SPLIT, PARTS, BN, BM)
         total += tl.load(ws_ptr + offs, mask=tl.arange(0, BM)[None, :] < m, other=0.0, cache_modifier=".cg")
     return total
 
@@ -248,8 +267,8 @@ def pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN: tl.constexp
 
 @triton.jit
 def quant_multi_gemv_kernel(
-    x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
-    SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
+    x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, ws_ptr, cnt_ptr, m, k_dim, k_per_split, n0, n1, n2,
+    x_stride, out_stride, BM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
     W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
     FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
@@ -257,10 +276,11 @@ def quant_multi_gemv_kernel(
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
     ``SPLIT`` > 1: grid axis 1 cuts K; each program publishes its fp32 partial and the last to arrive sums
-    them in split order and stores (one launch, deterministic)."""
+    them in split order and stores (one launch, deterministic). Grid axis 2 walks blocks of ``BM`` rows."""
     w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN)
-    k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
-    acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK,
+    x_ptr, out_ptr, m = _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM)
+    k_lo, k_hi = _k_range(k_dim, k_per_split)
+    acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM, FMT, SBN, SBK,
                      GLOBAL_OP, BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
                      DOT_FP32, DOT_DTYPE)
     rows = tl.arange(0, BM)
@@ -269,26 +289,27 @@ def quant_multi_gemv_kernel(
     if SPLIT == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        _publish(ws_ptr, acc, 0, m, 1, BN)
+        _publish(ws_ptr, acc, 0, m, SPLIT, 1, BN, BM)
         if _arrive_last(cnt_ptr, SPLIT):
-            tl.store(out_ptrs, _gather(ws_ptr, 0, m, SPLIT, 1, BN).to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(out_ptrs, _gather(ws_ptr, 0, m, SPLIT, 1, BN, BM).to(out_ptr.dtype.element_ty), mask=out_mask)
 
 
 @triton.jit
 def quant_gate_up_silu_kernel(
-    x_ptr, wg, sg, gg, wu, su, gu, out_ptr, ws_ptr, cnt_ptr, m, k_dim, n_rows, x_stride, out_stride,
-    SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
+    x_ptr, wg, sg, gg, wu, su, gu, out_ptr, ws_ptr, cnt_ptr, m, k_dim, k_per_split, n_rows, x_stride, out_stride,
+    BM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
     BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
     W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
     FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
 ):
-    """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K as in the q/k/v kernel)."""
+    """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    k_lo, k_hi = _k_range(k_dim, BK, SPLIT)
-    gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
+    x_ptr, out_ptr, m = _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM)
+    k_lo, k_hi = _k_range(k_dim, k_per_split)
+    gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM, FMT, SBN, SBK, GLOBAL_OP,
                       BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
                      DOT_FP32, DOT_DTYPE)
-    up = quant_tile(x_ptr, wu, su, gu, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, FMT, SBN, SBK, GLOBAL_OP,
+    up = quant_tile(x_ptr, wu, su, gu, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM, FMT, SBN, SBK, GLOBAL_OP,
                     BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
                      DOT_FP32, DOT_DTYPE)
     rows = tl.arange(0, BM)
@@ -297,11 +318,11 @@ def quant_gate_up_silu_kernel(
     if SPLIT == 1:
         tl.store(out_ptrs, swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        _publish(ws_ptr, gate, 0, m, 2, BN)
-        _publish(ws_ptr, up, 1, m, 2, BN)
+        _publish(ws_ptr, gate, 0, m, SPLIT, 2, BN, BM)
+        _publish(ws_ptr, up, 1, m, SPLIT, 2, BN, BM)
         if _arrive_last(cnt_ptr, SPLIT):
-            gate = _gather(ws_ptr, 0, m, SPLIT, 2, BN)
-            up = _gather(ws_ptr, 1, m, SPLIT, 2, BN)
+            gate = _gather(ws_ptr, 0, m, SPLIT, 2, BN, BM)
+            up = _gather(ws_ptr, 1, m, SPLIT, 2, BN, BM)
             tl.store(out_ptrs, swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
 
 

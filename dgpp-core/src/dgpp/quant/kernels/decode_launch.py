@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Callable
 
 import torch
 
@@ -126,19 +127,17 @@ def _row_kernel(fmt: QuantFormat, shapes: list[Shape], tile) -> bool:
 
 def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
                  weights_per_program: int = 1) -> GemvTile:
-    """Chosen from the sm_90 SASS that Triton 3.6 emits (compiled ahead on the CPU), to be confirmed by the
-    H200 sweep (tests/perf/bench_quant_gemv.py). Both formats: x as the MMA's A operand (``mma.sync``), so
+    """Chosen from the sm_90 SASS that Triton 3.6 emits (compiled ahead on the CPU), confirmed by a GPU
+    sweep (tests/perf/bench_quant_gemv.py). Both formats: x as the MMA's A operand (``mma.sync``), so
     the weight bytes go global -> shared by 16-byte ``cp.async`` and are decoded in registers in the dot
-    operand layout (no byte-wise shared stores; the first measurement's 3.4% FP4 tile stored its x split
-    through shared memory 2 bytes at a time). FP8: the integer bit decode (``fp8_bits``) keeps the 16/clock
+    operand layout (no byte-wise shared stores of x). FP8: the integer bit decode (``fp8_bits``) keeps the 16/clock
     conversion pipe out of the loop. FP4: the ``flat`` layout with scales loaded per group and broadcast,
     64 rows per program (the x tile costs the same per step whatever BN, so wider tiles amortise it).
     With ``sms`` known, K is split for an even spread over the SMs (``with_split``); the split depends on
     the shape only, never on M.
 
-    H200 sweep (docs/benchmarks.md, "Quantized decode"): FP4 128-row tiles with 8 warps and 3 stages won on
-    o_proj (18.5 vs 19.2 us) and gate/up (69.6 vs 83.6 us) for NVFP4 and MXFP4; FP8 gate/up prefers 512-wide
-    K steps (34.7 vs 35.8 us)."""
+    The sweep (docs/benchmarks.md, "Quantized decode"): FP4 128-row tiles with 8 warps and 3 stages won on
+    o_proj and gate/up for NVFP4 and MXFP4; FP8 gate/up prefers 512-wide K steps."""
     if isinstance(fmt, FP4Grouped):
         bn = 128 if n_total // 128 >= 32 else 64
         tile = GemvTile(bn=bn, bk=256, stages=3, warps=8 if bn == 128 else 4, w_as_a=False, fp4_layout="flat",
@@ -162,8 +161,10 @@ def with_split(tile: GemvTile, n_total: int, k: int, sms: int, weights_per_progr
     return dataclasses.replace(tile, split_k=split)
 
 
-# per-device arrival counters of split-K launches: a workspace, allocated at a device's first split launch
+# per-device arrival counters of split-K launches: a workspace, allocated at a device's first split launch (one
+# counter per (row block, output tile); 16,384 cover the 8B shapes' tiles for 1,024 rows)
 _COUNTERS: dict[torch.device, torch.Tensor] = {}
+MIN_COUNTERS = 16384
 
 
 @functools.cache
@@ -177,38 +178,124 @@ def _sms(device: torch.device) -> int | None:
     return _device_sms(device)
 
 
+def row_block(m: int) -> int:
+    """x rows per program: the decode tile's 16 up to ``MAX_ROWS`` rows, else 64-row blocks (one decode of each
+    weight tile for 64 rows). A row's bits do not depend on the choice (``decode_gemv``)."""
+    from dgpp.quant.kernels.decode_gemv import BATCH_BM, DECODE_BM
+
+    return DECODE_BM if m <= MAX_ROWS else BATCH_BM
+
+
+def chain_bk(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> int:
+    """The K width that fixes an output's sum chain under ``tile``: FP8, the width of one dot (``BKD``: each dot
+    starts from zero, then joins the accumulator, scaled per block); FP4, the step ``BK`` (its even and odd
+    halves are two dots)."""
+    if isinstance(fmt, FP8Channel):
+        return min(tile.bk, 256)
+    if isinstance(fmt, FP8Block):
+        return min(tile.bk, _pow2_divisor(scale_block(fmt, shape)[1]))
+    return tile.bk
+
+
+def default_batch_tile(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> GemvTile:
+    """The tile of 64-row blocks: the decode tile's chain (``chain_bk``, its K split), the decoded weights as
+    the MMA's A operand (on Hopper a wgmma takes A from registers, so decoded tiles never go through shared
+    memory; x is the B operand, copied to shared memory as loaded), FP8 steps one dot wide so that pipeline
+    stages of 64 x rows fit shared memory, and 64 output rows per program or more (x is read once per program)."""
+    if isinstance(fmt, FP4Grouped):
+        return dataclasses.replace(tile, bn=max(tile.bn, 64), stages=3, w_as_a=True)
+    return dataclasses.replace(tile, bn=64, bk=chain_bk(fmt, tile, shape), stages=4, warps=4, w_as_a=True)
+
+
+def _check_batch_tile(fmt: QuantFormat, tile: GemvTile, batch: GemvTile, shape: Shape) -> None:
+    if chain_bk(fmt, batch, shape) != chain_bk(fmt, tile, shape) or tile.bk % batch.bk:
+        raise ValueError(f"batch tile {batch} does not keep the {fmt.name} decode tile's K chain ({tile})")
+
+
+def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[GemvTile]:
+    """Tiles for 64-row blocks in order of preference: x as the MMA's A operand (the H200 sweep: as fast or
+    faster, NVFP4 gate/up 297 vs 347 us at 64 rows), then the weights as A; FP8 then x as A on 2 warps.
+
+    On the H200 (2026-12-05) only the last was row-exact: with 4 warps Triton issues wgmma for 64-row blocks,
+    whose rounding differs from the 16-row tile's mma; on 2 warps it keeps mma (FP8 8B layer at 64 rows: 220 us
+    against 347 in 16-row launches). FP4 has no 2-warp candidate: its 128-wide tile on 2 warps ran 7.7 ms a
+    layer, eleven times its 16-row launches, which it therefore keeps."""
+    base = default_batch_tile(fmt, tile, shape)
+    x_as_a = dataclasses.replace(base, w_as_a=False)
+    candidates = [x_as_a, base]
+    if not isinstance(fmt, FP4Grouped):
+        candidates.append(dataclasses.replace(x_as_a, warps=2))
+    return list(dict.fromkeys(candidates))
+
+
+# (launch kind, format, shapes, decode tile, dtype, device) -> the batch tile whose rows were found bit-identical to
+# the decode tile's 16-row launches on this device, or None (no candidate was: 16-row launches instead)
+_EXACT_BATCH: dict[tuple, GemvTile | None] = {}
+PROBE_ROWS = 80  # a full 64-row block and a partial one
+
+
+def exact_batch_tile(key: tuple, launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
+                     candidates: list[GemvTile], k: int, dtype: torch.dtype, device: torch.device) -> GemvTile | None:
+    """The first of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches of the decode
+    tile (``launch(rows, batch)``), probed once per key on random rows. A row's chain is the same in both by
+    construction, but the tensor-core instruction may not be (Hopper: mma for 16 rows, wgmma for 64), and only the
+    device can say whether they round alike; a candidate that fails to compile is skipped. Never probed inside a
+    CUDA-graph capture (None then: 16-row launches, which are the reference the probe compares with)."""
+    if key in _EXACT_BATCH:
+        return _EXACT_BATCH[key]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(PROBE_ROWS, k, generator=gen, device=device).to(dtype)
+    want = torch.cat([launch(x[i : i + MAX_ROWS], None) for i in range(0, PROBE_ROWS, MAX_ROWS)])
+    choice = None
+    for batch in candidates:
+        try:
+            got = launch(x, batch)
+        except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
+            continue
+        if torch.equal(got, want):
+            choice = batch
+            break
+    _EXACT_BATCH[key] = choice
+    return choice
+
+
 def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
                    ) -> tuple[GemvTile, torch.Tensor, torch.Tensor]:
     """(tile, fp32 workspace for the partials, arrival counters). The counters are zero between launches
     (the last program of each tile re-arms its own), shared by launches on one stream; they are never
     first allocated inside a CUDA graph capture (that launch runs unsplit instead)."""
+    bm = row_block(m)
+    blocks = cdiv(m, bm)
     cnt = _COUNTERS.get(device)
-    if tile.split_k > 1 and (cnt is None or cnt.numel() < tiles):
+    if tile.split_k > 1 and (cnt is None or cnt.numel() < tiles * blocks):
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             tile = dataclasses.replace(tile, split_k=1)
         else:
-            cnt = _COUNTERS[device] = torch.zeros(max(tiles, 4096), dtype=torch.int32, device=device)
+            cnt = _COUNTERS[device] = torch.zeros(max(tiles * blocks, MIN_COUNTERS), dtype=torch.int32, device=device)
     if tile.split_k == 1:
         dummy = torch.empty(1, dtype=torch.float32, device=device)
         return tile, dummy, dummy
-    ws = torch.empty(tile.split_k * parts * tiles * tile.bn * MAX_ROWS, dtype=torch.float32, device=device)
+    ws = torch.empty(tile.split_k * parts * tiles * tile.bn * bm * blocks, dtype=torch.float32, device=device)
     return tile, ws, cnt
 
 
-def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch.Tensor) -> dict:
-    """The format's and tile's constexprs for weights of ``shapes`` (one K)."""
+def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch.Tensor, slice_bk: int) -> dict:
+    """The format's and tile's constexprs for weights of ``shapes`` (one K); ``slice_bk``: the decode tile's BK,
+    whose whole steps make the K slices."""
     import triton.language as tl
 
     from dgpp.quant.kernels import decode_gemv as kern
     shape = shapes[0]
     sbn, sbk = scale_block(fmt, shape)
-    even = shape[1] % (tile.bk * tile.split_k) == 0 and all(n % tile.bn == 0 for n, _ in shapes)
+    even = shape[1] % (slice_bk * tile.split_k) == 0 and all(n % tile.bn == 0 for n, _ in shapes)
     if isinstance(fmt, FP8Channel):
-        kind, bkd = kern.FMT_FP8_CHANNEL, min(tile.bk, 256)
+        kind = kern.FMT_FP8_CHANNEL
     elif isinstance(fmt, FP8Block):
-        kind, bkd = kern.FMT_FP8_BLOCK, min(tile.bk, _pow2_divisor(sbk))
+        kind = kern.FMT_FP8_BLOCK
     else:
-        kind, bkd = (kern.FMT_FP4_E8M0 if fmt.scale_kind == "e8m0" else kern.FMT_FP4_E4M3), tile.bk
+        kind = kern.FMT_FP4_E8M0 if fmt.scale_kind == "e8m0" else kern.FMT_FP4_E4M3
         if tile.bk % fmt.group:
             raise ValueError(f"tile bk={tile.bk} is not a multiple of the {fmt.name} group {fmt.group}")
     global_op = kern.GLOBAL_NONE
@@ -216,18 +303,50 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
         global_op = kern.GLOBAL_MUL if fmt.global_op == "mul" else kern.GLOBAL_DIV
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
-    return dict(SPLIT=tile.split_k, FMT=kind, SBN=sbn, SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op,
-                BN=tile.bn, BK=tile.bk, BKD=bkd, INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even,
+    return dict(BM=row_block(x.shape[0]), SPLIT=tile.split_k, FMT=kind, SBN=sbn,
+                SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op, BN=tile.bn, BK=tile.bk,
+                BKD=chain_bk(fmt, tile, shape), INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even,
                 FAST_FP4=tile.fast_fp4 and not dot_fp32, FP8_BITS=tile.fp8_bits,
                 FP4_LAYOUT=FP4_LAYOUTS.index(tile.fp4_layout), FP4_SCALES=FP4_SCALES.index(tile.fp4_scales),
                 DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
                 num_warps=tile.warps, num_stages=tile.stages)
 
 
+@dataclasses.dataclass
+class _Launch:
+    """One launch's plan: grid, constexprs, the K slice width, split-K buffers."""
+
+    grid: tuple[int, int, int]
+    args: dict
+    k_per_split: int
+    ws: torch.Tensor
+    cnt: torch.Tensor
+
+
+def _plan(fmt: QuantFormat, tile: GemvTile, batch: GemvTile | None, shapes: list[Shape], x: torch.Tensor,
+          parts: int, tile_rows: list[int]) -> _Launch:
+    """``tile`` (the decode tile) fixes the K chain and split; above ``MAX_ROWS`` rows the programs run ``batch``
+    (default ``default_batch_tile``) over 64-row blocks. ``tile_rows``: output rows each weight segment tiles."""
+    m, k = x.shape
+    run = tile
+    if m > MAX_ROWS:
+        run = batch or default_batch_tile(fmt, tile, shapes[0])
+        _check_batch_tile(fmt, tile, run, shapes[0])
+        run = dataclasses.replace(run, split_k=tile.split_k)
+    tiles = sum(cdiv(n, run.bn) for n in tile_rows)
+    run, ws, cnt = _split_buffers(run, tiles, parts, m, x.device)
+    k_per_split = cdiv(cdiv(k, run.split_k), tile.bk) * tile.bk
+    return _Launch((tiles, run.split_k, cdiv(m, row_block(m))), _launch_args(fmt, run, shapes, x, tile.bk),
+                   k_per_split, ws, cnt)
+
+
 def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
-                       shapes: list[Shape], tile: GemvTile | RowTile | None = None) -> list[torch.Tensor]:
-    """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m <= 16, K]``); the outputs are
-    column views of one ``[m, sum N_i]`` buffer."""
+                       shapes: list[Shape], tile: GemvTile | RowTile | None = None,
+                       batch: GemvTile | None = None) -> list[torch.Tensor]:
+    """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m, K]``, any m; the row GEMV takes at
+    most 16 rows); the outputs are column views of one ``[m, sum N_i]`` buffer. Above 16 rows: 64-row blocks
+    with the first of ``batch_candidates`` found row-exact on this device (``exact_batch_tile``), else 16-row
+    launches; ``batch`` pins the 64-row tile instead (sweeps; it must keep ``tile``'s K chain)."""
     from dgpp.quant.kernels.decode_gemv import quant_multi_gemv_kernel
 
     if _row_kernel(fmt, shapes, tile):
@@ -236,24 +355,32 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
     if not 1 <= len(tensor_sets) <= 3:
         raise ValueError(f"quant_multi_linear takes 1 to 3 weights, got {len(tensor_sets)}")
     sizes = [s[0] for s in shapes]
-    k = x.shape[1]
+    m, k = x.shape
     tile = tile or default_tile(fmt, sum(sizes), k, _sms(x.device))
+    if m > MAX_ROWS and batch is None:
+        def launch(rows: torch.Tensor, b: GemvTile | None) -> torch.Tensor:
+            return torch.cat(quant_multi_linear(fmt, tensor_sets, rows, shapes, tile, b), dim=1)
+
+        key = ("multi", fmt, tuple(shapes), tile, x.dtype, x.device)
+        batch = exact_batch_tile(key, launch, batch_candidates(fmt, tile, shapes[0]), k, x.dtype, x.device)
+        if batch is None:
+            return _in_decode_launches(x, lambda rows: quant_multi_linear(fmt, tensor_sets, rows, shapes, tile))
     ops = [operand(fmt, t) for t in tensor_sets]
     ops += [ops[0]] * (3 - len(ops))
     ns = sizes + [0] * (3 - len(sizes))
     out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
-    tiles = sum(cdiv(n, tile.bn) for n in sizes)
-    tile, ws, cnt = _split_buffers(tile, tiles, 1, x.shape[0], x.device)
-    quant_multi_gemv_kernel[(tiles, tile.split_k)](
-        x, *ops[0], *ops[1], *ops[2], out, ws, cnt, x.shape[0], k, ns[0], ns[1], ns[2], x.stride(0), out.stride(0),
-        **_launch_args(fmt, tile, shapes, x),
+    plan = _plan(fmt, tile, batch, shapes, x, 1, sizes)
+    quant_multi_gemv_kernel[plan.grid](
+        x, *ops[0], *ops[1], *ops[2], out, plan.ws, plan.cnt, x.shape[0], k, plan.k_per_split, ns[0], ns[1], ns[2],
+        x.stride(0), out.stride(0), **plan.args,
     )
     return list(out.split(sizes, dim=1))
 
 
 def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict[str, torch.Tensor], x: torch.Tensor,
-                       shape: Shape, tile: GemvTile | RowTile | None = None) -> torch.Tensor:
-    """``silu(x Wg^T) * (x Wu^T)`` in one launch; gate and up share ``shape`` and format."""
+                       shape: Shape, tile: GemvTile | RowTile | None = None, batch: GemvTile | None = None) -> torch.Tensor:
+    """``silu(x Wg^T) * (x Wu^T)`` in one launch; gate and up share ``shape`` and format (``batch`` as in
+    ``quant_multi_linear``)."""
     from dgpp.quant.kernels.decode_gemv import quant_gate_up_silu_kernel
 
     if _row_kernel(fmt, [shape], tile):
@@ -261,11 +388,30 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
 
     n, k = shape
     tile = tile or default_tile(fmt, 2 * n, k, _sms(x.device), weights_per_program=2)
+    if x.shape[0] > MAX_ROWS and batch is None:
+        def launch(rows: torch.Tensor, b: GemvTile | None) -> torch.Tensor:
+            return quant_gate_up_silu(fmt, gate, up, rows, shape, tile, b)
+
+        key = ("gate_up", fmt, shape, tile, x.dtype, x.device)
+        batch = exact_batch_tile(key, launch, batch_candidates(fmt, tile, shape), k, x.dtype, x.device)
+        if batch is None:
+            return _in_decode_launches(x, lambda rows: [quant_gate_up_silu(fmt, gate, up, rows, shape, tile)])[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
-    tiles = cdiv(n, tile.bn)
-    tile, ws, cnt = _split_buffers(tile, tiles, 2, x.shape[0], x.device)
-    quant_gate_up_silu_kernel[(tiles, tile.split_k)](
-        x, *operand(fmt, gate), *operand(fmt, up), out, ws, cnt, x.shape[0], k, n, x.stride(0), out.stride(0),
-        **_launch_args(fmt, tile, [shape], x),
+    plan = _plan(fmt, tile, batch, [shape], x, 2, [n])
+    quant_gate_up_silu_kernel[plan.grid](
+        x, *operand(fmt, gate), *operand(fmt, up), out, plan.ws, plan.cnt, x.shape[0], k, plan.k_per_split, n,
+        x.stride(0), out.stride(0), **plan.args,
     )
     return out
+
+
+def _in_decode_launches(x: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
+    """``launch`` over 16-row slices of ``x``, outputs concatenated per weight (no exact batch tile here)."""
+    parts = [launch(x[i : i + MAX_ROWS]) for i in range(0, x.shape[0], MAX_ROWS)]
+    return [torch.cat(outs) for outs in zip(*parts, strict=True)]
+
+
+def one_launch_for_any_rows(fmt: QuantFormat, shapes: list[Shape]) -> bool:
+    """True when the engine's decode kernel for these weights is the MMA one, whose launch takes every row of a
+    step at once (the row GEMV runs launches of at most ``MAX_ROWS`` rows)."""
+    return not _row_kernel(fmt, shapes, None)

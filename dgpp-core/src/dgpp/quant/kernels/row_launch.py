@@ -29,7 +29,7 @@ class RowTile:
 
 
 def default_row_tile(fmt: QuantFormat, n_total: int, k: int) -> RowTile:
-    """The H200 sweep's winners at one row (docs/benchmarks.md, "Row GEMV"): FP4 8 rows x 1024 columns per
+    """The GPU sweep's winners at one row (docs/benchmarks.md, "Row GEMV"): FP4 8 rows x 1024 columns per
     step (512 bytes of each row), FP8 16 rows x 1024 columns; both 4 warps, next step prefetched."""
     if isinstance(fmt, FP4Grouped):
         return RowTile(bn=8, bk=1024)

@@ -1,0 +1,103 @@
+"""What the step loop's thread publishes for readers on other threads (``/metrics``, Prometheus).
+
+Two kinds of value, neither of which asks a reader to walk a structure the scheduler is changing:
+
+* counters: the stats objects the scheduler, the prefix cache, the decode graphs and the speculative decoder add
+  to (ints and floats, plus dicts a reader copies in one call); a reader sees each total as of some moment;
+* gauges: ``EngineGauges``, a small immutable record the step thread writes once per pass (a reader gets one
+  whole pass's values, never half of two).
+
+The HTTP side builds its reports from a ``Published`` and the step loop's own hand-off counts, never from the
+``Scheduler``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dgpp.sched.request import SeqStatus
+
+if TYPE_CHECKING:
+    from dgpp.sched.config import SchedulerConfig
+    from dgpp.sched.prefix_cache import PrefixCacheStats
+    from dgpp.sched.scheduler import Scheduler
+    from dgpp.sched.stats import SchedulerStats
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRow:
+    """One request in prefill: how far its prompt has got."""
+
+    request_id: str
+    slot: int | None
+    prompt_tokens: int
+    processed_tokens: int
+    cached_tokens: int
+    admitted_at: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineGauges:
+    """The scheduler's state after one pass."""
+
+    active: int = 0
+    queued: int = 0  # choices waiting for admission
+    decoding: int = 0
+    record_tokens: int = 0  # prompt + output tokens of the live requests
+    pool_blocks_in_use: int = 0
+    prefix_entries: int = 0
+    prefix_blocks_pinned: int = 0
+    prefix_snapshots: int = 0
+    prefilling: tuple[PrefillRow, ...] = ()
+
+
+@dataclass(frozen=True)
+class PrefixCacheShape:
+    """What the prefix cache is (fixed for the engine's life)."""
+
+    enabled: bool
+    snapshot_slots: int
+    min_tokens: int
+    cut: int
+    attach_tokens: int
+    snapshot_bytes_each: int
+
+
+class Published:
+    """Counters and per-pass gauges of one scheduler. Built on the serving side's thread before the step loop
+    starts; afterwards only ``publish`` (on the step loop's thread) writes it."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        from dgpp.engine.graphs import ReplayStats
+
+        pc = scheduler.prefix_cache
+        self.config: SchedulerConfig = scheduler.config
+        self.pool_blocks_total = scheduler.blocks.num_blocks
+        self.prefix_cache = PrefixCacheShape(pc.enabled, pc.slots.num_snapshots if pc.slots else 0, pc.min_tokens,
+                                             pc.cut, pc.attach_every, pc.snapshot_bytes_each)
+        self.stats: SchedulerStats = scheduler.stats
+        self.prefix_stats: PrefixCacheStats = pc.stats
+        graphs = getattr(scheduler.runner, "graphs", None)  # eager, MTP or a toy runner: no replays to count
+        self.replays = graphs.stats if graphs is not None else ReplayStats()
+        self.speculative: Any = scheduler.speculative.stats if scheduler.speculative is not None else None
+        self.gauges = EngineGauges()
+        self.at = time.monotonic()
+
+    def publish(self, scheduler: Scheduler) -> None:
+        """The gauges after a pass: one walk over the live requests (at most ``engine.max_concurrency``)."""
+        prefilling = []
+        record_tokens = 0
+        for q in scheduler.live:
+            record_tokens += len(q.prompt) + len(q.output)
+            if q.status is SeqStatus.PREFILL:
+                prefilling.append(PrefillRow(q.request_id, q.slot, q.prompt_len, q.computed, q.cached_tokens,
+                                             q.admitted_at))
+        pc = scheduler.prefix_cache
+        self.gauges = EngineGauges(
+            active=len(scheduler.live), queued=len(scheduler.waiting),
+            decoding=len(scheduler.live) - len(prefilling), record_tokens=record_tokens,
+            pool_blocks_in_use=scheduler.blocks.num_in_use, prefix_entries=pc.num_entries,
+            prefix_blocks_pinned=pc.blocks_pinned, prefix_snapshots=pc.num_snapshots, prefilling=tuple(prefilling))
+        self.at = time.monotonic()

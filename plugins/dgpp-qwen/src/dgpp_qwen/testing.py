@@ -1,0 +1,29 @@
+"""What the Qwen plugin offers core besides its models (``dgpp_tiny_checkpoints`` / ``dgpp_bench_geometries``):
+the tiny random checkpoints of every Qwen architecture, the demo's chat-ready ``qwen3-chat``, and the published
+Qwen geometries for ``dgpp bench``."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
+from dgpp.testing.builders import build_transformers_checkpoint
+from dgpp_qwen.testing_qwen3 import GEOMETRIES, KINDS, build_qwen3_chat
+from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
+
+
+def tiny_checkpoints() -> list[TinyCheckpoint]:
+    kinds = [
+        TinyCheckpoint(kind, partial(build_transformers_checkpoint, config_cls, model_cls, text=extra, vision=vision),
+                       f"transformers' {model_cls}")
+        for kind, (config_cls, model_cls, extra, vision) in KINDS.items()
+    ]
+    return [
+        *kinds,
+        TinyCheckpoint("qwen3-chat", build_qwen3_chat, "Qwen3 with a byte-level chat tokenizer (the CPU demo)"),
+        TinyCheckpoint("qwen4_exp", build_tiny_qwen4_exp, "Qwen3.8-Flash-Next: GDN + PLE, QSA, streams, MoE"),
+    ]
+
+
+def bench_geometries() -> list[BenchGeometry]:
+    return [BenchGeometry(name, config) for name, config in GEOMETRIES.items()]
