@@ -53,6 +53,8 @@ KNOB_KEYS: dict[str, tuple[str, ...]] = {
     "kv_capacity": ("engine", "kv_capacity"),
     "mtp": ("engine", "mtp"),
     "mtp_depth": ("engine", "mtp_depth"),
+    "draft": ("engine", "draft"),
+    "draft_depth": ("engine", "draft_depth"),
     "kv_dtype": ("engine", "kv_dtype"),
     "dtype": ("engine", "dtype"),
     "prefix_cache_gib": ("engine", "prefix_cache_gib"),

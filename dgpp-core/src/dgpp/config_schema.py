@@ -95,6 +95,11 @@ class EngineConfig(_Section):
     cpu_threads: NonNegInt = 0  # CPU engine: torch's intra-op threads; 0 -> one per core less one (at least 1)
     mtp: bool = False
     mtp_depth: Depth = 1
+    # prompt-lookup drafts for any model (dgpp.engine.lookup_draft); "off" or engine.mtp decodes without them
+    draft: Literal["off", "lookup"] = "off"
+    draft_depth: Depth = 3
+    lookup_ngram: Annotated[int, msgspec.Meta(ge=1, le=16)] = 3  # the longest suffix looked up
+    lookup_min_ngram: Annotated[int, msgspec.Meta(ge=1, le=16)] = 2  # the shortest
     # weights and numerics
     bf16_weights: Literal["checkpoint", "bf12", "bf12+bf16"] = "checkpoint"
     dense_weights: Literal["checkpoint", "fp8"] = "checkpoint"

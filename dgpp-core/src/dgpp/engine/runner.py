@@ -68,7 +68,13 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
     offsets = torch.arange(int(starts[-1]), dtype=torch.int64) - starts[:-1][row_seq]
     positions = torch.tensor(ctx, dtype=torch.int64)[row_seq] + offsets
     slots = tables[row_seq, positions // bs].to(torch.int64) * bs + positions % bs
-    logits_rows = starts[1:][torch.tensor([w.want_logits for w in work], dtype=torch.bool)] - 1
+    want = torch.tensor([w.want_logits for w in work], dtype=torch.bool)
+    every = torch.tensor([w.every_row_logits for w in work], dtype=torch.bool)
+    if bool(every.any()):  # a verify: the items' every row, in row order, beside other items' last rows
+        last = offsets == q[row_seq] - 1
+        logits_rows = torch.nonzero(every[row_seq] | (last & want[row_seq])).flatten()
+    else:
+        logits_rows = starts[1:][want] - 1
 
     def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)

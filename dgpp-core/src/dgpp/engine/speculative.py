@@ -1,4 +1,5 @@
-"""Transactional speculative decoding with an MTP drafter (``engine.mtp``, ``engine.mtp_depth``).
+"""Transactional speculative decoding: an MTP drafter (``engine.mtp``, ``engine.mtp_depth``), and the verify step
+every drafter kind shares (``VerifyDecoder``; prompt-lookup drafts in ``dgpp.engine.lookup_draft``).
 
 One decode pass, for every live request at position ``c`` (``c`` tokens cached, last token ``x`` not yet fed):
 
@@ -16,7 +17,8 @@ One decode pass, for every live request at position ``c`` (``c`` tokens cached, 
    is restored from the snapshot taken before the verify and the accepted rows are run again (exact; per-row
    state snapshots in the kernels would save that second forward).
 
-Greedy requests thus emit exactly the plain greedy transcript, whatever the drafter proposes.
+Greedy requests thus emit exactly the plain greedy transcript, whatever the drafter proposes. Steps 2-4 do not
+depend on where drafts come from (``VerifyDecoder``); step 1 is the MTP drafter's (``SpeculativeDecoder``).
 """
 
 from __future__ import annotations
@@ -41,12 +43,129 @@ EmitFn = Callable[[DecodingSequence, "SampleResult"], None]
 FailFn = Callable[[DecodingSequence, Exception], None]
 
 
-class SpeculativeDecoder:
+class VerifyDecoder:
+    """The verify and commit half of speculative decoding (steps 2-4 of the module docstring), shared by every
+    drafter kind: a subclass proposes each request's drafts (``_propose``) and may keep the hidden rows of the
+    accepted inputs (``_keep``, when ``keeps_hidden``). Drafts are point masses, so the ratio test applies to
+    sampled rows."""
+
+    keeps_hidden = False
+
+    def __init__(self, runner: ModelRunner, depth: int, drafter_name: str) -> None:
+        # a verify step whose requests all have no draft is one row each, which the decode graphs would take;
+        # they do not refresh ``last_hidden``, so speculative decoding runs eager
+        runner.graphs = None
+        self.runner = runner
+        self.model = runner.model
+        self.depth = depth
+        self.stats = SpecDecodeStats(depth, drafter_name)
+
+    def after_prefill(self, chunks: list[tuple[DecodingSequence, int, int]]) -> None:
+        """Called after every target prefill step with its ``(seq, start, end)`` chunks; no-op by default."""
+
+    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
+        """Each request's draft tokens (at most ``_room(s)``; empty: the row decodes plainly)."""
+        raise NotImplementedError
+
+    def _keep(self, s: DecodingSequence, first: int, hidden: torch.Tensor) -> None:
+        """The target's hidden rows of the inputs that stand, from position ``first``; unused by default."""
+
+    def _judged(self, s: DecodingSequence, drafted: int, accepted: int) -> None:
+        """``accepted`` of the request's ``drafted`` tokens were kept this step; unused by default."""
+
+    def _room(self, s: DecodingSequence) -> int:
+        """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
+        room = len(s.block_table) * self.runner.pools.block_size - 1 - s.computed
+        remaining = s.params.max_tokens - len(s.output) - 1
+        positions = self.model.info.max_position - 1 - s.computed
+        return max(0, min(self.depth, room, remaining, positions))
+
+    # ---- decode --------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def decode(self, seqs: list[DecodingSequence], emit: EmitFn, fail: FailFn) -> int:
+        """One speculative decode step for ``seqs`` (all in DECODE); ``emit`` is the scheduler's per-token
+        commit (EOS / length retirement), ``fail`` retires a request whose sampling raised. Returns the verify
+        forward's row count (``/metrics`` ``decode_batch.last_rows_per_request``)."""
+        self._prune()
+        drafts = self._propose(seqs)
+        hybrid = bool(self.model.info.hybrid)
+        snapshot = self._save_state([s for s, d in zip(seqs, drafts, strict=True) if d]) if hybrid else None
+        starts = [s.computed for s in seqs]
+        # fp32 logits of every verify row (any model returns the rows its batch names); each row computes what
+        # plain decode would
+        works = [SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True)  # type: ignore[arg-type]
+                 for s, c, d in zip(seqs, starts, drafts, strict=True)]
+        logits = self.runner.step(works, verify=True)
+        hidden = self.model.last_hidden
+        offset, redo = 0, []
+        for s, c, d in zip(seqs, starts, drafts, strict=True):
+            kept = self._judge(s, c, d, logits[offset : offset + len(d) + 1], emit, fail)
+            if s.retired is None:
+                if hybrid and kept < len(d) + 1:
+                    redo.append((s, c, kept))
+                elif self.keeps_hidden:
+                    self._keep(s, c, hidden[offset : offset + kept])
+            offset += len(d) + 1
+        if redo:
+            self._rerun_accepted(redo, snapshot)
+        return offset
+
+    def _judge(self, s: DecodingSequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn) -> int:
+        """Emit this request's tokens row by row; the number of verify rows whose inputs stand (>= 1)."""
+        accepted = 0
+        for j in range(len(drafts) + 1):
+            draft = drafts[j] if j < len(drafts) else None
+            try:
+                result, took_draft = judge_row(s.sampler, logits[j], draft)
+            except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
+                fail(s, exc)
+                break
+            s.computed = c + j + 1
+            emit(s, result)
+            accepted += took_draft
+            if not took_draft or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
+                break
+        self.stats.verified(len(drafts), accepted)
+        self._judged(s, len(drafts), accepted)
+        return s.computed - c
+
+    # ---- hybrid state --------------------------------------------------------------------------
+    def _save_state(self, seqs: list[DecodingSequence]) -> dict[int, list[torch.Tensor]]:
+        """Each slot's state tensors before the verify (the state after ``c`` tokens)."""
+        pools = self.runner.pools
+        return {s.slot: [t[s.slot].clone() for ts in pools.state.values() for t in ts.values()] for s in seqs}  # type: ignore[index]
+
+    def _rerun_accepted(self, redo: list[tuple[DecodingSequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None) -> None:
+        """Restore the pre-verify state and feed only the inputs that stand, so the state is the accepted one."""
+        assert snapshot is not None
+        pools = self.runner.pools
+        for s, _, _ in redo:
+            tensors = [t for ts in pools.state.values() for t in ts.values()]
+            for t, saved in zip(tensors, snapshot[s.slot], strict=True):  # type: ignore[index]
+                t[s.slot].copy_(saved)
+        # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
+        # logits of the last rows are wanted only so the head never sees an empty batch
+        works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
+                 for s, c, kept in redo]
+        self.runner.step(works, verify=True)  # the state must be the one plain decode reaches, row by row
+        hidden, offset = self.model.last_hidden, 0
+        for s, c, kept in redo:
+            if self.keeps_hidden:
+                self._keep(s, c, hidden[offset : offset + kept])
+            offset += kept
+
+    def _prune(self) -> None:
+        """Drop what is kept for retired requests; nothing by default."""
+
+
+class SpeculativeDecoder(VerifyDecoder):
     """Drafts, verifies and commits decode steps for the scheduler (see the module docstring).
 
     The drafter's K/V lives in its own ``CachePools`` with the target's block geometry, so a request's
     ``block_table`` addresses both. ``after_prefill`` must see every target prefill step, so the drafter's
     K/V covers the prompt."""
+
+    keeps_hidden = True
 
     def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int) -> None:
         if depth < 1:
@@ -55,17 +174,11 @@ class SpeculativeDecoder:
         stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
         if stateful:
             raise ValueError(f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported")
-        # a verify step whose requests all have no room left to draft is one row each, which the decode graphs
-        # would take; they do not refresh ``last_hidden``, so speculative decoding runs eager
-        runner.graphs = None
+        super().__init__(runner, depth, "mtp")
         runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)
-        self.runner = runner
-        self.model = runner.model
         self.drafter = drafter
-        self.depth = depth
         pools = runner.pools
         self.draft_pools = CachePools(spec, pools.num_blocks, pools.block_size, pools.num_state_slots, runner.device)
-        self.stats = SpecDecodeStats(depth)
         # target hidden rows the drafter has not consumed yet: seq -> (first position, rows)
         self._backlog: dict[DecodingSequence, tuple[int, torch.Tensor]] = {}
 
@@ -93,73 +206,15 @@ class SpeculativeDecoder:
         for s, first, rows in ready:
             self._backlog[s] = (first + rows.shape[0] - 1, rows[-1:].clone())
 
-    # ---- decode --------------------------------------------------------------------------------
-    @torch.inference_mode()
-    def decode(self, seqs: list[DecodingSequence], emit: EmitFn, fail: FailFn) -> int:
-        """One speculative decode step for ``seqs`` (all in DECODE); ``emit`` is the scheduler's per-token
-        commit (EOS / length retirement), ``fail`` retires a request whose sampling raised. Returns the verify
-        forward's row count (``/metrics`` ``decode_batch.last_rows_per_request``)."""
-        self._prune()
-        depths = [self._depth_for(s) for s in seqs]
-        drafts = self._draft(seqs, depths)
-        hybrid = bool(self.model.info.hybrid)
-        snapshot = self._save_state([s for s, d in zip(seqs, depths, strict=True) if d]) if hybrid else None
-        starts = [s.computed for s in seqs]
-        works = [SeqWork(s.slot, s.block_table, c, [s.output[-1], *d])  # type: ignore[arg-type]
-                 for s, c, d in zip(seqs, starts, drafts, strict=True)]
-        logits = self._verify_logits(works)
-        hidden = self.model.last_hidden
-        offset, redo = 0, []
-        for s, c, d in zip(seqs, starts, drafts, strict=True):
-            kept = self._judge(s, c, d, logits[offset : offset + len(d) + 1], emit, fail)
-            if s.retired is None:
-                if hybrid and kept < len(d) + 1:
-                    redo.append((s, c, kept))
-                else:
-                    self._backlog[s] = (c, hidden[offset : offset + kept].clone())
-            offset += len(d) + 1
-        if redo:
-            self._rerun_accepted(redo, snapshot)
-        return offset
+    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
+        return self._draft(seqs, [self._room(s) if s in self._backlog else 0 for s in seqs])
 
-    def _verify_logits(self, works: list[SeqWork]) -> torch.Tensor:
-        """The verify forward; fp32 logits of every row. The runner returns each request's last row; the rows
-        before it go through the head from ``last_hidden`` (never an empty batch: a TP head gathers its shards)."""
-        last = self.runner.step(works, verify=True)  # every verify row computes what plain decode would
-        ends = torch.tensor([len(w.token_ids) for w in works]).cumsum(0)
-        logits = torch.empty(int(ends[-1]), last.shape[-1], dtype=last.dtype, device=last.device)
-        logits[ends - 1] = last
-        inner = [row for w, end in zip(works, ends.tolist(), strict=True) for row in range(end - len(w.token_ids), end - 1)]
-        if inner:
-            logits[inner] = self.model.compute_logits(self.model.last_hidden[inner]).float()
-        return logits
+    def _keep(self, s: DecodingSequence, first: int, hidden: torch.Tensor) -> None:
+        self._backlog[s] = (first, hidden.clone())
 
-    def _depth_for(self, s: DecodingSequence) -> int:
-        """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
-        if s not in self._backlog:
-            return 0
-        room = len(s.block_table) * self.runner.pools.block_size - 1 - s.computed
-        remaining = s.params.max_tokens - len(s.output) - 1
-        positions = self.model.info.max_position - 1 - s.computed
-        return max(0, min(self.depth, room, remaining, positions))
-
-    def _judge(self, s: DecodingSequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn) -> int:
-        """Emit this request's tokens row by row; the number of verify rows whose inputs stand (>= 1)."""
-        accepted = 0
-        for j in range(len(drafts) + 1):
-            draft = drafts[j] if j < len(drafts) else None
-            try:
-                result, took_draft = judge_row(s.sampler, logits[j], draft)
-            except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
-                fail(s, exc)
-                break
-            s.computed = c + j + 1
-            emit(s, result)
-            accepted += took_draft
-            if not took_draft or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
-                break
-        self.stats.verified(len(drafts), accepted)
-        return s.computed - c
+    def _prune(self) -> None:
+        for s in [s for s in self._backlog if s.retired is not None]:
+            del self._backlog[s]
 
     # ---- drafting ------------------------------------------------------------------------------
     def _draft(self, seqs: list[DecodingSequence], depths: list[int]) -> list[list[int]]:
@@ -208,31 +263,3 @@ class SpeculativeDecoder:
             return hidden, None
         logits = self.drafter.compute_logits(hidden, step)
         return hidden, logits.float()
-
-    # ---- hybrid state --------------------------------------------------------------------------
-    def _save_state(self, seqs: list[DecodingSequence]) -> dict[int, list[torch.Tensor]]:
-        """Each slot's state tensors before the verify (the state after ``c`` tokens)."""
-        pools = self.runner.pools
-        return {s.slot: [t[s.slot].clone() for ts in pools.state.values() for t in ts.values()] for s in seqs}  # type: ignore[index]
-
-    def _rerun_accepted(self, redo: list[tuple[DecodingSequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None) -> None:
-        """Restore the pre-verify state and feed only the inputs that stand, so the state is the accepted one."""
-        assert snapshot is not None
-        pools = self.runner.pools
-        for s, _, _ in redo:
-            tensors = [t for ts in pools.state.values() for t in ts.values()]
-            for t, saved in zip(tensors, snapshot[s.slot], strict=True):  # type: ignore[index]
-                t[s.slot].copy_(saved)
-        # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
-        # logits of the last rows are wanted only so the head never sees an empty batch
-        works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
-                 for s, c, kept in redo]
-        self.runner.step(works, verify=True)  # the state must be the one plain decode reaches, row by row
-        hidden, offset = self.model.last_hidden, 0
-        for s, c, kept in redo:
-            self._backlog[s] = (c, hidden[offset : offset + kept].clone())
-            offset += kept
-
-    def _prune(self) -> None:
-        for s in [s for s in self._backlog if s.retired is not None]:
-            del self._backlog[s]

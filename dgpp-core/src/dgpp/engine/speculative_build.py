@@ -1,12 +1,14 @@
-"""``engine.mtp``: the drafter from the family's ``dgpp_build_draft`` hook, wrapped in a ``SpeculativeDecoder``."""
+"""The speculative decoder a deployment asks for: ``engine.mtp`` (the drafter from the family's ``dgpp_build_draft``
+hook, wrapped in a ``SpeculativeDecoder``) or ``engine.draft: "lookup"`` (a ``LookupDecoder``, any model)."""
 
 from __future__ import annotations
 
 import pluggy
 
 from dgpp.config_schema import EngineConfig
+from dgpp.engine.lookup_draft import LookupDecoder
 from dgpp.engine.runner import ModelRunner
-from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.engine.speculative import SpeculativeDecoder, VerifyDecoder
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext
 from dgpp.log import get_logger
@@ -16,9 +18,16 @@ log = get_logger("dgpp.engine")
 
 def build_speculative(
     engine_cfg: EngineConfig, ctx: LoadContext, runner: ModelRunner, *, pm: pluggy.PluginManager
-) -> SpeculativeDecoder | None:
-    """None unless ``engine.mtp`` is on; then the decoder at ``engine.mtp_depth`` (a ``ConfigError`` naming the key
-    when the checkpoint has no drafter). ``ctx`` is the context the target model was loaded with."""
+) -> VerifyDecoder | None:
+    """None unless ``engine.mtp`` is on or ``engine.draft`` is "lookup"; then the decoder at ``engine.mtp_depth``
+    (a ``ConfigError`` naming the key when the checkpoint has no drafter) or at ``engine.draft_depth``. ``ctx`` is
+    the context the target model was loaded with."""
+    if engine_cfg.draft == "lookup":
+        if runner.graphs is not None:
+            log.info("engine.decode_graph has no effect with engine.draft: verify steps run eager")
+        lookup = LookupDecoder(runner, engine_cfg.draft_depth, engine_cfg.lookup_min_ngram, engine_cfg.lookup_ngram)
+        log.info("speculative decoding on", drafter="lookup", depth=lookup.depth, ngram=engine_cfg.lookup_ngram)
+        return lookup
     if not engine_cfg.mtp:
         return None
     model = runner.model

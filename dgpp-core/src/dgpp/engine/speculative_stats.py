@@ -11,6 +11,7 @@ class SpecDecodeStats:
     position ``i`` counts the ``i``-th draft token, accepted only when every earlier one was."""
 
     depth: int
+    drafter: str = "mtp"  # which drafter proposes: "mtp" or "lookup"
     num_drafts_total: int = 0
     num_draft_tokens_total: int = 0
     num_accepted_tokens_total: int = 0
@@ -36,6 +37,7 @@ class SpecDecodeStats:
     def as_metrics(self) -> dict:
         return {
             "depth": self.depth,
+            "drafter": self.drafter,
             "num_drafts_total": self.num_drafts_total,
             "num_draft_tokens_total": self.num_draft_tokens_total,
             "num_accepted_tokens_total": self.num_accepted_tokens_total,

@@ -13,13 +13,15 @@ from dgpp.sample.sampler import ChoiceSampler
 
 @dataclass
 class SeqWork:
-    """Feed ``token_ids`` at positions ``context_len..`` of the sequence in ``state_slot`` / ``block_table``."""
+    """Feed ``token_ids`` at positions ``context_len..`` of the sequence in ``state_slot`` / ``block_table``;
+    logits of the last row (``want_logits``), or of every row (``every_row_logits``: a speculative verify)."""
 
     state_slot: int
     block_table: list[int]
     context_len: int
     token_ids: list[int]
     want_logits: bool = True
+    every_row_logits: bool = False
 
 
 class StepRunner(Protocol):
@@ -44,6 +46,7 @@ class DecodingSequence(Protocol):
     computed: int
     output: list[int]
     retired: Any  # None while live
+    draft_state: Any  # the prompt-lookup drafter's per-request state (None until its first decode)
 
     @property
     def tokens(self) -> list[int]: ...

@@ -17,8 +17,8 @@ from dgpp.sched.published import Published
 from dgpp.sched.request import RetireReason
 from dgpp.serve.histograms import RequestHistograms
 
-_NO_SPEC = {"depth": 0, "num_drafts_total": 0, "num_draft_tokens_total": 0, "num_accepted_tokens_total": 0,
-            "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []}
+_NO_SPEC = {"depth": 0, "drafter": "none", "num_drafts_total": 0, "num_draft_tokens_total": 0,
+            "num_accepted_tokens_total": 0, "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []}
 
 
 def _avg(total: float, count: int) -> float:
