@@ -125,24 +125,12 @@ _DEFAULT_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_
 def _rope(keys: ConfigKeys, kind: str, head_dim: int) -> tuple[float, int]:
     """``rope_parameters[kind]`` -> (theta, rotary dims); rotary dims ``int(head_dim * partial_rotary_factor)``
     (transformers' rounding: 192 x 0.334 -> 64)."""
-    params = keys.cfg.get("rope_parameters") or _DEFAULT_ROPE
     if keys.cfg.get("rope_scaling"):
         raise keys.error("'rope_scaling' is not supported (only default RoPE per layer type)")
-    p = params.get(kind) if isinstance(params, dict) else None
-    if not isinstance(p, dict):
-        raise keys.error(f"'rope_parameters' must hold an entry for layer type {kind!r}, got {params!r}")
-    rope_type = p.get("rope_type", p.get("type", "default"))
-    if rope_type != "default":
-        raise keys.error(f"'rope_parameters.{kind}.rope_type'={rope_type!r} is not supported (only 'default')")
-    theta, factor = p.get("rope_theta"), p.get("partial_rotary_factor", 0.334)
-    for name, value in (("rope_theta", theta), ("partial_rotary_factor", factor)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise keys.error(f"'rope_parameters.{kind}.{name}' must be a positive number, got {value!r}")
-    rotary = int(head_dim * factor)
-    if rotary % 2 or rotary > head_dim or rotary == 0:
-        raise keys.error(f"'rope_parameters.{kind}.partial_rotary_factor'={factor} gives {rotary} rotary "
-                          f"dims of head_dim {head_dim} (must be even, 2..head_dim)")
-    return float(theta), rotary
+    if not keys.cfg.get("rope_parameters"):
+        keys = ConfigKeys({**keys.cfg, "rope_parameters": _DEFAULT_ROPE}, keys.where)
+    rope = keys.rope(supported=("default",), section=kind)
+    return rope.theta, keys.rotary_dim(head_dim, default_factor=0.334, section=kind)
 
 
 def _attention(keys: ConfigKeys, layer_types: tuple[str, ...]) -> dict[str, AttentionShape]:

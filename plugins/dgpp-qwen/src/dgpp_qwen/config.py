@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from dgpp.nn.rotary import YarnScaling
-from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError
+from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError, ConfigKeys
 
 DENSE_TYPES = ("qwen3",)
 MOE_TYPES = ("qwen3_moe",)
@@ -208,45 +208,21 @@ def _token_ids(keys: _Keys, key: str) -> tuple[int, ...]:
 
 
 def _parse_rope(keys: _Keys, head_dim: int, default_partial: float, max_position: int) -> RopeConfig:
-    if isinstance(keys.raw.get("rope_parameters"), dict):
-        params, where = dict(keys.raw["rope_parameters"]), keys.name("rope_parameters")
-    else:  # older configs: rope_theta at top level plus an optional rope_scaling dict
-        scaling = keys.raw.get("rope_scaling")
-        if scaling is not None and not isinstance(scaling, dict):
-            raise ConfigError(f"config.json: {keys.name('rope_scaling')} must be an object or null")
-        params, where = dict(scaling or {}), keys.name("rope_scaling")
-        params.setdefault("rope_theta", keys.raw.get("rope_theta", 10000.0))
-    rk = _Keys(params, where + ".")
-    type_key = "rope_type" if "rope_type" in params else "type"
-    rope_type = params.get(type_key, "default")
-    if rope_type not in ("default", "yarn"):
-        raise ConfigError(
-            f"config.json: {rk.name(type_key)} = {rope_type!r} is not supported (supported: 'default', 'yarn')"
-        )
-    theta = rk.get("rope_theta", float, 10000.0)
-    partial = rk.get("partial_rotary_factor", float, keys.raw.get("partial_rotary_factor", default_partial))
-    rotary_dim = int(head_dim * partial)
-    if not 0 < partial <= 1 or rotary_dim % 2:
-        raise ConfigError(f"config.json: {rk.name('partial_rotary_factor')} = {partial} gives an unusable rotary dim {rotary_dim}")
-    yarn = None
-    if rope_type == "yarn":
-        factor = rk.get("factor", float, required=True)
-        if factor < 1:
-            raise ConfigError(f"config.json: {rk.name('factor')} = {factor} must be >= 1")
-        yarn = YarnScaling(
-            factor=factor,
-            original_max_position=rk.get("original_max_position_embeddings", int, max_position),
-            beta_fast=rk.get("beta_fast", float, 32.0),
-            beta_slow=rk.get("beta_slow", float, 1.0),
-            attention_factor=rk.get("attention_factor", float),
-            truncate=rk.get("truncate", bool, True),
-        )
+    where = f"config.json: {keys.where.rstrip('.')}" if keys.where else "config.json"
+    # a YaRN block without original_max_position_embeddings takes the parsed (defaulted) max position
+    rk = ConfigKeys({**keys.raw, "max_position_embeddings": max_position}, where)
+    rope = rk.rope(supported=("default", "yarn"))
+    if rope.yarn is not None and rope.factor < 1:
+        raise rk.error(f"'factor' = {rope.factor} must be >= 1")
+    rotary_dim = rk.rotary_dim(head_dim, default_factor=default_partial)
+    nested = isinstance(keys.raw.get("rope_parameters"), dict)
+    params = keys.raw["rope_parameters"] if nested else keys.raw.get("rope_scaling") or {}
     section = params.get("mrope_section")
     if section is not None:
         if not isinstance(section, list) or 2 * sum(section) != rotary_dim:
-            raise ConfigError(f"config.json: {rk.name('mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
+            raise rk.error(f"'{'rope_parameters' if nested else 'rope_scaling'}.mrope_section' = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
         section = tuple(section)
-    return RopeConfig(theta, rotary_dim, yarn, section, bool(params.get("mrope_interleaved", False)))
+    return RopeConfig(rope.theta, rotary_dim, rope.yarn, section, bool(params.get("mrope_interleaved", False)))
 
 
 def _parse_layer_types(keys: _Keys, model_type: str, num_layers: int) -> tuple[str, ...]:
