@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from dgpp.nn.rotary import ROPE_TYPES, YarnScaling
 from dgpp.plugin_api import CausalLMFields, ConfigError, ConfigKeys
@@ -50,7 +50,7 @@ class DeepseekV4ArchConfig(CausalLMFields):
     n_routed_experts: int
     n_shared_experts: int
     num_experts_per_tok: int
-    scoring_func: str
+    scoring_func: Literal["sqrtsoftplus", "softmax", "sigmoid"]
     norm_topk_prob: bool
     routed_scaling_factor: float
     swiglu_limit: float

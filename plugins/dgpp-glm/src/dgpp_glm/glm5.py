@@ -10,16 +10,19 @@ bias, routed scaling, shared expert).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from dgpp.nn.decoder import DecoderStack
 from dgpp.nn.dsa import DSAIndexer
-from dgpp.nn.mla import MultiLatentAttention, Selection, mla_softmax_scale
+from dgpp.nn.mla import MultiLatentAttention, mla_softmax_scale
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.selection import Selection
 from dgpp.plugin_api import CacheSpec, ForwardBatch, World
 from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
 from dgpp_glm.model import Glm4MoeForCausalLM, build_glm_moe
@@ -119,7 +122,7 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         else:
             self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | None, group=None):
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | None, group: Any = None):
         attn, selection = self.self_attn(self.input_layernorm(x), batch, previous)
         h = x + all_reduce(attn, self.world, group)
         return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group), selection

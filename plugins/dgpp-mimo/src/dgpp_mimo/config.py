@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 from dgpp.plugin_api import CausalLMFields, ConfigKeys
 
@@ -66,7 +66,7 @@ class MimoArchConfig(CausalLMFields):
         return self.attention[self.layer_types[layer_idx]]
 
     @classmethod
-    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> MimoArchConfig:
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> Self:
         """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
         cfg = dict(hf_config)
         keys = ConfigKeys(cfg, "mimo_v2_flash config.json")

@@ -13,6 +13,7 @@ checkpoint's tensor names.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -41,10 +42,10 @@ class MimoAttention(nn.Module):
         self.num_heads, self.num_kv_heads = heads // world.size, kv_heads // world.size
         self.head_dim, self.v_head_dim = shape.head_dim, shape.v_head_dim
         self.value_scale = cfg.attention_value_scale
-        column = {"bias": cfg.attention_bias, "dtype": dtype, "parallel": "column", "world": world}
-        self.q_proj = Linear(cfg.hidden_size, heads * shape.head_dim, **column)
-        self.k_proj = Linear(cfg.hidden_size, kv_heads * shape.head_dim, **column)
-        self.v_proj = Linear(cfg.hidden_size, kv_heads * shape.v_head_dim, **column)
+        column = partial(Linear, bias=cfg.attention_bias, dtype=dtype, parallel="column", world=world)
+        self.q_proj = column(cfg.hidden_size, heads * shape.head_dim)
+        self.k_proj = column(cfg.hidden_size, kv_heads * shape.head_dim)
+        self.v_proj = column(cfg.hidden_size, kv_heads * shape.v_head_dim)
         self.o_proj = Linear(heads * shape.v_head_dim, cfg.hidden_size, dtype=dtype, parallel="row", world=world)
         if shape.sinks:  # one logit per query head, kept in fp32; TP splits it with the heads
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
@@ -89,11 +90,11 @@ def build_layer(cfg: MimoArchConfig, layer_idx: int, *, dtype: torch.dtype, worl
                         RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
 
 
-class MimoV2FlashForCausalLM(PreNormCausalLM):
+class MimoV2FlashForCausalLM(PreNormCausalLM[MimoArchConfig]):
     """The MiMo model behind the engine's model contract; hybrid when any layer slides (its rings are state)."""
 
     def __init__(self, cfg: MimoArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
-                 group=None) -> None:
+                 group: Any = None) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
         layers = (build_layer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
