@@ -21,7 +21,7 @@ from dgpp.nn.mla import MultiLatentAttention, mla_softmax_scale
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import rotary_embedding
 from dgpp.nn.selection import Selection
 from dgpp.plugin_api import CacheSpec, ForwardBatch, World
 from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
@@ -52,7 +52,7 @@ class GlmMoeDsaAttention(MultiLatentAttention):
             cfg.qk_nope_head_dim,
             rope,
             cfg.v_head_dim,
-            RotaryEmbedding(rope, rope, cfg.rope_theta, style="interleaved", yarn=cfg.yarn),
+            rotary_embedding(cfg.rope, rope, style="interleaved"),
             name,
             dtype=dtype,
             scale=mla_softmax_scale(cfg.qk_nope_head_dim + rope, cfg.yarn),
@@ -62,9 +62,7 @@ class GlmMoeDsaAttention(MultiLatentAttention):
         )
         self.indexer = None
         if cfg.runs_indexer(layer_idx) if indexer is None else indexer:
-            index_rotary = RotaryEmbedding(
-                cfg.index_head_dim, rope, cfg.rope_theta, style="interleaved", yarn=cfg.yarn
-            )
+            index_rotary = rotary_embedding(cfg.rope, cfg.index_head_dim, rope, style="interleaved")
             self.indexer = DSAIndexer(
                 cfg.hidden_size,
                 cfg.q_lora_rank,

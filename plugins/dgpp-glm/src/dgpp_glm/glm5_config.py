@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dgpp.nn.rotary import YarnScaling
+from dgpp.nn.rotary import RopeScaling, YarnScaling
 from dgpp.plugin_api import ConfigError, ConfigKeys
 from dgpp_glm.config import GlmMoeFields, shared_fields
 
@@ -29,12 +29,16 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-    yarn: YarnScaling | None
+    rope: RopeScaling  # rope_theta (GlmMoeFields) is its theta
     mlp_layer_types: tuple[str, ...]
     indexer_types: tuple[str, ...]
     index_n_heads: int
     index_head_dim: int
     index_topk: int
+
+    @property
+    def yarn(self) -> YarnScaling | None:
+        return self.rope.yarn
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return self.mlp_layer_types[layer_idx] == "sparse"
@@ -85,7 +89,7 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
             qk_rope_head_dim=rope_dim,
             v_head_dim=keys.positive("v_head_dim"),
             rope_theta=rope.theta,
-            yarn=rope.yarn,
+            rope=rope,
             mlp_layer_types=mlp_types,
             indexer_types=indexer_types(cfg, layers),
             index_n_heads=keys.positive("index_n_heads", 32),

@@ -22,7 +22,7 @@ from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_o
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.nn.norm import RMSNorm
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import rotary_embedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -52,7 +52,7 @@ class MimoAttention(nn.Module):
             set_weight_attrs(self.sinks, weight_loader=default_weight_loader, tp_dim=0, world=world)
         else:
             self.register_parameter("sinks", None)
-        self.rotary = RotaryEmbedding(shape.head_dim, shape.rotary_dim, shape.rope_theta, style="half")
+        self.rotary = rotary_embedding(shape.rope, shape.head_dim, shape.rotary_dim, style="half")
         # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
         self.attn = SinkAttention(f"layers.{layer_idx}.self_attn", self.num_heads, self.num_kv_heads, shape.head_dim,
                                   window=cfg.sliding_window if cfg.is_sliding(layer_idx) else None,

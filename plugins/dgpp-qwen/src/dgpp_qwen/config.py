@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from dgpp.nn.rotary import YarnScaling
+from dgpp.nn.rotary import RopeScaling, YarnScaling
 from dgpp.plugin_api import COMPUTE_DTYPES, ConfigKeys
 
 DENSE_TYPES = ("qwen3",)
@@ -27,14 +27,21 @@ _DEFAULT_HEAD_DIM = {"qwen3": 128, "qwen3_5_text": 256, "qwen3_5_moe_text": 256}
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary settings: ``rotary_dim`` of each head rotates (rotate-half); optional YaRN; the mRoPE
-    sections are kept for validation but collapse to 1-D for text."""
+    """Rotary settings: ``scaling`` as ``ConfigKeys.rope`` reads it (default or YaRN); ``rotary_dim`` of each head
+    rotates (rotate-half); the mRoPE sections are kept for validation but collapse to 1-D for text."""
 
-    theta: float
+    scaling: RopeScaling
     rotary_dim: int
-    yarn: YarnScaling | None = None
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False
+
+    @property
+    def theta(self) -> float:
+        return self.scaling.theta
+
+    @property
+    def yarn(self) -> YarnScaling | None:
+        return self.scaling.yarn
 
 
 @dataclass(frozen=True)
@@ -188,7 +195,7 @@ def _parse_rope(keys: ConfigKeys, head_dim: int, default_partial: float, max_pos
         if not isinstance(section, list) or 2 * sum(section) != rotary_dim:
             raise rk.error(f"{rk.name(('rope_parameters' if nested else 'rope_scaling') + '.mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
         section = tuple(section)
-    return RopeConfig(rope.theta, rotary_dim, rope.yarn, section, bool(params.get("mrope_interleaved", False)))
+    return RopeConfig(rope, rotary_dim, section, bool(params.get("mrope_interleaved", False)))
 
 
 def _parse_layer_types(keys: ConfigKeys, model_type: str, num_layers: int) -> tuple[str, ...]:

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from dgpp.nn.rotary import YarnScaling
+from dgpp.nn.rotary import RopeScaling, YarnScaling
 from dgpp.plugin_api import ConfigError, ConfigKeys
 from dgpp_qwen.config import QwenConfig
 
@@ -195,6 +195,8 @@ def with_engine_rope_scaling(cfg: Qwen4ExpConfig, rope_scaling: Any) -> Qwen4Exp
         attention_factor=rope_scaling.attn_factor * YarnScaling(rope_scaling.factor, 1).magnitude(),
     )
     base = cfg.base
-    rope = dataclasses.replace(base.rope, yarn=yarn)
+    scaling = RopeScaling(theta=base.rope.theta, rope_type="yarn", factor=yarn.factor,
+                          original_max_position=yarn.original_max_position, yarn=yarn)
+    rope = dataclasses.replace(base.rope, scaling=scaling)
     max_position = max(base.max_position, int(rope_scaling.factor * rope_scaling.original_max_position_embeddings))
     return dataclasses.replace(cfg, base=dataclasses.replace(base, rope=rope, max_position=max_position))
