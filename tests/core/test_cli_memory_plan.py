@@ -8,7 +8,7 @@ import struct
 import torch
 
 from dgpp.config import parse_config
-from dgpp.engine.memory_estimate import estimate_memory_plan, tensor_bytes
+from dgpp.startup.memory_estimate import estimate_memory_plan, tensor_bytes
 from dgpp.step.cache_spec import PagedKV, StateSpec
 from dgpp.step.memory import GiB, MemoryPlan
 

@@ -172,8 +172,8 @@ def test_bf16_llama_decode_alone_equals_batched_and_chunked(tmp_path):
     rotation, norms and attention): a sequence's logits are bit-identical decoded alone, beside another
     sequence, and after its prompt was prefilled in chunks."""
     pytest.importorskip("dgpp_llama", reason="the example plugin is installed by scripts/setup.sh")
-    from dgpp.engine.loading import load_model
     from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.startup.loading import load_model
     from dgpp.step.pools import CachePools
     from dgpp.testing.builders import build_tiny_checkpoint
 

@@ -139,7 +139,7 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
         for m in model.modules():
             if isinstance(m, RotaryEmbedding):  # to_empty left the buffer unset
                 m.inv_freq = default_inv_freq(cfg.rope_theta, m.rotary_dim).to(device)
-    from dgpp.engine.weights import settle_weights
+    from dgpp.startup.weights import settle_weights
 
     return settle_weights(model).eval()  # the forms a loaded model keeps (MLA's kv_b_proj decoded)
 

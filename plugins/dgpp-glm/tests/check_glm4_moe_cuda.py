@@ -81,8 +81,8 @@ def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float
 
 
 def check(root: Path) -> int:
-    from dgpp.engine.loading import model_for
     from dgpp.plugins import manager
+    from dgpp.startup.loading import model_for
     from dgpp.testing import conformance as conf
     from dgpp.testing.gpu_check import greedy_agreement, print_table
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext, World
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
 from dgpp_glm.draft import build_draft

@@ -11,7 +11,6 @@ import structlog
 import torch
 
 from dgpp.config import DeployConfig, EngineConfig
-from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.engine.work import StepRunner
 from dgpp.policy import current
 from dgpp.sample.params import SamplingDefaults
@@ -21,9 +20,10 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.backend import Backend, ModelLimits
+from dgpp.startup.kv_format import refuse_unstored_kv
 
 if TYPE_CHECKING:
-    from dgpp.engine.deployment import Deployment
+    from dgpp.startup.deployment import Deployment
 
 log = structlog.get_logger("dgpp.serve")
 MAX_SNAPSHOT_SLOTS = 4096
@@ -196,9 +196,9 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     ``deployment`` is preflight's resolution of the checkpoint, config.json and family (resolved here when
     the caller ran no preflight); the model and the drafter load from its context.
     """
-    from dgpp.engine.deployment import resolve_deployment
-    from dgpp.engine.loading import model_for
     from dgpp.engine.runner import ModelRunner
+    from dgpp.startup.deployment import resolve_deployment
+    from dgpp.startup.loading import model_for
     from dgpp.step.pools import CachePools
 
     engine_cfg = cfg.engine
@@ -221,7 +221,7 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
         model, pools, decode_graph=engine_cfg.decode_graph, max_batch=engine_cfg.max_concurrency,
         max_blocks=min(sizes.num_blocks, -(-info.max_position // sizes.block_size)),
     )
-    from dgpp.engine.speculative_build import build_speculative
+    from dgpp.startup.speculative_build import build_speculative
 
     speculative = build_speculative(engine_cfg, ctx, runner, pm=deployment.pm)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
