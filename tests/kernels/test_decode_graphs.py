@@ -7,7 +7,8 @@ import torch
 
 from dgpp.bench.models import build_random_model
 from dgpp.engine.graphs import DecodeGraphs, capture_sizes, pick_size
-from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.pools import CachePools
 
 

@@ -148,7 +148,8 @@ def test_decode_graph_batch_through_fused_experts_equals_reference(nvfp4_qwen3_5
     """The padded static batch DecodeGraphs captures on CUDA (run eagerly here) goes through the fused
     experts, padding row included, and gives the logits of the eager step through the reference experts."""
     from dgpp.engine.graphs import DecodeGraphs
-    from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+    from dgpp.engine.runner import ModelRunner, build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.startup.loading import load_model
     from dgpp.step.pools import CachePools
 
