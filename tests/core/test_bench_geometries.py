@@ -17,7 +17,8 @@ from dgpp.bench.models import (
     new_model,
 )
 from dgpp.bench.step_bytes import RouterTap, decode_step_bytes, expected_distinct_experts
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.work import SeqWork
 from dgpp_qwen.testing_qwen3 import MOE_122B_LAYERS, _hybrid_layer_types
 
 MOE_GEOMETRY = f"qwen3.5-122b-a10b-{MOE_122B_LAYERS}l"

@@ -23,7 +23,7 @@ from dgpp.bench.quantize import (
     quantized_linears,
     sync_hf_weights,
 )
-from dgpp.engine.runner import SeqWork
+from dgpp.engine.work import SeqWork
 from dgpp.errors import ConfigError
 from dgpp.quant.encode import encode
 from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt

@@ -8,7 +8,8 @@ import random
 import pytest
 import torch
 
-from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.engine.runner import build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.pools import CachePools
 
 

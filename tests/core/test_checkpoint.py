@@ -11,12 +11,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dgpp.checkpoint import CheckpointReader, load_weights
-from dgpp.engine.loading import load_model
 from dgpp.errors import CheckpointError
 from dgpp.family import World
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import FusedExperts
 from dgpp.nn.weights import default_weight_loader
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
 

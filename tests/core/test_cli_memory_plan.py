@@ -7,8 +7,9 @@ import struct
 
 import torch
 
+from dgpp.checkpoint.headers import tensor_bytes
 from dgpp.config import parse_config
-from dgpp.engine.memory_estimate import estimate_memory_plan, tensor_bytes
+from dgpp.startup.memory_estimate import estimate_memory_plan
 from dgpp.step.cache_spec import PagedKV, StateSpec
 from dgpp.step.memory import GiB, MemoryPlan
 

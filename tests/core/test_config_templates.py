@@ -27,7 +27,7 @@ def test_template_validates(path):
 def test_demo_template_builds_its_checkpoint_once_and_deterministically(tmp_path, monkeypatch):
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.demo import enable_demo_checkpoints
-    from dgpp.engine.loading import load_model
+    from dgpp.startup.loading import load_model
 
     enable_demo_checkpoints()  # what every entry point does first
     cfg = load_config(DEPLOY / "demo_tiny_cpu.json")

@@ -133,7 +133,8 @@ def test_paged_attention_of_a_sequence_alone_equals_it_among_others(dtype):
     """A single-sequence step (its own path: no output scatter) gives each row the bits that row gets in a
     step with other sequences, and two layers of one step (sharing the step's write slots and context rows)
     each read their own pool entry."""
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.nn.attention import PagedAttention
     from dgpp.step.cache_spec import PagedKV
     from dgpp.step.pools import CachePools
@@ -172,8 +173,9 @@ def test_bf16_llama_decode_alone_equals_batched_and_chunked(tmp_path):
     rotation, norms and attention): a sequence's logits are bit-identical decoded alone, beside another
     sequence, and after its prompt was prefilled in chunks."""
     pytest.importorskip("dgpp_llama", reason="the example plugin is installed by scripts/setup.sh")
-    from dgpp.engine.loading import load_model
-    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.engine.runner import ModelRunner
+    from dgpp.engine.work import SeqWork
+    from dgpp.startup.loading import load_model
     from dgpp.step.pools import CachePools
     from dgpp.testing.builders import build_tiny_checkpoint
 

@@ -9,8 +9,8 @@ import torch
 
 from dgpp.config import DeployConfig, EngineConfig, parse_config
 from dgpp.config_refused import NOT_BUILT_KEYS, NOT_BUILT_VALUES
-from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.errors import ConfigError
+from dgpp.startup.kv_format import refuse_unstored_kv
 
 
 def _with(path: tuple[str, ...], value: object) -> dict:

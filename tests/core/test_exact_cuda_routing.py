@@ -205,7 +205,8 @@ def test_batch_invariant_chunked_prefill_equals_one_shot_on_cuda(kind, tmp_path)
 
 
 def _gdn_and_batches(q_lens: list[int], ctx: list[int]):
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.nn.gated_deltanet import GatedDeltaNet
     from dgpp.step.pools import CachePools
 
@@ -248,7 +249,8 @@ def test_routed_attention_mixed_and_verify_steps_match_the_reference(monkeypatch
     """nn.attention's routed branch on the CPU (flash prefill falls back to its torch reference, the fixed-split
     decode kernel runs in the interpreter): a mixed step and a verify step equal the torch paged attention, and a
     verify row equals the decode row of its position bit for bit."""
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.nn.attention import _routed_attention, paged_attention
     from dgpp.step.cache_spec import PagedKV
     from dgpp.step.pools import CachePools

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.loading import load_context, load_model
-from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import PluginError
 from dgpp.family import FamilyContract, FamilyModel, World
 from dgpp.family_contract import Family
 from dgpp.nn.attention import PagedAttention
 from dgpp.plugins import build_manager, check_contract, installed_entry_points
 from dgpp.quant.resident import fp8_block_bytes
+from dgpp.startup.loading import load_context, load_model
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.cache_spec import PagedKV
 from dgpp.step.model import collect_cache_entries
 from dgpp.testing.builders import build_tiny_checkpoint

@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from dgpp.engine.loading import load_model
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.engine.work import SeqWork
+from dgpp.startup.loading import load_model
 from dgpp.step.pools import CachePools
 
 

@@ -32,7 +32,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("quant",),  # weight formats: packed LinearMethods for nn's layers
     # reading checkpoints; the plugin contract (hooks typed with step, quant and text types) and finding families
     ("checkpoint", "hookspecs", "plugins", "builtin", "catalog"),
-    ("engine", "family_contract"),  # runner, graphs, memory plan, speculation; a family's declaration
+    ("engine",),  # what runs every step: runner, graphs and their inputs, speculative verify, lookup drafts
+    # what runs once before serving: deployment, loading and assembly, memory plan, drafter build; a family's
+    # declaration (its hooks load and plan through startup)
+    ("startup", "family_contract"),
     ("sched",),  # the tick, admission, prefix cache, the engine thread
     ("serve",),  # the HTTP API
     ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "demo_fetch", "testing"),  # entry points and tools
@@ -40,7 +43,7 @@ LAYERS: list[tuple[str, ...]] = [
 ]
 
 # core modules a plugin reads only through ``dgpp.plugin_api``, which gathers their names (docs/plugin-authoring.md)
-PLUGIN_API_ONLY = ("engine", "step", "sched", "serve", "family", "family_contract", "hookspecs", "errors")
+PLUGIN_API_ONLY = ("engine", "startup", "step", "sched", "serve", "family", "family_contract", "hookspecs", "errors")
 
 def _module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)

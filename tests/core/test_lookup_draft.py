@@ -11,7 +11,6 @@ import math
 import pytest
 import torch
 
-from dgpp.engine.loading import load_model
 from dgpp.engine.lookup_draft import LookupDecoder, NgramIndex
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
@@ -23,6 +22,7 @@ from dgpp.sched.published import Published
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.metrics import engine_report
+from dgpp.startup.loading import load_model
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.scheduler import scheduler_config
@@ -250,9 +250,9 @@ def test_sampled_lookup_keeps_the_plain_distribution(dense, monkeypatch):
 # ---- keys ------------------------------------------------------------------------------------------------
 def test_engine_draft_builds_the_lookup_decoder(dense):
     from dgpp.config import EngineConfig, parse_config
-    from dgpp.engine.speculative_build import build_speculative
     from dgpp.errors import ConfigError
     from dgpp.plugins import manager
+    from dgpp.startup.speculative_build import build_speculative
 
     runner = ModelRunner(dense, CachePools(dense.cache_spec(), 8, BS, 2))
     cfg = EngineConfig(draft="lookup", draft_depth=4, lookup_ngram=5, lookup_min_ngram=3)

@@ -10,10 +10,10 @@ import torch
 from safetensors import safe_open
 
 from dgpp.config import parse_config
-from dgpp.engine.memory_estimate import estimate_memory_plan
 from dgpp.quant import module_weight_bytes
 from dgpp.quant.checkpoints import quantize_checkpoint
 from dgpp.quant.scheme import QuantScheme
+from dgpp.startup.memory_estimate import estimate_memory_plan
 from dgpp.testing.builders import build_tiny_checkpoint
 
 QUANTIZED_LAYERS = r".*\.layers\.\d+\..*"  # quantize_checkpoint's default: linears inside the decoder layers

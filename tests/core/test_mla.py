@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.engine.runner import build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.nn.dsa import DSAIndexer, top_k_lowest_on_ties
 from dgpp.nn.mla import MultiLatentAttention, mla_softmax_scale
 from dgpp.nn.rotary import RotaryEmbedding

@@ -9,7 +9,8 @@ import transformers
 from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf_dsv3
 from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe as hf_q35moe
 
-from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.engine.runner import build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.nn.attention import PagedAttention
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.step.cache_spec import PagedKV

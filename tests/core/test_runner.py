@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, StateSpec

@@ -103,7 +103,8 @@ def test_cancel_while_a_step_is_in_flight() -> None:
 def test_model_runner_feeds_device_ids_like_token_ids() -> None:
     """``ModelRunner.step(works, input_ids=...)`` computes what the works' own tokens compute (tiny Qwen3, CPU)."""
     from dgpp.bench.models import build_pair
-    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.engine.runner import ModelRunner
+    from dgpp.engine.work import SeqWork
     from dgpp.step.pools import CachePools
 
     model, _ = build_pair("tiny", "cpu", torch.float32, with_hf=False)

@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch import nn
 
-from dgpp.engine.loading import load_context, load_model, read_hf_config
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
 from dgpp.family import LoadContext
@@ -21,6 +20,7 @@ from dgpp.sched.published import Published
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.metrics import engine_report
+from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.scheduler import scheduler_config
@@ -292,8 +292,8 @@ def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):
     """``engine.mtp`` off: no decoder (the default decode path); on: the family's drafter at ``engine.mtp_depth``;
     on for a checkpoint without MTP layers: a ConfigError naming the key."""
     from dgpp.config import EngineConfig
-    from dgpp.engine.speculative_build import build_speculative
     from dgpp.errors import ConfigError
+    from dgpp.startup.speculative_build import build_speculative
     from dgpp_glm.draft import Glm4MoeMTPDrafter
 
     def runner_for(path):

@@ -40,8 +40,8 @@ def _load(path: Path, family: str):
     ctx = LoadContext(checkpoint_dir=path, hf_config=hf_config, family=family,
                       architecture=hf_config["architectures"][0], device="cuda" if torch.cuda.is_available() else "cpu")
     if family == "glm":
-        from dgpp.engine.loading import model_for
         from dgpp.plugins import manager
+        from dgpp.startup.loading import model_for
 
         pm = manager()
         model = model_for(ctx, pm)

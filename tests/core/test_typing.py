@@ -93,7 +93,7 @@ def test_a_wrong_hook_signature_fails_the_gate(tmp_path):
     assert out.stdout.count('incompatible with supertype "dgpp.hookspecs.PluginHooks"') == 2, out.stdout
 
 
-# What core calls each reference of a family's declaration as (dgpp.family_contract, dgpp.engine.assembly)
+# What core calls each reference of a family's declaration as (dgpp.family_contract, dgpp.startup.assembly)
 REFERENCE_TYPES = textwrap.dedent(
     """
     from __future__ import annotations

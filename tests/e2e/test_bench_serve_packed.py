@@ -17,10 +17,10 @@ from serve_fixture import Server
 from dgpp.bench.checkpoint import word_prompt, write_checkpoint
 from dgpp.bench.quantize import QUANT_CONFIGS
 from dgpp.bench.serve import serve_quant
-from dgpp.engine.loading import load_model
 from dgpp.errors import ConfigError
 from dgpp.quant.checkpoints import dequantize_checkpoint
 from dgpp.quant.linear import QuantLinearMethod
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 

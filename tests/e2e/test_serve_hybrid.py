@@ -7,7 +7,7 @@ import openai
 import pytest
 from serve_fixture import Server, tiny_checkpoint
 
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer

@@ -10,8 +10,9 @@ import pytest
 import torch
 from serve_fixture import Server, tiny_checkpoint
 
-from dgpp.engine.loading import load_model
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.work import SeqWork
+from dgpp.startup.loading import load_model
 from dgpp.step.pools import CachePools
 from dgpp.testing.generate import greedy_generate
 from dgpp.text.tokenizer import Tokenizer

@@ -7,7 +7,8 @@ import torch
 
 from dgpp.bench.models import build_random_model
 from dgpp.engine.graphs import DecodeGraphs, capture_sizes, pick_size
-from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.pools import CachePools
 
 
@@ -95,14 +96,14 @@ def _decode_graph_vs_eager(model, steps: int, atol: float, capture: bool) -> Dec
 
 def test_moe_model_runs_the_padded_graph_batch(moe_checkpoint) -> None:
     """A MoE model goes through the decode-graph path (its expert alignment has no host sync)."""
-    from dgpp.engine.loading import load_model
+    from dgpp.startup.loading import load_model
 
     _decode_graph_vs_eager(load_model(moe_checkpoint), 3, 1e-5, capture=False)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with TRITON_INTERPRET=0)")
 def test_moe_model_decode_is_captured_on_cuda(moe_checkpoint) -> None:
-    from dgpp.engine.loading import load_model
+    from dgpp.startup.loading import load_model
 
     graphs = _decode_graph_vs_eager(load_model(moe_checkpoint, device="cuda"), 4, 1e-4, capture=True)
     assert graphs.use_graphs and set(graphs.graphs) == {1, 2, 4, 8}

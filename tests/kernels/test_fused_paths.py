@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 
 from dgpp.bench.models import build_random_model
-from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.engine.runner import build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.pools import CachePools
 
 

@@ -79,10 +79,11 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch)
     """The CUDA wiring (``dgpp.nn.mla_cuda``: per-row tables, DSA selections as index lists, the absorption
     products), run here through the interpreter, against the layer's torch path on the same step: a mixed batch of
     prefill chunks (rows past index_topk 8 attend their selection), then a decode-only step."""
-    from dgpp.engine.loading import load_model
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
+    from dgpp.startup.loading import load_model
     from dgpp.testing.generate import make_pools
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
@@ -171,9 +172,10 @@ def test_index_scores_tiles_past_a_rows_tokens_are_minus_inf_and_the_rest_unchan
 def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
     """The CUDA indexer's selection path (``dgpp.nn.dsa_cuda``, here with the reference scorer) against the torch
     indexer on the same step: prefill chunks (rows past index_topk 8 select) and a decode step."""
-    from dgpp.engine.loading import load_model
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
+    from dgpp.startup.loading import load_model
     from dgpp.testing.generate import make_pools
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 

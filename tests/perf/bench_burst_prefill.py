@@ -19,7 +19,7 @@ import torch
 
 from dgpp.bench.decode import DecodeSession, random_prompts
 from dgpp.bench.models import build_pair
-from dgpp.engine.runner import SeqWork
+from dgpp.engine.work import SeqWork
 from dgpp.nn.exact import chunks
 from dgpp.policy import overriding
 

@@ -41,8 +41,9 @@ class _CountOps(TorchDispatchMode):
 def measure(checkpoint: Path, dtype: torch.dtype, threads: int, steps: int, context: int,
             gguf_weights: str = "decoded") -> dict[str, float]:
     from dgpp.config_schema import EngineConfig
-    from dgpp.engine.loading import load_model
-    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.engine.runner import ModelRunner
+    from dgpp.engine.work import SeqWork
+    from dgpp.startup.loading import load_model
     from dgpp.step.pools import CachePools
 
     torch.set_num_threads(threads)

@@ -51,7 +51,8 @@ def build_layer(layer_idx: int):
 
 @torch.no_grad()
 def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.step.pools import CachePools
 
     cfg, layer = build_layer(layer_idx)

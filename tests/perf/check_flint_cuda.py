@@ -140,7 +140,8 @@ def fill_random(model: torch.nn.Module) -> None:
 
 
 def decode_bench(layers: int, batches: list[int], context: int, steps: int, bandwidth: float) -> list[str]:
-    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.engine.runner import ModelRunner
+    from dgpp.engine.work import SeqWork
     from dgpp.quant.apply import quantize_modules
     from dgpp.testing.generate import make_pools
     from dgpp_flint.config import FlintArchConfig

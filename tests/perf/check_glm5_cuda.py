@@ -139,7 +139,7 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
         for m in model.modules():
             if isinstance(m, RotaryEmbedding):  # to_empty left the buffer unset
                 m.inv_freq = default_inv_freq(cfg.rope_theta, m.rotary_dim).to(device)
-    from dgpp.engine.weights import settle_weights
+    from dgpp.startup.weights import settle_weights
 
     return settle_weights(model).eval()  # the forms a loaded model keeps (MLA's kv_b_proj decoded)
 
@@ -155,7 +155,8 @@ def tiny_fp32_config() -> dict:
 def layer_paths(model, prompts: list[list[int]], device: str = "cuda") -> float:
     """Layer 0's attention on one mixed prefill step (sparse rows live), through the CUDA kernels and through the
     torch path on the very same queries and selection: the largest relative difference."""
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
     from dgpp.policy import overriding
     from dgpp.testing.generate import make_pools
@@ -231,7 +232,8 @@ def decode_bench(
     geometry: str, cases: list[tuple[int, int]], steps: int, bandwidth: float, profile: bool = False
 ) -> list[str]:
     from dgpp.bench.models import hf_config
-    from dgpp.engine.runner import ModelRunner, SeqWork
+    from dgpp.engine.runner import ModelRunner
+    from dgpp.engine.work import SeqWork
     from dgpp.testing.generate import make_pools
 
     model = build_glm5(hf_config(geometry, torch.bfloat16))
@@ -282,7 +284,7 @@ def _profile(runner, seqs: list, position: int) -> None:
     """Where a decode step's time goes: the top CUDA kernels and CPU ops over three steps from ``position``."""
     from torch.profiler import ProfilerActivity, profile
 
-    from dgpp.engine.runner import SeqWork
+    from dgpp.engine.work import SeqWork
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(3):

@@ -53,7 +53,8 @@ def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12)
     """Decode every prompt twice, once eagerly and once through captured CUDA graphs (3 rows padded to a
     captured size of 4, so a padding row with state slot -1 runs too): same tokens, logits close."""
     from dgpp.engine.graphs import DecodeGraphs
-    from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+    from dgpp.engine.runner import ModelRunner, build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.testing.generate import make_pools
 
     total = [len(p) + steps + 1 for p in prompts] * 2

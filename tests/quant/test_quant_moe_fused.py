@@ -130,7 +130,7 @@ def nvfp4_qwen3_5_moe(tmp_path_factory):
 
 
 def test_nvfp4_qwen3_5_moe_through_fused_experts_matches_transformers(nvfp4_qwen3_5_moe, monkeypatch):
-    from dgpp.engine.loading import load_model
+    from dgpp.startup.loading import load_model
     from dgpp.testing import conformance as conf
     from dgpp.testing.builders import load_reference
 
@@ -148,8 +148,9 @@ def test_decode_graph_batch_through_fused_experts_equals_reference(nvfp4_qwen3_5
     """The padded static batch DecodeGraphs captures on CUDA (run eagerly here) goes through the fused
     experts, padding row included, and gives the logits of the eager step through the reference experts."""
     from dgpp.engine.graphs import DecodeGraphs
-    from dgpp.engine.loading import load_model
-    from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+    from dgpp.engine.runner import ModelRunner, build_batch
+    from dgpp.engine.work import SeqWork
+    from dgpp.startup.loading import load_model
     from dgpp.step.pools import CachePools
 
     model = load_model(nvfp4_qwen3_5_moe[0])

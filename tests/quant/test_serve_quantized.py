@@ -9,12 +9,12 @@ import json
 import pytest
 import torch
 
-from dgpp.engine.loading import load_model
 from dgpp.quant.checkpoints import dequantize_checkpoint, quantize_checkpoint
 from dgpp.quant.fp4 import NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.linear import QuantLinearMethod
 from dgpp.quant.moe import QuantExperts
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
 

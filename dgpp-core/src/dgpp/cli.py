@@ -18,7 +18,7 @@ from dgpp.config import KNOB_KEYS, REFUSED_KNOBS, DeployConfig, load_config
 from dgpp.errors import DgppError
 
 if TYPE_CHECKING:
-    from dgpp.engine.deployment import Deployment
+    from dgpp.startup.deployment import Deployment
 
 # (flag, dest, type, help); every dest is a key of dgpp.config.KNOB_KEYS
 _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [

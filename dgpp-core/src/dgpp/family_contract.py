@@ -1,5 +1,5 @@
 """A family plugin's one declaration: which config.json values it claims, and for each model its config class,
-model class and checkpoint renames. Core does the rest (``dgpp.engine.assembly``): build, quantize, load, settle,
+model class and checkpoint renames. Core does the rest (``dgpp.startup.assembly``): build, quantize, load, settle,
 convert; the memory plan from the model built on ``meta``; the cache layout from the attention modules.
 
 A plugin's ``plugin.py`` declares ``FAMILY = Family(...)`` and its entry point names that object
@@ -106,21 +106,21 @@ class Family(PluginHooks):
 
     @hookimpl
     def dgpp_load_model(self, ctx: LoadContext) -> Model | None:
-        from dgpp.engine.assembly import load_declared_model
+        from dgpp.startup.assembly import load_declared_model
 
         entry = self.model_entry(ctx)
         return None if entry is None else load_declared_model(ctx, entry)
 
     @hookimpl
     def dgpp_build_model(self, ctx: LoadContext) -> Model | None:
-        from dgpp.engine.assembly import build_declared_model
+        from dgpp.startup.assembly import build_declared_model
 
         entry = self.model_entry(ctx)
         return None if entry is None else build_declared_model(ctx, entry)
 
     @hookimpl
     def dgpp_memory_plan(self, ctx: LoadContext) -> ModelMemory | MemoryPlan | None:
-        from dgpp.engine.assembly import declared_model_memory
+        from dgpp.startup.assembly import declared_model_memory
 
         entry = self.model_entry(ctx)
         return None if entry is None else declared_model_memory(ctx, entry)

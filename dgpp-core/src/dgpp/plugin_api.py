@@ -26,12 +26,12 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
-    from dgpp.engine.loading import load_model
-    from dgpp.engine.memory_estimate import estimate_model_memory
-    from dgpp.engine.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
+    from dgpp.startup.loading import load_model
+    from dgpp.startup.memory_estimate import estimate_model_memory
+    from dgpp.startup.weights import checkpoint_tensor_names, load_family_weights, settle_weights
     from dgpp.step.batch import ForwardBatch
     from dgpp.step.cache_spec import (
         CacheSpec,
@@ -69,15 +69,15 @@ _LAZY = {
     "Model": "dgpp.step.model",
     "collect_cache_entries": "dgpp.step.model",
     "ModelInfo": "dgpp.step.model",
-    "checkpoint_tensor_names": "dgpp.engine.weights",
-    "load_family_weights": "dgpp.engine.weights",
-    "settle_weights": "dgpp.engine.weights",
+    "checkpoint_tensor_names": "dgpp.startup.weights",
+    "load_family_weights": "dgpp.startup.weights",
+    "settle_weights": "dgpp.startup.weights",
     "quantize_modules": "dgpp.quant.apply",
     "QuantFormat": "dgpp.quant.format",
     "QuantScheme": "dgpp.quant.scheme",
     "Dialect": "dgpp.text.dialect",
-    "load_model": "dgpp.engine.loading",
-    "estimate_model_memory": "dgpp.engine.memory_estimate",
+    "load_model": "dgpp.startup.loading",
+    "estimate_model_memory": "dgpp.startup.memory_estimate",
 }
 
 __all__ = [

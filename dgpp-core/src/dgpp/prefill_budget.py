@@ -1,5 +1,5 @@
 """The automatic prefill budgets: one reading of ``engine.prefill_budget_tokens`` shared by the scheduler
-(``dgpp.sched.config``) and the memory plans (``dgpp.engine.memory_estimate``, the plugins' plans), so the
+(``dgpp.sched.config``) and the memory plans (``dgpp.startup.memory_estimate``, the plugins' plans), so the
 activations a plan reserves are the tokens a tick may really prefill."""
 
 from __future__ import annotations

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from dgpp.config import DeployConfig
-from dgpp.engine.deployment import Deployment, resolve_deployment
-from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import DgppError
 from dgpp.plugins import Resolution
+from dgpp.startup.deployment import Deployment, resolve_deployment
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.memory import DEFAULT_HEADROOM, MemoryPlan, free_memory_bytes
 
 

@@ -12,9 +12,9 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model
 from dgpp.nn.moe import RoutingConfig, TopKRouter
 from dgpp.plugin_api import CompressedKV, WindowBuffer, WindowKV
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_deepseek.model import DeepseekV4ForCausalLM

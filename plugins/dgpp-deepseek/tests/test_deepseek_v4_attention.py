@@ -9,7 +9,8 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.engine.runner import build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.pools import CachePools
 from dgpp_deepseek.attention import DeepseekV4Attention
 from dgpp_deepseek.config import DeepseekV4ArchConfig

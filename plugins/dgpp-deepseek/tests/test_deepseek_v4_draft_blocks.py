@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from dgpp.checkpoint import CheckpointReader
 from dgpp.checkpoint.loader import load_weights
-from dgpp.engine.loading import load_context, load_model
-from dgpp.engine.memory_plan import plan_for
 from dgpp.plugins import build_manager
+from dgpp.startup.loading import load_context, load_model
+from dgpp.startup.memory_plan import plan_for
 from dgpp.testing import conformance as conf
 from dgpp_deepseek.loader import checkpoint_name
 from dgpp_deepseek.testing import build_tiny_deepseek_v4

@@ -12,9 +12,9 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.memory import GiB
 from dgpp_deepseek.config import DeepseekV4ArchConfig
 

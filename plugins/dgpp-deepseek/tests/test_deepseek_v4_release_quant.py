@@ -16,13 +16,13 @@ import torch
 import transformers
 from safetensors.torch import load_file, save_file
 
-from dgpp.engine.loading import load_model
 from dgpp.quant.encode import encode
 from dgpp.quant.fp4 import MXFP4
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.linear import QuantLinearMethod
 from dgpp.quant.moe import QuantExperts
 from dgpp.quant.scheme import QuantScheme
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp_deepseek.release_layout import release_hf_config

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from dgpp.config import load_config
-from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.memory import GiB
 from dgpp_flint.config import FlintArchConfig
 from dgpp_flint.testing import FLINT_RELEASE as FLINT

@@ -64,7 +64,8 @@ def _ctx(path: Path):
 
 @torch.inference_mode()
 def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float:
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.testing.generate import make_pools
     from dgpp_glm.draft import build_draft
 
@@ -81,8 +82,8 @@ def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float
 
 
 def check(root: Path) -> int:
-    from dgpp.engine.loading import model_for
     from dgpp.plugins import manager
+    from dgpp.startup.loading import model_for
     from dgpp.testing import conformance as conf
     from dgpp.testing.gpu_check import greedy_agreement, print_table
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.suite import FamilyConformance, check_checkpoint_logits, tiny_checkpoint_fixtures

@@ -10,9 +10,9 @@ import pytest
 import torch
 from glm_reference import load_f64, main_hidden, mtp_logits
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.errors import CheckpointError
 from dgpp.family import LoadContext
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing.mtp import draft_logits as _draft_logits
 from dgpp_glm.config import Glm4MoeArchConfig
 from dgpp_glm.draft import Glm4MoeMTPDrafter, build_draft

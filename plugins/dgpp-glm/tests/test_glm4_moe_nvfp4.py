@@ -9,11 +9,11 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext
 from dgpp.nn.linear import UnquantizedLinearMethod
 from dgpp.quant.linear import QuantLinearMethod
 from dgpp.quant.moe import QuantExperts
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp_glm.draft import build_draft

@@ -11,8 +11,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext, World
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
 from dgpp_glm.draft import build_draft
@@ -27,7 +27,8 @@ def _prompts() -> list[list[int]]:
 
 def _draft_logits(model, drafter) -> torch.Tensor:
     """MTP logits of one prompt (every row), after the main model's prefill of it."""
-    from dgpp.engine.runner import SeqWork, build_batch
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
     from dgpp.testing.generate import make_pools
 
     tokens = _prompts()[1]

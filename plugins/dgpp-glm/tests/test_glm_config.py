@@ -78,9 +78,9 @@ def test_memory_plan_of_glm_4_7_nvfp4_at_w4(tmp_path):
     import torch
     from safetensors.torch import save_file
 
-    from dgpp.engine.memory_plan import plan_for
     from dgpp.family import LoadContext, World
     from dgpp.plugins import build_manager
+    from dgpp.startup.memory_plan import plan_for
     from dgpp.step.memory import GiB
 
     (tmp_path / "config.json").write_text(json.dumps(GLM_4_7))

@@ -7,8 +7,9 @@ from __future__ import annotations
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.work import SeqWork
+from dgpp.startup.loading import load_model
 from dgpp.step.cache_spec import LatentKV, PagedKV
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference

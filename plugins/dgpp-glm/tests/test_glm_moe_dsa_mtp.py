@@ -10,10 +10,10 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.errors import CheckpointError
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.step.cache_spec import LatentKV, PagedKV
 from dgpp.testing.builders import load_reference
 from dgpp.testing.mtp import draft_logits

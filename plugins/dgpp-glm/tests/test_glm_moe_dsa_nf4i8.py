@@ -11,12 +11,12 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model
 from dgpp.errors import ConfigError
 from dgpp.quant.codebook import NF4I8_LEVELS, NF4Codebook, hadamard32
 from dgpp.quant.codecs import pack_int32
 from dgpp.quant.intq import IntPacked
 from dgpp.quant.scheme import QuantScheme
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.nf4i8 import nf4i8_quantization, nf4i8_twin, rotation

@@ -8,9 +8,9 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model
 from dgpp.nn.mla import MultiLatentAttention
 from dgpp.quant.checkpoints import dequantize_checkpoint, quantize_checkpoint
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp_glm.testing_glm5 import GLM5_PACKED_QUANTIZATION, build_tiny_glm_moe_dsa
@@ -75,9 +75,9 @@ def test_packed_greedy_matches_transformers(packed_pair):
 
 def test_memory_plan_counts_kv_b_as_the_loaded_model_keeps_it(packed_pair, monkeypatch):
     """The plan, built on meta, counts ``kv_b_proj`` decoded, as the loaded model holds it."""
-    from dgpp.engine.loading import load_context
-    from dgpp.engine.memory_plan import plan_for
     from dgpp.plugins import build_manager
+    from dgpp.startup.loading import load_context
+    from dgpp.startup.memory_plan import plan_for
 
     def kv_b_bytes(m) -> int:
         return sum(p.numel() * p.element_size() for layer in m.model.layers for p in layer.self_attn.kv_b_proj.parameters())
@@ -92,10 +92,10 @@ def test_memory_plan_counts_kv_b_as_the_loaded_model_keeps_it(packed_pair, monke
 def test_memory_plan_weights_are_the_loaded_models_bytes(packed_pair):
     """Built on meta, the plan counts every tensor as the loaded model holds it: the int formats' scales in their
     shipped 2 bytes (not the float32 placeholder's 4), ``kv_b_proj`` decoded."""
-    from dgpp.engine.loading import load_context
-    from dgpp.engine.memory_plan import plan_for
     from dgpp.plugins import build_manager
     from dgpp.quant.resident import resident_bytes
+    from dgpp.startup.loading import load_context
+    from dgpp.startup.memory_plan import plan_for
 
     model, _, packed = packed_pair
     assert plan_for(build_manager(), load_context(packed)).weights == resident_bytes(model)

@@ -10,9 +10,9 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.memory import GiB
 from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
 from dgpp_glm.testing_glm5 import GLM5_PACKED_QUANTIZATION

@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.loading import load_model
 from dgpp.family import World
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
 from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa

@@ -12,8 +12,8 @@ import pytest
 import torch
 import transformers
 
-from dgpp.engine.loading import load_model
 from dgpp.plugin_api import PagedKV, WindowKV
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
 from dgpp_mimo.model import MimoV2FlashForCausalLM

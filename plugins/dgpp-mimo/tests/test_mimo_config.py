@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from dgpp.config import parse_config
-from dgpp.engine.memory_plan import plan_for
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.startup.memory_plan import plan_for
 from dgpp_mimo.config import MimoArchConfig
 from dgpp_mimo.testing import MIMO_V2_FLASH_RELEASE as MIMO
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import transformers
 
-from dgpp.engine.loading import load_model
 from dgpp.quant.checkpoints import dequantize_checkpoint, quantize_checkpoint
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.moe import QuantExperts
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp_mimo.testing import build_tiny_mimo

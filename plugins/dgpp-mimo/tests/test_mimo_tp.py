@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.loading import load_model
 from dgpp.family import World
+from dgpp.startup.loading import load_model
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
 from dgpp_mimo.testing import build_tiny_mimo
 

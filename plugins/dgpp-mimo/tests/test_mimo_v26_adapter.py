@@ -10,10 +10,10 @@ import json
 import pytest
 import transformers
 
-from dgpp.engine.loading import load_model
 from dgpp.quant.fp4 import MXFP4
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.moe import QuantExperts
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.loading import load_context, load_model
 from dgpp.errors import CheckpointError
 from dgpp.plugin_api import PagedKV
 from dgpp.plugins import manager
+from dgpp.startup.loading import load_context, load_model
 from dgpp.testing.builders import load_reference
 from dgpp.testing.mtp import draft_logits
 from dgpp_mimo.draft import MimoMTPDrafter

@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import save_file
 
 from dgpp.config import load_config
-from dgpp.engine.keys import refuse_unstored_kv
-from dgpp.engine.memory_plan import plan_for
 from dgpp.family import LoadContext, World
 from dgpp.plugins import build_manager
+from dgpp.startup.kv_format import refuse_unstored_kv
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.memory import GiB
 from dgpp_mimo.testing_v26 import MIMO_V26_RELEASE
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import torch
 
 from dgpp.config import EngineConfig
-from dgpp.engine.loading import load_context, load_model
 from dgpp.family import World
 from dgpp.plugins import manager
+from dgpp.startup.loading import load_context, load_model
 from dgpp.testing.mtp import draft_logits
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
 from dgpp_mimo.testing import build_tiny_mimo

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
 from dgpp.testing.generate import greedy_generate

@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.mtp import draft_logits
 from dgpp_qwen.qwen3_5_mtp import Qwen35MTPDrafter

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.loading import load_model
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.work import SeqWork
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.generate import make_pools

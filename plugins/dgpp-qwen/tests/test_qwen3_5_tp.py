@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.loading import load_model
 from dgpp.family import World
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.generate import greedy_generate

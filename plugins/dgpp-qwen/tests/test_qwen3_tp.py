@@ -11,8 +11,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from dgpp.engine.loading import load_model
 from dgpp.family import World
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
 

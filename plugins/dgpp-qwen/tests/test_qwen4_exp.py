@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.step.cache_spec import PagedKV, StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp

@@ -9,8 +9,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dgpp.engine.loading import load_model
 from dgpp.errors import CheckpointError, ConfigError
+from dgpp.startup.loading import load_model
 from dgpp.step.cache_spec import StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
@@ -100,10 +100,10 @@ def test_hash_constants_disagreeing_with_the_config_are_refused(tmp_path):
 
 def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
     from dgpp.config import EngineConfig
-    from dgpp.engine.loading import read_hf_config
-    from dgpp.engine.memory_plan import plan_for
     from dgpp.family import LoadContext
     from dgpp.plugins import manager
+    from dgpp.startup.loading import read_hf_config
+    from dgpp.startup.memory_plan import plan_for
     from dgpp_qwen.memory import ngram_table_bytes
 
     path = build_tiny_qwen4_exp(tmp_path, seed=25, with_mtp=True)

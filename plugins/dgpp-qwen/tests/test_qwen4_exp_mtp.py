@@ -8,9 +8,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dgpp.engine.loading import load_model, read_hf_config
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
+from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing.mtp import draft_logits
 from dgpp_qwen.qwen4_exp_mtp import Qwen4ExpMTPDrafter
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp, mtp_reference_logits

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dgpp.config import EngineConfig, RopeScaling
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp_qwen.testing_qwen4_exp import EOS, TINY_QWEN4_EXP, build_tiny_qwen4_exp
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 import torch.multiprocessing as mp
 
-from dgpp.engine.loading import load_model
 from dgpp.family import World
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.generate import greedy_generate
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from dgpp.checkpoint.resolve import resolve_checkpoint
-from dgpp.engine.loading import load_model
 from dgpp.errors import CheckpointError
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
 from dgpp.testing.tokenizers import TINY_CHAT_TEMPLATE, build_tiny_tokenizer

@@ -19,12 +19,12 @@ from dgpp.checkpoint import gguf_packed
 from dgpp.checkpoint.gguf_blocks import decode_blocks
 from dgpp.checkpoint.resolve import resolve_checkpoint
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.loading import load_model
 from dgpp.errors import ConfigError
 from dgpp.nn import int4pack_cpu
 from dgpp.nn.embedding import LMHead
 from dgpp.nn.int4pack_cpu import GROUP, Int4PackLinearMethod, int4pack_available, pack_codes
 from dgpp.nn.linear import Linear
+from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.tokenizers import build_tiny_tokenizer

@@ -22,7 +22,8 @@ from dgpp.bench.step_bytes import (
     logical_weight_elements,
     moe_layers,
 )
-from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 

@@ -152,7 +152,7 @@ def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int
             param.fill_(_init_value(model, name, param))
         else:
             _fill_normal(param, std, gen)
-    from dgpp.engine.weights import settle_weights
+    from dgpp.startup.weights import settle_weights
 
     return settle_weights(model)  # the forms a loaded model keeps (e.g. MLA's kv_b_proj decoded)
 

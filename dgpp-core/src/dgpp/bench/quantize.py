@@ -168,7 +168,7 @@ def compare_with_torch_path(model: Model, batch: int = 4, prompt: int = 32, seed
     GEMM path) and one decode step (the GEMV path) on random prompts, both fed the reference's tokens.
     Returns the largest |difference| over the largest |reference logit| and the argmax agreement of each."""
     from dgpp.bench.decode import DecodeSession, random_prompts
-    from dgpp.engine.runner import SeqWork
+    from dgpp.engine.work import SeqWork
     from dgpp.policy import overriding
 
     prompts = random_prompts(batch, prompt, model.info.vocab_size, seed)

@@ -30,7 +30,7 @@ from dgpp.config import DeployConfig
 from dgpp.log import get_logger
 
 if TYPE_CHECKING:
-    from dgpp.engine.deployment import Deployment
+    from dgpp.startup.deployment import Deployment
     from dgpp.serve.backend import Backend
 
 log = get_logger("dgpp.dist")

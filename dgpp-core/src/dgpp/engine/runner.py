@@ -18,7 +18,7 @@ from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 from dgpp.step.route import in_flight, step_route
 
-__all__ = ["ModelRunner", "SeqWork", "build_batch"]
+__all__ = ["ModelRunner", "build_batch"]
 
 
 def _check_work(work: list[SeqWork], tables: torch.Tensor, table_lens: torch.Tensor, num_blocks: int, bs: int) -> None:

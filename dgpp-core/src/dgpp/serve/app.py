@@ -24,7 +24,7 @@ from dgpp.serve.responses import create_response, delete_response, get_response,
 from dgpp.serve.responses_store import ResponseStore
 
 if TYPE_CHECKING:
-    from dgpp.engine.deployment import Deployment
+    from dgpp.startup.deployment import Deployment
 
 
 def _json(body: Any, status: int = 200) -> Response:

@@ -11,9 +11,8 @@ import structlog
 import torch
 
 from dgpp.config import DeployConfig, EngineConfig
-from dgpp.engine.keys import refuse_unstored_kv
 from dgpp.engine.work import StepRunner
-from dgpp.policy import current
+from dgpp.policy import ExecPolicy, install
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
@@ -21,9 +20,10 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.backend import Backend, ModelLimits
+from dgpp.startup.kv_format import refuse_unstored_kv
 
 if TYPE_CHECKING:
-    from dgpp.engine.deployment import Deployment
+    from dgpp.startup.deployment import Deployment
 
 log = structlog.get_logger("dgpp.serve")
 MAX_SNAPSHOT_SLOTS = 4096
@@ -79,11 +79,14 @@ def assemble(
     start_loop: bool = True,
     speculative: Any = None,
     chunking_exact: bool = False,
+    overlap_steps: bool = False,
 ) -> Backend:
     """Wire pools, prefix cache, scheduler and step loop thread around ``runner``; starts the step loop thread
     unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead). ``chunking_exact``:
     a prompt row's bits do not depend on how the prompt was chunked (``prefill_chunking_exact``), so the prefix
-    cache attaches at any full KV block instead of only at chunk cuts."""
+    cache attaches at any full KV block instead of only at chunk cuts. ``overlap_steps``: the engine's policy lets
+    a decode step launch before the previous step's tokens are read (``ExecPolicy.overlap_steps``), taken when the
+    runner can (``overlaps_decode``) and no speculative decoder runs."""
     sched_cfg = SchedulerConfig.from_engine(engine_cfg, sizes.block_size, max_position)
     blocks = BlockPool(sizes.num_blocks, sizes.block_size)
     slots = SlotPool(sizes.live_slots, sizes.snapshot_slots if hybrid else 0)
@@ -97,7 +100,7 @@ def assemble(
         speculative=speculative,  # engine.mtp (None: plain decode)
         overlap_events=True,  # a tick's events go out while the next step runs on the GPU
         # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
-        overlap_steps=(current().overlap_steps and speculative is None
+        overlap_steps=(overlap_steps and speculative is None
                        and bool(getattr(runner, "overlaps_decode", False))),
     )
     loop = StepLoop(scheduler, engine_cfg.stats_interval_s,
@@ -152,17 +155,17 @@ def text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | No
     return TextStack(tokenizer, template, dialect, grammar)
 
 
-def _install_policy(engine_cfg: EngineConfig) -> None:
+def _install_policy(engine_cfg: EngineConfig) -> ExecPolicy:
     """Fix this engine's execution policy for its life (``dgpp.policy``): batch invariance and the packed decode
     GEMV, whose "auto" resolves from the most rows a step can hold (a row's bits must not depend on server load)."""
-    from dgpp.policy import ExecPolicy, install
-
     depth = engine_cfg.mtp_depth if engine_cfg.mtp else 0
     max_rows = engine_cfg.max_concurrency * (1 + depth)
     setting = engine_cfg.quant_decode_gemv
-    install(ExecPolicy.for_engine(batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting,
-                                  decode_max_rows=max_rows))
+    policy = ExecPolicy.for_engine(batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting,
+                                   decode_max_rows=max_rows)
+    install(policy)
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
+    return policy
 
 
 def prefill_chunking_exact(device: Any, engine_cfg: EngineConfig) -> bool:
@@ -196,16 +199,16 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     ``deployment`` is preflight's resolution of the checkpoint, config.json and family (resolved here when
     the caller ran no preflight); the model and the drafter load from its context.
     """
-    from dgpp.engine.deployment import resolve_deployment
-    from dgpp.engine.loading import model_for
     from dgpp.engine.runner import ModelRunner
+    from dgpp.startup.deployment import resolve_deployment
+    from dgpp.startup.loading import model_for
     from dgpp.step.pools import CachePools
 
     engine_cfg = cfg.engine
     deployment = deployment or resolve_deployment(cfg, device)
     ctx = deployment.for_rank(world, device, group)
     device = ctx.device
-    _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
+    policy = _install_policy(engine_cfg)  # engine-wide row routing on CUDA, the packed decode GEMV
     if torch.device(device or "cpu").type == "cpu":
         _set_cpu_threads(engine_cfg.cpu_threads, ctx.world.size)
     model = model_for(ctx, deployment.pm)
@@ -221,7 +224,7 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
         model, pools, decode_graph=engine_cfg.decode_graph, max_batch=engine_cfg.max_concurrency,
         max_blocks=min(sizes.num_blocks, -(-info.max_position // sizes.block_size)),
     )
-    from dgpp.engine.speculative_build import build_speculative
+    from dgpp.startup.speculative_build import build_speculative
 
     speculative = build_speculative(engine_cfg, ctx, runner, pm=deployment.pm)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
@@ -232,4 +235,5 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
         snapshot_bytes=state_bytes,
         defaults=SamplingDefaults.from_generation_config(deployment.checkpoint), text=text, start_loop=start_loop,
         speculative=speculative, chunking_exact=prefill_chunking_exact(device, engine_cfg),
+        overlap_steps=policy.overlap_steps,
     )

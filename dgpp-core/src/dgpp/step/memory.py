@@ -4,8 +4,8 @@ Core owns the plan. What only a family knows is its ``ModelMemory``: bytes of th
 (weights, drafter, KV per token, state per request, activations per prefill row). ``plan_memory`` sizes the
 deployment's items from it (pools, request state, prefill scratch, prefix snapshots, logits) with one set of
 formulas for every family. A plugin answers ``dgpp_memory_plan(ctx)`` with its ``ModelMemory``; otherwise
-``dgpp.engine.memory_estimate`` derives one from config.json and the safetensors headers
-(``dgpp.engine.memory_plan.plan_for`` picks). The engine refuses to start when ``total + headroom`` exceeds
+``dgpp.startup.memory_estimate`` derives one from config.json and the safetensors headers
+(``dgpp.startup.memory_plan.plan_for`` picks). The engine refuses to start when ``total + headroom`` exceeds
 free memory, naming the largest items and the largest ``kv_capacity`` that would fit.
 """
 

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.runner import ModelRunner, SeqWork, build_batch
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.step.model import Model
 from dgpp.testing.generate import greedy_generate, make_pools
 

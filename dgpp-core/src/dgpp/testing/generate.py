@@ -12,7 +12,8 @@ from collections import deque
 
 import torch
 
-from dgpp.engine.runner import ModelRunner, SeqWork
+from dgpp.engine.runner import ModelRunner
+from dgpp.engine.work import SeqWork
 from dgpp.sched.block_pool import BlockPool
 from dgpp.step.model import Model
 from dgpp.step.pools import CachePools

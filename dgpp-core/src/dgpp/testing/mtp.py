@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.runner import SeqWork, build_batch
+from dgpp.engine.runner import build_batch
+from dgpp.engine.work import SeqWork
 from dgpp.testing.generate import make_pools
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dgpp.engine.loading import load_model
+from dgpp.startup.loading import load_model
 from dgpp.step.model import Model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference

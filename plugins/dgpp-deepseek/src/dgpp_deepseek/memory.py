@@ -1,5 +1,5 @@
 """DeepSeek-V4's memory (a model hook, as its load): the per-rank bytes of the model as the loader would build
-it, without reading a weight; core sizes the deployment's plan from them (``dgpp.engine.memory_plan``).
+it, without reading a weight; core sizes the deployment's plan from them (``dgpp.startup.memory_plan``).
 
 The model is built on the ``meta`` device for this rank with the release's packed formats swapped in
 (``dgpp_deepseek.release_layout``: MXFP4 routed experts, FP8 E4M3 + E8M0 block scales for the attention

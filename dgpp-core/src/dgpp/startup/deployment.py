@@ -57,8 +57,8 @@ def compute_dtype(cfg: DeployConfig) -> Any:
 def resolve_deployment(cfg: DeployConfig, device: str | None = None) -> Deployment:
     """Find the checkpoint, read its config.json and pick its family (raises DgppError naming what is wrong)."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
-    from dgpp.engine.loading import read_hf_config
     from dgpp.plugins import manager, resolve
+    from dgpp.startup.loading import read_hf_config
 
     checkpoint = resolve_checkpoint(cfg.model)
     hf_config = read_hf_config(checkpoint)

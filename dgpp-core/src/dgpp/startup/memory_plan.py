@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dgpp.engine.memory_estimate import estimate_model_memory
 from dgpp.family import LoadContext
+from dgpp.startup.memory_estimate import estimate_model_memory
 from dgpp.step.memory import MemoryPlan, ModelMemory, plan_memory
 
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """Load a model from a checkpoint directory: read config.json, resolve the family's plugin, and call
 its ``dgpp_load_model`` hook.
 
-A deployment resolves its checkpoint, config.json and family once (``dgpp.engine.deployment.resolve_deployment``)
+A deployment resolves its checkpoint, config.json and family once (``dgpp.startup.deployment.resolve_deployment``)
 and loads through ``model_for`` with that context; ``load_model`` / ``load_context`` resolve a bare
 checkpoint directory (tests, the bench, the demo).
 """

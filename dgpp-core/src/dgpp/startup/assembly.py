@@ -10,11 +10,11 @@ from typing import Any
 
 import torch
 
-from dgpp.engine.weights import load_family_weights, same_name, settle_weights
 from dgpp.errors import PluginError
 from dgpp.family import FamilyModel, LoadContext, resolve_reference
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.resident import resident_bytes
+from dgpp.startup.weights import load_family_weights, same_name, settle_weights
 from dgpp.step.memory import MemoryPlan, ModelMemory
 from dgpp.step.model import Model
 
