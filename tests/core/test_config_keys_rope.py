@@ -47,3 +47,24 @@ def test_the_factory_scales_the_frequencies():
     yarn = rotary_embedding(_keys(max_position_embeddings=4096,
                                   rope_scaling={"type": "yarn", "factor": 4.0}).rope(), 32, 16)
     assert yarn.rotary_dim == 16 and yarn.magnitude > 1.0
+
+
+def test_a_rope_per_section():
+    """MiMo's per-layer-type thetas and DeepSeek-V4's compressed-layer YaRN are entries of ``rope_parameters``."""
+    keys = _keys(rope_theta=7.0, max_position_embeddings=4096, rope_parameters={
+        "full_attention": {"rope_theta": 5e6, "partial_rotary_factor": 0.5},
+        "compress": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        "bare": {"rope_type": "yarn", "factor": 4.0}})
+    assert keys.rope(section="full_attention").theta == 5e6
+    assert keys.rotary_dim(128, section="full_attention") == 64
+    assert keys.rotary_dim(128, default_factor=0.25, section="compress") == 32
+    compress = keys.rope(section="compress", default_theta=16e4)
+    assert compress.theta == 16e4 and compress.yarn is not None and compress.yarn.original_max_position == 64
+    assert torch.equal(rotary_embedding(compress, 16).inv_freq, compress.yarn.inv_freq(16e4, 16))
+    assert keys.rope(section="bare").original_max_position == 4096  # max_position_embeddings stands in
+    with pytest.raises(ConfigError, match="'original_max_position_embeddings' is missing"):
+        keys.rope(section="bare", original_fallback=False)
+    with pytest.raises(ConfigError, match="'rope_parameters' must hold an entry for 'sliding_attention'"):
+        keys.rope(section="sliding_attention")
+    with pytest.raises(ConfigError, match="'rope_parameters.compress.rope_type'='yarn' is not supported"):
+        keys.rope(("default",), section="compress")

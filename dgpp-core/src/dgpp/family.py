@@ -141,7 +141,8 @@ class FamilyConfig(Protocol):
     """A family's typed config class: ``from_hf_config(config.json as a dict)`` -> a frozen instance whose
     ``dtype`` is the checkpoint's (a ``ConfigError`` names any key it cannot serve)."""
 
-    dtype: Any
+    @property
+    def dtype(self) -> Any: ...  # read-only: a frozen dataclass's field satisfies it
 
     @classmethod
     def from_hf_config(cls, hf_config: Mapping[str, Any]) -> FamilyConfig: ...

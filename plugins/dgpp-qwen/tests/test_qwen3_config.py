@@ -97,7 +97,7 @@ def _with(base: dict, path: str, value) -> dict:
         (QWEN3, "rope_scaling", {"rope_type": "longrope", "factor": 2.0}, "rope_scaling.rope_type"),
         (QWEN3, "rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling.type"),
         (QWEN35_WRAPPER, "text_config.rope_parameters.rope_type", "llama3", "text_config.rope_parameters.rope_type"),
-        (QWEN3, "rope_scaling", {"rope_type": "yarn"}, "rope_scaling.factor"),
+        (QWEN3, "rope_scaling", {"rope_type": "yarn"}, "rope_scaling: required key 'factor'"),
         (QWEN3, "hidden_act", "gelu", "hidden_act"),
         (QWEN35_WRAPPER, "text_config.hidden_act", "relu", "text_config.hidden_act"),
         (QWEN3, "use_sliding_window", True, "use_sliding_window"),

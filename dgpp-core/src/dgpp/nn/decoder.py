@@ -10,7 +10,7 @@ name with no renaming.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import torch
 from torch import nn
@@ -25,21 +25,29 @@ from dgpp.step.model import Model, ModelInfo
 
 
 class DecoderLMConfig(Protocol):
-    """What the skeleton reads from a family's typed config."""
+    """What the skeleton reads from a family's typed config (read-only, so a frozen dataclass satisfies it)."""
 
-    vocab_size: int
-    hidden_size: int
-    max_position_embeddings: int
-    tie_word_embeddings: bool
-    eos_token_ids: tuple[int, ...]
-    bos_token_id: int | None
+    @property
+    def vocab_size(self) -> int: ...
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def max_position_embeddings(self) -> int: ...
+    @property
+    def tie_word_embeddings(self) -> bool: ...
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]: ...
+    @property
+    def bos_token_id(self) -> int | None: ...
 
 
 class DenseOrMoEConfig(Protocol):
-    """What ``dense_or_moe`` reads from a family's typed config."""
+    """What ``dense_or_moe`` reads from a family's typed config (read-only)."""
 
-    hidden_size: int
-    intermediate_size: int
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
 
     def is_moe_layer(self, layer_idx: int) -> bool: ...
 
@@ -82,14 +90,18 @@ class DecoderStack(nn.Module):
         self.norm = norm
 
 
-class PreNormCausalLM(Model):
+C = TypeVar("C", bound=DecoderLMConfig)
+
+
+class PreNormCausalLM(Model, Generic[C]):
     """A ``DecoderStack`` and its head behind the model contract. ``forward`` keeps the post-final-norm hidden
     of every row when ``keep_hidden`` is on. ``hybrid``: some layer holds per-request state (a window ring, a
     recurrent state), so the prefix cache attaches only where it holds a state snapshot. ``extra``: the family's
-    own facts for ``ModelInfo.extra`` (GLM: its MTP layer count)."""
+    own facts for ``ModelInfo.extra`` (GLM: its MTP layer count). ``C``: the family's config class, which
+    ``self.config`` is typed as."""
 
-    def __init__(self, cfg: DecoderLMConfig, stack: DecoderStack, *, dtype: torch.dtype, world: World, group=None,
-                 hybrid: bool = False, extra: dict | None = None) -> None:
+    def __init__(self, cfg: C, stack: DecoderStack, *, dtype: torch.dtype, world: World, group: Any = None,
+                 hybrid: bool = False, extra: dict[str, Any] | None = None) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype

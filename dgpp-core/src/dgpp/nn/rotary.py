@@ -100,10 +100,11 @@ class RopeScaling:
 
 
 def rotary_embedding(rope: RopeScaling, head_dim: int, rotary_dim: int | None = None, *,
-                     style: RotaryStyle = "half") -> RotaryEmbedding:
+                     style: RotaryStyle = "half", mrope_section: tuple[int, ...] | None = None) -> RotaryEmbedding:
     """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
-    ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies."""
-    rotary = RotaryEmbedding(head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn)
+    ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies. ``mrope_section``: a
+    multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE)."""
+    rotary = RotaryEmbedding(head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn, mrope_section=mrope_section)
     if rope.rope_type in ("linear", "llama3"):
         inv_freq = default_inv_freq(rope.theta, rotary.rotary_dim)
         if rope.rope_type == "linear":

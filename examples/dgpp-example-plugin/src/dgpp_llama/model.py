@@ -27,7 +27,7 @@ def build_layer(cfg: LlamaConfig, layer: int, rotary: RotaryEmbedding, *, dtype:
                         RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
 
 
-class LlamaForCausalLM(PreNormCausalLM):
+class LlamaForCausalLM(PreNormCausalLM[LlamaConfig]):
     """The Llama text model over the engine's paged K/V pool."""
 
     def __init__(self, cfg: LlamaConfig, *, dtype: torch.dtype, world: World, group: object = None) -> None:

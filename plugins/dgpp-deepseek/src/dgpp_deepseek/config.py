@@ -11,11 +11,12 @@ refused by key name.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from dgpp.nn.rotary import YarnScaling
+from dgpp.nn.rotary import ROPE_TYPES, YarnScaling
 from dgpp.plugin_api import CausalLMFields, ConfigError, ConfigKeys
 
 SLIDING, CSA, HCA = "sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention"
@@ -49,7 +50,7 @@ class DeepseekV4ArchConfig(CausalLMFields):
     n_routed_experts: int
     n_shared_experts: int
     num_experts_per_tok: int
-    scoring_func: str
+    scoring_func: Literal["sqrtsoftplus", "softmax", "sigmoid"]
     norm_topk_prob: bool
     routed_scaling_factor: float
     swiglu_limit: float
@@ -103,7 +104,7 @@ class DeepseekV4ArchConfig(CausalLMFields):
         window = f.positive("sliding_window", 128)
         if window < 2:
             raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
-        theta, compress_theta, yarn = _rope(cfg)
+        theta, compress_theta, yarn = _rope(f)
         return cls(
             vocab_size=f.positive("vocab_size"),
             hidden_size=f.positive("hidden_size"),
@@ -189,35 +190,24 @@ def _compress_rates(cfg: dict[str, Any]) -> dict[str, int]:
     return rates
 
 
-def _rope(cfg: dict[str, Any]) -> tuple[float, float, YarnScaling | None]:
+def _rope(keys: ConfigKeys) -> tuple[float, float, YarnScaling | None]:
     """(sliding theta, compressed theta, compressed YaRN) from nested ``rope_parameters`` (main / compress) or
-    the flat form (``rope_scaling`` / ``rope_parameters`` holding the YaRN keys)."""
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if not isinstance(params, dict):
+    the flat form (``rope_scaling`` / ``rope_parameters`` holding the YaRN keys, the thetas at the top level)."""
+    params = keys.cfg.get("rope_parameters")
+    if params is not None and not isinstance(params, dict):
         raise ConfigError(f"{_WHERE}: 'rope_parameters' must be an object, got {params!r}")
-    main = params.get("main") if isinstance(params.get("main"), dict) else {}
-    compress = params.get("compress") if isinstance(params.get("compress"), dict) else params
-    theta = float(main.get("rope_theta", cfg.get("rope_theta", 10000.0)))
-    compress_theta = float(
-        compress.get("rope_theta", cfg.get("compress_rope_theta", 160000.0))
-        if compress is not params
-        else cfg.get("compress_rope_theta", 160000.0)
-    )
-    rope_type = compress.get("rope_type", compress.get("type", "default"))
-    if rope_type not in ("default", "yarn"):
-        raise ConfigError(
-            f"{_WHERE}: compressed layers' rope_type {rope_type!r} is not supported (default, yarn)"
-        )
-    if rope_type == "default":
-        return theta, compress_theta, None
-    if compress.get("original_max_position_embeddings") is None or compress.get("factor") is None:
-        raise ConfigError(f"{_WHERE}: yarn rope needs 'factor' and 'original_max_position_embeddings'")
-    yarn = YarnScaling(
-        factor=float(compress["factor"]),
-        original_max_position=int(compress["original_max_position_embeddings"]),
-        beta_fast=float(compress.get("beta_fast") or 32),
-        beta_slow=float(compress.get("beta_slow") or 1),
-        attention_factor=float(compress.get("attention_factor", 1.0)),
-    )
-    return theta, compress_theta, yarn
-
+    top_theta = keys.optional("rope_theta", float, 10000.0)
+    compress_theta = keys.optional("compress_rope_theta", float, 160000.0)
+    supported = ("default", "yarn")
+    if isinstance(params, dict) and isinstance(params.get("compress"), dict):
+        # the main entry's type is not read: sliding layers rotate with plain RoPE
+        main = params.get("main")
+        theta = keys.rope(supported=ROPE_TYPES, section="main").theta if isinstance(main, dict) else top_theta
+        compress = keys.rope(supported, section="compress", default_theta=compress_theta, original_fallback=False)
+    else:
+        theta = top_theta
+        compress = dataclasses.replace(keys.rope(supported, original_fallback=False), theta=compress_theta)
+    yarn = compress.yarn
+    if yarn is not None and yarn.attention_factor is None:
+        yarn = dataclasses.replace(yarn, attention_factor=1.0)  # cos/sin unscaled unless the block says otherwise
+    return theta, compress.theta, yarn

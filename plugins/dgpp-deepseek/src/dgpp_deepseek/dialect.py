@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 from dgpp.plugin_api import Dialect
 from dgpp.text.effort import EffortMapping
@@ -54,7 +55,7 @@ class DsmlDialect(Dialect):
             for block in ("tool_calls", "function_calls")
         )
 
-    def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict]] | None:
+    def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict[str, Any]]] | None:
         invokes = whole_matches(_INVOKE, inner)
         if invokes is None:
             return None
@@ -70,7 +71,7 @@ class DsmlDialect(Dialect):
             calls.append((inv.group(1), args))
         return calls or None
 
-    def format_calls(self, calls: list[tuple[str, dict]]) -> str:
+    def format_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         t = self.tag
         out = [f"<{t}tool_calls>\n"]
         for name, args in calls:
@@ -89,7 +90,8 @@ class DsmlDialect(Dialect):
         props = spec.parameters.get("properties") or {}
 
         def one_argument(key: str) -> str:
-            prop = props.get(key) if isinstance(props.get(key), dict) else {}
+            entry = props.get(key)
+            prop = entry if isinstance(entry, dict) else {}
             as_text = prop.get("type") == "string" or (spec.custom and key == "input")
             opener = g.lit(f'<{t}parameter name="{key}" string="{str(as_text).lower()}">')
             return f"{opener} {self.value_grammar(spec, key, end, g)}"
@@ -102,7 +104,7 @@ class DsmlDialect(Dialect):
         return f"{g.lit(f'<{self.tag}tool_calls>' + chr(10))} {calls} {g.lit(f'</{self.tag}tool_calls>')}"
 
 
-def dialect_for(hf_config: dict) -> DsmlDialect:
+def dialect_for(hf_config: dict[str, Any]) -> DsmlDialect:
     """V4.1 (``deepseek_v41``) writes the spaced tags and takes numeric budgets; V4 the plain ones."""
     is_v41 = hf_config.get("model_type") == "deepseek_v41" or any(
         "V41" in a for a in hf_config.get("architectures") or []
@@ -110,6 +112,6 @@ def dialect_for(hf_config: dict) -> DsmlDialect:
     return DsmlDialect(" ", V41_EFFORT) if is_v41 else DsmlDialect("", V4_EFFORT)
 
 
-def chat_template(hf_config: dict) -> str:
+def chat_template(hf_config: dict[str, Any]) -> str:
     """The in-repo DeepSeek-V4-style template with the variant's DSML tag prefix filled in."""
     return TEMPLATE_FILE.read_text(encoding="utf-8").replace("@DSML@", dialect_for(hf_config).tag)

@@ -16,6 +16,8 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -26,7 +28,7 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.plugin_api import CheckpointError, CheckpointReader, World
 from dgpp_deepseek.config import CSA, HCA, SLIDING, DeepseekV4ArchConfig
-from dgpp_deepseek.model import DeepseekV4Block
+from dgpp_deepseek.model import DeepseekV4Block, DeepseekV4ForCausalLM
 
 _STAGE = re.compile(r"^mtp\.(\d+)\.(.+)$")
 # what the block itself holds (its tensors' names after ``mtp.<s>.``)
@@ -73,7 +75,7 @@ def _add_extras(stage: nn.Module, own: dict[str, tuple[tuple[int, ...], torch.dt
             parent.register_parameter(leaf, param)
 
 
-def stage_shapes(checkpoint_dir) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+def stage_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """(shape, dtype) of every ``mtp.*`` tensor of a checkpoint, from its headers (nothing is read)."""
     reader = CheckpointReader(checkpoint_dir)
     try:
@@ -82,7 +84,8 @@ def stage_shapes(checkpoint_dir) -> dict[str, tuple[tuple[int, ...], torch.dtype
         reader.close()
 
 
-def attach_draft_blocks(model: nn.Module, cfg: DeepseekV4ArchConfig, checkpoint_dir, *, world: World) -> nn.Module:
+def attach_draft_blocks(model: DeepseekV4ForCausalLM, cfg: DeepseekV4ArchConfig, checkpoint_dir: str | Path, *,
+                        world: World) -> DeepseekV4ForCausalLM:
     """``model`` with the checkpoint's draft stages as ``model.mtp`` (none: unchanged)."""
     stages = build_draft_blocks(cfg, stage_shapes(checkpoint_dir), dtype=model.dtype, world=world)
     if stages is not None:
@@ -93,7 +96,7 @@ def attach_draft_blocks(model: nn.Module, cfg: DeepseekV4ArchConfig, checkpoint_
 class DraftStages(nn.ModuleList):
     """The release's draft stages (``model.mtp``): loaded and named, not run, so they hold no cache."""
 
-    def cache_entries(self, dtype: torch.dtype) -> dict:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, Any]:
         return {}
 
 

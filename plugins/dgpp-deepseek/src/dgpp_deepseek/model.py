@@ -11,6 +11,8 @@ the shared experts. Module names follow the release's tensor names (``dgpp_deeps
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -55,15 +57,18 @@ class DeepseekV4Block(nn.Module):
         super().__init__()
         self.world = world
         eps = cfg.rms_norm_eps
-        hc = dict(sinkhorn_iters=cfg.hc_sinkhorn_iters, eps=cfg.hc_eps, norm_eps=eps)
-        self.attn_hc = HyperConnection(cfg.hidden_size, cfg.hc_mult, **hc)
-        self.ffn_hc = HyperConnection(cfg.hidden_size, cfg.hc_mult, **hc)
+        def hyper() -> HyperConnection:
+            return HyperConnection(cfg.hidden_size, cfg.hc_mult, sinkhorn_iters=cfg.hc_sinkhorn_iters, eps=cfg.hc_eps,
+                                   norm_eps=eps)
+
+        self.attn_hc = hyper()
+        self.ffn_hc = hyper()
         self.attn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
         self.attn = DeepseekV4Attention(cfg, layer_idx, dtype=dtype)
         self.ffn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
         self.ffn = build_moe(cfg, layer_idx, dtype=dtype, world=world)
 
-    def forward(self, streams: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
+    def forward(self, streams: torch.Tensor, batch: ForwardBatch, group: Any = None) -> torch.Tensor:
         x, post, comb = self.attn_hc.collapse(streams)
         streams = self.attn_hc.expand(streams, self.attn(self.attn_norm(x), batch), post, comb)
         x, post, comb = self.ffn_hc.collapse(streams)
@@ -82,7 +87,7 @@ class DeepseekV4ForCausalLM(Model):
         *,
         dtype: torch.dtype | None = None,
         world: World | None = None,
-        group=None,
+        group: Any = None,
     ) -> None:
         super().__init__()
         self.config = cfg

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from dgpp.text.dialect import Dialect
 from dgpp.text.effort import SWITCH_ONLY
@@ -27,7 +28,7 @@ class FlintJsonDialect(Dialect):
     markers = (("<tool_call>", "</tool_call>"),)
     effort = SWITCH_ONLY
 
-    def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict]] | None:
+    def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict[str, Any]]] | None:
         try:
             call = json.loads(inner)
         except json.JSONDecodeError:
@@ -42,7 +43,7 @@ class FlintJsonDialect(Dialect):
                 return None
         return [(call["name"], args)]
 
-    def format_calls(self, calls: list[tuple[str, dict]]) -> str:
+    def format_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         return "\n".join(
             f"<tool_call>\n{json.dumps({'name': name, 'arguments': args}, ensure_ascii=False)}\n</tool_call>"
             for name, args in calls
@@ -57,10 +58,10 @@ class FlintJsonDialect(Dialect):
         return f"{head} {g.json(schema, lenient=not spec.strict)} {g.lit('}' + chr(10) + '</tool_call>')}"
 
 
-def dialect_for(hf_config: dict) -> FlintJsonDialect:
+def dialect_for(hf_config: dict[str, Any]) -> FlintJsonDialect:
     return FlintJsonDialect()
 
 
-def chat_template(hf_config: dict | None = None) -> str:
+def chat_template(hf_config: dict[str, Any] | None = None) -> str:
     """The in-repo Flint template, for checkpoints that ship none."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")

@@ -11,6 +11,7 @@ checkpoint's tensor names (the sinks read either of their two names: ``checkpoin
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -93,12 +94,12 @@ def build_layer(cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, wor
                         FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
 
 
-class FlintForCausalLM(PreNormCausalLM):
+class FlintForCausalLM(PreNormCausalLM[FlintArchConfig]):
     """The Flint model behind the engine's model contract. Hybrid when any layer slides: the rings are
     per-request state, so the prefix cache attaches only where it holds a state snapshot."""
 
     def __init__(self, cfg: FlintArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
-                 group=None) -> None:
+                 group: Any = None) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
         layers = (build_layer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
         norm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)

@@ -10,6 +10,7 @@ ships it). The default shape has both attention kinds (layers 0, 1 and 5 full, 2
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -119,7 +120,8 @@ def mixed_expert_twins(dense_dir: str | Path, quant_dir: str | Path,
 
     layout = MIXED_EXPERT_FORMATS if layout is None else layout
     fmts = {"fp8": FP8Block(block=(128, 128), scale_name="weight_scale"), "nvfp4": NVFP4CompressedTensors()}
-    encoders = {"fp8": encode_fp8_block, "nvfp4": encode_fp4}
+    encoders: dict[str, Callable[[torch.Tensor, Any], dict[str, torch.Tensor]]] = {"fp8": encode_fp8_block,
+                                                                                  "nvfp4": encode_fp4}
     dense, quant = Path(dense_dir), Path(quant_dir)
     quant.mkdir(parents=True, exist_ok=True)
     tensors = load_file(dense / "model.safetensors")
@@ -132,7 +134,7 @@ def mixed_expert_twins(dense_dir: str | Path, quant_dir: str | Path,
         if kind is None:
             continue
         w, fmt = tensors[name], fmts[kind]
-        snapped = fmt.decode(encoders[kind](w.float(), fmt), tuple(w.shape), torch.float32).to(w.dtype)
+        snapped = fmt.decode(encoders[kind](w.float(), fmt), (w.shape[0], w.shape[1]), torch.float32).to(w.dtype)
         tensors[name] = snapped
         prefix = name[: -len("weight")]
         packed.update({prefix + k: t.contiguous() for k, t in encoders[kind](snapped.float(), fmt).items()})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any
 
 from dgpp.plugin_api import Dialect
 from dgpp.text.dialect import coerce_value
@@ -37,7 +38,7 @@ class GlmDialect(Dialect):
     markers = (("<tool_call>", "</tool_call>"),)
     effort = GLM_EFFORT
 
-    def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict]] | None:
+    def parse_block(self, inner: str, tools: dict[str, ToolSpec]) -> list[tuple[str, dict[str, Any]]] | None:
         head = _NAME.match(inner)
         if head is None:
             return None
@@ -51,7 +52,7 @@ class GlmDialect(Dialect):
             pos = pair.end()
         return [(name, args)]
 
-    def format_calls(self, calls: list[tuple[str, dict]]) -> str:
+    def format_calls(self, calls: list[tuple[str, dict[str, Any]]]) -> str:
         blocks = []
         for name, args in calls:
             pairs = "".join(
@@ -69,10 +70,10 @@ class GlmDialect(Dialect):
         return f"{g.lit(f'<tool_call>{spec.name}' + chr(10))} {args} {g.lit('</tool_call>')}"
 
 
-def dialect_for(hf_config: dict) -> GlmDialect:
+def dialect_for(hf_config: dict[str, Any]) -> GlmDialect:
     return GlmDialect()
 
 
-def chat_template(hf_config: dict | None = None) -> str:
+def chat_template(hf_config: dict[str, Any] | None = None) -> str:
     """The in-repo GLM-4.x-style template (no published GLM template exists to ship)."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")

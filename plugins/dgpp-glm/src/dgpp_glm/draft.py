@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -28,6 +29,7 @@ from dgpp.plugin_api import (
     CheckpointError,
     ForwardBatch,
     LoadContext,
+    World,
     checkpoint_tensor_names,
     collect_cache_entries,
     load_family_weights,
@@ -44,7 +46,7 @@ class SharedHead(nn.Module):
     """``shared_head.norm`` (always the layer's own) and ``shared_head.head`` (when the layer has one)."""
 
     def __init__(
-        self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool, world=None, group=None
+        self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool, world: World | None = None, group: Any = None
     ) -> None:
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
@@ -80,7 +82,7 @@ class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
         world,
         own_embed: bool,
         own_head: bool,
-        group=None,
+        group: Any = None,
     ):
         # layer index past the stack: is_moe_layer() is true there, as the release's MTP block is MoE
         super().__init__(cfg, cfg.num_hidden_layers + step, mtp_cache_name(step), dtype=dtype, world=world)

@@ -10,16 +10,19 @@ bias, routed scaling, shared expert).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
 from dgpp.nn.decoder import DecoderStack
 from dgpp.nn.dsa import DSAIndexer
-from dgpp.nn.mla import MultiLatentAttention, Selection, mla_softmax_scale
+from dgpp.nn.mla import MultiLatentAttention, mla_softmax_scale
 from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import rotary_embedding
+from dgpp.nn.selection import Selection
 from dgpp.plugin_api import CacheSpec, ForwardBatch, World
 from dgpp_glm.glm5_config import GlmMoeDsaArchConfig
 from dgpp_glm.model import Glm4MoeForCausalLM, build_glm_moe
@@ -49,7 +52,7 @@ class GlmMoeDsaAttention(MultiLatentAttention):
             cfg.qk_nope_head_dim,
             rope,
             cfg.v_head_dim,
-            RotaryEmbedding(rope, rope, cfg.rope_theta, style="interleaved", yarn=cfg.yarn),
+            rotary_embedding(cfg.rope, rope, style="interleaved"),
             name,
             dtype=dtype,
             scale=mla_softmax_scale(cfg.qk_nope_head_dim + rope, cfg.yarn),
@@ -59,9 +62,7 @@ class GlmMoeDsaAttention(MultiLatentAttention):
         )
         self.indexer = None
         if cfg.runs_indexer(layer_idx) if indexer is None else indexer:
-            index_rotary = RotaryEmbedding(
-                cfg.index_head_dim, rope, cfg.rope_theta, style="interleaved", yarn=cfg.yarn
-            )
+            index_rotary = rotary_embedding(cfg.rope, cfg.index_head_dim, rope, style="interleaved")
             self.indexer = DSAIndexer(
                 cfg.hidden_size,
                 cfg.q_lora_rank,
@@ -119,7 +120,7 @@ class GlmMoeDsaDecoderLayer(nn.Module):
         else:
             self.mlp = SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=dtype, world=world)
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | None, group=None):
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | None, group: Any = None):
         attn, selection = self.self_attn(self.input_layernorm(x), batch, previous)
         h = x + all_reduce(attn, self.world, group)
         return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group), selection

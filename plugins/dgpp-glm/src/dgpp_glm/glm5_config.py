@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dgpp.nn.rotary import YarnScaling
+from dgpp.nn.rotary import RopeScaling, YarnScaling
 from dgpp.plugin_api import ConfigError, ConfigKeys
 from dgpp_glm.config import GlmMoeFields, shared_fields
 
@@ -29,12 +29,16 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
     qk_nope_head_dim: int
     qk_rope_head_dim: int
     v_head_dim: int
-    yarn: YarnScaling | None
+    rope: RopeScaling  # rope_theta (GlmMoeFields) is its theta
     mlp_layer_types: tuple[str, ...]
     indexer_types: tuple[str, ...]
     index_n_heads: int
     index_head_dim: int
     index_topk: int
+
+    @property
+    def yarn(self) -> YarnScaling | None:
+        return self.rope.yarn
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return self.mlp_layer_types[layer_idx] == "sparse"
@@ -74,7 +78,7 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
         )
         if len(mlp_types) != layers or not set(mlp_types) <= {"dense", "sparse"}:
             raise _err(f"'mlp_layer_types' must list 'dense'/'sparse' for each of the {layers} layers")
-        theta, yarn = _rope(cfg)
+        rope = keys.rope(supported=("default", "yarn"))
         return cls(
             **shared,
             num_hidden_layers=layers,
@@ -84,8 +88,8 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
             qk_nope_head_dim=keys.positive("qk_nope_head_dim"),
             qk_rope_head_dim=rope_dim,
             v_head_dim=keys.positive("v_head_dim"),
-            rope_theta=theta,
-            yarn=yarn,
+            rope_theta=rope.theta,
+            rope=rope,
             mlp_layer_types=mlp_types,
             indexer_types=indexer_types(cfg, layers),
             index_n_heads=keys.positive("index_n_heads", 32),
@@ -128,30 +132,3 @@ def indexer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
             "'indexer_types'[0] must be 'full': a 'shared' layer reuses the previous layer's selection"
         )
     return kinds
-
-
-def _rope(cfg: dict[str, Any]) -> tuple[float, YarnScaling | None]:
-    params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    theta = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    if not isinstance(theta, (int, float)) or theta <= 0:
-        raise _err(f"'rope_theta' must be a positive number, got {theta!r}")
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type == "default":
-        return float(theta), None
-    if rope_type != "yarn":
-        raise _err(f"rope_parameters.rope_type={rope_type!r} is not supported (only 'default' and 'yarn')")
-    try:
-        yarn = YarnScaling(
-            factor=float(params["factor"]),
-            original_max_position=int(params["original_max_position_embeddings"]),
-            beta_fast=float(params.get("beta_fast") or 32.0),
-            beta_slow=float(params.get("beta_slow") or 1.0),
-            attention_factor=params.get("attention_factor"),
-            mscale=params.get("mscale"),
-            mscale_all_dim=params.get("mscale_all_dim"),
-            truncate=bool(params.get("truncate", True)),
-        )
-    except KeyError as missing:
-        raise _err(f"rope_parameters: yarn needs {missing.args[0]!r}") from None
-    return float(theta), yarn
-

@@ -11,6 +11,8 @@ it could reuse). Rows are fed the main model's post-final-norm hidden, as GLM-4.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from dgpp.plugin_api import ForwardBatch, LoadContext
@@ -30,7 +32,7 @@ class GlmMoeDsaMTPLayer(GlmMoeDsaDecoderLayer):
         *,
         dtype: torch.dtype,
         world,
-        group=None,
+        group: Any = None,
     ) -> None:
         super().__init__(
             cfg,

@@ -10,6 +10,7 @@ name-to-parameter walk.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 
@@ -73,14 +74,14 @@ class Glm4MoeDecoderLayer(PreNormBlock):
         super().__init__(input_layernorm, self_attn, post_attention_layernorm, mlp, world)
 
 
-class Glm4MoeForCausalLM(PreNormCausalLM):
+class Glm4MoeForCausalLM(PreNormCausalLM[GlmMoeFields]):
     """The GLM-4.x MoE model behind the engine's model contract.
 
     With ``keep_hidden`` on, ``forward`` keeps the post-final-norm hidden of every row in ``last_hidden``: GLM's
     MTP layer drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
     """
 
-    def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group=None):
+    def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group: Any = None) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
         super().__init__(cfg, self.build_stack(cfg, dtype=dtype, world=world), dtype=dtype, world=world, group=group,
                          extra={"num_mtp_layers": cfg.num_mtp_layers})

@@ -67,7 +67,7 @@ def tiny_glm4_moe_config(**overrides: Any) -> dict[str, Any]:
     return cfg
 
 
-def _hf_config(cfg: dict[str, Any], num_layers: int, dtype: torch.dtype):
+def _hf_config(cfg: dict[str, Any], num_layers: int, dtype: torch.dtype) -> Any:
     from transformers import Glm4MoeConfig
 
     kwargs = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "num_nextn_predict_layers")}
@@ -83,7 +83,7 @@ def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     spread_tensors(model.named_buffers(), gen, {"e_score_correction_bias": (0.0, 0.2)})
 
 
-def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> dict:
+def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> dict[str, Any]:
     hidden, vocab, std = cfg["hidden_size"], cfg["vocab_size"], cfg["initializer_range"]
 
     def rand(*shape: int, scale: float = std, base: float = 0.0) -> torch.Tensor:
@@ -125,7 +125,7 @@ def _nvfp4_roundtrip(tensors: dict[str, torch.Tensor], num_layers: int) -> dict[
         if not _is_nvfp4_weight(name, num_layers):
             continue
         w = tensors[name]
-        snapped = fmt.decode(encode_fp4(w.float(), fmt), tuple(w.shape), torch.float32)
+        snapped = fmt.decode(encode_fp4(w.float(), fmt), (w.shape[0], w.shape[1]), torch.float32)
         tensors[name] = snapped.to(w.dtype)
         enc = encode_fp4(snapped, fmt)
         enc["input_scale"] = torch.ones(1, dtype=torch.float32)  # shipped, unused by weight-only kernels

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
+from dgpp.nn.rotary import RopeScaling
 from dgpp.plugin_api import CausalLMFields, ConfigKeys
 
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -23,16 +24,20 @@ _MLP_TYPES = ("dense", "sparse")
 
 @dataclass(frozen=True)
 class AttentionShape:
-    """The attention of one layer type: head counts and dims, whether it has sinks, its RoPE (theta, and
-    how many leading dims of each q/k head rotate)."""
+    """The attention of one layer type: head counts and dims, whether it has sinks, its RoPE (the layer type's
+    ``rope_parameters`` entry, and how many leading dims of each q/k head rotate)."""
 
     num_heads: int
     num_kv_heads: int
     head_dim: int  # q and k
     v_head_dim: int
     sinks: bool
-    rope_theta: float
+    rope: RopeScaling
     rotary_dim: int
+
+    @property
+    def rope_theta(self) -> float:
+        return self.rope.theta
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,7 +71,7 @@ class MimoArchConfig(CausalLMFields):
         return self.attention[self.layer_types[layer_idx]]
 
     @classmethod
-    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> MimoArchConfig:
+    def from_hf_config(cls, hf_config: Mapping[str, Any]) -> Self:
         """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
         cfg = dict(hf_config)
         keys = ConfigKeys(cfg, "mimo_v2_flash config.json")
@@ -122,27 +127,15 @@ _DEFAULT_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_
                  "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
 
 
-def _rope(keys: ConfigKeys, kind: str, head_dim: int) -> tuple[float, int]:
-    """``rope_parameters[kind]`` -> (theta, rotary dims); rotary dims ``int(head_dim * partial_rotary_factor)``
+def _rope(keys: ConfigKeys, kind: str, head_dim: int) -> tuple[RopeScaling, int]:
+    """``rope_parameters[kind]`` -> (its RoPE, rotary dims); rotary dims ``int(head_dim * partial_rotary_factor)``
     (transformers' rounding: 192 x 0.334 -> 64)."""
-    params = keys.cfg.get("rope_parameters") or _DEFAULT_ROPE
     if keys.cfg.get("rope_scaling"):
         raise keys.error("'rope_scaling' is not supported (only default RoPE per layer type)")
-    p = params.get(kind) if isinstance(params, dict) else None
-    if not isinstance(p, dict):
-        raise keys.error(f"'rope_parameters' must hold an entry for layer type {kind!r}, got {params!r}")
-    rope_type = p.get("rope_type", p.get("type", "default"))
-    if rope_type != "default":
-        raise keys.error(f"'rope_parameters.{kind}.rope_type'={rope_type!r} is not supported (only 'default')")
-    theta, factor = p.get("rope_theta"), p.get("partial_rotary_factor", 0.334)
-    for name, value in (("rope_theta", theta), ("partial_rotary_factor", factor)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-            raise keys.error(f"'rope_parameters.{kind}.{name}' must be a positive number, got {value!r}")
-    rotary = int(head_dim * factor)
-    if rotary % 2 or rotary > head_dim or rotary == 0:
-        raise keys.error(f"'rope_parameters.{kind}.partial_rotary_factor'={factor} gives {rotary} rotary "
-                          f"dims of head_dim {head_dim} (must be even, 2..head_dim)")
-    return float(theta), rotary
+    if not keys.cfg.get("rope_parameters"):
+        keys = ConfigKeys({**keys.cfg, "rope_parameters": _DEFAULT_ROPE}, keys.where)
+    rope = keys.rope(supported=("default",), section=kind)
+    return rope, keys.rotary_dim(head_dim, default_factor=0.334, section=kind)
 
 
 def _attention(keys: ConfigKeys, layer_types: tuple[str, ...]) -> dict[str, AttentionShape]:
@@ -158,9 +151,9 @@ def _attention(keys: ConfigKeys, layer_types: tuple[str, ...]) -> dict[str, Atte
         if heads % kv:
             raise keys.error(f"'num_attention_heads'={heads} is not a multiple of the {kind} layers' "
                               f"{kv} KV heads ('num_key_value_heads'={kv_heads}{', doubled' if sliding else ''})")
-        theta, rotary = _rope(keys, kind, head_dim)
+        rope, rotary = _rope(keys, kind, head_dim)
         out[kind] = AttentionShape(num_heads=heads, num_kv_heads=kv, head_dim=head_dim, v_head_dim=v_head_dim,
-                                   sinks=sliding, rope_theta=theta, rotary_dim=rotary)
+                                   sinks=sliding, rope=rope, rotary_dim=rotary)
     return out
 
 

@@ -12,6 +12,7 @@ template has only a switch (``enable_thinking``), so efforts map as switch-only.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from dgpp.text.effort import SWITCH_ONLY
 from dgpp.text.xml_calls import XmlFunctionDialect
@@ -27,10 +28,10 @@ class MimoDialect(XmlFunctionDialect):
     padded_values = False
 
 
-def dialect_for(hf_config: dict) -> MimoDialect:
+def dialect_for(hf_config: dict[str, Any]) -> MimoDialect:
     return MimoDialect()
 
 
-def chat_template(hf_config: dict | None = None) -> str:
+def chat_template(hf_config: dict[str, Any] | None = None) -> str:
     """The in-repo MiMo template, for checkpoints that ship none."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -186,7 +187,7 @@ def drafter_memory(
     layers: int,
     scheme,
     bf16_weights: str,
-    hf_config: dict,
+    hf_config: dict[str, Any],
 ) -> tuple[dict[str, CacheSpec], int]:
     """The drafter's cache entries and resident bytes, built on ``meta`` beside ``model`` (the memory plan)."""
     from dgpp.plugin_api import quantize_modules

@@ -13,6 +13,7 @@ checkpoint's tensor names.
 from __future__ import annotations
 
 from functools import partial
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,7 +22,7 @@ from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_o
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.nn.norm import RMSNorm
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import rotary_embedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -41,17 +42,17 @@ class MimoAttention(nn.Module):
         self.num_heads, self.num_kv_heads = heads // world.size, kv_heads // world.size
         self.head_dim, self.v_head_dim = shape.head_dim, shape.v_head_dim
         self.value_scale = cfg.attention_value_scale
-        column = {"bias": cfg.attention_bias, "dtype": dtype, "parallel": "column", "world": world}
-        self.q_proj = Linear(cfg.hidden_size, heads * shape.head_dim, **column)
-        self.k_proj = Linear(cfg.hidden_size, kv_heads * shape.head_dim, **column)
-        self.v_proj = Linear(cfg.hidden_size, kv_heads * shape.v_head_dim, **column)
+        column = partial(Linear, bias=cfg.attention_bias, dtype=dtype, parallel="column", world=world)
+        self.q_proj = column(cfg.hidden_size, heads * shape.head_dim)
+        self.k_proj = column(cfg.hidden_size, kv_heads * shape.head_dim)
+        self.v_proj = column(cfg.hidden_size, kv_heads * shape.v_head_dim)
         self.o_proj = Linear(heads * shape.v_head_dim, cfg.hidden_size, dtype=dtype, parallel="row", world=world)
         if shape.sinks:  # one logit per query head, kept in fp32; TP splits it with the heads
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
             set_weight_attrs(self.sinks, weight_loader=default_weight_loader, tp_dim=0, world=world)
         else:
             self.register_parameter("sinks", None)
-        self.rotary = RotaryEmbedding(shape.head_dim, shape.rotary_dim, shape.rope_theta, style="half")
+        self.rotary = rotary_embedding(shape.rope, shape.head_dim, shape.rotary_dim, style="half")
         # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
         self.attn = SinkAttention(f"layers.{layer_idx}.self_attn", self.num_heads, self.num_kv_heads, shape.head_dim,
                                   window=cfg.sliding_window if cfg.is_sliding(layer_idx) else None,
@@ -89,11 +90,11 @@ def build_layer(cfg: MimoArchConfig, layer_idx: int, *, dtype: torch.dtype, worl
                         RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
 
 
-class MimoV2FlashForCausalLM(PreNormCausalLM):
+class MimoV2FlashForCausalLM(PreNormCausalLM[MimoArchConfig]):
     """The MiMo model behind the engine's model contract; hybrid when any layer slides (its rings are state)."""
 
     def __init__(self, cfg: MimoArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
-                 group=None) -> None:
+                 group: Any = None) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
         layers = (build_layer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)

@@ -58,7 +58,7 @@ class FusedQKV:
             heads // chunks * head_dim,
             kv_heads // chunks * head_dim,
             kv_heads // chunks * v_head_dim,
-            tuple(block),
+            (block[0], block[1]),
         )
 
     @property

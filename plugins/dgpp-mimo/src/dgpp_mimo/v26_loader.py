@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dgpp.plugin_api import CheckpointError, LoadContext, Model, load_family_weights
 from dgpp_mimo.config import MimoArchConfig
 from dgpp_mimo.v26_checkpoint import V26Reader, V26Scheme
 from dgpp_mimo.v26_config import canonical_config, projection_layout
+
+if TYPE_CHECKING:
+    from dgpp_mimo.draft import MimoMTPDrafter
 
 MIMO_V2 = ("MiMoV2ForCausalLM", "mimo_v2")
 FLASH_ARCHITECTURE = "MiMoV2FlashForCausalLM"
@@ -69,10 +72,11 @@ def load_v26(ctx: LoadContext) -> Model:
     )
 
 
-def build_draft(ctx: LoadContext, model: Model):
+def build_draft(ctx: LoadContext, model: Model) -> MimoMTPDrafter | None:
     """The MTP drafter of a V2.6 checkpoint (``min(num_nextn_predict_layers, engine.mtp_depth)`` layers), or
     None for a checkpoint without MTP layers."""
     from dgpp_mimo.draft import load_drafter
+    from dgpp_mimo.model import MimoV2FlashForCausalLM
 
     v26 = V26.of(ctx)
     if v26.mtp_layers == 0:
@@ -85,4 +89,6 @@ def build_draft(ctx: LoadContext, model: Model):
             f"config.json declares num_nextn_predict_layers={v26.mtp_layers} but tensor "
             f"{first!r} is missing from {ctx.checkpoint_dir}"
         )
+    if not isinstance(model, MimoV2FlashForCausalLM):  # load_v26 built it: the drafter shares its embedding and head
+        raise TypeError(f"a MiMo-V2.6 drafter needs the MiMo model, got {type(model).__name__}")
     return load_drafter(v26.ctx, v26.cfg, model, min(v26.mtp_layers, ctx.engine.mtp_depth), **loading)

@@ -11,8 +11,8 @@ from typing import Any
 
 import torch
 
-from dgpp.nn.rotary import YarnScaling
-from dgpp.plugin_api import COMPUTE_DTYPES, ConfigError
+from dgpp.nn.rotary import RopeScaling, YarnScaling
+from dgpp.plugin_api import COMPUTE_DTYPES, ConfigKeys
 
 DENSE_TYPES = ("qwen3",)
 MOE_TYPES = ("qwen3_moe",)
@@ -21,19 +21,27 @@ WRAPPER_TYPES = ("qwen3_5", "qwen3_5_moe")  # multimodal wrappers: the text mode
 LAYER_KINDS = ("full_attention", "linear_attention")
 MTP_PREFIX = "mtp."  # the checkpoint stores a model's MTP layer under this prefix
 # head_dim when config.json leaves it out (the HF classes' defaults)
+_WHERE = "config.json"
 _DEFAULT_HEAD_DIM = {"qwen3": 128, "qwen3_5_text": 256, "qwen3_5_moe_text": 256}
 
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """Rotary settings: ``rotary_dim`` of each head rotates (rotate-half); optional YaRN; the mRoPE
-    sections are kept for validation but collapse to 1-D for text."""
+    """Rotary settings: ``scaling`` as ``ConfigKeys.rope`` reads it (default or YaRN); ``rotary_dim`` of each head
+    rotates (rotate-half); the mRoPE sections are kept for validation but collapse to 1-D for text."""
 
-    theta: float
+    scaling: RopeScaling
     rotary_dim: int
-    yarn: YarnScaling | None = None
     mrope_section: tuple[int, ...] | None = None
     mrope_interleaved: bool = False
+
+    @property
+    def theta(self) -> float:
+        return self.scaling.theta
+
+    @property
+    def yarn(self) -> YarnScaling | None:
+        return self.scaling.yarn
 
 
 @dataclass(frozen=True)
@@ -102,52 +110,53 @@ class QwenConfig:
     def from_hf_config(cls, hf_config: Mapping[str, Any]) -> QwenConfig:
         """Validate config.json (as a dict) and return the typed config; ConfigError names the key."""
         hf_config = dict(hf_config)
-        top = _Keys(hf_config)
-        model_type = top.get("model_type", str, required=True)
+        top = ConfigKeys(hf_config, _WHERE)
+        model_type = top.required("model_type", str)
         archs = hf_config.get("architectures") or []
         architecture = archs[0] if archs else model_type
         keys, prefix = top, "model."
         if model_type in WRAPPER_TYPES:
             text = hf_config.get("text_config")
             if not isinstance(text, dict):
-                raise ConfigError(f"config.json: {model_type} needs a 'text_config' object")
-            keys, prefix = _Keys(text, "text_config."), "model.language_model."
+                raise top.error(f"{model_type} needs a 'text_config' object")
+            keys, prefix = ConfigKeys(text, _WHERE, prefix="text_config."), "model.language_model."
             model_type = f"{model_type}_text"
         if model_type not in (*DENSE_TYPES, *MOE_TYPES, *HYBRID_TYPES):
-            raise ConfigError(f"config.json: model_type = {model_type!r} is not a Qwen type this plugin parses")
-        act = keys.get("hidden_act", str, "silu")
+            raise top.error(f"model_type = {model_type!r} is not a Qwen type this plugin parses")
+        act = keys.optional("hidden_act", str, "silu")
         if act != "silu":
-            raise ConfigError(f"config.json: {keys.name('hidden_act')} = {act!r} is not supported (only 'silu')")
-        attention_bias = keys.get("attention_bias", bool, False)
+            raise keys.error(f"{keys.name('hidden_act')} = {act!r} is not supported (only 'silu')")
+        attention_bias = keys.optional("attention_bias", bool, False)
         if attention_bias and model_type in HYBRID_TYPES:
-            raise ConfigError(f"config.json: {keys.name('attention_bias')} = true is not supported for {model_type}")
+            raise keys.error(f"{keys.name('attention_bias')} = true is not supported for {model_type}")
         # Qwen3.5 full attention always carries the [q|gate] output gate; a release without it is another model
-        if model_type in HYBRID_TYPES and not keys.get("attn_output_gate", bool, True):
-            raise ConfigError(f"config.json: {keys.name('attn_output_gate')} = false is not supported for {model_type}")
-        hidden = keys.positive("hidden_size", required=True)
-        heads = keys.positive("num_attention_heads", required=True)
+        if model_type in HYBRID_TYPES and not keys.optional("attn_output_gate", bool, True):
+            raise keys.error(f"{keys.name('attn_output_gate')} = false is not supported for {model_type}")
+        hidden = keys.positive("hidden_size")
+        heads = keys.positive("num_attention_heads")
         kv_heads = keys.positive("num_key_value_heads", heads)
         if heads % kv_heads:
-            raise ConfigError(f"config.json: {keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+            raise keys.error(f"{keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
         head_dim = keys.positive("head_dim", _DEFAULT_HEAD_DIM.get(model_type, hidden // heads))
-        num_layers = keys.positive("num_hidden_layers", required=True)
+        num_layers = keys.positive("num_hidden_layers")
         max_position = keys.positive("max_position_embeddings", 32768)
-        dtype_name = top.get("dtype", str) or top.get("torch_dtype", str) or keys.get("dtype", str) or "float32"
+        dtype_name = (top.optional("dtype", str, None) or top.optional("torch_dtype", str, None)
+                      or keys.optional("dtype", str, None) or "float32")
         if dtype_name not in COMPUTE_DTYPES:
-            raise ConfigError(f"config.json: dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})")
-        tie = top.get("tie_word_embeddings", bool, keys.get("tie_word_embeddings", bool, False))
+            raise top.error(f"dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})")
+        tie = top.optional("tie_word_embeddings", bool, keys.optional("tie_word_embeddings", bool, False))
         return cls(
             model_type=model_type,
             architecture=architecture,
-            vocab_size=keys.positive("vocab_size", required=True),
+            vocab_size=keys.positive("vocab_size"),
             hidden_size=hidden,
             # qwen3_5_moe_text has no dense MLP layers, hence no intermediate_size
-            intermediate_size=0 if model_type == "qwen3_5_moe_text" else keys.positive("intermediate_size", required=True),
+            intermediate_size=0 if model_type == "qwen3_5_moe_text" else keys.positive("intermediate_size"),
             num_layers=num_layers,
             num_heads=heads,
             num_kv_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=keys.get("rms_norm_eps", float, 1e-6),
+            rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-6),
             max_position=max_position,
             tie_word_embeddings=tie,
             attention_bias=attention_bias,
@@ -156,139 +165,79 @@ class QwenConfig:
             moe=_parse_moe(keys, model_type),
             linear_attn=_parse_linear_attn(keys, model_type),
             eos_token_ids=_token_ids(keys, "eos_token_id") or _token_ids(top, "eos_token_id"),
-            bos_token_id=keys.get("bos_token_id", int, top.get("bos_token_id", int)),
+            bos_token_id=keys.optional("bos_token_id", int, top.optional("bos_token_id", int, None)),
             dtype=COMPUTE_DTYPES[dtype_name],
             weight_prefix=prefix,
         )
 
 
-
-class _Keys:
-    """Typed access to a config dict that names ``where.key`` in every error."""
-
-    def __init__(self, raw: dict[str, Any], where: str = "") -> None:
-        self.raw = raw
-        self.where = where
-
-    def name(self, key: str) -> str:
-        return f"{self.where}{key}"
-
-    def get(self, key: str, kind: type | tuple[type, ...], default: Any = None, *, required: bool = False) -> Any:
-        if key not in self.raw or self.raw[key] is None:
-            if required:
-                raise ConfigError(f"config.json: required key {self.name(key)!r} is missing")
-            return default
-        value = self.raw[key]
-        ok = isinstance(value, kind) and not (isinstance(value, bool) and bool not in _as_tuple(kind))
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            ok, value = True, float(value)
-        if not ok:
-            raise ConfigError(f"config.json: {self.name(key)} = {value!r} has the wrong type")
-        return value
-
-    def positive(self, key: str, default: Any = None, *, required: bool = False) -> int:
-        value = self.get(key, int, default, required=required)
-        if value is None or value <= 0:
-            raise ConfigError(f"config.json: {self.name(key)} = {value!r} must be a positive integer")
-        return value
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _token_ids(keys: _Keys, key: str) -> tuple[int, ...]:
-    value = keys.raw.get(key)
+def _token_ids(keys: ConfigKeys, key: str) -> tuple[int, ...]:
+    value = keys.cfg.get(key)
     if value is None:
         return ()
     values = value if isinstance(value, list) else [value]
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in values):
-        raise ConfigError(f"config.json: {keys.name(key)} = {value!r} must be an int or a list of ints")
+        raise keys.error(f"{keys.name(key)} = {value!r} must be an int or a list of ints")
     return tuple(values)
 
 
-def _parse_rope(keys: _Keys, head_dim: int, default_partial: float, max_position: int) -> RopeConfig:
-    if isinstance(keys.raw.get("rope_parameters"), dict):
-        params, where = dict(keys.raw["rope_parameters"]), keys.name("rope_parameters")
-    else:  # older configs: rope_theta at top level plus an optional rope_scaling dict
-        scaling = keys.raw.get("rope_scaling")
-        if scaling is not None and not isinstance(scaling, dict):
-            raise ConfigError(f"config.json: {keys.name('rope_scaling')} must be an object or null")
-        params, where = dict(scaling or {}), keys.name("rope_scaling")
-        params.setdefault("rope_theta", keys.raw.get("rope_theta", 10000.0))
-    rk = _Keys(params, where + ".")
-    type_key = "rope_type" if "rope_type" in params else "type"
-    rope_type = params.get(type_key, "default")
-    if rope_type not in ("default", "yarn"):
-        raise ConfigError(
-            f"config.json: {rk.name(type_key)} = {rope_type!r} is not supported (supported: 'default', 'yarn')"
-        )
-    theta = rk.get("rope_theta", float, 10000.0)
-    partial = rk.get("partial_rotary_factor", float, keys.raw.get("partial_rotary_factor", default_partial))
-    rotary_dim = int(head_dim * partial)
-    if not 0 < partial <= 1 or rotary_dim % 2:
-        raise ConfigError(f"config.json: {rk.name('partial_rotary_factor')} = {partial} gives an unusable rotary dim {rotary_dim}")
-    yarn = None
-    if rope_type == "yarn":
-        factor = rk.get("factor", float, required=True)
-        if factor < 1:
-            raise ConfigError(f"config.json: {rk.name('factor')} = {factor} must be >= 1")
-        yarn = YarnScaling(
-            factor=factor,
-            original_max_position=rk.get("original_max_position_embeddings", int, max_position),
-            beta_fast=rk.get("beta_fast", float, 32.0),
-            beta_slow=rk.get("beta_slow", float, 1.0),
-            attention_factor=rk.get("attention_factor", float),
-            truncate=rk.get("truncate", bool, True),
-        )
+def _parse_rope(keys: ConfigKeys, head_dim: int, default_partial: float, max_position: int) -> RopeConfig:
+    # a YaRN block without original_max_position_embeddings takes the parsed (defaulted) max position
+    rk = ConfigKeys({**keys.cfg, "max_position_embeddings": max_position}, keys.where, keys.prefix)
+    rope = rk.rope(supported=("default", "yarn"))
+    if rope.yarn is not None and rope.factor < 1:
+        raise rk.error(f"{rk.name('factor')} = {rope.factor} must be >= 1")
+    rotary_dim = rk.rotary_dim(head_dim, default_factor=default_partial)
+    nested = isinstance(keys.cfg.get("rope_parameters"), dict)
+    params = keys.cfg["rope_parameters"] if nested else keys.cfg.get("rope_scaling") or {}
     section = params.get("mrope_section")
     if section is not None:
         if not isinstance(section, list) or 2 * sum(section) != rotary_dim:
-            raise ConfigError(f"config.json: {rk.name('mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
+            raise rk.error(f"{rk.name(('rope_parameters' if nested else 'rope_scaling') + '.mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
         section = tuple(section)
-    return RopeConfig(theta, rotary_dim, yarn, section, bool(params.get("mrope_interleaved", False)))
+    return RopeConfig(rope, rotary_dim, section, bool(params.get("mrope_interleaved", False)))
 
 
-def _parse_layer_types(keys: _Keys, model_type: str, num_layers: int) -> tuple[str, ...]:
-    if keys.get("use_sliding_window", bool, False):
-        raise ConfigError(f"config.json: {keys.name('use_sliding_window')} = true is not supported (sliding-window attention)")
-    types = keys.get("layer_types", list)
+def _parse_layer_types(keys: ConfigKeys, model_type: str, num_layers: int) -> tuple[str, ...]:
+    if keys.optional("use_sliding_window", bool, False):
+        raise keys.error(f"{keys.name('use_sliding_window')} = true is not supported (sliding-window attention)")
+    types = keys.optional("layer_types", list, None)
     if types is None:
         if model_type not in HYBRID_TYPES:
             return ("full_attention",) * num_layers
         interval = keys.positive("full_attention_interval", 4)
         return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers))
     if len(types) != num_layers:
-        raise ConfigError(f"config.json: {keys.name('layer_types')} has {len(types)} entries for {num_layers} layers")
+        raise keys.error(f"{keys.name('layer_types')} has {len(types)} entries for {num_layers} layers")
     allowed = LAYER_KINDS if model_type in HYBRID_TYPES else ("full_attention",)
     for i, kind in enumerate(types):
         if kind not in allowed:
-            raise ConfigError(f"config.json: {keys.name('layer_types')}[{i}] = {kind!r} is not supported (supported: {', '.join(allowed)})")
+            raise keys.error(f"{keys.name(f'layer_types[{i}]')} = {kind!r} is not supported (supported: {', '.join(allowed)})")
     return tuple(types)
 
 
-def _parse_moe(keys: _Keys, model_type: str) -> MoEConfig | None:
+def _parse_moe(keys: ConfigKeys, model_type: str) -> MoEConfig | None:
     if model_type not in ("qwen3_moe", "qwen3_5_moe_text"):
         return None
-    expert_key = "num_experts" if "num_experts" in keys.raw else "num_local_experts"
-    num_experts = keys.positive(expert_key, required=True)
-    top_k = keys.positive("num_experts_per_tok", required=True)
+    expert_key = "num_experts" if "num_experts" in keys.cfg else "num_local_experts"
+    num_experts = keys.positive(expert_key)
+    top_k = keys.positive("num_experts_per_tok")
     if top_k > num_experts:
-        raise ConfigError(f"config.json: {keys.name('num_experts_per_tok')} = {top_k} exceeds num_experts {num_experts}")
+        raise keys.error(f"{keys.name('num_experts_per_tok')} = {top_k} exceeds num_experts {num_experts}")
     hybrid = model_type == "qwen3_5_moe_text"
-    only = keys.get("mlp_only_layers", list, [])
+    only = keys.optional("mlp_only_layers", list, [])
     return MoEConfig(
         num_experts=num_experts,
         top_k=top_k,
-        intermediate_size=keys.positive("moe_intermediate_size", required=True),
-        norm_topk_prob=True if hybrid else keys.get("norm_topk_prob", bool, False),
+        intermediate_size=keys.positive("moe_intermediate_size"),
+        norm_topk_prob=True if hybrid else keys.optional("norm_topk_prob", bool, False),
         decoder_sparse_step=1 if hybrid else keys.positive("decoder_sparse_step", 1),
         mlp_only_layers=tuple(only),
-        shared_expert_intermediate_size=keys.positive("shared_expert_intermediate_size", required=True) if hybrid else 0,
+        shared_expert_intermediate_size=keys.positive("shared_expert_intermediate_size") if hybrid else 0,
     )
 
 
-def _parse_linear_attn(keys: _Keys, model_type: str) -> LinearAttnConfig | None:
+def _parse_linear_attn(keys: ConfigKeys, model_type: str) -> LinearAttnConfig | None:
     if model_type not in HYBRID_TYPES:
         return None
     return LinearAttnConfig(

@@ -9,6 +9,7 @@ none -> ``enable_thinking: false``.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from dgpp.text.effort import EffortMapping
 from dgpp.text.xml_calls import XmlFunctionDialect
@@ -27,11 +28,11 @@ class QwenXmlDialect(XmlFunctionDialect):
     compact = False
 
 
-def dialect_for(hf_config: dict) -> QwenXmlDialect:
+def dialect_for(hf_config: dict[str, Any]) -> QwenXmlDialect:
     """Every Qwen checkpoint dgpp claims uses the same dialect."""
     return QwenXmlDialect()
 
 
-def chat_template(hf_config: dict | None = None) -> str:
+def chat_template(hf_config: dict[str, Any] | None = None) -> str:
     """The in-repo Qwen3.5-style template, for checkpoints that ship none."""
     return TEMPLATE_FILE.read_text(encoding="utf-8")

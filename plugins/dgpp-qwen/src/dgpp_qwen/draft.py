@@ -6,14 +6,17 @@ under ``mtp.*`` (dropped by transformers when it loads the main model), for the 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from torch import nn
 
 from dgpp.plugin_api import Drafter, LoadContext, checkpoint_tensor_names, load_family_weights
 from dgpp_qwen.config import MTP_PREFIX
 
+M = TypeVar("M", bound=nn.Module)
 
-def load_mtp_drafter(ctx: LoadContext, make: Callable[[], nn.Module]) -> Drafter | None:
+
+def load_mtp_drafter(ctx: LoadContext, make: Callable[[], M]) -> M | None:
     """Build a drafter with ``make()`` on the load device and fill it from the checkpoint's ``mtp.*`` tensors
     (stored dense; the main model's head is shared, so no load-time conversion); None when the checkpoint has no
     ``mtp.fc.weight`` (any Qwen MTP layout with an input fc)."""

@@ -56,6 +56,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     mapped = engine.ngram_table == "mmap"
     itemsize = torch.empty((), dtype=dtype).element_size()
     world, moe = ctx.world.size, base.moe
+    assert moe is not None, "qwen4_exp parses as the Qwen3.5-MoE hybrid: it always has experts"
     notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
     if table:
         notes.append(f"PLE n-gram tables {table / MIB:,.1f} MiB " + ("memory-mapped, not resident" if mapped else "resident"))

@@ -15,6 +15,7 @@ Cache entries: ``layers.{i}`` (GDN state, or QSA K/V), ``layers.{i}.indexer`` (Q
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from typing import Any
 
 import torch
@@ -50,6 +51,7 @@ class SigmoidGatedRMSNorm(GatedRMSNorm):
 
 def build_moe(cfg: Qwen4ExpConfig, world: World) -> SparseMoE:
     moe, base = cfg.base.moe, cfg.base
+    assert moe is not None, "qwen4_exp parses as the Qwen3.5-MoE hybrid: it always has experts"
     routing = RoutingConfig(num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=cfg.norm_topk_prob)
     return SparseMoE(
         base.hidden_size, moe.intermediate_size, routing, dtype=base.dtype,
@@ -70,6 +72,7 @@ class Qwen4ExpDecoderLayer(nn.Module):
         self.cache_name = cache_name or layer_cache_name(index)
         if self.layer_type == LINEAR_ATTENTION:
             gdn = base.linear_attn
+            assert gdn is not None, "a linear_attention layer has the hybrid's GDN sizes"
             self.linear_attn = GatedDeltaNet(
                 self.cache_name, hidden_size=base.hidden_size, num_k_heads=gdn.num_key_heads,
                 num_v_heads=gdn.num_value_heads, head_k_dim=gdn.key_head_dim, head_v_dim=gdn.value_head_dim,
@@ -87,9 +90,10 @@ class Qwen4ExpDecoderLayer(nn.Module):
                 ngram, f"{self.cache_name}.ple", ngram.layer_ids.index(index), vocab_size=base.vocab_size,
                 hidden_size=base.hidden_size, hc_count=cfg.hc_count, eps=base.rms_norm_eps, dtype=base.dtype,
             )
-        gr = dict(hidden_size=base.hidden_size, hc_count=cfg.hc_count, lowrank=cfg.hc_lowrank, eps=base.rms_norm_eps, dtype=base.dtype)
-        self.attn_hyper_connection = GatedResidual(**gr)
-        self.mlp_hyper_connection = GatedResidual(**gr)
+        gr = partial(GatedResidual, hidden_size=base.hidden_size, hc_count=cfg.hc_count, lowrank=cfg.hc_lowrank,
+                     eps=base.rms_norm_eps, dtype=base.dtype)
+        self.attn_hyper_connection = gr()
+        self.mlp_hyper_connection = gr()
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         """The layer's entries (GDN state or QSA K/V and indexer keys, its PLE state), in the layer's own dtype

@@ -14,9 +14,11 @@ from typing import Any
 
 import torch
 
-from dgpp.nn.rotary import YarnScaling
-from dgpp.plugin_api import ConfigError
-from dgpp_qwen.config import QwenConfig, _Keys
+from dgpp.nn.rotary import RopeScaling, YarnScaling
+from dgpp.plugin_api import ConfigError, ConfigKeys
+from dgpp_qwen.config import QwenConfig
+
+_WHERE = "config.json"
 
 QWEN4_EXP_TYPES = ("qwen4_exp", "qwen4_exp_text")
 INDEXED_ATTENTION = "indexed_attention"
@@ -84,12 +86,12 @@ class Qwen4ExpConfig:
         base = dataclasses.replace(
             base, model_type="qwen4_exp_text", architecture=archs[0] if archs else hf_config["model_type"], weight_prefix=prefix
         )
-        gate = keys.get("output_gate_type", str) or keys.get("hidden_act", str, "silu")
+        gate = keys.optional("output_gate_type", str, None) or keys.optional("hidden_act", str, "silu")
         if gate not in ("silu", "sigmoid"):
-            raise ConfigError(f"config.json: {keys.name('output_gate_type')} = {gate!r} is not supported (silu, sigmoid)")
+            raise keys.error(f"{keys.name('output_gate_type')} = {gate!r} is not supported (silu, sigmoid)")
         hc_count = keys.positive("hc_count", 4)
         if hc_count < 2:
-            raise ConfigError(f"config.json: {keys.name('hc_count')} = {hc_count} must be at least 2")
+            raise keys.error(f"{keys.name('hc_count')} = {hc_count} must be at least 2")
         return cls(
             base=base,
             indexer=_parse_indexer(keys, base),
@@ -97,27 +99,27 @@ class Qwen4ExpConfig:
             hc_lowrank=keys.positive("hc_lowrank", 320),
             ngram=_parse_ngram(keys, base),
             gdn_output_gate=gate,
-            norm_topk_prob=keys.get("norm_topk_prob", bool, True),
+            norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
         )
 
 
 
-def _text_keys(hf_config: dict[str, Any]) -> tuple[_Keys, str]:
+def _text_keys(hf_config: dict[str, Any]) -> tuple[ConfigKeys, str]:
     model_type = hf_config.get("model_type")
     if model_type == "qwen4_exp":
         text = hf_config.get("text_config")
         if not isinstance(text, dict):
             raise ConfigError("config.json: qwen4_exp needs a 'text_config' object")
-        return _Keys(text, "text_config."), "model.language_model."
+        return ConfigKeys(text, _WHERE, prefix="text_config."), "model.language_model."
     if model_type == "qwen4_exp_text":
-        return _Keys(hf_config), "model."
+        return ConfigKeys(hf_config, _WHERE), "model."
     raise ConfigError(f"config.json: model_type = {model_type!r} is not a qwen4_exp type")
 
 
-def _as_hybrid_moe(keys: _Keys, hf_config: dict[str, Any]) -> dict[str, Any]:
+def _as_hybrid_moe(keys: ConfigKeys, hf_config: dict[str, Any]) -> dict[str, Any]:
     """The text config in the qwen3_5_moe_text shape ``parse_config`` reads: QSA layers are its full-attention
     layers, and RoPE is full-width unless ``partial_rotary_factor`` says otherwise (transformers' default here)."""
-    text = dict(keys.raw)
+    text = dict(keys.cfg)
     text["model_type"] = "qwen3_5_moe_text"
     types = text.get("layer_types")
     if isinstance(types, list):
@@ -125,39 +127,39 @@ def _as_hybrid_moe(keys: _Keys, hf_config: dict[str, Any]) -> dict[str, Any]:
     rope = text.get("rope_parameters")
     if isinstance(rope, dict) and "partial_rotary_factor" not in rope:
         text["rope_parameters"] = {**rope, "partial_rotary_factor": 1.0}
-    if keys.where:  # the multimodal wrapper: parse as qwen3_5_moe, so errors name text_config.<key>
+    if keys.prefix:  # the multimodal wrapper: parse as qwen3_5_moe, so errors name text_config.<key>
         top = {k: v for k, v in hf_config.items() if k in ("architectures", "dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id")}
         return {**top, "model_type": "qwen3_5_moe", "text_config": text}
     return text
 
 
-def _parse_indexer(keys: _Keys, base: QwenConfig) -> IndexerConfig:
-    if keys.get("indexer_kv_heads", int, 1) != 1:
-        raise ConfigError(f"config.json: {keys.name('indexer_kv_heads')} must be 1 (QSA has one index key head)")
+def _parse_indexer(keys: ConfigKeys, base: QwenConfig) -> IndexerConfig:
+    if keys.optional("indexer_kv_heads", int, 1) != 1:
+        raise keys.error(f"{keys.name('indexer_kv_heads')} must be 1 (QSA has one index key head)")
     cfg = IndexerConfig(
-        n_heads=keys.positive("indexer_n_heads", required=True),
-        head_dim=keys.positive("indexer_head_dim", required=True),
-        budget=keys.positive("indexer_budget", required=True),
-        compress_ratio=keys.positive("indexer_compress_ratio", required=True),
+        n_heads=keys.positive("indexer_n_heads"),
+        head_dim=keys.positive("indexer_head_dim"),
+        budget=keys.positive("indexer_budget"),
+        compress_ratio=keys.positive("indexer_compress_ratio"),
     )
     if cfg.budget % cfg.compress_ratio:
-        raise ConfigError(f"config.json: {keys.name('indexer_budget')} = {cfg.budget} is not a multiple of indexer_compress_ratio")
+        raise keys.error(f"{keys.name('indexer_budget')} = {cfg.budget} is not a multiple of indexer_compress_ratio")
     if base.rope.rotary_dim > cfg.head_dim:
-        raise ConfigError(f"config.json: {keys.name('indexer_head_dim')} = {cfg.head_dim} is below the rotary dim {base.rope.rotary_dim}")
+        raise keys.error(f"{keys.name('indexer_head_dim')} = {cfg.head_dim} is below the rotary dim {base.rope.rotary_dim}")
     return cfg
 
 
-def _parse_ngram(keys: _Keys, base: QwenConfig) -> NGramConfig | None:
-    ids = keys.get("ple_layer_ids", list, [])
+def _parse_ngram(keys: ConfigKeys, base: QwenConfig) -> NGramConfig | None:
+    ids = keys.optional("ple_layer_ids", list, [])
     if not ids:
         return None
     if not all(isinstance(i, int) and 1 <= i <= base.num_layers for i in ids):
-        raise ConfigError(f"config.json: {keys.name('ple_layer_ids')} = {ids!r} must be one-indexed layer ids in [1, {base.num_layers}]")
+        raise keys.error(f"{keys.name('ple_layer_ids')} = {ids!r} must be one-indexed layer ids in [1, {base.num_layers}]")
     layer_ids = tuple(sorted({i - 1 for i in ids}))
     if any(base.layer_types[i] != "linear_attention" for i in layer_ids):
-        raise ConfigError(f"config.json: {keys.name('ple_layer_ids')} may only name linear_attention layers")
+        raise keys.error(f"{keys.name('ple_layer_ids')} may only name linear_attention layers")
     if not base.eos_token_ids:
-        raise ConfigError(f"config.json: {keys.name('eos_token_id')} must be set when ple_layer_ids is")
+        raise keys.error(f"{keys.name('eos_token_id')} must be set when ple_layer_ids is")
     cfg = NGramConfig(
         layer_ids=layer_ids,
         embed_dim=keys.positive("ple_embed_dim", base.hidden_size),
@@ -166,13 +168,13 @@ def _parse_ngram(keys: _Keys, base: QwenConfig) -> NGramConfig | None:
         heads_per_ngram=keys.positive("heads_per_ngram", 8),
         vocab_size_base=keys.positive("ngram_vocab_size_base", 20_000_000),
         vocab_divisor=keys.positive("make_ngram_vocab_size_divisible_by", 128),
-        seed=keys.get("seed", int, 1234),
+        seed=keys.optional("seed", int, 1234),
         split_parts=keys.positive("split_ngram_parts", 512),
         eos_token_id=base.eos_token_ids[0],
     )
     if cfg.ngram_size < 2 or cfg.embed_dim % cfg.num_heads:
-        raise ConfigError(
-            f"config.json: {keys.name('ple_embed_dim')} = {cfg.embed_dim} must split over {cfg.num_heads} n-gram heads"
+        raise keys.error(
+            f"{keys.name('ple_embed_dim')} = {cfg.embed_dim} must split over {cfg.num_heads} n-gram heads"
         )
     return cfg
 
@@ -193,6 +195,8 @@ def with_engine_rope_scaling(cfg: Qwen4ExpConfig, rope_scaling: Any) -> Qwen4Exp
         attention_factor=rope_scaling.attn_factor * YarnScaling(rope_scaling.factor, 1).magnitude(),
     )
     base = cfg.base
-    rope = dataclasses.replace(base.rope, yarn=yarn)
+    scaling = RopeScaling(theta=base.rope.theta, rope_type="yarn", factor=yarn.factor,
+                          original_max_position=yarn.original_max_position, yarn=yarn)
+    rope = dataclasses.replace(base.rope, scaling=scaling)
     max_position = max(base.max_position, int(rope_scaling.factor * rope_scaling.original_max_position_embeddings))
     return dataclasses.replace(cfg, base=dataclasses.replace(base, rope=rope, max_position=max_position))

@@ -14,7 +14,7 @@ gated-residual classes (``build_hf_mtp``), so a test can run the same modules in
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -160,5 +160,5 @@ def mtp_reference_logits(path: str | Path, tokens: list[int]) -> torch.Tensor:
     hyper = x.repeat(1, 1, ref.config.hc_count)
     position_embeddings = ref.model.rotary_emb(hyper, torch.arange(n).view(1, 1, -1).expand(3, 1, -1))
     causal = torch.full((n, n), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
-    hyper = mtp["layers"][0](hyper, position_embeddings=position_embeddings, attention_mask=causal, cache=None)
+    hyper = cast(torch.nn.ModuleList, mtp["layers"])[0](hyper, position_embeddings=position_embeddings, attention_mask=causal, cache=None)
     return ref.lm_head(mtp["hyper_connection_mixer"](hyper))[0]

@@ -9,14 +9,14 @@ with both True.
 from __future__ import annotations
 
 from dgpp.nn.gqa import GQAttention
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import RotaryEmbedding, rotary_embedding
 from dgpp.plugin_api import World
 from dgpp_qwen.config import QwenConfig
 
 
 def build_rotary(cfg: QwenConfig) -> RotaryEmbedding:
     rope = cfg.rope
-    return RotaryEmbedding(cfg.head_dim, rope.rotary_dim, rope.theta, style="half", yarn=rope.yarn, mrope_section=rope.mrope_section)
+    return rotary_embedding(rope.scaling, cfg.head_dim, rope.rotary_dim, style="half", mrope_section=rope.mrope_section)
 
 
 class QwenAttention(GQAttention):

@@ -73,6 +73,10 @@ def shifted_in_segment(history: torch.Tensor, shift: int, eos: int) -> torch.Ten
 class NGramHasher(nn.Module):
     """Token history -> table row ids ``[L, heads]`` for one PLE layer."""
 
+    multipliers: torch.Tensor  # buffers, declared for the type checker
+    sizes: torch.Tensor
+    offsets: torch.Tensor
+
     def __init__(self, cfg: NGramConfig, vocab_size: int, ple_index: int) -> None:
         super().__init__()
         self.cfg = cfg

@@ -14,6 +14,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -35,7 +36,7 @@ class MappedPart:
     rows: torch.Tensor
 
 
-def _map_tensor(path: Path, name: str, maps: dict[Path, tuple[mmap.mmap, dict, int]]) -> torch.Tensor:
+def _map_tensor(path: Path, name: str, maps: dict[Path, tuple[mmap.mmap, dict[str, Any], int]]) -> torch.Tensor:
     if path not in maps:
         with open(path, "rb") as f:
             (header_len,) = struct.unpack("<Q", f.read(8))
@@ -62,7 +63,7 @@ class NGramEmbedding(nn.Module):
         self.mode: str | None = None
         self.register_buffer("table", None, persistent=False)  # resident rows
         self.parts: list[MappedPart] = []
-        self._maps: dict[Path, tuple[mmap.mmap, dict, int]] = {}
+        self._maps: dict[Path, tuple[mmap.mmap, dict[str, Any], int]] = {}
 
     def tensor_names(self, reader: CheckpointReader, prefix: str, split_parts: int) -> list[str]:
         """The checkpoint tensors holding this table, in row order (``prefix`` ends in ``ngram_embedding``)."""
