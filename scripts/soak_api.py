@@ -23,16 +23,29 @@ from collections import Counter
 
 import httpx
 
-PROMPTS = ["Hello world! What is the weather in Paris today?", "def add(a, b):", "The quick brown fox",
-           "Tell me a story about a robot.", "List three colors.", "你好，世界。", "Why is the sky blue?",
-           "Summarize: " + "Background note. " * 40]
+PROMPTS = [
+    "Hello world! What is the weather in Paris today?",
+    "def add(a, b):",
+    "The quick brown fox",
+    "Tell me a story about a robot.",
+    "List three colors.",
+    "你好，世界。",
+    "Why is the sky blue?",
+    "Summarize: " + "Background note. " * 40,
+]
 KINDS = ["chat", "chat_stream", "legacy", "legacy_stream", "abandon", "sampled", "abandon_batch"]
 WEIGHTS = [40, 20, 15, 10, 10, 5, 5]
 GIVE_UP_S = 0.5  # an abandoned batch's client waits this long, then closes its connection
 
 
-async def post(client: httpx.AsyncClient, path: str, body: dict, stats: Counter, stream: bool = False,
-               abandon: bool = False) -> str | None:
+async def post(
+    client: httpx.AsyncClient,
+    path: str,
+    body: dict,
+    stats: Counter,
+    stream: bool = False,
+    abandon: bool = False,
+) -> str | None:
     """The answer's text (joined deltas for a stream); None for an abandoned stream. Retries 503 overloaded."""
     for _ in range(100):
         if not stream:
@@ -73,8 +86,16 @@ async def template_kwargs(client: httpx.AsyncClient, model: str) -> dict:
     return {} if r.status_code == 400 and "enable_thinking" in r.text else no_think
 
 
-async def one(client: httpx.AsyncClient, model: str, i: int, rng: random.Random, answers: dict, stats: Counter,
-              mismatches: list, no_think: dict) -> None:
+async def one(
+    client: httpx.AsyncClient,
+    model: str,
+    i: int,
+    rng: random.Random,
+    answers: dict,
+    stats: Counter,
+    mismatches: list,
+    no_think: dict,
+) -> None:
     kind = rng.choices(KINDS, WEIGHTS)[0]
     p = rng.randrange(len(PROMPTS))
     chat = kind in ("chat", "chat_stream", "abandon", "sampled")
@@ -136,8 +157,10 @@ async def soak(url: str, n: int, concurrency: int, seed: int) -> int:
         leaked = sched["pool_blocks_in_use"] - cache.get("blocks_pinned", 0)
     print(f"{n} requests at {concurrency} concurrent in {elapsed:.1f} s: {dict(sorted(stats.items()))}")
     print(f"greedy prompts: {len(answers)}, mismatched greedy answers: {len(mismatches)}")
-    print(f"blocks in use after: {sched['pool_blocks_in_use']} (prefix cache pins {cache.get('blocks_pinned', 0)}), "
-          f"leaked: {leaked}; active {sched['active']}, queued {sched['queued']}")
+    print(
+        f"blocks in use after: {sched['pool_blocks_in_use']} (prefix cache pins {cache.get('blocks_pinned', 0)}), "
+        f"leaked: {leaked}; active {sched['active']}, queued {sched['queued']}"
+    )
     for i, kind, p, want, got in mismatches[:5]:
         print(f"  mismatch: request {i} ({kind}) prompt {p}: {want!r} != {got!r}")
     return 1 if stats["lost"] or mismatches or leaked else 0

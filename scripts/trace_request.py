@@ -63,8 +63,12 @@ def _chat(url: str) -> int:
 
     client = OpenAI(base_url=f"{url}/v1", api_key="unused")
     stream = client.chat.completions.create(
-        model=client.models.list().data[0].id, messages=[{"role": "user", "content": "What is the capital of France?"}],
-        max_tokens=16, temperature=0, stream=True)
+        model=client.models.list().data[0].id,
+        messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=16,
+        temperature=0,
+        stream=True,
+    )
     return sum(1 for _ in stream)
 
 
@@ -79,9 +83,12 @@ def main() -> int:
     url = f"http://127.0.0.1:{args.port}"
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trace.json"
-        server = subprocess.Popen([sys.executable, __file__, "--served", "serve", args.config, "--port", str(args.port)],
-                                  env={**os.environ, "DGPP_TRACE_OUT": str(out)}, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        server = subprocess.Popen(
+            [sys.executable, __file__, "--served", "serve", args.config, "--port", str(args.port)],
+            env={**os.environ, "DGPP_TRACE_OUT": str(out)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             import httpx
 
@@ -114,8 +121,11 @@ def main() -> int:
             print(f"  {f}")
     print(f"on more than one thread: {', '.join(shared) or 'none'}")
     core = sum(f.startswith("dgpp-core/") for f in files)
-    print(f"{chunks} chunks; {len(files)} files ({core} core), "
-          + ", ".join(f"{t} {len(fs)}" for t, fs in sorted(by_thread.items())) + f", {len(shared)} on more than one")
+    print(
+        f"{chunks} chunks; {len(files)} files ({core} core), "
+        + ", ".join(f"{t} {len(fs)}" for t, fs in sorted(by_thread.items()))
+        + f", {len(shared)} on more than one"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(by_thread, indent=1))
     return 0

@@ -105,9 +105,7 @@ def backend(tmp_path_factory):
     ckpt = build_tiny_checkpoint("qwen3", tmp_path_factory.mktemp("gather") / "qwen3")
     build_tiny_tokenizer(ckpt)
     engine = build_backend(
-        parse_config(
-            {"model": str(ckpt), "engine": {"stats_interval_s": 0, "admission_gather_max_ms": 50}}
-        ),
+        parse_config({"model": str(ckpt), "engine": {"stats_interval_s": 0, "admission_gather_max_ms": 50}}),
         device="cpu",
     )
     yield engine
@@ -141,8 +139,12 @@ def test_every_announcement_is_released_answered_or_refused(backend, monkeypatch
     expect = backend.loop.expect
     monkeypatch.setattr(backend.loop, "expect", lambda: (announced.append(1), expect()))
     with TestClient(build_app(backend)) as client:
-        bad = client.post("/v1/completions", json={"model": backend.model_id, "prompt": "hi", "temperature": -1})
-        good = client.post("/v1/completions", json={"model": backend.model_id, "prompt": "hello", "max_tokens": 2})
+        bad = client.post(
+            "/v1/completions", json={"model": backend.model_id, "prompt": "hi", "temperature": -1}
+        )
+        good = client.post(
+            "/v1/completions", json={"model": backend.model_id, "prompt": "hello", "max_tokens": 2}
+        )
     assert bad.status_code == 400 and good.status_code == 200
     assert len(announced) == 2 and backend.loop._expected == 0
 
@@ -154,7 +156,9 @@ def test_requests_are_announced_only_where_the_hold_waits_for_them():
     pool = BlockPool(16, 4)
 
     def loop(gather_max_ms: int) -> StepLoop:
-        sched = Scheduler(conf, _StopAfterFirstTick(), pool, SlotPool(conf.max_concurrency, 0), PrefixCache(pool, 8))
+        sched = Scheduler(
+            conf, _StopAfterFirstTick(), pool, SlotPool(conf.max_concurrency, 0), PrefixCache(pool, 8)
+        )
         return StepLoop(sched, stats_interval_s=0, gather_ms=3, gather_max_ms=gather_max_ms)
 
     assert not loop(0).waits_for_announced and not loop(3).waits_for_announced

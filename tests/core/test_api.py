@@ -23,8 +23,15 @@ USER = [{"role": "user", "content": "What is the weather in Paris today?"}]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tok_dir = build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-    cfg = EngineConfig(max_concurrency=4, kv_capacity=4096, block_size=4, prefill_budget_tokens=8,
-                       prefix_min_tokens=0, queue_limit=16, stats_interval_s=0)
+    cfg = EngineConfig(
+        max_concurrency=4,
+        kv_capacity=4096,
+        block_size=4,
+        prefill_budget_tokens=8,
+        prefix_min_tokens=0,
+        queue_limit=16,
+        stats_interval_s=0,
+    )
     # the toy model never favours EOS, so outputs run to max_tokens unless a test says otherwise
     engine = build_toy_backend(MODEL, tok_dir, cfg)
     app = build_app(engine, max_body_bytes=20000, sse_ping_interval=30)
@@ -41,7 +48,10 @@ def sdk(server):
 
 def chat(sdk, **kw):
     """Thinking off unless a test turns it on: the tiny template otherwise opens a <think> block."""
-    extra = {"chat_template_kwargs": {"enable_thinking": kw.pop("thinking", False)}, **kw.pop("extra_body", {})}
+    extra = {
+        "chat_template_kwargs": {"enable_thinking": kw.pop("thinking", False)},
+        **kw.pop("extra_body", {}),
+    }
     return sdk.chat.completions.create(model=MODEL, messages=kw.pop("messages", USER), extra_body=extra, **kw)
 
 
@@ -64,7 +74,9 @@ def test_chat_one_shot_and_stream_agree(sdk) -> None:
     assert one.object == "chat.completion" and one.id.startswith("chatcmpl-")
     assert one.choices[0].finish_reason == "length" and one.usage.completion_tokens == 12
     assert one.usage.total_tokens == one.usage.prompt_tokens + 12
-    chunks = list(chat(sdk, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        chat(sdk, max_tokens=12, temperature=0, stream=True, stream_options={"include_usage": True})
+    )
     assert chunks[0].choices[0].delta.role == "assistant" and chunks[0].choices[0].delta.content == ""
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == one.choices[0].message.content
@@ -74,7 +86,11 @@ def test_chat_one_shot_and_stream_agree(sdk) -> None:
     # llama.cpp-style timings (a DGPP extension) on the last choice chunk and in one-shot bodies
     assert chunks[-2].model_extra["timings"]["predicted_n"] == 11
     t = one.model_extra["timings"]
-    assert t["prompt_n"] + t["cache_n"] == one.usage.prompt_tokens and t["predicted_n"] == 11 and t["predicted_ms"] >= 0
+    assert (
+        t["prompt_n"] + t["cache_n"] == one.usage.prompt_tokens
+        and t["predicted_n"] == 11
+        and t["predicted_ms"] >= 0
+    )
 
 
 def test_raw_sse_framing(server) -> None:
@@ -85,16 +101,28 @@ def test_raw_sse_framing(server) -> None:
         raw = r.read().decode()
     events = [e for e in raw.replace("\r\n", "\n").split("\n\n") if e]
     assert events[-1] == "data: [DONE]"
-    first = json.loads(events[0][len("data: "):])
+    first = json.loads(events[0][len("data: ") :])
     assert first["object"] == "text_completion" and first["id"].startswith("cmpl-")
     assert "obfuscation" not in first  # legacy streams are never padded
-    chat_body = {"model": MODEL, "messages": USER, "max_tokens": 3, "stream": True, "service_tier": "auto",
-                 "stream_options": {"include_usage": True}}
+    chat_body = {
+        "model": MODEL,
+        "messages": USER,
+        "max_tokens": 3,
+        "stream": True,
+        "service_tier": "auto",
+        "stream_options": {"include_usage": True},
+    }
     with client.stream("POST", "/v1/chat/completions", json=chat_body) as r:
-        payloads = [e[len("data: "):] for e in r.read().decode().replace("\r\n", "\n").split("\n\n") if e][:-1]
+        payloads = [e[len("data: ") :] for e in r.read().decode().replace("\r\n", "\n").split("\n\n") if e][
+            :-1
+        ]
     for p in payloads:  # chat events are padded to 128-byte buckets with at least 16 random characters
         body = json.loads(p)
-        assert len(p.encode()) % 128 == 0 and len(body["obfuscation"]) >= 16 and body["service_tier"] == "default"
+        assert (
+            len(p.encode()) % 128 == 0
+            and len(body["obfuscation"]) >= 16
+            and body["service_tier"] == "default"
+        )
     chat_body["stream_options"]["include_obfuscation"] = False
     with client.stream("POST", "/v1/chat/completions", json=chat_body) as r:
         assert "obfuscation" not in r.read().decode()
@@ -118,7 +146,9 @@ def test_reasoning_goes_to_reasoning_content(sdk) -> None:
     assert msg.content == "" and len(msg.reasoning_content) > 0  # the toy model never writes </think>
     assert r.usage.completion_tokens_details.reasoning_tokens == 6
     chunks = list(chat(sdk, max_tokens=6, temperature=0, thinking=True, stream=True))
-    streamed = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    streamed = "".join(
+        getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices
+    )
     assert streamed == msg.reasoning_content
 
 
@@ -130,8 +160,11 @@ def test_stop_strings_cut_exactly_also_in_streams(sdk) -> None:
     one = chat(sdk, max_tokens=24, temperature=0, stop=[stop, "never-appears"])
     assert one.choices[0].message.content == cut and one.choices[0].finish_reason == "stop"
     assert one.usage.completion_tokens < 24
-    streamed = "".join(c.choices[0].delta.content or "" for c in chat(sdk, max_tokens=24, temperature=0, stop=stop,
-                                                                         stream=True) if c.choices)
+    streamed = "".join(
+        c.choices[0].delta.content or ""
+        for c in chat(sdk, max_tokens=24, temperature=0, stop=stop, stream=True)
+        if c.choices
+    )
     assert streamed == cut
 
 
@@ -161,7 +194,9 @@ def test_prefix_cache_hit_matches_cold(sdk) -> None:
     cold = chat(sdk, messages=long, max_tokens=8, temperature=0, extra_body={"prefix_cache": False})
     first = chat(sdk, messages=long, max_tokens=8, temperature=0)
     hit = chat(sdk, messages=long, max_tokens=8, temperature=0)
-    assert first.choices[0].message.content == cold.choices[0].message.content == hit.choices[0].message.content
+    assert (
+        first.choices[0].message.content == cold.choices[0].message.content == hit.choices[0].message.content
+    )
     assert hit.usage.prompt_tokens_details.cached_tokens > 0
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
 
@@ -188,27 +223,55 @@ def test_error_classes(server) -> None:
     err(post({**base, "max_tokens": 5000}), 400, "context_length_exceeded", "max_tokens")
     err(post({"model": MODEL, "prompt": ["a", 1]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
     err(post({"model": MODEL, "prompt": [[1, -1]]}, "/v1/completions"), 400, "invalid_parameter", "prompt")
-    err(post({"model": MODEL, "prompt": "a", "suffix": "b"}, "/v1/completions"), 400, "unsupported_parameter",
-        "suffix")
-    err(post({"model": MODEL, "prompt": "a", "n": 3, "best_of": 2}, "/v1/completions"), 400,
-        "invalid_parameter", "best_of")
-    err(client.post("/v1/chat/completions", content=b'{"model": "a", "model": "b"}'), 400, "invalid_parameter", "model")
+    err(
+        post({"model": MODEL, "prompt": "a", "suffix": "b"}, "/v1/completions"),
+        400,
+        "unsupported_parameter",
+        "suffix",
+    )
+    err(
+        post({"model": MODEL, "prompt": "a", "n": 3, "best_of": 2}, "/v1/completions"),
+        400,
+        "invalid_parameter",
+        "best_of",
+    )
+    err(
+        client.post("/v1/chat/completions", content=b'{"model": "a", "model": "b"}'),
+        400,
+        "invalid_parameter",
+        "model",
+    )
     err(client.post("/v1/chat/completions", content=b"x" * 30000), 413, "request_too_large")
     bad_tool = {"type": "function", "function": {"name": "get weather"}}
     err(post({**base, "tools": [bad_tool]}), 400, "invalid_parameter", "tools[0]")
     err(post({**base, "tool_choice": "required"}), 400, "invalid_parameter", "tool_choice")
-    image = [{"type": "text", "text": "what is this"}, {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]
-    err(post({**base, "messages": [{"role": "user", "content": image}]}), 400, "unsupported_parameter",
-        "messages[0].content[1]")
+    image = [
+        {"type": "text", "text": "what is this"},
+        {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
+    ]
+    err(
+        post({**base, "messages": [{"role": "user", "content": image}]}),
+        400,
+        "unsupported_parameter",
+        "messages[0].content[1]",
+    )
     err(post({**base, "messages": [{"role": "bogus", "content": "x"}]}), 400, "invalid_parameter", "messages")
     surrogate = b'{"model": "toy/model", "messages": [{"role": "user", "content": "\\ud800"}]}'
     err(client.post("/v1/chat/completions", content=surrogate), 400, "invalid_parameter")
-    err(post({**base, "stream": True, "stream_options": {"include_usage": True, "x": 1}}), 400,
-        "unsupported_parameter", "stream_options.x")
+    err(
+        post({**base, "stream": True, "stream_options": {"include_usage": True, "x": 1}}),
+        400,
+        "unsupported_parameter",
+        "stream_options.x",
+    )
     grammar, engine.grammar = engine.grammar, None  # as on a build without llguidance
     try:
-        err(post({**base, "response_format": {"type": "json_object"}}), 400, "constrained_decoding_unsupported",
-            "response_format")
+        err(
+            post({**base, "response_format": {"type": "json_object"}}),
+            400,
+            "constrained_decoding_unsupported",
+            "response_format",
+        )
     finally:
         engine.grammar = grammar
     assert post({**base, "max_tokens": 2, "preserveThinking": True, "user": "u"}).status_code == 200
@@ -219,8 +282,16 @@ def test_metrics_json_and_prometheus(server, sdk) -> None:
     chat(sdk, max_tokens=2, temperature=0)
     m = client.get("/metrics").json()
     assert set(client.get("/v1/metrics").json()) == set(m)
-    for key in ("active", "queued", "pool_blocks_total", "pool_blocks_in_use", "tokens_generated", "decode_batch",
-                "spec_decode", "snapshot_age_ms"):
+    for key in (
+        "active",
+        "queued",
+        "pool_blocks_total",
+        "pool_blocks_in_use",
+        "tokens_generated",
+        "decode_batch",
+        "spec_decode",
+        "snapshot_age_ms",
+    ):
         assert key in m["scheduler"]
     assert len(m["scheduler"]["decode_batch"]["replays_by_slots"]) == 16
     for key in ("requests_total", "requests_shed", "requests_cancelled", "admission", "rejects_bad"):
@@ -236,7 +307,9 @@ def test_metrics_json_and_prometheus(server, sdk) -> None:
 
 def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
     tok_dir = build_tiny_tokenizer(tmp_path / "tok")
-    engine = build_toy_backend(MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0))
+    engine = build_toy_backend(
+        MODEL, tok_dir, EngineConfig(kv_capacity=512, block_size=4, stats_interval_s=0)
+    )
     runner = engine.loop.scheduler.runner
     working, calls = runner.step, []
 
@@ -249,13 +322,20 @@ def test_engine_failure_answers_503_and_health_says_why(tmp_path) -> None:
     runner.step = fails_on_the_fourth_step
     with TestClient(app=build_app(engine), base_url="http://dgpp.local") as client:
         # ignore_eos: a sampled EOS before the fourth step would end the stream normally, before the failure
-        body = {"model": MODEL, "messages": USER, "max_tokens": 10, "stream": True, "ignore_eos": True,
-                "chat_template_kwargs": {"enable_thinking": False}, "stream_options": {"include_obfuscation": False}}
+        body = {
+            "model": MODEL,
+            "messages": USER,
+            "max_tokens": 10,
+            "stream": True,
+            "ignore_eos": True,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "stream_options": {"include_obfuscation": False},
+        }
         with client.stream("POST", "/v1/chat/completions", json=body) as r:
             assert r.status_code == 200  # headers went out before the failure
             events = [e for e in r.read().decode().replace("\r\n", "\n").split("\n\n") if e]
         assert events[-1] == "data: [DONE]"
-        failure = json.loads(events[-2][len("data: "):])["error"]
+        failure = json.loads(events[-2][len("data: ") :])["error"]
         assert failure["type"] == "server_error" and failure["code"] == "engine_failure"
         assert '"content"' in "".join(events[:-2])  # the tokens made before the failure were flushed first
         r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
@@ -285,14 +365,17 @@ def test_keep_alive_comment_after_silence(server) -> None:
         handle.seqs = [Sequence("chatcmpl-x/0", 0, [1, 2], handle.params, None, None)]  # type: ignore[arg-type]
         outputs = engine.text_outputs(handle, None)
         writer = ChunkWriter(handle.request_id, 0, MODEL, chat=True, include_usage=False)
-        asyncio.get_running_loop().call_later(1.3, handle.queue.put_nowait,
-                                              (0, SeqEvent([], [], retired=RetireReason.LENGTH)))
+        asyncio.get_running_loop().call_later(
+            1.3, handle.queue.put_nowait, (0, SeqEvent([], [], retired=RetireReason.LENGTH))
+        )
         return [chunk async for chunk in _stream(engine, handle, outputs, writer, 1)]
 
     chunks = asyncio.run(run())
     assert chunks[0] == b": keep-alive\n\n" and chunks[-1] == b"data: [DONE]\n\n"
     events = b"".join(chunks[1:-1]).split(b"\n\n")[:-1]
-    assert b'"role":"assistant"' in events[0] and b'"finish_reason":"length"' in events[1]  # lazy preamble first
+    assert (
+        b'"role":"assistant"' in events[0] and b'"finish_reason":"length"' in events[1]
+    )  # lazy preamble first
 
 
 def test_connection_limit_answers_openai_shaped_503() -> None:
@@ -333,10 +416,16 @@ def test_connection_limit_answers_openai_shaped_503() -> None:
 
 def test_default_max_tokens_is_cut_to_the_room_the_prompt_leaves(sdk, server) -> None:
     client, engine = server
-    long = sdk.completions.create(model=MODEL, prompt="Hello world! " * 1300, temperature=0,  # ~3900 tokens
-                                  extra_body={"ignore_eos": True})
+    long = sdk.completions.create(
+        model=MODEL,
+        prompt="Hello world! " * 1300,
+        temperature=0,  # ~3900 tokens
+        extra_body={"ignore_eos": True},
+    )
     room = engine.limits.request_limit_tokens - long.usage.prompt_tokens
-    assert 0 < room < 256 and long.usage.completion_tokens == room and long.choices[0].finish_reason == "length"
+    assert (
+        0 < room < 256 and long.usage.completion_tokens == room and long.choices[0].finish_reason == "length"
+    )
     r = client.post("/v1/completions", json={"model": MODEL, "prompt": "Hello world! " * 1400})
     err(r, 400, "context_length_exceeded", "prompt")
 
@@ -363,8 +452,10 @@ def test_a_failing_sampler_fails_only_its_request(server, sdk) -> None:
     """A request whose sampling raises (here: a mask that allows nothing) gets a 500; the engine serves on."""
     client, engine = server
     with sampling_fails(engine):
-        r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 3,
-                                                      "temperature": 1.0})
+        r = client.post(
+            "/v1/chat/completions",
+            json={"model": MODEL, "messages": USER, "max_tokens": 3, "temperature": 1.0},
+        )
     e = err(r, 500, "generation_failed")
     assert "masked" in e["message"]
     assert client.get("/health").status_code == 200

@@ -33,11 +33,23 @@ def test_qwen3_5_27b_geometry_is_the_published_model() -> None:
     raw = hf_config("qwen3.5-27b", torch.bfloat16)
     model = new_model(raw, "meta")  # shapes only
     cfg = model.cfg
-    assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size) == (64, 5120, 17408, 248320)
-    assert cfg.layer_types.count("linear_attention") == 48 and cfg.layer_types[3::4] == ("full_attention",) * 16
+    assert (cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size) == (
+        64,
+        5120,
+        17408,
+        248320,
+    )
+    assert (
+        cfg.layer_types.count("linear_attention") == 48 and cfg.layer_types[3::4] == ("full_attention",) * 16
+    )
     assert (cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.rope.rotary_dim) == (24, 4, 256, 64)
     gdn = cfg.linear_attn
-    assert (gdn.num_key_heads, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim) == (16, 48, 128, 128)
+    assert (gdn.num_key_heads, gdn.num_value_heads, gdn.key_head_dim, gdn.value_head_dim) == (
+        16,
+        48,
+        128,
+        128,
+    )
     total = sum(p.numel() for p in model.parameters())
     assert 26.5e9 < total < 27.5e9, total  # "27B"
     # bf16 weights a decode step reads (no embedding table): the anchor's "a T=1 step streams 27 GB" at FP8
@@ -48,7 +60,13 @@ def test_qwen3_5_122b_geometry_has_the_published_layer_and_scaled_depth() -> Non
     raw = hf_config(MOE_GEOMETRY, torch.bfloat16)
     full = new_model({**raw, "num_hidden_layers": 48, "layer_types": _hybrid_layer_types(48)}, "meta")
     cfg = full.cfg
-    assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.moe.num_experts, cfg.moe.top_k) == (3072, 32, 2, 256, 8)
+    assert (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.moe.num_experts, cfg.moe.top_k) == (
+        3072,
+        32,
+        2,
+        256,
+        8,
+    )
     assert cfg.moe.intermediate_size == cfg.moe.shared_expert_intermediate_size == 1024
     assert (cfg.linear_attn.num_key_heads, cfg.linear_attn.num_value_heads) == (16, 64)
     total = sum(p.numel() for p in full.parameters())
@@ -66,9 +84,20 @@ def _tiny_hybrid_bytes(moe: bool, experts_read: float) -> tuple[int, int, int]:
     hidden, vocab, heads, kv_heads, head_dim = 64, 512, 4, 2, 16
     k_heads, v_heads, dk, dv, conv = 2, 4, 16, 16, 4
     conv_dim = 2 * k_heads * dk + v_heads * dv
-    gdn = (conv_dim * hidden + 2 * (v_heads * dv) * hidden + 2 * v_heads * hidden + conv_dim * conv
-           + 2 * v_heads + dv)
-    attn = 2 * heads * head_dim * hidden + 2 * kv_heads * head_dim * hidden + heads * head_dim * hidden + 2 * head_dim
+    gdn = (
+        conv_dim * hidden
+        + 2 * (v_heads * dv) * hidden
+        + 2 * v_heads * hidden
+        + conv_dim * conv
+        + 2 * v_heads
+        + dv
+    )
+    attn = (
+        2 * heads * head_dim * hidden
+        + 2 * kv_heads * head_dim * hidden
+        + heads * head_dim * hidden
+        + 2 * head_dim
+    )
     if moe:
         experts, inter, shared = 8, 32, 32
         mlp = experts * hidden + experts_read * 3 * hidden * inter + 3 * hidden * shared + hidden
@@ -125,7 +154,9 @@ def test_build_pair_runs_transformers_weights_and_can_share_them() -> None:
         runner = ModelRunner(ours, _pools(ours))
         got = runner.step([SeqWork(0, [0], 0, ids[0].tolist())])[0]
         assert torch.allclose(got, want, rtol=1e-4, atol=1e-4), float((got - want).abs().max())
-        shared = build_model_like(hf_config("tiny-qwen3.5-moe", torch.float32), hf.state_dict(), "cpu", share=True)
+        shared = build_model_like(
+            hf_config("tiny-qwen3.5-moe", torch.float32), hf.state_dict(), "cpu", share=True
+        )
         name = "model.layers.0.mlp.experts.gate_up_proj"
         assert dict(shared.named_parameters())[name].data_ptr() == hf.state_dict()[name].data_ptr()
         again = ModelRunner(shared, _pools(shared)).step([SeqWork(0, [0], 0, ids[0].tolist())])[0]
@@ -144,8 +175,20 @@ def test_random_hybrid_init_and_missing_transformers_model() -> None:
 
 def test_dgpp_bench_runs_both_tiny_hybrids_on_cpu(capsys) -> None:
     for geometry in ("tiny-qwen3.5", "tiny-qwen3.5-moe"):
-        rc = bench_main(["--device", "cpu", "--geometry", geometry, "--cases", "8x1x4,8x2x4",
-                         "--hf-cases", "8x1x4", "--check-cases", "8x2x4"])
+        rc = bench_main(
+            [
+                "--device",
+                "cpu",
+                "--geometry",
+                geometry,
+                "--cases",
+                "8x1x4,8x2x4",
+                "--hf-cases",
+                "8x1x4",
+                "--check-cases",
+                "8x2x4",
+            ]
+        )
         out = capsys.readouterr().out
         assert rc == 0, out
         assert "greedy graph == eager for 8x2x4: True" in out
@@ -166,7 +209,9 @@ def test_padded_graph_path_of_the_tiny_moe_hybrid_equals_eager() -> None:
     for padded in (False, True):
         session = DecodeSession(model, 3, 7 + 6, 16, graph=False)
         if padded:
-            session.runner.graphs = DecodeGraphs(model, session.pools, 4, session.blocks_per_seq, capture=False)
+            session.runner.graphs = DecodeGraphs(
+                model, session.pools, 4, session.blocks_per_seq, capture=False
+            )
         runs.append(session.decode(session.prefill(prompts), 7, 5))
         if padded:
             assert session.runner.graphs.stats.by_size == {4: 5}

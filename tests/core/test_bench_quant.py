@@ -30,10 +30,21 @@ from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 
 FORMATS = ("fp8_block", "fp8_channel", "nvfp4", "mxfp4")
-EXPECTED_FORMAT = {"fp8_block": FP8Block(block=(128, 128)), "fp8_channel": FP8Channel(),
-                   "nvfp4": NVFP4ModelOpt(), "mxfp4": MXFP4(data_name="weight_packed")}
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+EXPECTED_FORMAT = {
+    "fp8_block": FP8Block(block=(128, 128)),
+    "fp8_channel": FP8Channel(),
+    "nvfp4": NVFP4ModelOpt(),
+    "mxfp4": MXFP4(data_name="weight_packed"),
+}
+LINEARS = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "self_attn.o_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+    "mlp.down_proj",
+)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +74,9 @@ def test_bytes_per_step_are_the_stored_tensors(pair, fmt):
     assert all(layer.quant_method.fmt == EXPECTED_FORMAT[fmt] for layer in packed.values())
     source = dict(dense.named_parameters())
     # what a checkpoint of this format would store for the decoder-layer linears, encoded independently
-    linears = sum(_nbytes(t) for name in packed for t in encode(EXPECTED_FORMAT[fmt], source[f"{name}.weight"]).values())
+    linears = sum(
+        _nbytes(t) for name in packed for t in encode(EXPECTED_FORMAT[fmt], source[f"{name}.weight"]).values()
+    )
     norms = sum(_nbytes(p) for n, p in dense.named_parameters() if n.endswith("norm.weight"))
     expected = linears + _nbytes(dense.lm_head.weight) + norms
     assert weight_bytes_per_step(quant) == expected
@@ -101,8 +114,26 @@ def test_quantized_logits_equal_the_decoded_weights(pair, fmt):
 
 def test_bench_runs_every_format_in_one_call(tmp_path, capsys):
     out = tmp_path / "table.md"
-    rc = main(["--device", "cpu", "--geometry", "tiny", "--quant", "bf16," + ",".join(FORMATS), "--cases", "6x2x3",
-               "--hf-cases", "6x2x3", "--check-cases", "6x1x3", "--gemv", "both", "--out", str(out)])
+    rc = main(
+        [
+            "--device",
+            "cpu",
+            "--geometry",
+            "tiny",
+            "--quant",
+            "bf16," + ",".join(FORMATS),
+            "--cases",
+            "6x2x3",
+            "--hf-cases",
+            "6x2x3",
+            "--check-cases",
+            "6x1x3",
+            "--gemv",
+            "both",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     text = out.read_text()
     for variant in ("fp32", *FORMATS):
@@ -133,7 +164,12 @@ def test_kernel_check_sees_a_wrong_kernel(pair, monkeypatch):
     dense, _ = pair
     quant = quantize_model(dense, hf_config("tiny", torch.float32), "nvfp4")
     same = compare_with_torch_path(quant, batch=2, prompt=5)
-    assert same == {"prefill_rel_diff": 0.0, "prefill_argmax_agree": 1.0, "decode_rel_diff": 0.0, "decode_argmax_agree": 1.0}
+    assert same == {
+        "prefill_rel_diff": 0.0,
+        "prefill_argmax_agree": 1.0,
+        "decode_rel_diff": 0.0,
+        "decode_argmax_agree": 1.0,
+    }
     real = quant_linear.packed_matmul
 
     def broken(fmt, tensors, x, shape, bias=None):
@@ -158,8 +194,24 @@ def test_a_failing_format_keeps_the_others(tmp_path, monkeypatch):
 
     monkeypatch.setattr(cli, "quantize_model", flaky)
     out = tmp_path / "table.md"
-    rc = main(["--device", "cpu", "--geometry", "tiny", "--quant", "fp8_channel,mxfp4", "--cases", "6x1x3",
-               "--hf-cases", "", "--check-cases", "", "--out", str(out)])
+    rc = main(
+        [
+            "--device",
+            "cpu",
+            "--geometry",
+            "tiny",
+            "--quant",
+            "fp8_channel,mxfp4",
+            "--cases",
+            "6x1x3",
+            "--hf-cases",
+            "",
+            "--check-cases",
+            "",
+            "--out",
+            str(out),
+        ]
+    )
     text = out.read_text()
     assert rc == 1
     assert "| mxfp4 graph |" in text and "fp8_channel failed: RuntimeError('kernel did not compile')" in text

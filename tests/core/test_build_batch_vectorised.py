@@ -25,9 +25,14 @@ def loop_reference(work: list[SeqWork], block_size: int) -> dict[str, list]:
             logits_rows.append(starts[-1] - 1)
     width = max(len(w.block_table) for w in work)
     tables = [w.block_table + [-1] * (width - len(w.block_table)) for w in work]
-    return {"positions": positions, "slot_mapping": slots, "query_start_loc": starts,
-            "logits_indices": logits_rows, "block_tables": tables,
-            "input_ids": [t for w in work for t in w.token_ids]}
+    return {
+        "positions": positions,
+        "slot_mapping": slots,
+        "query_start_loc": starts,
+        "logits_indices": logits_rows,
+        "block_tables": tables,
+        "input_ids": [t for w in work for t in w.token_ids],
+    }
 
 
 def random_work(rng: random.Random, num_blocks: int, block_size: int) -> list[SeqWork]:

@@ -37,7 +37,9 @@ def _edited_copy(src, dst, edit):
 def test_missing_tensor_names_tensor_and_checkpoint(qwen3_dir, tmp_path):
     name = "model.layers.1.self_attn.k_norm.weight"
     path = _edited_copy(qwen3_dir, tmp_path / "ckpt", lambda t: t.pop(name))
-    with pytest.raises(CheckpointError, match=rf"'{name}'.*missing from {tmp_path / 'ckpt'}/model\.safetensors$"):
+    with pytest.raises(
+        CheckpointError, match=rf"'{name}'.*missing from {tmp_path / 'ckpt'}/model\.safetensors$"
+    ):
         load_model(path)
 
 
@@ -46,7 +48,9 @@ def test_missing_tensor_in_sharded_checkpoint_names_the_index(tmp_path):
     index = json.loads((path / "model.safetensors.index.json").read_text())
     del index["weight_map"]["model.norm.weight"]
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
-    with pytest.raises(CheckpointError, match=r"'model\.norm\.weight'.*missing from .*model\.safetensors\.index\.json"):
+    with pytest.raises(
+        CheckpointError, match=r"'model\.norm\.weight'.*missing from .*model\.safetensors\.index\.json"
+    ):
         load_model(path)
 
 
@@ -57,7 +61,9 @@ def test_wrong_shape_names_tensor_file_and_shapes(qwen3_dir, tmp_path):
         t[name] = t[name][:63]
 
     path = _edited_copy(qwen3_dir, tmp_path / "ckpt", shrink)
-    with pytest.raises(CheckpointError, match=rf"'{name}' in .*model\.safetensors: shape \[63, 64\] .* \[64, 64\]"):
+    with pytest.raises(
+        CheckpointError, match=rf"'{name}' in .*model\.safetensors: shape \[63, 64\] .* \[64, 64\]"
+    ):
         load_model(path)
 
 
@@ -75,7 +81,9 @@ def test_integer_tensor_for_float_parameter_is_refused(qwen3_dir, tmp_path):
 def test_index_naming_an_absent_shard(qwen3_dir, tmp_path):
     path = shutil.copytree(qwen3_dir, tmp_path / "ckpt")
     names = CheckpointReader(path).names()
-    weight_map = {n: ("model-00002-of-00002.safetensors" if i % 2 else "model.safetensors") for i, n in enumerate(names)}
+    weight_map = {
+        n: ("model-00002-of-00002.safetensors" if i % 2 else "model.safetensors") for i, n in enumerate(names)
+    }
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     with pytest.raises(CheckpointError, match="model-00002-of-00002.safetensors.*missing"):
         CheckpointReader(path)
@@ -91,7 +99,9 @@ def test_empty_directory_and_missing_config(tmp_path):
 
 
 def test_reader_shapes_dtypes_and_unused_tensors(qwen3_dir, tmp_path):
-    path = _edited_copy(qwen3_dir, tmp_path / "ckpt", lambda t: t.update({"mtp.fc.weight": torch.zeros(2, 2)}))
+    path = _edited_copy(
+        qwen3_dir, tmp_path / "ckpt", lambda t: t.update({"mtp.fc.weight": torch.zeros(2, 2)})
+    )
     reader = CheckpointReader(path)
     assert reader.shape("lm_head.weight") == (512, 64) and reader.dtype("lm_head.weight") == torch.float32
     model = load_model(qwen3_dir)
@@ -149,4 +159,6 @@ def test_tp_rank_reads_only_its_slice(qwen3_dir):
     model_rank1 = load_model(qwen3_dir, world=World(rank=1, size=2))
     layer = model_rank1.model.layers[0]
     assert torch.equal(layer.mlp.down_proj.weight, full[:, 64:])
-    assert torch.equal(layer.self_attn.q_proj.weight, reader.get("model.layers.0.self_attn.q_proj.weight")[32:])
+    assert torch.equal(
+        layer.self_attn.q_proj.weight, reader.get("model.layers.0.self_attn.q_proj.weight")[32:]
+    )

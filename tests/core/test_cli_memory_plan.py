@@ -104,7 +104,9 @@ def test_generic_estimate_reads_headers_only(tmp_path):
     two = estimate_memory_plan(
         tmp_path, hf, parse_config({"model": "m", "engine": {"kv_dtype": "bf16"}}).engine, world_size=2
     )
-    assert two.kv_per_token == 2 * 1 * (16 + 16) * 2 and two.drafter == 0  # kv heads split over 2 ranks; mtp off
+    assert (
+        two.kv_per_token == 2 * 1 * (16 + 16) * 2 and two.drafter == 0
+    )  # kv heads split over 2 ranks; mtp off
 
 
 def test_generic_estimate_counts_hybrid_state_and_mla(tmp_path):

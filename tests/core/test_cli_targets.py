@@ -30,7 +30,10 @@ def test_plugins_ship_their_templates_and_deploy_links_to_them():
     assert by_name["qwen_nvfp4_w1"].source == "qwen" and by_name["glm-4.7_nvfp4_w4"].source == "glm"
     assert by_name["demo_cpu"].source == "dgpp-core"
     for tpl in by_name.values():  # listed once, from the package that ships it
-        assert tpl.path.resolve().is_relative_to(REPO / "plugins") or tpl.name in ("demo_cpu", "demo_tiny_cpu"), tpl
+        assert tpl.path.resolve().is_relative_to(REPO / "plugins") or tpl.name in (
+            "demo_cpu",
+            "demo_tiny_cpu",
+        ), tpl
     for link in deploy_dir().glob("*.json"):
         assert link.resolve() in {t.path.resolve() for t in by_name.values()}, link
     assert find_template("qwen_nvfp4_w1").parent.name == "templates"

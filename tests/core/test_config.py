@@ -26,7 +26,12 @@ def test_defaults_are_the_anchors():
         16777216,  # 16 MiB, not the original's 256 MiB: a body is held whole in memory before it is parsed
         30,
     )
-    assert (cfg.http.body_timeout_s, cfg.http.api_key, cfg.http.api_key_env, cfg.http.cors_origins) == (30.0, "", "", [])
+    assert (cfg.http.body_timeout_s, cfg.http.api_key, cfg.http.api_key_env, cfg.http.cors_origins) == (
+        30.0,
+        "",
+        "",
+        [],
+    )
     assert (cfg.ports.http, cfg.ports.fabric, cfg.ports.journal) == (18080, 29970, 29971)
     e = cfg.engine
     assert (e.max_concurrency, e.kv_capacity, e.default_max_tokens, e.queue_limit, e.max_connections) == (

@@ -25,7 +25,9 @@ def test_both_spellings_give_one_rope():
 
 
 def test_unsupported_values_name_the_key():
-    with pytest.raises(ConfigError, match=r"toy config.json: 'rope_parameters.rope_type'='dynamic' is not supported"):
+    with pytest.raises(
+        ConfigError, match=r"toy config.json: 'rope_parameters.rope_type'='dynamic' is not supported"
+    ):
         _keys(rope_parameters={"rope_type": "dynamic", "factor": 2.0}).rope()
     with pytest.raises(ConfigError, match=r"'rope_scaling.type'='yarn' is not supported \(default\)"):
         _keys(rope_scaling={"type": "yarn", "factor": 4.0}).rope(supported=("default",))
@@ -44,17 +46,23 @@ def test_the_factory_scales_the_frequencies():
     linear = rotary_embedding(_keys(rope_scaling={"type": "linear", "factor": 4.0}).rope(), 32)
     assert torch.equal(plain.inv_freq, default_inv_freq(1e4, 32))
     assert torch.equal(linear.inv_freq, default_inv_freq(1e4, 32) / 4.0)
-    yarn = rotary_embedding(_keys(max_position_embeddings=4096,
-                                  rope_scaling={"type": "yarn", "factor": 4.0}).rope(), 32, 16)
+    yarn = rotary_embedding(
+        _keys(max_position_embeddings=4096, rope_scaling={"type": "yarn", "factor": 4.0}).rope(), 32, 16
+    )
     assert yarn.rotary_dim == 16 and yarn.magnitude > 1.0
 
 
 def test_a_rope_per_section():
     """MiMo's per-layer-type thetas and DeepSeek-V4's compressed-layer YaRN are entries of ``rope_parameters``."""
-    keys = _keys(rope_theta=7.0, max_position_embeddings=4096, rope_parameters={
-        "full_attention": {"rope_theta": 5e6, "partial_rotary_factor": 0.5},
-        "compress": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-        "bare": {"rope_type": "yarn", "factor": 4.0}})
+    keys = _keys(
+        rope_theta=7.0,
+        max_position_embeddings=4096,
+        rope_parameters={
+            "full_attention": {"rope_theta": 5e6, "partial_rotary_factor": 0.5},
+            "compress": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+            "bare": {"rope_type": "yarn", "factor": 4.0},
+        },
+    )
     assert keys.rope(section="full_attention").theta == 5e6
     assert keys.rotary_dim(128, section="full_attention") == 64
     assert keys.rotary_dim(128, default_factor=0.25, section="compress") == 32

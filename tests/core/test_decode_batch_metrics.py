@@ -49,7 +49,9 @@ def _serve(sched: Scheduler, vocab: int) -> None:
     for i in range(3):
         prompt = torch.randint(3, vocab, (5,), generator=gen).tolist()
         params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-        sched.submit([Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, vocab, prompt), lambda s, ev: None)])
+        sched.submit(
+            [Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, vocab, prompt), lambda s, ev: None)]
+        )
     for _ in range(50):
         if not sched.has_work:
             break
@@ -96,8 +98,12 @@ def test_prometheus_renders_the_decode_batch_counters(tiny_model) -> None:
     _serve(sched, tiny_model.info.vocab_size)
     loop = StepLoop(sched, 10.0, gather_ms=0)
     loop._publish()
-    counters = SimpleNamespace(requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0)
-    engine = SimpleNamespace(loop=loop, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=1))
+    counters = SimpleNamespace(
+        requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0
+    )
+    engine = SimpleNamespace(
+        loop=loop, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=1)
+    )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(engine))
     text = generate_latest(registry).decode()

@@ -46,8 +46,14 @@ def test_no_refused_key_is_in_the_schema() -> None:
         for key in path[:-1]:
             fields = {f.encode_name: f.type for f in msgspec.structs.fields(node)} if node else {}
             t = fields.get(key)
-            node = next((a for a in getattr(t, "__args__", (t,)) if isinstance(a, type)
-                         and issubclass(a, msgspec.Struct)), None)
+            node = next(
+                (
+                    a
+                    for a in getattr(t, "__args__", (t,))
+                    if isinstance(a, type) and issubclass(a, msgspec.Struct)
+                ),
+                None,
+            )
         names = {f.encode_name for f in msgspec.structs.fields(node)} if node else set()
         assert path[-1] not in names, path
 

@@ -24,7 +24,9 @@ def test_fixed_order_linear_rows_do_not_depend_on_the_row_count(dtype):
     solo = torch.cat([torch.cat(fixed_order_linear(x[r : r + 1], ws), 1) for r in range(70)])
     for m in (2, 3, 17, 64, 65, 70):
         assert torch.equal(torch.cat(fixed_order_linear(x[:m], ws), 1), solo[:m]), m
-    if dtype == torch.float32:  # the interpreter's bf16 dot is wrong (tests/conftest.py); the GPU check covers it
+    if (
+        dtype == torch.float32
+    ):  # the interpreter's bf16 dot is wrong (tests/conftest.py); the GPU check covers it
         ref = torch.cat([torch.nn.functional.linear(x, w) for w in ws], 1)
         torch.testing.assert_close(solo, ref, rtol=1e-4, atol=1e-4)
 
@@ -46,7 +48,10 @@ def test_fixed_order_linear_refuses_bad_shapes_by_name():
 def _paged(seed: int, seqs: int, ctx: int, bs: int = 16):
     g = torch.Generator().manual_seed(seed)
     per = -(-ctx // bs)
-    kc, vc = torch.randn(seqs * per + 2, bs, 2, 32, generator=g), torch.randn(seqs * per + 2, bs, 2, 32, generator=g)
+    kc, vc = (
+        torch.randn(seqs * per + 2, bs, 2, 32, generator=g),
+        torch.randn(seqs * per + 2, bs, 2, 32, generator=g),
+    )
     tables = torch.randperm(seqs * per + 2, generator=g)[: seqs * per].view(seqs, per).int()
     return kc, vc, tables
 
@@ -55,8 +60,14 @@ def test_fixed_split_decode_attention_row_independent_of_batch_and_table_width()
     kc, vc, tables = _paged(2, 5, 300)
     q = torch.randn(5, 4, 32)
     lens = torch.tensor([300, 7, 64, 65, 190], dtype=torch.int32)
-    solo = torch.cat([paged_decode_attention_fixed(q[r : r + 1], kc, vc, tables[r : r + 1], lens[r : r + 1], 0.2, splits=4)
-                      for r in range(5)])
+    solo = torch.cat(
+        [
+            paged_decode_attention_fixed(
+                q[r : r + 1], kc, vc, tables[r : r + 1], lens[r : r + 1], 0.2, splits=4
+            )
+            for r in range(5)
+        ]
+    )
     assert torch.equal(paged_decode_attention_fixed(q, kc, vc, tables, lens, 0.2, splits=4), solo)
     wide = torch.cat([tables, tables[:, :3]], 1)
     assert torch.equal(paged_decode_attention_fixed(q, kc, vc, wide, lens, 0.2, splits=4), solo)
@@ -72,8 +83,9 @@ def test_verify_rows_expand_to_the_decode_rows_of_their_positions():
     q = torch.randn(4, 4, 32)
     together = paged_decode_attention_fixed(q, kc, vc, rows_tables, seq_lens, 0.3, splits=4)
     for r, (s, n) in enumerate([(0, 148), (0, 149), (0, 150), (1, 90)]):
-        alone = paged_decode_attention_fixed(q[r : r + 1], kc, vc, tables[s : s + 1], torch.tensor([n], dtype=torch.int32),
-                                             0.3, splits=4)
+        alone = paged_decode_attention_fixed(
+            q[r : r + 1], kc, vc, tables[s : s + 1], torch.tensor([n], dtype=torch.int32), 0.3, splits=4
+        )
         assert torch.equal(together[r : r + 1], alone), r
     assert expand_rows(tables, [0], [1])[2].tolist() == [0]  # a graph padding row stays empty
 
@@ -81,7 +93,9 @@ def test_verify_rows_expand_to_the_decode_rows_of_their_positions():
 def test_route_is_a_function_of_each_row_alone():
     from types import SimpleNamespace
 
-    cuda_ids = SimpleNamespace(is_cuda=True, device="cpu")  # a CUDA step's input ids, as the engine routes them
+    cuda_ids = SimpleNamespace(
+        is_cuda=True, device="cpu"
+    )  # a CUDA step's input ids, as the engine routes them
     decode = route_for([1, 1, 1], "cpu")
     assert decode.per_row and decode.all_exact
     mixed = route_for([1, 5, 1], "cpu")
@@ -105,6 +119,7 @@ def test_route_rows_merges_canonical_and_bulk_rows():
         def fn(rows):
             seen.setdefault(name, []).append(rows[:, 0].tolist())
             return [torch.full((rows.shape[0], 1), value)]
+
         return fn
 
     with in_flight(route):
@@ -113,18 +128,28 @@ def test_route_rows_merges_canonical_and_bulk_rows():
         # decode rows in one canonical call; each prefill chunk in a call of its own
         assert seen == {"exact": [[0.0, 4.0]], "bulk": [[1.0, 2.0, 3.0], [5.0, 6.0]]}
         # a row set of its own (logits rows): all canonical
-        assert exact_cuda.route_rows(x[:2], tag("exact", 1.0), tag("bulk", 2.0))[0][:, 0].tolist() == [1.0, 1.0]
+        assert exact_cuda.route_rows(x[:2], tag("exact", 1.0), tag("bulk", 2.0))[0][:, 0].tolist() == [
+            1.0,
+            1.0,
+        ]
 
 
 def test_recurrent_plan_steps_rows_like_plain_decode():
     from types import SimpleNamespace
 
-    batch = SimpleNamespace(input_ids=torch.zeros(7, dtype=torch.long), q_lens_cpu=[3, 1, 3], context_lens_cpu=[10, 4, 0],
-                            state_slots=torch.tensor([5, 6, 7]))
+    batch = SimpleNamespace(
+        input_ids=torch.zeros(7, dtype=torch.long),
+        q_lens_cpu=[3, 1, 3],
+        context_lens_cpu=[10, 4, 0],
+        state_slots=torch.tensor([5, 6, 7]),
+    )
     plan = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu", per_row=True))  # a verify step
     steps = [(r.tolist(), s.tolist(), f.tolist()) for r, s, f in plan.steps]
-    assert steps == [([0, 3, 4], [0, 1, 2], [False, False, True]), ([1, 5], [0, 2], [False, False]),
-                     ([2, 6], [0, 2], [False, False])]
+    assert steps == [
+        ([0, 3, 4], [0, 1, 2], [False, False, True]),
+        ([1, 5], [0, 2], [False, False]),
+        ([2, 6], [0, 2], [False, False]),
+    ]
     assert plan.bulk == ()
     mixed = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu"))
     assert [(r.tolist(), s.tolist()) for r, s, _ in mixed.steps] == [([3], [1])]
@@ -141,10 +166,16 @@ def test_recurrent_plan_gated_delta_equals_the_token_by_token_definition():
     q, k = torch.randn(t, hk, dk), torch.randn(t, hk, dk)
     v, g, beta = torch.randn(t, hv, dv), -torch.rand(t, hv), torch.rand(t, hv)
     pool = torch.randn(3, hv, dk, dv)
-    batch = SimpleNamespace(input_ids=torch.zeros(t, dtype=torch.long), q_lens_cpu=[4, 2], context_lens_cpu=[5, 3],
-                            state_slots=torch.tensor([0, 2]))
+    batch = SimpleNamespace(
+        input_ids=torch.zeros(t, dtype=torch.long),
+        q_lens_cpu=[4, 2],
+        context_lens_cpu=[5, 3],
+        state_slots=torch.tensor([0, 2]),
+    )
     ref_pool = pool.clone()
-    ref = gated_delta_ref(q, k, v, g, beta, ref_pool, batch.state_slots, torch.tensor([0, 4, 6]), torch.tensor([False, False]))
+    ref = gated_delta_ref(
+        q, k, v, g, beta, ref_pool, batch.state_slots, torch.tensor([0, 4, 6]), torch.tensor([False, False])
+    )
     plan = plan_rows(batch, route_for(batch.q_lens_cpu, "cpu", per_row=True))  # a verify step
     out = plan.delta(q, k, v, g, beta, pool, 64)
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
@@ -161,8 +192,12 @@ def test_recurrent_plan_mixed_and_verify_match_the_definition():
     t, hk, hv, dk, dv = 7, 1, 2, 16, 16
     q, k = torch.randn(t, hk, dk), torch.randn(t, hk, dk)
     v, g, beta = torch.randn(t, hv, dv), -torch.rand(t, hv), torch.rand(t, hv)
-    batch = SimpleNamespace(input_ids=torch.zeros(t, dtype=torch.long), q_lens_cpu=[4, 1, 2], context_lens_cpu=[5, 3, 0],
-                            state_slots=torch.tensor([0, 2, 1]))
+    batch = SimpleNamespace(
+        input_ids=torch.zeros(t, dtype=torch.long),
+        q_lens_cpu=[4, 1, 2],
+        context_lens_cpu=[5, 3, 0],
+        state_slots=torch.tensor([0, 2, 1]),
+    )
     qsl, fresh = torch.tensor([0, 4, 5, 7]), torch.tensor([False, False, True])
     for verify in (False, True):
         pool = torch.randn(3, hv, dk, dv)
@@ -179,8 +214,14 @@ def test_recurrent_plan_mixed_and_verify_match_the_definition():
     for j in range(4):
         for i, (start, n) in enumerate(zip((0, 4, 5), batch.q_lens_cpu, strict=True)):
             if j < n:
-                ref_rows[start + j] = conv_decode_ref(x[start + j : start + j + 1], weight, None, ref_conv,
-                                                      batch.state_slots[i : i + 1], torch.tensor([j == 0 and i == 2]))[0]
+                ref_rows[start + j] = conv_decode_ref(
+                    x[start + j : start + j + 1],
+                    weight,
+                    None,
+                    ref_conv,
+                    batch.state_slots[i : i + 1],
+                    torch.tensor([j == 0 and i == 2]),
+                )[0]
     torch.testing.assert_close(plan.conv(x, weight, None, conv), ref_rows, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(conv, ref_conv, rtol=1e-5, atol=1e-5)
 
@@ -211,7 +252,9 @@ def _gdn_and_batches(q_lens: list[int], ctx: list[int]):
     from dgpp.step.pools import CachePools
 
     torch.manual_seed(6)
-    gdn = GatedDeltaNet("gdn", hidden_size=32, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, conv_kernel=4)
+    gdn = GatedDeltaNet(
+        "gdn", hidden_size=32, num_k_heads=1, num_v_heads=2, head_k_dim=16, head_v_dim=16, conv_kernel=4
+    )
     with torch.no_grad():
         for p in gdn.parameters():
             p.copy_(torch.randn_like(p) * 0.3)
@@ -219,7 +262,10 @@ def _gdn_and_batches(q_lens: list[int], ctx: list[int]):
     pools = CachePools({"gdn": gdn.cache_spec()}, 8, 4, len(q_lens) + 1)
     for t in pools.state["gdn"].values():
         t.copy_(torch.randn_like(t))
-    works = [SeqWork(i, [2 * i, 2 * i + 1], c, list(range(1, n + 1))) for i, (n, c) in enumerate(zip(q_lens, ctx, strict=True))]
+    works = [
+        SeqWork(i, [2 * i, 2 * i + 1], c, list(range(1, n + 1)))
+        for i, (n, c) in enumerate(zip(q_lens, ctx, strict=True))
+    ]
     return gdn, pools, build_batch(works, pools)
 
 
@@ -261,7 +307,11 @@ def test_routed_attention_mixed_and_verify_steps_match_the_reference(monkeypatch
     k_cache, v_cache = pools.kv["kv"]
     k_cache.copy_(torch.randn_like(k_cache))
     v_cache.copy_(torch.randn_like(v_cache))
-    works = [SeqWork(0, [0, 1, 2], 6, [1]), SeqWork(1, [3, 4, 5], 2, [1, 2, 3, 4]), SeqWork(2, [6, 7], 4, [1, 2])]
+    works = [
+        SeqWork(0, [0, 1, 2], 6, [1]),
+        SeqWork(1, [3, 4, 5], 2, [1, 2, 3, 4]),
+        SeqWork(2, [6, 7], 4, [1, 2]),
+    ]
     batch = build_batch(works, pools)
     q = torch.randn(batch.num_tokens, 4, 16)
     ref = paged_attention(q, k_cache, v_cache, batch, 0.25)
@@ -286,7 +336,9 @@ def test_fused_moe_rows_do_not_depend_on_the_token_count():
     x = torch.randn(t, h)
     ids = torch.stack([torch.randperm(e)[:top] for _ in range(t)])
     w = torch.rand(t, top)
-    solo = torch.cat([fused_moe_triton(x[r : r + 1], gate_up, down, w[r : r + 1], ids[r : r + 1]) for r in range(t)])
+    solo = torch.cat(
+        [fused_moe_triton(x[r : r + 1], gate_up, down, w[r : r + 1], ids[r : r + 1]) for r in range(t)]
+    )
     for m in (2, 5, t):  # 5 tokens: 10 assignments <= 4 * experts took 16-row blocks before the exact routing
         assert torch.equal(fused_moe_triton(x[:m], gate_up, down, w[:m], ids[:m]), solo[:m]), m
     torch.testing.assert_close(solo, fused_moe_ref(x, gate_up, down, w, ids), rtol=1e-4, atol=1e-4)
@@ -300,7 +352,10 @@ def test_prefill_chunks_in_place_equal_the_merged_chunks():
 
     g = torch.Generator().manual_seed(0)
     x = torch.randn(11, 32, generator=g)
-    weights = [torch.randn(64, 32, generator=g), torch.randn(128, 32, generator=g)]  # rows start 256-byte aligned
+    weights = [
+        torch.randn(64, 32, generator=g),
+        torch.randn(128, 32, generator=g),
+    ]  # rows start 256-byte aligned
     route = route_for([4, 1, 6], "cpu")  # chunk rows 0..3, a decode row 4, chunk rows 5..10
     calls = []
 
@@ -314,14 +369,20 @@ def test_prefill_chunks_in_place_equal_the_merged_chunks():
     with in_flight(route):
         merged = exact_cuda.route_rows(x, exact, bulk)
         assert calls == [4, 6]
-        in_place = exact_cuda.route_rows(x, exact, bulk, lambda rows, ranges: chunks.chunk_linears(rows, weights, ranges))
+        in_place = exact_cuda.route_rows(
+            x, exact, bulk, lambda rows, ranges: chunks.chunk_linears(rows, weights, ranges)
+        )
         assert calls == [4, 6]  # the chunks went through chunk_linears, not through bulk
         for a, b in zip(merged, in_place, strict=True):
             assert torch.equal(a, b)
         assert in_place[0][4].eq(7.0).all()
         gate, up = weights[0], torch.randn(64, 32, generator=g)
-        fused = exact_cuda.route_rows(x, lambda rows: [rows.new_zeros(rows.shape[0], 64)], lambda rows: [chunks_ref(rows, gate, up)],
-                                      lambda rows, ranges: chunks.chunk_gate_up_silu(rows, gate, up, ranges))[0]
+        fused = exact_cuda.route_rows(
+            x,
+            lambda rows: [rows.new_zeros(rows.shape[0], 64)],
+            lambda rows: [chunks_ref(rows, gate, up)],
+            lambda rows, ranges: chunks.chunk_gate_up_silu(rows, gate, up, ranges),
+        )[0]
         for a, b in ((0, 4), (5, 11)):
             assert torch.equal(fused[a:b], chunks_ref(x[a:b], gate, up))
         assert fused[4].eq(0).all()

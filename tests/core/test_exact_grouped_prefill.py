@@ -29,7 +29,9 @@ def _gemv_rows(fn, x: torch.Tensor) -> torch.Tensor:
 def test_prefill_tiles_give_rows_the_decode_gemv_bits():
     g = torch.Generator().manual_seed(0)
     ws = [torch.randn(n, K, generator=g) / 8 for n in (256, 256)]
-    x = torch.randn(300, K, generator=g)  # 3 row blocks, the last one partial (its rows clamp to the last row)
+    x = torch.randn(
+        300, K, generator=g
+    )  # 3 row blocks, the last one partial (its rows clamp to the last row)
     tiled = torch.cat(gemm_prefill.prefill_linear(x, ws), 1)
     assert torch.equal(tiled, _gemv_rows(lambda r: torch.cat(multi_linear_triton(r, ws), 1), x))
     assert torch.equal(tiled[7:8], torch.cat(multi_linear_triton(x[7:8], ws), 1))
@@ -67,7 +69,9 @@ def test_route_sends_chunks_by_their_own_length():
     assert off.long_ranges == off.bulk_ranges and off.fixed_rows.tolist() == [5]
 
 
-def _linear_step(x: torch.Tensor, ws: list[torch.Tensor], q_lens: list[int], group_rows: int, calls: list[tuple[str, int]]):
+def _linear_step(
+    x: torch.Tensor, ws: list[torch.Tensor], q_lens: list[int], group_rows: int, calls: list[tuple[str, int]]
+):
     """One step's dense linear through ``route_rows`` as ``routed_linears`` wires it (fixed-order rows, cuBLAS
     chunks written in place), logging each call's kind and row count."""
 
@@ -94,7 +98,10 @@ def test_short_chunk_rows_equal_in_a_group_beside_a_long_chunk_and_alone():
     x = torch.randn(sum(lens), K, generator=g)
     calls: list[tuple[str, int]] = []
     grouped = _linear_step(x, ws, lens, 100, calls)
-    assert calls == [("fixed", 561), ("chunk", 600)]  # one fixed-order call for the short chunks and the decode row
+    assert calls == [
+        ("fixed", 561),
+        ("chunk", 600),
+    ]  # one fixed-order call for the short chunks and the decode row
     calls.clear()
     burst = _linear_step(x[:561], ws, lens[:9], 100, calls)  # no long chunk: the whole step in one call
     assert calls == [("fixed", 561)] and torch.equal(burst, grouped[:561])
@@ -124,8 +131,13 @@ def test_short_chunks_gate_up_silu_grouped_equal_alone():
             return [torch.nn.functional.silu(r @ wg.T) * (r @ wu.T)]
 
         with in_flight(route_for(q_lens, "cpu", group_rows=128)):
-            return exact_cuda.route_rows(rows, exact, bulk, lambda r, ranges: chunks.chunk_gate_up_silu(r, wg, wu, ranges),
-                                         grouped=True)[0]
+            return exact_cuda.route_rows(
+                rows,
+                exact,
+                bulk,
+                lambda r, ranges: chunks.chunk_gate_up_silu(r, wg, wu, ranges),
+                grouped=True,
+            )[0]
 
     together = step(x, lens)
     assert torch.equal(step(x[65:130], [65]), together[65:130])

@@ -33,17 +33,32 @@ def test_a_declaration_that_cannot_work_is_refused_at_registration():
     with pytest.raises(PluginError, match="loads ToyForCausalLM without the family claiming it"):
         Family(name="toy", plugin="dgpp-toy", architectures=("OtherForCausalLM",), models=(TOY,))
     with pytest.raises(PluginError, match="unknown model hooks build_everything"):
-        Family(name="toy", plugin="dgpp-toy", architectures=("ToyForCausalLM",),
-               models=(FamilyModel(claims=TOY.claims, config=TOY.config, model=TOY.model,
-                                   hooks={"build_everything": "toy.x:f"}),))
+        Family(
+            name="toy",
+            plugin="dgpp-toy",
+            architectures=("ToyForCausalLM",),
+            models=(
+                FamilyModel(
+                    claims=TOY.claims,
+                    config=TOY.config,
+                    model=TOY.model,
+                    hooks={"build_everything": "toy.x:f"},
+                ),
+            ),
+        )
     with pytest.raises(PluginError, match="'toy.model.Toy' is not of the form"):
-        Family(name="toy", plugin="dgpp-toy", architectures=("ToyForCausalLM",),
-               models=(FamilyModel(claims=TOY.claims, config=TOY.config, model="toy.model.Toy"),))
+        Family(
+            name="toy",
+            plugin="dgpp-toy",
+            architectures=("ToyForCausalLM",),
+            models=(FamilyModel(claims=TOY.claims, config=TOY.config, model="toy.model.Toy"),),
+        )
 
 
 def test_claims_without_a_model_are_not_yet_supported():
-    family = Family(name="toy", plugin="dgpp-toy", architectures=("ToyForCausalLM", "Toy2ForCausalLM"),
-                    models=(TOY,))
+    family = Family(
+        name="toy", plugin="dgpp-toy", architectures=("ToyForCausalLM", "Toy2ForCausalLM"), models=(TOY,)
+    )
     (spec,) = family.families()
     assert spec.implemented == ("ToyForCausalLM",) and spec.claims("Toy2ForCausalLM")
     assert isinstance(family, FamilyContract)
@@ -59,11 +74,19 @@ def test_every_installed_family_registers_through_the_contract():
     for name, ep in installed_entry_points().items():
         plugin = ep.load()
         assert isinstance(plugin, Family), f"{name} ({ep.value}) does not declare a Family"
-    allowed = ("dgpp.plugin_api", "dgpp.nn", "dgpp.text", "dgpp.testing")  # testing: the fixture builders offered
+    allowed = (
+        "dgpp.plugin_api",
+        "dgpp.nn",
+        "dgpp.text",
+        "dgpp.testing",
+    )  # testing: the fixture builders offered
     # what a family still reads from core beside them, and why (each is a library, not the engine side)
     known = {
         "dgpp.quant.resident",  # GLM / MiMo-V2.6 / DeepSeek plans count a drafter or a release's formats themselves
-        "dgpp.quant.scheme", "dgpp.quant.format", "dgpp.quant.fp8", "dgpp.quant.fp4",  # MiMo-V2.6's own scheme
+        "dgpp.quant.scheme",
+        "dgpp.quant.format",
+        "dgpp.quant.fp8",
+        "dgpp.quant.fp4",  # MiMo-V2.6's own scheme
         "dgpp.checkpoint",  # MiMo-V2.6's reader presents its fused tensors under the module's names
         "dgpp.log",  # MiMo-V2.6 logs the formats its scheme picked
         "dgpp.kernels",  # MiMo's MTP attention over a paged sliding window
@@ -75,11 +98,19 @@ def test_every_installed_family_registers_through_the_contract():
         for path in src.rglob("*.py"):
             for node in ast.walk(ast.parse(path.read_text())):
                 module = node.module if isinstance(node, ast.ImportFrom) else None
-                names = [module] if module else [a.name for a in getattr(node, "names", [])] if isinstance(node, ast.Import) else []
+                names = (
+                    [module]
+                    if module
+                    else [a.name for a in getattr(node, "names", [])]
+                    if isinstance(node, ast.Import)
+                    else []
+                )
                 for target in names:
                     if target and target.startswith("dgpp.") and not target.startswith(allowed):
                         extra.add(target)
-    assert {m for m in extra if not any(m == k or m.startswith(k + ".") for k in known)} == set(), sorted(extra)
+    assert {m for m in extra if not any(m == k or m.startswith(k + ".") for k in known)} == set(), sorted(
+        extra
+    )
 
 
 def test_registering_the_families_imports_no_model_code():
@@ -98,7 +129,9 @@ def test_registering_the_families_imports_no_model_code():
         print(sorted(i.plugin_name for i in pm.hook.dgpp_memory_plan.get_hookimpls()))
         """
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
     assert out[0] == "False []"
     assert all(family in out[1] for family in ("deepseek", "flint", "glm", "llama", "mimo", "qwen"))
 
@@ -161,11 +194,16 @@ def test_the_plan_counts_the_model_as_it_loads(tmp_path, keys):
     loaded = load_model(checkpoint, engine, pm=pm)
     assert plan.weights == _param_bytes(loaded)
     assert plan.kv_per_token == sum(s.bytes_per_token() for s in loaded.cache_spec().values())
-    assert plan.activations_per_token == (8 * loaded.config.hidden_size + 3 * loaded.config.intermediate_size) * 2
+    assert (
+        plan.activations_per_token
+        == (8 * loaded.config.hidden_size + 3 * loaded.config.intermediate_size) * 2
+    )
     if keys:
         dense = plan_for(pm, load_context(checkpoint, EngineConfig(), pm=pm)).weights
         linears = [p for n, p in loaded.named_parameters() if n.endswith("_proj.weight")]
-        assert linears and dense - plan.weights == sum(p.numel() * 2 - fp8_block_bytes(*p.shape) for p in linears)
+        assert linears and dense - plan.weights == sum(
+            p.numel() * 2 - fp8_block_bytes(*p.shape) for p in linears
+        )
 
 
 def test_the_plan_splits_kv_heads_over_ranks(tmp_path):
@@ -180,6 +218,12 @@ def test_the_example_is_the_one_family_file_set():
     """The example needs only its declaration, config and model (core does the loading and the plan), and the
     offers of a family: its tiny checkpoint and its GGUF map."""
     package = Path(__file__).resolve().parents[2] / "examples" / "dgpp-example-plugin" / "src" / "dgpp_llama"
-    assert sorted(p.name for p in package.glob("*.py")) == ["__init__.py", "config.py", "gguf_arch.py", "model.py", "plugin.py",
-                                                                   "testing.py"]
+    assert sorted(p.name for p in package.glob("*.py")) == [
+        "__init__.py",
+        "config.py",
+        "gguf_arch.py",
+        "model.py",
+        "plugin.py",
+        "testing.py",
+    ]
     assert (package / "py.typed").exists()

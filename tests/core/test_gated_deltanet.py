@@ -28,7 +28,14 @@ def _inputs(length: int, seed: int):
 def _reference(seq, initial_state):
     q, k, v, g, beta = (x[None] for x in seq)
     out, state = torch_recurrent_gated_delta_rule(
-        q, k, v, g, beta, initial_state=initial_state[None], output_final_state=True, use_qk_l2norm_in_kernel=True
+        q,
+        k,
+        v,
+        g,
+        beta,
+        initial_state=initial_state[None],
+        output_final_state=True,
+        use_qk_l2norm_in_kernel=True,
     )
     return out[0], state[0]
 
@@ -41,7 +48,8 @@ def _run(seqs, splits, chunk_size, pool, slots, start_ctx):
         live = [i for i in range(len(seqs)) if step < len(splits[i])]
         q_lens = [splits[i][step] for i in live]
         parts = [
-            tuple(x[done[i] - base[i] : done[i] - base[i] + n] for x in seqs[i]) for i, n in zip(live, q_lens, strict=False)
+            tuple(x[done[i] - base[i] : done[i] - base[i] + n] for x in seqs[i])
+            for i, n in zip(live, q_lens, strict=False)
         ]
         flat = [torch.cat([p[j] for p in parts]) for j in range(5)]
         y = gated_delta_rule_varlen(*flat, pool, slots[live], q_lens, [done[i] for i in live], chunk_size)

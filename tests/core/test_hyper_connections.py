@@ -16,16 +16,34 @@ H, N, T = 32, 4, 7
 
 
 def tiny_config() -> DeepseekV4Config:
-    return DeepseekV4Config(hidden_size=H, num_hidden_layers=1, hc_mult=N, hc_sinkhorn_iters=20, hc_eps=1e-6,
-                            rms_norm_eps=1e-6, vocab_size=64, num_attention_heads=2, head_dim=16, q_lora_rank=8,
-                            o_lora_rank=8, o_groups=2, n_routed_experts=4, num_experts_per_tok=2,
-                            moe_intermediate_size=8, index_n_heads=2, index_head_dim=8)
+    return DeepseekV4Config(
+        hidden_size=H,
+        num_hidden_layers=1,
+        hc_mult=N,
+        hc_sinkhorn_iters=20,
+        hc_eps=1e-6,
+        rms_norm_eps=1e-6,
+        vocab_size=64,
+        num_attention_heads=2,
+        head_dim=16,
+        q_lora_rank=8,
+        o_lora_rank=8,
+        o_groups=2,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=8,
+        index_n_heads=2,
+        index_head_dim=8,
+    )
 
 
 def random_hc(gen: torch.Generator) -> dict[str, torch.Tensor]:
     # weights large enough that pre / post / comb are far from uniform (the init's std 0.02 is not)
-    return {"fn": torch.randn((2 + N) * N, N * H, generator=gen) * 0.5, "base": torch.randn((2 + N) * N, generator=gen),
-            "scale": torch.rand(3, generator=gen) + 0.5}
+    return {
+        "fn": torch.randn((2 + N) * N, N * H, generator=gen) * 0.5,
+        "base": torch.randn((2 + N) * N, generator=gen),
+        "scale": torch.rand(3, generator=gen) + 0.5,
+    }
 
 
 class _Sublayer(nn.Module):
@@ -76,8 +94,11 @@ def test_head_collapse_matches_transformers():
     gen = torch.Generator().manual_seed(1)
     ref = hf.DeepseekV4HyperHead(tiny_config())
     ours = HyperHead(H, N, eps=1e-6, norm_eps=1e-6)
-    values = {"hc_fn": torch.randn(N, N * H, generator=gen) * 0.5, "hc_base": torch.randn(N, generator=gen),
-              "hc_scale": torch.rand(1, generator=gen) + 0.5}
+    values = {
+        "hc_fn": torch.randn(N, N * H, generator=gen) * 0.5,
+        "hc_base": torch.randn(N, generator=gen),
+        "hc_scale": torch.rand(1, generator=gen) + 0.5,
+    }
     for name, value in values.items():
         getattr(ref, name).data.copy_(value)
         getattr(ours, name).data.copy_(value)

@@ -23,9 +23,24 @@ PLUGIN_SOURCES = [*sorted((ROOT / "plugins").glob("*/src")), *sorted((ROOT / "ex
 # Names are dgpp's top-level modules and packages; one layer may hold several, whose packages must not import
 # each other both ways (the package graph is checked for circles too).
 LAYERS: list[tuple[str, ...]] = [
-    ("dgpp", "errors", "log", "splitmix", "family", "offers", "policy", "config_schema", "config", "config_checks",
-     "config_refused", "prefill_budget", "extras", "deploy_templates", "pip_wheel",
-     "handoff"),
+    (
+        "dgpp",
+        "errors",
+        "log",
+        "splitmix",
+        "family",
+        "offers",
+        "policy",
+        "config_schema",
+        "config",
+        "config_checks",
+        "config_refused",
+        "prefill_budget",
+        "extras",
+        "deploy_templates",
+        "pip_wheel",
+        "handoff",
+    ),
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
@@ -38,12 +53,33 @@ LAYERS: list[tuple[str, ...]] = [
     ("startup", "family_contract"),
     ("sched",),  # the tick, admission, prefix cache, the engine thread
     ("serve",),  # the HTTP API
-    ("dist", "preflight", "cli_report", "cli", "cli_target", "bench", "demo", "demo_fetch", "testing"),  # entry points and tools
+    (
+        "dist",
+        "preflight",
+        "cli_report",
+        "cli",
+        "cli_target",
+        "bench",
+        "demo",
+        "demo_fetch",
+        "testing",
+    ),  # entry points and tools
     ("plugin_api",),  # what a plugin imports from core, gathered from every layer
 ]
 
 # core modules a plugin reads only through ``dgpp.plugin_api``, which gathers their names (docs/plugin-authoring.md)
-PLUGIN_API_ONLY = ("engine", "startup", "step", "sched", "serve", "family", "family_contract", "hookspecs", "errors")
+PLUGIN_API_ONLY = (
+    "engine",
+    "startup",
+    "step",
+    "sched",
+    "serve",
+    "family",
+    "family_contract",
+    "hookspecs",
+    "errors",
+)
+
 
 def _module_name(path: Path, src: Path) -> str:
     parts = list(path.relative_to(src).with_suffix("").parts)
@@ -58,7 +94,9 @@ def _modules() -> dict[str, Path]:
     return found
 
 
-def _imported(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: dict[str, Path]) -> list[str]:
+def _imported(
+    node: ast.Import | ast.ImportFrom, module: str, is_package: bool, known: dict[str, Path]
+) -> list[str]:
     """The modules an import statement names (``from pkg import sub`` names ``pkg.sub`` when that is a module)."""
     if isinstance(node, ast.Import):
         return [alias.name for alias in node.names]
@@ -142,7 +180,11 @@ def _layer_of() -> dict[str, int]:
 
 
 def _core(graph: dict[str, set[str]]) -> dict[str, set[str]]:
-    return {m: {t for t in ts if t.split(".")[0] == "dgpp"} for m, ts in graph.items() if m.split(".")[0] == "dgpp"}
+    return {
+        m: {t for t in ts if t.split(".")[0] == "dgpp"}
+        for m, ts in graph.items()
+        if m.split(".")[0] == "dgpp"
+    }
 
 
 def upward_imports(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
@@ -175,12 +217,19 @@ def test_core_packages_do_not_import_each_other_both_ways():
 
 def test_no_upward_imports():
     found = sorted(upward_imports(import_graph()))
-    assert not found, "imports from a lower layer up to a higher one (LAYERS): " + ", ".join(f"{a} -> {b}" for a, b in found)
+    assert not found, "imports from a lower layer up to a higher one (LAYERS): " + ", ".join(
+        f"{a} -> {b}" for a, b in found
+    )
 
 
 def test_core_never_imports_a_plugin():
-    named = sorted((m, t) for m, ts in import_graph().items() if m.split(".")[0] == "dgpp" for t in ts
-                   if t.split(".")[0] != "dgpp")
+    named = sorted(
+        (m, t)
+        for m, ts in import_graph().items()
+        if m.split(".")[0] == "dgpp"
+        for t in ts
+        if t.split(".")[0] != "dgpp"
+    )
     assert not named, f"core reaches families through hooks only: {named}"
 
 
@@ -194,8 +243,13 @@ def test_the_check_sees_a_circle_and_an_upward_import():
 
 def plugin_api_bypasses(graph: dict[str, set[str]]) -> set[tuple[str, str]]:
     """(plugin module, core module) pairs where a plugin imports a ``PLUGIN_API_ONLY`` module itself."""
-    return {(m, t) for m, ts in graph.items() if m.split(".")[0] != "dgpp" for t in ts
-            if t.split(".")[0] == "dgpp" and _top(t) in PLUGIN_API_ONLY}
+    return {
+        (m, t)
+        for m, ts in graph.items()
+        if m.split(".")[0] != "dgpp"
+        for t in ts
+        if t.split(".")[0] == "dgpp" and _top(t) in PLUGIN_API_ONLY
+    }
 
 
 def test_plugins_import_the_engine_side_through_plugin_api_only():
@@ -204,7 +258,12 @@ def test_plugins_import_the_engine_side_through_plugin_api_only():
 
 
 def test_the_check_sees_a_plugin_bypassing_plugin_api():
-    graph = {"dgpp_toy.model": {"dgpp.plugin_api", "dgpp.nn.linear", "dgpp.step.batch"},
-             "dgpp_toy.config": {"dgpp.errors", "dgpp.checkpoint.config_keys"},
-             "dgpp.engine.runner": {"dgpp.step.batch"}}
-    assert plugin_api_bypasses(graph) == {("dgpp_toy.model", "dgpp.step.batch"), ("dgpp_toy.config", "dgpp.errors")}
+    graph = {
+        "dgpp_toy.model": {"dgpp.plugin_api", "dgpp.nn.linear", "dgpp.step.batch"},
+        "dgpp_toy.config": {"dgpp.errors", "dgpp.checkpoint.config_keys"},
+        "dgpp.engine.runner": {"dgpp.step.batch"},
+    }
+    assert plugin_api_bypasses(graph) == {
+        ("dgpp_toy.model", "dgpp.step.batch"),
+        ("dgpp_toy.config", "dgpp.errors"),
+    }

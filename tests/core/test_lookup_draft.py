@@ -37,7 +37,9 @@ def _copy_heavy(n: int, tail: int) -> list[int]:
     return para + [1, 2] + para[:tail]
 
 
-PROMPTS = [_copy_heavy(n, t) for n, t in ((14, 3), (21, 5), (9, 2))] + [torch.randint(3, 200, (6,), generator=_GEN).tolist()]
+PROMPTS = [_copy_heavy(n, t) for n, t in ((14, 3), (21, 5), (9, 2))] + [
+    torch.randint(3, 200, (6,), generator=_GEN).tolist()
+]
 MAX_TOKENS = [24, 18, 20, 12]
 # three tokens carry all the mass (a large logit bias; their relative odds are the model's), and the prompt holds
 # every pair of them, so every decode step drafts one of them and the draft is right about a third of the time
@@ -57,15 +59,25 @@ def hybrid(tmp_path_factory):
 
 def _scheduler(model, *, chunk: int, concurrency: int) -> Scheduler:
     conf = scheduler_config(block_size=BS, chunk_tokens=chunk, max_concurrency=concurrency, queue_limit=4096)
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device)
+    pools = CachePools(
+        model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device
+    )
     runner = ModelRunner(model, pools)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     return Scheduler(conf, runner, blocks, slots, cache)
 
 
-def serve(model, requests: list[tuple[list[int], SamplingParams]], *, depth: int = 0, chunk: int = 8,
-          concurrency: int = 3, min_ngram: int = 2, max_ngram: int = 3) -> tuple[list[list[int]], Scheduler]:
+def serve(
+    model,
+    requests: list[tuple[list[int], SamplingParams]],
+    *,
+    depth: int = 0,
+    chunk: int = 8,
+    concurrency: int = 3,
+    min_ngram: int = 2,
+    max_ngram: int = 3,
+) -> tuple[list[list[int]], Scheduler]:
     """Every request through one scheduler (lookup drafts at ``depth``; 0: plain decode); tokens per request."""
     sched = _scheduler(model, chunk=chunk, concurrency=concurrency)
     if depth:
@@ -90,7 +102,9 @@ def serve(model, requests: list[tuple[list[int], SamplingParams]], *, depth: int
 def _greedy(biased: bool = False) -> list[tuple[list[int], SamplingParams]]:
     """The prompts, greedy; ``biased`` adds one whose output is held to three tokens (a logit bias), which its
     prompt repeats in every order: the lookup is right about a third of the time whatever the weights."""
-    plain = [(p, SamplingParams(temperature=0.0, max_tokens=n)) for p, n in zip(PROMPTS, MAX_TOKENS, strict=True)]
+    plain = [
+        (p, SamplingParams(temperature=0.0, max_tokens=n)) for p, n in zip(PROMPTS, MAX_TOKENS, strict=True)
+    ]
     trio = SamplingParams(temperature=0.0, max_tokens=16, logit_bias={t: 40.0 for t in TRIO})
     return plain + [(SAMPLED_PROMPT, trio)] if biased else plain
 
@@ -141,8 +155,12 @@ def test_verify_items_name_every_row_for_logits():
     from dgpp.engine.runner import build_batch
 
     pools = CachePools({}, 8, BS, 4)
-    work = [SeqWork(0, [0], 2, [7]), SeqWork(1, [1, 2], 3, [7, 8, 9], every_row_logits=True),
-            SeqWork(2, [3], 0, [1, 2], want_logits=False), SeqWork(3, [4], 1, [4, 5])]
+    work = [
+        SeqWork(0, [0], 2, [7]),
+        SeqWork(1, [1, 2], 3, [7, 8, 9], every_row_logits=True),
+        SeqWork(2, [3], 0, [1, 2], want_logits=False),
+        SeqWork(3, [4], 1, [4, 5]),
+    ]
     assert build_batch(work, pools).logits_indices.tolist() == [0, 1, 2, 3, 7]
 
 
@@ -166,7 +184,9 @@ def test_hybrid_greedy_lookup_equals_plain(hybrid):
         assert spec == plain
         counters = _counters(sched)
         assert counters["num_accepted_tokens_total"] > 0
-        assert counters["num_accepted_tokens_total"] < counters["num_draft_tokens_total"]  # rejections restored
+        assert (
+            counters["num_accepted_tokens_total"] < counters["num_draft_tokens_total"]
+        )  # rejections restored
 
 
 # ---- sampled: the distribution is the plain one -----------------------------------------------------------
@@ -195,7 +215,9 @@ def _exact_pair_probabilities(model) -> dict[tuple[int, int], float]:
     return {(a, b): pa * pb for a, pa in first.items() for b, pb in probs([*SAMPLED_PROMPT, a]).items()}
 
 
-def _chi_square_p_value(counts: dict[tuple[int, int], int], expected: dict[tuple[int, int], float], n: int) -> float:
+def _chi_square_p_value(
+    counts: dict[tuple[int, int], int], expected: dict[tuple[int, int], float], n: int
+) -> float:
     """Pearson's test of ``counts`` against ``expected`` probabilities; cells expecting < 5 draws are pooled."""
     cells = sorted(expected, key=expected.get, reverse=True)
     big = [c for c in cells if expected[c] * n >= 5]
@@ -258,7 +280,9 @@ def test_engine_draft_builds_the_lookup_decoder(dense):
     cfg = EngineConfig(draft="lookup", draft_depth=4, lookup_ngram=5, lookup_min_ngram=3)
     decoder = build_speculative(cfg, None, runner, pm=manager())  # type: ignore[arg-type]
     assert isinstance(decoder, LookupDecoder) and decoder.depth == 4 and decoder.stats.depth == 4
-    assert (decoder.min_ngram, decoder.max_ngram) == (3, 5) and decoder.stats.as_metrics()["drafter"] == "lookup"
+    assert (decoder.min_ngram, decoder.max_ngram) == (3, 5) and decoder.stats.as_metrics()[
+        "drafter"
+    ] == "lookup"
     with pytest.raises(ConfigError, match=r"engine\.draft.*engine\.mtp"):
         parse_config({"model": "m", "engine": {"draft": "lookup", "mtp": True}})
     with pytest.raises(ConfigError, match=r"engine\.lookup_min_ngram"):

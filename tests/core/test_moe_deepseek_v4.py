@@ -16,15 +16,36 @@ H, E, K, INTER, VOCAB, T = 32, 8, 2, 16, 50, 9
 
 
 def tiny_config(layers: int = 2) -> DeepseekV4Config:
-    return DeepseekV4Config(hidden_size=H, num_hidden_layers=layers, mlp_layer_types=["hash_moe", "moe"][:layers],
-                            vocab_size=VOCAB, n_routed_experts=E, num_experts_per_tok=K, moe_intermediate_size=INTER,
-                            num_attention_heads=2, head_dim=16, q_lora_rank=8, o_lora_rank=8, o_groups=2,
-                            index_n_heads=2, index_head_dim=8, swiglu_limit=10.0, routed_scaling_factor=1.5)
+    return DeepseekV4Config(
+        hidden_size=H,
+        num_hidden_layers=layers,
+        mlp_layer_types=["hash_moe", "moe"][:layers],
+        vocab_size=VOCAB,
+        n_routed_experts=E,
+        num_experts_per_tok=K,
+        moe_intermediate_size=INTER,
+        num_attention_heads=2,
+        head_dim=16,
+        q_lora_rank=8,
+        o_lora_rank=8,
+        o_groups=2,
+        index_n_heads=2,
+        index_head_dim=8,
+        swiglu_limit=10.0,
+        routed_scaling_factor=1.5,
+    )
 
 
 def routing(*, hashed: bool) -> RoutingConfig:
-    return RoutingConfig(num_experts=E, top_k=K, scoring="sqrtsoftplus", renormalize=True, routed_scaling_factor=1.5,
-                         correction_bias=not hashed, hash_vocab_size=VOCAB if hashed else 0)
+    return RoutingConfig(
+        num_experts=E,
+        top_k=K,
+        scoring="sqrtsoftplus",
+        renormalize=True,
+        routed_scaling_factor=1.5,
+        correction_bias=not hashed,
+        hash_vocab_size=VOCAB if hashed else 0,
+    )
 
 
 def paired_blocks(hashed: bool, *, seed: int = 0, weight_scale: float = 1.0, dtype=torch.float32):
@@ -32,7 +53,9 @@ def paired_blocks(hashed: bool, *, seed: int = 0, weight_scale: float = 1.0, dty
     inputs past the clamp limit."""
     gen = torch.Generator().manual_seed(seed)
     ref = hf.DeepseekV4SparseMoeBlock(tiny_config(), 0 if hashed else 1)
-    ours = SparseMoE(H, INTER, routing(hashed=hashed), dtype=dtype, shared_intermediate_size=INTER, swiglu_limit=10.0)
+    ours = SparseMoE(
+        H, INTER, routing(hashed=hashed), dtype=dtype, shared_intermediate_size=INTER, swiglu_limit=10.0
+    )
     values = {
         "gate.weight": torch.randn(E, H, generator=gen),
         "experts.gate_up_proj": torch.randn(E, 2 * INTER, H, generator=gen) * weight_scale,
@@ -69,7 +92,9 @@ def test_block_matches_transformers(hashed):
     with torch.no_grad():
         want = ref(x.unsqueeze(0), input_ids=ids.unsqueeze(0)).squeeze(0)
         got = ours(x, ids)
-        _, want_w, want_ids = ref.gate(x.unsqueeze(0), ids.unsqueeze(0)) if hashed else ref.gate(x.unsqueeze(0))
+        _, want_w, want_ids = (
+            ref.gate(x.unsqueeze(0), ids.unsqueeze(0)) if hashed else ref.gate(x.unsqueeze(0))
+        )
         got_w, got_ids = ours.gate(x, ids)
     close(got, want)
     # the same experts with the same weights (transformers' top-k is unsorted: compare as sets)
@@ -89,7 +114,9 @@ def test_router_logits_stay_in_the_model_dtype():
     assert got_w.dtype == torch.bfloat16
     order_want, order_got = want_ids.sort(-1), got_ids.sort(-1)
     assert torch.equal(order_got.values, order_want.values)
-    torch.testing.assert_close(got_w.gather(1, order_got.indices), want_w.gather(1, order_want.indices), rtol=0, atol=0)
+    torch.testing.assert_close(
+        got_w.gather(1, order_got.indices), want_w.gather(1, order_want.indices), rtol=0, atol=0
+    )
     # the scores are those of bf16 logits, not of fp32 ones
     scores = ours.gate.scores(x)
     assert scores.dtype == torch.bfloat16 and not torch.equal(scores.float(), upcast)
@@ -103,7 +130,9 @@ def test_hash_routing_follows_the_token_table(monkeypatch):
         _, picked = ours.gate(x, ids)
         assert torch.equal(picked, ours.gate.tid2eid[ids])
         # without the table (learned top-k on the same gate) the output moves
-        monkeypatch.setattr(HashRouter, "forward", lambda self, x, token_ids=None: super(HashRouter, self).forward(x))
+        monkeypatch.setattr(
+            HashRouter, "forward", lambda self, x, token_ids=None: super(HashRouter, self).forward(x)
+        )
         learned = ours(x, ids)
     assert (learned - want).abs().max() > 1e-2
 
@@ -116,7 +145,11 @@ def test_hash_router_needs_one_id_per_row():
     with pytest.raises(ValueError, match="one token id per row"):
         ours(x, ids[:-1])
     with pytest.raises(ValueError, match="hash router"):
-        HashRouter(H, RoutingConfig(num_experts=E, top_k=K, correction_bias=True, hash_vocab_size=VOCAB), dtype=torch.float32)
+        HashRouter(
+            H,
+            RoutingConfig(num_experts=E, top_k=K, correction_bias=True, hash_vocab_size=VOCAB),
+            dtype=torch.float32,
+        )
 
 
 def test_clamp_removed_moves_the_output():

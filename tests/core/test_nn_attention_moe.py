@@ -23,25 +23,39 @@ def dense_causal(q, k, v, scale):
     """[L, H, D] full sequences -> causal SDPA output [L, Hq, Dv], kv heads repeated for GQA."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=scale
+    )
     return out.transpose(0, 1)
 
 
 def test_paged_attention_mixed_prefill_chunk_and_decode_matches_dense():
     hq, hkv, d, bs = 4, 2, 8, 4
-    pools = CachePools({"attn": PagedKV(hkv, d, torch.float32)}, num_blocks=16, block_size=bs, num_state_slots=1)
+    pools = CachePools(
+        {"attn": PagedKV(hkv, d, torch.float32)}, num_blocks=16, block_size=bs, num_state_slots=1
+    )
     layer = PagedAttention("attn", hq, hkv, d)
     lengths, contexts = [9, 13, 6], [0, 8, 5]  # a fresh prefill, a second chunk, a decode row
     perm = torch.randperm(16, generator=GEN).tolist()  # scattered, out-of-order blocks
     tables = [perm[0:3], perm[3:7], perm[7:9]]
-    full = [(torch.randn(n, hq, d, generator=GEN), torch.randn(n, hkv, d, generator=GEN), torch.randn(n, hkv, d, generator=GEN))
-            for n in lengths]
+    full = [
+        (
+            torch.randn(n, hq, d, generator=GEN),
+            torch.randn(n, hkv, d, generator=GEN),
+            torch.randn(n, hkv, d, generator=GEN),
+        )
+        for n in lengths
+    ]
     # earlier tokens reach the cache through an earlier step
     earlier = [SeqWork(0, t, 0, [0] * c) for t, c in zip(tables, contexts, strict=True) if c]
     kept = [i for i, c in enumerate(contexts) if c]
     b0 = build_batch(earlier, pools)
-    layer(torch.cat([full[i][0][: contexts[i]] for i in kept]), torch.cat([full[i][1][: contexts[i]] for i in kept]),
-          torch.cat([full[i][2][: contexts[i]] for i in kept]), b0)
+    layer(
+        torch.cat([full[i][0][: contexts[i]] for i in kept]),
+        torch.cat([full[i][1][: contexts[i]] for i in kept]),
+        torch.cat([full[i][2][: contexts[i]] for i in kept]),
+        b0,
+    )
     step = [SeqWork(0, t, c, [0] * (n - c)) for t, c, n in zip(tables, contexts, lengths, strict=True)]
     batch = build_batch(step, pools)
     q, k, v = (torch.cat([f[j][c:] for f, c in zip(full, contexts, strict=True)]) for j in range(3))
@@ -61,11 +75,27 @@ def test_slot_mapping_minus_one_writes_nothing():
 
 
 def test_group_limited_sigmoid_router_matches_deepseek_v3():
-    cfg = transformers.DeepseekV3Config(hidden_size=32, n_routed_experts=16, num_experts_per_tok=4, n_group=4,
-                                        topk_group=2, routed_scaling_factor=2.5, norm_topk_prob=True)
+    cfg = transformers.DeepseekV3Config(
+        hidden_size=32,
+        n_routed_experts=16,
+        num_experts_per_tok=4,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        norm_topk_prob=True,
+    )
     ref = hf_dsv3.DeepseekV3TopkRouter(cfg)
-    routing = RoutingConfig(num_experts=16, top_k=4, scoring="sigmoid", renormalize=True, routed_scaling_factor=2.5,
-                            correction_bias=True, n_group=4, topk_group=2, router_fp32=True)
+    routing = RoutingConfig(
+        num_experts=16,
+        top_k=4,
+        scoring="sigmoid",
+        renormalize=True,
+        routed_scaling_factor=2.5,
+        correction_bias=True,
+        n_group=4,
+        topk_group=2,
+        router_fp32=True,
+    )
     ours = TopKRouter(32, routing, dtype=torch.float32)
     with torch.no_grad():
         ref.weight.copy_(torch.randn(16, 32, generator=GEN))
@@ -77,13 +107,20 @@ def test_group_limited_sigmoid_router_matches_deepseek_v3():
     w, ids = ours(x)
     order, ref_order = ids.sort(-1), ref_ids.sort(-1)
     assert torch.equal(order.values, ref_order.values)
-    torch.testing.assert_close(w.gather(1, order.indices), ref_w.gather(1, ref_order.indices), rtol=1e-6, atol=0)
+    torch.testing.assert_close(
+        w.gather(1, order.indices), ref_w.gather(1, ref_order.indices), rtol=1e-6, atol=0
+    )
     assert all(len(set((row // 4).tolist())) <= 2 for row in ids)  # experts from at most topk_group groups
 
 
 def test_softmax_moe_with_gated_shared_expert_matches_qwen3_5_moe_block():
-    cfg = transformers.Qwen3_5MoeTextConfig(hidden_size=32, num_experts=8, num_experts_per_tok=2,
-                                            moe_intermediate_size=16, shared_expert_intermediate_size=24)
+    cfg = transformers.Qwen3_5MoeTextConfig(
+        hidden_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=16,
+        shared_expert_intermediate_size=24,
+    )
     ref = hf_q35moe.Qwen3_5MoeSparseMoeBlock(cfg).eval()
     routing = RoutingConfig(num_experts=8, top_k=2, scoring="softmax", renormalize=True)
     ours = SparseMoE(32, 16, routing, dtype=torch.float32, shared_intermediate_size=24, shared_gate=True)
@@ -102,7 +139,9 @@ def test_softmax_moe_with_gated_shared_expert_matches_qwen3_5_moe_block():
 
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_softmax_router_weights(renormalize):
-    router = TopKRouter(8, RoutingConfig(num_experts=6, top_k=2, renormalize=renormalize), dtype=torch.float32)
+    router = TopKRouter(
+        8, RoutingConfig(num_experts=6, top_k=2, renormalize=renormalize), dtype=torch.float32
+    )
     with torch.no_grad():
         router.weight.copy_(torch.randn(6, 8, generator=GEN))
     x = torch.randn(5, 8, generator=GEN)

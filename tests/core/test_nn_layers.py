@@ -50,7 +50,9 @@ def test_rotate_half_rotary_matches_transformers(rotary_dim):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("style, rotary_dim", [("half", 16), ("half", 8), ("interleaved", 16), ("interleaved", 8)])
+@pytest.mark.parametrize(
+    "style, rotary_dim", [("half", 16), ("half", 8), ("interleaved", 16), ("interleaved", 8)]
+)
 def test_rotation_has_the_bits_of_the_reference_formula(dtype, style, rotary_dim):
     """The CPU rotation (q and k as one tensor, the sign folded into sin) gives ``x * cos + rotate(x) * sin``'s
     bits exactly, in the activation dtype, for both styles and partial rotary."""
@@ -81,13 +83,21 @@ def test_interleaved_rotary_is_complex_multiplication():
     rope = RotaryEmbedding(D, D, 500.0, style="interleaved")
     out, _ = rope(positions, q, q[:, :1])
     angle = positions[:, None].double() * (1.0 / 500.0 ** (torch.arange(0, D, 2).double() / D))
-    z = torch.view_as_complex(q.double().reshape(T, H, D // 2, 2).contiguous()) * torch.polar(torch.ones_like(angle), angle)[:, None]
+    z = (
+        torch.view_as_complex(q.double().reshape(T, H, D // 2, 2).contiguous())
+        * torch.polar(torch.ones_like(angle), angle)[:, None]
+    )
     torch.testing.assert_close(out.double(), torch.view_as_real(z).reshape(T, H, D), rtol=0, atol=1e-5)
 
 
 def test_yarn_frequencies_and_magnitude_match_transformers():
-    params = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0, "original_max_position_embeddings": 4096,
-              "partial_rotary_factor": 0.25}
+    params = {
+        "rope_type": "yarn",
+        "rope_theta": 1e6,
+        "factor": 4.0,
+        "original_max_position_embeddings": 4096,
+        "partial_rotary_factor": 0.25,
+    }
     cfg = transformers.Qwen3_5TextConfig(head_dim=256, max_position_embeddings=16384, rope_parameters=params)
     ref_inv, ref_scale = ROPE_INIT_FUNCTIONS["yarn"](cfg)
     yarn = YarnScaling(factor=4.0, original_max_position=4096)

@@ -21,12 +21,46 @@ from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 from dgpp.plugins import build_manager
 
 # every name the moved builders, geometries and maps had in core, now each offered by its family's plugin
-TINY = {"llama", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe", "qwen3_5_vl", "qwen3_5_moe_vl", "qwen3-chat",
-        "qwen4_exp", "glm4_moe", "glm_moe_dsa", "mimo", "flint", "deepseek_v4"}
-GEOMETRIES = {"qwen3-8b", "qwen3.5-27b", "qwen3.5-122b-a10b-24l", "tiny", "tiny-qwen3.5", "tiny-qwen3.5-moe",
-              "mimo-v2.6-flash-8l", "tiny-mimo-v2.6", "deepseek-v4-flash-8l", "tiny-deepseek-v4", "glm-5.3-12l"}
-OWNERS = {"qwen3": "qwen", "qwen3-chat": "qwen", "qwen4_exp": "qwen", "glm4_moe": "glm", "glm_moe_dsa": "glm",
-          "mimo": "mimo", "flint": "flint", "deepseek_v4": "deepseek", "llama": "llama"}
+TINY = {
+    "llama",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_5_vl",
+    "qwen3_5_moe_vl",
+    "qwen3-chat",
+    "qwen4_exp",
+    "glm4_moe",
+    "glm_moe_dsa",
+    "mimo",
+    "flint",
+    "deepseek_v4",
+}
+GEOMETRIES = {
+    "qwen3-8b",
+    "qwen3.5-27b",
+    "qwen3.5-122b-a10b-24l",
+    "tiny",
+    "tiny-qwen3.5",
+    "tiny-qwen3.5-moe",
+    "mimo-v2.6-flash-8l",
+    "tiny-mimo-v2.6",
+    "deepseek-v4-flash-8l",
+    "tiny-deepseek-v4",
+    "glm-5.3-12l",
+}
+OWNERS = {
+    "qwen3": "qwen",
+    "qwen3-chat": "qwen",
+    "qwen4_exp": "qwen",
+    "glm4_moe": "glm",
+    "glm_moe_dsa": "glm",
+    "mimo": "mimo",
+    "flint": "flint",
+    "deepseek_v4": "deepseek",
+    "llama": "llama",
+}
 
 
 def _write_marker(out_dir: str | Path, *, seed: int = 0, **options: object) -> Path:
@@ -36,7 +70,9 @@ def _write_marker(out_dir: str | Path, *, seed: int = 0, **options: object) -> P
     return out
 
 
-def _third_party(name: str = "thirdparty", tiny: str = "toy_tiny", geometry: str = "toy-1b") -> types.ModuleType:
+def _third_party(
+    name: str = "thirdparty", tiny: str = "toy_tiny", geometry: str = "toy-1b"
+) -> types.ModuleType:
     """A plugin module offering one tiny checkpoint and one geometry with hand-written hookimpls."""
     mod = types.ModuleType(name)
 
@@ -79,7 +115,9 @@ def test_a_third_party_plugin_adds_its_own_without_editing_core(tmp_path):
 
 def test_one_name_offered_by_two_plugins_names_both():
     pm = build_manager(allow=set(), extra=[_third_party("plugin_a"), _third_party("plugin_b")])
-    with pytest.raises(PluginError, match="bench geometry 'toy-1b' is offered by two plugins: plugin_a and plugin_b"):
+    with pytest.raises(
+        PluginError, match="bench geometry 'toy-1b' is offered by two plugins: plugin_a and plugin_b"
+    ):
         catalog.bench_geometries(pm)
     with pytest.raises(PluginError, match="tiny checkpoint 'toy_tiny' is offered by two plugins"):
         catalog.tiny_checkpoints(pm)
@@ -87,9 +125,13 @@ def test_one_name_offered_by_two_plugins_names_both():
 
 def test_an_unknown_name_lists_what_is_offered():
     pm = build_manager(allow=set(), extra=[_third_party()])
-    with pytest.raises(PluginError, match=r"no installed plugin offers the tiny checkpoint 'nope'.*offered: toy_tiny"):
+    with pytest.raises(
+        PluginError, match=r"no installed plugin offers the tiny checkpoint 'nope'.*offered: toy_tiny"
+    ):
         catalog.tiny_checkpoint("nope", pm)
-    with pytest.raises(PluginError, match=r"bench geometry 'qwen3-8b' \(dgpp_bench_geometries\); offered: toy-1b"):
+    with pytest.raises(
+        PluginError, match=r"bench geometry 'qwen3-8b' \(dgpp_bench_geometries\); offered: toy-1b"
+    ):
         catalog.bench_geometry("qwen3-8b", pm)  # without the Qwen plugin, core knows no Qwen geometry
     assert catalog.gguf_architectures(pm) == {}
 
@@ -102,8 +144,13 @@ def test_a_family_offers_through_references(tmp_path, monkeypatch):
         "    return [GGUFArchitecture('fakearch', lambda gguf, vocab: {}, {'output': 'lm_head'}, {})]\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    family = Family(name="fake", plugin="fake", architectures=("FakeForCausalLM",), models=(),
-                    gguf_architectures="fakefam_offers:gguf")
+    family = Family(
+        name="fake",
+        plugin="fake",
+        architectures=("FakeForCausalLM",),
+        models=(),
+        gguf_architectures="fakefam_offers:gguf",
+    )
     pm = build_manager(allow=set(), extra=[family])
     arch = catalog.gguf_architectures(pm)["fakearch"]
     assert isinstance(arch, GGUFArchitecture) and arch.global_names == {"output": "lm_head"}
@@ -121,16 +168,27 @@ def test_bench_and_demo_import_no_test_code():
 
 FAMILY = re.compile(r"glm|qwen|deepseek|mimo|flint|llama", re.I)
 # the core modules that held family knowledge before the families offered it (and the two that find it)
-FAMILY_FREE = ("bench/models.py", "checkpoint/gguf_arch.py", "checkpoint/gguf_convert.py", "testing/builders.py",
-               "offers.py", "catalog.py")
+FAMILY_FREE = (
+    "bench/models.py",
+    "checkpoint/gguf_arch.py",
+    "checkpoint/gguf_convert.py",
+    "testing/builders.py",
+    "offers.py",
+    "catalog.py",
+)
 
 
 def _names_in_code(path: Path) -> set[str]:
     """Family names in identifiers, imports and strings of ``path`` (docstrings and comments may name examples)."""
     tree = ast.parse(path.read_text())
-    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
-                  if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and node.body
-                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
     words: list[str] = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
@@ -146,4 +204,6 @@ def _names_in_code(path: Path) -> set[str]:
 
 def test_the_modules_that_found_families_name_none():
     core = Path(catalog.__file__).parent
-    assert {name: _names_in_code(core / name) for name in FAMILY_FREE} == {name: set() for name in FAMILY_FREE}
+    assert {name: _names_in_code(core / name) for name in FAMILY_FREE} == {
+        name: set() for name in FAMILY_FREE
+    }

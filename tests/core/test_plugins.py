@@ -104,5 +104,7 @@ def test_two_distributions_with_one_entry_point_name(monkeypatch):
 
 
 def test_implemented_values_must_be_claimed():
-    with pytest.raises(PluginError, match="family fam \\(plugin p\\) implements FooForCausalLM without claiming it"):
+    with pytest.raises(
+        PluginError, match="family fam \\(plugin p\\) implements FooForCausalLM without claiming it"
+    ):
         FamilySpec(name="fam", plugin="p", architectures=("BarForCausalLM",), implemented=("FooForCausalLM",))

@@ -98,7 +98,9 @@ def test_block_granularity_attaches_at_any_full_block() -> None:
         with pytest.raises(ValueError, match="attach granularity"):
             PrefixCache(pool, cut=16, attach=bad)
     with pytest.raises(ValueError, match="only at cuts"):
-        PrefixCache(pool, cut=16, attach=4, hybrid=True, slots=SlotPool(live=1, snapshots=1), copy_state=print)
+        PrefixCache(
+            pool, cut=16, attach=4, hybrid=True, slots=SlotPool(live=1, snapshots=1), copy_state=print
+        )
 
 
 def test_block_attach_only_where_chunking_changes_no_bits() -> None:

@@ -23,11 +23,17 @@ VOCAB = 32
 def _request(rid: str, prompt_len: int) -> list[Sequence]:
     p = SamplingParams(temperature=0.0, max_tokens=4)
     prompt = list(range(1, prompt_len + 1))
-    return [Sequence(rid, 0, prompt, p, ChoiceSampler(p, VOCAB, prompt), lambda s, ev: None, use_prefix_cache=False)]
+    return [
+        Sequence(
+            rid, 0, prompt, p, ChoiceSampler(p, VOCAB, prompt), lambda s, ev: None, use_prefix_cache=False
+        )
+    ]
 
 
 def _loop() -> tuple[Scheduler, StepLoop]:
-    conf = scheduler_config(block_size=4, chunk_tokens=8, idle_chunks=2, max_concurrency=2, prefix_cache=False)
+    conf = scheduler_config(
+        block_size=4, chunk_tokens=8, idle_chunks=2, max_concurrency=2, prefix_cache=False
+    )
     pool = BlockPool(32, 4)
     sched = Scheduler(conf, ToyRunner(VOCAB, 32, 4, 2), pool, SlotPool(2, 0), PrefixCache(pool, 8))
     return sched, StepLoop(sched, stats_interval_s=0, gather_ms=0)
@@ -35,15 +41,22 @@ def _loop() -> tuple[Scheduler, StepLoop]:
 
 def _http_side(loop: StepLoop) -> SimpleNamespace:
     """What the HTTP side holds of the step loop: its publication and hand-off counts, no scheduler."""
-    view = SimpleNamespace(published=loop.published, pending=loop.pending, failed=loop.failed,
-                           requests_shed=loop.requests_shed)
-    counters = SimpleNamespace(requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0)
-    return SimpleNamespace(loop=view, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=128))
+    view = SimpleNamespace(
+        published=loop.published, pending=loop.pending, failed=loop.failed, requests_shed=loop.requests_shed
+    )
+    counters = SimpleNamespace(
+        requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0
+    )
+    return SimpleNamespace(
+        loop=view, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=128)
+    )
 
 
 def test_metrics_report_the_last_published_pass_and_read_no_scheduler() -> None:
     sched, loop = _loop()
-    for i, n in enumerate((3, 20, 3)):  # r1's 20 tokens prefill over three 8-token chunks; r2 waits for a slot
+    for i, n in enumerate(
+        (3, 20, 3)
+    ):  # r1's 20 tokens prefill over three 8-token chunks; r2 waits for a slot
         sched.submit(_request(f"r{i}", n))
     sched.tick()  # the step loop's thread: a pass, then its publication
     loop._publish()
@@ -51,10 +64,16 @@ def test_metrics_report_the_last_published_pass_and_read_no_scheduler() -> None:
     sch = m["scheduler"]
     assert (sch["active"], sch["queued"], sch["prefilling"]) == (2, 1, 1)
     assert sch["decode_batch"]["last_active"] == 1
-    assert sch["pool_blocks_total"] == 32 and sch["pool_blocks_in_use"] == len(sched.live[0].block_table) + len(
-        sched.live[1].block_table)
+    assert sch["pool_blocks_total"] == 32 and sch["pool_blocks_in_use"] == len(
+        sched.live[0].block_table
+    ) + len(sched.live[1].block_table)
     (row,) = m["prefill"]["requests"]
-    assert (row["id"], row["prompt_tokens"], row["processed_tokens"], row["remaining_tokens"]) == ("r1", 20, 8, 12)
+    assert (row["id"], row["prompt_tokens"], row["processed_tokens"], row["remaining_tokens"]) == (
+        "r1",
+        20,
+        8,
+        12,
+    )
     assert sch["tokens_generated"] == sched.stats.tokens_generated == 1
 
     sched.tick()  # a pass not yet published: the gauges stay those of the last publication

@@ -21,8 +21,13 @@ MODEL = "toy/model"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     tok_dir = build_tiny_tokenizer(tmp_path_factory.mktemp("tok"))
-    engine = build_toy_backend(MODEL, tok_dir, EngineConfig(max_concurrency=4, kv_capacity=2048, block_size=4,
-                                                            prefix_min_tokens=0, stats_interval_s=0))
+    engine = build_toy_backend(
+        MODEL,
+        tok_dir,
+        EngineConfig(
+            max_concurrency=4, kv_capacity=2048, block_size=4, prefix_min_tokens=0, stats_interval_s=0
+        ),
+    )
     with TestClient(app=build_app(engine), base_url="http://dgpp.local") as client:
         yield client, engine
     engine.shutdown()
@@ -73,22 +78,42 @@ def test_items_follow_the_order_the_model_wrote_them() -> None:
     events = items.feed([{"reasoning_content": "think"}], [{**entry, "reasoning": True}])
     events += items.feed([{"content": "Hi"}], [entry])
     call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
-    events += items.feed([{"tool_calls": [call]}, {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}],
-                         [])
+    events += items.feed(
+        [{"tool_calls": [call]}, {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}], []
+    )
     events += items.finish(incomplete=False)
     assert [e["type"] for e in events] == [
-        "response.output_item.added", "response.content_part.added", "response.reasoning_text.delta",
-        "response.reasoning_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.content_part.added", "response.output_text.delta",
-        "response.output_text.done", "response.content_part.done", "response.output_item.done",
-        "response.output_item.added", "response.function_call_arguments.delta",
-        "response.function_call_arguments.done", "response.output_item.done"]
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.reasoning_text.delta",
+        "response.reasoning_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.content_part.added",
+        "response.output_text.delta",
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.output_item.added",
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
     assert [i["type"] for i in items.items] == ["reasoning", "message", "function_call"]
     assert [e["output_index"] for e in events if e["type"] == "response.output_item.added"] == [0, 1, 2]
     assert items.items[0]["content"] == [{"type": "reasoning_text", "text": "think"}]
-    assert items.items[1]["content"][0]["logprobs"] == [entry]  # the reasoning token's entry is not the text's
-    assert items.items[2] | {"id": ""} == {"id": "", "type": "function_call", "status": "completed",
-                                           "call_id": "call_1", "name": "f", "arguments": "{}"}
+    assert items.items[1]["content"][0]["logprobs"] == [
+        entry
+    ]  # the reasoning token's entry is not the text's
+    assert items.items[2] | {"id": ""} == {
+        "id": "",
+        "type": "function_call",
+        "status": "completed",
+        "call_id": "call_1",
+        "name": "f",
+        "arguments": "{}",
+    }
     added = events[0]["item"]
     assert added["status"] == "in_progress" and added["content"] == []  # a snapshot, not the finished item
 

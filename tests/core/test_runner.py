@@ -17,7 +17,11 @@ from dgpp.testing.generate import OutOfSlots, SlotAllocator
 
 def test_build_batch_positions_slots_and_logit_rows():
     pools = CachePools({}, num_blocks=8, block_size=4, num_state_slots=2)
-    work = [SeqWork(1, [5, 2], 3, [10, 11, 12]), SeqWork(0, [7], 2, [13], want_logits=False), SeqWork(0, [3, 4], 4, [14])]
+    work = [
+        SeqWork(1, [5, 2], 3, [10, 11, 12]),
+        SeqWork(0, [7], 2, [13], want_logits=False),
+        SeqWork(0, [3, 4], 4, [14]),
+    ]
     b = build_batch(work, pools)
     assert b.positions.tolist() == [3, 4, 5, 2, 4]
     assert b.slot_mapping.tolist() == [5 * 4 + 3, 2 * 4 + 0, 2 * 4 + 1, 7 * 4 + 2, 4 * 4 + 0]
@@ -48,7 +52,9 @@ class RunningSum(Model):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         total = batch.cache.state["sum"]["total"]
-        for i, (start, end) in enumerate(zip(batch.query_start_loc[:-1].tolist(), batch.query_start_loc[1:].tolist(), strict=True)):
+        for i, (start, end) in enumerate(
+            zip(batch.query_start_loc[:-1].tolist(), batch.query_start_loc[1:].tolist(), strict=True)
+        ):
             total[batch.state_slots[i]] += batch.input_ids[start:end].sum()
         sums = total[batch.state_slots]
         last = (batch.query_start_loc[1:] - 1).tolist()

@@ -18,8 +18,13 @@ def sample_rows(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[Samp
     return [choice.sample(logits[i]) for i, choice in enumerate(choices)]
 
 
-def oracle(logits: list[float], params: SamplingParams, prompt: list[int], generated: list[int],
-           allowed: set[int] | None) -> dict[int, float]:
+def oracle(
+    logits: list[float],
+    params: SamplingParams,
+    prompt: list[int],
+    generated: list[int],
+    allowed: set[int] | None,
+) -> dict[int, float]:
     """Reference distribution in float64, one step at a time, no torch."""
     x = [float(v) for v in logits]
     counts = {t: generated.count(t) for t in set(generated)}
@@ -61,8 +66,16 @@ CASES = [
     SamplingParams(temperature=1.3, top_k=9),
     SamplingParams(temperature=1.0, min_p=0.05),
     SamplingParams(temperature=0.9, top_p=0.8),
-    SamplingParams(temperature=1.1, top_k=20, min_p=0.02, top_p=0.9, repetition_penalty=1.3,
-                   presence_penalty=0.5, frequency_penalty=0.25, logit_bias={3: 2.0, 7: -1.5}),
+    SamplingParams(
+        temperature=1.1,
+        top_k=20,
+        min_p=0.02,
+        top_p=0.9,
+        repetition_penalty=1.3,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        logit_bias={3: 2.0, 7: -1.5},
+    ),
 ]
 
 
@@ -125,8 +138,10 @@ def test_seeded_choice_is_independent_of_batch_mates() -> None:
     assert len(set(a)) > 1, "choices of one seeded request should not all draw the same numbers"
     # the seed is mixed before the choice index is added: choice 3 of seed 42 is not choice 0 of seed 45
     shifted = SamplingParams(temperature=1.0, seed=45)
-    assert ChoiceSampler(params, VOCAB, [], choice_index=3).generator.initial_seed() != \
-        ChoiceSampler(shifted, VOCAB, [], choice_index=0).generator.initial_seed()
+    assert (
+        ChoiceSampler(params, VOCAB, [], choice_index=3).generator.initial_seed()
+        != ChoiceSampler(shifted, VOCAB, [], choice_index=0).generator.initial_seed()
+    )
 
 
 def test_logit_bias_forces_and_forbids() -> None:
@@ -144,7 +159,9 @@ def test_logprobs_greedy_raw_and_sampled_renormalized() -> None:
     raw = torch.log_softmax(logits.double(), 0)
     assert g.token == 2 and g.logprob == pytest.approx(float(raw[2]), rel=1e-6)
     assert [t for t, _ in g.top_logprobs] == [2, 1]
-    s = ChoiceSampler(SamplingParams(temperature=1.0, top_k=2, seed=0, logprobs=True, top_logprobs=3), 4, []).sample(logits)
+    s = ChoiceSampler(
+        SamplingParams(temperature=1.0, top_k=2, seed=0, logprobs=True, top_logprobs=3), 4, []
+    ).sample(logits)
     p2 = math.exp(3) / (math.exp(3) + math.exp(2))
     assert s.token in (1, 2)
     assert dict(s.top_logprobs)[2] == pytest.approx(math.log(p2), rel=1e-5)
@@ -152,7 +169,9 @@ def test_logprobs_greedy_raw_and_sampled_renormalized() -> None:
 
 
 def test_defaults_from_generation_config(tmp_path) -> None:
-    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20})
+    )
     d = SamplingDefaults.from_generation_config(tmp_path)
     p = SamplingParams(temperature=0.0).with_defaults(d, given={"temperature"})
     assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.0, 0.95, 20, 0.0)
@@ -201,14 +220,21 @@ def test_a_fully_masked_row_fails_greedy_and_sampled_alike(temperature) -> None:
         choice.sample(torch.randn(8))
     only_five = torch.zeros(8, dtype=torch.bool)
     only_five[5] = True
-    choice = ChoiceSampler(SamplingParams(temperature=temperature, seed=1), 8, [], mask_fn=lambda v: only_five)
+    choice = ChoiceSampler(
+        SamplingParams(temperature=temperature, seed=1), 8, [], mask_fn=lambda v: only_five
+    )
     assert choice.sample(torch.randn(8)).token == 5
 
 
 @pytest.mark.parametrize(
     ("raw", "named"),
-    [({"top_p": "0.9"}, "top_p"), ({"temperature": -1}, "temperature"), ({"repetition_penalty": 0}, "repetition_penalty"),
-     ({"top_k": True}, "top_k"), ({"min_p": 2}, "min_p")],
+    [
+        ({"top_p": "0.9"}, "top_p"),
+        ({"temperature": -1}, "temperature"),
+        ({"repetition_penalty": 0}, "repetition_penalty"),
+        ({"top_k": True}, "top_k"),
+        ({"min_p": 2}, "min_p"),
+    ],
 )
 def test_bad_generation_config_values_are_refused_naming_file_and_key(tmp_path, raw, named) -> None:
     from dgpp.errors import ConfigError
@@ -220,6 +246,8 @@ def test_bad_generation_config_values_are_refused_naming_file_and_key(tmp_path, 
 
 def test_null_generation_config_values_keep_the_defaults(tmp_path) -> None:
     # transformers writes unset values as null; float(None) used to crash the startup
-    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": None, "top_p": None, "top_k": 5}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": None, "top_p": None, "top_k": 5})
+    )
     d = SamplingDefaults.from_generation_config(tmp_path)
     assert (d.temperature, d.top_p, d.top_k) == (1.0, 1.0, 5)

@@ -15,17 +15,28 @@ from dgpp.testing.toy_runner import ToyRunner
 VOCAB, BS, CHUNK = 48, 4, 8
 
 
-def build(hybrid: bool = False, num_blocks: int = 64, attach: int | None = None, **cfg) -> tuple[Scheduler, ToyRunner]:
+def build(
+    hybrid: bool = False, num_blocks: int = 64, attach: int | None = None, **cfg
+) -> tuple[Scheduler, ToyRunner]:
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, **cfg)
     runner = ToyRunner(VOCAB, num_blocks, BS, conf.max_concurrency + 4, hybrid=hybrid)
     pool = BlockPool(num_blocks, BS)
     slots = SlotPool(conf.max_concurrency, 4)
-    cache = PrefixCache(pool, CHUNK, hybrid=hybrid, slots=slots, copy_state=runner.copy_state,
-                        enabled=conf.prefix_cache, attach=attach)
+    cache = PrefixCache(
+        pool,
+        CHUNK,
+        hybrid=hybrid,
+        slots=slots,
+        copy_state=runner.copy_state,
+        enabled=conf.prefix_cache,
+        attach=attach,
+    )
     return Scheduler(conf, runner, pool, slots, cache, eos_token_ids={0}), runner
 
 
-def seq(rid: str, prompt: list[int], events: dict, max_tokens: int = 6, choice: int = 0, **params) -> Sequence:
+def seq(
+    rid: str, prompt: list[int], events: dict, max_tokens: int = 6, choice: int = 0, **params
+) -> Sequence:
     p = SamplingParams(temperature=params.pop("temperature", 0.0), max_tokens=max_tokens, **params)
 
     def sink(s: Sequence, ev: SeqEvent) -> None:
@@ -189,8 +200,15 @@ def test_stats_line_has_the_anchor_shape() -> None:
     time.sleep(0.02)
     text = line.maybe_log(idle=False)
     assert text is not None and text.startswith("stats: decode ")
-    for part in ("tok/s", "ms/step (4 steps / 4 tok", "| prefill ", "cached 0 (0/1 hits)", "| live 0, queued 0",
-                 f"| pool {sched.blocks.num_in_use}/64 blocks", "| requests +1 (shed 0, cancelled 0)"):
+    for part in (
+        "tok/s",
+        "ms/step (4 steps / 4 tok",
+        "| prefill ",
+        "cached 0 (0/1 hits)",
+        "| live 0, queued 0",
+        f"| pool {sched.blocks.num_in_use}/64 blocks",
+        "| requests +1 (shed 0, cancelled 0)",
+    ):
         assert part in text, part
     assert line.maybe_log(idle=True) is None  # nothing new: no line
 

@@ -60,7 +60,9 @@ CASES = [
 ]
 
 
-def serve(overlap: bool, hybrid: bool = False, cancel_at: int | None = None) -> tuple[dict, Scheduler, CountingRunner]:
+def serve(
+    overlap: bool, hybrid: bool = False, cancel_at: int | None = None
+) -> tuple[dict, Scheduler, CountingRunner]:
     sched, runner = build(overlap, hybrid)
     events: dict = {}
     for rid, prompt, params in CASES[:-1]:
@@ -78,7 +80,10 @@ def serve(overlap: bool, hybrid: bool = False, cancel_at: int | None = None) -> 
 
 
 def outcome(events: dict) -> dict:
-    return {rid: ([t for ev in evs for t in ev.tokens], [ev.retired for ev in evs if ev.retired]) for rid, evs in events.items()}
+    return {
+        rid: ([t for ev in evs for t in ev.tokens], [ev.retired for ev in evs if ev.retired])
+        for rid, evs in events.items()
+    }
 
 
 @pytest.mark.parametrize("hybrid", [False, True])

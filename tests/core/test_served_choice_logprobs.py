@@ -14,8 +14,13 @@ from dgpp.text import ChoiceOutput
 from dgpp.text.tokenizer import Tokenizer
 from dgpp_qwen.dialect import QwenXmlDialect
 
-TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]},
+    },
+}
 
 
 @pytest.fixture(scope="module")

@@ -32,7 +32,9 @@ BS, CHUNK, BLOCKS, VOCAB = 4, 8, 96, 512
 _GEN = torch.Generator().manual_seed(5)
 _SHARED = torch.randint(3, VOCAB, (16,), generator=_GEN).tolist()
 PROMPTS = [torch.randint(3, VOCAB, (n,), generator=_GEN).tolist() for n in (5, 13, 21)] + [
-    _SHARED + [7, 8, 9], _SHARED + [11, 12, 13, 14, 15]]
+    _SHARED + [7, 8, 9],
+    _SHARED + [11, 12, 13, 14, 15],
+]
 MAX_TOKENS = [9, 12, 7, 10, 11]
 
 
@@ -70,7 +72,9 @@ class OracleDrafter(nn.Module):
     """A test double: proposes the token at ``p + 2`` of a known transcript (``wrong_from``: deeper drafts from
     that step on are off by one, so only a prefix is accepted)."""
 
-    def __init__(self, scheduler: Scheduler, transcripts: dict[str, list[int]], wrong_from: int | None = None) -> None:
+    def __init__(
+        self, scheduler: Scheduler, transcripts: dict[str, list[int]], wrong_from: int | None = None
+    ) -> None:
         super().__init__()
         self.scheduler, self.transcripts, self.wrong_from = scheduler, transcripts, wrong_from
 
@@ -95,11 +99,21 @@ class OracleDrafter(nn.Module):
         return hidden
 
 
-def serve(model, drafter=None, depth: int = 1, *, temperature: float = 0.0, oracle: dict | None = None,
-          wrong_from: int | None = None, eos: frozenset[int] = frozenset()) -> tuple[dict[str, list[int]], Scheduler]:
+def serve(
+    model,
+    drafter=None,
+    depth: int = 1,
+    *,
+    temperature: float = 0.0,
+    oracle: dict | None = None,
+    wrong_from: int | None = None,
+    eos: frozenset[int] = frozenset(),
+) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device)
+    pools = CachePools(
+        model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device
+    )
     runner = ModelRunner(model, pools)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
@@ -157,8 +171,13 @@ def test_mimo_v26_greedy_mtp_equals_plain(tmp_path):
     from dgpp_mimo.testing import build_tiny_mimo
     from dgpp_mimo.testing_v26 import write_v26_checkpoint
 
-    v26, _ = write_v26_checkpoint(build_tiny_mimo(tmp_path / "flash", seed=31, vocab_size=VOCAB), tmp_path / "v26",
-                                  tmp_path / "twin", mtp_layers=1, seed=32)
+    v26, _ = write_v26_checkpoint(
+        build_tiny_mimo(tmp_path / "flash", seed=31, vocab_size=VOCAB),
+        tmp_path / "v26",
+        tmp_path / "twin",
+        mtp_layers=1,
+        seed=32,
+    )
     model = load_model(v26)
     drafter = manager().hook.dgpp_build_draft(ctx=load_context(v26, EngineConfig(mtp=True)), model=model)
     plain, _ = serve(model)
@@ -309,5 +328,6 @@ def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):
     assert set(decoder.draft_pools.kv) == {"mtp.0.self_attn"} and decoder.draft_pools.num_blocks == 8
     bare = build_tiny_glm4_moe(tmp_path / "bare", seed=32, num_nextn_predict_layers=0)
     with pytest.raises(ConfigError, match=r"engine\.mtp"):
-        build_speculative(EngineConfig(mtp=True), load_context(bare, EngineConfig(mtp=True)), runner_for(bare),
-                          pm=manager())
+        build_speculative(
+            EngineConfig(mtp=True), load_context(bare, EngineConfig(mtp=True)), runner_for(bare), pm=manager()
+        )

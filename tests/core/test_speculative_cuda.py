@@ -37,8 +37,13 @@ def _load(path: Path, family: str):
     from dgpp.family import LoadContext
 
     hf_config = json.loads((path / "config.json").read_text())
-    ctx = LoadContext(checkpoint_dir=path, hf_config=hf_config, family=family,
-                      architecture=hf_config["architectures"][0], device="cuda" if torch.cuda.is_available() else "cpu")
+    ctx = LoadContext(
+        checkpoint_dir=path,
+        hf_config=hf_config,
+        family=family,
+        architecture=hf_config["architectures"][0],
+        device="cuda" if torch.cuda.is_available() else "cpu",
+    )
     if family == "glm":
         from dgpp.plugins import manager
         from dgpp.startup.loading import model_for
@@ -66,8 +71,10 @@ def check(root: Path) -> int:
                 st = sched.speculative.stats
                 same = spec == plain
                 failures += not same
-                print(f"{family:8s} {tag:5s} {name:8s} {'IDENTICAL' if same else 'DIFFERENT'} "
-                      f"accepted {st.num_accepted_tokens_total}/{st.num_draft_tokens_total}")
+                print(
+                    f"{family:8s} {tag:5s} {name:8s} {'IDENTICAL' if same else 'DIFFERENT'} "
+                    f"accepted {st.num_accepted_tokens_total}/{st.num_draft_tokens_total}"
+                )
                 if not same:
                     for key in plain:
                         if plain[key] != spec[key]:

@@ -13,8 +13,14 @@ from dgpp.serve.build import build_backend
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
-ENGINE = {"max_concurrency": 4, "kv_capacity": 2048, "block_size": 4, "prefill_budget_tokens": 8,
-          "prefix_min_tokens": 0, "stats_interval_s": 0}
+ENGINE = {
+    "max_concurrency": 4,
+    "kv_capacity": 2048,
+    "block_size": 4,
+    "prefill_budget_tokens": 8,
+    "prefix_min_tokens": 0,
+    "stats_interval_s": 0,
+}
 QUESTIONS = ["What is the weather in Paris today?", "Write a haiku about the sea.", "2 + 2 = ?"]
 
 
@@ -29,13 +35,22 @@ def _answers(checkpoint, engine: dict) -> tuple[list[str], dict]:
     cfg = parse_config({"model": str(checkpoint), "engine": {**ENGINE, **engine}})
     served = build_backend(cfg, device="cpu")
     try:
-        with TestClient(app=build_app(served, max_body_bytes=20000, sse_ping_interval=30),
-                        base_url="http://dgpp.local") as client:
+        with TestClient(
+            app=build_app(served, max_body_bytes=20000, sse_ping_interval=30), base_url="http://dgpp.local"
+        ) as client:
             sdk = openai.OpenAI(base_url="http://dgpp.local/v1", api_key="x", http_client=client)
-            out = [sdk.chat.completions.create(
-                model=str(checkpoint), messages=[{"role": "user", "content": q}], max_tokens=10, temperature=0,
-                extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}},
-            ).choices[0].message.content for q in QUESTIONS]
+            out = [
+                sdk.chat.completions.create(
+                    model=str(checkpoint),
+                    messages=[{"role": "user", "content": q}],
+                    max_tokens=10,
+                    temperature=0,
+                    extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": False}},
+                )
+                .choices[0]
+                .message.content
+                for q in QUESTIONS
+            ]
             metrics = client.get("/metrics").json()["scheduler"]["spec_decode"]
             prometheus = client.get("/metrics/prometheus").text
     finally:

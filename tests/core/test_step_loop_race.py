@@ -52,14 +52,25 @@ def _seq(rid: str, retired: _Retired, n: int) -> list[Sequence]:
     prompt = [1, 2, 3]
     seqs: list[Sequence] = []
     for i in range(n):  # two choices on some requests: the limit counts requests, not choices
-        seqs.append(Sequence(f"{rid}/{i}", i, prompt, p, ChoiceSampler(p, VOCAB, prompt, choice_index=i),
-                             retired.sink, use_prefix_cache=False, leader=seqs[0] if i else None))
+        seqs.append(
+            Sequence(
+                f"{rid}/{i}",
+                i,
+                prompt,
+                p,
+                ChoiceSampler(p, VOCAB, prompt, choice_index=i),
+                retired.sink,
+                use_prefix_cache=False,
+                leader=seqs[0] if i else None,
+            )
+        )
     return seqs
 
 
 def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
-    conf = scheduler_config(block_size=4, chunk_tokens=8, max_concurrency=1, queue_limit=QUEUE_LIMIT,
-                            prefix_cache=False)
+    conf = scheduler_config(
+        block_size=4, chunk_tokens=8, max_concurrency=1, queue_limit=QUEUE_LIMIT, prefix_cache=False
+    )
     pool = BlockPool(64, 4)
     slots = SlotPool(conf.max_concurrency, 0)
     sched = Scheduler(conf, ToyRunner(VOCAB, 64, 4, conf.max_concurrency), pool, slots, PrefixCache(pool, 8))
@@ -109,9 +120,19 @@ def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
 def test_backend_submissions_from_many_event_loops_answer_only_overloaded(tmp_path) -> None:
     """``Backend.submit`` under the same race: every submission is queued or refused 503 ``overloaded``, never an
     exception the route would turn into a 500."""
-    backend = build_toy_backend("toy/model", build_tiny_tokenizer(tmp_path), EngineConfig(
-        kv_capacity=4096, block_size=4, max_concurrency=1, queue_limit=QUEUE_LIMIT, prefix_cache_gib=0,
-        stats_interval_s=0, admission_gather_ms=0))
+    backend = build_toy_backend(
+        "toy/model",
+        build_tiny_tokenizer(tmp_path),
+        EngineConfig(
+            kv_capacity=4096,
+            block_size=4,
+            max_concurrency=1,
+            queue_limit=QUEUE_LIMIT,
+            prefix_cache_gib=0,
+            stats_interval_s=0,
+            admission_gather_ms=0,
+        ),
+    )
     params = SamplingParams(temperature=0.0, max_tokens=1)
     outcomes: list[str] = []
     errors: list[BaseException] = []

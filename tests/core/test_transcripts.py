@@ -68,7 +68,9 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
 
 async def _generate(engine, prompts: list[list[int]]) -> list[list[int]]:
     async def one(prompt: list[int]) -> list[int]:
-        handle = engine.submit(prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl")
+        handle = engine.submit(
+            prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl"
+        )
         tokens: list[int] = []
         async for _, ev in handle.events():
             assert ev.error is None, ev.error
@@ -84,11 +86,19 @@ def transcript(name: str, root: Path) -> list[list[int]]:
     build, mtp = FIXTURES[name]
     ckpt = build(root / name)
     build_tiny_tokenizer(ckpt)
-    cfg = parse_config({
-        "model": str(ckpt),
-        "engine": {"max_concurrency": 4, "kv_capacity": 1024, "prefill_budget_tokens": 16,
-                   "prefix_min_tokens": 16, "mtp": mtp, "stats_interval_s": 0},
-    })
+    cfg = parse_config(
+        {
+            "model": str(ckpt),
+            "engine": {
+                "max_concurrency": 4,
+                "kv_capacity": 1024,
+                "prefill_budget_tokens": 16,
+                "prefix_min_tokens": 16,
+                "mtp": mtp,
+                "stats_interval_s": 0,
+            },
+        }
+    )
     engine = build_backend(cfg, device="cpu")
     try:
         vocab = json.loads((ckpt / "config.json").read_text())

@@ -27,7 +27,10 @@ def mypy(*files: str) -> subprocess.CompletedProcess[str]:
     """mypy with the repository's gate configuration; ``files`` replace the configured ones when given."""
     return subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), *files],
-        cwd=ROOT, capture_output=True, text=True, timeout=600,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -84,12 +87,23 @@ def test_a_wrong_hook_signature_fails_the_gate(tmp_path):
     source.write_text(PLUGIN)
     out = mypy(str(source))
     assert out.returncode == 1, out.stdout + out.stderr
-    wrong = {n: line.rsplit("# WRONG: ", 1)[1] for n, line in enumerate(PLUGIN.splitlines(), 1) if "# WRONG" in line}
-    errors = {int(m.group(1)): m.group(2) for m in re.finditer(r"toy_plugin\.py:(\d+): error: .*\[([a-z-]+)\]$", out.stdout, re.M)}
+    wrong = {
+        n: line.rsplit("# WRONG: ", 1)[1]
+        for n, line in enumerate(PLUGIN.splitlines(), 1)
+        if "# WRONG" in line
+    }
+    errors = {
+        int(m.group(1)): m.group(2)
+        for m in re.finditer(r"toy_plugin\.py:(\d+): error: .*\[([a-z-]+)\]$", out.stdout, re.M)
+    }
     assert errors.keys() == wrong.keys(), out.stdout  # each wrong line, and nothing in RightHooks
     codes = {what: errors[n] for n, what in wrong.items()}
-    assert codes == {"argument": "override", "return": "override", "arguments missing": "override",
-                     "device": "arg-type"}, out.stdout
+    assert codes == {
+        "argument": "override",
+        "return": "override",
+        "arguments missing": "override",
+        "device": "arg-type",
+    }, out.stdout
     assert out.stdout.count('incompatible with supertype "dgpp.hookspecs.PluginHooks"') == 2, out.stdout
 
 
@@ -121,10 +135,14 @@ FAMILY_REFERENCES = {
     "bench_geometries": "Callable[[], list[BenchGeometry]]",
     "gguf_architectures": "Callable[[], list[GGUFArchitecture]]",
 }
-MODEL_TYPES = {"config": "type[FamilyConfig]", "model": "ModelClass", "renames": "Callable[[str], str]",
-               "drafter": "Callable[[LoadContext, Any], Drafter | None]",
-               "load_model": "Callable[[LoadContext], Model]",
-               "memory_plan": "Callable[[LoadContext], ModelMemory | MemoryPlan]"}
+MODEL_TYPES = {
+    "config": "type[FamilyConfig]",
+    "model": "ModelClass",
+    "renames": "Callable[[str], str]",
+    "drafter": "Callable[[LoadContext, Any], Drafter | None]",
+    "load_model": "Callable[[LoadContext], Model]",
+    "memory_plan": "Callable[[LoadContext], ModelMemory | MemoryPlan]",
+}
 
 
 def reference_checks(families: list) -> str:
@@ -132,13 +150,21 @@ def reference_checks(families: list) -> str:
     mypy holds each config class, model class, drafter, hook and offer to its contract."""
     head, body = [REFERENCE_TYPES], []
     for family in families:
-        refs = [(f"{family.name}.{key}", FAMILY_REFERENCES[key], getattr(family, key))
-                for key in FAMILY_REFERENCES if getattr(family, key)]
+        refs = [
+            (f"{family.name}.{key}", FAMILY_REFERENCES[key], getattr(family, key))
+            for key in FAMILY_REFERENCES
+            if getattr(family, key)
+        ]
         for i, model in enumerate(family.models):
-            refs += [(f"{family.name}.models[{i}].{key}", MODEL_TYPES[key], getattr(model, key))
-                     for key in ("config", "model", "renames", "drafter") if getattr(model, key)]
-            refs += [(f"{family.name}.models[{i}].hooks[{key}]", MODEL_TYPES[key], ref)
-                     for key, ref in model.hooks.items()]
+            refs += [
+                (f"{family.name}.models[{i}].{key}", MODEL_TYPES[key], getattr(model, key))
+                for key in ("config", "model", "renames", "drafter")
+                if getattr(model, key)
+            ]
+            refs += [
+                (f"{family.name}.models[{i}].hooks[{key}]", MODEL_TYPES[key], ref)
+                for key, ref in model.hooks.items()
+            ]
         for where, kind, ref in refs:
             module, name = ref.split(":")
             n = len(body)
@@ -164,8 +190,9 @@ def test_every_family_reference_has_the_type_core_calls_it_as(tmp_path):
 
 def test_a_wrong_reference_signature_fails_the_gate(tmp_path):
     """A config class whose ``from_hf_config`` takes a path, and a model class built without ``dtype``."""
-    (tmp_path / "toy_family.py").write_text(textwrap.dedent(
-        """
+    (tmp_path / "toy_family.py").write_text(
+        textwrap.dedent(
+            """
         from __future__ import annotations
 
         from dataclasses import dataclass
@@ -189,20 +216,38 @@ def test_a_wrong_reference_signature_fails_the_gate(tmp_path):
             def __init__(self, cfg: ToyConfig, *, world: World) -> None:
                 super().__init__()
         """
-    ))
+        )
+    )
     from dgpp.plugin_api import Family, FamilyModel
 
-    toy = Family(name="toy", plugin="toy", architectures=("ToyForCausalLM",),
-                 models=(FamilyModel(claims=("ToyForCausalLM",), config="toy_family:ToyConfig",
-                                     model="toy_family:ToyModel"),))
+    toy = Family(
+        name="toy",
+        plugin="toy",
+        architectures=("ToyForCausalLM",),
+        models=(
+            FamilyModel(
+                claims=("ToyForCausalLM",), config="toy_family:ToyConfig", model="toy_family:ToyModel"
+            ),
+        ),
+    )
     source = tmp_path / "toy_references.py"
     source.write_text(reference_checks([toy]))
     out = subprocess.run(
         [sys.executable, "-m", "mypy", "--config-file", str(ROOT / "pyproject.toml"), str(source)],
-        cwd=ROOT, capture_output=True, text=True, timeout=600, env={**os.environ, "MYPYPATH": str(tmp_path)},
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "MYPYPATH": str(tmp_path)},
     )
     assert out.returncode == 1, out.stdout + out.stderr
-    flagged = {m.group(1) for m in re.finditer(r"# (toy\.\S+)$", source.read_text(), re.M)
-               if any(f"toy_references.py:{n}:" in out.stdout
-                      for n, line in enumerate(source.read_text().splitlines(), 1) if m.group(1) in line)}
+    flagged = {
+        m.group(1)
+        for m in re.finditer(r"# (toy\.\S+)$", source.read_text(), re.M)
+        if any(
+            f"toy_references.py:{n}:" in out.stdout
+            for n, line in enumerate(source.read_text().splitlines(), 1)
+            if m.group(1) in line
+        )
+    }
     assert flagged == {"toy.models[0].config", "toy.models[0].model"}, out.stdout

@@ -36,12 +36,22 @@ class Server:
     def __init__(self, checkpoint: Path, workdir: Path, engine: dict, http: dict | None = None) -> None:
         port = free_port()
         self.config = workdir / "deploy.json"
-        self.config.write_text(json.dumps({
-            "model": str(checkpoint),
-            "http": {"bind_host": "127.0.0.1", "port": port, **(http or {})},
-            "engine": engine,
-        }))
-        cmd = [sys.executable, "-c", "import sys; from dgpp.cli import main; sys.exit(main())", "serve", str(self.config)]
+        self.config.write_text(
+            json.dumps(
+                {
+                    "model": str(checkpoint),
+                    "http": {"bind_host": "127.0.0.1", "port": port, **(http or {})},
+                    "engine": engine,
+                }
+            )
+        )
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from dgpp.cli import main; sys.exit(main())",
+            "serve",
+            str(self.config),
+        ]
         self._start(cmd, port, workdir)
 
     @classmethod

@@ -20,14 +20,23 @@ from dgpp.text.tokenizer import Tokenizer
 
 NO_THINK = {"enable_thinking": False}
 # small prefill chunks and blocks, several requests at once, a prefix cache that keeps every cut
-SERVE_ENGINE = {"max_concurrency": 4, "kv_capacity": 4096, "block_size": 4, "prefill_budget_tokens": 16,
-                "prefix_min_tokens": 0, "prefix_cache_gib": 0.01, "default_max_tokens": 12, "stats_interval_s": 0}
+SERVE_ENGINE = {
+    "max_concurrency": 4,
+    "kv_capacity": 4096,
+    "block_size": 4,
+    "prefill_budget_tokens": 16,
+    "prefix_min_tokens": 0,
+    "prefix_cache_gib": 0.01,
+    "default_max_tokens": 12,
+    "stats_interval_s": 0,
+}
 QUESTIONS = ("What is the weather in Paris today?", "def add(a, b):", "The quick brown fox")
 
 
 @contextmanager
-def served(ckpt: Path, root: Path, chat_template: bool = True,
-           engine: dict | None = None) -> Iterator[tuple[Server, openai.OpenAI]]:
+def served(
+    ckpt: Path, root: Path, chat_template: bool = True, engine: dict | None = None
+) -> Iterator[tuple[Server, openai.OpenAI]]:
     """``dgpp serve`` (``engine``, default ``SERVE_ENGINE``) on ``ckpt`` with the tiny tokenizer, and an openai
     client for it. ``chat_template=False``: the tokenizer ships none, so the family plugin's template is used."""
     build_tiny_tokenizer(ckpt)
@@ -41,27 +50,38 @@ def served(ckpt: Path, root: Path, chat_template: bool = True,
 
 def chat_messages(question: str) -> list[dict]:
     """A long shared system prompt (so a repeat hits the prefix cache) and one question."""
-    return [{"role": "system", "content": "You are a helpful assistant. Think step by step. " * 3},
-            {"role": "user", "content": question}]
+    return [
+        {"role": "system", "content": "You are a helpful assistant. Think step by step. " * 3},
+        {"role": "user", "content": question},
+    ]
 
 
-def check_served_greedy(ckpt: Path, sdk: openai.OpenAI, questions: tuple[str, ...], min_prompt_tokens: int,
-                        max_tokens: int = 12) -> None:
+def check_served_greedy(
+    ckpt: Path, sdk: openai.OpenAI, questions: tuple[str, ...], min_prompt_tokens: int, max_tokens: int = 12
+) -> None:
     """Cold, hit (at least 16 cached tokens) and concurrent answers equal the runner's greedy continuation; every
     rendered prompt is longer than ``min_prompt_tokens``."""
 
     def ask(question: str, **extra) -> openai.types.chat.ChatCompletion:
-        return sdk.chat.completions.create(model=str(ckpt), messages=chat_messages(question), max_tokens=max_tokens,
-                                           temperature=0,
-                                           extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra})
+        return sdk.chat.completions.create(
+            model=str(ckpt),
+            messages=chat_messages(question),
+            max_tokens=max_tokens,
+            temperature=0,
+            extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra},
+        )
 
     tok = Tokenizer.from_dir(ckpt)
     template = ChatTemplate.for_checkpoint(tok)
     model = load_model(ckpt)
-    prompts = [tok.encode(template.render(chat_messages(q), chat_template_kwargs=NO_THINK)) for q in questions]
+    prompts = [
+        tok.encode(template.render(chat_messages(q), chat_template_kwargs=NO_THINK)) for q in questions
+    ]
     assert min(len(p) for p in prompts) > min_prompt_tokens
-    want = [tok.decode(t, skip_special_tokens=True)
-            for t in greedy_generate(model, prompts, max_tokens, stop_at_eos=False)]
+    want = [
+        tok.decode(t, skip_special_tokens=True)
+        for t in greedy_generate(model, prompts, max_tokens, stop_at_eos=False)
+    ]
 
     cold = ask(questions[0], prefix_cache=False)
     ask(questions[0])

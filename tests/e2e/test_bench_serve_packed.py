@@ -54,8 +54,11 @@ def test_packed_bench_checkpoint_loads_packed_and_serves_alone_as_batched(quant,
     assert conf.check_logits(model, reference, conf.make_prompts(VOCAB, (7, 19), seed=1), rtol=1e-4) < 1e-4
     del model, reference
 
-    server = Server(ckpt, tmp_path, {"max_concurrency": 4, "kv_capacity": 256, "default_max_tokens": 8,
-                                     "model_alias": "bench"})
+    server = Server(
+        ckpt,
+        tmp_path,
+        {"max_concurrency": 4, "kv_capacity": 256, "default_max_tokens": 8, "model_alias": "bench"},
+    )
     try:
         server.wait_ready()
         assert "quantized modules" in server.log.read_text()
@@ -63,8 +66,9 @@ def test_packed_bench_checkpoint_loads_packed_and_serves_alone_as_batched(quant,
         prompts = [word_prompt(12, VOCAB, seed) for seed in range(4)]
 
         def greedy(prompt: str) -> str:
-            done = sdk.completions.create(model="bench", prompt=prompt, max_tokens=8, temperature=0,
-                                          extra_body={"ignore_eos": True})
+            done = sdk.completions.create(
+                model="bench", prompt=prompt, max_tokens=8, temperature=0, extra_body={"ignore_eos": True}
+            )
             return done.choices[0].text
 
         alone = [greedy(p) for p in prompts]

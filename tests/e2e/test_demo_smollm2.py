@@ -78,8 +78,12 @@ def test_the_demo_answers_paris_and_matches_transformers(demo_gguf, tmp_path):
             temperature=0,
         )
         assert "Paris" in reply.choices[0].message.content
-        answer = client.responses.create(model="dgpp-demo", input=PROMPTS[0], max_output_tokens=32, temperature=0)
-        assert answer.output_text == reply.choices[0].message.content  # the Responses API, the same greedy answer
+        answer = client.responses.create(
+            model="dgpp-demo", input=PROMPTS[0], max_output_tokens=32, temperature=0
+        )
+        assert (
+            answer.output_text == reply.choices[0].message.content
+        )  # the Responses API, the same greedy answer
         served = [
             client.chat.completions.create(
                 model="dgpp-demo", messages=[{"role": "user", "content": p}], max_tokens=16, temperature=0
@@ -116,4 +120,6 @@ def test_the_demo_served_packed_answers_paris(demo_gguf, tmp_path):
         server.stop()
     assert reply.choices[0].message.content == "The capital of France is Paris."
     log = server.log.read_text()
-    assert "engine.gguf_weights=int4pack" in log and "packed=211" in log  # 30 layers x 7 projections + the head
+    assert (
+        "engine.gguf_weights=int4pack" in log and "packed=211" in log
+    )  # 30 layers x 7 projections + the head

@@ -14,8 +14,16 @@ from dgpp.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
 NO_THINK = {"enable_thinking": False}
-ENGINE = {"max_concurrency": 4, "kv_capacity": 4096, "block_size": 4, "prefill_budget_tokens": 16,
-          "prefix_min_tokens": 0, "prefix_cache_gib": 0.01, "default_max_tokens": 12, "stats_interval_s": 0}
+ENGINE = {
+    "max_concurrency": 4,
+    "kv_capacity": 4096,
+    "block_size": 4,
+    "prefill_budget_tokens": 16,
+    "prefix_min_tokens": 0,
+    "prefix_cache_gib": 0.01,
+    "default_max_tokens": 12,
+    "stats_interval_s": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -32,17 +40,28 @@ def env(tmp_path_factory):
 
 def test_hybrid_prefix_hit_equals_cold_and_the_runner(env) -> None:
     server, ckpt, sdk = env
-    messages = [{"role": "system", "content": "You are a helpful assistant. Think step by step. " * 3},
-                {"role": "user", "content": "What is the weather in Paris today?"}]
+    messages = [
+        {"role": "system", "content": "You are a helpful assistant. Think step by step. " * 3},
+        {"role": "user", "content": "What is the weather in Paris today?"},
+    ]
 
     def ask(**extra):
-        return sdk.chat.completions.create(model=str(ckpt), messages=messages, max_tokens=12, temperature=0,
-                                           extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra})
+        return sdk.chat.completions.create(
+            model=str(ckpt),
+            messages=messages,
+            max_tokens=12,
+            temperature=0,
+            extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra},
+        )
 
     cold = ask(prefix_cache=False)
     first = ask()
     hit = ask()
-    texts = {cold.choices[0].message.content, first.choices[0].message.content, hit.choices[0].message.content}
+    texts = {
+        cold.choices[0].message.content,
+        first.choices[0].message.content,
+        hit.choices[0].message.content,
+    }
     assert len(texts) == 1
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert hit.usage.prompt_tokens_details.cached_tokens >= 16

@@ -18,9 +18,19 @@ from dgpp.testing.generate import greedy_generate
 from dgpp.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
-ENGINE = {"max_concurrency": 4, "kv_capacity": 4096, "block_size": 4, "prefill_budget_tokens": 16,
-          "prefix_min_tokens": 0, "default_max_tokens": 16, "stats_interval_s": 1,
-          "draft": "lookup", "draft_depth": 3, "lookup_ngram": 3, "lookup_min_ngram": 1}
+ENGINE = {
+    "max_concurrency": 4,
+    "kv_capacity": 4096,
+    "block_size": 4,
+    "prefill_budget_tokens": 16,
+    "prefix_min_tokens": 0,
+    "default_max_tokens": 16,
+    "stats_interval_s": 1,
+    "draft": "lookup",
+    "draft_depth": 3,
+    "lookup_ngram": 3,
+    "lookup_min_ngram": 1,
+}
 PARAGRAPH = "the cat sat on the mat and the dog sat on the log and the cat saw the dog"
 
 
@@ -31,8 +41,12 @@ def env(tmp_path_factory):
     server = Server(ckpt, root, ENGINE)
     try:
         server.wait_ready()
-        yield {"server": server, "ckpt": ckpt, "tok": Tokenizer.from_dir(ckpt),
-               "sdk": openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)}
+        yield {
+            "server": server,
+            "ckpt": ckpt,
+            "tok": Tokenizer.from_dir(ckpt),
+            "sdk": openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0),
+        }
     finally:
         server.stop()
 
@@ -50,7 +64,7 @@ def _biased_greedy(model, prompt: list[int], bias: dict[int, float], n: int) -> 
         for token, value in bias.items():
             logits[token] += value
         tokens.append(int(torch.argmax(logits)))
-    return tokens[len(prompt):]
+    return tokens[len(prompt) :]
 
 
 def test_served_lookup_greedy_equals_plain_and_counts(env) -> None:
@@ -58,17 +72,23 @@ def test_served_lookup_greedy_equals_plain_and_counts(env) -> None:
     assert _spec(env)["drafter"] == "lookup"
     for text in (f"Repeat: {PARAGRAPH}. Again: {PARAGRAPH[:20]}", "def add(a, b): return a + b\ndef add("):
         want = greedy_generate(model, [tok.encode(text)], 20, stop_at_eos=False)[0]
-        got = sdk.completions.create(model=str(env["ckpt"]), prompt=text, max_tokens=20, temperature=0,
-                                     extra_body={"ignore_eos": True})
+        got = sdk.completions.create(
+            model=str(env["ckpt"]), prompt=text, max_tokens=20, temperature=0, extra_body={"ignore_eos": True}
+        )
         assert got.choices[0].text == tok.decode(want, skip_special_tokens=True)
     # a paragraph whose tokens the output is held to (a logit bias): the lookup is right some of the time
     prompt = tok.encode(PARAGRAPH)
     bias = {t: 60.0 for t in sorted(set(prompt))[:4]}
     want = _biased_greedy(model, prompt, bias, 16)
     before = _spec(env)
-    got = sdk.completions.create(model=str(env["ckpt"]), prompt=PARAGRAPH, max_tokens=16, temperature=0,
-                                 logit_bias={str(t): v for t, v in bias.items()},
-                                 extra_body={"ignore_eos": True})
+    got = sdk.completions.create(
+        model=str(env["ckpt"]),
+        prompt=PARAGRAPH,
+        max_tokens=16,
+        temperature=0,
+        logit_bias={str(t): v for t, v in bias.items()},
+        extra_body={"ignore_eos": True},
+    )
     assert got.choices[0].text == tok.decode(want, skip_special_tokens=True)
     after = _spec(env)
     assert after["num_drafts_total"] > before["num_drafts_total"]

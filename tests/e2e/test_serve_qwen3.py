@@ -16,12 +16,24 @@ from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e
-ENGINE = {"max_concurrency": 8, "kv_capacity": 8192, "block_size": 4, "prefill_budget_tokens": 16,
-          "prefix_min_tokens": 0, "default_max_tokens": 16, "queue_limit": 64, "stats_interval_s": 1}
+ENGINE = {
+    "max_concurrency": 8,
+    "kv_capacity": 8192,
+    "block_size": 4,
+    "prefill_budget_tokens": 16,
+    "prefix_min_tokens": 0,
+    "default_max_tokens": 16,
+    "queue_limit": 64,
+    "stats_interval_s": 1,
+}
 NO_THINK = {"enable_thinking": False}
 SYSTEM = "You are a helpful assistant. Think step by step, then answer the question briefly. " * 2
-PROMPTS = ["Hello world! What is the weather in Paris today?", "def add(a, b):", "The quick brown fox",
-           "你好，世界。"]
+PROMPTS = [
+    "Hello world! What is the weather in Paris today?",
+    "def add(a, b):",
+    "The quick brown fox",
+    "你好，世界。",
+]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +44,14 @@ def env(tmp_path_factory):
     try:
         server.wait_ready()
         tok = Tokenizer.from_dir(ckpt)
-        yield {"server": server, "ckpt": ckpt, "tok": tok, "template": ChatTemplate.for_checkpoint(tok),
-               "sdk": openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0),
-               "model": str(ckpt)}
+        yield {
+            "server": server,
+            "ckpt": ckpt,
+            "tok": tok,
+            "template": ChatTemplate.for_checkpoint(tok),
+            "sdk": openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0),
+            "model": str(ckpt),
+        }
     finally:
         server.stop()
 
@@ -66,12 +83,19 @@ def test_greedy_equals_the_runner(env) -> None:
         entries = got.choices[0].logprobs.content
         assert b"".join(bytes(e.bytes) for e in entries) == token_bytes(env, want)
         assert got.choices[0].message.content == env["tok"].decode(want, skip_special_tokens=True)
-        legacy = env["sdk"].completions.create(model=env["model"], prompt=text, max_tokens=n, temperature=0,
-                                               extra_body={"ignore_eos": True})
+        legacy = env["sdk"].completions.create(
+            model=env["model"], prompt=text, max_tokens=n, temperature=0, extra_body={"ignore_eos": True}
+        )
         want_legacy = greedy_generate(model, [env["tok"].encode(text)], n, stop_at_eos=False)[0]
         assert legacy.choices[0].text == env["tok"].decode(want_legacy, skip_special_tokens=True)
-        streamed = env["sdk"].completions.create(model=env["model"], prompt=text, max_tokens=n, temperature=0,
-                                                 stream=True, extra_body={"ignore_eos": True})
+        streamed = env["sdk"].completions.create(
+            model=env["model"],
+            prompt=text,
+            max_tokens=n,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
         assert "".join(c.choices[0].text for c in streamed if c.choices) == legacy.choices[0].text
 
 
@@ -92,8 +116,13 @@ def test_stop_strings_cut_exactly(env) -> None:
     for i in range(len(pieces) - 1):
         at += len(pieces[i].decode("utf-8", "replace"))
         left, right = pieces[i].decode("utf-8", "ignore"), pieces[i + 1].decode("utf-8", "ignore")
-        if at > 1 and left and right and text[at - 1 : at + 1] == left[-1] + right[0] \
-                and text.find(left[-1] + right[0]) == at - 1:
+        if (
+            at > 1
+            and left
+            and right
+            and text[at - 1 : at + 1] == left[-1] + right[0]
+            and text.find(left[-1] + right[0]) == at - 1
+        ):
             stop = left[-1] + right[0]
             break
     assert stop is not None, "no token boundary to test in this output"
@@ -101,8 +130,16 @@ def test_stop_strings_cut_exactly(env) -> None:
     one = chat(env, PROMPTS[0], temperature=0, max_tokens=24, ignore_eos=True, stop=[stop])
     assert one.choices[0].message.content == cut and one.choices[0].finish_reason == "stop"
     assert one.usage.completion_tokens == i + 2  # counted up to the token that completed the match
-    stream = chat(env, PROMPTS[0], temperature=0, max_tokens=24, ignore_eos=True, stop=stop, stream=True,
-                  stream_options={"include_usage": True})
+    stream = chat(
+        env,
+        PROMPTS[0],
+        temperature=0,
+        max_tokens=24,
+        ignore_eos=True,
+        stop=stop,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == cut
     assert chunks[-1].usage.completion_tokens == one.usage.completion_tokens < 24
@@ -115,8 +152,15 @@ def test_logit_bias_forces_and_forbids(env) -> None:
     greedy = chat(env, PROMPTS[1], max_tokens=1, temperature=0, logprobs=True, ignore_eos=True)
     first = bytes(greedy.choices[0].logprobs.content[0].bytes)
     first_id = env["tok"].token_bytes.index(first)
-    banned = chat(env, PROMPTS[1], max_tokens=1, temperature=0, logprobs=True, ignore_eos=True,
-                  logit_bias={str(first_id): -100})
+    banned = chat(
+        env,
+        PROMPTS[1],
+        max_tokens=1,
+        temperature=0,
+        logprobs=True,
+        ignore_eos=True,
+        logit_bias={str(first_id): -100},
+    )
     assert bytes(banned.choices[0].logprobs.content[0].bytes) != first
 
 
@@ -148,11 +192,20 @@ def test_32_concurrent_streams_match_solo_runs(env) -> None:
 
 def test_prefix_cache_hit_equals_cold(env) -> None:
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": PROMPTS[0]}]
-    cold = chat(env, "", messages=messages, temperature=0, max_tokens=12, ignore_eos=True,
-                extra_body={"prefix_cache": False})
+    cold = chat(
+        env,
+        "",
+        messages=messages,
+        temperature=0,
+        max_tokens=12,
+        ignore_eos=True,
+        extra_body={"prefix_cache": False},
+    )
     warm = chat(env, "", messages=messages, temperature=0, max_tokens=12, ignore_eos=True)
     hit = chat(env, "", messages=messages, temperature=0, max_tokens=12, ignore_eos=True)
-    assert cold.choices[0].message.content == warm.choices[0].message.content == hit.choices[0].message.content
+    assert (
+        cold.choices[0].message.content == warm.choices[0].message.content == hit.choices[0].message.content
+    )
     assert cold.usage.prompt_tokens_details.cached_tokens == 0
     assert hit.usage.prompt_tokens_details.cached_tokens >= 16
 
@@ -179,8 +232,13 @@ def _metrics(env) -> dict:
 
 def test_disconnect_frees_the_slot_and_server_keeps_serving(env) -> None:
     before = _metrics(env)["service"]["requests_cancelled"]
-    body = {"model": env["model"], "messages": [{"role": "user", "content": "hi"}], "max_tokens": 400,
-            "ignore_eos": True, "stream": True}
+    body = {
+        "model": env["model"],
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 400,
+        "ignore_eos": True,
+        "stream": True,
+    }
     with httpx.stream("POST", env["server"].url + "/v1/chat/completions", json=body) as r:
         lines = r.iter_lines()
         got = [next(lines) for _ in range(3)]
@@ -206,43 +264,84 @@ def test_disconnect_frees_the_slot_and_server_keeps_serving(env) -> None:
     assert m["scheduler"]["active"] == 0 and m["service"]["requests_cancelled"] == before + 2
     prom = httpx.get(env["server"].url + "/metrics/prometheus").text
     assert 'reason="cancelled"' in prom and "dgpp_kv_pool_blocks_in_use" in prom
-    deadline = time.monotonic() + 5  # the periodic stats line (engine.stats_interval_s = 1) follows busy seconds
+    deadline = (
+        time.monotonic() + 5
+    )  # the periodic stats line (engine.stats_interval_s = 1) follows busy seconds
     while "stats: decode" not in env["server"].log.read_text() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert "stats: decode" in env["server"].log.read_text()
 
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
-                   "required": ["city"]}}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]}},
+            "required": ["city"],
+        },
+    },
+}
 
 
 def test_json_schema_and_forced_tool_call(env) -> None:
     import json
 
-    schema = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
-              "additionalProperties": False}
-    r = chat(env, PROMPTS[0], max_tokens=40, temperature=0.7, seed=5,
-             response_format={"type": "json_schema", "json_schema": {"name": "u", "schema": schema, "strict": True}})
+    schema = {
+        "type": "object",
+        "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["unit"],
+        "additionalProperties": False,
+    }
+    r = chat(
+        env,
+        PROMPTS[0],
+        max_tokens=40,
+        temperature=0.7,
+        seed=5,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "u", "schema": schema, "strict": True},
+        },
+    )
     assert json.loads(r.choices[0].message.content)["unit"] in ("celsius", "fahrenheit")
     assert r.choices[0].finish_reason == "stop"
     forced = chat(env, PROMPTS[0], max_tokens=60, temperature=0, tools=[WEATHER_TOOL], tool_choice="required")
     choice = forced.choices[0]
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     call = choice.message.tool_calls[0]
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in ("Paris", "Rome")
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] in (
+        "Paris",
+        "Rome",
+    )
     assert call.id.startswith("call_") and len(call.id) == 21
-    chunks = list(chat(env, PROMPTS[0], max_tokens=60, temperature=0, tools=[WEATHER_TOOL], tool_choice="required",
-                       stream=True))
+    chunks = list(
+        chat(
+            env,
+            PROMPTS[0],
+            max_tokens=60,
+            temperature=0,
+            tools=[WEATHER_TOOL],
+            tool_choice="required",
+            stream=True,
+        )
+    )
     deltas = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta.tool_calls]
     assert len(deltas) == 2 and deltas[0][0].function.name == "get_weather"
     assert deltas[1][0].function.arguments == call.function.arguments
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
     assert httpx.get(env["server"].url + "/metrics").json()["service"]["tool_calls_out"] >= 2
-    bad = httpx.post(env["server"].url + "/v1/chat/completions", json={
-        "model": env["model"], "messages": [{"role": "user", "content": "x"}], "tools": [WEATHER_TOOL],
-        "tool_choice": {"type": "function", "function": {"name": "nope"}}})
+    bad = httpx.post(
+        env["server"].url + "/v1/chat/completions",
+        json={
+            "model": env["model"],
+            "messages": [{"role": "user", "content": "x"}],
+            "tools": [WEATHER_TOOL],
+            "tool_choice": {"type": "function", "function": {"name": "nope"}},
+        },
+    )
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_grammar"
 
 

@@ -32,6 +32,7 @@ def test_decode_kernel_matches_reference_and_shifts_state(with_bias, silu):
     assert torch.equal(pool[3], torch.cat([before[3][1:], x[0:1]]))
     assert torch.equal(pool[0], torch.cat([torch.zeros(K - 2, C), x[2:3]]))
 
+
 def test_decode_reference_equals_varlen_path():
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(3, C, generator=gen)

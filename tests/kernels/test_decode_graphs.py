@@ -117,7 +117,9 @@ def test_work_list_path_fills_the_same_inputs_as_a_batch(tiny_model) -> None:
     via_work = DecodeGraphs(tiny_model, pools, max_batch=8, max_blocks=6, capture=False)
     for step in range(3):
         # rows of ragged table widths; the widest row shrinks after the first step (stale columns stay unread)
-        work = [SeqWork(i, tables[i][: 4 if step == 0 or i != 2 else 3], 9 + step, [last[i]]) for i in range(3)]
+        work = [
+            SeqWork(i, tables[i][: 4 if step == 0 or i != 2 else 3], 9 + step, [last[i]]) for i in range(3)
+        ]
         if step == 2:
             work = work[:2]
         assert via_work.can_run_work(work)
@@ -128,7 +130,7 @@ def test_work_list_path_fills_the_same_inputs_as_a_batch(tiny_model) -> None:
             assert torch.equal(getattr(via_work, name), getattr(via_batch, name)), name
         for i, w in enumerate(work):
             assert via_work.block_tables[i, : len(w.block_table)].tolist() == w.block_table
-        last = torch.argmax(from_work, -1).tolist() + last[len(work):]
+        last = torch.argmax(from_work, -1).tolist() + last[len(work) :]
     assert via_work.stats.as_metrics()["replays"] == 3 and via_work.stats.padded_rows == 1 + 1 + 0
     assert not via_work.can_run_work([SeqWork(0, tables[0], 9, [1, 2])])  # prefill
     assert via_work.run_work([SeqWork(0, tables[0], 9, [1, 2])]) is None and via_work.stats.replays == 3

@@ -20,7 +20,9 @@ def test_rms_norm_matches_reference(hidden: int, offset: float) -> None:
     g = torch.Generator().manual_seed(hidden)
     x = torch.randn(5, hidden, generator=g)
     w = torch.randn(hidden, generator=g)
-    torch.testing.assert_close(rms_norm_triton(x, w, 1e-6, None, offset), rms_norm_ref(x, w, 1e-6, None, offset))
+    torch.testing.assert_close(
+        rms_norm_triton(x, w, 1e-6, None, offset), rms_norm_ref(x, w, 1e-6, None, offset)
+    )
 
 
 def test_rms_norm_reference_matches_nn_layer() -> None:
@@ -116,6 +118,12 @@ def test_qk_norm_rope_equals_norm_then_rotary(rot: int, neox: bool, offset: floa
     q_ref, k_ref = qk_norm_rope_ref(q, k, qw, kw, 1e-6, offset, pos, inv, 1.0, neox)
     torch.testing.assert_close(q_tri, q_ref)
     torch.testing.assert_close(k_tri, k_ref)
-    q_two, _ = rotary_triton(rms_norm_triton(q, qw, 1e-6, None, offset), rms_norm_triton(k, kw, 1e-6, None, offset),
-                             pos, inv, 1.0, neox)
+    q_two, _ = rotary_triton(
+        rms_norm_triton(q, qw, 1e-6, None, offset),
+        rms_norm_triton(k, kw, 1e-6, None, offset),
+        pos,
+        inv,
+        1.0,
+        neox,
+    )
     torch.testing.assert_close(q_tri, q_two)

@@ -54,11 +54,32 @@ def test_prefill_then_decode_continues_the_state() -> None:
     q, k, v, g, beta = _inputs(21, 2, 2, 16, 16, seed=4)
     pool = torch.zeros(1, 2, 16, 16)
     slots = torch.tensor([0])
-    out_pf = gdn_chunked_prefill_triton(q[:20], k[:20], v[:20], g[:20], beta[:20], pool, slots,
-                                        torch.tensor([0, 20], dtype=torch.int32), torch.tensor([True]), chunk_size=16)
-    out_dec = gdn_decode_step_triton(q[20:], k[20:], v[20:], g[20:], beta[20:], pool, slots, torch.tensor([False]))
-    whole = gated_delta_ref(q, k, v, g, beta, torch.zeros(1, 2, 16, 16), slots,
-                            torch.tensor([0, 21], dtype=torch.int32), torch.tensor([True]))
+    out_pf = gdn_chunked_prefill_triton(
+        q[:20],
+        k[:20],
+        v[:20],
+        g[:20],
+        beta[:20],
+        pool,
+        slots,
+        torch.tensor([0, 20], dtype=torch.int32),
+        torch.tensor([True]),
+        chunk_size=16,
+    )
+    out_dec = gdn_decode_step_triton(
+        q[20:], k[20:], v[20:], g[20:], beta[20:], pool, slots, torch.tensor([False])
+    )
+    whole = gated_delta_ref(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        torch.zeros(1, 2, 16, 16),
+        slots,
+        torch.tensor([0, 21], dtype=torch.int32),
+        torch.tensor([True]),
+    )
     torch.testing.assert_close(torch.cat([out_pf, out_dec]), whole, rtol=1e-4, atol=1e-4)
 
 
@@ -70,7 +91,16 @@ def test_reference_agrees_with_layer_torch_path() -> None:
     state = torch.randn(1, 2, 16, 16, generator=torch.Generator().manual_seed(6))
     out_nn, state_nn = chunked_gated_delta_rule(q[None], k[None], v[None], g[None], beta[None], state, 16)
     pool = state.clone()
-    ref = gated_delta_ref(q, k, v, g, beta, pool, torch.tensor([0]), torch.tensor([0, 40], dtype=torch.int32),
-                          torch.tensor([False]))
+    ref = gated_delta_ref(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        pool,
+        torch.tensor([0]),
+        torch.tensor([0, 40], dtype=torch.int32),
+        torch.tensor([False]),
+    )
     torch.testing.assert_close(ref, out_nn[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pool[0], state_nn[0], rtol=1e-4, atol=1e-4)

@@ -13,7 +13,11 @@ from dgpp.policy import ExecPolicy, install, with_environment
 def test_multi_linear_matches_separate_projections() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(3, 80, generator=g)  # K not a multiple of the K tile
-    ws = [torch.randn(64, 80, generator=g), torch.randn(16, 80, generator=g), torch.randn(32, 80, generator=g)]
+    ws = [
+        torch.randn(64, 80, generator=g),
+        torch.randn(16, 80, generator=g),
+        torch.randn(32, 80, generator=g),
+    ]
     outs = multi_linear_triton(x, ws)
     assert [tuple(o.shape) for o in outs] == [(3, 64), (3, 16), (3, 32)]
     for out, w in zip(outs, ws, strict=True):
@@ -52,7 +56,9 @@ def test_rows_up_to_sixty_four_pick_wider_row_tiles() -> None:
         for out, w in zip(multi_linear_triton(x, ws), ws, strict=True):
             torch.testing.assert_close(out, F.linear(x, w), rtol=1e-5, atol=1e-5)
         wg, wu = torch.randn(32, 80, generator=g), torch.randn(32, 80, generator=g)
-        torch.testing.assert_close(gate_up_silu_triton(x, wg, wu), gate_up_silu_ref(x, wg, wu), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(
+            gate_up_silu_triton(x, wg, wu), gate_up_silu_ref(x, wg, wu), rtol=1e-4, atol=1e-4
+        )
 
 
 @pytest.mark.parametrize(("lo", "hi"), [(1, 16), (17, 32), (33, 64)])
@@ -84,4 +90,6 @@ def test_lm_head_gemv_is_opt_in_and_matches(monkeypatch) -> None:
     install(with_environment(ExecPolicy()))  # the override is read once, when the policy is built
     torch.testing.assert_close(gemv.lm_head_gemv(x, head), F.linear(x, head), rtol=1e-5, atol=1e-5)
     # a vocab-parallel rank's contiguous slice of rows
-    torch.testing.assert_close(gemv.lm_head_gemv(x, head.narrow(0, 256, 256)), F.linear(x, head[256:]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        gemv.lm_head_gemv(x, head.narrow(0, 256, 256)), F.linear(x, head[256:]), rtol=1e-5, atol=1e-5
+    )

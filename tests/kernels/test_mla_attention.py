@@ -160,10 +160,14 @@ def test_index_scores_tiles_past_a_rows_tokens_are_minus_inf_and_the_rest_unchan
     k_cache = torch.randn(blocks, BS, 1, dim, generator=g)
     tables = torch.stack([torch.randperm(blocks, generator=g) for _ in range(4)]).int()
     width = blocks * BS
-    lens = torch.tensor([0, _BLOCK_T - 1, _BLOCK_T + 1, width], dtype=torch.int32)  # 0, 1, 2 and every tile live
+    lens = torch.tensor(
+        [0, _BLOCK_T - 1, _BLOCK_T + 1, width], dtype=torch.int32
+    )  # 0, 1, 2 and every tile live
     q, w = torch.randn(4, heads, dim, generator=g), torch.randn(4, heads, generator=g)
     ours = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5)
-    torch.testing.assert_close(ours, index_scores_ref(q, w, k_cache, tables, lens, dim**-0.5), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        ours, index_scores_ref(q, w, k_cache, tables, lens, dim**-0.5), rtol=1e-5, atol=1e-5
+    )
     for row, n in enumerate(lens.tolist()):
         assert torch.isinf(ours[row, n:]).all() and torch.isfinite(ours[row, :n]).all()
 

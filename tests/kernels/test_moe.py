@@ -49,8 +49,10 @@ def _expected_layout(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple
     return rows, experts
 
 
-@pytest.mark.parametrize("tokens,experts,top_k,block_m", [(1, 8, 2, 16), (7, 6, 2, 4), (33, 64, 8, 16), (40, 4, 2, 64),
-                                                          (5, 1, 1, 16)])
+@pytest.mark.parametrize(
+    "tokens,experts,top_k,block_m",
+    [(1, 8, 2, 16), (7, 6, 2, 4), (33, 64, 8, 16), (40, 4, 2, 64), (5, 1, 1, 16)],
+)
 def test_align_layout_is_exact_with_a_fixed_shape_expert_count(tokens, experts, top_k, block_m) -> None:
     """Expert counts come from a scatter into a preallocated [E] tensor (torch.bincount sizes its output from
     the data: a host sync that CUDA-graph capture refuses); the layout must be exactly the spelled-out one."""
@@ -71,14 +73,20 @@ def test_align_never_calls_bincount(monkeypatch) -> None:
     monkeypatch.setattr(torch, "bincount", refuse)
     x, gate_up, down, w, ids = _moe_inputs(tokens=3, experts=4, top_k=2, hidden=16, inter=8, seed=4)
     align_to_experts(ids, 4, 16)
-    torch.testing.assert_close(fused_moe_triton(x, gate_up, down, w, ids), fused_moe_ref(x, gate_up, down, w, ids),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        fused_moe_triton(x, gate_up, down, w, ids),
+        fused_moe_ref(x, gate_up, down, w, ids),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run with TRITON_INTERPRET=0)")
 def test_fused_moe_is_captured_in_a_cuda_graph() -> None:
     """A captured fused MoE replays new routings (copied into its static inputs) bit-identically to eager."""
-    x, gate_up, down, w, ids = (t.cuda() for t in _moe_inputs(tokens=4, experts=8, top_k=2, hidden=64, inter=32, seed=5))
+    x, gate_up, down, w, ids = (
+        t.cuda() for t in _moe_inputs(tokens=4, experts=8, top_k=2, hidden=64, inter=32, seed=5)
+    )
     torch.cuda.set_sync_debug_mode("error")  # any host sync inside the MoE raises
     try:
         fused_moe_triton(x, gate_up, down, w, ids)  # compile outside the capture
@@ -89,7 +97,9 @@ def test_fused_moe_is_captured_in_a_cuda_graph() -> None:
     finally:
         torch.cuda.set_sync_debug_mode("default")
     for seed in (6, 7):
-        x2, _, _, w2, ids2 = (t.cuda() for t in _moe_inputs(tokens=4, experts=8, top_k=2, hidden=64, inter=32, seed=seed))
+        x2, _, _, w2, ids2 = (
+            t.cuda() for t in _moe_inputs(tokens=4, experts=8, top_k=2, hidden=64, inter=32, seed=seed)
+        )
         for static, new in ((x, x2), (w, w2), (ids, ids2)):
             static.copy_(new)
         graph.replay()
@@ -98,14 +108,22 @@ def test_fused_moe_is_captured_in_a_cuda_graph() -> None:
 
 def test_fused_moe_matches_reference() -> None:
     x, gate_up, down, w, ids = _moe_inputs(tokens=7, experts=6, top_k=2, hidden=48, inter=40, seed=0)
-    torch.testing.assert_close(fused_moe_triton(x, gate_up, down, w, ids), fused_moe_ref(x, gate_up, down, w, ids),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        fused_moe_triton(x, gate_up, down, w, ids),
+        fused_moe_ref(x, gate_up, down, w, ids),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_fused_moe_many_tokens_uses_large_blocks() -> None:
     x, gate_up, down, w, ids = _moe_inputs(tokens=40, experts=4, top_k=2, hidden=32, inter=16, seed=1)
-    torch.testing.assert_close(fused_moe_triton(x, gate_up, down, w, ids), fused_moe_ref(x, gate_up, down, w, ids),
-                               rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        fused_moe_triton(x, gate_up, down, w, ids),
+        fused_moe_ref(x, gate_up, down, w, ids),
+        rtol=1e-4,
+        atol=1e-5,
+    )
 
 
 def test_reference_matches_nn_fused_experts() -> None:
@@ -115,7 +133,9 @@ def test_reference_matches_nn_fused_experts() -> None:
     experts = FusedExperts(4, 16, 8, dtype=torch.float32)
     experts.gate_up_proj.data.copy_(gate_up)
     experts.down_proj.data.copy_(down)
-    torch.testing.assert_close(fused_moe_ref(x, gate_up, down, w, ids), experts(x, w, ids), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        fused_moe_ref(x, gate_up, down, w, ids), experts(x, w, ids), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_fused_moe_clamps_swiglu_inputs_like_the_reference() -> None:

@@ -12,7 +12,9 @@ from dgpp.kernels.paged_attention import (
 )
 
 
-def _paged_setup(seq_lens: list[int], hq: int, hk: int, dim: int, block_size: int, num_blocks: int, seed: int):
+def _paged_setup(
+    seq_lens: list[int], hq: int, hk: int, dim: int, block_size: int, num_blocks: int, seed: int
+):
     g = torch.Generator().manual_seed(seed)
     batch = len(seq_lens)
     max_blocks = num_blocks // batch
@@ -32,7 +34,9 @@ def _paged_setup(seq_lens: list[int], hq: int, hk: int, dim: int, block_size: in
 def test_decode_attention_matches_reference(hq: int, hk: int) -> None:
     q, kc, vc, bt, lens = _paged_setup([1, 37, 12, 64], hq, hk, 32, 8, 64, seed=hq * 10 + hk)
     out = paged_decode_attention_triton(q, kc, vc, bt, lens, 0.17)
-    torch.testing.assert_close(out, paged_decode_attention_ref(q, kc, vc, bt, lens, 0.17), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        out, paged_decode_attention_ref(q, kc, vc, bt, lens, 0.17), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_split_context_matches_reference() -> None:
@@ -41,7 +45,9 @@ def test_split_context_matches_reference() -> None:
     part, splits = plan_partition(1, 2, bt.shape[1] * 4)
     assert splits > 1 and part * splits >= 300
     out = paged_decode_attention_triton(q, kc, vc, bt, lens, 0.25)
-    torch.testing.assert_close(out, paged_decode_attention_ref(q, kc, vc, bt, lens, 0.25), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        out, paged_decode_attention_ref(q, kc, vc, bt, lens, 0.25), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_padding_rows_are_zero_and_window_limits_context() -> None:
@@ -110,6 +116,8 @@ def test_programs_per_row_do_not_change_the_bits() -> None:
     lens = [3, 64, 65, 0, 300, 129]
     q, kc, vc, bt, seq = _paged_setup(lens, 4, 2, 16, 4, 6 * 80, seed=23)
     full = decode_attention_with_splits(q, kc, vc, bt, seq, 0.2, 0, 8)
-    torch.testing.assert_close(full, paged_decode_attention_ref(q, kc, vc, bt, seq, 0.2), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        full, paged_decode_attention_ref(q, kc, vc, bt, seq, 0.2), rtol=1e-4, atol=1e-5
+    )
     for grid in (1, 3, 5):
         assert torch.equal(decode_attention_with_splits(q, kc, vc, bt, seq, 0.2, 0, 8, grid), full)

@@ -27,7 +27,9 @@ def _setup(ctx: list[int], rows: list[int], hq: int, hk: int, dim: int, bs: int,
 def test_prefill_attention_matches_reference_with_chunks_and_gqa() -> None:
     q, kc, vc, bt, starts, ctx = _setup([0, 5, 20], [7, 70, 3], 4, 2, 16, 4, seed=0)
     out = prefill_attention_triton(q, kc, vc, bt, starts, ctx, 0.25, block_m=32)
-    torch.testing.assert_close(out, prefill_attention_ref(q, kc, vc, bt, starts, ctx, 0.25), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        out, prefill_attention_ref(q, kc, vc, bt, starts, ctx, 0.25), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_reference_matches_nn_attention_torch_path() -> None:
@@ -38,10 +40,19 @@ def test_reference_matches_nn_attention_torch_path() -> None:
     q, kc, vc, bt, starts, ctx_t = _setup(ctx, rows, 4, 2, 16, 4, seed=1)
     seq = [c + r for c, r in zip(ctx, rows, strict=True)]
     batch = ForwardBatch(
-        input_ids=torch.zeros(9, dtype=torch.long), positions=torch.zeros(9, dtype=torch.long),
-        query_start_loc=starts, seq_lens=torch.tensor(seq, dtype=torch.int32), context_lens=ctx_t,
-        block_tables=bt, slot_mapping=torch.full((9,), -1), state_slots=torch.zeros(2, dtype=torch.long),
-        logits_indices=torch.tensor([4, 8]), cache=None, q_lens_cpu=rows, seq_lens_cpu=seq, context_lens_cpu=ctx,
+        input_ids=torch.zeros(9, dtype=torch.long),
+        positions=torch.zeros(9, dtype=torch.long),
+        query_start_loc=starts,
+        seq_lens=torch.tensor(seq, dtype=torch.int32),
+        context_lens=ctx_t,
+        block_tables=bt,
+        slot_mapping=torch.full((9,), -1),
+        state_slots=torch.zeros(2, dtype=torch.long),
+        logits_indices=torch.tensor([4, 8]),
+        cache=None,
+        q_lens_cpu=rows,
+        seq_lens_cpu=seq,
+        context_lens_cpu=ctx,
     )
     ref = prefill_attention_ref(q, kc, vc, bt, starts, ctx_t, 0.25)
     torch.testing.assert_close(ref, paged_attention(q, kc, vc, batch, 0.25), rtol=1e-5, atol=1e-5)
@@ -62,5 +73,7 @@ def test_host_lists_give_the_same_attention() -> None:
     the same block plan, so the same bits."""
     q, kc, vc, bt, starts, ctx = _setup([0, 9, 30], [40, 17, 2], 4, 2, 16, 4, seed=3)
     read = prefill_attention_triton(q, kc, vc, bt, starts, ctx, 0.25, block_m=16)
-    given = prefill_attention_triton(q, kc, vc, bt, starts, ctx, 0.25, block_m=16, host=(starts.tolist(), ctx.tolist()))
+    given = prefill_attention_triton(
+        q, kc, vc, bt, starts, ctx, 0.25, block_m=16, host=(starts.tolist(), ctx.tolist())
+    )
     assert torch.equal(read, given)

@@ -8,8 +8,12 @@ from dgpp.kernels.sampling import sample_tokens_ref, sample_tokens_triton, unifo
 
 
 def _params(rows: int, temp: float, k: int, min_p: float, p: float):
-    return (torch.full((rows,), temp), torch.full((rows,), k, dtype=torch.int32), torch.full((rows,), min_p),
-            torch.full((rows,), p))
+    return (
+        torch.full((rows,), temp),
+        torch.full((rows,), k, dtype=torch.int32),
+        torch.full((rows,), min_p),
+        torch.full((rows,), p),
+    )
 
 
 def test_greedy_is_argmax_with_lowest_id_on_ties() -> None:
@@ -24,7 +28,12 @@ def test_greedy_is_argmax_with_lowest_id_on_ties() -> None:
 def test_same_draws_as_reference_for_each_filter() -> None:
     g = torch.Generator().manual_seed(1)
     logits = torch.randn(4, 500, generator=g) * 3
-    for temp, k, min_p, p in [(1.0, 0, 0.0, 1.0), (0.7, 20, 0.0, 1.0), (1.3, 0, 0.0, 0.8), (0.9, 50, 0.05, 0.9)]:
+    for temp, k, min_p, p in [
+        (1.0, 0, 0.0, 1.0),
+        (0.7, 20, 0.0, 1.0),
+        (1.3, 0, 0.0, 0.8),
+        (0.9, 50, 0.05, 0.9),
+    ]:
         for step in range(2):
             seeds = torch.tensor([11, 12, 13, 14]) * 1000 + step
             params = _params(4, temp, k, min_p, p)
@@ -50,8 +59,14 @@ def test_mixed_batch_and_frequencies() -> None:
     logits = torch.tensor([[0.0, 1.0, 2.0, 3.0]]).repeat(n, 1)
     temps = torch.ones(n)
     temps[0] = 0.0  # one greedy row in a sampled batch
-    out = sample_tokens_triton(logits, temps, torch.zeros(n, dtype=torch.int32), torch.zeros(n),
-                               torch.ones(n), torch.arange(n) * 7919)
+    out = sample_tokens_triton(
+        logits,
+        temps,
+        torch.zeros(n, dtype=torch.int32),
+        torch.zeros(n),
+        torch.ones(n),
+        torch.arange(n) * 7919,
+    )
     assert out[0] == 3
     freq = torch.bincount(out[1:], minlength=4).float() / (n - 1)
     torch.testing.assert_close(freq, torch.softmax(logits[0], 0), atol=0.06, rtol=0)

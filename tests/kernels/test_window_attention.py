@@ -23,8 +23,14 @@ def _step(ctx: list[int], q_lens: list[int], hq: int, hk: int, dim: int, seed: i
     q = torch.randn(rows, hq, dim, generator=g)
     k = torch.randn(rows, hk, dim, generator=g)
     v = torch.randn(rows, hk, v_dim or dim, generator=g)
-    return q, k, v, starts, torch.tensor(ctx, dtype=torch.int32), torch.tensor(
-        [c + n for c, n in zip(ctx, q_lens, strict=True)], dtype=torch.int32)
+    return (
+        q,
+        k,
+        v,
+        starts,
+        torch.tensor(ctx, dtype=torch.int32),
+        torch.tensor([c + n for c, n in zip(ctx, q_lens, strict=True)], dtype=torch.int32),
+    )
 
 
 @pytest.mark.parametrize(("dim", "v_dim"), DIMS)
@@ -57,7 +63,9 @@ def test_paged_sink_attention_matches_reference(dim: int, v_dim: int) -> None:
     sink = torch.randn(hq, generator=g)
     for window in (0, 9):
         args = (q, None, None, k_cache, v_cache, tables, starts, ctx, lens, sink, 0.25, window, True)
-        torch.testing.assert_close(window_attention_triton(*args), window_attention_ref(*args), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            window_attention_triton(*args), window_attention_ref(*args), rtol=1e-5, atol=1e-5
+        )
 
 
 def test_wide_heads_split_the_query_heads_over_programs() -> None:
@@ -69,7 +77,9 @@ def test_wide_heads_split_the_query_heads_over_programs() -> None:
     ring = torch.randn(2, window - 1, hk, dim, generator=g)
     sink = torch.randn(hq, generator=g)
     args = (q, k, k, ring, ring, torch.tensor([1, 0]), starts, ctx, lens, sink, dim**-0.5, window, False)
-    torch.testing.assert_close(window_attention_triton(*args), window_attention_ref(*args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        window_attention_triton(*args), window_attention_ref(*args), rtol=1e-5, atol=1e-5
+    )
 
 
 def test_sink_is_an_extra_softmax_logit() -> None:

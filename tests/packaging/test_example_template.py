@@ -36,9 +36,26 @@ def renamed_copy(dest: Path) -> Path:
 def test_a_renamed_copy_installs_offline_and_passes_its_tests(tmp_path):
     wheels, core = tmp_path / "wheels", tmp_path / "dgpp-core"
     # built from a copy, so the build leaves nothing in the repository
-    shutil.copytree(REPO / "dgpp-core", core, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(wheels), str(core)], capture_output=True, text=True, timeout=600)
+    shutil.copytree(
+        REPO / "dgpp-core", core, ignore=shutil.ignore_patterns("*.egg-info", "__pycache__", "build")
+    )
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(wheels),
+            str(core),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     plugin = renamed_copy(tmp_path / "acme-llama")
 
@@ -51,20 +68,57 @@ def test_a_renamed_copy_installs_offline_and_passes_its_tests(tmp_path):
     (site / "deps.pth").write_text(str(venv / "deps") + "\n")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PIP_CONSTRAINT", "VIRTUAL_ENV")}
     python = str(venv / "bin" / "python")
-    pip = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--no-index",
-                          "--no-build-isolation", "--find-links", str(wheels), "dgpp-core", str(plugin)],
-                         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    pip = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "-q",
+            "--no-index",
+            "--no-build-isolation",
+            "--find-links",
+            str(wheels),
+            "dgpp-core",
+            str(plugin),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert pip.returncode == 0, pip.stdout + pip.stderr
 
-    where = subprocess.run([python, "-c", "import acme_llama, dgpp; print(acme_llama.__file__, dgpp.__file__)"],
-                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    where = subprocess.run(
+        [python, "-c", "import acme_llama, dgpp; print(acme_llama.__file__, dgpp.__file__)"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=120,
+    )
     assert where.returncode == 0, where.stderr
     assert all(str(venv) in path for path in where.stdout.split()), where.stdout
-    listed = subprocess.run([python, "-m", "dgpp.cli", "plugins"], capture_output=True, text=True, env=env,
-                            cwd=tmp_path, timeout=300)
+    listed = subprocess.run(
+        [python, "-m", "dgpp.cli", "plugins"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert listed.returncode == 0 and "acme-llama" in listed.stdout, listed.stdout + listed.stderr
 
-    tests = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider"], capture_output=True,
-                           text=True, env=env, cwd=plugin, timeout=1200)
+    tests = subprocess.run(
+        [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=plugin,
+        timeout=1200,
+    )
     assert tests.returncode == 0, tests.stdout[-4000:] + tests.stderr[-2000:]
     assert " passed" in tests.stdout and "skipped" not in tests.stdout, tests.stdout[-2000:]

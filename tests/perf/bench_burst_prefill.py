@@ -42,7 +42,9 @@ def main() -> None:
     ap.add_argument("--geometry", default="qwen3-8b")
     ap.add_argument("--prompts", type=int, default=64)
     ap.add_argument("--tokens", type=int, default=128)
-    ap.add_argument("--long", type=int, default=2048, help="a long chunk beside 8 prompts (above exact_group_rows)")
+    ap.add_argument(
+        "--long", type=int, default=2048, help="a long chunk beside 8 prompts (above exact_group_rows)"
+    )
     args = ap.parse_args()
     model, _ = build_pair(args.geometry, "cuda", torch.bfloat16, with_hf=False)
     n, t = args.prompts, args.tokens
@@ -78,15 +80,22 @@ def main() -> None:
     long = DecodeSession(model, 1, n * t + 16, 16, graph=False)
     issue, wall, _ = timed(long, [SeqWork(0, long.tables[0], 0, [x for p in prompts for x in p])])
     rows.append((f"1 x {n * t}", issue, wall))
-    print(f"per-chunk calls: in place == merged (logits of {n} prompts, bitwise): {torch.equal(in_place, merged)}")
-    print(f"grouped: solo, 8 prompts, 8 beside a {args.long}-token chunk == the same prompts among {n} (bitwise): {same}")
-    print(f"grouped vs per-chunk logits max abs diff (different kernels for 128-row chunks): "
-          f"{float((grouped - in_place).abs().max()):.3e}")
+    print(
+        f"per-chunk calls: in place == merged (logits of {n} prompts, bitwise): {torch.equal(in_place, merged)}"
+    )
+    print(
+        f"grouped: solo, 8 prompts, 8 beside a {args.long}-token chunk == the same prompts among {n} (bitwise): {same}"
+    )
+    print(
+        f"grouped vs per-chunk logits max abs diff (different kernels for 128-row chunks): "
+        f"{float((grouped - in_place).abs().max()):.3e}"
+    )
     print("| step | issue ms | wall ms |\n|---|---|---|")
     for label, issue, wall in rows:
         print(f"| {label} | {issue:.1f} | {wall:.1f} |")
     if not all(same) or not torch.equal(in_place, merged):
         raise SystemExit("prompt logits depend on the step: NOT row-exact")
+
 
 if __name__ == "__main__":
     main()

@@ -66,13 +66,20 @@ def llama_cpp_rate(gguf: Path, tokens: int) -> float | None:
     return (tokens - 1) / (stamps[-1] - stamps[0])
 
 
-def dgpp_rate(dtype: str, tokens: int, workdir: Path, cpu_threads: int = 0, gguf_weights: str = "decoded") -> float:
+def dgpp_rate(
+    dtype: str, tokens: int, workdir: Path, cpu_threads: int = 0, gguf_weights: str = "decoded"
+) -> float:
     from openai import OpenAI
     from serve_fixture import running
 
     template = json.loads((REPO / "deploy" / "demo_cpu.json").read_text())
-    engine = {**template["engine"], "dtype": dtype, "max_concurrency": 1, "cpu_threads": cpu_threads,
-              "gguf_weights": gguf_weights}
+    engine = {
+        **template["engine"],
+        "dtype": dtype,
+        "max_concurrency": 1,
+        "cpu_threads": cpu_threads,
+        "gguf_weights": gguf_weights,
+    }
     workdir.mkdir(parents=True, exist_ok=True)
     with running(template["model"], workdir, engine) as server:
         client = OpenAI(base_url=server.url + "/v1", api_key="unused")
@@ -121,7 +128,9 @@ def main() -> None:
     parser.add_argument(
         "--cpu-threads", type=int, default=0, help="dgpp's engine.cpu_threads (0: its default)"
     )
-    parser.add_argument("--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated")
+    parser.add_argument(
+        "--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated"
+    )
     parser.add_argument("--no-transformers", action="store_true", help="dgpp (and llama.cpp) only")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/dgpp-bench-cpu"))
     args = parser.parse_args()
@@ -134,8 +143,10 @@ def main() -> None:
         for gguf_weights in args.gguf_weights.split(","):
             ours = dgpp_rate(dtype, args.tokens, args.workdir / dtype, args.cpu_threads, gguf_weights)
             ratio = "" if theirs is None else f"{ours / theirs:.2f}x"
-            print(f"| {dtype} | {gguf_weights} | {ours:.1f} tok/s | {'' if theirs is None else f'{theirs:.1f} tok/s'} "
-                  f"| {ratio} |")
+            print(
+                f"| {dtype} | {gguf_weights} | {ours:.1f} tok/s | {'' if theirs is None else f'{theirs:.1f} tok/s'} "
+                f"| {ratio} |"
+            )
     packed = llama_cpp_rate(gguf, args.tokens)
     if packed is None:
         print("llama.cpp: llama_cpp not importable (pip install llama-cpp-python), not measured")

@@ -38,8 +38,14 @@ class _CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def measure(checkpoint: Path, dtype: torch.dtype, threads: int, steps: int, context: int,
-            gguf_weights: str = "decoded") -> dict[str, float]:
+def measure(
+    checkpoint: Path,
+    dtype: torch.dtype,
+    threads: int,
+    steps: int,
+    context: int,
+    gguf_weights: str = "decoded",
+) -> dict[str, float]:
     from dgpp.config_schema import EngineConfig
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
@@ -89,7 +95,9 @@ def main() -> None:
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--context", type=int, default=200)
-    parser.add_argument("--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated")
+    parser.add_argument(
+        "--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated"
+    )
     args = parser.parse_args()
     from bench_cpu_serve import demo_gguf
 

@@ -27,8 +27,12 @@ def timed_chat(client, prompt: str, tokens: int) -> tuple[str, int, float]:
     """(text, completion tokens, decode tok/s) of one greedy streaming request."""
     stamps, usage, parts = [], None, []
     stream = client.chat.completions.create(
-        model="dgpp-demo", messages=[{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0,
-        stream=True, stream_options={"include_usage": True},
+        model="dgpp-demo",
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
     )
     for chunk in stream:
         if chunk.usage is not None:
@@ -56,8 +60,16 @@ def main() -> None:
     args = parser.parse_args()
     template = json.loads((REPO / "deploy" / "demo_cpu.json").read_text())
     base = {**template["engine"], "max_concurrency": 1, "prefix_cache_gib": 0}
-    engines = {"plain": base, "lookup": {**base, "draft": "lookup", "draft_depth": args.depth,
-                                         "lookup_ngram": args.ngram, "lookup_min_ngram": args.min_ngram}}
+    engines = {
+        "plain": base,
+        "lookup": {
+            **base,
+            "draft": "lookup",
+            "draft_depth": args.depth,
+            "lookup_ngram": args.ngram,
+            "lookup_min_ngram": args.min_ngram,
+        },
+    }
     rates: dict[str, list[list[float]]] = {name: [[] for _ in PROMPTS] for name in engines}
     with ExitStack() as stack:
         clients = {}
@@ -76,19 +88,27 @@ def main() -> None:
                 assert texts["plain"] == texts["lookup"], f"prompt {i}: outputs differ"
         import httpx
 
-        spec = httpx.get(stack_url(clients["lookup"]) + "/metrics", timeout=10).json()["scheduler"]["spec_decode"]
-    print(f"{args.tokens} max tokens, {args.repeats} runs each, depth {args.depth}, ngram {args.min_ngram}..{args.ngram}; "
-          "outputs identical")
+        spec = httpx.get(stack_url(clients["lookup"]) + "/metrics", timeout=10).json()["scheduler"][
+            "spec_decode"
+        ]
+    print(
+        f"{args.tokens} max tokens, {args.repeats} runs each, depth {args.depth}, ngram {args.min_ngram}..{args.ngram}; "
+        "outputs identical"
+    )
     print("| prompt | plain tok/s (median, min-max) | lookup tok/s (median, min-max) | speed-up (median) |")
     print("|---|---|---|---|")
     ratios = []
     for i in range(len(PROMPTS)):
         p, q = rates["plain"][i], rates["lookup"][i]
         ratios.append(statistics.median(q) / statistics.median(p))
-        print(f"| {i} | {statistics.median(p):.1f} ({min(p):.1f}-{max(p):.1f}) | "
-              f"{statistics.median(q):.1f} ({min(q):.1f}-{max(q):.1f}) | {ratios[-1]:.2f}x |")
-    print(f"geometric mean speed-up {statistics.geometric_mean(ratios):.2f}x; acceptance "
-          f"{spec['num_accepted_tokens_total']}/{spec['num_draft_tokens_total']} draft tokens")
+        print(
+            f"| {i} | {statistics.median(p):.1f} ({min(p):.1f}-{max(p):.1f}) | "
+            f"{statistics.median(q):.1f} ({min(q):.1f}-{max(q):.1f}) | {ratios[-1]:.2f}x |"
+        )
+    print(
+        f"geometric mean speed-up {statistics.geometric_mean(ratios):.2f}x; acceptance "
+        f"{spec['num_accepted_tokens_total']}/{spec['num_draft_tokens_total']} draft tokens"
+    )
 
 
 def stack_url(client) -> str:

@@ -34,7 +34,12 @@ def launch(fmt, kind, sets, shapes, x, tile=None, batch=None, chunk=0):
     from dgpp.quant.kernels import quant_gate_up_silu, quant_multi_linear
 
     if chunk and x.shape[0] > chunk:
-        return torch.cat([launch(fmt, kind, sets, shapes, x[i : i + chunk], tile, batch) for i in range(0, x.shape[0], chunk)])
+        return torch.cat(
+            [
+                launch(fmt, kind, sets, shapes, x[i : i + chunk], tile, batch)
+                for i in range(0, x.shape[0], chunk)
+            ]
+        )
     if kind == "gate_up":
         return quant_gate_up_silu(fmt, sets[0], sets[1], x, shapes[0], tile, batch)
     return torch.cat(quant_multi_linear(fmt, sets, x, shapes, tile, batch), dim=1)
@@ -79,12 +84,28 @@ def check_exact(name, fmt, pname, kind, sets, shapes, tile, results) -> bool:
 
     shape_key = tuple(shapes) if kind == "multi" else shapes[0]
     chosen = [v for key, v in _EXACT_BATCH.items() if key[:3] == (kind, fmt, shape_key)]
-    tile = "16-row launches" if not chosen or chosen[-1] is None else (
-        f"64-row blocks bn={chosen[-1].bn} bk={chosen[-1].bk} warps={chosen[-1].warps} w_as_a={chosen[-1].w_as_a}")
-    results["checks"].append({"format": name, "problem": pname, "mismatched_rows": bad, "rel_err": rel, "ok": ok,
-                              "above_16_rows": tile})
-    print(f"exact {name:11s} {pname:8s} rows of 1..300-row calls == alone: {not bad} {bad or ''} "
-          f"rel_err(64 rows)={rel:.2e} above 16 rows: {tile} {'ok' if ok else 'FAIL'}", flush=True)
+    tile = (
+        "16-row launches"
+        if not chosen or chosen[-1] is None
+        else (
+            f"64-row blocks bn={chosen[-1].bn} bk={chosen[-1].bk} warps={chosen[-1].warps} w_as_a={chosen[-1].w_as_a}"
+        )
+    )
+    results["checks"].append(
+        {
+            "format": name,
+            "problem": pname,
+            "mismatched_rows": bad,
+            "rel_err": rel,
+            "ok": ok,
+            "above_16_rows": tile,
+        }
+    )
+    print(
+        f"exact {name:11s} {pname:8s} rows of 1..300-row calls == alone: {not bad} {bad or ''} "
+        f"rel_err(64 rows)={rel:.2e} above 16 rows: {tile} {'ok' if ok else 'FAIL'}",
+        flush=True,
+    )
     return ok
 
 
@@ -93,8 +114,10 @@ def time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, result
     wbytes = nbytes(one)
     copies = max(4, min(16, math.ceil((512 << 20) / wbytes)))
     sets = [one] + [[random_weight(fmt, s, "cuda", gen) for s in shapes] for _ in range(copies - 1)]
-    dense = [[torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02 for s in shapes]
-             for _ in range(max(4, copies // 2))]
+    dense = [
+        [torch.randn(s, device="cuda", dtype=torch.bfloat16, generator=gen) * 0.02 for s in shapes]
+        for _ in range(max(4, copies // 2))
+    ]
     tile = decode_tile(fmt, kind, shapes)
     rtile = row_tile(fmt)
     check_exact(name, fmt, pname, kind, one, shapes, tile, results)
@@ -104,9 +127,11 @@ def time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, result
     for m in rows_list:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen)
         io = 2 * m * (k + out_n)
-        variants = {"batch": lambda i: launch(fmt, kind, sets[i], shapes, x, tile),
-                    "mma16": lambda i: launch(fmt, kind, sets[i], shapes, x, tile, chunk=16),
-                    "bf16": lambda i: dense_call(kind, dense[i % len(dense)], x)}
+        variants = {
+            "batch": lambda i: launch(fmt, kind, sets[i], shapes, x, tile),
+            "mma16": lambda i: launch(fmt, kind, sets[i], shapes, x, tile, chunk=16),
+            "bf16": lambda i: dense_call(kind, dense[i % len(dense)], x),
+        }
         if rtile is not None and m <= 64:
             variants["row16"] = lambda i: launch(fmt, kind, sets[i], shapes, x, rtile, chunk=16)
         for vname, fn in variants.items():
@@ -120,9 +145,21 @@ def time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, result
                 continue
             pct = 100 * nb / sec / copy_bw
             per[(vname, m)] = sec
-            results["timings"].append({"format": name, "problem": pname, "variant": vname, "m": m, "us": sec * 1e6,
-                                       "bytes": nb, "pct_copy": pct})
-            print(f"time {name:11s} {pname:8s} m={m:3d} {vname:6s} {sec * 1e6:8.1f} us {pct:5.1f}% of copy bw", flush=True)
+            results["timings"].append(
+                {
+                    "format": name,
+                    "problem": pname,
+                    "variant": vname,
+                    "m": m,
+                    "us": sec * 1e6,
+                    "bytes": nb,
+                    "pct_copy": pct,
+                }
+            )
+            print(
+                f"time {name:11s} {pname:8s} m={m:3d} {vname:6s} {sec * 1e6:8.1f} us {pct:5.1f}% of copy bw",
+                flush=True,
+            )
     if sweep:
         sweep_batch_tiles(name, fmt, pname, kind, sets, shapes, tile, copies, results)
     return per
@@ -132,8 +169,13 @@ def sweep_batch_tiles(name, fmt, pname, kind, sets, shapes, tile, copies, result
     from dgpp.quant.kernels.decode_launch import default_batch_tile
 
     base = default_batch_tile(fmt, tile, shapes[0])
-    variants = [base, dataclasses.replace(base, w_as_a=False), dataclasses.replace(base, stages=base.stages - 1),
-                dataclasses.replace(base, bn=128, warps=8), dataclasses.replace(base, warps=8)]
+    variants = [
+        base,
+        dataclasses.replace(base, w_as_a=False),
+        dataclasses.replace(base, stages=base.stages - 1),
+        dataclasses.replace(base, bn=128, warps=8),
+        dataclasses.replace(base, warps=8),
+    ]
     if base.bn == 128:
         variants.append(dataclasses.replace(base, bn=64, warps=4))
     x = torch.randn(64, shapes[0][1], device="cuda", dtype=torch.bfloat16)
@@ -143,9 +185,14 @@ def sweep_batch_tiles(name, fmt, pname, kind, sets, shapes, tile, copies, result
         except Exception as e:
             print(f"sweep skip {name} {pname} {b}: {type(e).__name__}: {str(e)[:120]}", flush=True)
             continue
-        results["sweep"].append({"format": name, "problem": pname, "tile": dataclasses.asdict(b), "us": sec * 1e6})
-        print(f"sweep {name:11s} {pname:8s} m=64 {sec * 1e6:8.1f} us bn={b.bn} bk={b.bk} warps={b.warps} "
-              f"stages={b.stages} w_as_a={b.w_as_a}", flush=True)
+        results["sweep"].append(
+            {"format": name, "problem": pname, "tile": dataclasses.asdict(b), "us": sec * 1e6}
+        )
+        print(
+            f"sweep {name:11s} {pname:8s} m=64 {sec * 1e6:8.1f} us bn={b.bn} bk={b.bk} warps={b.warps} "
+            f"stages={b.stages} w_as_a={b.w_as_a}",
+            flush=True,
+        )
 
 
 def main() -> int:
@@ -165,11 +212,24 @@ def main() -> int:
         fmt = formats()[name]
         layer = {}
         for pname, (kind, shapes) in PROBLEMS.items():
-            for key, sec in time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, results,
-                                         args.sweep and pname in ("o", "gate_up")).items():
+            for key, sec in time_problem(
+                name,
+                fmt,
+                pname,
+                kind,
+                shapes,
+                rows_list,
+                copy_bw,
+                gen,
+                results,
+                args.sweep and pname in ("o", "gate_up"),
+            ).items():
                 layer[key] = layer.get(key, 0.0) + sec
         for m in rows_list:
-            cells = [f"{layer[(v, m)] * 1e6:.1f}" if (v, m) in layer else "-" for v in ("batch", "mma16", "row16", "bf16")]
+            cells = [
+                f"{layer[(v, m)] * 1e6:.1f}" if (v, m) in layer else "-"
+                for v in ("batch", "mma16", "row16", "bf16")
+            ]
             table.append(f"| {name} | {m} | " + " | ".join(cells) + " |")
     with open(os.path.join(args.out, "packed_batch.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)

@@ -42,12 +42,18 @@ def formats() -> dict:
     from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
     from dgpp.quant.fp8 import FP8Block, FP8Channel
 
-    return {"fp8_block": FP8Block(), "fp8_channel": FP8Channel(), "nvfp4": NVFP4ModelOpt(),
-            "nvfp4_ct": NVFP4CompressedTensors(), "mxfp4": MXFP4()}
+    return {
+        "fp8_block": FP8Block(),
+        "fp8_channel": FP8Channel(),
+        "nvfp4": NVFP4ModelOpt(),
+        "nvfp4_ct": NVFP4CompressedTensors(),
+        "mxfp4": MXFP4(),
+    }
 
 
 def random_weight(fmt, shape, device, gen) -> dict[str, torch.Tensor]:
     """Random resident tensors of ``fmt`` (finite codes, moderate scales), as a loaded layer holds them."""
+
     def rand_bytes(s, lo=0, hi=256):
         return torch.randint(lo, hi, s, device=device, generator=gen, dtype=torch.int32).to(torch.uint8)
 
@@ -111,21 +117,32 @@ def check(name, fmt, pname, kind, sets, shapes, device, dtype, results) -> None:
         invariant = torch.equal(got16[:m].float(), got) if m < 16 else True
         # gate_up: silu(g) * u of two bf16-rounded activations, each off by up to one bf16 ulp
         ok = math.isfinite(rel) and rel < (2e-2 if kind == "gate_up" else 1e-2) and invariant
-        results["checks"].append({"format": name, "problem": pname, "m": m, "rel_err": rel, "invariant": invariant,
-                                  "ok": ok})
-        print(f"check {name:11s} {pname:8s} m={m:2d} rel_err={rel:.2e} batch_invariant={invariant} "
-              f"{'ok' if ok else 'FAIL'}", flush=True)
+        results["checks"].append(
+            {"format": name, "problem": pname, "m": m, "rel_err": rel, "invariant": invariant, "ok": ok}
+        )
+        print(
+            f"check {name:11s} {pname:8s} m={m:2d} rel_err={rel:.2e} batch_invariant={invariant} "
+            f"{'ok' if ok else 'FAIL'}",
+            flush=True,
+        )
     if kind == "multi" and len(sets) > 1:
         # like with like: the separate launches take the fused launch's tile. By default each launch picks
         # its K split from its own N (k/v alone split more than q/k/v together), which changes the fp32
         # summation order, so the default launches agree only to rounding.
-        sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+        sms = (
+            torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else None
+        )
         tile = default_tile(fmt, sum(s[0] for s in shapes), k, sms)
         fused = quant_multi_linear(fmt, sets, x16, shapes, tile)
         alone = [quant_multi_linear(fmt, [t], x16, [s], tile)[0] for t, s in zip(sets, shapes, strict=True)]
         same = all(torch.equal(a, b) for a, b in zip(fused, alone, strict=True))
-        results["checks"].append({"format": name, "problem": pname, "fused_equals_separate": same, "ok": same})
-        print(f"check {name:11s} {pname:8s} fused == separate launches: {same} {'ok' if same else 'FAIL'}", flush=True)
+        results["checks"].append(
+            {"format": name, "problem": pname, "fused_equals_separate": same, "ok": same}
+        )
+        print(
+            f"check {name:11s} {pname:8s} fused == separate launches: {same} {'ok' if same else 'FAIL'}",
+            flush=True,
+        )
 
 
 def check_generic(device, dtype, results, smoke: bool) -> None:
@@ -135,18 +152,29 @@ def check_generic(device, dtype, results, smoke: bool) -> None:
     from dgpp.quant.kernels import quant_matmul
 
     n, k = (48, 256) if smoke else (1024, 4096)
-    for fmt in [*formats().values(), IntPacked(bits=4, group=64), IntPacked(bits=8, group=64), GPTQ(bits=4, group=128),
-                GPTQ(bits=8, group=128)]:
-        t = {key: v.to(device) for key, v in fmt.prepare(encode(fmt, torch.randn(n, k) * 0.05), (n, k)).items()}
+    for fmt in [
+        *formats().values(),
+        IntPacked(bits=4, group=64),
+        IntPacked(bits=8, group=64),
+        GPTQ(bits=4, group=128),
+        GPTQ(bits=8, group=128),
+    ]:
+        t = {
+            key: v.to(device) for key, v in fmt.prepare(encode(fmt, torch.randn(n, k) * 0.05), (n, k)).items()
+        }
         dense = fmt.decode(t, (n, k), torch.float32)
         for m in (1, 20) if smoke else (1, 64):
             x = torch.randn(m, k, device=device, dtype=dtype)
             ref = x.float() @ dense.t()
             rel = ((quant_matmul(fmt, t, x, (n, k)).float() - ref).norm() / ref.norm()).item()
             ok = math.isfinite(rel) and rel < 1e-2
-            results["checks"].append({"format": fmt.name, "problem": "generic", "m": m, "rel_err": rel, "ok": ok})
-            print(f"check {fmt.name:14s} quant_matmul {n}x{k} m={m:2d} rel_err={rel:.2e} {'ok' if ok else 'FAIL'}",
-                  flush=True)
+            results["checks"].append(
+                {"format": fmt.name, "problem": "generic", "m": m, "rel_err": rel, "ok": ok}
+            )
+            print(
+                f"check {fmt.name:14s} quant_matmul {n}x{k} m={m:2d} rel_err={rel:.2e} {'ok' if ok else 'FAIL'}",
+                flush=True,
+            )
 
 
 def _decode_probe(codes_ptr, fp8_ptr, lo_ptr, hi_ptr, DTYPE: tl.constexpr):  # noqa: F821 (bound at run time)
@@ -181,7 +209,8 @@ def check_decoders(device, results) -> None:
         same8 = torch.equal(fp8[finite].view(torch.int16), want8[finite].view(torch.int16))
         pairs = e2m1_unpack(codes.cpu()).to(dtype)
         same4 = torch.equal(lo.cpu().view(torch.int16), pairs[0::2].view(torch.int16)) and torch.equal(
-            hi.cpu().view(torch.int16), pairs[1::2].view(torch.int16))
+            hi.cpu().view(torch.int16), pairs[1::2].view(torch.int16)
+        )
         for name, ok in (("e4m3 bit decode", same8), ("e2m1 pair decode", same4)):
             results["checks"].append({"format": name, "problem": str(dtype), "ok": ok})
             print(f"check {name} {dtype} all codes bit-exact: {ok} {'ok' if ok else 'FAIL'}", flush=True)
@@ -202,14 +231,24 @@ def sweep_tiles(name: str, level: str) -> list:
         return []
     if name.startswith("fp8"):
         base = GemvTile(bn=32, bk=256, stages=4, warps=4, w_as_a=False, fp8_bits=True)
-        tiles = [dataclasses.replace(base, fp8_bits=False), dataclasses.replace(base, bn=64, warps=8),
-                 dataclasses.replace(base, bk=512, stages=3), dataclasses.replace(base, bn=64, w_as_a=True)]
+        tiles = [
+            dataclasses.replace(base, fp8_bits=False),
+            dataclasses.replace(base, bn=64, warps=8),
+            dataclasses.replace(base, bk=512, stages=3),
+            dataclasses.replace(base, bn=64, w_as_a=True),
+        ]
     else:
-        base = GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=False, fp4_layout="flat", fp4_scales="broadcast")
-        tiles = [dataclasses.replace(base, bn=32), dataclasses.replace(base, bn=128, warps=8, stages=3),
-                 dataclasses.replace(base, warps=8), dataclasses.replace(base, fp4_scales="gather"),
-                 dataclasses.replace(base, w_as_a=True),
-                 GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True, interleave=True)]  # round 1's best
+        base = GemvTile(
+            bn=64, bk=256, stages=4, warps=4, w_as_a=False, fp4_layout="flat", fp4_scales="broadcast"
+        )
+        tiles = [
+            dataclasses.replace(base, bn=32),
+            dataclasses.replace(base, bn=128, warps=8, stages=3),
+            dataclasses.replace(base, warps=8),
+            dataclasses.replace(base, fp4_scales="gather"),
+            dataclasses.replace(base, w_as_a=True),
+            GemvTile(bn=64, bk=256, stages=4, warps=4, w_as_a=True, interleave=True),
+        ]  # round 1's best
     if level == "full":
         tiles += [dataclasses.replace(t, stages=st) for t in tiles for st in (2, 3, 4, 5) if st != t.stages]
         tiles += [dataclasses.replace(t, warps=8) for t in tiles if t.warps == 4]
@@ -234,8 +273,14 @@ def main() -> None:
     problems = SMOKE_PROBLEMS if args.smoke else PROBLEMS
     problems = {k: v for k, v in problems.items() if not args.problems or k in args.problems.split(",")}
     gen = torch.Generator(device=device).manual_seed(0)
-    results = {"device": "cpu-interpreter" if args.smoke else torch.cuda.get_device_name(),
-               "torch": torch.__version__, "triton": triton.__version__, "checks": [], "timings": [], "model": []}
+    results = {
+        "device": "cpu-interpreter" if args.smoke else torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "checks": [],
+        "timings": [],
+        "model": [],
+    }
     for name, fmt in fmts.items():
         for pname, (kind, shapes) in problems.items():
             sets = [random_weight(fmt, s, device, gen) for s in shapes]
@@ -260,7 +305,9 @@ def copy_bandwidth(device) -> float:
 
     src = torch.empty(1 << 30, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    rate = 2 * src.numel() / (do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3)
+    rate = (
+        2 * src.numel() / (do_bench(lambda: dst.copy_(src), warmup=20, rep=200, return_mode="median") * 1e-3)
+    )
     print(f"copy bandwidth {rate / 1e9:.0f} GB/s (read + write)", flush=True)
     return rate
 
@@ -272,6 +319,7 @@ def timed(fn, copies) -> float:
     def step():
         for i in range(copies):
             fn(i)
+
     step()
     return do_bench_cudagraph(step, rep=40, return_mode="median") * 1e-3 / copies
 
@@ -311,35 +359,62 @@ def time_all(args, fmts, problems, device, dtype, gen, results) -> None:
                 rel = ((got - ref).norm() / ref.norm()).item()
                 if not rel < (2e-2 if kind == "gate_up" else 1e-2):  # a wrong variant never wins
                     print(f"WRONG {name} {pname} rel_err={rel:.2e} {tile}", flush=True)
-                    results["checks"].append({"format": name, "problem": pname, "tile": str(tile), "rel_err": rel,
-                                              "ok": False})
+                    results["checks"].append(
+                        {"format": name, "problem": pname, "tile": str(tile), "rel_err": rel, "ok": False}
+                    )
                     continue
-                row = {"format": name, "problem": pname, "tile": dataclasses.asdict(tile), "us": sec * 1e6,
-                       "bytes": b, "GBps": b / sec / 1e9, "pct_copy": 100 * b / sec / copy_bw}
+                row = {
+                    "format": name,
+                    "problem": pname,
+                    "tile": dataclasses.asdict(tile),
+                    "us": sec * 1e6,
+                    "bytes": b,
+                    "GBps": b / sec / 1e9,
+                    "pct_copy": 100 * b / sec / copy_bw,
+                }
                 results["timings"].append(row)
                 tag = "default" if tile is tiles[0] else "sweep  "
-                print(f"gemv {tag} {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
-                      f"{row['GBps']:6.0f}GB/s {row['pct_copy']:5.1f}% {dataclasses.asdict(tile)}", flush=True)
+                print(
+                    f"gemv {tag} {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
+                    f"{row['GBps']:6.0f}GB/s {row['pct_copy']:5.1f}% {dataclasses.asdict(tile)}",
+                    flush=True,
+                )
                 best = row if best is None or row["us"] < best["us"] else best
             if best is None:
                 continue
             if len(tiles) > 1:
-                print(f"winner {name:11s} {pname:8s} {best['us']:7.1f}us {best['pct_copy']:5.1f}% {best['tile']}", flush=True)
+                print(
+                    f"winner {name:11s} {pname:8s} {best['us']:7.1f}us {best['pct_copy']:5.1f}% {best['tile']}",
+                    flush=True,
+                )
                 results.setdefault("winners", []).append(best)
             per_layer += best["us"]
             layer_bytes += b
             if pname == "o":  # the generic weight-only kernel on the same weights, for comparison
                 cfg = default_config(fmt, 1, shapes[0], device)
                 sec = timed(functools.partial(generic_copy, fmt, sets, shapes[0], x, cfg), copies)
-                print(f"gemv old     {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
-                      f"{b / sec / 1e9:6.0f}GB/s {100 * b / sec / copy_bw:5.1f}% (wo_matmul)", flush=True)
+                print(
+                    f"gemv old     {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
+                    f"{b / sec / 1e9:6.0f}GB/s {100 * b / sec / copy_bw:5.1f}% (wo_matmul)",
+                    flush=True,
+                )
         if per_layer:
             step_ms = per_layer * LAYERS_8B / 1e3
             pct = 100 * layer_bytes / (per_layer * 1e-6) / copy_bw
-            results["model"].append({"format": name, "layer_us": per_layer, "layer_bytes": layer_bytes,
-                                     "step_ms_36_layers": step_ms, "pct_copy": pct})
-            print(f"model {name:11s} 8B layer GEMVs {per_layer:7.1f}us {layer_bytes / 1e6:7.1f}MB "
-                  f"-> {step_ms:.2f} ms/step over {LAYERS_8B} layers, {pct:5.1f}% of copy bandwidth", flush=True)
+            results["model"].append(
+                {
+                    "format": name,
+                    "layer_us": per_layer,
+                    "layer_bytes": layer_bytes,
+                    "step_ms_36_layers": step_ms,
+                    "pct_copy": pct,
+                }
+            )
+            print(
+                f"model {name:11s} 8B layer GEMVs {per_layer:7.1f}us {layer_bytes / 1e6:7.1f}MB "
+                f"-> {step_ms:.2f} ms/step over {LAYERS_8B} layers, {pct:5.1f}% of copy bandwidth",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

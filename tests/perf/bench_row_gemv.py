@@ -77,7 +77,7 @@ def check_decoder(results) -> None:
 
     base = torch.arange(256, dtype=torch.int64)
     # word i holds byte values (i, i + 85, i + 170, 255 - i): every value appears in every position
-    words = (base | ((base + 85) % 256) << 8 | ((base + 170) % 256) << 16 | (255 - base) << 24)
+    words = base | ((base + 85) % 256) << 8 | ((base + 170) % 256) << 16 | (255 - base) << 24
     words = words.to(torch.int64).where(words < 2**31, words - 2**32).to(torch.int32).cuda()
     fp4, fp8 = torch.empty(256 * 8, device="cuda"), torch.empty(256 * 4, device="cuda")
     probe[(1,)](words, fp4, fp8)
@@ -89,7 +89,10 @@ def check_decoder(results) -> None:
     ok8 = torch.equal(fp8.cpu()[finite].view(torch.int32), want8[finite].view(torch.int32))
     for label, ok in (("E2M1 x 8 per word -> fp32", ok4), ("E4M3 x 4 per word -> fp32", ok8)):
         results["checks"].append({"check": label, "ok": ok})
-        print(f"check {label}, every byte in every position bit-exact: {ok} {'ok' if ok else 'FAIL'}", flush=True)
+        print(
+            f"check {label}, every byte in every position bit-exact: {ok} {'ok' if ok else 'FAIL'}",
+            flush=True,
+        )
 
 
 def check(name, fmt, pname, kind, sets, shapes, results) -> None:
@@ -107,12 +110,20 @@ def check(name, fmt, pname, kind, sets, shapes, results) -> None:
         results["checks"].append({"format": name, "problem": pname, "m": m, "rel_err": rel, "ok": ok})
         print(f"check {name:11s} {pname:8s} m={m:2d} rel_err={rel:.2e} {'ok' if ok else 'FAIL'}", flush=True)
     # each row alone, and in windows of 2 and 5 rows, gives the bits it has among 16
-    same = all(torch.equal(run(fmt, kind, sets, shapes, x16[r:r + 1], tile)[0], got16[r]) for r in range(16))
-    same = same and all(torch.equal(run(fmt, kind, sets, shapes, x16[r:r + w], tile), got16[r:r + w])
-                        for w in (2, 5) for r in range(0, 16 - w, 3))
+    same = all(
+        torch.equal(run(fmt, kind, sets, shapes, x16[r : r + 1], tile)[0], got16[r]) for r in range(16)
+    )
+    same = same and all(
+        torch.equal(run(fmt, kind, sets, shapes, x16[r : r + w], tile), got16[r : r + w])
+        for w in (2, 5)
+        for r in range(0, 16 - w, 3)
+    )
     results["checks"].append({"format": name, "problem": pname, "rows_independent": same, "ok": same})
-    print(f"check {name:11s} {pname:8s} every row's bits independent of the rows beside it: {same} "
-          f"{'ok' if same else 'FAIL'}", flush=True)
+    print(
+        f"check {name:11s} {pname:8s} every row's bits independent of the rows beside it: {same} "
+        f"{'ok' if same else 'FAIL'}",
+        flush=True,
+    )
 
 
 def row_sweep(fmt) -> list:
@@ -120,9 +131,13 @@ def row_sweep(fmt) -> list:
     from dgpp.quant.kernels.row_launch import default_row_tile
 
     base = default_row_tile(fmt, 4096, 4096)
-    return [dataclasses.replace(base, wide=True), dataclasses.replace(base, scale_weights=True),
-            dataclasses.replace(base, bn=base.bn // 2), dataclasses.replace(base, bn=base.bn // 2, bk=2 * base.bk),
-            dataclasses.replace(base, bn=2 * base.bn)]
+    return [
+        dataclasses.replace(base, wide=True),
+        dataclasses.replace(base, scale_weights=True),
+        dataclasses.replace(base, bn=base.bn // 2),
+        dataclasses.replace(base, bn=base.bn // 2, bk=2 * base.bk),
+        dataclasses.replace(base, bn=2 * base.bn),
+    ]
 
 
 SWEEP_PROBLEMS = ("o", "gate_up", "down")
@@ -141,11 +156,18 @@ def main() -> None:
 
     fmts = {k: v for k, v in formats().items() if k in args.formats.split(",")}
     gen = torch.Generator(device="cuda").manual_seed(0)
-    results = {"device": torch.cuda.get_device_name(), "triton": triton.__version__, "checks": [], "timings": []}
+    results = {
+        "device": torch.cuda.get_device_name(),
+        "triton": triton.__version__,
+        "checks": [],
+        "timings": [],
+    }
     check_decoder(results)
     for name, fmt in fmts.items():
         for pname, (kind, shapes) in PROBLEMS.items():
-            check(name, fmt, pname, kind, [random_weight(fmt, s, "cuda", gen) for s in shapes], shapes, results)
+            check(
+                name, fmt, pname, kind, [random_weight(fmt, s, "cuda", gen) for s in shapes], shapes, results
+            )
 
     copy_bw = copy_bandwidth("cuda")
     results["copy_GBps"] = copy_bw / 1e9
@@ -177,29 +199,50 @@ def main() -> None:
                 rel = ((got - ref).norm() / ref.norm()).item()
                 if not rel < 2e-2:
                     print(f"WRONG {name} {pname} {kname} rel_err={rel:.2e} {tile}", flush=True)
-                    results["checks"].append({"format": name, "problem": pname, "tile": str(tile), "ok": False})
+                    results["checks"].append(
+                        {"format": name, "problem": pname, "tile": str(tile), "ok": False}
+                    )
                     continue
-                rec = {"format": name, "problem": pname, "kernel": kname, "m": m, "tile": dataclasses.asdict(tile),
-                       "us": sec * 1e6, "bytes": b, "pct_copy": 100 * b / sec / copy_bw}
+                rec = {
+                    "format": name,
+                    "problem": pname,
+                    "kernel": kname,
+                    "m": m,
+                    "tile": dataclasses.asdict(tile),
+                    "us": sec * 1e6,
+                    "bytes": b,
+                    "pct_copy": 100 * b / sec / copy_bw,
+                }
                 results["timings"].append(rec)
                 key = (kname.rstrip("*"), m)
                 layer.setdefault(key, {})
                 best = layer[key].get(pname)
                 layer[key][pname] = min(best, sec) if best else sec
-                print(f"gemv {kname:4s} m={m:2d} {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
-                      f"{rec['pct_copy']:5.1f}% {dataclasses.asdict(tile)}", flush=True)
+                print(
+                    f"gemv {kname:4s} m={m:2d} {name:11s} {pname:8s} {b / 1e6:7.2f}MB {sec * 1e6:7.1f}us "
+                    f"{rec['pct_copy']:5.1f}% {dataclasses.asdict(tile)}",
+                    flush=True,
+                )
             layer.setdefault(("bytes", 0), {})[pname] = b
         total_bytes = sum(layer[("bytes", 0)].values())
         for (kname, m), per in sorted(layer.items()):
             if kname == "bytes" or len(per) != len(PROBLEMS):
                 continue
             us = sum(per.values()) * 1e6
-            line = {"format": name, "kernel": kname, "m": m, "layer_us": us, "step_ms": us * LAYERS_8B / 1e3,
-                    "pct_copy": 100 * total_bytes / (us * 1e-6) / copy_bw}
+            line = {
+                "format": name,
+                "kernel": kname,
+                "m": m,
+                "layer_us": us,
+                "step_ms": us * LAYERS_8B / 1e3,
+                "pct_copy": 100 * total_bytes / (us * 1e-6) / copy_bw,
+            }
             results.setdefault("layers", []).append(line)
-            print(f"layer {name:11s} {kname:4s} m={m:2d} (best tile per problem) {us:7.1f}us "
-                  f"-> {line['step_ms']:.2f} ms/step over {LAYERS_8B} layers, {line['pct_copy']:.1f}% of copy bw",
-                  flush=True)
+            print(
+                f"layer {name:11s} {kname:4s} m={m:2d} (best tile per problem) {us:7.1f}us "
+                f"-> {line['step_ms']:.2f} ms/step over {LAYERS_8B} layers, {line['pct_copy']:.1f}% of copy bw",
+                flush=True,
+            )
     with open(os.path.join(args.out, "row_gemv.json"), "w") as f:
         json.dump(results, f, indent=1, default=str)
     failed = [c for c in results["checks"] if not c["ok"]]

@@ -5,6 +5,7 @@ fix-up has a host-sized ``repeat_interleave``, so it is not graph-captured). Not
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/check_bf12_gemv.py
 """
+
 # ruff: noqa: B023
 from __future__ import annotations
 
@@ -34,11 +35,16 @@ def main() -> None:
             rel = ((got - ref).norm() / ref.norm()).item()
             ok = rel < 1e-2
             failed += not ok
-            bf12_us = do_bench(lambda: bf12_matmul(t, x, (n, k)), warmup=10, rep=100, return_mode="median") * 1e3
+            bf12_us = (
+                do_bench(lambda: bf12_matmul(t, x, (n, k)), warmup=10, rep=100, return_mode="median") * 1e3
+            )
             dense_us = do_bench(lambda: F.linear(x, w), warmup=10, rep=100, return_mode="median") * 1e3
-            print(f"bf12 {n}x{k} m={m}: rel_err {rel:.2e} {'ok' if ok else 'FAIL'}; {packed_bytes / 1e6:.1f} MB "
-                  f"packed vs {w.numel() * 2 / 1e6:.1f} MB bf16; bf12 GEMV {bf12_us:.1f} us "
-                  f"({packed_bytes / bf12_us / 1e3:.0f} GB/s), cuBLAS bf16 {dense_us:.1f} us", flush=True)
+            print(
+                f"bf12 {n}x{k} m={m}: rel_err {rel:.2e} {'ok' if ok else 'FAIL'}; {packed_bytes / 1e6:.1f} MB "
+                f"packed vs {w.numel() * 2 / 1e6:.1f} MB bf16; bf12 GEMV {bf12_us:.1f} us "
+                f"({packed_bytes / bf12_us / 1e3:.0f} GB/s), cuBLAS bf16 {dense_us:.1f} us",
+                flush=True,
+            )
     print(f"bf12 checks: {2 * len(SHAPES) - failed} ok, {failed} failed", flush=True)
 
 

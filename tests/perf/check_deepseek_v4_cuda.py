@@ -20,7 +20,11 @@ import time
 import torch
 from check_flint_cuda import finish
 
-CONTEXTS = (700, 2100, 4001)  # CSA: 175 entries (all kept), 525 (the indexer keeps 512); HCA: 5, 16, 31 entries
+CONTEXTS = (
+    700,
+    2100,
+    4001,
+)  # CSA: 175 entries (all kept), 525 (the indexer keeps 512); HCA: 5, 16, 31 entries
 STEPS = 6
 BLOCK = 16
 
@@ -81,8 +85,10 @@ def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
             for t in pools.state[name]:
                 copy.state[name][t].copy_(pools.state[name][t])
         copies[mode] = copy
-    xs = [torch.randn(len(CONTEXTS), cfg.hidden_size, generator=g, device="cuda").to(torch.bfloat16)
-          for _ in range(STEPS)]
+    xs = [
+        torch.randn(len(CONTEXTS), cfg.hidden_size, generator=g, device="cuda").to(torch.bfloat16)
+        for _ in range(STEPS)
+    ]
     outs, times = {}, {}
     for mode, copy in copies.items():
         layer.core.batched_decode = mode == "batched"
@@ -98,8 +104,11 @@ def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
     layer.core.batched_decode = None
     out_err = rel(outs["batched"], outs["reference"])
     cache_err = max(rel(copies["batched"].kv[n][0], copies["reference"].kv[n][0]) for n in pools.kv)
-    state_err = max(rel(copies["batched"].state[n][t], copies["reference"].state[n][t])
-                    for n in pools.state for t in pools.state[n])
+    state_err = max(
+        rel(copies["batched"].state[n][t], copies["reference"].state[n][t])
+        for n in pools.state
+        for t in pools.state[n]
+    )
     lines = [
         f"{kind} (layer {layer_idx}), contexts {CONTEXTS}, {STEPS} decode steps bf16: output rel err {out_err:.2e}, "
         f"entries rel err {cache_err:.2e}, rings/buffers rel err {state_err:.2e}",
@@ -132,7 +141,9 @@ def check_sliding(failures: list[str]) -> list[str]:
             c = torch.tensor([s], dtype=torch.int32, device="cuda")
             ln = torch.tensor([e], dtype=torch.int32, device="cuda")
             sl = torch.tensor([0], device="cuda")
-            outs.append(fn(q[s:e], kv[s:e], kv[s:e], ring, ring, sl, st, c, ln, sinks, dim**-0.5, window, False))
+            outs.append(
+                fn(q[s:e], kv[s:e], kv[s:e], ring, ring, sl, st, c, ln, sinks, dim**-0.5, window, False)
+            )
             ring_write_triton(kv[s:e], kv[s:e], ring, ring, sl, st, c, ln)
         return torch.cat(outs)
 
@@ -141,8 +152,10 @@ def check_sliding(failures: list[str]) -> list[str]:
     same = all(torch.equal(run(c, window_attention_triton), whole) for c in (1, 256, 511))
     if not (err < 1e-2 and same):
         failures.append(f"sliding K=V window attention: rel err {err:.2e}, chunks bit-identical {same}")
-    return [f"sliding window 128, 64 heads x 512, K as V, 1500 rows bf16: rel err {err:.2e}; chunks 1/256/511 vs "
-            f"one shot {'bit-identical' if same else 'DIFFER'}"]
+    return [
+        f"sliding window 128, 64 heads x 512, K as V, 1500 rows bf16: rel err {err:.2e}; chunks 1/256/511 vs "
+        f"one shot {'bit-identical' if same else 'DIFFER'}"
+    ]
 
 
 def main() -> int:

@@ -98,14 +98,19 @@ def kernel_checks(failures: list[str]) -> list[str]:
             c = torch.tensor([s], dtype=torch.int32, device=dev)
             ln = torch.tensor([e], dtype=torch.int32, device=dev)
             sl = torch.tensor([0], device=dev)
-            outs.append(window_attention_triton(q1[s:e], k1[s:e], v1[s:e], rk, rv, sl, st, c, ln, sinks, DIM**-0.5,
-                                                WINDOW, False))
+            outs.append(
+                window_attention_triton(
+                    q1[s:e], k1[s:e], v1[s:e], rk, rv, sl, st, c, ln, sinks, DIM**-0.5, WINDOW, False
+                )
+            )
             ring_write_triton(k1[s:e], v1[s:e], rk, rv, sl, st, c, ln)
         return torch.cat(outs)
 
     whole = run(n)
     same = all(torch.equal(run(c), whole) for c in (1, 256, 511))
-    rows_out.append(f"ring chunks 1/256/511 vs one shot (1500 tokens): {'bit-identical' if same else 'DIFFER'}")
+    rows_out.append(
+        f"ring chunks 1/256/511 vs one shot (1500 tokens): {'bit-identical' if same else 'DIFFER'}"
+    )
     if not same:
         failures.append("chunked ring attention differs from one shot")
     return rows_out
@@ -113,9 +118,11 @@ def kernel_checks(failures: list[str]) -> list[str]:
 
 def rate_line(label: str, seconds: float, batch: int, step_bytes: float, bandwidth: float) -> str:
     """One decode measurement against the roofline of the bytes a step reads."""
-    return (f"{label}: {seconds * 1e3:.2f} ms/step, {batch / seconds:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, "
-            f"{step_bytes / seconds / 1e9:.0f} GB/s = {100 * step_bytes / seconds / bandwidth:.1f}% of copy bw "
-            f"(roofline {bandwidth / step_bytes * batch:.0f} tok/s)")
+    return (
+        f"{label}: {seconds * 1e3:.2f} ms/step, {batch / seconds:.1f} tok/s, {step_bytes / 1e9:.2f} GB/step, "
+        f"{step_bytes / seconds / 1e9:.0f} GB/s = {100 * step_bytes / seconds / bandwidth:.1f}% of copy bw "
+        f"(roofline {bandwidth / step_bytes * batch:.0f} tok/s)"
+    )
 
 
 def release(blocks, slots, tables: list[list[int]], ids: list[int]) -> None:
@@ -132,7 +139,9 @@ def fill_random(model: torch.nn.Module) -> None:
     with torch.no_grad():
         for name, p in model.named_parameters():
             if p.dtype in (torch.uint8, torch.int8, torch.int32):
-                p.copy_(torch.randint(0, 127, p.shape, generator=g, device="cuda", dtype=torch.int32).to(p.dtype))
+                p.copy_(
+                    torch.randint(0, 127, p.shape, generator=g, device="cuda", dtype=torch.int32).to(p.dtype)
+                )
             elif "scale" in name.rsplit(".", 1)[-1]:
                 p.copy_((torch.rand(p.shape, generator=g, device="cuda") * 0.01 + 0.005).to(p.dtype))
             else:
@@ -148,8 +157,12 @@ def decode_bench(layers: int, batches: list[int], context: int, steps: int, band
     from dgpp_flint.model import FlintForCausalLM
     from dgpp_flint.testing import FLINT_RELEASE, RELEASE_LAYOUT, quantization_config
 
-    hf = {**FLINT_RELEASE, "num_hidden_layers": layers, "layer_types": None,
-          "quantization_config": quantization_config({i: f for i, f in RELEASE_LAYOUT.items() if i < layers})}
+    hf = {
+        **FLINT_RELEASE,
+        "num_hidden_layers": layers,
+        "layer_types": None,
+        "quantization_config": quantization_config({i: f for i, f in RELEASE_LAYOUT.items() if i < layers}),
+    }
     cfg = FlintArchConfig.from_hf_config(hf)
     with torch.device("cuda"):
         model = FlintForCausalLM(cfg, dtype=torch.bfloat16)
@@ -180,22 +193,39 @@ def decode_bench(layers: int, batches: list[int], context: int, steps: int, band
                 runner = ModelRunner(model, pools, decode_graph=graph, max_batch=batch)
                 gen = torch.Generator().manual_seed(batch)
                 for t, s in zip(tables, ids, strict=True):
-                    runner.step([SeqWork(s, t, 0, torch.randint(0, cfg.vocab_size, (context,), generator=gen).tolist())])
+                    runner.step(
+                        [
+                            SeqWork(
+                                s, t, 0, torch.randint(0, cfg.vocab_size, (context,), generator=gen).tolist()
+                            )
+                        ]
+                    )
                 work = [SeqWork(s, t, context, [7]) for s, t in zip(ids, tables, strict=True)]
                 for i in range(3):  # warm-up (and capture)
                     runner.step([SeqWork(w.state_slot, w.block_table, context + i, [7]) for w in work])
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
                 for i in range(steps):
-                    logits = runner.step([SeqWork(w.state_slot, w.block_table, context + 3 + i, [7]) for w in work])
+                    logits = runner.step(
+                        [SeqWork(w.state_slot, w.block_table, context + 3 + i, [7]) for w in work]
+                    )
                 torch.cuda.synchronize()
                 dt = (time.perf_counter() - t0) / steps
                 assert torch.isfinite(logits).all()
-                out.append(rate_line(f"layers {layers} batch {batch} ctx {context} {'graph' if graph else 'eager'}",
-                                     dt, batch, step_bytes, bandwidth))
+                out.append(
+                    rate_line(
+                        f"layers {layers} batch {batch} ctx {context} {'graph' if graph else 'eager'}",
+                        dt,
+                        batch,
+                        step_bytes,
+                        bandwidth,
+                    )
+                )
             except Exception as exc:  # report and go on: the table says which mode failed
-                out.append(f"layers {layers} batch {batch} {'graph' if graph else 'eager'}: FAILED {type(exc).__name__}: "
-                           f"{str(exc)[:200]}")
+                out.append(
+                    f"layers {layers} batch {batch} {'graph' if graph else 'eager'}: FAILED {type(exc).__name__}: "
+                    f"{str(exc)[:200]}"
+                )
             finally:
                 release(blocks, slots, tables, ids)
             print(out[-1], flush=True)
@@ -217,7 +247,9 @@ def main() -> int:
     if not args.skip_kernels:
         table += kernel_checks(failures)
         print("\n".join(table), flush=True)
-    table += decode_bench(args.layers, [int(b) for b in args.batches.split(",")], args.context, args.steps, bandwidth)
+    table += decode_bench(
+        args.layers, [int(b) for b in args.batches.split(",")], args.context, args.steps, bandwidth
+    )
     return finish(table, failures)
 
 

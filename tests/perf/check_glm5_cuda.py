@@ -48,7 +48,9 @@ def kernel_checks(failures: list[str]) -> list[str]:
 
     def rows(lens: list[int]):
         n = len(lens)
-        tables = torch.stack([torch.randperm(blocks, generator=g, device=dev)[: 8192 // BS] for _ in range(n)]).int()
+        tables = torch.stack(
+            [torch.randperm(blocks, generator=g, device=dev)[: 8192 // BS] for _ in range(n)]
+        ).int()
         q_lat = torch.randn(n, HEADS, LATENT, generator=g, device=dev).to(bf)
         q_rot = torch.randn(n, HEADS, ROPE, generator=g, device=dev).to(bf)
         return q_lat, q_rot, tables, torch.tensor(lens, dtype=torch.int32, device=dev)
@@ -59,17 +61,25 @@ def kernel_checks(failures: list[str]) -> list[str]:
     got = mla_attention_triton(*args)
     err = rel(got[1:], mla_attention_ref(*args)[1:])
     same = all(
-        torch.equal(mla_attention_triton(q_lat[r : r + 1], q_rot[r : r + 1], latent, rope, tables[r : r + 1],
-                                         lens[r : r + 1], SCALE)[0], got[r])
+        torch.equal(
+            mla_attention_triton(
+                q_lat[r : r + 1], q_rot[r : r + 1], latent, rope, tables[r : r + 1], lens[r : r + 1], SCALE
+            )[0],
+            got[r],
+        )
         for r in range(5)
     )
-    out.append(f"MLA absorbed dense, rows at 1/700/2048/8192 tokens bf16: rel err {err:.2e}; "
-               f"alone == batched: {'bit-identical' if same else 'DIFFER'}")
+    out.append(
+        f"MLA absorbed dense, rows at 1/700/2048/8192 tokens bf16: rel err {err:.2e}; "
+        f"alone == batched: {'bit-identical' if same else 'DIFFER'}"
+    )
     if not (err < 1e-2 and same and torch.equal(got[0], torch.zeros_like(got[0]))):
         failures.append(f"MLA dense rel err {err}, alone==batched {same}")
     # sparse rows: 2048 picked positions of an 8192-token context (ascending, as the indexer gives them)
     q_lat, q_rot, tables, _ = rows([8192] * 8)
-    idx = torch.stack([torch.randperm(8192, generator=g, device=dev)[:2048].sort().values for _ in range(8)]).int()
+    idx = torch.stack(
+        [torch.randperm(8192, generator=g, device=dev)[:2048].sort().values for _ in range(8)]
+    ).int()
     picked = torch.full((8,), 2048, dtype=torch.int32, device=dev)
     sparse = torch.ones(8, dtype=torch.int32, device=dev)
     args = (q_lat, q_rot, latent, rope, tables, picked, SCALE, idx, sparse)
@@ -82,14 +92,18 @@ def kernel_checks(failures: list[str]) -> list[str]:
     for batch in (1, 16):
         q_lat, q_rot, tables, lens = rows([8192] * batch)
         sec = _timed(mla_attention_triton, q_lat, q_rot, latent, rope, tables, lens, SCALE)
-        out.append(f"MLA dense batch {batch} x 8192 tokens: {sec * 1e6:.0f} us, "
-                   f"{batch * 8192 * row_bytes / sec / 1e9:.0f} GB/s of latent rows")
+        out.append(
+            f"MLA dense batch {batch} x 8192 tokens: {sec * 1e6:.0f} us, "
+            f"{batch * 8192 * row_bytes / sec / 1e9:.0f} GB/s of latent rows"
+        )
         idx_b = idx[:1].expand(batch, -1).contiguous()
         sp = torch.ones(batch, dtype=torch.int32, device=dev)
         pk = torch.full((batch,), 2048, dtype=torch.int32, device=dev)
         sec = _timed(mla_attention_triton, q_lat, q_rot, latent, rope, tables, pk, SCALE, idx_b, sp)
-        out.append(f"MLA sparse batch {batch} x 2048 picked: {sec * 1e6:.0f} us, "
-                   f"{batch * 2048 * row_bytes / sec / 1e9:.0f} GB/s of latent rows")
+        out.append(
+            f"MLA sparse batch {batch} x 2048 picked: {sec * 1e6:.0f} us, "
+            f"{batch * 2048 * row_bytes / sec / 1e9:.0f} GB/s of latent rows"
+        )
     # absorption products at 16 rows: q_nope . W_uk and o_lat . W_uv^T (W_uv read transposed in place)
     kv_b = (torch.randn(HEADS, NOPE + V, LATENT, generator=g, device=dev) * 0.05).to(bf)
     w_uk, w_uv = kv_b.split((NOPE, V), dim=1)
@@ -100,8 +114,10 @@ def kernel_checks(failures: list[str]) -> list[str]:
         err = rel(got, head_matmul_ref(x, w))
         same = torch.equal(head_matmul_triton(x[3:4], w)[0], got[3])
         sec = _timed(head_matmul_triton, x[:1], w)
-        out.append(f"absorption {name} 16 rows: rel err {err:.2e}, alone == batched: "
-                   f"{'bit-identical' if same else 'DIFFER'}; 1 row {sec * 1e6:.0f} us")
+        out.append(
+            f"absorption {name} 16 rows: rel err {err:.2e}, alone == batched: "
+            f"{'bit-identical' if same else 'DIFFER'}; 1 row {sec * 1e6:.0f} us"
+        )
         if not (err < 1e-2 and same):
             failures.append(f"head_matmul {name} rel err {err}, alone==batched {same}")
     return out
@@ -127,7 +143,9 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
         for name, p in model.named_parameters():
             leaf = name.rsplit(".", 1)[-1]
             if p.dtype == torch.int32:
-                p.copy_(torch.randint(-(2**31), 2**31 - 1, p.shape, generator=g, device=device, dtype=torch.int32))
+                p.copy_(
+                    torch.randint(-(2**31), 2**31 - 1, p.shape, generator=g, device=device, dtype=torch.int32)
+                )
             elif p.dtype == torch.int64:  # weight_shape
                 continue
             elif "scale" in leaf:
@@ -148,8 +166,12 @@ def tiny_fp32_config() -> dict:
     """The tiny glm_moe_dsa config of the exactness checks (index_topk 8: sparse rows live), in fp32."""
     from dgpp_glm.testing_glm5 import tiny_glm_moe_dsa_config
 
-    return {**tiny_glm_moe_dsa_config(), "architectures": ["GlmMoeDsaForCausalLM"], "model_type": "glm_moe_dsa",
-            "torch_dtype": "float32"}
+    return {
+        **tiny_glm_moe_dsa_config(),
+        "architectures": ["GlmMoeDsaForCausalLM"],
+        "model_type": "glm_moe_dsa",
+        "torch_dtype": "float32",
+    }
 
 
 def layer_paths(model, prompts: list[list[int]], device: str = "cuda") -> float:
@@ -163,14 +185,17 @@ def layer_paths(model, prompts: list[list[int]], device: str = "cuda") -> float:
 
     attn, layer = model.model.layers[0].self_attn, model.model.layers[0]
     pools, blocks, _ = make_pools(model, [len(p) for p in prompts], 4)
-    work = [SeqWork(i, blocks.allocate(blocks.blocks_for_tokens(len(p))), 0, p) for i, p in enumerate(prompts)]
+    work = [
+        SeqWork(i, blocks.allocate(blocks.blocks_for_tokens(len(p))), 0, p) for i, p in enumerate(prompts)
+    ]
     batch = build_batch(work, pools, device)
     x = layer.input_layernorm(model.model.embed_tokens(batch.input_ids))
     query = attn.prepare(x, batch)
     selection = attn.indexer(x, query.q_resid, batch)
     kv_b = attn.kv_b_weight().view(attn.num_heads, -1, attn.kv_lora_rank)
-    ours = absorbed_attention_cuda(query.q_nope, query.q_rot, kv_b, *batch.cache.kv[attn.cache_name], batch,
-                                   selection, attn.scale)
+    ours = absorbed_attention_cuda(
+        query.q_nope, query.q_rot, kv_b, *batch.cache.kv[attn.cache_name], batch, selection, attn.scale
+    )
     with overriding(triton_kernels=False):
         torch_out = attn.attend(query, batch, selection)
     return float((attn.o_proj(ours.flatten(1)) - torch_out).abs().max() / torch_out.abs().max())
@@ -189,8 +214,10 @@ def exactness_checks(failures: list[str]) -> list[str]:
     out = []
     with overriding(batch_invariant=True), torch.inference_mode():
         err = layer_paths(model, prompts)
-        out.append(f"tiny glm_moe_dsa fp32 on CUDA, layer 0 attention (sparse rows) kernels vs torch path: "
-                   f"rel err {err:.2e}")
+        out.append(
+            f"tiny glm_moe_dsa fp32 on CUDA, layer 0 attention (sparse rows) kernels vs torch path: "
+            f"rel err {err:.2e}"
+        )
         if not err < 1e-4:
             failures.append(f"layer attention kernels vs torch rel err {err}")
         short = conf.make_prompts(512, (8, 5, 3), seed=3)
@@ -198,12 +225,16 @@ def exactness_checks(failures: list[str]) -> list[str]:
         with overriding(triton_kernels=False):
             ref = conf.engine_all_logits(model, short)
         err = max(float((a - b).abs().max() / b.abs().max()) for a, b in zip(ours, ref, strict=True))
-        out.append(f"tiny glm_moe_dsa fp32 on CUDA, whole model, prompts <= index_topk, Triton vs torch path: "
-                   f"rel err {err:.2e}")
+        out.append(
+            f"tiny glm_moe_dsa fp32 on CUDA, whole model, prompts <= index_topk, Triton vs torch path: "
+            f"rel err {err:.2e}"
+        )
         if not err < 1e-4:
             failures.append(f"tiny model Triton vs torch rel err {err}")
-        for what, check in (("chunks 1/5 == one shot", lambda: conf.check_chunk_invariance(model, prompts)),
-                            ("batched == solo", lambda: conf.check_batch_invariance(model, prompts))):
+        for what, check in (
+            ("chunks 1/5 == one shot", lambda: conf.check_chunk_invariance(model, prompts)),
+            ("batched == solo", lambda: conf.check_batch_invariance(model, prompts)),
+        ):
             try:
                 check()
                 out.append(f"tiny glm_moe_dsa on CUDA (sparse rows): {what}: bit-identical")
@@ -251,7 +282,9 @@ def decode_bench(
                 runner = ModelRunner(model, pools, decode_graph=graph, max_batch=batch)
                 gen = torch.Generator().manual_seed(batch)
                 for t, s in zip(tables, ids, strict=True):
-                    runner.step([SeqWork(s, t, 0, torch.randint(0, 154880, (context,), generator=gen).tolist())])
+                    runner.step(
+                        [SeqWork(s, t, 0, torch.randint(0, 154880, (context,), generator=gen).tolist())]
+                    )
                 seqs = list(zip(ids, tables, strict=True))
                 for i in range(2):  # warm-up (and capture)
                     runner.step([SeqWork(s, t, context + i, [7]) for s, t in seqs])
@@ -263,19 +296,27 @@ def decode_bench(
                 dt = (time.perf_counter() - t0) / steps
                 assert torch.isfinite(logits).all()
                 last[graph] = logits
-                if profile and (batch, context) == cases[0]:  # both modes: what the graph's step spends and eager's not
+                if (
+                    profile and (batch, context) == cases[0]
+                ):  # both modes: what the graph's step spends and eager's not
                     _profile(runner, seqs, context + 2 + steps)
-                out.append(rate_line(f"{geometry} batch {batch} ctx {context} {mode}", dt, batch, read, bandwidth))
+                out.append(
+                    rate_line(f"{geometry} batch {batch} ctx {context} {mode}", dt, batch, read, bandwidth)
+                )
             except Exception as exc:  # report and go on: the table says which case failed
-                out.append(f"{geometry} batch {batch} ctx {context} {mode}: FAILED {type(exc).__name__}: "
-                           f"{str(exc)[:300]}")
+                out.append(
+                    f"{geometry} batch {batch} ctx {context} {mode}: FAILED {type(exc).__name__}: "
+                    f"{str(exc)[:300]}"
+                )
             finally:
                 release(blocks, slots, tables, ids)
             print(out[-1], flush=True)
         if len(last) == 2:
             same = torch.equal(last[False], last[True])
-            out.append(f"{geometry} batch {batch} ctx {context}: last step's logits graph == eager: "
-                       f"{'bit-identical' if same else 'DIFFER'}")
+            out.append(
+                f"{geometry} batch {batch} ctx {context}: last step's logits graph == eager: "
+                f"{'bit-identical' if same else 'DIFFER'}"
+            )
             print(out[-1], flush=True)
     return out
 
@@ -301,7 +342,9 @@ def main() -> int:
     ap.add_argument("--cases", default="1x1024,8x1024,1x8192", help="batch x context, comma-separated")
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip-kernels", action="store_true")
-    ap.add_argument("--profile", action="store_true", help="profile three decode steps of the first case, eager and graph")
+    ap.add_argument(
+        "--profile", action="store_true", help="profile three decode steps of the first case, eager and graph"
+    )
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bandwidth = copy_bandwidth()

@@ -27,10 +27,24 @@ from dgpp.testing.scheduler import scheduler_config
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 50}
 
 
-def run(model, runner: ModelRunner, blocks: int, streams: int, prompts: list[list[int]], tokens: int,
-        overlap: bool) -> tuple[dict, float, int]:
-    conf = scheduler_config(block_size=16, chunk_tokens=256, max_concurrency=streams, idle_chunks=32, busy_chunks=1,
-                            prefix_cache=False, queue_limit=4 * streams)
+def run(
+    model,
+    runner: ModelRunner,
+    blocks: int,
+    streams: int,
+    prompts: list[list[int]],
+    tokens: int,
+    overlap: bool,
+) -> tuple[dict, float, int]:
+    conf = scheduler_config(
+        block_size=16,
+        chunk_tokens=256,
+        max_concurrency=streams,
+        idle_chunks=32,
+        busy_chunks=1,
+        prefix_cache=False,
+        queue_limit=4 * streams,
+    )
     pool, slots = BlockPool(blocks, 16), SlotPool(streams, 0)
     cache = PrefixCache(pool, 256, hybrid=False, slots=slots, copy_state=None, enabled=False)
     sched = Scheduler(conf, runner, pool, slots, cache, eos_token_ids=frozenset())
@@ -74,8 +88,11 @@ def main() -> int:
         on, on_s, on_n = run(model, runner, widest * per_seq, n, prompts, args.tokens, True)
         same = off == on
         failed |= not same
-        print(f"{n} streams: overlap off {off_n / off_s:,.0f} tok/s, on {on_n / on_s:,.0f} tok/s "
-              f"({on_n / on_s / (off_n / off_s) - 1:+.1%}); tokens identical: {same}", flush=True)
+        print(
+            f"{n} streams: overlap off {off_n / off_s:,.0f} tok/s, on {on_n / on_s:,.0f} tok/s "
+            f"({on_n / on_s / (off_n / off_s) - 1:+.1%}); tokens identical: {same}",
+            flush=True,
+        )
     return 1 if failed else 0
 
 

@@ -67,7 +67,9 @@ def fill_random(moe: QuantExperts) -> None:
                 if fmt.scale_kind == "e8m0":  # 2^-9 .. 2^-5
                     p.data.copy_(torch.randint(118, 123, p.shape, device=DEV, dtype=torch.uint8))
                 else:
-                    p.data.copy_((torch.rand(p.shape, device=DEV) + 0.5).to(torch.float8_e4m3fn).view(torch.uint8))
+                    p.data.copy_(
+                        (torch.rand(p.shape, device=DEV) + 0.5).to(torch.float8_e4m3fn).view(torch.uint8)
+                    )
             elif p.dtype == torch.uint8:  # E2M1 pairs: every byte is valid
                 p.data.copy_(torch.randint(0, 256, p.shape, device=DEV, dtype=torch.uint8))
             elif p.dtype == torch.int32:  # packed int codes / zeros
@@ -104,8 +106,9 @@ def routings(tokens: int, experts: int, top_k: int, count: int) -> list[tuple[to
 
 def layer(moe: QuantExperts, tiles: MoETiles | None):
     g, d = moe.gate_proj, moe.down_proj
-    return lambda x, w, ids: fused_quant_moe((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()),
-                                             x, w, ids, moe.inter, tiles)
+    return lambda x, w, ids: fused_quant_moe(
+        (g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()), x, w, ids, moe.inter, tiles
+    )
 
 
 def graph_equals_eager(fn, x: torch.Tensor, routes) -> bool:
@@ -144,39 +147,66 @@ def check(name: str, fmt, args, sweep: bool) -> None:
         graph_ok = graph_equals_eager(fused, x, routes)
         used = sum(r[1].unique().numel() for r in routes) / len(routes)
         nbytes = used * per_expert + x.numel() * 2
-        t_graph = triton.testing.do_bench_cudagraph(lambda: [fused(x, a, b) for a, b in routes], rep=100,
-                                                    return_mode="median") / len(routes)
+        t_graph = triton.testing.do_bench_cudagraph(
+            lambda: [fused(x, a, b) for a, b in routes], rep=100, return_mode="median"
+        ) / len(routes)
         bm = moe_tiles(_pack(moe.fmt), ids.numel(), moe.num_experts).bm
-        t_align = triton.testing.do_bench_cudagraph(lambda: align_to_experts(ids, moe.num_experts, bm), rep=50,
-                                                    return_mode="median")  # the torch routing sort
-        pairs = zip(align_to_experts(ids, moe.num_experts, bm), align_to_experts_triton(ids, moe.num_experts, bm),
-                    strict=True)
+        t_align = triton.testing.do_bench_cudagraph(
+            lambda: align_to_experts(ids, moe.num_experts, bm), rep=50, return_mode="median"
+        )  # the torch routing sort
+        pairs = zip(
+            align_to_experts(ids, moe.num_experts, bm),
+            align_to_experts_triton(ids, moe.num_experts, bm),
+            strict=True,
+        )
         align_same = all(torch.equal(a, b) for a, b in pairs)
-        t_align1 = triton.testing.do_bench_cudagraph(lambda: align_to_experts_triton(ids, moe.num_experts, bm),
-                                                     rep=50, return_mode="median")  # what fused_quant_moe uses
+        t_align1 = triton.testing.do_bench_cudagraph(
+            lambda: align_to_experts_triton(ids, moe.num_experts, bm), rep=50, return_mode="median"
+        )  # what fused_quant_moe uses
         t_eager = triton.testing.do_bench(lambda: fused(x, w, ids), warmup=10, rep=50, return_mode="median")
         try:  # the old CUDA path: a packed linear launch per picked expert, after a host sync
-            t_loop = math.nan if args.no_old_loop else triton.testing.do_bench(
-                lambda: moe.forward_reference(x, w, ids), warmup=3, rep=30, return_mode="median")
-        except Exception as exc:  # that path's own kernels are checked elsewhere; a failure here is only reported
+            t_loop = (
+                math.nan
+                if args.no_old_loop
+                else triton.testing.do_bench(
+                    lambda: moe.forward_reference(x, w, ids), warmup=3, rep=30, return_mode="median"
+                )
+            )
+        except (
+            Exception
+        ) as exc:  # that path's own kernels are checked elsewhere; a failure here is only reported
             print(f"  old loop failed: {type(exc).__name__}: {exc}", flush=True)
             t_loop = math.nan
         # bf16 rounds in different places than the reference (activation, fp32 sums): the fused result must
         # be as close to the exact fp32 value as the reference is, within 2x
         ok = err <= 2e-2 and err32 <= 2 * ref_err32 and graph_ok and align_same
-        row = {"check": f"quant_moe {name}", "tokens": tokens, "experts_used": used, "rel_err_vs_ref": err,
-               "rel_err_vs_fp32": err32, "ref_rel_err_vs_fp32": ref_err32, "graph_equals_eager": graph_ok,
-               "ok": ok, "graph_us": t_graph * 1e3, "align_torch_us": t_align * 1e3,
-               "align_triton_us": t_align1 * 1e3, "align_same": align_same, "eager_us": t_eager * 1e3,
-               "old_loop_us": t_loop * 1e3,
-               "GB/s": nbytes / (t_graph * 1e-3) / 1e9}
+        row = {
+            "check": f"quant_moe {name}",
+            "tokens": tokens,
+            "experts_used": used,
+            "rel_err_vs_ref": err,
+            "rel_err_vs_fp32": err32,
+            "ref_rel_err_vs_fp32": ref_err32,
+            "graph_equals_eager": graph_ok,
+            "ok": ok,
+            "graph_us": t_graph * 1e3,
+            "align_torch_us": t_align * 1e3,
+            "align_triton_us": t_align1 * 1e3,
+            "align_same": align_same,
+            "eager_us": t_eager * 1e3,
+            "old_loop_us": t_loop * 1e3,
+            "GB/s": nbytes / (t_graph * 1e-3) / 1e9,
+        }
         row["pct_copy_bw"] = 100 * row["GB/s"] * 1e9 / COPY_BW
         ROWS.append(row)
-        print(f"quant_moe {name:8s} T={tokens:3d} experts {used:5.1f}  err {err:.2e} (fp32 {err32:.2e}, ref {ref_err32:.2e})"
-              f"  graph==eager {graph_ok}  {'ok' if ok else 'FAIL'}  graph {row['graph_us']:8.1f} us "
-              f"(align torch {row['align_torch_us']:5.1f} / one launch {row['align_triton_us']:5.1f}, same {align_same})  "
-              f"eager {row['eager_us']:8.1f} us  old loop {row['old_loop_us']:8.1f} us  "
-              f"{row['GB/s']:6.0f} GB/s ({row['pct_copy_bw']:.0f}% of copy bw)", flush=True)
+        print(
+            f"quant_moe {name:8s} T={tokens:3d} experts {used:5.1f}  err {err:.2e} (fp32 {err32:.2e}, ref {ref_err32:.2e})"
+            f"  graph==eager {graph_ok}  {'ok' if ok else 'FAIL'}  graph {row['graph_us']:8.1f} us "
+            f"(align torch {row['align_torch_us']:5.1f} / one launch {row['align_triton_us']:5.1f}, same {align_same})  "
+            f"eager {row['eager_us']:8.1f} us  old loop {row['old_loop_us']:8.1f} us  "
+            f"{row['GB/s']:6.0f} GB/s ({row['pct_copy_bw']:.0f}% of copy bw)",
+            flush=True,
+        )
         if sweep:
             sweep_tiles(name, moe, x, routes, nbytes, tokens, ref)
 
@@ -189,14 +219,19 @@ def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref) -> None:
             fn = layer(moe, tiles)
             try:
                 err = rel_err(fn(x, *routes[0]), ref)
-                t = triton.testing.do_bench_cudagraph(lambda: [fn(x, a, b) for a, b in routes], rep=50,
-                                                      return_mode="median") / len(routes)
+                t = triton.testing.do_bench_cudagraph(
+                    lambda: [fn(x, a, b) for a, b in routes], rep=50, return_mode="median"
+                ) / len(routes)
             except Exception as exc:  # e.g. out of shared memory for this tile
-                print(f"  sweep {name} T={tokens} bn {bn} warps {warps} stages {stages}: {type(exc).__name__}")
+                print(
+                    f"  sweep {name} T={tokens} bn {bn} warps {warps} stages {stages}: {type(exc).__name__}"
+                )
                 continue
-            print(f"  sweep {name:8s} T={tokens:3d} bm {tiles.bm} bn {bn:2d} bkp {tiles.bkp} warps {warps} "
-                  f"stages {stages}  err {err:.1e}  {t * 1e3:8.1f} us  {nbytes / (t * 1e-3) / 1e9:6.0f} GB/s",
-                  flush=True)
+            print(
+                f"  sweep {name:8s} T={tokens:3d} bm {tiles.bm} bn {bn:2d} bkp {tiles.bkp} warps {warps} "
+                f"stages {stages}  err {err:.1e}  {t * 1e3:8.1f} us  {nbytes / (t * 1e-3) / 1e9:6.0f} GB/s",
+                flush=True,
+            )
 
 
 def main() -> int:
@@ -207,9 +242,13 @@ def main() -> int:
     ap.add_argument("--top-k", type=int, default=8)
     ap.add_argument("--tokens", type=lambda s: [int(v) for v in s.split(",")], default=[1, 8, 64])
     ap.add_argument("--formats", default="fp8,nvfp4,mxfp4,int4", help=f"comma list of {','.join(FORMATS)}")
-    ap.add_argument("--rotate", type=int, default=8, help="routing sets cycled per timed replay (weights out of L2)")
+    ap.add_argument(
+        "--rotate", type=int, default=8, help="routing sets cycled per timed replay (weights out of L2)"
+    )
     ap.add_argument("--no-old-loop", action="store_true", help="skip timing the old per-expert loop (A/B)")
-    ap.add_argument("--sweep", action="store_true", help="also time a grid of tile sizes per format and token count")
+    ap.add_argument(
+        "--sweep", action="store_true", help="also time a grid of tile sizes per format and token count"
+    )
     ap.add_argument("--json", help="write the result rows here")
     args = ap.parse_args()
     torch.manual_seed(0)

@@ -43,8 +43,13 @@ def _load(path: Path):
     from dgpp_qwen.loader import load_model
 
     hf_config = json.loads((path / "config.json").read_text())
-    ctx = LoadContext(checkpoint_dir=path, hf_config=hf_config, family="qwen",
-                      architecture=hf_config["architectures"][0], device="cuda")
+    ctx = LoadContext(
+        checkpoint_dir=path,
+        hf_config=hf_config,
+        family="qwen",
+        architecture=hf_config["architectures"][0],
+        device="cuda",
+    )
     return load_model(ctx)
 
 
@@ -64,7 +69,13 @@ def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12)
     graphs.capture()
     seqs = []
     for p, need in zip(prompts * 2, total, strict=False):
-        seqs.append({"slot": slots.allocate(), "table": blocks.allocate(blocks.blocks_for_tokens(need)), "tokens": list(p)})
+        seqs.append(
+            {
+                "slot": slots.allocate(),
+                "table": blocks.allocate(blocks.blocks_for_tokens(need)),
+                "tokens": list(p),
+            }
+        )
     first = runner.step([SeqWork(s["slot"], s["table"], 0, s["tokens"]) for s in seqs]).argmax(-1).tolist()
     for s, tok in zip(seqs, first, strict=False):
         s["tokens"].append(tok)
@@ -93,10 +104,15 @@ def check(root: Path) -> int:
             model = _load(path)
             prompts = ref["prompts"]
             ours = conf.engine_all_logits(model, prompts)
-            err = max(float((o.cpu() - r).abs().max() / r.abs().max()) for o, r in zip(ours, ref["logits"], strict=False))
+            err = max(
+                float((o.cpu() - r).abs().max() / r.abs().max())
+                for o, r in zip(ours, ref["logits"], strict=False)
+            )
             greedy = greedy_agreement(model, prompts, NEW_TOKENS, ref["greedy"])
             ok = err <= LOGIT_RTOL[tag] and greedy.chunked_same and greedy.alone_same
-            ok = ok and (greedy.same_as_reference == len(prompts) or tag == "bf16")  # bf16 greedy may part at a near-tie
+            ok = ok and (
+                greedy.same_as_reference == len(prompts) or tag == "bf16"
+            )  # bf16 greedy may part at a near-tie
             try:
                 graph_same, graph_err = graph_decode_matches_eager(model, prompts)
             except RuntimeError as e:  # e.g. a layer that syncs with the host cannot be captured
@@ -104,12 +120,25 @@ def check(root: Path) -> int:
                 graph_same, graph_err = False, float("nan")
             ok = ok and graph_same and graph_err <= LOGIT_RTOL[tag]
             failed += not ok
-            rows.append(f"| {kind} | {tag} | {err:.2e} | {greedy.same_as_reference}/{len(prompts)} | "
-                        f"{greedy.chunked_same} | {greedy.alone_same} | {graph_same} ({graph_err:.1e}) | "
-                        f"{'ok' if ok else 'FAIL'} |")
+            rows.append(
+                f"| {kind} | {tag} | {err:.2e} | {greedy.same_as_reference}/{len(prompts)} | "
+                f"{greedy.chunked_same} | {greedy.alone_same} | {graph_same} ({graph_err:.1e}) | "
+                f"{'ok' if ok else 'FAIL'} |"
+            )
             print(rows[-1], flush=True)
-    print_table(["model", "dtype", "max rel logit err vs HF (CPU)", "greedy = HF", "chunk 13 = one-shot",
-                 "batch = alone", "graph decode = eager (rel err)", ""], rows)
+    print_table(
+        [
+            "model",
+            "dtype",
+            "max rel logit err vs HF (CPU)",
+            "greedy = HF",
+            "chunk 13 = one-shot",
+            "batch = alone",
+            "graph decode = eager (rel err)",
+            "",
+        ],
+        rows,
+    )
     return 1 if failed else 0
 
 

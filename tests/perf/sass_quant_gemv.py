@@ -21,8 +21,13 @@ import tempfile
 
 import torch
 
-POINTER_KINDS = {torch.uint8: "*u8", torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16",
-                 torch.int32: "*i32"}
+POINTER_KINDS = {
+    torch.uint8: "*u8",
+    torch.float32: "*fp32",
+    torch.bfloat16: "*bf16",
+    torch.float16: "*fp16",
+    torch.int32: "*i32",
+}
 SHOWN = ("PRMT", "LOP3", "SHF", "IMAD", "F2F", "F2FP", "HMUL2", "HMMA", "HGMMA", "BAR")
 
 
@@ -45,9 +50,13 @@ def compile_tile(fmt, tile, shape: tuple[int, int]):
     for i in range(3):
         ptrs.update({f"w{i}": w, f"s{i}": s, f"g{i}": g})
     names = kernel.arg_names
-    sig = {n: POINTER_KINDS[ptrs[n].dtype] if n in ptrs else ("constexpr" if n in args else "i32") for n in names}
+    sig = {
+        n: POINTER_KINDS[ptrs[n].dtype] if n in ptrs else ("constexpr" if n in args else "i32") for n in names
+    }
     # what the launcher's specialization sees: 16-byte aligned pointers, sizes/strides multiples of 16 (not m)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n] != "constexpr" and n != "m"}
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n] != "constexpr" and n != "m"
+    }
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in args.items()}, attrs=attrs)
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
@@ -58,12 +67,18 @@ def sass_summary(compiled) -> str:
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
-    sass = subprocess.run([glob.glob(f"{tools}/nvdisasm")[0], "-c", f.name], capture_output=True, text=True).stdout
-    usage = subprocess.run([glob.glob(f"{tools}/cuobjdump")[0], "-res-usage", f.name], capture_output=True, text=True).stdout
+    sass = subprocess.run(
+        [glob.glob(f"{tools}/nvdisasm")[0], "-c", f.name], capture_output=True, text=True
+    ).stdout
+    usage = subprocess.run(
+        [glob.glob(f"{tools}/cuobjdump")[0], "-res-usage", f.name], capture_output=True, text=True
+    ).stdout
     os.unlink(f.name)
     ops = re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", sass, re.M)
     base = collections.Counter(o.split(".")[0] for o in ops)
-    narrow = collections.Counter(o for o in ops if re.match(r"(STS|LDS|LDG)\.(E\.)?U(8|16)$", o) or o.startswith("LDGSTS"))
+    narrow = collections.Counter(
+        o for o in ops if re.match(r"(STS|LDS|LDG)\.(E\.)?U(8|16)$", o) or o.startswith("LDGSTS")
+    )
     regs = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     counts = " ".join(f"{k}={base[k]}" for k in SHOWN if base[k])
     return f"sass={len(ops)} {counts} mem={dict(narrow)} regs={regs.group(1)} stack={regs.group(2)}"

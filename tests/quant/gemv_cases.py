@@ -12,7 +12,9 @@ from dgpp.quant.linear import QuantLinearMethod
 
 FORMATS = [
     FP8Block(),  # 128x128 blocks on a ceil grid: a K that is not a block multiple leaves a partial edge block
-    FP8Block(block=(16, 48), scale_format="bf16"),  # a K block that is not a power of two (three 16-column spans)
+    FP8Block(
+        block=(16, 48), scale_format="bf16"
+    ),  # a K block that is not a power of two (three 16-column spans)
     FP8Block(block=(32, 32), scale_format="e8m0"),
     FP8Channel(),
     NVFP4ModelOpt(),

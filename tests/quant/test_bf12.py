@@ -44,7 +44,10 @@ def test_bf12_kernel_matches_torch_decode():
     packed = encode_bf12(w)
     x = torch.randn(3, 2048, generator=gen)
     ref = F.linear(x, BF12().decode(packed, (20, 2048), torch.float32))
-    for got in (quant_matmul(BF12(), packed, x, (20, 2048)), bf12_matmul(packed, x, (20, 2048), bn=8, split_k=2)):
+    for got in (
+        quant_matmul(BF12(), packed, x, (20, 2048)),
+        bf12_matmul(packed, x, (20, 2048), bn=8, split_k=2),
+    ):
         torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-4)
 
 
@@ -100,9 +103,18 @@ def test_bf16_weights_bf12_and_bf12_plus_bf16():
 
 def test_dense_weights_fp8_is_explicit_and_converts():
     model = _tiny(torch.float32)
-    assert convert_dense_weights(model, EngineConfig(dense_weights="checkpoint", bf16_weights="checkpoint"))["fp8"] == 0
+    assert (
+        convert_dense_weights(model, EngineConfig(dense_weights="checkpoint", bf16_weights="checkpoint"))[
+            "fp8"
+        ]
+        == 0
+    )
     dense = model.up.weight.detach().clone()
-    assert convert_dense_weights(model, EngineConfig(dense_weights="fp8", bf16_weights="checkpoint"))["fp8"] == 2
-    assert isinstance(model.up.quant_method, QuantLinearMethod) and isinstance(model.up.quant_method.fmt, FP8Block)
+    assert (
+        convert_dense_weights(model, EngineConfig(dense_weights="fp8", bf16_weights="checkpoint"))["fp8"] == 2
+    )
+    assert isinstance(model.up.quant_method, QuantLinearMethod) and isinstance(
+        model.up.quant_method.fmt, FP8Block
+    )
     decoded = model.up.quant_method.dense_weight(model.up, torch.float32)
     assert (decoded - dense).abs().max() <= dense.abs().max() / 8  # E4M3 keeps 3 mantissa bits

@@ -15,11 +15,27 @@ from dgpp.quant.scheme import QuantScheme
 
 CONFIGS = {
     "fp8-ue8m0": {"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0"},
-    "ct-nvfp4": {"quant_method": "compressed-tensors", "ignore": ["lm_head"], "config_groups": {"g": {
-        "targets": ["Linear"], "format": "nvfp4-pack-quantized",
-        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}},
-    "ct-int8": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {"g": {
-        "targets": ["Linear"], "weights": {"num_bits": 8, "type": "int", "strategy": "group", "group_size": 64}}}},
+    "ct-nvfp4": {
+        "quant_method": "compressed-tensors",
+        "ignore": ["lm_head"],
+        "config_groups": {
+            "g": {
+                "targets": ["Linear"],
+                "format": "nvfp4-pack-quantized",
+                "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+            }
+        },
+    },
+    "ct-int8": {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "g": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "int", "strategy": "group", "group_size": 64},
+            }
+        },
+    },
     "gptq-int4": {"quant_method": "gptq", "bits": 4, "group_size": 64},
 }
 
@@ -30,12 +46,15 @@ def test_dequantized_checkpoint_holds_the_decoded_values(name, tmp_path):
     weight = torch.randn(64, 128, generator=gen) * 0.1
     src = tmp_path / "src"
     src.mkdir()
-    save_file({"model.layers.0.mlp.down_proj.weight": weight, "lm_head.weight": torch.randn(32, 64)},
-              str(src / "model.safetensors"))
+    save_file(
+        {"model.layers.0.mlp.down_proj.weight": weight, "lm_head.weight": torch.randn(32, 64)},
+        str(src / "model.safetensors"),
+    )
     (src / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     quantized = quantize_checkpoint(src, tmp_path / "q", CONFIGS[name])
     fmt = QuantScheme.from_hf_config(json.loads((quantized / "config.json").read_text())).format_for(
-        "model.layers.0.mlp.down_proj")
+        "model.layers.0.mlp.down_proj"
+    )
     with safe_open(str(quantized / "model.safetensors"), "pt") as f:
         names = set(f.keys())
     assert "model.layers.0.mlp.down_proj.weight" not in names or fmt.name.startswith("fp8")

@@ -31,12 +31,16 @@ def _expected(values64: np.ndarray, dtype: torch.dtype) -> torch.Tensor:
 
 def _assert_bits_equal(got: torch.Tensor, want: torch.Tensor) -> None:
     assert got.dtype == want.dtype and got.shape == want.shape
-    assert torch.equal(got.view(torch.int16 if got.element_size() == 2 else torch.int32),
-                       want.view(torch.int16 if want.element_size() == 2 else torch.int32))
+    assert torch.equal(
+        got.view(torch.int16 if got.element_size() == 2 else torch.int32),
+        want.view(torch.int16 if want.element_size() == 2 else torch.int32),
+    )
 
 
 @pytest.mark.parametrize("scale_format", ["f32", "bf16", "e8m0"])
-@pytest.mark.parametrize("shape,block", [((64, 96), (32, 32)), ((40, 72), (16, 32))])  # second: partial edge blocks
+@pytest.mark.parametrize(
+    "shape,block", [((64, 96), (32, 32)), ((40, 72), (16, 32))]
+)  # second: partial edge blocks
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_fp8_block_values(scale_format, shape, block, dtype):
     n, k = shape
@@ -97,8 +101,11 @@ def test_int_packed_values(bits):
     n, k, group = 8, 128, 64
     codes = torch.randint(0, 1 << bits, (n, k), generator=GEN)
     scale = (torch.rand(n, k // group, generator=GEN) * 0.1).to(torch.bfloat16)
-    tensors = {"weight_packed": pack_int32(codes, bits, dim=1), "weight_scale": scale,
-               "weight_shape": torch.tensor([n, k])}
+    tensors = {
+        "weight_packed": pack_int32(codes, bits, dim=1),
+        "weight_scale": scale,
+        "weight_shape": torch.tensor([n, k]),
+    }
     fmt = IntPacked(bits=bits, group=group)
     fmt.check(tensors, (n, k), "mlp.experts.3.down_proj")
     want = (codes.numpy() - 2 ** (bits - 1)) * np.repeat(scale.float().double().numpy(), group, axis=1)
@@ -115,8 +122,12 @@ def test_gptq_values(bits, act_order):
     g_idx = torch.arange(k) // group
     if act_order:
         g_idx = g_idx[torch.randperm(k, generator=GEN)]
-    tensors = {"qweight": pack_int32(codes, bits, dim=0), "qzeros": pack_int32(zeros, bits, dim=1),
-               "scales": scales, "g_idx": g_idx.to(torch.int32)}
+    tensors = {
+        "qweight": pack_int32(codes, bits, dim=0),
+        "qzeros": pack_int32(zeros, bits, dim=1),
+        "scales": scales,
+        "g_idx": g_idx.to(torch.int32),
+    }
     fmt = GPTQ(bits=bits, group=group)
     fmt.check(tensors, (n, k), "lm_head")
     gi = g_idx.numpy()

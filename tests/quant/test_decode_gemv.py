@@ -44,7 +44,8 @@ def test_decode_gemv_matches_reference(fmt, rows, dtype):
 
 
 @pytest.mark.parametrize(
-    "tile", [GemvTile(bn=32, bk=128), GemvTile(bn=16, bk=256, interleave=True), GemvTile(bn=64, bk=32)],
+    "tile",
+    [GemvTile(bn=32, bk=128), GemvTile(bn=16, bk=256, interleave=True), GemvTile(bn=64, bk=32)],
     ids=["bn32-bk128", "bn16-bk256-interleave", "bn64-bk32"],
 )
 @pytest.mark.parametrize("fmt", [FP8Block(), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
@@ -81,8 +82,11 @@ KERNEL_IDS = ["mma", "row"]
 
 
 @pytest.mark.parametrize("tile", KERNEL_TILES, ids=KERNEL_IDS)
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors()],
-                         ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt",
+    [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors()],
+    ids=lambda f: f.name,
+)
 def test_fused_qkv_equals_separate(fmt, tile):
     k = 128
     # 40 and 24 rows are not multiples of the 16-row tile: segments are padded to whole tiles
@@ -133,10 +137,17 @@ def test_layers_share_a_launch_only_with_one_format_and_no_bias():
     assert shared_decode_format((q, kp, v), x, on_gpu=True) == NVFP4ModelOpt()
     assert shared_decode_format((q, kp, v), x, on_gpu=False) is None
     assert shared_decode_format((q, packed_layer(MXFP4(), 32, k, 3)), x, on_gpu=True) is None
-    assert shared_decode_format((q, packed_layer(NVFP4ModelOpt(), 32, k, 4, bias=True)), x, on_gpu=True) is None
+    assert (
+        shared_decode_format((q, packed_layer(NVFP4ModelOpt(), 32, k, 4, bias=True)), x, on_gpu=True) is None
+    )
     # the layers' resident tensors go through the fused launch and match each layer's own forward
-    fused = quant_multi_linear(NVFP4ModelOpt(), [lyr.quant_method.tensors(lyr) for lyr in (q, kp, v)], x,
-                               [(64, k), (32, k), (32, k)], SMALL)
+    fused = quant_multi_linear(
+        NVFP4ModelOpt(),
+        [lyr.quant_method.tensors(lyr) for lyr in (q, kp, v)],
+        x,
+        [(64, k), (32, k), (32, k)],
+        SMALL,
+    )
     for lyr, got in zip((q, kp, v), fused, strict=True):
         torch.testing.assert_close(got, lyr(x), rtol=1e-5, atol=1e-5)
 
@@ -156,7 +167,9 @@ def test_e2m1_ptx_decoder_logic(dtype):
         assert torch.equal(got.float().signbit(), ref.signbit())
 
 
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name
+)
 def test_split_k_sums_in_one_launch(fmt):
     """K cut in 2 or 3 slices (3 leaves a ragged last slice): the last program to finish sums the partials;
     equal to the reference, row 0 identical alone and in 16 rows, and the counters are re-armed to 0."""
@@ -194,14 +207,19 @@ def test_e4m3_bit_decoder_logic(dtype):
     signed zeros included; NaN codes are excluded (checkpoints do not hold them)."""
     from dgpp.quant.kernels.e4m3_asm import e4m3_model
 
-    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F] + [0, 0x80], dtype=torch.int32).to(torch.uint8)
+    codes = torch.tensor([c for c in range(256) if c & 0x7F != 0x7F] + [0, 0x80], dtype=torch.int32).to(
+        torch.uint8
+    )
     got = e4m3_model(codes, dtype)
     want = codes.view(torch.float8_e4m3fn).to(dtype)
     assert torch.equal(got.view(torch.int16), want.view(torch.int16))
 
 
-FP4_VARIANTS = [GemvTile(bn=16, bk=64, fp4_layout="flat"), GemvTile(bn=32, bk=128, fp4_layout="flat", fp4_scales="broadcast"),
-                GemvTile(bn=16, bk=64, fp4_layout="flat", split_k=3, w_as_a=False)]
+FP4_VARIANTS = [
+    GemvTile(bn=16, bk=64, fp4_layout="flat"),
+    GemvTile(bn=32, bk=128, fp4_layout="flat", fp4_scales="broadcast"),
+    GemvTile(bn=16, bk=64, fp4_layout="flat", split_k=3, w_as_a=False),
+]
 
 
 @pytest.mark.parametrize("tile", FP4_VARIANTS, ids=["flat-gather", "flat-broadcast", "flat-split3-x-as-a"])

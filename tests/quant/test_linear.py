@@ -74,11 +74,26 @@ def test_kernel_matches_torch_path(fmt):
     w = torch.randn(n, k) * 0.05
     layer, _ = _quant_linear(fmt, w)
     tensors = layer.quant_method.tensors(layer)
-    pack = 2 if fmt.name.startswith(("nv", "mx")) else 32 // fmt.bits if isinstance(fmt, (IntPacked, GPTQ)) else 1
-    block_k = getattr(fmt, "block", (1, k))[1] if isinstance(fmt, FP8Block) else getattr(fmt, "group", 16) or k
-    rowwise = TileConfig(bm=1, bn=16, bkp=max(1, block_k // pack), split_k=2)  # K tiles inside one scale block
+    pack = (
+        2
+        if fmt.name.startswith(("nv", "mx"))
+        else 32 // fmt.bits
+        if isinstance(fmt, (IntPacked, GPTQ))
+        else 1
+    )
+    block_k = (
+        getattr(fmt, "block", (1, k))[1] if isinstance(fmt, FP8Block) else getattr(fmt, "group", 16) or k
+    )
+    rowwise = TileConfig(
+        bm=1, bn=16, bkp=max(1, block_k // pack), split_k=2
+    )  # K tiles inside one scale block
     gathered = TileConfig(bm=1, bn=16, bkp=4)  # tiles smaller than a scale group: per-weight scale gathers
-    for rows, cfg in ((1, None), (3, TileConfig(bm=16, bn=16, bkp=16, split_k=3)), (2, rowwise), (1, gathered)):
+    for rows, cfg in (
+        (1, None),
+        (3, TileConfig(bm=16, bn=16, bkp=16, split_k=3)),
+        (2, rowwise),
+        (1, gathered),
+    ):
         x = torch.randn(rows, k)
         ref = F.linear(x, fmt.decode(tensors, (n, k), torch.float32))
         got = quant_matmul(fmt, tensors, x, (n, k), cfg)
@@ -117,7 +132,11 @@ def test_quant_experts_per_expert_decode():
     moe = QuantExperts(fmt, experts, hidden, inter)
     dense = {}
     sources = moe.checkpoint_sources()
-    for proj, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
+    for proj, shape in (
+        ("gate_proj", (inter, hidden)),
+        ("up_proj", (inter, hidden)),
+        ("down_proj", (hidden, inter)),
+    ):
         for e in range(experts):
             w = torch.randn(shape) * 0.1
             shipped = encode(fmt, w)
@@ -146,8 +165,11 @@ def test_wrong_tensor_shape_names_the_problem():
         scale.weight_loader(scale, torch.ones(3, 4))
 
 
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 32)), FP8Block(block=(32, 32), scale_format="e8m0"), MXFP4(),
-                                 NVFP4ModelOpt()], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt",
+    [FP8Block(block=(16, 32)), FP8Block(block=(32, 32), scale_format="e8m0"), MXFP4(), NVFP4ModelOpt()],
+    ids=lambda f: f.name,
+)
 def test_row_block_equals_the_decoded_rows(fmt):
     """``row_block_linear``: a group of output rows of a packed layer (DeepSeek-V4's grouped wo_a) through the
     format's own row slice where its grid allows the cut, else the decoded rows; both equal the dense rows."""
@@ -163,7 +185,9 @@ def test_row_block_equals_the_decoded_rows(fmt):
     tensors, shape = layer.quant_method.tensors(layer), (n, k)
     for start, stop in ((0, 32), (32, 96), (8, 40)):
         sliced = fmt.row_slice(tensors, shape, start, stop)
-        aligned = isinstance(fmt, MXFP4 | NVFP4ModelOpt) or (start % fmt.block[0] == 0 and stop % fmt.block[0] == 0)
+        aligned = isinstance(fmt, MXFP4 | NVFP4ModelOpt) or (
+            start % fmt.block[0] == 0 and stop % fmt.block[0] == 0
+        )
         assert (sliced is not None) == aligned, (start, stop)
         if sliced is not None:
             assert torch.equal(fmt.decode(sliced, (stop - start, k), torch.float32), dense[start:stop])

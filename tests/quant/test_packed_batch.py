@@ -28,7 +28,9 @@ def _k(fmt) -> int:
     return 200 if isinstance(fmt, FP8Block) and not isinstance(fmt, FP8Channel) else 256
 
 
-def assert_rows_exact(fmt, tensors, x: torch.Tensor, shape, tile: GemvTile, batch: GemvTile | None = None) -> None:
+def assert_rows_exact(
+    fmt, tensors, x: torch.Tensor, shape, tile: GemvTile, batch: GemvTile | None = None
+) -> None:
     """Rows on each side of the block edges, in calls of ``ROW_COUNTS`` rows, are the bits of the row alone."""
     alone = {i: quant_multi_linear(fmt, [tensors], x[i : i + 1], [shape], tile)[0][0] for i in SAMPLED_ROWS}
     for m in ROW_COUNTS:
@@ -55,7 +57,9 @@ def test_row_alone_equals_row_among_1_to_300(fmt, tile):
     assert_rows_exact(fmt, tensors, torch.randn(300, k), (n, k), tile)
 
 
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name
+)
 def test_check_fails_when_k_chain_depends_on_rows(fmt, monkeypatch):
     """A batch tile whose dots are half as wide (an M-dependent K order) changes rows' bits: the check sees it,
     and the launch's own probe (``exact_batch_tile``) passes it over for the next candidate, or for 16-row launches."""
@@ -64,8 +68,12 @@ def test_check_fails_when_k_chain_depends_on_rows(fmt, monkeypatch):
     x = torch.randn(300, k)
     narrower = dataclasses.replace(DECODE, bk=DECODE.bk // 2, bn=32)
     monkeypatch.setattr(decode_launch, "_check_batch_tile", lambda *_: None)
-    torch.testing.assert_close(quant_multi_linear(fmt, [tensors], x, [(n, k)], DECODE, narrower)[0], x @ dense.t(),
-                               rtol=1e-5, atol=1e-5)  # still the right products, in another order
+    torch.testing.assert_close(
+        quant_multi_linear(fmt, [tensors], x, [(n, k)], DECODE, narrower)[0],
+        x @ dense.t(),
+        rtol=1e-5,
+        atol=1e-5,
+    )  # still the right products, in another order
     with pytest.raises(AssertionError, match="differ from the row alone"):
         assert_rows_exact(fmt, tensors, x, (n, k), DECODE, narrower)
     default = decode_launch.default_batch_tile(fmt, DECODE, (n, k))
@@ -81,11 +89,15 @@ def test_batch_tile_must_keep_the_chain():
     fmt, n, k = FP8Block(block=(16, 64)), 32, 256
     tensors, _ = packed_weights(fmt, n, k, seed=0)
     with pytest.raises(ValueError, match="K chain"):
-        quant_multi_linear(fmt, [tensors], torch.randn(20, k), [(n, k)], DECODE, batch=dataclasses.replace(DECODE, bk=32))
+        quant_multi_linear(
+            fmt, [tensors], torch.randn(20, k), [(n, k)], DECODE, batch=dataclasses.replace(DECODE, bk=32)
+        )
 
 
 @pytest.mark.parametrize("tile", [DECODE, SPLIT], ids=["whole-k", "split-k"])
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [FP8Block(block=(16, 64)), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name
+)
 def test_fused_launches_at_batch(fmt, tile):
     """q/k/v side by side and gate/up + SwiGLU over 100 rows: each equals its own launch, rows equal alone."""
     k = 128
@@ -114,7 +126,9 @@ def test_canonical_rows_take_one_launch_on_the_tensor_core_kernel(kernel, launch
     layer = packed_layer(fmt, n, k, seed=2)
     calls = []
     real = linear.quant_multi_linear
-    monkeypatch.setattr(linear, "quant_multi_linear", lambda *a, **kw: calls.append(a[2].shape[0]) or real(*a, **kw))
+    monkeypatch.setattr(
+        linear, "quant_multi_linear", lambda *a, **kw: calls.append(a[2].shape[0]) or real(*a, **kw)
+    )
     x = torch.randn(64, k)
     with overriding(quant_decode_gemv=kernel):
         sets, shapes = linear.layer_tensors((layer,))

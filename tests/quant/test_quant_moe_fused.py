@@ -28,11 +28,17 @@ IDS = [f"{f.name}-{i}" for i, f in enumerate(FORMATS)]
 HIDDEN, INTER, EXPERTS = 128, 64, 8
 
 
-def build_experts(fmt, seed: int, experts: int = EXPERTS, hidden: int = HIDDEN, inter: int = INTER) -> QuantExperts:
+def build_experts(
+    fmt, seed: int, experts: int = EXPERTS, hidden: int = HIDDEN, inter: int = INTER
+) -> QuantExperts:
     """QuantExperts loaded through its weight loaders with freshly encoded random weights."""
     gen = torch.Generator().manual_seed(seed)
     moe = QuantExperts(fmt, experts, hidden, inter)
-    for proj, shape in (("gate_proj", (inter, hidden)), ("up_proj", (inter, hidden)), ("down_proj", (hidden, inter))):
+    for proj, shape in (
+        ("gate_proj", (inter, hidden)),
+        ("up_proj", (inter, hidden)),
+        ("down_proj", (hidden, inter)),
+    ):
         stack = getattr(moe, proj)
         for e in range(experts):
             shipped = encode(fmt, torch.randn(shape, generator=gen) * shape[1] ** -0.5)
@@ -68,14 +74,27 @@ def _forbid_host_sync(patch: pytest.MonkeyPatch) -> None:
     def forbidden(name):
         def raise_(*args, **kwargs):
             raise AssertionError(f"host sync: {name}")
+
         return raise_
 
-    for name in ("item", "tolist", "nonzero", "unique", "__bool__", "__int__", "__float__", "__index__", "numpy"):
+    for name in (
+        "item",
+        "tolist",
+        "nonzero",
+        "unique",
+        "__bool__",
+        "__int__",
+        "__float__",
+        "__index__",
+        "numpy",
+    ):
         patch.setattr(torch.Tensor, name, forbidden(f"Tensor.{name}"))
     for name in ("nonzero", "unique", "bincount", "masked_select", "argwhere", "unique_consecutive"):
         patch.setattr(torch, name, forbidden(f"torch.{name}"))
     real_where = torch.where
-    patch.setattr(torch, "where", lambda cond, *rest: real_where(cond, *rest) if rest else forbidden("where")())
+    patch.setattr(
+        torch, "where", lambda cond, *rest: real_where(cond, *rest) if rest else forbidden("where")()
+    )
 
 
 def test_fused_path_never_reads_values_back(monkeypatch):
@@ -124,8 +143,9 @@ def nvfp4_qwen3_5_moe(tmp_path_factory):
     from dgpp.testing.builders import build_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("qwen3_5_moe_nvfp4")
-    quantized = quantize_checkpoint(build_tiny_checkpoint("qwen3_5_moe", root / "src", seed=12), root / "q",
-                                    NVFP4_EXPERTS_ONLY)
+    quantized = quantize_checkpoint(
+        build_tiny_checkpoint("qwen3_5_moe", root / "src", seed=12), root / "q", NVFP4_EXPERTS_ONLY
+    )
     return quantized, dequantize_checkpoint(quantized, root / "dense")
 
 
@@ -155,11 +175,17 @@ def test_decode_graph_batch_through_fused_experts_equals_reference(nvfp4_qwen3_5
 
     model = load_model(nvfp4_qwen3_5_moe[0])
     experts = [m for m in model.modules() if isinstance(m, QuantExperts)]
-    pools = CachePools(model.cache_spec(), 3 * 4 + 2, 4, 6, torch.device("cpu"))  # slots 3..5: state snapshots
+    pools = CachePools(
+        model.cache_spec(), 3 * 4 + 2, 4, 6, torch.device("cpu")
+    )  # slots 3..5: state snapshots
     tables = [list(range(i * 4, (i + 1) * 4)) for i in range(3)]
-    prompts = torch.randint(0, model.info.vocab_size, (3, 6), generator=torch.Generator().manual_seed(0)).tolist()
+    prompts = torch.randint(
+        0, model.info.vocab_size, (3, 6), generator=torch.Generator().manual_seed(0)
+    ).tolist()
     runner = ModelRunner(model, pools)
-    last = torch.argmax(runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)]), -1).tolist()
+    last = torch.argmax(
+        runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)]), -1
+    ).tolist()
     graphs = DecodeGraphs(model, pools, max_batch=4, max_blocks=4, capture=False)
     for step in range(2):
         work = [SeqWork(i, tables[i], 6 + step, [last[i]]) for i in range(3)]
@@ -177,7 +203,9 @@ def test_decode_graph_batch_through_fused_experts_equals_reference(nvfp4_qwen3_5
         last = torch.argmax(eager, -1).tolist()
 
 
-@pytest.mark.parametrize("fmt", [FP8Block(block=(128, 128)), MXFP4(), GPTQ(bits=4, group=64)], ids=lambda f: f.name)
+@pytest.mark.parametrize(
+    "fmt", [FP8Block(block=(128, 128)), MXFP4(), GPTQ(bits=4, group=64)], ids=lambda f: f.name
+)
 def test_other_tiles_give_the_same_result(fmt):
     """The tile grid the GPU check sweeps: 64-row blocks for a decode batch, narrow columns, a K step
     of two scale groups; each computes the same values."""
@@ -188,12 +216,15 @@ def test_other_tiles_give_the_same_result(fmt):
     g, d = moe.gate_proj, moe.down_proj
     pack = 2 if isinstance(fmt, MXFP4) else 8 if isinstance(fmt, GPTQ) else 1
     for tiles in (MoETiles(bm=64, bn=16, bkp=128 // pack), MoETiles(bm=16, bn=64, bkp=256 // pack)):
-        got = fused_quant_moe((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()), x, weights, ids,
-                              moe.inter, tiles)
+        got = fused_quant_moe(
+            (g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()), x, weights, ids, moe.inter, tiles
+        )
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("fmt", [MXFP4(), FP8Block(block=(128, 128), scale_format="e8m0")], ids=["mxfp4", "fp8-e8m0"])
+@pytest.mark.parametrize(
+    "fmt", [MXFP4(), FP8Block(block=(128, 128), scale_format="e8m0")], ids=["mxfp4", "fp8-e8m0"]
+)
 def test_fused_clamped_swiglu_equals_reference(fmt):
     """DeepSeek-V4's experts (MXFP4) and shared-expert format with the SwiGLU clamp at 10: the fused kernel
     clamps as the per-expert reference does, and the clamp matters for these inputs."""

@@ -50,13 +50,20 @@ def test_a_rows_bits_do_not_depend_on_the_rows_beside_it(fmt):
     x = torch.randn(16, k)
     batched = quant_multi_linear(fmt, [tensors], x, [(n, k)], SMALL)[0]  # two programs of 8 row slots
     for start, size in ((5, 1), (3, 2), (9, 3), (0, 5)):  # 1, 2, 4 and 8 row slots
-        part = quant_multi_linear(fmt, [tensors], x[start:start + size], [(n, k)], SMALL)[0]
-        assert torch.equal(part, batched[start:start + size])
+        part = quant_multi_linear(fmt, [tensors], x[start : start + size], [(n, k)], SMALL)[0]
+        assert torch.equal(part, batched[start : start + size])
 
 
-@pytest.mark.parametrize("tile", [RowTile(bn=16, bk=128), RowTile(bn=4, bk=256, prefetch=False),
-                                  RowTile(bn=8, bk=64, scale_weights=True), RowTile(bn=8, bk=128, wide=True)],
-                         ids=["bn16-bk128", "bn4-bk256-noprefetch", "scale-weights", "wide"])
+@pytest.mark.parametrize(
+    "tile",
+    [
+        RowTile(bn=16, bk=128),
+        RowTile(bn=4, bk=256, prefetch=False),
+        RowTile(bn=8, bk=64, scale_weights=True),
+        RowTile(bn=8, bk=128, wide=True),
+    ],
+    ids=["bn16-bk128", "bn4-bk256-noprefetch", "scale-weights", "wide"],
+)
 @pytest.mark.parametrize("fmt", [FP8Block(), FP8Channel(), NVFP4ModelOpt(), MXFP4()], ids=lambda f: f.name)
 def test_tile_variants(fmt, tile):
     n, k = 32, 256  # K a multiple of every step: the unmasked path
@@ -82,14 +89,24 @@ def test_dispatch_rule(monkeypatch):
     assert [rows_per_program(m) for m in (1, 2, 3, 4, 5, 16)] == [1, 2, 4, 4, 8, 8]
 
 
-@pytest.mark.parametrize(("setting", "max_rows", "fp4", "fp8"), [
-    ("auto", 1, "row", "row"), ("auto", 2, "row", "row"), ("auto", 4, "row", "mma"), ("auto", 8, "mma", "mma"),
-    ("row", 64, "row", "row"), ("mma", 1, "mma", "mma")])
+@pytest.mark.parametrize(
+    ("setting", "max_rows", "fp4", "fp8"),
+    [
+        ("auto", 1, "row", "row"),
+        ("auto", 2, "row", "row"),
+        ("auto", 4, "row", "mma"),
+        ("auto", 8, "mma", "mma"),
+        ("row", 64, "row", "row"),
+        ("mma", 1, "mma", "mma"),
+    ],
+)
 def test_engine_choice_is_fixed_by_config_not_by_the_step(monkeypatch, setting, max_rows, fp4, fp8):
     monkeypatch.delenv("DGPP_QUANT_GEMV", raising=False)
 
     def engine(setting: str) -> None:
-        install(ExecPolicy.for_engine(batch_invariant=False, quant_decode_gemv=setting, decode_max_rows=max_rows))
+        install(
+            ExecPolicy.for_engine(batch_invariant=False, quant_decode_gemv=setting, decode_max_rows=max_rows)
+        )
 
     engine(setting)
     assert decode_kernel(NVFP4ModelOpt()) == fp4 and decode_kernel(MXFP4()) == fp4

@@ -23,13 +23,21 @@ def test_no_config_means_dense():
 
 
 def test_fp8_block_with_ignore_list_and_ue8m0():
-    s = scheme({"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128],
-                "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"]})
+    s = scheme(
+        {
+            "quant_method": "fp8",
+            "fmt": "e4m3",
+            "weight_block_size": [128, 128],
+            "modules_to_not_convert": ["lm_head", "model.layers.0.mlp.gate"],
+        }
+    )
     fmt = s.format_for("model.layers.3.self_attn.kv_a_proj_with_mqa")
     assert isinstance(fmt, FP8Block) and fmt.block == (128, 128) and fmt.scale_format == "f32"
     assert fmt.scale_grid((576, 7168)) == (5, 56)  # DeepSeek's 576-row projection: ceil grid
     assert s.format_for("lm_head") is None and s.format_for("model.layers.0.mlp.gate") is None
-    e8 = scheme({"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0"}).format_for("x.q_proj")
+    e8 = scheme({"quant_method": "fp8", "weight_block_size": [32, 32], "scale_fmt": "ue8m0"}).format_for(
+        "x.q_proj"
+    )
     assert e8.scale_format == "e8m0" and e8.block == (32, 32)
 
 
@@ -37,41 +45,77 @@ def test_fp8_with_mxfp4_experts_deepseek_v4():
     """DeepSeek-V4: E8M0-scaled FP8 blocks everywhere, routed experts (``experts.<id>.``, MTP blocks too) in
     MXFP4 by ``expert_dtype: fp4``, read from quantization_config or, as the release ships it, the top level."""
     qc = {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": [128, 128]}
-    for cfg in ({"quantization_config": {**qc, "expert_dtype": "fp4"}}, {"expert_dtype": "fp4", "quantization_config": qc}):
+    for cfg in (
+        {"quantization_config": {**qc, "expert_dtype": "fp4"}},
+        {"expert_dtype": "fp4", "quantization_config": qc},
+    ):
         s = QuantScheme.from_hf_config(cfg)
-        for name in ("layers.3.ffn.experts.7.w1", "mtp.0.ffn.experts.12.w2", "model.layers.1.mlp.experts.5.up_proj"):
+        for name in (
+            "layers.3.ffn.experts.7.w1",
+            "mtp.0.ffn.experts.12.w2",
+            "model.layers.1.mlp.experts.5.up_proj",
+        ):
             fmt = s.format_for(name)
             assert isinstance(fmt, MXFP4) and fmt.group == 32 and fmt.scale_kind == "e8m0", name
         for name in ("layers.3.ffn.shared_experts.w1", "layers.3.attn.wq_a", "layers.0.attn.indexer.wq_b"):
             fmt = s.format_for(name)
             assert isinstance(fmt, FP8Block) and fmt.block == (128, 128) and fmt.scale_format == "e8m0", name
-    assert isinstance(QuantScheme.from_hf_config({"quantization_config": {**qc, "expert_dtype": "fp8"}})
-                      .format_for("layers.3.ffn.experts.7.w1"), FP8Block)
+    assert isinstance(
+        QuantScheme.from_hf_config({"quantization_config": {**qc, "expert_dtype": "fp8"}}).format_for(
+            "layers.3.ffn.experts.7.w1"
+        ),
+        FP8Block,
+    )
     with pytest.raises(ConfigError, match="expert_dtype"):
         QuantScheme.from_hf_config({"quantization_config": {**qc, "expert_dtype": "int4"}})
 
 
 def test_modelopt_nvfp4_excludes_globs():
-    s = scheme({"quant_method": "modelopt", "quantization": {"quant_algo": "NVFP4", "group_size": 16,
-                "exclude_modules": ["lm_head", "*self_attn*"]}})
+    s = scheme(
+        {
+            "quant_method": "modelopt",
+            "quantization": {
+                "quant_algo": "NVFP4",
+                "group_size": 16,
+                "exclude_modules": ["lm_head", "*self_attn*"],
+            },
+        }
+    )
     assert isinstance(s.format_for("model.layers.1.mlp.experts.5.up_proj"), NVFP4ModelOpt)
     assert s.format_for("model.layers.1.self_attn.q_proj") is None
 
 
 def test_compressed_tensors_groups_ignore_first_then_first_match():
-    s = scheme({
-        "quant_method": "compressed-tensors",
-        "format": "mixed",
-        "ignore": ["lm_head", "re:.*mlp.gate$"],
-        "config_groups": {
-            "group_0": {"targets": ["re:.*mlp\\.experts.*"], "format": "nvfp4-pack-quantized",
-                        "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}},
-            "group_1": {"targets": ["re:.*self_attn.*"], "format": "float-quantized",
-                        "weights": {"num_bits": 8, "type": "float", "strategy": "channel"}},
-            "group_2": {"targets": ["Linear"], "format": "pack-quantized",
-                        "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 64, "symmetric": True}},
-        },
-    })
+    s = scheme(
+        {
+            "quant_method": "compressed-tensors",
+            "format": "mixed",
+            "ignore": ["lm_head", "re:.*mlp.gate$"],
+            "config_groups": {
+                "group_0": {
+                    "targets": ["re:.*mlp\\.experts.*"],
+                    "format": "nvfp4-pack-quantized",
+                    "weights": {"num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16},
+                },
+                "group_1": {
+                    "targets": ["re:.*self_attn.*"],
+                    "format": "float-quantized",
+                    "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
+                },
+                "group_2": {
+                    "targets": ["Linear"],
+                    "format": "pack-quantized",
+                    "weights": {
+                        "num_bits": 4,
+                        "type": "int",
+                        "strategy": "group",
+                        "group_size": 64,
+                        "symmetric": True,
+                    },
+                },
+            },
+        }
+    )
     assert isinstance(s.format_for("model.layers.2.mlp.experts.0.down_proj"), NVFP4CompressedTensors)
     assert isinstance(s.format_for("model.layers.2.self_attn.o_proj"), FP8Channel)
     dense_mlp = s.format_for("model.layers.2.mlp.down_proj")
@@ -80,13 +124,30 @@ def test_compressed_tensors_groups_ignore_first_then_first_match():
 
 
 def test_gptq_and_autoround_overrides():
-    g = scheme({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": True,
-                "dynamic": {"-:.*shared_expert.*": {}, "+:.*lm_head": {"bits": 8}}})
+    g = scheme(
+        {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": 128,
+            "desc_act": True,
+            "dynamic": {"-:.*shared_expert.*": {}, "+:.*lm_head": {"bits": 8}},
+        }
+    )
     assert isinstance(g.format_for("model.layers.0.mlp.experts.1.gate_proj"), GPTQ) and g.act_order
     assert g.format_for("model.layers.0.mlp.shared_expert.up_proj") is None
     assert g.format_for("lm_head").bits == 8
-    a = scheme({"quant_method": "auto-round", "bits": 4, "group_size": 128, "packing_format": "auto_round:auto_gptq",
-                "extra_config": {"lm_head": {"bits": 8, "group_size": 128}, "model.layers.0.mlp.gate": {"bits": 16}}})
+    a = scheme(
+        {
+            "quant_method": "auto-round",
+            "bits": 4,
+            "group_size": 128,
+            "packing_format": "auto_round:auto_gptq",
+            "extra_config": {
+                "lm_head": {"bits": 8, "group_size": 128},
+                "model.layers.0.mlp.gate": {"bits": 16},
+            },
+        }
+    )
     head = a.format_for("lm_head")
     assert isinstance(head, GPTQ) and head.bits == 8 and head.zero_offset == 1
     assert a.format_for("model.layers.0.mlp.gate") is None
@@ -94,15 +155,34 @@ def test_gptq_and_autoround_overrides():
     assert v2.format_for("m.q_proj").zero_offset == 0
 
 
-@pytest.mark.parametrize("qc, key", [
-    ({"quant_method": "awq"}, "quant_method"),
-    ({"quant_method": "fp8", "fmt": "e4m3"}, "weight_block_size"),
-    ({"quant_method": "modelopt", "quant_algo": "FP8"}, "quant_algo"),
-    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"targets": ["Linear"], "weights":
-      {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 128, "symmetric": False}}}}, "symmetric"),
-    ({"quant_method": "gptq", "bits": 3}, "bits"),
-    ({"quant_method": "auto-round", "packing_format": "auto_round:awq"}, "packing_format"),
-])
+@pytest.mark.parametrize(
+    "qc, key",
+    [
+        ({"quant_method": "awq"}, "quant_method"),
+        ({"quant_method": "fp8", "fmt": "e4m3"}, "weight_block_size"),
+        ({"quant_method": "modelopt", "quant_algo": "FP8"}, "quant_algo"),
+        (
+            {
+                "quant_method": "compressed-tensors",
+                "config_groups": {
+                    "g": {
+                        "targets": ["Linear"],
+                        "weights": {
+                            "num_bits": 4,
+                            "type": "int",
+                            "strategy": "group",
+                            "group_size": 128,
+                            "symmetric": False,
+                        },
+                    }
+                },
+            },
+            "symmetric",
+        ),
+        ({"quant_method": "gptq", "bits": 3}, "bits"),
+        ({"quant_method": "auto-round", "packing_format": "auto_round:awq"}, "packing_format"),
+    ],
+)
 def test_unsupported_configs_name_the_key(qc, key):
     with pytest.raises(ConfigError, match=key):
         scheme(qc)
@@ -111,16 +191,32 @@ def test_unsupported_configs_name_the_key(qc, key):
 def test_registry_and_packed_bytes():
     names = {f.name for f in builtin_formats()}
     assert names <= set(registered_formats())
-    assert {"fp8_block", "fp8_channel", "nvfp4_modelopt", "nvfp4_ct", "mxfp4", "int_packed", "gptq", "nf4i8", "bf12"} == names
+    assert {
+        "fp8_block",
+        "fp8_channel",
+        "nvfp4_modelopt",
+        "nvfp4_ct",
+        "mxfp4",
+        "int_packed",
+        "gptq",
+        "nf4i8",
+        "bf12",
+    } == names
     with pytest.raises(ConfigError, match="unknown weight format"):
         get_format("nf4")
     n, k = 4096, 12288
     assert packed_bytes("fp8_block", (n, k)) == n * k + 32 * 96 * 4
-    assert packed_bytes(get_format("fp8_block", block=(128, 128), scale_format="bf16"), (576, 7168)) == 576 * 7168 + 5 * 56 * 2
+    assert (
+        packed_bytes(get_format("fp8_block", block=(128, 128), scale_format="bf16"), (576, 7168))
+        == 576 * 7168 + 5 * 56 * 2
+    )
     assert packed_bytes("nvfp4_modelopt", (n, k)) == n * k // 2 + n * k // 16 + 4
     assert packed_bytes(MXFP4(), (n, k)) == n * k // 2 + n * k // 32
     assert packed_bytes(IntPacked(bits=4, group=64), (n, k)) == n * k // 2 + n * k // 64 * 2
-    assert packed_bytes(GPTQ(bits=4, group=128), (n, k)) == n * k // 2 + (k // 128) * n // 8 * 4 + (k // 128) * n * 2
+    assert (
+        packed_bytes(GPTQ(bits=4, group=128), (n, k))
+        == n * k // 2 + (k // 128) * n // 8 * 4 + (k // 128) * n * 2
+    )
     assert packed_bytes("bf12", (n, k)) == n * k * 3 // 2 + n + (n + 1) * 4
 
 

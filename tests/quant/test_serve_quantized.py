@@ -40,12 +40,21 @@ def _serve_and_compare(quantized, tmp_path):
 @pytest.mark.parametrize("block", [(32, 32), (48, 48)], ids=["block32", "block48-ceil-grid"])
 def test_fp8_block_qwen3_serves_like_transformers_on_dequantized(block, tmp_path):
     dense_src = build_tiny_checkpoint("qwen3", tmp_path / "src", seed=11)
-    config = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": list(block)}
+    config = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(block),
+    }
     quantized = quantize_checkpoint(dense_src, tmp_path / "fp8", config)
     model = _serve_and_compare(quantized, tmp_path)
-    fp8_layers = [m for m in model.modules() if isinstance(getattr(m, "quant_method", None), QuantLinearMethod)]
+    fp8_layers = [
+        m for m in model.modules() if isinstance(getattr(m, "quant_method", None), QuantLinearMethod)
+    ]
     assert len(fp8_layers) == 2 * 7  # q/k/v/o + gate/up/down in both layers
-    assert all(isinstance(m.quant_method.fmt, FP8Block) and m.weight.dtype == torch.float8_e4m3fn for m in fp8_layers)
+    assert all(
+        isinstance(m.quant_method.fmt, FP8Block) and m.weight.dtype == torch.float8_e4m3fn for m in fp8_layers
+    )
 
 
 def test_nvfp4_experts_qwen3_5_moe_serve_like_transformers_on_dequantized(tmp_path):

@@ -18,7 +18,9 @@ FORMATS = [FP8Block(block=(16, 16)), NVFP4ModelOpt(), IntPacked(bits=4, group=32
 
 
 def _rank_layer(fmt, parallel: str, rank: int, shipped: dict, n: int, k: int) -> Linear:
-    layer = Linear(k, n, parallel=parallel, world=World(rank=rank, size=2), quant_method=QuantLinearMethod(fmt))
+    layer = Linear(
+        k, n, parallel=parallel, world=World(rank=rank, size=2), quant_method=QuantLinearMethod(fmt)
+    )
     for suffix in layer.quant_tensor_names:
         param = getattr(layer, suffix)
         param.weight_loader(param, shipped[suffix])
@@ -53,7 +55,13 @@ def test_unaligned_slice_is_refused_by_name():
     fmt = NVFP4ModelOpt()  # 48 input columns / 2 ranks = 24: not whole 16-column groups
     with pytest.raises(ValueError, match="this format cannot be re-blocked"):
         Linear(48, 64, parallel="row", world=World(rank=1, size=2), quant_method=QuantLinearMethod(fmt))
-    layer = Linear(96, 64, parallel="column", world=World(rank=1, size=2), quant_method=QuantLinearMethod(FP8Block(block=(16, 16))))
+    layer = Linear(
+        96,
+        64,
+        parallel="column",
+        world=World(rank=1, size=2),
+        quant_method=QuantLinearMethod(FP8Block(block=(16, 16))),
+    )
     param = layer.weight_scale_inv
     with pytest.raises(WeightShapeError, match="cannot be split"):  # a grid of the wrong size for this world
         param.weight_loader(param, torch.ones(3, 6))
@@ -68,8 +76,13 @@ def test_gptq_act_order_column_parallel_keeps_g_idx_whole():
     full = fmt.decode(shipped, (n, k), torch.float32)
     layers = []
     for r in range(2):
-        layer = Linear(k, n, parallel="column", world=World(rank=r, size=2),
-                       quant_method=QuantLinearMethod(fmt, act_order=True))
+        layer = Linear(
+            k,
+            n,
+            parallel="column",
+            world=World(rank=r, size=2),
+            quant_method=QuantLinearMethod(fmt, act_order=True),
+        )
         for suffix in layer.quant_tensor_names:
             param = getattr(layer, suffix)
             param.weight_loader(param, shipped[suffix])
@@ -77,4 +90,10 @@ def test_gptq_act_order_column_parallel_keeps_g_idx_whole():
     decoded = [layer.quant_method.dense_weight(layer, torch.float32) for layer in layers]
     assert torch.equal(torch.cat(decoded, dim=0), full)
     with pytest.raises(ValueError, match="act-order"):
-        Linear(k, n, parallel="row", world=World(rank=0, size=2), quant_method=QuantLinearMethod(fmt, act_order=True))
+        Linear(
+            k,
+            n,
+            parallel="row",
+            world=World(rank=0, size=2),
+            quant_method=QuantLinearMethod(fmt, act_order=True),
+        )

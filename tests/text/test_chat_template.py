@@ -126,8 +126,12 @@ def test_reasoning_effort_mapping(tiny_tokenizer):
     assert ct.render(user, reasoning_effort="high") == "True/xhigh"
     assert ct.render(user, reasoning_effort="minimal") == "True/low"
     # the request's own switch wins over the effort's (the original engine's API check sends both)
-    assert ct.render(user, reasoning_effort="low", chat_template_kwargs={"enable_thinking": False}) == "False/-"
-    assert ct.render(user, reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == "True/-"
+    assert (
+        ct.render(user, reasoning_effort="low", chat_template_kwargs={"enable_thinking": False}) == "False/-"
+    )
+    assert (
+        ct.render(user, reasoning_effort="none", chat_template_kwargs={"enable_thinking": True}) == "True/-"
+    )
     with pytest.raises(TemplateError):
         ChatTemplate("{{ messages[0].content }}").render(user, reasoning_effort="none")
     assert ChatTemplate("{{ messages[0].content }}").render(user, reasoning_effort="high") == "x"

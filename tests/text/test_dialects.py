@@ -147,7 +147,9 @@ def test_mimo_keeps_values_exactly_as_written_qwen_drops_its_padding():
     """MiMo's template tells the model a value is kept as written, spaces and line breaks included; Qwen pads
     each value with one newline on both sides, which is layout, not value."""
     code = "  def f():\n      return 1\n"
-    mimo = f"<tool_call>\n<function=get_weather>\n<parameter=city>{code}</parameter>\n</function>\n</tool_call>"
+    mimo = (
+        f"<tool_call>\n<function=get_weather>\n<parameter=city>{code}</parameter>\n</function>\n</tool_call>"
+    )
     assert calls_of(DIALECTS["mimo"].parse(mimo, TOOLS)) == [("get_weather", {"city": code})]
     qwen = f"<tool_call>\n<function=get_weather>\n<parameter=city>\n{code}\n</parameter>\n</function>\n</tool_call>"
     assert calls_of(DIALECTS["qwen"].parse(qwen, TOOLS)) == [("get_weather", {"city": code})]

@@ -195,7 +195,9 @@ def test_bad_constraints_name_the_field(tiny_ctx):
         )
     assert err.value.param == "response_format.json_schema.schema"
     with pytest.raises(GrammarError) as err:  # not strict: still refused (OpenAI's answer), never loosened
-        build_matcher(tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}})
+        build_matcher(
+            tiny_ctx, response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": bad}}
+        )
     assert err.value.param == "response_format.json_schema.schema"
     with pytest.raises(GrammarError) as err:
         build_matcher(
@@ -340,10 +342,18 @@ def test_json_schema_that_is_not_an_object_names_the_field(tiny_ctx, spec):
     [
         ({"type": "function", "function": "lamp"}, "tool_choice.function"),
         ({"type": "allowed_tools", "allowed_tools": 5}, "tool_choice.allowed_tools"),
-        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": 5}}, "tool_choice.allowed_tools"),
-        ({"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": ["lamp"]}}, "tool_choice.allowed_tools"),
-        ({"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": [LAMP]}},
-         "tool_choice.allowed_tools.mode"),
+        (
+            {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": 5}},
+            "tool_choice.allowed_tools",
+        ),
+        (
+            {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": ["lamp"]}},
+            "tool_choice.allowed_tools",
+        ),
+        (
+            {"type": "allowed_tools", "allowed_tools": {"mode": "sometimes", "tools": [LAMP]}},
+            "tool_choice.allowed_tools.mode",
+        ),
     ],
 )
 def test_malformed_tool_choice_objects_name_the_field(tiny_ctx, tool_choice, param):
@@ -363,8 +373,14 @@ def test_custom_tool_format_that_is_not_an_object_names_the_field(tiny_ctx):
 
 
 def _strict_tool(prop: dict) -> dict:
-    return {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
-        "type": "object", "properties": {"a": prop}, "required": ["a"]}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "strict": True,
+            "parameters": {"type": "object", "properties": {"a": prop}, "required": ["a"]},
+        },
+    }
 
 
 def _call_allowed(tiny_ctx, tiny_tokenizer, tool: dict, value: str) -> bool:
@@ -397,9 +413,14 @@ def test_strict_string_arguments_obey_pattern_and_length(tiny_ctx, tiny_tokenize
     assert _call_allowed(tiny_ctx, tiny_tokenizer, lax, bad)  # non-strict stays lenient
 
 
-@pytest.mark.parametrize("prop", [{"type": "string", "pattern": "^a|b$"},
-                                  {"type": "string", "pattern": "[0-9]", "maxLength": 3},
-                                  {"type": "string", "pattern": "(?=a)a"}])
+@pytest.mark.parametrize(
+    "prop",
+    [
+        {"type": "string", "pattern": "^a|b$"},
+        {"type": "string", "pattern": "[0-9]", "maxLength": 3},
+        {"type": "string", "pattern": "(?=a)a"},
+    ],
+)
 def test_strict_string_constraints_that_cannot_be_enforced_are_refused(tiny_ctx, prop):
     with pytest.raises(GrammarError):
         build_matcher(tiny_ctx, tools=[_strict_tool(prop)], tool_choice="required", dialect=QwenXmlDialect())

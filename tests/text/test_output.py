@@ -97,6 +97,8 @@ def test_ids_past_the_tokenizer_pass_through_as_no_text(tiny_tokenizer):
     assert out.reasoning_tokens == closing
     known = [i if i < padded - 7 else None for i in ids]
     matched = next(
-        k for k in range(1, len(ids) + 1) if "world" in tiny_tokenizer.decode([i for i in known[:k] if i is not None])
+        k
+        for k in range(1, len(ids) + 1)
+        if "world" in tiny_tokenizer.decode([i for i in known[:k] if i is not None])
     )
     assert out.completion_tokens == matched

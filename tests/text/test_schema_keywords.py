@@ -22,8 +22,11 @@ ENFORCED = {
     "minProperties": ({"type": "object", "minProperties": 1}, "{}", '{"a":1}'),
     "maxProperties": ({"type": "object", "maxProperties": 1}, '{"a":1,"b":2}', '{"a":1}'),
     "exclusiveMinimum": ({"type": "integer", "exclusiveMinimum": 1}, "1", "2"),
-    "patternProperties": ({"type": "object", "patternProperties": {"^x": {"type": "integer"}}}, '{"xa":"s"}',
-                          '{"xa":1}'),
+    "patternProperties": (
+        {"type": "object", "patternProperties": {"^x": {"type": "integer"}}},
+        '{"xa":"s"}',
+        '{"xa":1}',
+    ),
     "const": ({"const": 5}, "6", "5"),
 }
 
@@ -49,7 +52,11 @@ def test_ignored_keywords_are_refused_by_name(ctx, keyword):
     schema, bad, good = IGNORED[keyword]
     # why: the backend lets a violating value through (if it learns the keyword, move it to ENFORCED)
     assert backend_accepts(ctx, schema, bad) and backend_accepts(ctx, schema, good)
-    nested = {"type": "object", "properties": {"a/b": {"type": "array", "items": schema}}, "required": ["a/b"]}
+    nested = {
+        "type": "object",
+        "properties": {"a/b": {"type": "array", "items": schema}},
+        "required": ["a/b"],
+    }
     with pytest.raises(GrammarError) as err:
         build_matcher(ctx, response_format=answer_format(nested))
     assert err.value.param == "response_format.json_schema.schema"
@@ -65,8 +72,16 @@ def test_enforced_keywords_are_served(ctx, keyword):
 
 
 def test_annotations_and_vendor_keys_pass_and_the_walk_reaches_every_subschema() -> None:
-    described = {"type": "string", "title": "t", "description": "d", "default": "a", "examples": ["b"],
-                 "deprecated": False, "x-order": 1, "nullable": True}
+    described = {
+        "type": "string",
+        "title": "t",
+        "description": "d",
+        "default": "a",
+        "examples": ["b"],
+        "deprecated": False,
+        "x-order": 1,
+        "nullable": True,
+    }
     assert unenforced_keyword(described) is None
     inner = {"type": "string", "contentEncoding": "base64"}
     for schema, where in (
@@ -82,8 +97,11 @@ def test_annotations_and_vendor_keys_pass_and_the_walk_reaches_every_subschema()
 
 
 def test_a_strict_tool_schema_is_held_to_the_same_rule(ctx):
-    params = {"type": "object", "properties": {"blob": {"type": "string", "contentEncoding": "base64"}},
-              "required": ["blob"]}
+    params = {
+        "type": "object",
+        "properties": {"blob": {"type": "string", "contentEncoding": "base64"}},
+        "required": ["blob"],
+    }
     loose = {"type": "function", "function": {"name": "upload", "parameters": params}}
     strict = {"type": "function", "function": {**loose["function"], "strict": True}}
     assert build_matcher(ctx, tools=[loose], tool_choice="required", dialect=QwenXmlDialect()) is not None

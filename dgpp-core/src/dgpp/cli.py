@@ -113,7 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _add_knob_flags(p)
     serve.add_argument(
-        "--rank", type=int, default=None, help="this process's rank in a world of several (nodes / world_size)"
+        "--rank",
+        type=int,
+        default=None,
+        help="this process's rank in a world of several (nodes / world_size)",
     )
     check.add_argument(
         "--device", default=None, help="where the pools would live (default: cuda if present, else cpu)"
@@ -125,7 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.set_defaults(func=cmd_serve)
     check.set_defaults(func=cmd_check)
 
-    launch = sub.add_parser("launch", help="start every local rank of a multi-rank template (one process per rank)")
+    launch = sub.add_parser(
+        "launch", help="start every local rank of a multi-rank template (one process per rank)"
+    )
     launch.add_argument("config", metavar="CONFIG", help="deployment template (JSON file or template name)")
     launch.add_argument("--knobs", default=None, help="knob flags as one string, passed to every rank")
     launch.set_defaults(func=cmd_launch)
@@ -145,7 +150,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a copy of template NAME to PATH (a file or directory; default ./NAME.json) to edit",
     )
     templates.set_defaults(func=cmd_templates)
-    bench = sub.add_parser("bench", help="decode benchmark on a CUDA GPU: roofline and transformers (docs/benchmarks.md)")
+    bench = sub.add_parser(
+        "bench", help="decode benchmark on a CUDA GPU: roofline and transformers (docs/benchmarks.md)"
+    )
     from dgpp.bench.args import add_arguments as add_bench_arguments
 
     add_bench_arguments(bench)
@@ -157,8 +164,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg, target = resolve_target(args.config, collect_knobs(args), args.memory_fraction)
     if cfg.world > 1 or args.rank not in (None, 0):
         if args.rank is None:
-            print(f"dgpp serve: the template describes a world of {cfg.world} ranks: give --rank R on each node, "
-                  f"or `dgpp launch {args.config}` for the ranks of this machine", file=sys.stderr)
+            print(
+                f"dgpp serve: the template describes a world of {cfg.world} ranks: give --rank R on each node, "
+                f"or `dgpp launch {args.config}` for the ranks of this machine",
+                file=sys.stderr,
+            )
             return 1
         from dgpp.dist.serve_rank import serve_rank
 
@@ -175,7 +185,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     target = classify(args.config)
     if target.template is None:
-        print(f"dgpp launch: {args.config} is a model; launch starts the ranks of a template", file=sys.stderr)
+        print(
+            f"dgpp launch: {args.config} is a model; launch starts the ranks of a template", file=sys.stderr
+        )
         return 1
     cfg = load_config(target.template, collect_knobs(args))
     return launch(str(target.template), cfg, ["--knobs", args.knobs] if args.knobs else [])
@@ -205,8 +217,9 @@ def _startup_checks(cfg: DeployConfig, path: str) -> Deployment:
         world=cfg.world,
     )
     if found.device.startswith("cuda") and find_spec("triton") is None:
-        log.warning("Triton kernels off: every op runs its torch reference",
-                    hint=install_hint("triton", "gpu"))
+        log.warning(
+            "Triton kernels off: every op runs its torch reference", hint=install_hint("triton", "gpu")
+        )
     for lever in cfg.engine.lossy_levers():
         log.warning("lossy lever on: results may differ from the exact chain", key=f"engine.{lever}")
     require_fit(cfg, found)

@@ -185,7 +185,9 @@ def _check_engine(cfg: DeployConfig) -> list[str]:
     if eng.draft != "off" and eng.mtp:
         problems.append(f"engine.draft: {eng.draft!r} and engine.mtp: true both draft; choose one")
     if eng.lookup_min_ngram > eng.lookup_ngram:
-        problems.append(f"engine.lookup_min_ngram: {eng.lookup_min_ngram} exceeds engine.lookup_ngram {eng.lookup_ngram}")
+        problems.append(
+            f"engine.lookup_min_ngram: {eng.lookup_min_ngram} exceeds engine.lookup_ngram {eng.lookup_ngram}"
+        )
     busy, idle = eng.prefill_budget_tokens, eng.prefill_idle_budget_tokens
     if idle > 0 and busy > 0 and idle < busy:
         problems.append(

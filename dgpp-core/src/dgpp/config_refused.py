@@ -9,16 +9,20 @@ from __future__ import annotations
 
 from typing import Any
 
-_SCHEDULE = "a verify depth scheduled from draft confidence is not built: every step verifies engine.mtp_depth drafts"
+_SCHEDULE = (
+    "a verify depth scheduled from draft confidence is not built: every step verifies engine.mtp_depth drafts"
+)
 _LOSSY_PREFILL = "lossy prefill levers are not built: prefill runs the exact path only"
 
 # path -> why it is refused, whatever its value
 NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
     ("ssh_user",): "peers are not started over ssh: `dgpp launch` starts the local ranks on each node",
     ("release",): "installed releases are not built: dgpp runs the packages installed in its environment",
-    ("paths",): "dgpp logs to stderr, stages no files and keeps no resident weight images, so it has no paths",
+    (
+        "paths",
+    ): "dgpp logs to stderr, stages no files and keeps no resident weight images, so it has no paths",
     ("ports", "metrics"): "a per-peer metrics listener is not built: /metrics and /metrics/prometheus are "
-                          "served on http.port",
+    "served on http.port",
     ("engine", "rope_scaling", "mrope_cache_factor"): "multimodal RoPE is not built (text models only)",
     ("engine", "mtp_schedule"): _SCHEDULE,
     ("engine", "mtp_schedule_row_ms"): _SCHEDULE,
@@ -28,12 +32,18 @@ NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
     ("engine", "mtp_schedule_adapt"): _SCHEDULE,
     ("engine", "mtp_schedule_sampled_scale"): _SCHEDULE,
     ("engine", "mtp_draft"): "a draft is always the drafter's argmax (what verification keeps exact)",
-    ("engine", "mtp_draft_temperature"): "a draft is always the drafter's argmax (what verification keeps exact)",
+    (
+        "engine",
+        "mtp_draft_temperature",
+    ): "a draft is always the drafter's argmax (what verification keeps exact)",
     ("engine", "mtp_expert_format"): "the drafter's experts are kept in the checkpoint's own format",
     ("engine", "prefill_group"): "not a switch here: co-arriving prompts always share a forward within "
-                                 "engine.prefill_budget_tokens",
+    "engine.prefill_budget_tokens",
     ("engine", "sampling_candidates"): "the sampler reads the whole vocabulary row (no candidate table)",
-    ("engine", "graph_batch_min_live"): "decode graphs batch every decode-only step (there are no per-slot graphs)",
+    (
+        "engine",
+        "graph_batch_min_live",
+    ): "decode graphs batch every decode-only step (there are no per-slot graphs)",
     ("engine", "fp8_head"): "the vocabulary head runs as a GEMV (no FP8 MMA head kernel)",
     ("engine", "prefill_bf16_partials"): _LOSSY_PREFILL,
     ("engine", "prefill_fold_scales"): _LOSSY_PREFILL,
@@ -44,8 +54,8 @@ NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
 # path -> {value: why it is refused}: the key is built, these values of it are not
 NOT_BUILT_VALUES: dict[tuple[str, ...], dict[Any, str]] = {
     ("engine", "kv_dtype"): {
-        "fp8": "K/V are stored in the compute dtype; use \"auto\" or \"bf16\"",
-        "fp4": "K/V are stored in the compute dtype; use \"auto\" or \"bf16\"",
+        "fp8": 'K/V are stored in the compute dtype; use "auto" or "bf16"',
+        "fp4": 'K/V are stored in the compute dtype; use "auto" or "bf16"',
     },
 }
 

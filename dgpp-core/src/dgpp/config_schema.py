@@ -32,14 +32,22 @@ class HttpConfig(_Section):
     port: Port = 18080
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = 16777216  # 16 MiB
     responses_store_bytes: Annotated[int, msgspec.Meta(ge=0, le=_I64)] = 67108864  # stored Responses, 64 MiB
-    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=86400)] = (
-        30  # seconds; -1 disables; 0 refused
+    sse_ping_interval: Annotated[int, msgspec.Meta(ge=-1, le=86400)] = 30  # seconds; -1 disables; 0 refused
+    body_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = (
+        30.0  # the whole request body must arrive within it
     )
-    body_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 30.0  # the whole request body must arrive within it
-    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**30)] = 65536  # request line + headers; more: 431
-    header_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = 10.0  # request line + headers must arrive within it
-    allow_unknown_fields: bool = False  # true: request fields this server does not know are ignored, not refused
-    api_key: str = ""  # "" = no authentication; else every route but /health needs Authorization: Bearer <key>
+    max_header_bytes: Annotated[int, msgspec.Meta(ge=1024, le=2**30)] = (
+        65536  # request line + headers; more: 431
+    )
+    header_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=3600)] = (
+        10.0  # request line + headers must arrive within it
+    )
+    allow_unknown_fields: bool = (
+        False  # true: request fields this server does not know are ignored, not refused
+    )
+    api_key: str = (
+        ""  # "" = no authentication; else every route but /health needs Authorization: Bearer <key>
+    )
     api_key_env: str = ""  # the name of an environment variable holding the key (instead of api_key)
     cors_origins: list[Annotated[str, msgspec.Meta(min_length=1)]] = msgspec.field(default_factory=list)
 
@@ -92,7 +100,9 @@ class EngineConfig(_Section):
     # graphs and speculation
     decode_graph: bool = True  # CUDA-graph decode; the runner takes it only where CUDA graphs exist
     warmup: bool = True  # a CUDA engine runs its first step mixes before it listens (dgpp.serve.warmup)
-    cpu_threads: NonNegInt = 0  # CPU engine: torch's intra-op threads; 0 -> one per core less one (at least 1)
+    cpu_threads: NonNegInt = (
+        0  # CPU engine: torch's intra-op threads; 0 -> one per core less one (at least 1)
+    )
     mtp: bool = False
     mtp_depth: Depth = 1
     # prompt-lookup drafts for any model (dgpp.engine.lookup_draft); "off" or engine.mtp decodes without them
@@ -114,7 +124,9 @@ class EngineConfig(_Section):
 
     def lossy_levers(self) -> list[str]:
         """The lossy keys turned on (logged at startup, carried by the digest)."""
-        levers = ["dense_weights"] if self.dense_weights == "fp8" else []  # BF16 dense projections re-encoded to block FP8 at load
+        levers = (
+            ["dense_weights"] if self.dense_weights == "fp8" else []
+        )  # BF16 dense projections re-encoded to block FP8 at load
         if self.gguf_weights == "int4pack":  # bf16 block scales and bf16 products
             levers.append("gguf_weights")
         return levers

@@ -121,7 +121,6 @@ class FamilyModel:
         return [r for r in (self.config, self.model, self.renames, self.drafter, *self.hooks.values()) if r]
 
 
-
 @runtime_checkable
 class FamilyContract(Protocol):
     """What a family plugin's entry point names: one declaration (``dgpp.plugin_api.Family``) that core checks

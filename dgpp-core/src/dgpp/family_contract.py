@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dgpp.step.model import Drafter, Model
     from dgpp.text.dialect import Dialect
 
+
 @dataclass(frozen=True, eq=False)  # identity hash: pluggy may hash the bound hookimpls
 class Family(PluginHooks):
     """Everything a family plugin tells dgpp. ``architectures`` / ``model_types`` are the config.json values it
@@ -59,27 +60,44 @@ class Family(PluginHooks):
         for entry in self.models:
             stray = [v for v in entry.claims if v not in claimed]
             if stray:
-                raise PluginError(f"family {self.name} (plugin {self.plugin}): a model loads {', '.join(stray)} "
-                                  "without the family claiming it: add it to architectures or model_types")
+                raise PluginError(
+                    f"family {self.name} (plugin {self.plugin}): a model loads {', '.join(stray)} "
+                    "without the family claiming it: add it to architectures or model_types"
+                )
             twice = seen.intersection(entry.claims)
             if twice:
                 raise PluginError(f"family {self.name}: {', '.join(sorted(twice))} is loaded by two models")
             seen.update(entry.claims)
             unknown = sorted(set(entry.hooks) - set(entry.OWN_HOOKS))
             if unknown:
-                raise PluginError(f"family {self.name}: unknown model hooks {', '.join(unknown)} "
-                                  f"(known: {', '.join(entry.OWN_HOOKS)})")
+                raise PluginError(
+                    f"family {self.name}: unknown model hooks {', '.join(unknown)} "
+                    f"(known: {', '.join(entry.OWN_HOOKS)})"
+                )
             for reference in entry.references():
                 split_reference(reference)
-        for optional in (self.dialect, self.chat_template, self.tiny_checkpoints, self.bench_geometries,
-                         self.gguf_architectures):
+        for optional in (
+            self.dialect,
+            self.chat_template,
+            self.tiny_checkpoints,
+            self.bench_geometries,
+            self.gguf_architectures,
+        ):
             if optional is not None:
                 split_reference(optional)
 
     def families(self) -> list[FamilySpec]:
         implemented = tuple(v for entry in self.models for v in entry.claims)
-        return [FamilySpec(name=self.name, plugin=self.plugin, architectures=self.architectures,
-                           model_types=self.model_types, implemented=implemented, description=self.description)]
+        return [
+            FamilySpec(
+                name=self.name,
+                plugin=self.plugin,
+                architectures=self.architectures,
+                model_types=self.model_types,
+                implemented=implemented,
+                description=self.description,
+            )
+        ]
 
     def model_entry(self, ctx: LoadContext) -> FamilyModel | None:
         """The model that loads ``ctx``'s checkpoint (matched on its architecture, then its model_type)."""

@@ -38,16 +38,22 @@ class ExecPolicy:
     prefill_attention: str = "triton"  # DGPP_PREFILL_ATTN=torch: the torch prefill attention on a GPU
     exact_row_block: int = 64  # DGPP_EXACT_ROW_BLOCK: rows per tile of the fixed-order GEMM (16, 32, 64)
     exact_wide_bn: bool = True  # DGPP_EXACT_WIDE_BN=0: no wide output tile for prefill-size fixed-order calls
-    exact_prefill_tile: bool = True  # DGPP_EXACT_PREFILL_TILE=0: prefill-size fixed-order calls keep the GEMV tiles
+    exact_prefill_tile: bool = (
+        True  # DGPP_EXACT_PREFILL_TILE=0: prefill-size fixed-order calls keep the GEMV tiles
+    )
     # DGPP_EXACT_GROUP_ROWS: prefill chunks of at most this many rows take the fixed-order linears together in one
     # call per weight (0: every chunk in cuBLAS calls of its own); dgpp.nn.exact.routing
     exact_group_rows: int = 256
     exact_splits: int = 32  # DGPP_EXACT_SPLITS: pinned split count of the canonical decode attention
-    overlap_steps: bool = True  # DGPP_OVERLAP=0: no overlapped decode steps on a GPU (dgpp.sched.overlap; A/B)
+    overlap_steps: bool = (
+        True  # DGPP_OVERLAP=0: no overlapped decode steps on a GPU (dgpp.sched.overlap; A/B)
+    )
 
     def __post_init__(self) -> None:
         if self.quant_decode_gemv not in (None, *DECODE_GEMV_SETTINGS):
-            raise ValueError(f"engine.quant_decode_gemv must be auto, row or mma, not {self.quant_decode_gemv!r}")
+            raise ValueError(
+                f"engine.quant_decode_gemv must be auto, row or mma, not {self.quant_decode_gemv!r}"
+            )
         if self.exact_row_block not in ROW_BLOCKS:
             raise ValueError(f"DGPP_EXACT_ROW_BLOCK must be 16, 32 or 64, got {self.exact_row_block}")
         if self.exact_group_rows < 0:
@@ -96,8 +102,11 @@ def with_environment(base: ExecPolicy) -> ExecPolicy:
         changes["triton_kernels"] = env["DGPP_KERNELS"] != "torch"
     if "DGPP_PREFILL_ATTN" in env:
         changes["prefill_attention"] = "torch" if env["DGPP_PREFILL_ATTN"] == "torch" else "triton"
-    for field, name in (("exact_row_block", "DGPP_EXACT_ROW_BLOCK"), ("exact_splits", "DGPP_EXACT_SPLITS"),
-                        ("exact_group_rows", "DGPP_EXACT_GROUP_ROWS")):
+    for field, name in (
+        ("exact_row_block", "DGPP_EXACT_ROW_BLOCK"),
+        ("exact_splits", "DGPP_EXACT_SPLITS"),
+        ("exact_group_rows", "DGPP_EXACT_GROUP_ROWS"),
+    ):
         if name in env:
             changes[field] = int(env[name])
     return dataclasses.replace(base, **changes)

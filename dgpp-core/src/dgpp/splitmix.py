@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 MASK64 = (1 << 64) - 1
-GOLDEN_GAMMA = 0x9E3779B97F4A7C15  # the generator's state increment; callers stepping a state stream add it too
+GOLDEN_GAMMA = (
+    0x9E3779B97F4A7C15  # the generator's state increment; callers stepping a state stream add it too
+)
 
 
 def splitmix64(x: int) -> int:

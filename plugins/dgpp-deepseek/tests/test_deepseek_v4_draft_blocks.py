@@ -34,9 +34,16 @@ def _add_stages(src, dst) -> dict[str, torch.Tensor]:
             if name.startswith(f"layers.{layer}.") and not name.endswith("tid2eid"):
                 extra[f"mtp.{stage}." + name.removeprefix(f"layers.{layer}.")] = t.clone()
         extra[f"mtp.{stage}.ffn.gate.bias"] = torch.randn(8, generator=gen)
-        for part, shape in (("enorm.weight", (hidden,)), ("hnorm.weight", (hidden,)), ("norm.weight", (hidden,)),
-                            ("e_proj.weight", (hidden, hidden)), ("h_proj.weight", (hidden, hidden)),
-                            ("hc_head_fn", (4, 4 * hidden)), ("hc_head_base", (4,)), ("hc_head_scale", (1,))):
+        for part, shape in (
+            ("enorm.weight", (hidden,)),
+            ("hnorm.weight", (hidden,)),
+            ("norm.weight", (hidden,)),
+            ("e_proj.weight", (hidden, hidden)),
+            ("h_proj.weight", (hidden, hidden)),
+            ("hc_head_fn", (4, 4 * hidden)),
+            ("hc_head_base", (4,)),
+            ("hc_head_scale", (1,)),
+        ):
             extra[f"mtp.{stage}.{part}"] = torch.randn(shape, generator=gen)
     extra["mtp.1.markov_head.markov_w1"] = torch.randn(vocab, 8, generator=gen)
     extra["mtp.1.confidence_head.proj.weight"] = torch.randn(1, hidden + 8, generator=gen)
@@ -82,7 +89,9 @@ def test_draft_stages_do_not_change_the_logits_and_are_planned(pair):
     for x, y in zip(conf.engine_all_logits(a, prompts), conf.engine_all_logits(b, prompts), strict=True):
         assert torch.equal(x, y)
     pm = build_manager()
-    grown = plan_for(pm, load_context(with_mtp, pm=pm)).weights - plan_for(pm, load_context(plain, pm=pm)).weights
+    grown = (
+        plan_for(pm, load_context(with_mtp, pm=pm)).weights - plan_for(pm, load_context(plain, pm=pm)).weights
+    )
     stages = sum(p.numel() * p.element_size() for p in b.mtp.parameters())
     assert grown == stages > 0
     assert json.loads((with_mtp / "config.json").read_text())["model_type"] == "deepseek_v4"

@@ -22,21 +22,59 @@ from dgpp_deepseek.config import DeepseekV4ArchConfig
 # the 44th compress_ratios entry is the MTP block's), release quantization with MXFP4 experts
 RATIOS = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)] + [0]
 V4_FLASH = {
-    "architectures": ["DeepseekV4ForCausalLM"], "model_type": "deepseek_v4", "vocab_size": 129280,
-    "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": 43, "num_attention_heads": 64,
-    "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64, "q_lora_rank": 1024, "o_groups": 8,
-    "o_lora_rank": 1024, "sliding_window": 128, "compress_ratios": RATIOS, "num_hash_layers": 3,
-    "index_n_heads": 64, "index_head_dim": 128, "index_topk": 512, "n_routed_experts": 256,
-    "num_experts_per_tok": 6, "n_shared_experts": 1, "scoring_func": "sqrtsoftplus", "norm_topk_prob": True,
-    "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-6,
-    "rope_theta": 10000.0, "compress_rope_theta": 160000.0,
-    "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536, "beta_fast": 32,
-                     "beta_slow": 1},
-    "max_position_embeddings": 1048576, "rms_norm_eps": 1e-6, "num_nextn_predict_layers": 1,
-    "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1, "tie_word_embeddings": False,
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "model_type": "deepseek_v4",
+    "vocab_size": 129280,
+    "hidden_size": 4096,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 43,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "sliding_window": 128,
+    "compress_ratios": RATIOS,
+    "num_hash_layers": 3,
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 16,
+        "original_max_position_embeddings": 65536,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "max_position_embeddings": 1048576,
+    "rms_norm_eps": 1e-6,
+    "num_nextn_predict_layers": 1,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "tie_word_embeddings": False,
     "expert_dtype": "fp4",
-    "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0",
-                            "weight_block_size": [128, 128], "activation_scheme": "dynamic"},
+    "quantization_config": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [128, 128],
+        "activation_scheme": "dynamic",
+    },
 }
 
 
@@ -55,8 +93,9 @@ def test_template_plan_fits_a_node_at_1m_context(tmp_path, world, slots):
     deploy = load_config(root / "deploy" / f"deepseek-v4-flash_mxfp4-fp8_w{world}.json")
     assert deploy.world == world and deploy.engine.max_concurrency == slots and not deploy.engine.mtp
     assert deploy.engine.kv_capacity == 1 << 20
-    ctx = LoadContext(tmp_path, V4_FLASH, "deepseek", "DeepseekV4ForCausalLM", engine=deploy.engine,
-                      world=World(0, world))
+    ctx = LoadContext(
+        tmp_path, V4_FLASH, "deepseek", "DeepseekV4ForCausalLM", engine=deploy.engine, world=World(0, world)
+    )
     plan = plan_for(build_manager(), ctx)
     # per token, BF16: CSA a 512-wide entry and a 128-wide indexer key per 4 tokens, HCA a 512-wide entry per 128
     # tokens, whose pool holds one row per 16-token block (CompressedKV.bytes_per_token)

@@ -31,13 +31,26 @@ from dgpp_deepseek.testing import build_tiny_deepseek_v4
 transformers.logging.set_verbosity_error()
 
 # E4M3 / E2M1 / E8M0 from their bit fields, in float64 (no torch float8 casts: shares nothing with dgpp.quant)
-_E4M3 = np.array([
-    np.nan if (b & 0x7F) == 0x7F else (-1.0) ** (b >> 7) * (
-        ((b & 7) / 8) * 2.0**-6 if (b >> 3) & 0xF == 0 else (1 + (b & 7) / 8) * 2.0 ** (((b >> 3) & 0xF) - 7))
-    for b in range(256)
-])
-_E2M1 = np.array([(-1.0) ** (c >> 3) * ((c & 1) * 0.5 if (c >> 1) & 3 == 0 else (1 + (c & 1) / 2) * 2.0 ** (((c >> 1) & 3) - 1))
-                  for c in range(16)])
+_E4M3 = np.array(
+    [
+        np.nan
+        if (b & 0x7F) == 0x7F
+        else (-1.0) ** (b >> 7)
+        * (
+            ((b & 7) / 8) * 2.0**-6
+            if (b >> 3) & 0xF == 0
+            else (1 + (b & 7) / 8) * 2.0 ** (((b >> 3) & 0xF) - 7)
+        )
+        for b in range(256)
+    ]
+)
+_E2M1 = np.array(
+    [
+        (-1.0) ** (c >> 3)
+        * ((c & 1) * 0.5 if (c >> 1) & 3 == 0 else (1 + (c & 1) / 2) * 2.0 ** (((c >> 1) & 3) - 1))
+        for c in range(16)
+    ]
+)
 _E8M0 = np.array([np.nan if b == 255 else 2.0 ** (b - 127) for b in range(256)])
 
 
@@ -63,8 +76,13 @@ def decode_mxfp4(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 
 def release_config(block: tuple[int, int]) -> dict:
-    return {"quant_method": "fp8", "fmt": "e4m3", "scale_fmt": "ue8m0", "weight_block_size": list(block),
-            "activation_scheme": "dynamic"}
+    return {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": list(block),
+        "activation_scheme": "dynamic",
+    }
 
 
 def write_release_pair(dense: Path, out: Path, block: tuple[int, int]) -> tuple[Path, Path, dict[str, str]]:
@@ -76,13 +94,20 @@ def write_release_pair(dense: Path, out: Path, block: tuple[int, int]) -> tuple[
     shipped, twin, packed = {}, {}, {}
     for name, t in load_file(dense / "model.safetensors").items():
         module = name.removesuffix(".weight")
-        fmt = scheme.format_for(module) if name.startswith("layers.") and name.endswith(".weight") and t.dim() == 2 else None
+        fmt = (
+            scheme.format_for(module)
+            if name.startswith("layers.") and name.endswith(".weight") and t.dim() == 2
+            else None
+        )
         if fmt is None:
             shipped[name] = twin[name] = t
             continue
         enc = encode(fmt, t.float())
         if isinstance(fmt, MXFP4):
-            data, scale = enc["weight"].view(torch.int8), enc["weight_scale"]  # I8 pairs, as the release stores them
+            data, scale = (
+                enc["weight"].view(torch.int8),
+                enc["weight_scale"],
+            )  # I8 pairs, as the release stores them
             twin[name] = decode_mxfp4(data, scale)
         else:
             data, scale = enc["weight"], enc["weight_scale_inv"]
@@ -91,8 +116,10 @@ def write_release_pair(dense: Path, out: Path, block: tuple[int, int]) -> tuple[
         shipped[name], shipped[f"{module}.scale"] = data, scale
         packed[module] = fmt.name
     dirs = []
-    for kind, tensors, cfg in (("release", shipped, config), ("twin", twin, {k: v for k, v in config.items()
-                                                                               if k not in ("quantization_config", "expert_dtype")})):
+    for kind, tensors, cfg in (
+        ("release", shipped, config),
+        ("twin", twin, {k: v for k, v in config.items() if k not in ("quantization_config", "expert_dtype")}),
+    ):
         d = out / kind
         d.mkdir(parents=True)
         save_file(tensors, d / "model.safetensors", metadata={"format": "pt"})
@@ -120,7 +147,11 @@ def test_release_layout_equals_its_dequantized_twin(dense_checkpoint, tmp_path, 
     for name, module in model.named_modules():
         if isinstance(getattr(module, "quant_method", None), QuantLinearMethod):
             method = module.quant_method
-            assert isinstance(method.fmt, FP8Block) and method.fmt.block == block and method.fmt.scale_format == "e8m0"
+            assert (
+                isinstance(method.fmt, FP8Block)
+                and method.fmt.block == block
+                and method.fmt.scale_format == "e8m0"
+            )
             got = method.fmt.decode(method.tensors(module), method.local_shape(module), torch.float32)
             assert torch.equal(got, params[f"{name}.weight"]), name
             linears += 1
@@ -128,14 +159,20 @@ def test_release_layout_equals_its_dequantized_twin(dense_checkpoint, tmp_path, 
             assert isinstance(module.fmt, MXFP4)
             want_gate_up = params[f"{name}.gate_up_proj"]
             for e in range(module.num_experts):
-                gate_up = torch.cat([module.expert_weight(p, e, torch.float32) for p in ("gate_proj", "up_proj")])
+                gate_up = torch.cat(
+                    [module.expert_weight(p, e, torch.float32) for p in ("gate_proj", "up_proj")]
+                )
                 assert torch.equal(gate_up, want_gate_up[e]), (name, e)
-                assert torch.equal(module.expert_weight("down_proj", e, torch.float32), params[f"{name}.down_proj"][e])
+                assert torch.equal(
+                    module.expert_weight("down_proj", e, torch.float32), params[f"{name}.down_proj"][e]
+                )
             experts += 1
     assert experts == model.config.num_hidden_layers and linears >= 6 * model.config.num_hidden_layers
 
     prompts = conf.make_prompts(model.info.vocab_size, (5, 30), seed=4)
-    for got, want in zip(conf.engine_all_logits(model, prompts), conf.engine_all_logits(dense, prompts), strict=True):
+    for got, want in zip(
+        conf.engine_all_logits(model, prompts), conf.engine_all_logits(dense, prompts), strict=True
+    ):
         assert torch.equal(got, want)
     # and the served model agrees with transformers on the same values
     assert conf.check_logits(model, load_reference(twin), prompts, rtol=1e-4) < 1e-4

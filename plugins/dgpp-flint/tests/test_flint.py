@@ -32,7 +32,14 @@ def test_loads_both_attention_kinds_dense_and_moe_layers(fp32_pair):
     assert isinstance(ring, WindowKV) and ring.tensors["k"][0][0] == WINDOW - 1
     assert isinstance(spec["layers.0.self_attn"], PagedKV)
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["SwiGLUMLP"] * 2 + ["SparseMoE"] * 4
-    assert [layer.self_attn.rotary is None for layer in model.model.layers] == [True, True, False, False, False, True]
+    assert [layer.self_attn.rotary is None for layer in model.model.layers] == [
+        True,
+        True,
+        False,
+        False,
+        False,
+        True,
+    ]
     assert float(model.model.layers[0].self_attn.sinks.abs().min()) > 0  # loaded from softmax_offset
 
 
@@ -72,8 +79,13 @@ def test_removing_the_window_breaks_the_match(checkpoint, fp32_pair, tmp_path):
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-         "num_hidden_layers": 4, "mlp_only_layers": [1], "sliding_window": 2, "norm_topk_prob": False},
+        {
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "num_hidden_layers": 4,
+            "mlp_only_layers": [1],
+            "sliding_window": 2,
+            "norm_topk_prob": False,
+        },
         {"decoder_sparse_step": 2, "tie_word_embeddings": True, "sliding_window": 5},
     ],
     ids=["window_2_sliding_first_no_renorm", "sparse_step_tied_window_5"],

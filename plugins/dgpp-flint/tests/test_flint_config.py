@@ -60,8 +60,12 @@ def test_memory_plan_counts_window_bounded_kv_and_packed_experts(tmp_path):
     deploy = load_config(TEMPLATE)
     ctx = LoadContext(tmp_path, FLINT, "flint", "FlintForCausalLM", engine=deploy.engine, world=World(0, 1))
     plan = plan_for(build_manager(), ctx)
-    assert plan.kv_per_token == len(FULL_LAYERS) * 4 * 128 * 2 * 2  # 28,672 B: sliding layers take no pool blocks
-    assert plan.state_per_request == (49 - len(FULL_LAYERS)) * 512 * 4 * 128 * 2 * 2  # 35 rings of 512 positions
+    assert (
+        plan.kv_per_token == len(FULL_LAYERS) * 4 * 128 * 2 * 2
+    )  # 28,672 B: sliding layers take no pool blocks
+    assert (
+        plan.state_per_request == (49 - len(FULL_LAYERS)) * 512 * 4 * 128 * 2 * 2
+    )  # 35 rings of 512 positions
     assert plan.state_per_request == 35 << 20
     # experts: 23 FP8 layers at ~1 B/weight, 22 NVFP4 at ~0.56, two mixed; the rest BF16 (projections as bf12)
     expert_weights = 256 * 3 * 512 * 2048

@@ -37,7 +37,9 @@ def test_each_projection_gets_its_own_format(twins):
 def test_packed_logits_and_tokens_equal_the_dequantized_twin(twins):
     dense, packed = twins
     prompts = conf.make_prompts(dense.info.vocab_size, (6, 21), seed=12)
-    for ours, theirs in zip(conf.engine_all_logits(packed, prompts), conf.engine_all_logits(dense, prompts), strict=True):
+    for ours, theirs in zip(
+        conf.engine_all_logits(packed, prompts), conf.engine_all_logits(dense, prompts), strict=True
+    ):
         assert torch.equal(ours, theirs)  # decoded weights are exact, and the CPU products are the same
     assert greedy_generate(packed, prompts, 16) == greedy_generate(dense, prompts, 16)
 

@@ -44,14 +44,18 @@ def prepare(root: Path) -> None:
     transformers.logging.set_verbosity_error()
     prompts = conf.make_prompts(512, PROMPT_LENS, seed=31)
     for name, (dtype, packed, _, _) in CASES.items():
-        dense = build_tiny_glm4_moe(root / (f"{name}_dense" if packed else name), dtype=dtype, seed=32, nvfp4_grid=packed)
+        dense = build_tiny_glm4_moe(
+            root / (f"{name}_dense" if packed else name), dtype=dtype, seed=32, nvfp4_grid=packed
+        )
         path = nvfp4_twin(dense, root / name, num_layers=3) if packed else dense
         data = reference_data(load_reference(dense), prompts, NEW_TOKENS)
         if name == "fp32":
             cfg = Glm4MoeArchConfig.from_hf_config(json.loads((path / "config.json").read_text()))
             w = load_f64(path / "model.safetensors")
             ids = torch.tensor(prompts[1])
-            data["mtp"] = mtp_logits(w, main_hidden(w, ids[:-1], cfg), ids[1:], torch.arange(len(ids) - 1), cfg)
+            data["mtp"] = mtp_logits(
+                w, main_hidden(w, ids[:-1], cfg), ids[1:], torch.arange(len(ids) - 1), cfg
+            )
         torch.save(data, path / "reference.pt")
         print("prepared", path)
 
@@ -59,7 +63,9 @@ def prepare(root: Path) -> None:
 def _ctx(path: Path):
     from dgpp.family import LoadContext
 
-    return LoadContext(path, json.loads((path / "config.json").read_text()), "glm", "Glm4MoeForCausalLM", device="cuda")
+    return LoadContext(
+        path, json.loads((path / "config.json").read_text()), "glm", "Glm4MoeForCausalLM", device="cuda"
+    )
 
 
 @torch.inference_mode()
@@ -73,9 +79,13 @@ def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float
     n = len(prompt) - 1
     pools, blocks, _ = make_pools(model, [n], 16)
     model.keep_hidden = True  # what the speculative decoder turns on: the drafter reads every row
-    model(build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, prompt[:n])], pools, "cuda"))
+    model(
+        build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, prompt[:n])], pools, "cuda")
+    )
     pools, blocks, _ = make_pools(drafter, [n], 16)
-    batch = build_batch([SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, prompt[1:])], pools, "cuda")
+    batch = build_batch(
+        [SeqWork(0, blocks.allocate(blocks.blocks_for_tokens(n)), 0, prompt[1:])], pools, "cuda"
+    )
     batch.logits_indices = torch.arange(n, device="cuda")
     ours = drafter.compute_logits(drafter(batch, model.last_hidden)).double().cpu()
     return float((ours - ref).abs().max() / ref.abs().max())
@@ -94,18 +104,38 @@ def check(root: Path) -> int:
         model = model_for(_ctx(path), manager())
         prompts = ref["prompts"]
         ours = conf.engine_all_logits(model, prompts)
-        rows_err = torch.cat([(o.cpu() - r).abs().max(-1).values / r.abs().max() for o, r in zip(ours, ref["logits"], strict=True)])
+        rows_err = torch.cat(
+            [
+                (o.cpu() - r).abs().max(-1).values / r.abs().max()
+                for o, r in zip(ours, ref["logits"], strict=True)
+            ]
+        )
         err, past = float(rows_err.max()), float((rows_err > rtol).float().mean())
         greedy = greedy_agreement(model, prompts, NEW_TOKENS, ref["greedy"])
         mtp = _mtp_error(path, model, prompts[1], ref["mtp"]) if "mtp" in ref else float("nan")
         ok = past <= outliers and greedy.chunked_same and greedy.alone_same and not mtp > 1e-3
-        ok = ok and (greedy.same_as_reference == len(prompts) or name != "fp32")  # bf16 greedy may part at a near-tie
+        ok = ok and (
+            greedy.same_as_reference == len(prompts) or name != "fp32"
+        )  # bf16 greedy may part at a near-tie
         failed += not ok
-        rows.append(f"| {name} | {err:.2e} | {past:.1%} | {greedy.same_as_reference}/{len(prompts)} | "
-                    f"{greedy.chunked_same} | {greedy.alone_same} | {mtp:.2e} | {'ok' if ok else 'FAIL'} |")
+        rows.append(
+            f"| {name} | {err:.2e} | {past:.1%} | {greedy.same_as_reference}/{len(prompts)} | "
+            f"{greedy.chunked_same} | {greedy.alone_same} | {mtp:.2e} | {'ok' if ok else 'FAIL'} |"
+        )
         print(rows[-1], flush=True)
-    print_table(["case", "max rel logit err vs HF (CPU)", "rows past bound", "greedy = HF", "chunk 13 = one-shot",
-                 "batch = alone", "MTP rel err vs f64", ""], rows)
+    print_table(
+        [
+            "case",
+            "max rel logit err vs HF (CPU)",
+            "rows past bound",
+            "greedy = HF",
+            "chunk 13 = one-shot",
+            "batch = alone",
+            "MTP rel err vs f64",
+            "",
+        ],
+        rows,
+    )
     return 1 if failed else 0
 
 

@@ -31,7 +31,9 @@ def linear(w: dict[str, torch.Tensor], name: str, x: torch.Tensor) -> torch.Tens
     return y if bias is None else y + bias
 
 
-def attention(w: dict, pre: str, x: torch.Tensor, positions: torch.Tensor, cfg: Glm4MoeArchConfig) -> torch.Tensor:
+def attention(
+    w: dict, pre: str, x: torch.Tensor, positions: torch.Tensor, cfg: Glm4MoeArchConfig
+) -> torch.Tensor:
     t, d = x.shape[0], cfg.head_dim
     q = linear(w, pre + "q_proj", x).view(t, cfg.num_attention_heads, d)
     k = linear(w, pre + "k_proj", x).view(t, cfg.num_key_value_heads, d)
@@ -86,11 +88,21 @@ def moe(w: dict, pre: str, x: torch.Tensor, cfg: Glm4MoeArchConfig) -> torch.Ten
     return out
 
 
-def decoder_layer(w: dict, layer: int, x: torch.Tensor, positions: torch.Tensor, cfg: Glm4MoeArchConfig) -> torch.Tensor:
+def decoder_layer(
+    w: dict, layer: int, x: torch.Tensor, positions: torch.Tensor, cfg: Glm4MoeArchConfig
+) -> torch.Tensor:
     pre = f"model.layers.{layer}."
-    h = x + attention(w, pre + "self_attn.", rms_norm(x, w[pre + "input_layernorm.weight"], cfg.rms_norm_eps), positions, cfg)
+    h = x + attention(
+        w,
+        pre + "self_attn.",
+        rms_norm(x, w[pre + "input_layernorm.weight"], cfg.rms_norm_eps),
+        positions,
+        cfg,
+    )
     normed = rms_norm(h, w[pre + "post_attention_layernorm.weight"], cfg.rms_norm_eps)
-    mlp = moe(w, pre + "mlp.", normed, cfg) if cfg.is_moe_layer(layer) else swiglu_mlp(w, pre + "mlp.", normed)
+    mlp = (
+        moe(w, pre + "mlp.", normed, cfg) if cfg.is_moe_layer(layer) else swiglu_mlp(w, pre + "mlp.", normed)
+    )
     return h + mlp
 
 

@@ -51,13 +51,22 @@ def test_group_limit_changes_routing(fp32_pair):
     "overrides",
     [
         {"first_k_dense_replace": 2, "n_group": 2, "topk_group": 2, "norm_topk_prob": False},
-        {"attention_bias": False, "use_qk_norm": False, "partial_rotary_factor": 1.0, "tie_word_embeddings": True},
+        {
+            "attention_bias": False,
+            "use_qk_norm": False,
+            "partial_rotary_factor": 1.0,
+            "tie_word_embeddings": True,
+        },
     ],
     ids=["two_dense_layers_no_renorm", "no_bias_no_qknorm_full_rope_tied"],
 )
 def test_variants_match_transformers(overrides, tmp_path):
-    check_checkpoint_logits(build_tiny_glm4_moe(tmp_path, seed=7, num_nextn_predict_layers=0, **overrides), (4, 30),
-                            seed=8, rtol=1e-4)
+    check_checkpoint_logits(
+        build_tiny_glm4_moe(tmp_path, seed=7, num_nextn_predict_layers=0, **overrides),
+        (4, 30),
+        seed=8,
+        rtol=1e-4,
+    )
 
 
 def test_bf16_logits_within_tolerance_and_greedy_matches(tmp_path):

@@ -46,7 +46,9 @@ def test_drafter_loads_mtp_tensors(loaded):
     layer = drafter.layers[0]
     own = f"model.layers.{cfg.num_hidden_layers}.shared_head.head.weight" in weights
     assert (layer.shared_head.head is not None) == own and (layer.embed_tokens is not None) == own
-    torch.testing.assert_close(layer.eh_proj.weight.double(), weights[f"model.layers.{cfg.num_hidden_layers}.eh_proj.weight"])
+    torch.testing.assert_close(
+        layer.eh_proj.weight.double(), weights[f"model.layers.{cfg.num_hidden_layers}.eh_proj.weight"]
+    )
     assert set(drafter.cache_spec()) == {"mtp.0.self_attn"}
 
 

@@ -42,15 +42,19 @@ def test_packed_modules_are_the_ones_modelopt_quantizes(twins):
 def test_nvfp4_logits_and_greedy_match_transformers_on_dense_twin(twins):
     dense, _, model = twins
     ref = load_reference(dense)
-    worst = conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (5, 18), seed=1), rtol=1e-4)
+    worst = conf.check_logits(
+        model, ref, conf.make_prompts(model.info.vocab_size, (5, 18), seed=1), rtol=1e-4
+    )
     assert worst < 1e-4
     conf.check_greedy(model, ref, conf.make_prompts(model.info.vocab_size, (9,), seed=2), max_new_tokens=16)
 
 
 def test_mtp_layer_stays_dense_and_equals_dense_twin(twins):
     dense, packed, model = twins
-    drafts = [build_draft(LoadContext(p, read_hf_config(p), "glm", "Glm4MoeForCausalLM"), m)
-              for p, m in ((packed, model), (dense, load_model(dense)))]
+    drafts = [
+        build_draft(LoadContext(p, read_hf_config(p), "glm", "Glm4MoeForCausalLM"), m)
+        for p, m in ((packed, model), (dense, load_model(dense)))
+    ]
     assert isinstance(drafts[0].layers[0].mlp.experts.gate_up_proj, torch.nn.Parameter)  # not packed
     for name, param in drafts[0].state_dict().items():
         torch.testing.assert_close(param, drafts[1].state_dict()[name], rtol=0, atol=0, msg=name)

@@ -53,13 +53,21 @@ def _run(path: str, world: World) -> dict:
         "draft": _draft_logits(model, drafter),
         "numel": sum(p.numel() for p in model.model.layers.parameters()),
         "kv_heads": model.cache_spec()["layers.0.self_attn"].num_kv_heads,
-        "head": (model.lm_head.vocab_parallel, tuple(model.lm_head.weight.shape), model.lm_head.weight.clone()),
-        "mtp_head_rows": [layer.shared_head.head.vocab_local for layer in drafter.layers if layer.shared_head.head],
+        "head": (
+            model.lm_head.vocab_parallel,
+            tuple(model.lm_head.weight.shape),
+            model.lm_head.weight.clone(),
+        ),
+        "mtp_head_rows": [
+            layer.shared_head.head.vocab_local for layer in drafter.layers if layer.shared_head.head
+        ],
     }
 
 
 def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
+    )
     try:
         torch.set_num_threads(1)
         torch.save(_run(path, World(rank=rank, size=WORLD)), Path(out_dir) / f"rank{rank}.pt")
@@ -88,5 +96,9 @@ def test_tp2_matches_single_rank(tmp_path, own_head):
         for ours, ref in zip(got["logits"], single["logits"], strict=True):
             # same math with partial sums added in another order: fp32 rounding only
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
-        assert got["tokens"] == single["tokens"], f"rank {rank} greedy tokens differ from the single-rank model"
-        torch.testing.assert_close(got["draft"], single["draft"], rtol=1e-5, atol=1e-5 * float(single["draft"].abs().max()))
+        assert got["tokens"] == single["tokens"], (
+            f"rank {rank} greedy tokens differ from the single-rank model"
+        )
+        torch.testing.assert_close(
+            got["draft"], single["draft"], rtol=1e-5, atol=1e-5 * float(single["draft"].abs().max())
+        )

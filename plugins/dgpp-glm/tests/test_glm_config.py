@@ -14,16 +14,43 @@ TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "glm-4.7_nvfp4_w4.js
 
 # GLM-4.7 as released (anchor §3.3), in the flat key style of its config.json, with the NVFP4 release's quantization_config.
 GLM_4_7 = {
-    "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "vocab_size": 151552, "hidden_size": 5120,
-    "intermediate_size": 12288, "moe_intermediate_size": 1536, "num_hidden_layers": 92, "num_attention_heads": 96,
-    "num_key_value_heads": 8, "head_dim": 128, "hidden_act": "silu", "attention_bias": True, "use_qk_norm": True,
-    "rms_norm_eps": 1e-5, "rope_theta": 1000000, "partial_rotary_factor": 0.5, "rope_scaling": None,
-    "max_position_embeddings": 202752, "first_k_dense_replace": 3, "n_routed_experts": 160, "n_shared_experts": 1,
-    "num_experts_per_tok": 8, "n_group": 1, "topk_group": 1, "norm_topk_prob": True, "routed_scaling_factor": 2.5,
-    "num_nextn_predict_layers": 1, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
-    "eos_token_id": [151329, 151336, 151338], "pad_token_id": 151329,
-    "quantization_config": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-                            "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.92*"]},
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "vocab_size": 151552,
+    "hidden_size": 5120,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 1536,
+    "num_hidden_layers": 92,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "attention_bias": True,
+    "use_qk_norm": True,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000,
+    "partial_rotary_factor": 0.5,
+    "rope_scaling": None,
+    "max_position_embeddings": 202752,
+    "first_k_dense_replace": 3,
+    "n_routed_experts": 160,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 2.5,
+    "num_nextn_predict_layers": 1,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "eos_token_id": [151329, 151336, 151338],
+    "pad_token_id": 151329,
+    "quantization_config": {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head", "model.layers.*.self_attn*", "model.layers.92*"],
+    },
 }
 
 
@@ -66,7 +93,12 @@ def test_glm_4_7_template_validates_and_fits_the_architecture():
     assert deploy.engine.max_concurrency * (1 + deploy.engine.mtp_depth) <= 32
     cfg = Glm4MoeArchConfig.from_hf_config(GLM_4_7)
     # TP over heads and MLP intermediate dims: every split the template's world needs is exact
-    for size in (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size, cfg.moe_intermediate_size):
+    for size in (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+        cfg.moe_intermediate_size,
+    ):
         assert size % deploy.world == 0
 
 
@@ -84,7 +116,9 @@ def test_memory_plan_of_glm_4_7_nvfp4_at_w4(tmp_path):
     from dgpp.step.memory import GiB
 
     (tmp_path / "config.json").write_text(json.dumps(GLM_4_7))
-    save_file({"model.layers.92.eh_proj.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # names only
+    save_file(
+        {"model.layers.92.eh_proj.weight": torch.zeros(1)}, tmp_path / "model.safetensors"
+    )  # names only
     deploy = load_config(TEMPLATE)
     ctx = LoadContext(tmp_path, GLM_4_7, "glm", "Glm4MoeForCausalLM", engine=deploy.engine, world=World(0, 4))
     plan = plan_for(build_manager(), ctx)

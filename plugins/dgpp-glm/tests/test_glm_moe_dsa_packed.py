@@ -57,7 +57,9 @@ def test_kv_b_is_kept_decoded_with_the_per_step_decode_bits(packed_pair, monkeyp
         assert shipped.quant_method.fmt.bits == 8 and shipped.quant_method.fmt.group == 64
         assert torch.equal(kept.weight, unsettled.self_attn.kv_b_weight())
     prompts = conf.make_prompts(model.info.vocab_size, (19, 5), seed=13)
-    for ours, theirs in zip(conf.engine_all_logits(model, prompts), conf.engine_all_logits(per_step, prompts), strict=True):
+    for ours, theirs in zip(
+        conf.engine_all_logits(model, prompts), conf.engine_all_logits(per_step, prompts), strict=True
+    ):
         assert torch.equal(ours, theirs)
 
 
@@ -72,7 +74,6 @@ def test_packed_greedy_matches_transformers(packed_pair):
     conf.check_greedy(model, ref, conf.make_prompts(model.info.vocab_size, (13,), seed=12), max_new_tokens=16)
 
 
-
 def test_memory_plan_counts_kv_b_as_the_loaded_model_keeps_it(packed_pair, monkeypatch):
     """The plan, built on meta, counts ``kv_b_proj`` decoded, as the loaded model holds it."""
     from dgpp.plugins import build_manager
@@ -80,7 +81,11 @@ def test_memory_plan_counts_kv_b_as_the_loaded_model_keeps_it(packed_pair, monke
     from dgpp.startup.memory_plan import plan_for
 
     def kv_b_bytes(m) -> int:
-        return sum(p.numel() * p.element_size() for layer in m.model.layers for p in layer.self_attn.kv_b_proj.parameters())
+        return sum(
+            p.numel() * p.element_size()
+            for layer in m.model.layers
+            for p in layer.self_attn.kv_b_proj.parameters()
+        )
 
     model, _, packed = packed_pair
     settled = plan_for(build_manager(), load_context(packed)).weights

@@ -35,7 +35,14 @@ def test_loads_both_attention_kinds_with_their_own_shapes(fp32_pair):
     assert isinstance(ring, WindowKV)
     assert ring.tensors["k"][0] == (WINDOW - 1, 4, 48) and ring.tensors["v"][0] == (WINDOW - 1, 4, 32)
     assert [type(layer.mlp).__name__ for layer in model.model.layers] == ["SwiGLUMLP"] + ["SparseMoE"] * 5
-    assert [layer.self_attn.sinks is None for layer in model.model.layers] == [True, False, False, False, False, True]
+    assert [layer.self_attn.sinks is None for layer in model.model.layers] == [
+        True,
+        False,
+        False,
+        False,
+        False,
+        True,
+    ]
     assert float(model.model.layers[1].self_attn.sinks.abs().min()) > 0  # loaded from attention_sink_bias
     assert [layer.self_attn.rotary.rotary_dim for layer in model.model.layers] == [16] * 6
     assert float(model.model.layers[1].mlp.gate.e_score_correction_bias.abs().min()) > 0
@@ -100,21 +107,45 @@ def test_one_theta_for_both_layer_types_breaks_the_match(checkpoint, fp32_pair, 
     """Teeth for RoPE per layer type: the full layers rotated with the sliding layers' theta miss transformers."""
     _, ref = fp32_pair
     base = json.loads((checkpoint / "config.json").read_text())["rope_parameters"]
-    same = _variant(checkpoint, tmp_path, rope_parameters={**base, "full_attention": base["sliding_attention"]})
+    same = _variant(
+        checkpoint, tmp_path, rope_parameters={**base, "full_attention": base["sliding_attention"]}
+    )
     _misses_transformers(same, ref)
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-         "mlp_layer_types": ["sparse", "dense", "sparse", "sparse"], "num_hidden_layers": 4, "sliding_window": 2,
-         "norm_topk_prob": False, "routed_scaling_factor": 2.5},
-        {"tie_word_embeddings": True, "sliding_window": 5, "attention_bias": True, "attention_value_scale": 1.3,
-         "num_key_value_heads": 4, "n_group": 4, "topk_group": 2, "num_experts_per_tok": 3},
-        {"head_dim": 64, "v_head_dim": 64, "rope_parameters": {
-            "full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
-            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 1.0}}},
+        {
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "mlp_layer_types": ["sparse", "dense", "sparse", "sparse"],
+            "num_hidden_layers": 4,
+            "sliding_window": 2,
+            "norm_topk_prob": False,
+            "routed_scaling_factor": 2.5,
+        },
+        {
+            "tie_word_embeddings": True,
+            "sliding_window": 5,
+            "attention_bias": True,
+            "attention_value_scale": 1.3,
+            "num_key_value_heads": 4,
+            "n_group": 4,
+            "topk_group": 2,
+            "num_experts_per_tok": 3,
+        },
+        {
+            "head_dim": 64,
+            "v_head_dim": 64,
+            "rope_parameters": {
+                "full_attention": {"rope_type": "default", "rope_theta": 5e6, "partial_rotary_factor": 0.5},
+                "sliding_attention": {
+                    "rope_type": "default",
+                    "rope_theta": 10000.0,
+                    "partial_rotary_factor": 1.0,
+                },
+            },
+        },
     ],
     ids=["window_2_sliding_first_no_renorm", "tied_bias_groups_window_5", "equal_dims_full_rotary"],
 )

@@ -18,8 +18,13 @@ from dgpp.testing.builders import load_reference
 from dgpp_mimo.testing import build_tiny_mimo
 
 transformers.logging.set_verbosity_error()
-FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32],
-       "modules_to_not_convert": ["mlp.gate", "o_proj"]}
+FP8 = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [32, 32],
+    "modules_to_not_convert": ["mlp.gate", "o_proj"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +38,9 @@ def test_fp8_checkpoint_loads_as_shipped_and_matches_transformers(twins):
     packed, dense = twins
     model = load_model(packed)
     layer = model.model.layers[1]
-    assert isinstance(layer.self_attn.q_proj.quant_method.fmt, FP8Block) and isinstance(layer.mlp.experts, QuantExperts)
+    assert isinstance(layer.self_attn.q_proj.quant_method.fmt, FP8Block) and isinstance(
+        layer.mlp.experts, QuantExperts
+    )
     assert not hasattr(layer.self_attn.o_proj.quant_method, "fmt")  # kept dense, as listed
     prompts = conf.make_prompts(model.info.vocab_size, (5, 23), seed=4)
     conf.check_logits(model, load_reference(dense), prompts, rtol=1e-4)

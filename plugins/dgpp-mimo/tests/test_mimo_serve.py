@@ -24,11 +24,23 @@ def test_served_greedy_equals_the_runner_cold_hit_and_concurrent(tmp_path) -> No
     check_family_serves(ckpt, tmp_path, min_prompt_tokens=4 * WINDOW)  # the window slides inside the prompt
 
 
-WEATHER_TOOL = {"type": "function", "function": {
-    "name": "get_weather", "description": "weather for a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["Paris", "Rome"]},
-                                                    "days": {"type": "integer", "minimum": 1, "maximum": 3}},
-                   "required": ["city", "days"], "additionalProperties": False}, "strict": True}}
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 3},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
 QUESTION = [{"role": "user", "content": "Weather in Paris for two days?"}]
 
 
@@ -36,7 +48,9 @@ QUESTION = [{"role": "user", "content": "Weather in Paris for two days?"}]
 def own_template(tmp_path_factory):
     """A checkpoint whose tokenizer ships no chat template: the server renders with the MiMo plugin's."""
     root = tmp_path_factory.mktemp("mimo_template")
-    ckpt = build_tiny_mimo(root / "ckpt", seed=22, vocab_size=512, sliding_window=WINDOW, max_position_embeddings=2048)
+    ckpt = build_tiny_mimo(
+        root / "ckpt", seed=22, vocab_size=512, sliding_window=WINDOW, max_position_embeddings=2048
+    )
     with served(ckpt, root, chat_template=False) as (_, sdk):
         yield ckpt, sdk
 
@@ -47,13 +61,22 @@ def test_mimo_template_and_tool_calls_through_the_server(own_template) -> None:
     ckpt, sdk = own_template
     tok = Tokenizer.from_dir(ckpt)
     assert tok.chat_template is None
-    prompt = ChatTemplate(mimo_dialect.chat_template(), tok.special_tokens_map).render(QUESTION, [WEATHER_TOOL])
+    prompt = ChatTemplate(mimo_dialect.chat_template(), tok.special_tokens_map).render(
+        QUESTION, [WEATHER_TOOL]
+    )
     assert "<tools>" in prompt and prompt.endswith("<|im_start|>assistant\n<think></think>")
 
     def ask(**extra):
-        return sdk.chat.completions.create(model=str(ckpt), messages=QUESTION, tools=[WEATHER_TOOL], max_tokens=200,
-                                           temperature=0, tool_choice="required", parallel_tool_calls=False,
-                                           **extra)
+        return sdk.chat.completions.create(
+            model=str(ckpt),
+            messages=QUESTION,
+            tools=[WEATHER_TOOL],
+            max_tokens=200,
+            temperature=0,
+            tool_choice="required",
+            parallel_tool_calls=False,
+            **extra,
+        )
 
     forced = ask()
     assert forced.usage.prompt_tokens == len(tok.encode(prompt))
@@ -61,6 +84,13 @@ def test_mimo_template_and_tool_calls_through_the_server(own_template) -> None:
     assert choice.finish_reason == "tool_calls" and choice.message.content is None
     call = choice.message.tool_calls[0]
     args = json.loads(call.function.arguments)
-    assert call.function.name == "get_weather" and args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 3
-    deltas = [c.choices[0].delta.tool_calls for c in ask(stream=True) if c.choices and c.choices[0].delta.tool_calls]
-    assert deltas[0][0].function.name == "get_weather" and deltas[1][0].function.arguments == call.function.arguments
+    assert (
+        call.function.name == "get_weather" and args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 3
+    )
+    deltas = [
+        c.choices[0].delta.tool_calls for c in ask(stream=True) if c.choices and c.choices[0].delta.tool_calls
+    ]
+    assert (
+        deltas[0][0].function.name == "get_weather"
+        and deltas[1][0].function.arguments == call.function.arguments
+    )

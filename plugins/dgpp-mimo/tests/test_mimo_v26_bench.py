@@ -14,11 +14,31 @@ GEOMETRY = f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l"
 
 def test_geometry_is_the_release_at_scaled_depth():
     raw = hf_config(GEOMETRY, torch.bfloat16)
-    full = new_model({**raw, "num_hidden_layers": 48, "hybrid_layer_pattern": _mimo_v26_pattern(48),
-                      "moe_layer_freq": [0] + [1] * 47}, "meta")
+    full = new_model(
+        {
+            **raw,
+            "num_hidden_layers": 48,
+            "hybrid_layer_pattern": _mimo_v26_pattern(48),
+            "moe_layer_freq": [0] + [1] * 47,
+        },
+        "meta",
+    )
     cfg = full.config
-    assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [0, 5, 11, 17, 23, 29, 35, 41, 47]
-    assert (cfg.attention["sliding_attention"].num_kv_heads, cfg.attention["full_attention"].num_kv_heads) == (8, 4)
+    assert [i for i, t in enumerate(cfg.layer_types) if t == "full_attention"] == [
+        0,
+        5,
+        11,
+        17,
+        23,
+        29,
+        35,
+        41,
+        47,
+    ]
+    assert (
+        cfg.attention["sliding_attention"].num_kv_heads,
+        cfg.attention["full_attention"].num_kv_heads,
+    ) == (8, 4)
     assert cfg.sliding_window == 128 and cfg.n_routed_experts == 256 and cfg.num_experts_per_tok == 8
     total = sum(p.numel() for p in full.parameters())
     assert 305e9 < total < 312e9, total  # "309B"
@@ -29,8 +49,20 @@ def test_geometry_is_the_release_at_scaled_depth():
 
 
 def test_dgpp_bench_decodes_the_tiny_mimo_v26_on_cpu(capsys):
-    rc = bench_main(["--device", "cpu", "--geometry", "tiny-mimo-v2.6", "--cases", "8x1x4,8x2x4",
-                     "--hf-cases", "", "--check-cases", "8x2x4"])
+    rc = bench_main(
+        [
+            "--device",
+            "cpu",
+            "--geometry",
+            "tiny-mimo-v2.6",
+            "--cases",
+            "8x1x4,8x2x4",
+            "--hf-cases",
+            "",
+            "--check-cases",
+            "8x2x4",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "greedy graph == eager for 8x2x4: True" in out and "geometry tiny-mimo-v2.6" in out

@@ -28,4 +28,6 @@ def test_served_greedy_with_mtp_equals_the_plain_runner(env) -> None:
     ckpt, server, sdk = env
     check_served_greedy(ckpt, sdk, QUESTIONS, min_prompt_tokens=4 * WINDOW)
     spec = httpx.get(server.url + "/metrics", timeout=10).json()["scheduler"]["spec_decode"]
-    assert spec["depth"] == 2 and spec["num_draft_tokens_total"] > 0  # the MTP layer drafted every decode step
+    assert (
+        spec["depth"] == 2 and spec["num_draft_tokens_total"] > 0
+    )  # the MTP layer drafted every decode step

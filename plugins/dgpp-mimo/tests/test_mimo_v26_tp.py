@@ -22,11 +22,18 @@ WORLD = 2
 @torch.inference_mode()
 def _run(path: str, world: World) -> dict:
     model = load_model(path, world=world)
-    drafter = manager().hook.dgpp_build_draft(ctx=load_context(path, EngineConfig(mtp=True), world=world), model=model)
+    drafter = manager().hook.dgpp_build_draft(
+        ctx=load_context(path, EngineConfig(mtp=True), world=world), model=model
+    )
     k_proj = model.model.layers[0].self_attn.k_proj
-    tokens = torch.randint(0, model.info.vocab_size, (21,), generator=torch.Generator().manual_seed(41)).tolist()
-    return {**compared_outputs(model), "draft": draft_logits(model, drafter, tokens, [20]),
-            "k_rows": k_proj.quant_method.local_shape(k_proj)[0]}
+    tokens = torch.randint(
+        0, model.info.vocab_size, (21,), generator=torch.Generator().manual_seed(41)
+    ).tolist()
+    return {
+        **compared_outputs(model),
+        "draft": draft_logits(model, drafter, tokens, [20]),
+        "k_rows": k_proj.quant_method.local_shape(k_proj)[0],
+    }
 
 
 def test_tp2_matches_single_rank(tmp_path):

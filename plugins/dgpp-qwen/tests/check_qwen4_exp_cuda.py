@@ -88,20 +88,44 @@ def check(root: Path) -> int:
         _, mapped = _load(path, ngram_table="mmap")
         prompts = ref["prompts"]
         ours = conf.engine_all_logits(model, prompts)
-        rows_err = torch.cat([(o.cpu() - r).abs().max(-1).values / r.abs().max() for o, r in zip(ours, ref["logits"], strict=True)])
+        rows_err = torch.cat(
+            [
+                (o.cpu() - r).abs().max(-1).values / r.abs().max()
+                for o, r in zip(ours, ref["logits"], strict=True)
+            ]
+        )
         err, past = float(rows_err.max()), float((rows_err > rtol).float().mean())
-        mmap_equal = all(torch.equal(a, b) for a, b in zip(conf.engine_all_logits(mapped, prompts), ours, strict=True))
+        mmap_equal = all(
+            torch.equal(a, b) for a, b in zip(conf.engine_all_logits(mapped, prompts), ours, strict=True)
+        )
         greedy = greedy_agreement(model, prompts, NEW_TOKENS, ref["greedy"])
         mtp = _mtp_error(ctx, model, prompts[1], ref["mtp"]) if "mtp" in ref else float("nan")
         ms = _decode_ms(model, prompts[2])
         ok = past <= outliers and greedy.chunked_same and greedy.alone_same and mmap_equal and not mtp > 1e-3
-        ok = ok and (greedy.same_as_reference == len(prompts) or name != "fp32")  # bf16 may part at a near-tie
+        ok = ok and (
+            greedy.same_as_reference == len(prompts) or name != "fp32"
+        )  # bf16 may part at a near-tie
         failed += not ok
-        rows.append(f"| {name} | {err:.2e} | {past:.1%} | {greedy.same_as_reference}/{len(prompts)} | {greedy.chunked_same} "
-                    f"| {greedy.alone_same} | {mmap_equal} | {mtp:.2e} | {ms:.1f} | {'ok' if ok else 'FAIL'} |")
+        rows.append(
+            f"| {name} | {err:.2e} | {past:.1%} | {greedy.same_as_reference}/{len(prompts)} | {greedy.chunked_same} "
+            f"| {greedy.alone_same} | {mmap_equal} | {mtp:.2e} | {ms:.1f} | {'ok' if ok else 'FAIL'} |"
+        )
         print(rows[-1], flush=True)
-    print_table(["case", "max rel logit err vs HF (CPU)", "rows past bound", "greedy = HF", "chunk 13 = one-shot",
-                 "batch = alone", "mmap = resident", "MTP rel err vs f64", "eager decode ms/token (ctx 150)", ""], rows)
+    print_table(
+        [
+            "case",
+            "max rel logit err vs HF (CPU)",
+            "rows past bound",
+            "greedy = HF",
+            "chunk 13 = one-shot",
+            "batch = alone",
+            "mmap = resident",
+            "MTP rel err vs f64",
+            "eager decode ms/token (ctx 150)",
+            "",
+        ],
+        rows,
+    )
     return 1 if failed else 0
 
 

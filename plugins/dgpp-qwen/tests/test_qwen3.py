@@ -32,12 +32,16 @@ def test_logits_match_transformers_on_mixed_length_batch(fp32_pair):
 
 def test_32_greedy_tokens_match_transformers_generate(fp32_pair):
     _, model, ref = fp32_pair
-    conf.check_greedy(model, ref, conf.make_prompts(model.info.vocab_size, (7, 19), seed=1), max_new_tokens=32)
+    conf.check_greedy(
+        model, ref, conf.make_prompts(model.info.vocab_size, (7, 19), seed=1), max_new_tokens=32
+    )
 
 
 def test_chunked_prefill_equals_one_shot(fp32_pair):
     _, model, _ = fp32_pair
-    conf.check_chunked_prefill(model, conf.make_prompts(model.info.vocab_size, (11, 23), seed=2), chunk_sizes=(1, 5, 16))
+    conf.check_chunked_prefill(
+        model, conf.make_prompts(model.info.vocab_size, (11, 23), seed=2), chunk_sizes=(1, 5, 16)
+    )
 
 
 def test_mixed_prefill_decode_batch_equals_solo(fp32_pair):
@@ -80,8 +84,17 @@ def test_bf16_logits_within_tolerance_and_greedy_matches(kind, tmp_path):
     [
         ("qwen3", {"tie_word_embeddings": True}),
         ("qwen3", {"attention_bias": True}),
-        ("qwen3", {"rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-                                       "original_max_position_embeddings": 64}}),
+        (
+            "qwen3",
+            {
+                "rope_parameters": {
+                    "rope_type": "yarn",
+                    "rope_theta": 10000.0,
+                    "factor": 4.0,
+                    "original_max_position_embeddings": 64,
+                }
+            },
+        ),
         ("qwen3_moe", {"mlp_only_layers": [0], "norm_topk_prob": False}),
         ("qwen3_moe", {"decoder_sparse_step": 2}),
     ],
@@ -122,5 +135,7 @@ def test_fp32_checkpoint_loaded_in_bf16(fp32_pair, tmp_path):
     bf16 = load_model(path, dtype=torch.bfloat16)
     assert bf16.info.dtype == torch.bfloat16 and {p.dtype for p in bf16.parameters()} == {torch.bfloat16}
     prompts = conf.make_prompts(512, (6, 11), seed=15)
-    for a, b in zip(conf.engine_all_logits(bf16, prompts), conf.engine_all_logits(model, prompts), strict=True):
+    for a, b in zip(
+        conf.engine_all_logits(bf16, prompts), conf.engine_all_logits(model, prompts), strict=True
+    ):
         assert float((a - b).abs().max() / b.abs().max()) < BF16_RTOL

@@ -38,7 +38,7 @@ def _check_greedy_up_to_near_ties(model, ref, prompt: list[int], max_new_tokens:
     best, second = logits.topk(2).values.tolist()
     assert best - second <= TIE_ULPS * _bf16_ulp(best), (
         f"greedy differs at token {at} where transformers' choice is clear "
-        f"(top-2 gap {best - second:.4g} > {TIE_ULPS} ulps): {ours[at:at + 4]} vs {theirs[at:at + 4]}"
+        f"(top-2 gap {best - second:.4g} > {TIE_ULPS} ulps): {ours[at : at + 4]} vs {theirs[at : at + 4]}"
     )
     return at
 

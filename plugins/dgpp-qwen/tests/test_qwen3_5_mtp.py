@@ -32,7 +32,9 @@ def _hf_mtp(text_config) -> torch.nn.ModuleDict:
 
         layer_cls, norm_cls = hf.Qwen3_5DecoderLayer, hf.Qwen3_5RMSNorm
     hidden, eps = text_config.hidden_size, text_config.rms_norm_eps
-    full_attention = text_config.layer_types.index("full_attention")  # the MTP layer is a full-attention layer
+    full_attention = text_config.layer_types.index(
+        "full_attention"
+    )  # the MTP layer is a full-attention layer
     return torch.nn.ModuleDict(
         {
             "pre_fc_norm_embedding": norm_cls(hidden, eps=eps),
@@ -77,21 +79,32 @@ def _reference(path: Path, tokens: list[int]) -> torch.Tensor:
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(path)
-    ref = getattr(transformers, cfg.architectures[0]).from_pretrained(
-        path, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
-    ).eval()
+    ref = (
+        getattr(transformers, cfg.architectures[0])
+        .from_pretrained(
+            path, dtype=torch.float64, attn_implementation="eager", experts_implementation="eager"
+        )
+        .eval()
+    )
     text_model = ref.model.language_model if hasattr(ref.model, "language_model") else ref.model
     text = cfg.get_text_config()
     text._attn_implementation = "eager"
     text._experts_implementation = "eager"
     mtp = _hf_mtp(text).double().eval()
     stored = load_file(str(path / "model.safetensors"))
-    mtp.load_state_dict({k[len("mtp."):]: v.double() for k, v in stored.items() if k.startswith("mtp.")})
+    mtp.load_state_dict({k[len("mtp.") :]: v.double() for k, v in stored.items() if k.startswith("mtp.")})
     ids = torch.tensor([tokens])
     n = len(tokens) - 1
     hidden = text_model(ids[:, :-1]).last_hidden_state  # after the final norm
-    x = mtp["fc"](torch.cat([mtp["pre_fc_norm_embedding"](text_model.embed_tokens(ids[:, 1:])),
-                             mtp["pre_fc_norm_hidden"](hidden)], dim=-1))
+    x = mtp["fc"](
+        torch.cat(
+            [
+                mtp["pre_fc_norm_embedding"](text_model.embed_tokens(ids[:, 1:])),
+                mtp["pre_fc_norm_hidden"](hidden),
+            ],
+            dim=-1,
+        )
+    )
     position_embeddings = text_model.rotary_emb(x, torch.arange(n).view(1, 1, -1).expand(3, 1, -1))
     causal = torch.full((n, n), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
     x = mtp["layers"][0](x, position_embeddings=position_embeddings, attention_mask=causal, cache=None)

@@ -46,8 +46,9 @@ def test_chunked_prefill_logits_and_state_equal_one_shot(model):
         torch.testing.assert_close(logits, one_logits, rtol=1e-5, atol=1e-5, msg=f"chunk {chunk}")
         for name in one_state:
             for t in one_state[name]:
-                torch.testing.assert_close(state[name][t], one_state[name][t], rtol=1e-5, atol=1e-5,
-                                           msg=f"chunk {chunk}: {name}.{t}")
+                torch.testing.assert_close(
+                    state[name][t], one_state[name][t], rtol=1e-5, atol=1e-5, msg=f"chunk {chunk}: {name}.{t}"
+                )
 
 
 def test_chunked_prefill_greedy_equals_one_shot(model):
@@ -58,7 +59,9 @@ def test_chunked_prefill_greedy_equals_one_shot(model):
 @pytest.mark.parametrize("which", ("model", "moe_model"))
 def test_mixed_prefill_decode_batch_equals_each_alone(which, request):
     model = request.getfixturevalue(which)
-    conf.check_mixed_batch(model, conf.make_prompts(model.info.vocab_size, (3, 17, 40, 9), seed=6), max_new_tokens=10)
+    conf.check_mixed_batch(
+        model, conf.make_prompts(model.info.vocab_size, (3, 17, 40, 9), seed=6), max_new_tokens=10
+    )
 
 
 def test_state_snapshot_restore_reproduces_continuation(model):
@@ -103,8 +106,14 @@ def test_decode_padding_rows_write_nothing(model):
     tables = [blocks.allocate(1) for _ in prompts]
     seq_slots = [slots.allocate() for _ in prompts]
     spare = slots.allocate()  # never used: a padding row must not touch it (slot -1 would wrap to it)
-    firsts = runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seq_slots, tables, prompts, strict=False)]).argmax(-1).tolist()
-    work = [SeqWork(s, t, len(p), [tok]) for s, t, p, tok in zip(seq_slots, tables, prompts, firsts, strict=False)]
+    firsts = (
+        runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seq_slots, tables, prompts, strict=False)])
+        .argmax(-1)
+        .tolist()
+    )
+    work = [
+        SeqWork(s, t, len(p), [tok]) for s, t, p, tok in zip(seq_slots, tables, prompts, firsts, strict=False)
+    ]
     snapshot = {n: {t: v.clone() for t, v in ts.items()} for n, ts in pools.state.items()}
     kv_before = {n: (k.clone(), v.clone()) for n, (k, v) in pools.kv.items()}
     plain = model.compute_logits(model(build_batch(work, pools)))
@@ -123,7 +132,9 @@ def test_decode_padding_rows_write_nothing(model):
     for name, ts in after_plain.items():
         for t, v in ts.items():
             torch.testing.assert_close(pools.state[name][t], v, rtol=1e-5, atol=1e-5, msg=f"{name}.{t}")
-            assert torch.equal(pools.state[name][t][spare], snapshot[name][t][spare]), f"padding wrote {name}.{t}"
+            assert torch.equal(pools.state[name][t][spare], snapshot[name][t][spare]), (
+                f"padding wrote {name}.{t}"
+            )
     for name, (k, _v) in pools.kv.items():
         written = (k != kv_before[name][0]).any(-1).any(-1).nonzero().tolist()
         assert all(blk in (tables[0][0], tables[1][0]) for blk, _ in written), f"{name}: padding wrote K/V"
@@ -149,7 +160,9 @@ def test_padded_graph_decode_equals_eager(model):
     first = runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seq_slots, tables, prompts * 2, strict=True)])
     tokens = [list(p) + [int(row.argmax())] for p, row in zip(prompts * 2, first, strict=True)]
     for _ in range(steps):
-        work = [SeqWork(s, t, len(tok) - 1, tok[-1:]) for s, t, tok in zip(seq_slots, tables, tokens, strict=True)]
+        work = [
+            SeqWork(s, t, len(tok) - 1, tok[-1:]) for s, t, tok in zip(seq_slots, tables, tokens, strict=True)
+        ]
         eager = runner.step(work[:n])
         padded = graphs.run(build_batch(work[n:], pools))
         torch.testing.assert_close(padded, eager, rtol=1e-5, atol=1e-5)

@@ -60,23 +60,41 @@ def test_tp2_matches_single_rank(kind, tmp_path):
         for ours, ref in zip(got["logits"], single["logits"], strict=False):
             # same math, partial sums added in a different order: fp32 rounding only
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
-        assert got["tokens"] == single["tokens"], f"rank {rank} greedy tokens differ from the single-rank model"
+        assert got["tokens"] == single["tokens"], (
+            f"rank {rank} greedy tokens differ from the single-rank model"
+        )
 
 
 def test_gdn_heads_must_split_over_the_world(tmp_path):
     from dgpp.nn.gated_deltanet import GatedDeltaNet
 
     with pytest.raises(ValueError, match="key heads do not split"):
-        GatedDeltaNet("layers.0", hidden_size=64, num_k_heads=3, num_v_heads=6, head_k_dim=8, head_v_dim=8,
-                      conv_kernel=4, world=World(rank=0, size=2))
+        GatedDeltaNet(
+            "layers.0",
+            hidden_size=64,
+            num_k_heads=3,
+            num_v_heads=6,
+            head_k_dim=8,
+            head_v_dim=8,
+            conv_kernel=4,
+            world=World(rank=0, size=2),
+        )
 
 
 def test_quantized_qkv_is_refused_when_split():
     """A quantized ``in_proj_qkv`` would be sliced contiguously by its format (mixing q/k/v heads): refused."""
     from dgpp.nn.gated_deltanet import GatedDeltaNet
 
-    gdn = GatedDeltaNet("layers.0", hidden_size=64, num_k_heads=2, num_v_heads=4, head_k_dim=8, head_v_dim=8,
-                        conv_kernel=4, world=World(rank=0, size=2))
+    gdn = GatedDeltaNet(
+        "layers.0",
+        hidden_size=64,
+        num_k_heads=2,
+        num_v_heads=4,
+        head_k_dim=8,
+        head_v_dim=8,
+        conv_kernel=4,
+        world=World(rank=0, size=2),
+    )
     gdn._check_split_layout()  # unquantized: fine
     gdn.in_proj_qkv.quant_method = object()  # stands in for a packed format swapped in by dgpp.quant
     with pytest.raises(NotImplementedError, match="in_proj_qkv"):

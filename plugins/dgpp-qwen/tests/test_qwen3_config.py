@@ -11,36 +11,86 @@ from dgpp.errors import ConfigError
 from dgpp_qwen.config import QwenConfig
 
 QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "vocab_size": 151936, "hidden_size": 1024,
-    "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
-    "head_dim": 128, "hidden_act": "silu", "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
-    "rope_scaling": None, "rope_theta": 1000000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
-    "use_sliding_window": False, "sliding_window": None, "attention_bias": False, "eos_token_id": 151645,
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "rope_scaling": None,
+    "rope_theta": 1000000,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+    "sliding_window": None,
+    "attention_bias": False,
+    "eos_token_id": 151645,
     "bos_token_id": 151643,
 }
 QWEN3_MOE = {
-    **QWEN3, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "num_experts": 128,
-    "num_experts_per_tok": 8, "moe_intermediate_size": 768, "norm_topk_prob": True, "decoder_sparse_step": 1,
-    "mlp_only_layers": [], "tie_word_embeddings": False,
+    **QWEN3,
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 768,
+    "norm_topk_prob": True,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "tie_word_embeddings": False,
 }
 QWEN35_TEXT = {
-    "model_type": "qwen3_5_text", "vocab_size": 248320, "hidden_size": 5120, "intermediate_size": 17408,
-    "num_hidden_layers": 8, "num_attention_heads": 24, "num_key_value_heads": 4, "head_dim": 256,
-    "hidden_act": "silu", "max_position_embeddings": 262144, "rms_norm_eps": 1e-6, "full_attention_interval": 4,
-    "linear_conv_kernel_dim": 4, "linear_key_head_dim": 128, "linear_value_head_dim": 128,
-    "linear_num_key_heads": 16, "linear_num_value_heads": 48, "eos_token_id": 248044,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000000, "partial_rotary_factor": 0.25,
-                        "mrope_section": [11, 11, 10], "mrope_interleaved": True},
+    "model_type": "qwen3_5_text",
+    "vocab_size": 248320,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 8,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "hidden_act": "silu",
+    "max_position_embeddings": 262144,
+    "rms_norm_eps": 1e-6,
+    "full_attention_interval": 4,
+    "linear_conv_kernel_dim": 4,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "eos_token_id": 248044,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
 }
 QWEN35_WRAPPER = {
-    "architectures": ["Qwen3_5ForConditionalGeneration"], "model_type": "qwen3_5", "text_config": QWEN35_TEXT,
-    "vision_config": {"model_type": "qwen3_5_vision"}, "tie_word_embeddings": False, "dtype": "bfloat16",
+    "architectures": ["Qwen3_5ForConditionalGeneration"],
+    "model_type": "qwen3_5",
+    "text_config": QWEN35_TEXT,
+    "vision_config": {"model_type": "qwen3_5_vision"},
+    "tie_word_embeddings": False,
+    "dtype": "bfloat16",
 }
 QWEN35_MOE_WRAPPER = {
-    "architectures": ["Qwen3_5MoeForConditionalGeneration"], "model_type": "qwen3_5_moe",
-    "text_config": {**{k: v for k, v in QWEN35_TEXT.items() if k != "intermediate_size"},
-                    "model_type": "qwen3_5_moe_text", "num_experts": 256, "num_experts_per_tok": 8,
-                    "moe_intermediate_size": 1024, "shared_expert_intermediate_size": 1024},
+    "architectures": ["Qwen3_5MoeForConditionalGeneration"],
+    "model_type": "qwen3_5_moe",
+    "text_config": {
+        **{k: v for k, v in QWEN35_TEXT.items() if k != "intermediate_size"},
+        "model_type": "qwen3_5_moe_text",
+        "num_experts": 256,
+        "num_experts_per_tok": 8,
+        "moe_intermediate_size": 1024,
+        "shared_expert_intermediate_size": 1024,
+    },
 }
 
 
@@ -64,7 +114,9 @@ def test_qwen3_5_wrapper_reads_text_config():
     assert cfg.model_type == "qwen3_5_text" and cfg.architecture == "Qwen3_5ForConditionalGeneration"
     assert cfg.weight_prefix == "model.language_model."
     assert cfg.hybrid and cfg.rope.rotary_dim == 64 and cfg.rope.mrope_section == (11, 11, 10)
-    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + ("full_attention",)
+    assert cfg.layer_types == ("linear_attention",) * 3 + ("full_attention",) + ("linear_attention",) * 3 + (
+        "full_attention",
+    )
     assert cfg.linear_attn.num_value_heads == 48 and cfg.dtype == torch.bfloat16
 
 
@@ -77,7 +129,9 @@ def test_qwen3_5_moe_wrapper_and_plain_text_types():
 
 
 def test_legacy_rope_scaling_yarn():
-    cfg = QwenConfig.from_hf_config({**QWEN3, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}})
+    cfg = QwenConfig.from_hf_config(
+        {**QWEN3, "rope_scaling": {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}}
+    )
     assert cfg.rope.yarn.factor == 4.0 and cfg.rope.yarn.original_max_position == 32768
 
 
@@ -96,7 +150,12 @@ def _with(base: dict, path: str, value) -> dict:
     [
         (QWEN3, "rope_scaling", {"rope_type": "longrope", "factor": 2.0}, "rope_scaling.rope_type"),
         (QWEN3, "rope_scaling", {"type": "dynamic", "factor": 2.0}, "rope_scaling.type"),
-        (QWEN35_WRAPPER, "text_config.rope_parameters.rope_type", "llama3", "text_config.rope_parameters.rope_type"),
+        (
+            QWEN35_WRAPPER,
+            "text_config.rope_parameters.rope_type",
+            "llama3",
+            "text_config.rope_parameters.rope_type",
+        ),
         (QWEN3, "rope_scaling", {"rope_type": "yarn"}, "rope_scaling: required key 'factor'"),
         (QWEN3, "hidden_act", "gelu", "hidden_act"),
         (QWEN35_WRAPPER, "text_config.hidden_act", "relu", "text_config.hidden_act"),

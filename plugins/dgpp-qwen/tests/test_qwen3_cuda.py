@@ -20,8 +20,16 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 # the tiny geometry, and one with real head/hidden sizes so the kernels take their production tiles
 GEOMETRIES = {
     "tiny": {},
-    "wide": {"hidden_size": 512, "intermediate_size": 1024, "num_attention_heads": 8, "num_key_value_heads": 2,
-             "head_dim": 128, "vocab_size": 4096, "num_hidden_layers": 3, "moe_intermediate_size": 256},
+    "wide": {
+        "hidden_size": 512,
+        "intermediate_size": 1024,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 128,
+        "vocab_size": 4096,
+        "num_hidden_layers": 3,
+        "moe_intermediate_size": 256,
+    },
 }
 LOGIT_RTOL = {torch.float32: 1e-3, torch.bfloat16: 3e-2}  # GPU reduction orders differ from the CPU's
 
@@ -33,15 +41,21 @@ def load_cuda(path):
     return load_model(LoadContext(path, hf, "qwen", hf["architectures"][0], device="cuda"))
 
 
-@pytest.fixture(scope="module", params=[(k, g, d) for k in ("qwen3", "qwen3_moe") for g in GEOMETRIES
-                                        for d in (torch.float32, torch.bfloat16)],
-                ids=lambda p: f"{p[0]}-{p[1]}-{str(p[2])[6:]}")
+@pytest.fixture(
+    scope="module",
+    params=[
+        (k, g, d) for k in ("qwen3", "qwen3_moe") for g in GEOMETRIES for d in (torch.float32, torch.bfloat16)
+    ],
+    ids=lambda p: f"{p[0]}-{p[1]}-{str(p[2])[6:]}",
+)
 def pair(request, tmp_path_factory):
     kind, geometry, dtype = request.param
     overrides = dict(GEOMETRIES[geometry])
     if kind == "qwen3":
         overrides.pop("moe_intermediate_size", None)
-    path = build_tiny_checkpoint(kind, tmp_path_factory.mktemp(kind), dtype=dtype, seed=31, overrides=overrides)
+    path = build_tiny_checkpoint(
+        kind, tmp_path_factory.mktemp(kind), dtype=dtype, seed=31, overrides=overrides
+    )
     return load_cuda(path), load_reference(path), dtype
 
 

@@ -34,8 +34,16 @@ def prompts_with_eos(model, lengths, seed):
 def test_cache_spec_names_every_pool_entry(pair):
     model, _ = pair
     spec = model.cache_spec()
-    assert set(spec) == {"layers.0", "layers.0.ple", "layers.1", "layers.1.indexer", "layers.2", "layers.2.ple",
-                         "layers.3", "layers.3.indexer"}
+    assert set(spec) == {
+        "layers.0",
+        "layers.0.ple",
+        "layers.1",
+        "layers.1.indexer",
+        "layers.2",
+        "layers.2.ple",
+        "layers.3",
+        "layers.3.indexer",
+    }
     assert spec["layers.1"] == PagedKV(num_kv_heads=2, head_dim=16, dtype=torch.float32)
     assert spec["layers.1.indexer"] == PagedKV(num_kv_heads=1, head_dim=16, dtype=torch.float32, v_head_dim=0)
     ple = spec["layers.0.ple"]
@@ -86,15 +94,25 @@ def test_hash_constants_equal_the_reference_at_release_scale():
     from transformers.models.qwen4_exp import modeling_qwen4_exp as hf
 
     for ple_index in (0, 1, 5):
-        assert hash_multipliers(248320, 3, ple_index, 1234) == hf._build_layer_multipliers(248320, 3, ple_index, 1234).tolist()
-    ours = head_vocab_sizes(20_000_000, 1, 3)  # heads 3..5 of the sequence (second PLE layer of 3-head layers)
+        assert (
+            hash_multipliers(248320, 3, ple_index, 1234)
+            == hf._build_layer_multipliers(248320, 3, ple_index, 1234).tolist()
+        )
+    ours = head_vocab_sizes(
+        20_000_000, 1, 3
+    )  # heads 3..5 of the sequence (second PLE layer of 3-head layers)
     assert ours == [hf._find_nth_prime_after(19_999_999, n) for n in (4, 5, 6)]
 
 
 def test_hash_multipliers_pinned():
     """The multipliers come from dgpp.splitmix; these values were produced by the PLE's former private copy."""
     assert hash_multipliers(512, 3, 0, 0) == [13859160516121295, 2456519431064331, 6598516710904673]
-    assert hash_multipliers(151936, 4, 5, 12345) == [6593811459909, 17271316155133, 27733087130627, 59352543803031]
+    assert hash_multipliers(151936, 4, 5, 12345) == [
+        6593811459909,
+        17271316155133,
+        27733087130627,
+        59352543803031,
+    ]
 
 
 @torch.inference_mode()
@@ -125,5 +143,7 @@ def test_all_rows_at_once_path_equals_row_by_row(pair, monkeypatch):
     for layer in (model.model.layers[1], model.model.layers[3]):
         monkeypatch.setattr(layer.self_attn.indexer, "vectorized", True)
     for chunk in (None, 9):
-        for ours, theirs in zip(conf.engine_all_logits(model, prompts, chunk_size=chunk), reference, strict=True):
+        for ours, theirs in zip(
+            conf.engine_all_logits(model, prompts, chunk_size=chunk), reference, strict=True
+        ):
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max()))

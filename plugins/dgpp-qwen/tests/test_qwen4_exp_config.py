@@ -36,7 +36,12 @@ def test_sigmoid_gdn_output_gate_matches_transformers(tmp_path):
 
 
 def _text(**changes):
-    return {"model_type": "qwen4_exp_text", "architectures": ["Qwen4ExpForCausalLM"], **TINY_QWEN4_EXP, **changes}
+    return {
+        "model_type": "qwen4_exp_text",
+        "architectures": ["Qwen4ExpForCausalLM"],
+        **TINY_QWEN4_EXP,
+        **changes,
+    }
 
 
 def test_parsed_fields():
@@ -109,7 +114,10 @@ def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
     path = build_tiny_qwen4_exp(tmp_path, seed=25, with_mtp=True)
 
     def plan(**engine):
-        return plan_for(manager(), LoadContext(path, read_hf_config(path), "qwen", "Qwen4ExpForCausalLM", EngineConfig(**engine)))
+        return plan_for(
+            manager(),
+            LoadContext(path, read_hf_config(path), "qwen", "Qwen4ExpForCausalLM", EngineConfig(**engine)),
+        )
 
     resident, mapped, with_mtp = plan(), plan(ngram_table="mmap"), plan(mtp=True)
     model = load_model(path)
@@ -145,7 +153,9 @@ def test_unpadded_ngram_table_loads_and_gives_the_same_logits(tmp_path):
     model = load_model(path)
     prompts = conf.make_prompts(model.info.vocab_size, (9, 33), seed=30)
     before = conf.engine_all_logits(model, prompts)
-    last = [layer.ple.ple_embedding.hasher.rows_needed for layer in model.model.layers if layer.ple is not None]
+    last = [
+        layer.ple.ple_embedding.hasher.rows_needed for layer in model.model.layers if layer.ple is not None
+    ]
 
     def cut(tensors):
         for layer, needed in zip((0, 2), last, strict=True):

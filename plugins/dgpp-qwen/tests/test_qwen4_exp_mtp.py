@@ -34,7 +34,9 @@ def test_drafter_loads_mtp_tensors(loaded):
     stored = load_file(str(path / "model.safetensors"))
     torch.testing.assert_close(drafter.fc.weight, stored["mtp.fc.weight"], rtol=0, atol=0)
     indexer = drafter.layers[0].self_attn.indexer.index_qk_proj.weight
-    torch.testing.assert_close(indexer, stored["mtp.layers.0.self_attn.indexer.index_qk_proj.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        indexer, stored["mtp.layers.0.self_attn.indexer.index_qk_proj.weight"], rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("chunks", [[30], [7, 12, 11]], ids=["one_shot", "chunked"])

@@ -33,7 +33,9 @@ def _assert_rows_close(ours: list[torch.Tensor], theirs: list[torch.Tensor], wha
     """Close, not bit-identical: the shared GDN prefill (dgpp.nn.gated_deltanet) rounds differently with the
     chunk length and with the padded batch it solves in; every qwen4_exp-specific op is row-independent."""
     for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()), msg=f"{what}: prompt {i}")
+        torch.testing.assert_close(
+            a, b, rtol=1e-5, atol=1e-5 * float(b.abs().max()), msg=f"{what}: prompt {i}"
+        )
 
 
 def test_chunked_prefill_logits_equal_one_shot(model):
@@ -44,7 +46,9 @@ def test_chunked_prefill_logits_equal_one_shot(model):
 
 
 def test_chunked_prefill_greedy_equals_one_shot(model):
-    conf.check_chunked_prefill(model, _prompts(model, (11, 37), seed=7), chunk_sizes=(1, 5, 16), max_new_tokens=10)
+    conf.check_chunked_prefill(
+        model, _prompts(model, (11, 37), seed=7), chunk_sizes=(1, 5, 16), max_new_tokens=10
+    )
 
 
 def test_batched_logits_equal_solo(model):
@@ -66,9 +70,15 @@ def test_state_snapshot_restore_reproduces_continuation(model):
 def test_mmap_table_equals_resident(checkpoint, model):
     mapped = load_model(checkpoint, EngineConfig(ngram_table="mmap"))
     embedding = mapped.model.layers[0].ple.ple_embedding
-    assert embedding.mode == "mmap" and embedding.table is None and len(embedding.parts) == TINY_QWEN4_EXP["split_ngram_parts"]
+    assert (
+        embedding.mode == "mmap"
+        and embedding.table is None
+        and len(embedding.parts) == TINY_QWEN4_EXP["split_ngram_parts"]
+    )
     prompts = _prompts(model, (9, 35), seed=11)
-    for ours, theirs in zip(conf.engine_all_logits(mapped, prompts), conf.engine_all_logits(model, prompts), strict=True):
+    for ours, theirs in zip(
+        conf.engine_all_logits(mapped, prompts), conf.engine_all_logits(model, prompts), strict=True
+    ):
         assert torch.equal(ours, theirs)
 
 
@@ -79,10 +89,18 @@ def test_engine_rope_scaling_yarn_matches_transformers_yarn(checkpoint, model):
     yarn_model = load_model(checkpoint, EngineConfig(rope_scaling=scaling))
     config = transformers.AutoConfig.from_pretrained(checkpoint)
     config.rope_parameters = {
-        **TINY_QWEN4_EXP["rope_parameters"], "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64,
+        **TINY_QWEN4_EXP["rope_parameters"],
+        "rope_type": "yarn",
+        "factor": 4.0,
+        "original_max_position_embeddings": 64,
     }
-    reference = transformers.Qwen4ExpForCausalLM.from_pretrained(checkpoint, config=config, attn_implementation="eager").eval()
+    reference = transformers.Qwen4ExpForCausalLM.from_pretrained(
+        checkpoint, config=config, attn_implementation="eager"
+    ).eval()
     prompts = _prompts(model, (12, 40), seed=12)
     assert conf.check_logits(yarn_model, reference, prompts, rtol=1e-4) < 1e-4
-    plain, scaled = conf.engine_all_logits(model, prompts[1:])[0], conf.engine_all_logits(yarn_model, prompts[1:])[0]
+    plain, scaled = (
+        conf.engine_all_logits(model, prompts[1:])[0],
+        conf.engine_all_logits(yarn_model, prompts[1:])[0],
+    )
     assert (plain - scaled).abs().max() / plain.abs().max() > 1e-3  # YaRN really changed the frequencies

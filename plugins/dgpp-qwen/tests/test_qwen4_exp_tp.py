@@ -21,11 +21,16 @@ WORLD = 2
 
 def _run(model) -> dict:
     prompts = conf.make_prompts(512, (9, 40), seed=31)
-    return {"logits": conf.engine_all_logits(model, prompts), "tokens": greedy_generate(model, prompts, 10, chunk_size=7)}
+    return {
+        "logits": conf.engine_all_logits(model, prompts),
+        "tokens": greedy_generate(model, prompts, 10, chunk_size=7),
+    }
 
 
 def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
-    torch.distributed.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
+    )
     try:
         torch.set_num_threads(1)
         model = load_model(path, world=World(rank=rank, size=WORLD))
@@ -54,4 +59,6 @@ def test_tp2_matches_single_rank(tmp_path):
         assert got["kv_heads"] == 1  # 2 kv heads over 2 ranks
         for ours, ref in zip(got["logits"], single["logits"], strict=True):
             torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
-        assert got["tokens"] == single["tokens"], f"rank {rank} greedy tokens differ from the single-rank model"
+        assert got["tokens"] == single["tokens"], (
+            f"rank {rank} greedy tokens differ from the single-rank model"
+        )

@@ -69,7 +69,9 @@ def test_fp32_scales_give_the_gguf_weights_bit_for_bit(kind):
     assert torch.equal(weights, decode_blocks(rows, kind))
 
 
-@pytest.mark.parametrize(("kind", "n"), [("Q4_1", 192), ("Q4_0", 192), ("Q8_0", 192), ("Q4_1", 40)])  # 40: padded to 48 outputs
+@pytest.mark.parametrize(
+    ("kind", "n"), [("Q4_1", 192), ("Q4_0", 192), ("Q8_0", 192), ("Q4_1", 40)]
+)  # 40: padded to 48 outputs
 def test_packed_product_equals_decode_then_multiply_within_bf16(kind, n):
     k = 256
     rows = blocks_of(kind, n, k, seed=2)
@@ -99,9 +101,16 @@ def test_joined_products_equal_each_part_alone():
     joined = int4pack_cpu.concat_packed(parts)
     x = torch.randn(5, 128, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
     assert torch.equal(joined(x), torch.cat([part(x) for part in parts], dim=-1))
-    x_t = torch.randn(128, 5, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).t()  # not contiguous
+    x_t = (
+        torch.randn(128, 5, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16).t()
+    )  # not contiguous
     assert torch.equal(joined(x_t), joined(x_t.contiguous()))
-    assert int4pack_cpu.concat_packed([parts[0], gguf_packed.packed_weight(blocks_of("Q4_1", 40, 128, 8), "Q4_1")]) is None
+    assert (
+        int4pack_cpu.concat_packed(
+            [parts[0], gguf_packed.packed_weight(blocks_of("Q4_1", 40, 128, 8), "Q4_1")]
+        )
+        is None
+    )
 
 
 def test_a_layout_whose_rows_depend_on_the_batch_is_refused(monkeypatch):
@@ -129,10 +138,13 @@ def mixed_quant(name: str, tensor: torch.Tensor) -> str:
 @pytest.fixture
 def tiny_gguf(tmp_path):
     # 4 KV heads: k and v are 64 rows, so q/k/v join into one packed product like the demo's
-    hf = build_tiny_checkpoint("llama", tmp_path / "hf", seed=11,
-                               overrides={"tie_word_embeddings": True, "num_key_value_heads": 4})
+    hf = build_tiny_checkpoint(
+        "llama", tmp_path / "hf", seed=11, overrides={"tie_word_embeddings": True, "num_key_value_heads": 4}
+    )
     build_tiny_tokenizer(hf)
-    return resolve_checkpoint(str(write_llama_gguf(hf, tmp_path / "q" / "tiny.gguf", tensor_type=mixed_quant)))
+    return resolve_checkpoint(
+        str(write_llama_gguf(hf, tmp_path / "q" / "tiny.gguf", tensor_type=mixed_quant))
+    )
 
 
 def int4_calls(model, prompt: list[int]) -> int:

@@ -6,35 +6,65 @@ import argparse
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("mode", nargs="?", choices=("decode", "serve"), default="decode",
-                        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP")
+    parser.add_argument(
+        "mode",
+        nargs="?",
+        choices=("decode", "serve"),
+        default="decode",
+        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP",
+    )
     parser.add_argument("--geometry", default="qwen3-8b")
     parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
-    parser.add_argument("--hf-cases", default="128x1x256", help="cases also run through transformers generate")
+    parser.add_argument(
+        "--hf-cases", default="128x1x256", help="cases also run through transformers generate"
+    )
     parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
-    parser.add_argument("--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree")
+    parser.add_argument(
+        "--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree"
+    )
     parser.add_argument("--profile", default="", help="cases whose per-kernel GPU time is broken down")
-    parser.add_argument("--gemv", choices=("on", "off", "both", "mma", "row+mma"), default="on",
-                        help="decode GEMV kernels (DGPP_GEMV; packed weights: DGPP_QUANT_GEMV) for the timed cases; "
-                             "both = each case twice; mma / row+mma: packed layers on the MMA GEMV (and the row GEMV)")
-    parser.add_argument("--prefill", type=int, default=0, help="also time one eager prefill of this many tokens")
-    parser.add_argument("--prefill-attn", default="torch",
-                        help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)")
-    parser.add_argument("--quant", default="",
-                        help="weight formats to benchmark in turn, comma separated: bf16 (the dense model), fp8_block, "
-                             "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device); serve mode: one "
-                             "format, the checkpoint written packed in that release's layout")
+    parser.add_argument(
+        "--gemv",
+        choices=("on", "off", "both", "mma", "row+mma"),
+        default="on",
+        help="decode GEMV kernels (DGPP_GEMV; packed weights: DGPP_QUANT_GEMV) for the timed cases; "
+        "both = each case twice; mma / row+mma: packed layers on the MMA GEMV (and the row GEMV)",
+    )
+    parser.add_argument(
+        "--prefill", type=int, default=0, help="also time one eager prefill of this many tokens"
+    )
+    parser.add_argument(
+        "--prefill-attn",
+        default="torch",
+        help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)",
+    )
+    parser.add_argument(
+        "--quant",
+        default="",
+        help="weight formats to benchmark in turn, comma separated: bf16 (the dense model), fp8_block, "
+        "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device); serve mode: one "
+        "format, the checkpoint written packed in that release's layout",
+    )
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
     serve = parser.add_argument_group("serve mode (dgpp bench serve)")
-    serve.add_argument("--serve-cases", default="1,8,16,32,64,64:sampled,64:nostream",
-                       help="N[:sampled][:nostream], comma separated: N clients at once")
+    serve.add_argument(
+        "--serve-cases",
+        default="1,8,16,32,64,64:sampled,64:nostream",
+        help="N[:sampled][:nostream], comma separated: N clients at once",
+    )
     serve.add_argument("--prompt-tokens", type=int, default=128)
     serve.add_argument("--max-tokens", type=int, default=256)
     serve.add_argument("--engine", default="", help="engine keys (JSON object) over the bench's own")
     serve.add_argument("--checkpoint-dir", default="", help="where the random checkpoint is written (reused)")
     serve.add_argument("--server-pythonpath", default="", help="PYTHONPATH prepended for the server process")
-    serve.add_argument("--profile-dir", default="", help="py-spy profiles of the server during streaming cases")
-    serve.add_argument("--profile-delay", type=float, default=2.0,
-                       help="seconds after a case's requests are sent before the profile starts (0: the burst itself)")
+    serve.add_argument(
+        "--profile-dir", default="", help="py-spy profiles of the server during streaming cases"
+    )
+    serve.add_argument(
+        "--profile-delay",
+        type=float,
+        default=2.0,
+        help="seconds after a case's requests are sent before the profile starts (0: the burst itself)",
+    )
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")

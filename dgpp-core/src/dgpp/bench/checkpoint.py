@@ -27,8 +27,9 @@ SHARD_BYTES = 4 << 30
 EOS = "<eos>"
 
 
-def write_checkpoint(geometry: str, out_dir: Path, device: str, dtype: torch.dtype, seed: int = 0,
-                     quant: str = "") -> Path:
+def write_checkpoint(
+    geometry: str, out_dir: Path, device: str, dtype: torch.dtype, seed: int = 0, quant: str = ""
+) -> Path:
     """Write config, weights and tokenizer of ``geometry`` into ``out_dir`` (kept when already complete);
     ``quant``: a format of ``dgpp.bench.quantize.QUANT_CONFIGS``, its decoder-layer linears packed."""
     from dgpp.bench.quantize import QUANT_CONFIGS
@@ -39,7 +40,9 @@ def write_checkpoint(geometry: str, out_dir: Path, device: str, dtype: torch.dty
     scheme = None
     if quant:
         if quant not in QUANT_CONFIGS:
-            raise ConfigError(f"--quant: unknown format {quant!r} for a served checkpoint; known: {', '.join(QUANT_CONFIGS)}")
+            raise ConfigError(
+                f"--quant: unknown format {quant!r} for a served checkpoint; known: {', '.join(QUANT_CONFIGS)}"
+            )
         config[KEY] = QUANT_CONFIGS[quant]
         scheme = QuantScheme.from_hf_config(config)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -54,13 +57,19 @@ def write_checkpoint(geometry: str, out_dir: Path, device: str, dtype: torch.dty
     return out_dir
 
 
-DECODER_LINEAR = re.compile(r".*\.layers\.\d+\..*")  # what a release packs: decoder-layer linears, never embeddings
+DECODER_LINEAR = re.compile(
+    r".*\.layers\.\d+\..*"
+)  # what a release packs: decoder-layer linears, never embeddings
 
 
 def _stored(name: str, t: torch.Tensor, scheme: Any) -> dict[str, torch.Tensor]:
     """The checkpoint tensors of parameter ``name``: itself, or its packed encoding where ``scheme`` packs its module."""
     module = name[: -len(".weight")] if name.endswith(".weight") else None
-    fmt = scheme.format_for(module) if scheme and module and t.dim() == 2 and DECODER_LINEAR.fullmatch(module) else None
+    fmt = (
+        scheme.format_for(module)
+        if scheme and module and t.dim() == 2 and DECODER_LINEAR.fullmatch(module)
+        else None
+    )
     if fmt is None:
         return {name: t}
     from dgpp.quant.encode import encode
@@ -68,8 +77,9 @@ def _stored(name: str, t: torch.Tensor, scheme: Any) -> dict[str, torch.Tensor]:
     return {f"{module}.{suffix}": packed for suffix, packed in encode(fmt, t.float()).items()}
 
 
-def _write_weights(config: dict[str, Any], out_dir: Path, device: str, dtype: torch.dtype, seed: int,
-                   scheme: Any = None) -> None:
+def _write_weights(
+    config: dict[str, Any], out_dir: Path, device: str, dtype: torch.dtype, seed: int, scheme: Any = None
+) -> None:
     from safetensors.torch import save_file
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -53,8 +53,15 @@ GEMV_LABELS = {"1": "", "row": ", row GEMV", "mma": ", MMA GEMV"}
 def _set_gemv(mode: str, rows: int = 1) -> None:
     """Dense decode GEMV on unless mode "0"; packed layers: "1" (the engine's default: ``auto`` for an engine whose
     steps hold ``rows`` decode rows, as ``dgpp serve`` resolves it), "0" (wo_matmul), "row"/"mma"."""
-    install(dataclasses.replace(current(), dense_gemv=mode != "0", packed_decode_gemv=mode != "0",
-                                quant_decode_gemv=mode if mode in ("row", "mma") else "auto", decode_max_rows=rows))
+    install(
+        dataclasses.replace(
+            current(),
+            dense_gemv=mode != "0",
+            packed_decode_gemv=mode != "0",
+            quant_decode_gemv=mode if mode in ("row", "mma") else "auto",
+            decode_max_rows=rows,
+        )
+    )
 
 
 def parse_cases(text: str) -> list[tuple[int, int, int]]:
@@ -66,7 +73,11 @@ def parse_cases(text: str) -> list[tuple[int, int, int]]:
 
 
 def bench_weights(
-    model: Model, hf: torch.nn.Module | None, args: argparse.Namespace, copy_gbs: float, tag: str,
+    model: Model,
+    hf: torch.nn.Module | None,
+    args: argparse.Namespace,
+    copy_gbs: float,
+    tag: str,
 ) -> tuple[list, list[str], list[str]]:
     """Every check, case, prefill and profile of one weight variant: (results, table sections, failures).
     ``tag`` (the format under ``--quant``) starts each row's mode and each section's title; ``hf`` None: no
@@ -81,7 +92,13 @@ def bench_weights(
         if not same:
             failures.append(f"{tag}{prompt}x{batch}x{new}")
     hf_cases = set(parse_cases(args.hf_cases))
-    gemv_modes = {"on": ("1",), "off": ("0",), "both": ("1", "0"), "mma": ("mma",), "row+mma": ("row", "mma")}[args.gemv]
+    gemv_modes = {
+        "on": ("1",),
+        "off": ("0",),
+        "both": ("1", "0"),
+        "mma": ("mma",),
+        "row+mma": ("row", "mma"),
+    }[args.gemv]
     # --gemv off: dense layers go to cuBLAS, packed ones to the generic weight-only kernel (wo_matmul)
     off_label = ", wo_matmul" if quantized_linears(model) else ", cuBLAS GEMV"
     for prompt, batch, new in parse_cases(args.cases):
@@ -91,12 +108,15 @@ def bench_weights(
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs)
             res.label = f"{tag}{'graph' if graph else 'eager'}{GEMV_LABELS.get(gemv, off_label)}"
             results.append(res)
-            print(f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step (replay {res.replay_ms:.2f}), "
-                  f"{res.tok_s:.1f} tok/s, {res.step_bytes / 1e9:.3f} GB/step, {res.copy_pct:.1f}% of copy bw", flush=True)
+            print(
+                f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step (replay {res.replay_ms:.2f}), "
+                f"{res.tok_s:.1f} tok/s, {res.step_bytes / 1e9:.3f} GB/step, {res.copy_pct:.1f}% of copy bw",
+                flush=True,
+            )
         _set_gemv(gemv_modes[0])
         if hf is not None and (prompt, batch, new) in hf_cases:
             rate = hf_tok_s(hf, prompt, batch, new, vocab)
-            for res in results[-len(modes):]:
+            for res in results[-len(modes) :]:
                 res.hf_tok_s = rate
             print(f"{prompt}x{batch}x{new} {tag}transformers: {rate:.1f} tok/s", flush=True)
     if args.prefill and device == "cuda":
@@ -106,9 +126,11 @@ def bench_weights(
         for attn in filter(None, args.prefill_attn.split(",")):
             with overriding(prefill_attention=attn):
                 seconds, rate = prefill_tflops(model, args.prefill)
-            sections.append(f"{tag}prefill of {args.prefill} tokens (batch 1, eager, {attn} attention): {seconds * 1e3:.0f} ms, "
-                            f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate "
-                            "measured in the same run")
+            sections.append(
+                f"{tag}prefill of {args.prefill} tokens (batch 1, eager, {attn} attention): {seconds * 1e3:.0f} ms, "
+                f"{rate:.0f} TFLOP/s = {100 * rate / peak:.1f}% of the {peak:.0f} TFLOP/s bf16 matmul rate "
+                "measured in the same run"
+            )
             print(sections[-1], flush=True)
     for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
@@ -123,18 +145,28 @@ def bench_weights(
     return results, sections, failures
 
 
-def prepare_variant(dense: Model, args: argparse.Namespace, dtype: torch.dtype, variant: str, sections: list[str],
-                    failures: list[str]) -> Model:
+def prepare_variant(
+    dense: Model,
+    args: argparse.Namespace,
+    dtype: torch.dtype,
+    variant: str,
+    sections: list[str],
+    failures: list[str],
+) -> Model:
     """``dense`` encoded in ``variant``, its bytes printed and its kernels checked against the torch path."""
     t0 = time.perf_counter()
     model = quantize_model(dense, hf_config(args.geometry, dtype), variant)
-    print(f"{variant}: decoder-layer linears encoded on {args.device} in {time.perf_counter() - t0:.1f} s, "
-          f"weights read per step {weight_bytes_per_step(model)} bytes (dense: {weight_bytes_per_step(dense)})",
-          flush=True)
+    print(
+        f"{variant}: decoder-layer linears encoded on {args.device} in {time.perf_counter() - t0:.1f} s, "
+        f"weights read per step {weight_bytes_per_step(model)} bytes (dense: {weight_bytes_per_step(dense)})",
+        flush=True,
+    )
     check = compare_with_torch_path(model)
-    sections.append(f"{variant}: kernels vs the torch decode path (4 random 32-token prompts): max |diff| / max "
-                    f"|logit| {check['prefill_rel_diff']:.2e} prefill, {check['decode_rel_diff']:.2e} decode step; "
-                    f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}")
+    sections.append(
+        f"{variant}: kernels vs the torch decode path (4 random 32-token prompts): max |diff| / max "
+        f"|logit| {check['prefill_rel_diff']:.2e} prefill, {check['decode_rel_diff']:.2e} decode step; "
+        f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}"
+    )
     print(sections[-1], flush=True)
     if max(check["prefill_rel_diff"], check["decode_rel_diff"]) > GROSS_MISMATCH:
         failures.append(f"{variant} kernels vs torch path")
@@ -159,16 +191,24 @@ def run(args: argparse.Namespace) -> int:
     hf_holds, wants_hf = DENSE, hf is not None and bool(parse_cases(args.hf_cases))
     if wants_hf and len(variants) > 1 and shares_storage(dense, hf):
         # decoded weights written into transformers would overwrite the dense source every format is encoded from
-        print("transformers shares dgpp's tensors (no room for two copies): no HF column for quantized formats")
+        print(
+            "transformers shares dgpp's tensors (no room for two copies): no HF column for quantized formats"
+        )
         wants_hf = False
     for variant in variants:
         tag = f"{dense_name if variant == DENSE else variant} " if quant else ""
         try:
-            model = dense if variant == DENSE else prepare_variant(dense, args, dtype, variant, sections, failures)
+            model = (
+                dense
+                if variant == DENSE
+                else prepare_variant(dense, args, dtype, variant, sections, failures)
+            )
             if wants_hf and hf_holds != variant:  # transformers runs the values this variant decodes to
                 sync_hf_weights(hf, model)
                 hf_holds = variant
-            found, extra, failed = bench_weights(model, hf if hf_holds == variant else None, args, copy_gbs, tag)
+            found, extra, failed = bench_weights(
+                model, hf if hf_holds == variant else None, args, copy_gbs, tag
+            )
         except Exception as e:  # one format's failure must not lose the others' numbers (GPU time is scarce)
             traceback.print_exc()
             failures.append(f"{tag}raised {e!r}")
@@ -181,12 +221,18 @@ def run(args: argparse.Namespace) -> int:
             gc.collect()
             torch.cuda.empty_cache()
     table = "\n\n".join([format_table(results, copy_gbs), *sections])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
-    weights = (f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: every "
-               f"decoder-layer linear; embedding, lm_head and norms {dense_name}; transformers runs the decoded values)")
-    header = (f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "
-              f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, commit {commit or 'unknown'}, "
-              f"geometry {args.geometry} {dense.info.dtype} random weights" + (f", {weights}" if quant else ""))
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    weights = (
+        f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: every "
+        f"decoder-layer linear; embedding, lm_head and norms {dense_name}; transformers runs the decoded values)"
+    )
+    header = (
+        f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "
+        f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, commit {commit or 'unknown'}, "
+        f"geometry {args.geometry} {dense.info.dtype} random weights" + (f", {weights}" if quant else "")
+    )
     print("\n" + header + "\n" + table)
     if failures:
         print(f"failed checks (graph/eager greedy, kernels vs torch path, errors): {failures}")
@@ -200,8 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     from dgpp.demo import enable_demo_checkpoints
 
     enable_demo_checkpoints()  # the served checkpoint goes through checkpoint resolution like dgpp serve's
-    parser = argparse.ArgumentParser(prog="dgpp bench", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="dgpp bench", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -81,10 +81,15 @@ class DecodeSession:
     def __init__(self, model: Model, batch: int, max_len: int, block_size: int, graph: bool) -> None:
         self.blocks_per_seq = -(-max_len // block_size)
         device = next(model.parameters()).device
-        self.pools = CachePools(model.cache_spec(), batch * self.blocks_per_seq, block_size, batch, device=device)
-        self.tables = [list(range(b * self.blocks_per_seq, (b + 1) * self.blocks_per_seq)) for b in range(batch)]
-        self.runner = ModelRunner(model, self.pools, decode_graph=graph, max_batch=max(batch, 1),
-                                  max_blocks=self.blocks_per_seq)
+        self.pools = CachePools(
+            model.cache_spec(), batch * self.blocks_per_seq, block_size, batch, device=device
+        )
+        self.tables = [
+            list(range(b * self.blocks_per_seq, (b + 1) * self.blocks_per_seq)) for b in range(batch)
+        ]
+        self.runner = ModelRunner(
+            model, self.pools, decode_graph=graph, max_batch=max(batch, 1), max_blocks=self.blocks_per_seq
+        )
 
     def prefill(self, prompts: list[list[int]]) -> list[int]:
         work = [SeqWork(b, self.tables[b], 0, p) for b, p in enumerate(prompts)]
@@ -114,7 +119,14 @@ def random_prompts(batch: int, length: int, vocab: int, seed: int) -> list[list[
 
 
 def run_case(
-    model: Model, prompt: int, batch: int, generated: int, *, graph: bool, copy_gbs: float, block_size: int = 16,
+    model: Model,
+    prompt: int,
+    batch: int,
+    generated: int,
+    *,
+    graph: bool,
+    copy_gbs: float,
+    block_size: int = 16,
     seed: int = 0,
 ) -> DecodeResult:
     """Prefill ``batch`` random prompts, then time ``generated - 1`` decode steps (greedy)."""
@@ -157,7 +169,9 @@ def _time_replay(graph: torch.cuda.CUDAGraph, reps: int = 20) -> float:
 
 
 @torch.inference_mode()
-def hf_tok_s(hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab: int, seed: int = 0) -> float:
+def hf_tok_s(
+    hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab: int, seed: int = 0
+) -> float:
     """transformers ``generate`` (greedy, eager, its default cache), decode rate after the first token;
     0.0 (shown as '-') without a transformers model (its version lacks the geometry's model type)."""
     if hf is None:
@@ -179,8 +193,10 @@ def hf_tok_s(hf: torch.nn.Module, prompt: int, batch: int, generated: int, vocab
 
 
 def format_table(results: list[DecodeResult], copy_gbs: float) -> str:
-    head = ("| prompt | batch | new | mode | bytes/step (GB) | ms/step | replay ms | tok/s | GB/s | % copy bw "
-            "| HF tok/s | x HF |")
+    head = (
+        "| prompt | batch | new | mode | bytes/step (GB) | ms/step | replay ms | tok/s | GB/s | % copy bw "
+        "| HF tok/s | x HF |"
+    )
     lines = [head, "|" + "---|" * 12]
     for r in results:
         ratio = f"{r.tok_s / r.hf_tok_s:.1f}" if r.hf_tok_s else "-"
@@ -193,10 +209,14 @@ def format_table(results: list[DecodeResult], copy_gbs: float) -> str:
     lines.append(f"\nmeasured device-to-device copy bandwidth: {copy_gbs:.0f} GB/s (read + write)")
     routed = [r for r in results if r.experts_read]
     if routed:
-        lines.append("MoE bytes/step count only the routed experts read: distinct experts per layer, measured from the "
-                     "routers in one eager step after each case: "
-                     + ", ".join(f"{r.prompt}x{r.batch} {r.label or ('graph' if r.graph else 'eager')} {r.experts_read:.1f}"
-                                 for r in routed))
+        lines.append(
+            "MoE bytes/step count only the routed experts read: distinct experts per layer, measured from the "
+            "routers in one eager step after each case: "
+            + ", ".join(
+                f"{r.prompt}x{r.batch} {r.label or ('graph' if r.graph else 'eager')} {r.experts_read:.1f}"
+                for r in routed
+            )
+        )
     return "\n".join(lines)
 
 

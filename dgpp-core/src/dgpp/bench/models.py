@@ -44,12 +44,19 @@ def new_model(raw_config: dict[str, Any], device: torch.device | str) -> Model:
 
     pm = manager()
     found = resolve(pm, raw_config)
-    ctx = LoadContext(checkpoint_dir=Path(), hf_config=raw_config, family=found.family.name,
-                      architecture=found.matched, device=device)
+    ctx = LoadContext(
+        checkpoint_dir=Path(),
+        hf_config=raw_config,
+        family=found.family.name,
+        architecture=found.matched,
+        device=device,
+    )
     model = pm.hook.dgpp_build_model(ctx=ctx)
     if model is None:
-        raise UnsupportedModelError(f"family {found.family.name} (plugin {found.family.plugin}) builds no model "
-                                    "without a checkpoint (dgpp_build_model)")
+        raise UnsupportedModelError(
+            f"family {found.family.name} (plugin {found.family.plugin}) builds no model "
+            "without a checkpoint (dgpp_build_model)"
+        )
     return model
 
 
@@ -64,7 +71,12 @@ def transformers_knows(model_type: str) -> bool:
 
 @torch.inference_mode()
 def build_pair(
-    geometry: str, device: str, dtype: torch.dtype, seed: int = 0, *, with_hf: bool = True,
+    geometry: str,
+    device: str,
+    dtype: torch.dtype,
+    seed: int = 0,
+    *,
+    with_hf: bool = True,
 ) -> tuple[Model, torch.nn.Module | None]:
     """(dgpp model, transformers model) sharing the same random weights, both on ``device``. The
     transformers model is None when ``with_hf`` is off or transformers lacks the model type; dgpp's model
@@ -72,7 +84,9 @@ def build_pair(
     raw = hf_config(geometry, dtype)
     if not with_hf or not transformers_knows(raw["model_type"]):
         if with_hf:
-            print(f"transformers has no model type {raw['model_type']!r}: dgpp's random model alone (HF column '-')")
+            print(
+                f"transformers has no model type {raw['model_type']!r}: dgpp's random model alone (HF column '-')"
+            )
         return build_random_model(geometry, device, dtype, seed), None
     import transformers
 
@@ -93,7 +107,11 @@ def _second_copy_fits(module: torch.nn.Module, device: str, headroom: float = 1.
 
 @torch.inference_mode()
 def build_model_like(
-    raw_config: dict[str, Any], state: dict[str, torch.Tensor], device: str, *, share: bool = False,
+    raw_config: dict[str, Any],
+    state: dict[str, torch.Tensor],
+    device: str,
+    *,
+    share: bool = False,
 ) -> Model:
     """A dgpp model for ``raw_config`` whose parameters come from ``state`` (HF names): copies, or with
     ``share`` the very tensors of ``state`` (no second copy; a write to one model then shows in both)."""
@@ -161,7 +179,10 @@ def weight_bytes_per_step(model: Model) -> int:
     """Bytes of weights a decode step reads: every parameter once, except the embedding table and a hash
     router's token table (one row per token is read; a tied LM head still reads it whole, counted once)."""
     total = 0
-    tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is model.model.embed_tokens.weight
+    tied = (
+        getattr(model, "lm_head", None) is not None
+        and model.lm_head.weight is model.model.embed_tokens.weight
+    )
     for name, param in model.named_parameters():
         if (name.endswith("embed_tokens.weight") or name == "embed.weight") and not tied:
             continue

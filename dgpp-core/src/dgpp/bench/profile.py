@@ -25,7 +25,9 @@ def _short(name: str) -> str:
     return name[:80]
 
 
-def kernel_breakdown(model: Model, batch: int, prompt: int, *, graph: bool, steps: int = 5) -> tuple[float, list]:
+def kernel_breakdown(
+    model: Model, batch: int, prompt: int, *, graph: bool, steps: int = 5
+) -> tuple[float, list]:
     """(kernel microseconds per step, [(kernel, launches per step, us per step)] largest first)."""
     session = DecodeSession(model, batch, prompt + steps + 4, 16, graph)
     first = session.prefill(random_prompts(batch, prompt, model.info.vocab_size, 0))
@@ -51,11 +53,17 @@ def kernel_breakdown(model: Model, batch: int, prompt: int, *, graph: bool, step
 
 
 def format_breakdown(label: str, per_step_us: float, rows: list, top: int = 14) -> str:
-    lines = [f"### {label}: kernel time {per_step_us / 1e3:.2f} ms/step", "",
-             "| kernel | launches/step | us/step | share |", "|---|---|---|---|"]
+    lines = [
+        f"### {label}: kernel time {per_step_us / 1e3:.2f} ms/step",
+        "",
+        "| kernel | launches/step | us/step | share |",
+        "|---|---|---|---|",
+    ]
     for name, n, us in rows[:top]:
         lines.append(f"| `{name}` | {n:.0f} | {us:.0f} | {100 * us / per_step_us:.1f}% |")
     rest = sum(us for _, _, us in rows[top:])
     if rest:
-        lines.append(f"| (other {len(rows) - top} kernels) | | {rest:.0f} | {100 * rest / per_step_us:.1f}% |")
+        lines.append(
+            f"| (other {len(rows) - top} kernels) | | {rest:.0f} | {100 * rest / per_step_us:.1f}% |"
+        )
     return "\n".join(lines)

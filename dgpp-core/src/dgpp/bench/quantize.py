@@ -32,18 +32,50 @@ _KEEP_DENSE = ["lm_head"]  # the embedding is no Linear, so the scheme never rea
 # quantization_config of a released checkpoint in each format (the keys dgpp.quant.scheme parses)
 QUANT_CONFIGS: dict[str, dict[str, Any]] = {
     # DeepSeek-V3 / Qwen3-FP8: E4M3 with an F32 weight_scale_inv per 128x128 tile
-    "fp8_block": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
-                  "weight_block_size": [128, 128], "modules_to_not_convert": _KEEP_DENSE},
+    "fp8_block": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": _KEEP_DENSE,
+    },
     # compressed-tensors FP8 per output channel (weight_scale [N, 1])
-    "fp8_channel": {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": _KEEP_DENSE,
-                    "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                        "type": "float", "num_bits": 8, "strategy": "channel", "symmetric": True}}}},
+    "fp8_channel": {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "ignore": _KEEP_DENSE,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"type": "float", "num_bits": 8, "strategy": "channel", "symmetric": True},
+            }
+        },
+    },
     # NVIDIA ModelOpt NVFP4: E2M1 pairs, E4M3 scale per 16, F32 weight_scale_2
-    "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16, "exclude_modules": _KEEP_DENSE},
+    "nvfp4": {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": _KEEP_DENSE,
+    },
     # OCP MXFP4 (compressed-tensors mxfp4-pack-quantized): E2M1 pairs, E8M0 scale per 32
-    "mxfp4": {"quant_method": "compressed-tensors", "format": "mxfp4-pack-quantized", "ignore": _KEEP_DENSE,
-              "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
-                  "type": "float", "num_bits": 4, "strategy": "group", "group_size": 32, "symmetric": True}}}},
+    "mxfp4": {
+        "quant_method": "compressed-tensors",
+        "format": "mxfp4-pack-quantized",
+        "ignore": _KEEP_DENSE,
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {
+                    "type": "float",
+                    "num_bits": 4,
+                    "strategy": "group",
+                    "group_size": 32,
+                    "symmetric": True,
+                },
+            }
+        },
+    },
 }
 
 
@@ -52,7 +84,9 @@ def parse_variants(text: str) -> list[str]:
     names = [v.strip() for v in text.split(",") if v.strip()] or [DENSE]
     unknown = [v for v in names if v != DENSE and v not in QUANT_CONFIGS]
     if unknown:
-        raise ConfigError(f"--quant: unknown format(s) {unknown}; known: {', '.join([DENSE, *QUANT_CONFIGS])}")
+        raise ConfigError(
+            f"--quant: unknown format(s) {unknown}; known: {', '.join([DENSE, *QUANT_CONFIGS])}"
+        )
     return list(dict.fromkeys(names))
 
 
@@ -121,7 +155,9 @@ def quantize_model(source: Model, raw_config: dict[str, Any], fmt_name: str) -> 
         raise ConfigError(f"--quant: unknown format {fmt_name!r}; known: {', '.join(QUANT_CONFIGS)}")
     if any(isinstance(m, FusedExperts) for m in source.modules()):
         # the source holds experts stacked, a checkpoint names them one by one: not mapped here yet
-        raise ConfigError(f"--quant {fmt_name}: MoE geometries are not supported (dense and hybrid geometries are)")
+        raise ConfigError(
+            f"--quant {fmt_name}: MoE geometries are not supported (dense and hybrid geometries are)"
+        )
     config = {**raw_config, KEY: QUANT_CONFIGS[fmt_name]}
     device = next(source.parameters()).device
     model = new_model(config, device)
@@ -162,7 +198,9 @@ def sync_hf_weights(hf: nn.Module, model: Model) -> None:
 
 
 @torch.inference_mode()
-def compare_with_torch_path(model: Model, batch: int = 4, prompt: int = 32, seed: int = 1) -> dict[str, float]:
+def compare_with_torch_path(
+    model: Model, batch: int = 4, prompt: int = 32, seed: int = 1
+) -> dict[str, float]:
     """The quantized model through its kernels against the same model through the torch decode path
     (the policy's ``quant_torch_only``, ``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then ``F.linear``): one prefill (the
     GEMM path) and one decode step (the GEMV path) on random prompts, both fed the reference's tokens.

@@ -184,7 +184,9 @@ def bench_decode_rates(
         model = quantize_model(model, hf_config(geometry, dtype), quant)
     copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
     with overriding(quant_decode_gemv="auto", decode_max_rows=max(batches)):
-        rates = {b: run_case(model, prompt, b, new, graph=True, copy_gbs=copy_gbs).tok_s for b in sorted(batches)}
+        rates = {
+            b: run_case(model, prompt, b, new, graph=True, copy_gbs=copy_gbs).tok_s for b in sorted(batches)
+        }
     del model
     gc.collect()
     if device == "cuda":
@@ -307,13 +309,22 @@ def run_serve(args) -> int:
         warm = [word_prompt(args.prompt_tokens, vocab, 10_000 + i) for i in range(width)]
         asyncio.run(drive(base, Case(width), warm, 8))  # graphs captured, prefill shapes compiled
         if width > 4:  # a burst admitted over two ticks: the step mix of decode rows beside prefill chunks
-            asyncio.run(staggered(base, Case(width), [word_prompt(args.prompt_tokens, vocab, 20_000 + i)
-                                                      for i in range(width)]))
+            asyncio.run(
+                staggered(
+                    base,
+                    Case(width),
+                    [word_prompt(args.prompt_tokens, vocab, 20_000 + i) for i in range(width)],
+                )
+            )
         if any(c.sampled for c in cases):  # the sampling kernels compiled before a sampled case's burst
             asyncio.run(drive(base, Case(width, sampled=True), warm, 8))
         for n, case in enumerate(cases):
             prompts = [word_prompt(args.prompt_tokens, vocab, 1000 * n + i) for i in range(case.streams)]
-            spy = _profile(proc.pid, args.profile_dir, case, args.profile_delay) if args.profile_dir and case.stream else None
+            spy = (
+                _profile(proc.pid, args.profile_dir, case, args.profile_delay)
+                if args.profile_dir and case.stream
+                else None
+            )
             stats = summarize(case, asyncio.run(drive(base, case, prompts, args.max_tokens)))
             if spy is not None:
                 spy.wait()

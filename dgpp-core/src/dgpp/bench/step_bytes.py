@@ -26,7 +26,9 @@ def kv_bytes_per_token(model: Model) -> int:
 
 def state_bytes_per_request(model: Model) -> int:
     """Fixed-size per-sequence state (all GDN layers: fp32 recurrent state plus conv window)."""
-    return sum(spec.bytes_per_request() for spec in model.cache_spec().values() if isinstance(spec, StateSpec))
+    return sum(
+        spec.bytes_per_request() for spec in model.cache_spec().values() if isinstance(spec, StateSpec)
+    )
 
 
 def moe_layers(model: Model) -> list[SparseMoE]:
@@ -44,7 +46,9 @@ def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float
     return num_experts * (1.0 - (1.0 - top_k / num_experts) ** batch)
 
 
-def decode_step_bytes(model: Model, batch: int, mean_context: float, experts_read: float | None = None) -> float:
+def decode_step_bytes(
+    model: Model, batch: int, mean_context: float, experts_read: float | None = None
+) -> float:
     """Bytes a decode step of ``batch`` sequences at ``mean_context`` tokens of context reads and writes.
     ``experts_read``: distinct routed experts per MoE layer (None: the uniform-routing expectation)."""
     from dgpp.bench.models import weight_bytes_per_step
@@ -52,10 +56,18 @@ def decode_step_bytes(model: Model, batch: int, mean_context: float, experts_rea
     weights = float(weight_bytes_per_step(model))
     for moe in moe_layers(model):
         experts = moe.experts.num_experts
-        read = experts_read if experts_read is not None else expected_distinct_experts(experts, moe.gate.cfg.top_k, batch)
+        read = (
+            experts_read
+            if experts_read is not None
+            else expected_distinct_experts(experts, moe.gate.cfg.top_k, batch)
+        )
         stack = _module_bytes(moe.experts)
         weights += stack * (min(read, experts) / experts) - stack  # the stack was counted whole
-    return weights + batch * mean_context * kv_bytes_per_token(model) + 2 * batch * state_bytes_per_request(model)
+    return (
+        weights
+        + batch * mean_context * kv_bytes_per_token(model)
+        + 2 * batch * state_bytes_per_request(model)
+    )
 
 
 class RouterTap:
@@ -89,8 +101,11 @@ class RouterTap:
 
 def quantized_linears(model: torch.nn.Module) -> dict[str, Linear]:
     """Module name -> every ``Linear`` whose weight is held in a packed format."""
-    return {name: m for name, m in model.named_modules()
-            if isinstance(m, Linear) and isinstance(m.quant_method, QuantLinearMethod)}
+    return {
+        name: m
+        for name, m in model.named_modules()
+        if isinstance(m, Linear) and isinstance(m.quant_method, QuantLinearMethod)
+    }
 
 
 def logical_weight_elements(model: Model, step_bytes: int) -> int:

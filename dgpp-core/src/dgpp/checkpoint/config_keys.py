@@ -66,7 +66,9 @@ class ConfigKeys:
 
     def dtype(self, default: str = "bfloat16") -> torch.dtype:
         """The checkpoint dtype (``dtype``, or the older ``torch_dtype``)."""
-        name = self.cfg.get("dtype") or self.cfg.get("torch_dtype") or default  # a null dtype defers to torch_dtype
+        name = (
+            self.cfg.get("dtype") or self.cfg.get("torch_dtype") or default
+        )  # a null dtype defers to torch_dtype
         if name not in COMPUTE_DTYPES:
             raise self.error(f"'torch_dtype'={name!r} is not supported ({', '.join(COMPUTE_DTYPES)})")
         return COMPUTE_DTYPES[name]
@@ -82,8 +84,14 @@ class ConfigKeys:
         if value != supported:
             raise self.error(f"{self.name(key)}={value!r} is not supported (only {supported!r})")
 
-    def rope(self, supported: tuple[str, ...] = ROPE_TYPES, *, section: str | None = None,
-             default_theta: float | None = None, original_fallback: bool = True) -> RopeScaling:
+    def rope(
+        self,
+        supported: tuple[str, ...] = ROPE_TYPES,
+        *,
+        section: str | None = None,
+        default_theta: float | None = None,
+        original_fallback: bool = True,
+    ) -> RopeScaling:
         """The RoPE of ``rope_parameters`` (transformers >= 5) or of top-level ``rope_theta`` + ``rope_scaling``
         (older configs), as transformers reads it; a ``rope_type`` outside ``supported`` is refused by key.
 
@@ -101,11 +109,15 @@ class ConfigKeys:
                 raise self.error("'rope_scaling' must be an object or null")
             params, where = dict(scaling or {}), "rope_scaling."
         # a top-level theta where none is nested
-        params.setdefault("rope_theta", self.cfg.get("rope_theta", 10000.0) if default_theta is None else default_theta)
+        params.setdefault(
+            "rope_theta", self.cfg.get("rope_theta", 10000.0) if default_theta is None else default_theta
+        )
         type_key = "rope_type" if "rope_type" in params else "type"
         rope_type = params.get(type_key, "default")
         if rope_type not in supported:
-            raise self.error(f"{self.name(where + type_key)}={rope_type!r} is not supported ({', '.join(supported)})")
+            raise self.error(
+                f"{self.name(where + type_key)}={rope_type!r} is not supported ({', '.join(supported)})"
+            )
         keys = ConfigKeys(params, f"{self.where}: {self.prefix}{where.rstrip('.')}")
         theta = keys.optional("rope_theta", float, 10000.0)
         if theta <= 0:
@@ -116,27 +128,41 @@ class ConfigKeys:
         if rope_type == "linear":
             return RopeScaling(theta=theta, rope_type=rope_type, factor=factor)
         if rope_type == "llama3":
-            return RopeScaling(theta=theta, rope_type=rope_type, factor=factor,
-                               low_freq_factor=keys.required("low_freq_factor", float),
-                               high_freq_factor=keys.required("high_freq_factor", float),
-                               original_max_position=keys.required("original_max_position_embeddings", int))
+            return RopeScaling(
+                theta=theta,
+                rope_type=rope_type,
+                factor=factor,
+                low_freq_factor=keys.required("low_freq_factor", float),
+                high_freq_factor=keys.required("high_freq_factor", float),
+                original_max_position=keys.required("original_max_position_embeddings", int),
+            )
         fallback = self.cfg.get("max_position_embeddings") if original_fallback else None
         original = keys.optional("original_max_position_embeddings", int, fallback)
         if original is None:
             raise keys.error("required key 'original_max_position_embeddings' is missing")
-        optional = {k: keys.optional(k, float, None) for k in ("attention_factor", "mscale", "mscale_all_dim")}
-        yarn = YarnScaling(factor=factor, original_max_position=original,
-                           beta_fast=keys.optional("beta_fast", float, 32.0),
-                           beta_slow=keys.optional("beta_slow", float, 1.0),
-                           truncate=keys.optional("truncate", bool, True), **optional)
-        return RopeScaling(theta=theta, rope_type=rope_type, factor=factor, original_max_position=original, yarn=yarn)
+        optional = {
+            k: keys.optional(k, float, None) for k in ("attention_factor", "mscale", "mscale_all_dim")
+        }
+        yarn = YarnScaling(
+            factor=factor,
+            original_max_position=original,
+            beta_fast=keys.optional("beta_fast", float, 32.0),
+            beta_slow=keys.optional("beta_slow", float, 1.0),
+            truncate=keys.optional("truncate", bool, True),
+            **optional,
+        )
+        return RopeScaling(
+            theta=theta, rope_type=rope_type, factor=factor, original_max_position=original, yarn=yarn
+        )
 
     def rope_section(self, name: str) -> dict[str, Any]:
         """``rope_parameters[name]``, a RoPE block of its own; refused by key when absent."""
         params = self.cfg.get("rope_parameters")
         entry = params.get(name) if isinstance(params, dict) else None
         if not isinstance(entry, dict):
-            raise self.error(f"{self.name('rope_parameters')} must hold an entry for {name!r}, got {params!r}")
+            raise self.error(
+                f"{self.name('rope_parameters')} must hold an entry for {name!r}, got {params!r}"
+            )
         return dict(entry)
 
     def rotary_dim(self, head_dim: int, default_factor: float = 1.0, *, section: str | None = None) -> int:
@@ -146,12 +172,16 @@ class ConfigKeys:
         params = self.rope_section(section) if section is not None else self.cfg.get("rope_parameters")
         factor = params.get("partial_rotary_factor") if isinstance(params, dict) else None
         factor = self.cfg.get("partial_rotary_factor", default_factor) if factor is None else factor
-        name = self.name("partial_rotary_factor" if section is None else f"rope_parameters.{section}.partial_rotary_factor")
+        name = self.name(
+            "partial_rotary_factor" if section is None else f"rope_parameters.{section}.partial_rotary_factor"
+        )
         if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
             raise self.error(f"{name} must be in (0, 1], got {factor!r}")
         rotary = int(head_dim * factor)
         if rotary % 2 or rotary == 0:
-            raise self.error(f"{name}={factor} gives an odd or empty rotary dim {rotary} of head_dim {head_dim}")
+            raise self.error(
+                f"{name}={factor} gives an odd or empty rotary dim {rotary} of head_dim {head_dim}"
+            )
         return rotary
 
     def causal_lm_fields(self, max_position: int, bos_token_id: int | None = None) -> dict[str, Any]:

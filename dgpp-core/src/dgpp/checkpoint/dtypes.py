@@ -6,4 +6,8 @@ from __future__ import annotations
 import torch
 
 # insertion order is the order error messages list the supported names in
-COMPUTE_DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+COMPUTE_DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}

@@ -60,7 +60,9 @@ def hf_tensor_name(gguf: GGUFFile, arch: GGUFArchitecture, name: str) -> str:
     raise CheckpointError(f"{gguf.path}: tensor {name!r} has no mapping for architecture {arch.name!r}")
 
 
-def _hf_rows(tensor: torch.Tensor, hf_name: str, arch: GGUFArchitecture, config: dict[str, Any]) -> torch.Tensor:
+def _hf_rows(
+    tensor: torch.Tensor, hf_name: str, arch: GGUFArchitecture, config: dict[str, Any]
+) -> torch.Tensor:
     """``tensor`` (a weight's rows, decoded or as raw blocks) with interleaved rows back in HF order."""
     module = hf_name.rsplit(".", 1)[0]
     for suffix, heads_key in arch.interleaved_rows.items():
@@ -69,15 +71,18 @@ def _hf_rows(tensor: torch.Tensor, hf_name: str, arch: GGUFArchitecture, config:
     return tensor
 
 
-def hf_tensors(gguf: GGUFFile, arch: GGUFArchitecture, config: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_tensors(
+    gguf: GGUFFile, arch: GGUFArchitecture, config: dict[str, Any]
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, tensor)`` for every tensor of the file, interleaved rows back in HF order."""
     for name in gguf.tensor_names():
         hf_name = hf_tensor_name(gguf, arch, name)
         yield hf_name, _hf_rows(gguf.tensor(name), hf_name, arch, config)
 
 
-def hf_blocks(gguf: GGUFFile, arch: GGUFArchitecture,
-              config: dict[str, Any]) -> Iterator[tuple[str, str, torch.Tensor]]:
+def hf_blocks(
+    gguf: GGUFFile, arch: GGUFArchitecture, config: dict[str, Any]
+) -> Iterator[tuple[str, str, torch.Tensor]]:
     """Yield ``(hf_name, ggml type, raw blocks [rows, bytes])`` for every block-quant tensor of the file, rows in
     the order ``hf_tensors`` gives them (a row's blocks stay whole: llama.cpp's reorder moves whole rows)."""
     for name in gguf.tensor_names():

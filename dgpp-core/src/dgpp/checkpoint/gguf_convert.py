@@ -74,7 +74,11 @@ def write_converted(gguf_path: Path, out: Path) -> None:
         blocks[name], types[name] = rows.contiguous(), type_name
     if blocks:
         (out / BLOCKS_FILE).parent.mkdir()
-        save_file(blocks, str(out / BLOCKS_FILE), metadata={"source": gguf_path.name, "ggml_types": json.dumps(types)})
+        save_file(
+            blocks,
+            str(out / BLOCKS_FILE),
+            metadata={"source": gguf_path.name, "ggml_types": json.dumps(types)},
+        )
     tokenizer.save(str(out / "tokenizer.json"))
     (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2))

@@ -103,21 +103,29 @@ def _targets(model: nn.Module, rename: Callable[[str], str]) -> list[tuple[str, 
     return found
 
 
-def pack_gguf_weights(model: nn.Module, checkpoint_dir: Path, engine: EngineConfig,
-                      rename: Callable[[str], str] = lambda name: name) -> int:
+def pack_gguf_weights(
+    model: nn.Module,
+    checkpoint_dir: Path,
+    engine: EngineConfig,
+    rename: Callable[[str], str] = lambda name: name,
+) -> int:
     """Apply ``engine.gguf_weights`` to a loaded model (module docstring); returns how many matrices were packed."""
     if engine.gguf_weights != "int4pack":
         return 0
     path = Path(checkpoint_dir) / BLOCKS_FILE
     if not path.is_file():
-        raise ConfigError(f"{KEY}: 'int4pack' needs a checkpoint converted from a GGUF file ({checkpoint_dir} has no "
-                          f"{BLOCKS_FILE}; a GGUF converted by an older dgpp is converted again when its cache entry "
-                          "is removed)")
+        raise ConfigError(
+            f"{KEY}: 'int4pack' needs a checkpoint converted from a GGUF file ({checkpoint_dir} has no "
+            f"{BLOCKS_FILE}; a GGUF converted by an older dgpp is converted again when its cache entry "
+            "is removed)"
+        )
     if any(p.device.type != "cpu" for p in model.parameters()):
         raise ConfigError(f"{KEY}: 'int4pack' is a CPU product; this engine's weights are not on the CPU")
     if not int4pack_available():
-        raise ConfigError(f"{KEY}: 'int4pack' needs torch's CPU int4 product (aten._weight_int4pack_mm_for_cpu), "
-                          f"which torch {torch.__version__} lacks")
+        raise ConfigError(
+            f"{KEY}: 'int4pack' needs torch's CPU int4 product (aten._weight_int4pack_mm_for_cpu), "
+            f"which torch {torch.__version__} lacks"
+        )
     packed = 0
     with safe_open(str(path), framework="pt") as f:
         types = json.loads((f.metadata() or {}).get("ggml_types", "{}"))
@@ -125,17 +133,23 @@ def pack_gguf_weights(model: nn.Module, checkpoint_dir: Path, engine: EngineConf
             if types.get(name) not in OPERANDS:
                 continue
             if getattr(module, "world", None) is not None and module.world.size > 1:
-                raise ConfigError(f"{KEY}: 'int4pack' serves one rank; {name} is split over {module.world.size}")
+                raise ConfigError(
+                    f"{KEY}: 'int4pack' serves one rank; {name} is split over {module.world.size}"
+                )
             weight = packed_weight(f.get_tensor(name), types[name])
             expected = tuple(module.weight.shape)
             if (weight.out_features, weight.in_features) != expected:
-                raise ConfigError(f"{path}: {name} holds a [{weight.out_features}, {weight.in_features}] matrix; "
-                                  f"the model's is {list(expected)}")
+                raise ConfigError(
+                    f"{path}: {name} holds a [{weight.out_features}, {weight.in_features}] matrix; "
+                    f"the model's is {list(expected)}"
+                )
             if kind == "linear":
                 Int4PackLinearMethod.adopt(module, weight)
             else:
                 module.packed = weight
             packed += 1
-    log.warning(f"{KEY}=int4pack: GGUF Q4_1/Q4_0/Q8_0 matrices multiplied packed in bf16 (bf16 block scales; lossy)",
-                packed=packed)
+    log.warning(
+        f"{KEY}=int4pack: GGUF Q4_1/Q4_0/Q8_0 matrices multiplied packed in bf16 (bf16 block scales; lossy)",
+        packed=packed,
+    )
     return packed

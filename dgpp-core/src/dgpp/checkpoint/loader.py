@@ -93,6 +93,11 @@ def load_weights(
                 report.loaded.append(name)
     used = set(report.loaded)
     report.unused = [n for n in reader.names() if n not in used]
-    log.info("weights loaded", checkpoint=str(reader.dir), tensors=len(used), unused=len(report.unused),
-             unused_first=report.unused[:4])
+    log.info(
+        "weights loaded",
+        checkpoint=str(reader.dir),
+        tensors=len(used),
+        unused=len(report.unused),
+        unused_first=report.unused[:4],
+    )
     return report

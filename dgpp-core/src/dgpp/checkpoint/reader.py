@@ -14,9 +14,18 @@ from dgpp.errors import CheckpointError
 INDEX_NAME = "model.safetensors.index.json"
 
 _DTYPES = {
-    "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
-    "F8_E4M3": torch.float8_e4m3fn, "F8_E5M2": torch.float8_e5m2, "I64": torch.int64, "I32": torch.int32,
-    "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8, "BOOL": torch.bool,
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "F16": torch.float16,
+    "BF16": torch.bfloat16,
+    "F8_E4M3": torch.float8_e4m3fn,
+    "F8_E5M2": torch.float8_e5m2,
+    "I64": torch.int64,
+    "I32": torch.int32,
+    "I16": torch.int16,
+    "I8": torch.int8,
+    "U8": torch.uint8,
+    "BOOL": torch.bool,
 }
 
 
@@ -46,7 +55,9 @@ class CheckpointReader:
             files = {name: self.dir / fname for name, fname in weight_map.items()}
             for path in sorted(set(files.values())):
                 if not path.exists():
-                    raise CheckpointError(f"{index} names shard {path.name}, which is missing from {self.dir}")
+                    raise CheckpointError(
+                        f"{index} names shard {path.name}, which is missing from {self.dir}"
+                    )
             return files
         shards = sorted(self.dir.glob("*.safetensors"))
         if not shards:

@@ -25,7 +25,9 @@ from dgpp.engine.work import SeqWork
 class DecodeInputs:
     """Static decode inputs for up to ``max_batch`` rows and ``max_blocks``-wide block tables on ``device``."""
 
-    def __init__(self, max_batch: int, max_blocks: int, block_size: int, num_blocks: int, device: torch.device) -> None:
+    def __init__(
+        self, max_batch: int, max_blocks: int, block_size: int, num_blocks: int, device: torch.device
+    ) -> None:
         n = self.max_batch = max_batch
         self.max_blocks, self.block_size, self.num_blocks = max_blocks, block_size, num_blocks
         self.device = device
@@ -49,13 +51,14 @@ class DecodeInputs:
 
     def _typed(self, raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The int64 [4, n] and flat int32 views of a byte buffer laid out as above."""
-        return raw[: self._split].view(torch.int64).view(4, self.max_batch), raw[self._split :].view(torch.int32)
+        return raw[: self._split].view(torch.int64).view(4, self.max_batch), raw[self._split :].view(
+            torch.int32
+        )
 
     def fits(self, work: list[SeqWork]) -> bool:
         """True for a decode-only step the graphs can take (one token per row, every row wants logits)."""
-        return (
-            0 < len(work) <= self.max_batch
-            and all(len(w.token_ids) == 1 and w.want_logits and len(w.block_table) <= self.max_blocks for w in work)
+        return 0 < len(work) <= self.max_batch and all(
+            len(w.token_ids) == 1 and w.want_logits and len(w.block_table) <= self.max_blocks for w in work
         )
 
     def stage(self, work: list[SeqWork]) -> list[int]:
@@ -65,15 +68,25 @@ class DecodeInputs:
         ctx = [w.context_len for w in work]
         for i, (w, c) in enumerate(zip(work, ctx, strict=True)):
             if len(w.block_table) * bs <= c:
-                raise ValueError(f"work item {i}: block table of {len(w.block_table)} blocks covers "
-                                 f"{len(w.block_table) * bs} tokens, needs {c + 1}")
+                raise ValueError(
+                    f"work item {i}: block table of {len(w.block_table)} blocks covers "
+                    f"{len(w.block_table) * bs} tokens, needs {c + 1}"
+                )
         lens = [len(w.block_table) for w in work]
         width = max(lens)
-        flat = np.fromiter(itertools.chain.from_iterable(w.block_table for w in work), dtype=np.int64, count=sum(lens))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(w.block_table for w in work), dtype=np.int64, count=sum(lens)
+        )
         if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.num_blocks):
             lo = np.cumsum([0, *lens])
-            i = next(i for i in range(rows) if ((flat[lo[i] : lo[i + 1]] < 0) | (flat[lo[i] : lo[i + 1]] >= self.num_blocks)).any())
-            raise ValueError(f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{self.num_blocks - 1}")
+            i = next(
+                i
+                for i in range(rows)
+                if ((flat[lo[i] : lo[i + 1]] < 0) | (flat[lo[i] : lo[i + 1]] >= self.num_blocks)).any()
+            )
+            raise ValueError(
+                f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{self.num_blocks - 1}"
+            )
         if self._copied is not None:
             self._copied.synchronize()  # the previous step's copy has left the pinned mirror
         used = np.arange(width)[None, :] < np.asarray(lens)[:, None]

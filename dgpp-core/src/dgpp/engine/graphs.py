@@ -83,7 +83,13 @@ class DecodeGraphs:
     block tables are at most ``max_blocks`` wide. ``run(batch)`` returns fp32 logits ``[rows, vocab]``."""
 
     def __init__(
-        self, model: Model, pools: CachePools, max_batch: int, max_blocks: int, *, capture: bool = True,
+        self,
+        model: Model,
+        pools: CachePools,
+        max_batch: int,
+        max_blocks: int,
+        *,
+        capture: bool = True,
     ) -> None:
         self.model = model
         self.pools = pools
@@ -116,18 +122,27 @@ class DecodeGraphs:
             and batch.logits_indices.shape[0] == batch.num_seqs
         )
 
-    def _static_batch(self, size: int, seq_lens: list[int] | None = None, ctx: list[int] | None = None) -> ForwardBatch:
+    def _static_batch(
+        self, size: int, seq_lens: list[int] | None = None, ctx: list[int] | None = None
+    ) -> ForwardBatch:
         """Views of the static buffers for ``size`` rows. The host lists only serve the eager (CPU) path;
         a captured graph reads the device buffers alone."""
         seq_lens = seq_lens if seq_lens is not None else [0] * size
         ctx = ctx if ctx is not None else [0] * size
         return ForwardBatch(
-            input_ids=self.input_ids[:size], positions=self.positions[:size],
-            query_start_loc=self.query_start_loc[: size + 1], seq_lens=self.seq_lens[:size],
-            context_lens=self.context_lens[:size], block_tables=self.block_tables[:size],
-            slot_mapping=self.slot_mapping[:size], state_slots=self.state_slots[:size],
-            logits_indices=self.logits_indices[:size], cache=self.pools,
-            q_lens_cpu=[1] * size, seq_lens_cpu=seq_lens, context_lens_cpu=ctx,
+            input_ids=self.input_ids[:size],
+            positions=self.positions[:size],
+            query_start_loc=self.query_start_loc[: size + 1],
+            seq_lens=self.seq_lens[:size],
+            context_lens=self.context_lens[:size],
+            block_tables=self.block_tables[:size],
+            slot_mapping=self.slot_mapping[:size],
+            state_slots=self.state_slots[:size],
+            logits_indices=self.logits_indices[:size],
+            cache=self.pools,
+            q_lens_cpu=[1] * size,
+            seq_lens_cpu=seq_lens,
+            context_lens_cpu=ctx,
         )
 
     def _forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -176,7 +191,9 @@ class DecodeGraphs:
         rows = batch.num_seqs
         size = pick_size(self.sizes, rows)
         if size is None or not self.can_run(batch):
-            raise ValueError(f"decode graphs cannot run this batch ({rows} rows, {batch.block_tables.shape[1]} blocks)")
+            raise ValueError(
+                f"decode graphs cannot run this batch ({rows} rows, {batch.block_tables.shape[1]} blocks)"
+            )
         width = batch.block_tables.shape[1]
         self.input_ids[:rows].copy_(batch.input_ids)
         self.positions[:rows].copy_(batch.positions)

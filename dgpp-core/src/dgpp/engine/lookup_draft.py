@@ -77,7 +77,9 @@ class LookupDecoder(VerifyDecoder):
         if depth < 1:
             raise ValueError(f"engine.draft_depth must be at least 1, got {depth}")
         if not 1 <= min_ngram <= max_ngram:
-            raise ValueError(f"engine.lookup_min_ngram ({min_ngram}) must be between 1 and engine.lookup_ngram ({max_ngram})")
+            raise ValueError(
+                f"engine.lookup_min_ngram ({min_ngram}) must be between 1 and engine.lookup_ngram ({max_ngram})"
+            )
         super().__init__(runner, depth, "lookup")
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 

@@ -21,7 +21,9 @@ from dgpp.step.route import in_flight, step_route
 __all__ = ["ModelRunner", "build_batch"]
 
 
-def _check_work(work: list[SeqWork], tables: torch.Tensor, table_lens: torch.Tensor, num_blocks: int, bs: int) -> None:
+def _check_work(
+    work: list[SeqWork], tables: torch.Tensor, table_lens: torch.Tensor, num_blocks: int, bs: int
+) -> None:
     """Raise ValueError naming the first work item with no tokens, a short block table or a block id outside
     the pool. The range check runs on the padded table tensor; the loop only runs to name the culprit."""
     for i, w in enumerate(work):
@@ -37,7 +39,9 @@ def _check_work(work: list[SeqWork], tables: torch.Tensor, table_lens: torch.Ten
     bad = valid & ((tables < 0) | (tables >= num_blocks))
     if bool(bad.any()):
         i = int(bad.any(dim=1).nonzero()[0])
-        raise ValueError(f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{num_blocks - 1}")
+        raise ValueError(
+            f"work item {i}: block ids {work[i].block_table} outside the pool's 0..{num_blocks - 1}"
+        )
 
 
 def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | str = "cpu") -> ForwardBatch:
@@ -57,7 +61,8 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
     # (int64 until checked, so an absurd id is named by the range check, not an int32 overflow)
     tables = torch.full((len(work), width), -1, dtype=torch.int64)
     tables[torch.arange(width) < table_lens[:, None]] = torch.tensor(
-        list(itertools.chain.from_iterable(w.block_table for w in work)), dtype=torch.int64)
+        list(itertools.chain.from_iterable(w.block_table for w in work)), dtype=torch.int64
+    )
     _check_work(work, tables, table_lens, pools.num_blocks, bs)
     tables = tables.to(torch.int32)
 
@@ -101,7 +106,12 @@ class ModelRunner:
     decode-only steps when ``decode_graph`` is on."""
 
     def __init__(
-        self, model: Model, pools: CachePools, *, decode_graph: bool = False, max_batch: int = 64,
+        self,
+        model: Model,
+        pools: CachePools,
+        *,
+        decode_graph: bool = False,
+        max_batch: int = 64,
         max_blocks: int | None = None,
     ) -> None:
         self.model = model
@@ -120,15 +130,21 @@ class ModelRunner:
         return self.device.type == "cuda"
 
     @torch.inference_mode()
-    def step(self, work: list[SeqWork], *, verify: bool = False, input_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def step(
+        self, work: list[SeqWork], *, verify: bool = False, input_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """fp32 logits ``[n_want, vocab]``, in order of the work items with ``want_logits``; ``verify``: a
         speculative verify, whose every row computes what plain decode would (``dgpp.step.route``).
         ``input_ids``: a decode-only step's token ids on the device, one per work item, fed instead of the
         items' ``token_ids`` (an overlapped step's inputs are the previous step's sampled ids, dgpp.sched.overlap)."""
         if not work:
             raise ValueError("step() needs at least one work item")
-        if input_ids is not None and (input_ids.shape != (len(work),) or any(len(w.token_ids) != 1 for w in work)):
-            raise ValueError(f"input_ids {tuple(input_ids.shape)} must give one token to each of {len(work)} decode rows")
+        if input_ids is not None and (
+            input_ids.shape != (len(work),) or any(len(w.token_ids) != 1 for w in work)
+        ):
+            raise ValueError(
+                f"input_ids {tuple(input_ids.shape)} must give one token to each of {len(work)} decode rows"
+            )
         if self.model.info.hybrid:
             for w in work:
                 if w.context_len == 0:

@@ -93,8 +93,10 @@ class VerifyDecoder:
         starts = [s.computed for s in seqs]
         # fp32 logits of every verify row (any model returns the rows its batch names); each row computes what
         # plain decode would
-        works = [SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True)  # type: ignore[arg-type]
-                 for s, c, d in zip(seqs, starts, drafts, strict=True)]
+        works = [
+            SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True)  # type: ignore[arg-type]
+            for s, c, d in zip(seqs, starts, drafts, strict=True)
+        ]
         logits = self.runner.step(works, verify=True)
         hidden = self.model.last_hidden
         offset, redo = 0, []
@@ -110,7 +112,9 @@ class VerifyDecoder:
             self._rerun_accepted(redo, snapshot)
         return offset
 
-    def _judge(self, s: DecodingSequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn) -> int:
+    def _judge(
+        self, s: DecodingSequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn
+    ) -> int:
         """Emit this request's tokens row by row; the number of verify rows whose inputs stand (>= 1)."""
         accepted = 0
         for j in range(len(drafts) + 1):
@@ -135,7 +139,9 @@ class VerifyDecoder:
         pools = self.runner.pools
         return {s.slot: [t[s.slot].clone() for ts in pools.state.values() for t in ts.values()] for s in seqs}  # type: ignore[index]
 
-    def _rerun_accepted(self, redo: list[tuple[DecodingSequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None) -> None:
+    def _rerun_accepted(
+        self, redo: list[tuple[DecodingSequence, int, int]], snapshot: dict[int, list[torch.Tensor]] | None
+    ) -> None:
         """Restore the pre-verify state and feed only the inputs that stand, so the state is the accepted one."""
         assert snapshot is not None
         pools = self.runner.pools
@@ -145,8 +151,10 @@ class VerifyDecoder:
                 t[s.slot].copy_(saved)
         # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
         # logits of the last rows are wanted only so the head never sees an empty batch
-        works = [SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
-                 for s, c, kept in redo]
+        works = [
+            SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
+            for s, c, kept in redo
+        ]
         self.runner.step(works, verify=True)  # the state must be the one plain decode reaches, row by row
         hidden, offset = self.model.last_hidden, 0
         for s, c, kept in redo:
@@ -173,12 +181,16 @@ class SpeculativeDecoder(VerifyDecoder):
         spec = drafter.cache_spec()
         stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
         if stateful:
-            raise ValueError(f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported")
+            raise ValueError(
+                f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported"
+            )
         super().__init__(runner, depth, "mtp")
         runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)
         self.drafter = drafter
         pools = runner.pools
-        self.draft_pools = CachePools(spec, pools.num_blocks, pools.block_size, pools.num_state_slots, runner.device)
+        self.draft_pools = CachePools(
+            spec, pools.num_blocks, pools.block_size, pools.num_state_slots, runner.device
+        )
         # target hidden rows the drafter has not consumed yet: seq -> (first position, rows)
         self._backlog: dict[DecodingSequence, tuple[int, torch.Tensor]] = {}
 
@@ -189,7 +201,9 @@ class SpeculativeDecoder(VerifyDecoder):
         order: run the drafter over every row whose next token is already known (the prompt), keep the last."""
         hidden = self.model.last_hidden
         if hidden is None:
-            raise RuntimeError(f"{type(self.model).__name__} sets no last_hidden: it cannot drive an MTP drafter")
+            raise RuntimeError(
+                f"{type(self.model).__name__} sets no last_hidden: it cannot drive an MTP drafter"
+            )
         self._prune()
         offset = 0
         ready: list[tuple[DecodingSequence, int, torch.Tensor]] = []
@@ -201,8 +215,12 @@ class SpeculativeDecoder(VerifyDecoder):
             ready.append((s, first, rows))
         runnable = [(s, first, rows[:-1]) for s, first, rows in ready if rows.shape[0] > 1]
         if runnable:
-            self._draft_step([(s, first, s.prompt[first + 1 : first + rows.shape[0] + 1]) for s, first, rows in runnable],
-                             torch.cat([rows for _, _, rows in runnable]), 0, want_logits=False)
+            self._draft_step(
+                [(s, first, s.prompt[first + 1 : first + rows.shape[0] + 1]) for s, first, rows in runnable],
+                torch.cat([rows for _, _, rows in runnable]),
+                0,
+                want_logits=False,
+            )
         for s, first, rows in ready:
             self._backlog[s] = (first + rows.shape[0] - 1, rows[-1:].clone())
 
@@ -225,8 +243,10 @@ class SpeculativeDecoder(VerifyDecoder):
             if backlog is None:
                 continue
             if first + backlog.shape[0] != s.computed:
-                raise RuntimeError(f"request {s.request_id}: drafter backlog ends at {first + backlog.shape[0]}, "
-                                   f"the sequence at {s.computed}")
+                raise RuntimeError(
+                    f"request {s.request_id}: drafter backlog ends at {first + backlog.shape[0]}, "
+                    f"the sequence at {s.computed}"
+                )
             # the backlog ends at c - 1; its next tokens end with the last emitted one (fed at c)
             items.append((s, first, s.tokens[first + 1 : first + backlog.shape[0] + 1]))
             rows.append(backlog)
@@ -252,8 +272,13 @@ class SpeculativeDecoder(VerifyDecoder):
             hidden, logits = self._draft_step(items, hidden, step + 1)
         return drafts
 
-    def _draft_step(self, items: list[tuple[DecodingSequence, int, list[int]]], previous: torch.Tensor, step: int,
-                    want_logits: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _draft_step(
+        self,
+        items: list[tuple[DecodingSequence, int, list[int]]],
+        previous: torch.Tensor,
+        step: int,
+        want_logits: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
         (``want_logits``) fp32 logits of each item's last row."""
         works = [SeqWork(s.slot, s.block_table, first, tokens) for s, first, tokens in items]  # type: ignore[arg-type]

@@ -19,8 +19,13 @@ from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 
 def conv_decode_ref(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor,
-    state_slots: torch.Tensor, fresh: torch.Tensor, silu: bool = True,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    fresh: torch.Tensor,
+    silu: bool = True,
 ) -> torch.Tensor:
     """Row by row (the definition); padding rows are skipped (this syncs with the host)."""
     out = torch.zeros_like(x)
@@ -40,9 +45,21 @@ def conv_decode_ref(
 
 @triton.jit
 def _conv_decode_kernel(
-    x_ptr, w_ptr, bias_ptr, state_ptr, slots_ptr, fresh_ptr, out_ptr,
-    channels, x_row, state_slot_stride, state_row,
-    KERNEL: tl.constexpr, BLOCK_C: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    state_ptr,
+    slots_ptr,
+    fresh_ptr,
+    out_ptr,
+    channels,
+    x_row,
+    state_slot_stride,
+    state_row,
+    KERNEL: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SILU: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -53,7 +70,9 @@ def _conv_decode_kernel(
     row = state_ptr + tl.maximum(slot, 0) * state_slot_stride + cols
     x = tl.load(x_ptr + b * x_row + cols, mask=cmask, other=0.0)
     # taps 0..K-2 read the history, tap K-1 the new input
-    acc = x.to(tl.float32) * tl.load(w_ptr + cols * KERNEL + (KERNEL - 1), mask=cmask, other=0.0).to(tl.float32)
+    acc = x.to(tl.float32) * tl.load(w_ptr + cols * KERNEL + (KERNEL - 1), mask=cmask, other=0.0).to(
+        tl.float32
+    )
     for tap in tl.static_range(KERNEL - 1):
         h = tl.load(row + tap * state_row, mask=cmask & keep_history, other=0.0)
         acc += h.to(tl.float32) * tl.load(w_ptr + cols * KERNEL + tap, mask=cmask, other=0.0).to(tl.float32)
@@ -71,8 +90,13 @@ def _conv_decode_kernel(
 
 
 def conv_decode_triton(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor,
-    state_slots: torch.Tensor, fresh: torch.Tensor, silu: bool = True,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    fresh: torch.Tensor,
+    silu: bool = True,
 ) -> torch.Tensor:
     batch, channels = x.shape
     kernel = weight.shape[-1]
@@ -83,16 +107,33 @@ def conv_decode_triton(
     block = min(next_pow2(channels), 1024)
     grid = (batch, triton.cdiv(channels, block))
     _conv_decode_kernel[grid](
-        x, weight, bias if bias is not None else weight, conv_state, state_slots, fresh.to(torch.int8), out,
-        channels, x.stride(0), conv_state.stride(0), conv_state.stride(1),
-        KERNEL=kernel, BLOCK_C=block, HAS_BIAS=bias is not None, SILU=silu,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        conv_state,
+        state_slots,
+        fresh.to(torch.int8),
+        out,
+        channels,
+        x.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        KERNEL=kernel,
+        BLOCK_C=block,
+        HAS_BIAS=bias is not None,
+        SILU=silu,
     )
     return out
 
 
 def causal_conv1d_decode(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor,
-    state_slots: torch.Tensor, fresh: torch.Tensor, silu: bool = True,
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_state: torch.Tensor,
+    state_slots: torch.Tensor,
+    fresh: torch.Tensor,
+    silu: bool = True,
 ) -> torch.Tensor:
     """Dispatch: Triton on CUDA, the torch reference elsewhere."""
     if use_triton(x):

@@ -22,7 +22,11 @@ _BLOCK_T = 64
 
 
 def index_scores_ref(
-    q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     rows, bs = q.shape[0], k_cache.shape[1]
@@ -37,33 +41,63 @@ def index_scores_ref(
 
 @triton.jit
 def _index_scores_kernel(
-    q_ptr, w_ptr, k_ptr, bt_ptr, lens_ptr, out_ptr, heads, dim, block_size, width, scale,
-    q_r, q_h, w_r, k_blk, k_tok, bt_r, o_r,
-    BLOCK_T: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr,
+    w_ptr,
+    k_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    heads,
+    dim,
+    block_size,
+    width,
+    scale,
+    q_r,
+    q_h,
+    w_r,
+    k_blk,
+    k_tok,
+    bt_r,
+    o_r,
+    BLOCK_T: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_T
     t = start + tl.arange(0, BLOCK_T)
     n = tl.load(lens_ptr + r)
     score = tl.full([BLOCK_T], float("-inf"), tl.float32)
-    if start < n:  # a tile wholly past the row's tokens multiplies nothing (a decode graph's table spans the pool)
+    if (
+        start < n
+    ):  # a tile wholly past the row's tokens multiplies nothing (a decode graph's table spans the pool)
         h = tl.arange(0, BLOCK_H)
         d = tl.arange(0, BLOCK_D)
         tmask = t < n
-        q = tl.load(q_ptr + r * q_r + h[:, None] * q_h + d[None, :], mask=(h[:, None] < heads) & (d[None, :] < dim),
-                    other=0.0).to(tl.float32)
+        q = tl.load(
+            q_ptr + r * q_r + h[:, None] * q_h + d[None, :],
+            mask=(h[:, None] < heads) & (d[None, :] < dim),
+            other=0.0,
+        ).to(tl.float32)
         w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
         phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
         off = (t % block_size).to(tl.int64)
-        k = tl.load(k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
-                    mask=tmask[None, :] & (d[:, None] < dim), other=0.0).to(tl.float32)  # [BLOCK_D, BLOCK_T]
+        k = tl.load(
+            k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
+            mask=tmask[None, :] & (d[:, None] < dim),
+            other=0.0,
+        ).to(tl.float32)  # [BLOCK_D, BLOCK_T]
         s = tl.maximum(tl.dot(q, k, input_precision="ieee") * scale, 0.0)  # [BLOCK_H, BLOCK_T]
         score = tl.where(tmask, tl.sum(s * w[:, None], axis=0), float("-inf"))
     tl.store(out_ptr + r * o_r + t, score, mask=t < width)  # the grid overhangs
 
 
 def index_scores_triton(
-    q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     rows, heads, dim = q.shape
@@ -73,16 +107,38 @@ def index_scores_triton(
     if rows and width:
         weights = weights.float().contiguous()
         _index_scores_kernel[(rows, triton.cdiv(width, _BLOCK_T))](
-            q, weights, k_cache, tables, lens, out, heads, dim, bs, width, float(scale),
-            q.stride(0), q.stride(1), weights.stride(0), k_cache.stride(0), k_cache.stride(1), tables.stride(0),
+            q,
+            weights,
+            k_cache,
+            tables,
+            lens,
+            out,
+            heads,
+            dim,
+            bs,
+            width,
+            float(scale),
+            q.stride(0),
+            q.stride(1),
+            weights.stride(0),
+            k_cache.stride(0),
+            k_cache.stride(1),
+            tables.stride(0),
             out.stride(0),
-            BLOCK_T=_BLOCK_T, BLOCK_H=max(16, next_pow2(heads)), BLOCK_D=max(16, next_pow2(dim)), num_warps=4,
+            BLOCK_T=_BLOCK_T,
+            BLOCK_H=max(16, next_pow2(heads)),
+            BLOCK_D=max(16, next_pow2(dim)),
+            num_warps=4,
         )
     return out
 
 
 def index_scores(
-    q: torch.Tensor, weights: torch.Tensor, k_cache: torch.Tensor, tables: torch.Tensor, lens: torch.Tensor,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    k_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """``[R, width]`` fp32 index scores (``-inf`` past each row's tokens); Triton on CUDA, torch elsewhere."""

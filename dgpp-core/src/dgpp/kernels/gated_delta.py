@@ -26,8 +26,15 @@ def _l2n(x: torch.Tensor) -> torch.Tensor:
 
 
 def gated_delta_ref(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state_pool: torch.Tensor, state_slots: torch.Tensor, query_start_loc: torch.Tensor, fresh: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    fresh: torch.Tensor,
 ) -> torch.Tensor:
     """Token-by-token recurrence (the definition); covers decode and prefill alike."""
     hv, hk = v.shape[1], k.shape[1]
@@ -57,9 +64,33 @@ def _load_normed(ptr, row_off, dims, dk, valid, scale):
 
 @triton.jit
 def _gdn_decode_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pool_ptr, slots_ptr, fresh_ptr, out_ptr,
-    group, dk, dv, q_t, q_h, k_t, k_h, v_t, v_h, g_t, b_t, p_slot, p_head, o_t, o_h, scale,
-    BK: tl.constexpr, BV: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    pool_ptr,
+    slots_ptr,
+    fresh_ptr,
+    out_ptr,
+    group,
+    dk,
+    dv,
+    q_t,
+    q_h,
+    k_t,
+    k_h,
+    v_t,
+    v_h,
+    g_t,
+    b_t,
+    p_slot,
+    p_head,
+    o_t,
+    o_h,
+    scale,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -86,9 +117,36 @@ def _gdn_decode_kernel(
 
 @triton.jit
 def _gdn_chunk_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, pool_ptr, slots_ptr, fresh_ptr, starts_ptr, out_ptr,
-    group, dk, dv, q_t, q_h, k_t, k_h, v_t, v_h, g_t, b_t, p_slot, p_head, o_t, o_h, scale,
-    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    pool_ptr,
+    slots_ptr,
+    fresh_ptr,
+    starts_ptr,
+    out_ptr,
+    group,
+    dk,
+    dv,
+    q_t,
+    q_h,
+    k_t,
+    k_h,
+    v_t,
+    v_h,
+    g_t,
+    b_t,
+    p_slot,
+    p_head,
+    o_t,
+    o_h,
+    scale,
+    C: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -115,8 +173,11 @@ def _gdn_chunk_kernel(
         # invalid rows carry k = v = beta = g = 0: they neither change the state nor the solve
         qc = _load_normed(q_ptr, t[:, None] * q_t + kh * q_h, krow[None, :], dk, valid[:, None], scale)
         kc = _load_normed(k_ptr, t[:, None] * k_t + kh * k_h, krow[None, :], dk, valid[:, None], 1.0)
-        vc = tl.load(v_ptr + t[:, None] * v_t + h * v_h + vcol[None, :], mask=valid[:, None] & vmask[None, :],
-                     other=0.0).to(tl.float32)
+        vc = tl.load(
+            v_ptr + t[:, None] * v_t + h * v_h + vcol[None, :],
+            mask=valid[:, None] & vmask[None, :],
+            other=0.0,
+        ).to(tl.float32)
         gc = tl.load(g_ptr + t * g_t + h, mask=valid, other=0.0).to(tl.float32)
         bc = tl.load(beta_ptr + t * b_t + h, mask=valid, other=0.0).to(tl.float32)
         cum = tl.cumsum(gc, axis=0)  # log decay from the chunk start through row i
@@ -136,7 +197,9 @@ def _gdn_chunk_kernel(
         intra = tl.dot(qc, tl.trans(kc), input_precision=PRECISION) * decay
         out = tl.dot(qc * tl.exp(cum)[:, None], state, input_precision=PRECISION)
         out += tl.dot(intra, new_v, input_precision=PRECISION)
-        tl.store(out_ptr + t[:, None] * o_t + h * o_h + vcol[None, :], out, mask=valid[:, None] & vmask[None, :])
+        tl.store(
+            out_ptr + t[:, None] * o_t + h * o_h + vcol[None, :], out, mask=valid[:, None] & vmask[None, :]
+        )
         k_to_end = kc * tl.exp(cum_end - cum)[:, None]
         state = state * tl.exp(cum_end) + tl.dot(tl.trans(k_to_end), new_v, input_precision=PRECISION)
     tl.store(s_ptrs, state, mask=smask)
@@ -146,10 +209,33 @@ def _launch(kernel, grid, q, k, v, g, beta, state_pool, state_slots, fresh, out,
     hv, hk = v.shape[1], k.shape[1]
     dk, dv = k.shape[2], v.shape[2]
     kernel[grid](
-        q, k, v, g, beta, state_pool, state_slots, fresh.to(torch.int8), *extra, out,
-        hv // hk, dk, dv, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        g.stride(0), beta.stride(0), state_pool.stride(0), state_pool.stride(1), out.stride(0), out.stride(1),
-        dk**-0.5, **meta,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        state_pool,
+        state_slots,
+        fresh.to(torch.int8),
+        *extra,
+        out,
+        hv // hk,
+        dk,
+        dv,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        g.stride(0),
+        beta.stride(0),
+        state_pool.stride(0),
+        state_pool.stride(1),
+        out.stride(0),
+        out.stride(1),
+        dk**-0.5,
+        **meta,
     )
 
 
@@ -161,8 +247,14 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, state_pool: torch.
 
 
 def gdn_decode_step_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state_pool: torch.Tensor, state_slots: torch.Tensor, fresh: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_slots: torch.Tensor,
+    fresh: torch.Tensor,
 ) -> torch.Tensor:
     """One token per sequence (row ``b`` is sequence ``b``); no host sync, so graph-capturable."""
     _check(q, k, v, state_pool)
@@ -170,14 +262,36 @@ def gdn_decode_step_triton(
     dk, dv = k.shape[2], v.shape[2]
     bv = min(32, next_pow2(dv))
     if v.shape[0]:
-        _launch(_gdn_decode_kernel, (v.shape[0], v.shape[1], triton.cdiv(dv, bv)), q, k, v, g, beta, state_pool,
-                state_slots, fresh, out, (), BK=next_pow2(dk), BV=bv, num_warps=4)
+        _launch(
+            _gdn_decode_kernel,
+            (v.shape[0], v.shape[1], triton.cdiv(dv, bv)),
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state_pool,
+            state_slots,
+            fresh,
+            out,
+            (),
+            BK=next_pow2(dk),
+            BV=bv,
+            num_warps=4,
+        )
     return out
 
 
 def gdn_chunked_prefill_triton(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state_pool: torch.Tensor, state_slots: torch.Tensor, query_start_loc: torch.Tensor, fresh: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    fresh: torch.Tensor,
     chunk_size: int = 64,
 ) -> torch.Tensor:
     """Varlen sequences (``query_start_loc [B+1]``), chunked; any lengths, decode rows included."""
@@ -187,15 +301,38 @@ def gdn_chunked_prefill_triton(
     bv = min(64, next_pow2(dv))
     batch = state_slots.shape[0]
     if batch and v.shape[0]:
-        _launch(_gdn_chunk_kernel, (batch, v.shape[1], triton.cdiv(dv, bv)), q, k, v, g, beta, state_pool,
-                state_slots, fresh, out, (query_start_loc,), C=chunk_size, BK=max(16, next_pow2(dk)), BV=bv,
-                PRECISION="ieee", num_warps=8 if chunk_size >= 64 else 4)
+        _launch(
+            _gdn_chunk_kernel,
+            (batch, v.shape[1], triton.cdiv(dv, bv)),
+            q,
+            k,
+            v,
+            g,
+            beta,
+            state_pool,
+            state_slots,
+            fresh,
+            out,
+            (query_start_loc,),
+            C=chunk_size,
+            BK=max(16, next_pow2(dk)),
+            BV=bv,
+            PRECISION="ieee",
+            num_warps=8 if chunk_size >= 64 else 4,
+        )
     return out
 
 
 def gated_delta_rule(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-    state_pool: torch.Tensor, state_slots: torch.Tensor, query_start_loc: torch.Tensor, fresh: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    fresh: torch.Tensor,
     decode_only: bool,
 ) -> torch.Tensor:
     """Dispatch: the decode kernel for one-token rows, the chunked kernel otherwise, torch off CUDA."""

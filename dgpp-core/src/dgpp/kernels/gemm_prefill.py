@@ -30,6 +30,7 @@ LINEAR_TILES = ((1024, (256, 128, 64, 8, 3, 8)), (384, (128, 128, 64, 8, 4, 8)),
 # (cuBLAS + SwiGLU 355 / 430 / 605 / 646)
 GATE_UP_TILES = ((0, (128, 128, 64, 8, 4, 8)),)
 
+
 def linear_tile(m: int) -> tuple[int, ...]:
     """The linear tile for ``m`` rows (a tile changes no row's bits, so it may follow the call)."""
     return next(tile for rows, tile in LINEAR_TILES if m >= rows)
@@ -59,8 +60,23 @@ def _x_rows(x_ptr, m, x_stride, rb, BM: tl.constexpr):
 
 @triton.jit(do_not_specialize=["m"])
 def _prefill_linear_kernel(
-    x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, n_blocks, x_stride, out_stride,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    w0_ptr,
+    w1_ptr,
+    w2_ptr,
+    out_ptr,
+    m,
+    k_dim,
+    n0,
+    n1,
+    n_blocks,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     rb, cb = _block_of(tl.program_id(0), m, n_blocks, BM, GROUP_M)
     start = cb * BN  # segments are BN-aligned, so a block never straddles two weights
@@ -74,14 +90,29 @@ def _prefill_linear_kernel(
         wk = tl.load(w_rows + (k0 + ks)[None, :])
         acc += tl.dot(xk, tl.trans(wk), input_precision=PRECISION)
     out_cols = start + tl.arange(0, BN)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + out_cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=rows[:, None] < m)
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * out_stride + out_cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=rows[:, None] < m,
+    )
 
 
 @triton.jit(do_not_specialize=["m"])
 def _prefill_gate_up_silu_kernel(
-    x_ptr, wg_ptr, wu_ptr, out_ptr, m, k_dim, n_blocks, x_stride, out_stride,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, GROUP_M: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    wg_ptr,
+    wu_ptr,
+    out_ptr,
+    m,
+    k_dim,
+    n_blocks,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     rb, cb = _block_of(tl.program_id(0), m, n_blocks, BM, GROUP_M)
     cols = cb * BN + tl.arange(0, BN)
@@ -99,8 +130,11 @@ def _prefill_gate_up_silu_kernel(
     gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
     up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=rows[:, None] < m)
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=rows[:, None] < m,
+    )
 
 
 def prefill_tile_applies(x: torch.Tensor, sizes: list[int], tile: tuple[int, ...]) -> bool:
@@ -114,7 +148,9 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
-def prefill_linear(x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, ...] | None = None) -> list[torch.Tensor]:
+def prefill_linear(
+    x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, ...] | None = None
+) -> list[torch.Tensor]:
     """``[x @ w.T for w in weights]`` (1 to 3 weights, one launch, outputs are column views of one buffer);
     ``tile`` overrides ``linear_tile`` (sweeps)."""
     bm, bn, bk, warps, stages, group = tile or linear_tile(x.shape[0])
@@ -125,21 +161,51 @@ def prefill_linear(x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int
     n1 = sizes[1] if len(sizes) > 1 else 0
     n_blocks = n_total // bn
     _prefill_linear_kernel[(n_blocks * triton.cdiv(x.shape[0], bm),)](
-        x, *padded, out, x.shape[0], x.shape[1], sizes[0], n1, n_blocks, x.stride(0), out.stride(0),
-        BM=bm, BN=bn, BK=bk, GROUP_M=group, PRECISION=_precision(x), num_warps=warps, num_stages=stages,
+        x,
+        *padded,
+        out,
+        x.shape[0],
+        x.shape[1],
+        sizes[0],
+        n1,
+        n_blocks,
+        x.stride(0),
+        out.stride(0),
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        GROUP_M=group,
+        PRECISION=_precision(x),
+        num_warps=warps,
+        num_stages=stages,
     )
     return list(out.split(sizes, dim=1))
 
 
-def prefill_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                         tile: tuple[int, ...] | None = None) -> torch.Tensor:
+def prefill_gate_up_silu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tile: tuple[int, ...] | None = None
+) -> torch.Tensor:
     """``silu(x wg^T) * (x wu^T)`` in one launch, gate and up sharing each x tile; ``tile`` as in prefill_linear."""
     bm, bn, bk, warps, stages, group = tile or gate_up_tile(x.shape[0])
     inter = w_gate.shape[0]
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     n_blocks = inter // bn
     _prefill_gate_up_silu_kernel[(n_blocks * triton.cdiv(x.shape[0], bm),)](
-        x, w_gate, w_up, out, x.shape[0], x.shape[1], n_blocks, x.stride(0), out.stride(0),
-        BM=bm, BN=bn, BK=bk, GROUP_M=group, PRECISION=_precision(x), num_warps=warps, num_stages=stages,
+        x,
+        w_gate,
+        w_up,
+        out,
+        x.shape[0],
+        x.shape[1],
+        n_blocks,
+        x.stride(0),
+        out.stride(0),
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        GROUP_M=group,
+        PRECISION=_precision(x),
+        num_warps=warps,
+        num_stages=stages,
     )
     return out

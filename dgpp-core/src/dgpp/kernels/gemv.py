@@ -42,15 +42,29 @@ def gate_up_silu_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) 
 
 
 @triton.jit
-def _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, cols, BM: tl.constexpr, BN: tl.constexpr,
-               BK: tl.constexpr, PRECISION: tl.constexpr):
+def _gemv_tile(
+    x_ptr,
+    w_ptr,
+    m,
+    k_dim,
+    x_stride,
+    rows,
+    cols,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     acc = tl.zeros([BM, BN], tl.float32)
     ks = tl.arange(0, BK)
     for k0 in range(0, k_dim, BK):
         kk = k0 + ks
         kmask = kk < k_dim
-        xk = tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=(rows[:, None] < m) & kmask[None, :],
-                     other=0.0)
+        xk = tl.load(
+            x_ptr + rows[:, None] * x_stride + kk[None, :],
+            mask=(rows[:, None] < m) & kmask[None, :],
+            other=0.0,
+        )
         wk = tl.load(w_ptr + cols[:, None].to(tl.int64) * k_dim + kk[None, :], mask=kmask[None, :], other=0.0)
         acc += tl.dot(xk, tl.trans(wk), input_precision=PRECISION)
     return acc
@@ -72,22 +86,48 @@ def _segment(start, w0_ptr, w1_ptr, w2_ptr, n0, n1):
 
 @triton.jit(do_not_specialize=["m"])  # one compiled kernel for every row count (dgpp.nn.exact.gemm)
 def _multi_linear_kernel(
-    x_ptr, w0_ptr, w1_ptr, w2_ptr, out_ptr, m, k_dim, n0, n1, x_stride, out_stride,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    w0_ptr,
+    w1_ptr,
+    w2_ptr,
+    out_ptr,
+    m,
+    k_dim,
+    n0,
+    n1,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     start = tl.program_id(0) * BN  # segments are BN-aligned, so a block never straddles two weights
     w_ptr, local = _segment(start, w0_ptr, w1_ptr, w2_ptr, n0, n1)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)  # grid axis 1: row blocks (one for decode calls)
     acc = _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, local + tl.arange(0, BN), BM, BN, BK, PRECISION)
     out_cols = start + tl.arange(0, BN)
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + out_cols[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=rows[:, None] < m)
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * out_stride + out_cols[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=rows[:, None] < m,
+    )
 
 
 @triton.jit(do_not_specialize=["m"])
 def _gate_up_silu_kernel(
-    x_ptr, wg_ptr, wu_ptr, out_ptr, m, k_dim, x_stride, out_stride,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    wg_ptr,
+    wu_ptr,
+    out_ptr,
+    m,
+    k_dim,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
@@ -97,8 +137,11 @@ def _gate_up_silu_kernel(
     gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
     up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=rows[:, None] < m)
+    tl.store(
+        out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=rows[:, None] < m,
+    )
 
 
 def row_block(m: int) -> int:
@@ -135,7 +178,10 @@ def _precision(x: torch.Tensor) -> str:
 
 
 def multi_linear_triton(
-    x: torch.Tensor, weights: list[torch.Tensor], tile: tuple[int, int, int] | None = None, bm: int | None = None
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    tile: tuple[int, int, int] | None = None,
+    bm: int | None = None,
 ) -> list[torch.Tensor]:
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU). ``bm`` pins the row tile for
     any row count (the grid then walks ``bm``-row blocks: ``dgpp.nn.exact.gemm``'s fixed-order calls)."""
@@ -155,14 +201,30 @@ def multi_linear_triton(
     n0 = sizes[0]
     n1 = sizes[1] if len(sizes) > 1 else 0
     _multi_linear_kernel[(n_total // bn, triton.cdiv(x.shape[0], bm))](
-        x, *padded, out, x.shape[0], x.shape[1], n0, n1, x.stride(0), out.stride(0),
-        BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
+        x,
+        *padded,
+        out,
+        x.shape[0],
+        x.shape[1],
+        n0,
+        n1,
+        x.stride(0),
+        out.stride(0),
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        PRECISION=_precision(x),
+        num_warps=4,
+        num_stages=stages,
     )
     return list(out.split(sizes, dim=1))
 
 
 def gate_up_silu_triton(
-    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, tile: tuple[int, int, int] | None = None,
+    x: torch.Tensor,
+    w_gate: torch.Tensor,
+    w_up: torch.Tensor,
+    tile: tuple[int, int, int] | None = None,
     bm: int | None = None,
 ) -> torch.Tensor:
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU); ``bm`` as in multi_linear_triton."""
@@ -178,8 +240,20 @@ def gate_up_silu_triton(
     stages = _fit_stages(bm, bn, bk, stages, 2, x.element_size())
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     _gate_up_silu_kernel[(inter // bn, triton.cdiv(x.shape[0], bm))](
-        x, w_gate, w_up, out, x.shape[0], x.shape[1], x.stride(0), out.stride(0),
-        BM=bm, BN=bn, BK=bk, PRECISION=_precision(x), num_warps=4, num_stages=stages,
+        x,
+        w_gate,
+        w_up,
+        out,
+        x.shape[0],
+        x.shape[1],
+        x.stride(0),
+        out.stride(0),
+        BM=bm,
+        BN=bn,
+        BK=bk,
+        PRECISION=_precision(x),
+        num_warps=4,
+        num_stages=stages,
     )
     return out
 
@@ -191,8 +265,12 @@ def gemv_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     if x.dim() != 2 or not 1 <= x.shape[0] <= MAX_ROWS or x.stride(-1) != 1:
         return False
     return all(
-        w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1] and w.shape[0] % 16 == 0
-        and w.is_contiguous() for w in weights
+        w.dim() == 2
+        and w.dtype == x.dtype
+        and w.shape[1] == x.shape[1]
+        and w.shape[0] % 16 == 0
+        and w.is_contiguous()
+        for w in weights
     )
 
 

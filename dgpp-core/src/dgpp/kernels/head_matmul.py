@@ -25,9 +25,23 @@ def head_matmul_ref(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @triton.jit
 def _head_matmul_kernel(
-    x_ptr, w_ptr, out_ptr, rows, k_dim, n_dim,
-    x_r, x_h, w_h, w_k, w_n, o_r, o_h,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr,
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    rows,
+    k_dim,
+    n_dim,
+    x_r,
+    x_h,
+    w_h,
+    w_k,
+    w_n,
+    o_r,
+    o_h,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     r = tl.program_id(0) * BM + tl.arange(0, BM)
     h = tl.program_id(1).to(tl.int64)
@@ -37,13 +51,22 @@ def _head_matmul_kernel(
     for k0 in range(0, k_dim, BK):
         k = k0 + tl.arange(0, BK)
         kmask = k < k_dim
-        x = tl.load(x_ptr + r[:, None].to(tl.int64) * x_r + h * x_h + k[None, :],
-                    mask=rmask[:, None] & kmask[None, :], other=0.0)
-        w = tl.load(w_ptr + h * w_h + k[:, None] * w_k + n[None, :] * w_n,
-                    mask=kmask[:, None] & nmask[None, :], other=0.0)
+        x = tl.load(
+            x_ptr + r[:, None].to(tl.int64) * x_r + h * x_h + k[None, :],
+            mask=rmask[:, None] & kmask[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + h * w_h + k[:, None] * w_k + n[None, :] * w_n,
+            mask=kmask[:, None] & nmask[None, :],
+            other=0.0,
+        )
         acc += tl.dot(x, w, input_precision=PRECISION)
-    tl.store(out_ptr + r[:, None].to(tl.int64) * o_r + h * o_h + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=rmask[:, None] & nmask[None, :])
+    tl.store(
+        out_ptr + r[:, None].to(tl.int64) * o_r + h * o_h + n[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=rmask[:, None] & nmask[None, :],
+    )
 
 
 def head_matmul_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -56,9 +79,24 @@ def head_matmul_triton(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return out
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     _head_matmul_kernel[(triton.cdiv(rows, _BM), heads, triton.cdiv(n_dim, _BN))](
-        x, w, out, rows, k_dim, n_dim,
-        x.stride(0), x.stride(1), w.stride(0), w.stride(1), w.stride(2), out.stride(0), out.stride(1),
-        BM=_BM, BN=_BN, BK=_BK, PRECISION=precision, num_warps=4,
+        x,
+        w,
+        out,
+        rows,
+        k_dim,
+        n_dim,
+        x.stride(0),
+        x.stride(1),
+        w.stride(0),
+        w.stride(1),
+        w.stride(2),
+        out.stride(0),
+        out.stride(1),
+        BM=_BM,
+        BN=_BN,
+        BK=_BK,
+        PRECISION=precision,
+        num_warps=4,
     )
     return out
 

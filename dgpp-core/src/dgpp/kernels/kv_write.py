@@ -22,8 +22,20 @@ def write_kv_ref(
 
 
 @triton.jit
-def _write_rows(src, dst, row, slot, heads, dim, s_tok, s_head, d_slot, d_head, BLOCK_H: tl.constexpr,
-                BLOCK_D: tl.constexpr):
+def _write_rows(
+    src,
+    dst,
+    row,
+    slot,
+    heads,
+    dim,
+    s_tok,
+    s_head,
+    d_slot,
+    d_head,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     h = tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
     mask = (h < heads) & (d < dim) & (slot >= 0)
@@ -33,9 +45,25 @@ def _write_rows(src, dst, row, slot, heads, dim, s_tok, s_head, d_slot, d_head, 
 
 @triton.jit
 def _write_kv_kernel(
-    k_ptr, v_ptr, kc_ptr, vc_ptr, slots_ptr, heads, k_dim, v_dim,
-    k_tok, k_head, v_tok, v_head, kc_slot, kc_head, vc_slot, vc_head,
-    BLOCK_H: tl.constexpr, BLOCK_DK: tl.constexpr, BLOCK_DV: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    kc_ptr,
+    vc_ptr,
+    slots_ptr,
+    heads,
+    k_dim,
+    v_dim,
+    k_tok,
+    k_head,
+    v_tok,
+    v_head,
+    kc_slot,
+    kc_head,
+    vc_slot,
+    vc_head,
+    BLOCK_H: tl.constexpr,
+    BLOCK_DK: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + row).to(tl.int64)
@@ -53,10 +81,26 @@ def write_kv_triton(
     if tokens:
         # a flat slot addresses [block, offset] because a block's token rows are contiguous
         _write_kv_kernel[(tokens,)](
-            k, v, k_cache, v_cache, slot_mapping, heads, k_dim, v_dim,
-            k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-            k_cache.stride(1), k_cache.stride(2), v_cache.stride(1), v_cache.stride(2),
-            BLOCK_H=next_pow2(heads), BLOCK_DK=next_pow2(k_dim), BLOCK_DV=next_pow2(v_dim), num_warps=4,
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            heads,
+            k_dim,
+            v_dim,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            v_cache.stride(1),
+            v_cache.stride(2),
+            BLOCK_H=next_pow2(heads),
+            BLOCK_DK=next_pow2(k_dim),
+            BLOCK_DV=next_pow2(v_dim),
+            num_warps=4,
         )
 
 

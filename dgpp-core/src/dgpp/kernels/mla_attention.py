@@ -29,9 +29,15 @@ _BLOCK_H = 16  # heads per program: they share every latent byte it loads
 
 
 def mla_attention_ref(
-    q_lat: torch.Tensor, q_rot: torch.Tensor, latent_cache: torch.Tensor, rope_cache: torch.Tensor,
-    tables: torch.Tensor, lens: torch.Tensor, scale: float,
-    indices: torch.Tensor | None = None, sparse: torch.Tensor | None = None,
+    q_lat: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    indices: torch.Tensor | None = None,
+    sparse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 torch reference, row by row; returns ``[R, H, L]`` in ``q_lat``'s dtype."""
     rows, heads, latent_dim = q_lat.shape
@@ -59,11 +65,41 @@ def _row_split(n, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _mla_split_kernel(
-    q_ptr, qr_ptr, lat_ptr, rope_ptr, bt_ptr, lens_ptr, idx_ptr, sparse_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    scale, heads, latent_dim, rope_dim, block_size, num_splits,
-    q_r, q_h, qr_r, qr_h, lat_blk, lat_tok, rope_blk, rope_tok, bt_r, idx_r, o_r, o_h,
-    HAS_IDX: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_L: tl.constexpr,
-    BLOCK_P: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    qr_ptr,
+    lat_ptr,
+    rope_ptr,
+    bt_ptr,
+    lens_ptr,
+    idx_ptr,
+    sparse_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    scale,
+    heads,
+    latent_dim,
+    rope_dim,
+    block_size,
+    num_splits,
+    q_r,
+    q_h,
+    qr_r,
+    qr_h,
+    lat_blk,
+    lat_tok,
+    rope_blk,
+    rope_tok,
+    bt_r,
+    idx_r,
+    o_r,
+    o_h,
+    HAS_IDX: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_L: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -76,9 +112,16 @@ def _mla_split_kernel(
     lmask = cols < latent_dim
     pmask = pcols < rope_dim
     if split < tl.maximum(used, 1):  # a padding row (n 0) still runs split 0, which writes its zeros
-        q = tl.load(q_ptr + r * q_r + h[:, None] * q_h + cols[None, :], mask=hmask[:, None] & lmask[None, :], other=0.0)
-        qr = tl.load(qr_ptr + r * qr_r + h[:, None] * qr_h + pcols[None, :], mask=hmask[:, None] & pmask[None, :],
-                     other=0.0)
+        q = tl.load(
+            q_ptr + r * q_r + h[:, None] * q_h + cols[None, :],
+            mask=hmask[:, None] & lmask[None, :],
+            other=0.0,
+        )
+        qr = tl.load(
+            qr_ptr + r * qr_r + h[:, None] * qr_h + pcols[None, :],
+            mask=hmask[:, None] & pmask[None, :],
+            other=0.0,
+        )
         picked = False
         if HAS_IDX:
             picked = tl.load(sparse_ptr + r) != 0
@@ -96,10 +139,16 @@ def _mla_split_kernel(
                 tok = tl.where(picked, chosen, j)
             phys = tl.load(bt_ptr + r * bt_r + tok // block_size, mask=jmask, other=0).to(tl.int64)
             off = (tok % block_size).to(tl.int64)
-            lat = tl.load(lat_ptr + (phys * lat_blk + off * lat_tok)[:, None] + cols[None, :],
-                          mask=jmask[:, None] & lmask[None, :], other=0.0)  # [BLOCK_N, BLOCK_L]
-            rope = tl.load(rope_ptr + (phys * rope_blk + off * rope_tok)[None, :] + pcols[:, None],
-                           mask=jmask[None, :] & pmask[:, None], other=0.0)  # [BLOCK_P, BLOCK_N]
+            lat = tl.load(
+                lat_ptr + (phys * lat_blk + off * lat_tok)[:, None] + cols[None, :],
+                mask=jmask[:, None] & lmask[None, :],
+                other=0.0,
+            )  # [BLOCK_N, BLOCK_L]
+            rope = tl.load(
+                rope_ptr + (phys * rope_blk + off * rope_tok)[None, :] + pcols[:, None],
+                mask=jmask[None, :] & pmask[:, None],
+                other=0.0,
+            )  # [BLOCK_P, BLOCK_N]
             s = tl.dot(q, tl.trans(lat), input_precision=PRECISION)
             s = (s + tl.dot(qr, rope, input_precision=PRECISION)) * scale
             s = tl.where(jmask[None, :], s, float("-inf"))
@@ -112,8 +161,11 @@ def _mla_split_kernel(
         omask = hmask[:, None] & lmask[None, :]
         if used <= 1:  # the whole row in split 0 (or a padding row): the answer itself
             out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(out_ptr + r * o_r + h[:, None] * o_h + cols[None, :], out.to(out_ptr.dtype.element_ty),
-                     mask=omask)
+            tl.store(
+                out_ptr + r * o_r + h[:, None] * o_h + cols[None, :],
+                out.to(out_ptr.dtype.element_ty),
+                mask=omask,
+            )
         else:  # partials [R, H, splits, BLOCK_L] and [R, H, splits, 2] for the merge
             row = (r * heads + h) * num_splits + split
             tl.store(part_acc_ptr + row[:, None] * BLOCK_L + cols[None, :], acc, mask=omask)
@@ -123,8 +175,18 @@ def _mla_split_kernel(
 
 @triton.jit
 def _mla_merge_kernel(
-    part_acc_ptr, part_ml_ptr, lens_ptr, out_ptr, heads, latent_dim, num_splits, o_r, o_h,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_L: tl.constexpr,
+    part_acc_ptr,
+    part_ml_ptr,
+    lens_ptr,
+    out_ptr,
+    heads,
+    latent_dim,
+    num_splits,
+    o_r,
+    o_h,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_L: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -145,9 +207,16 @@ def _mla_merge_kernel(
 
 
 def mla_attention_triton(
-    q_lat: torch.Tensor, q_rot: torch.Tensor, latent_cache: torch.Tensor, rope_cache: torch.Tensor,
-    tables: torch.Tensor, lens: torch.Tensor, scale: float,
-    indices: torch.Tensor | None = None, sparse: torch.Tensor | None = None, splits: int = MLA_SPLITS,
+    q_lat: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    indices: torch.Tensor | None = None,
+    sparse: torch.Tensor | None = None,
+    splits: int = MLA_SPLITS,
 ) -> torch.Tensor:
     rows, heads, latent_dim = q_lat.shape
     rope_dim = q_rot.shape[-1]
@@ -163,26 +232,72 @@ def mla_attention_triton(
     assert sparse is not None
     precision = "ieee" if latent_cache.dtype == torch.float32 else "tf32"
     _mla_split_kernel[(rows, triton.cdiv(heads, block_h), splits)](
-        q_lat, q_rot, latent_cache, rope_cache, tables, lens, indices, sparse, out, part_acc, part_ml,
-        float(scale), heads, latent_dim, rope_dim, latent_cache.shape[1], splits,
-        q_lat.stride(0), q_lat.stride(1), q_rot.stride(0), q_rot.stride(1),
-        latent_cache.stride(0), latent_cache.stride(1), rope_cache.stride(0), rope_cache.stride(1),
-        tables.stride(0), indices.stride(0), out.stride(0), out.stride(1),
-        HAS_IDX=has_idx, BLOCK_N=_BLOCK_N, BLOCK_H=block_h, BLOCK_L=block_l,
-        BLOCK_P=max(16, next_pow2(rope_dim)), PRECISION=precision, num_warps=4,
+        q_lat,
+        q_rot,
+        latent_cache,
+        rope_cache,
+        tables,
+        lens,
+        indices,
+        sparse,
+        out,
+        part_acc,
+        part_ml,
+        float(scale),
+        heads,
+        latent_dim,
+        rope_dim,
+        latent_cache.shape[1],
+        splits,
+        q_lat.stride(0),
+        q_lat.stride(1),
+        q_rot.stride(0),
+        q_rot.stride(1),
+        latent_cache.stride(0),
+        latent_cache.stride(1),
+        rope_cache.stride(0),
+        rope_cache.stride(1),
+        tables.stride(0),
+        indices.stride(0),
+        out.stride(0),
+        out.stride(1),
+        HAS_IDX=has_idx,
+        BLOCK_N=_BLOCK_N,
+        BLOCK_H=block_h,
+        BLOCK_L=block_l,
+        BLOCK_P=max(16, next_pow2(rope_dim)),
+        PRECISION=precision,
+        num_warps=4,
     )
     if splits > 1:
         _mla_merge_kernel[(rows, heads)](
-            part_acc, part_ml, lens, out, heads, latent_dim, splits, out.stride(0), out.stride(1),
-            BLOCK_N=_BLOCK_N, BLOCK_S=max(2, next_pow2(splits)), BLOCK_L=block_l, num_warps=4,
+            part_acc,
+            part_ml,
+            lens,
+            out,
+            heads,
+            latent_dim,
+            splits,
+            out.stride(0),
+            out.stride(1),
+            BLOCK_N=_BLOCK_N,
+            BLOCK_S=max(2, next_pow2(splits)),
+            BLOCK_L=block_l,
+            num_warps=4,
         )
     return out
 
 
 def mla_attention(
-    q_lat: torch.Tensor, q_rot: torch.Tensor, latent_cache: torch.Tensor, rope_cache: torch.Tensor,
-    tables: torch.Tensor, lens: torch.Tensor, scale: float,
-    indices: torch.Tensor | None = None, sparse: torch.Tensor | None = None,
+    q_lat: torch.Tensor,
+    q_rot: torch.Tensor,
+    latent_cache: torch.Tensor,
+    rope_cache: torch.Tensor,
+    tables: torch.Tensor,
+    lens: torch.Tensor,
+    scale: float,
+    indices: torch.Tensor | None = None,
+    sparse: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed MLA attention over the latent cache; Triton on CUDA, the torch reference elsewhere."""
     fn = mla_attention_triton if use_triton(q_lat) else mla_attention_ref

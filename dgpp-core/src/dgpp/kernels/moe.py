@@ -21,7 +21,11 @@ from dgpp.policy import current
 
 
 def fused_moe_ref(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
     swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
@@ -36,7 +40,9 @@ def fused_moe_ref(
     return out.to(x.dtype)
 
 
-def align_to_experts(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_to_experts(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Assignments sorted by expert in ``block_m``-row blocks, without a host sync.
 
     Returns ``sorted_ids [capacity]`` (assignment index ``t*K + k``, or ``T*K`` for padding) and
@@ -50,7 +56,9 @@ def align_to_experts(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
     expert_sorted = flat[order]
     # per-expert counts by a scatter into a fixed-size tensor: torch.bincount sizes its output from the
     # data (a host sync), which would break CUDA-graph capture of a MoE decode step
-    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(0, flat, torch.ones_like(flat))
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat)
+    )
     padded = (counts + block_m - 1) // block_m * block_m
     pad_end = torch.cumsum(padded, 0)
     rank = torch.arange(n, device=flat.device) - (torch.cumsum(counts, 0) - counts)[expert_sorted]
@@ -64,10 +72,29 @@ def align_to_experts(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> 
 
 @triton.jit
 def _grouped_gemm_kernel(
-    a_ptr, b_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_w_ptr,
-    num_assign, top_k, n_out, k_dim, a_row_stride, b_e, b_n, b_k, c_row_stride,
-    GATHER_TOKENS: tl.constexpr, SWIGLU: tl.constexpr, SCATTER_WEIGHTED: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, PRECISION: tl.constexpr, SWIGLU_LIMIT: tl.constexpr = 0.0,
+    a_ptr,
+    b_ptr,
+    c_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    topk_w_ptr,
+    num_assign,
+    top_k,
+    n_out,
+    k_dim,
+    a_row_stride,
+    b_e,
+    b_n,
+    b_k,
+    c_row_stride,
+    GATHER_TOKENS: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    SCATTER_WEIGHTED: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    PRECISION: tl.constexpr,
+    SWIGLU_LIMIT: tl.constexpr = 0.0,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -90,13 +117,21 @@ def _grouped_gemm_kernel(
     for k0 in range(0, k_end, BK):
         kk = k0 + ks
         kmask = kk < k_dim
-        a = tl.load(a_ptr + a_rows[:, None] * a_row_stride + kk[None, :], mask=rvalid[:, None] & kmask[None, :],
-                    other=0.0)
-        b = tl.load(b_base + cols[None, :] * b_n + kk[:, None] * b_k, mask=kmask[:, None] & cmask[None, :], other=0.0)
+        a = tl.load(
+            a_ptr + a_rows[:, None] * a_row_stride + kk[None, :],
+            mask=rvalid[:, None] & kmask[None, :],
+            other=0.0,
+        )
+        b = tl.load(
+            b_base + cols[None, :] * b_n + kk[:, None] * b_k, mask=kmask[:, None] & cmask[None, :], other=0.0
+        )
         acc += tl.dot(a, b, input_precision=PRECISION)
         if SWIGLU:
-            b_up = tl.load(b_base + (cols[None, :] + n_out) * b_n + kk[:, None] * b_k,
-                           mask=kmask[:, None] & cmask[None, :], other=0.0)
+            b_up = tl.load(
+                b_base + (cols[None, :] + n_out) * b_n + kk[:, None] * b_k,
+                mask=kmask[:, None] & cmask[None, :],
+                other=0.0,
+            )
             acc_up += tl.dot(a, b_up, input_precision=PRECISION)
     if SWIGLU:
         if SWIGLU_LIMIT > 0:  # clamped SwiGLU: gate <= limit, -limit <= up <= limit
@@ -107,8 +142,11 @@ def _grouped_gemm_kernel(
     if SCATTER_WEIGHTED:
         acc = acc * tl.load(topk_w_ptr + sid, mask=rvalid, other=0.0).to(tl.float32)[:, None]
         c_rows = sid.to(tl.int64)
-    tl.store(c_ptr + c_rows[:, None] * c_row_stride + cols[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=rvalid[:, None] & cmask[None, :])
+    tl.store(
+        c_ptr + c_rows[:, None] * c_row_stride + cols[None, :],
+        acc.to(c_ptr.dtype.element_ty),
+        mask=rvalid[:, None] & cmask[None, :],
+    )
 
 
 # (BN, BK, num_warps, num_stages) of both grouped GEMMs; ``tile=`` overrides it (GPU sweeps). H200, the
@@ -122,8 +160,13 @@ DECODE_ASSIGNMENTS = 16  # token x top-k assignments up to which DECODE_TILE is 
 
 
 def fused_moe_triton(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-    tile: tuple[int, int, int, int] | None = None, swiglu_limit: float | None = None,
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    tile: tuple[int, int, int, int] | None = None,
+    swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -143,18 +186,58 @@ def fused_moe_triton(
     weights = topk_weights.contiguous().view(-1)
     bn, bk, warps, stages = tile or (DECODE_TILE if n_assign <= DECODE_ASSIGNMENTS else DEFAULT_TILE)
     _grouped_gemm_kernel[(capacity // block_m, triton.cdiv(inter, bn))](
-        x, gate_up, act, sorted_ids, block_expert, weights,
-        n_assign, top_k, inter, hidden, x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up.stride(2),
-        act.stride(0), GATHER_TOKENS=True, SWIGLU=True, SCATTER_WEIGHTED=False,
-        BM=block_m, BN=bn, BK=bk, PRECISION=precision, SWIGLU_LIMIT=swiglu_limit_constant(swiglu_limit),
-        num_warps=warps, num_stages=stages,
+        x,
+        gate_up,
+        act,
+        sorted_ids,
+        block_expert,
+        weights,
+        n_assign,
+        top_k,
+        inter,
+        hidden,
+        x.stride(0),
+        gate_up.stride(0),
+        gate_up.stride(1),
+        gate_up.stride(2),
+        act.stride(0),
+        GATHER_TOKENS=True,
+        SWIGLU=True,
+        SCATTER_WEIGHTED=False,
+        BM=block_m,
+        BN=bn,
+        BK=bk,
+        PRECISION=precision,
+        SWIGLU_LIMIT=swiglu_limit_constant(swiglu_limit),
+        num_warps=warps,
+        num_stages=stages,
     )
     per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
     _grouped_gemm_kernel[(capacity // block_m, triton.cdiv(hidden, bn))](
-        act, down, per_assign, sorted_ids, block_expert, weights,
-        n_assign, top_k, hidden, inter, act.stride(0), down.stride(0), down.stride(1), down.stride(2),
-        per_assign.stride(0), GATHER_TOKENS=False, SWIGLU=False, SCATTER_WEIGHTED=True,
-        BM=block_m, BN=bn, BK=bk, PRECISION=precision, num_warps=warps, num_stages=stages,
+        act,
+        down,
+        per_assign,
+        sorted_ids,
+        block_expert,
+        weights,
+        n_assign,
+        top_k,
+        hidden,
+        inter,
+        act.stride(0),
+        down.stride(0),
+        down.stride(1),
+        down.stride(2),
+        per_assign.stride(0),
+        GATHER_TOKENS=False,
+        SWIGLU=False,
+        SCATTER_WEIGHTED=True,
+        BM=block_m,
+        BN=bn,
+        BK=bk,
+        PRECISION=precision,
+        num_warps=warps,
+        num_stages=stages,
     )
     # fixed-order sum over each token's experts: deterministic, no atomics
     # (explicit adds in k order: a reduction kernel's split of the k axis could follow the token count)
@@ -173,7 +256,11 @@ def swiglu_limit_constant(swiglu_limit: float | None) -> float:
 
 
 def fused_moe(
-    x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+    x: torch.Tensor,
+    gate_up: torch.Tensor,
+    down: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
     swiglu_limit: float | None = None,
 ) -> torch.Tensor:
     """Routed SwiGLU experts for each token, weighted and summed; Triton on CUDA, torch elsewhere."""

@@ -23,8 +23,18 @@ def _max_combine(a, b):
 
 
 @triton.jit
-def _align_kernel(ids_ptr, scratch_ptr, sorted_ids_ptr, block_expert_ptr, n, capacity, num_blocks,
-                  BM: tl.constexpr, N_PAD: tl.constexpr, FILL: tl.constexpr):
+def _align_kernel(
+    ids_ptr,
+    scratch_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    n,
+    capacity,
+    num_blocks,
+    BM: tl.constexpr,
+    N_PAD: tl.constexpr,
+    FILL: tl.constexpr,
+):
     pos = tl.arange(0, N_PAD)
     valid = pos < n
     expert = tl.load(ids_ptr + pos, mask=valid, other=0).to(tl.int32)
@@ -46,7 +56,9 @@ def _align_kernel(ids_ptr, scratch_ptr, sorted_ids_ptr, block_expert_ptr, n, cap
     run_start = tl.associative_scan(tl.where(valid & (s_expert != prev), pos, 0), 0, _max_combine)
     rank = pos - run_start
     is_end = valid & (s_expert != nxt)
-    padded = tl.where(is_end, (rank + BM) // BM * BM, 0)  # a run's length rounded up to whole blocks, at its end
+    padded = tl.where(
+        is_end, (rank + BM) // BM * BM, 0
+    )  # a run's length rounded up to whole blocks, at its end
     # the runs that ended before p are exactly the runs before p's run: their padded lengths give its start
     run_pad_start = tl.cumsum(padded, 0) - padded
     tl.store(sorted_ids_ptr + run_pad_start + rank, s_index, mask=valid)
@@ -61,7 +73,9 @@ def fits(topk_ids: torch.Tensor, num_experts: int) -> bool:
     return topk_ids.numel() <= MAX_ASSIGNMENTS and num_experts <= MAX_EXPERTS
 
 
-def align_to_experts_triton(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[torch.Tensor, torch.Tensor]:
+def align_to_experts_triton(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``dgpp.kernels.moe.align_to_experts`` in one launch, for ``fits`` routings: the same capacity,
     ``sorted_ids`` and ``block_expert``."""
     flat = topk_ids.reshape(-1)
@@ -71,6 +85,17 @@ def align_to_experts_triton(topk_ids: torch.Tensor, num_experts: int, block_m: i
     block_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=flat.device)
     n_pad = max(16, next_pow2(n))
     scratch = torch.empty(n_pad, dtype=torch.int32, device=flat.device)
-    _align_kernel[(1,)](flat, scratch, sorted_ids, block_expert, n, capacity, capacity // block_m,
-                        BM=block_m, N_PAD=n_pad, FILL=1024, num_warps=4)
+    _align_kernel[(1,)](
+        flat,
+        scratch,
+        sorted_ids,
+        block_expert,
+        n,
+        capacity,
+        capacity // block_m,
+        BM=block_m,
+        N_PAD=n_pad,
+        FILL=1024,
+        num_warps=4,
+    )
     return sorted_ids, block_expert

@@ -29,8 +29,13 @@ _TARGET_PROGRAMS = 1024  # enough programs to cover 132 SMs several times over
 
 
 def paged_decode_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int = 0,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     batch, hq, _ = q.shape
     bs, hk = k_cache.shape[1], k_cache.shape[2]
@@ -63,11 +68,39 @@ def _sequence_split(seq_len, window, num_splits, BLOCK_N: tl.constexpr):
 
 @triton.jit
 def _decode_partition_kernel(
-    q_ptr, k_ptr, v_ptr, bt_ptr, lens_ptr, out_ptr, part_acc_ptr, part_ml_ptr,
-    scale, window, group, head_dim, v_dim, block_size, num_splits, grid_splits,
-    q_b, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_b, o_h,
-    BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, ONE_SPLIT: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    lens_ptr,
+    out_ptr,
+    part_acc_ptr,
+    part_ml_ptr,
+    scale,
+    window,
+    group,
+    head_dim,
+    v_dim,
+    block_size,
+    num_splits,
+    grid_splits,
+    q_b,
+    q_h,
+    k_blk,
+    k_tok,
+    k_head,
+    v_blk,
+    v_tok,
+    v_head,
+    bt_b,
+    o_b,
+    o_h,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    ONE_SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """Program ``(b, kvh, p)`` computes splits ``p, p + grid_splits, ...`` of its sequence: how the context
     is cut depends on ``seq_len`` and ``num_splits`` alone, how many programs share the work does not
@@ -82,8 +115,11 @@ def _decode_partition_kernel(
     dv = tl.arange(0, BLOCK_DV)
     heads = kvh * group + g
     gmask = g < group
-    q = tl.load(q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
-                mask=gmask[:, None] & (d[None, :] < head_dim), other=0.0)
+    q = tl.load(
+        q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
+        mask=gmask[:, None] & (d[None, :] < head_dim),
+        other=0.0,
+    )
     omask = gmask[:, None] & (dv[None, :] < v_dim)
     # a padding row (seq_len 0) still runs split 0, which writes its zeros
     for split in range(tl.program_id(2), tl.maximum(used, 1), grid_splits):
@@ -98,7 +134,9 @@ def _decode_partition_kernel(
             phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
             off = (toks % block_size).to(tl.int64)
             k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
-            kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+            kt = tl.load(
+                k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
+            )
             s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -112,8 +150,11 @@ def _decode_partition_kernel(
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-        tl.store(out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=omask & direct)
+        tl.store(
+            out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=omask & direct,
+        )
         if not ONE_SPLIT:
             # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2], written only when a merge follows
             partial = (used > 1) & (split < used)
@@ -125,8 +166,19 @@ def _decode_partition_kernel(
 
 @triton.jit
 def _merge_partitions_kernel(
-    part_acc_ptr, part_ml_ptr, lens_ptr, out_ptr, v_dim, num_heads, num_splits, window, o_b, o_h,
-    BLOCK_N: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_DV: tl.constexpr,
+    part_acc_ptr,
+    part_ml_ptr,
+    lens_ptr,
+    out_ptr,
+    v_dim,
+    num_heads,
+    num_splits,
+    window,
+    o_b,
+    o_h,
+    BLOCK_N: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -153,7 +205,9 @@ def programs_per_row(batch: int, kv_heads: int) -> int:
     return max(1, _TARGET_PROGRAMS // max(1, batch * kv_heads))
 
 
-def plan_partition(batch: int, kv_heads: int, max_context: int, min_partition: int = _MIN_PARTITION) -> tuple[int, int]:
+def plan_partition(
+    batch: int, kv_heads: int, max_context: int, min_partition: int = _MIN_PARTITION
+) -> tuple[int, int]:
     """(partition tokens, splits) for the widest context the table allows: split long contexts only while
     the grid is too small for the GPU. The splits size the grid; each sequence then spreads its own
     context over them (see the module docstring), so the partition is an upper bound per split."""
@@ -165,18 +219,32 @@ def plan_partition(batch: int, kv_heads: int, max_context: int, min_partition: i
 
 
 def paged_decode_attention_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int = 0, min_partition: int = _MIN_PARTITION,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    min_partition: int = _MIN_PARTITION,
 ) -> torch.Tensor:
     """``min_partition`` (tokens) bounds the split count for short tables (check_kernels times 64 vs 128)."""
-    _partition, splits = plan_partition(q.shape[0], k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1],
-                                        min_partition)
+    _partition, splits = plan_partition(
+        q.shape[0], k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1], min_partition
+    )
     return decode_attention_with_splits(q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits)
 
 
 def decode_attention_with_splits(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int, splits: int, grid_splits: int | None = None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int,
+    splits: int,
+    grid_splits: int | None = None,
 ) -> torch.Tensor:
     """The Triton decode attention with each sequence's context spread over ``splits`` splits (the merge
     runs only when ``splits > 1``), computed by ``grid_splits`` (default ``splits``) programs per
@@ -197,25 +265,69 @@ def decode_attention_with_splits(
     precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
     grid_splits = max(1, min(grid_splits or splits, splits))
     _decode_partition_kernel[(batch, hk, grid_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens, out, part_acc, part_ml,
-        float(scale), int(window), group, head_dim, v_dim, block_size, splits, grid_splits,
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        BLOCK_N=_BLOCK_N, BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=next_pow2(head_dim), BLOCK_DV=block_dv, ONE_SPLIT=splits == 1, PRECISION=precision,
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        part_acc,
+        part_ml,
+        float(scale),
+        int(window),
+        group,
+        head_dim,
+        v_dim,
+        block_size,
+        splits,
+        grid_splits,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_N=_BLOCK_N,
+        BLOCK_G=max(16, next_pow2(group)),
+        BLOCK_D=next_pow2(head_dim),
+        BLOCK_DV=block_dv,
+        ONE_SPLIT=splits == 1,
+        PRECISION=precision,
         num_warps=4,
     )
     if splits > 1:
         _merge_partitions_kernel[(batch, hq)](
-            part_acc, part_ml, seq_lens, out, v_dim, hq, splits, int(window), out.stride(0), out.stride(1),
-            BLOCK_N=_BLOCK_N, BLOCK_S=next_pow2(splits), BLOCK_DV=block_dv, num_warps=4,
+            part_acc,
+            part_ml,
+            seq_lens,
+            out,
+            v_dim,
+            hq,
+            splits,
+            int(window),
+            out.stride(0),
+            out.stride(1),
+            BLOCK_N=_BLOCK_N,
+            BLOCK_S=next_pow2(splits),
+            BLOCK_DV=block_dv,
+            num_warps=4,
         )
     return out
 
 
 def paged_decode_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int = 0,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
 ) -> torch.Tensor:
     """Decode attention over paged K/V; Triton on CUDA, torch elsewhere."""
     fn = paged_decode_attention_triton if use_triton(q) else paged_decode_attention_ref

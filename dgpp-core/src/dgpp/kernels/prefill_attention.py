@@ -22,8 +22,13 @@ from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 
 def prefill_attention_ref(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
 ) -> torch.Tensor:
     hq, hk = q.shape[1], k_cache.shape[2]
     bs = k_cache.shape[1]
@@ -46,17 +51,47 @@ def prefill_attention_ref(
 
 
 @triton.jit
-def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_pos, qk_scale, kvh, d, dv, head_dim, v_dim,
-                  block_size, k_blk, k_tok, k_head, v_blk, v_tok, v_head,
-                  BLOCK_N: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr):
+def _attend_block(
+    q,
+    m_i,
+    l_i,
+    acc,
+    k_ptr,
+    v_ptr,
+    bt_ptr,
+    b,
+    bt_b,
+    n0,
+    end,
+    q_pos,
+    qk_scale,
+    kvh,
+    d,
+    dv,
+    head_dim,
+    v_dim,
+    block_size,
+    k_blk,
+    k_tok,
+    k_head,
+    v_blk,
+    v_tok,
+    v_head,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """One key block of the online softmax (base 2: ``qk_scale`` carries log2(e)). Unmasked blocks lie wholly
     below the diagonal of every row of the query block, so they skip the causal and length masks."""
     toks = n0 + tl.arange(0, BLOCK_N)
     tmask = toks < end
     phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
     off = (toks % block_size).to(tl.int64)
-    kt = tl.load(k_ptr + (phys * k_blk + off * k_tok + kvh * k_head)[None, :] + d[:, None],
-                 mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+    kt = tl.load(
+        k_ptr + (phys * k_blk + off * k_tok + kvh * k_head)[None, :] + d[:, None],
+        mask=tmask[None, :] & (d[:, None] < head_dim),
+        other=0.0,
+    )
     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
     if MASKED:
         s = tl.where(tmask[None, :] & (toks[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -65,18 +100,46 @@ def _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_po
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    v = tl.load(v_ptr + (phys * v_blk + off * v_tok + kvh * v_head)[:, None] + dv[None, :],
-                mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+    v = tl.load(
+        v_ptr + (phys * v_blk + off * v_tok + kvh * v_head)[:, None] + dv[None, :],
+        mask=tmask[:, None] & (dv[None, :] < v_dim),
+        other=0.0,
+    )
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
 
 
 @triton.jit
 def _prefill_kernel(
-    q_ptr, k_ptr, v_ptr, out_ptr, bt_ptr, blk_seq_ptr, blk_row_ptr, starts_ptr, ctx_ptr,
-    qk_scale, group, head_dim, v_dim, block_size,
-    q_t, q_h, k_blk, k_tok, k_head, v_blk, v_tok, v_head, bt_b, o_t, o_h,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    bt_ptr,
+    blk_seq_ptr,
+    blk_row_ptr,
+    starts_ptr,
+    ctx_ptr,
+    qk_scale,
+    group,
+    head_dim,
+    v_dim,
+    block_size,
+    q_t,
+    q_h,
+    k_blk,
+    k_tok,
+    k_head,
+    v_blk,
+    v_tok,
+    v_head,
+    bt_b,
+    o_t,
+    o_h,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
     head = tl.program_id(0)
@@ -92,8 +155,11 @@ def _prefill_kernel(
     rows = (seq_start + m_idx).to(tl.int64)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
-    q = tl.load(q_ptr + rows[:, None] * q_t + head * q_h + d[None, :],
-                mask=m_mask[:, None] & (d[None, :] < head_dim), other=0.0)
+    q = tl.load(
+        q_ptr + rows[:, None] * q_t + head * q_h + d[None, :],
+        mask=m_mask[:, None] & (d[None, :] < head_dim),
+        other=0.0,
+    )
     q_pos = ctx + m_idx  # absolute position of each query row
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -103,16 +169,73 @@ def _prefill_kernel(
     end = ctx + tl.minimum(first_row + BLOCK_M, n_rows)
     full_end = (ctx + first_row) // BLOCK_N * BLOCK_N
     for n0 in range(0, full_end, BLOCK_N):
-        m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_pos, qk_scale, kvh, d,
-                                      dv, head_dim, v_dim, block_size, k_blk, k_tok, k_head, v_blk, v_tok, v_head,
-                                      BLOCK_N, False, PRECISION)
+        m_i, l_i, acc = _attend_block(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_ptr,
+            v_ptr,
+            bt_ptr,
+            b,
+            bt_b,
+            n0,
+            end,
+            q_pos,
+            qk_scale,
+            kvh,
+            d,
+            dv,
+            head_dim,
+            v_dim,
+            block_size,
+            k_blk,
+            k_tok,
+            k_head,
+            v_blk,
+            v_tok,
+            v_head,
+            BLOCK_N,
+            False,
+            PRECISION,
+        )
     for n0 in range(full_end, end, BLOCK_N):
-        m_i, l_i, acc = _attend_block(q, m_i, l_i, acc, k_ptr, v_ptr, bt_ptr, b, bt_b, n0, end, q_pos, qk_scale, kvh, d,
-                                      dv, head_dim, v_dim, block_size, k_blk, k_tok, k_head, v_blk, v_tok, v_head,
-                                      BLOCK_N, True, PRECISION)
+        m_i, l_i, acc = _attend_block(
+            q,
+            m_i,
+            l_i,
+            acc,
+            k_ptr,
+            v_ptr,
+            bt_ptr,
+            b,
+            bt_b,
+            n0,
+            end,
+            q_pos,
+            qk_scale,
+            kvh,
+            d,
+            dv,
+            head_dim,
+            v_dim,
+            block_size,
+            k_blk,
+            k_tok,
+            k_head,
+            v_blk,
+            v_tok,
+            v_head,
+            BLOCK_N,
+            True,
+            PRECISION,
+        )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(out_ptr + rows[:, None] * o_t + head * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=m_mask[:, None] & (dv[None, :] < v_dim))
+    tl.store(
+        out_ptr + rows[:, None] * o_t + head * o_h + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=m_mask[:, None] & (dv[None, :] < v_dim),
+    )
 
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages). H200 sweep, bf16, 32/8 heads x 128: 8192 rows 2.26 ms (244
@@ -124,9 +247,16 @@ NARROW_TILE = (64, 64, 4, 2)
 
 
 def prefill_attention_triton(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float, block_m: int | None = None,
-    tile: tuple[int, int, int, int] | None = None, host: tuple[list[int], list[int]] | None = None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
+    block_m: int | None = None,
+    tile: tuple[int, int, int, int] | None = None,
+    host: tuple[list[int], list[int]] | None = None,
 ) -> torch.Tensor:
     """``tile = (BLOCK_M, BLOCK_N, num_warps, num_stages)`` overrides the default (GPU sweeps); ``block_m``
     alone overrides BLOCK_M. ``host``: ``query_start_loc`` and ``context_lens`` as host lists, which the engine
@@ -144,24 +274,54 @@ def prefill_attention_triton(
     block_seqs, block_rows = plan
     precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
     _prefill_kernel[(hq, block_seqs.shape[0])](
-        q, k_cache, v_cache, out, block_tables, block_seqs, block_rows,
-        query_start_loc, context_lens,
-        float(scale) * 1.4426950408889634, hq // hk, head_dim, v_dim, k_cache.shape[1],
-        q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), block_tables.stride(0), out.stride(0), out.stride(1),
-        BLOCK_M=bm, BLOCK_N=bn, BLOCK_D=max(16, next_pow2(head_dim)), BLOCK_DV=max(16, next_pow2(v_dim)),
-        PRECISION=precision, num_warps=warps, num_stages=stages,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        block_tables,
+        block_seqs,
+        block_rows,
+        query_start_loc,
+        context_lens,
+        float(scale) * 1.4426950408889634,
+        hq // hk,
+        head_dim,
+        v_dim,
+        k_cache.shape[1],
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        BLOCK_D=max(16, next_pow2(head_dim)),
+        BLOCK_DV=max(16, next_pow2(v_dim)),
+        PRECISION=precision,
+        num_warps=warps,
+        num_stages=stages,
     )
     return out
 
 
 @functools.lru_cache(maxsize=8)
-def _block_plan(starts: tuple[int, ...], ctx: tuple[int, ...], bm: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+def _block_plan(
+    starts: tuple[int, ...], ctx: tuple[int, ...], bm: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor] | None:
     """The kernel's row blocks (sequence, first row) longest visible context first, as device tensors; None
     when there are no rows. Cached: every layer of a step asks for the same plan, and building it costs two
     host->device copies."""
-    blocks = [(ctx[b] + row, b, row) for b in range(len(starts) - 1) for row in range(0, starts[b + 1] - starts[b], bm)]
+    blocks = [
+        (ctx[b] + row, b, row)
+        for b in range(len(starts) - 1)
+        for row in range(0, starts[b + 1] - starts[b], bm)
+    ]
     if not blocks:
         return None
     blocks.sort(key=lambda item: -item[0])  # longest visible context first: causal work is uneven
@@ -173,13 +333,19 @@ def _block_plan(starts: tuple[int, ...], ctx: tuple[int, ...], bm: int,
 
 
 def paged_prefill_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, scale: float,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    scale: float,
     host: tuple[list[int], list[int]] | None = None,
 ) -> torch.Tensor:
     """Causal varlen attention of new rows over the paged pool; Triton on CUDA, torch elsewhere. ``host``: the
     query starts and context lengths as host lists (``prefill_attention_triton``)."""
     if use_triton(q):
-        return prefill_attention_triton(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale,
-                                        host=host)
+        return prefill_attention_triton(
+            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, host=host
+        )
     return prefill_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)

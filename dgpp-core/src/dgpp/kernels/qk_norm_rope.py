@@ -18,8 +18,15 @@ from dgpp.kernels.rotary import rotary_cos_sin, rotary_pair_offsets, rotary_ref
 
 
 def qk_norm_rope_ref(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-    weight_offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     qn = rms_norm_ref(q, q_weight, eps, None, weight_offset)
@@ -29,8 +36,25 @@ def qk_norm_rope_ref(
 
 @triton.jit
 def _norm_rope_heads(
-    src, dst, w_ptr, row, n_heads, s_tok, s_head, d_tok, d_head, head_dim, eps, weight_offset, cos, sin, half,
-    ZERO_CENTERED: tl.constexpr, IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr,
+    src,
+    dst,
+    w_ptr,
+    row,
+    n_heads,
+    s_tok,
+    s_head,
+    d_tok,
+    d_head,
+    head_dim,
+    eps,
+    weight_offset,
+    cos,
+    sin,
+    half,
+    ZERO_CENTERED: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    ROT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
     heads = tl.arange(0, BLOCK_H)[:, None]
@@ -65,9 +89,31 @@ def _norm_rope_heads(
 
 @triton.jit
 def _qk_norm_rope_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, qw_ptr, kw_ptr, pos_ptr, freq_ptr, magnitude, eps, weight_offset,
-    n_q_heads, head_dim, q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head,
-    ZERO_CENTERED: tl.constexpr, IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    qo_ptr,
+    ko_ptr,
+    qw_ptr,
+    kw_ptr,
+    pos_ptr,
+    freq_ptr,
+    magnitude,
+    eps,
+    weight_offset,
+    n_q_heads,
+    head_dim,
+    q_tok,
+    q_head,
+    k_tok,
+    k_head,
+    qo_tok,
+    qo_head,
+    ko_tok,
+    ko_head,
+    ZERO_CENTERED: tl.constexpr,
+    IS_NEOX: tl.constexpr,
+    ROT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -78,13 +124,40 @@ def _qk_norm_rope_kernel(
     if head >= n_q_heads:
         kh = head - n_q_heads
         src, dst, w_ptr, s_tok, d_tok = k_ptr + kh * k_head, ko_ptr + kh * ko_head, kw_ptr, k_tok, ko_tok
-    _norm_rope_heads(src, dst, w_ptr, row, 1, s_tok, 0, d_tok, 0, head_dim, eps, weight_offset, cos, sin, half,
-                     ZERO_CENTERED, IS_NEOX, ROT, 1, BLOCK_D)
+    _norm_rope_heads(
+        src,
+        dst,
+        w_ptr,
+        row,
+        1,
+        s_tok,
+        0,
+        d_tok,
+        0,
+        head_dim,
+        eps,
+        weight_offset,
+        cos,
+        sin,
+        half,
+        ZERO_CENTERED,
+        IS_NEOX,
+        ROT,
+        1,
+        BLOCK_D,
+    )
 
 
 def qk_norm_rope_triton(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-    weight_offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rotary_dim = 2 * inv_freq.shape[0]
@@ -97,19 +170,46 @@ def qk_norm_rope_triton(
     k_out = torch.empty(tokens, k.shape[1], dim, dtype=k.dtype, device=k.device)
     if tokens:
         _qk_norm_rope_kernel[(tokens, hq + k.shape[1])](
-            q, k, q_out, k_out, q_weight, k_weight, positions, inv_freq.float().contiguous(), float(magnitude),
-            float(eps), float(weight_offset), hq, dim,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-            ZERO_CENTERED=weight_offset != 0.0, IS_NEOX=is_neox, ROT=rotary_dim, BLOCK_D=next_pow2(dim),
+            q,
+            k,
+            q_out,
+            k_out,
+            q_weight,
+            k_weight,
+            positions,
+            inv_freq.float().contiguous(),
+            float(magnitude),
+            float(eps),
+            float(weight_offset),
+            hq,
+            dim,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            ZERO_CENTERED=weight_offset != 0.0,
+            IS_NEOX=is_neox,
+            ROT=rotary_dim,
+            BLOCK_D=next_pow2(dim),
             num_warps=1,
         )
     return q_out, k_out
 
 
 def fused_qk_norm_rope(
-    q: torch.Tensor, k: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
-    weight_offset: float, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    weight_offset: float,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """q/k RMSNorm then RoPE; one Triton launch on CUDA, torch elsewhere."""

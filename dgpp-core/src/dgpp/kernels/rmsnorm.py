@@ -37,10 +37,21 @@ def rms_norm_ref(
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr,
-    n_cols, x_stride, res_stride, out_stride, res_out_stride,
-    eps, weight_offset,
-    HAS_RESIDUAL: tl.constexpr, ZERO_CENTERED: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    n_cols,
+    x_stride,
+    res_stride,
+    out_stride,
+    res_out_stride,
+    eps,
+    weight_offset,
+    HAS_RESIDUAL: tl.constexpr,
+    ZERO_CENTERED: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -84,10 +95,21 @@ def rms_norm_triton(
     block = next_pow2(cols)
     if rows:
         _rms_norm_kernel[(rows,)](
-            x2, r2, weight, out, res_out,
-            cols, x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
-            float(eps), float(weight_offset),
-            HAS_RESIDUAL=residual is not None, ZERO_CENTERED=weight_offset != 0.0, BLOCK=block,
+            x2,
+            r2,
+            weight,
+            out,
+            res_out,
+            cols,
+            x2.stride(0),
+            r2.stride(0),
+            out.stride(0),
+            res_out.stride(0),
+            float(eps),
+            float(weight_offset),
+            HAS_RESIDUAL=residual is not None,
+            ZERO_CENTERED=weight_offset != 0.0,
+            BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
     if residual is not None:

@@ -15,7 +15,9 @@ import torch
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 
-def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, is_neox: bool) -> torch.Tensor:
+def _rotate_ref(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, is_neox: bool
+) -> torch.Tensor:
     rot, rest = x[..., :rotary_dim].float(), x[..., rotary_dim:]
     if is_neox:
         x1, x2 = rot.chunk(2, dim=-1)
@@ -31,7 +33,11 @@ def _rotate_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_di
 
 
 def rotary_ref(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rotary_dim = 2 * inv_freq.shape[0]
@@ -64,8 +70,22 @@ def rotary_cos_sin(pos_ptr, freq_ptr, row, half_offs, magnitude):
 
 @triton.jit
 def _rotate_heads(
-    src, dst, row, n_heads, s_tok, s_head, d_tok, d_head, head_dim, cos, sin, half_offs,
-    IS_NEOX: tl.constexpr, ROT: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    src,
+    dst,
+    row,
+    n_heads,
+    s_tok,
+    s_head,
+    d_tok,
+    d_head,
+    head_dim,
+    cos,
+    sin,
+    half_offs,
+    IS_NEOX: tl.constexpr,
+    ROT: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     heads = tl.arange(0, BLOCK_H)[:, None]
     hmask = heads < n_heads
@@ -84,23 +104,77 @@ def _rotate_heads(
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, qo_ptr, ko_ptr, pos_ptr, freq_ptr, magnitude,
-    n_q_heads, n_k_heads, head_dim,
-    q_tok, q_head, k_tok, k_head, qo_tok, qo_head, ko_tok, ko_head,
-    IS_NEOX: tl.constexpr, ROT: tl.constexpr,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    qo_ptr,
+    ko_ptr,
+    pos_ptr,
+    freq_ptr,
+    magnitude,
+    n_q_heads,
+    n_k_heads,
+    head_dim,
+    q_tok,
+    q_head,
+    k_tok,
+    k_head,
+    qo_tok,
+    qo_head,
+    ko_tok,
+    ko_head,
+    IS_NEOX: tl.constexpr,
+    ROT: tl.constexpr,
+    BLOCK_HQ: tl.constexpr,
+    BLOCK_HK: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     half = tl.arange(0, ROT // 2)
     cos, sin = rotary_cos_sin(pos_ptr, freq_ptr, row, half, magnitude)
-    _rotate_heads(q_ptr, qo_ptr, row, n_q_heads, q_tok, q_head, qo_tok, qo_head, head_dim, cos, sin, half,
-                  IS_NEOX, ROT, BLOCK_HQ, BLOCK_D)
-    _rotate_heads(k_ptr, ko_ptr, row, n_k_heads, k_tok, k_head, ko_tok, ko_head, head_dim, cos, sin, half,
-                  IS_NEOX, ROT, BLOCK_HK, BLOCK_D)
+    _rotate_heads(
+        q_ptr,
+        qo_ptr,
+        row,
+        n_q_heads,
+        q_tok,
+        q_head,
+        qo_tok,
+        qo_head,
+        head_dim,
+        cos,
+        sin,
+        half,
+        IS_NEOX,
+        ROT,
+        BLOCK_HQ,
+        BLOCK_D,
+    )
+    _rotate_heads(
+        k_ptr,
+        ko_ptr,
+        row,
+        n_k_heads,
+        k_tok,
+        k_head,
+        ko_tok,
+        ko_head,
+        head_dim,
+        cos,
+        sin,
+        half,
+        IS_NEOX,
+        ROT,
+        BLOCK_HK,
+        BLOCK_D,
+    )
 
 
 def rotary_triton(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rotary_dim = 2 * inv_freq.shape[0]
@@ -112,19 +186,40 @@ def rotary_triton(
     tokens, hq, dim = q.shape
     if tokens:
         _rotary_kernel[(tokens,)](
-            q, k, q_out, k_out, positions, inv_freq.float().contiguous(), float(magnitude),
-            hq, k.shape[1], dim,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q_out.stride(0), q_out.stride(1), k_out.stride(0), k_out.stride(1),
-            IS_NEOX=is_neox, ROT=rotary_dim,
-            BLOCK_HQ=next_pow2(hq), BLOCK_HK=next_pow2(k.shape[1]), BLOCK_D=next_pow2(dim),
+            q,
+            k,
+            q_out,
+            k_out,
+            positions,
+            inv_freq.float().contiguous(),
+            float(magnitude),
+            hq,
+            k.shape[1],
+            dim,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q_out.stride(0),
+            q_out.stride(1),
+            k_out.stride(0),
+            k_out.stride(1),
+            IS_NEOX=is_neox,
+            ROT=rotary_dim,
+            BLOCK_HQ=next_pow2(hq),
+            BLOCK_HK=next_pow2(k.shape[1]),
+            BLOCK_D=next_pow2(dim),
             num_warps=4,
         )
     return q_out, k_out
 
 
 def apply_rotary(
-    q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, magnitude: float = 1.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    magnitude: float = 1.0,
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate q and k at ``positions``; Triton on CUDA, torch elsewhere."""

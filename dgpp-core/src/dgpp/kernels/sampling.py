@@ -45,8 +45,12 @@ def uniform_ref(seeds: torch.Tensor, vocab: int) -> torch.Tensor:
 
 
 def sample_tokens_ref(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor,
-    top_p: torch.Tensor, seeds: torch.Tensor,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
 ) -> torch.Tensor:
     rows, vocab = logits.shape
     u = uniform_ref(seeds, vocab)
@@ -115,7 +119,15 @@ def _mass_at_or_above(x_ptr, vocab, temp, m, lo_key, t, min_p, BLOCK: tl.constex
 
 @triton.jit
 def _sample_kernel(
-    logits_ptr, temp_ptr, topk_ptr, minp_ptr, topp_ptr, seed_ptr, out_ptr, vocab, row_stride,
+    logits_ptr,
+    temp_ptr,
+    topk_ptr,
+    minp_ptr,
+    topp_ptr,
+    seed_ptr,
+    out_ptr,
+    vocab,
+    row_stride,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -181,8 +193,12 @@ def _sample_kernel(
 
 
 def sample_tokens_triton(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor,
-    top_p: torch.Tensor, seeds: torch.Tensor,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
 ) -> torch.Tensor:
     rows, vocab = logits.shape
     if logits.stride(-1) != 1:
@@ -190,15 +206,28 @@ def sample_tokens_triton(
     out = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
         _sample_kernel[(rows,)](
-            logits, temperature.float(), top_k.to(torch.int32), min_p.float(), top_p.float(), seeds.to(torch.int64),
-            out, vocab, logits.stride(0), BLOCK=min(4096, triton.next_power_of_2(vocab)), num_warps=8,
+            logits,
+            temperature.float(),
+            top_k.to(torch.int32),
+            min_p.float(),
+            top_p.float(),
+            seeds.to(torch.int64),
+            out,
+            vocab,
+            logits.stride(0),
+            BLOCK=min(4096, triton.next_power_of_2(vocab)),
+            num_warps=8,
         )
     return out
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, min_p: torch.Tensor,
-    top_p: torch.Tensor, seeds: torch.Tensor,
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    min_p: torch.Tensor,
+    top_p: torch.Tensor,
+    seeds: torch.Tensor,
 ) -> torch.Tensor:
     """One token id per row, chosen on the device; Triton on CUDA, torch elsewhere."""
     fn = sample_tokens_triton if use_triton(logits) else sample_tokens_ref

@@ -18,7 +18,9 @@ def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _silu_and_mul_kernel(gate_ptr, up_ptr, out_ptr, inter, gate_stride, up_stride, out_stride, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(
+    gate_ptr, up_ptr, out_ptr, inter, gate_stride, up_stride, out_stride, BLOCK: tl.constexpr
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter

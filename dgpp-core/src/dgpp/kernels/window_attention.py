@@ -67,9 +67,19 @@ def _key_rows(src_k, src_v, loc, b, ctx, start, positions, k, v, paged: bool):
 
 
 def window_attention_ref(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
-    loc: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
-    sinks: torch.Tensor | None, scale: float, window: int, paged: bool,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    src_k: torch.Tensor,
+    src_v: torch.Tensor,
+    loc: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int,
+    paged: bool,
 ) -> torch.Tensor:
     """fp32 reference of the kernel (a loop over rows); ``loc`` is ``block_tables`` (paged) or ``state_slots``."""
     hq, hk = q.shape[1], src_k.shape[2]
@@ -81,8 +91,9 @@ def window_attention_ref(
         for r in range(starts[b], starts[b + 1]):
             pos = ctx + r - starts[b]
             lo = max(0, pos - window + 1) if window > 0 else 0
-            keys, vals = _key_rows(src_k, src_v, loc, b, ctx, starts[b], torch.arange(lo, pos + 1, device=q.device),
-                                   k, v, paged)
+            keys, vals = _key_rows(
+                src_k, src_v, loc, b, ctx, starts[b], torch.arange(lo, pos + 1, device=q.device), k, v, paged
+            )
             keys = keys.float().repeat_interleave(hq // hk, dim=1)
             vals = vals.float().repeat_interleave(hq // hk, dim=1)
             scores = torch.einsum("hd,lhd->hl", q[r].float(), keys) * scale
@@ -95,11 +106,46 @@ def window_attention_ref(
 
 @triton.jit
 def _window_attention_kernel(
-    q_ptr, kn_ptr, vn_ptr, ks_ptr, vs_ptr, loc_ptr, row_seq_ptr, qsl_ptr, ctx_ptr, lens_ptr, sink_ptr, out_ptr,
-    scale, window, group, head_dim, v_dim, cap,
-    q_t, q_h, kn_t, kn_h, vn_t, vn_h, ks_0, ks_1, ks_2, vs_0, vs_1, vs_2, loc_b, o_t, o_h,
-    PAGED: tl.constexpr, HAS_SINKS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_G: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, PRECISION: tl.constexpr,
+    q_ptr,
+    kn_ptr,
+    vn_ptr,
+    ks_ptr,
+    vs_ptr,
+    loc_ptr,
+    row_seq_ptr,
+    qsl_ptr,
+    ctx_ptr,
+    lens_ptr,
+    sink_ptr,
+    out_ptr,
+    scale,
+    window,
+    group,
+    head_dim,
+    v_dim,
+    cap,
+    q_t,
+    q_h,
+    kn_t,
+    kn_h,
+    vn_t,
+    vn_h,
+    ks_0,
+    ks_1,
+    ks_2,
+    vs_0,
+    vs_1,
+    vs_2,
+    loc_b,
+    o_t,
+    o_h,
+    PAGED: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -123,8 +169,11 @@ def _window_attention_kernel(
     dv = tl.arange(0, BLOCK_DV)
     heads = kvh * group + hg * BLOCK_G + g
     gmask = hg * BLOCK_G + g < group
-    q = tl.load(q_ptr + r * q_t + heads[:, None] * q_h + d[None, :],
-                mask=gmask[:, None] & (d[None, :] < head_dim), other=0.0)
+    q = tl.load(
+        q_ptr + r * q_t + heads[:, None] * q_h + d[None, :],
+        mask=gmask[:, None] & (d[None, :] < head_dim),
+        other=0.0,
+    )
     if HAS_SINKS:  # the sink is one more logit: it seeds the running max and adds exp(sink - m) to the sum
         m_i = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
         l_i = tl.full([BLOCK_G], 1.0, tl.float32)
@@ -139,7 +188,9 @@ def _window_attention_kernel(
             phys = tl.load(loc_ptr + b * loc_b + toks // cap, mask=tmask, other=0).to(tl.int64)
             k_rows = ks_ptr + phys * ks_0 + (toks % cap) * ks_1 + kvh * ks_2
             v_rows = vs_ptr + phys * vs_0 + (toks % cap) * vs_1 + kvh * vs_2
-            kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+            kt = tl.load(
+                k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
+            )
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
         else:  # positions before this step from the ring, the rest from this step's rows
             old = toks < ctx
@@ -147,12 +198,20 @@ def _window_attention_kernel(
             fresh = start + toks - ctx
             kr = ks_ptr + slot * ks_0 + ring * ks_1 + kvh * ks_2
             kf = kn_ptr + fresh * kn_t + kvh * kn_h
-            kt = tl.load(kr[None, :] + d[:, None], mask=(tmask & old)[None, :] & (d[:, None] < head_dim), other=0.0)
-            kt += tl.load(kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0)
+            kt = tl.load(
+                kr[None, :] + d[:, None], mask=(tmask & old)[None, :] & (d[:, None] < head_dim), other=0.0
+            )
+            kt += tl.load(
+                kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0
+            )
             vr = vs_ptr + slot * vs_0 + ring * vs_1 + kvh * vs_2
             vf = vn_ptr + fresh * vn_t + kvh * vn_h
-            v = tl.load(vr[:, None] + dv[None, :], mask=(tmask & old)[:, None] & (dv[None, :] < v_dim), other=0.0)
-            v += tl.load(vf[:, None] + dv[None, :], mask=(tmask & ~old)[:, None] & (dv[None, :] < v_dim), other=0.0)
+            v = tl.load(
+                vr[:, None] + dv[None, :], mask=(tmask & old)[:, None] & (dv[None, :] < v_dim), other=0.0
+            )
+            v += tl.load(
+                vf[:, None] + dv[None, :], mask=(tmask & ~old)[:, None] & (dv[None, :] < v_dim), other=0.0
+            )
         s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(tmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -162,14 +221,27 @@ def _window_attention_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
         m_i = m_new
     out = tl.where(live, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
-    tl.store(out_ptr + r * o_t + heads[:, None] * o_h + dv[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=gmask[:, None] & (dv[None, :] < v_dim))
+    tl.store(
+        out_ptr + r * o_t + heads[:, None] * o_h + dv[None, :],
+        out.to(out_ptr.dtype.element_ty),
+        mask=gmask[:, None] & (dv[None, :] < v_dim),
+    )
 
 
 def window_attention_triton(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
-    loc: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
-    sinks: torch.Tensor | None, scale: float, window: int, paged: bool,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    src_k: torch.Tensor,
+    src_v: torch.Tensor,
+    loc: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int,
+    paged: bool,
 ) -> torch.Tensor:
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
@@ -182,37 +254,89 @@ def window_attention_triton(
     group = hq // hk
     block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
     _window_attention_kernel[(rows, hk, head_groups)](
-        q, kn, vn, src_k, src_v, loc, row_seq, query_start_loc, context_lens, seq_lens,
-        sinks if sinks is not None else q, out,
-        float(scale), int(window), group, head_dim, v_dim, src_k.shape[1],
-        q.stride(0), q.stride(1), kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
-        src_k.stride(0), src_k.stride(1), src_k.stride(2), src_v.stride(0), src_v.stride(1), src_v.stride(2),
-        loc.stride(0), out.stride(0), out.stride(1),
-        PAGED=paged, HAS_SINKS=sinks is not None, BLOCK_N=block_n, BLOCK_G=block_g,
-        BLOCK_D=next_pow2(head_dim), BLOCK_DV=next_pow2(v_dim),
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", num_warps=4,
+        q,
+        kn,
+        vn,
+        src_k,
+        src_v,
+        loc,
+        row_seq,
+        query_start_loc,
+        context_lens,
+        seq_lens,
+        sinks if sinks is not None else q,
+        out,
+        float(scale),
+        int(window),
+        group,
+        head_dim,
+        v_dim,
+        src_k.shape[1],
+        q.stride(0),
+        q.stride(1),
+        kn.stride(0),
+        kn.stride(1),
+        vn.stride(0),
+        vn.stride(1),
+        src_k.stride(0),
+        src_k.stride(1),
+        src_k.stride(2),
+        src_v.stride(0),
+        src_v.stride(1),
+        src_v.stride(2),
+        loc.stride(0),
+        out.stride(0),
+        out.stride(1),
+        PAGED=paged,
+        HAS_SINKS=sinks is not None,
+        BLOCK_N=block_n,
+        BLOCK_G=block_g,
+        BLOCK_D=next_pow2(head_dim),
+        BLOCK_DV=next_pow2(v_dim),
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        num_warps=4,
     )
     return out
 
 
 def window_attention(
-    q: torch.Tensor, k: torch.Tensor | None, v: torch.Tensor | None, src_k: torch.Tensor, src_v: torch.Tensor,
-    loc: torch.Tensor, query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
-    sinks: torch.Tensor | None, scale: float, window: int, paged: bool,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
+    src_k: torch.Tensor,
+    src_v: torch.Tensor,
+    loc: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
+    sinks: torch.Tensor | None,
+    scale: float,
+    window: int,
+    paged: bool,
 ) -> torch.Tensor:
     """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere."""
     fn = window_attention_triton if use_triton(q) else window_attention_ref
-    return fn(q, k, v, src_k, src_v, loc, query_start_loc, context_lens, seq_lens, sinks, scale, window, paged)
+    return fn(
+        q, k, v, src_k, src_v, loc, query_start_loc, context_lens, seq_lens, sinks, scale, window, paged
+    )
 
 
 def ring_write_ref(
-    k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, state_slots: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_ring: torch.Tensor,
+    v_ring: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
 ) -> None:
     """Store each sequence's rows at positions ``>= seq_len - R`` into its ring (index ``position % R``)."""
     cap = k_ring.shape[1]
     starts = query_start_loc.tolist()
-    for b, (ctx, n, slot) in enumerate(zip(context_lens.tolist(), seq_lens.tolist(), state_slots.tolist(), strict=True)):
+    for b, (ctx, n, slot) in enumerate(
+        zip(context_lens.tolist(), seq_lens.tolist(), state_slots.tolist(), strict=True)
+    ):
         if slot < 0 or n == 0:
             continue
         first = max(ctx, n - cap)
@@ -224,9 +348,30 @@ def ring_write_ref(
 
 @triton.jit
 def _ring_write_kernel(
-    k_ptr, v_ptr, kr_ptr, vr_ptr, slots_ptr, row_seq_ptr, qsl_ptr, ctx_ptr, lens_ptr,
-    head_dim, v_dim, cap, k_t, k_h, v_t, v_h, kr_0, kr_1, kr_2, vr_0, vr_1, vr_2,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
+    k_ptr,
+    v_ptr,
+    kr_ptr,
+    vr_ptr,
+    slots_ptr,
+    row_seq_ptr,
+    qsl_ptr,
+    ctx_ptr,
+    lens_ptr,
+    head_dim,
+    v_dim,
+    cap,
+    k_t,
+    k_h,
+    v_t,
+    v_h,
+    kr_0,
+    kr_1,
+    kr_2,
+    vr_0,
+    vr_1,
+    vr_2,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -234,35 +379,78 @@ def _ring_write_kernel(
     slot = tl.load(slots_ptr + b).to(tl.int64)
     seq_len = tl.load(lens_ptr + b).to(tl.int64)
     pos = tl.load(ctx_ptr + b).to(tl.int64) + r - tl.load(qsl_ptr + b).to(tl.int64)
-    keep = (slot >= 0) & (seq_len > 0) & (pos >= seq_len - cap)  # the last R positions: no two rows share an index
+    keep = (
+        (slot >= 0) & (seq_len > 0) & (pos >= seq_len - cap)
+    )  # the last R positions: no two rows share an index
     idx = pos % cap
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     kk = tl.load(k_ptr + r * k_t + h * k_h + d, mask=d < head_dim)
-    tl.store(kr_ptr + slot * kr_0 + idx * kr_1 + h * kr_2 + d, kk.to(kr_ptr.dtype.element_ty), mask=keep & (d < head_dim))
+    tl.store(
+        kr_ptr + slot * kr_0 + idx * kr_1 + h * kr_2 + d,
+        kk.to(kr_ptr.dtype.element_ty),
+        mask=keep & (d < head_dim),
+    )
     vv = tl.load(v_ptr + r * v_t + h * v_h + dv, mask=dv < v_dim)
-    tl.store(vr_ptr + slot * vr_0 + idx * vr_1 + h * vr_2 + dv, vv.to(vr_ptr.dtype.element_ty), mask=keep & (dv < v_dim))
+    tl.store(
+        vr_ptr + slot * vr_0 + idx * vr_1 + h * vr_2 + dv,
+        vv.to(vr_ptr.dtype.element_ty),
+        mask=keep & (dv < v_dim),
+    )
 
 
 def ring_write_triton(
-    k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, state_slots: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_ring: torch.Tensor,
+    v_ring: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
 ) -> None:
     rows, hk, head_dim = k.shape
     if rows == 0:
         return
     row_seq = row_sequences(query_start_loc, rows)
     _ring_write_kernel[(rows, hk)](
-        k, v, k_ring, v_ring, state_slots, row_seq, query_start_loc, context_lens, seq_lens,
-        head_dim, v.shape[-1], k_ring.shape[1], k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        k_ring.stride(0), k_ring.stride(1), k_ring.stride(2), v_ring.stride(0), v_ring.stride(1), v_ring.stride(2),
-        BLOCK_D=next_pow2(head_dim), BLOCK_DV=next_pow2(v.shape[-1]), num_warps=1,
+        k,
+        v,
+        k_ring,
+        v_ring,
+        state_slots,
+        row_seq,
+        query_start_loc,
+        context_lens,
+        seq_lens,
+        head_dim,
+        v.shape[-1],
+        k_ring.shape[1],
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        k_ring.stride(0),
+        k_ring.stride(1),
+        k_ring.stride(2),
+        v_ring.stride(0),
+        v_ring.stride(1),
+        v_ring.stride(2),
+        BLOCK_D=next_pow2(head_dim),
+        BLOCK_DV=next_pow2(v.shape[-1]),
+        num_warps=1,
     )
 
 
 def ring_write(
-    k: torch.Tensor, v: torch.Tensor, k_ring: torch.Tensor, v_ring: torch.Tensor, state_slots: torch.Tensor,
-    query_start_loc: torch.Tensor, context_lens: torch.Tensor, seq_lens: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_ring: torch.Tensor,
+    v_ring: torch.Tensor,
+    state_slots: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    context_lens: torch.Tensor,
+    seq_lens: torch.Tensor,
 ) -> None:
     """Ring update after the step's attention; Triton on CUDA, the torch reference elsewhere."""
     fn = ring_write_triton if use_triton(k) else ring_write_ref

@@ -147,7 +147,9 @@ class PagedAttention(nn.Module):
     """Attention core of one layer: write this step's K/V into the pool entry ``cache_name``, then
     attend. Inputs ``[T, heads, dim]`` (after RoPE and any q/k norm); output ``[T, Hq*Dv]``."""
 
-    def __init__(self, cache_name: str, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None):
+    def __init__(
+        self, cache_name: str, num_heads: int, num_kv_heads: int, head_dim: int, scale: float | None = None
+    ):
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -178,7 +180,13 @@ class PagedAttention(nn.Module):
             # the score matrix); DGPP_PREFILL_ATTN=torch keeps the torch path for A/B
             if current().prefill_attention != "torch":
                 return kernels.paged_prefill_attention(
-                    q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, self.scale,
+                    q,
+                    k_cache,
+                    v_cache,
+                    batch.block_tables,
+                    batch.query_start_loc,
+                    batch.context_lens,
+                    self.scale,
                     host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
                 ).flatten(1)
         else:
@@ -213,31 +221,65 @@ def _routed_attention(
             return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale)
         # a whole prompt row by row (batch_invariant): calls of bounded rows keep the split partials small;
         # rows are independent, so the cut changes no bits
-        return torch.cat([
-            paged_decode_attention_fixed(q[r : r + _EXPANDED_ROWS_PER_CALL], k_cache, v_cache,
-                                         tables[r : r + _EXPANDED_ROWS_PER_CALL], seq_lens[r : r + _EXPANDED_ROWS_PER_CALL], scale)
-            for r in range(0, q.shape[0], _EXPANDED_ROWS_PER_CALL)
-        ])
+        return torch.cat(
+            [
+                paged_decode_attention_fixed(
+                    q[r : r + _EXPANDED_ROWS_PER_CALL],
+                    k_cache,
+                    v_cache,
+                    tables[r : r + _EXPANDED_ROWS_PER_CALL],
+                    seq_lens[r : r + _EXPANDED_ROWS_PER_CALL],
+                    scale,
+                )
+                for r in range(0, q.shape[0], _EXPANDED_ROWS_PER_CALL)
+            ]
+        )
     # prefill chunks: the flash kernel over the chunk sequences (its programs each hold rows of one sequence,
     # so a row depends on its own sequence only); decode rows beside them: the canonical kernel
     if route.none_exact:
         return kernels.paged_prefill_attention(
-            q, k_cache, v_cache, batch.block_tables, batch.query_start_loc, batch.context_lens, scale,
+            q,
+            k_cache,
+            v_cache,
+            batch.block_tables,
+            batch.query_start_loc,
+            batch.context_lens,
+            scale,
             host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
         )
     assert route.exact_rows is not None and route.exact_seq_index is not None
-    assert route.bulk_rows is not None and route.bulk_seq_index is not None and route.bulk_query_starts is not None
+    assert (
+        route.bulk_rows is not None
+        and route.bulk_seq_index is not None
+        and route.bulk_query_starts is not None
+    )
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     bulk_seqs = route.bulk_seq_index
-    host = _host_starts([b - a for a, b in route.bulk_ranges], [batch.context_lens_cpu[i] for i in route.bulk_seqs])
-    out.index_copy_(0, route.bulk_rows, kernels.paged_prefill_attention(
-        q.index_select(0, route.bulk_rows), k_cache, v_cache, batch.block_tables.index_select(0, bulk_seqs),
-        route.bulk_query_starts, batch.context_lens.index_select(0, bulk_seqs), scale, host=host,
-    ))
+    host = _host_starts(
+        [b - a for a, b in route.bulk_ranges], [batch.context_lens_cpu[i] for i in route.bulk_seqs]
+    )
+    out.index_copy_(
+        0,
+        route.bulk_rows,
+        kernels.paged_prefill_attention(
+            q.index_select(0, route.bulk_rows),
+            k_cache,
+            v_cache,
+            batch.block_tables.index_select(0, bulk_seqs),
+            route.bulk_query_starts,
+            batch.context_lens.index_select(0, bulk_seqs),
+            scale,
+            host=host,
+        ),
+    )
     seqs = route.exact_seq_index
     decoded = paged_decode_attention_fixed(
-        q.index_select(0, route.exact_rows), k_cache, v_cache, batch.block_tables.index_select(0, seqs),
-        batch.seq_lens.index_select(0, seqs), scale,
+        q.index_select(0, route.exact_rows),
+        k_cache,
+        v_cache,
+        batch.block_tables.index_select(0, seqs),
+        batch.seq_lens.index_select(0, seqs),
+        scale,
     )
     out.index_copy_(0, route.exact_rows, decoded)
     return out
@@ -251,7 +293,9 @@ def _host_starts(q_lens: list[int], context_lens: list[int]) -> tuple[list[int],
     return starts, list(context_lens)
 
 
-def split_query_gate(q_proj_out: torch.Tensor, num_heads: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+def split_query_gate(
+    q_proj_out: torch.Tensor, num_heads: int, head_dim: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3.5's ``[q|gate]`` q_proj packs, per head, ``head_dim`` query dims then ``head_dim`` gate dims.
     Returns ``q`` ``[T, H, D]`` and ``gate`` ``[T, H*D]``."""
     per_head = q_proj_out.view(q_proj_out.shape[0], num_heads, 2 * head_dim)

@@ -56,7 +56,8 @@ def rows_match(product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor,
     for every n of ``_PROBE_ROWS``: the row counts where CPU kernels change their tiles (``x`` holds
     ``ROW_BATCH`` rows)."""
     return all(
-        torch.equal(product(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)]) for rows in _PROBE_ROWS
+        torch.equal(product(x[:rows])[:_PROBE_CHECKED], alone[: min(rows, _PROBE_CHECKED)])
+        for rows in _PROBE_ROWS
     )
 
 
@@ -101,11 +102,15 @@ def _native_verdict(dtype: torch.dtype, out_features: int, in_features: int) -> 
         with torch.inference_mode():
             alone = rows_alone(lambda rows: F.linear(rows, weight), x)
             packed = _pack(weight)
-            packed_ok = packed is not None and torch.equal(rows_alone(lambda rows: _packed_product(rows, packed), x), alone)
+            packed_ok = packed is not None and torch.equal(
+                rows_alone(lambda rows: _packed_product(rows, packed), x), alone
+            )
             products = [lambda rows: F.linear(rows, weight)]
             if packed_ok:
                 products.append(lambda rows: _packed_product(rows, packed))
-            batched_ok = in_features <= MAX_BATCHED_IN and all(rows_match(product, x, alone) for product in products)
+            batched_ok = in_features <= MAX_BATCHED_IN and all(
+                rows_match(product, x, alone) for product in products
+            )
         verdict = (ROW_BATCH if batched_ok else 1 if packed_ok else 0), packed_ok
         _native_verdicts[key] = verdict
     return verdict
@@ -177,7 +182,9 @@ def row_products(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def batch_invariant_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def batch_invariant_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` with rows independent of the batch (see module docstring)."""
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)

@@ -23,7 +23,9 @@ def token_layout(q_lens: list[int], device: torch.device) -> tuple[torch.Tensor,
     """
     lens = torch.tensor(q_lens, dtype=torch.int64, device=device)
     starts = torch.cumsum(lens, 0) - lens
-    seq_of_token = torch.repeat_interleave(torch.arange(len(q_lens), device=device), lens, output_size=sum(q_lens))
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(len(q_lens), device=device), lens, output_size=sum(q_lens)
+    )
     offset_in_seq = torch.arange(sum(q_lens), device=device) - starts[seq_of_token]
     return seq_of_token, offset_in_seq, starts
 
@@ -126,8 +128,21 @@ class CausalConv1d(nn.Module):
             from dgpp.kernels.causal_conv1d import causal_conv1d_decode
 
             return causal_conv1d_decode(
-                x, weight, self.bias, conv_state, batch.state_slots, batch.context_lens == 0, activation == "silu"
+                x,
+                weight,
+                self.bias,
+                conv_state,
+                batch.state_slots,
+                batch.context_lens == 0,
+                activation == "silu",
             )
         return causal_conv1d_varlen(
-            x, weight, self.bias, conv_state, batch.state_slots, batch.q_lens_cpu, batch.context_lens_cpu, activation
+            x,
+            weight,
+            self.bias,
+            conv_state,
+            batch.state_slots,
+            batch.q_lens_cpu,
+            batch.context_lens_cpu,
+            activation,
         )

@@ -52,8 +52,9 @@ class DenseOrMoEConfig(Protocol):
     def is_moe_layer(self, layer_idx: int) -> bool: ...
 
 
-def dense_or_moe(cfg: DenseOrMoEConfig, layer_idx: int, moe: Callable[[], nn.Module], *, dtype: torch.dtype,
-                 world: World) -> nn.Module:
+def dense_or_moe(
+    cfg: DenseOrMoEConfig, layer_idx: int, moe: Callable[[], nn.Module], *, dtype: torch.dtype, world: World
+) -> nn.Module:
     """Layer ``layer_idx``'s MLP: the family's ``moe()`` where ``cfg.is_moe_layer`` says so, else the dense SwiGLU
     of ``intermediate_size``."""
     if cfg.is_moe_layer(layer_idx):
@@ -65,8 +66,14 @@ class PreNormBlock(nn.Module):
     """``h = x + attn(input_layernorm(x))``; ``out = h + mlp(post_attention_layernorm(h))``, each sublayer's
     output summed over the tensor-parallel ranks. ``self_attn(x, batch)`` and ``mlp(x)`` are the family's."""
 
-    def __init__(self, input_layernorm: nn.Module, self_attn: nn.Module, post_attention_layernorm: nn.Module,
-                 mlp: nn.Module, world: World) -> None:
+    def __init__(
+        self,
+        input_layernorm: nn.Module,
+        self_attn: nn.Module,
+        post_attention_layernorm: nn.Module,
+        mlp: nn.Module,
+        world: World,
+    ) -> None:
         super().__init__()
         self.world = world
         self.input_layernorm = input_layernorm
@@ -82,8 +89,15 @@ class PreNormBlock(nn.Module):
 class DecoderStack(nn.Module):
     """``model.*`` of the checkpoint: embedding, the decoder blocks, the final norm."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, layers: Iterable[nn.Module], norm: nn.Module, *,
-                 dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        layers: Iterable[nn.Module],
+        norm: nn.Module,
+        *,
+        dtype: torch.dtype,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(vocab_size, hidden_size, dtype=dtype)
         self.layers = nn.ModuleList(layers)
@@ -100,8 +114,17 @@ class PreNormCausalLM(Model, Generic[C]):
     own facts for ``ModelInfo.extra`` (GLM: its MTP layer count). ``C``: the family's config class, which
     ``self.config`` is typed as."""
 
-    def __init__(self, cfg: C, stack: DecoderStack, *, dtype: torch.dtype, world: World, group: Any = None,
-                 hybrid: bool = False, extra: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        cfg: C,
+        stack: DecoderStack,
+        *,
+        dtype: torch.dtype,
+        world: World,
+        group: Any = None,
+        hybrid: bool = False,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__()
         self.config = cfg
         self.dtype = dtype
@@ -109,7 +132,9 @@ class PreNormCausalLM(Model, Generic[C]):
         self.group = group
         self.model = stack
         tied = stack.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=dtype, tied_to=tied, world=world, group=group)
+        self.lm_head = LMHead(
+            cfg.vocab_size, cfg.hidden_size, dtype=dtype, tied_to=tied, world=world, group=group
+        )
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position_embeddings,

@@ -101,7 +101,9 @@ class DSAIndexer(nn.Module):
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             # which rows select, and over how many keys, is read from host-side lengths: a graph would replay
             # the capture's
-            raise RuntimeError("the DSA indexer's torch path cannot be captured in a CUDA graph (DGPP_KERNELS=torch)")
+            raise RuntimeError(
+                "the DSA indexer's torch path cannot be captured in a CUDA graph (DGPP_KERNELS=torch)"
+            )
         keep = batch.slot_mapping >= 0  # -1: a row that writes nothing
         k_cache.view(-1, 1, self.head_dim)[batch.slot_mapping[keep]] = k[keep].to(k_cache.dtype)
         selection: Selection = [None] * rows

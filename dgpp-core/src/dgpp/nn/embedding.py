@@ -26,8 +26,14 @@ class VocabEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         # the range check reads the ids on the host, which a CUDA-graph capture cannot do
         capturing = input_ids.is_cuda and torch.cuda.is_current_stream_capturing()
-        if input_ids.numel() and not capturing and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size):
-            raise ValueError(f"token id out of range [0, {self.vocab_size}): {input_ids.min()}..{input_ids.max()}")
+        if (
+            input_ids.numel()
+            and not capturing
+            and (int(input_ids.min()) < 0 or int(input_ids.max()) >= self.vocab_size)
+        ):
+            raise ValueError(
+                f"token id out of range [0, {self.vocab_size}): {input_ids.min()}..{input_ids.max()}"
+            )
         return F.embedding(input_ids, self.weight)
 
 
@@ -39,24 +45,40 @@ class LMHead(nn.Module):
     each rank holds ``vocab / size`` rows (a view of the tied embedding, or its slice of the checkpoint
     tensor), computes its shard of the logits, and the shards are gathered in rank order."""
 
-    def __init__(self, vocab_size: int, hidden_size: int, *, dtype: torch.dtype, tied_to: VocabEmbedding | None = None,
-                 world: World | None = None, group: Any = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        hidden_size: int,
+        *,
+        dtype: torch.dtype,
+        tied_to: VocabEmbedding | None = None,
+        world: World | None = None,
+        group: Any = None,
+    ):
         super().__init__()
         self.world, self.group = world or World(), group
         self.vocab_parallel = self.world.size > 1 and vocab_size % self.world.size == 0
         self.vocab_local = vocab_size // self.world.size if self.vocab_parallel else vocab_size
-        self.packed: nn.Module | None = None  # a CPU product of packed weights installed at load (engine.gguf_weights)
+        self.packed: nn.Module | None = (
+            None  # a CPU product of packed weights installed at load (engine.gguf_weights)
+        )
         if tied_to is not None:
             self.weight = tied_to.weight
         else:
             rows = self.vocab_local
             self.weight = nn.Parameter(torch.empty(rows, hidden_size, dtype=dtype), requires_grad=False)
-            set_weight_attrs(self.weight, weight_loader=default_weight_loader,
-                             tp_dim=0 if self.vocab_parallel else None, world=self.world)
+            set_weight_attrs(
+                self.weight,
+                weight_loader=default_weight_loader,
+                tp_dim=0 if self.vocab_parallel else None,
+                world=self.world,
+            )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weight = self.weight
-        if self.vocab_parallel and weight.shape[0] != self.vocab_local:  # tied: this rank's rows of the embedding
+        if (
+            self.vocab_parallel and weight.shape[0] != self.vocab_local
+        ):  # tied: this rank's rows of the embedding
             weight = weight.narrow(0, self.world.rank * self.vocab_local, self.vocab_local)
         logits = _head_gemv(hidden, weight) if hidden.is_cuda else None
         if logits is None and self.packed is not None:

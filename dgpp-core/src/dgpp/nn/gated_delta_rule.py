@@ -43,7 +43,12 @@ def initial_states(pool: torch.Tensor, slots: torch.Tensor, context_lens: list[i
 
 
 def gated_delta_step(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per sequence. q/k ``[B, Hk, dk]``, v ``[B, Hv, dv]``, g/beta ``[B, Hv]``, state ``[B, Hv, dk, dv]``
     (fp32). Returns (output ``[B, Hv, dv]`` fp32, new state)."""
@@ -83,14 +88,18 @@ def chunked_gated_delta_rule(
     log_decay = g.cumsum(dim=-1)  # within each chunk, log of the decay from chunk start to position i
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     # decay_between[i, j] = exp(log_decay_i - log_decay_j) for j <= i, zero above the diagonal
-    decay_between = (log_decay[..., :, None] - log_decay[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    decay_between = (
+        (log_decay[..., :, None] - log_decay[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    )
 
     k_beta = k * beta[..., None]
     # UT transform: (I + strict_lower(beta_i k_i·k_j decay_ij)) X = RHS, solved once per chunk for both
     # the beta-weighted values and the decayed keys that read the incoming state.
     # unitriangular: the solver takes the unit diagonal as given, so only the strict lower part is kept
     system = ((k_beta @ k.transpose(-1, -2)) * decay_between).tril(-1)
-    values_solved = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    values_solved = torch.linalg.solve_triangular(
+        system, v * beta[..., None], upper=False, unitriangular=True
+    )
     keys_solved = torch.linalg.solve_triangular(
         system, k_beta * log_decay.exp()[..., None], upper=False, unitriangular=True
     )

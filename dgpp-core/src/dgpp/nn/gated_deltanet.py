@@ -90,7 +90,9 @@ class GatedDeltaNet(nn.Module):
         super().__init__()
         world = world or World()
         if num_v_heads % num_k_heads:
-            raise ValueError(f"{name}: value heads {num_v_heads} must be a multiple of key heads {num_k_heads}")
+            raise ValueError(
+                f"{name}: value heads {num_v_heads} must be a multiple of key heads {num_k_heads}"
+            )
         if num_k_heads % world.size:
             raise ValueError(f"{name}: {num_k_heads} key heads do not split over a TP world of {world.size}")
         self.name = name
@@ -113,7 +115,9 @@ class GatedDeltaNet(nn.Module):
         for per_head in (self.A_log, self.dt_bias):
             set_weight_attrs(per_head, tp_dim=0, world=world, weight_loader=default_weight_loader)
         self.norm = GatedRMSNorm(head_v_dim, eps, dtype=dtype)
-        self.out_proj = Linear(num_v_heads * head_v_dim, hidden_size, dtype=dtype, parallel="row", world=world)
+        self.out_proj = Linear(
+            num_v_heads * head_v_dim, hidden_size, dtype=dtype, parallel="row", world=world
+        )
         self.world = world
         self._layout_checked = False
 
@@ -162,13 +166,29 @@ class GatedDeltaNet(nn.Module):
             from dgpp import kernels
 
             core = kernels.gated_delta_rule(
-                q, k, v, g, beta, state["recurrent"], batch.state_slots, batch.query_start_loc,
-                batch.context_lens == 0, True,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                state["recurrent"],
+                batch.state_slots,
+                batch.query_start_loc,
+                batch.context_lens == 0,
+                True,
             ).to(hidden.dtype)
         else:
             core = gated_delta_rule_varlen(
-                q, k, v, g, beta, state["recurrent"], batch.state_slots,
-                batch.q_lens_cpu, batch.context_lens_cpu, self.chunk_size,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                state["recurrent"],
+                batch.state_slots,
+                batch.q_lens_cpu,
+                batch.context_lens_cpu,
+                self.chunk_size,
             ).to(hidden.dtype)
         z = self.in_proj_z(hidden).reshape(rows, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z).reshape(rows, self.value_dim))

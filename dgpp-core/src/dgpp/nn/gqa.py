@@ -54,7 +54,9 @@ class GQAttention(nn.Module):
         super().__init__()
         world = world or World()
         if num_heads % world.size or num_kv_heads % world.size:
-            raise ValueError(f"{num_heads} q / {num_kv_heads} kv heads do not split over TP world {world.size}")
+            raise ValueError(
+                f"{num_heads} q / {num_kv_heads} kv heads do not split over TP world {world.size}"
+            )
         self.num_heads = num_heads // world.size
         self.num_kv_heads = num_kv_heads // world.size
         self.head_dim = head_dim
@@ -64,9 +66,15 @@ class GQAttention(nn.Module):
         self.q_proj = Linear(hidden_size, q_out, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
         self.k_proj = Linear(hidden_size, kv_out, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
         self.v_proj = Linear(hidden_size, kv_out, bias=qkv_bias, dtype=dtype, parallel="column", world=world)
-        self.o_proj = Linear(num_heads * head_dim, hidden_size, bias=o_bias, dtype=dtype, parallel="row", world=world)
-        self.q_norm = RMSNorm(head_dim, norm_eps, zero_centered=zero_centered_norm, dtype=dtype) if qk_norm else None
-        self.k_norm = RMSNorm(head_dim, norm_eps, zero_centered=zero_centered_norm, dtype=dtype) if qk_norm else None
+        self.o_proj = Linear(
+            num_heads * head_dim, hidden_size, bias=o_bias, dtype=dtype, parallel="row", world=world
+        )
+        self.q_norm = (
+            RMSNorm(head_dim, norm_eps, zero_centered=zero_centered_norm, dtype=dtype) if qk_norm else None
+        )
+        self.k_norm = (
+            RMSNorm(head_dim, norm_eps, zero_centered=zero_centered_norm, dtype=dtype) if qk_norm else None
+        )
         self.rotary = rotary
         self.attn = PagedAttention(cache_name, self.num_heads, self.num_kv_heads, head_dim)
 
@@ -85,7 +93,9 @@ class GQAttention(nn.Module):
             if kernels.gemv_applies(x, *weights):
                 q, k, v = kernels.multi_linear(x, weights)
                 return q, k, v
-        elif x.is_cuda or not dense_weights(*projections):  # packed q/k/v: one launch (GPU decode GEMV, CPU int4)
+        elif x.is_cuda or not dense_weights(
+            *projections
+        ):  # packed q/k/v: one launch (GPU decode GEMV, CPU int4)
             fused = fused_linears(projections, x)
             if fused is not None:
                 q, k, v = fused
@@ -109,7 +119,9 @@ class GQAttention(nn.Module):
         v = v_out.view(rows, self.num_kv_heads, self.head_dim)
         return q, gate, k, v
 
-    def norm_and_rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def norm_and_rotate(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         rot = self.rotary.rotary_dim
         if self.q_norm is None:
             return self.rotary(positions, q, k)
@@ -117,9 +129,16 @@ class GQAttention(nn.Module):
             from dgpp import kernels
 
             return kernels.fused_qk_norm_rope(
-                q, k, self.q_norm.weight, self.k_norm.weight, self.q_norm.eps,
-                1.0 if self.q_norm.zero_centered else 0.0, positions, self.rotary.inv_freq,
-                self.rotary.magnitude, is_neox=self.rotary.style == "half",
+                q,
+                k,
+                self.q_norm.weight,
+                self.k_norm.weight,
+                self.q_norm.eps,
+                1.0 if self.q_norm.zero_centered else 0.0,
+                positions,
+                self.rotary.inv_freq,
+                self.rotary.magnitude,
+                is_neox=self.rotary.style == "half",
             )
         return self.rotary(positions, self.q_norm(q), self.k_norm(k))
 

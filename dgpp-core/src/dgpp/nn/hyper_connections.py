@@ -94,7 +94,9 @@ class _StreamNormed(nn.Module):
 
     def _mixes(self, streams: torch.Tensor, fn: torch.Tensor) -> torch.Tensor:
         if streams.dim() != 3 or streams.shape[1:] != (self.streams, self.hidden_size):
-            raise ValueError(f"streams must be [T, {self.streams}, {self.hidden_size}], got {list(streams.shape)}")
+            raise ValueError(
+                f"streams must be [T, {self.streams}, {self.hidden_size}], got {list(streams.shape)}"
+            )
         flat = rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps)
         return _projection(flat, fn)
 
@@ -105,8 +107,15 @@ class HyperConnection(_StreamNormed):
     ``sinkhorn_iters``: Sinkhorn-Knopp iterations (DeepSeek-V4: 20); ``eps``: the ``hc_eps`` floor added to
     ``pre`` and ``comb`` and to every Sinkhorn denominator; ``norm_eps``: the RMSNorm epsilon."""
 
-    def __init__(self, hidden_size: int, streams: int = 4, *, sinkhorn_iters: int = 20, eps: float = 1e-6,
-                 norm_eps: float = 1e-6) -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        streams: int = 4,
+        *,
+        sinkhorn_iters: int = 20,
+        eps: float = 1e-6,
+        norm_eps: float = 1e-6,
+    ) -> None:
         super().__init__(hidden_size, streams, eps, norm_eps)
         if sinkhorn_iters < 1:
             raise ValueError(f"sinkhorn_iters must be >= 1, got {sinkhorn_iters}")
@@ -133,7 +142,9 @@ class HyperConnection(_StreamNormed):
         pre, post, comb = self.coefficients(streams)
         return _weighted_sum(pre, streams).to(streams.dtype), post, comb
 
-    def expand(self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor) -> torch.Tensor:
+    def expand(
+        self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
+    ) -> torch.Tensor:
         """``s'_k = post_k * out + sum_j comb[j, k] * s_j`` for the sublayer output ``out [T, H]``."""
         dtype = streams.dtype
         comb_t = comb.to(dtype).float().transpose(1, 2)  # [T, k, j]: row k mixes the input streams j
@@ -154,7 +165,9 @@ class HyperHead(_StreamNormed):
     """The final collapse: ``hc_fn [N, N*H]``, ``hc_base [N]``, ``hc_scale [1]`` (fp32);
     ``x = sum_j (sigmoid(mix_j * scale + base_j) + eps) * s_j``, in the streams' dtype."""
 
-    def __init__(self, hidden_size: int, streams: int = 4, *, eps: float = 1e-6, norm_eps: float = 1e-6) -> None:
+    def __init__(
+        self, hidden_size: int, streams: int = 4, *, eps: float = 1e-6, norm_eps: float = 1e-6
+    ) -> None:
         super().__init__(hidden_size, streams, eps, norm_eps)
         self.hc_fn = self._param(streams, streams * hidden_size)
         self.hc_base = self._param(streams)

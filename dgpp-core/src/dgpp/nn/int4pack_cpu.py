@@ -25,7 +25,9 @@ from dgpp.nn.batch_invariant import ROW_BATCH, rows_alone, rows_match
 from dgpp.nn.mlp import silu_and_mul
 
 GROUP = 32  # inputs per scale and zero (a GGUF block)
-OUT_MULTIPLE = 16  # the product takes output blocks of 16, 32, 48 or 64: other counts are padded with zero rows
+OUT_MULTIPLE = (
+    16  # the product takes output blocks of 16, 32, 48 or 64: other counts are padded with zero rows
+)
 LAYOUT_ROWS = 64  # the packed layout blocks output features by 64 (AVX512; 32 on AVX2): parts that are
 # whole multiples of it can be concatenated packed
 _row_limits: dict[tuple[int, int, int], int] = {}
@@ -34,7 +36,9 @@ _row_limits: dict[tuple[int, int, int], int] = {}
 def int4pack_available() -> bool:
     """Whether this torch has the CPU int4 product and its packing op."""
     aten = torch.ops.aten
-    return hasattr(aten, "_weight_int4pack_mm_for_cpu") and hasattr(aten, "_convert_weight_to_int4pack_for_cpu")
+    return hasattr(aten, "_weight_int4pack_mm_for_cpu") and hasattr(
+        aten, "_convert_weight_to_int4pack_for_cpu"
+    )
 
 
 def pack_codes(codes: torch.Tensor) -> torch.Tensor:
@@ -76,13 +80,25 @@ class Int4PackedWeight(nn.Module):
     high and low nibble), each multiplying the same input, so the product runs on an input repeated ``planes``
     times: one chain over ``planes * in_features`` terms. ``from_codes`` pads the outputs to ``OUT_MULTIPLE``."""
 
-    def __init__(self, packed: torch.Tensor, scale_zeros: torch.Tensor, out_features: int, in_features: int,
-                 planes: int = 1) -> None:
+    def __init__(
+        self,
+        packed: torch.Tensor,
+        scale_zeros: torch.Tensor,
+        out_features: int,
+        in_features: int,
+        planes: int = 1,
+    ) -> None:
         super().__init__()
         rows = scale_zeros.shape[1]  # packed outputs: out_features, or more where padded
-        if scale_zeros.shape != (planes * in_features // GROUP, rows, 2) or rows % OUT_MULTIPLE or rows < out_features:
-            raise ValueError(f"int4 scales and zeros of shape {tuple(scale_zeros.shape)} do not fit a "
-                             f"[{out_features}, {in_features}] weight in {planes} plane(s)")
+        if (
+            scale_zeros.shape != (planes * in_features // GROUP, rows, 2)
+            or rows % OUT_MULTIPLE
+            or rows < out_features
+        ):
+            raise ValueError(
+                f"int4 scales and zeros of shape {tuple(scale_zeros.shape)} do not fit a "
+                f"[{out_features}, {in_features}] weight in {planes} plane(s)"
+            )
         self.out_features, self.in_features, self.planes, self.rows = out_features, in_features, planes, rows
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scale_zeros", scale_zeros.to(torch.bfloat16).contiguous(), persistent=False)
@@ -111,7 +127,9 @@ class Int4PackedWeight(nn.Module):
         if rows <= limit:
             out = int4pack_product(flat, self.packed, self.scale_zeros)
         else:
-            out = torch.cat([int4pack_product(part, self.packed, self.scale_zeros) for part in flat.split(limit)])
+            out = torch.cat(
+                [int4pack_product(part, self.packed, self.scale_zeros) for part in flat.split(limit)]
+            )
         if self.rows != self.out_features:
             out = out[:, : self.out_features].contiguous()
         if out.dtype != x.dtype:
@@ -126,11 +144,21 @@ def concat_packed(parts: list[Int4PackedWeight]) -> Int4PackedWeight | None:
     """One ``Int4PackedWeight`` with the outputs of ``parts`` side by side (e.g. q, k and v), or None where the
     packed layout cannot be joined (an output count that is not a multiple of ``LAYOUT_ROWS``, mixed inputs)."""
     first = parts[0]
-    if any(p.in_features != first.in_features or p.planes != first.planes or p.rows != p.out_features
-           or p.out_features % LAYOUT_ROWS for p in parts):
+    if any(
+        p.in_features != first.in_features
+        or p.planes != first.planes
+        or p.rows != p.out_features
+        or p.out_features % LAYOUT_ROWS
+        for p in parts
+    ):
         return None
-    return Int4PackedWeight(torch.cat([p.packed for p in parts]), torch.cat([p.scale_zeros for p in parts], dim=1),
-                            sum(p.out_features for p in parts), first.in_features, first.planes)
+    return Int4PackedWeight(
+        torch.cat([p.packed for p in parts]),
+        torch.cat([p.scale_zeros for p in parts], dim=1),
+        sum(p.out_features for p in parts),
+        first.in_features,
+        first.planes,
+    )
 
 
 class Int4PackLinearMethod:
@@ -154,7 +182,9 @@ class Int4PackLinearMethod:
 
     @staticmethod
     def _joined(layers: tuple[nn.Module, ...]) -> Int4PackedWeight | None:
-        if not all(isinstance(layer.quant_method, Int4PackLinearMethod) and layer.bias is None for layer in layers):
+        if not all(
+            isinstance(layer.quant_method, Int4PackLinearMethod) and layer.bias is None for layer in layers
+        ):
             return None
         cached = getattr(layers[0], "_dgpp_int4_joined", None)
         if cached is None or cached[0] != len(layers):

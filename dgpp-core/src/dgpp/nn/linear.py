@@ -41,7 +41,9 @@ class UnquantizedLinearMethod:
         if x.is_cuda:  # canonical rows (decode, verify) through the fixed-order kernel: dgpp.nn.exact.routing
             from dgpp.nn.exact import routing as exact_cuda
 
-            routed = exact_cuda.routed_linears(x, [layer.weight], lambda rows: [self._stock(layer, rows, bias)], bias)
+            routed = exact_cuda.routed_linears(
+                x, [layer.weight], lambda rows: [self._stock(layer, rows, bias)], bias
+            )
             if routed is not None:
                 return routed[0]
         return self._stock(layer, x, bias)
@@ -112,7 +114,9 @@ class Linear(nn.Module):
             # a row-parallel bias is added once (by rank 0's share), so it stays whole
             self.bias = nn.Parameter(torch.empty(self.out_local, dtype=dtype), requires_grad=False)
             set_weight_attrs(
-                self.bias, tp_dim=0 if parallel == "column" else None, world=self.world,
+                self.bias,
+                tp_dim=0 if parallel == "column" else None,
+                world=self.world,
                 weight_loader=default_weight_loader,
             )
         else:

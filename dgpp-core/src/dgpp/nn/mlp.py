@@ -12,7 +12,9 @@ from dgpp.nn.batch_invariant import batch_invariant_fused_linear, batch_invarian
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod, fused_gate_up_silu
 
 
-def clamp_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float | None) -> tuple[torch.Tensor, torch.Tensor]:
+def clamp_swiglu(
+    gate: torch.Tensor, up: torch.Tensor, limit: float | None
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The SwiGLU inputs clamped at ``limit`` (asymmetric: the gate from above only, up on both sides); as is
     for ``None``."""
     if limit is None:
@@ -37,19 +39,35 @@ class SwiGLUMLP(nn.Module):
     clamp, are then skipped. ``bias``: all three projections carry one (Llama's ``mlp_bias``).
     ``prefill_width`` is the row width its gate/up/activation take over all ranks (the memory plan's)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype, world: World | None = None,
-                 swiglu_limit: float | None = None, bias: bool = False):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        dtype: torch.dtype,
+        world: World | None = None,
+        swiglu_limit: float | None = None,
+        bias: bool = False,
+    ):
         super().__init__()
         self.swiglu_limit = swiglu_limit
         self.prefill_width = intermediate_size
-        self.gate_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype, parallel="column", world=world)
-        self.up_proj = Linear(hidden_size, intermediate_size, bias=bias, dtype=dtype, parallel="column", world=world)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias, dtype=dtype, parallel="row", world=world)
+        self.gate_proj = Linear(
+            hidden_size, intermediate_size, bias=bias, dtype=dtype, parallel="column", world=world
+        )
+        self.up_proj = Linear(
+            hidden_size, intermediate_size, bias=bias, dtype=dtype, parallel="column", world=world
+        )
+        self.down_proj = Linear(
+            intermediate_size, hidden_size, bias=bias, dtype=dtype, parallel="row", world=world
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.swiglu_limit is not None:
             return self.down_proj(silu_and_mul(self.gate_proj(x), self.up_proj(x), self.swiglu_limit))
-        if x.is_cuda and dense_weights(self.gate_proj, self.up_proj):  # decode: gate, up and SwiGLU in one launch
+        if x.is_cuda and dense_weights(
+            self.gate_proj, self.up_proj
+        ):  # decode: gate, up and SwiGLU in one launch
             from dgpp import kernels
             from dgpp.nn.exact import routing as exact_cuda
 
@@ -59,7 +77,9 @@ class SwiGLUMLP(nn.Module):
                 return self.down_proj(routed)
             if kernels.gemv_applies(x, self.gate_proj.weight, self.up_proj.weight):
                 return self.down_proj(kernels.gate_up_silu(x, self.gate_proj.weight, self.up_proj.weight))
-        elif x.is_cuda or not dense_weights(self.gate_proj, self.up_proj):  # packed gate/up: one launch + SwiGLU
+        elif x.is_cuda or not dense_weights(
+            self.gate_proj, self.up_proj
+        ):  # packed gate/up: one launch + SwiGLU
             fused = fused_gate_up_silu(self.gate_proj, self.up_proj, x)
             if fused is not None:
                 return self.down_proj(fused)
@@ -81,7 +101,9 @@ class SwiGLUMLP(nn.Module):
 
 def dense_weights(*layers: Linear) -> bool:
     """True when every layer holds a plain dense weight and no bias (the fused decode kernels' input)."""
-    return all(isinstance(layer.quant_method, UnquantizedLinearMethod) and layer.bias is None for layer in layers)
+    return all(
+        isinstance(layer.quant_method, UnquantizedLinearMethod) and layer.bias is None for layer in layers
+    )
 
 
 def cpu_fusable(*layers: Linear) -> bool:

@@ -57,14 +57,18 @@ def router_scores(logits: torch.Tensor, scoring: str) -> torch.Tensor:
     the step's other rows."""
     if scoring == "softmax":
         return torch.softmax(logits.float(), dim=-1)
-    if scoring == "sigmoid":  # padded rows: a token's routing weights must not depend on how many tokens share the step
+    if (
+        scoring == "sigmoid"
+    ):  # padded rows: a token's routing weights must not depend on how many tokens share the step
         return batch_invariant_rows(torch.sigmoid, logits.float())
     if scoring == "sqrtsoftplus":
         return batch_invariant_rows(_sqrt_softplus, logits)
     raise ValueError(f"router scoring {scoring!r} is not supported (softmax, sigmoid, sqrtsoftplus)")
 
 
-def picked_weights(scores: torch.Tensor, ids: torch.Tensor, cfg: RoutingConfig, dtype: torch.dtype) -> torch.Tensor:
+def picked_weights(
+    scores: torch.Tensor, ids: torch.Tensor, cfg: RoutingConfig, dtype: torch.dtype
+) -> torch.Tensor:
     """The routing weights of the picked experts ``ids``: their scores, renormalized, times the routed scale."""
     weights = scores.gather(1, ids)
     if cfg.renormalize:
@@ -80,9 +84,13 @@ class TopKRouter(nn.Module):
         if cfg.num_experts % cfg.n_group:
             raise ValueError(f"num_experts {cfg.num_experts} is not divisible by n_group {cfg.n_group}")
         self.cfg = cfg
-        self.weight = nn.Parameter(torch.empty(cfg.num_experts, hidden_size, dtype=dtype), requires_grad=False)
+        self.weight = nn.Parameter(
+            torch.empty(cfg.num_experts, hidden_size, dtype=dtype), requires_grad=False
+        )
         if cfg.correction_bias:
-            self.e_score_correction_bias = nn.Parameter(torch.empty(cfg.num_experts, dtype=torch.float32), requires_grad=False)
+            self.e_score_correction_bias = nn.Parameter(
+                torch.empty(cfg.num_experts, dtype=torch.float32), requires_grad=False
+            )
         else:
             self.register_parameter("e_score_correction_bias", None)
 
@@ -102,7 +110,9 @@ class TopKRouter(nn.Module):
         xr, wr = (x.float(), self.weight.float()) if cfg.router_fp32 else (x, self.weight)
         return router_scores(_router_logits(xr, wr), cfg.scoring)
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         scores = self.scores(x)
         choice = scores.float()
@@ -121,11 +131,17 @@ class HashRouter(TopKRouter):
 
     def __init__(self, hidden_size: int, cfg: RoutingConfig, *, dtype: torch.dtype):
         if cfg.hash_vocab_size <= 0 or cfg.correction_bias or cfg.n_group > 1:
-            raise ValueError("a hash router needs hash_vocab_size > 0 and no correction bias or expert groups")
+            raise ValueError(
+                "a hash router needs hash_vocab_size > 0 and no correction bias or expert groups"
+            )
         super().__init__(hidden_size, cfg, dtype=dtype)
-        self.tid2eid = nn.Parameter(torch.zeros(cfg.hash_vocab_size, cfg.top_k, dtype=torch.int64), requires_grad=False)
+        self.tid2eid = nn.Parameter(
+            torch.zeros(cfg.hash_vocab_size, cfg.top_k, dtype=torch.int64), requires_grad=False
+        )
 
-    def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, x: torch.Tensor, token_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if token_ids is None or token_ids.shape != x.shape[:1]:
             got = None if token_ids is None else list(token_ids.shape)
             raise ValueError(f"a hash-routed MoE needs one token id per row ({x.shape[0]}), got {got}")
@@ -147,17 +163,31 @@ class FusedExperts(nn.Module):
     """``E`` SwiGLU experts; TP splits each expert's intermediate dim (gate/up column, down row).
     ``swiglu_limit``: clamp each expert's SwiGLU inputs (``dgpp.nn.mlp.clamp_swiglu``)."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int, *, dtype: torch.dtype,
-                 world: World | None = None, swiglu_limit: float | None = None):
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        dtype: torch.dtype,
+        world: World | None = None,
+        swiglu_limit: float | None = None,
+    ):
         super().__init__()
         self.swiglu_limit = swiglu_limit
         self.world = world or World()
         if intermediate_size % self.world.size:
-            raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
+            raise ValueError(
+                f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}"
+            )
         self.num_experts = num_experts
         self.inter = intermediate_size // self.world.size
-        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.inter, hidden_size, dtype=dtype), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, self.inter, dtype=dtype), requires_grad=False)
+        self.gate_up_proj = nn.Parameter(
+            torch.empty(num_experts, 2 * self.inter, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.down_proj = nn.Parameter(
+            torch.empty(num_experts, hidden_size, self.inter, dtype=dtype), requires_grad=False
+        )
         set_weight_attrs(self.gate_up_proj, weight_loader=self._load_gate_up)
         set_weight_attrs(self.down_proj, weight_loader=self._load_down)
 
@@ -194,7 +224,9 @@ class FusedExperts(nn.Module):
         if x.is_cuda:  # grouped Triton GEMMs: no per-expert host loop, no sync
             from dgpp import kernels
 
-            return kernels.fused_moe(x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit)
+            return kernels.fused_moe(
+                x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit
+            )
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
@@ -227,13 +259,24 @@ class SparseMoE(nn.Module):
         # a prefill row's gate/up/activation width over all ranks: its top-k experts and the shared one
         self.prefill_width = routing.top_k * intermediate_size + shared_intermediate_size
         self.gate = router(hidden_size, routing, dtype=dtype)
-        self.experts = FusedExperts(routing.num_experts, hidden_size, intermediate_size, dtype=dtype, world=world,
-                                    swiglu_limit=swiglu_limit)
-        self.shared_expert = (
-            SwiGLUMLP(hidden_size, shared_intermediate_size, dtype=dtype, world=world, swiglu_limit=swiglu_limit)
-            if shared_intermediate_size else None
+        self.experts = FusedExperts(
+            routing.num_experts,
+            hidden_size,
+            intermediate_size,
+            dtype=dtype,
+            world=world,
+            swiglu_limit=swiglu_limit,
         )
-        self.shared_expert_gate = Linear(hidden_size, 1, dtype=dtype) if shared_gate and self.shared_expert else None
+        self.shared_expert = (
+            SwiGLUMLP(
+                hidden_size, shared_intermediate_size, dtype=dtype, world=world, swiglu_limit=swiglu_limit
+            )
+            if shared_intermediate_size
+            else None
+        )
+        self.shared_expert_gate = (
+            Linear(hidden_size, 1, dtype=dtype) if shared_gate and self.shared_expert else None
+        )
 
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``token_ids [T]``: the rows' token ids (``batch.input_ids``); only a hash-routed gate reads them."""

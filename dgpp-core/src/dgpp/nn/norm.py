@@ -25,7 +25,9 @@ class RMSNorm(nn.Module):
     The two orders differ in bf16, so each family picks the one its reference uses.
     """
 
-    def __init__(self, dim: int, eps: float = 1e-6, *, zero_centered: bool = False, dtype: torch.dtype = torch.float32):
+    def __init__(
+        self, dim: int, eps: float = 1e-6, *, zero_centered: bool = False, dtype: torch.dtype = torch.float32
+    ):
         super().__init__()
         self.eps = eps
         self.zero_centered = zero_centered
@@ -36,7 +38,9 @@ class RMSNorm(nn.Module):
         if x.is_cuda:  # one Triton pass, same rounding order
             from dgpp import kernels
 
-            return kernels.rms_norm(x, self.weight, self.eps, weight_offset=1.0 if self.zero_centered else 0.0)
+            return kernels.rms_norm(
+                x, self.weight, self.eps, weight_offset=1.0 if self.zero_centered else 0.0
+            )
         normed = rms_normalize(x, self.eps)
         if self.zero_centered:
             return (normed * (1.0 + self.weight.float())).to(x.dtype)

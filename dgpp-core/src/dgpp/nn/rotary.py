@@ -49,7 +49,9 @@ class YarnScaling:
 
         def correction_dim(rotations: float) -> float:
             # the dimension index whose wavelength makes `rotations` turns over the original context
-            return dim * math.log(self.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+            return (
+                dim * math.log(self.original_max_position / (rotations * 2 * math.pi)) / (2 * math.log(base))
+            )
 
         low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
         if self.truncate:
@@ -66,8 +68,13 @@ def default_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)
 
 
-def llama3_inv_freq(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
-                    original_max_position: int) -> torch.Tensor:
+def llama3_inv_freq(
+    inv_freq: torch.Tensor,
+    factor: float,
+    low_freq_factor: float,
+    high_freq_factor: float,
+    original_max_position: int,
+) -> torch.Tensor:
     """Llama 3.1's scaling: wavelengths longer than ``original / low_freq_factor`` are divided by ``factor``,
     shorter than ``original / high_freq_factor`` kept, and the band between interpolated smoothly."""
     wavelen = 2 * math.pi / inv_freq
@@ -99,19 +106,28 @@ class RopeScaling:
     yarn: YarnScaling | None = None
 
 
-def rotary_embedding(rope: RopeScaling, head_dim: int, rotary_dim: int | None = None, *,
-                     style: RotaryStyle = "half", mrope_section: tuple[int, ...] | None = None) -> RotaryEmbedding:
+def rotary_embedding(
+    rope: RopeScaling,
+    head_dim: int,
+    rotary_dim: int | None = None,
+    *,
+    style: RotaryStyle = "half",
+    mrope_section: tuple[int, ...] | None = None,
+) -> RotaryEmbedding:
     """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
     ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies. ``mrope_section``: a
     multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE)."""
-    rotary = RotaryEmbedding(head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn, mrope_section=mrope_section)
+    rotary = RotaryEmbedding(
+        head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn, mrope_section=mrope_section
+    )
     if rope.rope_type in ("linear", "llama3"):
         inv_freq = default_inv_freq(rope.theta, rotary.rotary_dim)
         if rope.rope_type == "linear":
             inv_freq = inv_freq / rope.factor
         else:
-            inv_freq = llama3_inv_freq(inv_freq, rope.factor, rope.low_freq_factor, rope.high_freq_factor,
-                                       rope.original_max_position)
+            inv_freq = llama3_inv_freq(
+                inv_freq, rope.factor, rope.low_freq_factor, rope.high_freq_factor, rope.original_max_position
+            )
         rotary.inv_freq.copy_(inv_freq)
     return rotary
 
@@ -158,7 +174,9 @@ class RotaryEmbedding(nn.Module):
         if self.rotary_dim % 2 or self.rotary_dim > head_dim:
             raise ValueError(f"rotary_dim {self.rotary_dim} must be even and at most head_dim {head_dim}")
         if mrope_section is not None and 2 * sum(mrope_section) != self.rotary_dim:
-            raise ValueError(f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}")
+            raise ValueError(
+                f"mrope_section {list(mrope_section)} must sum to rotary_dim/2 = {self.rotary_dim // 2}"
+            )
         self.style = style
         self.mrope_section = mrope_section
         inv_freq = yarn.inv_freq(base, self.rotary_dim) if yarn else default_inv_freq(base, self.rotary_dim)
@@ -214,7 +232,9 @@ class RotaryEmbedding(nn.Module):
         if q.is_cuda:  # one Triton launch for q and k, angles computed in fp32 in the kernel
             from dgpp import kernels
 
-            return kernels.apply_rotary(q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half")
+            return kernels.apply_rotary(
+                q, k, positions, self.inv_freq, self.magnitude, is_neox=self.style == "half"
+            )
         cos, sin = self.cos_sin(positions, q.dtype)
         # q's and k's heads rotated as one tensor: half the small ops of a decode row (the rotation is per element)
         both = self._rotate(torch.cat((q, k), dim=1), cos, self.signed_sin(sin))

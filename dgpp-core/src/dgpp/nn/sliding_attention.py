@@ -29,8 +29,17 @@ class SinkAttention(nn.Module):
     K/V in the paged pool entry ``cache_name``; ``window=W``: sliding, K/V in the ring state entry
     ``cache_name``. ``v_head_dim`` (default ``head_dim``): MiMo's values are narrower than its keys."""
 
-    def __init__(self, cache_name: str, num_heads: int, num_kv_heads: int, head_dim: int, *,
-                 window: int | None = None, scale: float | None = None, v_head_dim: int | None = None) -> None:
+    def __init__(
+        self,
+        cache_name: str,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        window: int | None = None,
+        scale: float | None = None,
+        v_head_dim: int | None = None,
+    ) -> None:
         super().__init__()
         if num_heads % num_kv_heads:
             raise ValueError(f"num_heads {num_heads} is not a multiple of num_kv_heads {num_kv_heads}")
@@ -47,15 +56,26 @@ class SinkAttention(nn.Module):
     def cache_spec(self, dtype: torch.dtype) -> PagedKV | WindowKV:
         if self.window is None:
             return PagedKV(self.num_kv_heads, self.head_dim, dtype, v_head_dim=self.v_head_dim)
-        return WindowKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype, window=self.window,
-                        v_head_dim=self.v_head_dim)
+        return WindowKV(
+            num_kv_heads=self.num_kv_heads,
+            head_dim=self.head_dim,
+            dtype=dtype,
+            window=self.window,
+            v_head_dim=self.v_head_dim,
+        )
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, PagedKV | WindowKV]:
         """This layer's entry: paged K/V, or its ring (the model's ``cache_spec`` collects it)."""
         return {self.cache_name: self.cache_spec(dtype)}
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch,
-                sinks: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        batch: ForwardBatch,
+        sinks: torch.Tensor | None,
+    ) -> torch.Tensor:
         from dgpp import kernels
         from dgpp.kernels.window_attention import ring_write, window_attention
 
@@ -66,8 +86,18 @@ class SinkAttention(nn.Module):
             out = window_attention(q, None, None, k_cache, v_cache, batch.block_tables, *common, 0, True)
         else:
             ring = batch.cache.state[self.cache_name]
-            out = window_attention(q, k, v, ring["k"], ring["v"], batch.state_slots, *common, self.window, False)
+            out = window_attention(
+                q, k, v, ring["k"], ring["v"], batch.state_slots, *common, self.window, False
+            )
             # after the read: this step's later rows may take ring entries its earlier rows needed
-            ring_write(k, v, ring["k"], ring["v"], batch.state_slots, batch.query_start_loc, batch.context_lens,
-                       batch.seq_lens)
+            ring_write(
+                k,
+                v,
+                ring["k"],
+                ring["v"],
+                batch.state_slots,
+                batch.query_start_loc,
+                batch.context_lens,
+                batch.seq_lens,
+            )
         return out.flatten(1)

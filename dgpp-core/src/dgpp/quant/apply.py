@@ -49,20 +49,28 @@ def _expert_formats(scheme: QuantScheme, ckpt: str, num_experts: int) -> dict[st
     for proj in PROJECTIONS:
         fmts = {scheme.format_for(f"{ckpt}.{e}.{proj}") for e in (0, num_experts - 1)}
         if len(fmts) != 1:
-            raise ConfigError(f"quantization_config: the experts of {ckpt} resolve to mixed formats for {proj} "
-                              f"({sorted(f.name if f else 'dense' for f in fmts)}), which is not supported")
+            raise ConfigError(
+                f"quantization_config: the experts of {ckpt} resolve to mixed formats for {proj} "
+                f"({sorted(f.name if f else 'dense' for f in fmts)}), which is not supported"
+            )
         formats[proj] = fmts.pop()
     if all(f is None for f in formats.values()):
         return None
     if any(f is None for f in formats.values()):
-        raise ConfigError(f"quantization_config: the experts of {ckpt} are packed for some projections and dense for "
-                          f"others ({ {p: f.name if f else 'dense' for p, f in formats.items()} }), which is not supported")
+        raise ConfigError(
+            f"quantization_config: the experts of {ckpt} are packed for some projections and dense for "
+            f"others ({ {p: f.name if f else 'dense' for p, f in formats.items()} }), which is not supported"
+        )
     return {p: f for p, f in formats.items() if f is not None}
 
 
-def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
-                     rename: Callable[[str], str] = lambda n: n,
-                     scheme: QuantScheme | None = None) -> QuantScheme | None:
+def quantize_modules(
+    model: nn.Module,
+    hf_config: dict[str, Any],
+    *,
+    rename: Callable[[str], str] = lambda n: n,
+    scheme: QuantScheme | None = None,
+) -> QuantScheme | None:
     """Swap in packed parameters for every module the checkpoint stores quantized; returns the scheme.
     ``scheme`` (default: ``hf_config``'s ``quantization_config``) is for a family whose release says where
     each format goes in keys of its own."""
@@ -85,8 +93,18 @@ def quantize_modules(model: nn.Module, hf_config: dict[str, Any], *,
             if formats is None:
                 continue
             hidden = module.down_proj.shape[1]
-            _replace(model, name, QuantExperts(formats, module.num_experts, hidden, module.inter * module.world.size,
-                                               world=module.world, swiglu_limit=module.swiglu_limit))
+            _replace(
+                model,
+                name,
+                QuantExperts(
+                    formats,
+                    module.num_experts,
+                    hidden,
+                    module.inter * module.world.size,
+                    world=module.world,
+                    swiglu_limit=module.swiglu_limit,
+                ),
+            )
             fmt = formats["gate_proj"]
             for proj in ("up_proj", "down_proj"):  # a layer that mixes formats counts each one it holds
                 if formats[proj] != fmt:
@@ -143,9 +161,14 @@ def convert_dense_weights(model: nn.Module, engine: EngineConfig) -> dict[str, i
                 module.quant_method = DualMethod(method)
             done["bf12"] += 1
     if dense == "fp8":
-        log.warning("engine.dense_weights=fp8: dense projections re-encoded to block-128 E4M3 at load (lossy)",
-                    converted=done["fp8"])
+        log.warning(
+            "engine.dense_weights=fp8: dense projections re-encoded to block-128 E4M3 at load (lossy)",
+            converted=done["fp8"],
+        )
     if bf16 != "checkpoint":
-        log.info(f"engine.bf16_weights={bf16}: BF16 matrices packed to bf12 (lossless)",
-                 packed=done["bf12"], kept_bf16=done["kept_bf16"])
+        log.info(
+            f"engine.bf16_weights={bf16}: BF16 matrices packed to bf12 (lossless)",
+            packed=done["bf12"],
+            kept_bf16=done["kept_bf16"],
+        )
     return done

@@ -13,5 +13,14 @@ from dgpp.quant.intq import GPTQ, IntPacked
 
 def builtin_formats() -> list[QuantFormat]:
     """FP8 (block, channel), NVFP4 (ModelOpt, compressed-tensors), MXFP4, packed int, GPTQ, NF4I8 and BF12."""
-    return [FP8Block(), FP8Channel(), NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4(), IntPacked(), GPTQ(),
-            NF4Codebook(), BF12()]
+    return [
+        FP8Block(),
+        FP8Channel(),
+        NVFP4ModelOpt(),
+        NVFP4CompressedTensors(),
+        MXFP4(),
+        IntPacked(),
+        GPTQ(),
+        NF4Codebook(),
+        BF12(),
+    ]

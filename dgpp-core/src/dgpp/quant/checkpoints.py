@@ -39,7 +39,11 @@ def _read_all(src: Path) -> dict[str, torch.Tensor]:
 
 def _write(dst: Path, src: Path, tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> Path:
     dst.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tensors.items()},
+        str(dst / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for side in _SIDE_FILES:
         if (src / side).exists():
@@ -47,8 +51,12 @@ def _write(dst: Path, src: Path, tensors: dict[str, torch.Tensor], config: dict[
     return dst
 
 
-def quantize_checkpoint(src: str | Path, dst: str | Path, quantization_config: dict[str, Any],
-                        modules: str = r".*\.layers\.\d+\..*") -> Path:
+def quantize_checkpoint(
+    src: str | Path,
+    dst: str | Path,
+    quantization_config: dict[str, Any],
+    modules: str = r".*\.layers\.\d+\..*",
+) -> Path:
     """Encode every 2-D ``<module>.weight`` whose module matches the regex ``modules`` and that the
     config resolves to a format; writes ``dst`` with ``quantization_config`` in its config.json."""
     src, dst = Path(src), Path(dst)
@@ -67,10 +75,13 @@ def quantize_checkpoint(src: str | Path, dst: str | Path, quantization_config: d
     return _write(dst, src, out, config)
 
 
-def _module_tensors(tensors: dict[str, torch.Tensor], module: str, fmt: QuantFormat,
-                    shape: tuple[int, int]) -> dict[str, torch.Tensor]:
+def _module_tensors(
+    tensors: dict[str, torch.Tensor], module: str, fmt: QuantFormat, shape: tuple[int, int]
+) -> dict[str, torch.Tensor]:
     names = list(fmt.tensor_shapes(shape))
-    return {s: tensors[f"{module}.{s}"] for s in (*names, *fmt.optional_tensors()) if f"{module}.{s}" in tensors}
+    return {
+        s: tensors[f"{module}.{s}"] for s in (*names, *fmt.optional_tensors()) if f"{module}.{s}" in tensors
+    }
 
 
 def _shape_hint(tensors: dict[str, torch.Tensor], module: str, fmt: QuantFormat) -> tuple[int, int]:
@@ -102,7 +113,9 @@ def dequantize_checkpoint(src: str | Path, dst: str | Path, dtype: torch.dtype =
     for module in modules:
         fmt = scheme.format_for(module)
         if fmt is None:
-            raise CheckpointError(f"{module}: stores quantized tensors but quantization_config resolves it to dense")
+            raise CheckpointError(
+                f"{module}: stores quantized tensors but quantization_config resolves it to dense"
+            )
         shape = _shape_hint(tensors, module, fmt)
         own = _module_tensors(tensors, module, fmt, shape)
         fmt.check(own, shape, module)

@@ -49,7 +49,9 @@ def encode_fp8_block(w: torch.Tensor, fmt: FP8Block) -> dict[str, torch.Tensor]:
         scale = stored.float()
     else:
         stored = scale
-    codes = (w.float() / expand_blocks(scale, shape, block)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    codes = (
+        (w.float() / expand_blocks(scale, shape, block)).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    )
     if isinstance(fmt, FP8Channel):
         stored = stored.reshape(shape[0], 1)
     return {"weight": codes, fmt.scale_name: stored}
@@ -115,7 +117,9 @@ def encode_gptq(w: torch.Tensor, fmt: GPTQ, g_idx: torch.Tensor | None = None) -
     groups = torch.arange(k, device=w.device) // group if g_idx is None else g_idx.long().to(w.device)
     half = 1 << (fmt.bits - 1)
     num_groups = k // group
-    amax = torch.zeros(num_groups, n, device=w.device).scatter_reduce_(0, groups[:, None].expand(k, n), w.float().abs().t(), "amax")
+    amax = torch.zeros(num_groups, n, device=w.device).scatter_reduce_(
+        0, groups[:, None].expand(k, n), w.float().abs().t(), "amax"
+    )
     scales = (amax / (half - 1)).clamp_min(2.0**-14).to(torch.float16)
     codes = (w.float().t() / scales.float()[groups]).round().clamp(-half, half - 1) + half  # [K, N]
     zeros = torch.full((num_groups, n), half - fmt.zero_offset, dtype=torch.int64, device=w.device)

@@ -52,7 +52,9 @@ class QuantFormat(ABC):
         """Tensors as the kernels want them (default: as shipped). Must not lose information."""
         return tensors
 
-    def row_slice(self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int) -> dict[str, torch.Tensor] | None:
+    def row_slice(
+        self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int
+    ) -> dict[str, torch.Tensor] | None:
         """The stored tensors of output rows ``start:stop`` (views), or None when the format's layout cannot
         be cut there (callers then decode the whole weight). Default: None."""
         return None

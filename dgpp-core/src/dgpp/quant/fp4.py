@@ -30,7 +30,9 @@ class FP4Grouped(QuantFormat):
     def tensor_shapes(self, shape: Shape) -> dict[str, tuple[int, ...]]:
         n, k = shape
         if k % self.group:
-            raise CheckpointError(f"format {self.name}: in_features {k} is not a multiple of the group size {self.group}")
+            raise CheckpointError(
+                f"format {self.name}: in_features {k} is not a multiple of the group size {self.group}"
+            )
         out: dict[str, tuple[int, ...]] = {self.data_name: (n, k // 2), self.scale_name: (n, k // self.group)}
         if self.global_name:
             out[self.global_name] = (1,)
@@ -50,10 +52,16 @@ class FP4Grouped(QuantFormat):
             return None
         return tensors[self.global_name].to(torch.float32).reshape(())
 
-    def row_slice(self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int) -> dict[str, torch.Tensor] | None:
+    def row_slice(
+        self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int
+    ) -> dict[str, torch.Tensor] | None:
         # rows are independent (codes and group scales per row; the global scale is one scalar)
         rows = slice(start, stop)
-        return {**tensors, self.data_name: tensors[self.data_name][rows], self.scale_name: tensors[self.scale_name][rows]}
+        return {
+            **tensors,
+            self.data_name: tensors[self.data_name][rows],
+            self.scale_name: tensors[self.scale_name][rows],
+        }
 
     def decode(self, tensors: dict[str, torch.Tensor], shape: Shape, dtype: torch.dtype) -> torch.Tensor:
         values = e2m1_unpack(tensors[self.data_name])

@@ -29,7 +29,9 @@ class FP8Block(QuantFormat):
 
     def __post_init__(self) -> None:
         if self.scale_format not in _SCALE_ITEMSIZE:
-            raise ValueError(f"fp8_block scale_format must be one of {sorted(_SCALE_ITEMSIZE)}, not {self.scale_format!r}")
+            raise ValueError(
+                f"fp8_block scale_format must be one of {sorted(_SCALE_ITEMSIZE)}, not {self.scale_format!r}"
+            )
         object.__setattr__(self, "block", tuple(self.block))
 
     def scale_grid(self, shape: Shape) -> tuple[int, int]:
@@ -56,12 +58,18 @@ class FP8Block(QuantFormat):
         scale = expand_blocks(self.block_scales(tensors), shape, self.block)
         return (fp8_e4m3_to_float(tensors["weight"]) * scale).to(dtype)
 
-    def row_slice(self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int) -> dict[str, torch.Tensor] | None:
+    def row_slice(
+        self, tensors: dict[str, torch.Tensor], shape: Shape, start: int, stop: int
+    ) -> dict[str, torch.Tensor] | None:
         bn = self.block_for(shape)[0]
         if start % bn or (stop % bn and stop != shape[0]):
             return None  # a cut inside a scale block
         grid = slice(start // bn, cdiv(stop, bn))
-        return {**tensors, "weight": tensors["weight"][start:stop], self.scale_name: tensors[self.scale_name][grid]}
+        return {
+            **tensors,
+            "weight": tensors["weight"][start:stop],
+            self.scale_name: tensors[self.scale_name][grid],
+        }
 
     def prepare(self, tensors: dict[str, torch.Tensor], shape: Shape) -> dict[str, torch.Tensor]:
         # E8M0 scale grids are tiny (one byte per 32x32 or 128x128 tile): widening them to exact F32

@@ -20,7 +20,9 @@ def check_declared_shape(tensors: dict[str, torch.Tensor], shape: Shape, where: 
     """A shipped ``weight_shape`` must name the module's logical ``[N, K]``."""
     declared = tensors.get("weight_shape")
     if declared is not None and [int(v) for v in declared.tolist()] != list(shape):
-        raise CheckpointError(f"{where}.weight_shape: {declared.tolist()} does not match the module's {list(shape)}")
+        raise CheckpointError(
+            f"{where}.weight_shape: {declared.tolist()} does not match the module's {list(shape)}"
+        )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,7 +62,9 @@ class IntPacked(WordPacked):
         n, k = shape
         g = self.group_size(shape)
         if (k * self.bits) % 32 or k % g:
-            raise CheckpointError(f"format {self.name}: in_features {k} must fill int32 words and groups of {g}")
+            raise CheckpointError(
+                f"format {self.name}: in_features {k} must fill int32 words and groups of {g}"
+            )
         return {"weight_packed": (n, k * self.bits // 32), "weight_scale": (n, k // g)}
 
     def decode(self, tensors: dict[str, torch.Tensor], shape: Shape, dtype: torch.dtype) -> torch.Tensor:
@@ -95,8 +99,14 @@ class GPTQ(QuantFormat):
         n, k = shape
         g = self.group_size(shape)
         if (k * self.bits) % 32 or (n * self.bits) % 32 or k % g:
-            raise CheckpointError(f"format {self.name}: shape {list(shape)} must fill int32 words and groups of {g}")
-        return {"qweight": (k * self.bits // 32, n), "qzeros": (k // g, n * self.bits // 32), "scales": (k // g, n)}
+            raise CheckpointError(
+                f"format {self.name}: shape {list(shape)} must fill int32 words and groups of {g}"
+            )
+        return {
+            "qweight": (k * self.bits // 32, n),
+            "qzeros": (k // g, n * self.bits // 32),
+            "scales": (k // g, n),
+        }
 
     def optional_tensors(self) -> tuple[str, ...]:
         return ("g_idx",)

@@ -40,8 +40,13 @@ from dgpp.quant.kernels.decode_launch import MAX_ROWS, one_launch_for_any_rows
 from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
 
 
-def packed_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
+def packed_matmul(
+    fmt: QuantFormat,
+    tensors: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    shape: Shape,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
     """``x @ W^T (+ bias)``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference)."""
     if x.is_cuda and has_kernel(fmt) and not current().quant_torch_only:
         y = quant_matmul(fmt, tensors, x, shape)
@@ -55,9 +60,15 @@ def decoded_matmul(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     product where its rows are exact for the shape, else multiply in fp32 and round once)."""
     if x.device.type != "cpu":
         return F.linear(x, weight, bias)
-    if x.dtype in (torch.bfloat16, torch.float16) and not isinstance(weight, nn.Parameter):  # (a Parameter's fp32 copy is cached)
-        if weight.dtype == x.dtype and native_rows_exact(x.dtype, *weight.shape):  # as a dense narrow Linear does
-            y = native_row_products(x.reshape(-1, x.shape[-1]), weight).reshape(*x.shape[:-1], weight.shape[0])
+    if x.dtype in (torch.bfloat16, torch.float16) and not isinstance(
+        weight, nn.Parameter
+    ):  # (a Parameter's fp32 copy is cached)
+        if weight.dtype == x.dtype and native_rows_exact(
+            x.dtype, *weight.shape
+        ):  # as a dense narrow Linear does
+            y = native_row_products(x.reshape(-1, x.shape[-1]), weight).reshape(
+                *x.shape[:-1], weight.shape[0]
+            )
         else:
             y = batch_invariant_linear(x.float(), weight.float()).to(x.dtype)
         return y if bias is None else y + bias
@@ -88,7 +99,9 @@ class QuantLinearMethod:
         layer.quant_tensor_names = tuple(shapes)
         for suffix, stored in shapes.items():
             own_dim = None if suffix == "g_idx" else dim  # g_idx is whole on every column-parallel rank
-            setattr(layer, suffix, make_param(self.fmt, suffix, stored, own_dim, layer.world, reblock=reblock))
+            setattr(
+                layer, suffix, make_param(self.fmt, suffix, stored, own_dim, layer.world, reblock=reblock)
+            )
 
     def adopt(self, layer: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
         """Install already-encoded tensors (a load-time conversion) in place of the layer's weight."""
@@ -127,7 +140,9 @@ class QuantLinearMethod:
         return packed_matmul(self.fmt, sliced, x, (stop - start, shape[1]))
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda and bias is None:  # canonical rows through the decode GEMV, whatever the step's row count
+        if (
+            x.is_cuda and bias is None
+        ):  # canonical rows through the decode GEMV, whatever the step's row count
             routed = routed_packed_linears((layer,), x)
             if routed is not None:
                 return routed[0]
@@ -136,15 +151,19 @@ class QuantLinearMethod:
 
 def layer_tensors(layers: tuple[nn.Module, ...]) -> tuple[list[dict[str, torch.Tensor]], list[Shape]]:
     """The packed tensors and local [N, K] shape of each layer."""
-    return ([layer.quant_method.tensors(layer) for layer in layers],
-            [layer.quant_method.local_shape(layer) for layer in layers])
+    return (
+        [layer.quant_method.tensors(layer) for layer in layers],
+        [layer.quant_method.local_shape(layer) for layer in layers],
+    )
 
 
 def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu: bool) -> QuantFormat | None:
     """The format of ``layers`` when all hold packed weights of one format, none has a bias, and the
     packed decode GEMV takes ``x`` (a GPU, 1..16 rows): then they can share one launch. Else None."""
     methods = [layer.quant_method for layer in layers]
-    if not all(isinstance(m, QuantLinearMethod) for m in methods) or any(layer.bias is not None for layer in layers):
+    if not all(isinstance(m, QuantLinearMethod) for m in methods) or any(
+        layer.bias is not None for layer in layers
+    ):
         return None
     fmt = methods[0].fmt
     if any(m.fmt != fmt for m in methods) or current().quant_torch_only:
@@ -176,12 +195,18 @@ def fused_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) -
     fmt = shared_decode_format((gate, up), x, on_gpu=x.is_cuda)
     if fmt is None or gate.quant_method.local_shape(gate) != up.quant_method.local_shape(up):
         return None
-    return quant_gate_up_silu(fmt, gate.quant_method.tensors(gate), up.quant_method.tensors(up), x,
-                              gate.quant_method.local_shape(gate))
+    return quant_gate_up_silu(
+        fmt,
+        gate.quant_method.tensors(gate),
+        up.quant_method.tensors(up),
+        x,
+        gate.quant_method.local_shape(gate),
+    )
 
 
-def _chunks(rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]], one_launch: bool
-            ) -> list[torch.Tensor]:
+def _chunks(
+    rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]], one_launch: bool
+) -> list[torch.Tensor]:
     """``launch`` over all rows at once (``one_launch``: the tensor-core kernel) or over row chunks of at most
     MAX_ROWS (the row GEMV), outputs concatenated per weight."""
     if one_launch or rows.shape[0] <= MAX_ROWS:
@@ -190,11 +215,15 @@ def _chunks(rows: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tens
     return [torch.cat(outs) for outs in zip(*parts, strict=True)]
 
 
-def decode_rows(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], rows: torch.Tensor,
-                shapes: list[Shape]) -> list[torch.Tensor]:
+def decode_rows(
+    fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], rows: torch.Tensor, shapes: list[Shape]
+) -> list[torch.Tensor]:
     """``[rows @ W_i^T]`` through the packed decode GEMV for any number of rows (the canonical path)."""
-    return _chunks(rows.contiguous(), lambda part: quant_multi_linear(fmt, tensor_sets, part, shapes),
-                   one_launch_for_any_rows(fmt, shapes))
+    return _chunks(
+        rows.contiguous(),
+        lambda part: quant_multi_linear(fmt, tensor_sets, part, shapes),
+        one_launch_for_any_rows(fmt, shapes),
+    )
 
 
 def _format(layers: tuple[nn.Module, ...], x: torch.Tensor) -> QuantFormat | None:
@@ -210,8 +239,10 @@ def _bulk_linears(fmt: QuantFormat, layers: tuple[nn.Module, ...], rows: torch.T
     13 rows and a 25-row one-shot prompt then give each row the same bits; the decode GEMV would not)."""
     sets, shapes = layer_tensors(layers)
     rows = rows.contiguous()
-    return [quant_matmul(fmt, t, rows, s, default_config(fmt, rows.shape[0], s, rows.device, gemm=True))
-            for t, s in zip(sets, shapes, strict=True)]
+    return [
+        quant_matmul(fmt, t, rows, s, default_config(fmt, rows.shape[0], s, rows.device, gemm=True))
+        for t, s in zip(sets, shapes, strict=True)
+    ]
 
 
 def routed_packed_linears(layers: tuple[nn.Module, ...], x: torch.Tensor) -> list[torch.Tensor] | None:
@@ -220,8 +251,9 @@ def routed_packed_linears(layers: tuple[nn.Module, ...], x: torch.Tensor) -> lis
     if fmt is None:
         return None
     sets, shapes = layer_tensors(layers)
-    return routing.route_rows(x, lambda rows: decode_rows(fmt, sets, rows, shapes),
-                                 lambda rows: _bulk_linears(fmt, layers, rows))
+    return routing.route_rows(
+        x, lambda rows: decode_rows(fmt, sets, rows, shapes), lambda rows: _bulk_linears(fmt, layers, rows)
+    )
 
 
 def routed_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) -> torch.Tensor | None:

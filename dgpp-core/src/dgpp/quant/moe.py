@@ -40,7 +40,11 @@ class _ExpertStack(nn.Module):
         check_tp_alignment(fmt, shape, parallel, world.size)
         dim = tp_dim(fmt, parallel)
         for suffix, stored in fmt.tensor_shapes(shape).items():
-            setattr(self, suffix, make_param(fmt, suffix, stored, dim, world, lead=(num_experts,), reblock=reblock))
+            setattr(
+                self,
+                suffix,
+                make_param(fmt, suffix, stored, dim, world, lead=(num_experts,), reblock=reblock),
+            )
 
     def expert_tensors(self, expert: int) -> dict[str, torch.Tensor]:
         return {name: getattr(self, name)[expert] for name in self.names}
@@ -51,22 +55,32 @@ class _ExpertStack(nn.Module):
 
 class QuantExperts(nn.Module):
     """``E`` SwiGLU experts whose gate/up/down projections are stored in ``fmt`` (one format, or one per
-    projection: exports such as Flint's mix FP8 block-128 and NVFP4 across gate/up/down within a layer);
-    TP splits the intermediate dim (gate/up column, down row) like ``FusedExperts``, and ``swiglu_limit`` clamps
-the SwiGLU inputs as there. ``use_fused``: None
-    picks the fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``) when gate and up share a format (the
-    kernel decodes them together; down may differ); True/False force it (tests run it on CPU under the
-    Triton interpreter)."""
+        projection: exports such as Flint's mix FP8 block-128 and NVFP4 across gate/up/down within a layer);
+        TP splits the intermediate dim (gate/up column, down row) like ``FusedExperts``, and ``swiglu_limit`` clamps
+    the SwiGLU inputs as there. ``use_fused``: None
+        picks the fused kernel on CUDA (unless ``DGPP_QUANT_TORCH=1``) when gate and up share a format (the
+        kernel decodes them together; down may differ); True/False force it (tests run it on CPU under the
+        Triton interpreter)."""
 
     use_fused: bool | None = None
 
-    def __init__(self, fmt: QuantFormat | Mapping[str, QuantFormat], num_experts: int, hidden_size: int,
-                 intermediate_size: int, *, world: World | None = None, swiglu_limit: float | None = None) -> None:
+    def __init__(
+        self,
+        fmt: QuantFormat | Mapping[str, QuantFormat],
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        world: World | None = None,
+        swiglu_limit: float | None = None,
+    ) -> None:
         super().__init__()
         self.swiglu_limit = swiglu_limit
         self.world = world or World()
         if intermediate_size % self.world.size:
-            raise ValueError(f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}")
+            raise ValueError(
+                f"moe intermediate size {intermediate_size} is not divisible by world {self.world.size}"
+            )
         formats = dict(fmt) if isinstance(fmt, Mapping) else dict.fromkeys(PROJECTIONS, fmt)
         if sorted(formats) != sorted(PROJECTIONS):
             raise ValueError(f"expert formats must name {', '.join(PROJECTIONS)}, got {sorted(formats)}")
@@ -74,15 +88,23 @@ the SwiGLU inputs as there. ``use_fused``: None
         self.fmt = formats["gate_proj"]  # the gate/up format the fused kernel decodes
         self.num_experts = num_experts
         self.inter = inter = intermediate_size // self.world.size
-        self.gate_proj = _ExpertStack(formats["gate_proj"], num_experts, (inter, hidden_size), "column", self.world)
-        self.up_proj = _ExpertStack(formats["up_proj"], num_experts, (inter, hidden_size), "column", self.world)
-        self.down_proj = _ExpertStack(formats["down_proj"], num_experts, (hidden_size, inter), "row", self.world)
+        self.gate_proj = _ExpertStack(
+            formats["gate_proj"], num_experts, (inter, hidden_size), "column", self.world
+        )
+        self.up_proj = _ExpertStack(
+            formats["up_proj"], num_experts, (inter, hidden_size), "column", self.world
+        )
+        self.down_proj = _ExpertStack(
+            formats["down_proj"], num_experts, (hidden_size, inter), "row", self.world
+        )
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:
         out: dict[str, Alternatives] = {}
         for proj in PROJECTIONS:
             for suffix in getattr(self, proj).names:
-                out[f"{proj}.{suffix}"] = [[Source(f"{e}.{proj}.{suffix}", e) for e in range(self.num_experts)]]
+                out[f"{proj}.{suffix}"] = [
+                    [Source(f"{e}.{proj}.{suffix}", e) for e in range(self.num_experts)]
+                ]
         return out
 
     def expert_weight(self, proj: str, expert: int, dtype: torch.dtype) -> torch.Tensor:
@@ -92,23 +114,37 @@ the SwiGLU inputs as there. ``use_fused``: None
 
     def _project(self, proj: str, expert: int, x: torch.Tensor) -> torch.Tensor:
         stack: _ExpertStack = getattr(self, proj)
-        if isinstance(stack.fmt, NF4Codebook):  # quantized in the rotated basis: rotate the input the same way
+        if isinstance(
+            stack.fmt, NF4Codebook
+        ):  # quantized in the rotated basis: rotate the input the same way
             x = hadamard32(x)
-        if not x.is_cuda:  # the dense experts' CPU product: a row's bits do not depend on how many rows an expert got
-            return batch_invariant_linear(x, stack.fmt.decode(stack.expert_tensors(expert), stack.shape, x.dtype))
+        if (
+            not x.is_cuda
+        ):  # the dense experts' CPU product: a row's bits do not depend on how many rows an expert got
+            return batch_invariant_linear(
+                x, stack.fmt.decode(stack.expert_tensors(expert), stack.shape, x.dtype)
+            )
         return packed_matmul(stack.fmt, stack.expert_tensors(expert), x, stack.shape)
 
     def fused(self, x: torch.Tensor) -> bool:
         if self.use_fused is not None:
             return self.use_fused
-        fusable = self.formats["up_proj"] == self.fmt and all(has_moe_kernel(f) for f in self.formats.values())
+        fusable = self.formats["up_proj"] == self.fmt and all(
+            has_moe_kernel(f) for f in self.formats.values()
+        )
         return x.is_cuda and fusable and not current().quant_torch_only
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.fused(x):
-            return fused_quant_moe((self.gate_proj.fmt, self.gate_proj.stacks(), self.up_proj.stacks()),
-                                   (self.down_proj.fmt, self.down_proj.stacks()), x, weights, ids, self.inter,
-                                   swiglu_limit=self.swiglu_limit)
+            return fused_quant_moe(
+                (self.gate_proj.fmt, self.gate_proj.stacks(), self.up_proj.stacks()),
+                (self.down_proj.fmt, self.down_proj.stacks()),
+                x,
+                weights,
+                ids,
+                self.inter,
+                swiglu_limit=self.swiglu_limit,
+            )
         return self.forward_reference(x, weights, ids)
 
     def forward_reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -117,8 +153,11 @@ the SwiGLU inputs as there. ``use_fused``: None
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
             rows = x[token_idx]
-            hidden = silu_and_mul(self._project("gate_proj", expert, rows), self._project("up_proj", expert, rows),
-                                  self.swiglu_limit)
+            hidden = silu_and_mul(
+                self._project("gate_proj", expert, rows),
+                self._project("up_proj", expert, rows),
+                self.swiglu_limit,
+            )
             y = self._project("down_proj", expert, hidden)
             out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
         return out

@@ -39,7 +39,9 @@ def tp_dim(fmt: QuantFormat, parallel: str) -> int | None:
     return 0 if column else 1
 
 
-def reblock_for_tp(fmt: QuantFormat, local: Shape, parallel: str, world_size: int) -> tuple[QuantFormat, tuple[int, int]]:
+def reblock_for_tp(
+    fmt: QuantFormat, local: Shape, parallel: str, world_size: int
+) -> tuple[QuantFormat, tuple[int, int]]:
     """An FP8 block grid whose TP slice does not start on a block boundary (Qwen experts: 640/W rows on
     128-row blocks) is re-blocked to the gcd with replicated scales, which is exact. Returns the
     rank's format and the (rows, cols) replication factors (1, 1 when nothing changes)."""
@@ -78,7 +80,11 @@ def check_tp_alignment(fmt: QuantFormat, local: Shape, parallel: str, world_size
 
 def load_packed(param: torch.Tensor, loaded: torch.Tensor, shard: Any = None) -> None:
     """Checkpoint tensor -> resident parameter (``shard`` = expert index for stacked expert tensors)."""
-    if param.dtype == torch.float32 and loaded.dtype in (torch.bfloat16, torch.float16) and shard in (None, 0):
+    if (
+        param.dtype == torch.float32
+        and loaded.dtype in (torch.bfloat16, torch.float16)
+        and shard in (None, 0)
+    ):
         # 2-byte scales stay as shipped (what packed_bytes counts); kernels widen them in registers
         param.data = torch.empty(param.shape, dtype=loaded.dtype, device=param.device)
     copy_packed(param if shard is None else param[shard], loaded, param)
@@ -121,15 +127,30 @@ def is_e8m0(fmt: QuantFormat) -> bool:
     return getattr(fmt, "scale_format", None) == "e8m0" or getattr(fmt, "scale_kind", None) == "e8m0"
 
 
-def make_param(fmt: QuantFormat, suffix: str, shape: tuple[int, ...], dim: int | None, world: Any,
-               lead: tuple[int, ...] = (), reblock: tuple[int, int] = (1, 1)) -> nn.Parameter:
+def make_param(
+    fmt: QuantFormat,
+    suffix: str,
+    shape: tuple[int, ...],
+    dim: int | None,
+    world: Any,
+    lead: tuple[int, ...] = (),
+    reblock: tuple[int, int] = (1, 1),
+) -> nn.Parameter:
     """An empty parameter for stored tensor ``suffix`` (``lead``: stacking dims such as experts;
     ``reblock``: scale replication factors from ``reblock_for_tp``)."""
-    param = nn.Parameter(torch.empty(*lead, *shape, dtype=storage_dtype(fmt, suffix, shape)), requires_grad=False)
+    param = nn.Parameter(
+        torch.empty(*lead, *shape, dtype=storage_dtype(fmt, suffix, shape)), requires_grad=False
+    )
     scalar = len(shape) == 1 and shape[0] == 1
     is_scale = suffix == getattr(fmt, "scale_name", None)
-    set_weight_attrs(param, tp_dim=None if scalar else dim, world=world, weight_loader=load_packed,
-                     e8m0=is_e8m0(fmt) and suffix != "weight", reblock=reblock if is_scale else (1, 1))
+    set_weight_attrs(
+        param,
+        tp_dim=None if scalar else dim,
+        world=world,
+        weight_loader=load_packed,
+        e8m0=is_e8m0(fmt) and suffix != "weight",
+        reblock=reblock if is_scale else (1, 1),
+    )
     if param.dtype == torch.float32 and fmt.tensor_itemsize(suffix) == 2:
         # a format whose scales ship in 2 bytes: load_packed keeps them as shipped, so a plan built on meta
         # counts 2 bytes an element, not the float32 placeholder's 4 (dgpp.quant.resident)

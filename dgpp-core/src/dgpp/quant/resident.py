@@ -19,12 +19,17 @@ def fp8_block_bytes(rows: int, cols: int) -> int:
     return rows * cols + 4 * -(-rows // 128) * -(-cols // 128)
 
 
-def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint", dense_weights: str = "checkpoint") -> int:
+def resident_bytes(
+    module: nn.Module, bf16_weights: str = "checkpoint", dense_weights: str = "checkpoint"
+) -> int:
     """Bytes of ``module``'s (unique) parameters as loaded, with the conversions ``engine.bf16_weights`` and
     ``engine.dense_weights`` apply to its dense Linears (FP8 first, as the load does)."""
     total = 0.0
-    dense = [m.weight for m in module.modules()
-             if isinstance(m, Linear) and isinstance(m.quant_method, UnquantizedLinearMethod)]
+    dense = [
+        m.weight
+        for m in module.modules()
+        if isinstance(m, Linear) and isinstance(m.quant_method, UnquantizedLinearMethod)
+    ]
     fp8 = {id(w): w for w in dense if dense_weights == "fp8" and w.dtype.is_floating_point}
     bf12_eligible = {id(w) for w in dense if w.dtype == torch.bfloat16 and w.shape[1] % 1024 == 0}
     for p in module.parameters():
@@ -32,6 +37,8 @@ def resident_bytes(module: nn.Module, bf16_weights: str = "checkpoint", dense_we
             total += fp8_block_bytes(*p.shape)
             continue
         # on meta, a packed scale that loads in its shipped 2-byte dtype counts 2 bytes (dgpp.quant.params)
-        size = p.numel() * (getattr(p, "loaded_itemsize", p.element_size()) if p.is_meta else p.element_size())
+        size = p.numel() * (
+            getattr(p, "loaded_itemsize", p.element_size()) if p.is_meta else p.element_size()
+        )
         total += size * (BF12_FACTOR[bf16_weights] if id(p) in bf12_eligible else 1.0)
     return int(total)

@@ -71,7 +71,9 @@ class QuantScheme:
         method = str(qc.get("quant_method", "")).lower()
         parser = _PARSERS.get(method)
         if parser is None:
-            raise ConfigError(f"{KEY}.quant_method: {method!r} is not supported (supported: {', '.join(sorted(_PARSERS))})")
+            raise ConfigError(
+                f"{KEY}.quant_method: {method!r} is not supported (supported: {', '.join(sorted(_PARSERS))})"
+            )
         return parser(qc)
 
 
@@ -80,11 +82,15 @@ def _fp8(qc: dict) -> QuantScheme:
         raise ConfigError(f"{KEY}.fmt: {qc.get('fmt')!r} is not supported (only e4m3)")
     block = qc.get("weight_block_size")
     if not block or len(block) != 2:
-        raise ConfigError(f"{KEY}.weight_block_size: per-tensor FP8 is not supported; a [rows, cols] block is required")
+        raise ConfigError(
+            f"{KEY}.weight_block_size: per-tensor FP8 is not supported; a [rows, cols] block is required"
+        )
     scale_fmt = qc.get("scale_fmt") or "float"
     if scale_fmt not in ("float", "ue8m0"):
         raise ConfigError(f"{KEY}.scale_fmt: {scale_fmt!r} is not supported (float or ue8m0)")
-    fmt = FP8Block(block=(int(block[0]), int(block[1])), scale_format="e8m0" if scale_fmt == "ue8m0" else "f32")
+    fmt = FP8Block(
+        block=(int(block[0]), int(block[1])), scale_format="e8m0" if scale_fmt == "ue8m0" else "f32"
+    )
     ignore = list(qc.get("modules_to_not_convert") or []) + list(qc.get("ignored_layers") or [])
     return QuantScheme("fp8", ignore=ignore, groups=[(["Linear"], fmt)], overrides=_expert_dtype(qc))
 
@@ -122,7 +128,12 @@ def _ct_weights(name: str, weights: dict, pack_format: str) -> QuantFormat:
     kind, bits, strategy = weights.get("type"), int(weights.get("num_bits", 0)), weights.get("strategy")
     if weights.get("actorder"):
         raise ConfigError(f"{where}.actorder: activation ordering is not supported for compressed-tensors")
-    if kind == "float" and bits == 4 and strategy == "tensor_group" and int(weights.get("group_size") or 0) == 16:
+    if (
+        kind == "float"
+        and bits == 4
+        and strategy == "tensor_group"
+        and int(weights.get("group_size") or 0) == 16
+    ):
         return NVFP4CompressedTensors()
     if kind == "float" and bits == 4 and strategy == "group" and int(weights.get("group_size") or 0) == 32:
         return MXFP4(data_name="weight_packed")
@@ -138,7 +149,9 @@ def _ct_weights(name: str, weights: dict, pack_format: str) -> QuantFormat:
             raise ConfigError(f"{KEY}.format: int weights must be 'pack-quantized', got {pack_format!r}")
         group = int(weights.get("group_size") or 0) if strategy == "group" else 0
         return IntPacked(bits=bits, group=group)
-    raise ConfigError(f"{where}: type={kind} num_bits={bits} strategy={strategy} is not a supported weight scheme")
+    raise ConfigError(
+        f"{where}: type={kind} num_bits={bits} strategy={strategy} is not a supported weight scheme"
+    )
 
 
 def _compressed_tensors(qc: dict) -> QuantScheme:
@@ -149,7 +162,9 @@ def _compressed_tensors(qc: dict) -> QuantScheme:
     for name, group in groups_cfg.items():
         weights = group.get("weights")
         if not weights:
-            raise ConfigError(f"{KEY}.config_groups.{name}.weights: missing (activation-only schemes are not supported)")
+            raise ConfigError(
+                f"{KEY}.config_groups.{name}.weights: missing (activation-only schemes are not supported)"
+            )
         fmt = _ct_weights(name, weights, group.get("format") or qc.get("format") or "")
         groups.append((list(group.get("targets") or []), fmt))
     return QuantScheme("compressed-tensors", ignore=list(qc.get("ignore") or []), groups=groups)
@@ -186,8 +201,13 @@ def _gptq(qc: dict) -> QuantScheme:
         bits = int(over.get("bits", base.bits))
         overrides.append((module, None if bits >= 16 else base.with_params(**_int_params(over, base))))
     ignore = list(qc.get("modules_to_not_convert") or [])
-    return QuantScheme(method, ignore=ignore, groups=[(["Linear"], base)], overrides=overrides,
-                       act_order=bool(qc.get("desc_act", False)))
+    return QuantScheme(
+        method,
+        ignore=ignore,
+        groups=[(["Linear"], base)],
+        overrides=overrides,
+        act_order=bool(qc.get("desc_act", False)),
+    )
 
 
 def _int_params(over: dict, base: GPTQ) -> dict:
@@ -205,8 +225,12 @@ def _require(section: dict, name: str, key: str, want: Any, default: Any = None)
 
 def _layer_range(section: dict, name: str) -> tuple[int, int]:
     bounds = section.get("layers")
-    if not (isinstance(bounds, list) and len(bounds) == 2 and all(isinstance(b, int) for b in bounds)
-            and 0 <= bounds[0] <= bounds[1]):
+    if not (
+        isinstance(bounds, list)
+        and len(bounds) == 2
+        and all(isinstance(b, int) for b in bounds)
+        and 0 <= bounds[0] <= bounds[1]
+    ):
         raise ConfigError(f"{name}.layers: must be [first, last] (inclusive), got {bounds!r}")
     return bounds[0], bounds[1]
 
@@ -227,9 +251,14 @@ def _nf4i8(qc: dict) -> QuantScheme:
     r8, rx = f"{KEY}.retained_int8", f"{KEY}.routed_experts"
     _require(retained, r8, "group_size", 64)
     _require(retained, r8, "scale_dtype", "bfloat16", "bfloat16")
-    for key, want, default in (("bits", 4, None), ("group_size", 128, None), ("indices_dtype", "int32", "int32"),
-                               ("indices_key", "weight_indices", "weight_indices"),
-                               ("scale_dtype", "bfloat16", "bfloat16"), ("codebook", list(NF4I8_LEVELS), None)):
+    for key, want, default in (
+        ("bits", 4, None),
+        ("group_size", 128, None),
+        ("indices_dtype", "int32", "int32"),
+        ("indices_key", "weight_indices", "weight_indices"),
+        ("scale_dtype", "bfloat16", "bfloat16"),
+        ("codebook", list(NF4I8_LEVELS), None),
+    ):
         _require(routed, rx, key, want, default)
     first, last = _layer_range(retained, r8)
     if _layer_range(routed, rx) != (first, last):
@@ -248,7 +277,10 @@ def _nf4i8(qc: dict) -> QuantScheme:
     shared = r"mlp\.shared_experts\.(?:gate_proj|up_proj|down_proj)"
     groups: list[tuple[list[str], QuantFormat]] = [
         ([rf"re:model\.layers\.{layers}\.(?:{attention}|{shared})$"], IntPacked(bits=8, group=64)),
-        ([rf"re:model\.layers\.{layers}\.mlp\.experts\.\d+\.(?:gate_proj|up_proj|down_proj)$"], NF4Codebook()),
+        (
+            [rf"re:model\.layers\.{layers}\.mlp\.experts\.\d+\.(?:gate_proj|up_proj|down_proj)$"],
+            NF4Codebook(),
+        ),
     ]
     return QuantScheme("dgpp_nf4i8", groups=groups)
 

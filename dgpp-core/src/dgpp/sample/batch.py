@@ -75,7 +75,9 @@ class HostIds:
         self._host = torch.empty(ids.shape, dtype=ids.dtype, pin_memory=True)
         self._host.copy_(ids, non_blocking=True)
         self._done = torch.cuda.Event(blocking=True)
-        self._done.record(torch.cuda.current_stream(ids.device))  # the ids' device (a tensor-parallel rank's own GPU)
+        self._done.record(
+            torch.cuda.current_stream(ids.device)
+        )  # the ids' device (a tensor-parallel rank's own GPU)
 
     def wait(self) -> list[int]:
         if self._ready is None:

@@ -22,8 +22,9 @@ class ForcedSampler(ChoiceSampler):
 
     def __init__(self, tokens: list[int], vocab_size: int, prompt_ids: list[int], top: int) -> None:
         # ignore_eos: a prompt may hold the EOS id (documents joined by it), and scoring must walk past it
-        params = SamplingParams(temperature=0.0, logprobs=True, top_logprobs=top, max_tokens=max(len(tokens), 1),
-                                ignore_eos=True)
+        params = SamplingParams(
+            temperature=0.0, logprobs=True, top_logprobs=top, max_tokens=max(len(tokens), 1), ignore_eos=True
+        )
         super().__init__(params, vocab_size, prompt_ids)
         self.tokens = list(tokens)
         self.at = 0

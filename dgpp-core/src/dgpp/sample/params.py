@@ -44,8 +44,10 @@ class SamplingDefaults:
             value = raw.get(key)
             if value is None:  # null is how transformers writes an unset value
                 return default
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                (lo < value if lo_open else lo <= value) and value <= hi
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not ((lo < value if lo_open else lo <= value) and value <= hi)
             ):
                 bound = f"{'(' if lo_open else '['}{lo}, {hi}]"
                 raise ConfigError(f"{path}: {key} must be a number in {bound}, got {value!r}")

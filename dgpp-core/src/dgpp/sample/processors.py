@@ -68,7 +68,9 @@ def apply_penalties(
         row.sub_((counts > 0).to(row.dtype) * presence)
 
 
-def apply_logit_bias(row: torch.Tensor, bias_ids: torch.Tensor | None, bias_values: torch.Tensor | None) -> None:
+def apply_logit_bias(
+    row: torch.Tensor, bias_ids: torch.Tensor | None, bias_values: torch.Tensor | None
+) -> None:
     if bias_ids is None or bias_values is None:
         return
     row.index_add_(0, bias_ids.to(row.device), bias_values.to(device=row.device, dtype=row.dtype))

@@ -18,7 +18,9 @@ class BlockPool:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
-            raise ValueError(f"a block pool needs num_blocks >= 1 and block_size >= 1 (got {num_blocks}, {block_size})")
+            raise ValueError(
+                f"a block pool needs num_blocks >= 1 and block_size >= 1 (got {num_blocks}, {block_size})"
+            )
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.refcount = [0] * num_blocks

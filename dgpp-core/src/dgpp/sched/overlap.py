@@ -83,13 +83,22 @@ class OverlapSteps:
     _cancels: dict
 
     def _overlaps(self, decodes: list[Sequence]) -> bool:
-        return (self.overlap_steps and self.speculative is None and self.config.admission != "grow"
-                and all(draw_alone(s) for s in decodes) and any(goes_on(s, self.config.max_position - 1) for s in decodes))
+        return (
+            self.overlap_steps
+            and self.speculative is None
+            and self.config.admission != "grow"
+            and all(draw_alone(s) for s in decodes)
+            and any(goes_on(s, self.config.max_position - 1) for s in decodes)
+        )
 
-    def _launch(self, works: list[SeqWork], decodes: list[Sequence], input_ids: torch.Tensor | None = None) -> None:
+    def _launch(
+        self, works: list[SeqWork], decodes: list[Sequence], input_ids: torch.Tensor | None = None
+    ) -> None:
         """Put a decode step on the device and leave its sampled ids there (``self._inflight``)."""
         t0 = time.monotonic()
-        logits = self.runner.step(works) if input_ids is None else self.runner.step(works, input_ids=input_ids)  # type: ignore[call-arg]
+        logits = (
+            self.runner.step(works) if input_ids is None else self.runner.step(works, input_ids=input_ids)
+        )  # type: ignore[call-arg]
         self._flush_ready()
         ids = draw_tokens(logits, [row_params(s.sampler) for s in decodes])
         self._inflight = InFlight(decodes, ids, HostIds(ids), t0)
@@ -120,7 +129,9 @@ class OverlapSteps:
         if self._inflight is step:
             self._inflight = None
         tokens = step.host.wait()
-        self.stats.stepped(prefill_tokens=0, decode_rows=len(step.seqs), seconds=time.monotonic() - step.launched_at)
+        self.stats.stepped(
+            prefill_tokens=0, decode_rows=len(step.seqs), seconds=time.monotonic() - step.launched_at
+        )
         for s, token in zip(step.seqs, tokens, strict=True):
             if s.status is not SeqStatus.DECODE:
                 continue

@@ -104,13 +104,19 @@ class PrefixCache:
         attach: int | None = None,
     ) -> None:
         if cut % pool.block_size:
-            raise ValueError(f"prefix cache cut {cut} must be a multiple of the KV block size {pool.block_size}")
+            raise ValueError(
+                f"prefix cache cut {cut} must be a multiple of the KV block size {pool.block_size}"
+            )
         attach = cut if attach is None else attach
         if attach % pool.block_size or cut % attach:
-            raise ValueError(f"prefix cache attach granularity {attach} must be a multiple of the KV block size "
-                             f"{pool.block_size} and divide the cut {cut}")
+            raise ValueError(
+                f"prefix cache attach granularity {attach} must be a multiple of the KV block size "
+                f"{pool.block_size} and divide the cut {cut}"
+            )
         if hybrid and attach != cut:
-            raise ValueError("a hybrid model's prefix cache attaches only at cuts, where its snapshots are taken")
+            raise ValueError(
+                "a hybrid model's prefix cache attaches only at cuts, where its snapshots are taken"
+            )
         if hybrid and (slots is None or copy_state is None):
             raise ValueError("a hybrid model's prefix cache needs snapshot slots and copy_state")
         self.pool = pool
@@ -195,7 +201,9 @@ class PrefixCache:
         self.stats.attach_ms += (time.monotonic() - started) * 1000.0
 
     # ---- insertion ----------------------------------------------------------------------------
-    def insert(self, tokens: list[int], block_table: list[int], position: int, state_slot: int | None = None) -> None:
+    def insert(
+        self, tokens: list[int], block_table: list[int], position: int, state_slot: int | None = None
+    ) -> None:
         """Index the prefill work of a request whose first ``position`` tokens (a multiple of ``attach``) are
         now in its blocks; for hybrid models also snapshot ``state_slot`` at that cut."""
         if not self.enabled or position <= 0 or position % self.attach_every or position < self.min_tokens:

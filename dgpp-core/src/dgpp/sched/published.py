@@ -75,8 +75,14 @@ class Published:
         pc = scheduler.prefix_cache
         self.config: SchedulerConfig = scheduler.config
         self.pool_blocks_total = scheduler.blocks.num_blocks
-        self.prefix_cache = PrefixCacheShape(pc.enabled, pc.slots.num_snapshots if pc.slots else 0, pc.min_tokens,
-                                             pc.cut, pc.attach_every, pc.snapshot_bytes_each)
+        self.prefix_cache = PrefixCacheShape(
+            pc.enabled,
+            pc.slots.num_snapshots if pc.slots else 0,
+            pc.min_tokens,
+            pc.cut,
+            pc.attach_every,
+            pc.snapshot_bytes_each,
+        )
         self.stats: SchedulerStats = scheduler.stats
         self.prefix_stats: PrefixCacheStats = pc.stats
         graphs = getattr(scheduler.runner, "graphs", None)  # eager, MTP or a toy runner: no replays to count
@@ -92,12 +98,19 @@ class Published:
         for q in scheduler.live:
             record_tokens += len(q.prompt) + len(q.output)
             if q.status is SeqStatus.PREFILL:
-                prefilling.append(PrefillRow(q.request_id, q.slot, q.prompt_len, q.computed, q.cached_tokens,
-                                             q.admitted_at))
+                prefilling.append(
+                    PrefillRow(q.request_id, q.slot, q.prompt_len, q.computed, q.cached_tokens, q.admitted_at)
+                )
         pc = scheduler.prefix_cache
         self.gauges = EngineGauges(
-            active=len(scheduler.live), queued=len(scheduler.waiting),
-            decoding=len(scheduler.live) - len(prefilling), record_tokens=record_tokens,
-            pool_blocks_in_use=scheduler.blocks.num_in_use, prefix_entries=pc.num_entries,
-            prefix_blocks_pinned=pc.blocks_pinned, prefix_snapshots=pc.num_snapshots, prefilling=tuple(prefilling))
+            active=len(scheduler.live),
+            queued=len(scheduler.waiting),
+            decoding=len(scheduler.live) - len(prefilling),
+            record_tokens=record_tokens,
+            pool_blocks_in_use=scheduler.blocks.num_in_use,
+            prefix_entries=pc.num_entries,
+            prefix_blocks_pinned=pc.blocks_pinned,
+            prefix_snapshots=pc.num_snapshots,
+            prefilling=tuple(prefilling),
+        )
         self.at = time.monotonic()

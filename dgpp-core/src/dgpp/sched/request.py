@@ -75,7 +75,9 @@ class Sequence:
     cached_tokens: int = 0  # of those, how many came from the prefix cache
     output: list[int] = field(default_factory=list)
     retired: RetireReason | None = None
-    draft_state: Any = None  # engine.draft "lookup": the request's drafting state (dgpp.engine.lookup_draft.LookupState)
+    draft_state: Any = (
+        None  # engine.draft "lookup": the request's drafting state (dgpp.engine.lookup_draft.LookupState)
+    )
     arrival: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
     first_token_at: float | None = None

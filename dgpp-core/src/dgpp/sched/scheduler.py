@@ -84,7 +84,9 @@ class Scheduler(OverlapSteps):
         """Queue the choices of one request together; all or none (``QueueFull``). The step loop thread passes
         ``check_limit=False``: ``StepLoop.submit`` already enforced the limit when the request arrived."""
         if check_limit and self.waiting_requests + 1 > self.config.queue_limit:
-            raise QueueFull(f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}")
+            raise QueueFull(
+                f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}"
+            )
         for s in seqs:
             s.seq_id = self._next_seq_id
             self._next_seq_id += 1
@@ -188,8 +190,12 @@ class Scheduler(OverlapSteps):
 
     def _follows_unfinished_prefill(self, s: Sequence) -> bool:
         leader = s.leader
-        return (leader is not None and s.use_prefix_cache and self.prefix_cache.enabled
-                and leader.status in (SeqStatus.WAITING, SeqStatus.PREFILL))
+        return (
+            leader is not None
+            and s.use_prefix_cache
+            and self.prefix_cache.enabled
+            and leader.status in (SeqStatus.WAITING, SeqStatus.PREFILL)
+        )
 
     def _try_admit(self, s: Sequence) -> bool:
         match = None
@@ -224,7 +230,9 @@ class Scheduler(OverlapSteps):
         """Grow admission: give each decoding sequence room for its next token, shedding the youngest
         live sequence (no preemption) when the pool is exhausted."""
         for s in list(decoding):
-            while s.status is SeqStatus.DECODE and len(s.block_table) * self.blocks.block_size < s.computed + 1:
+            while (
+                s.status is SeqStatus.DECODE and len(s.block_table) * self.blocks.block_size < s.computed + 1
+            ):
                 window = self.blocks.blocks_for_tokens(self.config.admission_window)
                 want = min(window, self.blocks.blocks_for_tokens(s.max_total_tokens) - len(s.block_table))
                 self.prefix_cache.evict_blocks(want)
@@ -247,7 +255,9 @@ class Scheduler(OverlapSteps):
         for s in prefills:
             end = self._chunk_end(s)
             last = end == s.prompt_len
-            works.append(SeqWork(s.slot, s.block_table, s.computed, s.prompt[s.computed : end], want_logits=last))  # type: ignore[arg-type]
+            works.append(
+                SeqWork(s.slot, s.block_table, s.computed, s.prompt[s.computed : end], want_logits=last)
+            )  # type: ignore[arg-type]
             chunk_ends.append((s, end))
             if last:
                 sampled.append(s)
@@ -265,8 +275,11 @@ class Scheduler(OverlapSteps):
         self._flush_ready()  # the step is queued on the device: the previous tick's events go out meanwhile
         if self.speculative is not None and chunk_ends:  # the drafter follows the prompt rows
             self.speculative.after_prefill([(s, s.computed, end) for s, end in chunk_ends])
-        self.stats.stepped(prefill_tokens=sum(e - s.computed for s, e in chunk_ends), decode_rows=len(decodes),
-                           seconds=elapsed)
+        self.stats.stepped(
+            prefill_tokens=sum(e - s.computed for s, e in chunk_ends),
+            decode_rows=len(decodes),
+            seconds=elapsed,
+        )
         for s, end in chunk_ends:
             s.computed = end
             self._maybe_cache(s)
@@ -302,7 +315,9 @@ class Scheduler(OverlapSteps):
             return
         t0 = time.monotonic()
         verify_rows = self.speculative.decode(seqs, self._emit, self._sampling_failed)
-        self.stats.stepped(prefill_tokens=0, decode_rows=len(seqs), seconds=time.monotonic() - t0, batch_rows=verify_rows)
+        self.stats.stepped(
+            prefill_tokens=0, decode_rows=len(seqs), seconds=time.monotonic() - t0, batch_rows=verify_rows
+        )
 
     def _maybe_cache(self, s: Sequence) -> None:
         if not s.use_prefix_cache:

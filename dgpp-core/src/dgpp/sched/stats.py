@@ -39,7 +39,9 @@ class SchedulerStats:
         self.prompt_tokens += s.prompt_len
         self.prompt_tokens_cached += s.cached_tokens
 
-    def stepped(self, prefill_tokens: int, decode_rows: int, seconds: float, batch_rows: int | None = None) -> None:
+    def stepped(
+        self, prefill_tokens: int, decode_rows: int, seconds: float, batch_rows: int | None = None
+    ) -> None:
         """One model pass: ``decode_rows`` requests decoded over ``batch_rows`` target rows (default one each)."""
         self.prompt_tokens_computed += prefill_tokens
         if decode_rows:

@@ -27,10 +27,16 @@ class StatsLine:
         st = self.scheduler.stats
         pc = self.scheduler.prefix_cache.stats
         return {
-            "decode_rows": st.decode_only_rows, "decode_steps": st.decode_only_steps, "decode_ms": st.decode_ms,
-            "prefill_tokens": st.prompt_tokens_computed, "prefill_ms": st.prefill_ms,
-            "cached": st.prompt_tokens_cached, "hits": pc.hits, "queries": pc.hits + pc.misses,
-            "admitted": st.admitted_total, "cancelled": st.finished.get("cancelled", 0),
+            "decode_rows": st.decode_only_rows,
+            "decode_steps": st.decode_only_steps,
+            "decode_ms": st.decode_ms,
+            "prefill_tokens": st.prompt_tokens_computed,
+            "prefill_ms": st.prefill_ms,
+            "cached": st.prompt_tokens_cached,
+            "hits": pc.hits,
+            "queries": pc.hits + pc.misses,
+            "admitted": st.admitted_total,
+            "cancelled": st.finished.get("cancelled", 0),
             "shed": st.finished.get("pool_exhausted", 0),
         }
 

@@ -33,8 +33,9 @@ class StepLoopFailed(RuntimeError):
 class StepLoop:
     """Owns a ``Scheduler`` on a daemon thread; thread-safe ``submit`` / ``cancel``."""
 
-    def __init__(self, scheduler: Scheduler, stats_interval_s: float, *, gather_ms: float,
-                 gather_max_ms: float = 0.0) -> None:
+    def __init__(
+        self, scheduler: Scheduler, stats_interval_s: float, *, gather_ms: float, gather_max_ms: float = 0.0
+    ) -> None:
         self.scheduler = scheduler
         self.failed: str | None = None
         self.requests_shed = 0
@@ -84,7 +85,9 @@ class StepLoop:
             waiting = self._queued_requests + len(self._inbox)
             if waiting + 1 > self.scheduler.config.queue_limit:
                 self.requests_shed += 1
-                raise QueueFull(f"{waiting} requests waiting; engine.queue_limit is {self.scheduler.config.queue_limit}")
+                raise QueueFull(
+                    f"{waiting} requests waiting; engine.queue_limit is {self.scheduler.config.queue_limit}"
+                )
             self._inbox.append(seqs)
             self._last_submit = time.monotonic()
             self._cond.notify()
@@ -139,7 +142,9 @@ class StepLoop:
         while True:
             with self._cond:
                 self._queued_requests = sched.waiting_requests
-                while not (self._stop or self._fail_pending or self._inbox or self._cancels or sched.has_work):
+                while not (
+                    self._stop or self._fail_pending or self._inbox or self._cancels or sched.has_work
+                ):
                     self._cond.wait(timeout=1.0)
                     self._stats_line.maybe_log(idle=True)
                 if self._stop:

@@ -28,7 +28,9 @@ def configured_key(http_cfg: Any) -> str | None:
     if env:
         key = os.environ.get(env, "")
         if not key:
-            raise ConfigError(f"http.api_key_env names {env!r}, but that environment variable is unset or empty")
+            raise ConfigError(
+                f"http.api_key_env names {env!r}, but that environment variable is unset or empty"
+            )
     return key or None
 
 
@@ -50,5 +52,7 @@ class ApiKey:
                     given = token.strip()
         if given and hmac.compare_digest(given, self._key):
             return None
-        why = "no API key was given (Authorization: Bearer <key>)" if not given else "the API key is not valid"
+        why = (
+            "no API key was given (Authorization: Bearer <key>)" if not given else "the API key is not valid"
+        )
         return APIError(401, why, "invalid_api_key", headers={"WWW-Authenticate": "Bearer"})

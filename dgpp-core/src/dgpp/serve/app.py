@@ -35,15 +35,22 @@ def model_object(backend: Backend) -> dict[str, Any]:
     lim = backend.limits
     tools = backend.chat_template is not None and backend.dialect is not None  # a dialect parses calls back
     return {
-        "id": backend.model_id, "object": "model", "created": backend.created, "owned_by": "dgpp",
+        "id": backend.model_id,
+        "object": "model",
+        "created": backend.created,
+        "owned_by": "dgpp",
         "sampling": {"available": True, "defaults": backend.defaults.as_dict()},
         "tools": {"available": tools, "constrained": tools and backend.grammar is not None},
-        "response_format": {"json_object": backend.grammar is not None, "json_schema": backend.grammar is not None},
+        "response_format": {
+            "json_object": backend.grammar is not None,
+            "json_schema": backend.grammar is not None,
+        },
         "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": _effort_mapping(backend)},
         "default_chat_template_kwargs": dict(getattr(backend.chat_template, "default_kwargs", {}) or {}),
         "input_modalities": ["text"],
         "context": {
-            "request_limit_tokens": lim.request_limit_tokens, "position_ceiling_tokens": lim.max_position,
+            "request_limit_tokens": lim.request_limit_tokens,
+            "position_ceiling_tokens": lim.max_position,
             "kv_pool_tokens": lim.kv_pool_tokens,
             "limited_by": "position-ceiling" if lim.max_position <= lim.kv_pool_tokens else "kv-pool",
         },
@@ -69,8 +76,12 @@ async def get_model(request: Request, model_id: str) -> Response:
     backend: Backend = request.app.state.backend
     model_id = model_id.lstrip("/")
     if model_id != backend.model_id:
-        raise APIError(404, f"model {model_id!r} is not served here (this server serves {backend.model_id!r})",
-                       "model_not_found", "model")
+        raise APIError(
+            404,
+            f"model {model_id!r} is not served here (this server serves {backend.model_id!r})",
+            "model_not_found",
+            "model",
+        )
     return _json(model_object(backend))
 
 
@@ -94,13 +105,19 @@ async def openapi_json(request: Request) -> Response:
 
 @get("/metrics/prometheus")
 async def metrics_prometheus(request: Request) -> Response:
-    return Response(content=request.app.state.prometheus.text(),
-                    media_type="text/plain; version=0.0.4; charset=utf-8")
+    return Response(
+        content=request.app.state.prometheus.text(), media_type="text/plain; version=0.0.4; charset=utf-8"
+    )
 
 
-def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interval: int = 30,
-              cors_origins: list[str] | None = None, responses_store_bytes: int = 67108864,
-              allow_unknown_fields: bool = False) -> Litestar:
+def build_app(
+    backend: Backend,
+    max_body_bytes: int = 16777216,
+    sse_ping_interval: int = 30,
+    cors_origins: list[str] | None = None,
+    responses_store_bytes: int = 67108864,
+    allow_unknown_fields: bool = False,
+) -> Litestar:
     """An app serving ``backend``; its step loop must already be started. ``serving_app`` adds the ASGI
     wrappers a listening server needs (request ids, body deadline, API key, connection limit)."""
     if not backend.created:
@@ -111,10 +128,25 @@ def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interva
             reject_body_too_large(request, max_body_bytes)
 
     app = Litestar(
-        route_handlers=[chat_completions, completions, create_response, get_response, delete_response,
-                        list_input_items, list_models, get_model, health, metrics, metrics_prometheus, openapi_json],
-        exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
-                            Exception: handle_unexpected},
+        route_handlers=[
+            chat_completions,
+            completions,
+            create_response,
+            get_response,
+            delete_response,
+            list_input_items,
+            list_models,
+            get_model,
+            health,
+            metrics,
+            metrics_prometheus,
+            openapi_json,
+        ],
+        exception_handlers={
+            APIError: handle_api_error,
+            HTTPException: handle_http_exception,
+            Exception: handle_unexpected,
+        },
         before_request=body_limit,
         request_max_body_size=max_body_bytes,
         on_shutdown=[lambda: backend.shutdown()],
@@ -134,8 +166,14 @@ def build_app(backend: Backend, max_body_bytes: int = 16777216, sse_ping_interva
 def serving_app(backend: Backend, http_cfg: Any, max_connections: int) -> Any:
     """The ASGI application ``dgpp serve`` listens with: request id, API key and a deadline-bound body read
     (``BodyGuard``), then ``engine.max_connections`` (``ConnectionLimit``), then the routes."""
-    app = build_app(backend, http_cfg.max_body_bytes, http_cfg.sse_ping_interval, list(http_cfg.cors_origins),
-                    http_cfg.responses_store_bytes, http_cfg.allow_unknown_fields)
+    app = build_app(
+        backend,
+        http_cfg.max_body_bytes,
+        http_cfg.sse_ping_interval,
+        list(http_cfg.cors_origins),
+        http_cfg.responses_store_bytes,
+        http_cfg.allow_unknown_fields,
+    )
 
     def shed() -> None:
         backend.loop.requests_shed += 1

@@ -150,33 +150,56 @@ class Backend:
         self.counters = ServiceCounters()
         self.created = 0
         self._prep = ThreadPoolExecutor(max_workers=prep_workers, thread_name_prefix="dgpp-prep")
-        self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay] = weakref.WeakKeyDictionary()
+        self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay] = (
+            weakref.WeakKeyDictionary()
+        )
 
     # ---- prompt preparation (worker pool, off the event loop) ---------------------------------
     async def prepare_chat(self, req: Any, n: int) -> PreparedChat:
         """Render the template, tokenize, and compile the constraint (if any) in the worker pool."""
         if self.chat_template is None:
-            raise APIError(400, "this model has no chat template; use /v1/completions", "unsupported_parameter", "messages")
+            raise APIError(
+                400,
+                "this model has no chat template; use /v1/completions",
+                "unsupported_parameter",
+                "messages",
+            )
         from dgpp.text.reasoning import ReasoningSplitter
         from dgpp.text.tools import tool_specs
 
         tools = None if req.tool_choice == "none" else req.tools
-        if tools and self.dialect is None:  # nothing could read a call back out of the text: refuse, never drop
-            raise APIError(400, "tools are not available for this model: its family has no tool-call dialect, so "
-                                "no call could be parsed from its output (/v1/models: tools.available is false); "
-                                "send tool_choice \"none\" or no tools", "unsupported_parameter", "tools")
-        think = (self.dialect.think_start, self.dialect.think_end) if self.dialect is not None else ("<think>", "</think>")
+        if (
+            tools and self.dialect is None
+        ):  # nothing could read a call back out of the text: refuse, never drop
+            raise APIError(
+                400,
+                "tools are not available for this model: its family has no tool-call dialect, so "
+                "no call could be parsed from its output (/v1/models: tools.available is false); "
+                'send tool_choice "none" or no tools',
+                "unsupported_parameter",
+                "tools",
+            )
+        think = (
+            (self.dialect.think_start, self.dialect.think_end)
+            if self.dialect is not None
+            else ("<think>", "</think>")
+        )
 
         def work() -> PreparedChat:
             specs = tool_specs(tools)
-            text = self.chat_template.render(req.messages, tools, chat_template_kwargs=req.chat_template_kwargs,
-                                             reasoning_effort=req.reasoning_effort)
+            text = self.chat_template.render(
+                req.messages,
+                tools,
+                chat_template_kwargs=req.chat_template_kwargs,
+                reasoning_effort=req.reasoning_effort,
+            )
             self._refuse_long_text(text, "messages")
             opens = ReasoningSplitter.prompt_opens_thinking(text, *think)
             constraint = self._constraint(req, tools, opens) if specs or req.response_format else None
             matchers = self._matchers(constraint, n) if constraint is not None else None
-            return PreparedChat(self.tokenizer.encode(text), text, tools, matchers,
-                                constraint if matchers else None)
+            return PreparedChat(
+                self.tokenizer.encode(text), text, tools, matchers, constraint if matchers else None
+            )
 
         small = not tools and not req.response_format and _message_chars(req.messages) <= INLINE_PREP_CHARS
         return await self._run_prep(work, inline=small)
@@ -189,53 +212,86 @@ class Backend:
         if self.grammar is None:
             if fmt.get("type", "text") != "text" or forced:
                 param = "response_format" if fmt.get("type", "text") != "text" else "tool_choice"
-                raise APIError(400, f"{param} needs constrained decoding, which this server does not offer",
-                               "constrained_decoding_unsupported", param)
+                raise APIError(
+                    400,
+                    f"{param} needs constrained decoding, which this server does not offer",
+                    "constrained_decoding_unsupported",
+                    param,
+                )
             return None
-        return {"response_format": fmt or None, "tools": tools, "tool_choice": req.tool_choice,
-                "parallel_tool_calls": req.parallel_tool_calls is not False, "prompt_opens_thinking": opens_thinking}
+        return {
+            "response_format": fmt or None,
+            "tools": tools,
+            "tool_choice": req.tool_choice,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "prompt_opens_thinking": opens_thinking,
+        }
 
     def _matchers(self, constraint: dict[str, Any], n: int) -> list[Any] | None:
         first = self.constraint_matcher(constraint)
-        return None if first is None else [first] + [self.constraint_matcher(constraint) for _ in range(n - 1)]
+        return (
+            None if first is None else [first] + [self.constraint_matcher(constraint) for _ in range(n - 1)]
+        )
 
     def constraint_matcher(self, constraint: dict[str, Any]) -> Any:
         """A fresh grammar matcher for ``constraint`` (``_constraint``'s output, possibly as journaled by rank 0),
         or None when it constrains nothing. The same constraint gives the same masks on every rank."""
         if self.grammar is None:
-            raise GrammarError("this rank has no constrained decoding (grammar context unavailable)", "response_format")
+            raise GrammarError(
+                "this rank has no constrained decoding (grammar context unavailable)", "response_format"
+            )
         from dgpp.text.grammar import build_matcher
 
         return build_matcher(self.grammar, dialect=self.dialect, **constraint)
 
-    def text_outputs(self, handle: RequestHandle, prepared: PreparedChat | None, skip_special_tokens: bool = True,
-                     spaces_between_special_tokens: bool = True) -> list[Any]:
+    def text_outputs(
+        self,
+        handle: RequestHandle,
+        prepared: PreparedChat | None,
+        skip_special_tokens: bool = True,
+        spaces_between_special_tokens: bool = True,
+    ) -> list[Any]:
         """One ``ServedChoice`` per choice; a chat routes reasoning and tool calls, a legacy completion
         passes its text through unchanged."""
         from dgpp.serve.choice_output import ServedChoice
         from dgpp.text.output import ChoiceOutput
 
         out = []
-        special = {"skip_special_tokens": skip_special_tokens,
-                   "spaces_between_special_tokens": spaces_between_special_tokens,
-                   "eos_is_text": handle.params.ignore_eos}
+        special = {
+            "skip_special_tokens": skip_special_tokens,
+            "spaces_between_special_tokens": spaces_between_special_tokens,
+            "eos_is_text": handle.params.ignore_eos,
+        }
         for i in range(len(handle.seqs)):
             if prepared is None:
-                text = ChoiceOutput(self.tokenizer, stop=handle.params.stop, reasoning_in_content=True, **special)
+                text = ChoiceOutput(
+                    self.tokenizer, stop=handle.params.stop, reasoning_in_content=True, **special
+                )
             else:
-                text = ChoiceOutput(self.tokenizer, prompt=prepared.prompt_text, dialect=self.dialect,
-                                    tools=prepared.tools, stop=handle.params.stop,
-                                    reasoning_in_content=self.reasoning_in_content,
-                                    request_tag=f"{handle.request_id}/{i}", **special)
+                text = ChoiceOutput(
+                    self.tokenizer,
+                    prompt=prepared.prompt_text,
+                    dialect=self.dialect,
+                    tools=prepared.tools,
+                    stop=handle.params.stop,
+                    reasoning_in_content=self.reasoning_in_content,
+                    request_tag=f"{handle.request_id}/{i}",
+                    **special,
+                )
             # a legacy completion reports the EOS that ended it among its logprobs, as OpenAI and vLLM do
             # (log-likelihood harnesses drop the generated token's entry as the last one)
-            out.append(ServedChoice(i, text, self.tokenizer, handle.params, self.eos_token_ids,
-                                    eos_logprobs=prepared is None))
+            out.append(
+                ServedChoice(
+                    i, text, self.tokenizer, handle.params, self.eos_token_ids, eos_logprobs=prepared is None
+                )
+            )
         return out
 
     async def prepare_text(self, prompt: str) -> list[int]:
         self._refuse_long_text(prompt, "prompt")
-        ids = await self._run_prep(lambda: self.tokenizer.encode(prompt), inline=len(prompt) <= INLINE_PREP_CHARS)
+        ids = await self._run_prep(
+            lambda: self.tokenizer.encode(prompt), inline=len(prompt) <= INLINE_PREP_CHARS
+        )
         if not ids:
             raise APIError(400, "prompt is empty after tokenization", "invalid_parameter", "prompt")
         return ids
@@ -246,8 +302,13 @@ class Backend:
         at_least = self.tokenizer.min_tokens(text)
         limit = self.limits.request_limit_tokens
         if at_least >= limit:
-            raise APIError(400, f"the prompt ({len(text)} characters, at least {at_least} tokens) leaves no room to "
-                                f"generate within {limit} tokens", "context_length_exceeded", param)
+            raise APIError(
+                400,
+                f"the prompt ({len(text)} characters, at least {at_least} tokens) leaves no room to "
+                f"generate within {limit} tokens",
+                "context_length_exceeded",
+                param,
+            )
 
     async def _run_prep(self, fn: Any, inline: bool = False) -> Any:
         """``fn()`` in the worker pool, or ``inline`` on the event loop: a short prompt's preparation (~0.1 ms)
@@ -263,10 +324,18 @@ class Backend:
             raise APIError(400, e.message, "invalid_parameter", e.param) from None
 
     # ---- submission ---------------------------------------------------------------------------
-    def submit(self, prompt_ids: list[int], params: SamplingParams, n: int = 1, use_prefix_cache: bool = True,
-              kind: str = "chatcmpl", matchers: list[Any] | None = None,
-              max_tokens_given: bool = True, constraint: dict[str, Any] | None = None,
-              samplers: list[ChoiceSampler] | None = None) -> RequestHandle:
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        n: int = 1,
+        use_prefix_cache: bool = True,
+        kind: str = "chatcmpl",
+        matchers: list[Any] | None = None,
+        max_tokens_given: bool = True,
+        constraint: dict[str, Any] | None = None,
+        samplers: list[ChoiceSampler] | None = None,
+    ) -> RequestHandle:
         """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
 
         A request that named no max_tokens gets ``engine.default_max_tokens`` cut to the room its prompt
@@ -274,40 +343,80 @@ class Backend:
         ``samplers`` (one per choice) replace the request's own, e.g. a ``ForcedSampler`` scoring a prompt."""
         if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the step loop
             param = "messages" if kind == "chatcmpl" else "prompt"
-            raise APIError(400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param)
+            raise APIError(
+                400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param
+            )
         top = max(prompt_ids)
-        if top >= self.limits.vocab_size:  # a tokenizer with more (added) tokens than the model's embedding rows
+        if (
+            top >= self.limits.vocab_size
+        ):  # a tokenizer with more (added) tokens than the model's embedding rows
             param = "messages" if kind == "chatcmpl" else "prompt"
-            raise APIError(400, f"the prompt holds token id {top} ({self.tokenizer.decode([top])!r}), past the "
-                                f"model's vocabulary of {self.limits.vocab_size}", "invalid_parameter", param)
+            raise APIError(
+                400,
+                f"the prompt holds token id {top} ({self.tokenizer.decode([top])!r}), past the "
+                f"model's vocabulary of {self.limits.vocab_size}",
+                "invalid_parameter",
+                param,
+            )
         room = self.limits.request_limit_tokens - len(prompt_ids)
         if not max_tokens_given:
             if room < 1:
                 param = "messages" if kind == "chatcmpl" else "prompt"
-                raise APIError(400, f"the prompt ({len(prompt_ids)} tokens) leaves no room to generate within "
-                                    f"{self.limits.request_limit_tokens} tokens", "context_length_exceeded", param)
+                raise APIError(
+                    400,
+                    f"the prompt ({len(prompt_ids)} tokens) leaves no room to generate within "
+                    f"{self.limits.request_limit_tokens} tokens",
+                    "context_length_exceeded",
+                    param,
+                )
             params = replace(params, max_tokens=min(params.max_tokens, room))
         total = len(prompt_ids) + params.max_tokens
         if total > self.limits.max_position:
-            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                                f"model's context of {self.limits.max_position} tokens",
-                           "context_length_exceeded", "max_tokens")
+            raise APIError(
+                400,
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model's context of {self.limits.max_position} tokens",
+                "context_length_exceeded",
+                "max_tokens",
+            )
         if total > self.limits.kv_pool_tokens:
-            raise APIError(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                                f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
-                           "context_length_exceeded", "max_tokens")
+            raise APIError(
+                400,
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
+                "context_length_exceeded",
+                "max_tokens",
+            )
         handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
         sink = self._relay(asyncio.get_running_loop()).sink(handle.queue)
         for i in range(n):
             # n choices of one seeded request differ: each draws from (seed, choice index)
             m = matchers[i] if matchers else None
-            sampler = samplers[i] if samplers else ChoiceSampler(
-                params, self.limits.vocab_size, prompt_ids, choice_index=i,
-                mask_fn=m.mask if m else None, accept_fn=m.accept if m else None)
-            handle.seqs.append(Sequence(f"{handle.request_id}/{i}", i, prompt_ids, params, sampler, sink,
-                                        use_prefix_cache=use_prefix_cache,
-                                        leader=handle.seqs[0] if i else None,
-                                        constraint=constraint if m else None))
+            sampler = (
+                samplers[i]
+                if samplers
+                else ChoiceSampler(
+                    params,
+                    self.limits.vocab_size,
+                    prompt_ids,
+                    choice_index=i,
+                    mask_fn=m.mask if m else None,
+                    accept_fn=m.accept if m else None,
+                )
+            )
+            handle.seqs.append(
+                Sequence(
+                    f"{handle.request_id}/{i}",
+                    i,
+                    prompt_ids,
+                    params,
+                    sampler,
+                    sink,
+                    use_prefix_cache=use_prefix_cache,
+                    leader=handle.seqs[0] if i else None,
+                    constraint=constraint if m else None,
+                )
+            )
         try:
             self.loop.submit(handle.seqs)
             submitted()  # an idle engine's admission hold no longer waits for this request (serve/arrivals.py)

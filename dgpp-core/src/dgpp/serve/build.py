@@ -50,8 +50,12 @@ class PoolSizes:
     @classmethod
     def of(cls, engine_cfg: EngineConfig, snapshot_slots: int = 0) -> PoolSizes:
         """``ceil(kv_capacity / block_size)`` blocks; one live state slot per concurrent request."""
-        return cls(-(-engine_cfg.kv_capacity // engine_cfg.block_size), engine_cfg.block_size,
-                   engine_cfg.max_concurrency, snapshot_slots)
+        return cls(
+            -(-engine_cfg.kv_capacity // engine_cfg.block_size),
+            engine_cfg.block_size,
+            engine_cfg.max_concurrency,
+            snapshot_slots,
+        )
 
     @property
     def state_slots(self) -> int:
@@ -92,30 +96,63 @@ def assemble(
     slots = SlotPool(sizes.live_slots, sizes.snapshot_slots if hybrid else 0)
     enabled = sched_cfg.prefix_cache and (sizes.snapshot_slots > 0 or not hybrid)
     attach = sizes.block_size if chunking_exact and not hybrid else None
-    cache = PrefixCache(blocks, sched_cfg.chunk_tokens, hybrid=hybrid, slots=slots, copy_state=copy_state,
-                        min_tokens=sched_cfg.prefix_min_tokens, enabled=enabled, snapshot_bytes=snapshot_bytes,
-                        attach=attach)
+    cache = PrefixCache(
+        blocks,
+        sched_cfg.chunk_tokens,
+        hybrid=hybrid,
+        slots=slots,
+        copy_state=copy_state,
+        min_tokens=sched_cfg.prefix_min_tokens,
+        enabled=enabled,
+        snapshot_bytes=snapshot_bytes,
+        attach=attach,
+    )
     scheduler = Scheduler(
-        sched_cfg, runner, blocks, slots, cache, eos_token_ids,
+        sched_cfg,
+        runner,
+        blocks,
+        slots,
+        cache,
+        eos_token_ids,
         speculative=speculative,  # engine.mtp (None: plain decode)
         overlap_events=True,  # a tick's events go out while the next step runs on the GPU
         # decode steps launched before the previous step's tokens are read (dgpp.sched.overlap): GPU runners only
-        overlap_steps=(overlap_steps and speculative is None
-                       and bool(getattr(runner, "overlaps_decode", False))),
+        overlap_steps=(
+            overlap_steps and speculative is None and bool(getattr(runner, "overlaps_decode", False))
+        ),
     )
-    loop = StepLoop(scheduler, engine_cfg.stats_interval_s,
-                      gather_ms=engine_cfg.admission_gather_ms,
-                      gather_max_ms=engine_cfg.admission_gather_max_ms)
+    loop = StepLoop(
+        scheduler,
+        engine_cfg.stats_interval_s,
+        gather_ms=engine_cfg.admission_gather_ms,
+        gather_max_ms=engine_cfg.admission_gather_max_ms,
+    )
     if start_loop:
         loop.start()
     limits = ModelLimits(vocab_size=vocab_size, max_position=max_position, kv_pool_tokens=sizes.kv_tokens)
-    log.info("engine ready", model=model_id, kv_blocks=sizes.num_blocks, block_size=sizes.block_size,
-             chunk_tokens=sched_cfg.chunk_tokens, prefix_cache=enabled, prefix_attach_tokens=cache.attach_every,
-             snapshot_slots=slots.num_snapshots)
-    return Backend(model_id, text.tokenizer, text.template, loop, limits, defaults,
-                         default_max_tokens=engine_cfg.default_max_tokens,
-                         eos_token_ids=eos_token_ids, dialect=text.dialect, grammar=text.grammar,
-                         reasoning_in_content=engine_cfg.reasoning_in_content)
+    log.info(
+        "engine ready",
+        model=model_id,
+        kv_blocks=sizes.num_blocks,
+        block_size=sizes.block_size,
+        chunk_tokens=sched_cfg.chunk_tokens,
+        prefix_cache=enabled,
+        prefix_attach_tokens=cache.attach_every,
+        snapshot_slots=slots.num_snapshots,
+    )
+    return Backend(
+        model_id,
+        text.tokenizer,
+        text.template,
+        loop,
+        limits,
+        defaults,
+        default_max_tokens=engine_cfg.default_max_tokens,
+        eos_token_ids=eos_token_ids,
+        dialect=text.dialect,
+        grammar=text.grammar,
+        reasoning_in_content=engine_cfg.reasoning_in_content,
+    )
 
 
 @dataclass
@@ -128,8 +165,13 @@ class TextStack:
     grammar: Any = None
 
 
-def text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | None = None,
-               hf_config: dict | None = None, pm: Any = None) -> TextStack:
+def text_stack(
+    checkpoint: Path,
+    vocab_size: int | None = None,
+    family: str | None = None,
+    hf_config: dict | None = None,
+    pm: Any = None,
+) -> TextStack:
     """Tokenizer, chat template, dialect and grammar context of ``checkpoint`` (the family's, when named)."""
     from dgpp.text.chat_template import ChatTemplate
     from dgpp.text.errors import TemplateError
@@ -140,8 +182,9 @@ def text_stack(checkpoint: Path, vocab_size: int | None = None, family: str | No
     if pm is not None and family is not None:
         dialect = pm.hook.dgpp_tool_dialect(family=family, hf_config=hf_config or {})
     try:
-        template = ChatTemplate.for_checkpoint(tokenizer, family, hf_config, pm,
-                                               effort=getattr(dialect, "effort", None))
+        template = ChatTemplate.for_checkpoint(
+            tokenizer, family, hf_config, pm, effort=getattr(dialect, "effort", None)
+        )
     except TemplateError as e:
         log.warning("no chat template: /v1/chat/completions will answer 400", reason=e.message)
         template = None
@@ -161,8 +204,9 @@ def _install_policy(engine_cfg: EngineConfig) -> ExecPolicy:
     depth = engine_cfg.mtp_depth if engine_cfg.mtp else 0
     max_rows = engine_cfg.max_concurrency * (1 + depth)
     setting = engine_cfg.quant_decode_gemv
-    policy = ExecPolicy.for_engine(batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting,
-                                   decode_max_rows=max_rows)
+    policy = ExecPolicy.for_engine(
+        batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting, decode_max_rows=max_rows
+    )
     install(policy)
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
     return policy
@@ -191,8 +235,15 @@ def _set_cpu_threads(setting: int, world_size: int) -> None:
     log.info("cpu threads", threads=threads, cores=cores, setting=setting)
 
 
-def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, world: Any = None,
-                         group: Any = None, device: str | None = None, start_loop: bool = True) -> Backend:
+def build_backend(
+    cfg: DeployConfig,
+    deployment: Deployment | None = None,
+    *,
+    world: Any = None,
+    group: Any = None,
+    device: str | None = None,
+    start_loop: bool = True,
+) -> Backend:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
     slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``).
 
@@ -221,7 +272,10 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     sizes = PoolSizes.of(engine_cfg, snapshot_slots(engine_cfg, state_bytes) if info.hybrid else 0)
     pools = CachePools(spec, sizes.num_blocks, sizes.block_size, sizes.state_slots, device=device)
     runner = ModelRunner(
-        model, pools, decode_graph=engine_cfg.decode_graph, max_batch=engine_cfg.max_concurrency,
+        model,
+        pools,
+        decode_graph=engine_cfg.decode_graph,
+        max_batch=engine_cfg.max_concurrency,
         max_blocks=min(sizes.num_blocks, -(-info.max_position // sizes.block_size)),
     )
     from dgpp.startup.speculative_build import build_speculative
@@ -229,11 +283,20 @@ def build_backend(cfg: DeployConfig, deployment: Deployment | None = None, *, wo
     speculative = build_speculative(engine_cfg, ctx, runner, pm=deployment.pm)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
     return assemble(
-        engine_cfg.model_alias or cfg.model, engine_cfg, runner, sizes=sizes,
-        vocab_size=info.vocab_size, max_position=info.max_position,
-        hybrid=info.hybrid, copy_state=pools.copy_state, eos_token_ids=eos,
+        engine_cfg.model_alias or cfg.model,
+        engine_cfg,
+        runner,
+        sizes=sizes,
+        vocab_size=info.vocab_size,
+        max_position=info.max_position,
+        hybrid=info.hybrid,
+        copy_state=pools.copy_state,
+        eos_token_ids=eos,
         snapshot_bytes=state_bytes,
-        defaults=SamplingDefaults.from_generation_config(deployment.checkpoint), text=text, start_loop=start_loop,
-        speculative=speculative, chunking_exact=prefill_chunking_exact(device, engine_cfg),
+        defaults=SamplingDefaults.from_generation_config(deployment.checkpoint),
+        text=text,
+        start_loop=start_loop,
+        speculative=speculative,
+        chunking_exact=prefill_chunking_exact(device, engine_cfg),
         overlap_steps=policy.overlap_steps,
     )

@@ -31,8 +31,15 @@ class Delta:
 class ServedChoice:
     """Feeds one choice's token events through the text chain and keeps its totals."""
 
-    def __init__(self, index: int, text: ChoiceOutput, tokenizer: Any, params: SamplingParams,
-                 eos_token_ids: frozenset[int], eos_logprobs: bool = False) -> None:
+    def __init__(
+        self,
+        index: int,
+        text: ChoiceOutput,
+        tokenizer: Any,
+        params: SamplingParams,
+        eos_token_ids: frozenset[int],
+        eos_logprobs: bool = False,
+    ) -> None:
         self.index = index
         self.text = text
         self.tokenizer = tokenizer
@@ -143,8 +150,9 @@ class LogprobEntries:
         # counts them as tokens) and no logprob bytes
         self._known = tokenizer.vocab_size
 
-    def entry(self, token: int, logprob: float | None, top: list[tuple[int, float]] | None,
-              text: str | None = None) -> dict[str, Any]:
+    def entry(
+        self, token: int, logprob: float | None, top: list[tuple[int, float]] | None, text: str | None = None
+    ) -> dict[str, Any]:
         """``top`` None gives ``top_logprobs: null`` (a prompt's first token, which nothing predicts). ``text`` is
         what the token added to the returned text (so the entries join to it; ``bytes`` stay the token's own),
         else its text decoded alone (the alternatives in ``top_logprobs``)."""
@@ -152,9 +160,9 @@ class LogprobEntries:
             "token": self.text(token) if text is None else text,
             "logprob": logprob,
             "bytes": list(self.bytes(token)),
-            "top_logprobs": None if top is None else [
-                {"token": self.text(t), "logprob": lp, "bytes": list(self.bytes(t))} for t, lp in top
-            ],
+            "top_logprobs": None
+            if top is None
+            else [{"token": self.text(t), "logprob": lp, "bytes": list(self.bytes(t))} for t, lp in top],
         }
 
     def text(self, token: int) -> str:
@@ -187,7 +195,9 @@ def legacy_logprobs(entries: list[dict[str, Any]], text_start: int = 0) -> dict[
     return {
         "tokens": [e["token"] for e in entries],
         "token_logprobs": [e["logprob"] for e in entries],
-        "top_logprobs": [None if e["top_logprobs"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
-                         for e in entries],
+        "top_logprobs": [
+            None if e["top_logprobs"] is None else {t["token"]: t["logprob"] for t in e["top_logprobs"]}
+            for e in entries
+        ],
         "text_offset": offsets,
     }

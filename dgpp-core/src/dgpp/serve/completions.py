@@ -49,14 +49,25 @@ async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Back
 @announced(lambda request: _backend(request).loop)
 async def chat_completions(request: Request) -> Response | Stream:
     req, raw, backend = await _read(request, ChatCompletionRequest)
-    params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
+    params = sampling_params(
+        req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
+    )
     prepared = await backend.prepare_chat(req, req.n or 1)
     if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
         params = replace(params, ignore_eos=False)
-    handle = backend.submit(prepared.prompt_ids, params, n=req.n or 1, use_prefix_cache=req.prefix_cache,
-                          kind="chatcmpl", matchers=prepared.matchers, constraint=prepared.constraint,
-                          max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None)
-    return await _answer(request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req)))
+    handle = backend.submit(
+        prepared.prompt_ids,
+        params,
+        n=req.n or 1,
+        use_prefix_cache=req.prefix_cache,
+        kind="chatcmpl",
+        matchers=prepared.matchers,
+        constraint=prepared.constraint,
+        max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None,
+    )
+    return await _answer(
+        request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req))
+    )
 
 
 @post("/v1/completions", status_code=200)
@@ -65,14 +76,22 @@ async def completions(request: Request) -> Response | Stream:
     req, raw, backend = await _read(request, CompletionRequest)
     n = req.n or 1
     generate = req.best_of or n  # best_of > n: generate best_of per prompt, answer with the n most likely
-    params = sampling_params(req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
+    params = sampling_params(
+        req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
+    )
     if generate > n:
         params = replace(params, logprobs=True)  # each candidate's cumulative logprob ranks it
     split = split_prompts(req.prompt, backend.limits.vocab_size)
-    if len(split) > backend.queue_limit:  # each prompt is one queued request: this batch could never be accepted
-        raise invalid(f"prompt holds {len(split)} prompts, more than this server ever queues at once "
-                      f"(engine.queue_limit = {backend.queue_limit}); send at most {backend.queue_limit} per "
-                      "request", "prompt", "too_many_prompts")
+    if (
+        len(split) > backend.queue_limit
+    ):  # each prompt is one queued request: this batch could never be accepted
+        raise invalid(
+            f"prompt holds {len(split)} prompts, more than this server ever queues at once "
+            f"(engine.queue_limit = {backend.queue_limit}); send at most {backend.queue_limit} per "
+            "request",
+            "prompt",
+            "too_many_prompts",
+        )
     if req.stream and len(split) > 1:
         raise unsupported("prompt", "holds several prompts, which only a non-streamed request can take")
     prompts = [await prepare_prompt(backend, p) for p in split]
@@ -82,13 +101,27 @@ async def completions(request: Request) -> Response | Stream:
             await asyncio.gather(*(score_prompt(backend, p, req.logprobs, watch.track) for p in prompts))
         handles: list[RequestHandle] = []
         for p in prompts if req.max_tokens != 0 and not watch.gone else []:
-            handles.append(watch.track(backend.submit(p.ids, params, n=generate, use_prefix_cache=req.prefix_cache,
-                                                     kind="cmpl", max_tokens_given=req.max_tokens is not None)))
+            handles.append(
+                watch.track(
+                    backend.submit(
+                        p.ids,
+                        params,
+                        n=generate,
+                        use_prefix_cache=req.prefix_cache,
+                        kind="cmpl",
+                        max_tokens_given=req.max_tokens is not None,
+                    )
+                )
+            )
         outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
         if req.stream and not watch.gone:
             watch.close()  # from here the stream notices its client leaving (the response closes its generator)
-            return await _answer(request, backend, handles[0], req, outputs[0], prompts[0] if req.echo else None)
-        await asyncio.gather(*(_collect(request, backend, h, o, watch) for h, o in zip(handles, outputs, strict=True)))
+            return await _answer(
+                request, backend, handles[0], req, outputs[0], prompts[0] if req.echo else None
+            )
+        await asyncio.gather(
+            *(_collect(request, backend, h, o, watch) for h, o in zip(handles, outputs, strict=True))
+        )
     except BaseException:
         watch.cancel_all()
         raise
@@ -96,10 +129,19 @@ async def completions(request: Request) -> Response | Stream:
         watch.close()
     if watch.gone:
         raise client_gone()
-    body = {"id": handles[0].request_id if handles else f"cmpl-{secrets.token_hex(8)}", "created": int(time.time()),
-            "model": backend.model_id,
-            **legacy_body(prompts, [best_of(o, n) for o in outputs], n, req.echo, req.logprobs is not None,
-                          generated=[c for o in outputs for c in o])}
+    body = {
+        "id": handles[0].request_id if handles else f"cmpl-{secrets.token_hex(8)}",
+        "created": int(time.time()),
+        "model": backend.model_id,
+        **legacy_body(
+            prompts,
+            [best_of(o, n) for o in outputs],
+            n,
+            req.echo,
+            req.logprobs is not None,
+            generated=[c for o in outputs for c in o],
+        ),
+    }
     if handles:
         body["timings"] = timings(handles[0].seqs[0], outputs[0][0].completion_tokens)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
@@ -109,8 +151,14 @@ def _special(req: Any) -> tuple[bool, bool]:
     return req.skip_special_tokens, req.spaces_between_special_tokens
 
 
-async def _answer(request: Request, backend: Backend, handle: RequestHandle, req: Any,
-                  outputs: list[ServedChoice], echo: LegacyPrompt | None = None) -> Response | Stream:
+async def _answer(
+    request: Request,
+    backend: Backend,
+    handle: RequestHandle,
+    req: Any,
+    outputs: list[ServedChoice],
+    echo: LegacyPrompt | None = None,
+) -> Response | Stream:
     chat = isinstance(req, ChatCompletionRequest)
     created = int(time.time())
     if req.stream:
@@ -118,20 +166,42 @@ async def _answer(request: Request, backend: Backend, handle: RequestHandle, req
         include_usage = bool(opts and opts.include_usage)
         obfuscate = opts.include_obfuscation if opts is not None else True
         tier = chat and req.service_tier is not None
-        writer = ChunkWriter(handle.request_id, created, backend.model_id, chat, include_usage, obfuscate, tier)
-        ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
+        writer = ChunkWriter(
+            handle.request_id, created, backend.model_id, chat, include_usage, obfuscate, tier
+        )
+        ping = (
+            req.sse_ping_interval
+            if req.sse_ping_interval is not None
+            else request.app.state.sse_ping_interval
+        )
         first = b"".join(writer.echo(o.index, echo.text, echo.logprobs) for o in outputs) if echo else b""
         events = _stream(backend, handle, outputs, writer, ping, request_id_of(request), first)
-        return Stream(events, media_type="text/event-stream", status_code=200, headers={"Cache-Control": "no-cache"})
+        return Stream(
+            events, media_type="text/event-stream", status_code=200, headers={"Cache-Control": "no-cache"}
+        )
     await _collect(request, backend, handle, outputs)  # one-shot legacy requests are answered by the route
-    body = chat_response(handle.request_id, created, backend.model_id, len(handle.prompt_ids), outputs,
-                         handle.params.logprobs, req.metadata, service_tier=req.service_tier is not None)
+    body = chat_response(
+        handle.request_id,
+        created,
+        backend.model_id,
+        len(handle.prompt_ids),
+        outputs,
+        handle.params.logprobs,
+        req.metadata,
+        service_tier=req.service_tier is not None,
+    )
     body["timings"] = timings(handle.seqs[0], outputs[0].completion_tokens)
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
-async def _collect(request: Request, backend: Backend, handle: RequestHandle, outputs: list[ServedChoice],
-                   watch: DisconnectWatch | None = None, on_delta: Callable[[Delta], Any] | None = None) -> None:
+async def _collect(
+    request: Request,
+    backend: Backend,
+    handle: RequestHandle,
+    outputs: list[ServedChoice],
+    watch: DisconnectWatch | None = None,
+    on_delta: Callable[[Delta], Any] | None = None,
+) -> None:
     """Drive a one-shot request to its end; a client gone before the answer frees its slots (``watch``: the HTTP
     request's watcher, when it owns several engine requests; ``on_delta`` sees each choice delta)."""
     own = watch is None
@@ -159,14 +229,18 @@ def _generation_error(backend: Backend, handle: RequestHandle, why: str | None) 
     failed (e.g. its grammar matcher), which is a server fault but leaves the model serving. The scheduler's log
     line with the traceback names the completion id this error's log line carries."""
     if backend.loop.failed is not None:
-        err = APIError(503, f"engine failed while generating this request: {backend.loop.failed}", "engine_failure")
+        err = APIError(
+            503, f"engine failed while generating this request: {backend.loop.failed}", "engine_failure"
+        )
     else:
         err = APIError(500, f"generation failed: {why}", "generation_failed")
     err.log_fields["completion_id"] = handle.request_id
     return err
 
 
-async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float | None) -> AsyncIterator[Any]:
+async def _drive(
+    handle: RequestHandle, outputs: list[ServedChoice], ping: float | None
+) -> AsyncIterator[Any]:
     """Yield ``(choice, Delta)`` as events arrive (``None`` after ``ping`` seconds of silence) until every choice ends."""
     while not all(o.finished for o in outputs):
         try:
@@ -185,8 +259,15 @@ async def _drive(handle: RequestHandle, outputs: list[ServedChoice], ping: float
         yield index, delta
 
 
-async def _stream(backend: Backend, handle: RequestHandle, outputs: list[ServedChoice], writer: ChunkWriter,
-                  ping: int, request_id: str | None = None, first: bytes = b"") -> AsyncIterator[bytes]:
+async def _stream(
+    backend: Backend,
+    handle: RequestHandle,
+    outputs: list[ServedChoice],
+    writer: ChunkWriter,
+    ping: int,
+    request_id: str | None = None,
+    first: bytes = b"",
+) -> AsyncIterator[bytes]:
     try:
         if first:
             yield first
@@ -221,5 +302,8 @@ def reject_body_too_large(request: Request, max_body_bytes: int) -> None:
     ``request.headers`` cost more than the rest of this check for every request of a burst."""
     size = content_length(request.scope)
     if size is not None and size > max_body_bytes:
-        raise APIError(413, f"request body of {size} bytes exceeds http.max_body_bytes = {max_body_bytes}",
-                       "request_too_large")
+        raise APIError(
+            413,
+            f"request body of {size} bytes exceeds http.max_body_bytes = {max_body_bytes}",
+            "request_too_large",
+        )

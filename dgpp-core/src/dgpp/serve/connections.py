@@ -30,8 +30,9 @@ class ConnectionLimit:
         if self.active >= self.limit:
             if self.on_reject is not None:
                 self.on_reject()
-            err = overloaded(f"server overloaded: {self.active} requests in flight; engine.max_connections is "
-                             f"{self.limit}")
+            err = overloaded(
+                f"server overloaded: {self.active} requests in flight; engine.max_connections is {self.limit}"
+            )
             log_error(err, scope.get(REQUEST_ID_KEY), scope.get("path", ""))
             await send_error(send, err)
             return

@@ -18,15 +18,23 @@ REQUEST_ID_KEY = "dgpp.request_id"
 class APIError(Exception):
     """An error answered to the client; 4xx are ``invalid_request_error``, 5xx ``server_error``."""
 
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None,
-                 headers: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        code: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.code = code
         self.param = param
         self.headers = headers or {}
-        self.log_fields: dict[str, Any] = {}  # what the log line adds (e.g. the completion id), not the client
+        self.log_fields: dict[
+            str, Any
+        ] = {}  # what the log line adds (e.g. the completion id), not the client
 
     @property
     def type(self) -> str:
@@ -53,15 +61,22 @@ def overloaded(message: str) -> APIError:
 
 
 def error_response(err: APIError) -> Response:
-    return Response(content=msgspec.json.encode(err.body()), status_code=err.status, media_type="application/json",
-                    headers=err.headers or None)
+    return Response(
+        content=msgspec.json.encode(err.body()),
+        status_code=err.status,
+        media_type="application/json",
+        headers=err.headers or None,
+    )
 
 
 async def send_error(send: Callable[[dict], Awaitable[None]], err: APIError) -> None:
     """The error as a whole ASGI response, for wrappers that answer before the app runs."""
     body = msgspec.json.encode(err.body())
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
@@ -71,8 +86,14 @@ def log_error(err: APIError, request_id: str | None, path: str, exc: BaseExcepti
     """Every error answered is logged once, one line with the request id and never the body: a client's mistake
     at info, overload at warning (the server is fine, it is busy), a server fault at error with the traceback
     of what raised it."""
-    fields = {"request_id": request_id, "path": path, "status": err.status, "code": err.code, "param": err.param,
-              **err.log_fields}
+    fields = {
+        "request_id": request_id,
+        "path": path,
+        "status": err.status,
+        "code": err.code,
+        "param": err.param,
+        **err.log_fields,
+    }
     if err.code == "overloaded":
         log.warning("request shed", error=err.message, **fields)
     elif err.status >= 500:
@@ -109,4 +130,6 @@ def handle_http_exception(request: Request, exc: HTTPException) -> Response:
 
 def handle_unexpected(request: Request, exc: Exception) -> Response:
     """A bug, not the client's mistake: 500 without internals in the message (the log has the traceback)."""
-    return handle_api_error(request, APIError(500, f"internal error: {type(exc).__name__}", "internal_error"), exc)
+    return handle_api_error(
+        request, APIError(500, f"internal error: {type(exc).__name__}", "internal_error"), exc
+    )

@@ -41,7 +41,9 @@ class BodyGuard:
     """Tags each HTTP request with an id (echoed as ``x-request-id``), then reads a body-carrying request's
     body in full (``timeout_s`` for all of it, at most ``max_body_bytes``) and hands the app a replay of it."""
 
-    def __init__(self, app: Any, max_body_bytes: int, timeout_s: float, api_key: ApiKey | None = None) -> None:
+    def __init__(
+        self, app: Any, max_body_bytes: int, timeout_s: float, api_key: ApiKey | None = None
+    ) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.timeout_s = timeout_s
@@ -64,8 +66,11 @@ class BodyGuard:
         except APIError as err:
             return await self._refuse(scope, send, err)
         except TimeoutError:
-            err = APIError(408, f"the request body did not arrive within http.body_timeout_s = {self.timeout_s:g} s",
-                           "request_timeout")
+            err = APIError(
+                408,
+                f"the request body did not arrive within http.body_timeout_s = {self.timeout_s:g} s",
+                "request_timeout",
+            )
             return await self._refuse(scope, send, err)
         except _Disconnected:
             return
@@ -98,8 +103,11 @@ class BodyGuard:
                 return b"".join(chunks)
 
     def _too_large(self, size: int) -> APIError:
-        return APIError(413, f"request body of {size} bytes or more exceeds http.max_body_bytes = "
-                             f"{self.max_body_bytes}", "request_too_large")
+        return APIError(
+            413,
+            f"request body of {size} bytes or more exceeds http.max_body_bytes = {self.max_body_bytes}",
+            "request_too_large",
+        )
 
     async def _refuse(self, scope: dict, send: Callable, err: APIError) -> None:
         log_error(err, scope[REQUEST_ID_KEY], scope.get("path", ""))

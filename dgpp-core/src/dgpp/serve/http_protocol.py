@@ -51,8 +51,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
         # checked after the parser had the data: a chunk that ends the headers (and carries some body) is fine
         if self._in_head and self._head_bytes > self.max_header_bytes and not self.transport.is_closing():
-            self._refuse(431, f"the request line and headers exceed http.max_header_bytes = {self.max_header_bytes}",
-                         "request_header_fields_too_large")
+            self._refuse(
+                431,
+                f"the request line and headers exceed http.max_header_bytes = {self.max_header_bytes}",
+                "request_header_fields_too_large",
+            )
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -71,8 +74,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # between requests are uvicorn's timeout_keep_alive; the deadline restarts at the next request's first byte)
 
     def send_400_response(self, msg: str) -> None:
-        self._refuse(400, f"the request is not valid HTTP/1.1 ({msg.rstrip('.')}), e.g. a non-numeric "
-                          "Content-Length or a malformed header", "invalid_request", parser_error=msg)
+        self._refuse(
+            400,
+            f"the request is not valid HTTP/1.1 ({msg.rstrip('.')}), e.g. a non-numeric "
+            "Content-Length or a malformed header",
+            "invalid_request",
+            parser_error=msg,
+        )
 
     def _arm_deadline(self) -> None:
         self._disarm_deadline()
@@ -90,8 +98,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._answering():  # a pipelined request's head: its deadline waits for the answer before it
             self._arm_deadline()
             return
-        self._refuse(408, f"the request line and headers did not arrive within http.header_timeout_s = "
-                          f"{self.header_timeout_s:g} s", "request_timeout")
+        self._refuse(
+            408,
+            f"the request line and headers did not arrive within http.header_timeout_s = "
+            f"{self.header_timeout_s:g} s",
+            "request_timeout",
+        )
 
     def _answering(self) -> bool:
         return self.cycle is not None and not self.cycle.response_complete
@@ -105,19 +117,34 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         err = APIError(status, message, code)
         body = msgspec.json.encode(err.body())
-        log.info("request rejected", status=status, code=code, error=parser_error or message, client=str(self.client))
-        reason = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[status]
-        self.transport.write(b"".join([
-            b"HTTP/1.1 %d %s\r\n" % (status, reason),
-            b"content-type: application/json\r\n",
-            b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
-            b"connection: close\r\n\r\n",
-            body,
-        ]))
+        log.info(
+            "request rejected",
+            status=status,
+            code=code,
+            error=parser_error or message,
+            client=str(self.client),
+        )
+        reason = {400: b"Bad Request", 408: b"Request Timeout", 431: b"Request Header Fields Too Large"}[
+            status
+        ]
+        self.transport.write(
+            b"".join(
+                [
+                    b"HTTP/1.1 %d %s\r\n" % (status, reason),
+                    b"content-type: application/json\r\n",
+                    b"content-length: " + str(len(body)).encode("ascii") + b"\r\n",
+                    b"connection: close\r\n\r\n",
+                    body,
+                ]
+            )
+        )
         self.transport.close()
 
 
 def protocol_class(max_header_bytes: int = 65536, header_timeout_s: float = 10.0) -> type:
     """The protocol ``dgpp serve`` listens with, for one server's limits."""
-    return type("GuardedHttpProtocol", (GuardedHttpProtocol,),
-                {"max_header_bytes": max_header_bytes, "header_timeout_s": header_timeout_s})
+    return type(
+        "GuardedHttpProtocol",
+        (GuardedHttpProtocol,),
+        {"max_header_bytes": max_header_bytes, "header_timeout_s": header_timeout_s},
+    )

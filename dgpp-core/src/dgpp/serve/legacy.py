@@ -56,7 +56,9 @@ def _token_ids(ids: list[Any], vocab_size: int) -> list[int]:
         raise invalid("a token-id prompt must hold at least one id", "prompt")
     for t in ids:
         if not _is_id(t) or not 0 <= t < vocab_size:
-            raise invalid(f"prompt token id {t!r} is not in this model's vocabulary (0..{vocab_size - 1})", "prompt")
+            raise invalid(
+                f"prompt token id {t!r} is not in this model's vocabulary (0..{vocab_size - 1})", "prompt"
+            )
     return list(ids)
 
 
@@ -66,8 +68,9 @@ async def prepare_prompt(backend: Backend, prompt: str | list[int]) -> LegacyPro
     return LegacyPrompt(prompt, backend.tokenizer.decode(prompt))
 
 
-async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
-                       track: Callable[[RequestHandle], Any] | None = None) -> None:
+async def score_prompt(
+    backend: Backend, prompt: LegacyPrompt, top: int, track: Callable[[RequestHandle], Any] | None = None
+) -> None:
     """Fill ``prompt.logprobs``: one entry per prompt token, the first without a logprob (nothing predicts it).
     ``track`` is told the scoring walk's handle (so a client that hangs up stops it)."""
     entries = LogprobEntries(backend.tokenizer)
@@ -83,8 +86,10 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
     try:
         async for _, ev in handle.events():
             at = len(prompt.logprobs)
-            prompt.logprobs += [entries.entry(t, s.logprob, s.top_logprobs, piece) for t, s, piece in
-                                zip(ev.tokens, ev.samples, pieces[at : at + len(ev.tokens)], strict=True)]
+            prompt.logprobs += [
+                entries.entry(t, s.logprob, s.top_logprobs, piece)
+                for t, s, piece in zip(ev.tokens, ev.samples, pieces[at : at + len(ev.tokens)], strict=True)
+            ]
             if ev.error is not None:
                 err = APIError(500, f"scoring the prompt failed: {ev.error}", "generation_failed")
                 err.log_fields["completion_id"] = handle.request_id
@@ -94,8 +99,11 @@ async def score_prompt(backend: Backend, prompt: LegacyPrompt, top: int,
     if handle.cancelled:  # the client left: nobody reads the scores
         return
     if len(prompt.logprobs) != len(ids):  # a forced walk only ends early when the engine stops it
-        raise APIError(500, f"scoring the prompt ended after {len(prompt.logprobs)} of {len(ids)} tokens",
-                       "generation_failed")
+        raise APIError(
+            500,
+            f"scoring the prompt ended after {len(prompt.logprobs)} of {len(ids)} tokens",
+            "generation_failed",
+        )
 
 
 def token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
@@ -117,8 +125,14 @@ def best_of(outputs: list[ServedChoice], n: int) -> list[ServedChoice]:
     return sorted(outputs, key=lambda o: (-o.cumulative_logprob, o.index))[:n]
 
 
-def legacy_body(prompts: list[LegacyPrompt], outputs: list[list[ServedChoice]], n: int, echo: bool,
-                want_logprobs: bool, generated: list[ServedChoice] | None = None) -> dict[str, Any]:
+def legacy_body(
+    prompts: list[LegacyPrompt],
+    outputs: list[list[ServedChoice]],
+    n: int,
+    echo: bool,
+    want_logprobs: bool,
+    generated: list[ServedChoice] | None = None,
+) -> dict[str, Any]:
     """A one-shot ``text_completion`` body (without id, created, model): choice ``p * n + i`` is choice ``i``
     of prompt ``p``. Without outputs (``max_tokens: 0``) each choice is the echo alone, finished by length.
     ``usage`` counts every ``generated`` choice (``best_of`` candidates not returned included), as OpenAI bills."""
@@ -127,12 +141,18 @@ def legacy_body(prompts: list[LegacyPrompt], outputs: list[list[ServedChoice]], 
         for i in range(n):
             out = outputs[p][i] if outputs else None
             entries = (prompt.logprobs if echo else []) + (out.logprobs if out is not None else [])
-            choices.append({
-                "index": p * n + i,
-                "text": (prompt.text if echo else "") + (out.content if out is not None else ""),
-                "logprobs": legacy_logprobs(entries) if want_logprobs else None,
-                "finish_reason": out.finish_reason if out is not None else "length",
-            })
+            choices.append(
+                {
+                    "index": p * n + i,
+                    "text": (prompt.text if echo else "") + (out.content if out is not None else ""),
+                    "logprobs": legacy_logprobs(entries) if want_logprobs else None,
+                    "finish_reason": out.finish_reason if out is not None else "length",
+                }
+            )
     flat = generated if generated is not None else [o for per_prompt in outputs for o in per_prompt]
-    return {"object": "text_completion", "system_fingerprint": None, "choices": choices,
-            "usage": usage(sum(len(p.ids) for p in prompts), flat)}
+    return {
+        "object": "text_completion",
+        "system_fingerprint": None,
+        "choices": choices,
+        "usage": usage(sum(len(p.ids) for p in prompts), flat),
+    }

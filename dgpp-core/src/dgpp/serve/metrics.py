@@ -17,8 +17,15 @@ from dgpp.sched.published import Published
 from dgpp.sched.request import RetireReason
 from dgpp.serve.histograms import RequestHistograms
 
-_NO_SPEC = {"depth": 0, "drafter": "none", "num_drafts_total": 0, "num_draft_tokens_total": 0,
-            "num_accepted_tokens_total": 0, "num_draft_tokens_per_pos_total": [], "num_accepted_tokens_per_pos_total": []}
+_NO_SPEC = {
+    "depth": 0,
+    "drafter": "none",
+    "num_drafts_total": 0,
+    "num_draft_tokens_total": 0,
+    "num_accepted_tokens_total": 0,
+    "num_draft_tokens_per_pos_total": [],
+    "num_accepted_tokens_per_pos_total": [],
+}
 
 
 def _avg(total: float, count: int) -> float:
@@ -30,46 +37,84 @@ def engine_report(p: Published) -> dict[str, Any]:
     st, pcs, shape, g = p.stats, p.prefix_stats, p.prefix_cache, p.gauges
     now = time.monotonic()
     rows = [
-        {"id": r.request_id, "slot": r.slot, "prompt_tokens": r.prompt_tokens, "processed_tokens": r.processed_tokens,
-         "cached_tokens": r.cached_tokens, "computed_tokens": r.processed_tokens - r.cached_tokens,
-         "remaining_tokens": max(0, r.prompt_tokens - r.processed_tokens),
-         "elapsed_ms": (now - (r.admitted_at or now)) * 1000.0}
+        {
+            "id": r.request_id,
+            "slot": r.slot,
+            "prompt_tokens": r.prompt_tokens,
+            "processed_tokens": r.processed_tokens,
+            "cached_tokens": r.cached_tokens,
+            "computed_tokens": r.processed_tokens - r.cached_tokens,
+            "remaining_tokens": max(0, r.prompt_tokens - r.processed_tokens),
+            "elapsed_ms": (now - (r.admitted_at or now)) * 1000.0,
+        }
         for r in g.prefilling
     ]
-    summed = {k: sum(r[k] for r in rows) for k in
-              ("prompt_tokens", "processed_tokens", "cached_tokens", "computed_tokens", "remaining_tokens")}
+    summed = {
+        k: sum(r[k] for r in rows)
+        for k in ("prompt_tokens", "processed_tokens", "cached_tokens", "computed_tokens", "remaining_tokens")
+    }
     finished = dict(st.finished)
     return {
         "scheduler": {
-            "active": g.active, "queued": g.queued, "terminal": sum(finished.values()),
-            "records": g.active + g.queued, "record_tokens": g.record_tokens,
-            "pool_blocks_total": p.pool_blocks_total, "pool_blocks_in_use": g.pool_blocks_in_use,
-            "prefilling": len(rows), "tokens_generated": st.tokens_generated,
-            "prompts_prefilled": st.prompts_prefilled, "prompt_tokens": st.prompt_tokens,
-            "prompt_tokens_computed": st.prompt_tokens_computed, "decode_steps": st.decode_steps,
+            "active": g.active,
+            "queued": g.queued,
+            "terminal": sum(finished.values()),
+            "records": g.active + g.queued,
+            "record_tokens": g.record_tokens,
+            "pool_blocks_total": p.pool_blocks_total,
+            "pool_blocks_in_use": g.pool_blocks_in_use,
+            "prefilling": len(rows),
+            "tokens_generated": st.tokens_generated,
+            "prompts_prefilled": st.prompts_prefilled,
+            "prompt_tokens": st.prompt_tokens,
+            "prompt_tokens_computed": st.prompt_tokens_computed,
+            "decode_steps": st.decode_steps,
             "decode_rows": st.decode_rows,
             "decode_batch": {
-                "last_slots": st.last_decode_rows, "last_active": g.decoding,
-                "last_rows_per_request": st.last_rows_per_request, "rows": st.decode_batch_rows,
+                "last_slots": st.last_decode_rows,
+                "last_active": g.decoding,
+                "last_rows_per_request": st.last_rows_per_request,
+                "rows": st.decode_batch_rows,
                 **p.replays.as_metrics(),
             },
             "spec_decode": p.speculative.as_metrics() if p.speculative is not None else dict(_NO_SPEC),
-            "prefill_ms": st.prefill_ms, "prefill_request_ms": st.prefill_request_ms, "step_ms": st.step_ms,
-            "finished": finished, "reservations_grown": st.reservations_grown,
+            "prefill_ms": st.prefill_ms,
+            "prefill_request_ms": st.prefill_request_ms,
+            "step_ms": st.step_ms,
+            "finished": finished,
+            "reservations_grown": st.reservations_grown,
         },
         "prefix_cache": {
-            "enabled": shape.enabled, "slots": shape.snapshot_slots, "min_tokens": shape.min_tokens,
-            "head_cuts": 0, "entries": g.prefix_entries, "hits": pcs.hits, "misses": pcs.misses,
-            "tokens_saved": pcs.tokens_saved, "snapshots": pcs.snapshots, "head_snapshots": 0,
-            "close_entries": 0, "rolling_snapshots": 0, "hop_snapshots": 0, "evictions": pcs.evictions,
-            "duplicates": pcs.duplicates, "skipped_no_block": 0, "skipped_no_slot": pcs.skipped_no_slot,
-            "skipped_image_bytes": 0, "image_bytes": 0, "blocks_pinned": g.prefix_blocks_pinned,
-            "snapshot_bytes": g.prefix_snapshots * shape.snapshot_bytes_each, "arena_snapshots": g.prefix_snapshots,
-            "snapshot_ms_avg": _avg(pcs.snapshot_ms, pcs.snapshots), "arena_attaches": pcs.attaches,
+            "enabled": shape.enabled,
+            "slots": shape.snapshot_slots,
+            "min_tokens": shape.min_tokens,
+            "head_cuts": 0,
+            "entries": g.prefix_entries,
+            "hits": pcs.hits,
+            "misses": pcs.misses,
+            "tokens_saved": pcs.tokens_saved,
+            "snapshots": pcs.snapshots,
+            "head_snapshots": 0,
+            "close_entries": 0,
+            "rolling_snapshots": 0,
+            "hop_snapshots": 0,
+            "evictions": pcs.evictions,
+            "duplicates": pcs.duplicates,
+            "skipped_no_block": 0,
+            "skipped_no_slot": pcs.skipped_no_slot,
+            "skipped_image_bytes": 0,
+            "image_bytes": 0,
+            "blocks_pinned": g.prefix_blocks_pinned,
+            "snapshot_bytes": g.prefix_snapshots * shape.snapshot_bytes_each,
+            "arena_snapshots": g.prefix_snapshots,
+            "snapshot_ms_avg": _avg(pcs.snapshot_ms, pcs.snapshots),
+            "arena_attaches": pcs.attaches,
             "attach_ms_avg": _avg(pcs.attach_ms, pcs.attaches),
-            "ttft_hit_count": pcs.ttft_hit_count, "ttft_hit_ms_avg": _avg(pcs.ttft_hit_ms, pcs.ttft_hit_count),
+            "ttft_hit_count": pcs.ttft_hit_count,
+            "ttft_hit_ms_avg": _avg(pcs.ttft_hit_ms, pcs.ttft_hit_count),
             "ttft_miss_count": pcs.ttft_miss_count,
-            "ttft_miss_ms_avg": _avg(pcs.ttft_miss_ms, pcs.ttft_miss_count), "key": f"cut={shape.cut}",
+            "ttft_miss_ms_avg": _avg(pcs.ttft_miss_ms, pcs.ttft_miss_count),
+            "key": f"cut={shape.cut}",
             "attach_tokens": shape.attach_tokens,
         },
         "prefill": {"requests": rows, **summed},
@@ -94,19 +139,32 @@ def metrics_json(backend: Any) -> dict[str, Any]:
     cfg = loop.published.config
     c = backend.counters
     service = {
-        "requests_total": c.requests_total, "requests_shed": loop.requests_shed,
-        "pending_admissions": pending_adm, "pending_cancellations": pending_cancel,
+        "requests_total": c.requests_total,
+        "requests_shed": loop.requests_shed,
+        "pending_admissions": pending_adm,
+        "pending_cancellations": pending_cancel,
         "requests_cancelled": finished.get(RetireReason.CANCELLED.value, 0),
         "requests_shed_pool": finished.get(RetireReason.POOL_EXHAUSTED.value, 0),
-        "requests_failed": c.requests_failed, "engine_failed": loop.failed is not None,
+        "requests_failed": c.requests_failed,
+        "engine_failed": loop.failed is not None,
         "reservations_grown": grown,
-        "admission": {"mode": cfg.admission, "window": cfg.admission_window,
-                      "prefill_budget_tokens": cfg.chunk_tokens * cfg.busy_chunks,
-                      "prefill_idle_budget_tokens": cfg.chunk_tokens * cfg.idle_chunks},
-        "tokens_out": c.tokens_out, "rejects_bad": c.rejects_bad, "tool_calls_out": c.tool_calls_out,
+        "admission": {
+            "mode": cfg.admission,
+            "window": cfg.admission_window,
+            "prefill_budget_tokens": cfg.chunk_tokens * cfg.busy_chunks,
+            "prefill_idle_budget_tokens": cfg.chunk_tokens * cfg.idle_chunks,
+        },
+        "tokens_out": c.tokens_out,
+        "rejects_bad": c.rejects_bad,
+        "tool_calls_out": c.tool_calls_out,
     }
-    return {"scheduler": sched_part, "service": service, "prefix_cache": snap["prefix_cache"],
-            "prefill": snap["prefill"], "finished": finished}
+    return {
+        "scheduler": sched_part,
+        "service": service,
+        "prefix_cache": snap["prefix_cache"],
+        "prefill": snap["prefill"],
+        "finished": finished,
+    }
 
 
 class _Collector:
@@ -132,8 +190,11 @@ class _Collector:
             return c
 
         total = sch.get("pool_blocks_total", 0) or 1
-        info = GaugeMetricFamily("dgpp_build_info", "build and deployment", labels=["model_name", "version",
-                                 "git_sha", "world_size", "admission"])
+        info = GaugeMetricFamily(
+            "dgpp_build_info",
+            "build and deployment",
+            labels=["model_name", "version", "git_sha", "world_size", "admission"],
+        )
         info.add_metric([label, _version(), "", "1", cfg.admission], 1.0)
         yield info
         yield gauge("engine_failed", svc["engine_failed"])
@@ -160,8 +221,11 @@ class _Collector:
         yield gauge("decode_batch_last_rows_per_request", batch.get("last_rows_per_request", 0))
         for key in ("replays", "rows", "padded_rows"):
             yield counter(f"decode_batch_{key}", batch.get(key, 0))
-        by_slots = CounterMetricFamily("dgpp_decode_batch_replays_by_slots", "decode graph replays by captured size",
-                                       labels=["model_name", "slots"])
+        by_slots = CounterMetricFamily(
+            "dgpp_decode_batch_replays_by_slots",
+            "decode graph replays by captured size",
+            labels=["model_name", "slots"],
+        )
         for slots, n in batch.get("replays_by_slots", {}).items():
             by_slots.add_metric([label, slots], float(n))
         yield by_slots
@@ -181,8 +245,9 @@ class _Collector:
         yield counter("rejected", svc["rejects_bad"])
         yield counter("reservations_grown", svc["reservations_grown"])
         yield counter("tool_calls", svc["tool_calls_out"])
-        finished = CounterMetricFamily("dgpp_request_finished", "retired sequences by reason",
-                                       labels=["model_name", "reason"])
+        finished = CounterMetricFamily(
+            "dgpp_request_finished", "retired sequences by reason", labels=["model_name", "reason"]
+        )
         for reason in ("none", "eos", "length", "cancelled", "pool_exhausted", "stop"):
             finished.add_metric([label, reason], float(m["finished"].get(reason, 0)))
         yield finished
@@ -195,7 +260,15 @@ class _Collector:
         yield counter("prefill_request_seconds", sch.get("prefill_request_ms", 0.0) / 1000.0)
         yield counter("decode_steps", sch.get("decode_steps", 0))
         yield counter("decode_rows", sch.get("decode_rows", 0))
-        for key in ("hits", "misses", "tokens_saved", "snapshots", "evictions", "duplicates", "skipped_no_slot"):
+        for key in (
+            "hits",
+            "misses",
+            "tokens_saved",
+            "snapshots",
+            "evictions",
+            "duplicates",
+            "skipped_no_slot",
+        ):
             yield counter(f"prefix_cache_{key}", pc.get(key, 0))
         yield counter("prefix_cache_queries", pc.get("hits", 0) + pc.get("misses", 0))
 

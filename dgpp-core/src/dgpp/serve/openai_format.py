@@ -24,6 +24,8 @@ def _padding(size: int) -> str:
     so event sizes do not reveal token lengths."""
     n = 16 + (-(size + 16)) % OBFUSCATION_BUCKET
     return secrets.token_hex(n // 2 + 1)[:n]
+
+
 DONE = sse("[DONE]")
 
 
@@ -42,15 +44,21 @@ def timings(seq: Any, completion_tokens: int) -> dict[str, Any]:
     """llama.cpp-style ``timings`` of choice 0 (a DGPP extension): prompt work (what the prefix cache did not
     cover) from admission to the first token, generation from the first token to the last."""
     prompt_n = seq.prompt_len - seq.cached_tokens
-    prompt_ms = ((seq.first_token_at or 0.0) - (seq.admitted_at or 0.0)) * 1000.0 if seq.first_token_at else 0.0
-    predicted_ms = ((seq.last_token_at or 0.0) - (seq.first_token_at or 0.0)) * 1000.0 if seq.last_token_at else 0.0
+    prompt_ms = (
+        ((seq.first_token_at or 0.0) - (seq.admitted_at or 0.0)) * 1000.0 if seq.first_token_at else 0.0
+    )
+    predicted_ms = (
+        ((seq.last_token_at or 0.0) - (seq.first_token_at or 0.0)) * 1000.0 if seq.last_token_at else 0.0
+    )
     predicted_n = max(completion_tokens - 1, 0)  # the first token belongs to the prompt's forward
     return {
-        "prompt_n": prompt_n, "prompt_ms": prompt_ms,
+        "prompt_n": prompt_n,
+        "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
         "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms else 0.0,
         "cache_n": seq.cached_tokens,
-        "predicted_n": predicted_n, "predicted_ms": predicted_ms,
+        "predicted_n": predicted_n,
+        "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
         "predicted_per_second": 1000.0 * predicted_n / predicted_ms if predicted_ms else 0.0,
     }
@@ -59,8 +67,16 @@ def timings(seq: Any, completion_tokens: int) -> dict[str, Any]:
 class ChunkWriter:
     """Builds the SSE chunks of one streamed request (chat or legacy)."""
 
-    def __init__(self, request_id: str, created: int, model: str, chat: bool, include_usage: bool,
-                 obfuscate: bool = False, service_tier: bool = False) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        created: int,
+        model: str,
+        chat: bool,
+        include_usage: bool,
+        obfuscate: bool = False,
+        service_tier: bool = False,
+    ) -> None:
         self.base = {
             "id": request_id,
             "object": "chat.completion.chunk" if chat else "text_completion",
@@ -94,11 +110,25 @@ class ChunkWriter:
         if not self.chat or index in self._preamble_sent:
             return b""
         self._preamble_sent.add(index)
-        return self._chunk([{"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                             "finish_reason": None}])
+        return self._chunk(
+            [
+                {
+                    "index": index,
+                    "delta": {"role": "assistant", "content": ""},
+                    "logprobs": None,
+                    "finish_reason": None,
+                }
+            ]
+        )
 
-    def delta(self, index: int, parts: list[dict[str, Any]], logprobs: list[dict[str, Any]],
-              finish_reason: str | None, timings: dict[str, Any] | None = None) -> bytes:
+    def delta(
+        self,
+        index: int,
+        parts: list[dict[str, Any]],
+        logprobs: list[dict[str, Any]],
+        finish_reason: str | None,
+        timings: dict[str, Any] | None = None,
+    ) -> bytes:
         """Chunks for one event of one choice: one per delta part (logprobs ride on the first, or on an
         empty delta), then the terminal chunk when the choice finished."""
         out = b""
@@ -117,21 +147,31 @@ class ChunkWriter:
             out += self._chunk([{"index": index, "delta": part, "logprobs": lp, "finish_reason": None}])
         if finish_reason is not None:
             out += self.preamble(index)
-            out += self._chunk([{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}],
-                               {"timings": timings} if timings else None)
+            out += self._chunk(
+                [{"index": index, "delta": {}, "logprobs": None, "finish_reason": finish_reason}],
+                {"timings": timings} if timings else None,
+            )
         return out
 
     def echo(self, index: int, text: str, logprobs: list[dict[str, Any]]) -> bytes:
         """A legacy stream's first chunk of a choice under ``echo``: the prompt (and its logprobs)."""
         return self._legacy(index, text, logprobs, None)
 
-    def _legacy(self, index: int, text: str, logprobs: list[dict[str, Any]], finish: str | None,
-                timings: dict[str, Any] | None = None) -> bytes:
+    def _legacy(
+        self,
+        index: int,
+        text: str,
+        logprobs: list[dict[str, Any]],
+        finish: str | None,
+        timings: dict[str, Any] | None = None,
+    ) -> bytes:
         start = self._text_offset.get(index, 0)
         self._text_offset[index] = start + len(text)
         lp = legacy_logprobs(logprobs, start) if logprobs else None
-        return self._chunk([{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
-                           {"timings": timings} if timings else None)
+        return self._chunk(
+            [{"index": index, "text": text, "logprobs": lp, "finish_reason": finish}],
+            {"timings": timings} if timings else None,
+        )
 
     def usage_chunk(self, prompt_tokens: int, outputs: list[ServedChoice]) -> bytes:
         return self._event({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
@@ -141,8 +181,16 @@ class ChunkWriter:
         return sse({"error": {"message": message, "type": "server_error", "param": None, "code": code}})
 
 
-def chat_response(request_id: str, created: int, model: str, prompt_tokens: int, outputs: list[ServedChoice],
-                  want_logprobs: bool, metadata: dict | None, service_tier: bool = False) -> dict[str, Any]:
+def chat_response(
+    request_id: str,
+    created: int,
+    model: str,
+    prompt_tokens: int,
+    outputs: list[ServedChoice],
+    want_logprobs: bool,
+    metadata: dict | None,
+    service_tier: bool = False,
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": request_id,
         "object": "chat.completion",

@@ -17,25 +17,40 @@ from dgpp.serve.responses_protocol import ResponsesRequest
 _REF = "#/components/schemas/{name}"
 _ERROR = {
     "type": "object",
-    "properties": {"error": {"type": "object", "properties": {
-        "message": {"type": "string"}, "type": {"type": "string"},
-        "param": {"type": ["string", "null"]}, "code": {"type": ["string", "null"]}}}},
+    "properties": {
+        "error": {
+            "type": "object",
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        }
+    },
 }
 
 
 def _answers(ok: str) -> dict[str, Any]:
     error = {"content": {"application/json": {"schema": {"$ref": _REF.format(name="Error")}}}}
-    return {"200": {"description": ok}, "4XX": {"description": "the client's mistake", **error},
-            "5XX": {"description": "a server fault or overload (503 carries Retry-After)", **error}}
+    return {
+        "200": {"description": ok},
+        "4XX": {"description": "the client's mistake", **error},
+        "5XX": {"description": "a server fault or overload (503 carries Retry-After)", **error},
+    }
 
 
 def _post(summary: str, body: str) -> dict[str, Any]:
-    return {"post": {
-        "summary": summary,
-        "requestBody": {"required": True,
-                        "content": {"application/json": {"schema": {"$ref": _REF.format(name=body)}}}},
-        "responses": _answers("a JSON body, or text/event-stream with stream: true"),
-    }}
+    return {
+        "post": {
+            "summary": summary,
+            "requestBody": {
+                "required": True,
+                "content": {"application/json": {"schema": {"$ref": _REF.format(name=body)}}},
+            },
+            "responses": _answers("a JSON body, or text/event-stream with stream: true"),
+        }
+    }
 
 
 def _get(summary: str) -> dict[str, Any]:
@@ -43,8 +58,9 @@ def _get(summary: str) -> dict[str, Any]:
 
 
 def openapi_document(version: str) -> dict[str, Any]:
-    (_, _, _), components = msgspec.json.schema_components([ChatCompletionRequest, CompletionRequest,
-                                                            ResponsesRequest], ref_template=_REF)
+    (_, _, _), components = msgspec.json.schema_components(
+        [ChatCompletionRequest, CompletionRequest, ResponsesRequest], ref_template=_REF
+    )
     components["Error"] = _ERROR
     return {
         "openapi": "3.1.0",
@@ -55,8 +71,11 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/v1/responses": _post("Response (OpenAI Responses API)", "ResponsesRequest"),
             "/v1/responses/{response_id}": {
                 **_get("A stored response"),
-                "delete": {"summary": "Forget a stored response", "responses": _answers("a JSON body")}},
-            "/v1/responses/{response_id}/input_items": _get("A stored response's input items (limit, order, after)"),
+                "delete": {"summary": "Forget a stored response", "responses": _answers("a JSON body")},
+            },
+            "/v1/responses/{response_id}/input_items": _get(
+                "A stored response's input items (limit, order, after)"
+            ),
             "/v1/models": _get("The served model"),
             "/v1/models/{model_id}": _get("One model by id"),
             "/health": _get("Liveness (503 once the engine failed); open without the API key"),
@@ -64,6 +83,8 @@ def openapi_document(version: str) -> dict[str, Any]:
             "/metrics/prometheus": _get("The same counters in Prometheus text format"),
             "/openapi.json": _get("This document"),
         },
-        "components": {"schemas": components,
-                       "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}}},
+        "components": {
+            "schemas": components,
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+        },
     }

@@ -22,7 +22,14 @@ Stop = StopString | Annotated[list[StopString], msgspec.Meta(min_length=1, max_l
 
 # Chat fields refused whatever their value, and those refused unless null (features this server lacks).
 REJECTED = ("web_search_options", "functions", "function_call", "prompt_cache_options")
-REJECTED_WHEN_SET = ("audio", "prediction", "moderation", "prompt_cache_key", "prompt_cache_retention", "verbosity")
+REJECTED_WHEN_SET = (
+    "audio",
+    "prediction",
+    "moderation",
+    "prompt_cache_key",
+    "prompt_cache_retention",
+    "verbosity",
+)
 # Fields popular clients send that mean nothing here and change no answer: accepted and ignored even though
 # unknown fields are refused (OpenCode sends ``preserveThinking`` with every chat request).
 IGNORED_EXTENSIONS = ("preserveThinking",)
@@ -49,7 +56,12 @@ class _Sampling(msgspec.Struct, kw_only=True):
     frequency_penalty: Penalty | None = None
     seed: Seed | None = None
     stop: Stop | None = None
-    logit_bias: Annotated[dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]], msgspec.Meta(max_length=1024)] | None = None
+    logit_bias: (
+        Annotated[
+            dict[str, Annotated[float, msgspec.Meta(ge=-100.0, le=100.0)]], msgspec.Meta(max_length=1024)
+        ]
+        | None
+    ) = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
@@ -73,8 +85,13 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
     safety_identifier: Annotated[str, msgspec.Meta(max_length=64)] | None = None
-    metadata: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
-                        msgspec.Meta(max_length=16)] | None = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+            msgspec.Meta(max_length=16),
+        ]
+        | None
+    ) = None
     store: bool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None

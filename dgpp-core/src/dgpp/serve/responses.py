@@ -63,21 +63,41 @@ async def create_response(request: Request) -> Response | Stream:
     try:
         messages = chat_messages(earlier + items, first_input=len(earlier))
         chat, raw = parse_body(msgspec.json.encode(chat_body(req, messages)), ChatCompletionRequest)
-        params = sampling_params(chat, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
+        params = sampling_params(
+            chat, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
+        )
         prepared = await backend.prepare_chat(chat, 1)
         if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
             params = replace(params, ignore_eos=False)
-        handle = backend.submit(prepared.prompt_ids, params, use_prefix_cache=chat.prefix_cache, kind="resp",
-                               matchers=prepared.matchers, constraint=prepared.constraint,
-                               max_tokens_given=req.max_output_tokens is not None)
+        handle = backend.submit(
+            prepared.prompt_ids,
+            params,
+            use_prefix_cache=chat.prefix_cache,
+            kind="resp",
+            matchers=prepared.matchers,
+            constraint=prepared.constraint,
+            max_tokens_given=req.max_output_tokens is not None,
+        )
     except APIError as e:
         raise renamed(e) from None
-    choice = backend.text_outputs(handle, prepared, chat.skip_special_tokens, chat.spaces_between_special_tokens)[0]
-    run = ResponseRun(backend, _store(request), req, handle, choice, earlier + [_input_item(i) for i in items])
+    choice = backend.text_outputs(
+        handle, prepared, chat.skip_special_tokens, chat.spaces_between_special_tokens
+    )[0]
+    run = ResponseRun(
+        backend, _store(request), req, handle, choice, earlier + [_input_item(i) for i in items]
+    )
     if req.stream:
-        ping = req.sse_ping_interval if req.sse_ping_interval is not None else request.app.state.sse_ping_interval
-        return Stream(run.events(ping, request_id_of(request)), media_type="text/event-stream", status_code=200,
-                      headers={"Cache-Control": "no-cache"})
+        ping = (
+            req.sse_ping_interval
+            if req.sse_ping_interval is not None
+            else request.app.state.sse_ping_interval
+        )
+        return Stream(
+            run.events(ping, request_id_of(request)),
+            media_type="text/event-stream",
+            status_code=200,
+            headers={"Cache-Control": "no-cache"},
+        )
     await _collect(request, backend, handle, [choice], on_delta=run.feed)
     return _json(run.finish()[1])
 
@@ -88,9 +108,13 @@ def _earlier(store: ResponseStore, previous_id: str | None) -> list[dict[str, An
         return []
     conversation = store.conversation(previous_id)
     if conversation is None:
-        raise APIError(400, f"previous response {previous_id!r} is not stored here (it was made with store: false, "
-                            "dropped for http.responses_store_bytes, or made before the server restarted)",
-                       "previous_response_not_found", "previous_response_id")
+        raise APIError(
+            400,
+            f"previous response {previous_id!r} is not stored here (it was made with store: false, "
+            "dropped for http.responses_store_bytes, or made before the server restarted)",
+            "previous_response_not_found",
+            "previous_response_id",
+        )
     return conversation
 
 
@@ -132,8 +156,15 @@ async def list_input_items(request: Request, response_id: str) -> Response:
             raise invalid(f"after {after!r} is not an input item of this response", "after")
         start = ids.index(after) + 1
     page = inputs[start : start + int(limit)]
-    return _json({"object": "list", "data": page, "first_id": page[0]["id"] if page else None,
-                  "last_id": page[-1]["id"] if page else None, "has_more": start + int(limit) < len(inputs)})
+    return _json(
+        {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": start + int(limit) < len(inputs),
+        }
+    )
 
 
 def _not_found(response_id: str) -> APIError:
@@ -143,8 +174,15 @@ def _not_found(response_id: str) -> APIError:
 class ResponseRun:
     """One response being generated: its output items, its final body, and storing it."""
 
-    def __init__(self, backend: Backend, store: ResponseStore, req: ResponsesRequest, handle: RequestHandle,
-                 choice: ServedChoice, conversation: list[dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        store: ResponseStore,
+        req: ResponsesRequest,
+        handle: RequestHandle,
+        choice: ServedChoice,
+        conversation: list[dict[str, Any]],
+    ) -> None:
         self.backend, self.store, self.req, self.handle, self.choice = backend, store, req, handle, choice
         self.conversation = conversation
         self.id = "resp_" + handle.request_id.split("-", 1)[1]
@@ -163,14 +201,28 @@ class ResponseRun:
         """The closing events and the final body, stored unless the request said ``store: false``."""
         status, incomplete = status_of(self.choice.finish_reason)
         events = self.items.finish(incomplete is not None)
-        body = response_body(self.id, self.created, self.backend.model_id, self.req, self.params, status,
-                             self.items.items, usage=usage(len(self.handle.prompt_ids), self.choice),
-                             incomplete_details=incomplete, completed_at=int(time.time()))
+        body = response_body(
+            self.id,
+            self.created,
+            self.backend.model_id,
+            self.req,
+            self.params,
+            status,
+            self.items.items,
+            usage=usage(len(self.handle.prompt_ids), self.choice),
+            incomplete_details=incomplete,
+            completed_at=int(time.time()),
+        )
         if self.req.keeps:
-            kept = self.store.put(self.id, body, self.conversation + [_history_item(i) for i in self.items.items])
+            kept = self.store.put(
+                self.id, body, self.conversation + [_history_item(i) for i in self.items.items]
+            )
             if not kept:  # a later previous_response_id to it gets the 400 that says why
-                log.info("response not stored: larger than http.responses_store_bytes", response_id=self.id,
-                         store_bytes=self.store.max_bytes)
+                log.info(
+                    "response not stored: larger than http.responses_store_bytes",
+                    response_id=self.id,
+                    store_bytes=self.store.max_bytes,
+                )
         return events, body
 
     def _event(self, event: dict[str, Any]) -> bytes:
@@ -181,8 +233,9 @@ class ResponseRun:
         """The Responses stream: created, in_progress, the items' events, then completed (or incomplete, or
         failed when generation failed)."""
         try:
-            start = response_body(self.id, self.created, self.backend.model_id, self.req, self.params,
-                                  "in_progress", [])
+            start = response_body(
+                self.id, self.created, self.backend.model_id, self.req, self.params, "in_progress", []
+            )
             yield self._event({"type": "response.created", "response": start})
             yield self._event({"type": "response.in_progress", "response": start})
             async for item in _drive(self.handle, [self.choice], None if ping < 0 else float(ping)):
@@ -194,9 +247,16 @@ class ResponseRun:
                     self.backend.counters.requests_failed += 1
                     err = _generation_error(self.backend, self.handle, delta.error)
                     log_error(err, request_id, "stream")
-                    failed = response_body(self.id, self.created, self.backend.model_id, self.req, self.params,
-                                           "failed", self.items.items,
-                                           error={"code": err.code or "server_error", "message": err.message})
+                    failed = response_body(
+                        self.id,
+                        self.created,
+                        self.backend.model_id,
+                        self.req,
+                        self.params,
+                        "failed",
+                        self.items.items,
+                        error={"code": err.code or "server_error", "message": err.message},
+                    )
                     yield self._event({"type": "response.failed", "response": failed})
                     return
                 for event in self.feed(delta):
@@ -211,8 +271,14 @@ class ResponseRun:
             self.handle.cancel()  # client disconnect (or any exit): an unfinished choice frees its slot
 
 
-ITEM_ID_PREFIX = {"message": "msg", "reasoning": "rs", "function_call": "fc", "function_call_output": "fco",
-                  "custom_tool_call": "ctc", "custom_tool_call_output": "ctco"}
+ITEM_ID_PREFIX = {
+    "message": "msg",
+    "reasoning": "rs",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "custom_tool_call_output": "ctco",
+}
 
 
 def _input_item(item: dict[str, Any]) -> dict[str, Any]:
@@ -231,8 +297,13 @@ def _input_item(item: dict[str, Any]) -> dict[str, Any]:
 def _history_item(item: dict[str, Any]) -> dict[str, Any]:
     """An output item as the conversation keeps it: what a later turn's prompt needs, without logprobs."""
     if item["type"] == "message":
-        return {"id": item["id"], "type": "message", "role": "assistant", "status": item["status"],
-                "content": [{"type": "output_text", "text": p["text"]} for p in item["content"]]}
+        return {
+            "id": item["id"],
+            "type": "message",
+            "role": "assistant",
+            "status": item["status"],
+            "content": [{"type": "output_text", "text": p["text"]} for p in item["content"]],
+        }
     if item["type"] == "reasoning":
         return {"id": item["id"], "type": "reasoning", "summary": [], "content": item["content"]}
     return {k: item[k] for k in ("id", "type", "call_id", "name", "arguments", "input") if k in item}

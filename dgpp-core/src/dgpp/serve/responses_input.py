@@ -15,18 +15,31 @@ from dgpp.serve.errors import APIError, invalid, unsupported
 from dgpp.serve.responses_protocol import CHAT_EXTENSIONS, REFUSED_WHEN_SET, ResponsesRequest
 
 # ``include`` values a client may send; none asks for anything this server leaves out but the logprobs one.
-KNOWN_INCLUDES = ("reasoning.encrypted_content", "message.output_text.logprobs", "message.input_image.image_url",
-                  "file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
-                  "code_interpreter_call.outputs", "computer_call_output.output.image_url")
+KNOWN_INCLUDES = (
+    "reasoning.encrypted_content",
+    "message.output_text.logprobs",
+    "message.input_image.image_url",
+    "file_search_call.results",
+    "web_search_call.results",
+    "web_search_call.action.sources",
+    "code_interpreter_call.outputs",
+    "computer_call_output.output.image_url",
+)
 INCLUDE_LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio", "image_url", "file")
 # chat parameters -> the Responses parameter an error names (``prompt``: what Backend.submit calls the prompt of
 # a request that is not a chat completion)
-CHAT_TO_RESPONSES = {"messages": "input", "prompt": "input", "max_completion_tokens": "max_output_tokens",
-                     "max_tokens": "max_output_tokens", "response_format": "text.format",
-                     "reasoning_effort": "reasoning.effort", "logprobs": "top_logprobs"}
+CHAT_TO_RESPONSES = {
+    "messages": "input",
+    "prompt": "input",
+    "max_completion_tokens": "max_output_tokens",
+    "max_tokens": "max_output_tokens",
+    "response_format": "text.format",
+    "reasoning_effort": "reasoning.effort",
+    "logprobs": "top_logprobs",
+}
 
 
 def input_items(req: ResponsesRequest) -> list[dict[str, Any]]:
@@ -42,7 +55,9 @@ def check_request(req: ResponsesRequest) -> None:
         if getattr(req, name) not in (None, False):
             raise unsupported(name, "is not supported by this server")
     if req.truncation == "auto":
-        raise unsupported("truncation", "'auto' is not supported (a prompt past the context is refused instead)")
+        raise unsupported(
+            "truncation", "'auto' is not supported (a prompt past the context is refused instead)"
+        )
     for i, name in enumerate(req.include or []):
         if name not in KNOWN_INCLUDES:
             raise invalid(f"include[{i}] {name!r} is not one of {', '.join(KNOWN_INCLUDES)}", f"include[{i}]")
@@ -91,11 +106,16 @@ def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]
             call_id = item.get("call_id")
             if not isinstance(call_id, str) or not call_id:
                 raise invalid(f"{where}.call_id must be a non-empty string", "input")
-            out.append({"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), where)})
+            out.append(
+                {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), where)}
+            )
             turn = None
         else:
-            raise unsupported("input", f"item {where} of type {kind!r} is not supported (this server takes message, "
-                                       "reasoning, function_call, custom_tool_call and their output items)")
+            raise unsupported(
+                "input",
+                f"item {where} of type {kind!r} is not supported (this server takes message, "
+                "reasoning, function_call, custom_tool_call and their output items)",
+            )
     return out
 
 
@@ -117,8 +137,9 @@ def _reasoning_text(item: dict[str, Any], where: str) -> str:
     """The reasoning item's own text, else its summary (an item from another server may carry only that)."""
     for key, part_type in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key) or []
-        if not isinstance(parts, list) or not all(isinstance(p, dict) and isinstance(p.get("text"), str)
-                                                  for p in parts):
+        if not isinstance(parts, list) or not all(
+            isinstance(p, dict) and isinstance(p.get("text"), str) for p in parts
+        ):
             raise invalid(f"{where}.{key} must be an array of {part_type} parts", "input")
         if parts:
             return "\n".join(p["text"] for p in parts)
@@ -132,9 +153,16 @@ def _tool_call(item: dict[str, Any], where: str) -> dict[str, Any]:
         if not isinstance(item.get(key), str):
             raise invalid(f"{where}.{key} must be a string", "input")
     if custom:
-        return {"id": item["call_id"], "type": "custom", "custom": {"name": item["name"], "input": item["input"]}}
-    return {"id": item["call_id"], "type": "function",
-            "function": {"name": item["name"], "arguments": item["arguments"]}}
+        return {
+            "id": item["call_id"],
+            "type": "custom",
+            "custom": {"name": item["name"], "input": item["input"]},
+        }
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
+    }
 
 
 def chat_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
@@ -159,7 +187,9 @@ def _chat_tool(tool: dict[str, Any], i: int) -> dict[str, Any]:
         if fmt is not None:
             body["format"] = fmt
         return {"type": "custom", "custom": body}
-    raise unsupported(f"tools[{i}].type", f"{kind!r} is not supported (this server calls function and custom tools)")
+    raise unsupported(
+        f"tools[{i}].type", f"{kind!r} is not supported (this server calls function and custom tools)"
+    )
 
 
 def chat_tool_choice(choice: Any) -> Any:
@@ -170,10 +200,14 @@ def chat_tool_choice(choice: Any) -> Any:
     if kind in ("function", "custom") and isinstance(choice.get("name"), str):
         return {"type": kind, kind: {"name": choice["name"]}}
     if kind == "allowed_tools":
-        return {"type": "allowed_tools", "allowed_tools": {"mode": choice.get("mode", "auto"),
-                                                           "tools": choice.get("tools")}}
-    raise unsupported("tool_choice", "must be auto, none, required, {\"type\": \"function\" or \"custom\", "
-                                     "\"name\": ...} or allowed_tools")
+        return {
+            "type": "allowed_tools",
+            "allowed_tools": {"mode": choice.get("mode", "auto"), "tools": choice.get("tools")},
+        }
+    raise unsupported(
+        "tool_choice",
+        'must be auto, none, required, {"type": "function" or "custom", "name": ...} or allowed_tools',
+    )
 
 
 def chat_response_format(fmt: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -191,14 +225,22 @@ def chat_body(req: ResponsesRequest, messages: list[dict[str, Any]]) -> dict[str
         messages = [{"role": "system", "content": req.instructions}, *messages]
     want_logprobs = req.top_logprobs is not None or INCLUDE_LOGPROBS in (req.include or [])
     body: dict[str, Any] = {
-        "model": req.model, "messages": messages, "stream": req.stream,
-        "max_completion_tokens": req.max_output_tokens, "temperature": req.temperature, "top_p": req.top_p,
-        "logprobs": want_logprobs or None, "top_logprobs": req.top_logprobs if want_logprobs else None,
-        "tools": chat_tools(req.tools), "tool_choice": chat_tool_choice(req.tool_choice),
+        "model": req.model,
+        "messages": messages,
+        "stream": req.stream,
+        "max_completion_tokens": req.max_output_tokens,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "logprobs": want_logprobs or None,
+        "top_logprobs": req.top_logprobs if want_logprobs else None,
+        "tools": chat_tools(req.tools),
+        "tool_choice": chat_tool_choice(req.tool_choice),
         "parallel_tool_calls": req.parallel_tool_calls,
         "response_format": chat_response_format(req.text.format if req.text else None),
         "reasoning_effort": req.reasoning.effort if req.reasoning else None,
-        "user": req.user, "safety_identifier": req.safety_identifier, "service_tier": req.service_tier,
+        "user": req.user,
+        "safety_identifier": req.safety_identifier,
+        "service_tier": req.service_tier,
     }
     body.update({k: getattr(req, k) for k in CHAT_EXTENSIONS})
     return {k: v for k, v in body.items() if v is not None}
@@ -211,5 +253,9 @@ def renamed(err: APIError) -> APIError:
     head, sep, rest = err.param.partition(".")
     base = head.split("[")[0]
     if base in CHAT_TO_RESPONSES:
-        err.param = CHAT_TO_RESPONSES[base] if base in ("messages", "prompt") else CHAT_TO_RESPONSES[base] + sep + rest
+        err.param = (
+            CHAT_TO_RESPONSES[base]
+            if base in ("messages", "prompt")
+            else CHAT_TO_RESPONSES[base] + sep + rest
+        )
     return err

@@ -84,44 +84,81 @@ class OutputItems:
         if "id" in delta:
             events = self._close("completed")
             if custom:
-                item = {"id": item_id("ctc"), "type": "custom_tool_call", "status": "in_progress",
-                        "call_id": delta["id"], "name": delta["custom"]["name"], "input": ""}
+                item = {
+                    "id": item_id("ctc"),
+                    "type": "custom_tool_call",
+                    "status": "in_progress",
+                    "call_id": delta["id"],
+                    "name": delta["custom"]["name"],
+                    "input": "",
+                }
             else:
-                item = {"id": item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": delta["id"],
-                        "name": delta["function"]["name"], "arguments": ""}
+                item = {
+                    "id": item_id("fc"),
+                    "type": "function_call",
+                    "status": "in_progress",
+                    "call_id": delta["id"],
+                    "name": delta["function"]["name"],
+                    "arguments": "",
+                }
             return [*events, *self._add(item)]
         item = self._open
         assert item is not None and item["type"] in CALLS
         text = delta["custom"]["input"] if custom else delta["function"]["arguments"]
         item["input" if custom else "arguments"] += text
         kind = "custom_tool_call_input" if custom else "function_call_arguments"
-        return [{"type": f"response.{kind}.delta", "item_id": item["id"], "output_index": len(self.items) - 1,
-                 "delta": text}]
+        return [
+            {
+                "type": f"response.{kind}.delta",
+                "item_id": item["id"],
+                "output_index": len(self.items) - 1,
+                "delta": text,
+            }
+        ]
 
     # ---- opening and closing items ------------------------------------------------------------------------------
     def _add(self, item: dict[str, Any]) -> list[Event]:
         self.items.append(item)
         self._open = item
-        return [{"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": _copy(item)}]
+        return [
+            {"type": "response.output_item.added", "output_index": len(self.items) - 1, "item": _copy(item)}
+        ]
 
     def _open_message(self) -> list[Event]:
         part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        item = {"id": item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant", "content": []}
+        item = {
+            "id": item_id("msg"),
+            "type": "message",
+            "status": "in_progress",
+            "role": "assistant",
+            "content": [],
+        }
         events = self._add(item)
         item["content"].append(part)
         return [*events, self._part_event("added", item, part)]
 
     def _open_reasoning(self) -> list[Event]:
         part = {"type": "reasoning_text", "text": ""}
-        item = {"id": item_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [], "content": [],
-                "encrypted_content": None}
+        item = {
+            "id": item_id("rs"),
+            "type": "reasoning",
+            "status": "in_progress",
+            "summary": [],
+            "content": [],
+            "encrypted_content": None,
+        }
         events = self._add(item)
         item["content"].append(part)
         return [*events, self._part_event("added", item, part)]
 
     def _part_event(self, what: str, item: dict[str, Any], part: dict[str, Any]) -> Event:
-        return {"type": f"response.content_part.{what}", "item_id": item["id"], "output_index": len(self.items) - 1,
-                "content_index": 0, "part": _copy(part)}
+        return {
+            "type": f"response.content_part.{what}",
+            "item_id": item["id"],
+            "output_index": len(self.items) - 1,
+            "content_index": 0,
+            "part": _copy(part),
+        }
 
     def _close(self, status: str) -> list[Event]:
         item, self._open = self._open, None
@@ -130,8 +167,14 @@ class OutputItems:
         at = {"item_id": item["id"], "output_index": len(self.items) - 1}
         events: list[Event] = []
         if item["type"] == "function_call":
-            events.append({"type": "response.function_call_arguments.done", **at, "name": item["name"],
-                           "arguments": item["arguments"]})
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **at,
+                    "name": item["name"],
+                    "arguments": item["arguments"],
+                }
+            )
         elif item["type"] == "custom_tool_call":
             events.append({"type": "response.custom_tool_call_input.done", **at, "input": item["input"]})
         else:
@@ -140,15 +183,25 @@ class OutputItems:
                 if self.logprobs:
                     part["logprobs"] += self._pending_logprobs
                 self._pending_logprobs = []
-                events.append({"type": "response.output_text.done", **at, "content_index": 0, "text": part["text"],
-                               "logprobs": _copy(part["logprobs"])})
+                events.append(
+                    {
+                        "type": "response.output_text.done",
+                        **at,
+                        "content_index": 0,
+                        "text": part["text"],
+                        "logprobs": _copy(part["logprobs"]),
+                    }
+                )
             else:
-                events.append({"type": "response.reasoning_text.done", **at, "content_index": 0,
-                               "text": part["text"]})
+                events.append(
+                    {"type": "response.reasoning_text.done", **at, "content_index": 0, "text": part["text"]}
+                )
             events.append(self._part_event("done", item, part))
         item["status"] = status
-        return [*events, {"type": "response.output_item.done", "output_index": len(self.items) - 1,
-                          "item": _copy(item)}]
+        return [
+            *events,
+            {"type": "response.output_item.done", "output_index": len(self.items) - 1, "item": _copy(item)},
+        ]
 
 
 def _copy(value: Any) -> Any:
@@ -173,23 +226,47 @@ def status_of(finish_reason: str | None) -> tuple[str, dict[str, Any] | None]:
     return ("failed" if finish_reason == "error" else "completed"), None
 
 
-def response_body(response_id: str, created_at: int, model: str, req: ResponsesRequest, params: SamplingParams,
-                  status: str, output: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+def response_body(
+    response_id: str,
+    created_at: int,
+    model: str,
+    req: ResponsesRequest,
+    params: SamplingParams,
+    status: str,
+    output: list[dict[str, Any]],
+    **extra: Any,
+) -> dict[str, Any]:
     """The ``response`` object: the request's settings as served, its status and output (``extra``: usage,
     incomplete_details, error, completed_at when known)."""
     return {
-        "id": response_id, "object": "response", "created_at": created_at, "status": status, "model": model,
-        "output": output, "error": None, "incomplete_details": None,
-        "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
-        "metadata": req.metadata or {}, "parallel_tool_calls": req.parallel_tool_calls is not False,
+        "id": response_id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "model": model,
+        "output": output,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": req.metadata or {},
+        "parallel_tool_calls": req.parallel_tool_calls is not False,
         "previous_response_id": req.previous_response_id,
-        "reasoning": {"effort": req.reasoning.effort if req.reasoning else None,
-                      "summary": req.reasoning.summary if req.reasoning else None},
-        "store": req.keeps, "temperature": params.temperature, "top_p": params.top_p,
+        "reasoning": {
+            "effort": req.reasoning.effort if req.reasoning else None,
+            "summary": req.reasoning.summary if req.reasoning else None,
+        },
+        "store": req.keeps,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
         "top_logprobs": req.top_logprobs,
         "text": {"format": (req.text.format if req.text else None) or {"type": "text"}},
-        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto", "tools": req.tools or [],
-        "truncation": req.truncation or "disabled", "user": req.user, "background": False,
-        "service_tier": "default" if req.service_tier is not None else None, "usage": None,
+        "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
+        "tools": req.tools or [],
+        "truncation": req.truncation or "disabled",
+        "user": req.user,
+        "background": False,
+        "service_tier": "default" if req.service_tier is not None else None,
+        "usage": None,
         **extra,
     }

@@ -14,13 +14,35 @@ import msgspec
 from dgpp.serve.protocol import MaxTokens, Penalty, RepetitionPenalty, Seed, Stop, Temperature, Unit
 
 # Responses fields for features this server has not got: refused unless null (or false for ``background``).
-REFUSED_WHEN_SET = ("background", "background_options", "conversation", "prompt", "max_tool_calls",
-                    "prompt_cache_retention", "prompt_cache_options", "context_management", "moderation", "image",
-                    "access_programs")
+REFUSED_WHEN_SET = (
+    "background",
+    "background_options",
+    "conversation",
+    "prompt",
+    "max_tool_calls",
+    "prompt_cache_retention",
+    "prompt_cache_options",
+    "context_management",
+    "moderation",
+    "image",
+    "access_programs",
+)
 # Chat-route options (DGPP/vLLM extensions) a Responses request may carry; they mean what they mean there.
-CHAT_EXTENSIONS = ("chat_template_kwargs", "seed", "top_k", "min_p", "repetition_penalty", "presence_penalty",
-                   "frequency_penalty", "stop", "ignore_eos", "prefix_cache", "skip_special_tokens",
-                   "spaces_between_special_tokens", "sse_ping_interval")
+CHAT_EXTENSIONS = (
+    "chat_template_kwargs",
+    "seed",
+    "top_k",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "stop",
+    "ignore_eos",
+    "prefix_cache",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "sse_ping_interval",
+)
 
 
 class ReasoningOptions(msgspec.Struct, forbid_unknown_fields=True):
@@ -57,8 +79,13 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     store: bool | None = None  # OpenAI's default is true: null keeps the response
     previous_response_id: str | None = None
     include: list[str] | None = None
-    metadata: Annotated[dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
-                        msgspec.Meta(max_length=16)] | None = None
+    metadata: (
+        Annotated[
+            dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+            msgspec.Meta(max_length=16),
+        ]
+        | None
+    ) = None
     truncation: Literal["disabled", "auto"] | None = None
     user: str | None = None
     safety_identifier: Annotated[str, msgspec.Meta(max_length=64)] | None = None

@@ -42,7 +42,7 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
 
 # what to use instead, for fields other OpenAI-compatible servers take and this one does not
 _INSTEAD = {
-    "guided_json": "use response_format {\"type\": \"json_schema\"}",
+    "guided_json": 'use response_format {"type": "json_schema"}',
     "guided_regex": "use response_format json_schema with a string schema and a pattern",
     "guided_choice": "use response_format json_schema with an enum",
     "guided_grammar": "use response_format json_schema",
@@ -56,8 +56,13 @@ def check_content_type(scope: dict[str, Any]) -> None:
         if name == b"content-type":
             media = value.split(b";", 1)[0].strip().lower()
             if media != b"application/json" and not media.endswith(b"+json"):
-                raise APIError(415, f"Content-Type {value.decode('latin-1')!r} is not JSON; send the body as "
-                                    "application/json", "unsupported_media_type", None)
+                raise APIError(
+                    415,
+                    f"Content-Type {value.decode('latin-1')!r} is not JSON; send the body as "
+                    "application/json",
+                    "unsupported_media_type",
+                    None,
+                )
             return
 
 
@@ -74,9 +79,13 @@ def _known_fields(raw: dict[str, Any], kind: type[T], allow_unknown: bool) -> di
         return {k: v for k, v in raw.items() if k in known}
     hints = "".join(f"; {k}: {_INSTEAD[k]}" for k in unknown if k in _INSTEAD)
     names = ", ".join(repr(k) for k in unknown)
-    raise APIError(400, f"unknown field{'s' if len(unknown) > 1 else ''} {names}: not part of this route's request "
-                        f"(refused rather than ignored{hints}; the server's http.allow_unknown_fields ignores them)",
-                   "unsupported_parameter", unknown[0])
+    raise APIError(
+        400,
+        f"unknown field{'s' if len(unknown) > 1 else ''} {names}: not part of this route's request "
+        f"(refused rather than ignored{hints}; the server's http.allow_unknown_fields ignores them)",
+        "unsupported_parameter",
+        unknown[0],
+    )
 
 
 def parse_body(body: bytes, kind: type[T], allow_unknown: bool = False) -> tuple[T, dict[str, Any]]:
@@ -110,7 +119,9 @@ def decode_json(body: bytes) -> dict[str, Any]:
     try:  # JSON may escape lone UTF-16 surrogates ("\\ud800"), which no tokenizer can take
         json.dumps(raw, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError:
-        raise invalid("the request holds an unpaired UTF-16 surrogate escape (not valid Unicode text)", None) from None
+        raise invalid(
+            "the request holds an unpaired UTF-16 surrogate escape (not valid Unicode text)", None
+        ) from None
     return raw
 
 
@@ -166,8 +177,9 @@ def _check_legacy(req: CompletionRequest) -> None:
     if req.best_of is not None and req.best_of < n:
         raise invalid(f"best_of ({req.best_of}) must be greater than or equal to n ({n})", "best_of")
     if req.best_of is not None and req.best_of > n and req.stream:
-        raise invalid("best_of greater than n cannot be streamed: the best choices are known only at the end",
-                      "best_of")
+        raise invalid(
+            "best_of greater than n cannot be streamed: the best choices are known only at the end", "best_of"
+        )
     if req.max_tokens == 0 and req.stream:
         raise invalid("max_tokens 0 (score the prompt only) needs stream: false", "max_tokens")
 
@@ -189,7 +201,9 @@ def _check_tools(req: ChatCompletionRequest) -> None:
     if req.tool_choice not in (None, "auto", "none") and not req.tools:
         raise invalid("tool_choice other than auto/none needs tools", "tool_choice")
     if isinstance(req.tool_choice, str) and req.tool_choice not in ("auto", "none", "required"):
-        raise invalid(f"tool_choice {req.tool_choice!r} is not auto, none, required or an object", "tool_choice")
+        raise invalid(
+            f"tool_choice {req.tool_choice!r} is not auto, none, required or an object", "tool_choice"
+        )
 
 
 def _check_media(messages: list[Any]) -> None:
@@ -201,7 +215,9 @@ def _check_media(messages: list[Any]) -> None:
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("image_url", "input_image", "input_audio", "file", "input_file"):
-                raise unsupported(f"messages[{i}].content[{j}]", f"is a {kind} part; this model takes text only")
+                raise unsupported(
+                    f"messages[{i}].content[{j}]", f"is a {kind} part; this model takes text only"
+                )
 
 
 def sampling_params(
@@ -219,7 +235,9 @@ def sampling_params(
         except ValueError:
             raise invalid(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
         if not 0 <= tid < vocab_size:
-            raise invalid(f"logit_bias token id {tid} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias")
+            raise invalid(
+                f"logit_bias token id {tid} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias"
+            )
         if tid in bias:
             raise invalid(f"logit_bias names token id {tid} twice", "logit_bias")
         bias[tid] = float(value)
@@ -255,5 +273,9 @@ def sampling_params(
 
 def check_model(requested: str, served: str) -> None:
     if requested != served:
-        raise APIError(404, f"model {requested!r} is not served here (this server serves {served!r})",
-                       "model_not_found", "model")
+        raise APIError(
+            404,
+            f"model {requested!r} is not served here (this server serves {served!r})",
+            "model_not_found",
+            "model",
+        )

@@ -85,6 +85,8 @@ def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> ModelMemory |
         activations_per_token=model.activation_bytes_per_token(),
         vocab_size=model.info.vocab_size,
         max_position=model.info.max_position,
-        notes=(f"{ctx.family} plan: {type(model).__name__} built on meta for rank {ctx.world.rank} of "
-               f"{ctx.world.size}; cache entries as its attention modules declare them",),
+        notes=(
+            f"{ctx.family} plan: {type(model).__name__} built on meta for rank {ctx.world.rank} of "
+            f"{ctx.world.size}; cache entries as its attention modules declare them",
+        ),
     )

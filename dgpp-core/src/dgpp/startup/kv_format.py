@@ -20,5 +20,5 @@ def refuse_unstored_kv(engine_cfg: EngineConfig, compute_dtype: torch.dtype) -> 
     if kv != "auto" and _KV_NAMES[kv] != compute_dtype:
         raise ConfigError(
             f"engine.kv_dtype: {kv!r} is not the compute dtype, {str(compute_dtype).removeprefix('torch.')} "
-            f"(the KV cache is stored in the compute dtype); use \"auto\""
+            f'(the KV cache is stored in the compute dtype); use "auto"'
         )

@@ -54,12 +54,21 @@ def load_model(
     """The loaded ``Model`` for ``checkpoint_dir`` (weights in ``dtype``, else the checkpoint's), sliced
     for ``world`` (``group``: the torch.distributed TP group when ``world.size > 1``)."""
     pm = pm or manager()
-    return model_for(load_context(checkpoint_dir, engine_cfg, dtype, device, world=world, group=group, pm=pm), pm)
+    return model_for(
+        load_context(checkpoint_dir, engine_cfg, dtype, device, world=world, group=group, pm=pm), pm
+    )
 
 
-def load_context(checkpoint_dir: str | Path, engine_cfg: EngineConfig | None = None, dtype: torch.dtype | None = None,
-                 device: torch.device | str = "cpu", *, world: World | None = None, group: Any = None,
-                 pm: pluggy.PluginManager | None = None) -> LoadContext:
+def load_context(
+    checkpoint_dir: str | Path,
+    engine_cfg: EngineConfig | None = None,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str = "cpu",
+    *,
+    world: World | None = None,
+    group: Any = None,
+    pm: pluggy.PluginManager | None = None,
+) -> LoadContext:
     """The ``LoadContext`` plugin hooks get for ``checkpoint_dir`` (``engine_cfg`` None: the schema's defaults)."""
     checkpoint_dir = Path(checkpoint_dir)
     hf_config = read_hf_config(checkpoint_dir)

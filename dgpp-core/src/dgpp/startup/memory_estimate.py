@@ -124,7 +124,10 @@ def estimate_model_memory(
         kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size) // 8),
         state_per_request=_state_bytes_per_request(cfg, act_bits, world_size),
         # bits, not bytes, per element: sub-byte compute names (fp4) count exactly
-        activations_per_token=transformer_activation_bytes(int(cfg.get("hidden_size", 0)), mlp, world_size, act_bits) // 8,
+        activations_per_token=transformer_activation_bytes(
+            int(cfg.get("hidden_size", 0)), mlp, world_size, act_bits
+        )
+        // 8,
         vocab_size=int(cfg.get("vocab_size", 0)),
         max_position=int(cfg.get("max_position_embeddings", 4096)),
         notes=(

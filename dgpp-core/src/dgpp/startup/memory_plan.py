@@ -19,7 +19,9 @@ def plan_for(pm: pluggy.PluginManager, ctx: LoadContext) -> MemoryPlan:
     answer = pm.hook.dgpp_memory_plan(ctx=ctx)
     if isinstance(answer, MemoryPlan):
         return answer
-    model = answer if isinstance(answer, ModelMemory) else estimate_model_memory(
-        ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size
+    model = (
+        answer
+        if isinstance(answer, ModelMemory)
+        else estimate_model_memory(ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size)
     )
     return plan_memory(model, ctx.engine)

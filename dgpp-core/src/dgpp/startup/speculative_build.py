@@ -25,8 +25,12 @@ def build_speculative(
     if engine_cfg.draft == "lookup":
         if runner.graphs is not None:
             log.info("engine.decode_graph has no effect with engine.draft: verify steps run eager")
-        lookup = LookupDecoder(runner, engine_cfg.draft_depth, engine_cfg.lookup_min_ngram, engine_cfg.lookup_ngram)
-        log.info("speculative decoding on", drafter="lookup", depth=lookup.depth, ngram=engine_cfg.lookup_ngram)
+        lookup = LookupDecoder(
+            runner, engine_cfg.draft_depth, engine_cfg.lookup_min_ngram, engine_cfg.lookup_ngram
+        )
+        log.info(
+            "speculative decoding on", drafter="lookup", depth=lookup.depth, ngram=engine_cfg.lookup_ngram
+        )
         return lookup
     if not engine_cfg.mtp:
         return None
@@ -34,8 +38,10 @@ def build_speculative(
     checkpoint = ctx.checkpoint_dir
     drafter = pm.hook.dgpp_build_draft(ctx=ctx, model=model)
     if drafter is None:
-        raise ConfigError(f"engine.mtp: true but {checkpoint} has no MTP drafter ({ctx.family} plugin's dgpp_build_draft "
-                          "returned None); set engine.mtp to false")
+        raise ConfigError(
+            f"engine.mtp: true but {checkpoint} has no MTP drafter ({ctx.family} plugin's dgpp_build_draft "
+            "returned None); set engine.mtp to false"
+        )
     if runner.graphs is not None:
         log.info("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
     decoder = SpeculativeDecoder(runner, drafter, engine_cfg.mtp_depth)

@@ -89,7 +89,9 @@ class CompressedKV(PagedKV):
 
     def rows_per_block(self, block_size: int) -> int:
         if block_size % self.ratio and self.ratio % block_size:
-            raise ValueError(f"block_size {block_size} and compression ratio {self.ratio} must divide one another")
+            raise ValueError(
+                f"block_size {block_size} and compression ratio {self.ratio} must divide one another"
+            )
         return max(1, block_size // self.ratio)
 
     def bytes_per_token(self) -> int:
@@ -141,7 +143,11 @@ class WindowKV(StateSpec):
             raise ValueError(f"a sliding window must cover at least 2 tokens, got {self.window}")
         v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
         ring = self.window - 1
-        object.__setattr__(self, "tensors", {
-            "k": ((ring, self.num_kv_heads, self.head_dim), self.dtype),
-            "v": ((ring, self.num_kv_heads, v_dim), self.dtype),
-        })
+        object.__setattr__(
+            self,
+            "tensors",
+            {
+                "k": ((ring, self.num_kv_heads, self.head_dim), self.dtype),
+                "v": ((ring, self.num_kv_heads, v_dim), self.dtype),
+            },
+        )

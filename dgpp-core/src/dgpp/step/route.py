@@ -53,8 +53,9 @@ class StepRoute:
         return not self.per_row and not self.exact_seqs
 
 
-def route_for(q_lens: list[int], device: torch.device | str, *, per_row: bool = False,
-              group_rows: int | None = None) -> StepRoute:
+def route_for(
+    q_lens: list[int], device: torch.device | str, *, per_row: bool = False, group_rows: int | None = None
+) -> StepRoute:
     """The route of a step whose sequences have ``q_lens`` rows (host list: no device sync); ``per_row``: every
     row canonical (a speculative verify, or ``batch_invariant``); ``group_rows`` overrides the policy's
     ``exact_group_rows`` (the longest chunk whose linears join the fixed-order call)."""
@@ -78,19 +79,27 @@ def route_for(q_lens: list[int], device: torch.device | str, *, per_row: bool = 
         short = [i for i, n in enumerate(q_lens) if n == 1 or n <= group]
         fixed_rows = index([r for i in short for r in range(starts[i], starts[i + 1])])
     if not exact_seqs:
-        return StepRoute(total, False, None, exact_seqs, bulk_seqs, ranges, long_ranges=long_ranges,
-                         fixed_rows=fixed_rows)
+        return StepRoute(
+            total, False, None, exact_seqs, bulk_seqs, ranges, long_ranges=long_ranges, fixed_rows=fixed_rows
+        )
 
     query_starts = [0]
     for a, b in ranges:
         query_starts.append(query_starts[-1] + b - a)
     return StepRoute(
-        total, False, index([starts[i] for i in exact_seqs]), exact_seqs, bulk_seqs, ranges,
-        exact_seq_index=index(list(exact_seqs)), bulk_rows=index([r for a, b in ranges for r in range(a, b)]),
-        bulk_seq_index=index(list(bulk_seqs)), bulk_query_starts=index(query_starts, torch.int32),
-        long_ranges=long_ranges, fixed_rows=fixed_rows,
+        total,
+        False,
+        index([starts[i] for i in exact_seqs]),
+        exact_seqs,
+        bulk_seqs,
+        ranges,
+        exact_seq_index=index(list(exact_seqs)),
+        bulk_rows=index([r for a, b in ranges for r in range(a, b)]),
+        bulk_seq_index=index(list(bulk_seqs)),
+        bulk_query_starts=index(query_starts, torch.int32),
+        long_ranges=long_ranges,
+        fixed_rows=fixed_rows,
     )
-
 
 
 def step_route(input_ids: torch.Tensor, q_lens: list[int], *, verify: bool = False) -> StepRoute | None:

@@ -40,8 +40,9 @@ def _perturb(model: torch.nn.Module, seed: int) -> None:
 
 
 @torch.no_grad()
-def spread_tensors(named: Iterable[tuple[str, torch.Tensor]], gen: torch.Generator,
-                   rules: dict[str, tuple[float, float]]) -> None:
+def spread_tensors(
+    named: Iterable[tuple[str, torch.Tensor]], gen: torch.Generator, rules: dict[str, tuple[float, float]]
+) -> None:
     """Redraw each tensor whose name ends with a rule's suffix (the first that matches) as ``mean + std · x``, ``x``
     drawn from N(0, 1) in float64 by ``gen`` in iteration order and cast to the tensor's dtype before scaling: the
     families' builders move norms, sinks and biases off transformers' 1 / 0 inits with it."""
@@ -59,7 +60,9 @@ def save_one_file(model: torch.nn.Module, out_dir: str | Path, kind: str) -> Pat
     out = Path(out_dir)
     model.save_pretrained(out)
     if not (out / "model.safetensors").exists():
-        raise RuntimeError(f"tiny {kind} checkpoint was sharded; expected one file at {out / 'model.safetensors'}")
+        raise RuntimeError(
+            f"tiny {kind} checkpoint was sharded; expected one file at {out / 'model.safetensors'}"
+        )
     return out
 
 
@@ -86,7 +89,9 @@ def build_transformers_checkpoint(
     text_config = {**TINY_TEXT, **(text or {}), **(overrides or {})}
     if vision is not None:
         tie = text_config.pop("tie_word_embeddings")
-        config = getattr(transformers, config_cls)(text_config=text_config, vision_config=vision, tie_word_embeddings=tie)
+        config = getattr(transformers, config_cls)(
+            text_config=text_config, vision_config=vision, tie_word_embeddings=tie
+        )
     else:
         config = getattr(transformers, config_cls)(**text_config)
     torch.manual_seed(seed)

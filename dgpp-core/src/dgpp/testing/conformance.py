@@ -26,7 +26,9 @@ from dgpp.testing.generate import greedy_generate, make_pools
 DEFAULT_LENGTHS = (5, 12, 23, 9)
 
 
-def make_prompts(vocab_size: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0) -> list[list[int]]:
+def make_prompts(
+    vocab_size: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0
+) -> list[list[int]]:
     """Random prompts of the given lengths (seeded)."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
@@ -48,7 +50,10 @@ def engine_all_logits(
     done = [0] * len(prompts)
     while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
         live = [i for i, p in enumerate(prompts) if done[i] < len(p)]
-        work = [SeqWork(*seqs[i], done[i], prompts[i][done[i] : done[i] + (chunk_size or len(prompts[i]))]) for i in live]
+        work = [
+            SeqWork(*seqs[i], done[i], prompts[i][done[i] : done[i] + (chunk_size or len(prompts[i]))])
+            for i in live
+        ]
         batch = build_batch(work, pools, device)
         batch.logits_indices = torch.arange(batch.num_tokens, device=batch.input_ids.device)
         logits = model.compute_logits(model(batch)).float()
@@ -83,7 +88,9 @@ def check_logits(
         rows = ((ours - ref).abs().max(-1).values / ref.abs().max()).tolist()
         errors.extend(rows)
         if max_outlier_rows == 0.0 and max(rows) > rtol:
-            raise AssertionError(f"prompt {i} (length {len(prompt)}): logits differ by {max(rows):.3g} relative (> {rtol})")
+            raise AssertionError(
+                f"prompt {i} (length {len(prompt)}): logits differ by {max(rows):.3g} relative (> {rtol})"
+            )
     outliers = sum(e > rtol for e in errors)
     assert outliers <= max_outlier_rows * len(errors), (
         f"{outliers} of {len(errors)} logit rows differ by more than {rtol} relative (worst {max(errors):.3g}); "
@@ -105,17 +112,25 @@ def _first_diff(a: list[int], b: list[int]) -> int:
 def assert_same_tokens(ours: list[int], theirs: list[int], what: str) -> None:
     if ours != theirs:
         at = _first_diff(ours, theirs)
-        raise AssertionError(f"{what}: tokens differ from position {at}: {ours[at:at + 8]} vs {theirs[at:at + 8]}")
+        raise AssertionError(
+            f"{what}: tokens differ from position {at}: {ours[at : at + 8]} vs {theirs[at : at + 8]}"
+        )
 
 
-def check_greedy(model: Model, reference: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int = 32) -> None:
+def check_greedy(
+    model: Model, reference: torch.nn.Module, prompts: list[list[int]], max_new_tokens: int = 32
+) -> None:
     ours = greedy_generate(model, prompts, max_new_tokens)
     for i, prompt in enumerate(prompts):
-        assert_same_tokens(ours[i], reference_greedy(reference, prompt, max_new_tokens), f"prompt {i} greedy vs transformers")
+        assert_same_tokens(
+            ours[i], reference_greedy(reference, prompt, max_new_tokens), f"prompt {i} greedy vs transformers"
+        )
 
 
 @torch.inference_mode()
-def engine_forced_logits(model: Model, prompt: list[int], forced: list[int], block_size: int = 16) -> torch.Tensor:
+def engine_forced_logits(
+    model: Model, prompt: list[int], forced: list[int], block_size: int = 16
+) -> torch.Tensor:
     """Our logits for each step of a teacher-forced decode: prefill ``prompt``, then feed ``forced``
     one token at a time; row ``i`` is the distribution that picks ``forced[i]``."""
     pools, blocks, slots = make_pools(model, [len(prompt) + len(forced)], block_size)
@@ -138,8 +153,11 @@ def check_greedy_near_ties(
     ties = 0
     for i, prompt in enumerate(prompts):
         gen = reference.generate(
-            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
-            output_logits=True, return_dict_in_generate=True,
+            torch.tensor([prompt]),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            output_logits=True,
+            return_dict_in_generate=True,
         )
         path = gen.sequences[0, len(prompt) :].tolist()
         ref_rows = torch.cat(gen.logits).float()
@@ -149,7 +167,9 @@ def check_greedy_near_ties(
                 continue
             row = ref_rows[step]
             gap = float(row[theirs] - row[mine]) / float(row.abs().max())
-            assert gap <= rtol, f"prompt {i} step {step}: picked {mine}, reference {theirs}, not a near-tie (gap {gap:.3g})"
+            assert gap <= rtol, (
+                f"prompt {i} step {step}: picked {mine}, reference {theirs}, not a near-tie (gap {gap:.3g})"
+            )
             ties += 1
     return ties
 
@@ -165,14 +185,20 @@ def check_batch_invariance(model: Model, prompts: list[list[int]]) -> None:
             raise AssertionError(f"prompt {i}: logits in a batch differ from alone by up to {worst:.3g}")
 
 
-def check_chunk_invariance(model: Model, prompts: list[list[int]], chunk_sizes: tuple[int, ...] = (1, 5)) -> None:
+def check_chunk_invariance(
+    model: Model, prompts: list[list[int]], chunk_sizes: tuple[int, ...] = (1, 5)
+) -> None:
     """Every row's logits bit-identical whether the prompts are prefilled in one step or in chunks."""
     one_shot = engine_all_logits(model, prompts)
     for size in chunk_sizes:
-        for i, (chunked, whole) in enumerate(zip(engine_all_logits(model, prompts, chunk_size=size), one_shot, strict=True)):
+        for i, (chunked, whole) in enumerate(
+            zip(engine_all_logits(model, prompts, chunk_size=size), one_shot, strict=True)
+        ):
             if not torch.equal(chunked, whole):
                 worst = float((chunked - whole).abs().max())
-                raise AssertionError(f"prompt {i}: logits with prefill chunk {size} differ from one-shot by up to {worst:.3g}")
+                raise AssertionError(
+                    f"prompt {i}: logits with prefill chunk {size} differ from one-shot by up to {worst:.3g}"
+                )
 
 
 def check_chunked_prefill(
@@ -185,7 +211,9 @@ def check_chunked_prefill(
             assert_same_tokens(chunked[i], one_shot[i], f"prompt {i} with prefill chunk {size} vs one-shot")
 
 
-def check_mixed_batch(model: Model, prompts: list[list[int]], max_new_tokens: int = 8, chunk_size: int | None = 5) -> None:
+def check_mixed_batch(
+    model: Model, prompts: list[list[int]], max_new_tokens: int = 8, chunk_size: int | None = 5
+) -> None:
     """Prompts of different lengths, chunked, run together (so steps mix prefill and decode rows)."""
     together = greedy_generate(model, prompts, max_new_tokens, chunk_size=chunk_size)
     for i, prompt in enumerate(prompts):
@@ -194,7 +222,9 @@ def check_mixed_batch(model: Model, prompts: list[list[int]], max_new_tokens: in
 
 
 @torch.inference_mode()
-def check_state_snapshot(model: Model, prompt: list[int], split: int, max_new_tokens: int = 8, block_size: int = 16) -> None:
+def check_state_snapshot(
+    model: Model, prompt: list[int], split: int, max_new_tokens: int = 8, block_size: int = 16
+) -> None:
     """Prefill ``prompt[:split]``, snapshot the state slot, continue; restore the snapshot and continue
     again over the same blocks: both continuations must be identical."""
     total = len(prompt) + max_new_tokens

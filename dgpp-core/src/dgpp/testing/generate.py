@@ -45,7 +45,9 @@ class SlotAllocator:
         self._free.append(slot)
 
 
-def make_pools(model: Model, total_tokens: list[int], block_size: int) -> tuple[CachePools, BlockPool, SlotAllocator]:
+def make_pools(
+    model: Model, total_tokens: list[int], block_size: int
+) -> tuple[CachePools, BlockPool, SlotAllocator]:
     """Pools just large enough for sequences of ``total_tokens`` tokens each; the scheduler's ``BlockPool`` hands
     out their blocks."""
     num_blocks = sum(-(-n // block_size) for n in total_tokens)
@@ -68,7 +70,9 @@ def greedy_generate(
         raise ValueError("every prompt needs at least one token")
     longest = max(len(p) for p in prompts) + max_new_tokens
     if longest > model.info.max_position:
-        raise ValueError(f"prompt + max_new_tokens = {longest} exceeds the model's {model.info.max_position} positions")
+        raise ValueError(
+            f"prompt + max_new_tokens = {longest} exceeds the model's {model.info.max_position} positions"
+        )
     pools, blocks, slots = make_pools(model, [len(p) + max_new_tokens for p in prompts], block_size)
     runner = ModelRunner(model, pools)
     eos = set(model.info.eos_token_ids) if stop_at_eos else set()
@@ -84,7 +88,9 @@ def greedy_generate(
             feed = tokens[i][cached[i] :]
             if chunk_size:
                 feed = feed[:chunk_size]
-            work.append(SeqWork(state_slots[i], tables[i], cached[i], feed, cached[i] + len(feed) == len(tokens[i])))
+            work.append(
+                SeqWork(state_slots[i], tables[i], cached[i], feed, cached[i] + len(feed) == len(tokens[i]))
+            )
         logits = runner.step(work)
         row = 0
         for i, w in zip(live, work, strict=True):

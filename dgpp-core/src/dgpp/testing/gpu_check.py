@@ -33,7 +33,9 @@ class GreedyAgreement:
     same_as_reference: int
 
 
-def greedy_agreement(model, prompts: list[list[int]], new_tokens: int, reference: list[list[int]]) -> GreedyAgreement:
+def greedy_agreement(
+    model, prompts: list[list[int]], new_tokens: int, reference: list[list[int]]
+) -> GreedyAgreement:
     from dgpp.testing.generate import greedy_generate
 
     one_shot = greedy_generate(model, prompts, new_tokens)

@@ -23,7 +23,11 @@ def draft_logits(model, drafter, tokens: list[int], chunks: list[int], block_siz
     keep, model.keep_hidden = model.keep_hidden, True
     try:
         device = next(model.parameters()).device  # build_batch builds on the host unless told
-        model(build_batch([SeqWork(slot, blocks.allocate(blocks.blocks_for_tokens(n)), 0, tokens[:n])], pools, device))
+        model(
+            build_batch(
+                [SeqWork(slot, blocks.allocate(blocks.blocks_for_tokens(n)), 0, tokens[:n])], pools, device
+            )
+        )
         hidden = model.last_hidden
     finally:
         model.keep_hidden = keep
@@ -31,8 +35,9 @@ def draft_logits(model, drafter, tokens: list[int], chunks: list[int], block_siz
     table, draft_slot = draft_blocks.allocate(draft_blocks.blocks_for_tokens(n)), draft_slots.allocate()
     out, start = [], 0
     for size in chunks:
-        batch = build_batch([SeqWork(draft_slot, table, start, tokens[start + 1 : start + 1 + size])], draft_pools,
-                            device)
+        batch = build_batch(
+            [SeqWork(draft_slot, table, start, tokens[start + 1 : start + 1 + size])], draft_pools, device
+        )
         batch.logits_indices = torch.arange(size, device=batch.input_ids.device)
         out.append(drafter.compute_logits(drafter(batch, hidden[start : start + size], 0), 0).float())
         start += size

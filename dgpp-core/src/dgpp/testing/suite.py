@@ -36,8 +36,9 @@ def tiny_checkpoint_fixtures(build: Callable[..., Path], name: str) -> tuple[Cal
     return checkpoint_fixture, fp32_pair_fixture
 
 
-def check_checkpoint_logits(path: Path, lengths: tuple[int, ...], seed: int, rtol: float,
-                            max_outlier_rows: float = 0.0) -> Model:
+def check_checkpoint_logits(
+    path: Path, lengths: tuple[int, ...], seed: int, rtol: float, max_outlier_rows: float = 0.0
+) -> Model:
     """Load ``path`` with dgpp and with transformers and ``check_logits`` on prompts of ``lengths`` (``seed``): a
     config variant or another dtype of a family's tiny checkpoint. Returns our model."""
     model, ref = load_model(path), load_reference(path)
@@ -78,7 +79,9 @@ class FamilyConformance:
     def test_chunked_prefill_equals_one_shot(self, fp32_pair):
         model, _ = fp32_pair
         prompts = conf.make_prompts(model.info.vocab_size, self.chunked_lengths, seed=self.chunked_seed)
-        conf.check_chunked_prefill(model, prompts, chunk_sizes=self.chunk_sizes, max_new_tokens=self.chunked_new_tokens)
+        conf.check_chunked_prefill(
+            model, prompts, chunk_sizes=self.chunk_sizes, max_new_tokens=self.chunked_new_tokens
+        )
 
     def test_rows_bit_identical_chunked_batched_or_alone(self, fp32_pair):
         model, _ = fp32_pair

@@ -20,8 +20,15 @@ _MOD = (1 << 61) - 1
 class ToyRunner:
     """``step(works)`` -> fp32 logits ``[rows wanting logits, vocab]``, a pure function of each sequence's history."""
 
-    def __init__(self, vocab_size: int, num_blocks: int, block_size: int, num_state_slots: int,
-                 hybrid: bool = False, favour: dict[int, float] | None = None) -> None:
+    def __init__(
+        self,
+        vocab_size: int,
+        num_blocks: int,
+        block_size: int,
+        num_state_slots: int,
+        hybrid: bool = False,
+        favour: dict[int, float] | None = None,
+    ) -> None:
         self.vocab_size = vocab_size
         self.block_size = block_size
         self.hybrid = hybrid
@@ -38,8 +45,10 @@ class ToyRunner:
         """``input_ids``: one token per (decode) work, replacing its ``token_ids`` (overlapped decode steps)."""
         self.steps.append([(w.context_len, len(w.token_ids)) for w in works])
         if input_ids is not None:
-            works = [SeqWork(w.state_slot, w.block_table, w.context_len, [t], w.want_logits)
-                     for w, t in zip(works, input_ids.tolist(), strict=True)]
+            works = [
+                SeqWork(w.state_slot, w.block_table, w.context_len, [t], w.want_logits)
+                for w, t in zip(works, input_ids.tolist(), strict=True)
+            ]
         rows = []
         for w in works:
             if w.context_len == 0:

@@ -40,8 +40,10 @@ def compared_outputs(model: Any, lengths: tuple[int, ...] = (6, 21), new_tokens:
     from dgpp.testing.generate import greedy_generate
 
     prompts = conf.make_prompts(model.info.vocab_size, lengths, seed=31)
-    return {"logits": conf.engine_all_logits(model, prompts),
-            "tokens": greedy_generate(model, prompts, new_tokens, chunk_size=5)}
+    return {
+        "logits": conf.engine_all_logits(model, prompts),
+        "tokens": greedy_generate(model, prompts, new_tokens, chunk_size=5),
+    }
 
 
 def assert_rank_matches_single(rank: int, got: dict[str, Any], single: dict[str, Any]) -> None:

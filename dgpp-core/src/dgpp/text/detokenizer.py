@@ -81,8 +81,13 @@ class IncrementalDetokenizer:
     apart by a space from the text before and after it (vLLM's ``spaces_between_special_tokens``).
     """
 
-    def __init__(self, tokenizer: Tokenizer, stop: Iterable[str] = (), skip_ids: Iterable[int] = (),
-                 spaced_ids: Iterable[int] = ()) -> None:
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        stop: Iterable[str] = (),
+        skip_ids: Iterable[int] = (),
+        spaced_ids: Iterable[int] = (),
+    ) -> None:
         self._decoder = _BytesDecoder(tokenizer) if tokenizer.is_byte_level else _WindowDecoder(tokenizer)
         self.stop_strings = tuple(s for s in stop if s)
         self._skip = frozenset(skip_ids)

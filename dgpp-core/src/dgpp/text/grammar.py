@@ -127,7 +127,9 @@ def _json_format(fmt: dict, g: LarkBuilder) -> str:
     refuse_unenforced(schema, "response_format.json_schema.schema")
     alone = LarkBuilder({})
     problem = llguidance.LLMatcher.validate_grammar(alone.grammar(alone.json(schema)))
-    if problem:  # invalid, or a keyword llguidance would ignore (a WARNING): refused, strict or not, as OpenAI
+    if (
+        problem
+    ):  # invalid, or a keyword llguidance would ignore (a WARNING): refused, strict or not, as OpenAI
         raise GrammarError(
             f"response_format.json_schema.schema cannot be enforced: {problem.strip()}",
             "response_format.json_schema.schema",
@@ -140,8 +142,11 @@ def refuse_unenforced(schema: Any, param: str, what: str | None = None) -> None:
     found = unenforced_keyword(schema)
     if found is not None:
         keyword, where = found
-        raise GrammarError(f"{what or param} uses {keyword!r} (at {where}), which structured output cannot "
-                           "enforce; remove it or describe the constraint in the prompt", param)
+        raise GrammarError(
+            f"{what or param} uses {keyword!r} (at {where}), which structured output cannot "
+            "enforce; remove it or describe the constraint in the prompt",
+            param,
+        )
 
 
 def _strict_tool_schemas(specs: list[ToolSpec]) -> None:
@@ -174,12 +179,16 @@ def _named_tools(choice: Any, specs: list[ToolSpec]) -> tuple[list[ToolSpec], bo
         body = choice.get("allowed_tools") or {}
         listed = body.get("tools") if isinstance(body, dict) else None
         if not isinstance(listed, list) or not all(isinstance(t, dict) for t in listed):
-            raise GrammarError("tool_choice.allowed_tools must be an object whose tools is an array of tools",
-                               "tool_choice.allowed_tools")
+            raise GrammarError(
+                "tool_choice.allowed_tools must be an object whose tools is an array of tools",
+                "tool_choice.allowed_tools",
+            )
         mode = body.get("mode", "auto")
         if mode not in ("auto", "required"):
-            raise GrammarError(f"tool_choice.allowed_tools.mode {mode!r} is not auto or required",
-                               "tool_choice.allowed_tools.mode")
+            raise GrammarError(
+                f"tool_choice.allowed_tools.mode {mode!r} is not auto or required",
+                "tool_choice.allowed_tools.mode",
+            )
         names = []
         for t in listed:
             inner = t.get(t.get("type", "function"))

@@ -14,26 +14,91 @@ from __future__ import annotations
 from typing import Any
 
 # enforced by llguidance (each checked against a violating value), or refused by it with its own error
-ENFORCED = frozenset({
-    "type", "enum", "const", "properties", "required", "additionalProperties", "patternProperties",
-    "minProperties", "maxProperties", "items", "prefixItems", "additionalItems", "minItems", "maxItems",
-    "minLength", "maxLength", "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-    "multipleOf", "anyOf", "allOf", "oneOf", "$ref", "$defs", "definitions",
-    # not implemented: llguidance answers with a clear error of its own, which the caller passes on
-    "not", "if", "then", "else", "uniqueItems", "contains", "minContains", "maxContains", "propertyNames",
-    "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties", "unevaluatedItems",
-    "$dynamicRef", "$recursiveRef",
-})
+ENFORCED = frozenset(
+    {
+        "type",
+        "enum",
+        "const",
+        "properties",
+        "required",
+        "additionalProperties",
+        "patternProperties",
+        "minProperties",
+        "maxProperties",
+        "items",
+        "prefixItems",
+        "additionalItems",
+        "minItems",
+        "maxItems",
+        "minLength",
+        "maxLength",
+        "pattern",
+        "format",
+        "minimum",
+        "maximum",
+        "exclusiveMinimum",
+        "exclusiveMaximum",
+        "multipleOf",
+        "anyOf",
+        "allOf",
+        "oneOf",
+        "$ref",
+        "$defs",
+        "definitions",
+        # not implemented: llguidance answers with a clear error of its own, which the caller passes on
+        "not",
+        "if",
+        "then",
+        "else",
+        "uniqueItems",
+        "contains",
+        "minContains",
+        "maxContains",
+        "propertyNames",
+        "dependentRequired",
+        "dependentSchemas",
+        "dependencies",
+        "unevaluatedProperties",
+        "unevaluatedItems",
+        "$dynamicRef",
+        "$recursiveRef",
+    }
+)
 # annotations: they describe a value without constraining it (``nullable`` only widens ``type``, so output
 # valid without it is valid with it)
-ANNOTATIONS = frozenset({
-    "title", "description", "default", "examples", "$comment", "$schema", "$id", "$anchor", "$dynamicAnchor",
-    "$recursiveAnchor", "$vocabulary", "deprecated", "readOnly", "writeOnly", "nullable",
-})
+ANNOTATIONS = frozenset(
+    {
+        "title",
+        "description",
+        "default",
+        "examples",
+        "$comment",
+        "$schema",
+        "$id",
+        "$anchor",
+        "$dynamicAnchor",
+        "$recursiveAnchor",
+        "$vocabulary",
+        "deprecated",
+        "readOnly",
+        "writeOnly",
+        "nullable",
+    }
+)
 _SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 _SCHEMA_LISTS = ("anyOf", "allOf", "oneOf", "prefixItems")
-_SCHEMA_VALUES = ("additionalProperties", "additionalItems", "not", "if", "then", "else", "contains",
-                  "propertyNames", "unevaluatedProperties", "unevaluatedItems")
+_SCHEMA_VALUES = (
+    "additionalProperties",
+    "additionalItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
 
 
 def unenforced_keyword(schema: Any, path: str = "") -> tuple[str, str] | None:

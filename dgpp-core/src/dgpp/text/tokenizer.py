@@ -202,7 +202,9 @@ class Tokenizer:
         ``add_special_tokens`` runs tokenizer.json's post-processor (e.g. a BOS); chat prompts are rendered
         with their specials already in the text, so the default is off.
         """
-        if len(text) > _LONG_TEXT:  # encode_batch releases the GIL while Rust works: the event loop keeps serving
+        if (
+            len(text) > _LONG_TEXT
+        ):  # encode_batch releases the GIL while Rust works: the event loop keeps serving
             return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
 

@@ -97,7 +97,9 @@ class XmlFunctionDialect(Dialect):
         return parse_functions(inner, tools, coerce_value, self.padded_values)
 
     def format_calls(self, calls: list[tuple[str, dict]]) -> str:
-        return "\n".join(f"<tool_call>\n{format_function(n, a, self.padded_values)}</tool_call>" for n, a in calls)
+        return "\n".join(
+            f"<tool_call>\n{format_function(n, a, self.padded_values)}</tool_call>" for n, a in calls
+        )
 
     def call_grammar(self, spec: ToolSpec, g: LarkBuilder) -> str:
         body = function_grammar(self, spec, g, self.padded_values)

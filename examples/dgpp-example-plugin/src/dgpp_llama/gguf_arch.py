@@ -91,6 +91,9 @@ def gguf_architectures() -> list[GGUFArchitecture]:
             hf_config=llama_config,
             global_names=LLAMA_GLOBAL_NAMES,
             block_names=LLAMA_BLOCK_NAMES,
-            interleaved_rows={"self_attn.q_proj": "num_attention_heads", "self_attn.k_proj": "num_key_value_heads"},
+            interleaved_rows={
+                "self_attn.q_proj": "num_attention_heads",
+                "self_attn.k_proj": "num_key_value_heads",
+            },
         )
     ]

@@ -91,7 +91,8 @@ class DeepseekV4Attention(nn.Module):
         per_group = out.reshape(rows, self.groups, -1)
         r = self.o_lora_rank  # by rows of wo_a, whatever its format (the release ships it FP8 128 x 128)
         mixed = torch.cat(
-            [row_block_linear(self.wo_a, per_group[:, g], g * r, (g + 1) * r) for g in range(self.groups)], dim=-1
+            [row_block_linear(self.wo_a, per_group[:, g], g * r, (g + 1) * r) for g in range(self.groups)],
+            dim=-1,
         )
         return self.wo_b(mixed)
 

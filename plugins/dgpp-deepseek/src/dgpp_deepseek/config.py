@@ -85,10 +85,14 @@ class DeepseekV4ArchConfig(CausalLMFields):
         if rope_dim is None:
             rope_dim = int(head_dim * float(cfg.get("partial_rotary_factor") or 64 / 512))
         if not isinstance(rope_dim, int) or rope_dim <= 0 or rope_dim % 2 or rope_dim > head_dim:
-            raise ConfigError(f"{_WHERE}: 'qk_rope_head_dim' must be even and at most head_dim, got {rope_dim!r}")
+            raise ConfigError(
+                f"{_WHERE}: 'qk_rope_head_dim' must be even and at most head_dim, got {rope_dim!r}"
+            )
         groups = f.positive("o_groups", 8)
         if heads % groups:
-            raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'o_groups'={groups}")
+            raise ConfigError(
+                f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'o_groups'={groups}"
+            )
         index_head_dim = f.positive("index_head_dim", 128)
         if rope_dim > index_head_dim:
             raise ConfigError(
@@ -140,7 +144,6 @@ class DeepseekV4ArchConfig(CausalLMFields):
             num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
             **f.causal_lm_fields(max_position=1048576),
         )
-
 
 
 def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
@@ -203,11 +206,15 @@ def _rope(keys: ConfigKeys) -> tuple[float, float, YarnScaling | None]:
         # the main entry's type is not read: sliding layers rotate with plain RoPE
         main = params.get("main")
         theta = keys.rope(supported=ROPE_TYPES, section="main").theta if isinstance(main, dict) else top_theta
-        compress = keys.rope(supported, section="compress", default_theta=compress_theta, original_fallback=False)
+        compress = keys.rope(
+            supported, section="compress", default_theta=compress_theta, original_fallback=False
+        )
     else:
         theta = top_theta
         compress = dataclasses.replace(keys.rope(supported, original_fallback=False), theta=compress_theta)
     yarn = compress.yarn
     if yarn is not None and yarn.attention_factor is None:
-        yarn = dataclasses.replace(yarn, attention_factor=1.0)  # cos/sin unscaled unless the block says otherwise
+        yarn = dataclasses.replace(
+            yarn, attention_factor=1.0
+        )  # cos/sin unscaled unless the block says otherwise
     return theta, compress.theta, yarn

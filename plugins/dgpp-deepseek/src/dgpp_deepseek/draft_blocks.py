@@ -55,8 +55,12 @@ def _child(root: nn.Module, dotted: str) -> tuple[nn.Module, str]:
     return node, leaf
 
 
-def _add_extras(stage: nn.Module, own: dict[str, tuple[tuple[int, ...], torch.dtype]], cfg: DeepseekV4ArchConfig,
-                dtype: torch.dtype) -> None:
+def _add_extras(
+    stage: nn.Module,
+    own: dict[str, tuple[tuple[int, ...], torch.dtype]],
+    cfg: DeepseekV4ArchConfig,
+    dtype: torch.dtype,
+) -> None:
     if all(name in own for name in _HC_HEAD):
         stage.hc_head = HyperHead(cfg.hidden_size, cfg.hc_mult, eps=cfg.hc_eps, norm_eps=cfg.rms_norm_eps)
     for name, (shape, stored) in sorted(own.items()):
@@ -84,8 +88,9 @@ def stage_shapes(checkpoint_dir: str | Path) -> dict[str, tuple[tuple[int, ...],
         reader.close()
 
 
-def attach_draft_blocks(model: DeepseekV4ForCausalLM, cfg: DeepseekV4ArchConfig, checkpoint_dir: str | Path, *,
-                        world: World) -> DeepseekV4ForCausalLM:
+def attach_draft_blocks(
+    model: DeepseekV4ForCausalLM, cfg: DeepseekV4ArchConfig, checkpoint_dir: str | Path, *, world: World
+) -> DeepseekV4ForCausalLM:
     """``model`` with the checkpoint's draft stages as ``model.mtp`` (none: unchanged)."""
     stages = build_draft_blocks(cfg, stage_shapes(checkpoint_dir), dtype=model.dtype, world=world)
     if stages is not None:
@@ -100,8 +105,9 @@ class DraftStages(nn.ModuleList):
         return {}
 
 
-def build_draft_blocks(cfg: DeepseekV4ArchConfig, shapes: Shapes, *, dtype: torch.dtype,
-                       world: World) -> DraftStages | None:
+def build_draft_blocks(
+    cfg: DeepseekV4ArchConfig, shapes: Shapes, *, dtype: torch.dtype, world: World
+) -> DraftStages | None:
     """The ``mtp`` stages the checkpoint ships (``shapes``: tensor name -> (shape, dtype)), or None."""
     own: dict[int, dict[str, tuple[tuple[int, ...], torch.dtype]]] = {}
     for name, info in shapes.items():
@@ -118,7 +124,9 @@ def build_draft_blocks(cfg: DeepseekV4ArchConfig, shapes: Shapes, *, dtype: torc
     experts = 1 + max((int(n.split(".")[2]) for n in first if n.startswith("ffn.experts.")), default=-1)
     w1 = first.get("ffn.experts.0.w1.weight")
     stage_cfg = dataclasses.replace(
-        cfg, layer_types=cfg.layer_types + kinds, mlp_layer_types=cfg.mlp_layer_types + ("moe",) * len(own),
+        cfg,
+        layer_types=cfg.layer_types + kinds,
+        mlp_layer_types=cfg.mlp_layer_types + ("moe",) * len(own),
         n_routed_experts=experts or cfg.n_routed_experts,
         num_experts_per_tok=min(cfg.num_experts_per_tok, experts or cfg.n_routed_experts),
         moe_intermediate_size=w1[0][0] if w1 else cfg.moe_intermediate_size,

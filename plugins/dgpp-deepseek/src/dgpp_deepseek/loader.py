@@ -13,6 +13,7 @@ from dgpp_deepseek.release_layout import release_context, release_tensor_name
 
 checkpoint_name = release_tensor_name(release_name)
 
+
 def load_model(ctx: LoadContext) -> Model:
     from dgpp_deepseek.draft_blocks import attach_draft_blocks
     from dgpp_deepseek.model import DeepseekV4ForCausalLM

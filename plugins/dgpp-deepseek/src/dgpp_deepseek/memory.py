@@ -30,8 +30,12 @@ def activation_bytes(cfg: DeepseekV4ArchConfig, world: int, itemsize: int) -> in
     window and the selected entries for every head."""
     widest_mlp = cfg.moe_intermediate_size * cfg.num_experts_per_tok
     base = transformer_activation_bytes(cfg.hidden_size, widest_mlp, world, itemsize)
-    wide = (2 * cfg.hc_mult * cfg.hidden_size + cfg.num_attention_heads * cfg.head_dim
-            + cfg.o_groups * cfg.o_lora_rank + cfg.index_n_heads * cfg.index_head_dim)
+    wide = (
+        2 * cfg.hc_mult * cfg.hidden_size
+        + cfg.num_attention_heads * cfg.head_dim
+        + cfg.o_groups * cfg.o_lora_rank
+        + cfg.index_n_heads * cfg.index_head_dim
+    )
     scores = cfg.num_attention_heads * (cfg.sliding_window + cfg.index_topk) * 4
     return base + wide * itemsize + scores
 

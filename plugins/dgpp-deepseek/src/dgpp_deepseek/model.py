@@ -57,9 +57,15 @@ class DeepseekV4Block(nn.Module):
         super().__init__()
         self.world = world
         eps = cfg.rms_norm_eps
+
         def hyper() -> HyperConnection:
-            return HyperConnection(cfg.hidden_size, cfg.hc_mult, sinkhorn_iters=cfg.hc_sinkhorn_iters, eps=cfg.hc_eps,
-                                   norm_eps=eps)
+            return HyperConnection(
+                cfg.hidden_size,
+                cfg.hc_mult,
+                sinkhorn_iters=cfg.hc_sinkhorn_iters,
+                eps=cfg.hc_eps,
+                norm_eps=eps,
+            )
 
         self.attn_hc = hyper()
         self.ffn_hc = hyper()

@@ -18,7 +18,10 @@ FAMILY = Family(
             claims=("DeepseekV4ForCausalLM", "deepseek_v4"),
             config="dgpp_deepseek.config:DeepseekV4ArchConfig",
             model="dgpp_deepseek.model:DeepseekV4ForCausalLM",
-            hooks={"load_model": "dgpp_deepseek.loader:load_model", "memory_plan": "dgpp_deepseek.memory:memory_plan"},
+            hooks={
+                "load_model": "dgpp_deepseek.loader:load_model",
+                "memory_plan": "dgpp_deepseek.memory:memory_plan",
+            },
         ),
     ),
     description="DeepSeek-V4-Flash (deepseek_v4), DeepSeek-V4.1-Flash (deepseek_v41)",

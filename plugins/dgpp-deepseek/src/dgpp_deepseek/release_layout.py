@@ -47,7 +47,11 @@ def scale_tensor_name(name: str) -> str:
 def dense_modules(tensor_names: Iterable[str]) -> list[str]:
     """The modules a checkpoint stores dense: a 2-D ``.weight`` owner with no ``.scale`` beside it."""
     names = set(tensor_names)
-    return sorted(n[: -len(".weight")] for n in names if n.endswith(".weight") and n[: -len(".weight")] + ".scale" not in names)
+    return sorted(
+        n[: -len(".weight")]
+        for n in names
+        if n.endswith(".weight") and n[: -len(".weight")] + ".scale" not in names
+    )
 
 
 def release_hf_config(hf_config: dict[str, Any], tensor_names: Iterable[str] | None = None) -> dict[str, Any]:

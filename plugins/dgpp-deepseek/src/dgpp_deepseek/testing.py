@@ -140,41 +140,95 @@ def build_tiny_deepseek_v4(
 # per-layer shape and runs 8 (2 sliding, then CSA / HCA alternating, as the release starts), 106 GB.
 V4_FLASH_LAYERS = 8
 _V4_FLASH_TYPES = ["sliding_attention"] * 2 + [
-    "compressed_sparse_attention" if i % 2 == 0 else "heavily_compressed_attention" for i in range(V4_FLASH_LAYERS - 2)
+    "compressed_sparse_attention" if i % 2 == 0 else "heavily_compressed_attention"
+    for i in range(V4_FLASH_LAYERS - 2)
 ]
 V4_FLASH_BENCH: dict[str, Any] = {
-    "model_type": "deepseek_v4", "architectures": ["DeepseekV4ForCausalLM"], "vocab_size": 129280,
-    "hidden_size": 4096, "moe_intermediate_size": 2048, "num_hidden_layers": V4_FLASH_LAYERS,
-    "num_attention_heads": 64, "num_key_value_heads": 1, "head_dim": 512, "qk_rope_head_dim": 64,
-    "q_lora_rank": 1024, "o_groups": 8, "o_lora_rank": 1024, "sliding_window": 128, "layer_types": _V4_FLASH_TYPES,
+    "model_type": "deepseek_v4",
+    "architectures": ["DeepseekV4ForCausalLM"],
+    "vocab_size": 129280,
+    "hidden_size": 4096,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": V4_FLASH_LAYERS,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1024,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "sliding_window": 128,
+    "layer_types": _V4_FLASH_TYPES,
     "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 128},
-    "mlp_layer_types": ["hash_moe"] * 3 + ["moe"] * (V4_FLASH_LAYERS - 3), "index_n_heads": 64, "index_head_dim": 128,
-    "index_topk": 512, "n_routed_experts": 256, "num_experts_per_tok": 6, "n_shared_experts": 1,
-    "scoring_func": "sqrtsoftplus", "routed_scaling_factor": 1.5, "swiglu_limit": 10.0, "hc_mult": 4,
-    "rope_theta": 10000.0, "compress_rope_theta": 160000.0, "max_position_embeddings": 1048576,
-    "rope_parameters": {"rope_type": "yarn", "factor": 16.0, "original_max_position_embeddings": 65536,
-                        "beta_fast": 32, "beta_slow": 1},
-    "rms_norm_eps": 1e-6, "tie_word_embeddings": False, "bos_token_id": 0, "eos_token_id": 1,
+    "mlp_layer_types": ["hash_moe"] * 3 + ["moe"] * (V4_FLASH_LAYERS - 3),
+    "index_n_heads": 64,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus",
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "max_position_embeddings": 1048576,
+    "rope_parameters": {
+        "rope_type": "yarn",
+        "factor": 16.0,
+        "original_max_position_embeddings": 65536,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": False,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
 }
 # its CPU smoke version: every layer kind, window / ratios / top-k below the bench's prompts
 TINY_V4_BENCH: dict[str, Any] = {
-    **V4_FLASH_BENCH, "vocab_size": 512, "hidden_size": 64, "moe_intermediate_size": 32, "num_hidden_layers": 4,
-    "num_attention_heads": 4, "head_dim": 32, "qk_rope_head_dim": 8, "q_lora_rank": 48, "o_groups": 2,
-    "o_lora_rank": 16, "sliding_window": 4, "layer_types": ["sliding_attention", "heavily_compressed_attention",
-                                                            "compressed_sparse_attention", "compressed_sparse_attention"],
+    **V4_FLASH_BENCH,
+    "vocab_size": 512,
+    "hidden_size": 64,
+    "moe_intermediate_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "qk_rope_head_dim": 8,
+    "q_lora_rank": 48,
+    "o_groups": 2,
+    "o_lora_rank": 16,
+    "sliding_window": 4,
+    "layer_types": [
+        "sliding_attention",
+        "heavily_compressed_attention",
+        "compressed_sparse_attention",
+        "compressed_sparse_attention",
+    ],
     "compress_rates": {"compressed_sparse_attention": 4, "heavily_compressed_attention": 8},
-    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"], "index_n_heads": 16, "index_head_dim": 16, "index_topk": 2,
-    "n_routed_experts": 8, "num_experts_per_tok": 2, "max_position_embeddings": 512, "initializer_range": 0.08,
+    "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+    "index_n_heads": 16,
+    "index_head_dim": 16,
+    "index_topk": 2,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "max_position_embeddings": 512,
+    "initializer_range": 0.08,
     "rope_parameters": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128},
 }
 
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
-    return [TinyCheckpoint("deepseek_v4", build_tiny_deepseek_v4, "DeepSeek-V4: every attention kind, hash + MoE")]
+    return [
+        TinyCheckpoint("deepseek_v4", build_tiny_deepseek_v4, "DeepSeek-V4: every attention kind, hash + MoE")
+    ]
 
 
 def bench_geometries() -> list[BenchGeometry]:
     return [
-        BenchGeometry(f"deepseek-v4-flash-{V4_FLASH_LAYERS}l", V4_FLASH_BENCH, "DeepSeek-V4-Flash's per-layer shape"),
+        BenchGeometry(
+            f"deepseek-v4-flash-{V4_FLASH_LAYERS}l", V4_FLASH_BENCH, "DeepSeek-V4-Flash's per-layer shape"
+        ),
         BenchGeometry("tiny-deepseek-v4", TINY_V4_BENCH, "its CPU smoke version"),
     ]

@@ -45,8 +45,11 @@ class FlintArchConfig(CausalLMFields):
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         """transformers' rule: MoE unless listed in ``mlp_only_layers``, on every ``decoder_sparse_step``-th layer."""
-        return (layer_idx not in self.mlp_only_layers and self.num_experts > 0
-                and (layer_idx + 1) % self.decoder_sparse_step == 0)
+        return (
+            layer_idx not in self.mlp_only_layers
+            and self.num_experts > 0
+            and (layer_idx + 1) % self.decoder_sparse_step == 0
+        )
 
     @classmethod
     def from_hf_config(cls, hf_config: Mapping[str, Any]) -> FlintArchConfig:
@@ -55,11 +58,15 @@ class FlintArchConfig(CausalLMFields):
         keys = ConfigKeys(cfg, _WHERE)
         keys.only("hidden_act", "silu")
         if cfg.get("attention_bias"):
-            raise ConfigError(f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)")
+            raise ConfigError(
+                f"{_WHERE}: 'attention_bias'=true is not supported (Flint projections carry no bias)"
+            )
         heads = keys.positive("num_attention_heads")
         kv_heads = keys.positive("num_key_value_heads")
         if heads % kv_heads:
-            raise ConfigError(f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
+            raise ConfigError(
+                f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}"
+            )
         layers = keys.positive("num_hidden_layers")
         layer_types = _layer_types(cfg, layers)
         window = keys.positive("sliding_window", 513)
@@ -98,13 +105,17 @@ def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:
     ``i % 4 == 1`` and the last, sliding window elsewhere."""
     types = cfg.get("layer_types")
     if types is None:
-        return tuple("full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention"
-                     for i in range(layers))
+        return tuple(
+            "full_attention" if i < 2 or i % 4 == 1 or i == layers - 1 else "sliding_attention"
+            for i in range(layers)
+        )
     if not isinstance(types, list) or len(types) != layers:
         raise ConfigError(f"{_WHERE}: 'layer_types' must list one type per layer ({layers}), got {types!r}")
     for t in types:
         if t not in _LAYER_TYPES:
-            raise ConfigError(f"{_WHERE}: 'layer_types' entry {t!r} is not supported ({', '.join(_LAYER_TYPES)})")
+            raise ConfigError(
+                f"{_WHERE}: 'layer_types' entry {t!r} is not supported ({', '.join(_LAYER_TYPES)})"
+            )
     return tuple(types)
 
 

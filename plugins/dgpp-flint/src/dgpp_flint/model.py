@@ -42,8 +42,10 @@ class FlintAttention(nn.Module):
     def __init__(self, cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
         super().__init__()
         if cfg.num_attention_heads % world.size or cfg.num_key_value_heads % world.size:
-            raise ValueError(f"{cfg.num_attention_heads} q / {cfg.num_key_value_heads} kv heads do not split over "
-                             f"TP world {world.size}")
+            raise ValueError(
+                f"{cfg.num_attention_heads} q / {cfg.num_key_value_heads} kv heads do not split over "
+                f"TP world {world.size}"
+            )
         heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.num_heads, self.num_kv_heads, self.head_dim = heads // world.size, kv_heads // world.size, dim
         self.q_proj = Linear(cfg.hidden_size, heads * dim, dtype=dtype, parallel="column", world=world)
@@ -58,8 +60,13 @@ class FlintAttention(nn.Module):
         sliding = cfg.is_sliding(layer_idx)
         self.rotary = RotaryEmbedding(dim, dim, cfg.rope_theta, style="half") if sliding else None
         # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
-        self.attn = SinkAttention(f"layers.{layer_idx}.self_attn", self.num_heads, self.num_kv_heads, dim,
-                                  window=cfg.sliding_window if sliding else None)
+        self.attn = SinkAttention(
+            f"layers.{layer_idx}.self_attn",
+            self.num_heads,
+            self.num_kv_heads,
+            dim,
+            window=cfg.sliding_window if sliding else None,
+        )
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:
         """Flint releases call the sink ``softmax_offset``; transformers renames it ``sinks``: read either."""
@@ -78,30 +85,59 @@ class FlintAttention(nn.Module):
 def build_flint_moe(cfg: FlintArchConfig, *, dtype: torch.dtype, world: World) -> SparseMoE:
     """Sigmoid scores from an fp32 router (its weight kept in fp32), top-k on the scores, renormalized; the
     shared expert is added without a gate."""
-    routing = RoutingConfig(num_experts=cfg.num_experts, top_k=cfg.num_experts_per_tok, scoring="sigmoid",
-                            renormalize=cfg.norm_topk_prob, router_fp32=True)
-    moe = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, routing, dtype=dtype,
-                    shared_intermediate_size=cfg.shared_expert_intermediate_size, world=world)
+    routing = RoutingConfig(
+        num_experts=cfg.num_experts,
+        top_k=cfg.num_experts_per_tok,
+        scoring="sigmoid",
+        renormalize=cfg.norm_topk_prob,
+        router_fp32=True,
+    )
+    moe = SparseMoE(
+        cfg.hidden_size,
+        cfg.moe_intermediate_size,
+        routing,
+        dtype=dtype,
+        shared_intermediate_size=cfg.shared_expert_intermediate_size,
+        world=world,
+    )
     moe.gate = TopKRouter(cfg.hidden_size, routing, dtype=torch.float32)
     return moe
 
 
 def build_layer(cfg: FlintArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> PreNormBlock:
     """One pre-norm block; the MLP dense or MoE by index."""
-    mlp = dense_or_moe(cfg, layer_idx, partial(build_flint_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world)
-    return PreNormBlock(FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
-                        FlintAttention(cfg, layer_idx, dtype=dtype, world=world),
-                        FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
+    mlp = dense_or_moe(
+        cfg, layer_idx, partial(build_flint_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world
+    )
+    return PreNormBlock(
+        FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
+        FlintAttention(cfg, layer_idx, dtype=dtype, world=world),
+        FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
+        mlp,
+        world,
+    )
 
 
 class FlintForCausalLM(PreNormCausalLM[FlintArchConfig]):
     """The Flint model behind the engine's model contract. Hybrid when any layer slides: the rings are
     per-request state, so the prefix cache attaches only where it holds a state snapshot."""
 
-    def __init__(self, cfg: FlintArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
-                 group: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: FlintArchConfig,
+        *,
+        dtype: torch.dtype | None = None,
+        world: World | None = None,
+        group: Any = None,
+    ) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
         layers = (build_layer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
         norm = FlintRMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        super().__init__(cfg, DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype), dtype=dtype,
-                         world=world, group=group, hybrid="sliding_attention" in cfg.layer_types)
+        super().__init__(
+            cfg,
+            DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype),
+            dtype=dtype,
+            world=world,
+            group=group,
+            hybrid="sliding_attention" in cfg.layer_types,
+        )

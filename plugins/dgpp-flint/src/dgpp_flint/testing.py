@@ -60,8 +60,9 @@ def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     spread_tensors(model.named_parameters(), gen, {"norm.weight": (1.0, 0.2), ".sinks": (0.0, 1.5)})
 
 
-def build_tiny_flint(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                     **overrides: Any) -> Path:
+def build_tiny_flint(
+    out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+) -> Path:
     """Write a random ``FlintForCausalLM`` checkpoint (config.json + model.safetensors) to ``out_dir``."""
     from transformers import FlintConfig, FlintForCausalLM
 
@@ -99,17 +100,40 @@ def quantization_config(layout: dict[int, dict[str, str]]) -> dict[str, Any]:
                 targets[kind].append(_expert_regex(layer, projs))
     groups = {}
     if targets["fp8"]:
-        groups["group_0"] = {"targets": targets["fp8"], "format": "float-quantized", "weights": {
-            "type": "float", "num_bits": 8, "strategy": "block", "block_structure": [128, 128], "symmetric": True}}
+        groups["group_0"] = {
+            "targets": targets["fp8"],
+            "format": "float-quantized",
+            "weights": {
+                "type": "float",
+                "num_bits": 8,
+                "strategy": "block",
+                "block_structure": [128, 128],
+                "symmetric": True,
+            },
+        }
     if targets["nvfp4"]:
-        groups["group_1"] = {"targets": targets["nvfp4"], "format": "nvfp4-pack-quantized", "weights": {
-            "type": "float", "num_bits": 4, "strategy": "tensor_group", "group_size": 16, "symmetric": True}}
-    return {"quant_method": "compressed-tensors", "format": "mixed-precision", "config_groups": groups,
-            "ignore": ["lm_head"]}
+        groups["group_1"] = {
+            "targets": targets["nvfp4"],
+            "format": "nvfp4-pack-quantized",
+            "weights": {
+                "type": "float",
+                "num_bits": 4,
+                "strategy": "tensor_group",
+                "group_size": 16,
+                "symmetric": True,
+            },
+        }
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "mixed-precision",
+        "config_groups": groups,
+        "ignore": ["lm_head"],
+    }
 
 
-def mixed_expert_twins(dense_dir: str | Path, quant_dir: str | Path,
-                       layout: dict[int, dict[str, str]] | None = None) -> tuple[Path, Path]:
+def mixed_expert_twins(
+    dense_dir: str | Path, quant_dir: str | Path, layout: dict[int, dict[str, str]] | None = None
+) -> tuple[Path, Path]:
     """Snap every routed-expert weight of ``dense_dir`` onto its format's grid in place (so the dense file holds
     exactly what the packed one decodes to), and write the packed release form to ``quant_dir``."""
     from safetensors.torch import load_file, save_file
@@ -120,8 +144,10 @@ def mixed_expert_twins(dense_dir: str | Path, quant_dir: str | Path,
 
     layout = MIXED_EXPERT_FORMATS if layout is None else layout
     fmts = {"fp8": FP8Block(block=(128, 128), scale_name="weight_scale"), "nvfp4": NVFP4CompressedTensors()}
-    encoders: dict[str, Callable[[torch.Tensor, Any], dict[str, torch.Tensor]]] = {"fp8": encode_fp8_block,
-                                                                                  "nvfp4": encode_fp4}
+    encoders: dict[str, Callable[[torch.Tensor, Any], dict[str, torch.Tensor]]] = {
+        "fp8": encode_fp8_block,
+        "nvfp4": encode_fp4,
+    }
     dense, quant = Path(dense_dir), Path(quant_dir)
     quant.mkdir(parents=True, exist_ok=True)
     tensors = load_file(dense / "model.safetensors")
@@ -134,7 +160,9 @@ def mixed_expert_twins(dense_dir: str | Path, quant_dir: str | Path,
         if kind is None:
             continue
         w, fmt = tensors[name], fmts[kind]
-        snapped = fmt.decode(encoders[kind](w.float(), fmt), (w.shape[0], w.shape[1]), torch.float32).to(w.dtype)
+        snapped = fmt.decode(encoders[kind](w.float(), fmt), (w.shape[0], w.shape[1]), torch.float32).to(
+            w.dtype
+        )
         tensors[name] = snapped
         prefix = name[: -len("weight")]
         packed.update({prefix + k: t.contiguous() for k, t in encoders[kind](snapped.float(), fmt).items()})
@@ -160,13 +188,30 @@ RELEASE_LAYOUT: dict[int, dict[str, str]] = {
 # Flint as transformers' FlintConfig defaults describe the release (transformers >= 5.24), with its export's
 # quantization_config.
 FLINT_RELEASE: dict[str, Any] = {
-    "architectures": ["FlintForCausalLM"], "model_type": "flint", "vocab_size": 150144, "hidden_size": 2048,
-    "intermediate_size": 6144, "moe_intermediate_size": 512, "shared_expert_intermediate_size": 1024,
-    "num_hidden_layers": 49, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
-    "hidden_act": "silu", "rms_norm_eps": 1e-6, "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
-    "sliding_window": 513, "mlp_only_layers": [0, 1], "decoder_sparse_step": 1, "num_experts": 256,
-    "num_experts_per_tok": 6, "norm_topk_prob": True, "max_position_embeddings": 262144,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "quantization_config": quantization_config(RELEASE_LAYOUT),
+    "architectures": ["FlintForCausalLM"],
+    "model_type": "flint",
+    "vocab_size": 150144,
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "moe_intermediate_size": 512,
+    "shared_expert_intermediate_size": 1024,
+    "num_hidden_layers": 49,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "sliding_window": 513,
+    "mlp_only_layers": [0, 1],
+    "decoder_sparse_step": 1,
+    "num_experts": 256,
+    "num_experts_per_tok": 6,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "quantization_config": quantization_config(RELEASE_LAYOUT),
 }
 
 

@@ -75,7 +75,9 @@ class Glm4MoeArchConfig(GlmMoeFields):
         heads = keys.positive("num_attention_heads")
         kv_heads = keys.positive("num_key_value_heads")
         if heads % kv_heads:
-            raise keys.error(f"'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}")
+            raise keys.error(
+                f"'num_attention_heads'={heads} is not a multiple of 'num_key_value_heads'={kv_heads}"
+            )
         head_dim = keys.positive("head_dim", shared["hidden_size"] // heads)
         experts = keys.positive("n_routed_experts")
         top_k = keys.positive("num_experts_per_tok")
@@ -89,8 +91,10 @@ class Glm4MoeArchConfig(GlmMoeFields):
         if n_group > 1 and per_group < 2:  # a group is scored by the sum of its two best experts
             raise keys.error(f"'n_group'={n_group} leaves {per_group} expert per group (need >= 2)")
         if top_k > topk_group * per_group:
-            raise keys.error(f"'num_experts_per_tok'={top_k} exceeds the {topk_group * per_group} experts "
-                             f"that 'topk_group'={topk_group} groups offer")
+            raise keys.error(
+                f"'num_experts_per_tok'={top_k} exceeds the {topk_group * per_group} experts "
+                f"that 'topk_group'={topk_group} groups offer"
+            )
         mtp = keys.optional("num_nextn_predict_layers", int, 0)
         if mtp < 0:
             raise keys.error(f"'num_nextn_predict_layers'={mtp} must be >= 0")
@@ -113,7 +117,6 @@ class Glm4MoeArchConfig(GlmMoeFields):
             topk_group=topk_group,
             num_mtp_layers=mtp,
         )
-
 
 
 def _quant_method(cfg: dict[str, Any]) -> str | None:
@@ -141,4 +144,3 @@ def shared_fields(keys: ConfigKeys, max_position: int) -> dict[str, Any]:
         **keys.causal_lm_fields(max_position),
         "quant_method": _quant_method(keys.cfg),
     }
-

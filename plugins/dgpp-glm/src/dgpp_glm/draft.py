@@ -46,7 +46,12 @@ class SharedHead(nn.Module):
     """``shared_head.norm`` (always the layer's own) and ``shared_head.head`` (when the layer has one)."""
 
     def __init__(
-        self, cfg: Glm4MoeArchConfig, dtype: torch.dtype, own_head: bool, world: World | None = None, group: Any = None
+        self,
+        cfg: Glm4MoeArchConfig,
+        dtype: torch.dtype,
+        own_head: bool,
+        world: World | None = None,
+        group: Any = None,
     ) -> None:
         super().__init__()
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
@@ -177,7 +182,6 @@ class Glm4MoeMTPDrafter(GlmMTPDrafter):
             for i in range(cfg.num_mtp_layers)
         ]
         super().__init__(cfg, main, layers)
-
 
 
 @dataclass(frozen=True)

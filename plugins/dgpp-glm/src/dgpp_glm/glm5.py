@@ -132,7 +132,9 @@ class GlmMoeDsaForCausalLM(Glm4MoeForCausalLM):
 
     @classmethod
     def build_stack(cls, cfg: GlmMoeDsaArchConfig, *, dtype: torch.dtype, world: World) -> DecoderStack:
-        layers = (GlmMoeDsaDecoderLayer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
+        layers = (
+            GlmMoeDsaDecoderLayer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers)
+        )
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         return DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype)
 

@@ -103,7 +103,6 @@ class GlmMoeDsaArchConfig(GlmMoeFields):
         )
 
 
-
 def _err(msg: str) -> ConfigError:
     return ConfigError(f"{_WHAT}: {msg}")
 

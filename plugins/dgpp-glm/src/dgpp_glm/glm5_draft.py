@@ -64,7 +64,6 @@ class GlmMoeDsaMTPDrafter(draft.GlmMTPDrafter):
         ]
         super().__init__(cfg, main, layers)
 
-
     def run_block(self, layer: GlmMoeDsaMTPLayer, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         return layer(x, batch, None, self.group)[0]
 

@@ -46,8 +46,12 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     cfg = Glm4MoeArchConfig.from_hf_config(ctx.hf_config)
     rank = f"modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"
     return meta_plan(
-        ctx, cfg, lambda: Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
-        lambda model, layout: Glm4MoeMTPDrafter(cfg, model, own_embed=layout.own_embed, own_head=layout.own_head),
+        ctx,
+        cfg,
+        lambda: Glm4MoeForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
+        lambda model, layout: Glm4MoeMTPDrafter(
+            cfg, model, own_embed=layout.own_embed, own_head=layout.own_head
+        ),
         lambda mtp: f"GLM plan: {rank}; KV includes the MTP layer" if mtp else f"GLM plan: {rank}",
     )
 
@@ -61,13 +65,21 @@ def glm5_memory_plan(ctx: LoadContext) -> ModelMemory:
     cfg = GlmMoeDsaArchConfig.from_hf_config(ctx.hf_config)
     note = f"GLM-5.3 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size}; latent cache"
     return meta_plan(
-        ctx, cfg, lambda: GlmMoeDsaForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
-        lambda model, layout: GlmMoeDsaMTPDrafter(cfg, model, layout), lambda mtp: note,
+        ctx,
+        cfg,
+        lambda: GlmMoeDsaForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world),
+        lambda model, layout: GlmMoeDsaMTPDrafter(cfg, model, layout),
+        lambda mtp: note,
     )
 
 
-def meta_plan(ctx: LoadContext, cfg: GlmMoeFields, build_model: Callable[[], Model],
-              build_drafter: Callable[[Model, MTPLayout], nn.Module], note: Callable[[bool], str]) -> ModelMemory:
+def meta_plan(
+    ctx: LoadContext,
+    cfg: GlmMoeFields,
+    build_model: Callable[[], Model],
+    build_drafter: Callable[[Model, MTPLayout], nn.Module],
+    note: Callable[[bool], str],
+) -> ModelMemory:
     """The plan of the model ``build_model()`` builds on ``meta`` for this rank, packed formats swapped in, and,
     with ``engine.mtp`` on a config with MTP layers, of its drafter (weights and cache rows); ``note(mtp)``."""
     from dgpp_glm.draft import MTPLayout
@@ -91,7 +103,9 @@ def meta_plan(ctx: LoadContext, cfg: GlmMoeFields, build_model: Callable[[], Mod
     return ModelMemory.from_cache_spec(
         spec,
         weights=resident_bytes(model, bf16, ctx.engine.dense_weights),
-        activations_per_token=transformer_activation_bytes(cfg.hidden_size, widest_mlp, ctx.world.size, itemsize),
+        activations_per_token=transformer_activation_bytes(
+            cfg.hidden_size, widest_mlp, ctx.world.size, itemsize
+        ),
         drafter=drafter_bytes,
         vocab_size=cfg.vocab_size,
         max_position=cfg.max_position_embeddings,

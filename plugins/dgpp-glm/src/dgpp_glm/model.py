@@ -53,24 +53,39 @@ def build_glm_moe(cfg: GlmMoeFields, *, dtype: torch.dtype, world: World) -> Spa
     )
 
 
-def build_attention(cfg: Glm4MoeArchConfig, cache_name: str, *, dtype: torch.dtype, world: World) -> GQAttention:
+def build_attention(
+    cfg: Glm4MoeArchConfig, cache_name: str, *, dtype: torch.dtype, world: World
+) -> GQAttention:
     """GLM's GQA: q/k/v biases, per-head q/k norm before RoPE, half-split RoPE on the first ``rotary_dim``
     dims of each head (64 of 128 in GLM-4.7)."""
     rotary = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, style="half")
     return GQAttention(
-        cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, rotary, cache_name,
-        dtype=dtype, qkv_bias=cfg.attention_bias, qk_norm=cfg.use_qk_norm, norm_eps=cfg.rms_norm_eps, world=world,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        rotary,
+        cache_name,
+        dtype=dtype,
+        qkv_bias=cfg.attention_bias,
+        qk_norm=cfg.use_qk_norm,
+        norm_eps=cfg.rms_norm_eps,
+        world=world,
     )
 
 
 class Glm4MoeDecoderLayer(PreNormBlock):
     """One pre-norm block: ``h = x + attn(norm(x))``; ``out = h + mlp(norm(h))`` (dense or MoE by index)."""
 
-    def __init__(self, cfg: Glm4MoeArchConfig, layer_idx: int, cache_name: str, *, dtype: torch.dtype, world: World) -> None:
+    def __init__(
+        self, cfg: Glm4MoeArchConfig, layer_idx: int, cache_name: str, *, dtype: torch.dtype, world: World
+    ) -> None:
         input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self_attn = build_attention(cfg, cache_name, dtype=dtype, world=world)
         post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        mlp = dense_or_moe(cfg, layer_idx, partial(build_glm_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world)
+        mlp = dense_or_moe(
+            cfg, layer_idx, partial(build_glm_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world
+        )
         super().__init__(input_layernorm, self_attn, post_attention_layernorm, mlp, world)
 
 
@@ -81,15 +96,30 @@ class Glm4MoeForCausalLM(PreNormCausalLM[GlmMoeFields]):
     MTP layer drafts from it (the vLLM convention; the pre-norm stream halved acceptance in the original engine).
     """
 
-    def __init__(self, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None, group: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: Glm4MoeArchConfig,
+        *,
+        dtype: torch.dtype | None = None,
+        world: World | None = None,
+        group: Any = None,
+    ) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
-        super().__init__(cfg, self.build_stack(cfg, dtype=dtype, world=world), dtype=dtype, world=world, group=group,
-                         extra={"num_mtp_layers": cfg.num_mtp_layers})
+        super().__init__(
+            cfg,
+            self.build_stack(cfg, dtype=dtype, world=world),
+            dtype=dtype,
+            world=world,
+            group=group,
+            extra={"num_mtp_layers": cfg.num_mtp_layers},
+        )
 
     @classmethod
     def build_stack(cls, cfg: Glm4MoeArchConfig, *, dtype: torch.dtype, world: World) -> DecoderStack:
         """``model.*``: the embedding, GLM's blocks and the final norm (GLM-5.3 builds its own blocks)."""
-        layers = (Glm4MoeDecoderLayer(cfg, i, f"layers.{i}.self_attn", dtype=dtype, world=world)
-                  for i in range(cfg.num_hidden_layers))
+        layers = (
+            Glm4MoeDecoderLayer(cfg, i, f"layers.{i}.self_attn", dtype=dtype, world=world)
+            for i in range(cfg.num_hidden_layers)
+        )
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         return DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype)

@@ -70,7 +70,9 @@ def tiny_glm4_moe_config(**overrides: Any) -> dict[str, Any]:
 def _hf_config(cfg: dict[str, Any], num_layers: int, dtype: torch.dtype) -> Any:
     from transformers import Glm4MoeConfig
 
-    kwargs = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "num_nextn_predict_layers")}
+    kwargs = {
+        k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "num_nextn_predict_layers")
+    }
     kwargs["num_hidden_layers"] = num_layers
     kwargs["num_mtp_layers"] = cfg.get("num_nextn_predict_layers", 0)
     return Glm4MoeConfig(**kwargs, dtype=str(dtype).removeprefix("torch."))
@@ -83,7 +85,9 @@ def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     spread_tensors(model.named_buffers(), gen, {"e_score_correction_bias": (0.0, 0.2)})
 
 
-def _mtp_extras(cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> dict[str, Any]:
+def _mtp_extras(
+    cfg: dict[str, Any], layer: int, dtype: torch.dtype, gen: torch.Generator, own_head: bool
+) -> dict[str, Any]:
     hidden, vocab, std = cfg["hidden_size"], cfg["vocab_size"], cfg["initializer_range"]
 
     def rand(*shape: int, scale: float = std, base: float = 0.0) -> torch.Tensor:
@@ -152,7 +156,10 @@ def nvfp4_twin(dense_dir: str | Path, out_dir: str | Path, num_layers: int) -> P
         "quant_method": "modelopt",
         "quant_algo": "NVFP4",
         "group_size": 16,
-        "exclude_modules": [*NVFP4_EXCLUDE, *(f"model.layers.{num_layers + i}*" for i in range(config["num_nextn_predict_layers"]))],
+        "exclude_modules": [
+            *NVFP4_EXCLUDE,
+            *(f"model.layers.{num_layers + i}*" for i in range(config["num_nextn_predict_layers"])),
+        ],
     }
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     return out
@@ -193,8 +200,16 @@ def build_tiny_glm4_moe(
     return out
 
 
-def declare_mtp(out: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any], layers: int, mtp: int,
-                dtype: torch.dtype, gen: torch.Generator, own_head: bool) -> None:
+def declare_mtp(
+    out: Path,
+    tensors: dict[str, torch.Tensor],
+    cfg: dict[str, Any],
+    layers: int,
+    mtp: int,
+    dtype: torch.dtype,
+    gen: torch.Generator,
+    own_head: bool,
+) -> None:
     """The trailing ``mtp`` decoder blocks of a saved stack become MTP layers: their MTP-only tensors are added to
     ``tensors`` (written back as ``model.safetensors``), and config.json declares ``layers`` decoder layers (its
     per-layer lists cut back) and ``num_nextn_predict_layers`` = ``mtp``."""
@@ -211,4 +226,3 @@ def declare_mtp(out: Path, tensors: dict[str, torch.Tensor], cfg: dict[str, Any]
         if isinstance(config.get(key), list):
             config[key] = config[key][:layers]
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
-

@@ -86,7 +86,9 @@ def build_tiny_glm_moe_dsa(
     out = Path(out_dir)
     model.save_pretrained(out)
     if mtp_layers:
-        declare_mtp(out, load_file(out / "model.safetensors"), cfg, layers, mtp_layers, dtype, gen, mtp_own_head)
+        declare_mtp(
+            out, load_file(out / "model.safetensors"), cfg, layers, mtp_layers, dtype, gen, mtp_own_head
+        )
     return out
 
 
@@ -117,13 +119,33 @@ GLM5_PACKED_QUANTIZATION: dict[str, Any] = {
 # running on layers 0, 1, 2, 6 and 10 and the others reusing its selection, as in the release)
 GLM5_LAYERS = 12
 GLM5_BENCH: dict[str, Any] = {
-    "model_type": "glm_moe_dsa", "architectures": ["GlmMoeDsaForCausalLM"], "vocab_size": 154880, "hidden_size": 6144,
-    "intermediate_size": 12288, "moe_intermediate_size": 2048, "num_hidden_layers": GLM5_LAYERS,
-    "num_attention_heads": 64, "num_key_value_heads": 64, "q_lora_rank": 2048, "kv_lora_rank": 512,
-    "qk_nope_head_dim": 192, "qk_rope_head_dim": 64, "v_head_dim": 256,
-    "rope_parameters": {"rope_type": "default", "rope_theta": 8000000.0}, "max_position_embeddings": 1048576,
-    "first_k_dense_replace": 3, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
-    "routed_scaling_factor": 2.5, "index_n_heads": 32, "index_head_dim": 128, "index_topk": 2048,
-    "index_topk_freq": 4, "index_skip_topk_offset": 3, "rms_norm_eps": 1e-5, "tie_word_embeddings": False,
+    "model_type": "glm_moe_dsa",
+    "architectures": ["GlmMoeDsaForCausalLM"],
+    "vocab_size": 154880,
+    "hidden_size": 6144,
+    "intermediate_size": 12288,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": GLM5_LAYERS,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 64,
+    "q_lora_rank": 2048,
+    "kv_lora_rank": 512,
+    "qk_nope_head_dim": 192,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 256,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 8000000.0},
+    "max_position_embeddings": 1048576,
+    "first_k_dense_replace": 3,
+    "n_routed_experts": 256,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "routed_scaling_factor": 2.5,
+    "index_n_heads": 32,
+    "index_head_dim": 128,
+    "index_topk": 2048,
+    "index_topk_freq": 4,
+    "index_skip_topk_offset": 3,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
     "quantization_config": GLM5_PACKED_QUANTIZATION,
 }

@@ -77,8 +77,12 @@ class MimoArchConfig(CausalLMFields):
         keys = ConfigKeys(cfg, "mimo_v2_flash config.json")
         keys.only("hidden_act", "silu")
         layers = keys.positive("num_hidden_layers")
-        layer_types = _types(keys, "layer_types", LAYER_TYPES, [
-            "full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)])
+        layer_types = _types(
+            keys,
+            "layer_types",
+            LAYER_TYPES,
+            ["full_attention" if i == 0 or (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)],
+        )
         mlp_types = _types(keys, "mlp_layer_types", _MLP_TYPES, ["dense"] + ["sparse"] * (layers - 1))
         experts = keys.positive("n_routed_experts", 256)
         top_k = keys.positive("num_experts_per_tok", 8)
@@ -110,7 +114,6 @@ class MimoArchConfig(CausalLMFields):
         )
 
 
-
 def _types(keys: ConfigKeys, key: str, allowed: tuple[str, ...], default: list[str]) -> tuple[str, ...]:
     types = keys.cfg.get(key)
     types = default if types is None else types
@@ -123,8 +126,10 @@ def _types(keys: ConfigKeys, key: str, allowed: tuple[str, ...], default: list[s
 
 
 # transformers' defaults, the MiMo-V2-Flash release's thetas
-_DEFAULT_ROPE = {"full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
-                 "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334}}
+_DEFAULT_ROPE = {
+    "full_attention": {"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.334},
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0, "partial_rotary_factor": 0.334},
+}
 
 
 def _rope(keys: ConfigKeys, kind: str, head_dim: int) -> tuple[RopeScaling, int]:
@@ -149,11 +154,20 @@ def _attention(keys: ConfigKeys, layer_types: tuple[str, ...]) -> dict[str, Atte
         sliding = kind == "sliding_attention"
         kv = 2 * kv_heads if sliding else kv_heads
         if heads % kv:
-            raise keys.error(f"'num_attention_heads'={heads} is not a multiple of the {kind} layers' "
-                              f"{kv} KV heads ('num_key_value_heads'={kv_heads}{', doubled' if sliding else ''})")
+            raise keys.error(
+                f"'num_attention_heads'={heads} is not a multiple of the {kind} layers' "
+                f"{kv} KV heads ('num_key_value_heads'={kv_heads}{', doubled' if sliding else ''})"
+            )
         rope, rotary = _rope(keys, kind, head_dim)
-        out[kind] = AttentionShape(num_heads=heads, num_kv_heads=kv, head_dim=head_dim, v_head_dim=v_head_dim,
-                                   sinks=sliding, rope=rope, rotary_dim=rotary)
+        out[kind] = AttentionShape(
+            num_heads=heads,
+            num_kv_heads=kv,
+            head_dim=head_dim,
+            v_head_dim=v_head_dim,
+            sinks=sliding,
+            rope=rope,
+            rotary_dim=rotary,
+        )
     return out
 
 

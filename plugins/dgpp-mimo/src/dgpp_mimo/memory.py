@@ -28,7 +28,9 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         from dgpp_mimo.draft import drafter_memory
 
         layers = min(v26.mtp_layers, ctx.engine.mtp_depth)
-        mtp_spec, drafter_bytes = drafter_memory(cfg, model, layers, scheme, ctx.engine.bf16_weights, ctx.hf_config)
+        mtp_spec, drafter_bytes = drafter_memory(
+            cfg, model, layers, scheme, ctx.engine.bf16_weights, ctx.hf_config
+        )
         spec.update(mtp_spec)
     full = sum(1 for t in cfg.layer_types if t == "full_attention")
     return ModelMemory.from_cache_spec(
@@ -38,7 +40,9 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         activations_per_token=model.activation_bytes_per_token(),
         vocab_size=cfg.vocab_size,
         max_position=cfg.max_position_embeddings,
-        notes=(f"MiMo plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size}; paged KV for {full} "
-               f"full-attention layers, a {cfg.sliding_window - 1}-position ring per request for "
-               f"{cfg.num_hidden_layers - full} sliding layers",),
+        notes=(
+            f"MiMo plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size}; paged KV for {full} "
+            f"full-attention layers, a {cfg.sliding_window - 1}-position ring per request for "
+            f"{cfg.num_hidden_layers - full} sliding layers",
+        ),
     )

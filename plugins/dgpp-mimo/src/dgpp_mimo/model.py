@@ -38,7 +38,9 @@ class MimoAttention(nn.Module):
         shape = cfg.shape(layer_idx)
         heads, kv_heads = shape.num_heads, shape.num_kv_heads
         if heads % world.size or kv_heads % world.size:
-            raise ValueError(f"layer {layer_idx}: {heads} q / {kv_heads} kv heads do not split over TP world {world.size}")
+            raise ValueError(
+                f"layer {layer_idx}: {heads} q / {kv_heads} kv heads do not split over TP world {world.size}"
+            )
         self.num_heads, self.num_kv_heads = heads // world.size, kv_heads // world.size
         self.head_dim, self.v_head_dim = shape.head_dim, shape.v_head_dim
         self.value_scale = cfg.attention_value_scale
@@ -46,7 +48,9 @@ class MimoAttention(nn.Module):
         self.q_proj = column(cfg.hidden_size, heads * shape.head_dim)
         self.k_proj = column(cfg.hidden_size, kv_heads * shape.head_dim)
         self.v_proj = column(cfg.hidden_size, kv_heads * shape.v_head_dim)
-        self.o_proj = Linear(heads * shape.v_head_dim, cfg.hidden_size, dtype=dtype, parallel="row", world=world)
+        self.o_proj = Linear(
+            heads * shape.v_head_dim, cfg.hidden_size, dtype=dtype, parallel="row", world=world
+        )
         if shape.sinks:  # one logit per query head, kept in fp32; TP splits it with the heads
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
             set_weight_attrs(self.sinks, weight_loader=default_weight_loader, tp_dim=0, world=world)
@@ -54,9 +58,14 @@ class MimoAttention(nn.Module):
             self.register_parameter("sinks", None)
         self.rotary = rotary_embedding(shape.rope, shape.head_dim, shape.rotary_dim, style="half")
         # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
-        self.attn = SinkAttention(f"layers.{layer_idx}.self_attn", self.num_heads, self.num_kv_heads, shape.head_dim,
-                                  window=cfg.sliding_window if cfg.is_sliding(layer_idx) else None,
-                                  v_head_dim=shape.v_head_dim)
+        self.attn = SinkAttention(
+            f"layers.{layer_idx}.self_attn",
+            self.num_heads,
+            self.num_kv_heads,
+            shape.head_dim,
+            window=cfg.sliding_window if cfg.is_sliding(layer_idx) else None,
+            v_head_dim=shape.v_head_dim,
+        )
 
     def checkpoint_sources(self) -> dict[str, Alternatives]:
         """MiMo releases call the sink ``attention_sink_bias``; transformers renames it ``sinks``: read either."""
@@ -74,9 +83,17 @@ class MimoAttention(nn.Module):
 def build_mimo_moe(cfg: MimoArchConfig, *, dtype: torch.dtype, world: World) -> SparseMoE:
     """Sigmoid scores from an fp32 router (weight and correction bias kept in fp32 as the checkpoint ships
     them); the bias steers the choice only, the weights are the renormalized scores; no shared expert."""
-    routing = RoutingConfig(num_experts=cfg.n_routed_experts, top_k=cfg.num_experts_per_tok, scoring="sigmoid",
-                            renormalize=cfg.norm_topk_prob, routed_scaling_factor=cfg.routed_scaling_factor,
-                            correction_bias=True, n_group=cfg.n_group, topk_group=cfg.topk_group, router_fp32=True)
+    routing = RoutingConfig(
+        num_experts=cfg.n_routed_experts,
+        top_k=cfg.num_experts_per_tok,
+        scoring="sigmoid",
+        renormalize=cfg.norm_topk_prob,
+        routed_scaling_factor=cfg.routed_scaling_factor,
+        correction_bias=True,
+        n_group=cfg.n_group,
+        topk_group=cfg.topk_group,
+        router_fp32=True,
+    )
     moe = SparseMoE(cfg.hidden_size, cfg.moe_intermediate_size, routing, dtype=dtype, world=world)
     moe.gate = TopKRouter(cfg.hidden_size, routing, dtype=torch.float32)
     return moe
@@ -84,22 +101,40 @@ def build_mimo_moe(cfg: MimoArchConfig, *, dtype: torch.dtype, world: World) -> 
 
 def build_layer(cfg: MimoArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> PreNormBlock:
     """One pre-norm block; the MLP dense or MoE by ``mlp_layer_types``."""
-    mlp = dense_or_moe(cfg, layer_idx, partial(build_mimo_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world)
-    return PreNormBlock(RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
-                        MimoAttention(cfg, layer_idx, dtype=dtype, world=world),
-                        RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype), mlp, world)
+    mlp = dense_or_moe(
+        cfg, layer_idx, partial(build_mimo_moe, cfg, dtype=dtype, world=world), dtype=dtype, world=world
+    )
+    return PreNormBlock(
+        RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
+        MimoAttention(cfg, layer_idx, dtype=dtype, world=world),
+        RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype),
+        mlp,
+        world,
+    )
 
 
 class MimoV2FlashForCausalLM(PreNormCausalLM[MimoArchConfig]):
     """The MiMo model behind the engine's model contract; hybrid when any layer slides (its rings are state)."""
 
-    def __init__(self, cfg: MimoArchConfig, *, dtype: torch.dtype | None = None, world: World | None = None,
-                 group: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: MimoArchConfig,
+        *,
+        dtype: torch.dtype | None = None,
+        world: World | None = None,
+        group: Any = None,
+    ) -> None:
         dtype, world = dtype or cfg.dtype, world or World()
         layers = (build_layer(cfg, i, dtype=dtype, world=world) for i in range(cfg.num_hidden_layers))
         norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        super().__init__(cfg, DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype), dtype=dtype,
-                         world=world, group=group, hybrid="sliding_attention" in cfg.layer_types)
+        super().__init__(
+            cfg,
+            DecoderStack(cfg.vocab_size, cfg.hidden_size, layers, norm, dtype=dtype),
+            dtype=dtype,
+            world=world,
+            group=group,
+            hybrid="sliding_attention" in cfg.layer_types,
+        )
 
     def activation_bytes_per_token(self) -> int:
         """A prefill row: the residual and normed input, the widest layer's q/k/v/attention rows and the widest

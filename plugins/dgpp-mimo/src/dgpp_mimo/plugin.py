@@ -24,7 +24,10 @@ FAMILY = Family(
             config="dgpp_mimo.v26_config:MimoV26Config",
             model="dgpp_mimo.model:MimoV2FlashForCausalLM",
             drafter="dgpp_mimo.v26_loader:build_draft",
-            hooks={"load_model": "dgpp_mimo.v26_loader:load_v26", "memory_plan": "dgpp_mimo.memory:memory_plan"},
+            hooks={
+                "load_model": "dgpp_mimo.v26_loader:load_v26",
+                "memory_plan": "dgpp_mimo.memory:memory_plan",
+            },
         ),
     ),
     description="MiMo-V2-Flash (mimo_v2_flash), MiMo-V2.6-Flash (mimo_v2)",

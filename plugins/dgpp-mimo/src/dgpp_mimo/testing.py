@@ -67,8 +67,9 @@ def _spread_weights(model: torch.nn.Module, gen: torch.Generator) -> None:
     spread_tensors(model.named_buffers(), gen, {"e_score_correction_bias": (0.0, 0.1)})
 
 
-def build_tiny_mimo(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32,
-                    **overrides: Any) -> Path:
+def build_tiny_mimo(
+    out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+) -> Path:
     """Write a random ``MiMoV2FlashForCausalLM`` checkpoint (config.json + model.safetensors) to ``out_dir``."""
     from transformers import MiMoV2FlashConfig, MiMoV2FlashForCausalLM
 
@@ -85,23 +86,43 @@ def build_tiny_mimo(out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = 
 # MiMo-V2-Flash as transformers' MiMoV2FlashConfig defaults describe the release (transformers >= 5.24): the hub
 # config's `sliding_window_size` 128 (129 keys, the query included) and null `routed_scaling_factor` (1.0).
 MIMO_V2_FLASH_RELEASE: dict[str, Any] = {
-    "architectures": ["MiMoV2FlashForCausalLM"], "model_type": "mimo_v2_flash", "vocab_size": 152576,
-    "hidden_size": 4096, "intermediate_size": 16384, "moe_intermediate_size": 2048, "num_hidden_layers": 48,
-    "num_attention_heads": 64, "num_key_value_heads": 4, "head_dim": 192, "v_head_dim": 128, "hidden_act": "silu",
-    "rms_norm_eps": 1e-5, "sliding_window_size": 128, "attention_value_scale": 0.707, "n_routed_experts": 256,
-    "num_experts_per_tok": 8, "routed_scaling_factor": None, "norm_topk_prob": True, "max_position_embeddings": 131072,
-    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "architectures": ["MiMoV2FlashForCausalLM"],
+    "model_type": "mimo_v2_flash",
+    "vocab_size": 152576,
+    "hidden_size": 4096,
+    "intermediate_size": 16384,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 48,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 4,
+    "head_dim": 192,
+    "v_head_dim": 128,
+    "hidden_act": "silu",
+    "rms_norm_eps": 1e-5,
+    "sliding_window_size": 128,
+    "attention_value_scale": 0.707,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "routed_scaling_factor": None,
+    "norm_topk_prob": True,
+    "max_position_embeddings": 131072,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
 }
 
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
-    return [TinyCheckpoint("mimo", build_tiny_mimo, "MiMo-V2-Flash: sliding and global attention with sinks, MoE")]
+    return [
+        TinyCheckpoint("mimo", build_tiny_mimo, "MiMo-V2-Flash: sliding and global attention with sinks, MoE")
+    ]
 
 
 def bench_geometries() -> list[BenchGeometry]:
     from dgpp_mimo.testing_v26 import MIMO_V26_BENCH, MIMO_V26_LAYERS, TINY_MIMO_V26_BENCH
 
     return [
-        BenchGeometry(f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l", MIMO_V26_BENCH, "MiMo-V2.6-Flash's per-layer shape"),
+        BenchGeometry(
+            f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l", MIMO_V26_BENCH, "MiMo-V2.6-Flash's per-layer shape"
+        ),
         BenchGeometry("tiny-mimo-v2.6", TINY_MIMO_V26_BENCH, "its CPU smoke version"),
     ]

@@ -89,6 +89,8 @@ def build_draft(ctx: LoadContext, model: Model) -> MimoMTPDrafter | None:
             f"config.json declares num_nextn_predict_layers={v26.mtp_layers} but tensor "
             f"{first!r} is missing from {ctx.checkpoint_dir}"
         )
-    if not isinstance(model, MimoV2FlashForCausalLM):  # load_v26 built it: the drafter shares its embedding and head
+    if not isinstance(
+        model, MimoV2FlashForCausalLM
+    ):  # load_v26 built it: the drafter shares its embedding and head
         raise TypeError(f"a MiMo-V2.6 drafter needs the MiMo model, got {type(model).__name__}")
     return load_drafter(v26.ctx, v26.cfg, model, min(v26.mtp_layers, ctx.engine.mtp_depth), **loading)

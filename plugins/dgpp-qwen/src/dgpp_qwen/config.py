@@ -136,14 +136,22 @@ class QwenConfig:
         heads = keys.positive("num_attention_heads")
         kv_heads = keys.positive("num_key_value_heads", heads)
         if heads % kv_heads:
-            raise keys.error(f"{keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}")
+            raise keys.error(
+                f"{keys.name('num_attention_heads')} = {heads} is not a multiple of num_key_value_heads = {kv_heads}"
+            )
         head_dim = keys.positive("head_dim", _DEFAULT_HEAD_DIM.get(model_type, hidden // heads))
         num_layers = keys.positive("num_hidden_layers")
         max_position = keys.positive("max_position_embeddings", 32768)
-        dtype_name = (top.optional("dtype", str, None) or top.optional("torch_dtype", str, None)
-                      or keys.optional("dtype", str, None) or "float32")
+        dtype_name = (
+            top.optional("dtype", str, None)
+            or top.optional("torch_dtype", str, None)
+            or keys.optional("dtype", str, None)
+            or "float32"
+        )
         if dtype_name not in COMPUTE_DTYPES:
-            raise top.error(f"dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})")
+            raise top.error(
+                f"dtype = {dtype_name!r} is not supported (supported: {', '.join(COMPUTE_DTYPES)})"
+            )
         tie = top.optional("tie_word_embeddings", bool, keys.optional("tie_word_embeddings", bool, False))
         return cls(
             model_type=model_type,
@@ -193,26 +201,34 @@ def _parse_rope(keys: ConfigKeys, head_dim: int, default_partial: float, max_pos
     section = params.get("mrope_section")
     if section is not None:
         if not isinstance(section, list) or 2 * sum(section) != rotary_dim:
-            raise rk.error(f"{rk.name(('rope_parameters' if nested else 'rope_scaling') + '.mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}")
+            raise rk.error(
+                f"{rk.name(('rope_parameters' if nested else 'rope_scaling') + '.mrope_section')} = {section!r} must sum to rotary_dim/2 = {rotary_dim // 2}"
+            )
         section = tuple(section)
     return RopeConfig(rope, rotary_dim, section, bool(params.get("mrope_interleaved", False)))
 
 
 def _parse_layer_types(keys: ConfigKeys, model_type: str, num_layers: int) -> tuple[str, ...]:
     if keys.optional("use_sliding_window", bool, False):
-        raise keys.error(f"{keys.name('use_sliding_window')} = true is not supported (sliding-window attention)")
+        raise keys.error(
+            f"{keys.name('use_sliding_window')} = true is not supported (sliding-window attention)"
+        )
     types = keys.optional("layer_types", list, None)
     if types is None:
         if model_type not in HYBRID_TYPES:
             return ("full_attention",) * num_layers
         interval = keys.positive("full_attention_interval", 4)
-        return tuple("full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers))
+        return tuple(
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        )
     if len(types) != num_layers:
         raise keys.error(f"{keys.name('layer_types')} has {len(types)} entries for {num_layers} layers")
     allowed = LAYER_KINDS if model_type in HYBRID_TYPES else ("full_attention",)
     for i, kind in enumerate(types):
         if kind not in allowed:
-            raise keys.error(f"{keys.name(f'layer_types[{i}]')} = {kind!r} is not supported (supported: {', '.join(allowed)})")
+            raise keys.error(
+                f"{keys.name(f'layer_types[{i}]')} = {kind!r} is not supported (supported: {', '.join(allowed)})"
+            )
     return tuple(types)
 
 
@@ -247,4 +263,3 @@ def _parse_linear_attn(keys: ConfigKeys, model_type: str) -> LinearAttnConfig | 
         num_key_heads=keys.positive("linear_num_key_heads", 16),
         num_value_heads=keys.positive("linear_num_value_heads", 32),
     )
-

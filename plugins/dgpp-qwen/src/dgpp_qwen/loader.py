@@ -69,7 +69,9 @@ def load_qwen4_exp(ctx: LoadContext) -> Model:
     cfg = Qwen4ExpConfig.from_hf_config(ctx.hf_config)
     base = cfg.base
     eos = tuple(dict.fromkeys((*base.eos_token_ids, *generation_eos(Path(ctx.checkpoint_dir)))))
-    cfg = dataclasses.replace(cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype))
+    cfg = dataclasses.replace(
+        cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype)
+    )
     cfg = with_engine_rope_scaling(cfg, ctx.engine.rope_scaling)
     rename = rename_for(cfg.base)
 
@@ -77,7 +79,9 @@ def load_qwen4_exp(ctx: LoadContext) -> Model:
         check_hash_buffers(model, reader, rename)
         load_ngram_tables(model, reader, rename, ctx)
 
-    return load_family_weights(ctx, lambda: Qwen4ExpForCausalLM(cfg, ctx.world, ctx.group), rename, after_load=tables)
+    return load_family_weights(
+        ctx, lambda: Qwen4ExpForCausalLM(cfg, ctx.world, ctx.group), rename, after_load=tables
+    )
 
 
 def check_hash_buffers(model: Model, reader: CheckpointReader, rename: Callable[[str], str]) -> None:
@@ -86,13 +90,21 @@ def check_hash_buffers(model: Model, reader: CheckpointReader, rename: Callable[
         if layer.ple is None:
             continue
         hasher = layer.ple.ple_embedding.hasher
-        for ours, theirs in (("multipliers", "layer_multipliers"), ("sizes", "ngram_heads_vocab_sizes"), ("offsets", "ngram_heads_offsets")):
+        for ours, theirs in (
+            ("multipliers", "layer_multipliers"),
+            ("sizes", "ngram_heads_vocab_sizes"),
+            ("offsets", "ngram_heads_offsets"),
+        ):
             name = rename(f"model.layers.{i}.ple.ple_embedding.{theirs}")
             if name in reader and not torch.equal(reader.get(name).long().cpu(), getattr(hasher, ours).cpu()):
-                raise CheckpointError(f"tensor {name!r} in {reader.where(name)} disagrees with the n-gram hash derived from config.json")
+                raise CheckpointError(
+                    f"tensor {name!r} in {reader.where(name)} disagrees with the n-gram hash derived from config.json"
+                )
 
 
-def load_ngram_tables(model: Model, reader: CheckpointReader, rename: Callable[[str], str], ctx: LoadContext) -> None:
+def load_ngram_tables(
+    model: Model, reader: CheckpointReader, rename: Callable[[str], str], ctx: LoadContext
+) -> None:
     """The PLE n-gram tables (resident, or memory-mapped under ``engine.ngram_table: mmap``)."""
     mode = ctx.engine.ngram_table
     ngram = model.cfg.ngram

@@ -24,7 +24,8 @@ MIB = 1 << 20
 def ngram_table_bytes(checkpoint_dir: Path) -> int:
     """On-disk bytes of every PLE table of the main model (all shards)."""
     return sum(
-        size for name, size in tensor_bytes(checkpoint_dir).items()
+        size
+        for name, size in tensor_bytes(checkpoint_dir).items()
         if ".ple_embedding.ngram_embedding." in name and not name.startswith("mtp.")
     )
 
@@ -59,14 +60,21 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     assert moe is not None, "qwen4_exp parses as the Qwen3.5-MoE hybrid: it always has experts"
     notes = [f"qwen4_exp plan: modules built on meta for rank {ctx.world.rank} of {world}"]
     if table:
-        notes.append(f"PLE n-gram tables {table / MIB:,.1f} MiB " + ("memory-mapped, not resident" if mapped else "resident"))
+        notes.append(
+            f"PLE n-gram tables {table / MIB:,.1f} MiB "
+            + ("memory-mapped, not resident" if mapped else "resident")
+        )
     return ModelMemory.from_cache_spec(
         spec,
         weights=weights + (0 if mapped else table),
         # a prefill row: the hyper state and its normed copy, the block input, q/k/v/attention rows, the routed
         # experts' gate/up/act on this rank
-        activations_per_token=(2 * cfg.hc_count * base.hidden_size + 6 * base.hidden_size
-                               + 3 * moe.intermediate_size * moe.top_k // world) * itemsize,
+        activations_per_token=(
+            2 * cfg.hc_count * base.hidden_size
+            + 6 * base.hidden_size
+            + 3 * moe.intermediate_size * moe.top_k // world
+        )
+        * itemsize,
         drafter=drafter_bytes,
         vocab_size=base.vocab_size,
         max_position=base.max_position,

@@ -36,7 +36,10 @@ FAMILY = Family(
             claims=("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "qwen3", "qwen3_moe"),
             config="dgpp_qwen.config:QwenConfig",
             model="dgpp_qwen.qwen3:Qwen3ForCausalLM",
-            hooks={"load_model": "dgpp_qwen.loader:load_model", "memory_plan": "dgpp_qwen.memory:estimated_memory"},
+            hooks={
+                "load_model": "dgpp_qwen.loader:load_model",
+                "memory_plan": "dgpp_qwen.memory:estimated_memory",
+            },
         ),
         FamilyModel(
             claims=(
@@ -52,7 +55,10 @@ FAMILY = Family(
             config="dgpp_qwen.config:QwenConfig",
             model="dgpp_qwen.qwen3_5:Qwen35ForCausalLM",
             drafter="dgpp_qwen.draft:build_draft",
-            hooks={"load_model": "dgpp_qwen.loader:load_model", "memory_plan": "dgpp_qwen.memory:estimated_memory"},
+            hooks={
+                "load_model": "dgpp_qwen.loader:load_model",
+                "memory_plan": "dgpp_qwen.memory:estimated_memory",
+            },
         ),
         # Qwen3.8-Flash-Next: n-gram tables beside the weights, indexer keys and PLE state in its plan
         FamilyModel(
@@ -60,7 +66,10 @@ FAMILY = Family(
             config="dgpp_qwen.qwen4_exp_config:Qwen4ExpConfig",
             model="dgpp_qwen.qwen4_exp:Qwen4ExpForCausalLM",
             drafter="dgpp_qwen.draft:build_draft",
-            hooks={"load_model": "dgpp_qwen.loader:load_qwen4_exp", "memory_plan": "dgpp_qwen.memory:memory_plan"},
+            hooks={
+                "load_model": "dgpp_qwen.loader:load_qwen4_exp",
+                "memory_plan": "dgpp_qwen.memory:memory_plan",
+            },
         ),
     ),
     description="Qwen3, Qwen3-MoE, Qwen3.5 / Qwen3.8-27B hybrids, Qwen3.5-122B-A10B MoE, Qwen3.8-Flash-Next (qwen4_exp)",

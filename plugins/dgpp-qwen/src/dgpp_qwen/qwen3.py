@@ -26,7 +26,9 @@ def build_mlp(cfg: QwenConfig, layer: int, world: World) -> nn.Module:
     moe = cfg.moe
     if moe is None or not cfg.is_moe_layer(layer):
         return SwiGLUMLP(cfg.hidden_size, cfg.intermediate_size, dtype=cfg.dtype, world=world)
-    routing = RoutingConfig(num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=moe.norm_topk_prob)
+    routing = RoutingConfig(
+        num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=moe.norm_topk_prob
+    )
     return SparseMoE(
         cfg.hidden_size,
         moe.intermediate_size,
@@ -46,7 +48,9 @@ class Qwen3DecoderLayer(nn.Module):
     with the stream before that output is added: the add is fused into the next norm (``add_rms_norm``).
     """
 
-    def __init__(self, cfg: QwenConfig, layer: int, rotary: RotaryEmbedding, world: World, group: Any = None) -> None:
+    def __init__(
+        self, cfg: QwenConfig, layer: int, rotary: RotaryEmbedding, world: World, group: Any = None
+    ) -> None:
         super().__init__()
         self.world, self.group = world, group
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
@@ -69,22 +73,32 @@ class Qwen3Body(nn.Module):
         super().__init__()
         rotary = build_rotary(cfg)
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, i, rotary, world, group) for i in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(cfg, i, rotary, world, group) for i in range(cfg.num_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=cfg.dtype)
 
 
 class Qwen3ForCausalLM(Model):
     """Qwen3 / Qwen3-MoE text model over the engine's paged K/V pool."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None, *,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        cfg: QwenConfig,
+        world: World | None = None,
+        group: Any = None,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         cfg = dataclasses.replace(cfg, dtype=dtype or cfg.dtype)  # ``dtype``: a deployment's compute dtype
         world = world or World()
         self.cfg = cfg
         self.model = Qwen3Body(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group)
+        self.lm_head = LMHead(
+            cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group
+        )
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position,
@@ -93,7 +107,6 @@ class Qwen3ForCausalLM(Model):
             dtype=cfg.dtype,
             hybrid=False,
         )
-
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

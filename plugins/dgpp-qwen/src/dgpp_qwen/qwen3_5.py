@@ -38,17 +38,26 @@ class DecoderLayer(nn.Module):
     sublayers end row-parallel, so each output is all-reduced once before its residual add."""
 
     def __init__(
-        self, cfg: QwenConfig, index: int, rotary: RotaryEmbedding, world: World, group: Any,
+        self,
+        cfg: QwenConfig,
+        index: int,
+        rotary: RotaryEmbedding,
+        world: World,
+        group: Any,
         cache_name: str | None = None,
     ) -> None:
         super().__init__()
         self.world, self.group = world, group
         self.layer_type = cfg.layer_types[index]
-        self.cache_name = cache_name = cache_name or layer_cache_name(index)  # the pool entry of its K/V or state
+        self.cache_name = cache_name = cache_name or layer_cache_name(
+            index
+        )  # the pool entry of its K/V or state
         if self.layer_type == LINEAR_ATTENTION:
             gdn = cfg.linear_attn
             if gdn is None:
-                raise ConfigError(f"config.json: layer_types[{index}] = 'linear_attention' needs a qwen3_5 model_type")
+                raise ConfigError(
+                    f"config.json: layer_types[{index}] = 'linear_attention' needs a qwen3_5 model_type"
+                )
             self.linear_attn = GatedDeltaNet(
                 cache_name,
                 hidden_size=cfg.hidden_size,
@@ -67,7 +76,9 @@ class DecoderLayer(nn.Module):
             )
         self.mlp = build_mlp(cfg, index, world)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype)
+        self.post_attention_layernorm = RMSNorm(
+            cfg.hidden_size, cfg.rms_norm_eps, zero_centered=True, dtype=cfg.dtype
+        )
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         """The layer's one entry: GDN state or paged K/V (the model's and the drafter's ``cache_spec`` collect it)."""
@@ -101,8 +112,14 @@ class Qwen35ForCausalLM(Model):
     Hidden state is replicated at every block boundary; GDN and attention heads, MLP and expert intermediate
     dims are split over ``world``; the embedding is replicated, the head vocab-parallel."""
 
-    def __init__(self, cfg: QwenConfig, world: World | None = None, group: Any = None, *,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        cfg: QwenConfig,
+        world: World | None = None,
+        group: Any = None,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         cfg = dataclasses.replace(cfg, dtype=dtype or cfg.dtype)  # ``dtype``: a deployment's compute dtype
         world = world or World()
@@ -110,7 +127,9 @@ class Qwen35ForCausalLM(Model):
         self.world, self.group = world, group
         self.model = Qwen35TextStack(cfg, world, group)
         tied = self.model.embed_tokens if cfg.tie_word_embeddings else None
-        self.lm_head = LMHead(cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group)
+        self.lm_head = LMHead(
+            cfg.vocab_size, cfg.hidden_size, dtype=cfg.dtype, tied_to=tied, world=world, group=group
+        )
         self.info = ModelInfo(
             vocab_size=cfg.vocab_size,
             max_position=cfg.max_position,
@@ -119,7 +138,6 @@ class Qwen35ForCausalLM(Model):
             dtype=cfg.dtype,
             hybrid=any(t == LINEAR_ATTENTION for t in cfg.layer_types),
         )
-
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)

@@ -75,4 +75,3 @@ class Qwen35MTPDrafter(nn.Module):
     def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
         # every draft depth goes through the main model's head
         return self._vocab.head(hidden)
-

@@ -52,10 +52,17 @@ class SigmoidGatedRMSNorm(GatedRMSNorm):
 def build_moe(cfg: Qwen4ExpConfig, world: World) -> SparseMoE:
     moe, base = cfg.base.moe, cfg.base
     assert moe is not None, "qwen4_exp parses as the Qwen3.5-MoE hybrid: it always has experts"
-    routing = RoutingConfig(num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=cfg.norm_topk_prob)
+    routing = RoutingConfig(
+        num_experts=moe.num_experts, top_k=moe.top_k, scoring="softmax", renormalize=cfg.norm_topk_prob
+    )
     return SparseMoE(
-        base.hidden_size, moe.intermediate_size, routing, dtype=base.dtype,
-        shared_intermediate_size=moe.shared_expert_intermediate_size, shared_gate=True, world=world,
+        base.hidden_size,
+        moe.intermediate_size,
+        routing,
+        dtype=base.dtype,
+        shared_intermediate_size=moe.shared_expert_intermediate_size,
+        shared_gate=True,
+        world=world,
     )
 
 
@@ -63,7 +70,14 @@ class Qwen4ExpDecoderLayer(nn.Module):
     """``[+PLE] -> GR mix -> GDN|QSA -> GR combine -> GR mix -> MoE -> GR combine`` over the hyper state."""
 
     def __init__(
-        self, cfg: Qwen4ExpConfig, index: int, rotary: RotaryEmbedding, world: World, group: Any, *, cache_name: str | None = None
+        self,
+        cfg: Qwen4ExpConfig,
+        index: int,
+        rotary: RotaryEmbedding,
+        world: World,
+        group: Any,
+        *,
+        cache_name: str | None = None,
     ) -> None:
         super().__init__()
         base = cfg.base
@@ -74,12 +88,21 @@ class Qwen4ExpDecoderLayer(nn.Module):
             gdn = base.linear_attn
             assert gdn is not None, "a linear_attention layer has the hybrid's GDN sizes"
             self.linear_attn = GatedDeltaNet(
-                self.cache_name, hidden_size=base.hidden_size, num_k_heads=gdn.num_key_heads,
-                num_v_heads=gdn.num_value_heads, head_k_dim=gdn.key_head_dim, head_v_dim=gdn.value_head_dim,
-                conv_kernel=gdn.conv_kernel, eps=base.rms_norm_eps, dtype=base.dtype, world=world,
+                self.cache_name,
+                hidden_size=base.hidden_size,
+                num_k_heads=gdn.num_key_heads,
+                num_v_heads=gdn.num_value_heads,
+                head_k_dim=gdn.key_head_dim,
+                head_v_dim=gdn.value_head_dim,
+                conv_kernel=gdn.conv_kernel,
+                eps=base.rms_norm_eps,
+                dtype=base.dtype,
+                world=world,
             )
             if cfg.gdn_output_gate == "sigmoid":
-                self.linear_attn.norm = SigmoidGatedRMSNorm(gdn.value_head_dim, base.rms_norm_eps, dtype=base.dtype)
+                self.linear_attn.norm = SigmoidGatedRMSNorm(
+                    gdn.value_head_dim, base.rms_norm_eps, dtype=base.dtype
+                )
         else:
             self.self_attn = QSAttention(cfg, self.cache_name, f"{self.cache_name}.indexer", rotary, world)
         self.mlp = build_moe(cfg, world)
@@ -87,11 +110,23 @@ class Qwen4ExpDecoderLayer(nn.Module):
         self.ple = None
         if ngram is not None and index in ngram.layer_ids:
             self.ple = PLELayer(
-                ngram, f"{self.cache_name}.ple", ngram.layer_ids.index(index), vocab_size=base.vocab_size,
-                hidden_size=base.hidden_size, hc_count=cfg.hc_count, eps=base.rms_norm_eps, dtype=base.dtype,
+                ngram,
+                f"{self.cache_name}.ple",
+                ngram.layer_ids.index(index),
+                vocab_size=base.vocab_size,
+                hidden_size=base.hidden_size,
+                hc_count=cfg.hc_count,
+                eps=base.rms_norm_eps,
+                dtype=base.dtype,
             )
-        gr = partial(GatedResidual, hidden_size=base.hidden_size, hc_count=cfg.hc_count, lowrank=cfg.hc_lowrank,
-                     eps=base.rms_norm_eps, dtype=base.dtype)
+        gr = partial(
+            GatedResidual,
+            hidden_size=base.hidden_size,
+            hc_count=cfg.hc_count,
+            lowrank=cfg.hc_lowrank,
+            eps=base.rms_norm_eps,
+            dtype=base.dtype,
+        )
         self.attn_hyper_connection = gr()
         self.mlp_hyper_connection = gr()
 
@@ -112,9 +147,13 @@ class Qwen4ExpDecoderLayer(nn.Module):
             hyper = hyper + self.ple(hyper, batch)
         mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
         x, inject = self.attn_hyper_connection.mix(hyper)
-        hyper = self.attn_hyper_connection.combine(hyper, all_reduce(mixer(x, batch), self.world, self.group), inject)
+        hyper = self.attn_hyper_connection.combine(
+            hyper, all_reduce(mixer(x, batch), self.world, self.group), inject
+        )
         x, inject = self.mlp_hyper_connection.mix(hyper)
-        return self.mlp_hyper_connection.combine(hyper, all_reduce(self.mlp(x), self.world, self.group), inject)
+        return self.mlp_hyper_connection.combine(
+            hyper, all_reduce(self.mlp(x), self.world, self.group), inject
+        )
 
 
 class Qwen4ExpTextStack(nn.Module):
@@ -125,9 +164,16 @@ class Qwen4ExpTextStack(nn.Module):
         base = cfg.base
         rotary = build_rotary(base)
         self.embed_tokens = VocabEmbedding(base.vocab_size, base.hidden_size, dtype=base.dtype)
-        self.layers = nn.ModuleList(Qwen4ExpDecoderLayer(cfg, i, rotary, world, group) for i in range(base.num_layers))
+        self.layers = nn.ModuleList(
+            Qwen4ExpDecoderLayer(cfg, i, rotary, world, group) for i in range(base.num_layers)
+        )
         self.hyper_connection_mixer = GatedResidual(
-            base.hidden_size, cfg.hc_count, cfg.hc_lowrank, base.rms_norm_eps, dtype=base.dtype, use_combine=False
+            base.hidden_size,
+            cfg.hc_count,
+            cfg.hc_lowrank,
+            base.rms_norm_eps,
+            dtype=base.dtype,
+            use_combine=False,
         )
 
 
@@ -137,8 +183,14 @@ class Qwen4ExpForCausalLM(Model):
     With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
     layer's input)."""
 
-    def __init__(self, cfg: Qwen4ExpConfig, world: World | None = None, group: Any = None, *,
-                 dtype: torch.dtype | None = None) -> None:
+    def __init__(
+        self,
+        cfg: Qwen4ExpConfig,
+        world: World | None = None,
+        group: Any = None,
+        *,
+        dtype: torch.dtype | None = None,
+    ) -> None:
         super().__init__()
         # ``dtype``: a deployment's compute dtype
         cfg = dataclasses.replace(cfg, base=dataclasses.replace(cfg.base, dtype=dtype or cfg.base.dtype))
@@ -147,11 +199,17 @@ class Qwen4ExpForCausalLM(Model):
         self.cfg, self.world, self.group = cfg, world, group
         self.model = Qwen4ExpTextStack(cfg, world, group)
         tied = self.model.embed_tokens if base.tie_word_embeddings else None
-        self.lm_head = LMHead(base.vocab_size, base.hidden_size, dtype=base.dtype, tied_to=tied, world=world, group=group)
+        self.lm_head = LMHead(
+            base.vocab_size, base.hidden_size, dtype=base.dtype, tied_to=tied, world=world, group=group
+        )
         self.last_hidden: torch.Tensor | None = None
         self.info = ModelInfo(
-            vocab_size=base.vocab_size, max_position=base.max_position, eos_token_ids=base.eos_token_ids,
-            bos_token_id=base.bos_token_id, dtype=base.dtype, hybrid=True,
+            vocab_size=base.vocab_size,
+            max_position=base.max_position,
+            eos_token_ids=base.eos_token_ids,
+            bos_token_id=base.bos_token_id,
+            dtype=base.dtype,
+            hybrid=True,
         )
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

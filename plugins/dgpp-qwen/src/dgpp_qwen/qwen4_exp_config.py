@@ -84,7 +84,10 @@ class Qwen4ExpConfig:
         base = QwenConfig.from_hf_config(_as_hybrid_moe(keys, hf_config))
         archs = hf_config.get("architectures") or []
         base = dataclasses.replace(
-            base, model_type="qwen4_exp_text", architecture=archs[0] if archs else hf_config["model_type"], weight_prefix=prefix
+            base,
+            model_type="qwen4_exp_text",
+            architecture=archs[0] if archs else hf_config["model_type"],
+            weight_prefix=prefix,
         )
         gate = keys.optional("output_gate_type", str, None) or keys.optional("hidden_act", str, "silu")
         if gate not in ("silu", "sigmoid"):
@@ -101,7 +104,6 @@ class Qwen4ExpConfig:
             gdn_output_gate=gate,
             norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
         )
-
 
 
 def _text_keys(hf_config: dict[str, Any]) -> tuple[ConfigKeys, str]:
@@ -123,12 +125,18 @@ def _as_hybrid_moe(keys: ConfigKeys, hf_config: dict[str, Any]) -> dict[str, Any
     text["model_type"] = "qwen3_5_moe_text"
     types = text.get("layer_types")
     if isinstance(types, list):
-        text["layer_types"] = ["full_attention" if t in (INDEXED_ATTENTION, "full_attention") else t for t in types]
+        text["layer_types"] = [
+            "full_attention" if t in (INDEXED_ATTENTION, "full_attention") else t for t in types
+        ]
     rope = text.get("rope_parameters")
     if isinstance(rope, dict) and "partial_rotary_factor" not in rope:
         text["rope_parameters"] = {**rope, "partial_rotary_factor": 1.0}
     if keys.prefix:  # the multimodal wrapper: parse as qwen3_5_moe, so errors name text_config.<key>
-        top = {k: v for k, v in hf_config.items() if k in ("architectures", "dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id")}
+        top = {
+            k: v
+            for k, v in hf_config.items()
+            if k in ("architectures", "dtype", "torch_dtype", "tie_word_embeddings", "eos_token_id")
+        }
         return {**top, "model_type": "qwen3_5_moe", "text_config": text}
     return text
 
@@ -143,9 +151,13 @@ def _parse_indexer(keys: ConfigKeys, base: QwenConfig) -> IndexerConfig:
         compress_ratio=keys.positive("indexer_compress_ratio"),
     )
     if cfg.budget % cfg.compress_ratio:
-        raise keys.error(f"{keys.name('indexer_budget')} = {cfg.budget} is not a multiple of indexer_compress_ratio")
+        raise keys.error(
+            f"{keys.name('indexer_budget')} = {cfg.budget} is not a multiple of indexer_compress_ratio"
+        )
     if base.rope.rotary_dim > cfg.head_dim:
-        raise keys.error(f"{keys.name('indexer_head_dim')} = {cfg.head_dim} is below the rotary dim {base.rope.rotary_dim}")
+        raise keys.error(
+            f"{keys.name('indexer_head_dim')} = {cfg.head_dim} is below the rotary dim {base.rope.rotary_dim}"
+        )
     return cfg
 
 
@@ -154,7 +166,9 @@ def _parse_ngram(keys: ConfigKeys, base: QwenConfig) -> NGramConfig | None:
     if not ids:
         return None
     if not all(isinstance(i, int) and 1 <= i <= base.num_layers for i in ids):
-        raise keys.error(f"{keys.name('ple_layer_ids')} = {ids!r} must be one-indexed layer ids in [1, {base.num_layers}]")
+        raise keys.error(
+            f"{keys.name('ple_layer_ids')} = {ids!r} must be one-indexed layer ids in [1, {base.num_layers}]"
+        )
     layer_ids = tuple(sorted({i - 1 for i in ids}))
     if any(base.layer_types[i] != "linear_attention" for i in layer_ids):
         raise keys.error(f"{keys.name('ple_layer_ids')} may only name linear_attention layers")
@@ -179,8 +193,6 @@ def _parse_ngram(keys: ConfigKeys, base: QwenConfig) -> NGramConfig | None:
     return cfg
 
 
-
-
 def with_engine_rope_scaling(cfg: Qwen4ExpConfig, rope_scaling: Any) -> Qwen4ExpConfig:
     """``engine.rope_scaling`` (YaRN, opt-in 512K): replaces the checkpoint's RoPE frequencies and raises
     the position limit to ``factor × original_max_position_embeddings``."""
@@ -195,8 +207,15 @@ def with_engine_rope_scaling(cfg: Qwen4ExpConfig, rope_scaling: Any) -> Qwen4Exp
         attention_factor=rope_scaling.attn_factor * YarnScaling(rope_scaling.factor, 1).magnitude(),
     )
     base = cfg.base
-    scaling = RopeScaling(theta=base.rope.theta, rope_type="yarn", factor=yarn.factor,
-                          original_max_position=yarn.original_max_position, yarn=yarn)
+    scaling = RopeScaling(
+        theta=base.rope.theta,
+        rope_type="yarn",
+        factor=yarn.factor,
+        original_max_position=yarn.original_max_position,
+        yarn=yarn,
+    )
     rope = dataclasses.replace(base.rope, scaling=scaling)
-    max_position = max(base.max_position, int(rope_scaling.factor * rope_scaling.original_max_position_embeddings))
+    max_position = max(
+        base.max_position, int(rope_scaling.factor * rope_scaling.original_max_position_embeddings)
+    )
     return dataclasses.replace(cfg, base=dataclasses.replace(base, rope=rope, max_position=max_position))

@@ -49,7 +49,9 @@ class Qwen4ExpMTPDrafter(nn.Module):
     def __init__(self, main: Qwen4ExpForCausalLM) -> None:
         super().__init__()
         # the MTP block is a QSA layer and never carries PLE
-        cfg = dataclasses.replace(main.cfg, base=dataclasses.replace(main.cfg.base, layer_types=("full_attention",)), ngram=None)
+        cfg = dataclasses.replace(
+            main.cfg, base=dataclasses.replace(main.cfg.base, layer_types=("full_attention",)), ngram=None
+        )
         base = cfg.base
         self.cfg = cfg
         hidden, eps, dtype = base.hidden_size, base.rms_norm_eps, base.dtype
@@ -60,7 +62,9 @@ class Qwen4ExpMTPDrafter(nn.Module):
         self.layers = nn.ModuleList(
             [Qwen4ExpDecoderLayer(cfg, 0, rotary, main.world, main.group, cache_name=f"{MTP_PREFIX}layers.0")]
         )
-        self.hyper_connection_mixer = GatedResidual(hidden, cfg.hc_count, cfg.hc_lowrank, eps, dtype=dtype, use_combine=False)
+        self.hyper_connection_mixer = GatedResidual(
+            hidden, cfg.hc_count, cfg.hc_lowrank, eps, dtype=dtype, use_combine=False
+        )
         self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
         self.last_hidden: torch.Tensor | None = None
 

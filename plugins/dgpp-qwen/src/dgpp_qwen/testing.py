@@ -14,13 +14,18 @@ from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
     kinds = [
-        TinyCheckpoint(kind, partial(build_transformers_checkpoint, config_cls, model_cls, text=extra, vision=vision),
-                       f"transformers' {model_cls}")
+        TinyCheckpoint(
+            kind,
+            partial(build_transformers_checkpoint, config_cls, model_cls, text=extra, vision=vision),
+            f"transformers' {model_cls}",
+        )
         for kind, (config_cls, model_cls, extra, vision) in KINDS.items()
     ]
     return [
         *kinds,
-        TinyCheckpoint("qwen3-chat", build_qwen3_chat, "Qwen3 with a byte-level chat tokenizer (the CPU demo)"),
+        TinyCheckpoint(
+            "qwen3-chat", build_qwen3_chat, "Qwen3 with a byte-level chat tokenizer (the CPU demo)"
+        ),
         TinyCheckpoint("qwen4_exp", build_tiny_qwen4_exp, "Qwen3.8-Flash-Next: GDN + PLE, QSA, streams, MoE"),
     ]
 

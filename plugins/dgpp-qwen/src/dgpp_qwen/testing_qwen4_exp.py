@@ -33,7 +33,12 @@ TINY_QWEN4_EXP: dict[str, Any] = {
     "initializer_range": 0.08,
     "tie_word_embeddings": False,
     "layer_types": ["linear_attention", "indexed_attention", "linear_attention", "indexed_attention"],
-    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]},
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.5,
+        "mrope_section": [2, 1, 1],
+    },
     "linear_num_key_heads": 2,
     "linear_num_value_heads": 4,
     "linear_key_head_dim": 16,
@@ -116,7 +121,9 @@ def build_tiny_qwen4_exp(
     torch.manual_seed(seed)
     if wrapped:
         tie = text.pop("tie_word_embeddings")
-        config = transformers.Qwen4ExpConfig(text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie)
+        config = transformers.Qwen4ExpConfig(
+            text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie
+        )
         model = transformers.Qwen4ExpForConditionalGeneration(config).eval()
     else:
         model = transformers.Qwen4ExpForCausalLM(transformers.Qwen4ExpTextConfig(**text)).eval()
@@ -160,5 +167,7 @@ def mtp_reference_logits(path: str | Path, tokens: list[int]) -> torch.Tensor:
     hyper = x.repeat(1, 1, ref.config.hc_count)
     position_embeddings = ref.model.rotary_emb(hyper, torch.arange(n).view(1, 1, -1).expand(3, 1, -1))
     causal = torch.full((n, n), torch.finfo(torch.float64).min, dtype=torch.float64).triu(1)[None, None]
-    hyper = cast(torch.nn.ModuleList, mtp["layers"])[0](hyper, position_embeddings=position_embeddings, attention_mask=causal, cache=None)
+    hyper = cast(torch.nn.ModuleList, mtp["layers"])[0](
+        hyper, position_embeddings=position_embeddings, attention_mask=causal, cache=None
+    )
     return ref.lm_head(mtp["hyper_connection_mixer"](hyper))[0]

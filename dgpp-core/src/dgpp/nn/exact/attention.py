@@ -20,8 +20,14 @@ from dgpp.policy import current
 
 
 def paged_decode_attention_fixed(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    seq_lens: torch.Tensor, scale: float, window: int = 0, splits: int | None = None,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    window: int = 0,
+    splits: int | None = None,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width).
     The programs per (row, KV head) follow the batch (``programs_per_row``): that never changes a row's
@@ -31,7 +37,9 @@ def paged_decode_attention_fixed(
     if splits < 1:
         raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
     grid = programs_per_row(q.shape[0], k_cache.shape[2])
-    return decode_attention_with_splits(q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid)
+    return decode_attention_with_splits(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid
+    )
 
 
 def expand_rows(

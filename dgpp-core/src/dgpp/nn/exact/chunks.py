@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import torch
 
-ALIGN = 256  # bytes: cuBLAS(Lt) picks kernels by pointer alignment up to this; a fresh allocation has at least it
+ALIGN = (
+    256  # bytes: cuBLAS(Lt) picks kernels by pointer alignment up to this; a fresh allocation has at least it
+)
 IN_PLACE = True  # False: the per-chunk calls and copies of ``routing.route_rows`` (A/B timing only)
 
 
@@ -24,7 +26,9 @@ def _aligned(x: torch.Tensor, ranges: tuple[tuple[int, int], ...], widths: list[
     return IN_PLACE and all(a * n * elem % ALIGN == 0 for a, _ in ranges for n in widths)
 
 
-def chunk_linears(x: torch.Tensor, weights: list[torch.Tensor], ranges: tuple[tuple[int, int], ...]) -> list[torch.Tensor] | None:
+def chunk_linears(
+    x: torch.Tensor, weights: list[torch.Tensor], ranges: tuple[tuple[int, int], ...]
+) -> list[torch.Tensor] | None:
     """``[x @ w.T]`` over the rows of ``ranges`` (other rows left unwritten), each range as the stock bulk path
     computes it alone; None when an output address would change alignment (the caller merges copies instead)."""
     from dgpp import kernels
@@ -44,8 +48,9 @@ def chunk_linears(x: torch.Tensor, weights: list[torch.Tensor], ranges: tuple[tu
     return outs
 
 
-def chunk_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                       ranges: tuple[tuple[int, int], ...]) -> list[torch.Tensor] | None:
+def chunk_gate_up_silu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, ranges: tuple[tuple[int, int], ...]
+) -> list[torch.Tensor] | None:
     """``silu(x wg^T) * (x wu^T)`` over the rows of ``ranges`` as ``chunk_linears`` computes products: gate and
     up per chunk in place, then one SwiGLU pass over all rows; None as ``chunk_linears``."""
     from dgpp import kernels

@@ -37,30 +37,45 @@ GATE_UP_TILE = (128, 4)  # (BK, stages) the stock gate/up launch uses
 PREFILL_ROWS = 128
 
 
-def _wide_tile(m: int, sizes: list[int], bk: int, stages: int, weight_tiles: int, elem: int,
-               bm: int) -> tuple[int, int, int] | None:
+def _wide_tile(
+    m: int, sizes: list[int], bk: int, stages: int, weight_tiles: int, elem: int, bm: int
+) -> tuple[int, int, int] | None:
     """``(WIDE_BN, bk, stages)`` for prefill-size calls whose one pipeline stage fits shared memory, else None
     (the kernel's own tile)."""
     fits = (bm + weight_tiles * WIDE_BN) * bk * elem <= 200 * 1024
-    if (m >= WIDE_ROWS and fits and current().exact_wide_bn
-            and all(n % WIDE_BN == 0 for n in sizes)):
+    if m >= WIDE_ROWS and fits and current().exact_wide_bn and all(n % WIDE_BN == 0 for n in sizes):
         return WIDE_BN, bk, stages
     return None
 
 
 def _prefill_size(x: torch.Tensor, sizes: list[int], tile: tuple[int, ...]) -> bool:
-    return x.shape[0] >= PREFILL_ROWS and current().exact_prefill_tile and gemm_prefill.prefill_tile_applies(x, sizes, tile)
+    return (
+        x.shape[0] >= PREFILL_ROWS
+        and current().exact_prefill_tile
+        and gemm_prefill.prefill_tile_applies(x, sizes, tile)
+    )
 
 
 def fixed_order_applies(x: torch.Tensor, *weights: torch.Tensor) -> bool:
     """True when the fixed-order kernels take these operands (2-D rows, dense contiguous weights, N % 16)."""
-    return x.dim() == 2 and x.shape[0] >= 1 and x.stride(-1) == 1 and all(
-        w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1] and w.shape[0] % 16 == 0 and w.is_contiguous()
-        for w in weights
+    return (
+        x.dim() == 2
+        and x.shape[0] >= 1
+        and x.stride(-1) == 1
+        and all(
+            w.dim() == 2
+            and w.dtype == x.dtype
+            and w.shape[1] == x.shape[1]
+            and w.shape[0] % 16 == 0
+            and w.is_contiguous()
+            for w in weights
+        )
     )
 
 
-def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: int | None = None) -> list[torch.Tensor]:
+def fixed_order_linear(
+    x: torch.Tensor, weights: list[torch.Tensor], row_block: int | None = None
+) -> list[torch.Tensor]:
     """``[x @ w.T for w in weights]`` (1 to 3 weights, one launch), each row independent of ``x.shape[0]``.
     ``row_block`` overrides the policy's ``exact_row_block`` (GPU timing only: the engine must use one value
     everywhere)."""
@@ -68,8 +83,10 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: 
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"fixed_order_linear takes 1 to 3 weights, got {len(weights)}")
     if not fixed_order_applies(x, *weights):
-        raise ValueError(f"fixed_order_linear: x {tuple(x.shape)} {x.dtype} does not fit weights "
-                         f"{[tuple(w.shape) for w in weights]} (dense, contiguous, rows a multiple of 16)")
+        raise ValueError(
+            f"fixed_order_linear: x {tuple(x.shape)} {x.dtype} does not fit weights "
+            f"{[tuple(w.shape) for w in weights]} (dense, contiguous, rows a multiple of 16)"
+        )
     if row_block is None and x.shape[0] <= MAX_ROWS:
         # the decode GEMV gives these rows the same bits (H200: rows of 1..64-row launches are bit-identical
         # whatever the row class and tile, since the K loop feeds one MMA accumulator in a fixed order) with
@@ -83,13 +100,16 @@ def fixed_order_linear(x: torch.Tensor, weights: list[torch.Tensor], row_block: 
     return multi_linear_triton(x, weights, tile=tile, bm=bm)
 
 
-def fixed_order_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                             row_block: int | None = None) -> torch.Tensor:
+def fixed_order_gate_up_silu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, row_block: int | None = None
+) -> torch.Tensor:
     """``silu(x wg^T) * (x wu^T)`` in one launch, each row independent of ``x.shape[0]``."""
     bm = row_block or current().exact_row_block
     if not fixed_order_applies(x, w_gate, w_up) or w_gate.shape != w_up.shape:
-        raise ValueError(f"fixed_order_gate_up_silu: x {tuple(x.shape)} does not fit gate {tuple(w_gate.shape)} / "
-                         f"up {tuple(w_up.shape)}")
+        raise ValueError(
+            f"fixed_order_gate_up_silu: x {tuple(x.shape)} does not fit gate {tuple(w_gate.shape)} / "
+            f"up {tuple(w_up.shape)}"
+        )
     if row_block is None and x.shape[0] <= MAX_ROWS:  # same bits, tuned tiles (see fixed_order_linear)
         return gate_up_silu_triton(x, w_gate, w_up)
     if row_block is None and _prefill_size(x, [w_gate.shape[0]], gemm_prefill.gate_up_tile(x.shape[0])):

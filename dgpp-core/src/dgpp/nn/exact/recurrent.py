@@ -31,32 +31,56 @@ class RecurrentPlan:
     state_slots: torch.Tensor
     bulk: tuple[tuple[int, int, int, int], ...] = ()  # (first row, end row, sequence, context) per chunk
 
-    def conv(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor) -> torch.Tensor:
+    def conv(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, conv_state: torch.Tensor
+    ) -> torch.Tensor:
         """Causal conv + SiLU of every row (``weight [channels, kernel]``), updating ``conv_state`` in place."""
         from dgpp.kernels.causal_conv1d import causal_conv1d_decode
         from dgpp.nn.causal_conv1d import causal_conv1d_varlen
 
         out = torch.empty_like(x)
         for rows, seqs, fresh in self.steps:
-            out[rows] = causal_conv1d_decode(x[rows], weight, bias, conv_state, self.state_slots[seqs], fresh, True)
+            out[rows] = causal_conv1d_decode(
+                x[rows], weight, bias, conv_state, self.state_slots[seqs], fresh, True
+            )
         for a, b, seq, ctx in self.bulk:
-            out[a:b] = causal_conv1d_varlen(x[a:b], weight, bias, conv_state, self.state_slots[seq : seq + 1],
-                                            [b - a], [ctx], "silu").to(out.dtype)
+            out[a:b] = causal_conv1d_varlen(
+                x[a:b], weight, bias, conv_state, self.state_slots[seq : seq + 1], [b - a], [ctx], "silu"
+            ).to(out.dtype)
         return out
 
-    def delta(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-              state_pool: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    def delta(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        state_pool: torch.Tensor,
+        chunk_size: int,
+    ) -> torch.Tensor:
         """The gated delta rule of every row (fp32 ``[T, Hv, dv]``), updating the pooled state in place."""
         from dgpp.kernels.gated_delta import gdn_decode_step_triton
         from dgpp.nn.gated_delta_rule import gated_delta_rule_varlen
 
         out = torch.empty(v.shape, dtype=torch.float32, device=v.device)
         for rows, seqs, fresh in self.steps:
-            out[rows] = gdn_decode_step_triton(q[rows], k[rows], v[rows], g[rows], beta[rows], state_pool,
-                                               self.state_slots[seqs], fresh).float()
+            out[rows] = gdn_decode_step_triton(
+                q[rows], k[rows], v[rows], g[rows], beta[rows], state_pool, self.state_slots[seqs], fresh
+            ).float()
         for a, b, seq, ctx in self.bulk:
-            out[a:b] = gated_delta_rule_varlen(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], state_pool,
-                                               self.state_slots[seq : seq + 1], [b - a], [ctx], chunk_size).float()
+            out[a:b] = gated_delta_rule_varlen(
+                q[a:b],
+                k[a:b],
+                v[a:b],
+                g[a:b],
+                beta[a:b],
+                state_pool,
+                self.state_slots[seq : seq + 1],
+                [b - a],
+                [ctx],
+                chunk_size,
+            ).float()
         return out
 
 
@@ -74,8 +98,13 @@ def plan_rows(batch: ForwardBatch, route: StepRoute) -> RecurrentPlan:
         seqs = [i for i in canonical if q_lens[i] > j]
         rows = [starts[i] + j for i in seqs]
         fresh = [j == 0 and ctx[i] == 0 for i in seqs]
-        steps.append((_device(rows, torch.int64, device), _device(seqs, torch.int64, device),
-                      _device(fresh, torch.bool, device)))
+        steps.append(
+            (
+                _device(rows, torch.int64, device),
+                _device(seqs, torch.int64, device),
+                _device(fresh, torch.bool, device),
+            )
+        )
     return RecurrentPlan(steps, batch.state_slots, tuple((starts[i], starts[i + 1], i, ctx[i]) for i in bulk))
 
 

@@ -46,7 +46,10 @@ from dgpp.step.route import current_route
 def _pad_rows(weights: list[torch.Tensor]) -> tuple[list[torch.Tensor], list[int]]:
     """Weights with a row count that is not a multiple of 16 (small routers, tiny fixtures) padded with zero rows."""
     sizes = [w.shape[0] for w in weights]
-    padded = [w if n % 16 == 0 else torch.nn.functional.pad(w, (0, 0, 0, -n % 16)) for w, n in zip(weights, sizes, strict=True)]
+    padded = [
+        w if n % 16 == 0 else torch.nn.functional.pad(w, (0, 0, 0, -n % 16))
+        for w, n in zip(weights, sizes, strict=True)
+    ]
     return padded, sizes
 
 
@@ -62,16 +65,26 @@ def fixed_linear(x: torch.Tensor, weights: list[torch.Tensor]) -> list[torch.Ten
 def routable(x: torch.Tensor, weights: list[torch.Tensor]) -> bool:
     """``x``'s rows can follow the step's route: CUDA, routing on, a non-empty 2-D batch, and every dense
     weight (none for packed layers) of ``x``'s dtype and width."""
-    return (x.is_cuda and current().exact_routing and x.dim() == 2 and x.shape[0] > 0
-            and all(w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1] for w in weights))
+    return (
+        x.is_cuda
+        and current().exact_routing
+        and x.dim() == 2
+        and x.shape[0] > 0
+        and all(w.dim() == 2 and w.dtype == x.dtype and w.shape[1] == x.shape[1] for w in weights)
+    )
 
 
 BulkChunks = Callable[[torch.Tensor, tuple[tuple[int, int], ...]], "list[torch.Tensor] | None"]
 
 
-def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tensor]],
-               bulk: Callable[[torch.Tensor], list[torch.Tensor]],
-               bulk_chunks: BulkChunks | None = None, *, grouped: bool = False) -> list[torch.Tensor] | None:
+def route_rows(
+    x: torch.Tensor,
+    exact: Callable[[torch.Tensor], list[torch.Tensor]],
+    bulk: Callable[[torch.Tensor], list[torch.Tensor]],
+    bulk_chunks: BulkChunks | None = None,
+    *,
+    grouped: bool = False,
+) -> list[torch.Tensor] | None:
     """Split ``x``'s rows by the current step's route: ``exact(rows)`` for canonical rows, ``bulk(rows)`` for
     the rest (computed over the bulk rows only). None when no route is set (the caller's own path).
 
@@ -83,7 +96,9 @@ def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tenso
     route = current_route()
     if route is None:
         return exact(x) if current().batch_invariant else None
-    if x.shape[0] != route.num_tokens or route.all_exact:  # a row set of its own (e.g. logits rows): canonical
+    if (
+        x.shape[0] != route.num_tokens or route.all_exact
+    ):  # a row set of its own (e.g. logits rows): canonical
         return exact(x)
     ranges, rows = (route.long_ranges, route.fixed_rows) if grouped else (route.bulk_ranges, route.exact_rows)
     if not ranges:  # decode rows and short chunks only: one fixed-order call over the step
@@ -100,8 +115,12 @@ def route_rows(x: torch.Tensor, exact: Callable[[torch.Tensor], list[torch.Tenso
     return merged
 
 
-def _merged_bulk(x: torch.Tensor, ranges: tuple[tuple[int, int], ...],
-                 bulk: Callable[[torch.Tensor], list[torch.Tensor]], exact_out: list[torch.Tensor] | None) -> list[torch.Tensor]:
+def _merged_bulk(
+    x: torch.Tensor,
+    ranges: tuple[tuple[int, int], ...],
+    bulk: Callable[[torch.Tensor], list[torch.Tensor]],
+    exact_out: list[torch.Tensor] | None,
+) -> list[torch.Tensor]:
     parts = [((a, b), bulk(x[a:b])) for a, b in ranges]
     first = parts[0][1] if parts else exact_out
     assert first is not None
@@ -112,8 +131,12 @@ def _merged_bulk(x: torch.Tensor, ranges: tuple[tuple[int, int], ...],
     return merged
 
 
-def routed_linears(x: torch.Tensor, weights: list[torch.Tensor], bulk: Callable[[torch.Tensor], list[torch.Tensor]],
-                   bias: torch.Tensor | None = None) -> list[torch.Tensor] | None:
+def routed_linears(
+    x: torch.Tensor,
+    weights: list[torch.Tensor],
+    bulk: Callable[[torch.Tensor], list[torch.Tensor]],
+    bias: torch.Tensor | None = None,
+) -> list[torch.Tensor] | None:
     """``[x @ w.T (+ bias)]`` for dense weights through the step's route, or None (not CUDA / routing off / no
     route). ``bias`` (one weight only) is added after the fixed-order product; ``bulk`` adds its own."""
     if not routable(x, weights):
@@ -129,8 +152,9 @@ def routed_linears(x: torch.Tensor, weights: list[torch.Tensor], bulk: Callable[
     return route_rows(x, exact, bulk, chunks, grouped=True)
 
 
-def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor,
-                        bulk: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor | None:
+def routed_gate_up_silu(
+    x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor, bulk: Callable[[torch.Tensor], torch.Tensor]
+) -> torch.Tensor | None:
     """``silu(x wg^T) * (x wu^T)`` through the step's route, or None."""
     from dgpp.nn.exact.gemm import fixed_order_applies, fixed_order_gate_up_silu
 
@@ -147,8 +171,13 @@ def routed_gate_up_silu(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tenso
         gate, up = fixed_linear(rows, [w_gate, w_up])
         return [kernels.silu_mul_pair(gate, up)]
 
-    out = route_rows(x, exact, lambda rows: [bulk(rows)], lambda rows, ranges: chunk_gate_up_silu(rows, w_gate, w_up, ranges),
-                     grouped=True)
+    out = route_rows(
+        x,
+        exact,
+        lambda rows: [bulk(rows)],
+        lambda rows, ranges: chunk_gate_up_silu(rows, w_gate, w_up, ranges),
+        grouped=True,
+    )
     return None if out is None else out[0]
 
 

@@ -26,8 +26,20 @@ def _weights(sm, code, base):
 
 
 @triton.jit
-def bf12_gemv_kernel(x_ptr, packed_ptr, base_ptr, out_ptr, N, SB, stride_xm, stride_pn, stride_om, stride_os,
-                     sb_per_split, BN: tl.constexpr):
+def bf12_gemv_kernel(
+    x_ptr,
+    packed_ptr,
+    base_ptr,
+    out_ptr,
+    N,
+    SB,
+    stride_xm,
+    stride_pn,
+    stride_om,
+    stride_os,
+    sb_per_split,
+    BN: tl.constexpr,
+):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_s = tl.program_id(2)
@@ -51,8 +63,9 @@ def bf12_gemv_kernel(x_ptr, packed_ptr, base_ptr, out_ptr, N, SB, stride_xm, str
     tl.store(out_ptr + pid_s * stride_os + pid_m * stride_om + offs_n, tl.sum(acc, axis=1), mask=n_ok)
 
 
-def bf12_matmul(tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: tuple[int, int],
-                bn: int = 16, split_k: int = 1) -> torch.Tensor:
+def bf12_matmul(
+    tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: tuple[int, int], bn: int = 16, split_k: int = 1
+) -> torch.Tensor:
     """``x [.., K] @ W^T`` for a bf12-packed W (kernel + escape/raw-row fix-ups)."""
     n, k = shape
     lead = x.shape[:-1]
@@ -64,8 +77,18 @@ def bf12_matmul(tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: tuple[
     packed = tensors["packed"].reshape(n, sb * SUPER_BYTES)
     partial = torch.empty(split, m, n, dtype=torch.float32, device=x.device)
     bf12_gemv_kernel[(m, cdiv(n, bn), split)](
-        x2, packed, tensors["base"], partial, n, sb, x2.stride(0), packed.stride(0), partial.stride(1),
-        partial.stride(0), per_split, BN=bn,
+        x2,
+        packed,
+        tensors["base"],
+        partial,
+        n,
+        sb,
+        x2.stride(0),
+        packed.stride(0),
+        partial.stride(1),
+        partial.stride(0),
+        per_split,
+        BN=bn,
     )
     y = partial[0] if split == 1 else partial.sum(0)
     entries = tensors["escapes"].to(torch.int64) & 0xFFFFFFFF

@@ -55,8 +55,18 @@ def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN: tl.constexpr, DOT_DTYPE: 
 
 
 @triton.jit
-def _x_pairs(x_ptr, rows, m, x_stride, k0, k_dim, BM: tl.constexpr, HALF: tl.constexpr, EVEN: tl.constexpr,
-             DOT_DTYPE: tl.constexpr):
+def _x_pairs(
+    x_ptr,
+    rows,
+    m,
+    x_stride,
+    k0,
+    k_dim,
+    BM: tl.constexpr,
+    HALF: tl.constexpr,
+    EVEN: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """x[:, k0 : k0 + 2 HALF] as [BM, HALF, 2] column pairs (the pair contiguous, so ``tl.split`` stays in registers)."""
     kk = k0 + 2 * tl.arange(0, HALF)[None, :, None] + tl.arange(0, 2)[None, None, :]
     mask = rows[:, None, None] < m
@@ -115,11 +125,36 @@ def _per_row(acc, s, W_AS_A: tl.constexpr):
 
 
 @triton.jit
-def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM: tl.constexpr,
-               FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-               W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
-    FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def quant_tile(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    g_ptr,
+    m,
+    k_dim,
+    k_lo,
+    k_hi,
+    n_rows,
+    x_stride,
+    cols,
+    BM: tl.constexpr,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    BKD: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    W_AS_A: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST_FP4: tl.constexpr,
+    FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr,
+    FP4_SCALES: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """``W[cols] @ x[:BM]^T`` as fp32 [BN, BM] for one packed weight (all scales applied). Each output's
     chain over K (the dots, their widths and order, where the scales enter) is fixed by the format, ``BK``,
     ``BKD`` and the K slice: never by ``BM``, so a row gets the same bits in a 16-row and a 64-row block.
@@ -160,28 +195,51 @@ def quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_strid
     else:
         HALF: tl.constexpr = BK // 2
         row_bytes = k_dim // 2
-        if EVEN and BK >= 32:  # K is a multiple of BK: rows start 16-byte aligned, so loads vectorize to 16 bytes
+        if (
+            EVEN and BK >= 32
+        ):  # K is a multiple of BK: rows start 16-byte aligned, so loads vectorize to 16 bytes
             row_bytes = tl.multiple_of(row_bytes, 16)
         w_rows = w_ptr + cols[:, None].to(tl.int64) * row_bytes
         for k0 in range(k_lo, k_hi, BK):
             if FP4_LAYOUT == 1:
-                lo, hi = fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN,
-                                          FAST_FP4, FP4_SCALES, DOT_DTYPE)
+                lo, hi = fp4_flat_weights(
+                    w_rows,
+                    s_ptr,
+                    cols,
+                    col_ok,
+                    k0,
+                    k_dim,
+                    k_hi,
+                    FMT,
+                    SBK,
+                    BN,
+                    BK,
+                    EVEN,
+                    FAST_FP4,
+                    FP4_SCALES,
+                    DOT_DTYPE,
+                )
             else:
-                lo, hi = fp4_grouped_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN,
-                                             FAST_FP4, DOT_DTYPE)
+                lo, hi = fp4_grouped_weights(
+                    w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE
+                )
             if INTERLEAVE:  # one dot against contiguous x
                 kk = k0 + tl.arange(0, BK)
                 wv = tl.interleave(lo, hi)
-                acc += _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
+                acc += _mma(
+                    _x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32
+                )
             elif FP4_LAYOUT == 1:  # x loaded as [BM, BK/2, 2] (pairs in one thread), split without a reshape
-                x_even, x_odd = tl.split(_x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, BM, HALF, EVEN, DOT_DTYPE))
+                x_even, x_odd = tl.split(
+                    _x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, BM, HALF, EVEN, DOT_DTYPE)
+                )
                 acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
                 acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
             else:  # even and odd columns meet x split the same way (x read contiguously once)
                 kk = k0 + tl.arange(0, BK)
-                x_even, x_odd = tl.split(tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE),
-                                                    (BM, HALF, 2)))
+                x_even, x_odd = tl.split(
+                    tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), (BM, HALF, 2))
+                )
                 acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
                 acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
         if not FAST_FP4:
@@ -212,7 +270,9 @@ def _ws_offsets(split_id, part, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl
 
 
 @triton.jit
-def _publish(ws_ptr, acc, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
+def _publish(
+    ws_ptr, acc, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr
+):
     """Store this K slice's partial (rows < m only) for the program that finishes the tile."""
     offs = _ws_offsets(tl.program_id(1), part, SPLIT, PARTS, BN, BM)
     tl.store(ws_ptr + offs, acc, mask=tl.arange(0, BM)[None, :] < m)
@@ -231,7 +291,9 @@ def _arrive_last(cnt_ptr, SPLIT: tl.constexpr):
     re-arms the counter for the next launch. The barrier orders every thread's partial stores before the
     one thread's release (the bar.sync then gpu-scope release chain of the PTX memory model)."""
     tl.debug_barrier()
-    slot = cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)  # one counter per (row block, tile)
+    slot = (
+        cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
+    )  # one counter per (row block, tile)
     count = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
     last = count == SPLIT - 1
     if last:
@@ -267,22 +329,85 @@ def pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN: tl.constexp
 
 @triton.jit
 def quant_multi_gemv_kernel(
-    x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, ws_ptr, cnt_ptr, m, k_dim, k_per_split, n0, n1, n2,
-    x_stride, out_stride, BM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
-    FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    x_ptr,
+    w0,
+    s0,
+    g0,
+    w1,
+    s1,
+    g1,
+    w2,
+    s2,
+    g2,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    m,
+    k_dim,
+    k_per_split,
+    n0,
+    n1,
+    n2,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    BKD: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    W_AS_A: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST_FP4: tl.constexpr,
+    FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr,
+    FP4_SCALES: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
     ``SPLIT`` > 1: grid axis 1 cuts K; each program publishes its fp32 partial and the last to arrive sums
     them in split order and stores (one launch, deterministic). Grid axis 2 walks blocks of ``BM`` rows."""
-    w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN)
+    w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(
+        w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN
+    )
     x_ptr, out_ptr, m = _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM)
     k_lo, k_hi = _k_range(k_dim, k_per_split)
-    acc = quant_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM, FMT, SBN, SBK,
-                     GLOBAL_OP, BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
-                     DOT_FP32, DOT_DTYPE)
+    acc = quant_tile(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        g_ptr,
+        m,
+        k_dim,
+        k_lo,
+        k_hi,
+        n_rows,
+        x_stride,
+        cols,
+        BM,
+        FMT,
+        SBN,
+        SBK,
+        GLOBAL_OP,
+        BN,
+        BK,
+        BKD,
+        INTERLEAVE,
+        W_AS_A,
+        EVEN,
+        FAST_FP4,
+        FP8_BITS,
+        FP4_LAYOUT,
+        FP4_SCALES,
+        DOT_FP32,
+        DOT_DTYPE,
+    )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None]
     out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]
@@ -291,27 +416,112 @@ def quant_multi_gemv_kernel(
     else:
         _publish(ws_ptr, acc, 0, m, SPLIT, 1, BN, BM)
         if _arrive_last(cnt_ptr, SPLIT):
-            tl.store(out_ptrs, _gather(ws_ptr, 0, m, SPLIT, 1, BN, BM).to(out_ptr.dtype.element_ty), mask=out_mask)
+            tl.store(
+                out_ptrs, _gather(ws_ptr, 0, m, SPLIT, 1, BN, BM).to(out_ptr.dtype.element_ty), mask=out_mask
+            )
 
 
 @triton.jit
 def quant_gate_up_silu_kernel(
-    x_ptr, wg, sg, gg, wu, su, gu, out_ptr, ws_ptr, cnt_ptr, m, k_dim, k_per_split, n_rows, x_stride, out_stride,
-    BM: tl.constexpr, SPLIT: tl.constexpr, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, GLOBAL_OP: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, INTERLEAVE: tl.constexpr,
-    W_AS_A: tl.constexpr, EVEN: tl.constexpr, FAST_FP4: tl.constexpr, FP8_BITS: tl.constexpr,
-    FP4_LAYOUT: tl.constexpr, FP4_SCALES: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    x_ptr,
+    wg,
+    sg,
+    gg,
+    wu,
+    su,
+    gu,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    m,
+    k_dim,
+    k_per_split,
+    n_rows,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    SPLIT: tl.constexpr,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    BKD: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    W_AS_A: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST_FP4: tl.constexpr,
+    FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr,
+    FP4_SCALES: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     x_ptr, out_ptr, m = _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM)
     k_lo, k_hi = _k_range(k_dim, k_per_split)
-    gate = quant_tile(x_ptr, wg, sg, gg, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM, FMT, SBN, SBK, GLOBAL_OP,
-                      BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
-                     DOT_FP32, DOT_DTYPE)
-    up = quant_tile(x_ptr, wu, su, gu, m, k_dim, k_lo, k_hi, n_rows, x_stride, cols, BM, FMT, SBN, SBK, GLOBAL_OP,
-                    BN, BK, BKD, INTERLEAVE, W_AS_A, EVEN, FAST_FP4, FP8_BITS, FP4_LAYOUT, FP4_SCALES,
-                     DOT_FP32, DOT_DTYPE)
+    gate = quant_tile(
+        x_ptr,
+        wg,
+        sg,
+        gg,
+        m,
+        k_dim,
+        k_lo,
+        k_hi,
+        n_rows,
+        x_stride,
+        cols,
+        BM,
+        FMT,
+        SBN,
+        SBK,
+        GLOBAL_OP,
+        BN,
+        BK,
+        BKD,
+        INTERLEAVE,
+        W_AS_A,
+        EVEN,
+        FAST_FP4,
+        FP8_BITS,
+        FP4_LAYOUT,
+        FP4_SCALES,
+        DOT_FP32,
+        DOT_DTYPE,
+    )
+    up = quant_tile(
+        x_ptr,
+        wu,
+        su,
+        gu,
+        m,
+        k_dim,
+        k_lo,
+        k_hi,
+        n_rows,
+        x_stride,
+        cols,
+        BM,
+        FMT,
+        SBN,
+        SBK,
+        GLOBAL_OP,
+        BN,
+        BK,
+        BKD,
+        INTERLEAVE,
+        W_AS_A,
+        EVEN,
+        FAST_FP4,
+        FP8_BITS,
+        FP4_LAYOUT,
+        FP4_SCALES,
+        DOT_FP32,
+        DOT_DTYPE,
+    )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]
     out_mask = (rows[None, :] < m) & (cols < n_rows)[:, None]

@@ -47,7 +47,9 @@ class GemvTile:
     fast_fp4: bool = True  # FP4 nibbles decoded by inline PTX (GPU); False: portable Triton bit ops
     split_k: int = 1  # K slices per output tile, summed in a fixed order in the same launch
     fp8_bits: bool = False  # E4M3 -> dot dtype by integer bit placement (e4m3_asm) instead of Triton's cvt
-    fp4_layout: str = "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
+    fp4_layout: str = (
+        "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
+    )
     fp4_scales: str = "gather"  # flat layout: scales loaded per byte ("gather") or per group + "broadcast"
 
 
@@ -76,12 +78,23 @@ def _tensors_ok(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape, devi
     else:
         w, s = t[fmt.data_name], t[fmt.scale_name]
         scale_ok = s.element_size() == 1 and tuple(s.shape) == (n, k // fmt.group)
-    return (w.element_size() == 1 and w.is_contiguous() and s.is_contiguous() and scale_ok
-            and w.device == device and s.device == device)
+    return (
+        w.element_size() == 1
+        and w.is_contiguous()
+        and s.is_contiguous()
+        and scale_ok
+        and w.device == device
+        and s.device == device
+    )
 
 
-def decode_gemv_applies(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
-                        shapes: list[Shape], on_gpu: bool) -> bool:
+def decode_gemv_applies(
+    fmt: QuantFormat,
+    tensor_sets: list[dict[str, torch.Tensor]],
+    x: torch.Tensor,
+    shapes: list[Shape],
+    on_gpu: bool,
+) -> bool:
     """True when the packed decode GEMV takes these weights for ``x``: on a GPU only (``on_gpu``; the
     CPU keeps the torch decode path), 1..16 rows, a supported format and resident layout, one K."""
     if not on_gpu or not current().packed_decode_gemv:
@@ -103,7 +116,7 @@ ROW_AUTO_MAX_ROWS = {"fp4": 4, "fp8": 2}
 
 
 def decode_kernel(fmt: QuantFormat) -> str:
-    """"row" or "mma": the policy's ``quant_decode_gemv`` (the engine's ``engine.quant_decode_gemv``, which
+    """ "row" or "mma": the policy's ``quant_decode_gemv`` (the engine's ``engine.quant_decode_gemv``, which
     ``DGPP_QUANT_GEMV=row|mma`` overrides for A/B; None: row wherever it applies, as in tests and benchmarks)
     resolved for ``fmt``. Fixed for the engine's life, so a row's bits never depend on how busy the server is:
     "auto" resolves per format from the most rows a decode or verify step can hold alone."""
@@ -125,8 +138,9 @@ def _row_kernel(fmt: QuantFormat, shapes: list[Shape], tile) -> bool:
     return decode_kernel(fmt) == "row" and all(row_supported(fmt, s) for s in shapes)
 
 
-def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
-                 weights_per_program: int = 1) -> GemvTile:
+def default_tile(
+    fmt: QuantFormat, n_total: int, k: int, sms: int | None = None, weights_per_program: int = 1
+) -> GemvTile:
     """Chosen from the sm_90 SASS that Triton 3.6 emits (compiled ahead on the CPU), confirmed by a GPU
     sweep (tests/perf/bench_quant_gemv.py). Both formats: x as the MMA's A operand (``mma.sync``), so
     the weight bytes go global -> shared by 16-byte ``cp.async`` and are decoded in registers in the dot
@@ -140,13 +154,21 @@ def default_tile(fmt: QuantFormat, n_total: int, k: int, sms: int | None = None,
     o_proj and gate/up for NVFP4 and MXFP4; FP8 gate/up prefers 512-wide K steps."""
     if isinstance(fmt, FP4Grouped):
         bn = 128 if n_total // 128 >= 32 else 64
-        tile = GemvTile(bn=bn, bk=256, stages=3, warps=8 if bn == 128 else 4, w_as_a=False, fp4_layout="flat",
-                        fp4_scales="broadcast")
+        tile = GemvTile(
+            bn=bn,
+            bk=256,
+            stages=3,
+            warps=8 if bn == 128 else 4,
+            w_as_a=False,
+            fp4_layout="flat",
+            fp4_scales="broadcast",
+        )
     else:
         bn = 32 if n_total // 32 >= 128 else 16
         wide_k = k >= 8192 or weights_per_program == 2  # gate/up pairs read two weights per K step
-        tile = GemvTile(bn=bn, bk=512 if wide_k else 256, stages=3 if wide_k else 4, warps=4, w_as_a=False,
-                        fp8_bits=True)
+        tile = GemvTile(
+            bn=bn, bk=512 if wide_k else 256, stages=3 if wide_k else 4, warps=4, w_as_a=False, fp8_bits=True
+        )
     return with_split(tile, n_total, k, sms, weights_per_program) if sms else tile
 
 
@@ -234,8 +256,14 @@ _EXACT_BATCH: dict[tuple, GemvTile | None] = {}
 PROBE_ROWS = 80  # a full 64-row block and a partial one
 
 
-def exact_batch_tile(key: tuple, launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
-                     candidates: list[GemvTile], k: int, dtype: torch.dtype, device: torch.device) -> GemvTile | None:
+def exact_batch_tile(
+    key: tuple,
+    launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
+    candidates: list[GemvTile],
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> GemvTile | None:
     """The first of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches of the decode
     tile (``launch(rows, batch)``), probed once per key on random rows. A row's chain is the same in both by
     construction, but the tensor-core instruction may not be (Hopper: mma for 16 rows, wgmma for 64), and only the
@@ -261,8 +289,9 @@ def exact_batch_tile(key: tuple, launch: Callable[[torch.Tensor, GemvTile | None
     return choice
 
 
-def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
-                   ) -> tuple[GemvTile, torch.Tensor, torch.Tensor]:
+def _split_buffers(
+    tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
+) -> tuple[GemvTile, torch.Tensor, torch.Tensor]:
     """(tile, fp32 workspace for the partials, arrival counters). The counters are zero between launches
     (the last program of each tile re-arms its own), shared by launches on one stream; they are never
     first allocated inside a CUDA graph capture (that launch runs unsplit instead)."""
@@ -273,7 +302,9 @@ def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch
         if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             tile = dataclasses.replace(tile, split_k=1)
         else:
-            cnt = _COUNTERS[device] = torch.zeros(max(tiles * blocks, MIN_COUNTERS), dtype=torch.int32, device=device)
+            cnt = _COUNTERS[device] = torch.zeros(
+                max(tiles * blocks, MIN_COUNTERS), dtype=torch.int32, device=device
+            )
     if tile.split_k == 1:
         dummy = torch.empty(1, dtype=torch.float32, device=device)
         return tile, dummy, dummy
@@ -281,12 +312,15 @@ def _split_buffers(tile: GemvTile, tiles: int, parts: int, m: int, device: torch
     return tile, ws, cnt
 
 
-def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch.Tensor, slice_bk: int) -> dict:
+def _launch_args(
+    fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch.Tensor, slice_bk: int
+) -> dict:
     """The format's and tile's constexprs for weights of ``shapes`` (one K); ``slice_bk``: the decode tile's BK,
     whose whole steps make the K slices."""
     import triton.language as tl
 
     from dgpp.quant.kernels import decode_gemv as kern
+
     shape = shapes[0]
     sbn, sbk = scale_block(fmt, shape)
     even = shape[1] % (slice_bk * tile.split_k) == 0 and all(n % tile.bn == 0 for n, _ in shapes)
@@ -303,13 +337,28 @@ def _launch_args(fmt: QuantFormat, tile: GemvTile, shapes: list[Shape], x: torch
         global_op = kern.GLOBAL_MUL if fmt.global_op == "mul" else kern.GLOBAL_DIV
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
-    return dict(BM=row_block(x.shape[0]), SPLIT=tile.split_k, FMT=kind, SBN=sbn,
-                SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1, GLOBAL_OP=global_op, BN=tile.bn, BK=tile.bk,
-                BKD=chain_bk(fmt, tile, shape), INTERLEAVE=tile.interleave, W_AS_A=tile.w_as_a, EVEN=even,
-                FAST_FP4=tile.fast_fp4 and not dot_fp32, FP8_BITS=tile.fp8_bits,
-                FP4_LAYOUT=FP4_LAYOUTS.index(tile.fp4_layout), FP4_SCALES=FP4_SCALES.index(tile.fp4_scales),
-                DOT_FP32=dot_fp32, DOT_DTYPE=dot_dtype,
-                num_warps=tile.warps, num_stages=tile.stages)
+    return dict(
+        BM=row_block(x.shape[0]),
+        SPLIT=tile.split_k,
+        FMT=kind,
+        SBN=sbn,
+        SBK=sbk if kind != kern.FMT_FP8_CHANNEL else 1,
+        GLOBAL_OP=global_op,
+        BN=tile.bn,
+        BK=tile.bk,
+        BKD=chain_bk(fmt, tile, shape),
+        INTERLEAVE=tile.interleave,
+        W_AS_A=tile.w_as_a,
+        EVEN=even,
+        FAST_FP4=tile.fast_fp4 and not dot_fp32,
+        FP8_BITS=tile.fp8_bits,
+        FP4_LAYOUT=FP4_LAYOUTS.index(tile.fp4_layout),
+        FP4_SCALES=FP4_SCALES.index(tile.fp4_scales),
+        DOT_FP32=dot_fp32,
+        DOT_DTYPE=dot_dtype,
+        num_warps=tile.warps,
+        num_stages=tile.stages,
+    )
 
 
 @dataclasses.dataclass
@@ -323,8 +372,15 @@ class _Launch:
     cnt: torch.Tensor
 
 
-def _plan(fmt: QuantFormat, tile: GemvTile, batch: GemvTile | None, shapes: list[Shape], x: torch.Tensor,
-          parts: int, tile_rows: list[int]) -> _Launch:
+def _plan(
+    fmt: QuantFormat,
+    tile: GemvTile,
+    batch: GemvTile | None,
+    shapes: list[Shape],
+    x: torch.Tensor,
+    parts: int,
+    tile_rows: list[int],
+) -> _Launch:
     """``tile`` (the decode tile) fixes the K chain and split; above ``MAX_ROWS`` rows the programs run ``batch``
     (default ``default_batch_tile``) over 64-row blocks. ``tile_rows``: output rows each weight segment tiles."""
     m, k = x.shape
@@ -336,13 +392,23 @@ def _plan(fmt: QuantFormat, tile: GemvTile, batch: GemvTile | None, shapes: list
     tiles = sum(cdiv(n, run.bn) for n in tile_rows)
     run, ws, cnt = _split_buffers(run, tiles, parts, m, x.device)
     k_per_split = cdiv(cdiv(k, run.split_k), tile.bk) * tile.bk
-    return _Launch((tiles, run.split_k, cdiv(m, row_block(m))), _launch_args(fmt, run, shapes, x, tile.bk),
-                   k_per_split, ws, cnt)
+    return _Launch(
+        (tiles, run.split_k, cdiv(m, row_block(m))),
+        _launch_args(fmt, run, shapes, x, tile.bk),
+        k_per_split,
+        ws,
+        cnt,
+    )
 
 
-def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
-                       shapes: list[Shape], tile: GemvTile | RowTile | None = None,
-                       batch: GemvTile | None = None) -> list[torch.Tensor]:
+def quant_multi_linear(
+    fmt: QuantFormat,
+    tensor_sets: list[dict[str, torch.Tensor]],
+    x: torch.Tensor,
+    shapes: list[Shape],
+    tile: GemvTile | RowTile | None = None,
+    batch: GemvTile | None = None,
+) -> list[torch.Tensor]:
     """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m, K]``, any m; the row GEMV takes at
     most 16 rows); the outputs are column views of one ``[m, sum N_i]`` buffer. Above 16 rows: 64-row blocks
     with the first of ``batch_candidates`` found row-exact on this device (``exact_batch_tile``), else 16-row
@@ -358,27 +424,51 @@ def quant_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tenso
     m, k = x.shape
     tile = tile or default_tile(fmt, sum(sizes), k, _sms(x.device))
     if m > MAX_ROWS and batch is None:
+
         def launch(rows: torch.Tensor, b: GemvTile | None) -> torch.Tensor:
             return torch.cat(quant_multi_linear(fmt, tensor_sets, rows, shapes, tile, b), dim=1)
 
         key = ("multi", fmt, tuple(shapes), tile, x.dtype, x.device)
         batch = exact_batch_tile(key, launch, batch_candidates(fmt, tile, shapes[0]), k, x.dtype, x.device)
         if batch is None:
-            return _in_decode_launches(x, lambda rows: quant_multi_linear(fmt, tensor_sets, rows, shapes, tile))
+            return _in_decode_launches(
+                x, lambda rows: quant_multi_linear(fmt, tensor_sets, rows, shapes, tile)
+            )
     ops = [operand(fmt, t) for t in tensor_sets]
     ops += [ops[0]] * (3 - len(ops))
     ns = sizes + [0] * (3 - len(sizes))
     out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, shapes, x, 1, sizes)
     quant_multi_gemv_kernel[plan.grid](
-        x, *ops[0], *ops[1], *ops[2], out, plan.ws, plan.cnt, x.shape[0], k, plan.k_per_split, ns[0], ns[1], ns[2],
-        x.stride(0), out.stride(0), **plan.args,
+        x,
+        *ops[0],
+        *ops[1],
+        *ops[2],
+        out,
+        plan.ws,
+        plan.cnt,
+        x.shape[0],
+        k,
+        plan.k_per_split,
+        ns[0],
+        ns[1],
+        ns[2],
+        x.stride(0),
+        out.stride(0),
+        **plan.args,
     )
     return list(out.split(sizes, dim=1))
 
 
-def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict[str, torch.Tensor], x: torch.Tensor,
-                       shape: Shape, tile: GemvTile | RowTile | None = None, batch: GemvTile | None = None) -> torch.Tensor:
+def quant_gate_up_silu(
+    fmt: QuantFormat,
+    gate: dict[str, torch.Tensor],
+    up: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    shape: Shape,
+    tile: GemvTile | RowTile | None = None,
+    batch: GemvTile | None = None,
+) -> torch.Tensor:
     """``silu(x Wg^T) * (x Wu^T)`` in one launch; gate and up share ``shape`` and format (``batch`` as in
     ``quant_multi_linear``)."""
     from dgpp.quant.kernels.decode_gemv import quant_gate_up_silu_kernel
@@ -389,23 +479,39 @@ def quant_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict
     n, k = shape
     tile = tile or default_tile(fmt, 2 * n, k, _sms(x.device), weights_per_program=2)
     if x.shape[0] > MAX_ROWS and batch is None:
+
         def launch(rows: torch.Tensor, b: GemvTile | None) -> torch.Tensor:
             return quant_gate_up_silu(fmt, gate, up, rows, shape, tile, b)
 
         key = ("gate_up", fmt, shape, tile, x.dtype, x.device)
         batch = exact_batch_tile(key, launch, batch_candidates(fmt, tile, shape), k, x.dtype, x.device)
         if batch is None:
-            return _in_decode_launches(x, lambda rows: [quant_gate_up_silu(fmt, gate, up, rows, shape, tile)])[0]
+            return _in_decode_launches(
+                x, lambda rows: [quant_gate_up_silu(fmt, gate, up, rows, shape, tile)]
+            )[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, [shape], x, 2, [n])
     quant_gate_up_silu_kernel[plan.grid](
-        x, *operand(fmt, gate), *operand(fmt, up), out, plan.ws, plan.cnt, x.shape[0], k, plan.k_per_split, n,
-        x.stride(0), out.stride(0), **plan.args,
+        x,
+        *operand(fmt, gate),
+        *operand(fmt, up),
+        out,
+        plan.ws,
+        plan.cnt,
+        x.shape[0],
+        k,
+        plan.k_per_split,
+        n,
+        x.stride(0),
+        out.stride(0),
+        **plan.args,
     )
     return out
 
 
-def _in_decode_launches(x: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]]) -> list[torch.Tensor]:
+def _in_decode_launches(
+    x: torch.Tensor, launch: Callable[[torch.Tensor], list[torch.Tensor]]
+) -> list[torch.Tensor]:
     """``launch`` over 16-row slices of ``x``, outputs concatenated per weight (no exact batch tile here)."""
     parts = [launch(x[i : i + MAX_ROWS]) for i in range(0, x.shape[0], MAX_ROWS)]
     return [torch.cat(outs) for outs in zip(*parts, strict=True)]

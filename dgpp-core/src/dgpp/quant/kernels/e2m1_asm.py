@@ -66,7 +66,10 @@ def _ptx(high: tuple[int, int], low: tuple[int, int]) -> str:
 # fp32 outputs: the fp16 high bytes (fp16 E2M1 values have zero low bytes) spread into f16x2 lanes, then
 # one exact fp16 -> fp32 conversion per weight; $0..$3 = nibbles 0, 2, 4, 6 (low nibbles of bytes 0..3),
 # $4..$7 = nibbles 1, 3, 5, 7
-F16_LANES_LOW, F16_LANES_HIGH = 0x2404, 0x3414  # [0, w0, 0, w2] and [0, w1, 0, w3] of four weights' high bytes
+F16_LANES_LOW, F16_LANES_HIGH = (
+    0x2404,
+    0x3414,
+)  # [0, w0, 0, w2] and [0, w1, 0, w3] of four weights' high bytes
 
 
 def _ptx_fp32() -> str:
@@ -97,11 +100,13 @@ if tl is not None:
 def e2m1_pairs(packed, DOT_DTYPE: tl.constexpr):
     """uint8 E2M1 pairs (any shape) -> (low-nibble values, high-nibble values) in bf16/fp16, exact."""
     if DOT_DTYPE == tl.float16:
-        lo, hi = tl.inline_asm_elementwise(_FP16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.float16, tl.float16),
-                                           is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(
+            _FP16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.float16, tl.float16), is_pure=True, pack=4
+        )
     else:
-        lo, hi = tl.inline_asm_elementwise(_BF16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16),
-                                           is_pure=True, pack=4)
+        lo, hi = tl.inline_asm_elementwise(
+            _BF16_PTX, "=r,=r,=r,=r,r", [packed], dtype=(tl.bfloat16, tl.bfloat16), is_pure=True, pack=4
+        )
     return lo, hi
 
 
@@ -109,8 +114,9 @@ def e2m1_pairs(packed, DOT_DTYPE: tl.constexpr):
 def e2m1_word_fp32(words):
     """int32 words of eight E2M1 codes (nibble i = column i) -> their exact fp32 values, returned as
     (columns 0, 2, 4, 6, 1, 3, 5, 7): the order the PTX leaves them in (``e2m1_fp32_model``)."""
-    return tl.inline_asm_elementwise(_FP32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words],
-                                     dtype=(tl.float32,) * 8, is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(
+        _FP32_PTX, "=r,=r,=r,=r,=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 8, is_pure=True, pack=1
+    )
 
 
 def prmt(a: int, b: int, selector: int) -> int:
@@ -140,9 +146,14 @@ def e2m1_pairs_model(packed: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Te
         hb0 = prmt(*high, w) | (prmt(r4, r, SIGN_SELECT[0]) & 0x80808080)
         hb1 = prmt(*high, w2) | (prmt(r4, r, SIGN_SELECT[1]) & 0x80808080)
         lb0, lb1 = prmt(*low, w), prmt(*low, w2)
-        for reg, out in ((prmt(lb0, hb0, EVEN_PAIR), lo_bits), (prmt(lb1, hb1, EVEN_PAIR), lo_bits),
-                         (prmt(lb0, hb0, ODD_PAIR), hi_bits), (prmt(lb1, hb1, ODD_PAIR), hi_bits)):
+        for reg, out in (
+            (prmt(lb0, hb0, EVEN_PAIR), lo_bits),
+            (prmt(lb1, hb1, EVEN_PAIR), lo_bits),
+            (prmt(lb0, hb0, ODD_PAIR), hi_bits),
+            (prmt(lb1, hb1, ODD_PAIR), hi_bits),
+        ):
             out += [reg & 0xFFFF, reg >> 16]
+
     # the registers hold weights of bytes (0, 1) then (2, 3): already byte order
     def as_float(bits: list[int]) -> torch.Tensor:
         return torch.tensor(bits, dtype=torch.int32).to(torch.int16).view(dtype)
@@ -160,8 +171,15 @@ def e2m1_fp32_model(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r4 = (r << 4) & 0xFFFFFFFF
         hb0 = prmt(*FP16_HIGH, w) | (prmt(r4, r, SIGN_SELECT[0]) & 0x80808080)
         hb1 = prmt(*FP16_HIGH, w >> 16) | (prmt(r4, r, SIGN_SELECT[1]) & 0x80808080)
-        lanes = [prmt(hb, 0, sel) for sel, hb in ((F16_LANES_LOW, hb0), (F16_LANES_LOW, hb1),
-                                                  (F16_LANES_HIGH, hb0), (F16_LANES_HIGH, hb1))]
+        lanes = [
+            prmt(hb, 0, sel)
+            for sel, hb in (
+                (F16_LANES_LOW, hb0),
+                (F16_LANES_LOW, hb1),
+                (F16_LANES_HIGH, hb0),
+                (F16_LANES_HIGH, hb1),
+            )
+        ]
         halves = [half for lane in lanes for half in (lane & 0xFFFF, lane >> 16)]
         lo_bits += halves[:4]
         hi_bits += halves[4:]

@@ -75,15 +75,18 @@ def e4m3_values(codes, DOT_DTYPE: tl.constexpr):
     if DOT_DTYPE == tl.float16:
         out = tl.inline_asm_elementwise(_FP16_PTX, "=r,=r,r", [codes], dtype=tl.float16, is_pure=True, pack=4)
     else:
-        out = tl.inline_asm_elementwise(_BF16_PTX, "=r,=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=4)
+        out = tl.inline_asm_elementwise(
+            _BF16_PTX, "=r,=r,r", [codes], dtype=tl.bfloat16, is_pure=True, pack=4
+        )
     return out
 
 
 @triton.jit
 def e4m3_word_fp32(words):
     """int32 words of four E4M3 codes (byte i = column i) -> four exact fp32 tensors, columns 0..3 (GPU only)."""
-    return tl.inline_asm_elementwise(_WORD_FP32_PTX, "=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 4,
-                                     is_pure=True, pack=1)
+    return tl.inline_asm_elementwise(
+        _WORD_FP32_PTX, "=r,=r,=r,=r,r", [words], dtype=(tl.float32,) * 4, is_pure=True, pack=1
+    )
 
 
 @triton.jit
@@ -99,7 +102,7 @@ def e4m3_model(codes: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The PTX above replayed with integer tensors (prmt by byte moves) on a 1-D uint8 tensor of 4k codes."""
     from dgpp.quant.kernels.e2m1_asm import prmt
 
-    shift, restore = (FP16_SHIFT, 2.0 ** 8) if dtype == torch.float16 else (BF16_SHIFT, 2.0 ** 120)
+    shift, restore = (FP16_SHIFT, 2.0**8) if dtype == torch.float16 else (BF16_SHIFT, 2.0**120)
     lanes = []
     for b0, b1, b2, b3 in codes.to(torch.int64).reshape(-1, 4).tolist():
         r = b0 | (b1 << 8) | (b2 << 16) | (b3 << 24)

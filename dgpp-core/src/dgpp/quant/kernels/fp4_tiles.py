@@ -48,9 +48,22 @@ def _nibbles(packed, FAST: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def fp4_grouped_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.constexpr, G: tl.constexpr,
-                        BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr,
-                        DOT_DTYPE: tl.constexpr):
+def fp4_grouped_weights(
+    w_rows,
+    s_ptr,
+    cols,
+    col_ok,
+    k0,
+    k_dim,
+    k_hi,
+    FMT: tl.constexpr,
+    G: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """Layout 0: [BN, groups, G/2] bytes, the [BN, groups, 1] scale broadcast natively, then one reshape."""
     GPS: tl.constexpr = BK // G
     groups = k_dim // G
@@ -71,9 +84,23 @@ def fp4_grouped_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.co
 
 
 @triton.jit
-def fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.constexpr, G: tl.constexpr,
-                     BN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr,
-                     SCALES: tl.constexpr, DOT_DTYPE: tl.constexpr):
+def fp4_flat_weights(
+    w_rows,
+    s_ptr,
+    cols,
+    col_ok,
+    k0,
+    k_dim,
+    k_hi,
+    FMT: tl.constexpr,
+    G: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST: tl.constexpr,
+    SCALES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
     """Layout 1: the [BN, BK/2] bytes as stored, decoded where they were loaded."""
     HALF: tl.constexpr = BK // 2
     offs_b = k0 // 2 + tl.arange(0, HALF)  # byte index along the row
@@ -96,7 +123,9 @@ def fp4_flat_weights(w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT: tl.const
         if EVEN:
             s = tl.load(s_rows + offs_g[None, :])
         else:
-            s = tl.load(s_rows + offs_g[None, :], mask=col_ok[:, None] & (offs_g < k_hi // G)[None, :], other=0)
+            s = tl.load(
+                s_rows + offs_g[None, :], mask=col_ok[:, None] & (offs_g < k_hi // G)[None, :], other=0
+            )
         sg = scale_values(s, FMT, DOT_DTYPE)
         sf = tl.reshape(tl.broadcast_to(sg[:, :, None], (BN, GPS, G // 2)), (BN, HALF))
     lo, hi = _nibbles(packed, FAST, DOT_DTYPE)

@@ -28,8 +28,6 @@ class TileConfig:
     num_stages: int = 3
 
 
-
-
 def has_kernel(fmt: QuantFormat) -> bool:
     if isinstance(fmt, BF12):
         return current().bf12_triton  # DGPP_BF12_TRITON=1 (interpreter-checked, not yet measured)
@@ -41,33 +39,86 @@ def _format_args(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape) -> 
 
     n, k = shape
     dummy = t[next(iter(t))]
-    args = dict(z=dummy, g=dummy, gidx=dummy, stride_zk=0, SBN=1, BITS=8, SCALE_E8M0=False, GLOBAL_OP=0,
-                ZERO_OFFSET=0, HAS_GIDX=False)
+    args = dict(
+        z=dummy,
+        g=dummy,
+        gidx=dummy,
+        stride_zk=0,
+        SBN=1,
+        BITS=8,
+        SCALE_E8M0=False,
+        GLOBAL_OP=0,
+        ZERO_OFFSET=0,
+        HAS_GIDX=False,
+    )
     if isinstance(fmt, FP8Block):
         w = t["weight"].view(torch.uint8)
         s = t[fmt.scale_name]
         bn, bk = fmt.block_for(shape)
-        args.update(w=w, s=s, FMT=FMT_FP8, PACK=1, SBN=bn, SBK=bk, stride_wn=w.stride(0), stride_wk=w.stride(1),
-                    stride_sn=s.stride(0), stride_sk=s.stride(1) if s.dim() > 1 else 0)
+        args.update(
+            w=w,
+            s=s,
+            FMT=FMT_FP8,
+            PACK=1,
+            SBN=bn,
+            SBK=bk,
+            stride_wn=w.stride(0),
+            stride_wk=w.stride(1),
+            stride_sn=s.stride(0),
+            stride_sk=s.stride(1) if s.dim() > 1 else 0,
+        )
     elif isinstance(fmt, FP4Grouped):
         w = t[fmt.data_name].view(torch.uint8)
         s = t[fmt.scale_name].view(torch.uint8)  # E4M3 or E8M0 bytes, decoded in the kernel
         e8m0 = fmt.scale_kind == "e8m0"
-        args.update(w=w, s=s, FMT=FMT_FP4, PACK=2, BITS=4, SBK=fmt.group, SCALE_E8M0=e8m0,
-                    stride_wn=w.stride(0), stride_wk=w.stride(1), stride_sn=s.stride(0), stride_sk=s.stride(1))
+        args.update(
+            w=w,
+            s=s,
+            FMT=FMT_FP4,
+            PACK=2,
+            BITS=4,
+            SBK=fmt.group,
+            SCALE_E8M0=e8m0,
+            stride_wn=w.stride(0),
+            stride_wk=w.stride(1),
+            stride_sn=s.stride(0),
+            stride_sk=s.stride(1),
+        )
         if fmt.global_name:
             args.update(g=t[fmt.global_name].to(torch.float32), GLOBAL_OP=1 if fmt.global_op == "mul" else 2)
     elif isinstance(fmt, IntPacked):
         w, s = t["weight_packed"], t["weight_scale"]
-        args.update(w=w, s=s, FMT=FMT_INT, PACK=32 // fmt.bits, BITS=fmt.bits, SBK=fmt.group_size(shape),
-                    ZERO_OFFSET=1 << (fmt.bits - 1), stride_wn=w.stride(0), stride_wk=w.stride(1),
-                    stride_sn=s.stride(0), stride_sk=s.stride(1))
+        args.update(
+            w=w,
+            s=s,
+            FMT=FMT_INT,
+            PACK=32 // fmt.bits,
+            BITS=fmt.bits,
+            SBK=fmt.group_size(shape),
+            ZERO_OFFSET=1 << (fmt.bits - 1),
+            stride_wn=w.stride(0),
+            stride_wk=w.stride(1),
+            stride_sn=s.stride(0),
+            stride_sk=s.stride(1),
+        )
     elif isinstance(fmt, GPTQ):
         w, s, z = t["qweight"], t["scales"], t["qzeros"].contiguous()
         g_idx = t.get("g_idx")
-        args.update(w=w, s=s, z=z, FMT=FMT_GPTQ, PACK=32 // fmt.bits, BITS=fmt.bits, SBK=fmt.group_size(shape),
-                    ZERO_OFFSET=fmt.zero_offset, stride_wn=w.stride(1), stride_wk=w.stride(0), stride_sn=s.stride(1),
-                    stride_sk=s.stride(0), stride_zk=z.stride(0))
+        args.update(
+            w=w,
+            s=s,
+            z=z,
+            FMT=FMT_GPTQ,
+            PACK=32 // fmt.bits,
+            BITS=fmt.bits,
+            SBK=fmt.group_size(shape),
+            ZERO_OFFSET=fmt.zero_offset,
+            stride_wn=w.stride(1),
+            stride_wk=w.stride(0),
+            stride_sn=s.stride(1),
+            stride_sk=s.stride(0),
+            stride_zk=z.stride(0),
+        )
         if g_idx is not None:
             args.update(gidx=g_idx.to(torch.int32), HAS_GIDX=True)
     else:
@@ -87,7 +138,9 @@ def _pack(fmt: QuantFormat) -> int:
     return 1
 
 
-def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device, gemm: bool = False) -> TileConfig:
+def default_config(
+    fmt: QuantFormat, m: int, shape: Shape, device: torch.device, gemm: bool = False
+) -> TileConfig:
     """Tiles for a [m, K] x [N, K]^T problem. Decode (m <= GEMV_MAX_ROWS): one row per program, K tiles
     that sit inside one scale block where the format allows (scales load once per tile), and split-K so
     that every SM streams weights. Larger m, or ``gemm`` (prefill chunks, whose rows must not change kernel with
@@ -113,8 +166,13 @@ def default_config(fmt: QuantFormat, m: int, shape: Shape, device: torch.device,
     return TileConfig(bm=bm, bn=bn, bkp=bkp, split_k=split, num_warps=warps, num_stages=stages)
 
 
-def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Tensor, shape: Shape,
-                 config: TileConfig | None = None) -> torch.Tensor:
+def quant_matmul(
+    fmt: QuantFormat,
+    tensors: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    shape: Shape,
+    config: TileConfig | None = None,
+) -> torch.Tensor:
     """``x [.., K] @ W^T`` with W in ``fmt`` (tensors as returned by ``fmt.prepare``), via the Triton kernels:
     on a GPU, 1..16 rows of a format the packed decode GEMV covers go there (unless ``config`` pins the
     generic kernel's tiles); everything else runs ``wo_matmul``."""
@@ -152,11 +210,34 @@ def quant_matmul(fmt: QuantFormat, tensors: dict[str, torch.Tensor], x: torch.Te
         scale_mode = 0
     grid = (cdiv(m, cfg.bm), cdiv(n, cfg.bn), split)
     wo_matmul_kernel[grid](
-        x2, args.pop("w"), args.pop("s"), args.pop("z"), args.pop("g"), args.pop("gidx"), partial,
-        m, n, kp, x2.stride(0), args.pop("stride_wn"), args.pop("stride_wk"), args.pop("stride_sn"),
-        args.pop("stride_sk"), args.pop("stride_zk"), partial.stride(1), partial.stride(0), kp_per_split,
-        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, SCALE_MODE=scale_mode, BM=cfg.bm, BN=cfg.bn, BKP=cfg.bkp,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, **args,
+        x2,
+        args.pop("w"),
+        args.pop("s"),
+        args.pop("z"),
+        args.pop("g"),
+        args.pop("gidx"),
+        partial,
+        m,
+        n,
+        kp,
+        x2.stride(0),
+        args.pop("stride_wn"),
+        args.pop("stride_wk"),
+        args.pop("stride_sn"),
+        args.pop("stride_sk"),
+        args.pop("stride_zk"),
+        partial.stride(1),
+        partial.stride(0),
+        kp_per_split,
+        ROUND_DTYPE=round_dtype,
+        DOT_LOW=dot_low,
+        SCALE_MODE=scale_mode,
+        BM=cfg.bm,
+        BN=cfg.bn,
+        BKP=cfg.bkp,
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+        **args,
     )
     out = partial[0] if split == 1 else partial.sum(0)
     return out.to(x.dtype).reshape(*lead, n)

@@ -39,15 +39,52 @@ def _dot(a, w, ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr):
 
 @triton.jit
 def quant_moe_gemm_kernel(
-    a_ptr, c_ptr, sorted_ids_ptr, block_expert_ptr, topk_w_ptr,
-    w_ptr, s_ptr, z_ptr, g_ptr, w2_ptr, s2_ptr, z2_ptr, g2_ptr,
-    num_assign, top_k, N, KP, a_row_stride, c_row_stride,
-    stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk, stride_ze, stride_zk, stride_ge,
-    SBN: tl.constexpr, SBK: tl.constexpr, FMT: tl.constexpr, PACK: tl.constexpr, BITS: tl.constexpr,
-    SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr,
-    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, SCALE_MODE: tl.constexpr,
-    GATHER_TOKENS: tl.constexpr, SWIGLU: tl.constexpr, SCATTER_WEIGHTED: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, FAST_E2M1: tl.constexpr = False,
+    a_ptr,
+    c_ptr,
+    sorted_ids_ptr,
+    block_expert_ptr,
+    topk_w_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    g_ptr,
+    w2_ptr,
+    s2_ptr,
+    z2_ptr,
+    g2_ptr,
+    num_assign,
+    top_k,
+    N,
+    KP,
+    a_row_stride,
+    c_row_stride,
+    stride_we,
+    stride_wn,
+    stride_wk,
+    stride_se,
+    stride_sn,
+    stride_sk,
+    stride_ze,
+    stride_zk,
+    stride_ge,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    FMT: tl.constexpr,
+    PACK: tl.constexpr,
+    BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr,
+    DOT_LOW: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    GATHER_TOKENS: tl.constexpr,
+    SWIGLU: tl.constexpr,
+    SCATTER_WEIGHTED: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BKP: tl.constexpr,
+    FAST_E2M1: tl.constexpr = False,
     SWIGLU_LIMIT: tl.constexpr = 0.0,
 ):
     """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
@@ -87,12 +124,50 @@ def quant_moe_gemm_kernel(
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         w_off = offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk
         stored = tl.load(w_base + w_off, mask=tile_ok, other=0)
-        s_pre, z_row = _scales(s_base, z_base, offs_n, n_ok, kp0, KP, stride_sn, stride_sk, stride_zk, FMT, BITS,
-                               SCALE_E8M0, ZERO_OFFSET, SCALE_MODE, PACK, SBN, SBK, BN, BKP)
+        s_pre, z_row = _scales(
+            s_base,
+            z_base,
+            offs_n,
+            n_ok,
+            kp0,
+            KP,
+            stride_sn,
+            stride_sk,
+            stride_zk,
+            FMT,
+            BITS,
+            SCALE_E8M0,
+            ZERO_OFFSET,
+            SCALE_MODE,
+            PACK,
+            SBN,
+            SBK,
+            BN,
+            BKP,
+        )
         if SWIGLU:
             stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
-            s_up, z_up = _scales(s2_base, z2_base, offs_n, n_ok, kp0, KP, stride_sn, stride_sk, stride_zk, FMT,
-                                 BITS, SCALE_E8M0, ZERO_OFFSET, SCALE_MODE, PACK, SBN, SBK, BN, BKP)
+            s_up, z_up = _scales(
+                s2_base,
+                z2_base,
+                offs_n,
+                n_ok,
+                kp0,
+                KP,
+                stride_sn,
+                stride_sk,
+                stride_zk,
+                FMT,
+                BITS,
+                SCALE_E8M0,
+                ZERO_OFFSET,
+                SCALE_MODE,
+                PACK,
+                SBN,
+                SBK,
+                BN,
+                BKP,
+            )
         else:  # unused: keeps every name defined on both constexpr branches
             stored_up = stored
             s_up = s_pre
@@ -107,16 +182,69 @@ def quant_moe_gemm_kernel(
                 else:
                     a = a_hi
             else:
-                a = tl.load(a_ptr + a_rows[:, None] * a_row_stride + offs_k[None, :],
-                            mask=rvalid[:, None] & kp_ok[None, :], other=0.0)
-            w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_base, z_base, s_base, g, s_pre, z_row,
-                        stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP, ZERO_OFFSET, False,
-                        SCALE_MODE, SBN, SBK, FAST_E2M1, ROUND_DTYPE)
+                a = tl.load(
+                    a_ptr + a_rows[:, None] * a_row_stride + offs_k[None, :],
+                    mask=rvalid[:, None] & kp_ok[None, :],
+                    other=0.0,
+                )
+            w = _decode(
+                stored,
+                i,
+                offs_n,
+                offs_k,
+                kp_ok,
+                tile_ok,
+                s_base,
+                z_base,
+                s_base,
+                g,
+                s_pre,
+                z_row,
+                stride_sn,
+                stride_sk,
+                stride_zk,
+                FMT,
+                BITS,
+                SCALE_E8M0,
+                GLOBAL_OP,
+                ZERO_OFFSET,
+                False,
+                SCALE_MODE,
+                SBN,
+                SBK,
+                FAST_E2M1,
+                ROUND_DTYPE,
+            )
             acc += _dot(a, w.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
             if SWIGLU:
-                w_up = _decode(stored_up, i, offs_n, offs_k, kp_ok, tile_ok, s2_base, z2_base, s2_base, g2, s_up,
-                               z_up, stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP,
-                               ZERO_OFFSET, False, SCALE_MODE, SBN, SBK, FAST_E2M1, ROUND_DTYPE)
+                w_up = _decode(
+                    stored_up,
+                    i,
+                    offs_n,
+                    offs_k,
+                    kp_ok,
+                    tile_ok,
+                    s2_base,
+                    z2_base,
+                    s2_base,
+                    g2,
+                    s_up,
+                    z_up,
+                    stride_sn,
+                    stride_sk,
+                    stride_zk,
+                    FMT,
+                    BITS,
+                    SCALE_E8M0,
+                    GLOBAL_OP,
+                    ZERO_OFFSET,
+                    False,
+                    SCALE_MODE,
+                    SBN,
+                    SBK,
+                    FAST_E2M1,
+                    ROUND_DTYPE,
+                )
                 acc_up += _dot(a, w_up.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
     if SWIGLU:
         # the reference rounds gate and up to the activation dtype before silu(gate) * up
@@ -130,5 +258,8 @@ def quant_moe_gemm_kernel(
     if SCATTER_WEIGHTED:
         acc = acc * tl.load(topk_w_ptr + sid, mask=rvalid, other=0.0).to(tl.float32)[:, None]
         c_rows = sid.to(tl.int64)
-    tl.store(c_ptr + c_rows[:, None] * c_row_stride + offs_n[None, :], acc.to(c_ptr.dtype.element_ty),
-             mask=rvalid[:, None] & n_ok[None, :])
+    tl.store(
+        c_ptr + c_rows[:, None] * c_row_stride + offs_n[None, :],
+        acc.to(c_ptr.dtype.element_ty),
+        mask=rvalid[:, None] & n_ok[None, :],
+    )

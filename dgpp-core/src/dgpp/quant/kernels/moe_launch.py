@@ -90,9 +90,24 @@ def _scale_mode(args: dict, bkp: int) -> int:
     return 0
 
 
-def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorted_ids: torch.Tensor,
-            block_expert: torch.Tensor, topk_w: torch.Tensor, num_assign: int, top_k: int, n_out: int,
-            tiles: MoETiles, *, gather: bool, swiglu: bool, scatter: bool, swiglu_limit: float = 0.0) -> None:
+def _launch(
+    args: dict,
+    up: dict | None,
+    a: torch.Tensor,
+    c: torch.Tensor,
+    sorted_ids: torch.Tensor,
+    block_expert: torch.Tensor,
+    topk_w: torch.Tensor,
+    num_assign: int,
+    top_k: int,
+    n_out: int,
+    tiles: MoETiles,
+    *,
+    gather: bool,
+    swiglu: bool,
+    scatter: bool,
+    swiglu_limit: float = 0.0,
+) -> None:
     import triton.language as tl
 
     from dgpp.quant.kernels.moe_gemm import quant_moe_gemm_kernel
@@ -105,24 +120,68 @@ def _launch(args: dict, up: dict | None, a: torch.Tensor, c: torch.Tensor, sorte
     up = up or args
     grid = (sorted_ids.shape[0] // tiles.bm, cdiv(n_out, tiles.bn))
     quant_moe_gemm_kernel[grid](
-        a, c, sorted_ids, block_expert, topk_w,
-        args["w"], args["s"], args["z"], args["g"], up["w"], up["s"], up["z"], up["g"],
-        num_assign, top_k, n_out, args["KP"], a.stride(0), c.stride(0),
-        args["stride_we"], args["stride_wn"], args["stride_wk"], args["stride_se"], args["stride_sn"],
-        args["stride_sk"], args["stride_ze"], args["stride_zk"], args["stride_ge"],
-        SBN=args["SBN"], SBK=args["SBK"], FMT=args["FMT"], PACK=args["PACK"], BITS=args["BITS"],
-        SCALE_E8M0=args["SCALE_E8M0"], GLOBAL_OP=args["GLOBAL_OP"], ZERO_OFFSET=args["ZERO_OFFSET"],
-        ROUND_DTYPE=round_dtype, DOT_LOW=dot_low, FAST_E2M1=fast_e2m1,
-        SCALE_MODE=_scale_mode(args, tiles.bkp), GATHER_TOKENS=gather, SWIGLU=swiglu, SCATTER_WEIGHTED=scatter,
-        BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp, SWIGLU_LIMIT=swiglu_limit,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        a,
+        c,
+        sorted_ids,
+        block_expert,
+        topk_w,
+        args["w"],
+        args["s"],
+        args["z"],
+        args["g"],
+        up["w"],
+        up["s"],
+        up["z"],
+        up["g"],
+        num_assign,
+        top_k,
+        n_out,
+        args["KP"],
+        a.stride(0),
+        c.stride(0),
+        args["stride_we"],
+        args["stride_wn"],
+        args["stride_wk"],
+        args["stride_se"],
+        args["stride_sn"],
+        args["stride_sk"],
+        args["stride_ze"],
+        args["stride_zk"],
+        args["stride_ge"],
+        SBN=args["SBN"],
+        SBK=args["SBK"],
+        FMT=args["FMT"],
+        PACK=args["PACK"],
+        BITS=args["BITS"],
+        SCALE_E8M0=args["SCALE_E8M0"],
+        GLOBAL_OP=args["GLOBAL_OP"],
+        ZERO_OFFSET=args["ZERO_OFFSET"],
+        ROUND_DTYPE=round_dtype,
+        DOT_LOW=dot_low,
+        FAST_E2M1=fast_e2m1,
+        SCALE_MODE=_scale_mode(args, tiles.bkp),
+        GATHER_TOKENS=gather,
+        SWIGLU=swiglu,
+        SCATTER_WEIGHTED=scatter,
+        BM=tiles.bm,
+        BN=tiles.bn,
+        BKP=tiles.bkp,
+        SWIGLU_LIMIT=swiglu_limit,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )
 
 
-def fused_quant_moe(gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[str, torch.Tensor]],
-                    down: tuple[QuantFormat, dict[str, torch.Tensor]], x: torch.Tensor, topk_weights: torch.Tensor,
-                    topk_ids: torch.Tensor, inter: int, tiles: MoETiles | None = None,
-                    swiglu_limit: float | None = None) -> torch.Tensor:
+def fused_quant_moe(
+    gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[str, torch.Tensor]],
+    down: tuple[QuantFormat, dict[str, torch.Tensor]],
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    inter: int,
+    tiles: MoETiles | None = None,
+    swiglu_limit: float | None = None,
+) -> torch.Tensor:
     """``sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t)`` with ``e = topk_ids[t, k]`` (gate and up
     clamped at ``swiglu_limit`` first when it is set).
 
@@ -146,9 +205,38 @@ def fused_quant_moe(gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[st
     sorted_ids, block_expert = align(topk_ids, num_experts, tiles.bm)
     weights = topk_weights.contiguous().view(-1)
     act = torch.empty(sorted_ids.shape[0], inter, dtype=x.dtype, device=x.device)
-    _launch(gate_args, up_args, x, act, sorted_ids, block_expert, weights, n_assign, top_k, inter, tiles,
-            gather=True, swiglu=True, scatter=False, swiglu_limit=swiglu_limit_constant(swiglu_limit))
+    _launch(
+        gate_args,
+        up_args,
+        x,
+        act,
+        sorted_ids,
+        block_expert,
+        weights,
+        n_assign,
+        top_k,
+        inter,
+        tiles,
+        gather=True,
+        swiglu=True,
+        scatter=False,
+        swiglu_limit=swiglu_limit_constant(swiglu_limit),
+    )
     per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
-    _launch(down_args, None, act, per_assign, sorted_ids, block_expert, weights, n_assign, top_k, hidden, tiles,
-            gather=False, swiglu=False, scatter=True)
+    _launch(
+        down_args,
+        None,
+        act,
+        per_assign,
+        sorted_ids,
+        block_expert,
+        weights,
+        n_assign,
+        top_k,
+        hidden,
+        tiles,
+        gather=False,
+        swiglu=False,
+        scatter=True,
+    )
     return per_assign.view(tokens, top_k, hidden).sum(1).to(x.dtype)

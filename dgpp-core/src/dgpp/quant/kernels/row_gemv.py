@@ -36,8 +36,20 @@ def _e2m1_portable(nib):
 
 
 @triton.jit
-def _load_step(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr,
-               SPAN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr):
+def _load_step(
+    w_rows,
+    s_ptr,
+    cols,
+    col_ok,
+    k0,
+    k_dim,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    SPAN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     """One K step's stored words ([BN, BK / per-word] int32: 4 FP8 codes or 8 E2M1 codes each, loaded as
     words so they stay packed in registers) and its span scales [BN, BK // SPAN] (fp32; ones for per-channel FP8)."""
     PER_WORD: tl.constexpr = 4 if FMT <= 1 else 8
@@ -45,7 +57,9 @@ def _load_step(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, SBN: t
     if EVEN:
         raw = tl.load(w_rows + offs[None, :])
     else:
-        raw = tl.load(w_rows + offs[None, :], mask=col_ok[:, None] & (offs * PER_WORD < k_dim)[None, :], other=0)
+        raw = tl.load(
+            w_rows + offs[None, :], mask=col_ok[:, None] & (offs * PER_WORD < k_dim)[None, :], other=0
+        )
     if FMT == 1:
         sc = tl.full([1, 1], 1.0, tl.float32)
     else:
@@ -69,7 +83,9 @@ def _load_step(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT: tl.constexpr, SBN: t
 def _in_order8(n0, n1, n2, n3, n4, n5, n6, n7):
     """Eight [BN, W] tensors -> [BN, W * 8] with n_i at position i of each group of eight (joins stay in registers)."""
     pairs = (tl.join(n0, n4), tl.join(n1, n5), tl.join(n2, n6), tl.join(n3, n7))
-    out = tl.join(tl.join(pairs[0], pairs[2]), tl.join(pairs[1], pairs[3]))  # [..., c, d, e] holds n_(4c + 2d + e)
+    out = tl.join(
+        tl.join(pairs[0], pairs[2]), tl.join(pairs[1], pairs[3])
+    )  # [..., c, d, e] holds n_(4c + 2d + e)
     return tl.reshape(out, (n0.shape[0], n0.shape[1] * 8))
 
 
@@ -80,29 +96,45 @@ def _in_order4(n0, n1, n2, n3):
 
 
 @triton.jit
-def _decode(raw, FMT: tl.constexpr, SPAN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr):
+def _decode(
+    raw, FMT: tl.constexpr, SPAN: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, FAST: tl.constexpr
+):
     """Stored words -> exact fp32 weights in K order, unscaled, as [BN, BK // SPAN, SPAN]."""
     if FMT <= 1:
         if FAST:
             v0, v1, v2, v3 = e4m3_word_fp32(raw)
         else:
-            v0, v1, v2, v3 = (e4m3_fp32((raw >> 0) & 0xFF), e4m3_fp32((raw >> 8) & 0xFF),
-                              e4m3_fp32((raw >> 16) & 0xFF), e4m3_fp32((raw >> 24) & 0xFF))
+            v0, v1, v2, v3 = (
+                e4m3_fp32((raw >> 0) & 0xFF),
+                e4m3_fp32((raw >> 8) & 0xFF),
+                e4m3_fp32((raw >> 16) & 0xFF),
+                e4m3_fp32((raw >> 24) & 0xFF),
+            )
         w = _in_order4(v0, v1, v2, v3)
     else:
         if FAST:
             n0, n2, n4, n6, n1, n3, n5, n7 = e2m1_word_fp32(raw)
         else:
-            n0, n1, n2, n3 = (_e2m1_portable(raw & 0xF), _e2m1_portable((raw >> 4) & 0xF),
-                              _e2m1_portable((raw >> 8) & 0xF), _e2m1_portable((raw >> 12) & 0xF))
-            n4, n5, n6, n7 = (_e2m1_portable((raw >> 16) & 0xF), _e2m1_portable((raw >> 20) & 0xF),
-                              _e2m1_portable((raw >> 24) & 0xF), _e2m1_portable((raw >> 28) & 0xF))
+            n0, n1, n2, n3 = (
+                _e2m1_portable(raw & 0xF),
+                _e2m1_portable((raw >> 4) & 0xF),
+                _e2m1_portable((raw >> 8) & 0xF),
+                _e2m1_portable((raw >> 12) & 0xF),
+            )
+            n4, n5, n6, n7 = (
+                _e2m1_portable((raw >> 16) & 0xF),
+                _e2m1_portable((raw >> 20) & 0xF),
+                _e2m1_portable((raw >> 24) & 0xF),
+                _e2m1_portable((raw >> 28) & 0xF),
+            )
         w = _in_order8(n0, n1, n2, n3, n4, n5, n6, n7)
     return tl.reshape(w, (BN, BK // SPAN, SPAN))
 
 
 @triton.jit
-def _row_spans(w, x_ptr, row, m, x_stride, k0, k_dim, SPAN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr):
+def _row_spans(
+    w, x_ptr, row, m, x_stride, k0, k_dim, SPAN: tl.constexpr, BK: tl.constexpr, EVEN: tl.constexpr
+):
     """Per-span sums of ``w * x[row]`` for one K step: [BN, BK // SPAN] (zeros for rows >= m)."""
     kk = k0 + tl.arange(0, BK)
     mask = (kk < k_dim) & (row < m)
@@ -113,8 +145,24 @@ def _row_spans(w, x_ptr, row, m, x_stride, k0, k_dim, SPAN: tl.constexpr, BK: tl
 
 
 @triton.jit
-def _four_rows(a0, a1, a2, a3, w, sc, x_ptr, r0, m, x_stride, k0, k_dim, SPAN: tl.constexpr, BK: tl.constexpr,
-               ROWS: tl.constexpr, EVEN: tl.constexpr):
+def _four_rows(
+    a0,
+    a1,
+    a2,
+    a3,
+    w,
+    sc,
+    x_ptr,
+    r0,
+    m,
+    x_stride,
+    k0,
+    k_dim,
+    SPAN: tl.constexpr,
+    BK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVEN: tl.constexpr,
+):
     """Rows r0 .. r0 + min(ROWS, 4) - 1 of one K step added to their accumulators (the same code for every row)."""
     a0 += _row_spans(w, x_ptr, r0, m, x_stride, k0, k_dim, SPAN, BK, EVEN) * sc
     if ROWS > 1:
@@ -131,10 +179,31 @@ def _finish(a0, a1, a2, a3, post):
 
 
 @triton.jit
-def row_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, r0, k_dim, n_rows, x_stride, cols,
-             FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, SPAN: tl.constexpr, GLOBAL_OP: tl.constexpr,
-             BN: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr,
-             PREFETCH: tl.constexpr, WIDE: tl.constexpr, SCALE_WEIGHTS: tl.constexpr):
+def row_tile(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    g_ptr,
+    m,
+    r0,
+    k_dim,
+    n_rows,
+    x_stride,
+    cols,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    SPAN: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    WIDE: tl.constexpr,
+    SCALE_WEIGHTS: tl.constexpr,
+):
     """``W[cols] @ x[r0 : r0 + ROWS]^T`` for one packed weight: 8 fp32 [BN] results, all scales applied (rows
     past ROWS come back as zeros). ``PREFETCH``: the next step's bytes are loaded before this step is decoded,
     so two steps of loads are in flight per thread."""
@@ -150,17 +219,22 @@ def row_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, r0, k_dim, n_rows, x_stride, cols,
     for k0 in range(0, k_dim, BK):
         if PREFETCH:  # the last step re-loads itself (in bounds), cheaper than a branch
             k_next = tl.where(k0 + BK < k_dim, k0 + BK, k0)
-            raw_next, sc_next = _load_step(w_rows, s_ptr, cols, col_ok, k_next, k_dim, FMT, SBN, SBK, SPAN, BK, EVEN)
+            raw_next, sc_next = _load_step(
+                w_rows, s_ptr, cols, col_ok, k_next, k_dim, FMT, SBN, SBK, SPAN, BK, EVEN
+            )
         else:
             raw, sc = _load_step(w_rows, s_ptr, cols, col_ok, k0, k_dim, FMT, SBN, SBK, SPAN, BK, EVEN)
         w = _decode(raw, FMT, SPAN, BN, BK, FAST)
         if SCALE_WEIGHTS:  # scale each weight once (shared by the rows) instead of each row's span sums
             w = w * sc[:, :, None]
             sc = 1.0
-        a0, a1, a2, a3 = _four_rows(a0, a1, a2, a3, w, sc, x_ptr, r0, m, x_stride, k0, k_dim, SPAN, BK, ROWS, EVEN)
+        a0, a1, a2, a3 = _four_rows(
+            a0, a1, a2, a3, w, sc, x_ptr, r0, m, x_stride, k0, k_dim, SPAN, BK, ROWS, EVEN
+        )
         if ROWS > 4:
-            a4, a5, a6, a7 = _four_rows(a4, a5, a6, a7, w, sc, x_ptr, r0 + 4, m, x_stride, k0, k_dim, SPAN, BK,
-                                        ROWS - 4, EVEN)
+            a4, a5, a6, a7 = _four_rows(
+                a4, a5, a6, a7, w, sc, x_ptr, r0 + 4, m, x_stride, k0, k_dim, SPAN, BK, ROWS - 4, EVEN
+            )
         if PREFETCH:
             raw, sc = raw_next, sc_next
     post = tl.full([BN], 1.0, tl.float32)
@@ -194,37 +268,165 @@ def _store_rows(out_ptr, out_stride, out_cols, col_ok, m, r0, lo, hi, ROWS: tl.c
 
 @triton.jit
 def row_multi_gemv_kernel(
-    x_ptr, w0, s0, g0, w1, s1, g1, w2, s2, g2, out_ptr, m, k_dim, n0, n1, n2, x_stride, out_stride,
-    FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, SPAN: tl.constexpr, GLOBAL_OP: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr,
-    PREFETCH: tl.constexpr, WIDE: tl.constexpr, SCALE_WEIGHTS: tl.constexpr,
+    x_ptr,
+    w0,
+    s0,
+    g0,
+    w1,
+    s1,
+    g1,
+    w2,
+    s2,
+    g2,
+    out_ptr,
+    m,
+    k_dim,
+    n0,
+    n1,
+    n2,
+    x_stride,
+    out_stride,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    SPAN: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    WIDE: tl.constexpr,
+    SCALE_WEIGHTS: tl.constexpr,
 ):
     """Up to three weights of one format side by side (q/k/v), outputs concatenated; grid = (BN-row tiles
     over the BN-aligned segments, chunks of ROWS x rows)."""
-    w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN)
+    w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(
+        w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN
+    )
     r0 = tl.program_id(1) * ROWS
-    lo, hi = row_tile(x_ptr, w_ptr, s_ptr, g_ptr, m, r0, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, SPAN,
-                      GLOBAL_OP, BN, BK, ROWS, EVEN, FAST, PREFETCH, WIDE, SCALE_WEIGHTS)
+    lo, hi = row_tile(
+        x_ptr,
+        w_ptr,
+        s_ptr,
+        g_ptr,
+        m,
+        r0,
+        k_dim,
+        n_rows,
+        x_stride,
+        cols,
+        FMT,
+        SBN,
+        SBK,
+        SPAN,
+        GLOBAL_OP,
+        BN,
+        BK,
+        ROWS,
+        EVEN,
+        FAST,
+        PREFETCH,
+        WIDE,
+        SCALE_WEIGHTS,
+    )
     _store_rows(out_ptr, out_stride, out_base + cols, cols < n_rows, m, r0, lo, hi, ROWS)
 
 
 @triton.jit
 def row_gate_up_silu_kernel(
-    x_ptr, wg, sg, gg, wu, su, gu, out_ptr, m, k_dim, n_rows, x_stride, out_stride,
-    FMT: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr, SPAN: tl.constexpr, GLOBAL_OP: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, ROWS: tl.constexpr, EVEN: tl.constexpr, FAST: tl.constexpr,
-    PREFETCH: tl.constexpr, WIDE: tl.constexpr, SCALE_WEIGHTS: tl.constexpr,
+    x_ptr,
+    wg,
+    sg,
+    gg,
+    wu,
+    su,
+    gu,
+    out_ptr,
+    m,
+    k_dim,
+    n_rows,
+    x_stride,
+    out_stride,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    SPAN: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    ROWS: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST: tl.constexpr,
+    PREFETCH: tl.constexpr,
+    WIDE: tl.constexpr,
+    SCALE_WEIGHTS: tl.constexpr,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns and ROWS x rows."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     r0 = tl.program_id(1) * ROWS
-    g_lo, g_hi = row_tile(x_ptr, wg, sg, gg, m, r0, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, SPAN, GLOBAL_OP,
-                          BN, BK, ROWS, EVEN, FAST, PREFETCH, WIDE, SCALE_WEIGHTS)
-    u_lo, u_hi = row_tile(x_ptr, wu, su, gu, m, r0, k_dim, n_rows, x_stride, cols, FMT, SBN, SBK, SPAN, GLOBAL_OP,
-                          BN, BK, ROWS, EVEN, FAST, PREFETCH, WIDE, SCALE_WEIGHTS)
+    g_lo, g_hi = row_tile(
+        x_ptr,
+        wg,
+        sg,
+        gg,
+        m,
+        r0,
+        k_dim,
+        n_rows,
+        x_stride,
+        cols,
+        FMT,
+        SBN,
+        SBK,
+        SPAN,
+        GLOBAL_OP,
+        BN,
+        BK,
+        ROWS,
+        EVEN,
+        FAST,
+        PREFETCH,
+        WIDE,
+        SCALE_WEIGHTS,
+    )
+    u_lo, u_hi = row_tile(
+        x_ptr,
+        wu,
+        su,
+        gu,
+        m,
+        r0,
+        k_dim,
+        n_rows,
+        x_stride,
+        cols,
+        FMT,
+        SBN,
+        SBK,
+        SPAN,
+        GLOBAL_OP,
+        BN,
+        BK,
+        ROWS,
+        EVEN,
+        FAST,
+        PREFETCH,
+        WIDE,
+        SCALE_WEIGHTS,
+    )
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    lo = (swiglu(g_lo[0], u_lo[0], dtype), swiglu(g_lo[1], u_lo[1], dtype), swiglu(g_lo[2], u_lo[2], dtype),
-          swiglu(g_lo[3], u_lo[3], dtype))
-    hi = (swiglu(g_hi[0], u_hi[0], dtype), swiglu(g_hi[1], u_hi[1], dtype), swiglu(g_hi[2], u_hi[2], dtype),
-          swiglu(g_hi[3], u_hi[3], dtype))
+    lo = (
+        swiglu(g_lo[0], u_lo[0], dtype),
+        swiglu(g_lo[1], u_lo[1], dtype),
+        swiglu(g_lo[2], u_lo[2], dtype),
+        swiglu(g_lo[3], u_lo[3], dtype),
+    )
+    hi = (
+        swiglu(g_hi[0], u_hi[0], dtype),
+        swiglu(g_hi[1], u_hi[1], dtype),
+        swiglu(g_hi[2], u_hi[2], dtype),
+        swiglu(g_hi[3], u_hi[3], dtype),
+    )
     _store_rows(out_ptr, out_stride, cols, cols < n_rows, m, r0, lo, hi, ROWS)

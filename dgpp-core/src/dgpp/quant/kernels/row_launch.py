@@ -57,7 +57,9 @@ def row_supported(fmt: QuantFormat, shape: Shape) -> bool:
     return isinstance(fmt, FP4Grouped) and fmt.group in (16, 32)
 
 
-def _word_operand(fmt: QuantFormat, t: dict[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _word_operand(
+    fmt: QuantFormat, t: dict[str, torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes as int32 words, scales, global scale): the bytes of a row, four at a time."""
 
     w, s, g = operand(fmt, t)
@@ -78,13 +80,32 @@ def _row_args(fmt: QuantFormat, tile: RowTile, shapes: list[Shape], x: torch.Ten
     if isinstance(fmt, FP4Grouped) and fmt.global_name:
         global_op = kern.GLOBAL_MUL if fmt.global_op == "mul" else kern.GLOBAL_DIV
     even = shapes[0][1] % tile.bk == 0 and all(n % tile.bn == 0 for n, _ in shapes)
-    return dict(FMT=kind, SBN=sbn, SBK=max(sbk, 1), SPAN=span(fmt), GLOBAL_OP=global_op, BN=tile.bn, BK=tile.bk,
-                ROWS=rows, EVEN=even, FAST=not interpreting(), PREFETCH=tile.prefetch, WIDE=tile.wide,
-                SCALE_WEIGHTS=tile.scale_weights and not isinstance(fmt, FP8Channel), num_warps=tile.warps, num_stages=tile.stages)
+    return dict(
+        FMT=kind,
+        SBN=sbn,
+        SBK=max(sbk, 1),
+        SPAN=span(fmt),
+        GLOBAL_OP=global_op,
+        BN=tile.bn,
+        BK=tile.bk,
+        ROWS=rows,
+        EVEN=even,
+        FAST=not interpreting(),
+        PREFETCH=tile.prefetch,
+        WIDE=tile.wide,
+        SCALE_WEIGHTS=tile.scale_weights and not isinstance(fmt, FP8Channel),
+        num_warps=tile.warps,
+        num_stages=tile.stages,
+    )
 
 
-def row_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor,
-                     shapes: list[Shape], tile: RowTile | None = None) -> list[torch.Tensor]:
+def row_multi_linear(
+    fmt: QuantFormat,
+    tensor_sets: list[dict[str, torch.Tensor]],
+    x: torch.Tensor,
+    shapes: list[Shape],
+    tile: RowTile | None = None,
+) -> list[torch.Tensor]:
     """``[x @ W_i^T]`` for 1..3 weights of one format in one launch; column views of one [m, sum N_i] buffer."""
     from dgpp.quant.kernels.row_gemv import row_multi_gemv_kernel
 
@@ -99,13 +120,32 @@ def row_multi_linear(fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]
     out = torch.empty(m, sum(sizes), dtype=x.dtype, device=x.device)
     rows = rows_per_program(m)
     grid = (sum(cdiv(n, tile.bn) for n in sizes), cdiv(m, rows))
-    row_multi_gemv_kernel[grid](x, *ops[0], *ops[1], *ops[2], out, m, k, ns[0], ns[1], ns[2], x.stride(0),
-                                out.stride(0), **_row_args(fmt, tile, shapes, x, rows))
+    row_multi_gemv_kernel[grid](
+        x,
+        *ops[0],
+        *ops[1],
+        *ops[2],
+        out,
+        m,
+        k,
+        ns[0],
+        ns[1],
+        ns[2],
+        x.stride(0),
+        out.stride(0),
+        **_row_args(fmt, tile, shapes, x, rows),
+    )
     return list(out.split(sizes, dim=1))
 
 
-def row_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict[str, torch.Tensor], x: torch.Tensor,
-                     shape: Shape, tile: RowTile | None = None) -> torch.Tensor:
+def row_gate_up_silu(
+    fmt: QuantFormat,
+    gate: dict[str, torch.Tensor],
+    up: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    shape: Shape,
+    tile: RowTile | None = None,
+) -> torch.Tensor:
     """``silu(x Wg^T) * (x Wu^T)`` in one launch; gate and up share ``shape`` and format."""
     from dgpp.quant.kernels.row_gemv import row_gate_up_silu_kernel
 
@@ -115,6 +155,15 @@ def row_gate_up_silu(fmt: QuantFormat, gate: dict[str, torch.Tensor], up: dict[s
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     rows = rows_per_program(m)
     row_gate_up_silu_kernel[(cdiv(n, tile.bn), cdiv(m, rows))](
-        x, *_word_operand(fmt, gate), *_word_operand(fmt, up), out, m, k, n, x.stride(0), out.stride(0),
-        **_row_args(fmt, tile, [shape], x, rows))
+        x,
+        *_word_operand(fmt, gate),
+        *_word_operand(fmt, up),
+        out,
+        m,
+        k,
+        n,
+        x.stride(0),
+        out.stride(0),
+        **_row_args(fmt, tile, [shape], x, rows),
+    )
     return out

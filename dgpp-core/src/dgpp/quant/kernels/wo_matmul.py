@@ -16,7 +16,9 @@ import triton.language as tl
 
 from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
 
-FMT_FP8 = 0  # E4M3 bytes [N, K] (passed as uint8 so masked loads can fill 0), F32/BF16 scale per (SBN x SBK) tile
+FMT_FP8 = (
+    0  # E4M3 bytes [N, K] (passed as uint8 so masked loads can fill 0), F32/BF16 scale per (SBN x SBK) tile
+)
 FMT_FP4 = 1  # E2M1 pairs [N, K/2], E4M3 or E8M0 scale per SBK columns, optional global mul/div
 FMT_INT = 2  # codes in int32 words along K [N, K*b/32], scale per SBK columns, fixed zero ZERO_OFFSET
 FMT_GPTQ = 3  # codes in int32 words along K, transposed [K*b/32, N]; packed zeros and F16 scales per group
@@ -49,12 +51,27 @@ def _e8m0_value(s):
 
 
 @triton.jit
-def _tile_scales(s_ptr, z_ptr, offs_n, n_ok, k_first, stride_sn, stride_sk, stride_zk,
-                 FMT: tl.constexpr, BITS: tl.constexpr, ZERO_OFFSET: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr):
+def _tile_scales(
+    s_ptr,
+    z_ptr,
+    offs_n,
+    n_ok,
+    k_first,
+    stride_sn,
+    stride_sk,
+    stride_zk,
+    FMT: tl.constexpr,
+    BITS: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+):
     """Scale (and zero) per output row for a K tile that lies inside one scale block (ROWWISE)."""
     col = k_first // SBK
     if FMT == 0:
-        s = tl.load(s_ptr + (offs_n // SBN) * stride_sn + col * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
+        s = tl.load(s_ptr + (offs_n // SBN) * stride_sn + col * stride_sk, mask=n_ok, other=0.0).to(
+            tl.float32
+        )
         z = tl.zeros_like(offs_n)
     elif FMT == 2:
         s = tl.load(s_ptr + offs_n * stride_sn + col * stride_sk, mask=n_ok, other=0.0).to(tl.float32)
@@ -68,13 +85,28 @@ def _tile_scales(s_ptr, z_ptr, offs_n, n_ok, k_first, stride_sn, stride_sk, stri
 
 
 @triton.jit
-def _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT: tl.constexpr, SCALE_E8M0: tl.constexpr,
-                  BN: tl.constexpr, BKP: tl.constexpr, GS: tl.constexpr):
+def _group_scales(
+    s_ptr,
+    offs_n,
+    n_ok,
+    kp0,
+    kp_hi,
+    stride_sn,
+    stride_sk,
+    FMT: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    BN: tl.constexpr,
+    BKP: tl.constexpr,
+    GS: tl.constexpr,
+):
     """Scales of a [BN, BKP] tile whose groups span GS stored elements: one load per group, decoded once,
     then broadcast over the group (instead of one gather per weight)."""
     offs_g = kp0 // GS + tl.arange(0, BKP // GS)
-    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk,
-                mask=n_ok[:, None] & (offs_g * GS < kp_hi)[None, :], other=0)
+    s = tl.load(
+        s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk,
+        mask=n_ok[:, None] & (offs_g * GS < kp_hi)[None, :],
+        other=0,
+    )
     if FMT == 1:
         if SCALE_E8M0:
             sf = _e8m0_value(s)
@@ -86,18 +118,49 @@ def _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT: tl
 
 
 @triton.jit
-def _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride_zk,
-            FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, ZERO_OFFSET: tl.constexpr,
-            SCALE_MODE: tl.constexpr, PACK: tl.constexpr, SBN: tl.constexpr, SBK: tl.constexpr,
-            BN: tl.constexpr, BKP: tl.constexpr):
+def _scales(
+    s_ptr,
+    z_ptr,
+    offs_n,
+    n_ok,
+    kp0,
+    kp_hi,
+    stride_sn,
+    stride_sk,
+    stride_zk,
+    FMT: tl.constexpr,
+    BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    PACK: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    BN: tl.constexpr,
+    BKP: tl.constexpr,
+):
     """Scales (and zeros) loaded once for a K tile: per row (mode 1), per group broadcast (mode 2), or
     nothing here (mode 0: ``_decode`` gathers them per weight)."""
     if SCALE_MODE == 1:
-        s_pre, z_row = _tile_scales(s_ptr, z_ptr, offs_n, n_ok, kp0 * PACK, stride_sn, stride_sk, stride_zk,
-                                    FMT, BITS, ZERO_OFFSET, SBN, SBK)
+        s_pre, z_row = _tile_scales(
+            s_ptr,
+            z_ptr,
+            offs_n,
+            n_ok,
+            kp0 * PACK,
+            stride_sn,
+            stride_sk,
+            stride_zk,
+            FMT,
+            BITS,
+            ZERO_OFFSET,
+            SBN,
+            SBK,
+        )
     elif SCALE_MODE == 2:
-        s_pre = _group_scales(s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0,
-                              BN, BKP, SBK // PACK)
+        s_pre = _group_scales(
+            s_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, FMT, SCALE_E8M0, BN, BKP, SBK // PACK
+        )
         z_row = tl.zeros((BN,), dtype=tl.int32)
     else:
         s_pre = tl.zeros((BN,), dtype=tl.float32)
@@ -106,12 +169,34 @@ def _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride
 
 
 @triton.jit
-def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_pre, z_row,
-            stride_sn, stride_sk, stride_zk,
-            FMT: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr, GLOBAL_OP: tl.constexpr,
-            ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr, SCALE_MODE: tl.constexpr,
-            SBN: tl.constexpr, SBK: tl.constexpr, FAST_E2M1: tl.constexpr = False,
-            ROUND_DTYPE: tl.constexpr = tl.bfloat16):
+def _decode(
+    stored,
+    i,
+    offs_n,
+    offs_k,
+    kp_ok,
+    tile_ok,
+    s_ptr,
+    z_ptr,
+    gidx_ptr,
+    g,
+    s_pre,
+    z_row,
+    stride_sn,
+    stride_sk,
+    stride_zk,
+    FMT: tl.constexpr,
+    BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    HAS_GIDX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    FAST_E2M1: tl.constexpr = False,
+    ROUND_DTYPE: tl.constexpr = tl.bfloat16,
+):
     """Sub-position ``i`` of a stored [BN, BKP] tile -> fp32 weights [BN, BKP] (before the final rounding).
     ``s_pre``: per-row scales [BN] (SCALE_MODE 1) or the tile's scales [BN, BKP] (SCALE_MODE 2).
     ``FAST_E2M1`` (GPU, >= 4 bytes per thread): E2M1 pairs through the inline-PTX byte-permute decoder
@@ -122,8 +207,11 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
         if SCALE_MODE == 1:
             sf = s_pre[:, None]
         else:
-            sf = tl.load(s_ptr + (offs_n // SBN)[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
-                         mask=tile_ok, other=0.0).to(tl.float32)
+            sf = tl.load(
+                s_ptr + (offs_n // SBN)[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                mask=tile_ok,
+                other=0.0,
+            ).to(tl.float32)
         w = stored.to(tl.float8e4nv, bitcast=True).to(tl.float32) * sf
     elif FMT == 1:
         if FAST_E2M1:
@@ -137,8 +225,11 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
         if SCALE_MODE == 2:
             sf = s_pre
         else:
-            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
-                        mask=tile_ok, other=0)
+            s = tl.load(
+                s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                mask=tile_ok,
+                other=0,
+            )
             if SCALE_E8M0:
                 sf = _e8m0_value(s)
             else:
@@ -155,8 +246,11 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
         elif SCALE_MODE == 2:
             w = _code_f32(code, ZERO_OFFSET) * s_pre
         else:
-            s = tl.load(s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
-                        mask=tile_ok, other=0.0)
+            s = tl.load(
+                s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
+                mask=tile_ok,
+                other=0.0,
+            )
             w = _code_f32(code, ZERO_OFFSET) * s.to(tl.float32)
     else:
         code = (stored >> (BITS * i)) & code_mask
@@ -168,8 +262,12 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
                 grp = tl.load(gidx_ptr + offs_k, mask=kp_ok, other=0)
             else:
                 grp = offs_k // SBK
-            s = tl.load(s_ptr + grp[None, :] * stride_sk + offs_n[:, None] * stride_sn, mask=tile_ok, other=0.0)
-            zw = tl.load(z_ptr + grp[None, :] * stride_zk + (offs_n // per_word)[:, None], mask=tile_ok, other=0)
+            s = tl.load(
+                s_ptr + grp[None, :] * stride_sk + offs_n[:, None] * stride_sn, mask=tile_ok, other=0.0
+            )
+            zw = tl.load(
+                z_ptr + grp[None, :] * stride_zk + (offs_n // per_word)[:, None], mask=tile_ok, other=0
+            )
             zero = ((zw >> ((offs_n % per_word) * BITS)[:, None]) & code_mask) + ZERO_OFFSET
             w = (code - zero).to(tl.float32) * s.to(tl.float32)
     return w
@@ -177,14 +275,40 @@ def _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g
 
 @triton.jit
 def wo_matmul_kernel(
-    x_ptr, w_ptr, s_ptr, z_ptr, g_ptr, gidx_ptr, out_ptr,
-    M, N, KP, stride_xm, stride_wn, stride_wk, stride_sn, stride_sk, stride_zk, stride_om, stride_os,
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    z_ptr,
+    g_ptr,
+    gidx_ptr,
+    out_ptr,
+    M,
+    N,
+    KP,
+    stride_xm,
+    stride_wn,
+    stride_wk,
+    stride_sn,
+    stride_sk,
+    stride_zk,
+    stride_om,
+    stride_os,
     kp_per_split,
-    SBN: tl.constexpr, SBK: tl.constexpr,
-    FMT: tl.constexpr, PACK: tl.constexpr, BITS: tl.constexpr, SCALE_E8M0: tl.constexpr,
-    GLOBAL_OP: tl.constexpr, ZERO_OFFSET: tl.constexpr, HAS_GIDX: tl.constexpr,
-    ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr, SCALE_MODE: tl.constexpr,
-    BM: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    FMT: tl.constexpr,
+    PACK: tl.constexpr,
+    BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    HAS_GIDX: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr,
+    DOT_LOW: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BKP: tl.constexpr,
 ):
     """BM == 1 is the decode GEMV: one x row per program (grid dim 0 = rows), fp32 multiply-and-sum, so a
     row's result does not depend on how many rows share the launch. BM >= 16 uses tensor-core dots."""
@@ -208,21 +332,68 @@ def wo_matmul_kernel(
         offs_kp = kp0 + tl.arange(0, BKP)
         kp_ok = offs_kp < kp_hi
         tile_ok = n_ok[:, None] & kp_ok[None, :]
-        stored = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk, mask=tile_ok, other=0)
-        s_pre, z_row = _scales(s_ptr, z_ptr, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, stride_zk, FMT, BITS,
-                               SCALE_E8M0, ZERO_OFFSET, SCALE_MODE, PACK, SBN, SBK, BN, BKP)
+        stored = tl.load(
+            w_ptr + offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk, mask=tile_ok, other=0
+        )
+        s_pre, z_row = _scales(
+            s_ptr,
+            z_ptr,
+            offs_n,
+            n_ok,
+            kp0,
+            kp_hi,
+            stride_sn,
+            stride_sk,
+            stride_zk,
+            FMT,
+            BITS,
+            SCALE_E8M0,
+            ZERO_OFFSET,
+            SCALE_MODE,
+            PACK,
+            SBN,
+            SBK,
+            BN,
+            BKP,
+        )
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
-            w = _decode(stored, i, offs_n, offs_k, kp_ok, tile_ok, s_ptr, z_ptr, gidx_ptr, g, s_pre, z_row,
-                        stride_sn, stride_sk, stride_zk, FMT, BITS, SCALE_E8M0, GLOBAL_OP, ZERO_OFFSET, HAS_GIDX,
-                        SCALE_MODE, SBN, SBK)
+            w = _decode(
+                stored,
+                i,
+                offs_n,
+                offs_k,
+                kp_ok,
+                tile_ok,
+                s_ptr,
+                z_ptr,
+                gidx_ptr,
+                g,
+                s_pre,
+                z_row,
+                stride_sn,
+                stride_sk,
+                stride_zk,
+                FMT,
+                BITS,
+                SCALE_E8M0,
+                GLOBAL_OP,
+                ZERO_OFFSET,
+                HAS_GIDX,
+                SCALE_MODE,
+                SBN,
+                SBK,
+            )
             w = w.to(ROUND_DTYPE)
             if BM == 1:
                 xr = tl.load(x_ptr + pid_m * stride_xm + offs_k, mask=kp_ok, other=0.0).to(tl.float32)
                 acc += w.to(tl.float32) * xr[None, :]
             else:
-                xi = tl.load(x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                             mask=m_ok[:, None] & kp_ok[None, :], other=0.0)
+                xi = tl.load(
+                    x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+                    mask=m_ok[:, None] & kp_ok[None, :],
+                    other=0.0,
+                )
                 if DOT_LOW:
                     acc += tl.dot(xi.to(ROUND_DTYPE), tl.trans(w))
                 else:

@@ -16,7 +16,9 @@ from dgpp_qwen.config import QwenConfig
 
 def build_rotary(cfg: QwenConfig) -> RotaryEmbedding:
     rope = cfg.rope
-    return rotary_embedding(rope.scaling, cfg.head_dim, rope.rotary_dim, style="half", mrope_section=rope.mrope_section)
+    return rotary_embedding(
+        rope.scaling, cfg.head_dim, rope.rotary_dim, style="half", mrope_section=rope.mrope_section
+    )
 
 
 class QwenAttention(GQAttention):
@@ -33,7 +35,18 @@ class QwenAttention(GQAttention):
         world: World | None = None,
     ) -> None:
         super().__init__(
-            cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, rotary, cache_name,
-            dtype=cfg.dtype, qkv_bias=cfg.attention_bias, o_bias=cfg.attention_bias, qk_norm=True,
-            zero_centered_norm=zero_centered_norm, output_gate=output_gate, norm_eps=cfg.rms_norm_eps, world=world,
+            cfg.hidden_size,
+            cfg.num_heads,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            rotary,
+            cache_name,
+            dtype=cfg.dtype,
+            qkv_bias=cfg.attention_bias,
+            o_bias=cfg.attention_bias,
+            qk_norm=True,
+            zero_centered_norm=zero_centered_norm,
+            output_gate=output_gate,
+            norm_eps=cfg.rms_norm_eps,
+            world=world,
         )

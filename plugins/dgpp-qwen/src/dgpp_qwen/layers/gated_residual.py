@@ -42,7 +42,14 @@ class GatedResidual(nn.Module):
     ``input_mix_weight_up``, ``block_inject_weight``). Replicated under TP (it is small and per token)."""
 
     def __init__(
-        self, hidden_size: int, hc_count: int, lowrank: int, eps: float, *, dtype: torch.dtype, use_combine: bool = True
+        self,
+        hidden_size: int,
+        hc_count: int,
+        lowrank: int,
+        eps: float,
+        *,
+        dtype: torch.dtype,
+        use_combine: bool = True,
     ) -> None:
         super().__init__()
         self.hidden_size, self.hc_count = hidden_size, hc_count
@@ -54,7 +61,9 @@ class GatedResidual(nn.Module):
 
     def _check(self, hyper: torch.Tensor) -> None:
         if hyper.shape[-1] != self.hc_count * self.hidden_size:
-            raise ValueError(f"gated residual: expected {self.hc_count} x {self.hidden_size} features, got {hyper.shape[-1]}")
+            raise ValueError(
+                f"gated residual: expected {self.hc_count} x {self.hidden_size} features, got {hyper.shape[-1]}"
+            )
 
     def _weighted_mean(self, normed: torch.Tensor) -> torch.Tensor:
         # sigmoid / silu on padded rows: CPU vector tails would make a row depend on the step's row count

@@ -25,7 +25,9 @@ from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import ForwardBatch, PagedKV
 from dgpp_qwen.qwen4_exp_config import IndexerConfig
 
-Selection = list[torch.Tensor | None]  # per sequence: a [q_len, seq_len] key mask, or None when all rows are dense
+Selection = list[
+    torch.Tensor | None
+]  # per sequence: a [q_len, seq_len] key mask, or None when all rows are dense
 
 
 class QSAIndexer(nn.Module):
@@ -33,7 +35,14 @@ class QSAIndexer(nn.Module):
     Replicated under TP: every rank selects the same tokens for its own attention heads."""
 
     def __init__(
-        self, hidden_size: int, cfg: IndexerConfig, rotary: RotaryEmbedding, cache_name: str, eps: float, *, dtype: torch.dtype
+        self,
+        hidden_size: int,
+        cfg: IndexerConfig,
+        rotary: RotaryEmbedding,
+        cache_name: str,
+        eps: float,
+        *,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
         if rotary.rotary_dim > cfg.head_dim:
@@ -75,7 +84,9 @@ class QSAIndexer(nn.Module):
         tail = torch.arange(blocks * ratio, position + 1, device=best.device)
         return torch.sort(torch.cat([tokens, tail])).values
 
-    def _select_all(self, q: torch.Tensor, block_keys: torch.Tensor, positions: torch.Tensor, length: int) -> torch.Tensor:
+    def _select_all(
+        self, q: torch.Tensor, block_keys: torch.Tensor, positions: torch.Tensor, length: int
+    ) -> torch.Tensor:
         """The selection mask ``[n, length]`` of query rows ``q`` ``[n, n_heads, head_dim]`` at ``positions``, all
         at once (one product, one sort): the CUDA path. Same rule as ``_select``; its products are not
         row-independent on the CPU, so the CPU keeps the per-row form."""
@@ -85,7 +96,9 @@ class QSAIndexer(nn.Module):
         scores = torch.relu(per_head).sum(dim=-1) / math.sqrt(self.cfg.head_dim)
         complete = (positions + 1) // ratio  # complete blocks each row sees
         visible = torch.arange(num_blocks, device=q.device)[None, :] < complete[:, None]
-        order = torch.sort(scores.masked_fill(~visible, float("-inf")), dim=1, descending=True, stable=True).indices
+        order = torch.sort(
+            scores.masked_fill(~visible, float("-inf")), dim=1, descending=True, stable=True
+        ).indices
         picked = torch.zeros_like(visible).scatter_(1, order[:, : min(topk, num_blocks)], True) & visible
         tokens = torch.arange(length, device=q.device)
         block_of = (tokens // ratio).clamp(max=max(num_blocks - 1, 0))
@@ -93,7 +106,9 @@ class QSAIndexer(nn.Module):
         tail = (tokens[None, :] >= complete[:, None] * ratio) & (tokens[None, :] <= positions[:, None])
         return in_picked | tail
 
-    def _select_rows(self, q: torch.Tensor, block_keys: torch.Tensor, context: int, length: int) -> torch.Tensor:
+    def _select_rows(
+        self, q: torch.Tensor, block_keys: torch.Tensor, context: int, length: int
+    ) -> torch.Tensor:
         """The selection mask ``[n, length]`` row by row (CPU: row-independent products)."""
         mask = torch.zeros(q.shape[0], length, dtype=torch.bool, device=q.device)
         for j in range(q.shape[0]):
@@ -124,7 +139,9 @@ class QSAIndexer(nn.Module):
                 block_keys = self._block_keys(gather_context(k_cache, batch.block_tables[i], length)[:, 0])
                 rows_q = q[start : start + q_len]
                 if vectorized:
-                    mask = self._select_all(rows_q, block_keys, batch.positions[start : start + q_len], length)
+                    mask = self._select_all(
+                        rows_q, block_keys, batch.positions[start : start + q_len], length
+                    )
                 else:
                     mask = self._select_rows(rows_q, block_keys, context, length)
             selection.append(mask)

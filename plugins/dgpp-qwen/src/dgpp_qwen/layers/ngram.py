@@ -36,7 +36,10 @@ def hash_multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: int
     """Odd multipliers, one per n-gram position, small enough that ``token · m`` fits in int64."""
     half_bound = max(1, ((1 << 63) - 1) // max(vocab_size, 1) // 2)
     layer_seed = seed + _LAYER_SEED_STRIDE * ple_index
-    return [2 * (splitmix64((layer_seed + GOLDEN_GAMMA * (i + 1)) & MASK64) % half_bound) + 1 for i in range(ngram_size)]
+    return [
+        2 * (splitmix64((layer_seed + GOLDEN_GAMMA * (i + 1)) & MASK64) % half_bound) + 1
+        for i in range(ngram_size)
+    ]
 
 
 def _is_prime(n: int) -> bool:
@@ -83,8 +86,14 @@ class NGramHasher(nn.Module):
         sizes = head_vocab_sizes(cfg.vocab_size_base, ple_index, cfg.num_heads)
         offsets = [sum(sizes[:h]) for h in range(len(sizes))]
         self.rows_needed = sum(sizes)  # the largest row id is rows_needed - 1
-        self.table_rows = math.ceil(self.rows_needed / cfg.vocab_divisor) * cfg.vocab_divisor  # as transformers pads
-        self.register_buffer("multipliers", torch.tensor(hash_multipliers(vocab_size, cfg.ngram_size, ple_index, cfg.seed)), persistent=False)
+        self.table_rows = (
+            math.ceil(self.rows_needed / cfg.vocab_divisor) * cfg.vocab_divisor
+        )  # as transformers pads
+        self.register_buffer(
+            "multipliers",
+            torch.tensor(hash_multipliers(vocab_size, cfg.ngram_size, ple_index, cfg.seed)),
+            persistent=False,
+        )
         self.register_buffer("sizes", torch.tensor(sizes, dtype=torch.int64), persistent=False)
         self.register_buffer("offsets", torch.tensor(offsets, dtype=torch.int64), persistent=False)
 
@@ -133,8 +142,16 @@ class PLELayer(nn.Module):
     state ``[T, hc·H]``: per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``."""
 
     def __init__(
-        self, cfg: NGramConfig, name: str, ple_index: int, *, vocab_size: int, hidden_size: int, hc_count: int,
-        eps: float, dtype: torch.dtype,
+        self,
+        cfg: NGramConfig,
+        name: str,
+        ple_index: int,
+        *,
+        vocab_size: int,
+        hidden_size: int,
+        hc_count: int,
+        eps: float,
+        dtype: torch.dtype,
     ) -> None:
         super().__init__()
         from dgpp_qwen.layers.table import NGramEmbedding
@@ -142,7 +159,9 @@ class PLELayer(nn.Module):
         self.name, self.cfg, self.dtype = name, cfg, dtype
         self.hidden_size, self.hc_count = hidden_size, hc_count
         width = hidden_size * hc_count
-        self.ple_embedding = NGramEmbedding(NGramHasher(cfg, vocab_size, ple_index), cfg.embed_dim // cfg.num_heads)
+        self.ple_embedding = NGramEmbedding(
+            NGramHasher(cfg, vocab_size, ple_index), cfg.embed_dim // cfg.num_heads
+        )
         self.key_proj = Linear(cfg.embed_dim, width, dtype=dtype)
         self.value_proj = Linear(cfg.embed_dim, hidden_size, dtype=dtype)
         self.norm_key = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)

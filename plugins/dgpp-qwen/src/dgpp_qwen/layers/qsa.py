@@ -49,7 +49,10 @@ def attend_masked(
     n, num_q_heads, _ = q.shape
     length, num_kv_heads = k.shape[:2]
     if mask is None:
-        mask = torch.arange(length, device=q.device)[None, :] <= q_offset + torch.arange(n, device=q.device)[:, None]
+        mask = (
+            torch.arange(length, device=q.device)[None, :]
+            <= q_offset + torch.arange(n, device=q.device)[:, None]
+        )
     grouped = q.view(n, num_kv_heads, num_q_heads // num_kv_heads, -1).permute(1, 2, 0, 3)  # [Hkv, g, n, D]
     scores = torch.matmul(grouped, k.to(q.dtype).permute(1, 2, 0).unsqueeze(1)) * scale  # [Hkv, g, n, L]
     probs = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1, dtype=torch.float32).to(q.dtype)
@@ -62,15 +65,24 @@ class QSAttention(QwenAttention):
     ``indexer.*``). Heads split over TP ranks as in ``QwenAttention``; the indexer is replicated."""
 
     def __init__(
-        self, cfg: Qwen4ExpConfig, cache_name: str, index_cache_name: str, rotary: RotaryEmbedding, world: World | None = None
+        self,
+        cfg: Qwen4ExpConfig,
+        cache_name: str,
+        index_cache_name: str,
+        rotary: RotaryEmbedding,
+        world: World | None = None,
     ) -> None:
         super().__init__(cfg.base, cache_name, rotary, output_gate=True, zero_centered_norm=True, world=world)
         base = cfg.base
-        self.indexer = QSAIndexer(base.hidden_size, cfg.indexer, rotary, index_cache_name, base.rms_norm_eps, dtype=base.dtype)
+        self.indexer = QSAIndexer(
+            base.hidden_size, cfg.indexer, rotary, index_cache_name, base.rms_norm_eps, dtype=base.dtype
+        )
 
     def cache_specs(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         return {
-            self.attn.cache_name: PagedKV(num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype),
+            self.attn.cache_name: PagedKV(
+                num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype
+            ),
             self.indexer.cache_name: self.indexer.cache_spec(),
         }
 
@@ -93,7 +105,12 @@ class QSAttention(QwenAttention):
                 keys = gather_context(k_cache, batch.block_tables[i], length)
                 values = gather_context(v_cache, batch.block_tables[i], length)
                 out[start : start + q_len] = attend(
-                    q[start : start + q_len], keys, values, batch.context_lens_cpu[i], selection[i], self.attn.scale
+                    q[start : start + q_len],
+                    keys,
+                    values,
+                    batch.context_lens_cpu[i],
+                    selection[i],
+                    self.attn.scale,
                 )
             start += q_len
         return self.o_proj(gated_output(out.flatten(1), gate))

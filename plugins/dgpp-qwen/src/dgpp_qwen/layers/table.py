@@ -23,7 +23,10 @@ from torch import nn
 from dgpp.plugin_api import CheckpointError, CheckpointReader
 
 _SAFETENSORS_DTYPES = {
-    "F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16, "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+    "F64": torch.float64,
 }
 TABLE_MODES = ("resident", "mmap")
 
@@ -36,7 +39,9 @@ class MappedPart:
     rows: torch.Tensor
 
 
-def _map_tensor(path: Path, name: str, maps: dict[Path, tuple[mmap.mmap, dict[str, Any], int]]) -> torch.Tensor:
+def _map_tensor(
+    path: Path, name: str, maps: dict[Path, tuple[mmap.mmap, dict[str, Any], int]]
+) -> torch.Tensor:
     if path not in maps:
         with open(path, "rb") as f:
             (header_len,) = struct.unpack("<Q", f.read(8))
@@ -72,10 +77,14 @@ class NGramEmbedding(nn.Module):
         names = [f"{prefix}.shard_{k}.weight" for k in range(split_parts)]
         for name in names:
             if name not in reader:
-                raise CheckpointError(f"tensor {name!r} (PLE n-gram table shard) is missing from {reader.searched()}")
+                raise CheckpointError(
+                    f"tensor {name!r} (PLE n-gram table shard) is missing from {reader.searched()}"
+                )
         return names
 
-    def load(self, reader: CheckpointReader, prefix: str, split_parts: int, mode: str, device: torch.device | str) -> None:
+    def load(
+        self, reader: CheckpointReader, prefix: str, split_parts: int, mode: str, device: torch.device | str
+    ) -> None:
         if mode not in TABLE_MODES:
             raise ValueError(f"engine.ngram_table = {mode!r}; expected one of {', '.join(TABLE_MODES)}")
         names = self.tensor_names(reader, prefix, split_parts)
@@ -83,10 +92,14 @@ class NGramEmbedding(nn.Module):
         for name in names:
             if reader.dtype(name) not in _SAFETENSORS_DTYPES.values():
                 # FP8 releases store codes plus a scale; looking the codes up as values would be silently wrong
-                raise CheckpointError(f"tensor {name!r} in {reader.where(name)}: a {reader.dtype(name)} n-gram table is not supported yet")
+                raise CheckpointError(
+                    f"tensor {name!r} in {reader.where(name)}: a {reader.dtype(name)} n-gram table is not supported yet"
+                )
             shape = reader.shape(name)
             if len(shape) != 2 or shape[1] != self.dim:
-                raise CheckpointError(f"tensor {name!r} in {reader.where(name)} has shape {list(shape)}; expected [rows, {self.dim}]")
+                raise CheckpointError(
+                    f"tensor {name!r} in {reader.where(name)} has shape {list(shape)}; expected [rows, {self.dim}]"
+                )
             rows += shape[0]
         # transformers pads the table to make_ngram_vocab_size_divisible_by; a release may store it unpadded
         if not self.hasher.rows_needed <= rows <= self.hasher.table_rows:
