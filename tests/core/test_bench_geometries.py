@@ -52,7 +52,7 @@ def test_qwen3_5_27b_geometry_is_the_published_model() -> None:
     )
     total = sum(p.numel() for p in model.parameters())
     assert 26.5e9 < total < 27.5e9, total  # "27B"
-    # bf16 weights a decode step reads (no embedding table): the anchor's "a T=1 step streams 27 GB" at FP8
+    # bf16 weights a decode step reads (no embedding table): the original engine's "a T=1 step streams 27 GB" at FP8
     assert 51e9 < _params(model) * 2 < 52e9  # 51.2 GB
 
 

@@ -16,7 +16,7 @@ def error_of(raw) -> str:
     return str(exc.value)
 
 
-def test_defaults_are_the_anchors():
+def test_defaults_are_the_original_engines():
     cfg = parse_config({"model": "org/name"})
     assert isinstance(cfg, DeployConfig)
     assert cfg.world == 1 and cfg.world_size == 1

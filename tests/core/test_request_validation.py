@@ -83,7 +83,7 @@ def test_chunked_body_past_the_limit_is_request_too_large(tmp_path) -> None:
 
 
 def test_a_chat_template_that_renders_nothing_is_a_400_not_an_engine_step(tmp_path) -> None:
-    # anchor §2.3: an empty render is the request's problem; a model step of zero tokens would fail the engine
+    # an empty render is the request's problem; a model step of zero tokens would fail the engine
     class RendersNothing:
         default_kwargs: dict = {}
 

@@ -1,4 +1,4 @@
-"""Sampler vs a float64 oracle written from the anchor's order (§4.8), plus seeding and greedy rules."""
+"""Sampler vs a float64 oracle written from the original engine's order of sampling steps, plus seeding and greedy rules."""
 
 from __future__ import annotations
 

@@ -187,7 +187,7 @@ def test_full_admission_waits_for_room_oldest_that_fits_first() -> None:
     assert stats.hits + stats.misses == 3
 
 
-def test_stats_line_has_the_anchor_shape() -> None:
+def test_stats_line_has_the_original_engines_shape() -> None:
     import time
 
     from dgpp.sched.stats_line import StatsLine

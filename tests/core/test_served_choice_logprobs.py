@@ -1,4 +1,4 @@
-"""Chat logprobs describe visible content only: the tokens of a successful tool call are left out (anchor §2.9),
+"""Chat logprobs describe visible content only: the tokens of a successful tool call are left out,
 while a block that turns out not to be a call keeps its tokens' logprobs, in order."""
 
 from __future__ import annotations

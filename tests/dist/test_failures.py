@@ -85,7 +85,7 @@ def test_peer_killed_gives_health_503_and_engine_failure_within_5s(tmp_path):
         assert events[-1] == "data: [DONE]"
         health = httpx.get(url + "/health", timeout=2.0)
         assert health.status_code == 503 and "rank 1" in health.json()["error"]
-        assert procs[0].wait(15) == 2  # rank 0 leaves with the anchor's engine-failure code
+        assert procs[0].wait(15) == 2  # rank 0 leaves with the engine-failure exit code, 2
     finally:
         for p in procs:
             if p.poll() is None:

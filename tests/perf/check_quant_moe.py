@@ -9,7 +9,7 @@ routing, which must equal eager bit for bit. One line per result. Not a CI test.
     python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep]
                                           [--no-old-loop] [--json f]
 
-Shape (anchor notes §3.6): hidden 3072, moe_intermediate 1024, 256 experts, top 8 (flags change it).
+Shape (Qwen3.5-122B-A10B's experts): hidden 3072, moe_intermediate 1024, 256 experts, top 8 (flags change it).
 """
 # ruff: noqa: B023  (timing lambdas run inside the loop iteration that defines them)
 

@@ -61,7 +61,7 @@ def test_stop_string_counts_tokens_to_the_match(tiny_tokenizer):
 
 def test_reasoning_tokens_cut_mid_thinking_count_generated_ids_only(tiny_tokenizer):
     """A choice cut (length) while still thinking: every generated id is a reasoning id, and the final flush
-    of held-back text is not one more (anchor §2.6: ids up to and including </think>)."""
+    of held-back text is not one more (the original engine counts ids up to and including </think>)."""
     out = ChoiceOutput(tiny_tokenizer, prompt="<|im_start|>assistant\n<think>\n")
     ids = tiny_tokenizer.encode("Still thinking about 2+2 是 4 <")  # "<" may start </think>: held back
     for tid in ids:

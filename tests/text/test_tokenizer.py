@@ -30,7 +30,7 @@ def test_deepseek_vocab_facts(deepseek_v3, deepseek_v4):
     assert deepseek_v4.vocab_size == 129280
     assert deepseek_v4.token_to_id("<think>") == 128821 and deepseek_v4.token_to_id("</think>") == 128822
     assert deepseek_v4.token_to_id("<｜User｜>") == 128803
-    # the anchor's golden ids for this text
+    # the original engine's golden ids for this text
     ids = deepseek_v4.encode("Hello! 毕老师！1 + 1 = 2 The quick brown fox")
     assert (
         ids[:20]

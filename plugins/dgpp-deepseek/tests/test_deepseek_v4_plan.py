@@ -18,7 +18,7 @@ from dgpp.startup.memory_plan import plan_for
 from dgpp.step.memory import GiB
 from dgpp_deepseek.config import DeepseekV4ArchConfig
 
-# deepseek-ai/DeepSeek-V4-Flash-0731 (anchor 3.8, families 3): 43 layers (2 sliding, then CSA / HCA alternating;
+# deepseek-ai/DeepSeek-V4-Flash-0731 : 43 layers (2 sliding, then CSA / HCA alternating;
 # the 44th compress_ratios entry is the MTP block's), release quantization with MXFP4 experts
 RATIOS = [0, 0] + [4 if i % 2 == 0 else 128 for i in range(41)] + [0]
 V4_FLASH = {

@@ -1,4 +1,4 @@
-"""A float64 reference for glm4_moe written from the spec (anchor §3.3, the GLM-4.5 report), independent of
+"""A float64 reference for glm4_moe written from the spec (the GLM-4.5 report), independent of
 both transformers and dgpp: one sequence, full causal attention, no cache. Used to judge the MTP layer,
 which transformers does not load with the main model."""
 

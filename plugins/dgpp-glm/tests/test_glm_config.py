@@ -12,7 +12,7 @@ from dgpp_glm.config import Glm4MoeArchConfig
 
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "glm-4.7_nvfp4_w4.json"
 
-# GLM-4.7 as released (anchor §3.3), in the flat key style of its config.json, with the NVFP4 release's quantization_config.
+# GLM-4.7 as released, in the flat key style of its config.json, with the NVFP4 release's quantization_config.
 GLM_4_7 = {
     "architectures": ["Glm4MoeForCausalLM"],
     "model_type": "glm4_moe",

@@ -20,7 +20,7 @@ from dgpp_glm.testing_glm5 import GLM5_PACKED_QUANTIZATION
 TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "glm-5.3_int4-int8_w4.json"
 
 
-# full GLM-5.3 (anchor §3.2) in transformers' key style, with the int4/int8 group-64 release quantization
+# full GLM-5.3 in transformers' key style, with the int4/int8 group-64 release quantization
 GLM_5_3 = {
     "architectures": ["GlmMoeDsaForCausalLM"],
     "model_type": "glm_moe_dsa",
@@ -76,7 +76,7 @@ def test_w4_plan_counts_latent_bytes_and_fits_a_node(tmp_path):
     plan = plan_for(build_manager(), ctx)
     # BF16 latent (512) + rotated rope key (64) on all 78 layers, a 128-wide indexer key on the 21 full ones
     assert plan.kv_per_token == (78 * (512 + 64) + 21 * 128) * 2 == 95_232
-    assert 90 * GiB < plan.weights < 105 * GiB  # the anchor's ~99 GiB/rank at w4
+    assert 90 * GiB < plan.weights < 105 * GiB  # the original engine's ~99 GiB/rank at w4
     assert plan.fits(121 * GiB)
 
 

@@ -55,7 +55,7 @@ def test_tied_embeddings(kind, tmp_path):
 
 
 def _release_config() -> dict:
-    """Qwen3.8-27B's geometry (anchor §3.5) in the release's config.json shape (multimodal wrapper)."""
+    """Qwen3.8-27B's geometry in the release's config.json shape (multimodal wrapper)."""
     return {
         "architectures": ["Qwen3_5ForConditionalGeneration"],
         "model_type": "qwen3_5",

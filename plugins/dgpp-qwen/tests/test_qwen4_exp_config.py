@@ -27,7 +27,7 @@ def test_wrapped_release_layout_matches_transformers(tmp_path):
 
 
 def test_sigmoid_gdn_output_gate_matches_transformers(tmp_path):
-    """``output_gate_type: sigmoid`` (the GDN norm gated by σ(z), as the anchor describes the release)."""
+    """``output_gate_type: sigmoid`` (the GDN norm gated by σ(z), as the release defines it)."""
     path = build_tiny_qwen4_exp(tmp_path, seed=27, overrides={"output_gate_type": "sigmoid"})
     model, reference = load_model(path), load_reference(path)
     assert model.cfg.gdn_output_gate == "sigmoid"
