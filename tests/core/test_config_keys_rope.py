@@ -9,7 +9,8 @@ import torch
 
 from dgpp.checkpoint.config_keys import ConfigKeys
 from dgpp.errors import ConfigError
-from dgpp.nn.rotary import default_inv_freq, rotary_embedding
+from dgpp.nn.rotary import RopeScaling, YarnScaling, default_inv_freq, rotary_embedding
+from dgpp.nn.trailing_rope import TrailingRotary
 
 
 def _keys(**cfg) -> ConfigKeys:
@@ -76,3 +77,19 @@ def test_a_rope_per_section():
         keys.rope(section="sliding_attention")
     with pytest.raises(ConfigError, match="'rope_parameters.compress.rope_type'='yarn' is not supported"):
         keys.rope(("default",), section="compress")
+
+
+def test_the_factory_builds_the_trailing_variant():
+    """``trailing=True``: DeepSeek-V4's rotary on the last dims, bit for bit the module built directly."""
+    yarn = YarnScaling(factor=4.0, original_max_position=128, attention_factor=1.0)
+    positions, x = torch.arange(0, 700, 7), torch.randn(100, 3, 32).to(torch.bfloat16)
+    for rope in (RopeScaling(theta=1e4), RopeScaling(theta=16e4, rope_type="yarn", yarn=yarn)):
+        built = rotary_embedding(rope, 32, 8, style="interleaved", trailing=True)
+        direct = TrailingRotary(8, rope.theta, yarn=rope.yarn)
+        assert isinstance(built, TrailingRotary) and torch.equal(built.inv_freq, direct.inv_freq)
+        for inverse in (False, True):
+            assert torch.equal(
+                built.rotate(x, positions, inverse=inverse), direct.rotate(x, positions, inverse=inverse)
+            )
+    with pytest.raises(ValueError, match="interleaved"):
+        rotary_embedding(RopeScaling(), 32, 8, trailing=True)

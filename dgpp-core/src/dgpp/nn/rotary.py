@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, overload
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from dgpp.nn.trailing_rope import TrailingRotary
 
 RotaryStyle = Literal["half", "interleaved"]
 
@@ -106,6 +109,7 @@ class RopeScaling:
     yarn: YarnScaling | None = None
 
 
+@overload
 def rotary_embedding(
     rope: RopeScaling,
     head_dim: int,
@@ -113,13 +117,50 @@ def rotary_embedding(
     *,
     style: RotaryStyle = "half",
     mrope_section: tuple[int, ...] | None = None,
-) -> RotaryEmbedding:
+    trailing: Literal[False] = False,
+) -> RotaryEmbedding: ...
+
+
+@overload
+def rotary_embedding(
+    rope: RopeScaling,
+    head_dim: int,
+    rotary_dim: int | None = None,
+    *,
+    style: RotaryStyle = "half",
+    mrope_section: tuple[int, ...] | None = None,
+    trailing: Literal[True],
+) -> TrailingRotary: ...
+
+
+def rotary_embedding(
+    rope: RopeScaling,
+    head_dim: int,
+    rotary_dim: int | None = None,
+    *,
+    style: RotaryStyle = "half",
+    mrope_section: tuple[int, ...] | None = None,
+    trailing: bool = False,
+) -> RotaryEmbedding | TrailingRotary:
     """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
     ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies. ``mrope_section``: a
-    multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE)."""
-    rotary = RotaryEmbedding(
-        head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn, mrope_section=mrope_section
-    )
+    multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE).
+    ``trailing``: a ``dgpp.nn.trailing_rope.TrailingRotary`` instead, interleaved RoPE on the LAST ``rotary_dim``
+    dims of each head (DeepSeek-V4's ``[nope | rope]`` layout; ``style`` must be ``interleaved``)."""
+    rotary: RotaryEmbedding | TrailingRotary
+    if trailing:
+        from dgpp.nn.trailing_rope import TrailingRotary  # it imports this module
+
+        if style != "interleaved" or mrope_section is not None:
+            raise ValueError("a trailing rotary is interleaved and has no mrope_section")
+        dim = head_dim if rotary_dim is None else rotary_dim
+        if dim > head_dim:
+            raise ValueError(f"rotary_dim {dim} must be at most head_dim {head_dim}")
+        rotary = TrailingRotary(dim, rope.theta, yarn=rope.yarn)
+    else:
+        rotary = RotaryEmbedding(
+            head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn, mrope_section=mrope_section
+        )
     if rope.rope_type in ("linear", "llama3"):
         inv_freq = default_inv_freq(rope.theta, rotary.rotary_dim)
         if rope.rope_type == "linear":

@@ -14,8 +14,8 @@ from torch import nn
 
 from dgpp.nn.compressed_attention import CompressedSinkAttention, LightningIndexer
 from dgpp.nn.linear import Linear, row_block_linear
+from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.nn.sources import Alternatives, Source
-from dgpp.nn.trailing_rope import TrailingRotary
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, WindowCompressor
 from dgpp.plugin_api import CacheSpec, ForwardBatch
@@ -42,7 +42,12 @@ class DeepseekV4Attention(nn.Module):
         ratio = cfg.ratio(layer_idx)
         name = f"layers.{layer_idx}.attn"  # the layer's cache entries are named from it (cache_entries)
         if ratio:
-            self.rotary = TrailingRotary(cfg.rope_head_dim, cfg.compress_rope_theta, yarn=cfg.compress_yarn)
+            rope = RopeScaling(
+                theta=cfg.compress_rope_theta,
+                rope_type="yarn" if cfg.compress_yarn else "default",
+                yarn=cfg.compress_yarn,
+            )
+            self.rotary = rotary_embedding(rope, dim, cfg.rope_head_dim, style="interleaved", trailing=True)
             self.compressor: WindowCompressor | None = WindowCompressor(
                 cfg.hidden_size,
                 dim,
@@ -54,7 +59,9 @@ class DeepseekV4Attention(nn.Module):
                 eps=eps,
             )
         else:
-            self.rotary = TrailingRotary(cfg.rope_head_dim, cfg.rope_theta)
+            self.rotary = rotary_embedding(
+                RopeScaling(theta=cfg.rope_theta), dim, cfg.rope_head_dim, style="interleaved", trailing=True
+            )
             self.compressor = None
         self.indexer: LightningIndexer | None = None
         if cfg.layer_types[layer_idx] == CSA:

@@ -20,7 +20,7 @@ from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_o
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.nn.norm import RMSNorm, rms_normalize
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -58,7 +58,9 @@ class FlintAttention(nn.Module):
         self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(self.sinks, weight_loader=default_weight_loader, tp_dim=0, world=world)
         sliding = cfg.is_sliding(layer_idx)
-        self.rotary = RotaryEmbedding(dim, dim, cfg.rope_theta, style="half") if sliding else None
+        self.rotary = (
+            rotary_embedding(RopeScaling(theta=cfg.rope_theta), dim, style="half") if sliding else None
+        )
         # the layer's cache entry (paged K/V, or its ring) is declared by SinkAttention under this name
         self.attn = SinkAttention(
             f"layers.{layer_idx}.self_attn",

@@ -18,7 +18,7 @@ from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_o
 from dgpp.nn.gqa import GQAttention
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import RMSNorm
-from dgpp.nn.rotary import RotaryEmbedding
+from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.plugin_api import World
 from dgpp_glm.config import Glm4MoeArchConfig, GlmMoeFields
 
@@ -58,7 +58,7 @@ def build_attention(
 ) -> GQAttention:
     """GLM's GQA: q/k/v biases, per-head q/k norm before RoPE, half-split RoPE on the first ``rotary_dim``
     dims of each head (64 of 128 in GLM-4.7)."""
-    rotary = RotaryEmbedding(cfg.head_dim, cfg.rotary_dim, cfg.rope_theta, style="half")
+    rotary = rotary_embedding(RopeScaling(theta=cfg.rope_theta), cfg.head_dim, cfg.rotary_dim, style="half")
     return GQAttention(
         cfg.hidden_size,
         cfg.num_attention_heads,
