@@ -5,7 +5,7 @@ The mapping onto the int4 layout is checked exactly (with fp32 scales the packed
 bit for bit), the bf16 product against decode-then-multiply within the bf16 tolerance, a row alone against the
 same row among 1..300 rows bit for bit, a layout whose rows depend on the batch is refused, and a whole model
 loaded with the key multiplies through the int4 product (a load or a step that falls back to decoded weights
-fails) with solo == batched logits.
+fails) with solo == batched logits, and the memory plan counts the packed weights the loaded model keeps.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from dgpp.nn import int4pack_cpu
 from dgpp.nn.embedding import LMHead
 from dgpp.nn.int4pack_cpu import GROUP, Int4PackLinearMethod, int4pack_available, pack_codes
 from dgpp.nn.linear import Linear
-from dgpp.startup.loading import load_model
+from dgpp.plugins import build_manager
+from dgpp.startup.loading import load_context, load_model
+from dgpp.startup.memory_plan import plan_for
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -135,16 +137,20 @@ def mixed_quant(name: str, tensor: torch.Tensor) -> str:
     return "Q8_0" if "embed_tokens" in name else "Q4_1"
 
 
-@pytest.fixture
-def tiny_gguf(tmp_path):
+def converted_gguf(tmp_path, tied: bool = True, tensor_type=mixed_quant):
     # 4 KV heads: k and v are 64 rows, so q/k/v join into one packed product like the demo's
     hf = build_tiny_checkpoint(
-        "llama", tmp_path / "hf", seed=11, overrides={"tie_word_embeddings": True, "num_key_value_heads": 4}
+        "llama", tmp_path / "hf", seed=11, overrides={"tie_word_embeddings": tied, "num_key_value_heads": 4}
     )
     build_tiny_tokenizer(hf)
     return resolve_checkpoint(
-        str(write_llama_gguf(hf, tmp_path / "q" / "tiny.gguf", tensor_type=mixed_quant))
+        str(write_llama_gguf(hf, tmp_path / "q" / "tiny.gguf", tensor_type=tensor_type))
     )
+
+
+@pytest.fixture
+def tiny_gguf(tmp_path):
+    return converted_gguf(tmp_path)
 
 
 def int4_calls(model, prompt: list[int]) -> int:
@@ -190,3 +196,38 @@ def test_the_key_needs_a_converted_gguf(tmp_path):
 def test_the_key_is_a_lossy_lever():
     assert "gguf_weights" in EngineConfig(gguf_weights="int4pack").lossy_levers()
     assert "gguf_weights" not in EngineConfig().lossy_levers()
+
+
+def resident_bytes_of(model: torch.nn.Module) -> int:
+    """What a model keeps: its (unique) parameters and the storages of its packed weights' codes, scales and
+    zeros, the joined q/k/v and gate/up weights' (cached on their first layer) included."""
+    packed = [m for m in model.modules() if isinstance(m, int4pack_cpu.Int4PackedWeight)]
+    packed += [m._dgpp_int4_joined[1] for m in model.modules() if getattr(m, "_dgpp_int4_joined", None)]
+    storages = {
+        b.untyped_storage().data_ptr(): b.untyped_storage().nbytes() for m in packed for b in m.buffers()
+    }
+    return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(storages.values())
+
+
+def head_quant(name: str, tensor: torch.Tensor) -> str:
+    """Q4_0 projections, a Q4_1 head and an F16 embedding (untied): every packed type, and a head kept beside
+    its decoded weight."""
+    if tensor.dim() == 1 or "embed_tokens" in name:
+        return "F32" if tensor.dim() == 1 else "F16"
+    return "Q4_1" if "lm_head" in name else "Q4_0"
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_the_plan_counts_the_packed_weights(tmp_path, tied):
+    """The planned weight bytes are the loaded model's resident bytes under the key (codes, bf16 scales and
+    zeros; the decoded Linear weights dropped, the head's kept), not the decoded weights'."""
+    checkpoint = converted_gguf(tmp_path, tied, mixed_quant if tied else head_quant)
+    engine, pm = EngineConfig(gguf_weights="int4pack"), build_manager()
+    plan = plan_for(pm, load_context(checkpoint, engine, dtype=torch.bfloat16, pm=pm))
+    model = load_model(checkpoint, engine, dtype=torch.bfloat16, pm=pm)
+    assert [m for m in model.modules() if isinstance(m, LMHead)][0].packed is not None
+    decoded = plan_for(pm, load_context(checkpoint, dtype=torch.bfloat16, pm=pm)).weights
+    assert plan.weights == resident_bytes_of(model) < decoded  # a plan that ignores the key counts `decoded`
+    prompt = conf.make_prompts(model.info.vocab_size, (5,), seed=15)[0]
+    assert int4_calls(model, prompt) == 4 * model.config.num_hidden_layers + 1  # q/k/v and gate/up joined
+    assert resident_bytes_of(model) == plan.weights  # the joined weights hold no second copy

@@ -36,7 +36,13 @@ from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.log import get_logger
 from dgpp.nn.embedding import LMHead
-from dgpp.nn.int4pack_cpu import Int4PackedWeight, Int4PackLinearMethod, int4pack_available
+from dgpp.nn.int4pack_cpu import (
+    GROUP,
+    OUT_MULTIPLE,
+    Int4PackedWeight,
+    Int4PackLinearMethod,
+    int4pack_available,
+)
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 
 log = get_logger("dgpp.gguf")
@@ -101,6 +107,48 @@ def _targets(model: nn.Module, rename: Callable[[str], str]) -> list[tuple[str, 
         elif isinstance(module, LMHead) and id(module.weight) in param_names:
             found.append((rename(param_names[id(module.weight)]), module, "head"))
     return found
+
+
+def packed_bytes(type_name: str, out_features: int, in_features: int) -> int:
+    """Resident bytes of the ``Int4PackedWeight`` of an ``[out_features, in_features]`` matrix stored as
+    ``type_name``: the int4 codes (two a byte) and a bf16 scale and zero per ``GROUP`` inputs, for each plane,
+    over the outputs padded to ``OUT_MULTIPLE``."""
+    planes = OPERANDS[type_name][1]
+    rows = out_features + -out_features % OUT_MULTIPLE
+    k = planes * in_features
+    return rows * k // 2 + (k // GROUP) * rows * 2 * 2
+
+
+def planned_packing(
+    model: nn.Module,
+    checkpoint_dir: Path,
+    engine: EngineConfig,
+    rename: Callable[[str], str] = lambda name: name,
+) -> tuple[dict[int, int], int]:
+    """What ``pack_gguf_weights`` would do to ``model`` (built on ``meta``), from the blocks file's metadata
+    alone (no tensor read): ``({id(linear weight): packed bytes}, bytes)`` where each dense Linear's decoded weight
+    is replaced by its packed form (dropped), and the LM head's packed form is added beside its weight (kept:
+    the head, tied or not, holds its decoded weight too). Empty unless ``engine.gguf_weights`` is ``int4pack``
+    and the checkpoint was converted from GGUF (the load refuses the key otherwise)."""
+    if engine.gguf_weights != "int4pack":
+        return {}, 0
+    path = Path(checkpoint_dir) / BLOCKS_FILE
+    if not path.is_file():
+        return {}, 0
+    with safe_open(str(path), framework="pt") as f:
+        types = json.loads((f.metadata() or {}).get("ggml_types", "{}"))
+    linears: dict[int, int] = {}
+    head = 0
+    for name, module, kind in _targets(model, rename):
+        type_name = types.get(name)
+        if type_name not in OPERANDS:
+            continue
+        size = packed_bytes(type_name, *module.weight.shape)
+        if kind == "linear":
+            linears[id(module.weight)] = size
+        else:
+            head += size
+    return linears, head
 
 
 def pack_gguf_weights(

@@ -124,12 +124,12 @@ class Int4PackedWeight(nn.Module):
         elif not flat.is_contiguous():  # the kernel reads rows of K contiguous inputs
             flat = flat.contiguous()
         limit = int4pack_row_limit(self.rows, self.planes * self.in_features)
+        # a part of a joined weight (Int4PackLinearMethod._joined) holds views; its scales are strided
+        scale_zeros = self.scale_zeros if self.scale_zeros.is_contiguous() else self.scale_zeros.contiguous()
         if rows <= limit:
-            out = int4pack_product(flat, self.packed, self.scale_zeros)
+            out = int4pack_product(flat, self.packed, scale_zeros)
         else:
-            out = torch.cat(
-                [int4pack_product(part, self.packed, self.scale_zeros) for part in flat.split(limit)]
-            )
+            out = torch.cat([int4pack_product(part, self.packed, scale_zeros) for part in flat.split(limit)])
         if self.rows != self.out_features:
             out = out[:, : self.out_features].contiguous()
         if out.dtype != x.dtype:
@@ -188,7 +188,15 @@ class Int4PackLinearMethod:
             return None
         cached = getattr(layers[0], "_dgpp_int4_joined", None)
         if cached is None or cached[0] != len(layers):
-            cached = (len(layers), concat_packed([layer.int4_weight for layer in layers]))
+            parts = [layer.int4_weight for layer in layers]
+            joined = concat_packed(parts)
+            if joined is not None:  # the parts become views of the joined weight: one copy stays resident
+                start = 0
+                for part in parts:
+                    part.packed = joined.packed[start : start + part.rows]
+                    part.scale_zeros = joined.scale_zeros[:, start : start + part.rows]
+                    start += part.rows
+            cached = (len(layers), joined)
             layers[0]._dgpp_int4_joined = cached
         return cached[1]
 

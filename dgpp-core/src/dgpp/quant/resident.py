@@ -4,6 +4,8 @@ as weights without reading a tensor."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from torch import nn
 
@@ -20,10 +22,17 @@ def fp8_block_bytes(rows: int, cols: int) -> int:
 
 
 def resident_bytes(
-    module: nn.Module, bf16_weights: str = "checkpoint", dense_weights: str = "checkpoint"
+    module: nn.Module,
+    bf16_weights: str = "checkpoint",
+    dense_weights: str = "checkpoint",
+    int4pack: Mapping[int, int] | None = None,
 ) -> int:
     """Bytes of ``module``'s (unique) parameters as loaded, with the conversions ``engine.bf16_weights`` and
-    ``engine.dense_weights`` apply to its dense Linears (FP8 first, as the load does)."""
+    ``engine.dense_weights`` apply to its dense Linears (FP8 first, as the load does), then
+    ``engine.gguf_weights: int4pack``'s: ``int4pack`` maps ``id(weight)`` of a dense Linear the load packs to the
+    bytes of its packed form (``dgpp.checkpoint.gguf_packed.planned_packing``), counted in place of the weight
+    where no earlier conversion took it."""
+    int4pack = int4pack or {}
     total = 0.0
     dense = [
         m.weight
@@ -35,6 +44,9 @@ def resident_bytes(
     for p in module.parameters():
         if id(p) in fp8:
             total += fp8_block_bytes(*p.shape)
+            continue
+        if id(p) in int4pack and not (bf16_weights != "checkpoint" and id(p) in bf12_eligible):
+            total += int4pack[id(p)]
             continue
         # on meta, a packed scale that loads in its shipped 2-byte dtype counts 2 bytes (dgpp.quant.params)
         size = p.numel() * (

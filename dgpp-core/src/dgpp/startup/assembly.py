@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from dgpp.checkpoint.gguf_packed import planned_packing
 from dgpp.errors import PluginError
 from dgpp.family import FamilyModel, LoadContext, resolve_reference
 from dgpp.quant.apply import quantize_modules
@@ -68,7 +69,7 @@ def build_declared_model(ctx: LoadContext, entry: FamilyModel) -> Model:
 def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> ModelMemory | MemoryPlan:
     """The model's bytes on this rank as it would be loaded, without reading a weight: built on ``meta`` for the
     rank, packed where the checkpoint is quantized, settled, with the deployment's weight-form keys
-    (``engine.bf16_weights``, ``engine.dense_weights``) applied to the count; KV and state rates from the cache
+    (``engine.bf16_weights``, ``engine.dense_weights``, ``engine.gguf_weights``) applied to the count; KV and state rates from the cache
     entries its attention modules declare."""
     own = entry.hooks.get("memory_plan")
     if own is not None:
@@ -79,9 +80,11 @@ def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> ModelMemory |
         model = model_builder(ctx, entry)()
         quantize_modules(model, ctx.hf_config, rename=rename)
     settle_weights(model)
+    int4pack, int4pack_heads = planned_packing(model, ctx.checkpoint_dir, ctx.engine, rename)
     return ModelMemory.from_cache_spec(
         model.cache_spec(),
-        weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights),
+        weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights, int4pack)
+        + int4pack_heads,
         activations_per_token=model.activation_bytes_per_token(),
         vocab_size=model.info.vocab_size,
         max_position=model.info.max_position,
