@@ -173,8 +173,8 @@ def test_defaults_from_generation_config(tmp_path) -> None:
         json.dumps({"temperature": 0.6, "top_p": 0.95, "top_k": 20})
     )
     d = SamplingDefaults.from_generation_config(tmp_path)
-    p = SamplingParams(temperature=0.0).with_defaults(d, given={"temperature"})
-    assert (p.temperature, p.top_p, p.top_k, p.min_p) == (0.0, 0.95, 20, 0.0)
+    # serve/generation.py applies these to what a request omits (tests/core/test_generation_params.py)
+    assert (d.temperature, d.top_p, d.top_k, d.min_p) == (0.6, 0.95, 20, 0.0)
     (tmp_path / "generation_config.json").write_text(json.dumps({"do_sample": False, "temperature": 0.7}))
     assert SamplingDefaults.from_generation_config(tmp_path).temperature == 0.0
     assert SamplingDefaults.from_generation_config(tmp_path / "none").temperature == 1.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -103,8 +103,3 @@ class SamplingParams:
     @property
     def has_penalties(self) -> bool:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-    def with_defaults(self, defaults: SamplingDefaults, given: set[str]) -> SamplingParams:
-        """Fill the sampling fields the request did not name (``given``) from the checkpoint's defaults."""
-        fill = {k: v for k, v in defaults.as_dict().items() if k not in given}
-        return replace(self, **fill)

@@ -13,7 +13,7 @@ import secrets
 import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.sample.params import SamplingDefaults, SamplingParams
@@ -24,6 +24,7 @@ from dgpp.sched.step_loop import StepLoop, StepLoopFailed
 from dgpp.serve.arrivals import submitted
 from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.event_relay import EventRelay
+from dgpp.serve.generation import fit_to_prompt
 from dgpp.text.errors import GrammarError, TextError
 
 
@@ -338,8 +339,8 @@ class Backend:
     ) -> RequestHandle:
         """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
 
-        A request that named no max_tokens gets ``engine.default_max_tokens`` cut to the room its prompt
-        leaves; one that named it too large is refused (the client asked for something impossible).
+        The limit is fitted to the prompt by ``serve/generation.fit_to_prompt`` (``max_tokens_given``: the
+        request named it).
         ``samplers`` (one per choice) replace the request's own, e.g. a ``ForcedSampler`` scoring a prompt."""
         if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the step loop
             param = "messages" if kind == "chatcmpl" else "prompt"
@@ -358,35 +359,15 @@ class Backend:
                 "invalid_parameter",
                 param,
             )
-        room = self.limits.request_limit_tokens - len(prompt_ids)
-        if not max_tokens_given:
-            if room < 1:
-                param = "messages" if kind == "chatcmpl" else "prompt"
-                raise APIError(
-                    400,
-                    f"the prompt ({len(prompt_ids)} tokens) leaves no room to generate within "
-                    f"{self.limits.request_limit_tokens} tokens",
-                    "context_length_exceeded",
-                    param,
-                )
-            params = replace(params, max_tokens=min(params.max_tokens, room))
-        total = len(prompt_ids) + params.max_tokens
-        if total > self.limits.max_position:
-            raise APIError(
-                400,
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model's context of {self.limits.max_position} tokens",
-                "context_length_exceeded",
-                "max_tokens",
-            )
-        if total > self.limits.kv_pool_tokens:
-            raise APIError(
-                400,
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"KV pool of {self.limits.kv_pool_tokens} tokens (engine.kv_capacity)",
-                "context_length_exceeded",
-                "max_tokens",
-            )
+        params = fit_to_prompt(
+            params,
+            len(prompt_ids),
+            max_position=self.limits.max_position,
+            kv_pool_tokens=self.limits.kv_pool_tokens,
+            named=max_tokens_given,
+            prompt_param="messages" if kind == "chatcmpl" else "prompt",
+            constrained=bool(matchers),
+        )
         handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
         sink = self._relay(asyncio.get_running_loop()).sink(handle.queue)
         for i in range(n):

@@ -6,7 +6,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -19,6 +18,7 @@ from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
 from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
+from dgpp.serve.generation import named_max_tokens, sampling_params
 from dgpp.serve.http_guard import content_length
 from dgpp.serve.legacy import LegacyPrompt, best_of, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
@@ -29,32 +29,28 @@ from dgpp.serve.openai_format import (
     timings,
 )
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
-from dgpp.serve.validate import check_content_type, check_model, parse_body, sampling_params
+from dgpp.serve.validate import check_content_type, check_model, parse_body
 
 
 def _backend(request: Request) -> Backend:
     return request.app.state.backend
 
 
-async def _read(request: Request, kind: type) -> tuple[Any, dict[str, Any], Backend]:
+async def _read(request: Request, kind: type) -> tuple[Any, Backend]:
     backend = _backend(request)
     backend.counters.requests_total += 1
     check_content_type(request.scope)
-    req, raw = parse_body(await request.body(), kind, request.app.state.allow_unknown_fields)
+    req, _ = parse_body(await request.body(), kind, request.app.state.allow_unknown_fields)
     check_model(req.model, backend.model_id)
-    return req, raw, backend
+    return req, backend
 
 
 @post("/v1/chat/completions", status_code=200)
 @announced(lambda request: _backend(request).loop)
 async def chat_completions(request: Request) -> Response | Stream:
-    req, raw, backend = await _read(request, ChatCompletionRequest)
-    params = sampling_params(
-        req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
-    )
+    req, backend = await _read(request, ChatCompletionRequest)
+    params = sampling_params(req, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
     prepared = await backend.prepare_chat(req, req.n or 1)
-    if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
-        params = replace(params, ignore_eos=False)
     handle = backend.submit(
         prepared.prompt_ids,
         params,
@@ -63,7 +59,7 @@ async def chat_completions(request: Request) -> Response | Stream:
         kind="chatcmpl",
         matchers=prepared.matchers,
         constraint=prepared.constraint,
-        max_tokens_given=req.max_tokens is not None or req.max_completion_tokens is not None,
+        max_tokens_given=named_max_tokens(req) is not None,
     )
     return await _answer(
         request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req))
@@ -73,14 +69,12 @@ async def chat_completions(request: Request) -> Response | Stream:
 @post("/v1/completions", status_code=200)
 @announced(lambda request: _backend(request).loop)
 async def completions(request: Request) -> Response | Stream:
-    req, raw, backend = await _read(request, CompletionRequest)
+    req, backend = await _read(request, CompletionRequest)
     n = req.n or 1
     generate = req.best_of or n  # best_of > n: generate best_of per prompt, answer with the n most likely
     params = sampling_params(
-        req, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
+        req, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens, ranked=generate > n
     )
-    if generate > n:
-        params = replace(params, logprobs=True)  # each candidate's cumulative logprob ranks it
     split = split_prompts(req.prompt, backend.limits.vocab_size)
     if (
         len(split) > backend.queue_limit
@@ -109,7 +103,7 @@ async def completions(request: Request) -> Response | Stream:
                         n=generate,
                         use_prefix_cache=req.prefix_cache,
                         kind="cmpl",
-                        max_tokens_given=req.max_tokens is not None,
+                        max_tokens_given=named_max_tokens(req) is not None,
                     )
                 )
             )

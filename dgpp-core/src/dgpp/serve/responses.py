@@ -12,7 +12,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -25,6 +24,7 @@ from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.completions import _collect, _drive, _generation_error
 from dgpp.serve.errors import APIError, invalid, log, log_error, request_id_of
+from dgpp.serve.generation import named_max_tokens, sampling_params
 from dgpp.serve.openai_format import KEEP_ALIVE
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.responses_input import chat_body, chat_messages, check_request, input_items, renamed
@@ -37,7 +37,6 @@ from dgpp.serve.validate import (
     convert,
     decode_json,
     parse_body,
-    sampling_params,
 )
 
 
@@ -62,13 +61,11 @@ async def create_response(request: Request) -> Response | Stream:
     items = input_items(req)
     try:
         messages = chat_messages(earlier + items, first_input=len(earlier))
-        chat, raw = parse_body(msgspec.json.encode(chat_body(req, messages)), ChatCompletionRequest)
+        chat, _ = parse_body(msgspec.json.encode(chat_body(req, messages)), ChatCompletionRequest)
         params = sampling_params(
-            chat, raw, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
+            chat, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
         )
         prepared = await backend.prepare_chat(chat, 1)
-        if prepared.matchers:  # a grammar ends with EOS: it cannot be ignored
-            params = replace(params, ignore_eos=False)
         handle = backend.submit(
             prepared.prompt_ids,
             params,
@@ -76,7 +73,7 @@ async def create_response(request: Request) -> Response | Stream:
             kind="resp",
             matchers=prepared.matchers,
             constraint=prepared.constraint,
-            max_tokens_given=req.max_output_tokens is not None,
+            max_tokens_given=named_max_tokens(chat) is not None,
         )
     except APIError as e:
         raise renamed(e) from None

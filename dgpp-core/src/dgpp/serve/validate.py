@@ -1,4 +1,5 @@
-"""Request body -> a typed request and ``SamplingParams``; every failure is one 400 naming the field."""
+"""Request body -> a typed request; every failure is one 400 naming the field. The request's sampling and
+generation limits are decided in ``serve/generation.py``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from dgpp.sample.params import SamplingDefaults, SamplingParams
 from dgpp.serve.errors import APIError, invalid, unsupported
 from dgpp.serve.protocol import (
     COMPLETION_REJECTED,
@@ -24,7 +24,6 @@ T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 S = TypeVar("S", bound=msgspec.Struct)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
 _TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 class _DuplicateKey(ValueError):
@@ -218,57 +217,6 @@ def _check_media(messages: list[Any]) -> None:
                 raise unsupported(
                     f"messages[{i}].content[{j}]", f"is a {kind} part; this model takes text only"
                 )
-
-
-def sampling_params(
-    req: ChatCompletionRequest | CompletionRequest,
-    raw: dict[str, Any],
-    defaults: SamplingDefaults,
-    vocab_size: int,
-    default_max_tokens: int,
-) -> SamplingParams:
-    """The request's sampling, with the checkpoint's defaults for what it omitted (or sent as null)."""
-    bias: dict[int, float] = {}
-    for key, value in (req.logit_bias or {}).items():
-        try:
-            tid = int(key)
-        except ValueError:
-            raise invalid(f"logit_bias key {key!r} is not a token id", "logit_bias") from None
-        if not 0 <= tid < vocab_size:
-            raise invalid(
-                f"logit_bias token id {tid} is outside the vocabulary (0..{vocab_size - 1})", "logit_bias"
-            )
-        if tid in bias:
-            raise invalid(f"logit_bias names token id {tid} twice", "logit_bias")
-        bias[tid] = float(value)
-    if isinstance(req, ChatCompletionRequest):
-        max_tokens = req.max_completion_tokens or req.max_tokens or default_max_tokens
-        want_logprobs, top = bool(req.logprobs), req.top_logprobs or 0
-    else:  # max_tokens 0 (nothing generated) never reaches the engine; the route answers it
-        max_tokens = req.max_tokens or default_max_tokens
-        want_logprobs, top = req.logprobs is not None, req.logprobs or 0
-    stop = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
-    given = {k for k in SAMPLING_KEYS if raw.get(k) is not None}
-    top_k = req.top_k or 0
-    if req.top_p == 0.0:  # top_p 0 keeps only the most likely token: greedy, via top_k 1
-        top_k, given = 1, given | {"top_k"}
-    params = SamplingParams(
-        temperature=req.temperature if req.temperature is not None else 1.0,
-        top_p=req.top_p if req.top_p not in (None, 0.0) else 1.0,
-        top_k=top_k,
-        min_p=req.min_p or 0.0,
-        repetition_penalty=req.repetition_penalty if req.repetition_penalty is not None else 1.0,
-        presence_penalty=req.presence_penalty or 0.0,
-        frequency_penalty=req.frequency_penalty or 0.0,
-        seed=req.seed,
-        logit_bias=bias,
-        logprobs=want_logprobs,
-        top_logprobs=top,
-        max_tokens=max_tokens,
-        stop=stop,
-        ignore_eos=req.ignore_eos,
-    )
-    return params.with_defaults(defaults, given)
 
 
 def check_model(requested: str, served: str) -> None:
