@@ -9,8 +9,7 @@ import torch
 
 from dgpp.checkpoint.config_keys import ConfigKeys
 from dgpp.errors import ConfigError
-from dgpp.nn.rotary import RopeScaling, YarnScaling, default_inv_freq, rotary_embedding
-from dgpp.nn.trailing_rope import TrailingRotary
+from dgpp.nn.rotary import RopeScaling, TrailingRotary, YarnScaling, default_inv_freq, rotary_embedding
 
 
 def _keys(**cfg) -> ConfigKeys:

@@ -18,7 +18,7 @@ from torch import nn
 from dgpp.kernels.window_attention import ring_write, window_attention
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
-from dgpp.nn.trailing_rope import TrailingRotary
+from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.window_compressor import WindowCompressor, gather_entries, live_sequences
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, WindowKV

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, overload
+from typing import Literal, overload
 
 import torch
 from torch import nn
-
-if TYPE_CHECKING:
-    from dgpp.nn.trailing_rope import TrailingRotary
 
 RotaryStyle = Literal["half", "interleaved"]
 
@@ -109,6 +106,36 @@ class RopeScaling:
     yarn: YarnScaling | None = None
 
 
+class TrailingRotary(nn.Module):
+    """``rotate(x [T, heads, D], positions [T])``: interleaved RoPE of ``x[..., D - rotary_dim:]``, DeepSeek-V4's
+    ``[nope | rope]`` head layout. Consecutive channel pairs (GPT-J style) of the trailing slice rotate, with plain
+    RoPE on its sliding layers and a second base plus YaRN on its compressed layers. Its attention also rotates the
+    output's rope slice BACK (``inverse=True``, the angle negated) at the query position: K == V, so each value
+    carries its key's rotation, and undoing it at the query leaves every entry's contribution a function of the
+    distance. cos/sin are computed in fp32 and rounded to the activation dtype; the rotation runs in fp32 and is
+    rounded once, the reference's order."""
+
+    def __init__(self, rotary_dim: int, base: float, *, yarn: YarnScaling | None = None) -> None:
+        super().__init__()
+        if rotary_dim % 2:
+            raise ValueError(f"rotary_dim {rotary_dim} must be even")
+        self.rotary_dim = rotary_dim
+        inv_freq = yarn.inv_freq(base, rotary_dim) if yarn else default_inv_freq(base, rotary_dim)
+        self.magnitude = yarn.magnitude() if yarn else 1.0
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def rotate(self, x: torch.Tensor, positions: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [T, rotary_dim/2]
+        cos = (freqs.cos() * self.magnitude).to(x.dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
+        sin = (freqs.sin() * self.magnitude).to(x.dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
+        if inverse:
+            sin = -sin
+        nope, rope = x[..., : -self.rotary_dim], x[..., -self.rotary_dim :].float()
+        even, odd = rope[..., 0::2], rope[..., 1::2]
+        turned = torch.stack((-odd, even), dim=-1).flatten(-2)
+        return torch.cat((nope, (rope * cos + turned * sin).to(x.dtype)), dim=-1)
+
+
 @overload
 def rotary_embedding(
     rope: RopeScaling,
@@ -145,12 +172,10 @@ def rotary_embedding(
     """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
     ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies. ``mrope_section``: a
     multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE).
-    ``trailing``: a ``dgpp.nn.trailing_rope.TrailingRotary`` instead, interleaved RoPE on the LAST ``rotary_dim``
+    ``trailing``: a ``TrailingRotary`` instead, interleaved RoPE on the LAST ``rotary_dim``
     dims of each head (DeepSeek-V4's ``[nope | rope]`` layout; ``style`` must be ``interleaved``)."""
     rotary: RotaryEmbedding | TrailingRotary
     if trailing:
-        from dgpp.nn.trailing_rope import TrailingRotary  # it imports this module
-
         if style != "interleaved" or mrope_section is not None:
             raise ValueError("a trailing rotary is interleaved and has no mrope_section")
         dim = head_dim if rotary_dim is None else rotary_dim

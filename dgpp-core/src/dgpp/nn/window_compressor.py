@@ -23,7 +23,7 @@ from torch import nn
 
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import rms_normalize
-from dgpp.nn.trailing_rope import TrailingRotary
+from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, CompressedKV, WindowBuffer
