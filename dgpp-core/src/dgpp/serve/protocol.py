@@ -19,6 +19,12 @@ RepetitionPenalty = Annotated[float, msgspec.Meta(gt=0.0, le=100.0)]
 Seed = Annotated[int, msgspec.Meta(ge=I64_MIN, le=I64_MAX)]
 StopString = Annotated[str, msgspec.Meta(min_length=1)]
 Stop = StopString | Annotated[list[StopString], msgspec.Meta(min_length=1, max_length=4)]
+# OpenAI's metadata: at most 16 pairs, keys up to 64 characters, values up to 512
+Metadata = Annotated[
+    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+    msgspec.Meta(max_length=16),
+]
+SafetyIdentifier = Annotated[str, msgspec.Meta(max_length=64)]
 
 # Chat fields refused whatever their value, and those refused unless null (features this server lacks).
 REJECTED = ("web_search_options", "functions", "function_call", "prompt_cache_options")
@@ -84,14 +90,8 @@ class ChatCompletionRequest(_Sampling, kw_only=True):
     reasoning_effort: str | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     user: str | None = None
-    safety_identifier: Annotated[str, msgspec.Meta(max_length=64)] | None = None
-    metadata: (
-        Annotated[
-            dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
-            msgspec.Meta(max_length=16),
-        ]
-        | None
-    ) = None
+    safety_identifier: SafetyIdentifier | None = None
+    metadata: Metadata | None = None
     store: bool | None = None
     service_tier: str | None = None
     modalities: list[str] | None = None

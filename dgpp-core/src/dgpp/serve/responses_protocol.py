@@ -11,7 +11,17 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from dgpp.serve.protocol import MaxTokens, Penalty, RepetitionPenalty, Seed, Stop, Temperature, Unit
+from dgpp.serve.protocol import (
+    MaxTokens,
+    Metadata,
+    Penalty,
+    RepetitionPenalty,
+    SafetyIdentifier,
+    Seed,
+    Stop,
+    Temperature,
+    Unit,
+)
 
 # Responses fields for features this server has not got: refused unless null (or false for ``background``).
 REFUSED_WHEN_SET = (
@@ -79,16 +89,10 @@ class ResponsesRequest(msgspec.Struct, kw_only=True, forbid_unknown_fields=True)
     store: bool | None = None  # OpenAI's default is true: null keeps the response
     previous_response_id: str | None = None
     include: list[str] | None = None
-    metadata: (
-        Annotated[
-            dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
-            msgspec.Meta(max_length=16),
-        ]
-        | None
-    ) = None
+    metadata: Metadata | None = None
     truncation: Literal["disabled", "auto"] | None = None
     user: str | None = None
-    safety_identifier: Annotated[str, msgspec.Meta(max_length=64)] | None = None
+    safety_identifier: SafetyIdentifier | None = None
     prompt_cache_key: str | None = None  # a routing hint; the prefix cache here matches prompts by content
     service_tier: str | None = None
     # refused when set (REFUSED_WHEN_SET)
