@@ -243,6 +243,12 @@ class Glm5NextForCausalLM(Model):
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if batch.input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            # the KDA and k-pooled indexer steps read host-side lengths: a graph would replay the capture's
+            raise RuntimeError(
+                "GLM-5.3-Flash's KDA and k-pooled indexer steps cannot be captured in a CUDA graph yet: "
+                "set engine.decode_graph to false"
+            )
         hidden = self.hidden_states(batch)
         self.keep_last_hidden(hidden)
         return hidden[batch.logits_indices]
