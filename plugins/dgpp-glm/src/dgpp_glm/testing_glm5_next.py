@@ -161,3 +161,10 @@ GLM5_NEXT_BENCH: dict[str, Any] = {
         "tie_word_embeddings": False,
     },
 }
+
+# the CPU smoke version of the benchmark geometry: the tiny test model's text config
+TINY_GLM5_NEXT_BENCH: dict[str, Any] = {
+    "model_type": "glm5_next",
+    "architectures": ["Glm5NextForConditionalGeneration"],
+    "text_config": {k: v for k, v in TINY_GLM5_NEXT_TEXT.items() if v is not None},
+}
