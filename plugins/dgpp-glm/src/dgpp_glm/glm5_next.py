@@ -123,7 +123,6 @@ class Glm5NextDecoderLayer(nn.Module):
     def __init__(self, cfg: Glm5NextArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
         super().__init__()
         self.world = world
-        self.linear = cfg.is_linear(layer_idx)
 
         def hyper() -> HyperConnection:
             return HyperConnection(
