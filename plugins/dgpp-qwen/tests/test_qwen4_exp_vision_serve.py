@@ -10,6 +10,7 @@ import base64
 import io
 import json
 
+import httpx
 import openai
 import pytest
 from serve_fixture import running
@@ -179,3 +180,25 @@ def test_text_only_model_refuses_image_parts_naming_the_model(tmp_path):
         assert sdk.models.list().data[0].model_extra["input_modalities"] == ["text"]
         error = refusal(sdk, ckpt, messages(image_part(data_uri(picture(12, 12, "RGB", "PNG")))))
         assert str(ckpt) in error["message"] and error["param"] == "messages[1].content[0]"
+
+
+def test_image_chat_with_mtp_equals_the_runner(tmp_path):
+    ckpt = build_tiny_qwen4_exp_vl(tmp_path / "ckpt_mtp", seed=12, with_mtp=True)
+    msgs = messages(
+        image_part(data_uri(picture(40, 24, "RGB", "PNG"))), image_part(data_uri(picture(9, 9, "LA", "PNG")))
+    )
+    want = runner_answer(ckpt, msgs)
+    with running(ckpt, tmp_path, {**SERVE_ENGINE, "images": IMAGES, "mtp": True, "mtp_depth": 2}) as server:
+        sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+        assert ask(sdk, ckpt, msgs).choices[0].message.content == want
+        stream = sdk.chat.completions.create(
+            model=str(ckpt),
+            messages=msgs,
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            stream=True,
+            extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK},
+        )
+        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+        drafts = httpx.get(server.url + "/metrics").json()["scheduler"]["spec_decode"]["num_drafts_total"]
+        assert drafts > 0  # the answers went through draft and verify steps

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from dgpp.media.prompt import ImageError, ProcessedImage, PromptImage, PromptMedia
-from dgpp.plugin_api import ConfigError
+from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptImage, PromptMedia
 
 if TYPE_CHECKING:
     from PIL.Image import Image

@@ -18,9 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dgpp.media.prompt import ProcessedImage
 from dgpp.nn.linear import Linear
-from dgpp.plugin_api import ConfigKeys
+from dgpp.plugin_api import ConfigKeys, ProcessedImage
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
