@@ -163,3 +163,20 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint, image_input, re
     )[0, len(ids) :].tolist()
     media = image_input.prompt_media(ids, images)
     assert greedy_generate(model, [ids], 32, media=[media], stop_at_eos=False)[0] == generated
+
+
+def test_memory_plan_counts_the_tower_and_its_workspace(checkpoint):
+    from dgpp.family import LoadContext
+    from dgpp.plugins import manager
+    from dgpp.startup.loading import read_hf_config
+
+    hf_config = read_hf_config(checkpoint)
+    ctx = LoadContext(checkpoint, hf_config, "qwen", "Qwen4ExpForConditionalGeneration")
+    plan = manager().hook.dgpp_memory_plan(ctx=ctx)
+    model = load_model(checkpoint)
+    tower = sum(p.numel() * p.element_size() for p in model.visual.parameters())
+    text = {k: v for k, v in hf_config.items() if k != "vision_config"}
+    text_plan = manager().hook.dgpp_memory_plan(ctx=LoadContext(checkpoint, text, "qwen", ctx.architecture))
+    assert plan.weights - text_plan.weights == tower > 0
+    # the largest picture: 48² pixels = 144 patches of 4², each at least its fp32 pixel row
+    assert plan.extra["vision_workspace"] >= 144 * 4 * 3 * 2 * 16

@@ -147,7 +147,10 @@ def refusal(sdk, ckpt, msgs) -> dict:
     [
         ("https://example.com/cat.png", "remote URL"),
         ("data:image/png;base64,@@not-base64@@", "base64"),
-        ("data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nbroken").decode(), "PNG, JPEG or WebP"),
+        (
+            "data:image/png;base64," + base64.b64encode(b"\x89PNG\r\n\x1a\nbroken").decode(),
+            "PNG, JPEG or WebP",
+        ),
         ("data:image/gif;base64,R0lGODlhAQABAAAAACw=", "media type"),
         ("data:text/plain,hello", "media type"),
     ],

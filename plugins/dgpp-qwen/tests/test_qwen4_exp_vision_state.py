@@ -78,7 +78,9 @@ def test_prefix_cache_keys_follow_the_processed_pixels(setup):
     other = [images.process(picture(*PICTURES[1], seed=77))]
     cache = PrefixCache(BlockPool(64, 4), 4)
     same = cache.block_keys(images.prompt_media(prompt, pictures).key_tokens(prompt))
-    again = cache.block_keys(images.prompt_media(prompt, [images.process(picture(*PICTURES[1]))]).key_tokens(prompt))
+    again = cache.block_keys(
+        images.prompt_media(prompt, [images.process(picture(*PICTURES[1]))]).key_tokens(prompt)
+    )
     changed = cache.block_keys(images.prompt_media(prompt, other).key_tokens(prompt))
     image_block = images.prompt_media(prompt, pictures).images[0].start // 4
     assert same == again  # the same picture decoded again keys the same prefix
