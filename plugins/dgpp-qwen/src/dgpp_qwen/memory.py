@@ -81,8 +81,8 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             f"PLE n-gram tables {table / MIB:,.1f} MiB "
             + ("memory-mapped, not resident" if mapped else "resident")
         )
-    extra = {}
-    if cfg.vision is not None:
+    extra: dict[str, int] = {}
+    if cfg.vision is not None and model.visual is not None:
         vision_bytes = sum(p.numel() * p.element_size() for p in model.visual.parameters())
         notes.append(f"vision tower {vision_bytes / MIB:,.1f} MiB (in weights)")
         extra["vision_workspace"] = vision_workspace_bytes(cfg.vision, ctx, itemsize)

@@ -127,23 +127,30 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (xf * cos[:, None] + partner * sin[:, None]).to(x.dtype)
 
 
+class VisionMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.linear_fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True, dtype=dtype)
+        self.linear_fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True, dtype=dtype)
+        self.approximate = _ACTIVATIONS[cfg.hidden_act]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_fc2(F.gelu(self.linear_fc1(x), approximate=self.approximate))
+
+
 class VisionBlock(nn.Module):
     def __init__(self, cfg: VisionConfig, dtype: torch.dtype) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(cfg.hidden_size, eps=1e-6, dtype=dtype)
         self.norm2 = nn.LayerNorm(cfg.hidden_size, eps=1e-6, dtype=dtype)
         self.attn = VisionAttention(cfg, dtype)
-        self.mlp = nn.Module()
-        self.mlp.linear_fc1 = Linear(cfg.hidden_size, cfg.intermediate_size, bias=True, dtype=dtype)
-        self.mlp.linear_fc2 = Linear(cfg.intermediate_size, cfg.hidden_size, bias=True, dtype=dtype)
-        self.approximate = _ACTIVATIONS[cfg.hidden_act]
+        self.mlp = VisionMLP(cfg, dtype)
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
     ) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), cos, sin, lengths)
-        mlp = self.mlp
-        return x + mlp.linear_fc2(F.gelu(mlp.linear_fc1(self.norm2(x)), approximate=self.approximate))
+        return x + self.mlp(self.norm2(x))
 
 
 class VisionMerger(nn.Module):
@@ -158,25 +165,32 @@ class VisionMerger(nn.Module):
         return self.linear_fc2(F.gelu(self.linear_fc1(self.norm(x).view(-1, self.width))))
 
 
+class PatchEmbed(nn.Module):
+    """The checkpoint's Conv3d (kernel = stride = one patch), applied as one product over flattened pixel rows."""
+
+    def __init__(self, cfg: VisionConfig, dtype: torch.dtype) -> None:
+        super().__init__()
+        patch = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=patch, stride=patch, dtype=dtype)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        weight = self.proj.weight
+        return F.linear(pixels.to(weight.dtype), weight.flatten(1), self.proj.bias)
+
+
 class Qwen4ExpVisionTower(nn.Module):
     """Pixel rows of one or more images -> one embedding row per placeholder token, image after image."""
 
     def __init__(self, cfg: VisionConfig, *, dtype: torch.dtype) -> None:
         super().__init__()
         self.cfg, self.dtype = cfg, dtype
-        self.patch_embed = nn.Module()
-        self.patch_embed.proj = nn.Conv3d(
-            cfg.in_channels,
-            cfg.hidden_size,
-            kernel_size=(cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size),
-            stride=(cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size),
-            dtype=dtype,
-        )
+        self.patch_embed = PatchEmbed(cfg, dtype)
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size, dtype=dtype)
         self.blocks = nn.ModuleList(VisionBlock(cfg, dtype) for _ in range(cfg.depth))
         self.merger = VisionMerger(cfg, dtype)
         spatial = cfg.head_dim // 2
         inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial)
+        self.inv_freq: torch.Tensor
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def _positions(self, grids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -199,8 +213,7 @@ class Qwen4ExpVisionTower(nn.Module):
 
     def forward(self, pixels: torch.Tensor, grids: list[tuple[int, ...]]) -> torch.Tensor:
         """``pixels`` ``[patches, patch_values]`` of the images whose ``(t, h, w)`` patch grids are ``grids``."""
-        proj = self.patch_embed.proj
-        x = F.linear(pixels.to(proj.weight.dtype), proj.weight.flatten(1), proj.bias)
+        x = self.patch_embed(pixels)
         pos, cos, sin = self._positions(grids)
         x = x + pos.to(x.dtype)
         lengths = [h * w for t, h, w in grids for _ in range(t)]
