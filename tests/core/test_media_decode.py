@@ -24,7 +24,10 @@ def encoded(image, fmt: str) -> bytes:
 
 
 def part(data: bytes, mime: str = "image/png") -> dict:
-    return {"type": "image_url", "image_url": {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}"}}
+    return {
+        "type": "image_url",
+        "image_url": {"url": f"data:{mime};base64,{base64.b64encode(data).decode()}"},
+    }
 
 
 @pytest.mark.parametrize("fmt,mime", [("PNG", "image/png"), ("JPEG", "image/jpeg"), ("WEBP", "image/webp")])
@@ -44,7 +47,10 @@ def test_each_accepted_format_decodes(fmt, mime):
         ({"url": "data:image/png,AAAA"}, "base64-encoded"),
         ({"url": "data:image/bmp;base64,AAAA"}, "media type"),
         ({"url": "data:image/png;base64,!!!!"}, "not valid"),
-        ({"url": "data:image/png;base64," + base64.b64encode(b"GIF89a....").decode()}, "not a PNG, JPEG or WebP"),
+        (
+            {"url": "data:image/png;base64," + base64.b64encode(b"GIF89a....").decode()},
+            "not a PNG, JPEG or WebP",
+        ),
     ],
 )
 def test_refusals_say_why(image_url, why):

@@ -77,12 +77,13 @@ def runner_answer(ckpt, msgs: list[dict]) -> str:
     return Tokenizer.from_dir(ckpt).decode(out, skip_special_tokens=True)
 
 
-def ask(sdk, ckpt, msgs, **extra):
+def ask(sdk, ckpt, msgs, n=None, **extra):
     return sdk.chat.completions.create(
         model=str(ckpt),
         messages=msgs,
         max_tokens=MAX_TOKENS,
         temperature=0,
+        n=n,
         extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra},
     )
 
@@ -131,7 +132,10 @@ def test_two_images_in_one_request(served):
         image_part(data_uri(picture(64, 64, "L", "JPEG"), "JPEG")),
         image_part(data_uri(picture(100, 30, "RGB", "WEBP"), "WEBP")),
     )
-    assert ask(sdk, ckpt, msgs).choices[0].message.content == runner_answer(ckpt, msgs)
+    want = runner_answer(ckpt, msgs)
+    assert ask(sdk, ckpt, msgs).choices[0].message.content == want
+    # two choices of one request: the second attaches to the first's prefill through the prefix cache
+    assert [c.message.content for c in ask(sdk, ckpt, msgs, n=2).choices] == [want, want]
 
 
 def refusal(sdk, ckpt, msgs) -> dict:

@@ -34,7 +34,7 @@ class ProcessedImage:
         the same key, any other picture another one."""
         h = hashlib.blake2b(digest_size=16)
         h.update(repr(self.grid).encode())
-        h.update(self.pixels.contiguous().numpy().tobytes())
+        h.update(memoryview(self.pixels.contiguous().numpy()).cast("B"))  # hashed in place, no copy
         return h.digest()
 
 

@@ -15,6 +15,7 @@ import torch
 
 from dgpp.media.prompt import ProcessedImage, PromptImage
 from dgpp.step.batch import ForwardBatch
+from dgpp.step.route import in_flight
 
 Encoder = Callable[[list[ProcessedImage]], list[torch.Tensor]]
 
@@ -38,7 +39,9 @@ def merge_image_embeddings(hidden: torch.Tensor, batch: ForwardBatch, encode: En
     reached = _chunk_images(batch)
     pending = list({id(im): im for *_, im in reached if im.embeddings is None}.values())
     if pending:
-        for image, rows in zip(pending, encode([im.processed for im in pending]), strict=True):
+        with in_flight(None):  # the encoder's rows are patches, not the step's token rows: no token route
+            encoded = encode([im.processed for im in pending])
+        for image, rows in zip(pending, encoded, strict=True):
             if rows.shape[0] != image.length:
                 raise ValueError(
                     f"the encoder gave {rows.shape[0]} rows for an image of {image.length} tokens"
