@@ -180,3 +180,17 @@ def test_memory_plan_counts_the_tower_and_its_workspace(checkpoint):
     assert plan.weights - text_plan.weights == tower > 0
     # the largest picture: 48² pixels = 144 patches of 4², each at least its fp32 pixel row
     assert plan.extra["vision_workspace"] >= 144 * 4 * 3 * 2 * 16
+
+
+def test_the_hook_offers_images_only_with_a_processor_config(checkpoint, tmp_path):
+    from dgpp.startup.loading import read_hf_config
+    from dgpp_qwen.qwen4_exp_images import image_input
+    from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
+
+    assert isinstance(image_input(read_hf_config(checkpoint), str(checkpoint)), Qwen4ExpImageInput)
+    bare = build_tiny_qwen4_exp(
+        tmp_path / "bare", wrapped=True
+    )  # a vision tower, no preprocessor_config.json
+    assert image_input(read_hf_config(bare), str(bare)) is None
+    text = build_tiny_qwen4_exp(tmp_path / "text")
+    assert image_input(read_hf_config(text), str(text)) is None

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from dgpp.log import get_logger
 from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptImage, PromptMedia
 
 if TYPE_CHECKING:
@@ -39,6 +40,7 @@ _DEFAULTS: dict[str, Any] = {
     "temporal_patch_size": 2,
     "resample": 3,  # bicubic
 }
+log = get_logger("dgpp.qwen")
 MAX_ASPECT_RATIO = 200  # the processor refuses longer-than-200:1 pictures
 
 
@@ -199,7 +201,14 @@ class Qwen4ExpImageInput:
 
 
 def image_input(hf_config: Mapping[str, Any], checkpoint_dir: str) -> Qwen4ExpImageInput | None:
-    """The ``dgpp_image_input`` hook: a wrapped ``qwen4_exp`` checkpoint with a ``vision_config`` reads images."""
+    """The ``dgpp_image_input`` hook: a wrapped ``qwen4_exp`` checkpoint with a ``vision_config`` reads images. One
+    without ``preprocessor_config.json`` serves text only (its normalisation statistics would be a guess)."""
     if hf_config.get("model_type") != "qwen4_exp" or not hf_config.get("vision_config"):
+        return None
+    if not (Path(checkpoint_dir) / "preprocessor_config.json").exists():
+        log.warning(
+            "images refused: the checkpoint has a vision tower but no preprocessor_config.json",
+            checkpoint=str(checkpoint_dir),
+        )
         return None
     return Qwen4ExpImageInput.from_checkpoint(hf_config, checkpoint_dir)
