@@ -194,3 +194,25 @@ def test_the_hook_offers_images_only_with_a_processor_config(checkpoint, tmp_pat
     assert image_input(read_hf_config(bare), str(bare)) is None
     text = build_tiny_qwen4_exp(tmp_path / "text")
     assert image_input(read_hf_config(text), str(text)) is None
+
+
+@torch.inference_mode()
+def test_bf16_tower_tracks_transformers_bf16(tmp_path):
+    """The released dtype: the tower computes in bf16 (rotation in fp32, as transformers does); the outputs agree
+    to bf16 rounding (measured: 0.031 at a magnitude of 3.2, two bf16 steps)."""
+    import json
+
+    path = build_tiny_qwen4_exp_vl(tmp_path / "bf16", seed=5, dtype=torch.bfloat16)
+    images = Qwen4ExpImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    model = load_model(path)
+    assert model.visual.pos_embed.weight.dtype == torch.bfloat16
+    reference = transformers.Qwen4ExpForConditionalGeneration.from_pretrained(
+        path, dtype=torch.bfloat16
+    ).eval()
+    processed = [images.process(picture(*p)) for p in PICTURES[:4]]
+    ours = torch.cat(model.visual.encode(processed))
+    theirs = reference.model.visual(
+        torch.cat([im.pixels for im in processed]), grid_thw=torch.tensor([im.grid for im in processed])
+    ).pooler_output
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()

@@ -3,6 +3,10 @@
 It is single-threaded (the step loop thread owns it) and deterministic: live sequences are kept and
 decoded in admission order (``seq_id``), chunk boundaries sit at absolute multiples of the chunk size
 whatever the budget, and every decision depends only on what was submitted and cancelled.
+
+A prompt with images prefills alone: its chunk is the only work of its forward (no other prompt, no decode row),
+one chunk per tick, so the decode rows still run in a forward of their own every tick. The prefix cache keys such
+a prompt on ``Sequence.cache_tokens`` (placeholders standing for the images' processed pixels).
 """
 
 from __future__ import annotations

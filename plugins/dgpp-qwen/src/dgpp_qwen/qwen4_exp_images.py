@@ -103,6 +103,11 @@ class Qwen4ExpImageInput:
         directory = Path(checkpoint_dir)
         path = directory / "preprocessor_config.json"
         pre = {**_DEFAULTS, **(json.loads(path.read_text()) if path.exists() else {})}
+        for step in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
+            if pre.get(step, True) is not True:
+                raise ConfigError(
+                    f"{path}: {step} = {pre[step]!r} is not supported (the processor always does it)"
+                )
         vision = hf_config.get("vision_config") or {}
         patch = int(pre.get("patch_size", vision.get("patch_size", 16)))
         if patch != vision.get("patch_size", 16) or pre["merge_size"] != vision.get("spatial_merge_size", 2):

@@ -175,7 +175,9 @@ def build_tiny_qwen4_exp(
     return out
 
 
-def build_tiny_qwen4_exp_vl(out_dir: str | Path, *, seed: int = 0, with_mtp: bool = False) -> Path:
+def build_tiny_qwen4_exp_vl(
+    out_dir: str | Path, *, seed: int = 0, with_mtp: bool = False, dtype: torch.dtype = torch.float32
+) -> Path:
     """A tiny wrapped ``qwen4_exp`` that reads images (``TINY_QWEN4_VISION``), with the tiny chat tokenizer plus the
     image markers (``VISION_TOKENS``) and a Qwen2-VL ``preprocessor_config.json`` (``TINY_PREPROCESSOR``)."""
     import json
@@ -184,7 +186,9 @@ def build_tiny_qwen4_exp_vl(out_dir: str | Path, *, seed: int = 0, with_mtp: boo
 
     from dgpp.testing.tokenizers import build_tiny_tokenizer
 
-    out = build_tiny_qwen4_exp(out_dir, seed=seed, wrapped=True, vision=TINY_QWEN4_VISION, with_mtp=with_mtp)
+    out = build_tiny_qwen4_exp(
+        out_dir, seed=seed, wrapped=True, vision=TINY_QWEN4_VISION, with_mtp=with_mtp, dtype=dtype
+    )
     build_tiny_tokenizer(out)
     tok = Tokenizer.from_file(str(out / "tokenizer.json"))
     markers = sorted(VISION_TOKENS.values())
