@@ -58,7 +58,8 @@ class PromptImage:
         return self.start + self.length
 
 
-# a placeholder's key token: negative, so no vocabulary id can equal it; one per image (its digest's first 8 bytes)
+# a placeholder's key token: negative, so no vocabulary id can equal it; one per image, from 7 digest bytes (the
+# prefix cache packs tokens as signed 64-bit integers)
 def _key_token(digest: bytes) -> int:
     return -1 - int.from_bytes(digest[:7], "little")
 
