@@ -15,6 +15,7 @@ from dgpp.dist.channel import JournalHub, WorldError
 from dgpp.dist.digest import OpStream
 from dgpp.dist.records import Admission, Stop, Tick, params_to_wire
 from dgpp.log import get_logger
+from dgpp.media.wire import media_to_wire
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 
 log = get_logger("dgpp.dist")
@@ -62,7 +63,7 @@ def admission_of(s: Sequence) -> Admission:
     return Admission(
         id=s.request_id, choice=s.choice_index, p=list(s.prompt), sp=params_to_wire(s.params),
         gs=s.sampler.generator.initial_seed(), leader=s.leader.request_id if s.leader is not None else None,
-        prefix=s.use_prefix_cache, g=s.constraint,
+        prefix=s.use_prefix_cache, g=s.constraint, m=media_to_wire(s.media),
     )
 
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler, SampleResult
 
@@ -78,10 +79,17 @@ class Sequence:
     draft_state: Any = (
         None  # engine.draft "lookup": the request's drafting state (dgpp.engine.lookup_draft.LookupState)
     )
+    # a prompt with images: their pixels and placeholder spans, and the prompt's rotary positions
+    media: PromptMedia | None = None
     arrival: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+
+    @property
+    def cache_tokens(self) -> list[int]:
+        """What the prefix cache keys and compares: the prompt, with image placeholders standing for their pixels."""
+        return self.prompt if self.media is None else self.media.key_tokens(self.prompt)
 
     @property
     def prompt_len(self) -> int:

@@ -3,6 +3,10 @@
 It is single-threaded (the step loop thread owns it) and deterministic: live sequences are kept and
 decoded in admission order (``seq_id``), chunk boundaries sit at absolute multiples of the chunk size
 whatever the budget, and every decision depends only on what was submitted and cancelled.
+
+A prompt with images prefills alone: its chunk is the only work of its forward (no other prompt, no decode row),
+one chunk per tick, so the decode rows still run in a forward of their own every tick. The prefix cache keys such
+a prompt on ``Sequence.cache_tokens`` (placeholders standing for the images' processed pixels).
 """
 
 from __future__ import annotations
@@ -117,22 +121,31 @@ class Scheduler(OverlapSteps):
         # the budget counts prompt tokens, so short prompts share a forward (a burst costs per token, not
         # per request); each prompt still advances one chunk per round, so chunk boundaries never move
         budget = self.config.chunk_tokens * (self.config.busy_chunks if decoding else self.config.idle_chunks)
-        first_round = True
+        decode_pending = self.speculative is None  # decode rows join the first round without an image prompt
+        imaged: set[int] = (
+            set()
+        )  # prompts with images prefilled this tick: one chunk each, then decode rows run
         while True:
-            round_seqs = []
+            round_seqs: list[Sequence] = []
             for s in self.live:
-                if s.status is not SeqStatus.PREFILL:
+                if s.status is not SeqStatus.PREFILL or s.seq_id in imaged:
                     continue
                 n = self._chunk_end(s) - s.computed
                 if n > budget:  # first come, first served: nobody behind it jumps the queue
                     break
+                if s.media is not None:  # a prompt with images prefills alone: no other prompt or decode row
+                    round_seqs = round_seqs or [s]
+                    budget -= n if round_seqs[0] is s else 0
+                    break
                 round_seqs.append(s)
                 budget -= n
-            rows = decoding if first_round and self.speculative is None else []
+            alone = any(s.media is not None for s in round_seqs)
+            imaged.update(s.seq_id for s in round_seqs if s.media is not None)
+            rows = decoding if decode_pending and not alone else []
             if not round_seqs and not rows:
                 break
             self._run_round(round_seqs, rows)
-            first_round = False
+            decode_pending = decode_pending and alone
             if budget <= 0 or not round_seqs:
                 break
         if self.speculative is not None:
@@ -201,8 +214,8 @@ class Scheduler(OverlapSteps):
         match = None
         if s.use_prefix_cache and self.prefix_cache.enabled:
             if s.block_keys is None:
-                s.block_keys = self.prefix_cache.block_keys(s.prompt)
-            match = self.prefix_cache.match(s.prompt, s.block_keys)
+                s.block_keys = self.prefix_cache.block_keys(s.cache_tokens)
+            match = self.prefix_cache.match(s.cache_tokens, s.block_keys)
         cached = match.blocks if match else []
         reserve = s.max_total_tokens
         if self.config.admission == "grow":
@@ -256,13 +269,20 @@ class Scheduler(OverlapSteps):
             end = self._chunk_end(s)
             last = end == s.prompt_len
             works.append(
-                SeqWork(s.slot, s.block_table, s.computed, s.prompt[s.computed : end], want_logits=last)
-            )  # type: ignore[arg-type]
+                SeqWork(
+                    s.slot,
+                    s.block_table,
+                    s.computed,
+                    s.prompt[s.computed : end],
+                    want_logits=last,
+                    media=s.media,
+                )  # type: ignore[arg-type]
+            )
             chunk_ends.append((s, end))
             if last:
                 sampled.append(s)
         for s in decodes:
-            works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], want_logits=True))  # type: ignore[arg-type]
+            works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], media=s.media))  # type: ignore[arg-type]
             sampled.append(s)
         if not prefills and self._overlaps(decodes):
             self._launch(works, decodes)
@@ -326,7 +346,7 @@ class Scheduler(OverlapSteps):
         if s.computed == s.prompt_len:  # prefill done: its full blocks, where the cache attaches at blocks
             every = self.prefix_cache.attach_every
             if every < chunk:
-                self.prefix_cache.insert(s.prompt, s.block_table, s.computed // every * every)
+                self.prefix_cache.insert(s.cache_tokens, s.block_table, s.computed // every * every)
             return
         if s.computed % chunk:
             return
@@ -335,7 +355,7 @@ class Scheduler(OverlapSteps):
         # so a changed question after a long shared document still finds a snapshot to attach to
         body = deepest - 2 * chunk if deepest >= 4 * chunk else -1
         snapshot_slot = s.slot if s.computed in (deepest, body) else None
-        self.prefix_cache.insert(s.prompt, s.block_table, s.computed, snapshot_slot)
+        self.prefix_cache.insert(s.cache_tokens, s.block_table, s.computed, snapshot_slot)
 
     def _emit(self, s: Sequence, r: SampleResult) -> None:
         now = time.monotonic()

@@ -47,7 +47,7 @@ def model_object(backend: Backend) -> dict[str, Any]:
         },
         "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": _effort_mapping(backend)},
         "default_chat_template_kwargs": dict(getattr(backend.chat_template, "default_kwargs", {}) or {}),
-        "input_modalities": ["text"],
+        "input_modalities": ["text", "image"] if backend.images is not None else ["text"],
         "context": {
             "request_limit_tokens": lim.request_limit_tokens,
             "position_ceiling_tokens": lim.max_position,

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingDefaults, SamplingParams
 from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
@@ -25,6 +26,7 @@ from dgpp.serve.arrivals import submitted
 from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.event_relay import EventRelay
 from dgpp.serve.generation import fit_to_prompt
+from dgpp.serve.images import ImageInputs, refuse_image_parts
 from dgpp.text.errors import GrammarError, TextError
 
 
@@ -64,6 +66,7 @@ class PreparedChat:
     tools: list[dict] | None
     matchers: list[Any] | None = None
     constraint: dict[str, Any] | None = None  # what the matchers were built from (journaled under TP)
+    media: PromptMedia | None = None  # the prompt's images (a model with a vision encoder)
 
 
 @dataclass
@@ -136,6 +139,7 @@ class Backend:
         dialect: Any = None,
         grammar: Any = None,
         reasoning_in_content: bool,
+        images: ImageInputs | None = None,
     ) -> None:
         self.model_id = model_id
         self.tokenizer = tokenizer
@@ -148,6 +152,7 @@ class Backend:
         self.dialect = dialect
         self.grammar = grammar  # a dgpp.text.grammar.GrammarContext, or None without constrained decoding
         self.reasoning_in_content = reasoning_in_content
+        self.images = images  # None: a text-only model refuses image parts
         self.counters = ServiceCounters()
         self.created = 0
         self._prep = ThreadPoolExecutor(max_workers=prep_workers, thread_name_prefix="dgpp-prep")
@@ -185,11 +190,17 @@ class Backend:
             if self.dialect is not None
             else ("<think>", "</think>")
         )
+        images = self.images
+        if images is None:
+            refuse_image_parts(req.messages, self.model_id)
+        else:
+            images.check_count(req.messages)
 
         def work() -> PreparedChat:
             specs = tool_specs(tools)
+            messages, processed = images.prepare(req.messages) if images else (req.messages, [])
             text = self.chat_template.render(
-                req.messages,
+                messages,
                 tools,
                 chat_template_kwargs=req.chat_template_kwargs,
                 reasoning_effort=req.reasoning_effort,
@@ -198,9 +209,9 @@ class Backend:
             opens = ReasoningSplitter.prompt_opens_thinking(text, *think)
             constraint = self._constraint(req, tools, opens) if specs or req.response_format else None
             matchers = self._matchers(constraint, n) if constraint is not None else None
-            return PreparedChat(
-                self.tokenizer.encode(text), text, tools, matchers, constraint if matchers else None
-            )
+            ids = self.tokenizer.encode(text)
+            media = images.media(ids, processed) if images else None
+            return PreparedChat(ids, text, tools, matchers, constraint if matchers else None, media)
 
         small = not tools and not req.response_format and _message_chars(req.messages) <= INLINE_PREP_CHARS
         return await self._run_prep(work, inline=small)
@@ -336,6 +347,7 @@ class Backend:
         max_tokens_given: bool = True,
         constraint: dict[str, Any] | None = None,
         samplers: list[ChoiceSampler] | None = None,
+        media: PromptMedia | None = None,
     ) -> RequestHandle:
         """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
 
@@ -396,6 +408,7 @@ class Backend:
                     use_prefix_cache=use_prefix_cache,
                     leader=handle.seqs[0] if i else None,
                     constraint=constraint if m else None,
+                    media=media,
                 )
             )
         try:

@@ -20,6 +20,7 @@ from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
 from dgpp.serve.backend import Backend, ModelLimits
+from dgpp.serve.images import ImageInputs
 from dgpp.startup.kv_format import refuse_unstored_kv
 
 if TYPE_CHECKING:
@@ -152,6 +153,7 @@ def assemble(
         dialect=text.dialect,
         grammar=text.grammar,
         reasoning_in_content=engine_cfg.reasoning_in_content,
+        images=ImageInputs.of(text.images, engine_cfg.images) if text.images is not None else None,
     )
 
 
@@ -163,6 +165,7 @@ class TextStack:
     template: Any = None
     dialect: Any = None
     grammar: Any = None
+    images: Any = None  # the family's dgpp.media.prompt.ImageInput when the model reads images
 
 
 def text_stack(
@@ -178,9 +181,12 @@ def text_stack(
     from dgpp.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(checkpoint)
-    dialect = None
+    dialect = images = None
     if pm is not None and family is not None:
         dialect = pm.hook.dgpp_tool_dialect(family=family, hf_config=hf_config or {})
+        images = pm.hook.dgpp_image_input(
+            family=family, hf_config=hf_config or {}, checkpoint_dir=str(checkpoint)
+        )
     try:
         template = ChatTemplate.for_checkpoint(
             tokenizer, family, hf_config, pm, effort=getattr(dialect, "effort", None)
@@ -195,7 +201,7 @@ def text_stack(
         grammar = GrammarContext(tokenizer, vocab_size)
     except Exception as e:  # constrained decoding is optional: requests that need it get a clear 400
         log.warning("constrained decoding unavailable", reason=f"{type(e).__name__}: {e}")
-    return TextStack(tokenizer, template, dialect, grammar)
+    return TextStack(tokenizer, template, dialect, grammar, images)
 
 
 def _install_policy(engine_cfg: EngineConfig) -> ExecPolicy:

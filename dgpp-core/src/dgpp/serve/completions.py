@@ -60,6 +60,7 @@ async def chat_completions(request: Request) -> Response | Stream:
         matchers=prepared.matchers,
         constraint=prepared.constraint,
         max_tokens_given=named_max_tokens(req) is not None,
+        media=prepared.media,
     )
     return await _answer(
         request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req))
