@@ -10,8 +10,9 @@ import pytest
 
 from dgpp.config import parse_config
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_backend
+from dgpp.serve.generation import generation_request
 from dgpp.serve.warmup import compiles_kernels, warm_up
+from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 
@@ -33,8 +34,11 @@ def _backend(ckpt):
 
 
 async def _greedy(backend, prompt: list[int]) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     handle = backend.submit(
-        prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), kind="cmpl"
+        generation_request(
+            "cmpl", prompt, params, backend.limits, named_limit=True, token_text=backend.token_text
+        )
     )
     tokens: list[int] = []
     async for _, ev in handle.events():

@@ -7,7 +7,7 @@ from pathlib import Path
 from dgpp.config import EngineConfig
 from dgpp.sample.params import SamplingDefaults
 from dgpp.serve.backend import Backend
-from dgpp.serve.build import PoolSizes, assemble, text_stack
+from dgpp.server_assembly import PoolSizes, assemble, text_stack
 from dgpp.testing.toy_runner import ToyRunner
 
 TOY_SNAPSHOT_SLOTS = 16  # hybrid mode: enough prefix-cache snapshots for the tests' prompts
