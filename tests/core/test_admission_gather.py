@@ -16,9 +16,9 @@ from dgpp.engine.work import SeqWork
 from dgpp.sample import SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
-from dgpp.sched.request import GenerationRequest
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.backend import INLINE_PREP_CHARS
 from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint

@@ -13,7 +13,7 @@ from litestar.testing import TestClient
 
 from dgpp.config import EngineConfig
 from dgpp.sample import SamplingParams
-from dgpp.sched.request import GenerationRequest
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.app import build_app
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp.testing.toy_backend import build_toy_backend
@@ -355,7 +355,8 @@ def test_keep_alive_comment_after_silence(server) -> None:
     import asyncio
 
     from dgpp.sample import SamplingParams
-    from dgpp.sched.request import GenerationRequest, RetireReason, SeqEvent
+    from dgpp.sched.request import RetireReason, SeqEvent
+    from dgpp.sched.thread_handoff import GenerationRequest
     from dgpp.serve.backend import RequestHandle
     from dgpp.serve.completions import _stream
     from dgpp.serve.openai_format import ChunkWriter

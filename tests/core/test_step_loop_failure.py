@@ -10,9 +10,10 @@ from dgpp.engine.work import SeqWork
 from dgpp.sample import SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
-from dgpp.sched.request import GenerationRequest, RetireReason, SeqEvent, Sequence
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.testing.scheduler import scheduler_config
 
 VOCAB = 16

@@ -16,9 +16,10 @@ from dgpp.config import EngineConfig
 from dgpp.sample import SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
-from dgpp.sched.request import GenerationRequest, SeqEvent, Sequence
+from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull, Scheduler
 from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.errors import APIError
 from dgpp.testing.scheduler import scheduler_config
 from dgpp.testing.tokenizers import build_tiny_tokenizer

@@ -17,7 +17,8 @@ from dgpp.dist.follower import Follower
 from dgpp.dist.journal import JournalWriter, OpRecorder
 from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
-from dgpp.sched.request import GenerationRequest, RetireReason, SeqEvent, Sequence
+from dgpp.sched.request import RetireReason, SeqEvent, Sequence
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.server_assembly import Rank0Wiring, build_backend
 from dgpp.testing import conformance as conf
 

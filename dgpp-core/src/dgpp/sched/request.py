@@ -1,5 +1,5 @@
-"""What the engine is asked (``GenerationRequest``, frozen at the HTTP edge) and what it keeps per choice
-(``Sequence``, built on the step loop's thread from the request, from admission to retirement)."""
+"""One sequence in the scheduler: a choice of a request (``dgpp.sched.thread_handoff.GenerationRequest``), built
+on the step loop's thread, from admission to retirement; the events it sends back and their timing."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dgpp.sample.forced import ForcedSampler
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler, SampleResult
 
@@ -30,27 +29,6 @@ class SeqStatus(enum.Enum):
     PREFILL = "prefill"
     DECODE = "decode"
     FINISHED = "finished"
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One request's generation, decided in full before it reaches the engine and never changed after: the
-    prompt, the final ``SamplingParams`` (``max_tokens`` already fitted to the context), ``n`` choices, and one
-    grammar matcher per choice when something constrains the output (``constraint``: what they were built
-    from, journaled under tensor parallelism). ``forced_tokens``: the choice walks these tokens instead of
-    sampling (a prompt's logprobs, ``ForcedSampler``)."""
-
-    request_id: str
-    prompt: tuple[int, ...]
-    params: SamplingParams
-    n: int = 1
-    use_prefix_cache: bool = True
-    matchers: tuple[Any, ...] | None = None
-    constraint: dict[str, Any] | None = None
-    forced_tokens: tuple[int, ...] | None = None
-
-    def choice_id(self, index: int) -> str:
-        return f"{self.request_id}/{index}"
 
 
 class SeqTiming(NamedTuple):
@@ -143,43 +121,3 @@ class Sequence:
             self.cached_tokens,
             len(self.output),
         )
-
-
-def choices_of(
-    request: GenerationRequest, sink: EventSink, vocab_size: int, arrival: float | None = None
-) -> list[Sequence]:
-    """The request's ``n`` choices as scheduler sequences, each with its own sampler (seeded choices of one
-    request differ: each draws from (seed, choice index)), arrived at ``arrival`` (now when None). Run on the
-    step loop's thread."""
-    arrived = time.monotonic() if arrival is None else arrival
-    prompt = list(request.prompt)
-    seqs: list[Sequence] = []
-    for i in range(request.n):
-        matcher = request.matchers[i] if request.matchers else None
-        if request.forced_tokens is not None:
-            top = request.params.top_logprobs
-            sampler: ChoiceSampler = ForcedSampler(list(request.forced_tokens), vocab_size, prompt, top)
-        else:
-            sampler = ChoiceSampler(
-                request.params,
-                vocab_size,
-                prompt,
-                choice_index=i,
-                mask_fn=matcher.mask if matcher else None,
-                accept_fn=matcher.accept if matcher else None,
-            )
-        seqs.append(
-            Sequence(
-                request.choice_id(i),
-                i,
-                prompt,
-                sampler.params,
-                sampler,
-                sink,
-                use_prefix_cache=request.use_prefix_cache,
-                leader=seqs[0] if i else None,
-                constraint=request.constraint if matcher else None,
-                arrival=arrived,
-            )
-        )
-    return seqs

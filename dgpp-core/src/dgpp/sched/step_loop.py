@@ -17,11 +17,13 @@ from typing import Protocol
 
 import structlog
 
+from dgpp.sample.forced import ForcedSampler
+from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.published import Published
-from dgpp.sched.request import EventSink, GenerationRequest, RetireReason, SeqEvent, Sequence, choices_of
+from dgpp.sched.request import EventSink, RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.stats_line import StatsLine
-from dgpp.sched.thread_handoff import EngineInbox
+from dgpp.sched.thread_handoff import EngineInbox, GenerationRequest
 
 log = structlog.get_logger("dgpp.engine")
 GIL_SWITCH_S = 0.0005
@@ -168,3 +170,43 @@ class StepLoop:
 
     def _publish(self) -> None:
         self.published.publish(self.scheduler)
+
+
+def choices_of(
+    request: GenerationRequest, sink: EventSink, vocab_size: int, arrival: float | None = None
+) -> list[Sequence]:
+    """The request's ``n`` choices as scheduler sequences, each with its own sampler (seeded choices of one
+    request differ: each draws from (seed, choice index)), arrived at ``arrival`` (now when None). Run on the
+    step loop's thread."""
+    arrived = time.monotonic() if arrival is None else arrival
+    prompt = list(request.prompt)
+    seqs: list[Sequence] = []
+    for i in range(request.n):
+        matcher = request.matchers[i] if request.matchers else None
+        if request.forced_tokens is not None:
+            top = request.params.top_logprobs
+            sampler: ChoiceSampler = ForcedSampler(list(request.forced_tokens), vocab_size, prompt, top)
+        else:
+            sampler = ChoiceSampler(
+                request.params,
+                vocab_size,
+                prompt,
+                choice_index=i,
+                mask_fn=matcher.mask if matcher else None,
+                accept_fn=matcher.accept if matcher else None,
+            )
+        seqs.append(
+            Sequence(
+                request.choice_id(i),
+                i,
+                prompt,
+                sampler.params,
+                sampler,
+                sink,
+                use_prefix_cache=request.use_prefix_cache,
+                leader=seqs[0] if i else None,
+                constraint=request.constraint if matcher else None,
+                arrival=arrived,
+            )
+        )
+    return seqs

@@ -14,10 +14,33 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from dgpp.sched.request import EventSink, GenerationRequest, RetireReason, SeqEvent, SeqTiming, Sequence
+from dgpp.sample.params import SamplingParams
+from dgpp.sched.request import EventSink, RetireReason, SeqEvent, SeqTiming, Sequence
 from dgpp.sched.scheduler import QueueFull
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One request's generation, decided in full before it reaches the engine and never changed after: the
+    prompt, the final ``SamplingParams`` (``max_tokens`` already fitted to the context), ``n`` choices, and one
+    grammar matcher per choice when something constrains the output (``constraint``: what they were built
+    from, journaled under tensor parallelism). ``forced_tokens``: the choice walks these tokens instead of
+    sampling (a prompt's logprobs, ``ForcedSampler``)."""
+
+    request_id: str
+    prompt: tuple[int, ...]
+    params: SamplingParams
+    n: int = 1
+    use_prefix_cache: bool = True
+    matchers: tuple[Any, ...] | None = None
+    constraint: dict[str, Any] | None = None
+    forced_tokens: tuple[int, ...] | None = None
+
+    def choice_id(self, index: int) -> str:
+        return f"{self.request_id}/{index}"
 
 
 class StepLoopFailed(RuntimeError):

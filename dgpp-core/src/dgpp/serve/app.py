@@ -35,7 +35,7 @@ def model_object(backend: Backend) -> dict[str, Any]:
         "object": "model",
         "created": backend.created,
         "owned_by": "dgpp",
-        "sampling": {"available": True, "defaults": backend.defaults.as_dict()},
+        "sampling": {"available": True, "defaults": dict(backend.sampling_defaults)},
         "tools": {"available": tools, "constrained": tools and backend.grammar is not None},
         "response_format": {
             "json_object": backend.grammar is not None,

@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dgpp.sample.params import SamplingDefaults
-from dgpp.sched.request import GenerationRequest, RetireReason, SeqEvent
+from dgpp.sched.request import RetireReason, SeqEvent
 from dgpp.sched.scheduler import QueueFull
 from dgpp.sched.step_loop import StepLoop
-from dgpp.sched.thread_handoff import EngineInbox, EventRelay, StepLoopFailed
+from dgpp.sched.thread_handoff import EngineInbox, EventRelay, GenerationRequest, StepLoopFailed
 from dgpp.serve.arrivals import submitted
 from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.generation import ModelLimits
@@ -150,6 +150,7 @@ class Backend:
         self.published = loop.published
         self.limits = limits
         self.defaults = defaults
+        self.sampling_defaults = defaults.as_dict()  # /v1/models reports them; computed once
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = eos_token_ids
         self.reasoning_in_content = reasoning_in_content

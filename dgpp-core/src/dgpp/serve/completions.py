@@ -13,7 +13,8 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from dgpp.sample.params import SamplingParams
-from dgpp.sched.request import GenerationRequest, RetireReason
+from dgpp.sched.request import RetireReason
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.disconnect import DisconnectWatch, client_gone

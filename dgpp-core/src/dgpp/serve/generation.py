@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from dgpp.sample.params import SamplingDefaults, SamplingParams
-from dgpp.sched.request import GenerationRequest
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.errors import APIError, invalid
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
 
