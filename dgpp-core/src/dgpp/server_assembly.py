@@ -1,5 +1,5 @@
 """The composition root of a serving process: a deployment's model, text stack, pools, scheduler, step loop
-and ``Backend``, each built once and handed to the next one's constructor (``build_backend``; ``assemble``
+and ``Backend``, each built once and handed to the next one's constructor (``build_backend``; ``assemble_backend``
 wires everything around a runner, which is also how the tests build a backend around a stand-in runner)."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ class PoolSizes:
         return self.num_blocks * self.block_size
 
 
-def assemble(
+def assemble_backend(
     model_id: str,
     engine_cfg: EngineConfig,
     runner: StepRunner,
@@ -172,7 +172,7 @@ def assemble(
     )
 
 
-def text_stack(
+def load_text_stack(
     checkpoint: Path,
     vocab_size: int | None = None,
     family: str | None = None,
@@ -274,7 +274,9 @@ def build_backend(
     model = model_for(ctx, deployment.pm)
     info = model.info
     refuse_unstored_kv(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
-    text = text_stack(deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm)
+    text = load_text_stack(
+        deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm
+    )
     tokenizer = text.tokenizer
     spec = model.cache_spec()
     state_bytes = sum(s.bytes_per_request() for s in spec.values() if hasattr(s, "bytes_per_request"))
@@ -291,7 +293,7 @@ def build_backend(
 
     speculative = build_speculative(engine_cfg, ctx, runner, pm=deployment.pm)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
-    return assemble(
+    return assemble_backend(
         engine_cfg.model_alias or cfg.model,
         engine_cfg,
         runner,

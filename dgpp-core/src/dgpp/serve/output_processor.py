@@ -102,7 +102,7 @@ class OutputProcessor:
         self.error: str | None = None
         self.logprobs: list[dict[str, Any]] = []
         self._held_entries: list[dict[str, Any]] = []  # of tokens the tool-call parser holds
-        self._entries = LogprobEntries(tokenizer)
+        self._entries = LogprobEntries(tokenizer) if params.logprobs else None
 
     @property
     def finished(self) -> bool:
@@ -128,7 +128,7 @@ class OutputProcessor:
             # ones are marked and go to ``logprobs.reasoning_content``, as reasoning tokens go to
             # ``reasoning_content`` whether the template hides them or not
             eos_entry = self.eos_logprobs or token not in self.eos_token_ids
-            if self.params.logprobs and eos_entry and (stopped is None or parts):
+            if self._entries is not None and eos_entry and (stopped is None or parts):
                 entry = self._entries.entry(
                     token, sample.logprob, sample.top_logprobs, self.detokenizer.last_piece
                 )
