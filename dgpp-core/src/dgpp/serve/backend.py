@@ -142,10 +142,8 @@ class Backend:
         self.tokenizer = text.tokenizer
         self.chat_template = text.template
         self.dialect = text.dialect
-        self.grammar = (
-            text.grammar
-        )  # a dgpp.text.grammar.GrammarContext, or None without constrained decoding
-        self.loop = loop  # started and stopped here; requests reach it through ``inbox`` only
+        self.grammar = text.grammar  # a GrammarContext, or None without constrained decoding
+        self.loop = loop  # stopped at shutdown; requests reach it through ``inbox`` only
         self.inbox = loop.inbox
         self.published = loop.published
         self.limits = limits
