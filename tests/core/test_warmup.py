@@ -11,7 +11,7 @@ import pytest
 from dgpp.config import parse_config
 from dgpp.sample.params import SamplingParams
 from dgpp.serve.generation import generation_request
-from dgpp.serve.warmup import compiles_kernels, warm_up
+from dgpp.serve.warmup import warm_up
 from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -55,7 +55,7 @@ def test_warm_up_leaves_nothing_behind_and_changes_no_token(checkpoint):
         cold.shutdown()
     warm = _backend(checkpoint)
     try:
-        assert not compiles_kernels(warm)  # a CPU engine: `dgpp serve` skips it; run here by hand
+        assert not warm.compiles_kernels  # a CPU engine: `dgpp serve` skips it; run here by hand
         sched = warm.loop.scheduler
         assert warm_up(warm, 8) >= 8 + 8 + 8  # the bursts up to the engine's width, the staggered ones
         assert sched.blocks.num_in_use == 0 and not sched.waiting and not sched.has_work

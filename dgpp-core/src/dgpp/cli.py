@@ -173,13 +173,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from dgpp.dist.serve_rank import serve_rank
 
         return serve_rank(cfg, args.rank, _startup_checks(cfg, target.label))
-    from dgpp.serve.access import configured_key
-    from dgpp.serve.app import run
-    from dgpp.server_assembly import build_backend
+    from dgpp.server_assembly import serve_deployment
 
-    deployment = _startup_checks(cfg, target.label)
-    configured_key(cfg.http)  # a missing key variable fails before the model loads
-    run(cfg, build_backend(cfg, deployment))
+    serve_deployment(cfg, deployment=_startup_checks(cfg, target.label))
     return 0
 
 

@@ -169,7 +169,14 @@ def assemble_backend(
         default_max_tokens=engine_cfg.default_max_tokens,
         eos_token_ids=eos_token_ids,
         reasoning_in_content=engine_cfg.reasoning_in_content,
+        compiles_kernels=_compiles_kernels(runner),
     )
+
+
+def _compiles_kernels(runner: Any) -> bool:
+    """Whether the engine's first steps compile kernels (a CUDA runner), so ``engine.warmup`` applies."""
+    device = getattr(runner, "device", None)  # a stand-in runner has none
+    return device is not None and torch.device(device).type == "cuda"
 
 
 def load_text_stack(
@@ -312,3 +319,13 @@ def build_backend(
         overlap_steps=policy.overlap_steps,
         rank0=rank0,
     )
+
+
+def serve_deployment(cfg: DeployConfig, deployment: Deployment | None = None) -> None:
+    """``dgpp serve`` of a one-rank world: build the backend from preflight's ``deployment`` and serve it until
+    interrupted. A missing API key variable fails before the model loads."""
+    from dgpp.serve.access import configured_key
+    from dgpp.serve.app import run
+
+    configured_key(cfg.http)
+    run(cfg, build_backend(cfg, deployment))

@@ -185,9 +185,9 @@ def run(cfg: DeployConfig, backend: Backend) -> None:
     import uvicorn
 
     from dgpp.serve.http_protocol import protocol_class
-    from dgpp.serve.warmup import compiles_kernels, warm_up
+    from dgpp.serve.warmup import warm_up
 
-    if cfg.engine.warmup and compiles_kernels(backend):  # the first bursts' kernel compiles, before listening
+    if cfg.engine.warmup and backend.compiles_kernels:  # the first bursts' kernel compiles, before listening
         warm_up(backend, cfg.engine.max_concurrency)
     asgi = serving_app(backend, cfg.http, cfg.engine.max_connections)
     protocol = protocol_class(cfg.http.max_header_bytes, cfg.http.header_timeout_s)

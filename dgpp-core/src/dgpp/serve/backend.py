@@ -137,6 +137,7 @@ class Backend:
         eos_token_ids: frozenset[int] = frozenset(),
         prep_workers: int = 2,
         reasoning_in_content: bool,
+        compiles_kernels: bool = False,
     ) -> None:
         self.model_id = model_id
         self.tokenizer = text.tokenizer
@@ -152,6 +153,7 @@ class Backend:
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = eos_token_ids
         self.reasoning_in_content = reasoning_in_content
+        self.compiles_kernels = compiles_kernels  # a CUDA engine: its first steps compile kernels (warm-up)
         self.counters = ServiceCounters()
         self.histograms = RequestHistograms(model_id)
         self.created = int(time.time())

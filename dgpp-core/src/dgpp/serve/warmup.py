@@ -86,12 +86,6 @@ async def _run(backend: Backend, width: int) -> int:
     return sent
 
 
-def compiles_kernels(backend: Backend) -> bool:
-    """Whether the engine's first steps compile kernels (a CUDA runner), so ``engine.warmup`` applies."""
-    device = getattr(backend.loop.scheduler.runner, "device", None)
-    return device is not None and device.type == "cuda"
-
-
 def warm_up(backend: Backend, max_concurrency: int) -> int:
     """Run the warm-up requests on a fresh event loop and wait for them (the server listens afterwards);
     returns how many were sent."""
