@@ -79,7 +79,7 @@ class Scheduler(OverlapSteps):
 
     def submit(self, seqs: list[Sequence], check_limit: bool = True) -> None:
         """Queue the choices of one request together; all or none (``QueueFull``). The step loop thread passes
-        ``check_limit=False``: ``StepLoop.submit`` already enforced the limit when the request arrived."""
+        ``check_limit=False``: ``EngineInbox.submit`` already enforced the limit when the request arrived."""
         if check_limit and self.waiting_requests + 1 > self.config.queue_limit:
             raise QueueFull(
                 f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}"
