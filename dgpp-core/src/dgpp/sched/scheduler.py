@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -64,8 +63,6 @@ class Scheduler(OverlapSteps):
         self._next_seq_id = 0
         self._cancels: dict[str, RetireReason] = {}
         self._events: dict[Sequence, SeqEvent] = {}
-        # called on the step loop thread for every retired sequence (request histograms)
-        self.on_retire: list[Callable[[Sequence], None]] = []
         # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
         self.speculative: Any = speculative
         # serving: a tick's events are handed to the sinks once the next step is on the GPU, so the HTTP side
@@ -86,7 +83,7 @@ class Scheduler(OverlapSteps):
 
     def submit(self, seqs: list[Sequence], check_limit: bool = True) -> None:
         """Queue the choices of one request together; all or none (``QueueFull``). The step loop thread passes
-        ``check_limit=False``: ``StepLoop.submit`` already enforced the limit when the request arrived."""
+        ``check_limit=False``: ``EngineInbox.submit`` already enforced the limit when the request arrived."""
         if check_limit and self.waiting_requests + 1 > self.config.queue_limit:
             raise QueueFull(
                 f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}"
@@ -152,6 +149,7 @@ class Scheduler(OverlapSteps):
             self._run_speculative(decoding)
         self._flush_ready()
         if self.overlap_events and self.speculative is None and self.live:
+            _stamp(self._events)
             self._ready, self._events = self._events, {}  # the next tick's first round hands them out
         else:
             self._flush_events()
@@ -184,8 +182,6 @@ class Scheduler(OverlapSteps):
             s.slot = None
         self._event(s).retired = reason
         self.stats.retired(reason)
-        for hook in self.on_retire:
-            hook(s)
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -388,6 +384,7 @@ class Scheduler(OverlapSteps):
     def _flush_events(self) -> None:
         self._flush_ready()
         events, self._events = self._events, {}
+        _stamp(events)
         for s, ev in events.items():
             s.sink(s, ev)
 
@@ -400,3 +397,9 @@ class Scheduler(OverlapSteps):
         self.waiting.clear()
         self._waiting_requests = 0
         self._flush_events()
+
+
+def _stamp(events: dict[Sequence, SeqEvent]) -> None:
+    """Each event carries its choice's timing as of this tick (the HTTP side reads no ``Sequence``)."""
+    for s, ev in events.items():
+        ev.timing = s.timing()
