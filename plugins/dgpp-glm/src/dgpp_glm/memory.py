@@ -37,6 +37,7 @@ from dgpp_glm.model import checkpoint_name
 
 if TYPE_CHECKING:
     from dgpp_glm.draft import MTPLayout
+    from dgpp_glm.glm5_next_vision import Glm5NextVisionConfig
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
@@ -110,4 +111,52 @@ def meta_plan(
         vocab_size=cfg.vocab_size,
         max_position=cfg.max_position_embeddings,
         notes=(note(bool(drafter_bytes)),),
+    )
+
+
+def vision_workspace_bytes(vision: Glm5NextVisionConfig, max_patches: int, itemsize: int) -> int:
+    """Scratch of one GLM-5.3-Flash encoder pass over the largest canvas the processor makes (``max_patches``):
+    per patch row its fp32 pixels and rotary cos/sin, the residual and normed rows, q/k/v and the attention output
+    (attention runs fused, without a score matrix), the MLP's gate, up and product; per merged row the folded
+    patches, the merger's projection and its SwiGLU's gate, up and product."""
+    per_patch = 4 * (vision.patch_values + 2 * vision.head_dim) + (
+        6 * vision.hidden_size + 3 * vision.intermediate_size
+    ) * itemsize
+    merge = vision.spatial_merge_size**2
+    per_row = (
+        vision.hidden_size * merge + 2 * vision.out_hidden_size + 3 * vision.projection_intermediate_size
+    ) * itemsize
+    return max_patches * per_patch + max_patches // merge * per_row
+
+
+def glm5_next_memory_plan(ctx: LoadContext) -> ModelMemory:
+    """GLM-5.3-Flash: the model built on ``meta`` for this rank (its vision tower's weights included), and with
+    a tower that reads images (``preprocessor_config.json`` present) the encoder's workspace as ``extra``."""
+    from dgpp_glm.glm5_next import Glm5NextForCausalLM
+    from dgpp_glm.glm5_next import checkpoint_name as glm5_next_name
+    from dgpp_glm.glm5_next_config import Glm5NextArchConfig
+    from dgpp_glm.glm5_next_images import image_input
+
+    cfg = Glm5NextArchConfig.from_hf_config(ctx.hf_config)
+    with torch.device("meta"):
+        model = Glm5NextForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world)
+        quantize_modules(model, ctx.hf_config, rename=glm5_next_name)
+    settle_weights(model)
+    notes = [f"GLM-5.3-Flash plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"]
+    extra: dict[str, int] = {}
+    images = image_input(ctx.hf_config, str(ctx.checkpoint_dir))
+    if model.visual is not None and cfg.vision is not None:
+        tower = sum(p.numel() * p.element_size() for p in model.visual.parameters())
+        notes.append(f"vision tower {tower / (1 << 20):,.1f} MiB (in weights)")
+        if images is not None:
+            itemsize = torch.empty((), dtype=model.dtype).element_size()
+            extra["vision_workspace"] = vision_workspace_bytes(cfg.vision, images.max_patches, itemsize)
+    return ModelMemory.from_cache_spec(
+        model.cache_spec(),
+        weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights),
+        activations_per_token=model.activation_bytes_per_token(),
+        vocab_size=model.info.vocab_size,
+        max_position=model.info.max_position,
+        notes=tuple(notes),
+        extra=extra,
     )
