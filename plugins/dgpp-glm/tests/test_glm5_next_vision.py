@@ -69,7 +69,9 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(checkpoint):
-    return Glm5NextImageInput.from_checkpoint(json.loads((checkpoint / "config.json").read_text()), checkpoint)
+    return Glm5NextImageInput.from_checkpoint(
+        json.loads((checkpoint / "config.json").read_text()), checkpoint
+    )
 
 
 @pytest.fixture(scope="module")

@@ -53,7 +53,9 @@ def _align(value: int, factor: int) -> int:
     return math.ceil(value / factor) * factor
 
 
-def canvas_size(height: int, width: int, factor: int, frames: int, min_tokens: int, max_tokens: int) -> tuple[int, int]:
+def canvas_size(
+    height: int, width: int, factor: int, frames: int, min_tokens: int, max_tokens: int
+) -> tuple[int, int]:
     """The padded canvas (height, width): sides multiples of ``factor``, ``frames x height x width`` within
     ``[min_tokens, max_tokens]`` tokens of ``frames x factor²`` pixels; the largest such canvas of the picture's
     aspect ratio when the aligned picture is over the budget (a binary search on the content height)."""
@@ -71,7 +73,10 @@ def canvas_size(height: int, width: int, factor: int, frames: int, min_tokens: i
     best, low, high = (factor, factor), 1, height
     while low <= high:
         content_h = (low + high) // 2
-        candidate = (_align(content_h, factor), _align(max(1, math.floor(width * content_h / height)), factor))
+        candidate = (
+            _align(content_h, factor),
+            _align(max(1, math.floor(width * content_h / height)), factor),
+        )
         if frames * candidate[0] * candidate[1] <= max_pixels:
             best, low = candidate, content_h + 1
         else:

@@ -119,9 +119,10 @@ def vision_workspace_bytes(vision: Glm5NextVisionConfig, max_patches: int, items
     per patch row its fp32 pixels and rotary cos/sin, the residual and normed rows, q/k/v and the attention output
     (attention runs fused, without a score matrix), the MLP's gate, up and product; per merged row the folded
     patches, the merger's projection and its SwiGLU's gate, up and product."""
-    per_patch = 4 * (vision.patch_values + 2 * vision.head_dim) + (
-        6 * vision.hidden_size + 3 * vision.intermediate_size
-    ) * itemsize
+    per_patch = (
+        4 * (vision.patch_values + 2 * vision.head_dim)
+        + (6 * vision.hidden_size + 3 * vision.intermediate_size) * itemsize
+    )
     merge = vision.spatial_merge_size**2
     per_row = (
         vision.hidden_size * merge + 2 * vision.out_hidden_size + 3 * vision.projection_intermediate_size
