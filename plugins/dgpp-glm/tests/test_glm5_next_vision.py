@@ -188,3 +188,20 @@ def test_the_hook_offers_images_only_with_a_processor_config(checkpoint, tmp_pat
     assert isinstance(image_input(read_hf_config(checkpoint), str(checkpoint)), Glm5NextImageInput)
     bare = build_tiny_glm5_next(tmp_path / "bare")  # a vision tower, no preprocessor_config.json
     assert image_input(read_hf_config(bare), str(bare)) is None
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [({"patch_size": 16}, "patch_size"), ({"do_normalize": False}, "do_normalize"), ({}, "tokenizer.json")],
+)
+def test_processor_config_refusals_name_the_file_and_key(checkpoint, tmp_path, change, named):
+    import shutil
+
+    from dgpp.plugin_api import ConfigError
+
+    hf_config = json.loads((checkpoint / "config.json").read_text())
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**TINY_GLM5_NEXT_PREPROCESSOR, **change}))
+    if change:
+        shutil.copy(checkpoint / "tokenizer.json", tmp_path)  # else no tokenizer: the markers are missing
+    with pytest.raises(ConfigError, match=named):
+        Glm5NextImageInput.from_checkpoint(hf_config, tmp_path)
