@@ -205,3 +205,21 @@ def test_processor_config_refusals_name_the_file_and_key(checkpoint, tmp_path, c
         shutil.copy(checkpoint / "tokenizer.json", tmp_path)  # else no tokenizer: the markers are missing
     with pytest.raises(ConfigError, match=named):
         Glm5NextImageInput.from_checkpoint(hf_config, tmp_path)
+
+
+@torch.inference_mode()
+def test_bf16_tower_tracks_transformers_bf16(tmp_path):
+    """The released dtype: the tower computes in bf16 (rotation and norms' statistics in fp32, as transformers
+    does); the outputs agree to bf16 rounding (measured: 0.0056 at a magnitude of 0.44, three bf16 steps)."""
+    path = build_tiny_glm5_next_vl(tmp_path / "bf16", seed=5, dtype=torch.bfloat16)
+    images = Glm5NextImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    model = load_model(path)
+    assert model.visual.patch_embed.proj.weight.dtype == torch.bfloat16
+    reference = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval()
+    processed = [images.process(picture(*p)) for p in PICTURES[:4]]
+    ours = torch.cat(model.visual.encode(processed))
+    theirs = reference.model.visual(
+        torch.cat([im.pixels for im in processed]), grid_thw=torch.tensor([im.grid for im in processed])
+    ).pooler_output
+    assert ours.dtype == theirs.dtype == torch.bfloat16
+    assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()
