@@ -1,9 +1,11 @@
 """GLM-5.3-Flash's image input: its processor's preprocessing and its prompt layout (``ImageInput``).
 
 Preprocessing (the checkpoint's ``preprocessor_config.json``, transformers' GLM5-Next image processor): the picture
-made RGB (transparency composited onto white). The canvas is the aligned size whose sides are multiples of
-``patch_size x merge_size x patch_expand_factor`` holding ``min_image_tokens .. max_image_tokens`` placeholder
-tokens (``smart_resize``: a still picture counts as ``temporal_patch_size`` frames). The picture is resized with
+made RGB (transparency composited onto white). The canvas (``canvas_size``, transformers' ``smart_resize``) is
+the aligned size whose sides are multiples of ``factor = patch_size x merge_size x patch_expand_factor`` holding
+``min_image_tokens .. max_image_tokens`` blocks of ``factor²`` pixels (a still picture counts as
+``temporal_patch_size`` frames); ``patch_expand_factor`` is read as transformers' torchvision processor reads
+it (its Pillow processor leaves it out: the two agree at 1). The picture is resized with
 Pillow (bicubic) to fit that canvas keeping its aspect ratio (never enlarged unless it is below the token minimum)
 and padded with black on the right and bottom. Then scaled by ``rescale_factor`` in float64, normalised by
 ``image_mean`` / ``image_std`` in float32, cut into patches, each repeated ``temporal_patch_size`` times, in merge
@@ -170,8 +172,8 @@ class Glm5NextImageInput:
 
     @property
     def max_patches(self) -> int:
-        """Patches of the largest canvas the processor makes (``max_image_tokens`` tokens of ``merge²``)."""
-        return self.max_tokens * self.merge_size**2
+        """Patches of the largest canvas the processor makes: ``max_image_tokens`` blocks of ``factor²`` pixels."""
+        return self.max_tokens * (self.factor // self.patch_size) ** 2
 
     def _fit(self, rgb: Image) -> np.ndarray:
         """``[3, H, W]`` uint8: the picture resized into its canvas and padded with black."""
