@@ -218,7 +218,7 @@ def _check_media(messages: list[Any], model: str) -> None:
             if kind in ("input_image", "input_audio", "file", "input_file"):
                 raise unsupported(
                     f"messages[{i}].content[{j}]",
-                    f"is a {kind} part; model {model!r} is served for text only here",
+                    f"is a {kind} part; model {model!r} does not take {kind} parts",
                 )
 
 
