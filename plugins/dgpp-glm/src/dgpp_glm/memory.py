@@ -136,7 +136,7 @@ def glm5_next_memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_glm.glm5_next import Glm5NextForCausalLM
     from dgpp_glm.glm5_next import checkpoint_name as glm5_next_name
     from dgpp_glm.glm5_next_config import Glm5NextArchConfig
-    from dgpp_glm.glm5_next_images import image_input
+    from dgpp_glm.glm5_next_images import Glm5NextImageInput
 
     cfg = Glm5NextArchConfig.from_hf_config(ctx.hf_config)
     with torch.device("meta"):
@@ -145,11 +145,11 @@ def glm5_next_memory_plan(ctx: LoadContext) -> ModelMemory:
     settle_weights(model)
     notes = [f"GLM-5.3-Flash plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"]
     extra: dict[str, int] = {}
-    images = image_input(ctx.hf_config, str(ctx.checkpoint_dir))
     if model.visual is not None and cfg.vision is not None:
         tower = sum(p.numel() * p.element_size() for p in model.visual.parameters())
         notes.append(f"vision tower {tower / (1 << 20):,.1f} MiB (in weights)")
-        if images is not None:
+        if (Path(ctx.checkpoint_dir) / "preprocessor_config.json").exists():  # else it serves text only
+            images = Glm5NextImageInput.from_checkpoint(ctx.hf_config, ctx.checkpoint_dir)
             itemsize = torch.empty((), dtype=model.dtype).element_size()
             extra["vision_workspace"] = vision_workspace_bytes(cfg.vision, images.max_patches, itemsize)
     return ModelMemory.from_cache_spec(
