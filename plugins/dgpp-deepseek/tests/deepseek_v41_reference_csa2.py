@@ -214,8 +214,8 @@ def candidate_pool(cfg: V41Config, scores: torch.Tensor, visible: torch.Tensor, 
         extra = (j >= (complete * bs)[:, None]) & (j < visible[:, None])
     else:
         raise ValueError(f"candidate_pool: {mode!r} is neither 'release' nor 'engine'")
-    keep = top_mask(block_score, k)
-    return keep.repeat_interleave(bs, dim=-1)[:, :n] | extra
+    keep = top_mask(block_score, k).repeat_interleave(bs, dim=-1)[:, :n] | extra
+    return keep & (torch.arange(n)[None] < visible[:, None])
 
 
 def top_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
