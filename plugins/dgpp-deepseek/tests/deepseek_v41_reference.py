@@ -152,12 +152,18 @@ def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor
 
 @dataclass
 class ReferenceSession:
-    """One sequence's state: the tokens so far, every layer's window latents, the kv sources' groups."""
+    """One sequence's state: the tokens so far, every layer's window latents, the kv sources' groups.
+
+    With ``trace`` a list, every call appends one record per layer (each ``[rows, ...]`` float64 for the call's
+    rows): ``attn_input`` / ``attn_output`` / ``ffn_input`` / ``ffn_output`` (the normed sublayer inputs and
+    the sublayer outputs), ``streams`` (after the layer), ``pre`` (the collapse coefficients the next site
+    reads), and on compressed layers ``selection`` (bool over the group's entries) and ``candidates``."""
 
     model: DeepseekV41Reference
     tokens: list[int] = field(default_factory=list)
     window: list[torch.Tensor] = field(default_factory=list)
     groups: dict[int, GroupCache] = field(default_factory=dict)
+    trace: list[dict[str, torch.Tensor]] | None = None
 
     def extend(self, token_ids: list[int]) -> torch.Tensor:
         """The next rows' logits ``[len(token_ids), vocab]`` (float64)."""
@@ -170,16 +176,18 @@ class DeepseekV41Reference:
     ):
         self.cfg, self.w, self.hasher, self.options = cfg, weights, hasher, options
 
-    def new_session(self) -> ReferenceSession:
+    def new_session(self, trace: bool = False) -> ReferenceSession:
         empty = torch.zeros(0, self.cfg.head_dim, dtype=F64)
-        return ReferenceSession(self, window=[empty] * self.cfg.num_hidden_layers)
+        return ReferenceSession(
+            self, window=[empty] * self.cfg.num_hidden_layers, trace=[] if trace else None
+        )
 
     def forward(self, token_ids: list[int]) -> torch.Tensor:
         """Every row's logits ``[T, vocab]`` of a one-shot prefill."""
         return self.new_session().extend(token_ids)
 
     def run(self, session: ReferenceSession, new: list[int]) -> torch.Tensor:
-        cfg, w, opts = self.cfg, self.w, self.options
+        cfg, w = self.cfg, self.w
         pos0 = len(session.tokens)
         session.tokens.extend(new)
         positions = torch.arange(pos0, pos0 + len(new))
@@ -188,41 +196,58 @@ class DeepseekV41Reference:
         pre = torch.zeros(len(new), cfg.hc_mult, dtype=F64)
         pre[:, 0] = 1.0
         for layer in range(cfg.num_hidden_layers):
-            p = f"layers.{layer}."
-            if layer in cfg.engram_layer_ids and opts.engram:
-                if self.hasher is None:
-                    raise ValueError("the Engram layers need the tokenizer's token map")
-                index = cfg.engram_layer_ids.index(layer)
-                x = engram(
-                    cfg,
-                    w,
-                    layer,
-                    x,
-                    self.hasher.rows(session.tokens, range(pos0, len(session.tokens)), index),
-                )
-            pre_a, post_a, comb_a = hc_mixes(
-                cfg, x, w[p + "hc_attn_fn"], w[p + "hc_attn_scale"], w[p + "hc_attn_base"]
-            )
-            u = rms_norm(
-                collapse(x, pre if opts.single_pass_hc else pre_a),
-                w[p + "attn_norm.weight"],
-                cfg.rms_norm_eps,
-            )
-            x = expand(
-                attention(cfg, opts, w, layer, u, positions, session.window, shared), x, post_a, comb_a
-            )
-            pre_f, post_f, comb_f = hc_mixes(
-                cfg, x, w[p + "hc_ffn_fn"], w[p + "hc_ffn_scale"], w[p + "hc_ffn_base"]
-            )
-            u = rms_norm(
-                collapse(x, pre_a if opts.single_pass_hc else pre_f),
-                w[p + "ffn_norm.weight"],
-                cfg.rms_norm_eps,
-            )
-            x = expand(moe(cfg, w, layer, u), x, post_f, comb_f)
-            pre = pre_f
+            x, pre = self.layer(session, layer, x, pre, positions, shared)
         h = rms_norm(collapse(x, pre), w["norm.weight"], cfg.rms_norm_eps)
         return h @ w["head.weight"].T
+
+    def layer(
+        self,
+        session: ReferenceSession,
+        layer: int,
+        x: torch.Tensor,
+        pre: torch.Tensor,
+        positions: torch.Tensor,
+        shared: CallShared,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over the call's streams ``x`` ``[rows, hc, hidden]``: (the streams, the next site's pre)."""
+        cfg, w, opts = self.cfg, self.w, self.options
+        p = f"layers.{layer}."
+        if layer in cfg.engram_layer_ids and opts.engram:
+            if self.hasher is None:
+                raise ValueError("the Engram layers need the tokenizer's token map")
+            at = range(int(positions[0]), int(positions[-1]) + 1)
+            rows = self.hasher.rows(session.tokens, at, cfg.engram_layer_ids.index(layer))
+            x = engram(cfg, w, layer, x, rows)
+        pre_a, post_a, comb_a = hc_mixes(
+            cfg, x, w[p + "hc_attn_fn"], w[p + "hc_attn_scale"], w[p + "hc_attn_base"]
+        )
+        attn_in = rms_norm(
+            collapse(x, pre if opts.single_pass_hc else pre_a), w[p + "attn_norm.weight"], cfg.rms_norm_eps
+        )
+        attn_out = attention(cfg, opts, w, layer, attn_in, positions, session.window, shared)
+        x = expand(attn_out, x, post_a, comb_a)
+        pre_f, post_f, comb_f = hc_mixes(
+            cfg, x, w[p + "hc_ffn_fn"], w[p + "hc_ffn_scale"], w[p + "hc_ffn_base"]
+        )
+        ffn_in = rms_norm(
+            collapse(x, pre_a if opts.single_pass_hc else pre_f), w[p + "ffn_norm.weight"], cfg.rms_norm_eps
+        )
+        ffn_out = moe(cfg, w, layer, ffn_in)
+        x = expand(ffn_out, x, post_f, comb_f)
+        if session.trace is not None:
+            record = {
+                "attn_input": attn_in,
+                "attn_output": attn_out,
+                "ffn_input": ffn_in,
+                "ffn_output": ffn_out,
+            }
+            record |= {"streams": x, "pre": pre_f}
+            if cfg.ratio(layer) and shared.selection is not None:
+                record["selection"] = shared.selection
+            if shared.candidates is not None and cfg.ratio(layer):
+                record["candidates"] = shared.candidates
+            session.trace.append(record)
+        return x, pre_f
 
 
 def load_reference(

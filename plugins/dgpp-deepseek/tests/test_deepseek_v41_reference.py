@@ -269,3 +269,31 @@ def test_every_part_moves_the_logits(reference, prompt_ids, base_logits, switch,
     )
     diff = (model.forward(prompt_ids) - base_logits).abs().max(-1).values
     assert diff.max() > 0.05, f"{switch}={value} leaves the logits at most {diff.max():.2e} away"
+
+
+def test_trace_shows_the_group_sharing_and_the_candidate_restriction(reference, prompt_ids) -> None:
+    session = reference.new_session(trace=True)
+    session.extend(prompt_ids)
+    trace, cfg = session.trace, reference.cfg
+    for layer in range(cfg.num_hidden_layers):
+        if (
+            cfg.ratio(layer) and layer not in cfg.index_source_layer_ids
+        ):  # a reuse layer: its indexer's selection
+            assert torch.equal(trace[layer]["selection"], trace[cfg.index_source_of(layer)]["selection"])
+    for layer in cfg.index_source_layer_ids:
+        counts = trace[layer]["selection"].sum(-1)
+        visible = (torch.arange(len(prompt_ids)) + 1) // cfg.ratio(layer)
+        assert torch.equal(counts, visible.clamp(max=cfg.index_topk))
+    reindex = 8
+    selection, pool = trace[reindex]["selection"], trace[reindex]["candidates"]
+    assert not (selection & ~pool).any()
+    visible = torch.arange(len(prompt_ids)) + 1
+    assert (pool.sum(-1) < visible).any()  # the pool excludes entries a row can see
+    assert not torch.equal(trace[cfg.candidate_source_layer_id]["selection"], selection)
+
+
+def test_config_errors_name_the_key() -> None:
+    with pytest.raises(ValueError, match="kv_source_layer_ids"):
+        load_config_like(kv_source_layer_ids=[2, 4])  # layers 6..9 (ratio 1) would read a ratio-2 group
+    with pytest.raises(ValueError, match="candidate_source_layer_id"):
+        load_config_like(candidate_source_layer_id=7)  # not an index source
