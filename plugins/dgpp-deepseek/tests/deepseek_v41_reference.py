@@ -28,6 +28,7 @@ takes the rows in any chunks (one at a time is the decode form) and gives the sa
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,7 +42,14 @@ from deepseek_v41_formats import (
     read_safetensors,
 )
 from deepseek_v41_reference_config import V41Config, load_config
-from deepseek_v41_reference_csa2 import CallShared, GroupCache, ReferenceOptions, attention, rms_norm
+from deepseek_v41_reference_csa2 import (
+    CallShared,
+    GroupCache,
+    ReferenceOptions,
+    attention,
+    publish_rows,
+    rms_norm,
+)
 from deepseek_v41_reference_engram import EngramHasher, compressed_token_map, engram
 
 F64 = torch.float64
@@ -165,9 +173,10 @@ class ReferenceSession:
     groups: dict[int, GroupCache] = field(default_factory=dict)
     trace: list[dict[str, torch.Tensor]] | None = None
 
-    def extend(self, token_ids: list[int]) -> torch.Tensor:
-        """The next rows' logits ``[len(token_ids), vocab]`` (float64)."""
-        return self.model.run(self, list(token_ids))
+    def extend(self, token_ids: list[int], bounded: bool = False) -> torch.Tensor:
+        """The next rows' logits ``[len(token_ids), vocab]`` (float64). ``bounded``: the decoder runs over the
+        call's last ``sliding_window`` rows only (``DeepseekV41Reference.run``); the rows before read NaN."""
+        return self.model.run(self, list(token_ids), bounded)
 
 
 class DeepseekV41Reference:
@@ -186,7 +195,13 @@ class DeepseekV41Reference:
         """Every row's logits ``[T, vocab]`` of a one-shot prefill."""
         return self.new_session().extend(token_ids)
 
-    def run(self, session: ReferenceSession, new: list[int]) -> torch.Tensor:
+    def run(self, session: ReferenceSession, new: list[int], bounded: bool = False) -> torch.Tensor:
+        """The call's rows through every layer. ``bounded`` is the original engine's lossy "decoder SWA bounded
+        replay" prefill: the encoder (the layers before the last kv source) over every row; the last kv
+        source's compressor publishes every row's entries; the decoder (the last kv source on) then walks only
+        the call's last ``sliding_window`` rows, its window floored at their first position (the decoder's
+        window latents of earlier rows are never computed). Identical to the exact walk when the call has at
+        most ``sliding_window`` rows."""
         cfg, w = self.cfg, self.w
         pos0 = len(session.tokens)
         session.tokens.extend(new)
@@ -195,10 +210,36 @@ class DeepseekV41Reference:
         x = w["embed.weight"][torch.tensor(new, dtype=torch.long)][:, None, :].repeat(1, cfg.hc_mult, 1)
         pre = torch.zeros(len(new), cfg.hc_mult, dtype=F64)
         pre[:, 0] = 1.0
+        decoder = (
+            max(cfg.kv_source_layer_ids)
+            if bounded and len(new) > cfg.sliding_window
+            else cfg.num_hidden_layers
+        )
+        if any(e >= decoder for e in cfg.engram_layer_ids):
+            raise ValueError("engram_layer_ids: the bounded prefill needs every Engram layer in the encoder")
+        floor = 0
         for layer in range(cfg.num_hidden_layers):
-            x, pre = self.layer(session, layer, x, pre, positions, shared)
+            if layer == decoder:
+                publish_rows(cfg, self.options, w, layer, self.site_input(layer, "attn", x, pre), shared)
+                keep = cfg.sliding_window
+                x, pre, positions = x[-keep:], pre[-keep:], positions[-keep:]
+                floor = int(positions[0])
+            x, pre = self.layer(
+                session, layer, x, pre, positions, shared, publish=layer != decoder, floor=floor
+            )
         h = rms_norm(collapse(x, pre), w["norm.weight"], cfg.rms_norm_eps)
-        return h @ w["head.weight"].T
+        logits = torch.full((len(new), cfg.vocab_size), math.nan, dtype=F64)
+        logits[len(new) - h.shape[0] :] = h @ w["head.weight"].T
+        return logits
+
+    def site_input(self, layer: int, site: str, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """A sublayer's normed input: the streams collapsed with ``pre`` (the single-pass reading) or with this
+        site's own fresh coefficients (``single_pass_hc=False``)."""
+        cfg, w = self.cfg, self.w
+        p = f"layers.{layer}.hc_{site}_"
+        if not self.options.single_pass_hc:
+            pre = hc_mixes(cfg, x, w[p + "fn"], w[p + "scale"], w[p + "base"])[0]
+        return rms_norm(collapse(x, pre), w[f"layers.{layer}.{site}_norm.weight"], cfg.rms_norm_eps)
 
     def layer(
         self,
@@ -208,6 +249,8 @@ class DeepseekV41Reference:
         pre: torch.Tensor,
         positions: torch.Tensor,
         shared: CallShared,
+        publish: bool = True,
+        floor: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer over the call's streams ``x`` ``[rows, hc, hidden]``: (the streams, the next site's pre)."""
         cfg, w, opts = self.cfg, self.w, self.options
@@ -221,17 +264,13 @@ class DeepseekV41Reference:
         pre_a, post_a, comb_a = hc_mixes(
             cfg, x, w[p + "hc_attn_fn"], w[p + "hc_attn_scale"], w[p + "hc_attn_base"]
         )
-        attn_in = rms_norm(
-            collapse(x, pre if opts.single_pass_hc else pre_a), w[p + "attn_norm.weight"], cfg.rms_norm_eps
-        )
-        attn_out = attention(cfg, opts, w, layer, attn_in, positions, session.window, shared)
+        attn_in = self.site_input(layer, "attn", x, pre)
+        attn_out = attention(cfg, opts, w, layer, attn_in, positions, session.window, shared, publish, floor)
         x = expand(attn_out, x, post_a, comb_a)
         pre_f, post_f, comb_f = hc_mixes(
             cfg, x, w[p + "hc_ffn_fn"], w[p + "hc_ffn_scale"], w[p + "hc_ffn_base"]
         )
-        ffn_in = rms_norm(
-            collapse(x, pre_a if opts.single_pass_hc else pre_f), w[p + "ffn_norm.weight"], cfg.rms_norm_eps
-        )
+        ffn_in = self.site_input(layer, "ffn", x, pre_a)
         ffn_out = moe(cfg, w, layer, ffn_in)
         x = expand(ffn_out, x, post_f, comb_f)
         if session.trace is not None:

@@ -282,6 +282,16 @@ def publish_entries(
     group.entries = torch.cat([group.entries, round_fp4_e4m3(entries) if opts.compressed_fp4 else entries])
 
 
+def publish_rows(
+    cfg: V41Config, opts: ReferenceOptions, w: Weights, layer: int, u: torch.Tensor, shared: CallShared
+) -> None:
+    """A kv source's compressor over the rows ``u``: the groups they complete become entries (and index keys,
+    from the pre-rotation latent) of the layer's group."""
+    group = shared.groups.setdefault(layer, new_group(cfg))
+    latent = compress(cfg, w, f"layers.{layer}.attn.", cfg.ratio(layer), u, group)
+    publish_entries(cfg, opts, w, layer, latent, group)
+
+
 def attention(
     cfg: V41Config,
     opts: ReferenceOptions,
@@ -291,9 +301,13 @@ def attention(
     positions: torch.Tensor,
     window: list[torch.Tensor],
     shared: CallShared,
+    publish: bool = True,
+    window_floor: int = 0,
 ) -> torch.Tensor:
-    """One CSA2 layer over new rows ``u`` ``[rows, hidden]``; ``window[layer]`` holds every earlier row's
-    stored window latent and is extended here."""
+    """One CSA2 layer over new rows ``u`` ``[rows, hidden]``; ``window[layer]`` holds the stored window latent
+    of every earlier position (row = position; rows never computed are zero and never attended) and is extended
+    here. ``publish=False``: a kv source's entries for these rows were published before (``publish_rows``).
+    ``window_floor``: the earliest position the window attends (the bounded prefill's segment start)."""
     p = f"layers.{layer}.attn."
     ratio = cfg.ratio(layer)
     heads, hd = cfg.num_attention_heads, cfg.head_dim
@@ -303,22 +317,21 @@ def attention(
     kv = rotate_tail(
         rms_norm(u @ w[p + "wkv.weight"].T, w[p + "kv_norm.weight"], cfg.rms_norm_eps), positions, inv_freq
     )
-    window[layer] = torch.cat([window[layer], round_fp8_e8m0(kv) if opts.window_fp8 else kv])
+    gap = int(positions[0]) - window[layer].shape[0]
+    window[layer] = torch.cat(
+        [window[layer], torch.zeros(gap, hd, dtype=F64), round_fp8_e8m0(kv) if opts.window_fp8 else kv]
+    )
     keys = window[layer]
     key_pos = torch.arange(keys.shape[0])
-    allowed = (key_pos[None] <= positions[:, None]) & (
-        key_pos[None] > positions[:, None] - cfg.sliding_window
-    )
+    first = (positions - cfg.sliding_window + 1).clamp_min(window_floor)
+    allowed = (key_pos[None] <= positions[:, None]) & (key_pos[None] >= first[:, None])
 
     if ratio > 0:
         source = cfg.kv_source_of(layer)
         if layer == source:
-            shared.groups.setdefault(layer, new_group(cfg))
             shared.selection = shared.candidates = None
-            group = shared.groups[layer]
-            latent = compress(cfg, w, p, ratio, u, group)
-            # the index keys come from the pre-rotation latent; the source's selection sees its own new entries
-            publish_entries(cfg, opts, w, layer, latent, group)
+            if publish:  # the source's selection sees its own new entries
+                publish_rows(cfg, opts, w, layer, u, shared)
         group = shared.groups[source]
         if layer in cfg.index_source_layer_ids:
             shared.selection = index_select(cfg, opts, w, layer, u, qr, positions, group, shared)

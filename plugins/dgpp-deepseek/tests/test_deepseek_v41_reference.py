@@ -327,3 +327,22 @@ def test_config_errors_name_the_key() -> None:
         load_config_like(kv_source_layer_ids=[2, 4])  # layers 6..9 (ratio 1) would read a ratio-2 group
     with pytest.raises(ValueError, match="candidate_source_layer_id"):
         load_config_like(candidate_source_layer_id=7)  # not an index source
+
+
+def test_bounded_prefill_walks_the_decoder_over_the_last_window(reference, prompt_ids, base_logits) -> None:
+    window, n = reference.cfg.sliding_window, len(prompt_ids)
+    short = reference.new_session().extend(prompt_ids[:window], bounded=True)
+    assert (short - base_logits[:window]).abs().max() < 1e-12  # one window: the segment is every row
+    session = reference.new_session(trace=True)
+    bounded = session.extend(prompt_ids, bounded=True)
+    assert bounded[: n - window].isnan().all() and torch.isfinite(bounded[n - window :]).all()
+    rows = [len(record["streams"]) for record in session.trace]
+    decoder = max(reference.cfg.kv_source_layer_ids)
+    assert rows == [n] * decoder + [window] * (reference.cfg.num_hidden_layers - decoder)
+    # lossy: the decoder's first segment rows lose their window; the last row's logits move
+    assert (bounded[-1] - base_logits[-1]).abs().max() > 1e-3
+    # the encoder and the published entries are the exact walk's: a decode row after it runs on the same pool
+    exact_session = reference.new_session()
+    exact_session.extend(prompt_ids)
+    assert torch.equal(session.groups[decoder].entries, exact_session.groups[decoder].entries)
+    assert torch.isfinite(session.extend([prompt_ids[0]])).all()
