@@ -1,7 +1,7 @@
 """An independent float64 reference for DeepSeek-V4.1-Flash (``deepseek_v41``), written from the release's
-config and its published architecture (the release's ``inference/model.py`` as the original engine,
-github.com/HawkBearPig/dgpp ``src/models/dsv41`` and ``src/kernels/csa2.*``, reproduces it). It imports nothing
-from dgpp: the checkpoint is read as raw safetensors and every packed weight is decoded from its bit fields
+config and the original engine's source (github.com/HawkBearPig/dgpp: ``src/models/dsv41``,
+``src/kernels/csa2.*``), which follows the release's ``inference/model.py``. It imports nothing from dgpp: the
+checkpoint is read as raw safetensors and every packed weight is decoded from its bit fields
 (``deepseek_v41_formats``).
 
 The walk (single-pass hyper-connections, ``hc_mult`` streams):
@@ -22,7 +22,9 @@ weighted by their unbiased scores normalised (sum + 1e-20) and times ``routed_sc
 with the up branch clamped to ``+-swiglu_limit`` and the gate branch from above; one shared expert.
 
 Prefill-exact semantics: every row sees exactly what a one-shot prefill shows it. ``ReferenceSession.extend``
-takes the rows in any chunks (one at a time is the decode form) and gives the same logits as ``forward``.
+takes the rows in any chunks (one at a time is the decode form) and gives the same logits as ``forward``;
+``extend(ids, bounded=True)`` is the original engine's lossy bounded prefill instead (``DeepseekV41Reference.run``).
+``new_session(trace=True)`` records every layer's sublayer inputs / outputs, streams and selections.
 """
 
 from __future__ import annotations
