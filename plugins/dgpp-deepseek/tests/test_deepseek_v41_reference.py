@@ -346,3 +346,19 @@ def test_bounded_prefill_walks_the_decoder_over_the_last_window(reference, promp
     exact_session.extend(prompt_ids)
     assert torch.equal(session.groups[decoder].entries, exact_session.groups[decoder].entries)
     assert torch.isfinite(session.extend([prompt_ids[0]])).all()
+
+
+def test_the_reference_imports_nothing_from_dgpp() -> None:
+    import ast
+    from pathlib import Path
+
+    here = Path(__file__).parent
+    modules = ["deepseek_v41_formats"] + [
+        f"deepseek_v41_reference{p}" for p in ("", "_config", "_csa2", "_engram")
+    ]
+    for module in modules:
+        for node in ast.walk(ast.parse((here / f"{module}.py").read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom):
+                names = [node.module or ""]
+            assert not any(n == "dgpp" or n.startswith(("dgpp.", "dgpp_")) for n in names), (module, names)
