@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from deepseek_v41_fixture import build_tiny_deepseek_v41
+from deepseek_v41_fixture import TINY_TEXT, build_tiny_deepseek_v41
 from deepseek_v41_formats import (
     E2M1_TABLE,
     E4M3_TABLE,
@@ -362,3 +362,45 @@ def test_the_reference_imports_nothing_from_dgpp() -> None:
             if isinstance(node, ast.ImportFrom):
                 names = [node.module or ""]
             assert not any(n == "dgpp" or n.startswith(("dgpp.", "dgpp_")) for n in names), (module, names)
+
+
+def test_the_release_geometry_parses_and_its_engram_tables_match_the_buckets() -> None:
+    from deepseek_v41_reference_config import parse_config
+    from deepseek_v41_reference_engram import bucket_primes
+
+    text = {
+        **TINY_TEXT,
+        "vocab_size": 129280,
+        "hidden_size": 5120,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 64,
+        "head_dim": 512,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 1280,
+        "o_groups": 8,
+        "o_lora_rank": 1024,
+        "sliding_window": 128,
+        "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0, 0, 0],
+        "kv_source_layer_ids": [2, 8, 14, 20],
+        "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
+        "candidate_source_layer_id": 20,
+        "candidate_topk_blocks": 2048,
+        "candidate_block_size": 8,
+        "index_n_heads": 32,
+        "index_head_dim": 128,
+        "index_topk": 512,
+        "engram_layer_ids": [1, 14],
+        "engram_num_embeddings": [384006168, 384016682],
+        "engram_vocab_size": 16000000,
+        "engram_n_heads": 8,
+        "engram_head_dim": 256,
+        "engram_compressed_vocab_size": 99092,
+    }
+    cfg = parse_config({"model_type": "deepseek_v41", "text_config": text})
+    assert [cfg.kv_source_of(n) for n in (1, 2, 7, 8, 19, 20, 39)] == [-1, 2, 2, 8, 14, 20, 20]
+    assert [cfg.index_source_of(n) for n in (3, 21, 24, 27, 39)] == [2, 20, 24, 24, 36]
+    assert cfg.uses_candidates(24) and not cfg.uses_candidates(20) and not cfg.uses_candidates(25)
+    # the release's table sizes are the sums of its prime buckets: 24 primes above 15,999,999 per layer
+    primes = bucket_primes(2, cfg.engram_max_ngram_size, cfg.engram_n_heads, cfg.engram_vocab_size)
+    assert [sum(sum(h) for h in layer) for layer in primes] == list(cfg.engram_num_embeddings)
+    assert primes[0][0][0] == 16000057
