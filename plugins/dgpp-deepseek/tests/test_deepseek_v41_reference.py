@@ -404,3 +404,18 @@ def test_the_release_geometry_parses_and_its_engram_tables_match_the_buckets() -
     primes = bucket_primes(2, cfg.engram_max_ngram_size, cfg.engram_n_heads, cfg.engram_vocab_size)
     assert [sum(sum(h) for h in layer) for layer in primes] == list(cfg.engram_num_embeddings)
     assert primes[0][0][0] == 16000057
+
+
+@pytest.mark.slow
+def test_the_deepseek_v4_vocabulary_normalises_to_the_release_class_count() -> None:
+    """V4.1 keeps DeepSeek-V4's 129,280-token vocabulary; its normalised classes are the release's
+    engram_compressed_vocab_size, 99,092 (the pad token 2 is its own class)."""
+    from dgpp.testing.tokenizers import RegistryUnavailable, deepseek_v4_tokenizer_dir
+
+    try:
+        tokenizer_dir = deepseek_v4_tokenizer_dir()
+    except RegistryUnavailable as e:
+        pytest.skip(str(e))
+    token_map, classes = compressed_token_map(tokenizer_dir / "tokenizer.json")
+    assert (len(token_map), classes) == (129280, 99092)
+    assert token_map[2] == 2
