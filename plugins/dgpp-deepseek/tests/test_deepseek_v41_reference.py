@@ -88,11 +88,11 @@ def test_element_decoders_equal_the_format_definitions() -> None:
 
 
 def _pow2_above(amax: torch.Tensor, fmax: float) -> torch.Tensor:
-    """2^ceil(log2(amax / fmax)) by search (no frexp): the smallest power of two s with amax / s <= fmax."""
-    e = torch.full_like(amax, -127.0)
-    for k in range(-127, 128):
-        e = torch.where((e == -127) & (amax <= fmax * 2.0**k), torch.full_like(e, float(k)), e)
-    return torch.exp2(e)
+    """The smallest power of two s with amax / s <= fmax (no frexp: a log2 guess corrected by the definition)."""
+    e = torch.ceil(torch.log2(amax.clamp_min(2.0**-126) / fmax))
+    e = torch.where(amax <= fmax * torch.exp2(e - 1), e - 1, e)
+    e = torch.where(amax > fmax * torch.exp2(e), e + 1, e)
+    return torch.exp2(e.clamp(-127, 127))
 
 
 def _nearest_on(grid: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
