@@ -51,6 +51,7 @@ from deepseek_v41_reference_csa2 import (
     attention,
     publish_rows,
     rms_norm,
+    top_margin,
 )
 from deepseek_v41_reference_engram import EngramHasher, compressed_token_map, engram
 
@@ -134,7 +135,8 @@ def expert(cfg: V41Config, w: Weights, p: str, u: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor:
+def route(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the unbiased scores, the biased ones the experts are chosen by) ``[rows, n_routed_experts]``."""
     p = f"layers.{layer}.ffn."
     logits = (u @ w[p + "gate.weight"].T) / cfg.gate_temp
     if cfg.scoring_func == "softmax":
@@ -143,7 +145,12 @@ def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor
         scores = logits.sigmoid()
     else:
         scores = F.softplus(logits).sqrt()
-    biased = scores + w[p + "gate.bias"]
+    return scores, scores + w[p + "gate.bias"]
+
+
+def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor:
+    p = f"layers.{layer}.ffn."
+    scores, biased = route(cfg, w, layer, u)
     chosen = torch.sort(-biased, dim=-1, stable=True).indices[:, : cfg.num_experts_per_tok]
     weights = scores.gather(1, chosen)
     if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
@@ -167,7 +174,11 @@ class ReferenceSession:
     With ``trace`` a list, every call appends one record per layer (each ``[rows, ...]`` float64 for the call's
     rows): ``attn_input`` / ``attn_output`` / ``ffn_input`` / ``ffn_output`` (the normed sublayer inputs and
     the sublayer outputs), ``streams`` (after the layer), ``pre`` (the collapse coefficients the next site
-    reads), and on compressed layers ``selection`` (bool over the group's entries) and ``candidates``."""
+    reads), on compressed layers ``selection`` (bool over the group's entries) and ``candidates``, and
+    ``margin``: per row, how close the layer's closest discrete decision came to its boundary (relative: a
+    cache rounding's element code or scale, an index / candidate / expert top-k's last pick against the next).
+    An fp32 model can take the other side of a decision whose margin is near its rounding noise (~1e-6);
+    from that row on its logits may leave the reference's."""
 
     model: DeepseekV41Reference
     tokens: list[int] = field(default_factory=list)
@@ -219,15 +230,27 @@ class DeepseekV41Reference:
         )
         if any(e >= decoder for e in cfg.engram_layer_ids):
             raise ValueError("engram_layer_ids: the bounded prefill needs every Engram layer in the encoder")
-        floor = 0
+        floor, carried = 0, None
         for layer in range(cfg.num_hidden_layers):
             if layer == decoder:
-                publish_rows(cfg, self.options, w, layer, self.site_input(layer, "attn", x, pre), shared)
+                if session.trace is not None:
+                    shared.margin = torch.full((len(new),), math.inf, dtype=F64)
+                site = self.site_input(layer, "attn", x, pre)
+                publish_rows(cfg, self.options, w, layer, site, shared, positions)
                 keep = cfg.sliding_window
                 x, pre, positions = x[-keep:], pre[-keep:], positions[-keep:]
+                carried = None if shared.margin is None else shared.margin[-keep:]
                 floor = int(positions[0])
             x, pre = self.layer(
-                session, layer, x, pre, positions, shared, publish=layer != decoder, floor=floor
+                session,
+                layer,
+                x,
+                pre,
+                positions,
+                shared,
+                publish=layer != decoder,
+                floor=floor,
+                margin=carried,
             )
         h = rms_norm(collapse(x, pre), w["norm.weight"], cfg.rms_norm_eps)
         logits = torch.full((len(new), cfg.vocab_size), math.nan, dtype=F64)
@@ -253,10 +276,14 @@ class DeepseekV41Reference:
         shared: CallShared,
         publish: bool = True,
         floor: int = 0,
+        margin: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer over the call's streams ``x`` ``[rows, hc, hidden]``: (the streams, the next site's pre)."""
+        """One layer over the call's streams ``x`` ``[rows, hc, hidden]``: (the streams, the next site's pre).
+        Traced, the layer's decision margins start from ``margin`` (else none)."""
         cfg, w, opts = self.cfg, self.w, self.options
         p = f"layers.{layer}."
+        if session.trace is not None:
+            shared.margin = torch.full((x.shape[0],), math.inf, dtype=F64) if margin is None else margin
         if layer in cfg.engram_layer_ids and opts.engram:
             if self.hasher is None:
                 raise ValueError("the Engram layers need the tokenizer's token map")
@@ -276,13 +303,14 @@ class DeepseekV41Reference:
         ffn_out = moe(cfg, w, layer, ffn_in)
         x = expand(ffn_out, x, post_f, comb_f)
         if session.trace is not None:
+            shared.note(top_margin(route(cfg, w, layer, ffn_in)[1], cfg.num_experts_per_tok))
             record = {
                 "attn_input": attn_in,
                 "attn_output": attn_out,
                 "ffn_input": ffn_in,
                 "ffn_output": ffn_out,
             }
-            record |= {"streams": x, "pre": pre_f}
+            record |= {"streams": x, "pre": pre_f, "margin": shared.margin}
             if cfg.ratio(layer) and shared.selection is not None:
                 record["selection"] = shared.selection
             if shared.candidates is not None and cfg.ratio(layer):
