@@ -58,7 +58,14 @@ from deepseek_v41_reference_engram import EngramHasher, compressed_token_map, en
 F64 = torch.float64
 Weights = dict[str, torch.Tensor]
 
-__all__ = ["DeepseekV41Reference", "ReferenceOptions", "ReferenceSession", "load_reference", "load_weights"]
+__all__ = [
+    "DeepseekV41Reference",
+    "ReferenceOptions",
+    "ReferenceSession",
+    "assert_matches_reference",
+    "load_reference",
+    "load_weights",
+]
 
 
 # ---- the checkpoint -------------------------------------------------------------------------------------------------
@@ -317,6 +324,33 @@ class DeepseekV41Reference:
                 record["candidates"] = shared.candidates
             session.trace.append(record)
         return x, pre_f
+
+
+def assert_matches_reference(
+    reference: DeepseekV41Reference,
+    prompt: list[int],
+    logits: torch.Tensor,
+    tol: float = 1e-4,
+    near_tie: float = 3e-6,
+) -> float:
+    """Check a model's every-row ``logits`` of ``prompt`` against the reference: every row agrees within ``tol``
+    (max abs) up to the first row that does not, and that row must hold a decision within ``near_tie`` of its
+    boundary (a cache rounding or a top-k the model's own rounding can take the other way); later rows are not
+    compared. Returns the worst difference of the compared rows."""
+    session = reference.new_session(trace=True)
+    expected = session.extend(prompt)
+    margin = torch.stack([record["margin"] for record in session.trace]).min(0).values
+    diff = (logits.to(F64).cpu() - expected).abs().max(-1).values
+    off = (diff > tol).nonzero()
+    if len(off):
+        row = int(off[0])
+        if margin[row] >= near_tie:
+            raise AssertionError(
+                f"row {row} of {len(prompt)} differs by {float(diff[row]):.3g} (> {tol}) while its closest "
+                f"decision is {float(margin[row]):.2g} from its boundary (>= {near_tie}): a disagreement"
+            )
+        diff = diff[:row]
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def load_reference(

@@ -35,7 +35,12 @@ from deepseek_v41_formats import (
     read_safetensors,
     unpack_e2m1_pairs,
 )
-from deepseek_v41_reference import DeepseekV41Reference, ReferenceOptions, load_reference
+from deepseek_v41_reference import (
+    DeepseekV41Reference,
+    ReferenceOptions,
+    assert_matches_reference,
+    load_reference,
+)
 from deepseek_v41_reference_config import load_config
 from deepseek_v41_reference_csa2 import candidate_pool
 from deepseek_v41_reference_engram import EngramHasher, compressed_token_map
@@ -445,3 +450,18 @@ def test_decision_margins_locate_the_rows_where_rounding_noise_flips_the_logits(
         reference.w["embed.weight"] = table
     assert jumps, "no near-tie flipped: the check is vacuous for this prompt"
     assert all(margin[row] < 3e-6 for row in jumps), [(row, float(margin[row])) for row in jumps]
+
+
+def test_the_comparison_accepts_noise_flips_and_rejects_disagreements(reference) -> None:
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, 512, (40,), generator=gen).tolist()
+    base = reference.forward(prompt)
+    assert assert_matches_reference(reference, prompt, base + 1e-6) < 2e-6
+    flipped = base.clone()
+    flipped[8:] += 0.05  # row 8 holds a decision within 1e-7 of its boundary (the margins test's prompt)
+    assert assert_matches_reference(reference, prompt, flipped) < 1e-12
+    model = DeepseekV41Reference(
+        reference.cfg, reference.w, reference.hasher, dataclasses.replace(ReferenceOptions(), engram=False)
+    )
+    with pytest.raises(AssertionError, match="a disagreement"):
+        assert_matches_reference(reference, prompt, model.forward(prompt))
