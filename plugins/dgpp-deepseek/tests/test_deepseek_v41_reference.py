@@ -8,6 +8,10 @@
   time forms equal the one-shot prefill, and every part of the model moves the logits on the fixture: the
   window / compressed / index rounding, the candidate restriction (and its two readings), the group-shared KV
   and selection, Engram and the single-pass collapse.
+- The bounded prefill walks the decoder over the last window only; the traced decision margins locate the rows
+  where rounding noise can flip the logits, which ``assert_matches_reference`` tells from disagreements.
+- The release's own numbers: its geometry parses with its layer roles, its Engram table sizes are the prime
+  buckets' sums, and DeepSeek-V4's vocabulary normalises to its 99,092 Engram classes.
 """
 
 from __future__ import annotations
