@@ -229,7 +229,9 @@ class MultiLatentAttention(nn.Module):
         for r in range(q_lat.shape[0]):
             keys = self._keys(r, q_offset, picks)
             lat, rope = latent[keys], k_rot[keys]
-            scores = batch_invariant_linear(q_lat[r], lat) + batch_invariant_linear(q_rot[r], rope)
+            scores = batch_invariant_linear(q_lat[r], lat)
+            if self.rope_dim:  # NoPE MLA (GLM-5.3-Flash) has no rotated part
+                scores = scores + batch_invariant_linear(q_rot[r], rope)
             probs = torch.softmax(scores * self.scale, dim=-1, dtype=torch.float32).to(q_lat.dtype)
             o_lat[r] = batch_invariant_linear(probs, lat.t())
         return torch.stack([batch_invariant_linear(o_lat[:, h], w_uv[h]) for h in range(self.num_heads)], 1)
