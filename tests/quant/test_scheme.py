@@ -97,7 +97,11 @@ def test_dgpp_mixed_nvfp4_experts_on_the_listed_layers_fp8_blocks_elsewhere():
     s = scheme({**DGPP_MIXED, "modules_to_not_convert": ["model.language_model.layers.0.self_attn.q_proj"]})
     p = "model.language_model.layers"
     assert isinstance(s.format_for(f"{p}.4.mlp.experts.287.down_proj"), NVFP4CompressedTensors)
-    for name in (f"{p}.6.mlp.experts.0.up_proj", f"{p}.4.mlp.shared_experts.up_proj", f"{p}.3.self_attn.o_proj"):
+    for name in (
+        f"{p}.6.mlp.experts.0.up_proj",
+        f"{p}.4.mlp.shared_experts.up_proj",
+        f"{p}.3.self_attn.o_proj",
+    ):
         fmt = s.format_for(name)
         assert isinstance(fmt, FP8Block) and fmt.block == (128, 128) and fmt.scale_format == "f32", name
     for name in ("lm_head", f"{p}.4.mlp.gate", f"{p}.0.self_attn.q_proj"):

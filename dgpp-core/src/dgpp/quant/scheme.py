@@ -300,11 +300,15 @@ def _dgpp_mixed(qc: dict) -> QuantScheme:
     _require(routed, where, "num_bits", 4, 4)
     layers = routed.get("layers")
     if not (isinstance(layers, list) and layers and all(isinstance(i, int) and i >= 0 for i in layers)):
-        raise ConfigError(f"{where}.layers: must list the layers whose routed experts are NVFP4, got {layers!r}")
+        raise ConfigError(
+            f"{where}.layers: must list the layers whose routed experts are NVFP4, got {layers!r}"
+        )
     for section in ("mtp_layer", "dsa_attention"):
         part = qc.get(section)
         if part is not None and (not isinstance(part, dict) or part.get("source", "base") != "base"):
-            raise ConfigError(f"{KEY}.{section}.source: must be 'base' (the FP8 release's tensors), got {part!r}")
+            raise ConfigError(
+                f"{KEY}.{section}.source: must be 'base' (the FP8 release's tensors), got {part!r}"
+            )
     fp8 = qc.get("fp8")
     if not isinstance(fp8, dict):
         raise ConfigError(f"{KEY}.fp8: missing (the FP8 release's quantization_config)")

@@ -21,30 +21,29 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, Protocol
+from typing import Any
 
-from dgpp.plugin_api import ConfigError, LoadContext, checkpoint_tensor_names
+from dgpp.plugin_api import ConfigError, LoadContext, Model, checkpoint_tensor_names, load_family_weights
+from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 
 KEY = "quantization_config"
 FP8_SCALE = "weight_scale_inv"
 # the Linears of a KDA layer's mixer, of a DSA layer's MLA and indexer that the releases keep in BF16
-KDA_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "f_a_proj", "f_b_proj", "g_a_proj", "g_b_proj", "b_proj", "o_proj")
+KDA_PROJECTIONS = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "f_a_proj",
+    "f_b_proj",
+    "g_a_proj",
+    "g_b_proj",
+    "b_proj",
+    "o_proj",
+)
 DSA_DENSE = ("kv_b_proj", "indexer.wq_b", "indexer.wk", "indexer.weights_proj")
 
 
-class ReleaseLayers(Protocol):
-    """What the layout reads of a GLM-5.3-Flash config (``dgpp_glm.glm5_next_config.Glm5NextArchConfig``)."""
-
-    num_hidden_layers: int
-    num_mtp_layers: int
-    weight_prefix: str
-
-    def is_linear(self, layer_idx: int) -> bool: ...
-
-    def is_moe_layer(self, layer_idx: int) -> bool: ...
-
-
-def release_dense_modules(cfg: ReleaseLayers) -> list[str]:
+def release_dense_modules(cfg: Glm5NextArchConfig) -> list[str]:
     """The Linear modules (checkpoint names) both releases store in BF16: per KDA layer its projections, per DSA
     layer (and MTP layer) ``kv_b_proj`` and the indexer's, per MoE layer its router, the MTP layer's ``eh_proj``,
     and the head."""
@@ -67,7 +66,9 @@ def stored_dense_modules(tensor_names: Iterable[str]) -> list[str]:
     """The modules a checkpoint stores dense: the owner of a ``.weight`` with no ``.weight_scale_inv`` beside it."""
     names = set(tensor_names)
     return sorted(
-        n[: -len(".weight")] for n in names if n.endswith(".weight") and n[: -len(".weight")] + "." + FP8_SCALE not in names
+        n[: -len(".weight")]
+        for n in names
+        if n.endswith(".weight") and n[: -len(".weight")] + "." + FP8_SCALE not in names
     )
 
 
@@ -88,7 +89,7 @@ def release_hf_config(hf_config: Mapping[str, Any], dense: Iterable[str]) -> dic
     return out
 
 
-def check_expert_layers(hf_config: Mapping[str, Any], cfg: ReleaseLayers) -> None:
+def check_expert_layers(hf_config: Mapping[str, Any], cfg: Glm5NextArchConfig) -> None:
     """A ``dgpp_mixed`` config's NVFP4 layers must be exactly the main stack's MoE layers (the MTP layer's experts are
     the FP8 release's): another list describes a checkpoint that is not this release."""
     qc = hf_config.get(KEY)
@@ -103,14 +104,26 @@ def check_expert_layers(hf_config: Mapping[str, Any], cfg: ReleaseLayers) -> Non
         )
 
 
-def plan_hf_config(hf_config: Mapping[str, Any], cfg: ReleaseLayers) -> dict[str, Any]:
+def plan_hf_config(hf_config: Mapping[str, Any], cfg: Glm5NextArchConfig) -> dict[str, Any]:
     """The config the memory plan resolves formats from (no tensor read): the release's BF16 modules dense."""
     check_expert_layers(hf_config, cfg)
     return release_hf_config(hf_config, release_dense_modules(cfg))
 
 
-def release_context(ctx: LoadContext, cfg: ReleaseLayers) -> LoadContext:
+def release_context(ctx: LoadContext, cfg: Glm5NextArchConfig) -> LoadContext:
     """``ctx`` with the ``quantization_config`` the loader resolves: what the checkpoint stores dense stays dense."""
     check_expert_layers(ctx.hf_config, cfg)
     dense = stored_dense_modules(checkpoint_tensor_names(ctx.checkpoint_dir))
     return dataclasses.replace(ctx, hf_config=release_hf_config(ctx.hf_config, dense))
+
+
+def load_model(ctx: LoadContext) -> Model:
+    """GLM-5.3-Flash's own load (a model hook): core's pipeline with the formats the checkpoint's names resolve."""
+    from dgpp_glm.glm5_next import Glm5NextForCausalLM, checkpoint_name
+
+    cfg = Glm5NextArchConfig.from_hf_config(ctx.hf_config)
+    ctx = release_context(ctx, cfg)
+    dtype = ctx.dtype or cfg.dtype
+    return load_family_weights(
+        ctx, lambda: Glm5NextForCausalLM(cfg, dtype=dtype, world=ctx.world, group=ctx.group), checkpoint_name
+    )
