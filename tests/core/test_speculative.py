@@ -1,5 +1,6 @@
 """Speculative decoding (engine.mtp) through the scheduler: greedy with MTP on emits exactly the plain greedy
-transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2, MiMo-V2.6 at depth 1 and 2), an oracle drafter gets full
+transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2, MiMo-V2.6 at depth 1 and 2, GLM-5.3-Flash at
+depth 1 to 3), an oracle drafter gets full
 acceptance, a half-right one exercises the hybrid state restore, seeded sampling is reproducible, and the
 ``spec_decode`` counters move."""
 
@@ -233,6 +234,23 @@ def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
     spec, sched = serve(model, drafter, 2)
     assert spec == plain
     _check_counters(sched, 2)
+
+
+def test_glm5_next_greedy_mtp_equals_plain(tmp_path):
+    """GLM-5.3-Flash as the NVFP4-FP8 release ships it: the target's KDA state is restored on rejection; the
+    drafter (NoPE MLA with its own k-pooled indexer, pools of 4 with 2 selected, so most prompts run sparse) keeps
+    its open pool's rows in a per-request ring, saved around the provisional rows of deeper drafts."""
+    from dgpp.config import EngineConfig
+    from dgpp_glm.testing_glm5_next_release import write_release_checkpoint
+
+    packed, _ = write_release_checkpoint(tmp_path / "packed", tmp_path / "twin", seed=9)
+    model = load_model(packed)
+    drafter = manager().hook.dgpp_build_draft(ctx=load_context(packed, EngineConfig(mtp=True)), model=model)
+    plain, _ = serve(model)
+    for depth in (1, 2, 3):
+        spec, sched = serve(model, drafter, depth)
+        assert spec == plain
+        _check_counters(sched, depth)
 
 
 def test_oracle_drafter_is_fully_accepted(glm):
