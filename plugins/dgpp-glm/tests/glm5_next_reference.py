@@ -50,7 +50,9 @@ def pooled_keys(w: dict, pre: str, x: torch.Tensor, kpool: int) -> torch.Tensor:
     return (logits.softmax(dim=1) * k[: pools * kpool].view(pools, kpool, -1)).sum(dim=1)
 
 
-def index_mask(w: dict, pre: str, x: torch.Tensor, q_resid: torch.Tensor, cfg: Glm5NextArchConfig) -> torch.Tensor:
+def index_mask(
+    w: dict, pre: str, x: torch.Tensor, q_resid: torch.Tensor, cfg: Glm5NextArchConfig
+) -> torch.Tensor:
     """``[T, T]``: which tokens each row attends. A row at ``p`` sees ``n = (p + 1) // kpool`` complete pools; with
     ``n <= index_topk // kpool`` every token up to ``p``, else the best pools by ``Σ_h w_h relu(q_h · key / √D)``
     (``w = weights_proj(x) / √H``; exact ties to the lower pool) plus the open pool's tokens up to ``p``."""
@@ -88,7 +90,9 @@ def mla(w: dict, pre: str, x: torch.Tensor, cfg: Glm5NextArchConfig) -> torch.Te
     return linear(w, pre + "o_proj", out.reshape(t, heads * v_dim))
 
 
-def mtp_logits(w: dict, hidden: torch.Tensor, next_tokens: torch.Tensor, cfg: Glm5NextArchConfig) -> torch.Tensor:
+def mtp_logits(
+    w: dict, hidden: torch.Tensor, next_tokens: torch.Tensor, cfg: Glm5NextArchConfig
+) -> torch.Tensor:
     """MTP layer 0 over rows ``0 .. T-1``: row ``q`` predicts token ``q + 2`` from ``hidden[q]`` (the pre-final-norm
     streams' mean) and token ``q + 1`` (``next_tokens[q]``)."""
     pre, eps = f"model.language_model.layers.{cfg.num_hidden_layers}.", cfg.rms_norm_eps

@@ -43,7 +43,9 @@ def _pre_norm_mean(twin, tokens: list[int]) -> torch.Tensor:
     """transformers' streams' mean after the last layer (the final norm's input) for ``tokens``."""
     reference = load_text_reference(twin)
     seen: list[torch.Tensor] = []
-    hook = reference.model.language_model.norm.register_forward_hook(lambda _m, args, _out: seen.append(args[0]))
+    hook = reference.model.language_model.norm.register_forward_hook(
+        lambda _m, args, _out: seen.append(args[0])
+    )
     try:
         reference.model.language_model(input_ids=torch.tensor([tokens]))
     finally:
@@ -76,7 +78,9 @@ def test_mtp_logits_match_the_float64_reference(release):
     assert rel < RTOL, f"MTP logits differ from the float64 reference by {rel:.3g} relative"
     indexer = drafter.layers[0].self_attn.indexer
     select = indexer.select_pools
-    indexer.select_pools = 10**6  # the block attending densely instead moves its logits (the selection is live)
+    indexer.select_pools = (
+        10**6
+    )  # the block attending densely instead moves its logits (the selection is live)
     try:
         dense = draft_logits(model, drafter, tokens, [20]).double()
     finally:
@@ -101,4 +105,6 @@ def test_a_missing_mtp_tensor_is_a_checkpoint_error(release, tmp_path):
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
     (tmp_path / "config.json").write_text((twin / "config.json").read_text())
     with pytest.raises(CheckpointError, match=r"layers\.5\.eh_proj\.weight"):
-        manager().hook.dgpp_build_draft(ctx=load_context(tmp_path, EngineConfig(mtp=True)), model=load_model(tmp_path))
+        manager().hook.dgpp_build_draft(
+            ctx=load_context(tmp_path, EngineConfig(mtp=True)), model=load_model(tmp_path)
+        )

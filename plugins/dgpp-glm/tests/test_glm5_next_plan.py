@@ -102,7 +102,10 @@ GLM_5_3_FLASH = {
         "routed_experts": {"layers": MOE, "format": "nvfp4-pack-quantized", "num_bits": 4, "group_size": 16},
         "fp8": FP8,
         "mtp_layer": {"index": LAYERS, "source": "base"},
-        "dsa_attention": {"layers": [i for i, k in enumerate(KINDS) if k != "linear_attention"], "source": "base"},
+        "dsa_attention": {
+            "layers": [i for i, k in enumerate(KINDS) if k != "linear_attention"],
+            "source": "base",
+        },
     },
 }
 # names only: the plan reads which MTP parts the checkpoint ships (its FP8 scales, its indexer)
