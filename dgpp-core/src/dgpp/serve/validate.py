@@ -166,7 +166,7 @@ def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise invalid('only modalities ["text"] is supported', "modalities")
         check_response_format(req.response_format)
         _check_tools(req)
-        _check_media(req.messages)
+        _check_media(req.messages, req.model)
 
 
 def _check_legacy(req: CompletionRequest) -> None:
@@ -205,8 +205,9 @@ def _check_tools(req: ChatCompletionRequest) -> None:
         )
 
 
-def _check_media(messages: list[Any]) -> None:
-    """This text-only server refuses image, audio and file parts by position instead of dropping them."""
+def _check_media(messages: list[Any], model: str) -> None:
+    """This text-only server refuses image, audio and file parts by position instead of dropping them, naming the
+    model (a release with a vision tower, GLM-5.3-Flash's, is served without it)."""
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
@@ -215,7 +216,8 @@ def _check_media(messages: list[Any]) -> None:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("image_url", "input_image", "input_audio", "file", "input_file"):
                 raise unsupported(
-                    f"messages[{i}].content[{j}]", f"is a {kind} part; this model takes text only"
+                    f"messages[{i}].content[{j}]",
+                    f"is a {kind} part; model {model!r} is served for text only here",
                 )
 
 

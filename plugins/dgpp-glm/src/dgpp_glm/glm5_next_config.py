@@ -59,7 +59,6 @@ class Glm5NextArchConfig(GlmMoeFields):
     index_head_dim: int
     index_topk: int
     index_kpool: int
-    index_kpool_always_select_tail: bool
     linear_num_heads: int
     linear_head_dim: int
     linear_conv_kernel: int
@@ -125,6 +124,11 @@ class Glm5NextArchConfig(GlmMoeFields):
         topk, kpool = keys.positive("index_topk", 2048), keys.positive("index_kpool", 16)
         if topk % kpool:
             raise keys.error(f"'index_topk'={topk} must be a multiple of 'index_kpool'={kpool}")
+        if not keys.optional("index_kpool_always_select_tail", bool, True):
+            raise keys.error(
+                f"{keys.name('index_kpool_always_select_tail')}=false is not supported (the open pool's tokens "
+                "are always attended)"
+            )
         linear = _linear_attention(keys)
         hc_mult = keys.positive("hc_mult", 4)
         return cls(
@@ -143,7 +147,6 @@ class Glm5NextArchConfig(GlmMoeFields):
             index_head_dim=keys.positive("index_head_dim", 128),
             index_topk=topk,
             index_kpool=kpool,
-            index_kpool_always_select_tail=keys.optional("index_kpool_always_select_tail", bool, True),
             **linear,
             hc_mult=hc_mult,
             hc_eps=keys.optional("hc_eps", float, 1e-6),

@@ -122,3 +122,42 @@ def load_text_reference(checkpoint_dir: str | Path) -> torch.nn.Module:
     return Glm5NextForConditionalGeneration.from_pretrained(
         str(checkpoint_dir), attn_implementation="eager"
     ).eval()
+
+
+# GLM-5.3-Flash per layer: hidden 4096; KDA 64 heads x 128 with a 4-tap conv on layers i % 4 != 3, NoPE MLA 64 heads
+# (q_lora 1536, kv_lora 512, nope 256, v 256) with the k-pooled indexer (32 x 128, kpool 4, top-2048) on the others;
+# 3 dense MLPs of 12288 then 288 experts top-8 of 2048 + 1 shared; mHC over 4 streams. In bf16 a MoE layer is
+# ~14.5 GB: the benchmark keeps the first GLM5_NEXT_LAYERS (KDA 0-2 and 4-5, the indexed layer 3; 3 dense + 3 MoE).
+GLM5_NEXT_LAYERS = 6
+GLM5_NEXT_BENCH: dict[str, Any] = {
+    "model_type": "glm5_next",
+    "architectures": ["Glm5NextForConditionalGeneration"],
+    "text_config": {
+        "vocab_size": 154880,
+        "hidden_size": 4096,
+        "intermediate_size": 12288,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": GLM5_NEXT_LAYERS,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 64,
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 256,
+        "qk_rope_head_dim": 0,
+        "v_head_dim": 256,
+        "n_routed_experts": 288,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 8,
+        "routed_scaling_factor": 2.5,
+        "index_n_heads": 32,
+        "index_head_dim": 128,
+        "index_topk": 2048,
+        "index_kpool": 4,
+        "linear_num_heads": 64,
+        "linear_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "max_position_embeddings": 1048576,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": False,
+    },
+}
