@@ -236,21 +236,58 @@ def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
     _check_counters(sched, 2)
 
 
-def test_glm5_next_greedy_mtp_equals_plain(tmp_path):
-    """GLM-5.3-Flash as the NVFP4-FP8 release ships it: the target's KDA state is restored on rejection; the
-    drafter (NoPE MLA with its own k-pooled indexer, pools of 4 with 2 selected, so most prompts run sparse) keeps
-    its open pool's rows in a per-request ring, saved around the provisional rows of deeper drafts."""
+@pytest.fixture(scope="module")
+def glm5_next(tmp_path_factory):
+    """GLM-5.3-Flash as the NVFP4-FP8 release ships it, with its MTP drafter (NoPE MLA with its own k-pooled
+    indexer, pools of 4 with 2 selected, so most prompts run sparse; the open pool's rows in a per-request ring)."""
     from dgpp.config import EngineConfig
     from dgpp_glm.testing_glm5_next_release import write_release_checkpoint
 
-    packed, _ = write_release_checkpoint(tmp_path / "packed", tmp_path / "twin", seed=9)
+    root = tmp_path_factory.mktemp("spec_glm5_next")
+    packed, _ = write_release_checkpoint(root / "packed", root / "twin", seed=9)
     model = load_model(packed)
-    drafter = manager().hook.dgpp_build_draft(ctx=load_context(packed, EngineConfig(mtp=True)), model=model)
+    return model, manager().hook.dgpp_build_draft(
+        ctx=load_context(packed, EngineConfig(mtp=True)), model=model
+    )
+
+
+def test_glm5_next_greedy_mtp_equals_plain(glm5_next):
+    """The target's KDA state is restored on rejection; the drafter's ring is saved around deeper drafts."""
+    model, drafter = glm5_next
     plain, _ = serve(model)
     for depth in (1, 2, 3):
         spec, sched = serve(model, drafter, depth)
         assert spec == plain
         _check_counters(sched, depth)
+
+
+def test_deeper_drafts_leave_the_drafter_state_as_the_accepted_rows_left_it(glm5_next, monkeypatch):
+    """The provisional rows of drafts 2 and 3 write the drafter's ring (positions past the accepted prefix); after
+    each draft pass its state is what the backlog's accepted rows left."""
+    model, drafter = glm5_next
+    after_backlog: dict[int, list[torch.Tensor]] = {}
+    checked: list[bool] = []
+    draft_step, draft = SpeculativeDecoder._draft_step, SpeculativeDecoder._draft
+
+    def step(self, items, previous, index, want_logits=True):
+        out = draft_step(self, items, previous, index, want_logits)
+        if index == 0 and want_logits:
+            after_backlog.clear()
+            after_backlog.update(self._save_draft_state([s for s, _, _ in items]))
+        return out
+
+    def drafted(self, seqs, depths):
+        out = draft(self, seqs, depths)
+        for slot, kept in after_backlog.items():
+            checked.append(
+                all(torch.equal(t[slot], k) for t, k in zip(self._draft_state_tensors(), kept, strict=True))
+            )
+        return out
+
+    monkeypatch.setattr(SpeculativeDecoder, "_draft_step", step)
+    monkeypatch.setattr(SpeculativeDecoder, "_draft", drafted)
+    serve(model, drafter, 3)
+    assert checked and all(checked)
 
 
 def test_oracle_drafter_is_fully_accepted(glm):
