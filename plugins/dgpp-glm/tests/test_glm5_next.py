@@ -179,7 +179,7 @@ def test_sparse_selection_and_shared_reuse_move_the_logits(fp32_pair, monkeypatc
     shared = model.stack.layers[2].self_attn
     with monkeypatch.context() as m:
         dense = lambda x, batch, previous: (shared.attend(shared.prepare(x, batch), batch), None)  # noqa: E731
-        m.setattr(shared, "forward", dense)
+        m.setattr(shared, "select_and_attend", dense)
         assert _worst(model, ref, prompts) > 1e-3
 
 

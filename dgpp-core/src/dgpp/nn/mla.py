@@ -33,7 +33,7 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
 from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
-from dgpp.step.cache_spec import LatentKV
+from dgpp.step.cache_spec import CacheSpec, LatentKV
 
 
 def mla_softmax_scale(qk_head_dim: int, yarn: YarnScaling | None = None) -> float:
@@ -117,7 +117,7 @@ class MultiLatentAttention(nn.Module):
     def cache_spec(self) -> LatentKV:
         return LatentKV.of(self.kv_lora_rank, self.rope_dim, self.dtype)
 
-    def cache_entries(self, dtype: torch.dtype) -> dict[str, LatentKV]:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         """This layer's latent entry, in the layer's own dtype (the model's ``cache_spec`` collects it)."""
         return {self.cache_name: self.cache_spec()}
 

@@ -98,15 +98,19 @@ class Glm5NextAttention(MultiLatentAttention):
             spec.update(self.indexer.cache_spec())
         return spec
 
-    def forward(
+    def select_and_attend(
         self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | None
     ) -> tuple[torch.Tensor, Selection | None]:
+        """The attention output of this step's rows and the selection it used (this layer's indexer's, or
+        ``previous`` on a ``shared`` layer), which the next layer may reuse."""
         query = self.prepare(x, batch)
         selection = previous if self.indexer is None else self.indexer(x, query.q_resid, batch)
         return self.attend(query, batch, selection), selection
 
 
-def build_mixer(cfg: Glm5NextArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> nn.Module:
+def build_mixer(
+    cfg: Glm5NextArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World
+) -> KimiDeltaAttention | Glm5NextAttention:
     if not cfg.is_linear(layer_idx):
         return Glm5NextAttention(cfg, layer_idx, dtype=dtype, world=world)
     return KimiDeltaAttention(
@@ -143,7 +147,9 @@ class Glm5NextDecoderLayer(nn.Module):
         self.attn_hc = hyper()
         self.ffn_hc = hyper()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
-        self.self_attn = build_mixer(cfg, layer_idx, dtype=dtype, world=world)
+        self.self_attn: KimiDeltaAttention | Glm5NextAttention = build_mixer(
+            cfg, layer_idx, dtype=dtype, world=world
+        )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         if cfg.is_moe_layer(layer_idx):
             self.mlp: nn.Module = build_glm_moe(cfg, dtype=dtype, world=world, swiglu_limit=cfg.swiglu_limit)
@@ -163,7 +169,7 @@ class Glm5NextDecoderLayer(nn.Module):
         if isinstance(self.self_attn, KimiDeltaAttention):
             out, selection = self.self_attn(self.input_layernorm(x), batch), None
         else:
-            out, selection = self.self_attn(self.input_layernorm(x), batch, previous)
+            out, selection = self.self_attn.select_and_attend(self.input_layernorm(x), batch, previous)
         streams = self.attn_hc.expand(streams, all_reduce(out, self.world, group), post, comb)
         x, post, comb = self.ffn_hc.collapse(streams)
         out = all_reduce(self.mlp(self.post_attention_layernorm(x)), self.world, group)

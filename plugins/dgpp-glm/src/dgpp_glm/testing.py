@@ -15,7 +15,9 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
         TinyCheckpoint("glm4_moe", build_tiny_glm4_moe, "GLM-4.x MoE with its MTP layer"),
         TinyCheckpoint("glm_moe_dsa", build_tiny_glm_moe_dsa, "full GLM-5.3: MLA, DSA indexer, MoE"),
         TinyCheckpoint(
-            "glm5_next", build_tiny_glm5_next, "GLM-5.3-Flash: KDA, NoPE MLA with the k-pooled indexer, mHC, MoE"
+            "glm5_next",
+            build_tiny_glm5_next,
+            "GLM-5.3-Flash: KDA, NoPE MLA with the k-pooled indexer, mHC, MoE",
         ),
     ]
 
@@ -24,6 +26,8 @@ def bench_geometries() -> list[BenchGeometry]:
     return [
         BenchGeometry(f"glm-5.3-{GLM5_LAYERS}l", GLM5_BENCH, "GLM-5.3's first layers, int4/int8 packed"),
         BenchGeometry(
-            f"glm-5.3-flash-{GLM5_NEXT_LAYERS}l", GLM5_NEXT_BENCH, "GLM-5.3-Flash's first layers (KDA, DSA, MoE)"
+            f"glm-5.3-flash-{GLM5_NEXT_LAYERS}l",
+            GLM5_NEXT_BENCH,
+            "GLM-5.3-Flash's first layers (KDA, DSA, MoE)",
         ),
     ]
