@@ -68,7 +68,7 @@ class Glm5NextMTPLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, group: Any = None) -> torch.Tensor:
         # a block with no indexer attends densely: no layer before it in the drafter has a selection to share
-        attn, _ = self.self_attn(self.input_layernorm(x), batch, None)
+        attn, _ = self.self_attn.select_and_attend(self.input_layernorm(x), batch, None)
         h = x + all_reduce(attn, self.world, group)
         return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
 
