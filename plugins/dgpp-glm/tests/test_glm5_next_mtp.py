@@ -14,11 +14,13 @@ from glm_reference import load_f64
 
 from dgpp.config import EngineConfig
 from dgpp.errors import CheckpointError
+from dgpp.family import World
 from dgpp.plugins import manager
 from dgpp.quant.fp8 import FP8Block
 from dgpp.startup.loading import load_context, load_model
 from dgpp.step.cache_spec import CompressedKV, LatentKV, WindowBuffer
 from dgpp.testing.mtp import draft_logits
+from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
 from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 from dgpp_glm.glm5_next_draft import Glm5NextMTPDrafter
 from dgpp_glm.testing_glm5_next import load_text_reference
@@ -35,7 +37,7 @@ def release(tmp_path_factory):
     model = load_model(packed)
     drafter = manager().hook.dgpp_build_draft(ctx=load_context(packed, EngineConfig(mtp=True)), model=model)
     cfg = Glm5NextArchConfig.from_hf_config(json.loads((packed / "config.json").read_text()))
-    return model, drafter, cfg, twin
+    return model, drafter, cfg, twin, packed
 
 
 @torch.no_grad()
@@ -54,7 +56,7 @@ def _pre_norm_mean(twin, tokens: list[int]) -> torch.Tensor:
 
 
 def test_drafter_is_the_fp8_latent_block_with_its_pooled_indexer(release):
-    _, drafter, cfg, _ = release
+    _, drafter, cfg, _, _ = release
     assert isinstance(drafter, Glm5NextMTPDrafter) and len(drafter.layers) == 1
     layer = drafter.layers[0]
     assert layer.self_attn.indexer is not None and layer.shared_head.head is None
@@ -69,7 +71,7 @@ def test_drafter_is_the_fp8_latent_block_with_its_pooled_indexer(release):
 def test_mtp_logits_match_the_float64_reference(release):
     """21 tokens: 20 drafted rows, 5 pools of 4 against 2 selected, so the block's own sparse selection is live
     from row 11; the reference is fed transformers' pre-final-norm mean, so a drafter fed the post-norm hidden fails."""
-    model, drafter, cfg, twin = release
+    model, drafter, cfg, twin, _ = release
     tokens = torch.randint(3, cfg.vocab_size, (21,), generator=torch.Generator().manual_seed(42)).tolist()
     ours = draft_logits(model, drafter, tokens, [20]).double()
     weights = load_f64(twin / "model.safetensors")
@@ -90,7 +92,7 @@ def test_mtp_logits_match_the_float64_reference(release):
 
 def test_mtp_chunked_prefill_equals_one_shot(release):
     """Chunks that end mid-pool: the open pool's rows wait in the block's ring and pool the same way."""
-    model, drafter, cfg, _ = release
+    model, drafter, cfg, _, _ = release
     tokens = torch.randint(3, cfg.vocab_size, (19,), generator=torch.Generator().manual_seed(43)).tolist()
     one_shot = draft_logits(model, drafter, tokens, [18])
     assert torch.equal(draft_logits(model, drafter, tokens, [5, 1, 6, 6]), one_shot)
@@ -99,7 +101,7 @@ def test_mtp_chunked_prefill_equals_one_shot(release):
 def test_a_missing_mtp_tensor_is_a_checkpoint_error(release, tmp_path):
     from safetensors.torch import load_file, save_file
 
-    _, _, cfg, twin = release
+    _, _, cfg, twin, _ = release
     tensors = load_file(twin / "model.safetensors")
     del tensors[f"model.language_model.layers.{cfg.num_hidden_layers}.eh_proj.weight"]
     save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
@@ -107,4 +109,35 @@ def test_a_missing_mtp_tensor_is_a_checkpoint_error(release, tmp_path):
     with pytest.raises(CheckpointError, match=r"layers\.5\.eh_proj\.weight"):
         manager().hook.dgpp_build_draft(
             ctx=load_context(tmp_path, EngineConfig(mtp=True)), model=load_model(tmp_path)
+        )
+
+
+@torch.inference_mode()
+def _tp_run(path: str, world: World) -> dict:
+    """The packed release and its drafter on one rank of ``world``: the main model's logits and greedy tokens, the
+    drafter's logits of every row."""
+    model = load_model(path, world=world)
+    drafter = manager().hook.dgpp_build_draft(
+        ctx=load_context(path, EngineConfig(mtp=True), world=world), model=model
+    )
+    tokens = torch.randint(
+        3, model.info.vocab_size, (21,), generator=torch.Generator().manual_seed(44)
+    ).tolist()
+    return {
+        **compared_outputs(model, lengths=(6, 27)),
+        "draft": draft_logits(model, drafter, tokens, [20]),
+        "mtp_heads": drafter.layers[0].self_attn.num_heads,
+    }
+
+
+def test_tp2_release_and_drafter_match_the_single_rank(release, tmp_path):
+    """NVFP4 experts and FP8 blocks sliced over 2 ranks (the MTP layer's MLA heads and FP8 experts too): every rank's
+    logits, greedy tokens and draft logits equal the single rank's."""
+    packed = release[4]
+    single = _tp_run(str(packed), World())
+    for rank, got in enumerate(run_on_ranks(_tp_run, packed, tmp_path, 2)):
+        assert got["mtp_heads"] == single["mtp_heads"] // 2
+        assert_rank_matches_single(rank, got, single)
+        torch.testing.assert_close(
+            got["draft"], single["draft"], rtol=1e-5, atol=1e-5 * float(single["draft"].abs().max())
         )
