@@ -318,6 +318,19 @@ def test_hybrid_partial_acceptance_restores_state(qwen35):
     assert per_pos[0] == counters["num_draft_tokens_per_pos_total"][0] and per_pos[1] == 0
 
 
+def test_glm5_next_partial_acceptance_restores_kda_state_and_index_rings(glm5_next):
+    """GLM-5.3-Flash as the target with drafts right at depths 1 and 2 and wrong at 3: every verify keeps 3 of 4
+    rows, so the KDA states and the indexers' open-pool rings are restored and the accepted rows run again."""
+    model, _ = glm5_next
+    plain, _ = serve(model)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, sched = serve(model, depth=3, oracle=transcripts, wrong_from=2)
+    assert spec == plain
+    counters = _check_counters(sched, 3)
+    per_pos = counters["num_accepted_tokens_per_pos_total"]
+    assert per_pos[0] == counters["num_draft_tokens_per_pos_total"][0] > 0 and per_pos[2] == 0
+
+
 def test_seeded_sampling_with_mtp_is_reproducible(glm):
     model, drafter = glm
     first, sched = serve(model, drafter, 2, temperature=0.9)
