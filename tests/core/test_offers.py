@@ -51,6 +51,7 @@ GEOMETRIES = {
     "tiny-deepseek-v4",
     "glm-5.3-12l",
     "glm-5.3-flash-6l",
+    "tiny-glm-5.3-flash",
 }
 OWNERS = {
     "qwen3": "qwen",

@@ -1,4 +1,5 @@
-"""GLM-5.3-Flash (glm5_next) vs transformers on a tiny random ConditionalGeneration checkpoint: KDA layers 0 and 3,
+"""GLM-5.3-Flash (glm5_next) vs transformers on a tiny random ConditionalGeneration checkpoint (the reference is
+``Glm5NextForConditionalGeneration`` on text input: its ``Glm5NextTextModel`` and ``lm_head``): KDA layers 0 and 3,
 indexed MLA layers 1, 2 (reusing layer 1's selection) and 4 with the k-pooled indexer (kpool 4, index_topk 8: two
 pools, so prompts of 12 tokens and more run sparse), mHC over 4 streams, a dense layer then MoE."""
 
@@ -221,3 +222,16 @@ def test_softplus_decay_form_matches_transformers(tmp_path):
         if isinstance(layer.self_attn, KimiDeltaAttention)
     )
     conf.check_logits(model, load_reference(path), conf.make_prompts(512, (9, 30), seed=3), rtol=1e-4)
+
+
+@torch.inference_mode()
+def test_the_reference_is_transformers_text_model(fp32_pair):
+    """On text input the reference's logits are its ``Glm5NextTextModel`` and ``lm_head`` alone (the vision tower
+    takes no part), so the checks above compare with transformers' text model."""
+    from transformers import Glm5NextTextModel
+
+    _, ref = fp32_pair
+    text = ref.model.language_model
+    assert isinstance(text, Glm5NextTextModel)
+    ids = torch.tensor(conf.make_prompts(512, (23,), seed=12))
+    assert torch.equal(ref.lm_head(text(input_ids=ids).last_hidden_state), ref(ids).logits)

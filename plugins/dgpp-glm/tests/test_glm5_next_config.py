@@ -130,18 +130,3 @@ def test_flat_checkpoint_loads_from_model_prefix(tmp_path):
     for (name_a, pa), (name_b, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert name_a.replace("model.language_model.", "model.") == name_b
         assert torch.equal(pa, pb), name_a
-
-
-def test_flash_bench_geometry_has_the_release_shapes():
-    from dgpp.bench.models import hf_config, new_model
-    from dgpp.step.cache_spec import CompressedKV, LatentKV
-
-    model = new_model(hf_config("glm-5.3-flash-6l", torch.bfloat16), "meta")
-    spec = model.cache_spec()
-    # a KDA layer's fp32 state: 64 heads x 128 x 128 (4 MiB a request), its conv history 3 rows of q, k and v
-    assert spec["layers.0.self_attn"].tensors["recurrent"] == ((64, 128, 128), torch.float32)
-    assert spec["layers.0.self_attn"].tensors["k_conv"] == ((3, 8192), torch.bfloat16)
-    assert spec["layers.3.self_attn"] == LatentKV.of(512, 0, torch.bfloat16)
-    assert spec["layers.3.self_attn.indexer"] == CompressedKV.of(4, 128, torch.bfloat16)
-    moe = model.stack.layers[3].mlp
-    assert sum(p.numel() for p in moe.parameters()) > 288 * 3 * 4096 * 2048

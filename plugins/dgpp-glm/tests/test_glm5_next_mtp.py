@@ -23,7 +23,7 @@ from dgpp.testing.mtp import draft_logits
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
 from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 from dgpp_glm.glm5_next_draft import Glm5NextMTPDrafter
-from dgpp_glm.testing_glm5_next import load_text_reference
+from dgpp.testing.builders import load_reference
 from dgpp_glm.testing_glm5_next_release import write_release_checkpoint
 
 transformers.logging.set_verbosity_error()
@@ -43,7 +43,7 @@ def release(tmp_path_factory):
 @torch.no_grad()
 def _pre_norm_mean(twin, tokens: list[int]) -> torch.Tensor:
     """transformers' streams' mean after the last layer (the final norm's input) for ``tokens``."""
-    reference = load_text_reference(twin)
+    reference = load_reference(twin)
     seen: list[torch.Tensor] = []
     hook = reference.model.language_model.norm.register_forward_hook(
         lambda _m, args, _out: seen.append(args[0])

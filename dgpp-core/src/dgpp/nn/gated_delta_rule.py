@@ -75,8 +75,8 @@ def chunked_gated_delta_rule(
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Padded batch form. q/k ``[B, L, Hk, dk]``, v ``[B, L, Hv, dv]``, beta ``[B, L, Hv]``, g ``[B, L, Hv]`` or per
-    key channel ``[B, L, Hv, dk]``, state ``[B, Hv, dk, dv]``. Padding rows must carry k = v = beta = g = 0 (they then leave the state untouched).
-    Returns (output ``[B, L, Hv, dv]`` fp32, final state fp32)."""
+    key channel ``[B, L, Hv, dk]``, state ``[B, Hv, dk, dv]``. Padding rows must carry k = v = beta = g = 0 (they
+    then leave the state untouched). Returns (output ``[B, L, Hv, dv]`` fp32, final state fp32)."""
     batch, length, num_v_heads, dv = v.shape
     q, k = _prepare_qk(q, k, num_v_heads)
     pad = (-length) % chunk_size
@@ -87,12 +87,13 @@ def chunked_gated_delta_rule(
         x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
         return x.reshape(batch, num_v_heads, num_chunks, chunk_size, *x.shape[3:])
 
+    def rows_first(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, C, dv] -> [B, L, H, dv]
+        return x.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
+
     q, k, v, g, beta = (heads_first_chunked(x) for x in (q, k, v, g, beta))
     if g.dim() == q.dim():
         out, state = _per_channel_chunks(q, k, v, g, beta, state.float())
-        return out.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(
-            1, 2
-        ), state
+        return rows_first(out), state
     log_decay = g.cumsum(dim=-1)  # within each chunk, log of the decay from chunk start to position i
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     # decay_between[i, j] = exp(log_decay_i - log_decay_j) for j <= i, zero above the diagonal
@@ -123,8 +124,7 @@ def chunked_gated_delta_rule(
         new_values = values_solved[:, :, n] - keys_solved[:, :, n] @ state
         out[:, :, n] = q_decayed[:, :, n] @ state + intra[:, :, n] @ new_values
         state = state * chunk_decay[:, :, n] + k_to_end[:, :, n].transpose(-1, -2) @ new_values
-    out = out.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
-    return out, state
+    return rows_first(out), state
 
 
 def _per_channel_chunks(

@@ -29,7 +29,8 @@ from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import StateSpec
 
-_CONVS = ("q_conv1d", "k_conv1d", "v_conv1d")
+# each projection's conv module and the state tensor holding its history
+_CONVS = (("q_conv1d", "q_conv"), ("k_conv1d", "k_conv"), ("v_conv1d", "v_conv"))
 
 
 class SigmoidGatedRMSNorm(nn.Module):
@@ -77,7 +78,7 @@ class KimiDeltaAttention(nn.Module):
         self.q_proj = Linear(hidden_size, width, **column)
         self.k_proj = Linear(hidden_size, width, **column)
         self.v_proj = Linear(hidden_size, width, **column)
-        for conv in _CONVS:  # fp32 taps, as the checkpoints keep them
+        for conv, _ in _CONVS:  # fp32 taps, as the checkpoints keep them
             layer = CausalConv1d(self.local_width, conv_kernel, dtype=torch.float32)
             set_weight_attrs(layer.weight, tp_dim=0, world=world)
             setattr(self, conv, layer)
@@ -94,9 +95,9 @@ class KimiDeltaAttention(nn.Module):
         self.o_proj = Linear(width, hidden_size, dtype=dtype, parallel="row", world=world)
 
     def cache_spec(self) -> StateSpec:
-        conv = (self.q_conv1d.state_shape(), self.dtype)
+        history = (self.q_conv1d.state_shape(), self.dtype)
         recurrent = ((self.num_heads, self.head_dim, self.head_dim), torch.float32)
-        return StateSpec({"q_conv": conv, "k_conv": conv, "v_conv": conv, "recurrent": recurrent})
+        return StateSpec({**{key: history for _, key in _CONVS}, "recurrent": recurrent})
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, StateSpec]:
         """The layer's one state entry (the model's ``cache_spec`` collects it)."""
@@ -116,8 +117,8 @@ class KimiDeltaAttention(nn.Module):
         state = batch.cache.state[self.name]
         rows, shape = hidden.shape[0], (hidden.shape[0], self.num_heads, self.head_dim)
         q, k, v = (
-            getattr(self, conv)(proj(hidden), state[conv.replace("1d", "")], batch).reshape(shape)
-            for conv, proj in zip(_CONVS, (self.q_proj, self.k_proj, self.v_proj), strict=True)
+            getattr(self, conv)(proj(hidden), state[key], batch).reshape(shape)
+            for (conv, key), proj in zip(_CONVS, (self.q_proj, self.k_proj, self.v_proj), strict=True)
         )
         beta = torch.sigmoid(self.b_proj(hidden))
         core = gated_delta_rule_varlen(

@@ -133,7 +133,6 @@ class Glm5NextDecoderLayer(nn.Module):
     def __init__(self, cfg: Glm5NextArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
         super().__init__()
         self.world = world
-        self.linear = cfg.is_linear(layer_idx)
 
         def hyper() -> HyperConnection:
             return HyperConnection(
@@ -253,6 +252,12 @@ class Glm5NextForCausalLM(Model):
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if batch.input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
+            # the KDA and k-pooled indexer steps read host-side lengths: a graph would replay the capture's
+            raise RuntimeError(
+                "GLM-5.3-Flash's KDA and k-pooled indexer steps cannot be captured in a CUDA graph yet: "
+                "set engine.decode_graph to false"
+            )
         mean = self.stream_mean(batch)
         # the MTP layer drafts from the pre-final-norm mean (its ``hnorm`` is that input's norm), not the head's input
         self.keep_last_hidden(mean)

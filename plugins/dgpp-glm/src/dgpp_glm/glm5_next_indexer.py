@@ -16,9 +16,9 @@ to their tokens and appends the visible tokens of the open pool (the tail, at mo
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.dsa import LayerNorm, index_scores, top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.selection import Selection
@@ -66,29 +66,27 @@ class KPoolIndexer(WindowPooler):
 
     def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
         """Pool the keys this step completes, then select per row (``None``: every visible token)."""
-        self.store(self.k_norm(self.wk(x)), F.linear(x, self.index_kpool_compress_gate), batch)
+        # row-independent products: a row's gate logits and scores do not depend on what shares the step
+        gate = batch_invariant_linear(x, self.index_kpool_compress_gate)
+        self.store(self.k_norm(self.wk(x)), gate, batch)
         rows = x.shape[0]
         q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim).float()
         weights = self.weights_proj(x).float() * self.num_heads**-0.5
         pool = batch.cache.kv[self.cache_name][0]
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
-            if end // self.kpool <= self.select_pools:
+            count = end // self.kpool  # complete pools after this step
+            if count <= self.select_pools:
                 continue  # no row of this sequence sees more pools than it keeps: all dense
             keys = gather_entries(
-                pool, batch.block_tables[b], end // self.kpool, self.kpool, batch.cache.block_size
-            )
-            keys = keys.float()
+                pool, batch.block_tables[b], count, self.kpool, batch.cache.block_size
+            ).float()
             for i in range(q_len):
-                visible = ctx + i + 1
+                row, visible = start + i, ctx + i + 1
                 complete = visible // self.kpool
                 if complete > self.select_pools:
-                    selection[start + i] = self.expand(
-                        top_k_lowest_on_ties(
-                            index_scores(q[start + i], keys[:complete], weights[start + i]), self.select_pools
-                        ),
-                        visible,
-                    )
+                    scores = index_scores(q[row], keys[:complete], weights[row])
+                    selection[row] = self.expand(top_k_lowest_on_ties(scores, self.select_pools), visible)
         return selection
 
     def expand(self, pools: torch.Tensor, visible: int) -> torch.Tensor:

@@ -7,7 +7,12 @@ from __future__ import annotations
 from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 from dgpp_glm.testing_glm5 import GLM5_BENCH, GLM5_LAYERS, build_tiny_glm_moe_dsa
-from dgpp_glm.testing_glm5_next import GLM5_NEXT_BENCH, GLM5_NEXT_LAYERS, build_tiny_glm5_next
+from dgpp_glm.testing_glm5_next import (
+    GLM5_NEXT_BENCH,
+    GLM5_NEXT_LAYERS,
+    TINY_GLM5_NEXT_BENCH,
+    build_tiny_glm5_next,
+)
 
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
@@ -30,4 +35,5 @@ def bench_geometries() -> list[BenchGeometry]:
             GLM5_NEXT_BENCH,
             "GLM-5.3-Flash's first layers (KDA, DSA, MoE)",
         ),
+        BenchGeometry("tiny-glm-5.3-flash", TINY_GLM5_NEXT_BENCH, "its CPU smoke version"),
     ]

@@ -114,16 +114,6 @@ def build_tiny_glm5_next(
     return save_one_file(model.to(dtype), out_dir, "glm5_next")
 
 
-def load_text_reference(checkpoint_dir: str | Path) -> torch.nn.Module:
-    """transformers' model for a tiny checkpoint (eager attention), the reference the tests compare with; its
-    text path is ``Glm5NextTextModel`` and ``lm_head``."""
-    from transformers import Glm5NextForConditionalGeneration
-
-    return Glm5NextForConditionalGeneration.from_pretrained(
-        str(checkpoint_dir), attn_implementation="eager"
-    ).eval()
-
-
 # GLM-5.3-Flash per layer: hidden 4096; KDA 64 heads x 128 with a 4-tap conv on layers i % 4 != 3, NoPE MLA 64 heads
 # (q_lora 1536, kv_lora 512, nope 256, v 256) with the k-pooled indexer (32 x 128, kpool 4, top-2048) on the others;
 # 3 dense MLPs of 12288 then 288 experts top-8 of 2048 + 1 shared; mHC over 4 streams. In bf16 a MoE layer is
@@ -160,4 +150,11 @@ GLM5_NEXT_BENCH: dict[str, Any] = {
         "rms_norm_eps": 1e-5,
         "tie_word_embeddings": False,
     },
+}
+
+# the CPU smoke version of the benchmark geometry: the tiny test model's text config
+TINY_GLM5_NEXT_BENCH: dict[str, Any] = {
+    "model_type": "glm5_next",
+    "architectures": ["Glm5NextForConditionalGeneration"],
+    "text_config": {k: v for k, v in TINY_GLM5_NEXT_TEXT.items() if v is not None},
 }
