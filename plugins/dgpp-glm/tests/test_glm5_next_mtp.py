@@ -19,11 +19,11 @@ from dgpp.plugins import manager
 from dgpp.quant.fp8 import FP8Block
 from dgpp.startup.loading import load_context, load_model
 from dgpp.step.cache_spec import CompressedKV, LatentKV, WindowBuffer
+from dgpp.testing.builders import load_reference
 from dgpp.testing.mtp import draft_logits
 from dgpp.testing.tp_ranks import assert_rank_matches_single, compared_outputs, run_on_ranks
 from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 from dgpp_glm.glm5_next_draft import Glm5NextMTPDrafter
-from dgpp.testing.builders import load_reference
 from dgpp_glm.testing_glm5_next_release import write_release_checkpoint
 
 transformers.logging.set_verbosity_error()
