@@ -11,7 +11,7 @@ hyper-connection ``fn``, the norms, ``eh_proj``, the embedding, the head and the
 routed experts, which are compressed-tensors NVFP4 triples (``weight_packed`` U8 ``[N, K/2]``, ``weight_scale``
 E4M3 ``[N, K/16]``, ``weight_global_scale`` F32 ``[1]``; core's ``dgpp.quant.scheme`` reads that config).
 
-Which Linear stays dense is read from the checkpoint when its tensor names are at hand (a 2-D ``.weight`` with no
+Which Linear stays dense is read from the checkpoint when its tensor names are at hand (a ``.weight`` with no
 ``.weight_scale_inv`` beside it), else from the list above (``release_dense_modules``: the memory plan, which reads
 no tensor); either list joins ``quantization_config.modules_to_not_convert``.
 """
