@@ -49,7 +49,8 @@ def test_served_glm5_next_greedy_tool_call_reasoning_and_refusals(tmp_path) -> N
             messages=user,
             tools=[WEATHER],
             tool_choice="required",
-            max_tokens=60,
+            max_tokens=80,
+            temperature=0,
             extra_body=no_think,
         )
         choice = forced.choices[0]
@@ -64,6 +65,7 @@ def test_served_glm5_next_greedy_tool_call_reasoning_and_refusals(tmp_path) -> N
             model=model,
             messages=user,
             max_tokens=6,
+            temperature=0,
             logit_bias={str(think[0]): 100},  # the model opens a thinking block and never closes it
             extra_body={"ignore_eos": True},
         )
