@@ -24,7 +24,8 @@ import pytest
 
 from dgpp.config import parse_config
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_backend
+from dgpp.serve.generation import generation_request
+from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -71,8 +72,11 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
 
 async def _generate(engine, prompts: list[list[int]]) -> list[list[int]]:
     async def one(prompt: list[int]) -> list[int]:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
         handle = engine.submit(
-            prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl"
+            generation_request(
+                "cmpl", prompt, params, engine.limits, named_limit=True, token_text=engine.token_text
+            )
         )
         tokens: list[int] = []
         async for _, ev in handle.events():

@@ -98,7 +98,7 @@ class VerifyDecoder:
         # fp32 logits of every verify row (any model returns the rows its batch names); each row computes what
         # plain decode would
         works = [
-            SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True)  # type: ignore[arg-type]
+            SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True, media=s.media)  # type: ignore[arg-type]
             for s, c, d in zip(seqs, starts, drafts, strict=True)
         ]
         logits = self.runner.step(works, verify=True)
@@ -156,7 +156,7 @@ class VerifyDecoder:
         # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
         # logits of the last rows are wanted only so the head never sees an empty batch
         works = [
-            SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
+            SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept], media=s.media)  # type: ignore[arg-type]
             for s, c, kept in redo
         ]
         self.runner.step(works, verify=True)  # the state must be the one plain decode reaches, row by row
@@ -304,7 +304,7 @@ class SpeculativeDecoder(VerifyDecoder):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
         (``want_logits``) fp32 logits of each item's last row."""
-        works = [SeqWork(s.slot, s.block_table, first, tokens) for s, first, tokens in items]  # type: ignore[arg-type]
+        works = [SeqWork(s.slot, s.block_table, first, tokens, media=s.media) for s, first, tokens in items]  # type: ignore[arg-type]
         batch = build_batch(works, self.draft_pools, self.runner.device)
         hidden = self.drafter(batch, previous, step)
         if not want_logits:

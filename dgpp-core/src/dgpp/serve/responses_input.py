@@ -29,8 +29,8 @@ INCLUDE_LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio", "image_url", "file")
-# chat parameters -> the Responses parameter an error names (``prompt``: what Backend.submit calls the prompt of
-# a request that is not a chat completion)
+# chat parameters -> the Responses parameter an error names (``prompt``: what
+# serve/generation.generation_request calls the prompt of a request that is not a chat completion)
 CHAT_TO_RESPONSES = {
     "messages": "input",
     "prompt": "input",

@@ -206,18 +206,19 @@ def _check_tools(req: ChatCompletionRequest) -> None:
 
 
 def _check_media(messages: list[Any], model: str) -> None:
-    """This text-only server refuses image, audio and file parts by position instead of dropping them, naming the
-    model (a release with a vision tower, GLM-5.3-Flash's, is served without it)."""
+    """Audio and file parts (and the Responses API's ``input_image`` in a chat message) are refused by position
+    instead of dropped, naming the model; ``image_url`` parts are the backend's to take or refuse
+    (``dgpp.serve.images``)."""
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
             continue
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in ("image_url", "input_image", "input_audio", "file", "input_file"):
+            if kind in ("input_image", "input_audio", "file", "input_file"):
                 raise unsupported(
                     f"messages[{i}].content[{j}]",
-                    f"is a {kind} part; model {model!r} is served for text only here",
+                    f"is a {kind} part; model {model!r} does not take {kind} parts",
                 )
 
 
