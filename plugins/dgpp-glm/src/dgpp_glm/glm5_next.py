@@ -56,8 +56,18 @@ def checkpoint_name(name: str) -> str:
 class Glm5NextAttention(MultiLatentAttention):
     """``self_attn.*`` of an indexed layer: NoPE MLA plus, on ``full`` layers, its ``indexer``."""
 
-    def __init__(self, cfg: Glm5NextArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
-        name = f"layers.{layer_idx}.self_attn"
+    def __init__(
+        self,
+        cfg: Glm5NextArchConfig,
+        layer_idx: int,
+        *,
+        dtype: torch.dtype,
+        world: World,
+        name: str | None = None,
+        indexer: bool | None = None,
+    ) -> None:
+        # ``name`` (the cache entry) and ``indexer`` default to the stack's layer; the MTP layer states both
+        name = name or f"layers.{layer_idx}.self_attn"
         super().__init__(
             cfg.hidden_size,
             cfg.num_attention_heads,
@@ -75,7 +85,7 @@ class Glm5NextAttention(MultiLatentAttention):
             world=world,
         )
         self.indexer = None
-        if cfg.runs_indexer(layer_idx):
+        if cfg.runs_indexer(layer_idx) if indexer is None else indexer:
             self.indexer = KPoolIndexer(
                 cfg.hidden_size,
                 cfg.q_lora_rank,
@@ -246,8 +256,8 @@ class Glm5NextForCausalLM(Model):
         assert tower is None or isinstance(tower, Glm5NextVisionTower)
         return tower
 
-    def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
-        """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``."""
+    def stream_mean(self, batch: ForwardBatch) -> torch.Tensor:
+        """The streams' mean after the last layer, before the final norm, for every row of ``batch`` ``[T, hidden]``."""
         stack = self.stack
         hidden = stack.embed_tokens(batch.input_ids)
         visual = self.visual
@@ -257,7 +267,7 @@ class Glm5NextForCausalLM(Model):
         selection: Selection | None = None
         for layer in stack.layers:
             streams, selection = layer(streams, batch, selection, self.group)
-        return stack.norm(stack.hc_head(streams))
+        return stack.hc_head(streams)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -267,9 +277,10 @@ class Glm5NextForCausalLM(Model):
                 "GLM-5.3-Flash's KDA and k-pooled indexer steps cannot be captured in a CUDA graph yet: "
                 "set engine.decode_graph to false"
             )
-        hidden = self.hidden_states(batch)
-        self.keep_last_hidden(hidden)
-        return hidden[batch.logits_indices]
+        mean = self.stream_mean(batch)
+        # the MTP layer drafts from the pre-final-norm mean (its ``hnorm`` is that input's norm), not the head's input
+        self.keep_last_hidden(mean)
+        return self.stack.norm(mean)[batch.logits_indices]
 
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

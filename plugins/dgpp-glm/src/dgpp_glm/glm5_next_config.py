@@ -26,7 +26,14 @@ LINEAR = "linear_attention"
 INDEXED = "indexed_attention"
 _INDEXED_ALIASES = {"indexed_attention", "full_attention", "deepseek_sparse_attention"}
 # top-level keys a nested config keeps outside text_config that the text model reads
-_TOP_LEVEL = ("dtype", "torch_dtype", "eos_token_id", "bos_token_id", "tie_word_embeddings")
+_TOP_LEVEL = (
+    "dtype",
+    "torch_dtype",
+    "eos_token_id",
+    "bos_token_id",
+    "tie_word_embeddings",
+    "quantization_config",
+)
 # release keys whose only served value is the one named (anything else computes another model)
 _RELEASE_ONLY = {
     "scoring_func": "sigmoid",

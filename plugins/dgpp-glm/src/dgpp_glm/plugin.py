@@ -39,7 +39,12 @@ FAMILY = Family(
             config="dgpp_glm.glm5_next_config:Glm5NextArchConfig",
             model="dgpp_glm.glm5_next:Glm5NextForCausalLM",
             renames="dgpp_glm.glm5_next:checkpoint_name",
-            hooks={"memory_plan": "dgpp_glm.memory:glm5_next_memory_plan"},
+            drafter="dgpp_glm.glm5_next_draft:build_draft",
+            # the release's tensor names decide what is packed: GLM-5.3-Flash loads and plans through its own hooks
+            hooks={
+                "load_model": "dgpp_glm.glm5_next_release:load_model",
+                "memory_plan": "dgpp_glm.memory:glm5_next_memory_plan",
+            },
         ),
     ),
     description="GLM-4.7 (glm4_moe), GLM-5.3-Flash (glm5_next), full GLM-5.3 (glm_moe_dsa)",
