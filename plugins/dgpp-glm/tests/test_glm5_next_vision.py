@@ -223,3 +223,41 @@ def test_bf16_tower_tracks_transformers_bf16(tmp_path):
     ).pooler_output
     assert ours.dtype == theirs.dtype == torch.bfloat16
     assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()
+
+
+def test_release_plan_counts_the_bf16_tower_and_its_workspace(tmp_path):
+    """At release geometry (24 blocks of 1024, merger to 4096) the NVFP4-FP8 release's plan holds the tower in BF16
+    on every rank (replicated; on the release's BF16 list, so even a config whose ignore list leaves it out plans
+    it dense, as the loader reads it), 563,627,008 weights = 1.05 GiB, and the workspace of the largest canvas
+    the processor allows (8000 tokens by default: 1.90 GiB)."""
+    from dgpp.family import LoadContext, World
+    from dgpp.plugins import build_manager
+    from dgpp.startup.memory_plan import plan_for
+    from dgpp.step.memory import GiB
+    from dgpp_glm.glm5_next_config import Glm5NextArchConfig
+    from dgpp_glm.memory import vision_workspace_bytes
+    from test_glm5_next_plan import GLM_5_3_FLASH, _checkpoint
+
+    vision = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "out_hidden_size": 4096}
+    quant = GLM_5_3_FLASH["quantization_config"]
+    short_ignore = {**quant, "fp8": {**quant["fp8"], "modules_to_not_convert": ["lm_head"]}}
+    with_tower = {**GLM_5_3_FLASH, "vision_config": vision, "quantization_config": short_ignore}
+    ids = {154830: "<|begin_of_image|>", 154831: "<|end_of_image|>", 154854: "<|image|>"}
+
+    def plan(hf_config, name):
+        path = _checkpoint(tmp_path / name)
+        (path / "config.json").write_text(json.dumps(hf_config))
+        if "vision_config" in hf_config:
+            (path / "preprocessor_config.json").write_text(json.dumps({"patch_size": 14, "merge_size": 2}))
+            added = [{"id": i, "content": text} for i, text in ids.items()]
+            (path / "tokenizer.json").write_text(json.dumps({"added_tokens": added}))
+        ctx = LoadContext(path, hf_config, "glm", "Glm5NextForConditionalGeneration", world=World(0, 4))
+        return plan_for(build_manager(), ctx)
+
+    text_only = {**GLM_5_3_FLASH, "quantization_config": short_ignore}
+    ours, text = plan(with_tower, "tower"), plan(text_only, "text")
+    assert ours.weights - text.weights == 563_627_008 * 2 and 1.04 < 563_627_008 * 2 / GiB < 1.06
+    tower = Glm5NextArchConfig.from_hf_config(with_tower).vision
+    assert tower is not None
+    assert ours.extra["vision_workspace"] == vision_workspace_bytes(tower, 8000 * 4, 2) > 1.8 * GiB
+    assert "vision_workspace" not in text.extra
