@@ -230,13 +230,14 @@ def test_release_plan_counts_the_bf16_tower_and_its_workspace(tmp_path):
     on every rank (replicated; on the release's BF16 list, so even a config whose ignore list leaves it out plans
     it dense, as the loader reads it), 563,627,008 weights = 1.05 GiB, and the workspace of the largest canvas
     the processor allows (8000 tokens by default: 1.90 GiB)."""
+    from test_glm5_next_plan import GLM_5_3_FLASH, _checkpoint
+
     from dgpp.family import LoadContext, World
     from dgpp.plugins import build_manager
     from dgpp.startup.memory_plan import plan_for
     from dgpp.step.memory import GiB
     from dgpp_glm.glm5_next_config import Glm5NextArchConfig
     from dgpp_glm.memory import vision_workspace_bytes
-    from test_glm5_next_plan import GLM_5_3_FLASH, _checkpoint
 
     vision = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "out_hidden_size": 4096}
     quant = GLM_5_3_FLASH["quantization_config"]
