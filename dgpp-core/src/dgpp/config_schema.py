@@ -119,6 +119,8 @@ class EngineConfig(_Section):
         "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
     )
     ngram_table: Literal["resident", "mmap"] = "resident"
+    # DeepSeek-V4.1: the entries each indexer keeps per query (0: the checkpoint's index_topk)
+    index_topk: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
 
