@@ -38,7 +38,7 @@ from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, StateSpec
 from dgpp.quant.codecs import e8m0_to_float, fp8_e4m3_to_float
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 
-_NUMPY = {"F8_E4M3": np.uint8, "U8": np.uint8, "I8": np.uint8, "F32": np.float32, "BF16": np.uint16, "F16": np.float16}
+_NUMPY = {"F8_E4M3": np.uint8, "F8_E8M0": np.uint8, "U8": np.uint8, "I8": np.uint8, "F32": np.float32, "BF16": np.uint16, "F16": np.float16}
 
 
 def _is_prime(n: int) -> bool:

@@ -67,7 +67,7 @@ def load_model(ctx: LoadContext) -> Model:
 
     def build() -> DeepseekV41ForCausalLM:
         return DeepseekV41ForCausalLM(
-            cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group, index_topk=ctx.engine.index_topk
+            cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group, index_topk=ctx.engine.index_topk or None
         )
 
     model = load_family_weights(ctx, build, checkpoint_name)
