@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import live_sequences
@@ -224,7 +225,10 @@ class EngramV41(nn.Module):
         value = kv[:, self.streams * self.hidden :]
         x = streams.float()
         weight = self.q_weight.float() * self.k_weight.float()
-        rstd = torch.rsqrt(x.square().mean(-1) + self.eps) * torch.rsqrt(key.square().mean(-1) + self.eps)
+        # [T, hc] per-row functions, each row's bits independent of the step's row count
+        rstd = batch_invariant_rows(torch.rsqrt, x.square().mean(-1) + self.eps) * batch_invariant_rows(
+            torch.rsqrt, key.square().mean(-1) + self.eps
+        )
         dot = (x * weight * key).sum(-1) * rstd * self.hidden**-0.5
-        gate = torch.sigmoid(torch.sign(dot) * dot.abs().clamp_min(1e-6).sqrt())
+        gate = batch_invariant_rows(lambda d: torch.sigmoid(torch.sign(d) * d.abs().clamp_min(1e-6).sqrt()), dot)
         return (x + gate[..., None] * value.float()[:, None, :]).to(streams.dtype)

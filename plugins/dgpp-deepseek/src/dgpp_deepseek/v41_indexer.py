@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, entry_slots, gather_entries, live_sequences
@@ -84,7 +85,10 @@ class CompressorV41(nn.Module):
         """``[n, r, D]`` rows (and gates) of complete groups -> the normed latents ``[n, D]``."""
         if gate is None:
             return self.norm(kv[:, 0])
-        weights = gate.float().softmax(dim=1)
+        n, r, d = gate.shape  # the softmax over each group's r rows, per channel, row-count independent
+        weights = batch_invariant_rows(
+            lambda g: g.softmax(dim=-1), gate.float().transpose(1, 2).reshape(n * d, r)
+        ).reshape(n, d, r).transpose(1, 2)
         return self.norm((kv.float() * weights).sum(dim=1).to(kv.dtype))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> None:
@@ -187,8 +191,13 @@ class IndexerV41(nn.Module):
             count = end // ratio
             keys = gather_entries(pool, batch.block_tables[b], count, ratio, batch.cache.block_size).float()
             visible = (torch.arange(ctx, end, device=x.device) + 1) // ratio
-            dots = torch.einsum("thd,nd->thn", q[start : start + q_len], keys).clamp_min(0)
-            scores = (dots * weights[start : start + q_len, :, None]).sum(1)
+            # row by row: a row's scores have the same bits however the step batched or chunked it
+            scores = torch.stack(
+                [
+                    (weights[row, :, None] * (q[row] @ keys.t()).clamp_min(0)).sum(0)
+                    for row in range(start, start + q_len)
+                ]
+            )
             scores = scores.masked_fill(torch.arange(count, device=x.device)[None] >= visible[:, None], -math.inf)
             if self.candidates is not None:
                 block_size, topk_blocks = self.candidates
