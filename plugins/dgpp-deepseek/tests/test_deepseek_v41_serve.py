@@ -49,7 +49,9 @@ def test_dsml_tool_calls_through_the_server(tmp_path) -> None:
     ckpt = build_fp32_fixture(tmp_path / "ckpt", seed=22, max_position_embeddings=2048)
     # the release's end-of-sentence id (1) is the tiny tokenizer's '"', which DSML writes: end on its own EOS
     config = json.loads((ckpt / "config.json").read_text())
-    config["eos_token_id"] = config["text_config"]["eos_token_id"] = min(Tokenizer.from_dir(ckpt).eos_token_ids)
+    config["eos_token_id"] = config["text_config"]["eos_token_id"] = min(
+        Tokenizer.from_dir(ckpt).eos_token_ids
+    )
     (ckpt / "config.json").write_text(json.dumps(config))
     with served(ckpt, tmp_path, chat_template=False) as (_, sdk):
         tok = Tokenizer.from_dir(ckpt)
@@ -79,9 +81,15 @@ def test_dsml_tool_calls_through_the_server(tmp_path) -> None:
         assert choice.finish_reason == "tool_calls" and not choice.message.content
         call = choice.message.tool_calls[0]
         args = json.loads(call.function.arguments)
-        assert call.function.name == "get_weather" and args["city"] in ("Paris", "Rome") and 1 <= args["days"] <= 3
+        assert (
+            call.function.name == "get_weather"
+            and args["city"] in ("Paris", "Rome")
+            and 1 <= args["days"] <= 3
+        )
         deltas = [
-            c.choices[0].delta.tool_calls for c in ask(stream=True) if c.choices and c.choices[0].delta.tool_calls
+            c.choices[0].delta.tool_calls
+            for c in ask(stream=True)
+            if c.choices and c.choices[0].delta.tool_calls
         ]
         assert deltas[0][0].function.name == "get_weather"
         assert "".join(d[0].function.arguments or "" for d in deltas) == call.function.arguments

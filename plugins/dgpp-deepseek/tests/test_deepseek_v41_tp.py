@@ -19,7 +19,10 @@ WORLD = 2
 def _run(path: str, world: World) -> dict:
     model = load_model(path, world=world)
     experts = model.layers[0].ffn.experts
-    return {**compared_outputs(model, lengths=(6, 27)), "inter": experts.expert_weight("down_proj", 0, torch.float32).shape}
+    return {
+        **compared_outputs(model, lengths=(6, 27)),
+        "inter": experts.expert_weight("down_proj", 0, torch.float32).shape,
+    }
 
 
 def test_tp2_matches_single_rank(tmp_path):

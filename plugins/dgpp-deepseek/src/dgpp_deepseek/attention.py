@@ -107,7 +107,9 @@ class DeepseekV4Attention(nn.Module):
         return self.grouped_output(out)
 
 
-def grouped_output(wo_a: Linear, wo_b: Linear, out: torch.Tensor, groups: int, o_lora_rank: int) -> torch.Tensor:
+def grouped_output(
+    wo_a: Linear, wo_b: Linear, out: torch.Tensor, groups: int, o_lora_rank: int
+) -> torch.Tensor:
     """``wo_b(concat_g wo_a[g](heads of group g))``: ``wo_a``'s rows are ``groups`` blocks of ``o_lora_rank``,
     block ``g`` reading only group ``g``'s heads."""
     rows = out.shape[0]

@@ -32,7 +32,9 @@ from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 class DeepseekV41Attention(nn.Module):
     """One layer's CSA2 attention, replicated on every rank (one K/V head: nothing to split by heads)."""
 
-    def __init__(self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, index_topk: int) -> None:
+    def __init__(
+        self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, index_topk: int
+    ) -> None:
         super().__init__()
         heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         self.num_heads, self.head_dim, self.groups = heads, dim, cfg.o_groups
@@ -109,7 +111,17 @@ class DeepseekV41Attention(nn.Module):
         scale = self.head_dim**-0.5
         if not self.ratio:
             out = window_attention(
-                q, latent, latent, ring, ring, batch.state_slots, *lens, self.attn_sink, scale, self.window, False
+                q,
+                latent,
+                latent,
+                ring,
+                ring,
+                batch.state_slots,
+                *lens,
+                self.attn_sink,
+                scale,
+                self.window,
+                False,
             )
         else:
             if self.compressor is not None:

@@ -126,7 +126,9 @@ class DeepseekV41ArchConfig(CausalLMFields):
             raise f.error(f"{f.name('num_attention_heads')}={heads} is not a multiple of 'o_groups'={groups}")
         index_head_dim = f.positive("index_head_dim", 128)
         if rope_dim > index_head_dim:
-            raise f.error(f"{f.name('index_head_dim')}={index_head_dim} is smaller than the rope dims {rope_dim}")
+            raise f.error(
+                f"{f.name('index_head_dim')}={index_head_dim} is smaller than the rope dims {rope_dim}"
+            )
         experts = f.positive("n_routed_experts", 384)
         top_k = f.positive("num_experts_per_tok", 6)
         if top_k > experts:
@@ -204,7 +206,10 @@ def _check_roles(cfg: DeepseekV41ArchConfig, f: ConfigKeys) -> None:
     """Every compressed layer has a kv source of its ratio and an index source in its group; the candidate
     source is an index source after which no kv source starts a foreign group."""
     n = cfg.num_hidden_layers
-    for key, ids in (("kv_source_layer_ids", cfg.kv_source_layer_ids), ("index_source_layer_ids", cfg.index_source_layer_ids)):
+    for key, ids in (
+        ("kv_source_layer_ids", cfg.kv_source_layer_ids),
+        ("index_source_layer_ids", cfg.index_source_layer_ids),
+    ):
         for layer in ids:
             if not 0 <= layer < n or cfg.ratio(layer) == 0:
                 raise f.error(f"{f.name(key)}: layer {layer} is not a compressed layer of the {n}")
@@ -218,13 +223,17 @@ def _check_roles(cfg: DeepseekV41ArchConfig, f: ConfigKeys) -> None:
                 "its ratio at or before it"
             )
         if not any(source <= s <= layer for s in cfg.index_source_layer_ids):
-            raise f.error(f"{f.name('index_source_layer_ids')}: layer {layer}'s group has no index source before it")
+            raise f.error(
+                f"{f.name('index_source_layer_ids')}: layer {layer}'s group has no index source before it"
+            )
     cand = cfg.candidate_source_layer_id
     if cand >= 0:
         if not cfg.is_index_source(cand):
             raise f.error(f"{f.name('candidate_source_layer_id')}: layer {cand} is not an index source")
         if any(s > cand for s in cfg.kv_source_layer_ids):
-            raise f.error(f"{f.name('candidate_source_layer_id')}: a kv source after layer {cand} starts another pool")
+            raise f.error(
+                f"{f.name('candidate_source_layer_id')}: a kv source after layer {cand} starts another pool"
+            )
     if cfg.index_topk > 2048 or cfg.index_topk & (cfg.index_topk - 1):
         raise f.error(f"{f.name('index_topk')} must be a power of 2 up to 2048, got {cfg.index_topk}")
     if cfg.head_dim % 32 or cfg.index_head_dim % 32:
@@ -233,6 +242,8 @@ def _check_roles(cfg: DeepseekV41ArchConfig, f: ConfigKeys) -> None:
         if len(cfg.engram_num_embeddings) != len(cfg.engram_layer_ids):
             raise f.error(f"{f.name('engram_num_embeddings')} needs one entry per 'engram_layer_ids' entry")
         if cfg.engram_max_ngram_size < 2 or cfg.engram_n_heads < 1 or cfg.engram_head_dim < 1:
-            raise f.error("'engram_max_ngram_size' >= 2, 'engram_n_heads' and 'engram_head_dim' >= 1 are needed for Engram")
+            raise f.error(
+                "'engram_max_ngram_size' >= 2, 'engram_n_heads' and 'engram_head_dim' >= 1 are needed for Engram"
+            )
         if any(not 0 <= layer < n for layer in cfg.engram_layer_ids):
             raise f.error(f"{f.name('engram_layer_ids')}: a layer is out of range")

@@ -39,7 +39,15 @@ from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, StateSpec
 from dgpp.quant.codecs import e8m0_to_float, fp8_e4m3_to_float
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 
-_NUMPY = {"F8_E4M3": np.uint8, "F8_E8M0": np.uint8, "U8": np.uint8, "I8": np.uint8, "F32": np.float32, "BF16": np.uint16, "F16": np.float16}
+_NUMPY = {
+    "F8_E4M3": np.uint8,
+    "F8_E8M0": np.uint8,
+    "U8": np.uint8,
+    "I8": np.uint8,
+    "F32": np.float32,
+    "BF16": np.uint16,
+    "F16": np.float16,
+}
 
 
 def _is_prime(n: int) -> bool:
@@ -94,7 +102,8 @@ def token_classes(tokenizer_json: Path) -> list[int]:
     out = []
     for token_id in range(backend.get_vocab_size(with_added_tokens=True)):
         text = backend.decode([token_id], skip_special_tokens=False)
-        key = backend.id_to_token(token_id) if "\ufffd" in text else (normalizer.normalize_str(text) or text)
+        raw = backend.id_to_token(token_id) if "\ufffd" in text else None
+        key = raw if raw is not None else (normalizer.normalize_str(text) or text)
         out.append(classes.setdefault(key, len(classes)))
     return out
 
@@ -118,7 +127,9 @@ class EngramTable:
         rows, cols = info["shape"]
         dtype = _NUMPY.get(info["dtype"])
         if dtype is None:
-            raise ConfigError(f"{path}: Engram tensor {name} has dtype {info['dtype']}, which is not supported")
+            raise ConfigError(
+                f"{path}: Engram tensor {name} has dtype {info['dtype']}, which is not supported"
+            )
         mapped = np.memmap(path, dtype=dtype, mode="r", offset=8 + size + begin, shape=(rows, cols))
         assert mapped.nbytes == end - begin
         return mapped, info["dtype"]
@@ -165,8 +176,12 @@ class EngramV41(nn.Module):
         self.cache_name = f"layers.{layer_idx}.engram.context"
         width = cfg.engram_rows_per_token * cfg.engram_head_dim
         self.wkv = Linear(width, (cfg.hc_mult + 1) * cfg.hidden_size, dtype=dtype)
-        self.q_weight = nn.Parameter(torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype), requires_grad=False)
-        self.k_weight = nn.Parameter(torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype), requires_grad=False)
+        self.q_weight = nn.Parameter(
+            torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.k_weight = nn.Parameter(
+            torch.empty(cfg.hc_mult, cfg.hidden_size, dtype=dtype), requires_grad=False
+        )
         for p in (self.q_weight, self.k_weight):
             set_weight_attrs(p, weight_loader=default_weight_loader)
         self.table: EngramTable | None = None
@@ -184,7 +199,9 @@ class EngramV41(nn.Module):
         padded = classes + [self.pad_class] * max(0, self.vocab_size - len(classes))
         self.classes = torch.tensor(padded, dtype=torch.int64)
         bound = max(1, (int(np.iinfo(np.int64).max) // (max(classes) + 1)) // 2)
-        values = np.random.default_rng(10007 * seed_layer).integers(0, bound, size=(self.ngram,), dtype=np.int64)
+        values = np.random.default_rng(10007 * seed_layer).integers(
+            0, bound, size=(self.ngram,), dtype=np.int64
+        )
         self.multipliers = torch.tensor([int(v) * 2 + 1 for v in values], dtype=torch.int64)
         self.primes = torch.tensor([p for sizes in primes for p in sizes], dtype=torch.int64)
 
@@ -230,5 +247,7 @@ class EngramV41(nn.Module):
             torch.rsqrt, key.square().mean(-1) + self.eps
         )
         dot = (x * weight * key).sum(-1) * rstd * self.hidden**-0.5
-        gate = batch_invariant_rows(lambda d: torch.sigmoid(torch.sign(d) * d.abs().clamp_min(1e-6).sqrt()), dot)
+        gate = batch_invariant_rows(
+            lambda d: torch.sigmoid(torch.sign(d) * d.abs().clamp_min(1e-6).sqrt()), dot
+        )
         return (x + gate[..., None] * value.float()[:, None, :]).to(streams.dtype)

@@ -86,9 +86,11 @@ class CompressorV41(nn.Module):
         if gate is None:
             return self.norm(kv[:, 0])
         n, r, d = gate.shape  # the softmax over each group's r rows, per channel, row-count independent
-        weights = batch_invariant_rows(
-            lambda g: g.softmax(dim=-1), gate.float().transpose(1, 2).reshape(n * d, r)
-        ).reshape(n, d, r).transpose(1, 2)
+        weights = (
+            batch_invariant_rows(lambda g: g.softmax(dim=-1), gate.float().transpose(1, 2).reshape(n * d, r))
+            .reshape(n, d, r)
+            .transpose(1, 2)
+        )
         return self.norm((kv.float() * weights).sum(dim=1).to(kv.dtype))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> None:
@@ -128,7 +130,9 @@ class CompressorV41(nn.Module):
                 flat.index_copy_(0, slots, values.to(flat.dtype))
 
 
-def candidate_blocks(scores: torch.Tensor, visible: torch.Tensor, block_size: int, topk_blocks: int) -> torch.Tensor:
+def candidate_blocks(
+    scores: torch.Tensor, visible: torch.Tensor, block_size: int, topk_blocks: int
+) -> torch.Tensor:
     """bool ``[rows, n]``: the entries of each row's kept blocks. ``scores [rows, n]`` are -inf past the row's
     ``visible`` entries; a block scores its best entry; the block of the newest visible entry is always kept."""
     rows, n = scores.shape
@@ -198,7 +202,9 @@ class IndexerV41(nn.Module):
                     for row in range(start, start + q_len)
                 ]
             )
-            scores = scores.masked_fill(torch.arange(count, device=x.device)[None] >= visible[:, None], -math.inf)
+            scores = scores.masked_fill(
+                torch.arange(count, device=x.device)[None] >= visible[:, None], -math.inf
+            )
             if self.candidates is not None:
                 block_size, topk_blocks = self.candidates
                 flow.candidates[b] = candidate_blocks(scores, visible, block_size, topk_blocks)

@@ -20,7 +20,15 @@ import torch
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
 # E2M1 magnitudes and the midpoints between neighbours; a tie rounds to the even code (codes 0, 2, 4, 6)
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_MIDPOINTS = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
+_MIDPOINTS = (
+    (0.25, False),
+    (0.75, True),
+    (1.25, False),
+    (1.75, True),
+    (2.5, False),
+    (3.5, True),
+    (5.0, False),
+)
 
 
 def pow2_ceil(t: torch.Tensor) -> torch.Tensor:

@@ -73,4 +73,3 @@ def load_model(ctx: LoadContext) -> Model:
     model = load_family_weights(ctx, build, checkpoint_name)
     attach_engram(model, cfg, ctx)
     return model
-

@@ -66,6 +66,10 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             f"DeepSeek-V4.1 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size} in the "
             "release's formats; compressed entries per token, window rings per request",
             f"Engram tables: {tables / 2**30:.2f} GiB "
-            + ("resident (in the weights)" if resident else "memory-mapped from the checkpoint (not in the plan)"),
+            + (
+                "resident (in the weights)"
+                if resident
+                else "memory-mapped from the checkpoint (not in the plan)"
+            ),
         ),
     )

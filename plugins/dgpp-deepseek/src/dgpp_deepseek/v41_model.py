@@ -48,7 +48,11 @@ class DeepseekV41Block(nn.Module):
 
         def hyper() -> HyperConnection:
             return HyperConnection(
-                cfg.hidden_size, cfg.hc_mult, sinkhorn_iters=cfg.hc_sinkhorn_iters, eps=cfg.hc_eps, norm_eps=eps
+                cfg.hidden_size,
+                cfg.hc_mult,
+                sinkhorn_iters=cfg.hc_sinkhorn_iters,
+                eps=cfg.hc_eps,
+                norm_eps=eps,
             )
 
         self.attn_hc = hyper()
@@ -76,7 +80,12 @@ class DeepseekV41Block(nn.Module):
         )
 
     def forward(
-        self, streams: torch.Tensor, pre: torch.Tensor, batch: ForwardBatch, flow: GroupFlow, group: Any = None
+        self,
+        streams: torch.Tensor,
+        pre: torch.Tensor,
+        batch: ForwardBatch,
+        flow: GroupFlow,
+        group: Any = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(streams, pre)`` after the layer; ``pre`` is the coefficients the next sublayer collapses with."""
         if self.engram is not None:
