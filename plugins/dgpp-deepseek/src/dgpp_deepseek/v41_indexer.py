@@ -41,6 +41,7 @@ class GroupFlow:
 
     selection: Selection = field(default_factory=list)
     candidates: dict[int, torch.Tensor] = field(default_factory=dict)
+    window_floor: dict[int, int] = field(default_factory=dict)  # the bounded decoder's, per sequence index
 
 
 class CompressorV41(nn.Module):

@@ -21,8 +21,9 @@ from dgpp.nn.hyper_connections import HyperConnection, to_streams
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
-from dgpp.plugin_api import ForwardBatch, Model, ModelInfo, World
+from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, ModelInfo, World
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
+from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_engram import EngramV41
 from dgpp_deepseek.v41_indexer import GroupFlow
@@ -112,8 +113,12 @@ class DeepseekV41ForCausalLM(Model):
         world: World | None = None,
         group: Any = None,
         index_topk: int | None = None,
+        bounded: bool = False,
     ) -> None:
         super().__init__()
+        if bounded:
+            check_bounded(cfg)
+        self.bounded = bounded
         self.config = cfg
         self.dtype = dtype or cfg.dtype
         self.world = world or World()
@@ -142,14 +147,24 @@ class DeepseekV41ForCausalLM(Model):
             hybrid=True,
         )
 
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        spec = super().cache_spec()
+        if self.bounded:
+            cfg = self.config
+            spec.update(tail_spec(cfg.sliding_window, cfg.hc_mult, cfg.hidden_size, self.dtype))
+        return spec
+
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         streams = to_streams(self.embed(batch.input_ids), self.config.hc_mult)
         pre = torch.zeros(streams.shape[0], self.config.hc_mult, dtype=torch.float32, device=streams.device)
         pre[:, 0] = 1.0
         flow = GroupFlow()
-        for layer in self.layers:
+        split = self.config.decoder_first_layer if self.bounded else len(self.layers)
+        for layer in self.layers[:split]:
             streams, pre = layer(streams, pre, batch, flow, self.group)
+        if split < len(self.layers):
+            streams, pre = self._bounded_decoder(streams, pre, batch, split)
         hidden = self.norm(collapse(pre, streams))
         self.keep_last_hidden(hidden)
         return hidden[batch.logits_indices]
@@ -157,3 +172,33 @@ class DeepseekV41ForCausalLM(Model):
     @torch.no_grad()
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.head(hidden)
+
+    def _bounded_decoder(
+        self, streams: torch.Tensor, pre: torch.Tensor, batch: ForwardBatch, split: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layers over the rows ``v41_bounded`` picks; every other row's output stays zero."""
+        first = self.layers[split]
+        assert isinstance(first, DeepseekV41Block) and first.attn.compressor is not None
+        first.attn.compressor(first.attn_norm(collapse(pre, streams)), batch)  # every row's entries
+        sub = decoder_rows(batch, streams, pre, self.config.sliding_window)
+        out_streams, out_pre = torch.zeros_like(streams), torch.zeros_like(pre)
+        if not sub.rows.numel():
+            return out_streams, out_pre
+        flow = GroupFlow(window_floor=sub.floors)
+        dec_streams, dec_pre = sub.streams, sub.pre
+        for layer in self.layers[split:]:
+            dec_streams, dec_pre = layer(dec_streams, dec_pre, sub.batch, flow, self.group)
+        here = sub.rows >= 0
+        out_streams[sub.rows[here]] = dec_streams[here]
+        out_pre[sub.rows[here]] = dec_pre[here]
+        return out_streams, out_pre
+
+
+def check_bounded(cfg: DeepseekV41ArchConfig) -> None:
+    """The bounded prefill's decoder reads its kv source at ratio 1 and has no Engram layer."""
+    first = cfg.decoder_first_layer
+    decoder = range(first, cfg.num_hidden_layers)
+    if not cfg.kv_source_layer_ids or any(cfg.ratio(layer) != 1 for layer in decoder):
+        raise ConfigError("engine.prefill_mode 'bounded' needs every decoder layer (from the last kv source) at ratio 1")
+    if any(layer in cfg.engram_layer_ids for layer in decoder):
+        raise ConfigError("engine.prefill_mode 'bounded' needs the Engram layers before the decoder")
