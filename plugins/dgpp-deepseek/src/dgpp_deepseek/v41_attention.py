@@ -132,7 +132,17 @@ class DeepseekV41Attention(nn.Module):
                 )
             pool = batch.cache.kv[f"{self.source_name}.compressor"][0]
             out = sparse_window_attention_ref(
-                q, kv, ring, pool, batch, self.attn_sink, scale, self.window, self.ratio, flow.selection, flow.window_floor
+                q,
+                kv,
+                ring,
+                pool,
+                batch,
+                self.attn_sink,
+                scale,
+                self.window,
+                self.ratio,
+                flow.selection,
+                flow.window_floor,
             )
         ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
         out = self.rotary.rotate(out, batch.positions, inverse=True)

@@ -13,7 +13,7 @@ compute the same rows, and a prefix-cache hit restores them with the rest.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,12 +47,27 @@ class DecoderRows:
     floors: dict[int, int]
 
 
+@dataclass
+class _Picked:
+    """Per picked sequence: its rows' encoder output, step row ids, positions and its sub-step fields."""
+
+    streams: list[torch.Tensor] = field(default_factory=list)
+    pre: list[torch.Tensor] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)
+    positions: list[torch.Tensor] = field(default_factory=list)
+    q_lens: list[int] = field(default_factory=list)
+    ctx_lens: list[int] = field(default_factory=list)
+    seq_lens: list[int] = field(default_factory=list)
+    slots: list[int] = field(default_factory=list)
+    tables: list[torch.Tensor] = field(default_factory=list)
+    floors: dict[int, int] = field(default_factory=dict)
+
+
 def decoder_rows(batch: ForwardBatch, streams: torch.Tensor, pre: torch.Tensor, window: int) -> DecoderRows:
     """Pick the decoder's rows and keep the encoder output of each sequence's last ``window`` positions."""
     state = batch.cache.state[TAIL]
     wanted = set(batch.logits_indices.tolist())
-    parts_streams, parts_pre, rows, positions, tokens = [], [], [], [], []
-    q_lens, ctx_lens, seq_lens, slots, tables, floors = [], [], [], [], [], {}
+    picked = _Picked()
     for b, start, q_len, ctx, end, slot in live_sequences(batch):
         lo = max(0, ctx - window)  # the tail: positions lo .. ctx - 1, then this step's rows
         old = torch.arange(lo, ctx, device=streams.device) % window
@@ -70,42 +85,43 @@ def decoder_rows(batch: ForwardBatch, streams: torch.Tensor, pre: torch.Tensor, 
         if first > done:
             floor = first  # a gap: the decoder rows before ``first`` were never computed
         state["marks"][slot] = torch.tensor([end, floor])
-        floors[len(q_lens)] = floor
-        parts_streams.append(line_streams[first - lo :])
-        parts_pre.append(line_pre[first - lo :])
-        rows.append(line_ids[first - lo :])
-        positions.append(torch.arange(first, end))
-        q_lens.append(end - first)
-        ctx_lens.append(first)
-        seq_lens.append(end)
-        slots.append(int(batch.state_slots[b]))
-        tables.append(batch.block_tables[b])
-    return _sub_step(batch, parts_streams, parts_pre, rows, positions, q_lens, ctx_lens, seq_lens, slots, tables, floors)
+        picked.floors[len(picked.q_lens)] = floor
+        picked.streams.append(line_streams[first - lo :])
+        picked.pre.append(line_pre[first - lo :])
+        picked.rows.append(line_ids[first - lo :])
+        picked.positions.append(torch.arange(first, end))
+        picked.q_lens.append(end - first)
+        picked.ctx_lens.append(first)
+        picked.seq_lens.append(end)
+        picked.slots.append(int(batch.state_slots[b]))
+        picked.tables.append(batch.block_tables[b])
+    return _sub_step(batch, picked, streams, pre)
 
 
-def _sub_step(batch, parts_streams, parts_pre, rows, positions, q_lens, ctx_lens, seq_lens, slots, tables, floors):  # type: ignore[no-untyped-def]
+def _sub_step(batch: ForwardBatch, picked: _Picked, streams: torch.Tensor, pre: torch.Tensor) -> DecoderRows:
     device = batch.input_ids.device
-    row_ids = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
-    pos = torch.cat(positions).to(device) if positions else torch.zeros(0, dtype=torch.int64, device=device)
+    if not picked.rows:
+        empty = torch.zeros(0, dtype=torch.int64)
+        return DecoderRows(batch, streams[:0], pre[:0], empty, {})
+    row_ids = torch.cat(picked.rows)
+    pos = torch.cat(picked.positions).to(device)
     # a tail row's token id is not needed: the decoder layers (no Engram) read token ids only to route experts
     # by hash, which V4.1 does not
-    ids = torch.where(row_ids >= 0, batch.input_ids[row_ids.clamp_min(0).to(device)], 0) if rows else pos
-    qsl = torch.tensor([0, *torch.tensor(q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+    ids = torch.where(row_ids >= 0, batch.input_ids[row_ids.clamp_min(0).to(device)].cpu(), 0).to(device)
+    qsl = torch.tensor([0, *torch.tensor(picked.q_lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
     sub = ForwardBatch(
         input_ids=ids,
         positions=pos,
         query_start_loc=qsl,
-        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        context_lens=torch.tensor(ctx_lens, dtype=torch.int32, device=device),
-        block_tables=torch.stack(tables) if tables else batch.block_tables[:0],
+        seq_lens=torch.tensor(picked.seq_lens, dtype=torch.int32, device=device),
+        context_lens=torch.tensor(picked.ctx_lens, dtype=torch.int32, device=device),
+        block_tables=torch.stack(picked.tables),
         slot_mapping=torch.full((int(pos.shape[0]),), -1, dtype=torch.int64, device=device),
-        state_slots=torch.tensor(slots, dtype=torch.int64, device=device),
+        state_slots=torch.tensor(picked.slots, dtype=torch.int64, device=device),
         logits_indices=torch.zeros(0, dtype=torch.int64, device=device),
         cache=batch.cache,
-        q_lens_cpu=list(q_lens),
-        seq_lens_cpu=list(seq_lens),
-        context_lens_cpu=list(ctx_lens),
+        q_lens_cpu=list(picked.q_lens),
+        seq_lens_cpu=list(picked.seq_lens),
+        context_lens_cpu=list(picked.ctx_lens),
     )
-    streams = torch.cat(parts_streams) if parts_streams else batch.input_ids.new_zeros(0)
-    pre = torch.cat(parts_pre) if parts_pre else batch.input_ids.new_zeros(0)
-    return DecoderRows(sub, streams, pre, row_ids, floors)
+    return DecoderRows(sub, torch.cat(picked.streams), torch.cat(picked.pre), row_ids, picked.floors)

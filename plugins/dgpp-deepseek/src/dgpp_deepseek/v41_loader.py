@@ -67,8 +67,12 @@ def load_model(ctx: LoadContext) -> Model:
 
     def build() -> DeepseekV41ForCausalLM:
         return DeepseekV41ForCausalLM(
-            cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group, index_topk=ctx.engine.index_topk or None,
-            bounded=ctx.engine.prefill_mode == "bounded"
+            cfg,
+            dtype=ctx.dtype,
+            world=ctx.world,
+            group=ctx.group,
+            index_topk=ctx.engine.index_topk or None,
+            bounded=ctx.engine.prefill_mode == "bounded",
         )
 
     model = load_family_weights(ctx, build, checkpoint_name)

@@ -199,6 +199,8 @@ def check_bounded(cfg: DeepseekV41ArchConfig) -> None:
     first = cfg.decoder_first_layer
     decoder = range(first, cfg.num_hidden_layers)
     if not cfg.kv_source_layer_ids or any(cfg.ratio(layer) != 1 for layer in decoder):
-        raise ConfigError("engine.prefill_mode 'bounded' needs every decoder layer (from the last kv source) at ratio 1")
+        raise ConfigError(
+            "engine.prefill_mode 'bounded' needs every decoder layer (from the last kv source) at ratio 1"
+        )
     if any(layer in cfg.engram_layer_ids for layer in decoder):
         raise ConfigError("engine.prefill_mode 'bounded' needs the Engram layers before the decoder")
