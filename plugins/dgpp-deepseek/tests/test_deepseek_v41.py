@@ -11,12 +11,14 @@ import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from deepseek_v41_fixture import build_tiny_deepseek_v41
 from deepseek_v41_reference import ReferenceOptions, load_reference, load_weights
 from deepseek_v41_reference_engram import compressed_token_map
 
+from dgpp.config_schema import EngineConfig
 from dgpp.nn.linear import Linear
 from dgpp.plugin_api import CompressedKV, StateSpec, WindowBuffer, WindowKV
 from dgpp.startup.loading import load_model
@@ -165,3 +167,27 @@ def test_each_part_moves_the_logits(checkpoint, fp32_pair, switch):
     """The reference with one part switched off disagrees with dgpp: every part is computed."""
     model, _ = fp32_pair
     _moves(model, ReferenceLM(checkpoint, ReferenceOptions(**switch)))
+
+
+def test_engram_tables_mapped_or_resident_give_the_same_logits(checkpoint, fp32_pair):
+    """``engine.ngram_table``: ``mmap`` reads rows from the mapped checkpoint file, ``resident`` from a copy in memory;
+    both give the same bits."""
+    resident, _ = fp32_pair  # the engine's default
+    assert not isinstance(resident.layers[1].engram.table.codes[0], np.memmap)
+    mapped = load_model(checkpoint, EngineConfig(ngram_table="mmap"))
+    assert isinstance(mapped.layers[1].engram.table.codes[0], np.memmap)
+    prompts = conf.make_prompts(mapped.info.vocab_size, (23,), seed=4)
+    assert torch.equal(
+        conf.engine_all_logits(resident, prompts)[0], conf.engine_all_logits(mapped, prompts)[0]
+    )
+
+
+def test_engine_index_topk_reaches_every_indexer(checkpoint, fp32_pair):
+    """``engine.index_topk`` replaces the checkpoint's top-k (4 here) in every index source."""
+    model, _ = fp32_pair
+    narrower = load_model(checkpoint, EngineConfig(index_topk=2))
+    assert {layer.attn.indexer.topk for layer in narrower.layers if layer.attn.indexer is not None} == {2}
+    prompts = conf.make_prompts(model.info.vocab_size, (23,), seed=4)
+    assert not torch.equal(
+        conf.engine_all_logits(narrower, prompts)[0], conf.engine_all_logits(model, prompts)[0]
+    )
