@@ -133,9 +133,10 @@ def tiny_deepseek_v41_config(**text_overrides: Any) -> dict[str, Any]:
 
 
 class _Draw:
-    def __init__(self, seed: int) -> None:
+    def __init__(self, seed: int, originals: dict[str, torch.Tensor] | None) -> None:
         self.gen = torch.Generator().manual_seed(seed)
         self.tensors: dict[str, RawTensor] = {}
+        self.originals = originals  # the float64 values each packed weight was encoded from
 
     def normal(self, shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:
         return mean + std * torch.randn(shape, generator=self.gen, dtype=F64)
@@ -145,13 +146,18 @@ class _Draw:
     ) -> None:
         self.tensors[name] = raw(self.normal(shape, std, mean), dtype)
 
+    def keep(self, name: str, w: torch.Tensor) -> torch.Tensor:
+        if self.originals is not None:
+            self.originals[name] = w
+        return w
+
     def fp8(self, name: str, n: int, k: int) -> None:
-        codes, scale = encode_fp8_block(self.normal((n, k), k**-0.5))
+        codes, scale = encode_fp8_block(self.keep(name + ".weight", self.normal((n, k), k**-0.5)))
         self.tensors[name + ".weight"] = raw(codes, "F8_E4M3")
         self.tensors[name + ".scale"] = raw(scale, "F8_E8M0")
 
     def mxfp4(self, name: str, n: int, k: int) -> None:
-        packed, scale = encode_mxfp4(self.normal((n, k), k**-0.5))
+        packed, scale = encode_mxfp4(self.keep(name + ".weight", self.normal((n, k), k**-0.5)))
         self.tensors[name + ".weight"] = raw(packed, "I8")
         self.tensors[name + ".scale"] = raw(scale, "F8_E8M0")
 
@@ -205,7 +211,7 @@ def _hyper_connections(d: _Draw, cfg: V41Config, layer: int) -> None:
 
 def _engram(d: _Draw, cfg: V41Config, layer: int, rows: int) -> None:
     p = f"layers.{layer}.engram."
-    codes, scale = encode_engram_rows(d.normal((rows, cfg.engram_head_dim), 1.0))
+    codes, scale = encode_engram_rows(d.keep(p + "embed.weight", d.normal((rows, cfg.engram_head_dim), 1.0)))
     d.tensors[p + "embed.weight"] = raw(codes, "F8_E4M3")
     d.tensors[p + "embed.scale"] = raw(scale, "F8_E8M0")
     cols = (cfg.engram_max_ngram_size - 1) * cfg.engram_n_heads * cfg.engram_head_dim
@@ -214,8 +220,15 @@ def _engram(d: _Draw, cfg: V41Config, layer: int, rows: int) -> None:
     d.dense(p + "k_weight", (cfg.hc_mult, cfg.hidden_size), 0.3, 1.0)
 
 
-def build_tiny_deepseek_v41(out_dir: str | Path, *, seed: int = 0, **text_overrides: Any) -> Path:
-    """Write the tiny release-layout checkpoint (config.json, model.safetensors, tokenizer files) to ``out_dir``."""
+def build_tiny_deepseek_v41(
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    originals: dict[str, torch.Tensor] | None = None,
+    **text_overrides: Any,
+) -> Path:
+    """Write the tiny release-layout checkpoint (config.json, model.safetensors, tokenizer files) to ``out_dir``.
+    ``originals``, when given, receives the float64 values every packed ``X.weight`` was encoded from."""
     from dgpp.testing.tokenizers import build_tiny_tokenizer
 
     out = Path(out_dir)
@@ -234,7 +247,7 @@ def build_tiny_deepseek_v41(out_dir: str | Path, *, seed: int = 0, **text_overri
     (out / "config.json").write_text(json.dumps(root, indent=2) + "\n")
     cfg = parse_config(root)
 
-    d = _Draw(seed)
+    d = _Draw(seed, originals)
     h = cfg.hidden_size
     d.dense("embed.weight", (cfg.vocab_size, h), 1.0)
     d.dense("norm.weight", (h,), 0.2, 1.0)

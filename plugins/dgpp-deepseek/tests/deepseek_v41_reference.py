@@ -1,7 +1,7 @@
 """An independent float64 reference for DeepSeek-V4.1-Flash (``deepseek_v41``), written from the release's
-config and its published architecture (the release's ``inference/model.py`` as the original engine,
-github.com/HawkBearPig/dgpp ``src/models/dsv41`` and ``src/kernels/csa2.*``, reproduces it). It imports nothing
-from dgpp: the checkpoint is read as raw safetensors and every packed weight is decoded from its bit fields
+config and the original engine's source (github.com/HawkBearPig/dgpp: ``src/models/dsv41``,
+``src/kernels/csa2.*``), which follows the release's ``inference/model.py``. It imports nothing from dgpp: the
+checkpoint is read as raw safetensors and every packed weight is decoded from its bit fields
 (``deepseek_v41_formats``).
 
 The walk (single-pass hyper-connections, ``hc_mult`` streams):
@@ -22,12 +22,15 @@ weighted by their unbiased scores normalised (sum + 1e-20) and times ``routed_sc
 with the up branch clamped to ``+-swiglu_limit`` and the gate branch from above; one shared expert.
 
 Prefill-exact semantics: every row sees exactly what a one-shot prefill shows it. ``ReferenceSession.extend``
-takes the rows in any chunks (one at a time is the decode form) and gives the same logits as ``forward``.
+takes the rows in any chunks (one at a time is the decode form) and gives the same logits as ``forward``;
+``extend(ids, bounded=True)`` is the original engine's lossy bounded prefill instead (``DeepseekV41Reference.run``).
+``new_session(trace=True)`` records every layer's sublayer inputs / outputs, streams and selections.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,13 +44,28 @@ from deepseek_v41_formats import (
     read_safetensors,
 )
 from deepseek_v41_reference_config import V41Config, load_config
-from deepseek_v41_reference_csa2 import CallShared, GroupCache, ReferenceOptions, attention, rms_norm
+from deepseek_v41_reference_csa2 import (
+    CallShared,
+    GroupCache,
+    ReferenceOptions,
+    attention,
+    publish_rows,
+    rms_norm,
+    top_margin,
+)
 from deepseek_v41_reference_engram import EngramHasher, compressed_token_map, engram
 
 F64 = torch.float64
 Weights = dict[str, torch.Tensor]
 
-__all__ = ["DeepseekV41Reference", "ReferenceOptions", "ReferenceSession", "load_reference", "load_weights"]
+__all__ = [
+    "DeepseekV41Reference",
+    "ReferenceOptions",
+    "ReferenceSession",
+    "assert_matches_reference",
+    "load_reference",
+    "load_weights",
+]
 
 
 # ---- the checkpoint -------------------------------------------------------------------------------------------------
@@ -124,7 +142,8 @@ def expert(cfg: V41Config, w: Weights, p: str, u: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor:
+def route(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the unbiased scores, the biased ones the experts are chosen by) ``[rows, n_routed_experts]``."""
     p = f"layers.{layer}.ffn."
     logits = (u @ w[p + "gate.weight"].T) / cfg.gate_temp
     if cfg.scoring_func == "softmax":
@@ -133,7 +152,12 @@ def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor
         scores = logits.sigmoid()
     else:
         scores = F.softplus(logits).sqrt()
-    biased = scores + w[p + "gate.bias"]
+    return scores, scores + w[p + "gate.bias"]
+
+
+def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor:
+    p = f"layers.{layer}.ffn."
+    scores, biased = route(cfg, w, layer, u)
     chosen = torch.sort(-biased, dim=-1, stable=True).indices[:, : cfg.num_experts_per_tok]
     weights = scores.gather(1, chosen)
     if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
@@ -152,16 +176,27 @@ def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor
 
 @dataclass
 class ReferenceSession:
-    """One sequence's state: the tokens so far, every layer's window latents, the kv sources' groups."""
+    """One sequence's state: the tokens so far, every layer's window latents, the kv sources' groups.
+
+    With ``trace`` a list, every call appends one record per layer (each ``[rows, ...]`` float64 for the call's
+    rows): ``attn_input`` / ``attn_output`` / ``ffn_input`` / ``ffn_output`` (the normed sublayer inputs and
+    the sublayer outputs), ``streams`` (after the layer), ``pre`` (the collapse coefficients the next site
+    reads), on compressed layers ``selection`` (bool over the group's entries) and ``candidates``, and
+    ``margin``: per row, how close the layer's closest discrete decision came to its boundary (relative: a
+    cache rounding's element code or scale, an index / candidate / expert top-k's last pick against the next).
+    An fp32 model can take the other side of a decision whose margin is near its rounding noise (~1e-6);
+    from that row on its logits may leave the reference's."""
 
     model: DeepseekV41Reference
     tokens: list[int] = field(default_factory=list)
     window: list[torch.Tensor] = field(default_factory=list)
     groups: dict[int, GroupCache] = field(default_factory=dict)
+    trace: list[dict[str, torch.Tensor]] | None = None
 
-    def extend(self, token_ids: list[int]) -> torch.Tensor:
-        """The next rows' logits ``[len(token_ids), vocab]`` (float64)."""
-        return self.model.run(self, list(token_ids))
+    def extend(self, token_ids: list[int], bounded: bool = False) -> torch.Tensor:
+        """The next rows' logits ``[len(token_ids), vocab]`` (float64). ``bounded``: the decoder runs over the
+        call's last ``sliding_window`` rows only (``DeepseekV41Reference.run``); the rows before read NaN."""
+        return self.model.run(self, list(token_ids), bounded)
 
 
 class DeepseekV41Reference:
@@ -170,16 +205,24 @@ class DeepseekV41Reference:
     ):
         self.cfg, self.w, self.hasher, self.options = cfg, weights, hasher, options
 
-    def new_session(self) -> ReferenceSession:
+    def new_session(self, trace: bool = False) -> ReferenceSession:
         empty = torch.zeros(0, self.cfg.head_dim, dtype=F64)
-        return ReferenceSession(self, window=[empty] * self.cfg.num_hidden_layers)
+        return ReferenceSession(
+            self, window=[empty] * self.cfg.num_hidden_layers, trace=[] if trace else None
+        )
 
     def forward(self, token_ids: list[int]) -> torch.Tensor:
         """Every row's logits ``[T, vocab]`` of a one-shot prefill."""
         return self.new_session().extend(token_ids)
 
-    def run(self, session: ReferenceSession, new: list[int]) -> torch.Tensor:
-        cfg, w, opts = self.cfg, self.w, self.options
+    def run(self, session: ReferenceSession, new: list[int], bounded: bool = False) -> torch.Tensor:
+        """The call's rows through every layer. ``bounded`` is the original engine's lossy "decoder SWA bounded
+        replay" prefill: the encoder (the layers before the last kv source) over every row; the last kv
+        source's compressor publishes every row's entries; the decoder (the last kv source on) then walks only
+        the call's last ``sliding_window`` rows, its window floored at their first position (the decoder's
+        window latents of earlier rows are never computed). Identical to the exact walk when the call has at
+        most ``sliding_window`` rows."""
+        cfg, w = self.cfg, self.w
         pos0 = len(session.tokens)
         session.tokens.extend(new)
         positions = torch.arange(pos0, pos0 + len(new))
@@ -187,42 +230,127 @@ class DeepseekV41Reference:
         x = w["embed.weight"][torch.tensor(new, dtype=torch.long)][:, None, :].repeat(1, cfg.hc_mult, 1)
         pre = torch.zeros(len(new), cfg.hc_mult, dtype=F64)
         pre[:, 0] = 1.0
+        decoder = (
+            max(cfg.kv_source_layer_ids)
+            if bounded and len(new) > cfg.sliding_window
+            else cfg.num_hidden_layers
+        )
+        if any(e >= decoder for e in cfg.engram_layer_ids):
+            raise ValueError("engram_layer_ids: the bounded prefill needs every Engram layer in the encoder")
+        floor, carried = 0, None
         for layer in range(cfg.num_hidden_layers):
-            p = f"layers.{layer}."
-            if layer in cfg.engram_layer_ids and opts.engram:
-                if self.hasher is None:
-                    raise ValueError("the Engram layers need the tokenizer's token map")
-                index = cfg.engram_layer_ids.index(layer)
-                x = engram(
-                    cfg,
-                    w,
-                    layer,
-                    x,
-                    self.hasher.rows(session.tokens, range(pos0, len(session.tokens)), index),
-                )
-            pre_a, post_a, comb_a = hc_mixes(
-                cfg, x, w[p + "hc_attn_fn"], w[p + "hc_attn_scale"], w[p + "hc_attn_base"]
+            if layer == decoder:
+                if session.trace is not None:
+                    shared.margin = torch.full((len(new),), math.inf, dtype=F64)
+                site = self.site_input(layer, "attn", x, pre)
+                publish_rows(cfg, self.options, w, layer, site, shared, positions)
+                keep = cfg.sliding_window
+                x, pre, positions = x[-keep:], pre[-keep:], positions[-keep:]
+                carried = None if shared.margin is None else shared.margin[-keep:]
+                floor = int(positions[0])
+            x, pre = self.layer(
+                session,
+                layer,
+                x,
+                pre,
+                positions,
+                shared,
+                publish=layer != decoder,
+                floor=floor,
+                margin=carried,
             )
-            u = rms_norm(
-                collapse(x, pre if opts.single_pass_hc else pre_a),
-                w[p + "attn_norm.weight"],
-                cfg.rms_norm_eps,
-            )
-            x = expand(
-                attention(cfg, opts, w, layer, u, positions, session.window, shared), x, post_a, comb_a
-            )
-            pre_f, post_f, comb_f = hc_mixes(
-                cfg, x, w[p + "hc_ffn_fn"], w[p + "hc_ffn_scale"], w[p + "hc_ffn_base"]
-            )
-            u = rms_norm(
-                collapse(x, pre_a if opts.single_pass_hc else pre_f),
-                w[p + "ffn_norm.weight"],
-                cfg.rms_norm_eps,
-            )
-            x = expand(moe(cfg, w, layer, u), x, post_f, comb_f)
-            pre = pre_f
         h = rms_norm(collapse(x, pre), w["norm.weight"], cfg.rms_norm_eps)
-        return h @ w["head.weight"].T
+        logits = torch.full((len(new), cfg.vocab_size), math.nan, dtype=F64)
+        logits[len(new) - h.shape[0] :] = h @ w["head.weight"].T
+        return logits
+
+    def site_input(self, layer: int, site: str, x: torch.Tensor, pre: torch.Tensor) -> torch.Tensor:
+        """A sublayer's normed input: the streams collapsed with ``pre`` (the single-pass reading) or with this
+        site's own fresh coefficients (``single_pass_hc=False``)."""
+        cfg, w = self.cfg, self.w
+        p = f"layers.{layer}.hc_{site}_"
+        if not self.options.single_pass_hc:
+            pre = hc_mixes(cfg, x, w[p + "fn"], w[p + "scale"], w[p + "base"])[0]
+        return rms_norm(collapse(x, pre), w[f"layers.{layer}.{site}_norm.weight"], cfg.rms_norm_eps)
+
+    def layer(
+        self,
+        session: ReferenceSession,
+        layer: int,
+        x: torch.Tensor,
+        pre: torch.Tensor,
+        positions: torch.Tensor,
+        shared: CallShared,
+        publish: bool = True,
+        floor: int = 0,
+        margin: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over the call's streams ``x`` ``[rows, hc, hidden]``: (the streams, the next site's pre).
+        Traced, the layer's decision margins start from ``margin`` (else none)."""
+        cfg, w, opts = self.cfg, self.w, self.options
+        p = f"layers.{layer}."
+        if session.trace is not None:
+            shared.margin = torch.full((x.shape[0],), math.inf, dtype=F64) if margin is None else margin
+        if layer in cfg.engram_layer_ids and opts.engram:
+            if self.hasher is None:
+                raise ValueError("the Engram layers need the tokenizer's token map")
+            at = range(int(positions[0]), int(positions[-1]) + 1)
+            rows = self.hasher.rows(session.tokens, at, cfg.engram_layer_ids.index(layer))
+            x = engram(cfg, w, layer, x, rows)
+        pre_a, post_a, comb_a = hc_mixes(
+            cfg, x, w[p + "hc_attn_fn"], w[p + "hc_attn_scale"], w[p + "hc_attn_base"]
+        )
+        attn_in = self.site_input(layer, "attn", x, pre)
+        attn_out = attention(cfg, opts, w, layer, attn_in, positions, session.window, shared, publish, floor)
+        x = expand(attn_out, x, post_a, comb_a)
+        pre_f, post_f, comb_f = hc_mixes(
+            cfg, x, w[p + "hc_ffn_fn"], w[p + "hc_ffn_scale"], w[p + "hc_ffn_base"]
+        )
+        ffn_in = self.site_input(layer, "ffn", x, pre_a)
+        ffn_out = moe(cfg, w, layer, ffn_in)
+        x = expand(ffn_out, x, post_f, comb_f)
+        if session.trace is not None:
+            shared.note(top_margin(route(cfg, w, layer, ffn_in)[1], cfg.num_experts_per_tok))
+            record = {
+                "attn_input": attn_in,
+                "attn_output": attn_out,
+                "ffn_input": ffn_in,
+                "ffn_output": ffn_out,
+            }
+            record |= {"streams": x, "pre": pre_f, "margin": shared.margin}
+            if cfg.ratio(layer) and shared.selection is not None:
+                record["selection"] = shared.selection
+            if shared.candidates is not None and cfg.ratio(layer):
+                record["candidates"] = shared.candidates
+            session.trace.append(record)
+        return x, pre_f
+
+
+def assert_matches_reference(
+    reference: DeepseekV41Reference,
+    prompt: list[int],
+    logits: torch.Tensor,
+    tol: float = 1e-4,
+    near_tie: float = 3e-6,
+) -> float:
+    """Check a model's every-row ``logits`` of ``prompt`` against the reference: every row agrees within ``tol``
+    (max abs) up to the first row that does not, and that row must hold a decision within ``near_tie`` of its
+    boundary (a cache rounding or a top-k the model's own rounding can take the other way); later rows are not
+    compared. Returns the worst difference of the compared rows."""
+    session = reference.new_session(trace=True)
+    expected = session.extend(prompt)
+    margin = torch.stack([record["margin"] for record in session.trace]).min(0).values
+    diff = (logits.to(F64).cpu() - expected).abs().max(-1).values
+    off = (diff > tol).nonzero()
+    if len(off):
+        row = int(off[0])
+        if margin[row] >= near_tie:
+            raise AssertionError(
+                f"row {row} of {len(prompt)} differs by {float(diff[row]):.3g} (> {tol}) while its closest "
+                f"decision is {float(margin[row]):.2g} from its boundary (>= {near_tie}): a disagreement"
+            )
+        diff = diff[:row]
+    return float(diff.max()) if diff.numel() else 0.0
 
 
 def load_reference(

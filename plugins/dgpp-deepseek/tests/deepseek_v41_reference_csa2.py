@@ -42,7 +42,15 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from deepseek_v41_formats import decode_e2m1, decode_e4m3, encode_e2m1, encode_e4m3, pow2_scale_exponent
+from deepseek_v41_formats import (
+    E2M1_TABLE,
+    E4M3_TABLE,
+    decode_e2m1,
+    decode_e4m3,
+    encode_e2m1,
+    encode_e4m3,
+    pow2_scale_exponent,
+)
 from deepseek_v41_reference_config import V41Config
 
 F64 = torch.float64
@@ -117,25 +125,81 @@ def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
     return x.unflatten(-1, (-1, size))
 
 
-def round_fp8_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """E4M3 values with a power-of-two scale per ``block`` (amax floored at 1e-4), dequantized."""
+# the cache formats: (block, element grid, largest element, amax floor, power-of-two scale?)
+CACHE_FORMATS = {
+    "fp8_e8m0": (32, E4M3_TABLE[:127], 448.0, 1e-4, True),  # the window latents
+    "fp4_e8m0": (32, E2M1_TABLE[:8], 6.0, 6.0 * 2.0**-126, True),  # the index queries and keys
+    "fp4_e4m3": (16, E2M1_TABLE[:8], 6.0, 6.0 * 2.0**-9, False),  # the compressed entries
+}
+
+
+def _scaled_blocks(x: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(the blocks divided by their scales, the scales, the scales' unrounded value)."""
+    block, _, fmax, floor, pow2 = CACHE_FORMATS[kind]
     b = _blocks(x, block)
-    scale = torch.exp2(pow2_scale_exponent(b.abs().amax(-1).clamp_min(1e-4), 448.0).to(F64))
-    return (decode_e4m3(encode_e4m3(b / scale.unsqueeze(-1))) * scale.unsqueeze(-1)).flatten(-2)
+    amax = b.abs().amax(-1).clamp_min(floor)
+    ratio = amax / fmax
+    if pow2:
+        scale = torch.exp2(pow2_scale_exponent(amax, fmax).to(F64))
+    else:
+        scale = decode_e4m3(encode_e4m3(ratio))
+    return b / scale.unsqueeze(-1), scale, ratio
 
 
-def round_fp4_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """E2M1 values with a power-of-two scale per ``block`` (amax floored at 6 * 2^-126), dequantized."""
-    b = _blocks(x, block)
-    scale = torch.exp2(pow2_scale_exponent(b.abs().amax(-1), 6.0).to(F64))
-    return (decode_e2m1(encode_e2m1(b / scale.unsqueeze(-1)).long()) * scale.unsqueeze(-1)).flatten(-2)
+def round_cache(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """``x`` stored in a cache format and read back (round to nearest element, ties to even)."""
+    scaled, scale, _ = _scaled_blocks(x, kind)
+    if kind == "fp8_e8m0":
+        values = decode_e4m3(encode_e4m3(scaled))
+    else:
+        values = decode_e2m1(encode_e2m1(scaled).long())
+    return (values * scale.unsqueeze(-1)).flatten(-2)
 
 
-def round_fp4_e4m3(x: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """E2M1 values with an E4M3 scale per ``block`` (amax / 6 rounded to E4M3, floored at 2^-9), dequantized."""
-    b = _blocks(x, block)
-    scale = decode_e4m3(encode_e4m3(b.abs().amax(-1).clamp_min(6.0 * 2.0**-9) / 6.0))
-    return (decode_e2m1(encode_e2m1(b / scale.unsqueeze(-1)).long()) * scale.unsqueeze(-1)).flatten(-2)
+def round_fp8_e8m0(x: torch.Tensor) -> torch.Tensor:
+    """E4M3 values with a power-of-two scale per 32 (amax floored at 1e-4): the window latents."""
+    return round_cache(x, "fp8_e8m0")
+
+
+def round_fp4_e8m0(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 values with a power-of-two scale per 32 (amax floored at 6 * 2^-126): the index queries and keys."""
+    return round_cache(x, "fp4_e8m0")
+
+
+def round_fp4_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """E2M1 values with an E4M3 scale per 16 (amax / 6 rounded to E4M3, floored at 2^-9): the entries."""
+    return round_cache(x, "fp4_e4m3")
+
+
+def _midpoint_distance(values: torch.Tensor, grid: torch.Tensor) -> torch.Tensor:
+    """Relative distance of every ``|value|`` to the nearest midpoint between neighbours of ``grid``."""
+    mids = (grid[1:] + grid[:-1]) / 2
+    mag = values.abs().clamp(max=float(grid[-1]))
+    return (mag.unsqueeze(-1) - mids).abs().min(-1).values / mag.clamp_min(1e-300)
+
+
+def rounding_margin(x: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per leading row, the smallest relative distance of any rounding decision (an element's code, a scale's
+    code or power of two) to its boundary: below ~1e-6 an fp32 model may round the other way."""
+    scaled, _, ratio = _scaled_blocks(x, kind)
+    _, grid, _, _, pow2 = CACHE_FORMATS[kind]
+    if pow2:
+        frac = ratio / torch.exp2(torch.log2(ratio).round())
+        scale_margin = (frac - 1).abs()
+    else:
+        scale_margin = _midpoint_distance(ratio, E4M3_TABLE[:127])
+    element = _midpoint_distance(scaled, grid).flatten(1).min(1).values
+    return torch.minimum(element, scale_margin.flatten(1).min(1).values)
+
+
+def top_margin(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """Per row, the relative gap between the k-th and the (k+1)-th best score (inf: no contest)."""
+    if scores.shape[-1] <= k:
+        return torch.full(scores.shape[:-1], math.inf, dtype=F64)
+    best = torch.sort(scores, dim=-1, descending=True).values
+    a, b = best[..., k - 1], best[..., k]
+    gap = (a - b).abs() / a.abs().clamp_min(1e-300)
+    return torch.where(torch.isfinite(a) & torch.isfinite(b), gap, math.inf)
 
 
 # ---- the per-sequence state ---------------------------------------------------------------------------------------
@@ -158,6 +222,11 @@ class CallShared:
     selection: torch.Tensor | None = None  # bool [rows, N]
     candidates: torch.Tensor | None = None  # bool [rows, N]
     groups: dict[int, GroupCache] = field(default_factory=dict)
+    margin: torch.Tensor | None = None  # [rows]: the closest decision to its boundary (None: not recorded)
+
+    def note(self, margin: torch.Tensor) -> None:
+        if self.margin is not None:
+            self.margin = torch.minimum(self.margin, margin)
 
 
 def new_group(cfg: V41Config) -> GroupCache:
@@ -190,9 +259,11 @@ def compress(
     return rms_norm(latent, w[p + "compressor.norm.weight"], cfg.rms_norm_eps)
 
 
-def candidate_pool(cfg: V41Config, scores: torch.Tensor, visible: torch.Tensor, mode: str) -> torch.Tensor:
-    """bool ``[rows, N]``: the entries of the candidate blocks of every row (scores -inf where invisible)."""
-    bs, k = cfg.candidate_block_size, cfg.candidate_topk_blocks
+def candidate_block_scores(
+    cfg: V41Config, scores: torch.Tensor, visible: torch.Tensor, mode: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the blocks' scores, pinned ones +inf and unusable ones -inf; the entries every pool adds)."""
+    bs = cfg.candidate_block_size
     rows, n = scores.shape
     nblocks = -(-n // bs)
     padded = torch.full((rows, nblocks * bs), -math.inf, dtype=F64)
@@ -201,20 +272,24 @@ def candidate_pool(cfg: V41Config, scores: torch.Tensor, visible: torch.Tensor, 
     ids = torch.arange(nblocks)
     if mode == "release":
         newest = (visible - 1).clamp_min(0) // bs
-        block_score = torch.where(
-            (ids[None] == newest[:, None]) & (visible[:, None] > 0), math.inf, block_score
-        )
-        extra = torch.zeros(rows, n, dtype=torch.bool)
-    elif mode == "engine":
+        pinned = (ids[None] == newest[:, None]) & (visible[:, None] > 0)
+        return torch.where(pinned, math.inf, block_score), torch.zeros(rows, n, dtype=torch.bool)
+    if mode == "engine":
         complete = visible // bs
-        pinned = torch.where(visible % bs == 0, complete - 1, -1)
+        pinned_id = torch.where(visible % bs == 0, complete - 1, -1)
         block_score = torch.where(ids[None] >= complete[:, None], -math.inf, block_score)
-        block_score = torch.where(ids[None] == pinned[:, None], math.inf, block_score)
+        block_score = torch.where(ids[None] == pinned_id[:, None], math.inf, block_score)
         j = torch.arange(n)[None]
-        extra = (j >= (complete * bs)[:, None]) & (j < visible[:, None])
-    else:
-        raise ValueError(f"candidate_pool: {mode!r} is neither 'release' nor 'engine'")
-    keep = top_mask(block_score, k).repeat_interleave(bs, dim=-1)[:, :n] | extra
+        return block_score, (j >= (complete * bs)[:, None]) & (j < visible[:, None])
+    raise ValueError(f"candidate_pool: {mode!r} is neither 'release' nor 'engine'")
+
+
+def candidate_pool(cfg: V41Config, scores: torch.Tensor, visible: torch.Tensor, mode: str) -> torch.Tensor:
+    """bool ``[rows, N]``: the entries of the candidate blocks of every row (scores -inf where invisible)."""
+    n = scores.shape[1]
+    block_score, extra = candidate_block_scores(cfg, scores, visible, mode)
+    keep = top_mask(block_score, cfg.candidate_topk_blocks)
+    keep = keep.repeat_interleave(cfg.candidate_block_size, dim=-1)[:, :n] | extra
     return keep & (torch.arange(n)[None] < visible[:, None])
 
 
@@ -249,6 +324,8 @@ def index_select(
     inv_freq = rope_inv_freq(cfg, compressed=True)
     q = rotate_tail((qr @ w[p + "wq_b.weight"].T).view(-1, heads, dim), positions, inv_freq)
     if opts.index_fp4:
+        if shared.margin is not None:
+            shared.note(rounding_margin(q, "fp4_e8m0"))
         q = round_fp4_e8m0(q)
     weights = (u @ w[p + "weights_proj.weight"].T) * (dim**-0.5 * heads**-0.5)
     dots = torch.einsum("thd,nd->thn", q, group.index_keys).clamp_min(0)
@@ -258,28 +335,71 @@ def index_select(
     scores = torch.where(torch.arange(n)[None] < visible[:, None], scores, -math.inf)
     if layer == cfg.candidate_source_layer_id:
         shared.candidates = candidate_pool(cfg, scores, visible, opts.candidate_pool)
+        if shared.margin is not None:
+            blocks = candidate_block_scores(cfg, scores, visible, opts.candidate_pool)[0]
+            shared.note(top_margin(blocks, cfg.candidate_topk_blocks))
     elif cfg.uses_candidates(layer) and opts.restrict_to_candidates and shared.candidates is not None:
         scores = torch.where(shared.candidates, scores, -math.inf)
+    if shared.margin is not None:
+        shared.note(top_margin(scores, cfg.index_topk))
     return top_mask(scores, cfg.index_topk)
 
 
 def publish_entries(
-    cfg: V41Config, opts: ReferenceOptions, w: Weights, layer: int, latent: torch.Tensor, group: GroupCache
+    cfg: V41Config,
+    opts: ReferenceOptions,
+    w: Weights,
+    layer: int,
+    latent: torch.Tensor,
+    group: GroupCache,
+    shared: CallShared,
+    positions: torch.Tensor,
 ) -> None:
     """Append a kv source's new entries (and, when it owns them, index keys) to its group."""
     ratio = cfg.ratio(layer)
     first = group.entries.shape[0]
-    at = (first + torch.arange(latent.shape[0])) * ratio
+    ids = first + torch.arange(latent.shape[0])
+    at = ids * ratio
     inv_freq = rope_inv_freq(cfg, compressed=True)
     key_name = f"layers.{layer}.attn.indexer.wk.weight"
+    stored = []
     if key_name in w:
         keys = rms_norm(
             latent @ w[key_name].T, w[f"layers.{layer}.attn.indexer.k_norm.weight"], cfg.rms_norm_eps
         )
         keys = rotate_tail(keys, at, inv_freq)
-        group.index_keys = torch.cat([group.index_keys, round_fp4_e8m0(keys) if opts.index_fp4 else keys])
+        if opts.index_fp4:
+            stored.append((keys, "fp4_e8m0"))
+            keys = round_fp4_e8m0(keys)
+        group.index_keys = torch.cat([group.index_keys, keys])
     entries = rotate_tail(latent, at, inv_freq)
-    group.entries = torch.cat([group.entries, round_fp4_e4m3(entries) if opts.compressed_fp4 else entries])
+    if opts.compressed_fp4:
+        stored.append((entries, "fp4_e4m3"))
+        entries = round_fp4_e4m3(entries)
+    group.entries = torch.cat([group.entries, entries])
+    if shared.margin is not None and latent.shape[0]:
+        # an entry's rounding reaches the rows from the one that completes its group on
+        rows = (ids + 1) * ratio - 1 - int(positions[0])
+        for values, kind in stored:
+            margin = torch.full_like(shared.margin, math.inf)
+            margin.scatter_reduce_(0, rows, rounding_margin(values, kind), "amin")
+            shared.note(margin)
+
+
+def publish_rows(
+    cfg: V41Config,
+    opts: ReferenceOptions,
+    w: Weights,
+    layer: int,
+    u: torch.Tensor,
+    shared: CallShared,
+    positions: torch.Tensor,
+) -> None:
+    """A kv source's compressor over the rows ``u`` (at ``positions``): the groups they complete become
+    entries (and index keys, from the pre-rotation latent) of the layer's group."""
+    group = shared.groups.setdefault(layer, new_group(cfg))
+    latent = compress(cfg, w, f"layers.{layer}.attn.", cfg.ratio(layer), u, group)
+    publish_entries(cfg, opts, w, layer, latent, group, shared, positions)
 
 
 def attention(
@@ -291,9 +411,13 @@ def attention(
     positions: torch.Tensor,
     window: list[torch.Tensor],
     shared: CallShared,
+    publish: bool = True,
+    window_floor: int = 0,
 ) -> torch.Tensor:
-    """One CSA2 layer over new rows ``u`` ``[rows, hidden]``; ``window[layer]`` holds every earlier row's
-    stored window latent and is extended here."""
+    """One CSA2 layer over new rows ``u`` ``[rows, hidden]``; ``window[layer]`` holds the stored window latent
+    of every earlier position (row = position; rows never computed are zero and never attended) and is extended
+    here. ``publish=False``: a kv source's entries for these rows were published before (``publish_rows``).
+    ``window_floor``: the earliest position the window attends (the bounded prefill's segment start)."""
     p = f"layers.{layer}.attn."
     ratio = cfg.ratio(layer)
     heads, hd = cfg.num_attention_heads, cfg.head_dim
@@ -303,22 +427,23 @@ def attention(
     kv = rotate_tail(
         rms_norm(u @ w[p + "wkv.weight"].T, w[p + "kv_norm.weight"], cfg.rms_norm_eps), positions, inv_freq
     )
-    window[layer] = torch.cat([window[layer], round_fp8_e8m0(kv) if opts.window_fp8 else kv])
+    if opts.window_fp8 and shared.margin is not None:
+        shared.note(rounding_margin(kv, "fp8_e8m0"))
+    gap = int(positions[0]) - window[layer].shape[0]
+    window[layer] = torch.cat(
+        [window[layer], torch.zeros(gap, hd, dtype=F64), round_fp8_e8m0(kv) if opts.window_fp8 else kv]
+    )
     keys = window[layer]
     key_pos = torch.arange(keys.shape[0])
-    allowed = (key_pos[None] <= positions[:, None]) & (
-        key_pos[None] > positions[:, None] - cfg.sliding_window
-    )
+    first = (positions - cfg.sliding_window + 1).clamp_min(window_floor)
+    allowed = (key_pos[None] <= positions[:, None]) & (key_pos[None] >= first[:, None])
 
     if ratio > 0:
         source = cfg.kv_source_of(layer)
         if layer == source:
-            shared.groups.setdefault(layer, new_group(cfg))
             shared.selection = shared.candidates = None
-            group = shared.groups[layer]
-            latent = compress(cfg, w, p, ratio, u, group)
-            # the index keys come from the pre-rotation latent; the source's selection sees its own new entries
-            publish_entries(cfg, opts, w, layer, latent, group)
+            if publish:  # the source's selection sees its own new entries
+                publish_rows(cfg, opts, w, layer, u, shared, positions)
         group = shared.groups[source]
         if layer in cfg.index_source_layer_ids:
             shared.selection = index_select(cfg, opts, w, layer, u, qr, positions, group, shared)

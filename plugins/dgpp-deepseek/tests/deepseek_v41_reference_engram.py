@@ -4,7 +4,8 @@ table, and a gated projection of them is added to every hyper-connection stream.
 - The token map: every token id's decoded text is normalised (NFKC, NFD, accents stripped, lowercased,
   whitespace runs collapsed to one space, stripped, a lone space kept as a space); tokens that normalise alike
   share one class, numbered in order of first appearance. A text with U+FFFD (a partial UTF-8 byte token) is
-  keyed by its raw token string instead. The class count must equal ``engram_compressed_vocab_size``.
+  keyed by its raw token string instead. The class count must equal ``engram_compressed_vocab_size``. Ids
+  past the tokenizer's (a model vocabulary larger than the tokenizer's) take the pad token's class.
 - Bucket sizes: for each engram layer (in ``engram_layer_ids`` order), n-gram size (2..``max_ngram_size``)
   and head, the next prime above ``engram_vocab_size - 1`` not used before (the search restarts at
   ``engram_vocab_size - 1`` for every n-gram size; primes are never reused). A layer's table holds the ranges
@@ -129,9 +130,14 @@ class EngramHasher:
                     f"engram_num_embeddings: layer {layer}'s buckets total {total} rows, the config says "
                     f"{cfg.engram_num_embeddings[i]}"
                 )
+        # ids the tokenizer does not have (an embedding table larger than the vocabulary) have no text: they
+        # hash as the pad token's class
+        padded = list(token_map) + [token_map[cfg.engram_pad_token_id]] * max(
+            0, cfg.vocab_size - len(token_map)
+        )
         return cls(
             cfg,
-            tuple(token_map),
+            tuple(padded),
             tuple(tuple(tuple(h) for h in n) for n in primes),
             tuple(tuple(m) for m in hash_multipliers(cfg)),
         )
