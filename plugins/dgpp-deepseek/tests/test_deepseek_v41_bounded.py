@@ -1,7 +1,8 @@
 """DeepSeek-V4.1's bounded prefill (``engine.prefill_mode: bounded``): the encoder layers over every prompt row, the
 decoder layers over the last window (6 rows on the fixture) only. It is lossy past the window and exact within
-it; chunked prefill (cuts 1, 3, 7), a prefix-cache snapshot and mixed batches give the one-shot bounded tokens,
-since each request keeps its last window of encoder output as state."""
+it, and its last row matches the float64 reference's bounded walk; chunked prefill (cuts 1, 3, 7), a prefix-cache
+snapshot and mixed batches give the one-shot bounded tokens, since each request keeps its last window of encoder
+output as state."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import dataclasses
 
 import pytest
 import torch
+from deepseek_v41_reference import load_reference
 from test_deepseek_v41 import build_fp32_fixture
 
 from dgpp.config_schema import EngineConfig
@@ -22,14 +24,27 @@ BOUNDED = EngineConfig(prefill_mode="bounded")
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    path = build_fp32_fixture(tmp_path_factory.mktemp("deepseek_v41_bounded"))
-    return load_model(path), load_model(path, BOUNDED)
+def checkpoint(tmp_path_factory):
+    return build_fp32_fixture(tmp_path_factory.mktemp("deepseek_v41_bounded"))
+
+
+@pytest.fixture(scope="module")
+def models(checkpoint):
+    return load_model(checkpoint), load_model(checkpoint, BOUNDED)
 
 
 def _last_row(model, prompt: list[int]) -> torch.Tensor:
     """The prompt's last-row logits through a one-shot prefill (the row a bounded prefill computes)."""
     return conf.engine_forced_logits(model, prompt, [0])[0]
+
+
+def test_bounded_matches_the_reference_bounded_prefill(checkpoint, models):
+    """The last row of a one-shot bounded prefill against the float64 reference's bounded walk, within 1e-4."""
+    _, bounded = models
+    reference = load_reference(checkpoint)
+    for prompt in conf.make_prompts(bounded.info.vocab_size, (5, 7, 23, 40), seed=1):
+        ref = reference.new_session().extend(prompt, bounded=True)[-1].float()
+        assert float((_last_row(bounded, prompt) - ref).abs().max() / ref.abs().max()) < 1e-4, len(prompt)
 
 
 def test_within_the_window_bounded_is_exact(models):
