@@ -8,6 +8,7 @@ ratio-2 pairs."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -19,6 +20,7 @@ from deepseek_v41_reference import ReferenceOptions, assert_matches_reference, l
 from deepseek_v41_reference_engram import compressed_token_map
 
 from dgpp.config_schema import EngineConfig
+from dgpp.errors import ConfigError
 from dgpp.nn.linear import Linear
 from dgpp.plugin_api import CompressedKV, StateSpec, WindowBuffer, WindowKV
 from dgpp.startup.loading import load_model
@@ -202,3 +204,20 @@ def test_rows_past_a_rounding_boundary_are_the_only_disagreements(fp32_pair):
     prompts = conf.make_prompts(model.info.vocab_size, TestDeepseekV41Conformance.logits_lengths)
     for prompt, logits in zip(prompts, conf.engine_all_logits(model, prompts), strict=True):
         assert assert_matches_reference(ref.ref, prompt, logits) < 1e-4
+
+
+def test_engram_checkpoint_errors_name_the_file_or_key(checkpoint, tmp_path):
+    """Without tokenizer.json the token classes are unknown; bucket sizes that do not sum to the table's rows are
+    a config error naming ``engram_num_embeddings``."""
+    no_tokenizer = tmp_path / "no_tokenizer"
+    shutil.copytree(checkpoint, no_tokenizer)
+    (no_tokenizer / "tokenizer.json").unlink()
+    with pytest.raises(ConfigError, match="tokenizer.json"):
+        load_model(no_tokenizer)
+    wrong_rows = tmp_path / "wrong_rows"
+    shutil.copytree(checkpoint, wrong_rows)
+    config = json.loads((wrong_rows / "config.json").read_text())
+    config["text_config"]["engram_num_embeddings"][0] += 1
+    (wrong_rows / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ConfigError, match="engram_num_embeddings"):
+        load_model(wrong_rows)
