@@ -129,3 +129,19 @@ def test_canonical_rows_take_one_row_exact_launch(fmt, monkeypatch):
     assert calls == [64]
     torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
     assert torch.equal(got[40], linear.decode_rows(fmt, [tensors], x[40:41], [(n, k)])[0][0])
+
+
+def test_default_tile_splits_k_by_shape_and_device_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from dgpp.quant.kernels import int_rows_launch
+
+    cuda = torch.device("cuda")
+    assert int_rows_launch.default_int_rows_tile(6144, 6144, torch.device("cpu")).split_k == 1
+    monkeypatch.setattr(int_rows_launch, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132)
+    )
+    assert int_rows_launch.default_int_rows_tile(6144, 6144, cuda).split_k == 4  # 96 tiles -> 384 programs
+    assert int_rows_launch.default_int_rows_tile(24576, 6144, cuda).split_k == 1  # 384 tiles already
+    assert int_rows_launch.default_int_rows_tile(6144, 768, cuda).split_k == 1  # K too short to slice

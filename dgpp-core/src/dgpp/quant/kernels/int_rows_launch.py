@@ -29,6 +29,19 @@ class IntRowsTile:
     stages: int = 2
 
 
+def default_int_rows_tile(n: int, k: int, device: torch.device) -> IntRowsTile:
+    """64 columns by 128-wide K tiles; on a GPU, K split in 2..8 slices (each at least 4 tiles) until the launch
+    has 1.5 programs per SM. The split follows the shape and the device only, never the row count."""
+    tile = IntRowsTile()
+    if device.type != "cuda" or interpreting():
+        return tile
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiles, split = cdiv(n, tile.bn), 1
+    while split < 8 and tiles * split < 1.5 * sms and k // (2 * split) >= 4 * tile.bk:
+        split *= 2
+    return dataclasses.replace(tile, split_k=split)
+
+
 def int_rows_supported(fmt: QuantFormat) -> bool:
     """int 2/4/8-bit ``pack-quantized`` (any group, per-row included), NF4I8 and GPTQ / AutoRound."""
     return isinstance(fmt, (IntPacked, NF4Codebook, GPTQ))
@@ -115,7 +128,7 @@ def int_rows_linear(
     from dgpp.quant.kernels.int_rows import int_rows_finish, int_rows_kernel
 
     n, k = shape
-    tile = tile or IntRowsTile()
+    tile = tile or default_int_rows_tile(n, k, x.device)
     x = x.contiguous()
     m = x.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
