@@ -11,12 +11,12 @@ from dgpp.quant.kernels.gemv_tile import MAX_ROWS, GemvTile
 
 # (launch kind, format, shapes, decode tile, dtype, device) -> the batch tile whose rows were found bit-identical to
 # the decode tile's 16-row launches on this device, or None (no candidate was: 16-row launches instead)
-_EXACT_BATCH: dict[tuple, GemvTile | None] = {}
+_EXACT_BATCH: dict[tuple[object, ...], GemvTile | None] = {}
 PROBE_ROWS = 80  # a full 64-row block and a partial one
 
 
 def exact_batch_tile(
-    key: tuple,
+    key: tuple[object, ...],
     launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
     candidates: list[GemvTile],
     k: int,

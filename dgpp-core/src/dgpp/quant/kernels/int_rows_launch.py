@@ -79,7 +79,9 @@ def _levels(device: torch.device) -> torch.Tensor:
     return _LEVELS[device]
 
 
-def _operands(fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape) -> tuple[list, dict]:
+def _operands(
+    fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape
+) -> tuple[list[torch.Tensor], dict[str, object]]:
     """(pointer tensors: words, scales, zeros, g_idx, levels; strides and constexprs) for ``fmt``."""
     n, k = shape
     if isinstance(fmt, GPTQ):
