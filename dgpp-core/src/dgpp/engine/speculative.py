@@ -32,7 +32,7 @@ from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.engine.work import DecodingSequence, SeqWork
-from dgpp.step.cache_spec import StateSpec
+from dgpp.step.cache_spec import StateSpec, stored_as
 from dgpp.step.model import Drafter
 from dgpp.step.pools import CachePools
 
@@ -178,7 +178,8 @@ class SpeculativeDecoder(VerifyDecoder):
     def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int) -> None:
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
-        spec = drafter.cache_spec()
+        # the drafter's K/V in the target's format (e4m3 rows when the target pools hold them)
+        spec = stored_as(drafter.cache_spec(), "fp8" if runner.pools.kv_scales else "auto")
         stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
         if stateful:
             raise ValueError(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, estimate_model_memory, tensor_bytes
+from dgpp.plugin_api import LoadContext, ModelMemory, estimate_model_memory, stored_as, tensor_bytes
 
 MIB = 1 << 20
 
@@ -65,7 +65,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             + ("memory-mapped, not resident" if mapped else "resident")
         )
     return ModelMemory.from_cache_spec(
-        spec,
+        stored_as(spec, engine.kv_dtype),
         weights=weights + (0 if mapped else table),
         # a prefill row: the hyper state and its normed copy, the block input, q/k/v/attention rows, the routed
         # experts' gate/up/act on this rank
