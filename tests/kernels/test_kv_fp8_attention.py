@@ -144,3 +144,28 @@ def test_ring_write_stores_codes_and_scales() -> None:
     assert torch.equal(
         dequantize_rows(rings[0][0][1, 0].to(torch.float8_e4m3fn), rings[0][2][1, 0], k.dtype), k[0]
     )
+
+
+def test_paged_write_stores_codes_and_scales_at_the_slots() -> None:
+    """The Triton scatter (used on CUDA) against the torch one for e4m3 codes and their [.., 1] scale rows."""
+    from dgpp.kernels.kv_write import write_kv_triton
+    from dgpp.nn.attention import write_kv
+
+    k = torch.randn(5, 2, 16, generator=GEN)
+    v = torch.randn(5, 2, 8, generator=GEN)
+    (k_codes, k_scale), (v_codes, v_scale) = quantize_rows(k), quantize_rows(v)
+    slots = torch.tensor([3, -1, 9, 0, 14], dtype=torch.int32)
+    pools = []
+    for write in (write_kv, write_kv_triton):
+        codes = [torch.zeros(4, 4, 2, d, dtype=torch.float8_e4m3fn) for d in (16, 8)]
+        scales = [torch.zeros(4, 4, 2, 1) for _ in range(2)]
+        write(*codes, k_codes, v_codes, slots)
+        write(*scales, k_scale, v_scale, slots)
+        pools.append([c.float() for c in codes] + scales)
+    for got, want in zip(pools[1], pools[0], strict=True):
+        assert torch.equal(got, want)
+    k_pool, k_sc = pools[0][0].view(16, 2, 16), pools[0][2].view(16, 2, 1)
+    assert torch.equal(
+        dequantize_rows(k_pool[9].to(torch.float8_e4m3fn), k_sc[9], torch.float32), round_trip(k[2])
+    )
+    assert float(k_sc[1].abs().max()) == 0.0  # slot -1 wrote nothing

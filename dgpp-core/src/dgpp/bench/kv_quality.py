@@ -4,14 +4,16 @@
                           [--new-tokens 32] [--fixtures] [--out FILE]
 
 On a real model (default: the demo's SmolLM2-135M-Instruct, fetched as ``dgpp serve`` fetches it) and the fixed
-text set ``dgpp.bench.kv_quality_texts``, each chain prefills every text in one step and scores every row
-(teacher-forced): mean NLL per token and the rows whose argmax equals the exact chain's. Each text's first half
-is then continued greedily for ``--new-tokens`` tokens: the tokens produced before the first one that differs
+text set ``dgpp.bench.kv_quality_texts``, each chain prefills the texts together in one step and scores every
+row (teacher-forced): mean NLL per token and the rows whose argmax equals the exact chain's. Each text's first half
+is then continued greedily for ``--new-tokens`` tokens (the texts batched): the tokens produced before the first one that differs
 from the exact chain's. The exact chain runs ``--runs`` times plus once in 16-token prefill chunks: the spread of
 its NLL over those runs is the run-to-run band a lossy lever's cost is compared with. ``--fixtures`` adds, for
 every installed tiny checkpoint (fp32), the largest logit error of the fp8 chain against the exact one (relative
-to the exact chain's largest |logit|), or why the lever is refused there. Prints markdown; ``--out`` also writes
-it with the date, host and commit.
+to the exact chain's largest |logit|), or why the lever is refused there. ``--geometries`` adds, for every
+offered bench geometry (bf16, built on ``meta`` at 1, 2 and 4 ranks), the paged K/V bytes per token and the
+per-request state bytes (sliding rings) with and without the lever. Prints markdown; ``--out`` also writes it with
+the date, host and commit.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import platform
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -47,10 +50,6 @@ class ChainScore:
     greedy_total: int
 
 
-def _row_logits(model: Model, ids: list[int], kv_dtype: str, chunk: int | None = None) -> torch.Tensor:
-    return conf.engine_all_logits(model, [ids], chunk_size=chunk, kv_dtype=kv_dtype)[0]
-
-
 def _nll(logits: torch.Tensor, ids: list[int]) -> tuple[float, int]:
     """Summed NLL of ``ids[1:]`` under rows ``0..n-2`` (fp64) and the number of scored tokens."""
     logp = torch.log_softmax(logits[:-1].double(), dim=-1)
@@ -67,6 +66,12 @@ def _same_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+def _greedy(model: Model, texts: list[list[int]], new_tokens: int, kv_dtype: str) -> list[list[int]]:
+    """Each text's first half continued greedily, all texts batched (a row's tokens do not depend on the batch)."""
+    halves = [ids[: len(ids) // 2] for ids in texts]
+    return greedy_generate(model, halves, new_tokens, stop_at_eos=False, kv_dtype=kv_dtype)
+
+
 def score_chain(
     model: Model,
     texts: list[list[int]],
@@ -76,28 +81,23 @@ def score_chain(
     new_tokens: int,
     chunk: int | None = None,
 ) -> ChainScore:
-    """Score ``kv_dtype`` (``engine.kv_dtype``) over the tokenized ``texts`` against the exact chain's rows and
-    greedy continuations."""
-    total = count = agree = same = 0.0
-    for ids, exact, greedy in zip(texts, exact_rows, exact_greedy, strict=True):
-        logits = _row_logits(model, ids, kv_dtype, chunk)
+    """Score ``kv_dtype`` (``engine.kv_dtype``) over the tokenized ``texts`` (prefilled together, in ``chunk``-token
+    steps when given) against the exact chain's rows and greedy continuations."""
+    rows = conf.engine_all_logits(model, texts, chunk_size=chunk, kv_dtype=kv_dtype)
+    total, count, agree = 0.0, 0, 0
+    for ids, logits, exact in zip(texts, rows, exact_rows, strict=True):
         nll, n = _nll(logits, ids)
         total, count = total + nll, count + n
         agree += int((logits.argmax(-1) == exact.argmax(-1)).sum())
-        ours = greedy_generate(
-            model, [ids[: len(ids) // 2]], new_tokens, stop_at_eos=False, kv_dtype=kv_dtype
-        )
-        same += _same_prefix(ours[0], greedy)
-    rows = sum(len(ids) for ids in texts)
-    return ChainScore(total / count, int(agree), rows, int(same), new_tokens * len(texts))
+    ours = _greedy(model, texts, new_tokens, kv_dtype)
+    same = sum(_same_prefix(a, b) for a, b in zip(ours, exact_greedy, strict=True))
+    return ChainScore(total / count, agree, sum(len(ids) for ids in texts), same, new_tokens * len(texts))
 
 
 def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: int) -> list[str]:
     """The markdown rows for one model: the exact chain's runs, its band, and the fp8 chain."""
-    exact_rows = [_row_logits(model, ids, "auto") for ids in texts]
-    exact_greedy = [
-        greedy_generate(model, [ids[: len(ids) // 2]], new_tokens, stop_at_eos=False)[0] for ids in texts
-    ]
+    exact_rows = conf.engine_all_logits(model, texts)
+    exact_greedy = _greedy(model, texts, new_tokens, "auto")
     chains = [(f"exact, run {r + 1}", "auto", None) for r in range(runs)]
     chains.append((f"exact, {BAND_CHUNK}-token prefill chunks", "auto", BAND_CHUNK))
     scores = [
@@ -150,6 +150,47 @@ def fixture_errors() -> list[str]:
     return lines
 
 
+def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> list[str]:
+    """Per offered bench geometry and world size: (paged K/V bytes per token, state bytes per request) on one rank,
+    bf16 and fp8, from the cache entries its model declares when built on ``meta``."""
+    from dgpp.bench.models import hf_config
+    from dgpp.catalog import bench_geometries
+    from dgpp.family import LoadContext, World
+    from dgpp.plugins import manager, resolve
+    from dgpp.step.cache_spec import stored_as
+    from dgpp.step.memory import cache_rates
+
+    pm = manager()
+    lines = [
+        "| geometry | ranks | K/V B/token bf16 | fp8 | state B/request bf16 | fp8 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in sorted(n for n in bench_geometries() if not n.startswith("tiny")):
+        raw = hf_config(name, torch.bfloat16)
+        found = resolve(pm, raw)
+        for size in world_sizes:
+            ctx = LoadContext(
+                checkpoint_dir=Path(),
+                hf_config=raw,
+                family=found.family.name,
+                architecture=found.matched,
+                device="meta",
+                world=World(0, size),
+            )
+            try:
+                with torch.device("meta"):
+                    spec = pm.hook.dgpp_build_model(ctx=ctx).cache_spec()
+            except ValueError:  # heads that do not split over this many ranks
+                continue
+            kv, state = cache_rates(spec)
+            try:
+                kv8, state8 = (f"{n:,}" for n in cache_rates(stored_as(spec, "fp8")))
+            except ConfigError:
+                kv8 = state8 = "refused"
+            lines.append(f"| {name} | {size} | {kv:,} | {kv8} | {state:,} | {state8} |")
+    return lines
+
+
 def _load(model_id: str, dtype: str) -> tuple[Model, list[list[int]]]:
     from dgpp.checkpoint.resolve import resolve_checkpoint
     from dgpp.config_schema import EngineConfig
@@ -171,6 +212,13 @@ def run_kv_quality(args: argparse.Namespace) -> int:
         "",
         *measure_model(model, texts, args.runs, args.new_tokens),
     ]
+    if args.geometries:
+        lines += [
+            "",
+            "## K/V bytes per rank with and without fp8, bench geometries (bf16)",
+            "",
+            *geometry_rates(),
+        ]
     if args.fixtures:
         lines += [
             "",
