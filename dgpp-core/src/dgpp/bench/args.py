@@ -77,3 +77,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     quality.add_argument(
         "--fixtures", action="store_true", help="also each tiny checkpoint's fp8 logit error"
     )
+    quality.add_argument(
+        "--geometries", action="store_true", help="also K/V bytes with and without fp8 per bench geometry"
+    )
