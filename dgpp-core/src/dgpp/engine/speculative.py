@@ -171,15 +171,14 @@ class SpeculativeDecoder(VerifyDecoder):
 
     The drafter's K/V lives in its own ``CachePools`` with the target's block geometry, so a request's
     ``block_table`` addresses both. ``after_prefill`` must see every target prefill step, so the drafter's
-    K/V covers the prompt."""
+    K/V covers the prompt. ``kv_dtype`` (``engine.kv_dtype``): the format of the drafter's K/V, as the target's."""
 
     keeps_hidden = True
 
-    def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int) -> None:
+    def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int, kv_dtype: str = "auto") -> None:
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
-        # the drafter's K/V in the target's format (e4m3 rows when the target pools hold them)
-        spec = stored_as(drafter.cache_spec(), "fp8" if runner.pools.kv_scales else "auto")
+        spec = stored_as(drafter.cache_spec(), kv_dtype)  # the drafter's K/V in the target's format
         stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
         if stateful:
             raise ValueError(
