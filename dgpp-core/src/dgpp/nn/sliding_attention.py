@@ -101,7 +101,7 @@ def sliding_step(
     v: torch.Tensor,
     ring: dict[str, torch.Tensor],
     batch: ForwardBatch,
-    common: tuple,
+    common: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float],
     window: int,
 ) -> torch.Tensor:
     """Attend over the ring and this step's rows, then store the step's last rows in the ring. An e4m3 ring
@@ -113,9 +113,8 @@ def sliding_step(
     scales = (ring["k_scale"], ring["v_scale"]) if "k_scale" in ring else None
     if scales is None:
         out = window_attention(q, k, v, ring["k"], ring["v"], batch.state_slots, *common, window, False)
-        ring_write(
-            k, v, ring["k"], ring["v"], *places
-        )  # after the read: later rows take entries earlier ones need
+        # after the read: this step's later rows may take ring entries its earlier rows needed
+        ring_write(k, v, ring["k"], ring["v"], *places)
         return out
     (k_codes, k_scale), (v_codes, v_scale) = quantize_rows(k), quantize_rows(v)
     k_seen, v_seen = dequantize_rows(k_codes, k_scale, k.dtype), dequantize_rows(v_codes, v_scale, v.dtype)
