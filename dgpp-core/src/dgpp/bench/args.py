@@ -70,7 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")
     quality = parser.add_argument_group("kv-quality mode (dgpp bench kv-quality)")
-    quality.add_argument("--model", default="dgpp-demo/smollm2-135m-instruct", help="the checkpoint scored")
+    quality.add_argument(
+        "--model", default="dgpp-demo/smollm2-135m-instruct", help="the checkpoint scored ('' for none)"
+    )
     quality.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     quality.add_argument("--runs", type=int, default=3, help="exact-chain runs that make the run-to-run band")
     quality.add_argument("--new-tokens", type=int, default=32, help="greedy tokens continued from each text")

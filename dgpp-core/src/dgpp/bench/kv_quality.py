@@ -13,7 +13,7 @@ every installed tiny checkpoint (fp32), the largest logit error of the fp8 chain
 to the exact chain's largest |logit|), or why the lever is refused there. ``--geometries`` adds, for every
 offered bench geometry (bf16, built on ``meta`` at 1, 2 and 4 ranks), the paged K/V bytes per token and the
 per-request state bytes (sliding rings) with and without the lever. Prints markdown; ``--out`` also writes it with
-the date, host and commit.
+the date, host and commit. ``--model ""`` skips the model (the other sections alone).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import datetime
 import platform
 import subprocess
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -94,44 +95,40 @@ def score_chain(
     return ChainScore(total / count, agree, sum(len(ids) for ids in texts), same, new_tokens * len(texts))
 
 
-def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: int) -> list[str]:
-    """The markdown rows for one model: the exact chain's runs, its band, and the fp8 chain."""
+def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: int) -> Iterator[str]:
+    """The markdown rows for one model, each as it is measured: the exact chain's runs, the fp8 chain, the band."""
     exact_rows = conf.engine_all_logits(model, texts)
     exact_greedy = _greedy(model, texts, new_tokens, "auto")
     chains = [(f"exact, run {r + 1}", "auto", None) for r in range(runs)]
     chains.append((f"exact, {BAND_CHUNK}-token prefill chunks", "auto", BAND_CHUNK))
-    scores = [
-        (name, score_chain(model, texts, kv, exact_rows, exact_greedy, new_tokens, chunk))
-        for name, kv, chunk in chains
-    ]
-    band = max(s.nll for _, s in scores) - min(s.nll for _, s in scores)
-    fp8 = score_chain(model, texts, "fp8", exact_rows, exact_greedy, new_tokens)
-    exact_nll = scores[0][1].nll
-    lines = [
-        "| chain | NLL / token | Δ NLL vs exact | argmax rows = exact | greedy tokens = exact |",
-        "|---|---|---|---|---|",
-    ]
-    for name, s in [*scores, ("kv_dtype fp8", fp8)]:
-        lines.append(
-            f"| {name} | {s.nll:.5f} | {s.nll - exact_nll:+.5f} | {s.top1_agree}/{s.rows} "
+    chains.append(("kv_dtype fp8", "fp8", None))
+    yield "| chain | NLL / token | Δ NLL vs exact run 1 | argmax rows = exact | greedy tokens = exact |"
+    yield "|---|---|---|---|---|"
+    scores = []
+    for name, kv, chunk in chains:
+        s = score_chain(model, texts, kv, exact_rows, exact_greedy, new_tokens, chunk)
+        scores.append(s)
+        yield (
+            f"| {name} | {s.nll:.6f} | {s.nll - scores[0].nll:+.6f} | {s.top1_agree}/{s.rows} "
             f"| {s.greedy_same}/{s.greedy_total} |"
         )
-    inside = abs(fp8.nll - exact_nll) <= band
-    lines.append("")
-    lines.append(
-        f"run-to-run band of the exact chain (NLL max - min over {len(scores)} runs): {band:.5f}; "
-        f"fp8 cost {fp8.nll - exact_nll:+.5f} is {'inside' if inside else 'outside'} it"
+    exact, fp8 = scores[:-1], scores[-1]
+    band = max(s.nll for s in exact) - min(s.nll for s in exact)
+    inside = abs(fp8.nll - exact[0].nll) <= band
+    yield ""
+    yield (
+        f"run-to-run band of the exact chain (NLL max - min over {len(exact)} runs): {band:.6f}; "
+        f"fp8 cost {fp8.nll - exact[0].nll:+.6f} is {'inside' if inside else 'outside'} it"
     )
-    return lines
 
 
-def fixture_errors() -> list[str]:
+def fixture_errors() -> Iterator[str]:
     """For every installed tiny checkpoint (fp32): the fp8 chain's largest logit error against the exact chain."""
     from dgpp.catalog import tiny_checkpoints
     from dgpp.startup.loading import load_model
 
-    lines = [
-        "| tiny checkpoint | max |Δ logit| / max |logit| | mean |Δ logit| / max |logit| |",
+    yield from [
+        "| tiny checkpoint | largest abs Δ logit / largest abs logit | mean abs Δ logit / largest abs logit |",
         "|---|---|---|",
     ]
     for kind, offer in sorted(tiny_checkpoints().items()):
@@ -142,15 +139,14 @@ def fixture_errors() -> list[str]:
             try:
                 lossy = torch.cat(conf.engine_all_logits(model, prompts, kv_dtype="fp8"))
             except ConfigError as e:
-                lines.append(f"| {kind} | refused: {str(e).split(';')[0].split('entries ')[-1]} | |")
+                yield f"| {kind} | refused: {str(e).split('; ')[1]} | |"
                 continue
         scale = float(exact.abs().max())
         diff = (lossy - exact).abs()
-        lines.append(f"| {kind} | {float(diff.max()) / scale:.2e} | {float(diff.mean()) / scale:.2e} |")
-    return lines
+        yield f"| {kind} | {float(diff.max()) / scale:.2e} | {float(diff.mean()) / scale:.2e} |"
 
 
-def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> list[str]:
+def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> Iterator[str]:
     """Per offered bench geometry and world size: (paged K/V bytes per token, state bytes per request) on one rank,
     bf16 and fp8, from the cache entries its model declares when built on ``meta``."""
     from dgpp.bench.models import hf_config
@@ -161,10 +157,8 @@ def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> list[str]:
     from dgpp.step.memory import cache_rates
 
     pm = manager()
-    lines = [
-        "| geometry | ranks | K/V B/token bf16 | fp8 | state B/request bf16 | fp8 |",
-        "|---|---|---|---|---|---|",
-    ]
+    yield "| geometry | ranks | K/V B/token bf16 | fp8 | state B/request bf16 | fp8 |"
+    yield "|---|---|---|---|---|---|"
     for name in sorted(n for n in bench_geometries() if not n.startswith("tiny")):
         raw = hf_config(name, torch.bfloat16)
         found = resolve(pm, raw)
@@ -187,8 +181,7 @@ def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> list[str]:
                 kv8, state8 = (f"{n:,}" for n in cache_rates(stored_as(spec, "fp8")))
             except ConfigError:
                 kv8 = state8 = "refused"
-            lines.append(f"| {name} | {size} | {kv:,} | {kv8} | {state:,} | {state8} |")
-    return lines
+            yield f"| {name} | {size} | {kv:,} | {kv8} | {state:,} | {state8} |"
 
 
 def _load(model_id: str, dtype: str) -> tuple[Model, list[list[int]]]:
@@ -203,36 +196,35 @@ def _load(model_id: str, dtype: str) -> tuple[Model, list[list[int]]]:
     return model, [tokenizer.encode(text) for text in TEXTS]
 
 
+def _sections(args: argparse.Namespace) -> Iterator[str]:
+    if args.model:
+        model, texts = _load(args.model, args.dtype)
+        yield (
+            f"## engine.kv_dtype fp8 on {args.model} ({args.dtype}), {len(texts)} texts, "
+            f"{sum(len(t) for t in texts)} tokens"
+        )
+        yield ""
+        yield from measure_model(model, texts, args.runs, args.new_tokens)
+    if args.geometries:
+        yield from ["", "## K/V bytes per rank with and without fp8, bench geometries (bf16)", ""]
+        yield from geometry_rates()
+    if args.fixtures:
+        yield from ["", "## fp8 logit error against the exact chain, tiny fp32 checkpoints", ""]
+        yield from fixture_errors()
+
+
 def run_kv_quality(args: argparse.Namespace) -> int:
     torch.manual_seed(0)
-    model, texts = _load(args.model, args.dtype)
-    lines = [
-        f"## engine.kv_dtype fp8 on {args.model} ({args.dtype}), {len(texts)} texts, "
-        f"{sum(len(t) for t in texts)} tokens",
-        "",
-        *measure_model(model, texts, args.runs, args.new_tokens),
-    ]
-    if args.geometries:
-        lines += [
-            "",
-            "## K/V bytes per rank with and without fp8, bench geometries (bf16)",
-            "",
-            *geometry_rates(),
-        ]
-    if args.fixtures:
-        lines += [
-            "",
-            "## fp8 logit error against the exact chain, tiny fp32 checkpoints",
-            "",
-            *fixture_errors(),
-        ]
-    table = "\n".join(lines)
-    print(table, flush=True)
+    lines = []
+    for line in _sections(args):  # each row printed as it is measured
+        print(line, flush=True)
+        lines.append(line)
     if args.out:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip()
-        header = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, {platform.processor() or platform.machine()}, commit {commit}"
+        when = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
         with open(args.out, "w") as f:
-            f.write(header + "\n\n" + table + "\n")
+            f.write(f"{when}, {platform.processor() or platform.machine()}, commit {commit}\n\n")
+            f.write("\n".join(lines) + "\n")
     return 0
