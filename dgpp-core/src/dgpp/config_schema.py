@@ -72,6 +72,17 @@ class RopeScaling(_Section, kw_only=True):
     attn_factor: float = 1.0
 
 
+class ImagesConfig(_Section):
+    """Limits on ``image_url`` parts of a request (models with a vision encoder): each is a 400 naming the part."""
+
+    max_images: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8  # image parts per request
+    max_image_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = (
+        20971520  # one image's decoded file, 20 MiB
+    )
+    # one image's width x height before the family resizes it (a bound on decoding memory), 7680 x 4320
+    max_image_pixels: Annotated[int, msgspec.Meta(ge=1, le=2**40)] = 33177600
+
+
 class EngineConfig(_Section):
     """Everything that changes what or how much the engine computes. Lossy levers default off."""
 
@@ -120,8 +131,13 @@ class EngineConfig(_Section):
         "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
     )
     ngram_table: Literal["resident", "mmap"] = "resident"
+    # DeepSeek-V4.1: the entries each indexer keeps per query (0: the checkpoint's index_topk)
+    index_topk: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
+    # DeepSeek-V4.1: "bounded" runs the decoder layers over a prompt's last window only (lossy)
+    prefill_mode: Literal["exact", "bounded"] = "exact"
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
+    images: ImagesConfig = msgspec.field(default_factory=ImagesConfig)
 
     def lossy_levers(self) -> list[str]:
         """The lossy keys turned on (logged at startup, carried by the digest)."""
@@ -130,6 +146,8 @@ class EngineConfig(_Section):
         )  # BF16 dense projections re-encoded to block FP8 at load
         if self.gguf_weights == "int4pack":  # bf16 block scales and bf16 products
             levers.append("gguf_weights")
+        if self.prefill_mode == "bounded":  # the decoder layers skip all but a prompt's last window
+            levers.append("prefill_mode")
         if self.kv_dtype == "fp8":  # K/V rows stored as e4m3 with per-row scales
             levers.append("kv_dtype")
         return levers

@@ -17,6 +17,10 @@ One decode pass, for every live request at position ``c`` (``c`` tokens cached, 
    is restored from the snapshot taken before the verify and the accepted rows are run again (exact; per-row
    state snapshots in the kernels would save that second forward).
 
+A drafter may keep per-request state of its own (e.g. the ring of rows an index-key pooler has not pooled yet,
+GLM-5.3-Flash's MTP layer): it sees every accepted position once, in order, through the backlog; the provisional rows
+of deeper drafts would advance that state past the accepted prefix, so it is saved before them and put back after.
+
 Greedy requests thus emit exactly the plain greedy transcript, whatever the drafter proposes. Steps 2-4 do not
 depend on where drafts come from (``VerifyDecoder``); step 1 is the MTP drafter's (``SpeculativeDecoder``).
 """
@@ -94,7 +98,7 @@ class VerifyDecoder:
         # fp32 logits of every verify row (any model returns the rows its batch names); each row computes what
         # plain decode would
         works = [
-            SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True)  # type: ignore[arg-type]
+            SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True, media=s.media)  # type: ignore[arg-type]
             for s, c, d in zip(seqs, starts, drafts, strict=True)
         ]
         logits = self.runner.step(works, verify=True)
@@ -152,7 +156,7 @@ class VerifyDecoder:
         # the inputs that stand: the token fed at c, then the drafts accepted after it (all now in the output)
         # logits of the last rows are wanted only so the head never sees an empty batch
         works = [
-            SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept])  # type: ignore[arg-type]
+            SeqWork(s.slot, s.block_table, c, s.tokens[c : c + kept], media=s.media)  # type: ignore[arg-type]
             for s, c, kept in redo
         ]
         self.runner.step(works, verify=True)  # the state must be the one plain decode reaches, row by row
@@ -179,11 +183,7 @@ class SpeculativeDecoder(VerifyDecoder):
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
         spec = stored_as(drafter.cache_spec(), kv_dtype)  # the drafter's K/V in the target's format
-        stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
-        if stateful:
-            raise ValueError(
-                f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported"
-            )
+        self._stateful = any(isinstance(s, StateSpec) for s in spec.values())
         super().__init__(runner, depth, "mtp")
         runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)
         self.drafter = drafter
@@ -255,6 +255,30 @@ class SpeculativeDecoder(VerifyDecoder):
         hidden, logits = self._draft_step(items, torch.cat(rows), 0)
         index = {s: i for i, s in enumerate(seqs)}
         chain = [(index[s], s) for s, _, _ in items]
+        saved = self._save_draft_state([s for _, s in chain]) if self._stateful and self.depth > 1 else {}
+        try:
+            self._chain(drafts, depths, chain, hidden, logits)
+        finally:
+            for slot, tensors in saved.items():  # the drafter's state as the accepted rows left it
+                for t, kept in zip(self._draft_state_tensors(), tensors, strict=True):
+                    t[slot].copy_(kept)
+        return drafts
+
+    def _draft_state_tensors(self) -> list[torch.Tensor]:
+        return [t for ts in self.draft_pools.state.values() for t in ts.values()]
+
+    def _save_draft_state(self, seqs: list[DecodingSequence]) -> dict[int, list[torch.Tensor]]:
+        return {s.slot: [t[s.slot].clone() for t in self._draft_state_tensors()] for s in seqs}  # type: ignore[index]
+
+    def _chain(
+        self,
+        drafts: list[list[int]],
+        depths: list[int],
+        chain: list[tuple[int, DecodingSequence]],
+        hidden: torch.Tensor,
+        logits: torch.Tensor | None,
+    ) -> None:
+        """Greedy drafts from the backlog's last rows, then the drafter on its own output (provisional rows)."""
         for step in range(self.depth):
             assert logits is not None
             picks = torch.argmax(logits, dim=-1).tolist()  # greedy drafts; ties to the lowest id
@@ -270,7 +294,6 @@ class SpeculativeDecoder(VerifyDecoder):
             hidden = hidden[keep]
             items = [(s, s.computed - 1 + len(drafts[i]), [drafts[i][-1]]) for i, s in chain]
             hidden, logits = self._draft_step(items, hidden, step + 1)
-        return drafts
 
     def _draft_step(
         self,
@@ -281,7 +304,7 @@ class SpeculativeDecoder(VerifyDecoder):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
         (``want_logits``) fp32 logits of each item's last row."""
-        works = [SeqWork(s.slot, s.block_table, first, tokens) for s, first, tokens in items]  # type: ignore[arg-type]
+        works = [SeqWork(s.slot, s.block_table, first, tokens, media=s.media) for s, first, tokens in items]  # type: ignore[arg-type]
         batch = build_batch(works, self.draft_pools, self.runner.device)
         hidden = self.drafter(batch, previous, step)
         if not want_logits:
