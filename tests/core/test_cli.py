@@ -164,9 +164,20 @@ def test_templates_reports_an_invalid_one(tmp_path, monkeypatch, capsys):
 
 def test_check_refuses_a_kv_format_serve_would_refuse(tmp_path, tiny_qwen3, capsys):
     # check and serve share the preflight: "ready" from check must mean serve starts
-    fp8_kv = write_template(tmp_path, "fp8kv.json", model=str(tiny_qwen3), engine={"kv_dtype": "fp8"})
-    assert main(["check", fp8_kv]) == 1
+    fp4_kv = write_template(tmp_path, "fp4kv.json", model=str(tiny_qwen3), engine={"kv_dtype": "fp4"})
+    assert main(["check", fp4_kv]) == 1
     assert "engine.kv_dtype" in capsys.readouterr().err
+
+
+def test_check_counts_fp8_kv_bytes_and_names_the_lever(tmp_path, tiny_qwen3, capsys):
+    plans = {}
+    for kv in ("auto", "fp8"):
+        path = write_template(tmp_path, f"{kv}.json", model=str(tiny_qwen3), engine={"kv_dtype": kv})
+        assert main(["check", path]) == 0
+        plans[kv] = capsys.readouterr().out
+    assert "lossy levers none" in plans["auto"] and "lossy levers kv_dtype" in plans["fp8"]
+    # the tiny fp32 Qwen3: 2 layers x 2 KV heads x (16 + 16) values; fp8: 1 byte each plus an fp32 scale per row
+    assert "kv 512 B/token" in plans["auto"] and "kv 160 B/token" in plans["fp8"]
 
 
 def test_check_names_a_load_time_fp8_conversion_as_a_lossy_lever(tmp_path, tiny_qwen3, capsys):

@@ -176,7 +176,7 @@ def test_attention_modules_declare_the_cache_layout(tmp_path):
     layers = [m for m in model.modules() if isinstance(m, PagedAttention)]
     spec = model.cache_spec()
     assert list(spec) == [m.cache_name for m in layers] and len(spec) == model.config.num_hidden_layers
-    assert all(s == PagedKV(2, 16, torch.float32) for s in spec.values())
+    assert all(s == PagedKV(2, 16, torch.float32, fp8_rows=True) for s in spec.values())
     twice = torch.nn.Sequential(layers[0], PagedAttention(layers[0].cache_name, 4, 2, 16))
     with pytest.raises(ValueError, match="declared by two modules"):
         collect_cache_entries(twice, torch.float32)

@@ -22,6 +22,7 @@ from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.serve.metrics import engine_report
 from dgpp.startup.loading import load_context, load_model, read_hf_config
+from dgpp.step.cache_spec import stored_as
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.scheduler import scheduler_config
@@ -109,12 +110,13 @@ def serve(
     oracle: dict | None = None,
     wrong_from: int | None = None,
     eos: frozenset[int] = frozenset(),
+    kv_dtype: str = "auto",
 ) -> tuple[dict[str, list[int]], Scheduler]:
-    """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
+    """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request. K/V
+    (the target's and the drafter's) stored as ``kv_dtype`` (``engine.kv_dtype``) says."""
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
-    pools = CachePools(
-        model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device
-    )
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    pools = CachePools(spec, BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device)
     runner = ModelRunner(model, pools)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
@@ -122,7 +124,7 @@ def serve(
     if oracle is not None:
         drafter = OracleDrafter(sched, oracle, wrong_from)
     if drafter is not None:
-        sched.speculative = SpeculativeDecoder(runner, drafter, depth)
+        sched.speculative = SpeculativeDecoder(runner, drafter, depth, kv_dtype)
     out: dict[str, list[int]] = {}
 
     def sink(s: Sequence, ev: SeqEvent) -> None:
@@ -165,9 +167,11 @@ def test_glm_greedy_mtp_equals_plain(glm, depth):
     _check_counters(sched, depth)
 
 
-def test_mimo_v26_greedy_mtp_equals_plain(tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_mimo_v26_greedy_mtp_equals_plain(tmp_path, kv_dtype):
     """MiMo-V2.6 as shipped (fused FP8 qkv, MXFP4 experts): its MTP layer attends a sliding window over the
-    drafter's paged pool while the target's sliding layers keep per-request rings, restored on rejection."""
+    drafter's paged pool while the target's sliding layers keep per-request rings, restored on rejection; with
+    ``engine.kv_dtype: fp8`` every one of those caches holds e4m3 rows, and speculation on still equals off."""
     from dgpp.config import EngineConfig
     from dgpp_mimo.testing import build_tiny_mimo
     from dgpp_mimo.testing_v26 import write_v26_checkpoint
@@ -181,11 +185,16 @@ def test_mimo_v26_greedy_mtp_equals_plain(tmp_path):
     )
     model = load_model(v26)
     drafter = manager().hook.dgpp_build_draft(ctx=load_context(v26, EngineConfig(mtp=True)), model=model)
-    plain, _ = serve(model)
+    plain, _ = serve(model, kv_dtype=kv_dtype)
     for depth in (1, 2):
-        spec, sched = serve(model, drafter, depth)
+        spec, sched = serve(model, drafter, depth, kv_dtype=kv_dtype)
         assert spec == plain
         _check_counters(sched, depth)
+        assert isinstance(sched.speculative, SpeculativeDecoder)
+        draft_k = next(iter(sched.speculative.draft_pools.kv.values()))[0]
+        assert (draft_k.element_size() == 1) == (kv_dtype == "fp8")
+    if kv_dtype == "fp8":  # the lever is on: its tokens leave the exact chain's somewhere
+        assert plain != serve(model)[0]
 
 
 def test_eos_retires_mid_step(glm):

@@ -116,3 +116,11 @@ def test_progress_watchdog_thread_calls_on_stall_once_and_can_be_disarmed():
     time.sleep(0.3)  # idle: nothing reported
     quiet.set()
     assert len(stalls) == 1
+
+
+def test_a_lossy_lever_on_one_rank_only_is_refused_by_name():
+    """Every rank runs the same K/V format: ``engine.kv_dtype: fp8`` on one rank and not the other refuses the world."""
+    exact = settings_of(parse_config({"model": "a", "world_size": 2}))
+    lossy = settings_of(parse_config({"model": "a", "world_size": 2, "engine": {"kv_dtype": "fp8"}}))
+    text = settings_difference(exact, lossy, 1)
+    assert text is not None and "config digest" in text and "engine.kv_dtype ('auto' vs 'fp8')" in text

@@ -57,10 +57,16 @@ def chat_messages(question: str) -> list[dict]:
 
 
 def check_served_greedy(
-    ckpt: Path, sdk: openai.OpenAI, questions: tuple[str, ...], min_prompt_tokens: int, max_tokens: int = 12
+    ckpt: Path,
+    sdk: openai.OpenAI,
+    questions: tuple[str, ...],
+    min_prompt_tokens: int,
+    max_tokens: int = 12,
+    kv_dtype: str = "auto",
 ) -> None:
-    """Cold, hit (at least 16 cached tokens) and concurrent answers equal the runner's greedy continuation; every
-    rendered prompt is longer than ``min_prompt_tokens``."""
+    """Cold, hit (at least 16 cached tokens) and concurrent answers equal the runner's greedy continuation (K/V
+    stored as the server's ``engine.kv_dtype``, given as ``kv_dtype``); every rendered prompt is longer than
+    ``min_prompt_tokens``."""
 
     def ask(question: str, **extra) -> openai.types.chat.ChatCompletion:
         return sdk.chat.completions.create(
@@ -80,7 +86,7 @@ def check_served_greedy(
     assert min(len(p) for p in prompts) > min_prompt_tokens
     want = [
         tok.decode(t, skip_special_tokens=True)
-        for t in greedy_generate(model, prompts, max_tokens, stop_at_eos=False)
+        for t in greedy_generate(model, prompts, max_tokens, stop_at_eos=False, kv_dtype=kv_dtype)
     ]
 
     cold = ask(questions[0], prefix_cache=False)

@@ -42,6 +42,7 @@ if TYPE_CHECKING:
         StateSpec,
         WindowBuffer,
         WindowKV,
+        stored_as,
     )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
     from dgpp.step.model import Drafter, Model, ModelInfo, collect_cache_entries
@@ -68,6 +69,7 @@ _LAZY = {
     "WindowBuffer": "dgpp.step.cache_spec",
     "PagedKV": "dgpp.step.cache_spec",
     "StateSpec": "dgpp.step.cache_spec",
+    "stored_as": "dgpp.step.cache_spec",
     "MemoryPlan": "dgpp.step.memory",
     "ModelMemory": "dgpp.step.memory",
     "transformer_activation_bytes": "dgpp.step.memory",
@@ -134,6 +136,7 @@ __all__ = [
     "estimate_model_memory",
     "quantize_modules",
     "settle_weights",
+    "stored_as",
     "tensor_bytes",
     "transformer_activation_bytes",
 ]

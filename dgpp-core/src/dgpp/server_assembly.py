@@ -26,6 +26,7 @@ from dgpp.serve.backend import Backend, TextStack
 from dgpp.serve.generation import ModelLimits
 from dgpp.serve.images import ImageInputs
 from dgpp.startup.kv_format import refuse_unstored_kv
+from dgpp.step.cache_spec import stored_as
 
 if TYPE_CHECKING:
     from dgpp.startup.deployment import Deployment
@@ -290,7 +291,7 @@ def build_backend(
         deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm
     )
     tokenizer = text.tokenizer
-    spec = model.cache_spec()
+    spec = stored_as(model.cache_spec(), engine_cfg.kv_dtype)  # e4m3 K/V rows under kv_dtype fp8
     state_bytes = sum(s.bytes_per_request() for s in spec.values() if hasattr(s, "bytes_per_request"))
     sizes = PoolSizes.of(engine_cfg, snapshot_slots(engine_cfg, state_bytes) if info.hybrid else 0)
     pools = CachePools(spec, sizes.num_blocks, sizes.block_size, sizes.state_slots, device=device)

@@ -11,6 +11,7 @@ import torch
 from dgpp.plugin_api import CheckpointError, ConfigError, load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
+from dgpp.testing.suite import KVFp8Lever
 
 pytest.importorskip("dgpp_llama", reason="install this plugin first: pip install -e .")
 
@@ -124,3 +125,7 @@ def test_errors_name_the_key_and_the_tensor(tmp_path):
         CheckpointError, match=r"'model.layers.1.mlp.up_proj.weight'.*missing from .*model.safetensors"
     ):
         load_model(bad)
+
+
+class TestLlamaKVFp8(KVFp8Lever):
+    """``engine.kv_dtype: fp8`` on the example plugin's paged GQA cache (core's attention), against the exact chain."""

@@ -104,3 +104,24 @@ def test_template_plan_fits_a_node_at_1m_context(tmp_path, world, slots):
     experts = 43 * 256 * 3 * 4096 * 2048 * 17 // 32 // world
     assert experts < plan.weights < experts + 14 * GiB
     assert plan.fits(121 * GiB), plan.describe()
+
+
+def test_fp8_kv_is_refused_by_the_plan_naming_the_cache_entries(tmp_path):
+    """``engine.kv_dtype: fp8`` stores GQA / window / sink K/V only: ``dgpp check`` refuses it here as serve would."""
+    import msgspec
+
+    from dgpp.errors import ConfigError
+
+    (tmp_path / "config.json").write_text(json.dumps(V4_FLASH))
+    save_file({"head.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # names only
+    root = Path(__file__).resolve().parents[3]
+    engine = msgspec.structs.replace(
+        load_config(root / "deploy" / "deepseek-v4-flash_mxfp4-fp8_w4.json").engine, kv_dtype="fp8"
+    )
+    ctx = LoadContext(
+        tmp_path, V4_FLASH, "deepseek", "DeepseekV4ForCausalLM", engine=engine, world=World(0, 4)
+    )
+    with pytest.raises(
+        ConfigError, match=r"engine.kv_dtype: 'fp8'.*layers.0.attn \(WindowKV\).*compute dtype only"
+    ):
+        plan_for(build_manager(), ctx)

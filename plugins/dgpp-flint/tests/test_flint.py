@@ -13,7 +13,12 @@ import transformers
 from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
+from dgpp.testing.suite import (
+    HybridConformance,
+    KVFp8Lever,
+    check_checkpoint_logits,
+    tiny_checkpoint_fixtures,
+)
 from dgpp_flint.model import FlintForCausalLM
 from dgpp_flint.testing import build_tiny_flint
 
@@ -98,3 +103,7 @@ def test_bf16_logits_within_tolerance(tmp_path):
     path = build_tiny_flint(tmp_path, seed=5, dtype=torch.bfloat16)
     model = check_checkpoint_logits(path, (6, 21), seed=6, rtol=3e-2, max_outlier_rows=0.15)
     assert model.info.dtype == torch.bfloat16
+
+
+class TestFlintKVFp8(KVFp8Lever):
+    """``engine.kv_dtype: fp8`` on Flint's paged full layers and sliding rings (both with sinks), against the exact chain; the prefix hit cuts past the window."""

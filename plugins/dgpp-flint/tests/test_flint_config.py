@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import pytest
 import torch
 
@@ -67,6 +68,18 @@ def test_memory_plan_counts_window_bounded_kv_and_packed_experts(tmp_path):
         plan.state_per_request == (49 - len(FULL_LAYERS)) * 512 * 4 * 128 * 2 * 2
     )  # 35 rings of 512 positions
     assert plan.state_per_request == 35 << 20
+    # kv_dtype fp8: 1 byte per K/V value plus an fp32 scale per K row and per V row, pool and rings alike
+    ctx8 = LoadContext(
+        tmp_path,
+        FLINT,
+        "flint",
+        "FlintForCausalLM",
+        engine=msgspec.structs.replace(deploy.engine, kv_dtype="fp8"),
+        world=World(0, 1),
+    )
+    plan8 = plan_for(build_manager(), ctx8)
+    assert plan8.kv_per_token == len(FULL_LAYERS) * 4 * (256 + 8) == 14_784
+    assert plan8.state_per_request == 35 * 512 * 4 * (256 + 8) == 18_923_520
     # experts: 23 FP8 layers at ~1 B/weight, 22 NVFP4 at ~0.56, two mixed; the rest BF16 (projections as bf12)
     expert_weights = 256 * 3 * 512 * 2048
     fp8, nvfp4 = expert_weights * (1 + 4 / 128**2), expert_weights * (0.5 + 1 / 16)

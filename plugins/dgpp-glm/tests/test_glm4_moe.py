@@ -11,7 +11,12 @@ import transformers
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.suite import FamilyConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
+from dgpp.testing.suite import (
+    FamilyConformance,
+    KVFp8Lever,
+    check_checkpoint_logits,
+    tiny_checkpoint_fixtures,
+)
 from dgpp_glm.model import Glm4MoeForCausalLM
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
@@ -80,3 +85,7 @@ def test_bf16_logits_within_tolerance_and_greedy_matches(tmp_path):
     conf.check_logits(model, ref, prompts, rtol=3e-2, max_outlier_rows=0.15)
     # along transformers' greedy path, through our decode steps: a differing pick only at a near-tie
     assert conf.check_greedy_near_ties(model, ref, prompts, max_new_tokens=16, rtol=3e-2) <= len(prompts)
+
+
+class TestGlm4MoeKVFp8(KVFp8Lever):
+    """``engine.kv_dtype: fp8`` on GLM-4.7's paged GQA cache, against the exact chain."""

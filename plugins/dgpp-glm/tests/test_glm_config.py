@@ -122,7 +122,13 @@ def test_memory_plan_of_glm_4_7_nvfp4_at_w4(tmp_path):
     deploy = load_config(TEMPLATE)
     ctx = LoadContext(tmp_path, GLM_4_7, "glm", "Glm4MoeForCausalLM", engine=deploy.engine, world=World(0, 4))
     plan = plan_for(build_manager(), ctx)
-    assert plan.kv_per_token == 93 * 2 * 128 * 2 * 2
+    assert plan.kv_per_token == 93 * 2 * 128 * 2 * 2 == 95_232
+    import msgspec
+
+    fp8 = msgspec.structs.replace(deploy.engine, kv_dtype="fp8")
+    ctx8 = LoadContext(tmp_path, GLM_4_7, "glm", "Glm4MoeForCausalLM", engine=fp8, world=World(0, 4))
+    # kv_dtype fp8: 1 byte per K/V value plus an fp32 scale per K row and per V row
+    assert plan_for(build_manager(), ctx8).kv_per_token == 93 * 2 * (128 + 128 + 8) == 49_104
     assert 45 * GiB < plan.weights < 60 * GiB
     assert 1 * GiB < plan.drafter < 3 * GiB  # one BF16 MoE block sliced over 4 ranks
     assert plan.fits(121 * GiB)  # a GB10 node's OS-visible memory

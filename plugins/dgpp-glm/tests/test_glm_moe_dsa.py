@@ -4,13 +4,15 @@ sparse path is live, 16 indexer heads, one dense layer then GLM's MoE."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
+from dgpp.errors import ConfigError
 from dgpp.startup.loading import load_model
-from dgpp.step.cache_spec import LatentKV, PagedKV
+from dgpp.step.cache_spec import LatentKV, PagedKV, stored_as
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp.testing.generate import greedy_generate, make_pools
@@ -154,3 +156,10 @@ def test_yarn_rope_and_softmax_mscale_match_transformers(tmp_path):
     model, ref = load_model(path), load_reference(path)
     assert model.model.layers[0].self_attn.scale > (16 + 8) ** -0.5
     conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (9, 40), seed=7), rtol=1e-4)
+
+
+def test_fp8_kv_is_refused_for_the_latent_and_index_caches(fp32_pair):
+    """``engine.kv_dtype: fp8`` stores GQA / window / sink K/V only: the MLA latent and DSA index entries say so."""
+    model, _ = fp32_pair
+    with pytest.raises(ConfigError, match=r"engine.kv_dtype: 'fp8'.*\(LatentKV\)"):
+        stored_as(model.cache_spec(), "fp8")

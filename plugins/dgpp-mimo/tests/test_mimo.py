@@ -15,7 +15,12 @@ import transformers
 from dgpp.plugin_api import PagedKV, WindowKV
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.suite import HybridConformance, check_checkpoint_logits, tiny_checkpoint_fixtures
+from dgpp.testing.suite import (
+    HybridConformance,
+    KVFp8Lever,
+    check_checkpoint_logits,
+    tiny_checkpoint_fixtures,
+)
 from dgpp_mimo.model import MimoV2FlashForCausalLM
 from dgpp_mimo.testing import build_tiny_mimo
 
@@ -157,3 +162,7 @@ def test_bf16_logits_within_tolerance(tmp_path):
     path = build_tiny_mimo(tmp_path, seed=5, dtype=torch.bfloat16)
     model = check_checkpoint_logits(path, (6, 21), seed=6, rtol=3e-2, max_outlier_rows=0.15)
     assert model.info.dtype == torch.bfloat16
+
+
+class TestMimoKVFp8(KVFp8Lever):
+    """``engine.kv_dtype: fp8`` on MiMo's paged full layers and sliding rings (q/k 48 wide, v 32), against the exact chain; the prefix hit cuts past the window."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import msgspec
 import torch
 from safetensors.torch import save_file
 
@@ -53,6 +54,10 @@ def test_w2_plan_counts_window_bounded_kv_and_fits_a_node(tmp_path):
     assert plan.kv_per_token == 9 * 2 * per_head + 4 * per_head == 14_080
     # 39 sliding layers x 127 ring positions x 4 of 8 KV heads per rank
     assert plan.state_per_request == 39 * 127 * 4 * per_head
+    # kv_dtype fp8: 1 byte per K/V value plus an fp32 scale per K row and per V row, pool, rings and MTP layer alike
+    plan8 = _plan(tmp_path, msgspec.structs.replace(deploy.engine, kv_dtype="fp8"))
+    assert plan8.kv_per_token == (9 * 2 + 4) * (192 + 128 + 8) == 7_216
+    assert plan8.state_per_request == 39 * 127 * 4 * (192 + 128 + 8) == 6_498_336
     # experts: 47 layers x 256 x 3 projections of 4096 x 2048 at 4.25 bits, half per rank
     experts = 47 * 256 * 3 * 4096 * 2048 * (0.5 + 1 / 32) / 2
     assert experts < plan.weights < experts + 8 * GiB

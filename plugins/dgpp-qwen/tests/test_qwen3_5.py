@@ -29,7 +29,7 @@ def test_cache_spec_follows_layer_types(fp32_pair):
     gdn = spec["layers.0"].tensors
     assert gdn["recurrent"] == ((4, 16, 16), torch.float32)  # [v heads, k dim, v dim], always fp32
     assert gdn["conv"] == ((3, 2 * 2 * 16 + 4 * 16), torch.float32)  # last kernel-1 inputs of [q|k|v]
-    assert spec["layers.1"] == PagedKV(num_kv_heads=2, head_dim=16, dtype=torch.float32)
+    assert spec["layers.1"] == PagedKV(num_kv_heads=2, head_dim=16, dtype=torch.float32, fp8_rows=True)
     assert model.info.hybrid
 
 
@@ -107,7 +107,7 @@ def test_release_geometry_builds_with_the_expected_cache(world_size):
     assert isinstance(spec["layers.3"], PagedKV) and isinstance(spec["layers.4"], StateSpec)
     assert gdn[0].tensors["recurrent"] == ((48 // world_size, 128, 128), torch.float32)
     assert gdn[0].tensors["conv"] == ((3, (2 * 16 * 128 + 48 * 128) // world_size), torch.bfloat16)
-    assert attn[0] == PagedKV(num_kv_heads=4 // world_size, head_dim=256, dtype=torch.bfloat16)
+    assert attn[0] == PagedKV(num_kv_heads=4 // world_size, head_dim=256, dtype=torch.bfloat16, fp8_rows=True)
     per_request = sum(s.bytes_per_request() for s in gdn)
     assert per_request == 48 * (48 * 128 * 128 * 4 + 3 * 10240 * 2) // world_size  # ≈ 147 MiB at TP1
     assert model.model.layers[3].self_attn.rotary.rotary_dim == 64

@@ -9,9 +9,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=("decode", "serve"),
+        choices=("decode", "serve", "kv-quality"),
         default="decode",
-        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP",
+        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP; kv-quality: "
+        "engine.kv_dtype fp8 against the exact chain (NLL, greedy agreement, the exact chain's band)",
     )
     parser.add_argument("--geometry", default="qwen3-8b")
     parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
@@ -68,3 +69,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds after a case's requests are sent before the profile starts (0: the burst itself)",
     )
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")
+    quality = parser.add_argument_group("kv-quality mode (dgpp bench kv-quality)")
+    quality.add_argument(
+        "--model", default="dgpp-demo/smollm2-135m-instruct", help="the checkpoint scored ('' for none)"
+    )
+    quality.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    quality.add_argument("--runs", type=int, default=3, help="exact-chain runs that make the run-to-run band")
+    quality.add_argument("--new-tokens", type=int, default=32, help="greedy tokens continued from each text")
+    quality.add_argument(
+        "--fixtures", action="store_true", help="also each tiny checkpoint's fp8 logit error"
+    )
+    quality.add_argument(
+        "--geometries", action="store_true", help="also K/V bytes with and without fp8 per bench geometry"
+    )

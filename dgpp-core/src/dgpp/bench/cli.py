@@ -178,6 +178,10 @@ def run(args: argparse.Namespace) -> int:
         from dgpp.bench.serve import run_serve
 
         return run_serve(args)
+    if getattr(args, "mode", "decode") == "kv-quality":
+        from dgpp.bench.kv_quality import run_kv_quality
+
+        return run_kv_quality(args)
     device = args.device
     quant = getattr(args, "quant", "")
     variants = parse_variants(quant)

@@ -36,7 +36,7 @@ from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.engine.work import DecodingSequence, SeqWork
-from dgpp.step.cache_spec import StateSpec
+from dgpp.step.cache_spec import StateSpec, stored_as
 from dgpp.step.model import Drafter
 from dgpp.step.pools import CachePools
 
@@ -175,14 +175,14 @@ class SpeculativeDecoder(VerifyDecoder):
 
     The drafter's K/V lives in its own ``CachePools`` with the target's block geometry, so a request's
     ``block_table`` addresses both. ``after_prefill`` must see every target prefill step, so the drafter's
-    K/V covers the prompt."""
+    K/V covers the prompt. ``kv_dtype`` (``engine.kv_dtype``): the format of the drafter's K/V, as the target's."""
 
     keeps_hidden = True
 
-    def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int) -> None:
+    def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int, kv_dtype: str = "auto") -> None:
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
-        spec = drafter.cache_spec()
+        spec = stored_as(drafter.cache_spec(), kv_dtype)  # the drafter's K/V in the target's format
         self._stateful = any(isinstance(s, StateSpec) for s in spec.values())
         super().__init__(runner, depth, "mtp")
         runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)

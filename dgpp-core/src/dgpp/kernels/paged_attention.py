@@ -4,7 +4,9 @@
 ``block_tables [B, max_blocks]`` (int32); ``seq_lens [B]`` = tokens in the cache for each sequence,
 the current one included (its K/V was written before the call). A row with ``seq_len == 0`` is a
 padding row (CUDA-graph batch padding) and gets zeros. ``window > 0`` attends to the last
-``window`` tokens only. Returns ``[B, Hq, Dv]`` in q's dtype.
+``window`` tokens only. Returns ``[B, Hq, Dv]`` in q's dtype. ``scales``: an e4m3 pool's fp32 row scales
+``(k_scale, v_scale)``, each ``[num_blocks, block_size, Hk, 1]`` (``engine.kv_dtype: fp8``); each loaded
+tile is dequantized once, ``code * scale`` rounded to q's dtype (``dgpp.kernels.kv_fp8``).
 
 The Triton path is flash-decoding: one program per (sequence, KV head, split) computes a partial
 softmax for all query heads of the KV group (the group shares every K/V byte it loads), and a second
@@ -22,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
 _BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
@@ -36,6 +39,7 @@ def paged_decode_attention_ref(
     seq_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     batch, hq, _ = q.shape
     bs, hk = k_cache.shape[1], k_cache.shape[2]
@@ -46,8 +50,12 @@ def paged_decode_attention_ref(
         first = max(0, n - window) if window > 0 else 0
         tok = torch.arange(first, n, device=q.device)
         phys = block_tables[b, tok // bs].long()
-        k = k_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)  # [L, Hq, D]
-        v = v_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)
+        k, v = k_cache[phys, tok % bs], v_cache[phys, tok % bs]
+        if scales is not None:
+            k = dequantize_rows(k, scales[0][phys, tok % bs], q.dtype)
+            v = dequantize_rows(v, scales[1][phys, tok % bs], q.dtype)
+        k = k.float().repeat_interleave(hq // hk, dim=1)  # [L, Hq, D]
+        v = v.float().repeat_interleave(hq // hk, dim=1)
         scores = torch.einsum("hd,lhd->hl", q[b].float(), k) * scale
         out[b] = torch.einsum("hl,lhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out
@@ -71,6 +79,8 @@ def _decode_partition_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    ksc_ptr,
+    vsc_ptr,
     bt_ptr,
     lens_ptr,
     out_ptr,
@@ -92,6 +102,9 @@ def _decode_partition_kernel(
     v_blk,
     v_tok,
     v_head,
+    sc_blk,
+    sc_tok,
+    sc_head,
     bt_b,
     o_b,
     o_h,
@@ -101,6 +114,7 @@ def _decode_partition_kernel(
     BLOCK_DV: tl.constexpr,
     ONE_SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
 ):
     """Program ``(b, kvh, p)`` computes splits ``p, p + grid_splits, ...`` of its sequence: how the context
     is cut depends on ``seq_len`` and ``num_splits`` alone, how many programs share the work does not
@@ -137,6 +151,10 @@ def _decode_partition_kernel(
             kt = tl.load(
                 k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
             )
+            if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
+                sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
+                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)
+                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
             s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -145,6 +163,9 @@ def _decode_partition_kernel(
             l_i = l_i * alpha + tl.sum(p, axis=1)
             v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+            if HAS_SCALES:
+                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)
+                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
             m_i = m_new
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
@@ -227,12 +248,15 @@ def paged_decode_attention_triton(
     scale: float,
     window: int = 0,
     min_partition: int = _MIN_PARTITION,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """``min_partition`` (tokens) bounds the split count for short tables (check_kernels times 64 vs 128)."""
     _partition, splits = plan_partition(
         q.shape[0], k_cache.shape[2], block_tables.shape[1] * k_cache.shape[1], min_partition
     )
-    return decode_attention_with_splits(q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits)
+    return decode_attention_with_splits(
+        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, scales=scales
+    )
 
 
 def decode_attention_with_splits(
@@ -245,6 +269,7 @@ def decode_attention_with_splits(
     window: int,
     splits: int,
     grid_splits: int | None = None,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """The Triton decode attention with each sequence's context spread over ``splits`` splits (the merge
     runs only when ``splits > 1``), computed by ``grid_splits`` (default ``splits``) programs per
@@ -262,12 +287,15 @@ def decode_attention_with_splits(
         part_ml = torch.empty(batch, hq, splits, 2, dtype=torch.float32, device=q.device)
     else:
         part_acc = part_ml = out  # unused
-    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
     grid_splits = max(1, min(grid_splits or splits, splits))
+    k_sc, v_sc = scales if scales is not None else (k_cache, v_cache)  # unread without scales
     _decode_partition_kernel[(batch, hk, grid_splits)](
         q,
         k_cache,
         v_cache,
+        k_sc,
+        v_sc,
         block_tables,
         seq_lens,
         out,
@@ -289,6 +317,9 @@ def decode_attention_with_splits(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        k_sc.stride(0),
+        k_sc.stride(1),
+        k_sc.stride(2),
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
@@ -298,6 +329,7 @@ def decode_attention_with_splits(
         BLOCK_DV=block_dv,
         ONE_SPLIT=splits == 1,
         PRECISION=precision,
+        HAS_SCALES=scales is not None,
         num_warps=4,
     )
     if splits > 1:
@@ -328,7 +360,11 @@ def paged_decode_attention(
     seq_lens: torch.Tensor,
     scale: float,
     window: int = 0,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """Decode attention over paged K/V; Triton on CUDA, torch elsewhere."""
-    fn = paged_decode_attention_triton if use_triton(q) else paged_decode_attention_ref
-    return fn(q, k_cache, v_cache, block_tables, seq_lens, scale, window)
+    if use_triton(q):
+        return paged_decode_attention_triton(
+            q, k_cache, v_cache, block_tables, seq_lens, scale, window, scales=scales
+        )
+    return paged_decode_attention_ref(q, k_cache, v_cache, block_tables, seq_lens, scale, window, scales)

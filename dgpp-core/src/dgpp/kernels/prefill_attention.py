@@ -3,7 +3,8 @@
 ``q [T, Hq, D]`` holds the new rows of every sequence (``query_start_loc [B+1]``); sequence ``b``'s rows
 sit at positions ``context_lens[b] ..`` and their K/V were already written to the pool, so each row
 attends to the pool's first ``context + i + 1`` tokens of its sequence (earlier chunks included).
-Returns ``[T, Hq, Dv]`` in q's dtype.
+Returns ``[T, Hq, Dv]`` in q's dtype. ``scales``: an e4m3 pool's fp32 row scales ``(k_scale, v_scale)``
+(``engine.kv_dtype: fp8``); each loaded K/V tile is dequantized once (``dgpp.kernels.kv_fp8``).
 
 The Triton path gives one program to each (block of ``BLOCK_M`` query rows of one sequence, query
 head): it streams the sequence's K/V blocks through an online softmax, never materialising the
@@ -19,6 +20,7 @@ import functools
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
 
 
 def prefill_attention_ref(
@@ -29,6 +31,7 @@ def prefill_attention_ref(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     scale: float,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     hq, hk = q.shape[1], k_cache.shape[2]
     bs = k_cache.shape[1]
@@ -40,8 +43,12 @@ def prefill_attention_ref(
             continue
         tok = torch.arange(ctx + rows, device=q.device)
         phys = block_tables[b, tok // bs].long()
-        k = k_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)
-        v = v_cache[phys, tok % bs].float().repeat_interleave(hq // hk, dim=1)
+        k, v = k_cache[phys, tok % bs], v_cache[phys, tok % bs]
+        if scales is not None:
+            k = dequantize_rows(k, scales[0][phys, tok % bs], q.dtype)
+            v = dequantize_rows(v, scales[1][phys, tok % bs], q.dtype)
+        k = k.float().repeat_interleave(hq // hk, dim=1)
+        v = v.float().repeat_interleave(hq // hk, dim=1)
         qb = q[starts[b] : starts[b + 1]].float()
         scores = torch.einsum("nhd,lhd->hnl", qb, k) * scale
         visible = tok[None, :] <= (ctx + torch.arange(rows, device=q.device))[:, None]
@@ -58,6 +65,8 @@ def _attend_block(
     acc,
     k_ptr,
     v_ptr,
+    ksc_ptr,
+    vsc_ptr,
     bt_ptr,
     b,
     bt_b,
@@ -77,9 +86,13 @@ def _attend_block(
     v_blk,
     v_tok,
     v_head,
+    sc_blk,
+    sc_tok,
+    sc_head,
     BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
 ):
     """One key block of the online softmax (base 2: ``qk_scale`` carries log2(e)). Unmasked blocks lie wholly
     below the diagonal of every row of the query block, so they skip the causal and length masks."""
@@ -92,6 +105,9 @@ def _attend_block(
         mask=tmask[None, :] & (d[:, None] < head_dim),
         other=0.0,
     )
+    if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
+        sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
+        kt = (kt.to(tl.float32) * tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)[None, :]).to(q.dtype)
     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
     if MASKED:
         s = tl.where(tmask[None, :] & (toks[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -105,6 +121,8 @@ def _attend_block(
         mask=tmask[:, None] & (dv[None, :] < v_dim),
         other=0.0,
     )
+    if HAS_SCALES:
+        v = (v.to(tl.float32) * tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)[:, None]).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
 
@@ -114,6 +132,8 @@ def _prefill_kernel(
     q_ptr,
     k_ptr,
     v_ptr,
+    ksc_ptr,
+    vsc_ptr,
     out_ptr,
     bt_ptr,
     blk_seq_ptr,
@@ -133,6 +153,9 @@ def _prefill_kernel(
     v_blk,
     v_tok,
     v_head,
+    sc_blk,
+    sc_tok,
+    sc_head,
     bt_b,
     o_t,
     o_h,
@@ -141,6 +164,7 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
 ):
     head = tl.program_id(0)
     blk = tl.program_id(1)  # the host lists query blocks longest context first, so the heaviest start first
@@ -176,6 +200,8 @@ def _prefill_kernel(
             acc,
             k_ptr,
             v_ptr,
+            ksc_ptr,
+            vsc_ptr,
             bt_ptr,
             b,
             bt_b,
@@ -195,9 +221,13 @@ def _prefill_kernel(
             v_blk,
             v_tok,
             v_head,
+            sc_blk,
+            sc_tok,
+            sc_head,
             BLOCK_N,
             False,
             PRECISION,
+            HAS_SCALES,
         )
     for n0 in range(full_end, end, BLOCK_N):
         m_i, l_i, acc = _attend_block(
@@ -207,6 +237,8 @@ def _prefill_kernel(
             acc,
             k_ptr,
             v_ptr,
+            ksc_ptr,
+            vsc_ptr,
             bt_ptr,
             b,
             bt_b,
@@ -226,9 +258,13 @@ def _prefill_kernel(
             v_blk,
             v_tok,
             v_head,
+            sc_blk,
+            sc_tok,
+            sc_head,
             BLOCK_N,
             True,
             PRECISION,
+            HAS_SCALES,
         )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
@@ -257,6 +293,7 @@ def prefill_attention_triton(
     block_m: int | None = None,
     tile: tuple[int, int, int, int] | None = None,
     host: tuple[list[int], list[int]] | None = None,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """``tile = (BLOCK_M, BLOCK_N, num_warps, num_stages)`` overrides the default (GPU sweeps); ``block_m``
     alone overrides BLOCK_M. ``host``: ``query_start_loc`` and ``context_lens`` as host lists, which the engine
@@ -272,11 +309,14 @@ def prefill_attention_triton(
     if plan is None:
         return out
     block_seqs, block_rows = plan
-    precision = "ieee" if k_cache.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q.dtype == torch.float32 else "tf32"
+    k_sc, v_sc = scales if scales is not None else (k_cache, v_cache)  # unread without scales
     _prefill_kernel[(hq, block_seqs.shape[0])](
         q,
         k_cache,
         v_cache,
+        k_sc,
+        v_sc,
         out,
         block_tables,
         block_seqs,
@@ -296,6 +336,9 @@ def prefill_attention_triton(
         v_cache.stride(0),
         v_cache.stride(1),
         v_cache.stride(2),
+        k_sc.stride(0),
+        k_sc.stride(1),
+        k_sc.stride(2),
         block_tables.stride(0),
         out.stride(0),
         out.stride(1),
@@ -304,6 +347,7 @@ def prefill_attention_triton(
         BLOCK_D=max(16, next_pow2(head_dim)),
         BLOCK_DV=max(16, next_pow2(v_dim)),
         PRECISION=precision,
+        HAS_SCALES=scales is not None,
         num_warps=warps,
         num_stages=stages,
     )
@@ -341,11 +385,15 @@ def paged_prefill_attention(
     context_lens: torch.Tensor,
     scale: float,
     host: tuple[list[int], list[int]] | None = None,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """Causal varlen attention of new rows over the paged pool; Triton on CUDA, torch elsewhere. ``host``: the
-    query starts and context lengths as host lists (``prefill_attention_triton``)."""
+    query starts and context lengths as host lists (``prefill_attention_triton``); ``scales``: an e4m3 pool's
+    row scales."""
     if use_triton(q):
         return prefill_attention_triton(
-            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, host=host
+            q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, host=host, scales=scales
         )
-    return prefill_attention_ref(q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale)
+    return prefill_attention_ref(
+        q, k_cache, v_cache, block_tables, query_start_loc, context_lens, scale, scales
+    )

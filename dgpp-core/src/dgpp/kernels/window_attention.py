@@ -18,6 +18,12 @@ start at ``lo`` (a function of the row's position alone), with an online softmax
 source a key comes from does not change its bits, so a row's output is the same however the prompt was
 chunked, batched or restored from a prefix-cache snapshot. A padding row (``seq_lens == 0`` or state slot -1)
 gets zeros and writes nothing.
+
+``scales``: the source's fp32 row scales ``(k_scale, v_scale)`` when it holds e4m3 rows
+(``engine.kv_dtype: fp8``; pool ``[num_blocks, block_size, Hk, 1]``, ring ``[slots, R, Hk, 1]``). Each loaded
+tile is dequantized once, ``code * scale`` rounded to q's dtype (``dgpp.kernels.kv_fp8``). A ring layer's caller
+hands this step's own rows already round-tripped through e4m3, so a key has the same value whether it is read
+from the ring or from the step.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
 
 _BLOCK_N = 64
 # One program holds a [BLOCK_G, BLOCK_D] query tile, [BLOCK_D, BLOCK_N] keys and a [BLOCK_G, BLOCK_DV] fp32
@@ -52,18 +59,28 @@ def row_sequences(query_start_loc: torch.Tensor, num_rows: int) -> torch.Tensor:
     return torch.searchsorted(query_start_loc[1:].contiguous(), rows, right=True)
 
 
-def _key_rows(src_k, src_v, loc, b, ctx, start, positions, k, v, paged: bool):
+def _source_rows(
+    src: torch.Tensor, scale: torch.Tensor | None, index: tuple, dtype: torch.dtype
+) -> torch.Tensor:
+    return src[index] if scale is None else dequantize_rows(src[index], scale[index], dtype)
+
+
+def _key_rows(src_k, src_v, loc, b, ctx, start, positions, k, v, paged: bool, scales: KVScales, dtype):
     """K/V rows ``[L, Hk, D]`` of sequence ``b`` at ``positions`` (reference helper)."""
+    k_sc, v_sc = scales if scales is not None else (None, None)
     if paged:
         bs = src_k.shape[1]
-        phys = loc[b, positions // bs].long()
-        return src_k[phys, positions % bs], src_v[phys, positions % bs]
+        index = (loc[b, positions // bs].long(), positions % bs)
+        return _source_rows(src_k, k_sc, index, dtype), _source_rows(src_v, v_sc, index, dtype)
     ring = src_k.shape[1]
     slot = int(loc[b])
     old = positions < ctx
-    idx_old = positions[old] % ring
+    index = (slot, positions[old] % ring)
     idx_new = start + positions[~old] - ctx
-    return (torch.cat([src_k[slot, idx_old], k[idx_new]]), torch.cat([src_v[slot, idx_old], v[idx_new]]))
+    return (
+        torch.cat([_source_rows(src_k, k_sc, index, dtype), k[idx_new]]),
+        torch.cat([_source_rows(src_v, v_sc, index, dtype), v[idx_new]]),
+    )
 
 
 def window_attention_ref(
@@ -80,6 +97,7 @@ def window_attention_ref(
     scale: float,
     window: int,
     paged: bool,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """fp32 reference of the kernel (a loop over rows); ``loc`` is ``block_tables`` (paged) or ``state_slots``."""
     hq, hk = q.shape[1], src_k.shape[2]
@@ -92,7 +110,18 @@ def window_attention_ref(
             pos = ctx + r - starts[b]
             lo = max(0, pos - window + 1) if window > 0 else 0
             keys, vals = _key_rows(
-                src_k, src_v, loc, b, ctx, starts[b], torch.arange(lo, pos + 1, device=q.device), k, v, paged
+                src_k,
+                src_v,
+                loc,
+                b,
+                ctx,
+                starts[b],
+                torch.arange(lo, pos + 1, device=q.device),
+                k,
+                v,
+                paged,
+                scales,
+                q.dtype,
             )
             keys = keys.float().repeat_interleave(hq // hk, dim=1)
             vals = vals.float().repeat_interleave(hq // hk, dim=1)
@@ -111,6 +140,8 @@ def _window_attention_kernel(
     vn_ptr,
     ks_ptr,
     vs_ptr,
+    ksc_ptr,
+    vsc_ptr,
     loc_ptr,
     row_seq_ptr,
     qsl_ptr,
@@ -136,6 +167,9 @@ def _window_attention_kernel(
     vs_0,
     vs_1,
     vs_2,
+    sc_0,
+    sc_1,
+    sc_2,
     loc_b,
     o_t,
     o_h,
@@ -146,6 +180,7 @@ def _window_attention_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     PRECISION: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -192,6 +227,12 @@ def _window_attention_kernel(
                 k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
             )
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+            if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
+                sc_rows = phys * sc_0 + (toks % cap) * sc_1 + kvh * sc_2
+                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)
+                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)
+                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
+                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
         else:  # positions before this step from the ring, the rest from this step's rows
             old = toks < ctx
             ring = toks % cap
@@ -201,13 +242,19 @@ def _window_attention_kernel(
             kt = tl.load(
                 kr[None, :] + d[:, None], mask=(tmask & old)[None, :] & (d[:, None] < head_dim), other=0.0
             )
-            kt += tl.load(
-                kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0
-            )
             vr = vs_ptr + slot * vs_0 + ring * vs_1 + kvh * vs_2
             vf = vn_ptr + fresh * vn_t + kvh * vn_h
             v = tl.load(
                 vr[:, None] + dv[None, :], mask=(tmask & old)[:, None] & (dv[None, :] < v_dim), other=0.0
+            )
+            if HAS_SCALES:  # the ring's e4m3 rows; this step's rows come round-tripped already
+                sc_rows = slot * sc_0 + ring * sc_1 + kvh * sc_2
+                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask & old, other=0.0)
+                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask & old, other=0.0)
+                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
+                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
+            kt += tl.load(
+                kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0
             )
             v += tl.load(
                 vf[:, None] + dv[None, :], mask=(tmask & ~old)[:, None] & (dv[None, :] < v_dim), other=0.0
@@ -242,6 +289,7 @@ def window_attention_triton(
     scale: float,
     window: int,
     paged: bool,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
@@ -253,12 +301,15 @@ def window_attention_triton(
     row_seq = row_sequences(query_start_loc, rows)
     group = hq // hk
     block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
+    k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
     _window_attention_kernel[(rows, hk, head_groups)](
         q,
         kn,
         vn,
         src_k,
         src_v,
+        k_sc,
+        v_sc,
         loc,
         row_seq,
         query_start_loc,
@@ -284,6 +335,9 @@ def window_attention_triton(
         src_v.stride(0),
         src_v.stride(1),
         src_v.stride(2),
+        k_sc.stride(0),
+        k_sc.stride(1),
+        k_sc.stride(2),
         loc.stride(0),
         out.stride(0),
         out.stride(1),
@@ -294,6 +348,7 @@ def window_attention_triton(
         BLOCK_D=next_pow2(head_dim),
         BLOCK_DV=next_pow2(v_dim),
         PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        HAS_SCALES=scales is not None,
         num_warps=4,
     )
     return out
@@ -313,11 +368,25 @@ def window_attention(
     scale: float,
     window: int,
     paged: bool,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere."""
     fn = window_attention_triton if use_triton(q) else window_attention_ref
     return fn(
-        q, k, v, src_k, src_v, loc, query_start_loc, context_lens, seq_lens, sinks, scale, window, paged
+        q,
+        k,
+        v,
+        src_k,
+        src_v,
+        loc,
+        query_start_loc,
+        context_lens,
+        seq_lens,
+        sinks,
+        scale,
+        window,
+        paged,
+        scales,
     )
 
 

@@ -3,7 +3,9 @@
 K/V live in the engine's pool, ``[num_blocks, block_size, kv_heads, dim]`` per layer. New rows are
 written through ``slot_mapping``; each sequence then attends over its whole context, read back from
 the pool through its ``block_table`` — so a prefill chunk sees the earlier chunks, and a decode row
-sees everything before it. One code path serves prefill, decode and mixed batches.
+sees everything before it. One code path serves prefill, decode and mixed batches. Under
+``engine.kv_dtype: fp8`` the pool holds e4m3 rows and their scales (``dgpp.kernels.kv_fp8``): rows are
+quantized as they are written (``store_kv``) and every reader dequantizes what it loads.
 """
 
 from __future__ import annotations
@@ -11,9 +13,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, quantize_rows
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
-from dgpp.step.cache_spec import PagedKV
+from dgpp.step.cache_spec import KV_FP8, PagedKV
 from dgpp.step.route import route_for
 
 _NARROW = (torch.bfloat16, torch.float16)
@@ -21,6 +24,12 @@ _NARROW = (torch.bfloat16, torch.float16)
 
 def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t if t.dtype == dtype else t.to(dtype)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """e4m3 codes as bytes: torch's CPU index_copy_ / index_select have no float8 kernels, and moving codes
+    needs their bits only."""
+    return t.view(torch.uint8) if t.dtype == KV_FP8 else t
 
 
 def kv_write_rows(slot_mapping: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
@@ -48,7 +57,40 @@ def write_kv(
     for cache, new in ((k_cache, k), (v_cache, v)):
         kept = new if rows is None else new.index_select(0, rows)
         # flatten, not view(-1, ...): a zero-width cache (MLA without RoPE keeps no rotated key) has no -1 to infer
-        cache.flatten(0, 1).index_copy_(0, slots, _as(kept, cache.dtype))
+        _bits(cache).flatten(0, 1).index_copy_(0, slots, _bits(_as(kept, cache.dtype)))
+
+
+def store_kv(batch: ForwardBatch, name: str, k: torch.Tensor, v: torch.Tensor) -> KVScales:
+    """Write this step's K/V rows ``[T, kv_heads, dim]`` into pool entry ``name`` at ``batch.slot_mapping``:
+    quantized to e4m3 rows with their fp32 scales when the entry is stored so (``engine.kv_dtype: fp8``), as
+    they are otherwise. Returns the entry's scales (None for a compute-dtype entry) for the read that follows."""
+    k_cache, v_cache = batch.cache.kv[name]
+    scales = batch.cache.kv_scales.get(name)
+    if scales is not None:
+        (k, k_scale), (v, v_scale) = quantize_rows(k), quantize_rows(v)
+        _scatter(batch, scales[0], scales[1], k_scale, v_scale)
+    _scatter(batch, k_cache, v_cache, k, v)
+    return scales
+
+
+def _scatter(
+    batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    if k.is_cuda:  # Triton: no host syncs, so a decode step can be captured in a CUDA graph
+        from dgpp import kernels
+
+        kernels.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+    else:
+        rows_slots = batch.step_memo("kv_write_rows", lambda: kv_write_rows(batch.slot_mapping))
+        write_kv(k_cache, v_cache, k, v, batch.slot_mapping, rows_slots)
+
+
+def read_rows(
+    cache: torch.Tensor, scale: torch.Tensor | None, token_rows: torch.Tensor, dtype: torch.dtype
+) -> torch.Tensor:
+    """Pool rows ``token_rows`` of ``cache`` in ``dtype``: gathered, and dequantized when ``scale`` is given."""
+    rows = gather_rows(cache, token_rows)
+    return rows if scale is None else dequantize_rows(rows, gather_rows(scale, token_rows), dtype)
 
 
 def context_token_rows(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -68,7 +110,8 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
 
 def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
     """Pool rows ``token_rows`` (``context_token_rows``) of ``cache``, ``[len, kv_heads, dim]``."""
-    return cache.flatten(0, 1).index_select(0, token_rows)
+    rows = _bits(cache).flatten(0, 1).index_select(0, token_rows)
+    return rows.view(cache.dtype)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
@@ -109,15 +152,18 @@ def paged_attention(
     v_cache: torch.Tensor,
     batch: ForwardBatch,
     scale: float,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """Varlen causal attention over the paged cache, after this step's K/V were written.
 
-    ``q`` is ``[T, Hq, D]`` (flattened rows of all sequences); returns ``[T, Hq, Dv]``.
+    ``q`` is ``[T, Hq, D]`` (flattened rows of all sequences); returns ``[T, Hq, Dv]``. ``scales``: the
+    entry's (k_scale, v_scale) when it holds e4m3 rows (dequantized to q's dtype as they are gathered).
     """
+    k_scale, v_scale = scales if scales is not None else (None, None)
     # one sequence with rows and context (a single stream's step): its rows are the output, no scatter
     if batch.num_seqs == 1 and batch.q_lens_cpu[0] and batch.seq_lens_cpu[0]:
         rows = _context_rows(batch, 0, k_cache.shape[1])
-        k, v = gather_rows(k_cache, rows), gather_rows(v_cache, rows)
+        k, v = read_rows(k_cache, k_scale, rows, q.dtype), read_rows(v_cache, v_scale, rows, q.dtype)
         return attend(q, k, v, batch.context_lens_cpu[0], scale)
     out = q.new_empty(q.shape[0], q.shape[1], v_cache.shape[-1])
     start = 0
@@ -130,7 +176,7 @@ def paged_attention(
             start += q_len
             continue
         rows = _context_rows(batch, i, k_cache.shape[1])
-        k, v = gather_rows(k_cache, rows), gather_rows(v_cache, rows)
+        k, v = read_rows(k_cache, k_scale, rows, q.dtype), read_rows(v_cache, v_scale, rows, q.dtype)
         out[start : start + q_len] = attend(q[start : start + q_len], k, v, batch.context_lens_cpu[i], scale)
         start += q_len
     return out
@@ -161,21 +207,21 @@ class PagedAttention(nn.Module):
         self.scale = head_dim**-0.5 if scale is None else scale
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, PagedKV]:
-        """This layer's paged K/V entry (the model's ``cache_spec`` collects it)."""
-        return {self.cache_name: PagedKV(self.num_kv_heads, self.head_dim, dtype)}
+        """This layer's paged K/V entry (the model's ``cache_spec`` collects it); its readers take e4m3 rows."""
+        return {self.cache_name: PagedKV(self.num_kv_heads, self.head_dim, dtype, fp8_rows=True)}
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         k_cache, v_cache = batch.cache.kv[self.cache_name]
-        if q.is_cuda:  # Triton: no host syncs, so a decode step can be captured in a CUDA graph
+        scales = store_kv(batch, self.cache_name, k, v)
+        if q.is_cuda:
             from dgpp import kernels
 
-            kernels.write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
-            routed = _routed_attention(q, k_cache, v_cache, batch, self.scale)
+            routed = _routed_attention(q, k_cache, v_cache, batch, self.scale, scales)
             if routed is not None:
                 return routed.flatten(1)
             if batch.is_decode_only:
                 return kernels.paged_decode_attention(
-                    q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale
+                    q, k_cache, v_cache, batch.block_tables, batch.seq_lens, self.scale, scales=scales
                 ).flatten(1)
             # H200, 8K-token prefill, 32/8 heads x 128: 3.5 ms against 49.5 ms for the torch path (which holds
             # the score matrix); DGPP_PREFILL_ATTN=torch keeps the torch path for A/B
@@ -189,18 +235,21 @@ class PagedAttention(nn.Module):
                     batch.context_lens,
                     self.scale,
                     host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
+                    scales=scales,
                 ).flatten(1)
-        else:
-            rows_slots = batch.step_memo("kv_write_rows", lambda: kv_write_rows(batch.slot_mapping))
-            write_kv(k_cache, v_cache, k, v, batch.slot_mapping, rows_slots)
-        return paged_attention(q, k_cache, v_cache, batch, self.scale).flatten(1)
+        return paged_attention(q, k_cache, v_cache, batch, self.scale, scales).flatten(1)
 
 
 _EXPANDED_ROWS_PER_CALL = 256
 
 
 def _routed_attention(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, batch: ForwardBatch, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    scales: KVScales = None,
 ) -> torch.Tensor | None:
     """Attention by the step's route (``batch.route``, ``dgpp.nn.exact``): canonical rows through the fixed-split decode
     kernel, each as its own decode row; bulk (prefill-chunk) rows through the flash prefill kernel. None when
@@ -215,11 +264,13 @@ def _routed_attention(
     from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
 
     if batch.is_decode_only:  # one row per sequence already (graph padding rows keep seq_len 0)
-        return paged_decode_attention_fixed(q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale)
+        return paged_decode_attention_fixed(
+            q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale, scales=scales
+        )
     if route.all_exact:
         _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
         if q.shape[0] <= _EXPANDED_ROWS_PER_CALL:
-            return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale)
+            return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale, scales=scales)
         # a whole prompt row by row (batch_invariant): calls of bounded rows keep the split partials small;
         # rows are independent, so the cut changes no bits
         return torch.cat(
@@ -231,6 +282,7 @@ def _routed_attention(
                     tables[r : r + _EXPANDED_ROWS_PER_CALL],
                     seq_lens[r : r + _EXPANDED_ROWS_PER_CALL],
                     scale,
+                    scales=scales,
                 )
                 for r in range(0, q.shape[0], _EXPANDED_ROWS_PER_CALL)
             ]
@@ -247,6 +299,7 @@ def _routed_attention(
             batch.context_lens,
             scale,
             host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
+            scales=scales,
         )
     assert route.exact_rows is not None and route.exact_seq_index is not None
     assert (
@@ -271,6 +324,7 @@ def _routed_attention(
             batch.context_lens.index_select(0, bulk_seqs),
             scale,
             host=host,
+            scales=scales,
         ),
     )
     seqs = route.exact_seq_index
@@ -281,6 +335,7 @@ def _routed_attention(
         batch.block_tables.index_select(0, seqs),
         batch.seq_lens.index_select(0, seqs),
         scale,
+        scales=scales,
     )
     out.index_copy_(0, route.exact_rows, decoded)
     return out

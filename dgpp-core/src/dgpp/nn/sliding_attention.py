@@ -11,6 +11,9 @@ state snapshot like any recurrent state, and the full-attention layers keep the 
 reads the ring before it writes it, so a prefill chunk of any length attends correctly (its early rows need
 ring entries its later rows replace). Both paths run ``dgpp.kernels.window_attention``: one Triton program per
 (row, KV head) on CUDA (no host sync: decode steps capture in CUDA graphs), the torch reference elsewhere.
+Under ``engine.kv_dtype: fp8`` the pool entry and the ring hold e4m3 rows with per-row scales: a sliding step
+rounds its own K/V through e4m3 before attending, so each key reads the same whether it comes from the step or,
+later, from the ring.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dgpp.nn.attention import write_kv
+from dgpp.kernels.kv_fp8 import dequantize_rows, quantize_rows
+from dgpp.nn.attention import store_kv
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import PagedKV, WindowKV
 
@@ -55,13 +59,14 @@ class SinkAttention(nn.Module):
 
     def cache_spec(self, dtype: torch.dtype) -> PagedKV | WindowKV:
         if self.window is None:
-            return PagedKV(self.num_kv_heads, self.head_dim, dtype, v_head_dim=self.v_head_dim)
+            return PagedKV(self.num_kv_heads, self.head_dim, dtype, v_head_dim=self.v_head_dim, fp8_rows=True)
         return WindowKV(
             num_kv_heads=self.num_kv_heads,
             head_dim=self.head_dim,
             dtype=dtype,
             window=self.window,
             v_head_dim=self.v_head_dim,
+            fp8_rows=True,
         )
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, PagedKV | WindowKV]:
@@ -76,28 +81,46 @@ class SinkAttention(nn.Module):
         batch: ForwardBatch,
         sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        from dgpp import kernels
-        from dgpp.kernels.window_attention import ring_write, window_attention
+        from dgpp.kernels.window_attention import window_attention
 
         common = (batch.query_start_loc, batch.context_lens, batch.seq_lens, sinks, self.scale)
         if self.window is None:
             k_cache, v_cache = batch.cache.kv[self.cache_name]
-            (kernels.write_kv if q.is_cuda else write_kv)(k_cache, v_cache, k, v, batch.slot_mapping)
-            out = window_attention(q, None, None, k_cache, v_cache, batch.block_tables, *common, 0, True)
-        else:
-            ring = batch.cache.state[self.cache_name]
+            scales = store_kv(batch, self.cache_name, k, v)
             out = window_attention(
-                q, k, v, ring["k"], ring["v"], batch.state_slots, *common, self.window, False
+                q, None, None, k_cache, v_cache, batch.block_tables, *common, 0, True, scales
             )
-            # after the read: this step's later rows may take ring entries its earlier rows needed
-            ring_write(
-                k,
-                v,
-                ring["k"],
-                ring["v"],
-                batch.state_slots,
-                batch.query_start_loc,
-                batch.context_lens,
-                batch.seq_lens,
-            )
+        else:
+            out = sliding_step(q, k, v, batch.cache.state[self.cache_name], batch, common, self.window)
         return out.flatten(1)
+
+
+def sliding_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    ring: dict[str, torch.Tensor],
+    batch: ForwardBatch,
+    common: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None, float],
+    window: int,
+) -> torch.Tensor:
+    """Attend over the ring and this step's rows, then store the step's last rows in the ring. An e4m3 ring
+    (``k_scale``/``v_scale`` beside its codes) gets the step's rows quantized; the attention reads them
+    dequantized, as a later step reads them back from the ring."""
+    from dgpp.kernels.window_attention import ring_write, window_attention
+
+    places = (batch.state_slots, batch.query_start_loc, batch.context_lens, batch.seq_lens)
+    scales = (ring["k_scale"], ring["v_scale"]) if "k_scale" in ring else None
+    if scales is None:
+        out = window_attention(q, k, v, ring["k"], ring["v"], batch.state_slots, *common, window, False)
+        # after the read: this step's later rows may take ring entries its earlier rows needed
+        ring_write(k, v, ring["k"], ring["v"], *places)
+        return out
+    (k_codes, k_scale), (v_codes, v_scale) = quantize_rows(k), quantize_rows(v)
+    k_seen, v_seen = dequantize_rows(k_codes, k_scale, k.dtype), dequantize_rows(v_codes, v_scale, v.dtype)
+    out = window_attention(
+        q, k_seen, v_seen, ring["k"], ring["v"], batch.state_slots, *common, window, False, scales
+    )
+    ring_write(k_codes, v_codes, ring["k"], ring["v"], *places)
+    ring_write(k_scale, v_scale, scales[0], scales[1], *places)
+    return out

@@ -16,6 +16,7 @@ from dgpp.family import FamilyModel, LoadContext, resolve_reference
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.resident import resident_bytes
 from dgpp.startup.weights import load_family_weights, same_name, settle_weights
+from dgpp.step.cache_spec import stored_as
 from dgpp.step.memory import MemoryPlan, ModelMemory
 from dgpp.step.model import Model
 
@@ -82,7 +83,7 @@ def declared_model_memory(ctx: LoadContext, entry: FamilyModel) -> ModelMemory |
     settle_weights(model)
     int4pack, int4pack_heads = planned_packing(model, ctx.checkpoint_dir, ctx.engine, rename)
     return ModelMemory.from_cache_spec(
-        model.cache_spec(),
+        stored_as(model.cache_spec(), ctx.engine.kv_dtype),
         weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights, int4pack)
         + int4pack_heads,
         activations_per_token=model.activation_bytes_per_token(),

@@ -73,7 +73,8 @@ def _layer_kinds(cfg: dict[str, Any]) -> tuple[int, int]:
     return n, 0
 
 
-def _kv_bits_per_token(cfg: dict[str, Any], kv_bits: int, world: int) -> int:
+def _kv_bits_per_token(cfg: dict[str, Any], kv_bits: int, world: int, row_scaled: bool = False) -> int:
+    """K/V bits per token on one rank; ``row_scaled``: e4m3 rows, each with an fp32 scale (``kv_dtype: fp8``)."""
     attn_layers, _ = _layer_kinds(cfg)
     if cfg.get("kv_lora_rank"):  # MLA: one latent row (+ rope part) per token, replicated over ranks
         row = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
@@ -82,7 +83,8 @@ def _kv_bits_per_token(cfg: dict[str, Any], kv_bits: int, world: int) -> int:
     kv_heads = max(1, int(cfg.get("num_key_value_heads") or heads) // world)
     head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // heads)
     v_dim = int(cfg.get("v_head_dim") or head_dim)
-    return attn_layers * kv_heads * (head_dim + v_dim) * kv_bits
+    scale_bits = 2 * 32 if row_scaled else 0  # one fp32 scale for the K row and one for the V row
+    return attn_layers * kv_heads * ((head_dim + v_dim) * kv_bits + scale_bits)
 
 
 def _state_bytes_per_request(cfg: dict[str, Any], act_bits: int, world: int) -> int:
@@ -121,7 +123,7 @@ def estimate_model_memory(
     return ModelMemory(
         weights=-(-weights // world_size),
         drafter=-(-drafter // world_size),
-        kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size) // 8),
+        kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size, kv_name == "fp8") // 8),
         state_per_request=_state_bytes_per_request(cfg, act_bits, world_size),
         # bits, not bytes, per element: sub-byte compute names (fp4) count exactly
         activations_per_token=transformer_activation_bytes(

@@ -44,6 +44,6 @@ def build_speculative(
         )
     if runner.graphs is not None:
         log.info("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
-    decoder = SpeculativeDecoder(runner, drafter, engine_cfg.mtp_depth)
+    decoder = SpeculativeDecoder(runner, drafter, engine_cfg.mtp_depth, engine_cfg.kv_dtype)
     log.info("speculative decoding on", drafter=type(drafter).__name__, depth=decoder.depth)
     return decoder

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
+
+from dgpp.errors import ConfigError
+
+# ``engine.kv_dtype: fp8``: K/V rows stored as e4m3 codes with one fp32 scale per row (one token's one KV head),
+# ``scale = amax(row) / 448``; the attention that reads them dequantizes ``code * scale`` to the compute dtype
+KV_FP8 = torch.float8_e4m3fn
+SCALE_BYTES = 4  # one fp32 scale per K row and per V row
 
 
 @dataclass(frozen=True)
@@ -15,14 +22,21 @@ class PagedKV:
     head_dim: int
     dtype: torch.dtype
     v_head_dim: int | None = None
+    fp8_rows: bool = False  # the attention reading this entry takes e4m3 rows and their scales (kv_dtype fp8)
 
     @property
     def v_dim(self) -> int:
         return self.head_dim if self.v_head_dim is None else self.v_head_dim
 
+    @property
+    def row_scaled(self) -> bool:
+        """Stored as e4m3 codes with a per-row fp32 scale (``engine.kv_dtype: fp8``)."""
+        return self.dtype == KV_FP8
+
     def bytes_per_token(self) -> int:
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize
+        scales = 2 * self.num_kv_heads * SCALE_BYTES if self.row_scaled else 0
+        return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize + scales
 
     def rows_per_block(self, block_size: int) -> int:
         """Rows one pool block holds: one per token."""
@@ -137,17 +151,43 @@ class WindowKV(StateSpec):
     dtype: torch.dtype = torch.bfloat16
     window: int = 0
     v_head_dim: int | None = None
+    fp8_rows: bool = False  # the attention reading this ring takes e4m3 rows and their scales (kv_dtype fp8)
 
     def __post_init__(self) -> None:
         if self.window < 2:
             raise ValueError(f"a sliding window must cover at least 2 tokens, got {self.window}")
         v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
         ring = self.window - 1
-        object.__setattr__(
-            self,
-            "tensors",
-            {
-                "k": ((ring, self.num_kv_heads, self.head_dim), self.dtype),
-                "v": ((ring, self.num_kv_heads, v_dim), self.dtype),
-            },
+        tensors = {
+            "k": ((ring, self.num_kv_heads, self.head_dim), self.dtype),
+            "v": ((ring, self.num_kv_heads, v_dim), self.dtype),
+        }
+        if self.dtype == KV_FP8:  # one fp32 scale per ring row and head, beside its codes
+            tensors["k_scale"] = ((ring, self.num_kv_heads, 1), torch.float32)
+            tensors["v_scale"] = ((ring, self.num_kv_heads, 1), torch.float32)
+        object.__setattr__(self, "tensors", tensors)
+
+
+def stored_as(spec: dict[str, CacheSpec], kv_dtype: str) -> dict[str, CacheSpec]:
+    """The cache entries as the engine stores them under ``engine.kv_dtype``: with ``fp8`` every K/V entry
+    (paged or ring) becomes e4m3 rows with per-row scales. Raises ``ConfigError`` when an entry's attention does
+    not read that form (latent, compressed and index caches keep the compute dtype), so the lever never
+    silently leaves part of the cache as it was."""
+    if kv_dtype != "fp8":
+        return spec
+    unread = [
+        name
+        for name, s in spec.items()
+        if isinstance(s, (PagedKV, WindowKV)) and not s.fp8_rows and s.dtype != KV_FP8
+    ]
+    if unread:
+        shown = ", ".join(f"{name} ({type(spec[name]).__name__})" for name in unread[:3])
+        more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        raise ConfigError(
+            f"engine.kv_dtype: 'fp8' stores grouped-query, sliding-window and sink attention K/V; this model's "
+            f'cache entries {shown}{more} are read in the compute dtype only; use "auto"'
         )
+    return {
+        name: replace(s, dtype=KV_FP8) if isinstance(s, (PagedKV, WindowKV)) else s
+        for name, s in spec.items()
+    }

@@ -14,7 +14,10 @@ from dgpp.step.cache_spec import CacheSpec, PagedKV, StateSpec
 class CachePools:
     """``kv[name] = (k, v)`` each ``[num_blocks, block_size, kv_heads, dim]``;
     ``state[name][tensor] = [num_slots, *shape]``. Slot/block 0.. are plain indices; the
-    allocators that hand them out (block manager, slot allocator) live with the scheduler."""
+    allocators that hand them out (block manager, slot allocator) live with the scheduler.
+    An entry stored as e4m3 rows (``engine.kv_dtype: fp8``, ``dgpp.step.cache_spec.stored_as``) also has
+    ``kv_scales[name] = (k_scale, v_scale)``, fp32 ``[num_blocks, block_size, kv_heads, 1]``: indexed by the
+    same blocks, so block tables and prefix sharing carry the scales with their codes."""
 
     def __init__(
         self,
@@ -28,6 +31,7 @@ class CachePools:
         self.num_blocks = num_blocks
         self.num_state_slots = num_state_slots
         self.kv: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.kv_scales: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         for name, s in spec.items():
             if isinstance(s, PagedKV):
@@ -35,6 +39,12 @@ class CachePools:
                 k = torch.zeros(num_blocks, rows, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=device)
                 v = torch.zeros(num_blocks, rows, s.num_kv_heads, s.v_dim, dtype=s.dtype, device=device)
                 self.kv[name] = (k, v)
+                if s.row_scaled:
+                    shape = (num_blocks, rows, s.num_kv_heads, 1)
+                    self.kv_scales[name] = (
+                        torch.zeros(shape, dtype=torch.float32, device=device),
+                        torch.zeros(shape, dtype=torch.float32, device=device),
+                    )
             elif isinstance(s, StateSpec):
                 self.state[name] = {
                     t: torch.zeros(num_state_slots, *shape, dtype=dtype, device=device)
@@ -56,7 +66,8 @@ class CachePools:
                 t[dst].copy_(t[src])
 
     def kv_bytes(self) -> int:
-        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in self.kv.values())
+        pairs = [*self.kv.values(), *self.kv_scales.values()]
+        return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in pairs)
 
     def state_bytes(self) -> int:
         return sum(t.numel() * t.element_size() for ts in self.state.values() for t in ts.values())

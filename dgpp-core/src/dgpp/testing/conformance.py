@@ -11,7 +11,9 @@ Each check raises ``AssertionError`` with a message that says what diverged and 
 - ``check_batch_invariance``: each prompt's logits bit-identical alone and batched;
 - ``check_chunk_invariance``: each row's logits bit-identical with and without chunked prefill;
 - ``check_state_snapshot``: (hybrid models) snapshot a sequence's state mid-way, continue, restore,
-  continue again: the two continuations are identical.
+  continue again: the two continuations are identical;
+- ``check_prefix_hit``: a second sequence that shares a cold run's first blocks (and its state snapshot at the
+  cut), as a prefix-cache hit does, continues exactly as the cold run.
 """
 
 from __future__ import annotations
@@ -36,11 +38,15 @@ def make_prompts(
 
 @torch.inference_mode()
 def engine_all_logits(
-    model: Model, prompts: list[list[int]], block_size: int = 16, chunk_size: int | None = None
+    model: Model,
+    prompts: list[list[int]],
+    block_size: int = 16,
+    chunk_size: int | None = None,
+    kv_dtype: str = "auto",
 ) -> list[torch.Tensor]:
     """Logits of every row of every prompt (fp32), all prompts prefilled together: in one step, or
-    in steps of ``chunk_size`` tokens per prompt."""
-    pools, blocks, slots = make_pools(model, [len(p) for p in prompts], block_size)
+    in steps of ``chunk_size`` tokens per prompt; K/V stored as ``kv_dtype`` (``engine.kv_dtype``) says."""
+    pools, blocks, slots = make_pools(model, [len(p) for p in prompts], block_size, kv_dtype)
     seqs = [(slots.allocate(), blocks.allocate(blocks.blocks_for_tokens(len(p)))) for p in prompts]
     if model.info.hybrid:
         for slot, _ in seqs:
@@ -174,27 +180,31 @@ def check_greedy_near_ties(
     return ties
 
 
-def check_batch_invariance(model: Model, prompts: list[list[int]]) -> None:
+def check_batch_invariance(model: Model, prompts: list[list[int]], kv_dtype: str = "auto") -> None:
     """Each prompt's logits rows are bit-identical alone and in one step with all the others
     (row-independent arithmetic: a batch can never flip a greedy near-tie)."""
-    together = engine_all_logits(model, prompts)
+    together = engine_all_logits(model, prompts, kv_dtype=kv_dtype)
     for i, prompt in enumerate(prompts):
-        alone = engine_all_logits(model, [prompt])[0]
+        alone = engine_all_logits(model, [prompt], kv_dtype=kv_dtype)[0]
         if not torch.equal(together[i], alone):
             worst = float((together[i] - alone).abs().max())
             raise AssertionError(f"prompt {i}: logits in a batch differ from alone by up to {worst:.3g}")
 
 
 def check_chunk_invariance(
-    model: Model, prompts: list[list[int]], chunk_sizes: tuple[int, ...] = (1, 5), rtol: float = 0.0
+    model: Model,
+    prompts: list[list[int]],
+    chunk_sizes: tuple[int, ...] = (1, 5),
+    rtol: float = 0.0,
+    kv_dtype: str = "auto",
 ) -> None:
     """Every row's logits bit-identical whether the prompts are prefilled in one step or in chunks; with ``rtol``,
     within ``rtol`` of the prompt's largest logit instead (a recurrent layer's chunked form sums in another order
-    than its token-by-token step)."""
-    one_shot = engine_all_logits(model, prompts)
+    than its token-by-token step). ``kv_dtype``: the K/V format (``engine.kv_dtype``)."""
+    one_shot = engine_all_logits(model, prompts, kv_dtype=kv_dtype)
     for size in chunk_sizes:
         for i, (chunked, whole) in enumerate(
-            zip(engine_all_logits(model, prompts, chunk_size=size), one_shot, strict=True)
+            zip(engine_all_logits(model, prompts, chunk_size=size, kv_dtype=kv_dtype), one_shot, strict=True)
         ):
             worst = float((chunked - whole).abs().max())
             if (worst > rtol * float(whole.abs().max())) if rtol else not torch.equal(chunked, whole):
@@ -204,33 +214,46 @@ def check_chunk_invariance(
 
 
 def check_chunked_prefill(
-    model: Model, prompts: list[list[int]], chunk_sizes: tuple[int, ...] = (1, 4, 7), max_new_tokens: int = 8
+    model: Model,
+    prompts: list[list[int]],
+    chunk_sizes: tuple[int, ...] = (1, 4, 7),
+    max_new_tokens: int = 8,
+    kv_dtype: str = "auto",
 ) -> None:
-    one_shot = greedy_generate(model, prompts, max_new_tokens)
+    one_shot = greedy_generate(model, prompts, max_new_tokens, kv_dtype=kv_dtype)
     for size in chunk_sizes:
-        chunked = greedy_generate(model, prompts, max_new_tokens, chunk_size=size)
+        chunked = greedy_generate(model, prompts, max_new_tokens, chunk_size=size, kv_dtype=kv_dtype)
         for i in range(len(prompts)):
             assert_same_tokens(chunked[i], one_shot[i], f"prompt {i} with prefill chunk {size} vs one-shot")
 
 
 def check_mixed_batch(
-    model: Model, prompts: list[list[int]], max_new_tokens: int = 8, chunk_size: int | None = 5
+    model: Model,
+    prompts: list[list[int]],
+    max_new_tokens: int = 8,
+    chunk_size: int | None = 5,
+    kv_dtype: str = "auto",
 ) -> None:
     """Prompts of different lengths, chunked, run together (so steps mix prefill and decode rows)."""
-    together = greedy_generate(model, prompts, max_new_tokens, chunk_size=chunk_size)
+    together = greedy_generate(model, prompts, max_new_tokens, chunk_size=chunk_size, kv_dtype=kv_dtype)
     for i, prompt in enumerate(prompts):
-        alone = greedy_generate(model, [prompt], max_new_tokens)
+        alone = greedy_generate(model, [prompt], max_new_tokens, kv_dtype=kv_dtype)
         assert_same_tokens(together[i], alone[0], f"prompt {i} in a mixed batch vs alone")
 
 
 @torch.inference_mode()
 def check_state_snapshot(
-    model: Model, prompt: list[int], split: int, max_new_tokens: int = 8, block_size: int = 16
+    model: Model,
+    prompt: list[int],
+    split: int,
+    max_new_tokens: int = 8,
+    block_size: int = 16,
+    kv_dtype: str = "auto",
 ) -> None:
     """Prefill ``prompt[:split]``, snapshot the state slot, continue; restore the snapshot and continue
     again over the same blocks: both continuations must be identical."""
     total = len(prompt) + max_new_tokens
-    pools, blocks, slots = make_pools(model, [total, total], block_size)
+    pools, blocks, slots = make_pools(model, [total, total], block_size, kv_dtype)
     runner = ModelRunner(model, pools)
     table = blocks.allocate(blocks.blocks_for_tokens(total))
     live, snapshot = slots.allocate(), slots.allocate()
@@ -250,3 +273,47 @@ def check_state_snapshot(
     first = continue_from_split()
     pools.copy_state(snapshot, live)
     assert_same_tokens(continue_from_split(), first, "continuation after restoring the state snapshot")
+
+
+def _continue(
+    runner: ModelRunner, slot: int, table: list[int], prompt: list[int], start: int, new: int
+) -> list[int]:
+    """Prefill ``prompt[start:]`` after ``start`` cached tokens, then ``new`` greedy tokens."""
+    tokens = list(prompt)
+    logits = runner.step([SeqWork(slot, table, start, tokens[start:])])
+    out = []
+    for _ in range(new):
+        out.append(int(torch.argmax(logits[0])))
+        tokens.append(out[-1])
+        logits = runner.step([SeqWork(slot, table, len(tokens) - 1, [tokens[-1]])])
+    return out
+
+
+@torch.inference_mode()
+def check_prefix_hit(
+    model: Model,
+    prompt: list[int],
+    shared_blocks: int,
+    max_new_tokens: int = 8,
+    block_size: int = 16,
+    kv_dtype: str = "auto",
+) -> None:
+    """A cold run prefills ``prompt`` in two steps cut after ``shared_blocks`` blocks, snapshotting its state at
+    the cut; a second sequence whose table starts with those same blocks (the prefix cache's hit) restores the
+    snapshot, prefills only the rest and must continue identically."""
+    split = shared_blocks * block_size
+    if not 0 < split < len(prompt):
+        raise ValueError(
+            f"{shared_blocks} shared blocks of {block_size} do not cut a {len(prompt)}-token prompt"
+        )
+    total = len(prompt) + max_new_tokens
+    pools, blocks, slots = make_pools(model, [total, total], block_size, kv_dtype)
+    runner = ModelRunner(model, pools)
+    cold_table = blocks.allocate(blocks.blocks_for_tokens(total))
+    cold, hit = slots.allocate(), slots.allocate()
+    runner.step([SeqWork(cold, cold_table, 0, prompt[:split], want_logits=False)])
+    pools.copy_state(cold, hit)
+    first = _continue(runner, cold, cold_table, prompt, split, max_new_tokens)
+    hit_table = cold_table[:shared_blocks] + blocks.allocate(blocks.blocks_for_tokens(total) - shared_blocks)
+    again = _continue(runner, hit, hit_table, prompt, split, max_new_tokens)
+    assert_same_tokens(again, first, f"continuation after a {shared_blocks}-block prefix hit vs cold")

@@ -16,6 +16,7 @@ from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
 from dgpp.media.prompt import PromptMedia
 from dgpp.sched.block_pool import BlockPool
+from dgpp.step.cache_spec import stored_as
 from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
 
@@ -47,13 +48,14 @@ class SlotAllocator:
 
 
 def make_pools(
-    model: Model, total_tokens: list[int], block_size: int
+    model: Model, total_tokens: list[int], block_size: int, kv_dtype: str = "auto"
 ) -> tuple[CachePools, BlockPool, SlotAllocator]:
-    """Pools just large enough for sequences of ``total_tokens`` tokens each; the scheduler's ``BlockPool`` hands
-    out their blocks."""
+    """Pools just large enough for sequences of ``total_tokens`` tokens each, K/V stored as ``kv_dtype``
+    (``engine.kv_dtype``) says; the scheduler's ``BlockPool`` hands out their blocks."""
     num_blocks = sum(-(-n // block_size) for n in total_tokens)
     device = next(model.parameters()).device
-    pools = CachePools(model.cache_spec(), num_blocks, block_size, len(total_tokens), device=device)
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    pools = CachePools(spec, num_blocks, block_size, len(total_tokens), device=device)
     return pools, BlockPool(num_blocks, block_size), SlotAllocator(len(total_tokens))
 
 
@@ -66,9 +68,11 @@ def greedy_generate(
     block_size: int = 16,
     stop_at_eos: bool = True,
     media: list[PromptMedia | None] | None = None,
+    kv_dtype: str = "auto",
 ) -> list[list[int]]:
     """The greedy continuation (new tokens only) of each prompt; a sequence stops after an EOS id. ``media``: per
-    prompt, its images (``dgpp.media.prompt.PromptMedia``) or None."""
+    prompt, its images (``dgpp.media.prompt.PromptMedia``) or None; ``kv_dtype``: the K/V format
+    (``engine.kv_dtype``)."""
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     longest = max(len(p) for p in prompts) + max_new_tokens
@@ -76,7 +80,7 @@ def greedy_generate(
         raise ValueError(
             f"prompt + max_new_tokens = {longest} exceeds the model's {model.info.max_position} positions"
         )
-    pools, blocks, slots = make_pools(model, [len(p) + max_new_tokens for p in prompts], block_size)
+    pools, blocks, slots = make_pools(model, [len(p) + max_new_tokens for p in prompts], block_size, kv_dtype)
     runner = ModelRunner(model, pools)
     eos = set(model.info.eos_token_ids) if stop_at_eos else set()
     tokens = [list(p) for p in prompts]

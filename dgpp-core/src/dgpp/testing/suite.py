@@ -2,7 +2,8 @@
 checks themselves).
 
 A test module subclasses ``FamilyConformance`` (or ``HybridConformance``, which adds the state snapshot, or
-``RecurrentConformance`` for delta-rule layers, whose chunked prefill agrees to a tolerance) in a class named ``Test...`` and provides a fixture ``fp32_pair`` (our model and transformers' for one tiny
+``RecurrentConformance`` for delta-rule layers, whose chunked prefill agrees to a tolerance) in a class named
+``Test...`` (and ``KVFp8Lever`` for ``engine.kv_dtype: fp8``) and provides a fixture ``fp32_pair`` (our model and transformers' for one tiny
 checkpoint; ``tiny_checkpoint_fixtures`` makes it). The class attributes set each check's prompts (lengths and
 seed) and lengths of run, which a family picks around its own geometry (a sliding window, compression ratios).
 """
@@ -13,12 +14,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 from dgpp.startup.loading import load_model
+from dgpp.step.cache_spec import KV_FP8
 from dgpp.step.model import Model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.generate import greedy_generate
+from dgpp.testing.generate import greedy_generate, make_pools
 
 
 def tiny_checkpoint_fixtures(build: Callable[..., Path], name: str) -> tuple[Callable, Callable]:
@@ -125,3 +128,70 @@ class RecurrentConformance(HybridConformance):
     one-shot run to ``chunk_rtol`` rather than bit for bit; greedy tokens, batching and snapshots stay exact."""
 
     chunk_rtol = 1e-5
+
+
+class KVFp8Lever:
+    """``engine.kv_dtype: fp8`` on a family's fp32 checkpoint, gated against the exact chain: the pools hold 1-byte
+    codes beside fp32 row scales; the logits move from the exact chain's by a nonzero amount, each row's largest
+    move within ``kv_fp8_row_bound`` of the exact chain's max |logit| for all but ``kv_fp8_outlier_rows`` of the
+    rows (an MoE router may flip an expert at a near-tie: a whole-row jump) and within ``kv_fp8_worst_bound`` for
+    every row; and batched == alone, chunked == one-shot (logits bit for bit with ``kv_fp8_logit_chunks``, greedy
+    tokens with ``kv_fp8_greedy_chunks``), a mixed batch == solo and a prefix hit == the cold run hold with the
+    lever on."""
+
+    kv_fp8_lengths: tuple[int, ...] = (11, 23, 4, 1)
+    kv_fp8_seed: int = 2
+    kv_fp8_logit_chunks: tuple[int, ...] = (1, 5)
+    kv_fp8_greedy_chunks: tuple[int, ...] = (1, 5, 16)
+    kv_fp8_row_bound: float = 0.1
+    kv_fp8_outlier_rows: float = 0.1
+    kv_fp8_worst_bound: float = 0.5
+    kv_fp8_new_tokens: int = 8
+    # (prompt length, shared 16-token blocks) of the prefix-hit check
+    kv_fp8_prefix: tuple[int, int] = (40, 2)
+
+    def test_kv_fp8_pools_hold_one_byte_codes_and_row_scales(self, fp32_pair):
+        model, _ = fp32_pair
+        pools, _, _ = make_pools(model, [32], 16, "fp8")
+        assert pools.kv or pools.state
+        for name, (k, v) in pools.kv.items():
+            assert k.dtype == v.dtype == KV_FP8 and k.element_size() == v.element_size() == 1, name
+            k_scale, v_scale = pools.kv_scales[name]
+            assert k_scale.shape == (*k.shape[:3], 1) and v_scale.shape == (*v.shape[:3], 1), name
+        for ring in (ring for ring in pools.state.values() if "k_scale" in ring):
+            assert ring["k"].dtype == ring["v"].dtype == KV_FP8
+        exact, _, _ = make_pools(model, [32], 16)
+        assert pools.kv_bytes() + pools.state_bytes() < exact.kv_bytes() + exact.state_bytes()
+
+    def test_kv_fp8_logits_move_within_bound_of_the_exact_chain(self, fp32_pair):
+        model, _ = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.kv_fp8_lengths, seed=self.kv_fp8_seed)
+        exact = torch.cat(conf.engine_all_logits(model, prompts))
+        lossy = torch.cat(conf.engine_all_logits(model, prompts, kv_dtype="fp8"))
+        rows = (lossy - exact).abs().amax(-1) / float(exact.abs().max())
+        assert bool(torch.isfinite(rows).all()) and float(rows.max()) > 0, "the lever changed no logit"
+        assert float(rows.max()) <= self.kv_fp8_worst_bound, float(rows.max())
+        outliers = float((rows > self.kv_fp8_row_bound).float().mean())
+        assert outliers <= self.kv_fp8_outlier_rows, (outliers, rows.tolist())
+
+    def test_kv_fp8_rows_bit_identical_chunked_batched_or_alone(self, fp32_pair):
+        model, _ = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.kv_fp8_lengths, seed=self.kv_fp8_seed)
+        conf.check_batch_invariance(model, prompts, kv_dtype="fp8")
+        conf.check_chunk_invariance(model, prompts, chunk_sizes=self.kv_fp8_logit_chunks, kv_dtype="fp8")
+
+    def test_kv_fp8_chunked_and_mixed_greedy_equal_one_shot_solo(self, fp32_pair):
+        model, _ = fp32_pair
+        prompts = conf.make_prompts(model.info.vocab_size, self.kv_fp8_lengths[:3], seed=self.kv_fp8_seed)
+        conf.check_chunked_prefill(
+            model, prompts, self.kv_fp8_greedy_chunks, self.kv_fp8_new_tokens, kv_dtype="fp8"
+        )
+        conf.check_mixed_batch(model, prompts, self.kv_fp8_new_tokens, kv_dtype="fp8")
+
+    def test_kv_fp8_prefix_hit_equals_cold(self, fp32_pair):
+        """The e4m3 blocks (and, for hybrid models, the state snapshot with its e4m3 rings) shared by a prefix hit
+        continue exactly as the cold run."""
+        model, _ = fp32_pair
+        length, shared = self.kv_fp8_prefix
+        prompt = conf.make_prompts(model.info.vocab_size, (length,), seed=5)[0]
+        conf.check_prefix_hit(model, prompt, shared, self.kv_fp8_new_tokens, kv_dtype="fp8")

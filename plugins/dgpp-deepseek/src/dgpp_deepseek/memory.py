@@ -16,7 +16,13 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, transformer_activation_bytes
+from dgpp.plugin_api import (
+    LoadContext,
+    ModelMemory,
+    quantize_modules,
+    stored_as,
+    transformer_activation_bytes,
+)
 from dgpp.quant.resident import resident_bytes
 from dgpp_deepseek.config import DeepseekV4ArchConfig
 from dgpp_deepseek.loader import checkpoint_name
@@ -51,7 +57,9 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         quantize_modules(model, release_hf_config(ctx.hf_config), rename=checkpoint_name)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     return ModelMemory.from_cache_spec(
-        model.cache_spec(),
+        stored_as(
+            model.cache_spec(), ctx.engine.kv_dtype
+        ),  # kv_dtype fp8 is refused by name (compressed entries)
         weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights),
         activations_per_token=activation_bytes(cfg, ctx.world.size, itemsize),
         vocab_size=cfg.vocab_size,

@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, transformer_activation_bytes
+from dgpp.plugin_api import (
+    LoadContext,
+    ModelMemory,
+    quantize_modules,
+    stored_as,
+    transformer_activation_bytes,
+)
 from dgpp.quant.resident import resident_bytes
 from dgpp_deepseek.release_layout import release_hf_config
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
@@ -57,7 +63,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     resident = ctx.engine.ngram_table == "resident"
     weights = resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights)
     return ModelMemory.from_cache_spec(
-        model.cache_spec(),
+        stored_as(model.cache_spec(), ctx.engine.kv_dtype),  # kv_dtype fp8 is refused by name
         weights=weights + (tables if resident else 0),
         activations_per_token=activation_bytes(cfg, ctx.world.size, itemsize),
         vocab_size=cfg.vocab_size,

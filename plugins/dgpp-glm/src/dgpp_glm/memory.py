@@ -29,6 +29,7 @@ from dgpp.plugin_api import (
     ModelMemory,
     quantize_modules,
     settle_weights,
+    stored_as,
     tensor_bytes,
     transformer_activation_bytes,
 )
@@ -143,7 +144,7 @@ def meta_plan(
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     widest_mlp = max(cfg.intermediate_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok)
     return ModelMemory.from_cache_spec(
-        spec,
+        stored_as(spec, ctx.engine.kv_dtype),
         weights=resident_bytes(model, bf16, ctx.engine.dense_weights),
         activations_per_token=transformer_activation_bytes(
             cfg.hidden_size, widest_mlp, ctx.world.size, itemsize

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from dgpp.kernels.window_attention import window_attention
-from dgpp.nn.attention import write_kv
+from dgpp.nn.attention import store_kv
 from dgpp.nn.decoder import PreNormBlock
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.linear import Linear
@@ -58,7 +58,7 @@ class PagedWindowAttention(SinkAttention):
     applied when reading) rather than in a per-request ring: a drafter's cache is paged."""
 
     def cache_spec(self, dtype: torch.dtype) -> PagedKV:
-        return PagedKV(self.num_kv_heads, self.head_dim, dtype, v_head_dim=self.v_head_dim)
+        return PagedKV(self.num_kv_heads, self.head_dim, dtype, v_head_dim=self.v_head_dim, fp8_rows=True)
 
     def forward(
         self,
@@ -68,10 +68,8 @@ class PagedWindowAttention(SinkAttention):
         batch: ForwardBatch,
         sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        from dgpp import kernels
-
         k_cache, v_cache = batch.cache.kv[self.cache_name]
-        (kernels.write_kv if q.is_cuda else write_kv)(k_cache, v_cache, k, v, batch.slot_mapping)
+        scales = store_kv(batch, self.cache_name, k, v)  # e4m3 rows and their scales under kv_dtype fp8
         out = window_attention(
             q,
             None,
@@ -86,6 +84,7 @@ class PagedWindowAttention(SinkAttention):
             self.scale,
             self.window,
             True,
+            scales,
         )
         return out.flatten(1)
 

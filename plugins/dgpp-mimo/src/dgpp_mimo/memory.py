@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules
+from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, stored_as
 from dgpp.quant.resident import resident_bytes
 
 
@@ -34,7 +34,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         spec.update(mtp_spec)
     full = sum(1 for t in cfg.layer_types if t == "full_attention")
     return ModelMemory.from_cache_spec(
-        spec,
+        stored_as(spec, ctx.engine.kv_dtype),
         weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights),
         drafter=drafter_bytes,
         activations_per_token=model.activation_bytes_per_token(),

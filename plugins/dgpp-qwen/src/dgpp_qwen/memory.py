@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, estimate_model_memory, tensor_bytes
+from dgpp.plugin_api import LoadContext, ModelMemory, estimate_model_memory, stored_as, tensor_bytes
 from dgpp_qwen.qwen4_exp_vision import VisionConfig
 
 MIB = 1 << 20
@@ -87,7 +87,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         notes.append(f"vision tower {vision_bytes / MIB:,.1f} MiB (in weights)")
         extra["vision_workspace"] = vision_workspace_bytes(cfg.vision, ctx, itemsize)
     return ModelMemory.from_cache_spec(
-        spec,
+        stored_as(spec, engine.kv_dtype),
         extra=extra,
         weights=weights + (0 if mapped else table),
         # a prefill row: the hyper state and its normed copy, the block input, q/k/v/attention rows, the routed

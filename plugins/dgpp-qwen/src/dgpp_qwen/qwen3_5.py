@@ -85,7 +85,11 @@ class DecoderLayer(nn.Module):
         if self.layer_type == LINEAR_ATTENTION:
             return {self.cache_name: self.linear_attn.cache_spec()}
         attn = self.self_attn
-        return {self.cache_name: PagedKV(num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=dtype)}
+        return {
+            self.cache_name: PagedKV(
+                num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim, dtype=dtype, fp8_rows=True
+            )
+        }
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels.kv_fp8 import KVScales
 from dgpp.kernels.paged_attention import decode_attention_with_splits, programs_per_row
 from dgpp.policy import current
 
@@ -28,17 +29,18 @@ def paged_decode_attention_fixed(
     scale: float,
     window: int = 0,
     splits: int | None = None,
+    scales: KVScales = None,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width).
     The programs per (row, KV head) follow the batch (``programs_per_row``): that never changes a row's
     bits, and at batch 64 it keeps the grid at 1024 programs instead of 16384 mostly idle ones.
-    ``splits`` defaults to the policy's ``exact_splits``."""
+    ``splits`` defaults to the policy's ``exact_splits``; ``scales``: an e4m3 pool's row scales."""
     splits = current().exact_splits if splits is None else splits
     if splits < 1:
         raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
     grid = programs_per_row(q.shape[0], k_cache.shape[2])
     return decode_attention_with_splits(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid
+        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid, scales=scales
     )
 
 

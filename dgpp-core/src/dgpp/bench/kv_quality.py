@@ -1,0 +1,230 @@
+"""``dgpp bench kv-quality``: what ``engine.kv_dtype: fp8`` costs against the exact chain, on the CPU.
+
+    dgpp bench kv-quality [--model dgpp-demo/smollm2-135m-instruct] [--dtype float32] [--runs 3]
+                          [--new-tokens 32] [--fixtures] [--out FILE]
+
+On a real model (default: the demo's SmolLM2-135M-Instruct, fetched as ``dgpp serve`` fetches it) and the fixed
+text set ``dgpp.bench.kv_quality_texts``, each chain prefills the texts together in one step and scores every
+row (teacher-forced): mean NLL per token and the rows whose argmax equals the exact chain's. Each text's first half
+is then continued greedily for ``--new-tokens`` tokens (the texts batched): the tokens produced before the first one that differs
+from the exact chain's. The exact chain runs ``--runs`` times plus once in 16-token prefill chunks: the spread of
+its NLL over those runs is the run-to-run band a lossy lever's cost is compared with. ``--fixtures`` adds, for
+every installed tiny checkpoint (fp32), the largest logit error of the fp8 chain against the exact one (relative
+to the exact chain's largest |logit|), or why the lever is refused there. ``--geometries`` adds, for every
+offered bench geometry (bf16, built on ``meta`` at 1, 2 and 4 ranks), the paged K/V bytes per token and the
+per-request state bytes (sliding rings) with and without the lever. Prints markdown; ``--out`` also writes it with
+the date, host and commit. ``--model ""`` skips the model (the other sections alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from dgpp.bench.kv_quality_texts import TEXTS
+from dgpp.errors import ConfigError
+from dgpp.step.model import Model
+from dgpp.testing import conformance as conf
+from dgpp.testing.generate import greedy_generate
+
+BAND_CHUNK = 16  # the band's chunked run: the default chain cut in 16-token prefill steps
+FIXTURE_LENGTHS = (11, 23, 4, 1)
+
+
+@dataclass(frozen=True)
+class ChainScore:
+    """One chain over the text set: token-weighted mean NLL, teacher-forced argmax rows equal to the exact
+    chain's, and greedy tokens before the first divergence from the exact chain (summed over texts)."""
+
+    nll: float
+    top1_agree: int
+    rows: int
+    greedy_same: int
+    greedy_total: int
+
+
+def _nll(logits: torch.Tensor, ids: list[int]) -> tuple[float, int]:
+    """Summed NLL of ``ids[1:]`` under rows ``0..n-2`` (fp64) and the number of scored tokens."""
+    logp = torch.log_softmax(logits[:-1].double(), dim=-1)
+    target = torch.tensor(ids[1:])
+    return float(-logp.gather(1, target[:, None]).sum()), len(ids) - 1
+
+
+def _same_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _greedy(model: Model, texts: list[list[int]], new_tokens: int, kv_dtype: str) -> list[list[int]]:
+    """Each text's first half continued greedily, all texts batched (a row's tokens do not depend on the batch)."""
+    halves = [ids[: len(ids) // 2] for ids in texts]
+    return greedy_generate(model, halves, new_tokens, stop_at_eos=False, kv_dtype=kv_dtype)
+
+
+def score_chain(
+    model: Model,
+    texts: list[list[int]],
+    kv_dtype: str,
+    exact_rows: list[torch.Tensor],
+    exact_greedy: list[list[int]],
+    new_tokens: int,
+    chunk: int | None = None,
+) -> ChainScore:
+    """Score ``kv_dtype`` (``engine.kv_dtype``) over the tokenized ``texts`` (prefilled together, in ``chunk``-token
+    steps when given) against the exact chain's rows and greedy continuations."""
+    rows = conf.engine_all_logits(model, texts, chunk_size=chunk, kv_dtype=kv_dtype)
+    total, count, agree = 0.0, 0, 0
+    for ids, logits, exact in zip(texts, rows, exact_rows, strict=True):
+        nll, n = _nll(logits, ids)
+        total, count = total + nll, count + n
+        agree += int((logits.argmax(-1) == exact.argmax(-1)).sum())
+    ours = _greedy(model, texts, new_tokens, kv_dtype)
+    same = sum(_same_prefix(a, b) for a, b in zip(ours, exact_greedy, strict=True))
+    return ChainScore(total / count, agree, sum(len(ids) for ids in texts), same, new_tokens * len(texts))
+
+
+def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: int) -> Iterator[str]:
+    """The markdown rows for one model, each as it is measured: the exact chain's runs, the fp8 chain, the band."""
+    exact_rows = conf.engine_all_logits(model, texts)
+    exact_greedy = _greedy(model, texts, new_tokens, "auto")
+    chains = [(f"exact, run {r + 1}", "auto", None) for r in range(runs)]
+    chains.append((f"exact, {BAND_CHUNK}-token prefill chunks", "auto", BAND_CHUNK))
+    chains.append(("kv_dtype fp8", "fp8", None))
+    yield "| chain | NLL / token | Δ NLL vs exact run 1 | argmax rows = exact | greedy tokens = exact |"
+    yield "|---|---|---|---|---|"
+    scores = []
+    for name, kv, chunk in chains:
+        s = score_chain(model, texts, kv, exact_rows, exact_greedy, new_tokens, chunk)
+        scores.append(s)
+        yield (
+            f"| {name} | {s.nll:.6f} | {s.nll - scores[0].nll:+.6f} | {s.top1_agree}/{s.rows} "
+            f"| {s.greedy_same}/{s.greedy_total} |"
+        )
+    exact, fp8 = scores[:-1], scores[-1]
+    band = max(s.nll for s in exact) - min(s.nll for s in exact)
+    inside = abs(fp8.nll - exact[0].nll) <= band
+    yield ""
+    yield (
+        f"run-to-run band of the exact chain (NLL max - min over {len(exact)} runs): {band:.6f}; "
+        f"fp8 cost {fp8.nll - exact[0].nll:+.6f} is {'inside' if inside else 'outside'} it"
+    )
+
+
+def fixture_errors() -> Iterator[str]:
+    """For every installed tiny checkpoint (fp32): the fp8 chain's largest logit error against the exact chain."""
+    from dgpp.catalog import tiny_checkpoints
+    from dgpp.startup.loading import load_model
+
+    yield from [
+        "| tiny checkpoint | largest abs Δ logit / largest abs logit | mean abs Δ logit / largest abs logit |",
+        "|---|---|---|",
+    ]
+    for kind, offer in sorted(tiny_checkpoints().items()):
+        with tempfile.TemporaryDirectory() as tmp:
+            model = load_model(offer.build(tmp, seed=0))
+            prompts = conf.make_prompts(model.info.vocab_size, FIXTURE_LENGTHS, seed=2)
+            exact = torch.cat(conf.engine_all_logits(model, prompts))
+            try:
+                lossy = torch.cat(conf.engine_all_logits(model, prompts, kv_dtype="fp8"))
+            except ConfigError as e:
+                yield f"| {kind} | refused: {str(e).split('; ')[1]} | |"
+                continue
+        scale = float(exact.abs().max())
+        diff = (lossy - exact).abs()
+        yield f"| {kind} | {float(diff.max()) / scale:.2e} | {float(diff.mean()) / scale:.2e} |"
+
+
+def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> Iterator[str]:
+    """Per offered bench geometry and world size: (paged K/V bytes per token, state bytes per request) on one rank,
+    bf16 and fp8, from the cache entries its model declares when built on ``meta``."""
+    from dgpp.bench.models import hf_config
+    from dgpp.catalog import bench_geometries
+    from dgpp.family import LoadContext, World
+    from dgpp.plugins import manager, resolve
+    from dgpp.step.cache_spec import stored_as
+    from dgpp.step.memory import cache_rates
+
+    pm = manager()
+    yield "| geometry | ranks | K/V B/token bf16 | fp8 | state B/request bf16 | fp8 |"
+    yield "|---|---|---|---|---|---|"
+    for name in sorted(n for n in bench_geometries() if not n.startswith("tiny")):
+        raw = hf_config(name, torch.bfloat16)
+        found = resolve(pm, raw)
+        for size in world_sizes:
+            ctx = LoadContext(
+                checkpoint_dir=Path(),
+                hf_config=raw,
+                family=found.family.name,
+                architecture=found.matched,
+                device="meta",
+                world=World(0, size),
+            )
+            try:
+                with torch.device("meta"):
+                    spec = pm.hook.dgpp_build_model(ctx=ctx).cache_spec()
+            except ValueError:  # heads that do not split over this many ranks
+                continue
+            kv, state = cache_rates(spec)
+            try:
+                kv8, state8 = (f"{n:,}" for n in cache_rates(stored_as(spec, "fp8")))
+            except ConfigError:
+                kv8 = state8 = "refused"
+            yield f"| {name} | {size} | {kv:,} | {kv8} | {state:,} | {state8} |"
+
+
+def _load(model_id: str, dtype: str) -> tuple[Model, list[list[int]]]:
+    from dgpp.checkpoint.resolve import resolve_checkpoint
+    from dgpp.config_schema import EngineConfig
+    from dgpp.startup.loading import load_model
+    from dgpp.text.tokenizer import Tokenizer
+
+    checkpoint = resolve_checkpoint(model_id)
+    model = load_model(checkpoint, EngineConfig(), dtype=getattr(torch, dtype))
+    tokenizer = Tokenizer.from_dir(checkpoint)
+    return model, [tokenizer.encode(text) for text in TEXTS]
+
+
+def _sections(args: argparse.Namespace) -> Iterator[str]:
+    if args.model:
+        model, texts = _load(args.model, args.dtype)
+        yield (
+            f"## engine.kv_dtype fp8 on {args.model} ({args.dtype}), {len(texts)} texts, "
+            f"{sum(len(t) for t in texts)} tokens"
+        )
+        yield ""
+        yield from measure_model(model, texts, args.runs, args.new_tokens)
+    if args.geometries:
+        yield from ["", "## K/V bytes per rank with and without fp8, bench geometries (bf16)", ""]
+        yield from geometry_rates()
+    if args.fixtures:
+        yield from ["", "## fp8 logit error against the exact chain, tiny fp32 checkpoints", ""]
+        yield from fixture_errors()
+
+
+def run_kv_quality(args: argparse.Namespace) -> int:
+    torch.manual_seed(0)
+    lines = []
+    for line in _sections(args):  # each row printed as it is measured
+        print(line, flush=True)
+        lines.append(line)
+    if args.out:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        when = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+        with open(args.out, "w") as f:
+            f.write(f"{when}, {platform.processor() or platform.machine()}, commit {commit}\n\n")
+            f.write("\n".join(lines) + "\n")
+    return 0
