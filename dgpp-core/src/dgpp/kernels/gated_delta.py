@@ -309,7 +309,9 @@ def gdn_chunked_prefill_triton(
     """Varlen sequences (``query_start_loc [B+1]``), chunked; any lengths, decode rows included. ``g`` per head."""
     _check(q, k, v, state_pool)
     if g.dim() != 2:
-        raise ValueError("the chunked gated delta kernel takes one decay per head ([T, Hv]), not per key channel")
+        raise ValueError(
+            "the chunked gated delta kernel takes one decay per head ([T, Hv]), not per key channel"
+        )
     out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dk, dv = k.shape[2], v.shape[2]
     bv = min(64, next_pow2(dv))
