@@ -91,3 +91,15 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair) -> Non
 
 def _tensors(pools: CachePools, name: str) -> list[torch.Tensor]:
     return list(pools.state[name].values()) if name in pools.state else list(pools.kv[name])
+
+
+def test_a_table_too_narrow_for_a_sparse_row_selects_nothing(fp32_pair) -> None:
+    """Two 4-token blocks hold two pools, which index_topk 8 keeps whole: every row dense (None), from the width."""
+    model, _ = fp32_pair
+    pools, tables, last, _ = _prefilled(model)
+    indexer = model.stack.layers[1].self_attn.indexer
+    batch = build_batch([SeqWork(1, tables[1][:3], 9, [last[1]])], pools)
+    x, q_resid = torch.randn(1, model.config.hidden_size), torch.randn(1, model.config.q_lora_rank)
+    assert isinstance(indexer(x, q_resid, batch), DeviceSelection)  # three blocks: a third pool may be seen
+    batch = build_batch([SeqWork(0, tables[0][:2], 5, [last[0]])], pools)
+    assert indexer(x, q_resid, batch) is None

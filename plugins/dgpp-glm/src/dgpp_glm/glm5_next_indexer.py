@@ -80,7 +80,7 @@ class KPoolIndexer(WindowPooler):
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
-    ) -> Selection | DeviceSelection:
+    ) -> Selection | DeviceSelection | None:
         """Pool the keys this step completes, then select per row (``None``: every visible token)."""
         # row-independent products: a row's gate logits and scores do not depend on what shares the step
         gate = batch_invariant_linear(x, self.index_kpool_compress_gate)

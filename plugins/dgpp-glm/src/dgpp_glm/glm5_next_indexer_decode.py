@@ -10,7 +10,8 @@ rewrites one place with the value it already holds.
 
 A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. Its scores cover every pool the table could
 hold, masked to ``-inf`` past ``n``; a stable descending sort keeps exact ties on the lower pool, as the row-by-row
-path does. Positions are ``[rows, topk + kpool - 1]``: a sparse row's picked pools' tokens then its open tail; a
+path does. A table too narrow to hold more pools than a row keeps selects nothing (None: every row dense).
+Otherwise positions are ``[rows, topk + kpool - 1]``: a sparse row's picked pools' tokens then its open tail; a
 dense row (``n`` at most the pools kept) every visible token.
 """
 
@@ -70,13 +71,17 @@ def store_decode(indexer: KPoolIndexer, kv: torch.Tensor, gate: torch.Tensor, ba
 
 def select_decode(
     indexer: KPoolIndexer, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch
-) -> DeviceSelection:
-    """Every decode row's attended positions (``q [B, H, D]``, ``weights [B, H]`` fp32)."""
+) -> DeviceSelection | None:
+    """Every decode row's attended positions (``q [B, H, D]``, ``weights [B, H]`` fp32); None (every row dense, as
+    the row path says for such rows) when the table is too narrow for any row to see more pools than it keeps,
+    a decision from the table's width alone."""
     kpool, keep = indexer.kpool, indexer.select_pools
     cache = batch.cache.kv[indexer.cache_name][0]
     tables = batch.block_tables
     device = q.device
-    capacity = max(1, tables.shape[1] * batch.cache.block_size // kpool)
+    capacity = tables.shape[1] * batch.cache.block_size // kpool
+    if capacity <= keep:
+        return None
     every_pool = torch.arange(capacity, device=device)
     slots = pool_slots(
         tables, every_pool.expand(tables.shape[0], -1), kpool, batch.cache.block_size, cache.shape[1]
@@ -89,8 +94,6 @@ def select_decode(
     width = keep * kpool + kpool - 1
     columns = torch.arange(width, device=device)
     dense = columns.expand(q.shape[0], -1)
-    if capacity <= keep:  # no row of this table can see more pools than it keeps
-        return DeviceSelection(dense.to(torch.int32), visible.to(torch.int32))
     best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
     tokens = (best[:, :, None] * kpool + torch.arange(kpool, device=device)).flatten(1)
     open_tail = visible % kpool if indexer.select_tail else torch.zeros_like(visible)
