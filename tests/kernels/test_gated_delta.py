@@ -141,7 +141,9 @@ def test_per_channel_decode_row_alone_equals_row_among_others() -> None:
         assert torch.equal(out, out_all[:n]) and torch.equal(pool[:n], together[:n])
     alone = base.clone()
     row = slice(3, 4)
-    out = gdn_decode_step_triton(q[row], k[row], v[row], g[row], beta[row], alone, torch.tensor([3]), fresh[row])
+    out = gdn_decode_step_triton(
+        q[row], k[row], v[row], g[row], beta[row], alone, torch.tensor([3]), fresh[row]
+    )
     assert torch.equal(out[0], out_all[3]) and torch.equal(alone[3], together[3])
 
 
@@ -150,5 +152,13 @@ def test_chunked_kernel_refuses_a_per_channel_decay() -> None:
     g = torch.zeros(3, 1, 16)
     with pytest.raises(ValueError, match="per head"):
         gdn_chunked_prefill_triton(
-            q, k, v, g, beta, torch.zeros(1, 1, 16, 16), torch.tensor([0]), torch.tensor([0, 3]), torch.tensor([True])
+            q,
+            k,
+            v,
+            g,
+            beta,
+            torch.zeros(1, 1, 16, 16),
+            torch.tensor([0]),
+            torch.tensor([0, 3]),
+            torch.tensor([True]),
         )
