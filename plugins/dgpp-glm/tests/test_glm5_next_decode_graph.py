@@ -70,7 +70,7 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair) -> Non
         x = torch.randn(len(PROMPTS), model.config.hidden_size, generator=gen)
         q_resid = torch.randn(len(PROMPTS), model.config.q_lora_rank, generator=gen)
         picked = indexer(x, q_resid, device_batch)
-        assert isinstance(picked, DeviceSelection)
+        assert isinstance(picked, DeviceSelection) and picked.sparse is not None
         # the row path: the prefill store, then the row loop, on a copy of the same cache
         q = indexer.wq_b(q_resid).view(len(PROMPTS), indexer.num_heads, indexer.head_dim).float()
         weights = indexer.weights_proj(x).float() * indexer.num_heads**-0.5
@@ -81,10 +81,11 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair) -> Non
         for name in (indexer.cache_name, indexer.buffer_name):
             for ours, theirs in zip(_tensors(pools, name), _tensors(row_pools, name), strict=True):
                 assert torch.equal(ours, theirs), name
-        for row, (rows, n) in enumerate(zip(picked.as_rows(), PROMPTS, strict=True)):
-            visible = n + step + 1
-            want = expected[row] if expected[row] is not None else torch.arange(visible)
-            assert torch.equal(rows, want.long()), (row, step)
+        for row, (ours, want) in enumerate(zip(picked.as_rows(), expected, strict=True)):
+            assert (ours is None) == (want is None), (row, step)  # dense rows: every visible token
+            assert ours is None or torch.equal(ours, want.long()), (row, step)
+        visible = picked.counts[~picked.sparse.bool()].long()
+        assert torch.equal(visible, device_batch.seq_lens[~picked.sparse.bool()].long())
         last = [int(t) for t in torch.randint(0, model.info.vocab_size, (len(PROMPTS),), generator=gen)]
     assert kinds == {True, False}
 

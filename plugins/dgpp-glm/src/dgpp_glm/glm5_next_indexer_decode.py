@@ -12,7 +12,8 @@ A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. Its scores
 hold, masked to ``-inf`` past ``n``; a stable descending sort keeps exact ties on the lower pool, as the row-by-row
 path does. A table too narrow to hold more pools than a row keeps selects nothing (None: every row dense).
 Otherwise positions are ``[rows, topk + kpool - 1]``: a sparse row's picked pools' tokens then its open tail; a
-dense row (``n`` at most the pools kept) every visible token.
+dense row (``n`` at most the pools kept) every visible token, and not marked ``sparse``, so attention reads it
+densely as on the row path.
 """
 
 from __future__ import annotations
@@ -103,4 +104,4 @@ def select_decode(
     positions = torch.where(is_sparse[:, None], sparse, dense)
     counts = torch.where(is_sparse, keep * kpool + open_tail, visible)
     positions = torch.where(columns[None, :] < counts[:, None], positions, 0)
-    return DeviceSelection(positions.to(torch.int32), counts.to(torch.int32))
+    return DeviceSelection(positions.to(torch.int32), counts.to(torch.int32), is_sparse.to(torch.int32))
