@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -104,3 +105,60 @@ def test_reference_agrees_with_layer_torch_path() -> None:
     )
     torch.testing.assert_close(ref, out_nn[0], rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(pool[0], state_nn[0], rtol=1e-4, atol=1e-4)
+
+
+def test_per_channel_decay_decode_matches_reference() -> None:
+    """Kimi delta attention's decay (one factor per head and key channel) on the decode kernel."""
+    q, k, v, _, beta = _inputs(4, 2, 2, 16, 24, seed=6)
+    g = -F.softplus(torch.randn(4, 2, 16, generator=torch.Generator().manual_seed(7)))
+    pool = torch.randn(5, 2, 16, 24, generator=torch.Generator().manual_seed(8))
+    slots = torch.tensor([2, 0, -1, 4])
+    fresh = torch.tensor([False, True, False, False])
+    starts = torch.arange(5, dtype=torch.int32)
+    pool_ref = pool.clone()
+    ref = gated_delta_ref(q, k, v, g, beta, pool_ref, slots, starts, fresh)
+    out = gdn_decode_step_triton(q, k, v, g, beta, pool, slots, fresh)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pool, pool_ref, rtol=1e-4, atol=1e-5)
+    # one shared factor per head is a different answer: the per-channel factors reach the state
+    per_head = pool_ref.clone()
+    gated_delta_ref(q, k, v, g.mean(-1), beta, per_head, slots, starts, fresh)
+    assert not torch.allclose(per_head, pool_ref, rtol=1e-3, atol=1e-3)
+
+
+def test_per_channel_decode_row_alone_equals_row_among_others() -> None:
+    """A row's output and state bits do not depend on which rows share the launch."""
+    total = 5
+    q, k, v, _, beta = _inputs(total, 1, 2, 16, 16, seed=9)
+    g = -F.softplus(torch.randn(total, 2, 16, generator=torch.Generator().manual_seed(10)))
+    base = torch.randn(total, 2, 16, 16, generator=torch.Generator().manual_seed(11))
+    fresh = torch.zeros(total, dtype=torch.bool)
+    together = base.clone()
+    out_all = gdn_decode_step_triton(q, k, v, g, beta, together, torch.arange(total), fresh)
+    for n in range(1, total + 1):
+        pool = base.clone()
+        out = gdn_decode_step_triton(q[:n], k[:n], v[:n], g[:n], beta[:n], pool, torch.arange(n), fresh[:n])
+        assert torch.equal(out, out_all[:n]) and torch.equal(pool[:n], together[:n])
+    alone = base.clone()
+    row = slice(3, 4)
+    out = gdn_decode_step_triton(
+        q[row], k[row], v[row], g[row], beta[row], alone, torch.tensor([3]), fresh[row]
+    )
+    assert torch.equal(out[0], out_all[3]) and torch.equal(alone[3], together[3])
+
+
+def test_chunked_kernel_refuses_a_per_channel_decay() -> None:
+    q, k, v, _, beta = _inputs(3, 1, 1, 16, 16, seed=12)
+    g = torch.zeros(3, 1, 16)
+    with pytest.raises(ValueError, match="per head"):
+        gdn_chunked_prefill_triton(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            torch.zeros(1, 1, 16, 16),
+            torch.tensor([0]),
+            torch.tensor([0, 3]),
+            torch.tensor([True]),
+        )

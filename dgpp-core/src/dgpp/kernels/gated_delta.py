@@ -1,7 +1,8 @@
 """Gated DeltaNet kernels: the recurrent decode step and the chunked prefill, on the pooled fp32 state.
 
-Shapes (flattened varlen rows): ``q, k [T, Hk, dk]``, ``v [T, Hv, dv]``, ``g, beta [T, Hv]`` (``g`` is the
-log decay, <= 0); ``state_pool [slots, Hv, dk, dv]`` fp32, read at ``state_slots[b]`` (zeros where
+Shapes (flattened varlen rows): ``q, k [T, Hk, dk]``, ``v [T, Hv, dv]``, ``beta [T, Hv]``, ``g`` the log decay
+(<= 0) per head ``[T, Hv]`` (GDN) or per head and key channel ``[T, Hv, dk]`` (Kimi delta attention, whose
+``S <- diag(exp(g)) S`` decays each key row of the state on its own; decode and the reference only); ``state_pool [slots, Hv, dk, dv]`` fp32, read at ``state_slots[b]`` (zeros where
 ``fresh[b]``) and written back in place; a slot of -1 marks a padding row (no read, no write).
 Value head ``j`` reads key head ``j // (Hv / Hk)``. q and k are L2-normalised inside (eps 1e-6) and q
 is scaled by ``dk^-1/2``. Per token: ``S <- exp(g) S``; ``S <- S + k (beta (v - S^T k))^T``; ``o = S^T q``.
@@ -48,7 +49,8 @@ def gated_delta_ref(
         for t in range(starts[b], starts[b + 1]):
             qt = _l2n(q[t].float()).repeat_interleave(group, 0) * q.shape[-1] ** -0.5
             kt = _l2n(k[t].float()).repeat_interleave(group, 0)
-            state = state * g[t].float().exp()[:, None, None]
+            decay = g[t].float().exp()
+            state = state * (decay[:, :, None] if decay.dim() == 2 else decay[:, None, None])
             correction = (v[t].float() - torch.einsum("hkv,hk->hv", state, kt)) * beta[t].float()[:, None]
             state = state + kt[:, :, None] * correction[:, None, :]
             out[t] = torch.einsum("hkv,hk->hv", state, qt)
@@ -89,8 +91,10 @@ def _gdn_decode_kernel(
     o_t,
     o_h,
     scale,
+    g_h,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    PER_CHANNEL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -103,7 +107,11 @@ def _gdn_decode_kernel(
     qv = _load_normed(q_ptr, b * q_t + kh * q_h, krow, dk, live, scale)
     kv = _load_normed(k_ptr, b * k_t + kh * k_h, krow, dk, live, 1.0)
     val = tl.load(v_ptr + b * v_t + h * v_h + vcol, mask=live & vmask, other=0.0).to(tl.float32)
-    decay = tl.exp(tl.load(g_ptr + b * g_t + h, mask=live, other=0.0).to(tl.float32))
+    if PER_CHANNEL:  # one factor per key row of the state
+        g_row = tl.load(g_ptr + b * g_t + h * g_h + krow, mask=live & (krow < dk), other=0.0)
+        decay = tl.exp(g_row.to(tl.float32))[:, None]
+    else:
+        decay = tl.exp(tl.load(g_ptr + b * g_t + h * g_h, mask=live, other=0.0).to(tl.float32))
     beta = tl.load(beta_ptr + b * b_t + h, mask=live, other=0.0).to(tl.float32)
     smask = live & (krow[:, None] < dk) & vmask[None, :]
     s_ptrs = pool_ptr + slot * p_slot + h * p_head + krow[:, None] * dv + vcol[None, :]
@@ -143,6 +151,7 @@ def _gdn_chunk_kernel(
     o_t,
     o_h,
     scale,
+    g_h,
     C: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
@@ -178,7 +187,7 @@ def _gdn_chunk_kernel(
             mask=valid[:, None] & vmask[None, :],
             other=0.0,
         ).to(tl.float32)
-        gc = tl.load(g_ptr + t * g_t + h, mask=valid, other=0.0).to(tl.float32)
+        gc = tl.load(g_ptr + t * g_t + h * g_h, mask=valid, other=0.0).to(tl.float32)
         bc = tl.load(beta_ptr + t * b_t + h, mask=valid, other=0.0).to(tl.float32)
         cum = tl.cumsum(gc, axis=0)  # log decay from the chunk start through row i
         cum_end = tl.sum(gc, axis=0)
@@ -235,6 +244,7 @@ def _launch(kernel, grid, q, k, v, g, beta, state_pool, state_slots, fresh, out,
         out.stride(0),
         out.stride(1),
         dk**-0.5,
+        g.stride(1),
         **meta,
     )
 
@@ -256,7 +266,8 @@ def gdn_decode_step_triton(
     state_slots: torch.Tensor,
     fresh: torch.Tensor,
 ) -> torch.Tensor:
-    """One token per sequence (row ``b`` is sequence ``b``); no host sync, so graph-capturable."""
+    """One token per sequence (row ``b`` is sequence ``b``); no host sync, so graph-capturable. ``g`` per head
+    or per head and key channel."""
     _check(q, k, v, state_pool)
     out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dk, dv = k.shape[2], v.shape[2]
@@ -277,6 +288,7 @@ def gdn_decode_step_triton(
             (),
             BK=next_pow2(dk),
             BV=bv,
+            PER_CHANNEL=g.dim() == 3,
             num_warps=4,
         )
     return out
@@ -294,8 +306,12 @@ def gdn_chunked_prefill_triton(
     fresh: torch.Tensor,
     chunk_size: int = 64,
 ) -> torch.Tensor:
-    """Varlen sequences (``query_start_loc [B+1]``), chunked; any lengths, decode rows included."""
+    """Varlen sequences (``query_start_loc [B+1]``), chunked; any lengths, decode rows included. ``g`` per head."""
     _check(q, k, v, state_pool)
+    if g.dim() != 2:
+        raise ValueError(
+            "the chunked gated delta kernel takes one decay per head ([T, Hv]), not per key channel"
+        )
     out = torch.zeros(v.shape, dtype=torch.float32, device=v.device)
     dk, dv = k.shape[2], v.shape[2]
     bv = min(64, next_pow2(dv))

@@ -10,7 +10,7 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.nn.causal_conv1d import CausalConv1d
-from dgpp.nn.exact.recurrent import recurrent_plan
+from dgpp.nn.exact.recurrent import conv_rows, delta_rule_rows, recurrent_plan
 from dgpp.nn.gated_delta_rule import (  # noqa: F401  (re-exported: the math's historical home)
     CHUNK_SIZE,
     chunked_gated_delta_rule,
@@ -146,11 +146,7 @@ class GatedDeltaNet(nn.Module):
         rows = hidden.shape[0]
         # CUDA, not decode-only: rows by the step's route (decode / verify rows through the decode kernels)
         plan = recurrent_plan(batch)
-        projected = self.in_proj_qkv(hidden)
-        if plan is not None:
-            mixed = plan.conv(projected, self.conv1d.weight[:, 0, :], self.conv1d.bias, state["conv"])
-        else:
-            mixed = self.conv1d(projected, state["conv"], batch)
+        mixed = conv_rows(self.conv1d, self.in_proj_qkv(hidden), state["conv"], batch, plan)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(rows, self.num_k_heads, self.head_k_dim)
         k = k.reshape(rows, self.num_k_heads, self.head_k_dim)
@@ -158,37 +154,7 @@ class GatedDeltaNet(nn.Module):
         beta = self.in_proj_b(hidden).sigmoid()
         # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
         g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias)
-        if plan is not None:
-            core = plan.delta(q, k, v, g, beta, state["recurrent"], self.chunk_size).to(hidden.dtype)
-        elif hidden.is_cuda and batch.is_decode_only:  # Triton decode step on the pooled state, no host sync
-            # (prefill stays on the torch chunked form: on the H200 it beat dgpp.kernels' chunked kernel, whose
-            # UT solve is still sequential per program; docs/benchmarks.md)
-            from dgpp import kernels
-
-            core = kernels.gated_delta_rule(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                state["recurrent"],
-                batch.state_slots,
-                batch.query_start_loc,
-                batch.context_lens == 0,
-                True,
-            ).to(hidden.dtype)
-        else:
-            core = gated_delta_rule_varlen(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                state["recurrent"],
-                batch.state_slots,
-                batch.q_lens_cpu,
-                batch.context_lens_cpu,
-                self.chunk_size,
-            ).to(hidden.dtype)
+        core = delta_rule_rows(q, k, v, g, beta, state["recurrent"], batch, plan, self.chunk_size)
+        core = core.to(hidden.dtype)
         z = self.in_proj_z(hidden).reshape(rows, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z).reshape(rows, self.value_dim))

@@ -9,7 +9,9 @@ L2-normed q/k with q scaled by ``dk^-½``. The output is RMS-normed per head (on
 
 Per request the layer keeps, as state entries of one ``StateSpec``, the conv history of q, k and v (``kernel - 1``
 rows each) and the fp32 recurrent state ``[H, dk, dv]``; chunked prefill and the prefix cache's snapshots carry
-them like Gated DeltaNet's. Parameter names follow GLM-5.3-Flash / Kimi-Linear checkpoints. Under tensor
+them like Gated DeltaNet's. On CUDA a decode-only step runs the recurrent Triton step (``dgpp.kernels.gated_delta``,
+per-channel decay) and the conv decode kernel, reading only device tensors (graph-safe); verify rows and
+``batch_invariant`` rows take the same kernels row by row (``dgpp.nn.exact.recurrent``). Parameter names follow GLM-5.3-Flash / Kimi-Linear checkpoints. Under tensor
 parallelism heads split over the ranks (projections column-parallel, ``o_proj`` row-parallel: the caller
 all-reduces); ``f_a_proj`` / ``g_a_proj`` (the low-rank halves) and ``o_norm`` are replicated.
 """
@@ -22,7 +24,8 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.nn.causal_conv1d import CausalConv1d
-from dgpp.nn.gated_delta_rule import CHUNK_SIZE, gated_delta_rule_varlen
+from dgpp.nn.exact.recurrent import conv_rows, delta_rule_rows, recurrent_plan
+from dgpp.nn.gated_delta_rule import CHUNK_SIZE
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -116,22 +119,15 @@ class KimiDeltaAttention(nn.Module):
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         state = batch.cache.state[self.name]
         rows, shape = hidden.shape[0], (hidden.shape[0], self.num_heads, self.head_dim)
+        # CUDA, not decode-only: rows by the step's route (decode / verify rows through the decode kernels)
+        plan = recurrent_plan(batch)
         q, k, v = (
-            getattr(self, conv)(proj(hidden), state[key], batch).reshape(shape)
+            conv_rows(getattr(self, conv), proj(hidden), state[key], batch, plan).reshape(shape)
             for (conv, key), proj in zip(_CONVS, (self.q_proj, self.k_proj, self.v_proj), strict=True)
         )
         beta = torch.sigmoid(self.b_proj(hidden))
-        core = gated_delta_rule_varlen(
-            q,
-            k,
-            v,
-            self.decay(hidden),
-            beta,
-            state["recurrent"],
-            batch.state_slots,
-            batch.q_lens_cpu,
-            batch.context_lens_cpu,
-            self.chunk_size,
-        ).to(hidden.dtype)
+        decay = self.decay(hidden)
+        core = delta_rule_rows(q, k, v, decay, beta, state["recurrent"], batch, plan, self.chunk_size)
+        core = core.to(hidden.dtype)
         gate = self.g_b_proj(self.g_a_proj(hidden)).view(shape)
         return self.o_proj(self.o_norm(core, gate).reshape(rows, self.local_width))

@@ -33,7 +33,7 @@ from dgpp.nn.mlp import SwiGLUMLP
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.nn.selection import Selection
+from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, World, transformer_activation_bytes
 from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 from dgpp_glm.glm5_next_indexer import KPoolIndexer
@@ -105,8 +105,8 @@ class Glm5NextAttention(MultiLatentAttention):
         return spec
 
     def select_and_attend(
-        self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | None
-    ) -> tuple[torch.Tensor, Selection | None]:
+        self, x: torch.Tensor, batch: ForwardBatch, previous: Selection | DeviceSelection | None
+    ) -> tuple[torch.Tensor, Selection | DeviceSelection | None]:
         """The attention output of this step's rows and the selection it used (this layer's indexer's, or
         ``previous`` on a ``shared`` layer), which the next layer may reuse."""
         query = self.prepare(x, batch)
@@ -168,8 +168,12 @@ class Glm5NextDecoderLayer(nn.Module):
             )
 
     def forward(
-        self, streams: torch.Tensor, batch: ForwardBatch, previous: Selection | None, group: Any = None
-    ) -> tuple[torch.Tensor, Selection | None]:
+        self,
+        streams: torch.Tensor,
+        batch: ForwardBatch,
+        previous: Selection | DeviceSelection | None,
+        group: Any = None,
+    ) -> tuple[torch.Tensor, Selection | DeviceSelection | None]:
         x, post, comb = self.attn_hc.collapse(streams)
         if isinstance(self.self_attn, KimiDeltaAttention):
             out, selection = self.self_attn(self.input_layernorm(x), batch), None
@@ -204,7 +208,9 @@ class Glm5NextStack(nn.Module):
 class Glm5NextForCausalLM(Model):
     """GLM-5.3-Flash's text model behind the engine's model contract. KDA layers hold per-request state, so
     ``info.hybrid`` is set (the prefix cache attaches where it holds a state snapshot); the open index pool's
-    ring is state too. The MTP layer the release ships is not part of this module."""
+    ring is state too. A decode-only step reads lengths from device tensors alone (KDA on the recurrent decode
+    kernels, the indexer's decode step in ``dgpp_glm.glm5_next_indexer_decode``), so it can be captured in a
+    CUDA graph (``engine.decode_graph``). The MTP layer the release ships is not part of this module."""
 
     def __init__(
         self,
@@ -264,19 +270,13 @@ class Glm5NextForCausalLM(Model):
         if visual is not None and batch.media is not None:
             hidden = merge_image_embeddings(hidden, batch, visual.encode)
         streams = to_streams(hidden, self.config.hc_mult)
-        selection: Selection | None = None
+        selection: Selection | DeviceSelection | None = None
         for layer in stack.layers:
             streams, selection = layer(streams, batch, selection, self.group)
         return stack.hc_head(streams)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
-        if batch.input_ids.is_cuda and torch.cuda.is_current_stream_capturing():
-            # the KDA and k-pooled indexer steps read host-side lengths: a graph would replay the capture's
-            raise RuntimeError(
-                "GLM-5.3-Flash's KDA and k-pooled indexer steps cannot be captured in a CUDA graph yet: "
-                "set engine.decode_graph to false"
-            )
         mean = self.stream_mean(batch)
         # the MTP layer drafts from the pre-final-norm mean (its ``hnorm`` is that input's norm), not the head's input
         self.keep_last_hidden(mean)

@@ -11,6 +11,9 @@ A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. With ``n <
 every visible token (dense); else it scores each complete pool ``Σ_h w_h · relu(q_h · key · D^-½)`` (``q = wq_b(q_resid)``,
 ``w = weights_proj(x) · H^-½``), keeps the ``index_topk // kpool`` best (exact ties to the lower pool), expands them
 to their tokens and appends the visible tokens of the open pool (the tail, at most ``kpool - 1``).
+
+A decode-only step (one row per sequence) runs ``dgpp_glm.glm5_next_indexer_decode`` instead of the row loop: the
+same pools, scores and picks from device-side lengths alone, so eager and captured decode run one code path.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from torch import nn
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.dsa import LayerNorm, index_scores, top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
-from dgpp.nn.selection import Selection
+from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import WindowPooler, gather_entries, live_sequences
 from dgpp.plugin_api import ForwardBatch
+from dgpp_glm.glm5_next_indexer_decode import select_decode, store_decode
 
 
 class KPoolIndexer(WindowPooler):
@@ -64,14 +68,34 @@ class KPoolIndexer(WindowPooler):
     def position_bias(self) -> torch.Tensor:
         return self.index_kpool_compress_ape
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
+    def pool_windows(self, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """Pooled keys of complete pools ``kv`` / ``gate`` ``[B, kpool, D]`` -> ``[B, D]`` (the softmax over each
+        pool's rows per channel, in fp32, weights rounded to the keys' dtype)."""
+        weights = (gate.float() + self.position_bias().float()).softmax(dim=1, dtype=torch.float32)
+        return (kv * weights.to(kv.dtype)).sum(dim=1)
+
+    def pool(self, kv: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
+        """One pool, by the batched form the decode step uses, so both give the same bits."""
+        return self.pool_windows(kv[None], gate[None])[0]
+
+    def forward(
+        self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
+    ) -> Selection | DeviceSelection | None:
         """Pool the keys this step completes, then select per row (``None``: every visible token)."""
         # row-independent products: a row's gate logits and scores do not depend on what shares the step
         gate = batch_invariant_linear(x, self.index_kpool_compress_gate)
-        self.store(self.k_norm(self.wk(x)), gate, batch)
         rows = x.shape[0]
         q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim).float()
         weights = self.weights_proj(x).float() * self.num_heads**-0.5
+        if batch.is_decode_only:
+            store_decode(self, self.k_norm(self.wk(x)), gate, batch)
+            return select_decode(self, q, weights, batch)
+        self.store(self.k_norm(self.wk(x)), gate, batch)
+        return self.select_rows(q, weights, batch)
+
+    def select_rows(self, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """Row by row from host-side lengths, over the pools already stored (``None``: every visible token)."""
+        rows = q.shape[0]
         pool = batch.cache.kv[self.cache_name][0]
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):

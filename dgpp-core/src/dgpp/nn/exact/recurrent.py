@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dgpp.nn.causal_conv1d import CausalConv1d
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.route import StepRoute, route_for
@@ -122,3 +123,47 @@ def recurrent_plan(batch: ForwardBatch) -> RecurrentPlan | None:
     if route is None and policy.exact_routing and policy.batch_invariant:
         route = route_for(batch.q_lens_cpu, batch.input_ids.device, per_row=True)
     return None if route is None else plan_rows(batch, route)
+
+
+def conv_rows(
+    conv: CausalConv1d,
+    x: torch.Tensor,
+    conv_state: torch.Tensor,
+    batch: ForwardBatch,
+    plan: RecurrentPlan | None,
+) -> torch.Tensor:
+    """Causal conv + SiLU of the step's rows: by ``plan`` when routed, else the layer's own dispatch (the
+    graph-safe decode kernel on a decode-only step, the varlen form otherwise)."""
+    if plan is not None:
+        return plan.conv(x, conv.weight[:, 0, :], conv.bias, conv_state)
+    return conv(x, conv_state, batch)
+
+
+def delta_rule_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    batch: ForwardBatch,
+    plan: RecurrentPlan | None,
+    chunk_size: int,
+) -> torch.Tensor:
+    """The gated delta rule of the step's rows (fp32 ``[T, Hv, dv]``; ``g`` per head or per head and key channel):
+    by ``plan`` when routed; a decode-only CUDA step on the recurrent Triton step, which reads only device
+    tensors (graph-safe); else the torch varlen form (on CUDA prefill it beat the chunked kernel, whose UT solve
+    is sequential per program: docs/benchmarks.md)."""
+    from dgpp.nn.gated_delta_rule import gated_delta_rule_varlen
+
+    if plan is not None:
+        return plan.delta(q, k, v, g, beta, state_pool, chunk_size)
+    if v.is_cuda and batch.is_decode_only:
+        from dgpp import kernels
+
+        fresh = batch.context_lens == 0
+        slots, starts = batch.state_slots, batch.query_start_loc
+        return kernels.gated_delta_rule(q, k, v, g, beta, state_pool, slots, starts, fresh, True)
+    return gated_delta_rule_varlen(
+        q, k, v, g, beta, state_pool, batch.state_slots, batch.q_lens_cpu, batch.context_lens_cpu, chunk_size
+    )

@@ -1,0 +1,107 @@
+"""The k-pooled indexer's decode step on device tensors alone: the open-pool ring write, the pool a row completes,
+and every row's selection, from ``context_lens`` / ``seq_lens`` / ``block_tables`` / ``state_slots`` as the step
+holds them on its device. Nothing is read back to the host and every shape follows the step's table, so the eager
+step and a captured CUDA graph run the same code (padding rows, slot -1 and length 0, write nothing and select
+nothing).
+
+Masked writes without a host sync: a row that must not write repeats the first writing row's write (same place,
+same value), so the duplicate indices of one ``index_copy_`` carry equal values; with no writer at all every row
+rewrites one place with the value it already holds.
+
+A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. Its scores cover every pool the table could
+hold, masked to ``-inf`` past ``n``; a stable descending sort keeps exact ties on the lower pool, as the row-by-row
+path does. A table too narrow to hold more pools than a row keeps selects nothing (None: every row dense).
+Otherwise positions are ``[rows, topk + kpool - 1]``: a sparse row's picked pools' tokens then its open tail; a
+dense row (``n`` at most the pools kept) every visible token, and not marked ``sparse``, so attention reads it
+densely as on the row path.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from dgpp.nn.dsa import index_scores
+from dgpp.nn.selection import DeviceSelection
+from dgpp.plugin_api import ForwardBatch
+
+if TYPE_CHECKING:
+    from dgpp_glm.glm5_next_indexer import KPoolIndexer
+
+
+def write_rows(flat: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, writes: torch.Tensor) -> None:
+    """``flat[targets[r]] = values[r]`` for the rows where ``writes`` (a device mask); ``targets`` in range."""
+    first = writes.to(torch.int8).argmax()
+    source = torch.where(writes, torch.arange(writes.shape[0], device=writes.device), first)
+    where_to = targets[source]
+    keep = writes[source].view(-1, *([1] * (values.dim() - 1)))
+    flat.index_copy_(0, where_to, torch.where(keep, values[source].to(flat.dtype), flat[where_to]))
+
+
+def pool_slots(
+    tables: torch.Tensor, pools: torch.Tensor, kpool: int, block_size: int, rows_per_block: int
+) -> torch.Tensor:
+    """Flat cache rows of pools ``pools [B, n]`` of each row's table (a pool sits in the block of its last token),
+    clamped into the table: only pools the row has completed are read or written at their true place."""
+    last = (pools + 1) * kpool - 1
+    column = (last // block_size).clamp(max=tables.shape[1] - 1)
+    block = tables.gather(1, column).long().clamp(min=0)
+    return block * rows_per_block + (last % block_size) // kpool
+
+
+def store_decode(indexer: KPoolIndexer, kv: torch.Tensor, gate: torch.Tensor, batch: ForwardBatch) -> None:
+    """Buffer each decode row's key and gate logits in its ring, then pool and store the pool the row completes."""
+    ring = batch.cache.state[indexer.buffer_name]
+    ring_kv, ring_gate = ring["kv"], ring["gate"]
+    kpool = indexer.kpool
+    live = batch.state_slots >= 0
+    position = batch.context_lens.long()
+    slot = batch.state_slots.long().clamp(min=0)
+    ring_rows = slot * kpool + position % kpool
+    write_rows(ring_kv.view(-1, ring_kv.shape[-1]), ring_rows, kv, live)
+    write_rows(ring_gate.view(-1, ring_gate.shape[-1]), ring_rows, gate, live)
+    pooled = indexer.pool_windows(ring_kv[slot], ring_gate[slot])  # [B, D]; used where a pool completes
+    completes = live & ((position + 1) % kpool == 0)
+    cache = batch.cache.kv[indexer.cache_name][0]
+    targets = pool_slots(
+        batch.block_tables, (position // kpool)[:, None], kpool, batch.cache.block_size, cache.shape[1]
+    )[:, 0]
+    write_rows(cache.view(-1, cache.shape[-1]), targets, pooled, completes)
+
+
+def select_decode(
+    indexer: KPoolIndexer, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch
+) -> DeviceSelection | None:
+    """Every decode row's attended positions (``q [B, H, D]``, ``weights [B, H]`` fp32); None (every row dense, as
+    the row path says for such rows) when the table is too narrow for any row to see more pools than it keeps,
+    a decision from the table's width alone."""
+    kpool, keep = indexer.kpool, indexer.select_pools
+    cache = batch.cache.kv[indexer.cache_name][0]
+    tables = batch.block_tables
+    device = q.device
+    capacity = tables.shape[1] * batch.cache.block_size // kpool
+    if capacity <= keep:
+        return None
+    every_pool = torch.arange(capacity, device=device)
+    slots = pool_slots(
+        tables, every_pool.expand(tables.shape[0], -1), kpool, batch.cache.block_size, cache.shape[1]
+    )
+    keys = cache.view(-1, cache.shape[-1])[slots].float()  # [B, capacity, D]
+    visible = batch.seq_lens.long()
+    complete = visible // kpool
+    scores = torch.stack([index_scores(q[r], keys[r], weights[r]) for r in range(q.shape[0])])
+    scores = scores.masked_fill(every_pool[None, :] >= complete[:, None], float("-inf"))
+    width = keep * kpool + kpool - 1
+    columns = torch.arange(width, device=device)
+    dense = columns.expand(q.shape[0], -1)
+    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :keep].sort(dim=1).values
+    tokens = (best[:, :, None] * kpool + torch.arange(kpool, device=device)).flatten(1)
+    open_tail = visible % kpool if indexer.select_tail else torch.zeros_like(visible)
+    tail = (visible - visible % kpool)[:, None] + columns[None, : kpool - 1]
+    sparse = torch.cat([tokens, tail], dim=1)
+    is_sparse = complete > keep
+    positions = torch.where(is_sparse[:, None], sparse, dense)
+    counts = torch.where(is_sparse, keep * kpool + open_tail, visible)
+    positions = torch.where(columns[None, :] < counts[:, None], positions, 0)
+    return DeviceSelection(positions.to(torch.int32), counts.to(torch.int32), is_sparse.to(torch.int32))

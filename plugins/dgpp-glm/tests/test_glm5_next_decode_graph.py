@@ -1,0 +1,106 @@
+"""GLM-5.3-Flash's decode step on device-side lengths (the form a CUDA graph replays), on the CPU: the graph's
+padded inputs give the eager step's logits bit for bit, and the indexer's device decode step stores and selects
+what the row-by-row path does (tiny checkpoint: kpool 4, index_topk 8, so rows past 12 tokens run sparse)."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from dgpp.engine.graphs import DecodeGraphs
+from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.work import SeqWork
+from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.selection import DeviceSelection
+from dgpp.step.pools import CachePools
+from dgpp.testing.suite import tiny_checkpoint_fixtures
+from dgpp_glm.testing_glm5_next import build_tiny_glm5_next
+
+checkpoint, fp32_pair = tiny_checkpoint_fixtures(build_tiny_glm5_next, "glm5_next")
+
+PROMPTS = (23, 9, 14)  # sparse, dense and sparse rows; 9 and 14 end inside a pool
+BLOCKS_PER_SEQ = 8  # 32 tokens of 4-token blocks
+
+
+def _prefilled(model):
+    pools = CachePools(model.cache_spec(), len(PROMPTS) * BLOCKS_PER_SEQ + 2, 4, len(PROMPTS), "cpu")
+    tables = [list(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)) for i in range(len(PROMPTS))]
+    gen = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(0, model.info.vocab_size, (n,), generator=gen).tolist() for n in PROMPTS]
+    runner = ModelRunner(model, pools)
+    logits = runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)])
+    return pools, tables, torch.argmax(logits, -1).tolist(), runner
+
+
+def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(fp32_pair) -> None:
+    model, _ = fp32_pair
+    pools, tables, last, runner = _prefilled(model)
+    graphs = DecodeGraphs(model, pools, max_batch=8, max_blocks=BLOCKS_PER_SEQ, capture=False)
+    for step in range(5):  # the 9- and 14-token rows complete a pool within these steps
+        work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
+        snapshot = {name: {k: t.clone() for k, t in ts.items()} for name, ts in pools.state.items()}
+        kv = {name: tuple(t.clone() for t in ts) for name, ts in pools.kv.items()}
+        batch = build_batch(work, pools)
+        assert graphs.can_run(batch)
+        padded = graphs.run(batch)  # 3 rows in the size-4 batch: one padding row
+        # eager on the very same step from the same state
+        for name, ts in snapshot.items():
+            for k, t in ts.items():
+                pools.state[name][k].copy_(t)
+        for name, ts in kv.items():
+            for live, saved in zip(pools.kv[name], ts, strict=True):
+                live.copy_(saved)
+        eager = runner.step(work)
+        assert torch.equal(padded, eager)
+        last = torch.argmax(eager, -1).tolist()
+    assert graphs.state_slots[3:].eq(-1).all()
+
+
+def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair) -> None:
+    model, _ = fp32_pair
+    pools, tables, last, _ = _prefilled(model)
+    indexer = model.stack.layers[1].self_attn.indexer
+    gen = torch.Generator().manual_seed(2)
+    kinds: set[bool] = set()  # sparse rows and dense rows both met
+    for step in range(5):
+        work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
+        row_pools = copy.deepcopy(pools)
+        device_batch, row_batch = build_batch(work, pools), build_batch(work, row_pools)
+        x = torch.randn(len(PROMPTS), model.config.hidden_size, generator=gen)
+        q_resid = torch.randn(len(PROMPTS), model.config.q_lora_rank, generator=gen)
+        picked = indexer(x, q_resid, device_batch)
+        assert isinstance(picked, DeviceSelection) and picked.sparse is not None
+        # the row path: the prefill store, then the row loop, on a copy of the same cache
+        q = indexer.wq_b(q_resid).view(len(PROMPTS), indexer.num_heads, indexer.head_dim).float()
+        weights = indexer.weights_proj(x).float() * indexer.num_heads**-0.5
+        gate = batch_invariant_linear(x, indexer.index_kpool_compress_gate)
+        indexer.store(indexer.k_norm(indexer.wk(x)), gate, row_batch)
+        expected = indexer.select_rows(q, weights, row_batch)
+        kinds.update(s is not None for s in expected)
+        for name in (indexer.cache_name, indexer.buffer_name):
+            for ours, theirs in zip(_tensors(pools, name), _tensors(row_pools, name), strict=True):
+                assert torch.equal(ours, theirs), name
+        for row, (ours, want) in enumerate(zip(picked.as_rows(), expected, strict=True)):
+            assert (ours is None) == (want is None), (row, step)  # dense rows: every visible token
+            assert ours is None or torch.equal(ours, want.long()), (row, step)
+        visible = picked.counts[~picked.sparse.bool()].long()
+        assert torch.equal(visible, device_batch.seq_lens[~picked.sparse.bool()].long())
+        last = [int(t) for t in torch.randint(0, model.info.vocab_size, (len(PROMPTS),), generator=gen)]
+    assert kinds == {True, False}
+
+
+def _tensors(pools: CachePools, name: str) -> list[torch.Tensor]:
+    return list(pools.state[name].values()) if name in pools.state else list(pools.kv[name])
+
+
+def test_a_table_too_narrow_for_a_sparse_row_selects_nothing(fp32_pair) -> None:
+    """Two 4-token blocks hold two pools, which index_topk 8 keeps whole: every row dense (None), from the width."""
+    model, _ = fp32_pair
+    pools, tables, last, _ = _prefilled(model)
+    indexer = model.stack.layers[1].self_attn.indexer
+    batch = build_batch([SeqWork(1, tables[1][:3], 9, [last[1]])], pools)
+    x, q_resid = torch.randn(1, model.config.hidden_size), torch.randn(1, model.config.q_lora_rank)
+    assert isinstance(indexer(x, q_resid, batch), DeviceSelection)  # three blocks: a third pool may be seen
+    batch = build_batch([SeqWork(0, tables[0][:2], 5, [last[0]])], pools)
+    assert indexer(x, q_resid, batch) is None
