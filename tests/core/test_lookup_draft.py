@@ -246,8 +246,7 @@ def test_sampled_lookup_keeps_the_plain_distribution(dense, monkeypatch):
     """Every second token comes out of a drafted verify row: the ratio test keeps the draft with p(draft), else
     draws from the residual. The pairs follow the model's exact probabilities; a verify that redraws plainly
     on a rejection over-weights the draft, and the same test rejects it."""
-    import dgpp.engine.speculative as speculative
-    from dgpp.engine.speculative_accept import judge_row
+    import dgpp.sample.verify as verify
 
     expected = _exact_pair_probabilities(dense)
     assert len([p for p in expected.values() if p > 0.03]) >= 5  # a spread-out distribution, not a point
@@ -257,14 +256,8 @@ def test_sampled_lookup_keeps_the_plain_distribution(dense, monkeypatch):
     assert sum(counts.values()) == DRAWS and set(counts) <= set(expected)
     assert _chi_square_p_value(counts, expected, DRAWS) > 1e-3
 
-    def plain_redraw(sampler, logits, draft):
-        result, took = judge_row(sampler, logits, draft)
-        if draft is not None and not took:  # the bug: a plain draw where the residual belongs
-            result = sampler.sample(logits)
-            took = result.token == draft
-        return result, took
-
-    monkeypatch.setattr(speculative, "judge_row", plain_redraw)
+    # the bug: on a rejection, a plain draw (the draft still in the running) where the residual belongs
+    monkeypatch.setattr(verify, "_residual", lambda keep, is_draft: keep)
     wrong, _ = _sampled_pairs(dense)
     assert _chi_square_p_value(wrong, expected, DRAWS) < 1e-6
 

@@ -285,26 +285,24 @@ def test_oracle_drafts_are_accepted_when_sampling(glm):
 
 def test_ratio_test_keeps_the_target_distribution():
     """Accept-with-p(draft), else draw from the residual: the emitted token is distributed as the target's p,
-    and the draft is kept with probability p(draft)."""
-    from dgpp.engine.speculative_accept import judge_row
+    and the draft is kept with probability p(draft); every seed's row judged in one batched call."""
+    from dgpp.sample.batch import Row, sample_rows
 
     logits = torch.tensor([2.0, 1.5, 0.3, -1.0, 0.9, 0.0, -0.5, 1.1])
-    params = SamplingParams(temperature=0.8, top_k=6, max_tokens=1)
     target = torch.zeros(8, dtype=torch.float64)
     kept = torch.topk(logits, 6).indices
     target[kept] = torch.softmax(logits[kept].double() / 0.8, 0)
     draft, n = 1, 6000
-    counts = torch.zeros(8, dtype=torch.float64)
-    accepted = 0
-    for seed in range(n):
-        p = SamplingParams(temperature=0.8, top_k=6, max_tokens=1, seed=seed)
-        result, took = judge_row(ChoiceSampler(p, 8, [0]), logits, draft)
-        counts[result.token] += 1
-        accepted += took
-        assert took == (result.token == draft)
-    assert params.top_k == 6 and counts[3] == 0 and counts[6] == 0  # filtered ids never come out
+    choices = [
+        ChoiceSampler(SamplingParams(temperature=0.8, top_k=6, max_tokens=1, seed=seed), 8, [0])
+        for seed in range(n)
+    ]
+    drawn = sample_rows(logits.expand(n, 8), [Row(c, draft) for c in choices])
+    counts = torch.bincount(torch.tensor(drawn.tokens), minlength=8).double()
+    assert all(took == (token == draft) for token, took in zip(drawn.tokens, drawn.accepted, strict=True))
+    assert counts[3] == 0 and counts[6] == 0  # filtered ids never come out
     assert float((counts / n - target).abs().max()) < 0.02
-    assert abs(accepted / n - float(target[draft])) < 0.02
+    assert abs(sum(drawn.accepted) / n - float(target[draft])) < 0.02
 
 
 def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):

@@ -10,15 +10,20 @@ One decode pass, for every live request at position ``c`` (``c`` tokens cached, 
    accepted prefix are rewritten by the next pass's backlog).
 2. **Verify.** One target forward over ``[x, d1 .. dD]`` at ``c .. c + D`` for every request, through the same
    ``ModelRunner`` as plain decode (so batched ≡ solo still holds); logits of every row.
-3. **Judge** row by row (``speculative_accept``): emit the row's token, stop at the first rejected draft, at
-   retirement (EOS / length: a multi-token step can retire mid-list), or after the bonus row.
+3. **Judge** every row of the batch in one pass on the device (``dgpp.sample.batch.sample_rows``: greedy rows
+   compare their argmax with the draft, sampled rows run the ratio test, each row keyed by its choice's own draw
+   seed), one device->host copy; then emit each request's tokens in order, stopping at the first rejected draft,
+   at retirement (EOS / length: a multi-token step can retire mid-list), or after the bonus row.
 4. **Commit.** ``computed`` advances by the emitted count; K/V written past it is invisible (positions are read
    up to ``computed``) and overwritten later. A hybrid model's recurrent/conv state saw every verify row, so it
    is restored from the snapshot taken before the verify and the accepted rows are run again (exact; per-row
    state snapshots in the kernels would save that second forward).
 
 Greedy requests thus emit exactly the plain greedy transcript, whatever the drafter proposes. Steps 2-4 do not
-depend on where drafts come from (``VerifyDecoder``); step 1 is the MTP drafter's (``SpeculativeDecoder``).
+depend on where drafts come from (``VerifyDecoder``); step 1 is the MTP drafter's (``SpeculativeDecoder``). With
+``engine.mtp_schedule`` each request verifies only the drafts its predicted survival pays for
+(``dgpp.engine.verify_schedule``); a grammar-constrained request or a forced walk verifies none (its next rows'
+masks are not known before the drafts are judged).
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from dgpp.engine.runner import ModelRunner, build_batch
-from dgpp.engine.speculative_accept import judge_row
 from dgpp.engine.speculative_stats import SpecDecodeStats
+from dgpp.engine.verify_schedule import DraftTrack, PassRule, ScheduleSettings, VerifySchedule
 from dgpp.engine.work import DecodingSequence, SeqWork
+from dgpp.sample.batch import DrawnRows, Row, sample_rows
 from dgpp.step.cache_spec import StateSpec
 from dgpp.step.model import Drafter
 from dgpp.step.pools import CachePools
@@ -51,7 +57,9 @@ class VerifyDecoder:
 
     keeps_hidden = False
 
-    def __init__(self, runner: ModelRunner, depth: int, drafter_name: str) -> None:
+    def __init__(
+        self, runner: ModelRunner, depth: int, drafter_name: str, schedule: ScheduleSettings | None = None
+    ) -> None:
         # a verify step whose requests all have no draft is one row each, which the decode graphs would take;
         # they do not refresh ``last_hidden``, so speculative decoding runs eager
         runner.graphs = None
@@ -59,6 +67,8 @@ class VerifyDecoder:
         self.model = runner.model
         self.depth = depth
         self.stats = SpecDecodeStats(depth, drafter_name)
+        self.schedule = VerifySchedule(schedule) if schedule is not None else None
+        self.stats.scheduled = self.schedule is not None
 
     def after_prefill(self, chunks: list[tuple[DecodingSequence, int, int]]) -> None:
         """Called after every target prefill step with its ``(seq, start, end)`` chunks; no-op by default."""
@@ -71,14 +81,30 @@ class VerifyDecoder:
         """The target's hidden rows of the inputs that stand, from position ``first``; unused by default."""
 
     def _judged(self, s: DecodingSequence, drafted: int, accepted: int) -> None:
-        """``accepted`` of the request's ``drafted`` tokens were kept this step; unused by default."""
+        """``accepted`` of the request's ``drafted`` tokens were kept this step (the schedule's record)."""
+        if self.schedule is not None and drafted:
+            self._track(s).judged(drafted, accepted)
 
     def _room(self, s: DecodingSequence) -> int:
-        """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold."""
+        """Drafts worth verifying: no more than the tokens still allowed, the block table or the positions hold;
+        none for a grammar-constrained request or a forced walk (a row's mask follows the tokens before it)."""
+        if s.sampler.mask_fn is not None or s.sampler.samples_alone:
+            return 0
         room = len(s.block_table) * self.runner.pools.block_size - 1 - s.computed
         remaining = s.params.max_tokens - len(s.output) - 1
         positions = self.model.info.max_position - 1 - s.computed
         return max(0, min(self.depth, room, remaining, positions))
+
+    def _rule(self, seqs: list[DecodingSequence]) -> PassRule | None:
+        """This pass's schedule (None: every proposed draft is verified)."""
+        return self.schedule.rule([s.params for s in seqs]) if self.schedule is not None else None
+
+    @staticmethod
+    def _track(s: DecodingSequence) -> DraftTrack:
+        """The request's draft outcomes (kept on its sequence)."""
+        if s.draft_state is None:
+            s.draft_state = DraftTrack()
+        return s.draft_state  # type: ignore[no-any-return]
 
     # ---- decode --------------------------------------------------------------------------------
     @torch.inference_mode()
@@ -99,36 +125,57 @@ class VerifyDecoder:
         ]
         logits = self.runner.step(works, verify=True)
         hidden = self.model.last_hidden
-        offset, redo = 0, []
+        rows = [
+            Row(s.sampler, d[j] if j < len(d) else None, tuple(d[:j]))
+            for s, d in zip(seqs, drafts, strict=True)
+            for j in range(len(d) + 1)
+        ]
+        drawn = sample_rows(logits, rows)  # every row judged at once, one device->host copy
+        offset, redo, committed = 0, [], 0
         for s, c, d in zip(seqs, starts, drafts, strict=True):
-            kept = self._judge(s, c, d, logits[offset : offset + len(d) + 1], emit, fail)
+            kept = self._commit(s, c, d, drawn, offset, emit, fail)
+            committed += kept
             if s.retired is None:
                 if hybrid and kept < len(d) + 1:
                     redo.append((s, c, kept))
                 elif self.keeps_hidden:
                     self._keep(s, c, hidden[offset : offset + kept])
             offset += len(d) + 1
+        if self.schedule is not None:
+            self.schedule.observe(committed, offset)
+            self.stats.schedule_lambda = self.schedule.value(len(seqs))
         if redo:
             self._rerun_accepted(redo, snapshot)
         return offset
 
-    def _judge(
-        self, s: DecodingSequence, c: int, drafts: list[int], logits: torch.Tensor, emit: EmitFn, fail: FailFn
+    def _commit(
+        self,
+        s: DecodingSequence,
+        c: int,
+        drafts: list[int],
+        drawn: DrawnRows,
+        offset: int,
+        emit: EmitFn,
+        fail: FailFn,
     ) -> int:
-        """Emit this request's tokens row by row; the number of verify rows whose inputs stand (>= 1)."""
-        accepted = 0
+        """Emit this request's judged rows in order; the number of verify rows whose inputs stand (>= 1, or 0
+        when its sampling failed)."""
+        accepted = emitted = 0
         for j in range(len(drafts) + 1):
-            draft = drafts[j] if j < len(drafts) else None
-            try:
-                result, took_draft = judge_row(s.sampler, logits[j], draft)
-            except Exception as exc:  # one request's sampling (e.g. its grammar) failed: only it ends
-                fail(s, exc)
+            result = drawn.result(offset + j)
+            if isinstance(
+                result, Exception
+            ):  # one request's sampling (e.g. its grammar) failed: only it ends
+                fail(s, result)
                 break
             s.computed = c + j + 1
             emit(s, result)
-            accepted += took_draft
-            if not took_draft or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
+            emitted += 1
+            took = drawn.accepted[offset + j]
+            accepted += took
+            if not took or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
                 break
+        s.sampler.advance(emitted)  # the next draw's seed follows the tokens taken
         self.stats.verified(len(drafts), accepted)
         self._judged(s, len(drafts), accepted)
         return s.computed - c
@@ -175,7 +222,9 @@ class SpeculativeDecoder(VerifyDecoder):
 
     keeps_hidden = True
 
-    def __init__(self, runner: ModelRunner, drafter: Drafter, depth: int) -> None:
+    def __init__(
+        self, runner: ModelRunner, drafter: Drafter, depth: int, schedule: ScheduleSettings | None = None
+    ) -> None:
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
         spec = drafter.cache_spec()
@@ -184,7 +233,7 @@ class SpeculativeDecoder(VerifyDecoder):
             raise ValueError(
                 f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported"
             )
-        super().__init__(runner, depth, "mtp")
+        super().__init__(runner, depth, "mtp", schedule)
         runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)
         self.drafter = drafter
         pools = runner.pools
@@ -225,7 +274,14 @@ class SpeculativeDecoder(VerifyDecoder):
             self._backlog[s] = (first + rows.shape[0] - 1, rows[-1:].clone())
 
     def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
-        return self._draft(seqs, [self._room(s) if s in self._backlog else 0 for s in seqs])
+        rule = self._rule(seqs)
+        depths = []
+        for s in seqs:
+            room = self._room(s) if s in self._backlog else 0
+            if room and rule is not None and self._track(s).resting():
+                room = 0  # its drafts kept failing: a plain row (the drafter still reads its backlog)
+            depths.append(room)
+        return self._draft(seqs, depths, rule)
 
     def _keep(self, s: DecodingSequence, first: int, hidden: torch.Tensor) -> None:
         self._backlog[s] = (first, hidden.clone())
@@ -235,8 +291,13 @@ class SpeculativeDecoder(VerifyDecoder):
             del self._backlog[s]
 
     # ---- drafting ------------------------------------------------------------------------------
-    def _draft(self, seqs: list[DecodingSequence], depths: list[int]) -> list[list[int]]:
+    def _draft(
+        self, seqs: list[DecodingSequence], depths: list[int], rule: PassRule | None = None
+    ) -> list[list[int]]:
+        """Up to ``depths[i]`` greedy drafts per request; under a schedule ``rule`` the chain stops at the first
+        draft whose survival (the drafter's probability of each draft so far) does not pay for its row."""
         drafts: list[list[int]] = [[] for _ in seqs]
+        survival = [1.0] * len(seqs)
         items, rows = [], []
         for s in seqs:
             first, backlog = self._backlog.pop(s, (s.computed, None))
@@ -257,10 +318,20 @@ class SpeculativeDecoder(VerifyDecoder):
         chain = [(index[s], s) for s, _, _ in items]
         for step in range(self.depth):
             assert logits is not None
-            picks = torch.argmax(logits, dim=-1).tolist()  # greedy drafts; ties to the lowest id
+            picked = torch.argmax(logits, dim=-1)  # greedy drafts; ties to the lowest id
+            if rule is None:
+                picks, confidences = picked.tolist(), [1.0] * len(chain)
+            else:  # each draft's probability under the drafter, copied with the picks (one copy)
+                conf = torch.softmax(logits, dim=-1).gather(-1, picked[:, None]).squeeze(-1)
+                both = torch.stack([picked.double(), conf.double()]).tolist()
+                picks, confidences = [int(t) for t in both[0]], both[1]
             keep = []
             for row, ((i, _), token) in enumerate(zip(chain, picks, strict=True)):
                 if len(drafts[i]) < depths[i]:
+                    if rule is not None:
+                        survival[i] = rule.survival(i, survival[i], confidences[row])
+                        if not rule.keeps(i, len(drafts[i]) + 1, survival[i]):
+                            continue  # not worth its verify row, nor are the deeper ones
                     drafts[i].append(int(token))
                     if len(drafts[i]) < depths[i]:
                         keep.append(row)
