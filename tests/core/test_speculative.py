@@ -11,6 +11,7 @@ from torch import nn
 
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
 from dgpp.sample import ChoiceSampler, SamplingParams
@@ -70,13 +71,18 @@ def random_qwen35_drafter(model, seed: int) -> nn.Module:
 
 class OracleDrafter(nn.Module):
     """A test double: proposes the token at ``p + 2`` of a known transcript (``wrong_from``: deeper drafts from
-    that step on are off by one, so only a prefix is accepted)."""
+    that step on are off by one, so only a prefix is accepted; ``logit``: how sure it is)."""
 
     def __init__(
-        self, scheduler: Scheduler, transcripts: dict[str, list[int]], wrong_from: int | None = None
+        self,
+        scheduler: Scheduler,
+        transcripts: dict[str, list[int]],
+        wrong_from: int | None = None,
+        logit: float = 1.0,
     ) -> None:
         super().__init__()
         self.scheduler, self.transcripts, self.wrong_from = scheduler, transcripts, wrong_from
+        self.logit = logit  # the proposed token's logit (all others 0): the drafter's confidence in it
 
     def cache_spec(self) -> dict:
         return {}
@@ -92,7 +98,7 @@ class OracleDrafter(nn.Module):
                 token = full[at] if at < len(full) else 0
                 if self.wrong_from is not None and step >= self.wrong_from:
                     token = (token + 1) % VOCAB
-                out[row, token] = 1.0
+                out[row, token] = self.logit
         return out[batch.logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
@@ -108,6 +114,8 @@ def serve(
     oracle: dict | None = None,
     wrong_from: int | None = None,
     eos: frozenset[int] = frozenset(),
+    schedule: ScheduleSettings | None = None,
+    oracle_logit: float = 1.0,
 ) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
@@ -119,9 +127,9 @@ def serve(
     cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     sched = Scheduler(conf, runner, blocks, slots, cache, eos_token_ids=eos)
     if oracle is not None:
-        drafter = OracleDrafter(sched, oracle, wrong_from)
+        drafter = OracleDrafter(sched, oracle, wrong_from, oracle_logit)
     if drafter is not None:
-        sched.speculative = SpeculativeDecoder(runner, drafter, depth)
+        sched.speculative = SpeculativeDecoder(runner, drafter, depth, schedule)
     out: dict[str, list[int]] = {}
 
     def sink(s: Sequence, ev: SeqEvent) -> None:
