@@ -163,9 +163,7 @@ class VerifyDecoder:
         accepted = emitted = 0
         for j in range(len(drafts) + 1):
             result = drawn.result(offset + j)
-            if isinstance(
-                result, Exception
-            ):  # one request's sampling (e.g. its grammar) failed: only it ends
+            if isinstance(result, Exception):  # this request's sampling (its grammar) failed: only it ends
                 fail(s, result)
                 break
             s.computed = c + j + 1
