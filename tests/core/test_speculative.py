@@ -116,6 +116,7 @@ def serve(
     eos: frozenset[int] = frozenset(),
     schedule: ScheduleSettings | None = None,
     oracle_logit: float = 1.0,
+    penalties: dict | None = None,
 ) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
@@ -137,7 +138,9 @@ def serve(
         out.setdefault(s.request_id, []).extend(ev.tokens)
 
     for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
-        params = SamplingParams(temperature=temperature, max_tokens=n, seed=100 + i if temperature else None)
+        params = SamplingParams(
+            temperature=temperature, max_tokens=n, seed=100 + i if temperature else None, **(penalties or {})
+        )
         sched.submit([Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, VOCAB, prompt), sink)])
     for _ in range(400):
         if not sched.has_work:
@@ -256,6 +259,24 @@ def test_oracle_drafter_is_fully_accepted(glm):
     # plain decode feeds one row per request; full acceptance at depth 3 averages well over two
     assert base.stats.last_rows_per_request == 1.0 and base.stats.decode_batch_rows == base.stats.decode_rows
     assert sched.stats.decode_batch_rows > 2 * sched.stats.decode_rows
+
+
+def test_penalties_count_the_drafts_ahead_of_a_verify_row(glm, monkeypatch):
+    """A verify row's penalties see the drafts before it as emitted (they are, when the row counts): greedy with
+    repetition and frequency penalties and an oracle's drafts equals plain, and would not if they were left out."""
+    from dgpp.sample.processors import TokenHistory
+
+    model, _ = glm
+    penalties = {"repetition_penalty": 1.5, "frequency_penalty": 2.0}
+    plain, _ = serve(model, penalties=penalties)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, sched = serve(model, depth=3, oracle=transcripts, penalties=penalties)
+    assert spec == plain
+    counters = _check_counters(sched, 3)
+    assert counters["num_accepted_tokens_total"] == counters["num_draft_tokens_total"]
+    monkeypatch.setattr(TokenHistory, "extended", lambda self, tokens, device: self)
+    blind, _ = serve(model, depth=3, oracle=transcripts, penalties=penalties)
+    assert blind != plain
 
 
 def test_hybrid_partial_acceptance_restores_state(qwen35):

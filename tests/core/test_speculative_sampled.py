@@ -124,3 +124,31 @@ def test_seeded_sampled_mtp_is_the_same_alone_or_batched(glm):
     alone = [_serve(glm, [seed], concurrency=1)[0][0] for seed in seeds[:6]]
     assert alone == batched[:6]
     assert len(set(batched)) > 3  # the seeds draw different tokens
+
+
+def test_verify_rows_report_the_targets_logprobs():
+    """A judged row reports what plain sampling would: the logprob of the emitted token under the target's
+    filtered distribution (not the residual it may have come from), and the same top alternatives."""
+    from dgpp.sample.batch import Row, sample_batch, sample_rows
+    from dgpp.sample.sampler import filtered_distribution
+
+    logits = torch.tensor([[2.0, 1.5, 0.3, -1.0, 0.9, 0.0, -0.5, 1.1]] * 2)
+    kinds = [
+        SamplingParams(temperature=0.7, top_k=5, logprobs=True, top_logprobs=3, seed=1),
+        SamplingParams(temperature=0.0, logprobs=True, top_logprobs=3),
+    ]
+    for params in kinds:
+        for draft in range(8):
+            drawn = sample_rows(
+                logits, [Row(ChoiceSampler(params, 8, []), draft), Row(ChoiceSampler(params, 8, []))]
+            )
+            judged, plain = drawn.result(0), sample_batch(logits[1:], [ChoiceSampler(params, 8, [])])[0]
+            assert not isinstance(judged, Exception) and not isinstance(plain, Exception)
+            assert judged.top_logprobs == plain.top_logprobs
+            if params.greedy:
+                want = torch.log_softmax(logits[0], 0)[judged.token]
+            else:
+                ids, probs = filtered_distribution(logits[0], params)
+                want = torch.log(probs / probs.sum())[ids.tolist().index(judged.token)]
+            assert judged.logprob == pytest.approx(float(want), abs=1e-6)
+            assert drawn.accepted[0] == (judged.token == draft)
