@@ -326,7 +326,7 @@ def test_ratio_test_keeps_the_target_distribution():
         ChoiceSampler(SamplingParams(temperature=0.8, top_k=6, max_tokens=1, seed=seed), 8, [0])
         for seed in range(n)
     ]
-    drawn = sample_rows(logits.expand(n, 8), [Row(c, draft) for c in choices])
+    drawn = sample_rows(logits.expand(n, 8), [Row(c, drafted=True) for c in choices], torch.full((n,), draft))
     counts = torch.bincount(torch.tensor(drawn.tokens), minlength=8).double()
     assert all(took == (token == draft) for token, took in zip(drawn.tokens, drawn.accepted, strict=True))
     assert counts[3] == 0 and counts[6] == 0  # filtered ids never come out

@@ -24,7 +24,7 @@ def test_first_drafts_equal_the_drafter_recomputed_from_scratch(glm, monkeypatch
 
     def recording(self, seqs, depths, rule=None):
         drafts = inner(self, seqs, depths, rule)
-        seen.extend((list(s.tokens), d[0]) for s, d in zip(seqs, drafts, strict=True) if d)
+        seen.extend((list(s.tokens), d[0]) for s, d in zip(seqs, drafts.lists(), strict=True) if d)
         return drafts
 
     monkeypatch.setattr(SpeculativeDecoder, "_draft", recording)

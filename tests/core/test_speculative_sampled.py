@@ -140,7 +140,9 @@ def test_verify_rows_report_the_targets_logprobs():
     for params in kinds:
         for draft in range(8):
             drawn = sample_rows(
-                logits, [Row(ChoiceSampler(params, 8, []), draft), Row(ChoiceSampler(params, 8, []))]
+                logits,
+                [Row(ChoiceSampler(params, 8, []), drafted=True), Row(ChoiceSampler(params, 8, []))],
+                torch.tensor([draft, -1]),
             )
             judged, plain = drawn.result(0), sample_batch(logits[1:], [ChoiceSampler(params, 8, [])])[0]
             assert not isinstance(judged, Exception) and not isinstance(plain, Exception)

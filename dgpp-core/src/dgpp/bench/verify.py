@@ -28,6 +28,7 @@ import torch
 
 from dgpp.bench.decode import random_prompts
 from dgpp.bench.models import build_random_model
+from dgpp.engine.draft_proposal import Proposal
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import VerifyDecoder
 from dgpp.engine.verify_schedule import ScheduleSettings
@@ -63,7 +64,7 @@ class ScriptedDecoder(VerifyDecoder):
         self.vocab = runner.model.info.vocab_size
         self.right = drafter == "oracle"
 
-    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
+    def _propose(self, seqs: list[DecodingSequence]) -> Proposal:
         rule = self._rule(seqs)
         drafts = []
         for i, s in enumerate(seqs):
@@ -76,7 +77,7 @@ class ScriptedDecoder(VerifyDecoder):
             if rule is not None:
                 proposed = proposed[: rule.cut(i, [self._track(s).rate] * len(proposed))]
             drafts.append(proposed)
-        return drafts
+        return Proposal.of(drafts)
 
 
 @dataclass

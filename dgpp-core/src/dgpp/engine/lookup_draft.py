@@ -19,6 +19,7 @@ acceptance rate, taken as each draft's chance, pays for (``dgpp.engine.verify_sc
 
 from __future__ import annotations
 
+from dgpp.engine.draft_proposal import Proposal
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import VerifyDecoder
 from dgpp.engine.verify_schedule import DraftTrack, ScheduleSettings
@@ -87,7 +88,7 @@ class LookupDecoder(VerifyDecoder):
         super().__init__(runner, depth, "lookup", schedule)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
-    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
+    def _propose(self, seqs: list[DecodingSequence]) -> Proposal:
         rule = self._rule(seqs)
         drafts = []
         for i, s in enumerate(seqs):
@@ -101,7 +102,7 @@ class LookupDecoder(VerifyDecoder):
             if rule is not None:  # every lookup draft is worth the request's acceptance rate
                 proposed = proposed[: rule.cut(i, [state.rate] * len(proposed))]
             drafts.append(proposed)
-        return drafts
+        return Proposal.of(drafts)
 
     def _judged(self, s: DecodingSequence, drafted: int, accepted: int) -> None:
         if drafted:

@@ -7,7 +7,8 @@ One decode pass, for every live request at position ``c`` (``c`` tokens cached, 
    predicts the token at ``p + 2``. The rows the drafter has not seen yet (the request's *backlog*: the target
    hidden rows of the last accepted inputs, ending at ``c - 1``) run first, over the drafter's own paged K/V;
    the last one proposes ``d1``. Deeper drafts run the drafter on its own output (provisional K/V rows past the
-   accepted prefix are rewritten by the next pass's backlog).
+   accepted prefix are rewritten by the next pass's backlog). The drafts stay on the device
+   (``dgpp.engine.draft_proposal``): only their counts shape the verify on the host.
 2. **Verify.** One target forward over ``[x, d1 .. dD]`` at ``c .. c + D`` for every request, through the same
    ``ModelRunner`` as plain decode (so batched ≡ solo still holds); logits of every row.
 3. **Judge** every row of the batch in one pass on the device (``dgpp.sample.batch.sample_rows``: greedy rows
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dgpp.engine.draft_proposal import Proposal
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.engine.verify_schedule import DraftTrack, PassRule, ScheduleSettings, VerifySchedule
@@ -73,8 +75,8 @@ class VerifyDecoder:
     def after_prefill(self, chunks: list[tuple[DecodingSequence, int, int]]) -> None:
         """Called after every target prefill step with its ``(seq, start, end)`` chunks; no-op by default."""
 
-    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
-        """Each request's draft tokens (at most ``_room(s)``; empty: the row decodes plainly)."""
+    def _propose(self, seqs: list[DecodingSequence]) -> Proposal:
+        """Each request's drafts (at most ``_room(s)``; none: the row decodes plainly)."""
         raise NotImplementedError
 
     def _keep(self, s: DecodingSequence, first: int, hidden: torch.Tensor) -> None:
@@ -113,34 +115,40 @@ class VerifyDecoder:
         commit (EOS / length retirement), ``fail`` retires a request whose sampling raised. Returns the verify
         forward's row count (``/metrics`` ``decode_batch.last_rows_per_request``)."""
         self._prune()
-        drafts = self._propose(seqs)
+        proposal = self._propose(seqs)
+        counts = proposal.counts
         hybrid = bool(self.model.info.hybrid)
-        snapshot = self._save_state([s for s, d in zip(seqs, drafts, strict=True) if d]) if hybrid else None
+        snapshot = self._save_state([s for s, k in zip(seqs, counts, strict=True) if k]) if hybrid else None
         starts = [s.computed for s in seqs]
-        # fp32 logits of every verify row (any model returns the rows its batch names); each row computes what
-        # plain decode would
+        device = self.runner.device
+        # the rows' tokens go in on the device (the drafts may never have left it); each row computes what plain
+        # decode would, and every row's fp32 logits come back
+        input_ids, drafts = proposal.verify_rows([s.output[-1] for s in seqs], device)
         works = [
-            SeqWork(s.slot, s.block_table, c, [s.output[-1], *d], every_row_logits=True)  # type: ignore[arg-type]
-            for s, c, d in zip(seqs, starts, drafts, strict=True)
+            SeqWork(s.slot, s.block_table, c, [s.output[-1]] * (k + 1), every_row_logits=True)  # type: ignore[arg-type]
+            for s, c, k in zip(seqs, starts, counts, strict=True)
         ]
-        logits = self.runner.step(works, verify=True)
+        logits = self.runner.step(works, verify=True, input_ids=input_ids)
         hidden = self.model.last_hidden
+        # penalties count the drafts ahead of a row: read on the host only when a request has penalties
+        penalised = any(k and s.sampler.history.track for s, k in zip(seqs, counts, strict=True))
+        before = proposal.lists() if penalised else [[] for _ in seqs]
         rows = [
-            Row(s.sampler, d[j] if j < len(d) else None, tuple(d[:j]))
-            for s, d in zip(seqs, drafts, strict=True)
-            for j in range(len(d) + 1)
+            Row(s.sampler, j < k, j, tuple(b[:j]) if s.sampler.history.track else ())
+            for s, k, b in zip(seqs, counts, before, strict=True)
+            for j in range(k + 1)
         ]
-        drawn = sample_rows(logits, rows)  # every row judged at once, one device->host copy
+        drawn = sample_rows(logits, rows, drafts)  # every row judged at once, one device->host copy
         offset, redo, committed = 0, [], 0
-        for s, c, d in zip(seqs, starts, drafts, strict=True):
-            kept = self._commit(s, c, d, drawn, offset, emit, fail)
+        for s, c, k in zip(seqs, starts, counts, strict=True):
+            kept = self._commit(s, c, k, drawn, offset, emit, fail)
             committed += kept
             if s.retired is None:
-                if hybrid and kept < len(d) + 1:
+                if hybrid and kept < k + 1:
                     redo.append((s, c, kept))
                 elif self.keeps_hidden:
                     self._keep(s, c, hidden[offset : offset + kept])
-            offset += len(d) + 1
+            offset += k + 1
         if self.schedule is not None:
             self.schedule.observe(committed, offset)
             self.stats.schedule_lambda = self.schedule.value(len(seqs))
@@ -152,16 +160,16 @@ class VerifyDecoder:
         self,
         s: DecodingSequence,
         c: int,
-        drafts: list[int],
+        drafted: int,
         drawn: DrawnRows,
         offset: int,
         emit: EmitFn,
         fail: FailFn,
     ) -> int:
-        """Emit this request's judged rows in order; the number of verify rows whose inputs stand (>= 1, or 0
-        when its sampling failed)."""
+        """Emit this request's judged rows (``drafted`` drafts, then its last row) in order; the number of verify
+        rows whose inputs stand (>= 1, or 0 when its sampling failed)."""
         accepted = emitted = 0
-        for j in range(len(drafts) + 1):
+        for j in range(drafted + 1):
             result = drawn.result(offset + j)
             if isinstance(result, Exception):  # this request's sampling (its grammar) failed: only it ends
                 fail(s, result)
@@ -174,8 +182,8 @@ class VerifyDecoder:
             if not took or s.retired is not None:  # a rejection, or EOS / length on an accepted draft
                 break
         s.sampler.advance(emitted)  # the next draw's seed follows the tokens taken
-        self.stats.verified(len(drafts), accepted)
-        self._judged(s, len(drafts), accepted)
+        self.stats.verified(drafted, accepted)
+        self._judged(s, drafted, accepted)
         return s.computed - c
 
     # ---- hybrid state --------------------------------------------------------------------------
@@ -271,7 +279,7 @@ class SpeculativeDecoder(VerifyDecoder):
         for s, first, rows in ready:
             self._backlog[s] = (first + rows.shape[0] - 1, rows[-1:].clone())
 
-    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
+    def _propose(self, seqs: list[DecodingSequence]) -> Proposal:
         rule = self._rule(seqs)
         depths = []
         for s in seqs:
@@ -291,11 +299,10 @@ class SpeculativeDecoder(VerifyDecoder):
     # ---- drafting ------------------------------------------------------------------------------
     def _draft(
         self, seqs: list[DecodingSequence], depths: list[int], rule: PassRule | None = None
-    ) -> list[list[int]]:
-        """Up to ``depths[i]`` greedy drafts per request; under a schedule ``rule`` the chain stops at the first
-        draft whose survival (the drafter's probability of each draft so far) does not pay for its row."""
-        drafts: list[list[int]] = [[] for _ in seqs]
-        survival = [1.0] * len(seqs)
+    ) -> Proposal:
+        """Up to ``depths[i]`` greedy drafts per request, chained on the device. Without a schedule they stay
+        there; under a schedule ``rule`` they come to the host with their probabilities under the drafter (one
+        copy) and each request keeps the leading drafts whose survival pays for their rows."""
         items, rows = [], []
         for s in seqs:
             first, backlog = self._backlog.pop(s, (s.computed, None))
@@ -309,37 +316,49 @@ class SpeculativeDecoder(VerifyDecoder):
             # the backlog ends at c - 1; its next tokens end with the last emitted one (fed at c)
             items.append((s, first, s.tokens[first + 1 : first + backlog.shape[0] + 1]))
             rows.append(backlog)
+        device = self.runner.device
         if not items:
-            return drafts
+            return Proposal([0] * len(seqs), device=torch.zeros(0, dtype=torch.int64, device=device))
         hidden, logits = self._draft_step(items, torch.cat(rows), 0)
         index = {s: i for i, s in enumerate(seqs)}
         chain = [(index[s], s) for s, _, _ in items]
+        # where each request's drafts are among the chain steps' picks (concatenated in step order)
+        where: list[list[int]] = [[] for _ in seqs]
+        picks, sure = [], []
+        base = 0
         for step in range(self.depth):
             assert logits is not None
             picked = torch.argmax(logits, dim=-1)  # greedy drafts; ties to the lowest id
-            if rule is None:
-                picks, confidences = picked.tolist(), [1.0] * len(chain)
-            else:  # each draft's probability under the drafter, copied with the picks (one copy)
-                conf = torch.softmax(logits, dim=-1).gather(-1, picked[:, None]).squeeze(-1)
-                both = torch.stack([picked.double(), conf.double()]).tolist()
-                picks, confidences = [int(t) for t in both[0]], both[1]
+            picks.append(picked)
+            if rule is not None:  # each draft's probability under the drafter
+                sure.append(torch.softmax(logits, dim=-1).gather(-1, picked[:, None]).squeeze(-1))
             keep = []
-            for row, ((i, _), token) in enumerate(zip(chain, picks, strict=True)):
-                if len(drafts[i]) < depths[i]:
-                    if rule is not None:
-                        survival[i] = rule.survival(i, survival[i], confidences[row])
-                        if not rule.keeps(i, len(drafts[i]) + 1, survival[i]):
-                            continue  # not worth its verify row, nor are the deeper ones
-                    drafts[i].append(int(token))
-                    if len(drafts[i]) < depths[i]:
+            for row, (i, _) in enumerate(chain):
+                if len(where[i]) < depths[i]:
+                    where[i].append(base + row)
+                    if len(where[i]) < depths[i]:
                         keep.append(row)
+            base += len(chain)
             if not keep or step + 1 == self.depth:
                 break
             chain = [chain[r] for r in keep]
-            hidden = hidden[keep]
-            items = [(s, s.computed - 1 + len(drafts[i]), [drafts[i][-1]]) for i, s in chain]
-            hidden, logits = self._draft_step(items, hidden, step + 1)
-        return drafts
+            kept = torch.tensor(keep, dtype=torch.int64).to(device, non_blocking=True)
+            hidden = hidden.index_select(0, kept)
+            # the next row of each chain is fed its last draft (on the device; the listed token is a placeholder)
+            items = [(s, s.computed - 1 + len(where[i]), [0]) for i, s in chain]
+            hidden, logits = self._draft_step(items, hidden, step + 1, input_ids=picked.index_select(0, kept))
+        order = torch.tensor([r for w in where for r in w], dtype=torch.int64).to(device, non_blocking=True)
+        drafts = torch.cat(picks).index_select(0, order)
+        counts = [len(w) for w in where]
+        if rule is None:
+            return Proposal(counts, device=drafts)
+        both = torch.stack([drafts.double(), torch.cat(sure).index_select(0, order).double()]).tolist()
+        lists, at = [], 0
+        for i, n in enumerate(counts):
+            tokens, confidences = both[0][at : at + n], both[1][at : at + n]
+            lists.append([int(t) for t in tokens[: rule.cut(i, confidences)]])
+            at += n
+        return Proposal.of(lists)
 
     def _draft_step(
         self,
@@ -347,11 +366,14 @@ class SpeculativeDecoder(VerifyDecoder):
         previous: torch.Tensor,
         step: int,
         want_logits: bool = True,
+        input_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The drafter over ``(seq, first position, next tokens)`` rows fed ``previous`` hidden rows; the hidden and
         (``want_logits``) fp32 logits of each item's last row."""
         works = [SeqWork(s.slot, s.block_table, first, tokens) for s, first, tokens in items]  # type: ignore[arg-type]
         batch = build_batch(works, self.draft_pools, self.runner.device)
+        if input_ids is not None:  # the items' tokens, already on the device
+            batch.input_ids = input_ids.to(batch.input_ids.dtype)
         hidden = self.drafter(batch, previous, step)
         if not want_logits:
             return hidden, None

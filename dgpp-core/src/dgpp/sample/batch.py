@@ -21,11 +21,13 @@ from dgpp.sample.verify import draw_and_judge
 
 @dataclass(frozen=True)
 class Row:
-    """One logits row to sample: its choice, and for a verify row the draft it judges (None: a plain draw) and
-    this step's drafts ahead of it (penalties count them; the draw seed is that many places ahead)."""
+    """One logits row to sample: its choice; for a verify row, whether it judges a draft (the draft itself is in
+    ``sample_rows``' ``drafts``), how many of this step's drafts are ahead of it (its draw seed is that many
+    places on) and, for a choice with penalties, those drafts (counted as emitted)."""
 
     choice: ChoiceSampler
-    draft: int | None = None
+    drafted: bool = False
+    ahead: int = 0
     before: tuple[int, ...] = ()
 
 
@@ -33,11 +35,16 @@ class DrawnRows:
     """A step's drawn rows, on the host: ``tokens``, ``accepted`` (the row's draft was kept) and ``result(i)``."""
 
     def __init__(
-        self, rows: list[Row], logits: torch.Tensor, processed: torch.Tensor, failed: dict[int, Exception]
+        self,
+        rows: list[Row],
+        logits: torch.Tensor,
+        processed: torch.Tensor,
+        failed: dict[int, Exception],
+        drafts: torch.Tensor | None,
     ) -> None:
         self.rows, self._logits, self._processed, self._failed = rows, logits, processed, failed
         params = [RowParams(greedy=True) if i in failed else _params(r) for i, r in enumerate(rows)]
-        tokens, accepted = draw_and_judge(processed, params, [r.draft for r in rows])
+        tokens, accepted = draw_and_judge(processed, params, [r.drafted for r in rows], drafts)
         both = ids_to_host(
             torch.stack([tokens, accepted.to(torch.int64)])
         )  # the step's one device->host copy
@@ -55,12 +62,12 @@ class DrawnRows:
 
 
 def _params(row: Row) -> RowParams:
-    return row.choice.draw_params(ahead=len(row.before))
+    return row.choice.draw_params(ahead=row.ahead)
 
 
-def sample_rows(logits: torch.Tensor, rows: list[Row]) -> DrawnRows:
-    """Draw (and judge) every row of fp32 ``logits [R, V]``; takes no draws from the choices (callers
-    ``advance`` them by the tokens they keep)."""
+def sample_rows(logits: torch.Tensor, rows: list[Row], drafts: torch.Tensor | None = None) -> DrawnRows:
+    """Draw (and judge) every row of fp32 ``logits [R, V]``; ``drafts`` ``[R]`` int64 on the logits' device holds
+    the drafted rows' drafts. Takes no draws from the choices (callers ``advance`` them by the tokens they keep)."""
     if logits.shape[0] != len(rows):
         raise ValueError(f"logits has {logits.shape[0]} rows but {len(rows)} rows were given")
     failed: dict[int, Exception] = {}
@@ -73,7 +80,7 @@ def sample_rows(logits: torch.Tensor, rows: list[Row]) -> DrawnRows:
                 x[i] = rows[i].choice.processed_logits(logits[i], rows[i].before)
             except Exception as exc:  # noqa: BLE001 - reported per row, the others still sample
                 failed[i] = exc
-    return DrawnRows(rows, logits, x, failed)
+    return DrawnRows(rows, logits, x, failed, drafts)
 
 
 def sample_batch(logits: torch.Tensor, choices: list[ChoiceSampler]) -> list[SampleResult | Exception]:

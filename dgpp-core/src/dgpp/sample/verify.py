@@ -23,31 +23,29 @@ _ACCEPT_HI, _ACCEPT_LO = _U32, _U32 - 1
 
 
 def draw_and_judge(
-    logits: torch.Tensor, rows: list[RowParams], drafts: list[int | None]
+    logits: torch.Tensor, rows: list[RowParams], drafted: list[bool], drafts: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(tokens [R] int64, accepted [R] bool)`` on ``logits``' device for fp32 ``logits [R, V]`` (already
-    penalised, biased, masked): each row's emitted token, and whether it is the row's draft (False without one)."""
+    penalised, biased, masked): each row's emitted token, and whether it is the row's draft. ``drafts`` ``[R]``
+    int64 on the device holds each row's draft where ``drafted`` says it has one (None: no row has)."""
     n, vocab = logits.shape
-    if not n == len(rows) == len(drafts):
-        raise ValueError(f"logits has {n} rows for {len(rows)} row params and {len(drafts)} drafts")
+    if not n == len(rows) == len(drafted):
+        raise ValueError(f"logits has {n} rows for {len(rows)} row params and {len(drafted)} draft flags")
     device = logits.device
-    judged = [i for i, (r, d) in enumerate(zip(rows, drafts, strict=True)) if d is not None and not r.greedy]
+    judged = [i for i, (r, d) in enumerate(zip(rows, drafted, strict=True)) if d and not r.greedy]
     # sampled drafted rows are judged below; an argmax stands in for their plain draw
     stand_in = set(judged)
     plain = [RowParams(greedy=True) if i in stand_in else r for i, r in enumerate(rows)]
     tokens = draw_tokens(logits, plain)
-    if all(d is None for d in drafts):  # a plain step: nothing to judge
+    if drafts is None or not any(drafted):  # a plain step: nothing to judge
         return tokens, torch.zeros(n, dtype=torch.bool, device=device)
-    wanted = torch.tensor([-1 if d is None else d for d in drafts], dtype=torch.int64).to(
-        device, non_blocking=True
-    )
-    accepted = tokens == wanted
+    accepted = tokens == drafts  # greedy rows: the draft is their argmax (-1, no draft, never is)
     groups: dict[str, list[int]] = {}
     for i in judged:
         groups.setdefault(group_of(rows[i], vocab), []).append(i)
     for name, idx in groups.items():
         index = torch.tensor(idx, dtype=torch.int64).to(device, non_blocking=True)
-        token, took = _ratio_test(name, logits.index_select(0, index), [rows[i] for i in idx], wanted[index])
+        token, took = _ratio_test(name, logits.index_select(0, index), [rows[i] for i in idx], drafts[index])
         tokens.index_copy_(0, index, token)
         accepted.index_copy_(0, index, took)
     return tokens, accepted
