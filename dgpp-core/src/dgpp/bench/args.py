@@ -80,3 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="off",
         help="run the drafters without / with engine.mtp_schedule (its default settings), or both",
     )
+
+
+def parse_cases(text: str) -> list[tuple[int, int, int]]:
+    """``PROMPTxBATCHxNEW`` cases, comma separated."""
+    cases = []
+    for item in filter(None, text.split(",")):
+        prompt, batch, new = (int(x) for x in item.lower().split("x"))
+        cases.append((prompt, batch, new))
+    return cases

@@ -27,7 +27,7 @@ import traceback
 
 import torch
 
-from dgpp.bench.args import add_arguments
+from dgpp.bench.args import add_arguments, parse_cases
 from dgpp.bench.decode import copy_bandwidth_gbs, format_table, hf_tok_s, run_case
 from dgpp.bench.models import build_pair, hf_config, weight_bytes_per_step
 from dgpp.bench.quantize import (
@@ -63,14 +63,6 @@ def _set_gemv(mode: str, rows: int = 1) -> None:
             decode_max_rows=rows,
         )
     )
-
-
-def parse_cases(text: str) -> list[tuple[int, int, int]]:
-    cases = []
-    for item in filter(None, text.split(",")):
-        prompt, batch, new = (int(x) for x in item.lower().split("x"))
-        cases.append((prompt, batch, new))
-    return cases
 
 
 def bench_weights(

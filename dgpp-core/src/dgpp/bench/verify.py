@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dgpp.bench.args import parse_cases
 from dgpp.bench.decode import random_prompts
 from dgpp.bench.models import build_random_model
 from dgpp.engine.draft_proposal import Proposal
@@ -220,8 +221,6 @@ def format_verify_table(results: list[VerifyResult]) -> str:
 
 
 def run_verify(args: argparse.Namespace) -> int:
-    from dgpp.bench.cli import parse_cases
-
     device = args.device
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     model = build_random_model(args.geometry, device, dtype)
