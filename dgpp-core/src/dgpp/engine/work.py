@@ -46,7 +46,7 @@ class DecodingSequence(Protocol):
     computed: int
     output: list[int]
     retired: Any  # None while live
-    draft_state: Any  # the prompt-lookup drafter's per-request state (None until its first decode)
+    draft_state: Any  # the drafter's per-request record: a lookup index, the schedule's outcomes (None until first used)
 
     @property
     def tokens(self) -> list[int]: ...

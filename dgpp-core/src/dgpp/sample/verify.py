@@ -39,7 +39,8 @@ def draw_and_judge(
     tokens = draw_tokens(logits, plain)
     if drafts is None or not any(drafted):  # a plain step: nothing to judge
         return tokens, torch.zeros(n, dtype=torch.bool, device=device)
-    accepted = tokens == drafts  # greedy rows: the draft is their argmax (-1, no draft, never is)
+    has_draft = torch.tensor(drafted, dtype=torch.bool).to(device, non_blocking=True)
+    accepted = (tokens == drafts) & has_draft  # greedy rows: the draft is their argmax
     groups: dict[str, list[int]] = {}
     for i in judged:
         groups.setdefault(group_of(rows[i], vocab), []).append(i)
