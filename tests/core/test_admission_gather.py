@@ -13,14 +13,14 @@ import torch
 
 from dgpp.config import parse_config
 from dgpp.engine.work import SeqWork
-from dgpp.sample import ChoiceSampler, SamplingParams
+from dgpp.sample import SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
-from dgpp.sched.request import Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.backend import INLINE_PREP_CHARS
-from dgpp.serve.build import build_backend
+from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.scheduler import scheduler_config
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -42,22 +42,35 @@ def _recording_loop(gather_ms: int, gather_max_ms: int) -> tuple[StepLoop, list[
     sched = Scheduler(
         conf, _StopAfterFirstTick(), pool, SlotPool(conf.max_concurrency, 0), PrefixCache(pool, 8)
     )
-    loop = StepLoop(sched, stats_interval_s=0, gather_ms=gather_ms, gather_max_ms=gather_max_ms)
     sizes: list[int] = []
     first = threading.Event()
 
-    def record(inbox, cancels) -> None:
-        sizes.append(len(inbox))
-        first.set()
+    class FirstTickSize:
+        def recording(self, sink):
+            return sink
 
-    loop.before_tick = record
+        def before_tick(self, inbox, cancels) -> None:
+            sizes.append(len(inbox))
+            first.set()
+
+        def after_tick(self) -> None:
+            pass
+
+    loop = StepLoop(
+        sched,
+        stats_interval_s=0,
+        vocab_size=VOCAB,
+        gather_ms=gather_ms,
+        gather_max_ms=gather_max_ms,
+        journal=FirstTickSize(),
+    )
     loop.start()
     return loop, sizes, first
 
 
-def _request(i: int) -> list[Sequence]:
-    p = SamplingParams(temperature=0.0, max_tokens=2)
-    return [Sequence(f"r{i}", 0, [1, 2, 3], p, ChoiceSampler(p, VOCAB, [1, 2, 3]), lambda s, ev: None)]
+def _submit(loop: StepLoop, i: int) -> None:
+    request = GenerationRequest(f"r{i}", (1, 2, 3), SamplingParams(temperature=0.0, max_tokens=2))
+    loop.inbox.submit(request, lambda s, ev: None)
 
 
 def _first_tick_size(gather_ms: int, gather_max_ms: int, arrivals: int, gap_s: float) -> int:
@@ -66,7 +79,7 @@ def _first_tick_size(gather_ms: int, gather_max_ms: int, arrivals: int, gap_s: f
         for i in range(arrivals):
             if first.is_set():
                 break
-            loop.submit(_request(i))
+            _submit(loop, i)
             time.sleep(gap_s)
         assert first.wait(10)
     finally:
@@ -89,11 +102,11 @@ def test_the_hold_waits_for_a_request_announced_on_its_way():
     quiet gap until that request is submitted."""
     loop, sizes, first = _recording_loop(5, 5000)
     try:
-        loop.expect()
-        loop.submit(_request(0))
+        loop.inbox.expect()
+        _submit(loop, 0)
         time.sleep(0.2)  # 40 quiet gaps: without the announcement the first tick took request 0 alone
-        loop.submit(_request(1))
-        loop.unexpect()
+        _submit(loop, 1)
+        loop.inbox.unexpect()
         assert first.wait(10)
     finally:
         loop.stop()
@@ -136,8 +149,8 @@ def test_every_announcement_is_released_answered_or_refused(backend, monkeypatch
     from dgpp.serve.app import build_app
 
     announced = []
-    expect = backend.loop.expect
-    monkeypatch.setattr(backend.loop, "expect", lambda: (announced.append(1), expect()))
+    expect = backend.inbox.expect
+    monkeypatch.setattr(backend.inbox, "expect", lambda: (announced.append(1), expect()))
     with TestClient(build_app(backend)) as client:
         bad = client.post(
             "/v1/completions", json={"model": backend.model_id, "prompt": "hi", "temperature": -1}
@@ -146,7 +159,7 @@ def test_every_announcement_is_released_answered_or_refused(backend, monkeypatch
             "/v1/completions", json={"model": backend.model_id, "prompt": "hello", "max_tokens": 2}
         )
     assert bad.status_code == 400 and good.status_code == 200
-    assert len(announced) == 2 and backend.loop._expected == 0
+    assert len(announced) == 2 and backend.inbox.expected == 0
 
 
 def test_requests_are_announced_only_where_the_hold_waits_for_them():
@@ -159,7 +172,7 @@ def test_requests_are_announced_only_where_the_hold_waits_for_them():
         sched = Scheduler(
             conf, _StopAfterFirstTick(), pool, SlotPool(conf.max_concurrency, 0), PrefixCache(pool, 8)
         )
-        return StepLoop(sched, stats_interval_s=0, gather_ms=3, gather_max_ms=gather_max_ms)
+        return StepLoop(sched, stats_interval_s=0, vocab_size=VOCAB, gather_ms=3, gather_max_ms=gather_max_ms)
 
-    assert not loop(0).waits_for_announced and not loop(3).waits_for_announced
-    assert loop(50).waits_for_announced
+    assert not loop(0).inbox.waits_for_announced and not loop(3).inbox.waits_for_announced
+    assert loop(50).inbox.waits_for_announced

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from contextlib import contextmanager
+from dataclasses import replace
 
 import openai
 import pytest
@@ -11,7 +12,8 @@ import torch
 from litestar.testing import TestClient
 
 from dgpp.config import EngineConfig
-from dgpp.sched.request import Sequence
+from dgpp.sample import SamplingParams
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.app import build_app
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp.testing.toy_backend import build_toy_backend
@@ -249,12 +251,9 @@ def test_error_classes(server) -> None:
         {"type": "text", "text": "what is this"},
         {"type": "image_url", "image_url": {"url": "http://x/y.png"}},
     ]
-    err(
-        post({**base, "messages": [{"role": "user", "content": image}]}),
-        400,
-        "unsupported_parameter",
-        "messages[0].content[1]",
-    )
+    refused = post({**base, "messages": [{"role": "user", "content": image}]})
+    err(refused, 400, "unsupported_parameter", "messages[0].content[1]")
+    assert repr(base["model"]) in refused.json()["error"]["message"]  # the refusal names the model
     err(post({**base, "messages": [{"role": "bogus", "content": "x"}]}), 400, "invalid_parameter", "messages")
     surrogate = b'{"model": "toy/model", "messages": [{"role": "user", "content": "\\ud800"}]}'
     err(client.post("/v1/chat/completions", content=surrogate), 400, "invalid_parameter")
@@ -354,6 +353,7 @@ def test_keep_alive_comment_after_silence(server) -> None:
 
     from dgpp.sample import SamplingParams
     from dgpp.sched.request import RetireReason, SeqEvent
+    from dgpp.sched.thread_handoff import GenerationRequest
     from dgpp.serve.backend import RequestHandle
     from dgpp.serve.completions import _stream
     from dgpp.serve.openai_format import ChunkWriter
@@ -361,9 +361,9 @@ def test_keep_alive_comment_after_silence(server) -> None:
     _, engine = server
 
     async def run() -> list[bytes]:
-        handle = RequestHandle("chatcmpl-x", [1, 2], SamplingParams(max_tokens=1), backend=engine)
-        handle.seqs = [Sequence("chatcmpl-x/0", 0, [1, 2], handle.params, None, None)]  # type: ignore[arg-type]
-        outputs = engine.text_outputs(handle, None)
+        request = GenerationRequest("chatcmpl-x", (1, 2), SamplingParams(max_tokens=1))
+        handle = RequestHandle(request, engine.inbox)
+        outputs = engine.output_processors(handle, None)
         writer = ChunkWriter(handle.request_id, 0, MODEL, chat=True, include_usage=False)
         asyncio.get_running_loop().call_later(
             1.3, handle.queue.put_nowait, (0, SeqEvent([], [], retired=RetireReason.LENGTH))
@@ -435,11 +435,15 @@ def sampling_fails(engine):
     """Requests started inside get a grammar mask that allows nothing: their sampling raises."""
     real_submit = engine.submit
 
-    def submit_with_empty_mask(*args, **kwargs):
-        handle = real_submit(*args, **kwargs)
-        for s in handle.seqs:
-            s.sampler.mask_fn = lambda vocab: torch.zeros(vocab, dtype=torch.bool)
-        return handle
+    class AllowsNothing:
+        def mask(self, vocab):
+            return torch.zeros(vocab, dtype=torch.bool)
+
+        def accept(self, token):
+            pass
+
+    def submit_with_empty_mask(request):
+        return real_submit(replace(request, matchers=(AllowsNothing(),) * request.n))
 
     engine.submit = submit_with_empty_mask
     try:
@@ -466,8 +470,9 @@ def test_overloaded_queue_sheds_with_503(server) -> None:
     """Runs last in this module: it parks the step loop thread so nothing drains, then fills the queue."""
     client, engine = server
     engine.loop.stop()
-    for _ in range(engine.loop.scheduler.config.queue_limit):  # queue_limit requests, parked in the inbox
-        engine.loop._inbox.append([Sequence("parked", 0, [1], None, None, None)])  # type: ignore[arg-type]
+    parked = GenerationRequest("parked", (1,), SamplingParams(max_tokens=1))
+    for _ in range(engine.queue_limit):  # queue_limit requests, parked in the inbox
+        engine.inbox.requests.append((parked, lambda s, ev: None, 0.0))
     r = client.post("/v1/chat/completions", json={"model": MODEL, "messages": USER, "max_tokens": 2})
     err(r, 503, "overloaded")
     assert client.get("/metrics").json()["service"]["requests_shed"] == 1

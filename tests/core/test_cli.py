@@ -91,9 +91,9 @@ def test_topology_flags_are_refused_as_knobs(tmp_path, capsys):
 
 def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, tiny_qwen3, monkeypatch):
     seen = {}
-    app = types.ModuleType("dgpp.serve.app")
-    app.run = lambda cfg, **_: seen.setdefault("cfg", cfg) and 0
-    monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
+    assembly = types.ModuleType("dgpp.server_assembly")
+    assembly.serve_deployment = lambda cfg, **_: seen.setdefault("cfg", cfg) and None
+    monkeypatch.setitem(sys.modules, "dgpp.server_assembly", assembly)
     cfg = write_template(tmp_path, "s.json", model=str(tiny_qwen3), engine={"mtp": True, "mtp_depth": 2})
     assert (
         main(["serve", cfg, "--no-mtp", "--knobs", "--kv-capacity 4096 --mtp-depth 3", "--port", "9001"]) == 0
@@ -109,9 +109,9 @@ def test_serve_hands_the_validated_config_with_knobs_to_the_server(tmp_path, tin
 
 def test_the_compute_dtype_is_a_knob(tmp_path, tiny_qwen3, monkeypatch, capsys):
     seen = {}
-    app = types.ModuleType("dgpp.serve.app")
-    app.run = lambda cfg, **_: seen.setdefault("cfg", cfg) and 0
-    monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
+    assembly = types.ModuleType("dgpp.server_assembly")
+    assembly.serve_deployment = lambda cfg, **_: seen.setdefault("cfg", cfg) and None
+    monkeypatch.setitem(sys.modules, "dgpp.server_assembly", assembly)
     cfg = write_template(tmp_path, "s.json", model=str(tiny_qwen3))
     assert main(["serve", cfg, "--dtype", "bfloat16"]) == 0
     assert seen["cfg"].engine.dtype == "bfloat16"
@@ -120,9 +120,9 @@ def test_the_compute_dtype_is_a_knob(tmp_path, tiny_qwen3, monkeypatch, capsys):
 
 
 def test_serve_refuses_a_plan_that_does_not_fit_before_loading(tmp_path, tiny_qwen3, monkeypatch, capsys):
-    app = types.ModuleType("dgpp.serve.app")
-    app.run = lambda cfg, **_: pytest.fail("run() must not be reached")
-    monkeypatch.setitem(sys.modules, "dgpp.serve.app", app)
+    assembly = types.ModuleType("dgpp.server_assembly")
+    assembly.serve_deployment = lambda cfg, **_: pytest.fail("serve_deployment() must not be reached")
+    monkeypatch.setitem(sys.modules, "dgpp.server_assembly", assembly)
     cfg = write_template(tmp_path, "s.json", model=str(tiny_qwen3), engine={"kv_capacity": 1 << 40})
     assert main(["serve", cfg]) == 1
     assert "memory plan does not fit" in capsys.readouterr().err

@@ -96,13 +96,17 @@ def test_replay_sizes_past_16_get_their_own_key() -> None:
 def test_prometheus_renders_the_decode_batch_counters(tiny_model) -> None:
     sched = _scheduler(tiny_model, graphs=True)
     _serve(sched, tiny_model.info.vocab_size)
-    loop = StepLoop(sched, 10.0, gather_ms=0)
+    loop = StepLoop(sched, 10.0, vocab_size=tiny_model.info.vocab_size, gather_ms=0)
     loop._publish()
     counters = SimpleNamespace(
         requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0
     )
     engine = SimpleNamespace(
-        loop=loop, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=1)
+        published=loop.published,
+        inbox=loop.inbox,
+        counters=counters,
+        model_id="m",
+        limits=SimpleNamespace(kv_pool_tokens=1),
     )
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Collector(engine))

@@ -41,6 +41,7 @@ LAYERS: list[tuple[str, ...]] = [
         "pip_wheel",
         "handoff",
     ),
+    ("media",),  # image inputs: decoding request images, what a prompt with images carries to the model
     ("step",),  # what one model step is: ForwardBatch, cache pools and specs, the step's route
     ("kernels",),
     ("nn", "sample", "text"),  # shared layers (with nn.exact, the row-exact kernels and routing)
@@ -63,6 +64,7 @@ LAYERS: list[tuple[str, ...]] = [
         "demo",
         "demo_fetch",
         "testing",
+        "server_assembly",
     ),  # entry points and tools
     ("plugin_api",),  # what a plugin imports from core, gathered from every layer
 ]

@@ -105,7 +105,7 @@ def test_block_granularity_attaches_at_any_full_block() -> None:
 
 def test_block_attach_only_where_chunking_changes_no_bits() -> None:
     from dgpp.config_schema import EngineConfig
-    from dgpp.serve.build import prefill_chunking_exact
+    from dgpp.server_assembly import prefill_chunking_exact
 
     assert prefill_chunking_exact("cpu", EngineConfig())
     assert not prefill_chunking_exact("cuda:0", EngineConfig())  # the flash prefill kernel tiles by chunk

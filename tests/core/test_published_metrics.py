@@ -36,19 +36,21 @@ def _loop() -> tuple[Scheduler, StepLoop]:
     )
     pool = BlockPool(32, 4)
     sched = Scheduler(conf, ToyRunner(VOCAB, 32, 4, 2), pool, SlotPool(2, 0), PrefixCache(pool, 8))
-    return sched, StepLoop(sched, stats_interval_s=0, gather_ms=0)
+    return sched, StepLoop(sched, stats_interval_s=0, vocab_size=VOCAB, gather_ms=0)
 
 
 def _http_side(loop: StepLoop) -> SimpleNamespace:
-    """What the HTTP side holds of the step loop: its publication and hand-off counts, no scheduler."""
-    view = SimpleNamespace(
-        published=loop.published, pending=loop.pending, failed=loop.failed, requests_shed=loop.requests_shed
-    )
+    """What the HTTP side holds of the step loop: its publication and the inbox's hand-off counts, no
+    scheduler."""
     counters = SimpleNamespace(
         requests_total=0, requests_failed=0, tokens_out=0, rejects_bad=0, tool_calls_out=0
     )
     return SimpleNamespace(
-        loop=view, counters=counters, model_id="m", limits=SimpleNamespace(kv_pool_tokens=128)
+        published=loop.published,
+        inbox=loop.inbox,
+        counters=counters,
+        model_id="m",
+        limits=SimpleNamespace(kv_pool_tokens=128),
     )
 
 

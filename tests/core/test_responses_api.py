@@ -4,6 +4,7 @@ output items and events a chat delta sequence (reasoning, text, a tool call) bec
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -48,11 +49,15 @@ def test_a_failing_generation_ends_the_stream_with_response_failed(server) -> No
     client, engine = server
     real_submit = engine.submit
 
-    def submit_with_empty_mask(*args, **kwargs):  # a mask that allows nothing: the choice's sampling raises
-        handle = real_submit(*args, **kwargs)
-        for s in handle.seqs:
-            s.sampler.mask_fn = lambda vocab: torch.zeros(vocab, dtype=torch.bool)
-        return handle
+    class AllowsNothing:  # a mask that allows nothing: the choice's sampling raises
+        def mask(self, vocab):
+            return torch.zeros(vocab, dtype=torch.bool)
+
+        def accept(self, token):
+            pass
+
+    def submit_with_empty_mask(request):
+        return real_submit(replace(request, matchers=(AllowsNothing(),) * request.n))
 
     body = {"model": MODEL, "input": "Hello", "max_output_tokens": 4, "reasoning": {"effort": "none"}}
     engine.submit = submit_with_empty_mask

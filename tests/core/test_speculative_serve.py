@@ -11,7 +11,7 @@ from litestar.testing import TestClient
 
 from dgpp.config import parse_config
 from dgpp.serve.app import build_app
-from dgpp.serve.build import build_backend
+from dgpp.server_assembly import build_backend
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 

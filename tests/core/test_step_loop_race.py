@@ -13,12 +13,13 @@ import threading
 import time
 
 from dgpp.config import EngineConfig
-from dgpp.sample import ChoiceSampler, SamplingParams
+from dgpp.sample import SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import QueueFull, Scheduler
 from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.errors import APIError
 from dgpp.testing.scheduler import scheduler_config
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -47,24 +48,9 @@ class _Retired:
                 self.all_done.set()
 
 
-def _seq(rid: str, retired: _Retired, n: int) -> list[Sequence]:
-    p = SamplingParams(temperature=0.0, max_tokens=1)
-    prompt = [1, 2, 3]
-    seqs: list[Sequence] = []
-    for i in range(n):  # two choices on some requests: the limit counts requests, not choices
-        seqs.append(
-            Sequence(
-                f"{rid}/{i}",
-                i,
-                prompt,
-                p,
-                ChoiceSampler(p, VOCAB, prompt, choice_index=i),
-                retired.sink,
-                use_prefix_cache=False,
-                leader=seqs[0] if i else None,
-            )
-        )
-    return seqs
+def _request(rid: str, n: int) -> GenerationRequest:
+    # two choices on some requests: the limit counts requests, not choices
+    return GenerationRequest(rid, (1, 2, 3), SamplingParams(temperature=0.0, max_tokens=1), n, False)
 
 
 def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
@@ -74,7 +60,7 @@ def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
     pool = BlockPool(64, 4)
     slots = SlotPool(conf.max_concurrency, 0)
     sched = Scheduler(conf, ToyRunner(VOCAB, 64, 4, conf.max_concurrency), pool, slots, PrefixCache(pool, 8))
-    loop = StepLoop(sched, stats_interval_s=0, gather_ms=0)
+    loop = StepLoop(sched, stats_interval_s=0, vocab_size=VOCAB, gather_ms=0)
     retired = _Retired()
     accepted: list[int] = [0] * THREADS
     shed: list[int] = [0] * THREADS
@@ -89,7 +75,7 @@ def test_submissions_from_many_threads_never_race_the_step_loop() -> None:
             k += 1
             n = 1 + (k % 2)
             try:
-                loop.submit(_seq(f"t{t}-{k}", retired, n))
+                loop.inbox.submit(_request(f"t{t}-{k}", n), retired.sink)
                 accepted[t] += n
             except QueueFull:
                 shed[t] += 1
@@ -141,7 +127,7 @@ def test_backend_submissions_from_many_event_loops_answer_only_overloaded(tmp_pa
     async def submit_until(deadline: float) -> None:
         while time.monotonic() < deadline and not errors:
             try:
-                backend.submit([5, 6, 7], params, n=1 + len(outcomes) % 2)
+                backend.submit(GenerationRequest("cmpl-race", (5, 6, 7), params, 1 + len(outcomes) % 2))
                 outcomes.append("queued")
             except APIError as e:
                 if (e.status, e.code) != (503, "overloaded"):

@@ -5,7 +5,8 @@ pools, scheduler, step loop) with small prefill chunks, several requests in flig
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
 e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the mimo entry with
-the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8): a refactor
+the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8; the glm5_next
+entry with the GLM plugin on 2026-12-05, on top of ebde68a): a refactor
 that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
@@ -23,7 +24,8 @@ import pytest
 
 from dgpp.config import parse_config
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_backend
+from dgpp.serve.generation import generation_request
+from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
 from dgpp.testing.tokenizers import build_tiny_tokenizer
@@ -63,13 +65,18 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "mimo": (lambda out: build_tiny_mimo(out, seed=0, vocab_size=512), False),
     # window 6, HCA ratio 8, CSA ratio 4 keeping 3 entries: the hit restores rings and open windows, shares entries
     "deepseek_v4": (lambda out: build_tiny_deepseek_v4(out, seed=0, vocab_size=512), False),
+    # KDA state, k-pooled indexer (kpool 4, 2 pools kept): the hit restores the KDA state and shares pooled keys
+    "glm5_next": (lambda out: build_tiny_checkpoint("glm5_next", out), False),
 }
 
 
 async def _generate(engine, prompts: list[list[int]]) -> list[list[int]]:
     async def one(prompt: list[int]) -> list[int]:
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True)
         handle = engine.submit(
-            prompt, SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, ignore_eos=True), kind="cmpl"
+            generation_request(
+                "cmpl", prompt, params, engine.limits, named_limit=True, token_text=engine.token_text
+            )
         )
         tokens: list[int] = []
         async for _, ev in handle.events():

@@ -10,8 +10,9 @@ import pytest
 
 from dgpp.config import parse_config
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_backend
-from dgpp.serve.warmup import compiles_kernels, warm_up
+from dgpp.serve.generation import generation_request
+from dgpp.serve.warmup import warm_up
+from dgpp.server_assembly import build_backend
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 
@@ -33,8 +34,11 @@ def _backend(ckpt):
 
 
 async def _greedy(backend, prompt: list[int]) -> list[int]:
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     handle = backend.submit(
-        prompt, SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True), kind="cmpl"
+        generation_request(
+            "cmpl", prompt, params, backend.limits, named_limit=True, token_text=backend.token_text
+        )
     )
     tokens: list[int] = []
     async for _, ev in handle.events():
@@ -51,7 +55,7 @@ def test_warm_up_leaves_nothing_behind_and_changes_no_token(checkpoint):
         cold.shutdown()
     warm = _backend(checkpoint)
     try:
-        assert not compiles_kernels(warm)  # a CPU engine: `dgpp serve` skips it; run here by hand
+        assert not warm.compiles_kernels  # a CPU engine: `dgpp serve` skips it; run here by hand
         sched = warm.loop.scheduler
         assert warm_up(warm, 8) >= 8 + 8 + 8  # the bursts up to the engine's width, the staggered ones
         assert sched.blocks.num_in_use == 0 and not sched.waiting and not sched.has_work

@@ -19,9 +19,12 @@ from dgpp.dist.follower import Follower
 from dgpp.dist.journal import JournalWriter
 from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.build import build_backend
+from dgpp.server_assembly import Rank0Wiring, build_backend
 from dgpp.serve.protocol import ChatCompletionRequest
-from dgpp.text import ChoiceOutput
+from dgpp.sample.sampler import SampleResult
+from dgpp.sched.request import RetireReason, SeqEvent
+from dgpp.serve.generation import generation_request
+from dgpp.serve.output_processor import OutputProcessor
 
 SCHEMA = {
     "type": "object",
@@ -58,28 +61,31 @@ PLAIN = SamplingParams(temperature=0.0, max_tokens=6)  # an unconstrained reques
 async def _serve(engine: Any) -> dict[str, Any]:
     prepared = await engine.prepare_chat(msgspec.convert(CHAT, ChatCompletionRequest), N_CHOICES)
     tool = await engine.prepare_chat(msgspec.convert(TOOL_CHAT, ChatCompletionRequest), 1)
+    def request(prompt_ids, params, n=1, matchers=None, constraint=None):
+        return generation_request("cmpl", prompt_ids, params, engine.limits, named_limit=True,
+                                  token_text=engine.token_text, n=n, matchers=matchers, constraint=constraint)
+
     handles = [
-        engine.submit(prepared.prompt_ids, CONSTRAINED, n=N_CHOICES, matchers=prepared.matchers,
-                     constraint=prepared.constraint),
-        engine.submit(prepared.prompt_ids[:9], PLAIN, n=1),
-        engine.submit(tool.prompt_ids, CONSTRAINED, n=1, matchers=tool.matchers, constraint=tool.constraint),
+        engine.submit(request(prepared.prompt_ids, CONSTRAINED, N_CHOICES, prepared.matchers, prepared.constraint)),
+        engine.submit(request(prepared.prompt_ids[:9], PLAIN)),
+        engine.submit(request(tool.prompt_ids, CONSTRAINED, 1, tool.matchers, tool.constraint)),
     ]
     tokens: dict[str, list[int]] = {}
     reasons: dict[str, str] = {}
     for handle in handles:
-        while len(handle.done) < len(handle.seqs):
+        while not handle.finished:
             choice, ev = await asyncio.wait_for(handle.queue.get(), 120)
-            rid = handle.seqs[choice].request_id
+            rid = handle.request.choice_id(choice)
             tokens.setdefault(rid, []).extend(ev.tokens)
             if ev.retired is not None:
                 handle.done.add(choice)
                 reasons[rid] = ev.retired.value
-    constrained = [s.request_id for s in handles[0].seqs]
+    constrained = [handles[0].request.choice_id(i) for i in range(N_CHOICES)]
     texts = {rid: engine.tokenizer.decode(tokens[rid], skip_special_tokens=True) for rid in constrained}
-    call = ChoiceOutput(engine.tokenizer, prompt=tool.prompt_text, dialect=engine.dialect, tools=tool.tools)
-    for token in tokens[handles[2].seqs[0].request_id]:
-        call.push(token)
-    call.finish()
+    call = OutputProcessor(0, engine.tokenizer, SamplingParams(), engine.eos_token_ids, prompt=tool.prompt_text,
+                           dialect=engine.dialect, tools=tool.tools)
+    ids = tokens[handles[2].request.choice_id(0)]
+    call.feed(SeqEvent(tokens=ids, samples=[SampleResult(t) for t in ids], retired=RetireReason.EOS))
     calls = [[c.name, c.arguments] for c in call.tool_calls]
     return {"tokens": tokens, "reasons": reasons, "texts": texts, "constraint": prepared.constraint, "calls": calls}
 
@@ -91,14 +97,16 @@ def run_constrained_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str) -> No
     world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
     orderly = False
     try:
-        engine = build_backend(cfg, device="cpu", start_loop=False, world=world.world, group=world.group)
-        torch.distributed.barrier()
         stream = OpStream(out / f"ops{rank}.txt")
+        hub = world.hub
+        rank0 = Rank0Wiring(journal_for=lambda scheduler: JournalWriter(hub, scheduler, stream),
+                            name_departures=lambda runner, spec: (runner, spec)) if rank == 0 else None
+        engine = build_backend(cfg, device="cpu", start_loop=False, world=world.world, group=world.group, rank0=rank0)
+        torch.distributed.barrier()
         result: dict[str, Any] = {}
         if rank == 0:
             loop = engine.loop
-            writer = JournalWriter(world.hub, loop.scheduler, stream)
-            loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
+            writer = loop.journal
             world.hub.watch(loop.fail)
             loop.start()
             try:

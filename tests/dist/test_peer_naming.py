@@ -41,14 +41,15 @@ class _Decoder:
         return self.runner.step([])
 
 
-def _scheduler(mtp: bool) -> types.SimpleNamespace:
+def _scheduler(mtp: bool, hub) -> types.SimpleNamespace:
+    """What the scheduler is built with: rank 0's runner and decoder, both named through ``hub``."""
     runner = _BrokenRunner()
-    return types.SimpleNamespace(runner=runner, speculative=_Decoder(runner) if mtp else None)
+    runner, speculative = name_departed_peers(runner, _Decoder(runner) if mtp else None, hub)
+    return types.SimpleNamespace(runner=runner, speculative=speculative)
 
 
 def test_a_peer_death_during_a_speculative_step_names_the_peer():
-    sched = _scheduler(mtp=True)
-    name_departed_peers(sched, _Hub("rank 1 left the world (its journal connection closed)"))
+    sched = _scheduler(True, _Hub("rank 1 left the world (its journal connection closed)"))
     for call in (lambda: sched.runner.step([]), lambda: sched.speculative.decode([], None, None),
                  lambda: sched.speculative.after_prefill([])):
         with pytest.raises(RuntimeError, match=r"^rank 1 left the world") as info:
@@ -59,12 +60,10 @@ def test_a_peer_death_during_a_speculative_step_names_the_peer():
 
 
 def test_without_a_departure_the_transport_error_stands_and_plain_decode_is_untouched():
-    sched = _scheduler(mtp=True)
-    name_departed_peers(sched, _Hub(None))
+    sched = _scheduler(True, _Hub(None))
     with pytest.raises(ConnectionError):
         sched.speculative.decode([], None, None)
-    plain = _scheduler(mtp=False)
-    name_departed_peers(plain, _Hub("rank 1 left the world"))
+    plain = _scheduler(False, _Hub("rank 1 left the world"))
     assert plain.speculative is None
     with pytest.raises(RuntimeError, match="rank 1 left"):
         plain.runner.step([])

@@ -17,9 +17,9 @@ from dgpp.dist.follower import Follower
 from dgpp.dist.journal import JournalWriter, OpRecorder
 from dgpp.dist.world import WorldSpec, form_world, settings_of
 from dgpp.sample.params import SamplingParams
-from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
-from dgpp.serve.build import build_backend
+from dgpp.sched.thread_handoff import GenerationRequest
+from dgpp.server_assembly import Rank0Wiring, build_backend
 from dgpp.testing import conformance as conf
 
 # (prompt length, params, n): greedy short, greedy chunked over several ticks, seeded and unseeded sampling
@@ -84,19 +84,14 @@ def _submit_all(engine: Any, vocab: int) -> tuple[dict[str, list[int]], threadin
         got.extend(ev.tokens)
         if s.request_id == STOPPED and len(got) >= 3 and ev.retired is None and STOPPED not in stopped:
             stopped.append(STOPPED)  # as a stop string would: the cancel travels in the next tick's record
-            engine.loop.cancel(STOPPED, RetireReason.STOP)
+            engine.inbox.cancel(STOPPED, RetireReason.STOP)
         if ev.retired is not None:
             finished.append(s.request_id)
             if len(finished) == total:
                 done.set()
 
     for r, ((_, raw, n), prompt) in enumerate(zip(REQUESTS, prompts, strict=True)):
-        params = SamplingParams(**raw)
-        seqs: list[Sequence] = []
-        for i in range(n):
-            sampler = ChoiceSampler(params, vocab, prompt, choice_index=i)
-            seqs.append(Sequence(f"req{r}/{i}", i, prompt, params, sampler, sink, leader=seqs[0] if i else None))
-        engine.loop.submit(seqs)
+        engine.inbox.submit(GenerationRequest(f"req{r}", tuple(prompt), SamplingParams(**raw), n), sink)
     return transcripts, done
 
 
@@ -111,20 +106,22 @@ def run_rank(rank: int, raw_cfg: dict[str, Any], out_dir: str, diverge_at: int =
         world = form_world(WorldSpec.from_config(cfg, rank), settings_of(cfg), device="cpu")
     try:
         kw = {"world": world.world, "group": world.group} if world else {}
+        stream = OpStream()
+        if rank == 0:
+            hub = world.hub if world else None
+            kw["rank0"] = Rank0Wiring(
+                journal_for=lambda scheduler: JournalWriter(hub, scheduler, stream) if hub else _LocalRecorder(scheduler, stream),
+                name_departures=lambda runner, spec: (runner, spec),
+            )
         engine = build_backend(cfg, device="cpu", start_loop=False, **kw)
         if world:
             torch.distributed.barrier()
-        stream = OpStream()
         result: dict[str, Any] = {}
         if rank == 0:
             loop = engine.loop
+            writer = loop.journal
             if world:
-                writer = JournalWriter(world.hub, loop.scheduler, stream)
-                loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
                 world.hub.watch(loop.fail)
-            else:
-                writer = _LocalRecorder(loop.scheduler, stream)
-                loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
             transcripts, done = _submit_all(engine, engine.limits.vocab_size)
             loop.start()
             finished = done.wait(120)
@@ -166,11 +163,11 @@ class _LocalRecorder:
         self.recorder = OpRecorder(scheduler, stream)
         self.tick = 0
 
+    def recording(self, sink: Any) -> Any:
+        return self.recorder.recording(sink)
+
     def before_tick(self, inbox: list[list[Sequence]], cancels: list) -> None:
         self.tick += 1
-        for group in inbox:
-            for s in group:
-                self.recorder.wrap(s)
 
     def after_tick(self) -> None:
         self.recorder.end_tick(self.tick)

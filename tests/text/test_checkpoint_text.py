@@ -8,7 +8,11 @@ import shutil
 from conversations import WEATHER_TOOL
 
 from dgpp.plugins import build_manager
-from dgpp.text import ChatTemplate, ChoiceOutput, GrammarContext, ReasoningSplitter, Tokenizer, build_matcher
+from dgpp.sample.params import SamplingParams
+from dgpp.sample.sampler import SampleResult
+from dgpp.sched.request import RetireReason, SeqEvent
+from dgpp.serve.output_processor import OutputProcessor, prompt_opens_thinking
+from dgpp.text import ChatTemplate, GrammarContext, Tokenizer, build_matcher
 
 
 def test_qwen_checkpoint_without_template_uses_the_plugin(tiny_dir, tmp_path):
@@ -26,7 +30,7 @@ def test_qwen_checkpoint_without_template_uses_the_plugin(tiny_dir, tmp_path):
     )
     assert "Reasoning effort: xhigh" in prompt and "<tools>" in prompt
     assert template.effort_mapping()["none"] == {"enable_thinking": False}
-    opens = ReasoningSplitter.prompt_opens_thinking(prompt, dialect.think_start, dialect.think_end)
+    opens = prompt_opens_thinking(prompt, dialect.think_start)
     matcher = build_matcher(
         GrammarContext(tokenizer, 512),
         tools=[WEATHER_TOOL],
@@ -34,10 +38,20 @@ def test_qwen_checkpoint_without_template_uses_the_plugin(tiny_dir, tmp_path):
         dialect=dialect,
         prompt_opens_thinking=opens,
     )
-    out = ChoiceOutput(tokenizer, prompt=prompt, dialect=dialect, tools=[WEATHER_TOOL], request_tag="r1/0")
+    eos = frozenset(tokenizer.eos_token_ids)
+    out = OutputProcessor(
+        0,
+        tokenizer,
+        SamplingParams(),
+        eos,
+        prompt=prompt,
+        dialect=dialect,
+        tools=[WEATHER_TOOL],
+        request_tag="r1/0",
+    )
     text = "ok</think>\n\n" + dialect.format_calls([("get_weather", {"city": "Paris"})])
     for tid in tokenizer.encode(text):
         assert matcher.accept(tid)
-        out.push(tid)
-    out.finish()
-    assert out.finish_reason("stop") == "tool_calls" and out.message()["reasoning_content"] == "ok"
+        out.feed(SeqEvent(tokens=[tid], samples=[SampleResult(tid)]))
+    out.feed(SeqEvent(tokens=[], samples=[], retired=RetireReason.EOS))
+    assert out.finish_reason == "tool_calls" and out.message()["reasoning_content"] == "ok"

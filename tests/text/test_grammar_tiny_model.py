@@ -10,8 +10,12 @@ import pytest
 import torch
 from test_grammar import ALARM, LAMP, PERSON
 
+from dgpp.sample.params import SamplingParams
+from dgpp.sample.sampler import SampleResult
+from dgpp.sched.request import RetireReason, SeqEvent
+from dgpp.serve.output_processor import OutputProcessor
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
-from dgpp.text import ChatTemplate, ChoiceOutput, GrammarContext, build_matcher
+from dgpp.text import ChatTemplate, GrammarContext, build_matcher
 from dgpp_qwen.dialect import QwenXmlDialect
 
 
@@ -49,10 +53,10 @@ def generate_batch(model, prompt_ids, matchers, seed, max_tokens=160):
 
 
 def visible_text(tokenizer, prompt, ids, **kwargs):
-    out = ChoiceOutput(tokenizer, prompt=prompt, **kwargs)
-    for t in ids:
-        out.push(t)
-    out.finish()
+    out = OutputProcessor(
+        0, tokenizer, SamplingParams(), frozenset(tokenizer.eos_token_ids), prompt=prompt, **kwargs
+    )
+    out.feed(SeqEvent(tokens=list(ids), samples=[SampleResult(t) for t in ids], retired=RetireReason.EOS))
     return out
 
 
@@ -88,7 +92,7 @@ def test_required_tool_calls_with_tiny_model(tiny_model, tiny_tokenizer):
     schemas = {t["function"]["name"]: t["function"]["parameters"] for t in tools}
     for ids in outs:
         out = visible_text(tiny_tokenizer, prompt, ids, dialect=dialect, tools=tools)
-        assert out.finish_reason("stop") == "tool_calls" and out.message()["content"] is None
+        assert out.finish_reason == "tool_calls" and out.message()["content"] is None
         assert len(out.tool_calls) == 1
         for call in out.tool_calls:
             jsonschema.validate(json.loads(call.arguments), schemas[call.name])

@@ -173,10 +173,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from dgpp.dist.serve_rank import serve_rank
 
         return serve_rank(cfg, args.rank, _startup_checks(cfg, target.label))
-    from dgpp.serve.app import run
+    from dgpp.server_assembly import serve_deployment
 
-    result = run(cfg, deployment=_startup_checks(cfg, target.label))
-    return result if isinstance(result, int) else 0
+    serve_deployment(cfg, deployment=_startup_checks(cfg, target.label))
+    return 0
 
 
 def cmd_launch(args: argparse.Namespace) -> int:

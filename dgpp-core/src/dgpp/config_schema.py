@@ -72,6 +72,17 @@ class RopeScaling(_Section, kw_only=True):
     attn_factor: float = 1.0
 
 
+class ImagesConfig(_Section):
+    """Limits on ``image_url`` parts of a request (models with a vision encoder): each is a 400 naming the part."""
+
+    max_images: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 8  # image parts per request
+    max_image_bytes: Annotated[int, msgspec.Meta(ge=1, le=_I64)] = (
+        20971520  # one image's decoded file, 20 MiB
+    )
+    # one image's width x height before the family resizes it (a bound on decoding memory), 7680 x 4320
+    max_image_pixels: Annotated[int, msgspec.Meta(ge=1, le=2**40)] = 33177600
+
+
 class EngineConfig(_Section):
     """Everything that changes what or how much the engine computes. Lossy levers default off."""
 
@@ -131,6 +142,7 @@ class EngineConfig(_Section):
     ngram_table: Literal["resident", "mmap"] = "resident"
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
+    images: ImagesConfig = msgspec.field(default_factory=ImagesConfig)
 
     def lossy_levers(self) -> list[str]:
         """The lossy keys turned on (logged at startup, carried by the digest)."""

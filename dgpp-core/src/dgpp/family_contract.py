@@ -21,6 +21,7 @@ from dgpp.family import FamilyModel, FamilySpec, LoadContext, resolve_reference,
 from dgpp.hookspecs import PluginHooks, hookimpl
 
 if TYPE_CHECKING:
+    from dgpp.media.prompt import ImageInput
     from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.step.memory import MemoryPlan, ModelMemory
     from dgpp.step.model import Drafter, Model
@@ -32,7 +33,9 @@ class Family(PluginHooks):
     """Everything a family plugin tells dgpp. ``architectures`` / ``model_types`` are the config.json values it
     claims; the ``models`` implement some of them (a claimed value no model implements is refused as "not yet
     supported"). ``dialect`` / ``chat_template``: ``function(hf_config)`` references; ``templates_package``:
-    the plugin's package (``__name__``), whose ``templates/*.json`` ship as deployment templates.
+    the plugin's package (``__name__``), whose ``templates/*.json`` ship as deployment templates. ``image_input``:
+    a ``function(hf_config, checkpoint_dir)`` reference returning the ``dgpp.media.prompt.ImageInput`` of a
+    checkpoint whose model has a vision encoder (None for a text-only one).
     ``tiny_checkpoints`` / ``bench_geometries`` / ``gguf_architectures``: functions of no argument returning the
     family's ``dgpp.offers`` (tiny random checkpoints in its releases' layouts, benchmark geometries, GGUF
     maps). Subclassing ``PluginHooks`` lets a type checker hold every hook below to its spec."""
@@ -49,6 +52,7 @@ class Family(PluginHooks):
     tiny_checkpoints: str | None = None
     bench_geometries: str | None = None
     gguf_architectures: str | None = None
+    image_input: str | None = None
 
     def __post_init__(self) -> None:
         self.check()
@@ -79,6 +83,7 @@ class Family(PluginHooks):
         for optional in (
             self.dialect,
             self.chat_template,
+            self.image_input,
             self.tiny_checkpoints,
             self.bench_geometries,
             self.gguf_architectures,
@@ -162,6 +167,14 @@ class Family(PluginHooks):
         impl = self._function(self.chat_template, family)
         template: str | None = None if impl is None else impl(hf_config)
         return template
+
+    @hookimpl
+    def dgpp_image_input(
+        self, family: str, hf_config: dict[str, Any], checkpoint_dir: str
+    ) -> ImageInput | None:
+        impl = self._function(self.image_input, family)
+        found: ImageInput | None = None if impl is None else impl(hf_config, checkpoint_dir)
+        return found
 
     @hookimpl
     def dgpp_deploy_templates(self) -> list[Path]:

@@ -20,6 +20,7 @@ import pluggy
 
 if TYPE_CHECKING:  # the types stay out of the import: registering a plugin must not load torch
     from dgpp.family import FamilySpec, LoadContext
+    from dgpp.media.prompt import ImageInput
     from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.quant.format import QuantFormat
     from dgpp.step.memory import MemoryPlan, ModelMemory
@@ -89,6 +90,13 @@ class PluginHooks:
     @hookspec(firstresult=True)
     def dgpp_tool_dialect(self, family: str, hf_config: dict[str, Any]) -> Dialect | None:
         """Return the family's tool-call / reasoning dialect (``dgpp.text.dialect.Dialect``), or None."""
+
+    @hookspec(firstresult=True)
+    def dgpp_image_input(
+        self, family: str, hf_config: dict[str, Any], checkpoint_dir: str
+    ) -> ImageInput | None:
+        """Return the image preprocessing and prompt layout (``dgpp.media.prompt.ImageInput``) of a checkpoint of
+        ``family`` whose model reads images through its own vision encoder, or None for a text-only checkpoint."""
 
     @hookspec
     def dgpp_tiny_checkpoints(self) -> list[TinyCheckpoint]:

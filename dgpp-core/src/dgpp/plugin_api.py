@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
+    from dgpp.media.prompt import ImageError, ImageInput, ProcessedImage, PromptImage, PromptMedia
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
     from dgpp.quant.scheme import QuantScheme
@@ -54,6 +55,11 @@ _LAZY = {
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
     "GGUFFile": "dgpp.checkpoint.gguf_file",
+    "ImageError": "dgpp.media.prompt",
+    "ImageInput": "dgpp.media.prompt",
+    "ProcessedImage": "dgpp.media.prompt",
+    "PromptImage": "dgpp.media.prompt",
+    "PromptMedia": "dgpp.media.prompt",
     "ForwardBatch": "dgpp.step.batch",
     "CacheSpec": "dgpp.step.cache_spec",
     "LatentKV": "dgpp.step.cache_spec",
@@ -98,6 +104,8 @@ __all__ = [
     "ForwardBatch",
     "GGUFArchitecture",
     "GGUFFile",
+    "ImageError",
+    "ImageInput",
     "LatentKV",
     "WindowKV",
     "WindowBuffer",
@@ -109,6 +117,9 @@ __all__ = [
     "PagedKV",
     "PluginError",
     "PluginHooks",
+    "ProcessedImage",
+    "PromptImage",
+    "PromptMedia",
     "QuantFormat",
     "QuantScheme",
     "StateSpec",

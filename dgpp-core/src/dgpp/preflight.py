@@ -3,7 +3,7 @@
 A validated ``DeployConfig`` -> the checkpoint directory -> its config.json -> its family (through the
 plugins) -> the memory plan against free memory. ``dgpp check`` prints the result; ``dgpp serve`` runs the
 same steps and refuses to start (exit 1) when the plan does not fit, naming the largest items.
-The resolution (``Deployment``) is made once and handed on: ``dgpp.serve.build`` loads the model and the
+The resolution (``Deployment``) is made once and handed on: ``dgpp.server_assembly`` loads the model and the
 drafter from its ``LoadContext`` instead of finding the checkpoint and the family again.
 """
 

@@ -16,6 +16,7 @@ from dgpp.dist.digest import OpStream
 from dgpp.dist.journal import OpRecorder
 from dgpp.dist.records import Admission, Diverged, Final, Stop, Tick, params_from_wire
 from dgpp.log import get_logger
+from dgpp.media.wire import media_from_wire
 from dgpp.sample.sampler import ChoiceSampler
 from dgpp.sched.request import RetireReason, SeqEvent, Sequence
 
@@ -110,10 +111,9 @@ class Follower:
             sampler = ChoiceSampler(params, self.vocab_size, a.p, choice_index=a.choice,
                                     mask_fn=matcher.mask if matcher else None, accept_fn=matcher.accept if matcher else None)
             sampler.generator.manual_seed(a.gs)
-            seq = Sequence(a.id, a.choice, a.p, params, sampler, _ignore, use_prefix_cache=a.prefix,
-                           leader=seqs.get(a.leader) if a.leader else None, constraint=a.g)
-            self.recorder.wrap(seq)
-            seqs[a.id] = seq
+            seqs[a.id] = Sequence(a.id, a.choice, a.p, params, sampler, self.recorder.recording(_ignore),
+                                  use_prefix_cache=a.prefix, leader=seqs.get(a.leader) if a.leader else None,
+                                  constraint=a.g, media=media_from_wire(a.m))
         return list(seqs.values())
 
     def _matcher(self, a: Admission) -> Any:

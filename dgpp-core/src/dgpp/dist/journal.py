@@ -15,7 +15,8 @@ from dgpp.dist.channel import JournalHub, WorldError
 from dgpp.dist.digest import OpStream
 from dgpp.dist.records import Admission, Stop, Tick, params_to_wire
 from dgpp.log import get_logger
-from dgpp.sched.request import RetireReason, SeqEvent, Sequence
+from dgpp.media.wire import media_to_wire
+from dgpp.sched.request import EventSink, RetireReason, SeqEvent, Sequence
 
 log = get_logger("dgpp.dist")
 
@@ -29,14 +30,14 @@ class OpRecorder:
         self.stream = stream
         self._admitted: set[str] = set()
 
-    def wrap(self, seq: Sequence) -> None:
-        inner = seq.sink
+    def recording(self, inner: EventSink) -> EventSink:
+        """A sequence sink that records each event in the op stream, then hands it to ``inner``."""
 
         def sink(s: Sequence, ev: SeqEvent) -> None:
             self.record_event(s, ev)
             inner(s, ev)
 
-        seq.sink = sink
+        return sink
 
     def record_event(self, s: Sequence, ev: SeqEvent) -> None:
         for token in ev.tokens:
@@ -62,12 +63,12 @@ def admission_of(s: Sequence) -> Admission:
     return Admission(
         id=s.request_id, choice=s.choice_index, p=list(s.prompt), sp=params_to_wire(s.params),
         gs=s.sampler.generator.initial_seed(), leader=s.leader.request_id if s.leader is not None else None,
-        prefix=s.use_prefix_cache, g=s.constraint,
+        prefix=s.use_prefix_cache, g=s.constraint, m=media_to_wire(s.media),
     )
 
 
 class JournalWriter:
-    """Hooks for rank 0's ``StepLoop`` (``before_tick`` / ``after_tick``) plus the orderly ``stop``."""
+    """Rank 0's ``StepLoop`` journal (``recording``, ``before_tick``, ``after_tick``) plus the orderly ``stop``."""
 
     def __init__(self, hub: JournalHub, scheduler: Any, stream: OpStream) -> None:
         self.hub = hub
@@ -78,12 +79,11 @@ class JournalWriter:
         self.tick_started: float | None = None
         self.last_progress = time.monotonic()
 
+    def recording(self, sink: EventSink) -> EventSink:
+        return self.recorder.recording(sink)
+
     def before_tick(self, inbox: list[list[Sequence]], cancels: list[tuple[str, RetireReason]]) -> None:
-        groups = []
-        for group in inbox:
-            groups.append([admission_of(s) for s in group])
-            for s in group:
-                self.recorder.wrap(s)
+        groups = [[admission_of(s) for s in group] for group in inbox]
         self.tick += 1
         self.hub.broadcast(Tick(n=self.tick, od=self.stream.fold, s=groups,
                                 c=[(rid, reason.value) for rid, reason in cancels]))

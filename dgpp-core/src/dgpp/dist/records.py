@@ -44,6 +44,8 @@ class Admission(msgspec.Struct, omit_defaults=True):
     # the grammar constraint exactly as rank 0's serving layer resolved it (response_format, tools,
     # tool_choice, ...): every rank compiles the same matcher from it, so masks agree
     g: dict[str, Any] | None = None
+    # the prompt's images (dgpp.media.wire): processed pixels, placeholder spans, rotary positions
+    m: dict[str, Any] | None = None
 
 
 class Tick(msgspec.Struct, tag="tick", tag_field="op"):

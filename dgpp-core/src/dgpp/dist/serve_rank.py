@@ -45,7 +45,7 @@ def serve_rank(cfg: DeployConfig, rank: int, deployment: Deployment | None = Non
     """Run rank ``rank`` of ``cfg``'s world to the end; returns the process exit code (``deployment``:
     preflight's resolution of checkpoint and family, reused for loading)."""
     from dgpp.dist.fabric import apply_fabric_env
-    from dgpp.serve.build import build_backend
+    from dgpp.server_assembly import Rank0Wiring, build_backend
 
     spec = WorldSpec.from_config(cfg, rank)
     if cfg.node_env:  # this rank's allow-listed environment from the template (RoCE lanes, caches, log level)
@@ -54,30 +54,36 @@ def serve_rank(cfg: DeployConfig, rank: int, deployment: Deployment | None = Non
     world = form_world(spec, settings_of(cfg))
     code = 1
     try:
-        backend = build_backend(cfg, deployment, world=world.world, group=world.group, device=world.device, start_loop=False)
+        stream = OpStream()
+        rank0 = None
+        if rank == 0:
+            hub = world.hub
+            assert hub is not None
+            rank0 = Rank0Wiring(journal_for=lambda scheduler: JournalWriter(hub, scheduler, stream),
+                                name_departures=lambda runner, spec: name_departed_peers(runner, spec, hub))
+        backend = build_backend(cfg, deployment, world=world.world, group=world.group, device=world.device,
+                                start_loop=False, rank0=rank0)
         dist.barrier()  # every rank has its slice before rank 0 accepts a request
         if rank == 0:
-            code = _serve_rank0(cfg, world, backend)
+            code = _serve_rank0(cfg, world, backend, stream)
         else:
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # peers end on rank 0's Stop, not on the launcher's ^C
             assert world.link is not None
-            code = Follower(world.link, backend.loop.scheduler, backend.limits.vocab_size, OpStream(), rank,
+            code = Follower(world.link, backend.loop.scheduler, backend.limits.vocab_size, stream, rank,
                             constraint_matcher=backend.constraint_matcher if backend.grammar is not None else None).run()
         return code
     finally:
         world.close(orderly=code == 0)
 
 
-def _serve_rank0(cfg: DeployConfig, world: DistWorld, backend: Backend) -> int:
+def _serve_rank0(cfg: DeployConfig, world: DistWorld, backend: Backend, stream: OpStream) -> int:
     from dgpp.serve.app import run
 
     assert world.hub is not None
-    stream = OpStream()
-    writer = JournalWriter(world.hub, backend.loop.scheduler, stream)
     loop = backend.loop
-    loop.before_tick, loop.after_tick = writer.before_tick, writer.after_tick
+    writer = loop.journal
+    assert isinstance(writer, JournalWriter)
     world.hub.watch(loop.fail)
-    name_departed_peers(loop.scheduler, world.hub)  # the runner and, under engine.mtp, the speculative decoder
     watchdog = ProgressWatchdog(writer, progress_limit_s(), loop.fail).start()
     failure_exit = exit_after_failure(loop, before_exit=lambda: log.info("op stream", rank=0, md5=stream.full_digest()))
     loop.start()

@@ -98,12 +98,11 @@ class PeerAwareDecoder:
         return getattr(self.decoder, name)
 
 
-def name_departed_peers(scheduler: Any, hub: Any, wait_s: float = 1.0) -> None:
-    """Route every step of rank 0's ``scheduler`` that runs collectives (the runner, and the speculative decoder
-    when ``engine.mtp`` is on) through the journal watch, so a peer's death is reported by the peer's name."""
-    scheduler.runner = PeerAwareRunner(scheduler.runner, hub, wait_s)
-    if getattr(scheduler, "speculative", None) is not None:
-        scheduler.speculative = PeerAwareDecoder(scheduler.speculative, hub, wait_s)
+def name_departed_peers(runner: Any, speculative: Any, hub: Any, wait_s: float = 1.0) -> tuple[Any, Any]:
+    """Rank 0's runner and speculative decoder (None without ``engine.mtp``), each routed through the journal
+    watch, so a step broken by a peer's death is reported by the peer's name."""
+    decoder = PeerAwareDecoder(speculative, hub, wait_s) if speculative is not None else None
+    return PeerAwareRunner(runner, hub, wait_s), decoder
 
 
 def exit_after_failure(loop: Any, grace_s: float = FAILURE_GRACE_S,

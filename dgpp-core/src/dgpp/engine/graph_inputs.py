@@ -56,9 +56,14 @@ class DecodeInputs:
         )
 
     def fits(self, work: list[SeqWork]) -> bool:
-        """True for a decode-only step the graphs can take (one token per row, every row wants logits)."""
+        """True for a decode-only step the graphs can take (one token per row, every row wants logits, no row of a
+        prompt with images: its rotary positions are not the graphs' static ones)."""
         return 0 < len(work) <= self.max_batch and all(
-            len(w.token_ids) == 1 and w.want_logits and len(w.block_table) <= self.max_blocks for w in work
+            len(w.token_ids) == 1
+            and w.want_logits
+            and w.media is None
+            and len(w.block_table) <= self.max_blocks
+            for w in work
         )
 
     def stage(self, work: list[SeqWork]) -> list[int]:

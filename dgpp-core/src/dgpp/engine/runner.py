@@ -84,6 +84,17 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
     def t(values: list[int], dtype: torch.dtype) -> torch.Tensor:
         return torch.tensor(values, dtype=dtype, device=device)
 
+    media = [w.media for w in work]
+    rope_positions = None
+    if any(m is not None for m in media):  # multimodal rotary positions, text rows on every axis
+        axes = next(m for m in media if m is not None).rope_positions.shape[0]
+        rope_positions = torch.cat(
+            [
+                positions[starts[i] : starts[i + 1]].expand(axes, -1) if m is None else m.positions(c, s)
+                for i, (m, c, s) in enumerate(zip(media, ctx, seq, strict=True))
+            ],
+            dim=1,
+        ).to(device)
     return ForwardBatch(
         input_ids=t(list(itertools.chain.from_iterable(w.token_ids for w in work)), torch.int64),
         positions=positions.to(device),
@@ -98,6 +109,8 @@ def build_batch(work: list[SeqWork], pools: CachePools, device: torch.device | s
         q_lens_cpu=q_lens,
         seq_lens_cpu=seq,
         context_lens_cpu=ctx,
+        media=media if rope_positions is not None else None,
+        rope_positions=rope_positions,
     )
 
 

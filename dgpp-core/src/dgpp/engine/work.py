@@ -7,6 +7,7 @@ from typing import Any, Protocol
 
 import torch
 
+from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler
 
@@ -22,6 +23,7 @@ class SeqWork:
     token_ids: list[int]
     want_logits: bool = True
     every_row_logits: bool = False
+    media: PromptMedia | None = None  # the sequence's images and rotary positions (a prompt with images)
 
 
 class StepRunner(Protocol):
@@ -47,6 +49,7 @@ class DecodingSequence(Protocol):
     output: list[int]
     retired: Any  # None while live
     draft_state: Any  # the drafter's per-request record: a lookup index, the schedule's outcomes (None until first used)
+    media: PromptMedia | None  # a prompt with images: its rotary positions continue into the output
 
     @property
     def tokens(self) -> list[int]: ...

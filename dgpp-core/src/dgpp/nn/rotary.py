@@ -1,9 +1,9 @@
 """Rotary position embeddings: rotate-half (NeoX) and interleaved (GPT-J) styles, partial rotary,
-YaRN frequency scaling, and multimodal RoPE (mRoPE) collapsed to 1-D for text.
+YaRN frequency scaling, and multimodal RoPE (mRoPE).
 
 For text-only input every mRoPE section (temporal / height / width) carries the same position, so
-the recomposed frequencies equal plain 1-D RoPE over ``rotary_dim``; ``mrope_section`` is therefore
-only validated here, not applied.
+the recomposed frequencies equal plain 1-D RoPE over ``rotary_dim``: text steps pass ``[T]`` positions. A step
+with image tokens passes ``[axes, T]`` positions, and each section turns with its own axis.
 """
 
 from __future__ import annotations
@@ -144,6 +144,7 @@ def rotary_embedding(
     *,
     style: RotaryStyle = "half",
     mrope_section: tuple[int, ...] | None = None,
+    mrope_interleaved: bool = False,
     trailing: Literal[False] = False,
 ) -> RotaryEmbedding: ...
 
@@ -156,6 +157,7 @@ def rotary_embedding(
     *,
     style: RotaryStyle = "half",
     mrope_section: tuple[int, ...] | None = None,
+    mrope_interleaved: bool = False,
     trailing: Literal[True],
 ) -> TrailingRotary: ...
 
@@ -167,11 +169,13 @@ def rotary_embedding(
     *,
     style: RotaryStyle = "half",
     mrope_section: tuple[int, ...] | None = None,
+    mrope_interleaved: bool = False,
     trailing: bool = False,
 ) -> RotaryEmbedding | TrailingRotary:
     """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
     ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies. ``mrope_section``: a
-    multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE).
+    multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE; ``[axes, T]``
+    positions turn each section with its axis, ``mrope_interleaved`` sections alternating frequency by frequency).
     ``trailing``: a ``TrailingRotary`` instead, interleaved RoPE on the LAST ``rotary_dim``
     dims of each head (DeepSeek-V4's ``[nope | rope]`` layout; ``style`` must be ``interleaved``)."""
     rotary: RotaryEmbedding | TrailingRotary
@@ -184,7 +188,13 @@ def rotary_embedding(
         rotary = TrailingRotary(dim, rope.theta, yarn=rope.yarn)
     else:
         rotary = RotaryEmbedding(
-            head_dim, rotary_dim, rope.theta, style=style, yarn=rope.yarn, mrope_section=mrope_section
+            head_dim,
+            rotary_dim,
+            rope.theta,
+            style=style,
+            yarn=rope.yarn,
+            mrope_section=mrope_section,
+            mrope_interleaved=mrope_interleaved,
         )
     if rope.rope_type in ("linear", "llama3"):
         inv_freq = default_inv_freq(rope.theta, rotary.rotary_dim)
@@ -233,6 +243,7 @@ class RotaryEmbedding(nn.Module):
         style: RotaryStyle = "half",
         yarn: YarnScaling | None = None,
         mrope_section: tuple[int, ...] | None = None,
+        mrope_interleaved: bool = False,
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
@@ -245,6 +256,7 @@ class RotaryEmbedding(nn.Module):
             )
         self.style = style
         self.mrope_section = mrope_section
+        self.mrope_interleaved = mrope_interleaved
         inv_freq = yarn.inv_freq(base, self.rotary_dim) if yarn else default_inv_freq(base, self.rotary_dim)
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
@@ -262,7 +274,7 @@ class RotaryEmbedding(nn.Module):
         memo, key = self._cos_sin_memo, (versions, dtype)
         if memo is not None and memo[0] is positions and memo[1] == key:
             return memo[2]
-        freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]
+        freqs = self._freqs(positions)
         if self.style == "half":
             angles = torch.cat((freqs, freqs), dim=-1)
         else:
@@ -271,6 +283,30 @@ class RotaryEmbedding(nn.Module):
         if positions.device.type == "cpu":
             self._cos_sin_memo = (positions, key, pair)
         return pair
+
+    def _freqs(self, positions: torch.Tensor) -> torch.Tensor:
+        """``[T, rotary_dim/2]`` angles of ``positions``: ``[T]`` (one axis), or ``[axes, T]`` for a multimodal RoPE,
+        whose frequency ``i`` turns with axis ``a``'s position when ``i`` is in section ``a``: interleaved
+        (``i % 3 == a`` while ``i < 3·section[a]``, else axis 0) or in consecutive runs of ``section[a]``."""
+        inv_freq = self.inv_freq.to(positions.device)
+        if positions.dim() == 1:
+            return positions.float()[:, None] * inv_freq[None, :]
+        if self.mrope_section is None or positions.shape[0] != len(self.mrope_section):
+            raise ValueError(
+                f"positions of shape {tuple(positions.shape)} need a multimodal RoPE with that many sections"
+            )
+        per_axis = positions.float()[:, :, None] * inv_freq  # [axes, T, rotary_dim/2]
+        index = torch.arange(inv_freq.shape[0], device=positions.device)
+        axis = torch.zeros_like(index)
+        if self.mrope_interleaved:
+            for a, size in enumerate(self.mrope_section[1:], start=1):
+                axis[(index % 3 == a) & (index < 3 * size)] = a
+        else:
+            axis = torch.repeat_interleave(
+                torch.arange(len(self.mrope_section), device=positions.device),
+                torch.tensor(self.mrope_section, device=positions.device),
+            )
+        return per_axis.gather(0, axis.view(1, 1, -1).expand(1, per_axis.shape[1], -1))[0]
 
     def signed_sin(self, sin: torch.Tensor) -> torch.Tensor:
         """``_signed_sin`` of ``cos_sin``'s sin; on the CPU kept with the step's pair (the same sin tensor)."""

@@ -1,4 +1,5 @@
-"""One sequence in the scheduler: a choice of a request, from submission to retirement."""
+"""One sequence in the scheduler: a choice of a request (``dgpp.sched.thread_handoff.GenerationRequest``), built
+on the step loop's thread, from admission to retirement; the events it sends back and their timing."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import enum
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
+from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import ChoiceSampler, SampleResult
 
@@ -22,11 +24,6 @@ class RetireReason(enum.Enum):
     POOL_EXHAUSTED = "pool_exhausted"
     FAILED = "failed"
 
-    @property
-    def finish_reason(self) -> str:
-        """The OpenAI ``finish_reason`` this retirement reports."""
-        return "length" if self in (RetireReason.LENGTH, RetireReason.POOL_EXHAUSTED) else "stop"
-
 
 class SeqStatus(enum.Enum):
     WAITING = "waiting"
@@ -35,15 +32,31 @@ class SeqStatus(enum.Enum):
     FINISHED = "finished"
 
 
+class SeqTiming(NamedTuple):
+    """When a choice arrived, was admitted, and emitted its first and latest token (``time.monotonic``), and
+    its token counts so far: what the HTTP side reports (``timings``, the request histograms) without
+    reading the scheduler's ``Sequence``."""
+
+    arrival: float
+    admitted_at: float | None
+    first_token_at: float | None
+    last_token_at: float | None
+    prompt_tokens: int
+    cached_tokens: int
+    output_tokens: int
+
+
 @dataclass
 class SeqEvent:
-    """What the step loop thread tells the serving side after a tick: new tokens and maybe the end."""
+    """What the step loop thread tells the serving side after a tick: new tokens and maybe the end, with the
+    choice's timing as of this event."""
 
     tokens: list[int]
     samples: list[SampleResult]
     retired: RetireReason | None = None
     cached_tokens: int = 0
     error: str | None = None
+    timing: SeqTiming | None = None
 
 
 EventSink = Callable[["Sequence", SeqEvent], None]
@@ -78,10 +91,17 @@ class Sequence:
     draft_state: Any = (
         None  # engine.draft "lookup": the request's drafting state (dgpp.engine.lookup_draft.LookupState)
     )
+    # a prompt with images: their pixels and placeholder spans, and the prompt's rotary positions
+    media: PromptMedia | None = None
     arrival: float = field(default_factory=time.monotonic)
     admitted_at: float | None = None
     first_token_at: float | None = None
     last_token_at: float | None = None
+
+    @property
+    def cache_tokens(self) -> list[int]:
+        """What the prefix cache keys and compares: the prompt, with image placeholders standing for their pixels."""
+        return self.prompt if self.media is None else self.media.key_tokens(self.prompt)
 
     @property
     def prompt_len(self) -> int:
@@ -98,3 +118,14 @@ class Sequence:
     @property
     def remaining_prefill(self) -> int:
         return max(0, self.prompt_len - self.computed)
+
+    def timing(self) -> SeqTiming:
+        return SeqTiming(
+            self.arrival,
+            self.admitted_at,
+            self.first_token_at,
+            self.last_token_at,
+            len(self.prompt),
+            self.cached_tokens,
+            len(self.output),
+        )

@@ -3,13 +3,16 @@
 It is single-threaded (the step loop thread owns it) and deterministic: live sequences are kept and
 decoded in admission order (``seq_id``), chunk boundaries sit at absolute multiples of the chunk size
 whatever the budget, and every decision depends only on what was submitted and cancelled.
+
+A prompt with images prefills alone: its chunk is the only work of its forward (no other prompt, no decode row),
+one chunk per tick, so the decode rows still run in a forward of their own every tick. The prefix cache keys such
+a prompt on ``Sequence.cache_tokens`` (placeholders standing for the images' processed pixels).
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -60,8 +63,6 @@ class Scheduler(OverlapSteps):
         self._next_seq_id = 0
         self._cancels: dict[str, RetireReason] = {}
         self._events: dict[Sequence, SeqEvent] = {}
-        # called on the step loop thread for every retired sequence (request histograms)
-        self.on_retire: list[Callable[[Sequence], None]] = []
         # engine.mtp: a dgpp.engine.speculative.SpeculativeDecoder runs the decode pass (None: plain decode)
         self.speculative: Any = speculative
         # serving: a tick's events are handed to the sinks once the next step is on the GPU, so the HTTP side
@@ -82,7 +83,7 @@ class Scheduler(OverlapSteps):
 
     def submit(self, seqs: list[Sequence], check_limit: bool = True) -> None:
         """Queue the choices of one request together; all or none (``QueueFull``). The step loop thread passes
-        ``check_limit=False``: ``StepLoop.submit`` already enforced the limit when the request arrived."""
+        ``check_limit=False``: ``EngineInbox.submit`` already enforced the limit when the request arrived."""
         if check_limit and self.waiting_requests + 1 > self.config.queue_limit:
             raise QueueFull(
                 f"{self.waiting_requests} requests waiting; engine.queue_limit is {self.config.queue_limit}"
@@ -117,28 +118,38 @@ class Scheduler(OverlapSteps):
         # the budget counts prompt tokens, so short prompts share a forward (a burst costs per token, not
         # per request); each prompt still advances one chunk per round, so chunk boundaries never move
         budget = self.config.chunk_tokens * (self.config.busy_chunks if decoding else self.config.idle_chunks)
-        first_round = True
+        decode_pending = self.speculative is None  # decode rows join the first round without an image prompt
+        imaged: set[int] = (
+            set()
+        )  # prompts with images prefilled this tick: one chunk each, then decode rows run
         while True:
-            round_seqs = []
+            round_seqs: list[Sequence] = []
             for s in self.live:
-                if s.status is not SeqStatus.PREFILL:
+                if s.status is not SeqStatus.PREFILL or s.seq_id in imaged:
                     continue
                 n = self._chunk_end(s) - s.computed
                 if n > budget:  # first come, first served: nobody behind it jumps the queue
                     break
+                if s.media is not None:  # a prompt with images prefills alone: no other prompt or decode row
+                    round_seqs = round_seqs or [s]
+                    budget -= n if round_seqs[0] is s else 0
+                    break
                 round_seqs.append(s)
                 budget -= n
-            rows = decoding if first_round and self.speculative is None else []
+            alone = any(s.media is not None for s in round_seqs)
+            imaged.update(s.seq_id for s in round_seqs if s.media is not None)
+            rows = decoding if decode_pending and not alone else []
             if not round_seqs and not rows:
                 break
             self._run_round(round_seqs, rows)
-            first_round = False
+            decode_pending = decode_pending and alone
             if budget <= 0 or not round_seqs:
                 break
         if self.speculative is not None:
             self._run_speculative(decoding)
         self._flush_ready()
         if self.overlap_events and self.speculative is None and self.live:
+            _stamp(self._events)
             self._ready, self._events = self._events, {}  # the next tick's first round hands them out
         else:
             self._flush_events()
@@ -171,8 +182,6 @@ class Scheduler(OverlapSteps):
             s.slot = None
         self._event(s).retired = reason
         self.stats.retired(reason)
-        for hook in self.on_retire:
-            hook(s)
 
     # ---- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -201,8 +210,8 @@ class Scheduler(OverlapSteps):
         match = None
         if s.use_prefix_cache and self.prefix_cache.enabled:
             if s.block_keys is None:
-                s.block_keys = self.prefix_cache.block_keys(s.prompt)
-            match = self.prefix_cache.match(s.prompt, s.block_keys)
+                s.block_keys = self.prefix_cache.block_keys(s.cache_tokens)
+            match = self.prefix_cache.match(s.cache_tokens, s.block_keys)
         cached = match.blocks if match else []
         reserve = s.max_total_tokens
         if self.config.admission == "grow":
@@ -256,13 +265,20 @@ class Scheduler(OverlapSteps):
             end = self._chunk_end(s)
             last = end == s.prompt_len
             works.append(
-                SeqWork(s.slot, s.block_table, s.computed, s.prompt[s.computed : end], want_logits=last)
-            )  # type: ignore[arg-type]
+                SeqWork(
+                    s.slot,
+                    s.block_table,
+                    s.computed,
+                    s.prompt[s.computed : end],
+                    want_logits=last,
+                    media=s.media,
+                )  # type: ignore[arg-type]
+            )
             chunk_ends.append((s, end))
             if last:
                 sampled.append(s)
         for s in decodes:
-            works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], want_logits=True))  # type: ignore[arg-type]
+            works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], media=s.media))  # type: ignore[arg-type]
             sampled.append(s)
         if not prefills and self._overlaps(decodes):
             self._launch(works, decodes)
@@ -326,7 +342,7 @@ class Scheduler(OverlapSteps):
         if s.computed == s.prompt_len:  # prefill done: its full blocks, where the cache attaches at blocks
             every = self.prefix_cache.attach_every
             if every < chunk:
-                self.prefix_cache.insert(s.prompt, s.block_table, s.computed // every * every)
+                self.prefix_cache.insert(s.cache_tokens, s.block_table, s.computed // every * every)
             return
         if s.computed % chunk:
             return
@@ -335,7 +351,7 @@ class Scheduler(OverlapSteps):
         # so a changed question after a long shared document still finds a snapshot to attach to
         body = deepest - 2 * chunk if deepest >= 4 * chunk else -1
         snapshot_slot = s.slot if s.computed in (deepest, body) else None
-        self.prefix_cache.insert(s.prompt, s.block_table, s.computed, snapshot_slot)
+        self.prefix_cache.insert(s.cache_tokens, s.block_table, s.computed, snapshot_slot)
 
     def _emit(self, s: Sequence, r: SampleResult) -> None:
         now = time.monotonic()
@@ -368,6 +384,7 @@ class Scheduler(OverlapSteps):
     def _flush_events(self) -> None:
         self._flush_ready()
         events, self._events = self._events, {}
+        _stamp(events)
         for s, ev in events.items():
             s.sink(s, ev)
 
@@ -380,3 +397,9 @@ class Scheduler(OverlapSteps):
         self.waiting.clear()
         self._waiting_requests = 0
         self._flush_events()
+
+
+def _stamp(events: dict[Sequence, SeqEvent]) -> None:
+    """Each event carries its choice's timing as of this tick (the HTTP side reads no ``Sequence``)."""
+    for s, ev in events.items():
+        ev.timing = s.timing()

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, Response, get
@@ -23,9 +22,6 @@ from dgpp.serve.openapi import openapi_document
 from dgpp.serve.responses import create_response, delete_response, get_response, list_input_items
 from dgpp.serve.responses_store import ResponseStore
 
-if TYPE_CHECKING:
-    from dgpp.startup.deployment import Deployment
-
 
 def _json(body: Any, status: int = 200) -> Response:
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=status)
@@ -39,7 +35,7 @@ def model_object(backend: Backend) -> dict[str, Any]:
         "object": "model",
         "created": backend.created,
         "owned_by": "dgpp",
-        "sampling": {"available": True, "defaults": backend.defaults.as_dict()},
+        "sampling": {"available": True, "defaults": dict(backend.sampling_defaults)},
         "tools": {"available": tools, "constrained": tools and backend.grammar is not None},
         "response_format": {
             "json_object": backend.grammar is not None,
@@ -47,7 +43,7 @@ def model_object(backend: Backend) -> dict[str, Any]:
         },
         "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": _effort_mapping(backend)},
         "default_chat_template_kwargs": dict(getattr(backend.chat_template, "default_kwargs", {}) or {}),
-        "input_modalities": ["text"],
+        "input_modalities": ["text", "image"] if backend.images is not None else ["text"],
         "context": {
             "request_limit_tokens": lim.request_limit_tokens,
             "position_ceiling_tokens": lim.max_position,
@@ -88,8 +84,9 @@ async def get_model(request: Request, model_id: str) -> Response:
 @get("/health")
 async def health(request: Request) -> Response:
     backend: Backend = request.app.state.backend
-    if backend.loop.failed is not None:
-        return _json({"status": "failed", "model": backend.model_id, "error": backend.loop.failed}, 503)
+    failed = backend.inbox.failed
+    if failed is not None:
+        return _json({"status": "failed", "model": backend.model_id, "error": failed}, 503)
     return _json({"status": "ok", "model": backend.model_id})
 
 
@@ -120,8 +117,6 @@ def build_app(
 ) -> Litestar:
     """An app serving ``backend``; its step loop must already be started. ``serving_app`` adds the ASGI
     wrappers a listening server needs (request ids, body deadline, API key, connection limit)."""
-    if not backend.created:
-        backend.created = int(time.time())
 
     async def body_limit(request: Request) -> None:
         if request.method == "POST":
@@ -176,7 +171,7 @@ def serving_app(backend: Backend, http_cfg: Any, max_connections: int) -> Any:
     )
 
     def shed() -> None:
-        backend.loop.requests_shed += 1
+        backend.inbox.shed()
         backend.counters.requests_total += 1
 
     key = configured_key(http_cfg)
@@ -184,19 +179,15 @@ def serving_app(backend: Backend, http_cfg: Any, max_connections: int) -> Any:
     return BodyGuard(limited, http_cfg.max_body_bytes, http_cfg.body_timeout_s, ApiKey(key) if key else None)
 
 
-def run(cfg: DeployConfig, backend: Backend | None = None, deployment: Deployment | None = None) -> None:
-    """Load the deployment's model (or take ``backend``, rank 0's under TP) and serve it with uvicorn
-    until interrupted (``dgpp serve CONFIG``); ``deployment`` is preflight's resolution, reused."""
+def run(cfg: DeployConfig, backend: Backend) -> None:
+    """Serve ``backend`` (``dgpp.server_assembly.build_backend``; rank 0's under TP) with uvicorn until
+    interrupted (``dgpp serve CONFIG``)."""
     import uvicorn
 
-    from dgpp.serve.build import build_backend
     from dgpp.serve.http_protocol import protocol_class
+    from dgpp.serve.warmup import warm_up
 
-    configured_key(cfg.http)  # a missing key variable fails before the model loads
-    backend = backend or build_backend(cfg, deployment)
-    from dgpp.serve.warmup import compiles_kernels, warm_up
-
-    if cfg.engine.warmup and compiles_kernels(backend):  # the first bursts' kernel compiles, before listening
+    if cfg.engine.warmup and backend.compiles_kernels:  # the first bursts' kernel compiles, before listening
         warm_up(backend, cfg.engine.max_concurrency)
     asgi = serving_app(backend, cfg.http, cfg.engine.max_connections)
     protocol = protocol_class(cfg.http.max_header_bytes, cfg.http.header_timeout_s)

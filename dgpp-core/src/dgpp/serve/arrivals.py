@@ -15,19 +15,19 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Any
 
-from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import EngineInbox
 
 
 class _Announcement:
-    def __init__(self, loop: StepLoop) -> None:
-        self.loop = loop
+    def __init__(self, inbox: EngineInbox) -> None:
+        self.inbox = inbox
         self.open = True
-        loop.expect()
+        inbox.expect()
 
     def release(self) -> None:
         if self.open:
             self.open = False
-            self.loop.unexpect()
+            self.inbox.unexpect()
 
 
 _current: ContextVar[_Announcement | None] = ContextVar("dgpp_announcement", default=None)
@@ -40,17 +40,17 @@ def submitted() -> None:
         announcement.release()
 
 
-def announced(loop_of: Callable[[Any], StepLoop]) -> Callable:
+def announced(inbox_of: Callable[[Any], EngineInbox]) -> Callable:
     """Decorator for a generation route handler ``handler(request)``: announces the request to
-    ``loop_of(request)`` for as long as it has not been submitted."""
+    ``inbox_of(request)`` for as long as it has not been submitted."""
 
     def wrap(handler: Callable[[Any], Awaitable[Any]]) -> Callable[[Any], Awaitable[Any]]:
         @functools.wraps(handler)
         async def run(request: Any) -> Any:
-            loop = loop_of(request)
-            if not loop.waits_for_announced:  # the plain hold (the default): no lock taken per request
+            inbox = inbox_of(request)
+            if not inbox.waits_for_announced:  # the plain hold (the default): no lock taken per request
                 return await handler(request)
-            announcement = _Announcement(loop)
+            announcement = _Announcement(inbox)
             token = _current.set(announcement)
             try:
                 return await handler(request)

@@ -1,30 +1,34 @@
 """The model-facing half of the server (``Backend``): prompt preparation off the event loop, submission, and
 per-request events.
 
-``Backend`` is what the HTTP routes talk to. It owns the tokenizer and chat template, knows the
-served model's limits, and turns one HTTP request into ``n`` scheduler sequences whose events arrive on
-an asyncio queue (the step loop thread posts them with ``call_soon_threadsafe``).
+``Backend`` is what the HTTP routes talk to. It owns the text stack, knows the served model's limits, hands
+each ``GenerationRequest`` to the step loop through the inbox (``dgpp.sched.thread_handoff``) and receives its
+choices' events on an asyncio queue (the ``EventRelay`` drains the step loop's posts onto it). It never reads the
+scheduler: ``/metrics`` reads what the step loop publishes (``published``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import secrets
+import time
 import weakref
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from dgpp.sample.params import SamplingDefaults, SamplingParams
-from dgpp.sample.sampler import ChoiceSampler
-from dgpp.sched.request import RetireReason, SeqEvent, Sequence
+from dgpp.media.prompt import PromptMedia
+from dgpp.sample.params import SamplingDefaults
+from dgpp.sched.request import RetireReason, SeqEvent
 from dgpp.sched.scheduler import QueueFull
-from dgpp.sched.step_loop import StepLoop, StepLoopFailed
+from dgpp.sched.step_loop import StepLoop
+from dgpp.sched.thread_handoff import EngineInbox, EventRelay, GenerationRequest, StepLoopFailed
 from dgpp.serve.arrivals import submitted
 from dgpp.serve.errors import APIError, overloaded
-from dgpp.serve.event_relay import EventRelay
-from dgpp.serve.generation import fit_to_prompt
+from dgpp.serve.generation import ModelLimits
+from dgpp.serve.histograms import RequestHistograms
+from dgpp.serve.images import ImageInputs, refuse_image_parts
+from dgpp.serve.output_processor import OutputProcessor, prompt_opens_thinking
 from dgpp.text.errors import GrammarError, TextError
 
 
@@ -40,18 +44,18 @@ class ServiceCounters:
 
     def finished(self, outputs: list[Any]) -> None:
         self.tokens_out += sum(o.completion_tokens for o in outputs)
-        self.tool_calls_out += sum(len(o.text.tool_calls) for o in outputs)
+        self.tool_calls_out += sum(len(o.tool_calls) for o in outputs)
 
 
 @dataclass
-class ModelLimits:
-    vocab_size: int
-    max_position: int
-    kv_pool_tokens: int
+class TextStack:
+    """The checkpoint's text side: tokenizer, chat template, tool/reasoning dialect, grammar context."""
 
-    @property
-    def request_limit_tokens(self) -> int:
-        return min(self.max_position, self.kv_pool_tokens)
+    tokenizer: Any
+    template: Any = None
+    dialect: Any = None
+    grammar: Any = None
+    images: Any = None  # the family's dgpp.media.prompt.ImageInput when the model reads images
 
 
 @dataclass
@@ -64,33 +68,37 @@ class PreparedChat:
     tools: list[dict] | None
     matchers: list[Any] | None = None
     constraint: dict[str, Any] | None = None  # what the matchers were built from (journaled under TP)
+    media: PromptMedia | None = None  # the prompt's images (a model with a vision encoder)
 
 
 @dataclass
 class RequestHandle:
-    """One HTTP request's sequences and the queue their events arrive on: ``(choice_index, SeqEvent)``."""
+    """One submitted request and the queue its choices' events arrive on: ``(choice_index, SeqEvent)``."""
 
-    request_id: str
-    prompt_ids: list[int]
-    params: SamplingParams
-    seqs: list[Sequence] = field(default_factory=list)
+    request: GenerationRequest
+    inbox: EngineInbox
     queue: asyncio.Queue = field(default_factory=asyncio.Queue)
-    backend: Backend | None = None
     done: set[int] = field(default_factory=set)  # choices the scheduler has retired
     cancelled: set[int] = field(default_factory=set)  # choices we asked the scheduler to stop
 
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.request.prompt)
+
     def cancel(self, choice: int | None = None, reason: RetireReason = RetireReason.CANCELLED) -> None:
         """Stop one choice (a stop string matched) or, with ``choice=None``, every unfinished choice."""
-        assert self.backend is not None
-        for s in self.seqs:
-            i = s.choice_index
-            if (choice is None or i == choice) and i not in self.done and i not in self.cancelled:
+        for i in range(self.request.n) if choice is None else (choice,):
+            if i not in self.done and i not in self.cancelled:
                 self.cancelled.add(i)
-                self.backend.loop.cancel(s.request_id, reason)
+                self.inbox.cancel(self.request.choice_id(i), reason)
 
     @property
     def finished(self) -> bool:
-        return len(self.done) == len(self.seqs)
+        return len(self.done) == self.request.n
 
     async def events(self) -> AsyncIterator[tuple[int, SeqEvent]]:
         """``(choice, event)`` as the events arrive, until every choice has retired (a retired choice is marked
@@ -124,8 +132,7 @@ class Backend:
     def __init__(
         self,
         model_id: str,
-        tokenizer: Any,
-        chat_template: Any,
+        text: TextStack,
         loop: StepLoop,
         limits: ModelLimits,
         defaults: SamplingDefaults,
@@ -133,23 +140,29 @@ class Backend:
         default_max_tokens: int,
         eos_token_ids: frozenset[int] = frozenset(),
         prep_workers: int = 2,
-        dialect: Any = None,
-        grammar: Any = None,
         reasoning_in_content: bool,
+        images: ImageInputs | None = None,
+        compiles_kernels: bool = False,
     ) -> None:
         self.model_id = model_id
-        self.tokenizer = tokenizer
-        self.chat_template = chat_template
-        self.loop = loop
+        self.tokenizer = text.tokenizer
+        self.chat_template = text.template
+        self.dialect = text.dialect
+        self.grammar = text.grammar  # a GrammarContext, or None without constrained decoding
+        self.loop = loop  # stopped at shutdown; requests reach it through ``inbox`` only
+        self.inbox = loop.inbox
+        self.published = loop.published
         self.limits = limits
         self.defaults = defaults
+        self.sampling_defaults = defaults.as_dict()  # /v1/models reports them; computed once
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = eos_token_ids
-        self.dialect = dialect
-        self.grammar = grammar  # a dgpp.text.grammar.GrammarContext, or None without constrained decoding
         self.reasoning_in_content = reasoning_in_content
+        self.images = images  # None: a text-only model refuses image parts
+        self.compiles_kernels = compiles_kernels  # a CUDA engine: its first steps compile kernels (warm-up)
         self.counters = ServiceCounters()
-        self.created = 0
+        self.histograms = RequestHistograms(model_id)
+        self.created = int(time.time())
         self._prep = ThreadPoolExecutor(max_workers=prep_workers, thread_name_prefix="dgpp-prep")
         self._relays: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, EventRelay] = (
             weakref.WeakKeyDictionary()
@@ -165,7 +178,6 @@ class Backend:
                 "unsupported_parameter",
                 "messages",
             )
-        from dgpp.text.reasoning import ReasoningSplitter
         from dgpp.text.tools import tool_specs
 
         tools = None if req.tool_choice == "none" else req.tools
@@ -180,27 +192,29 @@ class Backend:
                 "unsupported_parameter",
                 "tools",
             )
-        think = (
-            (self.dialect.think_start, self.dialect.think_end)
-            if self.dialect is not None
-            else ("<think>", "</think>")
-        )
+        think_start = self.dialect.think_start if self.dialect is not None else "<think>"
+        images = self.images
+        if images is None:
+            refuse_image_parts(req.messages, self.model_id)
+        else:
+            images.check_count(req.messages)
 
         def work() -> PreparedChat:
             specs = tool_specs(tools)
+            messages, processed = images.prepare(req.messages) if images else (req.messages, [])
             text = self.chat_template.render(
-                req.messages,
+                messages,
                 tools,
                 chat_template_kwargs=req.chat_template_kwargs,
                 reasoning_effort=req.reasoning_effort,
             )
             self._refuse_long_text(text, "messages")
-            opens = ReasoningSplitter.prompt_opens_thinking(text, *think)
+            opens = prompt_opens_thinking(text, think_start)
             constraint = self._constraint(req, tools, opens) if specs or req.response_format else None
             matchers = self._matchers(constraint, n) if constraint is not None else None
-            return PreparedChat(
-                self.tokenizer.encode(text), text, tools, matchers, constraint if matchers else None
-            )
+            ids = self.tokenizer.encode(text)
+            media = images.media(ids, processed) if images else None
+            return PreparedChat(ids, text, tools, matchers, constraint if matchers else None, media)
 
         small = not tools and not req.response_format and _message_chars(req.messages) <= INLINE_PREP_CHARS
         return await self._run_prep(work, inline=small)
@@ -245,48 +259,41 @@ class Backend:
 
         return build_matcher(self.grammar, dialect=self.dialect, **constraint)
 
-    def text_outputs(
+    def output_processors(
         self,
         handle: RequestHandle,
         prepared: PreparedChat | None,
         skip_special_tokens: bool = True,
         spaces_between_special_tokens: bool = True,
-    ) -> list[Any]:
-        """One ``ServedChoice`` per choice; a chat routes reasoning and tool calls, a legacy completion
-        passes its text through unchanged."""
-        from dgpp.serve.choice_output import ServedChoice
-        from dgpp.text.output import ChoiceOutput
-
-        out = []
-        special = {
+    ) -> list[OutputProcessor]:
+        """One ``OutputProcessor`` per choice; a chat routes reasoning and tool calls, a legacy completion
+        passes its text through unchanged and reports the EOS that ended it among its logprobs, as OpenAI and
+        vLLM do (log-likelihood harnesses drop the generated token's entry as the last one)."""
+        request = handle.request
+        common: dict[str, Any] = {
             "skip_special_tokens": skip_special_tokens,
             "spaces_between_special_tokens": spaces_between_special_tokens,
-            "eos_is_text": handle.params.ignore_eos,
         }
-        for i in range(len(handle.seqs)):
-            if prepared is None:
-                text = ChoiceOutput(
-                    self.tokenizer, stop=handle.params.stop, reasoning_in_content=True, **special
-                )
-            else:
-                text = ChoiceOutput(
-                    self.tokenizer,
-                    prompt=prepared.prompt_text,
-                    dialect=self.dialect,
-                    tools=prepared.tools,
-                    stop=handle.params.stop,
-                    reasoning_in_content=self.reasoning_in_content,
-                    request_tag=f"{handle.request_id}/{i}",
-                    **special,
-                )
-            # a legacy completion reports the EOS that ended it among its logprobs, as OpenAI and vLLM do
-            # (log-likelihood harnesses drop the generated token's entry as the last one)
-            out.append(
-                ServedChoice(
-                    i, text, self.tokenizer, handle.params, self.eos_token_ids, eos_logprobs=prepared is None
-                )
+        if prepared is None:
+            common |= {"reasoning_in_content": True, "eos_logprobs": True}
+        else:
+            common |= {
+                "prompt": prepared.prompt_text,
+                "dialect": self.dialect,
+                "tools": prepared.tools,
+                "reasoning_in_content": self.reasoning_in_content,
+            }
+        return [
+            OutputProcessor(
+                i,
+                self.tokenizer,
+                request.params,
+                self.eos_token_ids,
+                request_tag=request.choice_id(i) if prepared is not None else 0,
+                **common,
             )
-        return out
+            for i in range(request.n)
+        ]
 
     async def prepare_text(self, prompt: str) -> list[int]:
         self._refuse_long_text(prompt, "prompt")
@@ -325,81 +332,15 @@ class Backend:
             raise APIError(400, e.message, "invalid_parameter", e.param) from None
 
     # ---- submission ---------------------------------------------------------------------------
-    def submit(
-        self,
-        prompt_ids: list[int],
-        params: SamplingParams,
-        n: int = 1,
-        use_prefix_cache: bool = True,
-        kind: str = "chatcmpl",
-        matchers: list[Any] | None = None,
-        max_tokens_given: bool = True,
-        constraint: dict[str, Any] | None = None,
-        samplers: list[ChoiceSampler] | None = None,
-    ) -> RequestHandle:
-        """Check the budget, make the ``n`` sequences, queue them; 400/503 on failure.
+    def token_text(self, token: int) -> str:
+        return self.tokenizer.decode([token])
 
-        The limit is fitted to the prompt by ``serve/generation.fit_to_prompt`` (``max_tokens_given``: the
-        request named it).
-        ``samplers`` (one per choice) replace the request's own, e.g. a ``ForcedSampler`` scoring a prompt."""
-        if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the step loop
-            param = "messages" if kind == "chatcmpl" else "prompt"
-            raise APIError(
-                400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param
-            )
-        top = max(prompt_ids)
-        if (
-            top >= self.limits.vocab_size
-        ):  # a tokenizer with more (added) tokens than the model's embedding rows
-            param = "messages" if kind == "chatcmpl" else "prompt"
-            raise APIError(
-                400,
-                f"the prompt holds token id {top} ({self.tokenizer.decode([top])!r}), past the "
-                f"model's vocabulary of {self.limits.vocab_size}",
-                "invalid_parameter",
-                param,
-            )
-        params = fit_to_prompt(
-            params,
-            len(prompt_ids),
-            max_position=self.limits.max_position,
-            kv_pool_tokens=self.limits.kv_pool_tokens,
-            named=max_tokens_given,
-            prompt_param="messages" if kind == "chatcmpl" else "prompt",
-            constrained=bool(matchers),
-        )
-        handle = RequestHandle(f"{kind}-{secrets.token_hex(8)}", prompt_ids, params, backend=self)
-        sink = self._relay(asyncio.get_running_loop()).sink(handle.queue)
-        for i in range(n):
-            # n choices of one seeded request differ: each draws from (seed, choice index)
-            m = matchers[i] if matchers else None
-            sampler = (
-                samplers[i]
-                if samplers
-                else ChoiceSampler(
-                    params,
-                    self.limits.vocab_size,
-                    prompt_ids,
-                    choice_index=i,
-                    mask_fn=m.mask if m else None,
-                    accept_fn=m.accept if m else None,
-                )
-            )
-            handle.seqs.append(
-                Sequence(
-                    f"{handle.request_id}/{i}",
-                    i,
-                    prompt_ids,
-                    params,
-                    sampler,
-                    sink,
-                    use_prefix_cache=use_prefix_cache,
-                    leader=handle.seqs[0] if i else None,
-                    constraint=constraint if m else None,
-                )
-            )
+    def submit(self, request: GenerationRequest) -> RequestHandle:
+        """Queue ``request`` (``serve/generation.generation_request`` built it) as it is; 503 when the queue is
+        full or the engine failed."""
+        handle = RequestHandle(request, self.inbox)
         try:
-            self.loop.submit(handle.seqs)
+            self.inbox.submit(request, self._relay(asyncio.get_running_loop()).sink(handle.queue))
             submitted()  # an idle engine's admission hold no longer waits for this request (serve/arrivals.py)
         except QueueFull as e:
             raise overloaded(f"server overloaded: {e}") from None
@@ -410,13 +351,13 @@ class Backend:
     @property
     def queue_limit(self) -> int:
         """``engine.queue_limit``: requests waiting beyond it are refused (503, retryable)."""
-        return self.loop.published.config.queue_limit
+        return self.inbox.queue_limit
 
     def _relay(self, loop: asyncio.AbstractEventLoop) -> EventRelay:
         """The event relay of ``loop`` (one per serving loop; tests may serve from several loops in turn)."""
         relay = self._relays.get(loop)
         if relay is None:
-            relay = self._relays[loop] = EventRelay(loop)
+            relay = self._relays[loop] = EventRelay(loop, on_retired=self.histograms.retired)
         return relay
 
     def shutdown(self) -> None:

@@ -12,13 +12,15 @@ import msgspec
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from dgpp.media.prompt import PromptMedia
+from dgpp.sample.params import SamplingParams
 from dgpp.sched.request import RetireReason
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
-from dgpp.serve.choice_output import Delta, ServedChoice
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
 from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
-from dgpp.serve.generation import named_max_tokens, sampling_params
+from dgpp.serve.generation import generation_request, named_max_tokens, sampling_params
 from dgpp.serve.http_guard import content_length
 from dgpp.serve.legacy import LegacyPrompt, best_of, legacy_body, prepare_prompt, score_prompt, split_prompts
 from dgpp.serve.openai_format import (
@@ -28,6 +30,7 @@ from dgpp.serve.openai_format import (
     chat_response,
     timings,
 )
+from dgpp.serve.output_processor import Delta, OutputProcessor
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
 from dgpp.serve.validate import check_content_type, check_model, parse_body
 
@@ -46,28 +49,59 @@ async def _read(request: Request, kind: type) -> tuple[Any, Backend]:
 
 
 @post("/v1/chat/completions", status_code=200)
-@announced(lambda request: _backend(request).loop)
+@announced(lambda request: _backend(request).inbox)
 async def chat_completions(request: Request) -> Response | Stream:
     req, backend = await _read(request, ChatCompletionRequest)
     params = sampling_params(req, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens)
     prepared = await backend.prepare_chat(req, req.n or 1)
     handle = backend.submit(
-        prepared.prompt_ids,
-        params,
-        n=req.n or 1,
-        use_prefix_cache=req.prefix_cache,
-        kind="chatcmpl",
-        matchers=prepared.matchers,
-        constraint=prepared.constraint,
-        max_tokens_given=named_max_tokens(req) is not None,
+        api_request(
+            backend,
+            "chatcmpl",
+            req,
+            prepared.prompt_ids,
+            params,
+            n=req.n or 1,
+            matchers=prepared.matchers,
+            constraint=prepared.constraint,
+            media=prepared.media,
+        )
     )
     return await _answer(
-        request, backend, handle, req, backend.text_outputs(handle, prepared, *_special(req))
+        request, backend, handle, req, backend.output_processors(handle, prepared, *_special(req))
+    )
+
+
+def api_request(
+    backend: Backend,
+    kind: str,
+    req: ChatCompletionRequest | CompletionRequest,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    *,
+    n: int,
+    matchers: list[Any] | None = None,
+    constraint: dict[str, Any] | None = None,
+    media: PromptMedia | None = None,
+) -> GenerationRequest:
+    """The ``GenerationRequest`` of an API request (``serve/generation.py`` decides it)."""
+    return generation_request(
+        kind,
+        prompt_ids,
+        params,
+        backend.limits,
+        named_limit=named_max_tokens(req) is not None,
+        token_text=backend.token_text,
+        n=n,
+        use_prefix_cache=req.prefix_cache,
+        matchers=matchers,
+        constraint=constraint,
+        media=media,
     )
 
 
 @post("/v1/completions", status_code=200)
-@announced(lambda request: _backend(request).loop)
+@announced(lambda request: _backend(request).inbox)
 async def completions(request: Request) -> Response | Stream:
     req, backend = await _read(request, CompletionRequest)
     n = req.n or 1
@@ -96,18 +130,9 @@ async def completions(request: Request) -> Response | Stream:
         handles: list[RequestHandle] = []
         for p in prompts if req.max_tokens != 0 and not watch.gone else []:
             handles.append(
-                watch.track(
-                    backend.submit(
-                        p.ids,
-                        params,
-                        n=generate,
-                        use_prefix_cache=req.prefix_cache,
-                        kind="cmpl",
-                        max_tokens_given=named_max_tokens(req) is not None,
-                    )
-                )
+                watch.track(backend.submit(api_request(backend, "cmpl", req, p.ids, params, n=generate)))
             )
-        outputs = [backend.text_outputs(h, None, *_special(req)) for h in handles]
+        outputs = [backend.output_processors(h, None, *_special(req)) for h in handles]
         if req.stream and not watch.gone:
             watch.close()  # from here the stream notices its client leaving (the response closes its generator)
             return await _answer(
@@ -137,7 +162,7 @@ async def completions(request: Request) -> Response | Stream:
         ),
     }
     if handles:
-        body["timings"] = timings(handles[0].seqs[0], outputs[0][0].completion_tokens)
+        body["timings"] = timings(outputs[0][0])
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
@@ -150,7 +175,7 @@ async def _answer(
     backend: Backend,
     handle: RequestHandle,
     req: Any,
-    outputs: list[ServedChoice],
+    outputs: list[OutputProcessor],
     echo: LegacyPrompt | None = None,
 ) -> Response | Stream:
     chat = isinstance(req, ChatCompletionRequest)
@@ -178,13 +203,13 @@ async def _answer(
         handle.request_id,
         created,
         backend.model_id,
-        len(handle.prompt_ids),
+        handle.prompt_tokens,
         outputs,
-        handle.params.logprobs,
+        handle.request.params.logprobs,
         req.metadata,
         service_tier=req.service_tier is not None,
     )
-    body["timings"] = timings(handle.seqs[0], outputs[0].completion_tokens)
+    body["timings"] = timings(outputs[0])
     return Response(content=msgspec.json.encode(body), media_type="application/json", status_code=200)
 
 
@@ -192,7 +217,7 @@ async def _collect(
     request: Request,
     backend: Backend,
     handle: RequestHandle,
-    outputs: list[ServedChoice],
+    outputs: list[OutputProcessor],
     watch: DisconnectWatch | None = None,
     on_delta: Callable[[Delta], Any] | None = None,
 ) -> None:
@@ -222,10 +247,9 @@ def _generation_error(backend: Backend, handle: RequestHandle, why: str | None) 
     """503 ``engine_failure`` when the step loop stopped on a failure; 500 when only this request's generation
     failed (e.g. its grammar matcher), which is a server fault but leaves the model serving. The scheduler's log
     line with the traceback names the completion id this error's log line carries."""
-    if backend.loop.failed is not None:
-        err = APIError(
-            503, f"engine failed while generating this request: {backend.loop.failed}", "engine_failure"
-        )
+    failed = backend.inbox.failed
+    if failed is not None:
+        err = APIError(503, f"engine failed while generating this request: {failed}", "engine_failure")
     else:
         err = APIError(500, f"generation failed: {why}", "generation_failed")
     err.log_fields["completion_id"] = handle.request_id
@@ -233,7 +257,7 @@ def _generation_error(backend: Backend, handle: RequestHandle, why: str | None) 
 
 
 async def _drive(
-    handle: RequestHandle, outputs: list[ServedChoice], ping: float | None
+    handle: RequestHandle, outputs: list[OutputProcessor], ping: float | None
 ) -> AsyncIterator[Any]:
     """Yield ``(choice, Delta)`` as events arrive (``None`` after ``ping`` seconds of silence) until every choice ends."""
     while not all(o.finished for o in outputs):
@@ -256,7 +280,7 @@ async def _drive(
 async def _stream(
     backend: Backend,
     handle: RequestHandle,
-    outputs: list[ServedChoice],
+    outputs: list[OutputProcessor],
     writer: ChunkWriter,
     ping: int,
     request_id: str | None = None,
@@ -279,13 +303,13 @@ async def _stream(
                 yield DONE
                 return
             last = delta.finish_reason is not None and all(o.finished for o in outputs)
-            times = timings(handle.seqs[0], outputs[0].completion_tokens) if last else None
+            times = timings(outputs[0]) if last else None
             chunk = writer.delta(index, delta.parts, delta.logprobs, delta.finish_reason, times)
             if chunk:
                 yield chunk
         backend.counters.finished(outputs)
         if writer.include_usage:
-            yield writer.usage_chunk(len(handle.prompt_ids), outputs)
+            yield writer.usage_chunk(handle.prompt_tokens, outputs)
         yield DONE
     finally:
         handle.cancel()  # client disconnect (or any exit): unfinished choices free their slots

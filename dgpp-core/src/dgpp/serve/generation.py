@@ -1,20 +1,93 @@
-"""The one place a request's sampling parameters and generation limit are decided, at the HTTP edge.
+"""The one place a request's generation is decided, at the HTTP edge: its ``GenerationRequest``, built once and
+handed to ``Backend.submit`` as is.
 
 Chat completions, legacy completions and the Responses API (converted to a chat body first) all build their
-``SamplingParams`` with ``sampling_params``; ``Backend.submit`` fits the limit to the prompt with
-``fit_to_prompt``. Every default is taken here: the checkpoint's ``SamplingDefaults`` (temperature, top_p,
-top_k, min_p, repetition_penalty) for what the request omitted, ``SamplingParams``' neutral value for the
-penalties, ``engine.default_max_tokens`` for an unnamed limit, cut to the room the prompt leaves."""
+``SamplingParams`` with ``sampling_params``; ``generation_request`` checks the prompt against the model and fits
+the limit to it (``fit_to_prompt``). Every default is taken here: the checkpoint's ``SamplingDefaults``
+(temperature, top_p, top_k, min_p, repetition_penalty) for what the request omitted, ``SamplingParams``' neutral
+value for the penalties, ``engine.default_max_tokens`` for an unnamed limit, cut to the room the prompt leaves."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
 
+from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingDefaults, SamplingParams
+from dgpp.sched.thread_handoff import GenerationRequest
 from dgpp.serve.errors import APIError, invalid
 from dgpp.serve.protocol import ChatCompletionRequest, CompletionRequest
 
 NEUTRAL = SamplingParams()  # the value of each knob that has no checkpoint default and the request omitted
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What the served model can hold: its vocabulary, its position ceiling and the KV pool's tokens."""
+
+    vocab_size: int
+    max_position: int
+    kv_pool_tokens: int
+
+    @property
+    def request_limit_tokens(self) -> int:
+        return min(self.max_position, self.kv_pool_tokens)
+
+
+def generation_request(
+    kind: str,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    limits: ModelLimits,
+    *,
+    named_limit: bool,
+    token_text: Callable[[int], str],
+    n: int = 1,
+    use_prefix_cache: bool = True,
+    matchers: list[Any] | None = None,
+    constraint: dict[str, Any] | None = None,
+    forced_tokens: list[int] | None = None,
+    media: PromptMedia | None = None,
+) -> GenerationRequest:
+    """The request as the engine will run it, id ``{kind}-{random}``; 400 for a prompt the model cannot take
+    (empty, or holding an id past its vocabulary, named by ``token_text``) or cannot fit with its limit.
+    ``named_limit``: the request named its ``max_tokens``."""
+    param = "messages" if kind == "chatcmpl" else "prompt"
+    if not prompt_ids:  # a model step needs at least one token: an empty prompt would fail the step loop
+        raise APIError(
+            400, "the prompt is empty after rendering and tokenization", "invalid_parameter", param
+        )
+    top = max(prompt_ids)
+    if top >= limits.vocab_size:  # a tokenizer with more (added) tokens than the model's embedding rows
+        raise APIError(
+            400,
+            f"the prompt holds token id {top} ({token_text(top)!r}), past the "
+            f"model's vocabulary of {limits.vocab_size}",
+            "invalid_parameter",
+            param,
+        )
+    params = fit_to_prompt(
+        params,
+        len(prompt_ids),
+        max_position=limits.max_position,
+        kv_pool_tokens=limits.kv_pool_tokens,
+        named=named_limit,
+        prompt_param=param,
+        constrained=bool(matchers),
+    )
+    return GenerationRequest(
+        f"{kind}-{secrets.token_hex(8)}",
+        tuple(prompt_ids),
+        params,
+        n,
+        use_prefix_cache,
+        tuple(matchers) if matchers else None,
+        constraint if matchers else None,
+        tuple(forced_tokens) if forced_tokens is not None else None,
+        media,
+    )
 
 
 def named_max_tokens(req: ChatCompletionRequest | CompletionRequest) -> int | None:

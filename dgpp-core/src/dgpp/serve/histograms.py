@@ -1,7 +1,8 @@
 """Per-request latency and size histograms for ``/metrics/prometheus`` (``dgpp_request_*``).
 
-Observed on the step loop thread when a sequence retires, from the timestamps the scheduler keeps on it
-(arrival, admission, first and last token); prometheus_client histograms are thread-safe.
+Observed on the event loop when a choice's retirement event is drained (``EventRelay``, whoever is still
+reading the request), from the timing the step loop sends with each event (arrival, admission, first and last
+token, token counts); nothing here runs on the step loop's thread.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import time
 
 from prometheus_client import CollectorRegistry, Histogram
 
-from dgpp.sched.request import RetireReason, Sequence
+from dgpp.sched.request import RetireReason, SeqTiming
 
 _LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 32768, 131072)
@@ -19,8 +20,12 @@ _TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 32768, 131072)
 class RequestHistograms:
     """The ``dgpp_*`` request histograms, labelled ``model_name`` (TTFT also by ``prefix_cache`` hit/miss)."""
 
-    def __init__(self, registry: CollectorRegistry, model_name: str) -> None:
+    def __init__(self, model_name: str) -> None:
         self.model_name = model_name
+        self.registry = CollectorRegistry(
+            auto_describe=False
+        )  # ``PrometheusExport`` adds the scrape-time families
+        registry = self.registry
 
         def hist(name: str, doc: str, buckets: tuple, extra: tuple[str, ...] = ()) -> Histogram:
             return Histogram(f"dgpp_{name}", doc, ["model_name", *extra], buckets=buckets, registry=registry)
@@ -34,25 +39,25 @@ class RequestHistograms:
         self.prompt = hist("request_prompt_tokens", "prompt tokens per sequence", _TOKENS)
         self.generation = hist("request_generation_tokens", "generated tokens per sequence", _TOKENS)
 
-    def retired(self, s: Sequence) -> None:
-        """``s`` retired just now (the step loop's ``on_retire`` hook)."""
-        self.observe(s, time.monotonic())
+    def retired(self, t: SeqTiming, reason: RetireReason) -> None:
+        """A choice retired just now (its last event reached the event loop)."""
+        self.observe(t, reason, time.monotonic())
 
-    def observe(self, s: Sequence, now: float) -> None:
+    def observe(self, t: SeqTiming, reason: RetireReason, now: float) -> None:
         m = self.model_name
-        if s.retired is RetireReason.FAILED:
+        if reason is RetireReason.FAILED:
             return
-        self.prompt.labels(m).observe(s.prompt_len)
-        self.generation.labels(m).observe(len(s.output))
-        self.e2e.labels(m).observe(now - s.arrival)
-        if s.admitted_at is not None:
-            self.queue.labels(m).observe(s.admitted_at - s.arrival)
-        if s.first_token_at is None:
+        self.prompt.labels(m).observe(t.prompt_tokens)
+        self.generation.labels(m).observe(t.output_tokens)
+        self.e2e.labels(m).observe(now - t.arrival)
+        if t.admitted_at is not None:
+            self.queue.labels(m).observe(t.admitted_at - t.arrival)
+        if t.first_token_at is None:
             return
-        self.ttft.labels(m, "hit" if s.cached_tokens else "miss").observe(s.first_token_at - s.arrival)
-        if s.admitted_at is not None:
-            self.prefill.labels(m).observe(s.first_token_at - s.admitted_at)
-        if s.last_token_at is not None:
-            self.decode.labels(m).observe(s.last_token_at - s.first_token_at)
-            if len(s.output) > 1:
-                self.tpot.labels(m).observe((s.last_token_at - s.first_token_at) / (len(s.output) - 1))
+        self.ttft.labels(m, "hit" if t.cached_tokens else "miss").observe(t.first_token_at - t.arrival)
+        if t.admitted_at is not None:
+            self.prefill.labels(m).observe(t.first_token_at - t.admitted_at)
+        if t.last_token_at is not None:
+            self.decode.labels(m).observe(t.last_token_at - t.first_token_at)
+            if t.output_tokens > 1:
+                self.tpot.labels(m).observe((t.last_token_at - t.first_token_at) / (t.output_tokens - 1))

@@ -13,11 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from dgpp.sample.forced import ForcedSampler
+from dgpp.sample.params import SamplingParams
 from dgpp.serve.backend import Backend, RequestHandle
-from dgpp.serve.choice_output import LogprobEntries, ServedChoice, legacy_logprobs
 from dgpp.serve.errors import APIError, invalid
+from dgpp.serve.generation import generation_request
+from dgpp.serve.logprobs import LogprobEntries, legacy_logprobs
 from dgpp.serve.openai_format import usage
+from dgpp.serve.output_processor import OutputProcessor
 from dgpp.text.detokenizer import IncrementalDetokenizer
 
 PROMPT_SHAPES = "a string, an array of strings, an array of token ids, or an array of token-id arrays"
@@ -79,8 +81,20 @@ async def score_prompt(
     prompt.logprobs = [entries.entry(ids[0], None, None, pieces[0])]
     if len(ids) == 1:
         return
-    sampler = ForcedSampler(ids[1:], backend.limits.vocab_size, ids[:1], top)
-    handle = backend.submit(ids[:1], sampler.params, kind="cmpl", samplers=[sampler], use_prefix_cache=True)
+    # the walk's sampler (``ForcedSampler``, built on the step loop's thread) sets the same parameters
+    forced = SamplingParams(
+        temperature=0.0, logprobs=True, top_logprobs=top, max_tokens=len(ids) - 1, ignore_eos=True
+    )
+    walk = generation_request(
+        "cmpl",
+        ids[:1],
+        forced,
+        backend.limits,
+        named_limit=True,
+        token_text=backend.token_text,
+        forced_tokens=ids[1:],
+    )
+    handle = backend.submit(walk)
     if track is not None:
         track(handle)
     try:
@@ -117,7 +131,7 @@ def token_pieces(tokenizer: Any, ids: list[int]) -> list[str]:
     return pieces
 
 
-def best_of(outputs: list[ServedChoice], n: int) -> list[ServedChoice]:
+def best_of(outputs: list[OutputProcessor], n: int) -> list[OutputProcessor]:
     """The ``n`` of one prompt's ``best_of`` candidates with the highest cumulative logprob, best first (ties to
     the lower index); all of them, in order, when there are no more than ``n``."""
     if len(outputs) <= n:
@@ -127,11 +141,11 @@ def best_of(outputs: list[ServedChoice], n: int) -> list[ServedChoice]:
 
 def legacy_body(
     prompts: list[LegacyPrompt],
-    outputs: list[list[ServedChoice]],
+    outputs: list[list[OutputProcessor]],
     n: int,
     echo: bool,
     want_logprobs: bool,
-    generated: list[ServedChoice] | None = None,
+    generated: list[OutputProcessor] | None = None,
 ) -> dict[str, Any]:
     """A one-shot ``text_completion`` body (without id, created, model): choice ``p * n + i`` is choice ``i``
     of prompt ``p``. Without outputs (``max_tokens: 0``) each choice is the echo alone, finished by length.

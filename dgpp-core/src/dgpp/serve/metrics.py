@@ -16,7 +16,6 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.sched.published import Published
 from dgpp.sched.request import RetireReason
-from dgpp.serve.histograms import RequestHistograms
 
 _NO_SPEC = SpecDecodeStats(0, "none").as_metrics()
 
@@ -122,24 +121,24 @@ def _version() -> str:
 
 def metrics_json(backend: Any) -> dict[str, Any]:
     """The full ``/metrics`` body: what the step loop published plus the HTTP side's counters."""
-    loop = backend.loop
-    snap = engine_report(loop.published)
+    published, inbox = backend.published, backend.inbox
+    snap = engine_report(published)
     sched_part = snap["scheduler"]
     finished = sched_part.pop("finished")
     grown = sched_part.pop("reservations_grown")
-    sched_part["snapshot_age_ms"] = (time.monotonic() - loop.published.at) * 1000.0
-    pending_adm, pending_cancel = loop.pending
-    cfg = loop.published.config
+    sched_part["snapshot_age_ms"] = (time.monotonic() - published.at) * 1000.0
+    pending_adm, pending_cancel = inbox.pending
+    cfg = published.config
     c = backend.counters
     service = {
         "requests_total": c.requests_total,
-        "requests_shed": loop.requests_shed,
+        "requests_shed": inbox.requests_shed,
         "pending_admissions": pending_adm,
         "pending_cancellations": pending_cancel,
         "requests_cancelled": finished.get(RetireReason.CANCELLED.value, 0),
         "requests_shed_pool": finished.get(RetireReason.POOL_EXHAUSTED.value, 0),
         "requests_failed": c.requests_failed,
-        "engine_failed": loop.failed is not None,
+        "engine_failed": inbox.failed is not None,
         "reservations_grown": grown,
         "admission": {
             "mode": cfg.admission,
@@ -170,7 +169,7 @@ class _Collector:
         m = metrics_json(self.backend)
         label = self.backend.model_id
         sch, svc, pc, pre = m["scheduler"], m["service"], m["prefix_cache"], m["prefill"]
-        cfg = self.backend.loop.published.config
+        cfg = self.backend.published.config
 
         def gauge(name: str, value: float, doc: str = "") -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"dgpp_{name}", doc or name, labels=["model_name"])
@@ -269,17 +268,16 @@ class _Collector:
 
 
 class PrometheusExport:
-    """One registry per backend: the scheduler/service families (read at scrape time) plus the request
-    histograms (observed at retirement)."""
+    """The scheduler/service families (read at scrape time), then the backend's request histograms (observed
+    as choices retire)."""
 
     def __init__(self, backend: Any) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(backend))
-        self.histograms = RequestHistograms(self.registry, backend.model_id)
-        backend.loop.on_retire(self.histograms.retired)
+        self.histograms = backend.histograms
 
     def text(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(self.registry) + generate_latest(self.histograms.registry)
 
 
 def _spec_by_position(label: str, spec: dict[str, Any]) -> Any:

@@ -7,7 +7,8 @@ from typing import Any
 
 import msgspec
 
-from dgpp.serve.choice_output import ServedChoice, chat_logprobs, legacy_logprobs
+from dgpp.serve.logprobs import chat_logprobs, legacy_logprobs
+from dgpp.serve.output_processor import OutputProcessor
 
 
 def sse(data: dict[str, Any] | str) -> bytes:
@@ -29,7 +30,7 @@ def _padding(size: int) -> str:
 DONE = sse("[DONE]")
 
 
-def usage(prompt_tokens: int, outputs: list[ServedChoice]) -> dict[str, Any]:
+def usage(prompt_tokens: int, outputs: list[OutputProcessor]) -> dict[str, Any]:
     completion = sum(o.completion_tokens for o in outputs)
     return {
         "prompt_tokens": prompt_tokens,
@@ -40,23 +41,23 @@ def usage(prompt_tokens: int, outputs: list[ServedChoice]) -> dict[str, Any]:
     }
 
 
-def timings(seq: Any, completion_tokens: int) -> dict[str, Any]:
+def timings(choice: OutputProcessor) -> dict[str, Any]:
     """llama.cpp-style ``timings`` of choice 0 (a DGPP extension): prompt work (what the prefix cache did not
-    cover) from admission to the first token, generation from the first token to the last."""
-    prompt_n = seq.prompt_len - seq.cached_tokens
-    prompt_ms = (
-        ((seq.first_token_at or 0.0) - (seq.admitted_at or 0.0)) * 1000.0 if seq.first_token_at else 0.0
-    )
-    predicted_ms = (
-        ((seq.last_token_at or 0.0) - (seq.first_token_at or 0.0)) * 1000.0 if seq.last_token_at else 0.0
-    )
+    cover) from admission to the first token, generation from the first token to the last, as of the choice's
+    latest event."""
+    t = choice.timing
+    completion_tokens = choice.completion_tokens
+    prompt_n = t.prompt_tokens - t.cached_tokens if t else 0
+    first, last, admitted = (t.first_token_at, t.last_token_at, t.admitted_at) if t else (None, None, None)
+    prompt_ms = ((first or 0.0) - (admitted or 0.0)) * 1000.0 if first else 0.0
+    predicted_ms = ((last or 0.0) - (first or 0.0)) * 1000.0 if last else 0.0
     predicted_n = max(completion_tokens - 1, 0)  # the first token belongs to the prompt's forward
     return {
         "prompt_n": prompt_n,
         "prompt_ms": prompt_ms,
         "prompt_per_token_ms": prompt_ms / prompt_n if prompt_n else 0.0,
         "prompt_per_second": 1000.0 * prompt_n / prompt_ms if prompt_ms else 0.0,
-        "cache_n": seq.cached_tokens,
+        "cache_n": t.cached_tokens if t else 0,
         "predicted_n": predicted_n,
         "predicted_ms": predicted_ms,
         "predicted_per_token_ms": predicted_ms / predicted_n if predicted_n else 0.0,
@@ -173,7 +174,7 @@ class ChunkWriter:
             {"timings": timings} if timings else None,
         )
 
-    def usage_chunk(self, prompt_tokens: int, outputs: list[ServedChoice]) -> bytes:
+    def usage_chunk(self, prompt_tokens: int, outputs: list[OutputProcessor]) -> bytes:
         return self._event({**self.base, "choices": [], "usage": usage(prompt_tokens, outputs)})
 
     @staticmethod
@@ -186,7 +187,7 @@ def chat_response(
     created: int,
     model: str,
     prompt_tokens: int,
-    outputs: list[ServedChoice],
+    outputs: list[OutputProcessor],
     want_logprobs: bool,
     metadata: dict | None,
     service_tier: bool = False,

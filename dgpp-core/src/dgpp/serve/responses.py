@@ -21,11 +21,11 @@ from litestar.response import Stream
 from dgpp.sample.params import SamplingParams
 from dgpp.serve.arrivals import announced
 from dgpp.serve.backend import Backend, RequestHandle
-from dgpp.serve.choice_output import Delta, ServedChoice
-from dgpp.serve.completions import _collect, _drive, _generation_error
+from dgpp.serve.completions import _collect, _drive, _generation_error, api_request
 from dgpp.serve.errors import APIError, invalid, log, log_error, request_id_of
-from dgpp.serve.generation import named_max_tokens, sampling_params
+from dgpp.serve.generation import sampling_params
 from dgpp.serve.openai_format import KEEP_ALIVE
+from dgpp.serve.output_processor import Delta, OutputProcessor
 from dgpp.serve.protocol import ChatCompletionRequest
 from dgpp.serve.responses_input import chat_body, chat_messages, check_request, input_items, renamed
 from dgpp.serve.responses_output import OutputItems, item_id, response_body, status_of, usage
@@ -49,7 +49,7 @@ def _store(request: Request) -> ResponseStore:
 
 
 @post("/v1/responses", status_code=200)
-@announced(lambda request: request.app.state.backend.loop)
+@announced(lambda request: request.app.state.backend.inbox)
 async def create_response(request: Request) -> Response | Stream:
     backend: Backend = request.app.state.backend
     backend.counters.requests_total += 1
@@ -60,24 +60,27 @@ async def create_response(request: Request) -> Response | Stream:
     earlier = _earlier(_store(request), req.previous_response_id)
     items = input_items(req)
     try:
-        messages = chat_messages(earlier + items, first_input=len(earlier))
+        messages = chat_messages(earlier + items, first_input=len(earlier), model=req.model)
         chat, _ = parse_body(msgspec.json.encode(chat_body(req, messages)), ChatCompletionRequest)
         params = sampling_params(
             chat, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens
         )
         prepared = await backend.prepare_chat(chat, 1)
         handle = backend.submit(
-            prepared.prompt_ids,
-            params,
-            use_prefix_cache=chat.prefix_cache,
-            kind="resp",
-            matchers=prepared.matchers,
-            constraint=prepared.constraint,
-            max_tokens_given=named_max_tokens(chat) is not None,
+            api_request(
+                backend,
+                "resp",
+                chat,
+                prepared.prompt_ids,
+                params,
+                n=1,
+                matchers=prepared.matchers,
+                constraint=prepared.constraint,
+            )
         )
     except APIError as e:
         raise renamed(e) from None
-    choice = backend.text_outputs(
+    choice = backend.output_processors(
         handle, prepared, chat.skip_special_tokens, chat.spaces_between_special_tokens
     )[0]
     run = ResponseRun(
@@ -177,19 +180,19 @@ class ResponseRun:
         store: ResponseStore,
         req: ResponsesRequest,
         handle: RequestHandle,
-        choice: ServedChoice,
+        choice: OutputProcessor,
         conversation: list[dict[str, Any]],
     ) -> None:
         self.backend, self.store, self.req, self.handle, self.choice = backend, store, req, handle, choice
         self.conversation = conversation
         self.id = "resp_" + handle.request_id.split("-", 1)[1]
         self.created = int(time.time())
-        self.items = OutputItems(handle.params.logprobs)
+        self.items = OutputItems(handle.request.params.logprobs)
         self._sequence = itertools.count()
 
     @property
     def params(self) -> SamplingParams:
-        return self.handle.params
+        return self.handle.request.params
 
     def feed(self, delta: Delta) -> list[dict[str, Any]]:
         return self.items.feed(delta.parts, delta.logprobs)
@@ -206,7 +209,7 @@ class ResponseRun:
             self.params,
             status,
             self.items.items,
-            usage=usage(len(self.handle.prompt_ids), self.choice),
+            usage=usage(self.handle.prompt_tokens, self.choice),
             incomplete_details=incomplete,
             completed_at=int(time.time()),
         )

@@ -1,6 +1,6 @@
 """A choice's chat deltas -> Responses output items and the stream events that build them.
 
-The chat chain (``ServedChoice``) already splits the output into ``reasoning_content``, ``content`` and
+The chat chain (``OutputProcessor``) already splits the output into ``reasoning_content``, ``content`` and
 ``tool_calls`` deltas. ``OutputItems`` turns that sequence into output items in the order the model wrote
 them (a ``reasoning`` item, a ``message`` item with one ``output_text`` part, a ``function_call`` or
 ``custom_tool_call`` item per call) and, for a streamed response, into the events OpenAI's Responses stream
@@ -17,7 +17,8 @@ from typing import Any
 import msgspec
 
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.choice_output import REASONING, ServedChoice
+from dgpp.serve.logprobs import REASONING
+from dgpp.serve.output_processor import OutputProcessor
 from dgpp.serve.responses_protocol import ResponsesRequest
 
 Event = dict[str, Any]
@@ -209,7 +210,7 @@ def _copy(value: Any) -> Any:
     return msgspec.json.decode(msgspec.json.encode(value))
 
 
-def usage(prompt_tokens: int, choice: ServedChoice) -> dict[str, Any]:
+def usage(prompt_tokens: int, choice: OutputProcessor) -> dict[str, Any]:
     return {
         "input_tokens": prompt_tokens,
         "input_tokens_details": {"cached_tokens": choice.cached_tokens, "cache_write_tokens": 0},

@@ -20,6 +20,7 @@ from dataclasses import replace
 from dgpp.log import get_logger
 from dgpp.sample.params import SamplingParams
 from dgpp.serve.backend import Backend
+from dgpp.serve.generation import generation_request
 
 log = get_logger("dgpp.serve")
 
@@ -32,7 +33,16 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, top_k=50, max_tokens=4, ig
 
 
 async def _generate(backend: Backend, prompt: list[int], params: SamplingParams) -> None:
-    handle = backend.submit(prompt, params, n=1, use_prefix_cache=False, kind="cmpl")
+    request = generation_request(
+        "cmpl",
+        prompt,
+        params,
+        backend.limits,
+        named_limit=True,
+        token_text=backend.token_text,
+        use_prefix_cache=False,
+    )
+    handle = backend.submit(request)
     async for _, ev in handle.events():
         if ev.error is not None:
             raise RuntimeError(f"engine warm-up request failed: {ev.error}")
@@ -74,12 +84,6 @@ async def _run(backend: Backend, width: int) -> int:
         await asyncio.gather(*early, *(_generate(backend, prompt(short), params) for _ in range(late)))
         sent += len(early) + late
     return sent
-
-
-def compiles_kernels(backend: Backend) -> bool:
-    """Whether the engine's first steps compile kernels (a CUDA runner), so ``engine.warmup`` applies."""
-    device = getattr(backend.loop.scheduler.runner, "device", None)
-    return device is not None and device.type == "cuda"
 
 
 def warm_up(backend: Backend, max_concurrency: int) -> int:

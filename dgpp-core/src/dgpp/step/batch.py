@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from dgpp.media.prompt import PromptMedia
 from dgpp.step.pools import CachePools
 from dgpp.step.route import StepRoute
 
@@ -36,6 +37,12 @@ class ForwardBatch:
     context_lens_cpu: list[int]
     # which rows take the canonical CUDA kernels this step (set by the engine; None off CUDA / routing off)
     route: StepRoute | None = None
+    # prompts with images (dgpp.media.prompt.PromptMedia), one entry per sequence (None for a text one); the
+    # whole field is None when no sequence of the step has images
+    media: list[PromptMedia | None] | None = None
+    # [axes, T] multimodal rotary positions of the rows (``positions`` on every axis for text sequences); None
+    # when no sequence of the step has images
+    rope_positions: torch.Tensor | None = None
     # values the layers derive from the batch once a step (e.g. the CPU's K/V write slots); ``step_memo``
     _memo: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False)
 
@@ -45,6 +52,19 @@ class ForwardBatch:
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    @property
+    def rotary_positions(self) -> torch.Tensor:
+        """What rotary layers rotate by: ``rope_positions`` when the step has images, else ``positions``."""
+        return self.positions if self.rope_positions is None else self.rope_positions
+
+    def sequence_rotary_positions(self, i: int, length: int) -> torch.Tensor:
+        """Rotary positions of sequence ``i``'s tokens ``0 .. length`` (``[axes, length]`` for a prompt with
+        images, else ``[length]``), for layers that rotate keys of earlier tokens."""
+        media = None if self.media is None else self.media[i]
+        if media is None:
+            return torch.arange(length, device=self.positions.device)
+        return media.positions(0, length).to(self.positions.device)
 
     @property
     def num_seqs(self) -> int:

@@ -144,6 +144,9 @@ class ModelMemory:
     max_position: int
     drafter: int = 0
     notes: tuple[str, ...] = ()
+    extra: dict[str, int] = field(
+        default_factory=dict
+    )  # the family's own items, e.g. a vision encoder's scratch
 
     @classmethod
     def from_cache_spec(cls, spec: dict[str, CacheSpec], **bytes_: Any) -> ModelMemory:
@@ -183,7 +186,7 @@ def plan_memory(model: ModelMemory, engine: EngineConfig) -> MemoryPlan:
         prefill_tokens=prefill_rows(engine, model.max_position),
         prefix_cache=prefix,
         # fp32 logits of every decode row (and each draft row) over the whole vocabulary, gathered on each rank
-        extra={"logits": 4 * model.vocab_size * max(max_conc * (1 + depth), 8)},
+        extra={**model.extra, "logits": 4 * model.vocab_size * max(max_conc * (1 + depth), 8)},
         notes=model.notes,
     )
 

@@ -14,6 +14,7 @@ import torch
 
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
+from dgpp.media.prompt import PromptMedia
 from dgpp.sched.block_pool import BlockPool
 from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
@@ -64,8 +65,10 @@ def greedy_generate(
     chunk_size: int | None = None,
     block_size: int = 16,
     stop_at_eos: bool = True,
+    media: list[PromptMedia | None] | None = None,
 ) -> list[list[int]]:
-    """The greedy continuation (new tokens only) of each prompt; a sequence stops after an EOS id."""
+    """The greedy continuation (new tokens only) of each prompt; a sequence stops after an EOS id. ``media``: per
+    prompt, its images (``dgpp.media.prompt.PromptMedia``) or None."""
     if any(not p for p in prompts):
         raise ValueError("every prompt needs at least one token")
     longest = max(len(p) for p in prompts) + max_new_tokens
@@ -88,8 +91,9 @@ def greedy_generate(
             feed = tokens[i][cached[i] :]
             if chunk_size:
                 feed = feed[:chunk_size]
+            last = cached[i] + len(feed) == len(tokens[i])
             work.append(
-                SeqWork(state_slots[i], tables[i], cached[i], feed, cached[i] + len(feed) == len(tokens[i]))
+                SeqWork(state_slots[i], tables[i], cached[i], feed, last, media=media[i] if media else None)
             )
         logits = runner.step(work)
         row = 0

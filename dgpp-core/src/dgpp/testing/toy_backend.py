@@ -7,7 +7,7 @@ from pathlib import Path
 from dgpp.config import EngineConfig
 from dgpp.sample.params import SamplingDefaults
 from dgpp.serve.backend import Backend
-from dgpp.serve.build import PoolSizes, assemble, text_stack
+from dgpp.server_assembly import PoolSizes, assemble_backend, load_text_stack
 from dgpp.testing.toy_runner import ToyRunner
 
 TOY_SNAPSHOT_SLOTS = 16  # hybrid mode: enough prefix-cache snapshots for the tests' prompts
@@ -23,7 +23,7 @@ def build_toy_backend(
     favour: dict[int, float] | None = None,
 ) -> Backend:
     """The product's scheduler, prefix cache, step loop thread and HTTP-facing engine around a ``ToyRunner``."""
-    text = text_stack(Path(tokenizer_dir))
+    text = load_text_stack(Path(tokenizer_dir))
     tokenizer = text.tokenizer
     sizes = PoolSizes.of(engine_cfg, TOY_SNAPSHOT_SLOTS if hybrid else 0)
     runner = ToyRunner(
@@ -34,7 +34,7 @@ def build_toy_backend(
         hybrid=hybrid,
         favour=favour,
     )
-    return assemble(
+    return assemble_backend(
         model_id,
         engine_cfg,
         runner,

@@ -1,10 +1,11 @@
-"""The text stack: tokenizer, streaming detokenizer, chat templates, reasoning split, tool dialects, grammars.
+"""The text stack: tokenizer, streaming detokenizer, chat templates, tool dialects, grammars.
 
-What the serving path uses (``dgpp.serve.build`` assembles it). Per model, once: ``Tokenizer.from_dir``,
+What the serving path uses (``dgpp.server_assembly`` builds it). Per model, once: ``Tokenizer.from_dir``,
 ``ChatTemplate.for_checkpoint``, the family's ``Dialect`` from the ``dgpp_tool_dialect`` hook, a
 ``GrammarContext``. Per request: ``ChatTemplate.render``
 -> ``Tokenizer.encode``; ``build_matcher`` for a constrained request (the sampler calls ``mask`` / ``accept``
-/ ``is_done``); one ``ChoiceOutput`` per choice, fed every sampled id, yielding OpenAI deltas.
+/ ``is_done``); per choice the serving side's ``OutputProcessor`` (``dgpp.serve.output_processor``) drives an
+``IncrementalDetokenizer`` and the dialect's ``ToolCallStream``.
 """
 
 from __future__ import annotations
@@ -15,14 +16,11 @@ from dgpp.text.dialect import Dialect, ParsedOutput, ToolCall, ToolCallStream, c
 from dgpp.text.effort import EffortMapping
 from dgpp.text.errors import GrammarError, TemplateError, TextError, TokenizerError
 from dgpp.text.grammar import GrammarContext, GrammarMatcher, build_matcher
-from dgpp.text.output import ChoiceOutput
-from dgpp.text.reasoning import ReasoningSplitter, Split
 from dgpp.text.tokenizer import Tokenizer
 from dgpp.text.tools import ToolSpec, tool_specs
 
 __all__ = [
     "ChatTemplate",
-    "ChoiceOutput",
     "Dialect",
     "EffortMapping",
     "GrammarContext",
@@ -30,8 +28,6 @@ __all__ = [
     "GrammarMatcher",
     "IncrementalDetokenizer",
     "ParsedOutput",
-    "ReasoningSplitter",
-    "Split",
     "StopMatch",
     "TemplateError",
     "TextError",

@@ -2,7 +2,8 @@
 
 - ``developer`` becomes ``system``;
 - text parts (``text`` / ``input_text`` / ``output_text`` / ``refusal``) are joined in order with "\\n";
-  media parts keep the parts list;
+  an image's placeholder text (``image_text`` parts, written by the server for models that read images) joins
+  its neighbours without a separator; other media parts keep the parts list;
 - Anthropic-style ``thinking`` parts fold into ``reasoning_content``; ``redacted_thinking`` payloads are dropped;
   so do the ``thinking_blocks`` LiteLLM forwards beside the content, and a ``reasoning`` string (vLLM's newer
   name for the field), when the message has no ``reasoning_content`` of its own;
@@ -21,12 +22,13 @@ from typing import Any
 from dgpp.text.errors import TemplateError
 
 TEXT_PARTS = ("text", "input_text", "output_text")
+IMAGE_TEXT = "image_text"  # an image's placeholder text, in the place of its image_url part
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
     """(content, reasoning) from a list of content parts."""
-    texts: list[str] = []
+    pieces: list[tuple[str, bool]] = []  # (text, is an image placeholder)
     reasoning: list[str] = []
     media = False
     for j, part in enumerate(parts):
@@ -36,9 +38,11 @@ def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
         if kind in TEXT_PARTS:
             if not isinstance(part.get("text"), str):
                 raise TemplateError(f"{where}.content[{j}].text must be a string for a {kind} part")
-            texts.append(part["text"])
+            pieces.append((part["text"], False))
+        elif kind == IMAGE_TEXT:
+            pieces.append((str(part.get("text", "")), True))
         elif kind == "refusal":
-            texts.append(str(part.get("refusal", "")))
+            pieces.append((str(part.get("refusal", "")), False))
         elif kind == "thinking":
             reasoning.append(str(part.get("thinking", "")))
         elif kind == "redacted_thinking":
@@ -48,7 +52,12 @@ def _fold_parts(parts: list, where: str) -> tuple[Any, str | None]:
     if media:
         kept = [p for p in parts if p.get("type") not in ("thinking", "redacted_thinking")]
         return kept, ("".join(reasoning) or None)
-    return "\n".join(texts), ("".join(reasoning) or None)
+    # two texts are separated by a newline; an image placeholder touches its neighbours
+    joined = "".join(
+        ("\n" if j and not image and not pieces[j - 1][1] else "") + text
+        for j, (text, image) in enumerate(pieces)
+    )
+    return joined, ("".join(reasoning) or None)
 
 
 def _fold_side_reasoning(m: dict, where: str) -> None:

@@ -73,7 +73,10 @@ def load_qwen4_exp(ctx: LoadContext) -> Model:
         cfg, base=dataclasses.replace(base, eos_token_ids=eos, dtype=ctx.dtype or base.dtype)
     )
     cfg = with_engine_rope_scaling(cfg, ctx.engine.rope_scaling)
-    rename = rename_for(cfg.base)
+    text_rename = rename_for(cfg.base)
+
+    def rename(name: str) -> str:  # the vision tower sits beside the text model: model.visual.*
+        return "model." + name if name.startswith("visual.") else text_rename(name)
 
     def tables(model: Qwen4ExpForCausalLM, reader: CheckpointReader) -> None:
         check_hash_buffers(model, reader, rename)

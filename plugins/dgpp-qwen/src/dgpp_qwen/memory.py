@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from dgpp.plugin_api import LoadContext, ModelMemory, estimate_model_memory, tensor_bytes
+from dgpp_qwen.qwen4_exp_vision import VisionConfig
 
 MIB = 1 << 20
 
@@ -33,6 +34,22 @@ def ngram_table_bytes(checkpoint_dir: Path) -> int:
 def estimated_memory(ctx: LoadContext) -> ModelMemory:
     """Qwen3 / the Qwen3.5 hybrids: core's estimate from config.json and the safetensors headers."""
     return estimate_model_memory(ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size)
+
+
+def vision_workspace_bytes(vision: VisionConfig, ctx: LoadContext, itemsize: int) -> int:
+    """Scratch of one encoder pass over the largest picture the processor lets through (``longest_edge`` pixels of
+    ``preprocessor_config.json``): per patch row its fp32 pixels, the residual and normed rows, q/k/v and the
+    attention output (attention itself runs fused, without a score matrix), the MLP's hidden; plus the merged
+    output rows."""
+    from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
+
+    images = Qwen4ExpImageInput.from_checkpoint(ctx.hf_config, ctx.checkpoint_dir)
+    patches = images.max_pixels // vision.patch_size**2
+    per_patch = 4 * vision.patch_values + (6 * vision.hidden_size + vision.intermediate_size) * itemsize
+    merged = (
+        patches // vision.spatial_merge_size**2 * (vision.hidden_size * 4 + vision.out_hidden_size) * itemsize
+    )
+    return patches * per_patch + merged
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
@@ -64,8 +81,14 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             f"PLE n-gram tables {table / MIB:,.1f} MiB "
             + ("memory-mapped, not resident" if mapped else "resident")
         )
+    extra: dict[str, int] = {}
+    if cfg.vision is not None and model.visual is not None:
+        vision_bytes = sum(p.numel() * p.element_size() for p in model.visual.parameters())
+        notes.append(f"vision tower {vision_bytes / MIB:,.1f} MiB (in weights)")
+        extra["vision_workspace"] = vision_workspace_bytes(cfg.vision, ctx, itemsize)
     return ModelMemory.from_cache_spec(
         spec,
+        extra=extra,
         weights=weights + (0 if mapped else table),
         # a prefill row: the hyper state and its normed copy, the block input, q/k/v/attention rows, the routed
         # experts' gate/up/act on this rank

@@ -77,5 +77,6 @@ FAMILY = Family(
     chat_template="dgpp_qwen.dialect:chat_template",
     templates_package=__name__,
     tiny_checkpoints="dgpp_qwen.testing:tiny_checkpoints",
+    image_input="dgpp_qwen.qwen4_exp_images:image_input",
     bench_geometries="dgpp_qwen.testing:bench_geometries",
 )

@@ -23,6 +23,7 @@ from torch import nn
 
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet, GatedRMSNorm
+from dgpp.nn.image_embeddings import merge_image_embeddings
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.parallel import all_reduce
@@ -33,6 +34,7 @@ from dgpp_qwen.layers.gated_residual import GatedResidual
 from dgpp_qwen.layers.ngram import PLELayer
 from dgpp_qwen.layers.qsa import QSAttention
 from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
+from dgpp_qwen.qwen4_exp_vision import Qwen4ExpVisionTower
 
 LINEAR_ATTENTION = "linear_attention"
 
@@ -178,7 +180,8 @@ class Qwen4ExpTextStack(nn.Module):
 
 
 class Qwen4ExpForCausalLM(Model):
-    """The text model of Qwen3.8-Flash-Next (vision tower not loaded; the MTP layer is ``draft.py``'s).
+    """Qwen3.8-Flash-Next: the text model, and the vision tower (``visual``) when the checkpoint has one (the MTP
+    layer is ``draft.py``'s). Image placeholder rows take the tower's output instead of the token embedding.
 
     With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
     layer's input)."""
@@ -198,6 +201,7 @@ class Qwen4ExpForCausalLM(Model):
         base = cfg.base
         self.cfg, self.world, self.group = cfg, world, group
         self.model = Qwen4ExpTextStack(cfg, world, group)
+        self.visual = Qwen4ExpVisionTower(cfg.vision, dtype=base.dtype) if cfg.vision else None
         tied = self.model.embed_tokens if base.tie_word_embeddings else None
         self.lm_head = LMHead(
             base.vocab_size, base.hidden_size, dtype=base.dtype, tied_to=tied, world=world, group=group
@@ -214,6 +218,8 @@ class Qwen4ExpForCausalLM(Model):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)
+        if self.visual is not None and batch.media is not None:
+            hidden = merge_image_embeddings(hidden, batch, self.visual.encode)
         hyper = hidden.repeat(1, self.cfg.hc_count)  # every stream starts as the embedding
         for layer in self.model.layers:
             hyper = layer(hyper, batch)

@@ -16,7 +16,8 @@ import torch
 
 from dgpp.nn.rotary import RopeScaling, YarnScaling
 from dgpp.plugin_api import ConfigError, ConfigKeys
-from dgpp_qwen.config import QwenConfig
+from dgpp_qwen.config import QwenConfig, RopeConfig
+from dgpp_qwen.qwen4_exp_vision import VisionConfig
 
 _WHERE = "config.json"
 
@@ -70,6 +71,8 @@ class Qwen4ExpConfig:
     ngram: NGramConfig | None
     gdn_output_gate: str  # "silu" or "sigmoid"
     norm_topk_prob: bool
+    vision: VisionConfig | None = None  # the vision tower of a wrapped checkpoint (``vision_config``)
+    image_token_id: int | None = None  # the placeholder token image embeddings replace
 
     @property
     def dtype(self) -> torch.dtype:
@@ -95,6 +98,15 @@ class Qwen4ExpConfig:
         hc_count = keys.positive("hc_count", 4)
         if hc_count < 2:
             raise keys.error(f"{keys.name('hc_count')} = {hc_count} must be at least 2")
+        vision = None
+        if hf_config.get("model_type") == "qwen4_exp" and hf_config.get("vision_config"):
+            vision = VisionConfig.from_hf_config(hf_config["vision_config"])
+            if vision.out_hidden_size != base.hidden_size:
+                raise ConfigError(
+                    f"config.json: vision_config.out_hidden_size = {vision.out_hidden_size} must equal "
+                    f"text_config.hidden_size = {base.hidden_size}"
+                )
+            base = dataclasses.replace(base, rope=_multimodal_rope(keys, base))
         return cls(
             base=base,
             indexer=_parse_indexer(keys, base),
@@ -103,6 +115,8 @@ class Qwen4ExpConfig:
             ngram=_parse_ngram(keys, base),
             gdn_output_gate=gate,
             norm_topk_prob=keys.optional("norm_topk_prob", bool, True),
+            vision=vision,
+            image_token_id=int(hf_config.get("image_token_id", 248056)) if vision else None,
         )
 
 
@@ -139,6 +153,19 @@ def _as_hybrid_moe(keys: ConfigKeys, hf_config: dict[str, Any]) -> dict[str, Any
         }
         return {**top, "model_type": "qwen3_5_moe", "text_config": text}
     return text
+
+
+def _multimodal_rope(keys: ConfigKeys, base: QwenConfig) -> RopeConfig:
+    """Image positions turn the text RoPE's sections (temporal, row, column) by their own axes, interleaved
+    frequency by frequency; the sections default to [11, 11, 10]."""
+    rope = base.rope
+    section = rope.mrope_section or (11, 11, 10)
+    if 2 * sum(section) != rope.rotary_dim or len(section) != 3:
+        raise keys.error(
+            f"{keys.name('rope_parameters')}.mrope_section = {list(section)} must be three sections summing to "
+            f"rotary_dim/2 = {rope.rotary_dim // 2}"
+        )
+    return dataclasses.replace(rope, mrope_section=tuple(section), mrope_interleaved=True)
 
 
 def _parse_indexer(keys: ConfigKeys, base: QwenConfig) -> IndexerConfig:

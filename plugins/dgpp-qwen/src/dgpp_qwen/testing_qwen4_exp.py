@@ -60,6 +60,36 @@ TINY_QWEN4_EXP: dict[str, Any] = {
     "indexer_compress_ratio": 4,
     "eos_token_id": EOS,
 }
+# a vision tower small enough for CPU tests: 4-pixel patches, an 8 x 8 learned position grid, two blocks
+TINY_QWEN4_VISION: dict[str, Any] = {
+    "depth": 2,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_heads": 2,
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": TINY_QWEN4_EXP["hidden_size"],
+    "num_position_embeddings": 64,
+    "initializer_range": 0.1,
+}
+# the tiny tokenizer's ids after its own added tokens (dgpp.testing.tokenizers), for the image markers
+VISION_TOKENS = {
+    "vision_start_token_id": (505, "<|vision_start|>"),
+    "vision_end_token_id": (506, "<|vision_end|>"),
+    "image_token_id": (507, "<|image_pad|>"),
+    "video_token_id": (508, "<|video_pad|>"),
+}
+# Qwen2-VL's image processor settings for that tower: sides multiples of 8 pixels, 8² .. 48² pixels
+TINY_PREPROCESSOR = {
+    "image_processor_type": "Qwen2VLImageProcessor",
+    "patch_size": 4,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "size": {"shortest_edge": 64, "longest_edge": 48 * 48},
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
 MTP_LAYER_INDEX = 3  # the transformers layer class is built as this (indexed-attention, no PLE) layer
 
 
@@ -111,18 +141,20 @@ def build_tiny_qwen4_exp(
     overrides: dict[str, Any] | None = None,
     with_mtp: bool = False,
     wrapped: bool = False,
+    vision: dict[str, Any] | None = None,
 ) -> Path:
     """Write a tiny random ``Qwen4ExpForCausalLM`` checkpoint to ``out_dir`` (``overrides``: config keys);
     ``wrapped``: the multimodal ``Qwen4ExpForConditionalGeneration`` release layout (text under
-    ``text_config`` and ``model.language_model.``, plus a one-block vision tower)."""
+    ``text_config`` and ``model.language_model.``, plus a vision tower: ``vision``, default one block)."""
     import transformers
 
     text = {**TINY_QWEN4_EXP, **(overrides or {})}
     torch.manual_seed(seed)
     if wrapped:
         tie = text.pop("tie_word_embeddings")
+        ids = {key: token_id for key, (token_id, _) in VISION_TOKENS.items()}
         config = transformers.Qwen4ExpConfig(
-            text_config=text, vision_config=TINY_VISION, tie_word_embeddings=tie
+            text_config=text, vision_config=vision or TINY_VISION, tie_word_embeddings=tie, **ids
         )
         model = transformers.Qwen4ExpForConditionalGeneration(config).eval()
     else:
@@ -140,6 +172,31 @@ def build_tiny_qwen4_exp(
     model.save_pretrained(out)
     if with_mtp:
         _add_mtp(model.config.get_text_config(), out, dtype, seed)
+    return out
+
+
+def build_tiny_qwen4_exp_vl(
+    out_dir: str | Path, *, seed: int = 0, with_mtp: bool = False, dtype: torch.dtype = torch.float32
+) -> Path:
+    """A tiny wrapped ``qwen4_exp`` that reads images (``TINY_QWEN4_VISION``), with the tiny chat tokenizer plus the
+    image markers (``VISION_TOKENS``) and a Qwen2-VL ``preprocessor_config.json`` (``TINY_PREPROCESSOR``)."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+
+    from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+    out = build_tiny_qwen4_exp(
+        out_dir, seed=seed, wrapped=True, vision=TINY_QWEN4_VISION, with_mtp=with_mtp, dtype=dtype
+    )
+    build_tiny_tokenizer(out)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    markers = sorted(VISION_TOKENS.values())
+    tok.add_special_tokens([AddedToken(text, normalized=False, special=True) for _, text in markers])
+    if [tok.token_to_id(text) for _, text in markers] != [i for i, _ in markers]:
+        raise AssertionError("the tiny tokenizer's image markers did not land on their ids")
+    tok.save(str(out / "tokenizer.json"))
+    (out / "preprocessor_config.json").write_text(json.dumps(TINY_PREPROCESSOR))
     return out
 
 

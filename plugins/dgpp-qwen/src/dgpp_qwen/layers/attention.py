@@ -17,7 +17,12 @@ from dgpp_qwen.config import QwenConfig
 def build_rotary(cfg: QwenConfig) -> RotaryEmbedding:
     rope = cfg.rope
     return rotary_embedding(
-        rope.scaling, cfg.head_dim, rope.rotary_dim, style="half", mrope_section=rope.mrope_section
+        rope.scaling,
+        cfg.head_dim,
+        rope.rotary_dim,
+        style="half",
+        mrope_section=rope.mrope_section,
+        mrope_interleaved=rope.mrope_interleaved,
     )
 
 

@@ -4,7 +4,7 @@ Every token writes one raw index key (``index_qk_proj``'s last head, before any 
 engine's pool (a ``PagedKV`` entry with no V). For a query at position ``p`` the visible tokens
 ``0..p`` are cut into complete blocks of ``compress_ratio`` tokens and a tail of at most
 ``compress_ratio - 1``. A block's key is the fp32 mean of its raw keys (rounded to the activation dtype),
-zero-centred RMSNorm'd and rotated at the block's first position. The query's ``n_heads`` index heads
+zero-centred RMSNorm'd and rotated at the block's first token's rotary position. The query's ``n_heads`` index heads
 (normed, rotated at ``p``) score each block as ``Σ_h relu(q_h · c) / √head_dim``; the best
 ``budget / compress_ratio`` blocks (ties to the lower block index) plus the tail are selected. While
 ``p + 1 < (block_topk + 1) · compress_ratio`` every block is kept, i.e. the attention is dense.
@@ -63,13 +63,14 @@ class QSAIndexer(nn.Module):
         """The longest visible span (tokens) that is still attended densely."""
         return (self.cfg.block_topk + 1) * self.cfg.compress_ratio - 1
 
-    def _block_keys(self, raw_keys: torch.Tensor) -> torch.Tensor:
-        """Compressed keys ``[blocks, head_dim]`` of every complete block of ``raw_keys`` ``[L, head_dim]``."""
+    def _block_keys(self, raw_keys: torch.Tensor, rotary_positions: torch.Tensor) -> torch.Tensor:
+        """Compressed keys ``[blocks, head_dim]`` of every complete block of ``raw_keys`` ``[L, head_dim]``, each
+        rotated at its first token's rotary position (``rotary_positions``: the tokens', ``[L]`` or ``[axes, L]``)."""
         ratio = self.cfg.compress_ratio
         blocks = raw_keys.shape[0] // ratio
         pooled = raw_keys[: blocks * ratio].view(blocks, ratio, -1).float().mean(dim=1).to(raw_keys.dtype)
         starts = torch.arange(blocks, device=raw_keys.device) * ratio
-        cos, sin = self.rotary.cos_sin(starts, raw_keys.dtype)
+        cos, sin = self.rotary.cos_sin(rotary_positions[..., starts], raw_keys.dtype)
         return self.rotary.rotate(self.k_layernorm(pooled).unsqueeze(1), cos, sin).squeeze(1)
 
     def _select(self, query: torch.Tensor, block_keys: torch.Tensor, position: int) -> torch.Tensor:
@@ -123,7 +124,7 @@ class QSAIndexer(nn.Module):
         """Per sequence: the selection mask of its rows ``[q_len, seq_len]``, or None when all of them are dense."""
         rows, cfg = x.shape[0], self.cfg
         q, raw_k = self.index_qk_proj(x).split([cfg.n_heads * cfg.head_dim, cfg.head_dim], dim=-1)
-        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
         q = self.rotary.rotate(self.q_layernorm(q.reshape(rows, cfg.n_heads, cfg.head_dim)), cos, sin)
         k_cache = batch.cache.kv[self.cache_name][0]  # the entry's V part is empty
         keep = batch.slot_mapping >= 0  # -1: a padding row writes nothing
@@ -136,7 +137,10 @@ class QSAIndexer(nn.Module):
             context, length = batch.context_lens_cpu[i], batch.seq_lens_cpu[i]
             mask = None
             if q_len and length > self.dense_limit():
-                block_keys = self._block_keys(gather_context(k_cache, batch.block_tables[i], length)[:, 0])
+                block_keys = self._block_keys(
+                    gather_context(k_cache, batch.block_tables[i], length)[:, 0],
+                    batch.sequence_rotary_positions(i, length),
+                )
                 rows_q = q[start : start + q_len]
                 if vectorized:
                     mask = self._select_all(

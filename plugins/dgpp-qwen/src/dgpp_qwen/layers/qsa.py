@@ -89,7 +89,7 @@ class QSAttention(QwenAttention):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
         q, gate, k, v = self.split_heads(*self.project(x))
-        cos, sin = self.rotary.cos_sin(batch.positions, x.dtype)
+        cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
         q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
         k_cache, v_cache = batch.cache.kv[self.attn.cache_name]
         write_kv(k_cache, v_cache, k, v, batch.slot_mapping)

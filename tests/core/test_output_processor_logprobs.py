@@ -8,9 +8,8 @@ import pytest
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.sampler import SampleResult
 from dgpp.sched.request import RetireReason, SeqEvent
-from dgpp.serve.choice_output import ServedChoice
+from dgpp.serve.output_processor import OutputProcessor
 from dgpp.testing.tokenizers import build_tiny_tokenizer
-from dgpp.text import ChoiceOutput
 from dgpp.text.tokenizer import Tokenizer
 from dgpp_qwen.dialect import QwenXmlDialect
 
@@ -28,11 +27,11 @@ def tokenizer(tmp_path_factory) -> Tokenizer:
     return Tokenizer.from_dir(build_tiny_tokenizer(tmp_path_factory.mktemp("tok")))
 
 
-def _serve(tokenizer: Tokenizer, text: str, retire: RetireReason, stream: bool) -> ServedChoice:
+def _serve(tokenizer: Tokenizer, text: str, retire: RetireReason, stream: bool) -> OutputProcessor:
     """Feed ``text``'s tokens (one event each when ``stream``, else one event) and retire the choice."""
     params = SamplingParams(temperature=0.0, logprobs=True)
-    out = ChoiceOutput(tokenizer, dialect=QwenXmlDialect(), tools=[TOOL])
-    choice = ServedChoice(0, out, tokenizer, params, frozenset(tokenizer.eos_token_ids))
+    eos = frozenset(tokenizer.eos_token_ids)
+    choice = OutputProcessor(0, tokenizer, params, eos, dialect=QwenXmlDialect(), tools=[TOOL])
     ids = tokenizer.encode(text)
     samples = [SampleResult(t, logprob=-0.5 - k) for k, t in enumerate(ids)]
     groups = [[k] for k in range(len(ids))] if stream else [list(range(len(ids)))]
@@ -46,7 +45,7 @@ def _serve(tokenizer: Tokenizer, text: str, retire: RetireReason, stream: bool) 
 def test_successful_call_tokens_have_no_logprobs(tokenizer, stream) -> None:
     call = QwenXmlDialect().format_calls([("get_weather", {"city": "Paris"})])
     choice = _serve(tokenizer, "Let me check." + call, RetireReason.EOS, stream)
-    assert choice.text.tool_calls and choice.content == "Let me check."
+    assert choice.tool_calls and choice.content == "Let me check."
     assert "".join(e["token"] for e in choice.logprobs) == "Let me check."
 
 
@@ -54,7 +53,7 @@ def test_successful_call_tokens_have_no_logprobs(tokenizer, stream) -> None:
 def test_a_block_that_is_not_a_call_keeps_its_logprobs_in_order(tokenizer, stream) -> None:
     text = "Try <tool_call>\n<function=unknown_tool>\n</function>\n</tool_call> then."
     choice = _serve(tokenizer, text, RetireReason.EOS, stream)
-    assert not choice.text.tool_calls and choice.content == text
+    assert not choice.tool_calls and choice.content == text
     assert "".join(e["token"] for e in choice.logprobs) == text
     ids = tokenizer.encode(text)
     assert [e["logprob"] for e in choice.logprobs] == [-0.5 - k for k in range(len(ids))]
@@ -63,5 +62,5 @@ def test_a_block_that_is_not_a_call_keeps_its_logprobs_in_order(tokenizer, strea
 def test_a_call_cut_off_by_length_flushes_as_content_with_its_logprobs(tokenizer) -> None:
     text = "Checking <tool_call>\n<function=get_weather>\n<parameter=ci"
     choice = _serve(tokenizer, text, RetireReason.LENGTH, stream=True)
-    assert not choice.text.tool_calls and choice.content == text
+    assert not choice.tool_calls and choice.content == text
     assert "".join(e["token"] for e in choice.logprobs) == text

@@ -1,8 +1,11 @@
-"""Assemble a ``Backend`` from a deployment: checkpoint, tokenizer, template, model, pools, scheduler."""
+"""The composition root of a serving process: a deployment's model, text stack, pools, scheduler, step loop
+and ``Backend``, each built once and handed to the next one's constructor (``build_backend``; ``assemble_backend``
+wires everything around a runner, which is also how the tests build a backend around a stand-in runner)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -18,8 +21,10 @@ from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.scheduler import Scheduler
-from dgpp.sched.step_loop import StepLoop
-from dgpp.serve.backend import Backend, ModelLimits
+from dgpp.sched.step_loop import StepLoop, TickJournal
+from dgpp.serve.backend import Backend, TextStack
+from dgpp.serve.generation import ModelLimits
+from dgpp.serve.images import ImageInputs
 from dgpp.startup.kv_format import refuse_unstored_kv
 
 if TYPE_CHECKING:
@@ -27,6 +32,16 @@ if TYPE_CHECKING:
 
 log = structlog.get_logger("dgpp.serve")
 MAX_SNAPSHOT_SLOTS = 4096
+
+
+@dataclass(frozen=True)
+class Rank0Wiring:
+    """What rank 0 of a tensor-parallel world adds to its engine: ``journal_for(scheduler)`` records each tick
+    for the peers before it runs (``dgpp.dist.journal.JournalWriter``); ``name_departures(runner, speculative)``
+    returns both wrapped so that a step broken by a peer's death is reported by the peer's name."""
+
+    journal_for: Callable[[Scheduler], TickJournal]
+    name_departures: Callable[[Any, Any], tuple[Any, Any]]
 
 
 def snapshot_slots(engine_cfg: EngineConfig, state_bytes_per_request: int) -> int:
@@ -66,7 +81,7 @@ class PoolSizes:
         return self.num_blocks * self.block_size
 
 
-def assemble(
+def assemble_backend(
     model_id: str,
     engine_cfg: EngineConfig,
     runner: StepRunner,
@@ -84,9 +99,11 @@ def assemble(
     speculative: Any = None,
     chunking_exact: bool = False,
     overlap_steps: bool = False,
+    rank0: Rank0Wiring | None = None,
 ) -> Backend:
     """Wire pools, prefix cache, scheduler and step loop thread around ``runner``; starts the step loop thread
-    unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead). ``chunking_exact``:
+    unless ``start_loop`` is false (a TP peer drives the scheduler from the journal instead; rank 0 starts it
+    once the world is watched). ``rank0``: the tensor-parallel journal and peer naming. ``chunking_exact``:
     a prompt row's bits do not depend on how the prompt was chunked (``prefill_chunking_exact``), so the prefix
     cache attaches at any full KV block instead of only at chunk cuts. ``overlap_steps``: the engine's policy lets
     a decode step launch before the previous step's tokens are read (``ExecPolicy.overlap_steps``), taken when the
@@ -107,6 +124,8 @@ def assemble(
         snapshot_bytes=snapshot_bytes,
         attach=attach,
     )
+    if rank0 is not None:
+        runner, speculative = rank0.name_departures(runner, speculative)
     scheduler = Scheduler(
         sched_cfg,
         runner,
@@ -124,8 +143,10 @@ def assemble(
     loop = StepLoop(
         scheduler,
         engine_cfg.stats_interval_s,
+        vocab_size=vocab_size,
         gather_ms=engine_cfg.admission_gather_ms,
         gather_max_ms=engine_cfg.admission_gather_max_ms,
+        journal=rank0.journal_for(scheduler) if rank0 is not None else None,
     )
     if start_loop:
         loop.start()
@@ -142,30 +163,25 @@ def assemble(
     )
     return Backend(
         model_id,
-        text.tokenizer,
-        text.template,
+        text,
         loop,
         limits,
         defaults,
         default_max_tokens=engine_cfg.default_max_tokens,
         eos_token_ids=eos_token_ids,
-        dialect=text.dialect,
-        grammar=text.grammar,
         reasoning_in_content=engine_cfg.reasoning_in_content,
+        images=ImageInputs.of(text.images, engine_cfg.images) if text.images is not None else None,
+        compiles_kernels=_compiles_kernels(runner),
     )
 
 
-@dataclass
-class TextStack:
-    """The checkpoint's text side: tokenizer, chat template, tool/reasoning dialect, grammar context."""
-
-    tokenizer: Any
-    template: Any = None
-    dialect: Any = None
-    grammar: Any = None
+def _compiles_kernels(runner: Any) -> bool:
+    """Whether the engine's first steps compile kernels (a CUDA runner), so ``engine.warmup`` applies."""
+    device = getattr(runner, "device", None)  # a stand-in runner has none
+    return device is not None and torch.device(device).type == "cuda"
 
 
-def text_stack(
+def load_text_stack(
     checkpoint: Path,
     vocab_size: int | None = None,
     family: str | None = None,
@@ -178,9 +194,12 @@ def text_stack(
     from dgpp.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_dir(checkpoint)
-    dialect = None
+    dialect = images = None
     if pm is not None and family is not None:
         dialect = pm.hook.dgpp_tool_dialect(family=family, hf_config=hf_config or {})
+        images = pm.hook.dgpp_image_input(
+            family=family, hf_config=hf_config or {}, checkpoint_dir=str(checkpoint)
+        )
     try:
         template = ChatTemplate.for_checkpoint(
             tokenizer, family, hf_config, pm, effort=getattr(dialect, "effort", None)
@@ -195,7 +214,7 @@ def text_stack(
         grammar = GrammarContext(tokenizer, vocab_size)
     except Exception as e:  # constrained decoding is optional: requests that need it get a clear 400
         log.warning("constrained decoding unavailable", reason=f"{type(e).__name__}: {e}")
-    return TextStack(tokenizer, template, dialect, grammar)
+    return TextStack(tokenizer, template, dialect, grammar, images)
 
 
 def _install_policy(engine_cfg: EngineConfig) -> ExecPolicy:
@@ -243,9 +262,11 @@ def build_backend(
     group: Any = None,
     device: str | None = None,
     start_loop: bool = True,
+    rank0: Rank0Wiring | None = None,
 ) -> Backend:
     """The real thing: load the checkpoint named by ``cfg.model`` through its family plugin (this rank's
-    slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``).
+    slice of it under tensor parallelism: ``world``, ``group`` and ``device`` come from ``dgpp.dist``;
+    ``rank0``: rank 0's journal and peer naming).
 
     ``deployment`` is preflight's resolution of the checkpoint, config.json and family (resolved here when
     the caller ran no preflight); the model and the drafter load from its context.
@@ -265,7 +286,9 @@ def build_backend(
     model = model_for(ctx, deployment.pm)
     info = model.info
     refuse_unstored_kv(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
-    text = text_stack(deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm)
+    text = load_text_stack(
+        deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm
+    )
     tokenizer = text.tokenizer
     spec = model.cache_spec()
     state_bytes = sum(s.bytes_per_request() for s in spec.values() if hasattr(s, "bytes_per_request"))
@@ -282,7 +305,7 @@ def build_backend(
 
     speculative = build_speculative(engine_cfg, ctx, runner, pm=deployment.pm)
     eos = frozenset(info.eos_token_ids) | frozenset(tokenizer.eos_token_ids)
-    return assemble(
+    return assemble_backend(
         engine_cfg.model_alias or cfg.model,
         engine_cfg,
         runner,
@@ -299,4 +322,15 @@ def build_backend(
         speculative=speculative,
         chunking_exact=prefill_chunking_exact(device, engine_cfg),
         overlap_steps=policy.overlap_steps,
+        rank0=rank0,
     )
+
+
+def serve_deployment(cfg: DeployConfig, deployment: Deployment | None = None) -> None:
+    """``dgpp serve`` of a one-rank world: build the backend from preflight's ``deployment`` and serve it until
+    interrupted. A missing API key variable fails before the model loads."""
+    from dgpp.serve.access import configured_key
+    from dgpp.serve.app import run
+
+    configured_key(cfg.http)
+    run(cfg, build_backend(cfg, deployment))
