@@ -80,7 +80,7 @@ def check_exact(name, fmt, pname, kind, sets, shapes, tile, results) -> bool:
     ref = reference(fmt, kind, sets, shapes, x[:64])
     rel = ((got - ref).norm() / ref.norm()).item()
     ok = not bad and math.isfinite(rel) and rel < (2e-2 if kind == "gate_up" else 1e-2)
-    from dgpp.quant.kernels.decode_launch import _EXACT_BATCH
+    from dgpp.quant.kernels.batch_probe import _EXACT_BATCH
 
     shape_key = tuple(shapes) if kind == "multi" else shapes[0]
     chosen = [v for key, v in _EXACT_BATCH.items() if key[:3] == (kind, fmt, shape_key)]

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from dgpp.nn.exact import routing as exact_cuda
 from dgpp.quant.fp4 import NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.linear import decode_rows, layer_tensors, routed_packed_gate_up_silu, routed_packed_linears
 from dgpp.step.route import in_flight, route_for
 
@@ -38,7 +39,15 @@ def _dense(layers) -> torch.Tensor:
     return torch.cat([lyr.quant_method.dense_weight(lyr, torch.float32) for lyr in layers])
 
 
-@pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), NVFP4ModelOpt()], ids=lambda f: f.name)
+ROUTED_FORMATS = [
+    FP8Block(block=(16, 64)),
+    NVFP4ModelOpt(),
+    IntPacked(bits=4, group=64),
+    GPTQ(bits=4, group=64),
+]
+
+
+@pytest.mark.parametrize("fmt", ROUTED_FORMATS, ids=lambda f: f.name)
 def test_mixed_step_decode_rows_are_canonical_and_prompt_rows_follow_their_chunk(fmt, route):
     layers = tuple(packed_layer(fmt, n, K, i) for i, n in enumerate((48, 16, 16)))
     sets, shapes = layer_tensors(layers)
@@ -65,8 +74,8 @@ def test_more_than_16_decode_rows_each_equal_the_row_alone(route):
         assert torch.equal(got[r], decode_rows(fmt, sets, x[r : r + 1], shapes)[0][0])
 
 
-def test_gate_up_silu_through_the_route(route):
-    fmt = NVFP4ModelOpt()
+@pytest.mark.parametrize("fmt", [NVFP4ModelOpt(), IntPacked(bits=8, group=64)], ids=lambda f: f.name)
+def test_gate_up_silu_through_the_route(route, fmt):
     gate, up = packed_layer(fmt, 32, K, 1), packed_layer(fmt, 32, K, 2)
     q_lens = [1, 18, 1]
     x = torch.randn(sum(q_lens), K)

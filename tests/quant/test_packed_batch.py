@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from dgpp.policy import overriding
 from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
-from dgpp.quant.kernels import GemvTile, decode_launch, quant_gate_up_silu, quant_multi_linear
+from dgpp.quant.kernels import GemvTile, batch_probe, decode_launch, quant_gate_up_silu, quant_multi_linear
 
 from .gemv_cases import FORMATS, IDS, packed_layer, packed_weights
 
@@ -79,10 +79,10 @@ def test_check_fails_when_k_chain_depends_on_rows(fmt, monkeypatch):
     default = decode_launch.default_batch_tile(fmt, DECODE, (n, k))
     for candidates, chosen in (([narrower, default], default), ([narrower], None)):
         monkeypatch.setattr(decode_launch, "batch_candidates", lambda *_, c=candidates: c)
-        decode_launch._EXACT_BATCH.clear()
+        batch_probe._EXACT_BATCH.clear()
         assert_rows_exact(fmt, tensors, x, (n, k), DECODE)
-        assert list(decode_launch._EXACT_BATCH.values()) == [chosen]
-    decode_launch._EXACT_BATCH.clear()
+        assert list(batch_probe._EXACT_BATCH.values()) == [chosen]
+    batch_probe._EXACT_BATCH.clear()
 
 
 def test_batch_tile_must_keep_the_chain():

@@ -147,7 +147,27 @@ def index_scores(
 
 
 def select_top_k(scores: torch.Tensor, lens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(positions [R, k] int32 ascending, count [R] int32)``: each row's ``k`` best scores, exact ties to the lower
-    position (a stable sort), ``count = min(lens, k)`` real ones first."""
-    best = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :k]
-    return best.sort(dim=1).values.to(torch.int32), torch.clamp(lens, max=k).to(torch.int32)
+    """``(positions [R, k] int32 ascending, count [R] int32)``: each row's ``k`` best scores among its first
+    ``lens[r]`` positions (whatever lies past them, padding of a graph's pool-wide table included, is never
+    picked before a real token), exact ties to the lower position, ``count = min(lens, k)`` real ones first.
+
+    Linear in the width: the k-th best value of each row (``torch.topk``; values only, so its own tie order
+    does not matter), then every position scoring above it and the lowest-positioned of those equal to it,
+    placed in ascending order by their running count. A row with at most ``k`` tokens keeps them all (its
+    threshold is ``-inf``: the real tokens, then the lowest padding positions, which ``count`` leaves out)."""
+    rows, width = scores.shape
+    k = min(k, width)
+    pos = torch.arange(width, device=scores.device)
+    valid = pos[None, :] < lens[:, None]
+    masked = torch.where(valid, scores, float("-inf"))
+    kth = torch.topk(masked, k, dim=1, sorted=False).values.amin(dim=1, keepdim=True)
+    better = masked > kth
+    ties = masked == kth
+    room = k - better.sum(dim=1, keepdim=True, dtype=torch.int32)
+    take = better | (ties & (torch.cumsum(ties, dim=1, dtype=torch.int32) <= room))
+    taken_so_far = torch.cumsum(take, dim=1, dtype=torch.int32)
+    # taken positions go to columns 0..k-1 in order, the others after them: a permutation (no duplicate index)
+    slot = torch.where(take, taken_so_far - 1, k + pos[None, :] - taken_so_far).long()
+    positions = torch.empty(rows, width, dtype=torch.int32, device=scores.device)
+    positions.scatter_(1, slot, pos.to(torch.int32).expand(rows, width))
+    return positions[:, :k].contiguous(), torch.clamp(lens, max=k).to(torch.int32)

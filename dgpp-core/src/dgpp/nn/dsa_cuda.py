@@ -51,6 +51,7 @@ def device_selection(
         )
         for r in range(0, q.shape[0], step)
     ]
-    if len(picks) == 1:
-        return DeviceSelection(*picks[0])
-    return DeviceSelection(torch.cat([p for p, _ in picks]), torch.cat([c for _, c in picks]))
+    positions = picks[0][0] if len(picks) == 1 else torch.cat([p for p, _ in picks])
+    counts = picks[0][1] if len(picks) == 1 else torch.cat([c for _, c in picks])
+    # a row with at most topk tokens attends them all as the dense path does, whatever the table's width
+    return DeviceSelection(positions, counts, (lens > topk).to(torch.int32))

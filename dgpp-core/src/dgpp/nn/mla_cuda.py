@@ -64,8 +64,10 @@ def row_inputs(
     read them. A decode-only step reads the step's own device tensors (nothing from the host)."""
     if isinstance(selection, DeviceSelection):
         tables = batch.block_tables if batch.is_decode_only else row_tables(batch)
-        every = torch.ones(selection.counts.shape[0], dtype=torch.int32, device=device)
-        return tables, selection.counts, selection.positions, every
+        sparse = selection.sparse
+        if sparse is None:
+            sparse = torch.ones(selection.counts.shape[0], dtype=torch.int32, device=device)
+        return tables, selection.counts, selection.positions, sparse
     if batch.is_decode_only and (selection is None or all(s is None for s in selection)):
         return batch.block_tables, batch.seq_lens, None, None
     _, tables, lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)

@@ -8,7 +8,8 @@ dtype (the reference path). Codes stay packed; E8M0 block scales widen exactly t
 Canonical rows of a step (decode rows, speculative verify rows, every row under ``batch_invariant``) take the
 engine's packed decode kernel whatever the step's row count: the tensor-core one (``decode_gemv``) in ONE launch
 for all rows (64-row blocks above 16 rows, each packed weight read and decoded once per block), the CUDA-core
-row GEMV in launches of at most ``MAX_ROWS`` rows; either way a row's bits do not depend on the rows beside it;
+row GEMV in launches of at most ``MAX_ROWS`` rows, int4/int8 words, NF4I8 and GPTQ in one launch of their
+row-exact GEMM (``int_rows``); either way a row's bits do not depend on the rows beside it;
 prefill-chunk rows take the weight-only GEMM with its prefill tiles whatever the chunk length (``dgpp.nn.exact``
 routes the rows). Off CUDA, with routing off or outside a
 model step, the routed functions return None and the caller takes its own path.
@@ -37,6 +38,7 @@ from dgpp.quant.kernels import (
     quant_multi_linear,
 )
 from dgpp.quant.kernels.decode_launch import MAX_ROWS, one_launch_for_any_rows
+from dgpp.quant.kernels.int_rows_launch import int_rows_applies, int_rows_multi_linear, int_rows_supported
 from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
 
 
@@ -157,9 +159,8 @@ def layer_tensors(layers: tuple[nn.Module, ...]) -> tuple[list[dict[str, torch.T
     )
 
 
-def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu: bool) -> QuantFormat | None:
-    """The format of ``layers`` when all hold packed weights of one format, none has a bias, and the
-    packed decode GEMV takes ``x`` (a GPU, 1..16 rows): then they can share one launch. Else None."""
+def _shared_format(layers: tuple[nn.Module, ...]) -> QuantFormat | None:
+    """The format of ``layers`` when all hold packed weights of one format and none has a bias, else None."""
     methods = [layer.quant_method for layer in layers]
     if not all(isinstance(m, QuantLinearMethod) for m in methods) or any(
         layer.bias is not None for layer in layers
@@ -167,6 +168,15 @@ def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu:
         return None
     fmt = methods[0].fmt
     if any(m.fmt != fmt for m in methods) or current().quant_torch_only:
+        return None
+    return fmt
+
+
+def shared_decode_format(layers: tuple[nn.Module, ...], x: torch.Tensor, on_gpu: bool) -> QuantFormat | None:
+    """The format of ``layers`` when all hold packed weights of one format, none has a bias, and the
+    packed decode GEMV takes ``x`` (a GPU, 1..16 rows): then they can share one launch. Else None."""
+    fmt = _shared_format(layers)
+    if fmt is None:
         return None
     tensor_sets, shapes = layer_tensors(layers)
     return fmt if decode_gemv_applies(fmt, tensor_sets, x, shapes, on_gpu) else None
@@ -218,7 +228,10 @@ def _chunks(
 def decode_rows(
     fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], rows: torch.Tensor, shapes: list[Shape]
 ) -> list[torch.Tensor]:
-    """``[rows @ W_i^T]`` through the packed decode GEMV for any number of rows (the canonical path)."""
+    """``[rows @ W_i^T]`` through the packed decode GEMV for any number of rows (the canonical path); int32-word
+    formats through their row-exact GEMM (``int_rows``), one launch for all rows."""
+    if int_rows_supported(fmt):
+        return int_rows_multi_linear(fmt, tensor_sets, rows, shapes)
     return _chunks(
         rows.contiguous(),
         lambda part: quant_multi_linear(fmt, tensor_sets, part, shapes),
@@ -231,6 +244,9 @@ def _format(layers: tuple[nn.Module, ...], x: torch.Tensor) -> QuantFormat | Non
     a step has a route at all is ``route_rows``'s call)."""
     if not routing.routable(x, []):
         return None
+    fmt = _shared_format(layers)
+    if fmt is not None and int_rows_supported(fmt):
+        return fmt if int_rows_applies(fmt, layer_tensors(layers)[0], x, on_gpu=True) else None
     return shared_decode_format(layers, x[:1], on_gpu=True)
 
 
@@ -264,12 +280,14 @@ def routed_packed_gate_up_silu(gate: nn.Module, up: nn.Module, x: torch.Tensor) 
     (tg, tu), (shape, _) = layer_tensors((gate, up))
 
     def fused(rows: torch.Tensor) -> list[torch.Tensor]:
+        if int_rows_supported(fmt):
+            return [silu_and_mul(*int_rows_multi_linear(fmt, [tg, tu], rows, [shape, shape]))]
         return [quant_gate_up_silu(fmt, tg, tu, rows, shape)]
 
     def bulk(rows: torch.Tensor) -> list[torch.Tensor]:
         g, u = _bulk_linears(fmt, (gate, up), rows)
         return [silu_and_mul(g, u)]
 
-    one_launch = one_launch_for_any_rows(fmt, [shape])
+    one_launch = int_rows_supported(fmt) or one_launch_for_any_rows(fmt, [shape])
     out = routing.route_rows(x, lambda rows: _chunks(rows.contiguous(), fused, one_launch), bulk)
     return None if out is None else out[0]

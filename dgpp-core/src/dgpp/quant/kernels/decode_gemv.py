@@ -30,6 +30,13 @@ from __future__ import annotations
 from dgpp.kernels._triton import tl, triton
 from dgpp.quant.kernels.e4m3_asm import e4m3_fp32, e4m3_values
 from dgpp.quant.kernels.fp4_tiles import fp4_flat_weights, fp4_grouped_weights
+from dgpp.quant.kernels.split_partials import (
+    arrive_last,
+    gather_partials,
+    k_slice_range,
+    publish_partial,
+    row_block_ptrs,
+)
 
 FMT_FP8_BLOCK = 0
 FMT_FP8_CHANNEL = 1
@@ -254,64 +261,6 @@ def quant_tile(
 
 
 @triton.jit
-def _k_range(k_dim, k_per_split):
-    """This program's K slice: ``k_per_split`` columns each (the host's ``k_slice``: whole steps of the decode
-    tile's BK, from the shape alone, so the slices never depend on M)."""
-    k_lo = tl.program_id(1) * k_per_split
-    return k_lo, tl.minimum(k_lo + k_per_split, k_dim)
-
-
-@triton.jit
-def _ws_offsets(split_id, part, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
-    """Workspace slots of (row block, split, part, tile): row block ``program_id(2)``, tile ``program_id(0)``."""
-    slot = (tl.program_id(2) * SPLIT + split_id) * PARTS + part
-    base = (slot * tl.num_programs(0) + tl.program_id(0)).to(tl.int64) * (BN * BM)
-    return base + tl.arange(0, BN)[:, None] * BM + tl.arange(0, BM)[None, :]
-
-
-@triton.jit
-def _publish(
-    ws_ptr, acc, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr
-):
-    """Store this K slice's partial (rows < m only) for the program that finishes the tile."""
-    offs = _ws_offsets(tl.program_id(1), part, SPLIT, PARTS, BN, BM)
-    tl.store(ws_ptr + offs, acc, mask=tl.arange(0, BM)[None, :] < m)
-
-
-@triton.jit
-def _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM: tl.constexpr):
-    """This program's row block (grid axis 2): x and out moved to its first row, ``m`` its rows left."""
-    first = tl.program_id(2) * BM
-    return x_ptr + first * x_stride, out_ptr + first * out_stride, m - first
-
-
-@triton.jit
-def _arrive_last(cnt_ptr, SPLIT: tl.constexpr):
-    """True in the last of the tile's SPLIT programs to finish (acq_rel: it sees every partial), which also
-    re-arms the counter for the next launch. The barrier orders every thread's partial stores before the
-    one thread's release (the bar.sync then gpu-scope release chain of the PTX memory model)."""
-    tl.debug_barrier()
-    slot = (
-        cnt_ptr + tl.program_id(2) * tl.num_programs(0) + tl.program_id(0)
-    )  # one counter per (row block, tile)
-    count = tl.atomic_add(slot, 1, sem="acq_rel", scope="gpu")
-    last = count == SPLIT - 1
-    if last:
-        tl.store(slot, 0)
-    return last
-
-
-@triton.jit
-def _gather(ws_ptr, part, m, SPLIT: tl.constexpr, PARTS: tl.constexpr, BN: tl.constexpr, BM: tl.constexpr):
-    """The tile's partials summed in split order (fixed, so the result does not depend on who finished last)."""
-    total = tl.zeros([BN, BM], tl.float32)
-    for split_id in tl.static_range(SPLIT):
-        offs = _ws_offsets(split_id, part, SPLIT, PARTS, BN, BM)
-        total += tl.load(ws_ptr + offs, mask=tl.arange(0, BM)[None, :] < m, other=0.0, cache_modifier=".cg")
-    return total
-
-
-@triton.jit
 def pick_segment(w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN: tl.constexpr):
     """The weight (pointers, its BN output columns, its rows, its first output column) of this program's tile
     when up to three weights sit side by side: segment starts are BN-aligned, so a tile never straddles two."""
@@ -376,8 +325,8 @@ def quant_multi_gemv_kernel(
     w_ptr, s_ptr, g_ptr, cols, n_rows, out_base = pick_segment(
         w0, s0, g0, w1, s1, g1, w2, s2, g2, n0, n1, n2, BN
     )
-    x_ptr, out_ptr, m = _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM)
-    k_lo, k_hi = _k_range(k_dim, k_per_split)
+    x_ptr, out_ptr, m = row_block_ptrs(x_ptr, out_ptr, m, x_stride, out_stride, BM)
+    k_lo, k_hi = k_slice_range(k_dim, k_per_split)
     acc = quant_tile(
         x_ptr,
         w_ptr,
@@ -414,10 +363,12 @@ def quant_multi_gemv_kernel(
     if SPLIT == 1:
         tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        _publish(ws_ptr, acc, 0, m, SPLIT, 1, BN, BM)
-        if _arrive_last(cnt_ptr, SPLIT):
+        publish_partial(ws_ptr, acc, 0, m, SPLIT, 1, BN, BM)
+        if arrive_last(cnt_ptr, SPLIT):
             tl.store(
-                out_ptrs, _gather(ws_ptr, 0, m, SPLIT, 1, BN, BM).to(out_ptr.dtype.element_ty), mask=out_mask
+                out_ptrs,
+                gather_partials(ws_ptr, 0, m, SPLIT, 1, BN, BM).to(out_ptr.dtype.element_ty),
+                mask=out_mask,
             )
 
 
@@ -460,8 +411,8 @@ def quant_gate_up_silu_kernel(
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
-    x_ptr, out_ptr, m = _row_block(x_ptr, out_ptr, m, x_stride, out_stride, BM)
-    k_lo, k_hi = _k_range(k_dim, k_per_split)
+    x_ptr, out_ptr, m = row_block_ptrs(x_ptr, out_ptr, m, x_stride, out_stride, BM)
+    k_lo, k_hi = k_slice_range(k_dim, k_per_split)
     gate = quant_tile(
         x_ptr,
         wg,
@@ -528,11 +479,11 @@ def quant_gate_up_silu_kernel(
     if SPLIT == 1:
         tl.store(out_ptrs, swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
     else:
-        _publish(ws_ptr, gate, 0, m, SPLIT, 2, BN, BM)
-        _publish(ws_ptr, up, 1, m, SPLIT, 2, BN, BM)
-        if _arrive_last(cnt_ptr, SPLIT):
-            gate = _gather(ws_ptr, 0, m, SPLIT, 2, BN, BM)
-            up = _gather(ws_ptr, 1, m, SPLIT, 2, BN, BM)
+        publish_partial(ws_ptr, gate, 0, m, SPLIT, 2, BN, BM)
+        publish_partial(ws_ptr, up, 1, m, SPLIT, 2, BN, BM)
+        if arrive_last(cnt_ptr, SPLIT):
+            gate = gather_partials(ws_ptr, 0, m, SPLIT, 2, BN, BM)
+            up = gather_partials(ws_ptr, 1, m, SPLIT, 2, BN, BM)
             tl.store(out_ptrs, swiglu(gate, up, out_ptr.dtype.element_ty), mask=out_mask)
 
 

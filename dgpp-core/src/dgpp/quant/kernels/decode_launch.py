@@ -23,34 +23,10 @@ from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block, FP8Channel
+from dgpp.quant.kernels.batch_probe import exact_batch_tile
+from dgpp.quant.kernels.gemv_tile import FP4_LAYOUTS, FP4_SCALES, MAX_ROWS, GemvTile
 from dgpp.quant.kernels.operands import interpreting, operand, scale_block
 from dgpp.quant.kernels.row_launch import RowTile, row_gate_up_silu, row_multi_linear, row_supported
-
-MAX_ROWS = 16
-FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
-FP4_SCALES = ("gather", "broadcast")
-
-
-@dataclasses.dataclass(frozen=True)
-class GemvTile:
-    """BN output rows per program, BK logical K columns per loop step, pipeline stages, warps, and (FP4)
-    whether nibbles are interleaved for one dot against contiguous x instead of two stride-2 dots;
-    ``w_as_a``: the weight tile is the MMA's A operand (``W x^T``), so each warp owns 16-row weight slices
-    and re-reads x from shared memory less often than with x as A (``x W^T``, each warp an 8-row slice)."""
-
-    bn: int = 32
-    bk: int = 256
-    stages: int = 4
-    warps: int = 4
-    interleave: bool = False
-    w_as_a: bool = True
-    fast_fp4: bool = True  # FP4 nibbles decoded by inline PTX (GPU); False: portable Triton bit ops
-    split_k: int = 1  # K slices per output tile, summed in a fixed order in the same launch
-    fp8_bits: bool = False  # E4M3 -> dot dtype by integer bit placement (e4m3_asm) instead of Triton's cvt
-    fp4_layout: str = (
-        "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
-    )
-    fp4_scales: str = "gather"  # flat layout: scales loaded per byte ("gather") or per group + "broadcast"
 
 
 def _pow2_divisor(n: int) -> int:
@@ -248,45 +224,6 @@ def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[Gem
     if not isinstance(fmt, FP4Grouped):
         candidates.append(dataclasses.replace(x_as_a, warps=2))
     return list(dict.fromkeys(candidates))
-
-
-# (launch kind, format, shapes, decode tile, dtype, device) -> the batch tile whose rows were found bit-identical to
-# the decode tile's 16-row launches on this device, or None (no candidate was: 16-row launches instead)
-_EXACT_BATCH: dict[tuple, GemvTile | None] = {}
-PROBE_ROWS = 80  # a full 64-row block and a partial one
-
-
-def exact_batch_tile(
-    key: tuple,
-    launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
-    candidates: list[GemvTile],
-    k: int,
-    dtype: torch.dtype,
-    device: torch.device,
-) -> GemvTile | None:
-    """The first of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches of the decode
-    tile (``launch(rows, batch)``), probed once per key on random rows. A row's chain is the same in both by
-    construction, but the tensor-core instruction may not be (Hopper: mma for 16 rows, wgmma for 64), and only the
-    device can say whether they round alike; a candidate that fails to compile is skipped. Never probed inside a
-    CUDA-graph capture (None then: 16-row launches, which are the reference the probe compares with)."""
-    if key in _EXACT_BATCH:
-        return _EXACT_BATCH[key]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return None
-    gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(PROBE_ROWS, k, generator=gen, device=device).to(dtype)
-    want = torch.cat([launch(x[i : i + MAX_ROWS], None) for i in range(0, PROBE_ROWS, MAX_ROWS)])
-    choice = None
-    for batch in candidates:
-        try:
-            got = launch(x, batch)
-        except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
-            continue
-        if torch.equal(got, want):
-            choice = batch
-            break
-    _EXACT_BATCH[key] = choice
-    return choice
 
 
 def _split_buffers(

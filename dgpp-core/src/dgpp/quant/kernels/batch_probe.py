@@ -1,0 +1,48 @@
+"""Which 64-row batch tile of the packed decode GEMV gives every row the bits of the decode tile's 16-row launches
+on this device: probed once per launch kind, format, shapes, tile, dtype and device."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from dgpp.quant.kernels.gemv_tile import MAX_ROWS, GemvTile
+
+# (launch kind, format, shapes, decode tile, dtype, device) -> the batch tile whose rows were found bit-identical to
+# the decode tile's 16-row launches on this device, or None (no candidate was: 16-row launches instead)
+_EXACT_BATCH: dict[tuple[object, ...], GemvTile | None] = {}
+PROBE_ROWS = 80  # a full 64-row block and a partial one
+
+
+def exact_batch_tile(
+    key: tuple[object, ...],
+    launch: Callable[[torch.Tensor, GemvTile | None], torch.Tensor],
+    candidates: list[GemvTile],
+    k: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> GemvTile | None:
+    """The first of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches of the decode
+    tile (``launch(rows, batch)``), probed once per key on random rows. A row's chain is the same in both by
+    construction, but the tensor-core instruction may not be (Hopper: mma for 16 rows, wgmma for 64), and only the
+    device can say whether they round alike; a candidate that fails to compile is skipped. Never probed inside a
+    CUDA-graph capture (None then: 16-row launches, which are the reference the probe compares with)."""
+    if key in _EXACT_BATCH:
+        return _EXACT_BATCH[key]
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        return None
+    gen = torch.Generator(device=device).manual_seed(0)
+    x = torch.randn(PROBE_ROWS, k, generator=gen, device=device).to(dtype)
+    want = torch.cat([launch(x[i : i + MAX_ROWS], None) for i in range(0, PROBE_ROWS, MAX_ROWS)])
+    choice = None
+    for batch in candidates:
+        try:
+            got = launch(x, batch)
+        except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
+            continue
+        if torch.equal(got, want):
+            choice = batch
+            break
+    _EXACT_BATCH[key] = choice
+    return choice

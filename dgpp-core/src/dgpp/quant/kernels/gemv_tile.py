@@ -1,0 +1,32 @@
+"""The packed decode GEMV's tile (``GemvTile``) and its row limit, shared by the launch (``decode_launch``) and its
+row-exactness probe (``batch_probe``)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+MAX_ROWS = 16
+FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
+FP4_SCALES = ("gather", "broadcast")
+
+
+@dataclasses.dataclass(frozen=True)
+class GemvTile:
+    """BN output rows per program, BK logical K columns per loop step, pipeline stages, warps, and (FP4)
+    whether nibbles are interleaved for one dot against contiguous x instead of two stride-2 dots;
+    ``w_as_a``: the weight tile is the MMA's A operand (``W x^T``), so each warp owns 16-row weight slices
+    and re-reads x from shared memory less often than with x as A (``x W^T``, each warp an 8-row slice)."""
+
+    bn: int = 32
+    bk: int = 256
+    stages: int = 4
+    warps: int = 4
+    interleave: bool = False
+    w_as_a: bool = True
+    fast_fp4: bool = True  # FP4 nibbles decoded by inline PTX (GPU); False: portable Triton bit ops
+    split_k: int = 1  # K slices per output tile, summed in a fixed order in the same launch
+    fp8_bits: bool = False  # E4M3 -> dot dtype by integer bit placement (e4m3_asm) instead of Triton's cvt
+    fp4_layout: str = (
+        "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
+    )
+    fp4_scales: str = "gather"  # flat layout: scales loaded per byte ("gather") or per group + "broadcast"

@@ -1,0 +1,177 @@
+"""Host side of the row-exact GEMM for int32-word formats (``int_rows``): which weights it takes, its tile, and
+the launch. Canonical rows (decode, speculative verify) of int4/int8 ``pack-quantized``, NF4I8 and GPTQ /
+AutoRound weights take it at every row count, so a row's bits never depend on how many rows share the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from dgpp.policy import current
+from dgpp.quant.codebook import NF4I8_LEVELS, NF4Codebook
+from dgpp.quant.format import QuantFormat, Shape, cdiv
+from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels.operands import interpreting
+
+ROWS_PER_DOT = 16  # the dot's M: fixed, so the tensor-core instruction is the same for 1 row and for 300
+
+
+@dataclasses.dataclass(frozen=True)
+class IntRowsTile:
+    """BN output columns per program, BK K columns per decoded tile, K slices (fixed by the shape, never by M)."""
+
+    bn: int = 64
+    bk: int = 128
+    split_k: int = 1
+    warps: int = 4
+    stages: int = 2
+
+
+def default_int_rows_tile(n: int, k: int, device: torch.device) -> IntRowsTile:
+    """64 columns by 128-wide K tiles; on a GPU, K split in 2..8 slices (each at least 4 tiles) until the launch
+    has 1.5 programs per SM. The split follows the shape and the device only, never the row count."""
+    tile = IntRowsTile()
+    if device.type != "cuda" or interpreting():
+        return tile
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    tiles, split = cdiv(n, tile.bn), 1
+    while split < 8 and tiles * split < 1.5 * sms and k // (2 * split) >= 4 * tile.bk:
+        split *= 2
+    return dataclasses.replace(tile, split_k=split)
+
+
+def int_rows_supported(fmt: QuantFormat) -> bool:
+    """int 2/4/8-bit ``pack-quantized`` (any group, per-row included), NF4I8 and GPTQ / AutoRound."""
+    return isinstance(fmt, (IntPacked, NF4Codebook, GPTQ))
+
+
+def _tensors_ok(fmt: QuantFormat, t: dict[str, torch.Tensor], device: torch.device) -> bool:
+    names = {"weight_packed", "weight_scale"} if isinstance(fmt, IntPacked) else set()
+    if isinstance(fmt, NF4Codebook):
+        names = {"weight_indices", "weight_scale"}
+    if isinstance(fmt, GPTQ):
+        names = {"qweight", "qzeros", "scales"} | ({"g_idx"} & set(t))
+    return all(n in t and t[n].is_contiguous() and t[n].device == device for n in names)
+
+
+def int_rows_applies(
+    fmt: QuantFormat, tensor_sets: list[dict[str, torch.Tensor]], x: torch.Tensor, on_gpu: bool
+) -> bool:
+    """True when the row-exact int GEMM takes these weights for ``x`` (a GPU: the CPU keeps the torch decode)."""
+    return (
+        on_gpu
+        and current().packed_decode_gemv
+        and int_rows_supported(fmt)
+        and x.dim() == 2
+        and x.dtype in (torch.bfloat16, torch.float16, torch.float32)
+        and all(_tensors_ok(fmt, t, x.device) for t in tensor_sets)
+    )
+
+
+_LEVELS: dict[torch.device, torch.Tensor] = {}
+
+
+def _levels(device: torch.device) -> torch.Tensor:
+    if device not in _LEVELS:
+        _LEVELS[device] = torch.tensor(NF4I8_LEVELS, dtype=torch.float32, device=device)
+    return _LEVELS[device]
+
+
+def _operands(
+    fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape
+) -> tuple[list[torch.Tensor], dict[str, object]]:
+    """(pointer tensors: words, scales, zeros, g_idx, levels; strides and constexprs) for ``fmt``."""
+    n, k = shape
+    if isinstance(fmt, GPTQ):
+        w, s, z = t["qweight"], t["scales"], t["qzeros"]
+        gidx = t.get("g_idx")
+        ptrs = [w, s, z, gidx if gidx is not None else w, s]
+        strides = dict(stride_wn=1, stride_wk=n, stride_sn=1, stride_sk=n, stride_zg=z.stride(0))
+        consts = dict(
+            FMT=2,
+            BITS=fmt.bits,
+            GROUP=fmt.group_size(shape),
+            ZERO_OFFSET=fmt.zero_offset,
+            HAS_GIDX=gidx is not None,
+        )
+        return ptrs, {**strides, **consts}
+    if isinstance(fmt, NF4Codebook):
+        w, bits, group, kind, zero = t["weight_indices"], 4, fmt.group, 1, 0
+    else:
+        assert isinstance(fmt, IntPacked)
+        w, bits, group, kind = t["weight_packed"], fmt.bits, fmt.group_size(shape), 0
+        zero = 1 << (fmt.bits - 1)
+    s = t["weight_scale"]
+    ptrs = [w, s, w, w, _levels(w.device)]
+    strides = dict(stride_wn=w.stride(0), stride_wk=1, stride_sn=s.stride(0), stride_sk=1, stride_zg=0)
+    return ptrs, {
+        **strides,
+        "FMT": kind,
+        "BITS": bits,
+        "GROUP": group,
+        "ZERO_OFFSET": zero,
+        "HAS_GIDX": False,
+    }
+
+
+def int_rows_linear(
+    fmt: QuantFormat,
+    tensors: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    shape: Shape,
+    tile: IntRowsTile | None = None,
+) -> torch.Tensor:
+    """``x [M, K] @ W^T`` for any M in one launch (plus the pass that sums K slices and rounds): each packed
+    tile is decoded once per step and multiplied against all rows; the row bits do not depend on M."""
+    import triton.language as tl
+
+    from dgpp.quant.kernels.int_rows import int_rows_finish, int_rows_kernel
+
+    n, k = shape
+    tile = tile or default_int_rows_tile(n, k, x.device)
+    x = x.contiguous()
+    m = x.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    if m == 0:
+        return out
+    k_per_split = cdiv(cdiv(k, tile.split_k), tile.bk) * tile.bk
+    split = cdiv(k, k_per_split)
+    ws = torch.zeros(split, m, n, dtype=torch.float32, device=x.device)
+    ptrs, args = _operands(fmt, tensors, shape)
+    dot_fp32 = x.dtype == torch.float32 or interpreting()
+    dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
+    int_rows_kernel[(cdiv(n, tile.bn), split)](
+        x,
+        *ptrs,
+        ws,
+        m,
+        n,
+        k,
+        k_per_split,
+        x.stride(0),
+        **args,
+        SPLIT=split,
+        BM=ROWS_PER_DOT,
+        BN=tile.bn,
+        BK=tile.bk,
+        DOT_DTYPE=dot_dtype,
+        DOT_FP32=dot_fp32,
+        num_warps=tile.warps,
+        num_stages=tile.stages,
+    )
+    block = 1024
+    int_rows_finish[(cdiv(m * n, block),)](ws, out, m, n, out.stride(0), SPLIT=split, BLOCK=block)
+    return out
+
+
+def int_rows_multi_linear(
+    fmt: QuantFormat,
+    tensor_sets: list[dict[str, torch.Tensor]],
+    x: torch.Tensor,
+    shapes: list[Shape],
+    tile: IntRowsTile | None = None,
+) -> list[torch.Tensor]:
+    """``[x @ W_i^T]``: one row-exact launch per weight."""
+    return [int_rows_linear(fmt, t, x, s, tile) for t, s in zip(tensor_sets, shapes, strict=True)]

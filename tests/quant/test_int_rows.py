@@ -1,0 +1,147 @@
+"""The row-exact GEMM for int32-word formats (int4/int8 groups of 64 with their fixed zero, NF4I8's codebook,
+GPTQ / AutoRound int4 with zero points) under the Triton interpreter (fp32): equal to the torch
+decode-then-multiply reference, a row alone == the same row among 1..300 rows bit for bit, and that check shown
+to fail when the K order is made to depend on the row count."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgpp.quant.codebook import NF4Codebook
+from dgpp.quant.codecs import pack_int32
+from dgpp.quant.encode import encode
+from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels.int_rows_launch import IntRowsTile, int_rows_applies, int_rows_linear
+
+TILE = IntRowsTile(bn=32, bk=64)
+SPLIT = IntRowsTile(bn=32, bk=64, split_k=2)
+FORMATS = [
+    IntPacked(bits=4, group=64),
+    IntPacked(bits=8, group=64),
+    NF4Codebook(group=64),
+    GPTQ(bits=4, group=64),
+    GPTQ(bits=4, group=64, zero_offset=0),
+]
+IDS = ["int4-g64", "int8-g64", "nf4i8", "gptq-int4", "gptq_v2-int4"]
+ROW_COUNTS = (1, 2, 16, 17, 64, 65, 300)
+SAMPLED_ROWS = (0, 1, 15, 16, 17, 63, 64, 65, 130, 299)
+
+
+def packed_weights(fmt, n: int, k: int, seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Packed tensors (GPTQ with random asymmetric zero points, NF4I8 with random indices) and the fp32 decode."""
+    gen = torch.Generator().manual_seed(seed)
+    if isinstance(fmt, NF4Codebook):
+        index = torch.randint(0, 16, (n, k), generator=gen)
+        scale = (torch.rand(n, k // fmt.group, generator=gen) * 1e-3 + 1e-4).to(torch.bfloat16)
+        tensors = {"weight_indices": pack_int32(index, 4, dim=1), "weight_scale": scale}
+    else:
+        tensors = encode(fmt, torch.randn(n, k, generator=gen) * 0.05)
+        if isinstance(fmt, GPTQ):
+            zeros = torch.randint(0, 1 << fmt.bits, (k // fmt.group, n), generator=gen)
+            tensors["qzeros"] = pack_int32(zeros, fmt.bits, dim=1)
+        tensors = fmt.prepare(tensors, (n, k))
+    return tensors, fmt.decode(tensors, (n, k), torch.float32)
+
+
+def assert_rows_exact(fmt, tensors, x: torch.Tensor, shape, launch=None) -> None:
+    launch = launch or (lambda rows: int_rows_linear(fmt, tensors, rows, shape, TILE))
+    alone = {i: launch(x[i : i + 1])[0] for i in SAMPLED_ROWS}
+    for m in ROW_COUNTS:
+        got = launch(x[:m])
+        bad = [i for i in SAMPLED_ROWS if i < m and not torch.equal(got[i], alone[i])]
+        assert not bad, f"{fmt.name}: rows {bad} of a {m}-row call differ from the row alone"
+
+
+@pytest.mark.parametrize("tile", [TILE, SPLIT], ids=["whole-k", "split-k"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_matches_reference(fmt, tile):
+    n, k = 72, 256
+    tensors, dense = packed_weights(fmt, n, k, seed=3)
+    x = torch.randn(70, k)
+    got = int_rows_linear(fmt, tensors, x, (n, k), tile)
+    assert got.shape == (70, n)
+    torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+
+
+def test_act_order_g_idx_matches_reference():
+    fmt, n, k = GPTQ(bits=4, group=64), 40, 256
+    g_idx = torch.randperm(k, generator=torch.Generator().manual_seed(5)) // 64
+    from dgpp.quant.encode import encode_gptq
+
+    tensors = fmt.prepare(encode_gptq(torch.randn(n, k) * 0.05, fmt, g_idx), (n, k))
+    assert "g_idx" in tensors
+    x = torch.randn(20, k)
+    want = x @ fmt.decode(tensors, (n, k), torch.float32).t()
+    torch.testing.assert_close(int_rows_linear(fmt, tensors, x, (n, k), TILE), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("tile", [TILE, SPLIT], ids=["whole-k", "split-k"])
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_row_alone_equals_row_among_1_to_300(fmt, tile):
+    n, k = 40, 256
+    tensors, _ = packed_weights(fmt, n, k, seed=9)
+    assert_rows_exact(
+        fmt, tensors, torch.randn(300, k), (n, k), lambda r: int_rows_linear(fmt, tensors, r, (n, k), tile)
+    )
+
+
+@pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[2], FORMATS[3]], ids=["int4-g64", "nf4i8", "gptq-int4"])
+def test_check_fails_when_k_order_depends_on_rows(fmt):
+    """K split in two above 16 rows (an M-dependent K order): still the right products, but rows change bits."""
+    n, k = 40, 256
+    tensors, dense = packed_weights(fmt, n, k, seed=4)
+    x = torch.randn(300, k)
+
+    def m_dependent(rows: torch.Tensor) -> torch.Tensor:
+        return int_rows_linear(fmt, tensors, rows, (n, k), SPLIT if rows.shape[0] > 16 else TILE)
+
+    torch.testing.assert_close(m_dependent(x), x @ dense.t(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(AssertionError, match="differ from the row alone"):
+        assert_rows_exact(fmt, tensors, x, (n, k), m_dependent)
+
+
+def test_applies_only_on_gpu_to_word_formats():
+    fmt = IntPacked(bits=4, group=64)
+    tensors, _ = packed_weights(fmt, 32, 128, seed=0)
+    x = torch.randn(3, 128)
+    assert not int_rows_applies(fmt, [tensors], x, on_gpu=False)
+    assert int_rows_applies(fmt, [tensors], x, on_gpu=True)
+    from dgpp.quant.fp8 import FP8Block
+
+    assert not int_rows_applies(FP8Block(), [tensors], x, on_gpu=True)
+
+
+@pytest.mark.parametrize("fmt", [FORMATS[1], FORMATS[3]], ids=["int8-g64", "gptq-int4"])
+def test_canonical_rows_take_one_row_exact_launch(fmt, monkeypatch):
+    """A layer's decode rows (64 of a step) take the int GEMM in one launch per weight, rows equal alone."""
+    from dgpp.quant import linear
+
+    n, k = 48, 128
+    tensors, dense = packed_weights(fmt, n, k, seed=2)
+    calls = []
+    real = linear.int_rows_multi_linear
+    monkeypatch.setattr(
+        linear, "int_rows_multi_linear", lambda *a, **kw: calls.append(a[2].shape[0]) or real(*a, **kw)
+    )
+    x = torch.randn(64, k)
+    got = linear.decode_rows(fmt, [tensors], x, [(n, k)])[0]
+    assert calls == [64]
+    torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[40], linear.decode_rows(fmt, [tensors], x[40:41], [(n, k)])[0][0])
+
+
+def test_default_tile_splits_k_by_shape_and_device_only(monkeypatch):
+    from types import SimpleNamespace
+
+    from dgpp.quant.kernels import int_rows_launch
+
+    cuda = torch.device("cuda")
+    assert int_rows_launch.default_int_rows_tile(6144, 6144, torch.device("cpu")).split_k == 1
+    monkeypatch.setattr(int_rows_launch, "interpreting", lambda: False)
+    monkeypatch.setattr(
+        torch.cuda, "get_device_properties", lambda d: SimpleNamespace(multi_processor_count=132)
+    )
+    assert int_rows_launch.default_int_rows_tile(6144, 6144, cuda).split_k == 4  # 96 tiles -> 384 programs
+    assert int_rows_launch.default_int_rows_tile(24576, 6144, cuda).split_k == 1  # 384 tiles already
+    assert int_rows_launch.default_int_rows_tile(6144, 768, cuda).split_k == 1  # K too short to slice
