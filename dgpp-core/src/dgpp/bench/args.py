@@ -9,9 +9,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=("decode", "serve", "kv-quality"),
+        choices=("decode", "serve", "verify", "kv-quality"),
         default="decode",
-        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP; kv-quality: "
+        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP; verify: the "
+        "speculative verify path with an oracle (always right) and a null (never right) drafter; kv-quality: "
         "engine.kv_dtype fp8 against the exact chain (NLL, greedy agreement, the exact chain's band)",
     )
     parser.add_argument("--geometry", default="qwen3-8b")
@@ -82,3 +83,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     quality.add_argument(
         "--geometries", action="store_true", help="also K/V bytes with and without fp8 per bench geometry"
     )
+    verify = parser.add_argument_group("verify mode (dgpp bench verify)")
+    verify.add_argument("--verify-depths", default="1,3", help="drafts per pass, comma separated")
+    verify.add_argument(
+        "--verify-drafters", default="oracle,null", help="scripted drafters, comma separated: oracle, null"
+    )
+    verify.add_argument(
+        "--schedule",
+        choices=("off", "on", "both"),
+        default="off",
+        help="run the drafters without / with engine.mtp_schedule (its default settings), or both",
+    )
+
+
+def parse_cases(text: str) -> list[tuple[int, int, int]]:
+    """``PROMPTxBATCHxNEW`` cases, comma separated."""
+    cases = []
+    for item in filter(None, text.split(",")):
+        prompt, batch, new = (int(x) for x in item.lower().split("x"))
+        cases.append((prompt, batch, new))
+    return cases
