@@ -59,8 +59,8 @@ def test_no_refused_key_is_in_the_schema() -> None:
 
 
 def test_several_refused_keys_are_named_in_one_message() -> None:
-    with pytest.raises(ConfigError, match=r"engine\.mtp_schedule: not built.*; engine\.fp8_head: not built"):
-        parse_config({"model": "m", "engine": {"mtp_schedule": True, "fp8_head": "gemv"}})
+    with pytest.raises(ConfigError, match=r"engine\.mtp_draft: not built.*; engine\.fp8_head: not built"):
+        parse_config({"model": "m", "engine": {"mtp_draft": "sampled", "fp8_head": "gemv"}})
 
 
 def test_bf16_kv_must_match_the_compute_dtype() -> None:

@@ -6,16 +6,14 @@ probabilities, which rejects a verify that redraws plainly instead of from the r
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from dgpp.engine.lookup_draft import LookupDecoder, NgramIndex
 from dgpp.engine.runner import ModelRunner
+from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.sample import ChoiceSampler, SamplingParams
-from dgpp.sample.sampler import filtered_distribution
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.published import Published
@@ -25,6 +23,7 @@ from dgpp.serve.metrics import engine_report
 from dgpp.startup.loading import load_model
 from dgpp.step.pools import CachePools
 from dgpp.testing.builders import build_tiny_checkpoint
+from dgpp.testing.distribution import chi_square_p_value, sequence_probabilities
 from dgpp.testing.scheduler import scheduler_config
 
 BS, BLOCKS = 4, 160
@@ -77,11 +76,12 @@ def serve(
     concurrency: int = 3,
     min_ngram: int = 2,
     max_ngram: int = 3,
+    schedule: ScheduleSettings | None = None,
 ) -> tuple[list[list[int]], Scheduler]:
     """Every request through one scheduler (lookup drafts at ``depth``; 0: plain decode); tokens per request."""
     sched = _scheduler(model, chunk=chunk, concurrency=concurrency)
     if depth:
-        sched.speculative = LookupDecoder(sched.runner, depth, min_ngram, max_ngram)
+        sched.speculative = LookupDecoder(sched.runner, depth, min_ngram, max_ngram, schedule)
     out: dict[str, list[int]] = {}
 
     def sink(s: Sequence, ev: SeqEvent) -> None:
@@ -199,40 +199,6 @@ def _sampled_params(seed: int | None) -> SamplingParams:
     return SamplingParams(temperature=1.0, max_tokens=3, seed=seed, logit_bias={t: 40.0 for t in TRIO})
 
 
-def _exact_pair_probabilities(model) -> dict[tuple[int, int], float]:
-    """P(first, second) of plain sampling, from the model's logits after the prompt and after each first token."""
-    pools = CachePools(model.cache_spec(), 16, BS, 2, device=next(model.parameters()).device)
-    runner = ModelRunner(model, pools)
-
-    def probs(tokens: list[int]) -> dict[int, float]:
-        logits = runner.step([SeqWork(0, list(range(16)), 0, tokens)])[0]
-        sampler = ChoiceSampler(_sampled_params(None), model.info.vocab_size, SAMPLED_PROMPT)
-        ids, p = filtered_distribution(sampler.processed_logits(logits), sampler.params)
-        p = (p / p.sum()).double()
-        return {int(i): float(q) for i, q in zip(ids.tolist(), p.tolist(), strict=True)}
-
-    first = probs(SAMPLED_PROMPT)
-    return {(a, b): pa * pb for a, pa in first.items() for b, pb in probs([*SAMPLED_PROMPT, a]).items()}
-
-
-def _chi_square_p_value(
-    counts: dict[tuple[int, int], int], expected: dict[tuple[int, int], float], n: int
-) -> float:
-    """Pearson's test of ``counts`` against ``expected`` probabilities; cells expecting < 5 draws are pooled."""
-    cells = sorted(expected, key=expected.get, reverse=True)
-    big = [c for c in cells if expected[c] * n >= 5]
-    observed = [counts.get(c, 0) for c in big] + [n - sum(counts.get(c, 0) for c in big)]
-    wanted = [expected[c] * n for c in big] + [n * (1.0 - sum(expected[c] for c in big))]
-    if wanted[-1] < 5:  # fold a thin remainder into the smallest kept cell
-        observed[-2] += observed.pop()
-        wanted[-2] += wanted.pop()
-    stat = sum((o - e) ** 2 / e for o, e in zip(observed, wanted, strict=True))
-    dof = len(wanted) - 1
-    # Wilson-Hilferty: (stat / dof) ** (1/3) is close to normal
-    z = ((stat / dof) ** (1 / 3) - (1 - 2 / (9 * dof))) / math.sqrt(2 / (9 * dof))
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-
 def _sampled_pairs(model) -> tuple[dict[tuple[int, int], int], dict]:
     requests = [(SAMPLED_PROMPT, _sampled_params(seed)) for seed in range(DRAWS)]
     out, sched = serve(model, requests, depth=1, chunk=64, concurrency=24, min_ngram=1, max_ngram=2)
@@ -246,27 +212,20 @@ def test_sampled_lookup_keeps_the_plain_distribution(dense, monkeypatch):
     """Every second token comes out of a drafted verify row: the ratio test keeps the draft with p(draft), else
     draws from the residual. The pairs follow the model's exact probabilities; a verify that redraws plainly
     on a rejection over-weights the draft, and the same test rejects it."""
-    import dgpp.engine.speculative as speculative
-    from dgpp.engine.speculative_accept import judge_row
+    import dgpp.sample.verify as verify
 
-    expected = _exact_pair_probabilities(dense)
+    expected = sequence_probabilities(dense, SAMPLED_PROMPT, _sampled_params(None), 2)
     assert len([p for p in expected.values() if p > 0.03]) >= 5  # a spread-out distribution, not a point
     counts, counters = _sampled_pairs(dense)
     assert counters["num_drafts_total"] == DRAWS  # every request drafted once (its second token)
     assert 0.05 * DRAWS < counters["num_accepted_tokens_total"] < 0.9 * DRAWS  # some drafts kept, some not
     assert sum(counts.values()) == DRAWS and set(counts) <= set(expected)
-    assert _chi_square_p_value(counts, expected, DRAWS) > 1e-3
+    assert chi_square_p_value(counts, expected, DRAWS) > 1e-3
 
-    def plain_redraw(sampler, logits, draft):
-        result, took = judge_row(sampler, logits, draft)
-        if draft is not None and not took:  # the bug: a plain draw where the residual belongs
-            result = sampler.sample(logits)
-            took = result.token == draft
-        return result, took
-
-    monkeypatch.setattr(speculative, "judge_row", plain_redraw)
+    # the bug: on a rejection, a plain draw (the draft still in the running) where the residual belongs
+    monkeypatch.setattr(verify, "_residual", lambda keep, is_draft: keep)
     wrong, _ = _sampled_pairs(dense)
-    assert _chi_square_p_value(wrong, expected, DRAWS) < 1e-6
+    assert chi_square_p_value(wrong, expected, DRAWS) < 1e-6
 
 
 # ---- keys ------------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from torch import nn
 
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
+from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.family import LoadContext
 from dgpp.plugins import manager
 from dgpp.sample import ChoiceSampler, SamplingParams
@@ -70,13 +71,18 @@ def random_qwen35_drafter(model, seed: int) -> nn.Module:
 
 class OracleDrafter(nn.Module):
     """A test double: proposes the token at ``p + 2`` of a known transcript (``wrong_from``: deeper drafts from
-    that step on are off by one, so only a prefix is accepted)."""
+    that step on are off by one, so only a prefix is accepted; ``logit``: how sure it is)."""
 
     def __init__(
-        self, scheduler: Scheduler, transcripts: dict[str, list[int]], wrong_from: int | None = None
+        self,
+        scheduler: Scheduler,
+        transcripts: dict[str, list[int]],
+        wrong_from: int | None = None,
+        logit: float = 1.0,
     ) -> None:
         super().__init__()
         self.scheduler, self.transcripts, self.wrong_from = scheduler, transcripts, wrong_from
+        self.logit = logit  # the proposed token's logit (all others 0): the drafter's confidence in it
 
     def cache_spec(self) -> dict:
         return {}
@@ -92,7 +98,7 @@ class OracleDrafter(nn.Module):
                 token = full[at] if at < len(full) else 0
                 if self.wrong_from is not None and step >= self.wrong_from:
                     token = (token + 1) % VOCAB
-                out[row, token] = 1.0
+                out[row, token] = self.logit
         return out[batch.logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor, step: int = 0) -> torch.Tensor:
@@ -108,6 +114,9 @@ def serve(
     oracle: dict | None = None,
     wrong_from: int | None = None,
     eos: frozenset[int] = frozenset(),
+    schedule: ScheduleSettings | None = None,
+    oracle_logit: float = 1.0,
+    penalties: dict | None = None,
 ) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request."""
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
@@ -119,9 +128,9 @@ def serve(
     cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     sched = Scheduler(conf, runner, blocks, slots, cache, eos_token_ids=eos)
     if oracle is not None:
-        drafter = OracleDrafter(sched, oracle, wrong_from)
+        drafter = OracleDrafter(sched, oracle, wrong_from, oracle_logit)
     if drafter is not None:
-        sched.speculative = SpeculativeDecoder(runner, drafter, depth)
+        sched.speculative = SpeculativeDecoder(runner, drafter, depth, schedule)
     out: dict[str, list[int]] = {}
 
     def sink(s: Sequence, ev: SeqEvent) -> None:
@@ -129,7 +138,9 @@ def serve(
         out.setdefault(s.request_id, []).extend(ev.tokens)
 
     for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
-        params = SamplingParams(temperature=temperature, max_tokens=n, seed=100 + i if temperature else None)
+        params = SamplingParams(
+            temperature=temperature, max_tokens=n, seed=100 + i if temperature else None, **(penalties or {})
+        )
         sched.submit([Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, VOCAB, prompt), sink)])
     for _ in range(400):
         if not sched.has_work:
@@ -250,6 +261,24 @@ def test_oracle_drafter_is_fully_accepted(glm):
     assert sched.stats.decode_batch_rows > 2 * sched.stats.decode_rows
 
 
+def test_penalties_count_the_drafts_ahead_of_a_verify_row(glm, monkeypatch):
+    """A verify row's penalties see the drafts before it as emitted (they are, when the row counts): greedy with
+    repetition and frequency penalties and an oracle's drafts equals plain, and would not if they were left out."""
+    from dgpp.sample.processors import TokenHistory
+
+    model, _ = glm
+    penalties = {"repetition_penalty": 1.5, "frequency_penalty": 2.0}
+    plain, _ = serve(model, penalties=penalties)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, sched = serve(model, depth=3, oracle=transcripts, penalties=penalties)
+    assert spec == plain
+    counters = _check_counters(sched, 3)
+    assert counters["num_accepted_tokens_total"] == counters["num_draft_tokens_total"]
+    monkeypatch.setattr(TokenHistory, "extended", lambda self, tokens, device: self)
+    blind, _ = serve(model, depth=3, oracle=transcripts, penalties=penalties)
+    assert blind != plain
+
+
 def test_hybrid_partial_acceptance_restores_state(qwen35):
     """Drafts right at depth 1 and wrong at depth 2: every verify keeps 2 of 3 rows, so the GDN state is
     restored and the accepted rows are run again; the transcript stays the plain one."""
@@ -285,26 +314,24 @@ def test_oracle_drafts_are_accepted_when_sampling(glm):
 
 def test_ratio_test_keeps_the_target_distribution():
     """Accept-with-p(draft), else draw from the residual: the emitted token is distributed as the target's p,
-    and the draft is kept with probability p(draft)."""
-    from dgpp.engine.speculative_accept import judge_row
+    and the draft is kept with probability p(draft); every seed's row judged in one batched call."""
+    from dgpp.sample.batch import Row, sample_rows
 
     logits = torch.tensor([2.0, 1.5, 0.3, -1.0, 0.9, 0.0, -0.5, 1.1])
-    params = SamplingParams(temperature=0.8, top_k=6, max_tokens=1)
     target = torch.zeros(8, dtype=torch.float64)
     kept = torch.topk(logits, 6).indices
     target[kept] = torch.softmax(logits[kept].double() / 0.8, 0)
     draft, n = 1, 6000
-    counts = torch.zeros(8, dtype=torch.float64)
-    accepted = 0
-    for seed in range(n):
-        p = SamplingParams(temperature=0.8, top_k=6, max_tokens=1, seed=seed)
-        result, took = judge_row(ChoiceSampler(p, 8, [0]), logits, draft)
-        counts[result.token] += 1
-        accepted += took
-        assert took == (result.token == draft)
-    assert params.top_k == 6 and counts[3] == 0 and counts[6] == 0  # filtered ids never come out
+    choices = [
+        ChoiceSampler(SamplingParams(temperature=0.8, top_k=6, max_tokens=1, seed=seed), 8, [0])
+        for seed in range(n)
+    ]
+    drawn = sample_rows(logits.expand(n, 8), [Row(c, drafted=True) for c in choices], torch.full((n,), draft))
+    counts = torch.bincount(torch.tensor(drawn.tokens), minlength=8).double()
+    assert all(took == (token == draft) for token, took in zip(drawn.tokens, drawn.accepted, strict=True))
+    assert counts[3] == 0 and counts[6] == 0  # filtered ids never come out
     assert float((counts / n - target).abs().max()) < 0.02
-    assert abs(accepted / n - float(target[draft])) < 0.02
+    assert abs(sum(drawn.accepted) / n - float(target[draft])) < 0.02
 
 
 def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):

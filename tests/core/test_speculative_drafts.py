@@ -22,9 +22,9 @@ def test_first_drafts_equal_the_drafter_recomputed_from_scratch(glm, monkeypatch
     seen: list[tuple[list[int], int]] = []  # (tokens with the last one not yet fed, its first draft)
     inner = SpeculativeDecoder._draft
 
-    def recording(self, seqs, depths):
-        drafts = inner(self, seqs, depths)
-        seen.extend((list(s.tokens), d[0]) for s, d in zip(seqs, drafts, strict=True) if d)
+    def recording(self, seqs, depths, rule=None):
+        drafts = inner(self, seqs, depths, rule)
+        seen.extend((list(s.tokens), d[0]) for s, d in zip(seqs, drafts.lists(), strict=True) if d)
         return drafts
 
     monkeypatch.setattr(SpeculativeDecoder, "_draft", recording)

@@ -3,6 +3,8 @@ completions equal those of the same deployment with MTP off, and ``/metrics`` re
 
 from __future__ import annotations
 
+import re
+
 import openai
 import pytest
 from litestar.testing import TestClient
@@ -56,7 +58,16 @@ def _answers(checkpoint, engine: dict) -> tuple[list[str], dict]:
     finally:
         served.shutdown()
     metrics["prometheus_has_counters"] = "dgpp_spec_decode_num_drafts_total" in prometheus
+    metrics["prometheus"] = prometheus
     return out, metrics
+
+
+def _per_position(prometheus: str, name: str, drafter: str) -> list[float]:
+    """The values of a per-position (or per-depth) family for ``drafter``, in label order."""
+    found = re.findall(
+        rf'^dgpp_spec_decode_{name}_total\{{[^}}]*drafter="{drafter}"[^}}]*\}} (\S+)$', prometheus, re.M
+    )
+    return [float(v) for v in found]
 
 
 def test_served_greedy_with_mtp_equals_mtp_off(checkpoint):
@@ -66,3 +77,26 @@ def test_served_greedy_with_mtp_equals_mtp_off(checkpoint):
     assert off["num_drafts_total"] == 0 and off["depth"] == 0
     assert on["depth"] == 2 and on["num_drafts_total"] > 0 and on["prometheus_has_counters"]
     assert on["num_draft_tokens_total"] == sum(on["num_draft_tokens_per_pos_total"])
+    prom = on["prometheus"]
+    assert _per_position(prom, "num_draft_tokens_per_pos", "mtp") == on["num_draft_tokens_per_pos_total"]
+    assert (
+        _per_position(prom, "num_accepted_tokens_per_pos", "mtp") == on["num_accepted_tokens_per_pos_total"]
+    )
+    assert _per_position(prom, "num_verifies_per_depth", "mtp") == on["num_verifies_per_depth_total"]
+
+
+def test_served_greedy_with_scheduled_or_lookup_drafts_equals_plain(checkpoint):
+    """``engine.mtp_schedule`` over MTP and prompt-lookup drafts through the server: the same answers, and the
+    per-position counters carry the drafter that proposed them."""
+    plain, _ = _answers(checkpoint, {"mtp": False})
+    scheduled, on = _answers(checkpoint, {"mtp": True, "mtp_depth": 3, "mtp_schedule": True})
+    assert scheduled == plain and on["scheduled"] and on["schedule_lambda"] > 0
+    assert sum(on["num_verifies_per_depth_total"]) > 0
+    looked, lookup = _answers(checkpoint, {"draft": "lookup", "draft_depth": 2})
+    assert looked == plain and lookup["drafter"] == "lookup" and not lookup["scheduled"]
+    prom = lookup["prometheus"]
+    assert (
+        _per_position(prom, "num_draft_tokens_per_pos", "lookup") == lookup["num_draft_tokens_per_pos_total"]
+    )
+    assert len(_per_position(prom, "num_verifies_per_depth", "lookup")) == 3
+    assert not _per_position(prom, "num_verifies_per_depth", "mtp")

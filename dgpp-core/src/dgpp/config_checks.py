@@ -184,6 +184,10 @@ def _check_engine(cfg: DeployConfig) -> list[str]:
         problems.append(f"engine.block_size: {eng.block_size} is not a power of two")
     if eng.draft != "off" and eng.mtp:
         problems.append(f"engine.draft: {eng.draft!r} and engine.mtp: true both draft; choose one")
+    if eng.mtp_schedule and not eng.mtp and eng.draft == "off":
+        problems.append(
+            "engine.mtp_schedule: true schedules the drafts of engine.mtp or engine.draft; turn one on"
+        )
     if eng.lookup_min_ngram > eng.lookup_ngram:
         problems.append(
             f"engine.lookup_min_ngram: {eng.lookup_min_ngram} exceeds engine.lookup_ngram {eng.lookup_ngram}"

@@ -9,9 +9,6 @@ from __future__ import annotations
 
 from typing import Any
 
-_SCHEDULE = (
-    "a verify depth scheduled from draft confidence is not built: every step verifies engine.mtp_depth drafts"
-)
 _LOSSY_PREFILL = "lossy prefill levers are not built: prefill runs the exact path only"
 
 # path -> why it is refused, whatever its value
@@ -24,13 +21,6 @@ NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
     ("ports", "metrics"): "a per-peer metrics listener is not built: /metrics and /metrics/prometheus are "
     "served on http.port",
     ("engine", "rope_scaling", "mrope_cache_factor"): "multimodal RoPE is not built (text models only)",
-    ("engine", "mtp_schedule"): _SCHEDULE,
-    ("engine", "mtp_schedule_row_ms"): _SCHEDULE,
-    ("engine", "mtp_schedule_base_ms"): _SCHEDULE,
-    ("engine", "mtp_schedule_lambda"): _SCHEDULE,
-    ("engine", "mtp_schedule_min_depth"): _SCHEDULE,
-    ("engine", "mtp_schedule_adapt"): _SCHEDULE,
-    ("engine", "mtp_schedule_sampled_scale"): _SCHEDULE,
     ("engine", "mtp_draft"): "a draft is always the drafter's argmax (what verification keeps exact)",
     (
         "engine",

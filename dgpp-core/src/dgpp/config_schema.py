@@ -116,6 +116,16 @@ class EngineConfig(_Section):
     )
     mtp: bool = False
     mtp_depth: Depth = 1
+    # confidence-scheduled verify depth for engine.mtp or engine.draft (dgpp.engine.verify_schedule)
+    mtp_schedule: bool = False
+    mtp_schedule_row_ms: Annotated[float, msgspec.Meta(gt=0)] = 8.0  # one verify row
+    mtp_schedule_base_ms: NonNegFloat = 28.0  # a pass's fixed cost, the draft included
+    mtp_schedule_lambda: NonNegFloat = 0.0  # the value of decode time, tokens/ms (0: a plain pass's rate)
+    mtp_schedule_min_depth: Annotated[int, msgspec.Meta(ge=0, le=5)] = (
+        1  # the fewest drafts a drafting request verifies
+    )
+    mtp_schedule_adapt: bool = True  # the value follows the modelled throughput, floored at the one above
+    mtp_schedule_sampled_scale: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.93
     # prompt-lookup drafts for any model (dgpp.engine.lookup_draft); "off" or engine.mtp decodes without them
     draft: Literal["off", "lookup"] = "off"
     draft_depth: Depth = 3

@@ -9,9 +9,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=("decode", "serve"),
+        choices=("decode", "serve", "verify"),
         default="decode",
-        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP",
+        help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP; verify: the "
+        "speculative verify path with an oracle (always right) and a null (never right) drafter",
     )
     parser.add_argument("--geometry", default="qwen3-8b")
     parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
@@ -68,3 +69,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds after a case's requests are sent before the profile starts (0: the burst itself)",
     )
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")
+    verify = parser.add_argument_group("verify mode (dgpp bench verify)")
+    verify.add_argument("--verify-depths", default="1,3", help="drafts per pass, comma separated")
+    verify.add_argument(
+        "--verify-drafters", default="oracle,null", help="scripted drafters, comma separated: oracle, null"
+    )
+    verify.add_argument(
+        "--schedule",
+        choices=("off", "on", "both"),
+        default="off",
+        help="run the drafters without / with engine.mtp_schedule (its default settings), or both",
+    )
+
+
+def parse_cases(text: str) -> list[tuple[int, int, int]]:
+    """``PROMPTxBATCHxNEW`` cases, comma separated."""
+    cases = []
+    for item in filter(None, text.split(",")):
+        prompt, batch, new = (int(x) for x in item.lower().split("x"))
+        cases.append((prompt, batch, new))
+    return cases

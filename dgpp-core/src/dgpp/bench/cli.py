@@ -6,6 +6,7 @@ against the copy-bandwidth roofline and HF transformers on the same weights:
     dgpp bench --geometry qwen3-8b --cases 128x1x256,128x64x256 --hf-cases 128x1x256
     dgpp bench --quant bf16,fp8_block,nvfp4 ...   # the same sweep per weight format, one table
     dgpp bench serve --serve-cases 1,8,64         # a real dgpp serve over HTTP (dgpp/bench/serve.py)
+    dgpp bench verify --verify-depths 1,3         # the speculative verify path, oracle and null drafters
 
 ``--quant`` encodes every decoder-layer linear of the random bf16 model on the device (dgpp/bench/quantize.py)
 and serves it through the quantized LinearMethod a loaded checkpoint gets; transformers runs the decoded values.
@@ -26,7 +27,7 @@ import traceback
 
 import torch
 
-from dgpp.bench.args import add_arguments
+from dgpp.bench.args import add_arguments, parse_cases
 from dgpp.bench.decode import copy_bandwidth_gbs, format_table, hf_tok_s, run_case
 from dgpp.bench.models import build_pair, hf_config, weight_bytes_per_step
 from dgpp.bench.quantize import (
@@ -62,14 +63,6 @@ def _set_gemv(mode: str, rows: int = 1) -> None:
             decode_max_rows=rows,
         )
     )
-
-
-def parse_cases(text: str) -> list[tuple[int, int, int]]:
-    cases = []
-    for item in filter(None, text.split(",")):
-        prompt, batch, new = (int(x) for x in item.lower().split("x"))
-        cases.append((prompt, batch, new))
-    return cases
 
 
 def bench_weights(
@@ -178,6 +171,10 @@ def run(args: argparse.Namespace) -> int:
         from dgpp.bench.serve import run_serve
 
         return run_serve(args)
+    if getattr(args, "mode", "decode") == "verify":
+        from dgpp.bench.verify import run_verify
+
+        return run_verify(args)
     device = args.device
     quant = getattr(args, "quant", "")
     variants = parse_variants(quant)

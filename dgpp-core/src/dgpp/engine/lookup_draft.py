@@ -12,13 +12,17 @@ arrived since the last step (a step costs a few dictionary probes per request, n
 how far its drafts have been right lately. A verify row costs time even when rejected (on a CPU, each row is a
 GEMV of every weight), so a request drafts one token more than it last had accepted (up to the depth), and after
 a step whose first draft was wrong it skips drafting for 1, 3, 7, 15 steps (doubling while they keep failing).
-The skip and the length only decide what is verified, never what is emitted.
+The skip and the length only decide what is verified, never what is emitted. Under ``engine.mtp_schedule`` the
+schedule replaces the length rule: a request proposes up to the depth and verifies the drafts that its running
+acceptance rate, taken as each draft's chance, pays for (``dgpp.engine.verify_schedule``).
 """
 
 from __future__ import annotations
 
+from dgpp.engine.draft_proposal import Proposal
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import VerifyDecoder
+from dgpp.engine.verify_schedule import DraftTrack, ScheduleSettings
 from dgpp.engine.work import DecodingSequence
 
 
@@ -49,54 +53,63 @@ class NgramIndex:
         return []
 
 
-class LookupState:
-    """One request's drafting state: its n-gram index and how many drafts it has earned (see the module docstring)."""
-
-    MAX_SKIP = 15
+class LookupState(DraftTrack):
+    """One request's drafting state: its n-gram index, its draft outcomes and how many drafts it has earned (see
+    the module docstring)."""
 
     def __init__(self, min_n: int, max_n: int, depth: int) -> None:
+        super().__init__()
         self.index = NgramIndex(min_n, max_n)
-        self.limit = depth  # drafts to propose next time
-        self.skip = 0  # decode steps left without drafts
-        self.misses = 0  # consecutive verifies whose first draft was wrong
+        self.limit = depth  # drafts to propose next time (unscheduled)
 
-    def judged(self, drafted: int, accepted: int, depth: int) -> None:
-        if accepted:
-            self.misses = 0
-            self.limit = min(depth, accepted + 1)
-        else:
-            self.misses += 1
-            self.limit = 1
-            self.skip = min(2**self.misses - 1, self.MAX_SKIP)
+    def judged(self, drafted: int, accepted: int, depth: int | None = None) -> None:
+        super().judged(drafted, accepted)
+        if depth is not None:
+            self.limit = min(depth, accepted + 1) if accepted else 1
 
 
 class LookupDecoder(VerifyDecoder):
     """Speculative decoding with prompt-lookup drafts (see the module docstring)."""
 
-    def __init__(self, runner: ModelRunner, depth: int, min_ngram: int, max_ngram: int) -> None:
+    def __init__(
+        self,
+        runner: ModelRunner,
+        depth: int,
+        min_ngram: int,
+        max_ngram: int,
+        schedule: ScheduleSettings | None = None,
+    ) -> None:
         if depth < 1:
             raise ValueError(f"engine.draft_depth must be at least 1, got {depth}")
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(
                 f"engine.lookup_min_ngram ({min_ngram}) must be between 1 and engine.lookup_ngram ({max_ngram})"
             )
-        super().__init__(runner, depth, "lookup")
+        super().__init__(runner, depth, "lookup", schedule)
         self.min_ngram, self.max_ngram = min_ngram, max_ngram
 
-    def _propose(self, seqs: list[DecodingSequence]) -> list[list[int]]:
+    def _propose(self, seqs: list[DecodingSequence]) -> Proposal:
+        rule = self._rule(seqs)
         drafts = []
-        for s in seqs:
+        for i, s in enumerate(seqs):
             state = self._state(s)
-            room = min(self._room(s), state.limit)
-            if state.skip:
-                state.skip -= 1
+            room = self._room(s)
+            if rule is None:
+                room = min(room, state.limit)
+            if state.resting():  # a backoff pass after failed drafts
                 room = 0
-            drafts.append(state.index.propose(room) if room else [])
-        return drafts
+            proposed = state.index.propose(room) if room else []
+            if rule is not None:  # every lookup draft is worth the request's acceptance rate
+                proposed = proposed[: rule.cut(i, [state.rate] * len(proposed))]
+            drafts.append(proposed)
+        return Proposal.of(drafts)
 
     def _judged(self, s: DecodingSequence, drafted: int, accepted: int) -> None:
         if drafted:
-            s.draft_state.judged(drafted, accepted, self.depth)
+            s.draft_state.judged(drafted, accepted, None if self.schedule is not None else self.depth)
+
+    def _track(self, s: DecodingSequence) -> LookupState:  # type: ignore[override]
+        return self._state(s)
 
     def _state(self, s: DecodingSequence) -> LookupState:
         """The sequence's state, its index brought up to its prompt and output (built from the prompt once)."""

@@ -148,16 +148,14 @@ class ModelRunner:
     ) -> torch.Tensor:
         """fp32 logits ``[n_want, vocab]``, in order of the work items with ``want_logits``; ``verify``: a
         speculative verify, whose every row computes what plain decode would (``dgpp.step.route``).
-        ``input_ids``: a decode-only step's token ids on the device, one per work item, fed instead of the
-        items' ``token_ids`` (an overlapped step's inputs are the previous step's sampled ids, dgpp.sched.overlap)."""
+        ``input_ids``: the step's token ids on the device, one per row, fed instead of the items' ``token_ids``
+        (an overlapped step's inputs are the previous step's sampled ids, dgpp.sched.overlap; a verify's drafts
+        are the drafter's picks, dgpp.engine.speculative)."""
         if not work:
             raise ValueError("step() needs at least one work item")
-        if input_ids is not None and (
-            input_ids.shape != (len(work),) or any(len(w.token_ids) != 1 for w in work)
-        ):
-            raise ValueError(
-                f"input_ids {tuple(input_ids.shape)} must give one token to each of {len(work)} decode rows"
-            )
+        rows = sum(len(w.token_ids) for w in work)
+        if input_ids is not None and input_ids.shape != (rows,):
+            raise ValueError(f"input_ids {tuple(input_ids.shape)} must give one token to each of {rows} rows")
         if self.model.info.hybrid:
             for w in work:
                 if w.context_len == 0:

@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 @dataclass
 class SpecDecodeStats:
     """Totals since start. A *draft* is one request's proposal in one verify step (``num_drafts_total``);
-    position ``i`` counts the ``i``-th draft token, accepted only when every earlier one was."""
+    position ``i`` counts the ``i``-th draft token, accepted only when every earlier one was. ``verifies_per_depth[k]``
+    counts the request-steps that verified ``k`` drafts (``k = 0``: a plain row: no match, a backoff, or a
+    schedule that found no draft worth its row)."""
 
     depth: int
     drafter: str = "mtp"  # which drafter proposes: "mtp" or "lookup"
@@ -17,13 +19,18 @@ class SpecDecodeStats:
     num_accepted_tokens_total: int = 0
     draft_tokens_per_pos: list[int] = field(default_factory=list)
     accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    verifies_per_depth: list[int] = field(default_factory=list)
+    scheduled: bool = False  # engine.mtp_schedule decides each request's depth
+    schedule_lambda: float = 0.0  # the schedule's value of decode time at the last pass, tokens/ms
 
     def __post_init__(self) -> None:
         self.draft_tokens_per_pos = [0] * self.depth
         self.accepted_tokens_per_pos = [0] * self.depth
+        self.verifies_per_depth = [0] * (self.depth + 1)
 
     def verified(self, drafted: int, accepted: int) -> None:
         """One request's verify: ``drafted`` tokens proposed, the leading ``accepted`` of them kept."""
+        self.verifies_per_depth[drafted] += 1
         if drafted == 0:
             return
         self.num_drafts_total += 1
@@ -43,4 +50,7 @@ class SpecDecodeStats:
             "num_accepted_tokens_total": self.num_accepted_tokens_total,
             "num_draft_tokens_per_pos_total": list(self.draft_tokens_per_pos),
             "num_accepted_tokens_per_pos_total": list(self.accepted_tokens_per_pos),
+            "num_verifies_per_depth_total": list(self.verifies_per_depth),
+            "scheduled": self.scheduled,
+            "schedule_lambda": self.schedule_lambda,
         }

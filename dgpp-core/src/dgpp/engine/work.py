@@ -48,7 +48,7 @@ class DecodingSequence(Protocol):
     computed: int
     output: list[int]
     retired: Any  # None while live
-    draft_state: Any  # the prompt-lookup drafter's per-request state (None until its first decode)
+    draft_state: Any  # the drafter's per-request record: a lookup index, the schedule's outcomes (None until first used)
     media: PromptMedia | None  # a prompt with images: its rotary positions continue into the output
 
     @property

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from dgpp.kernels._triton import use_triton
-from dgpp.kernels.sampling import _hash_u32_ref, sample_tokens_triton, uniform_ref
+from dgpp.kernels.sampling import _hash_u32_ref, sample_tokens_triton
 
 #: top-k rows up to this ``k`` draw from ``torch.topk`` candidates; larger ``k`` sorts the whole row
 CANDIDATE_MAX = 1024
@@ -49,7 +49,7 @@ def draw_tokens(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
         raise ValueError(f"logits has {n} rows but {len(rows)} row params were given")
     groups: dict[str, list[int]] = {"greedy": [], "plain": [], "candidates": [], "sorted": []}
     for i, r in enumerate(rows):
-        groups[_group(r, vocab)].append(i)
+        groups[group_of(r, vocab)].append(i)
     if len(groups["greedy"]) == n:
         return torch.argmax(logits, dim=-1)
     out = torch.empty(n, dtype=torch.int64, device=logits.device)
@@ -66,7 +66,7 @@ def draw_tokens(logits: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     return out
 
 
-def _group(r: RowParams, vocab: int) -> str:
+def group_of(r: RowParams, vocab: int) -> str:
     if r.greedy:
         return "greedy"
     k = r.top_k if 0 < r.top_k < vocab else 0
@@ -80,21 +80,63 @@ def _group(r: RowParams, vocab: int) -> str:
 def _draw_group(name: str, x: torch.Tensor, rows: list[RowParams]) -> torch.Tensor:
     if name == "greedy":
         return torch.argmax(x, dim=-1)
-    dev = x.device
-    # one host->device copy for the float params, one for the 63-bit seeds
+    if name == "plain" and use_triton(x):
+        temp, min_p, _, _, seeds = row_tensors(rows, x.device)
+        zeros = torch.zeros(len(rows), dtype=torch.int32, device=x.device)
+        z = x - x.amax(dim=-1, keepdim=True)
+        return sample_tokens_triton(
+            z, temp.float(), zeros, min_p.float(), torch.ones_like(temp).float(), seeds
+        )
+    kept = kept_set(name, x, rows)
+    return kept.race(kept.keep)
+
+
+def row_tensors(
+    rows: list[RowParams], device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """temperature, min-p, top-p (float64), top-k and seeds (int64) of ``rows`` on ``device``: one host->device
+    copy for the float params, one for the 63-bit seeds."""
     floats = torch.tensor(
         [[r.temperature, r.min_p, r.top_p, float(r.top_k)] for r in rows], dtype=torch.float64
-    )
-    floats = floats.to(dev, non_blocking=True)
-    seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64).to(dev, non_blocking=True)
-    temp, min_p, top_p = floats[:, 0].float(), floats[:, 1].float(), floats[:, 2]
+    ).to(device, non_blocking=True)
+    seeds = torch.tensor([r.seed for r in rows], dtype=torch.int64).to(device, non_blocking=True)
+    return floats[:, 0], floats[:, 1], floats[:, 2], floats[:, 3].to(torch.int64), seeds
+
+
+@dataclass
+class KeptSet:
+    """The tokens a group of sampled rows may draw, after temperature, top-k, min-p and top-p: candidate ``ids``
+    (None: every id of the vocabulary, in order), their tempered logits ``z`` and the ``keep`` mask, ``[n, W]``;
+    ``seeds`` ``[n]`` key the rows' uniforms."""
+
+    ids: torch.Tensor | None
+    z: torch.Tensor
+    keep: torch.Tensor
+    seeds: torch.Tensor
+
+    def token_ids(self) -> torch.Tensor:
+        if self.ids is not None:
+            return self.ids
+        return torch.arange(self.z.shape[1], device=self.z.device).expand(self.z.shape[0], -1)
+
+    def race(self, keep: torch.Tensor) -> torch.Tensor:
+        """The exponential race over ``keep``: token ``i`` wins with probability ``softmax(z)_i`` over it, from
+        the uniforms of (row seed, token id)."""
+        ids = self.token_ids()
+        seed32 = _hash_u32_ref((self.seeds ^ (self.seeds >> 32)) & 0xFFFFFFFF)
+        bits = _hash_u32_ref(ids ^ seed32[:, None])
+        u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+        score = torch.where(keep, self.z - torch.log(-torch.log(u)), float("-inf"))
+        return ids.gather(-1, torch.argmax(score, dim=-1, keepdim=True)).squeeze(-1)
+
+
+def kept_set(name: str, x: torch.Tensor, rows: list[RowParams]) -> KeptSet:
+    """The kept set of sampled rows of one group (``plain``, ``candidates`` or ``sorted``) of fp32 ``x``."""
+    temp, min_p, top_p, top_k, seeds = row_tensors(rows, x.device)
     z = x - x.amax(dim=-1, keepdim=True)  # row max 0: no overflow at tiny temperatures
     if name == "plain":
-        if use_triton(x):
-            zeros = torch.zeros(len(rows), dtype=torch.int32, device=dev)
-            return sample_tokens_triton(z, temp, zeros, min_p, torch.ones_like(temp), seeds)
-        return _plain_race(z, temp, min_p, seeds)
-    top_k = floats[:, 3].to(torch.int64)
+        zt = z / temp.float()[:, None]
+        return KeptSet(None, zt, torch.exp(zt) >= min_p.float()[:, None], seeds)
     if name == "candidates":
         width = min(max(r.top_k for r in rows), x.shape[1])
         vals, ids = torch.topk(z, width, dim=-1)
@@ -105,7 +147,7 @@ def _draw_group(name: str, x: torch.Tensor, rows: list[RowParams]) -> torch.Tens
         vals, ids = vals.gather(-1, by_val), ids.gather(-1, by_val)
     else:
         vals, ids = torch.sort(z, dim=-1, descending=True, stable=True)
-    return _filtered_race(vals, ids, temp, top_k, min_p, top_p, seeds)
+    return _filtered(vals, ids, temp.float(), top_k, min_p.float(), top_p, seeds)
 
 
 def _plain_race(
@@ -113,12 +155,11 @@ def _plain_race(
 ) -> torch.Tensor:
     """The kernel's no-filter path in torch (min-p only): same formula, so the same winners."""
     zt = z / temp[:, None]
-    keep = torch.exp(zt) >= min_p[:, None]
-    score = torch.where(keep, zt - torch.log(-torch.log(uniform_ref(seeds, z.shape[1]))), float("-inf"))
-    return torch.argmax(score, dim=-1)
+    kept = KeptSet(None, zt, torch.exp(zt) >= min_p[:, None], seeds)
+    return kept.race(kept.keep)
 
 
-def _filtered_race(
+def _filtered(
     vals: torch.Tensor,
     ids: torch.Tensor,
     temp: torch.Tensor,
@@ -126,8 +167,8 @@ def _filtered_race(
     min_p: torch.Tensor,
     top_p: torch.Tensor,
     seeds: torch.Tensor,
-) -> torch.Tensor:
-    """Top-k, min-p, top-p and the race over candidates in draw order (``vals`` descending, first is 0)."""
+) -> KeptSet:
+    """Top-k, min-p and top-p over candidates in draw order (``vals`` descending, first is 0)."""
     width = vals.shape[1]
     pos = torch.arange(width, device=vals.device)
     z = vals / temp[:, None]
@@ -139,8 +180,4 @@ def _filtered_race(
     # keep everything before the crossing and the crossing token itself (top_p 1 keeps all)
     crossing = (cumulative < top_p[:, None]).sum(dim=-1, keepdim=True)
     keep &= (top_p[:, None] >= 1.0) | (pos[None, :] <= crossing)
-    seed32 = _hash_u32_ref((seeds ^ (seeds >> 32)) & 0xFFFFFFFF)
-    bits = _hash_u32_ref(ids ^ seed32[:, None])
-    u = ((bits >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
-    score = torch.where(keep, z - torch.log(-torch.log(u)), float("-inf"))
-    return ids.gather(-1, torch.argmax(score, dim=-1, keepdim=True)).squeeze(-1)
+    return KeptSet(ids, z, keep, seeds)

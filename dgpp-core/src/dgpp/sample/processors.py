@@ -43,6 +43,18 @@ class TokenHistory:
         else:
             self.counts[token] += 1
 
+    def extended(self, tokens: tuple[int, ...], device: torch.device) -> TokenHistory:
+        """A copy that has also seen ``tokens`` (a verify row's earlier drafts, emitted only if they stand)."""
+        if not self.track or not tokens:
+            return self
+        self.materialize(device)
+        assert self.counts is not None
+        copy = TokenHistory(self.vocab_size, [], False)
+        copy.track, copy.prompt_seen = True, self.prompt_seen
+        ids = torch.tensor([t for t in tokens if 0 <= t < self.vocab_size], dtype=torch.long, device=device)
+        copy.counts = self.counts.index_add(0, ids, torch.ones_like(ids, dtype=self.counts.dtype))
+        return copy
+
 
 def apply_penalties(
     row: torch.Tensor,

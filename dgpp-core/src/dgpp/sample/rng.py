@@ -29,8 +29,3 @@ def draw_seed(stream: int, draw_index: int) -> int:
     """The device draw's seed for the ``draw_index``-th sampled token of the choice whose stream seed is
     ``stream`` (a function of the two alone, so batching cannot change it)."""
     return splitmix64((splitmix64(stream) + draw_index * GOLDEN_GAMMA) & MASK64) & MASK63
-
-
-def uniform(gen: torch.Generator) -> float:
-    """One float64 draw in [0, 1)."""
-    return float(torch.rand((), dtype=torch.float64, generator=gen))

@@ -1,7 +1,8 @@
-"""The sampler: one token per choice from one fp32 logits row, in a fixed order.
+"""One choice's sampling state: penalties → logit bias → mask, then temperature → top-k → min-p → top-p → draw.
 
-penalties → logit bias → mask → temperature → top-k → min-p → top-p → draw. Rows are processed one
-at a time with each choice's own generator, so a choice's tokens never depend on its batch mates.
+The draw is the batched one (``dgpp.sample.draw``: the exponential race keyed by a per-choice draw seed), whether
+a step samples every row at once (``dgpp.sample.batch``), verifies drafts (``dgpp.sample.verify``) or samples one
+row here (``ChoiceSampler.sample``); so a choice's tokens never depend on its batch mates.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from dgpp.sample.draw import RowParams, draw_tokens
 from dgpp.sample.params import SamplingParams
 from dgpp.sample.processors import TokenHistory, apply_logit_bias, apply_mask, apply_penalties
-from dgpp.sample.rng import choice_generator, draw_seed, uniform
+from dgpp.sample.rng import choice_generator, draw_seed
 
 # JSON has no -inf: a token with zero mass reports this floor (as vLLM and OpenAI clients expect).
 LOGPROB_FLOOR = -9999.0
@@ -59,7 +61,7 @@ class ChoiceSampler:
             items = sorted(params.logit_bias.items())
             self.bias_ids = torch.tensor([int(k) for k, _ in items], dtype=torch.long)
             self.bias_values = torch.tensor([float(v) for _, v in items], dtype=torch.float32)
-        self.draws = 0  # device draws taken (dgpp.sample.batch): the next one's seed follows from it
+        self.draws = 0  # sampled tokens drawn so far: the next draw's seed follows from it
 
     # True for a sampler whose ``sample`` must see its row itself (``dgpp.sample.forced``): the batch draw
     # leaves that row to it
@@ -70,45 +72,57 @@ class ChoiceSampler:
         """Whether a penalty, a logit bias or a grammar mask changes this choice's logits before the draw."""
         return self.history.track or self.bias_ids is not None or self.mask_fn is not None
 
-    def next_draw_seed(self) -> int:
-        """The seed of this choice's next device draw, from its generator's seed (journaled under tensor
-        parallelism, so every rank draws the same) and the number of draws taken so far."""
-        seed = draw_seed(self.generator.initial_seed(), self.draws)
-        self.draws += 1
-        return seed
+    def draw_params(self, ahead: int = 0) -> RowParams:
+        """The draw's parameters for the token ``ahead`` places after this choice's next one (a verify row behind
+        ``ahead`` drafts); the seed follows from the choice's stream and its draw count alone (``draw_seed``,
+        journaled under tensor parallelism, so every rank draws the same). Takes no draw (``advance``)."""
+        p = self.params
+        if p.greedy:
+            return RowParams(greedy=True)
+        seed = draw_seed(self.generator.initial_seed(), self.draws + ahead)
+        return RowParams(False, p.temperature, p.top_k, p.min_p, p.top_p, seed)
 
-    def processed_logits(self, logits: torch.Tensor) -> torch.Tensor:
-        """Penalties, bias and mask applied to a fp32 copy of ``logits`` (before temperature), on its device."""
+    def advance(self, tokens: int) -> None:
+        """``tokens`` sampled tokens were taken: the next draw uses the seed after them (greedy choices draw none)."""
+        if not self.params.greedy:
+            self.draws += tokens
+
+    def processed_logits(self, logits: torch.Tensor, before: tuple[int, ...] = ()) -> torch.Tensor:
+        """Penalties, bias and mask applied to a fp32 copy of ``logits`` (before temperature), on its device;
+        ``before``: tokens of this step ahead of the row (verified drafts), counted by the penalties too."""
         row = logits.detach().to(dtype=torch.float32).clone()
         p = self.params
-        apply_penalties(row, self.history, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
+        history = self.history.extended(before, row.device)
+        apply_penalties(row, history, p.repetition_penalty, p.presence_penalty, p.frequency_penalty)
         apply_logit_bias(row, self.bias_ids, self.bias_values)
         if self.mask_fn is not None:
+            if before:  # the grammar state past unverified drafts is not known here
+                raise ValueError("a grammar-constrained row cannot be judged behind drafts")
             apply_mask(row, self.mask_fn(row.shape[0]))
+            if not bool(torch.isfinite(row).any()):
+                raise ValueError("every token is masked: nothing can be sampled")
         return row
 
     def sample(self, logits: torch.Tensor) -> SampleResult:
+        """One token from one logits row (the batched draw on a batch of one), taking a draw."""
         row = self.processed_logits(logits)
+        token = int(draw_tokens(row[None], [self.draw_params()])[0])
+        self.advance(1)
+        return self.result(row, token)
+
+    def result(self, row: torch.Tensor, token: int) -> SampleResult:
+        """``token``'s result from this choice's processed ``row``, with what the reference sampler reports when
+        logprobs are asked: the raw distribution for greedy choices, the filtered and renormalized one for
+        sampled choices (a verify reports the target's, not the residual it may have drawn from)."""
         p = self.params
+        if not p.logprobs:
+            return SampleResult(token=token)
         if p.greedy:
-            # torch.argmax returns the first maximum: ties go to the lowest id, no draw consumed
-            token = int(torch.argmax(row))
-            # a mask is the only processor that gives -inf; with every id masked argmax would return id 0
-            if self.mask_fn is not None and bool(torch.isneginf(row[token])):
-                raise ValueError("every token is masked: nothing can be sampled")
-            logprobs = torch.log_softmax(row, dim=0) if p.logprobs else None
+            logprobs = torch.log_softmax(row, dim=0)
         else:
             ids, probs = filtered_distribution(row, p)
-            cumulative = torch.cumsum(probs.to(torch.float64), dim=0)
-            u = uniform(self.generator) * float(cumulative[-1])
-            at = torch.tensor([u], dtype=torch.float64, device=cumulative.device)
-            pick = int(torch.searchsorted(cumulative, at, right=True)[0])
-            pick = min(pick, ids.shape[0] - 1)
-            token = int(ids[pick])
-            logprobs = None
-            if p.logprobs:
-                logprobs = torch.full_like(row, float("-inf"))
-                logprobs[ids] = torch.log(probs / probs.sum())
+            logprobs = torch.full_like(row, float("-inf"))
+            logprobs[ids] = torch.log(probs / probs.sum())
         return result_with_logprobs(token, logprobs, p.top_logprobs)
 
     def accept(self, token: int) -> None:

@@ -13,18 +13,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from dgpp.engine.speculative_stats import SpecDecodeStats
 from dgpp.sched.published import Published
 from dgpp.sched.request import RetireReason
 
-_NO_SPEC = {
-    "depth": 0,
-    "drafter": "none",
-    "num_drafts_total": 0,
-    "num_draft_tokens_total": 0,
-    "num_accepted_tokens_total": 0,
-    "num_draft_tokens_per_pos_total": [],
-    "num_accepted_tokens_per_pos_total": [],
-}
+_NO_SPEC = SpecDecodeStats(0, "none").as_metrics()
 
 
 def _avg(total: float, count: int) -> float:
@@ -230,8 +223,10 @@ class _Collector:
         yield by_slots
         spec = sch.get("spec_decode", {})
         yield gauge("spec_decode_depth", spec.get("depth", 0))
+        yield gauge("spec_decode_schedule_lambda", spec.get("schedule_lambda", 0.0))
         for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens"):  # vLLM's spec_decode counters
             yield counter(f"spec_decode_{key}", spec.get(f"{key}_total", 0))
+        yield from _spec_by_position(label, spec)
         yield gauge("prefix_cache_snapshot_bytes", pc.get("snapshot_bytes", 0))
         yield gauge("prefix_cache_entries", pc.get("entries", 0))
         yield gauge("prefix_cache_slots", pc.get("slots", 0))
@@ -283,3 +278,19 @@ class PrometheusExport:
 
     def text(self) -> bytes:
         return generate_latest(self.registry) + generate_latest(self.histograms.registry)
+
+
+def _spec_by_position(label: str, spec: dict[str, Any]) -> Any:
+    """The per-position draft and acceptance counters (vLLM's ``spec_decode_num_accepted_tokens_per_pos``) and the
+    verifies per verified depth, labelled with the drafter that proposed them (``mtp`` or ``lookup``)."""
+    drafter = str(spec.get("drafter", "none"))
+    families = (
+        ("num_draft_tokens_per_pos", "draft tokens verified at each position", "position"),
+        ("num_accepted_tokens_per_pos", "draft tokens accepted at each position", "position"),
+        ("num_verifies_per_depth", "request verifies by the number of drafts verified", "depth"),
+    )
+    for key, doc, by in families:
+        family = CounterMetricFamily(f"dgpp_spec_decode_{key}", doc, labels=["model_name", "drafter", by])
+        for i, n in enumerate(spec.get(f"{key}_total", [])):
+            family.add_metric([label, drafter, str(i)], float(n))
+        yield family

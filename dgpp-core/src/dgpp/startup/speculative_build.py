@@ -9,6 +9,7 @@ from dgpp.config_schema import EngineConfig
 from dgpp.engine.lookup_draft import LookupDecoder
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder, VerifyDecoder
+from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext
 from dgpp.log import get_logger
@@ -26,7 +27,11 @@ def build_speculative(
         if runner.graphs is not None:
             log.info("engine.decode_graph has no effect with engine.draft: verify steps run eager")
         lookup = LookupDecoder(
-            runner, engine_cfg.draft_depth, engine_cfg.lookup_min_ngram, engine_cfg.lookup_ngram
+            runner,
+            engine_cfg.draft_depth,
+            engine_cfg.lookup_min_ngram,
+            engine_cfg.lookup_ngram,
+            _schedule(engine_cfg),
         )
         log.info(
             "speculative decoding on", drafter="lookup", depth=lookup.depth, ngram=engine_cfg.lookup_ngram
@@ -44,6 +49,11 @@ def build_speculative(
         )
     if runner.graphs is not None:
         log.info("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
-    decoder = SpeculativeDecoder(runner, drafter, engine_cfg.mtp_depth)
+    decoder = SpeculativeDecoder(runner, drafter, engine_cfg.mtp_depth, _schedule(engine_cfg))
     log.info("speculative decoding on", drafter=type(drafter).__name__, depth=decoder.depth)
     return decoder
+
+
+def _schedule(engine_cfg: EngineConfig) -> ScheduleSettings | None:
+    """``engine.mtp_schedule``'s settings, or None when every proposed draft is verified."""
+    return ScheduleSettings.from_engine(engine_cfg) if engine_cfg.mtp_schedule else None
