@@ -13,19 +13,21 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from dgpp.config_schema import EngineConfig
 from dgpp.engine.block_draft import BlockDraftDecoder
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
 from dgpp.plugin_api import CheckpointError
-from dgpp.plugins import manager
+from dgpp.plugins import build_manager, manager
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
-from dgpp.startup.loading import load_model, read_hf_config
+from dgpp.startup.loading import load_context, load_model, read_hf_config
+from dgpp.startup.memory_plan import plan_for
 from dgpp.step.pools import CachePools
 from dgpp.testing.scheduler import scheduler_config
 from dgpp_deepseek.dspark import DSparkConfig, DSparkDrafter
@@ -369,3 +371,14 @@ def test_a_checkpoint_without_dspark_keys_has_no_drafter(dsv4):
     path, model, _ = dsv4
     hf = {k: v for k, v in read_hf_config(path).items() if not k.startswith("dspark_")}
     assert DSparkConfig.from_hf_config(hf, model.config) is None
+
+
+def test_the_plan_counts_the_context_rows_with_mtp_on(dsv4):
+    path, model, drafter = dsv4
+    pm = build_manager()
+    plain = plan_for(pm, load_context(path, pm=pm))
+    spec = plan_for(pm, load_context(path, EngineConfig(mtp=True, mtp_depth=2), pm=pm))
+    stages = len(drafter.stages)
+    assert (
+        spec.kv_per_token - plain.kv_per_token == stages * model.config.head_dim * 4
+    )  # one fp32 latent each
