@@ -19,7 +19,7 @@ from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
-from dgpp.plugin_api import CheckpointError
+from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.plugins import build_manager, manager
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
@@ -28,6 +28,7 @@ from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for
+from dgpp.startup.speculative_build import build_speculative
 from dgpp.step.pools import CachePools
 from dgpp.testing.scheduler import scheduler_config
 from dgpp_deepseek.dspark import DSparkConfig, DSparkDrafter
@@ -382,3 +383,20 @@ def test_the_plan_counts_the_context_rows_with_mtp_on(dsv4):
     assert (
         spec.kv_per_token - plain.kv_per_token == stages * model.config.head_dim * 4
     )  # one fp32 latent each
+
+
+def test_the_startup_builds_a_block_decoder_and_refuses_a_depth_past_the_block(dsv4):
+    path, model, _ = dsv4
+    runner = ModelRunner(model, CachePools(model.cache_spec(), BLOCKS, BS, 4))
+    hf = read_hf_config(path)
+
+    def build(depth: int):
+        engine = EngineConfig(mtp=True, mtp_depth=depth)
+        ctx = LoadContext(path, hf, "deepseek", "DeepseekV4ForCausalLM", engine=engine)
+        return build_speculative(engine, ctx, runner, pm=manager())
+
+    decoder = build(BLOCK)
+    assert isinstance(decoder, BlockDraftDecoder) and decoder.depth == BLOCK
+    with pytest.raises(ConfigError, match="engine.mtp_depth: 5 exceeds the 4 drafts"):
+        build(BLOCK + 1)
+    model.keep_hidden = False

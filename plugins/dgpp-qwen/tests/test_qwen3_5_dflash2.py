@@ -289,3 +289,14 @@ def test_a_wrong_drafter_names_the_file_and_key(pair, tmp_path, edit, match):
     save_file(tensors, bad / "model.safetensors")
     with pytest.raises(CheckpointError, match=match):
         _drafter(target, bad, model)
+
+
+def test_the_key_needs_mtp():
+    from dgpp.config import parse_config
+
+    with pytest.raises(ConfigError, match="engine.dflash_model: its drafter drafts under engine.mtp"):
+        parse_config({"model": "m", "engine": {"dflash_model": "/somewhere"}})
+    assert (
+        parse_config({"model": "m", "engine": {"mtp": True, "dflash_model": "/x"}}).engine.dflash_model
+        == "/x"
+    )
