@@ -300,3 +300,21 @@ def test_the_key_needs_mtp():
         parse_config({"model": "m", "engine": {"mtp": True, "dflash_model": "/x"}}).engine.dflash_model
         == "/x"
     )
+
+
+def test_the_plan_counts_the_drafter_and_its_context(pair):
+    from dgpp.plugins import build_manager
+    from dgpp.startup.loading import load_context
+    from dgpp.startup.memory_plan import plan_for
+
+    target, drafter_dir, _, drafter = pair
+    pm = build_manager()
+    plain = plan_for(pm, load_context(target, pm=pm))
+    engine = EngineConfig(mtp=True, mtp_depth=2, dflash_model=str(drafter_dir))
+    spec = plan_for(pm, load_context(target, engine, pm=pm))
+    cfg = drafter.cfg
+    assert spec.drafter == sum(t.numel() * t.element_size() for t in drafter.w.values())
+    assert (
+        spec.kv_per_token - plain.kv_per_token
+        == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4
+    )
