@@ -280,13 +280,41 @@ def test_block_matches_the_float64_reference(dsv4_free):
     assert (drafter.block_logits(stale)[0][0] - base[0]).abs().max() > 1e-2
 
 
-def serve(model, drafter=None, depth=1, *, chunk=8, concurrency=3, schedule=None):
+class OracleBlocks:
+    """The DSpark drafter (its context written, its block run) with each block's first ``right`` drafts replaced
+    by the plain greedy transcript's tokens and the rest by a wrong token: deep blocks stand, then break."""
+
+    def __init__(self, drafter: DSparkDrafter, sched: Scheduler, transcripts: dict, right: int) -> None:
+        self.drafter, self.sched, self.right = drafter, sched, right
+        self.full = {f"r{i}": PROMPTS[i] + transcripts[f"r{i}"] for i in range(len(PROMPTS))}
+        self.drafts, self.vocab = drafter.drafts, drafter.model.info.vocab_size
+
+    def cache_spec(self):
+        return self.drafter.cache_spec()
+
+    def absorb(self, batch, features) -> None:
+        self.drafter.absorb(batch, features)
+
+    def draft(self, batch):
+        tokens, confidence = self.drafter.draft(batch)
+        by_slot = {s.slot: s for s in self.sched.live}
+        for i, slot in enumerate(batch.state_slots.tolist()):
+            full, c = self.full[by_slot[slot].request_id], batch.context_lens_cpu[i]
+            for j in range(self.drafts):
+                token = full[c + 1 + j] if c + 1 + j < len(full) else 0
+                tokens[i, j] = token if j < self.right else (token + 1) % self.vocab
+        return tokens, confidence
+
+
+def serve(model, drafter=None, depth=1, *, chunk=8, concurrency=3, schedule=None, oracle=None):
     conf = scheduler_config(block_size=BS, chunk_tokens=chunk, max_concurrency=concurrency, queue_limit=4096)
     pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4)
     runner = ModelRunner(model, pools)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     sched = Scheduler(conf, runner, blocks, slots, cache)
+    if oracle is not None:  # (transcripts, right)
+        drafter = OracleBlocks(drafter, sched, *oracle)
     if drafter is not None:
         sched.speculative = BlockDraftDecoder(runner, drafter, depth, schedule)
     out: dict[str, list[int]] = {}
@@ -324,6 +352,17 @@ def test_greedy_with_dspark_equals_plain_greedy(dsv4, plain, depth, chunk, concu
     stats = sched.speculative.stats
     assert stats.num_draft_tokens_total > 0 and stats.num_accepted_tokens_total > 0  # some blocks stand
     assert stats.num_accepted_tokens_total < stats.num_draft_tokens_total  # and some are cut
+
+
+@pytest.mark.parametrize(("right", "chunk", "concurrency"), [(BLOCK, 8, 3), (2, 4, 3), (3, 64, 1)])
+def test_deep_blocks_that_stand_keep_greedy_exact(dsv4, plain, right, chunk, concurrency):
+    """Blocks right up to ``right`` drafts: several drafts stand per pass (many context rows written at once, the
+    hybrid state re-run after a partial block) and the transcript is still the plain one."""
+    _, model, drafter = dsv4
+    out, sched = serve(model, drafter, BLOCK, chunk=chunk, concurrency=concurrency, oracle=(plain[4], right))
+    assert out == plain[4]
+    per_pos = sched.speculative.stats.accepted_tokens_per_pos
+    assert all(n > 0 for n in per_pos[:right]) and all(n == 0 for n in per_pos[right:])
 
 
 def test_plain_greedy_does_not_depend_on_the_chunk(plain):
