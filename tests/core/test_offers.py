@@ -33,6 +33,7 @@ TINY = {
     "qwen4_exp",
     "glm4_moe",
     "glm_moe_dsa",
+    "glm5_next",
     "mimo",
     "flint",
     "deepseek_v4",
@@ -49,6 +50,8 @@ GEOMETRIES = {
     "deepseek-v4-flash-8l",
     "tiny-deepseek-v4",
     "glm-5.3-12l",
+    "glm-5.3-flash-6l",
+    "tiny-glm-5.3-flash",
 }
 OWNERS = {
     "qwen3": "qwen",
@@ -56,6 +59,7 @@ OWNERS = {
     "qwen4_exp": "qwen",
     "glm4_moe": "glm",
     "glm_moe_dsa": "glm",
+    "glm5_next": "glm",
     "mimo": "mimo",
     "flint": "flint",
     "deepseek_v4": "deepseek",

@@ -42,7 +42,7 @@ def test_one_turn_of_reasoning_text_and_calls_is_one_assistant_message() -> None
         },
         {"type": "reasoning", "summary": [{"type": "summary_text", "text": "only a summary"}]},
     ]
-    assert chat_messages(items) == [
+    assert chat_messages(items, model="m") == [
         {"role": "developer", "content": "Be brief."},
         {"role": "user", "content": [{"type": "input_text", "text": "Weather?"}]},
         {
@@ -65,7 +65,7 @@ def test_an_assistant_message_after_calls_starts_a_new_turn() -> None:
         {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
         {"role": "assistant", "content": "after"},
     ]
-    assert [m.get("tool_calls") is not None for m in chat_messages(items)] == [True, False]
+    assert [m.get("tool_calls") is not None for m in chat_messages(items, model="m")] == [True, False]
 
 
 @pytest.mark.parametrize(
@@ -74,7 +74,10 @@ def test_an_assistant_message_after_calls_starts_a_new_turn() -> None:
         ("text", "input[1] must be an object"),
         ({"role": "tool", "content": "x"}, "input[1].role 'tool'"),
         ({"role": "user", "content": 3}, "input[1].content must be a string or an array"),
-        ({"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}, "input_image part"),
+        (
+            {"role": "user", "content": [{"type": "input_image", "image_url": "u"}]},
+            "input_image part; model 'm'",
+        ),
         (
             {"type": "function_call", "call_id": "c", "name": "f", "arguments": {}},
             "input[1].arguments must be a string",
@@ -87,7 +90,7 @@ def test_an_assistant_message_after_calls_starts_a_new_turn() -> None:
 def test_bad_items_are_named_by_their_place_in_input(item, named) -> None:
     previous = [{"role": "user", "content": "earlier"}]  # a stored conversation's items do not count
     with pytest.raises(APIError) as err:
-        chat_messages([*previous, {"role": "user", "content": "ok"}, item], first_input=1)
+        chat_messages([*previous, {"role": "user", "content": "ok"}, item], first_input=1, model="m")
     assert named in err.value.message and err.value.param == "input" and err.value.status == 400
 
 

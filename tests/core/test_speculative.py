@@ -1,5 +1,6 @@
 """Speculative decoding (engine.mtp) through the scheduler: greedy with MTP on emits exactly the plain greedy
-transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2, MiMo-V2.6 at depth 1 and 2), an oracle drafter gets full
+transcript (GLM-4.7 at depth 1 and 3, the Qwen3.5 dense hybrid at depth 2, MiMo-V2.6 at depth 1 and 2, GLM-5.3-Flash at
+depth 1 to 3), an oracle drafter gets full
 acceptance, a half-right one exercises the hybrid state restore, seeded sampling is reproducible, and the
 ``spec_decode`` counters move."""
 
@@ -246,6 +247,60 @@ def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
     _check_counters(sched, 2)
 
 
+@pytest.fixture(scope="module")
+def glm5_next(tmp_path_factory):
+    """GLM-5.3-Flash as the NVFP4-FP8 release ships it, with its MTP drafter (NoPE MLA with its own k-pooled
+    indexer, pools of 4 with 2 selected, so most prompts run sparse; the open pool's rows in a per-request ring)."""
+    from dgpp.config import EngineConfig
+    from dgpp_glm.testing_glm5_next_release import write_release_checkpoint
+
+    root = tmp_path_factory.mktemp("spec_glm5_next")
+    packed, _ = write_release_checkpoint(root / "packed", root / "twin", seed=9)
+    model = load_model(packed)
+    return model, manager().hook.dgpp_build_draft(
+        ctx=load_context(packed, EngineConfig(mtp=True)), model=model
+    )
+
+
+def test_glm5_next_greedy_mtp_equals_plain(glm5_next):
+    """The target's KDA state is restored on rejection; the drafter's ring is saved around deeper drafts."""
+    model, drafter = glm5_next
+    plain, _ = serve(model)
+    for depth in (1, 2, 3):
+        spec, sched = serve(model, drafter, depth)
+        assert spec == plain
+        _check_counters(sched, depth)
+
+
+def test_deeper_drafts_leave_the_drafter_state_as_the_accepted_rows_left_it(glm5_next, monkeypatch):
+    """The provisional rows of drafts 2 and 3 write the drafter's ring (positions past the accepted prefix); after
+    each draft pass its state is what the backlog's accepted rows left."""
+    model, drafter = glm5_next
+    after_backlog: dict[int, list[torch.Tensor]] = {}
+    checked: list[bool] = []
+    draft_step, draft = SpeculativeDecoder._draft_step, SpeculativeDecoder._draft
+
+    def step(self, items, previous, index, want_logits=True, input_ids=None):
+        out = draft_step(self, items, previous, index, want_logits, input_ids)
+        if index == 0 and want_logits:
+            after_backlog.clear()
+            after_backlog.update(self._save_draft_state([s for s, _, _ in items]))
+        return out
+
+    def drafted(self, seqs, depths, rule=None):
+        out = draft(self, seqs, depths, rule)
+        for slot, kept in after_backlog.items():
+            checked.append(
+                all(torch.equal(t[slot], k) for t, k in zip(self._draft_state_tensors(), kept, strict=True))
+            )
+        return out
+
+    monkeypatch.setattr(SpeculativeDecoder, "_draft_step", step)
+    monkeypatch.setattr(SpeculativeDecoder, "_draft", drafted)
+    serve(model, drafter, 3)
+    assert checked and all(checked)
+
+
 def test_oracle_drafter_is_fully_accepted(glm):
     model, _ = glm
     plain, base = serve(model)
@@ -290,6 +345,19 @@ def test_hybrid_partial_acceptance_restores_state(qwen35):
     counters = _check_counters(sched, 2)
     per_pos = counters["num_accepted_tokens_per_pos_total"]
     assert per_pos[0] == counters["num_draft_tokens_per_pos_total"][0] and per_pos[1] == 0
+
+
+def test_glm5_next_partial_acceptance_restores_kda_state_and_index_rings(glm5_next):
+    """GLM-5.3-Flash as the target with drafts right at depths 1 and 2 and wrong at 3: every verify keeps 3 of 4
+    rows, so the KDA states and the indexers' open-pool rings are restored and the accepted rows run again."""
+    model, _ = glm5_next
+    plain, _ = serve(model)
+    transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
+    spec, sched = serve(model, depth=3, oracle=transcripts, wrong_from=2)
+    assert spec == plain
+    counters = _check_counters(sched, 3)
+    per_pos = counters["num_accepted_tokens_per_pos_total"]
+    assert per_pos[0] == counters["num_draft_tokens_per_pos_total"][0] > 0 and per_pos[2] == 0
 
 
 def test_seeded_sampling_with_mtp_is_reproducible(glm):

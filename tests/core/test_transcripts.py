@@ -5,7 +5,8 @@ pools, scheduler, step loop) with small prefill chunks, several requests in flig
 repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter. The token ids each
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
 e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the mimo entry with
-the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8): a refactor
+the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8; the glm5_next
+entry with the GLM plugin on 2026-12-05, on top of ebde68a): a refactor
 that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
@@ -64,6 +65,8 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "mimo": (lambda out: build_tiny_mimo(out, seed=0, vocab_size=512), False),
     # window 6, HCA ratio 8, CSA ratio 4 keeping 3 entries: the hit restores rings and open windows, shares entries
     "deepseek_v4": (lambda out: build_tiny_deepseek_v4(out, seed=0, vocab_size=512), False),
+    # KDA state, k-pooled indexer (kpool 4, 2 pools kept): the hit restores the KDA state and shares pooled keys
+    "glm5_next": (lambda out: build_tiny_checkpoint("glm5_next", out), False),
 }
 
 

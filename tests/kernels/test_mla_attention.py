@@ -12,18 +12,18 @@ from dgpp.kernels.mla_attention import mla_attention_ref, mla_attention_triton
 LATENT, ROPE, HEADS, BS = 32, 8, 4, 4
 
 
-def _cache(lens: list[int], seed: int, num_blocks: int = 200):
+def _cache(lens: list[int], seed: int, num_blocks: int = 200, rope_dim: int = ROPE):
     g = torch.Generator().manual_seed(seed)
     rows = len(lens)
     max_blocks = num_blocks // 5  # room for 160 tokens per row (at most 5 rows)
     latent = torch.randn(num_blocks, BS, 1, LATENT, generator=g)
-    rope = torch.randn(num_blocks, BS, 1, ROPE, generator=g)
+    rope = torch.randn(num_blocks, BS, 1, rope_dim, generator=g)
     perm = torch.randperm(num_blocks, generator=g)
     tables = torch.full((rows, max_blocks), -1, dtype=torch.int32)
     for r in range(rows):
         tables[r] = perm[r * max_blocks : (r + 1) * max_blocks].int()
     q_lat = torch.randn(rows, HEADS, LATENT, generator=g)
-    q_rot = torch.randn(rows, HEADS, ROPE, generator=g)
+    q_rot = torch.randn(rows, HEADS, rope_dim, generator=g)
     return q_lat, q_rot, latent, rope, tables, torch.tensor(lens, dtype=torch.int32)
 
 
@@ -34,6 +34,15 @@ def test_dense_rows_match_reference_with_padding_and_split_contexts():
     ref = mla_attention_ref(q_lat, q_rot, latent, rope, tables, lens, 0.2)
     assert torch.equal(out[0], torch.zeros_like(out[0]))
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_nope_rows_match_reference():
+    """GLM-5.3-Flash's MLA has no rotated part: an empty rope cache and query (zero-width rows)."""
+    q_lat, q_rot, latent, rope, tables, lens = _cache([1, 29, 130], seed=5, rope_dim=0)
+    out = mla_attention_triton(q_lat, q_rot, latent, rope, tables, lens, 0.2)
+    torch.testing.assert_close(
+        out, mla_attention_ref(q_lat, q_rot, latent, rope, tables, lens, 0.2), rtol=1e-4, atol=1e-5
+    )
 
 
 def test_sparse_rows_attend_exactly_their_selection():

@@ -70,6 +70,62 @@ def test_fp8_with_mxfp4_experts_deepseek_v4():
         QuantScheme.from_hf_config({"quantization_config": {**qc, "expert_dtype": "int4"}})
 
 
+DGPP_MIXED = {
+    "quant_method": "dgpp_mixed",
+    "routed_experts": {
+        "layers": [3, 4, 5],
+        "format": "nvfp4-pack-quantized",
+        "num_bits": 4,
+        "group_size": 16,
+        "tensor_suffixes": ["weight_packed", "weight_scale", "weight_global_scale"],
+    },
+    "fp8": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["lm_head", "re:.*\\.mlp\\.gate$"],
+    },
+    "mtp_layer": {"index": 6, "source": "base"},
+    "dsa_attention": {"layers": [3], "source": "base"},
+}
+
+
+def test_dgpp_mixed_nvfp4_experts_on_the_listed_layers_fp8_blocks_elsewhere():
+    """GLM-5.3-Flash NVFP4-FP8: the listed layers' routed experts NVFP4; the MTP layer's experts (layer 6), the
+    shared experts and the attention keep the FP8 release's 128 x 128 blocks; the fp8 section's ignore list and
+    a top-level one leave modules dense."""
+    s = scheme({**DGPP_MIXED, "modules_to_not_convert": ["model.language_model.layers.0.self_attn.q_proj"]})
+    p = "model.language_model.layers"
+    assert isinstance(s.format_for(f"{p}.4.mlp.experts.287.down_proj"), NVFP4CompressedTensors)
+    for name in (
+        f"{p}.6.mlp.experts.0.up_proj",
+        f"{p}.4.mlp.shared_experts.up_proj",
+        f"{p}.3.self_attn.o_proj",
+    ):
+        fmt = s.format_for(name)
+        assert isinstance(fmt, FP8Block) and fmt.block == (128, 128) and fmt.scale_format == "f32", name
+    for name in ("lm_head", f"{p}.4.mlp.gate", f"{p}.0.self_attn.q_proj"):
+        assert s.format_for(name) is None, name
+    assert isinstance(s.format_for(f"{p}.14.mlp.experts.0.up_proj"), FP8Block)  # layer 14 is not layer 4
+
+
+@pytest.mark.parametrize(
+    ("change", "key"),
+    [
+        ({"routed_experts": None}, "routed_experts"),
+        ({"routed_experts": {**DGPP_MIXED["routed_experts"], "format": "mxfp4"}}, "routed_experts.format"),
+        ({"routed_experts": {**DGPP_MIXED["routed_experts"], "group_size": 32}}, "routed_experts.group_size"),
+        ({"routed_experts": {**DGPP_MIXED["routed_experts"], "layers": []}}, "routed_experts.layers"),
+        ({"mtp_layer": {"source": "experts"}}, "mtp_layer.source"),
+        ({"fp8": None}, "quantization_config.fp8"),
+        ({"fp8": {"quant_method": "fp8"}}, "quantization_config.fp8.weight_block_size"),
+    ],
+)
+def test_dgpp_mixed_refusals_name_the_key(change, key):
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        scheme({**DGPP_MIXED, **change})
+
+
 def test_modelopt_nvfp4_excludes_globs():
     s = scheme(
         {

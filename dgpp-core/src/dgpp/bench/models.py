@@ -179,9 +179,12 @@ def weight_bytes_per_step(model: Model) -> int:
     """Bytes of weights a decode step reads: every parameter once, except the embedding table and a hash
     router's token table (one row per token is read; a tied LM head still reads it whole, counted once)."""
     total = 0
+    # the embedding wherever the checkpoint's names put it (``model.`` or a wrapper's ``model.language_model.``)
+    embed = next((m for name, m in model.named_modules() if name.endswith("embed_tokens")), None)
     tied = (
         getattr(model, "lm_head", None) is not None
-        and model.lm_head.weight is model.model.embed_tokens.weight
+        and embed is not None
+        and model.lm_head.weight is embed.weight
     )
     for name, param in model.named_parameters():
         if (name.endswith("embed_tokens.weight") or name == "embed.weight") and not tied:

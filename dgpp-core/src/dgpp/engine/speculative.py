@@ -20,6 +20,10 @@ One decode pass, for every live request at position ``c`` (``c`` tokens cached, 
    is restored from the snapshot taken before the verify and the accepted rows are run again (exact; per-row
    state snapshots in the kernels would save that second forward).
 
+A drafter may keep per-request state of its own (e.g. the ring of rows an index-key pooler has not pooled yet,
+GLM-5.3-Flash's MTP layer): it sees every accepted position once, in order, through the backlog; the provisional rows
+of deeper drafts would advance that state past the accepted prefix, so it is saved before them and put back after.
+
 Greedy requests thus emit exactly the plain greedy transcript, whatever the drafter proposes. Steps 2-4 do not
 depend on where drafts come from (``VerifyDecoder``); step 1 is the MTP drafter's (``SpeculativeDecoder``). With
 ``engine.mtp_schedule`` each request verifies only the drafts its predicted survival pays for
@@ -234,11 +238,7 @@ class SpeculativeDecoder(VerifyDecoder):
         if depth < 1:
             raise ValueError(f"engine.mtp_depth must be at least 1, got {depth}")
         spec = drafter.cache_spec()
-        stateful = [name for name, s in spec.items() if isinstance(s, StateSpec)]
-        if stateful:
-            raise ValueError(
-                f"drafter cache entries {stateful} keep per-request state; only paged K/V drafters are supported"
-            )
+        self._stateful = any(isinstance(s, StateSpec) for s in spec.values())
         super().__init__(runner, depth, "mtp", schedule)
         runner.model.keep_hidden = True  # the drafter reads every row of the target's hidden (off by default)
         self.drafter = drafter
@@ -322,15 +322,53 @@ class SpeculativeDecoder(VerifyDecoder):
         hidden, logits = self._draft_step(items, torch.cat(rows), 0)
         index = {s: i for i, s in enumerate(seqs)}
         chain = [(index[s], s) for s, _, _ in items]
-        # where each request's drafts are among the chain steps' picks (concatenated in step order)
-        where: list[list[int]] = [[] for _ in seqs]
-        picks, sure = [], []
+        saved = self._save_draft_state([s for _, s in chain]) if self._stateful and self.depth > 1 else {}
+        try:
+            where, picks, sure = self._chain(depths, chain, hidden, logits, rule is not None)
+        finally:
+            for slot, tensors in saved.items():  # the drafter's state as the accepted rows left it
+                for t, kept in zip(self._draft_state_tensors(), tensors, strict=True):
+                    t[slot].copy_(kept)
+        order = torch.tensor([r for w in where for r in w], dtype=torch.int64).to(device, non_blocking=True)
+        drafts = torch.cat(picks).index_select(0, order)
+        counts = [len(w) for w in where]
+        if rule is None:
+            return Proposal(counts, device=drafts)
+        both = torch.stack([drafts.double(), torch.cat(sure).index_select(0, order).double()]).tolist()
+        lists, at = [], 0
+        for i, n in enumerate(counts):
+            tokens, confidences = both[0][at : at + n], both[1][at : at + n]
+            lists.append([int(t) for t in tokens[: rule.cut(i, confidences)]])
+            at += n
+        return Proposal.of(lists)
+
+    def _draft_state_tensors(self) -> list[torch.Tensor]:
+        return [t for ts in self.draft_pools.state.values() for t in ts.values()]
+
+    def _save_draft_state(self, seqs: list[DecodingSequence]) -> dict[int, list[torch.Tensor]]:
+        return {s.slot: [t[s.slot].clone() for t in self._draft_state_tensors()] for s in seqs}  # type: ignore[index]
+
+    def _chain(
+        self,
+        depths: list[int],
+        chain: list[tuple[int, DecodingSequence]],
+        hidden: torch.Tensor,
+        logits: torch.Tensor | None,
+        with_confidence: bool,
+    ) -> tuple[list[list[int]], list[torch.Tensor], list[torch.Tensor]]:
+        """Greedy drafts from the backlog's last rows, then the drafter on its own output (provisional rows), on
+        the device: each chain step's picks (and with ``with_confidence`` their probabilities under the drafter),
+        and where each request's drafts are among those picks concatenated in step order."""
+        device = self.runner.device
+        where: list[list[int]] = [[] for _ in depths]
+        picks: list[torch.Tensor] = []
+        sure: list[torch.Tensor] = []
         base = 0
         for step in range(self.depth):
             assert logits is not None
             picked = torch.argmax(logits, dim=-1)  # greedy drafts; ties to the lowest id
             picks.append(picked)
-            if rule is not None:  # each draft's probability under the drafter
+            if with_confidence:
                 sure.append(torch.softmax(logits, dim=-1).gather(-1, picked[:, None]).squeeze(-1))
             keep = []
             for row, (i, _) in enumerate(chain):
@@ -347,18 +385,7 @@ class SpeculativeDecoder(VerifyDecoder):
             # the next row of each chain is fed its last draft (on the device; the listed token is a placeholder)
             items = [(s, s.computed - 1 + len(where[i]), [0]) for i, s in chain]
             hidden, logits = self._draft_step(items, hidden, step + 1, input_ids=picked.index_select(0, kept))
-        order = torch.tensor([r for w in where for r in w], dtype=torch.int64).to(device, non_blocking=True)
-        drafts = torch.cat(picks).index_select(0, order)
-        counts = [len(w) for w in where]
-        if rule is None:
-            return Proposal(counts, device=drafts)
-        both = torch.stack([drafts.double(), torch.cat(sure).index_select(0, order).double()]).tolist()
-        lists, at = [], 0
-        for i, n in enumerate(counts):
-            tokens, confidences = both[0][at : at + n], both[1][at : at + n]
-            lists.append([int(t) for t in tokens[: rule.cut(i, confidences)]])
-            at += n
-        return Proposal.of(lists)
+        return where, picks, sure
 
     def _draft_step(
         self,

@@ -47,7 +47,8 @@ def write_kv(
     rows, slots = rows_slots or kv_write_rows(slot_mapping)
     for cache, new in ((k_cache, k), (v_cache, v)):
         kept = new if rows is None else new.index_select(0, rows)
-        cache.view(-1, *cache.shape[2:]).index_copy_(0, slots, _as(kept, cache.dtype))
+        # flatten, not view(-1, ...): a zero-width cache (MLA without RoPE keeps no rotated key) has no -1 to infer
+        cache.flatten(0, 1).index_copy_(0, slots, _as(kept, cache.dtype))
 
 
 def context_token_rows(block_table: torch.Tensor, length: int, block_size: int) -> torch.Tensor:
@@ -67,7 +68,7 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
 
 def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
     """Pool rows ``token_rows`` (``context_token_rows``) of ``cache``, ``[len, kv_heads, dim]``."""
-    return cache.view(-1, *cache.shape[2:]).index_select(0, token_rows)
+    return cache.flatten(0, 1).index_select(0, token_rows)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:

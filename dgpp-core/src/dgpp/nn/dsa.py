@@ -50,6 +50,13 @@ def top_k_lowest_on_ties(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order.sort().values
 
 
+def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Σ_h w_h · relu(q_h · k_t · D^-½)`` for one row (``q [H, D]``, ``weights [H]``) over ``keys [n, D]`` -> ``[n]``
+    (fp32 in, fp32 out), each key's score independent of the others."""
+    per_head = F.relu(batch_invariant_linear(q, keys) * q.shape[-1] ** -0.5)  # [H, n]
+    return batch_invariant_linear(weights[None, :], per_head.t())[0]
+
+
 class DSAIndexer(nn.Module):
     """The indexer of one layer (``indexer.*`` in GLM-5 / DeepSeek-V3.2 checkpoints), replicated over TP."""
 
@@ -120,6 +127,4 @@ class DSAIndexer(nn.Module):
         return selection
 
     def scores(self, q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``Σ_h w_h · relu(q_h · k_t · D^-½)`` for one row over ``keys`` ``[n, D]`` -> ``[n]`` (fp32)."""
-        per_head = F.relu(batch_invariant_linear(q, keys) * self.head_dim**-0.5)  # [H, n]
-        return batch_invariant_linear(weights[None, :], per_head.t())[0]
+        return index_scores(q, keys, weights)

@@ -4,6 +4,9 @@ Per value head the state ``S`` is ``[dk, dv]``; one token does ``S <- exp(g)·S`
 ``beta·(v - S^T k)`` along ``k`` (the delta rule), and reads ``o = S^T q``. q and k are L2-normalised and q is
 scaled by ``dk^-1/2``; value head ``j`` reads key/query head ``j // (Hv/Hk)``.
 
+The decay ``g`` is one log-factor per head (GDN) or one per head and key channel (Kimi delta attention, KDA:
+``S <- diag(exp(g))·S`` decays each key row of the state on its own); every function here takes either shape.
+
 Prefill uses the chunked (UT-transform) form: inside a chunk every token's contribution is solved at once, and
 only the chunk-to-chunk state hand-off is sequential. Decode rows (one token) take the plain recurrent step.
 Everything runs in fp32; outputs are rounded to the input dtype once.
@@ -50,11 +53,11 @@ def gated_delta_step(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per sequence. q/k ``[B, Hk, dk]``, v ``[B, Hv, dv]``, g/beta ``[B, Hv]``, state ``[B, Hv, dk, dv]``
-    (fp32). Returns (output ``[B, Hv, dv]`` fp32, new state)."""
+    """One token per sequence. q/k ``[B, Hk, dk]``, v ``[B, Hv, dv]``, beta ``[B, Hv]``, g ``[B, Hv]`` or per key
+    channel ``[B, Hv, dk]``, state ``[B, Hv, dk, dv]`` (fp32). Returns (output ``[B, Hv, dv]`` fp32, new state)."""
     q, k = _prepare_qk(q, k, v.shape[-2])
     v, g, beta = v.float(), g.float(), beta.float()
-    state = state * g.exp()[..., None, None]
+    state = state * (g.exp()[..., None] if g.dim() == q.dim() else g.exp()[..., None, None])
     predicted = torch.einsum("bhkv,bhk->bhv", state, k)
     correction = (v - predicted) * beta[..., None]
     state = state + k[..., :, None] * correction[..., None, :]
@@ -71,9 +74,9 @@ def chunked_gated_delta_rule(
     state: torch.Tensor,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Padded batch form. q/k ``[B, L, Hk, dk]``, v ``[B, L, Hv, dv]``, g/beta ``[B, L, Hv]``, state
-    ``[B, Hv, dk, dv]``. Padding rows must carry k = v = beta = g = 0 (they then leave the state untouched).
-    Returns (output ``[B, L, Hv, dv]`` fp32, final state fp32)."""
+    """Padded batch form. q/k ``[B, L, Hk, dk]``, v ``[B, L, Hv, dv]``, beta ``[B, L, Hv]``, g ``[B, L, Hv]`` or per
+    key channel ``[B, L, Hv, dk]``, state ``[B, Hv, dk, dv]``. Padding rows must carry k = v = beta = g = 0 (they
+    then leave the state untouched). Returns (output ``[B, L, Hv, dv]`` fp32, final state fp32)."""
     batch, length, num_v_heads, dv = v.shape
     q, k = _prepare_qk(q, k, num_v_heads)
     pad = (-length) % chunk_size
@@ -84,7 +87,13 @@ def chunked_gated_delta_rule(
         x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
         return x.reshape(batch, num_v_heads, num_chunks, chunk_size, *x.shape[3:])
 
+    def rows_first(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, C, dv] -> [B, L, H, dv]
+        return x.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
+
     q, k, v, g, beta = (heads_first_chunked(x) for x in (q, k, v, g, beta))
+    if g.dim() == q.dim():
+        out, state = _per_channel_chunks(q, k, v, g, beta, state.float())
+        return rows_first(out), state
     log_decay = g.cumsum(dim=-1)  # within each chunk, log of the decay from chunk start to position i
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     # decay_between[i, j] = exp(log_decay_i - log_decay_j) for j <= i, zero above the diagonal
@@ -115,7 +124,44 @@ def chunked_gated_delta_rule(
         new_values = values_solved[:, :, n] - keys_solved[:, :, n] @ state
         out[:, :, n] = q_decayed[:, :, n] @ state + intra[:, :, n] @ new_values
         state = state * chunk_decay[:, :, n] + k_to_end[:, :, n].transpose(-1, -2) @ new_values
-    out = out.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
+    return rows_first(out), state
+
+
+def _per_channel_chunks(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chunked form with a decay per key channel (KDA), chunk by chunk: q/k/g ``[B, H, N, C, dk]``, v
+    ``[B, H, N, C, dv]``, beta ``[B, H, N, C]``. The pairwise decays ``exp(G_i - G_j)`` are per channel
+    (``[C, C, dk]``), so they are built one chunk at a time; masked to -inf above the diagonal before ``exp`` (a
+    positive exponent there would overflow)."""
+    chunk_size = q.shape[-2]
+    log_decay = g.cumsum(dim=-2)
+    causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
+    out = torch.empty_like(v)
+    for n in range(q.shape[2]):
+        qn, kn, vn, bn, decay = q[:, :, n], k[:, :, n], v[:, :, n], beta[:, :, n, :, None], log_decay[:, :, n]
+        between = (decay[..., :, None, :] - decay[..., None, :, :]).masked_fill(
+            ~causal[..., None], float("-inf")
+        )
+        between = between.exp()  # [B, H, C, C, dk]: exp(G_i - G_j) for j <= i, else 0
+        k_beta = kn * bn
+        system = torch.einsum("bhic,bhjc,bhijc->bhij", k_beta, kn, between).tril(-1)
+        values_solved = torch.linalg.solve_triangular(system, vn * bn, upper=False, unitriangular=True)
+        keys_solved = torch.linalg.solve_triangular(
+            system, k_beta * decay.exp(), upper=False, unitriangular=True
+        )
+        intra = torch.einsum("bhic,bhjc,bhijc->bhij", qn, kn, between)
+        new_values = values_solved - keys_solved @ state
+        out[:, :, n] = (qn * decay.exp()) @ state + intra @ new_values
+        last = decay[..., -1:, :]  # [B, H, 1, dk]
+        state = (
+            state * last.exp().transpose(-1, -2) + (kn * (last - decay).exp()).transpose(-1, -2) @ new_values
+        )
     return out, state
 
 
@@ -132,7 +178,8 @@ def gated_delta_rule_varlen(
     chunk_size: int = CHUNK_SIZE,
 ) -> torch.Tensor:
     """The gated delta rule over flattened token rows (``q_lens`` per sequence), state read from and written to
-    ``state_pool[state_slots]``. q/k ``[T, Hk, dk]``, v ``[T, Hv, dv]``, g/beta ``[T, Hv]``. Returns ``[T, Hv, dv]``
+    ``state_pool[state_slots]``. q/k ``[T, Hk, dk]``, v ``[T, Hv, dv]``, beta ``[T, Hv]``, g ``[T, Hv]`` or
+    ``[T, Hv, dk]``. Returns ``[T, Hv, dv]``
     fp32 (zeros for padding rows, whose slot is -1). Single-token sequences take the recurrent step; longer
     ones the chunked form, padded together."""
     device = v.device

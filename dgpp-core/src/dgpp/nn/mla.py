@@ -33,7 +33,7 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
 from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
-from dgpp.step.cache_spec import LatentKV
+from dgpp.step.cache_spec import CacheSpec, LatentKV
 
 
 def mla_softmax_scale(qk_head_dim: int, yarn: YarnScaling | None = None) -> float:
@@ -117,7 +117,7 @@ class MultiLatentAttention(nn.Module):
     def cache_spec(self) -> LatentKV:
         return LatentKV.of(self.kv_lora_rank, self.rope_dim, self.dtype)
 
-    def cache_entries(self, dtype: torch.dtype) -> dict[str, LatentKV]:
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         """This layer's latent entry, in the layer's own dtype (the model's ``cache_spec`` collects it)."""
         return {self.cache_name: self.cache_spec()}
 
@@ -229,7 +229,9 @@ class MultiLatentAttention(nn.Module):
         for r in range(q_lat.shape[0]):
             keys = self._keys(r, q_offset, picks)
             lat, rope = latent[keys], k_rot[keys]
-            scores = batch_invariant_linear(q_lat[r], lat) + batch_invariant_linear(q_rot[r], rope)
+            scores = batch_invariant_linear(q_lat[r], lat)
+            if self.rope_dim:  # NoPE MLA (GLM-5.3-Flash) has no rotated part
+                scores = scores + batch_invariant_linear(q_rot[r], rope)
             probs = torch.softmax(scores * self.scale, dim=-1, dtype=torch.float32).to(q_lat.dtype)
             o_lat[r] = batch_invariant_linear(probs, lat.t())
         return torch.stack([batch_invariant_linear(o_lat[:, h], w_uv[h]) for h in range(self.num_heads)], 1)

@@ -1,5 +1,6 @@
-"""Window compressor (DeepSeek-V4's CSA / HCA and its lightning indexer's keys): gated softmax pooling of every
-complete window of ``ratio`` token rows into one cache entry.
+"""Window pooling: gated softmax pooling of every complete window of ``ratio`` token rows into one cache entry
+(DeepSeek-V4's CSA / HCA and its lightning indexer's keys: ``WindowCompressor``; GLM-5.3-Flash's k-pooled index
+keys subclass ``WindowPooler`` with their own projections).
 
 Each row projects to K/V rows ``c = wkv(x)`` and gate logits ``z = wgate(x)``. Window ``w`` (positions
 ``w·r .. w·r + r - 1``) becomes, once its last row arrives, ``norm(Σ_j softmax_j(z_j + ape_j) ⊙ c_j)`` (the
@@ -80,8 +81,87 @@ def gather_entries(
     return flat[entry_slots(block_table, entries, ratio, block_size, pool.shape[1])]
 
 
-class WindowCompressor(nn.Module):
-    """``wkv`` / ``wgate`` / ``ape`` / ``norm`` of one compressor (the release's ``compressor.*`` names)."""
+class WindowPooler(nn.Module):
+    """Pools every complete window of ``ratio`` rows into a ``CompressedKV`` entry and buffers the rows of the open
+    window (a ``WindowBuffer`` ring). A subclass projects its rows and calls ``store``, and says what the softmax
+    adds per window row (``position_bias``, ``[ratio, width]``) and what becomes of a pooled row (``finish``)."""
+
+    def __init__(
+        self, head_dim: int, ratio: int, cache_name: str, *, overlap: bool, dtype: torch.dtype
+    ) -> None:
+        super().__init__()
+        self.head_dim, self.ratio, self.overlap = head_dim, ratio, overlap
+        self.width = 2 * head_dim if overlap else head_dim
+        self.cache_name = cache_name
+        self.dtype = dtype
+
+    @property
+    def buffer_name(self) -> str:
+        return f"{self.cache_name}.buffer"
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        rows = 2 * self.ratio if self.overlap else self.ratio
+        return {
+            self.cache_name: CompressedKV.of(self.ratio, self.head_dim, self.dtype),
+            self.buffer_name: WindowBuffer(rows=rows, width=self.width, dtype=self.dtype),
+        }
+
+    def position_bias(self) -> torch.Tensor:
+        raise NotImplementedError
+
+    def finish(self, pooled: torch.Tensor, window: int) -> torch.Tensor:
+        """A pooled row ``[head_dim]`` as the cache keeps it (as is, unless a subclass norms or rotates it)."""
+        return pooled
+
+    def pool(self, kv: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
+        """Entry ``window`` from its rows: ``kv``/``gate`` ``[r or 2r, width]`` (the previous window's rows first
+        when overlapping; only the current window's when ``window == 0``)."""
+        r, d = self.ratio, self.head_dim
+        bias = self.position_bias().float()
+        gate = gate.float() + (bias if gate.shape[0] == r else bias.repeat(2, 1))
+        if self.overlap:
+            cur_kv, cur_gate = kv[-r:, d:], gate[-r:, d:]
+            if window > 0:
+                cur_kv = torch.cat([kv[:r, :d], cur_kv])
+                cur_gate = torch.cat([gate[:r, :d], cur_gate])
+            kv, gate = cur_kv, cur_gate
+        weights = gate.softmax(dim=0, dtype=torch.float32).to(kv.dtype)
+        return self.finish((kv * weights).sum(dim=0), window)
+
+    def store(self, kv: torch.Tensor, gate: torch.Tensor, batch: ForwardBatch) -> None:
+        """Pool every window this step's rows (``kv``/``gate`` ``[T, width]``) complete into the pool, then buffer
+        the rows the next windows still need."""
+        ring = batch.cache.state[self.buffer_name]
+        ring_kv, ring_gate = ring["kv"], ring["gate"]
+        cap = ring_kv.shape[1]
+        pool = batch.cache.kv[self.cache_name][0]
+        flat = pool.view(-1, pool.shape[-1])
+        r, block_size = self.ratio, batch.cache.block_size
+        for seq in live_sequences(batch):
+            b, start, q_len, ctx, end, slot = seq
+            lo = max(0, ctx - cap)  # the timeline: buffered rows lo..ctx-1, then this step's rows
+            old = torch.arange(lo, ctx, device=kv.device) % cap
+            line_kv = torch.cat([ring_kv[slot, old], kv[start : start + q_len].to(ring_kv.dtype)])
+            line_gate = torch.cat([ring_gate[slot, old], gate[start : start + q_len].to(ring_gate.dtype)])
+            done = range(ctx // r, end // r)  # windows whose last row is in this step
+            if len(done):
+                entries = []
+                for w in done:
+                    first = max(0, (w - 1) * r) if self.overlap else w * r
+                    rows = slice(first - lo, (w + 1) * r - lo)
+                    entries.append(self.pool(line_kv[rows], line_gate[rows], w))
+                windows = torch.arange(done.start, done.stop, device=kv.device)
+                slots = entry_slots(batch.block_tables[b], windows, r, block_size, pool.shape[1])
+                flat.index_copy_(0, slots, torch.stack(entries).to(flat.dtype))
+            keep = max(ctx, end - cap)  # buffer the last `cap` positions, after reading the old ones
+            idx = torch.arange(keep, end, device=kv.device) % cap
+            ring_kv[slot, idx] = line_kv[keep - lo :]
+            ring_gate[slot, idx] = line_gate[keep - lo :]
+
+
+class WindowCompressor(WindowPooler):
+    """``wkv`` / ``wgate`` / ``ape`` / ``norm`` of one compressor (the release's ``compressor.*`` names); a pooled
+    row is normed and rotated at its window's first position."""
 
     def __init__(
         self,
@@ -95,11 +175,7 @@ class WindowCompressor(nn.Module):
         dtype: torch.dtype,
         eps: float,
     ) -> None:
-        super().__init__()
-        self.head_dim, self.ratio, self.overlap = head_dim, ratio, overlap
-        self.width = 2 * head_dim if overlap else head_dim
-        self.cache_name = cache_name
-        self.dtype = dtype
+        super().__init__(head_dim, ratio, cache_name, overlap=overlap, dtype=dtype)
         self.wkv = Linear(hidden_size, self.width, dtype=dtype)
         self.wgate = Linear(hidden_size, self.width, dtype=dtype)
         self.ape = nn.Parameter(torch.empty(ratio, self.width, dtype=torch.float32), requires_grad=False)
@@ -107,60 +183,13 @@ class WindowCompressor(nn.Module):
         self.norm = FP32WeightRMSNorm(head_dim, eps)
         self.rotary = rotary
 
-    @property
-    def buffer_name(self) -> str:
-        return f"{self.cache_name}.buffer"
+    def position_bias(self) -> torch.Tensor:
+        return self.ape
 
-    def cache_spec(self) -> dict[str, CacheSpec]:
-        rows = 2 * self.ratio if self.overlap else self.ratio
-        return {
-            self.cache_name: CompressedKV.of(self.ratio, self.head_dim, self.dtype),
-            self.buffer_name: WindowBuffer(rows=rows, width=self.width, dtype=self.dtype),
-        }
-
-    def pool(self, kv: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
-        """Entry ``window`` from its rows: ``kv``/``gate`` ``[r or 2r, width]`` (the previous window's rows first
-        when overlapping; only the current window's when ``window == 0``)."""
-        r, d = self.ratio, self.head_dim
-        gate = gate + self.ape if gate.shape[0] == r else gate + self.ape.repeat(2, 1)
-        if self.overlap:
-            cur_kv, cur_gate = kv[-r:, d:], gate[-r:, d:]
-            if window > 0:
-                cur_kv = torch.cat([kv[:r, :d], cur_kv])
-                cur_gate = torch.cat([gate[:r, :d], cur_gate])
-            kv, gate = cur_kv, cur_gate
-        weights = gate.softmax(dim=0, dtype=torch.float32).to(kv.dtype)
-        pooled = self.norm((kv * weights).sum(dim=0))
-        position = torch.tensor([window * r], device=kv.device)
-        return self.rotary.rotate(pooled[None, None, :], position)[0, 0]
+    def finish(self, pooled: torch.Tensor, window: int) -> torch.Tensor:
+        position = torch.tensor([window * self.ratio], device=pooled.device)
+        return self.rotary.rotate(self.norm(pooled)[None, None, :], position)[0, 0]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> None:
-        """Project this step's rows, pool every window they complete into the pool, then buffer the rows the
-        next windows still need."""
-        kv, gate = self.wkv(x), self.wgate(x)
-        ring = batch.cache.state[self.buffer_name]
-        ring_kv, ring_gate = ring["kv"], ring["gate"]
-        cap = ring_kv.shape[1]
-        pool = batch.cache.kv[self.cache_name][0]
-        flat = pool.view(-1, pool.shape[-1])
-        r, block_size = self.ratio, batch.cache.block_size
-        for seq in live_sequences(batch):
-            b, start, q_len, ctx, end, slot = seq
-            lo = max(0, ctx - cap)  # the timeline: buffered rows lo..ctx-1, then this step's rows
-            old = torch.arange(lo, ctx, device=x.device) % cap
-            line_kv = torch.cat([ring_kv[slot, old], kv[start : start + q_len].to(ring_kv.dtype)])
-            line_gate = torch.cat([ring_gate[slot, old], gate[start : start + q_len].to(ring_gate.dtype)])
-            done = range(ctx // r, end // r)  # windows whose last row is in this step
-            if len(done):
-                entries = []
-                for w in done:
-                    first = max(0, (w - 1) * r) if self.overlap else w * r
-                    rows = slice(first - lo, (w + 1) * r - lo)
-                    entries.append(self.pool(line_kv[rows], line_gate[rows], w))
-                windows = torch.arange(done.start, done.stop, device=x.device)
-                slots = entry_slots(batch.block_tables[b], windows, r, block_size, pool.shape[1])
-                flat.index_copy_(0, slots, torch.stack(entries).to(flat.dtype))
-            keep = max(ctx, end - cap)  # buffer the last `cap` positions, after reading the old ones
-            idx = torch.arange(keep, end, device=x.device) % cap
-            ring_kv[slot, idx] = line_kv[keep - lo :]
-            ring_gate[slot, idx] = line_gate[keep - lo :]
+        """Project this step's rows and ``store`` them (pooling every window they complete)."""
+        self.store(self.wkv(x), self.wgate(x), batch)

@@ -5,7 +5,7 @@ Supported ``quant_method`` values: ``fp8`` (block-scaled E4M3; ``scale_fmt: ue8m
 ``modelopt`` (``quant_algo: NVFP4``), ``compressed-tensors`` (``config_groups`` with ``targets`` /
 ``ignore``: NVFP4, FP8 channel or block, symmetric pack-quantized int4/int8), ``gptq`` and ``auto-round``
 (GPTQ layout, with per-module ``dynamic`` / ``extra_config`` overrides), ``dgpp_nf4i8`` (full GLM-5.3's NF4I8
-re-encoding). Anything else is a
+re-encoding), ``dgpp_mixed`` (GLM-5.3-Flash's NVFP4 routed experts beside FP8 blocks). Anything else is a
 ``ConfigError`` naming the key. Resolution order: ignore list first, then the first matching group.
 """
 
@@ -285,7 +285,49 @@ def _nf4i8(qc: dict) -> QuantScheme:
     return QuantScheme("dgpp_nf4i8", groups=groups)
 
 
+def _dgpp_mixed(qc: dict) -> QuantScheme:
+    """``dgpp_mixed`` (GLM-5.3-Flash NVFP4-FP8): the routed experts of the layers ``routed_experts.layers`` lists
+    in compressed-tensors NVFP4 (``weight_packed``, E4M3 ``weight_scale`` per 16 inputs, F32 ``weight_global_scale``;
+    e2m1 x scale / global), every other module as the ``fp8`` section (a ``quant_method: fp8`` config, block-scaled
+    E4M3 with its own ``modules_to_not_convert``) says: the FP8 release's bytes, the MTP layer's experts included.
+    A top-level ``modules_to_not_convert`` adds to the section's. The MTP layer and the DSA attention must be the
+    FP8 release's (``source: base``)."""
+    routed, where = qc.get("routed_experts"), f"{KEY}.routed_experts"
+    if not isinstance(routed, dict):
+        raise ConfigError(f"{where}: missing (the NVFP4 experts' format and layers)")
+    _require(routed, where, "format", "nvfp4-pack-quantized")
+    _require(routed, where, "group_size", 16)
+    _require(routed, where, "num_bits", 4, 4)
+    layers = routed.get("layers")
+    if not (isinstance(layers, list) and layers and all(isinstance(i, int) and i >= 0 for i in layers)):
+        raise ConfigError(
+            f"{where}.layers: must list the layers whose routed experts are NVFP4, got {layers!r}"
+        )
+    for section in ("mtp_layer", "dsa_attention"):
+        part = qc.get(section)
+        if part is not None and (not isinstance(part, dict) or part.get("source", "base") != "base"):
+            raise ConfigError(
+                f"{KEY}.{section}.source: must be 'base' (the FP8 release's tensors), got {part!r}"
+            )
+    fp8 = qc.get("fp8")
+    if not isinstance(fp8, dict):
+        raise ConfigError(f"{KEY}.fp8: missing (the FP8 release's quantization_config)")
+    try:
+        base = _fp8(fp8)
+    except ConfigError as e:
+        raise ConfigError(str(e).replace(f"{KEY}.", f"{KEY}.fp8.", 1)) from None
+    numbers = "|".join(str(i) for i in sorted(set(layers)))
+    experts = rf"re:(.*\.)?layers\.(?:{numbers})\.mlp\.experts\.\d+\.(?:gate|up|down)_proj$"
+    return QuantScheme(
+        "dgpp_mixed",
+        ignore=[*base.ignore, *(qc.get("modules_to_not_convert") or [])],
+        groups=base.groups,
+        overrides=[(experts, NVFP4CompressedTensors()), *base.overrides],
+    )
+
+
 _PARSERS = {
+    "dgpp_mixed": _dgpp_mixed,
     "dgpp_nf4i8": _nf4i8,
     "fp8": _fp8,
     "modelopt": _modelopt,

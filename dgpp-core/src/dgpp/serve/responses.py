@@ -60,7 +60,7 @@ async def create_response(request: Request) -> Response | Stream:
     earlier = _earlier(_store(request), req.previous_response_id)
     items = input_items(req)
     try:
-        messages = chat_messages(earlier + items, first_input=len(earlier))
+        messages = chat_messages(earlier + items, first_input=len(earlier), model=req.model)
         chat, _ = parse_body(msgspec.json.encode(chat_body(req, messages)), ChatCompletionRequest)
         params = sampling_params(
             chat, backend.defaults, backend.limits.vocab_size, backend.default_max_tokens

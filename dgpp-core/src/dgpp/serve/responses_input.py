@@ -29,8 +29,8 @@ INCLUDE_LOGPROBS = "message.output_text.logprobs"
 ROLES = ("user", "system", "developer", "assistant")
 TEXT_PARTS = ("input_text", "output_text", "text", "refusal")
 MEDIA_PARTS = ("input_image", "input_file", "input_audio", "image_url", "file")
-# chat parameters -> the Responses parameter an error names (``prompt``: what serve/generation.generation_request calls the prompt of
-# a request that is not a chat completion)
+# chat parameters -> the Responses parameter an error names (``prompt``: what
+# serve/generation.generation_request calls the prompt of a request that is not a chat completion)
 CHAT_TO_RESPONSES = {
     "messages": "input",
     "prompt": "input",
@@ -67,8 +67,9 @@ def check_request(req: ResponsesRequest) -> None:
         raise invalid("input is required (a string or a non-empty list of items)", "input")
 
 
-def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]]:
-    """Chat messages of ``items``; items from ``first_input`` on are the request's own (errors name them)."""
+def chat_messages(items: list[Any], first_input: int = 0, *, model: str) -> list[dict[str, Any]]:
+    """Chat messages of ``items``; items from ``first_input`` on are the request's own (errors name them, and a
+    media part's refusal names the served ``model``)."""
     out: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None  # the assistant turn that reasoning, text and calls join
     for i, item in enumerate(items):
@@ -80,7 +81,7 @@ def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]
             role = item.get("role")
             if role not in ROLES:
                 raise invalid(f"{where}.role {role!r} is not one of {', '.join(ROLES)}", "input")
-            content = _content(item.get("content"), where)
+            content = _content(item.get("content"), where, model)
             if role != "assistant":
                 out.append({"role": role, "content": content})
                 turn = None
@@ -107,7 +108,11 @@ def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]
             if not isinstance(call_id, str) or not call_id:
                 raise invalid(f"{where}.call_id must be a non-empty string", "input")
             out.append(
-                {"role": "tool", "tool_call_id": call_id, "content": _content(item.get("output"), where)}
+                {
+                    "role": "tool",
+                    "tool_call_id": call_id,
+                    "content": _content(item.get("output"), where, model),
+                }
             )
             turn = None
         else:
@@ -119,7 +124,7 @@ def chat_messages(items: list[Any], first_input: int = 0) -> list[dict[str, Any]
     return out
 
 
-def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
+def _content(content: Any, where: str, model: str) -> str | list[dict[str, Any]]:
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -127,7 +132,10 @@ def _content(content: Any, where: str) -> str | list[dict[str, Any]]:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in MEDIA_PARTS:
-            raise unsupported("input", f"{where}.content[{j}] is a {kind} part; this model takes text only")
+            raise unsupported(
+                "input",
+                f"{where}.content[{j}] is a {kind} part; model {model!r} is served for text only here",
+            )
         if kind not in TEXT_PARTS:
             raise invalid(f"{where}.content[{j}] must be an input_text or output_text part", "input")
     return content

@@ -166,7 +166,7 @@ def _check(req: ChatCompletionRequest | CompletionRequest) -> None:
             raise invalid('only modalities ["text"] is supported', "modalities")
         check_response_format(req.response_format)
         _check_tools(req)
-        _check_media(req.messages)
+        _check_media(req.messages, req.model)
 
 
 def _check_legacy(req: CompletionRequest) -> None:
@@ -205,9 +205,10 @@ def _check_tools(req: ChatCompletionRequest) -> None:
         )
 
 
-def _check_media(messages: list[Any]) -> None:
+def _check_media(messages: list[Any], model: str) -> None:
     """Audio and file parts (and the Responses API's ``input_image`` in a chat message) are refused by position
-    instead of dropped; ``image_url`` parts are the backend's to take or refuse (``dgpp.serve.images``)."""
+    instead of dropped, naming the model; ``image_url`` parts are the backend's to take or refuse
+    (``dgpp.serve.images``)."""
     for i, m in enumerate(messages):
         content = m.get("content") if isinstance(m, dict) else None
         if not isinstance(content, list):
@@ -216,7 +217,8 @@ def _check_media(messages: list[Any]) -> None:
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in ("input_image", "input_audio", "file", "input_file"):
                 raise unsupported(
-                    f"messages[{i}].content[{j}]", f"is a {kind} part; this model takes text only"
+                    f"messages[{i}].content[{j}]",
+                    f"is a {kind} part; model {model!r} does not take {kind} parts",
                 )
 
 

@@ -96,12 +96,18 @@ class Glm4MoeMTPLayer(Glm4MoeDecoderLayer):
         )
 
 
+def mtp_layer_prefix(cfg, step: int = 0) -> str:
+    """Where MTP layer ``step`` lives in the checkpoint: ``model.layers.{num_hidden_layers + step}.`` (GLM-5.3-Flash's
+    multimodal wrapper: under ``model.language_model.``, its config's ``weight_prefix``)."""
+    return f"{getattr(cfg, 'weight_prefix', 'model.')}layers.{cfg.num_hidden_layers + step}."
+
+
 def mtp_checkpoint_name(cfg: Glm4MoeArchConfig, name: str) -> str:
     """``layers.{i}.x`` in the drafter is ``model.layers.{num_hidden_layers + i}.x`` in the checkpoint."""
     parts = name.split(".", 2)
     if len(parts) < 3 or parts[0] != "layers":  # the quantizer also asks about container modules
         return name
-    return checkpoint_name(f"model.layers.{cfg.num_hidden_layers + int(parts[1])}.{parts[2]}")
+    return checkpoint_name(mtp_layer_prefix(cfg, int(parts[1])) + parts[2])
 
 
 @dataclass
@@ -123,7 +129,9 @@ class GlmMTPDrafter(nn.Module):
     ``batch.positions``.
     """
 
-    def __init__(self, cfg, main: nn.Module, layers: Iterable[nn.Module]) -> None:
+    def __init__(
+        self, cfg, main: nn.Module, layers: Iterable[nn.Module], embed: VocabEmbedding | None = None
+    ) -> None:
         super().__init__()
         if cfg.num_mtp_layers < 1:
             raise ValueError("config has no MTP layers (num_nextn_predict_layers = 0)")
@@ -132,7 +140,8 @@ class GlmMTPDrafter(nn.Module):
         self.world = main.world
         self.group = main.group
         self.layers = nn.ModuleList(layers)
-        self._main = _MainVocab(main.model.embed_tokens, main.lm_head)
+        # ``embed``: the main model's embedding where it is not ``main.model.embed_tokens``
+        self._main = _MainVocab(embed or main.model.embed_tokens, main.lm_head)
         self.last_hidden: torch.Tensor | None = None
 
     def cache_spec(self) -> dict[str, CacheSpec]:
@@ -195,7 +204,7 @@ class MTPLayout:
 
     @classmethod
     def of(cls, names: Iterable[str], cfg) -> MTPLayout:
-        first = f"model.layers.{cfg.num_hidden_layers}."
+        first = mtp_layer_prefix(cfg)
         mtp = [n for n in names if n.startswith(first)]
         if first + "eh_proj.weight" not in mtp:
             raise CheckpointError(
@@ -203,11 +212,11 @@ class MTPLayout:
                 f"{first + 'eh_proj.weight'!r} is missing from the checkpoint"
             )
         # NVFP4 releases ship the MTP layer in BF16 (or graft it in later), whether or not their
-        # exclude list names it: it is packed only if its tensors carry block scales
+        # exclude list names it: it is packed only if its tensors carry scales (FP8 blocks: ``weight_scale_inv``)
         return cls(
             own_embed=first + "embed_tokens.weight" in mtp,
             own_head=first + "shared_head.head.weight" in mtp,
-            packed=any(n.endswith(".weight_scale") for n in mtp),
+            packed=any(n.endswith((".weight_scale", ".weight_scale_inv")) for n in mtp),
             indexer=first + "self_attn.indexer.wk.weight" in mtp,
         )
 

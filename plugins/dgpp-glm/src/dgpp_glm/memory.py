@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -73,28 +73,59 @@ def glm5_memory_plan(ctx: LoadContext) -> ModelMemory:
     )
 
 
+def glm5_next_memory_plan(ctx: LoadContext) -> ModelMemory:
+    """GLM-5.3-Flash (``glm5_next``) as released: NVFP4 experts at their packed size and FP8 blocks with their scales
+    (the formats the release's config and BF16 list resolve, ``dgpp_glm.glm5_next_release``), per token each indexed
+    layer's latent row and 1 / ``index_kpool`` pooled index key, per request the KDA recurrent and conv state and
+    the open pools' rings; with ``engine.mtp`` the MTP layer's weights and caches."""
+    from dgpp_glm.glm5_next import Glm5NextForCausalLM, checkpoint_name
+    from dgpp_glm.glm5_next_config import Glm5NextArchConfig
+    from dgpp_glm.glm5_next_draft import Glm5NextMTPDrafter
+    from dgpp_glm.glm5_next_release import plan_hf_config
+
+    cfg = Glm5NextArchConfig.from_hf_config(ctx.hf_config)
+    rank = f"modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"
+    return meta_plan(
+        ctx,
+        cfg,
+        lambda: Glm5NextForCausalLM(cfg, dtype=ctx.dtype or cfg.dtype, world=ctx.world),
+        lambda model, layout: Glm5NextMTPDrafter(cfg, model, layout),
+        lambda mtp: (
+            f"GLM-5.3-Flash plan: {rank}; latent + pooled index cache, KDA state"
+            + ("; KV includes the MTP layer" if mtp else "")
+        ),
+        rename=checkpoint_name,
+        hf_config=plan_hf_config(ctx.hf_config, cfg),
+    )
+
+
 def meta_plan(
     ctx: LoadContext,
     cfg: GlmMoeFields,
     build_model: Callable[[], Model],
     build_drafter: Callable[[Model, MTPLayout], nn.Module],
     note: Callable[[bool], str],
+    *,
+    rename: Callable[[str], str] = checkpoint_name,
+    hf_config: dict[str, Any] | None = None,
 ) -> ModelMemory:
-    """The plan of the model ``build_model()`` builds on ``meta`` for this rank, packed formats swapped in, and,
-    with ``engine.mtp`` on a config with MTP layers, of its drafter (weights and cache rows); ``note(mtp)``."""
+    """The plan of the model ``build_model()`` builds on ``meta`` for this rank, packed formats swapped in (as
+    ``hf_config``, default the checkpoint's, resolves them under ``rename``d names), and, with ``engine.mtp`` on a
+    config with MTP layers, of its drafter (weights and cache rows); ``note(mtp)``."""
     from dgpp_glm.draft import MTPLayout
 
     bf16 = ctx.engine.bf16_weights
+    formats = ctx.hf_config if hf_config is None else hf_config
     with torch.device("meta"):
         model = build_model()
-        quantize_modules(model, ctx.hf_config, rename=checkpoint_name)
+        quantize_modules(model, formats, rename=rename)
         settle_weights(model)  # the loaded forms (GLM-5.3: MLA's kv_b_proj decoded)
         spec, drafter_bytes = dict(model.cache_spec()), 0
         if cfg.num_mtp_layers and ctx.engine.mtp:
             layout = MTPLayout.of(tensor_bytes(Path(ctx.checkpoint_dir)), cfg)
             drafter = build_drafter(model, layout)
             if layout.packed:
-                quantize_modules(drafter, ctx.hf_config, rename=drafter.checkpoint_name)
+                quantize_modules(drafter, formats, rename=drafter.checkpoint_name)
                 settle_weights(drafter)
             spec.update(drafter.cache_spec())
             drafter_bytes = resident_bytes(drafter, bf16)

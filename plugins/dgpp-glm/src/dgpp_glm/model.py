@@ -28,10 +28,13 @@ def checkpoint_name(name: str) -> str:
     return name.replace(".mlp.shared_expert.", ".mlp.shared_experts.")
 
 
-def build_glm_moe(cfg: GlmMoeFields, *, dtype: torch.dtype, world: World) -> SparseMoE:
+def build_glm_moe(
+    cfg: GlmMoeFields, *, dtype: torch.dtype, world: World, swiglu_limit: float | None = None
+) -> SparseMoE:
     """GLM's MoE on the shared layer: fp32 sigmoid router, expert choice on score + correction bias
     within the best ``topk_group`` of ``n_group`` groups, weights = renormalized unbiased scores times
-    ``routed_scaling_factor``; plus ``n_shared_experts`` ungated shared experts fused into one MLP."""
+    ``routed_scaling_factor``; plus ``n_shared_experts`` ungated shared experts fused into one MLP.
+    ``swiglu_limit`` (GLM-5.3-Flash): clamp the routed and shared experts' SwiGLU inputs."""
     routing = RoutingConfig(
         num_experts=cfg.n_routed_experts,
         top_k=cfg.num_experts_per_tok,
@@ -50,6 +53,7 @@ def build_glm_moe(cfg: GlmMoeFields, *, dtype: torch.dtype, world: World) -> Spa
         dtype=dtype,
         shared_intermediate_size=cfg.moe_intermediate_size * cfg.n_shared_experts,
         world=world,
+        swiglu_limit=swiglu_limit,
     )
 
 

@@ -34,6 +34,18 @@ FAMILY = Family(
             drafter="dgpp_glm.glm5_draft:build_draft",
             hooks={"memory_plan": "dgpp_glm.memory:glm5_memory_plan"},
         ),
+        FamilyModel(
+            claims=("Glm5NextForConditionalGeneration", "Glm5NextForCausalLM", "glm5_next", "glm5_next_text"),
+            config="dgpp_glm.glm5_next_config:Glm5NextArchConfig",
+            model="dgpp_glm.glm5_next:Glm5NextForCausalLM",
+            renames="dgpp_glm.glm5_next:checkpoint_name",
+            drafter="dgpp_glm.glm5_next_draft:build_draft",
+            # the release's tensor names decide what is packed: GLM-5.3-Flash loads and plans through its own hooks
+            hooks={
+                "load_model": "dgpp_glm.glm5_next_release:load_model",
+                "memory_plan": "dgpp_glm.memory:glm5_next_memory_plan",
+            },
+        ),
     ),
     description="GLM-4.7 (glm4_moe), GLM-5.3-Flash (glm5_next), full GLM-5.3 (glm_moe_dsa)",
     dialect="dgpp_glm.dialect:dialect_for",

@@ -1,0 +1,98 @@
+"""GLM-5.3-Flash's k-pooled DSA indexer: which cached tokens each MLA query row attends to.
+
+Per token the indexer makes a key ``k = LayerNorm(wk(x))`` and gate logits ``x · index_kpool_compress_gateᵀ``
+(both ``[index_head_dim]``). Every ``kpool`` consecutive tokens (pools start at the sequence's first token) form a
+pool whose key is ``Σ_t softmax_t(gate_t + index_kpool_compress_ape[t]) ⊙ k_t`` per channel. Pooled keys are cache
+entries (``CompressedKV``, written once, in the step that completes the pool); the open pool's rows wait in a
+per-request ring (``dgpp.nn.window_compressor``), so chunked prefill, batching and prefix-cache hits pool the same
+rows in the same order.
+
+A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. With ``n <= index_topk // kpool`` it attends
+every visible token (dense); else it scores each complete pool ``Σ_h w_h · relu(q_h · key · D^-½)`` (``q = wq_b(q_resid)``,
+``w = weights_proj(x) · H^-½``), keeps the ``index_topk // kpool`` best (exact ties to the lower pool), expands them
+to their tokens and appends the visible tokens of the open pool (the tail, at most ``kpool - 1``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.dsa import LayerNorm, index_scores, top_k_lowest_on_ties
+from dgpp.nn.linear import Linear
+from dgpp.nn.selection import Selection
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.nn.window_compressor import WindowPooler, gather_entries, live_sequences
+from dgpp.plugin_api import ForwardBatch
+
+
+class KPoolIndexer(WindowPooler):
+    """``self_attn.indexer.*`` of one layer (replicated over TP): ``wq_b``, ``wk``, ``k_norm``, ``weights_proj``,
+    ``index_kpool_compress_gate`` ``[D, hidden]`` and ``index_kpool_compress_ape`` ``[kpool, D]``.
+    ``select_tail``: append the open pool's visible tokens to a sparse row's picks (the release always does)."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        q_lora_rank: int,
+        num_heads: int,
+        head_dim: int,
+        topk: int,
+        kpool: int,
+        cache_name: str,
+        *,
+        dtype: torch.dtype,
+    ) -> None:
+        super().__init__(head_dim, kpool, cache_name, overlap=False, dtype=dtype)
+        self.num_heads, self.kpool = num_heads, kpool
+        self.select_pools = topk // kpool
+        self.select_tail = True
+        self.wq_b = Linear(q_lora_rank, num_heads * head_dim, dtype=dtype)
+        self.wk = Linear(hidden_size, head_dim, dtype=dtype)
+        self.k_norm = LayerNorm(head_dim, 1e-6, dtype=dtype)
+        self.weights_proj = Linear(hidden_size, num_heads, dtype=dtype)
+        self.index_kpool_compress_gate = nn.Parameter(
+            torch.empty(head_dim, hidden_size, dtype=dtype), requires_grad=False
+        )
+        self.index_kpool_compress_ape = nn.Parameter(
+            torch.empty(kpool, head_dim, dtype=dtype), requires_grad=False
+        )
+        for p in (self.index_kpool_compress_gate, self.index_kpool_compress_ape):
+            set_weight_attrs(p, weight_loader=default_weight_loader)
+
+    def position_bias(self) -> torch.Tensor:
+        return self.index_kpool_compress_ape
+
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """Pool the keys this step completes, then select per row (``None``: every visible token)."""
+        # row-independent products: a row's gate logits and scores do not depend on what shares the step
+        gate = batch_invariant_linear(x, self.index_kpool_compress_gate)
+        self.store(self.k_norm(self.wk(x)), gate, batch)
+        rows = x.shape[0]
+        q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim).float()
+        weights = self.weights_proj(x).float() * self.num_heads**-0.5
+        pool = batch.cache.kv[self.cache_name][0]
+        selection: Selection = [None] * rows
+        for b, start, q_len, ctx, end, _ in live_sequences(batch):
+            count = end // self.kpool  # complete pools after this step
+            if count <= self.select_pools:
+                continue  # no row of this sequence sees more pools than it keeps: all dense
+            keys = gather_entries(
+                pool, batch.block_tables[b], count, self.kpool, batch.cache.block_size
+            ).float()
+            for i in range(q_len):
+                row, visible = start + i, ctx + i + 1
+                complete = visible // self.kpool
+                if complete > self.select_pools:
+                    scores = index_scores(q[row], keys[:complete], weights[row])
+                    selection[row] = self.expand(top_k_lowest_on_ties(scores, self.select_pools), visible)
+        return selection
+
+    def expand(self, pools: torch.Tensor, visible: int) -> torch.Tensor:
+        """The token positions of ascending ``pools``, then (``select_tail``) the open pool's visible tokens."""
+        tokens = (pools[:, None] * self.kpool + torch.arange(self.kpool, device=pools.device)).flatten()
+        if not self.select_tail:
+            return tokens
+        tail = torch.arange(visible - visible % self.kpool, visible, device=pools.device)
+        return torch.cat([tokens, tail])
