@@ -6,8 +6,8 @@ repeated prompt (a prefix-cache hit), MTP on where the checkpoint has a drafter.
 request receives are compared with ``transcripts.json``, written by the engine on 2026-12-01 (commit
 e9af83d, torch 2.13.0 CPU, fp32; the flint entry with the Flint plugin, on top of be219bc; the mimo entry with
 the MiMo plugin, on top of e5ac5d1; the deepseek_v4 entry with the DeepSeek plugin, on top of eb726e8; the glm5_next
-entry with the GLM plugin on 2026-12-05, on top of ebde68a): a refactor
-that changes any greedy token of any family fails here.
+entry with the GLM plugin and the deepseek_v41 entry with the DeepSeek plugin on 2026-12-05, on top of ebde68a): a
+refactor that changes any greedy token of any family fails here.
 
 ``DGPP_WRITE_TRANSCRIPTS=1`` rewrites the file (only for a change that is meant to alter outputs).
 """
@@ -30,6 +30,7 @@ from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp.testing.conformance import make_prompts
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp_deepseek.testing import build_tiny_deepseek_v4
+from dgpp_deepseek.v41_testing import build_tiny_deepseek_v41
 from dgpp_flint.testing import build_tiny_flint
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe, nvfp4_twin
 from dgpp_mimo.testing import build_tiny_mimo
@@ -67,6 +68,9 @@ FIXTURES: dict[str, tuple[Callable[[Path], Path], bool]] = {
     "deepseek_v4": (lambda out: build_tiny_deepseek_v4(out, seed=0, vocab_size=512), False),
     # KDA state, k-pooled indexer (kpool 4, 2 pools kept): the hit restores the KDA state and shares pooled keys
     "glm5_next": (lambda out: build_tiny_checkpoint("glm5_next", out), False),
+    # CSA2: window 6, a ratio-2 and a ratio-1 group sharing compressed caches, top-4 inside a candidate pool,
+    # Engram on two layers: the hit restores rings, the open pair and the token context, shares entries
+    "deepseek_v41": (lambda out: build_tiny_deepseek_v41(out, seed=0), False),
 }
 
 

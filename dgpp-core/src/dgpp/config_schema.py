@@ -142,6 +142,10 @@ class EngineConfig(_Section):
         "auto"  # packed decode GEMV (dgpp.quant.kernels.decode_launch)
     )
     ngram_table: Literal["resident", "mmap"] = "resident"
+    # DeepSeek-V4.1: the entries each indexer keeps per query (0: the checkpoint's index_topk)
+    index_topk: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
+    # DeepSeek-V4.1: "bounded" runs the decoder layers over a prompt's last window only (lossy)
+    prefill_mode: Literal["exact", "bounded"] = "exact"
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
     images: ImagesConfig = msgspec.field(default_factory=ImagesConfig)
@@ -153,6 +157,8 @@ class EngineConfig(_Section):
         )  # BF16 dense projections re-encoded to block FP8 at load
         if self.gguf_weights == "int4pack":  # bf16 block scales and bf16 products
             levers.append("gguf_weights")
+        if self.prefill_mode == "bounded":  # the decoder layers skip all but a prompt's last window
+            levers.append("prefill_mode")
         return levers
 
 

@@ -103,7 +103,8 @@ def test_nested_refusal_names_the_text_config_key():
 
 
 def test_flat_checkpoint_loads_from_model_prefix(tmp_path):
-    """A flat config keeps the text model under ``model.``: the tiny checkpoint's tensors renamed so load alike."""
+    """A flat config keeps the text model under ``model.``: the tiny checkpoint's tensors renamed so load alike
+    (the nested one also loads its vision tower, ``model.visual.``; the flat one has none)."""
     import json
 
     from safetensors.torch import load_file, save_file
@@ -127,6 +128,40 @@ def test_flat_checkpoint_loads_from_model_prefix(tmp_path):
     (flat_dir / "config.json").write_text(json.dumps(config))
     a, b = load_model(nested), load_model(flat_dir)
     assert a.nested and not b.nested
-    for (name_a, pa), (name_b, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+    assert a.visual is not None and b.visual is None
+    text_a = [(n, p) for n, p in a.named_parameters() if not n.startswith("model.visual.")]
+    for (name_a, pa), (name_b, pb) in zip(text_a, b.named_parameters(), strict=True):
         assert name_a.replace("model.language_model.", "model.") == name_b
         assert torch.equal(pa, pb), name_a
+
+
+# the release's vision_config (out_hidden_size is the text model's hidden size)
+RELEASE_VISION: dict[str, Any] = {"depth": 24, "hidden_size": 1024, "num_heads": 16, "out_hidden_size": 4096}
+
+
+def test_release_vision_config_reads_the_tower():
+    cfg = Glm5NextArchConfig.from_hf_config({"text_config": RELEASE_TEXT, "vision_config": RELEASE_VISION})
+    vision = cfg.vision
+    assert vision is not None
+    assert (vision.depth, vision.hidden_size, vision.num_heads, vision.head_dim) == (24, 1024, 16, 64)
+    assert (vision.patch_size, vision.temporal_patch_size, vision.spatial_merge_size) == (14, 2, 2)
+    assert (vision.intermediate_size, vision.projection_intermediate_size) == (4096, 10240)
+    assert vision.swiglu_limit == 10.0 and vision.patch_values == 3 * 2 * 14 * 14
+    flat = Glm5NextArchConfig.from_hf_config({**RELEASE_TEXT, "vision_config": RELEASE_VISION})
+    assert flat.vision is None  # a flat config is the text model alone
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"out_hidden_size": 1536}, "vision_config.out_hidden_size"),
+        ({"hidden_act": "gelu"}, "vision_config.hidden_act"),
+        ({"rope_parameters": {"rope_type": "default"}}, "vision_config.rope_parameters"),
+        ({"num_heads": 12}, "vision_config.hidden_size"),
+    ],
+)
+def test_vision_refusals_name_the_key(change, named):
+    with pytest.raises(ConfigError, match=named):
+        Glm5NextArchConfig.from_hf_config(
+            {"text_config": RELEASE_TEXT, "vision_config": {**RELEASE_VISION, **change}}
+        )

@@ -102,8 +102,10 @@ def sparse_window_attention_ref(
     window: int,
     ratio: int,
     selection: Selection,
+    floors: dict[int, int] | None = None,
 ) -> torch.Tensor:
-    """``q [T, H, D]``, this step's latent rows ``kv [T, D]`` -> ``[T, H, D]`` (fp32 math, one row at a time)."""
+    """``q [T, H, D]``, this step's latent rows ``kv [T, D]`` -> ``[T, H, D]`` (fp32 math, one row at a time).
+    ``floors``: per sequence index, the earliest position its window may read (default 0)."""
     out = torch.zeros_like(q)
     for b, start, q_len, ctx, end, slot in live_sequences(batch):
         entries = gather_entries(
@@ -111,7 +113,8 @@ def sparse_window_attention_ref(
         )
         for i in range(q_len):
             pos, row = ctx + i, start + i
-            keys = _window_rows(ring, slot, kv, start, ctx, max(0, pos - window + 1), pos)
+            lo = max(floors.get(b, 0) if floors else 0, pos - window + 1)
+            keys = _window_rows(ring, slot, kv, start, ctx, lo, pos)
             chosen = selection[row]
             visible = entries[: (pos + 1) // ratio] if chosen is None else entries[chosen]
             keys = torch.cat([keys, visible.to(keys.dtype)]).float()

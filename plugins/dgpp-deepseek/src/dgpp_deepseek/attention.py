@@ -92,16 +92,7 @@ class DeepseekV4Attention(nn.Module):
         return {"kv_norm.weight": [[Source("kv_norm.weight")], [Source("norm.weight")]]}
 
     def grouped_output(self, out: torch.Tensor) -> torch.Tensor:
-        """``wo_b(concat_g wo_a[g](heads of group g))``: ``wo_a``'s rows are ``o_groups`` blocks of
-        ``o_lora_rank``, block ``g`` reading only group ``g``'s heads."""
-        rows = out.shape[0]
-        per_group = out.reshape(rows, self.groups, -1)
-        r = self.o_lora_rank  # by rows of wo_a, whatever its format (the release ships it FP8 128 x 128)
-        mixed = torch.cat(
-            [row_block_linear(self.wo_a, per_group[:, g], g * r, (g + 1) * r) for g in range(self.groups)],
-            dim=-1,
-        )
-        return self.wo_b(mixed)
+        return grouped_output(self.wo_a, self.wo_b, out, self.groups, self.o_lora_rank)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
@@ -114,3 +105,17 @@ class DeepseekV4Attention(nn.Module):
         out = self.core(q, kv, x, q_resid, batch, self.attn_sink)
         out = self.rotary.rotate(out, batch.positions, inverse=True)
         return self.grouped_output(out)
+
+
+def grouped_output(
+    wo_a: Linear, wo_b: Linear, out: torch.Tensor, groups: int, o_lora_rank: int
+) -> torch.Tensor:
+    """``wo_b(concat_g wo_a[g](heads of group g))``: ``wo_a``'s rows are ``groups`` blocks of ``o_lora_rank``,
+    block ``g`` reading only group ``g``'s heads."""
+    rows = out.shape[0]
+    per_group = out.reshape(rows, groups, -1)
+    r = o_lora_rank  # by rows of wo_a, whatever its format (the releases ship it FP8 in blocks)
+    mixed = torch.cat(
+        [row_block_linear(wo_a, per_group[:, g], g * r, (g + 1) * r) for g in range(groups)], dim=-1
+    )
+    return wo_b(mixed)

@@ -24,6 +24,15 @@ FAMILY = Family(
                 "memory_plan": "dgpp_deepseek.memory:memory_plan",
             },
         ),
+        FamilyModel(
+            claims=("DeepseekV41ForCausalLM", "deepseek_v41"),
+            config="dgpp_deepseek.v41_config:DeepseekV41ArchConfig",
+            model="dgpp_deepseek.v41_model:DeepseekV41ForCausalLM",
+            hooks={
+                "load_model": "dgpp_deepseek.v41_loader:load_model",
+                "memory_plan": "dgpp_deepseek.v41_memory:memory_plan",
+            },
+        ),
     ),
     description="DeepSeek-V4-Flash (deepseek_v4), DeepSeek-V4.1-Flash (deepseek_v41)",
     dialect="dgpp_deepseek.dialect:dialect_for",

@@ -33,6 +33,7 @@ RELEASE_DENSE = (
     r"(.*\.)?ffn\.gate",
     r"(.*\.)?attn\.(indexer\.)?compressor\.(wkv|wgate)",
     r"(.*\.)?attn\.indexer\.weights_proj",
+    r"(.*\.)?attn\.indexer\.wk",  # DeepSeek-V4.1's index-key projection
     r"head",
 )
 _CORE_SCALE = re.compile(r"\.(weight_scale_inv|weight_scale)$")

@@ -296,8 +296,15 @@ TINY_V4_BENCH: dict[str, Any] = {
 
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
+    from dgpp_deepseek.v41_testing import build_tiny_deepseek_v41
+
     return [
-        TinyCheckpoint("deepseek_v4", build_tiny_deepseek_v4, "DeepSeek-V4: every attention kind, hash + MoE")
+        TinyCheckpoint(
+            "deepseek_v4", build_tiny_deepseek_v4, "DeepSeek-V4: every attention kind, hash + MoE"
+        ),
+        TinyCheckpoint(
+            "deepseek_v41", build_tiny_deepseek_v41, "DeepSeek-V4.1: every CSA2 role, Engram, single-pass mHC"
+        ),
     ]
 
 

@@ -11,6 +11,10 @@ latent row per token, softmax scale ``qk_nope_head_dim^-½``) over the tokens th
 (``dgpp_glm.glm5_next_indexer``); a ``shared`` indexed layer reuses the selection of the indexed layer right before
 it. MLPs: dense SwiGLU in ``mlp_layer_types == 'dense'`` layers, else GLM's sigmoid-routed MoE; all clamped at
 ``swiglu_limit``. Module names follow the checkpoint's tensor names but for the mHC parameters (``renames``).
+
+A nested checkpoint with a ``vision_config`` also gets its vision tower (``model.visual``,
+``dgpp_glm.glm5_next_vision``): image placeholder rows take the tower's output instead of the token embedding,
+before the embedding is copied into the streams.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from torch import nn
 
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, to_streams
+from dgpp.nn.image_embeddings import merge_image_embeddings
 from dgpp.nn.kimi_delta_attention import KimiDeltaAttention
 from dgpp.nn.mla import MultiLatentAttention, mla_softmax_scale
 from dgpp.nn.mlp import SwiGLUMLP
@@ -32,6 +37,7 @@ from dgpp.nn.selection import Selection
 from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, World, transformer_activation_bytes
 from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 from dgpp_glm.glm5_next_indexer import KPoolIndexer
+from dgpp_glm.glm5_next_vision import Glm5NextVisionTower
 from dgpp_glm.model import build_glm_moe
 
 # dgpp's mHC modules keep ``fn`` / ``base`` / ``scale``; the checkpoint names them per layer
@@ -198,7 +204,7 @@ class Glm5NextStack(nn.Module):
 class Glm5NextForCausalLM(Model):
     """GLM-5.3-Flash's text model behind the engine's model contract. KDA layers hold per-request state, so
     ``info.hybrid`` is set (the prefix cache attaches where it holds a state snapshot); the open index pool's
-    ring is state too. The MTP layer and the vision tower the release ships are not part of this module."""
+    ring is state too. The MTP layer the release ships is not part of this module."""
 
     def __init__(
         self,
@@ -220,6 +226,8 @@ class Glm5NextForCausalLM(Model):
         if self.nested:
             self.model = nn.Module()
             self.model.language_model = stack
+            if cfg.vision is not None:
+                self.model.visual = Glm5NextVisionTower(cfg.vision, dtype=self.dtype)
         tied = stack.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = LMHead(
             cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world, group=group
@@ -241,10 +249,21 @@ class Glm5NextForCausalLM(Model):
         assert isinstance(stack, Glm5NextStack)
         return stack
 
+    @property
+    def visual(self) -> Glm5NextVisionTower | None:
+        """The vision tower (``model.visual``) of a nested checkpoint with a ``vision_config``, else None."""
+        tower = getattr(self.model, "visual", None) if self.nested else None
+        assert tower is None or isinstance(tower, Glm5NextVisionTower)
+        return tower
+
     def stream_mean(self, batch: ForwardBatch) -> torch.Tensor:
         """The streams' mean after the last layer, before the final norm, for every row of ``batch`` ``[T, hidden]``."""
         stack = self.stack
-        streams = to_streams(stack.embed_tokens(batch.input_ids), self.config.hc_mult)
+        hidden = stack.embed_tokens(batch.input_ids)
+        visual = self.visual
+        if visual is not None and batch.media is not None:
+            hidden = merge_image_embeddings(hidden, batch, visual.encode)
+        streams = to_streams(hidden, self.config.hc_mult)
         selection: Selection | None = None
         for layer in stack.layers:
             streams, selection = layer(streams, batch, selection, self.group)

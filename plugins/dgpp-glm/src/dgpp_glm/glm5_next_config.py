@@ -6,7 +6,8 @@ follow ``layer_types``: ``linear_attention`` (Kimi delta attention, KDA) or ``in
 the k-pooled DSA indexer; the release's ``deepseek_sparse_attention`` and an older ``full_attention`` mean the
 same); absent, every fourth layer (``idx % 4 == 3``) is indexed. Keys only the release's own parser reads
 (``mla_use_nope``, ``scoring_func``, ``topk_method``, ``mhc`` ...) are accepted where they describe what this
-model computes and refused by name where they do not. The vision tower is not served: its tensors are skipped.
+model computes and refused by name where they do not. A nested config's ``vision_config`` describes the vision
+tower (``dgpp_glm.glm5_next_vision``), built beside the text model.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 from dgpp.plugin_api import ConfigKeys
 from dgpp_glm.config import GlmMoeFields, shared_fields
 from dgpp_glm.glm5_config import indexer_types
+from dgpp_glm.glm5_next_vision import Glm5NextVisionConfig
 
 _WHAT = "glm5_next config.json"
 LINEAR = "linear_attention"
@@ -68,6 +70,7 @@ class Glm5NextArchConfig(GlmMoeFields):
     hc_sinkhorn_iters: int
     swiglu_limit: float | None
     weight_prefix: str = "model."  # where the text model's tensors live in the checkpoint
+    vision: Glm5NextVisionConfig | None = None  # the vision tower (``model.visual.``) of a nested config
 
     def is_moe_layer(self, layer_idx: int) -> bool:
         return self.mlp_layer_types[layer_idx] == "sparse"
@@ -130,6 +133,14 @@ class Glm5NextArchConfig(GlmMoeFields):
                 "are always attended)"
             )
         linear = _linear_attention(keys)
+        vision = None
+        if nested and isinstance(top.get("vision_config"), dict):
+            vision = Glm5NextVisionConfig.from_hf_config(top["vision_config"])
+            if vision.out_hidden_size != shared["hidden_size"]:
+                raise keys.error(
+                    f"vision_config.out_hidden_size = {vision.out_hidden_size} must equal "
+                    f"{keys.name('hidden_size')} = {shared['hidden_size']} (image rows replace token embeddings)"
+                )
         hc_mult = keys.positive("hc_mult", 4)
         return cls(
             **shared,
@@ -158,6 +169,7 @@ class Glm5NextArchConfig(GlmMoeFields):
             topk_group=topk_group,
             num_mtp_layers=keys.optional("num_nextn_predict_layers", int, 0),
             weight_prefix=prefix,
+            vision=vision,
         )
 
 

@@ -41,13 +41,20 @@ KDA_PROJECTIONS = (
     "o_proj",
 )
 DSA_DENSE = ("kv_b_proj", "indexer.wq_b", "indexer.wk", "indexer.weights_proj")
+# the vision tower's Linears (``model.visual.``), per block and in the merger
+VISION_BLOCK_DENSE = ("attn.qkv", "attn.proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+VISION_MERGER_DENSE = ("proj", "gate_proj", "up_proj", "down_proj")
 
 
 def release_dense_modules(cfg: Glm5NextArchConfig) -> list[str]:
     """The Linear modules (checkpoint names) both releases store in BF16: per KDA layer its projections, per DSA
     layer (and MTP layer) ``kv_b_proj`` and the indexer's, per MoE layer its router, the MTP layer's ``eh_proj``,
-    and the head."""
+    the head and every Linear of the vision tower."""
     out = ["lm_head"]
+    if cfg.vision is not None:
+        blocks = range(cfg.vision.depth)
+        out += [f"model.visual.blocks.{b}.{p}" for b in blocks for p in VISION_BLOCK_DENSE]
+        out += [f"model.visual.merger.{p}" for p in VISION_MERGER_DENSE]
     for i in range(cfg.num_hidden_layers + cfg.num_mtp_layers):
         layer = f"{cfg.weight_prefix}layers.{i}."
         mtp = i >= cfg.num_hidden_layers

@@ -15,6 +15,7 @@ size in BF16, 78 x 576 x 2 + 21 x 128 x 2 = 95,232 B per token per rank.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -37,6 +38,7 @@ from dgpp_glm.model import checkpoint_name
 
 if TYPE_CHECKING:
     from dgpp_glm.draft import MTPLayout
+    from dgpp_glm.glm5_next_vision import Glm5NextVisionConfig
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
@@ -77,18 +79,21 @@ def glm5_next_memory_plan(ctx: LoadContext) -> ModelMemory:
     """GLM-5.3-Flash (``glm5_next``) as released: NVFP4 experts at their packed size and FP8 blocks with their scales
     (the formats the release's config and BF16 list resolve, ``dgpp_glm.glm5_next_release``), per token each indexed
     layer's latent row and 1 / ``index_kpool`` pooled index key, per request the KDA recurrent and conv state and
-    the open pools' rings; with ``engine.mtp`` the MTP layer's weights and caches."""
+    the open pools' rings; with ``engine.mtp`` the MTP layer's weights and caches. The vision tower's weights are
+    the model's; where a ``preprocessor_config.json`` makes it read images, the encoder's workspace is ``extra``."""
     from dgpp_glm.glm5_next import Glm5NextForCausalLM, checkpoint_name
     from dgpp_glm.glm5_next_config import Glm5NextArchConfig
     from dgpp_glm.glm5_next_draft import Glm5NextMTPDrafter
+    from dgpp_glm.glm5_next_images import Glm5NextImageInput
     from dgpp_glm.glm5_next_release import plan_hf_config
 
     cfg = Glm5NextArchConfig.from_hf_config(ctx.hf_config)
+    dtype = ctx.dtype or cfg.dtype
     rank = f"modules built on meta for rank {ctx.world.rank} of {ctx.world.size}"
-    return meta_plan(
+    plan = meta_plan(
         ctx,
         cfg,
-        lambda: Glm5NextForCausalLM(cfg, dtype=ctx.dtype or cfg.dtype, world=ctx.world),
+        lambda: Glm5NextForCausalLM(cfg, dtype=dtype, world=ctx.world),
         lambda model, layout: Glm5NextMTPDrafter(cfg, model, layout),
         lambda mtp: (
             f"GLM-5.3-Flash plan: {rank}; latent + pooled index cache, KDA state"
@@ -97,6 +102,12 @@ def glm5_next_memory_plan(ctx: LoadContext) -> ModelMemory:
         rename=checkpoint_name,
         hf_config=plan_hf_config(ctx.hf_config, cfg),
     )
+    if cfg.vision is None or not (Path(ctx.checkpoint_dir) / "preprocessor_config.json").exists():
+        return plan  # no tower, or one that serves text only
+    images = Glm5NextImageInput.from_checkpoint(ctx.hf_config, ctx.checkpoint_dir)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    workspace = vision_workspace_bytes(cfg.vision, images.max_patches, itemsize)
+    return dataclasses.replace(plan, extra={**plan.extra, "vision_workspace": workspace})
 
 
 def meta_plan(
@@ -142,3 +153,19 @@ def meta_plan(
         max_position=cfg.max_position_embeddings,
         notes=(note(bool(drafter_bytes)),),
     )
+
+
+def vision_workspace_bytes(vision: Glm5NextVisionConfig, max_patches: int, itemsize: int) -> int:
+    """Scratch of one GLM-5.3-Flash encoder pass over the largest canvas the processor makes (``max_patches``):
+    per patch row its fp32 pixels and rotary cos/sin, the residual and normed rows, q/k/v and the attention output
+    (attention runs fused, without a score matrix), the MLP's gate, up and product; per merged row the folded
+    patches, the merger's projection and its SwiGLU's gate, up and product."""
+    per_patch = (
+        4 * (vision.patch_values + 2 * vision.head_dim)
+        + (6 * vision.hidden_size + 3 * vision.intermediate_size) * itemsize
+    )
+    merge = vision.spatial_merge_size**2
+    per_row = (
+        vision.hidden_size * merge + 2 * vision.out_hidden_size + 3 * vision.projection_intermediate_size
+    ) * itemsize
+    return max_patches * per_patch + max_patches // merge * per_row

@@ -49,6 +49,7 @@ FAMILY = Family(
     ),
     description="GLM-4.7 (glm4_moe), GLM-5.3-Flash (glm5_next), full GLM-5.3 (glm_moe_dsa)",
     dialect="dgpp_glm.dialect:dialect_for",
+    image_input="dgpp_glm.glm5_next_images:image_input",
     chat_template="dgpp_glm.dialect:chat_template",
     templates_package=__name__,
     tiny_checkpoints="dgpp_glm.testing:tiny_checkpoints",

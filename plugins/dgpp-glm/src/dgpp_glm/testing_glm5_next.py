@@ -1,12 +1,14 @@
 """Tiny random ``glm5_next`` (GLM-5.3-Flash) checkpoints, built and saved by transformers' own classes.
 
-``Glm5NextForConditionalGeneration`` with a one-block vision tower (its tensors are in the file, as in the release,
-and dgpp skips them) and a text model small enough for a CPU test run in which every feature runs: KDA layers
+``Glm5NextForConditionalGeneration`` with a one-block vision tower (its tensors are in the file, as in the release)
+and a text model small enough for a CPU test run in which every feature runs: KDA layers
 0 and 3, indexed MLA layers 1, 2 and 4 (layer 2 reusing layer 1's selection), one dense MLP layer then MoE,
 mHC with 4 streams. ``index_kpool`` 4 as in the release (transformers' default is 16) and ``index_topk`` 8 (two
 pools): prompts of 12 tokens and more run the sparse path. 16 indexer heads: with few heads, ReLU-zero pool
 scores tie at the top-k cut often enough that transformers' unpinned ``torch.topk`` picks differ from run to run.
 ``swiglu_limit`` 1.0 so the clamps bind at these weight scales (the release's 10 is never reached here).
+``build_tiny_glm5_next_vl`` adds what reading images takes: the image markers in the tokenizer and config.json, a
+two-block tower and a ``preprocessor_config.json``.
 """
 
 from __future__ import annotations
@@ -76,6 +78,36 @@ TINY_GLM5_NEXT_VISION: dict[str, Any] = {
 }
 
 
+# a two-block tower whose clamps bind (swiglu_limit 1.0) for the image tests
+TINY_GLM5_NEXT_VL_VISION: dict[str, Any] = {
+    **TINY_GLM5_NEXT_VISION,
+    "depth": 2,
+    "swiglu_limit": 1.0,
+    "initializer_range": 0.1,
+}
+# the image markers, added to the tiny chat tokenizer (their ids are read back from it)
+IMAGE_MARKERS = {
+    "image_start_token_id": "<|begin_of_image|>",
+    "image_end_token_id": "<|end_of_image|>",
+    "image_token_id": "<|image|>",
+    "video_start_token_id": "<|begin_of_video|>",
+    "video_end_token_id": "<|end_of_video|>",
+    "video_token_id": "<|video|>",
+}
+# GLM5-Next image processor settings for that tower: canvases of 4 .. 36 tokens (28-pixel merge blocks)
+TINY_GLM5_NEXT_PREPROCESSOR: dict[str, Any] = {
+    "image_processor_type": "Glm5NextImageProcessor",
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "merge_size": 2,
+    "patch_expand_factor": 1,
+    "min_image_tokens": 4,
+    "max_image_tokens": 36,
+    "image_mean": [0.5, 0.5, 0.5],
+    "image_std": [0.5, 0.5, 0.5],
+}
+
+
 def tiny_glm5_next_text_config(**overrides: Any) -> dict[str, Any]:
     cfg = dict(TINY_GLM5_NEXT_TEXT)
     cfg.update(overrides)
@@ -84,10 +116,17 @@ def tiny_glm5_next_text_config(**overrides: Any) -> dict[str, Any]:
 
 @torch.no_grad()
 def build_tiny_glm5_next(
-    out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+    out_dir: str | Path,
+    *,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    vision: dict[str, Any] | None = None,
+    token_ids: dict[str, int] | None = None,
+    **overrides: Any,
 ) -> Path:
     """Write a random ``Glm5NextForConditionalGeneration`` checkpoint (config.json + model.safetensors) to
-    ``out_dir``; ``overrides`` update the text config. Norms, biases, the router's correction bias, the KDA decay
+    ``out_dir``; ``overrides`` update the text config, ``vision`` replaces the one-block tower's config,
+    ``token_ids`` sets config.json's image and video marker ids. Norms, biases, the router's correction bias, the KDA decay
     parameters, the mHC biases and scales and the indexer's pooling gate and position table are moved off their
     initial values, so a loader that drops one changes the logits."""
     from transformers import Glm5NextConfig, Glm5NextForConditionalGeneration
@@ -95,8 +134,9 @@ def build_tiny_glm5_next(
     torch.manual_seed(seed)
     config = Glm5NextConfig(
         text_config=tiny_glm5_next_text_config(**overrides),
-        vision_config=TINY_GLM5_NEXT_VISION,
+        vision_config=vision or TINY_GLM5_NEXT_VISION,
         tie_word_embeddings=False,
+        **(token_ids or {}),
         dtype=str(dtype).removeprefix("torch."),
     )
     model = Glm5NextForConditionalGeneration(config).eval()
@@ -112,6 +152,33 @@ def build_tiny_glm5_next(
     }
     spread_tensors(model.named_parameters(), gen, rules)
     return save_one_file(model.to(dtype), out_dir, "glm5_next")
+
+
+def build_tiny_glm5_next_vl(
+    out_dir: str | Path, *, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides: Any
+) -> Path:
+    """A tiny ``glm5_next`` that reads images: the tiny chat tokenizer plus the image markers
+    (``IMAGE_MARKERS``, their ids written to config.json), the two-block tower ``TINY_GLM5_NEXT_VL_VISION`` and a
+    GLM5-Next ``preprocessor_config.json`` (``TINY_GLM5_NEXT_PREPROCESSOR``)."""
+    import json
+
+    from tokenizers import AddedToken, Tokenizer
+
+    from dgpp.testing.tokenizers import build_tiny_tokenizer
+
+    out = build_tiny_tokenizer(out_dir)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    tok.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in IMAGE_MARKERS.values()])
+    tok.save(str(out / "tokenizer.json"))
+    found = {key: tok.token_to_id(text) for key, text in IMAGE_MARKERS.items()}
+    ids = {key: i for key, i in found.items() if i is not None and i < TINY_GLM5_NEXT_TEXT["vocab_size"]}
+    if ids != found:
+        raise AssertionError(f"the tiny tokenizer's image markers {found} are not all in the tiny vocabulary")
+    build_tiny_glm5_next(
+        out, seed=seed, dtype=dtype, vision=TINY_GLM5_NEXT_VL_VISION, token_ids=ids, **overrides
+    )
+    (out / "preprocessor_config.json").write_text(json.dumps(TINY_GLM5_NEXT_PREPROCESSOR))
+    return out
 
 
 # GLM-5.3-Flash per layer: hidden 4096; KDA 64 heads x 128 with a 4-tap conv on layers i % 4 != 3, NoPE MLA 64 heads

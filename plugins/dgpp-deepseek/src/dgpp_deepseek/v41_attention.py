@@ -1,0 +1,149 @@
+"""CSA2 attention of one DeepSeek-V4.1-Flash layer (the release's ``attn.*`` names).
+
+``q = rope(wq_b(q_norm(wq_a(x))))`` as ``heads x head_dim`` (no per-head norm), the shared latent
+``kv = rope(kv_norm(wkv(x)))`` (K == V), both rotated on their last ``rope_head_dim`` dims as adjacent pairs
+(``rope_theta`` on window-only layers, ``compress_rope_theta`` with YaRN elsewhere). The latent is kept in
+its trained FP8 form (``round_fp8_e8m0``) in a per-request ring of the window. A row at ``p`` attends, in one
+softmax with its head's sink logit (denominator only), the window ``p - W + 1 .. p`` and, on compressed
+layers, its group's selected entries (``dgpp_deepseek.v41_indexer``): a kv source publishes the group's
+entries first, an index source selects, the other layers of the group reuse the last selection. The output's
+rope tail is rotated back, then the grouped low-rank output (block-diagonal ``wo_a`` over ``o_groups``,
+``wo_b``).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.kernels.window_attention import ring_write, window_attention
+from dgpp.nn.compressed_attention import sparse_window_attention_ref
+from dgpp.nn.linear import Linear
+from dgpp.nn.rotary import RopeScaling, rotary_embedding
+from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+from dgpp.nn.window_compressor import FP32WeightRMSNorm
+from dgpp.plugin_api import CacheSpec, ForwardBatch, WindowKV
+from dgpp_deepseek.attention import grouped_output
+from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
+from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
+
+
+class DeepseekV41Attention(nn.Module):
+    """One layer's CSA2 attention, replicated on every rank (one K/V head: nothing to split by heads)."""
+
+    def __init__(
+        self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, index_topk: int
+    ) -> None:
+        super().__init__()
+        heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
+        self.num_heads, self.head_dim, self.groups = heads, dim, cfg.o_groups
+        self.window, self.o_lora_rank, self.dtype = cfg.sliding_window, cfg.o_lora_rank, dtype
+        self.wq_a = Linear(cfg.hidden_size, cfg.q_lora_rank, dtype=dtype)
+        self.q_norm = FP32WeightRMSNorm(cfg.q_lora_rank, eps)
+        self.wq_b = Linear(cfg.q_lora_rank, heads * dim, dtype=dtype)
+        self.wkv = Linear(cfg.hidden_size, dim, dtype=dtype)
+        self.kv_norm = FP32WeightRMSNorm(dim, eps)
+        self.wo_a = Linear(heads * dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype=dtype)
+        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype=dtype)
+        self.attn_sink = nn.Parameter(torch.empty(heads, dtype=torch.float32), requires_grad=False)
+        set_weight_attrs(self.attn_sink, weight_loader=default_weight_loader)
+        self.ratio = cfg.ratio(layer_idx)
+        self.cache_name = f"layers.{layer_idx}.attn"
+        source = cfg.kv_source_of(layer_idx)
+        self.source_name = f"layers.{source}.attn"
+        if self.ratio:
+            rope = RopeScaling(
+                theta=cfg.compress_rope_theta,
+                rope_type="yarn" if cfg.compress_yarn else "default",
+                yarn=cfg.compress_yarn,
+            )
+        else:
+            rope = RopeScaling(theta=cfg.rope_theta)
+        self.rotary = rotary_embedding(rope, dim, cfg.rope_head_dim, style="interleaved", trailing=True)
+        self.compressor: CompressorV41 | None = None
+        if source == layer_idx:
+            self.compressor = CompressorV41(
+                cfg.hidden_size,
+                dim,
+                cfg.index_head_dim,
+                self.ratio,
+                self.rotary,
+                self.cache_name,
+                dtype=dtype,
+                eps=eps,
+            )
+        self.indexer: IndexerV41 | None = None
+        if cfg.is_index_source(layer_idx):
+            self.indexer = IndexerV41(
+                cfg.hidden_size,
+                cfg.q_lora_rank,
+                cfg.index_n_heads,
+                cfg.index_head_dim,
+                index_topk,
+                self.rotary,
+                dtype=dtype,
+            )
+            if layer_idx == cfg.candidate_source_layer_id:
+                self.indexer.candidates = (cfg.candidate_block_size, cfg.candidate_topk_blocks)
+            self.indexer.restricted = cfg.uses_candidates(layer_idx)
+
+    def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
+        """The layer's window ring (K only: K is V) and, on a kv source, its group's pools and open pair."""
+        spec: dict[str, CacheSpec] = {
+            self.cache_name: WindowKV(
+                num_kv_heads=1, head_dim=self.head_dim, dtype=self.dtype, window=self.window, v_head_dim=0
+            )
+        }
+        if self.compressor is not None:
+            spec.update(self.compressor.cache_spec())
+        return spec
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, flow: GroupFlow) -> torch.Tensor:
+        rows = x.shape[0]
+        q_resid = self.q_norm(self.wq_a(x))
+        q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim), batch.positions)
+        kv = self.rotary.rotate(self.kv_norm(self.wkv(x))[:, None, :], batch.positions)[:, 0]
+        kv = round_fp8_e8m0(kv)
+        ring = batch.cache.state[self.cache_name]["k"]
+        latent = kv[:, None, :]  # one K/V head, read as both K and V
+        lens = (batch.query_start_loc, batch.context_lens, batch.seq_lens)
+        scale = self.head_dim**-0.5
+        if not self.ratio:
+            out = window_attention(
+                q,
+                latent,
+                latent,
+                ring,
+                ring,
+                batch.state_slots,
+                *lens,
+                self.attn_sink,
+                scale,
+                self.window,
+                False,
+            )
+        else:
+            if self.compressor is not None:
+                self.compressor(x, batch)  # the group's entries this step completes, before anyone reads them
+            if self.indexer is not None:
+                flow.selection = self.indexer(
+                    x, q_resid, batch, f"{self.source_name}.indexer", self.ratio, flow
+                )
+            pool = batch.cache.kv[f"{self.source_name}.compressor"][0]
+            out = sparse_window_attention_ref(
+                q,
+                kv,
+                ring,
+                pool,
+                batch,
+                self.attn_sink,
+                scale,
+                self.window,
+                self.ratio,
+                flow.selection,
+                flow.window_floor,
+            )
+        ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
+        out = self.rotary.rotate(out, batch.positions, inverse=True)
+        return grouped_output(self.wo_a, self.wo_b, out, self.groups, self.o_lora_rank)

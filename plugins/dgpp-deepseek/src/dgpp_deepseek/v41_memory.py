@@ -1,0 +1,75 @@
+"""DeepSeek-V4.1-Flash's memory (a model hook, as its load): the per-rank bytes of the model as the loader
+would build it, without reading a weight.
+
+The model is built on the ``meta`` device for this rank with the release's packed formats swapped in (MXFP4
+routed experts, FP8 E4M3 + E8M0 32 x 32 block scales elsewhere, BF16 where the release stores it dense), so
+the weights item is what is resident. The Engram tables are not modules: their bytes (read from the
+checkpoint's headers when it is at hand, else from ``engram_num_embeddings``) join the weights under
+``engine.ngram_table: resident`` and are reported as mapped file bytes, outside the GPU plan, under ``mmap``.
+The cache rates come from ``cache_spec()``: per token the kv sources' compressed entries and index keys, per
+request every layer's window ring, the ratio-2 sources' open pair and the Engram token context.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, transformer_activation_bytes
+from dgpp.quant.resident import resident_bytes
+from dgpp_deepseek.release_layout import release_hf_config
+from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_loader import checkpoint_name
+
+
+def engram_table_bytes(cfg: DeepseekV41ArchConfig) -> int:
+    """The Engram tables as the release stores them: an E4M3 byte per value and an E8M0 byte per 32."""
+    per_row = cfg.engram_head_dim + -(-cfg.engram_head_dim // 32)
+    return sum(cfg.engram_num_embeddings) * per_row
+
+
+def activation_bytes(cfg: DeepseekV41ArchConfig, world: int, itemsize: int) -> int:
+    """Scratch of one prefill row: a transformer block's plus the hyper-connection streams in and out, the query
+    heads, the grouped output, the indexer's query heads and fp32 scores over the window and the selection."""
+    base = transformer_activation_bytes(
+        cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok, world, itemsize
+    )
+    wide = (
+        2 * cfg.hc_mult * cfg.hidden_size
+        + cfg.num_attention_heads * cfg.head_dim
+        + cfg.o_groups * cfg.o_lora_rank
+        + cfg.index_n_heads * cfg.index_head_dim
+    )
+    scores = cfg.num_attention_heads * (cfg.sliding_window + cfg.index_topk) * 4
+    return base + wide * itemsize + scores
+
+
+def memory_plan(ctx: LoadContext) -> ModelMemory:
+    from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM
+
+    cfg = DeepseekV41ArchConfig.from_hf_config(ctx.hf_config)
+    with torch.device("meta"):
+        model = DeepseekV41ForCausalLM(
+            cfg, dtype=ctx.dtype, world=ctx.world, index_topk=ctx.engine.index_topk or None
+        )
+        quantize_modules(model, release_hf_config(ctx.hf_config), rename=checkpoint_name)
+    itemsize = torch.empty((), dtype=model.dtype).element_size()
+    tables = engram_table_bytes(cfg)
+    resident = ctx.engine.ngram_table == "resident"
+    weights = resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights)
+    return ModelMemory.from_cache_spec(
+        model.cache_spec(),
+        weights=weights + (tables if resident else 0),
+        activations_per_token=activation_bytes(cfg, ctx.world.size, itemsize),
+        vocab_size=cfg.vocab_size,
+        max_position=cfg.max_position_embeddings,
+        notes=(
+            f"DeepSeek-V4.1 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size} in the "
+            "release's formats; compressed entries per token, window rings per request",
+            f"Engram tables: {tables / 2**30:.2f} GiB "
+            + (
+                "resident (in the weights)"
+                if resident
+                else "memory-mapped from the checkpoint (not in the plan)"
+            ),
+        ),
+    )

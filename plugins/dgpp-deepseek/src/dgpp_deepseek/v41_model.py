@@ -1,0 +1,206 @@
+"""DeepSeek-V4.1-Flash (``DeepseekV41ForCausalLM``): the forward pass over the engine's caches.
+
+The residual is ``hc_mult`` streams with single-pass hyper-connections: each sublayer's ``HyperConnection``
+computes ``(pre, post, comb)`` from the streams it reads, but the sublayer's input is the streams collapsed
+with the PREVIOUS sublayer's ``pre`` (the first attention's with ``[1, 0, 0, 0]``, the head's with the last
+MoE's). Per layer: Engram on its layers (added to every stream), CSA2 attention (``dgpp_deepseek.v41_attention``)
+behind ``attn_norm``, MoE behind ``ffn_norm`` (384 + 1 shared experts, sqrt-softplus scores with the correction
+bias, renormalised top-6 times ``routed_scaling_factor``, SwiGLU clamped at ``swiglu_limit``). Module names
+follow the release's tensor names (``dgpp_deepseek.names`` maps the rest).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from dgpp.nn.embedding import LMHead, VocabEmbedding
+from dgpp.nn.hyper_connections import HyperConnection, to_streams
+from dgpp.nn.moe import RoutingConfig, SparseMoE
+from dgpp.nn.parallel import all_reduce
+from dgpp.nn.window_compressor import FP32WeightRMSNorm
+from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, ModelInfo, World
+from dgpp_deepseek.v41_attention import DeepseekV41Attention
+from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
+from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_engram import EngramV41
+from dgpp_deepseek.v41_indexer import GroupFlow
+
+
+def collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
+    """``sum_j pre_j s_j`` in fp32, stream order fixed, in the streams' dtype."""
+    out = pre[:, 0, None] * streams[:, 0].float()
+    for j in range(1, streams.shape[1]):
+        out = out + pre[:, j, None] * streams[:, j].float()
+    return out.to(streams.dtype)
+
+
+class DeepseekV41Block(nn.Module):
+    """``layers.N``: optional Engram, then attention and MoE between single-pass hyper-connections."""
+
+    def __init__(
+        self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World, index_topk: int
+    ) -> None:
+        super().__init__()
+        self.world = world
+        eps = cfg.rms_norm_eps
+
+        def hyper() -> HyperConnection:
+            return HyperConnection(
+                cfg.hidden_size,
+                cfg.hc_mult,
+                sinkhorn_iters=cfg.hc_sinkhorn_iters,
+                eps=cfg.hc_eps,
+                norm_eps=eps,
+            )
+
+        self.attn_hc = hyper()
+        self.ffn_hc = hyper()
+        self.engram = EngramV41(cfg, layer_idx, dtype=dtype) if layer_idx in cfg.engram_layer_ids else None
+        self.attn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
+        self.attn = DeepseekV41Attention(cfg, layer_idx, dtype=dtype, index_topk=index_topk)
+        self.ffn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
+        routing = RoutingConfig(
+            num_experts=cfg.n_routed_experts,
+            top_k=cfg.num_experts_per_tok,
+            scoring="sqrtsoftplus",
+            renormalize=cfg.norm_topk_prob,
+            routed_scaling_factor=cfg.routed_scaling_factor,
+            correction_bias=True,
+        )
+        self.ffn = SparseMoE(
+            cfg.hidden_size,
+            cfg.moe_intermediate_size,
+            routing,
+            dtype=dtype,
+            shared_intermediate_size=cfg.n_shared_experts * cfg.moe_intermediate_size,
+            world=world,
+            swiglu_limit=cfg.swiglu_limit,
+        )
+
+    def forward(
+        self,
+        streams: torch.Tensor,
+        pre: torch.Tensor,
+        batch: ForwardBatch,
+        flow: GroupFlow,
+        group: Any = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(streams, pre)`` after the layer; ``pre`` is the coefficients the next sublayer collapses with."""
+        if self.engram is not None:
+            streams = self.engram(streams, batch)
+        pre_attn, post, comb = self.attn_hc.coefficients(streams)
+        out = self.attn(self.attn_norm(collapse(pre, streams)), batch, flow)
+        streams = self.attn_hc.expand(streams, out, post, comb)
+        pre_ffn, post, comb = self.ffn_hc.coefficients(streams)
+        x = self.ffn_norm(collapse(pre_attn, streams))
+        out = all_reduce(self.ffn(x, batch.input_ids), self.world, group)
+        return self.ffn_hc.expand(streams, out, post, comb), pre_ffn
+
+
+class DeepseekV41ForCausalLM(Model):
+    """DeepSeek-V4.1-Flash behind the engine's model contract. Every layer holds per-request state (its window
+    ring; kv sources also an open pair, Engram layers their token context), so ``info.hybrid`` is set: the
+    prefix cache attaches where it holds a state snapshot. The DSpark draft stages are not part of it."""
+
+    def __init__(
+        self,
+        cfg: DeepseekV41ArchConfig,
+        *,
+        dtype: torch.dtype | None = None,
+        world: World | None = None,
+        group: Any = None,
+        index_topk: int | None = None,
+        bounded: bool = False,
+    ) -> None:
+        super().__init__()
+        if bounded:
+            check_bounded(cfg)
+        self.bounded = bounded
+        self.config = cfg
+        self.dtype = dtype or cfg.dtype
+        self.world = world or World()
+        self.group = group
+        topk = cfg.index_topk if index_topk is None else index_topk
+        self.embed = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype)
+        self.layers = nn.ModuleList(
+            DeepseekV41Block(cfg, i, dtype=self.dtype, world=self.world, index_topk=topk)
+            for i in range(cfg.num_hidden_layers)
+        )
+        self.norm = FP32WeightRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.head = LMHead(
+            cfg.vocab_size,
+            cfg.hidden_size,
+            dtype=self.dtype,
+            tied_to=self.embed if cfg.tie_word_embeddings else None,
+            world=self.world,
+            group=self.group,
+        )
+        self.info = ModelInfo(
+            vocab_size=cfg.vocab_size,
+            max_position=cfg.max_position_embeddings,
+            eos_token_ids=cfg.eos_token_ids,
+            bos_token_id=cfg.bos_token_id,
+            dtype=self.dtype,
+            hybrid=True,
+        )
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        spec = super().cache_spec()
+        if self.bounded:
+            cfg = self.config
+            spec.update(tail_spec(cfg.sliding_window, cfg.hc_mult, cfg.hidden_size, self.dtype))
+        return spec
+
+    @torch.no_grad()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        streams = to_streams(self.embed(batch.input_ids), self.config.hc_mult)
+        pre = torch.zeros(streams.shape[0], self.config.hc_mult, dtype=torch.float32, device=streams.device)
+        pre[:, 0] = 1.0
+        flow = GroupFlow()
+        split = self.config.decoder_first_layer if self.bounded else len(self.layers)
+        for layer in self.layers[:split]:
+            streams, pre = layer(streams, pre, batch, flow, self.group)
+        if split < len(self.layers):
+            streams, pre = self._bounded_decoder(streams, pre, batch, split)
+        hidden = self.norm(collapse(pre, streams))
+        self.keep_last_hidden(hidden)
+        return hidden[batch.logits_indices]
+
+    @torch.no_grad()
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.head(hidden)
+
+    def _bounded_decoder(
+        self, streams: torch.Tensor, pre: torch.Tensor, batch: ForwardBatch, split: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoder layers over the rows ``v41_bounded`` picks; every other row's output stays zero."""
+        first = self.layers[split]
+        assert isinstance(first, DeepseekV41Block) and first.attn.compressor is not None
+        first.attn.compressor(first.attn_norm(collapse(pre, streams)), batch)  # every row's entries
+        sub = decoder_rows(batch, streams, pre, self.config.sliding_window)
+        out_streams, out_pre = torch.zeros_like(streams), torch.zeros_like(pre)
+        if not sub.rows.numel():
+            return out_streams, out_pre
+        flow = GroupFlow(window_floor=sub.floors)
+        dec_streams, dec_pre = sub.streams, sub.pre
+        for layer in self.layers[split:]:
+            dec_streams, dec_pre = layer(dec_streams, dec_pre, sub.batch, flow, self.group)
+        here = sub.rows >= 0
+        out_streams[sub.rows[here]] = dec_streams[here]
+        out_pre[sub.rows[here]] = dec_pre[here]
+        return out_streams, out_pre
+
+
+def check_bounded(cfg: DeepseekV41ArchConfig) -> None:
+    """The bounded prefill's decoder reads its kv source at ratio 1 and has no Engram layer."""
+    first = cfg.decoder_first_layer
+    decoder = range(first, cfg.num_hidden_layers)
+    if not cfg.kv_source_layer_ids or any(cfg.ratio(layer) != 1 for layer in decoder):
+        raise ConfigError(
+            "engine.prefill_mode 'bounded' needs every decoder layer (from the last kv source) at ratio 1"
+        )
+    if any(layer in cfg.engram_layer_ids for layer in decoder):
+        raise ConfigError("engine.prefill_mode 'bounded' needs the Engram layers before the decoder")

@@ -1,0 +1,156 @@
+"""DeepSeek-V4.1-Flash at release shapes: the config as shipped (root ``deepseek_v41``, backbone under
+``text_config``) parses into its layer roles, and the w4 template's memory plan (built on meta in the release's
+formats, nothing read) counts the kv sources' entries per token, the window rings per request, the Engram tables
+apart from the GPU under ``engine.ngram_table: mmap``, and fits a 128 GB node (121 GiB usable)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dgpp.config import load_config
+from dgpp.errors import ConfigError
+from dgpp.family import LoadContext, World
+from dgpp.plugins import build_manager
+from dgpp.startup.memory_plan import plan_for
+from dgpp.step.memory import GiB
+from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+
+ENGRAM_ROWS = 384_006_168  # per Engram layer: 24 prime buckets just above 16M
+V41_TEXT = {
+    "model_type": "deepseek_v41_text",
+    "vocab_size": 129280,
+    "hidden_size": 5120,
+    "moe_intermediate_size": 2304,
+    "num_hidden_layers": 40,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 1,
+    "head_dim": 512,
+    "qk_rope_head_dim": 64,
+    "q_lora_rank": 1280,
+    "o_groups": 8,
+    "o_lora_rank": 1024,
+    "sliding_window": 128,
+    "compress_ratios": [0, 0] + [2] * 18 + [1] * 20 + [0] * 3,  # the last 3: the DSpark draft stages
+    "kv_source_layer_ids": [2, 8, 14, 20],
+    "index_source_layer_ids": [2, 8, 14, 20, 24, 28, 32, 36],
+    "candidate_source_layer_id": 20,
+    "candidate_topk_blocks": 2048,
+    "candidate_block_size": 8,
+    "index_n_heads": 32,
+    "index_head_dim": 128,
+    "index_topk": 512,
+    "n_routed_experts": 384,
+    "num_experts_per_tok": 6,
+    "n_shared_experts": 1,
+    "scoring_func": "sqrtsoftplus",
+    "topk_method": "noaux_tc",
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.5,
+    "swiglu_limit": 10.0,
+    "hc_mult": 4,
+    "hc_sinkhorn_iters": 20,
+    "hc_eps": 1e-6,
+    "rms_norm_eps": 1e-20,
+    "rope_theta": 10000.0,
+    "compress_rope_theta": 160000.0,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 16,
+        "original_max_position_embeddings": 65536,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+    "max_position_embeddings": 1048576,
+    "engram_layer_ids": [1, 14],
+    "engram_num_embeddings": [ENGRAM_ROWS, ENGRAM_ROWS],
+    "engram_max_ngram_size": 4,
+    "engram_n_heads": 8,
+    "engram_head_dim": 256,
+    "engram_vocab_size": 16_000_000,
+    "engram_pad_token_id": 2,
+    "engram_compressed_vocab_size": 99_092,
+    "num_nextn_predict_layers": 3,
+}
+V41_FLASH = {
+    "architectures": ["DeepseekV41ForCausalLM"],
+    "model_type": "deepseek_v41",
+    "text_config": V41_TEXT,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "pad_token_id": 2,
+    "tie_word_embeddings": False,
+    "quantization_config": {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "scale_fmt": "ue8m0",
+        "weight_block_size": [32, 32],
+        "activation_scheme": "dynamic",
+        "expert_dtype": "fp4",
+    },
+}
+TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "deepseek-v4.1-flash_mxfp4-fp8_w4.json"
+
+
+def test_release_config_parses_into_its_roles():
+    cfg = DeepseekV41ArchConfig.from_hf_config(V41_FLASH)
+    assert cfg.num_hidden_layers == 40 and cfg.decoder_first_layer == 20
+    assert [cfg.kv_source_of(layer) for layer in (0, 1, 2, 7, 8, 19, 20, 39)] == [-1, -1, 2, 2, 8, 14, 20, 20]
+    assert [cfg.uses_candidates(layer) for layer in (20, 24, 25, 36)] == [False, True, False, True]
+    assert cfg.engram_rows_per_token == 24 and cfg.rms_norm_eps == 1e-20
+
+
+@pytest.mark.parametrize(
+    "key,value,named",
+    [
+        ("compress_ratios", [0, 0] + [4] * 38, "compress_ratios"),
+        ("kv_source_layer_ids", [2, 8, 14], "kv_source_layer_ids"),
+        ("index_source_layer_ids", [8, 14, 20], "index_source_layer_ids"),
+        ("candidate_source_layer_id", 21, "candidate_source_layer_id"),
+        ("index_topk", 500, "index_topk"),
+        ("scoring_func", "softmax", "scoring_func"),
+    ],
+)
+def test_a_bad_role_is_refused_naming_the_key(key, value, named):
+    bad = copy.deepcopy(V41_FLASH)
+    bad["text_config"][key] = value
+    with pytest.raises(ConfigError, match=named):
+        DeepseekV41ArchConfig.from_hf_config(bad)
+
+
+def _plan(tmp_path: Path, **engine: object):
+    (tmp_path / "config.json").write_text(json.dumps(V41_FLASH))
+    save_file({"head.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # names only
+    deploy = load_config(TEMPLATE)
+    deploy_engine = msgspec.structs.replace(deploy.engine, **engine)
+    ctx = LoadContext(
+        tmp_path, V41_FLASH, "deepseek", "DeepseekV41ForCausalLM", engine=deploy_engine, world=World(0, 4)
+    )
+    return deploy, plan_for(build_manager(), ctx)
+
+
+def test_template_plan_fits_a_node(tmp_path):
+    deploy, plan = _plan(tmp_path)
+    assert deploy.world == 4 and deploy.engine.max_concurrency == 6 and deploy.engine.kv_capacity == 131072
+    assert deploy.engine.ngram_table == "mmap" and not deploy.engine.mtp
+    # per token, BF16: each ratio-2 source a 512-wide entry and a 128-wide index key per 2 tokens, the ratio-1
+    # source both per token
+    assert plan.kv_per_token == 3 * (512 * 2 + 128 * 2) // 2 + (512 * 2 + 128 * 2)
+    # routed experts are the bulk: 40 layers x 384 x 3 x 5120 x 2304 MXFP4 (0.5 B + one E8M0 per 32) / world
+    experts = 40 * 384 * 3 * 5120 * 2304 * 17 // 32 // 4
+    assert experts < plan.weights < experts + 16 * GiB
+    assert any("memory-mapped" in note for note in plan.notes)
+    assert plan.fits(121 * GiB), plan.describe()
+
+
+def test_resident_engram_tables_count_with_the_weights(tmp_path):
+    _, mapped = _plan(tmp_path, ngram_table="mmap")
+    _, resident = _plan(tmp_path, ngram_table="resident")
+    assert resident.weights - mapped.weights == 2 * ENGRAM_ROWS * (256 + 8)
