@@ -24,6 +24,7 @@ from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative import VerifyDecoder
 from dgpp.engine.verify_schedule import PassRule, ScheduleSettings
 from dgpp.engine.work import DecodingSequence, SeqWork
+from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import StateSpec
 from dgpp.step.model import BlockDrafter
 from dgpp.step.pools import CachePools
@@ -96,9 +97,13 @@ class BlockDraftDecoder(VerifyDecoder):
     def _absorb(self, items: list[tuple[DecodingSequence, int, int]], features: torch.Tensor) -> None:
         """The drafter writes the context rows of ``(seq, first position, count)`` items from ``features`` (their
         rows, in order)."""
-        works = [SeqWork(s.slot, s.block_table, first, [0] * n, media=s.media) for s, first, n in items]  # type: ignore[arg-type]
-        batch = build_batch(works, self.draft_pools, self.runner.device)
+        batch = self._batch([(s, first, [0] * n) for s, first, n in items])  # the tokens are not read
         self.drafter.absorb(batch, features)
+
+    def _batch(self, items: list[tuple[DecodingSequence, int, list[int]]]) -> ForwardBatch:
+        """The drafter's batch over ``(seq, first position, tokens)`` items (its pools, the target's tables)."""
+        works = [SeqWork(s.slot, s.block_table, first, tokens, media=s.media) for s, first, tokens in items]  # type: ignore[arg-type]
+        return build_batch(works, self.draft_pools, self.runner.device)
 
     def _features(self) -> torch.Tensor:
         features = self.model.last_hidden
@@ -133,13 +138,8 @@ class BlockDraftDecoder(VerifyDecoder):
         drafting = [i for i, d in enumerate(depths) if d]
         if not drafting:
             return Proposal([0] * len(seqs), device=torch.zeros(0, dtype=torch.int64, device=device))
-        works = [
-            SeqWork(
-                seqs[i].slot, seqs[i].block_table, seqs[i].computed, [seqs[i].output[-1]], media=seqs[i].media
-            )  # type: ignore[arg-type]
-            for i in drafting
-        ]
-        tokens, confidence = self.drafter.draft(build_batch(works, self.draft_pools, device))
+        batch = self._batch([(seqs[i], seqs[i].computed, [seqs[i].output[-1]]) for i in drafting])
+        tokens, confidence = self.drafter.draft(batch)
         if rule is None:  # the drafts stay on the device
             width = tokens.shape[1]
             keep = [row * width + j for row, i in enumerate(drafting) for j in range(depths[i])]
