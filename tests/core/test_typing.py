@@ -119,7 +119,7 @@ REFERENCE_TYPES = textwrap.dedent(
 
     from dgpp.family import FamilyConfig
     from dgpp.plugin_api import (
-        BenchGeometry, Dialect, Drafter, GGUFArchitecture, LoadContext, MemoryPlan, Model, ModelMemory,
+        BenchGeometry, BlockDrafter, Dialect, Drafter, GGUFArchitecture, LoadContext, MemoryPlan, Model, ModelMemory,
         TinyCheckpoint, World,
     )
 
@@ -139,7 +139,7 @@ MODEL_TYPES = {
     "config": "type[FamilyConfig]",
     "model": "ModelClass",
     "renames": "Callable[[str], str]",
-    "drafter": "Callable[[LoadContext, Any], Drafter | None]",
+    "drafter": "Callable[[LoadContext, Any], Drafter | BlockDrafter | None]",
     "load_model": "Callable[[LoadContext], Model]",
     "memory_plan": "Callable[[LoadContext], ModelMemory | MemoryPlan]",
 }

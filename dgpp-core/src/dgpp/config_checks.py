@@ -188,6 +188,8 @@ def _check_engine(cfg: DeployConfig) -> list[str]:
         problems.append(
             "engine.mtp_schedule: true schedules the drafts of engine.mtp or engine.draft; turn one on"
         )
+    if eng.dflash_model and not eng.mtp:
+        problems.append("engine.dflash_model: its drafter drafts under engine.mtp; set engine.mtp: true")
     if eng.lookup_min_ngram > eng.lookup_ngram:
         problems.append(
             f"engine.lookup_min_ngram: {eng.lookup_min_ngram} exceeds engine.lookup_ngram {eng.lookup_ngram}"

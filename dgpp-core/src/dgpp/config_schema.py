@@ -117,6 +117,8 @@ class EngineConfig(_Section):
     )
     mtp: bool = False
     mtp_depth: Depth = 1
+    # a DFlash2 block drafter's checkpoint directory: engine.mtp drafts with it instead of the MTP layer (Qwen3.5)
+    dflash_model: str = ""
     # confidence-scheduled verify depth for engine.mtp or engine.draft (dgpp.engine.verify_schedule)
     mtp_schedule: bool = False
     mtp_schedule_row_ms: Annotated[float, msgspec.Meta(gt=0)] = 8.0  # one verify row

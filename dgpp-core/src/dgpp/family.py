@@ -103,8 +103,8 @@ class FamilyModel:
     checkpoint's. ``model``: a ``Model`` subclass built as ``model(cfg, dtype=, world=, group=)``, whose
     attention modules declare their cache entries and which answers ``activation_bytes_per_token()``.
     ``renames``: ``name -> checkpoint name`` where the checkpoint's tensor names differ from the module's.
-    ``drafter``: ``build_draft(ctx, model) -> Drafter | None``. ``hooks``: ``{"load_model" | "memory_plan":
-    reference}`` for a release core cannot read the plain way.
+    ``drafter``: ``build_draft(ctx, model) -> Drafter | BlockDrafter | None``. ``hooks``: ``{"load_model" |
+    "memory_plan": reference}`` for a release core cannot read the plain way.
     """
 
     claims: tuple[str, ...]

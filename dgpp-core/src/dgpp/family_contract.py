@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from dgpp.media.prompt import ImageInput
     from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.step.memory import MemoryPlan, ModelMemory
-    from dgpp.step.model import Drafter, Model
+    from dgpp.step.model import BlockDrafter, Drafter, Model
     from dgpp.text.dialect import Dialect
 
 
@@ -149,11 +149,11 @@ class Family(PluginHooks):
         return None if entry is None else declared_model_memory(ctx, entry)
 
     @hookimpl
-    def dgpp_build_draft(self, ctx: LoadContext, model: Model) -> Drafter | None:
+    def dgpp_build_draft(self, ctx: LoadContext, model: Model) -> Drafter | BlockDrafter | None:
         entry = self.model_entry(ctx)
         if entry is None or entry.drafter is None:
             return None
-        drafter: Drafter | None = resolve_reference(entry.drafter)(ctx, model)
+        drafter: Drafter | BlockDrafter | None = resolve_reference(entry.drafter)(ctx, model)
         return drafter
 
     @hookimpl

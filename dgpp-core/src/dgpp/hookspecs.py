@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # the types stay out of the import: registering a plugin must
     from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
     from dgpp.quant.format import QuantFormat
     from dgpp.step.memory import MemoryPlan, ModelMemory
-    from dgpp.step.model import Drafter, Model
+    from dgpp.step.model import BlockDrafter, Drafter, Model
     from dgpp.text.dialect import Dialect
 
 PROJECT = "dgpp"
@@ -58,11 +58,12 @@ class PluginHooks:
         (``dgpp bench`` fills them with random values of a real geometry); None for a family that is not yours."""
 
     @hookspec(firstresult=True)
-    def dgpp_build_draft(self, ctx: LoadContext, model: Model) -> Drafter | None:
+    def dgpp_build_draft(self, ctx: LoadContext, model: Model) -> Drafter | BlockDrafter | None:
         """Build the speculative drafter (an MTP layer, a block drafter) for ``model``, weights loaded, or None.
 
-        The drafter follows ``dgpp.step.model.Drafter``: ``drafter(batch, previous_hidden, step)`` and
-        ``compute_logits(hidden, step)``.
+        An MTP drafter follows ``dgpp.step.model.Drafter``: ``drafter(batch, previous_hidden, step)`` and
+        ``compute_logits(hidden, step)``; a block drafter ``dgpp.step.model.BlockDrafter``: ``absorb(batch,
+        features)`` and ``draft(batch)``.
         """
 
     @hookspec(firstresult=True)

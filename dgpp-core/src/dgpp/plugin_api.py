@@ -45,7 +45,7 @@ if TYPE_CHECKING:
         stored_as,
     )
     from dgpp.step.memory import MemoryPlan, ModelMemory, transformer_activation_bytes
-    from dgpp.step.model import Drafter, Model, ModelInfo, collect_cache_entries
+    from dgpp.step.model import BlockDrafter, Drafter, Model, ModelInfo, collect_cache_entries
     from dgpp.text.dialect import Dialect
 
 # name -> the module that defines it (imported when the name is first read)
@@ -73,6 +73,7 @@ _LAZY = {
     "MemoryPlan": "dgpp.step.memory",
     "ModelMemory": "dgpp.step.memory",
     "transformer_activation_bytes": "dgpp.step.memory",
+    "BlockDrafter": "dgpp.step.model",
     "Drafter": "dgpp.step.model",
     "Model": "dgpp.step.model",
     "collect_cache_entries": "dgpp.step.model",
@@ -91,6 +92,7 @@ _LAZY = {
 __all__ = [
     "COMPUTE_DTYPES",
     "BenchGeometry",
+    "BlockDrafter",
     "CacheSpec",
     "CausalLMFields",
     "CheckpointError",

@@ -1,11 +1,13 @@
 """The speculative decoder a deployment asks for: ``engine.mtp`` (the drafter from the family's ``dgpp_build_draft``
-hook, wrapped in a ``SpeculativeDecoder``) or ``engine.draft: "lookup"`` (a ``LookupDecoder``, any model)."""
+hook, wrapped in a ``SpeculativeDecoder``, or a ``BlockDraftDecoder`` for a block drafter) or ``engine.draft:
+"lookup"`` (a ``LookupDecoder``, any model)."""
 
 from __future__ import annotations
 
 import pluggy
 
 from dgpp.config_schema import EngineConfig
+from dgpp.engine.block_draft import BlockDraftDecoder
 from dgpp.engine.lookup_draft import LookupDecoder
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder, VerifyDecoder
@@ -13,6 +15,7 @@ from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.errors import ConfigError
 from dgpp.family import LoadContext
 from dgpp.log import get_logger
+from dgpp.step.model import BlockDrafter
 
 log = get_logger("dgpp.engine")
 
@@ -49,9 +52,22 @@ def build_speculative(
         )
     if runner.graphs is not None:
         log.info("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
-    decoder = SpeculativeDecoder(
-        runner, drafter, engine_cfg.mtp_depth, kv_dtype=engine_cfg.kv_dtype, schedule=_schedule(engine_cfg)
-    )
+    decoder: VerifyDecoder
+    if isinstance(drafter, BlockDrafter):
+        if engine_cfg.mtp_depth > drafter.drafts:
+            raise ConfigError(
+                f"engine.mtp_depth: {engine_cfg.mtp_depth} exceeds the {drafter.drafts} drafts a block of "
+                f"{type(drafter).__name__} proposes; set engine.mtp_depth to at most {drafter.drafts}"
+            )
+        decoder = BlockDraftDecoder(runner, drafter, engine_cfg.mtp_depth, _schedule(engine_cfg))
+    else:
+        decoder = SpeculativeDecoder(
+            runner,
+            drafter,
+            engine_cfg.mtp_depth,
+            kv_dtype=engine_cfg.kv_dtype,
+            schedule=_schedule(engine_cfg),
+        )
     log.info("speculative decoding on", drafter=type(drafter).__name__, depth=decoder.depth)
     return decoder
 

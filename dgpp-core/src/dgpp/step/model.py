@@ -105,3 +105,31 @@ class Drafter(Protocol):
     def compute_logits(self, hidden: torch.Tensor, step: int) -> torch.Tensor:
         """Hidden rows of draft depth ``step`` -> logits ``[R, vocab]``."""
         ...
+
+
+@runtime_checkable
+class BlockDrafter(Protocol):
+    """A drafter that proposes a whole block of drafts in one forward (DeepSeek-V4's DSpark stages, a DFlash2
+    checkpoint): what ``dgpp_build_draft`` may return instead of a ``Drafter``; ``dgpp.engine.block_draft`` runs
+    it. Its context is paged K/V rows, one per position, written from the target's feature rows
+    (``Model.last_hidden``, the family's features for this drafter) of every accepted input; a block at position
+    ``c`` reads the context rows before ``c`` and writes nothing, so a rejected draft leaves no trace."""
+
+    #: the most drafts one block proposes
+    drafts: int
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The drafter's context entries (paged K/V only), allocated by the engine beside the target's."""
+        ...
+
+    def absorb(self, batch: ForwardBatch, features: torch.Tensor) -> None:
+        """Write the context rows of ``batch``'s rows (at ``batch.positions``, through ``batch.slot_mapping``) from
+        the target's feature rows ``features`` of the same positions."""
+        ...
+
+    def draft(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """One block per sequence of ``batch`` (one row each: the token fed at ``c``, the block's first position;
+        the context rows before ``c`` are cached). Returns the greedy drafts for ``c + 1 .. c + drafts``
+        (``[B, drafts]`` int64) and each one's confidence, the drafter's estimate that it is accepted (``[B,
+        drafts]`` fp32 in ``[0, 1]``)."""
+        ...

@@ -1,7 +1,7 @@
 """The release's draft blocks (``mtp.<s>.*``: V4-Flash's MTP, the 0731 release's three DSpark stages), loaded
-and named. Nothing runs them: speculation with them belongs to DeepSeek-V4.1's work, and ``engine.mtp`` stays
-off for ``deepseek_v4``. They are held so that every tensor of the release has a home under its own name (the
-memory plan counts them, a drafter can take them over), sliced for TP like the main layers.
+and named, so that every tensor of the release has a home under its own name (the memory plan counts them),
+sliced for TP like the main layers. The DSpark stages run as ``engine.mtp``'s block drafter
+(``dgpp_deepseek.dspark``); the base release's single MTP block is held, not run.
 
 A stage is a decoder block like the main ones (``DeepseekV4Block``: hyper-connections, attention, a learned
 top-k MoE: drafter routers ship ``gate.bias``, never ``tid2eid``) plus the stage's own tensors, found by name
@@ -99,7 +99,8 @@ def attach_draft_blocks(
 
 
 class DraftStages(nn.ModuleList):
-    """The release's draft stages (``model.mtp``): loaded and named, not run, so they hold no cache."""
+    """The release's draft stages (``model.mtp``). They hold no cache of the target's: the DSpark drafter
+    declares its own context rows (``dgpp_deepseek.dspark``)."""
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, Any]:
         return {}

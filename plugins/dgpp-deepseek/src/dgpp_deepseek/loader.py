@@ -21,7 +21,9 @@ def load_model(ctx: LoadContext) -> Model:
     cfg = DeepseekV4ArchConfig.from_hf_config(ctx.hf_config)
     ctx = release_context(ctx)
 
-    def build() -> DeepseekV4ForCausalLM:  # the release's mtp.* stages ride along, loaded and named, not run
+    def build() -> (
+        DeepseekV4ForCausalLM
+    ):  # the release's mtp.* stages ride along (the DSpark drafter runs them)
         model = DeepseekV4ForCausalLM(cfg, dtype=ctx.dtype, world=ctx.world, group=ctx.group)
         return attach_draft_blocks(model, cfg, ctx.checkpoint_dir, world=ctx.world)
 

@@ -8,8 +8,9 @@ embedding and head), so the weights item is what is resident: the experts as thi
 the rest replicated (one shared latent K/V head has nothing to split), the head vocab-sharded. The cache rates
 come from ``cache_spec()``: per token a compressed entry per ratio (CSA: a 512-wide main entry per 4 tokens and
 a 128-wide indexer key per 4; HCA: one 512-wide entry per 128), per request the 128-token window ring of every
-layer and the compressors' open-window rows. The checkpoint's ``mtp.*`` draft stages are resident (loaded and
-named, not run: ``dgpp_deepseek.draft_blocks``) and counted with the weights, from its headers.
+layer and the compressors' open-window rows. The checkpoint's ``mtp.*`` draft stages are resident
+(``dgpp_deepseek.draft_blocks``) and counted with the weights, from its headers; with ``engine.mtp`` the DSpark
+drafter's context adds one latent row per token for each stage (``dgpp_deepseek.dspark``).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def activation_bytes(cfg: DeepseekV4ArchConfig, world: int, itemsize: int) -> in
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_deepseek.draft_blocks import attach_draft_blocks
+    from dgpp_deepseek.dspark import DSparkConfig, dspark_cache_spec
     from dgpp_deepseek.model import DeepseekV4ForCausalLM
 
     cfg = DeepseekV4ArchConfig.from_hf_config(ctx.hf_config)
@@ -56,10 +58,12 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         attach_draft_blocks(model, cfg, ctx.checkpoint_dir, world=ctx.world)  # counted: they are resident
         quantize_modules(model, release_hf_config(ctx.hf_config), rename=checkpoint_name)
     itemsize = torch.empty((), dtype=model.dtype).element_size()
+    spec = model.cache_spec()
+    stages = getattr(model, "mtp", None)
+    if ctx.engine.mtp and stages is not None and DSparkConfig.from_hf_config(ctx.hf_config, cfg) is not None:
+        spec = {**spec, **dspark_cache_spec(cfg, len(stages), model.dtype)}
     return ModelMemory.from_cache_spec(
-        stored_as(
-            model.cache_spec(), ctx.engine.kv_dtype
-        ),  # kv_dtype fp8 is refused by name (compressed entries)
+        stored_as(spec, ctx.engine.kv_dtype),  # kv_dtype fp8 is refused by name (compressed entries)
         weights=resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights),
         activations_per_token=activation_bytes(cfg, ctx.world.size, itemsize),
         vocab_size=cfg.vocab_size,

@@ -85,7 +85,14 @@ class DeepseekV4Block(nn.Module):
 class DeepseekV4ForCausalLM(Model):
     """DeepSeek-V4 behind the engine's model contract. Every layer holds per-request state (its window ring and,
     on compressed layers, the rows of the open window), so ``info.hybrid`` is set: the prefix cache attaches
-    where it holds a state snapshot. The MTP block the release ships is not part of this module."""
+    where it holds a state snapshot. The release's draft stages hang off it as ``mtp`` (``draft_blocks``).
+
+    ``last_hidden`` (while ``keep_hidden`` is on) is the DSpark drafter's features when ``feature_layers`` names
+    layers (``dgpp_deepseek.dspark``): per row, the mean over the streams entering each of those layers,
+    concatenated in that order; else the final normed hidden."""
+
+    #: the layers whose input streams' mean is kept (set by the DSpark drafter)
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -127,10 +134,14 @@ class DeepseekV4ForCausalLM(Model):
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         streams = to_streams(self.embed(batch.input_ids), self.config.hc_mult)
-        for layer in self.layers:
+        features = self.feature_layers if self.keep_hidden else ()
+        means: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers):
+            if i in features:
+                means[i] = streams.mean(dim=1)
             streams = layer(streams, batch, self.group)
         hidden = self.norm(self.hc_head(streams))
-        self.keep_last_hidden(hidden)
+        self.keep_last_hidden(torch.cat([means[i] for i in features], dim=-1) if features else hidden)
         return hidden[batch.logits_indices]
 
     @torch.no_grad()

@@ -18,6 +18,7 @@ FAMILY = Family(
             claims=("DeepseekV4ForCausalLM", "deepseek_v4"),
             config="dgpp_deepseek.config:DeepseekV4ArchConfig",
             model="dgpp_deepseek.model:DeepseekV4ForCausalLM",
+            drafter="dgpp_deepseek.dspark:build_draft",  # the DSpark stages (engine.mtp)
             hooks={
                 "load_model": "dgpp_deepseek.loader:load_model",
                 "memory_plan": "dgpp_deepseek.memory:memory_plan",

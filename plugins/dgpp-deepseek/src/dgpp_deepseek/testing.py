@@ -133,6 +133,82 @@ def build_tiny_deepseek_v4(
     return out
 
 
+def add_dspark_stages(
+    checkpoint_dir: str | Path,
+    *,
+    stages: int = 3,
+    block_size: int = 4,
+    target_layer_ids: tuple[int, ...] = (1, 2, 3),
+    experts: int = 4,
+    rank: int = 8,
+    repeat_bias: float = 40.0,
+    seed: int = 0,
+) -> Path:
+    """Add DSpark draft stages to a tiny checkpoint in place, as DeepSeek-V4-Flash-0731 ships them: ``mtp.<s>``
+    window-only blocks (layer 0's tensor names, fresh values, ``experts`` routed experts with a router bias and
+    no hash table), ``mtp.0.main_proj`` / ``main_norm``, the last stage's ``norm``, ``hc_head_*``, Markov head
+    and confidence head, and the ``dspark_*`` keys in config.json. ``repeat_bias``: the Markov head's pull
+    towards repeating the previous token (so drafts are accepted where the model repeats itself)."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+
+    out = Path(checkpoint_dir)
+    config = json.loads((out / "config.json").read_text())
+    if config["layer_types"][0] != "sliding_attention":
+        raise ValueError("the DSpark stages copy layer 0's names, which must be a sliding layer")
+    path = out / "model.safetensors"
+    tensors = load_file(path)
+    gen = torch.Generator().manual_seed(seed)
+    hidden, vocab, hc = config["hidden_size"], config["vocab_size"], config["hc_mult"]
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(shape, generator=gen)
+
+    def fresh(t: torch.Tensor) -> torch.Tensor:  # another draw of the same scale
+        spread = t.float().std() if t.numel() > 1 else t.float().abs().mean()
+        return (t.float() + 0.5 * spread * randn(*t.shape)).to(t.dtype)
+
+    extra: dict[str, torch.Tensor] = {}
+    for stage in range(stages):
+        pre = f"mtp.{stage}."
+        for name, t in tensors.items():
+            if not name.startswith("layers.0.") or name.endswith("tid2eid"):
+                continue
+            rest = name.removeprefix("layers.0.").replace("attn.norm.", "attn.kv_norm.")  # the release's name
+            if rest.startswith("ffn.experts.") and int(rest.split(".")[2]) >= experts:
+                continue
+            value = t[:experts] if rest == "ffn.gate.weight" else t
+            extra[pre + rest] = fresh(value).contiguous()
+        extra[pre + "ffn.gate.bias"] = 0.3 * randn(experts)
+    width = len(target_layer_ids) * hidden
+    extra["mtp.0.main_proj.weight"] = randn(hidden, width) / width**0.5
+    extra["mtp.0.main_norm.weight"] = 1.0 + 0.2 * randn(hidden)
+    last = f"mtp.{stages - 1}."
+    extra[last + "norm.weight"] = 1.0 + 0.2 * randn(hidden)
+    extra[last + "hc_head_fn"] = 0.3 * randn(hc, hc * hidden)
+    extra[last + "hc_head_base"] = 0.5 * randn(hc)
+    extra[last + "hc_head_scale"] = 1.0 + 0.3 * randn(1)
+    embed = randn(vocab, rank)
+    embed = embed / embed.norm(dim=-1, keepdim=True)
+    extra[last + "markov_head.markov_w1.weight"] = embed
+    extra[last + "markov_head.markov_w2.weight"] = repeat_bias * embed + 0.3 * randn(vocab, rank)
+    extra[last + "confidence_head.proj.weight"] = 0.2 * randn(1, hidden + rank)
+    dtype = tensors["embed.weight"].dtype
+    fp32 = ("hc_head_", "gate.bias")  # the release keeps these fp32 whatever the model's dtype
+    extra = {k: v if any(f in k for f in fp32) else v.to(dtype) for k, v in extra.items()}
+    save_file({**tensors, **extra}, path, metadata={"format": "pt"})
+    config.update(
+        dspark_block_size=block_size,
+        dspark_noise_token_id=vocab - 1,
+        dspark_target_layer_ids=list(target_layer_ids),
+        dspark_markov_rank=rank,
+        num_nextn_predict_layers=stages,
+    )
+    (out / "config.json").write_text(json.dumps(config, indent=2))
+    return out
+
+
 # DeepSeek-V4-Flash (deepseek-ai/DeepSeek-V4-Flash-0731) per layer: hidden 4096, 64 q heads x 512 over one shared
 # latent, q_lora 1024, o_lora 1024 in 8 groups, a 128-token window everywhere, CSA (ratio 4, 64-head indexer x 128,
 # top 512) and HCA (ratio 128) layers, 256 experts top-6 of 2048 + one shared, hash routing on layers 0-2, 4

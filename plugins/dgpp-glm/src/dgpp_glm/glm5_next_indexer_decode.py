@@ -18,7 +18,7 @@ densely as on the row path.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -26,8 +26,23 @@ from dgpp.nn.dsa import index_scores
 from dgpp.nn.selection import DeviceSelection
 from dgpp.plugin_api import ForwardBatch
 
-if TYPE_CHECKING:
-    from dgpp_glm.glm5_next_indexer import KPoolIndexer
+
+class PoolingIndexer(Protocol):
+    """What the decode step reads of ``dgpp_glm.glm5_next_indexer.KPoolIndexer`` (named here, not imported, so
+    the two modules do not import each other)."""
+
+    @property
+    def kpool(self) -> int: ...
+    @property
+    def select_pools(self) -> int: ...
+    @property
+    def select_tail(self) -> bool: ...
+    @property
+    def buffer_name(self) -> str: ...
+    @property
+    def cache_name(self) -> str: ...
+
+    def pool_windows(self, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor: ...
 
 
 def write_rows(flat: torch.Tensor, targets: torch.Tensor, values: torch.Tensor, writes: torch.Tensor) -> None:
@@ -50,7 +65,7 @@ def pool_slots(
     return block * rows_per_block + (last % block_size) // kpool
 
 
-def store_decode(indexer: KPoolIndexer, kv: torch.Tensor, gate: torch.Tensor, batch: ForwardBatch) -> None:
+def store_decode(indexer: PoolingIndexer, kv: torch.Tensor, gate: torch.Tensor, batch: ForwardBatch) -> None:
     """Buffer each decode row's key and gate logits in its ring, then pool and store the pool the row completes."""
     ring = batch.cache.state[indexer.buffer_name]
     ring_kv, ring_gate = ring["kv"], ring["gate"]
@@ -71,7 +86,7 @@ def store_decode(indexer: KPoolIndexer, kv: torch.Tensor, gate: torch.Tensor, ba
 
 
 def select_decode(
-    indexer: KPoolIndexer, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch
+    indexer: PoolingIndexer, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch
 ) -> DeviceSelection | None:
     """Every decode row's attended positions (``q [B, H, D]``, ``weights [B, H]`` fp32); None (every row dense, as
     the row path says for such rows) when the table is too narrow for any row to see more pools than it keeps,

@@ -12,6 +12,8 @@ in the page cache of the checkpoint files and are only noted.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 
 import torch
@@ -32,8 +34,33 @@ def ngram_table_bytes(checkpoint_dir: Path) -> int:
 
 
 def estimated_memory(ctx: LoadContext) -> ModelMemory:
-    """Qwen3 / the Qwen3.5 hybrids: core's estimate from config.json and the safetensors headers."""
-    return estimate_model_memory(ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size)
+    """Qwen3 / the Qwen3.5 hybrids: core's estimate from config.json and the safetensors headers; with a DFlash2
+    drafter (``engine.mtp`` and ``engine.dflash_model``) the drafter item is its weights in the target's dtype,
+    replicated, instead of the MTP layer, and its context adds each drafter layer's K/V row per token."""
+    memory = estimate_model_memory(ctx.checkpoint_dir, ctx.hf_config, ctx.engine, world_size=ctx.world.size)
+    if not (ctx.engine.mtp and ctx.engine.dflash_model):
+        return memory
+    from dgpp_qwen.dflash2 import expected_shapes
+    from dgpp_qwen.dflash2_config import DFlash2Config, drafter_dir
+
+    cfg = DFlash2Config.from_dir(drafter_dir(ctx.engine.dflash_model))
+    from dgpp_qwen.config import QwenConfig
+
+    dtype = (
+        ctx.dtype or QwenConfig.from_hf_config(ctx.hf_config).dtype
+    )  # the target's, which the drafter takes
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    weights = sum(math.prod(shape) for shape in expected_shapes(cfg).values()) * itemsize
+    context = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * itemsize
+    return dataclasses.replace(
+        memory,
+        drafter=weights,
+        kv_per_token=memory.kv_per_token + context,
+        notes=(
+            *memory.notes,
+            f"DFlash2 drafter {ctx.engine.dflash_model}: weights replicated, context K/V per token",
+        ),
+    )
 
 
 def vision_workspace_bytes(vision: VisionConfig, ctx: LoadContext, itemsize: int) -> int:

@@ -114,7 +114,14 @@ class Qwen35ForCausalLM(Model):
     weights load separately, as the drafter (``qwen3_5_mtp.py``).
 
     Hidden state is replicated at every block boundary; GDN and attention heads, MLP and expert intermediate
-    dims are split over ``world``; the embedding is replicated, the head vocab-parallel."""
+    dims are split over ``world``; the embedding is replicated, the head vocab-parallel.
+
+    ``last_hidden`` (while ``keep_hidden`` is on) is the DFlash2 drafter's features when ``feature_layers`` names
+    layers (``dgpp_qwen.dflash2``): per row, the outputs of those layers concatenated in that order; else the
+    final normed hidden (the MTP drafter's)."""
+
+    #: the layers whose outputs are kept (set by the DFlash2 drafter)
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -145,12 +152,16 @@ class Qwen35ForCausalLM(Model):
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)
-        for layer in self.model.layers:
+        features = self.feature_layers if self.keep_hidden else ()
+        outputs: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.model.layers):
             hidden = layer(hidden, batch)
+            if i in features:
+                outputs[i] = hidden
         # every row is normed (the same ops whether or not a drafter listens, so MTP never changes the logits);
-        # the rows stay for the MTP drafter (it drafts from each position, prompt included) only if it is on
+        # the rows stay for the drafter (it drafts from each position, prompt included) only if it is on
         hidden = self.model.norm(hidden)
-        self.keep_last_hidden(hidden)
+        self.keep_last_hidden(torch.cat([outputs[i] for i in features], dim=-1) if features else hidden)
         return hidden[batch.logits_indices]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
