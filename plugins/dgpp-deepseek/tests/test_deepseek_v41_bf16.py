@@ -22,8 +22,8 @@ median error), the rotary cos / sin, the ratio-2 compressor's projections and op
 from __future__ import annotations
 
 import json
-import statistics
 import shutil
+import statistics
 from pathlib import Path
 
 import pytest
