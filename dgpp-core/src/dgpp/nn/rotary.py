@@ -112,22 +112,26 @@ class TrailingRotary(nn.Module):
     RoPE on its sliding layers and a second base plus YaRN on its compressed layers. Its attention also rotates the
     output's rope slice BACK (``inverse=True``, the angle negated) at the query position: K == V, so each value
     carries its key's rotation, and undoing it at the query leaves every entry's contribution a function of the
-    distance. cos/sin are computed in fp32 and rounded to the activation dtype; the rotation runs in fp32 and is
-    rounded once, the reference's order."""
+    distance. cos/sin are computed in fp32 and rounded to the activation dtype (``fp32_angles``: kept in fp32, as
+    DeepSeek-V4.1-Flash's original kernels do); the rotation runs in fp32 and is rounded once, the reference's
+    order."""
 
-    def __init__(self, rotary_dim: int, base: float, *, yarn: YarnScaling | None = None) -> None:
+    def __init__(
+        self, rotary_dim: int, base: float, *, yarn: YarnScaling | None = None, fp32_angles: bool = False
+    ) -> None:
         super().__init__()
         if rotary_dim % 2:
             raise ValueError(f"rotary_dim {rotary_dim} must be even")
-        self.rotary_dim = rotary_dim
+        self.rotary_dim, self.fp32_angles = rotary_dim, fp32_angles
         inv_freq = yarn.inv_freq(base, rotary_dim) if yarn else default_inv_freq(base, rotary_dim)
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [T, rotary_dim/2]
-        cos = (freqs.cos() * self.magnitude).to(x.dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
-        sin = (freqs.sin() * self.magnitude).to(x.dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
+        angle_dtype = torch.float32 if self.fp32_angles else x.dtype
+        cos = (freqs.cos() * self.magnitude).to(angle_dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
+        sin = (freqs.sin() * self.magnitude).to(angle_dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
         if inverse:
             sin = -sin
         nope, rope = x[..., : -self.rotary_dim], x[..., -self.rotary_dim :].float()
@@ -159,6 +163,7 @@ def rotary_embedding(
     mrope_section: tuple[int, ...] | None = None,
     mrope_interleaved: bool = False,
     trailing: Literal[True],
+    fp32_angles: bool = False,
 ) -> TrailingRotary: ...
 
 
@@ -171,13 +176,15 @@ def rotary_embedding(
     mrope_section: tuple[int, ...] | None = None,
     mrope_interleaved: bool = False,
     trailing: bool = False,
+    fp32_angles: bool = False,
 ) -> RotaryEmbedding | TrailingRotary:
     """The one RoPE factory: a ``RotaryEmbedding`` with the frequencies of ``rope.rope_type``. ``yarn`` is
     ``YarnScaling``; ``linear`` and ``llama3`` only rescale the inverse frequencies. ``mrope_section``: a
     multimodal RoPE's sections, validated against ``rotary_dim`` (text positions make it plain RoPE; ``[axes, T]``
     positions turn each section with its axis, ``mrope_interleaved`` sections alternating frequency by frequency).
     ``trailing``: a ``TrailingRotary`` instead, interleaved RoPE on the LAST ``rotary_dim``
-    dims of each head (DeepSeek-V4's ``[nope | rope]`` layout; ``style`` must be ``interleaved``)."""
+    dims of each head (DeepSeek-V4's ``[nope | rope]`` layout; ``style`` must be ``interleaved``; ``fp32_angles``
+    keeps its cos/sin in fp32)."""
     rotary: RotaryEmbedding | TrailingRotary
     if trailing:
         if style != "interleaved" or mrope_section is not None:
@@ -185,8 +192,10 @@ def rotary_embedding(
         dim = head_dim if rotary_dim is None else rotary_dim
         if dim > head_dim:
             raise ValueError(f"rotary_dim {dim} must be at most head_dim {head_dim}")
-        rotary = TrailingRotary(dim, rope.theta, yarn=rope.yarn)
+        rotary = TrailingRotary(dim, rope.theta, yarn=rope.yarn, fp32_angles=fp32_angles)
     else:
+        if fp32_angles:
+            raise ValueError("fp32_angles applies to a trailing rotary only")
         rotary = RotaryEmbedding(
             head_dim,
             rotary_dim,

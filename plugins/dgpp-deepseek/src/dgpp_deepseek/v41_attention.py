@@ -60,7 +60,11 @@ class DeepseekV41Attention(nn.Module):
             )
         else:
             rope = RopeScaling(theta=cfg.rope_theta)
-        self.rotary = rotary_embedding(rope, dim, cfg.rope_head_dim, style="interleaved", trailing=True)
+        # cos / sin stay fp32 (the original's rotation kernel): rounded to bf16 they move every rotated value by
+        # up to 2^-9 before the FP8 / FP4 cache roundings, which turn such moves into whole-step flips
+        self.rotary = rotary_embedding(
+            rope, dim, cfg.rope_head_dim, style="interleaved", trailing=True, fp32_angles=True
+        )
         self.compressor: CompressorV41 | None = None
         if source == layer_idx:
             self.compressor = CompressorV41(

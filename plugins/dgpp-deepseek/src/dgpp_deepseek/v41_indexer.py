@@ -2,7 +2,8 @@
 
 A kv source's ``CompressorV41`` turns its layer's input rows into the group's compressed entries: at ratio 1
 ``norm(wkv(x))`` per token, at ratio 2 each pair of tokens pooled per channel with the softmax of the pair's
-``wgate(x)`` (fp32) before the norm. Entry ``j`` covers positions ``j r .. j r + r - 1`` and is rotated at
+``wgate(x)`` before the norm; at ratio 2 both projections and the open pair's row stay fp32 and the pooled
+latent is rounded once, to the activation dtype, before the norm (the original engine's order). Entry ``j`` covers positions ``j r .. j r + r - 1`` and is rotated at
 ``j r``; the pool keeps it in its trained FP4 form (``round_fp4_e4m3``). From the same pre-rotation latent the
 source's ``indexer.wk`` and ``k_norm`` make the entry's index key, rotated and kept as FP4 with E8M0 scales.
 Both go to paged pools (``CompressedKV``: entry ``j`` in the block of its last token); the odd row of an open
@@ -79,7 +80,7 @@ class CompressorV41(nn.Module):
             self.index_name: CompressedKV.of(self.ratio, self.index_head_dim, self.dtype),
         }
         if self.ratio > 1:
-            spec[self.buffer_name] = WindowBuffer(rows=self.ratio, width=self.head_dim, dtype=self.dtype)
+            spec[self.buffer_name] = WindowBuffer(rows=self.ratio, width=self.head_dim, dtype=torch.float32)
         return spec
 
     def _pool(self, kv: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
@@ -92,12 +93,14 @@ class CompressorV41(nn.Module):
             .reshape(n, d, r)
             .transpose(1, 2)
         )
-        return self.norm((kv.float() * weights).sum(dim=1).to(kv.dtype))
+        return self.norm((kv.float() * weights).sum(dim=1).to(self.dtype))
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> None:
         """Publish the entries (and index keys) of every group this step completes; buffer the open pair."""
-        kv = self.wkv(x)
-        gate = self.wgate(x) if self.wgate is not None else None
+        if self.wgate is None:
+            kv, gate = self.wkv(x), None
+        else:  # fp32 projections of the bf16 rows: pooled in fp32, rounded once
+            kv, gate = self.wkv(x.float()), self.wgate(x.float())
         r, block_size = self.ratio, batch.cache.block_size
         pool, index_pool = batch.cache.kv[self.cache_name][0], batch.cache.kv[self.index_name][0]
         for seq in live_sequences(batch):

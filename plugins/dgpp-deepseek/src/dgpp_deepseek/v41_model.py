@@ -69,6 +69,7 @@ class DeepseekV41Block(nn.Module):
             renormalize=cfg.norm_topk_prob,
             routed_scaling_factor=cfg.routed_scaling_factor,
             correction_bias=True,
+            router_fp32=True,  # fp32 logits and scores: bf16 ones tie and reorder the top-6 experts
         )
         self.ffn = SparseMoE(
             cfg.hidden_size,
