@@ -64,6 +64,7 @@ LAYERS: list[tuple[str, ...]] = [
         "demo",
         "demo_fetch",
         "testing",
+        "offline",
         "server_assembly",
     ),  # entry points and tools
     ("plugin_api",),  # what a plugin imports from core, gathered from every layer

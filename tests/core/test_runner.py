@@ -7,12 +7,12 @@ import torch
 
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.work import SeqWork
+from dgpp.offline import OutOfSlots, SlotAllocator
 from dgpp.sched.block_pool import BlockPool, OutOfBlocks
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, StateSpec
 from dgpp.step.model import Model, ModelInfo
 from dgpp.step.pools import CachePools
-from dgpp.testing.generate import OutOfSlots, SlotAllocator
 
 
 def test_build_batch_positions_slots_and_logit_rows():
@@ -122,13 +122,13 @@ class ConstantLogits(Model):
 
 
 def test_greedy_ties_go_to_the_lowest_id():
-    from dgpp.testing.generate import greedy_generate
+    from dgpp.offline import greedy_generate
 
     assert greedy_generate(ConstantLogits(), [[1, 2], [4]], 3, chunk_size=1) == [[3, 3, 3], [3, 3, 3]]
 
 
 def test_generation_past_the_position_limit_is_refused():
-    from dgpp.testing.generate import greedy_generate
+    from dgpp.offline import greedy_generate
 
     with pytest.raises(ValueError, match="exceeds the model's 64 positions"):
         greedy_generate(ConstantLogits(), [[1] * 60], 5)

@@ -12,8 +12,8 @@ from pathlib import Path
 import openai
 from serve_fixture import Server, running
 
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer

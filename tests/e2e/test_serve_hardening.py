@@ -329,8 +329,8 @@ def test_prefix_hit_at_a_block_between_cuts_returns_cold_tokens(env) -> None:
     """On the CPU a prompt row is the same however the prompt is chunked, so the prefix cache attaches at any
     full KV block (4 tokens here), not only at the 16-token chunk cuts: a prompt sharing 26 tokens with an
     earlier one reuses 24 of them (16 at cut granularity), and its greedy tokens equal a cold run's."""
+    from dgpp.offline import greedy_generate
     from dgpp.startup.loading import load_model
-    from dgpp.testing.generate import greedy_generate
 
     ids = env["tok"].encode(
         "Prefix blocks: one two three four five six seven eight nine ten eleven twelve. " * 3

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 from served_greedy import QUESTIONS, SERVE_ENGINE, chat_messages, check_served_greedy, served
 
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 from dgpp_mimo.testing import build_tiny_mimo

@@ -12,9 +12,9 @@ from serve_fixture import Server, tiny_checkpoint
 
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.step.pools import CachePools
-from dgpp.testing.generate import greedy_generate
 from dgpp.text.tokenizer import Tokenizer
 
 pytestmark = pytest.mark.e2e

@@ -10,8 +10,8 @@ import openai
 import pytest
 from serve_fixture import Server, tiny_checkpoint
 
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 

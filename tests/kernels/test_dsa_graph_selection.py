@@ -58,8 +58,8 @@ def test_graph_style_decode_step_equals_the_eager_step(tmp_path, monkeypatch):
     from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
+    from dgpp.offline import make_pools
     from dgpp.startup.loading import load_model
-    from dgpp.testing.generate import make_pools
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     for module in (

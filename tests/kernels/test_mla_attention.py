@@ -92,8 +92,8 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch)
     from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
+    from dgpp.offline import make_pools
     from dgpp.startup.loading import load_model
-    from dgpp.testing.generate import make_pools
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     # stand in for CUDA: the kernels themselves run (interpreter), not their torch references
@@ -188,8 +188,8 @@ def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
+    from dgpp.offline import make_pools
     from dgpp.startup.loading import load_model
-    from dgpp.testing.generate import make_pools
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=9))

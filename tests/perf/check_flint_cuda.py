@@ -151,8 +151,8 @@ def fill_random(model: torch.nn.Module) -> None:
 def decode_bench(layers: int, batches: list[int], context: int, steps: int, bandwidth: float) -> list[str]:
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
+    from dgpp.offline import make_pools
     from dgpp.quant.apply import quantize_modules
-    from dgpp.testing.generate import make_pools
     from dgpp_flint.config import FlintArchConfig
     from dgpp_flint.model import FlintForCausalLM
     from dgpp_flint.testing import FLINT_RELEASE, RELEASE_LAYOUT, quantization_config

@@ -180,8 +180,8 @@ def layer_paths(model, prompts: list[list[int]], device: str = "cuda") -> float:
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
     from dgpp.nn.mla_cuda import absorbed_attention_cuda
+    from dgpp.offline import make_pools
     from dgpp.policy import overriding
-    from dgpp.testing.generate import make_pools
 
     attn, layer = model.model.layers[0].self_attn, model.model.layers[0]
     pools, blocks, _ = make_pools(model, [len(p) for p in prompts], 4)
@@ -265,7 +265,7 @@ def decode_bench(
     from dgpp.bench.models import hf_config
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
-    from dgpp.testing.generate import make_pools
+    from dgpp.offline import make_pools
 
     model = build_glm5(hf_config(geometry, torch.bfloat16))
     out = []

@@ -60,7 +60,7 @@ def graph_decode_matches_eager(model, prompts: list[list[int]], steps: int = 12)
     from dgpp.engine.graphs import DecodeGraphs
     from dgpp.engine.runner import ModelRunner, build_batch
     from dgpp.engine.work import SeqWork
-    from dgpp.testing.generate import make_pools
+    from dgpp.offline import make_pools
 
     total = [len(p) + steps + 1 for p in prompts] * 2
     pools, blocks, slots = make_pools(model, total, 16)

@@ -15,9 +15,9 @@ from test_deepseek_v41 import build_fp32_fixture
 
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM
 
 BOUNDED = EngineConfig(prefill_mode="bounded")

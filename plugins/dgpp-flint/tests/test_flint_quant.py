@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from dgpp.errors import ConfigError
+from dgpp.offline import greedy_generate
 from dgpp.quant.apply import quantize_modules
 from dgpp.quant.moe import QuantExperts
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_flint.testing import MIXED_EXPERT_FORMATS, build_tiny_flint, mixed_expert_twins, quantization_config
 
 

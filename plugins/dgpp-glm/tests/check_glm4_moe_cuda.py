@@ -72,7 +72,7 @@ def _ctx(path: Path):
 def _mtp_error(path: Path, model, prompt: list[int], ref: torch.Tensor) -> float:
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
-    from dgpp.testing.generate import make_pools
+    from dgpp.offline import make_pools
     from dgpp_glm.draft import build_draft
 
     drafter = build_draft(_ctx(path), model)

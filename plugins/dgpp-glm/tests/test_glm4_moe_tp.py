@@ -12,9 +12,9 @@ import torch
 import torch.multiprocessing as mp
 
 from dgpp.family import LoadContext, World
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_glm.draft import build_draft
 from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
 
@@ -29,7 +29,7 @@ def _draft_logits(model, drafter) -> torch.Tensor:
     """MTP logits of one prompt (every row), after the main model's prefill of it."""
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
-    from dgpp.testing.generate import make_pools
+    from dgpp.offline import make_pools
 
     tokens = _prompts()[1]
     n = len(tokens) - 1

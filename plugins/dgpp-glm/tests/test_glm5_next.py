@@ -14,9 +14,9 @@ import transformers
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
 from dgpp.nn.kimi_delta_attention import KimiDeltaAttention
+from dgpp.offline import greedy_generate, make_pools
 from dgpp.step.cache_spec import CompressedKV, LatentKV, StateSpec, WindowBuffer
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate, make_pools
 from dgpp.testing.suite import RecurrentConformance, tiny_checkpoint_fixtures
 from dgpp_glm.glm5_next import Glm5NextAttention, Glm5NextForCausalLM, StreamMean
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp_glm.glm5_next_images import Glm5NextImageInput, image_input
 from dgpp_glm.testing_glm5_next import (
     TINY_GLM5_NEXT_PREPROCESSOR,
@@ -135,7 +135,7 @@ def image_prompt(checkpoint, images, processed, texts):
 def test_logits_and_greedy_tokens_match_transformers(checkpoint, images, reference):
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
-    from dgpp.testing.generate import make_pools
+    from dgpp.offline import make_pools
 
     model = load_model(checkpoint)
     processed = [images.process(picture(*PICTURES[0])), images.process(picture(*PICTURES[3]))]

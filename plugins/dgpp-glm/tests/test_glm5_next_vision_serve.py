@@ -15,9 +15,9 @@ from serve_fixture import running
 from served_greedy import NO_THINK, SERVE_ENGINE
 
 from dgpp.config_schema import ImagesConfig
+from dgpp.offline import greedy_generate
 from dgpp.serve.images import ImageInputs
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 from dgpp_glm.glm5_next_images import Glm5NextImageInput

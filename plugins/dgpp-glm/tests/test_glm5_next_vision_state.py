@@ -10,11 +10,11 @@ import json
 import pytest
 import torch
 
+from dgpp.offline import greedy_generate
 from dgpp.sched.block_pool import BlockPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_glm.glm5_next_images import Glm5NextImageInput
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next_vl
 

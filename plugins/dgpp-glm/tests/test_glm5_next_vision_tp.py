@@ -15,8 +15,8 @@ import torch
 from dgpp.dist.records import Admission
 from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp.testing.tp_ranks import run_on_ranks
 from dgpp_glm.glm5_next_images import Glm5NextImageInput
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next_vl

@@ -11,11 +11,11 @@ import transformers
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
 from dgpp.errors import ConfigError
+from dgpp.offline import greedy_generate, make_pools
 from dgpp.startup.loading import load_model
 from dgpp.step.cache_spec import LatentKV, PagedKV, stored_as
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.generate import greedy_generate, make_pools
 from dgpp.testing.suite import FamilyConformance, tiny_checkpoint_fixtures
 from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
 from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa

@@ -10,9 +10,9 @@ import torch
 import torch.multiprocessing as mp
 
 from dgpp.family import World
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
 WORLD = 2

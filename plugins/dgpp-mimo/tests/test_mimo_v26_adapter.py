@@ -10,13 +10,13 @@ import json
 import pytest
 import transformers
 
+from dgpp.offline import greedy_generate
 from dgpp.quant.fp4 import MXFP4
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.moe import QuantExperts
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.generate import greedy_generate
 from dgpp_mimo.testing import build_tiny_mimo
 from dgpp_mimo.testing_v26 import write_v26_checkpoint
 

@@ -66,7 +66,7 @@ def _mtp_error(ctx, model, prompt: list[int], ref: torch.Tensor) -> float:
 
 
 def _decode_ms(model, prompt: list[int]) -> float:
-    from dgpp.testing.generate import greedy_generate
+    from dgpp.offline import greedy_generate
 
     greedy_generate(model, [prompt], 4)
     torch.cuda.synchronize()

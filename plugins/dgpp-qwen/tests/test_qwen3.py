@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
-from dgpp.testing.generate import greedy_generate
 
 KINDS = ("qwen3", "qwen3_moe")
 # bf16 keeps 8 mantissa bits: two implementations that round at different places drift ~1e-2 apart

@@ -8,10 +8,10 @@ import math
 import pytest
 import torch
 
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint, load_reference
-from dgpp.testing.generate import greedy_generate
 
 # bf16 keeps 8 mantissa bits (relative step 2^-8 ≈ 4e-3); both sides round every projection, norm and
 # residual, but in different places (our attention softmax·V and conv accumulate in fp32), over 4 layers.

@@ -8,10 +8,10 @@ import torch
 
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
+from dgpp.offline import make_pools
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
-from dgpp.testing.generate import make_pools
 
 
 @pytest.fixture(scope="module")

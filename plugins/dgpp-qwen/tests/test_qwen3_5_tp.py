@@ -11,10 +11,10 @@ import torch
 import torch.multiprocessing as mp
 
 from dgpp.family import World
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
-from dgpp.testing.generate import greedy_generate
 
 WORLD = 2
 PROMPT_LENS = (9, 70)

@@ -11,9 +11,9 @@ import torch
 import torch.multiprocessing as mp
 
 from dgpp.family import World
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
 
 WORLD = 2

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from dgpp.media.prompt import ImageError
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput, smart_resize
 from dgpp_qwen.testing_qwen4_exp import TINY_PREPROCESSOR, VISION_TOKENS, build_tiny_qwen4_exp_vl
 
@@ -137,7 +137,7 @@ def hf_logits(reference, ids, images):
 def test_logits_and_greedy_tokens_match_transformers(checkpoint, image_input, reference):
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
-    from dgpp.testing.generate import make_pools
+    from dgpp.offline import make_pools
 
     model = load_model(checkpoint)
     images = [image_input.process(picture(*PICTURES[0])), image_input.process(picture(*PICTURES[3]))]

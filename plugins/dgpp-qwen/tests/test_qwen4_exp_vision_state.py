@@ -9,11 +9,11 @@ import json
 import pytest
 import torch
 
+from dgpp.offline import greedy_generate
 from dgpp.sched.block_pool import BlockPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp_vl
 

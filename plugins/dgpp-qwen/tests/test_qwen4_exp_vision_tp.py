@@ -15,8 +15,8 @@ import torch.multiprocessing as mp
 from dgpp.dist.records import Admission
 from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
+from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
-from dgpp.testing.generate import greedy_generate
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp_vl
 

@@ -31,9 +31,8 @@ import torch
 
 from dgpp.bench.kv_quality_texts import TEXTS
 from dgpp.errors import ConfigError
+from dgpp.offline import engine_all_logits, greedy_generate, make_prompts
 from dgpp.step.model import Model
-from dgpp.testing import conformance as conf
-from dgpp.testing.generate import greedy_generate
 
 BAND_CHUNK = 16  # the band's chunked run: the default chain cut in 16-token prefill steps
 FIXTURE_LENGTHS = (11, 23, 4, 1)
@@ -84,7 +83,7 @@ def score_chain(
 ) -> ChainScore:
     """Score ``kv_dtype`` (``engine.kv_dtype``) over the tokenized ``texts`` (prefilled together, in ``chunk``-token
     steps when given) against the exact chain's rows and greedy continuations."""
-    rows = conf.engine_all_logits(model, texts, chunk_size=chunk, kv_dtype=kv_dtype)
+    rows = engine_all_logits(model, texts, chunk_size=chunk, kv_dtype=kv_dtype)
     total, count, agree = 0.0, 0, 0
     for ids, logits, exact in zip(texts, rows, exact_rows, strict=True):
         nll, n = _nll(logits, ids)
@@ -97,7 +96,7 @@ def score_chain(
 
 def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: int) -> Iterator[str]:
     """The markdown rows for one model, each as it is measured: the exact chain's runs, the fp8 chain, the band."""
-    exact_rows = conf.engine_all_logits(model, texts)
+    exact_rows = engine_all_logits(model, texts)
     exact_greedy = _greedy(model, texts, new_tokens, "auto")
     chains = [(f"exact, run {r + 1}", "auto", None) for r in range(runs)]
     chains.append((f"exact, {BAND_CHUNK}-token prefill chunks", "auto", BAND_CHUNK))
@@ -134,10 +133,10 @@ def fixture_errors() -> Iterator[str]:
     for kind, offer in sorted(tiny_checkpoints().items()):
         with tempfile.TemporaryDirectory() as tmp:
             model = load_model(offer.build(tmp, seed=0))
-            prompts = conf.make_prompts(model.info.vocab_size, FIXTURE_LENGTHS, seed=2)
-            exact = torch.cat(conf.engine_all_logits(model, prompts))
+            prompts = make_prompts(model.info.vocab_size, FIXTURE_LENGTHS, seed=2)
+            exact = torch.cat(engine_all_logits(model, prompts))
             try:
-                lossy = torch.cat(conf.engine_all_logits(model, prompts, kv_dtype="fp8"))
+                lossy = torch.cat(engine_all_logits(model, prompts, kv_dtype="fp8"))
             except ConfigError as e:
                 yield f"| {kind} | refused: {str(e).split('; ')[1]} | |"
                 continue

@@ -29,6 +29,7 @@ import torch
 from dgpp.bench.args import parse_cases
 from dgpp.bench.decode import random_prompts
 from dgpp.bench.models import build_random_model
+from dgpp.config import EngineConfig
 from dgpp.engine.draft_proposal import Proposal
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import VerifyDecoder
@@ -36,12 +37,12 @@ from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import DecodingSequence
 from dgpp.sample import ChoiceSampler, SamplingParams
 from dgpp.sched.block_pool import BlockPool, SlotPool
+from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, SeqStatus, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
-from dgpp.testing.scheduler import scheduler_config
 
 BLOCK = 16
 
@@ -114,7 +115,9 @@ class VerifyResult:
 
 def _scheduler(model: Model, batch: int, max_len: int) -> Scheduler:
     blocks_per_seq = -(-max_len // BLOCK) + 1
-    conf = scheduler_config(block_size=BLOCK, max_concurrency=batch, queue_limit=max(64, batch))
+    # a deployment's scheduler at the engine's defaults, sized to the batch
+    engine = EngineConfig(max_concurrency=batch, queue_limit=max(64, batch))
+    conf = SchedulerConfig.from_engine(engine, BLOCK, max_position=1 << 30)
     device = next(model.parameters()).device
     pools = CachePools(model.cache_spec(), batch * blocks_per_seq, BLOCK, batch + 1, device=device)
     runner = ModelRunner(model, pools)

@@ -20,53 +20,13 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.runner import ModelRunner
 from dgpp.engine.work import SeqWork
+from dgpp.offline import DEFAULT_LENGTHS as DEFAULT_LENGTHS  # the kit's names for what dgpp.offline runs
+from dgpp.offline import engine_all_logits as engine_all_logits
+from dgpp.offline import greedy_generate, make_pools
+from dgpp.offline import make_prompts as make_prompts
 from dgpp.step.model import Model
-from dgpp.testing.generate import greedy_generate, make_pools
-
-DEFAULT_LENGTHS = (5, 12, 23, 9)
-
-
-def make_prompts(
-    vocab_size: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0
-) -> list[list[int]]:
-    """Random prompts of the given lengths (seeded)."""
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
-
-
-@torch.inference_mode()
-def engine_all_logits(
-    model: Model,
-    prompts: list[list[int]],
-    block_size: int = 16,
-    chunk_size: int | None = None,
-    kv_dtype: str = "auto",
-) -> list[torch.Tensor]:
-    """Logits of every row of every prompt (fp32), all prompts prefilled together: in one step, or
-    in steps of ``chunk_size`` tokens per prompt; K/V stored as ``kv_dtype`` (``engine.kv_dtype``) says."""
-    pools, blocks, slots = make_pools(model, [len(p) for p in prompts], block_size, kv_dtype)
-    seqs = [(slots.allocate(), blocks.allocate(blocks.blocks_for_tokens(len(p)))) for p in prompts]
-    if model.info.hybrid:
-        for slot, _ in seqs:
-            pools.zero_state(slot)
-    device = next(model.parameters()).device
-    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
-    done = [0] * len(prompts)
-    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
-        live = [i for i, p in enumerate(prompts) if done[i] < len(p)]
-        work = [
-            SeqWork(*seqs[i], done[i], prompts[i][done[i] : done[i] + (chunk_size or len(prompts[i]))])
-            for i in live
-        ]
-        batch = build_batch(work, pools, device)
-        batch.logits_indices = torch.arange(batch.num_tokens, device=batch.input_ids.device)
-        logits = model.compute_logits(model(batch)).float()
-        for i, w, part in zip(live, work, logits.split([len(w.token_ids) for w in work]), strict=True):
-            rows[i].append(part)
-            done[i] += len(w.token_ids)
-    return [torch.cat(r) for r in rows]
 
 
 @torch.inference_mode()

@@ -36,7 +36,7 @@ class GreedyAgreement:
 def greedy_agreement(
     model, prompts: list[list[int]], new_tokens: int, reference: list[list[int]]
 ) -> GreedyAgreement:
-    from dgpp.testing.generate import greedy_generate
+    from dgpp.offline import greedy_generate
 
     one_shot = greedy_generate(model, prompts, new_tokens)
     chunked = greedy_generate(model, prompts, new_tokens, chunk_size=13)

@@ -6,7 +6,7 @@ import torch
 
 from dgpp.engine.runner import build_batch
 from dgpp.engine.work import SeqWork
-from dgpp.testing.generate import make_pools
+from dgpp.offline import make_pools
 
 
 @torch.inference_mode()

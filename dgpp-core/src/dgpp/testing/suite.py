@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from dgpp.offline import DEFAULT_LENGTHS, greedy_generate, make_pools
 from dgpp.startup.loading import load_model
 from dgpp.step.cache_spec import KV_FP8
 from dgpp.step.model import Model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
-from dgpp.testing.generate import greedy_generate, make_pools
 
 
 def tiny_checkpoint_fixtures(build: Callable[..., Path], name: str) -> tuple[Callable, Callable]:
@@ -54,7 +54,7 @@ class FamilyConformance:
     """Logits and 32 greedy tokens against transformers; chunked prefill, mixed batches and bit-exact batch and
     chunk invariance against our own one-shot run."""
 
-    logits_lengths: tuple[int, ...] = conf.DEFAULT_LENGTHS
+    logits_lengths: tuple[int, ...] = DEFAULT_LENGTHS
     greedy_lengths: tuple[int, ...] = (7, 19)
     greedy_seed: int = 1
     chunked_lengths: tuple[int, ...] = (11, 23)

@@ -36,8 +36,8 @@ def run_on_ranks(run: RankRun, path: str | Path, out_dir: str | Path, world_size
 def compared_outputs(model: Any, lengths: tuple[int, ...] = (6, 21), new_tokens: int = 10) -> dict[str, Any]:
     """What a family's TP test compares between each rank and the single-rank model: every row's logits of fixed
     prompts, and their greedy continuations prefilled in chunks of 5."""
+    from dgpp.offline import greedy_generate
     from dgpp.testing import conformance as conf
-    from dgpp.testing.generate import greedy_generate
 
     prompts = conf.make_prompts(model.info.vocab_size, lengths, seed=31)
     return {

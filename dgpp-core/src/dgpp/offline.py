@@ -1,5 +1,6 @@
-"""Greedy generation straight through the ``ModelRunner``: the reference loop tests compare the scheduler,
-the server and other families' references with (serving is ``dgpp.sched``'s; this is test support).
+"""A model run offline, straight through the ``ModelRunner`` without a scheduler: greedy generation and every
+row's logits of whole prompts. Tests compare the scheduler, the server and other families' references with it;
+``dgpp bench kv-quality`` scores a chain with it (serving is ``dgpp.sched``'s).
 
 All sequences advance together: each step carries, per unfinished sequence, its next prefill chunk
 (``chunk_size`` tokens, or the whole prompt) or its one decode token, so steps mix prefill and decode
@@ -12,7 +13,7 @@ from collections import deque
 
 import torch
 
-from dgpp.engine.runner import ModelRunner
+from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.work import SeqWork
 from dgpp.media.prompt import PromptMedia
 from dgpp.sched.block_pool import BlockPool
@@ -115,3 +116,47 @@ def greedy_generate(
             blocks.decref(block)
         slots.free(slot)
     return out
+
+
+DEFAULT_LENGTHS = (5, 12, 23, 9)  # prompt lengths of the conformance checks: short, past a block, odd
+
+
+def make_prompts(
+    vocab_size: int, lengths: tuple[int, ...] = DEFAULT_LENGTHS, seed: int = 0
+) -> list[list[int]]:
+    """Random prompts of the given lengths (seeded)."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+@torch.inference_mode()
+def engine_all_logits(
+    model: Model,
+    prompts: list[list[int]],
+    block_size: int = 16,
+    chunk_size: int | None = None,
+    kv_dtype: str = "auto",
+) -> list[torch.Tensor]:
+    """Logits of every row of every prompt (fp32), all prompts prefilled together: in one step, or
+    in steps of ``chunk_size`` tokens per prompt; K/V stored as ``kv_dtype`` (``engine.kv_dtype``) says."""
+    pools, blocks, slots = make_pools(model, [len(p) for p in prompts], block_size, kv_dtype)
+    seqs = [(slots.allocate(), blocks.allocate(blocks.blocks_for_tokens(len(p)))) for p in prompts]
+    if model.info.hybrid:
+        for slot, _ in seqs:
+            pools.zero_state(slot)
+    device = next(model.parameters()).device
+    rows: list[list[torch.Tensor]] = [[] for _ in prompts]
+    done = [0] * len(prompts)
+    while any(d < len(p) for d, p in zip(done, prompts, strict=True)):
+        live = [i for i, p in enumerate(prompts) if done[i] < len(p)]
+        work = [
+            SeqWork(*seqs[i], done[i], prompts[i][done[i] : done[i] + (chunk_size or len(prompts[i]))])
+            for i in live
+        ]
+        batch = build_batch(work, pools, device)
+        batch.logits_indices = torch.arange(batch.num_tokens, device=batch.input_ids.device)
+        logits = model.compute_logits(model(batch)).float()
+        for i, w, part in zip(live, work, logits.split([len(w.token_ids) for w in work]), strict=True):
+            rows[i].append(part)
+            done[i] += len(w.token_ids)
+    return [torch.cat(r) for r in rows]
