@@ -19,6 +19,25 @@ from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
 
 NO_THINK = {"enable_thinking": False}
+# a strict tool whose call a grammar can force, and a question that asks for it
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "weather for a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "enum": ["Paris", "Rome"]},
+                "days": {"type": "integer", "minimum": 1, "maximum": 3},
+            },
+            "required": ["city", "days"],
+            "additionalProperties": False,
+        },
+        "strict": True,
+    },
+}
+WEATHER_QUESTION = [{"role": "user", "content": "Weather in Paris for two days?"}]
 # small prefill chunks and blocks, several requests at once, a prefix cache that keeps every cut
 SERVE_ENGINE = {
     "max_concurrency": 4,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from served_greedy import check_family_serves, served
+from served_greedy import WEATHER_QUESTION, WEATHER_TOOL, check_family_serves, served
 from test_deepseek_v41 import build_fp32_fixture
 
 from dgpp.text.chat_template import ChatTemplate
@@ -19,24 +19,6 @@ from dgpp_deepseek import dialect as deepseek_dialect
 
 pytestmark = pytest.mark.e2e
 
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Rome"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 3},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-}
-QUESTION = [{"role": "user", "content": "Weather in Paris for two days?"}]
 CHAT_MODE = {"thinking": False}  # the template's chat mode: the answer starts at once
 
 
@@ -58,14 +40,14 @@ def test_dsml_tool_calls_through_the_server(tmp_path) -> None:
         hf_config = json.loads((ckpt / "config.json").read_text())
         template = deepseek_dialect.chat_template(hf_config)
         prompt = ChatTemplate(template, tok.special_tokens_map).render(
-            QUESTION, [WEATHER_TOOL], chat_template_kwargs=CHAT_MODE
+            WEATHER_QUESTION, [WEATHER_TOOL], chat_template_kwargs=CHAT_MODE
         )
         assert "<｜DSML｜ invoke name=" in prompt  # V4.1's spaced tags
 
         def ask(**extra):
             return sdk.chat.completions.create(
                 model=str(ckpt),
-                messages=QUESTION,
+                messages=WEATHER_QUESTION,
                 tools=[WEATHER_TOOL],
                 max_tokens=300,
                 temperature=0,

@@ -21,16 +21,12 @@ from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
 from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.plugins import build_manager, manager
-from dgpp.sample import ChoiceSampler, SamplingParams
-from dgpp.sched.block_pool import BlockPool, SlotPool
-from dgpp.sched.prefix_cache import PrefixCache
-from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
 from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for
 from dgpp.startup.speculative_build import build_speculative
 from dgpp.step.pools import CachePools
-from dgpp.testing.scheduler import scheduler_config
+from dgpp.testing.block_draft import prefill_features, serve_greedy
 from dgpp_deepseek.dspark import DSparkConfig, DSparkDrafter
 from dgpp_deepseek.testing import add_dspark_stages, build_tiny_deepseek_v4
 
@@ -215,25 +211,9 @@ class Reference:
 
 
 def _prefill_features(model, drafter, prompts):
-    """Each prompt prefilled by the target (features kept), then its every row written into the drafter's
-    context; returns the draft pools, block tables and each prompt's features."""
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, 8)
-    draft_pools = CachePools(drafter.cache_spec(), BLOCKS, BS, 8)
-    runner = ModelRunner(model, pools)
-    model.keep_hidden = True
-    tables, features, at = [], [], 0
-    try:
-        for slot, prompt in enumerate(prompts):
-            table = list(range(at, at + -(-(len(prompt) + BLOCK + 1) // BS)))
-            at += len(table)
-            work = SeqWork(slot, table, 0, prompt)
-            runner.step([work])
-            features.append(model.last_hidden.clone())
-            drafter.absorb(build_batch([SeqWork(slot, table, 0, prompt)], draft_pools), features[-1])
-            tables.append(table)
-    finally:
-        model.keep_hidden = False
-    return draft_pools, tables, features
+    """Each prompt prefilled by the target, then written into the drafter's context (tables with room for a
+    block and the bonus token)."""
+    return prefill_features(model, drafter, prompts, blocks=BLOCKS, block_size=BS, spare=BLOCK + 1)
 
 
 def test_features_are_the_mean_of_the_streams_entering_the_target_layers(dsv4):
@@ -306,34 +286,20 @@ class OracleBlocks:
         return tokens, confidence
 
 
-def serve(model, drafter=None, depth=1, *, chunk=8, concurrency=3, schedule=None, oracle=None):
-    conf = scheduler_config(block_size=BS, chunk_tokens=chunk, max_concurrency=concurrency, queue_limit=4096)
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4)
-    runner = ModelRunner(model, pools)
-    blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
-    cache = PrefixCache(blocks, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
-    sched = Scheduler(conf, runner, blocks, slots, cache)
-    if oracle is not None:  # (transcripts, right)
-        drafter = OracleBlocks(drafter, sched, *oracle)
-    if drafter is not None:
-        sched.speculative = BlockDraftDecoder(runner, drafter, depth, schedule)
-    out: dict[str, list[int]] = {}
-
-    def sink(s: Sequence, ev: SeqEvent) -> None:
-        assert ev.error is None, ev.error
-        out.setdefault(s.request_id, []).extend(ev.tokens)
-
-    vocab = model.info.vocab_size
-    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
-        params = SamplingParams(temperature=0.0, max_tokens=n)
-        sched.submit([Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, vocab, prompt), sink)])
-    for _ in range(600):
-        if not sched.has_work:
-            break
-        sched.tick()
-    assert not sched.has_work, "scheduler did not drain"
-    model.keep_hidden = False
-    return out, sched
+def serve(model, drafter=None, depth=1, *, oracle=None, **options):
+    """``oracle``: (transcripts, right) puts ``OracleBlocks`` over the drafter."""
+    wrap = None if oracle is None else lambda inner, sched: OracleBlocks(inner, sched, *oracle)
+    return serve_greedy(
+        model,
+        drafter,
+        depth,
+        prompts=PROMPTS,
+        max_tokens=MAX_TOKENS,
+        blocks=BLOCKS,
+        block_size=BS,
+        wrap=wrap,
+        **options,
+    )
 
 
 @pytest.fixture(scope="module")

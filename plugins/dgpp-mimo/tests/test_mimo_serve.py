@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from served_greedy import check_family_serves, served
+from served_greedy import WEATHER_QUESTION, WEATHER_TOOL, check_family_serves, served
 
 from dgpp.text.chat_template import ChatTemplate
 from dgpp.text.tokenizer import Tokenizer
@@ -22,26 +22,6 @@ WINDOW = 8
 def test_served_greedy_equals_the_runner_cold_hit_and_concurrent(tmp_path) -> None:
     ckpt = build_tiny_mimo(tmp_path / "ckpt", seed=21, vocab_size=512, sliding_window=WINDOW)
     check_family_serves(ckpt, tmp_path, min_prompt_tokens=4 * WINDOW)  # the window slides inside the prompt
-
-
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "weather for a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "enum": ["Paris", "Rome"]},
-                "days": {"type": "integer", "minimum": 1, "maximum": 3},
-            },
-            "required": ["city", "days"],
-            "additionalProperties": False,
-        },
-        "strict": True,
-    },
-}
-QUESTION = [{"role": "user", "content": "Weather in Paris for two days?"}]
 
 
 @pytest.fixture(scope="module")
@@ -62,14 +42,14 @@ def test_mimo_template_and_tool_calls_through_the_server(own_template) -> None:
     tok = Tokenizer.from_dir(ckpt)
     assert tok.chat_template is None
     prompt = ChatTemplate(mimo_dialect.chat_template(), tok.special_tokens_map).render(
-        QUESTION, [WEATHER_TOOL]
+        WEATHER_QUESTION, [WEATHER_TOOL]
     )
     assert "<tools>" in prompt and prompt.endswith("<|im_start|>assistant\n<think></think>")
 
     def ask(**extra):
         return sdk.chat.completions.create(
             model=str(ckpt),
-            messages=QUESTION,
+            messages=WEATHER_QUESTION,
             tools=[WEATHER_TOOL],
             max_tokens=200,
             temperature=0,

@@ -6,6 +6,7 @@ solo or batched, several depths, scheduled); a missing or wrong drafter director
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 
@@ -15,22 +16,16 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
 from dgpp.config_schema import EngineConfig
-from dgpp.engine.block_draft import BlockDraftDecoder
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
 from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.plugins import manager
-from dgpp.sample import ChoiceSampler, SamplingParams
-from dgpp.sched.block_pool import BlockPool, SlotPool
-from dgpp.sched.prefix_cache import PrefixCache
-from dgpp.sched.request import SeqEvent, Sequence
-from dgpp.sched.scheduler import Scheduler
 from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.step.pools import CachePools
+from dgpp.testing.block_draft import prefill_features, serve_greedy
 from dgpp.testing.builders import build_tiny_checkpoint
-from dgpp.testing.scheduler import scheduler_config
 from dgpp_qwen.dflash2 import DFlash2Drafter
 from dgpp_qwen.testing_dflash2 import build_tiny_dflash2
 
@@ -152,22 +147,7 @@ class Reference:
 
 
 def _context(model, drafter, prompts):
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, 8)
-    draft_pools = CachePools(drafter.cache_spec(), BLOCKS, BS, 8)
-    runner = ModelRunner(model, pools)
-    model.keep_hidden = True
-    tables, features, at = [], [], 0
-    try:
-        for slot, prompt in enumerate(prompts):
-            table = list(range(at, at + -(-(len(prompt) + 8) // BS)))
-            at += len(table)
-            runner.step([SeqWork(slot, table, 0, prompt)])
-            features.append(model.last_hidden.clone())
-            drafter.absorb(build_batch([SeqWork(slot, table, 0, prompt)], draft_pools), features[-1])
-            tables.append(table)
-    finally:
-        model.keep_hidden = False
-    return draft_pools, tables, features
+    return prefill_features(model, drafter, prompts, blocks=BLOCKS, block_size=BS, spare=8)
 
 
 def test_features_are_the_outputs_of_the_tapped_layers(pair):
@@ -210,31 +190,7 @@ def test_block_matches_the_float64_reference(pair):
     assert tops != drafts.tolist()
 
 
-def serve(model, drafter=None, depth=1, *, chunk=8, concurrency=3, schedule=None):
-    conf = scheduler_config(block_size=BS, chunk_tokens=chunk, max_concurrency=concurrency, queue_limit=4096)
-    pools = CachePools(model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4)
-    runner = ModelRunner(model, pools)
-    blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
-    cache = PrefixCache(blocks, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
-    sched = Scheduler(conf, runner, blocks, slots, cache)
-    if drafter is not None:
-        sched.speculative = BlockDraftDecoder(runner, drafter, depth, schedule)
-    out: dict[str, list[int]] = {}
-
-    def sink(s: Sequence, ev: SeqEvent) -> None:
-        assert ev.error is None, ev.error
-        out.setdefault(s.request_id, []).extend(ev.tokens)
-
-    for i, (prompt, n) in enumerate(zip(PROMPTS, MAX_TOKENS, strict=True)):
-        params = SamplingParams(temperature=0.0, max_tokens=n)
-        sched.submit([Sequence(f"r{i}", 0, prompt, params, ChoiceSampler(params, VOCAB, prompt), sink)])
-    for _ in range(600):
-        if not sched.has_work:
-            break
-        sched.tick()
-    assert not sched.has_work, "scheduler did not drain"
-    model.keep_hidden = False
-    return out, sched
+serve = functools.partial(serve_greedy, prompts=PROMPTS, max_tokens=MAX_TOKENS, blocks=BLOCKS, block_size=BS)
 
 
 @pytest.fixture(scope="module")

@@ -41,6 +41,23 @@ class DecoderLMConfig(Protocol):
     def bos_token_id(self) -> int | None: ...
 
 
+def causal_lm_info(
+    cfg: DecoderLMConfig, dtype: torch.dtype, *, hybrid: bool = False, extra: dict[str, Any] | None = None
+) -> ModelInfo:
+    """The ``ModelInfo`` of a causal LM built from ``cfg`` in ``dtype``: its vocabulary, position limit and
+    special tokens as the config states them. ``hybrid``: some layer holds per-request state; ``extra``: the
+    family's own facts."""
+    return ModelInfo(
+        vocab_size=cfg.vocab_size,
+        max_position=cfg.max_position_embeddings,
+        eos_token_ids=cfg.eos_token_ids,
+        bos_token_id=cfg.bos_token_id,
+        dtype=dtype,
+        hybrid=hybrid,
+        extra=extra or {},
+    )
+
+
 class DenseOrMoEConfig(Protocol):
     """What ``dense_or_moe`` reads from a family's typed config (read-only)."""
 
@@ -135,15 +152,7 @@ class PreNormCausalLM(Model, Generic[C]):
         self.lm_head = LMHead(
             cfg.vocab_size, cfg.hidden_size, dtype=dtype, tied_to=tied, world=world, group=group
         )
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=dtype,
-            hybrid=hybrid,
-            extra=extra or {},
-        )
+        self.info = causal_lm_info(cfg, dtype, hybrid=hybrid, extra=extra)
 
     def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
         """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``."""

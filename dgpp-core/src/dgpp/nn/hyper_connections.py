@@ -31,6 +31,8 @@ Use (per decoder layer, ``T`` rows)::
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -38,6 +40,21 @@ from torch import nn
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
+
+
+class HyperConfig(Protocol):
+    """What ``HyperConnection.from_config`` reads from a family's typed config (read-only)."""
+
+    @property
+    def hidden_size(self) -> int: ...
+    @property
+    def hc_mult(self) -> int: ...
+    @property
+    def hc_sinkhorn_iters(self) -> int: ...
+    @property
+    def hc_eps(self) -> float: ...
+    @property
+    def rms_norm_eps(self) -> float: ...
 
 
 def to_streams(hidden: torch.Tensor, streams: int) -> torch.Tensor:
@@ -124,6 +141,18 @@ class HyperConnection(_StreamNormed):
         self.fn = self._param((2 + n) * n, n * hidden_size)
         self.base = self._param((2 + n) * n)
         self.scale = self._param(3)
+
+    @classmethod
+    def from_config(cls, cfg: HyperConfig) -> HyperConnection:
+        """A sublayer's mixing as the config states it: ``hc_mult`` streams of ``hidden_size``,
+        ``hc_sinkhorn_iters``, ``hc_eps``, and ``rms_norm_eps`` for the streams' RMSNorm."""
+        return cls(
+            cfg.hidden_size,
+            cfg.hc_mult,
+            sinkhorn_iters=cfg.hc_sinkhorn_iters,
+            eps=cfg.hc_eps,
+            norm_eps=cfg.rms_norm_eps,
+        )
 
     def coefficients(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(pre [T, N], post [T, N], comb [T, N, N])`` in fp32 for ``streams [T, N, H]``."""

@@ -19,17 +19,17 @@ from dgpp.nn.sources import Alternatives, Source
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, WindowCompressor
 from dgpp.plugin_api import CacheSpec, ForwardBatch
-from dgpp_deepseek.config import CSA, DeepseekV4ArchConfig
+from dgpp_deepseek.config import CSA, DeepseekV4ArchConfig, LatentMoEFields
 
 
-class DeepseekV4Attention(nn.Module):
-    """One layer's attention, replicated on every rank (one K/V head: nothing to split by heads)."""
+class LatentProjections(nn.Module):
+    """What V4's and V4.1's attention share, under the release's names: the low-rank query pair with its norm
+    (``wq_a``, ``q_norm``, ``wq_b``), the latent K/V projection and norm (``wkv``, ``kv_norm``), the grouped
+    low-rank output (``wo_a``, ``wo_b``) and the fp32 per-head sinks (``attn_sink``)."""
 
-    def __init__(self, cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
+    def __init__(self, cfg: LatentMoEFields, *, dtype: torch.dtype) -> None:
         super().__init__()
         heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
-        self.num_heads, self.head_dim, self.groups, self.eps = heads, dim, cfg.o_groups, eps
-        self.o_lora_rank = cfg.o_lora_rank
         self.wq_a = Linear(cfg.hidden_size, cfg.q_lora_rank, dtype=dtype)
         self.q_norm = FP32WeightRMSNorm(cfg.q_lora_rank, eps)
         self.wq_b = Linear(cfg.q_lora_rank, heads * dim, dtype=dtype)
@@ -39,6 +39,16 @@ class DeepseekV4Attention(nn.Module):
         self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype=dtype)
         self.attn_sink = nn.Parameter(torch.empty(heads, dtype=torch.float32), requires_grad=False)
         set_weight_attrs(self.attn_sink, weight_loader=default_weight_loader)
+
+
+class DeepseekV4Attention(LatentProjections):
+    """One layer's attention, replicated on every rank (one K/V head: nothing to split by heads)."""
+
+    def __init__(self, cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype) -> None:
+        super().__init__(cfg, dtype=dtype)
+        heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
+        self.num_heads, self.head_dim, self.groups, self.eps = heads, dim, cfg.o_groups, eps
+        self.o_lora_rank = cfg.o_lora_rank
         ratio = cfg.ratio(layer_idx)
         name = f"layers.{layer_idx}.attn"  # the layer's cache entries are named from it (cache_entries)
         if ratio:

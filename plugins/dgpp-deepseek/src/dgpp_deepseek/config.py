@@ -26,7 +26,10 @@ _WHERE = "deepseek_v4 config.json"
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeepseekV4ArchConfig(CausalLMFields):
+class LatentMoEFields(CausalLMFields):
+    """What V4 and V4.1 share: low-rank queries over one shared latent K/V head, the grouped low-rank output, the
+    sliding window, the indexer, the MoE and the hyper-connections (``latent_moe_values`` reads them)."""
+
     vocab_size: int
     hidden_size: int
     moe_intermediate_size: int
@@ -38,9 +41,6 @@ class DeepseekV4ArchConfig(CausalLMFields):
     o_groups: int
     o_lora_rank: int
     sliding_window: int
-    layer_types: tuple[str, ...]
-    compress_rates: dict[str, int]
-    mlp_layer_types: tuple[str, ...]
     index_n_heads: int
     index_head_dim: int
     index_topk: int
@@ -50,7 +50,6 @@ class DeepseekV4ArchConfig(CausalLMFields):
     n_routed_experts: int
     n_shared_experts: int
     num_experts_per_tok: int
-    scoring_func: Literal["sqrtsoftplus", "softmax", "sigmoid"]
     norm_topk_prob: bool
     routed_scaling_factor: float
     swiglu_limit: float
@@ -59,6 +58,14 @@ class DeepseekV4ArchConfig(CausalLMFields):
     hc_eps: float
     rms_norm_eps: float
     num_nextn_predict_layers: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeepseekV4ArchConfig(LatentMoEFields):
+    layer_types: tuple[str, ...]
+    compress_rates: dict[str, int]
+    mlp_layer_types: tuple[str, ...]
+    scoring_func: Literal["sqrtsoftplus", "softmax", "sigmoid"]
 
     def ratio(self, layer_idx: int) -> int:
         """Compression ratio of a layer (0: sliding only)."""
@@ -88,62 +95,91 @@ class DeepseekV4ArchConfig(CausalLMFields):
             raise ConfigError(
                 f"{_WHERE}: 'qk_rope_head_dim' must be even and at most head_dim, got {rope_dim!r}"
             )
-        groups = f.positive("o_groups", 8)
-        if heads % groups:
-            raise ConfigError(
-                f"{_WHERE}: 'num_attention_heads'={heads} is not a multiple of 'o_groups'={groups}"
-            )
-        index_head_dim = f.positive("index_head_dim", 128)
-        if rope_dim > index_head_dim:
-            raise ConfigError(
-                f"{_WHERE}: 'index_head_dim'={index_head_dim} is smaller than the rope dims {rope_dim}"
-            )
         scoring = f.optional("scoring_func", str, "sqrtsoftplus")
         if scoring not in ("sqrtsoftplus", "softmax", "sigmoid"):
             raise ConfigError(f"{_WHERE}: 'scoring_func'={scoring!r} is not supported")
-        experts = f.positive("n_routed_experts", 256)
-        top_k = f.positive("num_experts_per_tok", 6)
-        if top_k > experts:
-            raise ConfigError(f"{_WHERE}: 'num_experts_per_tok'={top_k} exceeds 'n_routed_experts'={experts}")
-        window = f.positive("sliding_window", 128)
-        if window < 2:
-            raise ConfigError(f"{_WHERE}: 'sliding_window'={window} must cover at least 2 tokens")
-        theta, compress_theta, yarn = _rope(f)
+        shared = latent_moe_values(
+            f,
+            layers,
+            heads,
+            head_dim,
+            rope_dim,
+            experts=256,
+            low_rank=1024,
+            index_heads=64,
+            rms_norm_eps=1e-6,
+        )
         return cls(
-            vocab_size=f.positive("vocab_size"),
-            hidden_size=f.positive("hidden_size"),
-            moe_intermediate_size=f.positive("moe_intermediate_size"),
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            head_dim=head_dim,
-            rope_head_dim=rope_dim,
-            q_lora_rank=f.positive("q_lora_rank", 1024),
-            o_groups=groups,
-            o_lora_rank=f.positive("o_lora_rank", 1024),
-            sliding_window=window,
+            **shared,
             layer_types=_layer_types(cfg, layers),
             compress_rates=_compress_rates(cfg),
             mlp_layer_types=_mlp_types(cfg, layers),
-            index_n_heads=f.positive("index_n_heads", 64),
-            index_head_dim=index_head_dim,
-            index_topk=f.positive("index_topk", 512),
-            rope_theta=theta,
-            compress_rope_theta=compress_theta,
-            compress_yarn=yarn,
-            n_routed_experts=experts,
-            n_shared_experts=f.optional("n_shared_experts", int, 1),
-            num_experts_per_tok=top_k,
             scoring_func=scoring,
-            norm_topk_prob=f.optional("norm_topk_prob", bool, True),
-            routed_scaling_factor=f.optional("routed_scaling_factor", float, 1.5),
-            swiglu_limit=f.optional("swiglu_limit", float, 10.0),
-            hc_mult=f.positive("hc_mult", 4),
-            hc_sinkhorn_iters=f.positive("hc_sinkhorn_iters", 20),
-            hc_eps=f.optional("hc_eps", float, 1e-6),
-            rms_norm_eps=f.optional("rms_norm_eps", float, 1e-6),
-            num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
             **f.causal_lm_fields(max_position=1048576),
         )
+
+
+def latent_moe_values(
+    f: ConfigKeys,
+    layers: int,
+    heads: int,
+    head_dim: int,
+    rope_dim: int,
+    *,
+    experts: int,
+    low_rank: int | None,
+    index_heads: int,
+    rms_norm_eps: float,
+) -> dict[str, Any]:
+    """``LatentMoEFields``' values (not ``CausalLMFields``'), checked: heads a multiple of ``o_groups``, the
+    index head wide enough for the rope dims, top-k within the experts, a window of at least 2. The defaults
+    that differ between releases are passed: ``experts`` (``n_routed_experts``), ``low_rank`` (``q_lora_rank``
+    and ``o_lora_rank``; None: required), ``index_heads`` (``index_n_heads``) and ``rms_norm_eps``."""
+    groups = f.positive("o_groups", 8)
+    if heads % groups:
+        raise f.error(f"{f.name('num_attention_heads')}={heads} is not a multiple of 'o_groups'={groups}")
+    index_head_dim = f.positive("index_head_dim", 128)
+    if rope_dim > index_head_dim:
+        raise f.error(f"{f.name('index_head_dim')}={index_head_dim} is smaller than the rope dims {rope_dim}")
+    routed = f.positive("n_routed_experts", experts)
+    top_k = f.positive("num_experts_per_tok", 6)
+    if top_k > routed:
+        raise f.error(f"{f.name('num_experts_per_tok')}={top_k} exceeds 'n_routed_experts'={routed}")
+    window = f.positive("sliding_window", 128)
+    if window < 2:
+        raise f.error(f"{f.name('sliding_window')}={window} must cover at least 2 tokens")
+    index_topk = f.positive("index_topk", 512)
+    theta, compress_theta, yarn = _rope(f)
+    return {
+        "vocab_size": f.positive("vocab_size"),
+        "hidden_size": f.positive("hidden_size"),
+        "moe_intermediate_size": f.positive("moe_intermediate_size"),
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "head_dim": head_dim,
+        "rope_head_dim": rope_dim,
+        "q_lora_rank": f.positive("q_lora_rank", low_rank),
+        "o_groups": groups,
+        "o_lora_rank": f.positive("o_lora_rank", low_rank),
+        "sliding_window": window,
+        "index_n_heads": f.positive("index_n_heads", index_heads),
+        "index_head_dim": index_head_dim,
+        "index_topk": index_topk,
+        "rope_theta": theta,
+        "compress_rope_theta": compress_theta,
+        "compress_yarn": yarn,
+        "n_routed_experts": routed,
+        "n_shared_experts": f.optional("n_shared_experts", int, 1),
+        "num_experts_per_tok": top_k,
+        "norm_topk_prob": f.optional("norm_topk_prob", bool, True),
+        "routed_scaling_factor": f.optional("routed_scaling_factor", float, 1.5),
+        "swiglu_limit": f.optional("swiglu_limit", float, 10.0),
+        "hc_mult": f.positive("hc_mult", 4),
+        "hc_sinkhorn_iters": f.positive("hc_sinkhorn_iters", 20),
+        "hc_eps": f.optional("hc_eps", float, 1e-6),
+        "rms_norm_eps": f.optional("rms_norm_eps", float, rms_norm_eps),
+        "num_nextn_predict_layers": f.optional("num_nextn_predict_layers", int, 0),
+    }
 
 
 def _layer_types(cfg: dict[str, Any], layers: int) -> tuple[str, ...]:

@@ -25,14 +25,14 @@ from dgpp.plugin_api import (
     transformer_activation_bytes,
 )
 from dgpp.quant.resident import resident_bytes
-from dgpp_deepseek.config import DeepseekV4ArchConfig
+from dgpp_deepseek.config import DeepseekV4ArchConfig, LatentMoEFields
 from dgpp_deepseek.loader import checkpoint_name
 from dgpp_deepseek.release_layout import release_hf_config
 
 
-def activation_bytes(cfg: DeepseekV4ArchConfig, world: int, itemsize: int) -> int:
-    """Scratch of one prefill row: a transformer block's (``transformer_activation_bytes``) plus what V4 adds:
-    the hyper-connection streams in and out (``2 x hc_mult x hidden``), the 64 query heads of 512 and the
+def activation_bytes(cfg: LatentMoEFields, world: int, itemsize: int) -> int:
+    """Scratch of one prefill row, V4's and V4.1's alike: a transformer block's (``transformer_activation_bytes``)
+    plus the hyper-connection streams in and out (``2 x hc_mult x hidden``), the 64 query heads of 512 and the
     grouped output's ``o_groups x o_lora_rank``, the indexer's query heads, and fp32 attention scores over the
     window and the selected entries for every head."""
     widest_mlp = cfg.moe_intermediate_size * cfg.num_experts_per_tok

@@ -16,14 +16,15 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.nn.decoder import causal_lm_info
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, HyperHead, to_streams
 from dgpp.nn.moe import RoutingConfig, SparseMoE
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
-from dgpp.plugin_api import ForwardBatch, Model, ModelInfo, World
+from dgpp.plugin_api import ForwardBatch, Model, World
 from dgpp_deepseek.attention import DeepseekV4Attention
-from dgpp_deepseek.config import DeepseekV4ArchConfig
+from dgpp_deepseek.config import DeepseekV4ArchConfig, LatentMoEFields
 
 
 def build_moe(cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> SparseMoE:
@@ -37,6 +38,18 @@ def build_moe(cfg: DeepseekV4ArchConfig, layer_idx: int, *, dtype: torch.dtype, 
         correction_bias=not hashed,
         hash_vocab_size=cfg.vocab_size if hashed else 0,
     )
+    return sparse_moe(cfg, routing, dtype=dtype, world=world)
+
+
+def sparse_moe(
+    cfg: LatentMoEFields,
+    routing: RoutingConfig,
+    *,
+    dtype: torch.dtype,
+    world: World,
+) -> SparseMoE:
+    """A layer's routed experts (this rank's intermediate slice) and shared experts under ``routing``, SwiGLU
+    clamped at ``swiglu_limit`` in both (V4's and V4.1's alike)."""
     return SparseMoE(
         cfg.hidden_size,
         cfg.moe_intermediate_size,
@@ -57,18 +70,8 @@ class DeepseekV4Block(nn.Module):
         super().__init__()
         self.world = world
         eps = cfg.rms_norm_eps
-
-        def hyper() -> HyperConnection:
-            return HyperConnection(
-                cfg.hidden_size,
-                cfg.hc_mult,
-                sinkhorn_iters=cfg.hc_sinkhorn_iters,
-                eps=cfg.hc_eps,
-                norm_eps=eps,
-            )
-
-        self.attn_hc = hyper()
-        self.ffn_hc = hyper()
+        self.attn_hc = HyperConnection.from_config(cfg)
+        self.ffn_hc = HyperConnection.from_config(cfg)
         self.attn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
         self.attn = DeepseekV4Attention(cfg, layer_idx, dtype=dtype)
         self.ffn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
@@ -122,14 +125,7 @@ class DeepseekV4ForCausalLM(Model):
             world=self.world,
             group=self.group,
         )
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=self.dtype,
-            hybrid=True,
-        )
+        self.info = causal_lm_info(cfg, self.dtype, hybrid=True)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

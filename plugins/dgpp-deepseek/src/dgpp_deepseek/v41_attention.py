@@ -14,40 +14,27 @@ rope tail is rotated back, then the grouped low-rank output (block-diagonal ``wo
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from dgpp.kernels.window_attention import ring_write, window_attention
 from dgpp.nn.compressed_attention import sparse_window_attention_ref
-from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import RopeScaling, rotary_embedding
-from dgpp.nn.weights import default_weight_loader, set_weight_attrs
-from dgpp.nn.window_compressor import FP32WeightRMSNorm
 from dgpp.plugin_api import CacheSpec, ForwardBatch, WindowKV
-from dgpp_deepseek.attention import grouped_output
+from dgpp_deepseek.attention import LatentProjections, grouped_output
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 
 
-class DeepseekV41Attention(nn.Module):
+class DeepseekV41Attention(LatentProjections):
     """One layer's CSA2 attention, replicated on every rank (one K/V head: nothing to split by heads)."""
 
     def __init__(
         self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, index_topk: int
     ) -> None:
-        super().__init__()
+        super().__init__(cfg, dtype=dtype)
         heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         self.num_heads, self.head_dim, self.groups = heads, dim, cfg.o_groups
         self.window, self.o_lora_rank, self.dtype = cfg.sliding_window, cfg.o_lora_rank, dtype
-        self.wq_a = Linear(cfg.hidden_size, cfg.q_lora_rank, dtype=dtype)
-        self.q_norm = FP32WeightRMSNorm(cfg.q_lora_rank, eps)
-        self.wq_b = Linear(cfg.q_lora_rank, heads * dim, dtype=dtype)
-        self.wkv = Linear(cfg.hidden_size, dim, dtype=dtype)
-        self.kv_norm = FP32WeightRMSNorm(dim, eps)
-        self.wo_a = Linear(heads * dim // cfg.o_groups, cfg.o_groups * cfg.o_lora_rank, dtype=dtype)
-        self.wo_b = Linear(cfg.o_groups * cfg.o_lora_rank, cfg.hidden_size, dtype=dtype)
-        self.attn_sink = nn.Parameter(torch.empty(heads, dtype=torch.float32), requires_grad=False)
-        set_weight_attrs(self.attn_sink, weight_loader=default_weight_loader)
         self.ratio = cfg.ratio(layer_idx)
         self.cache_name = f"layers.{layer_idx}.attn"
         source = cfg.kv_source_of(layer_idx)

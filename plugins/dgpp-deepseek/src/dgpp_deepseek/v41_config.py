@@ -17,48 +17,20 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dgpp.nn.rotary import YarnScaling
-from dgpp.plugin_api import CausalLMFields, ConfigError, ConfigKeys
-from dgpp_deepseek.config import _rope
+from dgpp.plugin_api import ConfigError, ConfigKeys
+from dgpp_deepseek.config import LatentMoEFields, latent_moe_values
 
 _WHERE = "deepseek_v41 config.json"
 
 
 @dataclass(frozen=True, kw_only=True)
-class DeepseekV41ArchConfig(CausalLMFields):
-    vocab_size: int
-    hidden_size: int
-    moe_intermediate_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    head_dim: int
-    rope_head_dim: int
-    q_lora_rank: int
-    o_groups: int
-    o_lora_rank: int
-    sliding_window: int
+class DeepseekV41ArchConfig(LatentMoEFields):
     compress_ratios: tuple[int, ...]
     kv_source_layer_ids: tuple[int, ...]
     index_source_layer_ids: tuple[int, ...]
     candidate_source_layer_id: int
     candidate_topk_blocks: int
     candidate_block_size: int
-    index_n_heads: int
-    index_head_dim: int
-    index_topk: int
-    rope_theta: float
-    compress_rope_theta: float
-    compress_yarn: YarnScaling | None
-    n_routed_experts: int
-    n_shared_experts: int
-    num_experts_per_tok: int
-    norm_topk_prob: bool
-    routed_scaling_factor: float
-    swiglu_limit: float
-    hc_mult: int
-    hc_sinkhorn_iters: int
-    hc_eps: float
-    rms_norm_eps: float
     engram_layer_ids: tuple[int, ...]
     engram_num_embeddings: tuple[int, ...]
     engram_max_ngram_size: int
@@ -67,7 +39,6 @@ class DeepseekV41ArchConfig(CausalLMFields):
     engram_vocab_size: int
     engram_pad_token_id: int
     engram_compressed_vocab_size: int
-    num_nextn_predict_layers: int
 
     def ratio(self, layer: int) -> int:
         return self.compress_ratios[layer]
@@ -121,23 +92,17 @@ class DeepseekV41ArchConfig(CausalLMFields):
         rope_dim = f.positive("qk_rope_head_dim", 64)
         if rope_dim % 2 or rope_dim > head_dim:
             raise f.error(f"{f.name('qk_rope_head_dim')} must be even and at most head_dim, got {rope_dim}")
-        groups = f.positive("o_groups", 8)
-        if heads % groups:
-            raise f.error(f"{f.name('num_attention_heads')}={heads} is not a multiple of 'o_groups'={groups}")
-        index_head_dim = f.positive("index_head_dim", 128)
-        if rope_dim > index_head_dim:
-            raise f.error(
-                f"{f.name('index_head_dim')}={index_head_dim} is smaller than the rope dims {rope_dim}"
-            )
-        experts = f.positive("n_routed_experts", 384)
-        top_k = f.positive("num_experts_per_tok", 6)
-        if top_k > experts:
-            raise f.error(f"{f.name('num_experts_per_tok')}={top_k} exceeds 'n_routed_experts'={experts}")
-        window = f.positive("sliding_window", 128)
-        if window < 2:
-            raise f.error(f"{f.name('sliding_window')}={window} must cover at least 2 tokens")
-        index_topk = f.positive("index_topk", 512)
-        theta, compress_theta, yarn = _rope(f)
+        shared = latent_moe_values(
+            f,
+            layers,
+            heads,
+            head_dim,
+            rope_dim,
+            experts=384,
+            low_rank=None,
+            index_heads=32,
+            rms_norm_eps=1e-20,
+        )
         ratios = _int_list(f, "compress_ratios", required=True)
         if len(ratios) < layers:
             raise f.error(f"{f.name('compress_ratios')} lists {len(ratios)} layers, the model has {layers}")
@@ -145,39 +110,13 @@ class DeepseekV41ArchConfig(CausalLMFields):
             raise f.error(f"{f.name('compress_ratios')} entries must be 0, 1 or 2, got {ratios}")
         engram_ids = _int_list(f, "engram_layer_ids")
         built = cls(
-            vocab_size=f.positive("vocab_size"),
-            hidden_size=f.positive("hidden_size"),
-            moe_intermediate_size=f.positive("moe_intermediate_size"),
-            num_hidden_layers=layers,
-            num_attention_heads=heads,
-            head_dim=head_dim,
-            rope_head_dim=rope_dim,
-            q_lora_rank=f.positive("q_lora_rank"),
-            o_groups=groups,
-            o_lora_rank=f.positive("o_lora_rank"),
-            sliding_window=window,
+            **shared,
             compress_ratios=tuple(ratios[:layers]),
             kv_source_layer_ids=tuple(_int_list(f, "kv_source_layer_ids")),
             index_source_layer_ids=tuple(_int_list(f, "index_source_layer_ids")),
             candidate_source_layer_id=f.optional("candidate_source_layer_id", int, -1),
             candidate_topk_blocks=f.positive("candidate_topk_blocks", 2048),
             candidate_block_size=f.positive("candidate_block_size", 8),
-            index_n_heads=f.positive("index_n_heads", 32),
-            index_head_dim=index_head_dim,
-            index_topk=index_topk,
-            rope_theta=theta,
-            compress_rope_theta=compress_theta,
-            compress_yarn=yarn,
-            n_routed_experts=experts,
-            n_shared_experts=f.optional("n_shared_experts", int, 1),
-            num_experts_per_tok=top_k,
-            norm_topk_prob=f.optional("norm_topk_prob", bool, True),
-            routed_scaling_factor=f.optional("routed_scaling_factor", float, 1.5),
-            swiglu_limit=f.optional("swiglu_limit", float, 10.0),
-            hc_mult=f.positive("hc_mult", 4),
-            hc_sinkhorn_iters=f.positive("hc_sinkhorn_iters", 20),
-            hc_eps=f.optional("hc_eps", float, 1e-6),
-            rms_norm_eps=f.optional("rms_norm_eps", float, 1e-20),
             engram_layer_ids=tuple(engram_ids),
             engram_num_embeddings=tuple(_int_list(f, "engram_num_embeddings")),
             engram_max_ngram_size=f.optional("engram_max_ngram_size", int, 1),
@@ -186,7 +125,6 @@ class DeepseekV41ArchConfig(CausalLMFields):
             engram_vocab_size=f.optional("engram_vocab_size", int, 0),
             engram_pad_token_id=f.optional("engram_pad_token_id", int, 2),
             engram_compressed_vocab_size=f.optional("engram_compressed_vocab_size", int, 0),
-            num_nextn_predict_layers=f.optional("num_nextn_predict_layers", int, 0),
             **f.causal_lm_fields(max_position=1048576, bos_token_id=0),
         )
         _check_roles(built, f)

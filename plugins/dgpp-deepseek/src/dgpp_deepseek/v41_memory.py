@@ -14,14 +14,9 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import (
-    LoadContext,
-    ModelMemory,
-    quantize_modules,
-    stored_as,
-    transformer_activation_bytes,
-)
+from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, stored_as
 from dgpp.quant.resident import resident_bytes
+from dgpp_deepseek.memory import activation_bytes
 from dgpp_deepseek.release_layout import release_hf_config
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_loader import checkpoint_name
@@ -31,22 +26,6 @@ def engram_table_bytes(cfg: DeepseekV41ArchConfig) -> int:
     """The Engram tables as the release stores them: an E4M3 byte per value and an E8M0 byte per 32."""
     per_row = cfg.engram_head_dim + -(-cfg.engram_head_dim // 32)
     return sum(cfg.engram_num_embeddings) * per_row
-
-
-def activation_bytes(cfg: DeepseekV41ArchConfig, world: int, itemsize: int) -> int:
-    """Scratch of one prefill row: a transformer block's plus the hyper-connection streams in and out, the query
-    heads, the grouped output, the indexer's query heads and fp32 scores over the window and the selection."""
-    base = transformer_activation_bytes(
-        cfg.hidden_size, cfg.moe_intermediate_size * cfg.num_experts_per_tok, world, itemsize
-    )
-    wide = (
-        2 * cfg.hc_mult * cfg.hidden_size
-        + cfg.num_attention_heads * cfg.head_dim
-        + cfg.o_groups * cfg.o_lora_rank
-        + cfg.index_n_heads * cfg.index_head_dim
-    )
-    scores = cfg.num_attention_heads * (cfg.sliding_window + cfg.index_topk) * 4
-    return base + wide * itemsize + scores
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:

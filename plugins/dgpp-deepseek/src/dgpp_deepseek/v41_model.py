@@ -16,12 +16,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.nn.decoder import causal_lm_info
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, to_streams
-from dgpp.nn.moe import RoutingConfig, SparseMoE
+from dgpp.nn.moe import RoutingConfig
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
-from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, ModelInfo, World
+from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, World
+from dgpp_deepseek.model import sparse_moe
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
 from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
@@ -46,18 +48,8 @@ class DeepseekV41Block(nn.Module):
         super().__init__()
         self.world = world
         eps = cfg.rms_norm_eps
-
-        def hyper() -> HyperConnection:
-            return HyperConnection(
-                cfg.hidden_size,
-                cfg.hc_mult,
-                sinkhorn_iters=cfg.hc_sinkhorn_iters,
-                eps=cfg.hc_eps,
-                norm_eps=eps,
-            )
-
-        self.attn_hc = hyper()
-        self.ffn_hc = hyper()
+        self.attn_hc = HyperConnection.from_config(cfg)
+        self.ffn_hc = HyperConnection.from_config(cfg)
         self.engram = EngramV41(cfg, layer_idx, dtype=dtype) if layer_idx in cfg.engram_layer_ids else None
         self.attn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
         self.attn = DeepseekV41Attention(cfg, layer_idx, dtype=dtype, index_topk=index_topk)
@@ -71,15 +63,7 @@ class DeepseekV41Block(nn.Module):
             correction_bias=True,
             router_fp32=True,  # fp32 logits and scores: bf16 ones tie and reorder the top-6 experts
         )
-        self.ffn = SparseMoE(
-            cfg.hidden_size,
-            cfg.moe_intermediate_size,
-            routing,
-            dtype=dtype,
-            shared_intermediate_size=cfg.n_shared_experts * cfg.moe_intermediate_size,
-            world=world,
-            swiglu_limit=cfg.swiglu_limit,
-        )
+        self.ffn = sparse_moe(cfg, routing, dtype=dtype, world=world)
 
     def forward(
         self,
@@ -139,14 +123,7 @@ class DeepseekV41ForCausalLM(Model):
             world=self.world,
             group=self.group,
         )
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=self.dtype,
-            hybrid=True,
-        )
+        self.info = causal_lm_info(cfg, self.dtype, hybrid=True)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec = super().cache_spec()

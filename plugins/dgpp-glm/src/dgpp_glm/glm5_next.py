@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.nn.decoder import causal_lm_info
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, to_streams
 from dgpp.nn.image_embeddings import merge_image_embeddings
@@ -34,7 +35,7 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.selection import DeviceSelection, Selection
-from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, World, transformer_activation_bytes
+from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, World, transformer_activation_bytes
 from dgpp_glm.glm5_next_config import Glm5NextArchConfig
 from dgpp_glm.glm5_next_indexer import KPoolIndexer
 from dgpp_glm.glm5_next_vision import Glm5NextVisionTower
@@ -139,18 +140,8 @@ class Glm5NextDecoderLayer(nn.Module):
     def __init__(self, cfg: Glm5NextArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World) -> None:
         super().__init__()
         self.world = world
-
-        def hyper() -> HyperConnection:
-            return HyperConnection(
-                cfg.hidden_size,
-                cfg.hc_mult,
-                sinkhorn_iters=cfg.hc_sinkhorn_iters,
-                eps=cfg.hc_eps,
-                norm_eps=cfg.rms_norm_eps,
-            )
-
-        self.attn_hc = hyper()
-        self.ffn_hc = hyper()
+        self.attn_hc = HyperConnection.from_config(cfg)
+        self.ffn_hc = HyperConnection.from_config(cfg)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, dtype=dtype)
         self.self_attn: KimiDeltaAttention | Glm5NextAttention = build_mixer(
             cfg, layer_idx, dtype=dtype, world=world
@@ -238,15 +229,7 @@ class Glm5NextForCausalLM(Model):
         self.lm_head = LMHead(
             cfg.vocab_size, cfg.hidden_size, dtype=self.dtype, tied_to=tied, world=self.world, group=group
         )
-        self.info = ModelInfo(
-            vocab_size=cfg.vocab_size,
-            max_position=cfg.max_position_embeddings,
-            eos_token_ids=cfg.eos_token_ids,
-            bos_token_id=cfg.bos_token_id,
-            dtype=self.dtype,
-            hybrid=True,
-            extra={"num_mtp_layers": cfg.num_mtp_layers},
-        )
+        self.info = causal_lm_info(cfg, self.dtype, hybrid=True, extra={"num_mtp_layers": cfg.num_mtp_layers})
 
     @property
     def stack(self) -> Glm5NextStack:
