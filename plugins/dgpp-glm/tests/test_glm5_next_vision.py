@@ -6,15 +6,14 @@ residual streams)."""
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
+from dgpp.testing.images import picture
 from dgpp_glm.glm5_next_images import Glm5NextImageInput, image_input
 from dgpp_glm.testing_glm5_next import (
     TINY_GLM5_NEXT_PREPROCESSOR,
@@ -39,27 +38,6 @@ PICTURES = [
     (48, 300, "RGBA", "WEBP"),
     (84, 56, "RGB", "PNG"),
 ]
-
-
-def picture(width: int, height: int, mode: str, fmt: str, seed: int = 0):
-    """A Pillow image of smooth gradients plus noise, saved as ``fmt`` and read back (so codecs are on the path)."""
-    rng = np.random.default_rng(seed + width * 7 + height)
-    y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) % 256], axis=-1)
-    rgb = np.clip(rgb + rng.integers(-40, 40, rgb.shape), 0, 255).astype(np.uint8)
-    image = PIL.fromarray(rgb, "RGB")
-    if mode in ("RGBA", "LA"):
-        alpha = PIL.fromarray(rng.integers(0, 256, (height, width)).astype(np.uint8), "L")
-        image = image.convert(mode[:-1])
-        image.putalpha(alpha)
-    elif mode == "P":
-        image = image.convert("P", palette=PIL.Palette.ADAPTIVE, colors=16)
-    else:
-        image = image.convert(mode)
-    buffer = io.BytesIO()
-    save = {"transparency": 3} if mode == "P" else {}
-    image.save(buffer, format=fmt, **save)
-    return PIL.open(io.BytesIO(buffer.getvalue()))
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,13 @@ from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
+from dgpp.testing.images import picture
 from dgpp.testing.tp_ranks import run_on_ranks
 from dgpp_glm.glm5_next_images import Glm5NextImageInput
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next_vl
 
 pytest.importorskip("PIL.Image")
-from test_glm5_next_vision import PICTURES, image_prompt, picture  # noqa: E402
+from test_glm5_next_vision import PICTURES, image_prompt  # noqa: E402
 
 WORLD = 2
 

@@ -5,15 +5,13 @@ prompts with images (multimodal RoPE positions, embeddings at the placeholders).
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
 import torch
 
 from dgpp.media.prompt import ImageError
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
+from dgpp.testing.images import picture
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput, smart_resize
 from dgpp_qwen.testing_qwen4_exp import TINY_PREPROCESSOR, VISION_TOKENS, build_tiny_qwen4_exp_vl
 
@@ -32,28 +30,6 @@ PICTURES = [
     (250, 180, "RGB", "JPEG"),
     (48, 80, "RGBA", "WEBP"),
 ]
-
-
-def picture(width: int, height: int, mode: str, fmt: str, seed: int = 0):
-    """A Pillow image of smooth gradients plus noise, saved as ``fmt`` and read back (so codecs are on the path)."""
-    rng = np.random.default_rng(seed + width * 7 + height)
-    y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) % 256], axis=-1)
-    rgb = np.clip(rgb + rng.integers(-40, 40, rgb.shape), 0, 255).astype(np.uint8)
-    image = PIL.fromarray(rgb, "RGB")
-    if mode in ("RGBA", "LA"):
-        alpha = PIL.fromarray(rng.integers(0, 256, (height, width)).astype(np.uint8), "L")
-        image = image.convert(mode[:-1])
-        image.putalpha(alpha)
-    elif mode == "P":
-        image = image.convert("P", palette=PIL.Palette.ADAPTIVE, colors=16)
-        image.info["transparency"] = 3
-    else:
-        image = image.convert(mode)
-    buffer = io.BytesIO()
-    save = {"transparency": 3} if mode == "P" else {}
-    image.save(buffer, format=fmt, **save)
-    return PIL.open(io.BytesIO(buffer.getvalue()))
 
 
 @pytest.fixture(scope="module")

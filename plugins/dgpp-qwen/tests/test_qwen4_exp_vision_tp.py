@@ -17,11 +17,12 @@ from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
+from dgpp.testing.images import picture
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp_vl
 
 pytest.importorskip("PIL.Image")
-from test_qwen4_exp_vision import PICTURES, image_prompt, picture  # noqa: E402
+from test_qwen4_exp_vision import PICTURES, image_prompt  # noqa: E402
 
 WORLD = 2
 

@@ -2,7 +2,8 @@
 
 Such a processor reads ``preprocessor_config.json`` over its own defaults (``read_preprocessor_config``), makes the
 picture RGB with transparency composited onto white (``as_rgb``), sizes it its own way, then scales, normalises and
-cuts it into patch rows in merge-block order (``patch_rows``). Its placeholder markers are added tokens of
+cuts it into patch rows in merge-block order (``patch_rows``); ``PatchImageInput`` holds the settings those steps
+read and the placeholder text. Its placeholder markers are added tokens of
 ``tokenizer.json`` (``marker_texts``); once a prompt is tokenized, each image owns one run of image tokens
 (``place_images``). What differs between families (the resize rule, the marker ids, the rotary positions) stays in
 the family.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,3 +111,37 @@ def place_images(prompt: list[int], image_token_id: int, images: list[ProcessedI
             raise ImageError(f"an image placeholder holds {run} tokens, its image {image.num_tokens}")
         placed.append(PromptImage(image, start, image.digest))
     return placed
+
+
+@dataclass(frozen=True)
+class PatchImageInput:
+    """Settings shared by such processors (a family's ``ImageInput`` extends it with its resize settings):
+    patch geometry, normalisation, Pillow's resample filter, and the placeholder markers' id and texts."""
+
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    rescale_factor: float
+    resample: int
+    image_token_id: int
+    start_text: str
+    pad_text: str
+    end_text: str
+
+    def rows(self, pixels: np.ndarray) -> ProcessedImage:
+        """``patch_rows`` of ``pixels`` ``[3, H, W]`` uint8 with these settings."""
+        return patch_rows(
+            pixels,
+            rescale_factor=self.rescale_factor,
+            mean=self.mean,
+            std=self.std,
+            patch_size=self.patch_size,
+            merge_size=self.merge_size,
+            temporal_patch_size=self.temporal_patch_size,
+        )
+
+    def placeholder(self, image: ProcessedImage) -> str:
+        """The start marker, one pad token per placeholder token, the end marker."""
+        return self.start_text + self.pad_text * image.num_tokens + self.end_text

@@ -1,7 +1,7 @@
 """What Qwen2-VL-style vision towers share, for a family's tower to compose.
 
 Such a tower takes the pixel rows ``patches.patch_rows`` makes (one row per patch, ``merge²`` consecutive rows per
-merge block), embeds them with a Conv3d whose stride equals its kernel (``strided_conv``), and runs non-causal
+merge block), embeds them with a Conv3d whose stride equals its kernel (``PatchEmbed``, ``strided_conv``), and runs non-causal
 attention within each image (``attention_per_image``) with a 2-D rotary embedding: half of each head's rotary
 channels turn with the patch's row, half with its column (``axial_inv_freq``, ``axial_angles``,
 ``rotate_half``). ``TowerShape`` and ``axial_rope_theta`` read the ``vision_config`` keys these towers agree on.
@@ -106,3 +106,15 @@ def strided_conv(conv: nn.Conv2d | nn.Conv3d, rows: torch.Tensor) -> torch.Tenso
     """A convolution whose stride equals its kernel over inputs already cut into kernel-sized rows: one product of
     each flattened row with the flattened kernel."""
     return F.linear(rows.to(conv.weight.dtype), conv.weight.flatten(1), conv.bias)
+
+
+class PatchEmbed(nn.Module):
+    """``patch_embed.proj``: the checkpoint's Conv3d (kernel = stride = one patch) over flattened pixel rows."""
+
+    def __init__(self, cfg: TowerShape, dtype: torch.dtype) -> None:
+        super().__init__()
+        patch = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
+        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=patch, stride=patch, dtype=dtype)
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return strided_conv(self.proj, pixels)

@@ -27,7 +27,13 @@ import numpy as np
 import torch
 
 from dgpp.log import get_logger
-from dgpp.media.patches import as_rgb, marker_texts, patch_rows, place_images, read_preprocessor_config
+from dgpp.media.patches import (
+    PatchImageInput,
+    as_rgb,
+    marker_texts,
+    place_images,
+    read_preprocessor_config,
+)
 from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptMedia
 
 if TYPE_CHECKING:
@@ -87,23 +93,12 @@ def canvas_size(
 
 
 @dataclass(frozen=True)
-class Glm5NextImageInput:
+class Glm5NextImageInput(PatchImageInput):
     """Preprocessing settings and placeholder tokens of one checkpoint."""
 
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
     patch_expand_factor: int
     min_tokens: int
     max_tokens: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    rescale_factor: float
-    resample: int
-    image_token_id: int
-    start_text: str
-    pad_text: str
-    end_text: str
 
     @classmethod
     def from_checkpoint(cls, hf_config: Mapping[str, Any], checkpoint_dir: str | Path) -> Glm5NextImageInput:
@@ -165,18 +160,7 @@ class Glm5NextImageInput:
         return np.pad(content, ((0, 0), (0, canvas_h - content_h), (0, canvas_w - content_w)))
 
     def process(self, image: Image) -> ProcessedImage:
-        return patch_rows(
-            self._fit(as_rgb(image)),
-            rescale_factor=self.rescale_factor,
-            mean=self.mean,
-            std=self.std,
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            temporal_patch_size=self.temporal_patch_size,
-        )
-
-    def placeholder(self, image: ProcessedImage) -> str:
-        return self.start_text + self.pad_text * image.num_tokens + self.end_text
+        return self.rows(self._fit(as_rgb(image)))
 
     def prompt_media(self, prompt: list[int], images: list[ProcessedImage]) -> PromptMedia:
         placed = place_images(prompt, self.image_token_id, images)

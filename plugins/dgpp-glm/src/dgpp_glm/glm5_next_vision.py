@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.media.tower import (
+    PatchEmbed,
     TowerShape,
     attention_per_image,
     axial_angles,
@@ -144,18 +145,6 @@ class VisionMerger(VisionMLP):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(F.gelu(self.post_projection_norm(self.proj(x))))
-
-
-class PatchEmbed(nn.Module):
-    """``patch_embed.proj``: the checkpoint's Conv3d (kernel = stride = one patch) over flattened pixel rows."""
-
-    def __init__(self, cfg: Glm5NextVisionConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        patch = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=patch, stride=patch, dtype=dtype)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return strided_conv(self.proj, pixels)
 
 
 class Glm5NextVisionTower(nn.Module):

@@ -25,7 +25,13 @@ import numpy as np
 import torch
 
 from dgpp.log import get_logger
-from dgpp.media.patches import as_rgb, marker_texts, patch_rows, place_images, read_preprocessor_config
+from dgpp.media.patches import (
+    PatchImageInput,
+    as_rgb,
+    marker_texts,
+    place_images,
+    read_preprocessor_config,
+)
 from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptImage, PromptMedia
 
 if TYPE_CHECKING:
@@ -63,22 +69,11 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
 
 
 @dataclass(frozen=True)
-class Qwen4ExpImageInput:
+class Qwen4ExpImageInput(PatchImageInput):
     """Preprocessing settings and placeholder tokens of one checkpoint."""
 
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
     min_pixels: int
     max_pixels: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    rescale_factor: float
-    resample: int
-    image_token_id: int
-    start_text: str
-    pad_text: str
-    end_text: str
 
     @classmethod
     def from_checkpoint(cls, hf_config: Mapping[str, Any], checkpoint_dir: str | Path) -> Qwen4ExpImageInput:
@@ -123,18 +118,7 @@ class Qwen4ExpImageInput:
         rgb = as_rgb(image)
         height, width = smart_resize(rgb.height, rgb.width, factor, self.min_pixels, self.max_pixels)
         resized = np.asarray(rgb.resize((width, height), resample=self.resample)).transpose(2, 0, 1)
-        return patch_rows(
-            resized,
-            rescale_factor=self.rescale_factor,
-            mean=self.mean,
-            std=self.std,
-            patch_size=self.patch_size,
-            merge_size=self.merge_size,
-            temporal_patch_size=self.temporal_patch_size,
-        )
-
-    def placeholder(self, image: ProcessedImage) -> str:
-        return self.start_text + self.pad_text * image.num_tokens + self.end_text
+        return self.rows(resized)
 
     def prompt_media(self, prompt: list[int], images: list[ProcessedImage]) -> PromptMedia:
         placed = place_images(prompt, self.image_token_id, images)

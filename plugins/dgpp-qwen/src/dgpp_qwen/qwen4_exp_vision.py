@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.media.tower import (
+    PatchEmbed,
     TowerShape,
     attention_per_image,
     axial_angles,
@@ -26,7 +27,6 @@ from dgpp.media.tower import (
     axial_rope_theta,
     merge_block_coordinates,
     rotate_half,
-    strided_conv,
 )
 from dgpp.nn.linear import Linear
 from dgpp.plugin_api import ConfigKeys, ProcessedImage
@@ -138,18 +138,6 @@ class VisionMerger(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear_fc2(F.gelu(self.linear_fc1(self.norm(x).view(-1, self.width))))
-
-
-class PatchEmbed(nn.Module):
-    """The checkpoint's Conv3d (kernel = stride = one patch), applied as one product over flattened pixel rows."""
-
-    def __init__(self, cfg: VisionConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        patch = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=patch, stride=patch, dtype=dtype)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return strided_conv(self.proj, pixels)
 
 
 class Qwen4ExpVisionTower(nn.Module):
