@@ -13,7 +13,7 @@ import torch
 
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.images import picture
+from dgpp.testing.images import check_pixels_equal_the_processor, image_input_of, picture
 from dgpp_glm.glm5_next_images import Glm5NextImageInput, image_input
 from dgpp_glm.testing_glm5_next import (
     TINY_GLM5_NEXT_PREPROCESSOR,
@@ -47,9 +47,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(checkpoint):
-    return Glm5NextImageInput.from_checkpoint(
-        json.loads((checkpoint / "config.json").read_text()), checkpoint
-    )
+    return image_input_of(checkpoint, Glm5NextImageInput.from_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -66,12 +64,7 @@ def hf_processor():
 
 @pytest.mark.parametrize("width,height,mode,fmt", PICTURES)
 def test_pixels_equal_the_transformers_processor(images, width, height, mode, fmt):
-    image = picture(width, height, mode, fmt)
-    ours = images.process(image)
-    theirs = hf_processor()(images=[image], return_tensors="pt")
-    assert ours.grid == tuple(theirs["image_grid_thw"][0].tolist())
-    assert ours.pixels.dtype == theirs["pixel_values"].dtype == torch.float32
-    assert torch.equal(ours.pixels, theirs["pixel_values"])
+    ours = check_pixels_equal_the_processor(images, hf_processor(), picture(width, height, mode, fmt))
     assert 4 <= ours.num_tokens == ours.grid[1] * ours.grid[2] // 4 <= 36
 
 
@@ -190,7 +183,7 @@ def test_bf16_tower_tracks_transformers_bf16(tmp_path):
     """The released dtype: the tower computes in bf16 (rotation and norms' statistics in fp32, as transformers
     does); the outputs agree to bf16 rounding (measured: 0.0056 at a magnitude of 0.44, three bf16 steps)."""
     path = build_tiny_glm5_next_vl(tmp_path / "bf16", seed=5, dtype=torch.bfloat16)
-    images = Glm5NextImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Glm5NextImageInput.from_checkpoint)
     model = load_model(path)
     assert model.visual.patch_embed.proj.weight.dtype == torch.bfloat16
     reference = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval()

@@ -5,8 +5,6 @@ pixels."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dgpp.startup.loading import load_model
@@ -15,6 +13,7 @@ from dgpp.testing.images import (
     check_batched_with_images_equals_solo,
     check_chunked_prefill_encodes_each_image_once,
     check_prefix_keys_follow_the_processed_pixels,
+    image_input_of,
     picture,
 )
 from dgpp_glm.glm5_next_images import Glm5NextImageInput
@@ -27,7 +26,7 @@ from test_glm5_next_vision import PICTURES, image_prompt  # noqa: E402
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     path = build_tiny_glm5_next_vl(tmp_path_factory.mktemp("glm5_next_vl_state"), seed=8)
-    images = Glm5NextImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Glm5NextImageInput.from_checkpoint)
     return path, load_model(path), images
 
 

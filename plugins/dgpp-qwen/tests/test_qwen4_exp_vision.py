@@ -11,7 +11,7 @@ import torch
 from dgpp.media.prompt import ImageError
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.images import picture
+from dgpp.testing.images import check_pixels_equal_the_processor, image_input_of, picture
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput, smart_resize
 from dgpp_qwen.testing_qwen4_exp import TINY_PREPROCESSOR, VISION_TOKENS, build_tiny_qwen4_exp_vl
 
@@ -39,11 +39,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image_input(checkpoint):
-    import json
-
-    return Qwen4ExpImageInput.from_checkpoint(
-        json.loads((checkpoint / "config.json").read_text()), checkpoint
-    )
+    return image_input_of(checkpoint, Qwen4ExpImageInput.from_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -60,12 +56,7 @@ def hf_processor():
 
 @pytest.mark.parametrize("width,height,mode,fmt", PICTURES)
 def test_pixels_equal_the_transformers_processor(image_input, width, height, mode, fmt):
-    image = picture(width, height, mode, fmt)
-    ours = image_input.process(image)
-    theirs = hf_processor()(images=[image], return_tensors="pt")
-    assert ours.grid == tuple(theirs["image_grid_thw"][0].tolist())
-    assert ours.pixels.dtype == theirs["pixel_values"].dtype == torch.float32
-    assert torch.equal(ours.pixels, theirs["pixel_values"])
+    ours = check_pixels_equal_the_processor(image_input, hf_processor(), picture(width, height, mode, fmt))
     assert ours.num_tokens == ours.grid[1] * ours.grid[2] // 4
 
 
@@ -176,10 +167,8 @@ def test_the_hook_offers_images_only_with_a_processor_config(checkpoint, tmp_pat
 def test_bf16_tower_tracks_transformers_bf16(tmp_path):
     """The released dtype: the tower computes in bf16 (rotation in fp32, as transformers does); the outputs agree
     to bf16 rounding (measured: 0.031 at a magnitude of 3.2, two bf16 steps)."""
-    import json
-
     path = build_tiny_qwen4_exp_vl(tmp_path / "bf16", seed=5, dtype=torch.bfloat16)
-    images = Qwen4ExpImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Qwen4ExpImageInput.from_checkpoint)
     model = load_model(path)
     assert model.visual.pos_embed.weight.dtype == torch.bfloat16
     reference = transformers.Qwen4ExpForConditionalGeneration.from_pretrained(

@@ -4,8 +4,6 @@ with text prompts give their solo tokens, and the prefix cache's keys follow the
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from dgpp.startup.loading import load_model
@@ -13,6 +11,7 @@ from dgpp.testing.images import (
     check_batched_with_images_equals_solo,
     check_chunked_prefill_encodes_each_image_once,
     check_prefix_keys_follow_the_processed_pixels,
+    image_input_of,
     picture,
 )
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
@@ -25,7 +24,7 @@ from test_qwen4_exp_vision import PICTURES, image_prompt  # noqa: E402
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     path = build_tiny_qwen4_exp_vl(tmp_path_factory.mktemp("qwen4_exp_vl_state"), seed=8)
-    images = Qwen4ExpImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Qwen4ExpImageInput.from_checkpoint)
     return load_model(path), images
 
 

@@ -4,7 +4,6 @@ journal carries a prompt's images to the peers bit for bit (``dgpp.media.wire``)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import msgspec
@@ -17,7 +16,7 @@ from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.images import picture
+from dgpp.testing.images import image_input_of, picture
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp_vl
 
@@ -28,7 +27,7 @@ WORLD = 2
 
 
 def _prompts(path: Path):
-    images = Qwen4ExpImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Qwen4ExpImageInput.from_checkpoint)
     pictures = [images.process(picture(*PICTURES[0])), images.process(picture(*PICTURES[4]))]
     ids = image_prompt(images, pictures, [[497, 72, 105], [32], [63, 498]])
     return ids, images.prompt_media(ids, pictures)

@@ -26,6 +26,16 @@ from dgpp.media.prompt import ImageError, ProcessedImage, PromptImage
 if TYPE_CHECKING:
     from PIL.Image import Image
 
+# such processors' defaults where preprocessor_config.json is silent: OpenAI CLIP's statistics, 8-bit scaling,
+# 2 x 2 merge blocks, 2 frames per still picture, Pillow's bicubic filter
+PROCESSOR_DEFAULTS: dict[str, Any] = {
+    "image_mean": [0.48145466, 0.4578275, 0.40821073],
+    "image_std": [0.26862954, 0.26130258, 0.27577711],
+    "rescale_factor": 1 / 255,
+    "merge_size": 2,
+    "temporal_patch_size": 2,
+    "resample": 3,
+}
 # preprocessing steps such a processor always does: a config that turns one off is refused
 _ALWAYS_DONE = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
 

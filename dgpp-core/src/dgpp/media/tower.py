@@ -9,6 +9,7 @@ channels turn with the patch's row, half with its column (``axial_inv_freq``, ``
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -26,14 +27,20 @@ class ConfigKeyReader(Protocol):
     def error(self, message: str) -> Exception: ...
 
 
+@dataclass(frozen=True)
 class TowerShape:
-    """Derived sizes of a tower's frozen config dataclass (a mixin: the dataclass declares the fields)."""
+    """The sizes every such tower's ``vision_config`` gives (a family's frozen config dataclass extends it with its
+    own) and what follows from them."""
 
+    depth: int
     hidden_size: int
+    intermediate_size: int
     num_heads: int
     in_channels: int
     patch_size: int
     temporal_patch_size: int
+    spatial_merge_size: int
+    out_hidden_size: int
 
     @property
     def head_dim(self) -> int:

@@ -57,6 +57,24 @@ def data_uri(image: Image, fmt: str = "PNG") -> str:
     return f"data:{_MEDIA_TYPES[fmt]};base64," + base64.b64encode(buffer.getvalue()).decode()
 
 
+def image_input_of(
+    ckpt: Path, from_checkpoint: Callable[[Mapping[str, Any], Path], ImageInput]
+) -> ImageInput:
+    """The checkpoint's image input built from its ``config.json``, as the server builds it."""
+    return from_checkpoint(json.loads((ckpt / "config.json").read_text()), ckpt)
+
+
+def check_pixels_equal_the_processor(image_input: ImageInput, processor: Any, image: Image) -> ProcessedImage:
+    """``image_input.process(image)`` has the grid and, bit for bit, the fp32 pixel rows of the reference
+    ``processor`` (a transformers image processor); returns ours."""
+    ours = image_input.process(image)
+    theirs = processor(images=[image], return_tensors="pt")
+    assert ours.grid == tuple(theirs["image_grid_thw"][0].tolist())
+    assert ours.pixels.dtype == theirs["pixel_values"].dtype == torch.float32
+    assert torch.equal(ours.pixels, theirs["pixel_values"])
+    return ours
+
+
 def rendered_prompt(
     ckpt: Path,
     msgs: list[dict[str, Any]],
@@ -71,8 +89,7 @@ def rendered_prompt(
     from dgpp.text.chat_template import ChatTemplate
     from dgpp.text.tokenizer import Tokenizer
 
-    hf_config = json.loads((ckpt / "config.json").read_text())
-    inputs = ImageInputs.of(image_input(hf_config, ckpt), ImagesConfig(**images))
+    inputs = ImageInputs.of(image_input_of(ckpt, image_input), ImagesConfig(**images))
     tok = Tokenizer.from_dir(ckpt)
     rendered, processed = inputs.prepare(msgs)
     template = ChatTemplate.for_checkpoint(tok)

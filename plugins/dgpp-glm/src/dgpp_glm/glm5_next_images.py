@@ -28,6 +28,7 @@ import torch
 
 from dgpp.log import get_logger
 from dgpp.media.patches import (
+    PROCESSOR_DEFAULTS,
     PatchImageInput,
     as_rgb,
     marker_texts,
@@ -39,18 +40,13 @@ from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptMedia
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-# the processor's defaults (OpenAI CLIP statistics), used where preprocessor_config.json is silent
+# defaults where preprocessor_config.json is silent: the shared ones, this processor's patch and token budget
 _DEFAULTS: dict[str, Any] = {
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "rescale_factor": 1 / 255,
+    **PROCESSOR_DEFAULTS,
     "patch_size": 14,
-    "merge_size": 2,
-    "temporal_patch_size": 2,
     "patch_expand_factor": 1,
     "min_image_tokens": 16,
     "max_image_tokens": 8000,
-    "resample": 3,  # bicubic
 }
 # config.json's marker ids and the release's values
 _TOKEN_IDS = (("image_token_id", 154854), ("image_start_token_id", 154830), ("image_end_token_id", 154831))

@@ -38,15 +38,8 @@ from dgpp.plugin_api import ConfigKeys, ProcessedImage
 
 @dataclass(frozen=True)
 class Glm5NextVisionConfig(TowerShape):
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    in_channels: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    out_hidden_size: int
+    """The tower's ``vision_config``: the shared sizes, then this tower's own."""
+
     projection_intermediate_size: int
     swiglu_limit: float
     rms_norm_eps: float

@@ -26,6 +26,7 @@ import torch
 
 from dgpp.log import get_logger
 from dgpp.media.patches import (
+    PROCESSOR_DEFAULTS,
     PatchImageInput,
     as_rgb,
     marker_texts,
@@ -37,15 +38,6 @@ from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptImage
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-# Qwen2-VL's processor defaults (OpenAI CLIP statistics), used where preprocessor_config.json is silent
-_DEFAULTS: dict[str, Any] = {
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "rescale_factor": 1 / 255,
-    "merge_size": 2,
-    "temporal_patch_size": 2,
-    "resample": 3,  # bicubic
-}
 log = get_logger("dgpp.qwen")
 MAX_ASPECT_RATIO = 200  # the processor refuses longer-than-200:1 pictures
 
@@ -79,7 +71,7 @@ class Qwen4ExpImageInput(PatchImageInput):
     def from_checkpoint(cls, hf_config: Mapping[str, Any], checkpoint_dir: str | Path) -> Qwen4ExpImageInput:
         directory = Path(checkpoint_dir)
         path = directory / "preprocessor_config.json"
-        pre = read_preprocessor_config(path, _DEFAULTS)
+        pre = read_preprocessor_config(path, PROCESSOR_DEFAULTS)
         vision = hf_config.get("vision_config") or {}
         patch = int(pre.get("patch_size", vision.get("patch_size", 16)))
         if patch != vision.get("patch_size", 16) or pre["merge_size"] != vision.get("spatial_merge_size", 2):

@@ -36,15 +36,8 @@ _ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
 @dataclass(frozen=True)
 class VisionConfig(TowerShape):
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    in_channels: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    out_hidden_size: int
+    """The tower's ``vision_config``: the shared sizes, then this tower's own."""
+
     num_position_embeddings: int
     rope_theta: float
     hidden_act: str
