@@ -4,12 +4,13 @@ Such a tower takes the pixel rows ``patches.patch_rows`` makes (one row per patc
 merge block), embeds them with a Conv3d whose stride equals its kernel (``PatchEmbed``, ``strided_conv``), and runs non-causal
 attention within each image (``attention_per_image``) with a 2-D rotary embedding: half of each head's rotary
 channels turn with the patch's row, half with its column (``axial_inv_freq``, ``axial_angles``,
-``rotate_half``). ``TowerShape`` and ``axial_rope_theta`` read the ``vision_config`` keys these towers agree on.
+``rotate_half``). ``TowerShape``, ``read_tower_sizes`` and ``axial_rope_theta`` read the ``vision_config`` keys these towers agree on.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any, Protocol
 
 import torch
@@ -21,6 +22,8 @@ class ConfigKeyReader(Protocol):
     """The part of a config-key reader (``dgpp.plugin_api.ConfigKeys``) these checks use."""
 
     def optional(self, key: str, kind: type, default: Any) -> Any: ...
+
+    def positive(self, key: str, default: int | None = None) -> int: ...
 
     def name(self, key: str) -> str: ...
 
@@ -58,6 +61,12 @@ class TowerShape:
                 f"{keys.name('hidden_size')} = {self.hidden_size} must split into {self.num_heads} heads of a "
                 "multiple of 4"
             )
+
+
+def read_tower_sizes(keys: ConfigKeyReader, defaults: Mapping[str, int]) -> dict[str, int]:
+    """``TowerShape``'s sizes from ``vision_config``, in field order: each a positive int, ``defaults[name]`` where
+    the key is absent."""
+    return {f.name: keys.positive(f.name, defaults[f.name]) for f in fields(TowerShape)}
 
 
 def axial_rope_theta(keys: ConfigKeyReader) -> float:

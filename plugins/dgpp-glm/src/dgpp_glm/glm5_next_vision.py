@@ -28,12 +28,26 @@ from dgpp.media.tower import (
     axial_inv_freq,
     axial_rope_theta,
     merge_block_coordinates,
+    read_tower_sizes,
     rotate_half,
     strided_conv,
 )
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.plugin_api import ConfigKeys, ProcessedImage
+
+# the shared sizes' defaults, where vision_config is silent
+_SIZE_DEFAULTS = {
+    "depth": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": 1536,
+}
 
 
 @dataclass(frozen=True)
@@ -54,15 +68,7 @@ class Glm5NextVisionConfig(TowerShape):
         if keys.optional("hidden_act", str, "silu") != "silu":
             raise keys.error(f"{keys.name('hidden_act')} must be 'silu' (the tower's SwiGLU)")
         cfg = cls(
-            depth=keys.positive("depth", 24),
-            hidden_size=keys.positive("hidden_size", 1024),
-            intermediate_size=keys.positive("intermediate_size", 4096),
-            num_heads=keys.positive("num_heads", 16),
-            in_channels=keys.positive("in_channels", 3),
-            patch_size=keys.positive("patch_size", 14),
-            temporal_patch_size=keys.positive("temporal_patch_size", 2),
-            spatial_merge_size=keys.positive("spatial_merge_size", 2),
-            out_hidden_size=keys.positive("out_hidden_size", 1536),
+            **read_tower_sizes(keys, _SIZE_DEFAULTS),
             projection_intermediate_size=keys.positive("projection_intermediate_size", 10240),
             swiglu_limit=keys.optional("swiglu_limit", float, 10.0),
             rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-5),

@@ -26,12 +26,26 @@ from dgpp.media.tower import (
     axial_inv_freq,
     axial_rope_theta,
     merge_block_coordinates,
+    read_tower_sizes,
     rotate_half,
 )
 from dgpp.nn.linear import Linear
 from dgpp.plugin_api import ConfigKeys, ProcessedImage
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
+
+# the shared sizes' defaults, where vision_config is silent
+_SIZE_DEFAULTS = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": 3584,
+}
 
 
 @dataclass(frozen=True)
@@ -51,15 +65,7 @@ class VisionConfig(TowerShape):
         if act not in _ACTIVATIONS:
             raise keys.error(f"{keys.name('hidden_act')} = {act!r} is not one of {', '.join(_ACTIVATIONS)}")
         cfg = cls(
-            depth=keys.positive("depth", 27),
-            hidden_size=keys.positive("hidden_size", 1152),
-            intermediate_size=keys.positive("intermediate_size", 4304),
-            num_heads=keys.positive("num_heads", 16),
-            in_channels=keys.positive("in_channels", 3),
-            patch_size=keys.positive("patch_size", 16),
-            temporal_patch_size=keys.positive("temporal_patch_size", 2),
-            spatial_merge_size=keys.positive("spatial_merge_size", 2),
-            out_hidden_size=keys.positive("out_hidden_size", 3584),
+            **read_tower_sizes(keys, _SIZE_DEFAULTS),
             num_position_embeddings=keys.positive("num_position_embeddings", 2304),
             rope_theta=rope_theta,
             hidden_act=act,
