@@ -13,7 +13,13 @@ import torch
 
 from dgpp.startup.loading import load_model
 from dgpp.testing.generate import greedy_generate
-from dgpp.testing.images import check_pixels_equal_the_processor, image_input_of, picture
+from dgpp.testing.images import (
+    check_pixels_equal_the_processor,
+    image_input_of,
+    picture,
+    reference_inputs,
+    tower_outputs,
+)
 from dgpp_glm.glm5_next_images import Glm5NextImageInput, image_input
 from dgpp_glm.testing_glm5_next import (
     TINY_GLM5_NEXT_PREPROCESSOR,
@@ -83,12 +89,8 @@ def test_canvas_padding_is_black_and_budget_holds(images):
 def test_tower_output_matches_transformers(checkpoint, images, reference):
     model = load_model(checkpoint)
     processed = [images.process(picture(*p)) for p in PICTURES[:4]]
-    ours = model.visual.encode(processed)
-    pixels = torch.cat([im.pixels for im in processed])
-    grids = torch.tensor([im.grid for im in processed])
-    theirs = reference.model.visual(pixels, grid_thw=grids).pooler_output
-    assert [o.shape[0] for o in ours] == [im.num_tokens for im in processed]
-    assert torch.allclose(torch.cat(ours), theirs, atol=1e-4, rtol=1e-4)
+    ours, theirs = tower_outputs(model.visual, reference.model.visual, processed)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4)
     assert theirs.abs().max() > 0.1  # the tower's output is not vanishingly small
 
 
@@ -117,10 +119,7 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint, images, referen
         0, blocks.allocate(blocks.blocks_for_tokens(len(ids))), 0, ids, every_row_logits=True, media=media
     )
     ours = ModelRunner(model, pools).step([work])
-    hf_inputs = {
-        "pixel_values": torch.cat([im.pixels for im in processed]),
-        "image_grid_thw": torch.tensor([im.grid for im in processed]),
-    }
+    hf_inputs = reference_inputs(processed)
     theirs = reference(input_ids=torch.tensor([ids]), **hf_inputs).logits[0]
     assert ours.shape == theirs.shape
     assert (ours - theirs).abs().max() < 1e-4
@@ -188,10 +187,7 @@ def test_bf16_tower_tracks_transformers_bf16(tmp_path):
     assert model.visual.patch_embed.proj.weight.dtype == torch.bfloat16
     reference = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval()
     processed = [images.process(picture(*p)) for p in PICTURES[:4]]
-    ours = torch.cat(model.visual.encode(processed))
-    theirs = reference.model.visual(
-        torch.cat([im.pixels for im in processed]), grid_thw=torch.tensor([im.grid for im in processed])
-    ).pooler_output
+    ours, theirs = tower_outputs(model.visual, reference.model.visual, processed)
     assert ours.dtype == theirs.dtype == torch.bfloat16
     assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()
 

@@ -75,6 +75,26 @@ def check_pixels_equal_the_processor(image_input: ImageInput, processor: Any, im
     return ours
 
 
+def reference_inputs(processed: list[ProcessedImage]) -> dict[str, torch.Tensor]:
+    """The processed images as a transformers vision model takes them: ``pixel_values`` and ``image_grid_thw``."""
+    return {
+        "pixel_values": torch.cat([im.pixels for im in processed]),
+        "image_grid_thw": torch.tensor([im.grid for im in processed]),
+    }
+
+
+def tower_outputs(
+    tower: Any, reference_tower: Any, processed: list[ProcessedImage]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Our ``tower.encode`` of ``processed`` (one row per placeholder token of each image, checked) and the
+    transformers ``reference_tower``'s pooled output for the same pixels, both ``[tokens, out_hidden]``."""
+    ours = tower.encode(processed)
+    assert [o.shape[0] for o in ours] == [im.num_tokens for im in processed]
+    inputs = reference_inputs(processed)
+    theirs = reference_tower(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"]).pooler_output
+    return torch.cat(ours), theirs
+
+
 def rendered_prompt(
     ckpt: Path,
     msgs: list[dict[str, Any]],
