@@ -123,3 +123,30 @@ def check_family_serves(ckpt: Path, root: Path, min_prompt_tokens: int) -> None:
     ``QUESTIONS`` are the runner's greedy tokens (a family's end-to-end check)."""
     with served(ckpt, root) as (_, sdk):
         check_served_greedy(ckpt, sdk, QUESTIONS, min_prompt_tokens)
+
+
+def ask_greedy(
+    sdk: openai.OpenAI, ckpt: Path, msgs: list[dict], max_tokens: int, n: int | None = None, **extra
+) -> openai.types.chat.ChatCompletion:
+    """One greedy chat completion of ``msgs`` (``max_tokens`` past EOS, thinking off; ``extra`` in the body)."""
+    return sdk.chat.completions.create(
+        model=str(ckpt),
+        messages=msgs,
+        max_tokens=max_tokens,
+        temperature=0,
+        n=n,
+        extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra},
+    )
+
+
+def stream_greedy(sdk: openai.OpenAI, ckpt: Path, msgs: list[dict], max_tokens: int) -> str:
+    """The text of the same greedy request streamed, its deltas joined."""
+    stream = sdk.chat.completions.create(
+        model=str(ckpt),
+        messages=msgs,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK},
+    )
+    return "".join(c.choices[0].delta.content or "" for c in stream if c.choices)

@@ -6,15 +6,20 @@ residual streams)."""
 
 from __future__ import annotations
 
-import io
 import json
 
-import numpy as np
 import pytest
 import torch
 
 from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
+from dgpp.testing.images import (
+    check_pixels_equal_the_processor,
+    image_input_of,
+    picture,
+    reference_inputs,
+    tower_outputs,
+)
 from dgpp_glm.glm5_next_images import Glm5NextImageInput, image_input
 from dgpp_glm.testing_glm5_next import (
     TINY_GLM5_NEXT_PREPROCESSOR,
@@ -41,27 +46,6 @@ PICTURES = [
 ]
 
 
-def picture(width: int, height: int, mode: str, fmt: str, seed: int = 0):
-    """A Pillow image of smooth gradients plus noise, saved as ``fmt`` and read back (so codecs are on the path)."""
-    rng = np.random.default_rng(seed + width * 7 + height)
-    y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) % 256], axis=-1)
-    rgb = np.clip(rgb + rng.integers(-40, 40, rgb.shape), 0, 255).astype(np.uint8)
-    image = PIL.fromarray(rgb, "RGB")
-    if mode in ("RGBA", "LA"):
-        alpha = PIL.fromarray(rng.integers(0, 256, (height, width)).astype(np.uint8), "L")
-        image = image.convert(mode[:-1])
-        image.putalpha(alpha)
-    elif mode == "P":
-        image = image.convert("P", palette=PIL.Palette.ADAPTIVE, colors=16)
-    else:
-        image = image.convert(mode)
-    buffer = io.BytesIO()
-    save = {"transparency": 3} if mode == "P" else {}
-    image.save(buffer, format=fmt, **save)
-    return PIL.open(io.BytesIO(buffer.getvalue()))
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return build_tiny_glm5_next_vl(tmp_path_factory.mktemp("glm5_next_vl"), seed=5)
@@ -69,9 +53,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def images(checkpoint):
-    return Glm5NextImageInput.from_checkpoint(
-        json.loads((checkpoint / "config.json").read_text()), checkpoint
-    )
+    return image_input_of(checkpoint, Glm5NextImageInput.from_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -88,12 +70,7 @@ def hf_processor():
 
 @pytest.mark.parametrize("width,height,mode,fmt", PICTURES)
 def test_pixels_equal_the_transformers_processor(images, width, height, mode, fmt):
-    image = picture(width, height, mode, fmt)
-    ours = images.process(image)
-    theirs = hf_processor()(images=[image], return_tensors="pt")
-    assert ours.grid == tuple(theirs["image_grid_thw"][0].tolist())
-    assert ours.pixels.dtype == theirs["pixel_values"].dtype == torch.float32
-    assert torch.equal(ours.pixels, theirs["pixel_values"])
+    ours = check_pixels_equal_the_processor(images, hf_processor(), picture(width, height, mode, fmt))
     assert 4 <= ours.num_tokens == ours.grid[1] * ours.grid[2] // 4 <= 36
 
 
@@ -112,12 +89,8 @@ def test_canvas_padding_is_black_and_budget_holds(images):
 def test_tower_output_matches_transformers(checkpoint, images, reference):
     model = load_model(checkpoint)
     processed = [images.process(picture(*p)) for p in PICTURES[:4]]
-    ours = model.visual.encode(processed)
-    pixels = torch.cat([im.pixels for im in processed])
-    grids = torch.tensor([im.grid for im in processed])
-    theirs = reference.model.visual(pixels, grid_thw=grids).pooler_output
-    assert [o.shape[0] for o in ours] == [im.num_tokens for im in processed]
-    assert torch.allclose(torch.cat(ours), theirs, atol=1e-4, rtol=1e-4)
+    ours, theirs = tower_outputs(model.visual, reference.model.visual, processed)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4)
     assert theirs.abs().max() > 0.1  # the tower's output is not vanishingly small
 
 
@@ -146,10 +119,7 @@ def test_logits_and_greedy_tokens_match_transformers(checkpoint, images, referen
         0, blocks.allocate(blocks.blocks_for_tokens(len(ids))), 0, ids, every_row_logits=True, media=media
     )
     ours = ModelRunner(model, pools).step([work])
-    hf_inputs = {
-        "pixel_values": torch.cat([im.pixels for im in processed]),
-        "image_grid_thw": torch.tensor([im.grid for im in processed]),
-    }
+    hf_inputs = reference_inputs(processed)
     theirs = reference(input_ids=torch.tensor([ids]), **hf_inputs).logits[0]
     assert ours.shape == theirs.shape
     assert (ours - theirs).abs().max() < 1e-4
@@ -212,15 +182,12 @@ def test_bf16_tower_tracks_transformers_bf16(tmp_path):
     """The released dtype: the tower computes in bf16 (rotation and norms' statistics in fp32, as transformers
     does); the outputs agree to bf16 rounding (measured: 0.0056 at a magnitude of 0.44, three bf16 steps)."""
     path = build_tiny_glm5_next_vl(tmp_path / "bf16", seed=5, dtype=torch.bfloat16)
-    images = Glm5NextImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Glm5NextImageInput.from_checkpoint)
     model = load_model(path)
     assert model.visual.patch_embed.proj.weight.dtype == torch.bfloat16
     reference = transformers.AutoModelForImageTextToText.from_pretrained(path, dtype=torch.bfloat16).eval()
     processed = [images.process(picture(*p)) for p in PICTURES[:4]]
-    ours = torch.cat(model.visual.encode(processed))
-    theirs = reference.model.visual(
-        torch.cat([im.pixels for im in processed]), grid_thw=torch.tensor([im.grid for im in processed])
-    ).pooler_output
+    ours, theirs = tower_outputs(model.visual, reference.model.visual, processed)
     assert ours.dtype == theirs.dtype == torch.bfloat16
     assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()
 

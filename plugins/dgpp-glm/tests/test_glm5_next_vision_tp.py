@@ -5,7 +5,6 @@ its one axis of positions to the peers bit for bit (``dgpp.media.wire``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import msgspec
@@ -17,18 +16,19 @@ from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
 from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
+from dgpp.testing.images import image_input_of, picture
 from dgpp.testing.tp_ranks import run_on_ranks
 from dgpp_glm.glm5_next_images import Glm5NextImageInput
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next_vl
 
 pytest.importorskip("PIL.Image")
-from test_glm5_next_vision import PICTURES, image_prompt, picture  # noqa: E402
+from test_glm5_next_vision import PICTURES, image_prompt  # noqa: E402
 
 WORLD = 2
 
 
 def _prompt(ckpt: Path):
-    images = Glm5NextImageInput.from_checkpoint(json.loads((ckpt / "config.json").read_text()), ckpt)
+    images = image_input_of(ckpt, Glm5NextImageInput.from_checkpoint)
     pictures = [images.process(picture(*PICTURES[0])), images.process(picture(*PICTURES[4]))]
     ids = image_prompt(ckpt, images, pictures, [[97, 72, 105], [32], [63, 98]])
     return ids, images.prompt_media(ids, pictures)

@@ -5,15 +5,13 @@ prompts with images (multimodal RoPE positions, embeddings at the placeholders).
 
 from __future__ import annotations
 
-import io
-
-import numpy as np
 import pytest
 import torch
 
 from dgpp.media.prompt import ImageError
 from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
+from dgpp.testing.images import check_pixels_equal_the_processor, image_input_of, picture, tower_outputs
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput, smart_resize
 from dgpp_qwen.testing_qwen4_exp import TINY_PREPROCESSOR, VISION_TOKENS, build_tiny_qwen4_exp_vl
 
@@ -34,28 +32,6 @@ PICTURES = [
 ]
 
 
-def picture(width: int, height: int, mode: str, fmt: str, seed: int = 0):
-    """A Pillow image of smooth gradients plus noise, saved as ``fmt`` and read back (so codecs are on the path)."""
-    rng = np.random.default_rng(seed + width * 7 + height)
-    y, x = np.mgrid[0:height, 0:width]
-    rgb = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) % 256], axis=-1)
-    rgb = np.clip(rgb + rng.integers(-40, 40, rgb.shape), 0, 255).astype(np.uint8)
-    image = PIL.fromarray(rgb, "RGB")
-    if mode in ("RGBA", "LA"):
-        alpha = PIL.fromarray(rng.integers(0, 256, (height, width)).astype(np.uint8), "L")
-        image = image.convert(mode[:-1])
-        image.putalpha(alpha)
-    elif mode == "P":
-        image = image.convert("P", palette=PIL.Palette.ADAPTIVE, colors=16)
-        image.info["transparency"] = 3
-    else:
-        image = image.convert(mode)
-    buffer = io.BytesIO()
-    save = {"transparency": 3} if mode == "P" else {}
-    image.save(buffer, format=fmt, **save)
-    return PIL.open(io.BytesIO(buffer.getvalue()))
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return build_tiny_qwen4_exp_vl(tmp_path_factory.mktemp("qwen4_exp_vl"), seed=5)
@@ -63,11 +39,7 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def image_input(checkpoint):
-    import json
-
-    return Qwen4ExpImageInput.from_checkpoint(
-        json.loads((checkpoint / "config.json").read_text()), checkpoint
-    )
+    return image_input_of(checkpoint, Qwen4ExpImageInput.from_checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -84,12 +56,7 @@ def hf_processor():
 
 @pytest.mark.parametrize("width,height,mode,fmt", PICTURES)
 def test_pixels_equal_the_transformers_processor(image_input, width, height, mode, fmt):
-    image = picture(width, height, mode, fmt)
-    ours = image_input.process(image)
-    theirs = hf_processor()(images=[image], return_tensors="pt")
-    assert ours.grid == tuple(theirs["image_grid_thw"][0].tolist())
-    assert ours.pixels.dtype == theirs["pixel_values"].dtype == torch.float32
-    assert torch.equal(ours.pixels, theirs["pixel_values"])
+    ours = check_pixels_equal_the_processor(image_input, hf_processor(), picture(width, height, mode, fmt))
     assert ours.num_tokens == ours.grid[1] * ours.grid[2] // 4
 
 
@@ -102,12 +69,8 @@ def test_extreme_aspect_ratio_is_refused():
 def test_tower_output_matches_transformers(checkpoint, image_input, reference):
     model = load_model(checkpoint)
     images = [image_input.process(picture(*p)) for p in PICTURES[:4]]
-    ours = model.visual.encode(images)
-    pixels = torch.cat([im.pixels for im in images])
-    grids = torch.tensor([im.grid for im in images])
-    theirs = reference.model.visual(pixels, grid_thw=grids).pooler_output
-    assert [o.shape[0] for o in ours] == [im.num_tokens for im in images]
-    assert torch.allclose(torch.cat(ours), theirs, atol=1e-4, rtol=1e-4)
+    ours, theirs = tower_outputs(model.visual, reference.model.visual, images)
+    assert torch.allclose(ours, theirs, atol=1e-4, rtol=1e-4)
     assert theirs.abs().max() > 0.1  # the tower's output is not vanishingly small
 
 
@@ -200,19 +163,14 @@ def test_the_hook_offers_images_only_with_a_processor_config(checkpoint, tmp_pat
 def test_bf16_tower_tracks_transformers_bf16(tmp_path):
     """The released dtype: the tower computes in bf16 (rotation in fp32, as transformers does); the outputs agree
     to bf16 rounding (measured: 0.031 at a magnitude of 3.2, two bf16 steps)."""
-    import json
-
     path = build_tiny_qwen4_exp_vl(tmp_path / "bf16", seed=5, dtype=torch.bfloat16)
-    images = Qwen4ExpImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Qwen4ExpImageInput.from_checkpoint)
     model = load_model(path)
     assert model.visual.pos_embed.weight.dtype == torch.bfloat16
     reference = transformers.Qwen4ExpForConditionalGeneration.from_pretrained(
         path, dtype=torch.bfloat16
     ).eval()
     processed = [images.process(picture(*p)) for p in PICTURES[:4]]
-    ours = torch.cat(model.visual.encode(processed))
-    theirs = reference.model.visual(
-        torch.cat([im.pixels for im in processed]), grid_thw=torch.tensor([im.grid for im in processed])
-    ).pooler_output
+    ours, theirs = tower_outputs(model.visual, reference.model.visual, processed)
     assert ours.dtype == theirs.dtype == torch.bfloat16
     assert (ours.float() - theirs.float()).abs().max() <= 0.02 * theirs.float().abs().max()

@@ -7,38 +7,36 @@ parts naming the model."""
 from __future__ import annotations
 
 import base64
-import io
-import json
 
 import httpx
 import openai
 import pytest
 from serve_fixture import running
-from served_greedy import NO_THINK, SERVE_ENGINE
+from served_greedy import NO_THINK, SERVE_ENGINE, ask_greedy, stream_greedy
 
-from dgpp.config_schema import ImagesConfig
-from dgpp.offline import greedy_generate
-from dgpp.serve.images import ImageInputs
-from dgpp.startup.loading import load_model
+from dgpp.testing import images as kit
+from dgpp.testing.images import data_uri, picture
 from dgpp.testing.tokenizers import build_tiny_tokenizer
-from dgpp.text.chat_template import ChatTemplate
-from dgpp.text.tokenizer import Tokenizer
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp, build_tiny_qwen4_exp_vl
 
 pytestmark = pytest.mark.e2e
 PIL = pytest.importorskip("PIL.Image")
-from test_qwen4_exp_vision import picture  # noqa: E402
 
 IMAGES = {"max_images": 2, "max_image_bytes": 40000}
 MAX_TOKENS = 10
 
 
-def data_uri(image, fmt: str = "PNG") -> str:
-    buffer = io.BytesIO()
-    image.save(buffer, format=fmt)
-    mime = {"PNG": "image/png", "JPEG": "image/jpeg", "WEBP": "image/webp"}[fmt]
-    return f"data:{mime};base64," + base64.b64encode(buffer.getvalue()).decode()
+def rendered_prompt(ckpt, msgs: list[dict]):
+    return kit.rendered_prompt(ckpt, msgs, Qwen4ExpImageInput.from_checkpoint, IMAGES, NO_THINK)
+
+
+def runner_answer(ckpt, msgs: list[dict]) -> str:
+    return kit.runner_answer(ckpt, msgs, Qwen4ExpImageInput.from_checkpoint, IMAGES, NO_THINK, MAX_TOKENS)
+
+
+def ask(sdk, ckpt, msgs, **extra):
+    return ask_greedy(sdk, ckpt, msgs, MAX_TOKENS, **extra)
 
 
 def image_part(url: str) -> dict:
@@ -60,34 +58,6 @@ def served(tmp_path_factory):
         yield ckpt, server, openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def rendered_prompt(ckpt, msgs: list[dict]):
-    """``msgs`` rendered the server's way (placeholders, template, tokens): the ids and their ``PromptMedia``."""
-    hf_config = json.loads((ckpt / "config.json").read_text())
-    inputs = ImageInputs.of(Qwen4ExpImageInput.from_checkpoint(hf_config, ckpt), ImagesConfig(**IMAGES))
-    tok = Tokenizer.from_dir(ckpt)
-    rendered, processed = inputs.prepare(msgs)
-    ids = tok.encode(ChatTemplate.for_checkpoint(tok).render(rendered, chat_template_kwargs=NO_THINK))
-    return ids, inputs.media(ids, processed)
-
-
-def runner_answer(ckpt, msgs: list[dict]) -> str:
-    """The runner's greedy continuation of ``msgs`` rendered the server's way."""
-    ids, media = rendered_prompt(ckpt, msgs)
-    out = greedy_generate(load_model(ckpt), [ids], MAX_TOKENS, media=[media], stop_at_eos=False)[0]
-    return Tokenizer.from_dir(ckpt).decode(out, skip_special_tokens=True)
-
-
-def ask(sdk, ckpt, msgs, n=None, **extra):
-    return sdk.chat.completions.create(
-        model=str(ckpt),
-        messages=msgs,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        n=n,
-        extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK, **extra},
-    )
-
-
 def test_models_lists_image_input(served):
     ckpt, server, sdk = served
     assert sdk.models.list().data[0].model_extra["input_modalities"] == ["text", "image"]
@@ -103,15 +73,7 @@ def test_image_chat_equals_the_runner_streamed_and_not_cold_and_hit(served):
     hit = ask(sdk, ckpt, msgs)
     assert hit.choices[0].message.content == want
     assert hit.usage.prompt_tokens_details.cached_tokens >= 16
-    stream = sdk.chat.completions.create(
-        model=str(ckpt),
-        messages=msgs,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        stream=True,
-        extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK},
-    )
-    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+    assert stream_greedy(sdk, ckpt, msgs, MAX_TOKENS) == want
 
 
 def test_another_image_with_the_same_text_answers_for_its_own_pixels(served):
@@ -198,14 +160,6 @@ def test_image_chat_with_mtp_equals_the_runner(tmp_path):
     with running(ckpt, tmp_path, {**SERVE_ENGINE, "images": IMAGES, "mtp": True, "mtp_depth": 2}) as server:
         sdk = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
         assert ask(sdk, ckpt, msgs).choices[0].message.content == want
-        stream = sdk.chat.completions.create(
-            model=str(ckpt),
-            messages=msgs,
-            max_tokens=MAX_TOKENS,
-            temperature=0,
-            stream=True,
-            extra_body={"ignore_eos": True, "chat_template_kwargs": NO_THINK},
-        )
-        assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+        assert stream_greedy(sdk, ckpt, msgs, MAX_TOKENS) == want
         drafts = httpx.get(server.url + "/metrics").json()["scheduler"]["spec_decode"]["num_drafts_total"]
         assert drafts > 0  # the answers went through draft and verify steps

@@ -4,58 +4,46 @@ journal carries a prompt's images to the peers bit for bit (``dgpp.media.wire``)
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import msgspec
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from dgpp.dist.records import Admission
 from dgpp.family import World
 from dgpp.media.wire import media_from_wire, media_to_wire
 from dgpp.offline import greedy_generate
 from dgpp.startup.loading import load_model
+from dgpp.testing.images import image_input_of, picture
+from dgpp.testing.tp_ranks import run_on_ranks
 from dgpp_qwen.qwen4_exp_images import Qwen4ExpImageInput
 from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp_vl
 
 pytest.importorskip("PIL.Image")
-from test_qwen4_exp_vision import PICTURES, image_prompt, picture  # noqa: E402
+from test_qwen4_exp_vision import PICTURES, image_prompt  # noqa: E402
 
 WORLD = 2
 
 
 def _prompts(path: Path):
-    images = Qwen4ExpImageInput.from_checkpoint(json.loads((path / "config.json").read_text()), path)
+    images = image_input_of(path, Qwen4ExpImageInput.from_checkpoint)
     pictures = [images.process(picture(*PICTURES[0])), images.process(picture(*PICTURES[4]))]
     ids = image_prompt(images, pictures, [[497, 72, 105], [32], [63, 498]])
     return ids, images.prompt_media(ids, pictures)
 
 
-def _run(model, path: Path) -> list[list[int]]:
-    ids, media = _prompts(path)
+def _run(path: str, world: World) -> list[list[int]]:
+    ids, media = _prompts(Path(path))
+    model = load_model(path, world=world)
     return greedy_generate(model, [ids, ids[:9]], 10, chunk_size=7, media=[media, None])
-
-
-def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
-    )
-    try:
-        torch.set_num_threads(1)
-        model = load_model(path, world=World(rank=rank, size=WORLD))
-        torch.save(_run(model, Path(path)), Path(out_dir) / f"rank{rank}.pt")
-    finally:
-        torch.distributed.destroy_process_group()
 
 
 def test_tp2_with_images_matches_single_rank(tmp_path):
     path = build_tiny_qwen4_exp_vl(tmp_path / "ckpt", seed=33)
-    single = _run(load_model(path), path)
-    mp.spawn(_rank_main, args=(str(path), str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
-    for rank in range(WORLD):
-        assert torch.load(tmp_path / f"rank{rank}.pt") == single, f"rank {rank}"
+    single = _run(str(path), World())
+    for rank, got in enumerate(run_on_ranks(_run, path, tmp_path, WORLD)):
+        assert got == single, f"rank {rank}"
 
 
 def test_journal_carries_the_images_bit_for_bit(tmp_path):

@@ -17,7 +17,6 @@ Positions: the text model has no RoPE, so a prompt's positions are its token ind
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,23 +27,26 @@ import numpy as np
 import torch
 
 from dgpp.log import get_logger
-from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptImage, PromptMedia
+from dgpp.media.patches import (
+    PROCESSOR_DEFAULTS,
+    PatchImageInput,
+    as_rgb,
+    marker_texts,
+    place_images,
+    read_preprocessor_config,
+)
+from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptMedia
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-# the processor's defaults (OpenAI CLIP statistics), used where preprocessor_config.json is silent
+# defaults where preprocessor_config.json is silent: the shared ones, this processor's patch and token budget
 _DEFAULTS: dict[str, Any] = {
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "rescale_factor": 1 / 255,
+    **PROCESSOR_DEFAULTS,
     "patch_size": 14,
-    "merge_size": 2,
-    "temporal_patch_size": 2,
     "patch_expand_factor": 1,
     "min_image_tokens": 16,
     "max_image_tokens": 8000,
-    "resample": 3,  # bicubic
 }
 # config.json's marker ids and the release's values
 _TOKEN_IDS = (("image_token_id", 154854), ("image_start_token_id", 154830), ("image_end_token_id", 154831))
@@ -86,53 +88,19 @@ def canvas_size(
     return best
 
 
-def as_rgb(image: Image) -> Image:
-    """RGB, with any transparency composited onto white."""
-    from PIL import Image as PILImage
-
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        white = PILImage.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return PILImage.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
-
-
-def _added_tokens(checkpoint_dir: Path) -> dict[int, str]:
-    path = checkpoint_dir / "tokenizer.json"
-    if not path.exists():
-        return {}
-    return {t["id"]: t["content"] for t in json.loads(path.read_text()).get("added_tokens", [])}
-
-
 @dataclass(frozen=True)
-class Glm5NextImageInput:
+class Glm5NextImageInput(PatchImageInput):
     """Preprocessing settings and placeholder tokens of one checkpoint."""
 
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
     patch_expand_factor: int
     min_tokens: int
     max_tokens: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    rescale_factor: float
-    resample: int
-    image_token_id: int
-    start_text: str
-    pad_text: str
-    end_text: str
 
     @classmethod
     def from_checkpoint(cls, hf_config: Mapping[str, Any], checkpoint_dir: str | Path) -> Glm5NextImageInput:
         directory = Path(checkpoint_dir)
         path = directory / "preprocessor_config.json"
-        pre = {**_DEFAULTS, **(json.loads(path.read_text()) if path.exists() else {})}
-        for step in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-            if pre.get(step, True) is not True:
-                raise ConfigError(
-                    f"{path}: {step} = {pre[step]!r} is not supported (the processor always does it)"
-                )
+        pre = read_preprocessor_config(path, _DEFAULTS)
         vision = hf_config.get("vision_config") or {}
         for ours, theirs, default in (
             ("patch_size", "patch_size", 14),
@@ -144,10 +112,7 @@ class Glm5NextImageInput:
                     f"{path}: {ours} {pre[ours]} disagrees with config.json's vision_config.{theirs}"
                 )
         ids = {key: int(hf_config.get(key, default)) for key, default in _TOKEN_IDS}
-        added = _added_tokens(directory)
-        missing = [f"{k} {v}" for k, v in ids.items() if v not in added]
-        if missing:
-            raise ConfigError(f"{directory / 'tokenizer.json'}: no added token for {', '.join(missing)}")
+        texts = marker_texts(directory, ids)
         return cls(
             patch_size=int(pre["patch_size"]),
             merge_size=int(pre["merge_size"]),
@@ -160,9 +125,9 @@ class Glm5NextImageInput:
             rescale_factor=float(pre["rescale_factor"]),
             resample=int(pre["resample"]),
             image_token_id=ids["image_token_id"],
-            start_text=added[ids["image_start_token_id"]],
-            pad_text=added[ids["image_token_id"]],
-            end_text=added[ids["image_end_token_id"]],
+            start_text=texts["image_start_token_id"],
+            pad_text=texts["image_token_id"],
+            end_text=texts["image_end_token_id"],
         )
 
     @property
@@ -191,37 +156,10 @@ class Glm5NextImageInput:
         return np.pad(content, ((0, 0), (0, canvas_h - content_h), (0, canvas_w - content_w)))
 
     def process(self, image: Image) -> ProcessedImage:
-        fitted = self._fit(as_rgb(image))
-        scaled = (fitted.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        mean, std = np.array(self.mean, dtype=np.float32), np.array(self.std, dtype=np.float32)
-        normed = ((scaled.T - mean) / std).T
-        p, m = self.patch_size, self.merge_size
-        grid_h, grid_w = fitted.shape[1] // p, fitted.shape[2] // p
-        blocks = normed.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        frames = np.broadcast_to(
-            blocks[:, :, :, :, :, None], (*blocks.shape[:5], self.temporal_patch_size, p, p)
-        )
-        pixels = torch.from_numpy(np.ascontiguousarray(frames).reshape(grid_h * grid_w, -1))
-        return ProcessedImage(pixels, (1, grid_h, grid_w), grid_h * grid_w // m**2)
-
-    def placeholder(self, image: ProcessedImage) -> str:
-        return self.start_text + self.pad_text * image.num_tokens + self.end_text
+        return self.rows(self._fit(as_rgb(image)))
 
     def prompt_media(self, prompt: list[int], images: list[ProcessedImage]) -> PromptMedia:
-        is_pad = torch.tensor(prompt, dtype=torch.int64) == self.image_token_id
-        edges = torch.diff(is_pad.to(torch.int8), prepend=torch.zeros(1, dtype=torch.int8)).tolist()
-        starts = [i for i, e in enumerate(edges) if e == 1]
-        if len(starts) != len(images):
-            raise ImageError(
-                f"the prompt holds {len(starts)} image placeholders for {len(images)} images (is an image "
-                "marker written in the text?)"
-            )
-        placed = []
-        for start, image in zip(starts, images, strict=True):
-            run = int(is_pad[start : start + image.num_tokens + 1].sum())
-            if run != image.num_tokens:
-                raise ImageError(f"an image placeholder holds {run} tokens, its image {image.num_tokens}")
-            placed.append(PromptImage(image, start, image.digest))
+        placed = place_images(prompt, self.image_token_id, images)
         # no RoPE in the text model: a token's position is its index
         return PromptMedia(placed, torch.arange(len(prompt), dtype=torch.int64)[None], 0)
 

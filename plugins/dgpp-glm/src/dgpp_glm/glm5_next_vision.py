@@ -20,82 +20,68 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.media.tower import (
+    PatchEmbed,
+    TowerShape,
+    attention_per_image,
+    axial_angles,
+    axial_inv_freq,
+    axial_rope_theta,
+    merge_block_coordinates,
+    read_tower_sizes,
+    rotate_half,
+    strided_conv,
+)
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.plugin_api import ConfigKeys, ProcessedImage
 
+# the shared sizes' defaults, where vision_config is silent
+_SIZE_DEFAULTS = {
+    "depth": 24,
+    "hidden_size": 1024,
+    "intermediate_size": 4096,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 14,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": 1536,
+}
+
 
 @dataclass(frozen=True)
-class Glm5NextVisionConfig:
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    in_channels: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    out_hidden_size: int
+class Glm5NextVisionConfig(TowerShape):
+    """The tower's ``vision_config``: the shared sizes, then this tower's own."""
+
     projection_intermediate_size: int
     swiglu_limit: float
     rms_norm_eps: float
     attention_bias: bool
     rope_theta: float
 
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_values(self) -> int:
-        """Values in one pixel row: ``in_channels x temporal_patch_size x patch_size²``."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size**2
-
     @classmethod
     def from_hf_config(cls, vision: Mapping[str, Any]) -> Glm5NextVisionConfig:
         """``config.json``'s ``vision_config``; a value this tower cannot run is a ConfigError naming the key."""
         keys = ConfigKeys(dict(vision), "config.json", prefix="vision_config.")
-        rope = keys.optional("rope_parameters", dict, None) or {}
-        if rope.get("rope_type", "axial") != "axial":
-            raise keys.error(f"{keys.name('rope_parameters')}.rope_type must be 'axial'")
+        rope_theta = axial_rope_theta(keys)
         if keys.optional("hidden_act", str, "silu") != "silu":
             raise keys.error(f"{keys.name('hidden_act')} must be 'silu' (the tower's SwiGLU)")
         cfg = cls(
-            depth=keys.positive("depth", 24),
-            hidden_size=keys.positive("hidden_size", 1024),
-            intermediate_size=keys.positive("intermediate_size", 4096),
-            num_heads=keys.positive("num_heads", 16),
-            in_channels=keys.positive("in_channels", 3),
-            patch_size=keys.positive("patch_size", 14),
-            temporal_patch_size=keys.positive("temporal_patch_size", 2),
-            spatial_merge_size=keys.positive("spatial_merge_size", 2),
-            out_hidden_size=keys.positive("out_hidden_size", 1536),
+            **read_tower_sizes(keys, _SIZE_DEFAULTS),
             projection_intermediate_size=keys.positive("projection_intermediate_size", 10240),
             swiglu_limit=keys.optional("swiglu_limit", float, 10.0),
             rms_norm_eps=keys.optional("rms_norm_eps", float, 1e-5),
             attention_bias=keys.optional("attention_bias", bool, True),
-            rope_theta=float(rope.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
         )
-        if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:
-            raise keys.error(
-                f"{keys.name('hidden_size')} = {cfg.hidden_size} must split into {cfg.num_heads} heads of a "
-                "multiple of 4"
-            )
+        cfg.check_heads(keys)
         return cfg
 
 
 def clamped_swiglu(gate: torch.Tensor, up: torch.Tensor, limit: float) -> torch.Tensor:
     """``silu(min(gate, limit)) * clamp(up, -limit, limit)``."""
     return F.silu(gate.clamp(max=limit)) * up.clamp(-limit, limit)
-
-
-def patch_coordinates(grid_h: int, grid_w: int, merge: int) -> torch.Tensor:
-    """``[2, grid_h·grid_w]`` (row, column) of each patch in pixel-row order: merge blocks row-major over the grid,
-    the ``merge x merge`` patches of a block row-major inside it."""
-    rows = torch.arange(grid_h).view(-1, 1).expand(grid_h, grid_w)
-    cols = torch.arange(grid_w).view(1, -1).expand(grid_h, grid_w)
-    shape = (grid_h // merge, merge, grid_w // merge, merge)
-    return torch.stack([t.reshape(shape).permute(0, 2, 1, 3).flatten() for t in (rows, cols)])
 
 
 class VisionAttention(nn.Module):
@@ -112,20 +98,8 @@ class VisionAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
     ) -> torch.Tensor:
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
-        q, k = _rotate(self.q_norm(q), cos, sin), _rotate(self.k_norm(k), cos, sin)
-        out = []
-        for qi, ki, vi in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
-            heads = [t.transpose(0, 1) for t in (qi, ki, vi)]  # [heads, n, head_dim]
-            out.append(F.scaled_dot_product_attention(*heads).transpose(0, 1))  # within one image, no mask
-        return self.proj(torch.cat(out).flatten(1))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE in fp32 over the whole head (``cos``/``sin`` ``[n, head_dim]``), back in ``x``'s dtype."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    partner = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos[:, None] + partner * sin[:, None]).to(x.dtype)
+        q, k = rotate_half(self.q_norm(q), cos, sin), rotate_half(self.k_norm(k), cos, sin)
+        return self.proj(attention_per_image(q, k, v, lengths))
 
 
 class VisionMLP(nn.Module):
@@ -172,24 +146,6 @@ class VisionMerger(VisionMLP):
         return super().forward(F.gelu(self.post_projection_norm(self.proj(x))))
 
 
-def strided_conv(conv: nn.Conv2d | nn.Conv3d, rows: torch.Tensor) -> torch.Tensor:
-    """A convolution whose stride equals its kernel over inputs already cut into kernel-sized rows: one product of
-    each flattened row with the flattened kernel."""
-    return F.linear(rows.to(conv.weight.dtype), conv.weight.flatten(1), conv.bias)
-
-
-class PatchEmbed(nn.Module):
-    """``patch_embed.proj``: the checkpoint's Conv3d (kernel = stride = one patch) over flattened pixel rows."""
-
-    def __init__(self, cfg: Glm5NextVisionConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        patch = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=patch, stride=patch, dtype=dtype)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        return strided_conv(self.proj, pixels)
-
-
 class Glm5NextVisionTower(nn.Module):
     """Pixel rows of one or more images -> one embedding row per placeholder token, image after image."""
 
@@ -204,19 +160,15 @@ class Glm5NextVisionTower(nn.Module):
             cfg.hidden_size, cfg.out_hidden_size, kernel_size=merge, stride=merge, dtype=dtype
         )
         self.merger = VisionMerger(cfg, dtype)
-        spatial = cfg.head_dim // 2
-        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial)
         self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", axial_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def _rotary(self, grids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor]:
         """Per patch the cos/sin of its rotary angles: ``[row·f | column·f]`` twice over the head."""
-        inv = self.inv_freq
         angles = []
         for t, h, w in grids:
-            rows, cols = patch_coordinates(h, w, self.cfg.spatial_merge_size).to(inv.device).float()
-            half = torch.cat([rows[:, None] * inv, cols[:, None] * inv], dim=-1)
-            angles.append(torch.cat([half, half], dim=-1).repeat(t, 1))
+            rows, cols = merge_block_coordinates(h, w, self.cfg.spatial_merge_size)
+            angles.append(axial_angles(rows, cols, self.inv_freq).repeat(t, 1))
         angle = torch.cat(angles)
         return angle.cos(), angle.sin()
 

@@ -15,7 +15,6 @@ p + c)`` and advances the running position by ``max(rows, cols)``.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,20 +25,19 @@ import numpy as np
 import torch
 
 from dgpp.log import get_logger
+from dgpp.media.patches import (
+    PROCESSOR_DEFAULTS,
+    PatchImageInput,
+    as_rgb,
+    marker_texts,
+    place_images,
+    read_preprocessor_config,
+)
 from dgpp.plugin_api import ConfigError, ImageError, ProcessedImage, PromptImage, PromptMedia
 
 if TYPE_CHECKING:
     from PIL.Image import Image
 
-# Qwen2-VL's processor defaults (OpenAI CLIP statistics), used where preprocessor_config.json is silent
-_DEFAULTS: dict[str, Any] = {
-    "image_mean": [0.48145466, 0.4578275, 0.40821073],
-    "image_std": [0.26862954, 0.26130258, 0.27577711],
-    "rescale_factor": 1 / 255,
-    "merge_size": 2,
-    "temporal_patch_size": 2,
-    "resample": 3,  # bicubic
-}
 log = get_logger("dgpp.qwen")
 MAX_ASPECT_RATIO = 200  # the processor refuses longer-than-200:1 pictures
 
@@ -62,52 +60,18 @@ def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixe
     return h, w
 
 
-def as_rgb(image: Image) -> Image:
-    """RGB, with any transparency composited onto white."""
-    from PIL import Image as PILImage
-
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
-        rgba = image.convert("RGBA")
-        white = PILImage.new("RGBA", rgba.size, (255, 255, 255, 255))
-        return PILImage.alpha_composite(white, rgba).convert("RGB")
-    return image.convert("RGB")
-
-
-def _added_tokens(checkpoint_dir: Path) -> dict[int, str]:
-    path = checkpoint_dir / "tokenizer.json"
-    if not path.exists():
-        return {}
-    return {t["id"]: t["content"] for t in json.loads(path.read_text()).get("added_tokens", [])}
-
-
 @dataclass(frozen=True)
-class Qwen4ExpImageInput:
+class Qwen4ExpImageInput(PatchImageInput):
     """Preprocessing settings and placeholder tokens of one checkpoint."""
 
-    patch_size: int
-    merge_size: int
-    temporal_patch_size: int
     min_pixels: int
     max_pixels: int
-    mean: tuple[float, ...]
-    std: tuple[float, ...]
-    rescale_factor: float
-    resample: int
-    image_token_id: int
-    start_text: str
-    pad_text: str
-    end_text: str
 
     @classmethod
     def from_checkpoint(cls, hf_config: Mapping[str, Any], checkpoint_dir: str | Path) -> Qwen4ExpImageInput:
         directory = Path(checkpoint_dir)
         path = directory / "preprocessor_config.json"
-        pre = {**_DEFAULTS, **(json.loads(path.read_text()) if path.exists() else {})}
-        for step in ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb"):
-            if pre.get(step, True) is not True:
-                raise ConfigError(
-                    f"{path}: {step} = {pre[step]!r} is not supported (the processor always does it)"
-                )
+        pre = read_preprocessor_config(path, PROCESSOR_DEFAULTS)
         vision = hf_config.get("vision_config") or {}
         patch = int(pre.get("patch_size", vision.get("patch_size", 16)))
         if patch != vision.get("patch_size", 16) or pre["merge_size"] != vision.get("spatial_merge_size", 2):
@@ -124,10 +88,7 @@ class Qwen4ExpImageInput:
                 ("vision_end_token_id", 248054),
             )
         }
-        added = _added_tokens(directory)
-        missing = [f"{k} {v}" for k, v in ids.items() if v not in added]
-        if missing:
-            raise ConfigError(f"{directory / 'tokenizer.json'}: no added token for {', '.join(missing)}")
+        texts = marker_texts(directory, ids)
         return cls(
             patch_size=patch,
             merge_size=int(pre["merge_size"]),
@@ -139,9 +100,9 @@ class Qwen4ExpImageInput:
             rescale_factor=float(pre["rescale_factor"]),
             resample=int(pre["resample"]),
             image_token_id=ids["image_token_id"],
-            start_text=added[ids["vision_start_token_id"]],
-            pad_text=added[ids["image_token_id"]],
-            end_text=added[ids["vision_end_token_id"]],
+            start_text=texts["vision_start_token_id"],
+            pad_text=texts["image_token_id"],
+            end_text=texts["vision_end_token_id"],
         )
 
     def process(self, image: Image) -> ProcessedImage:
@@ -149,41 +110,10 @@ class Qwen4ExpImageInput:
         rgb = as_rgb(image)
         height, width = smart_resize(rgb.height, rgb.width, factor, self.min_pixels, self.max_pixels)
         resized = np.asarray(rgb.resize((width, height), resample=self.resample)).transpose(2, 0, 1)
-        scaled = (resized.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        mean, std = np.array(self.mean, dtype=np.float32), np.array(self.std, dtype=np.float32)
-        normed = ((scaled.T - mean) / std).T
-        p, m, grid_h, grid_w = (
-            self.patch_size,
-            self.merge_size,
-            height // self.patch_size,
-            width // self.patch_size,
-        )
-        blocks = normed.reshape(3, grid_h // m, m, p, grid_w // m, m, p).transpose(1, 4, 2, 5, 0, 3, 6)
-        frames = np.broadcast_to(
-            blocks[:, :, :, :, :, None], (*blocks.shape[:5], self.temporal_patch_size, p, p)
-        )
-        pixels = torch.from_numpy(np.ascontiguousarray(frames).reshape(grid_h * grid_w, -1))
-        return ProcessedImage(pixels, (1, grid_h, grid_w), grid_h * grid_w // m**2)
-
-    def placeholder(self, image: ProcessedImage) -> str:
-        return self.start_text + self.pad_text * image.num_tokens + self.end_text
+        return self.rows(resized)
 
     def prompt_media(self, prompt: list[int], images: list[ProcessedImage]) -> PromptMedia:
-        ids = torch.tensor(prompt, dtype=torch.int64)
-        is_pad = ids == self.image_token_id
-        edges = torch.diff(is_pad.to(torch.int8), prepend=torch.zeros(1, dtype=torch.int8)).tolist()
-        starts = [i for i, e in enumerate(edges) if e == 1]
-        if len(starts) != len(images):
-            raise ImageError(
-                f"the prompt holds {len(starts)} image placeholders for {len(images)} images (is an image "
-                "marker written in the text?)"
-            )
-        placed = []
-        for start, image in zip(starts, images, strict=True):
-            run = int(is_pad[start : start + image.num_tokens + 1].sum())
-            if run != image.num_tokens:
-                raise ImageError(f"an image placeholder holds {run} tokens, its image {image.num_tokens}")
-            placed.append(PromptImage(image, start, image.digest))
+        placed = place_images(prompt, self.image_token_id, images)
         positions, delta = self._rope_positions(len(prompt), placed)
         return PromptMedia(placed, positions, delta)
 

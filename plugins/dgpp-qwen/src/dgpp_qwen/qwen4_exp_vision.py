@@ -18,77 +18,63 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.media.tower import (
+    PatchEmbed,
+    TowerShape,
+    attention_per_image,
+    axial_angles,
+    axial_inv_freq,
+    axial_rope_theta,
+    merge_block_coordinates,
+    read_tower_sizes,
+    rotate_half,
+)
 from dgpp.nn.linear import Linear
 from dgpp.plugin_api import ConfigKeys, ProcessedImage
 
 _ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
 
+# the shared sizes' defaults, where vision_config is silent
+_SIZE_DEFAULTS = {
+    "depth": 27,
+    "hidden_size": 1152,
+    "intermediate_size": 4304,
+    "num_heads": 16,
+    "in_channels": 3,
+    "patch_size": 16,
+    "temporal_patch_size": 2,
+    "spatial_merge_size": 2,
+    "out_hidden_size": 3584,
+}
+
 
 @dataclass(frozen=True)
-class VisionConfig:
-    depth: int
-    hidden_size: int
-    intermediate_size: int
-    num_heads: int
-    in_channels: int
-    patch_size: int
-    temporal_patch_size: int
-    spatial_merge_size: int
-    out_hidden_size: int
+class VisionConfig(TowerShape):
+    """The tower's ``vision_config``: the shared sizes, then this tower's own."""
+
     num_position_embeddings: int
     rope_theta: float
     hidden_act: str
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_heads
-
-    @property
-    def patch_values(self) -> int:
-        """Values in one pixel row: ``in_channels x temporal_patch_size x patch_size²``."""
-        return self.in_channels * self.temporal_patch_size * self.patch_size**2
 
     @classmethod
     def from_hf_config(cls, vision: Mapping[str, Any]) -> VisionConfig:
         """``config.json``'s ``vision_config``; a value this tower cannot run is a ConfigError naming the key."""
         keys = ConfigKeys(dict(vision), "config.json", prefix="vision_config.")
-        rope = keys.optional("rope_parameters", dict, None) or {}
-        if rope.get("rope_type", "axial") != "axial":
-            raise keys.error(f"{keys.name('rope_parameters')}.rope_type must be 'axial'")
+        rope_theta = axial_rope_theta(keys)
         act = keys.optional("hidden_act", str, "gelu_pytorch_tanh")
         if act not in _ACTIVATIONS:
             raise keys.error(f"{keys.name('hidden_act')} = {act!r} is not one of {', '.join(_ACTIVATIONS)}")
         cfg = cls(
-            depth=keys.positive("depth", 27),
-            hidden_size=keys.positive("hidden_size", 1152),
-            intermediate_size=keys.positive("intermediate_size", 4304),
-            num_heads=keys.positive("num_heads", 16),
-            in_channels=keys.positive("in_channels", 3),
-            patch_size=keys.positive("patch_size", 16),
-            temporal_patch_size=keys.positive("temporal_patch_size", 2),
-            spatial_merge_size=keys.positive("spatial_merge_size", 2),
-            out_hidden_size=keys.positive("out_hidden_size", 3584),
+            **read_tower_sizes(keys, _SIZE_DEFAULTS),
             num_position_embeddings=keys.positive("num_position_embeddings", 2304),
-            rope_theta=float(rope.get("rope_theta", 10000.0)),
+            rope_theta=rope_theta,
             hidden_act=act,
         )
         side = int(cfg.num_position_embeddings**0.5)
         if side * side != cfg.num_position_embeddings:
             raise keys.error(f"{keys.name('num_position_embeddings')} must be a square number")
-        if cfg.hidden_size % cfg.num_heads or cfg.head_dim % 4:
-            raise keys.error(
-                f"{keys.name('hidden_size')} = {cfg.hidden_size} must split into {cfg.num_heads} heads of a "
-                "multiple of 4"
-            )
+        cfg.check_heads(keys)
         return cfg
-
-
-def merge_block_coordinates(grid_h: int, grid_w: int, merge: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, column) of each patch in the order the pixel rows come: merge blocks row-major, and within a
-    block its ``merge x merge`` patches row-major."""
-    rows = torch.arange(grid_h).view(grid_h // merge, merge, 1, 1).expand(-1, -1, grid_w // merge, merge)
-    cols = torch.arange(grid_w).view(1, 1, grid_w // merge, merge).expand(grid_h // merge, merge, -1, -1)
-    return rows.transpose(1, 2).flatten(), cols.transpose(1, 2).flatten()
 
 
 def _bilinear_taps(index: torch.Tensor, size: int, side: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,20 +97,8 @@ class VisionAttention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, lengths: list[int]
     ) -> torch.Tensor:
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
-        q, k = _rotate(q, cos, sin), _rotate(k, cos, sin)
-        out = []
-        for qi, ki, vi in zip(q.split(lengths), k.split(lengths), v.split(lengths), strict=True):
-            heads = [t.transpose(0, 1) for t in (qi, ki, vi)]  # [heads, n, head_dim]
-            out.append(F.scaled_dot_product_attention(*heads).transpose(0, 1))  # within one image, no mask
-        return self.proj(torch.cat(out).flatten(1))
-
-
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate-half RoPE in fp32 over the whole head (``cos``/``sin`` ``[n, head_dim]``), back in ``x``'s dtype."""
-    xf = x.float()
-    half = xf.shape[-1] // 2
-    partner = torch.cat((-xf[..., half:], xf[..., :half]), dim=-1)
-    return (xf * cos[:, None] + partner * sin[:, None]).to(x.dtype)
+        q, k = rotate_half(q, cos, sin), rotate_half(k, cos, sin)
+        return self.proj(attention_per_image(q, k, v, lengths))
 
 
 class VisionMLP(nn.Module):
@@ -165,19 +139,6 @@ class VisionMerger(nn.Module):
         return self.linear_fc2(F.gelu(self.linear_fc1(self.norm(x).view(-1, self.width))))
 
 
-class PatchEmbed(nn.Module):
-    """The checkpoint's Conv3d (kernel = stride = one patch), applied as one product over flattened pixel rows."""
-
-    def __init__(self, cfg: VisionConfig, dtype: torch.dtype) -> None:
-        super().__init__()
-        patch = (cfg.temporal_patch_size, cfg.patch_size, cfg.patch_size)
-        self.proj = nn.Conv3d(cfg.in_channels, cfg.hidden_size, kernel_size=patch, stride=patch, dtype=dtype)
-
-    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        weight = self.proj.weight
-        return F.linear(pixels.to(weight.dtype), weight.flatten(1), self.proj.bias)
-
-
 class Qwen4ExpVisionTower(nn.Module):
     """Pixel rows of one or more images -> one embedding row per placeholder token, image after image."""
 
@@ -188,10 +149,8 @@ class Qwen4ExpVisionTower(nn.Module):
         self.pos_embed = nn.Embedding(cfg.num_position_embeddings, cfg.hidden_size, dtype=dtype)
         self.blocks = nn.ModuleList(VisionBlock(cfg, dtype) for _ in range(cfg.depth))
         self.merger = VisionMerger(cfg, dtype)
-        spatial = cfg.head_dim // 2
-        inv_freq = 1.0 / cfg.rope_theta ** (torch.arange(0, spatial, 2, dtype=torch.float) / spatial)
         self.inv_freq: torch.Tensor
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", axial_inv_freq(cfg.head_dim, cfg.rope_theta), persistent=False)
 
     def _positions(self, grids: list[tuple[int, ...]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per patch: the resampled learned position embedding, and the rotary cos/sin of its (row, column)."""
@@ -205,9 +164,7 @@ class Qwen4ExpVisionTower(nn.Module):
             weight = (row_weights[:, :, None] * col_weights[:, None, :]).flatten(1)
             table = self.pos_embed(index.to(self.pos_embed.weight.device))
             embeds.append((table * weight.to(table.device)[:, :, None]).sum(1).repeat(t, 1))
-            inv = self.inv_freq
-            half = torch.cat([rows[:, None].to(inv.device) * inv, cols[:, None].to(inv.device) * inv], dim=-1)
-            angles.append(torch.cat([half, half], dim=-1).repeat(t, 1))
+            angles.append(axial_angles(rows, cols, self.inv_freq).repeat(t, 1))
         angle = torch.cat(angles)
         return torch.cat(embeds), angle.cos(), angle.sin()
 
