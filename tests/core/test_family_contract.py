@@ -79,7 +79,8 @@ def test_every_installed_family_registers_through_the_contract():
         "dgpp.nn",
         "dgpp.text",
         "dgpp.testing",
-    )  # testing: the fixture builders offered
+        "dgpp.media",
+    )  # testing: the fixture builders offered; media: image preprocessing and vision-encoder pieces, as nn is
     # what a family still reads from core beside them, and why (each is a library, not the engine side)
     known = {
         "dgpp.quant.resident",  # GLM / MiMo-V2.6 / DeepSeek plans count a drafter or a release's formats themselves
