@@ -20,7 +20,8 @@ KEY = "engine.dflash_model"
 class DFlash2Config:
     """The drafter's geometry: Qwen3 layers (``num_hidden_layers`` of them) plus the ``dflash_config`` keys."""
 
-    block_size: int  # query rows per block: the anchor, then ``block_size - 1`` mask rows (the drafts)
+    # query rows per block: the last accepted token, then ``block_size - 1`` mask rows (the drafts)
+    block_size: int
     mask_token_id: int
     target_layer_ids: tuple[int, ...]  # the target layers whose outputs feed ``fc`` (sorted)
     conv_taps: int
