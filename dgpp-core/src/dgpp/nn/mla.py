@@ -26,7 +26,8 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.kernels._triton import use_triton
-from dgpp.nn.attention import gather_context, write_kv
+from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of, quantize_latent
+from dgpp.nn.attention import context_token_rows, gather_rows, write_kv
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import RMSNorm
@@ -34,6 +35,19 @@ from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
 from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, LatentKV
+
+
+def _write(
+    first: torch.Tensor, second: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: ForwardBatch
+) -> None:
+    """Store rows ``a`` / ``b`` in a paged pair at the step's slots (Triton on CUDA: no host value read, so a
+    decode step can be captured)."""
+    if use_triton(a):
+        from dgpp import kernels
+
+        kernels.write_kv(first, second, a, b, batch.slot_mapping)
+    else:
+        write_kv(first, second, a, b, batch.slot_mapping)
 
 
 def mla_softmax_scale(qk_head_dim: int, yarn: YarnScaling | None = None) -> float:
@@ -131,12 +145,14 @@ class MultiLatentAttention(nn.Module):
         latent = self.kv_a_layernorm(latent)
         q_rot, k_rot = self.rotary(batch.positions, q_rot.contiguous(), k_rot.reshape(rows, 1, self.rope_dim))
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
-        if use_triton(latent):  # the Triton write reads no host value (a decode step can be captured)
-            from dgpp import kernels
-
-            kernels.write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
-        else:
-            write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
+        stored = latent.reshape(rows, 1, -1)
+        scales = batch.cache.kv_scales.get(self.cache_name)
+        if (
+            scales is not None
+        ):  # engine.kv_dtype fp8 / fp4: the latent is quantized on its way in, k_rot is not
+            stored, row_scale = quantize_latent(stored, latent_format_of(latent_cache))
+            _write(scales[0], scales[1], row_scale, row_scale[..., :0], batch)
+        _write(latent_cache, rope_cache, stored, k_rot, batch)
         return MLAQuery(q_resid, q_nope, q_rot)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -152,8 +168,17 @@ class MultiLatentAttention(nn.Module):
 
             kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
             latent_cache, rope_cache = batch.cache.kv[self.cache_name]
+            scales = batch.cache.kv_scales.get(self.cache_name)
             out = absorbed_attention_cuda(
-                query.q_nope, query.q_rot, kv_b, latent_cache, rope_cache, batch, selection, self.scale
+                query.q_nope,
+                query.q_rot,
+                kv_b,
+                latent_cache,
+                rope_cache,
+                batch,
+                selection,
+                self.scale,
+                latent_scale=None if scales is None else scales[0],
             )
             return self.o_proj(out.flatten(1))
         if query.q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -165,13 +190,18 @@ class MultiLatentAttention(nn.Module):
         core = self._absorbed if self.absorbed else self._expanded
         out = query.q_nope.new_zeros(query.q_nope.shape[0], self.num_heads, self.v_dim)
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
+        scales = batch.cache.kv_scales.get(self.cache_name)
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):
             length = batch.seq_lens_cpu[i]
             if q_len and length:  # seq_len 0: a padding row, zeros
                 rows = slice(start, start + q_len)
-                latent = gather_context(latent_cache, batch.block_tables[i], length)[:, 0]
-                k_rot = gather_context(rope_cache, batch.block_tables[i], length)[:, 0]
+                token_rows = context_token_rows(batch.block_tables[i], length, latent_cache.shape[1])
+                latent = gather_rows(latent_cache, token_rows)[:, 0]
+                if scales is not None:  # a quantized latent, read as every reader reads it
+                    row_scale = gather_rows(scales[0], token_rows)[:, 0]
+                    latent = dequantize_latent(latent, row_scale, self.kv_lora_rank, self.dtype)
+                k_rot = gather_rows(rope_cache, token_rows)[:, 0]
                 picks = None if selection is None else selection[start : start + q_len]
                 out[rows] = core(
                     query.q_nope[rows],
