@@ -113,7 +113,7 @@ def test_wrong_types_are_named(raw, expected):
         ({"model": "m", "http": {"sse_ping_interval": 0}}, "http.sse_ping_interval: out of range"),
         (
             {"model": "m", "engine": {"kv_dtype": "int3"}},
-            'engine.kv_dtype: invalid value "int3" (allowed: auto, bf16, fp8)',
+            'engine.kv_dtype: invalid value "int3" (allowed: auto, bf16, fp4, fp8)',
         ),
         ({"model": "m", "engine": {"admission": "lazy"}}, "engine.admission: invalid value"),
         ({"model": "m", "engine": {"block_size": 12}}, "engine.block_size: 12 is not a power of two"),
