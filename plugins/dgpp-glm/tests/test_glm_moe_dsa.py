@@ -180,5 +180,9 @@ def test_quantized_latent_and_index_bytes_per_token(fp32_pair):
         "fp8": 4 * (32 + 4 + 8 * 4) + 2 * (16 + 4),
         "fp4": 4 * (32 + 4 + 8 * 4) + 2 * (16 + 4),
     }
-    with pytest.raises(ConfigError, match=r"engine.kv_dtype: 'fp4' stores MLA latents"):
+    with pytest.raises(
+        ConfigError, match=r"'fp4' stores MLA latents.*attn \(PagedKV\) have no fp4 form.*\"fp8\""
+    ):
         stored_as({"attn": PagedKV(2, 16, torch.float32, fp8_rows=True)}, "fp4")
+    with pytest.raises(ConfigError, match="latent width 40 is not a multiple of it"):
+        stored_as({"attn": LatentKV.of(40, 8, torch.float32)}, "fp4")

@@ -27,7 +27,7 @@ from torch import nn
 from dgpp.family import World
 from dgpp.kernels._triton import use_triton
 from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of, quantize_latent
-from dgpp.nn.attention import context_token_rows, gather_rows, write_kv
+from dgpp.nn.attention import context_token_rows, gather_rows, scatter_rows
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import RMSNorm
@@ -35,19 +35,6 @@ from dgpp.nn.rotary import RotaryEmbedding, YarnScaling
 from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, LatentKV
-
-
-def _write(
-    first: torch.Tensor, second: torch.Tensor, a: torch.Tensor, b: torch.Tensor, batch: ForwardBatch
-) -> None:
-    """Store rows ``a`` / ``b`` in a paged pair at the step's slots (Triton on CUDA: no host value read, so a
-    decode step can be captured)."""
-    if use_triton(a):
-        from dgpp import kernels
-
-        kernels.write_kv(first, second, a, b, batch.slot_mapping)
-    else:
-        write_kv(first, second, a, b, batch.slot_mapping)
 
 
 def mla_softmax_scale(qk_head_dim: int, yarn: YarnScaling | None = None) -> float:
@@ -147,12 +134,11 @@ class MultiLatentAttention(nn.Module):
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
         stored = latent.reshape(rows, 1, -1)
         scales = batch.cache.kv_scales.get(self.cache_name)
-        if (
-            scales is not None
-        ):  # engine.kv_dtype fp8 / fp4: the latent is quantized on its way in, k_rot is not
+        # engine.kv_dtype fp8 / fp4: the latent is quantized on its way in, k_rot is not
+        if scales is not None:
             stored, row_scale = quantize_latent(stored, latent_format_of(latent_cache))
-            _write(scales[0], scales[1], row_scale, row_scale[..., :0], batch)
-        _write(latent_cache, rope_cache, stored, k_rot, batch)
+            scatter_rows(batch, scales[0], scales[1], row_scale, row_scale[..., :0])
+        scatter_rows(batch, latent_cache, rope_cache, stored, k_rot)
         return MLAQuery(q_resid, q_nope, q_rot)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

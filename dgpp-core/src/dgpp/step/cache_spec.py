@@ -228,15 +228,15 @@ def stored_as(spec: dict[str, CacheSpec], kv_dtype: str) -> dict[str, CacheSpec]
     if unread:
         shown = ", ".join(f"{name} ({type(spec[name]).__name__})" for name in unread[:3])
         more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
-        what = (
-            "grouped-query, sliding-window and sink attention K/V, MLA latents and DSA index keys"
-            if kv_dtype == "fp8"
-            else "MLA latents (and DSA index keys as e4m3 rows)"
-        )
-        other = ' or "fp8"' if kv_dtype == "fp4" and all(_stored(spec[n], "fp8") for n in unread) else ""
+        if kv_dtype == "fp8":
+            raise ConfigError(
+                "engine.kv_dtype: 'fp8' stores grouped-query, sliding-window and sink attention K/V, MLA latents and "
+                f'DSA index keys; this model\'s cache entries {shown}{more} are read in the compute dtype only; use "auto"'
+            )
+        other = ' or "fp8"' if all(_stored(spec[n], "fp8") for n in unread) else ""
         raise ConfigError(
-            f"engine.kv_dtype: {kv_dtype!r} stores {what}; this model's cache entries {shown}{more} are read in "
-            f'the compute dtype only; use "auto"{other}'
+            "engine.kv_dtype: 'fp4' stores MLA latents (and DSA index keys as e4m3 rows); this model's cache "
+            f'entries {shown}{more} have no fp4 form; use "auto"{other}'
         )
     return {name: s for name, s in stored.items() if s is not None}
 
@@ -244,6 +244,11 @@ def stored_as(spec: dict[str, CacheSpec], kv_dtype: str) -> dict[str, CacheSpec]
 def _stored(s: CacheSpec, kv_dtype: str) -> CacheSpec | None:
     """Entry ``s`` under quantized ``kv_dtype``; None when its attention does not read that form."""
     if isinstance(s, LatentKV):
+        if kv_dtype == "fp4" and s.latent_dim % FP4_BLOCK:
+            raise ConfigError(
+                f"engine.kv_dtype: 'fp4' packs latents in blocks of {FP4_BLOCK}; this model's latent width "
+                f'{s.latent_dim} is not a multiple of it; use "fp8" or "auto"'
+            )
         return replace(s, latent_format=kv_dtype)
     if isinstance(s, PagedKV):
         readable = s.fp8_rows and (kv_dtype == "fp8" or s.index_keys)
