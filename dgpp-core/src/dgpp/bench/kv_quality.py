@@ -213,10 +213,10 @@ def _sections(args: argparse.Namespace) -> Iterator[str]:
         yield ""
         yield from measure_model(model, texts, args.runs, args.new_tokens)
     if args.geometries:
-        yield from ["", "## K/V bytes per rank with and without fp8, bench geometries (bf16)", ""]
+        yield from ["", "## K/V bytes per rank with and without fp8 / fp4, bench geometries (bf16)", ""]
         yield from geometry_rates()
     if args.fixtures:
-        yield from ["", "## fp8 logit error against the exact chain, tiny fp32 checkpoints", ""]
+        yield from ["", "## fp8 / fp4 logit error against the exact chain, tiny fp32 checkpoints", ""]
         yield from fixture_errors()
 
 
