@@ -4,7 +4,9 @@ q goes through a low-rank path (``q_a_proj`` -> RMSNorm -> ``q_b_proj``) and spl
 position-free part (``qk_nope_head_dim``) and a rotated part (``qk_rope_head_dim``). ``kv_a_proj_with_mqa``
 gives ``[latent | k_rot]``: the latent is RMS-normed and cached as is, k_rot is rotated (one head shared by
 all heads) and cached beside it (``LatentKV``). ``kv_b_proj`` expands a latent into per-head
-``[k_nope | v]``.
+``[k_nope | v]``. Under ``engine.kv_dtype`` fp8 / fp4 the latent is quantized as it is written (e4m3 codes or packed
+fp4 rows with a row scale, ``dgpp.kernels.latent_formats``) and every reader dequantizes it to the compute dtype;
+k_rot is stored as it is.
 
 Two exact forms of the same attention:
 - absorbed (the engine's path): ``kv_b``'s K half is folded into q (``q_lat = q_nope · W_uk``, scores
