@@ -3,9 +3,9 @@
 Per token the indexer caches one key ``LayerNorm(wk(x))`` with RoPE on its first ``rotary_dim`` dims
 (a paged entry with no V; under ``engine.kv_dtype`` fp8 or fp4 an e4m3 row with one fp32 scale, the original
 engine's index-cache form, dequantized to the compute dtype when read). A query row at position ``p`` scores
-every visible token ``t <= p``: ``Σ_h w_h · relu(q_h · k_t · D^-½)`` with its own queries ``q = wq_b(q_resid)`` (RoPE likewise on the
-first dims) and per-head weights ``w = weights_proj(x) · H^-½`` (fp32, as the reference keeps that
-projection). The row keeps the ``topk`` best tokens, exact ties going to the lower position, in
+every visible token ``t <= p``: ``Σ_h w_h · relu(q_h · k_t · D^-½)`` with its own queries ``q = wq_b(q_resid)``
+(RoPE likewise on the first dims) and per-head weights ``w = weights_proj(x) · H^-½`` (fp32, as the reference
+keeps that projection). The row keeps the ``topk`` best tokens, exact ties going to the lower position, in
 ascending order; with ``p + 1 <= topk`` visible tokens it keeps them all (dense, ``None``).
 
 Layers that do not run an indexer reuse the previous indexer layer's selection (GLM-5's cross-layer
