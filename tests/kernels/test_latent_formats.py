@@ -118,3 +118,28 @@ def test_index_scores_read_e4m3_keys_with_their_row_scales():
     torch.testing.assert_close(out, index_scores_ref(q, weights, codes, tables, lens, 0.125, scale))
     exact = index_scores_ref(q, weights, keys, tables, lens, 0.125)
     assert not torch.equal(out[1:], exact[1:])
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "fp4"])
+def test_triton_write_stores_quantized_rows_and_row_scales_as_the_torch_write(fmt):
+    """The CUDA path's cache write (``kernels.write_kv``) of codes / packed bytes beside the rope rows, and of the
+    row scales beside their empty second tensor, lands the same bytes as the CPU path's write (slot -1 writes
+    nothing)."""
+    from dgpp.kernels.kv_write import write_kv_triton
+    from dgpp.nn.attention import write_kv
+
+    g = torch.Generator().manual_seed(4)
+    stored, scale = quantize_latent(torch.randn(5, 1, LATENT, generator=g), fmt)
+    rope = torch.randn(5, 1, ROPE, generator=g)
+    slots = torch.tensor([3, -1, 0, 17, 9])
+    results = []
+    for write in (write_kv_triton, write_kv):
+        latent_pool = torch.zeros(6, BS, 1, stored.shape[-1], dtype=stored.dtype)
+        rope_pool = torch.zeros(6, BS, 1, ROPE)
+        scale_pool, empty = torch.zeros(6, BS, 1, 1), torch.zeros(6, BS, 1, 0)
+        write(latent_pool, rope_pool, stored, rope, slots)
+        write(scale_pool, empty, scale, scale[..., :0], slots)
+        results.append((latent_pool.view(torch.uint8), rope_pool, scale_pool))
+    for ours, ref in zip(*results, strict=True):
+        assert torch.equal(ours, ref)
+    assert torch.equal(results[0][2].view(-1)[[3, 0, 17, 9]], scale.view(-1)[[0, 2, 3, 4]])
