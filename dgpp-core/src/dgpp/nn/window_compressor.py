@@ -8,8 +8,10 @@ softmax over the window's rows per channel, in fp32) with RoPE on the trailing d
 ``overlap`` (CSA): the projections are twice as wide and entry ``w`` pools ``2r`` rows, the first half of
 window ``w - 1``'s rows (absent for ``w = 0``: zero weight) and the second half of window ``w``'s.
 
-Entries go to the paged pool (``CompressedKV``: entry ``w`` in the block of position ``w·r + r - 1``); rows not
-yet pooled stay in a per-request ring (``WindowBuffer``, the last ``r`` or ``2r`` positions). A window is
+Entries go to the paged pool (``CompressedKV``: entry ``w`` in the block of position ``w·r + r - 1``; an entry
+stored as e4m3 rows, GLM-5.3-Flash's index keys under ``engine.kv_dtype`` fp8 / fp4, is quantized as it is
+written and dequantized as it is read: ``store_entries`` / ``entry_rows``); rows not yet pooled stay in a
+per-request ring (``WindowBuffer``, the last ``r`` or ``2r`` positions). A window is
 pooled from the same rows in the same order however the prompt was chunked, batched or restored from a
 prefix-cache snapshot, so its entry has the same bits every time.
 """
@@ -22,6 +24,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from dgpp.kernels.kv_fp8 import dequantize_rows, quantize_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.rotary import TrailingRotary
@@ -73,12 +76,44 @@ def entry_slots(
 
 
 def gather_entries(
-    pool: torch.Tensor, block_table: torch.Tensor, count: int, ratio: int, block_size: int
+    pool: torch.Tensor,
+    block_table: torch.Tensor,
+    count: int,
+    ratio: int,
+    block_size: int,
+    scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The first ``count`` entries of one sequence, ``[count, dim]``, in order."""
+    """The first ``count`` entries of one sequence, ``[count, dim]``, in order; an e4m3 pool's with its row
+    ``scale`` given, dequantized to ``dtype``."""
     entries = torch.arange(count, device=pool.device)
+    return entry_rows(pool, scale, entry_slots(block_table, entries, ratio, block_size, pool.shape[1]), dtype)
+
+
+def entry_rows(
+    pool: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Pool rows at flat ``slots`` (any shape), ``[*slots.shape, dim]``: as stored, or (``scale``: the e4m3 pool's
+    fp32 row scales) ``code * scale`` rounded once to ``dtype``."""
     flat = pool.view(-1, pool.shape[-1])
-    return flat[entry_slots(block_table, entries, ratio, block_size, pool.shape[1])]
+    if scale is None:
+        return flat[slots]
+    codes = flat.view(torch.uint8)[slots].view(pool.dtype)  # CPU float8 has no gather: move the bytes
+    return dequantize_rows(codes, scale.view(-1, 1)[slots], dtype or torch.float32)
+
+
+def store_entries(
+    pool: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, rows: torch.Tensor
+) -> None:
+    """Write entry ``rows [n, dim]`` at flat ``slots``: as they are, or (``scale`` given) as e4m3 codes with their
+    fp32 row scales (``engine.kv_dtype`` fp8 / fp4 index keys)."""
+    flat = pool.view(-1, pool.shape[-1])
+    if scale is None:
+        flat.index_copy_(0, slots, rows.to(flat.dtype))
+        return
+    codes, row_scale = quantize_rows(rows)
+    flat.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))
+    scale.view(-1, 1).index_copy_(0, slots, row_scale)
 
 
 class WindowPooler(nn.Module):
@@ -135,7 +170,7 @@ class WindowPooler(nn.Module):
         ring_kv, ring_gate = ring["kv"], ring["gate"]
         cap = ring_kv.shape[1]
         pool = batch.cache.kv[self.cache_name][0]
-        flat = pool.view(-1, pool.shape[-1])
+        scales = batch.cache.kv_scales.get(self.cache_name)
         r, block_size = self.ratio, batch.cache.block_size
         for seq in live_sequences(batch):
             b, start, q_len, ctx, end, slot = seq
@@ -152,7 +187,7 @@ class WindowPooler(nn.Module):
                     entries.append(self.pool(line_kv[rows], line_gate[rows], w))
                 windows = torch.arange(done.start, done.stop, device=kv.device)
                 slots = entry_slots(batch.block_tables[b], windows, r, block_size, pool.shape[1])
-                flat.index_copy_(0, slots, torch.stack(entries).to(flat.dtype))
+                store_entries(pool, None if scales is None else scales[0], slots, torch.stack(entries))
             keep = max(ctx, end - cap)  # buffer the last `cap` positions, after reading the old ones
             idx = torch.arange(keep, end, device=kv.device) % cap
             ring_kv[slot, idx] = line_kv[keep - lo :]

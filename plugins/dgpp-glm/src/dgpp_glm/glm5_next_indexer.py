@@ -18,6 +18,8 @@ same pools, scores and picks from device-side lengths alone, so eager and captur
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -27,7 +29,7 @@ from dgpp.nn.linear import Linear
 from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import WindowPooler, gather_entries, live_sequences
-from dgpp.plugin_api import ForwardBatch
+from dgpp.plugin_api import CacheSpec, CompressedKV, ForwardBatch
 from dgpp_glm.glm5_next_indexer_decode import select_decode, store_decode
 
 
@@ -65,6 +67,15 @@ class KPoolIndexer(WindowPooler):
         for p in (self.index_kpool_compress_gate, self.index_kpool_compress_ape):
             set_weight_attrs(p, weight_loader=default_weight_loader)
 
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The pooled keys (e4m3 rows with a row scale under a quantized ``engine.kv_dtype``, the original
+        engine's index-cache form) and the open-pool ring (kept in the compute dtype)."""
+        spec = super().cache_spec()
+        keys = spec[self.cache_name]
+        assert isinstance(keys, CompressedKV)
+        spec[self.cache_name] = replace(keys, fp8_rows=True, index_keys=True)
+        return spec
+
     def position_bias(self) -> torch.Tensor:
         return self.index_kpool_compress_ape
 
@@ -97,13 +108,20 @@ class KPoolIndexer(WindowPooler):
         """Row by row from host-side lengths, over the pools already stored (``None``: every visible token)."""
         rows = q.shape[0]
         pool = batch.cache.kv[self.cache_name][0]
+        scales = batch.cache.kv_scales.get(self.cache_name)
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
             count = end // self.kpool  # complete pools after this step
             if count <= self.select_pools:
                 continue  # no row of this sequence sees more pools than it keeps: all dense
             keys = gather_entries(
-                pool, batch.block_tables[b], count, self.kpool, batch.cache.block_size
+                pool,
+                batch.block_tables[b],
+                count,
+                self.kpool,
+                batch.cache.block_size,
+                None if scales is None else scales[0],
+                self.dtype,
             ).float()
             for i in range(q_len):
                 row, visible = start + i, ctx + i + 1
