@@ -65,7 +65,9 @@ def compressed_decode_attention_ref(
     else:
         entry = picks.long()
     entries = entry_rows(pool, tables, entry)
-    seen = torch.arange(entry.shape[1], device=q.device)[None] < _entry_count(positions, ratio, picks)[:, None]
+    seen = (
+        torch.arange(entry.shape[1], device=q.device)[None] < _entry_count(positions, ratio, picks)[:, None]
+    )
     keys = torch.cat([old.to(kv.dtype), kv[:, None], entries.to(kv.dtype)], 1).float()
     valid = torch.cat([old_pos >= 0, torch.ones_like(live)[:, None], seen], 1)
     scores = torch.einsum("bhd,bld->bhl", q.float(), keys) * scale
@@ -173,7 +175,11 @@ def _split_kernel(
             base = tl.where(
                 is_old,
                 ring_ptr + slot * ring_s + ring_row.to(tl.int64) * ring_t,
-                tl.where(is_entry, pool_ptr + block * pool_b + (e % per_block).to(tl.int64) * pool_e, kv_ptr + r * kv_r),
+                tl.where(
+                    is_entry,
+                    pool_ptr + block * pool_b + (e % per_block).to(tl.int64) * pool_e,
+                    kv_ptr + r * kv_r,
+                ),
             )
             lat = tl.load(base[:, None] + cols[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0)
             s = tl.dot(q, tl.trans(lat), input_precision=PRECISION) * scale
@@ -260,7 +266,9 @@ def compressed_decode_attention_triton(
     if rows == 0:
         return out
     if not (ring.dtype == pool.dtype == kv.dtype):
-        raise ValueError(f"latent rows, ring and pool must share a dtype: {kv.dtype}, {ring.dtype}, {pool.dtype}")
+        raise ValueError(
+            f"latent rows, ring and pool must share a dtype: {kv.dtype}, {ring.dtype}, {pool.dtype}"
+        )
     block_d, block_h = next_pow2(dim), min(_BLOCK_H, max(16, next_pow2(heads)))
     part_acc = torch.empty(rows, heads, splits, block_d, dtype=torch.float32, device=q.device)
     part_ml = torch.empty(rows, heads, splits, 2, dtype=torch.float32, device=q.device)

@@ -107,10 +107,14 @@ def _window_pool_kernel(
         ring_row = (tl.where(from_ring, row_pos, 0) % cap).to(tl.int64)
         m2 = cmask[None, :]
         ring_kv = tl.load(
-            ring_kv_ptr + slot * rkv_s + ring_row[:, None] * rkv_t + ch, mask=from_ring[:, None] & m2, other=0.0
+            ring_kv_ptr + slot * rkv_s + ring_row[:, None] * rkv_t + ch,
+            mask=from_ring[:, None] & m2,
+            other=0.0,
         )
         ring_gate = tl.load(
-            ring_gate_ptr + slot * rg_s + ring_row[:, None] * rg_t + ch, mask=from_ring[:, None] & m2, other=0.0
+            ring_gate_ptr + slot * rg_s + ring_row[:, None] * rg_t + ch,
+            mask=from_ring[:, None] & m2,
+            other=0.0,
         )
         new_kv = tl.load(kv_ptr + r * kv_r + ch, mask=current[:, None] & m2, other=0.0)
         new_gate = tl.load(gate_ptr + r * gate_r + ch, mask=current[:, None] & m2, other=0.0)
@@ -130,7 +134,9 @@ def _window_pool_kernel(
         w = c + half * dim
         wmask = live & cmask & (w < width)
         tl.store(
-            ring_kv_ptr + slot * rkv_s + own * rkv_t + w, tl.load(kv_ptr + r * kv_r + w, mask=wmask), mask=wmask
+            ring_kv_ptr + slot * rkv_s + own * rkv_t + w,
+            tl.load(kv_ptr + r * kv_r + w, mask=wmask),
+            mask=wmask,
         )
         tl.store(
             ring_gate_ptr + slot * rg_s + own * rg_t + w,
