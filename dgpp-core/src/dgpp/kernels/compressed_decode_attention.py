@@ -25,7 +25,7 @@ from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 SPLITS = 8  # the grid's splits per row; a row uses as many as its own length needs
 MIN_SPLIT_KEYS = 128  # keys per split at least: below it the merge's partials cost more than they buy
-_BLOCK_N = 32  # keys per inner step (a 32 x 512 latent tile)
+_BLOCK_N = 16  # keys per inner step: a 16 x 512 latent tile (at 32 the sm_90 build spills registers)
 _BLOCK_H = 16  # heads per program: they share every latent byte it loads
 
 
@@ -37,7 +37,7 @@ def _entry_count(positions: torch.Tensor, ratio: int, picks: torch.Tensor | None
 def entry_rows(pool: torch.Tensor, tables: torch.Tensor, entry: torch.Tensor) -> torch.Tensor:
     """``[R, n, D]``: entries ``entry [R, n]`` of each row from the pool through its entry table."""
     per_block = pool.shape[1]
-    blocks = tables.long().gather(1, torch.div(entry, per_block, rounding_mode="floor")).clamp(min=0)
+    blocks = tables.gather(1, torch.div(entry, per_block, rounding_mode="floor")).long().clamp(min=0)
     return pool[blocks, entry % per_block, 0]
 
 

@@ -63,11 +63,8 @@ def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> 
     pooled = comp.rotary.rotate(comp.norm(pooled)[:, None], window * r)[:, 0]
     pool = batch.cache.kv[comp.cache_name][0]
     last = (window + 1) * r - 1
-    block = (
-        batch.block_tables.long()
-        .gather(1, (last // batch.cache.block_size).clamp(max=batch.block_tables.shape[1] - 1)[:, None])[:, 0]
-        .clamp(min=0)
-    )
+    column = (last // batch.cache.block_size).clamp(max=batch.block_tables.shape[1] - 1)[:, None]
+    block = batch.block_tables.gather(1, column)[:, 0].long().clamp(min=0)  # one column, not the whole table
     rows = block * pool.shape[1] + (last % batch.cache.block_size) // r
     store_rows(pool.view(-1, pool.shape[-1]), rows, pooled, _live(batch) & ((pos + 1) % r == 0))
 
