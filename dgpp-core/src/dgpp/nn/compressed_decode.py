@@ -24,7 +24,7 @@ from dgpp.kernels.compressed_decode_attention import (
 )
 from dgpp.kernels.dsa_index import index_scores_triton, select_top_k
 from dgpp.kernels.masked_rows import store_rows
-from dgpp.kernels.window_pool import window_pool_decode_ref, window_pool_decode_triton
+from dgpp.kernels.window_pool import EntryFinish, window_compress_decode_triton, window_pool_decode_ref
 from dgpp.step.batch import ForwardBatch
 
 
@@ -44,10 +44,10 @@ def entry_table(block_tables: torch.Tensor, ratio: int, block_size: int) -> torc
 
 def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> None:
     """``WindowCompressor.forward`` for a decode step (one row per sequence)."""
-    pool_fn = window_pool_decode_triton if fused else window_pool_decode_ref
     ring = batch.cache.state[comp.buffer_name]
+    pool = batch.cache.kv[comp.cache_name][0]
     pos, r = batch.positions, comp.ratio
-    pooled = pool_fn(
+    step = (
         comp.wkv(x),
         comp.wgate(x),
         ring["kv"],
@@ -56,12 +56,25 @@ def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> 
         batch.state_slots,
         pos,
         batch.seq_lens,
-        r,
-        comp.overlap,
     )
+    if fused:
+        rotary = comp.rotary
+        finish = EntryFinish(
+            comp.norm.weight,
+            comp.norm.eps,
+            rotary.inv_freq,
+            rotary.magnitude,
+            rotary.fp32_angles,
+            rotary.rotary_dim,
+            pool,
+            batch.block_tables,
+            batch.cache.block_size,
+        )
+        window_compress_decode_triton(*step, r, comp.overlap, finish)
+        return
+    pooled = window_pool_decode_ref(*step, r, comp.overlap)
     window = pos // r
     pooled = comp.rotary.rotate(comp.norm(pooled)[:, None], window * r)[:, 0]
-    pool = batch.cache.kv[comp.cache_name][0]
     last = (window + 1) * r - 1
     column = (last // batch.cache.block_size).clamp(max=batch.block_tables.shape[1] - 1)[:, None]
     block = batch.block_tables.gather(1, column)[:, 0].long().clamp(min=0)  # one column, not the whole table
