@@ -25,7 +25,7 @@ from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 SPLITS = 8  # the grid's splits per row; a row uses as many as its own length needs
 MIN_SPLIT_KEYS = 128  # keys per split at least: below it the merge's partials cost more than they buy
-_BLOCK_N = 16  # keys per inner step: a 16 x 512 latent tile (at 32 the sm_90 build spills registers)
+_BLOCK_N = 16  # keys per inner step: a 16 x 512 latent tile (~160 registers a thread on sm_90; 32 keys: ~230)
 _BLOCK_H = 16  # heads per program: they share every latent byte it loads
 
 
@@ -81,7 +81,7 @@ def compressed_decode_attention_ref(
 @triton.jit
 def _row_keys(pos_ptr, slot_ptr, len_ptr, r, cap, ratio, num_picks, HAS_PICKS: tl.constexpr):
     """(position, window rows from the ring, keys in all) of row ``r``: 0 keys for a padding row."""
-    pos = tl.load(pos_ptr + r)
+    pos = tl.load(pos_ptr + r).to(tl.int32)  # 32-bit index math: 64-bit division costs registers
     live = (tl.load(slot_ptr + r) >= 0) & (tl.load(len_ptr + r) > 0)
     n_old = tl.minimum(pos, cap)
     n_entries = (pos + 1) // ratio
