@@ -20,7 +20,7 @@ HEADS, DIM, CAP, BS = 4, 32, 7, 8
 SPLIT_KEYS = 32  # the smallest cut: long rows here use several splits
 
 
-def _case(ratio: int, positions: list[int], seed: int, picks: int | None = None):
+def _case(ratio: int, positions: list[int], seed: int, picks: int | None = None, heads: int = HEADS):
     g = torch.Generator().manual_seed(seed)
     rows = len(positions)
     per_block = max(1, BS // ratio)
@@ -29,7 +29,7 @@ def _case(ratio: int, positions: list[int], seed: int, picks: int | None = None)
     tables = entry_table(blocks, ratio, BS)
     pos = torch.tensor(positions)
     args = dict(
-        q=torch.randn(rows, HEADS, DIM, generator=g),
+        q=torch.randn(rows, heads, DIM, generator=g),
         kv=torch.randn(rows, DIM, generator=g),
         ring=torch.randn(rows + 2, CAP, 1, DIM, generator=g),
         pool=torch.randn(num_blocks, per_block, 1, DIM, generator=g),
@@ -37,7 +37,7 @@ def _case(ratio: int, positions: list[int], seed: int, picks: int | None = None)
         slots=torch.arange(rows) + 1,
         positions=pos,
         seq_lens=(pos + 1).int(),
-        sinks=torch.randn(HEADS, generator=g),
+        sinks=torch.randn(heads, generator=g),
         scale=0.3,
         ratio=ratio,
         picks=None,
@@ -57,12 +57,14 @@ def _run(args: dict, **kw) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    ("ratio", "picks"), [(16, None), (2, None), (2, 12)], ids=["hca-wide", "all-entries", "selected"]
+    ("ratio", "picks", "heads"),
+    [(16, None, HEADS), (2, None, HEADS), (2, 12, HEADS), (2, 12, 20)],
+    ids=["hca-wide", "all-entries", "selected", "selected-two-head-blocks"],
 )
-def test_kernel_matches_torch_form(ratio: int, picks: int | None) -> None:
+def test_kernel_matches_torch_form(ratio: int, picks: int | None, heads: int) -> None:
     # a first row, a partly filled window, a padding row (slot -1), rows of one split and of several
     positions = [0, 3, 40, 200, 511, 97]
-    args = _case(ratio, positions, seed=ratio + (picks or 0), picks=picks)
+    args = _case(ratio, positions, seed=ratio + (picks or 0), picks=picks, heads=heads)
     args["slots"][2] = -1
     args["seq_lens"][5] = 0
     out = _run(args)

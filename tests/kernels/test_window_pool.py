@@ -47,7 +47,7 @@ def _clone(step: dict) -> dict:
 
 def _pool_and_tables(rows: int, ratio: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    per_row = 512 // BS
+    per_row = 2048 // BS
     tables = torch.randperm(rows * per_row, generator=g).int().view(rows, per_row)
     return torch.randn(rows * per_row, max(1, BS // ratio), 1, DIM, generator=g), tables
 
@@ -100,8 +100,9 @@ def test_torch_pool_is_the_compressors_pool_of_the_window(ratio: int, overlap: b
 
 
 @pytest.mark.parametrize("fp32_angles", [False, True])
-@pytest.mark.parametrize(("ratio", "overlap"), [(4, True), (8, False), (32, False)])
+@pytest.mark.parametrize(("ratio", "overlap"), [(4, True), (8, False), (32, False), (128, False)])
 def test_fused_step_matches_torch_form(ratio: int, overlap: bool, fp32_angles: bool) -> None:
+    """A span of 128 rows pools its 24 channels in two blocks (the row's norm spans both)."""
     comp = _compressor(ratio, overlap, fp32_angles, seed=ratio)
     # window 0 closing, later windows closing, a row mid-window, a padding row (slot -1)
     positions = [ratio - 1, 5 * ratio - 1, ratio + 1, 3 * ratio - 1, 9 * ratio - 1]
