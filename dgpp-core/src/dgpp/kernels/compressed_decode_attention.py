@@ -265,6 +265,10 @@ def compressed_decode_attention_triton(
     out = torch.empty_like(q)
     if rows == 0:
         return out
+    if min_split_keys % _BLOCK_N or splits < 1:
+        raise ValueError(
+            f"min_split_keys {min_split_keys} must be a multiple of {_BLOCK_N}, splits {splits} >= 1"
+        )
     if not (ring.dtype == pool.dtype == kv.dtype):
         raise ValueError(
             f"latent rows, ring and pool must share a dtype: {kv.dtype}, {ring.dtype}, {pool.dtype}"
