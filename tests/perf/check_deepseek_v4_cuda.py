@@ -103,6 +103,7 @@ def _indexer_picks(args: dict, device: str, seed: int) -> tuple[torch.Tensor, fl
     """(picks, share of rows whose picks equal the torch form's, seconds of scores + top-k) of a 64 x 128
     indexer over random keys."""
     from dgpp.kernels.dsa_index import index_scores_ref, index_scores_triton, select_top_k
+    from dgpp.kernels.top_k_rows import top_k_rows_triton
 
     g = torch.Generator(device=device).manual_seed(seed)
     rows, tables = args["q"].shape[0], args["tables"]
@@ -111,14 +112,14 @@ def _indexer_picks(args: dict, device: str, seed: int) -> tuple[torch.Tensor, fl
     w = torch.randn(rows, INDEX_HEADS, generator=g, device=device) * INDEX_HEADS**-0.5
     complete = (args["positions"] + 1) // 4
 
-    def pick(scores_fn) -> torch.Tensor:
-        return select_top_k(scores_fn(q, w, keys, tables, complete, INDEX_DIM**-0.5), complete, TOPK)[0]
+    def pick(scores_fn, top_k) -> torch.Tensor:
+        return top_k(scores_fn(q, w, keys, tables, complete, INDEX_DIM**-0.5), complete, TOPK)[0]
 
-    picks = pick(index_scores_triton)
-    ref = pick(index_scores_ref)
+    picks = pick(index_scores_triton, top_k_rows_triton)
+    ref = pick(index_scores_ref, select_top_k)
     n = complete.clamp(max=TOPK)
     same = sum(torch.equal(picks[r, : n[r]].sort().values, ref[r, : n[r]].sort().values) for r in range(rows))
-    return picks, same / rows, _seconds(lambda: pick(index_scores_triton), device)
+    return picks, same / rows, _seconds(lambda: pick(index_scores_triton, top_k_rows_triton), device)
 
 
 def kernel_checks(failures: list[str], device: str = "cuda", max_ctx: int = 16384) -> list[str]:

@@ -5,7 +5,8 @@ the host; a decode step (one row per sequence) here runs a few batched ops inste
 window a row closes and buffers the row in its ring (``dgpp.kernels.window_pool``), then norms and rotates the
 pooled rows and stores those that close a window (``(p + 1) % r == 0``) with a masked store. The indexer scores
 every complete entry of each row (``dgpp.kernels.dsa_index``'s kernel on Triton devices, reading the entry pool
-as a paged cache of one entry per slot) and keeps its ``topk`` with ``select_top_k`` (ties to the lower entry).
+as a paged cache of one entry per slot) and keeps its ``topk``, ties to the lower entry (``dgpp.kernels.top_k_rows``
+on Triton devices, reading each row's own entries only; ``select_top_k`` elsewhere).
 The attention is one softmax per row over window, entries and sink (``dgpp.kernels.compressed_decode_attention``:
 one fused kernel on Triton devices, a padded torch form elsewhere). Padded graph rows (state slot -1,
 ``seq_len`` 0) read clamped indices and write nothing. ``tests/perf/check_deepseek_v4_cuda.py`` checks these
@@ -24,6 +25,7 @@ from dgpp.kernels.compressed_decode_attention import (
 )
 from dgpp.kernels.dsa_index import index_scores_triton, select_top_k
 from dgpp.kernels.masked_rows import store_rows
+from dgpp.kernels.top_k_rows import top_k_rows_triton
 from dgpp.kernels.window_pool import EntryFinish, window_compress_decode_triton, window_pool_decode_ref
 from dgpp.step.batch import ForwardBatch
 
@@ -97,13 +99,13 @@ def indexer_decode(
     table = entry_table(batch.block_tables, indexer.ratio, batch.cache.block_size).contiguous()
     complete = torch.where(_live(batch), (batch.positions + 1) // indexer.ratio, 0)
     scale = indexer.head_dim**-0.5
-    if fused:
+    if fused:  # the top-k reads each row's own complete entries, not the table's width
         scores = index_scores_triton(q, weights, pool, table, complete, scale)
-    else:
-        entry = torch.arange(table.shape[1] * pool.shape[1], device=x.device)
-        keys = entry_rows(pool, table, entry[None].expand(rows, -1)).float()
-        per_head = F.relu(torch.einsum("bhd,bed->bhe", q.float(), keys)) * scale
-        scores = (per_head * weights[:, :, None]).sum(dim=1)
+        return top_k_rows_triton(scores, complete, indexer.topk)[0]
+    entry = torch.arange(table.shape[1] * pool.shape[1], device=x.device)
+    keys = entry_rows(pool, table, entry[None].expand(rows, -1)).float()
+    per_head = F.relu(torch.einsum("bhd,bed->bhe", q.float(), keys)) * scale
+    scores = (per_head * weights[:, :, None]).sum(dim=1)
     return select_top_k(scores, complete, indexer.topk)[0]
 
 
