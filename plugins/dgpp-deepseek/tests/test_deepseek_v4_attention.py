@@ -137,17 +137,19 @@ def test_chunked_and_batched_rows_are_the_same_bits(layers, idx):
         assert torch.equal(_ours(ours, [x, other], chunk=chunk)[0], whole)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "triton"])
 @pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
-def test_batched_decode_path_matches_the_reference(layers, idx):
-    """The CUDA-graph-safe decode path (``dgpp.nn.compressed_decode``) against the per-row reference, step by step
-    from prompts of 3 and 26 rows past several window closes: same outputs within 1e-5, same cache contents."""
+def test_batched_decode_path_matches_the_reference(layers, idx, fused):
+    """The CUDA-graph-safe decode path (``dgpp.nn.compressed_decode``; its torch forms, or the Triton kernels under
+    the interpreter) against the per-row reference, step by step from prompts of 3 and 26 rows past several
+    window closes: same outputs within 1e-5, same cache contents."""
     ours = layers[idx][0]
     gen = torch.Generator().manual_seed(20 + idx)
     seqs = [torch.randn(3 + 12, 64, generator=gen), torch.randn(26 + 12, 64, generator=gen)]
     prompts = [3, 26]
     results = []
     for batched in (False, True):
-        ours.core.batched_decode = batched
+        ours.core.batched_decode, ours.core.fused_decode = batched, fused
         try:
             spec = ours.cache_entries(torch.float32)
             pools = CachePools(spec, 6, 16, 2)
@@ -164,7 +166,7 @@ def test_batched_decode_path_matches_the_reference(layers, idx):
                     outs.append(ours(rows, build_batch(work, pools)))
             results.append((torch.stack(outs), pools))
         finally:
-            ours.core.batched_decode = None
+            ours.core.batched_decode = ours.core.fused_decode = None
     (ref, ref_pools), (got, got_pools) = results
     assert (got - ref).abs().max() / ref.abs().max() < 1e-5
     for name in ref_pools.kv:

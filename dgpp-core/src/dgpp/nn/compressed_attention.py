@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
 from dgpp.kernels.window_attention import ring_write, window_attention
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
@@ -146,6 +147,8 @@ class CompressedSinkAttention(nn.Module):
         # decode steps of compressed layers: batched (``dgpp.nn.compressed_decode``) or the per-row reference;
         # None: batched on CUDA
         self.batched_decode: bool | None = None
+        # batched decode through the fused Triton kernels or their torch forms; None: Triton where it runs
+        self.fused_decode: bool | None = None
 
     def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         # K == V: the ring holds K only (a zero-width V)
@@ -179,7 +182,8 @@ class CompressedSinkAttention(nn.Module):
             # batched over rows, no host sync: CUDA-graph safe
             from dgpp.nn.compressed_decode import compressed_attention_decode
 
-            out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks)
+            fused = use_triton(q) if self.fused_decode is None else self.fused_decode
+            out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks, fused)
         else:
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
             rows = q.shape[0]
