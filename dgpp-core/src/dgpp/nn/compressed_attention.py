@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels.window_attention import ring_write, window_attention
+from dgpp.nn.compressed_prefill import compressed_attention_prefill
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
@@ -146,6 +147,8 @@ class CompressedSinkAttention(nn.Module):
         # decode steps of compressed layers: batched (``dgpp.nn.compressed_decode``) or the per-row reference;
         # None: batched on CUDA
         self.batched_decode: bool | None = None
+        # other steps: batched over the chunk's rows (``dgpp.nn.compressed_prefill``), or the per-row reference
+        self.per_row_prefill = False
 
     def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         # K == V: the ring holds K only (a zero-width V)
@@ -180,6 +183,8 @@ class CompressedSinkAttention(nn.Module):
             from dgpp.nn.compressed_decode import compressed_attention_decode
 
             out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks)
+        elif not (self.per_row_prefill or batch.is_decode_only):
+            out = compressed_attention_prefill(self, q, kv, x, q_resid, batch, sinks)
         else:
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
             rows = q.shape[0]
