@@ -62,7 +62,7 @@ def _best_by_rows(
     one batch of per-row products ``Σ_h w_h · relu(q_h · k) · D^-½`` and keep the ``topk`` best (stable sort:
     ties to the lower entry), ascending, written into ``picks``."""
     r, topk = indexer.ratio, indexer.topk
-    for b, start, q_len, ctx, end, _ in live_sequences(batch):
+    for b, start, _, ctx, end, _ in live_sequences(batch):
         seq_keys = keys[table[b, : end // r]].float()
         for v in range(max(topk + 1, (ctx + 1) // r), end // r + 1):
             lo, hi = max(ctx, v * r - 1), min(end, (v + 1) * r - 1)  # positions p with (p + 1) // r == v
