@@ -144,7 +144,7 @@ def check_prefill(layer_idx: int, failures: list[str]) -> list[str]:
     """The prefill path batched over a chunk's rows (``dgpp.nn.compressed_prefill``: batched pooling, the
     indexer's scores and top-k for every row at once, the compressed-attention kernel) against the per-row
     reference on the prompts of ``CONTEXTS`` in 1024-row chunks: outputs, cache contents, time; then one
-    shot and other cuts (not multiples of the ratios) against the 1024-row chunks, bit for bit."""
+    shot and other cuts (not multiples of the ratios) against the 1024-row chunks."""
     from dgpp.step.pools import CachePools
 
     cfg, layer = build_layer(layer_idx)
@@ -173,18 +173,19 @@ def check_prefill(layer_idx: int, failures: list[str]) -> list[str]:
         for n in ref_pools.state
         for t in ref_pools.state[n]
     )
-    cuts = {c: _prefill(layer, fresh(), tables, xs, c)[0] for c in (max(CONTEXTS), 333, 1001)}
-    same_cuts = all(torch.equal(out, got) for out in cuts.values())
+    # other cuts: the layer's projections take cuBLAS per chunk outside engine.batch_invariant, so rows may move in
+    # the last bits with the cut; the tolerance is the reference's
+    cuts = {c: rel(_prefill(layer, fresh(), tables, xs, c)[0], got) for c in (max(CONTEXTS), 333, 1001)}
+    cut_text = ", ".join(f"{c}: {'bit-identical' if e == 0 else f'{e:.1e}'}" for c, e in cuts.items())
     lines = [
         f"{kind} (layer {layer_idx}) prefill of {CONTEXTS} in 1024-row chunks, bf16: batched vs per-row reference "
-        f"output rel err {out_err:.2e}, caches {'identical' if same_cache else 'DIFFER'}; one shot / cuts 333 / "
-        f"1001 vs 1024 {'bit-identical' if same_cuts else 'DIFFER'}",
+        f"output rel err {out_err:.2e}, caches {'identical' if same_cache else 'DIFFER'}; cuts vs 1024 ({cut_text})",
         f"  prefill time: per-row reference {ref_s:.2f} s, batched {got_s * 1e3:.1f} ms ({ref_s / got_s:.0f}x)",
     ]
     # bf16: the kernel's online softmax and the indexer's scores sum in another order than the reference; a top-k
     # near-tie may swap one entry for the next (the decode check's tolerance)
-    if not (out_err < 2e-2 and same_cache and same_cuts):
-        failures.append(f"{kind} prefill path: rel err {out_err:.2e}, caches {same_cache}, cuts {same_cuts}")
+    if not (out_err < 2e-2 and same_cache and max(cuts.values()) < 2e-2):
+        failures.append(f"{kind} prefill path: rel err {out_err:.2e}, caches {same_cache}, cuts {cuts}")
     return lines
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels.window_attention import ring_write, window_attention
-from dgpp.nn.compressed_prefill import compressed_attention_prefill
+from dgpp.nn.compressed_prefill import Picks, every_entry, prefill_attention, select_entries
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
@@ -58,11 +58,28 @@ class LightningIndexer(nn.Module):
     def cache_spec(self) -> dict[str, CacheSpec]:
         return self.compressor.cache_spec()
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
-        self.compressor(x, batch)
+    def queries(
+        self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rotated queries ``[T, H, D]``, fp32 head weights ``[T, H]``) of the step's rows."""
         rows = x.shape[0]
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim), batch.positions)
-        weights = self.weights_proj(x).float() * self.num_heads**-0.5
+        return q, self.weights_proj(x).float() * self.num_heads**-0.5
+
+    def select(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Picks:
+        """Store the step's index entries, then every row's picks at once (``dgpp.nn.compressed_prefill``)."""
+        self.compressor(x, batch)
+        if max([0, *batch.seq_lens_cpu]) // self.ratio <= self.topk:
+            return every_entry(batch, self.ratio)  # no row sees more entries than it keeps
+        q, weights = self.queries(x, q_resid, batch)
+        pool = batch.cache.kv[self.compressor.cache_name][0]
+        return select_entries(q, weights, pool, batch, self.ratio, self.topk)
+
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """The per-row reference of ``select``."""
+        self.compressor(x, batch)
+        rows = x.shape[0]
+        q, weights = self.queries(x, q_resid, batch)
         pool = batch.cache.kv[self.compressor.cache_name][0]
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
@@ -184,7 +201,12 @@ class CompressedSinkAttention(nn.Module):
 
             out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks)
         elif not (self.per_row_prefill or batch.is_decode_only):
-            out = compressed_attention_prefill(self, q, kv, x, q_resid, batch, sinks)
+            self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
+            picks = self.indexer.select(x, q_resid, batch) if self.indexer is not None else None
+            pool = batch.cache.kv[self.compressor.cache_name][0]
+            out = prefill_attention(
+                q, kv, ring, pool, batch, sinks, self.scale, self.window, self.compressor.ratio, picks
+            )
         else:
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
             rows = q.shape[0]

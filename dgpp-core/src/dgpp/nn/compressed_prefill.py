@@ -19,8 +19,6 @@ prefix-cache restores keep the reference's property: the same bits however the p
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import torch.nn.functional as F
 
@@ -31,8 +29,7 @@ from dgpp.kernels.window_attention import row_sequences
 from dgpp.nn.window_compressor import entry_slots, live_sequences
 from dgpp.step.batch import ForwardBatch
 
-if TYPE_CHECKING:
-    from dgpp.nn.compressed_attention import CompressedSinkAttention, LightningIndexer
+Picks = tuple[torch.Tensor, torch.Tensor]  # per row: entries [T, K] ascending, how many of them are real [T]
 
 
 def entry_table(pool: torch.Tensor, batch: ForwardBatch, ratio: int) -> torch.Tensor:
@@ -50,84 +47,82 @@ def entry_table(pool: torch.Tensor, batch: ForwardBatch, ratio: int) -> torch.Te
 
 
 def _best_by_rows(
-    indexer: LightningIndexer,
     q: torch.Tensor,
     weights: torch.Tensor,
     keys: torch.Tensor,
     batch: ForwardBatch,
     table: torch.Tensor,
+    ratio: int,
     picks: torch.Tensor,
 ) -> None:
     """The torch form of the selection: rows of one sequence seeing the same ``v > topk`` entries are scored as
     one batch of per-row products ``Σ_h w_h · relu(q_h · k) · D^-½`` and keep the ``topk`` best (stable sort:
-    ties to the lower entry), ascending, written into ``picks``."""
-    r, topk = indexer.ratio, indexer.topk
+    ties to the lower entry), ascending, written into ``picks [T, topk]``."""
+    r, topk = ratio, picks.shape[1]
     for b, start, _, ctx, end, _ in live_sequences(batch):
         seq_keys = keys[table[b, : end // r]].float()
         for v in range(max(topk + 1, (ctx + 1) // r), end // r + 1):
             lo, hi = max(ctx, v * r - 1), min(end, (v + 1) * r - 1)  # positions p with (p + 1) // r == v
             rows = slice(start + lo - ctx, start + hi - ctx)
-            n = hi - lo
-            transposed = seq_keys[:v].t().expand(n, -1, -1)
-            per_head = F.relu(per_row_bmm(q[rows].float(), transposed)) * indexer.head_dim**-0.5  # [n, H, v]
+            transposed = seq_keys[:v].t().expand(hi - lo, -1, -1)
+            per_head = F.relu(per_row_bmm(q[rows].float(), transposed)) * q.shape[-1] ** -0.5  # [n, H, v]
             scores = (per_head * weights[rows][:, :, None]).sum(dim=1)
             order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :topk]
             picks[rows] = order.sort(dim=1).values
 
 
-def index_picks(
-    indexer: LightningIndexer, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Pool the step's index entries, then every row's picks: ``(entries [T, K], count [T])``, ascending, the
-    first ``count`` of each row real."""
-    indexer.compressor(x, batch)
-    rows, r, topk = x.shape[0], indexer.ratio, indexer.topk
-    visible = (batch.positions + 1) // r
-    if max([0, *(end // r for end in batch.seq_lens_cpu)]) <= topk:
-        # no row sees more entries than it keeps: each takes every complete one
-        width = max([0, *(end // r for end in batch.seq_lens_cpu)])
-        return torch.arange(width, device=x.device).expand(rows, width), visible
-    q = indexer.rotary.rotate(
-        indexer.wq_b(q_resid).view(rows, indexer.num_heads, indexer.head_dim), batch.positions
-    )
-    weights = indexer.weights_proj(x).float() * indexer.num_heads**-0.5
-    pool = batch.cache.kv[indexer.compressor.cache_name][0]
-    table = entry_table(pool, batch, r)
+def select_entries(
+    q: torch.Tensor, weights: torch.Tensor, pool: torch.Tensor, batch: ForwardBatch, ratio: int, topk: int
+) -> Picks:
+    """Every row's ``topk`` best complete entries of the index pool (``q [T, H, D]`` rotated, ``weights [T, H]``
+    fp32), or all of them where it has no more; the step's index entries already stored."""
+    rows = q.shape[0]
+    visible = (batch.positions + 1) // ratio
+    table = entry_table(pool, batch, ratio)
     keys = pool.view(-1, pool.shape[-1])
     if use_triton(q):
         row_tables = table[row_sequences(batch.query_start_loc, rows)].to(torch.int32)
+        scale = q.shape[-1] ** -0.5
         scores = index_scores_triton(
-            q, weights, keys[:, None, None, :], row_tables, visible.to(torch.int32), indexer.head_dim**-0.5
+            q, weights, keys[:, None, None, :], row_tables, visible.to(torch.int32), scale
         )
         picks, count = select_top_k(scores, visible, topk)
         return picks.long(), count.long()
-    picks = torch.arange(topk, device=x.device).repeat(rows, 1)
-    _best_by_rows(indexer, q, weights, keys, batch, table, picks)
+    picks = torch.arange(topk, device=q.device).repeat(rows, 1)
+    _best_by_rows(q, weights, keys, batch, table, ratio, picks)
     return picks, visible.clamp(max=topk)
 
 
-def compressed_attention_prefill(
-    core: CompressedSinkAttention,
+def every_entry(batch: ForwardBatch, ratio: int) -> Picks:
+    """Each row's every complete entry (a step where no row sees more than it keeps)."""
+    width = max([0, *(end // ratio for end in batch.seq_lens_cpu)])
+    rows = batch.positions.shape[0]
+    return torch.arange(width, device=batch.positions.device).expand(rows, width), (
+        batch.positions + 1
+    ) // ratio
+
+
+def prefill_attention(
     q: torch.Tensor,
     kv: torch.Tensor,
-    x: torch.Tensor,
-    q_resid: torch.Tensor,
+    ring: torch.Tensor,
+    pool: torch.Tensor,
     batch: ForwardBatch,
     sinks: torch.Tensor,
+    scale: float,
+    window: int,
+    ratio: int,
+    picks: Picks | None,
 ) -> torch.Tensor:
-    """``CompressedSinkAttention`` of a compressed layer for any step (the ring write is the caller's)."""
-    compressor = core.compressor
-    assert compressor is not None
-    compressor(x, batch)  # this step's complete windows first: its later rows may attend them
-    pool = batch.cache.kv[compressor.cache_name][0]
-    table = entry_table(pool, batch, compressor.ratio)
+    """One compressed layer's attention for any step, the step's entries already stored: over each row's window,
+    its ``picks`` (CSA) or every complete entry (``None``: HCA), and the sinks."""
+    table = entry_table(pool, batch, ratio)
     row_tables = table[row_sequences(batch.query_start_loc, q.shape[0])]
-    if core.indexer is not None:
-        picks, count = index_picks(core.indexer, x, q_resid, batch)
-        entry_rows = row_tables.gather(1, picks.clamp(max=max(0, table.shape[1] - 1)))
+    if picks is not None:
+        entries, count = picks
+        entry_rows = row_tables.gather(1, entries.clamp(max=max(0, table.shape[1] - 1)))
     else:
-        entry_rows, count = row_tables, (batch.positions + 1) // compressor.ratio
-    ring = batch.cache.state[core.cache_name]["k"]
+        entry_rows, count = row_tables, (batch.positions + 1) // ratio
     return compressed_attention(
         q,
         kv,
@@ -140,6 +135,6 @@ def compressed_attention_prefill(
         batch.seq_lens,
         batch.state_slots,
         sinks,
-        core.scale,
-        core.window,
+        scale,
+        window,
     )
