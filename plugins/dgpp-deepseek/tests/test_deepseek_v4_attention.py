@@ -195,7 +195,11 @@ def _prefill_then_decode(layer, seqs: list[torch.Tensor], prompts: list[int], ch
             work = [SeqWork(i, tables[i], n + step, [0]) for i, n in enumerate(prompts)]
             rows = torch.stack([s[n + step] for s, n in zip(seqs, prompts, strict=True)])
             decode.append(layer(rows, build_batch(work, pools)))
-    return torch.cat([torch.cat(p) for p in prefill]), torch.stack(decode), pools
+    return (
+        torch.cat([torch.cat(p) for p in prefill]),
+        torch.stack(decode) if decode else torch.empty(0),
+        pools,
+    )
 
 
 @pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
@@ -231,3 +235,26 @@ def test_later_rows_leave_earlier_rows_alone(layers):
     changed[30:] += 1.0
     base, moved = _ours(ours, [x])[0], _ours(ours, [changed])[0]
     assert torch.equal(moved[:30], base[:30]) and float((moved[30:] - base[30:]).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
+def test_cuda_prefill_path_under_the_interpreter(layers, idx, monkeypatch):
+    """What a CUDA prefill step runs (the indexer's scores from ``dgpp.kernels.dsa_index`` over the index pool and
+    its ``select_top_k``, the compressed-attention kernel), here on CPU tensors under the Triton interpreter:
+    within fp32 rounding of the per-row reference, and chunks of 5 give one shot's bits."""
+    import dgpp.kernels.compressed_attention as kernel
+    import dgpp.nn.compressed_prefill as prefill
+
+    ours = layers[idx][0]
+    gen = torch.Generator().manual_seed(50 + idx)
+    seqs = [torch.randn(51, 64, generator=gen), torch.randn(33, 64, generator=gen)]
+    ours.core.per_row_prefill = True
+    try:
+        ref = _prefill_then_decode(ours, seqs, [45, 27], chunk=45, steps=0)[0]
+    finally:
+        ours.core.per_row_prefill = False
+    for module in (kernel, prefill):
+        monkeypatch.setattr(module, "use_triton", lambda x: True)
+    whole = _prefill_then_decode(ours, seqs, [45, 27], chunk=45, steps=0)[0]
+    assert (whole - ref).abs().max() / ref.abs().max() < 1e-5
+    assert torch.equal(_prefill_then_decode(ours, seqs, [45, 27], chunk=5, steps=0)[0], whole)
