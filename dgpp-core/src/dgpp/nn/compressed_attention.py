@@ -4,9 +4,14 @@
 A row at position ``p`` attends, in ONE softmax with its head's sink logit, to the window's latent rows
 ``p - W + 1 .. p`` (a ``WindowKV`` ring holding K only: K is V) and to compressed entries
 (``dgpp.nn.window_compressor``) of complete windows only (entry ``w`` once ``(w + 1)·r <= p + 1``): all of them
-(HCA), or the ``topk`` the indexer scores best (CSA, exact ties to the lower entry). Rows are computed one at
-a time over exactly the keys they see (fp32, like ``dgpp.kernels.window_attention``'s reference), so a row's
-output has the same bits however the prompt was chunked, batched or restored.
+(HCA), or the ``topk`` the indexer scores best (CSA, exact ties to the lower entry).
+
+Prefill and mixed steps run batched over the step's rows (``dgpp.nn.compressed_prefill``: ``LightningIndexer.select``
+and one ``dgpp.kernels.compressed_attention`` call); decode-only steps on CUDA run ``dgpp.nn.compressed_decode``.
+The per-row reference (``LightningIndexer.forward``, ``sparse_window_attention_ref``; ``per_row_prefill`` and the
+CPU's decode-only steps) computes rows one at a time over exactly the keys they see (fp32, like
+``dgpp.kernels.window_attention``'s reference). Every path gives a row the same bits however the prompt was
+chunked, batched or restored.
 """
 
 from __future__ import annotations
