@@ -148,7 +148,7 @@ def test_the_selection_matters() -> None:
 
 def test_rows_do_not_see_later_rows() -> None:
     """Changing this step's later latent rows leaves every earlier row's output bit for bit (the window's
-    causal bound), while changing an earlier row moves the rows after it."""
+    causal bound), while the changed rows move; a padding sequence (state slot -1) gets zeros."""
     pools, tables, rows, sinks = _setup(4)
     ring, pool = pools.state["attn"]["k"], pools.kv["attn.compressor"][0]
     n = PROMPTS[0]
@@ -177,3 +177,5 @@ def test_rows_do_not_see_later_rows() -> None:
     later[50:] += 1.0
     assert torch.equal(attend(later)[:50], base[:50])
     assert float((attend(later)[50:] - base[50:]).abs().max()) > 1e-3
+    batch.state_slots.fill_(-1)  # a padding sequence: zeros
+    assert float(attend(kv).abs().max()) == 0.0
