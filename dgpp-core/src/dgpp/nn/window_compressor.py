@@ -6,7 +6,8 @@ Each row projects to K/V rows ``c = wkv(x)`` and gate logits ``z = wgate(x)``. W
 ``w·r .. w·r + r - 1``) becomes, once its last row arrives, ``norm(Σ_j softmax_j(z_j + ape_j) ⊙ c_j)`` (the
 softmax over the window's rows per channel, in fp32) with RoPE on the trailing dims at position ``w·r``.
 ``overlap`` (CSA): the projections are twice as wide and entry ``w`` pools ``2r`` rows, the first half of
-window ``w - 1``'s rows (absent for ``w = 0``: zero weight) and the second half of window ``w``'s.
+window ``w - 1``'s rows (absent for ``w = 0``: zero weight) and the second half of window ``w``'s. A step pools
+every window it completes of a sequence in one batched ``pool`` call.
 
 Entries go to the paged pool (``CompressedKV``: entry ``w`` in the block of position ``w·r + r - 1``); rows not
 yet pooled stay in a per-request ring (``WindowBuffer``, the last ``r`` or ``2r`` positions). A window is
@@ -127,8 +128,8 @@ class WindowPooler(nn.Module):
                 cur_kv = torch.cat([kv[:, :r, :d], cur_kv], dim=1)
                 cur_gate = torch.cat([gate[:, :r, :d], cur_gate], dim=1)
             kv, gate = cur_kv, cur_gate
-        # softmax spelled out: torch's CPU softmax over a middle dimension splits rows between its vector and
-        # scalar paths by where a thread's range ends, which moves last bits with the number of windows
+        # softmax spelled out: torch's CPU softmax over a middle dimension gave an entry other last bits with
+        # the number of windows in the call (16-wide index keys)
         gate = (gate - gate.amax(dim=1, keepdim=True)).exp()
         weights = (gate / gate.sum(dim=1, keepdim=True)).to(kv.dtype)
         return self.finish((kv * weights).sum(dim=1), windows)
