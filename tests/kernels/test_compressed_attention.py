@@ -179,3 +179,21 @@ def test_rows_do_not_see_later_rows() -> None:
     assert float((attend(later)[50:] - base[50:]).abs().max()) > 1e-3
     batch.state_slots.fill_(-1)  # a padding sequence: zeros
     assert float(attend(kv).abs().max()) == 0.0
+
+
+def test_wide_heads_split_over_programs() -> None:
+    """A latent wider than 256 (16-key tiles, 16 heads per program) under 20 heads (a second, partial head
+    block), a chunk starting mid-sequence with entry lists of any length: the kernel against the torch form."""
+    g = torch.Generator().manual_seed(5)
+    heads, dim, window, rows, ctx = 20, 320, 20, 24, 30
+    q = torch.randn(rows, heads, dim, generator=g)
+    kv = torch.randn(rows, dim, generator=g)
+    ring = torch.randn(2, window - 1, 1, dim, generator=g)
+    pool = torch.randn(50, dim, generator=g)
+    entry_rows = torch.randint(0, 50, (rows, 21), generator=g)
+    count = torch.randint(0, 22, (rows,), generator=g)
+    seqs = (torch.tensor([0, rows]), torch.tensor([ctx]), torch.tensor([ctx + rows]), torch.tensor([1]))
+    args = (q, kv, ring, pool, entry_rows, count, *seqs, torch.randn(heads, generator=g), dim**-0.5, window)
+    torch.testing.assert_close(
+        compressed_attention_triton(*args), compressed_attention_torch(*args), rtol=1e-5, atol=1e-5
+    )
