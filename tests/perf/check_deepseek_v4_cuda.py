@@ -6,8 +6,11 @@ window 128, CSA ratio 4 with a 64-head x 128 indexer keeping 512 entries, HCA ra
    against their torch forms, a row alone vs in a batch bit for bit, and their time against the bytes they read;
 2. one CSA and one HCA layer's decode step, the fused Triton path and the batched torch path, against the per-row
    reference (``dgpp.nn.compressed_attention``) after prompts long enough that the indexer selects;
-3. the sliding window kernel (K read as V) against its reference, chunked vs one shot;
-4. with ``--cases``: decode tok/s of the layer-scaled geometry ``deepseek-v4-flash-8l`` (random bf16 weights),
+3. the prefill path batched over a chunk's rows (``dgpp.nn.compressed_prefill`` with
+   ``dgpp.kernels.compressed_attention``) against the per-row reference on the same prompts (700 / 2,100 / 4,001
+   rows), timed;
+4. the sliding window kernel (K read as V) against its reference, chunked vs one shot;
+5. with ``--cases``: decode tok/s of the layer-scaled geometry ``deepseek-v4-flash-8l`` (random bf16 weights),
    eager and under decode graphs, against the roofline of the bytes a step reads.
 
     source tests/perf/device_env.sh && python3 tests/perf/check_deepseek_v4_cuda.py --cases 1x128,8x128,64x128
@@ -240,7 +243,7 @@ def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
     g = torch.Generator(device="cuda").manual_seed(100 + layer_idx)
     pools = CachePools(layer.cache_entries(torch.bfloat16), start, BLOCK, len(CONTEXTS), device="cuda")
     t0 = time.perf_counter()
-    for i, ctx in enumerate(CONTEXTS):  # per-row reference prefill, in chunks
+    for i, ctx in enumerate(CONTEXTS):  # prefill, in chunks
         for s in range(0, ctx, 1024):
             e = min(ctx, s + 1024)
             x = torch.randn(e - s, cfg.hidden_size, generator=g, device="cuda").to(torch.bfloat16)
@@ -298,6 +301,72 @@ def check_layer(layer_idx: int, failures: list[str]) -> list[str]:
     return lines
 
 
+def _prefill(layer, pools, tables, xs: list[torch.Tensor], chunk: int) -> tuple[torch.Tensor, float]:
+    """Every prompt of ``xs`` through ``layer`` in steps of ``chunk`` rows: (all rows' outputs, seconds)."""
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
+
+    outs = []
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for i, x in enumerate(xs):
+        for s in range(0, x.shape[0], chunk):
+            e = min(x.shape[0], s + chunk)
+            outs.append(layer(x[s:e], build_batch([SeqWork(i, tables[i], s, [0] * (e - s))], pools, "cuda")))
+    torch.cuda.synchronize()
+    return torch.cat(outs), time.perf_counter() - t0
+
+
+@torch.no_grad()
+def check_prefill(layer_idx: int, failures: list[str]) -> list[str]:
+    """The prefill path batched over a chunk's rows (``dgpp.nn.compressed_prefill``: batched pooling, the
+    indexer's scores and top-k for every row at once, the compressed-attention kernel) against the per-row
+    reference on the prompts of ``CONTEXTS`` in 1024-row chunks: outputs, cache contents, time; then one
+    shot and other cuts (not multiples of the ratios) against the 1024-row chunks."""
+    from dgpp.step.pools import CachePools
+
+    cfg, layer = build_layer(layer_idx)
+    kind = cfg.layer_types[layer_idx]
+    need = [-(-c // BLOCK) for c in CONTEXTS]
+    tables, start = [], 0
+    for n in need:
+        tables.append(list(range(start, start + n)))
+        start += n
+    g = torch.Generator(device="cuda").manual_seed(200 + layer_idx)
+    xs = [torch.randn(c, cfg.hidden_size, generator=g, device="cuda").to(torch.bfloat16) for c in CONTEXTS]
+
+    def fresh() -> CachePools:
+        return CachePools(layer.cache_entries(torch.bfloat16), start, BLOCK, len(CONTEXTS), device="cuda")
+
+    runs = {}
+    for mode in ("reference", "warm-up", "batched"):  # the warm-up compiles the kernels
+        layer.core.per_row_prefill = mode == "reference"
+        pools = fresh()
+        runs[mode] = (*_prefill(layer, pools, tables, xs, 1024), pools)
+    layer.core.per_row_prefill = False
+    (ref, ref_s, ref_pools), (got, got_s, got_pools) = runs["reference"], runs["batched"]
+    out_err = rel(got, ref)
+    same_cache = all(torch.equal(got_pools.kv[n][0], ref_pools.kv[n][0]) for n in ref_pools.kv) and all(
+        torch.equal(got_pools.state[n][t], ref_pools.state[n][t])
+        for n in ref_pools.state
+        for t in ref_pools.state[n]
+    )
+    # other cuts: the layer's projections take cuBLAS per chunk outside engine.batch_invariant, so rows may move in
+    # the last bits with the cut; the tolerance is the reference's
+    cuts = {c: rel(_prefill(layer, fresh(), tables, xs, c)[0], got) for c in (max(CONTEXTS), 333, 1001)}
+    cut_text = ", ".join(f"{c}: {'bit-identical' if e == 0 else f'{e:.1e}'}" for c, e in cuts.items())
+    lines = [
+        f"{kind} (layer {layer_idx}) prefill of {CONTEXTS} in 1024-row chunks, bf16: batched vs per-row reference "
+        f"output rel err {out_err:.2e}, caches {'identical' if same_cache else 'DIFFER'}; cuts vs 1024 ({cut_text})",
+        f"  prefill time: per-row reference {ref_s:.2f} s, batched {got_s * 1e3:.1f} ms ({ref_s / got_s:.0f}x)",
+    ]
+    # bf16: the kernel's online softmax and the indexer's scores sum in another order than the reference; a top-k
+    # near-tie may swap one entry for the next (the decode check's tolerance)
+    if not (out_err < 2e-2 and same_cache and max(cuts.values()) < 2e-2):
+        failures.append(f"{kind} prefill path: rel err {out_err:.2e}, caches {same_cache}, cuts {cuts}")
+    return lines
+
+
 @torch.no_grad()
 def check_sliding(failures: list[str]) -> list[str]:
     """The sliding layer's window kernel with K read as V, one 1500-row prompt one shot vs chunks, bitwise."""
@@ -348,6 +417,9 @@ def main() -> int:
     table += check_sliding(failures)
     print(table[-1], flush=True)
     for layer_idx in (2, 3):  # CSA, HCA in the layer-scaled geometry
+        table += check_prefill(layer_idx, failures)
+        print("\n".join(table[-2:]), flush=True)
+    for layer_idx in (2, 3):
         table += check_layer(layer_idx, failures)
         print("\n".join(table[-3:]), flush=True)
     if args.cases:

@@ -80,14 +80,10 @@ class KPoolIndexer(WindowPooler):
         return self.index_kpool_compress_ape
 
     def pool_windows(self, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """Pooled keys of complete pools ``kv`` / ``gate`` ``[B, kpool, D]`` -> ``[B, D]`` (the softmax over each
-        pool's rows per channel, in fp32, weights rounded to the keys' dtype)."""
-        weights = (gate.float() + self.position_bias().float()).softmax(dim=1, dtype=torch.float32)
-        return (kv * weights.to(kv.dtype)).sum(dim=1)
-
-    def pool(self, kv: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
-        """One pool, by the batched form the decode step uses, so both give the same bits."""
-        return self.pool_windows(kv[None], gate[None])[0]
+        """Pooled keys of complete pools ``kv`` / ``gate`` ``[B, kpool, D]`` -> ``[B, D]``: the batched ``pool`` the
+        prefill's ``store`` runs (the softmax over each pool's rows per channel, in fp32, weights rounded to the
+        keys' dtype), so a decode step pools with the same bits."""
+        return self.pool(kv, gate, torch.zeros(kv.shape[0], dtype=torch.long, device=kv.device))
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
