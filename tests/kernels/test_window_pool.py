@@ -94,8 +94,8 @@ def test_torch_pool_is_the_compressors_pool_of_the_window(ratio: int, overlap: b
         first = max(0, pos - cap + 1)
         rows = [before["ring_kv"][r, p % cap] for p in range(first, pos)] + [step["kv"][r]]
         gates = [before["ring_gate"][r, p % cap] for p in range(first, pos)] + [step["gate"][r]]
-        pooled = comp.pool(torch.stack(rows), torch.stack(gates), pos // ratio)
-        want = comp.finish(out[r], pos // ratio)
+        pooled = comp.pool(torch.stack(rows)[None], torch.stack(gates)[None], torch.tensor([pos // ratio]))[0]
+        want = comp.finish(out[r][None], torch.tensor([pos // ratio]))[0]
         torch.testing.assert_close(want, pooled, rtol=1e-5, atol=1e-6)
 
 

@@ -76,7 +76,7 @@ def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> 
         return
     pooled = window_pool_decode_ref(*step, r, comp.overlap)
     window = pos // r
-    pooled = comp.rotary.rotate(comp.norm(pooled)[:, None], window * r)[:, 0]
+    pooled = comp.finish(pooled, window)
     last = (window + 1) * r - 1
     column = (last // batch.cache.block_size).clamp(max=batch.block_tables.shape[1] - 1)[:, None]
     block = batch.block_tables.gather(1, column)[:, 0].long().clamp(min=0)  # one column, not the whole table
