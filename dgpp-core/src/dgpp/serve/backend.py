@@ -22,13 +22,19 @@ from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.request import RetireReason, SeqEvent
 from dgpp.sched.scheduler import QueueFull
 from dgpp.sched.step_loop import StepLoop
-from dgpp.sched.thread_handoff import EngineInbox, EventRelay, GenerationRequest, StepLoopFailed
-from dgpp.serve.arrivals import submitted
+from dgpp.sched.thread_handoff import (
+    EngineInbox,
+    EventRelay,
+    GenerationRequest,
+    StepLoopFailed,
+    submitted,
+)
 from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.generation import ModelLimits
 from dgpp.serve.histograms import RequestHistograms
-from dgpp.serve.images import ImageInputs, refuse_image_parts
+from dgpp.serve.images import ImageInputs
 from dgpp.serve.output_processor import OutputProcessor, prompt_opens_thinking
+from dgpp.serve.validate import refuse_image_parts
 from dgpp.text.errors import GrammarError, TextError
 
 
@@ -126,6 +132,16 @@ def _message_chars(messages: list[Any]) -> int:
     return total
 
 
+def _effort_mapping(template: Any) -> dict[str, Any]:
+    """``/v1/models`` ``reasoning.effort_mapping``: what each reasoning effort sets in the chat template."""
+    if template is None:
+        return {}
+    try:
+        return template.effort_mapping()
+    except Exception:  # a template without the mapping's variables maps nothing
+        return {}
+
+
 class Backend:
     """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``submit``."""
 
@@ -155,6 +171,7 @@ class Backend:
         self.limits = limits
         self.defaults = defaults
         self.sampling_defaults = defaults.as_dict()  # /v1/models reports them; computed once
+        self.effort_mapping = _effort_mapping(text.template)  # /v1/models reports it too; computed once
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = eos_token_ids
         self.reasoning_in_content = reasoning_in_content
@@ -200,7 +217,7 @@ class Backend:
             images.check_count(req.messages)
 
         def work() -> PreparedChat:
-            specs = tool_specs(tools)
+            specs = tool_specs(tools) if tools else []
             messages, processed = images.prepare(req.messages) if images else (req.messages, [])
             text = self.chat_template.render(
                 messages,
@@ -341,7 +358,7 @@ class Backend:
         handle = RequestHandle(request, self.inbox)
         try:
             self.inbox.submit(request, self._relay(asyncio.get_running_loop()).sink(handle.queue))
-            submitted()  # an idle engine's admission hold no longer waits for this request (serve/arrivals.py)
+            submitted()  # an idle engine's admission hold no longer waits for this request (``announced``)
         except QueueFull as e:
             raise overloaded(f"server overloaded: {e}") from None
         except StepLoopFailed as e:
