@@ -24,8 +24,8 @@ from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
 from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.overlap import InFlight, OverlapSteps
 from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.published import SchedulerStats
 from dgpp.sched.request import RetireReason, SeqEvent, SeqStatus, Sequence
-from dgpp.sched.stats import SchedulerStats
 
 log = structlog.get_logger("dgpp.engine")
 
