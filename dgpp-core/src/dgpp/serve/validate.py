@@ -28,7 +28,7 @@ from dgpp.serve.protocol import (
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 S = TypeVar("S", bound=msgspec.Struct)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a tool's or a json_schema's name
 RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
 _SCHEMA_KEYS = ("name", "description", "schema", "strict")
 IMAGE_PART = "image_url"
@@ -197,7 +197,7 @@ def _check_tools(req: ChatCompletionRequest) -> None:
     for i, tool in enumerate(req.tools or []):
         inner = tool.get(tool.get("type", "function"))
         name = (inner if isinstance(inner, dict) else tool).get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise invalid(f"tools[{i}] name {name!r} must match [A-Za-z0-9_-]{{1,64}}", f"tools[{i}]")
         if name in seen:
             raise invalid(f"tools[{i}] repeats the tool name {name!r}", f"tools[{i}]")
@@ -277,7 +277,7 @@ def check_response_format(fmt: dict[str, Any] | None) -> None:
                 f"is not a json_schema field ({', '.join(_SCHEMA_KEYS)})",
             )
     name = spec.get("name")
-    if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise invalid(
             "response_format.json_schema.name is required and must match [A-Za-z0-9_-]{1,64}",
             "response_format.json_schema.name",
