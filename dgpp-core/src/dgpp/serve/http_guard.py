@@ -4,11 +4,11 @@ outer one); then ``engine.max_connections`` (``ConnectionLimit``, inside it).
 
 Why the body is read here and not in the app: a client that sends headers and then trickles (or never
 finishes) its body would otherwise hold an ``engine.max_connections`` slot, a Litestar handler and a read
-buffer for as long as it likes; 64 of them starved every route, ``/health`` included. Reading the body first, with
-``http.body_timeout_s`` for the whole of it, means such a client costs one idle socket until the deadline
+buffer for as long as it likes; 64 of them starved every route, ``/health`` included. Reading the body first,
+with ``http.body_timeout_s`` for the whole of it, means such a client costs one idle socket until the deadline
 and never counts against the limit. A body larger than ``http.max_body_bytes`` is refused as soon as its
-Content-Length says so, or as soon as that many bytes have arrived for a chunked one, without buffering
-the rest.
+Content-Length says so, or as soon as that many bytes have arrived for a chunked one, without buffering the
+rest.
 """
 
 from __future__ import annotations
