@@ -342,7 +342,7 @@ def test_oracle_drafter_is_fully_accepted(glm):
 def test_penalties_count_the_drafts_ahead_of_a_verify_row(glm, monkeypatch):
     """A verify row's penalties see the drafts before it as emitted (they are, when the row counts): greedy with
     repetition and frequency penalties and an oracle's drafts equals plain, and would not if they were left out."""
-    from dgpp.sample.processors import TokenHistory
+    from dgpp.sample.sampler import TokenHistory
 
     model, _ = glm
     penalties = {"repetition_penalty": 1.5, "frequency_penalty": 2.0}
