@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.online_softmax import attend_latent_tile
 from dgpp.kernels.window_attention import row_sequences
 
 # A 512-wide latent under 64 heads: 16 heads x 16 keys per tile keeps the [heads, D] query, the [keys, D] tile
@@ -119,19 +120,6 @@ def compressed_attention_torch(
 
 
 @triton.jit
-def _attend_tile(q, k, valid, acc, m_i, l_i, scale, PRECISION: tl.constexpr):
-    """One online-softmax step over the keys ``k [BLOCK_N, D]`` (K read as V) where ``valid``."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
 def _compressed_attention_kernel(
     q_ptr,
     kv_ptr,
@@ -199,7 +187,7 @@ def _compressed_attention_kernel(
         k += tl.load(
             step_rows[:, None] + d[None, :], mask=(tmask & ~old)[:, None] & dmask[None, :], other=0.0
         )
-        acc, m_i, l_i = _attend_tile(q, k, tmask, acc, m_i, l_i, scale, PRECISION)
+        acc, m_i, l_i = attend_latent_tile(q, k, tmask, acc, m_i, l_i, scale, PRECISION)
     for e0 in range(0, n_ent, BLOCK_N):  # the row's entries, in its list's order
         idx = e0 + tl.arange(0, BLOCK_N)
         emask = idx < n_ent
@@ -207,7 +195,7 @@ def _compressed_attention_kernel(
         k = tl.load(
             pool_ptr + rows[:, None] * pool_r + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0
         )
-        acc, m_i, l_i = _attend_tile(q, k.to(q.dtype), emask, acc, m_i, l_i, scale, PRECISION)
+        acc, m_i, l_i = attend_latent_tile(q, k.to(q.dtype), emask, acc, m_i, l_i, scale, PRECISION)
     out = tl.where(live, acc / l_i[:, None], 0.0)
     tl.store(
         out_ptr + r * o_t + g[:, None] * o_h + d[None, :],

@@ -32,6 +32,7 @@ import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
+from dgpp.kernels.online_softmax import normalized, softmax_step
 
 _BLOCK_N = 64
 # One program holds a [BLOCK_G, BLOCK_D] query tile, [BLOCK_D, BLOCK_N] keys and a [BLOCK_G, BLOCK_DV] fp32
@@ -261,13 +262,8 @@ def _window_attention_kernel(
             )
         s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    out = tl.where(live, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+        acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
+    out = tl.where(live, normalized(acc, l_i), 0.0)
     tl.store(
         out_ptr + r * o_t + heads[:, None] * o_h + dv[None, :],
         out.to(out_ptr.dtype.element_ty),
