@@ -19,6 +19,8 @@ split 0 directly. No host value is read: a launch can be captured in a CUDA grap
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
@@ -42,21 +44,26 @@ def entry_rows(pool: torch.Tensor, tables: torch.Tensor, entry: torch.Tensor) ->
     return pool[blocks, entry % per_block, 0]
 
 
-def compressed_decode_attention_ref(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    ratio: int,
-    picks: torch.Tensor | None = None,
-) -> torch.Tensor:
+class CompressedDecodeInputs(NamedTuple):
+    """One decode step's inputs, as the module docstring names them."""
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    ring: torch.Tensor
+    pool: torch.Tensor
+    tables: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: torch.Tensor
+    sinks: torch.Tensor
+    scale: float
+    ratio: int
+    picks: torch.Tensor | None = None
+
+
+def compressed_decode_attention_ref(step: CompressedDecodeInputs) -> torch.Tensor:
     """Batched torch form (fp32 math; no host sync): every row padded to the widest key list, masked."""
+    q, kv, ring, pool, tables, slots, positions, seq_lens, sinks, scale, ratio, picks = step
     rows, cap = q.shape[0], ring.shape[1]
     live = (slots >= 0) & (seq_lens > 0)
     old_pos = positions[:, None] - cap + torch.arange(cap, device=q.device)[None]
@@ -235,23 +242,11 @@ def _merge_kernel(
 
 
 def compressed_decode_attention_triton(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    ratio: int,
-    picks: torch.Tensor | None = None,
-    splits: int = SPLITS,
-    min_split_keys: int = MIN_SPLIT_KEYS,
+    step: CompressedDecodeInputs, splits: int = SPLITS, min_split_keys: int = MIN_SPLIT_KEYS
 ) -> torch.Tensor:
     """``splits`` and ``min_split_keys`` (a ``_BLOCK_N`` multiple) fix how a row's keys are cut: constants of the
     caller, never functions of the batch."""
+    q, kv, ring, pool, tables, slots, positions, seq_lens, sinks, scale, ratio, picks = step
     rows, heads, dim = q.shape
     out = torch.empty_like(q)
     if rows == 0:
@@ -333,20 +328,8 @@ def compressed_decode_attention_triton(
     return out
 
 
-def compressed_decode_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    ratio: int,
-    picks: torch.Tensor | None = None,
-) -> torch.Tensor:
+def compressed_decode_attention(step: CompressedDecodeInputs) -> torch.Tensor:
     """Compressed-layer decode attention ``[R, H, D]``; Triton on CUDA, the torch form elsewhere."""
-    fn = compressed_decode_attention_triton if use_triton(q) else compressed_decode_attention_ref
-    return fn(q, kv, ring, pool, tables, slots, positions, seq_lens, sinks, scale, ratio, picks)
+    return (compressed_decode_attention_triton if use_triton(step.q) else compressed_decode_attention_ref)(
+        step
+    )
