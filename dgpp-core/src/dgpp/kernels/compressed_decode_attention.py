@@ -192,20 +192,10 @@ def _split_kernel(
             lat = tl.load(base[:, None] + cols[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0)
             acc, m_i, l_i = attend_latent_tile(q, lat, jmask, acc, m_i, l_i, scale, PRECISION)
         # split 0 holds the sink, so l_i >= 1 there and in the merge: the zero guards never fire
-        finish_split(
-            out_ptr + r * o_r + h[:, None] * o_h + cols[None, :],
-            part_acc_ptr,
-            part_ml_ptr,
-            (r * heads + h) * num_splits + split,
-            cols,
-            acc,
-            m_i,
-            l_i,
-            used,
-            hmask[:, None] & dmask[None, :],
-            hmask,
-            BLOCK_D,
-        )
+        out_ptrs = out_ptr + r * o_r + h[:, None] * o_h + cols[None, :]
+        row = (r * heads + h) * num_splits + split
+        omask = hmask[:, None] & dmask[None, :]
+        finish_split(out_ptrs, part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, used, omask, hmask, BLOCK_D)
 
 
 @triton.jit

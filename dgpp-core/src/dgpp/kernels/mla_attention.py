@@ -218,20 +218,10 @@ def _mla_split_kernel(
             s = (s + tl.dot(qr, rope, input_precision=PRECISION)) * scale
             s = tl.where(jmask[None, :], s, float("-inf"))
             acc, m_i, l_i = softmax_step(s, lat, acc, m_i, l_i, PRECISION)
-        finish_split(
-            out_ptr + r * o_r + h[:, None] * o_h + cols[None, :],
-            part_acc_ptr,
-            part_ml_ptr,
-            (r * heads + h) * num_splits + split,
-            cols,
-            acc,
-            m_i,
-            l_i,
-            used,
-            hmask[:, None] & lmask[None, :],
-            hmask,
-            BLOCK_L,
-        )
+        out_ptrs = out_ptr + r * o_r + h[:, None] * o_h + cols[None, :]
+        row = (r * heads + h) * num_splits + split
+        omask = hmask[:, None] & lmask[None, :]
+        finish_split(out_ptrs, part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, used, omask, hmask, BLOCK_L)
 
 
 @triton.jit

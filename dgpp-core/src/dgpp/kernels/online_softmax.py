@@ -38,10 +38,9 @@ def normalized(acc, l_i):
 
 
 @triton.jit
-def store_partials(
-    part_acc_ptr, part_ml_ptr, row, cols, acc, m_i, l_i, acc_mask, row_mask, BLOCK_D: tl.constexpr
-):
+def store_partials(part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, acc_mask, row_mask, BLOCK_D: tl.constexpr):
     """One split's state at flat indices ``row``: ``acc`` into ``[.., BLOCK_D]``, ``(m_i, l_i)`` into ``[.., 2]``."""
+    cols = tl.arange(0, BLOCK_D)
     tl.store(part_acc_ptr + row[:, None] * BLOCK_D + cols[None, :], acc, mask=acc_mask)
     tl.store(part_ml_ptr + row * 2, m_i, mask=row_mask)
     tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=row_mask)
@@ -49,24 +48,13 @@ def store_partials(
 
 @triton.jit
 def finish_split(
-    out_ptrs,
-    part_acc_ptr,
-    part_ml_ptr,
-    row,
-    cols,
-    acc,
-    m_i,
-    l_i,
-    used,
-    acc_mask,
-    row_mask,
-    BLOCK_D: tl.constexpr,
+    out_ptrs, part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, used, acc_mask, row_mask, BLOCK_D: tl.constexpr
 ):
     """The answer itself when the row used one split (or none: a padding row's zeros), else the partials."""
     if used <= 1:
         tl.store(out_ptrs, normalized(acc, l_i).to(out_ptrs.dtype.element_ty), mask=acc_mask)
     else:
-        store_partials(part_acc_ptr, part_ml_ptr, row, cols, acc, m_i, l_i, acc_mask, row_mask, BLOCK_D)
+        store_partials(part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, acc_mask, row_mask, BLOCK_D)
 
 
 @triton.jit

@@ -175,7 +175,7 @@ def _decode_partition_kernel(
             partial = (used > 1) & (split < used)
             row = (b * group * tl.num_programs(1) + heads) * num_splits + split
             store_partials(
-                part_acc_ptr, part_ml_ptr, row, dv, acc, m_i, l_i, omask & partial, gmask & partial, BLOCK_DV
+                part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, omask & partial, gmask & partial, BLOCK_DV
             )
 
 
