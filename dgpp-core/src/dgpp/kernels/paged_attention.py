@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
 from dgpp.kernels.online_softmax import merge_splits, normalized, softmax_step, store_partials
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
@@ -152,17 +152,15 @@ def _decode_partition_kernel(
             kt = tl.load(
                 k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
             )
-            if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
+            if HAS_SCALES:  # e4m3 rows
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)
-                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
+                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
             s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
             v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
             if HAS_SCALES:
-                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)
-                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
+                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
             acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)

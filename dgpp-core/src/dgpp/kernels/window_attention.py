@@ -31,7 +31,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
 from dgpp.kernels.online_softmax import normalized, softmax_step
 
 _BLOCK_N = 64
@@ -230,10 +230,8 @@ def _window_attention_kernel(
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
             if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
                 sc_rows = phys * sc_0 + (toks % cap) * sc_1 + kvh * sc_2
-                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)
-                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)
-                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
-                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
+                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
+                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
         else:  # positions before this step from the ring, the rest from this step's rows
             old = toks < ctx
             ring = toks % cap
@@ -250,10 +248,8 @@ def _window_attention_kernel(
             )
             if HAS_SCALES:  # the ring's e4m3 rows; this step's rows come round-tripped already
                 sc_rows = slot * sc_0 + ring * sc_1 + kvh * sc_2
-                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask & old, other=0.0)
-                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask & old, other=0.0)
-                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
-                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
+                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask & old, q.dtype, True)
+                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask & old, q.dtype, False)
             kt += tl.load(
                 kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0
             )
