@@ -127,3 +127,56 @@ def test_qk_norm_rope_equals_norm_then_rotary(rot: int, neox: bool, offset: floa
         neox,
     )
     torch.testing.assert_close(q_tri, q_two)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_fp32_product_is_weight_times_normed_sum(with_residual: bool) -> None:
+    # plain weights with the product in fp32 (gpt-oss / Flint order), fused with the residual add
+    g = torch.Generator().manual_seed(11)
+    x, r = torch.randn(3, 96, generator=g), torch.randn(3, 96, generator=g)
+    w = torch.randn(96, generator=g)
+    summed = x + r if with_residual else x
+    expected = (w.float() * torch.nn.functional.rms_norm(summed.float(), (96,), eps=1e-5)).to(x.dtype)
+    got = rms_norm_triton(x, w, 1e-5, r if with_residual else None, 0.0, True)
+    ref = rms_norm_ref(x, w, 1e-5, r if with_residual else None, 0.0, True)
+    if with_residual:
+        (got, got_sum), (ref, ref_sum) = got, ref
+        assert torch.equal(got_sum, summed) and torch.equal(ref_sum, summed)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_layer_with_fp32_product_runs_the_kernel_order() -> None:
+    from dgpp.nn.norm import RMSNorm, add_rms_norm
+
+    class Fp32ProductNorm(RMSNorm):
+        fp32_product = True
+
+    g = torch.Generator().manual_seed(12)
+    norm = Fp32ProductNorm(64, 1e-6, dtype=torch.float32)
+    norm.weight.data.copy_(torch.randn(64, generator=g))
+    x, r = torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g)
+    assert norm.kernel_numerics() == (0.0, True)
+    expected = (norm.weight.float() * torch.nn.functional.rms_norm(x + r, (64,), eps=1e-6)).to(x.dtype)
+    out, summed = add_rms_norm(x, r, norm)  # the CPU path: the add, then the layer
+    assert torch.equal(out, expected) and torch.equal(summed, r + x)
+    fused, fused_sum = rms_norm_triton(x, norm.weight, norm.eps, r, *norm.kernel_numerics())
+    torch.testing.assert_close(fused, out, rtol=1e-5, atol=1e-6)
+    assert torch.equal(fused_sum, summed)
+
+
+def test_qk_norm_rope_fp32_product_equals_its_norm_then_rotary() -> None:
+    from dgpp.kernels.qk_norm_rope import qk_norm_rope_triton
+
+    g = torch.Generator().manual_seed(13)
+    q, k = torch.randn(3, 4, 32, generator=g), torch.randn(3, 2, 32, generator=g)
+    qw, kw = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    pos, inv = torch.tensor([0, 5, 77]), _inv_freq(32)
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (w.float() * torch.nn.functional.rms_norm(x.float(), (32,), eps=1e-6)).to(x.dtype)
+
+    q_ref, k_ref = rotary_ref(norm(q, qw), norm(k, kw), pos, inv, 1.0, True)
+    q_tri, k_tri = qk_norm_rope_triton(q, k, qw, kw, 1e-6, 0.0, pos, inv, 1.0, True, True)
+    torch.testing.assert_close(q_tri, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_tri, k_ref, rtol=1e-5, atol=1e-5)

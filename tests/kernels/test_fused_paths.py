@@ -3,6 +3,9 @@ dispatch, run here by the interpreter on CPU tensors), computes what the add-the
 
 from __future__ import annotations
 
+import contextlib
+
+import pytest
 import torch
 
 from dgpp.bench.models import build_random_model
@@ -46,3 +49,26 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
     for name in used:
         fn = getattr(kernels, name, None)
         assert callable(fn) and not inspect.ismodule(fn), f"dgpp.kernels.{name} is not a dispatcher"
+
+
+@pytest.mark.parametrize("kind", ["mimo", "flint"])
+def test_pre_norm_stack_on_the_cuda_path_computes_the_cpu_path(kind: str) -> None:
+    """MiMo and Flint on their CUDA branches (residual adds fused into the next norm, q/k/v in one launch,
+    Flint's q/k norms fused with the rotation; Triton under the interpreter) against their CPU path, fp32:
+    a prompt and three greedy decode steps, logits within fp32 rounding and the same tokens."""
+    from dgpp.bench.launches import cuda_path, tiny_model
+    from dgpp.engine.runner import ModelRunner
+
+    model = tiny_model(kind)
+    prompt = [5, 9, 11, 3, 7, 42, 8, 1, 2]
+    runs = []
+    for on_cuda_path in (False, True):
+        runner = ModelRunner(model, CachePools(model.cache_spec(), 4, 16, 1))
+        with cuda_path() if on_cuda_path else contextlib.nullcontext():
+            logits = [runner.step([SeqWork(0, [0, 1], 0, prompt)])[0]]
+            for step in range(3):
+                token = int(logits[-1].argmax())
+                logits.append(runner.step([SeqWork(0, [0, 1], len(prompt) + step, [token])])[0])
+        runs.append(torch.stack(logits))
+    torch.testing.assert_close(runs[1], runs[0], rtol=2e-5, atol=2e-5)
+    assert torch.equal(runs[1].argmax(-1), runs[0].argmax(-1))

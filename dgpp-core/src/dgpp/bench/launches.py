@@ -10,7 +10,8 @@ graph's capture. Counted as one launch each:
   no storage with its inputs. Views, no-op casts and bare allocations (``empty*``) launch nothing on a GPU;
 - a host read of a device value (``sync:<op>``: ``.item()``, ``bool(t)``), which a captured graph cannot replay.
 
-Ops are attributed to the decoder layer that runs them: from a layer's start to the next layer's start, and
+Ops are attributed to the decoder layer that runs them: from a layer's start (it, or any of its modules, is
+called) to the next layer's start, and
 the last layer to the end of the step, so every layer carries one residual add + norm boundary (the final
 norm is the last layer's). Ops before the first layer and in ``compute_logits`` are ``outside``. A torch op
 can be several CUDA kernels (a sort, an index_put), so a count is a lower bound on kernels, exact for Triton.
@@ -208,7 +209,10 @@ def count_step(model: nn.Module, step: Any) -> StepLaunches:
     def leave_model(_module: nn.Module, _args: Any, _out: Any) -> None:
         recorder.target = None
 
-    handles = [layer.register_forward_pre_hook(enter_layer(i)) for i, layer in enumerate(layers)]
+    # every module of a layer marks it: a stack may call a layer's parts rather than the layer
+    handles = [
+        m.register_forward_pre_hook(enter_layer(i)) for i, layer in enumerate(layers) for m in layer.modules()
+    ]
     handles += [model.register_forward_pre_hook(enter_model), model.register_forward_hook(leave_model)]
     original_logits = model.compute_logits
 
