@@ -1,5 +1,6 @@
-"""Qwen3's one forward, with each residual add fused into the next RMSNorm by the Triton kernel (the CUDA
-dispatch, run here by the interpreter on CPU tensors), computes what the add-then-norm torch ops compute."""
+"""The fused CUDA paths (the Triton kernels, run here by the interpreter on CPU tensors) compute what the
+torch ops of the CPU path compute: Qwen3's residual adds fused into the next RMSNorm, and whole models
+(MiMo, Flint, Qwen3.5, Qwen3.8-Flash-Next) on their CUDA branches."""
 
 from __future__ import annotations
 
@@ -51,11 +52,12 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
         assert callable(fn) and not inspect.ismodule(fn), f"dgpp.kernels.{name} is not a dispatcher"
 
 
-@pytest.mark.parametrize("kind", ["mimo", "flint"])
-def test_pre_norm_stack_on_the_cuda_path_computes_the_cpu_path(kind: str) -> None:
-    """MiMo and Flint on their CUDA branches (residual adds fused into the next norm, q/k/v in one launch,
-    Flint's q/k norms fused with the rotation; Triton under the interpreter) against their CPU path, fp32:
-    a prompt and three greedy decode steps, logits within fp32 rounding and the same tokens."""
+@pytest.mark.parametrize("kind", ["mimo", "flint", "qwen3_5", "qwen4_exp"])
+def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
+    """A model on its CUDA branches (Triton under the interpreter: residual adds fused into the next norm,
+    projections sharing a launch, Flint's q/k norms fused with the rotation, the GDN gates and output norm in
+    one launch each) against its CPU path, fp32: a prompt and three greedy decode steps, logits within fp32
+    rounding and the same tokens."""
     from dgpp.bench.launches import cuda_path, tiny_model
     from dgpp.engine.runner import ModelRunner
 

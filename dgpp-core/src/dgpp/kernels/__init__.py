@@ -9,9 +9,12 @@ are named apart from their modules, so ``dgpp.kernels.rotary`` stays the module.
 from __future__ import annotations
 
 from dgpp.kernels.gated_delta import gated_delta_rule
+from dgpp.kernels.gated_rmsnorm import gated_rms_norm
+from dgpp.kernels.gdn_gates import gdn_gates
 from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
+from dgpp.kernels.output_gate import sigmoid_gate
 from dgpp.kernels.paged_attention import paged_decode_attention
 from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
@@ -26,6 +29,8 @@ __all__ = [
     "fused_qk_norm_rope",
     "gate_up_silu",
     "gated_delta_rule",
+    "gated_rms_norm",
+    "gdn_gates",
     "gemv_applies",
     "greedy_tokens",
     "multi_linear",
@@ -33,6 +38,7 @@ __all__ = [
     "paged_prefill_attention",
     "rms_norm",
     "sample_tokens",
+    "sigmoid_gate",
     "silu_and_mul",
     "silu_mul_pair",
     "write_kv",

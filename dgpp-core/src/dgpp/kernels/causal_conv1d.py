@@ -2,7 +2,7 @@
 
 Shapes: ``x [B, C]`` (this step's conv inputs), ``weight [C, K]``, ``bias [C]`` or None, ``conv_state
 [slots, K-1, C]`` holding each sequence's last ``K-1`` inputs (oldest first), ``state_slots [B]`` (-1 marks
-a CUDA-graph padding row: nothing read, nothing written, output zeros), ``fresh [B]`` bool (the sequence
+a CUDA-graph padding row: nothing read, nothing written, output zeros), ``fresh [B]`` bool or int8 (the sequence
 starts here: its history is zeros whatever the slot holds). Output ``[B, C]`` in x's dtype: the fp32 sum
 rounded to x's dtype once, then SiLU when asked (the reference's rounding points). The state shifts by one
 input in place.
@@ -112,7 +112,7 @@ def conv_decode_triton(
         bias if bias is not None else weight,
         conv_state,
         state_slots,
-        fresh.to(torch.int8),
+        fresh if fresh.dtype == torch.int8 else fresh.to(torch.int8),
         out,
         channels,
         x.stride(0),

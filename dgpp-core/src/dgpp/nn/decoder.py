@@ -9,7 +9,7 @@ name with no renaming.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -117,6 +117,30 @@ class PreNormBlock(nn.Module):
         return all_reduce(self.mlp(x), self.world, group), residual
 
 
+def stream_blocks(
+    x: torch.Tensor,
+    layers: Sequence[nn.Module],
+    final_norm: nn.Module,
+    sublayers: Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    keep: Collection[int] = (),
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """``final_norm`` of the stream ``x`` after pre-norm ``layers``, and the stream after each layer in ``keep``.
+
+    ``sublayers(layer, normed, stream)`` runs a layer without its first norm and last add: it returns its output
+    and the stream before that output. The output is added to the stream in the next layer's ``input_layernorm``
+    (``add_rms_norm``: one kernel on CUDA; the final norm after the last layer), so no layer adds its own. A kept
+    layer's stream costs one add."""
+    normed, stream = layers[0].input_layernorm(x), x
+    kept: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(layers):
+        out, stream = sublayers(layer, normed, stream)
+        if i in keep:
+            kept[i] = stream + out
+        norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else final_norm
+        normed, stream = add_rms_norm(out, stream, norm)
+    return normed, kept
+
+
 def streams_residual(layer: nn.Module) -> bool:
     """True for a ``PreNormBlock`` whose ``forward`` is the plain block's, so a stack may run its
     ``sublayers`` and fuse each add into the next norm."""
@@ -183,12 +207,9 @@ class PreNormCausalLM(Model, Generic[C]):
             for layer in layers:
                 x = layer(x, batch, self.group)
             return self.model.norm(x)
-        normed, residual = layers[0].input_layernorm(x), x
-        for i, layer in enumerate(layers):
-            out, residual = layer.sublayers(normed, residual, batch, self.group)
-            norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else self.model.norm
-            normed, residual = add_rms_norm(out, residual, norm)
-        return normed
+        return stream_blocks(
+            x, layers, self.model.norm, lambda layer, h, r: layer.sublayers(h, r, batch, self.group)
+        )[0]
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -12,6 +12,8 @@ rotation run as one Triton launch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -112,33 +114,36 @@ class GQAttention(nn.Module):
 def project_qkv(
     x: torch.Tensor, projections: tuple[Linear, Linear, Linear], *, fuse_on_cpu: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(q_proj(x), k_proj(x), v_proj(x))``. On CUDA, dense unbiased projections run as one Triton launch
-    (each output's reduction is the single weight's, so the values are those of three launches) and packed
-    ones as one fused launch; on the CPU, with ``fuse_on_cpu``, one row-wise product against the concatenated
-    weights."""
-    if x.is_cuda and dense_weights(*projections):  # decode rows: q, k and v in one Triton launch
+    """``(q_proj(x), k_proj(x), v_proj(x))`` as ``fused_projections`` computes them."""
+    q, k, v = fused_projections(x, projections, fuse_on_cpu=fuse_on_cpu)
+    return q, k, v
+
+
+def fused_projections(
+    x: torch.Tensor, projections: Sequence[Linear], *, fuse_on_cpu: bool = True
+) -> list[torch.Tensor]:
+    """``[p(x) for p in projections]`` (one to three). On CUDA, dense unbiased projections run as one Triton
+    launch (each output's reduction is the single weight's, so the values are those of separate launches) and
+    packed ones as one fused launch; on the CPU, with ``fuse_on_cpu``, one row-wise product against the
+    concatenated weights."""
+    if x.is_cuda and dense_weights(*projections):  # decode rows: the projections in one Triton launch
         from dgpp import kernels
         from dgpp.nn.exact import routing as exact_cuda
 
         weights = [p.weight for p in projections]
         routed = exact_cuda.routed_linears(x, weights, lambda rows: kernels.multi_linear(rows, weights))
         if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact.routing)
-            q, k, v = routed
-            return q, k, v
+            return list(routed)
         if kernels.gemv_applies(x, *weights):
-            q, k, v = kernels.multi_linear(x, weights)
-            return q, k, v
-    elif x.is_cuda or not dense_weights(*projections):  # packed q/k/v: one launch (GPU decode GEMV, CPU int4)
-        fused = fused_linears(projections, x)
+            return list(kernels.multi_linear(x, weights))
+    elif x.is_cuda or not dense_weights(*projections):  # packed: one launch (GPU decode GEMV, CPU int4)
+        fused = fused_linears(tuple(projections), x)
         if fused is not None:
-            q, k, v = fused
-            return q, k, v
+            return list(fused)
     elif fuse_on_cpu and cpu_fusable(*projections):  # CPU: one row-wise product (dgpp.nn.batch_invariant)
         out = batch_invariant_fused_linear(x, tuple(p.weight for p in projections))
-        q, k, v = out.split([p.weight.shape[0] for p in projections], dim=-1)
-        return q, k, v
-    q_proj, k_proj, v_proj = projections
-    return q_proj(x), k_proj(x), v_proj(x)
+        return list(out.split([p.weight.shape[0] for p in projections], dim=-1))
+    return [p(x) for p in projections]
 
 
 def norm_and_rotate(
