@@ -150,3 +150,16 @@ def test_fused_moe_clamps_swiglu_inputs_like_the_reference() -> None:
     assert (unclamped - want).abs().max() > 1e-2
     with pytest.raises(ValueError, match="swiglu_limit"):
         fused_moe_triton(x, gate_up, down, weights, ids, swiglu_limit=0.0)
+
+
+def test_expert_sum_kernel_gives_the_chain_bits() -> None:
+    # fp32 out: the interpreter rounds fp32 -> bf16 its own way
+    from dgpp.kernels.moe import _sum_experts_kernel, sum_experts_ref
+
+    dtype = torch.float32
+    g = torch.Generator().manual_seed(3)
+    per_token = torch.randn(3, 8, 80, generator=g) * torch.logspace(-3, 3, 8)[None, :, None]  # order matters
+    out = torch.empty(3, 80, dtype=dtype)
+    _sum_experts_kernel[(3, 2)](per_token, out, 8, 80, per_token.stride(0), per_token.stride(1), 80, BLOCK=64)
+    assert torch.equal(out, sum_experts_ref(per_token, dtype))
+    assert not torch.equal(sum_experts_ref(per_token[:, :7], dtype), out)  # every expert counts
