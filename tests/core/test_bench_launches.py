@@ -77,3 +77,18 @@ def test_fused_path_launches_fewer_ops_than_the_unfused_chain() -> None:
     for layer in fused.layers:  # residual add + norm, q/k norm + rotary, gate/up + SiLU: one launch each
         assert not any(op in layer for op in ("aten.add", "aten.silu", "aten.rms_norm", "aten.mul"))
         assert layer["qk_norm_rope"] == 1 and layer["gate_up_silu"] == 1
+
+
+def test_hybrid_and_window_layers_launch_their_fused_kernels() -> None:
+    mimo = count_decode(tiny_model("mimo"))
+    dense, moe = mimo.layers[0], mimo.layers[1]
+    assert "aten.add" not in dense  # both residual adds went into the norms
+    assert dense["multi_linear"] == 3  # q/k/v, o, down
+    assert moe["align"] == 1 and moe["sum_experts"] == 1 and "aten.argsort" not in moe
+    qwen = count_decode(tiny_model("qwen3_5_moe"))
+    gdn, attention = qwen.layers[0], qwen.layers[1]
+    assert gdn["gdn_gates"] == 1 and gdn["gated_rms_norm"] == 1
+    assert not any(op in gdn for op in ("aten.softplus", "aten.silu", "aten.rms_norm"))
+    # the output gate's sigmoid is in its kernel; what sigmoid is left is the shared expert's gate, in both
+    assert attention["sigmoid_gate"] == 1 and attention["aten.sigmoid"] == gdn["aten.sigmoid"] == 1
+    assert "sync:_local_scalar_dense" not in gdn and "sync:_local_scalar_dense" not in attention

@@ -15,6 +15,7 @@ called) to the next layer's start, and
 the last layer to the end of the step, so every layer carries one residual add + norm boundary (the final
 norm is the last layer's). Ops before the first layer and in ``compute_logits`` are ``outside``. A torch op
 can be several CUDA kernels (a sort, an index_put), so a count is a lower bound on kernels, exact for Triton.
+Code that asks ``x.device.type`` rather than ``x.is_cuda`` keeps its CPU branch (tensors stay on the CPU).
 
     TRITON_INTERPRET=1 python -m dgpp.bench.launches [--kinds qwen3,mimo,...] [--context 12] [--dtype bfloat16]
 

@@ -124,8 +124,8 @@ def fused_projections(
 ) -> list[torch.Tensor]:
     """``[p(x) for p in projections]`` (one to three). On CUDA, dense unbiased projections run as one Triton
     launch (each output's reduction is the single weight's, so the values are those of separate launches) and
-    packed ones as one fused launch; on the CPU, with ``fuse_on_cpu``, one row-wise product against the
-    concatenated weights."""
+    packed ones as one fused launch; on the CPU, with ``fuse_on_cpu``, packed ones fused likewise and dense ones
+    as one row-wise product against the concatenated weights (without it, one product per projection)."""
     if x.is_cuda and dense_weights(*projections):  # decode rows: the projections in one Triton launch
         from dgpp import kernels
         from dgpp.nn.exact import routing as exact_cuda
@@ -136,7 +136,7 @@ def fused_projections(
             return list(routed)
         if kernels.gemv_applies(x, *weights):
             return list(kernels.multi_linear(x, weights))
-    elif x.is_cuda or not dense_weights(*projections):  # packed: one launch (GPU decode GEMV, CPU int4)
+    elif x.is_cuda or (fuse_on_cpu and not dense_weights(*projections)):  # packed: one launch (GPU, CPU int4)
         fused = fused_linears(tuple(projections), x)
         if fused is not None:
             return list(fused)
