@@ -85,6 +85,7 @@ def test_hybrid_and_window_layers_launch_their_fused_kernels() -> None:
     assert "aten.add" not in dense  # both residual adds went into the norms
     assert dense["multi_linear"] == 3  # q/k/v, o, down
     assert moe["align"] == 1 and moe["sum_experts"] == 1 and "aten.argsort" not in moe
+    assert moe["router_topk"] == 1 and "aten.topk" not in moe
     qwen = count_decode(tiny_model("qwen3_5_moe"))
     gdn, attention = qwen.layers[0], qwen.layers[1]
     assert gdn["gdn_gates"] == 1 and gdn["gated_rms_norm"] == 1

@@ -20,6 +20,7 @@ from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
 from dgpp.kernels.rmsnorm import rms_norm
 from dgpp.kernels.rotary import apply_rotary
+from dgpp.kernels.router_topk import router_topk
 from dgpp.kernels.sampling import greedy_tokens, sample_tokens
 from dgpp.kernels.swiglu import silu_and_mul, silu_mul_pair
 
@@ -37,6 +38,7 @@ __all__ = [
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
+    "router_topk",
     "sample_tokens",
     "sigmoid_gate",
     "silu_and_mul",
