@@ -90,6 +90,7 @@ def test_hybrid_and_window_layers_launch_their_fused_kernels() -> None:
     gdn, attention = qwen.layers[0], qwen.layers[1]
     assert gdn["gdn_gates"] == 1 and gdn["gated_rms_norm"] == 1
     assert not any(op in gdn for op in ("aten.softplus", "aten.silu", "aten.rms_norm"))
-    # the output gate's sigmoid is in its kernel; what sigmoid is left is the shared expert's gate, in both
-    assert attention["sigmoid_gate"] == 1 and attention["aten.sigmoid"] == gdn["aten.sigmoid"] == 1
+    # the output gate's and the shared expert's sigmoids are in their kernels
+    assert attention["sigmoid_gate"] == 1 and gdn["shared_expert_add"] == attention["shared_expert_add"] == 1
+    assert "aten.sigmoid" not in attention and "aten.sigmoid" not in gdn
     assert "sync:_local_scalar_dense" not in gdn and "sync:_local_scalar_dense" not in attention

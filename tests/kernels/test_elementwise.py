@@ -245,3 +245,14 @@ def test_sigmoid_gate_reads_the_strided_gate_in_place() -> None:
     expected = attn * torch.sigmoid(q_proj_out.view(3, 4, 48)[..., 24:]).reshape(3, 96)
     torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(sigmoid_gate_ref(attn, gate), expected, rtol=0, atol=0)
+
+
+def test_shared_expert_add_matches_the_chain() -> None:
+    from dgpp.kernels.output_gate import shared_expert_add_ref, shared_expert_add_triton
+
+    g = torch.Generator().manual_seed(32)
+    routed, shared = torch.randn(3, 80, generator=g), torch.randn(3, 80, generator=g)
+    gate = torch.randn(3, 5, generator=g)[:, 2:3]  # one logit per token, a column of a wider output
+    got = shared_expert_add_triton(routed, shared, gate)
+    torch.testing.assert_close(got, routed + torch.sigmoid(gate) * shared, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(shared_expert_add_ref(routed, shared, gate), got, rtol=1e-6, atol=1e-6)

@@ -1,6 +1,6 @@
 """The fused CUDA paths (the Triton kernels, run here by the interpreter on CPU tensors) compute what the
 torch ops of the CPU path compute: Qwen3's residual adds fused into the next RMSNorm, and whole models
-(MiMo, Flint, Qwen3.5, Qwen3.8-Flash-Next) on their CUDA branches."""
+(MiMo, Flint, Qwen3.5 dense and MoE, Qwen3.8-Flash-Next) on their CUDA branches."""
 
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
         assert callable(fn) and not inspect.ismodule(fn), f"dgpp.kernels.{name} is not a dispatcher"
 
 
-@pytest.mark.parametrize("kind", ["mimo", "flint", "qwen3_5", "qwen4_exp"])
+@pytest.mark.parametrize("kind", ["mimo", "flint", "qwen3_5", "qwen3_5_moe", "qwen4_exp"])
 def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     """A model on its CUDA branches (Triton under the interpreter: residual adds fused into the next norm,
     projections sharing a launch, Flint's q/k norms fused with the rotation, the GDN gates and output norm in

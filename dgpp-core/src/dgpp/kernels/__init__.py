@@ -14,7 +14,7 @@ from dgpp.kernels.gdn_gates import gdn_gates
 from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
-from dgpp.kernels.output_gate import sigmoid_gate
+from dgpp.kernels.output_gate import shared_expert_add, sigmoid_gate
 from dgpp.kernels.paged_attention import paged_decode_attention
 from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
@@ -40,6 +40,7 @@ __all__ = [
     "rms_norm",
     "router_topk",
     "sample_tokens",
+    "shared_expert_add",
     "sigmoid_gate",
     "silu_and_mul",
     "silu_mul_pair",

@@ -301,6 +301,10 @@ class SparseMoE(nn.Module):
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None and out.is_cuda and out.dim() == 2:
+                from dgpp import kernels  # the gate's sigmoid, its product and the add in one launch
+
+                return kernels.shared_expert_add(out, shared, self.shared_expert_gate(x))
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared
