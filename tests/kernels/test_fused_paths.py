@@ -74,3 +74,27 @@ def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
         runs.append(torch.stack(logits))
     torch.testing.assert_close(runs[1], runs[0], rtol=2e-5, atol=2e-5)
     assert torch.equal(runs[1].argmax(-1), runs[0].argmax(-1))
+
+
+@pytest.mark.parametrize("kind", ["mimo", "qwen3_5_moe"])
+def test_cuda_path_decode_rows_do_not_depend_on_the_batch(kind: str) -> None:
+    """On the CUDA branches, a decode row's logits are the same bits alone and beside another sequence."""
+    from dgpp.bench.launches import cuda_path, tiny_model
+    from dgpp.engine.runner import ModelRunner
+
+    model = tiny_model(kind)
+    prompts = [[5, 9, 11, 3, 7, 42, 8], [17, 2, 30, 4]]
+    tables = [[0, 1], [2, 3]]
+    results = []
+    for together in (False, True):
+        runner = ModelRunner(model, CachePools(model.cache_spec(), 4, 16, 2))
+        with cuda_path():
+            first = [
+                int(runner.step([SeqWork(i, tables[i], 0, p)])[0].argmax()) for i, p in enumerate(prompts)
+            ]
+            works = [SeqWork(i, tables[i], len(p), [first[i]]) for i, p in enumerate(prompts)]
+            if together:
+                results.append(runner.step(works))
+            else:
+                results.append(torch.cat([runner.step([w]) for w in works]))
+    assert torch.equal(results[0], results[1])

@@ -54,6 +54,7 @@ def _conv_decode_kernel(
     out_ptr,
     channels,
     x_row,
+    out_row,
     state_slot_stride,
     state_row,
     KERNEL: tl.constexpr,
@@ -86,7 +87,7 @@ def _conv_decode_kernel(
     if SILU:
         y = y * tl.sigmoid(y)
     y = tl.where(valid, y, 0.0)
-    tl.store(out_ptr + b * x_row + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
+    tl.store(out_ptr + b * out_row + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 def conv_decode_triton(
@@ -103,7 +104,9 @@ def conv_decode_triton(
     if kernel < 2 or conv_state.stride(-1) != 1 or x.stride(-1) != 1:
         raise ValueError("conv decode kernel needs kernel >= 2 and contiguous channels")
     weight = weight.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty(
+        batch, channels, dtype=x.dtype, device=x.device
+    )  # x may be a strided view of wider rows
     block = min(next_pow2(channels), 1024)
     grid = (batch, triton.cdiv(channels, block))
     _conv_decode_kernel[grid](
@@ -116,6 +119,7 @@ def conv_decode_triton(
         out,
         channels,
         x.stride(0),
+        out.stride(0),
         conv_state.stride(0),
         conv_state.stride(1),
         KERNEL=kernel,
