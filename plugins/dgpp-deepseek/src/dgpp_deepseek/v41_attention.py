@@ -23,15 +23,23 @@ from dgpp_deepseek.attention import LatentProjections, grouped_output
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
+from dgpp_deepseek.v41_packed_entries import EntryFormats
 
 
 class DeepseekV41Attention(LatentProjections):
     """One layer's CSA2 attention, replicated on every rank (one K/V head: nothing to split by heads)."""
 
     def __init__(
-        self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, index_topk: int
+        self,
+        cfg: DeepseekV41ArchConfig,
+        layer_idx: int,
+        formats: EntryFormats,
+        *,
+        dtype: torch.dtype,
+        index_topk: int,
     ) -> None:
         super().__init__(cfg, dtype=dtype)
+        self.formats = formats  # how the group's pools hold entries (shared by the whole model)
         heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         self.num_heads, self.head_dim, self.groups = heads, dim, cfg.o_groups
         self.window, self.o_lora_rank, self.dtype = cfg.sliding_window, cfg.o_lora_rank, dtype
@@ -61,6 +69,7 @@ class DeepseekV41Attention(LatentProjections):
                 self.ratio,
                 self.rotary,
                 self.cache_name,
+                formats,
                 dtype=dtype,
                 eps=eps,
             )
@@ -73,6 +82,7 @@ class DeepseekV41Attention(LatentProjections):
                 cfg.index_head_dim,
                 index_topk,
                 self.rotary,
+                formats,
                 dtype=dtype,
             )
             if layer_idx == cfg.candidate_source_layer_id:
@@ -134,6 +144,7 @@ class DeepseekV41Attention(LatentProjections):
                 self.ratio,
                 flow.selection,
                 flow.window_floor,
+                read_entries=lambda rows: self.formats.main.decode(rows, self.dtype),
             )
         ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
         out = self.rotary.rotate(out, batch.positions, inverse=True)
