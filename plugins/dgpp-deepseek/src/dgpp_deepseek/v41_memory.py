@@ -7,7 +7,9 @@ the weights item is what is resident. The Engram tables are not modules: their b
 checkpoint's headers when it is at hand, else from ``engram_num_embeddings``) join the weights under
 ``engine.ngram_table: resident`` and are reported as mapped file bytes, outside the GPU plan, under ``mmap``.
 The cache rates come from ``cache_spec()``: per token the kv sources' compressed entries and index keys, per
-request every layer's window ring, the ratio-2 sources' open pair and the Engram token context.
+request every layer's window ring, the ratio-2 sources' open pair and the Engram token context. With
+``engine.mtp`` the DSpark stages join the weights and their context rows (one latent per token and stage) the
+cache.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dgpp.quant.resident import resident_bytes
 from dgpp_deepseek.memory import activation_bytes
 from dgpp_deepseek.release_layout import release_hf_config
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
-from dgpp_deepseek.v41_loader import checkpoint_name
+from dgpp_deepseek.v41_loader import build_model, checkpoint_name
 
 
 def engram_table_bytes(cfg: DeepseekV41ArchConfig) -> int:
@@ -29,27 +31,30 @@ def engram_table_bytes(cfg: DeepseekV41ArchConfig) -> int:
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
-    from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM
+    from dgpp_deepseek.dspark import dspark_cache_spec
 
     cfg = DeepseekV41ArchConfig.from_hf_config(ctx.hf_config)
     with torch.device("meta"):
-        model = DeepseekV41ForCausalLM(
-            cfg, dtype=ctx.dtype, world=ctx.world, index_topk=ctx.engine.index_topk or None
-        )
+        model = build_model(cfg, ctx)
         quantize_modules(model, release_hf_config(ctx.hf_config), rename=checkpoint_name)
+    spec = model.cache_spec()
+    stages = getattr(model, "mtp", None)
+    if stages is not None:
+        spec = {**spec, **dspark_cache_spec(cfg, len(stages), model.dtype)}
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     tables = engram_table_bytes(cfg)
     resident = ctx.engine.ngram_table == "resident"
     weights = resident_bytes(model, ctx.engine.bf16_weights, ctx.engine.dense_weights)
     return ModelMemory.from_cache_spec(
-        stored_as(model.cache_spec(), ctx.engine.kv_dtype),  # kv_dtype fp8 is refused by name
+        stored_as(spec, ctx.engine.kv_dtype),  # kv_dtype fp8 is refused by name
         weights=weights + (tables if resident else 0),
         activations_per_token=activation_bytes(cfg, ctx.world.size, itemsize),
         vocab_size=cfg.vocab_size,
         max_position=cfg.max_position_embeddings,
         notes=(
             f"DeepSeek-V4.1 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size} in the "
-            "release's formats; compressed entries per token, window rings per request",
+            "release's formats (the DSpark stages with engine.mtp); packed compressed entries per token, "
+            "window rings per request",
             f"Engram tables: {tables / 2**30:.2f} GiB "
             + (
                 "resident (in the weights)"
