@@ -172,8 +172,10 @@ def test_the_plan_counts_the_stages_and_their_context_rows(dsv41):
     pm = build_manager()
     plain = plan_for(pm, load_context(path, pm=pm))
     spec = plan_for(pm, load_context(path, MTP, pm=pm))
-    # one fp32 latent per token and stage
-    assert spec.kv_per_token - plain.kv_per_token == len(drafter.stages) * model.config.head_dim * 4
+    # one packed FP8 latent per token and stage: 64 E4M3 codes and 2 E8M0 scales
+    assert spec.kv_per_token - plain.kv_per_token == len(drafter.stages) * (64 + 2)
+    for name, entry in drafter.cache_spec().items():
+        assert (entry.head_dim, entry.dtype) == (66, torch.uint8), name
     stage_bytes = sum(p.numel() * p.element_size() for p in model.mtp.parameters())  # as loaded: packed
     assert spec.weights - plain.weights == stage_bytes
 

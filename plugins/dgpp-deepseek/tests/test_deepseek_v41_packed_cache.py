@@ -14,8 +14,8 @@ from test_deepseek_v41 import build_fp32_fixture
 
 from dgpp.offline import engine_all_logits, greedy_generate, make_pools, make_prompts
 from dgpp.startup.loading import load_model
-from dgpp_deepseek.v41_latent_formats import round_fp4_e4m3, round_fp4_e8m0
-from dgpp_deepseek.v41_packed_entries import EntryFormats, PackedFP4
+from dgpp_deepseek.v41_latent_formats import round_fp4_e4m3, round_fp4_e8m0, round_fp8_e8m0
+from dgpp_deepseek.v41_packed_entries import EntryFormats, PackedFP4, PackedFP8
 
 HEAD_DIM, INDEX_DIM = 64, 32  # the fixture's latent and index-key widths
 LENGTHS = (5, 23, 40, 9)
@@ -64,6 +64,19 @@ def test_packed_rows_hold_the_trained_rounding(form, rounding, scale_bytes, dtyp
         rounded.view(torch.int16 if dtype == torch.bfloat16 else torch.int32),
     )  # -0.0 too
     assert torch.equal(_decode_independently(rows, form.dim, form.block, scale_bytes), rounded.double())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_packed_fp8_rows_hold_the_window_form(dtype):
+    """The DSpark context rows' form: E4M3 codes and an E8M0 scale per 32, the values ``round_fp8_e8m0`` gives."""
+    form = PackedFP8(HEAD_DIM)
+    x = _values(40, HEAD_DIM, dtype)
+    rows = form.encode(x)
+    assert rows.dtype == torch.uint8 and rows.shape == (40, HEAD_DIM + HEAD_DIM // 32)
+    rounded = round_fp8_e8m0(x)
+    assert torch.equal(form.decode(rows, dtype), rounded)
+    scales = decode_e8m0(rows[:, HEAD_DIM:]).repeat_interleave(32, dim=1)
+    assert torch.equal(decode_e4m3(rows[:, :HEAD_DIM]) * scales, rounded.double())
 
 
 def test_the_pools_are_the_packed_size(checkpoint):

@@ -150,8 +150,9 @@ def test_template_plan_fits_a_node(tmp_path):
     assert deploy.engine.mtp and deploy.engine.mtp_depth == 5 and deploy.engine.mtp_schedule
     # per token, packed as the release stores it: each ratio-2 source a 512-wide FP4 entry (256 bytes + 32 E4M3
     # scales) and a 128-wide FP4 index key (64 bytes + 4 E8M0 scales) per 2 tokens, the ratio-1 source both per
-    # token: the release's 890 bytes; and a BF16 context latent of 512 for each of the 3 DSpark stages
-    assert plan.kv_per_token == 3 * (288 + 68) // 2 + (288 + 68) + 3 * 512 * 2 == 890 + 3072
+    # token: the release's 890 bytes; and a context latent for each of the 3 DSpark stages, packed FP8 as the
+    # window ring holds it (512 E4M3 codes + 16 E8M0 scales)
+    assert plan.kv_per_token == 3 * (288 + 68) // 2 + (288 + 68) + 3 * (512 + 16) == 890 + 1584
     # routed experts are the bulk: 40 layers x 384 and 3 stages x 128, x 3 x 5120 x 2304 MXFP4 (0.5 B + one E8M0
     # per 32) / world
     experts = (40 * 384 + 3 * 128) * 3 * 5120 * 2304 * 17 // 32 // 4

@@ -138,6 +138,14 @@ class DSparkHeads:
     def cache_spec(self) -> dict[str, CacheSpec]:
         return dspark_cache_spec(self.config, len(self.stage_list), self.dtype)
 
+    def stored_rows(self, latent: torch.Tensor) -> torch.Tensor:
+        """Context latents ``[n, head_dim]`` as the context pool holds them (here: as they are)."""
+        return latent
+
+    def read_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The context pool's rows back as latents (``stored_rows`` undone)."""
+        return rows
+
     @property
     def stage_list(self) -> list[Any]:
         raise NotImplementedError
@@ -156,18 +164,18 @@ class DSparkHeads:
         main_x = self.main_x(features)
         for s, stage in enumerate(self.stage_list):
             latent = self.context_latent(stage.attn, main_x, batch.positions)
-            keys, _ = batch.cache.kv[_context_name(s)]
-            keys.view(-1, keys.shape[-1])[batch.slot_mapping] = latent.to(keys.dtype)
+            keys, _ = batch.cache.kv[context_name(s)]
+            keys.view(-1, keys.shape[-1])[batch.slot_mapping] = self.stored_rows(latent).to(keys.dtype)
 
     def _context(self, batch: ForwardBatch, s: int) -> list[torch.Tensor]:
         """Stage ``s``'s context latents of each sequence: positions ``max(0, c - window) .. c - 1``."""
-        keys, _ = batch.cache.kv[_context_name(s)]
+        keys, _ = batch.cache.kv[context_name(s)]
         flat, bs = keys.view(-1, keys.shape[-1]), batch.cache.block_size
         out = []
         for i, c in enumerate(batch.context_lens_cpu):
             positions = torch.arange(max(0, c - self.window), c, device=keys.device)
             table = batch.block_tables[i].long()
-            out.append(flat[table[positions // bs] * bs + positions % bs])
+            out.append(self.read_rows(flat[table[positions // bs] * bs + positions % bs]))
         return out
 
     def block_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -278,13 +286,13 @@ class DSparkDrafter(DSparkHeads):
         return attn.grouped_output(out)
 
 
-def _context_name(stage: int) -> str:
+def context_name(stage: int) -> str:
     return f"mtp.{stage}.attn.context"
 
 
 def dspark_cache_spec(cfg: LatentMoEFields, stages: int, dtype: torch.dtype) -> dict[str, CacheSpec]:
     """One latent row per position for each stage (the key is its own value: no V)."""
-    return {_context_name(s): PagedKV(1, cfg.head_dim, dtype, v_head_dim=0) for s in range(stages)}
+    return {context_name(s): PagedKV(1, cfg.head_dim, dtype, v_head_dim=0) for s in range(stages)}
 
 
 def build_draft(ctx: LoadContext, model: Model) -> DSparkDrafter | None:

@@ -6,8 +6,9 @@
   ``dspark_target_layer_ids`` (after that layer's Engram), concatenated in that order
   (``DeepseekV41ForCausalLM.feature_layers``).
 * **Context.** ``main_x = main_norm(main_proj(features))``; each stage's context row at ``p`` is that stage's
-  window latent of ``main_x``, ``rotate(kv_norm(wkv(main_x)), p)`` in the window ring's FP8 form
-  (``round_fp8_e8m0``), one paged row per position.
+  window latent of ``main_x``, ``rotate(kv_norm(wkv(main_x)), p)`` in the window ring's FP8 form, one paged row
+  per position held packed as the ring holds it (``PackedFP8``: E4M3 codes and an E8M0 scale per 32, 528 bytes
+  per 512-wide row).
 * **Block.** At position ``c`` the rows ``[x, noise x (block - 1)]`` are embedded on every stream and run
   through the stages as V4.1 blocks: single-pass hyper-connections (the first stage's attention collapses with
   ``[1, 0, 0, 0]``, every later sublayer with the previous one's ``pre``), CSA2 attention without a per-head
@@ -30,13 +31,15 @@ import torch
 
 from dgpp.nn.hyper_connections import to_streams
 from dgpp.nn.parallel import all_reduce
-from dgpp.plugin_api import ConfigError, ForwardBatch, LoadContext, Model
+from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, LoadContext, Model, PagedKV
 from dgpp_deepseek.attention import grouped_output
-from dgpp_deepseek.dspark import DSparkHeads, block_attention
+from dgpp_deepseek.config import LatentMoEFields
+from dgpp_deepseek.dspark import DSparkHeads, block_attention, context_name
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
 from dgpp_deepseek.v41_draft_stages import DSparkV41Config
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 from dgpp_deepseek.v41_model import DeepseekV41Block, DeepseekV41ForCausalLM, collapse
+from dgpp_deepseek.v41_packed_entries import PackedFP8
 
 
 class DSparkV41Drafter(DSparkHeads):
@@ -55,6 +58,15 @@ class DSparkV41Drafter(DSparkHeads):
     @property
     def stage_list(self) -> list[Any]:
         return self.stages
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        return context_spec(self.config, len(self.stages))
+
+    def stored_rows(self, latent: torch.Tensor) -> torch.Tensor:
+        return PackedFP8(self.config.head_dim).encode(latent)
+
+    def read_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return PackedFP8(self.config.head_dim).decode(rows, self.dtype)
 
     def context_latent(self, attn: Any, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return round_fp8_e8m0(super().context_latent(attn, x, positions))
@@ -94,6 +106,12 @@ class DSparkV41Drafter(DSparkHeads):
         out = block_attention(q, latent, contexts, attn.attn_sink, attn.head_dim**-0.5, block)
         out = attn.rotary.rotate(out, positions, inverse=True)
         return grouped_output(attn.wo_a, attn.wo_b, out, attn.groups, attn.o_lora_rank)
+
+
+def context_spec(cfg: LatentMoEFields, stages: int) -> dict[str, CacheSpec]:
+    """One packed FP8 latent row per position for each stage (the key is its own value: no V)."""
+    row = PackedFP8(cfg.head_dim)
+    return {context_name(s): PagedKV(1, row.width, row.dtype, v_head_dim=0) for s in range(stages)}
 
 
 def build_draft(ctx: LoadContext, model: Model) -> DSparkV41Drafter | None:

@@ -63,12 +63,18 @@ def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
     return x.float().unflatten(-1, (-1, size))
 
 
-def round_fp8_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """The window latent's form: E4M3 codes, a power-of-two scale per ``block`` channels."""
+def fp8_e8m0_parts(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window latent's form: E4M3 codes ``[..., n, block]`` (float8) and a power-of-two fp32 scale
+    ``[..., n, 1]``, the block's amax floored at 1e-4."""
     b = _blocks(x, block)
     scale = pow2_ceil(b.abs().amax(-1, keepdim=True).clamp_min(1e-4) * (1.0 / E4M3_MAX))
-    codes = (b / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
-    return (codes * scale).flatten(-2).to(x.dtype)
+    return (b / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+
+def round_fp8_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """The window latent's form as values: E4M3 codes, a power-of-two scale per ``block`` channels."""
+    codes, scale = fp8_e8m0_parts(x, block)
+    return (codes.float() * scale).flatten(-2).to(x.dtype)
 
 
 def fp4_e8m0_parts(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,8 +8,8 @@ checkpoint's headers when it is at hand, else from ``engram_num_embeddings``) jo
 ``engine.ngram_table: resident`` and are reported as mapped file bytes, outside the GPU plan, under ``mmap``.
 The cache rates come from ``cache_spec()``: per token the kv sources' compressed entries and index keys, per
 request every layer's window ring, the ratio-2 sources' open pair and the Engram token context. With
-``engine.mtp`` the DSpark stages join the weights and their context rows (one latent per token and stage) the
-cache.
+``engine.mtp`` the DSpark stages join the weights and their context rows (one packed FP8 latent per token and
+stage, 528 bytes at the release's width) the cache.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def engram_table_bytes(cfg: DeepseekV41ArchConfig) -> int:
 
 
 def memory_plan(ctx: LoadContext) -> ModelMemory:
-    from dgpp_deepseek.dspark import dspark_cache_spec
+    from dgpp_deepseek.v41_dspark import context_spec
 
     cfg = DeepseekV41ArchConfig.from_hf_config(ctx.hf_config)
     with torch.device("meta"):
@@ -40,7 +40,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
     spec = model.cache_spec()
     stages = getattr(model, "mtp", None)
     if stages is not None:
-        spec = {**spec, **dspark_cache_spec(cfg, len(stages), model.dtype)}
+        spec = {**spec, **context_spec(cfg, len(stages))}
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     tables = engram_table_bytes(cfg)
     resident = ctx.engine.ngram_table == "resident"

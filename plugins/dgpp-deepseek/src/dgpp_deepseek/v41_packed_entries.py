@@ -21,7 +21,7 @@ from typing import Protocol
 
 import torch
 
-from dgpp_deepseek.v41_latent_formats import e2m1_values, fp4_e4m3_parts, fp4_e8m0_parts
+from dgpp_deepseek.v41_latent_formats import e2m1_values, fp4_e4m3_parts, fp4_e8m0_parts, fp8_e8m0_parts
 
 
 class EntryFormat(Protocol):
@@ -80,6 +80,36 @@ class PackedFP4:
         else:
             scale = torch.ldexp(torch.ones_like(scale_bytes, dtype=torch.float32), scale_bytes.int() - 127)
         values = e2m1_values(nibbles).unflatten(-1, (-1, self.block)) * scale[..., None]
+        return values.flatten(-2).to(dtype)
+
+
+@dataclass(frozen=True)
+class PackedFP8:
+    """E4M3 codes (one byte per channel) and one power-of-two scale byte per ``block`` channels (``2^(byte -
+    127)``): the window ring's form, in which the DSpark stages' context latents are held (528 bytes per
+    512-wide row)."""
+
+    dim: int
+    block: int = 32
+
+    @property
+    def width(self) -> int:
+        return self.dim + self.dim // self.block
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return torch.uint8
+
+    def encode(self, values: torch.Tensor) -> torch.Tensor:
+        codes, scale = fp8_e8m0_parts(values, self.block)
+        exponent = torch.frexp(scale).exponent  # scale = 0.5 * 2^exponent
+        scale_bytes = (exponent + 126).to(torch.uint8).flatten(-2)
+        return torch.cat([codes.flatten(-2).view(torch.uint8), scale_bytes], dim=-1)
+
+    def decode(self, rows: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        codes, scale_bytes = rows[..., : self.dim].contiguous(), rows[..., self.dim :]
+        scale = torch.ldexp(torch.ones_like(scale_bytes, dtype=torch.float32), scale_bytes.int() - 127)
+        values = codes.view(torch.float8_e4m3fn).float().unflatten(-1, (-1, self.block)) * scale[..., None]
         return values.flatten(-2).to(dtype)
 
 
