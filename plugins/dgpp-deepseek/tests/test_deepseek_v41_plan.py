@@ -165,6 +165,8 @@ def test_without_drafts_the_plan_holds_the_packed_890_bytes(tmp_path):
     _, drafting = _plan(tmp_path)
     _, plain = _plan(tmp_path, mtp=False)
     assert plain.kv_per_token == 890
+    assert "compressed entries and index keys (packed FP4) 890 B/token" in plain.notes[1]
+    assert drafting.notes[1].endswith("DSpark context rows (packed FP8) 1584 B/token")
     # the three stages (128 MXFP4 experts top-3 each, FP8 attention, BF16 Markov heads) as this rank holds them
     assert 2 * GiB < drafting.weights - plain.weights < 2.5 * GiB
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.plugin_api import LoadContext, ModelMemory, quantize_modules, stored_as
+from dgpp.plugin_api import CacheSpec, LoadContext, ModelMemory, PagedKV, quantize_modules, stored_as
 from dgpp.quant.resident import resident_bytes
 from dgpp_deepseek.memory import activation_bytes
 from dgpp_deepseek.release_layout import release_hf_config
@@ -30,6 +30,10 @@ def engram_table_bytes(cfg: DeepseekV41ArchConfig) -> int:
     return sum(cfg.engram_num_embeddings) * per_row
 
 
+def _bytes_per_token(spec: dict[str, CacheSpec]) -> int:
+    return sum(s.bytes_per_token() for s in spec.values() if isinstance(s, PagedKV))
+
+
 def memory_plan(ctx: LoadContext) -> ModelMemory:
     from dgpp_deepseek.v41_dspark import context_spec
 
@@ -38,9 +42,12 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         model = build_model(cfg, ctx)
         quantize_modules(model, release_hf_config(ctx.hf_config), rename=checkpoint_name)
     spec = model.cache_spec()
+    per_token = f"compressed entries and index keys (packed FP4) {_bytes_per_token(spec)} B/token"
     stages = getattr(model, "mtp", None)
     if stages is not None:
-        spec = {**spec, **context_spec(cfg, len(stages))}
+        drafts = context_spec(cfg, len(stages))
+        spec = {**spec, **drafts}
+        per_token += f", DSpark context rows (packed FP8) {_bytes_per_token(drafts)} B/token"
     itemsize = torch.empty((), dtype=model.dtype).element_size()
     tables = engram_table_bytes(cfg)
     resident = ctx.engine.ngram_table == "resident"
@@ -53,8 +60,8 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
         max_position=cfg.max_position_embeddings,
         notes=(
             f"DeepSeek-V4.1 plan: modules built on meta for rank {ctx.world.rank} of {ctx.world.size} in the "
-            "release's formats (the DSpark stages with engine.mtp); packed compressed entries per token, "
-            "window rings per request",
+            "release's formats (the DSpark stages with engine.mtp); window rings per request",
+            per_token,
             f"Engram tables: {tables / 2**30:.2f} GiB "
             + (
                 "resident (in the weights)"
