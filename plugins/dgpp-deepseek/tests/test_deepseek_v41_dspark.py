@@ -199,3 +199,14 @@ def test_the_release_config_names_three_stages():
     dspark = DSparkV41Config.from_text_config(text, DeepseekV41ArchConfig.from_hf_config(V41_FLASH))
     assert dspark is not None
     assert (dspark.stages, dspark.common.block_size, dspark.experts, dspark.experts_per_tok) == (3, 5, 128, 3)
+
+
+def test_stages_named_by_the_config_but_not_shipped_name_the_missing_tensor(tmp_path):
+    path = build_fp32_fixture(tmp_path / "ckpt")
+    config = json.loads((path / "config.json").read_text())
+    config["text_config"].update(
+        num_nextn_predict_layers=3, dspark_block_size=4, dspark_noise_token_id=5, dspark_target_layer_ids=[7]
+    )
+    (path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"tensor 'mtp\.0\..*' .* is missing from .*model\.safetensors"):
+        load_model(path, MTP)
