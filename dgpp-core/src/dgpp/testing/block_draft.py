@@ -4,6 +4,7 @@ prefill (``prefill_features``), and greedy serving through the scheduler with th
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import Protocol
 
@@ -139,23 +140,34 @@ class BlockReader(BlockDrafter, Protocol):
 
 
 def check_blocks(
+    model: Model,
     drafter: BlockReader,
-    draft_pools: CachePools,
-    works: list[SeqWork],
-    expected: Seq[tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor]],
-) -> torch.Tensor:
-    """One drafter call over ``works`` (a block per sequence) against a reference's ``(base logits, collapsed
-    rows, drafts, confidences)`` per sequence: logits, rows and confidences within 1e-4, the drafts equal and not
-    one repeated token. Returns the base logits ``[B, block, vocab]``."""
+    prompts: Seq[list[int]],
+    anchors: Seq[int],
+    reference: Callable[[torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor]],
+    *,
+    blocks: int,
+    block_size: int,
+) -> None:
+    """Each prompt prefilled and written into the drafter's context, then one drafter call drafting a block after
+    each (fed ``anchors[i]``) against ``reference(features, context length, anchor)``'s ``(base logits,
+    collapsed rows, drafts, confidences)``: logits, rows and confidences within 1e-4, the drafts equal and not
+    one repeated token. A block at the first prompt's place with a context 3 rows older drafts other logits."""
+    draft_pools, tables, features = prefill_features(
+        model, drafter, prompts, blocks=blocks, block_size=block_size, spare=drafter.drafts + 1
+    )
+    works = [SeqWork(i, tables[i], len(p), [anchors[i]]) for i, p in enumerate(prompts)]
     base, collapsed, _ = drafter.block_logits(build_batch(works, draft_pools))
     drafts, confidence = drafter.draft(build_batch(works, draft_pools))
-    for i, (r_base, r_collapsed, r_drafts, r_conf) in enumerate(expected):
+    for i, prompt in enumerate(prompts):
+        r_base, r_collapsed, r_drafts, r_conf = reference(features[i], len(prompt), anchors[i])
         assert (base[i].double() - r_base).abs().max() < 1e-4
         assert (collapsed[i].double() - r_collapsed).abs().max() < 1e-4
         assert drafts[i].tolist() == r_drafts
         assert len(set(r_drafts)) > 1  # the drafts follow the logits, not one repeated token
         assert (confidence[i].double() - r_conf).abs().max() < 1e-4
-    return base
+    stale = build_batch([SeqWork(0, tables[0], len(prompts[0]) - 3, [anchors[0]])], draft_pools)
+    assert (drafter.block_logits(stale)[0][0] - base[0]).abs().max() > 1e-2
 
 
 def check_exact_with_drafts(
