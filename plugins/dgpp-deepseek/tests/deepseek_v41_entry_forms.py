@@ -1,6 +1,6 @@
-"""Compressed-pool forms the tests put in place of the packed ones (``DeepseekV41ForCausalLM.entry_formats``): the
-entries held as values in the compute dtype, rounded to their trained form (the values the packed bytes decode
-to) or not rounded at all."""
+"""Cache forms the tests put in place of the packed ones (``DeepseekV41ForCausalLM.entry_formats``): the compressed
+entries, index keys and window latents held as values in the compute dtype, rounded to their trained form (the
+values the packed bytes decode to) or not rounded at all."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dgpp_deepseek.v41_latent_formats import round_fp4_e4m3, round_fp4_e8m0
+from dgpp_deepseek.v41_latent_formats import round_fp4_e4m3, round_fp4_e8m0, round_fp8_e8m0
 from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM
 
 
@@ -33,7 +33,8 @@ class ValueEntries:
 
 
 def hold_values(model: DeepseekV41ForCausalLM, *, rounded: bool) -> None:
-    """Every compressed pool of ``model`` holds values in its dtype from now on (rounded or not)."""
+    """Every compressed pool and window ring of ``model`` holds values in its dtype from now on (rounded or not)."""
     cfg, formats = model.config, model.entry_formats
     formats.main = ValueEntries(cfg.head_dim, model.dtype, round_fp4_e4m3 if rounded else None)
     formats.index = ValueEntries(cfg.index_head_dim, model.dtype, round_fp4_e8m0 if rounded else None)
+    formats.window = ValueEntries(cfg.head_dim, model.dtype, round_fp8_e8m0 if rounded else None)

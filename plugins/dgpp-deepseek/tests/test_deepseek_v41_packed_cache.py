@@ -1,8 +1,9 @@
-"""DeepSeek-V4.1-Flash's compressed cache held packed (``dgpp_deepseek.v41_packed_entries``): main entries as FP4
-E2M1 nibbles with an E4M3 scale per 16, index keys as FP4 with an E8M0 scale per 32. The pools are bytes of the
-packed size; every stored row decodes, by the bit-level decoders of ``deepseek_v41_formats``, to the trained
-rounding of its value; and the logits are bit for bit those of a cache that holds the rounded values in the
-compute dtype (one-shot, chunked, one token per step), while holding the unrounded values moves them."""
+"""DeepSeek-V4.1-Flash's caches held packed (``dgpp_deepseek.v41_packed_entries``): main entries as FP4 E2M1 nibbles
+with an E4M3 scale per 16, index keys as FP4 with an E8M0 scale per 32, window rings as FP8 E4M3 with an E8M0
+scale per 32. The pools and rings are bytes of the packed size; every stored row decodes, by the bit-level
+decoders of ``deepseek_v41_formats``, to the trained rounding of its value; and the logits are bit for bit those
+of caches that hold the rounded values in the compute dtype (one-shot, chunked, one token per step), while
+holding the unrounded values moves them."""
 
 from __future__ import annotations
 
@@ -77,6 +78,9 @@ def test_packed_fp8_rows_hold_the_window_form(dtype):
     assert torch.equal(form.decode(rows, dtype), rounded)
     scales = decode_e8m0(rows[:, HEAD_DIM:]).repeat_interleave(32, dim=1)
     assert torch.equal(decode_e4m3(rows[:, :HEAD_DIM]) * scales, rounded.double())
+    assert torch.equal(
+        form.decode(form.encode(rounded), dtype), rounded
+    )  # a ring packed again keeps its values
 
 
 def test_the_pools_are_the_packed_size(checkpoint):
@@ -89,6 +93,10 @@ def test_the_pools_are_the_packed_size(checkpoint):
             name = f"layers.{source}.attn.{part}"
             assert (spec[name].head_dim, spec[name].dtype) == (width, torch.uint8)
             assert pools.kv[name][0].dtype == torch.uint8 and pools.kv[name][0].shape[-1] == width
+    for layer in range(10):  # every window ring: 64 E4M3 codes and 2 E8M0 scales a row
+        ring = spec[f"layers.{layer}.attn"]
+        assert (ring.head_dim, ring.dtype) == (66, torch.uint8)
+        assert pools.state[f"layers.{layer}.attn"]["k"].dtype == torch.uint8
     # per token: the two ratio-2 groups' entries and keys every second token (a 17-byte key counts as 9), the
     # ratio-1 group's every token
     packed = 2 * (36 // 2 + 9) + (36 + 17)

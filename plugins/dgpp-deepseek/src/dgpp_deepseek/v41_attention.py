@@ -91,9 +91,10 @@ class DeepseekV41Attention(LatentProjections):
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         """The layer's window ring (K only: K is V) and, on a kv source, its group's pools and open pair."""
+        ring = self.formats.window
         spec: dict[str, CacheSpec] = {
             self.cache_name: WindowKV(
-                num_kv_heads=1, head_dim=self.head_dim, dtype=self.dtype, window=self.window, v_head_dim=0
+                num_kv_heads=1, head_dim=ring.width, dtype=ring.dtype, window=self.window, v_head_dim=0
             )
         }
         if self.compressor is not None:
@@ -106,7 +107,11 @@ class DeepseekV41Attention(LatentProjections):
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim), batch.positions)
         kv = self.rotary.rotate(self.kv_norm(self.wkv(x))[:, None, :], batch.positions)[:, 0]
         kv = round_fp8_e8m0(kv)
-        ring = batch.cache.state[self.cache_name]["k"]
+        stored = batch.cache.state[self.cache_name]["k"]
+        slots = batch.state_slots.long()
+        # the step's rings as values (one layer's, while it runs), packed back after the step's rows join them
+        ring = torch.zeros(*stored.shape[:-1], self.head_dim, dtype=self.dtype, device=stored.device)
+        ring[slots] = self.formats.window.decode(stored[slots], self.dtype)
         latent = kv[:, None, :]  # one K/V head, read as both K and V
         lens = (batch.query_start_loc, batch.context_lens, batch.seq_lens)
         scale = self.head_dim**-0.5
@@ -147,5 +152,6 @@ class DeepseekV41Attention(LatentProjections):
                 read_entries=lambda rows: self.formats.main.decode(rows, self.dtype),
             )
         ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
+        stored[slots] = self.formats.window.encode(ring[slots]).to(stored.dtype)
         out = self.rotary.rotate(out, batch.positions, inverse=True)
         return grouped_output(self.wo_a, self.wo_b, out, self.groups, self.o_lora_rank)

@@ -7,7 +7,9 @@ A kv source's pools (``dgpp_deepseek.v41_indexer.CompressorV41``) hold byte rows
 - an index key (``index_head_dim`` 128) as FP4 E2M1 with a power-of-two (E8M0) scale per 32: 64 + 4 = 68.
 
 At the release's layer groups (three ratio-2 sources, one ratio-1) that is ``3 x (288 + 68) / 2 + 288 + 68
-= 890`` bytes per token, against 3,200 for the same values held as BF16. A row's bytes are the nibbles first
+= 890`` bytes per token, against 3,200 for the same values held as BF16. Every layer's window ring (per request
+state) holds its latents as FP8 E4M3 codes with an E8M0 scale per 32 (528 bytes a row, 1,024 in BF16); a layer
+decodes its rings for the step and packs them back after the step's rows join. A row's bytes are the nibbles first
 (channel ``2j`` in the low nibble of byte ``j``, ``2j + 1`` in the high one), then one scale byte per block.
 Readers decode the entries they gather (``decode``) into exactly the values ``round_fp4_e4m3`` /
 ``round_fp4_e8m0`` give: the nibble times its block's scale is exact in fp32 and in bf16, so the logits are
@@ -86,8 +88,8 @@ class PackedFP4:
 @dataclass(frozen=True)
 class PackedFP8:
     """E4M3 codes (one byte per channel) and one power-of-two scale byte per ``block`` channels (``2^(byte -
-    127)``): the window ring's form, in which the DSpark stages' context latents are held (528 bytes per
-    512-wide row)."""
+    127)``): the window rings' form, in which the DSpark stages' context latents are held too (528 bytes per
+    512-wide row). Encoding values already in this form gives them back unchanged."""
 
     dim: int
     block: int = 32
@@ -115,12 +117,17 @@ class PackedFP8:
 
 @dataclass
 class EntryFormats:
-    """The forms of one model's compressed pools, shared by every kv source and every layer that reads them."""
+    """The forms of one model's compressed pools and window rings, shared by every layer that writes or reads
+    them."""
 
     main: EntryFormat
     index: EntryFormat
+    window: EntryFormat
 
     @classmethod
     def release(cls, head_dim: int, index_head_dim: int) -> EntryFormats:
-        """The release's: main entries FP4 + E4M3 per 16, index keys FP4 + E8M0 per 32."""
-        return cls(PackedFP4(head_dim, 16, "e4m3"), PackedFP4(index_head_dim, 32, "e8m0"))
+        """The release's: main entries FP4 + E4M3 per 16, index keys FP4 + E8M0 per 32, the window rings' latents
+        FP8 + E8M0 per 32."""
+        return cls(
+            PackedFP4(head_dim, 16, "e4m3"), PackedFP4(index_head_dim, 32, "e8m0"), PackedFP8(head_dim)
+        )
