@@ -3,7 +3,8 @@
 ``q = rope(wq_b(q_norm(wq_a(x))))`` as ``heads x head_dim`` (no per-head norm), the shared latent
 ``kv = rope(kv_norm(wkv(x)))`` (K == V), both rotated on their last ``rope_head_dim`` dims as adjacent pairs
 (``rope_theta`` on window-only layers, ``compress_rope_theta`` with YaRN elsewhere). The latent is kept in
-its trained FP8 form (``round_fp8_e8m0``) in a per-request ring of the window. A row at ``p`` attends, in one
+its trained FP8 form (``round_fp8_e8m0``) in a per-request ring of the window, packed
+(``dgpp_deepseek.v41_packed_entries.PackedFP8``). A row at ``p`` attends, in one
 softmax with its head's sink logit (denominator only), the window ``p - W + 1 .. p`` and, on compressed
 layers, its group's selected entries (``dgpp_deepseek.v41_indexer``): a kv source publishes the group's
 entries first, an index source selects, the other layers of the group reuse the last selection. The output's
@@ -39,7 +40,7 @@ class DeepseekV41Attention(LatentProjections):
         index_topk: int,
     ) -> None:
         super().__init__(cfg, dtype=dtype)
-        self.formats = formats  # how the group's pools hold entries (shared by the whole model)
+        self.formats = formats  # how the pools and the rings hold their rows (shared by the whole model)
         heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         self.num_heads, self.head_dim, self.groups = heads, dim, cfg.o_groups
         self.window, self.o_lora_rank, self.dtype = cfg.sliding_window, cfg.o_lora_rank, dtype
