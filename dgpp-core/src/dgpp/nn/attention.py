@@ -367,12 +367,17 @@ def split_query_gate(
     q_proj_out: torch.Tensor, num_heads: int, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3.5's ``[q|gate]`` q_proj packs, per head, ``head_dim`` query dims then ``head_dim`` gate dims.
-    Returns ``q`` ``[T, H, D]`` and ``gate`` ``[T, H*D]``."""
+    Returns ``q`` and ``gate``, both ``[T, H, D]`` views of the projection (nothing is copied)."""
     per_head = q_proj_out.view(q_proj_out.shape[0], num_heads, 2 * head_dim)
     q, gate = per_head.split(head_dim, dim=-1)
-    return q, gate.reshape(q_proj_out.shape[0], num_heads * head_dim)
+    return q, gate
 
 
 def gated_output(attn_out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Per-element sigmoid output gate applied before o_proj."""
-    return attn_out * torch.sigmoid(gate)
+    """Per-element sigmoid output gate applied before o_proj: ``attn_out [T, H*D]``, ``gate`` ``[T, H*D]`` or
+    ``[T, H, D]`` (one Triton launch on CUDA, reading a strided gate in place)."""
+    if attn_out.is_cuda and gate.dim() == 3:
+        from dgpp import kernels
+
+        return kernels.sigmoid_gate(attn_out, gate)
+    return attn_out * torch.sigmoid(gate).reshape(attn_out.shape)

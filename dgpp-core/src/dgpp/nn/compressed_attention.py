@@ -16,6 +16,8 @@ chunked, batched or restored.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -128,14 +130,18 @@ def sparse_window_attention_ref(
     ratio: int,
     selection: Selection,
     floors: dict[int, int] | None = None,
+    read_entries: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``q [T, H, D]``, this step's latent rows ``kv [T, D]`` -> ``[T, H, D]`` (fp32 math, one row at a time).
-    ``floors``: per sequence index, the earliest position its window may read (default 0)."""
+    ``floors``: per sequence index, the earliest position its window may read (default 0). ``read_entries``: the
+    values of the pool rows gathered (a pool that holds entries packed decodes them); default the rows as stored."""
     out = torch.zeros_like(q)
     for b, start, q_len, ctx, end, slot in live_sequences(batch):
         entries = gather_entries(
             entries_pool, batch.block_tables[b], end // ratio, ratio, batch.cache.block_size
         )
+        if read_entries is not None:
+            entries = read_entries(entries)
         for i in range(q_len):
             pos, row = ctx + i, start + i
             lo = max(floors.get(b, 0) if floors else 0, pos - window + 1)
