@@ -12,10 +12,14 @@ import torch
 
 from dgpp.engine.runner import build_batch
 from dgpp.engine.work import SeqWork
-from dgpp.kernels.compressed_attention import compressed_attention_torch, compressed_attention_triton
-from dgpp.kernels.window_attention import ring_write_ref, row_sequences
+from dgpp.kernels.compressed_attention import (
+    CompressedAttentionInputs,
+    compressed_attention_torch,
+    compressed_attention_triton,
+)
+from dgpp.kernels.window_attention import ring_write_ref
 from dgpp.nn.compressed_attention import sparse_window_attention_ref
-from dgpp.nn.compressed_prefill import entry_table
+from dgpp.nn.compressed_prefill import attention_inputs
 from dgpp.step.cache_spec import CompressedKV, WindowKV
 from dgpp.step.pools import CachePools
 
@@ -77,35 +81,22 @@ def _run(seed: int, sparse: bool, chunks=CHUNKS[0], sinks_on: bool = True, selec
         q = torch.cat([rows["q"][i][done[i] : done[i] + t] for i, t in zip(live, take, strict=True)])
         kv = torch.cat([rows["kv"][i][done[i] : done[i] + t] for i, t in zip(live, take, strict=True)])
         scores = torch.cat([rows["picks"][i][done[i] : done[i] + t] for i, t in zip(live, take, strict=True)])
-        table = entry_table(pool, batch, RATIO)[row_sequences(batch.query_start_loc, q.shape[0])]
-        count = (batch.positions + 1) // RATIO
         selection: list[torch.Tensor | None] = [None] * q.shape[0]
-        entry_rows = table
+        picks = None
         if sparse:
-            selection, picks = _picks(scores, batch.positions)
-            entry_rows, count = table.gather(1, picks.clamp(max=table.shape[1] - 1)), count.clamp(max=TOPK)
+            selection, dense = _picks(scores, batch.positions)
+            picks = (dense, ((batch.positions + 1) // RATIO).clamp(max=TOPK))
         if not select:
             selection = [None] * q.shape[0]
-        args = (
-            q,
-            kv,
-            ring,
-            pool,
-            entry_rows,
-            count,
-            batch.query_start_loc,
-            batch.context_lens,
-            batch.seq_lens,
-        )
-        more = (batch.state_slots, sinks, DIM**-0.5, WINDOW)
+        inputs = attention_inputs(q, kv, ring, pool, batch, sinks, DIM**-0.5, WINDOW, RATIO, picks)
         results = {
             "ref": sparse_window_attention_ref(
                 q, kv, ring, pool, batch, sinks, DIM**-0.5, WINDOW, RATIO, selection
             )
         }
         if sinks_on and select:  # the others are references with a feature removed
-            results["torch"] = compressed_attention_torch(*args, *more)
-            results["kernel"] = compressed_attention_triton(*args, *more)
+            results["torch"] = compressed_attention_torch(inputs)
+            results["kernel"] = compressed_attention_triton(inputs)
         for name, out in results.items():
             for i, part in zip(live, out.split(take), strict=True):
                 outs.setdefault(name, [[] for _ in PROMPTS])[i].append(part)
@@ -153,24 +144,11 @@ def test_rows_do_not_see_later_rows() -> None:
     ring, pool = pools.state["attn"]["k"], pools.kv["attn.compressor"][0]
     n = PROMPTS[0]
     batch = build_batch([SeqWork(0, tables[0], 0, [0] * n)], pools)
-    table = entry_table(pool, batch, RATIO)
-    count = (batch.positions + 1) // RATIO
     q, kv = rows["q"][0], rows["kv"][0]
 
     def attend(latent: torch.Tensor) -> torch.Tensor:
-        return compressed_attention_triton(
-            q,
-            latent,
-            ring,
-            pool,
-            table.expand(n, -1),
-            count,
-            *lens(batch),
-            batch.state_slots,
-            sinks,
-            DIM**-0.5,
-            WINDOW,
-        )
+        inputs = attention_inputs(q, latent, ring, pool, batch, sinks, DIM**-0.5, WINDOW, RATIO, None)
+        return compressed_attention_triton(inputs)
 
     base = attend(kv)
     later = kv.clone()
@@ -193,7 +171,9 @@ def test_wide_heads_split_over_programs() -> None:
     entry_rows = torch.randint(0, 50, (rows, 21), generator=g)
     count = torch.randint(0, 22, (rows,), generator=g)
     seqs = (torch.tensor([0, rows]), torch.tensor([ctx]), torch.tensor([ctx + rows]), torch.tensor([1]))
-    args = (q, kv, ring, pool, entry_rows, count, *seqs, torch.randn(heads, generator=g), dim**-0.5, window)
+    inputs = CompressedAttentionInputs(
+        q, kv, ring, pool, entry_rows, count, *seqs, torch.randn(heads, generator=g), dim**-0.5, window
+    )
     torch.testing.assert_close(
-        compressed_attention_triton(*args), compressed_attention_torch(*args), rtol=1e-5, atol=1e-5
+        compressed_attention_triton(inputs), compressed_attention_torch(inputs), rtol=1e-5, atol=1e-5
     )

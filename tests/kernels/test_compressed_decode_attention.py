@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from dgpp.kernels.compressed_decode_attention import (
+    CompressedDecodeInputs,
     compressed_decode_attention_ref,
     compressed_decode_attention_triton,
 )
@@ -53,7 +54,7 @@ def _case(ratio: int, positions: list[int], seed: int, picks: int | None = None,
 
 
 def _run(args: dict, **kw) -> torch.Tensor:
-    return compressed_decode_attention_triton(**args, splits=8, min_split_keys=SPLIT_KEYS, **kw)
+    return compressed_decode_attention_triton(CompressedDecodeInputs(**args), 8, SPLIT_KEYS, **kw)
 
 
 @pytest.mark.parametrize(
@@ -68,11 +69,16 @@ def test_kernel_matches_torch_form(ratio: int, picks: int | None, heads: int) ->
     args["slots"][2] = -1
     args["seq_lens"][5] = 0
     out = _run(args)
-    torch.testing.assert_close(out, compressed_decode_attention_ref(**args), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(
+        out, compressed_decode_attention_ref(CompressedDecodeInputs(**args)), rtol=1e-5, atol=1e-5
+    )
     assert float(out[2].abs().max()) == 0.0 and float(out[5].abs().max()) == 0.0
     # one split per row: the same softmax summed in another order
     torch.testing.assert_close(
-        compressed_decode_attention_triton(**args, splits=1), out, rtol=1e-5, atol=1e-5
+        compressed_decode_attention_triton(CompressedDecodeInputs(**args), splits=1),
+        out,
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
@@ -102,7 +108,9 @@ def test_sinks_masking_and_selection_decide_the_output() -> None:
     args = _case(2, [40, 300], seed=11, picks=12)
     out = _run(args)
     # the sink joins the softmax: dropping it changes every head
-    no_sink = compressed_decode_attention_ref(**{**args, "sinks": torch.full((HEADS,), float("-inf"))})
+    no_sink = compressed_decode_attention_ref(
+        CompressedDecodeInputs(**{**args, "sinks": torch.full((HEADS,), float("-inf"))})
+    )
     assert (out - no_sink).abs().amax(dim=-1).min() > 1e-4
     # entries a row did not pick, or past its complete windows, are never read
     pool = args["pool"].clone()

@@ -8,7 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.kernels.window_pool import EntryFinish, window_compress_decode_triton, window_pool_decode_ref
+from dgpp.kernels.window_pool import (
+    EntryFinish,
+    WindowPoolInputs,
+    window_compress_decode_triton,
+    window_pool_decode_ref,
+)
 from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.window_compressor import WindowCompressor
 
@@ -69,7 +74,7 @@ def _finish(comp: WindowCompressor, pool: torch.Tensor, tables: torch.Tensor) ->
 
 def _expected_pool(comp, step: dict, pool: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:
     """The torch form's pooled rows, normed and rotated by the compressor, stored where a row closes a window."""
-    pooled = window_pool_decode_ref(**step, ratio=comp.ratio, overlap=comp.overlap)
+    pooled = window_pool_decode_ref(WindowPoolInputs(**step, ratio=comp.ratio, overlap=comp.overlap))
     pos, r = step["positions"], comp.ratio
     finished = comp.rotary.rotate(comp.norm(pooled)[:, None], pos // r * r)[:, 0]
     pool = pool.clone()
@@ -85,7 +90,7 @@ def test_torch_pool_is_the_compressors_pool_of_the_window(ratio: int, overlap: b
     positions = [ratio - 1, 5 * ratio - 1, ratio + 1]
     step = _step(comp, positions, seed=ratio)
     before = _clone(step)
-    out = window_pool_decode_ref(**step, ratio=ratio, overlap=overlap)
+    out = window_pool_decode_ref(WindowPoolInputs(**step, ratio=ratio, overlap=overlap))
     assert float(out[2].abs().max()) == 0.0  # mid-window: nothing pooled
     cap = step["ring_kv"].shape[1]
     assert torch.equal(step["ring_kv"][1, positions[1] % cap], step["kv"][1])
@@ -114,7 +119,7 @@ def test_fused_step_matches_torch_form(ratio: int, overlap: bool, fp32_angles: b
     before = step["ring_kv"][3].clone()
     with torch.no_grad():
         window_compress_decode_triton(
-            **step, ratio=ratio, overlap=overlap, finish=_finish(comp, pool, tables)
+            WindowPoolInputs(**step, ratio=ratio, overlap=overlap), _finish(comp, pool, tables)
         )
     torch.testing.assert_close(pool, want, rtol=1e-5, atol=1e-5)
     assert torch.equal(step["ring_kv"], theirs["ring_kv"]) and torch.equal(
@@ -135,6 +140,8 @@ def test_first_overlapping_window_reads_no_predecessor() -> None:
             run["ring_kv"][0, 4:] = 1e3  # the slots positions -4..-1 would map to
             run["ring_gate"][0, 4:] = 5.0
         with torch.no_grad():
-            window_compress_decode_triton(**run, ratio=4, overlap=True, finish=_finish(comp, pool, tables))
+            window_compress_decode_triton(
+                WindowPoolInputs(**run, ratio=4, overlap=True), _finish(comp, pool, tables)
+            )
         pools.append(pool)
     assert torch.equal(pools[0], pools[1])

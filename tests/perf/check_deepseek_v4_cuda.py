@@ -128,6 +128,7 @@ def _indexer_picks(args: dict, device: str, seed: int) -> tuple[torch.Tensor, fl
 def kernel_checks(failures: list[str], device: str = "cuda", max_ctx: int = 16384) -> list[str]:
     """The fused decode kernels at release sizes against their torch forms; a row alone vs batched; time vs bytes."""
     from dgpp.kernels.compressed_decode_attention import (
+        CompressedDecodeInputs,
         compressed_decode_attention_ref,
         compressed_decode_attention_triton,
     )
@@ -145,13 +146,17 @@ def kernel_checks(failures: list[str], device: str = "cuda", max_ctx: int = 1638
                 )
                 if agree < 0.9:
                     failures.append(f"{name} batch {batch}: indexer picks agree on {agree:.0%} of rows")
-            ours = compressed_decode_attention_triton(**args)
-            err = rel(ours, compressed_decode_attention_ref(**args))
+            ours = compressed_decode_attention_triton(CompressedDecodeInputs(**args))
+            err = rel(ours, compressed_decode_attention_ref(CompressedDecodeInputs(**args)))
             last = slice(batch - 1, batch)
             shared = ("ring", "pool", "sinks", "scale", "ratio")
             alone = {k: v if k in shared or v is None else v[last] for k, v in args.items()}
-            same = torch.equal(compressed_decode_attention_triton(**alone)[0], ours[-1])
-            sec = _seconds(lambda a=args: compressed_decode_attention_triton(**a), device)
+            same = torch.equal(
+                compressed_decode_attention_triton(CompressedDecodeInputs(**alone))[0], ours[-1]
+            )
+            sec = _seconds(
+                lambda a=args: compressed_decode_attention_triton(CompressedDecodeInputs(**a)), device
+            )
             pos = args["positions"]
             entries = (pos + 1) // ratio if ratio != 4 else ((pos + 1) // ratio).clamp(max=TOPK)
             keys = int((pos.clamp(max=WINDOW - 1) + 1 + entries).sum())
@@ -171,7 +176,12 @@ def kernel_checks(failures: list[str], device: str = "cuda", max_ctx: int = 1638
 def pool_checks(failures: list[str], device: str) -> list[str]:
     """The window compressor's fused decode step (pool, norm, rotation, entry store, ring write) at release sizes:
     its ring writes against the torch form's, and its time (the layer checks compare the entries it stores)."""
-    from dgpp.kernels.window_pool import EntryFinish, window_compress_decode_triton, window_pool_decode_ref
+    from dgpp.kernels.window_pool import (
+        EntryFinish,
+        WindowPoolInputs,
+        window_compress_decode_triton,
+        window_pool_decode_ref,
+    )
 
     out: list[str] = []
     batch = 64
@@ -211,13 +221,15 @@ def pool_checks(failures: list[str], device: str) -> list[str]:
             overlap=overlap,
         )
         fresh = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in args.items()}
-        window_pool_decode_ref(**fresh)
-        window_compress_decode_triton(**args, finish=finish)
+        window_pool_decode_ref(WindowPoolInputs(**fresh))
+        window_compress_decode_triton(WindowPoolInputs(**args), finish)
         ring_same = torch.equal(args["ring_kv"], fresh["ring_kv"]) and torch.equal(
             args["ring_gate"], fresh["ring_gate"]
         )
         stored = int((pool.flatten(2).abs().sum(-1) > 0).sum())
-        sec = _seconds(lambda a=args, f=finish: window_compress_decode_triton(**a, finish=f), device)
+        sec = _seconds(
+            lambda a=args, f=finish: window_compress_decode_triton(WindowPoolInputs(**a), f), device
+        )
         out.append(
             f"{name} compressor decode step, {batch} rows: {stored} entries stored ({(batch + 2) // 3} rows close a "
             f"window), ring == torch form: {ring_same}; {sec * 1e6:.0f} us"

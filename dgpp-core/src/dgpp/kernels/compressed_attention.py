@@ -23,9 +23,12 @@ state slot -1) gets zeros.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.online_softmax import attend_latent_tile
 from dgpp.kernels.window_attention import row_sequences
 
 # A 512-wide latent under 64 heads: 16 heads x 16 keys per tile keeps the [heads, D] query, the [keys, D] tile
@@ -36,6 +39,24 @@ _WIDE_HEAD = 256
 # torch's CPU bmm multiplies products of fewer multiply-adds than this with a plain loop of its own, whose sums
 # round differently from the GEMM ``torch.mm`` always takes
 _BMM_NAIVE_BELOW = 400
+
+
+class CompressedAttentionInputs(NamedTuple):
+    """One step's inputs, as the module docstring names them."""
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    ring: torch.Tensor
+    pool: torch.Tensor
+    entry_rows: torch.Tensor
+    entry_count: torch.Tensor
+    query_start_loc: torch.Tensor
+    context_lens: torch.Tensor
+    seq_lens: torch.Tensor
+    state_slots: torch.Tensor
+    sinks: torch.Tensor
+    scale: float
+    window: int
 
 
 def per_row_bmm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -53,55 +74,35 @@ def _tiles(heads: int, head_dim: int) -> tuple[int, int]:
     return 32, min(64, max(16, next_pow2(heads)))
 
 
-def _row_layout(
-    rows: int,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    state_slots: torch.Tensor,
-    window: int,
-) -> tuple[torch.Tensor, ...]:
+def _row_layout(step: CompressedAttentionInputs) -> tuple[torch.Tensor, ...]:
     """Per row: (sequence, position, first window position, live) on the device."""
-    seq = row_sequences(query_start_loc, rows).long()
-    index = torch.arange(rows, device=query_start_loc.device)
-    pos = context_lens.long()[seq] + index - query_start_loc.long()[seq]
-    live = (seq_lens[seq] > 0) & (state_slots[seq] >= 0)
-    return seq, pos, (pos - window + 1).clamp(min=0), live
+    rows, qsl = step.q.shape[0], step.query_start_loc.long()
+    seq = row_sequences(step.query_start_loc, rows).long()
+    pos = step.context_lens.long()[seq] + torch.arange(rows, device=qsl.device) - qsl[seq]
+    live = (step.seq_lens[seq] > 0) & (step.state_slots[seq] >= 0)
+    return seq, pos, (pos - step.window + 1).clamp(min=0), live
 
 
-def compressed_attention_torch(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    entry_rows: torch.Tensor,
-    entry_count: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    state_slots: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    window: int,
-) -> torch.Tensor:
+def compressed_attention_torch(step: CompressedAttentionInputs) -> torch.Tensor:
     """fp32 math, rows batched by their key counts (one host sync per distinct count)."""
+    q, kv, entry_rows = step.q, step.kv, step.entry_rows
     rows, dim = q.shape[0], q.shape[-1]
     out = torch.zeros_like(q)
     if rows == 0:
         return out
-    cap = max(1, ring.shape[1])
-    seq, pos, lo, live = _row_layout(rows, query_start_loc, context_lens, seq_lens, state_slots, window)
+    cap = max(1, step.ring.shape[1])
+    seq, pos, lo, live = _row_layout(step)
     n_win = torch.where(live, pos - lo + 1, 0)
-    n_ent = torch.where(live, entry_count.long(), 0)
-    wpos = lo[:, None] + torch.arange(max(1, window), device=q.device)[None]
-    ctx = context_lens.long()[seq][:, None]
+    n_ent = torch.where(live, step.entry_count.long(), 0)
+    wpos = lo[:, None] + torch.arange(max(1, step.window), device=q.device)[None]
+    ctx = step.context_lens.long()[seq][:, None]
     from_ring = wpos < ctx
-    ring_idx = state_slots.long()[seq].clamp(min=0)[:, None] * cap + wpos % cap
-    step_idx = (query_start_loc.long()[seq][:, None] + wpos - ctx).clamp(0, rows - 1)
-    ring_flat, pool_flat = ring.reshape(-1, dim), pool.reshape(-1, dim)
+    ring_idx = step.state_slots.long()[seq].clamp(min=0)[:, None] * cap + wpos % cap
+    step_idx = (step.query_start_loc.long()[seq][:, None] + wpos - ctx).clamp(0, rows - 1)
+    ring_flat, pool_flat = step.ring.reshape(-1, dim), step.pool.reshape(-1, dim)
     width = entry_rows.shape[1] + 1
     group = n_win * width + n_ent
-    sink_col = sinks.float()[None, :, None]
+    sink_col = step.sinks.float()[None, :, None]
     for value in torch.unique(group[live]).tolist():
         sel = torch.nonzero(live & (group == value)).flatten()
         nw, ne = divmod(int(value), width)
@@ -111,24 +112,11 @@ def compressed_attention_torch(
             kv[step_idx[sel, :nw]],
         )
         keys = torch.cat([win, pool_flat[entry_rows[sel, :ne].long()].to(kv.dtype)], dim=1).float()
-        scores = per_row_bmm(q[sel].float(), keys.transpose(1, 2)) * scale  # [G, H, L]
+        scores = per_row_bmm(q[sel].float(), keys.transpose(1, 2)) * step.scale  # [G, H, L]
         scores = torch.cat([scores, sink_col.expand(sel.shape[0], -1, 1)], dim=2)
         probs = scores.softmax(dim=-1)[..., :-1]
         out[sel] = per_row_bmm(probs, keys).to(q.dtype)
     return out
-
-
-@triton.jit
-def _attend_tile(q, k, valid, acc, m_i, l_i, scale, PRECISION: tl.constexpr):
-    """One online-softmax step over the keys ``k [BLOCK_N, D]`` (K read as V) where ``valid``."""
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
-    s = tl.where(valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), k, input_precision=PRECISION)
-    return acc, m_new, l_i
 
 
 @triton.jit
@@ -199,7 +187,7 @@ def _compressed_attention_kernel(
         k += tl.load(
             step_rows[:, None] + d[None, :], mask=(tmask & ~old)[:, None] & dmask[None, :], other=0.0
         )
-        acc, m_i, l_i = _attend_tile(q, k, tmask, acc, m_i, l_i, scale, PRECISION)
+        acc, m_i, l_i = attend_latent_tile(q, k, tmask, acc, m_i, l_i, scale, PRECISION)
     for e0 in range(0, n_ent, BLOCK_N):  # the row's entries, in its list's order
         idx = e0 + tl.arange(0, BLOCK_N)
         emask = idx < n_ent
@@ -207,7 +195,7 @@ def _compressed_attention_kernel(
         k = tl.load(
             pool_ptr + rows[:, None] * pool_r + d[None, :], mask=emask[:, None] & dmask[None, :], other=0.0
         )
-        acc, m_i, l_i = _attend_tile(q, k.to(q.dtype), emask, acc, m_i, l_i, scale, PRECISION)
+        acc, m_i, l_i = attend_latent_tile(q, k.to(q.dtype), emask, acc, m_i, l_i, scale, PRECISION)
     out = tl.where(live, acc / l_i[:, None], 0.0)
     tl.store(
         out_ptr + r * o_t + g[:, None] * o_h + d[None, :],
@@ -216,53 +204,40 @@ def _compressed_attention_kernel(
     )
 
 
-def compressed_attention_triton(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    entry_rows: torch.Tensor,
-    entry_count: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    state_slots: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    window: int,
-) -> torch.Tensor:
+def compressed_attention_triton(step: CompressedAttentionInputs) -> torch.Tensor:
+    q, entry_rows = step.q, step.entry_rows
     rows, heads, dim = q.shape
     out = torch.empty_like(q)
     if rows == 0:
         return out
     block_n, block_g = _tiles(heads, dim)
-    pool_flat = pool.reshape(-1, dim)
+    pool_flat = step.pool.reshape(-1, dim)
     if entry_rows.shape[1] == 0:  # no entries anywhere: the kernel still wants a row stride
-        entry_rows = entry_count.new_zeros(rows, 1)
+        entry_rows = step.entry_count.new_zeros(rows, 1)
     _compressed_attention_kernel[(rows, triton.cdiv(heads, block_g))](
         q,
-        kv,
-        ring,
+        step.kv,
+        step.ring,
         pool_flat,
         entry_rows,
-        entry_count,
-        row_sequences(query_start_loc, rows),
-        query_start_loc,
-        context_lens,
-        seq_lens,
-        state_slots,
-        sinks.float(),
+        step.entry_count,
+        row_sequences(step.query_start_loc, rows),
+        step.query_start_loc,
+        step.context_lens,
+        step.seq_lens,
+        step.state_slots,
+        step.sinks.float(),
         out,
-        float(scale),
-        int(window),
+        float(step.scale),
+        int(step.window),
         heads,
         dim,
-        max(1, ring.shape[1]),
+        max(1, step.ring.shape[1]),
         q.stride(0),
         q.stride(1),
-        kv.stride(0),
-        ring.stride(0),
-        ring.stride(1),
+        step.kv.stride(0),
+        step.ring.stride(0),
+        step.ring.stride(1),
         pool_flat.stride(0),
         entry_rows.stride(0),
         out.stride(0),
@@ -276,35 +251,6 @@ def compressed_attention_triton(
     return out
 
 
-def compressed_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    entry_rows: torch.Tensor,
-    entry_count: torch.Tensor,
-    query_start_loc: torch.Tensor,
-    context_lens: torch.Tensor,
-    seq_lens: torch.Tensor,
-    state_slots: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    window: int,
-) -> torch.Tensor:
-    """``[T, H, D]``: Triton on CUDA, the batched torch form elsewhere (same arguments as the module says)."""
-    fn = compressed_attention_triton if use_triton(q) else compressed_attention_torch
-    return fn(
-        q,
-        kv,
-        ring,
-        pool,
-        entry_rows,
-        entry_count,
-        query_start_loc,
-        context_lens,
-        seq_lens,
-        state_slots,
-        sinks,
-        scale,
-        window,
-    )
+def compressed_attention(step: CompressedAttentionInputs) -> torch.Tensor:
+    """``[T, H, D]``: Triton on CUDA, the batched torch form elsewhere."""
+    return (compressed_attention_triton if use_triton(step.q) else compressed_attention_torch)(step)

@@ -19,9 +19,12 @@ split 0 directly. No host value is read: a launch can be captured in a CUDA grap
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.online_softmax import attend_latent_tile, finish_split, merge_splits
 
 SPLITS = 8  # the grid's splits per row; a row uses as many as its own length needs
 MIN_SPLIT_KEYS = 128  # keys per split at least: below it the merge's partials cost more than they buy
@@ -41,21 +44,26 @@ def entry_rows(pool: torch.Tensor, tables: torch.Tensor, entry: torch.Tensor) ->
     return pool[blocks, entry % per_block, 0]
 
 
-def compressed_decode_attention_ref(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    ratio: int,
-    picks: torch.Tensor | None = None,
-) -> torch.Tensor:
+class CompressedDecodeInputs(NamedTuple):
+    """One decode step's inputs, as the module docstring names them."""
+
+    q: torch.Tensor
+    kv: torch.Tensor
+    ring: torch.Tensor
+    pool: torch.Tensor
+    tables: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: torch.Tensor
+    sinks: torch.Tensor
+    scale: float
+    ratio: int
+    picks: torch.Tensor | None = None
+
+
+def compressed_decode_attention_ref(step: CompressedDecodeInputs) -> torch.Tensor:
     """Batched torch form (fp32 math; no host sync): every row padded to the widest key list, masked."""
+    q, kv, ring, pool, tables, slots, positions, seq_lens, sinks, scale, ratio, picks = step
     rows, cap = q.shape[0], ring.shape[1]
     live = (slots >= 0) & (seq_lens > 0)
     old_pos = positions[:, None] - cap + torch.arange(cap, device=q.device)[None]
@@ -182,26 +190,12 @@ def _split_kernel(
                 ),
             )
             lat = tl.load(base[:, None] + cols[None, :], mask=jmask[:, None] & dmask[None, :], other=0.0)
-            s = tl.dot(q, tl.trans(lat), input_precision=PRECISION) * scale
-            s = tl.where(jmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat, input_precision=PRECISION)
-            m_i = m_new
+            acc, m_i, l_i = attend_latent_tile(q, lat, jmask, acc, m_i, l_i, scale, PRECISION)
+        # split 0 holds the sink, so l_i >= 1 there and in the merge: the zero guards never fire
+        out_ptrs = out_ptr + r * o_r + h[:, None] * o_h + cols[None, :]
+        row = (r * heads + h) * num_splits + split
         omask = hmask[:, None] & dmask[None, :]
-        if used <= 1:  # the whole row in split 0 (or a padding row): the answer itself
-            tl.store(
-                out_ptr + r * o_r + h[:, None] * o_h + cols[None, :],
-                (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
-                mask=omask,
-            )
-        else:  # partials [R, H, splits, BLOCK_D] and [R, H, splits, 2] for the merge
-            row = (r * heads + h) * num_splits + split
-            tl.store(part_acc_ptr + row[:, None] * BLOCK_D + cols[None, :], acc, mask=omask)
-            tl.store(part_ml_ptr + row * 2, m_i, mask=hmask)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=hmask)
+        finish_split(out_ptrs, part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, used, omask, hmask, BLOCK_D)
 
 
 @triton.jit
@@ -231,36 +225,18 @@ def _merge_kernel(
     _pos, _n_old, n = _row_keys(pos_ptr, slot_ptr, len_ptr, r, cap, ratio, num_picks, HAS_PICKS)
     _per_split, used = _row_split(n, num_splits, MIN_KEYS, BLOCK_N)
     if used > 1:  # a one-split row was written by split 0 itself
-        splits = tl.arange(0, BLOCK_S)
-        smask = splits < used
-        row = (r * heads + h) * num_splits + splits
-        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
-        lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
-        w = tl.where(smask, tl.exp(m - tl.max(m, axis=0)), 0.0)
-        cols = tl.arange(0, BLOCK_D)
-        acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_D + cols[None, :], mask=smask[:, None], other=0.0)
-        out = tl.sum(acc * w[:, None], axis=0) / tl.sum(lsum * w, axis=0)
-        tl.store(out_ptr + r * o_r + h * o_h + cols, out.to(out_ptr.dtype.element_ty), mask=cols < dim)
+        first = (r * heads + h) * num_splits
+        merge_splits(
+            part_acc_ptr, part_ml_ptr, out_ptr + r * o_r + h * o_h, first, used, dim, BLOCK_S, BLOCK_D
+        )
 
 
 def compressed_decode_attention_triton(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    ratio: int,
-    picks: torch.Tensor | None = None,
-    splits: int = SPLITS,
-    min_split_keys: int = MIN_SPLIT_KEYS,
+    step: CompressedDecodeInputs, splits: int = SPLITS, min_split_keys: int = MIN_SPLIT_KEYS
 ) -> torch.Tensor:
     """``splits`` and ``min_split_keys`` (a ``_BLOCK_N`` multiple) fix how a row's keys are cut: constants of the
     caller, never functions of the batch."""
+    q, kv, ring, pool, tables, slots, positions, seq_lens, sinks, scale, ratio, picks = step
     rows, heads, dim = q.shape
     out = torch.empty_like(q)
     if rows == 0:
@@ -342,20 +318,8 @@ def compressed_decode_attention_triton(
     return out
 
 
-def compressed_decode_attention(
-    q: torch.Tensor,
-    kv: torch.Tensor,
-    ring: torch.Tensor,
-    pool: torch.Tensor,
-    tables: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    sinks: torch.Tensor,
-    scale: float,
-    ratio: int,
-    picks: torch.Tensor | None = None,
-) -> torch.Tensor:
+def compressed_decode_attention(step: CompressedDecodeInputs) -> torch.Tensor:
     """Compressed-layer decode attention ``[R, H, D]``; Triton on CUDA, the torch form elsewhere."""
-    fn = compressed_decode_attention_triton if use_triton(q) else compressed_decode_attention_ref
-    return fn(q, kv, ring, pool, tables, slots, positions, seq_lens, sinks, scale, ratio, picks)
+    return (compressed_decode_attention_triton if use_triton(step.q) else compressed_decode_attention_ref)(
+        step
+    )

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels._triton import tl, triton
 from dgpp.step.cache_spec import KV_FP8
 
 E4M3_MAX = 448.0
@@ -37,3 +38,15 @@ def round_trip(x: torch.Tensor) -> torch.Tensor:
     """``x`` as a reader of its stored rows sees it (quantized, then dequantized to ``x``'s dtype)."""
     codes, scales = quantize_rows(x)
     return dequantize_rows(codes, scales, x.dtype)
+
+
+@triton.jit
+def dequantize_tile(codes, scale_ptr, rows, mask, dtype: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """A loaded tile of e4m3 ``codes`` as ``code * scale`` rounded once to ``dtype``, the scales read at ``rows``
+    (where ``mask``): one per column of a transposed key tile ``[D, N]``, else one per row of ``[N, D]``."""
+    scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)
+    if TRANSPOSED:
+        tile = (codes.to(tl.float32) * scale[None, :]).to(dtype)
+    else:
+        tile = (codes.to(tl.float32) * scale[:, None]).to(dtype)
+    return tile

@@ -25,6 +25,7 @@ import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of
+from dgpp.kernels.online_softmax import finish_split, merge_splits, softmax_step
 from dgpp.step.cache_spec import KV_FP8
 
 MLA_SPLITS = 8  # fixed per row: its cut never depends on the batch
@@ -216,25 +217,11 @@ def _mla_split_kernel(
             s = tl.dot(q, tl.trans(lat), input_precision=PRECISION)
             s = (s + tl.dot(qr, rope, input_precision=PRECISION)) * scale
             s = tl.where(jmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
-            acc = acc * alpha[:, None] + tl.dot(p.to(lat.dtype), lat, input_precision=PRECISION)
-            m_i = m_new
+            acc, m_i, l_i = softmax_step(s, lat, acc, m_i, l_i, PRECISION)
+        out_ptrs = out_ptr + r * o_r + h[:, None] * o_h + cols[None, :]
+        row = (r * heads + h) * num_splits + split
         omask = hmask[:, None] & lmask[None, :]
-        if used <= 1:  # the whole row in split 0 (or a padding row): the answer itself
-            out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-            tl.store(
-                out_ptr + r * o_r + h[:, None] * o_h + cols[None, :],
-                out.to(out_ptr.dtype.element_ty),
-                mask=omask,
-            )
-        else:  # partials [R, H, splits, BLOCK_L] and [R, H, splits, 2] for the merge
-            row = (r * heads + h) * num_splits + split
-            tl.store(part_acc_ptr + row[:, None] * BLOCK_L + cols[None, :], acc, mask=omask)
-            tl.store(part_ml_ptr + row * 2, m_i, mask=hmask)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=hmask)
+        finish_split(out_ptrs, part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, used, omask, hmask, BLOCK_L)
 
 
 @triton.jit
@@ -256,18 +243,11 @@ def _mla_merge_kernel(
     h = tl.program_id(1)
     n = tl.load(lens_ptr + r)
     _per_split, used = _row_split(n, num_splits, BLOCK_N)
-    if used > 1:
-        splits = tl.arange(0, BLOCK_S)
-        smask = splits < used
-        row = (r * heads + h) * num_splits + splits
-        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
-        lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
-        w = tl.where(smask, tl.exp(m - tl.max(m, axis=0)), 0.0)
-        cols = tl.arange(0, BLOCK_L)
-        acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_L + cols[None, :], mask=smask[:, None], other=0.0)
-        den = tl.sum(lsum * w, axis=0)
-        out = tl.sum(acc * w[:, None], axis=0) / tl.where(den > 0, den, 1.0)
-        tl.store(out_ptr + r * o_r + h * o_h + cols, out.to(out_ptr.dtype.element_ty), mask=cols < latent_dim)
+    if used > 1:  # a one-split row was written by split 0 itself
+        first = (r * heads + h) * num_splits
+        merge_splits(
+            part_acc_ptr, part_ml_ptr, out_ptr + r * o_r + h * o_h, first, used, latent_dim, BLOCK_S, BLOCK_L
+        )
 
 
 def mla_attention_triton(

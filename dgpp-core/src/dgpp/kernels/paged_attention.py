@@ -24,7 +24,8 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
+from dgpp.kernels.online_softmax import merge_splits, normalized, softmax_step, store_partials
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
 _BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
@@ -151,38 +152,29 @@ def _decode_partition_kernel(
             kt = tl.load(
                 k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
             )
-            if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
+            if HAS_SCALES:  # e4m3 rows
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)
-                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
+                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
             s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=1))
-            alpha = tl.exp(m_i - m_new)
-            p = tl.exp(s - m_new[:, None])
-            l_i = l_i * alpha + tl.sum(p, axis=1)
             v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
             if HAS_SCALES:
-                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)
-                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
-            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-            m_i = m_new
+                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
+            acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
-        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(
             out_ptr + b * o_b + heads[:, None] * o_h + dv[None, :],
-            out.to(out_ptr.dtype.element_ty),
+            normalized(acc, l_i).to(out_ptr.dtype.element_ty),
             mask=omask & direct,
         )
-        if not ONE_SPLIT:
-            # partials laid out [B, Hq, splits, Dv] and [B, Hq, splits, 2], written only when a merge follows
+        if not ONE_SPLIT:  # partials, written only when a merge follows
             partial = (used > 1) & (split < used)
             row = (b * group * tl.num_programs(1) + heads) * num_splits + split
-            tl.store(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], acc, mask=omask & partial)
-            tl.store(part_ml_ptr + row * 2, m_i, mask=gmask & partial)
-            tl.store(part_ml_ptr + row * 2 + 1, l_i, mask=gmask & partial)
+            store_partials(
+                part_acc_ptr, part_ml_ptr, row, acc, m_i, l_i, omask & partial, gmask & partial, BLOCK_DV
+            )
 
 
 @triton.jit
@@ -206,19 +198,10 @@ def _merge_partitions_kernel(
     seq_len = tl.load(lens_ptr + b)
     _first, _per_split, used = _sequence_split(seq_len, window, num_splits, BLOCK_N)
     if used > 1:  # a one-split row was written by the partition kernel itself
-        splits = tl.arange(0, BLOCK_S)
-        smask = splits < used
-        row = (b * num_heads + h) * num_splits + splits
-        m = tl.load(part_ml_ptr + row * 2, mask=smask, other=float("-inf"))
-        lsum = tl.load(part_ml_ptr + row * 2 + 1, mask=smask, other=0.0)
-        m_max = tl.max(m, axis=0)
-        w = tl.where(smask, tl.exp(m - m_max), 0.0)
-        dv = tl.arange(0, BLOCK_DV)
-        acc = tl.load(part_acc_ptr + row[:, None] * BLOCK_DV + dv[None, :], mask=smask[:, None], other=0.0)
-        num = tl.sum(acc * w[:, None], axis=0)
-        den = tl.sum(lsum * w, axis=0)
-        out = num / tl.where(den > 0, den, 1.0)
-        tl.store(out_ptr + b * o_b + h * o_h + dv, out.to(out_ptr.dtype.element_ty), mask=dv < v_dim)
+        first = (b * num_heads + h) * num_splits
+        merge_splits(
+            part_acc_ptr, part_ml_ptr, out_ptr + b * o_b + h * o_h, first, used, v_dim, BLOCK_S, BLOCK_DV
+        )
 
 
 def programs_per_row(batch: int, kv_heads: int) -> int:

@@ -20,7 +20,7 @@ import functools
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
 
 
 def prefill_attention_ref(
@@ -107,7 +107,7 @@ def _attend_block(
     )
     if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
         sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-        kt = (kt.to(tl.float32) * tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)[None, :]).to(q.dtype)
+        kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
     s = tl.dot(q, kt, input_precision=PRECISION) * qk_scale
     if MASKED:
         s = tl.where(tmask[None, :] & (toks[None, :] <= q_pos[:, None]), s, float("-inf"))
@@ -122,7 +122,7 @@ def _attend_block(
         other=0.0,
     )
     if HAS_SCALES:
-        v = (v.to(tl.float32) * tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)[:, None]).to(q.dtype)
+        v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return m_new, l_i, acc
 

@@ -31,7 +31,8 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
+from dgpp.kernels.online_softmax import normalized, softmax_step
 
 _BLOCK_N = 64
 # One program holds a [BLOCK_G, BLOCK_D] query tile, [BLOCK_D, BLOCK_N] keys and a [BLOCK_G, BLOCK_DV] fp32
@@ -229,10 +230,8 @@ def _window_attention_kernel(
             v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
             if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
                 sc_rows = phys * sc_0 + (toks % cap) * sc_1 + kvh * sc_2
-                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask, other=0.0)
-                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask, other=0.0)
-                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
-                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
+                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
+                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
         else:  # positions before this step from the ring, the rest from this step's rows
             old = toks < ctx
             ring = toks % cap
@@ -249,10 +248,8 @@ def _window_attention_kernel(
             )
             if HAS_SCALES:  # the ring's e4m3 rows; this step's rows come round-tripped already
                 sc_rows = slot * sc_0 + ring * sc_1 + kvh * sc_2
-                k_sc = tl.load(ksc_ptr + sc_rows, mask=tmask & old, other=0.0)
-                v_sc = tl.load(vsc_ptr + sc_rows, mask=tmask & old, other=0.0)
-                kt = (kt.to(tl.float32) * k_sc[None, :]).to(q.dtype)
-                v = (v.to(tl.float32) * v_sc[:, None]).to(q.dtype)
+                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask & old, q.dtype, True)
+                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask & old, q.dtype, False)
             kt += tl.load(
                 kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0
             )
@@ -261,13 +258,8 @@ def _window_attention_kernel(
             )
         s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
         s = tl.where(tmask[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-        m_i = m_new
-    out = tl.where(live, acc / tl.where(l_i > 0, l_i, 1.0)[:, None], 0.0)
+        acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
+    out = tl.where(live, normalized(acc, l_i), 0.0)
     tl.store(
         out_ptr + r * o_t + heads[:, None] * o_h + dv[None, :],
         out.to(out_ptr.dtype.element_ty),

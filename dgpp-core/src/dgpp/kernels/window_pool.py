@@ -46,19 +46,25 @@ class EntryFinish(NamedTuple):
     block_size: int
 
 
-def window_pool_decode_ref(
-    kv: torch.Tensor,
-    gate: torch.Tensor,
-    ring_kv: torch.Tensor,
-    ring_gate: torch.Tensor,
-    ape: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    ratio: int,
-    overlap: bool,
-) -> torch.Tensor:
+class WindowPoolInputs(NamedTuple):
+    """One decode step's inputs, as the module docstring names them: ``ratio`` is ``r``, ``overlap`` whether
+    each pool also reads the previous window."""
+
+    kv: torch.Tensor
+    gate: torch.Tensor
+    ring_kv: torch.Tensor
+    ring_gate: torch.Tensor
+    ape: torch.Tensor
+    slots: torch.Tensor
+    positions: torch.Tensor
+    seq_lens: torch.Tensor
+    ratio: int
+    overlap: bool
+
+
+def window_pool_decode_ref(step: WindowPoolInputs) -> torch.Tensor:
     """Batched torch form (no host sync): every row pools, closing or not, and the result is masked."""
+    kv, gate, ring_kv, ring_gate, ape, slots, positions, seq_lens, ratio, overlap = step
     cap, r = ring_kv.shape[1], ratio
     d = kv.shape[1] // 2 if overlap else kv.shape[1]
     live = (slots >= 0) & (seq_lens > 0)
@@ -82,58 +88,15 @@ def window_pool_decode_ref(
 
 
 @triton.jit
-def _pool_channels(
-    kv_ptr,
-    gate_ptr,
-    ring_kv_ptr,
-    ring_gate_ptr,
-    ape_ptr,
-    r,
-    slot,
-    pos,
-    c,
-    ratio,
-    dim,
-    cap,
-    kv_r,
-    gate_r,
-    rkv_s,
-    rkv_t,
-    rg_s,
-    rg_t,
-    ape_r,
-    OVERLAP: tl.constexpr,
-    BLOCK_S: tl.constexpr,
-):
-    """Pooled channels ``c`` of the window row ``r`` closes, fp32 values of ``kv``'s dtype."""
-    cmask = c < dim
-    i = tl.arange(0, BLOCK_S)  # span row i: position pos - cap + 1 + i; the last one is this step's
-    row_pos = pos - cap + 1 + i
-    in_span = i < cap
-    from_ring = in_span & (i < cap - 1) & (row_pos >= 0)
-    current = i == cap - 1
-    ch = c[None, :]
-    if OVERLAP:  # the previous window's rows read the first half, this window's the second
-        ch = tl.where((i >= ratio)[:, None], ch + dim, ch)
-    ring_row = (tl.where(from_ring, row_pos, 0) % cap).to(tl.int64)
-    m2 = cmask[None, :]
-    ring_kv = tl.load(
-        ring_kv_ptr + slot * rkv_s + ring_row[:, None] * rkv_t + ch, mask=from_ring[:, None] & m2, other=0.0
-    )
-    ring_gate = tl.load(
-        ring_gate_ptr + slot * rg_s + ring_row[:, None] * rg_t + ch, mask=from_ring[:, None] & m2, other=0.0
-    )
-    new_kv = tl.load(kv_ptr + r * kv_r + ch, mask=current[:, None] & m2, other=0.0)
-    new_gate = tl.load(gate_ptr + r * gate_r + ch, mask=current[:, None] & m2, other=0.0)
-    rows_kv = ring_kv + new_kv.to(ring_kv.dtype)
-    ape = tl.load(ape_ptr + (i % ratio)[:, None] * ape_r + ch, mask=in_span[:, None] & m2, other=0.0)
-    logits = (ring_gate + new_gate.to(ring_gate.dtype)).to(tl.float32) + ape
-    logits = tl.where((from_ring | current)[:, None], logits, float("-inf"))
+def _softmax_pool(rows_kv, gates, ape, seen):
+    """Per channel, ``Σ_i softmax_i(gate_i + ape_i) · kv_i`` over the span rows ``seen``: the softmax in fp32,
+    its weights rounded to the rows' dtype, the products summed in fp32."""
+    logits = gates.to(tl.float32) + ape
+    logits = tl.where(seen[:, None], logits, float("-inf"))
     top = tl.max(logits, axis=0)
     e = tl.exp(logits - top[None, :])
     weights = (e / tl.sum(e, axis=0)[None, :]).to(rows_kv.dtype)
-    pooled = tl.sum((rows_kv * weights).to(tl.float32), axis=0)
-    return pooled.to(kv_ptr.dtype.element_ty).to(tl.float32)
+    return tl.sum((rows_kv * weights).to(tl.float32), axis=0)
 
 
 @triton.jit
@@ -180,33 +143,35 @@ def _window_compress_kernel(
     slot = tl.load(slot_ptr + r).to(tl.int64)
     live = (slot >= 0) & (tl.load(len_ptr + r) > 0)
     slot = tl.maximum(slot, 0)
+    kv_row, gate_row = kv_ptr + r * kv_r, gate_ptr + r * gate_r
+    ring_kv_slot, ring_gate_slot = ring_kv_ptr + slot * rkv_s, ring_gate_ptr + slot * rg_s
     if live & ((pos + 1) % ratio == 0):  # the row closes a window: pool, norm, rotate, store it
         sumsq = 0.0
-        for c0 in range(0, dim, BLOCK_C):
+        i = tl.arange(0, BLOCK_S)  # span row i: position pos - cap + 1 + i; the last one is this step's
+        row_pos = pos - cap + 1 + i
+        in_span = i < cap
+        from_ring = in_span & (i < cap - 1) & (row_pos >= 0)
+        current = i == cap - 1
+        ring_row = (tl.where(from_ring, row_pos, 0) % cap).to(tl.int64)
+        for c0 in range(0, dim, BLOCK_C):  # a block of the pooled row's channels
             c = c0 + tl.arange(0, BLOCK_C)
-            pooled = _pool_channels(
-                kv_ptr,
-                gate_ptr,
-                ring_kv_ptr,
-                ring_gate_ptr,
-                ape_ptr,
-                r,
-                slot,
-                pos,
-                c,
-                ratio,
-                dim,
-                cap,
-                kv_r,
-                gate_r,
-                rkv_s,
-                rkv_t,
-                rg_s,
-                rg_t,
-                ape_r,
-                OVERLAP,
-                BLOCK_S,
+            m2 = (c < dim)[None, :]
+            ch = c[None, :]
+            if OVERLAP:  # the previous window's rows read the first half, this window's the second
+                ch = tl.where((i >= ratio)[:, None], ch + dim, ch)
+            old = from_ring[:, None] & m2
+            ring_kv = tl.load(ring_kv_slot + ring_row[:, None] * rkv_t + ch, mask=old, other=0.0)
+            ring_gate = tl.load(ring_gate_slot + ring_row[:, None] * rg_t + ch, mask=old, other=0.0)
+            new_kv = tl.load(kv_row + ch, mask=current[:, None] & m2, other=0.0)
+            new_gate = tl.load(gate_row + ch, mask=current[:, None] & m2, other=0.0)
+            ape = tl.load(ape_ptr + (i % ratio)[:, None] * ape_r + ch, mask=in_span[:, None] & m2, other=0.0)
+            pooled = _softmax_pool(
+                ring_kv + new_kv.to(ring_kv.dtype),
+                ring_gate + new_gate.to(ring_gate.dtype),
+                ape,
+                from_ring | current,
             )
+            pooled = pooled.to(kv_ptr.dtype.element_ty).to(tl.float32)  # the pooled row in kv's dtype
             sumsq += tl.sum(pooled * pooled, axis=0)
             tl.store(scratch_ptr + r * dim + c, pooled, mask=c < dim)
         tl.debug_barrier()  # the pooled row, written across the program's threads, is read back by others
@@ -245,33 +210,14 @@ def _window_compress_kernel(
     for c0 in range(0, width, BLOCK_W):
         w = c0 + tl.arange(0, BLOCK_W)
         wmask = live & (w < width)
-        tl.store(
-            ring_kv_ptr + slot * rkv_s + own * rkv_t + w,
-            tl.load(kv_ptr + r * kv_r + w, mask=wmask),
-            mask=wmask,
-        )
-        tl.store(
-            ring_gate_ptr + slot * rg_s + own * rg_t + w,
-            tl.load(gate_ptr + r * gate_r + w, mask=wmask),
-            mask=wmask,
-        )
+        tl.store(ring_kv_slot + own * rkv_t + w, tl.load(kv_row + w, mask=wmask), mask=wmask)
+        tl.store(ring_gate_slot + own * rg_t + w, tl.load(gate_row + w, mask=wmask), mask=wmask)
 
 
-def window_compress_decode_triton(
-    kv: torch.Tensor,
-    gate: torch.Tensor,
-    ring_kv: torch.Tensor,
-    ring_gate: torch.Tensor,
-    ape: torch.Tensor,
-    slots: torch.Tensor,
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    ratio: int,
-    overlap: bool,
-    finish: EntryFinish,
-) -> None:
+def window_compress_decode_triton(step: WindowPoolInputs, finish: EntryFinish) -> None:
     """The whole decode step of a compressor in one launch: pool, ``finish`` (norm, rotation) and the store of
     the entries rows close, and the ring write."""
+    kv, gate, ring_kv, ring_gate, ape, slots, positions, seq_lens, ratio, overlap = step
     rows, width = kv.shape
     if rows == 0:
         return

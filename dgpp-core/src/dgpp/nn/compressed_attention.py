@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels._triton import use_triton
+from dgpp.kernels.compressed_attention import compressed_attention
 from dgpp.kernels.window_attention import ring_write, window_attention
-from dgpp.nn.compressed_prefill import Picks, every_entry, prefill_attention, select_entries
+from dgpp.nn.compressed_prefill import Picks, attention_inputs, every_entry, select_entries
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
@@ -219,8 +220,10 @@ class CompressedSinkAttention(nn.Module):
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
             picks = self.indexer.select(x, q_resid, batch) if self.indexer is not None else None
             pool = batch.cache.kv[self.compressor.cache_name][0]
-            out = prefill_attention(
-                q, kv, ring, pool, batch, sinks, self.scale, self.window, self.compressor.ratio, picks
+            out = compressed_attention(
+                attention_inputs(
+                    q, kv, ring, pool, batch, sinks, self.scale, self.window, self.compressor.ratio, picks
+                )
             )
         else:
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them

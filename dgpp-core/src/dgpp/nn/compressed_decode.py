@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels.compressed_decode_attention import (
+    CompressedDecodeInputs,
     compressed_decode_attention_ref,
     compressed_decode_attention_triton,
     entry_rows,
@@ -26,7 +27,12 @@ from dgpp.kernels.compressed_decode_attention import (
 from dgpp.kernels.dsa_index import index_scores_triton, select_top_k
 from dgpp.kernels.masked_rows import store_rows
 from dgpp.kernels.top_k_rows import top_k_rows_triton
-from dgpp.kernels.window_pool import EntryFinish, window_compress_decode_triton, window_pool_decode_ref
+from dgpp.kernels.window_pool import (
+    EntryFinish,
+    WindowPoolInputs,
+    window_compress_decode_triton,
+    window_pool_decode_ref,
+)
 from dgpp.step.batch import ForwardBatch
 
 
@@ -49,7 +55,7 @@ def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> 
     ring = batch.cache.state[comp.buffer_name]
     pool = batch.cache.kv[comp.cache_name][0]
     pos, r = batch.positions, comp.ratio
-    step = (
+    step = WindowPoolInputs(
         comp.wkv(x),
         comp.wgate(x),
         ring["kv"],
@@ -58,6 +64,8 @@ def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> 
         batch.state_slots,
         pos,
         batch.seq_lens,
+        r,
+        comp.overlap,
     )
     if fused:
         rotary = comp.rotary
@@ -72,9 +80,9 @@ def compress_decode(comp, x: torch.Tensor, batch: ForwardBatch, fused: bool) -> 
             batch.block_tables,
             batch.cache.block_size,
         )
-        window_compress_decode_triton(*step, r, comp.overlap, finish)
+        window_compress_decode_triton(step, finish)
         return
-    pooled = window_pool_decode_ref(*step, r, comp.overlap)
+    pooled = window_pool_decode_ref(step)
     window = pos // r
     pooled = comp.finish(pooled, window)
     last = (window + 1) * r - 1
@@ -126,16 +134,18 @@ def compressed_attention_decode(
     picks = indexer_decode(core.indexer, x, q_resid, batch, fused) if core.indexer is not None else None
     attend = compressed_decode_attention_triton if fused else compressed_decode_attention_ref
     return attend(
-        q,
-        kv,
-        batch.cache.state[core.cache_name]["k"],
-        batch.cache.kv[core.compressor.cache_name][0],
-        entry_table(batch.block_tables, ratio, batch.cache.block_size),
-        batch.state_slots,
-        batch.positions,
-        batch.seq_lens,
-        sinks,
-        core.scale,
-        ratio,
-        picks,
+        CompressedDecodeInputs(
+            q,
+            kv,
+            batch.cache.state[core.cache_name]["k"],
+            batch.cache.kv[core.compressor.cache_name][0],
+            entry_table(batch.block_tables, ratio, batch.cache.block_size),
+            batch.state_slots,
+            batch.positions,
+            batch.seq_lens,
+            sinks,
+            core.scale,
+            ratio,
+            picks,
+        )
     )

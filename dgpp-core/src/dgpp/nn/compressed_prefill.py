@@ -10,8 +10,8 @@ The same math as the per-row reference (``dgpp.nn.compressed_attention``), in a 
    ``dgpp.kernels.dsa_index`` (each (row, entry) score from that row and entry alone) and the selection from
    its ``select_top_k``; elsewhere rows with the same number of visible entries are scored as one batch of
    per-row products and keep their best by a stable sort, as the reference does row by row;
-3. one attention call (``dgpp.kernels.compressed_attention``) over each row's window, its entries (the picks
-   on CSA, every complete one on HCA) and the sinks.
+3. the inputs of one attention call (``dgpp.kernels.compressed_attention``): each row's window, its entries
+   (the picks on CSA, every complete one on HCA) and the sinks.
 
 Every row's result depends on its position and its sequence's cache alone, so chunked prefill, batching and
 prefix-cache restores keep the reference's property: the same bits however the prompt was cut.
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels._triton import use_triton
-from dgpp.kernels.compressed_attention import compressed_attention, per_row_bmm
+from dgpp.kernels.compressed_attention import CompressedAttentionInputs, per_row_bmm
 from dgpp.kernels.dsa_index import index_scores_triton, select_top_k
 from dgpp.kernels.window_attention import row_sequences
 from dgpp.nn.window_compressor import entry_slots, live_sequences
@@ -102,7 +102,7 @@ def every_entry(batch: ForwardBatch, ratio: int) -> Picks:
     ) // ratio
 
 
-def prefill_attention(
+def attention_inputs(
     q: torch.Tensor,
     kv: torch.Tensor,
     ring: torch.Tensor,
@@ -113,9 +113,9 @@ def prefill_attention(
     window: int,
     ratio: int,
     picks: Picks | None,
-) -> torch.Tensor:
-    """One compressed layer's attention for any step, the step's entries already stored: over each row's window,
-    its ``picks`` (CSA) or every complete entry (``None``: HCA), and the sinks."""
+) -> CompressedAttentionInputs:
+    """One compressed layer's attention inputs for any step, the step's entries already stored: each row's
+    window, its ``picks`` (CSA) or every complete entry (``None``: HCA), and the sinks."""
     table = entry_table(pool, batch, ratio)
     row_tables = table[row_sequences(batch.query_start_loc, q.shape[0])]
     if picks is not None:
@@ -123,7 +123,7 @@ def prefill_attention(
         entry_rows = row_tables.gather(1, entries.clamp(max=max(0, table.shape[1] - 1)))
     else:
         entry_rows, count = row_tables, (batch.positions + 1) // ratio
-    return compressed_attention(
+    return CompressedAttentionInputs(
         q,
         kv,
         ring,
