@@ -11,8 +11,9 @@ The picture is random RGB noise saved as PNG and sent as a base64 ``data:`` URL,
 the median of ``--repeats`` after one warm-up:
 
 - host: the data URL decoded (``dgpp.media.decode``) and the family's processor (resize, normalise, patch rows);
-- encoder: the tower's forward on the device, synchronized; its TFLOP/s from the FLOPs torch counts for it
-  (matrix products and attention), against the H200's dense bf16 peak (989 TFLOP/s);
+- encoder: the tower's forward on the device (the pixel rows' copy to it included), synchronized; its TFLOP/s
+  from the FLOPs torch counts for it (matrix products and attention), against the H200's dense bf16 peak
+  (989 TFLOP/s);
 - prefill: one runner step over the prompt's token ids (text, image markers, placeholders) with no image, so no
   encoder: the text model's share;
 - TTFT: request to first token: decode, processor, prompt layout, one runner step with the image (the tower runs
