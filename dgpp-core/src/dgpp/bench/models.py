@@ -155,10 +155,25 @@ def _fill_normal(param: torch.Tensor, std: float, gen: torch.Generator, chunk: i
 def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int = 0) -> Model:
     """A dgpp model with N(0, std) matrices, norms at identity and GDN decays as HF initialises them
     (A = U(1, 16), dt_bias 1); no transformers model kept."""
-    raw = hf_config(geometry, dtype)
-    std = float(raw.get("initializer_range", 0.02))
+    return random_model_from_config(hf_config(geometry, dtype), device, seed)
+
+
+@torch.inference_mode()
+def random_model_from_config(raw: dict[str, Any], device: str, seed: int = 0) -> Model:
+    """:func:`build_random_model` for HF config fields given whole (a geometry with keys added, e.g. a
+    ``vision_config``); the dtype is the config's."""
     gen = torch.Generator(device=device).manual_seed(seed)
     model = new_model(raw, device)
+    fill_random(model, float(raw.get("initializer_range", 0.02)), gen)
+    from dgpp.startup.weights import settle_weights
+
+    return settle_weights(model)  # the forms a loaded model keeps (e.g. MLA's kv_b_proj decoded)
+
+
+@torch.inference_mode()
+def fill_random(model: torch.nn.Module, std: float, gen: torch.Generator) -> None:
+    """Every parameter of ``model`` (on ``gen``'s device) drawn as :func:`build_random_model` draws them."""
+    device = gen.device
     for name, param in sorted(model.named_parameters()):
         if name.endswith("A_log"):
             param.copy_((torch.rand(param.shape, generator=gen, device=device) * 15 + 1).log())
@@ -170,9 +185,6 @@ def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int
             param.fill_(_init_value(model, name, param))
         else:
             _fill_normal(param, std, gen)
-    from dgpp.startup.weights import settle_weights
-
-    return settle_weights(model)  # the forms a loaded model keeps (e.g. MLA's kv_b_proj decoded)
 
 
 def weight_bytes_per_step(model: Model) -> int:
