@@ -252,12 +252,12 @@ def count_decode(model: nn.Module, context: int = 12, block_size: int = 16) -> S
 
 def tiny_model(kind: str, dtype: torch.dtype = torch.float32) -> Any:
     """The tiny checkpoint ``kind`` (``dgpp_tiny_checkpoints``) loaded as ``dgpp serve`` loads it."""
+    from dgpp.catalog import tiny_checkpoint
     from dgpp.config_schema import EngineConfig
     from dgpp.startup.loading import load_model
-    from dgpp.testing.builders import build_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
-        path = build_tiny_checkpoint(kind, tmp, seed=0, dtype=dtype)
+        path = tiny_checkpoint(kind).build(tmp, seed=0, dtype=dtype)
         return load_model(path, EngineConfig(), dtype=dtype)
 
 
