@@ -97,3 +97,23 @@ def serve_greedy(
     assert not sched.has_work, "scheduler did not drain"
     model.keep_hidden = False
     return out, sched
+
+
+def drafts_batched_and_alone(
+    model: Model,
+    drafter: BlockDrafter,
+    prompts: Seq[list[int]],
+    anchors: Seq[int],
+    *,
+    blocks: int,
+    block_size: int,
+) -> tuple[tuple[torch.Tensor, torch.Tensor], list[tuple[torch.Tensor, torch.Tensor]]]:
+    """The drafter's ``(drafts, confidence)`` for every prompt's block in one call (each prompt's context
+    prefilled, ``anchors[i]`` fed at its end), and for each prompt's block alone (one call a prompt)."""
+    draft_pools, tables, _ = prefill_features(
+        model, drafter, prompts, blocks=blocks, block_size=block_size, spare=8
+    )
+    works = [SeqWork(i, tables[i], len(p), [anchors[i]]) for i, p in enumerate(prompts)]
+    together = drafter.draft(build_batch(works, draft_pools))
+    alone = [drafter.draft(build_batch([work], draft_pools)) for work in works]
+    return together, alone

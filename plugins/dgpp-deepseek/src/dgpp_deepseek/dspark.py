@@ -31,6 +31,7 @@ from torch import nn
 
 from dgpp.nn.hyper_connections import to_streams
 from dgpp.nn.linear import Linear
+from dgpp.nn.paged_context import context_rows
 from dgpp.nn.parallel import all_reduce
 from dgpp.plugin_api import CacheSpec, CheckpointError, ForwardBatch, LoadContext, Model, PagedKV
 from dgpp_deepseek.attention import DeepseekV4Attention
@@ -152,16 +153,16 @@ class DSparkDrafter:
             keys, _ = batch.cache.kv[_context_name(s)]
             keys.view(-1, 1, keys.shape[-1])[batch.slot_mapping] = latent.to(keys.dtype)
 
-    def _context(self, batch: ForwardBatch, s: int) -> list[torch.Tensor]:
-        """Stage ``s``'s context latents of each sequence: positions ``max(0, c - window) .. c - 1``."""
+    def _context(self, batch: ForwardBatch, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage ``s``'s context latents of every sequence, positions ``max(0, c - window) .. c - 1``, right-aligned
+        in one ``[B, L, head_dim]`` tensor, and the mask of the columns that hold one (``[B, L]``)."""
         keys, _ = batch.cache.kv[_context_name(s)]
-        flat, bs = keys.view(-1, keys.shape[-1]), batch.cache.block_size
-        out = []
-        for i, c in enumerate(batch.context_lens_cpu):
-            positions = torch.arange(max(0, c - self.window), c, device=keys.device)
-            table = batch.block_tables[i].long()
-            out.append(flat[table[positions // bs] * bs + positions % bs])
-        return out
+        ends = batch.context_lens_cpu
+        firsts = [max(0, c - self.window) for c in ends]
+        rows, _, valid = context_rows(
+            keys.view(-1, keys.shape[-1]), batch.block_tables, batch.cache.block_size, firsts, ends
+        )
+        return rows, valid
 
     # ---- the block ------------------------------------------------------------------------------
     @torch.no_grad()
@@ -206,26 +207,29 @@ class DSparkDrafter:
         attn: DeepseekV4Attention,
         x: torch.Tensor,
         positions: torch.Tensor,
-        contexts: list[torch.Tensor],
+        context: tuple[torch.Tensor, torch.Tensor],
         block: int,
     ) -> torch.Tensor:
         """The stage's attention for the block rows ``x`` (normed): every row of a sequence's block attends to its
-        context latents and to all of its block's latents, in one softmax with the head's sink."""
+        context latents and to all of its block's latents, in one softmax with the head's sink; every sequence in
+        one masked product (``context``: ``_context``'s latents and mask)."""
         rows = x.shape[0]
         q_resid = attn.q_norm(attn.wq_a(x))
         q = attn.wq_b(q_resid).view(rows, attn.num_heads, attn.head_dim)
         q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + attn.eps).to(q.dtype)
         q = attn.rotary.rotate(q, positions)
         latent = attn.rotary.rotate(attn.kv_norm(attn.wkv(x))[:, None, :], positions)[:, 0]
-        sinks = attn.attn_sink.float()[:, None, None]
-        out = torch.empty_like(q)
-        for i, context in enumerate(contexts):
-            rows_i = slice(i * block, (i + 1) * block)
-            keys = torch.cat([context.to(latent.dtype), latent[rows_i]]).float()
-            scores = torch.einsum("rhd,kd->hrk", q[rows_i].float(), keys) * attn.core.scale
-            scores = torch.cat([scores, sinks.expand(-1, block, 1)], dim=-1)
-            probs = scores.softmax(dim=-1)[..., :-1]
-            out[rows_i] = torch.einsum("hrk,kd->rhd", probs, keys).to(q.dtype)
+        latents, valid = context
+        n = latents.shape[0]
+        keys = torch.cat([latents.to(latent.dtype), latent.view(n, block, -1)], dim=1).float()
+        scores = (
+            torch.einsum("brhd,bkd->bhrk", q.view(n, block, *q.shape[1:]).float(), keys) * attn.core.scale
+        )
+        width = latents.shape[1]
+        scores[..., :width] = scores[..., :width].masked_fill(~valid[:, None, None, :], float("-inf"))
+        sinks = attn.attn_sink.float()[None, :, None, None].expand(n, -1, block, 1)
+        probs = torch.cat([scores, sinks], dim=-1).softmax(dim=-1)[..., :-1]
+        out = torch.einsum("bhrk,bkd->brhd", probs, keys).reshape(rows, *q.shape[1:]).to(q.dtype)
         out = attn.rotary.rotate(out, positions, inverse=True)
         return attn.grouped_output(out)
 
