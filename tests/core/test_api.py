@@ -381,7 +381,7 @@ def test_keep_alive_comment_after_silence(server) -> None:
 def test_connection_limit_answers_openai_shaped_503() -> None:
     import asyncio
 
-    from dgpp.serve.connections import ConnectionLimit
+    from dgpp.serve.http_guard import ConnectionLimit
 
     release = asyncio.Event()
 

@@ -113,7 +113,7 @@ def test_wrong_types_are_named(raw, expected):
         ({"model": "m", "http": {"sse_ping_interval": 0}}, "http.sse_ping_interval: out of range"),
         (
             {"model": "m", "engine": {"kv_dtype": "int3"}},
-            'engine.kv_dtype: invalid value "int3" (allowed: auto, bf16, fp8)',
+            'engine.kv_dtype: invalid value "int3" (allowed: auto, bf16, fp4, fp8)',
         ),
         ({"model": "m", "engine": {"admission": "lazy"}}, "engine.admission: invalid value"),
         ({"model": "m", "engine": {"block_size": 12}}, "engine.block_size: 12 is not a power of two"),
@@ -210,8 +210,7 @@ def test_knobs_override_engine_keys_and_are_validated_like_the_file(tmp_path):
         4096,
         "bf16",
     )
-    with pytest.raises(ConfigError, match="engine.kv_dtype: 'fp4' is not built in this engine"):
-        load_config(path, {"kv_dtype": "fp4"})
+    assert load_config(path, {"kv_dtype": "fp4"}).engine.lossy_levers() == ["kv_dtype"]
     assert load_config(path, {"kv_dtype": "fp8"}).engine.lossy_levers() == ["kv_dtype"]
     assert (cfg.http.port, cfg.ports.http, cfg.http.bind_host) == (9000, 9000, "0.0.0.0")
     with pytest.raises(ConfigError, match="engine.max_concurrency: out of range: expected int >= 1, got 0"):

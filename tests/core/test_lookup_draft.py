@@ -217,7 +217,7 @@ def test_sampled_lookup_keeps_the_plain_distribution(dense, monkeypatch):
     """Every second token comes out of a drafted verify row: the ratio test keeps the draft with p(draft), else
     draws from the residual. The pairs follow the model's exact probabilities; a verify that redraws plainly
     on a rejection over-weights the draft, and the same test rejects it."""
-    import dgpp.sample.verify as verify
+    import dgpp.sample.batch as verify
 
     expected = sequence_probabilities(dense, SAMPLED_PROMPT, _sampled_params(None), 2)
     assert len([p for p in expected.values() if p > 0.03]) >= 5  # a spread-out distribution, not a point

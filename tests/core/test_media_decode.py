@@ -11,7 +11,7 @@ import pytest
 
 from dgpp.media.decode import ImageLimits, load_request_image
 from dgpp.media.prompt import ImageError
-from dgpp.text.messages import IMAGE_TEXT, prepare_messages
+from dgpp.text.chat_template import IMAGE_TEXT, prepare_messages
 
 PIL = pytest.importorskip("PIL.Image")
 LIMITS = ImageLimits(max_images=4, max_image_bytes=4096, max_image_pixels=64 * 64)

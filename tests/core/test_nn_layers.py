@@ -119,8 +119,8 @@ def test_query_gate_split_follows_per_head_packing():
     packed = torch.arange(2 * 2 * H * D, dtype=torch.float32).view(2, 2 * H * D)
     q, gate = split_query_gate(packed, H, D)
     ref_q, ref_gate = torch.chunk(packed.view(2, H, 2 * D), 2, dim=-1)
-    assert torch.equal(q, ref_q) and torch.equal(gate, ref_gate.reshape(2, H * D))
-    assert torch.equal(gated_output(torch.ones(2, H * D), gate), torch.sigmoid(gate))
+    assert torch.equal(q, ref_q) and torch.equal(gate, ref_gate)
+    assert torch.equal(gated_output(torch.ones(2, H * D), gate), torch.sigmoid(gate).reshape(2, H * D))
 
 
 @pytest.mark.parametrize("out_features, in_features", [(1, 64), (8, 64), (64, 64), (512, 64), (33, 77)])

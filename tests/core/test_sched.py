@@ -190,7 +190,7 @@ def test_full_admission_waits_for_room_oldest_that_fits_first() -> None:
 def test_stats_line_has_the_original_engines_shape() -> None:
     import time
 
-    from dgpp.sched.stats_line import StatsLine
+    from dgpp.sched.published import StatsLine
 
     sched, _ = build()
     line = StatsLine(sched, interval_s=0.01)

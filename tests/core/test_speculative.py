@@ -242,18 +242,22 @@ def test_qwen4_exp_greedy_mtp_equals_plain(tmp_path):
     _check_counters(sched, 2)
 
 
-def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp4"])
+def test_glm_moe_dsa_greedy_mtp_equals_plain(tmp_path, kv_dtype):
     """Full GLM-5.3's drafter (an MLA block with its own DSA indexer over latent and index-key pools; index_topk 8
-    below most prompts, so both the target's and the drafter's selections are sparse) through the hook."""
+    below most prompts, so both the target's and the drafter's selections are sparse) through the hook; under
+    ``engine.kv_dtype`` fp8 / fp4 the target's and the drafter's latents and index keys are quantized alike."""
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     path = build_tiny_glm_moe_dsa(tmp_path, seed=7, mtp_layers=1)
     model = load_model(path)
     drafter = manager().hook.dgpp_build_draft(ctx=load_context(path), model=model)
-    plain, _ = serve(model)
-    spec, sched = serve(model, drafter, 2)
+    plain, _ = serve(model, kv_dtype=kv_dtype)
+    spec, sched = serve(model, drafter, 2, kv_dtype=kv_dtype)
     assert spec == plain
     _check_counters(sched, 2)
+    assert isinstance(sched.speculative, SpeculativeDecoder)
+    assert bool(sched.speculative.draft_pools.kv_scales) == (kv_dtype != "auto")
 
 
 @pytest.fixture(scope="module")
@@ -279,6 +283,16 @@ def test_glm5_next_greedy_mtp_equals_plain(glm5_next):
         spec, sched = serve(model, drafter, depth)
         assert spec == plain
         _check_counters(sched, depth)
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp4"])
+def test_glm5_next_greedy_mtp_equals_plain_with_quantized_latents(glm5_next, kv_dtype):
+    """``engine.kv_dtype`` fp8 / fp4: the target's and the drafter's latents and pooled index keys quantized."""
+    model, drafter = glm5_next
+    plain, _ = serve(model, kv_dtype=kv_dtype)
+    spec, sched = serve(model, drafter, 2, kv_dtype=kv_dtype)
+    assert spec == plain
+    _check_counters(sched, 2)
 
 
 def test_deeper_drafts_leave_the_drafter_state_as_the_accepted_rows_left_it(glm5_next, monkeypatch):
@@ -328,7 +342,7 @@ def test_oracle_drafter_is_fully_accepted(glm):
 def test_penalties_count_the_drafts_ahead_of_a_verify_row(glm, monkeypatch):
     """A verify row's penalties see the drafts before it as emitted (they are, when the row counts): greedy with
     repetition and frequency penalties and an oracle's drafts equals plain, and would not if they were left out."""
-    from dgpp.sample.processors import TokenHistory
+    from dgpp.sample.sampler import TokenHistory
 
     model, _ = glm
     penalties = {"repetition_penalty": 1.5, "frequency_penalty": 2.0}

@@ -99,7 +99,7 @@ def _counts(model) -> tuple[dict[tuple[int, ...], int], SpeculativeDecoder]:
 
 
 def test_sampled_mtp_keeps_the_plain_distribution(glm, monkeypatch):
-    import dgpp.sample.verify as verify
+    import dgpp.sample.batch as verify
 
     expected = sequence_probabilities(glm, PROMPT, _params(None), 3)
     assert len([p for p in expected.values() if p > 0.02]) >= 10  # a spread-out distribution, not a point

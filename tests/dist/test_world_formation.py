@@ -32,8 +32,12 @@ def _form(rank: int, raws: list[dict], out_dir: str) -> None:
 
 
 def _raw(ports: dict, **engine) -> dict:
-    return {"model": "/nonexistent/ckpt", "world_size": 2, "ports": ports,
-            "engine": {"rendezvous_timeout_ms": 30000, **engine}}
+    return {
+        "model": "/nonexistent/ckpt",
+        "world_size": 2,
+        "ports": ports,
+        "engine": {"rendezvous_timeout_ms": 30000, **engine},
+    }
 
 
 def test_matching_world_forms_and_mismatched_config_digest_is_refused_by_name(tmp_path):
@@ -64,10 +68,21 @@ def test_rank_outside_world_is_refused():
 
 
 def test_tick_records_keep_sampling_bits_exact():
-    params = SamplingParams(temperature=0.1 + 0.2, top_p=1 / 3, min_p=5e-324, logit_bias={7: -0.1, 2: 1e-300},
-                            seed=2**63 - 1, stop=("END",), max_tokens=9)
-    tick = Tick(n=4, od="00ff", s=[[Admission(id="r/0", choice=0, p=[1, 2, 3], sp=params_to_wire(params), gs=99)]],
-                c=[("x/0", "stop")])
+    params = SamplingParams(
+        temperature=0.1 + 0.2,
+        top_p=1 / 3,
+        min_p=5e-324,
+        logit_bias={7: -0.1, 2: 1e-300},
+        seed=2**63 - 1,
+        stop=("END",),
+        max_tokens=9,
+    )
+    tick = Tick(
+        n=4,
+        od="00ff",
+        s=[[Admission(id="r/0", choice=0, p=[1, 2, 3], sp=params_to_wire(params), gs=99)]],
+        c=[("x/0", "stop")],
+    )
     back = decode(encode(tick))
     assert back == tick
     assert params_from_wire(json.loads(json.dumps(back.s[0][0].sp))) == params
@@ -118,9 +133,13 @@ def test_progress_watchdog_thread_calls_on_stall_once_and_can_be_disarmed():
     assert len(stalls) == 1
 
 
-def test_a_lossy_lever_on_one_rank_only_is_refused_by_name():
-    """Every rank runs the same K/V format: ``engine.kv_dtype: fp8`` on one rank and not the other refuses the world."""
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp4"])
+def test_a_lossy_lever_on_one_rank_only_is_refused_by_name(kv_dtype):
+    """Every rank runs the same K/V format: ``engine.kv_dtype`` fp8 (or fp4 latents) on one rank and not the other
+    refuses the world."""
     exact = settings_of(parse_config({"model": "a", "world_size": 2}))
-    lossy = settings_of(parse_config({"model": "a", "world_size": 2, "engine": {"kv_dtype": "fp8"}}))
+    lossy = settings_of(parse_config({"model": "a", "world_size": 2, "engine": {"kv_dtype": kv_dtype}}))
     text = settings_difference(exact, lossy, 1)
-    assert text is not None and "config digest" in text and "engine.kv_dtype ('auto' vs 'fp8')" in text
+    assert (
+        text is not None and "config digest" in text and f"engine.kv_dtype ('auto' vs '{kv_dtype}')" in text
+    )

@@ -44,3 +44,19 @@ def test_decode_reference_equals_varlen_path():
     varlen = causal_conv1d_varlen(x, weight, None, pool_varlen, slots, [1, 1, 1], [5, 0, 9])
     torch.testing.assert_close(ref, varlen, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(pool, pool_varlen, rtol=0, atol=0)
+
+
+def test_decode_kernel_reads_rows_of_a_wider_projection():
+    # x as the [q|k|v] part of a [q|k|v|z] projection: rows strided wider than the channels, the output dense
+    gen = torch.Generator().manual_seed(2)
+    wide = torch.randn(3, C + 24, generator=gen)
+    x = wide[:, :C]
+    weight = torch.randn(C, K, generator=gen)
+    pool = torch.randn(3, K - 1, C, generator=gen)
+    pool_ref = pool.clone()
+    slots, fresh = torch.tensor([2, 0, 1]), torch.tensor([0, 0, 1], dtype=torch.int8)
+    ref = conv_decode_ref(x.contiguous(), weight, None, pool_ref, slots, fresh, True)
+    out = conv_decode_triton(x, weight, None, pool, slots, fresh, True)
+    assert out.is_contiguous() and out.shape == (3, C)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(pool, pool_ref, rtol=0, atol=0)

@@ -51,9 +51,11 @@ def _graph_style(batch, width_blocks: int, filler: torch.Tensor):
 
 
 @torch.inference_mode()
-def test_graph_style_decode_step_equals_the_eager_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp4"])
+def test_graph_style_decode_step_equals_the_eager_step(tmp_path, monkeypatch, kv_dtype):
     """Decode rows shorter (5 tokens) and longer (14, 21) than index_topk 8: with the table padded to the pool the
-    selection and the attention output equal the eager step's bit for bit, and a short row stays dense."""
+    selection and the attention output equal the eager step's bit for bit, and a short row stays dense; also over
+    fp4 latents and e4m3 index keys (``engine.kv_dtype: fp4``)."""
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
@@ -71,7 +73,12 @@ def test_graph_style_decode_step_equals_the_eager_step(tmp_path, monkeypatch):
     model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=5))
     attn = model.model.layers[0].self_attn
     ix = attn.indexer
-    pools, blocks, _ = make_pools(model, [8, 24, 24], 4)
+    pools, blocks, _ = make_pools(model, [8, 24, 24], 4, kv_dtype)
+    latent_scale, key_scale = (
+        (pools.kv_scales[attn.cache_name][0], pools.kv_scales[ix.cache_name][0])
+        if pools.kv_scales
+        else (None, None)
+    )
     tables = [blocks.allocate(2), blocks.allocate(6), blocks.allocate(6)]
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (5, 14, 21)]
@@ -89,10 +96,12 @@ def test_graph_style_decode_step_equals_the_eager_step(tmp_path, monkeypatch):
         )[0]
         weights = ix.weights_proj(x.float()) * ix.num_heads**-0.5
         picks = device_selection(
-            q, weights, batch.cache.kv[ix.cache_name][0], batch, ix.topk, ix.head_dim**-0.5
+            q, weights, batch.cache.kv[ix.cache_name][0], batch, ix.topk, ix.head_dim**-0.5, key_scale
         )
         caches = batch.cache.kv[attn.cache_name]
-        out = absorbed_attention_cuda(query.q_nope, query.q_rot, kv_b, *caches, batch, picks, attn.scale)
+        out = absorbed_attention_cuda(
+            query.q_nope, query.q_rot, kv_b, *caches, batch, picks, attn.scale, latent_scale
+        )
         return picks, out, torch_rows
 
     prefill = [SeqWork(i, tables[i], 0, prompts[i][:-1]) for i in range(3)]

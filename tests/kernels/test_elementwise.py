@@ -127,3 +127,132 @@ def test_qk_norm_rope_equals_norm_then_rotary(rot: int, neox: bool, offset: floa
         neox,
     )
     torch.testing.assert_close(q_tri, q_two)
+
+
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rms_norm_fp32_product_is_weight_times_normed_sum(with_residual: bool) -> None:
+    # plain weights with the product in fp32 (gpt-oss / Flint order), fused with the residual add
+    g = torch.Generator().manual_seed(11)
+    x, r = torch.randn(3, 96, generator=g), torch.randn(3, 96, generator=g)
+    w = torch.randn(96, generator=g)
+    summed = x + r if with_residual else x
+    expected = (w.float() * torch.nn.functional.rms_norm(summed.float(), (96,), eps=1e-5)).to(x.dtype)
+    got = rms_norm_triton(x, w, 1e-5, r if with_residual else None, 0.0, True)
+    ref = rms_norm_ref(x, w, 1e-5, r if with_residual else None, 0.0, True)
+    if with_residual:
+        (got, got_sum), (ref, ref_sum) = got, ref
+        assert torch.equal(got_sum, summed) and torch.equal(ref_sum, summed)
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ref, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_rms_norm_layer_with_fp32_product_runs_the_kernel_order() -> None:
+    from dgpp.nn.norm import RMSNorm, add_rms_norm
+
+    class Fp32ProductNorm(RMSNorm):
+        fp32_product = True
+
+    g = torch.Generator().manual_seed(12)
+    norm = Fp32ProductNorm(64, 1e-6, dtype=torch.float32)
+    norm.weight.data.copy_(torch.randn(64, generator=g))
+    x, r = torch.randn(4, 64, generator=g), torch.randn(4, 64, generator=g)
+    assert norm.kernel_numerics() == (0.0, True)
+    expected = (norm.weight.float() * torch.nn.functional.rms_norm(x + r, (64,), eps=1e-6)).to(x.dtype)
+    out, summed = add_rms_norm(x, r, norm)  # the CPU path: the add, then the layer
+    assert torch.equal(out, expected) and torch.equal(summed, r + x)
+    fused, fused_sum = rms_norm_triton(x, norm.weight, norm.eps, r, *norm.kernel_numerics())
+    torch.testing.assert_close(fused, out, rtol=1e-5, atol=1e-6)
+    assert torch.equal(fused_sum, summed)
+
+
+def test_qk_norm_rope_fp32_product_equals_its_norm_then_rotary() -> None:
+    from dgpp.kernels.qk_norm_rope import qk_norm_rope_triton
+
+    g = torch.Generator().manual_seed(13)
+    q, k = torch.randn(3, 4, 32, generator=g), torch.randn(3, 2, 32, generator=g)
+    qw, kw = torch.randn(32, generator=g), torch.randn(32, generator=g)
+    pos, inv = torch.tensor([0, 5, 77]), _inv_freq(32)
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return (w.float() * torch.nn.functional.rms_norm(x.float(), (32,), eps=1e-6)).to(x.dtype)
+
+    q_ref, k_ref = rotary_ref(norm(q, qw), norm(k, kw), pos, inv, 1.0, True)
+    q_tri, k_tri = qk_norm_rope_triton(q, k, qw, kw, 1e-6, 0.0, pos, inv, 1.0, True, True)
+    torch.testing.assert_close(q_tri, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_tri, k_ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("sigmoid", [False, True])
+@pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
+def test_gated_rms_norm_matches_reference(sigmoid: bool, x_dtype: torch.dtype) -> None:
+    from dgpp.kernels.gated_rmsnorm import gated_rms_norm_ref, gated_rms_norm_triton
+
+    g = torch.Generator().manual_seed(21 + sigmoid)
+    # x: the delta rule's output in its own dtype; gate: a strided view of a wider projection
+    x = torch.randn(3, 4, 48, generator=g, dtype=torch.float64).to(x_dtype)
+    gate = torch.randn(3, 4 * 48 + 8, generator=g)[:, : 4 * 48].view(3, 4, 48)
+    w = torch.randn(48, generator=g)
+    got = gated_rms_norm_triton(x, gate, w, 1e-6, torch.float32, sigmoid)
+    ref = gated_rms_norm_ref(x, gate, w, 1e-6, torch.float32, sigmoid)
+    act = torch.sigmoid(gate) if sigmoid else torch.nn.functional.silu(gate)
+    xf = x.float()
+    explicit = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)) * act
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(got, explicit, rtol=1e-5, atol=1e-6)
+
+
+def test_gated_rms_norm_layer_on_both_paths() -> None:
+    from dgpp.kernels.gated_rmsnorm import gated_rms_norm_triton
+    from dgpp.nn.gated_deltanet import GatedRMSNorm
+
+    g = torch.Generator().manual_seed(23)
+    norm = GatedRMSNorm(32, 1e-6)
+    norm.weight.data.copy_(torch.randn(32, generator=g))
+    x, gate = torch.randn(2, 3, 32, generator=g), torch.randn(2, 3, 32, generator=g)
+    torch.testing.assert_close(
+        gated_rms_norm_triton(x, gate, norm.weight, norm.eps, torch.float32),
+        norm(x, gate),
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_gdn_gates_match_reference() -> None:
+    from dgpp.kernels.gdn_gates import gdn_gates_ref, gdn_gates_triton
+
+    g = torch.Generator().manual_seed(22)
+    wide = torch.randn(5, 2 * 6, generator=g) * 12  # b and a side by side: strided rows; past softplus' bends
+    b, a = wide[:, :6], wide[:, 6:]
+    a[0, 0], a[1, 1] = 30.0, -40.0  # above torch's threshold, and where 1 + e^x rounds to 1
+    A_log, dt_bias = torch.randn(6, generator=g), torch.randn(6, generator=g)
+    g_tri, beta_tri = gdn_gates_triton(a, b, A_log, dt_bias)
+    g_ref, beta_ref = gdn_gates_ref(a, b, A_log, dt_bias)
+    torch.testing.assert_close(g_tri, g_ref, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(beta_tri, beta_ref, rtol=1e-5, atol=1e-7)
+    assert g_tri[1, 1] < 0  # e^x kept where log(1 + e^x) would give 0
+
+
+def test_sigmoid_gate_reads_the_strided_gate_in_place() -> None:
+    from dgpp.kernels.output_gate import sigmoid_gate_ref, sigmoid_gate_triton
+    from dgpp.nn.attention import split_query_gate
+
+    g = torch.Generator().manual_seed(31)
+    q_proj_out = torch.randn(3, 4 * 2 * 24, generator=g)
+    _, gate = split_query_gate(q_proj_out, 4, 24)  # a strided [T, H, D] view
+    attn = torch.randn(3, 4 * 24, generator=g)
+    got = sigmoid_gate_triton(attn, gate)
+    expected = attn * torch.sigmoid(q_proj_out.view(3, 4, 48)[..., 24:]).reshape(3, 96)
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(sigmoid_gate_ref(attn, gate), expected, rtol=0, atol=0)
+
+
+def test_shared_expert_add_matches_the_chain() -> None:
+    from dgpp.kernels.output_gate import shared_expert_add_ref, shared_expert_add_triton
+
+    g = torch.Generator().manual_seed(32)
+    routed, shared = torch.randn(3, 80, generator=g), torch.randn(3, 80, generator=g)
+    gate = torch.randn(3, 5, generator=g)[:, 2:3]  # one logit per token, a column of a wider output
+    got = shared_expert_add_triton(routed, shared, gate)
+    torch.testing.assert_close(got, routed + torch.sigmoid(gate) * shared, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(shared_expert_add_ref(routed, shared, gate), got, rtol=1e-6, atol=1e-6)

@@ -3,9 +3,10 @@ cache, dense and over DSA-selected tokens, and the per-head absorption product."
 
 from __future__ import annotations
 
+import pytest
 import torch
 
-from dgpp.kernels import head_matmul, mla_attention
+from dgpp.kernels import dsa_index, head_matmul, mla_attention
 from dgpp.kernels.head_matmul import head_matmul_ref, head_matmul_triton
 from dgpp.kernels.mla_attention import mla_attention_ref, mla_attention_triton
 
@@ -83,11 +84,13 @@ def test_head_matmul_matches_reference_for_strided_weights():
     assert torch.equal(head_matmul_triton(x[7:8], w_uv_t)[0], out[7])
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8", "fp4"])
 @torch.inference_mode()
-def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch):
+def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch, kv_dtype):
     """The CUDA wiring (``dgpp.nn.mla_cuda``: per-row tables, DSA selections as index lists, the absorption
     products), run here through the interpreter, against the layer's torch path on the same step: a mixed batch of
-    prefill chunks (rows past index_topk 8 attend their selection), then a decode-only step."""
+    prefill chunks (rows past index_topk 8 attend their selection), then a decode-only step; under ``kv_dtype`` fp8 /
+    fp4 over quantized latents and e4m3 index keys with their row scales."""
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection
@@ -97,11 +100,13 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch)
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     # stand in for CUDA: the kernels themselves run (interpreter), not their torch references
-    for module in (head_matmul, mla_attention):
+    for module in (head_matmul, mla_attention, dsa_index):
         monkeypatch.setattr(module, "use_triton", lambda x: True)
     model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=5))
     attn = model.model.layers[0].self_attn
-    pools, blocks, _ = make_pools(model, [24, 24], 4)
+    pools, blocks, _ = make_pools(model, [24, 24], 4, kv_dtype)
+    latent_scale = pools.kv_scales[attn.cache_name][0] if kv_dtype != "auto" else None
+    key_scale = pools.kv_scales[attn.indexer.cache_name][0] if kv_dtype != "auto" else None
     tables = [blocks.allocate(6), blocks.allocate(6)]
     g = torch.Generator().manual_seed(6)
     prompts = [torch.randint(3, 512, (n,), generator=g).tolist() for n in (13, 20)]
@@ -118,7 +123,9 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch)
         ref = attn.attend(query, batch, selection)
         kv_b = attn.kv_b_proj.weight.view(attn.num_heads, -1, attn.kv_lora_rank)
         caches = batch.cache.kv[attn.cache_name]
-        out = absorbed_attention_cuda(query.q_nope, query.q_rot, kv_b, *caches, batch, selection, attn.scale)
+        out = absorbed_attention_cuda(
+            query.q_nope, query.q_rot, kv_b, *caches, batch, selection, attn.scale, latent_scale
+        )
         ours = attn.o_proj(out.flatten(1))
         torch.testing.assert_close(ours, ref, rtol=1e-4, atol=1e-5)
         # the same rows with the selection in its device form (what the CUDA indexer hands on): the same bits
@@ -128,10 +135,10 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch)
         )[0]
         weights = ix.weights_proj(x.float()) * ix.num_heads**-0.5
         on_device = device_selection(
-            q, weights, batch.cache.kv[ix.cache_name][0], batch, ix.topk, ix.head_dim**-0.5
+            q, weights, batch.cache.kv[ix.cache_name][0], batch, ix.topk, ix.head_dim**-0.5, key_scale
         )
         again = absorbed_attention_cuda(
-            query.q_nope, query.q_rot, kv_b, *caches, batch, on_device, attn.scale
+            query.q_nope, query.q_rot, kv_b, *caches, batch, on_device, attn.scale, latent_scale
         )
         assert torch.equal(again, out)
     assert any(s is not None for s in selection)  # the decode rows attend a sparse selection

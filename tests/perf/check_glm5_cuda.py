@@ -244,23 +244,33 @@ def exactness_checks(failures: list[str]) -> list[str]:
     return out
 
 
-def step_bytes(model, batch: int, context: int) -> float:
+def step_bytes(model, batch: int, context: int, kv_dtype: str = "auto") -> float:
     """Bytes a decode step at ``context`` cached tokens reads: the weights (routed experts as picked,
     ``decode_step_bytes``), each layer's latent + rope rows of the tokens it attends (all of them up to index_topk,
-    then its selection) and, once past index_topk, every cached index key of the layers that run the indexer."""
+    then its selection) and, once past index_topk, every cached index key of the layers that run the indexer; rows
+    as ``engine.kv_dtype`` stores them (the stored cache entries' bytes per token)."""
     from dgpp.bench.step_bytes import decode_step_bytes
+    from dgpp.step.cache_spec import stored_as
 
     cfg = model.config
+    spec = stored_as(model.cache_spec(), kv_dtype)
     seen = context + 1
-    latent_row = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2
+    latent_row = spec["layers.0.self_attn"].bytes_per_token()
     attention = cfg.num_hidden_layers * min(seen, cfg.index_topk) * latent_row
     if seen > cfg.index_topk:
-        attention += cfg.indexer_types.count("full") * seen * cfg.index_head_dim * 2
+        attention += (
+            cfg.indexer_types.count("full") * seen * spec["layers.0.self_attn.indexer"].bytes_per_token()
+        )
     return decode_step_bytes(model, batch, 0.0) + batch * attention
 
 
 def decode_bench(
-    geometry: str, cases: list[tuple[int, int]], steps: int, bandwidth: float, profile: bool = False
+    geometry: str,
+    cases: list[tuple[int, int]],
+    steps: int,
+    bandwidth: float,
+    profile: bool = False,
+    kv_dtype: str = "auto",
 ) -> list[str]:
     from dgpp.bench.models import hf_config
     from dgpp.engine.runner import ModelRunner
@@ -270,9 +280,9 @@ def decode_bench(
     model = build_glm5(hf_config(geometry, torch.bfloat16))
     out = []
     for batch, context in cases:
-        read = step_bytes(model, batch, context)
+        read = step_bytes(model, batch, context, kv_dtype)
         total = context + steps + 8
-        pools, blocks, slots = make_pools(model, [total] * batch, BS)
+        pools, blocks, slots = make_pools(model, [total] * batch, BS, kv_dtype)
         last: dict[bool, torch.Tensor] = {}
         for graph in (False, True):
             tables = [blocks.allocate(blocks.blocks_for_tokens(total)) for _ in range(batch)]
@@ -300,9 +310,8 @@ def decode_bench(
                     profile and (batch, context) == cases[0]
                 ):  # both modes: what the graph's step spends and eager's not
                     _profile(runner, seqs, context + 2 + steps)
-                out.append(
-                    rate_line(f"{geometry} batch {batch} ctx {context} {mode}", dt, batch, read, bandwidth)
-                )
+                name = f"{geometry} kv {kv_dtype} batch {batch} ctx {context} {mode}"
+                out.append(rate_line(name, dt, batch, read, bandwidth))
             except Exception as exc:  # report and go on: the table says which case failed
                 out.append(
                     f"{geometry} batch {batch} ctx {context} {mode}: FAILED {type(exc).__name__}: "
@@ -343,6 +352,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--skip-kernels", action="store_true")
     ap.add_argument(
+        "--kv-dtype", default="auto", help="engine.kv_dtype of the decode cases: auto, fp8 or fp4"
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="profile three decode steps of the first case, eager and graph"
     )
     args = ap.parse_args()
@@ -355,7 +367,7 @@ def main() -> int:
         table += exactness_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
-    table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile)  # type: ignore[arg-type]
+    table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile, args.kv_dtype)  # type: ignore[arg-type]
     return finish(table, failures)
 
 

@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 from conversations import CONVERSATIONS
 
-from dgpp.text.chat_template import ChatTemplate
+from dgpp.text.chat_template import ChatTemplate, prepare_messages
 from dgpp.text.effort import EffortMapping
 from dgpp.text.errors import TemplateError
-from dgpp.text.messages import prepare_messages
 
 
 def hf_render(tok_dir, template, messages, tools, **kwargs):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from dgpp.text.chat_template import prepare_messages
 from dgpp.text.errors import TemplateError
-from dgpp.text.messages import prepare_messages
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,7 @@ import json
 import pytest
 from conversations import CONVERSATIONS, TIME_TOOL, WEATHER_TOOL
 
-from dgpp.text.chat_template import ChatTemplate
-from dgpp.text.messages import prepare_messages
+from dgpp.text.chat_template import ChatTemplate, prepare_messages
 from dgpp.text.tools import tool_specs
 from dgpp_deepseek import dialect as deepseek
 from dgpp_flint import dialect as flint

@@ -27,7 +27,12 @@ _KNOB_FLAGS: list[tuple[str, str, Any, str]] = [
     ("--mtp-depth", "mtp_depth", int, "engine.mtp_depth: drafts per step"),
     ("--draft", "draft", str, "engine.draft: off|lookup (prompt-lookup drafts, any model)"),
     ("--draft-depth", "draft_depth", int, "engine.draft_depth: lookup drafts per step"),
-    ("--kv-dtype", "kv_dtype", str, "engine.kv_dtype: auto|bf16|fp8 (fp8: e4m3 rows, lossy)"),
+    (
+        "--kv-dtype",
+        "kv_dtype",
+        str,
+        "engine.kv_dtype: auto|bf16|fp8|fp4 (fp8: e4m3 rows; fp4: MLA latents; lossy)",
+    ),
     ("--dtype", "dtype", str, "engine.dtype: auto|float32|bfloat16|float16 (compute dtype)"),
     ("--prefix-cache-gib", "prefix_cache_gib", float, "engine.prefix_cache_gib (0 disables)"),
     ("--dense-weights", "dense_weights", str, "engine.dense_weights: checkpoint|fp8"),

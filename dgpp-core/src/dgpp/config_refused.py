@@ -42,11 +42,7 @@ NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
 }
 
 # path -> {value: why it is refused}: the key is built, these values of it are not
-NOT_BUILT_VALUES: dict[tuple[str, ...], dict[Any, str]] = {
-    ("engine", "kv_dtype"): {
-        "fp4": 'K/V are stored in the compute dtype or as e4m3 rows; use "auto", "bf16" or "fp8"',
-    },
-}
+NOT_BUILT_VALUES: dict[tuple[str, ...], dict[Any, str]] = {}
 
 
 def _lookup(raw: dict[str, Any], path: tuple[str, ...]) -> tuple[bool, Any]:

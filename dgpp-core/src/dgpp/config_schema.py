@@ -91,8 +91,10 @@ class EngineConfig(_Section):
     # capacity and admission
     max_concurrency: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 8
     kv_capacity: Annotated[int, msgspec.Meta(ge=1, le=2**40)] = 8192
-    # lossy at "fp8": K/V rows stored as e4m3 with one fp32 scale per row (dgpp.kernels.kv_fp8)
-    kv_dtype: Literal["auto", "bf16", "fp8"] = "auto"
+    # lossy at "fp8": K/V rows and MLA latents stored as e4m3 with one fp32 scale per row (dgpp.kernels.kv_fp8);
+    # lossy at "fp4": MLA latents as e2m1 in 16-value blocks with e4m3 block scales (dgpp.kernels.latent_formats);
+    # DSA index keys are e4m3 rows under either
+    kv_dtype: Literal["auto", "bf16", "fp8", "fp4"] = "auto"
     block_size: Annotated[int, msgspec.Meta(ge=1, le=1024)] = 16
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     default_max_tokens: Annotated[int, msgspec.Meta(ge=1, le=2**30)] = 256
@@ -162,7 +164,7 @@ class EngineConfig(_Section):
             levers.append("gguf_weights")
         if self.prefill_mode == "bounded":  # the decoder layers skip all but a prompt's last window
             levers.append("prefill_mode")
-        if self.kv_dtype == "fp8":  # K/V rows stored as e4m3 with per-row scales
+        if self.kv_dtype in ("fp8", "fp4"):  # K/V, latent and index rows stored quantized, with row scales
             levers.append("kv_dtype")
         return levers
 

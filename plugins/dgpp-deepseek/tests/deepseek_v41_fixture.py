@@ -42,6 +42,7 @@ from deepseek_v41_formats import (
     encode_fp8_block,
     encode_mxfp4,
     raw,
+    read_safetensors,
     write_safetensors,
 )
 from deepseek_v41_reference_config import V41Config, parse_config
@@ -162,8 +163,8 @@ class _Draw:
         self.tensors[name + ".scale"] = raw(scale, "F8_E8M0")
 
 
-def _attention(d: _Draw, cfg: V41Config, layer: int) -> None:
-    p = f"layers.{layer}.attn."
+def _attention(d: _Draw, cfg: V41Config, layer: int, prefix: str | None = None) -> None:
+    p = (prefix or f"layers.{layer}.") + "attn."
     h, hd, heads, ql = cfg.hidden_size, cfg.head_dim, cfg.num_attention_heads, cfg.q_lora_rank
     d.fp8(p + "wq_a", ql, h)
     d.dense(p + "q_norm.weight", (ql,), 0.2, 1.0)
@@ -186,12 +187,20 @@ def _attention(d: _Draw, cfg: V41Config, layer: int) -> None:
             d.dense(p + "indexer.k_norm.weight", (cfg.index_head_dim,), 0.2, 1.0)
 
 
-def _ffn(d: _Draw, cfg: V41Config, layer: int, inter: int, shared_inter: int) -> None:
-    p = f"layers.{layer}.ffn."
-    h = cfg.hidden_size
-    d.dense(p + "gate.weight", (cfg.n_routed_experts, h), h**-0.5)
-    d.dense(p + "gate.bias", (cfg.n_routed_experts,), 0.3, dtype="F32")
-    for e in range(cfg.n_routed_experts):
+def _ffn(
+    d: _Draw,
+    cfg: V41Config,
+    layer: int,
+    inter: int,
+    shared_inter: int,
+    prefix: str | None = None,
+    experts: int = 0,
+) -> None:
+    p = (prefix or f"layers.{layer}.") + "ffn."
+    h, experts = cfg.hidden_size, experts or cfg.n_routed_experts
+    d.dense(p + "gate.weight", (experts, h), h**-0.5)
+    d.dense(p + "gate.bias", (experts,), 0.3, dtype="F32")
+    for e in range(experts):
         d.mxfp4(f"{p}experts.{e}.w1", inter, h)
         d.mxfp4(f"{p}experts.{e}.w3", inter, h)
         d.mxfp4(f"{p}experts.{e}.w2", h, inter)
@@ -200,10 +209,10 @@ def _ffn(d: _Draw, cfg: V41Config, layer: int, inter: int, shared_inter: int) ->
     d.fp8(p + "shared_experts.w2", h, shared_inter)
 
 
-def _hyper_connections(d: _Draw, cfg: V41Config, layer: int) -> None:
+def _hyper_connections(d: _Draw, cfg: V41Config, layer: int, prefix: str | None = None) -> None:
     hc, h = cfg.hc_mult, cfg.hidden_size
     for site in ("attn", "ffn"):
-        p = f"layers.{layer}.hc_{site}_"
+        p = (prefix or f"layers.{layer}.") + f"hc_{site}_"
         d.dense(p + "fn", ((2 + hc) * hc, hc * h), (hc * h) ** -0.5, dtype="F32")
         d.dense(p + "base", ((2 + hc) * hc,), 0.5, dtype="F32")
         d.dense(p + "scale", (3,), 0.3, 1.0, dtype="F32")
@@ -263,4 +272,86 @@ def build_tiny_deepseek_v41(
         if layer in cfg.engram_layer_ids:
             _engram(d, cfg, layer, cfg.engram_num_embeddings[cfg.engram_layer_ids.index(layer)])
     write_safetensors(out / "model.safetensors", d.tensors)
+    return out
+
+
+def add_dspark_stages_v41(
+    out_dir: str | Path,
+    *,
+    stages: int = 3,
+    block_size: int = 4,
+    target_layer_ids: tuple[int, ...] = (6, 7, 8),
+    experts: int = 4,
+    experts_per_tok: int = 2,
+    rank: int = 8,
+    repeat_bias: float = 40.0,
+    seed: int = 1,
+) -> Path:
+    """Add DSpark draft stages to a tiny checkpoint in place, in the release's layout: ``mtp.<s>`` window-only
+    V4.1 blocks (attention, ``experts`` routed experts top ``experts_per_tok`` with a router bias and a shared
+    expert, hyper-connections, norms), ``mtp.0.main_proj`` (FP8 blocks) / ``main_norm``, the last stage's
+    ``norm``, Markov head and confidence head (BF16), and the keys in ``text_config``. ``repeat_bias``: the Markov
+    head's pull towards repeating the previous token (drafts stand where the model repeats itself)."""
+    out = Path(out_dir)
+    root = json.loads((out / "config.json").read_text())
+    text = root["text_config"]
+    layers = int(text["num_hidden_layers"])
+    text.update(
+        compress_ratios=list(text["compress_ratios"])[:layers] + [0] * stages,
+        num_nextn_predict_layers=stages,
+        dspark_block_size=block_size,
+        dspark_noise_token_id=int(text["vocab_size"]) - 1,
+        dspark_target_layer_ids=list(target_layer_ids),
+        dspark_markov_rank=rank,
+        dspark_n_routed_experts=experts,
+        dspark_num_experts_per_tok=experts_per_tok,
+    )
+    cfg = parse_config(root)
+    d = _Draw(seed, None)
+    h, vocab = cfg.hidden_size, cfg.vocab_size
+    inter = int(text["moe_intermediate_size"])
+    shared_inter = inter * int(text.get("n_shared_experts", 1))
+    for s in range(stages):
+        p = f"mtp.{s}."
+        _attention(d, cfg, layers + s, p)
+        _ffn(d, cfg, layers + s, inter, shared_inter, p, experts)
+        _hyper_connections(d, cfg, layers + s, p)
+        d.dense(p + "attn_norm.weight", (h,), 0.2, 1.0)
+        d.dense(p + "ffn_norm.weight", (h,), 0.2, 1.0)
+    d.fp8("mtp.0.main_proj", h, len(target_layer_ids) * h)
+    d.dense("mtp.0.main_norm.weight", (h,), 0.2, 1.0)
+    last = f"mtp.{stages - 1}."
+    d.dense(last + "norm.weight", (h,), 0.2, 1.0)
+    embed = d.normal((vocab, rank), 1.0)
+    embed = embed / embed.norm(dim=-1, keepdim=True)
+    d.tensors[last + "markov_head.markov_w1.weight"] = raw(embed, "BF16")
+    d.tensors[last + "markov_head.markov_w2.weight"] = raw(
+        repeat_bias * embed + d.normal((vocab, rank), 0.3), "BF16"
+    )
+    d.dense(last + "confidence_head.proj.weight", (1, h + rank), 0.2)
+    write_safetensors(out / "model.safetensors", {**read_safetensors(out / "model.safetensors"), **d.tensors})
+    (out / "config.json").write_text(json.dumps(root, indent=2) + "\n")
+    return out
+
+
+def fit_markov_bigrams(out_dir: str | Path, sequences: list[list[int]], strength: float = 40.0) -> Path:
+    """Rewrite the last DSpark stage's Markov head in place so that it drafts, after a token, the token that
+    followed it in ``sequences`` (a bigram table in rank space: ``markov_w1[prev]`` is the unit vector of slot
+    ``prev % rank``, ``markov_w2[next]`` adds ``strength`` on the slots of the tokens ``next`` followed). Tokens
+    that share a slot, or followed different tokens, draft one of them; the block's base logits decide the rest."""
+    out = Path(out_dir)
+    root = json.loads((out / "config.json").read_text())
+    text = root["text_config"]
+    rank, vocab = int(text["dspark_markov_rank"]), int(text["vocab_size"])
+    last = f"mtp.{int(text['num_nextn_predict_layers']) - 1}.markov_head."
+    w1 = torch.zeros(vocab, rank, dtype=F64)
+    w1[torch.arange(vocab), torch.arange(vocab) % rank] = 1.0
+    w2 = torch.zeros(vocab, rank, dtype=F64)
+    for seq in sequences:
+        for prev, nxt in zip(seq, seq[1:], strict=False):
+            w2[nxt, prev % rank] = strength
+    tensors = read_safetensors(out / "model.safetensors")
+    tensors[last + "markov_w1.weight"] = raw(w1, "BF16")
+    tensors[last + "markov_w2.weight"] = raw(w2, "BF16")
+    write_safetensors(out / "model.safetensors", tensors)
     return out

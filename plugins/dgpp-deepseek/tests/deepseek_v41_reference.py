@@ -142,9 +142,12 @@ def expert(cfg: V41Config, w: Weights, p: str, u: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def route(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the unbiased scores, the biased ones the experts are chosen by) ``[rows, n_routed_experts]``."""
-    p = f"layers.{layer}.ffn."
+def route(
+    cfg: V41Config, w: Weights, layer: int, u: torch.Tensor, block: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the unbiased scores, the biased ones the experts are chosen by) ``[rows, n_routed_experts]``. ``block``:
+    the tensors' prefix when not ``layers.<layer>.`` (a draft stage's ``mtp.<s>.``)."""
+    p = (block or f"layers.{layer}.") + "ffn."
     logits = (u @ w[p + "gate.weight"].T) / cfg.gate_temp
     if cfg.scoring_func == "softmax":
         scores = logits.softmax(-1)
@@ -155,12 +158,16 @@ def route(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> tuple[torc
     return scores, scores + w[p + "gate.bias"]
 
 
-def moe(cfg: V41Config, w: Weights, layer: int, u: torch.Tensor) -> torch.Tensor:
-    p = f"layers.{layer}.ffn."
-    scores, biased = route(cfg, w, layer, u)
-    chosen = torch.sort(-biased, dim=-1, stable=True).indices[:, : cfg.num_experts_per_tok]
+def moe(
+    cfg: V41Config, w: Weights, layer: int, u: torch.Tensor, block: str | None = None, top_k: int = 0
+) -> torch.Tensor:
+    """``block`` / ``top_k``: a draft stage's prefix and routed experts per token (default the layer's)."""
+    p = (block or f"layers.{layer}.") + "ffn."
+    top_k = top_k or cfg.num_experts_per_tok
+    scores, biased = route(cfg, w, layer, u, block)
+    chosen = torch.sort(-biased, dim=-1, stable=True).indices[:, :top_k]
     weights = scores.gather(1, chosen)
-    if cfg.norm_topk_prob and cfg.num_experts_per_tok > 1:
+    if cfg.norm_topk_prob and top_k > 1:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     weights = weights * cfg.routed_scaling_factor
     out = expert(cfg, w, p + "shared_experts.", u) @ w[p + "shared_experts.w2.weight"].T

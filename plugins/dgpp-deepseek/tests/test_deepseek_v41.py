@@ -81,8 +81,17 @@ def test_every_role_gets_its_caches(fp32_pair):
     assert all(isinstance(spec[f"layers.{i}.attn"], WindowKV) for i in range(10))
     for source, ratio in ((2, 2), (4, 2), (6, 1)):  # one compressed cache per group, at its kv source
         main, keys = spec[f"layers.{source}.attn.compressor"], spec[f"layers.{source}.attn.indexer"]
-        assert isinstance(main, CompressedKV) and (main.ratio, main.head_dim) == (ratio, 64)
-        assert isinstance(keys, CompressedKV) and (keys.ratio, keys.head_dim) == (ratio, 32)
+        # packed bytes: 64 channels as 32 nibble pairs + 4 E4M3 scales, 32 as 16 + 1 E8M0
+        assert isinstance(main, CompressedKV) and (main.ratio, main.head_dim, main.dtype) == (
+            ratio,
+            36,
+            torch.uint8,
+        )
+        assert isinstance(keys, CompressedKV) and (keys.ratio, keys.head_dim, keys.dtype) == (
+            ratio,
+            17,
+            torch.uint8,
+        )
     assert isinstance(spec["layers.2.attn.compressor.buffer"], WindowBuffer)
     assert "layers.6.attn.compressor.buffer" not in spec  # ratio 1 pools nothing
     assert not any(f"layers.{i}.attn.compressor" in spec for i in (0, 1, 3, 5, 7, 8, 9))

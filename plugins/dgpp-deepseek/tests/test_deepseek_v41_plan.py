@@ -77,6 +77,12 @@ V41_TEXT = {
     "engram_pad_token_id": 2,
     "engram_compressed_vocab_size": 99_092,
     "num_nextn_predict_layers": 3,
+    "dspark_block_size": 5,
+    "dspark_noise_token_id": 128799,
+    "dspark_target_layer_ids": [37, 38, 39],
+    "dspark_markov_rank": 256,
+    "dspark_n_routed_experts": 128,
+    "dspark_num_experts_per_tok": 3,
 }
 V41_FLASH = {
     "architectures": ["DeepseekV41ForCausalLM"],
@@ -139,15 +145,30 @@ def _plan(tmp_path: Path, **engine: object):
 def test_template_plan_fits_a_node(tmp_path):
     deploy, plan = _plan(tmp_path)
     assert deploy.world == 4 and deploy.engine.max_concurrency == 6 and deploy.engine.kv_capacity == 131072
-    assert deploy.engine.ngram_table == "mmap" and not deploy.engine.mtp
-    # per token, BF16: each ratio-2 source a 512-wide entry and a 128-wide index key per 2 tokens, the ratio-1
-    # source both per token
-    assert plan.kv_per_token == 3 * (512 * 2 + 128 * 2) // 2 + (512 * 2 + 128 * 2)
-    # routed experts are the bulk: 40 layers x 384 x 3 x 5120 x 2304 MXFP4 (0.5 B + one E8M0 per 32) / world
-    experts = 40 * 384 * 3 * 5120 * 2304 * 17 // 32 // 4
+    assert deploy.engine.ngram_table == "mmap"
+    # the release ships the three DSpark stages: the template drafts a whole block of 5, scheduled by confidence
+    assert deploy.engine.mtp and deploy.engine.mtp_depth == 5 and deploy.engine.mtp_schedule
+    # per token, packed as the release stores it: each ratio-2 source a 512-wide FP4 entry (256 bytes + 32 E4M3
+    # scales) and a 128-wide FP4 index key (64 bytes + 4 E8M0 scales) per 2 tokens, the ratio-1 source both per
+    # token: the release's 890 bytes; and a context latent for each of the 3 DSpark stages, packed FP8 as the
+    # window ring holds it (512 E4M3 codes + 16 E8M0 scales)
+    assert plan.kv_per_token == 3 * (288 + 68) // 2 + (288 + 68) + 3 * (512 + 16) == 890 + 1584
+    # routed experts are the bulk: 40 layers x 384 and 3 stages x 128, x 3 x 5120 x 2304 MXFP4 (0.5 B + one E8M0
+    # per 32) / world
+    experts = (40 * 384 + 3 * 128) * 3 * 5120 * 2304 * 17 // 32 // 4
     assert experts < plan.weights < experts + 16 * GiB
     assert any("memory-mapped" in note for note in plan.notes)
     assert plan.fits(121 * GiB), plan.describe()
+
+
+def test_without_drafts_the_plan_holds_the_packed_890_bytes(tmp_path):
+    _, drafting = _plan(tmp_path)
+    _, plain = _plan(tmp_path, mtp=False)
+    assert plain.kv_per_token == 890
+    assert "compressed entries and index keys (packed FP4) 890 B/token" in plain.notes[1]
+    assert drafting.notes[1].endswith("DSpark context rows (packed FP8) 1584 B/token")
+    # the three stages (128 MXFP4 experts top-3 each, FP8 attention, BF16 Markov heads) as this rank holds them
+    assert 2 * GiB < drafting.weights - plain.weights < 2.5 * GiB
 
 
 def test_resident_engram_tables_count_with_the_weights(tmp_path):

@@ -137,17 +137,19 @@ def test_chunked_and_batched_rows_are_the_same_bits(layers, idx):
         assert torch.equal(_ours(ours, [x, other], chunk=chunk)[0], whole)
 
 
+@pytest.mark.parametrize("fused", [False, True], ids=["torch", "triton"])
 @pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
-def test_batched_decode_path_matches_the_reference(layers, idx):
-    """The CUDA-graph-safe decode path (``dgpp.nn.compressed_decode``) against the per-row reference, step by step
-    from prompts of 3 and 26 rows past several window closes: same outputs within 1e-5, same cache contents."""
+def test_batched_decode_path_matches_the_reference(layers, idx, fused):
+    """The CUDA-graph-safe decode path (``dgpp.nn.compressed_decode``; its torch forms, or the Triton kernels under
+    the interpreter) against the per-row reference, step by step from prompts of 3 and 26 rows past several
+    window closes: same outputs within 1e-5, same cache contents."""
     ours = layers[idx][0]
     gen = torch.Generator().manual_seed(20 + idx)
     seqs = [torch.randn(3 + 12, 64, generator=gen), torch.randn(26 + 12, 64, generator=gen)]
     prompts = [3, 26]
     results = []
     for batched in (False, True):
-        ours.core.batched_decode = batched
+        ours.core.batched_decode, ours.core.fused_decode = batched, fused
         try:
             spec = ours.cache_entries(torch.float32)
             pools = CachePools(spec, 6, 16, 2)
@@ -164,7 +166,7 @@ def test_batched_decode_path_matches_the_reference(layers, idx):
                     outs.append(ours(rows, build_batch(work, pools)))
             results.append((torch.stack(outs), pools))
         finally:
-            ours.core.batched_decode = None
+            ours.core.batched_decode = ours.core.fused_decode = None
     (ref, ref_pools), (got, got_pools) = results
     assert (got - ref).abs().max() / ref.abs().max() < 1e-5
     for name in ref_pools.kv:
@@ -172,3 +174,89 @@ def test_batched_decode_path_matches_the_reference(layers, idx):
     for name in ref_pools.state:
         for t in ref_pools.state[name]:
             torch.testing.assert_close(got_pools.state[name][t], ref_pools.state[name][t], rtol=0, atol=1e-5)
+
+
+def _prefill_then_decode(layer, seqs: list[torch.Tensor], prompts: list[int], chunk: int, steps: int):
+    """Prompts prefilled in steps of ``chunk`` rows (both sequences in each step), then ``steps`` decode steps:
+    (prefill rows, decode rows, pools)."""
+    pools = CachePools(layer.cache_entries(torch.float32), 8, 16, 2)
+    tables = [[0, 1, 2, 3], [4, 5, 6, 7]]
+    prefill: list[list[torch.Tensor]] = [[], []]
+    done = [0, 0]
+    with torch.no_grad():
+        while any(d < n for d, n in zip(done, prompts, strict=True)):
+            live = [i for i in range(2) if done[i] < prompts[i]]
+            take = [min(chunk, prompts[i] - done[i]) for i in live]
+            work = [SeqWork(i, tables[i], done[i], [0] * t) for i, t in zip(live, take, strict=True)]
+            rows = torch.cat([seqs[i][done[i] : done[i] + t] for i, t in zip(live, take, strict=True)])
+            for i, part in zip(live, layer(rows, build_batch(work, pools)).split(take), strict=True):
+                prefill[i].append(part)
+                done[i] += part.shape[0]
+        decode = []
+        for step in range(steps):
+            work = [SeqWork(i, tables[i], n + step, [0]) for i, n in enumerate(prompts)]
+            rows = torch.stack([s[n + step] for s, n in zip(seqs, prompts, strict=True)])
+            decode.append(layer(rows, build_batch(work, pools)))
+    return (
+        torch.cat([torch.cat(p) for p in prefill]),
+        torch.stack(decode) if decode else torch.empty(0),
+        pools,
+    )
+
+
+@pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
+def test_batched_prefill_is_the_per_row_reference(layers, idx):
+    """The prefill path batched over a chunk's rows (``dgpp.nn.compressed_prefill``) against the per-row
+    reference, prompts of 45 and 27 rows (the indexer keeps 3 of up to 11 entries) in chunks of 5 that cut
+    inside windows: the same bits in every row, every cache entry and ring, and in 6 decode steps after."""
+    ours = layers[idx][0]
+    gen = torch.Generator().manual_seed(30 + idx)
+    seqs = [torch.randn(51, 64, generator=gen), torch.randn(33, 64, generator=gen)]
+    results = []
+    for per_row in (True, False):
+        ours.core.per_row_prefill = per_row
+        try:
+            results.append(_prefill_then_decode(ours, seqs, [45, 27], chunk=5, steps=6))
+        finally:
+            ours.core.per_row_prefill = False
+    (ref, ref_decode, ref_pools), (got, got_decode, got_pools) = results
+    assert torch.equal(got, ref) and torch.equal(got_decode, ref_decode)
+    for name in ref_pools.kv:
+        assert torch.equal(got_pools.kv[name][0], ref_pools.kv[name][0])
+    for name in ref_pools.state:
+        for t in ref_pools.state[name]:
+            assert torch.equal(got_pools.state[name][t], ref_pools.state[name][t])
+
+
+def test_later_rows_leave_earlier_rows_alone(layers):
+    """Causality through the whole CSA prefill (compressors, indexer, attention): changing rows 30.. of a
+    one-shot prompt leaves rows ..29 bit for bit, and moves row 30 on."""
+    ours = layers[2][0]
+    x = torch.randn(45, 64, generator=torch.Generator().manual_seed(40))
+    changed = x.clone()
+    changed[30:] += 1.0
+    base, moved = _ours(ours, [x])[0], _ours(ours, [changed])[0]
+    assert torch.equal(moved[:30], base[:30]) and float((moved[30:] - base[30:]).abs().max()) > 1e-3
+
+
+@pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
+def test_cuda_prefill_path_under_the_interpreter(layers, idx, monkeypatch):
+    """What a CUDA prefill step runs (the indexer's scores from ``dgpp.kernels.dsa_index`` over the index pool and
+    its ``select_top_k``, the compressed-attention kernel), here on CPU tensors under the Triton interpreter:
+    within fp32 rounding of the per-row reference, and chunks of 5 give one shot's bits."""
+    import dgpp.kernels.compressed_attention as kernel
+    import dgpp.nn.compressed_prefill as prefill
+
+    ours = layers[idx][0]
+    gen = torch.Generator().manual_seed(50 + idx)
+    seqs = [torch.randn(51, 64, generator=gen), torch.randn(33, 64, generator=gen)]
+    ours.core.per_row_prefill = True
+    try:
+        ref = _prefill_then_decode(ours, seqs, [45, 27], chunk=45, steps=0)[0]
+    finally:
+        ours.core.per_row_prefill = False
+    for module in (kernel, prefill):
+        monkeypatch.setattr(module, "use_triton", lambda x: True)
+    whole = _prefill_then_decode(ours, seqs, [45, 27], chunk=45, steps=0)[0]
+    assert (whole - ref).abs().max() / ref.abs().max() < 1e-5
+    assert torch.equal(_prefill_then_decode(ours, seqs, [45, 27], chunk=5, steps=0)[0], whole)

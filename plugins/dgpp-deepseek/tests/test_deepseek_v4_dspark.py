@@ -6,6 +6,7 @@ several depths, scheduled); bad settings name their key."""
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 
@@ -15,18 +16,23 @@ from safetensors.torch import load_file
 
 from dgpp.config_schema import EngineConfig
 from dgpp.engine.block_draft import BlockDraftDecoder
-from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.runner import ModelRunner
 from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
 from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.plugins import build_manager, manager
-from dgpp.sched.scheduler import Scheduler
 from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for
 from dgpp.startup.speculative_build import build_speculative
 from dgpp.step.pools import CachePools
-from dgpp.testing.block_draft import drafts_batched_and_alone, prefill_features, serve_greedy
+from dgpp.testing.block_draft import (
+    check_blocks,
+    check_exact_with_drafts,
+    drafts_batched_and_alone,
+    prefill_features,
+    serve_greedy,
+)
 from dgpp_deepseek.dspark import DSparkConfig, DSparkDrafter
 from dgpp_deepseek.testing import add_dspark_stages, build_tiny_deepseek_v4
 
@@ -253,66 +259,19 @@ def test_features_are_the_mean_of_the_streams_entering_the_target_layers(dsv4):
 def test_block_matches_the_float64_reference(dsv4_free):
     """Two requests drafted in one call: one with a context longer than the window (cut), one shorter."""
     path, model, drafter = dsv4_free
-    prompts = [PROMPTS[2], PROMPTS[0]]  # 17 tokens (window 6) and 5
-    anchors = [41, 77]
-    draft_pools, tables, features = _prefill_features(model, drafter, prompts)
-    works = [SeqWork(i, tables[i], len(p), [anchors[i]]) for i, p in enumerate(prompts)]
-    batch = build_batch(works, draft_pools)
-    base, collapsed, _ = drafter.block_logits(batch)
-    drafts, confidence = drafter.draft(build_batch(works, draft_pools))
-    ref = Reference(path)
-    for i, prompt in enumerate(prompts):
-        r_base, r_collapsed, r_drafts, r_conf = ref.block(features[i], len(prompt), anchors[i])
-        assert (base[i].double() - r_base).abs().max() < 1e-4
-        assert (collapsed[i].double() - r_collapsed).abs().max() < 1e-4
-        assert drafts[i].tolist() == r_drafts
-        assert len(set(r_drafts)) > 1  # the drafts follow the logits, not one repeated token
-        assert (confidence[i].double() - r_conf).abs().max() < 1e-4
-    # the window and the block matter: a block at the same place with an older context drafts other logits
-    stale = build_batch([SeqWork(0, tables[0], len(prompts[0]) - 3, [anchors[0]])], draft_pools)
-    assert (drafter.block_logits(stale)[0][0] - base[0]).abs().max() > 1e-2
-
-
-class OracleBlocks:
-    """The DSpark drafter (its context written, its block run) with each block's first ``right`` drafts replaced
-    by the plain greedy transcript's tokens and the rest by a wrong token: deep blocks stand, then break."""
-
-    def __init__(self, drafter: DSparkDrafter, sched: Scheduler, transcripts: dict, right: int) -> None:
-        self.drafter, self.sched, self.right = drafter, sched, right
-        self.full = {f"r{i}": PROMPTS[i] + transcripts[f"r{i}"] for i in range(len(PROMPTS))}
-        self.drafts, self.vocab = drafter.drafts, drafter.model.info.vocab_size
-
-    def cache_spec(self):
-        return self.drafter.cache_spec()
-
-    def absorb(self, batch, features) -> None:
-        self.drafter.absorb(batch, features)
-
-    def draft(self, batch):
-        tokens, confidence = self.drafter.draft(batch)
-        by_slot = {s.slot: s for s in self.sched.live}
-        for i, slot in enumerate(batch.state_slots.tolist()):
-            full, c = self.full[by_slot[slot].request_id], batch.context_lens_cpu[i]
-            for j in range(self.drafts):
-                token = full[c + 1 + j] if c + 1 + j < len(full) else 0
-                tokens[i, j] = token if j < self.right else (token + 1) % self.vocab
-        return tokens, confidence
-
-
-def serve(model, drafter=None, depth=1, *, oracle=None, **options):
-    """``oracle``: (transcripts, right) puts ``OracleBlocks`` over the drafter."""
-    wrap = None if oracle is None else lambda inner, sched: OracleBlocks(inner, sched, *oracle)
-    return serve_greedy(
+    # 17 tokens (past the window of 6: cut) and 5; the window and the block matter (a stale context moves them)
+    check_blocks(
         model,
         drafter,
-        depth,
-        prompts=PROMPTS,
-        max_tokens=MAX_TOKENS,
+        [PROMPTS[2], PROMPTS[0]],
+        [41, 77],
+        Reference(path).block,
         blocks=BLOCKS,
         block_size=BS,
-        wrap=wrap,
-        **options,
     )
+
+
+serve = functools.partial(serve_greedy, prompts=PROMPTS, max_tokens=MAX_TOKENS, blocks=BLOCKS, block_size=BS)
 
 
 @pytest.fixture(scope="module")
@@ -327,10 +286,7 @@ def plain(dsv4):
 def test_greedy_with_dspark_equals_plain_greedy(dsv4, plain, depth, chunk, concurrency):
     _, model, drafter = dsv4
     out, sched = serve(model, drafter, depth, chunk=chunk, concurrency=concurrency)
-    assert out == plain[4]
-    stats = sched.speculative.stats
-    assert stats.num_draft_tokens_total > 0 and stats.num_accepted_tokens_total > 0  # some blocks stand
-    assert stats.num_accepted_tokens_total < stats.num_draft_tokens_total  # and some are cut
+    check_exact_with_drafts(out, plain[4], sched)
 
 
 @pytest.mark.parametrize(("right", "chunk", "concurrency"), [(BLOCK, 8, 3), (2, 4, 3), (3, 64, 1)])
@@ -339,9 +295,7 @@ def test_deep_blocks_that_stand_keep_greedy_exact(dsv4, plain, right, chunk, con
     hybrid state re-run after a partial block) and the transcript is still the plain one."""
     _, model, drafter = dsv4
     out, sched = serve(model, drafter, BLOCK, chunk=chunk, concurrency=concurrency, oracle=(plain[4], right))
-    assert out == plain[4]
-    per_pos = sched.speculative.stats.accepted_tokens_per_pos
-    assert all(n > 0 for n in per_pos[:right]) and all(n == 0 for n in per_pos[right:])
+    check_exact_with_drafts(out, plain[4], sched, right)
 
 
 def test_plain_greedy_does_not_depend_on_the_chunk(plain):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import transformers
@@ -17,6 +18,7 @@ from dgpp.nn.kimi_delta_attention import KimiDeltaAttention
 from dgpp.offline import greedy_generate, make_pools
 from dgpp.step.cache_spec import CompressedKV, LatentKV, StateSpec, WindowBuffer
 from dgpp.testing import conformance as conf
+from dgpp.testing.latent_lever import LatentKVLever
 from dgpp.testing.suite import RecurrentConformance, tiny_checkpoint_fixtures
 from dgpp_glm.glm5_next import Glm5NextAttention, Glm5NextForCausalLM, StreamMean
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next
@@ -49,7 +51,9 @@ def test_loads_kda_and_indexed_layers_with_their_caches(fp32_pair):
     assert [type(layer.mlp).__name__ for layer in layers] == ["SwiGLUMLP"] + ["SparseMoE"] * 4
     spec = model.cache_spec()
     assert spec["layers.1.self_attn"] == LatentKV.of(32, 0, torch.float32)
-    assert spec["layers.1.self_attn.indexer"] == CompressedKV.of(4, 16, torch.float32)
+    assert spec["layers.1.self_attn.indexer"] == replace(
+        CompressedKV.of(4, 16, torch.float32), fp8_rows=True, index_keys=True
+    )
     assert spec["layers.1.self_attn.indexer.buffer"] == WindowBuffer(rows=4, width=16, dtype=torch.float32)
     assert "layers.2.self_attn.indexer" not in spec
     kda = spec["layers.0.self_attn"]
@@ -68,6 +72,15 @@ class TestGlm5NextConformance(RecurrentConformance):
     chunked_lengths, chunk_sizes = (11, 30), (1, 3, 6)
     invariance_lengths, invariance_chunk_sizes = (4, 23, 13, 1), (1, 5, 6)
     snapshot_length, snapshot_split = 30, 18  # the split inside a pool: the ring is part of the snapshot
+
+
+class TestGlm5NextLatentKV(LatentKVLever):
+    """``engine.kv_dtype`` fp8 / fp4 on the NoPE latents and the pooled index keys (e4m3 rows, written when their
+    pool completes, in the prefill row path and the decode step alike); logits chunked == one-shot is not bit for
+    bit here with the lever off either (the KDA chunked form), so chunking is checked on greedy tokens."""
+
+    kv_fp8_lengths = (11, 23, 40, 1)
+    kv_fp8_logit_chunks = ()
 
 
 @torch.inference_mode()

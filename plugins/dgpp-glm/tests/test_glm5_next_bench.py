@@ -3,6 +3,8 @@ end to end on the tiny version on CPU (greedy through the padded decode batch eq
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from dgpp.bench.cli import main as bench_main
@@ -17,7 +19,9 @@ def test_flash_bench_geometry_has_the_release_shapes():
     assert spec["layers.0.self_attn"].tensors["recurrent"] == ((64, 128, 128), torch.float32)
     assert spec["layers.0.self_attn"].tensors["k_conv"] == ((3, 8192), torch.bfloat16)
     assert spec["layers.3.self_attn"] == LatentKV.of(512, 0, torch.bfloat16)
-    assert spec["layers.3.self_attn.indexer"] == CompressedKV.of(4, 128, torch.bfloat16)
+    assert spec["layers.3.self_attn.indexer"] == replace(
+        CompressedKV.of(4, 128, torch.bfloat16), fp8_rows=True, index_keys=True
+    )
     expert = 3 * 4096 * 2048
     moe = model.stack.layers[3].mlp
     assert 289 * expert < sum(p.numel() for p in moe.parameters()) < 290 * expert  # 288 routed + 1 shared

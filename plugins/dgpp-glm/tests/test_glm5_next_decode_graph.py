@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from dgpp.engine.graphs import DecodeGraphs
@@ -13,6 +14,7 @@ from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.work import SeqWork
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.selection import DeviceSelection
+from dgpp.step.cache_spec import stored_as
 from dgpp.step.pools import CachePools
 from dgpp.testing.suite import tiny_checkpoint_fixtures
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next
@@ -23,8 +25,9 @@ PROMPTS = (23, 9, 14)  # sparse, dense and sparse rows; 9 and 14 end inside a po
 BLOCKS_PER_SEQ = 8  # 32 tokens of 4-token blocks
 
 
-def _prefilled(model):
-    pools = CachePools(model.cache_spec(), len(PROMPTS) * BLOCKS_PER_SEQ + 2, 4, len(PROMPTS), "cpu")
+def _prefilled(model, kv_dtype: str = "auto"):
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    pools = CachePools(spec, len(PROMPTS) * BLOCKS_PER_SEQ + 2, 4, len(PROMPTS), "cpu")
     tables = [list(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)) for i in range(len(PROMPTS))]
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(0, model.info.vocab_size, (n,), generator=gen).tolist() for n in PROMPTS]
@@ -33,14 +36,16 @@ def _prefilled(model):
     return pools, tables, torch.argmax(logits, -1).tolist(), runner
 
 
-def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(fp32_pair) -> None:
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp4"])
+def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(fp32_pair, kv_dtype) -> None:
+    """Also with ``engine.kv_dtype: fp4`` (packed latents, e4m3 pooled index keys and their scales)."""
     model, _ = fp32_pair
-    pools, tables, last, runner = _prefilled(model)
+    pools, tables, last, runner = _prefilled(model, kv_dtype)
     graphs = DecodeGraphs(model, pools, max_batch=8, max_blocks=BLOCKS_PER_SEQ, capture=False)
     for step in range(5):  # the 9- and 14-token rows complete a pool within these steps
         work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
         snapshot = {name: {k: t.clone() for k, t in ts.items()} for name, ts in pools.state.items()}
-        kv = {name: tuple(t.clone() for t in ts) for name, ts in pools.kv.items()}
+        kv = {name: tuple(t.clone() for t in _tensors(pools, name)) for name in pools.kv}
         batch = build_batch(work, pools)
         assert graphs.can_run(batch)
         padded = graphs.run(batch)  # 3 rows in the size-4 batch: one padding row
@@ -49,7 +54,7 @@ def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(fp32_pair) -> Non
             for k, t in ts.items():
                 pools.state[name][k].copy_(t)
         for name, ts in kv.items():
-            for live, saved in zip(pools.kv[name], ts, strict=True):
+            for live, saved in zip(_tensors(pools, name), ts, strict=True):
                 live.copy_(saved)
         eager = runner.step(work)
         assert torch.equal(padded, eager)
@@ -57,9 +62,11 @@ def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(fp32_pair) -> Non
     assert graphs.state_slots[3:].eq(-1).all()
 
 
-def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair) -> None:
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair, kv_dtype) -> None:
+    """Also with e4m3 pooled index keys (``engine.kv_dtype: fp8``): the same codes and scales either way."""
     model, _ = fp32_pair
-    pools, tables, last, _ = _prefilled(model)
+    pools, tables, last, _ = _prefilled(model, kv_dtype)
     indexer = model.stack.layers[1].self_attn.indexer
     gen = torch.Generator().manual_seed(2)
     kinds: set[bool] = set()  # sparse rows and dense rows both met
@@ -91,7 +98,11 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair) -> Non
 
 
 def _tensors(pools: CachePools, name: str) -> list[torch.Tensor]:
-    return list(pools.state[name].values()) if name in pools.state else list(pools.kv[name])
+    """An entry's tensors (a paged entry's scales too), e4m3 codes as bytes (CPU float8 has no compare or copy)."""
+    if name in pools.state:
+        return list(pools.state[name].values())
+    paged = [*pools.kv[name], *pools.kv_scales.get(name, ())]
+    return [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for t in paged]
 
 
 def test_a_table_too_narrow_for_a_sparse_row_selects_nothing(fp32_pair) -> None:

@@ -156,6 +156,24 @@ def test_w4_plan_counts_latent_and_pooled_index_rows_per_token(w4_plan):
     assert plan.kv_per_token == 12 * (512 * 2 + 128 * 2 // 4) == 13_056
 
 
+@pytest.mark.parametrize(
+    ("kv_dtype", "latent_row"),
+    [("fp8", 512 + 4), ("fp4", 288 + 4)],  # e4m3 codes / the packed fp4 row, each with an fp32 row scale
+)
+def test_w4_plan_counts_quantized_latent_and_index_rows(kv_dtype, latent_row, tmp_path_factory):
+    """engine.kv_dtype fp8 / fp4 on the w4 template (MTP on): per indexed layer the quantized latent row and a
+    quarter of an e4m3 pooled index key with its scale (128 + 4 bytes a pool): 13,056 B/token/rank become
+    6,588 / 3,900."""
+    path = _checkpoint(tmp_path_factory.mktemp("glm5_next_plan_kv"))
+    engine = msgspec.structs.replace(load_config(TEMPLATE).engine, kv_dtype=kv_dtype)
+    ctx = LoadContext(
+        path, GLM_5_3_FLASH, "glm", "Glm5NextForConditionalGeneration", engine=engine, world=World(0, 4)
+    )
+    plan = plan_for(build_manager(), ctx)
+    assert plan.kv_per_token == 12 * (latent_row + (128 + 4) // 4) in (6_588, 3_900)
+    assert plan.fits(121 * GiB)
+
+
 def test_w4_plan_counts_kda_state_per_request(w4_plan):
     plan, no_mtp = w4_plan
     # this rank's 16 of 64 KDA heads: an fp32 128 x 128 recurrent state per head, the conv window over q|k|v
@@ -187,3 +205,18 @@ def test_dgpp_check_passes_the_shipped_template(tmp_path, monkeypatch, capsys):
     assert main(["check", "glm-5.3-flash_nvfp4-fp8_w4", "--free-gib", "121", "--headroom-gib", "4"]) == 0
     out = capsys.readouterr().out
     assert f"checkpoint   {MODEL}" in out and "ready" in out and "GLM-5.3-Flash plan" in out
+    assert "lossy levers none" in out
+    args = [
+        "check",
+        "glm-5.3-flash_nvfp4-fp8_w4",
+        "--free-gib",
+        "121",
+        "--headroom-gib",
+        "4",
+        "--kv-dtype",
+        "fp4",
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    # 3,900 B/token (3.81 KiB) x 786,432 tokens: a 2.86 GiB pool where BF16 rows take 9.56 GiB
+    assert "lossy levers kv_dtype" in out and "kv 3.81 KiB/token x 786432" in out and "ready" in out

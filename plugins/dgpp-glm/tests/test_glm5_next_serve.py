@@ -11,7 +11,7 @@ import json
 
 import openai
 import pytest
-from served_greedy import QUESTIONS, check_served_greedy, served
+from served_greedy import QUESTIONS, SERVE_ENGINE, check_served_greedy, served
 
 from dgpp.text.tokenizer import Tokenizer
 from dgpp_glm.dialect import chat_template
@@ -79,3 +79,17 @@ def test_served_glm5_next_greedy_tool_call_reasoning_and_refusals(tmp_path) -> N
                 model=model, messages=[{"role": "user", "content": image}], max_tokens=4
             )
         assert repr(model) in refused.value.message and "content[0]" in str(refused.value.body)
+
+
+def test_served_glm5_next_with_fp4_latents_equals_the_runner(tmp_path) -> None:
+    """``engine.kv_dtype: fp4``: packed fp4 latents and e4m3 pooled index keys; the startup log names the lossy
+    lever, and cold, prefix-hit and concurrent answers equal the runner's greedy tokens over the same cache form."""
+    ckpt = build_tiny_glm5_next(tmp_path / "ckpt", seed=61)
+    (ckpt / "chat_template.jinja").write_text(chat_template(), encoding="utf-8")
+    with served(ckpt, tmp_path, chat_template=False, engine={**SERVE_ENGINE, "kv_dtype": "fp4"}) as (
+        server,
+        sdk,
+    ):
+        check_served_greedy(ckpt, sdk, QUESTIONS, min_prompt_tokens=12, kv_dtype="fp4")
+        log = server.log.read_text()
+    assert "lossy lever on" in log and "engine.kv_dtype" in log

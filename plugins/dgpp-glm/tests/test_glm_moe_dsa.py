@@ -16,6 +16,7 @@ from dgpp.startup.loading import load_model
 from dgpp.step.cache_spec import LatentKV, PagedKV, stored_as
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
+from dgpp.testing.latent_lever import LatentKVLever
 from dgpp.testing.suite import FamilyConformance, tiny_checkpoint_fixtures
 from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
 from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
@@ -38,7 +39,9 @@ def test_loads_with_indexer_on_full_layers_and_latent_cache(fp32_pair):
     ]
     spec = model.cache_spec()
     assert spec["layers.1.self_attn"] == LatentKV.of(32, 8, torch.float32)
-    assert spec["layers.0.self_attn.indexer"] == PagedKV(1, 16, torch.float32, v_head_dim=0)
+    assert spec["layers.0.self_attn.indexer"] == PagedKV(
+        1, 16, torch.float32, v_head_dim=0, fp8_rows=True, index_keys=True
+    )
     assert "layers.1.self_attn.indexer" not in spec
     # per token: 4 x (latent 32 + rope 8) + 2 indexer keys of 16, fp32
     assert sum(s.bytes_per_token() for s in spec.values()) == (4 * 40 + 2 * 16) * 4
@@ -158,8 +161,28 @@ def test_yarn_rope_and_softmax_mscale_match_transformers(tmp_path):
     conf.check_logits(model, ref, conf.make_prompts(model.info.vocab_size, (9, 40), seed=7), rtol=1e-4)
 
 
-def test_fp8_kv_is_refused_for_the_latent_and_index_caches(fp32_pair):
-    """``engine.kv_dtype: fp8`` stores GQA / window / sink K/V only: the MLA latent and DSA index entries say so."""
+class TestGlmMoeDsaLatentKV(LatentKVLever):
+    """``engine.kv_dtype`` fp8 / fp4: e4m3 or packed fp4 latents, e4m3 index keys; prompts past index_topk (8) so
+    the indexer selects over quantized keys and attention reads quantized latents on sparse rows."""
+
+
+def test_quantized_latent_and_index_bytes_per_token(fp32_pair):
+    """Per token (4 MLA layers: latent 32 + rope 8; 2 indexer layers: keys of 16; fp32): bf16 rows are the
+    compute dtype's; fp8 latents 32 codes + a 4-byte scale beside the fp32 rope; fp4 latents one packed row (16
+    code bytes and 2 block scales, padded to 32 bytes) + a scale; index keys e4m3 + a scale under both."""
     model, _ = fp32_pair
-    with pytest.raises(ConfigError, match=r"engine.kv_dtype: 'fp8'.*\(LatentKV\)"):
-        stored_as(model.cache_spec(), "fp8")
+    spec = model.cache_spec()
+    per_token = {
+        kv: sum(s.bytes_per_token() for s in stored_as(spec, kv).values()) for kv in ("auto", "fp8", "fp4")
+    }
+    assert per_token == {
+        "auto": (4 * 40 + 2 * 16) * 4,
+        "fp8": 4 * (32 + 4 + 8 * 4) + 2 * (16 + 4),
+        "fp4": 4 * (32 + 4 + 8 * 4) + 2 * (16 + 4),
+    }
+    with pytest.raises(
+        ConfigError, match=r"'fp4' stores MLA latents.*attn \(PagedKV\) have no fp4 form.*\"fp8\""
+    ):
+        stored_as({"attn": PagedKV(2, 16, torch.float32, fp8_rows=True)}, "fp4")
+    with pytest.raises(ConfigError, match="latent width 40 is not a multiple of it"):
+        stored_as({"attn": LatentKV.of(40, 8, torch.float32)}, "fp4")

@@ -99,7 +99,9 @@ def test_drafter_is_the_latent_block_with_its_indexer(loaded):
     assert (layer.shared_head.head is not None) == own == (layer.embed_tokens is not None)
     assert drafter.cache_spec() == {
         "mtp.0.self_attn": LatentKV.of(32, 8, torch.float32),
-        "mtp.0.self_attn.indexer": PagedKV(1, 16, torch.float32, v_head_dim=0),
+        "mtp.0.self_attn.indexer": PagedKV(
+            1, 16, torch.float32, v_head_dim=0, fp8_rows=True, index_keys=True
+        ),
     }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import save_file
 
@@ -78,6 +79,28 @@ def test_w4_plan_counts_latent_bytes_and_fits_a_node(tmp_path):
     assert plan.kv_per_token == (78 * (512 + 64) + 21 * 128) * 2 == 95_232
     assert 90 * GiB < plan.weights < 105 * GiB  # the original engine's ~99 GiB/rank at w4
     assert plan.fits(121 * GiB)
+
+
+@pytest.mark.parametrize(
+    ("kv_dtype", "per_token"),
+    [
+        # e4m3 latent + fp32 scale beside the BF16 rope key; e4m3 index key + fp32 scale
+        ("fp8", 78 * (512 + 4 + 64 * 2) + 21 * (128 + 4)),
+        # the 288-byte fp4 row (256 code bytes, 32 block scales) + fp32 scale beside the BF16 rope key
+        ("fp4", 78 * (288 + 4 + 64 * 2) + 21 * (128 + 4)),
+    ],
+)
+def test_w4_plan_counts_quantized_latent_bytes(tmp_path, kv_dtype, per_token):
+    """engine.kv_dtype fp8 / fp4 on the w4 template: 95,232 B/token/rank become 53,004 / 35,532."""
+    import msgspec
+
+    (tmp_path / "config.json").write_text(json.dumps(GLM_5_3))
+    save_file({"lm_head.weight": torch.zeros(1)}, tmp_path / "model.safetensors")  # names only
+    engine = msgspec.structs.replace(load_config(TEMPLATE).engine, kv_dtype=kv_dtype)
+    ctx = LoadContext(tmp_path, GLM_5_3, "glm", "GlmMoeDsaForCausalLM", engine=engine, world=World(0, 4))
+    plan = plan_for(build_manager(), ctx)
+    assert plan.kv_per_token == per_token and per_token in (53_004, 35_532)
+    assert plan.fits(121 * GiB) and engine.lossy_levers() == ["kv_dtype"]
 
 
 def test_w4_plan_with_mtp_adds_the_block_and_its_latent_rows(tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
@@ -23,32 +24,35 @@ def _prompts() -> list[list[int]]:
 
 
 @torch.inference_mode()
-def _run(path: str, world: World) -> dict:
+def _run(path: str, world: World, kv_dtype: str = "auto") -> dict:
     model = load_model(path, world=world)
     attn = model.model.layers[0].self_attn
     return {
-        "logits": conf.engine_all_logits(model, _prompts()),
-        "tokens": greedy_generate(model, _prompts(), 12, chunk_size=5),
+        "logits": conf.engine_all_logits(model, _prompts(), kv_dtype=kv_dtype),
+        "tokens": greedy_generate(model, _prompts(), 12, chunk_size=5, kv_dtype=kv_dtype),
         "heads": attn.num_heads,
         "latent": model.cache_spec()["layers.0.self_attn"].latent_dim,
     }
 
 
-def _rank_main(rank: int, path: str, init_file: str, out_dir: str) -> None:
+def _rank_main(rank: int, path: str, init_file: str, out_dir: str, kv_dtype: str) -> None:
     torch.distributed.init_process_group(
         "gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD
     )
     try:
         torch.set_num_threads(1)
-        torch.save(_run(path, World(rank=rank, size=WORLD)), Path(out_dir) / f"rank{rank}.pt")
+        torch.save(_run(path, World(rank=rank, size=WORLD), kv_dtype), Path(out_dir) / f"rank{rank}.pt")
     finally:
         torch.distributed.destroy_process_group()
 
 
-def test_tp2_matches_single_rank(tmp_path):
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp4"])
+def test_tp2_matches_single_rank(tmp_path, kv_dtype):
+    """Also with ``engine.kv_dtype: fp4``: every rank quantizes the replicated latents and index keys alike."""
     path = build_tiny_glm_moe_dsa(tmp_path / "ckpt", seed=22)
-    single = _run(str(path), World())
-    mp.spawn(_rank_main, args=(str(path), str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    single = _run(str(path), World(), kv_dtype)
+    args = (str(path), str(tmp_path / "init"), str(tmp_path), kv_dtype)
+    mp.spawn(_rank_main, args=args, nprocs=WORLD, join=True)
     for rank in range(WORLD):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert (

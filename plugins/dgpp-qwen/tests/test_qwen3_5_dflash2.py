@@ -153,10 +153,18 @@ def _context(model, drafter, prompts):
 def test_features_are_the_outputs_of_the_tapped_layers(pair):
     _, _, model, _ = pair
     seen = {}
-    hooks = [
-        model.model.layers[i].register_forward_hook(lambda m, args, out, i=i: seen.__setitem__(i, out))
-        for i in TAPS
-    ]
+
+    def tap(i: int, run):
+        # a layer's output is its stream plus its last sublayer's output (the stack adds them in the next norm)
+        def sublayers(normed, residual, batch):
+            out, stream = run(normed, residual, batch)
+            seen[i] = stream + out
+            return out, stream
+
+        return sublayers
+
+    for i in TAPS:
+        model.model.layers[i].sublayers = tap(i, model.model.layers[i].sublayers)
     model.keep_hidden = True
     try:
         ModelRunner(model, CachePools(model.cache_spec(), BLOCKS, BS, 2)).step(
@@ -165,8 +173,8 @@ def test_features_are_the_outputs_of_the_tapped_layers(pair):
         features = model.last_hidden
     finally:
         model.keep_hidden = False
-        for h in hooks:
-            h.remove()
+        for i in TAPS:
+            del model.model.layers[i].sublayers
     assert torch.equal(features, torch.cat([seen[i] for i in TAPS], dim=-1))
 
 

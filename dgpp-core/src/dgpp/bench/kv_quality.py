@@ -1,4 +1,5 @@
-"""``dgpp bench kv-quality``: what ``engine.kv_dtype: fp8`` costs against the exact chain, on the CPU.
+"""``dgpp bench kv-quality``: what ``engine.kv_dtype: fp8`` (and, for MLA latents, ``fp4``) costs against the exact
+chain, on the CPU.
 
     dgpp bench kv-quality [--model dgpp-demo/smollm2-135m-instruct] [--dtype float32] [--runs 3]
                           [--new-tokens 32] [--fixtures] [--out FILE]
@@ -9,10 +10,10 @@ row (teacher-forced): mean NLL per token and the rows whose argmax equals the ex
 is then continued greedily for ``--new-tokens`` tokens (the texts batched): the tokens produced before the first one that differs
 from the exact chain's. The exact chain runs ``--runs`` times plus once in 16-token prefill chunks: the spread of
 its NLL over those runs is the run-to-run band a lossy lever's cost is compared with. ``--fixtures`` adds, for
-every installed tiny checkpoint (fp32), the largest logit error of the fp8 chain against the exact one (relative
-to the exact chain's largest |logit|), or why the lever is refused there. ``--geometries`` adds, for every
-offered bench geometry (bf16, built on ``meta`` at 1, 2 and 4 ranks), the paged K/V bytes per token and the
-per-request state bytes (sliding rings) with and without the lever. Prints markdown; ``--out`` also writes it with
+every installed tiny checkpoint (fp32), the largest and mean logit error of the fp8 and fp4 chains against the exact
+one (relative to the exact chain's largest |logit|), or "refused" where the model's caches do not read the format.
+``--geometries`` adds, for every offered bench geometry (bf16, built on ``meta`` at 1, 2 and 4 ranks), the paged
+K/V bytes per token (bf16, fp8, fp4) and the per-request state bytes (sliding rings) with and without fp8. Prints markdown; ``--out`` also writes it with
 the date, host and commit. ``--model ""`` skips the model (the other sections alone).
 """
 
@@ -122,27 +123,30 @@ def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: i
 
 
 def fixture_errors() -> Iterator[str]:
-    """For every installed tiny checkpoint (fp32): the fp8 chain's largest logit error against the exact chain."""
+    """For every installed tiny checkpoint (fp32): the largest and mean logit error of the fp8 and fp4 chains against
+    the exact chain, relative to its largest |logit| (a format the model's caches do not read: refused)."""
     from dgpp.catalog import tiny_checkpoints
     from dgpp.startup.loading import load_model
 
     yield from [
-        "| tiny checkpoint | largest abs Δ logit / largest abs logit | mean abs Δ logit / largest abs logit |",
-        "|---|---|---|",
+        "| tiny checkpoint | fp8 largest | fp8 mean | fp4 largest | fp4 mean |",
+        "|---|---|---|---|---|",
     ]
     for kind, offer in sorted(tiny_checkpoints().items()):
+        cells = []
         with tempfile.TemporaryDirectory() as tmp:
             model = load_model(offer.build(tmp, seed=0))
             prompts = make_prompts(model.info.vocab_size, FIXTURE_LENGTHS, seed=2)
             exact = torch.cat(engine_all_logits(model, prompts))
-            try:
-                lossy = torch.cat(engine_all_logits(model, prompts, kv_dtype="fp8"))
-            except ConfigError as e:
-                yield f"| {kind} | refused: {str(e).split('; ')[1]} | |"
-                continue
-        scale = float(exact.abs().max())
-        diff = (lossy - exact).abs()
-        yield f"| {kind} | {float(diff.max()) / scale:.2e} | {float(diff.mean()) / scale:.2e} |"
+            scale = float(exact.abs().max())
+            for kv in ("fp8", "fp4"):
+                try:
+                    diff = (torch.cat(engine_all_logits(model, prompts, kv_dtype=kv)) - exact).abs()
+                except ConfigError:
+                    cells += ["refused", ""]
+                    continue
+                cells += [f"{float(diff.max()) / scale:.2e}", f"{float(diff.mean()) / scale:.2e}"]
+        yield f"| {kind} | {' | '.join(cells)} |"
 
 
 def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> Iterator[str]:
@@ -156,8 +160,8 @@ def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> Iterator[str]:
     from dgpp.step.memory import cache_rates
 
     pm = manager()
-    yield "| geometry | ranks | K/V B/token bf16 | fp8 | state B/request bf16 | fp8 |"
-    yield "|---|---|---|---|---|---|"
+    yield "| geometry | ranks | K/V B/token bf16 | fp8 | fp4 | state B/request bf16 | fp8 |"
+    yield "|---|---|---|---|---|---|---|"
     for name in sorted(n for n in bench_geometries() if not n.startswith("tiny")):
         raw = hf_config(name, torch.bfloat16)
         found = resolve(pm, raw)
@@ -180,7 +184,11 @@ def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> Iterator[str]:
                 kv8, state8 = (f"{n:,}" for n in cache_rates(stored_as(spec, "fp8")))
             except ConfigError:
                 kv8 = state8 = "refused"
-            yield f"| {name} | {size} | {kv:,} | {kv8} | {state:,} | {state8} |"
+            try:
+                kv4 = f"{cache_rates(stored_as(spec, 'fp4'))[0]:,}"
+            except ConfigError:
+                kv4 = "refused"
+            yield f"| {name} | {size} | {kv:,} | {kv8} | {kv4} | {state:,} | {state8} |"
 
 
 def _load(model_id: str, dtype: str) -> tuple[Model, list[list[int]]]:
@@ -205,10 +213,10 @@ def _sections(args: argparse.Namespace) -> Iterator[str]:
         yield ""
         yield from measure_model(model, texts, args.runs, args.new_tokens)
     if args.geometries:
-        yield from ["", "## K/V bytes per rank with and without fp8, bench geometries (bf16)", ""]
+        yield from ["", "## K/V bytes per rank with and without fp8 / fp4, bench geometries (bf16)", ""]
         yield from geometry_rates()
     if args.fixtures:
-        yield from ["", "## fp8 logit error against the exact chain, tiny fp32 checkpoints", ""]
+        yield from ["", "## fp8 / fp4 logit error against the exact chain, tiny fp32 checkpoints", ""]
         yield from fixture_errors()
 
 

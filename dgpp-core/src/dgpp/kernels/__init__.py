@@ -9,14 +9,18 @@ are named apart from their modules, so ``dgpp.kernels.rotary`` stays the module.
 from __future__ import annotations
 
 from dgpp.kernels.gated_delta import gated_delta_rule
+from dgpp.kernels.gated_rmsnorm import gated_rms_norm
+from dgpp.kernels.gdn_gates import gdn_gates
 from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
 from dgpp.kernels.moe import fused_moe
+from dgpp.kernels.output_gate import shared_expert_add, sigmoid_gate
 from dgpp.kernels.paged_attention import paged_decode_attention
 from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
 from dgpp.kernels.rmsnorm import rms_norm
 from dgpp.kernels.rotary import apply_rotary
+from dgpp.kernels.router_topk import router_topk
 from dgpp.kernels.sampling import greedy_tokens, sample_tokens
 from dgpp.kernels.swiglu import silu_and_mul, silu_mul_pair
 
@@ -26,13 +30,18 @@ __all__ = [
     "fused_qk_norm_rope",
     "gate_up_silu",
     "gated_delta_rule",
+    "gated_rms_norm",
+    "gdn_gates",
     "gemv_applies",
     "greedy_tokens",
     "multi_linear",
     "paged_decode_attention",
     "paged_prefill_attention",
     "rms_norm",
+    "router_topk",
     "sample_tokens",
+    "shared_expert_add",
+    "sigmoid_gate",
     "silu_and_mul",
     "silu_mul_pair",
     "write_kv",

@@ -2,7 +2,7 @@
 
 Shapes: ``x [B, C]`` (this step's conv inputs), ``weight [C, K]``, ``bias [C]`` or None, ``conv_state
 [slots, K-1, C]`` holding each sequence's last ``K-1`` inputs (oldest first), ``state_slots [B]`` (-1 marks
-a CUDA-graph padding row: nothing read, nothing written, output zeros), ``fresh [B]`` bool (the sequence
+a CUDA-graph padding row: nothing read, nothing written, output zeros), ``fresh [B]`` bool or int8 (the sequence
 starts here: its history is zeros whatever the slot holds). Output ``[B, C]`` in x's dtype: the fp32 sum
 rounded to x's dtype once, then SiLU when asked (the reference's rounding points). The state shifts by one
 input in place.
@@ -54,6 +54,7 @@ def _conv_decode_kernel(
     out_ptr,
     channels,
     x_row,
+    out_row,
     state_slot_stride,
     state_row,
     KERNEL: tl.constexpr,
@@ -86,7 +87,7 @@ def _conv_decode_kernel(
     if SILU:
         y = y * tl.sigmoid(y)
     y = tl.where(valid, y, 0.0)
-    tl.store(out_ptr + b * x_row + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
+    tl.store(out_ptr + b * out_row + cols, y.to(out_ptr.dtype.element_ty), mask=cmask)
 
 
 def conv_decode_triton(
@@ -103,7 +104,9 @@ def conv_decode_triton(
     if kernel < 2 or conv_state.stride(-1) != 1 or x.stride(-1) != 1:
         raise ValueError("conv decode kernel needs kernel >= 2 and contiguous channels")
     weight = weight.contiguous()
-    out = torch.empty_like(x)
+    out = torch.empty(
+        batch, channels, dtype=x.dtype, device=x.device
+    )  # x may be a strided view of wider rows
     block = min(next_pow2(channels), 1024)
     grid = (batch, triton.cdiv(channels, block))
     _conv_decode_kernel[grid](
@@ -112,10 +115,11 @@ def conv_decode_triton(
         bias if bias is not None else weight,
         conv_state,
         state_slots,
-        fresh.to(torch.int8),
+        fresh if fresh.dtype == torch.int8 else fresh.to(torch.int8),
         out,
         channels,
         x.stride(0),
+        out.stride(0),
         conv_state.stride(0),
         conv_state.stride(1),
         KERNEL=kernel,

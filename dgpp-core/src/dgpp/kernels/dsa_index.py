@@ -2,7 +2,7 @@
 
 ``scores[r, t] = Σ_h w[r, h] · relu(scale · q[r, h] · k_t)`` for the first ``lens[r]`` cached tokens of row
 ``r`` (its own block table), ``-inf`` past them up to the table's width; ``q [R, H, D]`` and the keys are read
-in fp32 as the indexer computes them, ``w [R, H]`` fp32. ``select_top_k`` keeps each row's ``k`` best
+in fp32 as the indexer computes them (e4m3 keys dequantized once to the compute dtype first), ``w [R, H]`` fp32. ``select_top_k`` keeps each row's ``k`` best
 positions (exact ties to the lower position, ``-inf`` never before a real token), ascending, and how many
 of them are real: a row with at most ``k`` tokens keeps them all, in order, which is the dense row.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.kv_fp8 import dequantize_rows
 
 _BLOCK_T = 64
 
@@ -28,13 +29,18 @@ def index_scores_ref(
     tables: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rows, bs = q.shape[0], k_cache.shape[1]
     width = tables.shape[1] * bs
     out = torch.full((rows, width), float("-inf"), dtype=torch.float32, device=q.device)
     for r, n in enumerate(lens.tolist()):
         tok = torch.arange(n, device=q.device)
-        keys = k_cache[tables[r, tok // bs].long(), tok % bs, 0].float()
+        phys, off = tables[r, tok // bs].long(), tok % bs
+        keys = k_cache[phys, off, 0]
+        if k_scale is not None:  # e4m3 keys: code * row scale, rounded once to the compute dtype
+            keys = dequantize_rows(keys, k_scale[phys, off, 0], q.dtype)
+        keys = keys.float()
         out[r, :n] = torch.relu(q[r].float() @ keys.t() * scale).t() @ weights[r].float()
     return out
 
@@ -44,6 +50,7 @@ def _index_scores_kernel(
     q_ptr,
     w_ptr,
     k_ptr,
+    ksc_ptr,
     bt_ptr,
     lens_ptr,
     out_ptr,
@@ -57,11 +64,14 @@ def _index_scores_kernel(
     w_r,
     k_blk,
     k_tok,
+    sc_blk,
+    sc_tok,
     bt_r,
     o_r,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_T
@@ -86,7 +96,11 @@ def _index_scores_kernel(
             k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
             mask=tmask[None, :] & (d[:, None] < dim),
             other=0.0,
-        ).to(tl.float32)  # [BLOCK_D, BLOCK_T]
+        )  # [BLOCK_D, BLOCK_T]
+        if HAS_SCALES:  # e4m3 keys: code * row scale, rounded once to the compute dtype
+            k_sc = tl.load(ksc_ptr + phys * sc_blk + off * sc_tok, mask=tmask, other=0.0)
+            k = (k.to(tl.float32) * k_sc[None, :]).to(q_ptr.dtype.element_ty)
+        k = k.to(tl.float32)
         s = tl.maximum(tl.dot(q, k, input_precision="ieee") * scale, 0.0)  # [BLOCK_H, BLOCK_T]
         score = tl.where(tmask, tl.sum(s * w[:, None], axis=0), float("-inf"))
     tl.store(out_ptr + r * o_r + t, score, mask=t < width)  # the grid overhangs
@@ -99,6 +113,7 @@ def index_scores_triton(
     tables: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rows, heads, dim = q.shape
     bs = k_cache.shape[1]
@@ -110,6 +125,7 @@ def index_scores_triton(
             q,
             weights,
             k_cache,
+            k_cache if k_scale is None else k_scale,  # unread without scales
             tables,
             lens,
             out,
@@ -123,11 +139,14 @@ def index_scores_triton(
             weights.stride(0),
             k_cache.stride(0),
             k_cache.stride(1),
+            0 if k_scale is None else k_scale.stride(0),
+            0 if k_scale is None else k_scale.stride(1),
             tables.stride(0),
             out.stride(0),
             BLOCK_T=_BLOCK_T,
             BLOCK_H=max(16, next_pow2(heads)),
             BLOCK_D=max(16, next_pow2(dim)),
+            HAS_SCALES=k_scale is not None,
             num_warps=4,
         )
     return out
@@ -140,10 +159,12 @@ def index_scores(
     tables: torch.Tensor,
     lens: torch.Tensor,
     scale: float,
+    k_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``[R, width]`` fp32 index scores (``-inf`` past each row's tokens); Triton on CUDA, torch elsewhere."""
+    """``[R, width]`` fp32 index scores (``-inf`` past each row's tokens); Triton on CUDA, torch elsewhere.
+    ``k_scale``: the fp32 row scales of an e4m3 key cache (``engine.kv_dtype`` fp8 / fp4)."""
     fn = index_scores_triton if use_triton(q) else index_scores_ref
-    return fn(q, weights, k_cache, tables, lens, scale)
+    return fn(q, weights, k_cache, tables, lens, scale, k_scale)
 
 
 def select_top_k(scores: torch.Tensor, lens: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

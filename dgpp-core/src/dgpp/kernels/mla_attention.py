@@ -7,7 +7,9 @@ rotated ``q_rot [R, H, P]`` score every key token ``t`` it attends to as
 ``tables [R, max_blocks]`` is each row's own block table and ``lens [R]`` how many tokens it attends:
 the first ``lens[r]`` positions (dense), or with ``indices [R, K]`` the positions ``indices[r, :lens[r]]``
 (a DSA selection, any order); ``sparse [R]`` (int) says which rows read ``indices``. A row with ``lens`` 0
-is a padding row and gets zeros.
+is a padding row and gets zeros. A quantized latent cache (``engine.kv_dtype`` fp8: e4m3 codes; fp4: packed
+rows, ``dgpp.kernels.latent_formats``) comes with its fp32 row scales ``latent_scale [blocks, block_size, 1, 1]``;
+each loaded tile is dequantized once, in fp32, to the compute dtype.
 
 The Triton path reads each latent row once per program for both products (K and V are the same bytes):
 one program per (row, block of ``BLOCK_H`` heads, split) runs an online softmax over its share of the
@@ -22,6 +24,8 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of
+from dgpp.step.cache_spec import KV_FP8
 
 MLA_SPLITS = 8  # fixed per row: its cut never depends on the batch
 _BLOCK_N = 32  # tokens per inner step (a 32 x 512 latent tile)
@@ -38,6 +42,7 @@ def mla_attention_ref(
     scale: float,
     indices: torch.Tensor | None = None,
     sparse: torch.Tensor | None = None,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fp32 torch reference, row by row; returns ``[R, H, L]`` in ``q_lat``'s dtype."""
     rows, heads, latent_dim = q_lat.shape
@@ -49,7 +54,10 @@ def mla_attention_ref(
         picked = sparse is not None and bool(sparse[r])
         tok = indices[r, :n].long() if picked else torch.arange(n, device=q_lat.device)
         phys = tables[r, tok // bs].long()
-        lat = latent_cache[phys, tok % bs, 0].float()
+        lat = latent_cache[phys, tok % bs, 0]
+        if latent_scale is not None:
+            lat = dequantize_latent(lat, latent_scale[phys, tok % bs, 0], latent_dim, q_lat.dtype)
+        lat = lat.float()
         rope = rope_cache[phys, tok % bs, 0].float()
         scores = (q_lat[r].float() @ lat.t() + q_rot[r].float() @ rope.t()) * scale
         out[r] = (scores.softmax(-1) @ lat).to(q_lat.dtype)
@@ -64,10 +72,55 @@ def _row_split(n, num_splits, BLOCK_N: tl.constexpr):
 
 
 @triton.jit
+def _latent_tile(
+    lat_ptr,
+    lat8_ptr,
+    lsc_ptr,
+    rows,
+    scale_rows,
+    cols,
+    row_mask,
+    col_mask,
+    latent_dim,
+    dtype: tl.constexpr,
+    LATENT_FORMAT: tl.constexpr,
+):
+    """A ``[BLOCK_N, BLOCK_L]`` latent tile in the compute dtype from the pool's ``rows`` (element offsets of each
+    token's row): as stored (format 0), or dequantized once in fp32 from e4m3 codes (1) or packed fp4 (2) and the
+    row scales at ``scale_rows``, as ``dgpp.kernels.latent_formats`` reads them."""
+    mask = row_mask[:, None] & col_mask[None, :]
+    if LATENT_FORMAT == 0:
+        tile = tl.load(lat_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
+    else:
+        row_scale = tl.load(lsc_ptr + scale_rows, mask=row_mask, other=0.0)[:, None]
+        if LATENT_FORMAT == 1:  # e4m3 codes: code * row scale
+            codes = tl.load(lat8_ptr + rows[:, None] + cols[None, :], mask=mask, other=0.0)
+            tile = (codes.to(tl.float32) * row_scale).to(dtype)
+        else:  # fp4: e2m1 nibble (low = even element) * (e4m3 block scale * row scale)
+            packed = tl.load(lat_ptr + rows[:, None] + (cols // 2)[None, :], mask=mask, other=0).to(tl.int32)
+            code = tl.where((cols % 2)[None, :] == 1, packed >> 4, packed & 15)
+            block = tl.load(
+                lat8_ptr + rows[:, None] + (latent_dim // 2 + cols // 16)[None, :], mask=mask, other=0.0
+            )
+            step = (code & 7) >> 1
+            mantissa = (code & 1).to(tl.float32)
+            magnitude = tl.where(
+                step == 0,
+                0.5 * mantissa,
+                (2.0 + mantissa) * tl.where(step == 1, 0.5, tl.where(step == 2, 1.0, 2.0)),
+            )
+            value = tl.where((code & 8) != 0, -magnitude, magnitude)
+            tile = (value * (block.to(tl.float32) * row_scale)).to(dtype)
+    return tile
+
+
+@triton.jit
 def _mla_split_kernel(
     q_ptr,
     qr_ptr,
     lat_ptr,
+    lat8_ptr,
+    lsc_ptr,
     rope_ptr,
     bt_ptr,
     lens_ptr,
@@ -88,6 +141,8 @@ def _mla_split_kernel(
     qr_h,
     lat_blk,
     lat_tok,
+    lsc_blk,
+    lsc_tok,
     rope_blk,
     rope_tok,
     bt_r,
@@ -100,6 +155,7 @@ def _mla_split_kernel(
     BLOCK_L: tl.constexpr,
     BLOCK_P: tl.constexpr,
     PRECISION: tl.constexpr,
+    LATENT_FORMAT: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -139,11 +195,19 @@ def _mla_split_kernel(
                 tok = tl.where(picked, chosen, j)
             phys = tl.load(bt_ptr + r * bt_r + tok // block_size, mask=jmask, other=0).to(tl.int64)
             off = (tok % block_size).to(tl.int64)
-            lat = tl.load(
-                lat_ptr + (phys * lat_blk + off * lat_tok)[:, None] + cols[None, :],
-                mask=jmask[:, None] & lmask[None, :],
-                other=0.0,
-            )  # [BLOCK_N, BLOCK_L]
+            lat = _latent_tile(
+                lat_ptr,
+                lat8_ptr,
+                lsc_ptr,
+                phys * lat_blk + off * lat_tok,
+                phys * lsc_blk + off * lsc_tok,
+                cols,
+                jmask,
+                lmask,
+                latent_dim,
+                q_ptr.dtype.element_ty,
+                LATENT_FORMAT,
+            )  # [BLOCK_N, BLOCK_L], in the compute dtype
             rope = tl.load(
                 rope_ptr + (phys * rope_blk + off * rope_tok)[None, :] + pcols[:, None],
                 mask=jmask[None, :] & pmask[:, None],
@@ -216,6 +280,7 @@ def mla_attention_triton(
     scale: float,
     indices: torch.Tensor | None = None,
     sparse: torch.Tensor | None = None,
+    latent_scale: torch.Tensor | None = None,
     splits: int = MLA_SPLITS,
 ) -> torch.Tensor:
     rows, heads, latent_dim = q_lat.shape
@@ -230,11 +295,17 @@ def mla_attention_triton(
     if not has_idx:
         indices = sparse = lens  # never read
     assert sparse is not None
-    precision = "ieee" if latent_cache.dtype == torch.float32 else "tf32"
+    precision = "ieee" if q_lat.dtype == torch.float32 else "tf32"
+    latent_format = {"compute": 0, "fp8": 1, "fp4": 2}[latent_format_of(latent_cache)]
+    # the pool's bytes also viewed as e4m3 (fp8 codes, fp4 block scales), and the row scales (unread in format 0)
+    latent_e4m3 = latent_cache if latent_format == 0 else latent_cache.view(KV_FP8)
+    row_scales = latent_scale if latent_scale is not None else lens
     _mla_split_kernel[(rows, triton.cdiv(heads, block_h), splits)](
         q_lat,
         q_rot,
         latent_cache,
+        latent_e4m3,
+        row_scales,
         rope_cache,
         tables,
         lens,
@@ -255,6 +326,8 @@ def mla_attention_triton(
         q_rot.stride(1),
         latent_cache.stride(0),
         latent_cache.stride(1),
+        row_scales.stride(0) if latent_scale is not None else 0,
+        row_scales.stride(1) if latent_scale is not None else 0,
         rope_cache.stride(0),
         rope_cache.stride(1),
         tables.stride(0),
@@ -267,6 +340,7 @@ def mla_attention_triton(
         BLOCK_L=block_l,
         BLOCK_P=max(16, next_pow2(rope_dim)),
         PRECISION=precision,
+        LATENT_FORMAT=latent_format,
         num_warps=4,
     )
     if splits > 1:
@@ -298,7 +372,8 @@ def mla_attention(
     scale: float,
     indices: torch.Tensor | None = None,
     sparse: torch.Tensor | None = None,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Absorbed MLA attention over the latent cache; Triton on CUDA, the torch reference elsewhere."""
     fn = mla_attention_triton if use_triton(q_lat) else mla_attention_ref
-    return fn(q_lat, q_rot, latent_cache, rope_cache, tables, lens, scale, indices, sparse)
+    return fn(q_lat, q_rot, latent_cache, rope_cache, tables, lens, scale, indices, sparse, latent_scale)

@@ -16,7 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from dgpp.kernels._triton import tl, triton, use_triton
+from dgpp.kernels import moe_align
+from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 from dgpp.policy import current
 
 
@@ -179,7 +180,9 @@ def fused_moe_triton(
     # one row block for every token count when rows must not depend on the step (dgpp.nn.exact.routing):
     # a tile's rows are independent of each other only for a fixed BM (the dot instruction follows BM)
     block_m = 64 if current().exact_routing or n_assign > 4 * num_experts else 16
-    sorted_ids, block_expert = align_to_experts(topk_ids, num_experts, block_m)
+    # decode-sized routings sort in one launch (the same outputs as the torch chain's ~25 small kernels)
+    align = moe_align.align_to_experts_triton if moe_align.fits(topk_ids, num_experts) else align_to_experts
+    sorted_ids, block_expert = align(topk_ids, num_experts, block_m)
     capacity = sorted_ids.shape[0]
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(capacity, inter, dtype=x.dtype, device=x.device)
@@ -239,13 +242,48 @@ def fused_moe_triton(
         num_warps=warps,
         num_stages=stages,
     )
-    # fixed-order sum over each token's experts: deterministic, no atomics
-    # (explicit adds in k order: a reduction kernel's split of the k axis could follow the token count)
-    per_token = per_assign.view(tokens, top_k, hidden)
+    return sum_experts(per_assign.view(tokens, top_k, hidden), x.dtype)
+
+
+def sum_experts_ref(per_token: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``per_token [T, K, H]`` fp32 summed over K by explicit adds in k order, then cast to ``dtype``."""
     total = per_token[:, 0].clone()
-    for k in range(1, top_k):
+    for k in range(1, per_token.shape[1]):
         total += per_token[:, k]
-    return total.to(x.dtype)
+    return total.to(dtype)
+
+
+@triton.jit
+def _sum_experts_kernel(src_ptr, out_ptr, top_k, hidden, s_tok, s_k, o_tok, BLOCK: tl.constexpr):
+    tok = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < hidden
+    total = tl.load(src_ptr + tok * s_tok + cols, mask=mask, other=0.0)
+    for k in range(1, top_k):  # fp32 adds in k order: the bits of the explicit chain
+        total += tl.load(src_ptr + tok * s_tok + k * s_k + cols, mask=mask, other=0.0)
+    tl.store(out_ptr + tok * o_tok + cols, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def sum_experts(per_token: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Fixed-order sum over each token's experts (deterministic, no atomics; a reduction kernel's split of the
+    k axis could follow the token count): one launch on CUDA, the same bits as ``sum_experts_ref``."""
+    if not use_triton(per_token) or per_token.stride(-1) != 1:
+        return sum_experts_ref(per_token, dtype)
+    tokens, top_k, hidden = per_token.shape
+    out = torch.empty(tokens, hidden, dtype=dtype, device=per_token.device)
+    block = min(1024, next_pow2(hidden))
+    if tokens:
+        _sum_experts_kernel[(tokens, triton.cdiv(hidden, block))](
+            per_token,
+            out,
+            top_k,
+            hidden,
+            per_token.stride(0),
+            per_token.stride(1),
+            out.stride(0),
+            BLOCK=block,
+        )
+    return out
 
 
 def swiglu_limit_constant(swiglu_limit: float | None) -> float:

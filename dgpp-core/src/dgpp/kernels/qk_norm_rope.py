@@ -28,9 +28,10 @@ def qk_norm_rope_ref(
     inv_freq: torch.Tensor,
     magnitude: float = 1.0,
     is_neox: bool = True,
+    fp32_product: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    qn = rms_norm_ref(q, q_weight, eps, None, weight_offset)
-    kn = rms_norm_ref(k, k_weight, eps, None, weight_offset)
+    qn = rms_norm_ref(q, q_weight, eps, None, weight_offset, fp32_product)
+    kn = rms_norm_ref(k, k_weight, eps, None, weight_offset, fp32_product)
     return rotary_ref(qn, kn, positions, inv_freq, magnitude, is_neox)
 
 
@@ -51,7 +52,7 @@ def _norm_rope_heads(
     cos,
     sin,
     half,
-    ZERO_CENTERED: tl.constexpr,
+    FP32_PRODUCT: tl.constexpr,
     IS_NEOX: tl.constexpr,
     ROT: tl.constexpr,
     BLOCK_H: tl.constexpr,
@@ -73,7 +74,7 @@ def _norm_rope_heads(
     w3 = tl.load(w_ptr + tail, mask=tail < head_dim, other=0.0).to(tl.float32) + weight_offset
     n1, n2, n3 = x1 * rstd, x2 * rstd, x3 * rstd
     out_ty = dst.dtype.element_ty
-    if not ZERO_CENTERED:  # plain weights scale the row after it was rounded, as RMSNorm does
+    if not FP32_PRODUCT:  # plain weights scale the row after it was rounded, as RMSNorm does
         n1 = n1.to(out_ty).to(tl.float32)
         n2 = n2.to(out_ty).to(tl.float32)
         n3 = n3.to(out_ty).to(tl.float32)
@@ -110,7 +111,7 @@ def _qk_norm_rope_kernel(
     qo_head,
     ko_tok,
     ko_head,
-    ZERO_CENTERED: tl.constexpr,
+    FP32_PRODUCT: tl.constexpr,
     IS_NEOX: tl.constexpr,
     ROT: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -140,7 +141,7 @@ def _qk_norm_rope_kernel(
         cos,
         sin,
         half,
-        ZERO_CENTERED,
+        FP32_PRODUCT,
         IS_NEOX,
         ROT,
         1,
@@ -159,6 +160,7 @@ def qk_norm_rope_triton(
     inv_freq: torch.Tensor,
     magnitude: float = 1.0,
     is_neox: bool = True,
+    fp32_product: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rotary_dim = 2 * inv_freq.shape[0]
     if rotary_dim & (rotary_dim - 1):
@@ -191,7 +193,7 @@ def qk_norm_rope_triton(
             q_out.stride(1),
             k_out.stride(0),
             k_out.stride(1),
-            ZERO_CENTERED=weight_offset != 0.0,
+            FP32_PRODUCT=weight_offset != 0.0 if fp32_product is None else fp32_product,
             IS_NEOX=is_neox,
             ROT=rotary_dim,
             BLOCK_D=next_pow2(dim),
@@ -211,7 +213,11 @@ def fused_qk_norm_rope(
     inv_freq: torch.Tensor,
     magnitude: float = 1.0,
     is_neox: bool = True,
+    fp32_product: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q/k RMSNorm then RoPE; one Triton launch on CUDA, torch elsewhere."""
+    """q/k RMSNorm then RoPE; one Triton launch on CUDA, torch elsewhere. ``fp32_product`` as in
+    ``dgpp.kernels.rmsnorm``."""
     fn = qk_norm_rope_triton if use_triton(q) else qk_norm_rope_ref
-    return fn(q, k, q_weight, k_weight, eps, weight_offset, positions, inv_freq, magnitude, is_neox)
+    return fn(
+        q, k, q_weight, k_weight, eps, weight_offset, positions, inv_freq, magnitude, is_neox, fp32_product
+    )

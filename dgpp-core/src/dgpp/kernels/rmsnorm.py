@@ -6,7 +6,9 @@
 Numerics follow HF transformers: the residual sum is rounded to the input dtype and the norm is
 taken in fp32. Plain weights (Llama/Qwen3): the normalised row is rounded to the input dtype, then
 scaled by ``w``. ``weight_offset=1.0`` gives the zero-centred ``(1 + w)`` form (Qwen3-Next/3.5,
-Gemma), whose product stays in fp32 and is rounded once.
+Gemma), whose product stays in fp32 and is rounded once; ``fp32_product=True`` keeps that order with
+plain weights (``(w · x̂)`` rounded once: gpt-oss / Flint). ``fp32_product`` None: fp32 exactly when
+``weight_offset`` is not 0.
 One program normalises one row; the row stays in registers between the add and the norm.
 """
 
@@ -23,16 +25,21 @@ def rms_norm_ref(
     eps: float,
     residual: torch.Tensor | None = None,
     weight_offset: float = 0.0,
+    fp32_product: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     if residual is not None:
         x = x + residual
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    if weight_offset:
+    if _fp32_product(weight_offset, fp32_product):
         out = (normed * (weight.float() + weight_offset)).to(x.dtype)
     else:
         out = (weight * normed.to(x.dtype)).to(x.dtype)
     return (out, x) if residual is not None else out
+
+
+def _fp32_product(weight_offset: float, fp32_product: bool | None) -> bool:
+    return weight_offset != 0.0 if fp32_product is None else fp32_product
 
 
 @triton.jit
@@ -50,7 +57,7 @@ def _rms_norm_kernel(
     eps,
     weight_offset,
     HAS_RESIDUAL: tl.constexpr,
-    ZERO_CENTERED: tl.constexpr,
+    FP32_PRODUCT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
@@ -66,7 +73,7 @@ def _rms_norm_kernel(
         x = x.to(tl.float32)
     var = tl.sum(x * x, axis=0) / n_cols
     normed = x * tl.rsqrt(var + eps)
-    if not ZERO_CENTERED:  # plain weights scale the row after it was rounded to the storage dtype
+    if not FP32_PRODUCT:  # plain weights scale the row after it was rounded to the storage dtype
         normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
     tl.store(out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
@@ -78,6 +85,7 @@ def rms_norm_triton(
     eps: float,
     residual: torch.Tensor | None = None,
     weight_offset: float = 0.0,
+    fp32_product: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
@@ -108,7 +116,7 @@ def rms_norm_triton(
             float(eps),
             float(weight_offset),
             HAS_RESIDUAL=residual is not None,
-            ZERO_CENTERED=weight_offset != 0.0,
+            FP32_PRODUCT=_fp32_product(weight_offset, fp32_product),
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
         )
@@ -123,7 +131,8 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,
     weight_offset: float = 0.0,
+    fp32_product: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """RMSNorm (fused with ``x + residual`` when given); Triton on CUDA, torch elsewhere."""
     fn = rms_norm_triton if use_triton(x) else rms_norm_ref
-    return fn(x, weight, eps, residual, weight_offset)
+    return fn(x, weight, eps, residual, weight_offset, fp32_product)

@@ -290,6 +290,7 @@ def window_attention_triton(
     window: int,
     paged: bool,
     scales: KVScales = None,
+    row_seq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
@@ -298,7 +299,7 @@ def window_attention_triton(
         return out
     kn = k if k is not None else q  # unused by the paged source
     vn = v if v is not None else q
-    row_seq = row_sequences(query_start_loc, rows)
+    row_seq = row_sequences(query_start_loc, rows) if row_seq is None else row_seq
     group = hq // hk
     block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
     k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
@@ -369,10 +370,11 @@ def window_attention(
     window: int,
     paged: bool,
     scales: KVScales = None,
+    row_seq: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere."""
-    fn = window_attention_triton if use_triton(q) else window_attention_ref
-    return fn(
+    """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere. ``row_seq``: the step's
+    ``row_sequences``, when the caller keeps them for every layer of the step."""
+    args = (
         q,
         k,
         v,
@@ -388,6 +390,9 @@ def window_attention(
         paged,
         scales,
     )
+    if use_triton(q):
+        return window_attention_triton(*args, row_seq=row_seq)
+    return window_attention_ref(*args)
 
 
 def ring_write_ref(
@@ -477,11 +482,12 @@ def ring_write_triton(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     seq_lens: torch.Tensor,
+    row_seq: torch.Tensor | None = None,
 ) -> None:
     rows, hk, head_dim = k.shape
     if rows == 0:
         return
-    row_seq = row_sequences(query_start_loc, rows)
+    row_seq = row_sequences(query_start_loc, rows) if row_seq is None else row_seq
     _ring_write_kernel[(rows, hk)](
         k,
         v,
@@ -520,7 +526,11 @@ def ring_write(
     query_start_loc: torch.Tensor,
     context_lens: torch.Tensor,
     seq_lens: torch.Tensor,
+    row_seq: torch.Tensor | None = None,
 ) -> None:
-    """Ring update after the step's attention; Triton on CUDA, the torch reference elsewhere."""
-    fn = ring_write_triton if use_triton(k) else ring_write_ref
-    fn(k, v, k_ring, v_ring, state_slots, query_start_loc, context_lens, seq_lens)
+    """Ring update after the step's attention; Triton on CUDA, the torch reference elsewhere. ``row_seq`` as
+    in ``window_attention``."""
+    if use_triton(k):
+        ring_write_triton(k, v, k_ring, v_ring, state_slots, query_start_loc, context_lens, seq_lens, row_seq)
+    else:
+        ring_write_ref(k, v, k_ring, v_ring, state_slots, query_start_loc, context_lens, seq_lens)

@@ -68,14 +68,28 @@ def store_kv(batch: ForwardBatch, name: str, k: torch.Tensor, v: torch.Tensor) -
     scales = batch.cache.kv_scales.get(name)
     if scales is not None:
         (k, k_scale), (v, v_scale) = quantize_rows(k), quantize_rows(v)
-        _scatter(batch, scales[0], scales[1], k_scale, v_scale)
-    _scatter(batch, k_cache, v_cache, k, v)
+        scatter_rows(batch, scales[0], scales[1], k_scale, v_scale)
+    scatter_rows(batch, k_cache, v_cache, k, v)
     return scales
 
 
-def _scatter(
+def store_keys(batch: ForwardBatch, name: str, k: torch.Tensor) -> torch.Tensor | None:
+    """Write this step's key rows ``[T, 1, dim]`` into K-only pool entry ``name`` (no V: DSA index keys) at
+    ``batch.slot_mapping``, as e4m3 rows with their fp32 scales when the entry is stored so (``engine.kv_dtype``
+    fp8 or fp4). Returns the key scales (None for a compute-dtype entry) for the read that follows."""
+    k_cache, v_cache = batch.cache.kv[name]
+    scales = batch.cache.kv_scales.get(name)
+    if scales is not None:
+        k, k_scale = quantize_rows(k)
+        scatter_rows(batch, scales[0], scales[1], k_scale, k_scale[..., :0])
+    scatter_rows(batch, k_cache, v_cache, k, k[..., :0])
+    return None if scales is None else scales[0]
+
+
+def scatter_rows(
     batch: ForwardBatch, k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor
 ) -> None:
+    """Store rows ``k`` / ``v`` in a paged pair at the step's slots, as they are."""
     if k.is_cuda:  # Triton: no host syncs, so a decode step can be captured in a CUDA graph
         from dgpp import kernels
 
@@ -353,12 +367,17 @@ def split_query_gate(
     q_proj_out: torch.Tensor, num_heads: int, head_dim: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Qwen3.5's ``[q|gate]`` q_proj packs, per head, ``head_dim`` query dims then ``head_dim`` gate dims.
-    Returns ``q`` ``[T, H, D]`` and ``gate`` ``[T, H*D]``."""
+    Returns ``q`` and ``gate``, both ``[T, H, D]`` views of the projection (nothing is copied)."""
     per_head = q_proj_out.view(q_proj_out.shape[0], num_heads, 2 * head_dim)
     q, gate = per_head.split(head_dim, dim=-1)
-    return q, gate.reshape(q_proj_out.shape[0], num_heads * head_dim)
+    return q, gate
 
 
 def gated_output(attn_out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-    """Per-element sigmoid output gate applied before o_proj."""
-    return attn_out * torch.sigmoid(gate)
+    """Per-element sigmoid output gate applied before o_proj: ``attn_out [T, H*D]``, ``gate`` ``[T, H*D]`` or
+    ``[T, H, D]`` (one Triton launch on CUDA, reading a strided gate in place)."""
+    if attn_out.is_cuda and gate.dim() == 3:
+        from dgpp import kernels
+
+        return kernels.sigmoid_gate(attn_out, gate)
+    return attn_out * torch.sigmoid(gate).reshape(attn_out.shape)

@@ -133,7 +133,7 @@ class CausalConv1d(nn.Module):
                 self.bias,
                 conv_state,
                 batch.state_slots,
-                batch.context_lens == 0,
+                batch.fresh_flags(),
                 activation == "silu",
             )
         return causal_conv1d_varlen(

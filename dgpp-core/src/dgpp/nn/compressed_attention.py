@@ -4,18 +4,27 @@
 A row at position ``p`` attends, in ONE softmax with its head's sink logit, to the window's latent rows
 ``p - W + 1 .. p`` (a ``WindowKV`` ring holding K only: K is V) and to compressed entries
 (``dgpp.nn.window_compressor``) of complete windows only (entry ``w`` once ``(w + 1)·r <= p + 1``): all of them
-(HCA), or the ``topk`` the indexer scores best (CSA, exact ties to the lower entry). Rows are computed one at
-a time over exactly the keys they see (fp32, like ``dgpp.kernels.window_attention``'s reference), so a row's
-output has the same bits however the prompt was chunked, batched or restored.
+(HCA), or the ``topk`` the indexer scores best (CSA, exact ties to the lower entry).
+
+Prefill and mixed steps run batched over the step's rows (``dgpp.nn.compressed_prefill``: ``LightningIndexer.select``
+and one ``dgpp.kernels.compressed_attention`` call); decode-only steps on CUDA run ``dgpp.nn.compressed_decode``.
+The per-row reference (``LightningIndexer.forward``, ``sparse_window_attention_ref``; ``per_row_prefill`` and the
+CPU's decode-only steps) computes rows one at a time over exactly the keys they see (fp32, like
+``dgpp.kernels.window_attention``'s reference). Every path gives a row the same bits however the prompt was
+chunked, batched or restored.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
 from dgpp.kernels.window_attention import ring_write, window_attention
+from dgpp.nn.compressed_prefill import Picks, every_entry, prefill_attention, select_entries
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
@@ -57,11 +66,28 @@ class LightningIndexer(nn.Module):
     def cache_spec(self) -> dict[str, CacheSpec]:
         return self.compressor.cache_spec()
 
-    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
-        self.compressor(x, batch)
+    def queries(
+        self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(rotated queries ``[T, H, D]``, fp32 head weights ``[T, H]``) of the step's rows."""
         rows = x.shape[0]
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim), batch.positions)
-        weights = self.weights_proj(x).float() * self.num_heads**-0.5
+        return q, self.weights_proj(x).float() * self.num_heads**-0.5
+
+    def select(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Picks:
+        """Store the step's index entries, then every row's picks at once (``dgpp.nn.compressed_prefill``)."""
+        self.compressor(x, batch)
+        if max([0, *batch.seq_lens_cpu]) // self.ratio <= self.topk:
+            return every_entry(batch, self.ratio)  # no row sees more entries than it keeps
+        q, weights = self.queries(x, q_resid, batch)
+        pool = batch.cache.kv[self.compressor.cache_name][0]
+        return select_entries(q, weights, pool, batch, self.ratio, self.topk)
+
+    def forward(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """The per-row reference of ``select``."""
+        self.compressor(x, batch)
+        rows = x.shape[0]
+        q, weights = self.queries(x, q_resid, batch)
         pool = batch.cache.kv[self.compressor.cache_name][0]
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
@@ -103,14 +129,18 @@ def sparse_window_attention_ref(
     ratio: int,
     selection: Selection,
     floors: dict[int, int] | None = None,
+    read_entries: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``q [T, H, D]``, this step's latent rows ``kv [T, D]`` -> ``[T, H, D]`` (fp32 math, one row at a time).
-    ``floors``: per sequence index, the earliest position its window may read (default 0)."""
+    ``floors``: per sequence index, the earliest position its window may read (default 0). ``read_entries``: the
+    values of the pool rows gathered (a pool that holds entries packed decodes them); default the rows as stored."""
     out = torch.zeros_like(q)
     for b, start, q_len, ctx, end, slot in live_sequences(batch):
         entries = gather_entries(
             entries_pool, batch.block_tables[b], end // ratio, ratio, batch.cache.block_size
         )
+        if read_entries is not None:
+            entries = read_entries(entries)
         for i in range(q_len):
             pos, row = ctx + i, start + i
             lo = max(floors.get(b, 0) if floors else 0, pos - window + 1)
@@ -146,6 +176,10 @@ class CompressedSinkAttention(nn.Module):
         # decode steps of compressed layers: batched (``dgpp.nn.compressed_decode``) or the per-row reference;
         # None: batched on CUDA
         self.batched_decode: bool | None = None
+        # batched decode through the fused Triton kernels or their torch forms; None: Triton where it runs
+        self.fused_decode: bool | None = None
+        # other steps: batched over the chunk's rows (``dgpp.nn.compressed_prefill``), or the per-row reference
+        self.per_row_prefill = False
 
     def cache_spec(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         # K == V: the ring holds K only (a zero-width V)
@@ -179,7 +213,15 @@ class CompressedSinkAttention(nn.Module):
             # batched over rows, no host sync: CUDA-graph safe
             from dgpp.nn.compressed_decode import compressed_attention_decode
 
-            out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks)
+            fused = use_triton(q) if self.fused_decode is None else self.fused_decode
+            out = compressed_attention_decode(self, q, kv, x, q_resid, batch, sinks, fused)
+        elif not (self.per_row_prefill or batch.is_decode_only):
+            self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
+            picks = self.indexer.select(x, q_resid, batch) if self.indexer is not None else None
+            pool = batch.cache.kv[self.compressor.cache_name][0]
+            out = prefill_attention(
+                q, kv, ring, pool, batch, sinks, self.scale, self.window, self.compressor.ratio, picks
+            )
         else:
             self.compressor(x, batch)  # this step's complete windows first: its later rows may attend them
             rows = q.shape[0]

@@ -9,7 +9,7 @@ name with no renaming.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 import torch
@@ -18,6 +18,7 @@ from torch import nn
 from dgpp.family import World
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.mlp import SwiGLUMLP
+from dgpp.nn.norm import add_rms_norm
 from dgpp.nn.parallel import all_reduce
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.memory import transformer_activation_bytes
@@ -81,7 +82,11 @@ def dense_or_moe(
 
 class PreNormBlock(nn.Module):
     """``h = x + attn(input_layernorm(x))``; ``out = h + mlp(post_attention_layernorm(h))``, each sublayer's
-    output summed over the tensor-parallel ranks. ``self_attn(x, batch)`` and ``mlp(x)`` are the family's."""
+    output summed over the tensor-parallel ranks. ``self_attn(x, batch)`` and ``mlp(x)`` are the family's.
+
+    ``sublayers`` is the block without its first norm and last add, so a stack of blocks adds each block's
+    output to the stream in the next block's norm (``add_rms_norm``: one kernel on CUDA), as ``forward`` does
+    within the block."""
 
     def __init__(
         self,
@@ -99,8 +104,47 @@ class PreNormBlock(nn.Module):
         self.mlp = mlp
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch, group=None) -> torch.Tensor:
-        h = x + all_reduce(self.self_attn(self.input_layernorm(x), batch), self.world, group)
-        return h + all_reduce(self.mlp(self.post_attention_layernorm(h)), self.world, group)
+        out, h = self.sublayers(self.input_layernorm(x), x, batch, group)
+        return h + out
+
+    def sublayers(
+        self, normed: torch.Tensor, residual: torch.Tensor, batch: ForwardBatch, group=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, stream after the attention's add)`` from the block's normed input and the stream
+        before it; the block's output is their sum."""
+        attn = all_reduce(self.self_attn(normed, batch), self.world, group)
+        x, residual = add_rms_norm(attn, residual, self.post_attention_layernorm)
+        return all_reduce(self.mlp(x), self.world, group), residual
+
+
+def stream_blocks(
+    x: torch.Tensor,
+    layers: Sequence[nn.Module],
+    final_norm: nn.Module,
+    sublayers: Callable[[Any, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+    keep: Collection[int] = (),
+) -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """``final_norm`` of the stream ``x`` after pre-norm ``layers``, and the stream after each layer in ``keep``.
+
+    ``sublayers(layer, normed, stream)`` runs a layer without its first norm and last add: it returns its output
+    and the stream before that output. The output is added to the stream in the next layer's ``input_layernorm``
+    (``add_rms_norm``: one kernel on CUDA; the final norm after the last layer), so no layer adds its own. A kept
+    layer's stream costs one add."""
+    normed, stream = layers[0].input_layernorm(x), x
+    kept: dict[int, torch.Tensor] = {}
+    for i, layer in enumerate(layers):
+        out, stream = sublayers(layer, normed, stream)
+        if i in keep:
+            kept[i] = stream + out
+        norm = layers[i + 1].input_layernorm if i + 1 < len(layers) else final_norm
+        normed, stream = add_rms_norm(out, stream, norm)
+    return normed, kept
+
+
+def streams_residual(layer: nn.Module) -> bool:
+    """True for a ``PreNormBlock`` whose ``forward`` is the plain block's, so a stack may run its
+    ``sublayers`` and fuse each add into the next norm."""
+    return isinstance(layer, PreNormBlock) and type(layer).forward is PreNormBlock.forward
 
 
 class DecoderStack(nn.Module):
@@ -155,11 +199,17 @@ class PreNormCausalLM(Model, Generic[C]):
         self.info = causal_lm_info(cfg, dtype, hybrid=hybrid, extra=extra)
 
     def hidden_states(self, batch: ForwardBatch) -> torch.Tensor:
-        """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``."""
+        """Post-final-norm hidden of every row of ``batch`` ``[T, hidden]``. Plain pre-norm blocks hand the
+        stream on unsummed: each block's output is added in the next norm (the final norm after the last)."""
         x = self.model.embed_tokens(batch.input_ids)
-        for layer in self.model.layers:
-            x = layer(x, batch, self.group)
-        return self.model.norm(x)
+        layers = list(self.model.layers)
+        if not all(streams_residual(layer) for layer in layers):
+            for layer in layers:
+                x = layer(x, batch, self.group)
+            return self.model.norm(x)
+        return stream_blocks(
+            x, layers, self.model.norm, lambda layer, h, r: layer.sublayers(h, r, batch, self.group)
+        )[0]
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:

@@ -1,10 +1,11 @@
 """DeepSeek sparse attention (DSA) indexer: which cached tokens each query row attends to.
 
 Per token the indexer caches one key ``LayerNorm(wk(x))`` with RoPE on its first ``rotary_dim`` dims
-(a paged entry with no V). A query row at position ``p`` scores every visible token ``t <= p``:
-``Σ_h w_h · relu(q_h · k_t · D^-½)`` with its own queries ``q = wq_b(q_resid)`` (RoPE likewise on the
-first dims) and per-head weights ``w = weights_proj(x) · H^-½`` (fp32, as the reference keeps that
-projection). The row keeps the ``topk`` best tokens, exact ties going to the lower position, in
+(a paged entry with no V; under ``engine.kv_dtype`` fp8 or fp4 an e4m3 row with one fp32 scale, the original
+engine's index-cache form, dequantized to the compute dtype when read). A query row at position ``p`` scores
+every visible token ``t <= p``: ``Σ_h w_h · relu(q_h · k_t · D^-½)`` with its own queries ``q = wq_b(q_resid)``
+(RoPE likewise on the first dims) and per-head weights ``w = weights_proj(x) · H^-½`` (fp32, as the reference
+keeps that projection). The row keeps the ``topk`` best tokens, exact ties going to the lower position, in
 ascending order; with ``p + 1 <= topk`` visible tokens it keeps them all (dense, ``None``).
 
 Layers that do not run an indexer reuse the previous indexer layer's selection (GLM-5's cross-layer
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels._triton import use_triton
-from dgpp.nn.attention import gather_context
+from dgpp.nn.attention import context_token_rows, read_rows, store_keys
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import RotaryEmbedding
@@ -86,7 +87,15 @@ class DSAIndexer(nn.Module):
         self.rotary = rotary
 
     def cache_spec(self) -> PagedKV:
-        return PagedKV(num_kv_heads=1, head_dim=self.head_dim, dtype=self.dtype, v_head_dim=0)
+        """One key per token, no V; e4m3 rows with a row scale under a quantized ``engine.kv_dtype``."""
+        return PagedKV(
+            num_kv_heads=1,
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            v_head_dim=0,
+            fp8_rows=True,
+            index_keys=True,
+        )
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
@@ -97,28 +106,26 @@ class DSAIndexer(nn.Module):
         q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim)
         k = self.k_norm(self.wk(x)).view(rows, 1, self.head_dim)
         q, k = self.rotary(batch.positions, q, k)
-        k_cache, v_cache = batch.cache.kv[self.cache_name]
+        k_cache = batch.cache.kv[self.cache_name][0]
+        k_scale = store_keys(batch, self.cache_name, k)
         weights = self.weights_proj(x.float()) * self.num_heads**-0.5
         if use_triton(x):
-            from dgpp import kernels
             from dgpp.nn.dsa_cuda import device_selection
 
-            kernels.write_kv(k_cache, v_cache, k, k[..., :0], batch.slot_mapping)  # no V: an empty row
-            return device_selection(q, weights, k_cache, batch, self.topk, self.head_dim**-0.5)
+            return device_selection(q, weights, k_cache, batch, self.topk, self.head_dim**-0.5, k_scale)
         if x.is_cuda and torch.cuda.is_current_stream_capturing():
             # which rows select, and over how many keys, is read from host-side lengths: a graph would replay
             # the capture's
             raise RuntimeError(
                 "the DSA indexer's torch path cannot be captured in a CUDA graph (DGPP_KERNELS=torch)"
             )
-        keep = batch.slot_mapping >= 0  # -1: a row that writes nothing
-        k_cache.view(-1, 1, self.head_dim)[batch.slot_mapping[keep]] = k[keep].to(k_cache.dtype)
         selection: Selection = [None] * rows
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):
             offset, length = batch.context_lens_cpu[i], batch.seq_lens_cpu[i]
             if length > self.topk and q_len:
-                keys = gather_context(k_cache, batch.block_tables[i], length)[:, 0].float()
+                token_rows = context_token_rows(batch.block_tables[i], length, k_cache.shape[1])
+                keys = read_rows(k_cache, k_scale, token_rows, self.dtype)[:, 0].float()
                 for r in range(max(0, self.topk - offset), q_len):  # rows with more than topk visible tokens
                     visible = offset + r + 1
                     scores = self.scores(q[start + r].float(), keys[:visible], weights[start + r])

@@ -25,6 +25,7 @@ def device_selection(
     batch: ForwardBatch,
     topk: int,
     scale: float,
+    k_scale: torch.Tensor | None = None,
 ) -> DeviceSelection | None:
     """Each row's ``topk`` picks among its visible tokens; None when the table is too short for any row to see
     more than ``topk`` tokens (every row dense: the decision depends on the table's width alone)."""
@@ -45,6 +46,7 @@ def device_selection(
                 tables[r : r + step],
                 lens[r : r + step],
                 scale,
+                k_scale,
             ),
             lens[r : r + step],
             topk,

@@ -17,6 +17,7 @@ from dgpp.nn.gated_delta_rule import (  # noqa: F401  (re-exported: the math's h
     gated_delta_rule_varlen,
     gated_delta_step,
 )
+from dgpp.nn.gqa import fused_projections
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import (
@@ -46,7 +47,11 @@ def stacked_parts_loader(part_sizes: tuple[int, ...], world: World):
 
 
 class GatedRMSNorm(nn.Module):
-    """Per-head RMSNorm (plain ``w``, not ``1+w``), rounded to the input dtype, then times ``silu(gate)``."""
+    """Per-head RMSNorm (plain ``w``, not ``1+w``), rounded to the input dtype, then times ``silu(gate)`` (a
+    subclass with ``sigmoid_gate = True``: ``sigmoid(gate)``). ``out_dtype``: ``x`` is cast to it first (the
+    delta rule's fp32 output); on CUDA the cast, the norm and the gate are one launch."""
+
+    sigmoid_gate = False
 
     def __init__(self, dim: int, eps: float = 1e-6, *, dtype: torch.dtype = torch.float32):
         super().__init__()
@@ -54,9 +59,18 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.empty(dim, dtype=dtype), requires_grad=False)
         set_weight_attrs(self.weight, weight_loader=default_weight_loader)
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, gate: torch.Tensor, out_dtype: torch.dtype | None = None
+    ) -> torch.Tensor:
+        out_dtype = out_dtype or x.dtype
+        if x.is_cuda and x.dim() == 3:
+            from dgpp import kernels
+
+            return kernels.gated_rms_norm(x, gate, self.weight, self.eps, out_dtype, self.sigmoid_gate)
+        x = x.to(out_dtype)
         normed = rms_normalize(x, self.eps).to(x.dtype)
-        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+        act = torch.sigmoid(gate.float()) if self.sigmoid_gate else F.silu(gate.float())
+        return (self.weight * normed * act).to(x.dtype)
 
 
 class GatedDeltaNet(nn.Module):
@@ -146,15 +160,22 @@ class GatedDeltaNet(nn.Module):
         rows = hidden.shape[0]
         # CUDA, not decode-only: rows by the step's route (decode / verify rows through the decode kernels)
         plan = recurrent_plan(batch)
-        mixed = conv_rows(self.conv1d, self.in_proj_qkv(hidden), state["conv"], batch, plan)
+        # on CUDA [q|k|v] and z in one launch, b and a in another; the CPU keeps one product per projection
+        qkv, z = fused_projections(hidden, (self.in_proj_qkv, self.in_proj_z), fuse_on_cpu=False)
+        b, a = fused_projections(hidden, (self.in_proj_b, self.in_proj_a), fuse_on_cpu=False)
+        mixed = conv_rows(self.conv1d, qkv, state["conv"], batch, plan)
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.reshape(rows, self.num_k_heads, self.head_k_dim)
         k = k.reshape(rows, self.num_k_heads, self.head_k_dim)
         v = v.reshape(rows, self.num_v_heads, self.head_v_dim)
-        beta = self.in_proj_b(hidden).sigmoid()
-        # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
-        g = -self.A_log.float().exp() * F.softplus(self.in_proj_a(hidden).float() + self.dt_bias)
+        if hidden.is_cuda:  # the gates in one launch
+            from dgpp import kernels
+
+            g, beta = kernels.gdn_gates(a, b, self.A_log, self.dt_bias)
+        else:
+            beta = b.sigmoid()
+            # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
+            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         core = delta_rule_rows(q, k, v, g, beta, state["recurrent"], batch, plan, self.chunk_size)
-        core = core.to(hidden.dtype)
-        z = self.in_proj_z(hidden).reshape(rows, self.num_v_heads, self.head_v_dim)
-        return self.out_proj(self.norm(core, z).reshape(rows, self.value_dim))
+        z = z.reshape(rows, self.num_v_heads, self.head_v_dim)
+        return self.out_proj(self.norm(core, z, hidden.dtype).reshape(rows, self.value_dim))

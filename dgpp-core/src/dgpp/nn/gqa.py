@@ -12,6 +12,8 @@ rotation run as one Triton launch.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
@@ -80,31 +82,7 @@ class GQAttention(nn.Module):
 
     def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The raw q (``[q|gate]`` when gated), k and v projections of ``x``, flat per row."""
-        projections = (self.q_proj, self.k_proj, self.v_proj)
-        if x.is_cuda and dense_weights(*projections):  # decode rows: q, k and v in one Triton launch
-            from dgpp import kernels
-            from dgpp.nn.exact import routing as exact_cuda
-
-            weights = [p.weight for p in projections]
-            routed = exact_cuda.routed_linears(x, weights, lambda rows: kernels.multi_linear(rows, weights))
-            if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact.routing)
-                q, k, v = routed
-                return q, k, v
-            if kernels.gemv_applies(x, *weights):
-                q, k, v = kernels.multi_linear(x, weights)
-                return q, k, v
-        elif x.is_cuda or not dense_weights(
-            *projections
-        ):  # packed q/k/v: one launch (GPU decode GEMV, CPU int4)
-            fused = fused_linears(projections, x)
-            if fused is not None:
-                q, k, v = fused
-                return q, k, v
-        elif cpu_fusable(*projections):  # CPU: q, k and v as one row-wise product (dgpp.nn.batch_invariant)
-            out = batch_invariant_fused_linear(x, tuple(p.weight for p in projections))
-            q, k, v = out.split([p.weight.shape[0] for p in projections], dim=-1)
-            return q, k, v
-        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        return project_qkv(x, (self.q_proj, self.k_proj, self.v_proj))
 
     def split_heads(
         self, q_out: torch.Tensor, k_out: torch.Tensor, v_out: torch.Tensor
@@ -122,25 +100,7 @@ class GQAttention(nn.Module):
     def norm_and_rotate(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rot = self.rotary.rotary_dim
-        if self.q_norm is None:
-            return self.rotary(positions, q, k)
-        if q.is_cuda and rot & (rot - 1) == 0:  # one launch for both norms and both rotations
-            from dgpp import kernels
-
-            return kernels.fused_qk_norm_rope(
-                q,
-                k,
-                self.q_norm.weight,
-                self.k_norm.weight,
-                self.q_norm.eps,
-                1.0 if self.q_norm.zero_centered else 0.0,
-                positions,
-                self.rotary.inv_freq,
-                self.rotary.magnitude,
-                is_neox=self.rotary.style == "half",
-            )
-        return self.rotary(positions, self.q_norm(q), self.k_norm(k))
+        return norm_and_rotate(q, k, positions, self.q_norm, self.k_norm, self.rotary)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         q, gate, k, v = self.split_heads(*self.project(x))
@@ -149,3 +109,73 @@ class GQAttention(nn.Module):
         if gate is not None:
             out = gated_output(out, gate)
         return self.o_proj(out)
+
+
+def project_qkv(
+    x: torch.Tensor, projections: tuple[Linear, Linear, Linear], *, fuse_on_cpu: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q_proj(x), k_proj(x), v_proj(x))`` as ``fused_projections`` computes them."""
+    q, k, v = fused_projections(x, projections, fuse_on_cpu=fuse_on_cpu)
+    return q, k, v
+
+
+def fused_projections(
+    x: torch.Tensor, projections: Sequence[Linear], *, fuse_on_cpu: bool = True
+) -> list[torch.Tensor]:
+    """``[p(x) for p in projections]`` (one to three). On CUDA, dense unbiased projections run as one Triton
+    launch (each output's reduction is the single weight's, so the values are those of separate launches) and
+    packed ones as one fused launch; on the CPU, with ``fuse_on_cpu``, packed ones fused likewise and dense ones
+    as one row-wise product against the concatenated weights (without it, one product per projection)."""
+    if x.is_cuda and dense_weights(*projections):  # decode rows: the projections in one Triton launch
+        from dgpp import kernels
+        from dgpp.nn.exact import routing as exact_cuda
+
+        weights = [p.weight for p in projections]
+        routed = exact_cuda.routed_linears(x, weights, lambda rows: kernels.multi_linear(rows, weights))
+        if routed is not None:  # canonical rows through the fixed-order kernel (dgpp.nn.exact.routing)
+            return list(routed)
+        if kernels.gemv_applies(x, *weights):
+            return list(kernels.multi_linear(x, weights))
+    elif x.is_cuda or (fuse_on_cpu and not dense_weights(*projections)):  # packed: one launch (GPU, CPU int4)
+        fused = fused_linears(tuple(projections), x)
+        if fused is not None:
+            return list(fused)
+    elif fuse_on_cpu and cpu_fusable(*projections):  # CPU: one row-wise product (dgpp.nn.batch_invariant)
+        out = batch_invariant_fused_linear(x, tuple(p.weight for p in projections))
+        return list(out.split([p.weight.shape[0] for p in projections], dim=-1))
+    return [p(x) for p in projections]
+
+
+def norm_and_rotate(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    positions: torch.Tensor,
+    q_norm: RMSNorm | None,
+    k_norm: RMSNorm | None,
+    rotary: RotaryEmbedding | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-head q/k RMSNorm (when given), then rotary (when given). On CUDA the norms and a power-of-two
+    rotation are one launch, the norms without a rotation one launch each."""
+    if q_norm is None or k_norm is None:
+        return (q, k) if rotary is None else rotary(positions, q, k)
+    if rotary is None:
+        return q_norm(q), k_norm(k)
+    rot = rotary.rotary_dim
+    if q.is_cuda and rot & (rot - 1) == 0:  # one launch for both norms and both rotations
+        from dgpp import kernels
+
+        offset, fp32_product = q_norm.kernel_numerics()
+        return kernels.fused_qk_norm_rope(
+            q,
+            k,
+            q_norm.weight,
+            k_norm.weight,
+            q_norm.eps,
+            offset,
+            positions,
+            rotary.inv_freq,
+            rotary.magnitude,
+            is_neox=rotary.style == "half",
+            fp32_product=fp32_product,
+        )
+    return rotary(positions, q_norm(q), k_norm(k))

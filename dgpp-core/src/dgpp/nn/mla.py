@@ -4,7 +4,9 @@ q goes through a low-rank path (``q_a_proj`` -> RMSNorm -> ``q_b_proj``) and spl
 position-free part (``qk_nope_head_dim``) and a rotated part (``qk_rope_head_dim``). ``kv_a_proj_with_mqa``
 gives ``[latent | k_rot]``: the latent is RMS-normed and cached as is, k_rot is rotated (one head shared by
 all heads) and cached beside it (``LatentKV``). ``kv_b_proj`` expands a latent into per-head
-``[k_nope | v]``.
+``[k_nope | v]``. Under ``engine.kv_dtype`` fp8 / fp4 the latent is quantized as it is written (e4m3 codes or packed
+fp4 rows with a row scale, ``dgpp.kernels.latent_formats``) and every reader dequantizes it to the compute dtype;
+k_rot is stored as it is.
 
 Two exact forms of the same attention:
 - absorbed (the engine's path): ``kv_b``'s K half is folded into q (``q_lat = q_nope · W_uk``, scores
@@ -26,7 +28,8 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.kernels._triton import use_triton
-from dgpp.nn.attention import gather_context, write_kv
+from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of, quantize_latent
+from dgpp.nn.attention import context_token_rows, gather_rows, scatter_rows
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import RMSNorm
@@ -131,12 +134,13 @@ class MultiLatentAttention(nn.Module):
         latent = self.kv_a_layernorm(latent)
         q_rot, k_rot = self.rotary(batch.positions, q_rot.contiguous(), k_rot.reshape(rows, 1, self.rope_dim))
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
-        if use_triton(latent):  # the Triton write reads no host value (a decode step can be captured)
-            from dgpp import kernels
-
-            kernels.write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
-        else:
-            write_kv(latent_cache, rope_cache, latent.reshape(rows, 1, -1), k_rot, batch.slot_mapping)
+        stored = latent.reshape(rows, 1, -1)
+        scales = batch.cache.kv_scales.get(self.cache_name)
+        # engine.kv_dtype fp8 / fp4: the latent is quantized on its way in, k_rot is not
+        if scales is not None:
+            stored, row_scale = quantize_latent(stored, latent_format_of(latent_cache))
+            scatter_rows(batch, scales[0], scales[1], row_scale, row_scale[..., :0])
+        scatter_rows(batch, latent_cache, rope_cache, stored, k_rot)
         return MLAQuery(q_resid, q_nope, q_rot)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -152,8 +156,17 @@ class MultiLatentAttention(nn.Module):
 
             kv_b = self.kv_b_weight().view(self.num_heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
             latent_cache, rope_cache = batch.cache.kv[self.cache_name]
+            scales = batch.cache.kv_scales.get(self.cache_name)
             out = absorbed_attention_cuda(
-                query.q_nope, query.q_rot, kv_b, latent_cache, rope_cache, batch, selection, self.scale
+                query.q_nope,
+                query.q_rot,
+                kv_b,
+                latent_cache,
+                rope_cache,
+                batch,
+                selection,
+                self.scale,
+                latent_scale=None if scales is None else scales[0],
             )
             return self.o_proj(out.flatten(1))
         if query.q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
@@ -165,13 +178,18 @@ class MultiLatentAttention(nn.Module):
         core = self._absorbed if self.absorbed else self._expanded
         out = query.q_nope.new_zeros(query.q_nope.shape[0], self.num_heads, self.v_dim)
         latent_cache, rope_cache = batch.cache.kv[self.cache_name]
+        scales = batch.cache.kv_scales.get(self.cache_name)
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):
             length = batch.seq_lens_cpu[i]
             if q_len and length:  # seq_len 0: a padding row, zeros
                 rows = slice(start, start + q_len)
-                latent = gather_context(latent_cache, batch.block_tables[i], length)[:, 0]
-                k_rot = gather_context(rope_cache, batch.block_tables[i], length)[:, 0]
+                token_rows = context_token_rows(batch.block_tables[i], length, latent_cache.shape[1])
+                latent = gather_rows(latent_cache, token_rows)[:, 0]
+                if scales is not None:  # a quantized latent, read as every reader reads it
+                    row_scale = gather_rows(scales[0], token_rows)[:, 0]
+                    latent = dequantize_latent(latent, row_scale, self.kv_lora_rank, self.dtype)
+                k_rot = gather_rows(rope_cache, token_rows)[:, 0]
                 picks = None if selection is None else selection[start : start + q_len]
                 out[rows] = core(
                     query.q_nope[rows],

@@ -31,9 +31,11 @@ def absorbed_attention_cuda(
     batch: ForwardBatch,
     selection: Selection | DeviceSelection | None,
     scale: float,
+    latent_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[T, H, v_head_dim]`` for this step's rows (before ``o_proj``): ``q_nope [T, H, nope]``, ``q_rot``
-    ``[T, H, rope]``, ``kv_b`` ``[H, nope + v, latent]`` (``kv_b_proj``'s matrix per head)."""
+    ``[T, H, rope]``, ``kv_b`` ``[H, nope + v, latent]`` (``kv_b_proj``'s matrix per head). ``latent_scale``: the
+    row scales of a quantized latent cache (``engine.kv_dtype`` fp8 / fp4)."""
     nope = q_nope.shape[-1]
     w_uk, w_uv = kv_b.split((nope, kv_b.shape[1] - nope), dim=1)  # [H, nope, L], [H, v, L]
     q_lat = head_matmul(q_nope, w_uk)
@@ -50,6 +52,7 @@ def absorbed_attention_cuda(
             scale,
             None if indices is None else indices[r : r + step],
             None if sparse is None else sparse[r : r + step],
+            latent_scale=latent_scale,
         )
         for r in range(0, q_lat.shape[0], step)
     ]

@@ -105,15 +105,32 @@ class TopKRouter(nn.Module):
         keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
         return keep[:, :, None].expand_as(grouped).reshape(choice.shape)
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         xr, wr = (x.float(), self.weight.float()) if cfg.router_fp32 else (x, self.weight)
-        return router_scores(_router_logits(xr, wr), cfg.scoring)
+        return _router_logits(xr, wr)
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        return router_scores(self.logits(x), self.cfg.scoring)
 
     def forward(
         self, x: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
+        if (
+            x.is_cuda
+            and cfg.n_group == 1
+            and cfg.scoring in ("softmax", "sigmoid")
+            and cfg.num_experts <= 1024
+        ):
+            from dgpp import kernels  # scores, bias, top-k and weights in one launch
+
+            bias = self.e_score_correction_bias
+            softmax = cfg.scoring == "softmax"
+            scale = cfg.routed_scaling_factor
+            return kernels.router_topk(
+                self.logits(x), bias, cfg.top_k, softmax, cfg.renormalize, scale, x.dtype
+            )
         scores = self.scores(x)
         choice = scores.float()
         if self.e_score_correction_bias is not None:
@@ -284,6 +301,10 @@ class SparseMoE(nn.Module):
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
+            if self.shared_expert_gate is not None and out.is_cuda and out.dim() == 2:
+                from dgpp import kernels  # the gate's sigmoid, its product and the add in one launch
+
+                return kernels.shared_expert_add(out, shared, self.shared_expert_gate(x))
             if self.shared_expert_gate is not None:
                 shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
             out = out + shared

@@ -22,8 +22,11 @@ class RMSNorm(nn.Module):
 
     ``zero_centered=False``: ``w * x̂.to(dtype)`` (the product in the activation dtype, as Llama/Qwen3).
     ``zero_centered=True``: ``(x̂ * (1 + w)).to(dtype)`` (the product in fp32; weights stored around 0).
-    The two orders differ in bf16, so each family picks the one its reference uses.
+    A subclass with ``fp32_product = True``: ``(w · x̂).to(dtype)`` (plain weights, the product in fp32, as
+    gpt-oss). The orders differ in bf16, so each family picks the one its reference uses.
     """
+
+    fp32_product = False
 
     def __init__(
         self, dim: int, eps: float = 1e-6, *, zero_centered: bool = False, dtype: torch.dtype = torch.float32
@@ -38,28 +41,35 @@ class RMSNorm(nn.Module):
         if x.is_cuda:  # one Triton pass, same rounding order
             from dgpp import kernels
 
-            return kernels.rms_norm(
-                x, self.weight, self.eps, weight_offset=1.0 if self.zero_centered else 0.0
-            )
+            return kernels.rms_norm(x, self.weight, self.eps, None, *self.kernel_numerics())
         normed = rms_normalize(x, self.eps)
         if self.zero_centered:
             return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        if self.fp32_product:
+            return (self.weight.float() * normed).to(x.dtype)
         return self.weight * normed.to(x.dtype)
+
+    def kernel_numerics(self) -> tuple[float, bool]:
+        """``(weight_offset, fp32_product)`` of ``dgpp.kernels.rmsnorm`` for this norm's order."""
+        return (1.0 if self.zero_centered else 0.0), self.zero_centered or self.fp32_product
 
     def extra_repr(self) -> str:
         return f"{self.weight.shape[0]}, eps={self.eps}, zero_centered={self.zero_centered}"
 
 
-def add_rms_norm(x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm) -> tuple[torch.Tensor, torch.Tensor]:
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(norm(residual + x), residual + x)``: the residual stream's add and the norm that follows it.
 
     Where kernels run Triton this is one pass (``dgpp.kernels.rms_norm`` with a residual), which rounds the sum
     to the activation dtype exactly as the eager add does; elsewhere the add, then ``norm``. A model writes its
-    residual stream with this op once, so every device runs the same sequence of layers and reductions.
+    residual stream with this op once, so every device runs the same sequence of layers and reductions. A
+    norm other than ``RMSNorm`` runs after the add.
     """
     from dgpp.kernels import rmsnorm  # imported on use: the layers import no kernel module up front
 
-    if rmsnorm.use_triton(x):
-        return rmsnorm.rms_norm_triton(x, norm.weight, norm.eps, residual, 1.0 if norm.zero_centered else 0.0)
+    if isinstance(norm, RMSNorm) and rmsnorm.use_triton(x):
+        return rmsnorm.rms_norm_triton(x, norm.weight, norm.eps, residual, *norm.kernel_numerics())
     summed = residual + x
     return norm(summed), summed

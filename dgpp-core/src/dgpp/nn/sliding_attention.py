@@ -88,7 +88,17 @@ class SinkAttention(nn.Module):
             k_cache, v_cache = batch.cache.kv[self.cache_name]
             scales = store_kv(batch, self.cache_name, k, v)
             out = window_attention(
-                q, None, None, k_cache, v_cache, batch.block_tables, *common, 0, True, scales
+                q,
+                None,
+                None,
+                k_cache,
+                v_cache,
+                batch.block_tables,
+                *common,
+                0,
+                True,
+                scales,
+                row_seq=step_row_sequences(batch, q.shape[0]),
             )
         else:
             out = sliding_step(q, k, v, batch.cache.state[self.cache_name], batch, common, self.window)
@@ -110,17 +120,30 @@ def sliding_step(
     from dgpp.kernels.window_attention import ring_write, window_attention
 
     places = (batch.state_slots, batch.query_start_loc, batch.context_lens, batch.seq_lens)
+    row_seq = step_row_sequences(batch, q.shape[0])
     scales = (ring["k_scale"], ring["v_scale"]) if "k_scale" in ring else None
     if scales is None:
-        out = window_attention(q, k, v, ring["k"], ring["v"], batch.state_slots, *common, window, False)
+        out = window_attention(
+            q, k, v, ring["k"], ring["v"], batch.state_slots, *common, window, False, row_seq=row_seq
+        )
         # after the read: this step's later rows may take ring entries its earlier rows needed
-        ring_write(k, v, ring["k"], ring["v"], *places)
+        ring_write(k, v, ring["k"], ring["v"], *places, row_seq)
         return out
     (k_codes, k_scale), (v_codes, v_scale) = quantize_rows(k), quantize_rows(v)
     k_seen, v_seen = dequantize_rows(k_codes, k_scale, k.dtype), dequantize_rows(v_codes, v_scale, v.dtype)
     out = window_attention(
-        q, k_seen, v_seen, ring["k"], ring["v"], batch.state_slots, *common, window, False, scales
+        q, k_seen, v_seen, ring["k"], ring["v"], batch.state_slots, *common, window, False, scales, row_seq
     )
-    ring_write(k_codes, v_codes, ring["k"], ring["v"], *places)
-    ring_write(k_scale, v_scale, scales[0], scales[1], *places)
+    ring_write(k_codes, v_codes, ring["k"], ring["v"], *places, row_seq)
+    ring_write(k_scale, v_scale, scales[0], scales[1], *places, row_seq)
     return out
+
+
+def step_row_sequences(batch: ForwardBatch, rows: int) -> torch.Tensor | None:
+    """The sequence of each of the step's ``rows`` rows on CUDA, computed once a step for every window
+    layer; None elsewhere (the torch references walk the sequences on the host)."""
+    if not batch.query_start_loc.is_cuda:
+        return None
+    from dgpp.kernels.window_attention import row_sequences
+
+    return batch.step_memo(("row_sequences", rows), lambda: row_sequences(batch.query_start_loc, rows))

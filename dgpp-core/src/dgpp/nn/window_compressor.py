@@ -6,10 +6,13 @@ Each row projects to K/V rows ``c = wkv(x)`` and gate logits ``z = wgate(x)``. W
 ``w·r .. w·r + r - 1``) becomes, once its last row arrives, ``norm(Σ_j softmax_j(z_j + ape_j) ⊙ c_j)`` (the
 softmax over the window's rows per channel, in fp32) with RoPE on the trailing dims at position ``w·r``.
 ``overlap`` (CSA): the projections are twice as wide and entry ``w`` pools ``2r`` rows, the first half of
-window ``w - 1``'s rows (absent for ``w = 0``: zero weight) and the second half of window ``w``'s.
+window ``w - 1``'s rows (absent for ``w = 0``: zero weight) and the second half of window ``w``'s. A step pools
+every window it completes of a sequence in one batched ``pool`` call.
 
-Entries go to the paged pool (``CompressedKV``: entry ``w`` in the block of position ``w·r + r - 1``); rows not
-yet pooled stay in a per-request ring (``WindowBuffer``, the last ``r`` or ``2r`` positions). A window is
+Entries go to the paged pool (``CompressedKV``: entry ``w`` in the block of position ``w·r + r - 1``; an entry
+stored as e4m3 rows, GLM-5.3-Flash's index keys under ``engine.kv_dtype`` fp8 / fp4, is quantized as it is
+written and dequantized as it is read: ``store_entries`` / ``entry_rows``); rows not yet pooled stay in a
+per-request ring (``WindowBuffer``, the last ``r`` or ``2r`` positions). A window is
 pooled from the same rows in the same order however the prompt was chunked, batched or restored from a
 prefix-cache snapshot, so its entry has the same bits every time.
 """
@@ -22,6 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from dgpp.kernels.kv_fp8 import dequantize_rows, quantize_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.rotary import TrailingRotary
@@ -73,12 +77,44 @@ def entry_slots(
 
 
 def gather_entries(
-    pool: torch.Tensor, block_table: torch.Tensor, count: int, ratio: int, block_size: int
+    pool: torch.Tensor,
+    block_table: torch.Tensor,
+    count: int,
+    ratio: int,
+    block_size: int,
+    scale: torch.Tensor | None = None,
+    dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """The first ``count`` entries of one sequence, ``[count, dim]``, in order."""
+    """The first ``count`` entries of one sequence, ``[count, dim]``, in order; an e4m3 pool's with its row
+    ``scale`` given, dequantized to ``dtype``."""
     entries = torch.arange(count, device=pool.device)
+    return entry_rows(pool, scale, entry_slots(block_table, entries, ratio, block_size, pool.shape[1]), dtype)
+
+
+def entry_rows(
+    pool: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Pool rows at flat ``slots`` (any shape), ``[*slots.shape, dim]``: as stored, or (``scale``: the e4m3 pool's
+    fp32 row scales) ``code * scale`` rounded once to ``dtype``."""
     flat = pool.view(-1, pool.shape[-1])
-    return flat[entry_slots(block_table, entries, ratio, block_size, pool.shape[1])]
+    if scale is None:
+        return flat[slots]
+    codes = flat.view(torch.uint8)[slots].view(pool.dtype)  # CPU float8 has no gather: move the bytes
+    return dequantize_rows(codes, scale.view(-1, 1)[slots], dtype or torch.float32)
+
+
+def store_entries(
+    pool: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, rows: torch.Tensor
+) -> None:
+    """Write entry ``rows [n, dim]`` at flat ``slots``: as they are, or (``scale`` given) as e4m3 codes with their
+    fp32 row scales (``engine.kv_dtype`` fp8 / fp4 index keys)."""
+    flat = pool.view(-1, pool.shape[-1])
+    if scale is None:
+        flat.index_copy_(0, slots, rows.to(flat.dtype))
+        return
+    codes, row_scale = quantize_rows(rows)
+    flat.view(torch.uint8).index_copy_(0, slots, codes.view(torch.uint8))
+    scale.view(-1, 1).index_copy_(0, slots, row_scale)
 
 
 class WindowPooler(nn.Module):
@@ -109,24 +145,48 @@ class WindowPooler(nn.Module):
     def position_bias(self) -> torch.Tensor:
         raise NotImplementedError
 
-    def finish(self, pooled: torch.Tensor, window: int) -> torch.Tensor:
-        """A pooled row ``[head_dim]`` as the cache keeps it (as is, unless a subclass norms or rotates it)."""
+    def finish(self, pooled: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+        """Pooled rows ``[n, head_dim]`` of windows ``windows [n]`` as the cache keeps them (as is, unless a
+        subclass norms or rotates them)."""
         return pooled
 
-    def pool(self, kv: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
-        """Entry ``window`` from its rows: ``kv``/``gate`` ``[r or 2r, width]`` (the previous window's rows first
-        when overlapping; only the current window's when ``window == 0``)."""
+    def pool(self, kv: torch.Tensor, gate: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+        """Entries ``windows [n]`` from their rows: ``kv``/``gate`` ``[n, r or 2r, width]`` (the previous window's
+        rows first when overlapping; only the window's own ``r`` when it is window 0) -> ``[n, head_dim]``. Each
+        entry is its own softmax (fp32) and sum over dimension 1, so it has the same bits whatever shares the call."""
         r, d = self.ratio, self.head_dim
         bias = self.position_bias().float()
-        gate = gate.float() + (bias if gate.shape[0] == r else bias.repeat(2, 1))
+        gate = gate.float() + (bias if gate.shape[1] == r else bias.repeat(2, 1))
         if self.overlap:
-            cur_kv, cur_gate = kv[-r:, d:], gate[-r:, d:]
-            if window > 0:
-                cur_kv = torch.cat([kv[:r, :d], cur_kv])
-                cur_gate = torch.cat([gate[:r, :d], cur_gate])
+            cur_kv, cur_gate = kv[:, -r:, d:], gate[:, -r:, d:]
+            if kv.shape[1] == 2 * r:
+                cur_kv = torch.cat([kv[:, :r, :d], cur_kv], dim=1)
+                cur_gate = torch.cat([gate[:, :r, :d], cur_gate], dim=1)
             kv, gate = cur_kv, cur_gate
-        weights = gate.softmax(dim=0, dtype=torch.float32).to(kv.dtype)
-        return self.finish((kv * weights).sum(dim=0), window)
+        # softmax spelled out: torch's CPU softmax over a middle dimension gave an entry other last bits with
+        # the number of windows in the call (16-wide index keys)
+        gate = (gate - gate.amax(dim=1, keepdim=True)).exp()
+        weights = (gate / gate.sum(dim=1, keepdim=True)).to(kv.dtype)
+        return self.finish((kv * weights).sum(dim=1), windows)
+
+    def pool_span(
+        self, line_kv: torch.Tensor, line_gate: torch.Tensor, lo: int, first: int, last: int
+    ) -> torch.Tensor:
+        """Entries ``first .. last - 1`` of one sequence from its timeline of rows (position ``lo`` first), in one
+        ``pool`` call (window 0 of overlapping windows in a call of its own: it has no previous window)."""
+        r = self.ratio
+        span = 2 * r if self.overlap else r
+        parts = []
+        if self.overlap and first == 0:
+            parts.append(
+                self.pool(line_kv[None, :r], line_gate[None, :r], line_kv.new_zeros(1, dtype=torch.long))
+            )
+            first = 1
+        if last > first:
+            windows = torch.arange(first, last, device=line_kv.device)
+            rows = (windows * r - (span - r) - lo)[:, None] + torch.arange(span, device=line_kv.device)
+            parts.append(self.pool(line_kv[rows], line_gate[rows], windows))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def store(self, kv: torch.Tensor, gate: torch.Tensor, batch: ForwardBatch) -> None:
         """Pool every window this step's rows (``kv``/``gate`` ``[T, width]``) complete into the pool, then buffer
@@ -135,7 +195,7 @@ class WindowPooler(nn.Module):
         ring_kv, ring_gate = ring["kv"], ring["gate"]
         cap = ring_kv.shape[1]
         pool = batch.cache.kv[self.cache_name][0]
-        flat = pool.view(-1, pool.shape[-1])
+        scales = batch.cache.kv_scales.get(self.cache_name)
         r, block_size = self.ratio, batch.cache.block_size
         for seq in live_sequences(batch):
             b, start, q_len, ctx, end, slot = seq
@@ -143,16 +203,12 @@ class WindowPooler(nn.Module):
             old = torch.arange(lo, ctx, device=kv.device) % cap
             line_kv = torch.cat([ring_kv[slot, old], kv[start : start + q_len].to(ring_kv.dtype)])
             line_gate = torch.cat([ring_gate[slot, old], gate[start : start + q_len].to(ring_gate.dtype)])
-            done = range(ctx // r, end // r)  # windows whose last row is in this step
-            if len(done):
-                entries = []
-                for w in done:
-                    first = max(0, (w - 1) * r) if self.overlap else w * r
-                    rows = slice(first - lo, (w + 1) * r - lo)
-                    entries.append(self.pool(line_kv[rows], line_gate[rows], w))
-                windows = torch.arange(done.start, done.stop, device=kv.device)
+            first, last = ctx // r, end // r  # the windows whose last row is in this step
+            if last > first:
+                windows = torch.arange(first, last, device=kv.device)
                 slots = entry_slots(batch.block_tables[b], windows, r, block_size, pool.shape[1])
-                flat.index_copy_(0, slots, torch.stack(entries).to(flat.dtype))
+                entries = self.pool_span(line_kv, line_gate, lo, first, last)
+                store_entries(pool, None if scales is None else scales[0], slots, entries)
             keep = max(ctx, end - cap)  # buffer the last `cap` positions, after reading the old ones
             idx = torch.arange(keep, end, device=kv.device) % cap
             ring_kv[slot, idx] = line_kv[keep - lo :]
@@ -186,9 +242,8 @@ class WindowCompressor(WindowPooler):
     def position_bias(self) -> torch.Tensor:
         return self.ape
 
-    def finish(self, pooled: torch.Tensor, window: int) -> torch.Tensor:
-        position = torch.tensor([window * self.ratio], device=pooled.device)
-        return self.rotary.rotate(self.norm(pooled)[None, None, :], position)[0, 0]
+    def finish(self, pooled: torch.Tensor, windows: torch.Tensor) -> torch.Tensor:
+        return self.rotary.rotate(self.norm(pooled)[:, None, :], windows * self.ratio)[:, 0]
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> None:
         """Project this step's rows and ``store`` them (pooling every window they complete)."""

@@ -83,9 +83,9 @@ class OverlapSteps:
     _cancels: dict
 
     def _overlaps(self, decodes: list[Sequence]) -> bool:
+        """Whether this decode-only step can be left in flight (the scheduler asks only with overlap on)."""
         return (
-            self.overlap_steps
-            and self.speculative is None
+            self.speculative is None
             and self.config.admission != "grow"
             and all(draw_alone(s) for s in decodes)
             and any(goes_on(s, self.config.max_position - 1) for s in decodes)

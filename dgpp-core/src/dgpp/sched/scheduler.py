@@ -24,8 +24,8 @@ from dgpp.sched.block_pool import BlockPool, OutOfBlocks, SlotPool
 from dgpp.sched.config import SchedulerConfig
 from dgpp.sched.overlap import InFlight, OverlapSteps
 from dgpp.sched.prefix_cache import PrefixCache
+from dgpp.sched.published import SchedulerStats
 from dgpp.sched.request import RetireReason, SeqEvent, SeqStatus, Sequence
-from dgpp.sched.stats import SchedulerStats
 
 log = structlog.get_logger("dgpp.engine")
 
@@ -280,7 +280,8 @@ class Scheduler(OverlapSteps):
         for s in decodes:
             works.append(SeqWork(s.slot, s.block_table, s.computed, [s.output[-1]], media=s.media))  # type: ignore[arg-type]
             sampled.append(s)
-        if not prefills and self._overlaps(decodes):
+        # asked only of a runner that overlaps (CUDA): elsewhere the overlap code never runs
+        if not prefills and self.overlap_steps and self._overlaps(decodes):
             self._launch(works, decodes)
             for s in decodes:
                 s.computed += 1

@@ -19,10 +19,9 @@ import structlog
 
 from dgpp.sample.forced import ForcedSampler
 from dgpp.sample.sampler import ChoiceSampler
-from dgpp.sched.published import Published
+from dgpp.sched.published import Published, StatsLine
 from dgpp.sched.request import EventSink, RetireReason, SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
-from dgpp.sched.stats_line import StatsLine
 from dgpp.sched.thread_handoff import EngineInbox, GenerationRequest
 
 log = structlog.get_logger("dgpp.engine")

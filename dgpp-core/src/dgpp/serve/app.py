@@ -14,9 +14,8 @@ from dgpp.config import DeployConfig
 from dgpp.serve.access import ApiKey, configured_key
 from dgpp.serve.backend import Backend
 from dgpp.serve.completions import chat_completions, completions, reject_body_too_large
-from dgpp.serve.connections import ConnectionLimit
 from dgpp.serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
-from dgpp.serve.http_guard import BodyGuard
+from dgpp.serve.http_guard import BodyGuard, ConnectionLimit
 from dgpp.serve.metrics import PrometheusExport, metrics_json
 from dgpp.serve.openapi import openapi_document
 from dgpp.serve.responses import create_response, delete_response, get_response, list_input_items
@@ -41,7 +40,7 @@ def model_object(backend: Backend) -> dict[str, Any]:
             "json_object": backend.grammar is not None,
             "json_schema": backend.grammar is not None,
         },
-        "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": _effort_mapping(backend)},
+        "reasoning": {"in_content": backend.reasoning_in_content, "effort_mapping": backend.effort_mapping},
         "default_chat_template_kwargs": dict(getattr(backend.chat_template, "default_kwargs", {}) or {}),
         "input_modalities": ["text", "image"] if backend.images is not None else ["text"],
         "context": {
@@ -51,15 +50,6 @@ def model_object(backend: Backend) -> dict[str, Any]:
             "limited_by": "position-ceiling" if lim.max_position <= lim.kv_pool_tokens else "kv-pool",
         },
     }
-
-
-def _effort_mapping(backend: Backend) -> dict[str, Any]:
-    if backend.chat_template is None:
-        return {}
-    try:
-        return backend.chat_template.effort_mapping()
-    except Exception:  # a template without the mapping's variables maps nothing
-        return {}
 
 
 @get("/v1/models")

@@ -4,7 +4,13 @@ per-request events.
 ``Backend`` is what the HTTP routes talk to. It owns the text stack, knows the served model's limits, hands
 each ``GenerationRequest`` to the step loop through the inbox (``dgpp.sched.thread_handoff``) and receives its
 choices' events on an asyncio queue (the ``EventRelay`` drains the step loop's posts onto it). It never reads the
-scheduler: ``/metrics`` reads what the step loop publishes (``published``).
+scheduler: ``/metrics`` reads what the step loop publishes (``published``). What the HTTP side counts itself
+are the ``ServiceCounters`` and the ``RequestHistograms``.
+
+The request histograms (latency and size, for ``/metrics/prometheus``, ``dgpp_request_*``) are observed on the
+event loop when a choice's retirement event is drained (``EventRelay``, whoever is still reading the request),
+from the timing the step loop sends with each event (arrival, admission, first and last token, token counts);
+nothing of them runs on the step loop's thread.
 """
 
 from __future__ import annotations
@@ -17,18 +23,25 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
+from prometheus_client import CollectorRegistry, Histogram
+
 from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingDefaults
-from dgpp.sched.request import RetireReason, SeqEvent
+from dgpp.sched.request import RetireReason, SeqEvent, SeqTiming
 from dgpp.sched.scheduler import QueueFull
 from dgpp.sched.step_loop import StepLoop
-from dgpp.sched.thread_handoff import EngineInbox, EventRelay, GenerationRequest, StepLoopFailed
-from dgpp.serve.arrivals import submitted
+from dgpp.sched.thread_handoff import (
+    EngineInbox,
+    EventRelay,
+    GenerationRequest,
+    StepLoopFailed,
+    submitted,
+)
 from dgpp.serve.errors import APIError, overloaded
 from dgpp.serve.generation import ModelLimits
-from dgpp.serve.histograms import RequestHistograms
-from dgpp.serve.images import ImageInputs, refuse_image_parts
+from dgpp.serve.images import ImageInputs
 from dgpp.serve.output_processor import OutputProcessor, prompt_opens_thinking
+from dgpp.serve.validate import refuse_image_parts
 from dgpp.text.errors import GrammarError, TextError
 
 
@@ -45,6 +58,56 @@ class ServiceCounters:
     def finished(self, outputs: list[Any]) -> None:
         self.tokens_out += sum(o.completion_tokens for o in outputs)
         self.tool_calls_out += sum(len(o.tool_calls) for o in outputs)
+
+
+_LATENCY = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+_TOKENS = (1, 8, 32, 128, 512, 2048, 8192, 32768, 131072)
+
+
+class RequestHistograms:
+    """The ``dgpp_*`` request histograms, labelled ``model_name`` (TTFT also by ``prefix_cache`` hit/miss)."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.registry = CollectorRegistry(
+            auto_describe=False
+        )  # ``PrometheusExport`` adds the scrape-time families
+        registry = self.registry
+
+        def hist(name: str, doc: str, buckets: tuple, extra: tuple[str, ...] = ()) -> Histogram:
+            return Histogram(f"dgpp_{name}", doc, ["model_name", *extra], buckets=buckets, registry=registry)
+
+        self.ttft = hist("time_to_first_token_seconds", "arrival to first token", _LATENCY, ("prefix_cache",))
+        self.queue = hist("request_queue_time_seconds", "arrival to admission", _LATENCY)
+        self.prefill = hist("request_prefill_time_seconds", "admission to first token", _LATENCY)
+        self.decode = hist("request_decode_time_seconds", "first to last token", _LATENCY)
+        self.e2e = hist("e2e_request_latency_seconds", "arrival to retirement", _LATENCY)
+        self.tpot = hist("request_time_per_output_token_seconds", "mean gap between output tokens", _LATENCY)
+        self.prompt = hist("request_prompt_tokens", "prompt tokens per sequence", _TOKENS)
+        self.generation = hist("request_generation_tokens", "generated tokens per sequence", _TOKENS)
+
+    def retired(self, t: SeqTiming, reason: RetireReason) -> None:
+        """A choice retired just now (its last event reached the event loop)."""
+        self.observe(t, reason, time.monotonic())
+
+    def observe(self, t: SeqTiming, reason: RetireReason, now: float) -> None:
+        m = self.model_name
+        if reason is RetireReason.FAILED:
+            return
+        self.prompt.labels(m).observe(t.prompt_tokens)
+        self.generation.labels(m).observe(t.output_tokens)
+        self.e2e.labels(m).observe(now - t.arrival)
+        if t.admitted_at is not None:
+            self.queue.labels(m).observe(t.admitted_at - t.arrival)
+        if t.first_token_at is None:
+            return
+        self.ttft.labels(m, "hit" if t.cached_tokens else "miss").observe(t.first_token_at - t.arrival)
+        if t.admitted_at is not None:
+            self.prefill.labels(m).observe(t.first_token_at - t.admitted_at)
+        if t.last_token_at is not None:
+            self.decode.labels(m).observe(t.last_token_at - t.first_token_at)
+            if t.output_tokens > 1:
+                self.tpot.labels(m).observe((t.last_token_at - t.first_token_at) / (t.output_tokens - 1))
 
 
 @dataclass
@@ -126,6 +189,16 @@ def _message_chars(messages: list[Any]) -> int:
     return total
 
 
+def _effort_mapping(template: Any) -> dict[str, Any]:
+    """``/v1/models`` ``reasoning.effort_mapping``: what each reasoning effort sets in the chat template."""
+    if template is None:
+        return {}
+    try:
+        return template.effort_mapping()
+    except Exception:  # a template without the mapping's variables maps nothing
+        return {}
+
+
 class Backend:
     """Model-facing half of the server; the HTTP routes call ``prepare_chat`` / ``prepare_text`` / ``submit``."""
 
@@ -155,6 +228,7 @@ class Backend:
         self.limits = limits
         self.defaults = defaults
         self.sampling_defaults = defaults.as_dict()  # /v1/models reports them; computed once
+        self.effort_mapping = _effort_mapping(text.template)  # /v1/models reports it too; computed once
         self.default_max_tokens = default_max_tokens
         self.eos_token_ids = eos_token_ids
         self.reasoning_in_content = reasoning_in_content
@@ -200,7 +274,7 @@ class Backend:
             images.check_count(req.messages)
 
         def work() -> PreparedChat:
-            specs = tool_specs(tools)
+            specs = tool_specs(tools) if tools else []
             messages, processed = images.prepare(req.messages) if images else (req.messages, [])
             text = self.chat_template.render(
                 messages,
@@ -341,7 +415,7 @@ class Backend:
         handle = RequestHandle(request, self.inbox)
         try:
             self.inbox.submit(request, self._relay(asyncio.get_running_loop()).sink(handle.queue))
-            submitted()  # an idle engine's admission hold no longer waits for this request (serve/arrivals.py)
+            submitted()  # an idle engine's admission hold no longer waits for this request (``announced``)
         except QueueFull as e:
             raise overloaded(f"server overloaded: {e}") from None
         except StepLoopFailed as e:

@@ -15,8 +15,7 @@ from litestar.response import Stream
 from dgpp.media.prompt import PromptMedia
 from dgpp.sample.params import SamplingParams
 from dgpp.sched.request import RetireReason
-from dgpp.sched.thread_handoff import GenerationRequest
-from dgpp.serve.arrivals import announced
+from dgpp.sched.thread_handoff import GenerationRequest, announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.disconnect import DisconnectWatch, client_gone
 from dgpp.serve.errors import APIError, invalid, log_error, request_id_of, unsupported
@@ -194,7 +193,7 @@ async def _answer(
             else request.app.state.sse_ping_interval
         )
         first = b"".join(writer.echo(o.index, echo.text, echo.logprobs) for o in outputs) if echo else b""
-        events = _stream(backend, handle, outputs, writer, ping, request_id_of(request), first)
+        events = _stream(backend, handle, outputs, writer, ping, first, request)
         return Stream(
             events, media_type="text/event-stream", status_code=200, headers={"Cache-Control": "no-cache"}
         )
@@ -283,9 +282,10 @@ async def _stream(
     outputs: list[OutputProcessor],
     writer: ChunkWriter,
     ping: int,
-    request_id: str | None = None,
     first: bytes = b"",
+    request: Request | None = None,
 ) -> AsyncIterator[bytes]:
+    """The SSE stream of a request's choices; a generation error's log line names ``request``'s id."""
     try:
         if first:
             yield first
@@ -297,7 +297,7 @@ async def _stream(
             if delta.error is not None:
                 backend.counters.requests_failed += 1
                 err = _generation_error(backend, handle, delta.error)
-                log_error(err, request_id, "stream")
+                log_error(err, request_id_of(request) if request is not None else None, "stream")
                 yield writer.delta(index, delta.parts, delta.logprobs, None)
                 yield writer.error(err.message, err.code or "engine_failure")
                 yield DONE

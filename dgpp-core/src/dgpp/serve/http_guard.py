@@ -1,13 +1,14 @@
-"""The outer ASGI wrapper: a request id for every HTTP request, the optional API key check, and a request
-body read whole, within a deadline and a size limit, before anything else sees it.
+"""The ASGI wrappers around the app: a request id for every HTTP request, the optional API key check, and a
+request body read whole, within a deadline and a size limit, before anything else sees it (``BodyGuard``, the
+outer one); then ``engine.max_connections`` (``ConnectionLimit``, inside it).
 
-Why here and not in the app: a client that sends headers and then trickles (or never finishes) its body
-would otherwise hold an ``engine.max_connections`` slot, a Litestar handler and a read buffer for as long
-as it likes; 64 of them starved every route, ``/health`` included. Reading the body first, with
-``http.body_timeout_s`` for the whole of it, means such a client costs one idle socket until the deadline
+Why the body is read here and not in the app: a client that sends headers and then trickles (or never
+finishes) its body would otherwise hold an ``engine.max_connections`` slot, a Litestar handler and a read
+buffer for as long as it likes; 64 of them starved every route, ``/health`` included. Reading the body first,
+with ``http.body_timeout_s`` for the whole of it, means such a client costs one idle socket until the deadline
 and never counts against the limit. A body larger than ``http.max_body_bytes`` is refused as soon as its
-Content-Length says so, or as soon as that many bytes have arrived for a chunked one, without buffering
-the rest.
+Content-Length says so, or as soon as that many bytes have arrived for a chunked one, without buffering the
+rest.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dgpp.serve.access import ApiKey
-from dgpp.serve.errors import REQUEST_ID_KEY, APIError, invalid, log_error, send_error
+from dgpp.serve.errors import REQUEST_ID_KEY, APIError, invalid, log_error, overloaded, send_error
 
 _CLIENT_ID = re.compile(rb"[A-Za-z0-9._:/-]{1,128}")
 _BODY_METHODS = ("POST", "PUT", "PATCH")
@@ -133,3 +134,38 @@ def _with_request_id(send: Callable, rid: str) -> Callable:
         await send(message)
 
     return sending
+
+
+class ConnectionLimit:
+    """``engine.max_connections``: requests in flight beyond it get an OpenAI-shaped 503 ``overloaded``;
+    ``on_reject`` is told about each refusal (for ``requests_shed``).
+
+    An ASGI wrapper, so the refusal happens before routing (uvicorn's own ``limit_concurrency`` answers plain
+    text, which OpenAI clients cannot parse). It sits inside ``BodyGuard``: a request counts only once its body
+    has arrived, so clients that trickle bodies in cannot hold the slots, and ``/health`` and the other GET
+    routes are never counted (they do no model work)."""
+
+    def __init__(self, app: Any, limit: int, on_reject: Callable[[], None] | None = None) -> None:
+        self.app = app
+        self.limit = limit
+        self.on_reject = on_reject
+        self.active = 0
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http" or scope.get("method") in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        if self.active >= self.limit:
+            if self.on_reject is not None:
+                self.on_reject()
+            err = overloaded(
+                f"server overloaded: {self.active} requests in flight; engine.max_connections is {self.limit}"
+            )
+            log_error(err, scope.get(REQUEST_ID_KEY), scope.get("path", ""))
+            await send_error(send, err)
+            return
+        self.active += 1
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.active -= 1

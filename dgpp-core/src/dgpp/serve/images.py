@@ -3,7 +3,8 @@
 
 Every refusal is an OpenAI-shaped 400 naming the part (``messages[i].content[j]``): ``invalid_image`` for a picture
 that cannot be used (not a PNG/JPEG/WebP data: URI, a remote URL, over a size limit, corrupt) and for more images
-than ``engine.images.max_images``; a model without a vision encoder refuses the part naming the model.
+than ``engine.images.max_images``; a model without a vision encoder refuses the part naming the model
+(``dgpp.serve.validate.refuse_image_parts``).
 """
 
 from __future__ import annotations
@@ -15,36 +16,8 @@ from dgpp.config_schema import ImagesConfig
 from dgpp.media.decode import ImageLimits, load_request_image
 from dgpp.media.prompt import ImageError, ImageInput, ProcessedImage, PromptMedia
 from dgpp.serve.errors import APIError, invalid
-from dgpp.text.messages import IMAGE_TEXT
-
-IMAGE_PART = "image_url"
-
-
-def image_parts(messages: list[Any]) -> list[tuple[int, int, dict]]:
-    """``(message index, part index, part)`` of every ``image_url`` part, in order."""
-    found = []
-    for i, m in enumerate(messages):
-        content = m.get("content") if isinstance(m, dict) else None
-        if isinstance(content, list):
-            found += [
-                (i, j, p)
-                for j, p in enumerate(content)
-                if isinstance(p, dict) and p.get("type") == IMAGE_PART
-            ]
-    return found
-
-
-def refuse_image_parts(messages: list[Any], model_id: str) -> None:
-    """A text-only model: 400 naming the model and the first image part."""
-    parts = image_parts(messages)
-    if parts:
-        i, j, _ = parts[0]
-        raise invalid(
-            f"model {model_id!r} takes text only (it has no vision encoder); messages[{i}].content[{j}] is an "
-            "image_url part",
-            f"messages[{i}].content[{j}]",
-            "unsupported_parameter",
-        )
+from dgpp.serve.validate import image_parts
+from dgpp.text.chat_template import IMAGE_TEXT
 
 
 def _bad_image(where: str, why: str) -> APIError:

@@ -81,9 +81,8 @@ class OutputProcessor:
                 tokenizer, dialect, start, end, skip_special_tokens, spaces_between_special_tokens, params
             ),
         )
-        specs = tool_specs(tools)
-        parse_tools = dialect is not None and bool(specs) and tool_choice != "none"
-        self.calls_stream = dialect.stream(specs, request_tag) if parse_tools else None
+        parse_tools = dialect is not None and bool(tools) and tool_choice != "none"
+        self.calls_stream = dialect.stream(tool_specs(tools), request_tag) if parse_tools else None
         # the reasoning split: "maybe_start" until the output shows whether it opens a thinking block itself
         self._start_tag, self._end_tag = start, end
         self._reasoning_in_content = reasoning_in_content

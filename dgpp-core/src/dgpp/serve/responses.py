@@ -19,7 +19,7 @@ from litestar import Request, Response, delete, get, post
 from litestar.response import Stream
 
 from dgpp.sample.params import SamplingParams
-from dgpp.serve.arrivals import announced
+from dgpp.sched.thread_handoff import announced
 from dgpp.serve.backend import Backend, RequestHandle
 from dgpp.serve.completions import _collect, _drive, _generation_error, api_request
 from dgpp.serve.errors import APIError, invalid, log, log_error, request_id_of

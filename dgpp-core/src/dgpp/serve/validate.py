@@ -1,5 +1,11 @@
 """Request body -> a typed request; every failure is one 400 naming the field. The request's sampling and
-generation limits are decided in ``serve/generation.py``."""
+generation limits are decided in ``serve/generation.py``.
+
+``response_format`` is checked as OpenAI checks it: a missing or misspelt ``type``, an unknown key, or a
+``json_schema`` without its ``name`` is a 400 naming the field, never a silent fall back to plain text. Whether
+the schema itself can be enforced is the grammar's call (``dgpp.text.grammar``). Media parts other than
+``image_url`` are refused by position; ``image_url`` parts are refused the same way by a text-only model
+(``refuse_image_parts``) and read by a model with a vision encoder (``dgpp.serve.images``)."""
 
 from __future__ import annotations
 
@@ -18,12 +24,14 @@ from dgpp.serve.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
 )
-from dgpp.serve.response_format import check_response_format
 
 T = TypeVar("T", ChatCompletionRequest, CompletionRequest)
 S = TypeVar("S", bound=msgspec.Struct)
 _PATH = re.compile(r"at `\$\.?([^`]*)`")
-_TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a tool's or a json_schema's name
+RESPONSE_FORMAT_TYPES = ("text", "json_object", "json_schema")
+_SCHEMA_KEYS = ("name", "description", "schema", "strict")
+IMAGE_PART = "image_url"
 
 
 class _DuplicateKey(ValueError):
@@ -189,7 +197,7 @@ def _check_tools(req: ChatCompletionRequest) -> None:
     for i, tool in enumerate(req.tools or []):
         inner = tool.get(tool.get("type", "function"))
         name = (inner if isinstance(inner, dict) else tool).get("name")
-        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise invalid(f"tools[{i}] name {name!r} must match [A-Za-z0-9_-]{{1,64}}", f"tools[{i}]")
         if name in seen:
             raise invalid(f"tools[{i}] repeats the tool name {name!r}", f"tools[{i}]")
@@ -229,4 +237,84 @@ def check_model(requested: str, served: str) -> None:
             f"model {requested!r} is not served here (this server serves {served!r})",
             "model_not_found",
             "model",
+        )
+
+
+def check_response_format(fmt: dict[str, Any] | None) -> None:
+    if fmt is None:
+        return
+    if "type" not in fmt:
+        raise invalid(
+            f"response_format.type is required (one of {', '.join(RESPONSE_FORMAT_TYPES)})",
+            "response_format.type",
+        )
+    for key in fmt:
+        if key not in ("type", "json_schema"):
+            raise unsupported(f"response_format.{key}", "is not a response_format field (type, json_schema)")
+    kind = fmt["type"]
+    if kind not in RESPONSE_FORMAT_TYPES:
+        raise invalid(
+            f"response_format.type {kind!r} is not one of {', '.join(RESPONSE_FORMAT_TYPES)}",
+            "response_format.type",
+        )
+    spec = fmt.get("json_schema")
+    if kind != "json_schema":
+        if spec is not None:
+            raise invalid(
+                f"response_format.json_schema needs type json_schema, not {kind!r}",
+                "response_format.json_schema",
+            )
+        return
+    if not isinstance(spec, dict):
+        raise invalid(
+            "response_format.json_schema is required with type json_schema and must be an object",
+            "response_format.json_schema",
+        )
+    for key in spec:
+        if key not in _SCHEMA_KEYS:
+            raise unsupported(
+                f"response_format.json_schema.{key}",
+                f"is not a json_schema field ({', '.join(_SCHEMA_KEYS)})",
+            )
+    name = spec.get("name")
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise invalid(
+            "response_format.json_schema.name is required and must match [A-Za-z0-9_-]{1,64}",
+            "response_format.json_schema.name",
+        )
+    if "schema" in spec and not isinstance(spec["schema"], dict):
+        raise invalid(
+            "response_format.json_schema.schema must be a JSON Schema object",
+            "response_format.json_schema.schema",
+        )
+    if spec.get("strict") is not None and not isinstance(spec["strict"], bool):
+        raise invalid(
+            "response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict"
+        )
+
+
+def image_parts(messages: list[Any]) -> list[tuple[int, int, dict]]:
+    """``(message index, part index, part)`` of every ``image_url`` part, in order."""
+    found = []
+    for i, m in enumerate(messages):
+        content = m.get("content") if isinstance(m, dict) else None
+        if isinstance(content, list):
+            found += [
+                (i, j, p)
+                for j, p in enumerate(content)
+                if isinstance(p, dict) and p.get("type") == IMAGE_PART
+            ]
+    return found
+
+
+def refuse_image_parts(messages: list[Any], model_id: str) -> None:
+    """A text-only model: 400 naming the model and the first image part."""
+    parts = image_parts(messages)
+    if parts:
+        i, j, _ = parts[0]
+        raise invalid(
+            f"model {model_id!r} takes text only (it has no vision encoder); messages[{i}].content[{j}] is an "
+            "image_url part",
+            f"messages[{i}].content[{j}]",
+            "unsupported_parameter",
         )

@@ -1,8 +1,8 @@
 """The KV cache format against the loaded model: ``engine.kv_dtype: bf16`` must be the compute dtype.
 
-``fp8`` (e4m3 rows with per-row scales) is stored whatever the compute dtype, for the cache entries whose
-attention reads it (``dgpp.step.cache_spec.stored_as`` refuses the others); ``fp4`` is refused when the template
-is read (``dgpp.config_refused``). What is left to check needs the model's compute dtype, known once it is loaded.
+``fp8`` (e4m3 rows with per-row scales) and ``fp4`` (packed MLA latents) are stored whatever the compute dtype, for
+the cache entries whose attention reads them (``dgpp.step.cache_spec.stored_as`` refuses the others). What is left to
+check needs the model's compute dtype, known once it is loaded.
 """
 
 from __future__ import annotations

@@ -17,6 +17,8 @@ from typing import Any
 
 from dgpp.checkpoint.headers import tensor_bytes
 from dgpp.config_schema import EngineConfig
+from dgpp.errors import ConfigError
+from dgpp.step.cache_spec import QUANTIZED_LATENT, fp4_row_bytes
 from dgpp.step.memory import MemoryPlan, ModelMemory, plan_memory, transformer_activation_bytes
 
 _DTYPE_BITS = {
@@ -73,12 +75,23 @@ def _layer_kinds(cfg: dict[str, Any]) -> tuple[int, int]:
     return n, 0
 
 
-def _kv_bits_per_token(cfg: dict[str, Any], kv_bits: int, world: int, row_scaled: bool = False) -> int:
-    """K/V bits per token on one rank; ``row_scaled``: e4m3 rows, each with an fp32 scale (``kv_dtype: fp8``)."""
+def _kv_bits_per_token(cfg: dict[str, Any], kv_name: str, act_bits: int, world: int) -> int:
+    """K/V bits per token on one rank under ``engine.kv_dtype`` ``kv_name``: fp8 rows each with an fp32 scale; fp4
+    (MLA latents only) packed rows with an fp32 scale, the rope part in the compute dtype."""
     attn_layers, _ = _layer_kinds(cfg)
+    kv_bits = act_bits if kv_name == "auto" else _NAME_BITS[kv_name]
+    row_scaled = kv_name in QUANTIZED_LATENT
     if cfg.get("kv_lora_rank"):  # MLA: one latent row (+ rope part) per token, replicated over ranks
-        row = int(cfg["kv_lora_rank"]) + int(cfg.get("qk_rope_head_dim", 0))
-        return attn_layers * row * kv_bits
+        latent, rope = int(cfg["kv_lora_rank"]), int(cfg.get("qk_rope_head_dim", 0))
+        if not row_scaled:
+            return attn_layers * (latent + rope) * kv_bits
+        latent_bits = fp4_row_bytes(latent) * 8 if kv_name == "fp4" else latent * 8
+        return attn_layers * (latent_bits + 32 + rope * act_bits)
+    if kv_name == "fp4":
+        raise ConfigError(
+            "engine.kv_dtype: 'fp4' stores MLA latents; this checkpoint's attention caches grouped-query K/V "
+            'rows; use "auto" or "fp8"'
+        )
     heads = int(cfg.get("num_attention_heads", 1))
     kv_heads = max(1, int(cfg.get("num_key_value_heads") or heads) // world)
     head_dim = int(cfg.get("head_dim") or int(cfg.get("hidden_size", 0)) // heads)
@@ -114,8 +127,6 @@ def estimate_model_memory(
         else:
             weights += size
     act_bits = _compute_bits(hf_config, engine)
-    kv_name = engine.kv_dtype
-    kv_bits = act_bits if kv_name == "auto" else _NAME_BITS[kv_name]
     mlp = max(
         int(cfg.get("intermediate_size", 0)),
         int(cfg.get("moe_intermediate_size", 0)) * int(cfg.get("num_experts_per_tok", 0)),
@@ -123,7 +134,7 @@ def estimate_model_memory(
     return ModelMemory(
         weights=-(-weights // world_size),
         drafter=-(-drafter // world_size),
-        kv_per_token=-(-_kv_bits_per_token(cfg, kv_bits, world_size, kv_name == "fp8") // 8),
+        kv_per_token=-(-_kv_bits_per_token(cfg, engine.kv_dtype, act_bits, world_size) // 8),
         state_per_request=_state_bytes_per_request(cfg, act_bits, world_size),
         # bits, not bytes, per element: sub-byte compute names (fp4) count exactly
         activations_per_token=transformer_activation_bytes(

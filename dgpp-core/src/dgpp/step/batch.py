@@ -53,6 +53,11 @@ class ForwardBatch:
             self._memo[key] = compute()
         return self._memo[key]
 
+    def fresh_flags(self) -> torch.Tensor:
+        """``[B]`` int8, 1 where the sequence starts this step (``context_lens == 0``): the recurrent and conv
+        kernels' flag, computed once a step for every layer."""
+        return self.step_memo("fresh_flags", lambda: (self.context_lens == 0).to(torch.int8))
+
     @property
     def rotary_positions(self) -> torch.Tensor:
         """What rotary layers rotate by: ``rope_positions`` when the step has images, else ``positions``."""

@@ -12,6 +12,8 @@ from dgpp.errors import ConfigError
 # ``scale = amax(row) / 448``; the attention that reads them dequantizes ``code * scale`` to the compute dtype
 KV_FP8 = torch.float8_e4m3fn
 SCALE_BYTES = 4  # one fp32 scale per K row and per V row
+FP4_BLOCK = 16  # fp4 latent values per e4m3 block scale
+QUANTIZED_LATENT = ("fp8", "fp4")  # engine.kv_dtype values that quantize an MLA latent cache
 
 
 @dataclass(frozen=True)
@@ -23,6 +25,9 @@ class PagedKV:
     dtype: torch.dtype
     v_head_dim: int | None = None
     fp8_rows: bool = False  # the attention reading this entry takes e4m3 rows and their scales (kv_dtype fp8)
+    # DSA index keys: stored as e4m3 rows under either quantized kv_dtype (fp8 or fp4), as the original engine
+    # keeps its index cache in fp8 whatever the latent format
+    index_keys: bool = False
 
     @property
     def v_dim(self) -> int:
@@ -30,17 +35,35 @@ class PagedKV:
 
     @property
     def row_scaled(self) -> bool:
-        """Stored as e4m3 codes with a per-row fp32 scale (``engine.kv_dtype: fp8``)."""
+        """Stored as codes with a per-row fp32 scale (``engine.kv_dtype: fp8`` / ``fp4``)."""
         return self.dtype == KV_FP8
 
+    @property
+    def k_storage(self) -> tuple[int, torch.dtype]:
+        """(width, dtype) of the pool's first tensor (K, or the latent), per token and head."""
+        return self.head_dim, self.dtype
+
+    @property
+    def v_scaled(self) -> bool:
+        """The second tensor (V) has row scales too (a K-only entry has none)."""
+        return self.row_scaled and self.v_dim > 0
+
     def bytes_per_token(self) -> int:
-        itemsize = torch.empty((), dtype=self.dtype).element_size()
-        scales = 2 * self.num_kv_heads * SCALE_BYTES if self.row_scaled else 0
-        return self.num_kv_heads * (self.head_dim + self.v_dim) * itemsize + scales
+        k_width, k_dtype = self.k_storage
+        k_bytes = k_width * torch.empty((), dtype=k_dtype).element_size()
+        v_bytes = self.v_dim * torch.empty((), dtype=self.dtype).element_size()
+        scales = (int(self.row_scaled) + int(self.v_scaled)) * SCALE_BYTES
+        return self.num_kv_heads * (k_bytes + v_bytes + scales)
 
     def rows_per_block(self, block_size: int) -> int:
         """Rows one pool block holds: one per token."""
         return block_size
+
+
+def fp4_row_bytes(latent_dim: int) -> int:
+    """Bytes of one fp4 latent row (``dgpp.kernels.latent_formats``): ``L/2`` bytes of e2m1 codes and ``L/16``
+    e4m3 block scales, padded to 16 bytes (288 at ``L`` 512)."""
+    return -(-(latent_dim // 2 + latent_dim // FP4_BLOCK) // 16) * 16
 
 
 @dataclass(frozen=True)
@@ -48,7 +71,14 @@ class LatentKV(PagedKV):
     """Paged multi-head latent attention (MLA) rows for one layer: per token the normed latent
     (``kv_lora_rank``) and the rotated shared rope key (``qk_rope_head_dim``), not the per-head K/V they
     expand to. Stored as a one-head paged pair, so block tables, prefix sharing and the memory plan treat
-    it like any paged K/V: ``kv[name] = (latent [blocks, block_size, 1, latent_dim], k_rot [.., rope_dim])``."""
+    it like any paged K/V: ``kv[name] = (latent [blocks, block_size, 1, latent_dim], k_rot [.., rope_dim])``.
+
+    ``latent_format`` (``engine.kv_dtype``): ``auto`` keeps the latent in ``dtype``; ``fp8`` stores it as e4m3
+    codes, ``fp4`` as packed rows of ``fp4_row_bytes`` bytes (``dgpp.kernels.latent_formats``), each with one fp32
+    row scale in ``kv_scales[name][0]`` (``[.., 1, 1]``; the second scale tensor is empty). ``k_rot`` stays in
+    ``dtype`` under every format."""
+
+    latent_format: str = "auto"
 
     @classmethod
     def of(cls, latent_dim: int, rope_dim: int, dtype: torch.dtype) -> LatentKV:
@@ -61,6 +91,22 @@ class LatentKV(PagedKV):
     @property
     def rope_dim(self) -> int:
         return self.v_dim
+
+    @property
+    def row_scaled(self) -> bool:
+        return self.latent_format in QUANTIZED_LATENT
+
+    @property
+    def v_scaled(self) -> bool:
+        return False
+
+    @property
+    def k_storage(self) -> tuple[int, torch.dtype]:
+        if self.latent_format == "fp8":
+            return self.latent_dim, KV_FP8
+        if self.latent_format == "fp4":
+            return fp4_row_bytes(self.latent_dim), torch.uint8
+        return self.latent_dim, self.dtype
 
 
 @dataclass(frozen=True)
@@ -112,7 +158,8 @@ class CompressedKV(PagedKV):
         """Pool bytes per token at the engine's default 16-token blocks: an entry per ``ratio`` tokens, but at
         least one per block (ratio 128: an entry per 16 tokens' room). Larger blocks need less."""
         itemsize = torch.empty((), dtype=self.dtype).element_size()
-        return -(-self.head_dim * itemsize // min(self.ratio, ACCOUNTED_BLOCK_SIZE))
+        entry = self.head_dim * itemsize + (SCALE_BYTES if self.row_scaled else 0)
+        return -(-entry // min(self.ratio, ACCOUNTED_BLOCK_SIZE))
 
 
 @dataclass(frozen=True)
@@ -169,25 +216,44 @@ class WindowKV(StateSpec):
 
 
 def stored_as(spec: dict[str, CacheSpec], kv_dtype: str) -> dict[str, CacheSpec]:
-    """The cache entries as the engine stores them under ``engine.kv_dtype``: with ``fp8`` every K/V entry
-    (paged or ring) becomes e4m3 rows with per-row scales. Raises ``ConfigError`` when an entry's attention does
-    not read that form (latent, compressed and index caches keep the compute dtype), so the lever never
-    silently leaves part of the cache as it was."""
-    if kv_dtype != "fp8":
+    """The cache entries as the engine stores them under ``engine.kv_dtype``. ``fp8``: every grouped-query, window
+    and sink K/V entry (paged or ring) becomes e4m3 rows with per-row scales, an MLA latent e4m3 rows with a row
+    scale (``LatentKV.latent_format``), DSA index keys e4m3 rows. ``fp4``: MLA latents become packed fp4 rows and
+    DSA index keys e4m3 rows. Raises ``ConfigError`` when an entry's attention does not read that form, so the
+    lever never silently leaves part of the cache as it was."""
+    if kv_dtype not in QUANTIZED_LATENT:
         return spec
-    unread = [
-        name
-        for name, s in spec.items()
-        if isinstance(s, (PagedKV, WindowKV)) and not s.fp8_rows and s.dtype != KV_FP8
-    ]
+    stored = {name: _stored(s, kv_dtype) for name, s in spec.items()}
+    unread = [name for name, s in stored.items() if s is None]
     if unread:
         shown = ", ".join(f"{name} ({type(spec[name]).__name__})" for name in unread[:3])
         more = f" and {len(unread) - 3} more" if len(unread) > 3 else ""
+        if kv_dtype == "fp8":
+            raise ConfigError(
+                "engine.kv_dtype: 'fp8' stores grouped-query, sliding-window and sink attention K/V, MLA latents and "
+                f'DSA index keys; this model\'s cache entries {shown}{more} are read in the compute dtype only; use "auto"'
+            )
+        other = ' or "fp8"' if all(_stored(spec[n], "fp8") for n in unread) else ""
         raise ConfigError(
-            f"engine.kv_dtype: 'fp8' stores grouped-query, sliding-window and sink attention K/V; this model's "
-            f'cache entries {shown}{more} are read in the compute dtype only; use "auto"'
+            "engine.kv_dtype: 'fp4' stores MLA latents (and DSA index keys as e4m3 rows); this model's cache "
+            f'entries {shown}{more} have no fp4 form; use "auto"{other}'
         )
-    return {
-        name: replace(s, dtype=KV_FP8) if isinstance(s, (PagedKV, WindowKV)) else s
-        for name, s in spec.items()
-    }
+    return {name: s for name, s in stored.items() if s is not None}
+
+
+def _stored(s: CacheSpec, kv_dtype: str) -> CacheSpec | None:
+    """Entry ``s`` under quantized ``kv_dtype``; None when its attention does not read that form."""
+    if isinstance(s, LatentKV):
+        if kv_dtype == "fp4" and s.latent_dim % FP4_BLOCK:
+            raise ConfigError(
+                f"engine.kv_dtype: 'fp4' packs latents in blocks of {FP4_BLOCK}; this model's latent width "
+                f'{s.latent_dim} is not a multiple of it; use "fp8" or "auto"'
+            )
+        return replace(s, latent_format=kv_dtype)
+    if isinstance(s, PagedKV):
+        readable = s.fp8_rows and (kv_dtype == "fp8" or s.index_keys)
+        return s if s.dtype == KV_FP8 else replace(s, dtype=KV_FP8) if readable else None
+    if isinstance(s, WindowKV):
+        readable = s.fp8_rows and kv_dtype == "fp8"
+        return s if s.dtype == KV_FP8 else replace(s, dtype=KV_FP8) if readable else None
+    return s

@@ -17,7 +17,9 @@ class CachePools:
     allocators that hand them out (block manager, slot allocator) live with the scheduler.
     An entry stored as e4m3 rows (``engine.kv_dtype: fp8``, ``dgpp.step.cache_spec.stored_as``) also has
     ``kv_scales[name] = (k_scale, v_scale)``, fp32 ``[num_blocks, block_size, kv_heads, 1]``: indexed by the
-    same blocks, so block tables and prefix sharing carry the scales with their codes."""
+    same blocks, so block tables and prefix sharing carry the scales with their codes. An entry with no scaled
+    second tensor (a quantized MLA latent's ``k_rot``, DSA index keys with no V) has an empty ``v_scale``
+    (last dim 0)."""
 
     def __init__(
         self,
@@ -36,14 +38,15 @@ class CachePools:
         for name, s in spec.items():
             if isinstance(s, PagedKV):
                 rows = s.rows_per_block(block_size)  # fewer than block_size for compressed entries
-                k = torch.zeros(num_blocks, rows, s.num_kv_heads, s.head_dim, dtype=s.dtype, device=device)
+                k_width, k_dtype = s.k_storage  # a quantized latent: e4m3 codes or packed fp4 bytes
+                k = torch.zeros(num_blocks, rows, s.num_kv_heads, k_width, dtype=k_dtype, device=device)
                 v = torch.zeros(num_blocks, rows, s.num_kv_heads, s.v_dim, dtype=s.dtype, device=device)
                 self.kv[name] = (k, v)
                 if s.row_scaled:
-                    shape = (num_blocks, rows, s.num_kv_heads, 1)
+                    shape = (num_blocks, rows, s.num_kv_heads)
                     self.kv_scales[name] = (
-                        torch.zeros(shape, dtype=torch.float32, device=device),
-                        torch.zeros(shape, dtype=torch.float32, device=device),
+                        torch.zeros(*shape, 1, dtype=torch.float32, device=device),
+                        torch.zeros(*shape, int(s.v_scaled), dtype=torch.float32, device=device),
                     )
             elif isinstance(s, StateSpec):
                 self.state[name] = {

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from typing import Protocol
 
 import torch
 
@@ -18,6 +19,8 @@ from dgpp.sched.block_pool import BlockPool, SlotPool
 from dgpp.sched.prefix_cache import PrefixCache
 from dgpp.sched.request import SeqEvent, Sequence
 from dgpp.sched.scheduler import Scheduler
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.cache_spec import CacheSpec
 from dgpp.step.model import BlockDrafter, Model
 from dgpp.step.pools import CachePools
 from dgpp.testing.scheduler import scheduler_config
@@ -62,12 +65,13 @@ def serve_greedy(
     chunk: int = 8,
     concurrency: int = 3,
     schedule: ScheduleSettings | None = None,
-    wrap: Callable[[BlockDrafter, Scheduler], BlockDrafter] | None = None,
+    oracle: tuple[dict[str, list[int]], int] | None = None,
 ) -> tuple[dict[str, list[int]], Scheduler]:
     """Serves every prompt greedily (request ``r{i}`` for ``prompts[i]``, ``max_tokens[i]`` tokens) on a fresh
     scheduler over ``blocks`` cache blocks of ``block_size``, verifying ``drafter``'s blocks ``depth`` drafts deep
-    when given (``wrap`` may replace it with one that sees the scheduler). Returns each request's tokens and the
-    drained scheduler (its counters); fails on an errored request or one left unfinished after 600 ticks."""
+    when given. ``oracle`` (transcripts by request, ``right``): the drafter's blocks are replaced by
+    ``OracleBlocks`` over those transcripts. Returns each request's tokens and the drained scheduler (its
+    counters); fails on an errored request or one left unfinished after 600 ticks."""
     conf = scheduler_config(
         block_size=block_size, chunk_tokens=chunk, max_concurrency=concurrency, queue_limit=4096
     )
@@ -76,8 +80,10 @@ def serve_greedy(
     block_pool, slots = BlockPool(blocks, block_size), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(block_pool, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     sched = Scheduler(conf, runner, block_pool, slots, cache)
-    if drafter is not None and wrap is not None:
-        drafter = wrap(drafter, sched)
+    if drafter is not None and oracle is not None:
+        transcripts, right = oracle
+        full = {f"r{i}": list(p) + transcripts[f"r{i}"] for i, p in enumerate(prompts)}
+        drafter = OracleBlocks(drafter, sched, full, right, model.info.vocab_size)
     if drafter is not None:
         sched.speculative = BlockDraftDecoder(runner, drafter, depth, schedule)
     out: dict[str, list[int]] = {}
@@ -97,6 +103,86 @@ def serve_greedy(
     assert not sched.has_work, "scheduler did not drain"
     model.keep_hidden = False
     return out, sched
+
+
+class OracleBlocks:
+    """A block drafter (its context written, its block run) whose blocks are replaced: each block's first ``right``
+    drafts by the tokens ``full[request]`` holds there (the expected transcript after the prompt), the rest by a
+    wrong token, so blocks stand exactly ``right`` drafts deep and then break."""
+
+    def __init__(
+        self, drafter: BlockDrafter, sched: Scheduler, full: dict[str, list[int]], right: int, vocab: int
+    ) -> None:
+        self.drafter, self.sched, self.full, self.right, self.vocab = drafter, sched, full, right, vocab
+        self.drafts = drafter.drafts
+
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        return self.drafter.cache_spec()
+
+    def absorb(self, batch: ForwardBatch, features: torch.Tensor) -> None:
+        self.drafter.absorb(batch, features)
+
+    def draft(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, confidence = self.drafter.draft(batch)
+        by_slot = {s.slot: s for s in self.sched.live}
+        for i, slot in enumerate(batch.state_slots.tolist()):
+            full, c = self.full[by_slot[slot].request_id], batch.context_lens_cpu[i]
+            for j in range(self.drafts):
+                token = full[c + 1 + j] if c + 1 + j < len(full) else 0
+                tokens[i, j] = token if j < self.right else (token + 1) % self.vocab
+        return tokens, confidence
+
+
+class BlockReader(BlockDrafter, Protocol):
+    """A block drafter that also shows a block's base logits and collapsed rows (the DSpark drafters)."""
+
+    def block_logits(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+
+
+def check_blocks(
+    model: Model,
+    drafter: BlockReader,
+    prompts: Seq[list[int]],
+    anchors: Seq[int],
+    reference: Callable[[torch.Tensor, int, int], tuple[torch.Tensor, torch.Tensor, list[int], torch.Tensor]],
+    *,
+    blocks: int,
+    block_size: int,
+) -> None:
+    """Each prompt prefilled and written into the drafter's context, then one drafter call drafting a block after
+    each (fed ``anchors[i]``) against ``reference(features, context length, anchor)``'s ``(base logits,
+    collapsed rows, drafts, confidences)``: logits, rows and confidences within 1e-4, the drafts equal and not
+    one repeated token. A block at the first prompt's place with a context 3 rows older drafts other logits."""
+    draft_pools, tables, features = prefill_features(
+        model, drafter, prompts, blocks=blocks, block_size=block_size, spare=drafter.drafts + 1
+    )
+    works = [SeqWork(i, tables[i], len(p), [anchors[i]]) for i, p in enumerate(prompts)]
+    base, collapsed, _ = drafter.block_logits(build_batch(works, draft_pools))
+    drafts, confidence = drafter.draft(build_batch(works, draft_pools))
+    for i, prompt in enumerate(prompts):
+        r_base, r_collapsed, r_drafts, r_conf = reference(features[i], len(prompt), anchors[i])
+        assert (base[i].double() - r_base).abs().max() < 1e-4
+        assert (collapsed[i].double() - r_collapsed).abs().max() < 1e-4
+        assert drafts[i].tolist() == r_drafts
+        assert len(set(r_drafts)) > 1  # the drafts follow the logits, not one repeated token
+        assert (confidence[i].double() - r_conf).abs().max() < 1e-4
+    stale = build_batch([SeqWork(0, tables[0], len(prompts[0]) - 3, [anchors[0]])], draft_pools)
+    assert (drafter.block_logits(stale)[0][0] - base[0]).abs().max() > 1e-2
+
+
+def check_exact_with_drafts(
+    out: dict[str, list[int]], plain: dict[str, list[int]], sched: Scheduler, right: int | None = None
+) -> None:
+    """``out`` (served with a drafter) is the plain transcript; some drafts stood and some were cut, or with
+    ``right`` (``OracleBlocks``) every block stood exactly ``right`` deep."""
+    assert out == plain
+    stats = sched.speculative.stats
+    if right is None:
+        assert stats.num_draft_tokens_total > 0 and stats.num_accepted_tokens_total > 0  # some blocks stand
+        assert stats.num_accepted_tokens_total < stats.num_draft_tokens_total  # and some are cut
+    else:
+        per_pos = stats.accepted_tokens_per_pos
+        assert all(n > 0 for n in per_pos[:right]) and all(n == 0 for n in per_pos[right:])
 
 
 def drafts_batched_and_alone(

@@ -137,7 +137,8 @@ class KVFp8Lever:
     rows (an MoE router may flip an expert at a near-tie: a whole-row jump) and within ``kv_fp8_worst_bound`` for
     every row; and batched == alone, chunked == one-shot (logits bit for bit with ``kv_fp8_logit_chunks``, greedy
     tokens with ``kv_fp8_greedy_chunks``), a mixed batch == solo and a prefix hit == the cold run hold with the
-    lever on."""
+    lever on. The format under test is the ``kv_lever_dtype`` fixture (``dgpp.testing.latent_lever`` runs these
+    checks for MLA latents under fp8 and fp4)."""
 
     kv_fp8_lengths: tuple[int, ...] = (11, 23, 4, 1)
     kv_fp8_seed: int = 2
@@ -149,6 +150,14 @@ class KVFp8Lever:
     kv_fp8_new_tokens: int = 8
     # (prompt length, shared 16-token blocks) of the prefix-hit check
     kv_fp8_prefix: tuple[int, int] = (40, 2)
+
+    @pytest.fixture(name="kv_lever_dtype")
+    def kv_lever_dtype_fixture(self) -> str:
+        return "fp8"
+
+    def lever_bounds(self, kv_dtype: str) -> tuple[float, float, float]:
+        """(row bound, outlier row share, worst row bound) of the logit move under ``kv_dtype``."""
+        return self.kv_fp8_row_bound, self.kv_fp8_outlier_rows, self.kv_fp8_worst_bound
 
     def test_kv_fp8_pools_hold_one_byte_codes_and_row_scales(self, fp32_pair):
         model, _ = fp32_pair
@@ -163,35 +172,38 @@ class KVFp8Lever:
         exact, _, _ = make_pools(model, [32], 16)
         assert pools.kv_bytes() + pools.state_bytes() < exact.kv_bytes() + exact.state_bytes()
 
-    def test_kv_fp8_logits_move_within_bound_of_the_exact_chain(self, fp32_pair):
+    def test_kv_lever_logits_move_within_bound_of_the_exact_chain(self, fp32_pair, kv_lever_dtype):
         model, _ = fp32_pair
         prompts = conf.make_prompts(model.info.vocab_size, self.kv_fp8_lengths, seed=self.kv_fp8_seed)
         exact = torch.cat(conf.engine_all_logits(model, prompts))
-        lossy = torch.cat(conf.engine_all_logits(model, prompts, kv_dtype="fp8"))
+        lossy = torch.cat(conf.engine_all_logits(model, prompts, kv_dtype=kv_lever_dtype))
         rows = (lossy - exact).abs().amax(-1) / float(exact.abs().max())
+        row_bound, outlier_rows, worst_bound = self.lever_bounds(kv_lever_dtype)
         assert bool(torch.isfinite(rows).all()) and float(rows.max()) > 0, "the lever changed no logit"
-        assert float(rows.max()) <= self.kv_fp8_worst_bound, float(rows.max())
-        outliers = float((rows > self.kv_fp8_row_bound).float().mean())
-        assert outliers <= self.kv_fp8_outlier_rows, (outliers, rows.tolist())
+        assert float(rows.max()) <= worst_bound, float(rows.max())
+        outliers = float((rows > row_bound).float().mean())
+        assert outliers <= outlier_rows, (outliers, rows.tolist())
 
-    def test_kv_fp8_rows_bit_identical_chunked_batched_or_alone(self, fp32_pair):
+    def test_kv_lever_rows_bit_identical_chunked_batched_or_alone(self, fp32_pair, kv_lever_dtype):
         model, _ = fp32_pair
         prompts = conf.make_prompts(model.info.vocab_size, self.kv_fp8_lengths, seed=self.kv_fp8_seed)
-        conf.check_batch_invariance(model, prompts, kv_dtype="fp8")
-        conf.check_chunk_invariance(model, prompts, chunk_sizes=self.kv_fp8_logit_chunks, kv_dtype="fp8")
+        conf.check_batch_invariance(model, prompts, kv_dtype=kv_lever_dtype)
+        conf.check_chunk_invariance(
+            model, prompts, chunk_sizes=self.kv_fp8_logit_chunks, kv_dtype=kv_lever_dtype
+        )
 
-    def test_kv_fp8_chunked_and_mixed_greedy_equal_one_shot_solo(self, fp32_pair):
+    def test_kv_lever_chunked_and_mixed_greedy_equal_one_shot_solo(self, fp32_pair, kv_lever_dtype):
         model, _ = fp32_pair
         prompts = conf.make_prompts(model.info.vocab_size, self.kv_fp8_lengths[:3], seed=self.kv_fp8_seed)
         conf.check_chunked_prefill(
-            model, prompts, self.kv_fp8_greedy_chunks, self.kv_fp8_new_tokens, kv_dtype="fp8"
+            model, prompts, self.kv_fp8_greedy_chunks, self.kv_fp8_new_tokens, kv_dtype=kv_lever_dtype
         )
-        conf.check_mixed_batch(model, prompts, self.kv_fp8_new_tokens, kv_dtype="fp8")
+        conf.check_mixed_batch(model, prompts, self.kv_fp8_new_tokens, kv_dtype=kv_lever_dtype)
 
-    def test_kv_fp8_prefix_hit_equals_cold(self, fp32_pair):
-        """The e4m3 blocks (and, for hybrid models, the state snapshot with its e4m3 rings) shared by a prefix hit
-        continue exactly as the cold run."""
+    def test_kv_lever_prefix_hit_equals_cold(self, fp32_pair, kv_lever_dtype):
+        """The quantized blocks with their scales (and, for hybrid models, the state snapshot with its e4m3 rings)
+        shared by a prefix hit continue exactly as the cold run."""
         model, _ = fp32_pair
         length, shared = self.kv_fp8_prefix
         prompt = conf.make_prompts(model.info.vocab_size, (length,), seed=5)[0]
-        conf.check_prefix_hit(model, prompt, shared, self.kv_fp8_new_tokens, kv_dtype="fp8")
+        conf.check_prefix_hit(model, prompt, shared, self.kv_fp8_new_tokens, kv_dtype=kv_lever_dtype)

@@ -28,6 +28,7 @@ FAMILY = Family(
             claims=("DeepseekV41ForCausalLM", "deepseek_v41"),
             config="dgpp_deepseek.v41_config:DeepseekV41ArchConfig",
             model="dgpp_deepseek.v41_model:DeepseekV41ForCausalLM",
+            drafter="dgpp_deepseek.v41_dspark:build_draft",  # the DSpark stages (engine.mtp)
             hooks={
                 "load_model": "dgpp_deepseek.v41_loader:load_model",
                 "memory_plan": "dgpp_deepseek.v41_memory:memory_plan",

@@ -34,6 +34,7 @@ RELEASE_DENSE = (
     r"(.*\.)?attn\.(indexer\.)?compressor\.(wkv|wgate)",
     r"(.*\.)?attn\.indexer\.weights_proj",
     r"(.*\.)?attn\.indexer\.wk",  # DeepSeek-V4.1's index-key projection
+    r"mtp\.\d+\.(markov_head\.markov_w[12]|confidence_head\.proj)",  # the DSpark heads
     r"head",
 )
 _CORE_SCALE = re.compile(r"\.(weight_scale_inv|weight_scale)$")

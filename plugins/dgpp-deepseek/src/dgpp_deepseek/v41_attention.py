@@ -3,7 +3,8 @@
 ``q = rope(wq_b(q_norm(wq_a(x))))`` as ``heads x head_dim`` (no per-head norm), the shared latent
 ``kv = rope(kv_norm(wkv(x)))`` (K == V), both rotated on their last ``rope_head_dim`` dims as adjacent pairs
 (``rope_theta`` on window-only layers, ``compress_rope_theta`` with YaRN elsewhere). The latent is kept in
-its trained FP8 form (``round_fp8_e8m0``) in a per-request ring of the window. A row at ``p`` attends, in one
+its trained FP8 form (``round_fp8_e8m0``) in a per-request ring of the window, packed
+(``dgpp_deepseek.v41_packed_entries.PackedFP8``). A row at ``p`` attends, in one
 softmax with its head's sink logit (denominator only), the window ``p - W + 1 .. p`` and, on compressed
 layers, its group's selected entries (``dgpp_deepseek.v41_indexer``): a kv source publishes the group's
 entries first, an index source selects, the other layers of the group reuse the last selection. The output's
@@ -23,15 +24,23 @@ from dgpp_deepseek.attention import LatentProjections, grouped_output
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
+from dgpp_deepseek.v41_packed_entries import EntryFormats
 
 
 class DeepseekV41Attention(LatentProjections):
     """One layer's CSA2 attention, replicated on every rank (one K/V head: nothing to split by heads)."""
 
     def __init__(
-        self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, index_topk: int
+        self,
+        cfg: DeepseekV41ArchConfig,
+        layer_idx: int,
+        formats: EntryFormats,
+        *,
+        dtype: torch.dtype,
+        index_topk: int,
     ) -> None:
         super().__init__(cfg, dtype=dtype)
+        self.formats = formats  # how the pools and the rings hold their rows (shared by the whole model)
         heads, dim, eps = cfg.num_attention_heads, cfg.head_dim, cfg.rms_norm_eps
         self.num_heads, self.head_dim, self.groups = heads, dim, cfg.o_groups
         self.window, self.o_lora_rank, self.dtype = cfg.sliding_window, cfg.o_lora_rank, dtype
@@ -61,6 +70,7 @@ class DeepseekV41Attention(LatentProjections):
                 self.ratio,
                 self.rotary,
                 self.cache_name,
+                formats,
                 dtype=dtype,
                 eps=eps,
             )
@@ -73,6 +83,7 @@ class DeepseekV41Attention(LatentProjections):
                 cfg.index_head_dim,
                 index_topk,
                 self.rotary,
+                formats,
                 dtype=dtype,
             )
             if layer_idx == cfg.candidate_source_layer_id:
@@ -81,9 +92,10 @@ class DeepseekV41Attention(LatentProjections):
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         """The layer's window ring (K only: K is V) and, on a kv source, its group's pools and open pair."""
+        ring = self.formats.window
         spec: dict[str, CacheSpec] = {
             self.cache_name: WindowKV(
-                num_kv_heads=1, head_dim=self.head_dim, dtype=self.dtype, window=self.window, v_head_dim=0
+                num_kv_heads=1, head_dim=ring.width, dtype=ring.dtype, window=self.window, v_head_dim=0
             )
         }
         if self.compressor is not None:
@@ -96,7 +108,11 @@ class DeepseekV41Attention(LatentProjections):
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim), batch.positions)
         kv = self.rotary.rotate(self.kv_norm(self.wkv(x))[:, None, :], batch.positions)[:, 0]
         kv = round_fp8_e8m0(kv)
-        ring = batch.cache.state[self.cache_name]["k"]
+        stored = batch.cache.state[self.cache_name]["k"]
+        slots = batch.state_slots.long()
+        # the step's rings as values (one layer's, while it runs), packed back after the step's rows join them
+        ring = torch.zeros(*stored.shape[:-1], self.head_dim, dtype=self.dtype, device=stored.device)
+        ring[slots] = self.formats.window.decode(stored[slots], self.dtype)
         latent = kv[:, None, :]  # one K/V head, read as both K and V
         lens = (batch.query_start_loc, batch.context_lens, batch.seq_lens)
         scale = self.head_dim**-0.5
@@ -134,7 +150,9 @@ class DeepseekV41Attention(LatentProjections):
                 self.ratio,
                 flow.selection,
                 flow.window_floor,
+                read_entries=lambda rows: self.formats.main.decode(rows, self.dtype),
             )
         ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
+        stored[slots] = self.formats.window.encode(ring[slots]).to(stored.dtype)
         out = self.rotary.rotate(out, batch.positions, inverse=True)
         return grouped_output(self.wo_a, self.wo_b, out, self.groups, self.o_lora_rank)

@@ -4,10 +4,11 @@ A kv source's ``CompressorV41`` turns its layer's input rows into the group's co
 ``norm(wkv(x))`` per token, at ratio 2 each pair of tokens pooled per channel with the softmax of the pair's
 ``wgate(x)`` before the norm; at ratio 2 both projections and the open pair's row stay fp32 and the pooled
 latent is rounded once, to the activation dtype, before the norm (the original engine's order). Entry ``j`` covers positions ``j r .. j r + r - 1`` and is rotated at
-``j r``; the pool keeps it in its trained FP4 form (``round_fp4_e4m3``). From the same pre-rotation latent the
-source's ``indexer.wk`` and ``k_norm`` make the entry's index key, rotated and kept as FP4 with E8M0 scales.
-Both go to paged pools (``CompressedKV``: entry ``j`` in the block of its last token); the odd row of an open
-pair waits in a per-request ``WindowBuffer``.
+``j r``; the pool keeps it in its trained FP4 form, packed (``dgpp_deepseek.v41_packed_entries``: E2M1 nibbles
+and an E4M3 scale per 16). From the same pre-rotation latent the source's ``indexer.wk`` and ``k_norm`` make the
+entry's index key, rotated and kept as FP4 with E8M0 scales per 32, packed likewise. Both go to paged pools
+(``CompressedKV`` of bytes: entry ``j`` in the block of its last token); the odd row of an open pair waits in a
+per-request ``WindowBuffer``.
 
 Every index source (``IndexerV41``) scores the entries a row at position ``p`` sees (``j < (p + 1) / r``):
 ``sum_h w_h relu(q_h . k_j)``, ``q = rope(wq_b(q_resid))`` rounded to FP4 like the keys,
@@ -30,7 +31,8 @@ from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, entry_slots, gather_entries, live_sequences
 from dgpp.plugin_api import CacheSpec, CompressedKV, ForwardBatch, WindowBuffer
-from dgpp_deepseek.v41_latent_formats import round_fp4_e4m3, round_fp4_e8m0
+from dgpp_deepseek.v41_latent_formats import round_fp4_e8m0
+from dgpp_deepseek.v41_packed_entries import EntryFormats
 
 Selection = list[torch.Tensor | None]  # per row: the entries it attends (None: every visible one)
 
@@ -56,12 +58,14 @@ class CompressorV41(nn.Module):
         ratio: int,
         rotary: TrailingRotary,
         cache_name: str,
+        formats: EntryFormats,
         *,
         dtype: torch.dtype,
         eps: float,
     ) -> None:
         super().__init__()
         self.head_dim, self.ratio, self.dtype, self.rotary = head_dim, ratio, dtype, rotary
+        self.formats = formats
         self.cache_name, self.index_name = f"{cache_name}.compressor", f"{cache_name}.indexer"
         self.wkv = Linear(hidden_size, head_dim, dtype=dtype)
         self.wgate = Linear(hidden_size, head_dim, dtype=dtype) if ratio > 1 else None
@@ -76,8 +80,8 @@ class CompressorV41(nn.Module):
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec: dict[str, CacheSpec] = {
-            self.cache_name: CompressedKV.of(self.ratio, self.head_dim, self.dtype),
-            self.index_name: CompressedKV.of(self.ratio, self.index_head_dim, self.dtype),
+            self.cache_name: CompressedKV.of(self.ratio, self.formats.main.width, self.formats.main.dtype),
+            self.index_name: CompressedKV.of(self.ratio, self.formats.index.width, self.formats.index.dtype),
         }
         if self.ratio > 1:
             spec[self.buffer_name] = WindowBuffer(rows=self.ratio, width=self.head_dim, dtype=torch.float32)
@@ -128,10 +132,11 @@ class CompressorV41(nn.Module):
             at = entries * r
             keys = self.rotary.rotate(self.k_norm(self.wk(latent))[:, None, :], at)[:, 0]
             main = self.rotary.rotate(latent[:, None, :], at)[:, 0]
-            for target, values in ((pool, round_fp4_e4m3(main)), (index_pool, round_fp4_e8m0(keys))):
+            stored = ((pool, self.formats.main.encode(main)), (index_pool, self.formats.index.encode(keys)))
+            for target, rows in stored:
                 slots = entry_slots(batch.block_tables[b], entries, r, block_size, target.shape[1])
                 flat = target.view(-1, target.shape[-1])
-                flat.index_copy_(0, slots, values.to(flat.dtype))
+                flat.index_copy_(0, slots, rows.to(flat.dtype))
 
 
 def candidate_blocks(
@@ -170,11 +175,13 @@ class IndexerV41(nn.Module):
         head_dim: int,
         topk: int,
         rotary: TrailingRotary,
+        formats: EntryFormats,
         *,
         dtype: torch.dtype,
     ) -> None:
         super().__init__()
         self.heads, self.head_dim, self.topk, self.rotary = heads, head_dim, topk, rotary
+        self.formats = formats
         self.wq_b = Linear(q_lora_rank, heads * head_dim, dtype=dtype)
         self.weights_proj = Linear(hidden_size, heads, dtype=dtype)
         self.candidates: tuple[int, int] | None = None  # (block_size, topk_blocks) on the candidate source
@@ -197,7 +204,8 @@ class IndexerV41(nn.Module):
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
             count = end // ratio
-            keys = gather_entries(pool, batch.block_tables[b], count, ratio, batch.cache.block_size).float()
+            stored = gather_entries(pool, batch.block_tables[b], count, ratio, batch.cache.block_size)
+            keys = self.formats.index.decode(stored, torch.float32)
             visible = (torch.arange(ctx, end, device=x.device) + 1) // ratio
             # row by row: a row's scores have the same bits however the step batched or chunked it
             scores = torch.stack(

@@ -37,38 +37,70 @@ def pow2_ceil(t: torch.Tensor) -> torch.Tensor:
     return torch.ldexp(torch.ones_like(t), exponent - (mantissa == 0.5).to(exponent.dtype))
 
 
-def e2m1_round(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (fp32, within +-6) rounded onto the E2M1 grid, ties to the even code."""
+def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (fp32, within +-6) as E2M1 nibbles (uint8: sign bit 3, the magnitude's code in bits 0..2), rounded
+    to nearest, ties to the even code."""
     mag = x.abs()
-    code = torch.zeros_like(mag, dtype=torch.int64)
+    code = torch.zeros_like(mag, dtype=torch.uint8)
     for mid, tie_up in _MIDPOINTS:
         code += (mag >= mid) if tie_up else (mag > mid)
-    grid = torch.tensor(_E2M1, dtype=x.dtype, device=x.device)
-    return torch.where(torch.signbit(x), -grid[code], grid[code])
+    return code | (torch.signbit(x).to(torch.uint8) << 3)
+
+
+def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
+    """E2M1 nibbles -> their fp32 values (a set sign bit on code 0 is -0.0)."""
+    grid = torch.tensor(_E2M1, dtype=torch.float32, device=codes.device)
+    mag = grid[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
+
+
+def e2m1_round(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (fp32, within +-6) rounded onto the E2M1 grid, ties to the even code."""
+    return e2m1_values(e2m1_codes(x)).to(x.dtype)
 
 
 def _blocks(x: torch.Tensor, size: int) -> torch.Tensor:
     return x.float().unflatten(-1, (-1, size))
 
 
-def round_fp8_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """The window latent's form: E4M3 codes, a power-of-two scale per ``block`` channels."""
+def fp8_e8m0_parts(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window latent's form: E4M3 codes ``[..., n, block]`` (float8) and a power-of-two fp32 scale
+    ``[..., n, 1]``, the block's amax floored at 1e-4."""
     b = _blocks(x, block)
     scale = pow2_ceil(b.abs().amax(-1, keepdim=True).clamp_min(1e-4) * (1.0 / E4M3_MAX))
-    codes = (b / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float()
-    return (codes * scale).flatten(-2).to(x.dtype)
+    return (b / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn), scale
 
 
-def round_fp4_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
-    """The indexer's form: E2M1 values, a power-of-two scale per ``block`` channels."""
+def round_fp8_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """The window latent's form as values: E4M3 codes, a power-of-two scale per ``block`` channels."""
+    codes, scale = fp8_e8m0_parts(x, block)
+    return (codes.float() * scale).flatten(-2).to(x.dtype)
+
+
+def fp4_e8m0_parts(x: torch.Tensor, block: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    """The indexer's form: E2M1 nibbles ``[..., n, block]`` and a power-of-two fp32 scale ``[..., n, 1]``."""
     b = _blocks(x, block)
     scale = pow2_ceil(b.abs().amax(-1, keepdim=True).clamp_min(E2M1_MAX * 2.0**-126) * (1.0 / E2M1_MAX))
-    return (e2m1_round((b / scale).clamp(-E2M1_MAX, E2M1_MAX)) * scale).flatten(-2).to(x.dtype)
+    return e2m1_codes((b / scale).clamp(-E2M1_MAX, E2M1_MAX)), scale
 
 
-def round_fp4_e4m3(x: torch.Tensor, block: int = 16) -> torch.Tensor:
-    """The compressed entries' form: E2M1 values, an E4M3 scale (``amax / 6``) per ``block`` channels."""
+def fp4_e4m3_parts(x: torch.Tensor, block: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The compressed entries' form: E2M1 nibbles ``[..., n, block]`` and an E4M3 scale (``amax / 6``)
+    ``[..., n, 1]``, as fp32."""
     b = _blocks(x, block)
     amax = b.abs().amax(-1, keepdim=True).clamp_min(E2M1_MAX * 2.0**-9)
     scale = (amax / E2M1_MAX).to(torch.float8_e4m3fn).float()
-    return (e2m1_round((b / scale).clamp(-E2M1_MAX, E2M1_MAX)) * scale).flatten(-2).to(x.dtype)
+    return e2m1_codes((b / scale).clamp(-E2M1_MAX, E2M1_MAX)), scale
+
+
+def round_fp4_e8m0(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """The indexer's form as values: E2M1 values, a power-of-two scale per ``block`` channels."""
+    codes, scale = fp4_e8m0_parts(x, block)
+    return (e2m1_values(codes) * scale).flatten(-2).to(x.dtype)
+
+
+def round_fp4_e4m3(x: torch.Tensor, block: int = 16) -> torch.Tensor:
+    """The compressed entries' form as values: E2M1 values, an E4M3 scale (``amax / 6``) per ``block``
+    channels."""
+    codes, scale = fp4_e4m3_parts(x, block)
+    return (e2m1_values(codes) * scale).flatten(-2).to(x.dtype)

@@ -5,16 +5,21 @@ dense: ``dgpp_deepseek.release_layout``), every parameter filled from the releas
 (``dgpp_deepseek.names``; the index keys' ``wk`` / ``k_norm`` live under ``attn.indexer`` in the release and
 under the kv source's compressor here). The Engram tables are not loaded: each layer maps its table from the
 checkpoint file (``engine.ngram_table``: ``mmap`` reads the rows a step needs, ``resident`` copies the table
-into memory once), with the token classes of the checkpoint's ``tokenizer.json``."""
+into memory once), with the token classes of the checkpoint's ``tokenizer.json``. With ``engine.mtp`` the
+release's DSpark stages (``mtp.<s>.*``) are built and loaded beside the model (``with_draft_stages``)."""
 
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from dgpp.plugin_api import ConfigError, LoadContext, Model, load_family_weights
 from dgpp_deepseek.names import release_name
 from dgpp_deepseek.release_layout import release_context, release_tensor_name
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+
+if TYPE_CHECKING:
+    from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM
 
 _INDEX_KEYS = re.compile(r"\.attn\.compressor\.(wk|k_norm)\.")
 
@@ -59,22 +64,38 @@ def attach_engram(model: Model, cfg: DeepseekV41ArchConfig, ctx: LoadContext) ->
         engram.attach(table, classes, cfg.engram_pad_token_id, layer_primes, engram.layer_idx)
 
 
-def load_model(ctx: LoadContext) -> Model:
+def with_draft_stages(model: DeepseekV41ForCausalLM, ctx: LoadContext) -> DeepseekV41ForCausalLM:
+    """``model`` with the checkpoint's DSpark stages as ``model.mtp`` when ``engine.mtp`` is on and the config
+    names them (else unchanged)."""
+    from dgpp_deepseek.v41_draft_stages import DSparkV41Config, build_stages
+    from dgpp_deepseek.v41_dspark import text_config
+
+    dspark = DSparkV41Config.from_text_config(text_config(ctx.hf_config), model.config)
+    if ctx.engine.mtp and dspark is not None:
+        model.mtp = build_stages(
+            model.config, dspark, model.entry_formats, dtype=model.dtype, world=model.world
+        )
+    return model
+
+
+def build_model(cfg: DeepseekV41ArchConfig, ctx: LoadContext) -> DeepseekV41ForCausalLM:
+    """The model for ``ctx``'s engine settings (top-k, prefill mode, draft stages), its weights not filled."""
     from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM
 
+    model = DeepseekV41ForCausalLM(
+        cfg,
+        dtype=ctx.dtype,
+        world=ctx.world,
+        group=ctx.group,
+        index_topk=ctx.engine.index_topk or None,
+        bounded=ctx.engine.prefill_mode == "bounded",
+    )
+    return with_draft_stages(model, ctx)
+
+
+def load_model(ctx: LoadContext) -> Model:
     cfg = DeepseekV41ArchConfig.from_hf_config(ctx.hf_config)
     ctx = release_context(ctx)
-
-    def build() -> DeepseekV41ForCausalLM:
-        return DeepseekV41ForCausalLM(
-            cfg,
-            dtype=ctx.dtype,
-            world=ctx.world,
-            group=ctx.group,
-            index_topk=ctx.engine.index_topk or None,
-            bounded=ctx.engine.prefill_mode == "bounded",
-        )
-
-    model = load_family_weights(ctx, build, checkpoint_name)
+    model = load_family_weights(ctx, lambda: build_model(cfg, ctx), checkpoint_name)
     attach_engram(model, cfg, ctx)
     return model

@@ -29,6 +29,7 @@ from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_engram import EngramV41
 from dgpp_deepseek.v41_indexer import GroupFlow
+from dgpp_deepseek.v41_packed_entries import EntryFormats
 
 
 def collapse(pre: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
@@ -43,16 +44,23 @@ class DeepseekV41Block(nn.Module):
     """``layers.N``: optional Engram, then attention and MoE between single-pass hyper-connections."""
 
     def __init__(
-        self, cfg: DeepseekV41ArchConfig, layer_idx: int, *, dtype: torch.dtype, world: World, index_topk: int
+        self,
+        cfg: DeepseekV41ArchConfig,
+        layer_idx: int,
+        formats: EntryFormats,
+        *,
+        dtype: torch.dtype,
+        world: World,
+        index_topk: int,
     ) -> None:
         super().__init__()
-        self.world = world
+        self.world, self.layer_idx = world, layer_idx
         eps = cfg.rms_norm_eps
         self.attn_hc = HyperConnection.from_config(cfg)
         self.ffn_hc = HyperConnection.from_config(cfg)
         self.engram = EngramV41(cfg, layer_idx, dtype=dtype) if layer_idx in cfg.engram_layer_ids else None
         self.attn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
-        self.attn = DeepseekV41Attention(cfg, layer_idx, dtype=dtype, index_topk=index_topk)
+        self.attn = DeepseekV41Attention(cfg, layer_idx, formats, dtype=dtype, index_topk=index_topk)
         self.ffn_norm = FP32WeightRMSNorm(cfg.hidden_size, eps)
         routing = RoutingConfig(
             num_experts=cfg.n_routed_experts,
@@ -72,10 +80,14 @@ class DeepseekV41Block(nn.Module):
         batch: ForwardBatch,
         flow: GroupFlow,
         group: Any = None,
+        means: dict[int, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(streams, pre)`` after the layer; ``pre`` is the coefficients the next sublayer collapses with."""
+        """``(streams, pre)`` after the layer; ``pre`` is the coefficients the next sublayer collapses with.
+        ``means``: receives, under this layer's index, the mean of the streams its attention reads."""
         if self.engram is not None:
             streams = self.engram(streams, batch)
+        if means is not None:
+            means[self.layer_idx] = streams.mean(dim=1)
         pre_attn, post, comb = self.attn_hc.coefficients(streams)
         out = self.attn(self.attn_norm(collapse(pre, streams)), batch, flow)
         streams = self.attn_hc.expand(streams, out, post, comb)
@@ -88,7 +100,15 @@ class DeepseekV41Block(nn.Module):
 class DeepseekV41ForCausalLM(Model):
     """DeepSeek-V4.1-Flash behind the engine's model contract. Every layer holds per-request state (its window
     ring; kv sources also an open pair, Engram layers their token context), so ``info.hybrid`` is set: the
-    prefix cache attaches where it holds a state snapshot. The DSpark draft stages are not part of it."""
+    prefix cache attaches where it holds a state snapshot. With ``engine.mtp`` the release's DSpark stages hang off
+    it as ``mtp`` (``dgpp_deepseek.v41_draft_stages``).
+
+    ``last_hidden`` (while ``keep_hidden`` is on) is the DSpark drafter's features when ``feature_layers`` names
+    layers: per row, the mean over the streams each of those layers' attention reads, in that order; else the
+    final normed hidden."""
+
+    #: the layers whose attention input's stream mean is kept (set by the DSpark drafter)
+    feature_layers: tuple[int, ...] = ()
 
     def __init__(
         self,
@@ -110,8 +130,10 @@ class DeepseekV41ForCausalLM(Model):
         self.group = group
         topk = cfg.index_topk if index_topk is None else index_topk
         self.embed = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, dtype=self.dtype)
+        # the compressed pools' forms, one object every kv source and reader holds
+        self.entry_formats = EntryFormats.release(cfg.head_dim, cfg.index_head_dim)
         self.layers = nn.ModuleList(
-            DeepseekV41Block(cfg, i, dtype=self.dtype, world=self.world, index_topk=topk)
+            DeepseekV41Block(cfg, i, self.entry_formats, dtype=self.dtype, world=self.world, index_topk=topk)
             for i in range(cfg.num_hidden_layers)
         )
         self.norm = FP32WeightRMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -139,12 +161,14 @@ class DeepseekV41ForCausalLM(Model):
         pre[:, 0] = 1.0
         flow = GroupFlow()
         split = self.config.decoder_first_layer if self.bounded else len(self.layers)
-        for layer in self.layers[:split]:
-            streams, pre = layer(streams, pre, batch, flow, self.group)
+        features = self.feature_layers if self.keep_hidden else ()
+        means: dict[int, torch.Tensor] = {}
+        for i, layer in enumerate(self.layers[:split]):
+            streams, pre = layer(streams, pre, batch, flow, self.group, means if i in features else None)
         if split < len(self.layers):
             streams, pre = self._bounded_decoder(streams, pre, batch, split)
         hidden = self.norm(collapse(pre, streams))
-        self.keep_last_hidden(hidden)
+        self.keep_last_hidden(torch.cat([means[i] for i in features], dim=-1) if features else hidden)
         return hidden[batch.logits_indices]
 
     @torch.no_grad()

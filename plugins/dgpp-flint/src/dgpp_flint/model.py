@@ -17,9 +17,10 @@ import torch
 from torch import nn
 
 from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_or_moe
+from dgpp.nn.gqa import norm_and_rotate, project_qkv
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
-from dgpp.nn.norm import RMSNorm, rms_normalize
+from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.nn.sliding_attention import SinkAttention
 from dgpp.nn.sources import Alternatives, Source
@@ -32,8 +33,7 @@ class FlintRMSNorm(RMSNorm):
     """``(w · x̂)`` with the product in fp32, rounded once (transformers' Flint / gpt-oss order; Llama rounds
     ``x̂`` first). The same numbers as ``RMSNorm`` in fp32, different bits in bf16."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return (self.weight.float() * rms_normalize(x, self.eps)).to(x.dtype)
+    fp32_product = True
 
 
 class FlintAttention(nn.Module):
@@ -76,11 +76,12 @@ class FlintAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
-        q = self.q_norm(self.q_proj(x).view(rows, self.num_heads, self.head_dim))
-        k = self.k_norm(self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim))
-        v = self.v_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        if self.rotary is not None:
-            q, k = self.rotary(batch.positions, q, k)
+        # on CUDA q, k and v in one launch, then the norms and the rotation in one; the CPU keeps its products
+        q, k, v = project_qkv(x, (self.q_proj, self.k_proj, self.v_proj), fuse_on_cpu=False)
+        q = q.view(rows, self.num_heads, self.head_dim)
+        k = k.view(rows, self.num_kv_heads, self.head_dim)
+        v = v.view(rows, self.num_kv_heads, self.head_dim)
+        q, k = norm_and_rotate(q, k, batch.positions, self.q_norm, self.k_norm, self.rotary)
         return self.o_proj(self.attn(q, k, v, batch, self.sinks))
 
 

@@ -18,6 +18,8 @@ same pools, scores and picks from device-side lengths alone, so eager and captur
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 from torch import nn
 
@@ -27,7 +29,7 @@ from dgpp.nn.linear import Linear
 from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import WindowPooler, gather_entries, live_sequences
-from dgpp.plugin_api import ForwardBatch
+from dgpp.plugin_api import CacheSpec, CompressedKV, ForwardBatch
 from dgpp_glm.glm5_next_indexer_decode import select_decode, store_decode
 
 
@@ -65,18 +67,23 @@ class KPoolIndexer(WindowPooler):
         for p in (self.index_kpool_compress_gate, self.index_kpool_compress_ape):
             set_weight_attrs(p, weight_loader=default_weight_loader)
 
+    def cache_spec(self) -> dict[str, CacheSpec]:
+        """The pooled keys (e4m3 rows with a row scale under a quantized ``engine.kv_dtype``, the original
+        engine's index-cache form) and the open-pool ring (kept in the compute dtype)."""
+        spec = super().cache_spec()
+        keys = spec[self.cache_name]
+        assert isinstance(keys, CompressedKV)
+        spec[self.cache_name] = replace(keys, fp8_rows=True, index_keys=True)
+        return spec
+
     def position_bias(self) -> torch.Tensor:
         return self.index_kpool_compress_ape
 
     def pool_windows(self, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        """Pooled keys of complete pools ``kv`` / ``gate`` ``[B, kpool, D]`` -> ``[B, D]`` (the softmax over each
-        pool's rows per channel, in fp32, weights rounded to the keys' dtype)."""
-        weights = (gate.float() + self.position_bias().float()).softmax(dim=1, dtype=torch.float32)
-        return (kv * weights.to(kv.dtype)).sum(dim=1)
-
-    def pool(self, kv: torch.Tensor, gate: torch.Tensor, window: int) -> torch.Tensor:
-        """One pool, by the batched form the decode step uses, so both give the same bits."""
-        return self.pool_windows(kv[None], gate[None])[0]
+        """Pooled keys of complete pools ``kv`` / ``gate`` ``[B, kpool, D]`` -> ``[B, D]``: the batched ``pool`` the
+        prefill's ``store`` runs (the softmax over each pool's rows per channel, in fp32, weights rounded to the
+        keys' dtype), so a decode step pools with the same bits."""
+        return self.pool(kv, gate, torch.zeros(kv.shape[0], dtype=torch.long, device=kv.device))
 
     def forward(
         self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch
@@ -97,13 +104,20 @@ class KPoolIndexer(WindowPooler):
         """Row by row from host-side lengths, over the pools already stored (``None``: every visible token)."""
         rows = q.shape[0]
         pool = batch.cache.kv[self.cache_name][0]
+        scales = batch.cache.kv_scales.get(self.cache_name)
         selection: Selection = [None] * rows
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
             count = end // self.kpool  # complete pools after this step
             if count <= self.select_pools:
                 continue  # no row of this sequence sees more pools than it keeps: all dense
             keys = gather_entries(
-                pool, batch.block_tables[b], count, self.kpool, batch.cache.block_size
+                pool,
+                batch.block_tables[b],
+                count,
+                self.kpool,
+                batch.cache.block_size,
+                None if scales is None else scales[0],
+                self.dtype,
             ).float()
             for i in range(q_len):
                 row, visible = start + i, ctx + i + 1

@@ -22,8 +22,10 @@ from typing import Protocol
 
 import torch
 
+from dgpp.kernels.kv_fp8 import quantize_rows
 from dgpp.nn.dsa import index_scores
 from dgpp.nn.selection import DeviceSelection
+from dgpp.nn.window_compressor import entry_rows
 from dgpp.plugin_api import ForwardBatch
 
 
@@ -41,6 +43,8 @@ class PoolingIndexer(Protocol):
     def buffer_name(self) -> str: ...
     @property
     def cache_name(self) -> str: ...
+    @property
+    def dtype(self) -> torch.dtype: ...
 
     def pool_windows(self, kv: torch.Tensor, gate: torch.Tensor) -> torch.Tensor: ...
 
@@ -82,7 +86,14 @@ def store_decode(indexer: PoolingIndexer, kv: torch.Tensor, gate: torch.Tensor, 
     targets = pool_slots(
         batch.block_tables, (position // kpool)[:, None], kpool, batch.cache.block_size, cache.shape[1]
     )[:, 0]
-    write_rows(cache.view(-1, cache.shape[-1]), targets, pooled, completes)
+    scales = batch.cache.kv_scales.get(indexer.cache_name)
+    flat = cache.view(-1, cache.shape[-1])
+    if scales is None:
+        write_rows(flat, targets, pooled, completes)
+        return
+    codes, row_scale = quantize_rows(pooled)  # e4m3 index keys (engine.kv_dtype fp8 / fp4), as the row path
+    write_rows(flat.view(torch.uint8), targets, codes.view(torch.uint8), completes)
+    write_rows(scales[0].view(-1, 1), targets, row_scale, completes)
 
 
 def select_decode(
@@ -102,7 +113,10 @@ def select_decode(
     slots = pool_slots(
         tables, every_pool.expand(tables.shape[0], -1), kpool, batch.cache.block_size, cache.shape[1]
     )
-    keys = cache.view(-1, cache.shape[-1])[slots].float()  # [B, capacity, D]
+    scales = batch.cache.kv_scales.get(indexer.cache_name)
+    keys = entry_rows(
+        cache, None if scales is None else scales[0], slots, indexer.dtype
+    ).float()  # [B, capacity, D]
     visible = batch.seq_lens.long()
     complete = visible // kpool
     scores = torch.stack([index_scores(q[r], keys[r], weights[r]) for r in range(q.shape[0])])

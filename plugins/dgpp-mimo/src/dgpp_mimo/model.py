@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from dgpp.nn.decoder import DecoderStack, PreNormBlock, PreNormCausalLM, dense_or_moe
+from dgpp.nn.gqa import project_qkv
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import RoutingConfig, SparseMoE, TopKRouter
 from dgpp.nn.norm import RMSNorm
@@ -73,9 +74,11 @@ class MimoAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
-        q = self.q_proj(x).view(rows, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(rows, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(rows, self.num_kv_heads, self.v_head_dim) * self.value_scale
+        # on CUDA q, k and v in one launch; the CPU keeps one product per projection
+        q, k, v = project_qkv(x, (self.q_proj, self.k_proj, self.v_proj), fuse_on_cpu=False)
+        q = q.view(rows, self.num_heads, self.head_dim)
+        k = k.view(rows, self.num_kv_heads, self.head_dim)
+        v = v.view(rows, self.num_kv_heads, self.v_head_dim) * self.value_scale
         q, k = self.rotary(batch.positions, q, k)
         return self.o_proj(self.attn(q, k, v, batch, self.sinks))
 

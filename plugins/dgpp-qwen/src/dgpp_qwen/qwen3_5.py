@@ -16,9 +16,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.nn.decoder import stream_blocks
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet
-from dgpp.nn.norm import RMSNorm
+from dgpp.nn.norm import RMSNorm, add_rms_norm
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, ModelInfo, PagedKV, World
@@ -92,9 +93,18 @@ class DecoderLayer(nn.Module):
         }
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        out, hidden = self.sublayers(self.input_layernorm(hidden), hidden, batch)
+        return hidden + out
+
+    def sublayers(
+        self, normed: torch.Tensor, residual: torch.Tensor, batch: ForwardBatch
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(mlp output, stream after the mixer's add)`` from the normed input and the stream before the layer
+        (``dgpp.nn.decoder.stream_blocks``); the layer's output is their sum."""
         mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
-        hidden = hidden + all_reduce(mixer(self.input_layernorm(hidden), batch), self.world, self.group)
-        return hidden + all_reduce(self.mlp(self.post_attention_layernorm(hidden)), self.world, self.group)
+        mixed = all_reduce(mixer(normed, batch), self.world, self.group)
+        x, residual = add_rms_norm(mixed, residual, self.post_attention_layernorm)
+        return all_reduce(self.mlp(x), self.world, self.group), residual
 
 
 class Qwen35TextStack(nn.Module):
@@ -153,14 +163,15 @@ class Qwen35ForCausalLM(Model):
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         hidden = self.model.embed_tokens(batch.input_ids)
         features = self.feature_layers if self.keep_hidden else ()
-        outputs: dict[int, torch.Tensor] = {}
-        for i, layer in enumerate(self.model.layers):
-            hidden = layer(hidden, batch)
-            if i in features:
-                outputs[i] = hidden
         # every row is normed (the same ops whether or not a drafter listens, so MTP never changes the logits);
         # the rows stay for the drafter (it drafts from each position, prompt included) only if it is on
-        hidden = self.model.norm(hidden)
+        hidden, outputs = stream_blocks(
+            hidden,
+            list(self.model.layers),
+            self.model.norm,
+            lambda layer, h, r: layer.sublayers(h, r, batch),
+            features,
+        )
         self.keep_last_hidden(torch.cat([outputs[i] for i in features], dim=-1) if features else hidden)
         return hidden[batch.logits_indices]
 

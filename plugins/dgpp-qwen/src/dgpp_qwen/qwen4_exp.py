@@ -25,7 +25,6 @@ from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet, GatedRMSNorm
 from dgpp.nn.image_embeddings import merge_image_embeddings
 from dgpp.nn.moe import RoutingConfig, SparseMoE
-from dgpp.nn.norm import rms_normalize
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, Model, ModelInfo, World
@@ -46,9 +45,7 @@ def layer_cache_name(index: int) -> str:
 class SigmoidGatedRMSNorm(GatedRMSNorm):
     """The GDN output norm with a sigmoid gate (``output_gate_type: sigmoid``) instead of SiLU."""
 
-    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        normed = rms_normalize(x, self.eps).to(x.dtype)
-        return (self.weight * normed * torch.sigmoid(gate.float())).to(x.dtype)
+    sigmoid_gate = True
 
 
 def build_moe(cfg: Qwen4ExpConfig, world: World) -> SparseMoE:

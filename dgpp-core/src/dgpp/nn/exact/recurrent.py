@@ -161,9 +161,10 @@ def delta_rule_rows(
     if v.is_cuda and batch.is_decode_only:
         from dgpp import kernels
 
-        fresh = batch.context_lens == 0
         slots, starts = batch.state_slots, batch.query_start_loc
-        return kernels.gated_delta_rule(q, k, v, g, beta, state_pool, slots, starts, fresh, True)
+        return kernels.gated_delta_rule(
+            q, k, v, g, beta, state_pool, slots, starts, batch.fresh_flags(), True
+        )
     return gated_delta_rule_varlen(
         q, k, v, g, beta, state_pool, batch.state_slots, batch.q_lens_cpu, batch.context_lens_cpu, chunk_size
     )

@@ -1,0 +1,96 @@
+"""``dgpp.bench.launches``: what counts as a launch, per layer, and that the fused CUDA path of a real tiny
+model launches fewer ops per layer than its unfused chain (``DGPP_KERNELS=torch``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from dgpp.bench.launches import count_decode, count_step, layer_kind, tiny_model
+from dgpp.policy import overriding
+
+
+class _Layer(nn.Module):
+    def __init__(self, inplace: bool) -> None:
+        super().__init__()
+        self.inplace = inplace
+        self.weight = nn.Parameter(torch.ones(4), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from dgpp.kernels.rmsnorm import rms_norm
+
+        y = x.view(2, -1).reshape(-1)  # views: nothing launches
+        torch.empty_like(y)  # an allocation: nothing launches
+        if self.inplace:
+            y = y.clone()  # one copy
+            y.add_(1.0)  # one in-place kernel
+        if x.is_cuda:  # answered yes on the counted path
+            y = rms_norm(y.view(1, -1), self.weight, 1e-6).view(-1)  # one Triton launch
+        float(y.sum().item())  # one reduction and one host read
+        return y
+
+
+class _Toy(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Layer(False), _Layer(True)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x * 2.0  # before the first layer: outside
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden + 1.0
+
+
+def test_launch_rules_and_attribution() -> None:
+    model = _Toy()
+    found = count_step(model, lambda: model.compute_logits(model(torch.ones(4))))
+    assert dict(found.layers[0]) == {"rms_norm": 1, "aten.sum": 1, "sync:_local_scalar_dense": 1}
+    assert dict(found.layers[1]) == {
+        "aten.clone": 1,
+        "aten.add_": 1,
+        "rms_norm": 1,
+        "aten.sum": 1,
+        "sync:_local_scalar_dense": 1,
+    }
+    assert dict(found.outside) == {"aten.mul": 1, "aten.add": 1}
+    assert found.per_layer() == [3, 5]
+    assert not torch.ones(1).is_cuda  # the CUDA answer ends with the count
+
+
+def test_layer_kind_names_mixer_mlp_and_window() -> None:
+    model = tiny_model("mimo")
+    kinds = {layer_kind(layer) for layer in model.model.layers}
+    assert "MimoAttention+SwiGLUMLP" in kinds
+    assert "MimoAttention+SparseMoE/window" in kinds
+
+
+def test_fused_path_launches_fewer_ops_than_the_unfused_chain() -> None:
+    model = tiny_model("qwen3")
+    fused = count_decode(model)
+    with overriding(triton_kernels=False):  # every kernel's torch reference: the unfused chain
+        unfused = count_decode(model)
+    assert max(fused.per_layer()) < min(unfused.per_layer())
+    for layer in fused.layers:  # residual add + norm, q/k norm + rotary, gate/up + SiLU: one launch each
+        assert not any(op in layer for op in ("aten.add", "aten.silu", "aten.rms_norm", "aten.mul"))
+        assert layer["qk_norm_rope"] == 1 and layer["gate_up_silu"] == 1
+
+
+def test_hybrid_and_window_layers_launch_their_fused_kernels() -> None:
+    mimo = count_decode(tiny_model("mimo"))
+    dense, moe = mimo.layers[0], mimo.layers[1]
+    assert "aten.add" not in dense  # both residual adds went into the norms
+    assert dense["multi_linear"] == 3  # q/k/v, o, down
+    assert moe["align"] == 1 and moe["sum_experts"] == 1 and "aten.argsort" not in moe
+    assert moe["router_topk"] == 1 and "aten.topk" not in moe
+    qwen = count_decode(tiny_model("qwen3_5_moe"))
+    gdn, attention = qwen.layers[0], qwen.layers[1]
+    assert gdn["gdn_gates"] == 1 and gdn["gated_rms_norm"] == 1
+    assert not any(op in gdn for op in ("aten.softplus", "aten.silu", "aten.rms_norm"))
+    # the output gate's and the shared expert's sigmoids are in their kernels
+    assert attention["sigmoid_gate"] == 1 and gdn["shared_expert_add"] == attention["shared_expert_add"] == 1
+    assert "aten.sigmoid" not in attention and "aten.sigmoid" not in gdn
+    assert "sync:_local_scalar_dense" not in gdn and "sync:_local_scalar_dense" not in attention
