@@ -29,8 +29,8 @@ from dgpp.startup.memory_plan import plan_for
 from dgpp.step.pools import CachePools
 from dgpp.testing.block_draft import (
     check_blocks,
+    check_drafted_together_equals_alone,
     check_exact_with_drafts,
-    drafts_batched_and_alone,
     prefill_features,
     serve_greedy,
 )
@@ -112,12 +112,7 @@ def test_blocks_drafted_together_equal_each_drafted_alone(dsv41_free):
     drafted alone."""
     _, model, drafter = dsv41_free
     prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0][:2]]
-    (drafts, confidence), alone = drafts_batched_and_alone(
-        model, drafter, prompts, [41, 77, 5, 9], blocks=BLOCKS, block_size=BS
-    )
-    for i, (solo_drafts, solo_confidence) in enumerate(alone):
-        assert torch.equal(drafts[i], solo_drafts[0])
-        assert (confidence[i] - solo_confidence[0]).abs().max() < 1e-6
+    check_drafted_together_equals_alone(model, drafter, prompts, [41, 77, 5, 9], blocks=BLOCKS, block_size=BS)
 
 
 serve = functools.partial(serve_greedy, prompts=PROMPTS, max_tokens=MAX_TOKENS, blocks=BLOCKS, block_size=BS)

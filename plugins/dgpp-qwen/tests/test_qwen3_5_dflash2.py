@@ -24,7 +24,7 @@ from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.plugins import manager
 from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.step.pools import CachePools
-from dgpp.testing.block_draft import drafts_batched_and_alone, prefill_features, serve_greedy
+from dgpp.testing.block_draft import check_drafted_together_equals_alone, prefill_features, serve_greedy
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp_qwen.dflash2 import DFlash2Drafter
 from dgpp_qwen.testing_dflash2 import build_tiny_dflash2
@@ -203,12 +203,7 @@ def test_blocks_drafted_together_equal_each_drafted_alone(pair):
     tokens give each request the drafts and confidences of its block drafted alone."""
     _, _, model, drafter = pair
     prompts = [PROMPTS[2], PROMPTS[1], PROMPTS[0], PROMPTS[0][:2]]
-    (drafts, confidence), alone = drafts_batched_and_alone(
-        model, drafter, prompts, [13, 21, 5, 9], blocks=BLOCKS, block_size=BS
-    )
-    for i, (solo_drafts, solo_confidence) in enumerate(alone):
-        assert torch.equal(drafts[i], solo_drafts[0])
-        assert (confidence[i] - solo_confidence[0]).abs().max() < 1e-6
+    check_drafted_together_equals_alone(model, drafter, prompts, [13, 21, 5, 9], blocks=BLOCKS, block_size=BS)
 
 
 serve = functools.partial(serve_greedy, prompts=PROMPTS, max_tokens=MAX_TOKENS, blocks=BLOCKS, block_size=BS)
