@@ -139,3 +139,28 @@ def test_generic_estimate_counts_hybrid_state_and_mla(tmp_path):
         "dtype": "bfloat16",
     }
     assert estimate_memory_plan(tmp_path, mla, eng).kv_per_token == 3 * 40 * 2
+
+
+def test_the_plan_counts_every_verify_row():
+    """A verify step runs 1 + depth rows per request, MTP or prompt-lookup drafts: its fp32 logits and its
+    activation rows are in the plan (a step of 16 requests 16 drafts deep outgrows a small prefill budget)."""
+    from dgpp.step.memory import ModelMemory, plan_memory
+
+    model = ModelMemory(
+        weights=GiB,
+        kv_per_token=100,
+        state_per_request=0,
+        activations_per_token=10,
+        vocab_size=1000,
+        max_position=4096,
+    )
+    base = {"max_concurrency": 16, "prefill_budget_tokens": 64, "prefill_idle_budget_tokens": 64}
+    cases = [
+        ({}, 16),
+        ({"draft": "lookup", "draft_depth": 3}, 16 * 4),
+        ({"mtp": True, "mtp_depth": 16}, 16 * 17),
+    ]
+    for keys, rows in cases:
+        plan = plan_memory(model, parse_config({"model": "m", "engine": {**base, **keys}}).engine)
+        assert plan.extra["logits"] == 4 * 1000 * rows, keys
+        assert plan.prefill_tokens == max(64, rows), keys

@@ -106,8 +106,8 @@ def test_wrong_types_are_named(raw, expected):
             "engine.kv_capacity: out of range: expected int >= 1, got 0",
         ),
         (
-            {"model": "m", "engine": {"mtp_depth": 6}},
-            "engine.mtp_depth: out of range: expected int <= 5, got 6",
+            {"model": "m", "engine": {"mtp_depth": 17}},
+            "engine.mtp_depth: out of range: expected int <= 16, got 17",
         ),
         ({"model": "m", "http": {"port": 70000}}, "http.port: out of range"),
         ({"model": "m", "http": {"sse_ping_interval": 0}}, "http.sse_ping_interval: out of range"),

@@ -21,6 +21,32 @@ def test_swiglu_row_alone_equals_the_row_among_many(dtype, width):
         assert torch.equal(silu_and_mul(gate[:rows], up[:rows]), full[:rows]), rows
     for row in range(0, total, 7):
         assert torch.equal(silu_and_mul(gate[row : row + 1], up[row : row + 1]), full[row : row + 1]), row
+    # the halves of one fused gate/up product: a strided gate of a few rows takes the contiguous path
+    fused = torch.cat([gate, up], dim=1)
+    for rows in [1, 2, 3, 5, 11, 64, total]:
+        halves = fused[:rows, :width], fused[:rows, width:]
+        assert torch.equal(silu_and_mul(*halves), full[:rows]), rows
+
+
+@pytest.mark.parametrize("outs, width", [(49152, 576), (3072, 576), (960, 576), (576, 1536), (2000, 1000)])
+def test_tiled_rows_are_the_row_alone(outs, width):
+    """A weight of two or more cache-sized slices is multiplied a slice at a time by several rows: each row's
+    bits are its one-row product against the whole weight."""
+    from dgpp.nn.batch_invariant import TILE_BYTES, row_products, tile_features
+
+    weight = torch.randn(outs, width, generator=GEN)
+    x = torch.randn(20, width, generator=GEN)
+    alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], weight) for i in range(20)])
+    tile = tile_features(weight)
+    assert tile > 0 and tile * width * 4 <= TILE_BYTES and 2 * tile <= outs  # the tiled path runs
+    for rows in [1, 2, 3, 4, 5, 7, 16, 20]:
+        assert torch.equal(row_products(x[:rows], weight), alone[:rows]), rows
+
+
+def test_a_weight_of_under_two_slices_is_read_whole():
+    from dgpp.nn.batch_invariant import tile_features
+
+    assert tile_features(torch.zeros(576, 576)) == 0 and tile_features(torch.zeros(64, 64)) == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -164,16 +164,21 @@ def test_verify_items_name_every_row_for_logits():
     assert build_batch(work, pools).logits_indices.tolist() == [0, 1, 2, 3, 7]
 
 
-@pytest.mark.parametrize(("chunk", "concurrency"), [(8, 3), (64, 1), (4, 4)])
-def test_dense_greedy_lookup_equals_plain(dense, chunk, concurrency):
+@pytest.mark.parametrize(
+    ("depth", "chunk", "concurrency"), [(3, 8, 3), (3, 64, 1), (3, 4, 4), (1, 8, 3), (8, 4, 4)]
+)
+def test_dense_greedy_lookup_equals_plain(dense, depth, chunk, concurrency):
+    """At several depths (8: past the old cap of 5), chunked, solo and batched."""
     plain, _ = serve(dense, _greedy(), chunk=chunk, concurrency=concurrency)
     assert [len(t) for t in plain] == MAX_TOKENS
-    spec, sched = serve(dense, _greedy(), depth=3, chunk=chunk, concurrency=concurrency)
+    spec, sched = serve(dense, _greedy(), depth=depth, chunk=chunk, concurrency=concurrency)
     assert spec == plain
     counters = _counters(sched)
     # the copy-heavy prompts make the lookup right sometimes: drafting is on and pays
     assert counters["num_drafts_total"] > 0 and counters["num_accepted_tokens_total"] > 0
     assert sched.stats.decode_steps < sum(MAX_TOKENS)
+    if depth > 5:
+        assert sum(counters["num_verifies_per_depth_total"][6:]) > 0  # steps that judged more than 5 drafts
 
 
 def test_hybrid_greedy_lookup_equals_plain(hybrid):

@@ -444,6 +444,9 @@ def test_engine_mtp_builds_the_decoder_through_the_hook(tmp_path):
     decoder = build_speculative(on, load_context(path, on), runner, pm=manager())
     assert isinstance(decoder.drafter, Glm4MoeMTPDrafter) and decoder.depth == 3 and decoder.stats.depth == 3
     assert set(decoder.draft_pools.kv) == {"mtp.0.self_attn"} and decoder.draft_pools.num_blocks == 8
+    deep = EngineConfig(mtp=True, mtp_depth=6)  # past what a chained MTP layer verifies
+    with pytest.raises(ConfigError, match="engine.mtp_depth: 6 exceeds 5, the most drafts Glm4MoeMTPDrafter"):
+        build_speculative(deep, load_context(path, deep), runner, pm=manager())
     bare = build_tiny_glm4_moe(tmp_path / "bare", seed=32, num_nextn_predict_layers=0)
     with pytest.raises(ConfigError, match=r"engine\.mtp"):
         build_speculative(

@@ -1,8 +1,9 @@
 """One CPU decode step of the demo's SmolLM2-135M in process: milliseconds and torch ops a step
-(docs/benchmarks.md, "CPU decode step").
+(docs/benchmarks.md, "CPU decode step"), or a verify step of several rows (``--rows``: the last token and
+``rows - 1`` drafts, every row's logits, as a speculative verify runs them; "CPU demo: prompt-lookup drafts").
 
     python tests/perf/bench_cpu_step.py [--dtypes float32,bfloat16] [--threads 1,2] [--steps 32] [--context 200]
-                                        [--gguf-weights decoded,int4pack]
+                                        [--gguf-weights decoded,int4pack] [--rows 1,2,4,6]
 
 Loads the demo checkpoint (the GGUF converted as ``dgpp serve`` converts it) through its family plugin, runs
 one prompt of ``--context`` tokens through ``ModelRunner.step``, then single-row decode steps (greedy, the
@@ -45,6 +46,7 @@ def measure(
     steps: int,
     context: int,
     gguf_weights: str = "decoded",
+    rows: int = 1,
 ) -> dict[str, float]:
     from dgpp.config_schema import EngineConfig
     from dgpp.engine.runner import ModelRunner
@@ -62,7 +64,9 @@ def measure(
     state = {"ctx": context, "tok": int(runner.step([SeqWork(0, table, 0, prompt)])[0].argmax())}
 
     def step() -> None:
-        logits = runner.step([SeqWork(0, table, state["ctx"], [state["tok"]])])
+        tokens = [state["tok"], *prompt[: rows - 1]]  # rows past the first: drafts, judged on their logits
+        work = SeqWork(0, table, state["ctx"], tokens, every_row_logits=rows > 1)
+        logits = runner.step([work], verify=rows > 1)
         state["ctx"] += 1
         state["tok"] = int(logits[0].argmax())
 
@@ -98,6 +102,9 @@ def main() -> None:
     parser.add_argument(
         "--gguf-weights", default="decoded", help="engine.gguf_weights values, comma-separated"
     )
+    parser.add_argument(
+        "--rows", default="1", help="rows a step, comma-separated (more than 1: a verify step)"
+    )
     args = parser.parse_args()
     from bench_cpu_serve import demo_gguf
 
@@ -106,17 +113,20 @@ def main() -> None:
     checkpoint = ensure_converted(demo_gguf())
     print(f"torch {torch.__version__}, context {args.context}, {args.steps} decode steps")
     print(
-        "| weights | gguf_weights | threads | CPU ms a step (min / median) | wall ms a step (min / median) | aten ops a step ",
+        "| weights | gguf_weights | threads | rows | CPU ms a step (min / median) | wall ms a step (min / median) | aten ops a step ",
         end="",
     )
     print("(profiler / dispatched) |")
-    print("|---|---|---|---|---|---|")
-    for dtype, gguf_weights, threads in itertools.product(
-        args.dtypes.split(","), args.gguf_weights.split(","), (int(t) for t in args.threads.split(","))
+    print("|---|---|---|---|---|---|---|")
+    for dtype, gguf_weights, threads, rows in itertools.product(
+        args.dtypes.split(","),
+        args.gguf_weights.split(","),
+        [int(t) for t in args.threads.split(",")],
+        [int(r) for r in args.rows.split(",")],
     ):
-        r = measure(checkpoint, getattr(torch, dtype), threads, args.steps, args.context, gguf_weights)
+        r = measure(checkpoint, getattr(torch, dtype), threads, args.steps, args.context, gguf_weights, rows)
         print(
-            f"| {dtype} | {gguf_weights} | {threads} | {r['min_ms']:.1f} / {r['median_ms']:.1f} | "
+            f"| {dtype} | {gguf_weights} | {threads} | {rows} | {r['min_ms']:.1f} / {r['median_ms']:.1f} | "
             f"{r['wall_min_ms']:.1f} / {r['wall_median_ms']:.1f} | "
             f"{r['profiler_ops']:,} / {r['dispatched_ops']:,} |"
         )

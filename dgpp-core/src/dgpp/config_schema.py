@@ -18,7 +18,9 @@ Port = Annotated[int, msgspec.Meta(ge=1, le=65535)]
 NonNegInt = Annotated[int, msgspec.Meta(ge=0)]
 PosInt = Annotated[int, msgspec.Meta(ge=1)]
 NonNegFloat = Annotated[float, msgspec.Meta(ge=0)]
-Depth = Annotated[int, msgspec.Meta(ge=1, le=5)]
+#: the most drafts a verify step may judge per request; a drafter refuses a depth past what it proposes
+MAX_DRAFT_DEPTH = 16
+Depth = Annotated[int, msgspec.Meta(ge=1, le=MAX_DRAFT_DEPTH)]
 
 
 class _Section(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -165,6 +167,13 @@ class EngineConfig(_Section):
         if self.kv_dtype in ("fp8", "fp4"):  # K/V, latent and index rows stored quantized, with row scales
             levers.append("kv_dtype")
         return levers
+
+    def drafts_per_step(self) -> int:
+        """The most drafts one request verifies in a step: ``mtp_depth`` with ``mtp``, ``draft_depth`` with
+        prompt-lookup drafts, else 0. A verify step runs ``1 + drafts`` rows per request."""
+        if self.mtp:
+            return self.mtp_depth
+        return self.draft_depth if self.draft == "lookup" else 0
 
 
 class DeployConfig(_Section, kw_only=True):

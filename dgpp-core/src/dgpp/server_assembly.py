@@ -221,8 +221,7 @@ def load_text_stack(
 def _install_policy(engine_cfg: EngineConfig) -> ExecPolicy:
     """Fix this engine's execution policy for its life (``dgpp.policy``): batch invariance and the packed decode
     GEMV, whose "auto" resolves from the most rows a step can hold (a row's bits must not depend on server load)."""
-    depth = engine_cfg.mtp_depth if engine_cfg.mtp else 0
-    max_rows = engine_cfg.max_concurrency * (1 + depth)
+    max_rows = engine_cfg.max_concurrency * (1 + engine_cfg.drafts_per_step())
     setting = engine_cfg.quant_decode_gemv
     policy = ExecPolicy.for_engine(
         batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting, decode_max_rows=max_rows

@@ -27,7 +27,13 @@ from dgpp.plugins import build_manager, manager
 from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for
 from dgpp.step.pools import CachePools
-from dgpp.testing.block_draft import check_blocks, check_exact_with_drafts, prefill_features, serve_greedy
+from dgpp.testing.block_draft import (
+    check_blocks,
+    check_drafted_together_equals_alone,
+    check_exact_with_drafts,
+    prefill_features,
+    serve_greedy,
+)
 from dgpp_deepseek.v41_draft_stages import DSparkV41Config
 from dgpp_deepseek.v41_dspark import DSparkV41Drafter
 
@@ -98,6 +104,15 @@ def test_block_matches_the_float64_reference(dsv41_free):
         blocks=BLOCKS,
         block_size=BS,
     )
+
+
+def test_blocks_drafted_together_equal_each_drafted_alone(dsv41_free):
+    """One masked attention over the batch (packed context rows decoded in one call): contexts cut by the window
+    (17, 11 tokens), shorter (5) and of two tokens give each request the drafts and confidences of its block
+    drafted alone."""
+    _, model, drafter = dsv41_free
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0][:2]]
+    check_drafted_together_equals_alone(model, drafter, prompts, [41, 77, 5, 9], blocks=BLOCKS, block_size=BS)
 
 
 serve = functools.partial(serve_greedy, prompts=PROMPTS, max_tokens=MAX_TOKENS, blocks=BLOCKS, block_size=BS)

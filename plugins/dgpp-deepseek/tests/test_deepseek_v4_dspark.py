@@ -26,7 +26,13 @@ from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for
 from dgpp.startup.speculative_build import build_speculative
 from dgpp.step.pools import CachePools
-from dgpp.testing.block_draft import check_blocks, check_exact_with_drafts, prefill_features, serve_greedy
+from dgpp.testing.block_draft import (
+    check_blocks,
+    check_drafted_together_equals_alone,
+    check_exact_with_drafts,
+    prefill_features,
+    serve_greedy,
+)
 from dgpp_deepseek.dspark import DSparkConfig, DSparkDrafter
 from dgpp_deepseek.testing import add_dspark_stages, build_tiny_deepseek_v4
 
@@ -214,6 +220,14 @@ def _prefill_features(model, drafter, prompts):
     """Each prompt prefilled by the target, then written into the drafter's context (tables with room for a
     block and the bonus token)."""
     return prefill_features(model, drafter, prompts, blocks=BLOCKS, block_size=BS, spare=BLOCK + 1)
+
+
+def test_blocks_drafted_together_equal_each_drafted_alone(dsv4_free):
+    """One masked attention over the batch: contexts cut by the window (17, 11 tokens), shorter (5) and of two
+    tokens give each request the drafts and confidences of its block drafted alone."""
+    _, model, drafter = dsv4_free
+    prompts = [PROMPTS[2], PROMPTS[0], PROMPTS[1], PROMPTS[0][:2]]
+    check_drafted_together_equals_alone(model, drafter, prompts, [41, 77, 5, 9], blocks=BLOCKS, block_size=BS)
 
 
 def test_features_are_the_mean_of_the_streams_entering_the_target_layers(dsv4):

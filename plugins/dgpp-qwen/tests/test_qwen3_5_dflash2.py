@@ -24,7 +24,7 @@ from dgpp.plugin_api import CheckpointError, ConfigError
 from dgpp.plugins import manager
 from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.step.pools import CachePools
-from dgpp.testing.block_draft import prefill_features, serve_greedy
+from dgpp.testing.block_draft import check_drafted_together_equals_alone, prefill_features, serve_greedy
 from dgpp.testing.builders import build_tiny_checkpoint
 from dgpp_qwen.dflash2 import DFlash2Drafter
 from dgpp_qwen.testing_dflash2 import build_tiny_dflash2
@@ -198,6 +198,14 @@ def test_block_matches_the_float64_reference(pair):
     assert tops != drafts.tolist()
 
 
+def test_blocks_drafted_together_equal_each_drafted_alone(pair):
+    """One masked attention over the batch: contexts cut by the window (17, 11 tokens), shorter (5) and of two
+    tokens give each request the drafts and confidences of its block drafted alone."""
+    _, _, model, drafter = pair
+    prompts = [PROMPTS[2], PROMPTS[1], PROMPTS[0], PROMPTS[0][:2]]
+    check_drafted_together_equals_alone(model, drafter, prompts, [13, 21, 5, 9], blocks=BLOCKS, block_size=BS)
+
+
 serve = functools.partial(serve_greedy, prompts=PROMPTS, max_tokens=MAX_TOKENS, blocks=BLOCKS, block_size=BS)
 
 
@@ -220,6 +228,50 @@ def test_scheduled_dflash2_equals_plain_greedy(pair, plain):
     _, _, model, drafter = pair
     out, sched = serve(model, drafter, 4, schedule=ScheduleSettings(row_ms=2.0, base_ms=10.0, adapt=False))
     assert out == plain[4]
+
+
+@pytest.fixture(scope="module")
+def long_block(pair, tmp_path_factory):
+    """A drafter whose 10-row block proposes 9 drafts, past the 5 a chained MTP drafter verifies."""
+    target, _, model, _ = pair
+    drafter_dir = build_tiny_dflash2(
+        tmp_path_factory.mktemp("dflash2_long") / "drafter",
+        target,
+        target_layer_ids=TAPS,
+        seed=33,
+        block_size=10,
+        sliding_window=12,
+    )
+    return drafter_dir, _drafter(target, drafter_dir, model)[1]
+
+
+@pytest.mark.parametrize(("depth", "chunk", "concurrency"), [(9, 4, 3), (7, 64, 1)])
+def test_verifies_deeper_than_five_equal_plain_greedy(pair, plain, long_block, depth, chunk, concurrency):
+    _, _, model, _ = pair
+    _, drafter = long_block
+    assert drafter.drafts == 9
+    out, sched = serve(model, drafter, depth, chunk=chunk, concurrency=concurrency)
+    assert out == plain[4]
+    verifies = sched.speculative.stats.verifies_per_depth
+    assert sum(verifies[6:]) > 0, verifies  # steps that judged more than 5 drafts ran
+
+
+def test_a_depth_past_the_block_names_the_key(pair, long_block):
+    from dgpp.plugins import build_manager
+    from dgpp.startup.speculative_build import build_speculative
+
+    target, _, model, _ = pair
+    drafter_dir, _ = long_block
+    pm = build_manager()
+    runner = ModelRunner(model, CachePools(model.cache_spec(), 8, BS, 2))
+    engine = EngineConfig(mtp=True, mtp_depth=9, dflash_model=str(drafter_dir))
+    ctx = LoadContext(target, read_hf_config(target), "qwen", "Qwen3_5ForCausalLM", engine=engine)
+    assert build_speculative(engine, ctx, runner, pm=pm).depth == 9
+    engine = EngineConfig(mtp=True, mtp_depth=10, dflash_model=str(drafter_dir))
+    ctx = LoadContext(target, read_hf_config(target), "qwen", "Qwen3_5ForCausalLM", engine=engine)
+    with pytest.raises(ConfigError, match="engine.mtp_depth: 10 exceeds the 9 drafts"):
+        build_speculative(engine, ctx, runner, pm=pm)
+    model.keep_hidden = False
 
 
 def test_a_missing_directory_names_the_key(pair, tmp_path):

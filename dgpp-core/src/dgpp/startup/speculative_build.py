@@ -19,6 +19,9 @@ from dgpp.step.model import BlockDrafter
 
 log = get_logger("dgpp.engine")
 
+#: the most drafts an MTP drafter that chains its own output (one forward a draft) verifies per step
+CHAINED_MAX_DEPTH = 5
+
 
 def build_speculative(
     engine_cfg: EngineConfig, ctx: LoadContext, runner: ModelRunner, *, pm: pluggy.PluginManager
@@ -61,6 +64,12 @@ def build_speculative(
             )
         decoder = BlockDraftDecoder(runner, drafter, engine_cfg.mtp_depth, _schedule(engine_cfg))
     else:
+        if engine_cfg.mtp_depth > CHAINED_MAX_DEPTH:
+            raise ConfigError(
+                f"engine.mtp_depth: {engine_cfg.mtp_depth} exceeds {CHAINED_MAX_DEPTH}, the most drafts "
+                f"{type(drafter).__name__} chains (a block drafter proposes more); set engine.mtp_depth to at "
+                f"most {CHAINED_MAX_DEPTH}"
+            )
         decoder = SpeculativeDecoder(
             runner,
             drafter,

@@ -172,7 +172,7 @@ def prefill_rows(engine: EngineConfig, max_position: int) -> int:
 def plan_memory(model: ModelMemory, engine: EngineConfig) -> MemoryPlan:
     """The deployment's plan for ``model`` under its ``engine.*`` settings (the one place these sizes are set)."""
     mtp, max_conc = engine.mtp, engine.max_concurrency
-    depth = engine.mtp_depth if mtp else 0
+    depth = engine.drafts_per_step()
     # prefix snapshots need their own arena only when requests carry state; plain KV is shared by reference
     prefix = int(engine.prefix_cache_gib * (1 << 30)) if model.state_per_request else 0
     return MemoryPlan(
@@ -183,9 +183,10 @@ def plan_memory(model: ModelMemory, engine: EngineConfig) -> MemoryPlan:
         activations_per_token=model.activations_per_token,
         kv_capacity=engine.kv_capacity,
         max_concurrency=max_conc,
-        prefill_tokens=prefill_rows(engine, model.max_position),
+        # a verify step's rows take a prefill row's scratch each
+        prefill_tokens=max(prefill_rows(engine, model.max_position), max_conc * (1 + depth)),
         prefix_cache=prefix,
-        # fp32 logits of every decode row (and each draft row) over the whole vocabulary, gathered on each rank
+        # fp32 logits of every decode row (and each verify row) over the whole vocabulary, gathered on each rank
         extra={**model.extra, "logits": 4 * model.vocab_size * max(max_conc * (1 + depth), 8)},
         notes=model.notes,
     )

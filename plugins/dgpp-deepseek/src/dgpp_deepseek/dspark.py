@@ -31,6 +31,7 @@ from torch import nn
 
 from dgpp.nn.hyper_connections import to_streams
 from dgpp.nn.linear import Linear
+from dgpp.nn.paged_context import context_rows
 from dgpp.nn.parallel import all_reduce
 from dgpp.plugin_api import CacheSpec, CheckpointError, ForwardBatch, LoadContext, Model, PagedKV
 from dgpp_deepseek.attention import DeepseekV4Attention
@@ -167,16 +168,16 @@ class DSparkHeads:
             keys, _ = batch.cache.kv[context_name(s)]
             keys.view(-1, keys.shape[-1])[batch.slot_mapping] = self.stored_rows(latent).to(keys.dtype)
 
-    def _context(self, batch: ForwardBatch, s: int) -> list[torch.Tensor]:
-        """Stage ``s``'s context latents of each sequence: positions ``max(0, c - window) .. c - 1``."""
+    def _context(self, batch: ForwardBatch, s: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stage ``s``'s context latents of every sequence, positions ``max(0, c - window) .. c - 1``, right-aligned
+        in one ``[B, L, head_dim]`` tensor, and the mask of the columns that hold one (``[B, L]``)."""
         keys, _ = batch.cache.kv[context_name(s)]
-        flat, bs = keys.view(-1, keys.shape[-1]), batch.cache.block_size
-        out = []
-        for i, c in enumerate(batch.context_lens_cpu):
-            positions = torch.arange(max(0, c - self.window), c, device=keys.device)
-            table = batch.block_tables[i].long()
-            out.append(self.read_rows(flat[table[positions // bs] * bs + positions % bs]))
-        return out
+        ends = batch.context_lens_cpu
+        firsts = [max(0, c - self.window) for c in ends]
+        flat = keys.view(-1, keys.shape[-1])
+        rows, _, valid = context_rows(flat, batch.block_tables, batch.cache.block_size, firsts, ends)
+        n, width = rows.shape[:2]
+        return self.read_rows(rows.reshape(n * width, -1)).view(n, width, -1), valid
 
     def block_rows(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Each sequence's block ``[anchor, noise x (block - 1)]``: its tokens and positions (flat, block after
@@ -213,23 +214,23 @@ class DSparkHeads:
 def block_attention(
     q: torch.Tensor,
     latent: torch.Tensor,
-    contexts: list[torch.Tensor],
+    context: tuple[torch.Tensor, torch.Tensor],
     sinks: torch.Tensor,
     scale: float,
     block: int,
 ) -> torch.Tensor:
     """Every row of a sequence's block (``q [B * block, H, D]``, its latents ``[B * block, D]``) attends to its
-    context latents and to all of its block's latents, in one softmax with the head's sink (fp32 math)."""
-    sink = sinks.float()[:, None, None]
-    out = torch.empty_like(q)
-    for i, context in enumerate(contexts):
-        rows_i = slice(i * block, (i + 1) * block)
-        keys = torch.cat([context.to(latent.dtype), latent[rows_i]]).float()
-        scores = torch.einsum("rhd,kd->hrk", q[rows_i].float(), keys) * scale
-        scores = torch.cat([scores, sink.expand(-1, block, 1)], dim=-1)
-        probs = scores.softmax(dim=-1)[..., :-1]
-        out[rows_i] = torch.einsum("hrk,kd->rhd", probs, keys).to(q.dtype)
-    return out
+    context latents and to all of its block's latents, in one softmax with the head's sink (fp32 math); every
+    sequence in one masked product (``context``: the latents ``[B, L, D]`` and the mask of the columns that hold
+    one, ``DSparkHeads._context``)."""
+    latents, valid = context
+    n, width = latents.shape[:2]
+    keys = torch.cat([latents.to(latent.dtype), latent.view(n, block, -1)], dim=1).float()
+    scores = torch.einsum("brhd,bkd->bhrk", q.view(n, block, *q.shape[1:]).float(), keys) * scale
+    scores[..., :width] = scores[..., :width].masked_fill(~valid[:, None, None, :], float("-inf"))
+    sink = sinks.float()[None, :, None, None].expand(n, -1, block, 1)
+    probs = torch.cat([scores, sink], dim=-1).softmax(dim=-1)[..., :-1]
+    return torch.einsum("bhrk,bkd->brhd", probs, keys).reshape(q.shape).to(q.dtype)
 
 
 class DSparkDrafter(DSparkHeads):
@@ -270,7 +271,7 @@ class DSparkDrafter(DSparkHeads):
         attn: DeepseekV4Attention,
         x: torch.Tensor,
         positions: torch.Tensor,
-        contexts: list[torch.Tensor],
+        context: tuple[torch.Tensor, torch.Tensor],
         block: int,
     ) -> torch.Tensor:
         """The stage's attention for the block rows ``x`` (normed): V4's per-head query norm, then
@@ -281,7 +282,7 @@ class DSparkDrafter(DSparkHeads):
         q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + attn.eps).to(q.dtype)
         q = attn.rotary.rotate(q, positions)
         latent = self.context_latent(attn, x, positions)
-        out = block_attention(q, latent, contexts, attn.attn_sink, attn.core.scale, block)
+        out = block_attention(q, latent, context, attn.attn_sink, attn.core.scale, block)
         out = attn.rotary.rotate(out, positions, inverse=True)
         return attn.grouped_output(out)
 

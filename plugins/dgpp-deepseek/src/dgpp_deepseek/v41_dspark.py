@@ -95,7 +95,7 @@ class DSparkV41Drafter(DSparkHeads):
         attn: DeepseekV41Attention,
         x: torch.Tensor,
         positions: torch.Tensor,
-        contexts: list[torch.Tensor],
+        context: tuple[torch.Tensor, torch.Tensor],
         block: int,
     ) -> torch.Tensor:
         """The stage's CSA2 window attention for the block rows ``x`` (normed), ``block_attention`` inside."""
@@ -103,7 +103,7 @@ class DSparkV41Drafter(DSparkHeads):
         q = attn.wq_b(attn.q_norm(attn.wq_a(x))).view(rows, attn.num_heads, attn.head_dim)
         q = attn.rotary.rotate(q, positions)
         latent = self.context_latent(attn, x, positions)
-        out = block_attention(q, latent, contexts, attn.attn_sink, attn.head_dim**-0.5, block)
+        out = block_attention(q, latent, context, attn.attn_sink, attn.head_dim**-0.5, block)
         out = attn.rotary.rotate(out, positions, inverse=True)
         return grouped_output(attn.wo_a, attn.wo_b, out, attn.groups, attn.o_lora_rank)
 

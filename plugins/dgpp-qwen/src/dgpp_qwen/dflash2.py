@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.nn.norm import rms_normalize
+from dgpp.nn.paged_context import context_rows
 from dgpp.plugin_api import CacheSpec, CheckpointError, ForwardBatch, LoadContext, PagedKV
 from dgpp_qwen.dflash2_config import KEY, DFlash2Config, drafter_dir, read_tensors
 from dgpp_qwen.qwen3_5 import Qwen35ForCausalLM
@@ -139,32 +140,29 @@ class DFlash2Drafter:
     def _attention(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, batch: ForwardBatch, layer: int
     ) -> torch.Tensor:
-        """Each block's rows over its context (windowed, before ``c``) and its whole block; ``q [B, rows, NH, HD]``."""
+        """Each block's rows over its context (windowed, before ``c``) and its whole block, every request in one
+        masked product; ``q [B, rows, NH, HD]``."""
         cfg = self.cfg
         keys, values = batch.cache.kv[_cache_name(layer)]
         flat_k, flat_v = keys.view(-1, *keys.shape[2:]), values.view(-1, *values.shape[2:])
-        bs, rows, group = (
-            batch.cache.block_size,
-            q.shape[1],
-            cfg.num_attention_heads // cfg.num_key_value_heads,
-        )
-        window = cfg.sliding_window
-        out = torch.empty_like(q)
-        for i, c in enumerate(batch.context_lens_cpu):
-            first = 0 if window is None else max(0, c - window + 1)
-            positions = torch.arange(first, c, device=q.device)
-            slots = batch.block_tables[i].long()[positions // bs] * bs + positions % bs
-            key = torch.cat([flat_k[slots], k[i]]).float().repeat_interleave(group, dim=1)
-            value = torch.cat([flat_v[slots], v[i]]).float().repeat_interleave(group, dim=1)
-            scores = torch.einsum("rhd,khd->hrk", q[i].float(), key) / cfg.head_dim**0.5
-            if window is not None:  # a context row at p is seen from q when q - p < window
-                at = c + torch.arange(rows, device=q.device)
-                hidden = (at[:, None] - positions[None, :]) >= window
-                scores[:, :, : len(positions)] = scores[:, :, : len(positions)].masked_fill(
-                    hidden, float("-inf")
-                )
-            out[i] = torch.einsum("hrk,khd->rhd", scores.softmax(dim=-1), value).to(q.dtype)
-        return out
+        rows, group = q.shape[1], cfg.num_attention_heads // cfg.num_key_value_heads
+        window, ends = cfg.sliding_window, batch.context_lens_cpu
+        firsts = [0 if window is None else max(0, c - window + 1) for c in ends]
+        bs, tables = batch.cache.block_size, batch.block_tables
+        context_k, positions, valid = context_rows(flat_k, tables, bs, firsts, ends)
+        context_v = context_rows(flat_v, tables, bs, firsts, ends)[0]
+        key = torch.cat([context_k, k], dim=1).float().repeat_interleave(group, dim=2)
+        value = torch.cat([context_v, v], dim=1).float().repeat_interleave(group, dim=2)
+        scores = torch.einsum("brhd,bkhd->bhrk", q.float(), key) / cfg.head_dim**0.5
+        hidden = ~valid[:, None, :]  # [B, 1, L]: padding columns
+        if window is not None:  # a context row at p is seen from q when q - p < window
+            at = torch.tensor(ends, dtype=torch.int64, device=q.device)[:, None] + torch.arange(
+                rows, device=q.device
+            )
+            hidden = hidden | ((at[:, :, None] - positions[:, None, :]) >= window)
+        width = positions.shape[1]
+        scores[..., :width] = scores[..., :width].masked_fill(hidden[:, None], float("-inf"))
+        return torch.einsum("bhrk,bkhd->brhd", scores.softmax(dim=-1), value).to(q.dtype)
 
     # ---- the drafter ----------------------------------------------------------------------------
     @torch.no_grad()
