@@ -114,14 +114,16 @@ def measure_model(
     runs: int,
     new_tokens: int,
     lossy: tuple[LossyChain, ...] = (KV_FP8,),
+    base: str = "exact",
 ) -> Iterator[str]:
-    """The markdown rows for one model, each as it is measured: the exact chain's runs, each lossy chain, the band."""
+    """The markdown rows for one model, each as it is measured: the ``base`` chain's runs (the exact chain, or the
+    chain a lever is compared with), each lossy chain, the band."""
     exact_rows = engine_all_logits(model, texts)
     exact_greedy = _greedy(model, texts, new_tokens, "auto")
-    exact_chains = [LossyChain(f"exact, run {r + 1}") for r in range(runs)]
-    chunked = LossyChain(f"exact, {BAND_CHUNK}-token prefill chunks")
+    exact_chains = [LossyChain(f"{base}, run {r + 1}") for r in range(runs)]
+    chunked = LossyChain(f"{base}, {BAND_CHUNK}-token prefill chunks")
     chains = [(c, None) for c in exact_chains] + [(chunked, BAND_CHUNK)] + [(c, None) for c in lossy]
-    yield "| chain | NLL / token | Δ NLL vs exact run 1 | argmax rows = exact | greedy tokens = exact |"
+    yield f"| chain | NLL / token | Δ NLL vs {base} run 1 | argmax rows = {base} | greedy tokens = {base} |"
     yield "|---|---|---|---|---|"
     scores = []
     for chain, chunk in chains:
@@ -135,7 +137,7 @@ def measure_model(
     exact = scores[: runs + 1]
     band = max(s.nll for s in exact) - min(s.nll for s in exact)
     yield ""
-    yield f"run-to-run band of the exact chain (NLL max - min over {len(exact)} runs): {band:.6f}"
+    yield f"run-to-run band of the {base} chain (NLL max - min over {len(exact)} runs): {band:.6f}"
     for chain, s in zip(lossy, scores[runs + 1 :], strict=True):
         inside = abs(s.nll - exact[0].nll) <= band
         yield f"{chain.name} cost {s.nll - exact[0].nll:+.6f} is {'inside' if inside else 'outside'} it"
