@@ -8,6 +8,7 @@ import json
 
 import pytest
 
+from dgpp.bench.prefill_levers import FP8_BLOCKS
 from dgpp.cli import main
 from dgpp.config import EngineConfig, parse_config
 from dgpp.errors import ConfigError
@@ -15,14 +16,13 @@ from dgpp.quant.checkpoints import quantize_checkpoint
 from dgpp.testing.builders import build_tiny_checkpoint
 
 LEVERS = ("prefill_bf16_partials", "prefill_fp8_gemm")
-FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}
 
 
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("levers")
     dense = build_tiny_checkpoint("qwen3", root / "dense", seed=3)
-    return {"dense": dense, "fp8": quantize_checkpoint(dense, root / "fp8", FP8)}
+    return {"dense": dense, "fp8": quantize_checkpoint(dense, root / "fp8", FP8_BLOCKS)}
 
 
 def _check(tmp_path, model, **engine) -> int:

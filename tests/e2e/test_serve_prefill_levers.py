@@ -8,23 +8,17 @@ from __future__ import annotations
 import pytest
 from served_greedy import QUESTIONS, SERVE_ENGINE, check_served_greedy, served
 
+from dgpp.bench.prefill_levers import FP8_BLOCKS, NVFP4_EXPERTS
 from dgpp.policy import overriding
 from dgpp.quant.checkpoints import quantize_checkpoint
 from dgpp.testing.builders import build_tiny_checkpoint
 
 pytestmark = pytest.mark.e2e
-FP8 = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [32, 32]}
-NVFP4_EXPERTS = {
-    "quant_method": "modelopt",
-    "quant_algo": "NVFP4",
-    "group_size": 16,
-    "exclude_modules": ["lm_head", "*self_attn*", "*shared_expert*", "*mlp.gate"],
-}
 
 
 @pytest.mark.parametrize(
     "lever,kind,config",
-    [("prefill_fp8_gemm", "qwen3", FP8), ("prefill_bf16_partials", "qwen3_moe", NVFP4_EXPERTS)],
+    [("prefill_fp8_gemm", "qwen3", FP8_BLOCKS), ("prefill_bf16_partials", "qwen3_moe", NVFP4_EXPERTS)],
 )
 def test_served_greedy_equals_the_runner_with_the_lever(tmp_path, lever, kind, config) -> None:
     ckpt = quantize_checkpoint(

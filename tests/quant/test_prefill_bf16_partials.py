@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.offline import engine_all_logits, greedy_generate
 from dgpp.policy import overriding
 from dgpp.quant.fp4 import NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
@@ -19,8 +18,11 @@ from dgpp.quant.moe import QuantExperts
 from dgpp.startup.loading import load_model
 from dgpp.step.prefill_rows import ALL_ROWS
 from dgpp.testing import conformance as conf
+from dgpp.testing.levers import check_lever_exactness, lever_row_errors
 
-from .test_quant_moe_fused import HIDDEN, build_experts, routing
+from .test_quant_moe_fused import HIDDEN, NVFP4_EXPERTS_ONLY, build_experts, routing
+
+LEVER = "prefill_bf16_partials"
 
 FORMATS = [NVFP4ModelOpt(), IntPacked(bits=4, group=64), FP8Block(block=(32, 32))]
 
@@ -96,14 +98,6 @@ def test_a_mixed_step_rounds_only_its_prefill_rows():
     assert not torch.equal(every[rows], exact[rows])
 
 
-NVFP4_EXPERTS_ONLY = {
-    "quant_method": "modelopt",
-    "quant_algo": "NVFP4",
-    "group_size": 16,
-    "exclude_modules": ["lm_head", "*self_attn*", "*linear_attn*", "*shared_expert*", "*mlp.gate"],
-}
-
-
 @pytest.fixture(scope="module")
 def nvfp4_moe(tmp_path_factory):
     from dgpp.quant.checkpoints import quantize_checkpoint
@@ -115,11 +109,7 @@ def nvfp4_moe(tmp_path_factory):
 
 
 def test_the_lever_moves_moe_logits_by_a_bounded_nonzero_amount(nvfp4_moe):
-    prompts = conf.make_prompts(nvfp4_moe.info.vocab_size, (7, 19, 1), seed=1)
-    exact = torch.cat(engine_all_logits(nvfp4_moe, prompts))
-    with overriding(prefill_bf16_partials=True):
-        lossy = torch.cat(engine_all_logits(nvfp4_moe, prompts))
-    rel = (lossy - exact).abs().amax(-1) / float(exact.abs().max())
+    rel = lever_row_errors(nvfp4_moe, conf.make_prompts(nvfp4_moe.info.vocab_size, (7, 19, 1), seed=1), LEVER)
     assert bool((rel > 0).all()), "a row the lever should have moved kept the exact bits"
     # a bf16 half-ulp per partial moves most rows by 1e-3; a router at a near-tie (random weights) may then pick
     # another expert in a later layer, which moves that row as a whole
@@ -127,10 +117,4 @@ def test_the_lever_moves_moe_logits_by_a_bounded_nonzero_amount(nvfp4_moe):
 
 
 def test_bf16_partial_rows_are_the_same_chunked_or_batched(nvfp4_moe):
-    prompts = conf.make_prompts(nvfp4_moe.info.vocab_size, (7, 19, 4), seed=2)
-    with overriding(prefill_bf16_partials=True):
-        conf.check_chunk_invariance(nvfp4_moe, prompts, chunk_sizes=(1, 5))
-        conf.check_batch_invariance(nvfp4_moe, prompts)
-        together = greedy_generate(nvfp4_moe, prompts, 6)
-        assert together == greedy_generate(nvfp4_moe, prompts, 6, chunk_size=3)
-        assert together == [greedy_generate(nvfp4_moe, [p], 6)[0] for p in prompts]
+    check_lever_exactness(nvfp4_moe, conf.make_prompts(nvfp4_moe.info.vocab_size, (7, 19, 4), seed=2), LEVER)

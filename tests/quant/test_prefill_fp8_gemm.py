@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.offline import engine_all_logits, greedy_generate
+from dgpp.bench.prefill_levers import FP8_BLOCKS
 from dgpp.policy import overriding
 from dgpp.quant.checkpoints import quantize_checkpoint
 from dgpp.quant.encode import encode
@@ -25,6 +25,9 @@ from dgpp.quant.linear import packed_matmul
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
+from dgpp.testing.levers import check_lever_exactness, lever_row_errors
+
+LEVER = "prefill_fp8_gemm"
 
 
 def _activations(m: int, k: int, seed: int) -> torch.Tensor:
@@ -119,33 +122,16 @@ def test_the_lever_is_off_by_default_and_leaves_other_formats_alone():
 @pytest.fixture(scope="module")
 def fp8_qwen3(tmp_path_factory):
     root = tmp_path_factory.mktemp("fp8_qwen3")
-    config = {
-        "quant_method": "fp8",
-        "fmt": "e4m3",
-        "activation_scheme": "dynamic",
-        "weight_block_size": [32, 32],
-    }
-    return load_model(
-        quantize_checkpoint(build_tiny_checkpoint("qwen3", root / "src", seed=11), root / "q", config)
-    )
+    src = build_tiny_checkpoint("qwen3", root / "src", seed=11)
+    return load_model(quantize_checkpoint(src, root / "q", FP8_BLOCKS))
 
 
 def test_the_lever_moves_fp8_qwen3_logits_by_a_bounded_nonzero_amount(fp8_qwen3):
-    prompts = conf.make_prompts(fp8_qwen3.info.vocab_size, (7, 19, 1), seed=1)
-    exact = torch.cat(engine_all_logits(fp8_qwen3, prompts))
-    with overriding(prefill_fp8_gemm=True):
-        lossy = torch.cat(engine_all_logits(fp8_qwen3, prompts))
-    rel = (lossy - exact).abs().amax(-1) / float(exact.abs().max())
+    rel = lever_row_errors(fp8_qwen3, conf.make_prompts(fp8_qwen3.info.vocab_size, (7, 19, 1), seed=1), LEVER)
     assert bool((rel > 0).all()), "a row the lever should have moved kept the exact bits"
     # every linear's input rounded to 3 mantissa bits, on random weights whose logits are small: 3-11 % here
     assert float(rel.max()) < 0.25, float(rel.max())
 
 
 def test_fp8_gemm_rows_are_the_same_chunked_or_batched(fp8_qwen3):
-    prompts = conf.make_prompts(fp8_qwen3.info.vocab_size, (7, 19, 4), seed=2)
-    with overriding(prefill_fp8_gemm=True):
-        conf.check_chunk_invariance(fp8_qwen3, prompts, chunk_sizes=(1, 5))
-        conf.check_batch_invariance(fp8_qwen3, prompts)
-        together = greedy_generate(fp8_qwen3, prompts, 6)
-        assert together == greedy_generate(fp8_qwen3, prompts, 6, chunk_size=3)
-        assert together == [greedy_generate(fp8_qwen3, [p], 6)[0] for p in prompts]
+    check_lever_exactness(fp8_qwen3, conf.make_prompts(fp8_qwen3.info.vocab_size, (7, 19, 4), seed=2), LEVER)

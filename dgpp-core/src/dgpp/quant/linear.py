@@ -44,32 +44,27 @@ from dgpp.quant.kernels.decode_launch import MAX_ROWS, one_launch_for_any_rows
 from dgpp.quant.kernels.int_rows_launch import int_rows_applies, int_rows_multi_linear, int_rows_supported
 from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
 
+Tensors = dict[str, torch.Tensor]  # a packed weight's stored tensors by name
+Bias = torch.Tensor | None
+
 
 def packed_matmul(
-    fmt: QuantFormat,
-    tensors: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    shape: Shape,
-    bias: torch.Tensor | None = None,
+    fmt: QuantFormat, tensors: Tensors, x: torch.Tensor, shape: Shape, bias: Bias = None
 ) -> torch.Tensor:
     """``x @ W^T (+ bias)``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference);
     prefill rows through the fp8 GEMM under ``engine.prefill_fp8_gemm``."""
-    lossy = fp8_prefill_matmul(
-        fmt, tensors, x, shape, lambda rows: packed_matmul_exact(fmt, tensors, rows, shape)
+    y = fp8_prefill_matmul(
+        fmt, tensors, x, shape, lambda rows: _exact_matmul(fmt, tensors, rows, shape, None)
     )
-    if lossy is not None:
-        return lossy if bias is None else lossy + bias
-    return packed_matmul_exact(fmt, tensors, x, shape, bias)
+    if y is not None:
+        return y if bias is None else y + bias
+    return _exact_matmul(fmt, tensors, x, shape, bias)
 
 
-def packed_matmul_exact(
-    fmt: QuantFormat,
-    tensors: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    shape: Shape,
-    bias: torch.Tensor | None = None,
+def _exact_matmul(
+    fmt: QuantFormat, tensors: Tensors, x: torch.Tensor, shape: Shape, bias: Bias
 ) -> torch.Tensor:
-    """``packed_matmul``'s exact chain for every row."""
+    """``packed_matmul``'s exact chain for every row (the bias where the product adds it)."""
     if x.is_cuda and has_kernel(fmt) and not current().quant_torch_only:
         y = quant_matmul(fmt, tensors, x, shape)
         return y if bias is None else y + bias
