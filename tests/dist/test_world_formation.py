@@ -133,13 +133,19 @@ def test_progress_watchdog_thread_calls_on_stall_once_and_can_be_disarmed():
     assert len(stalls) == 1
 
 
-@pytest.mark.parametrize("kv_dtype", ["fp8", "fp4"])
-def test_a_lossy_lever_on_one_rank_only_is_refused_by_name(kv_dtype):
-    """Every rank runs the same K/V format: ``engine.kv_dtype`` fp8 (or fp4 latents) on one rank and not the other
-    refuses the world."""
+@pytest.mark.parametrize(
+    "key,value,shown",
+    [
+        ("kv_dtype", "fp8", "('auto' vs 'fp8')"),
+        ("kv_dtype", "fp4", "('auto' vs 'fp4')"),
+        ("prefill_fp8_gemm", True, "(False vs True)"),
+        ("prefill_bf16_partials", True, "(False vs True)"),
+    ],
+)
+def test_a_lossy_lever_on_one_rank_only_is_refused_by_name(key, value, shown):
+    """Every rank runs the same arithmetic: a lossy lever (the K/V format, fp8 or fp4 latents, a prefill lever) on one rank and not the
+    other refuses the world, naming the key."""
     exact = settings_of(parse_config({"model": "a", "world_size": 2}))
-    lossy = settings_of(parse_config({"model": "a", "world_size": 2, "engine": {"kv_dtype": kv_dtype}}))
+    lossy = settings_of(parse_config({"model": "a", "world_size": 2, "engine": {key: value}}))
     text = settings_difference(exact, lossy, 1)
-    assert (
-        text is not None and "config digest" in text and f"engine.kv_dtype ('auto' vs '{kv_dtype}')" in text
-    )
+    assert text is not None and "config digest" in text and f"engine.{key} {shown}" in text

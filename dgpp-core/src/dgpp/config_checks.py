@@ -199,6 +199,15 @@ def _check_engine(cfg: DeployConfig) -> list[str]:
         problems.append(
             f"engine.prefill_idle_budget_tokens: {idle} is below engine.prefill_budget_tokens {busy} (idle may only be larger)"
         )
+    for key, on in (
+        ("prefill_bf16_partials", eng.prefill_bf16_partials),
+        ("prefill_fp8_gemm", eng.prefill_fp8_gemm),
+    ):
+        if on and eng.batch_invariant:
+            problems.append(
+                f"engine.{key}: engine.batch_invariant computes every row as a decode row, which the prefill "
+                "levers leave alone; turn one off"
+            )
     rs = eng.rope_scaling
     if rs is not None and rs.rope_type is None and rs.type is None:
         problems.append('engine.rope_scaling.rope_type: required key missing ("yarn")')

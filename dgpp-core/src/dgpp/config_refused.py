@@ -9,7 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-_LOSSY_PREFILL = "lossy prefill levers are not built: prefill runs the exact path only"
+_FOLDED = (
+    "the exact chain already multiplies each group's scale into the decoded weight values before the product "
+    "(the folded form this lever selects), so there is nothing for it to change"
+)
 
 # path -> why it is refused, whatever its value
 NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
@@ -35,10 +38,9 @@ NOT_BUILT_KEYS: dict[tuple[str, ...], str] = {
         "graph_batch_min_live",
     ): "decode graphs batch every decode-only step (there are no per-slot graphs)",
     ("engine", "fp8_head"): "the vocabulary head runs as a GEMV (no FP8 MMA head kernel)",
-    ("engine", "prefill_bf16_partials"): _LOSSY_PREFILL,
-    ("engine", "prefill_fold_scales"): _LOSSY_PREFILL,
-    ("engine", "prefill_fp8_gemm"): _LOSSY_PREFILL,
-    ("engine", "prefill_fp8_per_tensor"): _LOSSY_PREFILL,
+    ("engine", "prefill_fold_scales"): _FOLDED,
+    ("engine", "prefill_fp8_per_tensor"): "the per-tensor FP8 prefill recipe is not built (block-scaled "
+    "weights take engine.prefill_fp8_gemm)",
 }
 
 # path -> {value: why it is refused}: the key is built, these values of it are not

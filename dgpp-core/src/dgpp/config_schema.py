@@ -151,6 +151,10 @@ class EngineConfig(_Section):
     index_topk: Annotated[int, msgspec.Meta(ge=0, le=2048)] = 0
     # DeepSeek-V4.1: "bounded" runs the decoder layers over a prompt's last window only (lossy)
     prefill_mode: Literal["exact", "bounded"] = "exact"
+    # lossy: prefill rows' packed expert down projections summed from bf16 partials (dgpp.quant.moe)
+    prefill_bf16_partials: bool = False
+    # lossy: prefill rows of FP8 block-scaled linears as an e4m3 x e4m3 GEMM (dgpp.quant.fp8_prefill)
+    prefill_fp8_gemm: bool = False
     batch_invariant: bool = False  # every CUDA row through the fixed-order kernels (dgpp.nn.exact.routing)
     rope_scaling: RopeScaling | None = None
     images: ImagesConfig = msgspec.field(default_factory=ImagesConfig)
@@ -166,6 +170,10 @@ class EngineConfig(_Section):
             levers.append("prefill_mode")
         if self.kv_dtype in ("fp8", "fp4"):  # K/V, latent and index rows stored quantized, with row scales
             levers.append("kv_dtype")
+        if self.prefill_bf16_partials:  # each expert's down-projection row rounded to bf16 before the sum
+            levers.append("prefill_bf16_partials")
+        if self.prefill_fp8_gemm:  # prefill activations quantized to e4m3 per token and 128 columns
+            levers.append("prefill_fp8_gemm")
         return levers
 
     def drafts_per_step(self) -> int:

@@ -48,6 +48,9 @@ class ExecPolicy:
     overlap_steps: bool = (
         True  # DGPP_OVERLAP=0: no overlapped decode steps on a GPU (dgpp.sched.overlap; A/B)
     )
+    # the lossy prefill levers: engine keys only (no variable turns on a lossy path); dgpp.step.prefill_rows
+    prefill_bf16_partials: bool = False  # engine.prefill_bf16_partials
+    prefill_fp8_gemm: bool = False  # engine.prefill_fp8_gemm
 
     def __post_init__(self) -> None:
         if self.quant_decode_gemv not in (None, *DECODE_GEMV_SETTINGS):
@@ -60,10 +63,23 @@ class ExecPolicy:
             raise ValueError(f"DGPP_EXACT_GROUP_ROWS must be 0 or more, got {self.exact_group_rows}")
 
     @classmethod
-    def for_engine(cls, *, batch_invariant: bool, quant_decode_gemv: str, decode_max_rows: int) -> ExecPolicy:
+    def for_engine(
+        cls,
+        *,
+        batch_invariant: bool,
+        quant_decode_gemv: str,
+        decode_max_rows: int,
+        prefill_bf16_partials: bool = False,
+        prefill_fp8_gemm: bool = False,
+    ) -> ExecPolicy:
         """An engine's policy: its keys, then the environment's A/B overrides (``engine.batch_invariant`` is the
         engine's own: ``DGPP_BATCH_INVARIANT`` only sets the default where no engine is configured)."""
-        base = cls(quant_decode_gemv=quant_decode_gemv, decode_max_rows=decode_max_rows)
+        base = cls(
+            quant_decode_gemv=quant_decode_gemv,
+            decode_max_rows=decode_max_rows,
+            prefill_bf16_partials=prefill_bf16_partials,
+            prefill_fp8_gemm=prefill_fp8_gemm,
+        )
         return dataclasses.replace(with_environment(base), batch_invariant=batch_invariant)
 
 

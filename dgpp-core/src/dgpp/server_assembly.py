@@ -26,6 +26,7 @@ from dgpp.serve.backend import Backend, TextStack
 from dgpp.serve.generation import ModelLimits
 from dgpp.serve.images import ImageInputs
 from dgpp.startup.kv_format import refuse_unstored_kv
+from dgpp.startup.prefill_levers import refuse_idle_prefill_levers
 from dgpp.step.cache_spec import stored_as
 
 if TYPE_CHECKING:
@@ -224,7 +225,11 @@ def _install_policy(engine_cfg: EngineConfig) -> ExecPolicy:
     max_rows = engine_cfg.max_concurrency * (1 + engine_cfg.drafts_per_step())
     setting = engine_cfg.quant_decode_gemv
     policy = ExecPolicy.for_engine(
-        batch_invariant=engine_cfg.batch_invariant, quant_decode_gemv=setting, decode_max_rows=max_rows
+        batch_invariant=engine_cfg.batch_invariant,
+        quant_decode_gemv=setting,
+        decode_max_rows=max_rows,
+        prefill_bf16_partials=engine_cfg.prefill_bf16_partials,
+        prefill_fp8_gemm=engine_cfg.prefill_fp8_gemm,
     )
     install(policy)
     log.info("packed decode GEMV", setting=setting, max_rows_per_step=max_rows)
@@ -286,6 +291,7 @@ def build_backend(
     model = model_for(ctx, deployment.pm)
     info = model.info
     refuse_unstored_kv(engine_cfg, info.dtype)  # kv_dtype "bf16" must match the model's compute dtype
+    refuse_idle_prefill_levers(engine_cfg, model)  # a lossy lever must have something to act on
     text = load_text_stack(
         deployment.checkpoint, info.vocab_size, ctx.family, deployment.hf_config, deployment.pm
     )

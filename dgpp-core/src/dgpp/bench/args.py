@@ -9,11 +9,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "mode",
         nargs="?",
-        choices=("decode", "serve", "verify", "kv-quality"),
+        choices=("decode", "serve", "verify", "kv-quality", "prefill-levers"),
         default="decode",
         help="decode: the in-process decode sweep; serve: a real dgpp serve driven over HTTP; verify: the "
         "speculative verify path with an oracle (always right) and a null (never right) drafter; kv-quality: "
-        "engine.kv_dtype fp8 against the exact chain (NLL, greedy agreement, the exact chain's band)",
+        "engine.kv_dtype fp8 against the exact chain (NLL, greedy agreement, the exact chain's band); "
+        "prefill-levers: engine.prefill_fp8_gemm and engine.prefill_bf16_partials against the lever-off chain "
+        "(the kv-quality flags)",
     )
     parser.add_argument("--geometry", default="qwen3-8b")
     parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
@@ -70,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds after a case's requests are sent before the profile starts (0: the burst itself)",
     )
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")
-    quality = parser.add_argument_group("kv-quality mode (dgpp bench kv-quality)")
+    quality = parser.add_argument_group("kv-quality and prefill-levers modes")
     quality.add_argument(
         "--model", default="dgpp-demo/smollm2-135m-instruct", help="the checkpoint scored ('' for none)"
     )
@@ -78,7 +80,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     quality.add_argument("--runs", type=int, default=3, help="exact-chain runs that make the run-to-run band")
     quality.add_argument("--new-tokens", type=int, default=32, help="greedy tokens continued from each text")
     quality.add_argument(
-        "--fixtures", action="store_true", help="also each tiny checkpoint's fp8 logit error"
+        "--fixtures",
+        action="store_true",
+        help="also each (packed) tiny checkpoint's logit error under the lever",
     )
     quality.add_argument(
         "--geometries", action="store_true", help="also K/V bytes with and without fp8 per bench geometry"

@@ -179,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
         from dgpp.bench.kv_quality import run_kv_quality
 
         return run_kv_quality(args)
+    if getattr(args, "mode", "decode") == "prefill-levers":
+        from dgpp.bench.prefill_levers import run_prefill_levers
+
+        return run_prefill_levers(args)
     device = args.device
     quant = getattr(args, "quant", "")
     variants = parse_variants(quant)

@@ -31,8 +31,10 @@ from pathlib import Path
 import torch
 
 from dgpp.bench.kv_quality_texts import TEXTS
+from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.offline import engine_all_logits, greedy_generate, make_prompts
+from dgpp.policy import overriding
 from dgpp.step.model import Model
 
 BAND_CHUNK = 16  # the band's chunked run: the default chain cut in 16-token prefill steps
@@ -95,31 +97,51 @@ def score_chain(
     return ChainScore(total / count, agree, sum(len(ids) for ids in texts), same, new_tokens * len(texts))
 
 
-def measure_model(model: Model, texts: list[list[int]], runs: int, new_tokens: int) -> Iterator[str]:
-    """The markdown rows for one model, each as it is measured: the exact chain's runs, the fp8 chain, the band."""
+@dataclass(frozen=True)
+class LossyChain:
+    """A lossy chain scored against the exact one: its K/V format and its ``dgpp.policy`` switches."""
+
+    name: str
+    kv_dtype: str = "auto"
+    policy: tuple[tuple[str, object], ...] = ()
+
+
+KV_FP8 = LossyChain("kv_dtype fp8", kv_dtype="fp8")
+
+
+def measure_model(
+    model: Model,
+    texts: list[list[int]],
+    runs: int,
+    new_tokens: int,
+    lossy: tuple[LossyChain, ...] = (KV_FP8,),
+    base: str = "exact",
+) -> Iterator[str]:
+    """The markdown rows for one model, each as it is measured: the ``base`` chain's runs (the exact chain, or the
+    chain a lever is compared with), each lossy chain, the band."""
     exact_rows = engine_all_logits(model, texts)
     exact_greedy = _greedy(model, texts, new_tokens, "auto")
-    chains = [(f"exact, run {r + 1}", "auto", None) for r in range(runs)]
-    chains.append((f"exact, {BAND_CHUNK}-token prefill chunks", "auto", BAND_CHUNK))
-    chains.append(("kv_dtype fp8", "fp8", None))
-    yield "| chain | NLL / token | Δ NLL vs exact run 1 | argmax rows = exact | greedy tokens = exact |"
+    exact_chains = [LossyChain(f"{base}, run {r + 1}") for r in range(runs)]
+    chunked = LossyChain(f"{base}, {BAND_CHUNK}-token prefill chunks")
+    chains = [(c, None) for c in exact_chains] + [(chunked, BAND_CHUNK)] + [(c, None) for c in lossy]
+    yield f"| chain | NLL / token | Δ NLL vs {base} run 1 | argmax rows = {base} | greedy tokens = {base} |"
     yield "|---|---|---|---|---|"
     scores = []
-    for name, kv, chunk in chains:
-        s = score_chain(model, texts, kv, exact_rows, exact_greedy, new_tokens, chunk)
+    for chain, chunk in chains:
+        with overriding(**dict(chain.policy)):
+            s = score_chain(model, texts, chain.kv_dtype, exact_rows, exact_greedy, new_tokens, chunk)
         scores.append(s)
         yield (
-            f"| {name} | {s.nll:.6f} | {s.nll - scores[0].nll:+.6f} | {s.top1_agree}/{s.rows} "
+            f"| {chain.name} | {s.nll:.6f} | {s.nll - scores[0].nll:+.6f} | {s.top1_agree}/{s.rows} "
             f"| {s.greedy_same}/{s.greedy_total} |"
         )
-    exact, fp8 = scores[:-1], scores[-1]
+    exact = scores[: runs + 1]
     band = max(s.nll for s in exact) - min(s.nll for s in exact)
-    inside = abs(fp8.nll - exact[0].nll) <= band
     yield ""
-    yield (
-        f"run-to-run band of the exact chain (NLL max - min over {len(exact)} runs): {band:.6f}; "
-        f"fp8 cost {fp8.nll - exact[0].nll:+.6f} is {'inside' if inside else 'outside'} it"
-    )
+    yield f"run-to-run band of the {base} chain (NLL max - min over {len(exact)} runs): {band:.6f}"
+    for chain, s in zip(lossy, scores[runs + 1 :], strict=True):
+        inside = abs(s.nll - exact[0].nll) <= band
+        yield f"{chain.name} cost {s.nll - exact[0].nll:+.6f} is {'inside' if inside else 'outside'} it"
 
 
 def fixture_errors() -> Iterator[str]:
@@ -191,21 +213,23 @@ def geometry_rates(world_sizes: tuple[int, ...] = (1, 2, 4)) -> Iterator[str]:
             yield f"| {name} | {size} | {kv:,} | {kv8} | {kv4} | {state:,} | {state8} |"
 
 
-def _load(model_id: str, dtype: str) -> tuple[Model, list[list[int]]]:
+def load_scored(
+    model_id: str, dtype: str, engine: EngineConfig | None = None
+) -> tuple[Model, list[list[int]]]:
+    """The model (loaded under ``engine``'s keys) and the text set tokenized."""
     from dgpp.checkpoint.resolve import resolve_checkpoint
-    from dgpp.config_schema import EngineConfig
     from dgpp.startup.loading import load_model
     from dgpp.text.tokenizer import Tokenizer
 
     checkpoint = resolve_checkpoint(model_id)
-    model = load_model(checkpoint, EngineConfig(), dtype=getattr(torch, dtype))
+    model = load_model(checkpoint, engine or EngineConfig(), dtype=getattr(torch, dtype))
     tokenizer = Tokenizer.from_dir(checkpoint)
     return model, [tokenizer.encode(text) for text in TEXTS]
 
 
 def _sections(args: argparse.Namespace) -> Iterator[str]:
     if args.model:
-        model, texts = _load(args.model, args.dtype)
+        model, texts = load_scored(args.model, args.dtype)
         yield (
             f"## engine.kv_dtype fp8 on {args.model} ({args.dtype}), {len(texts)} texts, "
             f"{sum(len(t) for t in texts)} tokens"
@@ -221,17 +245,22 @@ def _sections(args: argparse.Namespace) -> Iterator[str]:
 
 
 def run_kv_quality(args: argparse.Namespace) -> int:
+    return print_report(_sections(args), args.out)
+
+
+def print_report(sections: Iterator[str], out: str) -> int:
+    """Print each line as it is measured; ``out``: also write them, after the date, host and commit."""
     torch.manual_seed(0)
     lines = []
-    for line in _sections(args):  # each row printed as it is measured
+    for line in sections:
         print(line, flush=True)
         lines.append(line)
-    if args.out:
+    if out:
         commit = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
         ).stdout.strip()
         when = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
-        with open(args.out, "w") as f:
+        with open(out, "w") as f:
             f.write(f"{when}, {platform.processor() or platform.machine()}, commit {commit}\n\n")
             f.write("\n".join(lines) + "\n")
     return 0

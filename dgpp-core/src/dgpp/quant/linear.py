@@ -12,7 +12,8 @@ row GEMV in launches of at most ``MAX_ROWS`` rows, int4/int8 words, NF4I8 and GP
 row-exact GEMM (``int_rows``); either way a row's bits do not depend on the rows beside it;
 prefill-chunk rows take the weight-only GEMM with its prefill tiles whatever the chunk length (``dgpp.nn.exact``
 routes the rows). Off CUDA, with routing off or outside a
-model step, the routed functions return None and the caller takes its own path.
+model step, the routed functions return None and the caller takes its own path. Under ``engine.prefill_fp8_gemm``
+the prefill rows of FP8 block-scaled layers take the e4m3 GEMM instead (``dgpp.quant.fp8_prefill``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from dgpp.nn.exact import routing
 from dgpp.nn.mlp import silu_and_mul
 from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape
+from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.fp8_prefill import fp8_gemm_applies, fp8_linear, fp8_prefill_matmul
 from dgpp.quant.intq import GPTQ
 from dgpp.quant.kernels import (
     decode_gemv_applies,
@@ -41,15 +44,27 @@ from dgpp.quant.kernels.decode_launch import MAX_ROWS, one_launch_for_any_rows
 from dgpp.quant.kernels.int_rows_launch import int_rows_applies, int_rows_multi_linear, int_rows_supported
 from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
 
+Tensors = dict[str, torch.Tensor]  # a packed weight's stored tensors by name
+Bias = torch.Tensor | None
+
 
 def packed_matmul(
-    fmt: QuantFormat,
-    tensors: dict[str, torch.Tensor],
-    x: torch.Tensor,
-    shape: Shape,
-    bias: torch.Tensor | None = None,
+    fmt: QuantFormat, tensors: Tensors, x: torch.Tensor, shape: Shape, bias: Bias = None
 ) -> torch.Tensor:
-    """``x @ W^T (+ bias)``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference)."""
+    """``x @ W^T (+ bias)``: the Triton kernel on GPU, else decode to ``x.dtype`` and multiply (the reference);
+    prefill rows through the fp8 GEMM under ``engine.prefill_fp8_gemm``."""
+    y = fp8_prefill_matmul(
+        fmt, tensors, x, shape, lambda rows: _exact_matmul(fmt, tensors, rows, shape, None)
+    )
+    if y is not None:
+        return y if bias is None else y + bias
+    return _exact_matmul(fmt, tensors, x, shape, bias)
+
+
+def _exact_matmul(
+    fmt: QuantFormat, tensors: Tensors, x: torch.Tensor, shape: Shape, bias: Bias
+) -> torch.Tensor:
+    """``packed_matmul``'s exact chain for every row (the bias where the product adds it)."""
     if x.is_cuda and has_kernel(fmt) and not current().quant_torch_only:
         y = quant_matmul(fmt, tensors, x, shape)
         return y if bias is None else y + bias
@@ -255,6 +270,9 @@ def _bulk_linears(fmt: QuantFormat, layers: tuple[nn.Module, ...], rows: torch.T
     13 rows and a 25-row one-shot prompt then give each row the same bits; the decode GEMV would not)."""
     sets, shapes = layer_tensors(layers)
     rows = rows.contiguous()
+    if fp8_gemm_applies(fmt):  # engine.prefill_fp8_gemm: these are all prefill rows
+        assert isinstance(fmt, FP8Block)
+        return [fp8_linear(fmt, t, rows, s) for t, s in zip(sets, shapes, strict=True)]
     return [
         quant_matmul(fmt, t, rows, s, default_config(fmt, rows.shape[0], s, rows.device, gemm=True))
         for t, s in zip(sets, shapes, strict=True)

@@ -6,6 +6,10 @@ experts run through one fused grouped GEMM that decodes the packed weights in re
 reference (CPU, and CUDA under ``DGPP_QUANT_TORCH=1``) loops over the experts that were picked,
 decoding each one's weights (``expert_weight``). Tensors load from the per-expert names releases
 ship (``experts.N.gate_proj.weight_scale`` ...).
+
+``engine.prefill_bf16_partials`` (lossy, off by default): each prefill row's weighted down-projection partial
+(one per expert the token picked) is rounded to bf16 before the per-token sum, which still runs in fp32; the
+fused kernel then writes half the bytes. Decode rows keep fp32 partials (``dgpp.step.prefill_rows``).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dgpp.quant.format import QuantFormat, Shape
 from dgpp.quant.kernels.moe_launch import fused_quant_moe, has_moe_kernel
 from dgpp.quant.linear import packed_matmul
 from dgpp.quant.params import check_tp_alignment, make_param, reblock_for_tp, tp_dim
+from dgpp.step.prefill_rows import prefill_rows, row_mask
 
 PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
@@ -135,6 +140,7 @@ class QuantExperts(nn.Module):
         return x.is_cuda and fusable and not current().quant_torch_only
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        bf16_rows = prefill_rows(x) if current().prefill_bf16_partials else None
         if self.fused(x):
             return fused_quant_moe(
                 (self.gate_proj.fmt, self.gate_proj.stacks(), self.up_proj.stacks()),
@@ -144,11 +150,20 @@ class QuantExperts(nn.Module):
                 ids,
                 self.inter,
                 swiglu_limit=self.swiglu_limit,
+                bf16_partial_rows=bf16_rows,
             )
-        return self.forward_reference(x, weights, ids)
+        return self.forward_reference(x, weights, ids, bf16_rows)
 
-    def forward_reference(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """One pass per expert that was picked (at most ``E`` however many tokens), each decoding its weights."""
+    def forward_reference(
+        self,
+        x: torch.Tensor,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        bf16_partial_rows: torch.Tensor | str | None = None,
+    ) -> torch.Tensor:
+        """One pass per expert that was picked (at most ``E`` however many tokens), each decoding its weights;
+        the weighted partials of ``bf16_partial_rows`` (``dgpp.step.prefill_rows``) rounded to bf16 first."""
+        rounded = None if bf16_partial_rows is None else row_mask(bf16_partial_rows, x.shape[0], x.device)
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
@@ -159,5 +174,8 @@ class QuantExperts(nn.Module):
                 self.swiglu_limit,
             )
             y = self._project("down_proj", expert, hidden)
-            out.index_add_(0, token_idx, (y * weights[token_idx, slot, None]).to(out.dtype))
+            part = y * weights[token_idx, slot, None]
+            if rounded is not None:
+                part = torch.where(rounded[token_idx, None], part.to(torch.bfloat16).to(part.dtype), part)
+            out.index_add_(0, token_idx, part.to(out.dtype))
         return out

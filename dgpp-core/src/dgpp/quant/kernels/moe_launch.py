@@ -181,6 +181,7 @@ def fused_quant_moe(
     inter: int,
     tiles: MoETiles | None = None,
     swiglu_limit: float | None = None,
+    bf16_partial_rows: torch.Tensor | str | None = None,
 ) -> torch.Tensor:
     """``sum_k w[t, k] * down_e(silu(gate_e x_t) * up_e x_t)`` with ``e = topk_ids[t, k]`` (gate and up
     clamped at ``swiglu_limit`` first when it is set).
@@ -188,7 +189,9 @@ def fused_quant_moe(
     ``gate_up``: (format, gate stacks, up stacks) and ``down``: (format, down stacks), each stack a stored
     tensor with a leading expert dim (logical gate/up [E, I, H], down [E, H, I]; the two formats differ
     only when TP re-blocks an FP8 grid). Weighted per-assignment rows are summed per token in a fixed
-    order (no atomics)."""
+    order (no atomics), in fp32; ``bf16_partial_rows`` (``dgpp.step.prefill_rows``: every token, some, or
+    none) are the tokens whose weighted rows are rounded to bf16 first (``engine.prefill_bf16_partials``): when
+    every token is, the down launch writes bf16 rows directly."""
     tokens, hidden = x.shape
     top_k = topk_ids.shape[1]
     if tokens == 0:
@@ -222,7 +225,12 @@ def fused_quant_moe(
         scatter=False,
         swiglu_limit=swiglu_limit_constant(swiglu_limit),
     )
-    per_assign = torch.empty(n_assign, hidden, dtype=torch.float32, device=x.device)
+    # the interpreter's fp32 -> bf16 store does not round to nearest even as the GPU's does: there the rows are
+    # stored in fp32 and rounded by torch below, the same values
+    bf16_store = isinstance(bf16_partial_rows, str) and not interpreting()
+    per_assign = torch.empty(
+        n_assign, hidden, dtype=torch.bfloat16 if bf16_store else torch.float32, device=x.device
+    )
     _launch(
         down_args,
         None,
@@ -239,4 +247,9 @@ def fused_quant_moe(
         swiglu=False,
         scatter=True,
     )
-    return per_assign.view(tokens, top_k, hidden).sum(1).to(x.dtype)
+    partials = per_assign.view(tokens, top_k, hidden).float()
+    if isinstance(bf16_partial_rows, torch.Tensor):  # a step mixing prefill and decode rows
+        partials[bf16_partial_rows] = partials[bf16_partial_rows].to(torch.bfloat16).float()
+    elif bf16_partial_rows is not None and not bf16_store:
+        partials = partials.to(torch.bfloat16).float()
+    return partials.sum(1).to(x.dtype)
