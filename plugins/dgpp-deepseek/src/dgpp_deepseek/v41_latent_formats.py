@@ -17,41 +17,15 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels.latent_formats import e2m1_codes, e2m1_values
+
 E4M3_MAX, E2M1_MAX = 448.0, 6.0
-# E2M1 magnitudes and the midpoints between neighbours; a tie rounds to the even code (codes 0, 2, 4, 6)
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
-_MIDPOINTS = (
-    (0.25, False),
-    (0.75, True),
-    (1.25, False),
-    (1.75, True),
-    (2.5, False),
-    (3.5, True),
-    (5.0, False),
-)
 
 
 def pow2_ceil(t: torch.Tensor) -> torch.Tensor:
     """``2^ceil(log2(t))`` for positive fp32 ``t`` (exact: from the float's exponent and mantissa)."""
     mantissa, exponent = torch.frexp(t)  # t = m * 2^e, m in [0.5, 1)
     return torch.ldexp(torch.ones_like(t), exponent - (mantissa == 0.5).to(exponent.dtype))
-
-
-def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
-    """``x`` (fp32, within +-6) as E2M1 nibbles (uint8: sign bit 3, the magnitude's code in bits 0..2), rounded
-    to nearest, ties to the even code."""
-    mag = x.abs()
-    code = torch.zeros_like(mag, dtype=torch.uint8)
-    for mid, tie_up in _MIDPOINTS:
-        code += (mag >= mid) if tie_up else (mag > mid)
-    return code | (torch.signbit(x).to(torch.uint8) << 3)
-
-
-def e2m1_values(codes: torch.Tensor) -> torch.Tensor:
-    """E2M1 nibbles -> their fp32 values (a set sign bit on code 0 is -0.0)."""
-    grid = torch.tensor(_E2M1, dtype=torch.float32, device=codes.device)
-    mag = grid[(codes & 7).long()]
-    return torch.where((codes & 8) != 0, -mag, mag)
 
 
 def e2m1_round(x: torch.Tensor) -> torch.Tensor:

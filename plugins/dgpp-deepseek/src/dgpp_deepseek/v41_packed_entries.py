@@ -23,7 +23,8 @@ from typing import Protocol
 
 import torch
 
-from dgpp_deepseek.v41_latent_formats import e2m1_values, fp4_e4m3_parts, fp4_e8m0_parts, fp8_e8m0_parts
+from dgpp.kernels.latent_formats import e2m1_values
+from dgpp_deepseek.v41_latent_formats import fp4_e4m3_parts, fp4_e8m0_parts, fp8_e8m0_parts
 
 
 class EntryFormat(Protocol):
