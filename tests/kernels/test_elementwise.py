@@ -185,15 +185,15 @@ def test_qk_norm_rope_fp32_product_equals_its_norm_then_rotary() -> None:
 @pytest.mark.parametrize("sigmoid", [False, True])
 @pytest.mark.parametrize("x_dtype", [torch.float32, torch.float64])
 def test_gated_rms_norm_matches_reference(sigmoid: bool, x_dtype: torch.dtype) -> None:
-    from dgpp.kernels.gated_rmsnorm import gated_rms_norm_ref, gated_rms_norm_triton
+    from dgpp.kernels.gated_rmsnorm import GatedRmsNormInputs, gated_rms_norm_ref, gated_rms_norm_triton
 
     g = torch.Generator().manual_seed(21 + sigmoid)
     # x: the delta rule's output in its own dtype; gate: a strided view of a wider projection
     x = torch.randn(3, 4, 48, generator=g, dtype=torch.float64).to(x_dtype)
     gate = torch.randn(3, 4 * 48 + 8, generator=g)[:, : 4 * 48].view(3, 4, 48)
     w = torch.randn(48, generator=g)
-    got = gated_rms_norm_triton(x, gate, w, 1e-6, torch.float32, sigmoid)
-    ref = gated_rms_norm_ref(x, gate, w, 1e-6, torch.float32, sigmoid)
+    got = gated_rms_norm_triton(GatedRmsNormInputs(x, gate, w, 1e-6, torch.float32, sigmoid))
+    ref = gated_rms_norm_ref(GatedRmsNormInputs(x, gate, w, 1e-6, torch.float32, sigmoid))
     act = torch.sigmoid(gate) if sigmoid else torch.nn.functional.silu(gate)
     xf = x.float()
     explicit = w * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)) * act
@@ -203,7 +203,7 @@ def test_gated_rms_norm_matches_reference(sigmoid: bool, x_dtype: torch.dtype) -
 
 
 def test_gated_rms_norm_layer_on_both_paths() -> None:
-    from dgpp.kernels.gated_rmsnorm import gated_rms_norm_triton
+    from dgpp.kernels.gated_rmsnorm import GatedRmsNormInputs, gated_rms_norm_triton
     from dgpp.nn.gated_deltanet import GatedRMSNorm
 
     g = torch.Generator().manual_seed(23)
@@ -211,7 +211,7 @@ def test_gated_rms_norm_layer_on_both_paths() -> None:
     norm.weight.data.copy_(torch.randn(32, generator=g))
     x, gate = torch.randn(2, 3, 32, generator=g), torch.randn(2, 3, 32, generator=g)
     torch.testing.assert_close(
-        gated_rms_norm_triton(x, gate, norm.weight, norm.eps, torch.float32),
+        gated_rms_norm_triton(GatedRmsNormInputs(x, gate, norm.weight, norm.eps, torch.float32)),
         norm(x, gate),
         rtol=1e-5,
         atol=1e-6,

@@ -169,24 +169,29 @@ def test_expert_sum_kernel_gives_the_chain_bits() -> None:
     ("softmax", "with_bias", "renormalize"), [(True, False, True), (False, True, True), (True, False, False)]
 )
 def test_router_topk_matches_the_torch_chain(softmax: bool, with_bias: bool, renormalize: bool) -> None:
-    from dgpp.kernels.router_topk import router_topk_ref, router_topk_triton
+    from dgpp.kernels.router_topk import RouterTopKInputs, router_topk_ref, router_topk_triton
 
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(5, 40, generator=g) * 3
     bias = torch.randn(40, generator=g) if with_bias else None  # the bias moves the choice, not the weights
-    got_w, got_ids = router_topk_triton(logits, bias, 6, softmax, renormalize, 2.5, torch.float32)
-    ref_w, ref_ids = router_topk_ref(logits, bias, 6, softmax, renormalize, 2.5, torch.float32)
+    got_w, got_ids = router_topk_triton(
+        RouterTopKInputs(logits, bias, 6, softmax, renormalize, 2.5, torch.float32)
+    )
+    ref_w, ref_ids = router_topk_ref(
+        RouterTopKInputs(logits, bias, 6, softmax, renormalize, 2.5, torch.float32)
+    )
     assert torch.equal(got_ids, ref_ids)
     torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-7)
     if with_bias:
         assert not torch.equal(
-            router_topk_ref(logits, None, 6, softmax, renormalize, 2.5, torch.float32)[1], got_ids
+            router_topk_ref(RouterTopKInputs(logits, None, 6, softmax, renormalize, 2.5, torch.float32))[1],
+            got_ids,
         )
 
 
 def test_router_topk_takes_the_lowest_expert_among_equal_choices() -> None:
-    from dgpp.kernels.router_topk import router_topk_triton
+    from dgpp.kernels.router_topk import RouterTopKInputs, router_topk_triton
 
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0, -1.0]])
-    _, ids = router_topk_triton(logits, None, 4, True, True, 1.0, torch.float32)
+    _, ids = router_topk_triton(RouterTopKInputs(logits, None, 4, True, True, 1.0, torch.float32))
     assert ids.tolist() == [[1, 3, 4, 2]]

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from check_flint_cuda import finish
 
 H200_BF16_PEAK_TFLOPS = 989.0
 SIDE = 1024
@@ -282,10 +283,7 @@ def main() -> int:
         table += lines
         if args.device == "cuda":
             torch.cuda.empty_cache()
-    print("\n== summary ==\n" + "\n".join(table))
-    if failures:
-        print("FAILED: " + "; ".join(failures))
-    return 1 if failures else 0
+    return finish(table, failures)
 
 
 if __name__ == "__main__":

@@ -9,20 +9,27 @@ the cast, norm, casts, activation and products the torch chain launches one by o
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 
-def gated_rms_norm_ref(
-    x: torch.Tensor,
-    gate: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    out_dtype: torch.dtype,
-    sigmoid: bool = False,
-) -> torch.Tensor:
+class GatedRmsNormInputs(NamedTuple):
+    """One norm call's inputs, as the module docstring names them (``sigmoid``: gate with sigmoid, not SiLU)."""
+
+    x: torch.Tensor
+    gate: torch.Tensor
+    weight: torch.Tensor
+    eps: float
+    out_dtype: torch.dtype
+    sigmoid: bool = False
+
+
+def gated_rms_norm_ref(step: GatedRmsNormInputs) -> torch.Tensor:
+    x, gate, weight, eps, out_dtype, sigmoid = step
     x = x.to(out_dtype)
     normed = F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(out_dtype)
     act = torch.sigmoid(gate.float()) if sigmoid else F.silu(gate.float())
@@ -64,14 +71,8 @@ def _gated_rms_norm_kernel(
     tl.store(out_ptr + tok * o_tok + head * o_head + cols, (scaled * act).to(out_ty), mask=mask)
 
 
-def gated_rms_norm_triton(
-    x: torch.Tensor,
-    gate: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    out_dtype: torch.dtype,
-    sigmoid: bool = False,
-) -> torch.Tensor:
+def gated_rms_norm_triton(step: GatedRmsNormInputs) -> torch.Tensor:
+    x, gate, weight, eps, out_dtype, sigmoid = step
     if x.dim() != 3 or gate.shape != x.shape or x.stride(-1) != 1 or gate.stride(-1) != 1:
         raise ValueError("gated_rms_norm needs x and gate [T, H, D] of one shape with a contiguous last dim")
     tokens, heads, dim = x.shape
@@ -97,14 +98,7 @@ def gated_rms_norm_triton(
     return out
 
 
-def gated_rms_norm(
-    x: torch.Tensor,
-    gate: torch.Tensor,
-    weight: torch.Tensor,
-    eps: float,
-    out_dtype: torch.dtype,
-    sigmoid: bool = False,
-) -> torch.Tensor:
+def gated_rms_norm(step: GatedRmsNormInputs) -> torch.Tensor:
     """``(weight · rmsnorm(x)) · act(gate)`` in ``out_dtype``; one Triton launch on CUDA, torch elsewhere."""
-    fn = gated_rms_norm_triton if use_triton(x) else gated_rms_norm_ref
-    return fn(x, gate, weight, eps, out_dtype, sigmoid)
+    fn = gated_rms_norm_triton if use_triton(step.x) else gated_rms_norm_ref
+    return fn(step)

@@ -11,6 +11,8 @@ from the torch chain's in the last place; on ties of the choice the chain's top-
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
@@ -18,15 +20,20 @@ from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 MAX_EXPERTS = 1024  # one program holds a token's whole row
 
 
-def router_topk_ref(
-    logits: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    softmax: bool,
-    renormalize: bool,
-    scale: float,
-    out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
+class RouterTopKInputs(NamedTuple):
+    """One router call's inputs, as the module docstring names them."""
+
+    logits: torch.Tensor
+    bias: torch.Tensor | None
+    top_k: int
+    softmax: bool
+    renormalize: bool
+    scale: float
+    out_dtype: torch.dtype
+
+
+def router_topk_ref(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    logits, bias, top_k, softmax, renormalize, scale, out_dtype = step
     scores = torch.softmax(logits.float(), dim=-1) if softmax else torch.sigmoid(logits.float())
     choice = scores + bias.float() if bias is not None else scores
     ids = choice.topk(top_k, dim=-1).indices
@@ -79,15 +86,8 @@ def _router_topk_kernel(
     tl.store(weights_ptr + tok * TOP_K + kk, out, mask=kk < TOP_K)
 
 
-def router_topk_triton(
-    logits: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    softmax: bool,
-    renormalize: bool,
-    scale: float,
-    out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def router_topk_triton(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    logits, bias, top_k, softmax, renormalize, scale, out_dtype = step
     tokens, num_experts = logits.shape
     if num_experts > MAX_EXPERTS or logits.stride(-1) != 1:
         raise ValueError(f"router_topk takes up to {MAX_EXPERTS} experts in contiguous rows")
@@ -113,15 +113,7 @@ def router_topk_triton(
     return weights, ids
 
 
-def router_topk(
-    logits: torch.Tensor,
-    bias: torch.Tensor | None,
-    top_k: int,
-    softmax: bool,
-    renormalize: bool,
-    scale: float,
-    out_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor]:
+def router_topk(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """``(weights, ids)`` of the top-k experts; one Triton launch on CUDA, torch elsewhere."""
-    fn = router_topk_triton if use_triton(logits) else router_topk_ref
-    return fn(logits, bias, top_k, softmax, renormalize, scale, out_dtype)
+    fn = router_topk_triton if use_triton(step.logits) else router_topk_ref
+    return fn(step)

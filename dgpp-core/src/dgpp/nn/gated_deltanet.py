@@ -64,9 +64,11 @@ class GatedRMSNorm(nn.Module):
     ) -> torch.Tensor:
         out_dtype = out_dtype or x.dtype
         if x.is_cuda and x.dim() == 3:
-            from dgpp import kernels
+            from dgpp.kernels.gated_rmsnorm import GatedRmsNormInputs, gated_rms_norm
 
-            return kernels.gated_rms_norm(x, gate, self.weight, self.eps, out_dtype, self.sigmoid_gate)
+            return gated_rms_norm(
+                GatedRmsNormInputs(x, gate, self.weight, self.eps, out_dtype, self.sigmoid_gate)
+            )
         x = x.to(out_dtype)
         normed = rms_normalize(x, self.eps).to(x.dtype)
         act = torch.sigmoid(gate.float()) if self.sigmoid_gate else F.silu(gate.float())

@@ -123,13 +123,14 @@ class TopKRouter(nn.Module):
             and cfg.scoring in ("softmax", "sigmoid")
             and cfg.num_experts <= 1024
         ):
-            from dgpp import kernels  # scores, bias, top-k and weights in one launch
+            # scores, bias, top-k and weights in one launch
+            from dgpp.kernels.router_topk import RouterTopKInputs, router_topk
 
             bias = self.e_score_correction_bias
             softmax = cfg.scoring == "softmax"
             scale = cfg.routed_scaling_factor
-            return kernels.router_topk(
-                self.logits(x), bias, cfg.top_k, softmax, cfg.renormalize, scale, x.dtype
+            return router_topk(
+                RouterTopKInputs(self.logits(x), bias, cfg.top_k, softmax, cfg.renormalize, scale, x.dtype)
             )
         scores = self.scores(x)
         choice = scores.float()
