@@ -51,15 +51,15 @@ FIXTURES: tuple[tuple[str, str, dict[str, Any]], ...] = (
 
 def fixture_errors() -> Iterator[str]:
     """Per lever and packed tiny checkpoint (fp32): the lever's logit error against the lever-off chain."""
+    from dgpp.catalog import tiny_checkpoint
     from dgpp.quant.checkpoints import quantize_checkpoint
     from dgpp.startup.loading import load_model
-    from dgpp.testing.builders import build_tiny_checkpoint
 
     yield "| lever | tiny checkpoint | largest abs Δ logit / largest abs logit | mean abs Δ logit / largest abs logit |"
     yield "|---|---|---|---|"
     for lever, kind, config in FIXTURES:
         with tempfile.TemporaryDirectory() as tmp:
-            src = build_tiny_checkpoint(kind, Path(tmp) / "src", seed=0)
+            src = tiny_checkpoint(kind).build(Path(tmp) / "src", seed=0)
             model = load_model(quantize_checkpoint(src, Path(tmp) / "q", config))
             prompts = make_prompts(model.info.vocab_size, FIXTURE_LENGTHS, seed=2)
             exact = torch.cat(engine_all_logits(model, prompts))
