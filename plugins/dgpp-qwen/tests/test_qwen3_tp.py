@@ -33,10 +33,10 @@ def run_with_fused_kernel(model, prompts) -> tuple[list[torch.Tensor], int]:
     launches = 0
     kernel, rule = rmsnorm.rms_norm_triton, rmsnorm.use_triton
 
-    def counted(x, weight, eps, residual=None, weight_offset=0.0):
+    def counted(x, weight, eps, residual=None, *numerics):
         nonlocal launches
         launches += residual is not None
-        return kernel(x, weight, eps, residual, weight_offset)
+        return kernel(x, weight, eps, residual, *numerics)
 
     rmsnorm.use_triton, rmsnorm.rms_norm_triton = (lambda x: True), counted
     try:
