@@ -33,6 +33,20 @@ def ngram_table_bytes(checkpoint_dir: Path) -> int:
     )
 
 
+def _ngram_table_bytes(ctx: LoadContext, model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """The checkpoint's stored table bytes; for a config without weight files (a benchmark geometry, whose
+    random tables are built in ``dtype``), the rows the hash addresses."""
+    checkpoint = Path(ctx.checkpoint_dir)
+    if any(checkpoint.glob("*.safetensors")):
+        return ngram_table_bytes(checkpoint)
+    from dgpp_qwen.layers.ngram import PLELayer
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return sum(
+        m.table_rows * m.ple_embedding.dim * itemsize for m in model.modules() if isinstance(m, PLELayer)
+    )
+
+
 def estimated_memory(ctx: LoadContext) -> ModelMemory:
     """Qwen3 / the Qwen3.5 hybrids: core's estimate from config.json and the safetensors headers; with a DFlash2
     drafter (``engine.mtp`` and ``engine.dflash_model``) the drafter item is its weights in the target's dtype,
@@ -97,7 +111,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             spec.update(drafter.cache_spec())
             drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    table = ngram_table_bytes(Path(ctx.checkpoint_dir)) if cfg.ngram else 0
+    table = _ngram_table_bytes(ctx, model, dtype) if cfg.ngram else 0
     mapped = engine.ngram_table == "mmap"
     itemsize = torch.empty((), dtype=dtype).element_size()
     world, moe = ctx.world.size, base.moe
