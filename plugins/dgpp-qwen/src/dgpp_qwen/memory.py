@@ -6,7 +6,8 @@ deployments' numbers were measured with.
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank, so
 weights are this rank's real parameter bytes; KV per token and state per request come from
 ``cache_spec()``, so they include the QSA indexer's keys and the PLE n-gram context and conv history. The
-PLE n-gram tables count as weights when ``engine.ngram_table`` is ``resident``; when ``mmap`` they stay
+PLE n-gram tables (their stored bytes; for a config without weight files, such as a bench geometry, the rows
+its hash addresses) count as weights when ``engine.ngram_table`` is ``resident``; when ``mmap`` they stay
 in the page cache of the checkpoint files and are only noted.
 """
 
