@@ -52,6 +52,8 @@ GEOMETRIES = {
     "glm-5.3-12l",
     "glm-5.3-flash-6l",
     "tiny-glm-5.3-flash",
+    "qwen3.8-flash-next-8l",
+    "tiny-qwen3.8-flash-next",
 }
 OWNERS = {
     "qwen3": "qwen",

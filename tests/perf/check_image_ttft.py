@@ -4,8 +4,8 @@ read images: GLM-5.3-Flash (``glm5_next``) and Qwen3.8-Flash-Next (``qwen4_exp``
 Each vision tower is built whole at its release's vision geometry with random weights. GLM-5.3-Flash: 24 blocks of
 1024 wide, 16 heads, MLP 4096, patch 14, merge 2, merger 10240 out to the text width 4096. Qwen3.8-Flash-Next:
 27 blocks of 1152 wide, 16 heads, MLP 4304, patch 16, merge 2, a 48 x 48 learned position table, out to the
-text width 2048. GLM's text model is the layer-scaled bench geometry ``glm-5.3-flash-6l``; no such geometry
-exists for ``qwen4_exp``, so its tower is timed alone (no prefill, no TTFT).
+text width 2560. The text models are the layer-scaled bench geometries (the release's layer shapes, a few layers):
+``glm-5.3-flash-6l`` and ``qwen3.8-flash-next-8l``.
 
 The picture is random RGB noise saved as PNG and sent as a base64 ``data:`` URL, as a client sends it. Timed, each
 the median of ``--repeats`` after one warm-up:
@@ -66,7 +66,7 @@ QWEN_VISION: dict[str, Any] = {
     "patch_size": 16,
     "temporal_patch_size": 2,
     "spatial_merge_size": 2,
-    "out_hidden_size": 2048,
+    "out_hidden_size": 2560,
     "num_position_embeddings": 2304,
 }
 TINY_GLM_VISION: dict[str, Any] = {
@@ -92,7 +92,7 @@ TINY_QWEN_VISION: dict[str, Any] = {
 @dataclass
 class Family:
     name: str
-    geometry: str | None  # the text model's bench geometry; None: the tower alone
+    geometry: str  # the text model's bench geometry
     vision: dict[str, Any]
     image_input: Any  # the family's ImageInput (PatchImageInput subclass)
     marker_ids: tuple[int, int]  # image start, image end
@@ -120,7 +120,7 @@ def families(tiny: bool) -> list[Family]:
         "pad_text": "",
         "end_text": "",
     }
-    # release ids and processor budgets; the tiny text model's 512-token vocabulary takes its top three ids
+    # release ids and processor budgets; the tiny text models' 512-token vocabularies take their top three ids
     glm_ids = (509, 510, 511) if tiny else (154830, 154854, 154831)
     glm = Glm5NextImageInput(
         **common,
@@ -132,7 +132,7 @@ def families(tiny: bool) -> list[Family]:
         std=(0.5, 0.5, 0.5),
         image_token_id=glm_ids[1],
     )
-    qwen_ids = (253, 254, 255) if tiny else (248053, 248056, 248054)
+    qwen_ids = (509, 510, 511) if tiny else (248053, 248056, 248054)
     qwen = Qwen4ExpImageInput(
         **common,
         patch_size=16,
@@ -152,7 +152,7 @@ def families(tiny: bool) -> list[Family]:
         ),
         Family(
             "Qwen3.8-Flash-Next",
-            None,
+            "tiny-qwen3.8-flash-next" if tiny else "qwen3.8-flash-next-8l",
             TINY_QWEN_VISION if tiny else QWEN_VISION,
             qwen,
             (qwen_ids[0], qwen_ids[2]),
@@ -184,18 +184,12 @@ def tower_flops(tower: torch.nn.Module, images: list[Any]) -> int:
 
 
 def build(fam: Family, device: str, dtype: torch.dtype) -> tuple[torch.nn.Module, Any]:
-    """(tower, text model or None) with random weights on ``device``."""
-    from dgpp.bench.models import fill_random, hf_config, random_model_from_config
+    """(tower, the whole model: text geometry and tower) with random weights on ``device``."""
+    from dgpp.bench.models import hf_config, random_model_from_config
 
-    if fam.geometry is not None:
-        raw = {**hf_config(fam.geometry, dtype), "vision_config": fam.vision}
-        model = random_model_from_config(raw, device, seed=1)
-        return model.visual, model
-    from dgpp_qwen.qwen4_exp_vision import Qwen4ExpVisionTower, VisionConfig
-
-    tower = Qwen4ExpVisionTower(VisionConfig.from_hf_config(fam.vision), dtype=dtype).to(device)
-    fill_random(tower, 0.02, torch.Generator(device=device).manual_seed(1))
-    return tower, None
+    raw = {**hf_config(fam.geometry, dtype), "vision_config": fam.vision}
+    model = random_model_from_config(raw, device, seed=1)
+    return model.visual, model
 
 
 @torch.inference_mode()
@@ -228,8 +222,6 @@ def measure(fam: Family, device: str, dtype: torch.dtype, repeats: int, failures
     ]
     if n_img <= 0:
         failures.append(f"{fam.name}: no image tokens")
-    if model is None:
-        return [*out, f"{fam.name}: no layer-scaled text geometry: tower timed alone (no prefill, no TTFT)"]
     vocab = model.info.vocab_size
     before, after = random_prompts(2, TEXT_BEFORE, min(vocab, 1000), seed=2)
     start, end = fam.marker_ids

@@ -88,6 +88,12 @@ def build_pair(
                 f"transformers has no model type {raw['model_type']!r}: dgpp's random model alone (HF column '-')"
             )
         return build_random_model(geometry, device, dtype, seed), None
+    if _keeps_tables(raw):
+        print(
+            f"{geometry}: dgpp's model keeps tables outside its parameters, which transformers' weights do not "
+            "fill by name: dgpp's random model alone (HF column '-')"
+        )
+        return build_random_model(geometry, device, dtype, seed), None
     import transformers
 
     config = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "architectures"})
@@ -96,6 +102,13 @@ def build_pair(
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     ours = build_model_like(raw, hf.state_dict(), device, share=not _second_copy_fits(hf, device))
     return ours, hf
+
+
+def _keeps_tables(raw_config: dict[str, Any]) -> bool:
+    """Whether dgpp's model (built on ``meta``) has modules with weights outside its parameters
+    (``allocate_tables``, e.g. a lookup table loaded apart from the state dict)."""
+    model = new_model(raw_config, "meta")
+    return any(callable(getattr(type(m), "allocate_tables", None)) for m in model.modules())
 
 
 def _second_copy_fits(module: torch.nn.Module, device: str, headroom: float = 1.25) -> bool:
@@ -185,6 +198,11 @@ def fill_random(model: torch.nn.Module, std: float, gen: torch.Generator) -> Non
             param.fill_(_init_value(model, name, param))
         else:
             _fill_normal(param, std, gen)
+    # weights a checkpoint loads apart from the parameters (e.g. a lookup table): such a module allocates them
+    for module in model.modules():
+        if callable(getattr(type(module), "allocate_tables", None)):
+            for table in module.allocate_tables(device):
+                _fill_normal(table, std, gen)
 
 
 def weight_bytes_per_step(model: Model) -> int:

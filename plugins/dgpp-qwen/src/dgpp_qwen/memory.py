@@ -6,7 +6,8 @@ deployments' numbers were measured with.
 The model (and the MTP drafter when ``engine.mtp`` is on) is built on the ``meta`` device for this rank, so
 weights are this rank's real parameter bytes; KV per token and state per request come from
 ``cache_spec()``, so they include the QSA indexer's keys and the PLE n-gram context and conv history. The
-PLE n-gram tables count as weights when ``engine.ngram_table`` is ``resident``; when ``mmap`` they stay
+PLE n-gram tables (their stored bytes; for a config without weight files, such as a bench geometry, the rows
+its hash addresses) count as weights when ``engine.ngram_table`` is ``resident``; when ``mmap`` they stay
 in the page cache of the checkpoint files and are only noted.
 """
 
@@ -30,6 +31,20 @@ def ngram_table_bytes(checkpoint_dir: Path) -> int:
         size
         for name, size in tensor_bytes(checkpoint_dir).items()
         if ".ple_embedding.ngram_embedding." in name and not name.startswith("mtp.")
+    )
+
+
+def _ngram_table_bytes(ctx: LoadContext, model: torch.nn.Module, dtype: torch.dtype) -> int:
+    """The checkpoint's stored table bytes; for a config without weight files (a benchmark geometry, whose
+    random tables are built in ``dtype``), the rows the hash addresses."""
+    checkpoint = Path(ctx.checkpoint_dir)
+    if any(checkpoint.glob("*.safetensors")):
+        return ngram_table_bytes(checkpoint)
+    from dgpp_qwen.layers.ngram import PLELayer
+
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    return sum(
+        m.table_rows * m.ple_embedding.dim * itemsize for m in model.modules() if isinstance(m, PLELayer)
     )
 
 
@@ -97,7 +112,7 @@ def memory_plan(ctx: LoadContext) -> ModelMemory:
             spec.update(drafter.cache_spec())
             drafter_bytes = sum(p.numel() * p.element_size() for p in drafter.parameters())
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    table = ngram_table_bytes(Path(ctx.checkpoint_dir)) if cfg.ngram else 0
+    table = _ngram_table_bytes(ctx, model, dtype) if cfg.ngram else 0
     mapped = engine.ngram_table == "mmap"
     itemsize = torch.empty((), dtype=dtype).element_size()
     world, moe = ctx.world.size, base.moe

@@ -9,7 +9,12 @@ from functools import partial
 from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
 from dgpp.testing.builders import build_transformers_checkpoint
 from dgpp_qwen.testing_qwen3 import GEOMETRIES, KINDS, build_qwen3_chat
-from dgpp_qwen.testing_qwen4_exp import build_tiny_qwen4_exp
+from dgpp_qwen.testing_qwen4_exp import (
+    QWEN4_EXP_BENCH,
+    QWEN4_EXP_LAYERS,
+    TINY_QWEN4_EXP_BENCH,
+    build_tiny_qwen4_exp,
+)
 
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
@@ -31,4 +36,12 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
 
 
 def bench_geometries() -> list[BenchGeometry]:
-    return [BenchGeometry(name, config) for name, config in GEOMETRIES.items()]
+    return [
+        *(BenchGeometry(name, config) for name, config in GEOMETRIES.items()),
+        BenchGeometry(
+            f"qwen3.8-flash-next-{QWEN4_EXP_LAYERS}l",
+            QWEN4_EXP_BENCH,
+            "Qwen3.8-Flash-Next's first layers (GDN + PLE, QSA, MoE), the n-gram table scaled down",
+        ),
+        BenchGeometry("tiny-qwen3.8-flash-next", TINY_QWEN4_EXP_BENCH, "its CPU smoke version"),
+    ]

@@ -18,7 +18,7 @@ from typing import Any, cast
 
 import torch
 
-from dgpp_qwen.testing_qwen3 import TINY_VISION
+from dgpp_qwen.testing_qwen3 import TINY_VISION, _hybrid_layer_types
 
 EOS = 7
 TINY_QWEN4_EXP: dict[str, Any] = {
@@ -89,6 +89,72 @@ TINY_PREPROCESSOR = {
     "size": {"shortest_edge": 64, "longest_edge": 48 * 48},
     "image_mean": [0.5, 0.5, 0.5],
     "image_std": [0.5, 0.5, 0.5],
+}
+# Qwen3.8-Flash-Next's text model per layer (the release's text_config keys): hidden 2560, 48 layers in the
+# pattern GDN, GDN, GDN, QSA (36 Gated DeltaNet of 16 k / 48 v heads x 128 with a sigmoid output gate, 12 QSA of
+# 24 q / 2 kv heads x 256 with a 4-head indexer keeping 2048 tokens in 4-token blocks), each followed by 512
+# experts top-10 of 640 + a gated shared expert of 640; 4 residual streams; the PLE n-gram embedding on layer
+# index 1. In bf16 a layer's experts are 5.0 GB: the benchmark keeps the first QWEN4_EXP_LAYERS (the pattern twice:
+# 6 GDN + 2 QSA, 44 GB of parameters in bf16). The one other scaled size is the n-gram table: a hash base of
+# 200,000 instead of 20,000,000 gives 3.2M rows (1.0 GB in bf16) instead of 320M (102 GB); a token still looks up
+# 16 rows of 160.
+QWEN4_EXP_LAYERS = 8
+QWEN4_EXP_BENCH_NGRAM_BASE = 200_000
+QWEN4_EXP_BENCH: dict[str, Any] = {
+    "model_type": "qwen4_exp",
+    "architectures": ["Qwen4ExpForConditionalGeneration"],
+    "text_config": {
+        "vocab_size": 248320,
+        "hidden_size": 2560,
+        "num_hidden_layers": QWEN4_EXP_LAYERS,
+        "layer_types": _hybrid_layer_types(QWEN4_EXP_LAYERS),
+        "num_attention_heads": 24,
+        "num_key_value_heads": 2,
+        "head_dim": 256,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": 10000000.0,
+            "partial_rotary_factor": 0.25,
+            "mrope_section": [11, 11, 10],
+            "mrope_interleaved": True,
+        },
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 48,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "output_gate_type": "sigmoid",
+        "num_experts": 512,
+        "num_experts_per_tok": 10,
+        "moe_intermediate_size": 640,
+        "shared_expert_intermediate_size": 640,
+        "norm_topk_prob": True,
+        "hc_count": 4,
+        "hc_lowrank": 320,
+        "ple_layer_ids": [2],
+        "ple_embed_dim": 2560,
+        "ngram_size": 3,
+        "heads_per_ngram": 8,
+        "ngram_vocab_size_base": QWEN4_EXP_BENCH_NGRAM_BASE,
+        "split_ngram_parts": 128,
+        "indexer_n_heads": 4,
+        "indexer_kv_heads": 1,
+        "indexer_head_dim": 128,
+        "indexer_budget": 2048,
+        "indexer_compress_ratio": 4,
+        "max_position_embeddings": 262144,
+        "rms_norm_eps": 1e-6,
+        "eos_token_id": 248044,
+        "bos_token_id": 248044,
+    },
+    "tie_word_embeddings": False,
+}
+# the CPU smoke version of the benchmark geometry: the tiny test model's text config
+TINY_QWEN4_EXP_BENCH: dict[str, Any] = {
+    "model_type": "qwen4_exp",
+    "architectures": ["Qwen4ExpForConditionalGeneration"],
+    "text_config": {k: v for k, v in TINY_QWEN4_EXP.items() if k != "tie_word_embeddings"},
+    "tie_word_embeddings": False,
 }
 MTP_LAYER_INDEX = 3  # the transformers layer class is built as this (indexed-attention, no PLE) layer
 

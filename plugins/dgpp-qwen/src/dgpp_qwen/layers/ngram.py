@@ -159,15 +159,20 @@ class PLELayer(nn.Module):
         self.name, self.cfg, self.dtype = name, cfg, dtype
         self.hidden_size, self.hc_count = hidden_size, hc_count
         width = hidden_size * hc_count
-        self.ple_embedding = NGramEmbedding(
-            NGramHasher(cfg, vocab_size, ple_index), cfg.embed_dim // cfg.num_heads
-        )
+        hasher = NGramHasher(cfg, vocab_size, ple_index)
+        self.table_rows = hasher.table_rows  # the padded rows the hash addresses
+        self.ple_embedding = NGramEmbedding(hasher, cfg.embed_dim // cfg.num_heads)
         self.key_proj = Linear(cfg.embed_dim, width, dtype=dtype)
         self.value_proj = Linear(cfg.embed_dim, hidden_size, dtype=dtype)
         self.norm_key = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)
         self.norm_query = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)
         self.norm_conv = GroupedRMSNorm(width, hidden_size, eps, dtype=dtype)
         self.conv1d = DilatedDepthwiseConv(width, cfg.conv_kernel, cfg.ngram_size, dtype=dtype)
+
+    def allocate_tables(self, device: torch.device | str) -> list[torch.Tensor]:
+        """The n-gram table (``table_rows`` rows in the layer's dtype), resident and uninitialised: ``dgpp bench``
+        fills it with random rows, as it fills the parameters."""
+        return [self.ple_embedding.allocate(self.table_rows, self.dtype, device)]
 
     def cache_spec(self) -> StateSpec:
         return StateSpec(

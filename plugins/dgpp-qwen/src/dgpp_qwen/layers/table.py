@@ -117,6 +117,13 @@ class NGramEmbedding(nn.Module):
             self.parts.append(MappedPart(start, part))
             start += part.shape[0]
 
+    def allocate(self, rows: int, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+        """A resident table of ``rows`` uninitialised rows, returned for the caller to fill (random-weight
+        builds, which read no checkpoint)."""
+        self.mode = "resident"
+        self.table = torch.empty(rows, self.dim, dtype=dtype, device=device)
+        return self.table
+
     def forward(self, row_ids: torch.Tensor) -> torch.Tensor:
         if self.mode is None:
             raise RuntimeError("the PLE n-gram table was not loaded")
