@@ -88,7 +88,6 @@ def test_every_installed_family_registers_through_the_contract():
         "dgpp.quant.format",
         "dgpp.quant.fp8",
         "dgpp.quant.fp4",  # MiMo-V2.6's own scheme
-        "dgpp.checkpoint",  # MiMo-V2.6's reader presents its fused tensors under the module's names
         "dgpp.log",  # MiMo-V2.6 logs the formats its scheme picked
         "dgpp.kernels",  # MiMo's MTP attention over a paged sliding window
         "dgpp.splitmix",  # Qwen's n-gram hash derives its constants as the release does

@@ -17,7 +17,7 @@ from dgpp.kernels.compressed_attention import (
     compressed_attention_torch,
     compressed_attention_triton,
 )
-from dgpp.kernels.window_attention import ring_write_ref
+from dgpp.kernels.ring_write import RingWriteInputs, ring_write_ref
 from dgpp.nn.compressed_attention import sparse_window_attention_ref
 from dgpp.nn.compressed_prefill import attention_inputs
 from dgpp.step.cache_spec import CompressedKV, WindowKV
@@ -101,7 +101,7 @@ def _run(seed: int, sparse: bool, chunks=CHUNKS[0], sinks_on: bool = True, selec
             for i, part in zip(live, out.split(take), strict=True):
                 outs.setdefault(name, [[] for _ in PROMPTS])[i].append(part)
         latent = kv[:, None, :]
-        ring_write_ref(latent, latent, ring, ring, batch.state_slots, *lens(batch))
+        ring_write_ref(RingWriteInputs(latent, latent, ring, ring, batch.state_slots, *lens(batch)))
         for i, t in zip(live, take, strict=True):
             done[i] += t
     return {name: torch.cat([torch.cat(parts) for parts in per_seq]) for name, per_seq in outs.items()}

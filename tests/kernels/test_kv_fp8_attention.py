@@ -10,12 +10,8 @@ import torch
 from dgpp.kernels.kv_fp8 import E4M3_MAX, dequantize_rows, quantize_rows, round_trip
 from dgpp.kernels.paged_attention import paged_decode_attention_ref, paged_decode_attention_triton
 from dgpp.kernels.prefill_attention import prefill_attention_ref, prefill_attention_triton
-from dgpp.kernels.window_attention import (
-    ring_write_ref,
-    ring_write_triton,
-    window_attention_ref,
-    window_attention_triton,
-)
+from dgpp.kernels.ring_write import RingWriteInputs, ring_write_ref, ring_write_triton
+from dgpp.kernels.window_attention import window_attention_ref, window_attention_triton
 from dgpp.nn.exact.attention import paged_decode_attention_fixed
 
 GEN = torch.Generator().manual_seed(0)
@@ -135,8 +131,8 @@ def test_ring_write_stores_codes_and_scales() -> None:
     for write in (ring_write_ref, ring_write_triton):
         ring = [torch.zeros(2, cap, hk, dim, dtype=torch.float8_e4m3fn) for _ in range(2)]
         ring_scales = [torch.zeros(2, cap, hk, 1) for _ in range(2)]
-        write(k_codes, v_codes, *ring, *places)
-        write(k_scale, v_scale, *ring_scales, *places)
+        write(RingWriteInputs(k_codes, v_codes, *ring, *places))
+        write(RingWriteInputs(k_scale, v_scale, *ring_scales, *places))
         rings.append([r.float() for r in ring] + ring_scales)
     for got, want in zip(rings[1], rings[0], strict=True):
         assert torch.equal(got, want)

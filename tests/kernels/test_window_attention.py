@@ -6,12 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.kernels.window_attention import (
-    ring_write_ref,
-    ring_write_triton,
-    window_attention_ref,
-    window_attention_triton,
-)
+from dgpp.kernels.ring_write import RingWriteInputs, ring_write_ref, ring_write_triton
+from dgpp.kernels.window_attention import window_attention_ref, window_attention_triton
 
 DIMS = [(16, 16), (48, 32)]  # (q/k head dim, v head dim)
 
@@ -100,8 +96,8 @@ def test_ring_write_keeps_the_last_positions(v_dim: int) -> None:
     _, k, v, starts, ctx, lens = _step([2, 9, 0], [11, 1, 3], 2, hk, dim, seed=6, v_dim=v_dim)
     slots = torch.tensor([1, 0, -1])
     rings = [torch.full((3, cap, hk, d), -7.0) for d in (dim, v_dim, dim, v_dim)]
-    ring_write_ref(k, v, rings[0], rings[1], slots, starts, ctx, lens)
-    ring_write_triton(k, v, rings[2], rings[3], slots, starts, ctx, lens)
+    ring_write_ref(RingWriteInputs(k, v, rings[0], rings[1], slots, starts, ctx, lens))
+    ring_write_triton(RingWriteInputs(k, v, rings[2], rings[3], slots, starts, ctx, lens))
     torch.testing.assert_close(rings[2], rings[0])
     torch.testing.assert_close(rings[3], rings[1])
     # sequence 0 ends at position 12: positions 8..12 at indices 3,4,0,1,2 = its rows 6..10

@@ -382,7 +382,8 @@ def check_prefill(layer_idx: int, failures: list[str]) -> list[str]:
 @torch.no_grad()
 def check_sliding(failures: list[str]) -> list[str]:
     """The sliding layer's window kernel with K read as V, one 1500-row prompt one shot vs chunks, bitwise."""
-    from dgpp.kernels.window_attention import ring_write_triton, window_attention_ref, window_attention_triton
+    from dgpp.kernels.ring_write import RingWriteInputs, ring_write_triton
+    from dgpp.kernels.window_attention import window_attention_ref, window_attention_triton
 
     g = torch.Generator(device="cuda").manual_seed(7)
     heads, dim, window, n = 64, 512, 128, 1500
@@ -402,7 +403,7 @@ def check_sliding(failures: list[str]) -> list[str]:
             outs.append(
                 fn(q[s:e], kv[s:e], kv[s:e], ring, ring, sl, st, c, ln, sinks, dim**-0.5, window, False)
             )
-            ring_write_triton(kv[s:e], kv[s:e], ring, ring, sl, st, c, ln)
+            ring_write_triton(RingWriteInputs(kv[s:e], kv[s:e], ring, ring, sl, st, c, ln))
         return torch.cat(outs)
 
     whole = run(n, window_attention_triton)

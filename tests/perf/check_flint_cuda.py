@@ -38,11 +38,8 @@ def copy_bandwidth() -> float:
 
 
 def kernel_checks(failures: list[str]) -> list[str]:
-    from dgpp.kernels.window_attention import (
-        ring_write_triton,
-        window_attention_ref,
-        window_attention_triton,
-    )
+    from dgpp.kernels.ring_write import RingWriteInputs, ring_write_triton
+    from dgpp.kernels.window_attention import window_attention_ref, window_attention_triton
 
     rows_out = []
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -103,7 +100,7 @@ def kernel_checks(failures: list[str]) -> list[str]:
                     q1[s:e], k1[s:e], v1[s:e], rk, rv, sl, st, c, ln, sinks, DIM**-0.5, WINDOW, False
                 )
             )
-            ring_write_triton(k1[s:e], v1[s:e], rk, rv, sl, st, c, ln)
+            ring_write_triton(RingWriteInputs(k1[s:e], v1[s:e], rk, rv, sl, st, c, ln))
         return torch.cat(outs)
 
     whole = run(n)

@@ -14,6 +14,10 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+# the engine settings a LoadContext carries (ctx.engine); engine.rope_scaling's section under a name of its own,
+# apart from the model-side dgpp.nn.rotary.RopeScaling
+from dgpp.config_schema import EngineConfig
+from dgpp.config_schema import RopeScaling as EngineRopeScaling
 from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedModelError
 from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
 from dgpp.family_contract import Family
@@ -26,6 +30,7 @@ if TYPE_CHECKING:
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
     from dgpp.checkpoint.gguf_file import GGUFFile
     from dgpp.checkpoint.headers import tensor_bytes
+    from dgpp.checkpoint.loader import load_weights
     from dgpp.media.prompt import ImageError, ImageInput, ProcessedImage, PromptImage, PromptMedia
     from dgpp.quant.apply import quantize_modules
     from dgpp.quant.format import QuantFormat
@@ -55,6 +60,7 @@ _LAZY = {
     "CausalLMFields": "dgpp.checkpoint.config_keys",
     "COMPUTE_DTYPES": "dgpp.checkpoint.dtypes",
     "tensor_bytes": "dgpp.checkpoint.headers",
+    "load_weights": "dgpp.checkpoint.loader",
     "GGUFFile": "dgpp.checkpoint.gguf_file",
     "ImageError": "dgpp.media.prompt",
     "ImageInput": "dgpp.media.prompt",
@@ -102,6 +108,8 @@ __all__ = [
     "ConfigKeys",
     "Dialect",
     "Drafter",
+    "EngineConfig",
+    "EngineRopeScaling",
     "Family",
     "FamilyModel",
     "FamilySpec",
@@ -135,6 +143,7 @@ __all__ = [
     "hookimpl",
     "load_family_weights",
     "load_model",
+    "load_weights",
     "estimate_model_memory",
     "quantize_modules",
     "settle_weights",

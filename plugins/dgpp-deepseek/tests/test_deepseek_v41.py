@@ -19,10 +19,9 @@ from deepseek_v41_fixture import build_tiny_deepseek_v41
 from deepseek_v41_reference import ReferenceOptions, assert_matches_reference, load_reference, load_weights
 from deepseek_v41_reference_engram import compressed_token_map
 
-from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.nn.linear import Linear
-from dgpp.plugin_api import CompressedKV, StateSpec, WindowBuffer, WindowKV
+from dgpp.plugin_api import CompressedKV, EngineConfig, StateSpec, WindowBuffer, WindowKV
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp.testing.suite import HybridConformance

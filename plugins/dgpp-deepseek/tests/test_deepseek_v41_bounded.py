@@ -13,9 +13,9 @@ import torch
 from deepseek_v41_reference import load_reference
 from test_deepseek_v41 import build_fp32_fixture
 
-from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.offline import greedy_generate
+from dgpp.plugin_api import EngineConfig
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp_deepseek.v41_model import DeepseekV41ForCausalLM

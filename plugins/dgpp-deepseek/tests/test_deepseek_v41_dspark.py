@@ -18,11 +18,10 @@ from deepseek_v41_reference import load_reference
 from deepseek_v41_reference_dspark import DSparkReference
 from test_deepseek_v41 import build_fp32_fixture
 
-from dgpp.config_schema import EngineConfig
 from dgpp.engine.block_draft import BlockDraftDecoder
 from dgpp.engine.runner import ModelRunner
 from dgpp.family import LoadContext
-from dgpp.plugin_api import CheckpointError, ConfigError
+from dgpp.plugin_api import CheckpointError, ConfigError, EngineConfig
 from dgpp.plugins import build_manager, manager
 from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for

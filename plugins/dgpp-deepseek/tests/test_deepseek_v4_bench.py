@@ -5,8 +5,13 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.bench.cli import main as bench_main
-from dgpp.bench.models import build_random_model, hf_config, new_model, weight_bytes_per_step
+from dgpp.testing.bench_geometry import (
+    build_random_model,
+    hf_config,
+    new_model,
+    run_bench,
+    weight_bytes_per_step,
+)
 from dgpp_deepseek.testing import V4_FLASH_LAYERS
 
 GEOMETRY = f"deepseek-v4-flash-{V4_FLASH_LAYERS}l"
@@ -47,7 +52,7 @@ def test_random_tiny_model_has_distinct_hash_experts_per_token() -> None:
 
 
 def test_dgpp_bench_decodes_the_tiny_v4_on_cpu(capsys) -> None:
-    rc = bench_main(
+    rc = run_bench(
         [
             "--device",
             "cpu",

@@ -10,8 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dgpp.checkpoint import CheckpointReader
-from dgpp.checkpoint.loader import load_weights
+from dgpp.plugin_api import CheckpointReader, load_weights
 from dgpp.plugins import build_manager
 from dgpp.startup.loading import load_context, load_model
 from dgpp.startup.memory_plan import plan_for

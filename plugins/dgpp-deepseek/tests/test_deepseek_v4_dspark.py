@@ -14,13 +14,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dgpp.config_schema import EngineConfig
 from dgpp.engine.block_draft import BlockDraftDecoder
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
-from dgpp.plugin_api import CheckpointError, ConfigError
+from dgpp.plugin_api import CheckpointError, ConfigError, EngineConfig
 from dgpp.plugins import build_manager, manager
 from dgpp.startup.loading import load_context, load_model, read_hf_config
 from dgpp.startup.memory_plan import plan_for

@@ -7,9 +7,8 @@ from dataclasses import replace
 
 import torch
 
-from dgpp.bench.cli import main as bench_main
-from dgpp.bench.models import hf_config, new_model, weight_bytes_per_step
 from dgpp.step.cache_spec import CompressedKV, LatentKV
+from dgpp.testing.bench_geometry import hf_config, new_model, run_bench, weight_bytes_per_step
 
 
 def test_flash_bench_geometry_has_the_release_shapes():
@@ -29,7 +28,7 @@ def test_flash_bench_geometry_has_the_release_shapes():
 
 
 def test_dgpp_bench_decodes_the_tiny_flash_on_cpu(capsys) -> None:
-    rc = bench_main(
+    rc = run_bench(
         [
             "--device",
             "cpu",

@@ -12,9 +12,9 @@ import transformers
 from glm5_next_reference import mtp_logits
 from glm_reference import load_f64
 
-from dgpp.config import EngineConfig
 from dgpp.errors import CheckpointError
 from dgpp.family import World
+from dgpp.plugin_api import EngineConfig
 from dgpp.plugins import manager
 from dgpp.quant.fp8 import FP8Block
 from dgpp.startup.loading import load_context, load_model

@@ -126,8 +126,8 @@ def test_w4_plan_with_mtp_adds_the_block_and_its_latent_rows(tmp_path):
 def test_bench_geometry_keeps_the_release_layers_packed():
     """``glm-5.3-12l`` (dgpp/bench/models.py): the release's first 12 layers in the int4/int8 form, indexer on the
     layers the release's schedule places it, small enough for one H200 with room for K/V."""
-    from dgpp.bench.models import hf_config
     from dgpp.plugin_api import quantize_modules
+    from dgpp.testing.bench_geometry import hf_config
     from dgpp_glm.glm5 import GlmMoeDsaForCausalLM
     from dgpp_glm.model import checkpoint_name
 

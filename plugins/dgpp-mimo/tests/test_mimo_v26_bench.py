@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.bench.cli import main as bench_main
-from dgpp.bench.models import geometries, hf_config, new_model
+from dgpp.testing.bench_geometry import geometries, hf_config, new_model, run_bench
 from dgpp_mimo.testing_v26 import MIMO_V26_LAYERS, _mimo_v26_pattern
 
 GEOMETRY = f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l"
@@ -49,7 +48,7 @@ def test_geometry_is_the_release_at_scaled_depth():
 
 
 def test_dgpp_bench_decodes_the_tiny_mimo_v26_on_cpu(capsys):
-    rc = bench_main(
+    rc = run_bench(
         [
             "--device",
             "cpu",

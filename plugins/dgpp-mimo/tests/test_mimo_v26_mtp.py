@@ -11,9 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dgpp.config_schema import EngineConfig
 from dgpp.errors import CheckpointError
-from dgpp.plugin_api import PagedKV
+from dgpp.plugin_api import EngineConfig, PagedKV
 from dgpp.plugins import manager
 from dgpp.startup.loading import load_context, load_model
 from dgpp.testing.builders import load_reference

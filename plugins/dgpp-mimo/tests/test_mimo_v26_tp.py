@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.config import EngineConfig
 from dgpp.family import World
+from dgpp.plugin_api import EngineConfig
 from dgpp.plugins import manager
 from dgpp.startup.loading import load_context, load_model
 from dgpp.testing.mtp import draft_logits

@@ -46,8 +46,8 @@ def prepare(root: Path) -> None:
 
 
 def _load(path: Path, **engine):
-    from dgpp.config import EngineConfig
     from dgpp.family import LoadContext
+    from dgpp.plugin_api import EngineConfig
     from dgpp_qwen.loader import load_model
 
     hf = json.loads((path / "config.json").read_text())

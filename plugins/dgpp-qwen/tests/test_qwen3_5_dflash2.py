@@ -15,12 +15,11 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
-from dgpp.config_schema import EngineConfig
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.verify_schedule import ScheduleSettings
 from dgpp.engine.work import SeqWork
 from dgpp.family import LoadContext
-from dgpp.plugin_api import CheckpointError, ConfigError
+from dgpp.plugin_api import CheckpointError, ConfigError, EngineConfig
 from dgpp.plugins import manager
 from dgpp.startup.loading import load_model, read_hf_config
 from dgpp.step.pools import CachePools

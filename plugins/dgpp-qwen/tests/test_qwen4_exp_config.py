@@ -104,8 +104,8 @@ def test_hash_constants_disagreeing_with_the_config_are_refused(tmp_path):
 
 
 def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
-    from dgpp.config import EngineConfig
     from dgpp.family import LoadContext
+    from dgpp.plugin_api import EngineConfig
     from dgpp.plugins import manager
     from dgpp.startup.loading import read_hf_config
     from dgpp.startup.memory_plan import plan_for
@@ -145,7 +145,7 @@ def test_fp8_ngram_table_is_refused_not_misread(tmp_path):
 def test_unpadded_ngram_table_loads_and_gives_the_same_logits(tmp_path):
     """The release stores 320,001,446 rows (the sum of its 16 primes, = our derivation), not transformers' padding
     to a multiple of 128: a table cut to the rows the hash can reach loads, in both modes, with equal logits."""
-    from dgpp.config import EngineConfig
+    from dgpp.plugin_api import EngineConfig
     from dgpp_qwen.layers.ngram import head_vocab_sizes
 
     assert sum(head_vocab_sizes(20_000_000, 0, 16)) == 320_001_446

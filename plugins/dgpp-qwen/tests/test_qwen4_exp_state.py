@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.config import EngineConfig, RopeScaling
+from dgpp.plugin_api import EngineConfig, EngineRopeScaling
 from dgpp.startup.loading import load_model
 from dgpp.testing import conformance as conf
 from dgpp_qwen.testing_qwen4_exp import EOS, TINY_QWEN4_EXP, build_tiny_qwen4_exp
@@ -85,7 +85,7 @@ def test_mmap_table_equals_resident(checkpoint, model):
 def test_engine_rope_scaling_yarn_matches_transformers_yarn(checkpoint, model):
     import transformers
 
-    scaling = RopeScaling(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
+    scaling = EngineRopeScaling(rope_type="yarn", factor=4.0, original_max_position_embeddings=64)
     yarn_model = load_model(checkpoint, EngineConfig(rope_scaling=scaling))
     config = transformers.AutoConfig.from_pretrained(checkpoint)
     config.rope_parameters = {

@@ -24,7 +24,8 @@ from torch import nn
 
 from dgpp.kernels._triton import use_triton
 from dgpp.kernels.compressed_attention import compressed_attention
-from dgpp.kernels.window_attention import ring_write, window_attention
+from dgpp.kernels.ring_write import RingWriteInputs, ring_write
+from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.compressed_prefill import Picks, attention_inputs, every_entry, select_entries
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
@@ -233,5 +234,5 @@ class CompressedSinkAttention(nn.Module):
             out = sparse_window_attention_ref(
                 q, kv, ring, pool, batch, sinks, self.scale, self.window, self.compressor.ratio, selection
             )
-        ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
+        ring_write(RingWriteInputs(latent, latent, ring, ring, batch.state_slots, *lens))
         return out

@@ -117,7 +117,8 @@ def sliding_step(
     """Attend over the ring and this step's rows, then store the step's last rows in the ring. An e4m3 ring
     (``k_scale``/``v_scale`` beside its codes) gets the step's rows quantized; the attention reads them
     dequantized, as a later step reads them back from the ring."""
-    from dgpp.kernels.window_attention import ring_write, window_attention
+    from dgpp.kernels.ring_write import RingWriteInputs, ring_write
+    from dgpp.kernels.window_attention import window_attention
 
     places = (batch.state_slots, batch.query_start_loc, batch.context_lens, batch.seq_lens)
     row_seq = step_row_sequences(batch, q.shape[0])
@@ -127,15 +128,15 @@ def sliding_step(
             q, k, v, ring["k"], ring["v"], batch.state_slots, *common, window, False, row_seq=row_seq
         )
         # after the read: this step's later rows may take ring entries its earlier rows needed
-        ring_write(k, v, ring["k"], ring["v"], *places, row_seq)
+        ring_write(RingWriteInputs(k, v, ring["k"], ring["v"], *places, row_seq))
         return out
     (k_codes, k_scale), (v_codes, v_scale) = quantize_rows(k), quantize_rows(v)
     k_seen, v_seen = dequantize_rows(k_codes, k_scale, k.dtype), dequantize_rows(v_codes, v_scale, v.dtype)
     out = window_attention(
         q, k_seen, v_seen, ring["k"], ring["v"], batch.state_slots, *common, window, False, scales, row_seq
     )
-    ring_write(k_codes, v_codes, ring["k"], ring["v"], *places, row_seq)
-    ring_write(k_scale, v_scale, scales[0], scales[1], *places, row_seq)
+    ring_write(RingWriteInputs(k_codes, v_codes, ring["k"], ring["v"], *places, row_seq))
+    ring_write(RingWriteInputs(k_scale, v_scale, scales[0], scales[1], *places, row_seq))
     return out
 
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.kernels.window_attention import ring_write, window_attention
+from dgpp.kernels.ring_write import RingWriteInputs, ring_write
+from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.compressed_attention import sparse_window_attention_ref
 from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, WindowKV
@@ -152,7 +153,7 @@ class DeepseekV41Attention(LatentProjections):
                 flow.window_floor,
                 read_entries=lambda rows: self.formats.main.decode(rows, self.dtype),
             )
-        ring_write(latent, latent, ring, ring, batch.state_slots, *lens)
+        ring_write(RingWriteInputs(latent, latent, ring, ring, batch.state_slots, *lens))
         stored[slots] = self.formats.window.encode(ring[slots]).to(stored.dtype)
         out = self.rotary.rotate(out, batch.positions, inverse=True)
         return grouped_output(self.wo_a, self.wo_b, out, self.groups, self.o_lora_rank)

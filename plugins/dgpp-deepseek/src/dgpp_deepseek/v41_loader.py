@@ -33,7 +33,7 @@ checkpoint_name = release_tensor_name(_structural_name)
 
 def attach_engram(model: Model, cfg: DeepseekV41ArchConfig, ctx: LoadContext) -> None:
     """Map every Engram layer's table and give it the token classes, buckets and multipliers it hashes with."""
-    from dgpp.checkpoint.reader import CheckpointReader
+    from dgpp.plugin_api import CheckpointReader
     from dgpp_deepseek.v41_engram import EngramTable, EngramV41, bucket_primes, token_classes
 
     engrams = [m for m in model.modules() if isinstance(m, EngramV41)]

@@ -23,9 +23,8 @@ from typing import Any
 
 import torch
 
-from dgpp.checkpoint import CheckpointReader
 from dgpp.log import get_logger
-from dgpp.plugin_api import CheckpointError
+from dgpp.plugin_api import CheckpointError, CheckpointReader
 from dgpp.quant.format import QuantFormat
 from dgpp.quant.fp4 import MXFP4
 from dgpp.quant.fp8 import FP8Block
