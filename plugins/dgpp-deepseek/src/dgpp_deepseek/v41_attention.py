@@ -9,7 +9,8 @@ softmax with its head's sink logit (denominator only), the window ``p - W + 1 ..
 layers, its group's selected entries (``dgpp_deepseek.v41_indexer``): a kv source publishes the group's
 entries first, an index source selects, the other layers of the group reuse the last selection. The output's
 rope tail is rotated back, then the grouped low-rank output (block-diagonal ``wo_a`` over ``o_groups``,
-``wo_b``).
+``wo_b``). Decode-only steps where Triton runs read the packed ring and entries inside the fused kernels
+(``dgpp_deepseek.v41_decode``); the torch path here decodes the step's rings and is the reference.
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class DeepseekV41Attention(LatentProjections):
             return self._output(out, batch)
         stored = batch.cache.state[self.cache_name]["k"]
         slots = batch.state_slots.long()
-        # the step's rings as values (one layer's, while it runs), packed back after the step's rows join them
+        # torch path: the step's rings as values (one layer's, while it runs), packed back after its rows join
         ring = torch.zeros(*stored.shape[:-1], self.head_dim, dtype=self.dtype, device=stored.device)
         ring[slots] = self.formats.window.decode(stored[slots], self.dtype)
         latent = kv[:, None, :]  # one K/V head, read as both K and V
