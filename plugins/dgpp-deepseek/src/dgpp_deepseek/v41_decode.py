@@ -12,6 +12,8 @@ compressor and the indexer run as on every step (torch; the indexer decodes the 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from dgpp.kernels.block_scaled_ring_write import ring_write_fp8_blocks_triton
@@ -25,6 +27,9 @@ from dgpp.nn.window_compressor import live_sequences
 from dgpp.plugin_api import ForwardBatch
 from dgpp_deepseek.v41_indexer import Selection
 from dgpp_deepseek.v41_packed_entries import EntryFormats, PackedFP4, PackedFP8
+
+if TYPE_CHECKING:  # the layer imports this module
+    from dgpp_deepseek.v41_attention import DeepseekV41Attention
 
 
 def packed_forms(formats: EntryFormats) -> PackedKeyForms | None:
@@ -55,10 +60,15 @@ def pick_table(selection: Selection, batch: ForwardBatch, ratio: int) -> tuple[t
 
 
 def packed_decode_attention(
-    layer, q: torch.Tensor, kv: torch.Tensor, batch: ForwardBatch, selection: Selection, forms: PackedKeyForms
+    layer: DeepseekV41Attention,
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    batch: ForwardBatch,
+    selection: Selection,
+    forms: PackedKeyForms,
 ) -> torch.Tensor:
-    """``[R, H, D]`` attention of a decode step over the packed ring and pool, then the rows' packed ring write.
-    ``layer``: a ``DeepseekV41Attention`` (its ring, group pool, sinks, window and ratio)."""
+    """``[R, H, D]`` attention of a decode step over the layer's packed ring and its group's packed pool, then the
+    rows' packed ring write."""
     ring = batch.cache.state[layer.cache_name]["k"]
     rows = q.shape[0]
     if layer.ratio:
