@@ -2,8 +2,9 @@
 the block-scaled tile loaders give exactly the values ``v41_packed_entries``' ``decode`` gives (a dropped scale or
 swapped nibbles fail), the packed compressed-decode kernel matches the torch form over the decoded ring and pool
 (partly filled rings, padding rows, selections shorter than the pick table, window-only rows) and keeps a row's
-bits alone or batched, the packed ring write stores exactly the bytes ``PackedFP8.encode`` gives, and the tiny
-fixture decodes the same greedy tokens through the fused path as through the torch path."""
+bits alone or batched, the packed ring write stores exactly the bytes ``PackedFP8.encode`` gives, the indexer's
+scores read the packed FP4 + E8M0 keys in-kernel, and the tiny fixture decodes the same greedy tokens through the
+fused path as through the torch path."""
 
 from __future__ import annotations
 
@@ -19,9 +20,10 @@ from dgpp.kernels.compressed_decode_attention import (
     compressed_decode_attention_ref,
     compressed_decode_attention_triton,
 )
+from dgpp.kernels.dsa_index import index_scores_ref, index_scores_triton
 from dgpp.offline import engine_all_logits, greedy_generate, make_prompts
 from dgpp.startup.loading import load_model
-from dgpp_deepseek import v41_attention
+from dgpp_deepseek import v41_attention, v41_indexer
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 from dgpp_deepseek.v41_packed_entries import PackedFP4, PackedFP8
 
@@ -212,6 +214,25 @@ def test_ring_write_stores_the_packed_rows(pre_rounded):
     assert torch.equal(ring, want)
 
 
+def test_index_scores_read_the_packed_keys():
+    """The indexer's scores over FP4 + E8M0 keys read in-kernel against the torch scores over the decoded keys;
+    rows past their visible entries are -inf, a padding row (0 visible) all -inf."""
+    gen = torch.Generator().manual_seed(5)
+    form, rows, heads, dim, per_block = PackedFP4(32, 32, "e8m0"), 4, 6, 32, 4
+    keys = form.encode(_values(48 * per_block, dim, gen)).view(48, per_block, 1, -1)
+    tables = torch.randperm(48, generator=gen).view(rows, 12).int()
+    seen = torch.tensor([0, 5, 33, 48])
+    q = torch.randn(rows, heads, dim, generator=gen)
+    weights = torch.randn(rows, heads, generator=gen)
+    forms = PackedKeyForms(entry_block=32, entry_e8m0=True)
+    got = index_scores_triton(q, weights, keys, tables, seen, 1.0, packed=forms)
+    want = index_scores_ref(q, weights, form.decode(keys, torch.float32), tables, seen, 1.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert bool(torch.isinf(got[0]).all()) and bool(torch.isinf(got[1, 5:]).all())
+    with pytest.raises(ValueError, match="uint8 rows"):
+        index_scores_triton(q, weights, keys[..., :-1], tables, seen, 1.0, packed=forms)
+
+
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return build_fp32_fixture(tmp_path_factory.mktemp("deepseek_v41_fused"))
@@ -227,25 +248,30 @@ def test_fixture_decodes_through_the_fused_kernels(checkpoint, monkeypatch):
     """Every layer kind (window-only, ratio 2 and ratio 1 with candidates) decodes through the packed kernels:
     greedy tokens equal to the torch path's, one-token-step logits within fp32 summation order of them."""
     model = load_model(checkpoint)
-    calls = []
-    real = v41_attention.packed_decode_attention
+    calls, scored = [], []
+    real, real_scores = v41_attention.packed_decode_attention, v41_indexer.index_scores_triton
 
     def counted(layer, *args):
         calls.append(layer.ratio)
         return real(layer, *args)
 
+    def counted_scores(*args, **kwargs):
+        scored.append(kwargs["packed"])
+        return real_scores(*args, **kwargs)
+
     monkeypatch.setattr(v41_attention, "packed_decode_attention", counted)
+    monkeypatch.setattr(v41_indexer, "index_scores_triton", counted_scores)
     prompts = make_prompts(model.info.vocab_size, (7, 19), seed=8)
     torch_tokens = greedy_generate(model, prompts, 10, stop_at_eos=False)
     torch_logits = engine_all_logits(model, prompts, chunk_size=1)
-    assert not calls
+    assert not calls and not scored
     _fused(model, True)
     try:
         fused_tokens = greedy_generate(model, prompts, 10, stop_at_eos=False)
         fused_logits = engine_all_logits(model, prompts, chunk_size=1)
     finally:
         _fused(model, None)
-    assert set(calls) == {0, 1, 2}
+    assert set(calls) == {0, 1, 2} and scored  # every layer kind, and the indexers
     assert fused_tokens == torch_tokens
     for a, b in zip(fused_logits, torch_logits, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import use_triton
+from dgpp.kernels.block_scaled_tiles import PackedKeyForms
 from dgpp.kernels.ring_write import RingWriteInputs, ring_write
 from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.compressed_attention import sparse_window_attention_ref
@@ -25,7 +26,7 @@ from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, WindowKV
 from dgpp_deepseek.attention import LatentProjections, grouped_output
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
-from dgpp_deepseek.v41_decode import packed_decode_attention, packed_forms
+from dgpp_deepseek.v41_decode import index_key_forms, packed_decode_attention, packed_forms
 from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 from dgpp_deepseek.v41_packed_entries import EntryFormats
@@ -119,7 +120,7 @@ class DeepseekV41Attention(LatentProjections):
         # the bounded decoder's window floors stay on the torch path
         if fused and forms is not None and batch.is_decode_only and not flow.window_floor:
             if self.ratio:
-                self._select(x, q_resid, batch, flow)
+                self._select(x, q_resid, batch, flow, index_key_forms(self.formats))
             out = packed_decode_attention(self, q, kv, batch, flow.selection, forms)
             return self._output(out, batch)
         stored = batch.cache.state[self.cache_name]["k"]
@@ -165,12 +166,21 @@ class DeepseekV41Attention(LatentProjections):
         stored[slots] = self.formats.window.encode(ring[slots]).to(stored.dtype)
         return self._output(out, batch)
 
-    def _select(self, x: torch.Tensor, q_resid: torch.Tensor, batch: ForwardBatch, flow: GroupFlow) -> None:
-        """The group's entries this step completes (before anyone reads them), then the index source's picks."""
+    def _select(
+        self,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        batch: ForwardBatch,
+        flow: GroupFlow,
+        packed_keys: PackedKeyForms | None = None,
+    ) -> None:
+        """The group's entries this step completes (before anyone reads them), then the index source's picks
+        (``packed_keys``: scored in the kernel that reads the packed keys)."""
         if self.compressor is not None:
             self.compressor(x, batch)
         if self.indexer is not None:
-            flow.selection = self.indexer(x, q_resid, batch, f"{self.source_name}.indexer", self.ratio, flow)
+            keys = f"{self.source_name}.indexer"
+            flow.selection = self.indexer(x, q_resid, batch, keys, self.ratio, flow, packed_keys)
 
     def _output(self, out: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         out = self.rotary.rotate(out, batch.positions, inverse=True)

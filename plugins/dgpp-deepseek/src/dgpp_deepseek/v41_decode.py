@@ -40,6 +40,14 @@ def packed_forms(formats: EntryFormats) -> PackedKeyForms | None:
     return PackedKeyForms(ring.block, main.block, main.scale_kind == "e8m0")
 
 
+def index_key_forms(formats: EntryFormats) -> PackedKeyForms | None:
+    """The index keys' form for the indexer's scoring kernel; None when the pool holds them otherwise."""
+    index = formats.index
+    if not isinstance(index, PackedFP4):
+        return None
+    return PackedKeyForms(entry_block=index.block, entry_e8m0=index.scale_kind == "e8m0")
+
+
 def pick_table(selection: Selection, batch: ForwardBatch, ratio: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(picks ``[R, K]`` int32, counts ``[R]`` int32) of a decode step's rows: each row's selected entries (every
     visible one where it has no selection), padded; a padding row counts 0."""
