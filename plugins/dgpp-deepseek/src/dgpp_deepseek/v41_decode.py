@@ -6,8 +6,9 @@ ring's FP8 codes + E8M0 scales and the entries' FP4 nibbles + E4M3 scales are de
 to exactly the values ``v41_packed_entries``' ``decode`` gives, so nothing is decoded into the compute dtype
 beforehand. The step's rows then join the rings in one launch that quantizes them
 (``dgpp.kernels.block_scaled_ring_write``). Both launches read no host value and give a row the same bits alone or
-batched. The selection (``GroupFlow.selection``, per row) becomes a padded pick table and per-row counts; the
-compressor and the indexer run as on every step (torch; the indexer decodes the index keys it gathers).
+batched. The index sources score the step's rows in one kernel over the packed index keys (``index_key_forms``,
+``IndexerV41``); the compressor, the candidate blocks and the top-k run per sequence in torch, and their selection
+(``GroupFlow.selection``, per row) becomes a padded pick table and per-row counts on the host.
 """
 
 from __future__ import annotations
