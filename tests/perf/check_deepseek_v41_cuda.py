@@ -6,7 +6,10 @@ sizes (64 heads x 512 over one latent, window 128, ratio-2 groups keeping 512 en
    pool, a row alone vs in a batch bit for bit, and its time against the torch path a V4.1 step otherwise takes
    (decode the step's rings and picked entries into bf16, then attend) and against the same kernel over rows
    decoded beforehand;
-2. the packed ring write (``dgpp.kernels.block_scaled_ring_write``) against ``PackedFP8.encode`` byte for byte,
+2. the indexer's scores over packed FP4 + E8M0 index keys (``dgpp.kernels.dsa_index`` with ``packed``) against
+   the torch scores over the decoded keys, timed against the torch path (gather and decode each row's keys, then
+   score row by row);
+3. the packed ring write (``dgpp.kernels.block_scaled_ring_write``) against ``PackedFP8.encode`` byte for byte,
    timed against the torch path's decode / write / re-encode of the step's rings.
 
     source tests/perf/device_env.sh && python3 tests/perf/check_deepseek_v41_cuda.py
@@ -26,6 +29,7 @@ from check_flint_cuda import finish
 from check_glm5_cuda import _timed
 
 HEADS, LATENT, WINDOW, TOPK, RATIO, BLOCK = 64, 512, 128, 512, 2, 64
+INDEX_HEADS, INDEX_DIM = 64, 128
 
 
 def rel(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -157,6 +161,57 @@ def attention_checks(failures: list[str], device: str, max_ctx: int, batches: tu
     return out
 
 
+def index_checks(failures: list[str], device: str, max_ctx: int, batch: int) -> list[str]:
+    from dgpp.kernels.block_scaled_tiles import PackedKeyForms
+    from dgpp.kernels.dsa_index import index_scores_ref, index_scores_triton
+    from dgpp.nn.compressed_decode import entry_table
+    from dgpp_deepseek.v41_packed_entries import PackedFP4
+
+    form = PackedFP4(INDEX_DIM, 32, "e8m0")
+    g = torch.Generator(device=device).manual_seed(11)
+    per_row, per_block = max_ctx // BLOCK, BLOCK // RATIO
+    values = torch.randn(batch * per_row * per_block, INDEX_DIM, generator=g, device=device)
+    keys = form.encode(values).view(batch * per_row, per_block, 1, -1)
+    blocks = torch.randperm(batch * per_row, generator=g, device=device).int().view(batch, per_row)
+    table = entry_table(blocks, RATIO, BLOCK)
+    positions = torch.tensor(
+        [min(max_ctx - 1, 600 + (2999 * r) % max_ctx) for r in range(batch)], device=device
+    )
+    seen = (positions + 1) // RATIO
+    q = torch.randn(batch, INDEX_HEADS, INDEX_DIM, generator=g, device=device)
+    w = torch.randn(batch, INDEX_HEADS, generator=g, device=device) * (INDEX_DIM * INDEX_HEADS) ** -0.5
+    forms = PackedKeyForms(entry_block=32, entry_e8m0=True)
+
+    def packed() -> torch.Tensor:
+        return index_scores_triton(q, w, keys, table, seen, 1.0, packed=forms)
+
+    def torch_path() -> list[torch.Tensor]:
+        from dgpp.kernels.compressed_decode_attention import entry_rows
+
+        out = []
+        for r, n in enumerate(seen.tolist()):
+            rows = form.decode(
+                entry_rows(keys, table[r : r + 1], torch.arange(n, device=device)[None])[0], q.dtype
+            )
+            out.append((w[r, :, None] * (q[r] @ rows.t()).clamp_min(0)).sum(0))
+        return out
+
+    ours = packed()
+    want = index_scores_ref(q, w, form.decode(keys, torch.float32), table, seen, 1.0)
+    finite = torch.isfinite(want)
+    same_mask = torch.equal(finite, torch.isfinite(ours))
+    err = rel(ours[finite], want[finite])
+    sec, torch_sec = _seconds(packed, device), _seconds(torch_path, device)
+    if not (same_mask and err < 1e-5):
+        failures.append(
+            f"V4.1 packed index scores: rel err {err:.2e}, -inf where the torch scores are {same_mask}"
+        )
+    return [
+        f"V4.1 packed index scores, batch {batch}, {int(seen.float().mean())} keys/row x {INDEX_HEADS} heads: rel err "
+        f"{err:.2e}; one launch {sec * 1e6:.0f} us, torch path (gather, decode, score per row) {torch_sec * 1e6:.0f} us"
+    ]
+
+
 def ring_write_checks(failures: list[str], device: str, batch: int) -> list[str]:
     from dgpp.kernels.block_scaled_ring_write import ring_write_fp8_blocks_triton
     from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
@@ -196,6 +251,7 @@ def main() -> int:
     print(torch.cuda.get_device_name() if cuda else "cpu (interpreter)", torch.__version__, flush=True)
     failures: list[str] = []
     table = attention_checks(failures, args.device, 16384 if cuda else 1024, (1, 8, 64) if cuda else (2,))
+    table += index_checks(failures, args.device, 16384 if cuda else 1024, 64 if cuda else 2)
     table += ring_write_checks(failures, args.device, 64 if cuda else 2)
     return finish(table, failures)
 
