@@ -22,7 +22,7 @@ from dgpp.kernels.compressed_decode_attention import (
 )
 from dgpp.kernels.dsa_index import index_scores_ref, index_scores_triton
 from dgpp.offline import engine_all_logits, greedy_generate, make_prompts
-from dgpp.startup.loading import load_model
+from dgpp.plugin_api import load_model
 from dgpp_deepseek import v41_attention, v41_indexer
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 from dgpp_deepseek.v41_packed_entries import PackedFP4, PackedFP8

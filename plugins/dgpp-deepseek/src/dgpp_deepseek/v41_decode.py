@@ -13,7 +13,7 @@ batched. The index sources score the step's rows in one kernel over the packed i
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
@@ -29,8 +29,25 @@ from dgpp.plugin_api import ForwardBatch
 from dgpp_deepseek.v41_indexer import Selection
 from dgpp_deepseek.v41_packed_entries import EntryFormats, PackedFP4, PackedFP8
 
-if TYPE_CHECKING:  # the layer imports this module
-    from dgpp_deepseek.v41_attention import DeepseekV41Attention
+
+class DecodeLayer(Protocol):
+    """What the decode path reads of a ``DeepseekV41Attention``: its ring's and group pool's names, sinks and
+    shape."""
+
+    @property
+    def cache_name(self) -> str: ...
+
+    @property
+    def source_name(self) -> str: ...
+
+    @property
+    def ratio(self) -> int: ...
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def attn_sink(self) -> torch.Tensor: ...
 
 
 def packed_forms(formats: EntryFormats) -> PackedKeyForms | None:
@@ -69,7 +86,7 @@ def pick_table(selection: Selection, batch: ForwardBatch, ratio: int) -> tuple[t
 
 
 def packed_decode_attention(
-    layer: DeepseekV41Attention,
+    layer: DecodeLayer,
     q: torch.Tensor,
     kv: torch.Tensor,
     batch: ForwardBatch,
