@@ -9,7 +9,9 @@ of them are real: a row with at most ``k`` tokens keeps them all, in order, whic
 The Triton kernel computes a (row, token) score from that row's query and that token's key alone, in one
 fixed order (a 128-deep dot per head, then the head sum in a fixed tree), so a row's scores do not depend on
 the rows beside it or the table's width: prefill chunks, decode steps and a speculative verify select alike.
-Shapes depend only on the table, so a decode step's selection can be captured in a CUDA graph.
+Shapes depend only on the table, so a decode step's selection can be captured in a CUDA graph. Keys held packed
+(``packed``: FP4 nibbles and a block scale per ``entry_block`` values, ``uint8`` rows) are decoded in registers to
+fp32, the values a torch decode of the rows gives.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.block_scaled_tiles import PackedKeyForms, packed_fp4_tile
 from dgpp.kernels.kv_fp8 import dequantize_rows
 
 _BLOCK_T = 64
@@ -50,6 +53,7 @@ def _index_scores_kernel(
     q_ptr,
     w_ptr,
     k_ptr,
+    k8_ptr,
     ksc_ptr,
     bt_ptr,
     lens_ptr,
@@ -72,6 +76,9 @@ def _index_scores_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_SCALES: tl.constexpr,
+    PACKED: tl.constexpr,
+    KEY_BLOCK: tl.constexpr,
+    KEY_E8M0: tl.constexpr,
 ):
     r = tl.program_id(0).to(tl.int64)
     start = tl.program_id(1) * BLOCK_T
@@ -92,11 +99,18 @@ def _index_scores_kernel(
         w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
         phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
         off = (t % block_size).to(tl.int64)
-        k = tl.load(
-            k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
-            mask=tmask[None, :] & (d[:, None] < dim),
-            other=0.0,
-        )  # [BLOCK_D, BLOCK_T]
+        if PACKED:  # FP4 rows: decoded in registers, [BLOCK_T, BLOCK_D] turned to [BLOCK_D, BLOCK_T]
+            rows_at = phys * k_blk + off * k_tok
+            kmask = tmask[:, None] & (d[None, :] < dim)
+            k = tl.trans(
+                packed_fp4_tile(k_ptr, k8_ptr, rows_at, d, kmask, dim, tl.float32, KEY_BLOCK, KEY_E8M0)
+            )
+        else:
+            k = tl.load(
+                k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
+                mask=tmask[None, :] & (d[:, None] < dim),
+                other=0.0,
+            )  # [BLOCK_D, BLOCK_T]
         if HAS_SCALES:  # e4m3 keys: code * row scale, rounded once to the compute dtype
             k_sc = tl.load(ksc_ptr + phys * sc_blk + off * sc_tok, mask=tmask, other=0.0)
             k = (k.to(tl.float32) * k_sc[None, :]).to(q_ptr.dtype.element_ty)
@@ -114,8 +128,18 @@ def index_scores_triton(
     lens: torch.Tensor,
     scale: float,
     k_scale: torch.Tensor | None = None,
+    packed: PackedKeyForms | None = None,
 ) -> torch.Tensor:
+    """``packed``: the keys are FP4 rows of ``packed``'s entry form (``dim / 2 + dim / entry_block`` bytes)."""
     rows, heads, dim = q.shape
+    if packed is not None and (
+        k_cache.dtype != torch.uint8 or k_cache.shape[-1] != dim // 2 + dim // packed.entry_block
+    ):
+        raise ValueError(
+            f"packed index keys must be uint8 rows of {dim // 2 + dim // packed.entry_block} bytes for {dim} "
+            f"values: got {k_cache.dtype} rows of {k_cache.shape[-1]}"
+        )
+    forms = packed or PackedKeyForms()
     bs = k_cache.shape[1]
     width = tables.shape[1] * bs
     out = torch.empty(rows, width, dtype=torch.float32, device=q.device)
@@ -125,6 +149,7 @@ def index_scores_triton(
             q,
             weights,
             k_cache,
+            k_cache.view(torch.float8_e4m3fn) if packed is not None else k_cache,
             k_cache if k_scale is None else k_scale,  # unread without scales
             tables,
             lens,
@@ -147,6 +172,9 @@ def index_scores_triton(
             BLOCK_H=max(16, next_pow2(heads)),
             BLOCK_D=max(16, next_pow2(dim)),
             HAS_SCALES=k_scale is not None,
+            PACKED=packed is not None,
+            KEY_BLOCK=forms.entry_block,
+            KEY_E8M0=forms.entry_e8m0,
             num_warps=4,
         )
     return out

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.block_scaled_tiles import e2m1_value
 from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of
 from dgpp.kernels.online_softmax import finish_split, merge_splits, softmax_step
 from dgpp.step.cache_spec import KV_FP8
@@ -103,15 +104,7 @@ def _latent_tile(
             block = tl.load(
                 lat8_ptr + rows[:, None] + (latent_dim // 2 + cols // 16)[None, :], mask=mask, other=0.0
             )
-            step = (code & 7) >> 1
-            mantissa = (code & 1).to(tl.float32)
-            magnitude = tl.where(
-                step == 0,
-                0.5 * mantissa,
-                (2.0 + mantissa) * tl.where(step == 1, 0.5, tl.where(step == 2, 1.0, 2.0)),
-            )
-            value = tl.where((code & 8) != 0, -magnitude, magnitude)
-            tile = (value * (block.to(tl.float32) * row_scale)).to(dtype)
+            tile = (e2m1_value(code) * (block.to(tl.float32) * row_scale)).to(dtype)
     return tile
 
 

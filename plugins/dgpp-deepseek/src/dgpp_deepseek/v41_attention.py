@@ -9,13 +9,16 @@ softmax with its head's sink logit (denominator only), the window ``p - W + 1 ..
 layers, its group's selected entries (``dgpp_deepseek.v41_indexer``): a kv source publishes the group's
 entries first, an index source selects, the other layers of the group reuse the last selection. The output's
 rope tail is rotated back, then the grouped low-rank output (block-diagonal ``wo_a`` over ``o_groups``,
-``wo_b``).
+``wo_b``). Decode-only steps where Triton runs read the packed ring and entries inside the fused kernels
+(``dgpp_deepseek.v41_decode``); the torch path here decodes the step's rings and is the reference.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dgpp.kernels._triton import use_triton
+from dgpp.kernels.block_scaled_tiles import PackedKeyForms
 from dgpp.kernels.ring_write import RingWriteInputs, ring_write
 from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.compressed_attention import sparse_window_attention_ref
@@ -23,6 +26,7 @@ from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, WindowKV
 from dgpp_deepseek.attention import LatentProjections, grouped_output
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_decode import index_key_forms, packed_decode_attention, packed_forms
 from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 from dgpp_deepseek.v41_packed_entries import EntryFormats
@@ -62,6 +66,8 @@ class DeepseekV41Attention(LatentProjections):
         self.rotary = rotary_embedding(
             rope, dim, cfg.rope_head_dim, style="interleaved", trailing=True, fp32_angles=True
         )
+        # decode-only steps read the packed ring and entries in the fused kernels; None: where Triton runs
+        self.fused_decode: bool | None = None
         self.compressor: CompressorV41 | None = None
         if source == layer_idx:
             self.compressor = CompressorV41(
@@ -109,9 +115,17 @@ class DeepseekV41Attention(LatentProjections):
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim), batch.positions)
         kv = self.rotary.rotate(self.kv_norm(self.wkv(x))[:, None, :], batch.positions)[:, 0]
         kv = round_fp8_e8m0(kv)
+        forms = packed_forms(self.formats)
+        fused = use_triton(q) if self.fused_decode is None else self.fused_decode
+        # the bounded decoder's window floors stay on the torch path
+        if fused and forms is not None and batch.is_decode_only and not flow.window_floor:
+            if self.ratio:
+                self._select(x, q_resid, batch, flow, index_key_forms(self.formats))
+            out = packed_decode_attention(self, q, kv, batch, flow.selection, forms)
+            return self._output(out, batch)
         stored = batch.cache.state[self.cache_name]["k"]
         slots = batch.state_slots.long()
-        # the step's rings as values (one layer's, while it runs), packed back after the step's rows join them
+        # torch path: the step's rings as values (one layer's, while it runs), packed back after its rows join
         ring = torch.zeros(*stored.shape[:-1], self.head_dim, dtype=self.dtype, device=stored.device)
         ring[slots] = self.formats.window.decode(stored[slots], self.dtype)
         latent = kv[:, None, :]  # one K/V head, read as both K and V
@@ -132,12 +146,7 @@ class DeepseekV41Attention(LatentProjections):
                 False,
             )
         else:
-            if self.compressor is not None:
-                self.compressor(x, batch)  # the group's entries this step completes, before anyone reads them
-            if self.indexer is not None:
-                flow.selection = self.indexer(
-                    x, q_resid, batch, f"{self.source_name}.indexer", self.ratio, flow
-                )
+            self._select(x, q_resid, batch, flow)
             pool = batch.cache.kv[f"{self.source_name}.compressor"][0]
             out = sparse_window_attention_ref(
                 q,
@@ -155,5 +164,24 @@ class DeepseekV41Attention(LatentProjections):
             )
         ring_write(RingWriteInputs(latent, latent, ring, ring, batch.state_slots, *lens))
         stored[slots] = self.formats.window.encode(ring[slots]).to(stored.dtype)
+        return self._output(out, batch)
+
+    def _select(
+        self,
+        x: torch.Tensor,
+        q_resid: torch.Tensor,
+        batch: ForwardBatch,
+        flow: GroupFlow,
+        packed_keys: PackedKeyForms | None = None,
+    ) -> None:
+        """The group's entries this step completes (before anyone reads them), then the index source's picks
+        (``packed_keys``: scored in the kernel that reads the packed keys)."""
+        if self.compressor is not None:
+            self.compressor(x, batch)
+        if self.indexer is not None:
+            keys = f"{self.source_name}.indexer"
+            flow.selection = self.indexer(x, q_resid, batch, keys, self.ratio, flow, packed_keys)
+
+    def _output(self, out: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         out = self.rotary.rotate(out, batch.positions, inverse=True)
         return grouped_output(self.wo_a, self.wo_b, out, self.groups, self.o_lora_rank)

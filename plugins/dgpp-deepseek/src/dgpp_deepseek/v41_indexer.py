@@ -26,7 +26,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from dgpp.kernels.block_scaled_tiles import PackedKeyForms
+from dgpp.kernels.dsa_index import index_scores_triton
 from dgpp.nn.batch_invariant import batch_invariant_rows
+from dgpp.nn.compressed_decode import entry_table
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, entry_slots, gather_entries, live_sequences
@@ -195,25 +198,37 @@ class IndexerV41(nn.Module):
         keys_name: str,
         ratio: int,
         flow: GroupFlow,
+        packed_keys: PackedKeyForms | None = None,
     ) -> Selection:
+        """Each row's selection. ``packed_keys`` (a decode step where Triton runs): every row's scores in one
+        kernel that reads the packed index keys (``dgpp.kernels.dsa_index``), else row by row over decoded keys."""
         rows = x.shape[0]
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.heads, self.head_dim), batch.positions)
         q = round_fp4_e8m0(q).float()
         weights = self.weights_proj(x).float() * (self.head_dim * self.heads) ** -0.5
         pool = batch.cache.kv[keys_name][0]
         selection: Selection = [None] * rows
+        every = None
+        if packed_keys is not None:
+            table = entry_table(batch.block_tables, ratio, batch.cache.block_size)
+            live = (batch.state_slots >= 0) & (batch.seq_lens > 0)
+            seen = torch.where(live, (batch.positions + 1) // ratio, 0)
+            every = index_scores_triton(q, weights, pool, table, seen, 1.0, packed=packed_keys)
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
             count = end // ratio
-            stored = gather_entries(pool, batch.block_tables[b], count, ratio, batch.cache.block_size)
-            keys = self.formats.index.decode(stored, torch.float32)
             visible = (torch.arange(ctx, end, device=x.device) + 1) // ratio
-            # row by row: a row's scores have the same bits however the step batched or chunked it
-            scores = torch.stack(
-                [
-                    (weights[row, :, None] * (q[row] @ keys.t()).clamp_min(0)).sum(0)
-                    for row in range(start, start + q_len)
-                ]
-            )
+            if every is not None:
+                scores = every[start : start + q_len, :count]
+            else:
+                stored = gather_entries(pool, batch.block_tables[b], count, ratio, batch.cache.block_size)
+                keys = self.formats.index.decode(stored, torch.float32)
+                # row by row: a row's scores have the same bits however the step batched or chunked it
+                scores = torch.stack(
+                    [
+                        (weights[row, :, None] * (q[row] @ keys.t()).clamp_min(0)).sum(0)
+                        for row in range(start, start + q_len)
+                    ]
+                )
             scores = scores.masked_fill(
                 torch.arange(count, device=x.device)[None] >= visible[:, None], -math.inf
             )

@@ -8,8 +8,9 @@ A kv source's pools (``dgpp_deepseek.v41_indexer.CompressorV41``) hold byte rows
 
 At the release's layer groups (three ratio-2 sources, one ratio-1) that is ``3 x (288 + 68) / 2 + 288 + 68
 = 890`` bytes per token, against 3,200 for the same values held as BF16. Every layer's window ring (per request
-state) holds its latents as FP8 E4M3 codes with an E8M0 scale per 32 (528 bytes a row, 1,024 in BF16); a layer
-decodes its rings for the step and packs them back after the step's rows join. A row's bytes are the nibbles first
+state) holds its latents as FP8 E4M3 codes with an E8M0 scale per 32 (528 bytes a row, 1,024 in BF16); a
+decode step on CUDA reads them in the attention kernel (``dgpp_deepseek.v41_decode``), other steps decode the
+step's rings and pack them back after its rows join. A row's bytes are the nibbles first
 (channel ``2j`` in the low nibble of byte ``j``, ``2j + 1`` in the high one), then one scale byte per block.
 Readers decode the entries they gather (``decode``) into exactly the values ``round_fp4_e4m3`` /
 ``round_fp4_e8m0`` give: the nibble times its block's scale is exact in fp32 and in bf16, so the logits are
