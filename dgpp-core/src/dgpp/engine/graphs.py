@@ -16,6 +16,10 @@ of one device buffer whose pinned host mirror is written with numpy and sent in 
 (``dgpp.engine.graph_inputs``); ``run(batch)`` takes an already built ``ForwardBatch`` (speculative and
 test callers).
 
+Speculative verify steps replay the same graphs, each verify row as its own decode row (``takes_verify``,
+``dgpp.engine.verify_graphs``); with ``Model.keep_hidden`` on, a replay also hands every row's hidden to the
+drafter (``Model.last_hidden``) from the graph's static output.
+
 ``DecodeGraphs(..., capture=False)`` runs the same padded static batch eagerly, which is how the
 padding and size-selection logic is tested on a CPU.
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.graph_inputs import DecodeInputs
+from dgpp.engine.verify_graphs import as_decode_rows
 from dgpp.engine.work import SeqWork
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.model import Model
@@ -97,7 +102,10 @@ class DecodeGraphs:
         self.max_batch = max_batch
         self.max_blocks = max_blocks
         self.device = next(model.parameters()).device
+        self.capture_requested = capture
         self.use_graphs = capture and self.device.type == "cuda"
+        # a speculative verify's rows replay as decode rows (dgpp.engine.verify_graphs)
+        self.takes_verify = False
         n, dev = max_batch, self.device
         # the static buffers are views of one device buffer with a pinned host mirror (dgpp.engine.graph_inputs)
         self.inputs = DecodeInputs(n, max_blocks, pools.block_size, pools.num_blocks, dev)
@@ -110,6 +118,8 @@ class DecodeGraphs:
         self._fill_padding(0)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        # every row's hidden (Model.last_hidden) per captured size, when the model keeps it for a drafter
+        self.hidden: dict[int, torch.Tensor] = {}
         self.pool = None
         self.captured = False
         self.stats = ReplayStats()
@@ -171,6 +181,8 @@ class DecodeGraphs:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
                 self.outputs[size] = self._forward(self._static_batch(size))
+            if self.model.keep_hidden and self.model.last_hidden is not None:
+                self.hidden[size] = self.model.last_hidden
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[size] = graph
@@ -222,7 +234,13 @@ class DecodeGraphs:
     def run_work(self, work: list[SeqWork], input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """``run`` straight from the work list (the inputs go to the device in one copy, see graph_inputs),
         or None when this is not a step the graphs take (prefill rows, too many rows, too wide a table).
-        ``input_ids``: the rows' token ids on the device (copied over the staged ones, device to device)."""
+        ``input_ids``: the rows' token ids on the device (copied over the staged ones, device to device).
+        With ``takes_verify``, a verify's items run as their rows, one decode row each (logits of every row)."""
+        if self.takes_verify:
+            expanded = as_decode_rows(work)
+            if expanded is None:
+                return None
+            work = expanded
         if not self.inputs.fits(work):
             return None
         if not self.captured:
@@ -238,7 +256,18 @@ class DecodeGraphs:
         self.stats.record(size, rows)
         if self.use_graphs:
             self.graphs[size].replay()
+            if self.model.keep_hidden:
+                if size not in self.hidden:
+                    raise RuntimeError(
+                        "decode graphs captured before Model.keep_hidden was on keep no hidden rows"
+                    )
+                self.model.last_hidden = self.hidden[size][
+                    :rows
+                ].clone()  # the next replay overwrites the buffer
             return self.outputs[size][:rows].clone()
         pad = size - rows
         eager = self._static_batch(size, list(seq_lens) + [0] * pad, list(ctx) + [0] * pad)
-        return self._forward(eager)[:rows]
+        logits = self._forward(eager)[:rows]
+        if self.model.last_hidden is not None:
+            self.model.last_hidden = self.model.last_hidden[:rows]
+        return logits
