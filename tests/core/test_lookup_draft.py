@@ -63,8 +63,8 @@ def _scheduler(model, *, chunk: int, concurrency: int, graphs: bool = False) -> 
         model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device
     )
     runner = ModelRunner(model, pools)
-    if graphs:  # the decode graphs' padded static batch, run eagerly (what a CUDA graph replays)
-        runner.graphs = DecodeGraphs(model, pools, conf.max_concurrency, BLOCKS, capture=False)
+    if graphs:  # the decode graphs: captured on CUDA, elsewhere their padded static batch runs eagerly
+        runner.graphs = DecodeGraphs(model, pools, conf.max_concurrency, BLOCKS)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     return Scheduler(conf, runner, blocks, slots, cache)
