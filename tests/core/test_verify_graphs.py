@@ -178,6 +178,27 @@ def _replayed_rows(graphs: DecodeGraphs) -> int:
     return sum(size * n for size, n in graphs.stats.by_size.items()) - graphs.stats.padded_rows
 
 
+@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
+def test_greedy_mla_dsa_mtp_through_verify_graphs_equals_plain(tmp_path, kv_dtype) -> None:
+    """GLM-5.3 (MLA latents and DSA index keys, sparse selections; its MTP layer with its own indexer): each verify
+    row, as a decode row, selects and attends over its own prefix; under fp8 the latents are quantized rows."""
+    from dgpp.plugins import manager
+    from dgpp.startup.loading import load_context
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
+
+    path = build_tiny_glm_moe_dsa(tmp_path, seed=7, mtp_layers=1)
+    model = load_model(path)
+    assert verify_rows_independent(model)
+    drafter = manager().hook.dgpp_build_draft(ctx=load_context(path), model=model)
+    plain, _ = serve(model, kv_dtype=kv_dtype)
+    spec, sched = serve(model, drafter, 2, kv_dtype=kv_dtype, graphs=True)
+    assert spec == plain
+    graphs = sched.runner.graphs
+    assert isinstance(graphs, DecodeGraphs) and graphs.takes_verify
+    assert graphs.stats.replays >= sched.stats.decode_steps > 0
+    assert _replayed_rows(graphs) >= sched.stats.decode_rows + sched.speculative.stats.num_draft_tokens_total
+
+
 def test_greedy_oracle_through_verify_graphs_is_fully_accepted(glm) -> None:
     model, _ = glm
     plain, _ = serve(model)

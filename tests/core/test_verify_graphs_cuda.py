@@ -1,5 +1,6 @@
 """Verify graphs on a CUDA machine (skipped without a GPU): captured verify steps replayed against the eager verify,
-in fp32 and bf16, for the tiny GLM-4.7 (MTP drafter, hidden rows handed over) and the tiny Qwen3 (prompt lookup).
+in fp32 and bf16, for the tiny GLM-4.7 (MTP drafter, hidden rows handed over), GLM-5.3 (MLA latents, DSA index keys,
+its MTP drafter) and the tiny Qwen3 (prompt lookup).
 
 - one step with mixed draft counts and padding rows: replayed logits (and GLM's hidden rows) equal the eager
   verify's bit for bit, and the pools end as the eager verifies leave them (padding rows write nothing);
@@ -29,20 +30,23 @@ from dgpp.engine.graphs import DecodeGraphs  # noqa: E402
 from dgpp.engine.runner import ModelRunner  # noqa: E402
 from dgpp.engine.verify_graphs import verify_graphs  # noqa: E402
 
-FAMILIES = ("glm", "qwen3")
+FAMILIES = ("glm", "glm_dsa", "qwen3")
 
 
 def prepare(root: Path) -> None:
     from dgpp.testing.builders import build_tiny_checkpoint
     from dgpp_glm.testing_glm4 import build_tiny_glm4_moe
+    from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
     for tag, dtype in DTYPES.items():
         print("prepared", build_tiny_glm4_moe(root / f"glm_{tag}", seed=21, dtype=dtype))
+        dsa = build_tiny_glm_moe_dsa(root / f"glm_dsa_{tag}", seed=7, dtype=dtype, mtp_layers=1)
+        print("prepared", dsa)
         print("prepared", build_tiny_checkpoint("qwen3", root / f"qwen3_{tag}", seed=3, dtype=dtype))
 
 
 def _load(path: Path, family: str):
-    """The model on the GPU (and GLM's MTP drafter; None for Qwen3) through the family loaders."""
+    """The model on the GPU (and a GLM's MTP drafter; None for Qwen3) through the family loaders."""
     import json
 
     from dgpp.family import LoadContext
@@ -91,11 +95,15 @@ def check(root: Path) -> int:
     failures = 0
     for family in FAMILIES:
         for tag in DTYPES:
-            model, drafter = _load(root / f"{family}_{tag}", "glm" if family == "glm" else "qwen")
-            model.keep_hidden = family == "glm"
+            glm = family.startswith("glm")
+            model, drafter = _load(root / f"{family}_{tag}", "glm" if glm else "qwen")
+            model.keep_hidden = glm
             problems = _step_failures(model)
             model.keep_hidden = False
-            if family == "glm":
+            if family == "glm_dsa":
+                plain, _ = serve(model)
+                runs = {f"mtp{d}": serve(model, drafter, d, graphs=True) for d in (1, 2)}
+            elif glm:
                 plain, _ = serve(model)
                 transcripts = {f"r{i}": PROMPTS[i] + plain[f"r{i}"] for i in range(len(PROMPTS))}
                 runs = {f"mtp{d}": serve(model, drafter, d, graphs=True) for d in (1, 3)}
