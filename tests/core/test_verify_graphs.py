@@ -127,6 +127,58 @@ def test_padding_rows_write_nothing(qwen3) -> None:
         assert torch.equal(got[0], was[0]) and torch.equal(got[-3:], was[-3:])
 
 
+class _ReplayInPlace:
+    """Stands in for a captured graph on the CPU: a replay rewrites the size's static output buffers (logits and
+    hidden) from the static inputs and runs no Python a caller could see, so ``last_hidden`` is left stale."""
+
+    def __init__(self, graphs: DecodeGraphs, size: int) -> None:
+        self.graphs, self.size = graphs, size
+        self.logits, self.hidden = (
+            graphs.outputs[size],
+            graphs.hidden[size],
+        )  # the buffers it was captured with
+
+    def replay(self) -> None:
+        g, model = self.graphs, self.graphs.model
+        n = self.size  # the torch path reads the lengths on the host: the static device buffers' own
+        static = g._static_batch(n, g.seq_lens[:n].tolist(), g.context_lens[:n].tolist())
+        self.logits.copy_(g._forward(static))
+        assert model.last_hidden is not None
+        self.hidden.copy_(model.last_hidden)
+        model.last_hidden = torch.full_like(model.last_hidden, float("nan"))  # what no replay refreshes
+
+
+def test_replay_hands_the_static_hidden_rows_to_the_drafter(glm_model) -> None:
+    """The replay branch: logits and hidden rows come out of the size's static buffers, copied (a later replay
+    rewrites them), equal to the eager verify's; a graph captured without hidden rows is refused by name."""
+    model = glm_model
+    model.keep_hidden = True
+    try:
+        prompts = [[5 + i for i in range(n)] for n in (7, 4)]
+        pools = _pools(model, 2)
+        tables = _prefilled(model, pools, prompts)
+        graphs = verify_graphs(DecodeGraphs(model, pools, 2, BLOCKS_PER_SEQ, capture=False), model, 2)
+        assert graphs is not None
+        graphs.captured = graphs.use_graphs = True  # replay through stand-ins
+        for size in graphs.sizes:
+            graphs.outputs[size] = graphs._forward(graphs._static_batch(size)).clone()  # all padding
+            graphs.hidden[size] = model.last_hidden.clone()
+            graphs.graphs[size] = _ReplayInPlace(graphs, size)  # type: ignore[assignment]
+        work = _verify_work(tables, [len(p) for p in prompts], [2, 1], seed=4)
+        logits = graphs.run_work(work)
+        hidden = model.last_hidden
+        assert hidden is not None and hidden.shape[0] == 5
+        assert hidden.untyped_storage().data_ptr() != graphs.hidden[6].untyped_storage().data_ptr()
+        hidden = hidden.clone()
+        assert torch.equal(logits, ModelRunner(model, pools).step(work, verify=True))
+        assert torch.equal(hidden, model.last_hidden)
+        del graphs.hidden[6]  # 5 rows replay in the size-6 graph
+        with pytest.raises(RuntimeError, match="size-6 decode graph keeps no hidden rows"):
+            graphs.run_work(work)
+    finally:
+        model.keep_hidden = False
+
+
 def test_prefill_chunks_are_not_verify_rows() -> None:
     verify = SeqWork(0, [0, 1], 3, [7, 8, 9], every_row_logits=True)
     rows = as_decode_rows([SeqWork(1, [2], 2, [4]), verify])

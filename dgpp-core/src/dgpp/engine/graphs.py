@@ -257,13 +257,7 @@ class DecodeGraphs:
         if self.use_graphs:
             self.graphs[size].replay()
             if self.model.keep_hidden:
-                if size not in self.hidden:
-                    raise RuntimeError(
-                        "decode graphs captured before Model.keep_hidden was on keep no hidden rows"
-                    )
-                self.model.last_hidden = self.hidden[size][
-                    :rows
-                ].clone()  # the next replay overwrites the buffer
+                self.model.last_hidden = self._hidden_rows(size, rows)
             return self.outputs[size][:rows].clone()
         pad = size - rows
         eager = self._static_batch(size, list(seq_lens) + [0] * pad, list(ctx) + [0] * pad)
@@ -271,3 +265,13 @@ class DecodeGraphs:
         if self.model.last_hidden is not None:
             self.model.last_hidden = self.model.last_hidden[:rows]
         return logits
+
+    def _hidden_rows(self, size: int, rows: int) -> torch.Tensor:
+        """The live rows of the hidden the size-``size`` graph just wrote, copied out (the next replay overwrites
+        its buffer)."""
+        if size not in self.hidden:
+            raise RuntimeError(
+                f"the size-{size} decode graph keeps no hidden rows: {type(self.model).__name__} set no "
+                "last_hidden while it was captured (Model.keep_hidden was off then, or the model keeps none)"
+            )
+        return self.hidden[size][:rows].clone()
