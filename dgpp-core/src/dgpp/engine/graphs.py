@@ -169,20 +169,35 @@ class DecodeGraphs:
             self.captured = True
             return
         self._fill_padding(0)  # every row padding: the warm-up and capture write nothing to the pools
+        logits_out: torch.Tensor | None = None
+        hidden_out: torch.Tensor | None = None
         for size in reversed(self.sizes):
             # each size may need its own Triton specialisations: compile them outside the capture
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._forward(self._static_batch(size))
+                    warm = self._forward(self._static_batch(size))
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
+            if logits_out is None:
+                # one output buffer (and one for the hidden rows a drafter reads) that every size writes a prefix
+                # of: outputs kept per size would each hold their own pool blocks, sizes x vocab in all (GiBs for
+                # a verify set of hundreds of rows), where one buffer is the largest size's alone
+                logits_out = torch.empty(
+                    (self.max_batch, warm.shape[1]), dtype=warm.dtype, device=self.device
+                )
+                kept = self.model.last_hidden if self.model.keep_hidden else None
+                if kept is not None:
+                    hidden_out = kept.new_empty((self.max_batch, *kept.shape[1:]))
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[size] = self._forward(self._static_batch(size))
-            if self.model.keep_hidden and self.model.last_hidden is not None:
-                self.hidden[size] = self.model.last_hidden
+                logits_out[:size].copy_(self._forward(self._static_batch(size)))
+                if hidden_out is not None and self.model.last_hidden is not None:
+                    hidden_out[:size].copy_(self.model.last_hidden)
+            self.outputs[size] = logits_out[:size]
+            if hidden_out is not None:
+                self.hidden[size] = hidden_out[:size]
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[size] = graph
