@@ -1,7 +1,8 @@
 """Speculative verify steps through the decode graphs' padded static batch (``capture=False``: the very batch a CUDA
 graph replays, run eagerly on the CPU): each verify row as its own decode row gives the eager verify's logits and
-hidden rows bit for bit (mixed draft counts, padding rows), padding rows write nothing, and greedy with drafts (GLM-4.7
-MTP, an oracle, Qwen3 prompt lookup) emits the plain transcript with the verifies replayed; a hybrid verifies eager."""
+hidden rows bit for bit (mixed draft counts, padding rows), padding rows write nothing, a replay hands the drafter its
+hidden rows from the static buffer, and greedy with drafts (GLM-4.7 MTP, GLM-5.3 MTP over MLA and DSA, an oracle,
+Qwen3 prompt lookup) emits the plain transcript with the verifies replayed; a hybrid verifies eager."""
 
 from __future__ import annotations
 
