@@ -40,3 +40,22 @@ def test_dgpp_bench_verify_prints_the_table(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "| 8x2x6 | oracle | 2 | off |" in out and "(100%) | yes |" in out and "(0%) | yes |" in out
+
+
+def test_graph_runs_replay_every_decode_pass_and_stay_exact():
+    """``graphs``: the decode graphs' padded static batch (run eagerly off CUDA) takes the plain passes and the
+    verifies alike, with the transcripts of the eager runs."""
+    model = build_random_model("tiny", "cpu", torch.float32)
+    eager = run_verify_case(model, 8, 3, 10, depths=[1, 3], drafters=["oracle", "null"], schedules=[False])
+    graph = run_verify_case(
+        model, 8, 3, 10, depths=[1, 3], drafters=["oracle", "null"], schedules=[False], graphs=True
+    )
+    assert all(r.exact and r.graphs and r.run.replays >= r.run.passes > 0 for r in graph)
+    assert all(not r.graphs and r.run.replays == 0 for r in eager)
+    for e, g in zip(eager, graph, strict=True):
+        assert (e.drafter, e.depth, e.run.tokens, e.accepted) == (
+            g.drafter,
+            g.depth,
+            g.run.tokens,
+            g.accepted,
+        )

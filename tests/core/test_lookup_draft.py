@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dgpp.engine.graphs import DecodeGraphs
 from dgpp.engine.lookup_draft import LookupDecoder, NgramIndex
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.verify_schedule import ScheduleSettings
@@ -56,12 +57,14 @@ def hybrid(tmp_path_factory):
     return load_model(build_tiny_checkpoint("qwen3_5", tmp_path_factory.mktemp("lookup_qwen35"), seed=23))
 
 
-def _scheduler(model, *, chunk: int, concurrency: int) -> Scheduler:
+def _scheduler(model, *, chunk: int, concurrency: int, graphs: bool = False) -> Scheduler:
     conf = scheduler_config(block_size=BS, chunk_tokens=chunk, max_concurrency=concurrency, queue_limit=4096)
     pools = CachePools(
         model.cache_spec(), BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device
     )
     runner = ModelRunner(model, pools)
+    if graphs:  # the decode graphs: captured on CUDA, elsewhere their padded static batch runs eagerly
+        runner.graphs = DecodeGraphs(model, pools, conf.max_concurrency, BLOCKS)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, chunk, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     return Scheduler(conf, runner, blocks, slots, cache)
@@ -77,9 +80,11 @@ def serve(
     min_ngram: int = 2,
     max_ngram: int = 3,
     schedule: ScheduleSettings | None = None,
+    graphs: bool = False,
 ) -> tuple[list[list[int]], Scheduler]:
-    """Every request through one scheduler (lookup drafts at ``depth``; 0: plain decode); tokens per request."""
-    sched = _scheduler(model, chunk=chunk, concurrency=concurrency)
+    """Every request through one scheduler (lookup drafts at ``depth``; 0: plain decode); tokens per request.
+    ``graphs``: decode and verify steps through the decode graphs' static batch."""
+    sched = _scheduler(model, chunk=chunk, concurrency=concurrency, graphs=graphs)
     if depth:
         sched.speculative = LookupDecoder(sched.runner, depth, min_ngram, max_ngram, schedule)
     out: dict[str, list[int]] = {}

@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+from dgpp.engine.graphs import DecodeGraphs
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
 from dgpp.engine.verify_schedule import ScheduleSettings
@@ -41,12 +42,17 @@ PROMPTS = [torch.randint(3, VOCAB, (n,), generator=_GEN).tolist() for n in (5, 1
 MAX_TOKENS = [9, 12, 7, 10, 11]
 
 
-@pytest.fixture(scope="module")
-def glm(tmp_path_factory):
-    path = build_tiny_glm4_moe(tmp_path_factory.mktemp("spec_glm"), seed=21)
+def tiny_glm_with_mtp(directory) -> tuple:
+    """A tiny GLM-4.7 (MoE, one MTP layer) written to ``directory`` and loaded, with its MTP drafter."""
+    path = build_tiny_glm4_moe(directory, seed=21)
     model = load_model(path)
     ctx = LoadContext(path, read_hf_config(path), "glm", "Glm4MoeForCausalLM")
     return model, manager().hook.dgpp_build_draft(ctx=ctx, model=model)
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    return tiny_glm_with_mtp(tmp_path_factory.mktemp("spec_glm"))
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +126,17 @@ def serve(
     schedule: ScheduleSettings | None = None,
     oracle_logit: float = 1.0,
     penalties: dict | None = None,
+    graphs: bool = False,
 ) -> tuple[dict[str, list[int]], Scheduler]:
     """Every prompt through one scheduler (MTP on when a drafter or an oracle is given); tokens per request. K/V
-    (the target's and the drafter's) stored as ``kv_dtype`` (``engine.kv_dtype``) says."""
+    (the target's and the drafter's) stored as ``kv_dtype`` (``engine.kv_dtype``) says; ``graphs``: decode and
+    verify steps through the decode graphs' static batch."""
     conf = scheduler_config(block_size=BS, chunk_tokens=CHUNK, max_concurrency=3)
     spec = stored_as(model.cache_spec(), kv_dtype)
     pools = CachePools(spec, BLOCKS, BS, conf.max_concurrency + 4, device=next(model.parameters()).device)
     runner = ModelRunner(model, pools)
+    if graphs:  # the decode graphs: captured on CUDA, elsewhere their padded static batch runs eagerly
+        runner.graphs = DecodeGraphs(model, pools, conf.max_concurrency, BLOCKS)
     blocks, slots = BlockPool(BLOCKS, BS), SlotPool(conf.max_concurrency, 4)
     cache = PrefixCache(blocks, CHUNK, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state)
     sched = Scheduler(conf, runner, blocks, slots, cache, eos_token_ids=eos)

@@ -22,7 +22,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--hf-cases", default="128x1x256", help="cases also run through transformers generate"
     )
-    parser.add_argument("--eager", action="store_true", help="also time each case without graphs")
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="also time each case without graphs (verify mode: every run's steps eager, beside the graph runs)",
+    )
     parser.add_argument(
         "--check-cases", default="128x4x64", help="cases whose graph and eager greedy tokens must agree"
     )

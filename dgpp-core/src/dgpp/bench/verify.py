@@ -13,7 +13,12 @@ Each scripted run must reproduce the plain transcript (greedy verification is ex
 failure. ``--schedule on`` also runs the drafters under ``engine.mtp_schedule`` (a draft's chance is its
 request's running acceptance rate, as for prompt-lookup drafts), where the null drafter falls back to plain rows.
 
+On CUDA every run replays the decode graphs, plain decode and verify steps alike (``dgpp.engine.verify_graphs``;
+the ``replays`` column counts them); ``--eager`` also runs each case with every step eager, for comparison. On a
+CPU every step is eager.
+
     dgpp bench verify --geometry qwen3-8b --cases 128x1x128,128x16x128 --verify-depths 1,3
+    dgpp bench verify --geometry qwen3-8b --cases 128x1x128,128x16x128 --verify-depths 1,3 --eager  # and eager
     dgpp bench verify --device cpu --geometry tiny --cases 16x4x32     # a smoke run of the path on CPU
 """
 
@@ -31,6 +36,7 @@ from dgpp.bench.decode import random_prompts
 from dgpp.bench.models import build_random_model
 from dgpp.config import EngineConfig
 from dgpp.engine.draft_proposal import Proposal
+from dgpp.engine.graphs import DecodeGraphs
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import VerifyDecoder
 from dgpp.engine.verify_schedule import ScheduleSettings
@@ -91,6 +97,7 @@ class Timed:
     passes: int
     rows: int
     generated: int
+    replays: int = 0  # steps replayed through the decode graphs
 
 
 @dataclass
@@ -103,6 +110,7 @@ class VerifyResult:
     drafted: int
     accepted: int
     exact: bool
+    graphs: bool = False
 
     @property
     def tok_s(self) -> float:
@@ -113,7 +121,9 @@ class VerifyResult:
         return 1e3 * self.run.seconds / self.run.passes if self.run.passes else 0.0
 
 
-def _scheduler(model: Model, batch: int, max_len: int) -> Scheduler:
+def _scheduler(model: Model, batch: int, max_len: int, graphs: bool) -> Scheduler:
+    """A scheduler over fresh pools; ``graphs``: decode and verify steps through the decode graphs (captured on
+    CUDA; elsewhere their padded static batch runs eagerly)."""
     blocks_per_seq = -(-max_len // BLOCK) + 1
     # a deployment's scheduler at the engine's defaults, sized to the batch
     engine = EngineConfig(max_concurrency=batch, queue_limit=max(64, batch))
@@ -121,6 +131,8 @@ def _scheduler(model: Model, batch: int, max_len: int) -> Scheduler:
     device = next(model.parameters()).device
     pools = CachePools(model.cache_spec(), batch * blocks_per_seq, BLOCK, batch + 1, device=device)
     runner = ModelRunner(model, pools)
+    if graphs:  # what engine.decode_graph builds, sized to the batch
+        runner.graphs = DecodeGraphs(model, pools, batch, blocks_per_seq)
     blocks, slots = BlockPool(batch * blocks_per_seq, BLOCK), SlotPool(batch, 1)
     cache = PrefixCache(
         blocks, conf.chunk_tokens, hybrid=model.info.hybrid, slots=slots, copy_state=pools.copy_state
@@ -137,6 +149,8 @@ def _decode(sched: Scheduler, prompts: list[list[int]], new: int) -> Timed:
             raise RuntimeError(f"request {s.request_id} failed: {ev.error}")
         out.setdefault(s.request_id, []).extend(ev.tokens)
 
+    if sched.runner.graphs is not None:
+        sched.runner.graphs.capture()  # before the clock starts (a verify decoder sizes its own graph set)
     vocab = sched.runner.model.info.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=new, ignore_eos=True)
     seqs = [
@@ -153,6 +167,7 @@ def _decode(sched: Scheduler, prompts: list[list[int]], new: int) -> Timed:
         sched.tick()
     if sched.has_work:
         raise RuntimeError("the scheduler did not drain")
+    graphs = sched.runner.graphs
     t0, passes, rows, generated = start or (
         time.perf_counter(),
         st.decode_steps,
@@ -165,6 +180,7 @@ def _decode(sched: Scheduler, prompts: list[list[int]], new: int) -> Timed:
         st.decode_steps - passes,
         st.decode_batch_rows - rows,
         st.tokens_generated - generated,
+        graphs.stats.replays if graphs is not None else 0,
     )
 
 
@@ -176,18 +192,20 @@ def run_verify_case(
     depths: list[int],
     drafters: list[str],
     schedules: list[bool],
+    graphs: bool = False,
 ) -> list[VerifyResult]:
-    """The plain run, then each drafter at each depth (and schedule), on the same prompts."""
+    """The plain run, then each drafter at each depth (and schedule), on the same prompts; ``graphs``: every run's
+    steps through the decode graphs."""
     case = f"{prompt}x{batch}x{new}"
     prompts = random_prompts(batch, prompt, model.info.vocab_size, seed=prompt * 1000 + batch)
-    _decode(_scheduler(model, batch, prompt + new), prompts, min(new, 4))  # warm-up: first-call costs
-    plain = _decode(_scheduler(model, batch, prompt + new), prompts, new)
-    results = [VerifyResult(case, "plain", 0, False, plain, 0, 0, True)]
+    _decode(_scheduler(model, batch, prompt + new, graphs), prompts, min(new, 4))  # warm-up: first-call costs
+    plain = _decode(_scheduler(model, batch, prompt + new, graphs), prompts, new)
+    results = [VerifyResult(case, "plain", 0, False, plain, 0, 0, True, graphs)]
     transcripts = {rid: prompts[int(rid[1:])] + tokens for rid, tokens in plain.tokens.items()}
     for scheduled in schedules:
         for drafter in drafters:
             for depth in depths:
-                sched = _scheduler(model, batch, prompt + new)
+                sched = _scheduler(model, batch, prompt + new, graphs)
                 settings = ScheduleSettings() if scheduled else None
                 decoder = ScriptedDecoder(sched.runner, depth, transcripts, drafter, settings)
                 sched.speculative = decoder
@@ -203,6 +221,7 @@ def run_verify_case(
                         spec.num_draft_tokens_total,
                         spec.num_accepted_tokens_total,
                         run.tokens == plain.tokens,
+                        graphs,
                     )
                 )
     return results
@@ -210,15 +229,16 @@ def run_verify_case(
 
 def format_verify_table(results: list[VerifyResult]) -> str:
     lines = [
-        "| case | drafter | depth | schedule | decode tok/s | ms/pass | passes | verify rows | drafted | accepted | exact |",
-        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|",
+        "| case | drafter | depth | schedule | decode tok/s | ms/pass | passes | verify rows | drafted | accepted | exact "
+        "| steps | replays |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|",
     ]
     for r in results:
         rate = f"{100 * r.accepted / r.drafted:.0f}%" if r.drafted else "-"
         lines.append(
             f"| {r.case} | {r.drafter} | {r.depth} | {'on' if r.scheduled else 'off'} | {r.tok_s:.1f} | "
             f"{r.ms_per_pass:.2f} | {r.run.passes} | {r.run.rows} | {r.drafted} | {r.accepted} ({rate}) | "
-            f"{'yes' if r.exact else 'NO'} |"
+            f"{'yes' if r.exact else 'NO'} | {'graph' if r.graphs else 'eager'} | {r.run.replays} |"
         )
     return "\n".join(lines)
 
@@ -230,15 +250,20 @@ def run_verify(args: argparse.Namespace) -> int:
     depths = [int(d) for d in args.verify_depths.split(",") if d]
     drafters = [d for d in args.verify_drafters.split(",") if d]
     schedules = {"off": [False], "on": [True], "both": [False, True]}[args.schedule]
+    # CUDA: graph replays, and with --eager every step eager too; a CPU has no graphs to replay
+    modes = ([True, False] if args.eager else [True]) if device == "cuda" else [False]
     results: list[VerifyResult] = []
     with torch.inference_mode():
         for prompt, batch, new in parse_cases(args.cases):
-            found = run_verify_case(model, prompt, batch, new, depths, drafters, schedules)
-            for r in found:
-                print(
-                    f"{r.case} {r.drafter} depth {r.depth}: {r.tok_s:.1f} tok/s, exact {r.exact}", flush=True
-                )
-            results += found
+            for graphs in modes:
+                found = run_verify_case(model, prompt, batch, new, depths, drafters, schedules, graphs)
+                for r in found:
+                    print(
+                        f"{r.case} {r.drafter} depth {r.depth} {'graph' if graphs else 'eager'}: "
+                        f"{r.tok_s:.1f} tok/s, exact {r.exact}",
+                        flush=True,
+                    )
+                results += found
     header = (
         f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "
         f"{torch.cuda.get_device_name() if device == 'cuda' else 'cpu'}, torch {torch.__version__}, "

@@ -16,6 +16,10 @@ of one device buffer whose pinned host mirror is written with numpy and sent in 
 (``dgpp.engine.graph_inputs``); ``run(batch)`` takes an already built ``ForwardBatch`` (speculative and
 test callers).
 
+Speculative verify steps replay the same graphs, each verify row as its own decode row (``takes_verify``,
+``dgpp.engine.verify_graphs``); with ``Model.keep_hidden`` on, a replay also hands every row's hidden to the
+drafter (``Model.last_hidden``) from the graph's static output.
+
 ``DecodeGraphs(..., capture=False)`` runs the same padded static batch eagerly, which is how the
 padding and size-selection logic is tested on a CPU.
 """
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.graph_inputs import DecodeInputs
+from dgpp.engine.verify_graphs import as_decode_rows
 from dgpp.engine.work import SeqWork
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.model import Model
@@ -97,7 +102,10 @@ class DecodeGraphs:
         self.max_batch = max_batch
         self.max_blocks = max_blocks
         self.device = next(model.parameters()).device
+        self.capture_requested = capture
         self.use_graphs = capture and self.device.type == "cuda"
+        # a speculative verify's rows replay as decode rows (dgpp.engine.verify_graphs)
+        self.takes_verify = False
         n, dev = max_batch, self.device
         # the static buffers are views of one device buffer with a pinned host mirror (dgpp.engine.graph_inputs)
         self.inputs = DecodeInputs(n, max_blocks, pools.block_size, pools.num_blocks, dev)
@@ -110,6 +118,8 @@ class DecodeGraphs:
         self._fill_padding(0)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
+        # every row's hidden (Model.last_hidden) per captured size, when the model keeps it for a drafter
+        self.hidden: dict[int, torch.Tensor] = {}
         self.pool = None
         self.captured = False
         self.stats = ReplayStats()
@@ -159,18 +169,35 @@ class DecodeGraphs:
             self.captured = True
             return
         self._fill_padding(0)  # every row padding: the warm-up and capture write nothing to the pools
+        logits_out: torch.Tensor | None = None
+        hidden_out: torch.Tensor | None = None
         for size in reversed(self.sizes):
             # each size may need its own Triton specialisations: compile them outside the capture
             stream = torch.cuda.Stream(self.device)
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):
-                    self._forward(self._static_batch(size))
+                    warm = self._forward(self._static_batch(size))
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
+            if logits_out is None:
+                # one output buffer (and one for the hidden rows a drafter reads) that every size writes a prefix
+                # of: outputs kept per size would each hold their own pool blocks, sizes x vocab in all (GiBs for
+                # a verify set of hundreds of rows), where one buffer is the largest size's alone
+                logits_out = torch.empty(
+                    (self.max_batch, warm.shape[1]), dtype=warm.dtype, device=self.device
+                )
+                kept = self.model.last_hidden if self.model.keep_hidden else None
+                if kept is not None:
+                    hidden_out = kept.new_empty((self.max_batch, *kept.shape[1:]))
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[size] = self._forward(self._static_batch(size))
+                logits_out[:size].copy_(self._forward(self._static_batch(size)))
+                if hidden_out is not None and self.model.last_hidden is not None:
+                    hidden_out[:size].copy_(self.model.last_hidden)
+            self.outputs[size] = logits_out[:size]
+            if hidden_out is not None:
+                self.hidden[size] = hidden_out[:size]
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[size] = graph
@@ -222,7 +249,13 @@ class DecodeGraphs:
     def run_work(self, work: list[SeqWork], input_ids: torch.Tensor | None = None) -> torch.Tensor | None:
         """``run`` straight from the work list (the inputs go to the device in one copy, see graph_inputs),
         or None when this is not a step the graphs take (prefill rows, too many rows, too wide a table).
-        ``input_ids``: the rows' token ids on the device (copied over the staged ones, device to device)."""
+        ``input_ids``: the rows' token ids on the device (copied over the staged ones, device to device).
+        With ``takes_verify``, a verify's items run as their rows, one decode row each (logits of every row)."""
+        if self.takes_verify:
+            expanded = as_decode_rows(work)
+            if expanded is None:
+                return None
+            work = expanded
         if not self.inputs.fits(work):
             return None
         if not self.captured:
@@ -238,7 +271,22 @@ class DecodeGraphs:
         self.stats.record(size, rows)
         if self.use_graphs:
             self.graphs[size].replay()
+            if self.model.keep_hidden:
+                self.model.last_hidden = self._hidden_rows(size, rows)
             return self.outputs[size][:rows].clone()
         pad = size - rows
         eager = self._static_batch(size, list(seq_lens) + [0] * pad, list(ctx) + [0] * pad)
-        return self._forward(eager)[:rows]
+        logits = self._forward(eager)[:rows]
+        if self.model.last_hidden is not None:
+            self.model.last_hidden = self.model.last_hidden[:rows]
+        return logits
+
+    def _hidden_rows(self, size: int, rows: int) -> torch.Tensor:
+        """The live rows of the hidden the size-``size`` graph just wrote, copied out (the next replay overwrites
+        its buffer)."""
+        if size not in self.hidden:
+            raise RuntimeError(
+                f"the size-{size} decode graph keeps no hidden rows: {type(self.model).__name__} set no "
+                "last_hidden while it was captured (Model.keep_hidden was off then, or the model keeps none)"
+            )
+        return self.hidden[size][:rows].clone()

@@ -10,7 +10,8 @@ One decode pass, for every live request at position ``c`` (``c`` tokens cached, 
    accepted prefix are rewritten by the next pass's backlog). The drafts stay on the device
    (``dgpp.engine.draft_proposal``): only their counts shape the verify on the host.
 2. **Verify.** One target forward over ``[x, d1 .. dD]`` at ``c .. c + D`` for every request, through the same
-   ``ModelRunner`` as plain decode (so batched ≡ solo still holds); logits of every row.
+   ``ModelRunner`` as plain decode (so batched ≡ solo still holds); logits of every row. With decode graphs on
+   (CUDA), the rows replay a captured decode step, one decode row each (``dgpp.engine.verify_graphs``).
 3. **Judge** every row of the batch in one pass on the device (``dgpp.sample.batch.sample_rows``: greedy rows
    compare their argmax with the draft, sampled rows run the ratio test, each row keyed by its choice's own draw
    seed), one device->host copy; then emit each request's tokens in order, stopping at the first rejected draft,
@@ -41,6 +42,7 @@ import torch
 from dgpp.engine.draft_proposal import Proposal
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_stats import SpecDecodeStats
+from dgpp.engine.verify_graphs import verify_graphs
 from dgpp.engine.verify_schedule import DraftTrack, PassRule, ScheduleSettings, VerifySchedule
 from dgpp.engine.work import DecodingSequence, SeqWork
 from dgpp.sample.batch import DrawnRows, Row, sample_rows
@@ -66,9 +68,10 @@ class VerifyDecoder:
     def __init__(
         self, runner: ModelRunner, depth: int, drafter_name: str, schedule: ScheduleSettings | None = None
     ) -> None:
-        # a verify step whose requests all have no draft is one row each, which the decode graphs would take;
-        # they do not refresh ``last_hidden``, so speculative decoding runs eager
-        runner.graphs = None
+        # with decode graphs on, verify steps replay them too, each verify row as its own decode row, in one graph
+        # set sized for depth + 1 rows a request (dgpp.engine.verify_graphs); eager for a model whose verify rows
+        # share per-request state (a hybrid's recurrent state, a compressed or window entry)
+        runner.graphs = verify_graphs(runner.graphs, runner.model, depth)
         self.runner = runner
         self.model = runner.model
         self.depth = depth

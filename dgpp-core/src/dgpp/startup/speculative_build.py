@@ -29,9 +29,8 @@ def build_speculative(
     """None unless ``engine.mtp`` is on or ``engine.draft`` is "lookup"; then the decoder at ``engine.mtp_depth``
     (a ``ConfigError`` naming the key when the checkpoint has no drafter) or at ``engine.draft_depth``. ``ctx`` is
     the context the target model was loaded with."""
+    graphs_on = runner.graphs is not None
     if engine_cfg.draft == "lookup":
-        if runner.graphs is not None:
-            log.info("engine.decode_graph has no effect with engine.draft: verify steps run eager")
         lookup = LookupDecoder(
             runner,
             engine_cfg.draft_depth,
@@ -42,6 +41,7 @@ def build_speculative(
         log.info(
             "speculative decoding on", drafter="lookup", depth=lookup.depth, ngram=engine_cfg.lookup_ngram
         )
+        _say_graphs(graphs_on, runner)
         return lookup
     if not engine_cfg.mtp:
         return None
@@ -53,8 +53,6 @@ def build_speculative(
             f"engine.mtp: true but {checkpoint} has no MTP drafter ({ctx.family} plugin's dgpp_build_draft "
             "returned None); set engine.mtp to false"
         )
-    if runner.graphs is not None:
-        log.info("engine.decode_graph has no effect with engine.mtp: verify steps run eager")
     decoder: VerifyDecoder
     if isinstance(drafter, BlockDrafter):
         if engine_cfg.mtp_depth > drafter.drafts:
@@ -78,7 +76,20 @@ def build_speculative(
             schedule=_schedule(engine_cfg),
         )
     log.info("speculative decoding on", drafter=type(drafter).__name__, depth=decoder.depth)
+    _say_graphs(graphs_on, runner)
     return decoder
+
+
+def _say_graphs(graphs_on: bool, runner: ModelRunner) -> None:
+    """Log whether verify steps replay the decode graphs (``dgpp.engine.verify_graphs``) now that the decoder is
+    built: they do unless the model's verify rows share per-request state."""
+    if runner.graphs is not None:
+        log.info("verify steps replay the decode graphs", rows=runner.graphs.max_batch)
+    elif graphs_on:
+        log.info(
+            "engine.decode_graph has no effect with speculative decoding on this model: its verify rows share "
+            "per-request state (recurrent, compressed or window entries), so every decode step runs eager"
+        )
 
 
 def _schedule(engine_cfg: EngineConfig) -> ScheduleSettings | None:
