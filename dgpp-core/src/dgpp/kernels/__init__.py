@@ -13,6 +13,7 @@ from dgpp.kernels.gated_rmsnorm import gated_rms_norm
 from dgpp.kernels.gdn_gates import gdn_gates
 from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
+from dgpp.kernels.latent_write import write_quantized
 from dgpp.kernels.moe import fused_moe
 from dgpp.kernels.output_gate import shared_expert_add, sigmoid_gate
 from dgpp.kernels.paged_attention import paged_decode_attention
@@ -45,4 +46,5 @@ __all__ = [
     "silu_and_mul",
     "silu_mul_pair",
     "write_kv",
+    "write_quantized",
 ]

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.kernels.kv_fp8 import E4M3_MAX, dequantize_rows, quantize_rows
+from dgpp.kernels.kv_fp8 import E4M3_MAX, dequantize_rows, divide, quantize_rows
 from dgpp.step.cache_spec import FP4_BLOCK, KV_FP8, fp4_row_bytes
 
 E2M1_MAX = 6.0
@@ -66,7 +66,7 @@ def quantize_fp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     latent_dim = x.shape[-1]
     wide = x.float()
     amax = wide.abs().amax(dim=-1, keepdim=True)
-    row_scale = amax / (E2M1_MAX * E4M3_MAX)
+    row_scale = divide(amax, E2M1_MAX * E4M3_MAX)
     inverse = torch.where(amax > 0, E4M3_MAX / torch.where(amax > 0, amax, 1.0), 0.0)
     blocks = wide.unflatten(-1, (latent_dim // FP4_BLOCK, FP4_BLOCK))
     block_amax = blocks.abs().amax(dim=-1)
