@@ -13,12 +13,12 @@ from dgpp.kernels.gated_rmsnorm import gated_rms_norm
 from dgpp.kernels.gdn_gates import gdn_gates
 from dgpp.kernels.gemv import gate_up_silu, gemv_applies, multi_linear
 from dgpp.kernels.kv_write import write_kv
-from dgpp.kernels.latent_write import write_quantized
 from dgpp.kernels.moe import fused_moe
 from dgpp.kernels.output_gate import shared_expert_add, sigmoid_gate
 from dgpp.kernels.paged_attention import paged_decode_attention
 from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
+from dgpp.kernels.quantized_write import write_quantized
 from dgpp.kernels.rmsnorm import rms_norm
 from dgpp.kernels.rotary import apply_rotary
 from dgpp.kernels.router_topk import router_topk

@@ -23,7 +23,7 @@ KVScales = tuple[torch.Tensor, torch.Tensor] | None  # (k_scale, v_scale) of an 
 def divide(x: torch.Tensor, constant: float) -> torch.Tensor:
     """``x / constant`` rounded once, on every device. torch's CUDA ``tensor / float`` multiplies by the float
     reciprocal instead (a bit can differ from the CPU's quotient); a tensor divisor divides on both, so a scale
-    has the same bits on either device and in the Triton cache writer (``dgpp.kernels.latent_write``)."""
+    has the same bits on either device and in the Triton cache writer (``dgpp.kernels.quantized_write``)."""
     return x / torch.full_like(x, constant)
 
 

@@ -65,9 +65,17 @@ def write_kv(
 def store_kv(batch: ForwardBatch, name: str, k: torch.Tensor, v: torch.Tensor) -> KVScales:
     """Write this step's K/V rows ``[T, kv_heads, dim]`` into pool entry ``name`` at ``batch.slot_mapping``:
     quantized to e4m3 rows with their fp32 scales when the entry is stored so (``engine.kv_dtype: fp8``), as
-    they are otherwise. Returns the entry's scales (None for a compute-dtype entry) for the read that follows."""
+    they are otherwise (on CUDA quantized and stored in one launch for K and one for V,
+    ``dgpp.kernels.quantized_write``). Returns the entry's scales (None for a compute-dtype entry) for the read that
+    follows."""
     k_cache, v_cache = batch.cache.kv[name]
     scales = batch.cache.kv_scales.get(name)
+    if scales is not None and use_triton(k):
+        from dgpp import kernels
+
+        kernels.write_quantized(k_cache, scales[0], k, batch.slot_mapping)
+        kernels.write_quantized(v_cache, scales[1], v, batch.slot_mapping)
+        return scales
     if scales is not None:
         (k, k_scale), (v, v_scale) = quantize_rows(k), quantize_rows(v)
         scatter_rows(batch, scales[0], scales[1], k_scale, v_scale)
@@ -85,11 +93,11 @@ def store_keys(batch: ForwardBatch, name: str, k: torch.Tensor) -> torch.Tensor 
 
 
 def store_row_scaled(batch: ForwardBatch, name: str, rows: torch.Tensor, beside: torch.Tensor) -> None:
-    """Write this step's rows ``[T, 1, width]`` into the first tensor of pool entry ``name`` and ``beside``
+    """Write this step's one-head rows ``[T, 1, width]`` into the first tensor of pool entry ``name`` and ``beside``
     (``[T, 1, w]``: an MLA latent's ``k_rot``, or nothing) into its second, at ``batch.slot_mapping``. When the entry
     is stored row-scaled (``engine.kv_dtype`` fp8 / fp4: e4m3 codes or packed fp4 rows, one fp32 scale a row),
     ``rows`` are quantized on the way in (``dgpp.kernels.latent_formats``), ``beside`` stays as it is: on CUDA in
-    one launch (``dgpp.kernels.latent_write``), elsewhere the torch encoder then the scatters."""
+    one launch (``dgpp.kernels.quantized_write``), elsewhere the torch encoder then the scatters."""
     first, second = batch.cache.kv[name]
     scales = batch.cache.kv_scales.get(name)
     if scales is None:

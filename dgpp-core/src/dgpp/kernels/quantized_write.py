@@ -1,6 +1,6 @@
-"""Quantize-on-write of a step's MLA latent rows (``engine.kv_dtype`` fp8 / fp4) and e4m3 DSA index keys: one
-launch quantizes each row, stores its codes and fp32 row scale at its slot of the paged pool and, for a latent,
-stores its ``k_rot`` row as it is beside them.
+"""Quantize-on-write into the paged pool in one launch: a step's MLA latent rows (``engine.kv_dtype`` fp8 / fp4,
+their ``k_rot`` rows stored as they are beside them), e4m3 DSA index keys and e4m3 K/V rows. Each row (one token's
+one head) is quantized, and its codes and fp32 row scale stored at its slot.
 
 The bytes are the torch encoder's (``dgpp.kernels.latent_formats.quantize_latent``, ``kv_fp8.quantize_rows``),
 computed the same way: every division IEEE-rounded (``div_rn``; Triton's plain ``/`` is approximate on CUDA),
@@ -119,33 +119,30 @@ def _quantized_write_kernel(
     rope_width,
     pad,
     row_stride,
+    row_head,
     rope_stride,
     codes_slot,
+    codes_head,
     scale_slot,
+    scale_head,
     rope_slot,
     FP4: tl.constexpr,
     BLOCK: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1).to(tl.int64)
     slot = tl.load(slots + row).to(tl.int64)
     keep = slot >= 0
     at = tl.where(keep, slot, 0)
+    src = rows + row * row_stride + head * row_head
+    dst = codes + at * codes_slot + head * codes_head
+    scale_dst = scales + at * scale_slot + head * scale_head
     if FP4:
-        _store_fp4_row(
-            rows + row * row_stride,
-            codes + at * codes_slot,
-            scales + at * scale_slot,
-            width,
-            pad,
-            keep,
-            BLOCK,
-        )
+        _store_fp4_row(src, dst, scale_dst, width, pad, keep, BLOCK)
     else:
-        _store_fp8_row(
-            rows + row * row_stride, codes + at * codes_slot, scales + at * scale_slot, width, keep, BLOCK
-        )
-    if BLOCK_R > 0:
+        _store_fp8_row(src, dst, scale_dst, width, keep, BLOCK)
+    if BLOCK_R > 0:  # one head (a latent): its k_rot row, as it is
         offs = tl.arange(0, BLOCK_R)
         inside = (offs < rope_width) & keep
         value = tl.load(rope + row * rope_stride + offs, mask=inside)
@@ -160,25 +157,27 @@ def write_quantized_triton(
     rope_cache: torch.Tensor | None = None,
     k_rot: torch.Tensor | None = None,
 ) -> None:
-    """Quantize ``rows`` ``[T, 1, width]`` to ``cache``'s form (e4m3 codes, or packed fp4 bytes) and store codes,
-    fp32 row scales (``row_scale``, ``[blocks, block_size, 1, 1]``) and ``k_rot`` ``[T, 1, rope]`` (into
-    ``rope_cache``, as it is) at ``slot_mapping`` (-1: skip the row)."""
-    tokens, width = rows.shape[0], rows.shape[-1]
+    """Quantize ``rows`` ``[T, heads, width]`` (a row: one token's one head) to ``cache``'s form (e4m3 codes, or
+    packed fp4 bytes) and store the codes, the fp32 row scales (``row_scale``, ``[blocks, block_size, heads, 1]``)
+    and, for one head, ``k_rot`` ``[T, 1, rope]`` (into ``rope_cache``, as it is) at ``slot_mapping`` (-1: skip the
+    token)."""
+    tokens, heads, width = rows.shape
     if not tokens:
         return
     fp4 = latent_format_of(cache) == "fp4"
-    rows = rows.reshape(tokens, width)
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
-    rope_width = 0 if k_rot is None else k_rot.shape[-1]
+    rope_width = 0 if k_rot is None or rope_cache is None else k_rot.shape[-1]
     if k_rot is None or rope_cache is None or not rope_width:
-        k_rot, rope_cache, rope_width = rows, cache, 0  # unread
+        k_rot, rope_cache = rows, cache  # unread
     else:
+        if heads != 1:
+            raise ValueError(f"k_rot is stored beside one head's rows, not {heads}")
         k_rot = k_rot.reshape(tokens, rope_width)
         if k_rot.stride(-1) != 1:
             k_rot = k_rot.contiguous()
     # a flat slot addresses [block, offset] because a block's token rows are contiguous
-    _quantized_write_kernel[(tokens,)](
+    _quantized_write_kernel[(tokens, heads)](
         rows,
         k_rot,
         slot_mapping,
@@ -189,9 +188,12 @@ def write_quantized_triton(
         rope_width,
         cache.shape[-1] - (width // 2 + width // FP4_BLOCK) if fp4 else 0,
         rows.stride(0),
+        rows.stride(1),
         k_rot.stride(0),
         cache.stride(1),
+        cache.stride(2),
         row_scale.stride(1),
+        row_scale.stride(2),
         rope_cache.stride(1),
         FP4=fp4,
         BLOCK=next_pow2(width // FP4_BLOCK) if fp4 else next_pow2(width),
@@ -217,7 +219,7 @@ def write_quantized_ref(
         pairs.append((rope_cache, k_rot))
     for pool, new in pairs:
         # as bytes: torch's CPU index_put has no float8 kernel
-        _bytes(pool).flatten(0, 1)[slots] = _bytes(new[keep].reshape(-1, *pool.shape[2:]).to(pool.dtype))
+        _bytes(pool).flatten(0, 1)[slots] = _bytes(new[keep].to(pool.dtype))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

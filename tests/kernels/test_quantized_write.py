@@ -1,4 +1,4 @@
-"""The one-launch quantized cache write (``dgpp.kernels.latent_write``, Triton interpreter) against the torch
+"""The one-launch quantized cache write (``dgpp.kernels.quantized_write``, Triton interpreter) against the torch
 encoder (``quantize_latent`` then the scatter): the same bytes in the codes / packed rows, the fp32 row scales and
 the ``k_rot`` rows, for fp32 and bf16 rows of every magnitude, zero rows and blocks, saturating values, exact
 rounding ties and skipped slots; the stored rows read back within the format's error."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dgpp.kernels.latent_formats import dequantize_latent, e2m1_values
-from dgpp.kernels.latent_write import write_quantized_ref, write_quantized_triton
+from dgpp.kernels.quantized_write import write_quantized_ref, write_quantized_triton
 from dgpp.step.cache_spec import KV_FP8, fp4_row_bytes
 
 BLOCKS, BS, ROPE = 30, 4, 8
@@ -154,3 +154,60 @@ def test_stored_rows_read_back_within_the_formats_error_at_any_magnitude(fmt):
     floor = rows.abs().amax(-1, keepdim=True) * 2**-9  # fp8: values below e4m3's subnormal step of the row
     assert bool(((back - rows).abs() <= bound * scale_of + (floor if fmt == "fp8" else 0)).all())
     assert bool((back[5, 0, 16:] != 0).any())  # the small blocks kept their values
+
+
+def _store_step(batch, kv_dtype: str, rows: dict[str, torch.Tensor]) -> None:
+    from dgpp.nn.attention import store_keys, store_kv, store_row_scaled
+
+    store_row_scaled(batch, "latent", rows["latent"], rows["k_rot"])
+    store_keys(batch, "keys", rows["keys"])
+    if kv_dtype == "fp8":  # fp4 has no grouped-query K/V form
+        store_kv(batch, "kv", rows["k"], rows["v"])
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "fp4"])
+def test_the_layers_write_in_one_launch_per_quantized_tensor(kv_dtype):
+    """The MLA latent write (``store_row_scaled``), DSA index keys (``store_keys``) and e4m3 grouped-query K/V
+    (``store_kv``, two KV heads) on their CUDA branch, run here through the interpreter: one launch per quantized
+    tensor, no host read, and the pools hold the bytes the CPU path writes (a mixed prefill + decode step with a
+    row that is not kept)."""
+    from collections import Counter
+    from contextlib import nullcontext
+
+    from dgpp.bench.launches import cuda_path
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
+    from dgpp.step.cache_spec import LatentKV, PagedKV, stored_as
+    from dgpp.step.pools import CachePools
+
+    entries = {
+        "latent": LatentKV.of(64, ROPE, torch.float32),
+        "keys": PagedKV(1, 32, torch.float32, v_head_dim=0, fp8_rows=True, index_keys=True),
+    }
+    if kv_dtype == "fp8":
+        entries["kv"] = PagedKV(2, 16, torch.float32, v_head_dim=24, fp8_rows=True)
+    spec = stored_as(entries, kv_dtype)
+    g = torch.Generator().manual_seed(8)
+    work = [SeqWork(0, [0, 1, 2], 0, list(range(3, 12))), SeqWork(1, [3, 4], 5, [7])]
+    tokens = 10
+    shapes = {"latent": (1, 64), "k_rot": (1, ROPE), "keys": (1, 32), "k": (2, 16), "v": (2, 24)}
+    rows = {name: torch.randn(tokens, *shape, generator=g) for name, shape in shapes.items()}
+    rows["latent"] *= torch.logspace(-6, 6, tokens)[:, None, None]
+    written = []
+    for on_cuda_path in (False, True):
+        pools = CachePools(spec, 6, BS, 2)
+        batch = build_batch(work, pools)
+        batch.slot_mapping[4] = -1  # a row whose K/V is not kept
+        with cuda_path() if on_cuda_path else nullcontext() as recorder:
+            if recorder is not None:
+                recorder.target = launches = Counter()
+            _store_step(batch, kv_dtype, rows)
+            if recorder is not None:
+                recorder.target = None
+                assert launches == Counter({"quantized_write": 4 if kv_dtype == "fp8" else 2})
+        tensors = [t for pair in (*pools.kv.values(), *pools.kv_scales.values()) for t in pair]
+        written.append([t.view(torch.uint8) if t.dtype == KV_FP8 else t for t in tensors])
+    for ours, ref in zip(*written, strict=True):
+        assert torch.equal(ours, ref)
+    latent_scales = pools.kv_scales["latent"][0]
+    assert int(latent_scales.count_nonzero()) == tokens - 1  # every kept row has its scale, the other none
