@@ -158,43 +158,46 @@ def write_quantized_triton(
     k_rot: torch.Tensor | None = None,
 ) -> None:
     """Quantize ``rows`` ``[T, heads, width]`` (a row: one token's one head) to ``cache``'s form (e4m3 codes, or
-    packed fp4 bytes) and store the codes, the fp32 row scales (``row_scale``, ``[blocks, block_size, heads, 1]``)
-    and, for one head, ``k_rot`` ``[T, 1, rope]`` (into ``rope_cache``, as it is) at ``slot_mapping`` (-1: skip the
-    token)."""
+    packed fp4 bytes) and store the codes, the fp32 row scales (``row_scale``, one per slot and head) and, for one
+    head, ``k_rot`` ``[T, 1, rope]`` (into ``rope_cache``, as it is) at flat slots ``slot_mapping`` (-1: skip the
+    token). Pools are contiguous: ``[blocks, rows_per_block, (heads,) width]``."""
     tokens, heads, width = rows.shape
     if not tokens:
         return
     fp4 = latent_format_of(cache) == "fp4"
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
+    # pools as [slots, heads, width] views (a flat slot is block * rows_per_block + offset): the stores land in them
+    codes = cache.view(torch.uint8).view(-1, heads, cache.shape[-1])
+    scales = row_scale.view(-1, heads, 1)
     rope_width = 0 if k_rot is None or rope_cache is None else k_rot.shape[-1]
     if k_rot is None or rope_cache is None or not rope_width:
-        k_rot, rope_cache = rows, cache  # unread
+        k_rot, rope = rows.view(tokens, -1), codes.view(codes.shape[0], -1)  # unread
     else:
         if heads != 1:
             raise ValueError(f"k_rot is stored beside one head's rows, not {heads}")
         k_rot = k_rot.reshape(tokens, rope_width)
         if k_rot.stride(-1) != 1:
             k_rot = k_rot.contiguous()
-    # a flat slot addresses [block, offset] because a block's token rows are contiguous
+        rope = rope_cache.view(-1, rope_width)
     _quantized_write_kernel[(tokens, heads)](
         rows,
         k_rot,
         slot_mapping,
-        cache.view(torch.uint8),
-        row_scale,
-        rope_cache,
+        codes,
+        scales,
+        rope,
         width,
         rope_width,
         cache.shape[-1] - (width // 2 + width // FP4_BLOCK) if fp4 else 0,
         rows.stride(0),
         rows.stride(1),
         k_rot.stride(0),
-        cache.stride(1),
-        cache.stride(2),
-        row_scale.stride(1),
-        row_scale.stride(2),
-        rope_cache.stride(1),
+        codes.stride(0),
+        codes.stride(1),
+        scales.stride(0),
+        scales.stride(1),
+        rope.stride(0),
         FP4=fp4,
         BLOCK=next_pow2(width // FP4_BLOCK) if fp4 else next_pow2(width),
         BLOCK_R=next_pow2(rope_width) if rope_width else 0,
@@ -215,11 +218,11 @@ def write_quantized_ref(
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     pairs = [(cache, stored), (row_scale, scale)]
-    if rope_cache is not None and k_rot is not None:
+    if rope_cache is not None and k_rot is not None and k_rot.shape[-1]:
         pairs.append((rope_cache, k_rot))
     for pool, new in pairs:
         # as bytes: torch's CPU index_put has no float8 kernel
-        _bytes(pool).flatten(0, 1)[slots] = _bytes(new[keep].to(pool.dtype))
+        _bytes(pool).view(-1, *new.shape[1:])[slots] = _bytes(new[keep].to(pool.dtype))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
