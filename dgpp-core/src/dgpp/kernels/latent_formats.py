@@ -15,7 +15,8 @@ dequantizes the same way.
 A reader computes ``e2m1 · (e4m3 · s_r)`` (fp4) or ``e4m3 · s_r`` (fp8) in fp32 and rounds once to the compute
 dtype; the Triton MLA kernel (``dgpp.kernels.mla_attention``) does the same products in the same order, so a latent
 reads the same bits from either path. The rotated key part (``k_rot``) is not quantized: positions keep their
-precision, as in the original. Quantizing is row-local, so chunking, batching and prefix hits stay exact.
+precision, as in the original. Quantizing is row-local, so chunking, batching and prefix hits stay exact. On CUDA
+the cache write is ``dgpp.kernels.quantized_write``, one launch that stores the bytes ``quantize_latent`` gives.
 """
 
 from __future__ import annotations
