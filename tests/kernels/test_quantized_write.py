@@ -211,3 +211,31 @@ def test_the_layers_write_in_one_launch_per_quantized_tensor(kv_dtype):
         assert torch.equal(ours, ref)
     latent_scales = pools.kv_scales["latent"][0]
     assert int(latent_scales.count_nonzero()) == tokens - 1  # every kept row has its scale, the other none
+
+
+def test_pooled_index_key_entries_store_the_torch_encoders_bytes(monkeypatch):
+    """``window_compressor.store_entries`` (GLM-5.3-Flash's pooled index keys in a prefill chunk) on its CUDA branch,
+    run here through the interpreter: the codes and row scales its torch path stores."""
+    from dgpp.kernels import quantized_write
+    from dgpp.nn import window_compressor
+
+    g = torch.Generator().manual_seed(9)
+    rows = torch.randn(5, 16, generator=g) * torch.logspace(-4, 4, 5)[:, None]
+    slots = torch.tensor([7, 0, 12, 3, 9])
+    stored, launches = [], []
+
+    def counted(*args):
+        launches.append(args[2].shape)
+        write_quantized_triton(*args)
+
+    for kernel in (False, True):
+        if kernel:
+            for module in (window_compressor, quantized_write):
+                monkeypatch.setattr(module, "use_triton", lambda x: True)
+            monkeypatch.setattr(quantized_write, "write_quantized_triton", counted)
+        pool = torch.zeros(4, 4, 1, 16, dtype=torch.uint8).view(KV_FP8)
+        scale = torch.zeros(4, 4, 1, 1)
+        window_compressor.store_entries(pool, scale, slots, rows)
+        stored.append((pool.view(torch.uint8), scale))
+    _assert_same_bytes(*stored)
+    assert launches == [(5, 1, 16)] and int(stored[1][1].count_nonzero()) == 5

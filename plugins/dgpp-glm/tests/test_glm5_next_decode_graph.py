@@ -70,8 +70,16 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(
     step's keys written by the torch encoder or (``kernel``, as on CUDA) by the one-launch quantized write."""
     from dgpp.kernels import quantized_write
 
+    launches: list[int] = []
     if kernel:
+        write = quantized_write.write_quantized_triton
+
+        def counted(*args):
+            launches.append(args[2].shape[0])
+            write(*args)
+
         monkeypatch.setattr(quantized_write, "use_triton", lambda x: True)
+        monkeypatch.setattr(quantized_write, "write_quantized_triton", counted)
     model, _ = fp32_pair
     pools, tables, last, _ = _prefilled(model, kv_dtype)
     indexer = model.stack.layers[1].self_attn.indexer
@@ -102,6 +110,7 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(
         assert torch.equal(visible, device_batch.seq_lens[~picked.sparse.bool()].long())
         last = [int(t) for t in torch.randint(0, model.info.vocab_size, (len(PROMPTS),), generator=gen)]
     assert kinds == {True, False}
+    assert launches == ([len(PROMPTS)] * 5 if kernel else [])  # one launch a step, every row (most skipped)
 
 
 def _tensors(pools: CachePools, name: str) -> list[torch.Tensor]:
