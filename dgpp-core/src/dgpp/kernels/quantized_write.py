@@ -32,10 +32,10 @@ def _e4m3_bits(v):
     subnormal = ((magnitude * 512.0 + 8388608.0) - 8388608.0).to(tl.int32)
     # above it: rebias the exponent (127 -> 7) and round the 23 mantissa bits to 3, the carry moving the exponent
     normal = ((magnitude_bits + 0x7FFFF + ((magnitude_bits >> 20) & 1)) >> 20) - (120 << 3)
-    code = tl.where(
-        magnitude_bits < 0x3C800000, subnormal, normal
-    )  # fp32 bits of 2^-6, e4m3's smallest normal
-    code = tl.where(magnitude_bits >= 0x43F00000, 0x7F, code)  # 480 and above (inf, NaN): torch gives NaN
+    # 0x3C800000: fp32 bits of 2^-6, e4m3's smallest normal; 0x43F00000: 480, from which on (inf, NaN too) torch
+    # converts to NaN
+    code = tl.where(magnitude_bits < 0x3C800000, subnormal, normal)
+    code = tl.where(magnitude_bits >= 0x43F00000, 0x7F, code)
     return code | sign
 
 
@@ -237,6 +237,6 @@ def write_quantized(
     rope_cache: torch.Tensor | None = None,
     k_rot: torch.Tensor | None = None,
 ) -> None:
-    """Quantize and store a step's latent / index-key rows (in place); Triton on CUDA, torch elsewhere."""
+    """Quantize and store a step's latent, index-key or K/V rows (in place); Triton on CUDA, torch elsewhere."""
     fn = write_quantized_triton if use_triton(rows) else write_quantized_ref
     fn(cache, row_scale, rows, slot_mapping, rope_cache, k_rot)
