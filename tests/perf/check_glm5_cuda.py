@@ -140,8 +140,8 @@ def _write_pools(fmt: str, width: int, rope_width: int) -> tuple[torch.Tensor, t
 def write_checks(failures: list[str]) -> list[str]:
     """The quantized cache write (``dgpp.kernels.quantized_write``) at the release's sizes (bf16 latents of 512 with a
     64-wide k_rot; index keys of 128): its bytes against the torch encoder and scatter on the same rows (padding slots
-    included), a row's bytes alone vs in a batch, and its time against that torch write (the encoder's ops, then the
-    codes / scales scatters: what the CUDA path ran before)."""
+    included), a row's bytes alone vs in a batch and from a CUDA graph's replay, and its time against that torch
+    write (the encoder's ops, then the codes / scales scatters: what the CUDA path ran before)."""
     from dgpp.kernels.kv_write import write_kv_triton
     from dgpp.kernels.latent_formats import quantize_latent
     from dgpp.kernels.quantized_write import write_quantized_ref, write_quantized_triton
@@ -179,16 +179,27 @@ def write_checks(failures: list[str]) -> list[str]:
                 alone[0].view(torch.uint8).flatten(0, 1)[slots[row]],
                 got[0].view(torch.uint8).flatten(0, 1)[slots[row]],
             )
+            captured = _write_pools(fmt, width, rope_width)  # no host read: the write replays from a graph
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                write_quantized_triton(captured[0], captured[1], rows, slots, captured[2], k_rot)
+            graph.replay()
+            replayed = all(
+                torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                for a, b in zip(captured, got, strict=True)
+            )
             ours = _timed(write_quantized_triton, *got[:2], rows, slots, got[2], k_rot)
             theirs = _timed(torch_write, *want[:2], rows, slots, want[2], k_rot)
             out.append(
                 f"quantized write {name} bf16, {tokens} rows: bytes == torch encoder: "
                 f"{'identical' if same else 'DIFFER'}; alone == batched: {'identical' if solo else 'DIFFER'}; "
+                f"graph replay == eager: {'identical' if replayed else 'DIFFER'}; "
                 f"one launch {ours * 1e6:.1f} us vs torch write {theirs * 1e6:.1f} us"
             )
-            if not (same and solo):
+            if not (same and solo and replayed):
                 failures.append(
-                    f"quantized write {name} {tokens} rows: same bytes {same}, alone==batched {solo}"
+                    f"quantized write {name} {tokens} rows: same bytes {same}, alone==batched {solo}, "
+                    f"graph==eager {replayed}"
                 )
     return out
 
