@@ -94,3 +94,18 @@ def test_hybrid_and_window_layers_launch_their_fused_kernels() -> None:
     assert attention["sigmoid_gate"] == 1 and gdn["shared_expert_add"] == attention["shared_expert_add"] == 1
     assert "aten.sigmoid" not in attention and "aten.sigmoid" not in gdn
     assert "sync:_local_scalar_dense" not in gdn and "sync:_local_scalar_dense" not in attention
+
+
+def test_quantized_cache_writes_are_one_launch_per_tensor() -> None:
+    """``engine.kv_dtype`` fp8 (GQA K and V) and fp4 (MLA latents with their k_rot, e4m3 DSA index keys): the cache
+    write quantizes and stores in one launch per tensor, none of the torch encoder's ops left."""
+    qwen = count_decode(tiny_model("qwen3"), kv_dtype="fp8")
+    glm_model = tiny_model("glm_moe_dsa")
+    glm = count_decode(glm_model, kv_dtype="fp4")
+    for layer in qwen.layers:
+        assert layer["quantized_write"] == 2
+    for decoder, layer in zip(glm_model.model.layers, glm.layers, strict=True):
+        indexed = decoder.self_attn.indexer is not None  # a layer that runs the indexer writes its keys too
+        assert layer["quantized_write"] == (2 if indexed else 1)
+    for layer in qwen.layers + glm.layers:
+        assert not any(op in layer for op in ("aten.amax", "aten.signbit", "write_kv"))

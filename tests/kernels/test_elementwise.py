@@ -72,6 +72,13 @@ def test_rotary_matches_reference(rot: int, neox: bool) -> None:
         torch.testing.assert_close(q_tri[..., rot:], q[..., rot:])
 
 
+def test_rotary_without_rotated_dims_passes_q_and_k_through() -> None:
+    """NoPE MLA (GLM-5.3-Flash) has an empty rope part: nothing to rotate, and no kernel of zero width to build."""
+    q, k = torch.randn(3, 2, 0), torch.randn(3, 1, 0)
+    q_out, k_out = rotary_triton(q, k, torch.tensor([0, 1, 2]), torch.empty(0))
+    assert q_out.shape == q.shape and k_out.shape == k.shape
+
+
 @pytest.mark.parametrize("style", ["half", "interleaved"])
 def test_rotary_reference_matches_nn_rotary_layer(style: str) -> None:
     # the reference against dgpp.nn's RotaryEmbedding (HF rotate_half / GPT-J interleaving), partial dims

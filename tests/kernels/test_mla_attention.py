@@ -6,9 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.kernels import dsa_index, head_matmul, mla_attention
+from dgpp.kernels import dsa_index, head_matmul, mla_attention, quantized_write
 from dgpp.kernels.head_matmul import head_matmul_ref, head_matmul_triton
 from dgpp.kernels.mla_attention import mla_attention_ref, mla_attention_triton
+from dgpp.nn import attention
 
 LATENT, ROPE, HEADS, BS = 32, 8, 4, 4
 
@@ -99,8 +100,8 @@ def test_cuda_path_matches_the_torch_path_on_a_glm5_layer(tmp_path, monkeypatch,
     from dgpp.startup.loading import load_model
     from dgpp_glm.testing_glm5 import build_tiny_glm_moe_dsa
 
-    # stand in for CUDA: the kernels themselves run (interpreter), not their torch references
-    for module in (head_matmul, mla_attention, dsa_index):
+    # stand in for CUDA: the kernels themselves run (interpreter), not their torch references; the cache writes too
+    for module in (head_matmul, mla_attention, dsa_index, quantized_write, attention):
         monkeypatch.setattr(module, "use_triton", lambda x: True)
     model = load_model(build_tiny_glm_moe_dsa(tmp_path, seed=5))
     attn = model.model.layers[0].self_attn

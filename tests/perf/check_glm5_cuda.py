@@ -1,6 +1,7 @@
 """Full GLM-5.3 (glm_moe_dsa) on a CUDA machine (not a CI test): the MLA kernels against their fp32 references at
 the release's sizes (absorbed attention over the latent cache, dense and over 2048 selected tokens; the per-head
-absorption products), a row's bits alone vs in a batch, kernel timings, then decode tok/s of the layer-scaled
+absorption products; the quantized latent / index-key cache write against the torch encoder's bytes), a row's bits
+alone vs in a batch, kernel timings, then decode tok/s of the layer-scaled
 geometry ``glm-5.3-12l`` (random weights in the int4/int8 group-64 release form) against the roofline of the bytes
 a step reads (``dgpp.bench.step_bytes``).
 
@@ -120,6 +121,86 @@ def kernel_checks(failures: list[str]) -> list[str]:
         )
         if not (err < 1e-2 and same):
             failures.append(f"head_matmul {name} rel err {err}, alone==batched {same}")
+    return out
+
+
+def _write_pools(fmt: str, width: int, rope_width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes, row scales, k_rot) pools of 8192 tokens on the GPU, the codes' bytes not zero (a skipped row keeps
+    them)."""
+    from dgpp.step.cache_spec import KV_FP8, fp4_row_bytes
+
+    blocks = 8192 // BS
+    stored = width if fmt == "fp8" else fp4_row_bytes(width)
+    cache = torch.full((blocks, BS, 1, stored), 0xA5, dtype=torch.uint8, device="cuda")
+    rope = torch.zeros(blocks, BS, 1, rope_width, dtype=torch.bfloat16, device="cuda")
+    scales = torch.zeros(blocks, BS, 1, 1, device="cuda")
+    return (cache.view(KV_FP8) if fmt == "fp8" else cache), scales, rope
+
+
+def write_checks(failures: list[str]) -> list[str]:
+    """The quantized cache write (``dgpp.kernels.quantized_write``) at the release's sizes (bf16 latents of 512 with a
+    64-wide k_rot; index keys of 128): its bytes against the torch encoder and scatter on the same rows (padding slots
+    included), a row's bytes alone vs in a batch and from a CUDA graph's replay, and its time against that torch
+    write (the encoder's ops, then the codes / scales scatters: what the CUDA path ran before)."""
+    from dgpp.kernels.kv_write import write_kv_triton
+    from dgpp.kernels.latent_formats import quantize_latent
+    from dgpp.kernels.quantized_write import write_quantized_ref, write_quantized_triton
+
+    def torch_write(cache, scale, rows, slots, rope_cache, k_rot) -> None:
+        stored, row_scale = quantize_latent(rows, "fp4" if cache.dtype == torch.uint8 else "fp8")
+        write_kv_triton(scale, scale[..., :0], row_scale, row_scale[..., :0], slots)
+        write_kv_triton(cache, rope_cache, stored, k_rot, slots)
+
+    out: list[str] = []
+    dev, bf = "cuda", torch.bfloat16
+    g = torch.Generator(device=dev).manual_seed(3)
+    for name, fmt, width, rope_width in (
+        ("latent fp8", "fp8", LATENT, ROPE),
+        ("latent fp4", "fp4", LATENT, ROPE),
+        ("index keys", "fp8", 128, 0),
+    ):
+        for tokens in (1, 64, 4096):
+            scaled = torch.logspace(-3, 3, tokens, device=dev)[:, None, None]
+            rows = (torch.randn(tokens, 1, width, generator=g, device=dev) * scaled).to(bf)
+            k_rot = torch.randn(tokens, 1, rope_width, generator=g, device=dev).to(bf)
+            slots = torch.randperm(8192, generator=g, device=dev)[:tokens]
+            slots[3::7] = -1  # padding rows
+            got, want, alone = (_write_pools(fmt, width, rope_width) for _ in range(3))
+            write_quantized_triton(got[0], got[1], rows, slots, got[2], k_rot)
+            write_quantized_ref(want[0], want[1], rows, slots, want[2], k_rot)
+            same = all(
+                torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(got, want, strict=True)
+            )
+            row = tokens // 2
+            write_quantized_triton(
+                alone[0], alone[1], rows[row : row + 1], slots[row : row + 1], alone[2], k_rot[row : row + 1]
+            )
+            solo = int(slots[row]) < 0 or torch.equal(
+                alone[0].view(torch.uint8).flatten(0, 1)[slots[row]],
+                got[0].view(torch.uint8).flatten(0, 1)[slots[row]],
+            )
+            captured = _write_pools(fmt, width, rope_width)  # no host read: the write replays from a graph
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                write_quantized_triton(captured[0], captured[1], rows, slots, captured[2], k_rot)
+            graph.replay()
+            replayed = all(
+                torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+                for a, b in zip(captured, got, strict=True)
+            )
+            ours = _timed(write_quantized_triton, *got[:2], rows, slots, got[2], k_rot)
+            theirs = _timed(torch_write, *want[:2], rows, slots, want[2], k_rot)
+            out.append(
+                f"quantized write {name} bf16, {tokens} rows: bytes == torch encoder: "
+                f"{'identical' if same else 'DIFFER'}; alone == batched: {'identical' if solo else 'DIFFER'}; "
+                f"graph replay == eager: {'identical' if replayed else 'DIFFER'}; "
+                f"one launch {ours * 1e6:.1f} us vs torch write {theirs * 1e6:.1f} us"
+            )
+            if not (same and solo and replayed):
+                failures.append(
+                    f"quantized write {name} {tokens} rows: same bytes {same}, alone==batched {solo}, "
+                    f"graph==eager {replayed}"
+                )
     return out
 
 
@@ -364,6 +445,7 @@ def main() -> int:
     failures: list[str] = []
     if not args.skip_kernels:
         table += kernel_checks(failures)
+        table += write_checks(failures)
         table += exactness_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]

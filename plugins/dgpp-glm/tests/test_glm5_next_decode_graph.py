@@ -62,9 +62,24 @@ def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(fp32_pair, kv_dty
     assert graphs.state_slots[3:].eq(-1).all()
 
 
-@pytest.mark.parametrize("kv_dtype", ["auto", "fp8"])
-def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair, kv_dtype) -> None:
-    """Also with e4m3 pooled index keys (``engine.kv_dtype: fp8``): the same codes and scales either way."""
+@pytest.mark.parametrize(("kv_dtype", "kernel"), [("auto", False), ("fp8", False), ("fp8", True)])
+def test_device_decode_step_stores_and_selects_as_the_row_path(
+    fp32_pair, kv_dtype, kernel, monkeypatch
+) -> None:
+    """Also with e4m3 pooled index keys (``engine.kv_dtype: fp8``): the same codes and scales either way, the decode
+    step's keys written by the torch encoder or (``kernel``, as on CUDA) by the one-launch quantized write."""
+    from dgpp.kernels import quantized_write
+
+    launches: list[int] = []
+    if kernel:
+        write = quantized_write.write_quantized_triton
+
+        def counted(*args):
+            launches.append(args[2].shape[0])
+            write(*args)
+
+        monkeypatch.setattr(quantized_write, "use_triton", lambda x: True)
+        monkeypatch.setattr(quantized_write, "write_quantized_triton", counted)
     model, _ = fp32_pair
     pools, tables, last, _ = _prefilled(model, kv_dtype)
     indexer = model.stack.layers[1].self_attn.indexer
@@ -95,6 +110,7 @@ def test_device_decode_step_stores_and_selects_as_the_row_path(fp32_pair, kv_dty
         assert torch.equal(visible, device_batch.seq_lens[~picked.sparse.bool()].long())
         last = [int(t) for t in torch.randint(0, model.info.vocab_size, (len(PROMPTS),), generator=gen)]
     assert kinds == {True, False}
+    assert launches == ([len(PROMPTS)] * 5 if kernel else [])  # one launch a step, every row (most skipped)
 
 
 def _tensors(pools: CachePools, name: str) -> list[torch.Tensor]:

@@ -18,6 +18,7 @@ can be several CUDA kernels (a sort, an index_put), so a count is a lower bound 
 Code that asks ``x.device.type`` rather than ``x.is_cuda`` keeps its CPU branch (tensors stay on the CPU).
 
     TRITON_INTERPRET=1 python -m dgpp.bench.launches [--kinds qwen3,mimo,...] [--context 12] [--dtype bfloat16]
+        [--kv-dtype auto|fp8|fp4]
 
 Prints a markdown table: tiny checkpoint, layer kind, layers of that kind, ops per layer, which ops.
 """
@@ -235,14 +236,19 @@ def count_step(model: nn.Module, step: Any) -> StepLaunches:
     return found
 
 
-def count_decode(model: nn.Module, context: int = 12, block_size: int = 16) -> StepLaunches:
-    """Prefill ``context`` tokens of one sequence on the CUDA path, then count one decode step's launches."""
+def count_decode(
+    model: nn.Module, context: int = 12, block_size: int = 16, kv_dtype: str = "auto"
+) -> StepLaunches:
+    """Prefill ``context`` tokens of one sequence on the CUDA path, then count one decode step's launches; the cache
+    stored as ``kv_dtype`` (``engine.kv_dtype``) says."""
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
+    from dgpp.step.cache_spec import stored_as
     from dgpp.step.pools import CachePools
 
     blocks = -(-(context + 2) // block_size)
-    runner = ModelRunner(model, CachePools(model.cache_spec(), blocks, block_size, 1))
+    pools = CachePools(stored_as(model.cache_spec(), kv_dtype), blocks, block_size, 1)
+    runner = ModelRunner(model, pools)
     table = list(range(blocks))
     prompt = [(7 * i + 3) % 97 + 1 for i in range(context)]
     with cuda_path():
@@ -298,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
         choices=("bfloat16", "float32"),
         help="the checkpoints' dtype (bf16, as served, shows its casts)",
     )
+    parser.add_argument(
+        "--kv-dtype",
+        default="auto",
+        choices=("auto", "fp8", "fp4"),
+        help="engine.kv_dtype of the counted cache",
+    )
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") != "1":
         print(
@@ -310,7 +322,8 @@ def main(argv: list[str] | None = None) -> int:
         "|---|---|---|---|---|",
     ]
     for kind in [k for k in args.kinds.split(",") if k]:
-        lines += table_rows(kind, count_decode(tiny_model(kind, getattr(torch, args.dtype)), args.context))
+        model = tiny_model(kind, getattr(torch, args.dtype))
+        lines += table_rows(kind, count_decode(model, args.context, kv_dtype=args.kv_dtype))
     print("\n".join(lines))
     return 0
 

@@ -18,6 +18,7 @@ from dgpp.kernels.output_gate import shared_expert_add, sigmoid_gate
 from dgpp.kernels.paged_attention import paged_decode_attention
 from dgpp.kernels.prefill_attention import paged_prefill_attention
 from dgpp.kernels.qk_norm_rope import fused_qk_norm_rope
+from dgpp.kernels.quantized_write import write_quantized
 from dgpp.kernels.rmsnorm import rms_norm
 from dgpp.kernels.rotary import apply_rotary
 from dgpp.kernels.router_topk import router_topk
@@ -45,4 +46,5 @@ __all__ = [
     "silu_and_mul",
     "silu_mul_pair",
     "write_kv",
+    "write_quantized",
 ]

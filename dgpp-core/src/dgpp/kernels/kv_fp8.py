@@ -20,10 +20,17 @@ E4M3_MAX = 448.0
 KVScales = tuple[torch.Tensor, torch.Tensor] | None  # (k_scale, v_scale) of an e4m3 entry; None: not e4m3
 
 
+def divide(x: torch.Tensor, constant: float) -> torch.Tensor:
+    """``x / constant`` rounded once, on every device. torch's CUDA ``tensor / float`` multiplies by the float
+    reciprocal instead (a bit can differ from the CPU's quotient); a tensor divisor divides on both, so a scale
+    has the same bits on either device and in the Triton cache writer (``dgpp.kernels.quantized_write``)."""
+    return x / torch.full_like(x, constant)
+
+
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``x [..., D]`` -> (e4m3 codes ``[..., D]``, fp32 scales ``[..., 1]``), one scale per last-axis row."""
     wide = x.float()
-    scale = wide.abs().amax(dim=-1, keepdim=True) / E4M3_MAX
+    scale = divide(wide.abs().amax(dim=-1, keepdim=True), E4M3_MAX)
     divisor = torch.where(scale > 0, scale, torch.ones_like(scale))
     codes = (wide / divisor).clamp(-E4M3_MAX, E4M3_MAX).to(KV_FP8)
     return codes, scale

@@ -15,14 +15,15 @@ dequantizes the same way.
 A reader computes ``e2m1 · (e4m3 · s_r)`` (fp4) or ``e4m3 · s_r`` (fp8) in fp32 and rounds once to the compute
 dtype; the Triton MLA kernel (``dgpp.kernels.mla_attention``) does the same products in the same order, so a latent
 reads the same bits from either path. The rotated key part (``k_rot``) is not quantized: positions keep their
-precision, as in the original. Quantizing is row-local, so chunking, batching and prefix hits stay exact.
+precision, as in the original. Quantizing is row-local, so chunking, batching and prefix hits stay exact. On CUDA
+the cache write is ``dgpp.kernels.quantized_write``, one launch that stores the bytes ``quantize_latent`` gives.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dgpp.kernels.kv_fp8 import E4M3_MAX, dequantize_rows, quantize_rows
+from dgpp.kernels.kv_fp8 import E4M3_MAX, dequantize_rows, divide, quantize_rows
 from dgpp.step.cache_spec import FP4_BLOCK, KV_FP8, fp4_row_bytes
 
 E2M1_MAX = 6.0
@@ -66,7 +67,7 @@ def quantize_fp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     latent_dim = x.shape[-1]
     wide = x.float()
     amax = wide.abs().amax(dim=-1, keepdim=True)
-    row_scale = amax / (E2M1_MAX * E4M3_MAX)
+    row_scale = divide(amax, E2M1_MAX * E4M3_MAX)
     inverse = torch.where(amax > 0, E4M3_MAX / torch.where(amax > 0, amax, 1.0), 0.0)
     blocks = wide.unflatten(-1, (latent_dim // FP4_BLOCK, FP4_BLOCK))
     block_amax = blocks.abs().amax(dim=-1)

@@ -178,6 +178,8 @@ def rotary_triton(
     is_neox: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     rotary_dim = 2 * inv_freq.shape[0]
+    if not rotary_dim:  # nothing rotated (NoPE MLA: GLM-5.3-Flash's rope part is empty)
+        return q, k
     if rotary_dim % 2 or rotary_dim & (rotary_dim - 1):
         raise ValueError(f"rotary_triton needs a power-of-two rotary_dim, got {rotary_dim}")
     if q.stride(-1) != 1 or k.stride(-1) != 1:

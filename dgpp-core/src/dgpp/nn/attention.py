@@ -13,7 +13,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
 from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, quantize_rows
+from dgpp.kernels.latent_formats import latent_format_of, quantize_latent
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import KV_FP8, PagedKV
@@ -63,9 +65,17 @@ def write_kv(
 def store_kv(batch: ForwardBatch, name: str, k: torch.Tensor, v: torch.Tensor) -> KVScales:
     """Write this step's K/V rows ``[T, kv_heads, dim]`` into pool entry ``name`` at ``batch.slot_mapping``:
     quantized to e4m3 rows with their fp32 scales when the entry is stored so (``engine.kv_dtype: fp8``), as
-    they are otherwise. Returns the entry's scales (None for a compute-dtype entry) for the read that follows."""
+    they are otherwise (on CUDA quantized and stored in one launch for K and one for V,
+    ``dgpp.kernels.quantized_write``). Returns the entry's scales (None for a compute-dtype entry) for the read that
+    follows."""
     k_cache, v_cache = batch.cache.kv[name]
     scales = batch.cache.kv_scales.get(name)
+    if scales is not None and use_triton(k):
+        from dgpp import kernels
+
+        kernels.write_quantized(k_cache, scales[0], k, batch.slot_mapping)
+        kernels.write_quantized(v_cache, scales[1], v, batch.slot_mapping)
+        return scales
     if scales is not None:
         (k, k_scale), (v, v_scale) = quantize_rows(k), quantize_rows(v)
         scatter_rows(batch, scales[0], scales[1], k_scale, v_scale)
@@ -77,13 +87,29 @@ def store_keys(batch: ForwardBatch, name: str, k: torch.Tensor) -> torch.Tensor 
     """Write this step's key rows ``[T, 1, dim]`` into K-only pool entry ``name`` (no V: DSA index keys) at
     ``batch.slot_mapping``, as e4m3 rows with their fp32 scales when the entry is stored so (``engine.kv_dtype``
     fp8 or fp4). Returns the key scales (None for a compute-dtype entry) for the read that follows."""
-    k_cache, v_cache = batch.cache.kv[name]
+    store_row_scaled(batch, name, k, k[..., :0])
     scales = batch.cache.kv_scales.get(name)
-    if scales is not None:
-        k, k_scale = quantize_rows(k)
-        scatter_rows(batch, scales[0], scales[1], k_scale, k_scale[..., :0])
-    scatter_rows(batch, k_cache, v_cache, k, k[..., :0])
     return None if scales is None else scales[0]
+
+
+def store_row_scaled(batch: ForwardBatch, name: str, rows: torch.Tensor, beside: torch.Tensor) -> None:
+    """Write this step's one-head rows ``[T, 1, width]`` into the first tensor of pool entry ``name`` and ``beside``
+    (``[T, 1, w]``: an MLA latent's ``k_rot``, or nothing) into its second, at ``batch.slot_mapping``. When the entry
+    is stored row-scaled (``engine.kv_dtype`` fp8 / fp4: e4m3 codes or packed fp4 rows, one fp32 scale a row),
+    ``rows`` are quantized on the way in (``dgpp.kernels.latent_formats``), ``beside`` stays as it is: on CUDA in
+    one launch (``dgpp.kernels.quantized_write``), elsewhere the torch encoder then the scatters."""
+    first, second = batch.cache.kv[name]
+    scales = batch.cache.kv_scales.get(name)
+    if scales is None:
+        scatter_rows(batch, first, second, rows, beside)
+    elif use_triton(rows):
+        from dgpp import kernels
+
+        kernels.write_quantized(first, scales[0], rows, batch.slot_mapping, second, beside)
+    else:
+        stored, row_scale = quantize_latent(rows, latent_format_of(first))
+        scatter_rows(batch, scales[0], scales[1], row_scale, row_scale[..., :0])
+        scatter_rows(batch, first, second, stored, beside)
 
 
 def scatter_rows(

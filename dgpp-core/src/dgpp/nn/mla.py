@@ -28,8 +28,8 @@ from torch import nn
 
 from dgpp.family import World
 from dgpp.kernels._triton import use_triton
-from dgpp.kernels.latent_formats import dequantize_latent, latent_format_of, quantize_latent
-from dgpp.nn.attention import context_token_rows, gather_rows, scatter_rows
+from dgpp.kernels.latent_formats import dequantize_latent
+from dgpp.nn.attention import context_token_rows, gather_rows, store_row_scaled
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear, UnquantizedLinearMethod
 from dgpp.nn.norm import RMSNorm
@@ -133,14 +133,8 @@ class MultiLatentAttention(nn.Module):
         latent, k_rot = self.kv_a_proj_with_mqa(x).split((self.kv_lora_rank, self.rope_dim), dim=-1)
         latent = self.kv_a_layernorm(latent)
         q_rot, k_rot = self.rotary(batch.positions, q_rot.contiguous(), k_rot.reshape(rows, 1, self.rope_dim))
-        latent_cache, rope_cache = batch.cache.kv[self.cache_name]
-        stored = latent.reshape(rows, 1, -1)
-        scales = batch.cache.kv_scales.get(self.cache_name)
         # engine.kv_dtype fp8 / fp4: the latent is quantized on its way in, k_rot is not
-        if scales is not None:
-            stored, row_scale = quantize_latent(stored, latent_format_of(latent_cache))
-            scatter_rows(batch, scales[0], scales[1], row_scale, row_scale[..., :0])
-        scatter_rows(batch, latent_cache, rope_cache, stored, k_rot)
+        store_row_scaled(batch, self.cache_name, latent.reshape(rows, 1, -1), k_rot)
         return MLAQuery(q_resid, q_nope, q_rot)
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -25,6 +25,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
 from dgpp.kernels.kv_fp8 import dequantize_rows, quantize_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import rms_normalize
@@ -107,7 +108,13 @@ def store_entries(
     pool: torch.Tensor, scale: torch.Tensor | None, slots: torch.Tensor, rows: torch.Tensor
 ) -> None:
     """Write entry ``rows [n, dim]`` at flat ``slots``: as they are, or (``scale`` given) as e4m3 codes with their
-    fp32 row scales (``engine.kv_dtype`` fp8 / fp4 index keys)."""
+    fp32 row scales (``engine.kv_dtype`` fp8 / fp4 index keys; on CUDA quantized and stored in one launch,
+    ``dgpp.kernels.quantized_write``)."""
+    if scale is not None and use_triton(rows):
+        from dgpp import kernels
+
+        kernels.write_quantized(pool, scale, rows[:, None], slots)
+        return
     flat = pool.view(-1, pool.shape[-1])
     if scale is None:
         flat.index_copy_(0, slots, rows.to(flat.dtype))

@@ -6,7 +6,9 @@ nothing).
 
 Masked writes without a host sync: a row that must not write repeats the first writing row's write (same place,
 same value), so the duplicate indices of one ``index_copy_`` carry equal values; with no writer at all every row
-rewrites one place with the value it already holds.
+rewrites one place with the value it already holds. Quantized pooled keys (``engine.kv_dtype`` fp8 / fp4) go through
+``dgpp.kernels.write_quantized``: on CUDA one launch that skips a slot of -1 on the device; its torch reference (off
+CUDA) selects the kept rows on the host.
 
 A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. Its scores cover every pool the table could
 hold, masked to ``-inf`` past ``n``; a stable descending sort keeps exact ties on the lower pool, as the row-by-row
@@ -22,7 +24,6 @@ from typing import Protocol
 
 import torch
 
-from dgpp.kernels.kv_fp8 import quantize_rows
 from dgpp.nn.dsa import index_scores
 from dgpp.nn.selection import DeviceSelection
 from dgpp.nn.window_compressor import entry_rows
@@ -87,13 +88,14 @@ def store_decode(indexer: PoolingIndexer, kv: torch.Tensor, gate: torch.Tensor, 
         batch.block_tables, (position // kpool)[:, None], kpool, batch.cache.block_size, cache.shape[1]
     )[:, 0]
     scales = batch.cache.kv_scales.get(indexer.cache_name)
-    flat = cache.view(-1, cache.shape[-1])
     if scales is None:
-        write_rows(flat, targets, pooled, completes)
+        write_rows(cache.view(-1, cache.shape[-1]), targets, pooled, completes)
         return
-    codes, row_scale = quantize_rows(pooled)  # e4m3 index keys (engine.kv_dtype fp8 / fp4), as the row path
-    write_rows(flat.view(torch.uint8), targets, codes.view(torch.uint8), completes)
-    write_rows(scales[0].view(-1, 1), targets, row_scale, completes)
+    # e4m3 index keys (engine.kv_dtype fp8 / fp4), the row path's bytes: on CUDA quantized and stored in one launch,
+    # a row that completes no pool skipped (slot -1)
+    from dgpp import kernels
+
+    kernels.write_quantized(cache, scales[0], pooled[:, None], torch.where(completes, targets, -1))
 
 
 def select_decode(
