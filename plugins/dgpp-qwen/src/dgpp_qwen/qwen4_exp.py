@@ -145,14 +145,12 @@ class Qwen4ExpDecoderLayer(nn.Module):
         if self.ple is not None:
             hyper = hyper + self.ple(hyper, batch)
         mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
-        x, inject = self.attn_hyper_connection.mix(hyper)
-        hyper = self.attn_hyper_connection.combine(
-            hyper, all_reduce(mixer(x, batch), self.world, self.group), inject
-        )
-        x, inject = self.mlp_hyper_connection.mix(hyper)
-        return self.mlp_hyper_connection.combine(
-            hyper, all_reduce(self.mlp(x), self.world, self.group), inject
-        )
+        attn_gr, mlp_gr = self.attn_hyper_connection, self.mlp_hyper_connection
+        x, logits = attn_gr.mix(hyper)
+        mixed = all_reduce(mixer(x, batch), self.world, self.group)
+        hyper, normed = attn_gr.combine(hyper, mixed, logits, then=mlp_gr)
+        x, logits = mlp_gr.mix(hyper, normed)
+        return mlp_gr.combine(hyper, all_reduce(self.mlp(x), self.world, self.group), logits)[0]
 
 
 class Qwen4ExpTextStack(nn.Module):
