@@ -93,9 +93,9 @@ class GatedResidual(nn.Module):
         weights = weights.unflatten(-1, (self.hc_count, self.hidden_size))
         return (weights * normed.unflatten(-1, (self.hc_count, self.hidden_size))).mean(dim=-2)
 
-    def mix_only(self, hyper: torch.Tensor) -> torch.Tensor:
+    def mix_only(self, hyper: torch.Tensor, normed: torch.Tensor | None = None) -> torch.Tensor:
         """The streams collapsed to ``[T, hidden]`` (the final mixer before the LM head)."""
-        return self._weighted_mean(self.normed(hyper))
+        return self._weighted_mean(self.normed(hyper) if normed is None else normed)
 
     def mix(
         self, hyper: torch.Tensor, normed: torch.Tensor | None = None

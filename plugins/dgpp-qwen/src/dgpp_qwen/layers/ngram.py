@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels.ngram_decode import NgramInjectInputs, NgramRowsInputs, ngram_inject, ngram_rows
 from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -138,8 +139,9 @@ class DilatedDepthwiseConv(nn.Module):
 
 class PLELayer(nn.Module):
     """One PLE site (checkpoint names under ``ple.``: ``ple_embedding``, ``key_proj``, ``value_proj``,
-    ``norm_key``, ``norm_query``, ``norm_conv``, ``conv1d``). ``forward`` returns what is added to the hyper
-    state ``[T, hc·H]``: per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``."""
+    ``norm_key``, ``norm_query``, ``norm_conv``, ``conv1d``). ``forward`` adds to the hyper state ``[T, hc·H]``:
+    per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``. CUDA decode steps take
+    ``dgpp.kernels.ngram_decode`` (two launches besides the table gather and the two projections)."""
 
     def __init__(
         self,
@@ -206,8 +208,46 @@ class PLELayer(nn.Module):
             start += q_len
         return out
 
+    def _decode(self, hyper: torch.Tensor, batch: ForwardBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        """A decode step on CUDA: the hash and the whole injection in one launch each, with no host reads (the
+        rows' slots and lengths stay on the device), so the step can be captured in a CUDA graph."""
+        cfg, hasher = self.cfg, self.ple_embedding.hasher
+        slots, lens = batch.state_slots, batch.context_lens
+        rows = ngram_rows(
+            NgramRowsInputs(
+                batch.input_ids,
+                state["ngram_context"],
+                slots,
+                lens,
+                hasher.multipliers,
+                hasher.sizes,
+                hasher.offsets,
+                cfg.heads_per_ngram,
+                cfg.eos_token_id,
+            )
+        )
+        embeddings = self.ple_embedding(rows).to(self.dtype)
+        norms = (self.norm_key.weight, self.norm_query.weight, self.norm_conv.weight)
+        step = NgramInjectInputs(
+            hyper,
+            self.key_proj(embeddings),
+            self.value_proj(embeddings),
+            norms,
+            self.conv1d.weight[:, 0, :],
+            state["conv"],
+            slots,
+            lens,
+            self.hc_count,
+            self.conv1d.dilation,
+            self.norm_key.eps,
+        )
+        return ngram_inject(step)
+
     def forward(self, hyper: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The hyper state with this layer's n-gram injection added."""
         state = batch.cache.state[self.name]
+        if hyper.is_cuda and batch.is_decode_only:
+            return self._decode(hyper, batch, state)
         embeddings = self.ple_embedding(self._row_ids(batch, state["ngram_context"])).to(self.dtype)
         streams = (self.hc_count, self.hidden_size)
         key = self.norm_key(self.key_proj(embeddings)).unflatten(-1, streams)
@@ -218,4 +258,4 @@ class PLELayer(nn.Module):
         # sigmoid on padded rows: a CPU vector tail would make a row depend on the step's row count
         gate = batch_invariant_rows(torch.sigmoid, gate.flatten(1)).unsqueeze(-1)
         gated = (gate * value.unsqueeze(-2)).flatten(-2)
-        return gated + self._conv(self.norm_conv(gated), batch, state["conv"])
+        return hyper + (gated + self._conv(self.norm_conv(gated), batch, state["conv"]))
