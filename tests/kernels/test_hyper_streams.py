@@ -55,7 +55,9 @@ def test_stream_norm_without_injection_is_the_grouped_norm() -> None:
     _close(normed, stream_norm_ref(step)[0])
     # per-stream weights: the norm of stream 1 uses weight row 1
     flipped = step._replace(weight=step.weight.clone().index_fill_(0, torch.arange(HIDDEN, 2 * HIDDEN), 0.0))
-    changed = (stream_norm_triton(flipped)[0] - normed).unflatten(-1, (STREAMS, HIDDEN)).abs().amax(dim=(0, 2))
+    changed = (
+        (stream_norm_triton(flipped)[0] - normed).unflatten(-1, (STREAMS, HIDDEN)).abs().amax(dim=(0, 2))
+    )
     assert changed[1] > 1e-3 and torch.all(changed[[0, 2, 3]] == 0)
 
 

@@ -111,12 +111,16 @@ def test_inject_matches_reference_and_updates_only_live_histories() -> None:
     out, ref = ngram_inject_triton(ours), ngram_inject_ref(theirs)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ours.conv_state, theirs.conv_state, rtol=1e-5, atol=1e-5)
-    assert torch.equal(ours.conv_state[0, :-1], torch.zeros_like(ours.conv_state[0, :-1]))  # fresh: zeros shift in
+    assert torch.equal(
+        ours.conv_state[0, :-1], torch.zeros_like(ours.conv_state[0, :-1])
+    )  # fresh: zeros shift in
     assert torch.equal(ours.conv_state[1, :-1], step.conv_state[1, 1:])  # the history moved one row
     # the gate counts per stream: another key norm weight for stream 2 moves stream 2 only
     weights = list(step.norm_weights)
     weights[0] = weights[0].clone().index_fill_(0, torch.arange(2 * HIDDEN, 3 * HIDDEN), 2.0)
-    moved = ngram_inject_triton(step._replace(norm_weights=tuple(weights), conv_state=step.conv_state.clone()))
+    moved = ngram_inject_triton(
+        step._replace(norm_weights=tuple(weights), conv_state=step.conv_state.clone())
+    )
     diff = (moved - out).unflatten(-1, (STREAMS, HIDDEN)).abs().amax(dim=(0, 2))
     assert diff[2] > 1e-3 and torch.all(diff[[0, 1, 3]] == 0)
 
@@ -128,7 +132,14 @@ def test_inject_reference_equals_the_ple_layer() -> None:
     step = _inject_step(2)
     hasher = _hasher()
     layer = PLELayer(
-        hasher.cfg, "ple", 1, vocab_size=64, hidden_size=HIDDEN, hc_count=STREAMS, eps=1e-6, dtype=torch.float32
+        hasher.cfg,
+        "ple",
+        1,
+        vocab_size=64,
+        hidden_size=HIDDEN,
+        hc_count=STREAMS,
+        eps=1e-6,
+        dtype=torch.float32,
     )
     layer.norm_key.weight.data.copy_(step.norm_weights[0])
     layer.norm_query.weight.data.copy_(step.norm_weights[1])
@@ -141,7 +152,12 @@ def test_inject_reference_equals_the_ple_layer() -> None:
     rows = step.hyper.shape[0]
 
     class _Cache:
-        state = {"ple": {"ngram_context": torch.zeros(3, NGRAM - 1, dtype=torch.int64), "conv": step.conv_state.clone()}}
+        state = {
+            "ple": {
+                "ngram_context": torch.zeros(3, NGRAM - 1, dtype=torch.int64),
+                "conv": step.conv_state.clone(),
+            }
+        }
 
     batch = ForwardBatch(
         input_ids=torch.zeros(rows, dtype=torch.int64),

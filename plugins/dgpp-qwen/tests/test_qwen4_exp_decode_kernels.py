@@ -37,7 +37,9 @@ def _decode(model, seqs: list[int], cuda: bool) -> list[torch.Tensor]:
     """Prefill sequences ``seqs`` (CPU path), then ``STEPS`` batched greedy decode steps; each step's logits."""
     from dgpp.bench.launches import cuda_path
 
-    runner = ModelRunner(model, CachePools(model.cache_spec(), BLOCKS_PER_SEQ * len(PROMPTS), BLOCK, len(PROMPTS)))
+    runner = ModelRunner(
+        model, CachePools(model.cache_spec(), BLOCKS_PER_SEQ * len(PROMPTS), BLOCK, len(PROMPTS))
+    )
     tables = {s: list(range(s * BLOCKS_PER_SEQ, (s + 1) * BLOCKS_PER_SEQ)) for s in seqs}
     prompts = {s: list(PROMPTS[s]) for s in seqs}
     last = {s: int(runner.step([SeqWork(s, tables[s], 0, prompts[s])])[0].argmax()) for s in seqs}
@@ -72,7 +74,9 @@ def test_decode_layers_launch_few_ops_and_gdn_layers_read_nothing_on_the_host(mo
     found = count_decode(model)
     for layer, kind in zip(found.layers, found.layer_kinds, strict=True):
         # the last layer also runs the final mixer's
-        assert layer["stream_mix"] >= 2 and not any(op in layer for op in ("aten.rsqrt", "aten.silu", "aten.pow"))
+        assert layer["stream_mix"] >= 2 and not any(
+            op in layer for op in ("aten.rsqrt", "aten.silu", "aten.pow")
+        )
         if "PLELayer" in kind:  # the GDN layers of this fixture carry PLE
             assert layer["ngram_rows"] == 1 and layer["ngram_inject"] == 1
             assert not [op for op in layer if op.startswith("sync:")], dict(layer)

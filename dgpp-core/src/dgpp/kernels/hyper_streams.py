@@ -46,7 +46,9 @@ class StreamMixInputs(NamedTuple):
     streams: int
 
 
-def inject_ref(hyper: torch.Tensor, block_out: torch.Tensor, logits: torch.Tensor, streams: int) -> torch.Tensor:
+def inject_ref(
+    hyper: torch.Tensor, block_out: torch.Tensor, logits: torch.Tensor, streams: int
+) -> torch.Tensor:
     """``stream_i += 2σ(logits_i / hc) · block_out`` for every stream."""
     inject = 2 * torch.sigmoid(logits / streams)
     return hyper + (block_out.unsqueeze(-2) * inject.unsqueeze(-1)).flatten(-2)

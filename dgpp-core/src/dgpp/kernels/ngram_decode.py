@@ -122,7 +122,9 @@ def _ngram_rows_kernel(
     fresh = (tl.load(ctx_lens_ptr + row) == 0) | (slot < 0)
     token = tl.load(tokens_ptr + row).to(tl.int64)
     back = tl.arange(0, BLOCK_N)  # lane s: the token s back (lane 0: this one)
-    stored = tl.load(context_ptr + slot * keep + keep - back, mask=(back >= 1) & (back <= keep) & ~fresh, other=eos)
+    stored = tl.load(
+        context_ptr + slot * keep + keep - back, mask=(back >= 1) & (back <= keep) & ~fresh, other=eos
+    )
     past = tl.where(back == 0, token, stored.to(tl.int64))
     # lane s is cut when an EOS sits in lanes 1 .. s-1
     between = (back[None, :] >= 1) & (back[None, :] < back[:, None]) & (past[None, :] == eos)
@@ -146,7 +148,9 @@ def ngram_rows_triton(step: NgramRowsInputs) -> torch.Tensor:
     tokens, context, slots, context_lens, multipliers, sizes, offsets, per_order, eos = step
     rows, keep, heads = tokens.shape[0], context.shape[1], sizes.shape[0]
     if not context.is_contiguous() or multipliers.shape != (keep + 1,) or heads != keep * per_order:
-        raise ValueError("ngram_rows needs a contiguous context [slots, n-1], n multipliers, (n-1)·per_order heads")
+        raise ValueError(
+            "ngram_rows needs a contiguous context [slots, n-1], n multipliers, (n-1)·per_order heads"
+        )
     out = torch.empty(rows, heads, dtype=torch.int64, device=tokens.device)
     if rows:
         _ngram_rows_kernel[(rows,)](

@@ -10,6 +10,8 @@ each other. The model's last GR (``use_combine=False``) only mixes: its output g
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -73,7 +75,9 @@ class GatedResidual(nn.Module):
 
     def _fused(self, hyper: torch.Tensor) -> bool:
         """The CUDA kernels apply: Triton on this device, and a plain expansion weight to read in the mix."""
-        return use_triton(hyper) and isinstance(self.input_mix_weight_up.quant_method, UnquantizedLinearMethod)
+        return use_triton(hyper) and isinstance(
+            self.input_mix_weight_up.quant_method, UnquantizedLinearMethod
+        )
 
     def normed(self, hyper: torch.Tensor) -> torch.Tensor:
         """Every stream normalised, ``[T, hc * hidden]``."""
@@ -86,7 +90,10 @@ class GatedResidual(nn.Module):
     def _weighted_mean(self, normed: torch.Tensor) -> torch.Tensor:
         low = self.input_mix_weight_down(normed)
         if self._fused(normed):
-            return stream_mix(StreamMixInputs(normed, low, self.input_mix_weight_up.weight, self.hc_count))
+            up = cast(
+                torch.Tensor, self.input_mix_weight_up.weight
+            )  # a plain weight: _fused checked the method
+            return stream_mix(StreamMixInputs(normed, low, up, self.hc_count))
         # sigmoid / silu on padded rows: CPU vector tails would make a row depend on the step's row count
         gate = batch_invariant_rows(F.silu, low / self.hc_count)
         weights = batch_invariant_rows(torch.sigmoid, self.input_mix_weight_up(gate))

@@ -208,7 +208,9 @@ class PLELayer(nn.Module):
             start += q_len
         return out
 
-    def _decode(self, hyper: torch.Tensor, batch: ForwardBatch, state: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _decode(
+        self, hyper: torch.Tensor, batch: ForwardBatch, state: dict[str, torch.Tensor]
+    ) -> torch.Tensor:
         """A decode step on CUDA: the hash and the whole injection in one launch each, with no host reads (the
         rows' slots and lengths stay on the device), so the step can be captured in a CUDA graph."""
         cfg, hasher = self.cfg, self.ple_embedding.hasher
