@@ -44,7 +44,7 @@ def _rows_step(hasher: NGramHasher) -> NgramRowsInputs:
         tokens=torch.tensor([13, 30, 31, 17, 0]),
         context=context,
         slots=torch.tensor([2, 0, 1, 3, -1], dtype=torch.int32),
-        context_lens=torch.tensor([8, 5, 3, 0, 0], dtype=torch.int32),
+        fresh=torch.tensor([0, 0, 0, 1, 1], dtype=torch.int8),
         multipliers=hasher.multipliers,
         sizes=hasher.sizes,
         offsets=hasher.offsets,
@@ -56,8 +56,8 @@ def _rows_step(hasher: NGramHasher) -> NgramRowsInputs:
 def _expected_rows(hasher: NGramHasher, step: NgramRowsInputs) -> tuple[torch.Tensor, torch.Tensor]:
     """Each live row through the per-sequence hasher, and the context it leaves."""
     rows, context = [], step.context.clone()
-    for token, slot, length in zip(step.tokens, step.slots, step.context_lens, strict=True):
-        fresh = int(length) == 0 or int(slot) < 0
+    for token, slot, starts in zip(step.tokens, step.slots, step.fresh, strict=True):
+        fresh = bool(starts) or int(slot) < 0
         previous = torch.full((NGRAM - 1,), EOS) if fresh else step.context[int(slot)]
         history = torch.cat([previous, token[None]])
         rows.append(hasher(history, 1))
@@ -97,7 +97,7 @@ def _inject_step(seed: int) -> NgramInjectInputs:
         conv_weight=torch.randn(width, TAPS, generator=g),
         conv_state=torch.randn(3, history, width, generator=g),
         slots=torch.tensor([1, 0, 2, -1], dtype=torch.int32),
-        context_lens=torch.tensor([6, 0, 9, 0], dtype=torch.int32),  # row 1 fresh, row 3 padding
+        fresh=torch.tensor([False, True, False, True]),  # row 1 starts its sequence, row 3 padding
         streams=STREAMS,
         dilation=NGRAM,
         eps=1e-6,
@@ -150,6 +150,7 @@ def test_inject_reference_equals_the_ple_layer() -> None:
     layer.value_proj.forward = lambda _e: step.value  # type: ignore[method-assign]
     layer.ple_embedding.forward = lambda rows: torch.zeros(rows.shape[0], 1)  # type: ignore[method-assign]
     rows = step.hyper.shape[0]
+    context_lens = torch.where(step.fresh, 0, 6).to(torch.int32)
 
     class _Cache:
         state = {
@@ -163,16 +164,16 @@ def test_inject_reference_equals_the_ple_layer() -> None:
         input_ids=torch.zeros(rows, dtype=torch.int64),
         positions=torch.zeros(rows, dtype=torch.int64),
         query_start_loc=torch.arange(rows + 1, dtype=torch.int32),
-        seq_lens=step.context_lens + 1,
-        context_lens=step.context_lens,
+        seq_lens=context_lens + 1,
+        context_lens=context_lens,
         block_tables=torch.zeros(rows, 1, dtype=torch.int32),
         slot_mapping=torch.zeros(rows, dtype=torch.int64),
         state_slots=step.slots,
         logits_indices=torch.arange(rows),
         cache=_Cache(),  # type: ignore[arg-type]
         q_lens_cpu=[1] * rows,
-        seq_lens_cpu=(step.context_lens + 1).tolist(),
-        context_lens_cpu=step.context_lens.tolist(),
+        seq_lens_cpu=(context_lens + 1).tolist(),
+        context_lens_cpu=context_lens.tolist(),
     )
     expected = layer(step.hyper, batch)
     ours = step._replace(conv_state=step.conv_state.clone())

@@ -84,3 +84,62 @@ def test_decode_layers_launch_few_ops_and_gdn_layers_read_nothing_on_the_host(mo
             assert sum(layer.values()) <= 45, dict(layer)
         else:  # QSA: 134 with the torch glue; its per-sequence selection still reads host lengths
             assert sum(layer.values()) <= 90, dict(layer)
+
+
+def test_verify_rows_on_the_cuda_path_are_the_decode_rows(model) -> None:
+    """A speculative verify of three tokens gives each row of the first layer (PLE + GDN + MoE, whose inputs are
+    the token embeddings alone) the bits plain decode gives it, token by token. (Later layers follow QSA, whose
+    all-rows masked attention on CPU tensors is not row-exact.)"""
+    from dgpp.bench.launches import cuda_path
+
+    prompt, table = list(PROMPTS[1]), list(range(BLOCKS_PER_SEQ))
+    drafts = [11, EOS, 13]
+    first = model.model.layers[0]
+    seen: dict[str, list[torch.Tensor]] = {"ple": [], "layer": []}
+    hooks = [
+        first.ple.register_forward_hook(lambda _m, _a, out: seen["ple"].append(out)),
+        first.register_forward_hook(lambda _m, _a, out: seen["layer"].append(out[0])),
+    ]
+
+    def prefilled() -> ModelRunner:
+        runner = ModelRunner(model, CachePools(model.cache_spec(), BLOCKS_PER_SEQ, BLOCK, 1))
+        runner.step([SeqWork(0, table, 0, prompt)])
+        for outs in seen.values():
+            outs.clear()
+        return runner
+
+    try:
+        decoding = prefilled()
+        with cuda_path():
+            for j, token in enumerate(drafts):
+                decoding.step([SeqWork(0, table, len(prompt) + j, [token])])
+        plain = {name: torch.cat(outs) for name, outs in seen.items()}
+        verifying = prefilled()
+        with cuda_path():
+            verifying.step([SeqWork(0, table, len(prompt), drafts, every_row_logits=True)], verify=True)
+        verified = {name: torch.cat(outs) for name, outs in seen.items()}
+    finally:
+        for hook in hooks:
+            hook.remove()
+    for name in seen:
+        assert torch.equal(verified[name], plain[name]), name
+
+
+def test_a_decode_row_beside_a_prompt_chunk_keeps_its_bits(model) -> None:
+    """On the CUDA path a step mixing one sequence's decode row with another's prompt gives the decode row its
+    solo bits (n-gram kernels) and the prompt its own (the torch form, one sequence per call)."""
+    from dgpp.bench.launches import cuda_path
+
+    tables = [list(range(BLOCKS_PER_SEQ)), list(range(BLOCKS_PER_SEQ, 2 * BLOCKS_PER_SEQ))]
+
+    def run(works: list[list[SeqWork]]) -> torch.Tensor:
+        runner = ModelRunner(model, CachePools(model.cache_spec(), 2 * BLOCKS_PER_SEQ, BLOCK, 2))
+        runner.step([SeqWork(0, tables[0], 0, list(PROMPTS[1]))])
+        with cuda_path():
+            return torch.cat([runner.step(step) for step in works])
+
+    decode = SeqWork(0, tables[0], len(PROMPTS[1]), [EOS])
+    prompt = SeqWork(1, tables[1], 0, list(PROMPTS[0]))
+    mixed = run([[decode, prompt]])
+    alone = run([[decode], [prompt]])
+    assert torch.equal(mixed, alone)

@@ -2,7 +2,7 @@
 gated, normed and convolved injection into a multi-stream residual.
 
 ``ngram_rows``: each row's previous ``n-1`` tokens come from ``context [slots, n-1]`` at its state slot (all EOS
-for a fresh sequence: ``context_len == 0`` or slot ``-1``). The token ``s`` back reads as EOS when an EOS lies
+for a fresh sequence: ``fresh`` set, or slot ``-1``). The token ``s`` back reads as EOS when an EOS lies
 between it and the current token. Head ``h`` of order ``o`` (heads ``(o-2)·per_order ..``) hashes
 ``tok[t]·m0 ^ tok[t-1]·m1 ^ ... ^ tok[t-o+1]·m(o-1)`` (int64) to row ``offset_h + mixed mod size_h``. Live rows
 store their last ``n-1`` tokens back as the next context; padding rows (slot -1) store nothing.
@@ -29,12 +29,13 @@ from dgpp.kernels.hyper_streams import grouped_norm_ref
 
 class NgramRowsInputs(NamedTuple):
     """One decode step's hash inputs: ``tokens [T]``, ``context [slots, n-1]`` (updated in place), ``slots [T]``,
-    ``context_lens [T]``, per-position ``multipliers [n]``, per-head ``sizes`` and ``offsets`` ``[heads]``."""
+    ``fresh [T]`` (nonzero: the sequence starts here), per-position ``multipliers [n]``, per-head ``sizes`` and
+    ``offsets`` ``[heads]``."""
 
     tokens: torch.Tensor
     context: torch.Tensor
     slots: torch.Tensor
-    context_lens: torch.Tensor
+    fresh: torch.Tensor
     multipliers: torch.Tensor
     sizes: torch.Tensor
     offsets: torch.Tensor
@@ -52,7 +53,7 @@ class NgramInjectInputs(NamedTuple):
     conv_weight: torch.Tensor
     conv_state: torch.Tensor
     slots: torch.Tensor
-    context_lens: torch.Tensor
+    fresh: torch.Tensor
     streams: int
     dilation: int
     eps: float
@@ -70,14 +71,14 @@ def write_live_rows(state: torch.Tensor, slots: torch.Tensor, rows: torch.Tensor
     state.index_copy_(0, target, torch.where(keep_new, rows[source].to(state.dtype), state[target]))
 
 
-def _fresh(slots: torch.Tensor, context_lens: torch.Tensor) -> torch.Tensor:
-    return (context_lens == 0) | (slots < 0)
+def _fresh(slots: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+    return (fresh != 0) | (slots < 0)
 
 
 def ngram_rows_ref(step: NgramRowsInputs) -> torch.Tensor:
-    tokens, context, slots, context_lens, multipliers, sizes, offsets, per_order, eos = step
+    tokens, context, slots, fresh, multipliers, sizes, offsets, per_order, eos = step
     keep = context.shape[1]
-    fresh = _fresh(slots, context_lens)
+    fresh = _fresh(slots, fresh)
     previous = torch.where(fresh[:, None], eos, context[slots.long().clamp_min(0)])
     history = torch.cat([previous, tokens[:, None].to(context.dtype)], dim=1)  # [T, n], oldest first
     back = history.flip(1)  # [T, n]: column s is the token s back
@@ -105,7 +106,7 @@ def _ngram_rows_kernel(
     tokens_ptr,
     context_ptr,
     slots_ptr,
-    ctx_lens_ptr,
+    fresh_ptr,
     mult_ptr,
     sizes_ptr,
     offsets_ptr,
@@ -119,7 +120,7 @@ def _ngram_rows_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     slot = tl.load(slots_ptr + row).to(tl.int64)
-    fresh = (tl.load(ctx_lens_ptr + row) == 0) | (slot < 0)
+    fresh = (tl.load(fresh_ptr + row).to(tl.int32) != 0) | (slot < 0)
     token = tl.load(tokens_ptr + row).to(tl.int64)
     back = tl.arange(0, BLOCK_N)  # lane s: the token s back (lane 0: this one)
     stored = tl.load(
@@ -145,7 +146,7 @@ def _ngram_rows_kernel(
 
 
 def ngram_rows_triton(step: NgramRowsInputs) -> torch.Tensor:
-    tokens, context, slots, context_lens, multipliers, sizes, offsets, per_order, eos = step
+    tokens, context, slots, fresh, multipliers, sizes, offsets, per_order, eos = step
     rows, keep, heads = tokens.shape[0], context.shape[1], sizes.shape[0]
     if not context.is_contiguous() or multipliers.shape != (keep + 1,) or heads != keep * per_order:
         raise ValueError(
@@ -157,7 +158,7 @@ def ngram_rows_triton(step: NgramRowsInputs) -> torch.Tensor:
             tokens,
             context,
             slots,
-            context_lens,
+            fresh,
             multipliers,
             sizes,
             offsets,
@@ -173,7 +174,7 @@ def ngram_rows_triton(step: NgramRowsInputs) -> torch.Tensor:
 
 
 def ngram_inject_ref(step: NgramInjectInputs) -> torch.Tensor:
-    hyper, key, value, norms, conv_weight, conv_state, slots, context_lens, streams, dilation, eps = step
+    hyper, key, value, norms, conv_weight, conv_state, slots, fresh, streams, dilation, eps = step
     hidden, dtype = value.shape[-1], hyper.dtype
     key = grouped_norm_ref(key, norms[0], hidden, eps).unflatten(-1, (streams, hidden))
     query = grouped_norm_ref(hyper, norms[1], hidden, eps).unflatten(-1, (streams, hidden))
@@ -181,7 +182,7 @@ def ngram_inject_ref(step: NgramInjectInputs) -> torch.Tensor:
     gate = torch.sigmoid(gate.abs().clamp_min(1e-6).sqrt() * gate.sign())  # signed square root
     gated = (gate * value.unsqueeze(-2)).flatten(-2)
     normed = grouped_norm_ref(gated, norms[2], hidden, eps)
-    fresh = _fresh(slots, context_lens)
+    fresh = _fresh(slots, fresh)
     history = conv_state[slots.long().clamp_min(0)].to(dtype).masked_fill(fresh[:, None, None], 0)
     padded = torch.cat([history, normed[:, None]], dim=1)  # [T, (K-1)·dilation + 1, hc*H]
     conv = torch.zeros(hyper.shape, dtype=torch.float32, device=hyper.device)
@@ -208,7 +209,7 @@ def _ngram_inject_kernel(
     conv_w_ptr,
     state_ptr,
     slots_ptr,
-    ctx_lens_ptr,
+    fresh_ptr,
     out_ptr,
     hidden,
     h_tok,
@@ -231,7 +232,7 @@ def _ngram_inject_kernel(
     chan = stream * hidden + cols
     ty = out_ptr.dtype.element_ty
     slot = tl.load(slots_ptr + row).to(tl.int64)
-    fresh = (tl.load(ctx_lens_ptr + row) == 0) | (slot < 0)
+    fresh = (tl.load(fresh_ptr + row).to(tl.int32) != 0) | (slot < 0)
     x = tl.load(hyper_ptr + row * h_tok + chan, mask=mask, other=0.0).to(tl.float32)
     k = tl.load(key_ptr + row * k_tok + chan, mask=mask, other=0.0).to(tl.float32)
     wk = tl.load(wk_ptr + chan, mask=mask, other=0.0).to(tl.float32)
@@ -266,7 +267,7 @@ def _ngram_inject_kernel(
 
 
 def ngram_inject_triton(step: NgramInjectInputs) -> torch.Tensor:
-    hyper, key, value, norms, conv_weight, conv_state, slots, context_lens, streams, dilation, eps = step
+    hyper, key, value, norms, conv_weight, conv_state, slots, fresh, streams, dilation, eps = step
     rows, width = hyper.shape
     hidden, taps = width // streams, conv_weight.shape[1]
     history = conv_state.shape[1]
@@ -292,7 +293,7 @@ def ngram_inject_triton(step: NgramInjectInputs) -> torch.Tensor:
             conv_weight,
             conv_state,
             slots,
-            context_lens,
+            fresh,
             out,
             hidden,
             hyper.stride(0),
