@@ -84,6 +84,10 @@ def test_decode_layers_launch_few_ops_and_gdn_layers_read_nothing_on_the_host(mo
             assert sum(layer.values()) <= 45, dict(layer)
         else:  # QSA: 134 with the torch glue; its per-sequence selection still reads host lengths
             assert sum(layer.values()) <= 90, dict(layer)
+            assert (
+                layer["write_kv"] == 2
+            )  # K/V and the index keys: no mask-indexed store, no bool(all()) read
+            assert sum(n for op, n in layer.items() if op.startswith("sync:")) <= 1, dict(layer)
 
 
 def test_verify_rows_on_the_cuda_path_are_the_decode_rows(model) -> None:
