@@ -14,6 +14,7 @@ import torch
 
 from dgpp.nn.attention import context_token_rows, gated_output, gather_rows, scatter_rows
 from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.gqa import norm_and_rotate
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, PagedKV, World
 from dgpp_qwen.layers.attention import QwenAttention
@@ -89,8 +90,11 @@ class QSAttention(QwenAttention):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
         q, gate, k, v = self.split_heads(*self.project(x))
-        cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
-        q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
+        if x.is_cuda and batch.rope_positions is None:  # text rows: norms and rotations in one launch
+            q, k = norm_and_rotate(q, k, batch.positions, self.q_norm, self.k_norm, self.rotary)
+        else:
+            cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
+            q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
         k_cache, v_cache = batch.cache.kv[self.attn.cache_name]
         scatter_rows(batch, k_cache, v_cache, k, v)
         selection = self.indexer(x, batch)
