@@ -92,3 +92,25 @@ def test_kernels_match_the_gated_residual_module() -> None:
     combined, _ = gr.combine(hyper, block_out, logits)
     step = StreamNormInputs(hyper, gr.hc_norm.weight, 1e-6, STREAMS, block_out, logits)
     _close(stream_norm_triton(step)[1], combined)
+
+
+def test_gated_residual_on_the_cuda_path_follows_in_place_weight_changes() -> None:
+    """The CUDA path (one product with the stacked down / inject weight, then the kernels) gives the CPU path's
+    block input and injection logits, and again after a weight is changed in place (the stacked copy follows)."""
+    from dgpp.bench.launches import cuda_path
+    from dgpp_qwen.layers.gated_residual import GatedResidual
+
+    g = torch.Generator().manual_seed(4)
+    gr = GatedResidual(HIDDEN, STREAMS, RANK, 1e-6, dtype=torch.float32)
+    for p in gr.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    hyper = torch.randn(2, STREAMS * HIDDEN, generator=g)
+    for _ in range(2):
+        with cuda_path():
+            x, logits = gr.mix(hyper)
+        ref_x, ref_logits = gr.mix(hyper)
+        _close(x, ref_x)
+        _close(logits, ref_logits)
+        assert gr.block_inject_weight is not None
+        with torch.no_grad():
+            gr.block_inject_weight.weight.mul_(-2.0)
