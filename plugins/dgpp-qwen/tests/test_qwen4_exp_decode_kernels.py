@@ -147,3 +147,55 @@ def test_a_decode_row_beside_a_prompt_chunk_keeps_its_bits(model) -> None:
     mixed = run([[decode, prompt]])
     alone = run([[decode], [prompt]])
     assert torch.equal(mixed, alone)
+
+
+def test_gdn_and_ple_layers_move_nothing_to_the_host(model) -> None:
+    """No tensor-to-host call (``.tolist()``, ``.item()``, ``.cpu()``, ``.numpy()``, ``bool/int/float(t)``) runs
+    inside a GDN + PLE layer of a CUDA-path decode step (Triton's interpreter, which reads its arguments on the
+    host, is left out): none of them can be captured in a CUDA graph, and the dispatch-level count above does not
+    see a list conversion."""
+    from torch.overrides import TorchFunctionMode
+
+    from dgpp.bench.launches import _Recorder, cuda_path
+
+    host_calls = {
+        torch.Tensor.tolist,
+        torch.Tensor.item,
+        torch.Tensor.cpu,
+        torch.Tensor.numpy,
+        torch.Tensor.__bool__,
+        torch.Tensor.__int__,
+        torch.Tensor.__float__,
+        torch.Tensor.__index__,
+    }
+    recorder, inside, seen = _Recorder(), [False], []
+
+    class HostCalls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if inside[0] and not recorder.in_kernel and func in host_calls:
+                seen.append(func.__name__)
+            return func(*args, **(kwargs or {}))
+
+    layers = [layer for layer in model.model.layers if layer.ple is not None]
+    assert layers and all(layer.layer_type == "linear_attention" for layer in layers)
+    hooks = [h for layer in layers for h in _mark(layer, inside)]
+    runner = ModelRunner(model, CachePools(model.cache_spec(), BLOCKS_PER_SEQ, BLOCK, 1))
+    table = list(range(BLOCKS_PER_SEQ))
+    runner.step([SeqWork(0, table, 0, list(PROMPTS[1]))])
+    try:
+        with cuda_path(recorder), HostCalls():
+            runner.step([SeqWork(0, table, len(PROMPTS[1]), [EOS])])
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert not seen, seen
+
+
+def _mark(layer, inside: list[bool]) -> list:
+    def enter(_module, _args) -> None:
+        inside[0] = True
+
+    def leave(_module, _args, _out) -> None:
+        inside[0] = False
+
+    return [layer.register_forward_pre_hook(enter), layer.register_forward_hook(leave)]
