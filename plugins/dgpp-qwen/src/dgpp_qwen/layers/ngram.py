@@ -269,17 +269,30 @@ class PLELayer(nn.Module):
         self._row_ids(batch, context, ids, bulk)
         embeddings = self.ple_embedding(ids).to(self.dtype)
         key, value = self.key_proj(embeddings), self.value_proj(embeddings)
-        norms = (self.norm_key.weight, self.norm_query.weight, self.norm_conv.weight)
-        conv = (self.conv1d.weight[:, 0, :], state["conv"])
-        shape = (self.hc_count, self.conv1d.dilation, self.norm_key.eps)
-        if plan is None:
+
+        def inject(rows: torch.Tensor | None, slots: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+            h, k, v = (hyper, key, value) if rows is None else (hyper[rows], key[rows], value[rows])
             return ngram_inject(
-                NgramInjectInputs(hyper, key, value, norms, *conv, steps[0][1], steps[0][2], *shape)
+                NgramInjectInputs(
+                    h,
+                    k,
+                    v,
+                    (self.norm_key.weight, self.norm_query.weight, self.norm_conv.weight),
+                    self.conv1d.weight[:, 0, :],
+                    state["conv"],
+                    slots,
+                    fresh,
+                    self.hc_count,
+                    self.conv1d.dilation,
+                    self.norm_key.eps,
+                )
             )
+
+        if plan is None:
+            return inject(*steps[0])
         out = torch.empty_like(hyper)
         for rows, slots, fresh in steps:
-            inputs = (hyper[rows], key[rows], value[rows], norms, *conv, slots, fresh, *shape)
-            out[rows] = ngram_inject(NgramInjectInputs(*inputs))
+            out[rows] = inject(rows, slots, fresh)
         if bulk:
             gated = self._gated(hyper, key, value)
             convolved = torch.empty_like(gated)
