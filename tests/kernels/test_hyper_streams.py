@@ -94,23 +94,25 @@ def test_kernels_match_the_gated_residual_module() -> None:
     _close(stream_norm_triton(step)[1], combined)
 
 
-def test_gated_residual_on_the_cuda_path_follows_in_place_weight_changes() -> None:
-    """The CUDA path (one product with the stacked down / inject weight, then the kernels) gives the CPU path's
-    block input and injection logits, and again after a weight is changed in place (the stacked copy follows)."""
+def test_gated_residual_on_the_cuda_path_computes_its_cpu_path() -> None:
+    """The module's CUDA branches (the kernels) give its CPU path's block input, injection logits and combined
+    streams, with the next site's norm taken in the same launch."""
     from dgpp.bench.launches import cuda_path
     from dgpp_qwen.layers.gated_residual import GatedResidual
 
     g = torch.Generator().manual_seed(4)
-    gr = GatedResidual(HIDDEN, STREAMS, RANK, 1e-6, dtype=torch.float32)
-    for p in gr.parameters():
+    gr, following = (GatedResidual(HIDDEN, STREAMS, RANK, 1e-6, dtype=torch.float32) for _ in range(2))
+    for p in (*gr.parameters(), *following.parameters()):
         p.data.copy_(torch.randn(p.shape, generator=g) * 0.3)
     hyper = torch.randn(2, STREAMS * HIDDEN, generator=g)
-    for _ in range(2):
-        with cuda_path():
-            x, logits = gr.mix(hyper)
-        ref_x, ref_logits = gr.mix(hyper)
-        _close(x, ref_x)
-        _close(logits, ref_logits)
-        assert gr.block_inject_weight is not None
-        with torch.no_grad():
-            gr.block_inject_weight.weight.mul_(-2.0)
+    block_out = torch.randn(2, HIDDEN, generator=g)
+    with cuda_path():
+        x, logits = gr.mix(hyper)
+        combined, normed = gr.combine(hyper, block_out, logits, then=following)
+    ref_x, ref_logits = gr.mix(hyper)
+    ref_combined, none = gr.combine(hyper, block_out, ref_logits, then=following)
+    assert none is None and normed is not None
+    _close(x, ref_x)
+    _close(logits, ref_logits)
+    _close(combined, ref_combined)
+    _close(normed, following.hc_norm(ref_combined))

@@ -66,7 +66,6 @@ class GatedResidual(nn.Module):
         self.input_mix_weight_down = Linear(width, lowrank, dtype=dtype)
         self.input_mix_weight_up = Linear(lowrank, width, dtype=dtype)
         self.block_inject_weight = Linear(width, hc_count, dtype=dtype) if use_combine else None
-        self._joint: tuple[tuple[tuple[int, int], ...], torch.Tensor] | None = None  # see _joint_weight
 
     def _check(self, hyper: torch.Tensor) -> None:
         if hyper.shape[-1] != self.hc_count * self.hidden_size:
@@ -88,42 +87,8 @@ class GatedResidual(nn.Module):
             return stream_norm(StreamNormInputs(hyper, norm.weight, norm.eps, self.hc_count))[0]
         return self.hc_norm(hyper)
 
-    def _joint_weight(self) -> torch.Tensor | None:
-        """``[down; inject]`` stacked with zero rows up to a multiple of 16 (the GEMV's tile; the 4-row inject
-        weight alone is padded again on every call), kept and rebuilt when either weight changes in place; None
-        unless both are plain weights."""
-        down, inject = self.input_mix_weight_down, self.block_inject_weight
-        if inject is None or not all(
-            isinstance(p.quant_method, UnquantizedLinearMethod) for p in (down, inject)
-        ):
-            return None
-        parts = [cast(torch.Tensor, p.weight) for p in (down, inject)]
-        key = tuple((w.data_ptr(), -1 if w.is_inference() else w._version) for w in parts)
-        if self._joint is None or self._joint[0] != key:
-            rows = sum(w.shape[0] for w in parts)
-            joint = torch.cat(parts + [parts[0].new_zeros(-rows % 16, parts[0].shape[1])])
-            self._joint = (key, joint)
-        return self._joint[1]
-
-    def _projections(self, normed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The bottleneck's input ``down(x̂)`` and the injection logits ``inject(x̂)`` (None without inject); on
-        the CUDA path from one product with the joint weight."""
-        down, inject = self.input_mix_weight_down, self.block_inject_weight
-        joint = self._joint_weight() if self._fused(normed) else None
-        if joint is None:
-            return down(normed), None if inject is None else inject(normed)
-        from dgpp import kernels
-        from dgpp.nn.exact import routing
-
-        def stock(rows: torch.Tensor) -> list[torch.Tensor]:
-            return [kernels.multi_linear(rows, [joint])[0]]
-
-        out = (routing.routed_linears(normed, [joint], stock) or stock(normed))[0]
-        rank = down.out_features
-        return out[:, :rank], out[:, rank : rank + self.hc_count]
-
-    def _weighted_mean(self, normed: torch.Tensor, low: torch.Tensor | None = None) -> torch.Tensor:
-        low = self.input_mix_weight_down(normed) if low is None else low
+    def _weighted_mean(self, normed: torch.Tensor) -> torch.Tensor:
+        low = self.input_mix_weight_down(normed)
         if self._fused(normed):
             up = cast(torch.Tensor, self.input_mix_weight_up.weight)  # plain: _fused checked the method
             return stream_mix(StreamMixInputs(normed, low, up, self.hc_count))
@@ -145,9 +110,7 @@ class GatedResidual(nn.Module):
         if self.block_inject_weight is None:
             raise RuntimeError("this gated residual has no block_inject_weight (use mix_only)")
         normed = self.normed(hyper) if normed is None else normed
-        low, logits = self._projections(normed)
-        assert logits is not None  # block_inject_weight is set
-        return self._weighted_mean(normed, low), logits
+        return self._weighted_mean(normed), self.block_inject_weight(normed)
 
     def combine(
         self,
