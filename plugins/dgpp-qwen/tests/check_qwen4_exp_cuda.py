@@ -1,5 +1,5 @@
 """Qwen3.8-Flash-Next (qwen4_exp) on a CUDA machine (not a CI test): the model through its CUDA paths (Triton
-norms, GDN, grouped MoE; QSA, indexer, gated residuals and PLE in torch) and the MTP drafter, against
+norms, GDN, grouped MoE, gated residuals, PLE decode rows; QSA and indexer in torch) and the MTP drafter, against
 references prepared on a CPU-only host (transformers for the main model, the float64 reference for MTP).
 
     python plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py prepare --dir .cache/qwen4_exp_gpu   # CPU host

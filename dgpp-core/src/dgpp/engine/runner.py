@@ -132,7 +132,7 @@ class ModelRunner:
         self.device = next(model.parameters()).device
         # engine.decode_graph: decode-only steps replay CUDA graphs (dgpp.engine.graphs); prefill stays eager
         self.graphs = None
-        if decode_graph and self.device.type == "cuda":
+        if decode_graph and self.device.type == "cuda" and getattr(model, "decode_graph_safe", True):
             from dgpp.engine.graphs import DecodeGraphs
 
             self.graphs = DecodeGraphs(model, pools, max_batch, max_blocks or pools.num_blocks)

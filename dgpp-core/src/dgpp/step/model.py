@@ -38,6 +38,10 @@ class Model(nn.Module, ABC):
     #: Whether ``forward`` keeps ``last_hidden``. Off by default so plain serving holds no activations past a
     #: step; the speculative decoder (``engine.mtp``) turns it on for the drafter.
     keep_hidden: bool = False
+    #: Whether a decode step can be captured in a CUDA graph (``engine.decode_graph``). False for a model whose
+    #: decode still cuts its work from host-side lengths (a replay would reuse the capture's); its decode runs
+    #: eager.
+    decode_graph_safe: bool = True
 
     def keep_last_hidden(self, hidden: torch.Tensor) -> None:
         """Remember every row's hidden for a drafter when ``keep_hidden`` is on (drop the last one otherwise)."""

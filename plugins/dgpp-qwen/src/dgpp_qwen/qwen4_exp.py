@@ -141,18 +141,24 @@ class Qwen4ExpDecoderLayer(nn.Module):
             specs[self.ple.name] = self.ple.cache_spec()
         return specs
 
-    def forward(self, hyper: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self,
+        hyper: torch.Tensor,
+        batch: ForwardBatch,
+        normed: torch.Tensor | None = None,
+        then: GatedResidual | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The hyper state after this layer, and (CUDA) its streams already normed by ``then``, the next gated
+        residual site, in the launch that adds the MoE output. ``normed``: this layer's own input so normed."""
         if self.ple is not None:
-            hyper = hyper + self.ple(hyper, batch)
+            hyper, normed = self.ple(hyper, batch), None
         mixer = self.linear_attn if self.layer_type == LINEAR_ATTENTION else self.self_attn
-        x, inject = self.attn_hyper_connection.mix(hyper)
-        hyper = self.attn_hyper_connection.combine(
-            hyper, all_reduce(mixer(x, batch), self.world, self.group), inject
-        )
-        x, inject = self.mlp_hyper_connection.mix(hyper)
-        return self.mlp_hyper_connection.combine(
-            hyper, all_reduce(self.mlp(x), self.world, self.group), inject
-        )
+        attn_gr, mlp_gr = self.attn_hyper_connection, self.mlp_hyper_connection
+        x, logits = attn_gr.mix(hyper, normed)
+        mixed = all_reduce(mixer(x, batch), self.world, self.group)
+        hyper, normed = attn_gr.combine(hyper, mixed, logits, then=mlp_gr)
+        x, logits = mlp_gr.mix(hyper, normed)
+        return mlp_gr.combine(hyper, all_reduce(self.mlp(x), self.world, self.group), logits, then=then)
 
 
 class Qwen4ExpTextStack(nn.Module):
@@ -182,6 +188,9 @@ class Qwen4ExpForCausalLM(Model):
 
     With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
     layer's input)."""
+
+    # QSA attention picks each row's keys from host-side lengths (PLE and the gated residuals read none)
+    decode_graph_safe = False
 
     def __init__(
         self,
@@ -218,9 +227,14 @@ class Qwen4ExpForCausalLM(Model):
         if self.visual is not None and batch.media is not None:
             hidden = merge_image_embeddings(hidden, batch, self.visual.encode)
         hyper = hidden.repeat(1, self.cfg.hc_count)  # every stream starts as the embedding
-        for layer in self.model.layers:
-            hyper = layer(hyper, batch)
-        hidden = self.model.hyper_connection_mixer.mix_only(hyper)
+        layers, final = self.model.layers, self.model.hyper_connection_mixer
+        normed = None
+        for i, layer in enumerate(layers):
+            following = layers[i + 1] if i + 1 < len(layers) else None
+            # the next site's norm joins this layer's last injection, unless PLE changes the streams between
+            then = final if following is None else None if following.ple else following.attn_hyper_connection
+            hyper, normed = layer(hyper, batch, normed, then)
+        hidden = final.mix_only(hyper, normed)
         self.keep_last_hidden(hidden)
         return hidden[batch.logits_indices]
 

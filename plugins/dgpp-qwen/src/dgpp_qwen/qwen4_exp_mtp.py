@@ -77,8 +77,8 @@ class Qwen4ExpMTPDrafter(nn.Module):
         embedded = self.pre_fc_norm_embedding(self._main.embed(batch.input_ids))
         hidden = self.pre_fc_norm_hidden(previous_hidden.to(embedded.dtype))
         x = self.fc(torch.cat([embedded, hidden], dim=-1))
-        hyper = layer(x.repeat(1, self.cfg.hc_count), batch)
-        self.last_hidden = self.hyper_connection_mixer.mix_only(hyper)
+        hyper, normed = layer(x.repeat(1, self.cfg.hc_count), batch, then=self.hyper_connection_mixer)
+        self.last_hidden = self.hyper_connection_mixer.mix_only(hyper, normed)
         return self.last_hidden[batch.logits_indices]
 
     @torch.no_grad()

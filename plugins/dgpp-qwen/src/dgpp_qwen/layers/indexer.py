@@ -17,7 +17,7 @@ import math
 import torch
 from torch import nn
 
-from dgpp.nn.attention import gather_context
+from dgpp.nn.attention import gather_context, scatter_rows
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
@@ -126,9 +126,9 @@ class QSAIndexer(nn.Module):
         q, raw_k = self.index_qk_proj(x).split([cfg.n_heads * cfg.head_dim, cfg.head_dim], dim=-1)
         cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
         q = self.rotary.rotate(self.q_layernorm(q.reshape(rows, cfg.n_heads, cfg.head_dim)), cos, sin)
-        k_cache = batch.cache.kv[self.cache_name][0]  # the entry's V part is empty
-        keep = batch.slot_mapping >= 0  # -1: a padding row writes nothing
-        k_cache.view(-1, cfg.head_dim)[batch.slot_mapping[keep]] = raw_k[keep].to(k_cache.dtype)
+        k_cache, empty_v = batch.cache.kv[self.cache_name]  # the entry's V part is empty
+        raw_k = raw_k.unsqueeze(1)
+        scatter_rows(batch, k_cache, empty_v, raw_k, raw_k[..., :0])  # slot -1: a padding row writes nothing
 
         vectorized = x.is_cuda if self.vectorized is None else self.vectorized
         selection: Selection = []

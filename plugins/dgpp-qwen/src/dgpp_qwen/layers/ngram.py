@@ -15,13 +15,16 @@ The table itself lives in ``table.py`` (resident or memory-mapped).
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels.ngram_decode import NgramInjectInputs, NgramRowsInputs, ngram_inject, ngram_rows
 from dgpp.nn.batch_invariant import batch_invariant_rows
+from dgpp.nn.exact.recurrent import RecurrentPlan, recurrent_plan
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.plugin_api import ForwardBatch, StateSpec
@@ -30,6 +33,7 @@ from dgpp_qwen.layers.gated_residual import GroupedRMSNorm
 from dgpp_qwen.qwen4_exp_config import NGramConfig
 
 _LAYER_SEED_STRIDE = 10007
+Sequences = list[tuple[int, int]]  # (sequence index, its first row in the step)
 
 
 def hash_multipliers(vocab_size: int, ngram_size: int, ple_index: int, seed: int) -> list[int]:
@@ -138,8 +142,9 @@ class DilatedDepthwiseConv(nn.Module):
 
 class PLELayer(nn.Module):
     """One PLE site (checkpoint names under ``ple.``: ``ple_embedding``, ``key_proj``, ``value_proj``,
-    ``norm_key``, ``norm_query``, ``norm_conv``, ``conv1d``). ``forward`` returns what is added to the hyper
-    state ``[T, hc·H]``: per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``."""
+    ``norm_key``, ``norm_query``, ``norm_conv``, ``conv1d``). ``forward`` adds to the hyper state ``[T, hc·H]``:
+    per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``. CUDA decode steps take
+    ``dgpp.kernels.ngram_decode`` (two launches besides the table gather and the two projections)."""
 
     def __init__(
         self,
@@ -182,25 +187,37 @@ class PLELayer(nn.Module):
             }
         )
 
-    def _row_ids(self, batch: ForwardBatch, context: torch.Tensor) -> torch.Tensor:
-        """Table rows ``[T, heads]``; stores each live sequence's last token ids as its next context."""
+    def _row_ids(
+        self, batch: ForwardBatch, context: torch.Tensor, ids: torch.Tensor, sequences: Sequences
+    ) -> None:
+        """Table rows of ``sequences`` (``(sequence, first row)``) into ``ids [T, heads]``; stores each live
+        sequence's last token ids as its next context."""
         eos, keep = self.cfg.eos_token_id, self.cfg.ngram_size - 1
-        rows, start = [], 0
-        for i, q_len in enumerate(batch.q_lens_cpu):
+        for i, start in sequences:
+            q_len = batch.q_lens_cpu[i]
+            if not q_len:
+                continue
             slot = int(batch.state_slots[i])
             tokens = batch.input_ids[start : start + q_len]
             fresh = batch.context_lens_cpu[i] == 0 or slot < 0
             previous = tokens.new_full((keep,), eos) if fresh else context[slot]
             history = torch.cat([previous, tokens])
-            rows.append(self.ple_embedding.hasher(history, q_len))
+            ids[start : start + q_len] = self.ple_embedding.hasher(history, q_len)
             if slot >= 0:
                 context[slot] = history[-keep:]
-            start += q_len
-        return torch.cat(rows)
 
-    def _conv(self, x: torch.Tensor, batch: ForwardBatch, conv_state: torch.Tensor) -> torch.Tensor:
-        out, start, hist = torch.empty_like(x), 0, self.conv1d.history
-        for i, q_len in enumerate(batch.q_lens_cpu):
+    def _conv(
+        self,
+        x: torch.Tensor,
+        batch: ForwardBatch,
+        conv_state: torch.Tensor,
+        out: torch.Tensor,
+        sequences: Sequences,
+    ) -> None:
+        """``silu(conv(x))`` of ``sequences``' rows into ``out``, each over its own conv history (then updated)."""
+        hist = self.conv1d.history
+        for i, start in sequences:
+            q_len = batch.q_lens_cpu[i]
             slot = int(batch.state_slots[i])
             fresh = batch.context_lens_cpu[i] == 0 or slot < 0
             previous = x.new_zeros(hist, x.shape[1]) if fresh else conv_state[slot].to(x.dtype)
@@ -208,19 +225,98 @@ class PLELayer(nn.Module):
             out[start : start + q_len] = batch_invariant_rows(F.silu, self.conv1d(padded).to(x.dtype))
             if slot >= 0:
                 conv_state[slot] = padded[-hist:].to(conv_state.dtype)
-            start += q_len
-        return out
 
-    def forward(self, hyper: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        state = batch.cache.state[self.name]
-        embeddings = self.ple_embedding(self._row_ids(batch, state["ngram_context"])).to(self.dtype)
+    def _gated(self, hyper: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Per stream ``σ(ssqrt(k̂·q̂/√H)) · value`` (``key``: the key projection, before its norm)."""
         streams = (self.hc_count, self.hidden_size)
-        key = self.norm_key(self.key_proj(embeddings)).unflatten(-1, streams)
+        key = self.norm_key(key).unflatten(-1, streams)
         query = self.norm_query(hyper).unflatten(-1, streams)
-        value = self.value_proj(embeddings)
         gate = (key * query).sum(dim=-1, keepdim=True) / math.sqrt(self.hidden_size)
         gate = gate.abs().clamp_min(1e-6).sqrt() * gate.sign()  # signed square root
         # sigmoid on padded rows: a CPU vector tail would make a row depend on the step's row count
         gate = batch_invariant_rows(torch.sigmoid, gate.flatten(1)).unsqueeze(-1)
-        gated = (gate * value.unsqueeze(-2)).flatten(-2)
-        return gated + self._conv(self.norm_conv(gated), batch, state["conv"])
+        return (gate * value.unsqueeze(-2)).flatten(-2)
+
+    def _kernel_rows(
+        self,
+        hyper: torch.Tensor,
+        batch: ForwardBatch,
+        state: dict[str, torch.Tensor],
+        plan: RecurrentPlan | None,
+    ) -> torch.Tensor:
+        """CUDA: decode rows through the n-gram kernels, which read no host value (a decode-only step is
+        graph-safe). Under the step's route (``plan``) a verify's rows go one position at a time through the same
+        kernels, as plain decode takes them; a prefill chunk keeps the torch form, one sequence per call."""
+        cfg, hasher, context = self.cfg, self.ple_embedding.hasher, state["ngram_context"]
+        if plan is None:
+            steps: list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = [
+                (None, batch.state_slots, batch.fresh_flags())
+            ]
+            bulk: Sequences = []
+        else:
+            steps = [(rows, plan.state_slots[seqs], fresh) for rows, seqs, fresh in plan.steps]
+            bulk = [(seq, first) for first, _end, seq, _ctx in plan.bulk]
+        ids = torch.empty(hyper.shape[0], cfg.num_heads, dtype=torch.int64, device=hyper.device)
+        for rows, slots, fresh in steps:
+            tokens = batch.input_ids if rows is None else batch.input_ids[rows]
+            hash_inputs = (
+                hasher.multipliers,
+                hasher.sizes,
+                hasher.offsets,
+                cfg.heads_per_ngram,
+                cfg.eos_token_id,
+            )
+            found = ngram_rows(NgramRowsInputs(tokens, context, slots, fresh, *hash_inputs))
+            if rows is None:
+                ids = found
+            else:
+                ids[rows] = found
+        self._row_ids(batch, context, ids, bulk)
+        embeddings = self.ple_embedding(ids).to(self.dtype)
+        key, value = self.key_proj(embeddings), self.value_proj(embeddings)
+
+        def inject(rows: torch.Tensor | None, slots: torch.Tensor, fresh: torch.Tensor) -> torch.Tensor:
+            h, k, v = (hyper, key, value) if rows is None else (hyper[rows], key[rows], value[rows])
+            return ngram_inject(
+                NgramInjectInputs(
+                    h,
+                    k,
+                    v,
+                    (self.norm_key.weight, self.norm_query.weight, self.norm_conv.weight),
+                    self.conv1d.weight[:, 0, :],
+                    state["conv"],
+                    slots,
+                    fresh,
+                    self.hc_count,
+                    self.conv1d.dilation,
+                    self.norm_key.eps,
+                )
+            )
+
+        if plan is None:
+            return inject(*steps[0])
+        out = torch.empty_like(hyper)
+        for rows, slots, fresh in steps:
+            out[rows] = inject(rows, slots, fresh)
+        if bulk:
+            gated = self._gated(hyper, key, value)
+            convolved = torch.empty_like(gated)
+            self._conv(self.norm_conv(gated), batch, state["conv"], convolved, bulk)
+            for first, end, _seq, _ctx in plan.bulk:
+                out[first:end] = hyper[first:end] + (gated[first:end] + convolved[first:end])
+        return out
+
+    def forward(self, hyper: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """The hyper state with this layer's n-gram injection added."""
+        state = batch.cache.state[self.name]
+        plan = recurrent_plan(batch)
+        if hyper.is_cuda and (batch.is_decode_only or plan is not None):
+            return self._kernel_rows(hyper, batch, state, plan)
+        every: Sequences = list(enumerate(itertools.accumulate(batch.q_lens_cpu[:-1], initial=0)))
+        ids = torch.empty(hyper.shape[0], self.cfg.num_heads, dtype=torch.int64, device=hyper.device)
+        self._row_ids(batch, state["ngram_context"], ids, every)
+        embeddings = self.ple_embedding(ids).to(self.dtype)
+        gated = self._gated(hyper, self.key_proj(embeddings), self.value_proj(embeddings))
+        convolved = torch.empty_like(gated)
+        self._conv(self.norm_conv(gated), batch, state["conv"], convolved, every)
+        return hyper + (gated + convolved)

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.nn.attention import gated_output, gather_context, write_kv
+from dgpp.nn.attention import context_token_rows, gated_output, gather_rows, scatter_rows
 from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.gqa import norm_and_rotate
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, PagedKV, World
 from dgpp_qwen.layers.attention import QwenAttention
@@ -89,10 +90,13 @@ class QSAttention(QwenAttention):
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         rows = x.shape[0]
         q, gate, k, v = self.split_heads(*self.project(x))
-        cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
-        q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
+        if x.is_cuda and batch.rope_positions is None:  # text rows: norms and rotations in one launch
+            q, k = norm_and_rotate(q, k, batch.positions, self.q_norm, self.k_norm, self.rotary)
+        else:
+            cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
+            q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
         k_cache, v_cache = batch.cache.kv[self.attn.cache_name]
-        write_kv(k_cache, v_cache, k, v, batch.slot_mapping)
+        scatter_rows(batch, k_cache, v_cache, k, v)
         selection = self.indexer(x, batch)
 
         all_rows = x.is_cuda if self.indexer.vectorized is None else self.indexer.vectorized
@@ -102,8 +106,8 @@ class QSAttention(QwenAttention):
         for i, q_len in enumerate(batch.q_lens_cpu):
             if q_len:
                 length = batch.seq_lens_cpu[i]
-                keys = gather_context(k_cache, batch.block_tables[i], length)
-                values = gather_context(v_cache, batch.block_tables[i], length)
+                token_rows = context_token_rows(batch.block_tables[i], length, k_cache.shape[1])
+                keys, values = gather_rows(k_cache, token_rows), gather_rows(v_cache, token_rows)
                 out[start : start + q_len] = attend(
                     q[start : start + q_len],
                     keys,

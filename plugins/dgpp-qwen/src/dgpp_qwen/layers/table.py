@@ -14,13 +14,16 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dgpp.plugin_api import CheckpointError, CheckpointReader
+
+if TYPE_CHECKING:
+    from dgpp_qwen.layers.ngram import NGramHasher
 
 _SAFETENSORS_DTYPES = {
     "F32": torch.float32,
@@ -61,7 +64,7 @@ def _map_tensor(
 class NGramEmbedding(nn.Module):
     """Hasher + table; ``forward(row_ids [T, heads])`` -> ``[T, heads * dim]`` on the ids' device."""
 
-    def __init__(self, hasher: nn.Module, dim: int) -> None:
+    def __init__(self, hasher: NGramHasher, dim: int) -> None:
         super().__init__()
         self.hasher = hasher
         self.dim = dim
