@@ -1,5 +1,5 @@
-"""The one-launch MoE router (interpreter, fp32) against its torch reference: plain and group-limited top-k,
-ties, the bias and the group limit each moving the picks, and per-row independence."""
+"""The one-launch MoE router (interpreter, fp32) against its torch reference: softmax, sigmoid and sqrt-softplus
+scores, plain and group-limited top-k, ties, the bias and the group limit each moving the picks, and per-row independence."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from dgpp.kernels.router_topk import (
 )
 
 
-def _step(logits, bias, top_k, *, softmax=False, renormalize=True, scale=2.5, n_group=1, topk_group=1):
+def _step(logits, bias, top_k, *, scoring="sigmoid", renormalize=True, scale=2.5, n_group=1, topk_group=1):
     return RouterTopKInputs(
-        logits, bias, top_k, softmax, renormalize, scale, torch.float32, n_group, topk_group
+        logits, bias, top_k, scoring, renormalize, scale, torch.float32, n_group, topk_group
     )
 
 
@@ -29,20 +29,27 @@ def _assert_same(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @pytest.mark.parametrize(
-    ("softmax", "with_bias", "renormalize"), [(True, False, True), (False, True, True), (True, False, False)]
+    ("scoring", "with_bias", "renormalize"),
+    [
+        ("softmax", False, True),
+        ("sigmoid", True, True),
+        ("softmax", False, False),
+        ("sqrtsoftplus", True, True),
+        ("sqrtsoftplus", False, False),
+    ],
 )
-def test_router_topk_matches_the_torch_chain(softmax: bool, with_bias: bool, renormalize: bool) -> None:
+def test_router_topk_matches_the_torch_chain(scoring: str, with_bias: bool, renormalize: bool) -> None:
     g = torch.Generator().manual_seed(7)
     logits = torch.randn(5, 40, generator=g) * 3
     bias = torch.randn(40, generator=g) if with_bias else None  # the bias moves the choice, not the weights
-    _, ids = _assert_same(_step(logits, bias, 6, softmax=softmax, renormalize=renormalize))
+    _, ids = _assert_same(_step(logits, bias, 6, scoring=scoring, renormalize=renormalize))
     if with_bias:
-        assert not torch.equal(router_topk_ref(_step(logits, None, 6, softmax=softmax))[1], ids)
+        assert not torch.equal(router_topk_ref(_step(logits, None, 6, scoring=scoring))[1], ids)
 
 
 def test_router_topk_takes_the_lowest_expert_among_equal_choices() -> None:
     logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0, -1.0]])
-    step = _step(logits, None, 4, softmax=True)
+    step = _step(logits, None, 4, scoring="softmax")
     assert router_topk_triton(step)[1].tolist() == [[1, 3, 4, 2]]
     assert router_topk_ref(step)[1].tolist() == [[1, 3, 4, 2]]
 
@@ -52,14 +59,17 @@ GROUPINGS = [(256, 8, 4, 8), (16, 4, 2, 4), (48, 4, 3, 6), (40, 5, 1, 3), (12, 3
 
 
 @pytest.mark.parametrize(("experts", "n_group", "topk_group", "top_k"), GROUPINGS)
-@pytest.mark.parametrize(("softmax", "with_bias"), [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize(
+    ("scoring", "with_bias"),
+    [("sigmoid", True), ("softmax", True), ("softmax", False), ("sqrtsoftplus", True)],
+)
 def test_grouped_router_matches_the_torch_reference(
-    experts: int, n_group: int, topk_group: int, top_k: int, softmax: bool, with_bias: bool
+    experts: int, n_group: int, topk_group: int, top_k: int, scoring: str, with_bias: bool
 ) -> None:
     g = torch.Generator().manual_seed(experts + n_group)
     logits = torch.randn(9, experts, generator=g) * 2
     bias = torch.randn(experts, generator=g) * 0.5 - 0.3 if with_bias else None  # mostly negative
-    _, ids = _assert_same(_step(logits, bias, top_k, softmax=softmax, n_group=n_group, topk_group=topk_group))
+    _, ids = _assert_same(_step(logits, bias, top_k, scoring=scoring, n_group=n_group, topk_group=topk_group))
     group_size = experts // n_group
     assert all(len(set((row // group_size).tolist())) <= topk_group for row in ids)
 
@@ -126,3 +136,13 @@ def test_shapes_the_kernel_cannot_take_are_named(
     step = _step(torch.zeros(1, experts), torch.zeros(experts), top_k, n_group=n_group, topk_group=topk_group)
     with pytest.raises(ValueError, match=message):
         router_topk_triton(step)
+
+
+def test_sqrt_softplus_scores_keep_their_precision_far_from_zero() -> None:
+    # softplus is x itself above 20 and ~exp(x) far below 0, where log(1 + exp(x)) alone would round to 0
+    logits = torch.tensor([[-60.0, -30.0, -17.5, -3.0, 0.0, 0.5, 19.9, 20.5, 45.0, -80.0]])
+    weights, ids = _assert_same(_step(logits, None, 10, scoring="sqrtsoftplus", renormalize=False, scale=1.0))
+    assert ids.tolist() == [[8, 7, 6, 5, 4, 3, 2, 1, 0, 9]]
+    torch.testing.assert_close(
+        weights, torch.nn.functional.softplus(logits).sqrt()[:, ids[0]], rtol=1e-6, atol=0
+    )

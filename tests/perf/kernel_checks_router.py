@@ -23,14 +23,17 @@ def _captured(fn) -> torch.cuda.CUDAGraph:
 
 def check_router() -> None:
     """The same experts in the same order as ``router_topk_ref``, fp32 weights within fp32 rounding."""
-    # (name, experts, n_group, topk_group, top_k, softmax): DeepSeek-V3-style groups, GLM-5.3, Qwen3-30B-A3B
+    # (experts, n_group, topk_group, top_k, scoring): DeepSeek-V3-style groups, GLM-5.3, DeepSeek-V4.1,
+    # Qwen3-30B-A3B; a correction bias except for softmax
     shapes = [
-        ("grouped sigmoid+bias E=256 8/4 groups k=8", 256, 8, 4, 8, False),
-        ("sigmoid+bias E=256 k=8", 256, 1, 1, 8, False),
-        ("softmax E=128 k=8", 128, 1, 1, 8, True),
+        (256, 8, 4, 8, "sigmoid"),
+        (256, 1, 1, 8, "sigmoid"),
+        (256, 1, 1, 6, "sqrtsoftplus"),
+        (128, 1, 1, 8, "softmax"),
     ]
-    for name, experts, n_group, topk_group, top_k, softmax in shapes:
-        bias = None if softmax else torch.randn(experts, device=DEV) * 0.1 - 0.05
+    for experts, n_group, topk_group, top_k, scoring in shapes:
+        name = f"{scoring} E={experts} groups {topk_group}/{n_group} k={top_k}"
+        bias = None if scoring == "softmax" else torch.randn(experts, device=DEV) * 0.1 - 0.05
         for tokens in (1, 64, 2048):
             logits = torch.randn(tokens, experts, device=DEV)
             exact = RouterTopKInputs(

@@ -2,7 +2,7 @@
 the weights.
 
 ``logits [T, E]`` (fp32) -> ``(weights [T, k] in out_dtype, ids [T, k] int64)``: scores are
-``softmax(logits)`` or ``sigmoid(logits)`` in fp32; the choice adds the correction bias (when given) to the
+``softmax(logits)``, ``sigmoid(logits)`` or ``sqrt(softplus(logits))`` (DeepSeek-V4) in fp32; the choice adds the correction bias (when given) to the
 scores. With ``n_group > 1`` (DeepSeek-V3 / GLM-4.5 style group-limited routing) the ``E`` experts form
 ``n_group`` equal groups of consecutive experts, each group is scored by the sum of its two best choices
 when a bias is given (else by its best choice), and only the ``topk_group`` best groups stay eligible. The
@@ -35,7 +35,7 @@ class RouterTopKInputs(NamedTuple):
     logits: torch.Tensor
     bias: torch.Tensor | None
     top_k: int
-    softmax: bool
+    scoring: str  # "softmax", "sigmoid" or "sqrtsoftplus"
     renormalize: bool
     scale: float
     out_dtype: torch.dtype
@@ -68,9 +68,20 @@ def pick_experts(
     return top_k_lowest_first(choice, top_k)
 
 
+SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")  # the kernel's SCORING is the index
+
+
+def scores_fp32(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    if scoring == "softmax":
+        return torch.softmax(logits.float(), dim=-1)
+    if scoring == "sigmoid":
+        return torch.sigmoid(logits.float())
+    return torch.nn.functional.softplus(logits.float()).sqrt()
+
+
 def router_topk_ref(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    logits, bias, top_k, softmax, renormalize, scale, out_dtype, n_group, topk_group = step
-    scores = torch.softmax(logits.float(), dim=-1) if softmax else torch.sigmoid(logits.float())
+    logits, bias, top_k, scoring, renormalize, scale, out_dtype, n_group, topk_group = step
+    scores = scores_fp32(logits, scoring)
     choice = scores + bias.float() if bias is not None else scores
     ids = pick_experts(choice, top_k, n_group, topk_group, pair_sum=bias is not None)
     weights = scores.gather(1, ids)
@@ -89,7 +100,7 @@ def _router_topk_kernel(
     l_stride,
     scale,
     TOP_K: tl.constexpr,
-    SOFTMAX: tl.constexpr,
+    SCORING: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     N_GROUP: tl.constexpr,
@@ -105,11 +116,16 @@ def _router_topk_kernel(
     e = grp[:, None] * group_size + slot
     live = (grp[:, None] < N_GROUP) & (slot < group_size)
     x = tl.load(logits_ptr + tok * l_stride + e, mask=live, other=float("-inf")).to(tl.float32)
-    if SOFTMAX:
+    if SCORING == 0:
         p = tl.where(live, tl.exp(x - tl.max(tl.max(x, axis=1), axis=0)), 0.0)
         scores = p / tl.sum(tl.sum(p, axis=1), axis=0)
-    else:
+    elif SCORING == 1:
         scores = 1.0 / (1.0 + tl.exp(-x))
+    else:  # softplus as torch's (x itself above 20), log1p(y) as log(1 + y) * y / ((1 + y) - 1) to keep small y
+        y = tl.exp(tl.minimum(x, 20.0))
+        u = 1.0 + y
+        log1p = tl.where(u == 1.0, y, tl.log(u) * (y / tl.where(u == 1.0, 1.0, u - 1.0)))
+        scores = tl.sqrt_rn(tl.where(x > 20.0, x, log1p))
     choice = scores
     if HAS_BIAS:
         choice = scores + tl.load(bias_ptr + e, mask=live, other=0.0).to(tl.float32)
@@ -145,6 +161,8 @@ def _router_topk_kernel(
 def _check(step: RouterTopKInputs) -> int:
     """The group size of ``step``, or a ValueError naming what the kernel cannot take."""
     num_experts = step.logits.shape[1]
+    if step.scoring not in SCORINGS:
+        raise ValueError(f"router_topk: scoring {step.scoring!r} is not one of {SCORINGS}")
     if num_experts > MAX_EXPERTS or step.logits.stride(-1) != 1:
         raise ValueError(f"router_topk takes up to {MAX_EXPERTS} experts in contiguous rows")
     if step.n_group < 1 or num_experts % step.n_group or not 1 <= step.topk_group <= step.n_group:
@@ -163,7 +181,7 @@ def _check(step: RouterTopKInputs) -> int:
 
 
 def router_topk_triton(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    logits, bias, top_k, softmax, renormalize, scale, out_dtype, n_group, topk_group = step
+    logits, bias, top_k, scoring, renormalize, scale, out_dtype, n_group, topk_group = step
     group_size = _check(step)
     tokens = logits.shape[0]
     weights = torch.empty(tokens, top_k, dtype=out_dtype, device=logits.device)
@@ -178,7 +196,7 @@ def router_topk_triton(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tens
             logits.stride(0),
             float(scale),
             TOP_K=top_k,
-            SOFTMAX=softmax,
+            SCORING=SCORINGS.index(scoring),
             HAS_BIAS=bias is not None,
             RENORMALIZE=renormalize,
             N_GROUP=n_group,

@@ -107,14 +107,18 @@ class TopKRouter(nn.Module):
         self, x: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        if x.is_cuda and cfg.scoring in ("softmax", "sigmoid") and cfg.num_experts <= 1024:
+        logits = self.logits(x)
+        # fp32 scores: softmax and sigmoid always, sqrt-softplus from fp32 logits (DeepSeek-V4 scores bf16 logits
+        # in bf16, which the kernel does not round as torch does)
+        fp32_scores = cfg.scoring != "sqrtsoftplus" or logits.dtype == torch.float32
+        if x.is_cuda and fp32_scores and cfg.num_experts <= 1024:
             # scores, bias, group limit, top-k and weights in one launch
             return router_topk(
                 RouterTopKInputs(
-                    self.logits(x),
+                    logits,
                     self.e_score_correction_bias,
                     cfg.top_k,
-                    cfg.scoring == "softmax",
+                    cfg.scoring,
                     cfg.renormalize,
                     cfg.routed_scaling_factor,
                     x.dtype,
@@ -122,7 +126,7 @@ class TopKRouter(nn.Module):
                     cfg.topk_group,
                 )
             )
-        scores = self.scores(x)
+        scores = router_scores(logits, cfg.scoring)
         choice = scores.float()
         bias = self.e_score_correction_bias
         if bias is not None:
