@@ -37,7 +37,7 @@ def check_router() -> None:
         for tokens in (1, 64, 2048):
             logits = torch.randn(tokens, experts, device=DEV)
             exact = RouterTopKInputs(
-                logits, bias, top_k, softmax, True, 2.5, torch.float32, n_group, topk_group
+                logits, bias, top_k, scoring, True, 2.5, torch.float32, n_group, topk_group
             )
             w, ids = router_topk_triton(exact)
             ref_w, ref_ids = router_topk_ref(exact)
