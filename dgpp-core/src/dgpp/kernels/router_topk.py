@@ -2,20 +2,20 @@
 the weights.
 
 ``logits [T, E]`` (fp32) -> ``(weights [T, k] in out_dtype, ids [T, k] int64)``: scores are
-``softmax(logits)``, ``sigmoid(logits)`` or ``sqrt(softplus(logits))`` (DeepSeek-V4) in fp32; the choice adds the correction bias (when given) to the
-scores. With ``n_group > 1`` (DeepSeek-V3 / GLM-4.5 style group-limited routing) the ``E`` experts form
-``n_group`` equal groups of consecutive experts, each group is scored by the sum of its two best choices
-when a bias is given (else by its best choice), and only the ``topk_group`` best groups stay eligible. The
-``k`` best eligible choices are taken in descending order; the weights are the picked scores, divided by
-their sum (+1e-20) when ``renormalize``, times ``scale``, rounded to ``out_dtype`` once. Every ranking (the
-groups, the experts) takes the lowest index first among equal values, in the torch reference as in the
+``softmax(logits)``, ``sigmoid(logits)`` or ``sqrt(softplus(logits))`` (DeepSeek-V4.1) in fp32; the choice adds
+the correction bias (when given) to the scores. With ``n_group > 1`` (DeepSeek-V3 / GLM-4.5 style group-limited
+routing) the ``E`` experts form ``n_group`` equal groups of consecutive experts, each group is scored by the sum
+of its two best choices when a bias is given (else by its best choice), and only the ``topk_group`` best groups
+stay eligible. The ``k`` best eligible choices are taken in descending order; the weights are the picked scores,
+divided by their sum (+1e-20) when ``renormalize``, times ``scale``, rounded to ``out_dtype`` once. Every ranking
+(the groups, the experts) takes the lowest index first among equal values, in the torch reference as in the
 kernel, so both pick the same experts in the same order.
 
-One program per token row replaces the torch chain's scores, bias add, group top-2, group top-k, mask,
-top-k, gather, sum, divide, scale and cast: 9 ops of a sigmoid router with a bias, 17 grouped (as
-``dgpp.bench.launches`` counts them on the CUDA branch). A row reads only its own
-logits, so its result does not depend on the other rows of the step; nothing is read back on the host. The
-exp and the weight sum are Triton's, so the weights can differ from the torch chain's in the last place.
+One program per token row replaces the torch chain's scores, bias add, group top-2, group top-k, mask, top-k,
+gather, sum, divide, scale and cast: 9 ops of a sigmoid router with a bias, 10 of a sqrt-softplus one, 17 grouped
+(as ``dgpp.bench.launches`` counts them on the CUDA branch). A row reads only its own logits, so its result does
+not depend on the other rows of the step; nothing is read back on the host. The exp, log, root and weight sum
+are Triton's, so the weights can differ from the torch chain's in the last place.
 """
 
 from __future__ import annotations
