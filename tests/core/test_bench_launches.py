@@ -109,3 +109,10 @@ def test_quantized_cache_writes_are_one_launch_per_tensor() -> None:
         assert layer["quantized_write"] == (2 if indexed else 1)
     for layer in qwen.layers + glm.layers:
         assert not any(op in layer for op in ("aten.amax", "aten.signbit", "write_kv"))
+
+
+def test_group_limited_router_is_one_launch() -> None:
+    glm = count_decode(tiny_model("glm4_moe"))  # 4 groups of 4 experts, the best 2 groups eligible
+    moe = glm.layers[1]
+    assert moe["router_topk"] == 1
+    assert not any(op in moe for op in ("aten.sigmoid", "aten.topk", "aten.sort", "aten.masked_fill"))

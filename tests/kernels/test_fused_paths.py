@@ -1,6 +1,7 @@
 """The fused CUDA paths (the Triton kernels, run here by the interpreter on CPU tensors) compute what the
 torch ops of the CPU path compute: Qwen3's residual adds fused into the next RMSNorm, and whole models
-(MiMo, Flint, Qwen3.5 dense and MoE, Qwen3.8-Flash-Next) on their CUDA branches."""
+(MiMo, Flint, Qwen3.5 dense and MoE, Qwen3.8-Flash-Next, GLM-4.x MoE with its group-limited router, DeepSeek-V4.1
+with its sqrt-softplus router) on their CUDA branches."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
         assert callable(fn) and not inspect.ismodule(fn), f"dgpp.kernels.{name} is not a dispatcher"
 
 
-@pytest.mark.parametrize("kind", ["mimo", "flint", "qwen3_5", "qwen3_5_moe", "qwen4_exp"])
+@pytest.mark.parametrize(
+    "kind", ["mimo", "flint", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "glm4_moe", "deepseek_v41"]
+)
 def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     """A model on its CUDA branches (Triton under the interpreter: residual adds fused into the next norm,
     projections sharing a launch, Flint's q/k norms fused with the rotation, the GDN gates and output norm in
@@ -76,7 +79,7 @@ def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     assert torch.equal(runs[1].argmax(-1), runs[0].argmax(-1))
 
 
-@pytest.mark.parametrize("kind", ["mimo", "qwen3_5_moe"])
+@pytest.mark.parametrize("kind", ["mimo", "qwen3_5_moe", "glm4_moe"])
 def test_cuda_path_decode_rows_do_not_depend_on_the_batch(kind: str) -> None:
     """On the CUDA branches, a decode row's logits are the same bits alone and beside another sequence."""
     from dgpp.bench.launches import cuda_path, tiny_model

@@ -163,35 +163,3 @@ def test_expert_sum_kernel_gives_the_chain_bits() -> None:
     _sum_experts_kernel[(3, 2)](per_token, out, 8, 80, per_token.stride(0), per_token.stride(1), 80, BLOCK=64)
     assert torch.equal(out, sum_experts_ref(per_token, dtype))
     assert not torch.equal(sum_experts_ref(per_token[:, :7], dtype), out)  # every expert counts
-
-
-@pytest.mark.parametrize(
-    ("softmax", "with_bias", "renormalize"), [(True, False, True), (False, True, True), (True, False, False)]
-)
-def test_router_topk_matches_the_torch_chain(softmax: bool, with_bias: bool, renormalize: bool) -> None:
-    from dgpp.kernels.router_topk import RouterTopKInputs, router_topk_ref, router_topk_triton
-
-    g = torch.Generator().manual_seed(7)
-    logits = torch.randn(5, 40, generator=g) * 3
-    bias = torch.randn(40, generator=g) if with_bias else None  # the bias moves the choice, not the weights
-    got_w, got_ids = router_topk_triton(
-        RouterTopKInputs(logits, bias, 6, softmax, renormalize, 2.5, torch.float32)
-    )
-    ref_w, ref_ids = router_topk_ref(
-        RouterTopKInputs(logits, bias, 6, softmax, renormalize, 2.5, torch.float32)
-    )
-    assert torch.equal(got_ids, ref_ids)
-    torch.testing.assert_close(got_w, ref_w, rtol=1e-5, atol=1e-7)
-    if with_bias:
-        assert not torch.equal(
-            router_topk_ref(RouterTopKInputs(logits, None, 6, softmax, renormalize, 2.5, torch.float32))[1],
-            got_ids,
-        )
-
-
-def test_router_topk_takes_the_lowest_expert_among_equal_choices() -> None:
-    from dgpp.kernels.router_topk import RouterTopKInputs, router_topk_triton
-
-    logits = torch.tensor([[0.0, 2.0, 1.0, 2.0, 2.0, -1.0]])
-    _, ids = router_topk_triton(RouterTopKInputs(logits, None, 4, True, True, 1.0, torch.float32))
-    assert ids.tolist() == [[1, 3, 4, 2]]

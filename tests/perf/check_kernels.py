@@ -18,6 +18,7 @@ from kernel_checks_gdn import check_gated_delta
 from kernel_checks_gemv import check_gemv
 from kernel_checks_moe import check_moe
 from kernel_checks_record import ROWS
+from kernel_checks_router import check_router
 from kernel_checks_rowwise import check_rmsnorm, check_rotary_swiglu_kvwrite, check_sampling
 
 CHECKS = (
@@ -29,6 +30,7 @@ CHECKS = (
     check_gated_delta,
     check_gemv,
     check_moe,
+    check_router,
 )
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from dgpp.family import World
+from dgpp.kernels.router_topk import RouterTopKInputs, pick_experts, router_topk
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
@@ -94,17 +95,6 @@ class TopKRouter(nn.Module):
         else:
             self.register_parameter("e_score_correction_bias", None)
 
-    def _group_mask(self, choice: torch.Tensor) -> torch.Tensor:
-        cfg = self.cfg
-        grouped = choice.view(choice.shape[0], cfg.n_group, -1)
-        if self.e_score_correction_bias is not None:
-            group_scores = grouped.topk(2, dim=-1).values.sum(-1)
-        else:
-            group_scores = grouped.max(dim=-1).values
-        best = group_scores.topk(cfg.topk_group, dim=-1).indices
-        keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
-        return keep[:, :, None].expand_as(grouped).reshape(choice.shape)
-
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         cfg = self.cfg
         xr, wr = (x.float(), self.weight.float()) if cfg.router_fp32 else (x, self.weight)
@@ -117,28 +107,31 @@ class TopKRouter(nn.Module):
         self, x: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
-        if (
-            x.is_cuda
-            and cfg.n_group == 1
-            and cfg.scoring in ("softmax", "sigmoid")
-            and cfg.num_experts <= 1024
-        ):
-            # scores, bias, top-k and weights in one launch
-            from dgpp.kernels.router_topk import RouterTopKInputs, router_topk
-
-            bias = self.e_score_correction_bias
-            softmax = cfg.scoring == "softmax"
-            scale = cfg.routed_scaling_factor
+        logits = self.logits(x)
+        # fp32 scores: softmax and sigmoid always, sqrt-softplus from fp32 logits (DeepSeek-V4 scores bf16 logits
+        # in bf16, which the kernel does not round as torch does)
+        fp32_scores = cfg.scoring != "sqrtsoftplus" or logits.dtype == torch.float32
+        if x.is_cuda and fp32_scores and cfg.num_experts <= 1024:
+            # scores, bias, group limit, top-k and weights in one launch
             return router_topk(
-                RouterTopKInputs(self.logits(x), bias, cfg.top_k, softmax, cfg.renormalize, scale, x.dtype)
+                RouterTopKInputs(
+                    logits,
+                    self.e_score_correction_bias,
+                    cfg.top_k,
+                    cfg.scoring,
+                    cfg.renormalize,
+                    cfg.routed_scaling_factor,
+                    x.dtype,
+                    cfg.n_group,
+                    cfg.topk_group,
+                )
             )
-        scores = self.scores(x)
+        scores = router_scores(logits, cfg.scoring)
         choice = scores.float()
-        if self.e_score_correction_bias is not None:
-            choice = choice + self.e_score_correction_bias.float()
-        if cfg.n_group > 1:
-            choice = choice.masked_fill(~self._group_mask(choice), float("-inf"))
-        ids = choice.topk(cfg.top_k, dim=-1).indices
+        bias = self.e_score_correction_bias
+        if bias is not None:
+            choice = choice + bias.float()
+        ids = pick_experts(choice, cfg.top_k, cfg.n_group, cfg.topk_group, pair_sum=bias is not None)
         return picked_weights(scores, ids, cfg, x.dtype), ids
 
 
