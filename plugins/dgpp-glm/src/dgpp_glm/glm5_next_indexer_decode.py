@@ -24,6 +24,7 @@ from typing import Protocol
 
 import torch
 
+from dgpp.kernels._triton import use_triton
 from dgpp.nn.dsa import index_scores
 from dgpp.nn.selection import DeviceSelection
 from dgpp.nn.window_compressor import entry_rows
@@ -111,16 +112,18 @@ def select_decode(
     capacity = tables.shape[1] * batch.cache.block_size // kpool
     if capacity <= keep:
         return None
+    if use_triton(q):
+        return select_decode_fused(indexer, q, weights, batch)
+    scales = batch.cache.kv_scales.get(indexer.cache_name)
+    visible = batch.seq_lens.long()
+    complete = visible // kpool
     every_pool = torch.arange(capacity, device=device)
     slots = pool_slots(
         tables, every_pool.expand(tables.shape[0], -1), kpool, batch.cache.block_size, cache.shape[1]
     )
-    scales = batch.cache.kv_scales.get(indexer.cache_name)
     keys = entry_rows(
         cache, None if scales is None else scales[0], slots, indexer.dtype
     ).float()  # [B, capacity, D]
-    visible = batch.seq_lens.long()
-    complete = visible // kpool
     scores = torch.stack([index_scores(q[r], keys[r], weights[r]) for r in range(q.shape[0])])
     scores = scores.masked_fill(every_pool[None, :] >= complete[:, None], float("-inf"))
     width = keep * kpool + kpool - 1
@@ -136,3 +139,34 @@ def select_decode(
     counts = torch.where(is_sparse, keep * kpool + open_tail, visible)
     positions = torch.where(columns[None, :] < counts[:, None], positions, 0)
     return DeviceSelection(positions.to(torch.int32), counts.to(torch.int32), is_sparse.to(torch.int32))
+
+
+def select_decode_fused(
+    indexer: PoolingIndexer, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch
+) -> DeviceSelection:
+    """``select_decode`` on CUDA in three launches: every row's scores over its own complete pools (the pooled
+    keys read as a paged cache of one entry per pool), its ``select_pools`` best by a per-row radix select (exact
+    ties to the lower pool, as the stable sort), and their expansion to token positions."""
+    from dgpp.kernels.dsa_index import index_scores_triton
+    from dgpp.kernels.pooled_selection import pooled_positions_triton
+    from dgpp.kernels.top_k_rows import top_k_rows_triton
+    from dgpp.nn.compressed_decode import entry_table
+
+    cache = batch.cache.kv[indexer.cache_name][0]
+    scales = batch.cache.kv_scales.get(indexer.cache_name)
+    table = entry_table(batch.block_tables, indexer.kpool, batch.cache.block_size).contiguous()
+    complete = batch.seq_lens // indexer.kpool  # padding rows (length 0) score and pick nothing
+    # q holds the projection's values in fp32: in the keys' dtype again (exactly), e4m3 keys dequantize to it
+    scores = index_scores_triton(
+        q.to(indexer.dtype),
+        weights,
+        cache,
+        table,
+        complete,
+        q.shape[-1] ** -0.5,
+        None if scales is None else scales[0],
+    )
+    pools = top_k_rows_triton(scores, complete, indexer.select_pools)[0]
+    return DeviceSelection(
+        *pooled_positions_triton(pools, batch.seq_lens, indexer.kpool, indexer.select_tail)
+    )
