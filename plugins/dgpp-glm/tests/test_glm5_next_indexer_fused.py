@@ -93,3 +93,43 @@ def test_pooled_positions_expand_picks_and_tail() -> None:
     assert positions[0].tolist() == [0, 1, 2, 3, 8, 9, 10, 11, 20, 21, 22, 23, 24, 25, 26]
     assert positions[1].tolist() == [0, 1, 2, 3, 4, 5, 6] + [0] * 8
     assert positions[2].tolist() == [0] * 15
+
+
+def test_row_path_scores_through_the_same_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prefill chunk / speculative verify (several rows per sequence) on CUDA scores through the decode step's
+    kernel: the same picks as its torch path, rows crossing from dense to sparse, a padding sequence selecting
+    nothing; and a one-row sequence's picks equal the decode step's."""
+    from dgpp_glm import glm5_next_indexer
+    from dgpp_glm.glm5_next_indexer import KPoolIndexer
+
+    indexer_ns, q, weights, batch = _step(True, True, seed=7)
+    indexer = KPoolIndexer(8, 8, HEADS, DIM, KEEP * KPOOL, KPOOL, "pooled", dtype=torch.float32)
+    q_lens = [0, 5, 1, 1, 4, 4, 1, 1]  # sequence 0 pads; 1, 4 and 5 carry a chunk each
+    rows = sum(q_lens)
+    batch.q_lens_cpu = q_lens
+    batch.seq_lens_cpu = SEQ_LENS
+    batch.context_lens_cpu = [n - q for n, q in zip(SEQ_LENS, q_lens, strict=True)]
+    batch.state_slots = torch.tensor([-1, 1, 2, 3, 4, 5, 6, 7])
+    g = torch.Generator().manual_seed(8)
+    q_rows = torch.randint(-2, 3, (rows, HEADS, DIM), generator=g).float()
+    w_rows = torch.randint(-2, 3, (rows, HEADS), generator=g).float()
+    picks = {}
+    for fused in (True, False):
+        monkeypatch.setattr(glm5_next_indexer, "use_triton", lambda x, fused=fused: fused)
+        picks[fused] = indexer.select_rows(q_rows, w_rows, batch)  # type: ignore[arg-type]
+    assert [p is None for p in picks[True]] == [p is None for p in picks[False]]
+    assert sum(p is not None for p in picks[True]) == 7  # 13..16 (the last row), 44..47 (all four), 48, 30
+    for got, want in zip(picks[True], picks[False], strict=True):
+        assert got is None or torch.equal(got, want)
+    # the one-row sequences (lengths 12, 13, 48, 30) against the decode step
+    decode_rows = [5, 6, 15, 16]
+    one_row = SimpleNamespace(**vars(batch))
+    keep_seqs = [2, 3, 6, 7]
+    one_row.block_tables = batch.block_tables[keep_seqs]
+    one_row.seq_lens = batch.seq_lens[keep_seqs]
+    step = _select(monkeypatch, True, indexer_ns, q_rows[decode_rows], w_rows[decode_rows], one_row)
+    for r, row in enumerate(decode_rows):
+        want = picks[True][row]
+        assert bool(step.sparse[r]) == (want is not None)
+        if want is not None:
+            assert step.positions[r, : int(step.counts[r])].tolist() == want.tolist()

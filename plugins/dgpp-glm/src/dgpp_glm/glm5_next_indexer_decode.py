@@ -144,20 +144,40 @@ def select_decode(
 def select_decode_fused(
     indexer: PoolingIndexer, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch
 ) -> DeviceSelection:
-    """``select_decode`` on CUDA in three launches: every row's scores over its own complete pools (the pooled
-    keys read as a paged cache of one entry per pool), its ``select_pools`` best by a per-row radix select (exact
-    ties to the lower pool, as the stable sort), and their expansion to token positions."""
-    from dgpp.kernels.dsa_index import index_scores_triton
+    """``select_decode`` on CUDA in three launches: every row's scores over its own complete pools, its
+    ``select_pools`` best by a per-row radix select (exact ties to the lower pool, as the stable sort), and their
+    expansion to token positions."""
     from dgpp.kernels.pooled_selection import pooled_positions_triton
     from dgpp.kernels.top_k_rows import top_k_rows_triton
+
+    complete = batch.seq_lens // indexer.kpool  # padding rows (length 0) score and pick nothing
+    scores = pooled_scores_fused(indexer, q, weights, batch, batch.block_tables, complete)
+    pools = top_k_rows_triton(scores, complete, indexer.select_pools)[0]
+    return DeviceSelection(
+        *pooled_positions_triton(pools, batch.seq_lens, indexer.kpool, indexer.select_tail)
+    )
+
+
+def pooled_scores_fused(
+    indexer: PoolingIndexer,
+    q: torch.Tensor,
+    weights: torch.Tensor,
+    batch: ForwardBatch,
+    tables: torch.Tensor,
+    complete: torch.Tensor,
+) -> torch.Tensor:
+    """``[rows, pools the table holds]`` fp32 scores of each row's first ``complete[r]`` pools (``-inf`` past them)
+    through row ``r``'s block table ``tables[r]``, the pooled keys read as a paged cache of one entry per pool.
+    A score depends on its row's query and its pool's key alone (one fixed order of sums), so decode steps,
+    prefill chunks and speculative verifies on CUDA score alike."""
+    from dgpp.kernels.dsa_index import index_scores_triton
     from dgpp.nn.compressed_decode import entry_table
 
     cache = batch.cache.kv[indexer.cache_name][0]
     scales = batch.cache.kv_scales.get(indexer.cache_name)
-    table = entry_table(batch.block_tables, indexer.kpool, batch.cache.block_size).contiguous()
-    complete = batch.seq_lens // indexer.kpool  # padding rows (length 0) score and pick nothing
+    table = entry_table(tables, indexer.kpool, batch.cache.block_size).contiguous()
     # q holds the projection's values in fp32: in the keys' dtype again (exactly), e4m3 keys dequantize to it
-    scores = index_scores_triton(
+    return index_scores_triton(
         q.to(indexer.dtype),
         weights,
         cache,
@@ -165,8 +185,4 @@ def select_decode_fused(
         complete,
         q.shape[-1] ** -0.5,
         None if scales is None else scales[0],
-    )
-    pools = top_k_rows_triton(scores, complete, indexer.select_pools)[0]
-    return DeviceSelection(
-        *pooled_positions_triton(pools, batch.seq_lens, indexer.kpool, indexer.select_tail)
     )
