@@ -133,3 +133,53 @@ def test_row_path_scores_through_the_same_kernel(monkeypatch: pytest.MonkeyPatch
         assert bool(step.sparse[r]) == (want is not None)
         if want is not None:
             assert step.positions[r, : int(step.counts[r])].tolist() == want.tolist()
+
+
+@pytest.mark.parametrize("quantized", [False, True])
+def test_fused_store_writes_the_torch_paths_bytes(monkeypatch: pytest.MonkeyPatch, quantized: bool) -> None:
+    """The decode step's ring writes and pooled-key store on CUDA (masked-store launches, the quantized write)
+    leave the ring and the pooled cache byte for byte as the torch path does: rows completing a pool store it,
+    other rows only buffer, a padding row (slot -1) writes nothing."""
+    from dgpp_glm.glm5_next_indexer import KPoolIndexer
+
+    g = torch.Generator().manual_seed(11)
+    indexer = KPoolIndexer(8, 8, HEADS, DIM, KEEP * KPOOL, KPOOL, "pooled", dtype=torch.float32)
+    indexer.index_kpool_compress_ape.copy_(torch.randn(KPOOL, DIM, generator=g))
+    positions = [0, 3, 7, 10, 15, 46, 9]  # completes pools at 3, 7, 15 (and 9 pads)
+    slots = [0, 1, 2, 3, 4, 5, -1]
+    rows, blocks = len(positions), len(positions) * COLUMNS
+    ring_kv = torch.randn(rows - 1, KPOOL, DIM, generator=g)
+    ring_gate = torch.randn(rows - 1, KPOOL, DIM, generator=g)
+    cache = torch.randn(blocks, BLOCK // KPOOL, DIM, generator=g)
+    scales: dict[str, list[torch.Tensor]] = {}
+    if quantized:
+        cache = cache.to(torch.float8_e4m3fn)
+        scales["pooled"] = [torch.rand(blocks, BLOCK // KPOOL, 1, generator=g)]
+    tables = torch.randperm(blocks, generator=g).view(rows, COLUMNS).to(torch.int32)
+    kv, gate = torch.randn(rows, DIM, generator=g), torch.randn(rows, DIM, generator=g)
+    results = []
+    for fused in (True, False):
+        monkeypatch.setattr(decode, "use_triton", lambda x, fused=fused: fused)
+        state = {"kv": ring_kv.clone(), "gate": ring_gate.clone()}
+        stored = cache.clone()
+        row_scales = {k: [v[0].clone()] for k, v in scales.items()}
+        batch = SimpleNamespace(
+            cache=SimpleNamespace(
+                kv={"pooled": [stored]},
+                kv_scales=row_scales,
+                block_size=BLOCK,
+                state={indexer.buffer_name: state},
+            ),
+            block_tables=tables,
+            state_slots=torch.tensor(slots, dtype=torch.int32),
+            context_lens=torch.tensor(positions, dtype=torch.int32),
+        )
+        decode.store_decode(indexer, kv, gate, batch)  # type: ignore[arg-type]
+        results.append((state["kv"], state["gate"], stored.view(torch.uint8), row_scales))
+    fused_bytes, torch_bytes = results
+    for got, want in zip(fused_bytes[:3], torch_bytes[:3], strict=True):
+        assert torch.equal(got, want)
+    if quantized:
+        assert torch.equal(fused_bytes[3]["pooled"][0], torch_bytes[3]["pooled"][0])
+    assert not torch.equal(torch_bytes[2], cache.view(torch.uint8))  # some pool was stored
+    assert torch.equal(fused_bytes[0][5, 46 % KPOOL], kv[5]) and torch.equal(fused_bytes[0][0, 0], kv[0])

@@ -80,8 +80,14 @@ def store_decode(indexer: PoolingIndexer, kv: torch.Tensor, gate: torch.Tensor, 
     position = batch.context_lens.long()
     slot = batch.state_slots.long().clamp(min=0)
     ring_rows = slot * kpool + position % kpool
-    write_rows(ring_kv.view(-1, ring_kv.shape[-1]), ring_rows, kv, live)
-    write_rows(ring_gate.view(-1, ring_gate.shape[-1]), ring_rows, gate, live)
+    # on CUDA one masked-store launch per write (dgpp.kernels.masked_rows); the torch form repeats a writing row
+    store = write_rows
+    if use_triton(kv):
+        from dgpp.kernels.masked_rows import store_rows_triton
+
+        store = store_rows_triton
+    store(ring_kv.view(-1, ring_kv.shape[-1]), ring_rows, kv, live)
+    store(ring_gate.view(-1, ring_gate.shape[-1]), ring_rows, gate, live)
     pooled = indexer.pool_windows(ring_kv[slot], ring_gate[slot])  # [B, D]; used where a pool completes
     completes = live & ((position + 1) % kpool == 0)
     cache = batch.cache.kv[indexer.cache_name][0]
@@ -90,7 +96,7 @@ def store_decode(indexer: PoolingIndexer, kv: torch.Tensor, gate: torch.Tensor, 
     )[:, 0]
     scales = batch.cache.kv_scales.get(indexer.cache_name)
     if scales is None:
-        write_rows(cache.view(-1, cache.shape[-1]), targets, pooled, completes)
+        store(cache.view(-1, cache.shape[-1]), targets, pooled, completes)
         return
     # e4m3 index keys (engine.kv_dtype fp8 / fp4), the row path's bytes: on CUDA quantized and stored in one launch,
     # a row that completes no pool skipped (slot -1)
