@@ -10,9 +10,12 @@ rewrites one place with the value it already holds. Quantized pooled keys (``eng
 ``dgpp.kernels.write_quantized``: on CUDA one launch that skips a slot of -1 on the device; its torch reference (off
 CUDA) selects the kept rows on the host.
 
+On CUDA the ring and pooled-key writes are masked-store launches (``dgpp.kernels.masked_rows``) and the selection
+is three launches: scores, a per-row radix top-k and the expansion to positions (``select_decode_fused``).
+
 A row at position ``p`` sees ``n = (p + 1) // kpool`` complete pools. Its scores cover every pool the table could
 hold, masked to ``-inf`` past ``n``; a stable descending sort keeps exact ties on the lower pool, as the row-by-row
-path does. A table too narrow to hold more pools than a row keeps selects nothing (None: every row dense).
+path does (on CUDA the radix top-k picks the same pools). A table too narrow to hold more pools than a row keeps selects nothing (None: every row dense).
 Otherwise positions are ``[rows, topk + kpool - 1]``: a sparse row's picked pools' tokens then its open tail; a
 dense row (``n`` at most the pools kept) every visible token, and not marked ``sparse``, so attention reads it
 densely as on the row path.
