@@ -23,6 +23,7 @@ densely as on the row path.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -84,7 +85,7 @@ def store_decode(indexer: PoolingIndexer, kv: torch.Tensor, gate: torch.Tensor, 
     slot = batch.state_slots.long().clamp(min=0)
     ring_rows = slot * kpool + position % kpool
     # on CUDA one masked-store launch per write (dgpp.kernels.masked_rows); the torch form repeats a writing row
-    store = write_rows
+    store: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None] = write_rows
     if use_triton(kv):
         from dgpp.kernels.masked_rows import store_rows_triton
 
