@@ -1,8 +1,9 @@
 """GLM-5.3-Flash's k-pooled indexer decode selection on its CUDA path (Triton interpreter, fp32) against the torch
 path: the same positions, counts and sparse flags for padding rows, dense rows (fewer complete pools than kept,
 exactly as many, a few tokens more), sparse rows with and without an open tail, a row at the table's end, exact
-score ties (to the lower pool), and e4m3 pooled keys with row scales. Keys, queries and weights are small
-integers, so both paths compute every score exactly and any difference is a difference in picks."""
+score ties (to the lower pool), e4m3 pooled keys with row scales, and pools spanning two cache blocks. Keys,
+queries and weights are small integers, so both paths compute every score exactly and any difference is a
+difference in picks."""
 
 from __future__ import annotations
 
@@ -18,26 +19,32 @@ KPOOL, KEEP, HEADS, DIM, BLOCK, COLUMNS = 4, 3, 4, 16, 8, 6
 SEQ_LENS = [0, 5, 12, 13, 16, 47, 48, 30]  # pad; dense x3; sparse, tail 0 / 3; the table's end; ties
 
 
+def _pool_row(table: torch.Tensor, pool: int, block: int) -> int:
+    """The flat cache row of pool ``pool`` of a sequence: in the block of the pool's last token."""
+    last = (pool + 1) * KPOOL - 1
+    return int(table[last // block]) * max(1, block // KPOOL) + (last % block) // KPOOL
+
+
 def _step(
-    quantized: bool, tail: bool, seed: int
+    quantized: bool, tail: bool, seed: int, block: int = BLOCK
 ) -> tuple[SimpleNamespace, torch.Tensor, torch.Tensor, SimpleNamespace]:
     g = torch.Generator().manual_seed(seed)
-    rows, blocks = len(SEQ_LENS), len(SEQ_LENS) * COLUMNS
-    keys = torch.randint(-3, 4, (blocks, BLOCK // KPOOL, DIM), generator=g).float()
-    tables = torch.randperm(blocks, generator=g).view(rows, COLUMNS).to(torch.int32)
+    columns = COLUMNS * BLOCK // block  # 12 pools a table
+    rows, blocks, per_block = len(SEQ_LENS), len(SEQ_LENS) * columns, max(1, block // KPOOL)
+    keys = torch.randint(-3, 4, (blocks, per_block, DIM), generator=g).float()
+    tables = torch.randperm(blocks, generator=g).view(rows, columns).to(torch.int32)
     tables[0] = -1  # a padding row's table
     flat = keys.view(-1, DIM)
-    last = tables[-1].long()
-    for pool in (1, 2, 5, 6):  # the last row: four pools with one key, so their scores tie exactly
-        flat[last[pool * KPOOL // BLOCK] * (BLOCK // KPOOL) + pool % (BLOCK // KPOOL)] = flat[last[0] * 2]
+    for pool in (1, 2, 5, 6):  # the last row: four pools with pool 0's key, so their scores tie exactly
+        flat[_pool_row(tables[-1], pool, block)] = flat[_pool_row(tables[-1], 0, block)]
     scales: dict[str, list[torch.Tensor]] = {}
     cache = keys
     if quantized:  # e4m3 codes (small integers are exact) with power-of-two row scales
         cache = keys.to(torch.float8_e4m3fn)
-        exponents = torch.randint(-2, 2, (blocks, BLOCK // KPOOL, 1), generator=g).float()
+        exponents = torch.randint(-2, 2, (blocks, per_block, 1), generator=g).float()
         scales["pooled"] = [torch.pow(2.0, exponents)]
     batch = SimpleNamespace(
-        cache=SimpleNamespace(kv={"pooled": [cache]}, kv_scales=scales, block_size=BLOCK),
+        cache=SimpleNamespace(kv={"pooled": [cache]}, kv_scales=scales, block_size=block),
         block_tables=tables,
         seq_lens=torch.tensor(SEQ_LENS, dtype=torch.int32),
     )
@@ -56,10 +63,11 @@ def _select(monkeypatch: pytest.MonkeyPatch, fused: bool, *step: object):  # typ
 
 @pytest.mark.parametrize("quantized", [False, True])
 @pytest.mark.parametrize("tail", [True, False])
+@pytest.mark.parametrize("block", [BLOCK, 2])  # pools inside a block; a pool spanning two blocks
 def test_fused_selection_equals_the_torch_path(
-    monkeypatch: pytest.MonkeyPatch, quantized: bool, tail: bool
+    monkeypatch: pytest.MonkeyPatch, quantized: bool, tail: bool, block: int
 ) -> None:
-    step = _step(quantized, tail, seed=3 + quantized)
+    step = _step(quantized, tail, seed=3 + quantized, block=block)
     got = _select(monkeypatch, True, *step)
     want = _select(monkeypatch, False, *step)
     assert torch.equal(got.sparse, want.sparse)
@@ -76,7 +84,7 @@ def test_ties_go_to_the_lower_pool(monkeypatch: pytest.MonkeyPatch) -> None:
     got = _select(monkeypatch, True, indexer, q, weights, batch)
     keys = batch.cache.kv["pooled"][0].view(-1, DIM)
     table = batch.block_tables[-1].long()
-    pooled = torch.stack([keys[table[p * KPOOL // BLOCK] * 2 + p % 2] for p in range(7)])
+    pooled = torch.stack([keys[_pool_row(table, p, BLOCK)] for p in range(7)])
     scores = (torch.relu(q[-1] @ pooled.t() * DIM**-0.5).t() @ weights[-1]).tolist()
     order = sorted(range(7), key=lambda p: (-scores[p], p))[:KEEP]
     picked = sorted(order)
