@@ -3,6 +3,7 @@ model launches fewer ops per layer than its unfused chain (``DGPP_KERNELS=torch`
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 
@@ -116,3 +117,26 @@ def test_group_limited_router_is_one_launch() -> None:
     moe = glm.layers[1]
     assert moe["router_topk"] == 1
     assert not any(op in moe for op in ("aten.sigmoid", "aten.topk", "aten.sort", "aten.masked_fill"))
+
+
+def test_pooled_indexer_decode_scores_selects_and_stores_in_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    """GLM-5.3-Flash's attention layers: the k-pooled indexer's scores, picks and expansion are one launch each
+    (no sort, argmax or per-row stack left) and its three masked writes one masked store each (no index_copy_),
+    so the layer launches fewer ops than with the indexer's decode step on its torch path."""
+    from dgpp_glm import glm5_next_indexer_decode
+
+    model = tiny_model("glm5_next")
+    fused = count_decode(model)
+    monkeypatch.setattr(glm5_next_indexer_decode, "use_triton", lambda x: False)
+    unfused = count_decode(model)
+    # the layers that run an indexer sort on the torch path (one sharing the previous layer's picks runs none)
+    indexed = [i for i, layer in enumerate(unfused.layers) if "aten.sort" in layer]
+    assert len(indexed) == sum(type(m).__name__ == "KPoolIndexer" for m in model.modules())
+    for i in indexed:
+        layer = fused.layers[i]
+        assert layer["index_scores"] == layer["top_k_rows"] == layer["pooled_positions"] == 1
+        assert layer["store_rows"] == 3
+        assert not any(
+            f"aten.{op}" in layer for op in ("sort", "argmax", "index_copy_", "bmm", "masked_fill")
+        )
+        assert sum(layer.values()) < sum(unfused.layers[i].values())

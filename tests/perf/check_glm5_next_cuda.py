@@ -3,7 +3,8 @@ decay) against its fp32 reference at the release's sizes (64 heads of 128 x 128 
 batch, its timing against the state bytes it reads and writes, then decode tok/s of the layer-scaled geometry
 ``glm-5.3-flash-6l`` (random bf16 weights), eager and under decode graphs, against the roofline of the bytes a step
 reads (``dgpp.bench.step_bytes``: weights, routed experts as picked, the cache rows and the KDA state read and
-written), and whether the two modes' greedy tokens agree.
+written), and whether the two modes' greedy tokens agree. Also the k-pooled indexer's decode selection on its kernels
+against its torch path (``indexer_checks``).
 
     source tests/perf/device_env.sh && python3 tests/perf/check_glm5_next_cuda.py --cases 1x1024,8x1024,32x1024
 
@@ -58,6 +59,70 @@ def kda_kernel_checks(failures: list[str]) -> list[str]:
     return out
 
 
+def indexer_checks(failures: list[str]) -> list[str]:
+    """The k-pooled indexer's decode selection at the release's sizes (32 heads of 128, kpool 16, 128 pools kept;
+    bf16 and e4m3 pooled keys, contexts to 64k): the CUDA path (index-score kernel, radix top-k, expansion) against
+    the torch path (the same picks where no two pools' scores come within a rounding of each other at the cut:
+    the share of rows picking alike is printed), a row alone == in the batch, eager == a replayed CUDA graph, and
+    both paths' times."""
+    from types import SimpleNamespace
+
+    from dgpp_glm import glm5_next_indexer_decode as decode
+
+    out: list[str] = []
+    dev, heads, dim, kpool, keep, block = "cuda", 32, 128, 16, 128, 64
+    g = torch.Generator(device=dev).manual_seed(2)
+    lens = [0, 900, 2048, 2049, 5000, 16384, 65536, 40000]
+    rows, columns = len(lens), 65536 // block
+    for quantized in (False, True):
+        keys = torch.randn(rows * columns, block // kpool, dim, generator=g, device=dev).to(torch.bfloat16)
+        scales: dict[str, list[torch.Tensor]] = {}
+        if quantized:
+            keys = (keys.float() * 16).clamp(-448, 448).to(torch.float8_e4m3fn)
+            scales["k"] = [torch.full((rows * columns, block // kpool, 1), 1 / 16, device=dev)]
+        tables = torch.randperm(rows * columns, device=dev).view(rows, columns).to(torch.int32)
+        batch = SimpleNamespace(
+            cache=SimpleNamespace(kv={"k": [keys]}, kv_scales=scales, block_size=block),
+            block_tables=tables,
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+        )
+        indexer = SimpleNamespace(
+            kpool=kpool, select_pools=keep, select_tail=True, cache_name="k", dtype=torch.bfloat16
+        )
+        q = torch.randn(rows, heads, dim, generator=g, device=dev).to(torch.bfloat16).float()
+        weights = torch.randn(rows, heads, generator=g, device=dev)
+        fused = decode.select_decode(indexer, q, weights, batch)  # type: ignore[arg-type]
+        original = decode.use_triton
+        decode.use_triton = lambda x: False  # type: ignore[assignment]
+        try:
+            torch_path = decode.select_decode(indexer, q, weights, batch)  # type: ignore[arg-type]
+            torch_sec = _timed(decode.select_decode, indexer, q, weights, batch)
+        finally:
+            decode.use_triton = original  # type: ignore[assignment]
+        assert fused is not None and torch_path is not None
+        alike = sum(torch.equal(fused.positions[r], torch_path.positions[r]) for r in range(rows))
+        last = rows - 1
+        one = SimpleNamespace(**vars(batch))
+        one.block_tables, one.seq_lens = tables[last:], batch.seq_lens[last:]
+        alone = decode.select_decode(indexer, q[last:], weights[last:], one)  # type: ignore[arg-type]
+        same = alone is not None and torch.equal(alone.positions[0], fused.positions[last])
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = decode.select_decode(indexer, q, weights, batch)  # type: ignore[arg-type]
+        graph.replay()
+        torch.cuda.synchronize()
+        replayed = captured is not None and torch.equal(captured.positions, fused.positions)
+        sec = _timed(decode.select_decode, indexer, q, weights, batch)
+        out.append(
+            f"k-pooled selection {'e4m3' if quantized else 'bf16'} keys, {rows} rows to 64k: rows picking as the "
+            f"torch path {alike}/{rows}, counts equal {torch.equal(fused.counts, torch_path.counts)}; alone == "
+            f"batched {same}; graph == eager {replayed}; {sec * 1e6:.0f} us vs torch {torch_sec * 1e6:.0f} us"
+        )
+        if not (same and replayed and torch.equal(fused.counts, torch_path.counts)):
+            failures.append(out[-1])
+    return out
+
+
 def decode_bench(geometry: str, cases: list[tuple[int, int]], steps: int, failures: list[str]) -> list[str]:
     from dgpp.bench.decode import copy_bandwidth_gbs, format_table, run_case
     from dgpp.bench.models import build_random_model
@@ -94,6 +159,7 @@ def main() -> int:
     table: list[str] = []
     if not args.skip_kernels:
         table += kda_kernel_checks(failures)
+        table += indexer_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
     table += decode_bench(args.geometry, cases, args.steps, failures)  # type: ignore[arg-type]

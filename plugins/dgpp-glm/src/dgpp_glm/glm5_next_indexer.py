@@ -23,6 +23,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.dsa import LayerNorm, index_scores, top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
@@ -30,7 +31,7 @@ from dgpp.nn.selection import DeviceSelection, Selection
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.nn.window_compressor import WindowPooler, gather_entries, live_sequences
 from dgpp.plugin_api import CacheSpec, CompressedKV, ForwardBatch
-from dgpp_glm.glm5_next_indexer_decode import select_decode, store_decode
+from dgpp_glm.glm5_next_indexer_decode import pooled_scores_fused, select_decode, store_decode
 
 
 class KPoolIndexer(WindowPooler):
@@ -106,26 +107,46 @@ class KPoolIndexer(WindowPooler):
         pool = batch.cache.kv[self.cache_name][0]
         scales = batch.cache.kv_scales.get(self.cache_name)
         selection: Selection = [None] * rows
+        fused = self.row_scores_fused(q, weights, batch) if use_triton(q) else None
         for b, start, q_len, ctx, end, _ in live_sequences(batch):
             count = end // self.kpool  # complete pools after this step
             if count <= self.select_pools:
                 continue  # no row of this sequence sees more pools than it keeps: all dense
-            keys = gather_entries(
-                pool,
-                batch.block_tables[b],
-                count,
-                self.kpool,
-                batch.cache.block_size,
-                None if scales is None else scales[0],
-                self.dtype,
-            ).float()
+            keys = (
+                None
+                if fused is not None
+                else gather_entries(
+                    pool,
+                    batch.block_tables[b],
+                    count,
+                    self.kpool,
+                    batch.cache.block_size,
+                    None if scales is None else scales[0],
+                    self.dtype,
+                ).float()
+            )
             for i in range(q_len):
                 row, visible = start + i, ctx + i + 1
                 complete = visible // self.kpool
                 if complete > self.select_pools:
-                    scores = index_scores(q[row], keys[:complete], weights[row])
+                    if keys is None:
+                        assert fused is not None
+                        scores = fused[row, :complete]
+                    else:
+                        scores = index_scores(q[row], keys[:complete], weights[row])
                     selection[row] = self.expand(top_k_lowest_on_ties(scores, self.select_pools), visible)
         return selection
+
+    def row_scores_fused(self, q: torch.Tensor, weights: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Every row's pool scores on CUDA through the kernel a decode step scores with, so both select from the
+        same bits (rows of padding sequences score nothing)."""
+        seq_of_row, complete = [0] * q.shape[0], [0] * q.shape[0]
+        for b, start, q_len, ctx, _, _ in live_sequences(batch):
+            for i in range(q_len):
+                seq_of_row[start + i], complete[start + i] = b, (ctx + i + 1) // self.kpool
+        tables = batch.block_tables[torch.tensor(seq_of_row, dtype=torch.long, device=q.device)]
+        lens = torch.tensor(complete, dtype=torch.int32, device=q.device)
+        return pooled_scores_fused(self, q, weights, batch, tables, lens)
 
     def expand(self, pools: torch.Tensor, visible: int) -> torch.Tensor:
         """The token positions of ascending ``pools``, then (``select_tail``) the open pool's visible tokens."""
