@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
+from dgpp.kernels.hyper_connections import hc_collapse, hc_expand, hc_head
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -167,7 +169,13 @@ class HyperConnection(_StreamNormed):
         return pre, post, sinkhorn(comb, self.sinkhorn_iters, self.eps)
 
     def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The sublayer input ``x [T, H]`` (streams' dtype) and the ``post`` / ``comb`` that ``expand`` needs."""
+        """The sublayer input ``x [T, H]`` (streams' dtype) and the ``post`` / ``comb`` that ``expand`` needs.
+        On CUDA one kernel computes all three from the projection (``dgpp.kernels.hyper_connections``)."""
+        if use_triton(streams):
+            mixes = self._mixes(streams, self.fn)
+            return hc_collapse(
+                mixes, self.base, self.scale, streams, sinkhorn_iters=self.sinkhorn_iters, eps=self.eps
+            )
         pre, post, comb = self.coefficients(streams)
         return _weighted_sum(pre, streams).to(streams.dtype), post, comb
 
@@ -175,6 +183,8 @@ class HyperConnection(_StreamNormed):
         self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
     ) -> torch.Tensor:
         """``s'_k = post_k * out + sum_j comb[j, k] * s_j`` for the sublayer output ``out [T, H]``."""
+        if use_triton(streams):
+            return hc_expand(streams, out, post, comb)
         dtype = streams.dtype
         comb_t = comb.to(dtype).float().transpose(1, 2)  # [T, k, j]: row k mixes the input streams j
         update = post.to(dtype).unsqueeze(-1) * out.unsqueeze(1)
@@ -203,6 +213,10 @@ class HyperHead(_StreamNormed):
         self.hc_scale = self._param(1)
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        if use_triton(streams):
+            return hc_head(
+                self._mixes(streams, self.hc_fn), self.hc_base, self.hc_scale, streams, eps=self.eps
+            )
         pre = _sigmoid(self._mixes(streams, self.hc_fn) * self.hc_scale + self.hc_base) + self.eps
         return _weighted_sum(pre, streams).to(streams.dtype)
 
