@@ -24,7 +24,6 @@ import torch
 
 from dgpp.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 
-
 _BLOCK_H = 256
 # a launch option of compiled kernels: keep ``a * b + c`` two roundings, as the torch ops are
 _NO_FMA = {"enable_fp_fusion": False}
