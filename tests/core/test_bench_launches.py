@@ -109,3 +109,18 @@ def test_quantized_cache_writes_are_one_launch_per_tensor() -> None:
         assert layer["quantized_write"] == (2 if indexed else 1)
     for layer in qwen.layers + glm.layers:
         assert not any(op in layer for op in ("aten.amax", "aten.signbit", "write_kv"))
+
+
+def test_hyper_connections_take_one_launch_per_collapse_and_expand(monkeypatch) -> None:
+    from dgpp.nn import hyper_connections
+
+    model = tiny_model("glm5_next", torch.bfloat16)
+    fused = count_decode(model)
+    monkeypatch.setattr(hyper_connections, "use_triton", lambda _x: False)  # the torch chain
+    unfused = count_decode(model)
+    for layer, chain in zip(fused.layers, unfused.layers, strict=True):
+        assert layer["hc_collapse"] == 2 and layer["hc_expand"] == 2
+        # coefficients, 20 Sinkhorn iterations and the stream sums were ~390 torch ops a layer
+        assert sum(chain.values()) - sum(layer.values()) > 350
+        assert "aten.softmax" in chain and "aten.softmax" not in layer
+        assert layer["aten.div"] <= 1 and chain["aten.div"] > 70
