@@ -158,8 +158,11 @@ class HyperConnection(_StreamNormed):
 
     def coefficients(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(pre [T, N], post [T, N], comb [T, N, N])`` in fp32 for ``streams [T, N, H]``."""
-        n, rows = self.streams, streams.shape[0]
-        mixes = self._mixes(streams, self.fn)
+        return self.coefficients_of(self._mixes(streams, self.fn))
+
+    def coefficients_of(self, mixes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``coefficients`` from the projection's logits ``mixes [T, (2+N)*N]`` (the torch chain)."""
+        n, rows = self.streams, mixes.shape[0]
         pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
         pre_b, post_b, comb_b = self.base.split([n, n, n * n])
         pre = _sigmoid(pre_w * self.scale[0] + pre_b) + self.eps
@@ -171,12 +174,18 @@ class HyperConnection(_StreamNormed):
     def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The sublayer input ``x [T, H]`` (streams' dtype) and the ``post`` / ``comb`` that ``expand`` needs.
         On CUDA one kernel computes all three from the projection (``dgpp.kernels.hyper_connections``)."""
+        mixes = self._mixes(streams, self.fn)
         if use_triton(streams):
-            mixes = self._mixes(streams, self.fn)
             return hc_collapse(
                 mixes, self.base, self.scale, streams, sinkhorn_iters=self.sinkhorn_iters, eps=self.eps
             )
-        pre, post, comb = self.coefficients(streams)
+        return self.collapse_of(mixes, streams)
+
+    def collapse_of(
+        self, mixes: torch.Tensor, streams: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``collapse`` from the projection's logits ``mixes`` (the torch chain)."""
+        pre, post, comb = self.coefficients_of(mixes)
         return _weighted_sum(pre, streams).to(streams.dtype), post, comb
 
     def expand(
