@@ -182,7 +182,17 @@ def hc_head(
 
 
 def _launch_collapse(
-    mixes, base, scale, streams, x, post, comb, iters: int, eps: float, *, head: bool
+    mixes: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    streams: torch.Tensor,
+    x: torch.Tensor,
+    post: torch.Tensor,
+    comb: torch.Tensor,
+    iters: int,
+    eps: float,
+    *,
+    head: bool,
 ) -> None:
     rows, n, hidden = streams.shape
     width = n if head else (2 + n) * n

@@ -192,7 +192,7 @@ class HyperConnection(_StreamNormed):
         self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
     ) -> torch.Tensor:
         """``s'_k = post_k * out + sum_j comb[j, k] * s_j`` for the sublayer output ``out [T, H]``."""
-        if use_triton(streams):
+        if use_triton(streams) and out.dtype == streams.dtype:  # else the chain's type promotion decides
             return hc_expand(streams, out, post, comb)
         dtype = streams.dtype
         comb_t = comb.to(dtype).float().transpose(1, 2)  # [T, k, j]: row k mixes the input streams j
