@@ -72,7 +72,7 @@ def hyper_connection_checks(failures: list[str]) -> list[str]:
             f"diff {_maxdiff(got_head, want_head):.1e}"
         )
         pairs = ((new, want_new), (x, want_x), (got_head, want_head))
-        bf16_close = all(_maxdiff(a, b) <= 1e-2 * float(b.float().abs().max()) for a, b in pairs)  # bf16 ulps
+        bf16_close = all(_maxdiff(a, b) <= 2e-2 * float(b.float().abs().max()) for a, b in pairs)  # bf16 ulps
         if not (coeff < 1e-5 and alone and bf16_close):
             failures.append(f"hyper-connection kernels rows {rows}: {out[-2]} / {out[-1]}")
     return out
