@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dgpp.kernels.hyper_connections import hc_collapse, hc_expand, hc_head
+from dgpp.kernels.hyper_connections import hc_collapse, hc_collapse_given, hc_expand, hc_head
 from dgpp.nn.hyper_connections import HyperConnection, HyperHead, sinkhorn
 
 H, T = 48, 5
@@ -123,3 +123,21 @@ def test_rows_are_independent_bit_for_bit() -> None:
                 torch.equal(x1[0], x[t]) and torch.equal(post1[0], post[t]) and torch.equal(comb1[0], comb[t])
             )
             assert torch.equal(hc_expand(streams[t : t + 1], out[t : t + 1], post1, comb1)[0], new[t])
+
+
+def test_collapse_given_weights_the_streams_by_the_given_pre() -> None:
+    layer = _layer(4, 20, 1e-6, seed=17)
+    streams = _streams(4, seed=18)
+    given = torch.rand(T, 4, generator=torch.Generator().manual_seed(19))
+    with torch.no_grad():
+        mixes = layer._mixes(streams, layer.fn)
+        x, pre, post, comb = hc_collapse_given(
+            mixes, layer.base, layer.scale, streams, given.t().contiguous().t(), sinkhorn_iters=20, eps=1e-6
+        )
+        want_x, want_pre, want_post, want_comb = layer.collapse_given(streams, given)  # the torch chain
+        own_x, _, _ = layer.collapse(streams)
+    torch.testing.assert_close(x, want_x, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pre, want_pre, rtol=0, atol=1e-6)
+    torch.testing.assert_close(post, want_post, rtol=0, atol=1e-6)
+    torch.testing.assert_close(comb, want_comb, rtol=0, atol=1e-6)
+    assert (x - own_x).abs().max() > 1e-2  # weighted by the given pre, not its own

@@ -15,7 +15,9 @@ to the streams' dtype first) and rounded, then the two added in that dtype.
 The fp32 math follows the torch chain op for op: separate multiplies and adds (launched with fp contraction
 off, so no FMA), IEEE divisions (``div_rn``), libdevice ``exp``. Reductions over the ``N`` streams (softmax
 and Sinkhorn sums) may add in another order than torch's, so ``comb`` can differ from it in the last places
-(measured well within 1e-6 in fp32); everything is per row, so a row's bits never depend on the other rows.
+(measured well within 1e-6 in fp32). ``hc_collapse_given`` is the single-pass form (DeepSeek-V4.1): the same
+coefficients, ``pre`` returned, and ``x`` weighted by the previous sublayer's ``pre``. Everything is per row, so
+a row's bits never depend on the other rows.
 """
 
 from __future__ import annotations
@@ -63,6 +65,8 @@ def _hc_collapse_kernel(
     x_ptr,
     post_ptr,
     comb_ptr,
+    given_ptr,
+    pre_ptr,
     n,
     hidden,
     iters,
@@ -70,7 +74,10 @@ def _hc_collapse_kernel(
     mix_row,
     s_row,
     s_stream,
+    given_row,
+    given_col,
     HEAD: tl.constexpr,
+    GIVEN: tl.constexpr,
     NP: tl.constexpr,
     BLOCK_H: tl.constexpr,
 ):
@@ -101,6 +108,9 @@ def _hc_collapse_kernel(
             comb = tl.math.div_rn(comb, tl.where(row_live, tl.sum(comb, axis=1)[:, None] + eps, 1.0))
             comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
         tl.store(comb_ptr + row * n * n + r * n + c, comb, mask=cell)
+    if GIVEN:  # x from the given weights (the previous sublayer's pre); this row's pre is stored for the next
+        tl.store(pre_ptr + row * n + i, pre, mask=live)
+        pre = tl.load(given_ptr + row * given_row + i * given_col, mask=live, other=0.0).to(tl.float32)
     w0 = _pick(pre, i, 0)
     src = streams_ptr + row * s_row
     for h0 in range(0, hidden, BLOCK_H):
@@ -170,6 +180,32 @@ def hc_collapse(
     return x, post, comb
 
 
+def hc_collapse_given(
+    mixes: torch.Tensor,
+    base: torch.Tensor,
+    scale: torch.Tensor,
+    streams: torch.Tensor,
+    given_pre: torch.Tensor,
+    *,
+    sinkhorn_iters: int,
+    eps: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(x, pre, post, comb)``: ``hc_collapse``'s coefficients with ``pre [T, N]`` returned, and ``x`` the
+    streams weighted by ``given_pre [T, N]`` instead (single-pass hyper-connections: the previous sublayer's)."""
+    _check_streams(streams)
+    rows, n, hidden = streams.shape
+    if given_pre.shape != (rows, n):
+        raise ValueError(f"given_pre must be [{rows}, {n}], got {list(given_pre.shape)}")
+    x = torch.empty(rows, hidden, dtype=streams.dtype, device=streams.device)
+    pre = torch.empty(rows, n, dtype=torch.float32, device=streams.device)
+    post = torch.empty(rows, n, dtype=torch.float32, device=streams.device)
+    comb = torch.empty(rows, n, n, dtype=torch.float32, device=streams.device)
+    _launch_collapse(
+        mixes, base, scale, streams, x, post, comb, sinkhorn_iters, eps, head=False, given=(given_pre, pre)
+    )
+    return x, pre, post, comb
+
+
 def hc_head(
     mixes: torch.Tensor, base: torch.Tensor, scale: torch.Tensor, streams: torch.Tensor, *, eps: float
 ) -> torch.Tensor:
@@ -193,8 +229,10 @@ def _launch_collapse(
     eps: float,
     *,
     head: bool,
+    given: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     rows, n, hidden = streams.shape
+    given_pre, pre_out = given if given is not None else (x, x)
     width = n if head else (2 + n) * n
     if mixes.shape != (rows, width) or mixes.stride(-1) != 1:
         raise ValueError(
@@ -209,6 +247,8 @@ def _launch_collapse(
             x,
             post,
             comb,
+            given_pre,
+            pre_out,
             n,
             hidden,
             iters,
@@ -216,7 +256,10 @@ def _launch_collapse(
             mixes.stride(0),
             streams.stride(0),
             streams.stride(1),
+            given_pre.stride(0),
+            given_pre.stride(-1),
             HEAD=head,
+            GIVEN=given is not None,
             NP=next_pow2(n),
             BLOCK_H=min(_BLOCK_H, next_pow2(hidden)),
             num_warps=4,

@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels._triton import use_triton
-from dgpp.kernels.hyper_connections import hc_collapse, hc_expand, hc_head
+from dgpp.kernels.hyper_connections import hc_collapse, hc_collapse_given, hc_expand, hc_head
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -187,6 +187,25 @@ class HyperConnection(_StreamNormed):
         """``collapse`` from the projection's logits ``mixes`` (the torch chain)."""
         pre, post, comb = self.coefficients_of(mixes)
         return _weighted_sum(pre, streams).to(streams.dtype), post, comb
+
+    def collapse_given(
+        self, streams: torch.Tensor, given_pre: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Single-pass form: ``(x, pre, post, comb)`` with this sublayer's coefficients and ``x`` the streams
+        weighted by ``given_pre [T, N]`` (the previous sublayer's ``pre``); one kernel on CUDA."""
+        mixes = self._mixes(streams, self.fn)
+        if use_triton(streams):
+            return hc_collapse_given(
+                mixes,
+                self.base,
+                self.scale,
+                streams,
+                given_pre,
+                sinkhorn_iters=self.sinkhorn_iters,
+                eps=self.eps,
+            )
+        pre, post, comb = self.coefficients_of(mixes)
+        return _weighted_sum(given_pre, streams).to(streams.dtype), pre, post, comb
 
     def expand(
         self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
