@@ -124,3 +124,9 @@ def test_hyper_connections_take_one_launch_per_collapse_and_expand(monkeypatch) 
         assert sum(chain.values()) - sum(layer.values()) > 350
         assert "aten.softmax" in chain and "aten.softmax" not in layer
         assert layer["aten.div"] <= 1 and chain["aten.div"] > 70
+
+
+def test_single_pass_hyper_connections_take_one_launch_per_collapse_and_expand() -> None:
+    for layer in count_decode(tiny_model("deepseek_v41", torch.bfloat16)).layers:
+        assert layer["hc_collapse"] == 2 and layer["hc_expand"] == 2
+        assert "aten.softmax" not in layer and layer["aten.div"] <= 1

@@ -1,5 +1,5 @@
 """Hyper-connection kernels on the GPU at the releases' sizes (hidden 4096, 4 streams, 20 Sinkhorn iterations,
-bf16 streams): collapse, expand and the head collapse against the torch chain they replace (max differences,
+bf16 streams): collapse, expand, the head collapse and the single-pass collapse against the torch chain they replace (max differences,
 bit-equal or not), a row alone against the batch (bit for bit), and both timed (CUDA events)."""
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ def hyper_connection_checks(failures: list[str]) -> list[str]:
             want_head = head(streams)
             t_chain = _timed(layer.collapse_of, mixes, streams)
             t_chain_expand = _timed(layer.expand, streams, sub_out, post, comb)
+            given_x = layer.collapse_given(streams, post)[0]  # single pass (V4.1): any [T, N] weights
         got_head = head(streams)
+        got_given_x = layer.collapse_given(streams, post)[0]
         t_fused, t_expand = _timed(fused), _timed(hc_expand, streams, sub_out, post, comb)
         x1, post1, comb1 = hc_collapse(
             mixes[-1:], layer.base, layer.scale, streams[-1:], sinkhorn_iters=ITERS, eps=layer.eps
@@ -69,9 +71,9 @@ def hyper_connection_checks(failures: list[str]) -> list[str]:
         out.append(
             f"hc expand rows {rows}: {'bit-equal' if expand_equal else f'max diff {_maxdiff(new, want_new):.1e}'} "
             f"to the torch chain; {t_expand * 1e6:.1f} us vs {t_chain_expand * 1e6:.1f} us; head collapse max "
-            f"diff {_maxdiff(got_head, want_head):.1e}"
+            f"diff {_maxdiff(got_head, want_head):.1e}, single-pass x max diff {_maxdiff(got_given_x, given_x):.1e}"
         )
-        pairs = ((new, want_new), (x, want_x), (got_head, want_head))
+        pairs = ((new, want_new), (x, want_x), (got_head, want_head), (got_given_x, given_x))
         bf16_close = all(_maxdiff(a, b) <= 2e-2 * float(b.float().abs().max()) for a, b in pairs)  # bf16 ulps
         if not (coeff < 1e-5 and alone and bf16_close):
             failures.append(f"hyper-connection kernels rows {rows}: {out[-2]} / {out[-1]}")
