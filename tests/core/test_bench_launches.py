@@ -140,3 +140,25 @@ def test_pooled_indexer_decode_scores_selects_and_stores_in_kernels(monkeypatch:
             f"aten.{op}" in layer for op in ("sort", "argmax", "index_copy_", "bmm", "masked_fill")
         )
         assert sum(layer.values()) < sum(unfused.layers[i].values())
+
+
+def test_hyper_connections_take_one_launch_per_collapse_and_expand(monkeypatch) -> None:
+    from dgpp.nn import hyper_connections
+
+    model = tiny_model("glm5_next", torch.bfloat16)
+    fused = count_decode(model)
+    monkeypatch.setattr(hyper_connections, "use_triton", lambda _x: False)  # the torch chain
+    unfused = count_decode(model)
+    for layer, chain in zip(fused.layers, unfused.layers, strict=True):
+        assert layer["hc_collapse"] == 2 and layer["hc_expand"] == 2
+        # coefficients, 20 Sinkhorn iterations and the stream sums were ~390 torch ops a layer
+        assert sum(chain.values()) - sum(layer.values()) > 350
+        assert "aten.softmax" in chain and "aten.softmax" not in layer
+        assert layer["aten.div"] <= 1 and chain["aten.div"] > 70
+
+
+def test_single_pass_hyper_connections_take_one_launch_per_collapse_and_expand() -> None:
+    for layer in count_decode(tiny_model("deepseek_v41", torch.bfloat16)).layers:
+        assert layer["hc_collapse"] == 2 and layer["hc_expand"] == 2
+        # the torch chain's Sinkhorn passes were ~78 sums and 78 divisions a layer; router and Engram keep a few
+        assert "aten.softmax" not in layer and layer["aten.div"] < 20 and layer["aten.sum"] < 20

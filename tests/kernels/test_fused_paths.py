@@ -54,12 +54,13 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
 
 
 @pytest.mark.parametrize(
-    "kind", ["mimo", "flint", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "glm4_moe", "deepseek_v41"]
+    "kind",
+    ["mimo", "flint", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "glm4_moe", "glm5_next", "deepseek_v4", "deepseek_v41"],
 )
 def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     """A model on its CUDA branches (Triton under the interpreter: residual adds fused into the next norm,
     projections sharing a launch, Flint's q/k norms fused with the rotation, the GDN gates and output norm in
-    one launch each) against its CPU path, fp32: a prompt and three greedy decode steps, logits within fp32
+    one launch each, the hyper-connections' collapse and expand one launch each) against its CPU path, fp32: a prompt and three greedy decode steps, logits within fp32
     rounding and the same tokens."""
     from dgpp.bench.launches import cuda_path, tiny_model
     from dgpp.engine.runner import ModelRunner
@@ -79,7 +80,7 @@ def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     assert torch.equal(runs[1].argmax(-1), runs[0].argmax(-1))
 
 
-@pytest.mark.parametrize("kind", ["mimo", "qwen3_5_moe", "glm4_moe"])
+@pytest.mark.parametrize("kind", ["mimo", "qwen3_5_moe", "glm4_moe", "glm5_next", "deepseek_v4"])
 def test_cuda_path_decode_rows_do_not_depend_on_the_batch(kind: str) -> None:
     """On the CUDA branches, a decode row's logits are the same bits alone and beside another sequence."""
     from dgpp.bench.launches import cuda_path, tiny_model

@@ -4,6 +4,7 @@ window 128, CSA ratio 4 with a 64-head x 128 indexer keeping 512 entries, HCA ra
 1. the fused decode kernels alone (``dgpp.kernels.compressed_decode_attention``: window + entries + sinks in one
    softmax; ``dgpp.kernels.window_pool``: the compressor's pool and ring write; the indexer's scores and top-k)
    against their torch forms, a row alone vs in a batch bit for bit, and their time against the bytes they read;
+   the hyper-connection collapse / expand / head kernels against their torch chain (``kernel_checks_hyper``);
 2. one CSA and one HCA layer's decode step, the fused Triton path and the batched torch path, against the per-row
    reference (``dgpp.nn.compressed_attention``) after prompts long enough that the indexer selects;
 3. the prefill path batched over a chunk's rows (``dgpp.nn.compressed_prefill`` with
@@ -28,6 +29,7 @@ import torch
 from check_flint_cuda import finish
 from check_glm5_cuda import _timed
 from check_glm5_next_cuda import decode_bench
+from kernel_checks_hyper import hyper_connection_checks
 
 CONTEXTS = (
     700,
@@ -427,6 +429,7 @@ def main() -> int:
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     failures: list[str] = []
     table = kernel_checks(failures)
+    table += hyper_connection_checks(failures)
     table += check_sliding(failures)
     print(table[-1], flush=True)
     for layer_idx in (2, 3):  # CSA, HCA in the layer-scaled geometry

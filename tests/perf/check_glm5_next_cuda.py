@@ -1,6 +1,7 @@
 """GLM-5.3-Flash (glm5_next) on a CUDA machine (not a CI test): the KDA recurrent decode step (per-key-channel
 decay) against its fp32 reference at the release's sizes (64 heads of 128 x 128 state), a row's bits alone vs in a
-batch, its timing against the state bytes it reads and writes, then decode tok/s of the layer-scaled geometry
+batch, its timing against the state bytes it reads and writes; the hyper-connection kernels against their torch
+chain (``kernel_checks_hyper``), then decode tok/s of the layer-scaled geometry
 ``glm-5.3-flash-6l`` (random bf16 weights), eager and under decode graphs, against the roofline of the bytes a step
 reads (``dgpp.bench.step_bytes``: weights, routed experts as picked, the cache rows and the KDA state read and
 written), and whether the two modes' greedy tokens agree. Also the k-pooled indexer's decode selection on its kernels
@@ -19,6 +20,7 @@ import sys
 import torch
 from check_flint_cuda import finish, rel
 from check_glm5_cuda import _timed
+from kernel_checks_hyper import hyper_connection_checks
 
 HEADS, DIM = 64, 128  # one KDA layer of the release: 64 heads, 128 x 128 fp32 state each
 
@@ -160,6 +162,7 @@ def main() -> int:
     if not args.skip_kernels:
         table += kda_kernel_checks(failures)
         table += indexer_checks(failures)
+        table += hyper_connection_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
     table += decode_bench(args.geometry, cases, args.steps, failures)  # type: ignore[arg-type]

@@ -40,7 +40,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-DEFAULT_KINDS = ("qwen3", "mimo", "qwen3_5", "qwen3_5_moe", "flint", "qwen4_exp")
+DEFAULT_KINDS = ("qwen3", "mimo", "qwen3_5", "qwen3_5_moe", "flint", "qwen4_exp", "glm5_next", "deepseek_v4")
 # ops that only allocate: no kernel runs until something writes the memory
 _ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # ops that read a device value on the host

@@ -37,6 +37,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
+from dgpp.kernels.hyper_connections import hc_collapse, hc_collapse_given, hc_expand, hc_head
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -156,8 +158,11 @@ class HyperConnection(_StreamNormed):
 
     def coefficients(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``(pre [T, N], post [T, N], comb [T, N, N])`` in fp32 for ``streams [T, N, H]``."""
-        n, rows = self.streams, streams.shape[0]
-        mixes = self._mixes(streams, self.fn)
+        return self.coefficients_of(self._mixes(streams, self.fn))
+
+    def coefficients_of(self, mixes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``coefficients`` from the projection's logits ``mixes [T, (2+N)*N]`` (the torch chain)."""
+        n, rows = self.streams, mixes.shape[0]
         pre_w, post_w, comb_w = mixes.split([n, n, n * n], dim=-1)
         pre_b, post_b, comb_b = self.base.split([n, n, n * n])
         pre = _sigmoid(pre_w * self.scale[0] + pre_b) + self.eps
@@ -167,14 +172,47 @@ class HyperConnection(_StreamNormed):
         return pre, post, sinkhorn(comb, self.sinkhorn_iters, self.eps)
 
     def collapse(self, streams: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The sublayer input ``x [T, H]`` (streams' dtype) and the ``post`` / ``comb`` that ``expand`` needs."""
-        pre, post, comb = self.coefficients(streams)
+        """The sublayer input ``x [T, H]`` (streams' dtype) and the ``post`` / ``comb`` that ``expand`` needs.
+        On CUDA one kernel computes all three from the projection (``dgpp.kernels.hyper_connections``)."""
+        mixes = self._mixes(streams, self.fn)
+        if use_triton(streams):
+            return hc_collapse(
+                mixes, self.base, self.scale, streams, sinkhorn_iters=self.sinkhorn_iters, eps=self.eps
+            )
+        return self.collapse_of(mixes, streams)
+
+    def collapse_of(
+        self, mixes: torch.Tensor, streams: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``collapse`` from the projection's logits ``mixes`` (the torch chain)."""
+        pre, post, comb = self.coefficients_of(mixes)
         return _weighted_sum(pre, streams).to(streams.dtype), post, comb
+
+    def collapse_given(
+        self, streams: torch.Tensor, given_pre: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Single-pass form: ``(x, pre, post, comb)`` with this sublayer's coefficients and ``x`` the streams
+        weighted by ``given_pre [T, N]`` (the previous sublayer's ``pre``); one kernel on CUDA."""
+        mixes = self._mixes(streams, self.fn)
+        if use_triton(streams):
+            return hc_collapse_given(
+                mixes,
+                self.base,
+                self.scale,
+                streams,
+                given_pre,
+                sinkhorn_iters=self.sinkhorn_iters,
+                eps=self.eps,
+            )
+        pre, post, comb = self.coefficients_of(mixes)
+        return _weighted_sum(given_pre, streams).to(streams.dtype), pre, post, comb
 
     def expand(
         self, streams: torch.Tensor, out: torch.Tensor, post: torch.Tensor, comb: torch.Tensor
     ) -> torch.Tensor:
         """``s'_k = post_k * out + sum_j comb[j, k] * s_j`` for the sublayer output ``out [T, H]``."""
+        if use_triton(streams) and out.dtype == streams.dtype:  # else the chain's type promotion decides
+            return hc_expand(streams, out, post, comb)
         dtype = streams.dtype
         comb_t = comb.to(dtype).float().transpose(1, 2)  # [T, k, j]: row k mixes the input streams j
         update = post.to(dtype).unsqueeze(-1) * out.unsqueeze(1)
@@ -203,6 +241,10 @@ class HyperHead(_StreamNormed):
         self.hc_scale = self._param(1)
 
     def forward(self, streams: torch.Tensor) -> torch.Tensor:
+        if use_triton(streams):
+            return hc_head(
+                self._mixes(streams, self.hc_fn), self.hc_base, self.hc_scale, streams, eps=self.eps
+            )
         pre = _sigmoid(self._mixes(streams, self.hc_fn) * self.hc_scale + self.hc_base) + self.eps
         return _weighted_sum(pre, streams).to(streams.dtype)
 

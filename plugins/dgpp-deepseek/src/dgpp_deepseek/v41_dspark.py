@@ -78,12 +78,11 @@ class DSparkV41Drafter(DSparkHeads):
         pre = torch.zeros(streams.shape[0], model.config.hc_mult, dtype=torch.float32, device=streams.device)
         pre[:, 0] = 1.0
         for s, stage in enumerate(self.stages):
-            pre_attn, post, comb = stage.attn_hc.coefficients(streams)
-            x = stage.attn_norm(collapse(pre, streams))
-            out = self._attend(stage.attn, x, positions, self._context(batch, s), block)
+            x, pre_attn, post, comb = stage.attn_hc.collapse_given(streams, pre)
+            out = self._attend(stage.attn, stage.attn_norm(x), positions, self._context(batch, s), block)
             streams = stage.attn_hc.expand(streams, out, post, comb)
-            pre, post, comb = stage.ffn_hc.coefficients(streams)
-            x = stage.ffn_norm(collapse(pre_attn, streams))
+            x, pre, post, comb = stage.ffn_hc.collapse_given(streams, pre_attn)
+            x = stage.ffn_norm(x)
             out = all_reduce(stage.ffn(x, tokens), model.world, model.group)
             streams = stage.ffn_hc.expand(streams, out, post, comb)
         collapsed = collapse(pre, streams)

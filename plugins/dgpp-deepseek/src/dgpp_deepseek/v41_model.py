@@ -88,11 +88,11 @@ class DeepseekV41Block(nn.Module):
             streams = self.engram(streams, batch)
         if means is not None:
             means[self.layer_idx] = streams.mean(dim=1)
-        pre_attn, post, comb = self.attn_hc.coefficients(streams)
-        out = self.attn(self.attn_norm(collapse(pre, streams)), batch, flow)
+        x, pre_attn, post, comb = self.attn_hc.collapse_given(streams, pre)
+        out = self.attn(self.attn_norm(x), batch, flow)
         streams = self.attn_hc.expand(streams, out, post, comb)
-        pre_ffn, post, comb = self.ffn_hc.coefficients(streams)
-        x = self.ffn_norm(collapse(pre_attn, streams))
+        x, pre_ffn, post, comb = self.ffn_hc.collapse_given(streams, pre_attn)
+        x = self.ffn_norm(x)
         out = all_reduce(self.ffn(x, batch.input_ids), self.world, group)
         return self.ffn_hc.expand(streams, out, post, comb), pre_ffn
 
