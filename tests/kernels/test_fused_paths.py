@@ -55,7 +55,17 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
 
 @pytest.mark.parametrize(
     "kind",
-    ["mimo", "flint", "qwen3_5", "qwen3_5_moe", "qwen4_exp", "glm4_moe", "glm5_next", "deepseek_v4", "deepseek_v41"],
+    [
+        "mimo",
+        "flint",
+        "qwen3_5",
+        "qwen3_5_moe",
+        "qwen4_exp",
+        "glm4_moe",
+        "glm5_next",
+        "deepseek_v4",
+        "deepseek_v41",
+    ],
 )
 def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     """A model on its CUDA branches (Triton under the interpreter: residual adds fused into the next norm,
