@@ -18,7 +18,8 @@ def write_kv_ref(
     keep = slot_mapping >= 0
     slots = slot_mapping[keep].long()
     k_cache.view(-1, *k_cache.shape[2:])[slots] = k[keep].to(k_cache.dtype)
-    v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
+    if v_cache.numel():  # a K-only entry (DSA index keys) pairs its keys with an empty V
+        v_cache.view(-1, *v_cache.shape[2:])[slots] = v[keep].to(v_cache.dtype)
 
 
 @triton.jit
