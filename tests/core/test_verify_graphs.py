@@ -12,11 +12,11 @@ from test_lookup_draft import _greedy
 from test_lookup_draft import serve as serve_lookup
 from test_speculative import PROMPTS, serve, tiny_glm_with_mtp
 
-from dgpp.engine.graphs import DecodeGraphs
+from dgpp.engine.graphs import DecodeGraphs, verify_graphs
 from dgpp.engine.lookup_draft import LookupDecoder
 from dgpp.engine.runner import ModelRunner
 from dgpp.engine.speculative import SpeculativeDecoder
-from dgpp.engine.verify_graphs import as_decode_rows, verify_graphs, verify_rows_independent
+from dgpp.engine.verify_graphs import as_decode_rows, verify_rows_independent
 from dgpp.engine.work import SeqWork
 from dgpp.startup.loading import load_model
 from dgpp.step.pools import CachePools

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from dgpp.engine.graph_inputs import DecodeInputs
-from dgpp.engine.verify_graphs import as_decode_rows
+from dgpp.engine.verify_graphs import as_decode_rows, verify_rows_independent
 from dgpp.engine.work import SeqWork
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.model import Model
@@ -290,3 +290,15 @@ class DecodeGraphs:
                 "last_hidden while it was captured (Model.keep_hidden was off then, or the model keeps none)"
             )
         return self.hidden[size][:rows].clone()
+
+
+def verify_graphs(graphs: DecodeGraphs | None, model: Model, depth: int) -> DecodeGraphs | None:
+    """The graph set a speculative decoder at ``depth`` replays: one taking ``depth + 1`` rows for each of the
+    decode graphs' ``max_batch`` requests and verify steps (``takes_verify``), or None (every step eager) when
+    there are no decode graphs or the model's verify rows are not independent."""
+    if graphs is None or not verify_rows_independent(model):
+        return None
+    rows = graphs.max_batch * (depth + 1)
+    verify = DecodeGraphs(model, graphs.pools, rows, graphs.max_blocks, capture=graphs.capture_requested)
+    verify.takes_verify = True
+    return verify

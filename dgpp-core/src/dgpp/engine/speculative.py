@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from dgpp.engine.draft_proposal import Proposal
+from dgpp.engine.graphs import verify_graphs
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.speculative_stats import SpecDecodeStats
-from dgpp.engine.verify_graphs import verify_graphs
 from dgpp.engine.verify_schedule import DraftTrack, PassRule, ScheduleSettings, VerifySchedule
 from dgpp.engine.work import DecodingSequence, SeqWork
 from dgpp.sample.batch import DrawnRows, Row, sample_rows

@@ -22,14 +22,9 @@ row, which independent decode rows of one request cannot do; those verify eager.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from dgpp.engine.work import SeqWork
 from dgpp.step.cache_spec import LatentKV, PagedKV
 from dgpp.step.model import Model
-
-if TYPE_CHECKING:
-    from dgpp.engine.graphs import DecodeGraphs
 
 
 def verify_rows_independent(model: Model) -> bool:
@@ -56,17 +51,3 @@ def as_decode_rows(work: list[SeqWork]) -> list[SeqWork] | None:
         else:
             return None
     return rows
-
-
-def verify_graphs(graphs: DecodeGraphs | None, model: Model, depth: int) -> DecodeGraphs | None:
-    """The graph set a speculative decoder at ``depth`` replays: one taking ``depth + 1`` rows for each of the
-    decode graphs' ``max_batch`` requests and verify steps (``takes_verify``), or None (every step eager) when
-    there are no decode graphs or the model's verify rows are not independent."""
-    if graphs is None or not verify_rows_independent(model):
-        return None
-    from dgpp.engine.graphs import DecodeGraphs
-
-    rows = graphs.max_batch * (depth + 1)
-    verify = DecodeGraphs(model, graphs.pools, rows, graphs.max_blocks, capture=graphs.capture_requested)
-    verify.takes_verify = True
-    return verify

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from typing import cast
 
 import torch
 import torch.nn.functional as F
@@ -146,6 +147,11 @@ class PLELayer(nn.Module):
     per stream ``σ(ssqrt(k̂·q̂/√H)) · value``, plus ``silu(conv(norm(that)))``. CUDA decode steps take
     ``dgpp.kernels.ngram_decode`` (two launches besides the table gather and the two projections)."""
 
+    @property
+    def hasher(self) -> NGramHasher:
+        """The n-gram hasher the table was built for (held by the table, which names only its row counts)."""
+        return cast(NGramHasher, self.ple_embedding.hasher)
+
     def __init__(
         self,
         cfg: NGramConfig,
@@ -202,7 +208,7 @@ class PLELayer(nn.Module):
             fresh = batch.context_lens_cpu[i] == 0 or slot < 0
             previous = tokens.new_full((keep,), eos) if fresh else context[slot]
             history = torch.cat([previous, tokens])
-            ids[start : start + q_len] = self.ple_embedding.hasher(history, q_len)
+            ids[start : start + q_len] = self.hasher(history, q_len)
             if slot >= 0:
                 context[slot] = history[-keep:]
 
@@ -247,7 +253,7 @@ class PLELayer(nn.Module):
         """CUDA: decode rows through the n-gram kernels, which read no host value (a decode-only step is
         graph-safe). Under the step's route (``plan``) a verify's rows go one position at a time through the same
         kernels, as plain decode takes them; a prefill chunk keeps the torch form, one sequence per call."""
-        cfg, hasher, context = self.cfg, self.ple_embedding.hasher, state["ngram_context"]
+        cfg, hasher, context = self.cfg, self.hasher, state["ngram_context"]
         if plan is None:
             steps: list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]] = [
                 (None, batch.state_slots, batch.fresh_flags())

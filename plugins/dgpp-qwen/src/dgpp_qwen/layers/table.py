@@ -14,7 +14,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -22,8 +22,15 @@ from torch import nn
 
 from dgpp.plugin_api import CheckpointError, CheckpointReader
 
-if TYPE_CHECKING:
-    from dgpp_qwen.layers.ngram import NGramHasher
+
+class TableRows(Protocol):
+    """What the table reads of the layer's n-gram hasher (``dgpp_qwen.layers.ngram.NGramHasher``)."""
+
+    @property
+    def rows_needed(self) -> int: ...
+    @property
+    def table_rows(self) -> int: ...
+
 
 _SAFETENSORS_DTYPES = {
     "F32": torch.float32,
@@ -64,7 +71,7 @@ def _map_tensor(
 class NGramEmbedding(nn.Module):
     """Hasher + table; ``forward(row_ids [T, heads])`` -> ``[T, heads * dim]`` on the ids' device."""
 
-    def __init__(self, hasher: NGramHasher, dim: int) -> None:
+    def __init__(self, hasher: TableRows, dim: int) -> None:
         super().__init__()
         self.hasher = hasher
         self.dim = dim
