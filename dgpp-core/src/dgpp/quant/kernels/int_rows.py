@@ -1,10 +1,10 @@
 """Row-exact GEMM for weights packed in int32 words (int4/int8 groups, the NF4I8 codebook, GPTQ / AutoRound).
 
-Each program owns BN output columns and walks K in BK tiles in one fixed order: it decodes a tile of packed
-weights once (codes -> value x scale, rounded once to the dot dtype, as the torch decode does) and multiplies it
-against every row of the step, 16 rows per dot. The partial sums live in an fp32 workspace ``[SPLIT, M, N]``
-that each program reads and writes back for its own columns; a K slice (``SPLIT`` > 1) accumulates into its own
-plane, and the planes are added in slice order at the end. The dot shape, the K order and the split come from
+Each program owns BN output columns of 16 rows and walks K in BK tiles in one fixed order: it decodes a tile of
+packed weights (codes -> value x scale, rounded once to the dot dtype, as the torch decode does) and multiplies it
+against its rows, 16 rows per dot, the sums kept in registers. A K slice (``SPLIT`` > 1) stores its sums in its own
+plane of an fp32 workspace ``[SPLIT, M, N]``, and the planes are added in slice order at the end; with one slice
+the program rounds and stores the output itself. The dot shape, the K order and the split come from
 the weight's shape alone, never from M, so a row's bits are the same alone and among any number of rows.
 """
 
@@ -71,11 +71,13 @@ def int_rows_kernel(
     gidx_ptr,
     levels_ptr,
     ws_ptr,
+    out_ptr,
     M,
     N,
     K,
     k_per_split,
     stride_xm,
+    stride_om,
     stride_wn,
     stride_wk,
     stride_sn,
@@ -93,16 +95,20 @@ def int_rows_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """Program (column tile, K slice): ``ws[slice] += x @ W^T`` over its K range, every row of the step against
-    each decoded tile; ``int_rows_finish`` then sums the planes."""
+    """Program (column tile, K slice, block of BM rows): its rows' sums over its K range, kept in registers tile
+    after tile (so the weight loads pipeline), then stored once: the output itself when there is one K slice,
+    else the slice's plane of ``ws`` for ``int_rows_finish`` to add. A block's sums run the same dot shape over
+    the same K order whatever M is."""
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
+    pid_m = tl.program_id(2)
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
-    offs_m0 = tl.arange(0, BM)
+    offs_m = pid_m * BM + tl.arange(0, BM)
+    m_ok = offs_m < M
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    plane = ws_ptr + pid_s * M * N
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BK):
         offs_k = k0 + tl.arange(0, BK)
         k_ok = offs_k < k_hi
@@ -128,23 +134,24 @@ def int_rows_kernel(
             HAS_GIDX,
         )
         wt = tl.trans(tl.where(ok, w, 0.0).to(DOT_DTYPE))  # rounded once to the compute dtype
-        for m0 in range(0, M, BM):
-            offs_m = m0 + offs_m0
-            m_ok = offs_m < M
-            x = tl.load(
-                x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-                mask=m_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            ).to(DOT_DTYPE)
-            acc_ptrs = plane + offs_m[:, None] * N + offs_n[None, :]
-            acc_ok = m_ok[:, None] & n_ok[None, :]
-            acc = tl.load(acc_ptrs, mask=acc_ok, other=0.0)
-            if DOT_FP32:
-                acc = tl.dot(x, wt, acc, input_precision="ieee")
-            else:
-                acc = tl.dot(x, wt, acc)
-            tl.store(acc_ptrs, acc, mask=acc_ok)
-        tl.debug_barrier()  # the next K tile reads these sums in another thread layout
+        x = tl.load(
+            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
+            mask=m_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        ).to(DOT_DTYPE)
+        if DOT_FP32:
+            acc = tl.dot(x, wt, acc, input_precision="ieee")
+        else:
+            acc = tl.dot(x, wt, acc)
+    acc_ok = m_ok[:, None] & n_ok[None, :]
+    if SPLIT == 1:
+        tl.store(
+            out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
+            acc.to(out_ptr.dtype.element_ty),
+            mask=acc_ok,
+        )
+    else:
+        tl.store(ws_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=acc_ok)
 
 
 @triton.jit

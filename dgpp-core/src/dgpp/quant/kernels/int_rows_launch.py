@@ -123,8 +123,8 @@ def int_rows_linear(
     shape: Shape,
     tile: IntRowsTile | None = None,
 ) -> torch.Tensor:
-    """``x [M, K] @ W^T`` for any M in one launch (plus the pass that sums K slices and rounds): each packed
-    tile is decoded once per step and multiplied against all rows; the row bits do not depend on M."""
+    """``x [M, K] @ W^T`` for any M in one launch (plus the pass that sums K slices and rounds, when K is split):
+    each block of 16 rows decodes the packed tiles it multiplies; the row bits do not depend on M."""
     import triton.language as tl
 
     from dgpp.quant.kernels.int_rows import int_rows_finish, int_rows_kernel
@@ -138,19 +138,22 @@ def int_rows_linear(
         return out
     k_per_split = cdiv(cdiv(k, tile.split_k), tile.bk) * tile.bk
     split = cdiv(k, k_per_split)
-    ws = torch.zeros(split, m, n, dtype=torch.float32, device=x.device)
+    # a K slice's sums go to its plane of the workspace; one slice stores the output directly
+    ws = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
     ptrs, args = _operands(fmt, tensors, shape)
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
-    int_rows_kernel[(cdiv(n, tile.bn), split)](
+    int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS_PER_DOT))](
         x,
         *ptrs,
         ws,
+        out,
         m,
         n,
         k,
         k_per_split,
         x.stride(0),
+        out.stride(0),
         **args,
         SPLIT=split,
         BM=ROWS_PER_DOT,
@@ -161,8 +164,9 @@ def int_rows_linear(
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
-    block = 1024
-    int_rows_finish[(cdiv(m * n, block),)](ws, out, m, n, out.stride(0), SPLIT=split, BLOCK=block)
+    if split > 1:
+        block = 1024
+        int_rows_finish[(cdiv(m * n, block),)](ws, out, m, n, out.stride(0), SPLIT=split, BLOCK=block)
     return out
 
 
