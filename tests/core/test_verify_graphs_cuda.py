@@ -26,9 +26,8 @@ from test_speculative import PROMPTS, serve  # noqa: E402
 from test_speculative_cuda import DTYPES  # noqa: E402
 from test_verify_graphs import BLOCKS_PER_SEQ, _clone_pools, _pools, _prefilled, _verify_work  # noqa: E402
 
-from dgpp.engine.graphs import DecodeGraphs  # noqa: E402
+from dgpp.engine.graphs import DecodeGraphs, verify_graphs  # noqa: E402
 from dgpp.engine.runner import ModelRunner  # noqa: E402
-from dgpp.engine.verify_graphs import verify_graphs  # noqa: E402
 
 FAMILIES = ("glm", "glm_dsa", "qwen3")
 
