@@ -13,25 +13,13 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton
-
-
-@triton.jit
-def _e4m3_grid(y):
-    """fp32 ``y`` (within +-448) rounded to the nearest E4M3 value, ties to even, still fp32: adding and taking
-    back ``1.5 * 2^(k + 23)`` rounds at the value's E4M3 step ``2^k`` (fp32 addition rounds to nearest even), so
-    the cast that follows is exact on any backend."""
-    binade = ((y.to(tl.int32, bitcast=True) >> 23) & 255) - 127
-    step = tl.maximum(binade, -6) - 3  # 3 mantissa bits; below 2^-6 the subnormal step 2^-9
-    magic = (((step + 23 + 127) << 23) | 0x400000).to(tl.float32, bitcast=True)
-    rounded = (y + magic) - magic
-    return tl.where(rounded == 0.0, y * 0.0, rounded)  # a value rounded to zero keeps its sign
+from dgpp.kernels.quantized_write import e4m3_code
 
 
 @triton.jit
 def _ring_write_kernel(
     kv_ptr,
     ring_ptr,
-    ring8_ptr,
     slot_ptr,
     pos_ptr,
     len_ptr,
@@ -56,9 +44,9 @@ def _ring_write_kernel(
         # 2^ceil(log2(limit)) as a biased exponent: one up unless the mantissa is zero
         exponent = ((bits >> 23) & 255) + ((bits & 0x7FFFFF) != 0).to(tl.int32)
         scale = (exponent << 23).to(tl.float32, bitcast=True)
-        codes = _e4m3_grid(tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)).to(tl.float8e4nv)
+        codes = e4m3_code(tl.minimum(tl.maximum(x / scale[:, None], -448.0), 448.0)).to(tl.uint8)
         row = slot.to(tl.int64) * ring_s + (tl.load(pos_ptr + r) % cap).to(tl.int64) * ring_t
-        tl.store(ring8_ptr + row + cols, codes, mask=bmask[:, None])
+        tl.store(ring_ptr + row + cols, codes, mask=bmask[:, None])
         tl.store(ring_ptr + row + dim + blocks, exponent.to(tl.uint8), mask=bmask)
 
 
@@ -83,7 +71,6 @@ def ring_write_fp8_blocks_triton(
     _ring_write_kernel[(rows,)](
         kv,
         ring,
-        ring.view(torch.float8_e4m3fn),
         slots,
         positions,
         seq_lens,

@@ -21,7 +21,7 @@ from dgpp.step.cache_spec import FP4_BLOCK, KV_FP8
 
 
 @triton.jit
-def _e4m3_bits(v):
+def e4m3_code(v):
     """fp32 ``v`` -> its e4m3 byte (int32), nearest with ties to even; a magnitude of 480 or more gives NaN."""
     bits = v.to(tl.int32, bitcast=True)
     sign = (bits >> 24) & 0x80
@@ -72,7 +72,7 @@ def _store_fp8_row(src, dst, scale_dst, width, keep, BLOCK: tl.constexpr):
     x = tl.load(src + offs, mask=inside, other=0.0).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=0)
     scale = tl.math.div_rn(amax, 448.0)
-    codes = _e4m3_bits(_clamp(tl.math.div_rn(x, tl.where(scale > 0, scale, 1.0)), 448.0))
+    codes = e4m3_code(_clamp(tl.math.div_rn(x, tl.where(scale > 0, scale, 1.0)), 448.0))
     tl.store(dst + offs, codes.to(tl.uint8), mask=inside & keep)
     tl.store(scale_dst, scale, mask=keep)
 
@@ -92,7 +92,7 @@ def _store_fp4_row(src, dst, scale_dst, width, pad, keep, BLOCK_N: tl.constexpr)
     amax = tl.max(block_amax, axis=0)
     row_scale = tl.math.div_rn(amax, 2688.0)
     inverse = tl.where(amax > 0, tl.math.div_rn(1.0, tl.where(amax > 0, amax, 1.0)) * 448.0, 0.0)
-    scale_code = _e4m3_bits(_clamp(block_amax * inverse, 448.0))
+    scale_code = e4m3_code(_clamp(block_amax * inverse, 448.0))
     block_scale = _e4m3_value(scale_code) * row_scale
     usable = (block_scale > 0) & (scale_code != 0x7F)  # torch: a NaN block scale fails "> 0"
     block_inverse = tl.where(usable, tl.math.div_rn(1.0, tl.where(usable, block_scale, 1.0)), 0.0)
