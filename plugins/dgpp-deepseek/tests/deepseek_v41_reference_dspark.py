@@ -14,7 +14,7 @@ attention of each ``dspark_target_layer_ids`` layer, concatenated):
   .. c - 1`` and the whole block (its own latents stored the same way), sinks in the denominator, the output's
   rotation removed, the grouped output; then the stage's MoE (``dspark_num_experts_per_tok`` of its experts);
 - the streams collapsed with the last site's ``pre`` (``x_k``), ``rms(x_k) * norm`` times the head: the base
-  logits; row ``k`` drafts ``argmax(base_k + markov_w2 markov_w1[prev])`` (``prev`` the anchor, then the last
+  logits; row ``k`` drafts ``argmax(base_k + markov_w2 markov_w1[prev])`` (``prev`` the block's anchor token, then the last
   draft) with confidence ``sigmoid(proj . [x_k | markov_w1[prev]])``.
 """
 
