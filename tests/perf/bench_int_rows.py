@@ -8,6 +8,7 @@
    share of the copy bandwidth for the bytes a call must read.
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_int_rows.py [--shapes 6144x6144,24576x6144] [--rows 1,16,64]
+        [--tiles 64x128x4x2,128x128x4x3]   # int_rows tiles to time besides the default: BNxBKxWARPSxSTAGES
 """
 # ruff: noqa: B023  (timing lambdas run inside the loop iteration that defines them)
 
@@ -53,12 +54,15 @@ def main() -> int:
     from triton.testing import do_bench
 
     from dgpp.quant.kernels import default_config, quant_matmul
-    from dgpp.quant.kernels.int_rows_launch import int_rows_linear
+    from dgpp.quant.kernels.int_rows_launch import IntRowsTile, default_int_rows_tile, int_rows_linear
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default=",".join(formats()))
     ap.add_argument("--shapes", default="6144x6144,24576x6144")
     ap.add_argument("--rows", default="1,8,16,64,128,256")
+    ap.add_argument(
+        "--tiles", default="", help="extra int_rows tiles BNxBKxWARPSxSTAGES (K split as the default)"
+    )
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -100,6 +104,21 @@ def main() -> int:
                 print(
                     f"| {name} | {spec} | {m} | {us_rows:.1f} | {us_wo:.1f} | {100 * share:.1f} |", flush=True
                 )
+            for spec_tile in filter(None, args.tiles.split(",")):
+                bn, bk, warps, stages = (int(v) for v in spec_tile.split("x"))
+                split = default_int_rows_tile(*shape, x.device).split_k
+                tile = IntRowsTile(bn=bn, bk=bk, split_k=split, warps=warps, stages=stages)
+                times = []
+                for m in [int(r) for r in args.rows.split(",")]:
+                    rows = x[:m].contiguous()
+                    t = do_bench(
+                        lambda: [int_rows_linear(fmt, c, rows, shape, tile) for c in copies],
+                        warmup=5,
+                        rep=25,
+                        return_mode="median",
+                    )
+                    times.append(f"{m} rows {t * 1e3 / COPIES:.1f} us")
+                print(f"  tile {spec_tile} split {split}: " + ", ".join(times), flush=True)
     print("\n".join(failures) or "row exactness: all sampled rows equal alone")
     return 1 if failures else 0
 

@@ -64,6 +64,33 @@ def test_matches_reference(fmt, tile):
     torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("fmt", "tile", "mode"),
+    [
+        (IntPacked(bits=4, group=64), IntRowsTile(bn=32, bk=64), "tile"),
+        (IntPacked(bits=4, group=32), IntRowsTile(bn=32, bk=128), "groups"),
+        (GPTQ(bits=4, group=32), IntRowsTile(bn=32, bk=128), "groups"),
+        (NF4Codebook(group=32), IntRowsTile(bn=32, bk=128), "groups"),
+        (IntPacked(bits=8, group=48), IntRowsTile(bn=32, bk=64), "gather"),
+        (GPTQ(bits=4, group=48), IntRowsTile(bn=32, bk=64), "gather"),
+    ],
+    ids=["int4-tile", "int4-groups", "gptq-groups", "nf4i8-groups", "int8-gather", "gptq-gather"],
+)
+def test_each_scale_load_matches_reference(fmt, tile, mode):
+    """Scales loaded once per tile, once per group inside a tile, and per weight (groups straddling tiles)."""
+    from dgpp.quant.kernels.int_rows import SCALES_GATHER, SCALES_GROUPS, SCALES_TILE
+    from dgpp.quant.kernels.int_rows_launch import _operands, scale_mode
+
+    n, k = 40, 384
+    tensors, dense = packed_weights(fmt, n, k, seed=7)
+    want = {"tile": SCALES_TILE, "groups": SCALES_GROUPS, "gather": SCALES_GATHER}[mode]
+    assert scale_mode(_operands(fmt, tensors, (n, k))[1], tile.bk, k) == want
+    x = torch.randn(33, k)
+    got = int_rows_linear(fmt, tensors, x, (n, k), tile)
+    torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[20], int_rows_linear(fmt, tensors, x[20:21], (n, k), tile)[0])
+
+
 def test_act_order_g_idx_matches_reference():
     fmt, n, k = GPTQ(bits=4, group=64), 40, 256
     g_idx = torch.randperm(k, generator=torch.Generator().manual_seed(5)) // 64

@@ -1,11 +1,16 @@
 """Row-exact GEMM for weights packed in int32 words (int4/int8 groups, the NF4I8 codebook, GPTQ / AutoRound).
 
-Each program owns BN output columns of 16 rows and walks K in BK tiles in one fixed order: it decodes a tile of
-packed weights (codes -> value x scale, rounded once to the dot dtype, as the torch decode does) and multiplies it
-against its rows, 16 rows per dot, the sums kept in registers. A K slice (``SPLIT`` > 1) stores its sums in its own
-plane of an fp32 workspace ``[SPLIT, M, N]``, and the planes are added in slice order at the end; with one slice
-the program rounds and stores the output itself. The dot shape, the K order and the split come from
-the weight's shape alone, never from M, so a row's bits are the same alone and among any number of rows.
+Each program owns BN output columns and up to ``BLOCKS`` blocks of 16 rows, and walks K in tiles of BKW words
+(``32 / BITS`` codes each) in one fixed order. A tile's words are loaded once (whole words, so the loads
+vectorize); its group scales (and GPTQ zero points) once per group; then sub-position ``i`` of every word (the
+codes at K = word·PW + i) is decoded (codes -> value x scale, rounded once to the dot dtype, as the torch decode
+does) and meets the matching x columns of each row block in a tensor-core dot, the weight as the MMA's A operand:
+``acc_b += W_i [BN, BKW] @ x_b^T [BKW, 16]``. So the packed bytes of a tile are read and decoded once for all
+of a program's rows, and every row's chain (the dot shape, the sub-position order, the K tiles, the K slices) is
+fixed by the weight's shape alone: a row's bits are the same alone and among any number of rows.
+
+A K slice (``SPLIT`` > 1) stores its sums in its own plane of an fp32 workspace ``[SPLIT, M, N]``, added in
+slice order at the end; with one slice the program rounds and stores the output itself.
 """
 
 from __future__ import annotations
@@ -17,19 +22,92 @@ FMT_INT = 0  # codes along K in [N, K·b/32] words, a scale per (row, group), fi
 FMT_NF4 = 1  # 4-bit indices along K in [N, K/8] words into a 16-entry fp32 level table, a scale per group
 FMT_GPTQ = 2  # codes along K in [K·b/32, N] words, zero points packed along N per group, scales [K/group, N]
 
+SCALES_GATHER = 0  # a scale (and zero) loaded per weight: act-order g_idx, or groups that straddle tiles
+SCALES_TILE = 1  # the whole tile inside one group: one scale per output column
+SCALES_GROUPS = 2  # whole groups inside the tile: one load per group, broadcast over its words
+
+ROWS = 16  # rows per dot: fixed, so the tensor-core instruction is the same for 1 row and for 300
+
 
 @triton.jit
-def _decode_tile(
-    w_ptr,
+def _code_value(code, zero, levels_ptr, FMT: tl.constexpr):
+    """``code - zero`` as fp32 (codes < 2^23: OR-ed into the mantissa of 2^23, no int->float conversion), or the
+    NF4 level of the code."""
+    if FMT == 1:
+        out = tl.load(levels_ptr + code)
+    else:
+        out = (code | 0x4B000000).to(tl.float32, bitcast=True) - (zero.to(tl.float32) + 8388608.0)
+    return out
+
+
+@triton.jit
+def _unpack_zeros(zw, offs_n, BITS: tl.constexpr, ZERO_OFFSET: tl.constexpr):
+    """GPTQ zero points of columns ``offs_n`` from their packed words (``zw`` broadcast like ``offs_n``)."""
+    per_word: tl.constexpr = 32 // BITS
+    return ((zw >> ((offs_n % per_word) * BITS)) & ((1 << BITS) - 1)) + ZERO_OFFSET
+
+
+@triton.jit
+def _tile_scales(
+    s_ptr,
+    z_ptr,
+    offs_n,
+    n_ok,
+    k0,
+    k_hi,
+    stride_sn,
+    stride_sk,
+    stride_zg,
+    FMT: tl.constexpr,
+    BITS: tl.constexpr,
+    GROUP: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    BN: tl.constexpr,
+    BKW: tl.constexpr,
+):
+    """(scale, zero) of a tile starting at K column ``k0``: [BN, 1] (SCALES_TILE) or [BN, BKW] broadcast from
+    one load per group (SCALES_GROUPS); unused (zeros) for SCALES_GATHER, which loads them per weight."""
+    per_word: tl.constexpr = 32 // BITS
+    if SCALE_MODE == 1:
+        g = k0 // GROUP
+        s = tl.load(s_ptr + offs_n * stride_sn + g * stride_sk, mask=n_ok, other=0.0).to(tl.float32)[:, None]
+        if FMT == 2:
+            zw = tl.load(z_ptr + g * stride_zg + offs_n // per_word, mask=n_ok, other=0)
+            zero = _unpack_zeros(zw, offs_n, BITS, ZERO_OFFSET)[:, None]
+        else:
+            zero = tl.full((BN, 1), ZERO_OFFSET, tl.int32)
+    elif SCALE_MODE == 2:
+        words_per_group: tl.constexpr = GROUP // per_word
+        groups: tl.constexpr = BKW // words_per_group
+        offs_g = k0 // GROUP + tl.arange(0, groups)
+        ok = n_ok[:, None] & (offs_g * GROUP < k_hi)[None, :]
+        s = tl.load(s_ptr + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk, mask=ok, other=0.0)
+        s = tl.reshape(
+            tl.broadcast_to(s.to(tl.float32)[:, :, None], (BN, groups, words_per_group)), (BN, BKW)
+        )
+        if FMT == 2:
+            zw = tl.load(
+                z_ptr + offs_g[None, :] * stride_zg + (offs_n // per_word)[:, None], mask=ok, other=0
+            )
+            zero = _unpack_zeros(zw, offs_n[:, None], BITS, ZERO_OFFSET)
+            zero = tl.reshape(tl.broadcast_to(zero[:, :, None], (BN, groups, words_per_group)), (BN, BKW))
+        else:
+            zero = tl.full((BN, BKW), ZERO_OFFSET, tl.int32)
+    else:
+        s = tl.zeros((BN, 1), tl.float32)
+        zero = tl.full((BN, 1), ZERO_OFFSET, tl.int32)
+    return s, zero
+
+
+@triton.jit
+def _gathered_scales(
     s_ptr,
     z_ptr,
     gidx_ptr,
-    levels_ptr,
     offs_n,
     offs_k,
     ok,
-    stride_wn,
-    stride_wk,
     stride_sn,
     stride_sk,
     stride_zg,
@@ -39,27 +117,50 @@ def _decode_tile(
     ZERO_OFFSET: tl.constexpr,
     HAS_GIDX: tl.constexpr,
 ):
-    """The fp32 weights ``W[offs_n, offs_k]`` (before rounding to the dot dtype) of a [BN, BK] tile."""
+    """(scale, zero) per weight of a [BN, BKW] sub-position tile (``offs_k`` its K columns)."""
     per_word: tl.constexpr = 32 // BITS
-    mask: tl.constexpr = (1 << BITS) - 1
-    word = tl.load(
-        w_ptr + offs_n[:, None] * stride_wn + (offs_k // per_word)[None, :] * stride_wk, mask=ok, other=0
-    )
-    code = (word >> ((offs_k % per_word) * BITS)[None, :]) & mask
     if HAS_GIDX:
         group = tl.load(gidx_ptr + offs_k)
     else:
         group = offs_k // GROUP
-    scale = tl.load(s_ptr + offs_n[:, None] * stride_sn + group[None, :] * stride_sk, mask=ok, other=0.0)
-    if FMT == 0:
-        value = (code - ZERO_OFFSET).to(tl.float32)
-    elif FMT == 1:
-        value = tl.load(levels_ptr + code)
-    else:
+    s = tl.load(s_ptr + offs_n[:, None] * stride_sn + group[None, :] * stride_sk, mask=ok, other=0.0)
+    if FMT == 2:
         zw = tl.load(z_ptr + group[None, :] * stride_zg + (offs_n // per_word)[:, None], mask=ok, other=0)
-        zero = ((zw >> ((offs_n % per_word) * BITS)[:, None]) & mask) + ZERO_OFFSET
-        value = (code - zero).to(tl.float32)
-    return value * scale.to(tl.float32)
+        zero = _unpack_zeros(zw, offs_n[:, None], BITS, ZERO_OFFSET)
+    else:
+        zero = tl.full(s.shape, ZERO_OFFSET, tl.int32)
+    return s.to(tl.float32), zero
+
+
+@triton.jit
+def _row_block_dot(
+    w, acc, x_ptr, block, M, stride_xm, offs_k, k_ok, DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr
+):
+    """``acc + w @ x[rows of block]^T`` for the 16 rows of ``block`` at K columns ``offs_k``."""
+    rows = block * ROWS + tl.arange(0, ROWS)
+    xt = tl.load(
+        x_ptr + rows[None, :] * stride_xm + offs_k[:, None],
+        mask=(rows < M)[None, :] & k_ok[:, None],
+        other=0.0,
+    ).to(DOT_DTYPE)
+    if DOT_FP32:
+        out = tl.dot(w, xt, acc, input_precision="ieee")
+    else:
+        out = tl.dot(w, xt, acc)
+    return out
+
+
+@triton.jit
+def _store_block(acc, block, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT: tl.constexpr):
+    """Block ``block``'s sums ([BN, 16], transposed back to rows): the output, or this K slice's plane."""
+    rows = block * ROWS + tl.arange(0, ROWS)
+    ok = (rows < M)[None, :] & n_ok[:, None]
+    if SPLIT == 1:
+        tl.store(
+            out_ptr + rows[None, :] * stride_om + offs_n[:, None], acc.to(out_ptr.dtype.element_ty), mask=ok
+        )
+    else:
+        tl.store(ws_ptr + pid_s * M * N + rows[None, :] * N + offs_n[:, None], acc, mask=ok)
 
 
 @triton.jit
@@ -88,42 +189,41 @@ def int_rows_kernel(
     GROUP: tl.constexpr,
     ZERO_OFFSET: tl.constexpr,
     HAS_GIDX: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
     SPLIT: tl.constexpr,
-    BM: tl.constexpr,
+    BLOCKS: tl.constexpr,
     BN: tl.constexpr,
-    BK: tl.constexpr,
+    BKW: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
 ):
-    """Program (column tile, K slice, block of BM rows): its rows' sums over its K range, kept in registers tile
-    after tile (so the weight loads pipeline), then stored once: the output itself when there is one K slice,
-    else the slice's plane of ``ws`` for ``int_rows_finish`` to add. A block's sums run the same dot shape over
-    the same K order whatever M is."""
+    """Program (column tile, K slice, group of BLOCKS row blocks): each block's sums over the slice kept in
+    registers tile after tile, then stored once. Every block runs the same dots in the same order whatever M
+    and BLOCKS are."""
+    per_word: tl.constexpr = 32 // BITS
+    code_mask: tl.constexpr = (1 << BITS) - 1
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
-    pid_m = tl.program_id(2)
+    first = tl.program_id(2) * BLOCKS
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
-    offs_m = pid_m * BM + tl.arange(0, BM)
-    m_ok = offs_m < M
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    acc = tl.zeros((BM, BN), dtype=tl.float32)
-    for k0 in range(k_lo, k_hi, BK):
-        offs_k = k0 + tl.arange(0, BK)
-        k_ok = offs_k < k_hi
-        ok = n_ok[:, None] & k_ok[None, :]
-        w = _decode_tile(
-            w_ptr,
+    acc0 = tl.zeros((BN, ROWS), dtype=tl.float32)
+    acc1 = tl.zeros((BN, ROWS), dtype=tl.float32)
+    acc2 = tl.zeros((BN, ROWS), dtype=tl.float32)
+    acc3 = tl.zeros((BN, ROWS), dtype=tl.float32)
+    for k0 in range(k_lo, k_hi, BKW * per_word):
+        offs_w = k0 // per_word + tl.arange(0, BKW)
+        w_ok = n_ok[:, None] & (offs_w < k_hi // per_word)[None, :]
+        words = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :] * stride_wk, mask=w_ok, other=0)
+        s, zero = _tile_scales(
             s_ptr,
             z_ptr,
-            gidx_ptr,
-            levels_ptr,
             offs_n,
-            tl.where(k_ok, offs_k, 0),
-            ok,
-            stride_wn,
-            stride_wk,
+            n_ok,
+            k0,
+            k_hi,
             stride_sn,
             stride_sk,
             stride_zg,
@@ -131,27 +231,50 @@ def int_rows_kernel(
             BITS,
             GROUP,
             ZERO_OFFSET,
-            HAS_GIDX,
+            SCALE_MODE,
+            BN,
+            BKW,
         )
-        wt = tl.trans(tl.where(ok, w, 0.0).to(DOT_DTYPE))  # rounded once to the compute dtype
-        x = tl.load(
-            x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :],
-            mask=m_ok[:, None] & k_ok[None, :],
-            other=0.0,
-        ).to(DOT_DTYPE)
-        if DOT_FP32:
-            acc = tl.dot(x, wt, acc, input_precision="ieee")
-        else:
-            acc = tl.dot(x, wt, acc)
-    acc_ok = m_ok[:, None] & n_ok[None, :]
-    if SPLIT == 1:
-        tl.store(
-            out_ptr + offs_m[:, None] * stride_om + offs_n[None, :],
-            acc.to(out_ptr.dtype.element_ty),
-            mask=acc_ok,
-        )
-    else:
-        tl.store(ws_ptr + pid_s * M * N + offs_m[:, None] * N + offs_n[None, :], acc, mask=acc_ok)
+        for i in tl.static_range(per_word):
+            offs_k = offs_w * per_word + i
+            k_ok = offs_k < k_hi
+            if SCALE_MODE == 0:
+                s, zero = _gathered_scales(
+                    s_ptr,
+                    z_ptr,
+                    gidx_ptr,
+                    offs_n,
+                    tl.where(k_ok, offs_k, 0),
+                    w_ok,
+                    stride_sn,
+                    stride_sk,
+                    stride_zg,
+                    FMT,
+                    BITS,
+                    GROUP,
+                    ZERO_OFFSET,
+                    HAS_GIDX,
+                )
+            code = (words >> (i * BITS)) & code_mask
+            w = (_code_value(code, zero, levels_ptr, FMT) * s).to(DOT_DTYPE)  # rounded once to the dot dtype
+            acc0 = _row_block_dot(w, acc0, x_ptr, first, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32)
+            if BLOCKS > 1:
+                acc1 = _row_block_dot(
+                    w, acc1, x_ptr, first + 1, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32
+                )
+            if BLOCKS > 2:
+                acc2 = _row_block_dot(
+                    w, acc2, x_ptr, first + 2, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32
+                )
+                acc3 = _row_block_dot(
+                    w, acc3, x_ptr, first + 3, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32
+                )
+    _store_block(acc0, first, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+    if BLOCKS > 1:
+        _store_block(acc1, first + 1, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+    if BLOCKS > 2:
+        _store_block(acc2, first + 2, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+        _store_block(acc3, first + 3, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
 
 
 @triton.jit

@@ -15,12 +15,13 @@ from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.operands import interpreting
 
-ROWS_PER_DOT = 16  # the dot's M: fixed, so the tensor-core instruction is the same for 1 row and for 300
+MAX_BLOCKS = 4  # 16-row blocks per program: a tile's words are decoded once for up to 64 rows
 
 
 @dataclasses.dataclass(frozen=True)
 class IntRowsTile:
-    """BN output columns per program, BK K columns per decoded tile, K slices (fixed by the shape, never by M)."""
+    """BN output columns per program, BK K columns per decoded tile (at least 16 words: the dot's K), K slices
+    (fixed by the shape, never by M)."""
 
     bn: int = 64
     bk: int = 128
@@ -116,6 +117,21 @@ def _operands(
     }
 
 
+def scale_mode(args: dict[str, object], bk: int, k: int) -> int:
+    """How a tile's scales load: once per tile when it sits inside one group, once per group when it holds whole
+    groups, else per weight (act-order ``g_idx``, or groups that straddle tiles)."""
+    from dgpp.quant.kernels.int_rows import SCALES_GATHER, SCALES_GROUPS, SCALES_TILE
+
+    group, per_word = int(args["GROUP"]), 32 // int(args["BITS"])  # type: ignore[call-overload]
+    if args["HAS_GIDX"]:
+        return SCALES_GATHER
+    if group % bk == 0 or group >= k:
+        return SCALES_TILE
+    if bk % group == 0 and group % per_word == 0:
+        return SCALES_GROUPS
+    return SCALES_GATHER
+
+
 def int_rows_linear(
     fmt: QuantFormat,
     tensors: dict[str, torch.Tensor],
@@ -127,10 +143,14 @@ def int_rows_linear(
     each block of 16 rows decodes the packed tiles it multiplies; the row bits do not depend on M."""
     import triton.language as tl
 
-    from dgpp.quant.kernels.int_rows import int_rows_finish, int_rows_kernel
+    from dgpp.quant.kernels.int_rows import ROWS, int_rows_finish, int_rows_kernel
 
     n, k = shape
     tile = tile or default_int_rows_tile(n, k, x.device)
+    ptrs, args = _operands(fmt, tensors, shape)
+    per_word = 32 // int(args["BITS"])  # type: ignore[call-overload]
+    if not interpreting():  # a tensor-core dot needs K >= 16: at least 16 words per tile
+        tile = dataclasses.replace(tile, bk=max(tile.bk, 16 * per_word))
     x = x.contiguous()
     m = x.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
@@ -140,10 +160,10 @@ def int_rows_linear(
     split = cdiv(k, k_per_split)
     # a K slice's sums go to its plane of the workspace; one slice stores the output directly
     ws = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
-    ptrs, args = _operands(fmt, tensors, shape)
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
-    int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS_PER_DOT))](
+    blocks = min(MAX_BLOCKS, cdiv(m, ROWS))
+    int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS * blocks))](
         x,
         *ptrs,
         ws,
@@ -155,10 +175,11 @@ def int_rows_linear(
         x.stride(0),
         out.stride(0),
         **args,
+        SCALE_MODE=scale_mode(args, tile.bk, k),
         SPLIT=split,
-        BM=ROWS_PER_DOT,
+        BLOCKS=blocks,
         BN=tile.bn,
-        BK=tile.bk,
+        BKW=tile.bk // per_word,
         DOT_DTYPE=dot_dtype,
         DOT_FP32=dot_fp32,
         num_warps=tile.warps,
