@@ -91,6 +91,18 @@ def test_each_scale_load_matches_reference(fmt, tile, mode):
     assert torch.equal(got[20], int_rows_linear(fmt, tensors, x[20:21], (n, k), tile)[0])
 
 
+@pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[3]], ids=["int4-g64", "gptq-int4"])
+def test_k_not_a_multiple_of_the_tile(fmt):
+    """K = 320 in tiles of 128 (and slices of 256): the last tile's words and groups past K are masked."""
+    n, k = 40, 320
+    tensors, dense = packed_weights(fmt, n, k, seed=8)
+    x = torch.randn(18, k)
+    for tile in (IntRowsTile(bn=32, bk=128), IntRowsTile(bn=32, bk=128, split_k=2)):
+        torch.testing.assert_close(
+            int_rows_linear(fmt, tensors, x, (n, k), tile), x @ dense.t(), rtol=1e-5, atol=1e-5
+        )
+
+
 def test_act_order_g_idx_matches_reference():
     fmt, n, k = GPTQ(bits=4, group=64), 40, 256
     g_idx = torch.randperm(k, generator=torch.Generator().manual_seed(5)) // 64

@@ -27,6 +27,7 @@ SCALES_TILE = 1  # the whole tile inside one group: one scale per output column
 SCALES_GROUPS = 2  # whole groups inside the tile: one load per group, broadcast over its words
 
 ROWS = 16  # rows per dot: fixed, so the tensor-core instruction is the same for 1 row and for 300
+_ROWS = tl.constexpr(ROWS)  # the same, as the kernels see it
 
 
 @triton.jit
@@ -137,7 +138,7 @@ def _row_block_dot(
     w, acc, x_ptr, block, M, stride_xm, offs_k, k_ok, DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr
 ):
     """``acc + w @ x[rows of block]^T`` for the 16 rows of ``block`` at K columns ``offs_k``."""
-    rows = block * ROWS + tl.arange(0, ROWS)
+    rows = block * _ROWS + tl.arange(0, _ROWS)
     xt = tl.load(
         x_ptr + rows[None, :] * stride_xm + offs_k[:, None],
         mask=(rows < M)[None, :] & k_ok[:, None],
@@ -153,7 +154,7 @@ def _row_block_dot(
 @triton.jit
 def _store_block(acc, block, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT: tl.constexpr):
     """Block ``block``'s sums ([BN, 16], transposed back to rows): the output, or this K slice's plane."""
-    rows = block * ROWS + tl.arange(0, ROWS)
+    rows = block * _ROWS + tl.arange(0, _ROWS)
     ok = (rows < M)[None, :] & n_ok[:, None]
     if SPLIT == 1:
         tl.store(
@@ -190,6 +191,7 @@ def int_rows_kernel(
     ZERO_OFFSET: tl.constexpr,
     HAS_GIDX: tl.constexpr,
     SCALE_MODE: tl.constexpr,
+    EVEN_K: tl.constexpr,
     SPLIT: tl.constexpr,
     BLOCKS: tl.constexpr,
     BN: tl.constexpr,
@@ -209,14 +211,22 @@ def int_rows_kernel(
     n_ok = offs_n < N
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    acc0 = tl.zeros((BN, ROWS), dtype=tl.float32)
-    acc1 = tl.zeros((BN, ROWS), dtype=tl.float32)
-    acc2 = tl.zeros((BN, ROWS), dtype=tl.float32)
-    acc3 = tl.zeros((BN, ROWS), dtype=tl.float32)
+    acc0 = tl.zeros((BN, _ROWS), dtype=tl.float32)
+    acc1 = tl.zeros((BN, _ROWS), dtype=tl.float32)
+    acc2 = tl.zeros((BN, _ROWS), dtype=tl.float32)
+    acc3 = tl.zeros((BN, _ROWS), dtype=tl.float32)
     for k0 in range(k_lo, k_hi, BKW * per_word):
-        offs_w = k0 // per_word + tl.arange(0, BKW)
-        w_ok = n_ok[:, None] & (offs_w < k_hi // per_word)[None, :]
-        words = tl.load(w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :] * stride_wk, mask=w_ok, other=0)
+        # slices start on whole tiles (the host's k_per_split), so a tile's words start BKW-aligned
+        offs_w = tl.multiple_of(k0 // per_word, BKW) + tl.arange(0, BKW)
+        if EVEN_K:  # K holds whole tiles: no K mask, so the word loads vectorize
+            w_ok = n_ok[:, None] & (offs_w >= 0)[None, :]
+        else:
+            w_ok = n_ok[:, None] & (offs_w < k_hi // per_word)[None, :]
+        if FMT == 2:  # words [K·b/32, N]: unit stride along N
+            w_ptrs = w_ptr + offs_n[:, None] + offs_w[None, :] * stride_wk
+        else:  # words [N, K·b/32]: unit stride along K
+            w_ptrs = w_ptr + offs_n[:, None] * stride_wn + offs_w[None, :]
+        words = tl.load(w_ptrs, mask=w_ok, other=0)
         s, zero = _tile_scales(
             s_ptr,
             z_ptr,

@@ -27,7 +27,7 @@ class IntRowsTile:
     bk: int = 128
     split_k: int = 1
     warps: int = 4
-    stages: int = 2
+    stages: int = 3
 
 
 def default_int_rows_tile(n: int, k: int, device: torch.device) -> IntRowsTile:
@@ -176,6 +176,7 @@ def int_rows_linear(
         out.stride(0),
         **args,
         SCALE_MODE=scale_mode(args, tile.bk, k),
+        EVEN_K=k % tile.bk == 0,
         SPLIT=split,
         BLOCKS=blocks,
         BN=tile.bn,
