@@ -128,11 +128,11 @@ def bench_weights(
         _set_gemv(gemv_modes[0])
         if hf is not None and (prompt, batch, new) in hf_cases:
             case = (prompt, batch, new)
-            rate = hf_rates[case] if case in hf_rates else hf_tok_s(hf, prompt, batch, new, vocab)
-            hf_rates[case] = rate
+            if case not in hf_rates:  # transformers' own cache: one rate for every kv dtype
+                hf_rates[case] = hf_tok_s(hf, prompt, batch, new, vocab)
+                print(f"{prompt}x{batch}x{new} {tag}transformers: {hf_rates[case]:.1f} tok/s", flush=True)
             for res in results[-len(modes) :]:
-                res.hf_tok_s = rate
-            print(f"{prompt}x{batch}x{new} {tag}transformers: {rate:.1f} tok/s", flush=True)
+                res.hf_tok_s = hf_rates[case]
     if args.prefill and device == "cuda":
         from dgpp.bench.decode import matmul_peak_tflops, prefill_tflops
 
