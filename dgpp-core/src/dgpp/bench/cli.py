@@ -120,6 +120,7 @@ def bench_weights(
             res = run_case(model, prompt, batch, new, graph=graph, copy_gbs=copy_gbs, kv_dtype=kv_dtype)
             res.label = f"{tag}{'graph' if graph else 'eager'}{GEMV_LABELS.get(gemv, off_label)}"
             results.append(res)
+            release_device_memory(device)
             print(
                 f"{prompt}x{batch}x{new} {res.label}: {res.ms_per_step:.2f} ms/step (replay {res.replay_ms:.2f}), "
                 f"{res.tok_s:.1f} tok/s, {res.step_bytes / 1e9:.3f} GB/step, {res.copy_pct:.1f}% of copy bw",
@@ -157,6 +158,14 @@ def bench_weights(
             except Exception as e:  # the profiler is optional: keep the table
                 sections.append(f"{tag}profile {prompt}x{batch} graph={graph} failed: {e!r}")
     return results, sections, failures
+
+
+def release_device_memory(device: str) -> None:
+    """Hand the cached blocks of finished sessions back to the device (a session's graphs hold its pools until
+    collected): a 32K-context case's pools are tens of GB."""
+    if device == "cuda":
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 def kv_refusal(model: Model, kv_dtype: str) -> str:
@@ -207,9 +216,7 @@ def bench_kv_dtypes(
         results += found
         sections += extra
         failures += failed
-        if args.device == "cuda":  # the next format's pools take this one's room
-            gc.collect()
-            torch.cuda.empty_cache()
+        release_device_memory(args.device)  # the next format's pools take this one's room
     return results, sections, failures
 
 
@@ -299,9 +306,7 @@ def run(args: argparse.Namespace) -> int:
         sections += extra
         failures += failed
         model = None
-        if device == "cuda":  # the next format's copy takes this one's room (graphs hold it until collected)
-            gc.collect()
-            torch.cuda.empty_cache()
+        release_device_memory(device)  # the next format's copy takes this one's room
     table = "\n\n".join([format_table(results, copy_gbs), *sections])
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
