@@ -165,8 +165,9 @@ def packed_model(raw: dict[str, Any], device: str) -> Model:
         model = build_model(cfg, ctx)
     with torch.device(device):
         quantize_modules(model, release_hf_config(raw), rename=checkpoint_name)
+    target = torch.device(device).type  # "cuda" places on cuda:0, which equals no bare "cuda"
     for param in model.parameters():
-        if param.device != torch.device(device):
+        if param.device.type != target:
             param.data = torch.empty_like(param, device=device)
     return model.to(device)  # the buffers (rotary frequencies)
 
