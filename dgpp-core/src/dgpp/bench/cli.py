@@ -77,6 +77,12 @@ def bench_weights(
     transformers column (it lacks the model type, or it does not hold this variant's weights)."""
     device, vocab = args.device, model.info.vocab_size
     results, sections, failures = [], [], []
+    if not getattr(model, "decode_graph_safe", True):  # the runner captures no graphs for it
+        sections.append(
+            f"{tag}{type(model).__name__} decodes eager (its decode step is not CUDA-graph safe): the 'graph' rows "
+            "and the graph == eager checks run eager steps"
+        )
+        print(sections[-1], flush=True)
     for prompt, batch, new in parse_cases(args.check_cases):
         graph = run_case(model, prompt, batch, new, graph=True, copy_gbs=copy_gbs)
         eager = run_case(model, prompt, batch, new, graph=False, copy_gbs=copy_gbs)

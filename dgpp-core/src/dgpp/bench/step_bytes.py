@@ -5,7 +5,9 @@
   distinct experts among ``b x top_k`` picks (measured from the routers by :class:`RouterTap`, or the
   uniform-routing expectation when not measured);
 - every sequence's K/V up to its context (paged attention layers);
-- every sequence's fixed-size state (Gated DeltaNet recurrent and conv state), read and written back.
+- every sequence's fixed-size state (Gated DeltaNet recurrent and conv state), read and written back;
+- the rows a token looks up in tables held outside the parameters (a module's ``table_bytes_per_token()``, e.g.
+  DeepSeek-V4.1's Engram rows), not the whole table.
 """
 
 from __future__ import annotations
@@ -28,6 +30,15 @@ def state_bytes_per_request(model: Model) -> int:
     """Fixed-size per-sequence state (all GDN layers: fp32 recurrent state plus conv window)."""
     return sum(
         spec.bytes_per_request() for spec in model.cache_spec().values() if isinstance(spec, StateSpec)
+    )
+
+
+def table_bytes_per_token(model: Model) -> int:
+    """Bytes one token reads from lookup tables kept outside the parameters (modules with ``table_bytes_per_token``)."""
+    return sum(
+        int(m.table_bytes_per_token())
+        for m in model.modules()
+        if callable(getattr(type(m), "table_bytes_per_token", None))
     )
 
 
@@ -67,6 +78,7 @@ def decode_step_bytes(
         weights
         + batch * mean_context * kv_bytes_per_token(model)
         + 2 * batch * state_bytes_per_request(model)
+        + batch * table_bytes_per_token(model)
     )
 
 
