@@ -49,6 +49,8 @@ GEOMETRIES = {
     "tiny-mimo-v2.6",
     "deepseek-v4-flash-8l",
     "tiny-deepseek-v4",
+    "deepseek-v4.1-flash-8l",
+    "tiny-deepseek-v41",
     "glm-5.3-12l",
     "glm-5.3-flash-6l",
     "tiny-glm-5.3-flash",

@@ -28,11 +28,17 @@ class TinyCheckpoint:
 
 @dataclass(frozen=True)
 class BenchGeometry:
-    """A real model's HF ``config.json`` fields, benchmarked with random weights (``dgpp bench --geometry``)."""
+    """A real model's HF ``config.json`` fields, benchmarked with random weights (``dgpp bench --geometry``).
+
+    ``build(hf_config, device, seed) -> Model``, where given, makes the random model itself (e.g. straight in a
+    release's packed formats, where the dense model core would draw does not fit the device); ``hf_config`` is
+    the geometry's fields with the run's dtype. Without it core draws the model (``dgpp.bench.models``).
+    """
 
     name: str
     hf_config: Mapping[str, Any]
     description: str = ""
+    build: Callable[[dict[str, Any], str, int], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,12 @@ def bench_weights(
     hf_rates = {} if hf_rates is None else hf_rates
     device, vocab = args.device, model.info.vocab_size
     results, sections, failures = [], [], []
+    if not getattr(model, "decode_graph_safe", True):  # the runner captures no graphs for it
+        sections.append(
+            f"{tag}{type(model).__name__} decodes eager (its decode step is not CUDA-graph safe): the 'graph' rows "
+            "and the graph == eager checks run eager steps"
+        )
+        print(sections[-1], flush=True)
     for prompt, batch, new in parse_cases(args.check_cases):
         graph = run_case(model, prompt, batch, new, graph=True, copy_gbs=copy_gbs, kv_dtype=kv_dtype)
         eager = run_case(model, prompt, batch, new, graph=False, copy_gbs=copy_gbs, kv_dtype=kv_dtype)

@@ -12,6 +12,7 @@ the HF baseline get dgpp's own random init (:func:`build_random_model`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +83,12 @@ def build_pair(
     transformers model is None when ``with_hf`` is off or transformers lacks the model type; dgpp's model
     then gets :func:`build_random_model`'s weights."""
     raw = hf_config(geometry, dtype)
+    if _own_builder(geometry) is not None:
+        if with_hf:
+            print(
+                f"{geometry}: its plugin draws the weights (packed formats): dgpp's model alone (HF column '-')"
+            )
+        return build_random_model(geometry, device, dtype, seed), None
     if not with_hf or not transformers_knows(raw["model_type"]):
         if with_hf:
             print(
@@ -102,6 +109,13 @@ def build_pair(
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
     ours = build_model_like(raw, hf.state_dict(), device, share=not _second_copy_fits(hf, device))
     return ours, hf
+
+
+def _own_builder(geometry: str) -> Callable[[dict[str, Any], str, int], Any] | None:
+    """The geometry's own random-model builder (``BenchGeometry.build``), if its plugin gives one."""
+    from dgpp.catalog import bench_geometry
+
+    return bench_geometry(geometry).build
 
 
 def _keeps_tables(raw_config: dict[str, Any]) -> bool:
@@ -167,8 +181,14 @@ def _fill_normal(param: torch.Tensor, std: float, gen: torch.Generator, chunk: i
 @torch.inference_mode()
 def build_random_model(geometry: str, device: str, dtype: torch.dtype, seed: int = 0) -> Model:
     """A dgpp model with N(0, std) matrices, norms at identity and GDN decays as HF initialises them
-    (A = U(1, 16), dt_bias 1); no transformers model kept."""
-    return random_model_from_config(hf_config(geometry, dtype), device, seed)
+    (A = U(1, 16), dt_bias 1); no transformers model kept. A geometry whose plugin builds its own random model
+    (``BenchGeometry.build``) gets that one."""
+    raw = hf_config(geometry, dtype)
+    build = _own_builder(geometry)
+    if build is not None:
+        model: Model = build(raw, device, seed)
+        return model
+    return random_model_from_config(raw, device, seed)
 
 
 @torch.inference_mode()
@@ -185,9 +205,15 @@ def random_model_from_config(raw: dict[str, Any], device: str, seed: int = 0) ->
 
 @torch.inference_mode()
 def fill_random(model: torch.nn.Module, std: float, gen: torch.Generator) -> None:
-    """Every parameter of ``model`` (on ``gen``'s device) drawn as :func:`build_random_model` draws them."""
+    """Every parameter of ``model`` (on ``gen``'s device) drawn as :func:`build_random_model` draws them; packed
+    weights in their own format (``dgpp.bench.packed_random``)."""
+    from dgpp.bench.packed_random import fill_packed
+
     device = gen.device
+    packed = fill_packed(model, std, gen)
     for name, param in sorted(model.named_parameters()):
+        if id(param) in packed:
+            continue
         if name.endswith("A_log"):
             param.copy_((torch.rand(param.shape, generator=gen, device=device) * 15 + 1).log())
         elif name.endswith("tid2eid"):  # a hash router's token -> experts table: distinct experts per token

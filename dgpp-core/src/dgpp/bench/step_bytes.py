@@ -7,7 +7,9 @@
 - every sequence's K/V up to its context (paged attention layers); under a DSA indexer (GLM-5.3) each MLA layer
   reads only the ``index_topk`` latent rows selected, and each indexer layer every cached index key once there is
   a choice to make (more than ``index_topk`` tokens);
-- every sequence's fixed-size state (Gated DeltaNet recurrent and conv state), read and written back.
+- every sequence's fixed-size state (Gated DeltaNet recurrent and conv state), read and written back;
+- the rows a token looks up in tables held outside the parameters (a module's ``table_bytes_per_token()``, e.g.
+  DeepSeek-V4.1's Engram rows), not the whole table.
 
 Cache rows count as ``engine.kv_dtype`` stores them (``dgpp.step.cache_spec.stored_as``): under ``fp8`` e4m3 rows
 plus their fp32 row scales, under ``fp4`` packed latent rows, not the compute dtype.
@@ -31,6 +33,13 @@ def kv_bytes_per_token(model: Model, kv_dtype: str = "auto") -> int:
     return sum(entry.bytes_per_token() for entry in spec.values() if isinstance(entry, PagedKV))
 
 
+def state_bytes_per_request(model: Model, kv_dtype: str = "auto") -> int:
+    """Fixed-size per-sequence state (GDN recurrent state and conv window; sliding-window rings as ``kv_dtype``
+    stores them)."""
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    return sum(entry.bytes_per_request() for entry in spec.values() if isinstance(entry, StateSpec))
+
+
 def cache_bytes_per_sequence(model: Model, context: float, kv_dtype: str = "auto") -> float:
     """Cache bytes one sequence's decode step at ``context`` tokens (its new one included) reads, stored as
     ``kv_dtype`` says: every paged entry's rows up to ``context``, except under DSA indexers (GLM-5.3), where an
@@ -41,11 +50,8 @@ def cache_bytes_per_sequence(model: Model, context: float, kv_dtype: str = "auto
     indexers = [m for m in model.modules() if isinstance(m, DSAIndexer)]
     topk = max((m.topk for m in indexers), default=0)
     index_keys = {m.cache_name for m in indexers}
-    total = 0.0
+    total = 2.0 * state_bytes_per_request(model, kv_dtype)
     for name, entry in spec.items():
-        if isinstance(entry, StateSpec):
-            total += 2 * entry.bytes_per_request()
-            continue
         if not isinstance(entry, PagedKV):
             continue
         rows = context
@@ -55,6 +61,15 @@ def cache_bytes_per_sequence(model: Model, context: float, kv_dtype: str = "auto
             rows = min(context, topk)
         total += rows * entry.bytes_per_token()
     return total
+
+
+def table_bytes_per_token(model: Model) -> int:
+    """Bytes one token reads from lookup tables kept outside the parameters (modules with ``table_bytes_per_token``)."""
+    return sum(
+        int(m.table_bytes_per_token())
+        for m in model.modules()
+        if callable(getattr(type(m), "table_bytes_per_token", None))
+    )
 
 
 def moe_layers(model: Model) -> list[SparseMoE]:
@@ -94,7 +109,11 @@ def decode_step_bytes(
         )
         stack = _module_bytes(moe.experts)
         weights += stack * (min(read, experts) / experts) - stack  # the stack was counted whole
-    return weights + batch * cache_bytes_per_sequence(model, mean_context, kv_dtype)
+    return (
+        weights
+        + batch * cache_bytes_per_sequence(model, mean_context, kv_dtype)
+        + batch * table_bytes_per_token(model)
+    )
 
 
 class RouterTap:

@@ -7,8 +7,8 @@ smaller than the test prompts, 16 indexer heads, and two hash layers whose ``tid
 experts. Parameters transformers initializes to constants (sinks, ``ape``, hyper-connection bases and scales,
 the correction bias, norms) are drawn at random so that dropping any of them moves the logits.
 
-``tiny_checkpoints`` and ``bench_geometries`` offer the builder (``deepseek_v4``) and the DeepSeek-V4-Flash
-benchmark geometries to core.
+``tiny_checkpoints`` and ``bench_geometries`` offer the builders (``deepseek_v4``, ``deepseek_v41``) and the
+DeepSeek-V4-Flash and DeepSeek-V4.1-Flash (``dgpp_deepseek.v41_bench``) benchmark geometries to core.
 """
 
 from __future__ import annotations
@@ -309,7 +309,10 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
 
 
 def bench_geometries() -> list[BenchGeometry]:
+    from dgpp_deepseek.v41_bench import bench_geometries as v41_geometries
+
     return [
+        *v41_geometries(),
         BenchGeometry(
             f"deepseek-v4-flash-{V4_FLASH_LAYERS}l", V4_FLASH_BENCH, "DeepSeek-V4-Flash's per-layer shape"
         ),

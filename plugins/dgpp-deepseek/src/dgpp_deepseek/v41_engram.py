@@ -118,6 +118,15 @@ class EngramTable:
         scale = f"{name}.scale"
         self.scales = self._map(file_of[scale], scale) if scale in file_of else None
 
+    @classmethod
+    def resident(cls, codes: np.ndarray, scales: np.ndarray | None) -> EngramTable:
+        """A table already in memory, as ``load_into_memory`` leaves one: E4M3 codes ``[rows, head_dim]`` and E8M0
+        scales ``[rows, head_dim / 32]``, both as bytes."""
+        table = cls.__new__(cls)
+        table.codes = (codes, "F8_E4M3")
+        table.scales = None if scales is None else (scales, "F8_E8M0")
+        return table
+
     @staticmethod
     def _map(path: Path, name: str) -> tuple[np.ndarray, str]:
         with path.open("rb") as f:
@@ -140,6 +149,11 @@ class EngramTable:
     @property
     def mapped_bytes(self) -> int:
         return sum(a.nbytes for a in self.arrays())
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes one looked-up row reads (its codes and its scales)."""
+        return sum(a.shape[1] * a.itemsize for a in self.arrays())
 
     def load_into_memory(self) -> None:
         """Copy the table out of the file (``engine.ngram_table: resident``)."""
@@ -204,6 +218,11 @@ class EngramV41(nn.Module):
         )
         self.multipliers = torch.tensor([int(v) * 2 + 1 for v in values], dtype=torch.int64)
         self.primes = torch.tensor([p for sizes in primes for p in sizes], dtype=torch.int64)
+
+    def table_bytes_per_token(self) -> int:
+        """Table bytes one token's lookup reads (a row per n-gram size and head), for the decode roofline."""
+        rows = (self.ngram - 1) * self.heads
+        return 0 if self.table is None else rows * self.table.row_bytes
 
     def cache_entries(self, dtype: torch.dtype) -> dict[str, CacheSpec]:
         return {self.cache_name: StateSpec({"tokens": ((self.ngram - 1,), torch.int64)})}

@@ -109,6 +109,9 @@ class DeepseekV41ForCausalLM(Model):
 
     #: the layers whose attention input's stream mean is kept (set by the DSpark drafter)
     feature_layers: tuple[int, ...] = ()
+    #: a decode step reads host-side lengths and slots (each sequence's selection, the compressors' open groups,
+    #: Engram's rows gathered on the host), which a CUDA graph would replay frozen: decode runs eager
+    decode_graph_safe = False
 
     def __init__(
         self,
