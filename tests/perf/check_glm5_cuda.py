@@ -325,26 +325,6 @@ def exactness_checks(failures: list[str]) -> list[str]:
     return out
 
 
-def step_bytes(model, batch: int, context: int, kv_dtype: str = "auto") -> float:
-    """Bytes a decode step at ``context`` cached tokens reads: the weights (routed experts as picked,
-    ``decode_step_bytes``), each layer's latent + rope rows of the tokens it attends (all of them up to index_topk,
-    then its selection) and, once past index_topk, every cached index key of the layers that run the indexer; rows
-    as ``engine.kv_dtype`` stores them (the stored cache entries' bytes per token)."""
-    from dgpp.bench.step_bytes import decode_step_bytes
-    from dgpp.step.cache_spec import stored_as
-
-    cfg = model.config
-    spec = stored_as(model.cache_spec(), kv_dtype)
-    seen = context + 1
-    latent_row = spec["layers.0.self_attn"].bytes_per_token()
-    attention = cfg.num_hidden_layers * min(seen, cfg.index_topk) * latent_row
-    if seen > cfg.index_topk:
-        attention += (
-            cfg.indexer_types.count("full") * seen * spec["layers.0.self_attn.indexer"].bytes_per_token()
-        )
-    return decode_step_bytes(model, batch, 0.0) + batch * attention
-
-
 def decode_bench(
     geometry: str,
     cases: list[tuple[int, int]],
@@ -354,6 +334,7 @@ def decode_bench(
     kv_dtype: str = "auto",
 ) -> list[str]:
     from dgpp.bench.models import hf_config
+    from dgpp.bench.step_bytes import decode_step_bytes
     from dgpp.engine.runner import ModelRunner
     from dgpp.engine.work import SeqWork
     from dgpp.offline import make_pools
@@ -361,7 +342,9 @@ def decode_bench(
     model = build_glm5(hf_config(geometry, torch.bfloat16))
     out = []
     for batch, context in cases:
-        read = step_bytes(model, batch, context, kv_dtype)
+        # weights (routed experts at their uniform expectation), each layer's latent rows of the tokens it attends
+        # (all up to index_topk, then its selection) and every index key once past it, rows as stored
+        read = decode_step_bytes(model, batch, context + 1, kv_dtype=kv_dtype)
         total = context + steps + 8
         pools, blocks, slots = make_pools(model, [total] * batch, BS, kv_dtype)
         last: dict[bool, torch.Tensor] = {}

@@ -53,6 +53,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device); serve mode: one "
         "format, the checkpoint written packed in that release's layout",
     )
+    parser.add_argument(
+        "--kv-dtype",
+        default="",
+        help="K/V cache formats to benchmark in turn, comma separated (engine.kv_dtype): auto (the compute "
+        "dtype), bf16, fp8 (e4m3 rows with fp32 row scales; MLA latents too), fp4 (packed MLA latents); each "
+        "row's mode starts 'kv FORMAT' and bytes/step count the cache as stored; a format the geometry's "
+        "attention does not read shows as 'refused' (empty: auto, rows untagged)",
+    )
     parser.add_argument("--out", default="")
     parser.add_argument("--device", default="cuda", help="cpu only smoke-tests the script (tiny geometry)")
     serve = parser.add_argument_group("serve mode (dgpp bench serve)")

@@ -6,6 +6,11 @@ ms per step, tok/s, the achieved GB/s and its share of the device-to-device copy
 in the same run, and transformers' tok/s (``generate``, greedy, eager) on the same weights.
 The step is timed through ``ModelRunner.step`` (host batch building included); ``replay ms`` is
 the captured graph alone, which separates GPU time from host time.
+
+``kv_dtype`` (``engine.kv_dtype``) stores the cache as the engine would (``stored_as``: e4m3 rows with row scales
+under ``fp8``, packed MLA latents under ``fp4``), the attention reading that form, and counts its bytes so. Prompts
+are prefilled in steps of at most ``PREFILL_STEP_TOKENS`` rows (the engine's tick budget), so the activations of
+long prompts fit beside the cache (8 prompts of 32K tokens are 262K rows: one step would need tens of GB).
 """
 
 from __future__ import annotations
@@ -24,8 +29,13 @@ from dgpp.bench.step_bytes import (
 )
 from dgpp.engine.runner import ModelRunner, build_batch
 from dgpp.engine.work import SeqWork
+from dgpp.prefill_budget import AUTO_BUSY_TOKENS
+from dgpp.step.cache_spec import stored_as
 from dgpp.step.model import Model
 from dgpp.step.pools import CachePools
+
+# prompt rows one bench prefill step carries at most: the engine's own prefill budget per tick
+PREFILL_STEP_TOKENS = AUTO_BUSY_TOKENS
 
 __all__ = ["DecodeResult", "DecodeSession", "kv_bytes_per_token", "run_case", "hf_tok_s", "format_table"]
 
@@ -46,6 +56,7 @@ class DecodeResult:
     copy_pct: float = 0.0
     hf_tok_s: float = 0.0
     label: str = ""
+    refused: str = ""  # why the case did not run (a kv dtype the model's attention does not read)
     tokens: list[list[int]] = field(default_factory=list)
     experts_read: float = 0.0  # MoE: distinct routed experts per layer in a measured step (0: not an MoE)
 
@@ -76,13 +87,27 @@ def copy_bandwidth_gbs(device: str, nbytes: int = 4 << 30, reps: int = 20) -> fl
 class DecodeSession:
     """Pools and block tables for ``batch`` sequences of up to ``max_len`` tokens, every table full
     width (so eager and graph steps split attention identically). Sequence ``b`` owns state slot ``b``
-    (hybrid models' GDN state; the runner zeroes it at the sequence's first prefill)."""
+    (hybrid models' GDN state; the runner zeroes it at the sequence's first prefill). ``kv_dtype``
+    (``engine.kv_dtype``): the cache entries as the engine stores them (``stored_as``; ``ConfigError`` for a
+    format the model's attention does not read)."""
 
-    def __init__(self, model: Model, batch: int, max_len: int, block_size: int, graph: bool) -> None:
+    def __init__(
+        self,
+        model: Model,
+        batch: int,
+        max_len: int,
+        block_size: int,
+        graph: bool,
+        kv_dtype: str = "auto",
+    ) -> None:
         self.blocks_per_seq = -(-max_len // block_size)
         device = next(model.parameters()).device
         self.pools = CachePools(
-            model.cache_spec(), batch * self.blocks_per_seq, block_size, batch, device=device
+            stored_as(model.cache_spec(), kv_dtype),
+            batch * self.blocks_per_seq,
+            block_size,
+            batch,
+            device=device,
         )
         self.tables = [
             list(range(b * self.blocks_per_seq, (b + 1) * self.blocks_per_seq)) for b in range(batch)
@@ -91,9 +116,31 @@ class DecodeSession:
             model, self.pools, decode_graph=graph, max_batch=max(batch, 1), max_blocks=self.blocks_per_seq
         )
 
-    def prefill(self, prompts: list[list[int]]) -> list[int]:
-        work = [SeqWork(b, self.tables[b], 0, p) for b, p in enumerate(prompts)]
-        return torch.argmax(self.runner.step(work), dim=-1).tolist()
+    def prefill(self, prompts: list[list[int]], step_tokens: int = 0) -> list[int]:
+        """Every prompt cached, its greedy next token returned. ``step_tokens`` > 0: steps of at most that many
+        rows, every prompt advancing by an equal chunk (0: one step of all prompts whole)."""
+        if step_tokens <= 0:
+            work = [SeqWork(b, self.tables[b], 0, p) for b, p in enumerate(prompts)]
+            return torch.argmax(self.runner.step(work), dim=-1).tolist()
+        chunk = max(1, step_tokens // max(1, len(prompts)))
+        first = [0] * len(prompts)
+        for start in range(0, max(map(len, prompts), default=0), chunk):
+            live = [b for b, p in enumerate(prompts) if start < len(p)]
+            work = [
+                SeqWork(
+                    b,
+                    self.tables[b],
+                    start,
+                    prompts[b][start : start + chunk],
+                    start + chunk >= len(prompts[b]),
+                )
+                for b in live
+            ]
+            logits = self.runner.step(work)
+            done = [b for b, w in zip(live, work, strict=True) if w.want_logits]
+            for b, token in zip(done, torch.argmax(logits, dim=-1).tolist(), strict=True):
+                first[b] = token
+        return first
 
     def decode(self, last: list[int], context: int, steps: int) -> list[list[int]]:
         out = [[t] for t in last]
@@ -128,13 +175,15 @@ def run_case(
     copy_gbs: float,
     block_size: int = 16,
     seed: int = 0,
+    kv_dtype: str = "auto",
 ) -> DecodeResult:
-    """Prefill ``batch`` random prompts, then time ``generated - 1`` decode steps (greedy)."""
+    """Prefill ``batch`` random prompts (steps of at most ``PREFILL_STEP_TOKENS`` rows), then time
+    ``generated - 1`` decode steps (greedy) with the cache stored as ``kv_dtype`` says."""
     res = DecodeResult(prompt, batch, generated, graph)
     # one slot more than generated: the MoE routing measurement steps once past the timed decode
-    session = DecodeSession(model, batch, prompt + generated + 1, block_size, graph)
+    session = DecodeSession(model, batch, prompt + generated + 1, block_size, graph, kv_dtype)
     prompts = random_prompts(batch, prompt, model.info.vocab_size, seed)
-    first = session.prefill(prompts)
+    first = session.prefill(prompts, PREFILL_STEP_TOKENS)
     session.decode(first, prompt, 2)  # warm-up: compiles kernels, captures graphs
     _sync()
     steps = generated - 1
@@ -147,7 +196,7 @@ def run_case(
     mean_context = prompt + 1 + (steps - 1) / 2
     if moe_layers(model):
         res.experts_read = session.routed_experts(res.tokens, prompt + steps)
-    res.step_bytes = decode_step_bytes(model, batch, mean_context, res.experts_read or None)
+    res.step_bytes = decode_step_bytes(model, batch, mean_context, res.experts_read or None, kv_dtype)
     res.gb_s = res.step_bytes / (res.ms_per_step * 1e-3) / 1e9
     res.copy_pct = 100.0 * res.gb_s / copy_gbs
     graphs = session.runner.graphs
@@ -199,6 +248,9 @@ def format_table(results: list[DecodeResult], copy_gbs: float) -> str:
     )
     lines = [head, "|" + "---|" * 12]
     for r in results:
+        if r.refused:  # the reason is the variant's section
+            lines.append(f"| {r.prompt} | {r.batch} | {r.generated} | {r.label} | refused |" + " - |" * 7)
+            continue
         ratio = f"{r.tok_s / r.hf_tok_s:.1f}" if r.hf_tok_s else "-"
         hf = f"{r.hf_tok_s:.1f}" if r.hf_tok_s else "-"
         replay = f"{r.replay_ms:.2f}" if r.replay_ms else "-"
@@ -237,12 +289,12 @@ def matmul_peak_tflops(device: str, n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 / (sorted(times)[reps // 2] * 1e-3) / 1e12
 
 
-def prefill_tflops(model: Model, tokens: int, seed: int = 0) -> tuple[float, float]:
-    """(seconds, TFLOP/s) of one eager prefill of ``tokens`` tokens; FLOPs = 2 x matrix params x tokens
-    plus causal attention (QK^T and PV over half the square)."""
+def prefill_tflops(model: Model, tokens: int, seed: int = 0, kv_dtype: str = "auto") -> tuple[float, float]:
+    """(seconds, TFLOP/s) of one eager prefill of ``tokens`` tokens (one step, K/V written as ``kv_dtype``
+    stores them); FLOPs = 2 x matrix params x tokens plus causal attention (QK^T and PV over half the square)."""
     from dgpp.bench.models import weight_bytes_per_step
 
-    session = DecodeSession(model, 1, tokens + 1, 16, graph=False)
+    session = DecodeSession(model, 1, tokens + 1, 16, graph=False, kv_dtype=kv_dtype)
     prompt = random_prompts(1, tokens, model.info.vocab_size, seed)
     session.prefill(prompt)  # warm-up
     _sync()

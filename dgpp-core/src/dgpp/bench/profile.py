@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from dgpp.bench.decode import DecodeSession, random_prompts
+from dgpp.bench.decode import PREFILL_STEP_TOKENS, DecodeSession, random_prompts
 from dgpp.step.model import Model
 
 
@@ -26,11 +26,12 @@ def _short(name: str) -> str:
 
 
 def kernel_breakdown(
-    model: Model, batch: int, prompt: int, *, graph: bool, steps: int = 5
+    model: Model, batch: int, prompt: int, *, graph: bool, steps: int = 5, kv_dtype: str = "auto"
 ) -> tuple[float, list]:
-    """(kernel microseconds per step, [(kernel, launches per step, us per step)] largest first)."""
-    session = DecodeSession(model, batch, prompt + steps + 4, 16, graph)
-    first = session.prefill(random_prompts(batch, prompt, model.info.vocab_size, 0))
+    """(kernel microseconds per step, [(kernel, launches per step, us per step)] largest first), the cache
+    stored as ``kv_dtype`` says."""
+    session = DecodeSession(model, batch, prompt + steps + 4, 16, graph, kv_dtype)
+    first = session.prefill(random_prompts(batch, prompt, model.info.vocab_size, 0), PREFILL_STEP_TOKENS)
     session.decode(first, prompt, 2)
     torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

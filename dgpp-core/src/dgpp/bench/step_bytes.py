@@ -4,33 +4,63 @@
   layer reads only the routed experts its tokens picked: at batch 1 exactly ``top_k``, at batch ``b`` the
   distinct experts among ``b x top_k`` picks (measured from the routers by :class:`RouterTap`, or the
   uniform-routing expectation when not measured);
-- every sequence's K/V up to its context (paged attention layers);
+- every sequence's K/V up to its context (paged attention layers); under a DSA indexer (GLM-5.3) each MLA layer
+  reads only the ``index_topk`` latent rows selected, and each indexer layer every cached index key once there is
+  a choice to make (more than ``index_topk`` tokens);
 - every sequence's fixed-size state (Gated DeltaNet recurrent and conv state), read and written back;
 - the rows a token looks up in tables held outside the parameters (a module's ``table_bytes_per_token()``, e.g.
   DeepSeek-V4.1's Engram rows), not the whole table.
+
+Cache rows count as ``engine.kv_dtype`` stores them (``dgpp.step.cache_spec.stored_as``): under ``fp8`` e4m3 rows
+plus their fp32 row scales, under ``fp4`` packed latent rows, not the compute dtype.
 """
 
 from __future__ import annotations
 
 import torch
 
+from dgpp.nn.dsa import DSAIndexer
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import SparseMoE, TopKRouter
 from dgpp.quant.linear import QuantLinearMethod
-from dgpp.step.cache_spec import PagedKV, StateSpec
+from dgpp.step.cache_spec import LatentKV, PagedKV, StateSpec, stored_as
 from dgpp.step.model import Model
 
 
-def kv_bytes_per_token(model: Model) -> int:
-    """K/V bytes one token of context adds (all paged attention layers)."""
-    return sum(spec.bytes_per_token() for spec in model.cache_spec().values() if isinstance(spec, PagedKV))
+def kv_bytes_per_token(model: Model, kv_dtype: str = "auto") -> int:
+    """K/V bytes one token of context adds (all paged attention layers), stored as ``kv_dtype`` says."""
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    return sum(entry.bytes_per_token() for entry in spec.values() if isinstance(entry, PagedKV))
 
 
-def state_bytes_per_request(model: Model) -> int:
-    """Fixed-size per-sequence state (all GDN layers: fp32 recurrent state plus conv window)."""
-    return sum(
-        spec.bytes_per_request() for spec in model.cache_spec().values() if isinstance(spec, StateSpec)
-    )
+def state_bytes_per_request(model: Model, kv_dtype: str = "auto") -> int:
+    """Fixed-size per-sequence state (GDN recurrent state and conv window; sliding-window rings as ``kv_dtype``
+    stores them)."""
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    return sum(entry.bytes_per_request() for entry in spec.values() if isinstance(entry, StateSpec))
+
+
+def cache_bytes_per_sequence(model: Model, context: float, kv_dtype: str = "auto") -> float:
+    """Cache bytes one sequence's decode step at ``context`` tokens (its new one included) reads, stored as
+    ``kv_dtype`` says: every paged entry's rows up to ``context``, except under DSA indexers (GLM-5.3), where an
+    MLA latent entry reads the ``topk`` rows selected (all while ``context <= topk``) and an index-key entry all
+    its keys once the indexer has a choice to make (``context > topk``); fixed-size state read and written back.
+    Raises ``ConfigError`` for a ``kv_dtype`` the model's attention does not read."""
+    spec = stored_as(model.cache_spec(), kv_dtype)
+    indexers = [m for m in model.modules() if isinstance(m, DSAIndexer)]
+    topk = max((m.topk for m in indexers), default=0)
+    index_keys = {m.cache_name for m in indexers}
+    total = 2.0 * state_bytes_per_request(model, kv_dtype)
+    for name, entry in spec.items():
+        if not isinstance(entry, PagedKV):
+            continue
+        rows = context
+        if name in index_keys:
+            rows = context if context > topk else 0.0
+        elif indexers and isinstance(entry, LatentKV):
+            rows = min(context, topk)
+        total += rows * entry.bytes_per_token()
+    return total
 
 
 def table_bytes_per_token(model: Model) -> int:
@@ -58,10 +88,15 @@ def expected_distinct_experts(num_experts: int, top_k: int, batch: int) -> float
 
 
 def decode_step_bytes(
-    model: Model, batch: int, mean_context: float, experts_read: float | None = None
+    model: Model,
+    batch: int,
+    mean_context: float,
+    experts_read: float | None = None,
+    kv_dtype: str = "auto",
 ) -> float:
     """Bytes a decode step of ``batch`` sequences at ``mean_context`` tokens of context reads and writes.
-    ``experts_read``: distinct routed experts per MoE layer (None: the uniform-routing expectation)."""
+    ``experts_read``: distinct routed experts per MoE layer (None: the uniform-routing expectation); ``kv_dtype``:
+    the cache's format (``engine.kv_dtype``)."""
     from dgpp.bench.models import weight_bytes_per_step
 
     weights = float(weight_bytes_per_step(model))
@@ -76,8 +111,7 @@ def decode_step_bytes(
         weights += stack * (min(read, experts) / experts) - stack  # the stack was counted whole
     return (
         weights
-        + batch * mean_context * kv_bytes_per_token(model)
-        + 2 * batch * state_bytes_per_request(model)
+        + batch * cache_bytes_per_sequence(model, mean_context, kv_dtype)
         + batch * table_bytes_per_token(model)
     )
 
