@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from dgpp.bench.decode import DecodeSession, random_prompts
@@ -89,8 +90,12 @@ def test_random_packed_weights_are_uniform_codes_at_the_benchmark_spread() -> No
     assert dense.isfinite().all() and 0.9 * std < float(dense.std()) < 1.1 * std  # FP8: no NaN code
 
 
-def test_tiny_twin_decodes_finite_logits_through_every_layer() -> None:
-    model = build_random_model(TINY, "cpu", torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_tiny_twin_decodes_finite_logits_through_every_layer(dtype: torch.dtype) -> None:
+    """bf16 as the GPU bench runs it: the pooling compressors project in fp32 from bf16 rows."""
+    model = build_random_model(TINY, "cpu", dtype)
+    pooling = [m for m in model.modules() if getattr(m, "wgate", None) is not None]
+    assert pooling and all(m.wkv.weight.dtype == m.wgate.weight.dtype == torch.float32 for m in pooling)
     assert all(m.table is not None for m in model.modules() if isinstance(m, EngramV41))
     session = DecodeSession(model, 2, 24, 16, graph=False)
     prompts = random_prompts(2, 14, model.info.vocab_size, 0)  # past the window, candidates and top-k

@@ -70,8 +70,10 @@ class CompressorV41(nn.Module):
         self.head_dim, self.ratio, self.dtype, self.rotary = head_dim, ratio, dtype, rotary
         self.formats = formats
         self.cache_name, self.index_name = f"{cache_name}.compressor", f"{cache_name}.indexer"
-        self.wkv = Linear(hidden_size, head_dim, dtype=dtype)
-        self.wgate = Linear(hidden_size, head_dim, dtype=dtype) if ratio > 1 else None
+        # a pooling compressor projects in fp32 (its BF16 checkpoint weights widened once at load, exactly)
+        proj_dtype = torch.float32 if ratio > 1 else dtype
+        self.wkv = Linear(hidden_size, head_dim, dtype=proj_dtype)
+        self.wgate = Linear(hidden_size, head_dim, dtype=proj_dtype) if ratio > 1 else None
         self.norm = FP32WeightRMSNorm(head_dim, eps)
         self.wk = Linear(head_dim, index_head_dim, dtype=dtype)
         self.k_norm = FP32WeightRMSNorm(index_head_dim, eps)
