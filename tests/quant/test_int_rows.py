@@ -79,12 +79,12 @@ def test_matches_reference(fmt, tile):
 def test_each_scale_load_matches_reference(fmt, tile, mode):
     """Scales loaded once per tile, once per group inside a tile, and per weight (groups straddling tiles)."""
     from dgpp.quant.kernels.int_rows import SCALES_GATHER, SCALES_GROUPS, SCALES_TILE
-    from dgpp.quant.kernels.int_rows_launch import _operands, scale_mode
+    from dgpp.quant.kernels.int_rows_launch import int_rows_operands, scale_mode
 
     n, k = 40, 384
     tensors, dense = packed_weights(fmt, n, k, seed=7)
     want = {"tile": SCALES_TILE, "groups": SCALES_GROUPS, "gather": SCALES_GATHER}[mode]
-    assert scale_mode(_operands(fmt, tensors, (n, k))[1], tile.bk, k) == want
+    assert scale_mode(int_rows_operands(fmt, tensors, (n, k))[1], tile.bk, k) == want
     x = torch.randn(33, k)
     got = int_rows_linear(fmt, tensors, x, (n, k), tile)
     torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)

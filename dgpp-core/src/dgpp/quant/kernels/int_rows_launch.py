@@ -80,7 +80,7 @@ def _levels(device: torch.device) -> torch.Tensor:
     return _LEVELS[device]
 
 
-def _operands(
+def int_rows_operands(
     fmt: QuantFormat, t: dict[str, torch.Tensor], shape: Shape
 ) -> tuple[list[torch.Tensor], dict[str, object]]:
     """(pointer tensors: words, scales, zeros, g_idx, levels; strides and constexprs) for ``fmt``."""
@@ -147,7 +147,7 @@ def int_rows_linear(
 
     n, k = shape
     tile = tile or default_int_rows_tile(n, k, x.device)
-    ptrs, args = _operands(fmt, tensors, shape)
+    ptrs, args = int_rows_operands(fmt, tensors, shape)
     per_word = 32 // int(args["BITS"])  # type: ignore[call-overload]
     if not interpreting():  # a tensor-core dot needs K >= 16: at least 16 words per tile
         tile = dataclasses.replace(tile, bk=max(tile.bk, 16 * per_word))
