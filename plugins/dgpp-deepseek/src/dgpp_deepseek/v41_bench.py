@@ -32,6 +32,7 @@ import torch
 from dgpp.plugin_api import BenchGeometry, LoadContext, Model, quantize_modules
 from dgpp_deepseek.release_layout import release_hf_config
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_release import RELEASE_QUANTIZATION, RELEASE_TEXT_SHAPE
 
 V41_FLASH_LAYERS = 8
 # the release's roles over 8 layers (the 40 have ratios [0] * 2 + [2] * 18 + [1] * 20, kv sources 2/8/14/20,
@@ -44,61 +45,10 @@ _ROLES: dict[str, Any] = {
     "candidate_source_layer_id": 5,
     "engram_layer_ids": [1, 3],
 }
-_RELEASE_QUANT = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "scale_fmt": "ue8m0",
-    "weight_block_size": [32, 32],
-    "activation_scheme": "dynamic",
-    "expert_dtype": "fp4",
-}
 V41_FLASH_TEXT: dict[str, Any] = {
-    "model_type": "deepseek_v41_text",
-    "vocab_size": 129280,
-    "hidden_size": 5120,
-    "moe_intermediate_size": 2304,
-    "num_attention_heads": 64,
-    "num_key_value_heads": 1,
-    "head_dim": 512,
-    "qk_rope_head_dim": 64,
-    "q_lora_rank": 1280,
-    "o_groups": 8,
-    "o_lora_rank": 1024,
-    "sliding_window": 128,
+    **RELEASE_TEXT_SHAPE,
     **_ROLES,
-    "candidate_topk_blocks": 2048,
-    "candidate_block_size": 8,
-    "index_n_heads": 32,
-    "index_head_dim": 128,
-    "index_topk": 512,
-    "n_routed_experts": 384,
-    "num_experts_per_tok": 6,
-    "n_shared_experts": 1,
-    "scoring_func": "sqrtsoftplus",
-    "topk_method": "noaux_tc",
-    "norm_topk_prob": True,
-    "routed_scaling_factor": 1.5,
-    "swiglu_limit": 10.0,
-    "hc_mult": 4,
-    "hc_sinkhorn_iters": 20,
-    "hc_eps": 1e-6,
-    "rms_norm_eps": 1e-20,
-    "rope_theta": 10000.0,
-    "compress_rope_theta": 160000.0,
-    "rope_scaling": {
-        "type": "yarn",
-        "factor": 16,
-        "original_max_position_embeddings": 65536,
-        "beta_fast": 32,
-        "beta_slow": 1,
-    },
-    "max_position_embeddings": 1048576,
-    "engram_max_ngram_size": 4,
-    "engram_n_heads": 8,
-    "engram_head_dim": 256,
     "engram_vocab_size": 262_144,  # the release's is 16,000,000 (101 GB a layer)
-    "engram_pad_token_id": 2,
-    "engram_compressed_vocab_size": 99_092,
     "num_nextn_predict_layers": 0,
     "initializer_range": 0.02,
     "bos_token_id": 0,
@@ -146,7 +96,7 @@ def root_config(text: dict[str, Any]) -> dict[str, Any]:
         "text_config": text,
         "torch_dtype": "bfloat16",
         "tie_word_embeddings": False,
-        "quantization_config": _RELEASE_QUANT,
+        "quantization_config": RELEASE_QUANTIZATION,
     }
     primes = bucket_primes(DeepseekV41ArchConfig.from_hf_config(root))
     text["engram_num_embeddings"] = [sum(sum(p) for p in layer) for layer in primes]
