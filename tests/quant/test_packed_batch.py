@@ -85,6 +85,32 @@ def test_check_fails_when_k_chain_depends_on_rows(fmt, monkeypatch):
     batch_probe._EXACT_BATCH.clear()
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_blocked_batch_tile_is_the_decode_tiles_dot_on_four_blocks(fmt):
+    """64-row programs running the decode tile's own dot on four 16-row blocks (one weight decode for 64 rows):
+    the reference's products, and every row the bits of the row alone, fused launches included."""
+    n, k = 40, _k(fmt)
+    tensors, dense = packed_weights(fmt, n, k, seed=5)
+    x = torch.randn(300, k)
+    blocked = dataclasses.replace(DECODE, row_blocks=4)
+    got = quant_multi_linear(fmt, [tensors], x, [(n, k)], DECODE, blocked)[0]
+    torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+    assert_rows_exact(fmt, tensors, x, (n, k), DECODE, blocked)
+    assert_rows_exact(fmt, tensors, x, (n, k), SPLIT, dataclasses.replace(blocked, split_k=2))
+    up = packed_weights(fmt, n, k, seed=6)[0]
+    fused = quant_gate_up_silu(fmt, tensors, up, x[:100], (n, k), DECODE, blocked)
+    assert torch.equal(fused[70], quant_gate_up_silu(fmt, tensors, up, x[70:71], (n, k), DECODE)[0])
+
+
+def test_fp4_probes_the_blocked_tile_first():
+    fmt, n, k = NVFP4ModelOpt(), 40, 256
+    tensors, _ = packed_weights(fmt, n, k, seed=2)
+    batch_probe._EXACT_BATCH.clear()
+    quant_multi_linear(fmt, [tensors], torch.randn(70, k), [(n, k)], DECODE)
+    assert [t.row_blocks for t in batch_probe._EXACT_BATCH.values()] == [4]
+    batch_probe._EXACT_BATCH.clear()
+
+
 def test_batch_tile_must_keep_the_chain():
     fmt, n, k = FP8Block(block=(16, 64)), 32, 256
     tensors, _ = packed_weights(fmt, n, k, seed=0)

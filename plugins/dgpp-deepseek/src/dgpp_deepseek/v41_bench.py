@@ -147,7 +147,7 @@ def attach_bench_engram(model: Model, cfg: DeepseekV41ArchConfig, seed: int) -> 
 def build_packed_v41(raw: dict[str, Any], device: str, seed: int = 0) -> Model:
     """A random DeepSeek-V4.1 model in the release's packed formats on ``device`` (``BenchGeometry.build``)."""
     from dgpp.bench.models import fill_random
-    from dgpp.startup.weights import settle_weights
+    from dgpp.plugin_api import settle_weights
 
     cfg = DeepseekV41ArchConfig.from_hf_config(raw)
     model = packed_model(raw, device)

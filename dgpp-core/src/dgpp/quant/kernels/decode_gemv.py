@@ -28,8 +28,16 @@ in fp32 with IEEE dots instead.
 from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.quant.kernels.e4m3_asm import e4m3_fp32, e4m3_values
 from dgpp.quant.kernels.fp4_tiles import fp4_flat_weights, fp4_grouped_weights
+from dgpp.quant.kernels.gemv_steps import (
+    block_rows,
+    finish_block,
+    fp4_step,
+    fp8_step,
+    fp8_values,
+    joined_rows,
+    w_tile,
+)
 from dgpp.quant.kernels.split_partials import (
     arrive_last,
     gather_partials,
@@ -51,84 +59,6 @@ GLOBAL_DIV = 2
 # BATCH_BM (``decode_launch.row_block``), each program decoding its weight tile once for all of its rows
 DECODE_BM = 16
 BATCH_BM = 64
-
-
-@triton.jit
-def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    mask = rows[:, None] < m
-    if not EVEN:
-        mask = mask & (kk < k_dim)[None, :]
-    return tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=mask, other=0.0).to(DOT_DTYPE)
-
-
-@triton.jit
-def _x_pairs(
-    x_ptr,
-    rows,
-    m,
-    x_stride,
-    k0,
-    k_dim,
-    BM: tl.constexpr,
-    HALF: tl.constexpr,
-    EVEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """x[:, k0 : k0 + 2 HALF] as [BM, HALF, 2] column pairs (the pair contiguous, so ``tl.split`` stays in registers)."""
-    kk = k0 + 2 * tl.arange(0, HALF)[None, :, None] + tl.arange(0, 2)[None, None, :]
-    mask = rows[:, None, None] < m
-    if not EVEN:
-        mask = mask & (kk < k_dim)
-    return tl.load(x_ptr + rows[:, None, None] * x_stride + kk, mask=mask, other=0.0).to(DOT_DTYPE)
-
-
-@triton.jit
-def _w_tile(ptrs, col_ok, k_ok, EVEN: tl.constexpr):
-    """Stored bytes of a weight tile; ``EVEN`` (every N a multiple of BN, K of BK) drops the masks."""
-    if EVEN:
-        tile = tl.load(ptrs)
-    else:
-        tile = tl.load(ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
-    return tile
-
-
-@triton.jit
-def _mma(xv, wv, W_AS_A: tl.constexpr, DOT_FP32: tl.constexpr):
-    """One step's partial in the accumulator's orientation: ``w @ x^T`` [BN, BM] when the weight is the
-    MMA's A operand (each warp then owns whole 16-row weight slices and x is re-read less), else ``x @ w^T``."""
-    if W_AS_A:
-        a, b = wv, tl.trans(xv)
-    else:
-        a, b = xv, tl.trans(wv)
-    if DOT_FP32:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
-
-
-@triton.jit
-def _fp8_values(codes, FP8_BITS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """E4M3 codes -> exact values in the dot dtype: Triton's conversion (the cvt pipe), or ``FP8_BITS``
-    integer bit placement (inline PTX on the GPU, fp32 bit ops for fp32 dots)."""
-    if FP8_BITS:
-        if DOT_FP32:
-            out = e4m3_fp32(codes)
-        else:
-            out = e4m3_values(codes, DOT_DTYPE)
-    else:
-        out = codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
-    return out
-
-
-@triton.jit
-def _per_row(acc, s, W_AS_A: tl.constexpr):
-    """``acc`` scaled by one fp32 value per weight row (``s`` [BN])."""
-    if W_AS_A:
-        out = acc * s[:, None]
-    else:
-        out = acc * s[None, :]
-    return out
 
 
 @triton.jit
@@ -161,19 +91,25 @@ def quant_tile(
     FP4_SCALES: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    BLOCKS: tl.constexpr = 1,
 ):
     """``W[cols] @ x[:BM]^T`` as fp32 [BN, BM] for one packed weight (all scales applied). Each output's
     chain over K (the dots, their widths and order, where the scales enter) is fixed by the format, ``BK``,
     ``BKD`` and the K slice: never by ``BM``, so a row gets the same bits in a 16-row and a 64-row block.
+    ``BLOCKS`` > 1: the BM rows run as BLOCKS blocks of BM / BLOCKS rows, each decoded weight tile meeting
+    every block in the dot a BM / BLOCKS-row program issues (``row_blocks``).
 
     FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
     FP4: ``BK`` logical columns per step, ``SBK`` = group size."""
-    rows = tl.arange(0, BM)
+    ROWS: tl.constexpr = BM // BLOCKS
     col_ok = cols < n_rows
     if W_AS_A:
-        acc = tl.zeros([BN, BM], tl.float32)
+        acc0 = tl.zeros([BN, ROWS], tl.float32)
     else:
-        acc = tl.zeros([BM, BN], tl.float32)
+        acc0 = tl.zeros([ROWS, BN], tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
     if FMT <= 1:
         w_rows = w_ptr + cols[:, None].to(tl.int64) * k_dim
         scale_cols = tl.cdiv(k_dim, SBK)
@@ -181,26 +117,82 @@ def quant_tile(
             for j in tl.static_range(BK // BKD):
                 kd = k0 + j * BKD
                 kk = kd + tl.arange(0, BKD)
-                xv = _x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE)
-                codes = _w_tile(w_rows + kk[None, :], col_ok, kk < k_hi, EVEN)
-                part = _mma(xv, _fp8_values(codes, FP8_BITS, DOT_FP32, DOT_DTYPE), W_AS_A, DOT_FP32)
+                codes = w_tile(w_rows + kk[None, :], col_ok, kk < k_hi, EVEN)
+                wv = fp8_values(codes, FP8_BITS, DOT_FP32, DOT_DTYPE)
+                s = 1.0
                 if FMT == 0:
                     s_ptrs = s_ptr + (cols // SBN) * scale_cols + kd // SBK
                     if EVEN:
-                        s = tl.load(s_ptrs)
+                        s = tl.load(s_ptrs).to(tl.float32)
                     else:
-                        s = tl.load(s_ptrs, mask=col_ok & (kd < k_hi), other=0.0)
-                    acc += _per_row(part, s.to(tl.float32), W_AS_A)
-                else:
-                    acc += part
-        if FMT == 1:
-            if EVEN:
-                s = tl.load(s_ptr + cols)
-            else:
-                s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
-            acc = _per_row(acc, s.to(tl.float32), W_AS_A)
+                        s = tl.load(s_ptrs, mask=col_ok & (kd < k_hi), other=0.0).to(tl.float32)
+                acc0 = fp8_step(
+                    acc0,
+                    x_ptr,
+                    block_rows(0, ROWS),
+                    m,
+                    x_stride,
+                    kk,
+                    k_hi,
+                    wv,
+                    s,
+                    FMT,
+                    W_AS_A,
+                    EVEN,
+                    DOT_FP32,
+                    DOT_DTYPE,
+                )
+                if BLOCKS > 1:
+                    acc1 = fp8_step(
+                        acc1,
+                        x_ptr,
+                        block_rows(1, ROWS),
+                        m,
+                        x_stride,
+                        kk,
+                        k_hi,
+                        wv,
+                        s,
+                        FMT,
+                        W_AS_A,
+                        EVEN,
+                        DOT_FP32,
+                        DOT_DTYPE,
+                    )
+                if BLOCKS > 2:
+                    acc2 = fp8_step(
+                        acc2,
+                        x_ptr,
+                        block_rows(2, ROWS),
+                        m,
+                        x_stride,
+                        kk,
+                        k_hi,
+                        wv,
+                        s,
+                        FMT,
+                        W_AS_A,
+                        EVEN,
+                        DOT_FP32,
+                        DOT_DTYPE,
+                    )
+                    acc3 = fp8_step(
+                        acc3,
+                        x_ptr,
+                        block_rows(3, ROWS),
+                        m,
+                        x_stride,
+                        kk,
+                        k_hi,
+                        wv,
+                        s,
+                        FMT,
+                        W_AS_A,
+                        EVEN,
+                        DOT_FP32,
+                        DOT_DTYPE,
+                    )
     else:
-        HALF: tl.constexpr = BK // 2
         row_bytes = k_dim // 2
         if (
             EVEN and BK >= 32
@@ -230,34 +222,91 @@ def quant_tile(
                 lo, hi = fp4_grouped_weights(
                     w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE
                 )
-            if INTERLEAVE:  # one dot against contiguous x
-                kk = k0 + tl.arange(0, BK)
-                wv = tl.interleave(lo, hi)
-                acc += _mma(
-                    _x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32
+            acc0 = fp4_step(
+                acc0,
+                x_ptr,
+                block_rows(0, ROWS),
+                m,
+                x_stride,
+                k0,
+                k_hi,
+                lo,
+                hi,
+                ROWS,
+                BK,
+                INTERLEAVE,
+                W_AS_A,
+                EVEN,
+                FP4_LAYOUT,
+                DOT_FP32,
+                DOT_DTYPE,
+            )
+            if BLOCKS > 1:
+                acc1 = fp4_step(
+                    acc1,
+                    x_ptr,
+                    block_rows(1, ROWS),
+                    m,
+                    x_stride,
+                    k0,
+                    k_hi,
+                    lo,
+                    hi,
+                    ROWS,
+                    BK,
+                    INTERLEAVE,
+                    W_AS_A,
+                    EVEN,
+                    FP4_LAYOUT,
+                    DOT_FP32,
+                    DOT_DTYPE,
                 )
-            elif FP4_LAYOUT == 1:  # x loaded as [BM, BK/2, 2] (pairs in one thread), split without a reshape
-                x_even, x_odd = tl.split(
-                    _x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, BM, HALF, EVEN, DOT_DTYPE)
+            if BLOCKS > 2:
+                acc2 = fp4_step(
+                    acc2,
+                    x_ptr,
+                    block_rows(2, ROWS),
+                    m,
+                    x_stride,
+                    k0,
+                    k_hi,
+                    lo,
+                    hi,
+                    ROWS,
+                    BK,
+                    INTERLEAVE,
+                    W_AS_A,
+                    EVEN,
+                    FP4_LAYOUT,
+                    DOT_FP32,
+                    DOT_DTYPE,
                 )
-                acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
-                acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
-            else:  # even and odd columns meet x split the same way (x read contiguously once)
-                kk = k0 + tl.arange(0, BK)
-                x_even, x_odd = tl.split(
-                    tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), (BM, HALF, 2))
+                acc3 = fp4_step(
+                    acc3,
+                    x_ptr,
+                    block_rows(3, ROWS),
+                    m,
+                    x_stride,
+                    k0,
+                    k_hi,
+                    lo,
+                    hi,
+                    ROWS,
+                    BK,
+                    INTERLEAVE,
+                    W_AS_A,
+                    EVEN,
+                    FP4_LAYOUT,
+                    DOT_FP32,
+                    DOT_DTYPE,
                 )
-                acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
-                acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
-        if not FAST_FP4:
-            acc = acc * 16384.0  # undo the 2^-14 of the fp16 nibble trick (exact)
-    if GLOBAL_OP == 1:
-        acc = acc * tl.load(g_ptr).to(tl.float32)
-    elif GLOBAL_OP == 2:
-        acc = acc / tl.load(g_ptr).to(tl.float32)
-    if not W_AS_A:
-        acc = tl.trans(acc)
-    return acc
+    acc0 = finish_block(acc0, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+    if BLOCKS > 1:
+        acc1 = finish_block(acc1, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+    if BLOCKS > 2:
+        acc2 = finish_block(acc2, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+        acc3 = finish_block(acc3, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+    return joined_rows(acc0, acc1, acc2, acc3, BLOCKS)
 
 
 @triton.jit
@@ -317,6 +366,7 @@ def quant_multi_gemv_kernel(
     FP4_SCALES: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    BLOCKS: tl.constexpr = 1,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
@@ -356,6 +406,7 @@ def quant_multi_gemv_kernel(
         FP4_SCALES,
         DOT_FP32,
         DOT_DTYPE,
+        BLOCKS,
     )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None]
@@ -408,6 +459,7 @@ def quant_gate_up_silu_kernel(
     FP4_SCALES: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    BLOCKS: tl.constexpr = 1,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -442,6 +494,7 @@ def quant_gate_up_silu_kernel(
         FP4_SCALES,
         DOT_FP32,
         DOT_DTYPE,
+        BLOCKS,
     )
     up = quant_tile(
         x_ptr,
@@ -472,6 +525,7 @@ def quant_gate_up_silu_kernel(
         FP4_SCALES,
         DOT_FP32,
         DOT_DTYPE,
+        BLOCKS,
     )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]

@@ -214,16 +214,21 @@ def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[Gem
     """Tiles for 64-row blocks in order of preference: x as the MMA's A operand (the H200 sweep: as fast or
     faster, NVFP4 gate/up 297 vs 347 us at 64 rows), then the weights as A; FP8 then x as A on 2 warps.
 
-    On the H200 (2026-12-05) only the last was row-exact: with 4 warps Triton issues wgmma for 64-row blocks,
-    whose rounding differs from the 16-row tile's mma; on 2 warps it keeps mma (FP8 8B layer at 64 rows: 220 us
-    against 347 in 16-row launches). FP4 has no 2-warp candidate: its 128-wide tile on 2 warps ran 7.7 ms a
-    layer, eleven times its 16-row launches, which it therefore keeps."""
+    On the H200 (2026-12-05) only the 2-warp one was row-exact: with 4 warps Triton issues wgmma for 64-row
+    blocks, whose rounding differs from the 16-row tile's mma; on 2 warps it keeps mma (FP8 8B layer at 64 rows:
+    220 us against 347 in 16-row launches). FP4 had no exact candidate (its 128-wide tile on 2 warps ran 7.7 ms a
+    layer). The blocked candidate (``row_blocks``: the decode tile's own dot on four 16-row blocks, the weight
+    tile decoded once for them) is row-exact by construction; it comes first for FP4, last for FP8."""
     base = default_batch_tile(fmt, tile, shape)
     x_as_a = dataclasses.replace(base, w_as_a=False)
-    candidates = [x_as_a, base]
-    if not isinstance(fmt, FP4Grouped):
-        candidates.append(dataclasses.replace(x_as_a, warps=2))
-    return list(dict.fromkeys(candidates))
+    from dgpp.quant.kernels.decode_gemv import BATCH_BM, DECODE_BM
+
+    # the decode tile itself on four 16-row blocks: its own dot, so the 16-row launches' bits by construction
+    blocked = dataclasses.replace(tile, row_blocks=BATCH_BM // DECODE_BM, stages=min(tile.stages, 2))
+    if isinstance(fmt, FP4Grouped):  # 64 columns on 8 warps: four accumulators fit the registers (sm_90 SASS)
+        narrow = dataclasses.replace(blocked, bn=64, warps=8)
+        return list(dict.fromkeys([narrow, blocked, x_as_a, base]))
+    return list(dict.fromkeys([x_as_a, base, dataclasses.replace(x_as_a, warps=2), blocked]))
 
 
 def _split_buffers(
@@ -293,6 +298,7 @@ def _launch_args(
         FP4_SCALES=FP4_SCALES.index(tile.fp4_scales),
         DOT_FP32=dot_fp32,
         DOT_DTYPE=dot_dtype,
+        BLOCKS=tile.row_blocks if row_block(x.shape[0]) > MAX_ROWS else 1,
         num_warps=tile.warps,
         num_stages=tile.stages,
     )

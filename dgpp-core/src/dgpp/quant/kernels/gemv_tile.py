@@ -30,3 +30,6 @@ class GemvTile:
         "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
     )
     fp4_scales: str = "gather"  # flat layout: scales loaded per byte ("gather") or per group + "broadcast"
+    row_blocks: int = (
+        1  # 64-row programs: 1, one 64-row dot per step; 4, the 16-row tile's dot on four 16-row blocks
+    )
