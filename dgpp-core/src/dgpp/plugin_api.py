@@ -25,6 +25,8 @@ from dgpp.hookspecs import PluginHooks, hookimpl
 from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
 
 if TYPE_CHECKING:
+    from dgpp.bench.models import fill_random
+    from dgpp.bench.step_bytes import kv_bytes_per_token, state_bytes_per_request
     from dgpp.checkpoint import CheckpointReader
     from dgpp.checkpoint.config_keys import CausalLMFields, ConfigKeys
     from dgpp.checkpoint.dtypes import COMPUTE_DTYPES
@@ -55,6 +57,9 @@ if TYPE_CHECKING:
 
 # name -> the module that defines it (imported when the name is first read)
 _LAZY = {
+    "fill_random": "dgpp.bench.models",
+    "kv_bytes_per_token": "dgpp.bench.step_bytes",
+    "state_bytes_per_request": "dgpp.bench.step_bytes",
     "CheckpointReader": "dgpp.checkpoint",
     "ConfigKeys": "dgpp.checkpoint.config_keys",
     "CausalLMFields": "dgpp.checkpoint.config_keys",
@@ -96,6 +101,9 @@ _LAZY = {
 }
 
 __all__ = [
+    "fill_random",
+    "kv_bytes_per_token",
+    "state_bytes_per_request",
     "COMPUTE_DTYPES",
     "BenchGeometry",
     "BlockDrafter",

@@ -146,8 +146,7 @@ def attach_bench_engram(model: Model, cfg: DeepseekV41ArchConfig, seed: int) -> 
 @torch.inference_mode()
 def build_packed_v41(raw: dict[str, Any], device: str, seed: int = 0) -> Model:
     """A random DeepSeek-V4.1 model in the release's packed formats on ``device`` (``BenchGeometry.build``)."""
-    from dgpp.bench.models import fill_random
-    from dgpp.plugin_api import settle_weights
+    from dgpp.plugin_api import fill_random, settle_weights
 
     cfg = DeepseekV41ArchConfig.from_hf_config(raw)
     model = packed_model(raw, device)
@@ -187,7 +186,7 @@ def part_bytes(model: Model, cfg: DeepseekV41ArchConfig) -> dict[str, int]:
 
 def cache_bytes(model: Model, batch: int, tokens: int) -> int:
     """Cache pool bytes for ``batch`` sequences of ``tokens`` tokens (paged entries and per-request state)."""
-    from dgpp.bench.step_bytes import kv_bytes_per_token, state_bytes_per_request
+    from dgpp.plugin_api import kv_bytes_per_token, state_bytes_per_request
 
     return batch * tokens * kv_bytes_per_token(model) + batch * state_bytes_per_request(model)
 
