@@ -5,7 +5,8 @@
 2. Error of a 64-row call against the decode-then-multiply reference (fp32 products of the decoded weights).
 3. Time per call at each row count of ``int_rows`` and of the weight-only GEMM it replaces for canonical rows
    (``wo_matmul`` with its default tiles for that row count), over rotated weight copies (out of L2), with the
-   share of the copy bandwidth for the bytes a call must read.
+   share of the copy bandwidth for the bytes a call must read. The calls are replayed from a CUDA graph, as a
+   model's decode step runs them (``--eager-launch``: launched one by one from Python, host cost included).
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_int_rows.py [--shapes 6144x6144,24576x6144] [--rows 1,16,64]
         [--tiles 64x128x4x2,128x128x4x3]   # int_rows tiles to time besides the default: BNxBKxWARPSxSTAGES
@@ -51,7 +52,7 @@ def random_weight(fmt, shape, gen) -> dict[str, torch.Tensor]:
 
 
 def main() -> int:
-    from triton.testing import do_bench
+    from triton.testing import do_bench, do_bench_cudagraph
 
     from dgpp.quant.kernels import default_config, quant_matmul
     from dgpp.quant.kernels.int_rows_launch import IntRowsTile, default_int_rows_tile, int_rows_linear
@@ -63,7 +64,18 @@ def main() -> int:
     ap.add_argument(
         "--tiles", default="", help="extra int_rows tiles BNxBKxWARPSxSTAGES (K split as the default)"
     )
+    ap.add_argument(
+        "--eager-launch", action="store_true", help="time Python launches instead of graph replays"
+    )
     args = ap.parse_args()
+
+    def timed(fn) -> float:
+        """Median ms of ``fn``: replays of a CUDA graph of it (the decode step's view), or Python launches."""
+        if args.eager_launch:
+            return do_bench(fn, return_mode="median")
+        fn()  # compile and probe outside the capture
+        return do_bench_cudagraph(fn, return_mode="median")
+
     gen = torch.Generator(device="cuda").manual_seed(0)
     src = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
     copy_bw = 2 * src.numel() / (do_bench(lambda: src.clone(), return_mode="median") * 1e-3)
@@ -90,13 +102,9 @@ def main() -> int:
             for m in [int(r) for r in args.rows.split(",")]:
                 rows = x[:m].contiguous()
                 cfg = default_config(fmt, m, shape, rows.device)
-                t_rows = do_bench(
-                    lambda: [int_rows_linear(fmt, c, rows, shape) for c in copies], return_mode="median"
-                )
+                t_rows = timed(lambda: [int_rows_linear(fmt, c, rows, shape) for c in copies])
                 try:  # NF4I8 has no weight-only GEMM: int_rows is its only kernel
-                    t_wo = do_bench(
-                        lambda: [quant_matmul(fmt, c, rows, shape, cfg) for c in copies], return_mode="median"
-                    )
+                    t_wo = timed(lambda: [quant_matmul(fmt, c, rows, shape, cfg) for c in copies])
                 except NotImplementedError:
                     t_wo = float("nan")
                 us_rows, us_wo = t_rows * 1e3 / COPIES, t_wo * 1e3 / COPIES
@@ -111,12 +119,7 @@ def main() -> int:
                 times = []
                 for m in [int(r) for r in args.rows.split(",")]:
                     rows = x[:m].contiguous()
-                    t = do_bench(
-                        lambda: [int_rows_linear(fmt, c, rows, shape, tile) for c in copies],
-                        warmup=5,
-                        rep=25,
-                        return_mode="median",
-                    )
+                    t = timed(lambda: [int_rows_linear(fmt, c, rows, shape, tile) for c in copies])
                     times.append(f"{m} rows {t * 1e3 / COPIES:.1f} us")
                 print(f"  tile {spec_tile} split {split}: " + ", ".join(times), flush=True)
     print("\n".join(failures) or "row exactness: all sampled rows equal alone")
