@@ -1,5 +1,5 @@
-"""The steps of the packed MMA GEMV's tile (``decode_gemv.quant_tile``): x tiles, one dot in either operand order,
-the per-block FP8 and FP4 steps, the accumulator's finish, and the row blocks.
+"""The packed MMA GEMV's tile (``quant_tile``, which ``decode_gemv``'s kernels launch) and its steps: x tiles, one
+dot in either operand order, the per-block FP8 and FP4 steps, the accumulator's finish, and the row blocks.
 
 Row blocks: a program of ``BLOCKS`` x 16 rows multiplies each decoded weight tile against every 16-row block in
 turn, with the very dot the 16-row decode tile issues (same shape, warps and operand order), so a row gets the bits
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
 from dgpp.quant.kernels.e4m3_asm import e4m3_fp32, e4m3_values
+from dgpp.quant.kernels.fp4_tiles import fp4_flat_weights, fp4_grouped_weights
 
 
 @triton.jit
@@ -212,3 +213,251 @@ def joined_rows(acc0, acc1, acc2, acc3, BLOCKS: tl.constexpr):
         quad = tl.permute(tl.join(tl.join(acc0, acc1), tl.join(acc2, acc3)), (0, 3, 2, 1))
         out = tl.reshape(quad, (acc0.shape[0], 4 * acc0.shape[1]))
     return out
+
+
+@triton.jit
+def quant_tile(
+    x_ptr,
+    w_ptr,
+    s_ptr,
+    g_ptr,
+    m,
+    k_dim,
+    k_lo,
+    k_hi,
+    n_rows,
+    x_stride,
+    cols,
+    BM: tl.constexpr,
+    FMT: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    BKD: tl.constexpr,
+    INTERLEAVE: tl.constexpr,
+    W_AS_A: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST_FP4: tl.constexpr,
+    FP8_BITS: tl.constexpr,
+    FP4_LAYOUT: tl.constexpr,
+    FP4_SCALES: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    BLOCKS: tl.constexpr = 1,
+):
+    """``W[cols] @ x[:BM]^T`` as fp32 [BN, BM] for one packed weight (all scales applied). Each output's
+    chain over K (the dots, their widths and order, where the scales enter) is fixed by the format, ``BK``,
+    ``BKD`` and the K slice: never by ``BM``, so a row gets the same bits in a 16-row and a 64-row block.
+    ``BLOCKS`` > 1: the BM rows run as BLOCKS blocks of BM / BLOCKS rows, each decoded weight tile meeting
+    every block in the dot a BM / BLOCKS-row program issues (``row_blocks``).
+
+    FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
+    FP4: ``BK`` logical columns per step, ``SBK`` = group size."""
+    ROWS: tl.constexpr = BM // BLOCKS
+    col_ok = cols < n_rows
+    if W_AS_A:
+        acc0 = tl.zeros([BN, ROWS], tl.float32)
+    else:
+        acc0 = tl.zeros([ROWS, BN], tl.float32)
+    acc1 = acc0
+    acc2 = acc0
+    acc3 = acc0
+    if FMT <= 1:
+        w_rows = w_ptr + cols[:, None].to(tl.int64) * k_dim
+        scale_cols = tl.cdiv(k_dim, SBK)
+        for k0 in range(k_lo, k_hi, BK):
+            for j in tl.static_range(BK // BKD):
+                kd = k0 + j * BKD
+                kk = kd + tl.arange(0, BKD)
+                codes = w_tile(w_rows + kk[None, :], col_ok, kk < k_hi, EVEN)
+                wv = fp8_values(codes, FP8_BITS, DOT_FP32, DOT_DTYPE)
+                s = 1.0
+                if FMT == 0:
+                    s_ptrs = s_ptr + (cols // SBN) * scale_cols + kd // SBK
+                    if EVEN:
+                        s = tl.load(s_ptrs).to(tl.float32)
+                    else:
+                        s = tl.load(s_ptrs, mask=col_ok & (kd < k_hi), other=0.0).to(tl.float32)
+                acc0 = fp8_step(
+                    acc0,
+                    x_ptr,
+                    block_rows(0, ROWS),
+                    m,
+                    x_stride,
+                    kk,
+                    k_hi,
+                    wv,
+                    s,
+                    FMT,
+                    W_AS_A,
+                    EVEN,
+                    DOT_FP32,
+                    DOT_DTYPE,
+                )
+                if BLOCKS > 1:
+                    acc1 = fp8_step(
+                        acc1,
+                        x_ptr,
+                        block_rows(1, ROWS),
+                        m,
+                        x_stride,
+                        kk,
+                        k_hi,
+                        wv,
+                        s,
+                        FMT,
+                        W_AS_A,
+                        EVEN,
+                        DOT_FP32,
+                        DOT_DTYPE,
+                    )
+                if BLOCKS > 2:
+                    acc2 = fp8_step(
+                        acc2,
+                        x_ptr,
+                        block_rows(2, ROWS),
+                        m,
+                        x_stride,
+                        kk,
+                        k_hi,
+                        wv,
+                        s,
+                        FMT,
+                        W_AS_A,
+                        EVEN,
+                        DOT_FP32,
+                        DOT_DTYPE,
+                    )
+                    acc3 = fp8_step(
+                        acc3,
+                        x_ptr,
+                        block_rows(3, ROWS),
+                        m,
+                        x_stride,
+                        kk,
+                        k_hi,
+                        wv,
+                        s,
+                        FMT,
+                        W_AS_A,
+                        EVEN,
+                        DOT_FP32,
+                        DOT_DTYPE,
+                    )
+    else:
+        row_bytes = k_dim // 2
+        if (
+            EVEN and BK >= 32
+        ):  # K is a multiple of BK: rows start 16-byte aligned, so loads vectorize to 16 bytes
+            row_bytes = tl.multiple_of(row_bytes, 16)
+        w_rows = w_ptr + cols[:, None].to(tl.int64) * row_bytes
+        for k0 in range(k_lo, k_hi, BK):
+            if FP4_LAYOUT == 1:
+                lo, hi = fp4_flat_weights(
+                    w_rows,
+                    s_ptr,
+                    cols,
+                    col_ok,
+                    k0,
+                    k_dim,
+                    k_hi,
+                    FMT,
+                    SBK,
+                    BN,
+                    BK,
+                    EVEN,
+                    FAST_FP4,
+                    FP4_SCALES,
+                    DOT_DTYPE,
+                )
+            else:
+                lo, hi = fp4_grouped_weights(
+                    w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE
+                )
+            acc0 = fp4_step(
+                acc0,
+                x_ptr,
+                block_rows(0, ROWS),
+                m,
+                x_stride,
+                k0,
+                k_hi,
+                lo,
+                hi,
+                ROWS,
+                BK,
+                INTERLEAVE,
+                W_AS_A,
+                EVEN,
+                FP4_LAYOUT,
+                DOT_FP32,
+                DOT_DTYPE,
+            )
+            if BLOCKS > 1:
+                acc1 = fp4_step(
+                    acc1,
+                    x_ptr,
+                    block_rows(1, ROWS),
+                    m,
+                    x_stride,
+                    k0,
+                    k_hi,
+                    lo,
+                    hi,
+                    ROWS,
+                    BK,
+                    INTERLEAVE,
+                    W_AS_A,
+                    EVEN,
+                    FP4_LAYOUT,
+                    DOT_FP32,
+                    DOT_DTYPE,
+                )
+            if BLOCKS > 2:
+                acc2 = fp4_step(
+                    acc2,
+                    x_ptr,
+                    block_rows(2, ROWS),
+                    m,
+                    x_stride,
+                    k0,
+                    k_hi,
+                    lo,
+                    hi,
+                    ROWS,
+                    BK,
+                    INTERLEAVE,
+                    W_AS_A,
+                    EVEN,
+                    FP4_LAYOUT,
+                    DOT_FP32,
+                    DOT_DTYPE,
+                )
+                acc3 = fp4_step(
+                    acc3,
+                    x_ptr,
+                    block_rows(3, ROWS),
+                    m,
+                    x_stride,
+                    k0,
+                    k_hi,
+                    lo,
+                    hi,
+                    ROWS,
+                    BK,
+                    INTERLEAVE,
+                    W_AS_A,
+                    EVEN,
+                    FP4_LAYOUT,
+                    DOT_FP32,
+                    DOT_DTYPE,
+                )
+    acc0 = finish_block(acc0, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+    if BLOCKS > 1:
+        acc1 = finish_block(acc1, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+    if BLOCKS > 2:
+        acc2 = finish_block(acc2, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+        acc3 = finish_block(acc3, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
+    return joined_rows(acc0, acc1, acc2, acc3, BLOCKS)

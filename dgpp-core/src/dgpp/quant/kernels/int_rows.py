@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dgpp.quant.kernels.wo_matmul import code_f32
+
 FMT_INT = 0  # codes along K in [N, K·b/32] words, a scale per (row, group), fixed zero ZERO_OFFSET
 FMT_NF4 = 1  # 4-bit indices along K in [N, K/8] words into a 16-entry fp32 level table, a scale per group
 FMT_GPTQ = 2  # codes along K in [K·b/32, N] words, zero points packed along N per group, scales [K/group, N]
@@ -32,12 +34,11 @@ _ROWS = tl.constexpr(ROWS)  # the same, as the kernels see it
 
 @triton.jit
 def _code_value(code, zero, levels_ptr, FMT: tl.constexpr):
-    """``code - zero`` as fp32 (codes < 2^23: OR-ed into the mantissa of 2^23, no int->float conversion), or the
-    NF4 level of the code."""
+    """``code - zero`` as fp32 (``code_f32``: no int->float conversion), or the NF4 level of the code."""
     if FMT == 1:
         out = tl.load(levels_ptr + code)
     else:
-        out = (code | 0x4B000000).to(tl.float32, bitcast=True) - (zero.to(tl.float32) + 8388608.0)
+        out = code_f32(code, zero)
     return out
 
 

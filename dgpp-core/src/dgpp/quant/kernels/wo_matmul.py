@@ -36,7 +36,7 @@ def _e2m1_value(nib):
 
 
 @triton.jit
-def _code_f32(code, offset):
+def code_f32(code, offset):
     """``code - offset`` as fp32 for codes 0 <= code < 2^23, without the int->float conversion pipe (16 per
     clock per SM): OR-ing the code into the mantissa of 2^23 gives 2^23 + code exactly, and the subtraction
     of the integer 2^23 + offset is exact too."""
@@ -242,16 +242,16 @@ def _decode(
     elif FMT == 2:
         code = (stored >> (BITS * i)) & code_mask
         if SCALE_MODE == 1:
-            w = _code_f32(code, ZERO_OFFSET) * s_pre[:, None]
+            w = code_f32(code, ZERO_OFFSET) * s_pre[:, None]
         elif SCALE_MODE == 2:
-            w = _code_f32(code, ZERO_OFFSET) * s_pre
+            w = code_f32(code, ZERO_OFFSET) * s_pre
         else:
             s = tl.load(
                 s_ptr + offs_n[:, None] * stride_sn + (offs_k // SBK)[None, :] * stride_sk,
                 mask=tile_ok,
                 other=0.0,
             )
-            w = _code_f32(code, ZERO_OFFSET) * s.to(tl.float32)
+            w = code_f32(code, ZERO_OFFSET) * s.to(tl.float32)
     else:
         code = (stored >> (BITS * i)) & code_mask
         if SCALE_MODE == 1:
