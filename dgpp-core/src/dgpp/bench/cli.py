@@ -156,6 +156,7 @@ def bench_weights(
     for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
 
+        _set_gemv(gemv_modes[0], batch)  # the policy the case itself ran under (packed: row or MMA by rows)
         for graph in (False, True):
             try:
                 per_step, rows = kernel_breakdown(model, batch, prompt, graph=graph, kv_dtype=kv_dtype)
@@ -163,6 +164,7 @@ def bench_weights(
                 sections.append(format_breakdown(label, per_step, rows))
             except Exception as e:  # the profiler is optional: keep the table
                 sections.append(f"{tag}profile {prompt}x{batch} graph={graph} failed: {e!r}")
+        _set_gemv(gemv_modes[0])
     return results, sections, failures
 
 
