@@ -216,3 +216,34 @@ def test_padded_graph_path_of_the_tiny_moe_hybrid_equals_eager() -> None:
         if padded:
             assert session.runner.graphs.stats.by_size == {4: 5}
     assert runs[0] == runs[1]
+
+
+def test_geometry_cut_to_its_first_layers_keeps_their_kinds() -> None:
+    whole = hf_config("deepseek-v4-flash-8l", torch.bfloat16)
+    cut = hf_config("deepseek-v4-flash-8l@4", torch.bfloat16)
+    assert cut["num_hidden_layers"] == 4
+    assert cut["layer_types"] == whole["layer_types"][:4]
+    assert cut["mlp_layer_types"] == whole["mlp_layer_types"][:4]
+    assert {k: v for k, v in cut.items() if not isinstance(v, list) and k != "num_hidden_layers"} == {
+        k: v for k, v in whole.items() if not isinstance(v, list) and k != "num_hidden_layers"
+    }
+    # MiMo's hybrid pattern and MoE frequency are per-layer lists too
+    mimo = hf_config("tiny-mimo-v2.6@3", torch.float32)
+    assert len(mimo["hybrid_layer_pattern"]) == len(mimo["moe_layer_freq"]) == 3
+    model = build_random_model("tiny-qwen3.5-moe@2", "cpu", torch.float32)
+    assert model.cfg.num_layers == 2
+
+
+def test_geometry_cut_refuses_bad_counts_and_own_builders() -> None:
+    for name, words in (
+        ("qwen3-8b@0", "positive integer"),
+        ("qwen3-8b@x", "positive integer"),
+        ("qwen3-8b@99", "has 36 layers"),
+        ("deepseek-v4.1-flash-8l@4", "builds its own random model"),
+    ):
+        try:
+            hf_config(name, torch.bfloat16)
+        except ValueError as e:
+            assert words in str(e), (name, e)
+        else:
+            raise AssertionError(f"{name} was accepted")

@@ -17,7 +17,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "prefill-levers: engine.prefill_fp8_gemm and engine.prefill_bf16_partials against the lever-off chain "
         "(the kv-quality flags)",
     )
-    parser.add_argument("--geometry", default="qwen3-8b")
+    parser.add_argument(
+        "--geometry", default="qwen3-8b", help="a bench geometry; NAME@N keeps its first N decoder layers"
+    )
     parser.add_argument("--cases", default="128x1x256,128x64x256", help="promptxbatchxnew, comma separated")
     parser.add_argument(
         "--hf-cases", default="128x1x256", help="cases also run through transformers generate"

@@ -28,13 +28,39 @@ def geometries() -> dict[str, dict[str, Any]]:
     return {name: dict(offer.hf_config) for name, offer in bench_geometries().items()}
 
 
+def split_layers(geometry: str) -> tuple[str, int | None]:
+    """``NAME@N`` -> (NAME, N): the geometry cut to its first N decoder layers (a per-layer rate of a geometry
+    whose whole weights do not fit the device); a plain name -> (name, None)."""
+    base, sep, count = geometry.partition("@")
+    if not sep:
+        return geometry, None
+    if not count.isdigit() or int(count) < 1:
+        raise ValueError(f"geometry {geometry!r}: the layer count after '@' must be a positive integer")
+    return base, int(count)
+
+
+def first_layers(raw: dict[str, Any], layers: int) -> dict[str, Any]:
+    """HF config fields of the first ``layers`` decoder layers: ``num_hidden_layers`` and every per-layer list
+    (layer kinds, MLP kinds, hybrid patterns) cut alike."""
+    total = int(raw["num_hidden_layers"])
+    if layers > total:
+        raise ValueError(f"the geometry has {total} layers; asked for the first {layers}")
+    cut = {k: v[:layers] for k, v in raw.items() if isinstance(v, list) and len(v) == total}
+    return {**raw, **cut, "num_hidden_layers": layers}
+
+
 def hf_config(geometry: str, dtype: torch.dtype) -> dict[str, Any]:
-    """The geometry's HF config fields with ``dtype``; a name no plugin offers is an error listing those offered."""
+    """The geometry's HF config fields with ``dtype``; a name no plugin offers is an error listing those offered.
+    ``NAME@N`` keeps its first N layers (``split_layers``)."""
+    base, layers = split_layers(geometry)
     known = geometries()
-    if geometry not in known:
-        raise ValueError(f"unknown geometry {geometry!r}; known: {', '.join(known)}")
+    if base not in known:
+        raise ValueError(f"unknown geometry {base!r}; known: {', '.join(known)}")
+    if layers is not None and _own_builder(base) is not None:
+        raise ValueError(f"geometry {base!r} builds its own random model: it cannot be cut with '@{layers}'")
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}[dtype]
-    return {**known[geometry], "dtype": name, "torch_dtype": name}
+    raw = known[base] if layers is None else first_layers(known[base], layers)
+    return {**raw, "dtype": name, "torch_dtype": name}
 
 
 def new_model(raw_config: dict[str, Any], device: torch.device | str) -> Model:
@@ -115,7 +141,7 @@ def _own_builder(geometry: str) -> Callable[[dict[str, Any], str, int], Any] | N
     """The geometry's own random-model builder (``BenchGeometry.build``), if its plugin gives one."""
     from dgpp.catalog import bench_geometry
 
-    return bench_geometry(geometry).build
+    return bench_geometry(split_layers(geometry)[0]).build
 
 
 def _keeps_tables(raw_config: dict[str, Any]) -> bool:

@@ -269,10 +269,10 @@ def serve_quant(text: str) -> str:
 
 def run_serve(args) -> int:
     from dgpp.bench.checkpoint import word_prompt, write_checkpoint
-    from dgpp.bench.models import geometries
+    from dgpp.bench.models import hf_config
 
     cases = parse_serve_cases(args.serve_cases)
-    vocab = int(geometries()[args.geometry]["vocab_size"])
+    vocab = int(hf_config(args.geometry, torch.float32)["vocab_size"])
     t0 = time.perf_counter()
     root = Path(args.checkpoint_dir or tempfile.mkdtemp(prefix="dgpp-bench-serve-"))
     quant = serve_quant(args.quant)
