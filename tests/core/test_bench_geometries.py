@@ -247,3 +247,23 @@ def test_geometry_cut_refuses_bad_counts_and_own_builders() -> None:
             assert words in str(e), (name, e)
         else:
             raise AssertionError(f"{name} was accepted")
+
+
+def test_prefill_flops_count_routed_experts_by_their_top_k_share() -> None:
+    from dgpp.bench.decode import prefill_flops
+    from dgpp.bench.step_bytes import moe_layers
+
+    model = build_random_model("tiny-qwen3.5-moe", "cpu", torch.float32)
+    flops, with_attention = prefill_flops(model, 64)
+    assert not with_attention  # GDN layers: the causal-attention square would overcount them
+    weights = sum(p.numel() for name, p in model.named_parameters() if "embed_tokens" not in name)
+    routed = 0.0
+    for moe in moe_layers(model):
+        stack = sum(p.numel() for p in moe.experts.parameters())
+        routed += stack * (1 - moe.gate.cfg.top_k / moe.experts.num_experts)
+    assert routed > 0
+    # every weight element but the embedding, minus the experts a token does not pick
+    expected = 2 * 64 * (weights - routed)
+    assert abs(flops - expected) <= 2 * 64 * len(moe_layers(model))
+    dense, attention = prefill_flops(build_random_model("tiny", "cpu", torch.float32), 64)
+    assert attention and dense > 0

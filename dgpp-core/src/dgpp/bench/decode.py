@@ -289,11 +289,35 @@ def matmul_peak_tflops(device: str, n: int = 8192, reps: int = 10) -> float:
     return 2 * n**3 / (sorted(times)[reps // 2] * 1e-3) / 1e12
 
 
-def prefill_tflops(model: Model, tokens: int, seed: int = 0, kv_dtype: str = "auto") -> tuple[float, float]:
-    """(seconds, TFLOP/s) of one eager prefill of ``tokens`` tokens (one step, K/V written as ``kv_dtype``
-    stores them); FLOPs = 2 x matrix params x tokens plus causal attention (QK^T and PV over half the square)."""
+def prefill_flops(model: Model, tokens: int) -> tuple[float, bool]:
+    """(FLOPs, attention counted) of a prefill of ``tokens`` tokens: 2 x the matrix elements a token multiplies
+    (routed experts: their top-k share of each stack) x tokens, plus causal attention (QK^T and PV over half the
+    square) for a model whose every layer is full attention over ``cfg``'s heads; a hybrid or windowed model
+    counts the matrices only."""
     from dgpp.bench.models import weight_bytes_per_step
+    from dgpp.bench.step_bytes import moe_layers
 
+    params = logical_weight_elements(model, weight_bytes_per_step(model))  # packed linears: out x in each
+    for moe in moe_layers(model):  # a token multiplies top_k of the stack's experts, not all of them
+        stack = sum(p.numel() for p in moe.experts.parameters())
+        params -= round(stack * (1 - moe.gate.cfg.top_k / moe.experts.num_experts))
+    cfg = getattr(model, "cfg", None)
+    full_attention = (
+        not model.info.hybrid
+        and all(hasattr(cfg, key) for key in ("num_layers", "num_heads", "head_dim"))
+        and set(getattr(cfg, "layer_types", None) or ()) <= {"full_attention"}
+    )
+    attn = (
+        2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens / 2 if full_attention else 0.0
+    )
+    return 2 * params * tokens + attn, full_attention
+
+
+def prefill_tflops(
+    model: Model, tokens: int, seed: int = 0, kv_dtype: str = "auto"
+) -> tuple[float, float, bool]:
+    """(seconds, TFLOP/s, attention counted) of one eager prefill of ``tokens`` tokens (one step, K/V written as
+    ``kv_dtype`` stores them); FLOPs as ``prefill_flops`` counts them."""
     session = DecodeSession(model, 1, tokens + 1, 16, graph=False, kv_dtype=kv_dtype)
     prompt = random_prompts(1, tokens, model.info.vocab_size, seed)
     session.prefill(prompt)  # warm-up
@@ -302,7 +326,5 @@ def prefill_tflops(model: Model, tokens: int, seed: int = 0, kv_dtype: str = "au
     session.prefill(prompt)
     _sync()
     seconds = time.perf_counter() - t0
-    params = logical_weight_elements(model, weight_bytes_per_step(model))  # packed linears: out x in each
-    cfg = model.cfg
-    attn = 2 * 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * tokens * tokens / 2
-    return seconds, (2 * params * tokens + attn) / seconds / 1e12
+    flops, with_attention = prefill_flops(model, tokens)
+    return seconds, flops / seconds / 1e12, with_attention
