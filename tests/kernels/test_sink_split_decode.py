@@ -235,3 +235,23 @@ def test_decode_only_step_takes_the_split_kernel_with_routing_off() -> None:
         )
     assert torch.equal(out, fixed)
     assert float(out[2].abs().max()) == 0.0
+
+
+@pytest.mark.usefixtures("triton_on_cpu")
+def test_batch_invariant_prompt_rows_are_decode_rows_in_bounded_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under ``batch_invariant`` a prompt runs row by row; calls of 2 rows (the partials bound) change no bit."""
+    from dgpp.nn.exact import attention as exact_attention
+
+    hq, hk, dim, scale = 4, 2, 32, 0.3
+    q_lens, contexts = [5, 1], [70, 130]
+    q, kc, vc, batch = _step(q_lens, contexts, hq, hk, dim, seed=50)
+    sinks = _sinks(hq, 51)
+    monkeypatch.setattr(exact_attention, "_PARTIALS_PER_CALL", 2 * hq * 4 * dim)
+    with overriding(exact_splits=4, batch_invariant=True):
+        out = paged_sink_attention(q, kc, vc, batch, sinks, scale)
+        index, _, lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, q_lens)
+        for r, (seq, n) in enumerate(zip(index.tolist(), lens.tolist(), strict=True)):
+            solo = _solo_decode(q[r : r + 1], kc, vc, batch.block_tables[seq : seq + 1], n, sinks, scale)
+            assert torch.equal(out[r : r + 1], solo), r

@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels._triton import next_pow2
 from dgpp.kernels.kv_fp8 import KVScales
 from dgpp.kernels.paged_attention import decode_attention_with_splits, programs_per_row
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.route import StepRoute, route_for
 
-# rows per call when a whole prompt runs row by row: bounds the split partials (rows x heads x splits x dim)
-_EXPANDED_ROWS_PER_CALL = 256
+# fp32 split partials one call may hold when a whole prompt runs row by row (rows x heads x splits x value
+# dim): 256 rows of 32 heads x 128 at 32 splits, 128 MiB
+_PARTIALS_PER_CALL = 256 * 32 * 32 * 128
 
 
 def paged_decode_attention_fixed(
@@ -92,19 +94,20 @@ def expanded_decode_attention(
 ) -> torch.Tensor:
     """Every row of the step as the decode row of its position (``expand_rows``) through the fixed-split kernel
     (a speculative verify, or a prompt row by row under ``batch_invariant``). Rows are independent, so cutting
-    a long prompt into calls of ``_EXPANDED_ROWS_PER_CALL`` rows changes no bits."""
+    a long prompt into calls whose split partials fit ``_PARTIALS_PER_CALL`` changes no bits."""
     _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
+    per_call = max(
+        1, _PARTIALS_PER_CALL // (q.shape[1] * current().exact_splits * next_pow2(v_cache.shape[-1]))
+    )
 
     def rows(a: int, b: int) -> torch.Tensor:
         return paged_decode_attention_fixed(
             q[a:b], k_cache, v_cache, tables[a:b], seq_lens[a:b], scale, scales=scales, sinks=sinks
         )
 
-    if q.shape[0] <= _EXPANDED_ROWS_PER_CALL:
+    if q.shape[0] <= per_call:
         return rows(0, q.shape[0])
-    return torch.cat(
-        [rows(r, r + _EXPANDED_ROWS_PER_CALL) for r in range(0, q.shape[0], _EXPANDED_ROWS_PER_CALL)]
-    )
+    return torch.cat([rows(r, r + per_call) for r in range(0, q.shape[0], per_call)])
 
 
 def decode_rows_attention(
