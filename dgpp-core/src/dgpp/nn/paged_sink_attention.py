@@ -5,8 +5,8 @@ program, so at batch 1 a 32K-token row walks its keys in as many programs as the
 while the rest of the GPU idles. On CUDA the canonical rows therefore take the split-context kernel
 (``dgpp.nn.exact.attention.paged_decode_attention_fixed`` with the sinks): each row's span is cut into
 ``exact_splits`` (``dgpp.policy``) ``BLOCK_N``-multiple partitions decided on the device from the row's own
-length, each partition's partial softmax is its own program, and the merge adds them in split order, with the
-sink in split 0's partial only. The rows follow the step's route (``dgpp.step.route``), as the paged layers' do:
+length, each partition's partial softmax is its own program, and a second kernel merges the row's partials,
+the sink in split 0's partial only. The rows follow the step's route (``dgpp.step.route``), as the paged layers' do:
 
 - a decode-only step: every row, whatever the routing policy (its bits depend on the row alone either way);
 - a speculative verify, or any step under ``batch_invariant``: every row, as the decode row of its position
