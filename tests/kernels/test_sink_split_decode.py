@@ -255,3 +255,28 @@ def test_batch_invariant_prompt_rows_are_decode_rows_in_bounded_calls(
         for r, (seq, n) in enumerate(zip(index.tolist(), lens.tolist(), strict=True)):
             solo = _solo_decode(q[r : r + 1], kc, vc, batch.block_tables[seq : seq + 1], n, sinks, scale)
             assert torch.equal(out[r : r + 1], solo), r
+
+
+@pytest.mark.usefixtures("triton_on_cpu")
+def test_heads_wider_than_the_split_tiles_keep_the_window_kernel() -> None:
+    hq, hk, dim, scale = 2, 1, 272, 0.05
+    q, kc, vc, batch = _step([1, 1], [149, 70], hq, hk, dim, seed=60)
+    sinks = _sinks(hq, 61)
+    with overriding(exact_splits=4):
+        out = paged_sink_attention(q, kc, vc, batch, sinks, scale)
+    window = window_attention_triton(
+        q,
+        None,
+        None,
+        kc,
+        vc,
+        batch.block_tables,
+        batch.query_start_loc,
+        batch.context_lens,
+        batch.seq_lens,
+        sinks,
+        scale,
+        0,
+        True,
+    )
+    assert torch.equal(out, window)
