@@ -75,10 +75,21 @@ def kernel_checks(failures: list[str]) -> list[str]:
     tables = torch.randperm(blocks, device=dev, generator=g)[: 3 * (8192 // bs)].view(3, -1).int()
     qp = torch.randn(rows, HQ, DIM, generator=g, device=dev).to(bf)
     args = (qp, None, None, k_cache, v_cache, tables, starts, ctx_t, lens, sinks, DIM**-0.5, 0, True)
-    err = rel(window_attention_triton(*args), window_attention_ref(*args))
+    ref = window_attention_ref(*args)
+    err = rel(window_attention_triton(*args), ref)
     rows_out.append(f"paged sink attention, {rows} rows bf16 (8K context): rel err {err:.2e}")
     if not err < 1e-2:
         failures.append(f"paged sink attention rel err {err}")
+    # the same two decode rows through the split-context kernel the full layers' decode rows take
+    from dgpp.nn.exact.attention import paged_decode_attention_fixed
+
+    split = paged_decode_attention_fixed(
+        qp[:2], k_cache, v_cache, tables[:2], lens[:2], DIM**-0.5, sinks=sinks
+    )
+    err = rel(split, ref[:2])
+    rows_out.append(f"paged sink attention, 2 decode rows split-context bf16 (8K context): rel err {err:.2e}")
+    if not err < 1e-2:
+        failures.append(f"split-context sink attention rel err {err}")
     # one 1500-token prompt: one shot vs 256-token chunks through the ring, bitwise
     n = 1500
     q1 = torch.randn(n, HQ, DIM, generator=g, device=dev).to(bf)

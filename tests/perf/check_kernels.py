@@ -13,7 +13,7 @@ import json
 import sys
 
 import torch
-from kernel_checks_attention import check_attention, check_prefill_attention
+from kernel_checks_attention import check_attention, check_prefill_attention, check_sink_decode_attention
 from kernel_checks_gdn import check_gated_delta
 from kernel_checks_gemv import check_gemv
 from kernel_checks_moe import check_moe
@@ -26,6 +26,7 @@ CHECKS = (
     check_rotary_swiglu_kvwrite,
     check_attention,
     check_prefill_attention,
+    check_sink_decode_attention,
     check_sampling,
     check_gated_delta,
     check_gemv,

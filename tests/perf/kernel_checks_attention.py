@@ -1,4 +1,5 @@
-"""Attention kernels at real sizes on the GPU: paged decode (with its split sweep) and prefill (with its tile sweep)."""
+"""Attention kernels at real sizes on the GPU: paged decode (with its split sweep), prefill (with its tile sweep) and
+the sink full layers' split-context decode."""
 
 # ruff: noqa: B023  (each timing lambda runs before its loop variables move on)
 
@@ -6,7 +7,7 @@ from __future__ import annotations
 
 import torch
 import triton.testing
-from kernel_checks_record import BF16, DEV, record, rel_err
+from kernel_checks_record import BF16, DEV, record, record_times, rel_err
 
 from dgpp.kernels import paged_attention as pa
 
@@ -117,3 +118,64 @@ def check_prefill_attention() -> None:
                 )
             except Exception as e:  # a tile that does not fit in shared memory
                 print(f"prefill attn sweep tile {tile}: {type(e).__name__}", flush=True)
+
+
+# MiMo-V2.6-Flash's full-attention layer: 64 query heads over 4 KV heads, q/k 192 wide, v 128, a sink per head
+SINK_CASES = ((1, 1024), (1, 8192), (1, 32768), (8, 32768))
+
+
+def check_sink_decode_attention(cases=SINK_CASES, device: str = DEV) -> None:
+    """Decode rows of a sink full layer: the split-context kernel (32 fixed splits, as the engine runs it) against
+    the fp32 reference, timed against the window kernel's one program per (row, KV head) (the "ref" column)."""
+    from dgpp.kernels import window_attention as wa
+    from dgpp.nn.exact.attention import paged_decode_attention_fixed
+
+    hq, hk, dim, v_dim, bs = 64, 4, 192, 128, 16
+    for batch, ctx in cases:
+        blocks = -(-ctx // bs)
+        kc = torch.randn(batch * blocks + 3, bs, hk, dim, device=device, dtype=BF16)
+        vc = torch.randn(batch * blocks + 3, bs, hk, v_dim, device=device, dtype=BF16)
+        perm = torch.randperm(batch * blocks + 3, device=device)[: batch * blocks]
+        tables = perm.view(batch, blocks).int()
+        lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
+        q = torch.randn(batch, hq, dim, device=device, dtype=BF16)
+        sinks = torch.randn(hq, device=device, dtype=BF16) + 4.0
+        starts = torch.arange(batch + 1, device=device, dtype=torch.int32)
+        window_args = (q, None, None, kc, vc, tables, starts, lens - 1, lens, sinks, dim**-0.5, 0, True)
+
+        def split(q=q, kc=kc, vc=vc, tables=tables, lens=lens, sinks=sinks):
+            return paged_decode_attention_fixed(q, kc, vc, tables, lens, dim**-0.5, sinks=sinks)
+
+        out = split()
+        one = slice(0, 1)  # the fp32 reference walks rows on the host: the first row is enough
+        ref = wa.window_attention_ref(
+            q[one].float(),
+            None,
+            None,
+            kc.float(),
+            vc.float(),
+            tables[one],
+            starts[:2],
+            lens[one] - 1,
+            lens[one],
+            sinks.float(),
+            dim**-0.5,
+            0,
+            True,
+        )
+        t_split = triton.testing.do_bench_cudagraph(split, rep=50, return_mode="median") * 1e3
+        t_window = (
+            triton.testing.do_bench_cudagraph(
+                lambda: wa.window_attention_triton(*window_args), rep=50, return_mode="median"
+            )
+            * 1e3
+        )
+        record_times(
+            f"sink decode attn bf16 B={batch} ctx={ctx} 64/4x192/128",
+            rel_err(out[one], ref),
+            1e-2,
+            t_split,
+            t_window,
+            float(lens.sum()) * hk * (dim + v_dim) * 2,
+            ref_label="window kernel",
+        )

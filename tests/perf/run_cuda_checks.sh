@@ -12,7 +12,7 @@ status=0
 # only the tests that skip without a GPU: the rest feed CPU tensors to kernels written for the Triton interpreter
 python3 -m pytest -q -p no:cacheprovider -o addopts="" -k "cuda or gpu" tests/kernels/test_moe.py \
   tests/kernels/test_decode_graphs.py tests/core/test_sampler.py plugins/dgpp-qwen/tests/test_qwen3_cuda.py \
-  tests/core/test_speculative_cuda.py \
+  tests/core/test_speculative_cuda.py tests/core/test_sink_full_layers_cuda.py \
   tests/core/test_exact_cuda_routing.py::test_batch_invariant_chunked_prefill_equals_one_shot_on_cuda ${CUDA_TESTS:-} 2>&1 \
   | tee "$OUT/pytest_cuda.log" || status=1
 for check in "plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu" \

@@ -17,6 +17,11 @@ spread evenly over the splits in ``BLOCK_N``-token steps, so a short context use
 has ``BLOCK_N`` chunks (not one long partition sized for the widest table), and a context of at most
 ``BLOCK_N`` tokens is done in one pass by split 0, which writes the output itself: no partials, and the
 merge kernel leaves that row alone.
+
+``sinks [Hq]`` (``decode_attention_with_splits``): one learned logit per query head that joins each row's
+softmax and attends to nothing (Flint / MiMo full-attention layers). Split 0 starts its online softmax from
+it (running max = the sink, running sum = 1), so it enters the merge exactly once however many splits the
+row's context was cut into; a row done by split 0 alone includes it directly.
 """
 
 from __future__ import annotations
@@ -84,6 +89,7 @@ def _decode_partition_kernel(
     vsc_ptr,
     bt_ptr,
     lens_ptr,
+    sink_ptr,
     out_ptr,
     part_acc_ptr,
     part_ml_ptr,
@@ -116,6 +122,7 @@ def _decode_partition_kernel(
     ONE_SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_SCALES: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     """Program ``(b, kvh, p)`` computes splits ``p, p + grid_splits, ...`` of its sequence: how the context
     is cut depends on ``seq_len`` and ``num_splits`` alone, how many programs share the work does not
@@ -136,12 +143,17 @@ def _decode_partition_kernel(
         other=0.0,
     )
     omask = gmask[:, None] & (dv[None, :] < v_dim)
+    if HAS_SINKS:
+        sink = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
     # a padding row (seq_len 0) still runs split 0, which writes its zeros
     for split in range(tl.program_id(2), tl.maximum(used, 1), grid_splits):
         start = first + split * per_split
         end = tl.minimum(seq_len, start + per_split)
         m_i = tl.full([BLOCK_G], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_G], tl.float32)
+        if HAS_SINKS:  # split 0 alone starts from the sink logit: it joins the row's softmax once
+            m_i = tl.where(split == 0, sink, m_i)
+            l_i = tl.where(split == 0, 1.0, l_i)
         acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
@@ -253,10 +265,12 @@ def decode_attention_with_splits(
     splits: int,
     grid_splits: int | None = None,
     scales: KVScales = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton decode attention with each sequence's context spread over ``splits`` splits (the merge
     runs only when ``splits > 1``), computed by ``grid_splits`` (default ``splits``) programs per
-    (sequence, KV head): fewer programs when the batch alone fills the GPU, with the same bits."""
+    (sequence, KV head): fewer programs when the batch alone fills the GPU, with the same bits. ``sinks``:
+    per-head sink logits ``[Hq]`` (see the module docstring)."""
     batch, hq, head_dim = q.shape
     block_size, hk = k_cache.shape[1], k_cache.shape[2]
     v_dim = v_cache.shape[-1]
@@ -281,6 +295,7 @@ def decode_attention_with_splits(
         v_sc,
         block_tables,
         seq_lens,
+        sinks if sinks is not None else q,  # unread without sinks
         out,
         part_acc,
         part_ml,
@@ -313,6 +328,7 @@ def decode_attention_with_splits(
         ONE_SPLIT=splits == 1,
         PRECISION=precision,
         HAS_SCALES=scales is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=4,
     )
     if splits > 1:

@@ -19,6 +19,8 @@ start at ``lo`` (a function of the row's position alone), with an online softmax
 source a key comes from does not change its bits, so a row's output is the same however the prompt was
 chunked, batched or restored from a prefix-cache snapshot. A padding row (``seq_lens == 0`` or state slot -1)
 gets zeros and writes nothing.
+A full-attention layer's decode rows, whose span is the whole context, take the split-context kernel instead
+(``dgpp.nn.paged_sink_attention``); its prefill rows come here.
 
 ``scales``: the source's fp32 row scales ``(k_scale, v_scale)`` when it holds e4m3 rows
 (``engine.kv_dtype: fp8``; pool ``[num_blocks, block_size, Hk, 1]``, ring ``[slots, R, Hk, 1]``). Each loaded

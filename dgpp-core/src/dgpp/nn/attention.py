@@ -19,7 +19,6 @@ from dgpp.kernels.latent_formats import latent_format_of, quantize_latent
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import KV_FP8, PagedKV
-from dgpp.step.route import route_for
 
 _NARROW = (torch.bfloat16, torch.float16)
 
@@ -280,9 +279,6 @@ class PagedAttention(nn.Module):
         return paged_attention(q, k_cache, v_cache, batch, self.scale, scales).flatten(1)
 
 
-_EXPANDED_ROWS_PER_CALL = 256
-
-
 def _routed_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -294,39 +290,24 @@ def _routed_attention(
     """Attention by the step's route (``batch.route``, ``dgpp.nn.exact``): canonical rows through the fixed-split decode
     kernel, each as its own decode row; bulk (prefill-chunk) rows through the flash prefill kernel. None when
     routing is off."""
-    route = batch.route
+    from dgpp.nn.exact.attention import (
+        canonical_route,
+        decode_rows_attention,
+        expanded_decode_attention,
+        paged_decode_attention_fixed,
+    )
+
+    route = canonical_route(batch, q.device)
     if route is None:
-        policy = current()
-        if not (policy.exact_routing and policy.batch_invariant):
-            return None
-        route = route_for(batch.q_lens_cpu, q.device, per_row=True)
+        return None
     from dgpp import kernels
-    from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
 
     if batch.is_decode_only:  # one row per sequence already (graph padding rows keep seq_len 0)
         return paged_decode_attention_fixed(
             q, k_cache, v_cache, batch.block_tables, batch.seq_lens, scale, scales=scales
         )
     if route.all_exact:
-        _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
-        if q.shape[0] <= _EXPANDED_ROWS_PER_CALL:
-            return paged_decode_attention_fixed(q, k_cache, v_cache, tables, seq_lens, scale, scales=scales)
-        # a whole prompt row by row (batch_invariant): calls of bounded rows keep the split partials small;
-        # rows are independent, so the cut changes no bits
-        return torch.cat(
-            [
-                paged_decode_attention_fixed(
-                    q[r : r + _EXPANDED_ROWS_PER_CALL],
-                    k_cache,
-                    v_cache,
-                    tables[r : r + _EXPANDED_ROWS_PER_CALL],
-                    seq_lens[r : r + _EXPANDED_ROWS_PER_CALL],
-                    scale,
-                    scales=scales,
-                )
-                for r in range(0, q.shape[0], _EXPANDED_ROWS_PER_CALL)
-            ]
-        )
+        return expanded_decode_attention(q, k_cache, v_cache, batch, scale, scales)
     # prefill chunks: the flash kernel over the chunk sequences (its programs each hold rows of one sequence,
     # so a row depends on its own sequence only); decode rows beside them: the canonical kernel
     if route.none_exact:
@@ -341,7 +322,6 @@ def _routed_attention(
             host=_host_starts(batch.q_lens_cpu, batch.context_lens_cpu),
             scales=scales,
         )
-    assert route.exact_rows is not None and route.exact_seq_index is not None
     assert (
         route.bulk_rows is not None
         and route.bulk_seq_index is not None
@@ -367,16 +347,8 @@ def _routed_attention(
             scales=scales,
         ),
     )
-    seqs = route.exact_seq_index
-    decoded = paged_decode_attention_fixed(
-        q.index_select(0, route.exact_rows),
-        k_cache,
-        v_cache,
-        batch.block_tables.index_select(0, seqs),
-        batch.seq_lens.index_select(0, seqs),
-        scale,
-        scales=scales,
-    )
+    assert route.exact_rows is not None
+    decoded = decode_rows_attention(q, k_cache, v_cache, batch, route, scale, scales)
     out.index_copy_(0, route.exact_rows, decoded)
     return out
 

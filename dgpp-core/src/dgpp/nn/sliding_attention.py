@@ -9,8 +9,10 @@ The sliding layer's cache is a ring of ``W - 1`` positions per request in the st
 its memory is fixed per request whatever the context, a prefix-cache hit restores it from the request's
 state snapshot like any recurrent state, and the full-attention layers keep the shared paged pool. The step
 reads the ring before it writes it, so a prefill chunk of any length attends correctly (its early rows need
-ring entries its later rows replace). Both paths run ``dgpp.kernels.window_attention``: one Triton program per
-(row, KV head) on CUDA (no host sync: decode steps capture in CUDA graphs), the torch reference elsewhere.
+ring entries its later rows replace). The sliding path runs ``dgpp.kernels.window_attention``: one Triton program
+per (row, KV head) on CUDA (no host sync: decode steps capture in CUDA graphs), the torch reference elsewhere.
+The full path runs ``dgpp.nn.paged_sink_attention``: its decode rows cut their context into partitions computed
+by programs of their own (split-context decoding), its prefill rows take the window kernel.
 Under ``engine.kv_dtype: fp8`` the pool entry and the ring hold e4m3 rows with per-row scales: a sliding step
 rounds its own K/V through e4m3 before attending, so each key reads the same whether it comes from the step or,
 later, from the ring.
@@ -81,25 +83,14 @@ class SinkAttention(nn.Module):
         batch: ForwardBatch,
         sinks: torch.Tensor | None,
     ) -> torch.Tensor:
-        from dgpp.kernels.window_attention import window_attention
-
         common = (batch.query_start_loc, batch.context_lens, batch.seq_lens, sinks, self.scale)
         if self.window is None:
+            from dgpp.nn.paged_sink_attention import paged_sink_attention
+
             k_cache, v_cache = batch.cache.kv[self.cache_name]
             scales = store_kv(batch, self.cache_name, k, v)
-            out = window_attention(
-                q,
-                None,
-                None,
-                k_cache,
-                v_cache,
-                batch.block_tables,
-                *common,
-                0,
-                True,
-                scales,
-                row_seq=step_row_sequences(batch, q.shape[0]),
-            )
+            row_seq = step_row_sequences(batch, q.shape[0])
+            out = paged_sink_attention(q, k_cache, v_cache, batch, sinks, self.scale, scales, row_seq)
         else:
             out = sliding_step(q, k, v, batch.cache.state[self.cache_name], batch, common, self.window)
         return out.flatten(1)

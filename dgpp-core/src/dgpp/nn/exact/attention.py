@@ -15,9 +15,16 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels._triton import next_pow2
 from dgpp.kernels.kv_fp8 import KVScales
 from dgpp.kernels.paged_attention import decode_attention_with_splits, programs_per_row
 from dgpp.policy import current
+from dgpp.step.batch import ForwardBatch
+from dgpp.step.route import StepRoute, route_for
+
+# fp32 split partials one call may hold when a whole prompt runs row by row (rows x heads x splits x value
+# dim): 256 rows of 32 heads x 128 at 32 splits, 128 MiB
+_PARTIALS_PER_CALL = 256 * 32 * 32 * 128
 
 
 def paged_decode_attention_fixed(
@@ -30,17 +37,19 @@ def paged_decode_attention_fixed(
     window: int = 0,
     splits: int | None = None,
     scales: KVScales = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width).
     The programs per (row, KV head) follow the batch (``programs_per_row``): that never changes a row's
     bits, and at batch 64 it keeps the grid at 1024 programs instead of 16384 mostly idle ones.
-    ``splits`` defaults to the policy's ``exact_splits``; ``scales``: an e4m3 pool's row scales."""
+    ``splits`` defaults to the policy's ``exact_splits``; ``scales``: an e4m3 pool's row scales; ``sinks``:
+    per-head sink logits ``[Hq]`` joining each row's softmax once."""
     splits = current().exact_splits if splits is None else splits
     if splits < 1:
         raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
     grid = programs_per_row(q.shape[0], k_cache.shape[2])
     return decode_attention_with_splits(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid, scales=scales
+        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid, scales=scales, sinks=sinks
     )
 
 
@@ -61,3 +70,66 @@ def expand_rows(
     index = torch.tensor(seq_of_row, dtype=torch.int64).to(device, non_blocking=True)
     seq_lens = torch.tensor(lens, dtype=torch.int32).to(device, non_blocking=True)
     return index, block_tables.index_select(0, index), seq_lens
+
+
+def canonical_route(batch: ForwardBatch, device: torch.device) -> StepRoute | None:
+    """The step's route (``batch.route``), or every row canonical under ``batch_invariant`` when the engine set
+    none; None with routing off."""
+    if batch.route is not None:
+        return batch.route
+    policy = current()
+    if not (policy.exact_routing and policy.batch_invariant):
+        return None
+    return route_for(batch.q_lens_cpu, device, per_row=True)
+
+
+def expanded_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    scale: float,
+    scales: KVScales = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Every row of the step as the decode row of its position (``expand_rows``) through the fixed-split kernel
+    (a speculative verify, or a prompt row by row under ``batch_invariant``). Rows are independent, so cutting
+    a long prompt into calls whose split partials fit ``_PARTIALS_PER_CALL`` changes no bits."""
+    _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
+    per_call = max(
+        1, _PARTIALS_PER_CALL // (q.shape[1] * current().exact_splits * next_pow2(v_cache.shape[-1]))
+    )
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        return paged_decode_attention_fixed(
+            q[a:b], k_cache, v_cache, tables[a:b], seq_lens[a:b], scale, scales=scales, sinks=sinks
+        )
+
+    if q.shape[0] <= per_call:
+        return rows(0, q.shape[0])
+    return torch.cat([rows(r, r + per_call) for r in range(0, q.shape[0], per_call)])
+
+
+def decode_rows_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    batch: ForwardBatch,
+    route: StepRoute,
+    scale: float,
+    scales: KVScales = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The fixed-split attention of a mixed step's decode rows (``route.exact_rows``), in that order."""
+    assert route.exact_rows is not None and route.exact_seq_index is not None
+    seqs = route.exact_seq_index
+    return paged_decode_attention_fixed(
+        q.index_select(0, route.exact_rows),
+        k_cache,
+        v_cache,
+        batch.block_tables.index_select(0, seqs),
+        batch.seq_lens.index_select(0, seqs),
+        scale,
+        scales=scales,
+        sinks=sinks,
+    )
