@@ -27,8 +27,16 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dgpp.kernels import gemv_split
 from dgpp.kernels._triton import tl, triton, use_triton
 from dgpp.policy import current
+from dgpp.quant.kernels.split_partials import (
+    arrive_last,
+    gather_partials,
+    k_slice_range,
+    publish_partial,
+    row_block_ptrs,
+)
 
 MAX_ROWS = 64
 
@@ -47,6 +55,8 @@ def _gemv_tile(
     w_ptr,
     m,
     k_dim,
+    k_lo,
+    k_hi,
     x_stride,
     rows,
     cols,
@@ -55,11 +65,13 @@ def _gemv_tile(
     BK: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """The fp32 ``[BM, BN]`` product over K columns ``k_lo:k_hi`` (the whole row unless split), in ascending
+    ``BK`` steps into one accumulator; ``k_dim`` is the weight's row length."""
     acc = tl.zeros([BM, BN], tl.float32)
     ks = tl.arange(0, BK)
-    for k0 in range(0, k_dim, BK):
+    for k0 in range(k_lo, k_hi, BK):
         kk = k0 + ks
-        kmask = kk < k_dim
+        kmask = kk < k_hi
         xk = tl.load(
             x_ptr + rows[:, None] * x_stride + kk[None, :],
             mask=(rows[:, None] < m) & kmask[None, :],
@@ -105,13 +117,58 @@ def _multi_linear_kernel(
     start = tl.program_id(0) * BN  # segments are BN-aligned, so a block never straddles two weights
     w_ptr, local = _segment(start, w0_ptr, w1_ptr, w2_ptr, n0, n1)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)  # grid axis 1: row blocks (one for decode calls)
-    acc = _gemv_tile(x_ptr, w_ptr, m, k_dim, x_stride, rows, local + tl.arange(0, BN), BM, BN, BK, PRECISION)
+    acc = _gemv_tile(
+        x_ptr, w_ptr, m, k_dim, 0, k_dim, x_stride, rows, local + tl.arange(0, BN), BM, BN, BK, PRECISION
+    )
     out_cols = start + tl.arange(0, BN)
     tl.store(
         out_ptr + rows[:, None].to(tl.int64) * out_stride + out_cols[None, :],
         acc.to(out_ptr.dtype.element_ty),
         mask=rows[:, None] < m,
     )
+
+
+@triton.jit(do_not_specialize=["m"])
+def _multi_linear_split_kernel(
+    x_ptr,
+    w0_ptr,
+    w1_ptr,
+    w2_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    m,
+    k_dim,
+    k_per_split,
+    n0,
+    n1,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``_multi_linear_kernel`` with K cut into SPLIT slices (grid axis 1; row blocks on axis 2): each program's
+    fp32 partial goes to the workspace, and the tile's last program to arrive stores the partials' sum taken in
+    slice order (``dgpp.kernels.gemv_split``)."""
+    start = tl.program_id(0) * BN
+    w_ptr, local = _segment(start, w0_ptr, w1_ptr, w2_ptr, n0, n1)
+    x_ptr, out_ptr, m = row_block_ptrs(x_ptr, out_ptr, m, x_stride, out_stride, BM)
+    k_lo, k_hi = k_slice_range(k_dim, k_per_split)
+    rows = tl.arange(0, BM)
+    cols = local + tl.arange(0, BN)
+    acc = _gemv_tile(x_ptr, w_ptr, m, k_dim, k_lo, k_hi, x_stride, rows, cols, BM, BN, BK, PRECISION)
+    publish_partial(ws_ptr, tl.trans(acc), 0, m, SPLIT, 1, BN, BM)  # the workspace holds [BN, BM] tiles
+    if arrive_last(cnt_ptr, SPLIT):
+        total = gather_partials(ws_ptr, 0, m, SPLIT, 1, BN, BM)
+        out_cols = start + tl.arange(0, BN)
+        tl.store(
+            out_ptr + rows[None, :].to(tl.int64) * out_stride + out_cols[:, None],
+            total.to(out_ptr.dtype.element_ty),
+            mask=rows[None, :] < m,
+        )
 
 
 @triton.jit(do_not_specialize=["m"])
@@ -131,8 +188,8 @@ def _gate_up_silu_kernel(
 ):
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
-    gate = _gemv_tile(x_ptr, wg_ptr, m, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
-    up = _gemv_tile(x_ptr, wu_ptr, m, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
+    gate = _gemv_tile(x_ptr, wg_ptr, m, k_dim, 0, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
+    up = _gemv_tile(x_ptr, wu_ptr, m, k_dim, 0, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
     # the projections are activations in the model dtype before the product, as in the eager layer
     gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
     up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
@@ -182,15 +239,25 @@ def multi_linear_triton(
     weights: list[torch.Tensor],
     tile: tuple[int, int, int] | None = None,
     bm: int | None = None,
+    *,
+    sms: int | None = None,
+    split: int | None = None,
 ) -> list[torch.Tensor]:
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU). ``bm`` pins the row tile for
-    any row count (the grid then walks ``bm``-row blocks: ``dgpp.nn.exact.gemm``'s fixed-order calls)."""
+    any row count (the grid then walks ``bm``-row blocks: ``dgpp.nn.exact.gemm``'s fixed-order calls). K is
+    split by ``gemv_split.split_count`` for the SM count ``sms`` (default: the device's; none on the CPU);
+    ``split`` forces a count (timing sweeps)."""
     bm = bm or row_block(x.shape[0])
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
     sizes = [w.shape[0] for w in weights]
     n_total = sum(sizes)
-    bn, bk, stages = _tile(n_total, x.shape[1], bm)
+    k_dim = x.shape[1]
+    if split is None:
+        split = gemv_split.split_count(n_total, k_dim, sms or gemv_split.device_sms(x))
+    bn, bk, stages = _tile(n_total, k_dim, bm)
+    if split > 1 and bk > gemv_split.SLICE_ALIGN:  # whole steps of a slice (SLICE_ALIGN columns each)
+        bk, stages = gemv_split.SLICE_ALIGN, 4
     if tile is not None:
         bn, bk, stages = tile
     if any(n % bn for n in sizes):
@@ -200,12 +267,21 @@ def multi_linear_triton(
     padded = list(weights) + [weights[0]] * (3 - len(weights))
     n0 = sizes[0]
     n1 = sizes[1] if len(sizes) > 1 else 0
-    _multi_linear_kernel[(n_total // bn, triton.cdiv(x.shape[0], bm))](
+    tiles, blocks = n_total // bn, triton.cdiv(x.shape[0], bm)
+    shape_args = (x.shape[0], k_dim)
+    if split > 1:
+        ws, cnt = gemv_split.split_buffers(split, tiles, blocks, bn, bm, x.device)
+        shape_args += (gemv_split.slice_columns(k_dim, split),)
+        kernel, grid, extra = _multi_linear_split_kernel, (tiles, split, blocks), {"SPLIT": split}
+        buffers: tuple[torch.Tensor, ...] = (ws, cnt)
+    else:
+        kernel, grid, extra, buffers = _multi_linear_kernel, (tiles, blocks), {}, ()
+    kernel[grid](
         x,
         *padded,
         out,
-        x.shape[0],
-        x.shape[1],
+        *buffers,
+        *shape_args,
         n0,
         n1,
         x.stride(0),
@@ -216,6 +292,7 @@ def multi_linear_triton(
         PRECISION=_precision(x),
         num_warps=4,
         num_stages=stages,
+        **extra,
     )
     return list(out.split(sizes, dim=1))
 
