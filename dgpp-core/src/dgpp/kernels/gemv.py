@@ -234,6 +234,32 @@ def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
 
 
+def multi_linear_plan(
+    m: int,
+    sizes: list[int],
+    k_dim: int,
+    elem: int,
+    tile: tuple[int, int, int] | None = None,
+    bm: int | None = None,
+    sms: int | None = None,
+    split: int | None = None,
+) -> tuple[int, int, int, int, int]:
+    """``(BM, BN, BK, stages, split)`` of ``multi_linear_triton``'s launch for ``m`` rows of ``elem``-byte
+    activations against weights of ``sizes`` rows (also what ``tests/perf/sass_dense_gemv.py`` compiles)."""
+    bm = bm or row_block(m)
+    n_total = sum(sizes)
+    if split is None:
+        split = gemv_split.split_count(n_total, k_dim, sms)
+    bn, bk, stages = _tile(n_total, k_dim, bm)
+    if split > 1 and bk > gemv_split.SLICE_ALIGN:  # whole steps of a slice (SLICE_ALIGN columns each)
+        bk, stages = gemv_split.SLICE_ALIGN, 4
+    if tile is not None:
+        bn, bk, stages = tile
+    if any(n % bn for n in sizes):
+        bn = 16
+    return bm, bn, bk, _fit_stages(bm, bn, bk, stages, 1, elem), split
+
+
 def multi_linear_triton(
     x: torch.Tensor,
     weights: list[torch.Tensor],
@@ -247,22 +273,14 @@ def multi_linear_triton(
     any row count (the grid then walks ``bm``-row blocks: ``dgpp.nn.exact.gemm``'s fixed-order calls). K is
     split by ``gemv_split.split_count`` for the SM count ``sms`` (default: the device's; none on the CPU);
     ``split`` forces a count (timing sweeps)."""
-    bm = bm or row_block(x.shape[0])
     if not 1 <= len(weights) <= 3:
         raise ValueError(f"multi_linear takes 1 to 3 weights, got {len(weights)}")
     sizes = [w.shape[0] for w in weights]
     n_total = sum(sizes)
     k_dim = x.shape[1]
-    if split is None:
-        split = gemv_split.split_count(n_total, k_dim, sms or gemv_split.device_sms(x))
-    bn, bk, stages = _tile(n_total, k_dim, bm)
-    if split > 1 and bk > gemv_split.SLICE_ALIGN:  # whole steps of a slice (SLICE_ALIGN columns each)
-        bk, stages = gemv_split.SLICE_ALIGN, 4
-    if tile is not None:
-        bn, bk, stages = tile
-    if any(n % bn for n in sizes):
-        bn = 16
-    stages = _fit_stages(bm, bn, bk, stages, 1, x.element_size())
+    bm, bn, bk, stages, split = multi_linear_plan(
+        x.shape[0], sizes, k_dim, x.element_size(), tile, bm, sms or gemv_split.device_sms(x), split
+    )
     out = torch.empty(x.shape[0], n_total, dtype=x.dtype, device=x.device)
     padded = list(weights) + [weights[0]] * (3 - len(weights))
     n0 = sizes[0]
