@@ -96,3 +96,15 @@ def test_fixed_order_rows_of_a_split_shape_match_at_every_call_size(monkeypatch)
     torch.testing.assert_close(big, F.linear(x, ws[0]), rtol=1e-5, atol=1e-4)
     for rows in (slice(0, 1), slice(40, 41), slice(PREFILL_ROWS, PREFILL_ROWS + 5)):
         assert torch.equal(fixed_order_linear(x[rows].contiguous(), ws)[0], big[rows])
+
+
+def test_policy_switch_turns_the_split_off(monkeypatch) -> None:
+    from types import SimpleNamespace
+
+    from dgpp.policy import overriding
+
+    monkeypatch.setattr(gemv_split, "_device_sms", lambda device: H100_SMS)
+    gpu_rows = SimpleNamespace(is_cuda=True, device="cuda:0")  # stands in for a CUDA tensor
+    assert gemv_split.device_sms(gpu_rows) == H100_SMS
+    with overriding(gemv_split=False):
+        assert gemv_split.device_sms(gpu_rows) is None

@@ -37,9 +37,13 @@ def compile_variant(split: int, dtype: torch.dtype, bm: int, bn: int, bk: int, s
         for n in names
     }
     # what the launcher's specialization sees: 16-byte aligned pointers, sizes and strides multiples of 16 (not m)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n] != "constexpr" and n != "m"}
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]] for n in names if sig[n] != "constexpr" and n != "m"
+    }
     src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages})
+    return triton.compile(
+        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": stages}
+    )
 
 
 def main() -> None:

@@ -12,6 +12,11 @@ outputs are column views of one buffer). ``gate_up_silu(x, w_gate, w_up)`` -> ``
 
 ``x [M, K]``, weights ``[N_i, K]`` contiguous, ``N_i`` multiples of 16. ``DGPP_GEMV=0`` turns them off.
 
+Outputs narrower than ``gemv_split.FILLING_COLUMNS`` (4096) would leave most SMs idle with one program per
+16-column tile, so their launches split K into slices set by the shape and the SM count (never by the row
+count): each slice's fp32 partial is summed with the others in slice order by the tile's last program
+(``_multi_linear_split_kernel``, ``dgpp.kernels.gemv_split``). Wider outputs keep the unsplit kernel.
+
 Row tiles: 1..16 rows run with BM=16, 17..32 with BM=32, 33..64 with BM=64 (at batch 64 cuBLAS picks
 split-K plus a reduction for down/q/o). Within one BM every row's result is independent of how many other
 rows share the launch, bit for bit: padding rows are masked loads of zeros and the K loop order is fixed.
@@ -29,14 +34,14 @@ import torch.nn.functional as F
 
 from dgpp.kernels import gemv_split
 from dgpp.kernels._triton import tl, triton, use_triton
-from dgpp.policy import current
-from dgpp.quant.kernels.split_partials import (
+from dgpp.kernels.split_partials import (
     arrive_last,
     gather_partials,
     k_slice_range,
     publish_partial,
     row_block_ptrs,
 )
+from dgpp.policy import current
 
 MAX_ROWS = 64
 

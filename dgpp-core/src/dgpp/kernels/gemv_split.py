@@ -5,7 +5,7 @@ K in one program, so most SMs sit idle: DeepSeek-V4's 1024 x 4096 query down-pro
 H100's 132 SMs, a 256 x 4096 router 16, a hyper-connection's 24 x 16384 mixer 2. Those launches cut K into
 ``split`` contiguous slices instead: each program streams one slice of one tile, publishes its fp32 partial,
 and the tile's last program to arrive sums the partials in slice order (0 + 1 + ...), then rounds once to the
-output dtype (``dgpp.quant.kernels.split_partials``, as the packed decode GEMV does).
+output dtype (``dgpp.kernels.split_partials``, as the packed decode GEMV does).
 
 The rule (``split_count``): outputs of ``FILLING_COLUMNS`` columns or more keep the unsplit launch (their
 16-row tile is 32 wide and its grid already fills the GPU: every Qwen3-8B projection, wide q/k/v, the heads);
@@ -66,8 +66,11 @@ def _device_sms(device: torch.device) -> int:
 
 
 def device_sms(x: torch.Tensor) -> int | None:
-    """The SM count of ``x``'s GPU, None off CUDA (no split: the interpreter and CPU tests pass one in)."""
-    return _device_sms(x.device) if x.is_cuda else None
+    """The SM count the rule sees for ``x``: its GPU's, or None (no split) off CUDA (the interpreter and CPU
+    tests pass one in) and under ``DGPP_GEMV_SPLIT=0`` (the policy's ``gemv_split``, fixed for the process)."""
+    from dgpp.policy import current
+
+    return _device_sms(x.device) if x.is_cuda and current().gemv_split else None
 
 
 def split_buffers(
