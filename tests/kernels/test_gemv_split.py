@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from dgpp.kernels import gemm_prefill, gemv_split
-from dgpp.kernels.gemv import multi_linear_triton
-from dgpp.nn.exact.gemm import PREFILL_ROWS, fixed_order_linear
+from dgpp.kernels.gemv import gate_up_silu_ref, gate_up_silu_triton, multi_linear_triton
+from dgpp.nn.exact.gemm import PREFILL_ROWS, fixed_order_gate_up_silu, fixed_order_linear
 
 H100_SMS = 132
 
@@ -108,3 +108,27 @@ def test_policy_switch_turns_the_split_off(monkeypatch) -> None:
     assert gemv_split.device_sms(gpu_rows) == H100_SMS
     with overriding(gemv_split=False):
         assert gemv_split.device_sms(gpu_rows) is None
+
+
+def test_gate_up_split_matches_the_reference_and_keeps_row_bits(monkeypatch) -> None:
+    """The shared experts' narrow gate/up pairs (1024..2048 wide) split by their intermediate width."""
+    g = torch.Generator().manual_seed(9)
+    x = torch.randn(40, 1024, generator=g)
+    wg, wu = (torch.randn(64, 1024, generator=g) / 8 for _ in range(2))
+    assert gemv_split.split_count(64, 1024, H100_SMS) == 2
+    split = gate_up_silu_triton(x, wg, wu, sms=H100_SMS)
+    torch.testing.assert_close(split, gate_up_silu_ref(x, wg, wu), rtol=1e-4, atol=1e-4)
+    assert not torch.equal(split, gate_up_silu_triton(x, wg, wu))  # the unsplit launch sums K in one chain
+    for rows in (slice(0, 1), slice(0, 9), slice(16, 20)):
+        assert torch.equal(gate_up_silu_triton(x[rows], wg, wu, sms=H100_SMS), split[rows])
+    # the fixed-order call of prefill size keeps the split GEMV, so its rows are the decode rows' bits
+    monkeypatch.setattr(gemv_split, "device_sms", lambda x: H100_SMS)
+    monkeypatch.setattr(
+        gemm_prefill, "prefill_gate_up_silu", lambda *a: pytest.fail("split pair took the prefill tile")
+    )
+    wg, wu = (
+        torch.randn(128, 1024, generator=g) / 8 for _ in range(2)
+    )  # a multiple of the prefill tile's BN
+    big_x = torch.randn(PREFILL_ROWS + 2, 1024, generator=g)
+    big = fixed_order_gate_up_silu(big_x, wg, wu)
+    assert torch.equal(fixed_order_gate_up_silu(big_x[5:6].contiguous(), wg, wu), big[5:6])

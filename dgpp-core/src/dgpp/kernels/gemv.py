@@ -195,15 +195,56 @@ def _gate_up_silu_kernel(
     rows = tl.program_id(1) * BM + tl.arange(0, BM)
     gate = _gemv_tile(x_ptr, wg_ptr, m, k_dim, 0, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
     up = _gemv_tile(x_ptr, wu_ptr, m, k_dim, 0, k_dim, x_stride, rows, cols, BM, BN, BK, PRECISION)
-    # the projections are activations in the model dtype before the product, as in the eager layer
-    gate = gate.to(out_ptr.dtype.element_ty).to(tl.float32)
-    up = up.to(out_ptr.dtype.element_ty).to(tl.float32)
-    out = gate / (1.0 + tl.exp(-gate)) * up
-    tl.store(
-        out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :],
-        out.to(out_ptr.dtype.element_ty),
-        mask=rows[:, None] < m,
-    )
+    out = _swiglu(gate, up, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows[:, None].to(tl.int64) * out_stride + cols[None, :], out, mask=rows[:, None] < m)
+
+
+@triton.jit(do_not_specialize=["m"])
+def _gate_up_silu_split_kernel(
+    x_ptr,
+    wg_ptr,
+    wu_ptr,
+    out_ptr,
+    ws_ptr,
+    cnt_ptr,
+    m,
+    k_dim,
+    k_per_split,
+    x_stride,
+    out_stride,
+    BM: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """``_gate_up_silu_kernel`` with K cut into SPLIT slices (as ``_multi_linear_split_kernel``): the gate and up
+    partials are two parts of the workspace; the last program sums each in slice order, then applies SwiGLU."""
+    cols = tl.program_id(0) * BN + tl.arange(0, BN)
+    x_ptr, out_ptr, m = row_block_ptrs(x_ptr, out_ptr, m, x_stride, out_stride, BM)
+    k_lo, k_hi = k_slice_range(k_dim, k_per_split)
+    rows = tl.arange(0, BM)
+    gate = _gemv_tile(x_ptr, wg_ptr, m, k_dim, k_lo, k_hi, x_stride, rows, cols, BM, BN, BK, PRECISION)
+    up = _gemv_tile(x_ptr, wu_ptr, m, k_dim, k_lo, k_hi, x_stride, rows, cols, BM, BN, BK, PRECISION)
+    publish_partial(ws_ptr, tl.trans(gate), 0, m, SPLIT, 2, BN, BM)
+    publish_partial(ws_ptr, tl.trans(up), 1, m, SPLIT, 2, BN, BM)
+    if arrive_last(cnt_ptr, SPLIT):
+        gate = gather_partials(ws_ptr, 0, m, SPLIT, 2, BN, BM)
+        up = gather_partials(ws_ptr, 1, m, SPLIT, 2, BN, BM)
+        tl.store(
+            out_ptr + rows[None, :].to(tl.int64) * out_stride + cols[:, None],
+            _swiglu(gate, up, out_ptr.dtype.element_ty),
+            mask=rows[None, :] < m,
+        )
+
+
+@triton.jit
+def _swiglu(gate, up, dtype: tl.constexpr):
+    """``silu(gate) * up`` of fp32 sums, in ``dtype``: the projections are activations in the model dtype before
+    the product, as in the eager layer."""
+    gate = gate.to(dtype).to(tl.float32)
+    up = up.to(dtype).to(tl.float32)
+    return (gate / (1.0 + tl.exp(-gate)) * up).to(dtype)
 
 
 def row_block(m: int) -> int:
@@ -237,6 +278,24 @@ def _tile(n_total: int, k_dim: int, bm: int = 16) -> tuple[int, int, int]:
 
 def _precision(x: torch.Tensor) -> str:
     return "ieee" if x.dtype == torch.float32 else "tf32"
+
+
+def _launch(
+    kernels, split: int, tiles: int, x: torch.Tensor, operands: tuple, trailing: tuple, parts: int, **consts
+):
+    """Launch ``kernels[0]`` over (tiles, row blocks), or with ``split`` > 1 ``kernels[1]`` over (tiles, split, row
+    blocks) with its workspace (``parts`` partials per program), counters and slice width. Arguments: the
+    ``operands`` (pointers), the buffers of a split launch, the row count and K, the slice width, ``trailing``."""
+    bm = consts["BM"]
+    blocks = triton.cdiv(x.shape[0], bm)
+    if split == 1:
+        kernels[0][(tiles, blocks)](*operands, x.shape[0], x.shape[1], *trailing, **consts)
+        return
+    ws, cnt = gemv_split.split_buffers(split, tiles, blocks, consts["BN"], bm, x.device, parts)
+    slice_k = gemv_split.slice_columns(x.shape[1], split)
+    kernels[1][(tiles, split, blocks)](
+        *operands, ws, cnt, x.shape[0], x.shape[1], slice_k, *trailing, SPLIT=split, **consts
+    )
 
 
 def multi_linear_plan(
@@ -290,32 +349,20 @@ def multi_linear_triton(
     padded = list(weights) + [weights[0]] * (3 - len(weights))
     n0 = sizes[0]
     n1 = sizes[1] if len(sizes) > 1 else 0
-    tiles, blocks = n_total // bn, triton.cdiv(x.shape[0], bm)
-    shape_args = (x.shape[0], k_dim)
-    if split > 1:
-        ws, cnt = gemv_split.split_buffers(split, tiles, blocks, bn, bm, x.device)
-        shape_args += (gemv_split.slice_columns(k_dim, split),)
-        kernel, grid, extra = _multi_linear_split_kernel, (tiles, split, blocks), {"SPLIT": split}
-        buffers: tuple[torch.Tensor, ...] = (ws, cnt)
-    else:
-        kernel, grid, extra, buffers = _multi_linear_kernel, (tiles, blocks), {}, ()
-    kernel[grid](
+    _launch(
+        (_multi_linear_kernel, _multi_linear_split_kernel),
+        split,
+        n_total // bn,
         x,
-        *padded,
-        out,
-        *buffers,
-        *shape_args,
-        n0,
-        n1,
-        x.stride(0),
-        out.stride(0),
+        (x, *padded, out),
+        (n0, n1, x.stride(0), out.stride(0)),
+        parts=1,
         BM=bm,
         BN=bn,
         BK=bk,
         PRECISION=_precision(x),
         num_warps=4,
         num_stages=stages,
-        **extra,
     )
     return list(out.split(sizes, dim=1))
 
@@ -326,28 +373,33 @@ def gate_up_silu_triton(
     w_up: torch.Tensor,
     tile: tuple[int, int, int] | None = None,
     bm: int | None = None,
+    *,
+    sms: int | None = None,
+    split: int | None = None,
 ) -> torch.Tensor:
-    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU); ``bm`` as in multi_linear_triton."""
+    """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU); ``bm``, ``sms`` and ``split`` as
+    in multi_linear_triton (the split follows the intermediate width)."""
     bm = bm or row_block(x.shape[0])
-    inter = w_gate.shape[0]
+    inter, k_dim = w_gate.shape[0], x.shape[1]
+    if split is None:
+        split = gemv_split.split_count(inter, k_dim, sms or gemv_split.device_sms(x))
     # H200, 12288x4096 pairs: 4.23 TB/s at 1-16 rows with (32, 256, 3); (32, 128, 4) is as fast there and
     # best at 32 rows (51.8 us) and 64 rows (66.9 us against 72.3)
-    bn, bk, stages = _tile(2 * inter, x.shape[1])[0], 128, 4
+    bn, bk, stages = _tile(2 * inter, k_dim)[0], 128, 4
     if tile is not None:
         bn, bk, stages = tile
     if inter % bn:
         bn = 16
     stages = _fit_stages(bm, bn, bk, stages, 2, x.element_size())
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
-    _gate_up_silu_kernel[(inter // bn, triton.cdiv(x.shape[0], bm))](
+    _launch(
+        (_gate_up_silu_kernel, _gate_up_silu_split_kernel),
+        split,
+        inter // bn,
         x,
-        w_gate,
-        w_up,
-        out,
-        x.shape[0],
-        x.shape[1],
-        x.stride(0),
-        out.stride(0),
+        (x, w_gate, w_up, out),
+        (x.stride(0), out.stride(0)),
+        parts=2,
         BM=bm,
         BN=bn,
         BK=bk,

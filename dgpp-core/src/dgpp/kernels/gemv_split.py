@@ -74,9 +74,9 @@ def device_sms(x: torch.Tensor) -> int | None:
 
 
 def split_buffers(
-    split: int, tiles: int, blocks: int, bn: int, bm: int, device: torch.device
+    split: int, tiles: int, blocks: int, bn: int, bm: int, device: torch.device, parts: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace for the partials, arrival counters) of a split launch. The counters are never first
+    """(fp32 workspace for the partials, ``parts`` per program, arrival counters) of a split launch. The counters are never first
     allocated (nor grown) inside a CUDA-graph capture, where their zero fill would not run: that is an error,
     not a silent unsplit launch whose rows would differ in the last bit."""
     cnt = _COUNTERS.get(device)
@@ -89,5 +89,5 @@ def split_buffers(
         cnt = _COUNTERS[device] = torch.zeros(
             max(tiles * blocks, MIN_COUNTERS), dtype=torch.int32, device=device
         )
-    ws = torch.empty(split * tiles * blocks * bn * bm, dtype=torch.float32, device=device)
+    ws = torch.empty(split * parts * tiles * blocks * bn * bm, dtype=torch.float32, device=device)
     return ws, cnt

@@ -116,7 +116,9 @@ def fixed_order_gate_up_silu(
         )
     if row_block is None and x.shape[0] <= MAX_ROWS:  # same bits, tuned tiles (see fixed_order_linear)
         return gate_up_silu_triton(x, w_gate, w_up)
-    if row_block is None and _prefill_size(x, [w_gate.shape[0]], gemm_prefill.gate_up_tile(x.shape[0])):
+    split = gemv_split.split_count(w_gate.shape[0], x.shape[1], gemv_split.device_sms(x))
+    tile_ok = _prefill_size(x, [w_gate.shape[0]], gemm_prefill.gate_up_tile(x.shape[0]))
+    if row_block is None and split == 1 and tile_ok:  # split shapes keep the GEMV (see fixed_order_linear)
         return gemm_prefill.prefill_gate_up_silu(x, w_gate, w_up)
     tile = _wide_tile(x.shape[0], [w_gate.shape[0]], *GATE_UP_TILE, 2, x.element_size(), bm)
     return gate_up_silu_triton(x, w_gate, w_up, tile=tile, bm=bm)
