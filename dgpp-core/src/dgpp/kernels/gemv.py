@@ -229,11 +229,13 @@ def _gate_up_silu_split_kernel(
     publish_partial(ws_ptr, tl.trans(gate), 0, m, SPLIT, 2, BN, BM)
     publish_partial(ws_ptr, tl.trans(up), 1, m, SPLIT, 2, BN, BM)
     if arrive_last(cnt_ptr, SPLIT):
-        gate = gather_partials(ws_ptr, 0, m, SPLIT, 2, BN, BM)
-        up = gather_partials(ws_ptr, 1, m, SPLIT, 2, BN, BM)
+        gate_sum = gather_partials(
+            ws_ptr, 0, m, SPLIT, 2, BN, BM
+        )  # [BN, BM]: new names (a branch keeps shapes)
+        up_sum = gather_partials(ws_ptr, 1, m, SPLIT, 2, BN, BM)
         tl.store(
             out_ptr + rows[None, :].to(tl.int64) * out_stride + cols[:, None],
-            _swiglu(gate, up, out_ptr.dtype.element_ty),
+            _swiglu(gate_sum, up_sum, out_ptr.dtype.element_ty),
             mask=rows[None, :] < m,
         )
 
@@ -367,6 +369,31 @@ def multi_linear_triton(
     return list(out.split(sizes, dim=1))
 
 
+def gate_up_silu_plan(
+    m: int,
+    inter: int,
+    k_dim: int,
+    elem: int,
+    tile: tuple[int, int, int] | None = None,
+    bm: int | None = None,
+    sms: int | None = None,
+    split: int | None = None,
+) -> tuple[int, int, int, int, int]:
+    """``(BM, BN, BK, stages, split)`` of ``gate_up_silu_triton``'s launch (as ``multi_linear_plan``); the split
+    follows the intermediate width ``inter``."""
+    bm = bm or row_block(m)
+    if split is None:
+        split = gemv_split.split_count(inter, k_dim, sms)
+    # H200, 12288x4096 pairs: 4.23 TB/s at 1-16 rows with (32, 256, 3); (32, 128, 4) is as fast there and
+    # best at 32 rows (51.8 us) and 64 rows (66.9 us against 72.3)
+    bn, bk, stages = _tile(2 * inter, k_dim)[0], 128, 4
+    if tile is not None:
+        bn, bk, stages = tile
+    if inter % bn:
+        bn = 16
+    return bm, bn, bk, _fit_stages(bm, bn, bk, stages, 2, elem), split
+
+
 def gate_up_silu_triton(
     x: torch.Tensor,
     w_gate: torch.Tensor,
@@ -378,19 +405,11 @@ def gate_up_silu_triton(
     split: int | None = None,
 ) -> torch.Tensor:
     """``tile = (BN, BK, stages)`` overrides the default (tile sweeps on the GPU); ``bm``, ``sms`` and ``split`` as
-    in multi_linear_triton (the split follows the intermediate width)."""
-    bm = bm or row_block(x.shape[0])
-    inter, k_dim = w_gate.shape[0], x.shape[1]
-    if split is None:
-        split = gemv_split.split_count(inter, k_dim, sms or gemv_split.device_sms(x))
-    # H200, 12288x4096 pairs: 4.23 TB/s at 1-16 rows with (32, 256, 3); (32, 128, 4) is as fast there and
-    # best at 32 rows (51.8 us) and 64 rows (66.9 us against 72.3)
-    bn, bk, stages = _tile(2 * inter, k_dim)[0], 128, 4
-    if tile is not None:
-        bn, bk, stages = tile
-    if inter % bn:
-        bn = 16
-    stages = _fit_stages(bm, bn, bk, stages, 2, x.element_size())
+    in multi_linear_triton."""
+    inter = w_gate.shape[0]
+    bm, bn, bk, stages, split = gate_up_silu_plan(
+        x.shape[0], inter, x.shape[1], x.element_size(), tile, bm, sms or gemv_split.device_sms(x), split
+    )
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     _launch(
         (_gate_up_silu_kernel, _gate_up_silu_split_kernel),
