@@ -2,9 +2,9 @@
 
 At batch 1..64 a linear layer is a matrix-vector product bound by reading its weight once. cuBLAS
 picks split-K kernels plus a separate reduction for the small decode shapes (and reaches ~40% of
-the copy bandwidth on the 1024x4096 K/V projections). These kernels stream each weight tile once
-with the whole ``K`` loop in one program (no split, so the sum order is fixed and results repeat
-bit for bit), and fuse what decode runs back to back:
+the copy bandwidth on the 1024x4096 K/V projections). These kernels stream each weight tile once,
+with the whole ``K`` loop in one program or, for narrow outputs, in slices fixed by the shape (either
+way the sum order is fixed and results repeat bit for bit), and fuse what decode runs back to back:
 
 ``multi_linear(x, [w0, w1, w2])`` -> ``[x w0^T, x w1^T, x w2^T]`` (q/k/v projections, one launch; the
 outputs are column views of one buffer). ``gate_up_silu(x, w_gate, w_up)`` -> ``silu(x wg^T) * (x wu^T)``
@@ -12,10 +12,11 @@ outputs are column views of one buffer). ``gate_up_silu(x, w_gate, w_up)`` -> ``
 
 ``x [M, K]``, weights ``[N_i, K]`` contiguous, ``N_i`` multiples of 16. ``DGPP_GEMV=0`` turns them off.
 
-Outputs narrower than ``gemv_split.FILLING_COLUMNS`` (4096) would leave most SMs idle with one program per
-16-column tile, so their launches split K into slices set by the shape and the SM count (never by the row
-count): each slice's fp32 partial is summed with the others in slice order by the tile's last program
-(``_multi_linear_split_kernel``, ``dgpp.kernels.gemv_split``). Wider outputs keep the unsplit kernel.
+Outputs narrower than ``gemv_split.FILLING_COLUMNS`` (4096; a gate/up pair by its intermediate width) would
+leave most SMs idle with one program per 16-column tile, so their launches split K into slices set by the
+shape and the SM count (never by the row count): each slice's fp32 partial is summed with the others in slice
+order by the tile's last program (the ``*_split_kernel``s, ``dgpp.kernels.gemv_split``). Wider outputs keep
+the unsplit kernels.
 
 Row tiles: 1..16 rows run with BM=16, 17..32 with BM=32, 33..64 with BM=64 (at batch 64 cuBLAS picks
 split-K plus a reduction for down/q/o). Within one BM every row's result is independent of how many other
