@@ -13,7 +13,10 @@ narrower ones double the split until the launch has ``MIN_PROGRAMS_PER_SM`` prog
 ``MAX_SPLIT`` slices of at least ``MIN_SLICE_STEPS`` x ``SLICE_ALIGN`` columns each. The split is a function of
 the shape and the SM count only, never of the row count, so a row's bits do not depend on how many rows share
 the launch; the slices are whole multiples of ``SLICE_ALIGN`` columns whatever the tile's ``BK``, so each
-slice's chain of k-steps is the same for every row class and tile width.
+slice's chain of k-steps is the same for every row class and tile width. A gate/up pair splits by its
+intermediate width (DeepSeek-V4's and GLM-5.3's 2048-wide shared experts: 64 programs of two 32-wide tiles
+unsplit). The fixed-order linears (``dgpp.nn.exact.gemm``) keep these kernels for split shapes at every row
+count, so prefill-size calls give their rows the decode rows' bits.
 """
 
 from __future__ import annotations
