@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from dgpp.kernels import gemm_prefill, gemv_split
 from dgpp.kernels.gemv import gate_up_silu_ref, gate_up_silu_triton, multi_linear_triton
-from dgpp.nn.exact.gemm import PREFILL_ROWS, fixed_order_gate_up_silu, fixed_order_linear
+from dgpp.nn.exact.gemm import PREFILL_ROWS, WIDE_ROWS, fixed_order_gate_up_silu, fixed_order_linear
 
 H100_SMS = 132
 
@@ -96,6 +96,11 @@ def test_fixed_order_rows_of_a_split_shape_match_at_every_call_size(monkeypatch)
     torch.testing.assert_close(big, F.linear(x, ws[0]), rtol=1e-5, atol=1e-4)
     for rows in (slice(0, 1), slice(40, 41), slice(PREFILL_ROWS, PREFILL_ROWS + 5)):
         assert torch.equal(fixed_order_linear(x[rows].contiguous(), ws)[0], big[rows])
+    # from 256 rows on the calls take a 128-wide output tile (dgpp.nn.exact.gemm.WIDE_BN): the same slices
+    ws = [torch.randn(128, 1024, generator=g)]
+    x = torch.randn(WIDE_ROWS + 3, 1024, generator=g)
+    wide = fixed_order_linear(x, ws)[0]
+    assert torch.equal(fixed_order_linear(x[-2:].contiguous(), ws)[0], wide[-2:])
 
 
 def test_policy_switch_turns_the_split_off(monkeypatch) -> None:
