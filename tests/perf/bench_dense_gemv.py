@@ -3,8 +3,9 @@ bf16/fp32 decode shape of the DeepSeek-V4-Flash, GLM-5.3, MiMo-V2.6 and Qwen3.5-
 against the unsplit launch, timed as CUDA-graph replays over rotated weight copies (out of L2) at 1, 8 and 64 rows,
 in % of the copy bandwidth measured in the same run. Not a test.
 
-Checks first, per shape: the default launch against F.linear in fp32 (relative error), and a row computed alone
-bit-identical to the same row inside 8 rows (the 16-row class). Then per shape and row count: the unsplit launch
+Checks first, per shape: the default launch against F.linear in fp32 (relative error), a row computed alone
+bit-identical to the same row inside 8 rows (the 16-row class; a failure fails the run), and to the same row of a
+200-row fixed-order call (64-row blocks, printed as a note when it differs: the exact routing assumes it). Then per shape and row count: the unsplit launch
 (``split=1``), the rule's split (``gemv_split.split_count`` for this device's SM count) and each ``--splits`` count
 (each slice still >= one 256-column step); ``--tiles`` adds (BN, BK, stages) overrides for the shapes with K <= 1024
 and more than 8192 outputs (the 1024 -> 32768 query up-projection). A per-geometry line sums the calls of one
@@ -122,20 +123,34 @@ def reference(x: torch.Tensor, ws: list[torch.Tensor], pair: bool) -> torch.Tens
 
 
 def check(geometry: str, name: str, ws, pair: bool, k: int, dtype: torch.dtype, results: dict) -> None:
-    """The default launch against the fp32 products, and a row alone against the same row among 8."""
-    x = torch.randn(8, k, device=DEV, dtype=dtype)
-    got = launch(x, ws, pair, None).float()
-    ref = reference(x, ws, pair)
+    """The default launch against the fp32 products; a row alone against the same row among 8 (one row class)
+    and inside a 200-row fixed-order call (64-row blocks: what the exact routing relies on across classes)."""
+    from dgpp.nn.exact.gemm import fixed_order_gate_up_silu, fixed_order_linear
+
+    x = torch.randn(200, k, device=DEV, dtype=dtype)
+    got = launch(x[:8], ws, pair, None).float()
+    ref = reference(x[:8], ws, pair)
     rel = ((got - ref).norm() / ref.norm()).item()
     alone = launch(x[3:4].contiguous(), ws, pair, None)
     exact = torch.equal(alone, got.to(dtype)[3:4])
+    many = fixed_order_gate_up_silu(x, *ws) if pair else torch.cat(fixed_order_linear(x, ws), dim=1)
+    across = torch.equal(alone, many[3:4])
     ok = rel < 2e-2 and exact
     results["checks"].append(
-        {"geometry": geometry, "shape": name, "rel_err": rel, "row_exact": exact, "ok": ok}
+        {
+            "geometry": geometry,
+            "shape": name,
+            "rel_err": rel,
+            "row_exact": exact,
+            "row_exact_200": across,
+            "ok": ok,
+        }
     )
-    if not ok:
+    if not ok or not across:
         print(
-            f"CHECK FAILED {geometry} {name}: rel_err={rel:.2e} row alone == row among 8: {exact}", flush=True
+            f"CHECK {'FAILED' if not ok else 'note'} {geometry} {name}: rel_err={rel:.2e} row alone == row among 8: "
+            f"{exact}, == row of a 200-row fixed-order call: {across}",
+            flush=True,
         )
 
 
