@@ -35,6 +35,7 @@ class ExecPolicy:
     triton_kernels: bool = True  # DGPP_KERNELS=torch: the torch references on a GPU (A/B)
     dense_gemv: bool = True  # DGPP_GEMV=0: dense decode rows take cuBLAS instead of the Triton GEMV
     gemv_head: bool = False  # DGPP_GEMV_HEAD=1: the LM head through the Triton GEMV
+    gemv_split: bool = True  # DGPP_GEMV_SPLIT=0: the dense GEMV never splits K of narrow outputs (A/B)
     prefill_attention: str = "triton"  # DGPP_PREFILL_ATTN=torch: the torch prefill attention on a GPU
     exact_row_block: int = 64  # DGPP_EXACT_ROW_BLOCK: rows per tile of the fixed-order GEMM (16, 32, 64)
     exact_wide_bn: bool = True  # DGPP_EXACT_WIDE_BN=0: no wide output tile for prefill-size fixed-order calls
@@ -102,6 +103,7 @@ def with_environment(base: ExecPolicy) -> ExecPolicy:
         ("bf12_triton", "DGPP_BF12_TRITON", "1"),
         ("dense_gemv", "DGPP_GEMV", "!0"),
         ("gemv_head", "DGPP_GEMV_HEAD", "1"),
+        ("gemv_split", "DGPP_GEMV_SPLIT", "!0"),
         ("exact_wide_bn", "DGPP_EXACT_WIDE_BN", "!0"),
         ("exact_prefill_tile", "DGPP_EXACT_PREFILL_TILE", "!0"),
         ("overlap_steps", "DGPP_OVERLAP", "!0"),

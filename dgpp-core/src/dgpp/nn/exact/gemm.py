@@ -15,14 +15,16 @@ prefill-size calls re-reads x and the weight fewer times; each output element's 
 chain of k-steps whatever the tile's width, as ``gemv._tile`` notes). ``DGPP_EXACT_WIDE_BN=0`` keeps the
 decode ``BN`` for every ``M`` should the GPU check (``tests/perf/check_exact_cuda.py``) ever show otherwise.
 From ``PREFILL_ROWS`` rows on (a burst of short prompts in one call: ``dgpp.nn.exact.routing``) the calls take
-``dgpp.kernels.gemm_prefill``: the same per-element chain in GEMM-size tiles.
+``dgpp.kernels.gemm_prefill``: the same per-element chain in GEMM-size tiles. Narrow outputs whose K the decode
+GEMV splits (``dgpp.kernels.gemv_split``: by shape and SM count, for every row count) keep the GEMV kernel at
+every size instead, so their rows sum the same slices whatever the call.
 """
 
 from __future__ import annotations
 
 import torch
 
-from dgpp.kernels import gemm_prefill
+from dgpp.kernels import gemm_prefill, gemv_split
 from dgpp.kernels.gemv import MAX_ROWS, _tile, gate_up_silu_triton, multi_linear_triton
 from dgpp.policy import current
 
@@ -93,7 +95,9 @@ def fixed_order_linear(
         # tiles tuned per row class: 8B decode at batch 1 spent 3.3 ms/step in the 64-row fixed tile, 2.2 there
         return multi_linear_triton(x, weights)
     sizes = [w.shape[0] for w in weights]
-    if row_block is None and _prefill_size(x, sizes, gemm_prefill.linear_tile(x.shape[0])):
+    split = gemv_split.split_count(sum(sizes), x.shape[1], gemv_split.device_sms(x))
+    # a split shape's rows sum K in slices (the decode GEMV's): the unsplit prefill tile would give other bits
+    if row_block is None and split == 1 and _prefill_size(x, sizes, gemm_prefill.linear_tile(x.shape[0])):
         return gemm_prefill.prefill_linear(x, weights)
     _, bk, stages = _tile(sum(sizes), x.shape[1], bm)
     tile = _wide_tile(x.shape[0], sizes, bk, stages, 1, x.element_size(), bm)
@@ -112,7 +116,9 @@ def fixed_order_gate_up_silu(
         )
     if row_block is None and x.shape[0] <= MAX_ROWS:  # same bits, tuned tiles (see fixed_order_linear)
         return gate_up_silu_triton(x, w_gate, w_up)
-    if row_block is None and _prefill_size(x, [w_gate.shape[0]], gemm_prefill.gate_up_tile(x.shape[0])):
+    split = gemv_split.split_count(w_gate.shape[0], x.shape[1], gemv_split.device_sms(x))
+    tile_ok = _prefill_size(x, [w_gate.shape[0]], gemm_prefill.gate_up_tile(x.shape[0]))
+    if row_block is None and split == 1 and tile_ok:  # split shapes keep the GEMV (see fixed_order_linear)
         return gemm_prefill.prefill_gate_up_silu(x, w_gate, w_up)
     tile = _wide_tile(x.shape[0], [w_gate.shape[0]], *GATE_UP_TILE, 2, x.element_size(), bm)
     return gate_up_silu_triton(x, w_gate, w_up, tile=tile, bm=bm)

@@ -28,14 +28,14 @@ in fp32 with IEEE dots instead.
 from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.quant.kernels.gemv_steps import quant_tile
-from dgpp.quant.kernels.split_partials import (
+from dgpp.kernels.split_partials import (
     arrive_last,
     gather_partials,
     k_slice_range,
     publish_partial,
     row_block_ptrs,
 )
+from dgpp.quant.kernels.gemv_steps import quant_tile
 
 FMT_FP8_BLOCK = 0
 FMT_FP8_CHANNEL = 1

@@ -1,6 +1,7 @@
-"""Cross-program split-K for the packed decode GEMV (``decode_gemv``): each program's K slice and row block, its
-fp32 partial published to a workspace, and the tile's last-arriving program summing the partials in split order
-(a fixed order, so the result does not depend on which program finished last)."""
+"""Cross-program split-K for the decode GEMVs (the packed ``dgpp.quant.kernels.decode_gemv`` and the dense
+``dgpp.kernels.gemv``): each program's K slice and row block, its fp32 partial published to a workspace, and the
+tile's last-arriving program summing the partials in split order (a fixed order, so the result does not depend
+on which program finished last)."""
 
 from __future__ import annotations
 
