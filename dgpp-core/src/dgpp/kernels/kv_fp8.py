@@ -57,3 +57,60 @@ def dequantize_tile(codes, scale_ptr, rows, mask, dtype: tl.constexpr, TRANSPOSE
     else:
         tile = (codes.to(tl.float32) * scale[:, None]).to(dtype)
     return tile
+
+
+def e4m3_words(cache: torch.Tensor) -> torch.Tensor:
+    """An e4m3 cache ``[..., D]`` as int32 words ``[..., D / 4]`` (code ``4w + i`` in byte ``i`` of word ``w``),
+    what ``load_e4m3_rows`` reads; strides count words."""
+    if cache.shape[-1] % 4 or cache.stride(-1) != 1:
+        raise ValueError(
+            f"e4m3 K/V rows are read as 4-code words: the head dim must be a multiple of 4 and contiguous, "
+            f"got shape {tuple(cache.shape)} with strides {cache.stride()}"
+        )
+    return cache.view(torch.int32)
+
+
+@triton.jit
+def _e4m3_code(words, BYTE: tl.constexpr):
+    """The e4m3 code in byte ``BYTE`` of each int32 word, exactly, as fp32, by bit placement instead of the
+    conversion unit: the sign goes to bit 31 and the seven exponent/mantissa bits to bits 20..26, which reads
+    as ``code * 2^-120`` (e4m3's subnormals land on fp32's), and the multiply by ``2^120`` is exact. The NaN
+    codes (never written: rows are clamped to +-448) read as +-480."""
+    top = words << (24 - 8 * BYTE)  # the byte in bits 24..31; the arithmetic >> 4 copies its sign to 27..31
+    return ((top >> 4) & -0x78100000).to(tl.float32, bitcast=True) * 2.0**120  # mask 0x87F00000
+
+
+@triton.jit
+def load_e4m3_rows(
+    row_words,
+    scale_ptr,
+    rows,
+    mask,
+    width,
+    dtype: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+    TRANSPOSED: tl.constexpr,
+):
+    """The e4m3 rows at int32 pointers ``row_words [N]`` (code ``4w + i`` in byte ``i`` of word ``w``) as a tile
+    of ``code * scale`` rounded once to ``dtype``, the values ``dequantize_tile`` gives: ``[N, 4 * BLOCK_W]``, or
+    ``[4 * BLOCK_W, N]`` (a key tile for ``q @ k``) when ``TRANSPOSED``. The scales are read at ``rows`` where
+    ``mask``; ``width`` words of each row are loaded. Whole words are loaded (no byte-wise reads of the
+    pipelined tile) and decoded in registers."""
+    w = tl.arange(0, BLOCK_W)
+    if TRANSPOSED:
+        words = tl.load(row_words[None, :] + w[:, None], mask=mask[None, :] & (w[:, None] < width), other=0)
+        scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)[None, :]
+    else:
+        words = tl.load(row_words[:, None] + w[None, :], mask=mask[:, None] & (w[None, :] < width), other=0)
+        scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)[:, None]
+    c0 = _e4m3_code(words, 0) * scale
+    c1 = _e4m3_code(words, 1) * scale
+    c2 = _e4m3_code(words, 2) * scale
+    c3 = _e4m3_code(words, 3) * scale
+    # [.., 2, 2] holding c(2a + j) at [.., a, j]: code 4w + 2a + j once the word axis and (a, j) are flattened
+    tile = tl.join(tl.join(c0, c2), tl.join(c1, c3))
+    if TRANSPOSED:  # [W, N, 2, 2] -> [W, 2, 2, N]
+        tile = tl.reshape(tl.permute(tile, (0, 2, 3, 1)), (4 * BLOCK_W, row_words.shape[0]))
+    else:
+        tile = tl.reshape(tile, (row_words.shape[0], 4 * BLOCK_W))
+    return tile.to(dtype)
