@@ -54,7 +54,7 @@ def test_each_code_of_a_word_lands_in_its_column(transposed: bool) -> None:
         [finite[torch.randperm(len(finite), generator=GEN)[: 4 * width]] for _ in range(rows)]
     )
     codes = picks.view(torch.float8_e4m3fn)
-    # scales of all sizes: 0 (an all-zero row's), subnormal products, and scales whose product with 2^120 overflows
+    # scales of all sizes: 0 (an all-zero row's), subnormal ones and products, up to a bf16 row near fp32's top
     scales = torch.tensor([1.0, 0.0, 3e-39, 1e-30, 0.0173, 300.0, 6.2e35, 2.0])[:, None]
     out = torch.full((rows, 4 * block_w), float("nan"))
     _rows_kernel[(1,)](e4m3_words(codes), scales, out, width, width, rows, block_w, transposed)

@@ -71,13 +71,24 @@ def e4m3_words(cache: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _e4m3_code(words, BYTE: tl.constexpr):
-    """The e4m3 code in byte ``BYTE`` of each int32 word, exactly, as fp32, by bit placement instead of the
-    conversion unit: the sign goes to bit 31 and the seven exponent/mantissa bits to bits 20..26, which reads
-    as ``code * 2^-120`` (e4m3's subnormals land on fp32's), and the multiply by ``2^120`` is exact. The NaN
-    codes (never written: rows are clamped to +-448) read as +-480."""
-    top = words << (24 - 8 * BYTE)  # the byte in bits 24..31; the arithmetic >> 4 copies its sign to 27..31
-    return ((top >> 4) & -0x78100000).to(tl.float32, bitcast=True) * 2.0**120  # mask 0x87F00000
+def _e4m3_pairs(words):
+    """Bytes 0 and 2 (``even``) and bytes 1 and 3 (``odd``) of each int32 word as the low and high fp16 lanes
+    of a word, by bit placement instead of the conversion unit: the sign to the lane's bit 15 and the seven
+    exponent/mantissa bits to bits 7..13, which reads as ``code * 2^-8`` (e4m3's subnormals land on fp16's).
+    Two codes per 32-bit operation; the NaN codes (never written: rows are clamped to +-448) read as +-480."""
+    even = ((words << 7) & 0x3F803F80) | ((words << 8) & -0x7FFF8000)  # -0x7FFF8000: the sign bits 0x80008000
+    odd = ((words >> 1) & 0x3F803F80) | (words & -0x7FFF8000)
+    return even, odd
+
+
+@triton.jit
+def _fp16_lane(pairs, HIGH: tl.constexpr):
+    """The low (or ``HIGH``) 16 bits of each int32 as an fp16 value, widened to fp32 (exact)."""
+    if HIGH:
+        bits = (pairs >> 16).to(tl.int16)
+    else:
+        bits = pairs.to(tl.int16)
+    return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -94,8 +105,8 @@ def load_e4m3_rows(
     """The e4m3 rows at int32 pointers ``row_words [N]`` (code ``4w + i`` in byte ``i`` of word ``w``) as a tile
     of ``code * scale`` rounded once to ``dtype``, the values ``dequantize_tile`` gives: ``[N, 4 * BLOCK_W]``, or
     ``[4 * BLOCK_W, N]`` (a key tile for ``q @ k``) when ``TRANSPOSED``. The scales are read at ``rows`` where
-    ``mask``; ``width`` words of each row are loaded. Whole words are loaded (no byte-wise reads of the
-    pipelined tile) and decoded in registers."""
+    ``mask``; ``width`` words of each row are loaded. Whole words are loaded (the pipelined tile is read out of
+    shared memory as words, not bytes) and decoded in registers."""
     w = tl.arange(0, BLOCK_W)
     if TRANSPOSED:
         words = tl.load(row_words[None, :] + w[:, None], mask=mask[None, :] & (w[:, None] < width), other=0)
@@ -103,10 +114,14 @@ def load_e4m3_rows(
     else:
         words = tl.load(row_words[:, None] + w[None, :], mask=mask[:, None] & (w[None, :] < width), other=0)
         scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)[:, None]
-    c0 = _e4m3_code(words, 0) * scale
-    c1 = _e4m3_code(words, 1) * scale
-    c2 = _e4m3_code(words, 2) * scale
-    c3 = _e4m3_code(words, 3) * scale
+    even, odd = _e4m3_pairs(words)
+    # (code * 2^-8) * (scale * 2^8) is code * scale rounded once: scale * 2^8 is exact, and finite for every
+    # row scale (amax / 448 < 2^120)
+    scale = scale * 256.0
+    c0 = _fp16_lane(even, False) * scale
+    c1 = _fp16_lane(odd, False) * scale
+    c2 = _fp16_lane(even, True) * scale
+    c3 = _fp16_lane(odd, True) * scale
     # [.., 2, 2] holding c(2a + j) at [.., a, j]: code 4w + 2a + j once the word axis and (a, j) are flattened
     tile = tl.join(tl.join(c0, c2), tl.join(c1, c3))
     if TRANSPOSED:  # [W, N, 2, 2] -> [W, 2, 2, N]
