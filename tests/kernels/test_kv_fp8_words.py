@@ -1,6 +1,7 @@
 """e4m3 K/V rows read as int32 words of four codes (``dgpp.kernels.kv_fp8.load_e4m3_rows``): every code lands in
-its own column with the value ``dequantize_rows`` gives, and the decode attention kernels reading words give the
-bits of the same kernels over the dequantized cache (Triton interpreter, fp32 compute)."""
+its own column with the value ``dequantize_rows`` gives, and the decode attention kernels reading words (paged,
+window pool and ring) give the bits of the same kernels over the dequantized cache, and not those over
+a cache with two columns of each word swapped (Triton interpreter, fp32 compute)."""
 
 from __future__ import annotations
 
