@@ -20,29 +20,10 @@ import re
 import subprocess
 import tempfile
 
+from sass_paged_attention import compile_sm90
 from sass_quant_gemv import sass_summary
 
 LOOP_SHOWN = ("LOP3", "SHF", "PRMT", "IMAD", "FMUL", "HADD2", "F2FP", "MOV", "HMMA")
-
-
-def _compile(kernel, pointers: dict[str, str], consts: dict, warps: int, stages: int):
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    names = kernel.arg_names
-    sig = {n: pointers.get(n, "constexpr" if n in consts else "i32") for n in names}
-    scalar = ("window", "group", "num_splits", "grid_splits")
-    # what the launcher's specialization sees: 16-byte aligned pointers, sizes/strides multiples of 16
-    attrs = {
-        (names.index(n),): [["tt.divisibility", 16]]
-        for n in names
-        if sig[n] not in ("constexpr", "fp32") and n not in scalar
-    }
-    src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=attrs)
-    return triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages}
-    )
 
 
 def loop_summary(compiled) -> str:
@@ -102,10 +83,11 @@ def variants():
             "v_ptr": kv,
             "bt_ptr": "*i32",
             "lens_ptr": "*i32",
+            "sink_ptr": "*bf16",
             "part_acc_ptr": "*fp32",
             "part_ml_ptr": "*fp32",
         }
-        consts = dict(tile, BLOCK_N=64, ONE_SPLIT=False, HAS_SCALES=fp8)
+        consts = dict(tile, BLOCK_N=64, ONE_SPLIT=False, HAS_SCALES=fp8, HAS_SINKS=False)
         yield f"paged {'fp8' if fp8 else 'bf16'}", _decode_partition_kernel, paged, consts
         for source in ("pool", "ring"):
             window = {
@@ -137,7 +119,7 @@ def main() -> None:
             continue
         for warps in (int(w) for w in args.warps.split(",")):
             for stages in (int(s) for s in args.stages.split(",")):
-                compiled = _compile(kernel, pointers, consts, warps, stages)
+                compiled = compile_sm90(kernel, pointers, consts, warps, stages)
                 print(f"{name:18s} w{warps} s{stages} {sass_summary(compiled)}", flush=True)
                 print(f"{'':18s}        {loop_summary(compiled)}", flush=True)
                 if args.dump:
