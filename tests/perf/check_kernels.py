@@ -13,7 +13,12 @@ import json
 import sys
 
 import torch
-from kernel_checks_attention import check_attention, check_prefill_attention, check_sink_decode_attention
+from kernel_checks_attention import (
+    check_attention,
+    check_kv_fp8_decode_attention,
+    check_prefill_attention,
+    check_sink_decode_attention,
+)
 from kernel_checks_gdn import check_gated_delta
 from kernel_checks_gemv import check_gemv
 from kernel_checks_moe import check_moe
@@ -27,6 +32,7 @@ CHECKS = (
     check_attention,
     check_prefill_attention,
     check_sink_decode_attention,
+    check_kv_fp8_decode_attention,
     check_sampling,
     check_gated_delta,
     check_gemv,

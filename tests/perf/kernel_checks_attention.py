@@ -1,5 +1,5 @@
-"""Attention kernels at real sizes on the GPU: paged decode (with its split sweep), prefill (with its tile sweep) and
-the sink full layers' split-context decode."""
+"""Attention kernels at real sizes on the GPU: paged decode (with its split sweep), prefill (with its tile sweep), the
+sink full layers' split-context decode, and paged decode over e4m3 K/V rows."""
 
 # ruff: noqa: B023  (each timing lambda runs before its loop variables move on)
 
@@ -178,4 +178,43 @@ def check_sink_decode_attention(cases=SINK_CASES, device: str = DEV) -> None:
             t_window,
             float(lens.sum()) * hk * (dim + v_dim) * 2,
             ref_label="window kernel",
+        )
+
+
+# Qwen3-8B's attention (32 query heads over 8 KV heads, 128 wide) at 32K context
+KV_FP8_CASES = ((1, 32768), (8, 32768), (32, 32768))
+
+
+def check_kv_fp8_decode_attention(cases=KV_FP8_CASES, device: str = DEV) -> None:
+    """Paged decode over e4m3 rows (``engine.kv_dtype: fp8``, read as words of four codes) against the same kernel
+    over the cache dequantized to bf16: the error must be 0 (each tile holds the values ``dequantize_rows``
+    gives, and the dots are the same), and the "ref" column times the bf16 read of the same context."""
+    from dgpp.kernels.kv_fp8 import dequantize_rows, quantize_rows
+
+    hq, hk, dim, bs = 32, 8, 128, 16
+    for batch, ctx in cases:
+        blocks = -(-ctx // bs)
+        shape = (batch * blocks + 3, bs, hk, dim)
+        (kc, ks), (vc, vs) = (quantize_rows(torch.randn(shape, device=device, dtype=BF16)) for _ in range(2))
+        k_seen, v_seen = dequantize_rows(kc, ks, BF16), dequantize_rows(vc, vs, BF16)
+        tables = torch.randperm(shape[0], device=device)[: batch * blocks].view(batch, blocks).int()
+        lens = torch.full((batch,), ctx, device=device, dtype=torch.int32)
+        q = torch.randn(batch, hq, dim, device=device, dtype=BF16)
+
+        def fp8(q=q, kc=kc, vc=vc, tables=tables, lens=lens, scales=(ks, vs)):
+            return pa.paged_decode_attention_triton(q, kc, vc, tables, lens, dim**-0.5, scales=scales)
+
+        def bf16(q=q, k=k_seen, v=v_seen, tables=tables, lens=lens):
+            return pa.paged_decode_attention_triton(q, k, v, tables, lens, dim**-0.5)
+
+        t_fp8 = triton.testing.do_bench_cudagraph(fp8, rep=50, return_mode="median") * 1e3
+        t_bf16 = triton.testing.do_bench_cudagraph(bf16, rep=50, return_mode="median") * 1e3
+        record_times(
+            f"paged decode attn e4m3 B={batch} ctx={ctx} 32/8x128",
+            rel_err(fp8(), bf16()),
+            0.0,
+            t_fp8,
+            t_bf16,
+            float(lens.sum()) * hk * (2 * dim + 8),
+            ref_label="bf16 kernel",
         )

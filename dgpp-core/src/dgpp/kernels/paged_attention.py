@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, e4m3_words, load_e4m3_rows
 from dgpp.kernels.online_softmax import merge_splits, normalized, softmax_step, store_partials
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
@@ -161,18 +161,24 @@ def _decode_partition_kernel(
             phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
             off = (toks % block_size).to(tl.int64)
             k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
-            kt = tl.load(
-                k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
-            )
-            if HAS_SCALES:  # e4m3 rows
+            if HAS_SCALES:  # e4m3 rows, read as int32 words of four codes
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
+                kt = load_e4m3_rows(
+                    k_rows, ksc_ptr, sc_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True
+                )
+            else:
+                kt = tl.load(
+                    k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
+                )
             s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
             s = tl.where(tmask[None, :], s, float("-inf"))
             v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
-            v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
             if HAS_SCALES:
-                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
+                v = load_e4m3_rows(v_rows, vsc_ptr, sc_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
+            else:
+                v = tl.load(
+                    v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0
+                )
             acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
@@ -287,6 +293,8 @@ def decode_attention_with_splits(
     precision = "ieee" if q.dtype == torch.float32 else "tf32"
     grid_splits = max(1, min(grid_splits or splits, splits))
     k_sc, v_sc = scales if scales is not None else (k_cache, v_cache)  # unread without scales
+    if scales is not None:
+        k_cache, v_cache = e4m3_words(k_cache), e4m3_words(v_cache)
     _decode_partition_kernel[(batch, hk, grid_splits)](
         q,
         k_cache,

@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, dequantize_tile
+from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, e4m3_words, load_e4m3_rows
 from dgpp.kernels.online_softmax import normalized, softmax_step
 
 _BLOCK_N = 64
@@ -227,32 +227,41 @@ def _window_attention_kernel(
             phys = tl.load(loc_ptr + b * loc_b + toks // cap, mask=tmask, other=0).to(tl.int64)
             k_rows = ks_ptr + phys * ks_0 + (toks % cap) * ks_1 + kvh * ks_2
             v_rows = vs_ptr + phys * vs_0 + (toks % cap) * vs_1 + kvh * vs_2
-            kt = tl.load(
-                k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
-            )
-            v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
-            if HAS_SCALES:  # e4m3 rows: code * row scale, rounded once to the compute dtype
+            if HAS_SCALES:  # e4m3 rows (int32 words of four codes): code * row scale, rounded to q's dtype
                 sc_rows = phys * sc_0 + (toks % cap) * sc_1 + kvh * sc_2
-                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask, q.dtype, True)
-                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask, q.dtype, False)
+                kt = load_e4m3_rows(
+                    k_rows, ksc_ptr, sc_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True
+                )
+                v = load_e4m3_rows(v_rows, vsc_ptr, sc_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
+            else:
+                kt = tl.load(
+                    k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
+                )
+                v = tl.load(
+                    v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0
+                )
         else:  # positions before this step from the ring, the rest from this step's rows
             old = toks < ctx
             ring = toks % cap
             fresh = start + toks - ctx
             kr = ks_ptr + slot * ks_0 + ring * ks_1 + kvh * ks_2
             kf = kn_ptr + fresh * kn_t + kvh * kn_h
-            kt = tl.load(
-                kr[None, :] + d[:, None], mask=(tmask & old)[None, :] & (d[:, None] < head_dim), other=0.0
-            )
             vr = vs_ptr + slot * vs_0 + ring * vs_1 + kvh * vs_2
             vf = vn_ptr + fresh * vn_t + kvh * vn_h
-            v = tl.load(
-                vr[:, None] + dv[None, :], mask=(tmask & old)[:, None] & (dv[None, :] < v_dim), other=0.0
-            )
-            if HAS_SCALES:  # the ring's e4m3 rows; this step's rows come round-tripped already
+            if HAS_SCALES:  # the ring's e4m3 rows (words); this step's rows come round-tripped already
                 sc_rows = slot * sc_0 + ring * sc_1 + kvh * sc_2
-                kt = dequantize_tile(kt, ksc_ptr, sc_rows, tmask & old, q.dtype, True)
-                v = dequantize_tile(v, vsc_ptr, sc_rows, tmask & old, q.dtype, False)
+                ring_rows = tmask & old
+                kt = load_e4m3_rows(
+                    kr, ksc_ptr, sc_rows, ring_rows, head_dim // 4, q.dtype, BLOCK_D // 4, True
+                )
+                v = load_e4m3_rows(vr, vsc_ptr, sc_rows, ring_rows, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
+            else:
+                kt = tl.load(
+                    kr[None, :] + d[:, None], mask=(tmask & old)[None, :] & (d[:, None] < head_dim), other=0.0
+                )
+                v = tl.load(
+                    vr[:, None] + dv[None, :], mask=(tmask & old)[:, None] & (dv[None, :] < v_dim), other=0.0
+                )
             kt += tl.load(
                 kf[None, :] + d[:, None], mask=(tmask & ~old)[None, :] & (d[:, None] < head_dim), other=0.0
             )
@@ -298,6 +307,8 @@ def window_attention_triton(
     group = hq // hk
     block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
     k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
+    if scales is not None:
+        src_k, src_v = e4m3_words(src_k), e4m3_words(src_v)
     _window_attention_kernel[(rows, hk, head_groups)](
         q,
         kn,
