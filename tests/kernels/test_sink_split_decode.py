@@ -48,6 +48,26 @@ def _sinks(hq: int, seed: int, level: float = 0.0) -> torch.Tensor:
     return torch.randn(hq, generator=torch.Generator().manual_seed(seed)) + level
 
 
+def _assert_matches_reference(out, q, kc, vc, batch, sinks, scale) -> None:
+    """The step's rows against the fp32 reference over the whole paged context (window 0)."""
+    ref = window_attention_ref(
+        q,
+        None,
+        None,
+        kc,
+        vc,
+        batch.block_tables,
+        batch.query_start_loc,
+        batch.context_lens,
+        batch.seq_lens,
+        sinks,
+        scale,
+        0,
+        True,
+    )
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(("hq", "hk", "dim", "v_dim"), [(4, 2, 16, 16), (8, 2, 48, 32), (16, 1, 48, 32)])
 def test_split_decode_with_sinks_matches_the_window_reference(hq: int, hk: int, dim: int, v_dim: int) -> None:
     kc, vc, tables = _pool(len(LENS), max(LENS), hk, dim, v_dim, seed=hq + dim)
@@ -172,22 +192,7 @@ def test_mixed_step_splits_its_decode_rows_and_windows_its_chunk() -> None:
         True,
     )
     assert torch.equal(out[1:6], chunk)  # the chunk's rows: the window kernel's, whatever shares the step
-    ref = window_attention_ref(
-        q,
-        None,
-        None,
-        kc,
-        vc,
-        batch.block_tables,
-        batch.query_start_loc,
-        batch.context_lens,
-        batch.seq_lens,
-        sinks,
-        scale,
-        0,
-        True,
-    )
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    _assert_matches_reference(out, q, kc, vc, batch, sinks, scale)
 
 
 @pytest.mark.usefixtures("triton_on_cpu")
@@ -203,22 +208,7 @@ def test_verify_rows_have_the_bits_of_plain_decode_rows() -> None:
         for r, (seq, n) in enumerate(zip(index.tolist(), lens.tolist(), strict=True)):
             solo = _solo_decode(q[r : r + 1], kc, vc, batch.block_tables[seq : seq + 1], n, sinks, scale)
             assert torch.equal(out[r : r + 1], solo), r
-    ref = window_attention_ref(
-        q,
-        None,
-        None,
-        kc,
-        vc,
-        batch.block_tables,
-        batch.query_start_loc,
-        batch.context_lens,
-        batch.seq_lens,
-        sinks,
-        scale,
-        0,
-        True,
-    )
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    _assert_matches_reference(out, q, kc, vc, batch, sinks, scale)
 
 
 @pytest.mark.usefixtures("triton_on_cpu")
