@@ -48,14 +48,9 @@ def _sinks(hq: int, seed: int, level: float = 0.0) -> torch.Tensor:
     return torch.randn(hq, generator=torch.Generator().manual_seed(seed)) + level
 
 
-def _assert_matches_reference(out, q, kc, vc, batch, sinks, scale) -> None:
-    """The step's rows against the fp32 reference over the whole paged context (window 0)."""
-    ref = window_attention_ref(
-        q,
-        None,
-        None,
-        kc,
-        vc,
+def _whole_context(attend, q, kc, vc, batch, sinks, scale) -> torch.Tensor:
+    """``attend`` (the window kernel or its reference) over each row's whole paged context (window 0)."""
+    args = (
         batch.block_tables,
         batch.query_start_loc,
         batch.context_lens,
@@ -65,6 +60,11 @@ def _assert_matches_reference(out, q, kc, vc, batch, sinks, scale) -> None:
         0,
         True,
     )
+    return attend(q, None, None, kc, vc, *args)
+
+
+def _assert_matches_reference(out, q, kc, vc, batch, sinks, scale) -> None:
+    ref = _whole_context(window_attention_ref, q, kc, vc, batch, sinks, scale)
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -254,19 +254,5 @@ def test_heads_wider_than_the_split_tiles_keep_the_window_kernel() -> None:
     sinks = _sinks(hq, 61)
     with overriding(exact_splits=4):
         out = paged_sink_attention(q, kc, vc, batch, sinks, scale)
-    window = window_attention_triton(
-        q,
-        None,
-        None,
-        kc,
-        vc,
-        batch.block_tables,
-        batch.query_start_loc,
-        batch.context_lens,
-        batch.seq_lens,
-        sinks,
-        scale,
-        0,
-        True,
-    )
+    window = _whole_context(window_attention_triton, q, kc, vc, batch, sinks, scale)
     assert torch.equal(out, window)
