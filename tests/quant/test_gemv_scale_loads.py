@@ -40,12 +40,18 @@ def _same_bits(fmt, base: GemvTile, change: dict, shapes: list[tuple[int, int]])
             assert torch.equal(got, want), f"{fmt.name} {variant}: bits differ from scales loaded in the step"
 
 
-@pytest.mark.parametrize("tile", AHEAD_TILES, ids=["grouped", "flat-gather", "flat-broadcast"])
-@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+# every format on the grouped layout; FP4 on the flat one with scales per byte and per group too
+AHEAD_CASES = [(f"{i}-grouped", f, AHEAD_TILES[0]) for i, f in zip(IDS, FORMATS, strict=True)] + [
+    (f"{i}-flat-{t.fp4_scales}", f, t)
+    for i, f in zip(IDS, FORMATS, strict=True)
+    if isinstance(f, FP4Grouped)
+    for t in AHEAD_TILES[1:]
+]
+
+
+@pytest.mark.parametrize(("fmt", "tile"), [c[1:] for c in AHEAD_CASES], ids=[c[0] for c in AHEAD_CASES])
 def test_scales_ahead_keeps_the_bits(fmt, tile):
     """Ragged K and N (masked loads, a last step past the slice) and even ones (the last step's scales re-read)."""
-    if not isinstance(fmt, FP4Grouped) and tile.fp4_layout != "grouped":
-        pytest.skip("the flat layout is FP4's")
     k = 160 if isinstance(fmt, FP4Grouped) else 200  # not a multiple of the step: the last step is masked
     _same_bits(fmt, tile, {"scales_ahead": True}, [(40, k), (64, 512)])
 
