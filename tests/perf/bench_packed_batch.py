@@ -9,6 +9,10 @@
    ``dgpp bench`` ran) and ``bf16`` (the dense canonical kernels, ``dgpp.nn.exact.gemm``, on bf16 weights of the
    same shapes), each with % of the copy bandwidth for the bytes a call must read (weights once + x + out).
 4. ``--sweep``: batch-tile variants at 64 rows.
+5. ``--tiles``: decode-tile variants (``TILE_VARIANTS``: scales loaded a step ahead, FP4 scales as 32-bit words),
+   each timed at 1 and 16 rows, and every 64-row candidate of each (``batch_candidates``) timed at 64 rows with
+   its rows checked bit for bit against the variant's 16-row launches (a candidate that is not row-exact is
+   reported, as the run-time probe would skip it).
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_packed_batch.py [--formats fp8_block,nvfp4] [--rows 1,8,16,64]
 """
@@ -109,7 +113,9 @@ def check_exact(name, fmt, pname, kind, sets, shapes, tile, results) -> bool:
     return ok
 
 
-def time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, results, sweep) -> dict:
+def time_problem(
+    name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, results, sweep, tiles=False
+) -> dict:
     one = [random_weight(fmt, s, "cuda", gen) for s in shapes]
     wbytes = nbytes(one)
     copies = max(4, min(16, math.ceil((512 << 20) / wbytes)))
@@ -162,7 +168,70 @@ def time_problem(name, fmt, pname, kind, shapes, rows_list, copy_bw, gen, result
             )
     if sweep:
         sweep_batch_tiles(name, fmt, pname, kind, sets, shapes, tile, copies, results)
+    if tiles:
+        sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, results)
     return per
+
+
+TILE_VARIANTS = {
+    "default": {},
+    "scales_in_step": {"scales_ahead": False},
+    "scales_ahead": {"scales_ahead": True},
+    "scale_words": {"fp4_scales": "words", "scales_ahead": False},  # FP4 only
+}
+
+
+def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, results) -> None:
+    """``--tiles``: each decode-tile variant at 1 and 16 rows (``same_bits``: its 16-row launch has the default
+    tile's bits), then each of its 64-row candidates at 64 rows (row-exact against the variant's 16-row launches
+    or not)."""
+    from dgpp.quant.fp4 import FP4Grouped
+    from dgpp.quant.kernels.decode_launch import batch_candidates
+
+    k = shapes[0][1]
+    x = torch.randn(64, k, device="cuda", dtype=torch.bfloat16)
+    seen = set()
+    for vname, change in TILE_VARIANTS.items():
+        dec = dataclasses.replace(tile, **change)
+        if ("fp4_scales" in change and not isinstance(fmt, FP4Grouped)) or dec in seen:
+            continue  # FP4 only, or the same tile as an earlier variant
+        seen.add(dec)
+        same = torch.equal(
+            launch(fmt, kind, sets[0], shapes, x[:16], dec), launch(fmt, kind, sets[0], shapes, x[:16], tile)
+        )
+        runs = [(f"decode m={m} same_bits={same}", x[:m], None) for m in (1, 16)]
+        want = launch(fmt, kind, sets[0], shapes, x, dec, chunk=16)
+        for i, b in enumerate(batch_candidates(fmt, dec, shapes[0])):
+            try:
+                exact = torch.equal(launch(fmt, kind, sets[0], shapes, x, dec, b), want)
+            except Exception as e:  # reported, not fatal
+                print(f"tiles skip {name} {pname} {vname} batch{i}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            runs.append((f"batch{i} m=64 exact={exact}", x, b))
+        for label, rows, b in runs:
+            try:
+                sec = timed(lambda i: launch(fmt, kind, sets[i], shapes, rows, dec, b), copies)
+            except Exception as e:
+                print(f"tiles skip {name} {pname} {vname} {label}: {type(e).__name__}: {str(e)[:120]}")
+                continue
+            shown = (
+                ""
+                if b is None
+                else f" bn={b.bn} bk={b.bk} warps={b.warps} blocks={b.row_blocks} w_as_a={b.w_as_a}"
+            )
+            results["tiles"].append(
+                {
+                    "format": name,
+                    "problem": pname,
+                    "variant": vname,
+                    "run": label,
+                    "us": sec * 1e6,
+                    "tile": dataclasses.asdict(b or dec),
+                }
+            )
+            print(
+                f"tiles {name:11s} {pname:8s} {vname:12s} {label:28s} {sec * 1e6:8.1f} us{shown}", flush=True
+            )
 
 
 def sweep_batch_tiles(name, fmt, pname, kind, sets, shapes, tile, copies, results) -> None:
@@ -199,19 +268,22 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--formats", default="fp8_block,nvfp4,fp8_channel,mxfp4")
     ap.add_argument("--rows", default="1,8,16,64,128,256")
+    ap.add_argument("--problems", default=",".join(PROBLEMS), help="subset of " + ",".join(PROBLEMS))
     ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--tiles", action="store_true", help="decode-tile variants and their 64-row candidates")
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     args = ap.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     torch.manual_seed(0)
     rows_list = [int(r) for r in args.rows.split(",")]
-    results = {"device": torch.cuda.get_device_name(), "checks": [], "timings": [], "sweep": []}
+    results = {"device": torch.cuda.get_device_name(), "checks": [], "timings": [], "sweep": [], "tiles": []}
     copy_bw = copy_bandwidth("cuda")
     table = []
     for name in args.formats.split(","):
         fmt = formats()[name]
         layer = {}
-        for pname, (kind, shapes) in PROBLEMS.items():
+        for pname in args.problems.split(","):
+            kind, shapes = PROBLEMS[pname]
             for key, sec in time_problem(
                 name,
                 fmt,
@@ -223,6 +295,7 @@ def main() -> int:
                 gen,
                 results,
                 args.sweep and pname in ("o", "gate_up"),
+                args.tiles,
             ).items():
                 layer[key] = layer.get(key, 0.0) + sec
         for m in rows_list:

@@ -110,6 +110,7 @@ def quant_multi_gemv_kernel(
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCKS: tl.constexpr = 1,
+    SCALES_AHEAD: tl.constexpr = False,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
@@ -150,6 +151,7 @@ def quant_multi_gemv_kernel(
         DOT_FP32,
         DOT_DTYPE,
         BLOCKS,
+        SCALES_AHEAD,
     )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None]
@@ -203,6 +205,7 @@ def quant_gate_up_silu_kernel(
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCKS: tl.constexpr = 1,
+    SCALES_AHEAD: tl.constexpr = False,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -238,6 +241,7 @@ def quant_gate_up_silu_kernel(
         DOT_FP32,
         DOT_DTYPE,
         BLOCKS,
+        SCALES_AHEAD,
     )
     up = quant_tile(
         x_ptr,
@@ -269,6 +273,7 @@ def quant_gate_up_silu_kernel(
         DOT_FP32,
         DOT_DTYPE,
         BLOCKS,
+        SCALES_AHEAD,
     )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]

@@ -7,7 +7,10 @@ Two layouts, selectable per tile (``GemvTile.fp4_layout``) so one GPU sweep comp
 * ``flat`` (layout 1): bytes as the 2-D [BN, BK/2] row segment they are in memory (16-byte loads), decoded
   elementwise in the loaded layout (no 3-D shape, no reshape, no join); scales either gathered per byte
   (``FP4_SCALES`` 0: addresses repeat G/2 times, L1 serves the repeats) or loaded once per group and
-  broadcast through a reshape (``FP4_SCALES`` 1).
+  broadcast through a reshape (``FP4_SCALES`` 1), or loaded as 32-bit words of four (``FP4_SCALES`` 2, async
+  copies) and broadcast the same way.
+
+The scales of a step are loaded by ``fp4_step_scales``, in the step or one step ahead (``quant_tile``).
 
 Both return exact e2m1 × scale values in ``DOT_DTYPE``, × 2^-14 unless ``FAST`` (the inline-PTX decoder).
 """
@@ -48,85 +51,101 @@ def _nibbles(packed, FAST: tl.constexpr, DOT_DTYPE: tl.constexpr):
 
 
 @triton.jit
-def fp4_grouped_weights(
-    w_rows,
-    s_ptr,
-    cols,
+def fp4_step_scales(
+    s_rows,
     col_ok,
     k0,
-    k_dim,
     k_hi,
     FMT: tl.constexpr,
     G: tl.constexpr,
     BN: tl.constexpr,
     BK: tl.constexpr,
     EVEN: tl.constexpr,
-    FAST: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """Layout 0: [BN, groups, G/2] bytes, the [BN, groups, 1] scale broadcast natively, then one reshape."""
-    GPS: tl.constexpr = BK // G
-    groups = k_dim // G
-    offs_g = k0 // G + tl.arange(0, GPS)
-    offs_j = tl.arange(0, G // 2)
-    ptrs = w_rows[:, :, None] + (offs_g * (G // 2))[None, :, None] + offs_j[None, None, :]
-    s_ptrs = s_ptr + cols[:, None, None].to(tl.int64) * groups + offs_g[None, :, None]
-    if EVEN:
-        packed = tl.load(ptrs)
-        s = tl.load(s_ptrs)
-    else:
-        g_ok = (offs_g < k_hi // G)[None, :, None]
-        packed = tl.load(ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
-        s = tl.load(s_ptrs, mask=col_ok[:, None, None] & g_ok, other=0)
-    sf = scale_values(s, FMT, DOT_DTYPE)
-    lo, hi = _nibbles(packed, FAST, DOT_DTYPE)
-    return tl.reshape(lo * sf, (BN, BK // 2)), tl.reshape(hi * sf, (BN, BK // 2))
-
-
-@triton.jit
-def fp4_flat_weights(
-    w_rows,
-    s_ptr,
-    cols,
-    col_ok,
-    k0,
-    k_dim,
-    k_hi,
-    FMT: tl.constexpr,
-    G: tl.constexpr,
-    BN: tl.constexpr,
-    BK: tl.constexpr,
-    EVEN: tl.constexpr,
-    FAST: tl.constexpr,
+    LAYOUT: tl.constexpr,
     SCALES: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
 ):
-    """Layout 1: the [BN, BK/2] bytes as stored, decoded where they were loaded."""
-    HALF: tl.constexpr = BK // 2
-    offs_b = k0 // 2 + tl.arange(0, HALF)  # byte index along the row
-    s_rows = s_ptr + cols[:, None].to(tl.int64) * (k_dim // G)
-    if EVEN:
-        packed = tl.load(w_rows + offs_b[None, :])
-    else:
+    """The group scales of the step at ``k0`` (``s_rows``: the program's rows of the [N, K/G] scales) as values in
+    the dot dtype, shaped for the layout's decode: [BN, groups, 1] (grouped), [BN, BK/2] one per byte (flat,
+    ``SCALES`` 0) or [BN, groups] (flat, ``SCALES`` 1 and 2). Byte loads are not turned into async copies, so a
+    scale load used in its own step waits on the global memory latency every step: ``SCALES`` 2 loads 32-bit
+    words of four scales instead (EVEN tiles of four or more groups per step; the bytes are taken apart in
+    registers), which Triton's pipeline copies ahead asynchronously like the weights; ``quant_tile``'s
+    ``SCALES_AHEAD`` calls this a step early instead."""
+    GPS: tl.constexpr = BK // G
+    offs_g = k0 // G + tl.arange(0, GPS)
+    if LAYOUT == 0:
+        ptrs = s_rows[:, :, None] + offs_g[None, :, None]
+        ok = col_ok[:, None, None] & (offs_g < k_hi // G)[None, :, None]
+    elif SCALES == 0:  # one address per byte; G/2 neighbours share it
+        offs_b = k0 // 2 + tl.arange(0, BK // 2)
+        ptrs = s_rows + (offs_b // (G // 2))[None, :]
         ok = col_ok[:, None] & (offs_b * 2 < k_hi)[None, :]
-        packed = tl.load(w_rows + offs_b[None, :], mask=ok, other=0)
-    if SCALES == 0:  # one load per byte; G/2 neighbours share an address
-        s_ptrs = s_rows + (offs_b // (G // 2))[None, :]
-        if EVEN:
-            s = tl.load(s_ptrs)
-        else:
-            s = tl.load(s_ptrs, mask=ok, other=0)
-        sf = scale_values(s, FMT, DOT_DTYPE)
-    else:  # one load per group, broadcast to its G/2 bytes
-        GPS: tl.constexpr = BK // G
-        offs_g = k0 // G + tl.arange(0, GPS)
-        if EVEN:
-            s = tl.load(s_rows + offs_g[None, :])
-        else:
-            s = tl.load(
-                s_rows + offs_g[None, :], mask=col_ok[:, None] & (offs_g < k_hi // G)[None, :], other=0
-            )
-        sg = scale_values(s, FMT, DOT_DTYPE)
-        sf = tl.reshape(tl.broadcast_to(sg[:, :, None], (BN, GPS, G // 2)), (BN, HALF))
+    else:
+        ptrs = s_rows + offs_g[None, :]
+        ok = col_ok[:, None] & (offs_g < k_hi // G)[None, :]
+    if EVEN and LAYOUT == 1 and SCALES == 2 and GPS % 4 == 0:
+        # whole 32-bit words of four scales: loads of 4 bytes or more become async copies, pipelined with the weights
+        words = s_rows.to(tl.pointer_type(tl.int32)) + (k0 // (4 * G) + tl.arange(0, GPS // 4))[None, :]
+        w = tl.load(words)
+        shifts = 8 * tl.arange(0, 4)
+        s = tl.reshape((w[:, :, None] >> shifts[None, None, :]) & 0xFF, (BN, GPS)).to(tl.uint8)
+    elif EVEN:
+        s = tl.load(ptrs)
+    else:
+        s = tl.load(ptrs, mask=ok, other=0)
+    return scale_values(s, FMT, DOT_DTYPE)
+
+
+@triton.jit
+def fp4_weights(
+    w_rows,
+    s_rows,
+    s_pre,
+    col_ok,
+    k0,
+    k_hi,
+    AHEAD: tl.constexpr,
+    FMT: tl.constexpr,
+    G: tl.constexpr,
+    BN: tl.constexpr,
+    BK: tl.constexpr,
+    EVEN: tl.constexpr,
+    FAST: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    SCALES: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+):
+    """The step at ``k0`` as scaled (even columns, odd columns) tiles. Its scales are ``s_pre`` (values loaded a
+    step ahead, ``AHEAD``) or loaded here after the bytes (``fp4_step_scales``).
+
+    Layout 0: [BN, groups, G/2] bytes, the [BN, groups, 1] scales broadcast natively, then one reshape.
+    Layout 1: the [BN, BK/2] bytes as stored, decoded where they were loaded; scales per byte (``SCALES`` 0) or
+    per group, broadcast to its G/2 bytes (``SCALES`` 1, 2)."""
+    HALF: tl.constexpr = BK // 2
+    GPS: tl.constexpr = BK // G
+    offs_g = k0 // G + tl.arange(0, GPS)
+    if LAYOUT == 1:
+        offs_b = k0 // 2 + tl.arange(0, HALF)  # byte index along the row
+        ptrs = w_rows + offs_b[None, :]
+        ok = col_ok[:, None] & (offs_b * 2 < k_hi)[None, :]
+    else:
+        offs_j = tl.arange(0, G // 2)
+        ptrs = w_rows[:, :, None] + (offs_g * (G // 2))[None, :, None] + offs_j[None, None, :]
+        ok = col_ok[:, None, None] & (offs_g < k_hi // G)[None, :, None]
+    if EVEN:
+        packed = tl.load(ptrs)
+    else:
+        packed = tl.load(ptrs, mask=ok, other=0)
+    sf = s_pre
+    if not AHEAD:
+        sf = fp4_step_scales(s_rows, col_ok, k0, k_hi, FMT, G, BN, BK, EVEN, LAYOUT, SCALES, DOT_DTYPE)
+    if LAYOUT == 1 and SCALES != 0:
+        sf = tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, GPS, G // 2)), (BN, HALF))
     lo, hi = _nibbles(packed, FAST, DOT_DTYPE)
-    return lo * sf, hi * sf
+    lo = lo * sf
+    hi = hi * sf
+    if LAYOUT == 0:
+        lo = tl.reshape(lo, (BN, HALF))
+        hi = tl.reshape(hi, (BN, HALF))
+    return lo, hi

@@ -1,5 +1,5 @@
-"""The packed MMA GEMV's tile (``quant_tile``, which ``decode_gemv``'s kernels launch) and its steps: x tiles, one
-dot in either operand order, the per-block FP8 and FP4 steps, the accumulator's finish, and the row blocks.
+"""The packed MMA GEMV's tile (``quant_tile``, which ``decode_gemv``'s kernels launch) and its steps: the per-block
+FP8 and FP4 steps (their operands and dots: ``gemv_operands``), the accumulator's finish, and the row blocks.
 
 Row blocks: a program of ``BLOCKS`` x 16 rows multiplies each decoded weight tile against every 16-row block in
 turn, with the very dot the 16-row decode tile issues (same shape, warps and operand order), so a row gets the bits
@@ -10,86 +10,18 @@ Up to four blocks, each with its own accumulator; :func:`joined_rows` lays them 
 from __future__ import annotations
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.quant.kernels.e4m3_asm import e4m3_fp32, e4m3_values
-from dgpp.quant.kernels.fp4_tiles import fp4_flat_weights, fp4_grouped_weights
-
-
-@triton.jit
-def _x_tile(x_ptr, rows, m, x_stride, kk, k_dim, EVEN: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    mask = rows[:, None] < m
-    if not EVEN:
-        mask = mask & (kk < k_dim)[None, :]
-    return tl.load(x_ptr + rows[:, None] * x_stride + kk[None, :], mask=mask, other=0.0).to(DOT_DTYPE)
-
-
-@triton.jit
-def _x_pairs(
-    x_ptr,
-    rows,
-    m,
-    x_stride,
-    k0,
-    k_dim,
-    BM: tl.constexpr,
-    HALF: tl.constexpr,
-    EVEN: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
-):
-    """x[:, k0 : k0 + 2 HALF] as [BM, HALF, 2] column pairs (the pair contiguous, so ``tl.split`` stays in registers)."""
-    kk = k0 + 2 * tl.arange(0, HALF)[None, :, None] + tl.arange(0, 2)[None, None, :]
-    mask = rows[:, None, None] < m
-    if not EVEN:
-        mask = mask & (kk < k_dim)
-    return tl.load(x_ptr + rows[:, None, None] * x_stride + kk, mask=mask, other=0.0).to(DOT_DTYPE)
-
-
-@triton.jit
-def w_tile(ptrs, col_ok, k_ok, EVEN: tl.constexpr):
-    """Stored bytes of a weight tile; ``EVEN`` (every N a multiple of BN, K of BK) drops the masks."""
-    if EVEN:
-        tile = tl.load(ptrs)
-    else:
-        tile = tl.load(ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0)
-    return tile
-
-
-@triton.jit
-def _mma(xv, wv, W_AS_A: tl.constexpr, DOT_FP32: tl.constexpr):
-    """One step's partial in the accumulator's orientation: ``w @ x^T`` [BN, BM] when the weight is the
-    MMA's A operand (each warp then owns whole 16-row weight slices and x is re-read less), else ``x @ w^T``."""
-    if W_AS_A:
-        a, b = wv, tl.trans(xv)
-    else:
-        a, b = xv, tl.trans(wv)
-    if DOT_FP32:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
-
-
-@triton.jit
-def fp8_values(codes, FP8_BITS: tl.constexpr, DOT_FP32: tl.constexpr, DOT_DTYPE: tl.constexpr):
-    """E4M3 codes -> exact values in the dot dtype: Triton's conversion (the cvt pipe), or ``FP8_BITS``
-    integer bit placement (inline PTX on the GPU, fp32 bit ops for fp32 dots)."""
-    if FP8_BITS:
-        if DOT_FP32:
-            out = e4m3_fp32(codes)
-        else:
-            out = e4m3_values(codes, DOT_DTYPE)
-    else:
-        out = codes.to(tl.float8e4nv, bitcast=True).to(DOT_DTYPE)
-    return out
-
-
-@triton.jit
-def _per_row(acc, s, W_AS_A: tl.constexpr):
-    """``acc`` scaled by one fp32 value per weight row (``s`` [BN])."""
-    if W_AS_A:
-        out = acc * s[:, None]
-    else:
-        out = acc * s[None, :]
-    return out
+from dgpp.quant.kernels.fp4_tiles import fp4_step_scales, fp4_weights
+from dgpp.quant.kernels.gemv_operands import (
+    dot_scale,
+    fp8_scale_tile,
+    fp8_values,
+    mma,
+    next_step,
+    per_row,
+    w_tile,
+    x_pairs,
+    x_tile,
+)
 
 
 @triton.jit
@@ -110,9 +42,9 @@ def fp8_step(
     DOT_DTYPE: tl.constexpr,
 ):
     """One FP8 dot of one row block into its accumulator (block-scaled by ``s`` for FMT 0)."""
-    part = _mma(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
+    part = mma(x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), wv, W_AS_A, DOT_FP32)
     if FMT == 0:
-        acc += _per_row(part, s, W_AS_A)
+        acc += per_row(part, s, W_AS_A)
     else:
         acc += part
     return acc
@@ -142,23 +74,23 @@ def fp4_step(
     HALF: tl.constexpr = BK // 2
     if INTERLEAVE:  # one dot against contiguous x
         kk = k0 + tl.arange(0, BK)
-        acc += _mma(
-            _x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE),
+        acc += mma(
+            x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE),
             tl.interleave(lo, hi),
             W_AS_A,
             DOT_FP32,
         )
     elif FP4_LAYOUT == 1:  # x loaded as [ROWS, BK/2, 2] (pairs in one thread), split without a reshape
-        x_even, x_odd = tl.split(_x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, ROWS, HALF, EVEN, DOT_DTYPE))
-        acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
-        acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
+        x_even, x_odd = tl.split(x_pairs(x_ptr, rows, m, x_stride, k0, k_hi, ROWS, HALF, EVEN, DOT_DTYPE))
+        acc += mma(x_even, lo, W_AS_A, DOT_FP32)
+        acc += mma(x_odd, hi, W_AS_A, DOT_FP32)
     else:  # even and odd columns meet x split the same way (x read contiguously once)
         kk = k0 + tl.arange(0, BK)
         x_even, x_odd = tl.split(
-            tl.reshape(_x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), (ROWS, HALF, 2))
+            tl.reshape(x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE), (ROWS, HALF, 2))
         )
-        acc += _mma(x_even, lo, W_AS_A, DOT_FP32)
-        acc += _mma(x_odd, hi, W_AS_A, DOT_FP32)
+        acc += mma(x_even, lo, W_AS_A, DOT_FP32)
+        acc += mma(x_odd, hi, W_AS_A, DOT_FP32)
     return acc
 
 
@@ -182,7 +114,7 @@ def finish_block(
             s = tl.load(s_ptr + cols)
         else:
             s = tl.load(s_ptr + cols, mask=col_ok, other=0.0)
-        acc = _per_row(acc, s.to(tl.float32), W_AS_A)
+        acc = per_row(acc, s.to(tl.float32), W_AS_A)
     if FMT >= 2 and not FAST_FP4:
         acc = acc * 16384.0  # undo the 2^-14 of the fp16 nibble trick (exact)
     if GLOBAL_OP == 1:
@@ -246,6 +178,7 @@ def quant_tile(
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     BLOCKS: tl.constexpr = 1,
+    SCALES_AHEAD: tl.constexpr = False,
 ):
     """``W[cols] @ x[:BM]^T`` as fp32 [BN, BM] for one packed weight (all scales applied). Each output's
     chain over K (the dots, their widths and order, where the scales enter) is fixed by the format, ``BK``,
@@ -254,7 +187,9 @@ def quant_tile(
     every block in the dot a BM / BLOCKS-row program issues (``row_blocks``).
 
     FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
-    FP4: ``BK`` logical columns per step, ``SBK`` = group size."""
+    FP4: ``BK`` logical columns per step, ``SBK`` = group size. ``SCALES_AHEAD``: FP8 block and FP4 group
+    scales are loaded one step before the step that uses them (carried through the loop), so their global
+    latency overlaps a step's decode and dots; the values and the chain are unchanged."""
     ROWS: tl.constexpr = BM // BLOCKS
     col_ok = cols < n_rows
     if W_AS_A:
@@ -267,14 +202,34 @@ def quant_tile(
     if FMT <= 1:
         w_rows = w_ptr + cols[:, None].to(tl.int64) * k_dim
         scale_cols = tl.cdiv(k_dim, SBK)
+        s_next = 0.0
+        if SCALES_AHEAD and FMT == 0:
+            s_next = fp8_scale_tile(s_ptr, cols, col_ok, k_lo, k_hi, scale_cols, SBN, SBK, BK, BKD, EVEN)
         for k0 in range(k_lo, k_hi, BK):
+            s_step = s_next
+            if SCALES_AHEAD and FMT == 0:  # loaded during the previous step; load the next step's
+                s_next = fp8_scale_tile(
+                    s_ptr,
+                    cols,
+                    col_ok,
+                    next_step(k0, k_hi, BK, EVEN),
+                    k_hi,
+                    scale_cols,
+                    SBN,
+                    SBK,
+                    BK,
+                    BKD,
+                    EVEN,
+                )
             for j in tl.static_range(BK // BKD):
                 kd = k0 + j * BKD
                 kk = kd + tl.arange(0, BKD)
                 codes = w_tile(w_rows + kk[None, :], col_ok, kk < k_hi, EVEN)
                 wv = fp8_values(codes, FP8_BITS, DOT_FP32, DOT_DTYPE)
                 s = 1.0
-                if FMT == 0:
+                if FMT == 0 and SCALES_AHEAD:
+                    s = dot_scale(s_step, j, BK // BKD)
+                elif FMT == 0:
                     s_ptrs = s_ptr + (cols // SBN) * scale_cols + kd // SBK
                     if EVEN:
                         s = tl.load(s_ptrs).to(tl.float32)
@@ -353,29 +308,37 @@ def quant_tile(
         ):  # K is a multiple of BK: rows start 16-byte aligned, so loads vectorize to 16 bytes
             row_bytes = tl.multiple_of(row_bytes, 16)
         w_rows = w_ptr + cols[:, None].to(tl.int64) * row_bytes
+        s_rows = s_ptr + cols[:, None].to(tl.int64) * (k_dim // SBK)
+        s_next = 0.0
+        if SCALES_AHEAD:  # values, converted before they are carried (fewer sm_90 instructions than bytes)
+            s_next = fp4_step_scales(
+                s_rows, col_ok, k_lo, k_hi, FMT, SBK, BN, BK, EVEN, FP4_LAYOUT, FP4_SCALES, DOT_DTYPE
+            )
         for k0 in range(k_lo, k_hi, BK):
-            if FP4_LAYOUT == 1:
-                lo, hi = fp4_flat_weights(
-                    w_rows,
-                    s_ptr,
-                    cols,
-                    col_ok,
-                    k0,
-                    k_dim,
-                    k_hi,
-                    FMT,
-                    SBK,
-                    BN,
-                    BK,
-                    EVEN,
-                    FAST_FP4,
-                    FP4_SCALES,
-                    DOT_DTYPE,
+            s_step = s_next
+            if SCALES_AHEAD:  # this step's scales were loaded during the previous step; load the next step's
+                k_next = next_step(k0, k_hi, BK, EVEN)
+                s_next = fp4_step_scales(
+                    s_rows, col_ok, k_next, k_hi, FMT, SBK, BN, BK, EVEN, FP4_LAYOUT, FP4_SCALES, DOT_DTYPE
                 )
-            else:
-                lo, hi = fp4_grouped_weights(
-                    w_rows, s_ptr, cols, col_ok, k0, k_dim, k_hi, FMT, SBK, BN, BK, EVEN, FAST_FP4, DOT_DTYPE
-                )
+            lo, hi = fp4_weights(
+                w_rows,
+                s_rows,
+                s_step,
+                col_ok,
+                k0,
+                k_hi,
+                SCALES_AHEAD,
+                FMT,
+                SBK,
+                BN,
+                BK,
+                EVEN,
+                FAST_FP4,
+                FP4_LAYOUT,
+                FP4_SCALES,
+                DOT_DTYPE,
+            )
             acc0 = fp4_step(
                 acc0,
                 x_ptr,

@@ -7,7 +7,7 @@ import dataclasses
 
 MAX_ROWS = 16
 FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
-FP4_SCALES = ("gather", "broadcast")
+FP4_SCALES = ("gather", "broadcast", "words")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,7 +29,10 @@ class GemvTile:
     fp4_layout: str = (
         "grouped"  # "grouped": [BN, groups, G/2] bytes; "flat": [BN, BK/2] as stored (fp4_tiles)
     )
-    fp4_scales: str = "gather"  # flat layout: scales loaded per byte ("gather") or per group + "broadcast"
+    # flat layout: scales loaded per byte ("gather"), per group + "broadcast", or as 32-bit "words" of four
+    # groups (async copies; K steps of four groups or more, else as "broadcast")
+    fp4_scales: str = "gather"
     row_blocks: int = (
         1  # 64-row programs: 1, one 64-row dot per step; 4, the 16-row tile's dot on four 16-row blocks
     )
+    scales_ahead: bool = False  # FP8 block / FP4 group scales loaded one K step before the step using them
