@@ -203,6 +203,8 @@ class EngramV41(nn.Module):
         self.pad_class = 0
         self.multipliers = torch.zeros(0, dtype=torch.int64)
         self.primes = torch.zeros(0, dtype=torch.int64)  # [(ngram - 1) * heads] in (n-gram, head) order
+        # decode steps hash on the device (False: the per-sequence form, the reference it matches)
+        self.batched_decode = True
 
     def attach(
         self, table: EngramTable, classes: list[int], pad_token: int, primes: list[list[int]], seed_layer: int
