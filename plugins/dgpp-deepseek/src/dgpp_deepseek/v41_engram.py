@@ -303,7 +303,8 @@ class EngramV41(nn.Module):
         staged = self._staged.get(ids.shape[0])
         if staged is None or staged[0].device != ids.device:
             pin = ids.device.type == "cuda"
-            staged = (torch.empty_like(rows, device=ids.device), torch.empty_like(rows, pin_memory=pin))
+            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=pin)
+            staged = (torch.empty(rows.shape, dtype=rows.dtype, device=ids.device), pinned)
             self._staged[ids.shape[0]] = staged
         device_rows, pinned = staged
         pinned.copy_(rows)

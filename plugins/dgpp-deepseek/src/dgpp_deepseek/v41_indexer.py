@@ -178,7 +178,8 @@ def candidate_blocks(
     ids = torch.arange(nblocks, device=scores.device)
     block_score = torch.where((ids[None] == newest[:, None]) & (visible[:, None] > 0), math.inf, block_score)
     keep = top_mask(block_score, topk_blocks)
-    return keep.repeat_interleave(block_size, dim=-1)[:, :n]
+    # each block's flag over its entries (an expand: no repeat count for the device to size)
+    return keep[:, :, None].expand(rows, nblocks, block_size).flatten(1)[:, :n]
 
 
 def top_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
