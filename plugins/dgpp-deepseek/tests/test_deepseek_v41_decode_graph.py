@@ -68,7 +68,7 @@ def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
 
 
 def test_the_decode_step_reads_no_device_value_on_the_host(model) -> None:
-    from dgpp.bench.launches import count_step, cuda_path
+    from dgpp.bench.launches import count_step
 
     assert model.decode_graph_safe
     staged: list[int] = []
@@ -86,7 +86,7 @@ def test_the_decode_step_reads_no_device_value_on_the_host(model) -> None:
             work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
             batch = build_batch(work, pools)
             out: list[torch.Tensor] = []
-            found = count_step(model, lambda b=batch: out.append(graphs.run(b)))
+            found = count_step(model, lambda b=batch, o=out: o.append(graphs.run(b)))
             launches = [c for layer in found.layers for c in layer] + list(found.outside)
             assert launches, "nothing was counted"
             syncs = sorted({name for name in launches if name.startswith("sync:")})
@@ -129,7 +129,7 @@ def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(model, sizes) -> 
             eager = runner.step(work)
             assert torch.equal(padded, eager)
             # the padding rows wrote nothing: the caches end the same either way
-            for (live, copy) in after_padded:
+            for live, copy in after_padded:
                 assert torch.equal(live, copy)
             last = torch.argmax(eager, -1).tolist()
         assert graphs.stats.padded_rows == 4 * (sizes[0] - len(PROMPTS))

@@ -20,6 +20,7 @@ Triton launch (``dgpp.kernels.masked_rows``), else the torch reference's boolean
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -48,7 +49,9 @@ def _store(dst: torch.Tensor, rows: torch.Tensor, src: torch.Tensor, keep: torch
     (store_rows_triton if fused else store_rows_ref)(dst, rows, src, keep)
 
 
-def entry_rows_of(batch: ForwardBatch, entries: torch.Tensor, ratio: int, rows_per_block: int) -> torch.Tensor:
+def entry_rows_of(
+    batch: ForwardBatch, entries: torch.Tensor, ratio: int, rows_per_block: int
+) -> torch.Tensor:
     """Flat pool rows of one entry per row (``entries [R]``, in the block of its group's last position); padding
     rows' clamp to a real row, which a masked store leaves alone."""
     last = (entries + 1) * ratio - 1
@@ -96,7 +99,7 @@ def decode_scores(
     pool: torch.Tensor,
     batch: ForwardBatch,
     ratio: int,
-    decode_keys,
+    decode_keys: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """fp32 ``[R, E]`` index scores of every entry of each row's table, from the keys ``decode_keys`` gives for
     the pool's rows (the torch form of the scoring kernel: one matrix product per row, as the per-sequence form)."""

@@ -317,7 +317,9 @@ class EngramV41(nn.Module):
         if self._pending is not None:  # staged by ``stage_decode`` for this step
             looked, self._pending = self._pending, None
             if looked.shape[0] != streams.shape[0]:
-                raise RuntimeError(f"Engram rows staged for {looked.shape[0]} rows, the step has {streams.shape[0]}")
+                raise RuntimeError(
+                    f"Engram rows staged for {looked.shape[0]} rows, the step has {streams.shape[0]}"
+                )
         elif self.batched_decode and batch.is_decode_only:
             looked = self.table.rows(self.decode_row_ids(batch), streams.dtype)
         else:

@@ -31,7 +31,7 @@ from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
 from dgpp_deepseek.v41_decode import packed_forms
 from dgpp_deepseek.v41_engram import EngramV41
-from dgpp_deepseek.v41_indexer import GroupFlow
+from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_packed_entries import EntryFormats
 
 
@@ -156,18 +156,25 @@ class DeepseekV41ForCausalLM(Model):
         compressors, indexers and candidate pools in batched form (``v41_decode_rows``), Engram's rows gathered
         before the step (``stage_decode``). The bounded prefill's decoder picks its rows on the host, and the
         per-sequence forms (``batched_decode`` off) or the torch attention read host values: those decode eager."""
-        if self.bounded or packed_forms(self.entry_formats) is None or not (HAS_TRITON and current().triton_kernels):
+        if (
+            self.bounded
+            or packed_forms(self.entry_formats) is None
+            or not (HAS_TRITON and current().triton_kernels)
+        ):
             return False
-        parts = [m for m in self.modules() if hasattr(m, "batched_decode")]
-        fused = [m.fused_decode for m in self.modules() if isinstance(m, DeepseekV41Attention)]
-        return all(m.batched_decode for m in parts) and all(f is not False for f in fused)
+        for m in self.modules():
+            if isinstance(m, (CompressorV41, IndexerV41, EngramV41)) and not m.batched_decode:
+                return False
+            if isinstance(m, DeepseekV41Attention) and m.fused_decode is False:
+                return False
+        return True
 
     def stage_decode(self, batch: ForwardBatch) -> None:
         """Engram's rows of the step, gathered from the memory-mapped tables into the static buffers its layers
         read (``EngramV41.stage_decode``)."""
-        for layer in self.layers:
-            if layer.engram is not None and layer.engram.batched_decode:
-                layer.engram.stage_decode(batch)
+        for module in self.modules():
+            if isinstance(module, EngramV41) and module.batched_decode:
+                module.stage_decode(batch)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec = super().cache_spec()
