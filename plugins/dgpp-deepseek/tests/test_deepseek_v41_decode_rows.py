@@ -11,7 +11,6 @@ from test_deepseek_v41 import build_fp32_fixture
 from dgpp.kernels._triton import HAS_TRITON
 from dgpp.offline import engine_all_logits, greedy_generate, make_prompts
 from dgpp.plugin_api import load_model
-from dgpp_deepseek import v41_indexer
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
 from dgpp_deepseek.v41_engram import EngramV41
 from dgpp_deepseek.v41_indexer import CompressorV41, IndexerV41
@@ -33,13 +32,13 @@ def set_paths(model, *, batched: bool, fused: bool | None) -> None:
 
 def decode_both_ways(model, fused: bool | None, monkeypatch) -> None:
     taken = []
-    real = v41_indexer.ascending_picks
+    real = IndexerV41._decode_picks
 
-    def counted(*args):
+    def counted(self, *args):
         taken.append(1)
-        return real(*args)
+        return real(self, *args)
 
-    monkeypatch.setattr(v41_indexer, "ascending_picks", counted)
+    monkeypatch.setattr(IndexerV41, "_decode_picks", counted)
     prompts = make_prompts(model.info.vocab_size, (7, 19, 12), seed=5)
     results = []
     for batched in (False, True):

@@ -9,7 +9,9 @@ host; a decode step here computes every row at once and masks what a row must no
   its index key; the others store their row in the open-group buffer;
 - indexer: each row scores every entry of its table (-inf past the ``(p + 1) // r`` it sees), keeps the candidate
   source's blocks (``candidate_rows``, per row) or restricts to them, then its ``topk`` best (ties to the lower
-  entry), as ascending entry ids with a count (``DecodePicks``): the table the packed attention reads.
+  entry), as ascending entry ids with a count (``DecodePicks``): the table the packed attention reads. A decode
+  graph's table spans the whole pool, so on Triton devices the top-k reads each row's own entries only
+  (``kernel_picks``); the torch form sorts the row.
 
 Every per-row value is computed by the same ops as the per-sequence forms (batch-invariant linears, norms and
 softmax), so a row's entries and picks have the same bits either way. Padding rows (state slot -1 or ``seq_len``
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from dgpp.kernels.masked_rows import store_rows_ref, store_rows_triton
+from dgpp.kernels.top_k_rows import top_k_rows_triton
 from dgpp.nn.compressed_decode import entry_table
 from dgpp.plugin_api import ForwardBatch
 
@@ -120,6 +123,19 @@ def ascending_picks(chosen: torch.Tensor, k: int) -> DecodePicks:
     order = torch.sort(torch.where(chosen, ids, width + ids), dim=1).values[:, : min(k, width)]
     picks = torch.where(order < width, order, 0).to(torch.int32)
     return DecodePicks(picks, chosen.sum(dim=1, dtype=torch.int32))
+
+
+def kernel_picks(scores: torch.Tensor, visible: torch.Tensor, k: int) -> DecodePicks:
+    """``ascending_picks(top_mask(scores, k), k)`` on Triton devices: each row's ``k`` best among its ``visible``
+    entries by one radix-select launch that reads the row's own scores only (``dgpp.kernels.top_k_rows``, exact
+    ties to the lower entry), then the picks whose score is -inf (fewer than ``k`` finite ones: unseen or outside
+    the candidate blocks) dropped, the others kept in order (a sort of ``k`` columns, not of the table)."""
+    picks, _ = top_k_rows_triton(scores, visible, k)
+    width, taken = scores.shape[1], picks.shape[1]
+    seen = torch.arange(taken, device=scores.device)[None] < visible[:, None]
+    kept = seen & (scores.gather(1, picks.long()) > -math.inf)
+    order = torch.sort(torch.where(kept, picks, width + picks), dim=1).values
+    return DecodePicks(torch.where(order < width, order, 0).to(torch.int32), kept.sum(dim=1, dtype=torch.int32))
 
 
 def visible_entries(batch: ForwardBatch, ratio: int) -> torch.Tensor:

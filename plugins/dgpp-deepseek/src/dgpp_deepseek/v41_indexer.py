@@ -39,6 +39,7 @@ from dgpp_deepseek.v41_decode_rows import (
     ascending_picks,
     compress_decode_rows,
     decode_scores,
+    kernel_picks,
     mask_unseen,
     visible_entries,
 )
@@ -295,4 +296,6 @@ class IndexerV41(nn.Module):
             flow.candidate_rows = candidate_blocks(scores, visible, block_size, topk_blocks)
         elif self.restricted and flow.candidate_rows is not None:
             scores = scores.masked_fill(~flow.candidate_rows, -math.inf)
+        if packed_keys is not None:  # the fused path: the top-k in one kernel
+            return kernel_picks(scores, visible, self.topk)
         return ascending_picks(top_mask(scores, self.topk), self.topk)
