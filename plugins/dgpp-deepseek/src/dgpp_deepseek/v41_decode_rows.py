@@ -135,7 +135,9 @@ def kernel_picks(scores: torch.Tensor, visible: torch.Tensor, k: int) -> DecodeP
     seen = torch.arange(taken, device=scores.device)[None] < visible[:, None]
     kept = seen & (scores.gather(1, picks.long()) > -math.inf)
     order = torch.sort(torch.where(kept, picks, width + picks), dim=1).values
-    return DecodePicks(torch.where(order < width, order, 0).to(torch.int32), kept.sum(dim=1, dtype=torch.int32))
+    return DecodePicks(
+        torch.where(order < width, order, 0).to(torch.int32), kept.sum(dim=1, dtype=torch.int32)
+    )
 
 
 def visible_entries(batch: ForwardBatch, ratio: int) -> torch.Tensor:
