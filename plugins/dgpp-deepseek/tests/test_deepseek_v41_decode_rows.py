@@ -1,6 +1,7 @@
 """DeepSeek-V4.1-Flash's decode rows in batched device form (``dgpp_deepseek.v41_decode_rows``, Engram's device
 hash) give exactly the bits of the per-sequence forms they replace: the tiny fp32 fixture (every layer kind,
-candidates, Engram) decoded both ways, on the torch path and through the fused kernels (Triton interpreter)."""
+candidates, Engram) decoded both ways, on the torch path and through the fused kernels (Triton interpreter), and
+Engram's row ids and token ring from both hashes."""
 
 from __future__ import annotations
 
@@ -63,3 +64,36 @@ def test_batched_decode_rows_match_the_per_sequence_forms(model, monkeypatch):
 @pytest.mark.skipif(not HAS_TRITON, reason="needs triton (the interpreter runs on the CPU)")
 def test_batched_decode_rows_match_through_the_fused_kernels(model, monkeypatch):
     decode_both_ways(model, True, monkeypatch)
+
+
+@pytest.mark.parametrize("wrapping", [False, True])
+def test_engram_device_hash_gives_the_host_rows_and_ring(model, monkeypatch, wrapping) -> None:
+    """Random rings and tokens, rows at positions 0 .. 40 (before the n-gram fills: the pad class) and a padding
+    row: the device hash's row ids and ring equal the per-sequence hash's. ``wrapping``: multipliers near 2^62,
+    so the products wrap around int64 and the hashes go negative before the floored ``%``."""
+    from dgpp.engine.runner import build_batch
+    from dgpp.engine.work import SeqWork
+    from dgpp.step.pools import CachePools
+
+    engram = next(m for m in model.modules() if isinstance(m, EngramV41))
+    if wrapping:
+        big = (1 << 62) + 2 * torch.arange(engram.ngram, dtype=torch.int64) + 1
+        monkeypatch.setattr(engram, "multipliers", big)
+        monkeypatch.setattr(engram, "_device_hash", None)
+    positions = [0, 1, 2, 3, 7, 40]
+    pools = CachePools(model.cache_spec(), len(positions) * 4, 16, len(positions) + 1, "cpu")
+    ring = pools.state[engram.cache_name]["tokens"]
+    gen = torch.Generator().manual_seed(11)
+    ring.copy_(torch.randint(0, model.info.vocab_size, ring.shape, generator=gen))
+    tokens = torch.randint(0, model.info.vocab_size, (len(positions),), generator=gen).tolist()
+    work = [SeqWork(i, [4 * i + j for j in range(4)], p, [tokens[i]]) for i, p in enumerate(positions)]
+    before = ring.clone()
+    host = engram.row_ids(build_batch(work, pools))
+    host_ring = ring.clone()
+    ring.copy_(before)
+    # a padding row as the decode graphs pad one: it reads slot 0 harmlessly and writes nothing
+    padded = build_batch([*work, SeqWork(0, [0], 0, [0])], pools)
+    padded.state_slots[-1], padded.seq_lens[-1], padded.positions[-1] = -1, 0, 0
+    device = engram.decode_row_ids(padded)
+    assert torch.equal(device[: len(positions)], host)
+    assert torch.equal(ring, host_ring)
