@@ -105,15 +105,14 @@ def decode_scores(
     decode_keys: Callable[[torch.Tensor], torch.Tensor],
 ) -> torch.Tensor:
     """fp32 ``[R, E]`` index scores of every entry of each row's table, from the keys ``decode_keys`` gives for
-    the pool's rows (the torch form of the scoring kernel: one matrix product per row, as the per-sequence form)."""
+    the pool's rows (the torch form of the scoring kernel, a batched matrix product: each row's the bits of the
+    per-sequence form's product)."""
     table = entry_table(batch.block_tables, ratio, batch.cache.block_size)
     per_block = pool.shape[1]
     entry = torch.arange(table.shape[1] * per_block, device=q.device)
     rows = table[:, entry // per_block].long().clamp(min=0) * per_block + entry % per_block
     keys = decode_keys(pool.view(-1, pool.shape[-1])[rows])  # [R, E, dim] fp32
-    return torch.stack(
-        [(weights[row, :, None] * (q[row] @ keys[row].t()).clamp_min(0)).sum(0) for row in range(q.shape[0])]
-    )
+    return (weights[:, :, None] * torch.matmul(q, keys.transpose(1, 2)).clamp_min(0)).sum(1)
 
 
 def ascending_picks(chosen: torch.Tensor, k: int) -> DecodePicks:
