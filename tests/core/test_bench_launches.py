@@ -160,5 +160,6 @@ def test_hyper_connections_take_one_launch_per_collapse_and_expand(monkeypatch) 
 def test_single_pass_hyper_connections_take_one_launch_per_collapse_and_expand() -> None:
     for layer in count_decode(tiny_model("deepseek_v41", torch.bfloat16)).layers:
         assert layer["hc_collapse"] == 2 and layer["hc_expand"] == 2
-        # the torch chain's Sinkhorn passes were ~78 sums and 78 divisions a layer; router and Engram keep a few
-        assert "aten.softmax" not in layer and layer["aten.div"] < 20 and layer["aten.sum"] < 20
+        # the torch chain's Sinkhorn passes were ~78 sums and 78 divisions a layer; router and Engram keep a few,
+        # and a ratio-2 compressor's decode rows pool their pair with one softmax of its gates
+        assert layer["aten.softmax"] <= 1 and layer["aten.div"] < 20 and layer["aten.sum"] < 20

@@ -132,4 +132,4 @@ def test_dgpp_bench_decodes_the_tiny_v41_on_cpu(capsys) -> None:
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "greedy graph == eager for 12x2x6: True" in out and f"geometry {TINY}" in out
-    assert "DeepseekV41ForCausalLM decodes eager" in out
+    assert "decodes eager" not in out  # its decode step is CUDA-graph safe

@@ -8,7 +8,10 @@ graph's capture. Counted as one launch each:
 - a Triton kernel launch (``name`` without its ``_kernel`` suffix);
 - a torch op that writes memory (``aten.<op>``): an op that mutates an argument, or returns a tensor that shares
   no storage with its inputs. Views, no-op casts and bare allocations (``empty*``) launch nothing on a GPU;
-- a host read of a device value (``sync:<op>``: ``.item()``, ``bool(t)``), which a captured graph cannot replay.
+- a host read of a device value (``sync:<op>``: ``.item()``, ``bool(t)``, ``.tolist()``, ``.cpu()``, ``.numpy()``)
+  or an op whose result's size depends on the values (``nonzero``, ``masked_select``, ``unique``, a boolean-mask
+  index, ``repeat_interleave`` by a tensor), which a captured graph cannot replay. On CPU tensors a copy to the
+  host cannot be told from a no-op by device, so those methods count by name.
 
 Ops are attributed to the decoder layer that runs them: from a layer's start (it, or any of its modules, is
 called) to the next layer's start, and
@@ -44,7 +47,23 @@ DEFAULT_KINDS = ("qwen3", "mimo", "qwen3_5", "qwen3_5_moe", "flint", "qwen4_exp"
 # ops that only allocate: no kernel runs until something writes the memory
 _ALLOCATIONS = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
 # ops that read a device value on the host
-_SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "item", "nonzero", "equal"})
+_SYNCS = frozenset(
+    {
+        "_local_scalar_dense",
+        "is_nonzero",
+        "item",
+        "nonzero",
+        "equal",
+        "masked_select",
+        "unique",
+        "_unique",
+        "_unique2",
+        "unique_consecutive",
+        "unique_dim",
+    }
+)
+# tensor methods that read values on the host (counted by name: on a CPU tensor they copy nothing)
+_HOST_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu", torch.Tensor.numpy: "numpy"}
 _IS_CUDA = torch._C.TensorBase.is_cuda
 
 
@@ -83,6 +102,8 @@ class _CudaBranches(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if getattr(func, "__self__", None) is _IS_CUDA and not self.recorder.in_kernel:
             return True
+        if func in _HOST_READS:
+            self.recorder.add(f"sync:{_HOST_READS[func]}")
         return func(*args, **(kwargs or {}))
 
 
@@ -104,6 +125,13 @@ def _writes_memory(func: Any, args: tuple, kwargs: dict, out: Any) -> bool:
     return bool(produced) and not produced & _storages(list(args) + list(kwargs.values()))
 
 
+def _sized_by_values(name: str, args: tuple) -> bool:
+    """A boolean-mask index (it runs ``nonzero`` inside the op, out of the mode's sight) or a repeat by a tensor."""
+    if name in ("index", "index_put", "index_put_", "_index_put_impl_") and len(args) > 1:
+        return any(isinstance(t, torch.Tensor) and t.dtype == torch.bool for t in args[1])
+    return name == "repeat_interleave" and isinstance(args[0], torch.Tensor) and len(args) == 1
+
+
 class _CountOps(TorchDispatchMode):
     def __init__(self, recorder: _Recorder) -> None:
         super().__init__()
@@ -114,6 +142,8 @@ class _CountOps(TorchDispatchMode):
         out = func(*args, **kwargs)
         name = func.overloadpacket.__name__
         if name in _SYNCS:
+            self.recorder.add(f"sync:{name}")
+        elif _sized_by_values(name, args):
             self.recorder.add(f"sync:{name}")
         elif name not in _ALLOCATIONS and _writes_memory(func, args, kwargs, out):
             self.recorder.add(f"aten.{name}")

@@ -7,6 +7,9 @@ smallest captured size ``>= n``, its extra rows padded so they write nothing (``
 ``seq_len = 0``, ``state_slot = -1``) and read nothing that matters. All graphs share one memory
 pool and one set of static input buffers (views of the largest size), so memory is paid once.
 
+Before each replay (and each warm-up and capture) the model's ``stage_decode`` runs eagerly on the static batch:
+work that needs the host (a table gathered by the step's token ids) fills buffers the graph reads.
+
 Prefill and mixed steps stay eager. The captured model code must not sync with the host: on CUDA
 the ``dgpp.nn`` layers dispatch to ``dgpp.kernels`` for exactly that reason. Hybrid models run too: their
 decode-only conv and gated-delta steps read device tensors alone and skip padding rows (state slot -1).
@@ -177,6 +180,7 @@ class DecodeGraphs:
             stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(stream):
                 for _ in range(2):
+                    self.model.stage_decode(self._static_batch(size))
                     warm = self._forward(self._static_batch(size))
             torch.cuda.current_stream(self.device).wait_stream(stream)
             torch.cuda.synchronize(self.device)
@@ -191,6 +195,7 @@ class DecodeGraphs:
                 if kept is not None:
                     hidden_out = kept.new_empty((self.max_batch, *kept.shape[1:]))
             graph = torch.cuda.CUDAGraph()
+            self.model.stage_decode(self._static_batch(size))  # its buffers are what the graph reads
             with torch.cuda.graph(graph, pool=self.pool):
                 logits_out[:size].copy_(self._forward(self._static_batch(size)))
                 if hidden_out is not None and self.model.last_hidden is not None:
@@ -269,14 +274,15 @@ class DecodeGraphs:
 
     def _replay(self, size: int, rows: int, seq_lens: list[int], ctx: list[int]) -> torch.Tensor:
         self.stats.record(size, rows)
+        pad = size - rows
+        step = self._static_batch(size, list(seq_lens) + [0] * pad, list(ctx) + [0] * pad)
+        self.model.stage_decode(step)  # Model.stage_decode: eager work before the replay
         if self.use_graphs:
             self.graphs[size].replay()
             if self.model.keep_hidden:
                 self.model.last_hidden = self._hidden_rows(size, rows)
             return self.outputs[size][:rows].clone()
-        pad = size - rows
-        eager = self._static_batch(size, list(seq_lens) + [0] * pad, list(ctx) + [0] * pad)
-        logits = self._forward(eager)[:rows]
+        logits = self._forward(step)[:rows]
         if self.model.last_hidden is not None:
             self.model.last_hidden = self.model.last_hidden[:rows]
         return logits

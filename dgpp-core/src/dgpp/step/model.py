@@ -43,6 +43,12 @@ class Model(nn.Module, ABC):
     #: eager.
     decode_graph_safe: bool = True
 
+    def stage_decode(self, batch: ForwardBatch) -> None:
+        """Called before a decode step's forward or CUDA-graph replay (``dgpp.engine.graphs``), outside any capture:
+        work whose inputs are the step's token ids and positions alone, which may read device values on the host
+        (e.g. rows gathered from a host-side table into a static device buffer the forward reads). The forward
+        that follows consumes what it staged. Default: nothing."""
+
     def keep_last_hidden(self, hidden: torch.Tensor) -> None:
         """Remember every row's hidden for a drafter when ``keep_hidden`` is on (drop the last one otherwise)."""
         self.last_hidden = hidden if self.keep_hidden else None

@@ -26,7 +26,12 @@ from dgpp.nn.rotary import RopeScaling, rotary_embedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, WindowKV
 from dgpp_deepseek.attention import LatentProjections, grouped_output
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
-from dgpp_deepseek.v41_decode import index_key_forms, packed_decode_attention, packed_forms
+from dgpp_deepseek.v41_decode import (
+    index_key_forms,
+    packed_decode_attention,
+    packed_forms,
+    per_row_selection,
+)
 from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_latent_formats import round_fp8_e8m0
 from dgpp_deepseek.v41_packed_entries import EntryFormats
@@ -120,7 +125,7 @@ class DeepseekV41Attention(LatentProjections):
         # the bounded decoder's window floors stay on the torch path
         if fused and forms is not None and batch.is_decode_only and not flow.window_floor:
             if self.ratio:
-                self._select(x, q_resid, batch, flow, index_key_forms(self.formats))
+                self._select(x, q_resid, batch, flow, index_key_forms(self.formats), fused=True)
             out = packed_decode_attention(self, q, kv, batch, flow.selection, forms)
             return self._output(out, batch)
         stored = batch.cache.state[self.cache_name]["k"]
@@ -158,7 +163,7 @@ class DeepseekV41Attention(LatentProjections):
                 scale,
                 self.window,
                 self.ratio,
-                flow.selection,
+                per_row_selection(flow.selection, batch),
                 flow.window_floor,
                 read_entries=lambda rows: self.formats.main.decode(rows, self.dtype),
             )
@@ -173,11 +178,12 @@ class DeepseekV41Attention(LatentProjections):
         batch: ForwardBatch,
         flow: GroupFlow,
         packed_keys: PackedKeyForms | None = None,
+        fused: bool = False,
     ) -> None:
         """The group's entries this step completes (before anyone reads them), then the index source's picks
-        (``packed_keys``: scored in the kernel that reads the packed keys)."""
+        (``packed_keys``: scored in the kernel that reads the packed keys; ``fused``: the fused decode path)."""
         if self.compressor is not None:
-            self.compressor(x, batch)
+            self.compressor(x, batch, fused)
         if self.indexer is not None:
             keys = f"{self.source_name}.indexer"
             flow.selection = self.indexer(x, q_resid, batch, keys, self.ratio, flow, packed_keys)

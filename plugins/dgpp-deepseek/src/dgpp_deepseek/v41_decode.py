@@ -7,8 +7,9 @@ to exactly the values ``v41_packed_entries``' ``decode`` gives, so nothing is de
 beforehand. The step's rows then join the rings in one launch that quantizes them
 (``dgpp.kernels.block_scaled_ring_write``). Both launches read no host value and give a row the same bits alone or
 batched. The index sources score the step's rows in one kernel over the packed index keys (``index_key_forms``,
-``IndexerV41``); the compressor, the candidate blocks and the top-k run per sequence in torch, and their selection
-(``GroupFlow.selection``, per row) becomes a padded pick table and per-row counts on the host.
+``IndexerV41``); the compressor, the candidate blocks and the top-k run batched on the device
+(``dgpp_deepseek.v41_decode_rows``), whose ``DecodePicks`` are the kernel's pick table and per-row counts as they
+are (a per-row selection, the per-sequence forms', becomes one on the host: ``pick_table``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from dgpp.kernels.compressed_decode_attention import (
 from dgpp.nn.compressed_decode import entry_table
 from dgpp.nn.window_compressor import live_sequences
 from dgpp.plugin_api import ForwardBatch
+from dgpp_deepseek.v41_decode_rows import DecodePicks
 from dgpp_deepseek.v41_indexer import Selection
 from dgpp_deepseek.v41_packed_entries import EntryFormats, PackedFP4, PackedFP8
 
@@ -85,12 +87,23 @@ def pick_table(selection: Selection, batch: ForwardBatch, ratio: int) -> tuple[t
     return picks, counts
 
 
+def per_row_selection(selection: Selection | DecodePicks, batch: ForwardBatch) -> Selection:
+    """A decode step's picks as the per-row list the torch attention reads (host reads: the reference path)."""
+    if not isinstance(selection, DecodePicks):
+        return selection
+    counts = selection.counts.tolist()
+    out: Selection = [None] * len(counts)
+    for _b, start, _q_len, _ctx, _end, _slot in live_sequences(batch):
+        out[start] = selection.picks[start, : counts[start]].long()
+    return out
+
+
 def packed_decode_attention(
     layer: DecodeLayer,
     q: torch.Tensor,
     kv: torch.Tensor,
     batch: ForwardBatch,
-    selection: Selection,
+    selection: Selection | DecodePicks,
     forms: PackedKeyForms,
 ) -> torch.Tensor:
     """``[R, H, D]`` attention of a decode step over the layer's packed ring and its group's packed pool, then the
@@ -100,7 +113,10 @@ def packed_decode_attention(
     if layer.ratio:
         pool = batch.cache.kv[f"{layer.source_name}.compressor"][0]
         table = entry_table(batch.block_tables, layer.ratio, batch.cache.block_size)
-        picks, counts = pick_table(selection, batch, layer.ratio)
+        if isinstance(selection, DecodePicks):  # the batched decode form: already the kernel's table
+            picks, counts = selection
+        else:
+            picks, counts = pick_table(selection, batch, layer.ratio)
         ratio = layer.ratio
     else:  # a window-only layer: no entries, an empty pool the kernel never reads
         width = layer.head_dim // 2 + layer.head_dim // forms.entry_block

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from dgpp.kernels.masked_rows import store_rows
 from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
@@ -38,6 +39,7 @@ from dgpp.nn.window_compressor import live_sequences
 from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, StateSpec
 from dgpp.quant.codecs import e8m0_to_float, fp8_e4m3_to_float
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_decode_rows import live_rows
 
 _NUMPY = {
     "F8_E4M3": np.uint8,
@@ -203,6 +205,14 @@ class EngramV41(nn.Module):
         self.pad_class = 0
         self.multipliers = torch.zeros(0, dtype=torch.int64)
         self.primes = torch.zeros(0, dtype=torch.int64)  # [(ngram - 1) * heads] in (n-gram, head) order
+        # decode steps hash on the device (False: the per-sequence form, the reference it matches)
+        self.batched_decode = True
+        self.dtype = dtype
+        self._device_hash: tuple[torch.Tensor, ...] | None = None  # classes, multipliers, primes, offsets
+        # decode steps' looked-up rows, gathered before the forward (``stage_decode``): per row count, the static
+        # device buffer a captured graph reads and its pinned host mirror
+        self._staged: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._pending: torch.Tensor | None = None
 
     def attach(
         self, table: EngramTable, classes: list[int], pad_token: int, primes: list[list[int]], seed_layer: int
@@ -218,6 +228,7 @@ class EngramV41(nn.Module):
         )
         self.multipliers = torch.tensor([int(v) * 2 + 1 for v in values], dtype=torch.int64)
         self.primes = torch.tensor([p for sizes in primes for p in sizes], dtype=torch.int64)
+        self._device_hash = None
 
     def table_bytes_per_token(self) -> int:
         """Table bytes one token's lookup reads (a row per n-gram size and head), for the decode roofline."""
@@ -252,10 +263,68 @@ class EngramV41(nn.Module):
             ring[slot, torch.arange(keep, end, device=ring.device) % back] = line[keep - lo :].to(ring.device)
         return out
 
+    def _hash_on(self, device: torch.device) -> tuple[torch.Tensor, ...]:
+        """(classes, multipliers, primes, range offsets) on ``device``, copied there once."""
+        if self._device_hash is None or self._device_hash[0].device != device:
+            assert self.classes is not None
+            offsets = torch.cumsum(torch.cat([torch.zeros(1, dtype=torch.int64), self.primes[:-1]]), 0)
+            consts = (self.classes, self.multipliers, self.primes, offsets)
+            self._device_hash = tuple(t.to(device) for t in consts)
+        return self._device_hash
+
+    def decode_row_ids(self, batch: ForwardBatch) -> torch.Tensor:
+        """``row_ids`` of a decode step (one token per row) on the device, no host read: the n-grams ending at each
+        row's token from its ring; the token joins the ring (a padding row reads slot 0 and writes nothing).
+        The same int64 ops as ``row_ids`` (wrapping products, XOR, a floored ``%`` by positive primes)."""
+        classes, multipliers, primes, offsets = self._hash_on(batch.input_ids.device)
+        ring = batch.cache.state[self.cache_name]["tokens"]
+        back = self.ngram - 1
+        pos, tokens = batch.positions.long(), batch.input_ids.long()
+        slot = batch.state_slots.long().clamp(min=0)
+        rolling = classes[tokens] * multipliers[0]
+        parts = []
+        for shift in range(1, self.ngram):
+            before = pos - shift
+            earlier = classes[ring[slot, before % back]]
+            rolling = rolling ^ (torch.where(before >= 0, earlier, self.pad_class) * multipliers[shift])
+            heads = slice((shift - 1) * self.heads, shift * self.heads)
+            parts.append(rolling[:, None] % primes[heads] + offsets[heads])
+        store_rows(ring.view(-1, 1), slot * back + pos % back, tokens[:, None], live_rows(batch))
+        return torch.cat(parts, dim=1)
+
+    def stage_decode(self, batch: ForwardBatch) -> None:
+        """Gather a decode step's rows before its forward (or graph replay), which then reads them from a static
+        device buffer. The table stays memory-mapped on the host, so the rows' ids are read there: this waits for
+        the step's token ids on the device (an overlapped step's come from the previous step's sampling). That
+        wait also orders the pinned mirror's rewrite after the previous step's copy out of it."""
+        assert self.table is not None
+        ids = self.decode_row_ids(batch)
+        rows = self.table.rows(ids.cpu(), self.dtype)
+        staged = self._staged.get(ids.shape[0])
+        if staged is None or staged[0].device != ids.device:
+            pin = ids.device.type == "cuda"
+            pinned = torch.empty(rows.shape, dtype=rows.dtype, pin_memory=pin)
+            staged = (torch.empty(rows.shape, dtype=rows.dtype, device=ids.device), pinned)
+            self._staged[ids.shape[0]] = staged
+        device_rows, pinned = staged
+        pinned.copy_(rows)
+        device_rows.copy_(pinned, non_blocking=True)
+        self._pending = device_rows
+
     def forward(self, streams: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """``streams [T, hc, hidden]`` with the gated lookup added to every stream."""
         assert self.table is not None
-        looked = self.table.rows(self.row_ids(batch).to(streams.device), streams.dtype).flatten(1)
+        if self._pending is not None:  # staged by ``stage_decode`` for this step
+            looked, self._pending = self._pending, None
+            if looked.shape[0] != streams.shape[0]:
+                raise RuntimeError(
+                    f"Engram rows staged for {looked.shape[0]} rows, the step has {streams.shape[0]}"
+                )
+        elif self.batched_decode and batch.is_decode_only:
+            looked = self.table.rows(self.decode_row_ids(batch), streams.dtype)
+        else:
+            looked = self.table.rows(self.row_ids(batch).to(streams.device), streams.dtype)
+        looked = looked.flatten(1)
         kv = self.wkv(looked)
         key = kv[:, : self.streams * self.hidden].view(-1, self.streams, self.hidden).float()
         value = kv[:, self.streams * self.hidden :]

@@ -34,6 +34,15 @@ from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.window_compressor import FP32WeightRMSNorm, entry_slots, gather_entries, live_sequences
 from dgpp.plugin_api import CacheSpec, CompressedKV, ForwardBatch, WindowBuffer
+from dgpp_deepseek.v41_decode_rows import (
+    DecodePicks,
+    ascending_picks,
+    compress_decode_rows,
+    decode_scores,
+    kernel_picks,
+    mask_unseen,
+    visible_entries,
+)
 from dgpp_deepseek.v41_latent_formats import round_fp4_e8m0
 from dgpp_deepseek.v41_packed_entries import EntryFormats
 
@@ -42,11 +51,13 @@ Selection = list[torch.Tensor | None]  # per row: the entries it attends (None: 
 
 @dataclass
 class GroupFlow:
-    """What passes between the layers of one forward: the last index source's selection per row, and the
-    candidate source's kept entries per sequence (bool ``[q_len, entries]``)."""
+    """What passes between the layers of one forward: the last index source's selection (per row, or a decode
+    step's ``DecodePicks``), and the candidate source's kept entries per sequence (bool ``[q_len, entries]``; a
+    decode step's per row in ``candidate_rows``, bool ``[R, entries]``)."""
 
-    selection: Selection = field(default_factory=list)
+    selection: Selection | DecodePicks = field(default_factory=list)
     candidates: dict[int, torch.Tensor] = field(default_factory=dict)
+    candidate_rows: torch.Tensor | None = None
     window_floor: dict[int, int] = field(default_factory=dict)  # the bounded decoder's, per sequence index
 
 
@@ -78,6 +89,8 @@ class CompressorV41(nn.Module):
         self.wk = Linear(head_dim, index_head_dim, dtype=dtype)
         self.k_norm = FP32WeightRMSNorm(index_head_dim, eps)
         self.index_head_dim = index_head_dim
+        # decode steps take the batched device form (False: the per-sequence form, the reference it matches)
+        self.batched_decode = True
 
     @property
     def buffer_name(self) -> str:
@@ -92,7 +105,7 @@ class CompressorV41(nn.Module):
             spec[self.buffer_name] = WindowBuffer(rows=self.ratio, width=self.head_dim, dtype=torch.float32)
         return spec
 
-    def _pool(self, kv: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    def pool_groups(self, kv: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
         """``[n, r, D]`` rows (and gates) of complete groups -> the normed latents ``[n, D]``."""
         if gate is None:
             return self.norm(kv[:, 0])
@@ -104,12 +117,23 @@ class CompressorV41(nn.Module):
         )
         return self.norm((kv.float() * weights).sum(dim=1).to(self.dtype))
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> None:
-        """Publish the entries (and index keys) of every group this step completes; buffer the open pair."""
+    def entry_rows(self, latent: torch.Tensor, entries: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stored rows (main entry, index key) of entries ``entries [n]`` from their pooled latents."""
+        at = entries * self.ratio
+        keys = self.rotary.rotate(self.k_norm(self.wk(latent))[:, None, :], at)[:, 0]
+        main = self.rotary.rotate(latent[:, None, :], at)[:, 0]
+        return self.formats.main.encode(main), self.formats.index.encode(keys)
+
+    def forward(self, x: torch.Tensor, batch: ForwardBatch, fused: bool = False) -> None:
+        """Publish the entries (and index keys) of every group this step completes; buffer the open pair. A decode
+        step takes the batched form (``dgpp_deepseek.v41_decode_rows``; ``fused``: its stores in Triton)."""
         if self.wgate is None:
             kv, gate = self.wkv(x), None
         else:  # fp32 projections of the bf16 rows: pooled in fp32, rounded once
             kv, gate = self.wkv(x.float()), self.wgate(x.float())
+        if self.batched_decode and batch.is_decode_only:
+            compress_decode_rows(self, kv, gate, batch, fused)
+            return
         r, block_size = self.ratio, batch.cache.block_size
         pool, index_pool = batch.cache.kv[self.cache_name][0], batch.cache.kv[self.index_name][0]
         for seq in live_sequences(batch):
@@ -132,13 +156,10 @@ class CompressorV41(nn.Module):
                 continue
             grouped_kv = rows_kv[: done * r].unflatten(0, (done, r))
             grouped_gate = rows_gate[: done * r].unflatten(0, (done, r)) if rows_gate is not None else None
-            latent = self._pool(grouped_kv, grouped_gate)
+            latent = self.pool_groups(grouped_kv, grouped_gate)
             entries = torch.arange(lo // r, end // r, device=x.device)
-            at = entries * r
-            keys = self.rotary.rotate(self.k_norm(self.wk(latent))[:, None, :], at)[:, 0]
-            main = self.rotary.rotate(latent[:, None, :], at)[:, 0]
-            stored = ((pool, self.formats.main.encode(main)), (index_pool, self.formats.index.encode(keys)))
-            for target, rows in stored:
+            main, keys = self.entry_rows(latent, entries)
+            for target, rows in ((pool, main), (index_pool, keys)):
                 slots = entry_slots(batch.block_tables[b], entries, r, block_size, target.shape[1])
                 flat = target.view(-1, target.shape[-1])
                 flat.index_copy_(0, slots, rows.to(flat.dtype))
@@ -158,7 +179,8 @@ def candidate_blocks(
     ids = torch.arange(nblocks, device=scores.device)
     block_score = torch.where((ids[None] == newest[:, None]) & (visible[:, None] > 0), math.inf, block_score)
     keep = top_mask(block_score, topk_blocks)
-    return keep.repeat_interleave(block_size, dim=-1)[:, :n]
+    # each block's flag over its entries (an expand: no repeat count for the device to size)
+    return keep[:, :, None].expand(rows, nblocks, block_size).flatten(1)[:, :n]
 
 
 def top_mask(scores: torch.Tensor, k: int) -> torch.Tensor:
@@ -191,6 +213,8 @@ class IndexerV41(nn.Module):
         self.weights_proj = Linear(hidden_size, heads, dtype=dtype)
         self.candidates: tuple[int, int] | None = None  # (block_size, topk_blocks) on the candidate source
         self.restricted = False  # selects inside the candidate source's blocks
+        # decode steps take the batched device form (False: the per-sequence form, the reference it matches)
+        self.batched_decode = True
 
     def forward(
         self,
@@ -201,14 +225,17 @@ class IndexerV41(nn.Module):
         ratio: int,
         flow: GroupFlow,
         packed_keys: PackedKeyForms | None = None,
-    ) -> Selection:
+    ) -> Selection | DecodePicks:
         """Each row's selection. ``packed_keys`` (a decode step where Triton runs): every row's scores in one
-        kernel that reads the packed index keys (``dgpp.kernels.dsa_index``), else row by row over decoded keys."""
+        kernel that reads the packed index keys (``dgpp.kernels.dsa_index``), else row by row over decoded keys.
+        A decode step selects in batched form (``DecodePicks``)."""
         rows = x.shape[0]
         q = self.rotary.rotate(self.wq_b(q_resid).view(rows, self.heads, self.head_dim), batch.positions)
         q = round_fp4_e8m0(q).float()
         weights = self.weights_proj(x).float() * (self.head_dim * self.heads) ** -0.5
         pool = batch.cache.kv[keys_name][0]
+        if self.batched_decode and batch.is_decode_only:
+            return self._decode_picks(q, weights, pool, batch, ratio, flow, packed_keys)
         selection: Selection = [None] * rows
         every = None
         if packed_keys is not None:
@@ -243,3 +270,32 @@ class IndexerV41(nn.Module):
             for i in range(q_len):
                 selection[start + i] = chosen[i].nonzero()[:, 0]
         return selection
+
+    def _decode_picks(
+        self,
+        q: torch.Tensor,
+        weights: torch.Tensor,
+        pool: torch.Tensor,
+        batch: ForwardBatch,
+        ratio: int,
+        flow: GroupFlow,
+        packed_keys: PackedKeyForms | None,
+    ) -> DecodePicks:
+        """``forward`` of a decode step: every row over its whole entry table at once, nothing read on the host."""
+        visible = visible_entries(batch, ratio)
+        if packed_keys is not None:
+            table = entry_table(batch.block_tables, ratio, batch.cache.block_size)
+            scores = index_scores_triton(q, weights, pool, table, visible, 1.0, packed=packed_keys)
+        else:
+            scores = decode_scores(
+                q, weights, pool, batch, ratio, lambda rows: self.formats.index.decode(rows, torch.float32)
+            )
+        scores = mask_unseen(scores, visible)
+        if self.candidates is not None:
+            block_size, topk_blocks = self.candidates
+            flow.candidate_rows = candidate_blocks(scores, visible, block_size, topk_blocks)
+        elif self.restricted and flow.candidate_rows is not None:
+            scores = scores.masked_fill(~flow.candidate_rows, -math.inf)
+        if packed_keys is not None:  # the fused path: the top-k in one kernel
+            return kernel_picks(scores, visible, self.topk)
+        return ascending_picks(top_mask(scores, self.topk), self.topk)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.kernels._triton import HAS_TRITON
 from dgpp.nn.decoder import causal_lm_info
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, to_streams
@@ -23,12 +24,14 @@ from dgpp.nn.moe import RoutingConfig
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
 from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, World
+from dgpp.policy import current
 from dgpp_deepseek.model import sparse_moe
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
 from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
 from dgpp_deepseek.v41_config import DeepseekV41ArchConfig
+from dgpp_deepseek.v41_decode import packed_forms
 from dgpp_deepseek.v41_engram import EngramV41
-from dgpp_deepseek.v41_indexer import GroupFlow
+from dgpp_deepseek.v41_indexer import CompressorV41, GroupFlow, IndexerV41
 from dgpp_deepseek.v41_packed_entries import EntryFormats
 
 
@@ -109,9 +112,6 @@ class DeepseekV41ForCausalLM(Model):
 
     #: the layers whose attention input's stream mean is kept (set by the DSpark drafter)
     feature_layers: tuple[int, ...] = ()
-    #: a decode step reads host-side lengths and slots (each sequence's selection, the compressors' open groups,
-    #: Engram's rows gathered on the host), which a CUDA graph would replay frozen: decode runs eager
-    decode_graph_safe = False
 
     def __init__(
         self,
@@ -149,6 +149,32 @@ class DeepseekV41ForCausalLM(Model):
             group=self.group,
         )
         self.info = causal_lm_info(cfg, self.dtype, hybrid=True)
+
+    @property
+    def decode_graph_safe(self) -> bool:  # type: ignore[override]
+        """A decode step reads no host value where it runs the fused kernels over the packed caches: the
+        compressors, indexers and candidate pools in batched form (``v41_decode_rows``), Engram's rows gathered
+        before the step (``stage_decode``). The bounded prefill's decoder picks its rows on the host, and the
+        per-sequence forms (``batched_decode`` off) or the torch attention read host values: those decode eager."""
+        if (
+            self.bounded
+            or packed_forms(self.entry_formats) is None
+            or not (HAS_TRITON and current().triton_kernels)
+        ):
+            return False
+        for m in self.modules():
+            if isinstance(m, (CompressorV41, IndexerV41, EngramV41)) and not m.batched_decode:
+                return False
+            if isinstance(m, DeepseekV41Attention) and m.fused_decode is False:
+                return False
+        return True
+
+    def stage_decode(self, batch: ForwardBatch) -> None:
+        """Engram's rows of the step, gathered from the memory-mapped tables into the static buffers its layers
+        read (``EngramV41.stage_decode``)."""
+        for module in self.modules():
+            if isinstance(module, EngramV41) and module.batched_decode:
+                module.stage_decode(batch)
 
     def cache_spec(self) -> dict[str, CacheSpec]:
         spec = super().cache_spec()
