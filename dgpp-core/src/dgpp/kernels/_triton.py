@@ -39,9 +39,14 @@ except ImportError:  # pragma: no cover - exercised only on installs without tri
 __all__ = ["HAS_TRITON", "next_pow2", "tl", "triton", "use_triton"]
 
 
+def triton_enabled() -> bool:
+    """Triton is installed and the policy runs its kernels (``DGPP_KERNELS=torch`` forces the references)."""
+    return HAS_TRITON and current().triton_kernels
+
+
 def use_triton(x: torch.Tensor) -> bool:
     """Triton on CUDA tensors; ``DGPP_KERNELS=torch`` forces the references (A/B checks on a GPU)."""
-    return HAS_TRITON and x.is_cuda and current().triton_kernels
+    return x.is_cuda and triton_enabled()
 
 
 def next_pow2(n: int) -> int:

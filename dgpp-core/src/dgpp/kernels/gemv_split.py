@@ -73,7 +73,8 @@ def device_sms(x: torch.Tensor) -> int | None:
     tests pass one in) and under ``DGPP_GEMV_SPLIT=0`` (the policy's ``gemv_split``, fixed for the process)."""
     from dgpp.policy import current
 
-    return _device_sms(x.device) if x.is_cuda and current().gemv_split else None
+    # the device's type, not ``x.is_cuda``: the CPU launch counter (dgpp.bench.launches) answers is_cuda yes
+    return _device_sms(x.device) if x.device.type == "cuda" and current().gemv_split else None
 
 
 def split_buffers(

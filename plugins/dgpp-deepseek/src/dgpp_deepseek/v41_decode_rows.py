@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -32,8 +32,27 @@ from dgpp.kernels.top_k_rows import top_k_rows_triton
 from dgpp.nn.compressed_decode import entry_table
 from dgpp.plugin_api import ForwardBatch
 
-if TYPE_CHECKING:
-    from dgpp_deepseek.v41_indexer import CompressorV41
+
+class DecodeCompressor(Protocol):
+    """What a decode step reads of a V4.1 compressor (``dgpp_deepseek.v41_indexer.CompressorV41``)."""
+
+    @property
+    def ratio(self) -> int: ...
+
+    @property
+    def buffer_name(self) -> str: ...
+
+    @property
+    def cache_name(self) -> str: ...
+
+    @property
+    def index_name(self) -> str: ...
+
+    def pool_groups(self, kv: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor: ...
+
+    def entry_rows(
+        self, latent: torch.Tensor, entries: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
 
 
 class DecodePicks(NamedTuple):
@@ -65,7 +84,7 @@ def entry_rows_of(
 
 
 def compress_decode_rows(
-    comp: CompressorV41, kv: torch.Tensor, gate: torch.Tensor | None, batch: ForwardBatch, fused: bool
+    comp: DecodeCompressor, kv: torch.Tensor, gate: torch.Tensor | None, batch: ForwardBatch, fused: bool
 ) -> None:
     """``CompressorV41.forward`` of a decode step, given the rows' projections ``kv`` (and ``gate`` at ratio > 1)."""
     r = comp.ratio

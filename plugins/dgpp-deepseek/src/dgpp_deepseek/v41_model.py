@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dgpp.kernels._triton import HAS_TRITON
+from dgpp.kernels._triton import triton_enabled
 from dgpp.nn.decoder import causal_lm_info
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.hyper_connections import HyperConnection, to_streams
@@ -24,7 +24,6 @@ from dgpp.nn.moe import RoutingConfig
 from dgpp.nn.parallel import all_reduce
 from dgpp.nn.window_compressor import FP32WeightRMSNorm
 from dgpp.plugin_api import CacheSpec, ConfigError, ForwardBatch, Model, World
-from dgpp.policy import current
 from dgpp_deepseek.model import sparse_moe
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
 from dgpp_deepseek.v41_bounded import decoder_rows, tail_spec
@@ -156,11 +155,7 @@ class DeepseekV41ForCausalLM(Model):
         compressors, indexers and candidate pools in batched form (``v41_decode_rows``), Engram's rows gathered
         before the step (``stage_decode``). The bounded prefill's decoder picks its rows on the host, and the
         per-sequence forms (``batched_decode`` off) or the torch attention read host values: those decode eager."""
-        if (
-            self.bounded
-            or packed_forms(self.entry_formats) is None
-            or not (HAS_TRITON and current().triton_kernels)
-        ):
+        if self.bounded or packed_forms(self.entry_formats) is None or not triton_enabled():
             return False
         for m in self.modules():
             if isinstance(m, (CompressorV41, IndexerV41, EngramV41)) and not m.batched_decode:
