@@ -108,7 +108,7 @@ def test_policy_switch_turns_the_split_off(monkeypatch) -> None:
 
     from dgpp.policy import overriding
 
-    monkeypatch.setattr(gemv_split, "_device_sms", lambda device: H100_SMS)
+    monkeypatch.setattr(gemv_split, "device_sm_count", lambda device: H100_SMS)
     gpu_rows = SimpleNamespace(is_cuda=True, device=torch.device("cuda:0"))  # stands in for a CUDA tensor
     assert gemv_split.device_sms(gpu_rows) == H100_SMS
     with overriding(gemv_split=False):

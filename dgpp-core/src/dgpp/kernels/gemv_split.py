@@ -21,10 +21,11 @@ count, so prefill-size calls give their rows the decode rows' bits.
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
+
+from dgpp.kernels.split_partials import device_sm_count
 
 FILLING_COLUMNS = 4096  # from here on ``_tile`` picks 32-wide tiles: the grid fills the SMs, K is never split
 MIN_PROGRAMS_PER_SM = 1.5
@@ -63,18 +64,13 @@ def slice_columns(k_dim: int, split: int) -> int:
     return math.ceil(math.ceil(k_dim / split) / SLICE_ALIGN) * SLICE_ALIGN
 
 
-@functools.cache
-def _device_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def device_sms(x: torch.Tensor) -> int | None:
     """The SM count the rule sees for ``x``: its GPU's, or None (no split) off CUDA (the interpreter and CPU
     tests pass one in) and under ``DGPP_GEMV_SPLIT=0`` (the policy's ``gemv_split``, fixed for the process)."""
     from dgpp.policy import current
 
     # the device's type, not ``x.is_cuda``: the CPU launch counter (dgpp.bench.launches) answers is_cuda yes
-    return _device_sms(x.device) if x.device.type == "cuda" and current().gemv_split else None
+    return device_sm_count(x.device) if x.device.type == "cuda" and current().gemv_split else None
 
 
 def split_buffers(

@@ -5,7 +5,17 @@ on which program finished last)."""
 
 from __future__ import annotations
 
+import functools
+
+import torch
+
 from dgpp.kernels._triton import tl, triton
+
+
+@functools.cache
+def device_sm_count(device: torch.device) -> int:
+    """The SM count a split rule spreads a launch's programs over (queried once per device)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 @triton.jit

@@ -14,11 +14,11 @@ the partials meet in the same launch through a per-device arrival counter, alloc
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Callable
 
 import torch
 
+from dgpp.kernels.split_partials import device_sm_count
 from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
@@ -169,15 +169,10 @@ _COUNTERS: dict[torch.device, torch.Tensor] = {}
 MIN_COUNTERS = 16384
 
 
-@functools.cache
-def _device_sms(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def _sms(device: torch.device) -> int | None:
     if device.type != "cuda" or interpreting():
         return None
-    return _device_sms(device)
+    return device_sm_count(device)
 
 
 def row_block(m: int) -> int:
