@@ -163,3 +163,29 @@ def test_single_pass_hyper_connections_take_one_launch_per_collapse_and_expand()
         # the torch chain's Sinkhorn passes were ~78 sums and 78 divisions a layer; router and Engram keep a few,
         # and a ratio-2 compressor's decode rows pool their pair with one softmax of its gates
         assert layer["aten.softmax"] <= 1 and layer["aten.div"] < 20 and layer["aten.sum"] < 20
+
+
+class _Constants(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        table = torch.tensor([0.5, 1.0, 2.0, 4.0], device=x.device)  # on a GPU: a host-to-device copy
+        offsets = torch.as_tensor([1, 2, 3, 0])  # a CPU vector meets CUDA operands only through a copy
+        half = torch.tensor(0.5)  # a zero-dimensional CPU scalar: an operand, nothing copied
+        return x * table[offsets] * half
+
+
+class _ConstantsModel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([_Constants()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layers[0](x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden
+
+
+def test_tensors_built_from_host_data_count_as_copies_a_graph_refuses() -> None:
+    model = _ConstantsModel()
+    found = count_step(model, lambda: model(torch.ones(4)))
+    assert found.layers[0]["sync:tensor"] == 2

@@ -3,7 +3,8 @@ fixture: window-only, ratio-2 and ratio-1 layers, candidates, Engram):
 
 - along the CUDA path (every ``is_cuda`` answered yes, as inside the capture), the decode steps read no device
   value on the host and size nothing by values (``dgpp.bench.launches`` counts ``sync:*``: ``.item()``,
-  ``.tolist()``, ``.cpu()``, ``nonzero``, boolean-mask indexing, ...) from the forward's start to the logits;
+  ``.tolist()``, ``.cpu()``, ``nonzero``, boolean-mask indexing, ...) and build no tensor from host data (``sync:tensor``,
+  a host-to-device copy that a graph capture refuses) from the forward's start to the logits;
   Engram's rows are gathered before the forward (``Model.stage_decode``), where host reads are allowed;
 - the decode graphs' padded static inputs (rows padded to a captured size) give the eager step's logits bit for
   bit, Engram's staged rows included.

@@ -11,7 +11,10 @@ graph's capture. Counted as one launch each:
 - a host read of a device value (``sync:<op>``: ``.item()``, ``bool(t)``, ``.tolist()``, ``.cpu()``, ``.numpy()``)
   or an op whose result's size depends on the values (``nonzero``, ``masked_select``, ``unique``, a boolean-mask
   index, ``repeat_interleave`` by a tensor), which a captured graph cannot replay. On CPU tensors a copy to the
-  host cannot be told from a no-op by device, so those methods count by name.
+  host cannot be told from a no-op by device, so those methods count by name;
+- a tensor built from host data inside the step (``sync:tensor``: ``torch.tensor`` / ``torch.as_tensor`` of Python
+  values given a ``device``, or with dimensions): on a GPU a host-to-device copy, which a graph capture refuses
+  (a zero-dimensional CPU constant is a scalar operand and copies nothing).
 
 Ops are attributed to the decoder layer that runs them: from a layer's start (it, or any of its modules, is
 called) to the next layer's start, and
@@ -65,6 +68,17 @@ _SYNCS = frozenset(
 # tensor methods that read values on the host (counted by name: on a CPU tensor they copy nothing)
 _HOST_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu", torch.Tensor.numpy: "numpy"}
 _IS_CUDA = torch._C.TensorBase.is_cuda
+_FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor})
+
+
+def _copies_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
+    """Whether ``torch.tensor`` / ``torch.as_tensor`` built ``out`` from Python values that a GPU step would copy
+    to the device: given a device, or with dimensions (a CPU tensor with dimensions meets CUDA operands only
+    through a copy)."""
+    data = args[0] if args else kwargs.get("data")
+    if isinstance(data, torch.Tensor):
+        return False
+    return kwargs.get("device") is not None or (isinstance(out, torch.Tensor) and out.dim() > 0)
 
 
 @dataclass
@@ -104,7 +118,10 @@ class _CudaBranches(TorchFunctionMode):
             return True
         if func in _HOST_READS:
             self.recorder.add(f"sync:{_HOST_READS[func]}")
-        return func(*args, **(kwargs or {}))
+        out = func(*args, **(kwargs or {}))
+        if func in _FROM_HOST_DATA and _copies_host_data(args, kwargs or {}, out):
+            self.recorder.add("sync:tensor")
+        return out
 
 
 def _storages(values: Any) -> set[int]:

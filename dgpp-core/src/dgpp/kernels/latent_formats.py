@@ -27,8 +27,6 @@ from dgpp.kernels.kv_fp8 import E4M3_MAX, dequantize_rows, divide, quantize_rows
 from dgpp.step.cache_spec import FP4_BLOCK, KV_FP8, fp4_row_bytes
 
 E2M1_MAX = 6.0
-# e2m1 magnitudes by code (bit 3 is the sign)
-_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 # the rounding edges between neighbouring magnitudes; at an exact tie the even code wins, so the edge is
 # ">" where the lower neighbour is even and ">=" where the upper one is
 _EDGES = ((0.25, False), (0.75, True), (1.25, False), (1.75, True), (2.5, False), (3.5, True), (5.0, False))
@@ -51,10 +49,12 @@ def e2m1_codes(x: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_values(code: torch.Tensor) -> torch.Tensor:
-    """e2m1 codes -> fp32 values."""
-    table = torch.tensor(_E2M1, dtype=torch.float32, device=code.device)
-    magnitude = table[(code & 7).long()]
-    return torch.where((code & 8) != 0, -magnitude, magnitude)
+    """e2m1 codes -> fp32 values, by bit placement (no table: nothing is copied to the device, so a CUDA graph
+    can capture it): the sign to fp16's bit 15 and the exponent/mantissa bits to bits 9..11 read as
+    ``value * 2^-14`` (e2m1's subnormal 0.5 lands on fp16's), exact in fp32 after the power-of-two rescale."""
+    wide = code.to(torch.int32)
+    bits = ((wide & 7) << 9) | ((wide & 8) << 12)
+    return bits.to(torch.int16).view(torch.float16).float() * 16384.0
 
 
 def e4m3_values(code: torch.Tensor) -> torch.Tensor:
