@@ -13,7 +13,7 @@ graph's capture. Counted as one launch each:
   index, ``repeat_interleave`` by a tensor), which a captured graph cannot replay. On CPU tensors a copy to the
   host cannot be told from a no-op by device, so those methods count by name;
 - a tensor built from host data inside the step (``sync:tensor``: ``torch.tensor`` / ``torch.as_tensor`` of Python
-  values given a ``device``, or with dimensions): on a GPU a host-to-device copy, which a graph capture refuses
+  values given a ``device``, or with dimensions; ``t.new_tensor(values)``): on a GPU a host-to-device copy, which a graph capture refuses
   (a zero-dimensional CPU constant is a scalar operand and copies nothing).
 
 Ops are attributed to the decoder layer that runs them: from a layer's start (it, or any of its modules, is
@@ -68,13 +68,15 @@ _SYNCS = frozenset(
 # tensor methods that read values on the host (counted by name: on a CPU tensor they copy nothing)
 _HOST_READS = {torch.Tensor.tolist: "tolist", torch.Tensor.cpu: "cpu", torch.Tensor.numpy: "numpy"}
 _IS_CUDA = torch._C.TensorBase.is_cuda
-_FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor})
+_FROM_HOST_DATA = frozenset({torch.tensor, torch.as_tensor, torch.Tensor.new_tensor})
 
 
 def _copies_host_data(args: tuple[Any, ...], kwargs: dict[str, Any], out: Any) -> bool:
     """Whether ``torch.tensor`` / ``torch.as_tensor`` built ``out`` from Python values that a GPU step would copy
     to the device: given a device, or with dimensions (a CPU tensor with dimensions meets CUDA operands only
     through a copy)."""
+    if args and isinstance(args[0], torch.Tensor) and len(args) > 1:  # ``t.new_tensor(data)``: on t's device
+        return not isinstance(args[1], torch.Tensor)
     data = args[0] if args else kwargs.get("data")
     if isinstance(data, torch.Tensor):
         return False
