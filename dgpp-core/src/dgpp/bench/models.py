@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dgpp.offers import PackedRelease
 from dgpp.step.model import Model
 
 
@@ -142,6 +143,13 @@ def _own_builder(geometry: str) -> Callable[[dict[str, Any], str, int], Any] | N
     from dgpp.catalog import bench_geometry
 
     return bench_geometry(split_layers(geometry)[0]).build
+
+
+def packed_release(geometry: str) -> PackedRelease:
+    """How the geometry's packed releases name and leave dense its modules (``BenchGeometry.release``)."""
+    from dgpp.catalog import bench_geometry
+
+    return bench_geometry(split_layers(geometry)[0]).release
 
 
 def _keeps_tables(raw_config: dict[str, Any]) -> bool:

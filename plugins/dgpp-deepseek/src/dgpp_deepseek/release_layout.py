@@ -56,6 +56,12 @@ def dense_modules(tensor_names: Iterable[str]) -> list[str]:
     )
 
 
+def dense_entry(patterns: Iterable[str]) -> str:
+    """One anchored ``re:`` alternation of module-name regexes (a ``modules_to_not_convert`` entry the resolver
+    tries once per module)."""
+    return "re:^(" + "|".join(patterns) + ")$"
+
+
 def release_hf_config(hf_config: dict[str, Any], tensor_names: Iterable[str] | None = None) -> dict[str, Any]:
     """``hf_config`` with its ``quantization_config`` leaving dense what the release stores dense: the modules
     of ``tensor_names`` without a ``.scale`` (the checkpoint's own word), or ``RELEASE_DENSE`` without names.
@@ -70,8 +76,8 @@ def release_hf_config(hf_config: dict[str, Any], tensor_names: Iterable[str] | N
     else:
         patterns = [re.escape(m) for m in dense_modules(tensor_names)]
     ignore = list(qc.get("modules_to_not_convert") or [])
-    if patterns:  # one anchored alternation: the resolver tries it once per module
-        ignore.append("re:^(" + "|".join(patterns) + ")$")
+    if patterns:
+        ignore.append(dense_entry(patterns))
     return {**hf_config, KEY: {**qc, "modules_to_not_convert": ignore}}
 
 
