@@ -203,6 +203,14 @@ def test_transformers_runs_the_decoded_experts():
     assert (theirs - _logits(dense, prompts)).abs().max() > 1e-3  # transformers did change its weights
 
 
+def test_a_transformers_model_named_its_own_way_is_no_baseline(capsys):
+    """transformers' DeepSeek-V4 names its tensors otherwise (``model.embed_tokens`` for ``embed``): the HF
+    column is left out with one line saying why, instead of a missing-tensor error."""
+    dense, hf = build_pair("tiny-deepseek-v4", "cpu", torch.float32)
+    assert hf is None and dense is not None
+    assert "transformers names the weights its own way (no 'embed.weight'" in capsys.readouterr().out
+
+
 def test_bad_format_names_are_one_config_error():
     assert split_spec("nvfp4") == ("nvfp4", "nvfp4")
     assert split_spec("mxfp4+fp8_block") == ("mxfp4", "fp8_block")
