@@ -20,7 +20,13 @@ from dgpp.bench.decode import prefill_flops
 from dgpp.bench.encoding_reader import EncodingReader, packed_sources, unpacked_parameters
 from dgpp.bench.models import build_model_like, build_pair, hf_config, packed_release, weight_bytes_per_step
 from dgpp.bench.quantize import parse_variants, quantize_model, split_spec, sync_hf_weights
-from dgpp.bench.step_bytes import decode_step_bytes, logical_weight_elements, moe_layers, quantized_linears
+from dgpp.bench.step_bytes import (
+    decode_step_bytes,
+    logical_weight_elements,
+    moe_layers,
+    packed_experts,
+    quantized_linears,
+)
 from dgpp.engine.work import SeqWork
 from dgpp.errors import ConfigError
 from dgpp.nn.moe import FusedExperts
@@ -203,6 +209,48 @@ def test_transformers_runs_the_decoded_experts():
     assert (theirs - _logits(dense, prompts)).abs().max() > 1e-3  # transformers did change its weights
 
 
+@torch.inference_mode()
+def test_release_spec_packs_the_shipped_layout_per_layer_and_projection():
+    """``--quant release``: Flint's export mixes FP8 block-128 and NVFP4 experts across layers and within one
+    layer's gate/up/down, everything else BF16; transformers runs the decoded experts."""
+    from dgpp.quant.fp4 import NVFP4CompressedTensors
+    from dgpp_flint.testing import MIXED_EXPERT_FORMATS
+
+    formats = {
+        "fp8": FP8Block(block=(128, 128), scale_name="weight_scale"),
+        "nvfp4": NVFP4CompressedTensors(),
+    }
+    dense, hf = build_pair("tiny-flint", "cpu", torch.float32, seed=5)
+    quant = quantize_model(
+        dense, hf_config("tiny-flint", torch.float32), "release", packed_release("tiny-flint")
+    )
+    stacks = packed_experts(quant)
+    assert quantized_linears(quant) == {}
+    assert sorted(stacks) == [f"model.layers.{i}.mlp.experts" for i in sorted(MIXED_EXPERT_FORMATS)]
+    for layer, per_proj in MIXED_EXPERT_FORMATS.items():
+        stack = stacks[f"model.layers.{layer}.mlp.experts"]
+        assert {p: getattr(stack, p).fmt for p in PROJECTIONS} == {p: formats[k] for p, k in per_proj.items()}
+    assert hf is not None
+    prompts = _prompts(quant)
+    sync_hf_weights(hf, quant)
+    theirs = hf(torch.tensor(prompts)).logits[:, -1].float()
+    torch.testing.assert_close(_logits(quant, prompts), theirs, rtol=1e-4, atol=1e-4)
+    assert (theirs - _logits(dense, prompts)).abs().max() > 1e-3
+
+
+def test_release_spec_reads_each_release_and_needs_one():
+    dense, _ = build_pair("tiny-deepseek-v4", "cpu", torch.float32, with_hf=False)
+    quant = quantize_model(
+        dense, hf_config("tiny-deepseek-v4", torch.float32), "release", packed_release("tiny-deepseek-v4")
+    )
+    e8m0 = FP8Block(block=(128, 128), scale_format="e8m0")  # the release's ue8m0 block scales
+    assert {layer.quant_method.fmt for layer in quantized_linears(quant).values()} == {e8m0}
+    assert all(getattr(s, p).fmt == MXFP4() for s in packed_experts(quant).values() for p in PROJECTIONS)
+    tiny, _ = build_pair("tiny", "cpu", torch.float32, with_hf=False)
+    with pytest.raises(ConfigError, match="--quant release: this geometry names no release layout"):
+        quantize_model(tiny, hf_config("tiny", torch.float32), "release", packed_release("tiny"))
+
+
 def test_a_transformers_model_named_its_own_way_is_no_baseline(capsys):
     """transformers' DeepSeek-V4 names its tensors otherwise (``model.embed_tokens`` for ``embed``): the HF
     column is left out with one line saying why, instead of a missing-tensor error."""
@@ -215,7 +263,7 @@ def test_bad_format_names_are_one_config_error():
     assert split_spec("nvfp4") == ("nvfp4", "nvfp4")
     assert split_spec("mxfp4+fp8_block") == ("mxfp4", "fp8_block")
     assert split_spec("nvfp4+bf16") == ("nvfp4", "bf16")
-    assert parse_variants("bf16,mxfp4+fp8_block") == ["bf16", "mxfp4+fp8_block"]
+    assert parse_variants("bf16,mxfp4+fp8_block,release") == ["bf16", "mxfp4+fp8_block", "release"]
     for bad in ("mxfp4+fp9", "bf16+nvfp4", "mxfp4+", "nvfp4+fp8_block+mxfp4"):
         with pytest.raises(ConfigError, match="EXPERTS\\+LINEARS"):
             parse_variants(f"nvfp4,{bad}")

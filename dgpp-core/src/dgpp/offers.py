@@ -35,10 +35,12 @@ class PackedRelease:
     """How the packed releases of a geometry store it, for ``dgpp bench --quant``: ``checkpoint_name`` maps a
     module-side tensor name to the release's (the rename the family's loader applies), and ``keep_dense`` lists
     the modules the releases leave unpacked whatever the format (``quantization_config`` ignore entries over
-    checkpoint names: ``re:<regex>``, globs, dotted suffixes). Routed experts are packed whatever it lists."""
+    checkpoint names: ``re:<regex>``, globs, dotted suffixes). Routed experts are packed whatever it lists.
+    ``quantization_config``: the one the release ships, where core's scheme reads it (``--quant release``)."""
 
     checkpoint_name: Callable[[str], str] = _same_name
     keep_dense: tuple[str, ...] = ()
+    quantization_config: Mapping[str, Any] | None = None
 
 
 @dataclass(frozen=True)

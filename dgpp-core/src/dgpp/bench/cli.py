@@ -244,7 +244,8 @@ def prepare_variant(
     t0 = time.perf_counter()
     model = quantize_model(dense, hf_config(args.geometry, dtype), variant, packed_release(args.geometry))
     print(
-        f"{variant}: decoder-layer linears encoded on {args.device} in {time.perf_counter() - t0:.1f} s, "
+        f"{variant}: decoder-layer linears and routed experts encoded on {args.device} in "
+        f"{time.perf_counter() - t0:.1f} s, "
         f"weights read per step {weight_bytes_per_step(model)} bytes (dense: {weight_bytes_per_step(dense)})",
         flush=True,
     )
@@ -324,8 +325,9 @@ def run(args: argparse.Namespace) -> int:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     weights = (
-        f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: every "
-        f"decoder-layer linear; embedding, lm_head and norms {dense_name}; transformers runs the decoded values)"
+        f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: the decoder-layer "
+        f"linears and routed experts the geometry's releases pack; embedding, lm_head and norms {dense_name}; "
+        "transformers runs the decoded values)"
     )
     header = (
         f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "

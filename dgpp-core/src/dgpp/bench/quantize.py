@@ -2,8 +2,9 @@
 
 A format name picks the ``quantization_config`` a shipped checkpoint of that format carries; ``EXPERTS+LINEARS``
 (``mxfp4+fp8_block``) puts the routed experts in one format and the other decoder-layer linears in another, as
-the MoE releases mix them. The geometry's ``PackedRelease`` (from its plugin) gives the checkpoint names the
-family's loader asks for and the modules its releases keep dense. The quantized model is then built as the
+the MoE releases mix them; ``release`` is the ``quantization_config`` the geometry's release ships (Flint's FP8 and
+NVFP4 experts per layer and projection, DeepSeek-V4's E8M0 scales). The geometry's ``PackedRelease`` (from its
+plugin) gives the checkpoint names the family's loader asks for and the modules its releases keep dense. The quantized model is then built as the
 loaders build one (``quantize_modules`` gives each packed linear and expert stack its packed parameters,
 ``load_weights`` fills every parameter through its ``weight_loader``), except that the tensors come from
 ``dgpp.bench.encoding_reader.EncodingReader``, which encodes each weight of the dense source model on the device
@@ -91,9 +92,11 @@ QUANT_CONFIGS: dict[str, dict[str, Any]] = {
 MIXED_CONFIGS: dict[str, dict[str, Any]] = {
     "mxfp4+fp8_block": {**QUANT_CONFIGS["fp8_block"], "expert_dtype": "fp4"},
 }
+RELEASE = "release"  # the quantization_config the geometry's release ships (``PackedRelease``)
 SPEC_HELP = (
-    f"{DENSE}, {', '.join(QUANT_CONFIGS)}, or EXPERTS+LINEARS (routed experts in one format, the other "
-    f"decoder-layer linears in another or {DENSE}, e.g. mxfp4+fp8_block, nvfp4+{DENSE})"
+    f"{DENSE}, {', '.join(QUANT_CONFIGS)}, EXPERTS+LINEARS (routed experts in one format, the other "
+    f"decoder-layer linears in another or {DENSE}, e.g. mxfp4+fp8_block, nvfp4+{DENSE}), or {RELEASE} (the "
+    "geometry's release layout)"
 )
 
 
@@ -113,7 +116,7 @@ def parse_variants(text: str) -> list[str]:
     unknown = []
     for name in names:
         try:
-            if name != DENSE:
+            if name not in (DENSE, RELEASE):
                 split_spec(name)
         except ConfigError:
             unknown.append(name)
@@ -131,7 +134,14 @@ def _scheme_of(quantization_config: dict[str, Any]) -> QuantScheme:
 def release_scheme(spec: str, release: PackedRelease) -> QuantScheme:
     """Which format each module of a geometry's ``spec`` release is in (checkpoint names): routed experts in the
     experts' format, the other decoder-layer linears in the linears' format, except what ``release`` keeps
-    dense and lm_head."""
+    dense and lm_head; ``release`` spec: the release's own ``quantization_config``."""
+    if spec == RELEASE:
+        shipped = release.quantization_config
+        if shipped is None:
+            raise ConfigError(f"--quant {RELEASE}: this geometry names no release layout; known: {SPEC_HELP}")
+        scheme = _scheme_of(dict(shipped))
+        scheme.ignore += list(release.keep_dense)
+        return scheme
     experts, linears = split_spec(spec)
     if spec in MIXED_CONFIGS:
         scheme = _scheme_of(MIXED_CONFIGS[spec])

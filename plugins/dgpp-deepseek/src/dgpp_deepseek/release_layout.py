@@ -37,6 +37,15 @@ RELEASE_DENSE = (
     r"mtp\.\d+\.(markov_head\.markov_w[12]|confidence_head\.proj)",  # the DSpark heads
     r"head",
 )
+# the release's quantization_config (``expert_dtype`` sits at the top level of its config.json)
+RELEASE_QUANTIZATION: dict[str, Any] = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+    "activation_scheme": "dynamic",
+    "expert_dtype": "fp4",
+}
 _CORE_SCALE = re.compile(r"\.(weight_scale_inv|weight_scale)$")
 
 

@@ -310,12 +310,14 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
 
 def bench_geometries() -> list[BenchGeometry]:
     from dgpp_deepseek.loader import checkpoint_name
-    from dgpp_deepseek.release_layout import RELEASE_DENSE, dense_entry
+    from dgpp_deepseek.release_layout import RELEASE_DENSE, RELEASE_QUANTIZATION, dense_entry
     from dgpp_deepseek.v41_bench import bench_geometries as v41_geometries
 
-    # ``dgpp bench --quant``: the release's tensor names (w1/w3/w2 experts, ``.scale``) and the modules it
-    # stores BF16 (router, compressors, the indexer's weights_proj, head)
-    release = PackedRelease(checkpoint_name, keep_dense=(dense_entry(RELEASE_DENSE),))
+    # ``dgpp bench --quant``: the release's tensor names (w1/w3/w2 experts, ``.scale``), the modules it stores
+    # BF16 (router, compressors, the indexer's weights_proj, head) and its formats (``--quant release``)
+    release = PackedRelease(
+        checkpoint_name, keep_dense=(dense_entry(RELEASE_DENSE),), quantization_config=RELEASE_QUANTIZATION
+    )
     return [
         *v41_geometries(),
         BenchGeometry(

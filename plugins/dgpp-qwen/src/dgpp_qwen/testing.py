@@ -37,8 +37,15 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
 
 # The Qwen3.5-MoE NVFP4 release (nvidia/Qwen3.5-122B-A10B-NVFP4) packs the routed experts only: attention,
 # Gated DeltaNet, the shared expert and its gate stay BF16 (its ModelOpt exclude_modules)
+_BF16_IN_NVFP4 = ("*self_attn*", "*linear_attn*", "*shared_expert*", "*mlp.gate")
 QWEN3_5_MOE_RELEASE = PackedRelease(
-    keep_dense=("*self_attn*", "*linear_attn*", "*shared_expert*", "*mlp.gate")
+    keep_dense=_BF16_IN_NVFP4,
+    quantization_config={
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head", *_BF16_IN_NVFP4],
+    },
 )
 
 
