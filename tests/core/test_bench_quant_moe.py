@@ -246,6 +246,11 @@ def test_release_spec_reads_each_release_and_needs_one():
     e8m0 = FP8Block(block=(128, 128), scale_format="e8m0")  # the release's ue8m0 block scales
     assert {layer.quant_method.fmt for layer in quantized_linears(quant).values()} == {e8m0}
     assert all(getattr(s, p).fmt == MXFP4() for s in packed_experts(quant).values() for p in PROJECTIONS)
+    v41, _ = build_pair("tiny-deepseek-v41", "cpu", torch.float32, with_hf=False)  # drawn packed already
+    with pytest.raises(ConfigError, match="already packed in its release's formats"):
+        quantize_model(
+            v41, hf_config("tiny-deepseek-v41", torch.float32), "nvfp4", packed_release("tiny-deepseek-v41")
+        )
     tiny, _ = build_pair("tiny", "cpu", torch.float32, with_hf=False)
     with pytest.raises(ConfigError, match="--quant release: this geometry names no release layout"):
         quantize_model(tiny, hf_config("tiny", torch.float32), "release", packed_release("tiny"))

@@ -171,6 +171,11 @@ def quantize_model(
 
     release = release or PackedRelease()
     scheme = release_scheme(spec, release)
+    if quantized_linears(source) or packed_experts(source):
+        raise ConfigError(
+            f"--quant {spec}: the geometry's own random model is already packed in its release's formats "
+            "(nothing dense to encode): run it without --quant"
+        )
     device = next(source.parameters()).device
     # built on the host, where the dense tensors that packed ones replace (a 122B layer's expert stack is 4.8 GB)
     # are never touched and cost no memory; the packed parameters are created on the device, inside the device
