@@ -15,9 +15,10 @@ import re
 import pytest
 import torch
 
+from dgpp.bench import encoding_reader
 from dgpp.bench.cli import main
 from dgpp.bench.decode import prefill_flops
-from dgpp.bench.encoding_reader import EncodingReader, packed_sources, unpacked_parameters
+from dgpp.bench.encoding_reader import EncodingReader
 from dgpp.bench.models import build_model_like, build_pair, hf_config, packed_release, weight_bytes_per_step
 from dgpp.bench.quantize import parse_variants, quantize_model, split_spec, sync_hf_weights
 from dgpp.bench.step_bytes import (
@@ -92,27 +93,41 @@ def test_every_expert_stack_is_packed_in_the_release_layout(packed):
     assert not any(name.endswith("lm_head") or name == "head" for name in linears)
 
 
-def test_the_loader_was_answered_the_release_names(packed):
-    geometry, dense, quant = packed
-    release = packed_release(geometry)
-    source = dict(dense.named_parameters())
-    reader = EncodingReader(
-        {n: source[n] for n in unpacked_parameters(quant)},
-        packed_sources(quant, source),
-        release.checkpoint_name,
-        "test",
+def test_the_loader_was_answered_the_release_names(packed, monkeypatch):
+    geometry, dense, _ = packed
+    asked: list[str] = []
+    real = EncodingReader.get
+
+    def get(self, name):
+        asked.append(name)
+        return real(self, name)
+
+    encoded: list[tuple[int, ...]] = []
+    real_encode = encoding_reader.encode
+
+    def encode_once(fmt, weight):
+        encoded.append(tuple(weight.shape))
+        return real_encode(fmt, weight)
+
+    monkeypatch.setattr(EncodingReader, "get", get)
+    monkeypatch.setattr(encoding_reader, "encode", encode_once)
+    quant = quantize_model(
+        dense, hf_config(geometry, torch.float32), CASES[geometry][0], packed_release(geometry)
     )
-    names = set(reader.names())
+    # every packed weight encoded once (an expert's slice, not the stack), whatever number of tensors it stores
+    experts = sum(3 * m.num_experts for m in packed_experts(quant).values())
+    assert len(encoded) == len(quantized_linears(quant)) + experts
+    names = set(asked)
     if geometry == "tiny-deepseek-v4":  # the release's own names: w1 gate, w3 up, w2 down, scales as .scale
         layer = next(n for n in names if ".ffn.experts.7.w1.weight" in n).split(".ffn.")[0]
-        assert {
-            f"{layer}.ffn.experts.7.{w}.{s}" for w in ("w1", "w2", "w3") for s in ("weight", "scale")
-        } <= names
-        assert f"{layer}.attn.wq_a.scale" in names
+        expected = {f"{layer}.ffn.experts.7.{w}.{s}" for w in ("w1", "w2", "w3") for s in ("weight", "scale")}
+        assert expected <= names and f"{layer}.attn.wq_a.scale" in names
     else:
         layer = next(n for n in names if ".mlp.experts.7.gate_proj." in n).split(".mlp.")[0]
         suffixes = list(CASES[geometry][1].tensor_shapes((64, 64)))
         assert {f"{layer}.mlp.experts.7.{p}.{s}" for p in PROJECTIONS for s in suffixes} <= names
+    # one request per stored tensor, none for the stacked dense experts
+    assert len(asked) == len(names)
     assert not any(n.endswith(("gate_up_proj", "experts.down_proj")) for n in names)
 
 
