@@ -292,6 +292,14 @@ def test_bad_format_names_are_one_config_error():
         quantize_model(dense, hf_config("tiny-qwen3.5-moe", torch.float32), "nvfp5")
 
 
+def test_bench_serve_refuses_a_packed_moe_checkpoint(tmp_path):
+    from dgpp.bench.checkpoint import write_checkpoint
+
+    with pytest.raises(ConfigError, match="packed checkpoints of dense geometries only"):
+        write_checkpoint("tiny-qwen3.5-moe", tmp_path / "ckpt", "cpu", torch.float32, quant="nvfp4")
+    assert not (tmp_path / "ckpt").exists()
+
+
 @pytest.mark.parametrize(
     ("geometry", "spec", "hf_cases"),
     [("tiny-deepseek-v4", "mxfp4+fp8_block", ""), ("tiny-qwen3.5-moe", "bf16,nvfp4", "6x2x3")],

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "the other decoder-layer linears in another or bf16 (mxfp4+fp8_block as DeepSeek-V4-Flash and "
         "MiMo-V2.6-Flash ship; nvfp4+bf16), or release (the quantization_config the geometry's release ships: "
         "Flint's FP8/NVFP4 experts per layer and projection); serve mode: one single format, the checkpoint "
-        "written packed in that release's layout",
+        "written packed in that release's layout (dense geometries)",
     )
     parser.add_argument(
         "--kv-dtype",
