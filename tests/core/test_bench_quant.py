@@ -187,10 +187,10 @@ def test_a_failing_format_keeps_the_others(tmp_path, monkeypatch):
 
     real = cli.quantize_model
 
-    def flaky(source, raw, fmt):
+    def flaky(source, raw, fmt, release=None):
         if fmt == "fp8_channel":
             raise RuntimeError("kernel did not compile")
-        return real(source, raw, fmt)
+        return real(source, raw, fmt, release)
 
     monkeypatch.setattr(cli, "quantize_model", flaky)
     out = tmp_path / "table.md"

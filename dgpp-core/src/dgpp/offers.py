@@ -26,6 +26,23 @@ class TinyCheckpoint:
     description: str = ""
 
 
+def _same_name(name: str) -> str:
+    return name
+
+
+@dataclass(frozen=True)
+class PackedRelease:
+    """How the packed releases of a geometry store it, for ``dgpp bench --quant``: ``checkpoint_name`` maps a
+    module-side tensor name to the release's (the rename the family's loader applies), and ``keep_dense`` lists
+    the modules the releases leave unpacked whatever the format (``quantization_config`` ignore entries over
+    checkpoint names: ``re:<regex>``, globs, dotted suffixes). Routed experts are packed whatever it lists.
+    ``quantization_config``: the one the release ships, where core's scheme reads it (``--quant release``)."""
+
+    checkpoint_name: Callable[[str], str] = _same_name
+    keep_dense: tuple[str, ...] = ()
+    quantization_config: Mapping[str, Any] | None = None
+
+
 @dataclass(frozen=True)
 class BenchGeometry:
     """A real model's HF ``config.json`` fields, benchmarked with random weights (``dgpp bench --geometry``).
@@ -33,12 +50,15 @@ class BenchGeometry:
     ``build(hf_config, device, seed) -> Model``, where given, makes the random model itself (e.g. straight in a
     release's packed formats, where the dense model core would draw does not fit the device); ``hf_config`` is
     the geometry's fields with the run's dtype. Without it core draws the model (``dgpp.bench.models``).
+    ``release``: the names and dense modules of its packed releases (``PackedRelease``; default: the module
+    names, every decoder-layer linear packed).
     """
 
     name: str
     hf_config: Mapping[str, Any]
     description: str = ""
     build: Callable[[dict[str, Any], str, int], Any] | None = None
+    release: PackedRelease = field(default_factory=PackedRelease)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from dgpp.errors import CheckpointError, ConfigError, PluginError, UnsupportedMo
 from dgpp.family import FamilyModel, FamilySpec, LoadContext, World
 from dgpp.family_contract import Family
 from dgpp.hookspecs import PluginHooks, hookimpl
-from dgpp.offers import BenchGeometry, GGUFArchitecture, TinyCheckpoint
+from dgpp.offers import BenchGeometry, GGUFArchitecture, PackedRelease, TinyCheckpoint
 
 if TYPE_CHECKING:
     from dgpp.bench.models import fill_random
@@ -113,6 +113,7 @@ __all__ = [
     "CompressedKV",
     "CheckpointReader",
     "ConfigError",
+    "PackedRelease",
     "ConfigKeys",
     "Dialect",
     "Drafter",

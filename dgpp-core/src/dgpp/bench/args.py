@@ -52,8 +52,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--quant",
         default="",
         help="weight formats to benchmark in turn, comma separated: bf16 (the dense model), fp8_block, "
-        "fp8_channel, nvfp4, mxfp4 (decoder-layer linears encoded on the device); serve mode: one "
-        "format, the checkpoint written packed in that release's layout",
+        "fp8_channel, nvfp4, mxfp4 (decoder-layer linears and routed experts encoded on the device, except "
+        "the modules the geometry's releases keep dense), or EXPERTS+LINEARS: routed experts in one format, "
+        "the other decoder-layer linears in another or bf16 (mxfp4+fp8_block as DeepSeek-V4-Flash and "
+        "MiMo-V2.6-Flash ship; nvfp4+bf16), or release (the quantization_config the geometry's release ships: "
+        "Flint's FP8/NVFP4 experts per layer and projection); serve mode: one single format, the checkpoint "
+        "written packed in that release's layout (dense geometries)",
     )
     parser.add_argument(
         "--kv-dtype",

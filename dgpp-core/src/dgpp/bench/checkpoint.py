@@ -43,6 +43,7 @@ def write_checkpoint(
             raise ConfigError(
                 f"--quant: unknown format {quant!r} for a served checkpoint; known: {', '.join(QUANT_CONFIGS)}"
             )
+        _refuse_packed_moe(config, quant)
         config[KEY] = QUANT_CONFIGS[quant]
         scheme = QuantScheme.from_hf_config(config)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -55,6 +56,21 @@ def write_checkpoint(
     write_word_tokenizer(out_dir, int(config["vocab_size"]))
     done.write_text("ok")
     return out_dir
+
+
+def _refuse_packed_moe(config: dict[str, Any], quant: str) -> None:
+    """Experts are written as transformers holds them (stacked) and every 2-D decoder tensor packed, routers
+    included: no release's layout, so an MoE geometry is refused by name."""
+    from dgpp.bench.models import new_model
+    from dgpp.errors import ConfigError
+    from dgpp.nn.moe import FusedExperts
+
+    if any(isinstance(m, FusedExperts) for m in new_model(config, "meta").modules()):
+        raise ConfigError(
+            f"--quant {quant}: dgpp bench serve writes packed checkpoints of dense geometries only (an MoE "
+            "geometry's experts and routers are not written in a release's layout); measure packed MoE "
+            "geometries with the in-process sweep, dgpp bench --quant"
+        )
 
 
 DECODER_LINEAR = re.compile(

@@ -9,8 +9,11 @@ against the copy-bandwidth roofline and HF transformers on the same weights:
     dgpp bench serve --serve-cases 1,8,64         # a real dgpp serve over HTTP (dgpp/bench/serve.py)
     dgpp bench verify --verify-depths 1,3         # the speculative verify path, oracle and null drafters
 
-``--quant`` encodes every decoder-layer linear of the random bf16 model on the device (dgpp/bench/quantize.py)
-and serves it through the quantized LinearMethod a loaded checkpoint gets; transformers runs the decoded values.
+``--quant`` encodes every decoder-layer linear and routed expert of the random bf16 model on the device
+(dgpp/bench/quantize.py) and serves it through the packed modules a loaded checkpoint gets; transformers runs the
+decoded values. ``EXPERTS+LINEARS`` mixes formats as MoE releases do:
+
+    dgpp bench --geometry deepseek-v4-flash-8l@4 --quant mxfp4+fp8_block   # MXFP4 experts, FP8 block linears
 ``--kv-dtype`` stores the cache as ``engine.kv_dtype`` would (fp8: e4m3 rows with fp32 row scales; fp4: packed MLA
 latents) and counts bytes/step with the rows as stored; a format the geometry's attention does not read is that
 case's row ("refused: ..."). Long prompts are prefilled in steps of the engine's tick budget (8192 rows).
@@ -33,7 +36,7 @@ import torch
 
 from dgpp.bench.args import add_arguments, parse_cases
 from dgpp.bench.decode import DecodeResult, copy_bandwidth_gbs, format_table, hf_tok_s, run_case
-from dgpp.bench.models import build_pair, hf_config, weight_bytes_per_step
+from dgpp.bench.models import build_pair, hf_config, packed_release, weight_bytes_per_step
 from dgpp.bench.quantize import (
     DENSE,
     compare_with_torch_path,
@@ -239,9 +242,10 @@ def prepare_variant(
 ) -> Model:
     """``dense`` encoded in ``variant``, its bytes printed and its kernels checked against the torch path."""
     t0 = time.perf_counter()
-    model = quantize_model(dense, hf_config(args.geometry, dtype), variant)
+    model = quantize_model(dense, hf_config(args.geometry, dtype), variant, packed_release(args.geometry))
     print(
-        f"{variant}: decoder-layer linears encoded on {args.device} in {time.perf_counter() - t0:.1f} s, "
+        f"{variant}: decoder-layer linears and routed experts encoded on {args.device} in "
+        f"{time.perf_counter() - t0:.1f} s, "
         f"weights read per step {weight_bytes_per_step(model)} bytes (dense: {weight_bytes_per_step(dense)})",
         flush=True,
     )
@@ -321,8 +325,9 @@ def run(args: argparse.Namespace) -> int:
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
     ).stdout.strip()
     weights = (
-        f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: every "
-        f"decoder-layer linear; embedding, lm_head and norms {dense_name}; transformers runs the decoded values)"
+        f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: the decoder-layer "
+        f"linears and routed experts the geometry's releases pack; embedding, lm_head and norms {dense_name}; "
+        "transformers runs the decoded values)"
     )
     header = (
         f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device "

@@ -23,6 +23,7 @@ import torch
 from dgpp.bench.step_bytes import (
     RouterTap,
     decode_step_bytes,
+    expert_elements,
     kv_bytes_per_token,
     logical_weight_elements,
     moe_layers,
@@ -299,7 +300,7 @@ def prefill_flops(model: Model, tokens: int) -> tuple[float, bool]:
 
     params = logical_weight_elements(model, weight_bytes_per_step(model))  # packed linears: out x in each
     for moe in moe_layers(model):  # a token multiplies top_k of the stack's experts, not all of them
-        stack = sum(p.numel() for p in moe.experts.parameters())
+        stack = expert_elements(moe.experts)  # logical elements: a packed stack stores fewer
         params -= round(stack * (1 - moe.gate.cfg.top_k / moe.experts.num_experts))
     cfg = getattr(model, "cfg", None)
     full_attention = (

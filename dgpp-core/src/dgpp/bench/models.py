@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from dgpp.offers import PackedRelease
 from dgpp.step.model import Model
 
 
@@ -130,6 +131,13 @@ def build_pair(
     import transformers
 
     config = transformers.AutoConfig.for_model(**{k: v for k, v in raw.items() if k != "architectures"})
+    unnamed = _names_transformers_lacks(raw, config)
+    if unnamed:
+        print(
+            f"{geometry}: transformers names the weights its own way (no {unnamed[0]!r}, which dgpp's model "
+            "loads): dgpp's random model alone (HF column '-')"
+        )
+        return build_random_model(geometry, device, dtype, seed), None
     torch.manual_seed(seed)
     with torch.device(device):
         hf = transformers.AutoModelForCausalLM.from_config(config, dtype=dtype).eval()
@@ -144,11 +152,28 @@ def _own_builder(geometry: str) -> Callable[[dict[str, Any], str, int], Any] | N
     return bench_geometry(split_layers(geometry)[0]).build
 
 
+def packed_release(geometry: str) -> PackedRelease:
+    """How the geometry's packed releases name and leave dense its modules (``BenchGeometry.release``)."""
+    from dgpp.catalog import bench_geometry
+
+    return bench_geometry(split_layers(geometry)[0]).release
+
+
 def _keeps_tables(raw_config: dict[str, Any]) -> bool:
     """Whether dgpp's model (built on ``meta``) has modules with weights outside its parameters
     (``allocate_tables``, e.g. a lookup table loaded apart from the state dict)."""
     model = new_model(raw_config, "meta")
     return any(callable(getattr(type(m), "allocate_tables", None)) for m in model.modules())
+
+
+def _names_transformers_lacks(raw_config: dict[str, Any], hf_config: Any) -> list[str]:
+    """dgpp's parameter names that transformers' model of ``hf_config`` lacks (both built on ``meta``): the
+    weights are handed over by name, so any one makes the pair impossible."""
+    import transformers
+
+    with torch.device("meta"):
+        theirs = set(transformers.AutoModelForCausalLM.from_config(hf_config).state_dict())
+    return [name for name, _ in new_model(raw_config, "meta").named_parameters() if name not in theirs]
 
 
 def _second_copy_fits(module: torch.nn.Module, device: str, headroom: float = 1.25) -> bool:

@@ -1,29 +1,36 @@
 """Quantized copies of a benchmark model (``dgpp bench --quant``), built on the device without a checkpoint.
 
-A format name picks the ``quantization_config`` a shipped checkpoint of that format carries. The quantized
-model is then built exactly as the Qwen loader builds one (``quantize_modules`` gives each decoder-layer
-linear its packed parameters, ``load_weights`` fills every parameter through its ``weight_loader``), except
-that the tensors come from :class:`EncodingReader`, which encodes each linear of the dense source model on
-the device when its first packed tensor is asked for. Embedding, norms and lm_head stay dense, as shipped
-checkpoints keep them. :func:`sync_hf_weights` then gives transformers the decoded values, so the HF
-baseline runs the very weights dgpp serves.
+A format name picks the ``quantization_config`` a shipped checkpoint of that format carries; ``EXPERTS+LINEARS``
+(``mxfp4+fp8_block``) puts the routed experts in one format and the other decoder-layer linears in another, as
+the MoE releases mix them; ``release`` is the ``quantization_config`` the geometry's release ships (Flint's FP8 and
+NVFP4 experts per layer and projection, DeepSeek-V4's E8M0 scales). The geometry's ``PackedRelease`` (from its
+plugin) gives the checkpoint names the family's loader asks for and the modules its releases keep dense. The quantized model is then built as the
+loaders build one (``quantize_modules`` gives each packed linear and expert stack its packed parameters,
+``load_weights`` fills every parameter through its ``weight_loader``), except that the tensors come from
+``dgpp.bench.encoding_reader.EncodingReader``, which encodes each weight of the dense source model on the device
+when it is first asked for (a routed expert from its slice of the source's stacked experts, under the per-expert
+names releases ship). Embedding, norms and lm_head stay dense, as shipped checkpoints keep them.
+:func:`sync_hf_weights` then gives transformers the decoded values, so the HF baseline runs the very weights
+dgpp serves.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
 from torch import nn
 
-from dgpp.bench.step_bytes import quantized_linears
+from dgpp.bench.encoding_reader import EncodingReader, packed_sources, unpacked_parameters
+from dgpp.bench.step_bytes import packed_experts, quantized_linears
 from dgpp.checkpoint.loader import load_weights
 from dgpp.errors import ConfigError
-from dgpp.nn.moe import FusedExperts
+from dgpp.offers import PackedRelease
 from dgpp.quant.apply import quantize_modules
-from dgpp.quant.encode import encode
-from dgpp.quant.format import QuantFormat
-from dgpp.quant.scheme import KEY
+from dgpp.quant.moe import PROJECTIONS
+from dgpp.quant.scheme import KEY, ROUTED_EXPERT, QuantScheme
+from dgpp.startup.weights import settle_weights
 from dgpp.step.model import Model
 
 DENSE = "bf16"  # the unquantized model in a ``--quant`` list (the compute dtype: fp32 on CPU)
@@ -79,98 +86,115 @@ QUANT_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
+# mixed formats one released quantization_config carries: FP8 E4M3 per 128 x 128 block with the routed experts
+# in MXFP4 (E2M1 pairs, an E8M0 scale per 32 inputs, ``weight`` + ``weight_scale``), as DeepSeek-V4-Flash and
+# MiMo-V2.6-Flash ship them
+MIXED_CONFIGS: dict[str, dict[str, Any]] = {
+    "mxfp4+fp8_block": {**QUANT_CONFIGS["fp8_block"], "expert_dtype": "fp4"},
+}
+RELEASE = "release"  # the quantization_config the geometry's release ships (``PackedRelease``)
+SPEC_HELP = (
+    f"{DENSE}, {', '.join(QUANT_CONFIGS)}, EXPERTS+LINEARS (routed experts in one format, the other "
+    f"decoder-layer linears in another or {DENSE}, e.g. mxfp4+fp8_block, nvfp4+{DENSE}), or {RELEASE} (the "
+    "geometry's release layout)"
+)
+
+
+def split_spec(spec: str) -> tuple[str, str]:
+    """A ``--quant`` format -> (routed experts' format, other decoder-layer linears' format): ``F`` is ``F`` for
+    both, ``E+L`` mixes them (``L`` may be ``bf16``: left dense). An unknown name is a ConfigError."""
+    experts, plus, linears = spec.partition("+")
+    linears = linears if plus else experts
+    if experts not in QUANT_CONFIGS or linears not in (*QUANT_CONFIGS, DENSE):
+        raise ConfigError(f"--quant: unknown format {spec!r}; known: {SPEC_HELP}")
+    return experts, linears
+
+
 def parse_variants(text: str) -> list[str]:
     """``--quant`` value -> the weight variants to benchmark in order (empty: the dense model alone)."""
     names = [v.strip() for v in text.split(",") if v.strip()] or [DENSE]
-    unknown = [v for v in names if v != DENSE and v not in QUANT_CONFIGS]
+    unknown = []
+    for name in names:
+        try:
+            if name not in (DENSE, RELEASE):
+                split_spec(name)
+        except ConfigError:
+            unknown.append(name)
     if unknown:
-        raise ConfigError(
-            f"--quant: unknown format(s) {unknown}; known: {', '.join([DENSE, *QUANT_CONFIGS])}"
-        )
+        raise ConfigError(f"--quant: unknown format(s) {unknown}; known: {SPEC_HELP}")
     return list(dict.fromkeys(names))
 
 
-class EncodingReader:
-    """A ``CheckpointReader`` stand-in over in-memory dense tensors (HF names): a quantized module's stored
-    tensors are encoded from its dense ``.weight`` on the source's device, one module at a time (the last
-    encoding is kept until another module is asked for, so 8B shapes never hold more than one in fp32)."""
+def _scheme_of(quantization_config: dict[str, Any]) -> QuantScheme:
+    scheme = QuantScheme.from_hf_config({KEY: quantization_config})
+    assert scheme is not None  # every config here names a quant_method
+    return scheme
 
-    def __init__(self, dense: dict[str, torch.Tensor], formats: dict[str, QuantFormat], label: str) -> None:
-        self.dense = dense
-        self.formats = formats  # module name -> its format
-        self.dir = f"<{label} encoded in memory>"
-        self._cached: tuple[str, dict[str, torch.Tensor]] | None = None
 
-    def _split(self, name: str) -> tuple[str, str]:
-        module, _, suffix = name.rpartition(".")
-        return module, suffix
+def release_scheme(spec: str, release: PackedRelease) -> QuantScheme:
+    """Which format each module of a geometry's ``spec`` release is in (checkpoint names): routed experts in the
+    experts' format, the other decoder-layer linears in the linears' format, except what ``release`` keeps
+    dense and lm_head; ``release`` spec: the release's own ``quantization_config``."""
+    if spec == RELEASE:
+        shipped = release.quantization_config
+        if shipped is None:
+            raise ConfigError(f"--quant {RELEASE}: this geometry names no release layout; known: {SPEC_HELP}")
+        scheme = _scheme_of(dict(shipped))
+        scheme.ignore += list(release.keep_dense)
+        return scheme
+    experts, linears = split_spec(spec)
+    if spec in MIXED_CONFIGS:
+        scheme = _scheme_of(MIXED_CONFIGS[spec])
+    elif linears == DENSE:
+        scheme = QuantScheme(DENSE, ignore=list(_KEEP_DENSE))
+    else:
+        scheme = _scheme_of(QUANT_CONFIGS[linears])
+    if experts != linears and spec not in MIXED_CONFIGS:
+        expert_format = _scheme_of(QUANT_CONFIGS[experts]).groups[0][1]
+        scheme.overrides.insert(0, (ROUTED_EXPERT, expert_format))
+    scheme.ignore += list(release.keep_dense)
+    return scheme
 
-    def _encoded(self, module: str) -> dict[str, torch.Tensor]:
-        if self._cached is None or self._cached[0] != module:
-            self._cached = None  # free the previous module's tensors first
-            weight = self.dense[f"{module}.weight"]
-            self._cached = (module, encode(self.formats[module], weight.float()))
-        return self._cached[1]
 
-    def names(self) -> list[str]:
-        out = [n for n in self.dense if self._split(n)[0] not in self.formats]
-        for module, fmt in self.formats.items():
-            shape = tuple(self.dense[f"{module}.weight"].shape)
-            out += [f"{module}.{suffix}" for suffix in fmt.tensor_shapes(shape)]
-        return sorted(out)
-
-    def __contains__(self, name: str) -> bool:
-        module, suffix = self._split(name)
-        if module in self.formats:
-            shape = tuple(self.dense[f"{module}.weight"].shape)
-            return suffix in self.formats[module].tensor_shapes(shape)
-        return name in self.dense
-
-    def where(self, name: str) -> str:
-        return self.dir
-
-    def searched(self) -> str:
-        return self.dir
-
-    def get(self, name: str) -> torch.Tensor:
-        module, suffix = self._split(name)
-        if module in self.formats:
-            return self._encoded(module)[suffix]
-        return self.dense[name]
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self.get(name).shape)
-
-    def get_part(self, name: str, dim: int, start: int, length: int) -> torch.Tensor:
-        return self.get(name).narrow(dim, start, length)
+DECODER_LAYER = re.compile(r"(.*\.)?layers\.\d+\.")  # what releases pack: decoder-layer modules
 
 
 @torch.inference_mode()
-def quantize_model(source: Model, raw_config: dict[str, Any], fmt_name: str) -> Model:
-    """A new model in ``fmt_name`` whose decoder-layer linears hold ``source``'s weights encoded (on the
-    source's device); everything else is a copy of ``source``'s dense tensors."""
+def quantize_model(
+    source: Model, raw_config: dict[str, Any], spec: str, release: PackedRelease | None = None
+) -> Model:
+    """A new model in ``spec`` (``split_spec``) whose decoder-layer linears and routed experts hold ``source``'s
+    weights encoded (on the source's device), laid out as ``release`` says (names, modules kept dense); every
+    other tensor is ``source``'s dense one. Built through the loader's own steps: the family's model,
+    ``quantize_modules`` under the release's names, ``load_weights`` from an ``EncodingReader``, ``settle_weights``."""
     from dgpp.bench.models import new_model
 
-    if fmt_name not in QUANT_CONFIGS:
-        raise ConfigError(f"--quant: unknown format {fmt_name!r}; known: {', '.join(QUANT_CONFIGS)}")
-    if any(isinstance(m, FusedExperts) for m in source.modules()):
-        # the source holds experts stacked, a checkpoint names them one by one: not mapped here yet
+    release = release or PackedRelease()
+    scheme = release_scheme(spec, release)
+    if quantized_linears(source) or packed_experts(source):
         raise ConfigError(
-            f"--quant {fmt_name}: MoE geometries are not supported (dense and hybrid geometries are)"
+            f"--quant {spec}: the geometry's own random model is already packed in its release's formats "
+            "(nothing dense to encode): run it without --quant"
         )
-    config = {**raw_config, KEY: QUANT_CONFIGS[fmt_name]}
     device = next(source.parameters()).device
-    model = new_model(config, device)
-    # the loader's own path: packed parameters first, then every tensor through its weight_loader; the
-    # packed parameters are created on the model's device, inside the device context as the Qwen loader does
+    # built on the host, where the dense tensors that packed ones replace (a 122B layer's expert stack is 4.8 GB)
+    # are never touched and cost no memory; the packed parameters are created on the device, inside the device
+    # context as the loaders do, and only what stays dense then moves there
+    model = new_model(raw_config, "cpu")
     with torch.device(device):
-        quantize_modules(model, config)
-    formats = {name: layer.quant_method.fmt for name, layer in quantized_linears(model).items()}
-    stray = [name for name in formats if not name.startswith("model.layers.")]
+        quantize_modules(model, raw_config, rename=release.checkpoint_name, scheme=scheme)
+    model.to(device)
+    source_params = dict(source.named_parameters())
+    packed = packed_sources(model, source_params)
+    stray = sorted({s.group for s in packed.values() if not DECODER_LAYER.match(s.group)})
     if stray:
-        raise RuntimeError(f"--quant {fmt_name}: modules outside the decoder layers were quantized: {stray}")
-    load_weights(model, EncodingReader(dict(source.named_parameters()), formats, fmt_name))
-    return model.eval()
+        raise RuntimeError(f"--quant {spec}: modules outside the decoder layers were quantized: {stray}")
+    if not packed:
+        raise ConfigError(f"--quant {spec}: this geometry's releases pack none of its modules in that format")
+    dense = {name: source_params[name] for name in unpacked_parameters(model)}
+    reader = EncodingReader(dense, packed, release.checkpoint_name, spec)
+    load_weights(model, reader, rename=release.checkpoint_name)
+    return settle_weights(model).eval()
 
 
 def shares_storage(a: nn.Module, b: nn.Module) -> bool:
@@ -181,20 +205,29 @@ def shares_storage(a: nn.Module, b: nn.Module) -> bool:
 
 @torch.inference_mode()
 def sync_hf_weights(hf: nn.Module, model: Model) -> None:
-    """Copy ``model``'s weights into the transformers model (same names): quantized linears decoded to
-    the HF parameter's dtype, so both compute with the same values."""
+    """Copy ``model``'s weights into the transformers model (same names): quantized linears and packed experts
+    decoded to the HF parameter's dtype (experts into transformers' stacked ``gate_up_proj`` / ``down_proj``),
+    so both compute with the same values."""
     hf_params = dict(hf.named_parameters())
-    packed = quantized_linears(model)
-    for name, layer in packed.items():
-        target = hf_params[f"{name}.weight"]
-        target.copy_(layer.quant_method.dense_weight(layer, target.dtype))
-    for name, param in model.named_parameters():
-        module = name.rpartition(".")[0]
-        if module in packed:
-            continue
+
+    def target(name: str) -> torch.Tensor:
         if name not in hf_params:
             raise KeyError(f"transformers model has no parameter {name}")
-        hf_params[name].copy_(param)
+        return hf_params[name]
+
+    packed = quantized_linears(model)
+    for name, layer in packed.items():
+        weight = target(f"{name}.weight")
+        weight.copy_(layer.quant_method.dense_weight(layer, weight.dtype))
+    experts = packed_experts(model)
+    for name, stack in experts.items():
+        gate_up, down = target(f"{name}.gate_up_proj"), target(f"{name}.down_proj")
+        for e in range(stack.num_experts):
+            decoded = {proj: stack.expert_weight(proj, e, gate_up.dtype) for proj in PROJECTIONS}
+            gate_up[e].copy_(torch.cat([decoded["gate_proj"], decoded["up_proj"]]))
+            down[e].copy_(decoded["down_proj"])
+    for name, param in unpacked_parameters(model).items():
+        target(name).copy_(param)
 
 
 @torch.inference_mode()

@@ -173,7 +173,7 @@ def bench_decode_rates(
     linears packed in that format, and the packed decode kernel the server's engine resolves (``auto`` for steps
     of the widest case's rows)."""
     from dgpp.bench.decode import copy_bandwidth_gbs, run_case
-    from dgpp.bench.models import build_pair, hf_config
+    from dgpp.bench.models import build_pair, hf_config, packed_release
     from dgpp.policy import overriding
 
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -181,7 +181,7 @@ def bench_decode_rates(
     if quant:
         from dgpp.bench.quantize import quantize_model
 
-        model = quantize_model(model, hf_config(geometry, dtype), quant)
+        model = quantize_model(model, hf_config(geometry, dtype), quant, packed_release(geometry))
     copy_gbs = copy_bandwidth_gbs(device) if device == "cuda" else 1.0
     with overriding(quant_decode_gemv="auto", decode_max_rows=max(batches)):
         rates = {

@@ -3,7 +3,8 @@
 - weights once (``weight_bytes_per_step``: every parameter but the embedding table), except that an MoE
   layer reads only the routed experts its tokens picked: at batch 1 exactly ``top_k``, at batch ``b`` the
   distinct experts among ``b x top_k`` picks (measured from the routers by :class:`RouterTap`, or the
-  uniform-routing expectation when not measured);
+  uniform-routing expectation when not measured), each as its stack stores it (packed experts: their codes and
+  scales);
 - every sequence's K/V up to its context (paged attention layers); under a DSA indexer (GLM-5.3) each MLA layer
   reads only the ``index_topk`` latent rows selected, and each indexer layer every cached index key once there is
   a choice to make (more than ``index_topk`` tokens);
@@ -17,12 +18,15 @@ plus their fp32 row scales, under ``fp4`` packed latent rows, not the compute dt
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from dgpp.nn.dsa import DSAIndexer
 from dgpp.nn.linear import Linear
 from dgpp.nn.moe import SparseMoE, TopKRouter
 from dgpp.quant.linear import QuantLinearMethod
+from dgpp.quant.moe import PROJECTIONS, QuantExperts
 from dgpp.step.cache_spec import LatentKV, PagedKV, StateSpec, stored_as
 from dgpp.step.model import Model
 
@@ -154,13 +158,28 @@ def quantized_linears(model: torch.nn.Module) -> dict[str, Linear]:
     }
 
 
+def packed_experts(model: torch.nn.Module) -> dict[str, QuantExperts]:
+    """Module name -> every routed-expert stack held in a packed format."""
+    return {name: m for name, m in model.named_modules() if isinstance(m, QuantExperts)}
+
+
+def expert_elements(experts: torch.nn.Module) -> int:
+    """Logical weight elements of an expert stack (``E x 3 x I x H`` on this rank), dense or packed."""
+    if isinstance(experts, QuantExperts):
+        return experts.num_experts * sum(math.prod(getattr(experts, p).shape) for p in PROJECTIONS)
+    return sum(p.numel() for p in experts.parameters())
+
+
 def logical_weight_elements(model: Model, step_bytes: int) -> int:
-    """Weight elements behind ``step_bytes`` (``weight_bytes_per_step``): packed linears count their
-    logical out x in elements, so FLOP rates do not depend on the storage format."""
+    """Weight elements behind ``step_bytes`` (``weight_bytes_per_step``): packed linears and packed expert
+    stacks count their logical out x in elements, so FLOP rates do not depend on the storage format."""
     itemsize = torch.empty((), dtype=model.info.dtype).element_size()
     packed_bytes = 0
     logical = 0
     for layer in quantized_linears(model).values():
         packed_bytes += sum(t.numel() * t.element_size() for t in layer.quant_method.tensors(layer).values())
         logical += layer.out_local * layer.in_local
+    for experts in packed_experts(model).values():
+        packed_bytes += _module_bytes(experts)
+        logical += expert_elements(experts)
     return (step_bytes - packed_bytes) // itemsize + logical

@@ -37,6 +37,15 @@ RELEASE_DENSE = (
     r"mtp\.\d+\.(markov_head\.markov_w[12]|confidence_head\.proj)",  # the DSpark heads
     r"head",
 )
+# the release's quantization_config (``expert_dtype`` sits at the top level of its config.json)
+RELEASE_QUANTIZATION: dict[str, Any] = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "scale_fmt": "ue8m0",
+    "weight_block_size": [128, 128],
+    "activation_scheme": "dynamic",
+    "expert_dtype": "fp4",
+}
 _CORE_SCALE = re.compile(r"\.(weight_scale_inv|weight_scale)$")
 
 
@@ -56,6 +65,12 @@ def dense_modules(tensor_names: Iterable[str]) -> list[str]:
     )
 
 
+def dense_entry(patterns: Iterable[str]) -> str:
+    """One anchored ``re:`` alternation of module-name regexes (a ``modules_to_not_convert`` entry the resolver
+    tries once per module)."""
+    return "re:^(" + "|".join(patterns) + ")$"
+
+
 def release_hf_config(hf_config: dict[str, Any], tensor_names: Iterable[str] | None = None) -> dict[str, Any]:
     """``hf_config`` with its ``quantization_config`` leaving dense what the release stores dense: the modules
     of ``tensor_names`` without a ``.scale`` (the checkpoint's own word), or ``RELEASE_DENSE`` without names.
@@ -70,8 +85,8 @@ def release_hf_config(hf_config: dict[str, Any], tensor_names: Iterable[str] | N
     else:
         patterns = [re.escape(m) for m in dense_modules(tensor_names)]
     ignore = list(qc.get("modules_to_not_convert") or [])
-    if patterns:  # one anchored alternation: the resolver tries it once per module
-        ignore.append("re:^(" + "|".join(patterns) + ")$")
+    if patterns:
+        ignore.append(dense_entry(patterns))
     return {**hf_config, KEY: {**qc, "modules_to_not_convert": ignore}}
 
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
+from dgpp.plugin_api import BenchGeometry, PackedRelease, TinyCheckpoint
 from dgpp.testing.builders import save_one_file
 
 TINY_DEEPSEEK_V4: dict[str, Any] = {
@@ -309,12 +309,22 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
 
 
 def bench_geometries() -> list[BenchGeometry]:
+    from dgpp_deepseek.loader import checkpoint_name
+    from dgpp_deepseek.release_layout import RELEASE_DENSE, RELEASE_QUANTIZATION, dense_entry
     from dgpp_deepseek.v41_bench import bench_geometries as v41_geometries
 
+    # ``dgpp bench --quant``: the release's tensor names (w1/w3/w2 experts, ``.scale``), the modules it stores
+    # BF16 (router, compressors, the indexer's weights_proj, head) and its formats (``--quant release``)
+    release = PackedRelease(
+        checkpoint_name, keep_dense=(dense_entry(RELEASE_DENSE),), quantization_config=RELEASE_QUANTIZATION
+    )
     return [
         *v41_geometries(),
         BenchGeometry(
-            f"deepseek-v4-flash-{V4_FLASH_LAYERS}l", V4_FLASH_BENCH, "DeepSeek-V4-Flash's per-layer shape"
+            f"deepseek-v4-flash-{V4_FLASH_LAYERS}l",
+            V4_FLASH_BENCH,
+            "DeepSeek-V4-Flash's per-layer shape",
+            release=release,
         ),
-        BenchGeometry("tiny-deepseek-v4", TINY_V4_BENCH, "its CPU smoke version"),
+        BenchGeometry("tiny-deepseek-v4", TINY_V4_BENCH, "its CPU smoke version", release=release),
     ]

@@ -23,4 +23,5 @@ FAMILY = Family(
     chat_template="dgpp_flint.dialect:chat_template",
     templates_package=__name__,
     tiny_checkpoints="dgpp_flint.testing:tiny_checkpoints",
+    bench_geometries="dgpp_flint.testing:bench_geometries",
 )

@@ -4,7 +4,8 @@ transformers builds and saves the model (per-expert tensors, the sink saved as `
 ships it). The default shape has both attention kinds (layers 0, 1 and 5 full, 2-4 sliding), dense layers
 0-1 then MoE layers, and a window of 8 tokens, so prompts longer than the window exercise it and the sinks.
 
-``tiny_checkpoints`` offers the builder (``flint``) to core.
+``tiny_checkpoints`` offers the builder (``flint``) to core, ``bench_geometries`` the release geometry (``flint``) and
+``tiny-flint`` to ``dgpp bench``.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dgpp.plugin_api import TinyCheckpoint
+from dgpp.plugin_api import BenchGeometry, PackedRelease, TinyCheckpoint
 from dgpp.testing.builders import save_one_file, spread_tensors
 
 TINY_FLINT: dict[str, Any] = {
@@ -217,3 +218,23 @@ FLINT_RELEASE: dict[str, Any] = {
 
 def tiny_checkpoints() -> list[TinyCheckpoint]:
     return [TinyCheckpoint("flint", build_tiny_flint, "Flint: sliding and full attention with sinks, MoE")]
+
+
+def bench_geometries() -> list[BenchGeometry]:
+    """The release geometry and its CPU smoke version; ``dgpp bench --quant release`` packs their routed experts
+    per layer and projection as the export does (``RELEASE_LAYOUT``; the tiny one ``MIXED_EXPERT_FORMATS``)."""
+    shapes = {k: v for k, v in FLINT_RELEASE.items() if k != "quantization_config"}
+    return [
+        BenchGeometry(
+            "flint",
+            shapes,
+            "Flint, FP8 block-128 and NVFP4 routed experts per layer and projection (--quant release)",
+            release=PackedRelease(quantization_config=quantization_config(RELEASE_LAYOUT)),
+        ),
+        BenchGeometry(
+            "tiny-flint",
+            TINY_FLINT,
+            "its CPU smoke version",
+            release=PackedRelease(quantization_config=quantization_config(MIXED_EXPERT_FORMATS)),
+        ),
+    ]

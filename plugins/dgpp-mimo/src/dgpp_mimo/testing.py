@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
+from dgpp.plugin_api import BenchGeometry, PackedRelease, TinyCheckpoint
 from dgpp.testing.builders import save_one_file, spread_tensors
 
 TINY_MIMO: dict[str, Any] = {
@@ -119,10 +119,15 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
 
 def bench_geometries() -> list[BenchGeometry]:
     from dgpp_mimo.testing_v26 import MIMO_V26_BENCH, MIMO_V26_LAYERS, TINY_MIMO_V26_BENCH
+    from dgpp_mimo.v26_checkpoint import RELEASE_BF16
 
+    release = PackedRelease(keep_dense=(RELEASE_BF16,))  # ``dgpp bench --quant``: o_proj stays BF16
     return [
         BenchGeometry(
-            f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l", MIMO_V26_BENCH, "MiMo-V2.6-Flash's per-layer shape"
+            f"mimo-v2.6-flash-{MIMO_V26_LAYERS}l",
+            MIMO_V26_BENCH,
+            "MiMo-V2.6-Flash's per-layer shape",
+            release=release,
         ),
-        BenchGeometry("tiny-mimo-v2.6", TINY_MIMO_V26_BENCH, "its CPU smoke version"),
+        BenchGeometry("tiny-mimo-v2.6", TINY_MIMO_V26_BENCH, "its CPU smoke version", release=release),
     ]

@@ -46,6 +46,9 @@ FP8_SCALE = "weight_scale_inv"
 _ATTN = re.compile(r"^(model\.(?:mtp\.)?layers\.(\d+))\.self_attn\.")
 _EXPERT = re.compile(r"\.mlp\.experts\.\d+\.(gate|up|down)_proj$")
 _FP8_DENSE = re.compile(r"\.(mlp\.(gate|up|down)_proj|self_attn\.(q|k|v|qkv)_proj)$")
+# the modules V26Scheme leaves BF16 (o_proj, eh_proj: every one that is no FP8 projection; routed experts are
+# MXFP4 whatever an ignore list says), as one quantization_config ignore entry
+RELEASE_BF16 = f"re:(?!.*{_FP8_DENSE.pattern})"
 
 
 def qkv_geometry(canonical: dict[str, Any], quant: dict[str, Any] | None, module: str) -> FusedQKV:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from functools import partial
 
-from dgpp.plugin_api import BenchGeometry, TinyCheckpoint
+from dgpp.plugin_api import BenchGeometry, PackedRelease, TinyCheckpoint
 from dgpp.testing.builders import build_transformers_checkpoint
 from dgpp_qwen.testing_qwen3 import GEOMETRIES, KINDS, build_qwen3_chat
 from dgpp_qwen.testing_qwen4_exp import (
@@ -35,9 +35,26 @@ def tiny_checkpoints() -> list[TinyCheckpoint]:
     ]
 
 
+# The Qwen3.5-MoE NVFP4 release (nvidia/Qwen3.5-122B-A10B-NVFP4) packs the routed experts only: attention,
+# Gated DeltaNet, the shared expert and its gate stay BF16 (its ModelOpt exclude_modules)
+_BF16_IN_NVFP4 = ("*self_attn*", "*linear_attn*", "*shared_expert*", "*mlp.gate")
+QWEN3_5_MOE_RELEASE = PackedRelease(
+    keep_dense=_BF16_IN_NVFP4,
+    quantization_config={
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head", *_BF16_IN_NVFP4],
+    },
+)
+
+
 def bench_geometries() -> list[BenchGeometry]:
     return [
-        *(BenchGeometry(name, config) for name, config in GEOMETRIES.items()),
+        *(
+            BenchGeometry(name, config, release=_release(config["model_type"]))
+            for name, config in GEOMETRIES.items()
+        ),
         BenchGeometry(
             f"qwen3.8-flash-next-{QWEN4_EXP_LAYERS}l",
             QWEN4_EXP_BENCH,
@@ -45,3 +62,7 @@ def bench_geometries() -> list[BenchGeometry]:
         ),
         BenchGeometry("tiny-qwen3.8-flash-next", TINY_QWEN4_EXP_BENCH, "its CPU smoke version"),
     ]
+
+
+def _release(model_type: str) -> PackedRelease:
+    return QWEN3_5_MOE_RELEASE if model_type == "qwen3_5_moe_text" else PackedRelease()
