@@ -150,7 +150,7 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
 def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
     """Pool rows ``token_rows`` (``context_token_rows``) of ``cache``, ``[len, kv_heads, dim]``."""
     rows = _bits(cache).flatten(0, 1).index_select(0, token_rows)
-    return rows.view(cache.dtype)
+    return rows if rows.dtype == cache.dtype else rows.view(cache.dtype)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
@@ -181,7 +181,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, sca
         scores = _as(torch.bmm(grouped[i], keys), dtype) * scale  # [Hkv, group, visible]
         probs = _as(torch.softmax(scores, dim=-1, dtype=torch.float32), dtype)
         rows.append(torch.bmm(_as(probs, compute), values))
-    out = rows[0].unsqueeze(0) if n == 1 else torch.stack(rows)
+    out = rows[0] if n == 1 else torch.stack(rows)  # one row's [Hkv, group, Dv] reshapes as [1, Hkv, ...]
     return _as(out, dtype).reshape(n, num_q_heads, -1)
 
 
