@@ -150,7 +150,7 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
 def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
     """Pool rows ``token_rows`` (``context_token_rows``) of ``cache``, ``[len, kv_heads, dim]``."""
     rows = _bits(cache).flatten(0, 1).index_select(0, token_rows)
-    return rows.view(cache.dtype)
+    return rows if rows.dtype == cache.dtype else rows.view(cache.dtype)
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, scale: float) -> torch.Tensor:
@@ -170,7 +170,9 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, sca
     group = num_q_heads // num_kv_heads
     dtype = q.dtype
     compute = torch.float32 if q.device.type == "cpu" and dtype in _NARROW else dtype
-    grouped = _as(q.reshape(n, num_kv_heads, group, -1), compute)
+    grouped = _as(
+        q.reshape(n, num_kv_heads, group, -1) if n > 1 else q.reshape(num_kv_heads, group, -1), compute
+    )
     k_t = _as(_as(k, dtype), compute).permute(1, 2, 0)  # [Hkv, D, L]
     v_h = _as(_as(v, dtype), compute).transpose(0, 1)  # [Hkv, L, Dv]
     length = k.shape[0]
@@ -178,10 +180,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, sca
     for i in range(n):
         visible = q_offset + i + 1
         keys, values = (k_t, v_h) if visible == length else (k_t[:, :, :visible], v_h[:, :visible])
-        scores = _as(torch.bmm(grouped[i], keys), dtype) * scale  # [Hkv, group, visible]
+        row = grouped if n == 1 else grouped[i]  # [Hkv, group, D]
+        scores = _as(torch.bmm(row, keys), dtype) * scale  # [Hkv, group, visible]
         probs = _as(torch.softmax(scores, dim=-1, dtype=torch.float32), dtype)
         rows.append(torch.bmm(_as(probs, compute), values))
-    out = rows[0].unsqueeze(0) if n == 1 else torch.stack(rows)
+    out = rows[0] if n == 1 else torch.stack(rows)  # one row's [Hkv, group, Dv] reshapes as [1, Hkv, ...]
     return _as(out, dtype).reshape(n, num_q_heads, -1)
 
 

@@ -123,9 +123,9 @@ class Int4PackedWeight(nn.Module):
             flat = flat.repeat(1, self.planes)
         elif not flat.is_contiguous():  # the kernel reads rows of K contiguous inputs
             flat = flat.contiguous()
-        limit = int4pack_row_limit(self.rows, self.planes * self.in_features)
-        # a part of a joined weight (Int4PackLinearMethod._joined) holds views; its scales are strided
-        scale_zeros = self.scale_zeros if self.scale_zeros.is_contiguous() else self.scale_zeros.contiguous()
+        # a decode row needs no row limit (and no look-up of it)
+        limit = 1 if rows == 1 else int4pack_row_limit(self.rows, self.planes * self.in_features)
+        scale_zeros = self.contiguous_scale_zeros()
         if rows <= limit:
             out = int4pack_product(flat, self.packed, scale_zeros)
         else:
@@ -135,6 +135,12 @@ class Int4PackedWeight(nn.Module):
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def contiguous_scale_zeros(self) -> torch.Tensor:
+        """The scales and zeros as the kernel reads them: a part of a joined weight
+        (``Int4PackLinearMethod._joined``) holds a strided view of the joined scales, copied per call."""
+        scale_zeros = self.scale_zeros
+        return scale_zeros if scale_zeros.is_contiguous() else scale_zeros.contiguous()
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, planes={self.planes}"
@@ -182,12 +188,13 @@ class Int4PackLinearMethod:
 
     @staticmethod
     def _joined(layers: tuple[nn.Module, ...]) -> Int4PackedWeight | None:
-        if not all(
-            isinstance(layer.quant_method, Int4PackLinearMethod) and layer.bias is None for layer in layers
-        ):
-            return None
-        cached = getattr(layers[0], "_dgpp_int4_joined", None)
+        cached = layers[0].__dict__.get("_dgpp_int4_joined")  # a plain attribute: no Module.__getattr__
         if cached is None or cached[0] != len(layers):
+            if not all(
+                isinstance(layer.quant_method, Int4PackLinearMethod) and layer.bias is None
+                for layer in layers
+            ):
+                return None
             parts = [layer.int4_weight for layer in layers]
             joined = concat_packed(parts)
             if joined is not None:  # the parts become views of the joined weight: one copy stays resident
@@ -205,12 +212,12 @@ class Int4PackLinearMethod:
         joined = cls._joined(layers)
         if joined is None:
             return None
-        return list(joined(x).split([layer.out_local for layer in layers], dim=-1))
+        return list(torch.split_with_sizes(joined(x), [layer.out_local for layer in layers], dim=-1))
 
     @classmethod
     def fused_gate_up_silu(cls, gate: nn.Module, up: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
         joined = cls._joined((gate, up))
         if joined is None:
             return None
-        g, u = joined(x).split(gate.out_local, dim=-1)
+        g, u = torch.split_with_sizes(joined(x), [gate.out_local, up.out_local], dim=-1)
         return silu_and_mul(g, u)

@@ -270,7 +270,7 @@ class RotaryEmbedding(nn.Module):
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self._cos_sin_memo: tuple | None = None  # (positions, (versions, dtype), (cos, sin)): see cos_sin
-        self._signed_sin_memo: tuple | None = None  # (sin, signed sin): see signed_sin
+        self._factors_memo: tuple | None = None  # (cos, sin, factors): see rotation_factors
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``[T, rotary_dim]`` cos and sin laid out for this style.
@@ -317,25 +317,28 @@ class RotaryEmbedding(nn.Module):
             )
         return per_axis.gather(0, axis.view(1, 1, -1).expand(1, per_axis.shape[1], -1))[0]
 
-    def signed_sin(self, sin: torch.Tensor) -> torch.Tensor:
-        """``_signed_sin`` of ``cos_sin``'s sin; on the CPU kept with the step's pair (the same sin tensor)."""
-        memo = self._signed_sin_memo
-        if memo is not None and memo[0] is sin:
-            return memo[1]
-        signed = _signed_sin(sin, self.style)
+    def rotation_factors(self, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos_sin``'s pair as ``_rotate`` multiplies it: ``[T, 1, rotary_dim]`` cos and ``_signed_sin``; on the
+        CPU kept with the step's pair (the same tensors), so every layer of a step reuses them."""
+        memo = self._factors_memo
+        if memo is not None and memo[0] is cos and memo[1] is sin:
+            return memo[2]
+        factors = cos[:, None, :], _signed_sin(sin, self.style)[:, None, :]
         if sin.device.type == "cpu":
-            self._signed_sin_memo = (sin, signed)
-        return signed
+            self._factors_memo = (cos, sin, factors)
+        return factors
 
     def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """``x [T, heads, head_dim]`` rotated by ``cos_sin``'s pair."""
-        return self._rotate(x, cos, self.signed_sin(sin))
+        return self._rotate(x, *self.rotation_factors(cos, sin))
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        if self.rotary_dim == x.shape[-1]:  # the whole head turns: no slices to take or join
+            partner = _swap_halves(x) if self.style == "half" else _swap_pairs(x)
+            return x * cos + partner * signed_sin
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
         partner = _swap_halves(rot) if self.style == "half" else _swap_pairs(rot)
-        out = rot * cos[:, None, :] + partner * signed_sin[:, None, :]
-        return torch.cat((out, rest), dim=-1) if rest.shape[-1] else out
+        return torch.cat((rot * cos + partner * signed_sin, rest), dim=-1)
 
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
@@ -348,6 +351,6 @@ class RotaryEmbedding(nn.Module):
             )
         cos, sin = self.cos_sin(positions, q.dtype)
         # q's and k's heads rotated as one tensor: half the small ops of a decode row (the rotation is per element)
-        both = self._rotate(torch.cat((q, k), dim=1), cos, self.signed_sin(sin))
-        q_rot, k_rot = both.split([q.shape[1], k.shape[1]], dim=1)
+        both = self._rotate(torch.cat((q, k), dim=1), *self.rotation_factors(cos, sin))
+        q_rot, k_rot = torch.split_with_sizes(both, [q.shape[1], k.shape[1]], dim=1)
         return q_rot, k_rot
