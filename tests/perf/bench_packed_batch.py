@@ -9,7 +9,8 @@
    ``dgpp bench`` ran) and ``bf16`` (the dense canonical kernels, ``dgpp.nn.exact.gemm``, on bf16 weights of the
    same shapes), each with % of the copy bandwidth for the bytes a call must read (weights once + x + out).
 4. ``--sweep``: batch-tile variants at 64 rows.
-5. ``--tiles``: decode-tile variants (``TILE_VARIANTS``: scales loaded a step ahead, FP4 scales as 32-bit words),
+5. ``--tiles``: decode-tile variants (``TILE_VARIANTS``: scales loaded a step ahead, FP4 scales as 32-bit words,
+   FP4 x split by every warp in every K step instead of once per launch),
    each timed at 1 and 16 rows, and every 64-row candidate of each (``batch_candidates``) timed at 64 rows with
    its rows checked bit for bit against the variant's 16-row launches (a candidate that is not row-exact is
    reported, as the run-time probe would skip it).
@@ -178,6 +179,7 @@ TILE_VARIANTS = {
     "scales_in_step": {"scales_ahead": False},
     "scales_ahead": {"scales_ahead": True},
     "scale_words": {"fp4_scales": "words", "scales_ahead": False},  # FP4 only
+    "x_split_step": {"x_split": "step"},  # FP4 only: x's even/odd columns split by every warp in every step
 }
 
 
@@ -193,7 +195,8 @@ def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, resu
     seen = set()
     for vname, change in TILE_VARIANTS.items():
         dec = dataclasses.replace(tile, **change)
-        if ("fp4_scales" in change and not isinstance(fmt, FP4Grouped)) or dec in seen:
+        fp4_only = "fp4_scales" in change or "x_split" in change
+        if (fp4_only and not isinstance(fmt, FP4Grouped)) or dec in seen:
             continue  # FP4 only, or the same tile as an earlier variant
         seen.add(dec)
         same = torch.equal(

@@ -24,9 +24,10 @@ from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.kernels.batch_probe import exact_batch_tile
-from dgpp.quant.kernels.gemv_tile import FP4_LAYOUTS, FP4_SCALES, MAX_ROWS, GemvTile
+from dgpp.quant.kernels.gemv_tile import FP4_LAYOUTS, FP4_SCALES, MAX_ROWS, X_SPLITS, GemvTile
 from dgpp.quant.kernels.operands import interpreting, operand, scale_block
 from dgpp.quant.kernels.row_launch import RowTile, row_gate_up_silu, row_multi_linear, row_supported
+from dgpp.quant.kernels.x_halves import x_halves
 
 
 def _pow2_divisor(n: int) -> int:
@@ -280,6 +281,8 @@ def _launch_args(
         if tile.bk % fmt.group:
             raise ValueError(f"tile bk={tile.bk} is not a multiple of the {fmt.name} group {fmt.group}")
     global_op = kern.GLOBAL_NONE
+    if tile.x_split not in X_SPLITS:
+        raise ValueError(f"GemvTile.x_split must be one of {X_SPLITS}, got {tile.x_split!r}")
     if isinstance(fmt, FP4Grouped) and fmt.global_name:
         global_op = kern.GLOBAL_MUL if fmt.global_op == "mul" else kern.GLOBAL_DIV
     dot_fp32 = x.dtype == torch.float32 or interpreting()
@@ -305,6 +308,7 @@ def _launch_args(
         DOT_DTYPE=dot_dtype,
         BLOCKS=tile.row_blocks if row_block(x.shape[0]) > MAX_ROWS else 1,
         SCALES_AHEAD=tile.scales_ahead,
+        X_HALVES=isinstance(fmt, FP4Grouped) and not tile.interleave and tile.x_split == "launch",
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
@@ -312,13 +316,15 @@ def _launch_args(
 
 @dataclasses.dataclass
 class _Launch:
-    """One launch's plan: grid, constexprs, the K slice width, split-K buffers."""
+    """One launch's plan: grid, constexprs, the K slice width, split-K buffers, and x as the kernel reads it
+    (in step order, ``x_halves``, for FP4 tiles that split x once per launch)."""
 
     grid: tuple[int, int, int]
     args: dict
     k_per_split: int
     ws: torch.Tensor
     cnt: torch.Tensor
+    x: torch.Tensor
 
 
 def _plan(
@@ -341,12 +347,14 @@ def _plan(
     tiles = sum(cdiv(n, run.bn) for n in tile_rows)
     run, ws, cnt = _split_buffers(run, tiles, parts, m, x.device)
     k_per_split = cdiv(cdiv(k, run.split_k), tile.bk) * tile.bk
+    args = _launch_args(fmt, run, shapes, x, tile.bk)
     return _Launch(
         (tiles, run.split_k, cdiv(m, row_block(m))),
-        _launch_args(fmt, run, shapes, x, tile.bk),
+        args,
         k_per_split,
         ws,
         cnt,
+        x_halves(x, run.bk) if args["X_HALVES"] else x,
     )
 
 
@@ -389,7 +397,7 @@ def quant_multi_linear(
     out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, shapes, x, 1, sizes)
     quant_multi_gemv_kernel[plan.grid](
-        x,
+        plan.x,
         *ops[0],
         *ops[1],
         *ops[2],
@@ -402,7 +410,7 @@ def quant_multi_linear(
         ns[0],
         ns[1],
         ns[2],
-        x.stride(0),
+        plan.x.stride(0),
         out.stride(0),
         **plan.args,
     )
@@ -441,7 +449,7 @@ def quant_gate_up_silu(
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, [shape], x, 2, [n])
     quant_gate_up_silu_kernel[plan.grid](
-        x,
+        plan.x,
         *operand(fmt, gate),
         *operand(fmt, up),
         out,
@@ -451,7 +459,7 @@ def quant_gate_up_silu(
         k,
         plan.k_per_split,
         n,
-        x.stride(0),
+        plan.x.stride(0),
         out.stride(0),
         **plan.args,
     )
