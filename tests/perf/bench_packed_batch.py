@@ -180,6 +180,9 @@ TILE_VARIANTS = {
     "scales_ahead": {"scales_ahead": True},
     "scale_words": {"fp4_scales": "words", "scales_ahead": False},  # FP4 only
     "x_split_step": {"x_split": "step"},  # FP4 only: x's even/odd columns split by every warp in every step
+    # the weights as the MMA's A operand: on 8 warps Triton issues wgmma at 16 rows too, so its one-dot 64-row
+    # candidate may round as the 16-row tile does (the sweep's exact= says)
+    "weights_as_a": {"w_as_a": True},
 }
 
 
@@ -195,7 +198,7 @@ def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, resu
     seen = set()
     for vname, change in TILE_VARIANTS.items():
         dec = dataclasses.replace(tile, **change)
-        fp4_only = "fp4_scales" in change or "x_split" in change
+        fp4_only = "fp4_scales" in change or "x_split" in change or vname == "weights_as_a"
         if (fp4_only and not isinstance(fmt, FP4Grouped)) or dec in seen:
             continue  # FP4 only, or the same tile as an earlier variant
         seen.add(dec)
