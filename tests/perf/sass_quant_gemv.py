@@ -189,11 +189,11 @@ def batch_loops(name: str, shape: tuple[int, int], x_split: str | None = None) -
 
     fmt = formats()[name]
     tile = default_tile(fmt, shape[0], shape[1], 132)
-    if x_split:
-        tile = dataclasses.replace(tile, x_split=x_split)
     for label, t, rows in [("decode16", tile, 16)] + [
         (f"batch{i}", c, 64) for i, c in enumerate(batch_candidates(fmt, tile, shape))
     ]:
+        if x_split:
+            t = dataclasses.replace(t, x_split=x_split)
         try:
             line = loop_summary(compile_tile(fmt, t, shape, rows), t.bn * t.bk // (32 * t.warps))
         except Exception as e:  # a tile that does not compile is reported, not fatal

@@ -2,7 +2,8 @@
 columns, then its odd ones) instead of every warp splitting each step (``x_split="step"``). Under the Triton
 interpreter (fp32): the pre-pass is the permutation it claims (zero padded to whole steps), and every FP4 format,
 tile (grouped and flat layouts, x or weights as the MMA's A operand, split K, 64-row blocked and one-dot batch
-tiles) and row count gives the bits of the per-step split, on ragged (masked) and even shapes."""
+tiles) and row count gives the bits of the per-step split, on ragged (masked) and even shapes. The decode tile
+splits per step and the 64-row candidates once per launch (the defaults); rows stay exact across the two."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from dgpp.quant.kernels import GemvTile, decode_launch, quant_gate_up_silu, quan
 from dgpp.quant.kernels.x_halves import x_halves
 
 from .gemv_cases import packed_weights
+from .test_packed_batch import assert_rows_exact
 
 FP4 = [NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4()]
 DECODE_TILES = {
@@ -70,16 +72,17 @@ def test_split_once_per_launch_gives_the_bits_of_the_split_per_step(fmt, tile_id
         sets = [packed_weights(fmt, n, k, seed=n + i)[0] for i in range(2)]
         dense = fmt.decode(sets[0], (n, k), torch.float32)
         x = torch.randn(max(ROW_COUNTS), k)
-        per_step = dataclasses.replace(tile, x_split="step")
+        per_launch = dataclasses.replace(tile, x_split="launch")
         for rows in ROW_COUNTS:
             for batch in _batch_tiles(fmt, tile, (n, k)) if rows > 16 else [None]:
+                launch_batch = batch and dataclasses.replace(batch, x_split="launch")
                 step_batch = batch and dataclasses.replace(batch, x_split="step")
                 for gate_up in (False, True):
-                    got = _launch(fmt, sets, x[:rows], (n, k), tile, batch, gate_up)
-                    want = _launch(fmt, sets, x[:rows], (n, k), per_step, step_batch, gate_up)
+                    got = _launch(fmt, sets, x[:rows], (n, k), per_launch, launch_batch, gate_up)
+                    want = _launch(fmt, sets, x[:rows], (n, k), tile, step_batch, gate_up)
                     assert torch.equal(got, want), f"{fmt.name} {tile_id} {n}x{k} rows={rows} {batch}"
             torch.testing.assert_close(
-                _launch(fmt, sets, x[:rows], (n, k), tile, None, False),
+                _launch(fmt, sets, x[:rows], (n, k), per_launch, None, False),
                 x[:rows] @ dense.t(),
                 rtol=1e-5,
                 atol=1e-5,
@@ -87,8 +90,9 @@ def test_split_once_per_launch_gives_the_bits_of_the_split_per_step(fmt, tile_id
 
 
 def test_only_fp4_tiles_that_split_x_run_the_pre_pass(monkeypatch):
-    """The pre-pass runs once per FP4 launch with ``x_split="launch"`` (the default), and not for the per-step
-    split, interleaved nibbles (one dot against x in column order) or FP8."""
+    """The pre-pass runs once per FP4 launch with ``x_split="launch"`` (the 64-row candidates' default), and not
+    for the per-step split (the decode tile's default), interleaved nibbles (one dot against x in column order) or
+    FP8; a decode tile splitting per step and its 64-row candidate splitting per launch keep rows exact."""
     calls = []
 
     def counted(x, bk):
@@ -99,14 +103,20 @@ def test_only_fp4_tiles_that_split_x_run_the_pre_pass(monkeypatch):
     fp4, fp8, k = NVFP4ModelOpt(), FP8Block(block=(16, 64)), 128
     t4, t8 = packed_weights(fp4, 32, k, seed=0)[0], packed_weights(fp8, 32, k, seed=0)[0]
     x = torch.randn(3, k)
-    quant_multi_linear(fp4, [t4, t4], x, [(32, k)] * 2, GemvTile(bn=16, bk=64))
-    quant_gate_up_silu(fp4, t4, t4, x, (32, k), GemvTile(bn=16, bk=64))
+    once = GemvTile(bn=16, bk=64, x_split="launch")
+    quant_multi_linear(fp4, [t4, t4], x, [(32, k)] * 2, once)
+    quant_gate_up_silu(fp4, t4, t4, x, (32, k), once)
     assert calls == [(3, 64), (3, 64)]
     calls.clear()
-    quant_multi_linear(fp4, [t4], x, [(32, k)], GemvTile(bn=16, bk=64, x_split="step"))
-    quant_multi_linear(fp4, [t4], x, [(32, k)], GemvTile(bn=16, bk=64, interleave=True))
-    quant_multi_linear(fp8, [t8], x, [(32, k)], GemvTile(bn=16, bk=64))
+    quant_multi_linear(fp4, [t4], x, [(32, k)], GemvTile(bn=16, bk=64))
+    quant_multi_linear(fp4, [t4], x, [(32, k)], GemvTile(bn=16, bk=64, interleave=True, x_split="launch"))
+    quant_multi_linear(fp8, [t8], x, [(32, k)], once)
     assert calls == []
+    decode = GemvTile(bn=16, bk=64)
+    blocked = decode_launch.batch_candidates(fp4, decode, (32, k))[0]
+    assert blocked.row_blocks == 4 and blocked.x_split == "launch" and decode.x_split == "step"
+    assert_rows_exact(fp4, t4, torch.randn(300, k), (32, k), decode, blocked)
+    assert calls and all(bk == 64 for _, bk in calls)
     with pytest.raises(ValueError, match="x_split"):
         quant_multi_linear(fp4, [t4], x, [(32, k)], GemvTile(bn=16, bk=64, x_split="warp"))
 
@@ -117,7 +127,7 @@ def test_a_wrong_step_order_changes_the_result(monkeypatch):
     fmt, n, k = MXFP4(), 32, 128
     tensors, dense = packed_weights(fmt, n, k, seed=1)
     x = torch.randn(4, k)
-    tile = GemvTile(bn=16, bk=64)
+    tile = GemvTile(bn=16, bk=64, x_split="launch")
     monkeypatch.setattr(decode_launch, "x_halves", lambda rows, bk: F.pad(rows, (0, -rows.shape[1] % bk)))
     got = quant_multi_linear(fmt, [tensors], x, [(n, k)], tile)[0]
     want = quant_multi_linear(fmt, [tensors], x, [(n, k)], dataclasses.replace(tile, x_split="step"))[0]

@@ -199,9 +199,13 @@ def default_batch_tile(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> GemvTi
     """The tile of 64-row blocks: the decode tile's chain (``chain_bk``, its K split), the decoded weights as
     the MMA's A operand (on Hopper a wgmma takes A from registers, so decoded tiles never go through shared
     memory; x is the B operand, copied to shared memory as loaded), FP8 steps one dot wide so that pipeline
-    stages of 64 x rows fit shared memory, and 64 output rows per program or more (x is read once per program)."""
+    stages of 64 x rows fit shared memory, and 64 output rows per program or more (x is read once per program).
+    FP4 64-row tiles read x split into each K step's even and odd columns once per launch (``x_split``; the same
+    bits as the decode tile's split in every step): in Triton 3.6's sm_90 SASS their K loops then lose the split's
+    byte permutes (the blocked tile's ALU instructions halve; one-dot tiles run 17-23 % fewer instructions), while
+    the decode tile's own loop grows with it (4.91 -> 5.16 NVFP4 instructions a weight), so it keeps the split."""
     if isinstance(fmt, FP4Grouped):
-        return dataclasses.replace(tile, bn=max(tile.bn, 64), stages=3, w_as_a=True)
+        return dataclasses.replace(tile, bn=max(tile.bn, 64), stages=3, w_as_a=True, x_split="launch")
     return dataclasses.replace(tile, bn=64, bk=chain_bk(fmt, tile, shape), stages=4, warps=4, w_as_a=True)
 
 
@@ -229,6 +233,7 @@ def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[Gem
         tile, row_blocks=BATCH_BM // DECODE_BM, stages=min(tile.stages, 2), scales_ahead=False
     )
     if isinstance(fmt, FP4Grouped):  # 64 columns on 8 warps: four accumulators fit the registers (sm_90 SASS)
+        blocked = dataclasses.replace(blocked, x_split=base.x_split)
         narrow = dataclasses.replace(blocked, bn=64, warps=8)
         return list(dict.fromkeys([narrow, blocked, x_as_a, base]))
     # one dot per step on 2 warps: 190 registers, no spills, 10.1 sm_90 loop instructions per weight and thread
