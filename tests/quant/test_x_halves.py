@@ -21,7 +21,6 @@ from dgpp.quant.kernels.x_halves import x_halves
 from .gemv_cases import packed_weights
 from .test_packed_batch import assert_rows_exact
 
-FP4 = [NVFP4ModelOpt(), NVFP4CompressedTensors(), MXFP4()]
 DECODE_TILES = {
     "grouped": GemvTile(bn=16, bk=64),
     "flat-broadcast-x-as-a": GemvTile(
@@ -64,8 +63,13 @@ def _batch_tiles(fmt, tile: GemvTile, shape) -> list[GemvTile]:
     ]
 
 
-@pytest.mark.parametrize("tile_id", list(DECODE_TILES))
-@pytest.mark.parametrize("fmt", FP4, ids=lambda f: f.name)
+# every tile for NVFP4 (ModelOpt: the global scale multiplies) and MXFP4; compressed-tensors NVFP4 (it divides) once
+BITS_CASES = [(f, t) for f in (NVFP4ModelOpt(), MXFP4()) for t in DECODE_TILES] + [
+    (NVFP4CompressedTensors(), "grouped")
+]
+
+
+@pytest.mark.parametrize(("fmt", "tile_id"), BITS_CASES, ids=[f"{f.name}-{t}" for f, t in BITS_CASES])
 def test_split_once_per_launch_gives_the_bits_of_the_split_per_step(fmt, tile_id):
     tile = DECODE_TILES[tile_id]
     for n, k in ((40, 320), (64, 384)):  # ragged N and a last step past K; whole tiles and steps
