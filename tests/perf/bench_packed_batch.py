@@ -9,7 +9,9 @@
    ``dgpp bench`` ran) and ``bf16`` (the dense canonical kernels, ``dgpp.nn.exact.gemm``, on bf16 weights of the
    same shapes), each with % of the copy bandwidth for the bytes a call must read (weights once + x + out).
 4. ``--sweep``: batch-tile variants at 64 rows.
-5. ``--tiles``: decode-tile variants (``TILE_VARIANTS``: scales loaded a step ahead, FP4 scales as 32-bit words),
+5. ``--tiles``: decode-tile variants (``TILE_VARIANTS``: scales loaded a step ahead, FP4 scales as 32-bit words,
+   FP4 x split by every warp in every K step, or once per launch, for the decode tile and its candidates alike;
+   FP4 with the weights as the MMA's A operand),
    each timed at 1 and 16 rows, and every 64-row candidate of each (``batch_candidates``) timed at 64 rows with
    its rows checked bit for bit against the variant's 16-row launches (a candidate that is not row-exact is
    reported, as the run-time probe would skip it).
@@ -178,6 +180,13 @@ TILE_VARIANTS = {
     "scales_in_step": {"scales_ahead": False},
     "scales_ahead": {"scales_ahead": True},
     "scale_words": {"fp4_scales": "words", "scales_ahead": False},  # FP4 only
+    # FP4 only, the decode tile and its 64-row candidates alike: x's even/odd columns split by every warp in every
+    # K step (as before the 64-row candidates read it split once per launch), or once per launch everywhere
+    "x_split_step": {"x_split": "step"},
+    "x_split_launch": {"x_split": "launch"},
+    # the weights as the MMA's A operand: on 8 warps Triton issues wgmma at 16 rows too, so its one-dot 64-row
+    # candidate may round as the 16-row tile does (the sweep's exact= says)
+    "weights_as_a": {"w_as_a": True},
 }
 
 
@@ -193,7 +202,8 @@ def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, resu
     seen = set()
     for vname, change in TILE_VARIANTS.items():
         dec = dataclasses.replace(tile, **change)
-        if ("fp4_scales" in change and not isinstance(fmt, FP4Grouped)) or dec in seen:
+        fp4_only = "fp4_scales" in change or "x_split" in change or vname == "weights_as_a"
+        if (fp4_only and not isinstance(fmt, FP4Grouped)) or dec in seen:
             continue  # FP4 only, or the same tile as an earlier variant
         seen.add(dec)
         same = torch.equal(
@@ -202,6 +212,8 @@ def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, resu
         runs = [(f"decode m={m} same_bits={same}", x[:m], None) for m in (1, 16)]
         want = launch(fmt, kind, sets[0], shapes, x, dec, chunk=16)
         for i, b in enumerate(batch_candidates(fmt, dec, shapes[0])):
+            if "x_split" in change:
+                b = dataclasses.replace(b, x_split=change["x_split"])
             try:
                 exact = torch.equal(launch(fmt, kind, sets[0], shapes, x, dec, b), want)
             except Exception as e:  # reported, not fatal

@@ -8,13 +8,15 @@ Compile with the device's Triton to see what it will run, e.g. a Triton 3.6 whee
 One line per tile (the default of the o_proj shape, then bench_quant_gemv's sweep): SASS instruction
 counts of the whole kernel, and the registers/stack per thread. ``--batch``: the K loop of the decode tile at 16
 rows and of each 64-row candidate at 64 rows, per decoded weight and thread (instructions, shared-memory bytes),
-and how many instructions separate a global scale load from its first use.
+and how many instructions separate a global scale load from its first use. ``--x-split step|launch``: the FP4 tiles
+split x's even and odd columns in every K step, or read x split once per launch (``GemvTile.x_split``).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import glob
 import os
 import re
@@ -178,7 +180,7 @@ def sass_summary(compiled) -> str:
     return f"sass={len(ops)} {counts} mem={dict(narrow)} regs={regs.group(1)} stack={regs.group(2)}"
 
 
-def batch_loops(name: str, shape: tuple[int, int]) -> None:
+def batch_loops(name: str, shape: tuple[int, int], x_split: str | None = None) -> None:
     """The decode tile at 16 rows and every 64-row candidate (``batch_candidates``) at 64 rows: the K loop's
     instructions and shared-memory bytes per decoded weight, per thread."""
     from bench_quant_gemv import formats
@@ -190,6 +192,8 @@ def batch_loops(name: str, shape: tuple[int, int]) -> None:
     for label, t, rows in [("decode16", tile, 16)] + [
         (f"batch{i}", c, 64) for i, c in enumerate(batch_candidates(fmt, tile, shape))
     ]:
+        if x_split:
+            t = dataclasses.replace(t, x_split=x_split)
         try:
             line = loop_summary(compile_tile(fmt, t, shape, rows), t.bn * t.bk // (32 * t.warps))
         except Exception as e:  # a tile that does not compile is reported, not fatal
@@ -208,14 +212,17 @@ def main() -> None:
     ap.add_argument(
         "--batch", action="store_true", help="K-loop cost per weight of the decode and 64-row tiles"
     )
+    ap.add_argument("--x-split", choices=("step", "launch"), help="GemvTile.x_split of every tile (FP4)")
     args = ap.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     for name in args.formats.split(","):
         if args.batch:
-            batch_loops(name, shape)
+            batch_loops(name, shape, args.x_split)
             continue
         fmt = formats()[name]
         for tile in [default_tile(fmt, shape[0], shape[1])] + sweep_tiles(name, "small"):
+            if args.x_split:
+                tile = dataclasses.replace(tile, x_split=args.x_split)
             try:
                 line = sass_summary(compile_tile(fmt, tile, shape))
             except Exception as e:  # a tile that does not compile is reported, not fatal

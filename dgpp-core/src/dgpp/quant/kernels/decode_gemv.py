@@ -19,7 +19,9 @@ relies on it). The packed bytes are decoded in registers:
   bf16); the per-tensor global scale is applied to the fp32 accumulator after the loop. The tile is
   built by ``fp4_tiles`` in the ``FP4_LAYOUT`` chosen; low nibbles (even columns) and high nibbles (odd
   columns) meet x split into even/odd columns in two dots, or are interleaved (``INTERLEAVE``) for one
-  dot against contiguous x.
+  dot against contiguous x. ``X_HALVES``: x arrives already split, each K step's even columns then its odd
+  ones (``x_halves``, a pre-pass once per launch), so each half is one contiguous load instead of every
+  warp taking the step's x apart.
 
 ``DOT_FP32`` (fp32 activations, and the Triton interpreter whose bf16 is wrong) decodes and multiplies
 in fp32 with IEEE dots instead.
@@ -111,6 +113,7 @@ def quant_multi_gemv_kernel(
     DOT_DTYPE: tl.constexpr,
     BLOCKS: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False,
+    X_HALVES: tl.constexpr = False,
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
@@ -152,6 +155,7 @@ def quant_multi_gemv_kernel(
         DOT_DTYPE,
         BLOCKS,
         SCALES_AHEAD,
+        X_HALVES,
     )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + (out_base + cols)[:, None]
@@ -206,6 +210,7 @@ def quant_gate_up_silu_kernel(
     DOT_DTYPE: tl.constexpr,
     BLOCKS: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False,
+    X_HALVES: tl.constexpr = False,
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)
@@ -242,6 +247,7 @@ def quant_gate_up_silu_kernel(
         DOT_DTYPE,
         BLOCKS,
         SCALES_AHEAD,
+        X_HALVES,
     )
     up = quant_tile(
         x_ptr,
@@ -274,6 +280,7 @@ def quant_gate_up_silu_kernel(
         DOT_DTYPE,
         BLOCKS,
         SCALES_AHEAD,
+        X_HALVES,
     )
     rows = tl.arange(0, BM)
     out_ptrs = out_ptr + rows[None, :] * out_stride + cols[:, None]

@@ -1,4 +1,5 @@
-"""Operands of the packed MMA GEMV's steps (``gemv_steps``): x tiles (contiguous, or as even/odd column pairs),
+"""Operands of the packed MMA GEMV's steps (``gemv_steps``): x tiles (contiguous, as even/odd column pairs, or
+the even and odd halves of a step from x written in step order by ``x_halves``),
 the stored weight bytes of a tile, E4M3 codes as dot values, one dot in either operand order, per-row scaling, the
 FP8 block scales of a step, and where the next step starts for loads issued a step ahead."""
 
@@ -35,6 +36,17 @@ def x_pairs(
     if not EVEN:
         mask = mask & (kk < k_dim)
     return tl.load(x_ptr + rows[:, None, None] * x_stride + kk, mask=mask, other=0.0).to(DOT_DTYPE)
+
+
+@triton.jit
+def x_step_halves(x_ptr, rows, m, x_stride, k0, HALF: tl.constexpr, DOT_DTYPE: tl.constexpr):
+    """The step at ``k0`` of x in step order (``x_halves``: its even columns at k0.., its odd ones at k0 + HALF..)
+    as two contiguous [rows, HALF] tiles. The pre-pass padded K to whole steps with zeros: no K mask."""
+    ptrs = x_ptr + rows[:, None] * x_stride + k0 + tl.arange(0, HALF)[None, :]
+    mask = rows[:, None] < m
+    x_even = tl.load(ptrs, mask=mask, other=0.0).to(DOT_DTYPE)
+    x_odd = tl.load(ptrs + HALF, mask=mask, other=0.0).to(DOT_DTYPE)
+    return x_even, x_odd
 
 
 @triton.jit

@@ -20,6 +20,7 @@ from dgpp.quant.kernels.gemv_operands import (
     per_row,
     w_tile,
     x_pairs,
+    x_step_halves,
     x_tile,
 )
 
@@ -69,10 +70,17 @@ def fp4_step(
     FP4_LAYOUT: tl.constexpr,
     DOT_FP32: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
+    X_HALVES: tl.constexpr,
 ):
-    """One FP4 K step of one row block into its accumulator: the even and odd columns' dots added in turn."""
+    """One FP4 K step of one row block into its accumulator: the even and odd columns' dots added in turn.
+    ``X_HALVES``: x arrives in step order (``x_halves``), each half one contiguous load; otherwise the step's
+    x is taken apart here."""
     HALF: tl.constexpr = BK // 2
-    if INTERLEAVE:  # one dot against contiguous x
+    if X_HALVES:
+        x_even, x_odd = x_step_halves(x_ptr, rows, m, x_stride, k0, HALF, DOT_DTYPE)
+        acc += mma(x_even, lo, W_AS_A, DOT_FP32)
+        acc += mma(x_odd, hi, W_AS_A, DOT_FP32)
+    elif INTERLEAVE:  # one dot against contiguous x
         kk = k0 + tl.arange(0, BK)
         acc += mma(
             x_tile(x_ptr, rows, m, x_stride, kk, k_hi, EVEN, DOT_DTYPE),
@@ -179,6 +187,7 @@ def quant_tile(
     DOT_DTYPE: tl.constexpr,
     BLOCKS: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False,
+    X_HALVES: tl.constexpr = False,
 ):
     """``W[cols] @ x[:BM]^T`` as fp32 [BN, BM] for one packed weight (all scales applied). Each output's
     chain over K (the dots, their widths and order, where the scales enter) is fixed by the format, ``BK``,
@@ -189,7 +198,8 @@ def quant_tile(
     FP8: ``BKD`` logical columns per dot (divides ``SBK`` for block scales), ``BK // BKD`` dots per step.
     FP4: ``BK`` logical columns per step, ``SBK`` = group size. ``SCALES_AHEAD``: FP8 block and FP4 group
     scales are loaded one step before the step that uses them (carried through the loop), so their global
-    latency overlaps a step's decode and dots; the values and the chain are unchanged."""
+    latency overlaps a step's decode and dots; the values and the chain are unchanged. ``X_HALVES`` (FP4): x is
+    in step order (``x_halves``, ``x_stride`` its row stride), the same values in the same dots."""
     ROWS: tl.constexpr = BM // BLOCKS
     col_ok = cols < n_rows
     if W_AS_A:
@@ -357,6 +367,7 @@ def quant_tile(
                 FP4_LAYOUT,
                 DOT_FP32,
                 DOT_DTYPE,
+                X_HALVES,
             )
             if BLOCKS > 1:
                 acc1 = fp4_step(
@@ -377,6 +388,7 @@ def quant_tile(
                     FP4_LAYOUT,
                     DOT_FP32,
                     DOT_DTYPE,
+                    X_HALVES,
                 )
             if BLOCKS > 2:
                 acc2 = fp4_step(
@@ -397,6 +409,7 @@ def quant_tile(
                     FP4_LAYOUT,
                     DOT_FP32,
                     DOT_DTYPE,
+                    X_HALVES,
                 )
                 acc3 = fp4_step(
                     acc3,
@@ -416,6 +429,7 @@ def quant_tile(
                     FP4_LAYOUT,
                     DOT_FP32,
                     DOT_DTYPE,
+                    X_HALVES,
                 )
     acc0 = finish_block(acc0, s_ptr, g_ptr, cols, col_ok, FMT, GLOBAL_OP, W_AS_A, EVEN, FAST_FP4)
     if BLOCKS > 1:

@@ -8,6 +8,7 @@ import dataclasses
 MAX_ROWS = 16
 FP4_LAYOUTS = ("grouped", "flat")  # GemvTile.fp4_layout, in kernel constexpr order (fp4_tiles.py)
 FP4_SCALES = ("gather", "broadcast", "words")
+X_SPLITS = ("step", "launch")  # GemvTile.x_split: where FP4 tiles take x's even and odd columns apart
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,3 +37,7 @@ class GemvTile:
         1  # 64-row programs: 1, one 64-row dot per step; 4, the 16-row tile's dot on four 16-row blocks
     )
     scales_ahead: bool = False  # FP8 block / FP4 group scales loaded one K step before the step using them
+    # FP4 without interleave: x's even and odd columns split by every warp in every K step ("step"), or once per
+    # launch by a pre-pass that writes each step's even columns then its odd ones ("launch", x_halves.py); the
+    # same bits either way. The 64-row FP4 candidates take "launch" (decode_launch.batch_candidates)
+    x_split: str = "step"
