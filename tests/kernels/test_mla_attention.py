@@ -248,3 +248,21 @@ def test_index_scores_sum_every_depth_slice_of_the_dot(dim):
     )
     first_slice = index_scores_ref(q[..., :_BLOCK_C], w, k_cache[..., :_BLOCK_C], tables, lens, dim**-0.5)
     assert (ours - first_slice)[torch.isfinite(ours)].abs().max() > 1e-2
+
+
+def test_index_scores_scale_the_weights_in_the_kernel():
+    """bf16 weights times ``weight_scale`` read in the kernel: the scores of ``weights.float() * weight_scale``."""
+    from dgpp.kernels.dsa_index import index_scores_triton
+
+    g = torch.Generator().manual_seed(9)
+    heads, dim = 16, 32
+    k_cache = torch.randn(4, BS, 1, dim, generator=g)
+    tables = torch.arange(4).view(1, 4).int()
+    lens = torch.tensor([3 * BS + 1], dtype=torch.int32)
+    q, w = torch.randn(1, heads, dim, generator=g), torch.randn(1, heads, generator=g).bfloat16()
+    scaled = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5, weight_scale=heads**-0.5)
+    assert torch.equal(
+        scaled, index_scores_triton(q, w.float() * heads**-0.5, k_cache, tables, lens, dim**-0.5)
+    )
+    unscaled = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5)
+    assert not torch.equal(scaled, unscaled)

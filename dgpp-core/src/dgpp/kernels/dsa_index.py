@@ -68,6 +68,7 @@ def _index_scores_kernel(
     block_size,
     width,
     scale,
+    w_scale,
     q_r,
     q_h,
     w_r,
@@ -96,7 +97,7 @@ def _index_scores_kernel(
     ):  # a tile wholly past the row's tokens multiplies nothing (a decode graph's table spans the pool)
         h = tl.arange(0, BLOCK_H)
         tmask = t < n
-        w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
+        w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0).to(tl.float32) * w_scale
         phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
         off = (t % block_size).to(tl.int64)
         rows_at = phys * k_blk + off * k_tok
@@ -139,8 +140,12 @@ def index_scores_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,
     packed: PackedKeyForms | None = None,
+    *,
+    weight_scale: float = 1.0,
 ) -> torch.Tensor:
-    """``packed``: the keys are FP4 rows of ``packed``'s entry form (``dim / 2 + dim / entry_block`` bytes)."""
+    """``packed``: the keys are FP4 rows of ``packed``'s entry form (``dim / 2 + dim / entry_block`` bytes).
+    ``weights`` in any float dtype, read as fp32 and times ``weight_scale`` (an fp32 product, as
+    ``weights.float() * weight_scale`` is) in the kernel."""
     rows, heads, dim = q.shape
     if packed is not None and (
         k_cache.dtype != torch.uint8 or k_cache.shape[-1] != dim // 2 + dim // packed.entry_block
@@ -154,7 +159,7 @@ def index_scores_triton(
     width = tables.shape[1] * bs
     out = torch.empty(rows, width, dtype=torch.float32, device=q.device)
     if rows and width:
-        weights = weights.float().contiguous()
+        weights = weights if weights.stride(-1) == 1 else weights.contiguous()
         _index_scores_kernel[(rows, triton.cdiv(width, _BLOCK_T))](
             q,
             weights,
@@ -169,6 +174,7 @@ def index_scores_triton(
             bs,
             width,
             float(scale),
+            float(weight_scale),
             q.stride(0),
             q.stride(1),
             weights.stride(0),
