@@ -36,10 +36,11 @@ def _silu_and_mul_kernel(
     gate = tl.load(gate_ptr + row * gate_stride + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(up_ptr + row * up_stride + cols, mask=mask, other=0.0).to(tl.float32)
     if CLAMP:  # torch's clamp of the inputs: compared in fp32, rounded back to their dtype (NaN kept)
-        nan = tl.PropagateNan.ALL
-        gate = tl.minimum(gate, limit, propagate_nan=nan).to(gate_ptr.dtype.element_ty).to(tl.float32)
-        up = tl.maximum(up, -limit, propagate_nan=nan)
-        up = tl.minimum(up, limit, propagate_nan=nan).to(up_ptr.dtype.element_ty).to(tl.float32)
+        gate = tl.minimum(gate, limit, propagate_nan=tl.PropagateNan.ALL)
+        up = tl.maximum(up, -limit, propagate_nan=tl.PropagateNan.ALL)
+        up = tl.minimum(up, limit, propagate_nan=tl.PropagateNan.ALL)
+        gate = gate.to(gate_ptr.dtype.element_ty).to(tl.float32)
+        up = up.to(up_ptr.dtype.element_ty).to(tl.float32)
     out = gate / (1.0 + tl.exp(-gate)) * up
     tl.store(out_ptr + row * out_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
