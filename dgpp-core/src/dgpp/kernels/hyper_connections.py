@@ -21,8 +21,9 @@ a row's bits never depend on the other rows.
 
 Both kernels split the hidden axis into spans, one program per (row[, stream], span): a decode step's one row
 fills many SMs (hidden 4096: 16 collapse programs, 64 expand programs) where one program used to walk the whole
-row. Each collapse program recomputes its row's coefficients in registers (a few hundred flops); the span-0
-program stores them. An element's math does not depend on the split, so its bits do not either.
+row. Each collapse program computes its row's ``pre`` (a few flops); the span-0 program alone runs ``post`` and
+the Sinkhorn ``comb`` and stores them, while the row's other spans weight their streams. An element's math does
+not depend on the split, so its bits do not either.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from dgpp.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 
 _BLOCK_H = 256
 # programs a launch aims for: a decode step's few rows split the hidden axis into spans until the SMs fill,
-# many rows keep a whole row per program (the collapse recomputes its row's coefficients in each of them)
+# many rows keep longer spans (fewer programs, each with its loop of loads)
 _PROGRAMS = 264
 # a launch option of compiled kernels: keep ``a * b + c`` two roundings, as the torch ops are
 _NO_FMA = {"enable_fp_fusion": False}
@@ -65,6 +66,32 @@ def _pick(vec, idx, j):
 
 
 @triton.jit
+def _post_and_comb(mix, base_ptr, scale_ptr, post_out, comb_out, n, iters, eps, NP: tl.constexpr):
+    """A row's ``post = 2·sigmoid`` and ``comb = sinkhorn(softmax + eps)`` from its logits, stored."""
+    i = tl.arange(0, NP)
+    live = i < n
+    post = tl.load(mix + n + i, mask=live, other=0.0) * tl.load(scale_ptr + 1)
+    post = 2.0 * _sigmoid(post + tl.load(base_ptr + n + i, mask=live, other=0.0))
+    tl.store(post_out + i, post, mask=live)
+    r = i[:, None]
+    c = i[None, :]
+    cell = (r < n) & (c < n)
+    logits = tl.load(mix + 2 * n + r * n + c, mask=cell, other=0.0) * tl.load(scale_ptr + 2)
+    logits = logits + tl.load(base_ptr + 2 * n + r * n + c, mask=cell, other=0.0)
+    # padding: far below any logit (no weight in a live row's softmax), finite (no NaN in padded rows)
+    logits = tl.where(cell, logits, -1.0e30)
+    e = _exp(logits - tl.max(logits, axis=1)[:, None])
+    comb = tl.where(cell, tl.math.div_rn(e, tl.sum(e, axis=1)[:, None]) + eps, 0.0)
+    col_live = c < n
+    row_live = r < n
+    comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
+    for _ in range(iters - 1):
+        comb = tl.math.div_rn(comb, tl.where(row_live, tl.sum(comb, axis=1)[:, None] + eps, 1.0))
+        comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
+    tl.store(comb_out + r * n + c, comb, mask=cell)
+
+
+@triton.jit
 def _hc_collapse_kernel(
     mix_ptr,
     base_ptr,
@@ -92,7 +119,9 @@ def _hc_collapse_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    first = tile == 0  # every tile recomputes the row's coefficients in registers; tile 0 stores them
+    first = (
+        tile == 0
+    )  # every span needs the row's pre (a few flops); only span 0 computes and stores the rest
     i = tl.arange(0, NP)
     live = i < n
     mix = mix_ptr + row * mix_row
@@ -100,25 +129,10 @@ def _hc_collapse_kernel(
     pre = pre + tl.load(base_ptr + i, mask=live, other=0.0)
     pre = _sigmoid(pre) + eps
     if not HEAD:
-        post = tl.load(mix + n + i, mask=live, other=0.0) * tl.load(scale_ptr + 1)
-        post = 2.0 * _sigmoid(post + tl.load(base_ptr + n + i, mask=live, other=0.0))
-        tl.store(post_ptr + row * n + i, post, mask=live & first)
-        r = i[:, None]
-        c = i[None, :]
-        cell = (r < n) & (c < n)
-        logits = tl.load(mix + 2 * n + r * n + c, mask=cell, other=0.0) * tl.load(scale_ptr + 2)
-        logits = logits + tl.load(base_ptr + 2 * n + r * n + c, mask=cell, other=0.0)
-        # padding: far below any logit (no weight in a live row's softmax), finite (no NaN in padded rows)
-        logits = tl.where(cell, logits, -1.0e30)
-        e = _exp(logits - tl.max(logits, axis=1)[:, None])
-        comb = tl.where(cell, tl.math.div_rn(e, tl.sum(e, axis=1)[:, None]) + eps, 0.0)
-        col_live = c < n
-        row_live = r < n
-        comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
-        for _ in range(iters - 1):
-            comb = tl.math.div_rn(comb, tl.where(row_live, tl.sum(comb, axis=1)[:, None] + eps, 1.0))
-            comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
-        tl.store(comb_ptr + row * n * n + r * n + c, comb, mask=cell & first)
+        if first:  # post and the Sinkhorn comb: the row's other spans weight their streams meanwhile
+            _post_and_comb(
+                mix, base_ptr, scale_ptr, post_ptr + row * n, comb_ptr + row * n * n, n, iters, eps, NP
+            )
     if GIVEN:  # x from the given weights (the previous sublayer's pre); this row's pre is stored for the next
         tl.store(pre_ptr + row * n + i, pre, mask=live & first)
         pre = tl.load(given_ptr + row * given_row + i * given_col, mask=live, other=0.0).to(tl.float32)
