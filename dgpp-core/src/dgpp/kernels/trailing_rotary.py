@@ -101,6 +101,7 @@ def trailing_rotary(
             f"a {2 * half}-channel rotary of {list(x.shape)} needs at most {dim} channels and [{rows}] positions, "
             f"got positions {list(positions.shape)}"
         )
+    positions = positions if positions.stride(0) == 1 else positions.contiguous()  # read as a flat row
     out = torch.empty(rows, heads, dim, dtype=x.dtype, device=x.device)
     block_heads = min(16, next_pow2(heads))
     if rows and heads:
