@@ -263,3 +263,19 @@ def test_shared_expert_add_matches_the_chain() -> None:
     got = shared_expert_add_triton(routed, shared, gate)
     torch.testing.assert_close(got, routed + torch.sigmoid(gate) * shared, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(shared_expert_add_ref(routed, shared, gate), got, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("limit", [1.5, 0.7])  # 0.7: not a bf16 value, the clamped entries round to one
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_mul_pair_clamps_as_torch_clamp_would(limit: float, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(5)
+    gate, up = (
+        (torch.randn(3, 96, generator=g) * 3).to(dtype),
+        (torch.randn(3, 96, generator=g) * 3).to(dtype),
+    )
+    gate[0, 0] = float("nan")
+    got = silu_mul_pair_triton(gate, up, limit)
+    want = silu_mul_pair_triton(gate.clamp(max=limit), up.clamp(min=-limit, max=limit))
+    assert torch.equal(got.isnan(), want.isnan()) and bool(got[0, 0].isnan())
+    assert torch.equal(got.nan_to_num(), want.nan_to_num())
+    assert not torch.equal(got.nan_to_num(), silu_mul_pair_triton(gate, up).nan_to_num())  # the clamp bites

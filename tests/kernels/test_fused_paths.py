@@ -70,7 +70,8 @@ def test_every_dispatcher_the_layers_call_exists() -> None:
 def test_cuda_path_computes_the_cpu_path(kind: str) -> None:
     """A model on its CUDA branches (Triton under the interpreter: residual adds fused into the next norm,
     projections sharing a launch, Flint's q/k norms fused with the rotation, the GDN gates and output norm in
-    one launch each, the hyper-connections' collapse and expand one launch each) against its CPU path, fp32: a prompt and three greedy decode steps, logits within fp32
+    one launch each, the hyper-connections' collapse and expand one launch each, DeepSeek-V4's trailing RoPE in one
+    launch) against its CPU path, fp32: a prompt and three greedy decode steps, logits within fp32
     rounding and the same tokens."""
     from dgpp.bench.launches import cuda_path, tiny_model
     from dgpp.engine.runner import ModelRunner

@@ -141,3 +141,47 @@ def test_collapse_given_weights_the_streams_by_the_given_pre() -> None:
     torch.testing.assert_close(post, want_post, rtol=0, atol=1e-6)
     torch.testing.assert_close(comb, want_comb, rtol=0, atol=1e-6)
     assert (x - own_x).abs().max() > 1e-2  # weighted by the given pre, not its own
+
+
+def test_a_hidden_axis_of_several_tiles_splits_over_programs_without_changing_a_bit() -> None:
+    # hidden 1000: four 256-wide tiles, the last ragged. One row spreads them over four programs a stream;
+    # 70 rows walk two tiles (collapse) or the whole row (expand) per program: the same bits either way.
+    hidden, rows, n = 1000, 70, 4
+    gen = torch.Generator().manual_seed(21)
+    layer = HyperConnection(hidden, n, sinkhorn_iters=20, eps=1e-6, norm_eps=1e-6)
+    layer.fn.data.copy_(torch.randn((2 + n) * n, n * hidden, generator=gen) * 0.1)
+    layer.base.data.copy_(torch.randn((2 + n) * n, generator=gen))
+    layer.scale.data.copy_(torch.rand(3, generator=gen) + 0.5)
+    head = HyperHead(hidden, n, eps=1e-6, norm_eps=1e-6)
+    head.hc_fn.data.copy_(torch.randn(n, n * hidden, generator=gen) * 0.1)
+    head.hc_base.data.copy_(torch.randn(n, generator=gen))
+    head.hc_scale.data.copy_(torch.rand(1, generator=gen) + 0.5)
+    streams = torch.randn(rows, n, hidden, generator=gen)
+    out = torch.randn(rows, hidden, generator=gen)
+    given = torch.rand(rows, n, generator=gen)
+    with torch.no_grad():
+        mixes, head_mixes = layer._mixes(streams, layer.fn), head._mixes(streams, head.hc_fn)
+
+        def passes(r: slice):
+            coeffs = (mixes[r], layer.base, layer.scale, streams[r])
+            x, post, comb = hc_collapse(*coeffs, sinkhorn_iters=20, eps=1e-6)
+            given_form = hc_collapse_given(*coeffs, given[r], sinkhorn_iters=20, eps=1e-6)
+            head_x = hc_head(head_mixes[r], head.hc_base, head.hc_scale, streams[r], eps=1e-6)
+            return (x, post, comb, hc_expand(streams[r], out[r], post, comb), *given_form, head_x)
+
+        batched = passes(slice(0, rows))
+        want_x, want_post, want_comb = layer.collapse_of(mixes, streams)  # the torch chain
+        want_pre = layer.coefficients_of(mixes)[0]
+        torch.testing.assert_close(batched[0], want_x, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(batched[1], want_post, rtol=0, atol=1e-6)
+        torch.testing.assert_close(batched[2], want_comb, rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            batched[3], layer.expand(streams, out, want_post, want_comb), rtol=1e-6, atol=1e-6
+        )
+        torch.testing.assert_close(batched[4], layer.collapse_given(streams, given)[0], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(batched[5], want_pre, rtol=0, atol=1e-6)
+        torch.testing.assert_close(batched[8], head(streams), rtol=1e-6, atol=1e-6)
+        for t in (0, 33, rows - 1):
+            solo = passes(slice(t, t + 1))
+            for got, whole in zip(solo, batched, strict=True):
+                assert torch.equal(got[0], whole[t])

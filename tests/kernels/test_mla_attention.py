@@ -227,3 +227,42 @@ def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
             got = picks.positions[r, :n].tolist()
             visible = int(batch.positions[r]) + 1
             assert got == (list(range(visible)) if want is None else want.tolist())
+
+
+@pytest.mark.parametrize("dim", [128, 80])
+def test_index_scores_sum_every_depth_slice_of_the_dot(dim):
+    """The kernel's per-head dot runs in 32-deep slices chained through its accumulator: 128 deep is four of them,
+    80 deep three with a masked tail. Every slice counts (dropping or repeating one would be far off here)."""
+    from dgpp.kernels.dsa_index import _BLOCK_C, index_scores_ref, index_scores_triton
+
+    assert dim > _BLOCK_C
+    g = torch.Generator().manual_seed(dim)
+    heads = 8
+    k_cache = torch.randn(6, BS, 1, dim, generator=g)
+    tables = torch.randperm(6, generator=g).view(2, 3).int()
+    lens = torch.tensor([5, 3 * BS - 2], dtype=torch.int32)
+    q, w = torch.randn(2, heads, dim, generator=g), torch.randn(2, heads, generator=g)
+    ours = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5)
+    torch.testing.assert_close(
+        ours, index_scores_ref(q, w, k_cache, tables, lens, dim**-0.5), rtol=1e-5, atol=1e-5
+    )
+    first_slice = index_scores_ref(q[..., :_BLOCK_C], w, k_cache[..., :_BLOCK_C], tables, lens, dim**-0.5)
+    assert (ours - first_slice)[torch.isfinite(ours)].abs().max() > 1e-2
+
+
+def test_index_scores_scale_the_weights_in_the_kernel():
+    """bf16 weights times ``weight_scale`` read in the kernel: the scores of ``weights.float() * weight_scale``."""
+    from dgpp.kernels.dsa_index import index_scores_triton
+
+    g = torch.Generator().manual_seed(9)
+    heads, dim = 16, 32
+    k_cache = torch.randn(4, BS, 1, dim, generator=g)
+    tables = torch.arange(4).view(1, 4).int()
+    lens = torch.tensor([3 * BS + 1], dtype=torch.int32)
+    q, w = torch.randn(1, heads, dim, generator=g), torch.randn(1, heads, generator=g).bfloat16()
+    scaled = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5, weight_scale=heads**-0.5)
+    assert torch.equal(
+        scaled, index_scores_triton(q, w.float() * heads**-0.5, k_cache, tables, lens, dim**-0.5)
+    )
+    unscaled = index_scores_triton(q, w, k_cache, tables, lens, dim**-0.5)
+    assert not torch.equal(scaled, unscaled)

@@ -30,6 +30,7 @@ from check_flint_cuda import finish
 from check_glm5_cuda import _timed
 from check_glm5_next_cuda import decode_bench
 from kernel_checks_hyper import hyper_connection_checks
+from kernel_checks_rotary import trailing_rotary_checks
 
 CONTEXTS = (
     700,
@@ -104,9 +105,10 @@ def _decode_inputs(batch: int, ratio: int, max_ctx: int, device: str, seed: int)
     )
 
 
-def _indexer_picks(args: dict, device: str, seed: int) -> tuple[torch.Tensor, float, float]:
-    """(picks, share of rows whose picks equal the torch form's, seconds of scores + top-k) of a 64 x 128
-    indexer over random keys."""
+def _indexer_picks(args: dict, device: str, seed: int) -> tuple[torch.Tensor, float, float, bool]:
+    """(picks, share of rows whose picks equal the torch form's, seconds of scores + top-k, scores bit-equal to
+    one whole-depth dot a tile) of a 64 x 128 indexer over random keys."""
+    from dgpp.kernels import dsa_index
     from dgpp.kernels.dsa_index import index_scores_ref, index_scores_triton, select_top_k
     from dgpp.kernels.top_k_rows import top_k_rows_triton
 
@@ -124,7 +126,14 @@ def _indexer_picks(args: dict, device: str, seed: int) -> tuple[torch.Tensor, fl
     ref = pick(index_scores_ref, select_top_k)
     n = complete.clamp(max=TOPK)
     same = sum(torch.equal(picks[r, : n[r]].sort().values, ref[r, : n[r]].sort().values) for r in range(rows))
-    return picks, same / rows, _seconds(lambda: pick(index_scores_triton, top_k_rows_triton), device)
+    scores = index_scores_triton(q, w, keys, tables, complete, INDEX_DIM**-0.5)
+    sliced, dsa_index._BLOCK_C = dsa_index._BLOCK_C, INDEX_DIM  # the kernel as one whole-depth dot
+    try:
+        whole = index_scores_triton(q, w, keys, tables, complete, INDEX_DIM**-0.5)
+    finally:
+        dsa_index._BLOCK_C = sliced
+    seconds = _seconds(lambda: pick(index_scores_triton, top_k_rows_triton), device)
+    return picks, same / rows, seconds, torch.equal(scores, whole)
 
 
 def kernel_checks(failures: list[str], device: str = "cuda", max_ctx: int = 16384) -> list[str]:
@@ -141,13 +150,16 @@ def kernel_checks(failures: list[str], device: str = "cuda", max_ctx: int = 1638
             args = _decode_inputs(batch, ratio, max_ctx, device, seed=batch + ratio)
             line = f"{name} decode attention batch {batch}"
             if ratio == 4:
-                args["picks"], agree, idx_s = _indexer_picks(args, device, seed=batch)
+                args["picks"], agree, idx_s, sliced_same = _indexer_picks(args, device, seed=batch)
                 line = (
                     f"{name} indexer scores + top-{TOPK}: {idx_s * 1e6:.0f} us, picks == torch form on "
-                    f"{agree:.0%} of rows; " + line
+                    f"{agree:.0%} of rows, depth slices == one dot: {sliced_same}; " + line
                 )
-                if agree < 0.9:
-                    failures.append(f"{name} batch {batch}: indexer picks agree on {agree:.0%} of rows")
+                if agree < 0.9 or not sliced_same:
+                    failures.append(
+                        f"{name} batch {batch}: indexer picks agree on {agree:.0%} of rows, depth slices "
+                        f"bit-equal to one dot: {sliced_same}"
+                    )
             ours = compressed_decode_attention_triton(CompressedDecodeInputs(**args))
             err = rel(ours, compressed_decode_attention_ref(CompressedDecodeInputs(**args)))
             last = slice(batch - 1, batch)
@@ -430,6 +442,7 @@ def main() -> int:
     failures: list[str] = []
     table = kernel_checks(failures)
     table += hyper_connection_checks(failures)
+    table += trailing_rotary_checks(failures)
     table += check_sliding(failures)
     print(table[-1], flush=True)
     for layer_idx in (2, 3):  # CSA, HCA in the layer-scaled geometry

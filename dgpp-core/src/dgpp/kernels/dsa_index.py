@@ -9,6 +9,9 @@ of them are real: a row with at most ``k`` tokens keeps them all, in order, whic
 The Triton kernel computes a (row, token) score from that row's query and that token's key alone, in one
 fixed order (a 128-deep dot per head, then the head sum in a fixed tree), so a row's scores do not depend on
 the rows beside it or the table's width: prefill chunks, decode steps and a speculative verify select alike.
+One program scores a row's 64-token tile. Its dot runs in 32-deep slices chained through the accumulator: on
+a GPU the same fma chain per (head, token) as one whole-depth dot, with a slice's operands held in registers
+(the whole-depth operands spilled ~6.8 KB a thread on sm_90).
 Shapes depend only on the table, so a decode step's selection can be captured in a CUDA graph. Keys held packed
 (``packed``: FP4 nibbles and a block scale per ``entry_block`` values, ``uint8`` rows) are decoded in registers to
 fp32, the values a torch decode of the rows gives.
@@ -23,6 +26,8 @@ from dgpp.kernels.block_scaled_tiles import PackedKeyForms, packed_fp4_tile
 from dgpp.kernels.kv_fp8 import dequantize_rows
 
 _BLOCK_T = 64
+# depth of one slice of the per-head dot (sm_90: 128 registers a thread, no spill, at 64 heads x 64 tokens)
+_BLOCK_C = 32
 
 
 def index_scores_ref(
@@ -63,6 +68,7 @@ def _index_scores_kernel(
     block_size,
     width,
     scale,
+    w_scale,
     q_r,
     q_h,
     w_r,
@@ -75,6 +81,7 @@ def _index_scores_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_C: tl.constexpr,
     HAS_SCALES: tl.constexpr,
     PACKED: tl.constexpr,
     KEY_BLOCK: tl.constexpr,
@@ -89,33 +96,37 @@ def _index_scores_kernel(
         start < n
     ):  # a tile wholly past the row's tokens multiplies nothing (a decode graph's table spans the pool)
         h = tl.arange(0, BLOCK_H)
-        d = tl.arange(0, BLOCK_D)
         tmask = t < n
-        q = tl.load(
-            q_ptr + r * q_r + h[:, None] * q_h + d[None, :],
-            mask=(h[:, None] < heads) & (d[None, :] < dim),
-            other=0.0,
-        ).to(tl.float32)
-        w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0)
+        w = tl.load(w_ptr + r * w_r + h, mask=h < heads, other=0.0).to(tl.float32) * w_scale
         phys = tl.load(bt_ptr + r * bt_r + t // block_size, mask=tmask, other=0).to(tl.int64)
         off = (t % block_size).to(tl.int64)
-        if PACKED:  # FP4 rows: decoded in registers, [BLOCK_T, BLOCK_D] turned to [BLOCK_D, BLOCK_T]
-            rows_at = phys * k_blk + off * k_tok
-            kmask = tmask[:, None] & (d[None, :] < dim)
-            k = tl.trans(
-                packed_fp4_tile(k_ptr, k8_ptr, rows_at, d, kmask, dim, tl.float32, KEY_BLOCK, KEY_E8M0)
-            )
-        else:
-            k = tl.load(
-                k_ptr + (phys * k_blk + off * k_tok)[None, :] + d[:, None],
-                mask=tmask[None, :] & (d[:, None] < dim),
-                other=0.0,
-            )  # [BLOCK_D, BLOCK_T]
-        if HAS_SCALES:  # e4m3 keys: code * row scale, rounded once to the compute dtype
+        rows_at = phys * k_blk + off * k_tok
+        if HAS_SCALES:
             k_sc = tl.load(ksc_ptr + phys * sc_blk + off * sc_tok, mask=tmask, other=0.0)
-            k = (k.to(tl.float32) * k_sc[None, :]).to(q_ptr.dtype.element_ty)
-        k = k.to(tl.float32)
-        s = tl.maximum(tl.dot(q, k, input_precision="ieee") * scale, 0.0)  # [BLOCK_H, BLOCK_T]
+        # the 128-deep dot in BLOCK_C-deep slices chained through the accumulator: each (head, token) is the
+        # same fma chain in the same order as one dot, and a slice's operands fit in registers (one whole-depth
+        # dot spilled kilobytes a thread)
+        dots = tl.zeros([BLOCK_H, BLOCK_T], tl.float32)
+        for c0 in range(0, BLOCK_D, BLOCK_C):
+            d = c0 + tl.arange(0, BLOCK_C)
+            q = tl.load(
+                q_ptr + r * q_r + h[:, None] * q_h + d[None, :],
+                mask=(h[:, None] < heads) & (d[None, :] < dim),
+                other=0.0,
+            ).to(tl.float32)
+            if PACKED:  # FP4 rows: decoded in registers, [BLOCK_T, BLOCK_C] turned to [BLOCK_C, BLOCK_T]
+                kmask = tmask[:, None] & (d[None, :] < dim)
+                k = tl.trans(
+                    packed_fp4_tile(k_ptr, k8_ptr, rows_at, d, kmask, dim, tl.float32, KEY_BLOCK, KEY_E8M0)
+                )
+            else:
+                k = tl.load(
+                    k_ptr + rows_at[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < dim), other=0.0
+                )  # [BLOCK_C, BLOCK_T]
+            if HAS_SCALES:  # e4m3 keys: code * row scale, rounded once to the compute dtype
+                k = (k.to(tl.float32) * k_sc[None, :]).to(q_ptr.dtype.element_ty)
+            dots = tl.dot(q, k.to(tl.float32), dots, input_precision="ieee")
+        s = tl.maximum(dots * scale, 0.0)  # [BLOCK_H, BLOCK_T]
         score = tl.where(tmask, tl.sum(s * w[:, None], axis=0), float("-inf"))
     tl.store(out_ptr + r * o_r + t, score, mask=t < width)  # the grid overhangs
 
@@ -129,8 +140,12 @@ def index_scores_triton(
     scale: float,
     k_scale: torch.Tensor | None = None,
     packed: PackedKeyForms | None = None,
+    *,
+    weight_scale: float = 1.0,
 ) -> torch.Tensor:
-    """``packed``: the keys are FP4 rows of ``packed``'s entry form (``dim / 2 + dim / entry_block`` bytes)."""
+    """``packed``: the keys are FP4 rows of ``packed``'s entry form (``dim / 2 + dim / entry_block`` bytes).
+    ``weights`` in any float dtype, read as fp32 and times ``weight_scale`` (an fp32 product, as
+    ``weights.float() * weight_scale`` is) in the kernel."""
     rows, heads, dim = q.shape
     if packed is not None and (
         k_cache.dtype != torch.uint8 or k_cache.shape[-1] != dim // 2 + dim // packed.entry_block
@@ -144,7 +159,7 @@ def index_scores_triton(
     width = tables.shape[1] * bs
     out = torch.empty(rows, width, dtype=torch.float32, device=q.device)
     if rows and width:
-        weights = weights.float().contiguous()
+        weights = weights if weights.stride(-1) == 1 else weights.contiguous()
         _index_scores_kernel[(rows, triton.cdiv(width, _BLOCK_T))](
             q,
             weights,
@@ -159,6 +174,7 @@ def index_scores_triton(
             bs,
             width,
             float(scale),
+            float(weight_scale),
             q.stride(0),
             q.stride(1),
             weights.stride(0),
@@ -171,6 +187,7 @@ def index_scores_triton(
             BLOCK_T=_BLOCK_T,
             BLOCK_H=max(16, next_pow2(heads)),
             BLOCK_D=max(16, next_pow2(dim)),
+            BLOCK_C=min(_BLOCK_C, max(16, next_pow2(dim))),
             HAS_SCALES=k_scale is not None,
             PACKED=packed is not None,
             KEY_BLOCK=forms.entry_block,

@@ -18,6 +18,12 @@ and Sinkhorn sums) may add in another order than torch's, so ``comb`` can differ
 (measured well within 1e-6 in fp32). ``hc_collapse_given`` is the single-pass form (DeepSeek-V4.1): the same
 coefficients, ``pre`` returned, and ``x`` weighted by the previous sublayer's ``pre``. Everything is per row, so
 a row's bits never depend on the other rows.
+
+Both kernels split the hidden axis into spans, one program per (row[, stream], span): a decode step's one row
+fills many SMs (hidden 4096: 16 collapse programs, 64 expand programs) where one program used to walk the whole
+row. Each collapse program computes its row's ``pre`` (a few flops); the span-0 program alone runs ``post`` and
+the Sinkhorn ``comb`` and stores them, while the row's other spans weight their streams. An element's math does
+not depend on the split, so its bits do not either.
 """
 
 from __future__ import annotations
@@ -27,6 +33,9 @@ import torch
 from dgpp.kernels._triton import HAS_TRITON, next_pow2, tl, triton
 
 _BLOCK_H = 256
+# programs a launch aims for: a decode step's few rows split the hidden axis into spans until the SMs fill,
+# many rows keep longer spans (fewer programs, each with its loop of loads)
+_PROGRAMS = 264
 # a launch option of compiled kernels: keep ``a * b + c`` two roundings, as the torch ops are
 _NO_FMA = {"enable_fp_fusion": False}
 
@@ -57,6 +66,32 @@ def _pick(vec, idx, j):
 
 
 @triton.jit
+def _post_and_comb(mix, base_ptr, scale_ptr, post_out, comb_out, n, iters, eps, NP: tl.constexpr):
+    """A row's ``post = 2·sigmoid`` and ``comb = sinkhorn(softmax + eps)`` from its logits, stored."""
+    i = tl.arange(0, NP)
+    live = i < n
+    post = tl.load(mix + n + i, mask=live, other=0.0) * tl.load(scale_ptr + 1)
+    post = 2.0 * _sigmoid(post + tl.load(base_ptr + n + i, mask=live, other=0.0))
+    tl.store(post_out + i, post, mask=live)
+    r = i[:, None]
+    c = i[None, :]
+    cell = (r < n) & (c < n)
+    logits = tl.load(mix + 2 * n + r * n + c, mask=cell, other=0.0) * tl.load(scale_ptr + 2)
+    logits = logits + tl.load(base_ptr + 2 * n + r * n + c, mask=cell, other=0.0)
+    # padding: far below any logit (no weight in a live row's softmax), finite (no NaN in padded rows)
+    logits = tl.where(cell, logits, -1.0e30)
+    e = _exp(logits - tl.max(logits, axis=1)[:, None])
+    comb = tl.where(cell, tl.math.div_rn(e, tl.sum(e, axis=1)[:, None]) + eps, 0.0)
+    col_live = c < n
+    row_live = r < n
+    comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
+    for _ in range(iters - 1):
+        comb = tl.math.div_rn(comb, tl.where(row_live, tl.sum(comb, axis=1)[:, None] + eps, 1.0))
+        comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
+    tl.store(comb_out + r * n + c, comb, mask=cell)
+
+
+@triton.jit
 def _hc_collapse_kernel(
     mix_ptr,
     base_ptr,
@@ -69,6 +104,7 @@ def _hc_collapse_kernel(
     pre_ptr,
     n,
     hidden,
+    span,
     iters,
     eps,
     mix_row,
@@ -82,6 +118,10 @@ def _hc_collapse_kernel(
     BLOCK_H: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    tile = tl.program_id(1)
+    first = (
+        tile == 0
+    )  # every span needs the row's pre (a few flops); only span 0 computes and stores the rest
     i = tl.arange(0, NP)
     live = i < n
     mix = mix_ptr + row * mix_row
@@ -89,31 +129,16 @@ def _hc_collapse_kernel(
     pre = pre + tl.load(base_ptr + i, mask=live, other=0.0)
     pre = _sigmoid(pre) + eps
     if not HEAD:
-        post = tl.load(mix + n + i, mask=live, other=0.0) * tl.load(scale_ptr + 1)
-        post = 2.0 * _sigmoid(post + tl.load(base_ptr + n + i, mask=live, other=0.0))
-        tl.store(post_ptr + row * n + i, post, mask=live)
-        r = i[:, None]
-        c = i[None, :]
-        cell = (r < n) & (c < n)
-        logits = tl.load(mix + 2 * n + r * n + c, mask=cell, other=0.0) * tl.load(scale_ptr + 2)
-        logits = logits + tl.load(base_ptr + 2 * n + r * n + c, mask=cell, other=0.0)
-        # padding: far below any logit (no weight in a live row's softmax), finite (no NaN in padded rows)
-        logits = tl.where(cell, logits, -1.0e30)
-        e = _exp(logits - tl.max(logits, axis=1)[:, None])
-        comb = tl.where(cell, tl.math.div_rn(e, tl.sum(e, axis=1)[:, None]) + eps, 0.0)
-        col_live = c < n
-        row_live = r < n
-        comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
-        for _ in range(iters - 1):
-            comb = tl.math.div_rn(comb, tl.where(row_live, tl.sum(comb, axis=1)[:, None] + eps, 1.0))
-            comb = tl.math.div_rn(comb, tl.where(col_live, tl.sum(comb, axis=0)[None, :] + eps, 1.0))
-        tl.store(comb_ptr + row * n * n + r * n + c, comb, mask=cell)
+        if first:  # post and the Sinkhorn comb: the row's other spans weight their streams meanwhile
+            _post_and_comb(
+                mix, base_ptr, scale_ptr, post_ptr + row * n, comb_ptr + row * n * n, n, iters, eps, NP
+            )
     if GIVEN:  # x from the given weights (the previous sublayer's pre); this row's pre is stored for the next
-        tl.store(pre_ptr + row * n + i, pre, mask=live)
+        tl.store(pre_ptr + row * n + i, pre, mask=live & first)
         pre = tl.load(given_ptr + row * given_row + i * given_col, mask=live, other=0.0).to(tl.float32)
     w0 = _pick(pre, i, 0)
     src = streams_ptr + row * s_row
-    for h0 in range(0, hidden, BLOCK_H):
+    for h0 in range(tile * span, tl.minimum(tile * span + span, hidden), BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
         hm = h < hidden
         acc = w0 * tl.load(src + h, mask=hm, other=0.0).to(tl.float32)
@@ -131,6 +156,7 @@ def _hc_expand_kernel(
     new_ptr,
     n,
     hidden,
+    span,
     s_row,
     s_stream,
     o_row,
@@ -144,7 +170,8 @@ def _hc_expand_kernel(
     c0 = tl.load(comb).to(dtype).to(tl.float32)
     src = streams_ptr + row * s_row
     dst = new_ptr + row * n * hidden + k * hidden
-    for h0 in range(0, hidden, BLOCK_H):
+    start = tl.program_id(2) * span
+    for h0 in range(start, tl.minimum(start + span, hidden), BLOCK_H):
         h = h0 + tl.arange(0, BLOCK_H)
         hm = h < hidden
         out = tl.load(out_ptr + row * o_row + h, mask=hm, other=0.0).to(tl.float32)
@@ -154,6 +181,15 @@ def _hc_expand_kernel(
             cj = tl.load(comb + j * n).to(dtype).to(tl.float32)
             mixed = mixed + cj * tl.load(src + j * s_stream + h, mask=hm, other=0.0).to(tl.float32)
         tl.store(dst + h, (update + mixed.to(dtype).to(tl.float32)).to(dtype), mask=hm)
+
+
+def _hidden_spans(programs_per_span: int, hidden: int, block: int) -> tuple[int, int]:
+    """``(span, count)``: each program walks ``span`` hidden elements (a multiple of ``block``, the last span
+    ragged) in ``block``-wide steps; the elements' math does not depend on the split."""
+    blocks = triton.cdiv(hidden, block)
+    pieces = max(1, min(blocks, _PROGRAMS // max(1, programs_per_span)))
+    span = max(1, triton.cdiv(blocks, pieces)) * block
+    return span, max(1, triton.cdiv(hidden, span))
 
 
 def _check_streams(streams: torch.Tensor) -> None:
@@ -238,8 +274,10 @@ def _launch_collapse(
         raise ValueError(
             f"mixes must be [{rows}, {width}] with a contiguous last dim, got {list(mixes.shape)}"
         )
+    block = min(_BLOCK_H, next_pow2(hidden))
+    span, spans = _hidden_spans(rows, hidden, block)
     if rows:
-        _hc_collapse_kernel[(rows,)](
+        _hc_collapse_kernel[(rows, spans)](
             mixes,
             base,
             scale,
@@ -251,6 +289,7 @@ def _launch_collapse(
             pre_out,
             n,
             hidden,
+            span,
             iters,
             eps,
             mixes.stride(0),
@@ -261,7 +300,7 @@ def _launch_collapse(
             HEAD=head,
             GIVEN=given is not None,
             NP=next_pow2(n),
-            BLOCK_H=min(_BLOCK_H, next_pow2(hidden)),
+            BLOCK_H=block,
             num_warps=4,
             **_NO_FMA,
         )
@@ -277,8 +316,10 @@ def hc_expand(
         raise ValueError(f"out must be [{rows}, {hidden}] with a contiguous last dim, got {list(out.shape)}")
     post, comb = post.contiguous(), comb.contiguous()
     new = torch.empty(rows, n, hidden, dtype=streams.dtype, device=streams.device)
+    block = min(_BLOCK_H, next_pow2(hidden))
+    span, spans = _hidden_spans(rows * n, hidden, block)
     if rows:
-        _hc_expand_kernel[(rows, n)](
+        _hc_expand_kernel[(rows, n, spans)](
             streams,
             out,
             post,
@@ -286,10 +327,11 @@ def hc_expand(
             new,
             n,
             hidden,
+            span,
             streams.stride(0),
             streams.stride(1),
             out.stride(0),
-            BLOCK_H=min(_BLOCK_H, next_pow2(hidden)),
+            BLOCK_H=block,
             num_warps=4,
             **_NO_FMA,
         )

@@ -30,6 +30,7 @@ from dgpp.nn.compressed_prefill import Picks, attention_inputs, every_entry, sel
 from dgpp.nn.dsa import top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
+from dgpp.nn.sliding_attention import step_row_sequences
 from dgpp.nn.window_compressor import WindowCompressor, gather_entries, live_sequences
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import CacheSpec, WindowKV
@@ -207,9 +208,21 @@ class CompressedSinkAttention(nn.Module):
         ring = batch.cache.state[self.cache_name]["k"]
         latent = kv[:, None, :]  # one K/V head, read as both K and V
         lens = (batch.query_start_loc, batch.context_lens, batch.seq_lens)
+        row_seq = step_row_sequences(batch, q.shape[0])  # once a step for every layer's window and ring write
         if self.compressor is None:
             out = window_attention(
-                q, latent, latent, ring, ring, batch.state_slots, *lens, sinks, self.scale, self.window, False
+                q,
+                latent,
+                latent,
+                ring,
+                ring,
+                batch.state_slots,
+                *lens,
+                sinks,
+                self.scale,
+                self.window,
+                False,
+                row_seq=row_seq,
             )
         elif (q.is_cuda if self.batched_decode is None else self.batched_decode) and batch.is_decode_only:
             # batched over rows, no host sync: CUDA-graph safe
@@ -234,5 +247,5 @@ class CompressedSinkAttention(nn.Module):
             out = sparse_window_attention_ref(
                 q, kv, ring, pool, batch, sinks, self.scale, self.window, self.compressor.ratio, selection
             )
-        ring_write(RingWriteInputs(latent, latent, ring, ring, batch.state_slots, *lens))
+        ring_write(RingWriteInputs(latent, latent, ring, ring, batch.state_slots, *lens, row_seq))
         return out

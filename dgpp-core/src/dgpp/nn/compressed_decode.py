@@ -102,14 +102,18 @@ def indexer_decode(
     q = indexer.rotary.rotate(
         indexer.wq_b(q_resid).view(rows, indexer.num_heads, indexer.head_dim), batch.positions
     )
-    weights = indexer.weights_proj(x).float() * indexer.num_heads**-0.5
+    weights, weight_scale = indexer.weights_proj(x), indexer.num_heads**-0.5
     pool = batch.cache.kv[indexer.compressor.cache_name][0]
     table = entry_table(batch.block_tables, indexer.ratio, batch.cache.block_size).contiguous()
-    complete = torch.where(_live(batch), (batch.positions + 1) // indexer.ratio, 0)
+    ratio = indexer.ratio  # every CSA layer of the step counts the same complete entries: once a step
+    complete = batch.step_memo(
+        ("complete_entries", ratio), lambda: torch.where(_live(batch), (batch.positions + 1) // ratio, 0)
+    )
     scale = indexer.head_dim**-0.5
     if fused:  # the top-k reads each row's own complete entries, not the table's width
-        scores = index_scores_triton(q, weights, pool, table, complete, scale)
+        scores = index_scores_triton(q, weights, pool, table, complete, scale, weight_scale=weight_scale)
         return top_k_rows_triton(scores, complete, indexer.topk)[0]
+    weights = weights.float() * weight_scale
     entry = torch.arange(table.shape[1] * pool.shape[1], device=x.device)
     keys = entry_rows(pool, table, entry[None].expand(rows, -1)).float()
     per_head = F.relu(torch.einsum("bhd,bed->bhe", q.float(), keys)) * scale

@@ -24,11 +24,11 @@ def clamp_swiglu(
 
 def silu_and_mul(gate: torch.Tensor, up: torch.Tensor, limit: float | None = None) -> torch.Tensor:
     """``silu(gate) * up`` after ``clamp_swiglu(gate, up, limit)``."""
-    gate, up = clamp_swiglu(gate, up, limit)
-    if gate.is_cuda:  # one Triton pass instead of silu + mul
+    if gate.is_cuda:  # one Triton pass (the clamps folded in) instead of clamps, silu and mul
         from dgpp import kernels
 
-        return kernels.silu_mul_pair(gate, up)
+        return kernels.silu_mul_pair(gate, up, limit)
+    gate, up = clamp_swiglu(gate, up, limit)
     # silu's vector tail: a row's bits must not depend on how many rows came with it (widths like 48 differ)
     return batch_invariant_rows(F.silu, gate, elementwise=True) * up
 

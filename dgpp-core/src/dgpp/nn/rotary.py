@@ -15,6 +15,9 @@ from typing import Literal, overload
 import torch
 from torch import nn
 
+from dgpp.kernels._triton import use_triton
+from dgpp.kernels.trailing_rotary import trailing_rotary
+
 RotaryStyle = Literal["half", "interleaved"]
 
 
@@ -128,6 +131,13 @@ class TrailingRotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+        if (
+            use_triton(x) and x.dim() == 3 and x.stride(-1) == 1
+        ):  # one launch, the same math (trailing_rotary)
+            inv_freq = self.inv_freq.to(x.device)
+            return trailing_rotary(
+                x, positions, inv_freq, self.magnitude, fp32_angles=self.fp32_angles, inverse=inverse
+            )
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [T, rotary_dim/2]
         angle_dtype = torch.float32 if self.fp32_angles else x.dtype
         cos = (freqs.cos() * self.magnitude).to(angle_dtype).float().repeat_interleave(2, dim=-1)[:, None, :]
