@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from dgpp_deepseek.release_layout import RELEASE_QUANTIZATION as V4_RELEASE_QUANTIZATION
+
 RELEASE_TEXT_SHAPE: dict[str, Any] = {
     "model_type": "deepseek_v41_text",
     "vocab_size": 129280,
@@ -52,11 +54,5 @@ RELEASE_TEXT_SHAPE: dict[str, Any] = {
     "engram_pad_token_id": 2,
     "engram_compressed_vocab_size": 99092,
 }
-RELEASE_QUANTIZATION: dict[str, Any] = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "scale_fmt": "ue8m0",
-    "weight_block_size": [32, 32],
-    "activation_scheme": "dynamic",
-    "expert_dtype": "fp4",
-}
+# DeepSeek-V4-Flash's FP8 (E8M0 scales) + MXFP4 experts, with 32 x 32 FP8 blocks instead of 128 x 128
+RELEASE_QUANTIZATION: dict[str, Any] = {**V4_RELEASE_QUANTIZATION, "weight_block_size": [32, 32]}
