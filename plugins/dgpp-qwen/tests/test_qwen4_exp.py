@@ -147,3 +147,29 @@ def test_all_rows_at_once_path_equals_row_by_row(pair, monkeypatch):
             conf.engine_all_logits(model, prompts, chunk_size=chunk), reference, strict=True
         ):
             torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5 * float(theirs.abs().max()))
+
+
+@torch.inference_mode()
+def test_masked_attention_in_row_blocks_equals_all_rows_at_once(monkeypatch):
+    """The CUDA form's masked attention cut into blocks of query rows (the score matrix kept under a size): the
+    same output as all rows in one block, with a causal mask and with a selection mask."""
+    from dgpp_qwen.layers import qsa
+
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (
+        torch.randn(37, 8, 16, generator=g),
+        torch.randn(60, 2, 16, generator=g),
+        torch.randn(60, 2, 16, generator=g),
+    )
+    selection = torch.rand(37, 60, generator=g) < 0.5
+    selection[:, 0] = True  # every row keeps a key
+    whole = [qsa.attend_masked(q, k, v, 23, mask, 0.25) for mask in (None, selection)]
+    monkeypatch.setattr(qsa, "SCORE_BLOCK_BYTES", 8 * 60 * 4 * 5)  # five rows a block, the last one partial
+    blocks = []
+    one_block = qsa._attend_masked_rows
+    monkeypatch.setattr(
+        qsa, "_attend_masked_rows", lambda q, *rest: blocks.append(len(q)) or one_block(q, *rest)
+    )
+    for mask, expected in zip((None, selection), whole, strict=True):
+        torch.testing.assert_close(qsa.attend_masked(q, k, v, 23, mask, 0.25), expected, rtol=0, atol=0)
+    assert blocks == [5] * 7 + [2] + [5] * 7 + [2]

@@ -43,10 +43,33 @@ def attend_selected(
     return out.reshape(n, num_q_heads, -1)
 
 
+# the fp32 score matrix of one block of query rows is kept under this size: a 32K-token prompt's rows over its
+# whole context at once would need tens of GB
+SCORE_BLOCK_BYTES = 1 << 30
+
+
 def attend_masked(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
-    """The same attention with every row at once over a masked ``[n, L]`` score matrix (CUDA)."""
+    """The same attention over a masked ``[n, L]`` score matrix (CUDA), in blocks of query rows whose fp32
+    scores fit ``SCORE_BLOCK_BYTES``: every row's keys, selection and softmax are its own, so the blocks only
+    bound the memory."""
+    n, num_q_heads, _ = q.shape
+    rows = max(1, SCORE_BLOCK_BYTES // (num_q_heads * k.shape[0] * 4))
+    if n <= rows:
+        return _attend_masked_rows(q, k, v, q_offset, mask, scale)
+    out = q.new_empty(n, num_q_heads, v.shape[-1])
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        block_mask = None if mask is None else mask[start:stop]
+        out[start:stop] = _attend_masked_rows(q[start:stop], k, v, q_offset + start, block_mask, scale)
+    return out
+
+
+def _attend_masked_rows(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_offset: int, mask: torch.Tensor | None, scale: float
+) -> torch.Tensor:
+    """One block of query rows (positions ``q_offset ..``) over the whole masked score matrix."""
     n, num_q_heads, _ = q.shape
     length, num_kv_heads = k.shape[:2]
     if mask is None:
