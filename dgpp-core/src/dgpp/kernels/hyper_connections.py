@@ -119,9 +119,8 @@ def _hc_collapse_kernel(
 ):
     row = tl.program_id(0).to(tl.int64)
     tile = tl.program_id(1)
-    first = (
-        tile == 0
-    )  # every span needs the row's pre (a few flops); only span 0 computes and stores the rest
+    # every span needs the row's pre (a few flops); only span 0 computes and stores the rest
+    first = tile == 0
     i = tl.arange(0, NP)
     live = i < n
     mix = mix_ptr + row * mix_row
