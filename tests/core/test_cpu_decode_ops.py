@@ -24,6 +24,13 @@ def test_a_plain_norm_rounds_the_fp32_norm_then_multiplies(dtype):
         assert torch.equal(norm(x), explicit), scale
 
 
+def test_a_plain_float64_norm_multiplies_in_float64():
+    norm = RMSNorm(64, 1e-6, dtype=torch.float64)
+    norm.weight.data.copy_(torch.randn(64, generator=GEN, dtype=torch.float64))
+    x = torch.randn(5, 64, generator=GEN, dtype=torch.float64)
+    assert torch.equal(norm(x), norm.weight * F.rms_norm(x.float(), (64,), eps=1e-6).double())
+
+
 def test_the_fp32_product_orders_keep_their_rounding():
     x = (torch.randn(5, 64, generator=GEN) * 3).to(torch.bfloat16)
     w = torch.randn(64, generator=GEN).to(torch.bfloat16)

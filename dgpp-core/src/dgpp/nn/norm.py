@@ -51,7 +51,11 @@ class RMSNorm(nn.Module):
         normed = rms_normalize(x, self.eps)
         if self.zero_centered:
             return (normed * (1.0 + self.weight.float())).to(x.dtype)
-        return (self.weight.float() * normed).to(x.dtype)
+        if self.fp32_product:
+            return (self.weight.float() * normed).to(x.dtype)
+        return self.weight * normed.to(
+            x.dtype
+        )  # other dtypes (float64): x̂ rounded to x's dtype, then the product
 
     def kernel_numerics(self) -> tuple[float, bool]:
         """``(weight_offset, fp32_product)`` of ``dgpp.kernels.rmsnorm`` for this norm's order."""
