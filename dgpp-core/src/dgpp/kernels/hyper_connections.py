@@ -30,33 +30,18 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.kernels._triton import HAS_TRITON, next_pow2, tl, triton
+from dgpp.kernels._triton import next_pow2, tl, triton
+from dgpp.kernels.torch_fp32_math import NO_FMA, exp
 
 _BLOCK_H = 256
 # programs a launch aims for: a decode step's few rows split the hidden axis into spans until the SMs fill,
 # many rows keep longer spans (fewer programs, each with its loop of loads)
 _PROGRAMS = 264
-# a launch option of compiled kernels: keep ``a * b + c`` two roundings, as the torch ops are
-_NO_FMA = {"enable_fp_fusion": False}
-
-
-if HAS_TRITON and not triton.knobs.runtime.interpret:
-    from triton.language.extra import libdevice
-
-    @triton.jit
-    def _exp(x):
-        return libdevice.exp(x)  # CUDA's expf, as torch's sigmoid and softmax call (tl.exp is approximate)
-
-else:  # Triton's interpreter (numpy) has no libdevice
-
-    @triton.jit
-    def _exp(x):
-        return tl.exp(x)
 
 
 @triton.jit
 def _sigmoid(x):
-    return tl.math.div_rn(1.0, 1.0 + _exp(-x))
+    return tl.math.div_rn(1.0, 1.0 + exp(-x))
 
 
 @triton.jit
@@ -80,7 +65,7 @@ def _post_and_comb(mix, base_ptr, scale_ptr, post_out, comb_out, n, iters, eps, 
     logits = logits + tl.load(base_ptr + 2 * n + r * n + c, mask=cell, other=0.0)
     # padding: far below any logit (no weight in a live row's softmax), finite (no NaN in padded rows)
     logits = tl.where(cell, logits, -1.0e30)
-    e = _exp(logits - tl.max(logits, axis=1)[:, None])
+    e = exp(logits - tl.max(logits, axis=1)[:, None])
     comb = tl.where(cell, tl.math.div_rn(e, tl.sum(e, axis=1)[:, None]) + eps, 0.0)
     col_live = c < n
     row_live = r < n
@@ -301,7 +286,7 @@ def _launch_collapse(
             NP=next_pow2(n),
             BLOCK_H=block,
             num_warps=4,
-            **_NO_FMA,
+            **NO_FMA,
         )
 
 
@@ -332,6 +317,6 @@ def hc_expand(
             out.stride(0),
             BLOCK_H=block,
             num_warps=4,
-            **_NO_FMA,
+            **NO_FMA,
         )
     return new

@@ -14,25 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from dgpp.kernels._triton import HAS_TRITON, next_pow2, tl, triton
+from dgpp.kernels._triton import next_pow2, tl, triton
+from dgpp.kernels.torch_fp32_math import NO_FMA, cos_sin
 
-# a launch option of compiled kernels: keep ``a * b - c * d`` three roundings, as the torch ops are
-_NO_FMA = {"enable_fp_fusion": False}
 _BLOCK_N = 128  # nope channels copied per step
-
-
-if HAS_TRITON and not triton.knobs.runtime.interpret:
-    from triton.language.extra import libdevice
-
-    @triton.jit
-    def _cos_sin(x):
-        return libdevice.cos(x), libdevice.sin(x)  # CUDA's cosf / sinf, as torch's cos and sin call
-
-else:  # Triton's interpreter (numpy) has no libdevice
-
-    @triton.jit
-    def _cos_sin(x):
-        return tl.cos(x), tl.sin(x)
 
 
 @triton.jit
@@ -61,7 +46,7 @@ def _trailing_rotary_kernel(
     i = tl.arange(0, BLOCK_R)
     imask = i < half
     angle = tl.load(pos_ptr + row).to(tl.float32) * tl.load(freq_ptr + i, mask=imask, other=0.0)
-    cos, sin = _cos_sin(angle)
+    cos, sin = cos_sin(angle)
     cos, sin = cos * magnitude, sin * magnitude
     out_ty = out_ptr.dtype.element_ty
     if ROUND_ANGLES:
@@ -124,6 +109,6 @@ def trailing_rotary(
             BLOCK_R=max(2, next_pow2(half)),
             BLOCK_N=_BLOCK_N,
             num_warps=4,
-            **_NO_FMA,
+            **NO_FMA,
         )
     return out

@@ -131,9 +131,7 @@ class TrailingRotary(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def rotate(self, x: torch.Tensor, positions: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
-        if (
-            use_triton(x) and x.dim() == 3 and x.stride(-1) == 1
-        ):  # one launch, the same math (trailing_rotary)
+        if use_triton(x) and x.dim() == 3 and x.stride(-1) == 1:  # one launch, the same math
             inv_freq = self.inv_freq.to(x.device)
             return trailing_rotary(
                 x, positions, inv_freq, self.magnitude, fp32_angles=self.fp32_angles, inverse=inverse
