@@ -13,8 +13,8 @@ graph's capture. Counted as one launch each:
   index, ``repeat_interleave`` by a tensor), which a captured graph cannot replay. On CPU tensors a copy to the
   host cannot be told from a no-op by device, so those methods count by name;
 - a tensor built from host data inside the step (``sync:tensor``: ``torch.tensor`` / ``torch.as_tensor`` of Python
-  values given a ``device``, or with dimensions; ``t.new_tensor(values)``): on a GPU a host-to-device copy, which a graph capture refuses
-  (a zero-dimensional CPU constant is a scalar operand and copies nothing).
+  values given a ``device``, or with dimensions; ``t.new_tensor(values)``): on a GPU a host-to-device copy, which
+  a graph capture refuses (a zero-dimensional CPU constant is a scalar operand and copies nothing).
 
 Ops are attributed to the decoder layer that runs them: from a layer's start (it, or any of its modules, is
 called) to the next layer's start, and

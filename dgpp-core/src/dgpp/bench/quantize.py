@@ -4,9 +4,10 @@ A format name picks the ``quantization_config`` a shipped checkpoint of that for
 (``mxfp4+fp8_block``) puts the routed experts in one format and the other decoder-layer linears in another, as
 the MoE releases mix them; ``release`` is the ``quantization_config`` the geometry's release ships (Flint's FP8 and
 NVFP4 experts per layer and projection, DeepSeek-V4's E8M0 scales). The geometry's ``PackedRelease`` (from its
-plugin) gives the checkpoint names the family's loader asks for and the modules its releases keep dense. The quantized model is then built as the
-loaders build one (``quantize_modules`` gives each packed linear and expert stack its packed parameters,
-``load_weights`` fills every parameter through its ``weight_loader``), except that the tensors come from
+plugin) gives the checkpoint names the family's loader asks for and the modules its releases keep dense. The
+quantized model is then built as the loaders build one (``quantize_modules`` gives each packed linear and expert
+stack its packed parameters, ``load_weights`` fills every parameter through its ``weight_loader``), except that
+the tensors come from
 ``dgpp.bench.encoding_reader.EncodingReader``, which encodes each weight of the dense source model on the device
 when it is first asked for (a routed expert from its slice of the source's stacked experts, under the per-expert
 names releases ship). Embedding, norms and lm_head stay dense, as shipped checkpoints keep them.
@@ -235,8 +236,9 @@ def compare_with_torch_path(
     model: Model, batch: int = 4, prompt: int = 32, seed: int = 1
 ) -> dict[str, float]:
     """The quantized model through its kernels against the same model through the torch decode path
-    (the policy's ``quant_torch_only``, ``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then ``F.linear``): one prefill (the
-    GEMM path) and one decode step (the GEMV path) on random prompts, both fed the reference's tokens.
+    (the policy's ``quant_torch_only``, ``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then
+    ``F.linear``): one prefill (the GEMM path) and one decode step (the GEMV path) on random prompts, both fed
+    the reference's tokens.
     Returns the largest |difference| over the largest |reference logit| and the argmax agreement of each."""
     from dgpp.bench.decode import DecodeSession, random_prompts
     from dgpp.engine.work import SeqWork
