@@ -23,20 +23,9 @@ from pathlib import Path
 
 import torch
 from torch.profiler import ProfilerActivity, profile
-from torch.utils._python_dispatch import TorchDispatchMode
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "perf"))
-
-
-class _CountOps(TorchDispatchMode):
-    def __init__(self) -> None:
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def measure(
@@ -53,6 +42,7 @@ def measure(
     from dgpp.engine.work import SeqWork
     from dgpp.startup.loading import load_model
     from dgpp.step.pools import CachePools
+    from dgpp.testing.dispatched_ops import DispatchedOps
 
     torch.set_num_threads(threads)
     model = load_model(checkpoint, EngineConfig(gguf_weights=gguf_weights), dtype=dtype)
@@ -80,7 +70,7 @@ def measure(
         walls.append((time.perf_counter() - wall) * 1000.0)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
-    counter = _CountOps()
+    counter = DispatchedOps()
     with counter:
         step()
     return {
