@@ -71,7 +71,42 @@ def e4m3_words(cache: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
-def _e4m3_pairs(words):
+def _load_words(row_words, mask, width, BLOCK_W: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """``width`` int32 words of each row at ``row_words [N]`` where ``mask``: ``[BLOCK_W, N]`` when ``TRANSPOSED``,
+    else ``[N, BLOCK_W]``. Whole words are loaded (the pipelined tile is read out of shared memory as words, not
+    bytes) and decoded in registers."""
+    w = tl.arange(0, BLOCK_W)
+    if TRANSPOSED:
+        words = tl.load(row_words[None, :] + w[:, None], mask=mask[None, :] & (w[:, None] < width), other=0)
+    else:
+        words = tl.load(row_words[:, None] + w[None, :], mask=mask[:, None] & (w[None, :] < width), other=0)
+    return words
+
+
+@triton.jit
+def _lane(pairs, lane_dtype: tl.constexpr, HIGH: tl.constexpr):
+    """The low (or ``HIGH``) 16 bits of each int32 read as a ``lane_dtype`` value."""
+    if HIGH:
+        bits = (pairs >> 16).to(tl.int16)
+    else:
+        bits = pairs.to(tl.int16)
+    return bits.to(lane_dtype, bitcast=True)
+
+
+@triton.jit
+def _tile_of_codes(c0, c1, c2, c3, n: tl.constexpr, BLOCK_W: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """Code ``i`` of each word (``ci``, shaped like the words) put back in its column ``4w + i``."""
+    # [.., 2, 2] holding c(2a + j) at [.., a, j]: code 4w + 2a + j once the word axis and (a, j) are flattened
+    tile = tl.join(tl.join(c0, c2), tl.join(c1, c3))
+    if TRANSPOSED:  # [W, N, 2, 2] -> [W, 2, 2, N]
+        tile = tl.reshape(tl.permute(tile, (0, 2, 3, 1)), (4 * BLOCK_W, n))
+    else:
+        tile = tl.reshape(tile, (n, 4 * BLOCK_W))
+    return tile
+
+
+@triton.jit
+def _e4m3_fp16_pairs(words):
     """Bytes 0 and 2 (``even``) and bytes 1 and 3 (``odd``) of each int32 word as the low and high fp16 lanes
     of a word, by bit placement instead of the conversion unit: the sign to the lane's bit 15 and the seven
     exponent/mantissa bits to bits 7..13, which reads as ``code * 2^-8`` (e4m3's subnormals land on fp16's).
@@ -79,16 +114,6 @@ def _e4m3_pairs(words):
     even = ((words << 7) & 0x3F803F80) | ((words << 8) & -0x7FFF8000)  # -0x7FFF8000: the sign bits 0x80008000
     odd = ((words >> 1) & 0x3F803F80) | (words & -0x7FFF8000)
     return even, odd
-
-
-@triton.jit
-def _fp16_lane(pairs, HIGH: tl.constexpr):
-    """The low (or ``HIGH``) 16 bits of each int32 as an fp16 value, widened to fp32 (exact)."""
-    if HIGH:
-        bits = (pairs >> 16).to(tl.int16)
-    else:
-        bits = pairs.to(tl.int16)
-    return bits.to(tl.float16, bitcast=True).to(tl.float32)
 
 
 @triton.jit
@@ -105,27 +130,111 @@ def load_e4m3_rows(
     """The e4m3 rows at int32 pointers ``row_words [N]`` (code ``4w + i`` in byte ``i`` of word ``w``) as a tile
     of ``code * scale`` rounded once to ``dtype``, the values ``dequantize_tile`` gives: ``[N, 4 * BLOCK_W]``, or
     ``[4 * BLOCK_W, N]`` (a key tile for ``q @ k``) when ``TRANSPOSED``. The scales are read at ``rows`` where
-    ``mask``; ``width`` words of each row are loaded. Whole words are loaded (the pipelined tile is read out of
-    shared memory as words, not bytes) and decoded in registers."""
-    w = tl.arange(0, BLOCK_W)
+    ``mask``; ``width`` words of each row are loaded."""
+    words = _load_words(row_words, mask, width, BLOCK_W, TRANSPOSED)
+    scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)
     if TRANSPOSED:
-        words = tl.load(row_words[None, :] + w[:, None], mask=mask[None, :] & (w[:, None] < width), other=0)
-        scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)[None, :]
+        scale = scale[None, :]
     else:
-        words = tl.load(row_words[:, None] + w[None, :], mask=mask[:, None] & (w[None, :] < width), other=0)
-        scale = tl.load(scale_ptr + rows, mask=mask, other=0.0)[:, None]
-    even, odd = _e4m3_pairs(words)
+        scale = scale[:, None]
+    even, odd = _e4m3_fp16_pairs(words)
     # (code * 2^-8) * (scale * 2^8) is code * scale rounded once: scale * 2^8 is exact, and finite for every
     # row scale (amax / 448 < 2^120)
     scale = scale * 256.0
-    c0 = _fp16_lane(even, False) * scale
-    c1 = _fp16_lane(odd, False) * scale
-    c2 = _fp16_lane(even, True) * scale
-    c3 = _fp16_lane(odd, True) * scale
-    # [.., 2, 2] holding c(2a + j) at [.., a, j]: code 4w + 2a + j once the word axis and (a, j) are flattened
-    tile = tl.join(tl.join(c0, c2), tl.join(c1, c3))
-    if TRANSPOSED:  # [W, N, 2, 2] -> [W, 2, 2, N]
-        tile = tl.reshape(tl.permute(tile, (0, 2, 3, 1)), (4 * BLOCK_W, row_words.shape[0]))
+    c0 = _lane(even, tl.float16, False).to(tl.float32) * scale
+    c1 = _lane(odd, tl.float16, False).to(tl.float32) * scale
+    c2 = _lane(even, tl.float16, True).to(tl.float32) * scale
+    c3 = _lane(odd, tl.float16, True).to(tl.float32) * scale
+    return _tile_of_codes(c0, c1, c2, c3, row_words.shape[0], BLOCK_W, TRANSPOSED).to(dtype)
+
+
+# The folded read (``load_e4m3_codes`` and the scalings below): a row's scale is one number per key, so it is
+# applied to the score column (K) and to the probability column (V) of that key instead of to each of its D
+# values; the codes reach the dot as exact bf16 values ``code * 2^-120``. The powers of two keep every value the
+# tensor cores see normal and are taken back out exactly:
+# - K: the query is lifted by 2^64 (finite for |q| < 2^64), so a product q * code * 2^-56 is normal for
+#   |q * code| >= 2^-70; the score column is multiplied by ``k_scale * softmax_scale * 2^56``, finite for
+#   k_scale < 2^72 (a row amax below 2^80).
+# - V: probability p (<= 1) times ``v_scale * 2^100`` is rounded to bf16 for the P.V dot, finite for
+#   v_scale < 2^27 (a row amax below 2^35); the accumulator holds the output times 2^-20 and is multiplied by
+#   2^20 once a split is done. A p whose weighted value is below bf16's normal range (p * v_scale < 2^-226)
+#   adds nothing a bf16 output could show.
+# e4m3's subnormal codes (|code| < 2^-6, below 2^-15 of the row's amax) land on bf16 subnormals.
+@triton.jit
+def _e4m3_bf16_pairs(words):
+    """Bytes 0 and 2 (``even``) and bytes 1 and 3 (``odd``) of each int32 word as the low and high bf16 lanes of
+    a word: the sign to the lane's bit 15 and the seven exponent/mantissa bits to bits 4..10, which reads as
+    ``code * 2^-120`` exactly (e4m3's exponent bias 7 against bf16's 127; the NaN codes, never written, read as
+    +-480 * 2^-120)."""
+    even = ((words << 4) & 0x07F007F0) | ((words << 8) & -0x7FFF8000)  # -0x7FFF8000: the sign bits 0x80008000
+    odd = ((words >> 4) & 0x07F007F0) | (words & -0x7FFF8000)
+    return even, odd
+
+
+@triton.jit
+def load_e4m3_codes(
+    row_words, mask, width, dtype: tl.constexpr, BLOCK_W: tl.constexpr, TRANSPOSED: tl.constexpr
+):
+    """The e4m3 rows at int32 pointers ``row_words [N]`` as a tile of ``code * 2^-120`` in ``dtype`` (exact, no
+    scale): ``[N, 4 * BLOCK_W]``, or ``[4 * BLOCK_W, N]`` when ``TRANSPOSED``; ``width`` words of each row where
+    ``mask``, zeros elsewhere. The columns come in ``swap_code_pairs`` order (column ``c`` holds code
+    ``swap(c)``, 1 and 2 of each four exchanged), so that two neighbouring columns are the two bf16 lanes of one
+    decoded word, the pairs a bf16 dot operand register holds, and need no repacking. For an fp32 tile each
+    lane is moved to the top half of its own word (a bf16's bits followed by 16 zeros are the same value)."""
+    even, odd = _e4m3_bf16_pairs(_load_words(row_words, mask, width, BLOCK_W, TRANSPOSED))
+    if dtype == tl.float32:
+        c0 = (even << 16).to(tl.float32, bitcast=True)
+        c1 = (odd << 16).to(tl.float32, bitcast=True)
+        c2 = (even & -0x10000).to(tl.float32, bitcast=True)  # -0x10000: the high lane 0xFFFF0000
+        c3 = (odd & -0x10000).to(tl.float32, bitcast=True)
     else:
-        tile = tl.reshape(tile, (row_words.shape[0], 4 * BLOCK_W))
-    return tile.to(dtype)
+        c0 = _lane(even, tl.bfloat16, False)
+        c1 = _lane(odd, tl.bfloat16, False)
+        c2 = _lane(even, tl.bfloat16, True)
+        c3 = _lane(odd, tl.bfloat16, True)
+    return _tile_of_codes(c0, c2, c1, c3, row_words.shape[0], BLOCK_W, TRANSPOSED)
+
+
+@triton.jit
+def swapped_columns(cols):
+    """Column indices with ``4w + 1`` and ``4w + 2`` exchanged: where a query is read from so that it comes in
+    the column order of a ``load_e4m3_codes`` key tile (read as a plain tile, the dot keeps its usual operand
+    path; a query permuted in registers would be repacked before every dot)."""
+    return (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)
+
+
+@triton.jit
+def swap_code_pairs(x):
+    """``x [M, D]`` with columns ``4w + 1`` and ``4w + 2`` exchanged: an output accumulated against
+    ``load_e4m3_codes`` value tiles put back in column order."""
+    rows: tl.constexpr = x.shape[0]
+    cols: tl.constexpr = x.shape[1]
+    return tl.reshape(tl.permute(tl.reshape(x, (rows, cols // 4, 2, 2)), (0, 1, 3, 2)), (rows, cols))
+
+
+@triton.jit
+def lift_query(q):
+    """``q * 2^64`` in q's dtype (exact), the query a ``load_e4m3_codes`` key tile is dotted with."""
+    return (q.to(tl.float32) * 18446744073709551616.0).to(q.dtype)
+
+
+@triton.jit
+def key_column_scales(k_scale_ptr, rows, mask, softmax_scale):
+    """What the scores of a lifted query against ``load_e4m3_codes`` keys are multiplied by, per key column:
+    ``k_scale * softmax_scale * 2^56`` (0 where not ``mask``)."""
+    k_scale = tl.load(k_scale_ptr + rows, mask=mask, other=0.0)
+    return k_scale * (softmax_scale * 72057594037927936.0)
+
+
+@triton.jit
+def value_row_weights(v_scale_ptr, rows, mask):
+    """``v_scale * 2^100`` per value row (0 where not ``mask``): the probability column weight for
+    ``load_e4m3_codes`` values; the accumulator then holds the output times 2^-20 (``unlift_output``)."""
+    v_scale = tl.load(v_scale_ptr + rows, mask=mask, other=0.0)
+    return v_scale * 1.2676506002282294e30
+
+
+@triton.jit
+def unlift_output(acc):
+    """An accumulator of weighted probabilities against ``load_e4m3_codes`` values, times 2^20 (exact)."""
+    return acc * 1048576.0

@@ -29,8 +29,25 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, e4m3_words, load_e4m3_rows
-from dgpp.kernels.online_softmax import merge_splits, normalized, softmax_step, store_partials
+from dgpp.kernels.kv_fp8 import (
+    KVScales,
+    dequantize_rows,
+    e4m3_words,
+    key_column_scales,
+    lift_query,
+    load_e4m3_codes,
+    swap_code_pairs,
+    swapped_columns,
+    unlift_output,
+    value_row_weights,
+)
+from dgpp.kernels.online_softmax import (
+    merge_splits,
+    normalized,
+    softmax_step,
+    softmax_step_weighted,
+    store_partials,
+)
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
 _BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
@@ -137,14 +154,20 @@ def _decode_partition_kernel(
     dv = tl.arange(0, BLOCK_DV)
     heads = kvh * group + g
     gmask = g < group
+    if HAS_SCALES:  # in the column order of the e4m3 key tiles (kv_fp8.load_e4m3_codes)
+        q_cols = swapped_columns(d)
+    else:
+        q_cols = d
     q = tl.load(
-        q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
-        mask=gmask[:, None] & (d[None, :] < head_dim),
+        q_ptr + b * q_b + heads[:, None] * q_h + q_cols[None, :],
+        mask=gmask[:, None] & (q_cols[None, :] < head_dim),
         other=0.0,
     )
     omask = gmask[:, None] & (dv[None, :] < v_dim)
     if HAS_SINKS:
         sink = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
+    if HAS_SCALES:  # the query e4m3 key codes are dotted with (kv_fp8.load_e4m3_codes)
+        q = lift_query(q)
     # a padding row (seq_len 0) still runs split 0, which writes its zeros
     for split in range(tl.program_id(2), tl.maximum(used, 1), grid_splits):
         start = first + split * per_split
@@ -161,25 +184,31 @@ def _decode_partition_kernel(
             phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
             off = (toks % block_size).to(tl.int64)
             k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
-            if HAS_SCALES:  # e4m3 rows, read as int32 words of four codes
+            v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
+            if (
+                HAS_SCALES
+            ):  # e4m3 rows read as int32 words of four codes, the row scales folded out of the tile
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-                kt = load_e4m3_rows(
-                    k_rows, ksc_ptr, sc_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True
+                kt = load_e4m3_codes(k_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True)
+                s = tl.dot(q, kt, input_precision=PRECISION) * key_column_scales(
+                    ksc_ptr, sc_rows, tmask, scale
                 )
+                s = tl.where(tmask[None, :], s, float("-inf"))
+                v = load_e4m3_codes(v_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
+                weight = value_row_weights(vsc_ptr, sc_rows, tmask)
+                acc, m_i, l_i = softmax_step_weighted(s, v, weight, acc, m_i, l_i, PRECISION)
             else:
                 kt = tl.load(
                     k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
                 )
-            s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
-            s = tl.where(tmask[None, :], s, float("-inf"))
-            v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
-            if HAS_SCALES:
-                v = load_e4m3_rows(v_rows, vsc_ptr, sc_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
-            else:
+                s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
+                s = tl.where(tmask[None, :], s, float("-inf"))
                 v = tl.load(
                     v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0
                 )
-            acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
+                acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
+        if HAS_SCALES:
+            acc = swap_code_pairs(unlift_output(acc))
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
         tl.store(

@@ -1,0 +1,153 @@
+"""Paged decode over e4m3 rows with the row scales folded out of the tile (``dgpp.kernels.kv_fp8.load_e4m3_codes``):
+every finite code is placed exactly as ``code * 2^-120`` (bf16 lanes and fp32), and the decode kernel stays within
+the fp32 reference at many contexts, GQA groups, split counts and with sinks, reads each row's own K and V scale,
+and gives a row the same bits alone or in a batch (Triton interpreter, fp32 compute)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dgpp.kernels._triton import tl, triton
+from dgpp.kernels.kv_fp8 import e4m3_words, load_e4m3_codes, quantize_rows
+from dgpp.kernels.paged_attention import decode_attention_with_splits, paged_decode_attention_ref
+from dgpp.kernels.window_attention import window_attention_ref
+
+GEN = torch.Generator().manual_seed(5)
+
+
+@triton.jit
+def _codes_kernel(
+    words_ptr, out_ptr, width, N: tl.constexpr, BLOCK_W: tl.constexpr, TRANSPOSED: tl.constexpr
+):
+    """The rows' code tile stored as ``out [N, 4 * BLOCK_W]`` (out's dtype) whichever way it was loaded."""
+    n = tl.arange(0, N)
+    cols = tl.arange(0, 4 * BLOCK_W)
+    live = n < N - 1  # the last row is masked off
+    dtype: tl.constexpr = out_ptr.dtype.element_ty
+    tile = load_e4m3_codes(words_ptr + n * width, live, width, dtype, BLOCK_W, TRANSPOSED)
+    if TRANSPOSED:
+        tl.store(out_ptr + n[None, :] * (4 * BLOCK_W) + cols[:, None], tile)
+    else:
+        tl.store(out_ptr + n[:, None] * (4 * BLOCK_W) + cols[None, :], tile)
+
+
+def _finite_codes() -> torch.Tensor:
+    codes = torch.arange(256, dtype=torch.uint8)
+    return codes[~codes.view(torch.float8_e4m3fn).float().isnan()]
+
+
+def _swapped(cols: torch.Tensor) -> torch.Tensor:
+    """Column ``4w + 1`` <-> ``4w + 2``: the order ``load_e4m3_codes`` puts codes in."""
+    return (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("transposed", [False, True])
+def test_every_finite_code_is_placed_exactly(dtype: torch.dtype, transposed: bool) -> None:
+    finite = _finite_codes()
+    rows, width = 8, 64  # 256 codes a row: each row every finite code (and two zeros) in its own order
+    picks = torch.zeros(rows, 4 * width, dtype=torch.uint8)
+    for r in range(rows):
+        picks[r, : len(finite)] = finite[torch.randperm(len(finite), generator=GEN)]
+    codes = picks.view(torch.float8_e4m3fn)
+    out = torch.full((rows, 4 * width), float("nan"), dtype=dtype)
+    _codes_kernel[(1,)](e4m3_words(codes), out, width, rows, width, transposed)
+    # bf16 lanes stored as they are (their bits, subnormals included), read back exactly by torch
+    want = (codes.double() * 2.0**-120).float()
+    got = out.float()[:, _swapped(torch.arange(4 * width))]
+    assert torch.equal(got[:-1], want[:-1])
+    assert torch.equal(got[-1], torch.zeros(4 * width))  # the masked row
+    assert bool((want[:-1] != 0).sum() >= 252 * (rows - 1))  # the subnormal codes are not all zeros
+    assert not torch.equal(out.float()[:-1], want[:-1])  # the columns do come in the swapped order
+
+
+def _pool(blocks: int, block_size: int, hk: int, dim: int, v_dim: int, row_spread: float):
+    """Codes and scales of random rows whose amax spans ``10^-row_spread .. 10^row_spread`` (per row)."""
+
+    def rows(width: int) -> torch.Tensor:
+        x = torch.randn(blocks, block_size, hk, width, generator=GEN)
+        levels = torch.logspace(-row_spread, row_spread, blocks * block_size * hk)
+        return x * levels[torch.randperm(levels.numel(), generator=GEN)].view(blocks, block_size, hk, 1)
+
+    (kc, ks), (vc, vs) = quantize_rows(rows(dim)), quantize_rows(rows(v_dim))
+    return kc, vc, (ks, vs)
+
+
+def _tables(lens: list[int], block_size: int, blocks: int) -> torch.Tensor:
+    width = blocks // len(lens)
+    return torch.randperm(blocks, generator=GEN)[: len(lens) * width].view(len(lens), width).int()
+
+
+def _sink_ref(q, kc, vc, tables, lens, sinks, scale, scales):
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    starts = torch.arange(len(lens) + 1, dtype=torch.int32)
+    ctx = (seq_lens - 1).clamp(min=0)
+    return window_attention_ref(
+        q, None, None, kc, vc, tables, starts, ctx, seq_lens, sinks, scale, 0, True, scales
+    )
+
+
+CASES = [  # (query heads, KV heads, head dim, value dim, splits, sinks)
+    (4, 4, 32, 32, 1, False),
+    (8, 2, 64, 32, 4, False),
+    (6, 1, 48, 48, 3, True),
+    (16, 2, 32, 64, 8, True),
+]
+
+
+@pytest.mark.parametrize(("hq", "hk", "dim", "v_dim", "splits", "sinks"), CASES)
+def test_folded_decode_matches_the_fp32_reference(
+    hq: int, hk: int, dim: int, v_dim: int, splits: int, sinks: bool
+) -> None:
+    lens, bs = [1, 63, 64, 65, 200, 0, 321], 16
+    blocks = len(lens) * 21
+    kc, vc, scales = _pool(blocks, bs, hk, dim, v_dim, row_spread=1.5)
+    tables = _tables(lens, bs, blocks)
+    q = torch.randn(len(lens), hq, dim, generator=GEN) * 0.5
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    sink = torch.randn(hq, generator=GEN) + 1 if sinks else None
+    out = decode_attention_with_splits(q, kc, vc, tables, seq_lens, 0.2, 0, splits, scales=scales, sinks=sink)
+    if sinks:
+        ref = _sink_ref(q, kc, vc, tables, lens, sink, 0.2, scales)
+    else:
+        ref = paged_decode_attention_ref(q, kc, vc, tables, seq_lens, 0.2, scales=scales)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert float(out[5].abs().max()) == 0.0  # the padding row
+
+
+def test_each_row_reads_its_own_key_and_value_scale() -> None:
+    """Row amaxes spread over 10^-4 .. 10^4: a kernel that dropped, shared or misplaced either scale is far off."""
+    hq, hk, dim, bs = 8, 2, 32, 8
+    lens = [90, 37]
+    kc, vc, (ks, vs) = _pool(24, bs, hk, dim, dim, row_spread=4.0)
+    tables = _tables(lens, bs, 24)
+    q = torch.randn(len(lens), hq, dim, generator=GEN) * 0.05
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    out = decode_attention_with_splits(q, kc, vc, tables, seq_lens, 0.5, 0, 2, scales=(ks, vs))
+    ref = paged_decode_attention_ref(q, kc, vc, tables, seq_lens, 0.5, scales=(ks, vs))
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # what a read with one shared K scale, or one shared V scale, would give is nowhere near
+    for wrong in ((ks.mean().expand_as(ks), vs), (ks, vs.mean().expand_as(vs))):
+        off = paged_decode_attention_ref(q, kc, vc, tables, seq_lens, 0.5, scales=wrong)
+        assert not torch.allclose(off, ref, rtol=1e-2, atol=1e-2)
+
+
+def test_a_row_has_the_same_bits_alone_and_in_a_batch() -> None:
+    hq, hk, dim, bs = 8, 2, 32, 16
+    lens = [150, 7, 300, 64]
+    kc, vc, scales = _pool(80, bs, hk, dim, dim, row_spread=1.0)
+    tables = _tables(lens, bs, 80)
+    q = torch.randn(len(lens), hq, dim, generator=GEN)
+    seq_lens = torch.tensor(lens, dtype=torch.int32)
+    sinks = torch.randn(hq, generator=GEN)
+    batched = decode_attention_with_splits(
+        q, kc, vc, tables, seq_lens, 0.3, 0, 4, 4, scales=scales, sinks=sinks
+    )
+    for b in range(len(lens)):
+        one = slice(b, b + 1)
+        # one program per split alone, several splits per program in the batch: the same bits either way
+        alone = decode_attention_with_splits(
+            q[one], kc, vc, tables[one], seq_lens[one], 0.3, 0, 4, 1, scales=scales, sinks=sinks
+        )
+        assert torch.equal(alone, batched[one])
