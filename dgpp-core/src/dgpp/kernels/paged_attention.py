@@ -115,7 +115,6 @@ def _decode_partition_kernel(
     group,
     head_dim,
     v_dim,
-    block_size,
     num_splits,
     grid_splits,
     q_b,
@@ -136,6 +135,7 @@ def _decode_partition_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     ONE_SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_SCALES: tl.constexpr,
@@ -163,11 +163,11 @@ def _decode_partition_kernel(
         mask=gmask[:, None] & (q_cols[None, :] < head_dim),
         other=0.0,
     )
+    if HAS_SCALES:  # the query e4m3 key codes are dotted with: lifted by an exact power of two
+        q = lift_query(q)
     omask = gmask[:, None] & (dv[None, :] < v_dim)
     if HAS_SINKS:
         sink = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
-    if HAS_SCALES:  # the query e4m3 key codes are dotted with (kv_fp8.load_e4m3_codes)
-        q = lift_query(q)
     # a padding row (seq_len 0) still runs split 0, which writes its zeros
     for split in range(tl.program_id(2), tl.maximum(used, 1), grid_splits):
         start = first + split * per_split
@@ -181,18 +181,16 @@ def _decode_partition_kernel(
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             tmask = toks < end
-            phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
-            off = (toks % block_size).to(tl.int64)
+            phys = tl.load(bt_ptr + b * bt_b + toks // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
+            off = (toks % BLOCK_SIZE).to(tl.int64)
             k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
             v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
-            if (
-                HAS_SCALES
-            ):  # e4m3 rows read as int32 words of four codes, the row scales folded out of the tile
+            # e4m3 rows: int32 words of four codes, each row's scale applied once per key (kv_fp8)
+            if HAS_SCALES:
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
                 kt = load_e4m3_codes(k_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True)
-                s = tl.dot(q, kt, input_precision=PRECISION) * key_column_scales(
-                    ksc_ptr, sc_rows, tmask, scale
-                )
+                key_scales = key_column_scales(ksc_ptr, sc_rows, tmask, scale)
+                s = tl.dot(q, kt, input_precision=PRECISION) * key_scales[None, :]
                 s = tl.where(tmask[None, :], s, float("-inf"))
                 v = load_e4m3_codes(v_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
                 weight = value_row_weights(vsc_ptr, sc_rows, tmask)
@@ -341,7 +339,6 @@ def decode_attention_with_splits(
         group,
         head_dim,
         v_dim,
-        block_size,
         splits,
         grid_splits,
         q.stride(0),
@@ -362,6 +359,7 @@ def decode_attention_with_splits(
         BLOCK_G=max(16, next_pow2(group)),
         BLOCK_D=next_pow2(head_dim),
         BLOCK_DV=block_dv,
+        BLOCK_SIZE=block_size,
         ONE_SPLIT=splits == 1,
         PRECISION=precision,
         HAS_SCALES=scales is not None,
