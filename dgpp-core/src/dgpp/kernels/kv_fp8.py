@@ -1,12 +1,22 @@
-"""The e4m3 row form of ``engine.kv_dtype: fp8``: quantize K/V rows on their way into the cache, dequantize tiles
-on their way out.
+"""The e4m3 row form of ``engine.kv_dtype: fp8``: quantize K/V rows on their way into the cache, read them back in
+the attention.
 
 A row is one token's one KV head (``head_dim`` values). It is stored as e4m3 codes ``round(x / scale)`` with one
 fp32 ``scale = amax(|x|) / 448`` (448 is e4m3's largest finite value; an all-zero row keeps scale 0 and zero
-codes), and read back as ``code * scale`` rounded to the compute dtype. Every reader (the torch paths here and
-in ``dgpp.nn``, the Triton attention kernels) dequantizes with that one expression, once per loaded tile, so a
-key's value never depends on which path or which step read it. Quantizing is row-local: a row's codes do not
-depend on the other rows of its step, which keeps chunked prefill, batching and the prefix cache exact.
+codes). Quantizing is row-local: a row's codes do not depend on the other rows of its step, which keeps chunked
+prefill, batching and the prefix cache exact. The readers:
+
+- the torch paths (here and in ``dgpp.nn``), the prefill kernel (``dequantize_tile``) and the window kernel
+  (``load_e4m3_rows``) compute ``code * scale`` in fp32 and round it once to the compute dtype, once per loaded
+  tile, then attend over those values;
+- the paged decode kernel (decode and verify rows, the sink families' split-context decode) applies the scale
+  once per key instead of once per value (``load_e4m3_codes`` and the scalings beside it): the dot products see
+  the exact codes, the score of key ``j`` is multiplied by its K scale and its probability by its V scale before
+  that is rounded for the P.V dot. One rounding fewer per value, so its output is not bit-equal to attention over
+  the dequantized rows; it is a function of the row's own keys and of the split count alone, the same in every
+  batch, graph or eager.
+
+Each kernel reads a row the same way at every step, so a row's bits never depend on which step or batch read it.
 """
 
 from __future__ import annotations
@@ -61,7 +71,7 @@ def dequantize_tile(codes, scale_ptr, rows, mask, dtype: tl.constexpr, TRANSPOSE
 
 def e4m3_words(cache: torch.Tensor) -> torch.Tensor:
     """An e4m3 cache ``[..., D]`` as int32 words ``[..., D / 4]`` (code ``4w + i`` in byte ``i`` of word ``w``),
-    what ``load_e4m3_rows`` reads; strides count words."""
+    what ``load_e4m3_rows`` and ``load_e4m3_codes`` read; strides count words."""
     if cache.shape[-1] % 4 or cache.stride(-1) != 1:
         raise ValueError(
             f"e4m3 K/V rows are read as 4-code words: the head dim must be a multiple of 4 and contiguous, "

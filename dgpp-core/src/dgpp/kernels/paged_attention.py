@@ -5,8 +5,10 @@
 the current one included (its K/V was written before the call). A row with ``seq_len == 0`` is a
 padding row (CUDA-graph batch padding) and gets zeros. ``window > 0`` attends to the last
 ``window`` tokens only. Returns ``[B, Hq, Dv]`` in q's dtype. ``scales``: an e4m3 pool's fp32 row scales
-``(k_scale, v_scale)``, each ``[num_blocks, block_size, Hk, 1]`` (``engine.kv_dtype: fp8``); each loaded
-tile is dequantized once, ``code * scale`` rounded to q's dtype (``dgpp.kernels.kv_fp8``).
+``(k_scale, v_scale)``, each ``[num_blocks, block_size, Hk, 1]`` (``engine.kv_dtype: fp8``). The Triton kernel
+applies them once per key: it dots the query with the exact codes, multiplies each score column by its key's K
+scale and each probability column by its key's V scale before the P.V dot (``dgpp.kernels.kv_fp8``); the torch
+reference attends over ``code * scale`` rounded to q's dtype.
 
 The Triton path is flash-decoding: one program per (sequence, KV head, split) computes a partial
 softmax for all query heads of the KV group (the group shares every K/V byte it loads), and a second
