@@ -1,4 +1,4 @@
-"""Paged decode over e4m3 rows with the row scales folded out of the tile (``dgpp.kernels.kv_fp8.load_e4m3_codes``):
+"""Paged decode over e4m3 rows with the row scales folded out of the tile (``dgpp.kernels.kv_fp8.load_e4m3_lanes``):
 every finite code is placed exactly as ``code * 2^-120`` (bf16 lanes and fp32), and the decode kernel stays within
 the fp32 reference at many contexts, GQA groups, split counts and with sinks, reads each row's own K and V scale,
 and gives a row the same bits alone or in a batch (Triton interpreter, fp32 compute)."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.kernels.kv_fp8 import e4m3_words, load_e4m3_codes, quantize_rows
+from dgpp.kernels.kv_fp8 import e4m3_words, load_e4m3_lanes, quantize_rows, tiles_in_columns
 from dgpp.kernels.paged_attention import decode_attention_with_splits, paged_decode_attention_ref
 from dgpp.kernels.window_attention import window_attention_ref
 
@@ -20,26 +20,23 @@ GEN = torch.Generator().manual_seed(5)
 def _codes_kernel(
     words_ptr, out_ptr, width, N: tl.constexpr, BLOCK_W: tl.constexpr, TRANSPOSED: tl.constexpr
 ):
-    """The rows' code tile stored as ``out [N, 4 * BLOCK_W]`` (out's dtype) whichever way it was loaded."""
+    """The rows' four code tiles stored as ``out [N, 4 * BLOCK_W]`` (out's dtype) with code ``4w + i`` in column
+    ``4w + i``, whichever way they were loaded."""
     n = tl.arange(0, N)
     cols = tl.arange(0, 4 * BLOCK_W)
     live = n < N - 1  # the last row is masked off
     dtype: tl.constexpr = out_ptr.dtype.element_ty
-    tile = load_e4m3_codes(words_ptr + n * width, live, width, dtype, BLOCK_W, TRANSPOSED)
-    if TRANSPOSED:
-        tl.store(out_ptr + n[None, :] * (4 * BLOCK_W) + cols[:, None], tile)
+    c0, c1, c2, c3 = load_e4m3_lanes(words_ptr + n * width, live, width, dtype, BLOCK_W, TRANSPOSED)
+    if TRANSPOSED:  # [BLOCK_W, N] tiles
+        tile = tiles_in_columns(tl.trans(c0), tl.trans(c1), tl.trans(c2), tl.trans(c3))
     else:
-        tl.store(out_ptr + n[:, None] * (4 * BLOCK_W) + cols[None, :], tile)
+        tile = tiles_in_columns(c0, c1, c2, c3)
+    tl.store(out_ptr + n[:, None] * (4 * BLOCK_W) + cols[None, :], tile)
 
 
 def _finite_codes() -> torch.Tensor:
     codes = torch.arange(256, dtype=torch.uint8)
     return codes[~codes.view(torch.float8_e4m3fn).float().isnan()]
-
-
-def _swapped(cols: torch.Tensor) -> torch.Tensor:
-    """Column ``4w + 1`` <-> ``4w + 2``: the order ``load_e4m3_codes`` puts codes in."""
-    return (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -55,11 +52,13 @@ def test_every_finite_code_is_placed_exactly(dtype: torch.dtype, transposed: boo
     _codes_kernel[(1,)](e4m3_words(codes), out, width, rows, width, transposed)
     # bf16 lanes stored as they are (their bits, subnormals included), read back exactly by torch
     want = (codes.double() * 2.0**-120).float()
-    got = out.float()[:, _swapped(torch.arange(4 * width))]
+    got = out.float()
     assert torch.equal(got[:-1], want[:-1])
     assert torch.equal(got[-1], torch.zeros(4 * width))  # the masked row
     assert bool((want[:-1] != 0).sum() >= 252 * (rows - 1))  # the subnormal codes are not all zeros
-    assert not torch.equal(out.float()[:-1], want[:-1])  # the columns do come in the swapped order
+    # the four codes of each word differ: a decode that swapped two lanes of a word would not match
+    swapped = want.view(rows, width, 4)[:, :, [0, 2, 1, 3]].reshape(rows, -1)
+    assert not torch.equal(got[:-1], swapped[:-1])
 
 
 def _pool(blocks: int, block_size: int, hk: int, dim: int, v_dim: int, row_spread: float):

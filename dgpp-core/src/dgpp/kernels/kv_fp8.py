@@ -10,7 +10,7 @@ prefill, batching and the prefix cache exact. The readers:
   (``load_e4m3_rows``) compute ``code * scale`` in fp32 and round it once to the compute dtype, once per loaded
   tile, then attend over those values;
 - the paged decode kernel (decode and verify rows, the sink families' split-context decode) applies the scale
-  once per key instead of once per value (``load_e4m3_codes`` and the scalings beside it): the dot products see
+  once per key instead of once per value (``load_e4m3_lanes`` and the scalings beside it): the dot products see
   the exact codes, the score of key ``j`` is multiplied by its K scale and its probability by its V scale before
   that is rounded for the P.V dot. One rounding fewer per value, so its output is not bit-equal to attention over
   the dequantized rows; it is a function of the row's own keys and of the split count alone, the same in every
@@ -71,7 +71,7 @@ def dequantize_tile(codes, scale_ptr, rows, mask, dtype: tl.constexpr, TRANSPOSE
 
 def e4m3_words(cache: torch.Tensor) -> torch.Tensor:
     """An e4m3 cache ``[..., D]`` as int32 words ``[..., D / 4]`` (code ``4w + i`` in byte ``i`` of word ``w``),
-    what ``load_e4m3_rows`` and ``load_e4m3_codes`` read; strides count words."""
+    what ``load_e4m3_rows`` and ``load_e4m3_lanes`` read; strides count words."""
     if cache.shape[-1] % 4 or cache.stride(-1) != 1:
         raise ValueError(
             f"e4m3 K/V rows are read as 4-code words: the head dim must be a multiple of 4 and contiguous, "
@@ -158,7 +158,7 @@ def load_e4m3_rows(
     return _tile_of_codes(c0, c1, c2, c3, row_words.shape[0], BLOCK_W, TRANSPOSED).to(dtype)
 
 
-# The folded read (``load_e4m3_codes`` and the scalings below): a row's scale is one number per key, so it is
+# The folded read (``load_e4m3_lanes`` and the scalings below): a row's scale is one number per key, so it is
 # applied to the score column (K) and to the probability column (V) of that key instead of to each of its D
 # values; the codes reach the dot as exact bf16 values ``code * 2^-120``. The powers of two keep every value the
 # tensor cores see normal and are taken back out exactly:
@@ -182,15 +182,15 @@ def _e4m3_bf16_pairs(words):
 
 
 @triton.jit
-def load_e4m3_codes(
+def load_e4m3_lanes(
     row_words, mask, width, dtype: tl.constexpr, BLOCK_W: tl.constexpr, TRANSPOSED: tl.constexpr
 ):
-    """The e4m3 rows at int32 pointers ``row_words [N]`` as a tile of ``code * 2^-120`` in ``dtype`` (exact, no
-    scale): ``[N, 4 * BLOCK_W]``, or ``[4 * BLOCK_W, N]`` when ``TRANSPOSED``; ``width`` words of each row where
-    ``mask``, zeros elsewhere. The columns come in ``swap_code_pairs`` order (column ``c`` holds code
-    ``swap(c)``, 1 and 2 of each four exchanged), so that two neighbouring columns are the two bf16 lanes of one
-    decoded word, the pairs a bf16 dot operand register holds, and need no repacking. For an fp32 tile each
-    lane is moved to the top half of its own word (a bf16's bits followed by 16 zeros are the same value)."""
+    """The e4m3 rows at int32 pointers ``row_words [N]`` as four tiles ``(c0, c1, c2, c3)`` shaped like the words
+    (``[BLOCK_W, N]`` when ``TRANSPOSED``, else ``[N, BLOCK_W]``): ``ci[w]`` is code ``4w + i`` as
+    ``code * 2^-120`` in ``dtype`` (exact, no scale), zeros where not ``mask`` or past ``width`` words. An fp32
+    lane is the bf16 lane's bits followed by 16 zeros (the same value). A reader splits the query (and its output)
+    the same way and runs one dot per code of a word: one tile joined from the four makes Triton 3.6 pick an MMA
+    operand layout that repacks the query and the probabilities around every MMA (docs/benchmarks.md)."""
     even, odd = _e4m3_bf16_pairs(_load_words(row_words, mask, width, BLOCK_W, TRANSPOSED))
     if dtype == tl.float32:
         c0 = (even << 16).to(tl.float32, bitcast=True)
@@ -202,35 +202,25 @@ def load_e4m3_codes(
         c1 = _lane(odd, tl.bfloat16, False)
         c2 = _lane(even, tl.bfloat16, True)
         c3 = _lane(odd, tl.bfloat16, True)
-    return _tile_of_codes(c0, c2, c1, c3, row_words.shape[0], BLOCK_W, TRANSPOSED)
+    return c0, c1, c2, c3
 
 
 @triton.jit
-def swapped_columns(cols):
-    """Column indices with ``4w + 1`` and ``4w + 2`` exchanged: where a query is read from so that it comes in
-    the column order of a ``load_e4m3_codes`` key tile (read as a plain tile, the dot keeps its usual operand
-    path; a query permuted in registers would be repacked before every dot)."""
-    return (cols & -4) | ((cols & 1) << 1) | ((cols >> 1) & 1)
-
-
-@triton.jit
-def swap_code_pairs(x):
-    """``x [M, D]`` with columns ``4w + 1`` and ``4w + 2`` exchanged: an output accumulated against
-    ``load_e4m3_codes`` value tiles put back in column order."""
-    rows: tl.constexpr = x.shape[0]
-    cols: tl.constexpr = x.shape[1]
-    return tl.reshape(tl.permute(tl.reshape(x, (rows, cols // 4, 2, 2)), (0, 1, 3, 2)), (rows, cols))
+def tiles_in_columns(t0, t1, t2, t3):
+    """Four ``[M, W]`` tiles as one ``[M, 4 * W]`` tile with ``ti[:, w]`` in column ``4w + i``: an output
+    accumulated against the ``load_e4m3_lanes`` value tiles put back in column order."""
+    return _tile_of_codes(t0, t1, t2, t3, t0.shape[0], t0.shape[1], False)
 
 
 @triton.jit
 def lift_query(q):
-    """``q * 2^64`` in q's dtype (exact), the query a ``load_e4m3_codes`` key tile is dotted with."""
+    """``q * 2^64`` in q's dtype (exact), the query ``load_e4m3_lanes`` key tiles are dotted with."""
     return (q.to(tl.float32) * 18446744073709551616.0).to(q.dtype)
 
 
 @triton.jit
 def key_column_scales(k_scale_ptr, rows, mask, softmax_scale):
-    """What the scores of a lifted query against ``load_e4m3_codes`` keys are multiplied by, per key column:
+    """What the scores of a lifted query against ``load_e4m3_lanes`` keys are multiplied by, per key column:
     ``k_scale * softmax_scale * 2^56`` (0 where not ``mask``)."""
     k_scale = tl.load(k_scale_ptr + rows, mask=mask, other=0.0)
     return k_scale * (softmax_scale * 72057594037927936.0)
@@ -239,12 +229,12 @@ def key_column_scales(k_scale_ptr, rows, mask, softmax_scale):
 @triton.jit
 def value_row_weights(v_scale_ptr, rows, mask):
     """``v_scale * 2^100`` per value row (0 where not ``mask``): the probability column weight for
-    ``load_e4m3_codes`` values; the accumulator then holds the output times 2^-20 (``unlift_output``)."""
+    ``load_e4m3_lanes`` values; the accumulator then holds the output times 2^-20 (``unlift_output``)."""
     v_scale = tl.load(v_scale_ptr + rows, mask=mask, other=0.0)
     return v_scale * 1.2676506002282294e30
 
 
 @triton.jit
 def unlift_output(acc):
-    """An accumulator of weighted probabilities against ``load_e4m3_codes`` values, times 2^20 (exact)."""
+    """An accumulator of weighted probabilities against ``load_e4m3_lanes`` values, times 2^20 (exact)."""
     return acc * 1048576.0

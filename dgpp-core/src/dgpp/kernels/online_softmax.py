@@ -13,7 +13,7 @@ from dgpp.kernels._triton import tl, triton
 
 
 @triton.jit
-def _probabilities(s, m_i, l_i):
+def probabilities(s, m_i, l_i):
     """``(p, alpha, m_new, l_i)``: a tile's unnormalised probabilities, the factor the running state is rescaled
     by, and the new running max and sum."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -25,17 +25,8 @@ def _probabilities(s, m_i, l_i):
 @triton.jit
 def softmax_step(s, v, acc, m_i, l_i, PRECISION: tl.constexpr):
     """``(acc, m_i, l_i)`` after the scores ``s [M, N]`` and values ``v [N, D]`` of one tile."""
-    p, alpha, m_new, l_i = _probabilities(s, m_i, l_i)
+    p, alpha, m_new, l_i = probabilities(s, m_i, l_i)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
-    return acc, m_new, l_i
-
-
-@triton.jit
-def softmax_step_weighted(s, v, v_weight, acc, m_i, l_i, PRECISION: tl.constexpr):
-    """``softmax_step`` with value row ``j`` read as ``v_weight[j] * v[j]``: each probability column is weighted
-    before it is rounded to ``v``'s dtype for the dot (a per-row scale applied once per key, not per value)."""
-    p, alpha, m_new, l_i = _probabilities(s, m_i, l_i)
-    acc = acc * alpha[:, None] + tl.dot((p * v_weight[None, :]).to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 
 

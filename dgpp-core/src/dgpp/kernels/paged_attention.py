@@ -37,17 +37,16 @@ from dgpp.kernels.kv_fp8 import (
     e4m3_words,
     key_column_scales,
     lift_query,
-    load_e4m3_codes,
-    swap_code_pairs,
-    swapped_columns,
+    load_e4m3_lanes,
+    tiles_in_columns,
     unlift_output,
     value_row_weights,
 )
 from dgpp.kernels.online_softmax import (
     merge_splits,
     normalized,
+    probabilities,
     softmax_step,
-    softmax_step_weighted,
     store_partials,
 )
 
@@ -150,23 +149,27 @@ def _decode_partition_kernel(
     kvh = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     first, per_split, used = _sequence_split(seq_len, window, num_splits, BLOCK_N)
+    dtype: tl.constexpr = q_ptr.dtype.element_ty
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     heads = kvh * group + g
     gmask = g < group
-    if HAS_SCALES:  # in the column order of the e4m3 key tiles (kv_fp8.load_e4m3_codes)
-        q_cols = swapped_columns(d)
+    if HAS_SCALES:  # the query's columns 4w + i, one tile per i, lifted by an exact power of two (kv_fp8)
+        qw = tl.arange(0, BLOCK_D // 4)
+        q_rows = q_ptr + b * q_b + heads[:, None] * q_h + 4 * qw[None, :]
+        q_live = gmask[:, None] & (4 * qw[None, :] < head_dim)
+        q0 = lift_query(tl.load(q_rows, mask=q_live, other=0.0))
+        q1 = lift_query(tl.load(q_rows + 1, mask=q_live, other=0.0))
+        q2 = lift_query(tl.load(q_rows + 2, mask=q_live, other=0.0))
+        q3 = lift_query(tl.load(q_rows + 3, mask=q_live, other=0.0))
     else:
-        q_cols = d
-    q = tl.load(
-        q_ptr + b * q_b + heads[:, None] * q_h + q_cols[None, :],
-        mask=gmask[:, None] & (q_cols[None, :] < head_dim),
-        other=0.0,
-    )
-    if HAS_SCALES:  # the query e4m3 key codes are dotted with: lifted by an exact power of two
-        q = lift_query(q)
+        q = tl.load(
+            q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
+            mask=gmask[:, None] & (d[None, :] < head_dim),
+            other=0.0,
+        )
     omask = gmask[:, None] & (dv[None, :] < v_dim)
     if HAS_SINKS:
         sink = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
@@ -180,6 +183,10 @@ def _decode_partition_kernel(
             m_i = tl.where(split == 0, sink, m_i)
             l_i = tl.where(split == 0, 1.0, l_i)
         acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+        acc0 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)  # e4m3: output columns 4w + i, one tile per i
+        acc1 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)
+        acc2 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)
+        acc3 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             tmask = toks < end
@@ -190,13 +197,20 @@ def _decode_partition_kernel(
             # e4m3 rows: int32 words of four codes, each row's scale applied once per key (kv_fp8)
             if HAS_SCALES:
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-                kt = load_e4m3_codes(k_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True)
-                key_scales = key_column_scales(ksc_ptr, sc_rows, tmask, scale)
-                s = tl.dot(q, kt, input_precision=PRECISION) * key_scales[None, :]
+                k0, k1, k2, k3 = load_e4m3_lanes(k_rows, tmask, head_dim // 4, dtype, BLOCK_D // 4, True)
+                s = tl.dot(q0, k0, input_precision=PRECISION)
+                s = tl.dot(q1, k1, s, input_precision=PRECISION)
+                s = tl.dot(q2, k2, s, input_precision=PRECISION)
+                s = tl.dot(q3, k3, s, input_precision=PRECISION)
+                s = s * key_column_scales(ksc_ptr, sc_rows, tmask, scale)[None, :]
                 s = tl.where(tmask[None, :], s, float("-inf"))
-                v = load_e4m3_codes(v_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
-                weight = value_row_weights(vsc_ptr, sc_rows, tmask)
-                acc, m_i, l_i = softmax_step_weighted(s, v, weight, acc, m_i, l_i, PRECISION)
+                v0, v1, v2, v3 = load_e4m3_lanes(v_rows, tmask, v_dim // 4, dtype, BLOCK_DV // 4, False)
+                p, alpha, m_i, l_i = probabilities(s, m_i, l_i)
+                p = (p * value_row_weights(vsc_ptr, sc_rows, tmask)[None, :]).to(dtype)
+                acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=PRECISION)
+                acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=PRECISION)
+                acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=PRECISION)
+                acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=PRECISION)
             else:
                 kt = tl.load(
                     k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
@@ -208,7 +222,7 @@ def _decode_partition_kernel(
                 )
                 acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
         if HAS_SCALES:
-            acc = swap_code_pairs(unlift_output(acc))
+            acc = unlift_output(tiles_in_columns(acc0, acc1, acc2, acc3))
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
         tl.store(
