@@ -53,6 +53,7 @@ from dgpp.kernels.online_softmax import (
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
 _BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
 _TARGET_PROGRAMS = 1024  # enough programs to cover 132 SMs several times over
+_MIN_DOT = 16  # the narrowest dot operand dimension Triton compiles for the tensor cores
 
 
 def paged_decode_attention_ref(
@@ -327,7 +328,11 @@ def decode_attention_with_splits(
     out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    block_dv = next_pow2(v_dim)
+    block_d, block_dv = next_pow2(head_dim), next_pow2(v_dim)
+    if (
+        scales is not None
+    ):  # e4m3: a quarter of each is a dot's width (K of the scores, N of the output), >= 16
+        block_d, block_dv = max(block_d, 4 * _MIN_DOT), max(block_dv, 4 * _MIN_DOT)
     if splits > 1:
         part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(batch, hq, splits, 2, dtype=torch.float32, device=q.device)
@@ -373,7 +378,7 @@ def decode_attention_with_splits(
         out.stride(1),
         BLOCK_N=_BLOCK_N,
         BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=next_pow2(head_dim),
+        BLOCK_D=block_d,
         BLOCK_DV=block_dv,
         BLOCK_SIZE=block_size,
         ONE_SPLIT=splits == 1,
