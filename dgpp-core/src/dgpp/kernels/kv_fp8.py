@@ -169,7 +169,9 @@ def load_e4m3_rows(
 #   v_scale < 2^27 (a row amax below 2^35); the accumulator holds the output times 2^-20 and is multiplied by
 #   2^20 once a split is done. A p whose weighted value is below bf16's normal range (p * v_scale < 2^-226)
 #   adds nothing a bf16 output could show.
-# e4m3's subnormal codes (|code| < 2^-6, below 2^-15 of the row's amax) land on bf16 subnormals.
+# e4m3's subnormal codes (|code| < 2^-6, below 2^-15 of the row's amax) land on bf16 subnormals. fp16 compute
+# takes fp16 lanes (``code * 2^-8``, exact), an unlifted query, ``k_scale * softmax_scale * 2^8`` per score
+# column and ``v_scale * 2^8`` per probability column (at most 146 * 2^8 for an fp16 row), nothing to take out.
 @triton.jit
 def _e4m3_bf16_pairs(words):
     """Bytes 0 and 2 (``even``) and bytes 1 and 3 (``odd``) of each int32 word as the low and high bf16 lanes of
@@ -187,17 +189,25 @@ def load_e4m3_lanes(
 ):
     """The e4m3 rows at int32 pointers ``row_words [N]`` as four tiles ``(c0, c1, c2, c3)`` shaped like the words
     (``[BLOCK_W, N]`` when ``TRANSPOSED``, else ``[N, BLOCK_W]``): ``ci[w]`` is code ``4w + i`` as
-    ``code * 2^-120`` in ``dtype`` (exact, no scale), zeros where not ``mask`` or past ``width`` words. An fp32
-    lane is the bf16 lane's bits followed by 16 zeros (the same value). A reader splits the query (and its output)
+    ``code * 2^-120`` in ``dtype`` (exact, no scale; ``code * 2^-8`` for fp16), zeros where not ``mask`` or past
+    ``width`` words. An fp32 lane is the bf16 lane's bits followed by 16 zeros (the same value). A reader splits the query (and its output)
     the same way and runs one dot per code of a word: one tile joined from the four makes Triton 3.6 pick an MMA
     operand layout that repacks the query and the probabilities around every MMA (docs/benchmarks.md)."""
-    even, odd = _e4m3_bf16_pairs(_load_words(row_words, mask, width, BLOCK_W, TRANSPOSED))
-    if dtype == tl.float32:
+    words = _load_words(row_words, mask, width, BLOCK_W, TRANSPOSED)
+    if dtype == tl.float16:  # fp16 lanes: code * 2^-8 (fp16's exponent range is too narrow for 2^-120)
+        even, odd = _e4m3_fp16_pairs(words)
+        c0 = _lane(even, tl.float16, False)
+        c1 = _lane(odd, tl.float16, False)
+        c2 = _lane(even, tl.float16, True)
+        c3 = _lane(odd, tl.float16, True)
+    elif dtype == tl.float32:
+        even, odd = _e4m3_bf16_pairs(words)
         c0 = (even << 16).to(tl.float32, bitcast=True)
         c1 = (odd << 16).to(tl.float32, bitcast=True)
         c2 = (even & -0x10000).to(tl.float32, bitcast=True)  # -0x10000: the high lane 0xFFFF0000
         c3 = (odd & -0x10000).to(tl.float32, bitcast=True)
     else:
+        even, odd = _e4m3_bf16_pairs(words)
         c0 = _lane(even, tl.bfloat16, False)
         c1 = _lane(odd, tl.bfloat16, False)
         c2 = _lane(even, tl.bfloat16, True)
@@ -214,27 +224,46 @@ def tiles_in_columns(t0, t1, t2, t3):
 
 @triton.jit
 def lift_query(q):
-    """``q * 2^64`` in q's dtype (exact), the query ``load_e4m3_lanes`` key tiles are dotted with."""
-    return (q.to(tl.float32) * 18446744073709551616.0).to(q.dtype)
+    """``q * 2^64`` in q's dtype (exact), the query ``load_e4m3_lanes`` key tiles are dotted with; an fp16 query
+    as it is."""
+    if q.dtype == tl.float16:
+        lifted = q
+    else:
+        lifted = (q.to(tl.float32) * 18446744073709551616.0).to(q.dtype)
+    return lifted
 
 
 @triton.jit
-def key_column_scales(k_scale_ptr, rows, mask, softmax_scale):
+def key_column_scales(k_scale_ptr, rows, mask, softmax_scale, dtype: tl.constexpr):
     """What the scores of a lifted query against ``load_e4m3_lanes`` keys are multiplied by, per key column:
-    ``k_scale * softmax_scale * 2^56`` (0 where not ``mask``)."""
+    ``k_scale * softmax_scale * 2^56`` (``2^8`` for fp16; 0 where not ``mask``)."""
     k_scale = tl.load(k_scale_ptr + rows, mask=mask, other=0.0)
-    return k_scale * (softmax_scale * 72057594037927936.0)
+    if dtype == tl.float16:
+        factor = softmax_scale * 256.0
+    else:
+        factor = softmax_scale * 72057594037927936.0
+    return k_scale * factor
 
 
 @triton.jit
-def value_row_weights(v_scale_ptr, rows, mask):
-    """``v_scale * 2^100`` per value row (0 where not ``mask``): the probability column weight for
-    ``load_e4m3_lanes`` values; the accumulator then holds the output times 2^-20 (``unlift_output``)."""
+def value_row_weights(v_scale_ptr, rows, mask, dtype: tl.constexpr):
+    """``v_scale * 2^100`` per value row (``2^8`` for fp16, finite for every fp16 row: amax <= 65504; 0 where not
+    ``mask``): the probability column weight for ``load_e4m3_lanes`` values; the accumulator then holds the
+    output times 2^-20 (fp16: the output itself; ``unlift_output``)."""
     v_scale = tl.load(v_scale_ptr + rows, mask=mask, other=0.0)
-    return v_scale * 1.2676506002282294e30
+    if dtype == tl.float16:
+        weight = v_scale * 256.0
+    else:
+        weight = v_scale * 1.2676506002282294e30
+    return weight
 
 
 @triton.jit
-def unlift_output(acc):
-    """An accumulator of weighted probabilities against ``load_e4m3_lanes`` values, times 2^20 (exact)."""
-    return acc * 1048576.0
+def unlift_output(acc, dtype: tl.constexpr):
+    """An accumulator of weighted probabilities against ``load_e4m3_lanes`` values, times 2^20 (exact; fp16: as
+    it is)."""
+    if dtype == tl.float16:
+        out = acc
+    else:
+        out = acc * 1048576.0
+    return out

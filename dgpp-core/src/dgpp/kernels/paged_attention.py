@@ -203,11 +203,11 @@ def _decode_partition_kernel(
                 s = tl.dot(q1, k1, s, input_precision=PRECISION)
                 s = tl.dot(q2, k2, s, input_precision=PRECISION)
                 s = tl.dot(q3, k3, s, input_precision=PRECISION)
-                s = s * key_column_scales(ksc_ptr, sc_rows, tmask, scale)[None, :]
+                s = s * key_column_scales(ksc_ptr, sc_rows, tmask, scale, dtype)[None, :]
                 s = tl.where(tmask[None, :], s, float("-inf"))
                 v0, v1, v2, v3 = load_e4m3_lanes(v_rows, tmask, v_dim // 4, dtype, BLOCK_DV // 4, False)
                 p, alpha, m_i, l_i = probabilities(s, m_i, l_i)
-                p = (p * value_row_weights(vsc_ptr, sc_rows, tmask)[None, :]).to(dtype)
+                p = (p * value_row_weights(vsc_ptr, sc_rows, tmask, dtype)[None, :]).to(dtype)
                 acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=PRECISION)
                 acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=PRECISION)
                 acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=PRECISION)
@@ -223,7 +223,7 @@ def _decode_partition_kernel(
                 )
                 acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
         if HAS_SCALES:
-            acc = unlift_output(tiles_in_columns(acc0, acc1, acc2, acc3))
+            acc = unlift_output(tiles_in_columns(acc0, acc1, acc2, acc3), dtype)
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
         tl.store(
