@@ -1,7 +1,8 @@
-"""e4m3 K/V rows read as int32 words of four codes (``dgpp.kernels.kv_fp8.load_e4m3_rows``): every code lands in
-its own column with the value ``dequantize_rows`` gives, and the decode attention kernels reading words (paged,
-window pool and ring) give the bits of the same kernels over the dequantized cache, and not those over
-a cache with two columns of each word swapped (Triton interpreter, fp32 compute)."""
+"""e4m3 K/V rows read as int32 words of four codes: every code of a word lands in its own column with the value
+``dequantize_rows`` gives (``dgpp.kernels.kv_fp8.load_e4m3_rows``), the window kernel reading words (pool and ring)
+gives the bits of the same kernel over the dequantized cache, the paged decode (scales folded out of its tiles)
+matches the reference over it, and neither reads a cache with two columns of each word swapped (Triton
+interpreter, fp32 compute)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 from dgpp.kernels._triton import tl, triton
 from dgpp.kernels.kv_fp8 import dequantize_rows, e4m3_words, load_e4m3_rows, quantize_rows
-from dgpp.kernels.paged_attention import paged_decode_attention_triton
+from dgpp.kernels.paged_attention import paged_decode_attention_ref, paged_decode_attention_triton
 from dgpp.kernels.window_attention import window_attention_triton
 
 GEN = torch.Generator().manual_seed(11)
@@ -78,7 +79,10 @@ def _swap_within_words(x: torch.Tensor) -> torch.Tensor:
     return x.unflatten(-1, (-1, 4))[..., [0, 2, 1, 3]].flatten(-2)
 
 
-def test_paged_decode_reading_words_gives_the_dequantized_bits() -> None:
+def test_paged_decode_reads_each_code_of_a_word_in_its_column() -> None:
+    """The paged decode folds the row scales out of its tiles (so its bits are its own, not those of the kernel
+    over the dequantized cache): it matches the reference over the dequantized rows, and not the reference over
+    rows with two columns of each word swapped."""
     hq, hk, dim, block_size = 8, 2, 64, 16
     kc, ks, k_seen = _codes_and_seen((24, block_size, hk, dim))
     vc, vs, v_seen = _codes_and_seen((24, block_size, hk, dim))
@@ -86,9 +90,9 @@ def test_paged_decode_reading_words_gives_the_dequantized_bits() -> None:
     lens = torch.tensor([150, 77], dtype=torch.int32)
     q = torch.randn(2, hq, dim, generator=GEN)
     out = paged_decode_attention_triton(q, kc, vc, tables, lens, 0.125, scales=(ks, vs))
-    assert torch.equal(out, paged_decode_attention_triton(q, k_seen, v_seen, tables, lens, 0.125))
+    torch.testing.assert_close(out, paged_decode_attention_ref(q, k_seen, v_seen, tables, lens, 0.125))
     for k, v in ((_swap_within_words(k_seen), v_seen), (k_seen, _swap_within_words(v_seen))):
-        assert not torch.allclose(out, paged_decode_attention_triton(q, k, v, tables, lens, 0.125), atol=1e-3)
+        assert not torch.allclose(out, paged_decode_attention_ref(q, k, v, tables, lens, 0.125), atol=1e-3)
 
 
 def test_window_kernel_reading_words_gives_the_dequantized_bits() -> None:

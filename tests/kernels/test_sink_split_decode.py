@@ -109,7 +109,8 @@ def test_split_decode_with_sinks_reads_e4m3_pools() -> None:
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     widened = dequantize_rows(kc, ks, torch.float32), dequantize_rows(vc, vs, torch.float32)
     plain = paged_decode_attention_fixed(q, *widened, tables, lens, 0.2, splits=4, sinks=sinks)
-    torch.testing.assert_close(out, plain, rtol=1e-6, atol=1e-6)
+    # the e4m3 read applies each row's scale once per key (not once per value): the last fp32 places differ
+    torch.testing.assert_close(out, plain, rtol=1e-5, atol=1e-5)
 
 
 def test_split_decode_rows_with_sinks_do_not_depend_on_the_batch() -> None:

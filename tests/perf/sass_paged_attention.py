@@ -59,6 +59,7 @@ def main() -> None:
             "BLOCK_G": max(16, triton.next_power_of_2(group)),
             "BLOCK_D": triton.next_power_of_2(dim),
             "BLOCK_DV": triton.next_power_of_2(v_dim),
+            "BLOCK_SIZE": 16,
             "ONE_SPLIT": one_split,
             "PRECISION": "tf32",
             "HAS_SCALES": fp8,

@@ -13,12 +13,19 @@ from dgpp.kernels._triton import tl, triton
 
 
 @triton.jit
-def softmax_step(s, v, acc, m_i, l_i, PRECISION: tl.constexpr):
-    """``(acc, m_i, l_i)`` after the scores ``s [M, N]`` and values ``v [N, D]`` of one tile."""
+def probabilities(s, m_i, l_i):
+    """``(p, alpha, m_new, l_i)``: a tile's unnormalised probabilities, the factor the running state is rescaled
+    by, and the new running max and sum."""
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, axis=1)
+
+
+@triton.jit
+def softmax_step(s, v, acc, m_i, l_i, PRECISION: tl.constexpr):
+    """``(acc, m_i, l_i)`` after the scores ``s [M, N]`` and values ``v [N, D]`` of one tile."""
+    p, alpha, m_new, l_i = probabilities(s, m_i, l_i)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION)
     return acc, m_new, l_i
 

@@ -5,8 +5,10 @@
 the current one included (its K/V was written before the call). A row with ``seq_len == 0`` is a
 padding row (CUDA-graph batch padding) and gets zeros. ``window > 0`` attends to the last
 ``window`` tokens only. Returns ``[B, Hq, Dv]`` in q's dtype. ``scales``: an e4m3 pool's fp32 row scales
-``(k_scale, v_scale)``, each ``[num_blocks, block_size, Hk, 1]`` (``engine.kv_dtype: fp8``); each loaded
-tile is dequantized once, ``code * scale`` rounded to q's dtype (``dgpp.kernels.kv_fp8``).
+``(k_scale, v_scale)``, each ``[num_blocks, block_size, Hk, 1]`` (``engine.kv_dtype: fp8``). The Triton kernel
+applies them once per key: it dots the query with the exact codes, multiplies each score column by its key's K
+scale and each probability column by its key's V scale before the P.V dot (``dgpp.kernels.kv_fp8``); the torch
+reference attends over ``code * scale`` rounded to q's dtype.
 
 The Triton path is flash-decoding: one program per (sequence, KV head, split) computes a partial
 softmax for all query heads of the KV group (the group shares every K/V byte it loads), and a second
@@ -29,12 +31,29 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
-from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, e4m3_words, load_e4m3_rows
-from dgpp.kernels.online_softmax import merge_splits, normalized, softmax_step, store_partials
+from dgpp.kernels.kv_fp8 import (
+    KVScales,
+    dequantize_rows,
+    e4m3_words,
+    key_column_scales,
+    lift_query,
+    load_e4m3_lanes,
+    tiles_in_columns,
+    unlift_output,
+    value_row_weights,
+)
+from dgpp.kernels.online_softmax import (
+    merge_splits,
+    normalized,
+    probabilities,
+    softmax_step,
+    store_partials,
+)
 
 _MIN_PARTITION = 128  # tokens; below this the merge costs more than the parallelism gains
 _BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
 _TARGET_PROGRAMS = 1024  # enough programs to cover 132 SMs several times over
+_MIN_DOT = 16  # the narrowest dot operand dimension Triton compiles for the tensor cores
 
 
 def paged_decode_attention_ref(
@@ -98,7 +117,6 @@ def _decode_partition_kernel(
     group,
     head_dim,
     v_dim,
-    block_size,
     num_splits,
     grid_splits,
     q_b,
@@ -119,6 +137,7 @@ def _decode_partition_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_DV: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
     ONE_SPLIT: tl.constexpr,
     PRECISION: tl.constexpr,
     HAS_SCALES: tl.constexpr,
@@ -131,17 +150,27 @@ def _decode_partition_kernel(
     kvh = tl.program_id(1)
     seq_len = tl.load(lens_ptr + b)
     first, per_split, used = _sequence_split(seq_len, window, num_splits, BLOCK_N)
+    dtype: tl.constexpr = q_ptr.dtype.element_ty
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
     dv = tl.arange(0, BLOCK_DV)
     heads = kvh * group + g
     gmask = g < group
-    q = tl.load(
-        q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
-        mask=gmask[:, None] & (d[None, :] < head_dim),
-        other=0.0,
-    )
+    if HAS_SCALES:  # the query's columns 4w + i, one tile per i, lifted by an exact power of two (kv_fp8)
+        qw = tl.arange(0, BLOCK_D // 4)
+        q_rows = q_ptr + b * q_b + heads[:, None] * q_h + 4 * qw[None, :]
+        q_live = gmask[:, None] & (4 * qw[None, :] < head_dim)
+        q0 = lift_query(tl.load(q_rows, mask=q_live, other=0.0))
+        q1 = lift_query(tl.load(q_rows + 1, mask=q_live, other=0.0))
+        q2 = lift_query(tl.load(q_rows + 2, mask=q_live, other=0.0))
+        q3 = lift_query(tl.load(q_rows + 3, mask=q_live, other=0.0))
+    else:
+        q = tl.load(
+            q_ptr + b * q_b + heads[:, None] * q_h + d[None, :],
+            mask=gmask[:, None] & (d[None, :] < head_dim),
+            other=0.0,
+        )
     omask = gmask[:, None] & (dv[None, :] < v_dim)
     if HAS_SINKS:
         sink = tl.load(sink_ptr + heads, mask=gmask, other=0.0).to(tl.float32)
@@ -155,31 +184,46 @@ def _decode_partition_kernel(
             m_i = tl.where(split == 0, sink, m_i)
             l_i = tl.where(split == 0, 1.0, l_i)
         acc = tl.zeros([BLOCK_G, BLOCK_DV], tl.float32)
+        acc0 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)  # e4m3: output columns 4w + i, one tile per i
+        acc1 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)
+        acc2 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)
+        acc3 = tl.zeros([BLOCK_G, BLOCK_DV // 4], tl.float32)
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             tmask = toks < end
-            phys = tl.load(bt_ptr + b * bt_b + toks // block_size, mask=tmask, other=0).to(tl.int64)
-            off = (toks % block_size).to(tl.int64)
+            phys = tl.load(bt_ptr + b * bt_b + toks // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
+            off = (toks % BLOCK_SIZE).to(tl.int64)
             k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
-            if HAS_SCALES:  # e4m3 rows, read as int32 words of four codes
+            v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
+            # e4m3 rows: int32 words of four codes, each row's scale applied once per key (kv_fp8)
+            if HAS_SCALES:
                 sc_rows = phys * sc_blk + off * sc_tok + kvh * sc_head
-                kt = load_e4m3_rows(
-                    k_rows, ksc_ptr, sc_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True
-                )
+                k0, k1, k2, k3 = load_e4m3_lanes(k_rows, tmask, head_dim // 4, dtype, BLOCK_D // 4, True)
+                s = tl.dot(q0, k0, input_precision=PRECISION)
+                s = tl.dot(q1, k1, s, input_precision=PRECISION)
+                s = tl.dot(q2, k2, s, input_precision=PRECISION)
+                s = tl.dot(q3, k3, s, input_precision=PRECISION)
+                s = s * key_column_scales(ksc_ptr, sc_rows, tmask, scale, dtype)[None, :]
+                s = tl.where(tmask[None, :], s, float("-inf"))
+                v0, v1, v2, v3 = load_e4m3_lanes(v_rows, tmask, v_dim // 4, dtype, BLOCK_DV // 4, False)
+                p, alpha, m_i, l_i = probabilities(s, m_i, l_i)
+                p = (p * value_row_weights(vsc_ptr, sc_rows, tmask, dtype)[None, :]).to(dtype)
+                acc0 = tl.dot(p, v0, acc0 * alpha[:, None], input_precision=PRECISION)
+                acc1 = tl.dot(p, v1, acc1 * alpha[:, None], input_precision=PRECISION)
+                acc2 = tl.dot(p, v2, acc2 * alpha[:, None], input_precision=PRECISION)
+                acc3 = tl.dot(p, v3, acc3 * alpha[:, None], input_precision=PRECISION)
             else:
                 kt = tl.load(
                     k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
                 )
-            s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
-            s = tl.where(tmask[None, :], s, float("-inf"))
-            v_rows = v_ptr + phys * v_blk + off * v_tok + kvh * v_head
-            if HAS_SCALES:
-                v = load_e4m3_rows(v_rows, vsc_ptr, sc_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
-            else:
+                s = tl.dot(q, kt, input_precision=PRECISION) * scale  # [BLOCK_G, BLOCK_N]
+                s = tl.where(tmask[None, :], s, float("-inf"))
                 v = tl.load(
                     v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0
                 )
-            acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
+                acc, m_i, l_i = softmax_step(s, v, acc, m_i, l_i, PRECISION)
+        if HAS_SCALES:
+            acc = unlift_output(tiles_in_columns(acc0, acc1, acc2, acc3), dtype)
         # one split holds the whole context (or none: padding rows come out as zeros): split 0 is the answer
         direct = (split == 0) & (used <= 1)
         tl.store(
@@ -284,7 +328,11 @@ def decode_attention_with_splits(
     out = torch.empty(batch, hq, v_dim, dtype=q.dtype, device=q.device)
     if batch == 0:
         return out
-    block_dv = next_pow2(v_dim)
+    block_d, block_dv = next_pow2(head_dim), next_pow2(v_dim)
+    if (
+        scales is not None
+    ):  # e4m3: a quarter of each is a dot's width (K of the scores, N of the output), >= 16
+        block_d, block_dv = max(block_d, 4 * _MIN_DOT), max(block_dv, 4 * _MIN_DOT)
     if splits > 1:
         part_acc = torch.empty(batch, hq, splits, block_dv, dtype=torch.float32, device=q.device)
         part_ml = torch.empty(batch, hq, splits, 2, dtype=torch.float32, device=q.device)
@@ -312,7 +360,6 @@ def decode_attention_with_splits(
         group,
         head_dim,
         v_dim,
-        block_size,
         splits,
         grid_splits,
         q.stride(0),
@@ -331,8 +378,9 @@ def decode_attention_with_splits(
         out.stride(1),
         BLOCK_N=_BLOCK_N,
         BLOCK_G=max(16, next_pow2(group)),
-        BLOCK_D=next_pow2(head_dim),
+        BLOCK_D=block_d,
         BLOCK_DV=block_dv,
+        BLOCK_SIZE=block_size,
         ONE_SPLIT=splits == 1,
         PRECISION=precision,
         HAS_SCALES=scales is not None,
