@@ -39,8 +39,8 @@ from torch import nn
 
 from dgpp.kernels._triton import use_triton
 from dgpp.kernels.hyper_connections import hc_collapse, hc_collapse_given, hc_expand, hc_head
+from dgpp.kernels.rmsnorm import unweighted_rms_norm
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
-from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
@@ -116,7 +116,8 @@ class _StreamNormed(nn.Module):
             raise ValueError(
                 f"streams must be [T, {self.streams}, {self.hidden_size}], got {list(streams.shape)}"
             )
-        flat = rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps)
+        # the streams' fp32 x̂ (on CUDA one launch reads the bf16 streams: no upcast copy)
+        flat = unweighted_rms_norm(streams.reshape(streams.shape[0], -1), self.norm_eps, torch.float32)
         return _projection(flat, fn)
 
 
