@@ -180,7 +180,10 @@ def test_unweighted_norm_writes_the_asked_dtype() -> None:
     from dgpp.kernels import rmsnorm
 
     g = torch.Generator().manual_seed(13)
-    x = torch.randn(5, 200, generator=g).bfloat16() * torch.tensor([1.0, 3.0, 0.01, 1.0, 7.0]).bfloat16()[:, None]
+    x = (
+        torch.randn(5, 200, generator=g).bfloat16()
+        * torch.tensor([1.0, 3.0, 0.01, 1.0, 7.0]).bfloat16()[:, None]
+    )
     got = rmsnorm.rms_norm_triton(x, None, 0.01, fp32_product=True, out_dtype=torch.float32)
     assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
     want = torch.nn.functional.rms_norm(x.float(), (200,), eps=0.01)

@@ -201,7 +201,9 @@ def test_hashed_rows_take_their_table_row_alone_and_in_a_batch() -> None:
     weights, ids = _assert_same(step)
     assert ids.tolist() == [table[t].tolist() for t in tokens.tolist()]
     for r in range(5):
-        alone = router_topk_triton(step._replace(logits=logits[r : r + 1].clone(), token_ids=tokens[r : r + 1]))
+        alone = router_topk_triton(
+            step._replace(logits=logits[r : r + 1].clone(), token_ids=tokens[r : r + 1])
+        )
         assert torch.equal(alone[0], weights[r : r + 1]) and torch.equal(alone[1], ids[r : r + 1])
     with pytest.raises(ValueError, match="hash_table"):
         router_topk_triton(step._replace(hash_table=table[:, :2]))

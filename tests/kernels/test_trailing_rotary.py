@@ -72,7 +72,9 @@ def test_strided_rows_and_the_layer_dispatch(monkeypatch) -> None:
     torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.parametrize(("heads", "dim", "rot", "eps"), [(5, 40, 16, 1e-6), (20, 200, 8, 1e-6), (2, 12, 8, 0.5)])
+@pytest.mark.parametrize(
+    ("heads", "dim", "rot", "eps"), [(5, 40, 16, 1e-6), (20, 200, 8, 1e-6), (2, 12, 8, 0.5)]
+)
 def test_head_rms_in_the_same_launch(heads, dim, rot, eps) -> None:
     """``head_rms_eps``: each head scaled by its unweighted RMS before the turn (DeepSeek-V4's query), within fp32
     rounding of the torch chain (its sum of squares reduces in another order); rows of very different scales
@@ -107,5 +109,7 @@ def test_head_rms_rounds_the_factor_and_the_product_to_bf16() -> None:
     nope_got, nope_want = got[..., :48].float(), want[..., :48].float()
     assert ((nope_got - nope_want).abs() <= 2**-6 * nope_want.abs()).all()
     assert (got.float() - want.float()).abs().max() <= 2**-6 * want.float().abs().max()
-    exact = nope_got * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-6)[..., :1].expand(-1, -1, 48)
+    exact = nope_got * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + 1e-6)[..., :1].expand(
+        -1, -1, 48
+    )
     assert not torch.equal(nope_got, exact.bfloat16().float())  # the factor was rounded to bf16 first

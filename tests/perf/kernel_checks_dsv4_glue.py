@@ -30,7 +30,12 @@ def _steps_apart(got: torch.Tensor, want: torch.Tensor, floor: float = 1e-30) ->
 
 
 def _line(
-    name: str, fast: Callable[[], object], slow: Callable[[], object], ok: bool, detail: str, failures: list[str]
+    name: str,
+    fast: Callable[[], object],
+    slow: Callable[[], object],
+    ok: bool,
+    detail: str,
+    failures: list[str],
 ) -> str:
     line = f"{name}: {detail}; {_timed(fast) * 1e6:.1f} us vs chain {_timed(slow) * 1e6:.1f} us"
     if not ok:

@@ -154,7 +154,9 @@ def _router_topk_kernel(
         for k in tl.static_range(TOP_K):
             idx = tl.load(table_ptr + tid * TOP_K + k).to(tl.int64)
             tl.store(ids_ptr + tok * TOP_K + k, idx)
-            picked = tl.where(kk == k, tl.sum(tl.sum(tl.where(e == idx, scores, 0.0), axis=1), axis=0), picked)
+            picked = tl.where(
+                kk == k, tl.sum(tl.sum(tl.where(e == idx, scores, 0.0), axis=1), axis=0), picked
+            )
     choice = scores
     if HAS_BIAS:
         choice = scores + tl.load(bias_ptr + e, mask=live, other=0.0).to(tl.float32)

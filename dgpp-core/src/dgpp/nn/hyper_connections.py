@@ -128,7 +128,12 @@ class _StreamNormed(nn.Module):
         """``fn``, or its settled padded rows while ``fn`` still views them (a move to another device copies
         the parameter alone: then the padded rows are stale and ``fn`` itself is used)."""
         padded = self.projection_rows
-        if padded is None or not fn.is_cuda or fn.data_ptr() != padded.data_ptr() or fn.device != padded.device:
+        if (
+            padded is None
+            or not fn.is_cuda
+            or fn.data_ptr() != padded.data_ptr()
+            or fn.device != padded.device
+        ):
             return fn
         return padded
 
