@@ -249,14 +249,19 @@ class FusedExperts(nn.Module):
         else:
             copy_checked(param[shard], narrow_for_rank(loaded, 1, self.world))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's experts of ``weight · expert(x)``; only experts that were picked run."""
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Sum over each token's experts of ``weight · expert(x)``; only experts that were picked run. ``add``
+        (CUDA): added to the rounded sum in the sum's launch (a shared expert's output)."""
         if x.is_cuda:  # grouped Triton GEMMs: no per-expert host loop, no sync
             from dgpp import kernels
 
             return kernels.fused_moe(
-                x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit
+                x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit, add=add
             )
+        if add is not None:
+            raise ValueError("FusedExperts takes an addend on CUDA only (the CPU path adds after the call)")
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
@@ -311,6 +316,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``token_ids [T]``: the rows' token ids (``batch.input_ids``); only a hash-routed gate reads them."""
         weights, ids = self.gate(x, token_ids)
+        if self.shared_expert is not None and self.shared_expert_gate is None:
+            if x.is_cuda and isinstance(self.experts, FusedExperts):  # the add in the expert sum's launch
+                return self.experts(x, weights, ids, add=self.shared_expert(x))
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)
