@@ -2,7 +2,7 @@
 chains they replace (``DGPP_KERNELS=torch`` order, same device): the fp32-weight RMSNorm (bf16 rows of 4096 / 1024
 / 512), the hyper-connections' unweighted fp32 norm of 16,384 bf16 stream channels, the query's per-head RMS in the
 trailing-rotary launch (64 heads of 512), the router on bf16 sqrt-softplus logits (256 experts, top 6, learned with a
-bias and hashed) and the top-k selection's counts. The kernels reduce in their own order, so the bf16 results may
+bias and hashed), the top-k selection's counts and the shared expert's add in the expert sum (bit for bit). The kernels reduce in their own order, so the bf16 results may
 be a rounding step off the chain's (at most one for the norms and the router weights; a head whose bf16 factor
 lands one step off moves by that step times its values, up to ~5 for unit-RMS heads: 8 steps of 1 allowed);
 a row alone must give the batch's bits; each is timed against its chain (CUDA events)."""
@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 from check_glm5_cuda import _timed
 
+from dgpp.kernels.moe import sum_experts, sum_experts_ref
 from dgpp.kernels.rmsnorm import unweighted_rms_norm
 from dgpp.kernels.router_topk import RouterTopKInputs, router_topk_ref, router_topk_triton
 from dgpp.kernels.top_k_rows import top_k_rows_triton
@@ -173,6 +174,26 @@ def count_checks(failures: list[str], gen: torch.Generator) -> list[str]:
     ]
 
 
+def shared_add_checks(failures: list[str], gen: torch.Generator) -> list[str]:
+    out = []
+    for rows in (1, 64):
+        per_token = torch.randn(rows, 6, 4096, generator=gen, device="cuda")
+        shared = torch.randn(rows, 4096, generator=gen, device="cuda").bfloat16()
+        got = sum_experts(per_token, torch.bfloat16, shared)
+        same = torch.equal(got, sum_experts_ref(per_token, torch.bfloat16, shared))
+        out.append(
+            _line(
+                f"expert sum + shared expert 6 x 4096 rows {rows}",
+                lambda p=per_token, s=shared: sum_experts(p, torch.bfloat16, s),
+                lambda p=per_token, s=shared: sum_experts(p, torch.bfloat16) + s,
+                same,
+                f"bit-equal to the sum then the add {same}",
+                failures,
+            )
+        )
+    return out
+
+
 def deepseek_v4_glue_checks(failures: list[str]) -> list[str]:
     gen = torch.Generator(device="cuda").manual_seed(0)
     with torch.no_grad():
@@ -181,4 +202,5 @@ def deepseek_v4_glue_checks(failures: list[str]) -> list[str]:
             + head_rms_checks(failures, gen)
             + router_checks(failures, gen)
             + count_checks(failures, gen)
+            + shared_add_checks(failures, gen)
         )

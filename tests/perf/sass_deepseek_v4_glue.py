@@ -2,8 +2,8 @@
 (Triton's NVIDIA backend ships ptxas/nvdisasm), at the release's sizes: the fp32-weight RMSNorm (bf16 rows of
 4096 / 1024 / 512, fp32 weight, bf16 out) and the hyper-connections' unweighted fp32 norm (16,384 bf16 stream
 channels), the trailing rotary with the query's per-head RMS (64 heads of 512, a 64-channel rope slice, no FMA),
-the router on bf16 sqrt-softplus logits (256 experts, top 6; learned with a bias, and hashed) and the top-k
-selection that writes its counts. Not a test: each must compile; it prints SASS size, registers and stack:
+the router on bf16 sqrt-softplus logits (256 experts, top 6; learned with a bias, and hashed), the top-k
+selection that writes its counts and the expert sum that adds the shared expert. Not a test: each must compile; it prints SASS size, registers and stack:
 
     PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_deepseek_v4_glue.py
 """
@@ -24,6 +24,7 @@ rmsnorm, router_topk, top_k_rows, trailing_rotary = (
     importlib.import_module(f"dgpp.kernels.{name}")
     for name in ("rmsnorm", "router_topk", "top_k_rows", "trailing_rotary")
 )
+moe = importlib.import_module("dgpp.kernels.moe")
 
 
 def compile_sm90(kernel, pointers: dict[str, str], constexprs: dict[str, object], **options):
@@ -84,8 +85,18 @@ def selection() -> None:
     print(f"top_k_rows with counts: {sass_summary(compiled)}", flush=True)
 
 
+def expert_sum() -> None:
+    compiled = compile_sm90(
+        moe._sum_experts_kernel,
+        {"src_ptr": "*fp32", "add_ptr": "*bf16", "out_ptr": "*bf16"},
+        {"ADD": True, "BLOCK": 1024},
+    )
+    print(f"sum_experts 4096 with the shared expert's add: {sass_summary(compiled)}", flush=True)
+
+
 if __name__ == "__main__":
     norms()
     rotary()
     router()
     selection()
+    expert_sum()

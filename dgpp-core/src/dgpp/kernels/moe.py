@@ -275,9 +275,7 @@ def _sum_experts_kernel(
     tl.store(out_ptr + tok * o_tok + cols, out, mask=mask)
 
 
-def sum_experts(
-    per_token: torch.Tensor, dtype: torch.dtype, add: torch.Tensor | None = None
-) -> torch.Tensor:
+def sum_experts(per_token: torch.Tensor, dtype: torch.dtype, add: torch.Tensor | None = None) -> torch.Tensor:
     """Fixed-order sum over each token's experts (deterministic, no atomics; a reduction kernel's split of the
     k axis could follow the token count), plus ``add`` (a shared expert's output) when given: one launch on
     CUDA, the same bits as ``sum_experts_ref``."""
