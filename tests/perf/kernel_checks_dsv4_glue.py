@@ -1,11 +1,12 @@
 """The kernels that replaced DeepSeek-V4's decode glue, on the GPU at the release's sizes, against the torch
 chains they replace (``DGPP_KERNELS=torch`` order, same device): the fp32-weight RMSNorm (bf16 rows of 4096 / 1024
 / 512), the hyper-connections' unweighted fp32 norm of 16,384 bf16 stream channels, the query's per-head RMS in the
-trailing-rotary launch (64 heads of 512), the router on bf16 sqrt-softplus logits (256 experts, top 6, learned with a
-bias and hashed), the top-k selection's counts and the shared expert's add in the expert sum (bit for bit). The kernels reduce in their own order, so the bf16 results may
-be a rounding step off the chain's (at most one for the norms and the router weights; a head whose bf16 factor
-lands one step off moves by that step times its values, up to ~5 for unit-RMS heads: 8 steps of 1 allowed);
-a row alone must give the batch's bits; each is timed against its chain (CUDA events)."""
+trailing-rotary launch (64 heads of 512), the router on bf16 sqrt-softplus logits (256 experts, top 6, learned with
+a bias and hashed), the top-k selection's counts and the shared expert's add in the expert sum (bit for bit). The
+kernels reduce in their own order, so the bf16 results may be a rounding step off the chain's (at most one for the
+norms and the router weights; a head whose bf16 factor lands one step off moves by that step times its values, up
+to ~5 for unit-RMS heads: 8 steps of 1 allowed); a row alone must give the batch's bits; each is timed against its
+chain (CUDA events)."""
 
 from __future__ import annotations
 

@@ -3,9 +3,10 @@
 4096 / 1024 / 512, fp32 weight, bf16 out) and the hyper-connections' unweighted fp32 norm (16,384 bf16 stream
 channels), the trailing rotary with the query's per-head RMS (64 heads of 512, a 64-channel rope slice, no FMA),
 the router on bf16 sqrt-softplus logits (256 experts, top 6; learned with a bias, and hashed), the top-k
-selection that writes its counts and the expert sum that adds the shared expert. Not a test: each must compile; it prints SASS size, registers and stack:
+selection that writes its counts and the expert sum that adds the shared expert. Not a test: each must compile
+(with the GPU image's Triton, 3.6, first on the path); it prints SASS size, registers and stack:
 
-    PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_deepseek_v4_glue.py
+    PYTHONPATH=<triton 3.6>:dgpp-core/src:tests/perf python3 tests/perf/sass_deepseek_v4_glue.py
 """
 
 from __future__ import annotations
