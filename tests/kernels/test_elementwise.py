@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 
@@ -170,6 +172,50 @@ def test_rms_norm_layer_with_fp32_product_runs_the_kernel_order() -> None:
     fused, fused_sum = rms_norm_triton(x, norm.weight, norm.eps, r, *norm.kernel_numerics())
     torch.testing.assert_close(fused, out, rtol=1e-5, atol=1e-6)
     assert torch.equal(fused_sum, summed)
+
+
+def test_unweighted_norm_writes_the_asked_dtype() -> None:
+    """``unweighted_rms_norm`` (the hyper-connections' fp32 x̂ of bf16 streams): one launch, ``x̂`` in fp32 within
+    fp32 rounding of ``rms_norm`` of the upcast; a large eps on a small row shows the eps is added."""
+    from dgpp.kernels import rmsnorm
+
+    g = torch.Generator().manual_seed(13)
+    x = (
+        torch.randn(5, 200, generator=g).bfloat16()
+        * torch.tensor([1.0, 3.0, 0.01, 1.0, 7.0]).bfloat16()[:, None]
+    )
+    got = rmsnorm.rms_norm_triton(x, None, 0.01, fp32_product=True, out_dtype=torch.float32)
+    assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
+    want = torch.nn.functional.rms_norm(x.float(), (200,), eps=0.01)
+    torch.testing.assert_close(got, want, rtol=2e-6, atol=2e-6)
+    assert (got[2] - torch.nn.functional.rms_norm(x[2].float(), (200,))).abs().max() > 0.1
+    assert torch.equal(rmsnorm.unweighted_rms_norm(x, 0.01, torch.float32), want)  # CPU: torch's own
+    with pytest.raises(ValueError, match="residual"):
+        rmsnorm.rms_norm_triton(x, None, 0.01, x, out_dtype=torch.float32)
+
+
+def test_fp32_weight_norm_takes_one_launch_of_the_same_order() -> None:
+    """DeepSeek-V4's fp32-weight norm on its CUDA branch: the fp32-product kernel, which writes bf16 rows
+    within one bf16 rounding of the torch chain (upcast, norm, fp32 product, cast back) and fp32 rows within
+    fp32 rounding; the weight scales the rows."""
+    from dgpp.bench.launches import cuda_path
+    from dgpp.nn.window_compressor import FP32WeightRMSNorm
+
+    g = torch.Generator().manual_seed(14)
+    norm = FP32WeightRMSNorm(96, 1e-6)
+    norm.weight.data.copy_(torch.randn(96, generator=g))
+    for dtype, tol in ((torch.float32, 2e-6), (torch.bfloat16, 2**-7)):
+        x = torch.randn(3, 96, generator=g).to(dtype)
+        want = norm(x)
+        with cuda_path() as recorder:
+            recorder.target = launches = Counter()
+            got = norm(x)
+        assert launches == Counter({"rms_norm": 1})
+        assert got.dtype == dtype
+        assert ((got.float() - want.float()).abs() <= tol * (1 + want.float().abs())).all()
+    unit = FP32WeightRMSNorm(96, 1e-6)
+    unit.weight.data.fill_(1.0)
+    assert (got.float() - unit(x).float()).abs().max() > 0.1
 
 
 def test_qk_norm_rope_fp32_product_equals_its_norm_then_rotary() -> None:

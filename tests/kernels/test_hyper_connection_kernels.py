@@ -185,3 +185,34 @@ def test_a_hidden_axis_of_several_tiles_splits_over_programs_without_changing_a_
             solo = passes(slice(t, t + 1))
             for got, whole in zip(solo, batched, strict=True):
                 assert torch.equal(got[0], whole[t])
+
+
+@pytest.mark.parametrize("head", [False, True], ids=["sublayer", "head"])
+def test_settled_projection_is_padded_once_and_computes_the_same_mixes(head: bool) -> None:
+    """``settle_weights`` pads the projection's 24 (head: 4) rows to 32 (16) once: the parameter keeps its shape
+    and values as a view of the padded rows, and the CUDA branch's projection then launches no pad, with the
+    mixes of the per-call pad (the same fixed-order product, the zero rows cut off)."""
+    from collections import Counter
+
+    from dgpp.bench.launches import cuda_path
+    from dgpp.step.route import in_flight, route_for
+
+    n = 4
+    gen = torch.Generator().manual_seed(8)
+    layer: HyperConnection | HyperHead = HyperHead(64, n) if head else HyperConnection(64, n)
+    weight = layer.hc_fn if isinstance(layer, HyperHead) else layer.fn
+    weight.data.copy_(torch.randn(weight.shape, generator=gen))
+    streams = torch.randn(3, n, 64, generator=gen).bfloat16()
+    with cuda_path() as recorder, in_flight(route_for([1, 1, 1], streams.device)):
+        recorder.target = before = Counter()
+        unsettled = layer._mixes(streams, weight)
+        recorder.target = None
+        values = weight.detach().clone()
+        layer.settle_weights()
+        recorder.target = after = Counter()
+        settled = layer._mixes(streams, weight)
+    assert layer.projection_rows is not None and layer.projection_rows.shape[0] == (16 if head else 32)
+    assert torch.equal(weight, values) and weight.data_ptr() == layer.projection_rows.data_ptr()
+    assert not layer.projection_rows[weight.shape[0] :].any()
+    assert before["aten.constant_pad_nd"] == 1 and after == Counter({"rms_norm": 1, "multi_linear": 1})
+    assert torch.equal(settled, unsettled)

@@ -160,6 +160,38 @@ def test_expert_sum_kernel_gives_the_chain_bits() -> None:
     g = torch.Generator().manual_seed(3)
     per_token = torch.randn(3, 8, 80, generator=g) * torch.logspace(-3, 3, 8)[None, :, None]  # order matters
     out = torch.empty(3, 80, dtype=dtype)
-    _sum_experts_kernel[(3, 2)](per_token, out, 8, 80, per_token.stride(0), per_token.stride(1), 80, BLOCK=64)
+    strides = (per_token.stride(0), per_token.stride(1))
+    _sum_experts_kernel[(3, 2)](per_token, out, out, 8, 80, *strides, 0, 80, ADD=False, BLOCK=64)
     assert torch.equal(out, sum_experts_ref(per_token, dtype))
     assert not torch.equal(sum_experts_ref(per_token[:, :7], dtype), out)  # every expert counts
+    # a shared expert's output added in the same launch: the chain's `sum + shared`, bit for bit
+    shared = torch.randn(3, 80, generator=g) * 100
+    summed = torch.empty(3, 80, dtype=dtype)
+    _sum_experts_kernel[(3, 2)](per_token, shared, summed, 8, 80, *strides, 80, 80, ADD=True, BLOCK=64)
+    assert torch.equal(summed, sum_experts_ref(per_token, dtype, shared))
+    assert torch.equal(summed, sum_experts_ref(per_token, dtype) + shared) and not torch.equal(summed, out)
+
+
+def test_shared_expert_added_in_the_sum_launch_on_the_cuda_branch() -> None:
+    """An ungated shared expert's output joins the routed experts' sum launch on the CUDA branch (no add of its
+    own), with the bits of the separate add."""
+    from collections import Counter
+
+    from dgpp.bench.launches import cuda_path
+    from dgpp.nn.moe import RoutingConfig, SparseMoE
+
+    g = torch.Generator().manual_seed(4)
+    routing = RoutingConfig(num_experts=16, top_k=2, scoring="sigmoid")
+    moe = SparseMoE(32, 16, routing, dtype=torch.float32, shared_intermediate_size=16)
+    for p in moe.parameters():
+        p.data.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    x = torch.randn(3, 32, generator=g)
+    with cuda_path() as recorder:
+        recorder.target = launches = Counter()
+        fused = moe(x)
+        recorder.target = None
+        weights, ids = moe.gate(x)
+        routed = moe.experts(x, weights, ids)
+        separate = routed + moe.shared_expert(x)
+    assert launches["sum_experts"] == 1 and "aten.add" not in launches, dict(launches)
+    assert torch.equal(fused, separate) and not torch.equal(fused, routed)

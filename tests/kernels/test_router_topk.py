@@ -146,3 +146,64 @@ def test_sqrt_softplus_scores_keep_their_precision_far_from_zero() -> None:
     torch.testing.assert_close(
         weights, torch.nn.functional.softplus(logits).sqrt()[:, ids[0]], rtol=1e-6, atol=0
     )
+
+
+def _moe_chain(logits, bias, table, token_ids, top_k, scale):
+    """``dgpp.nn.moe``'s torch chain of a DeepSeek-V4 router on ``logits``: learned (``bias``) or hashed."""
+    from dgpp.nn.moe import RoutingConfig, picked_weights, router_scores
+
+    cfg = RoutingConfig(logits.shape[1], top_k, "sqrtsoftplus", True, scale, correction_bias=bias is not None)
+    scores = router_scores(logits, "sqrtsoftplus")
+    if table is not None:
+        ids = table[token_ids.long()]
+    else:
+        ids = pick_experts(scores.float() + bias.float(), top_k, 1, 1, pair_sum=True)
+    return picked_weights(scores, ids, cfg, logits.dtype), ids
+
+
+@pytest.mark.parametrize("hashed", [False, True], ids=["learned", "hashed"])
+def test_bf16_sqrt_softplus_rounds_as_the_bf16_chain(hashed: bool) -> None:
+    """DeepSeek-V4 scores bf16 logits in bf16: the kernel rounds its softplus, root, weight sum, quotient and
+    scaled weight to bf16 as the torch chain does; with a 6-way sum in another order the weights are at most one
+    bf16 step apart and the picks the same. The scores' rounding and the bias both move the result."""
+    g = torch.Generator().manual_seed(23)
+    experts, top_k, rows = 64, 6, 32
+    logits = (torch.randn(rows, experts, generator=g) * 3).bfloat16()
+    bias = None if hashed else torch.randn(experts, generator=g) * 0.05
+    table = torch.stack([torch.randperm(experts, generator=g)[:top_k] for _ in range(50)]) if hashed else None
+    tokens = torch.randint(0, 50, (rows,), generator=g) if hashed else None
+    step = RouterTopKInputs(
+        logits, bias, top_k, "sqrtsoftplus", True, 1.5, torch.bfloat16, hash_table=table, token_ids=tokens
+    )
+    got_w, got_ids = router_topk_triton(step)
+    want_w, want_ids = _moe_chain(logits, bias, table, tokens, top_k, 1.5)
+    ref_w, ref_ids = router_topk_ref(step)
+    assert torch.equal(got_ids, want_ids) and torch.equal(ref_ids, want_ids) and torch.equal(ref_w, want_w)
+    assert got_w.dtype == torch.bfloat16
+    assert ((got_w.float() - want_w.float()).abs() <= 2**-7 * want_w.float().abs()).all()
+    assert (got_w == want_w).float().mean() > 0.9
+    fp32_w = router_topk_triton(step._replace(logits=logits.float()))[0]
+    assert not torch.equal(got_w.float(), fp32_w.float().bfloat16().float())  # the bf16 roundings are taken
+    if hashed:
+        assert torch.equal(got_ids, table[tokens])
+    else:
+        assert not torch.equal(router_topk_ref(step._replace(bias=None))[1], got_ids)
+
+
+def test_hashed_rows_take_their_table_row_alone_and_in_a_batch() -> None:
+    """A hash layer's experts are the table's row of the token, in the table's order, whatever the scores; a row's
+    weights are the same bits alone and in the batch; a table of the wrong width is named."""
+    g = torch.Generator().manual_seed(5)
+    logits = torch.randn(5, 16, generator=g)
+    table = torch.tensor([[3, 1, 0], [15, 2, 7], [4, 4, 9]])
+    tokens = torch.tensor([1, 0, 2, 1, 0])
+    step = _step(logits, None, 3, scoring="sqrtsoftplus")._replace(hash_table=table, token_ids=tokens)
+    weights, ids = _assert_same(step)
+    assert ids.tolist() == [table[t].tolist() for t in tokens.tolist()]
+    for r in range(5):
+        alone = router_topk_triton(
+            step._replace(logits=logits[r : r + 1].clone(), token_ids=tokens[r : r + 1])
+        )
+        assert torch.equal(alone[0], weights[r : r + 1]) and torch.equal(alone[1], ids[r : r + 1])
+    with pytest.raises(ValueError, match="hash_table"):
+        router_topk_triton(step._replace(hash_table=table[:, :2]))

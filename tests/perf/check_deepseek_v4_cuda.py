@@ -29,6 +29,7 @@ import torch
 from check_flint_cuda import finish
 from check_glm5_cuda import _timed
 from check_glm5_next_cuda import decode_bench
+from kernel_checks_dsv4_glue import deepseek_v4_glue_checks
 from kernel_checks_hyper import hyper_connection_checks
 from kernel_checks_rotary import trailing_rotary_checks
 
@@ -443,6 +444,7 @@ def main() -> int:
     table = kernel_checks(failures)
     table += hyper_connection_checks(failures)
     table += trailing_rotary_checks(failures)
+    table += deepseek_v4_glue_checks(failures)
     table += check_sliding(failures)
     print(table[-1], flush=True)
     for layer_idx in (2, 3):  # CSA, HCA in the layer-scaled geometry

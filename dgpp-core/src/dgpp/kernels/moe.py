@@ -168,6 +168,7 @@ def fused_moe_triton(
     topk_ids: torch.Tensor,
     tile: tuple[int, int, int, int] | None = None,
     swiglu_limit: float | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
     tokens, hidden = x.shape
     num_experts, two_inter, _ = gate_up.shape
@@ -242,45 +243,59 @@ def fused_moe_triton(
         num_warps=warps,
         num_stages=stages,
     )
-    return sum_experts(per_assign.view(tokens, top_k, hidden), x.dtype)
+    return sum_experts(per_assign.view(tokens, top_k, hidden), x.dtype, add)
 
 
-def sum_experts_ref(per_token: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``per_token [T, K, H]`` fp32 summed over K by explicit adds in k order, then cast to ``dtype``."""
+def sum_experts_ref(
+    per_token: torch.Tensor, dtype: torch.dtype, add: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``per_token [T, K, H]`` fp32 summed over K by explicit adds in k order, then cast to ``dtype``; plus
+    ``add [T, H]`` (``dtype``: a shared expert's output) after that cast, when given."""
     total = per_token[:, 0].clone()
     for k in range(1, per_token.shape[1]):
         total += per_token[:, k]
-    return total.to(dtype)
+    return total.to(dtype) if add is None else total.to(dtype) + add
 
 
 @triton.jit
-def _sum_experts_kernel(src_ptr, out_ptr, top_k, hidden, s_tok, s_k, o_tok, BLOCK: tl.constexpr):
+def _sum_experts_kernel(
+    src_ptr, add_ptr, out_ptr, top_k, hidden, s_tok, s_k, a_tok, o_tok, ADD: tl.constexpr, BLOCK: tl.constexpr
+):
     tok = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < hidden
     total = tl.load(src_ptr + tok * s_tok + cols, mask=mask, other=0.0)
     for k in range(1, top_k):  # fp32 adds in k order: the bits of the explicit chain
         total += tl.load(src_ptr + tok * s_tok + k * s_k + cols, mask=mask, other=0.0)
-    tl.store(out_ptr + tok * o_tok + cols, total.to(out_ptr.dtype.element_ty), mask=mask)
+    out = total.to(out_ptr.dtype.element_ty)
+    if ADD:  # the chain's `out + shared`: the rounded sum plus the addend, rounded again
+        out = (out.to(tl.float32) + tl.load(add_ptr + tok * a_tok + cols, mask=mask).to(tl.float32)).to(
+            out_ptr.dtype.element_ty
+        )
+    tl.store(out_ptr + tok * o_tok + cols, out, mask=mask)
 
 
-def sum_experts(per_token: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def sum_experts(per_token: torch.Tensor, dtype: torch.dtype, add: torch.Tensor | None = None) -> torch.Tensor:
     """Fixed-order sum over each token's experts (deterministic, no atomics; a reduction kernel's split of the
-    k axis could follow the token count): one launch on CUDA, the same bits as ``sum_experts_ref``."""
-    if not use_triton(per_token) or per_token.stride(-1) != 1:
-        return sum_experts_ref(per_token, dtype)
+    k axis could follow the token count), plus ``add`` (a shared expert's output) when given: one launch on
+    CUDA, the same bits as ``sum_experts_ref``."""
+    if not use_triton(per_token) or per_token.stride(-1) != 1 or (add is not None and add.stride(-1) != 1):
+        return sum_experts_ref(per_token, dtype, add)
     tokens, top_k, hidden = per_token.shape
     out = torch.empty(tokens, hidden, dtype=dtype, device=per_token.device)
     block = min(1024, next_pow2(hidden))
     if tokens:
         _sum_experts_kernel[(tokens, triton.cdiv(hidden, block))](
             per_token,
+            add if add is not None else out,
             out,
             top_k,
             hidden,
             per_token.stride(0),
             per_token.stride(1),
+            add.stride(0) if add is not None else 0,
             out.stride(0),
+            ADD=add is not None,
             BLOCK=block,
         )
     return out
@@ -300,8 +315,11 @@ def fused_moe(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     swiglu_limit: float | None = None,
+    add: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Routed SwiGLU experts for each token, weighted and summed; Triton on CUDA, torch elsewhere."""
+    """Routed SwiGLU experts for each token, weighted and summed, plus ``add`` (``x``'s dtype, e.g. the shared
+    expert's output) when given; Triton on CUDA (the add in the sum's launch), torch elsewhere."""
     if use_triton(x):
-        return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids, swiglu_limit=swiglu_limit)
-    return fused_moe_ref(x, gate_up, down, topk_weights, topk_ids, swiglu_limit)
+        return fused_moe_triton(x, gate_up, down, topk_weights, topk_ids, swiglu_limit=swiglu_limit, add=add)
+    out = fused_moe_ref(x, gate_up, down, topk_weights, topk_ids, swiglu_limit)
+    return out if add is None else out + add

@@ -8,7 +8,8 @@ taken in fp32. Plain weights (Llama/Qwen3): the normalised row is rounded to the
 scaled by ``w``. ``weight_offset=1.0`` gives the zero-centred ``(1 + w)`` form (Qwen3-Next/3.5,
 Gemma), whose product stays in fp32 and is rounded once; ``fp32_product=True`` keeps that order with
 plain weights (``(w · x̂)`` rounded once: gpt-oss / Flint). ``fp32_product`` None: fp32 exactly when
-``weight_offset`` is not 0.
+``weight_offset`` is not 0. ``weight`` None: the unweighted ``x̂``; ``out_dtype``: the output's dtype when not
+``x``'s (an fp32 ``x̂`` of a bf16 row in one launch, where torch launches the upcast and the norm).
 One program normalises one row; the row stays in registers between the add and the norm.
 """
 
@@ -57,6 +58,7 @@ def _rms_norm_kernel(
     eps,
     weight_offset,
     HAS_RESIDUAL: tl.constexpr,
+    HAS_WEIGHT: tl.constexpr,
     FP32_PRODUCT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -75,24 +77,28 @@ def _rms_norm_kernel(
     normed = x * tl.rsqrt(var + eps)
     if not FP32_PRODUCT:  # plain weights scale the row after it was rounded to the storage dtype
         normed = normed.to(out_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
-    tl.store(out_ptr + row * out_stride + cols, (normed * w).to(out_ptr.dtype.element_ty), mask=mask)
+    if HAS_WEIGHT:
+        normed *= tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32) + weight_offset
+    tl.store(out_ptr + row * out_stride + cols, normed.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rms_norm_triton(
     x: torch.Tensor,
-    weight: torch.Tensor,
+    weight: torch.Tensor | None,
     eps: float,
     residual: torch.Tensor | None = None,
     weight_offset: float = 0.0,
     fp32_product: bool | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    if residual is not None and out_dtype not in (None, x.dtype):
+        raise ValueError("rms_norm: a residual sum is written in x's dtype, so the output is too")
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     rows, cols = x2.shape
-    out = torch.empty(rows, cols, dtype=x.dtype, device=x.device)
+    out = torch.empty(rows, cols, dtype=out_dtype or x.dtype, device=x.device)
     if residual is not None:
         r2 = residual.reshape(-1, shape[-1])
         if r2.stride(-1) != 1:
@@ -105,7 +111,7 @@ def rms_norm_triton(
         _rms_norm_kernel[(rows,)](
             x2,
             r2,
-            weight,
+            weight if weight is not None else x2,
             out,
             res_out,
             cols,
@@ -116,6 +122,7 @@ def rms_norm_triton(
             float(eps),
             float(weight_offset),
             HAS_RESIDUAL=residual is not None,
+            HAS_WEIGHT=weight is not None,
             FP32_PRODUCT=_fp32_product(weight_offset, fp32_product),
             BLOCK=block,
             num_warps=min(16, max(1, block // 256)),
@@ -136,3 +143,13 @@ def rms_norm(
     """RMSNorm (fused with ``x + residual`` when given); Triton on CUDA, torch elsewhere."""
     fn = rms_norm_triton if use_triton(x) else rms_norm_ref
     return fn(x, weight, eps, residual, weight_offset, fp32_product)
+
+
+def unweighted_rms_norm(x: torch.Tensor, eps: float, out_dtype: torch.dtype) -> torch.Tensor:
+    """``x̂ = x · rsqrt(mean(x²) + eps)`` over the last dim in fp32, written as ``out_dtype``: one launch on CUDA,
+    ``torch.rms_norm`` of the fp32 upcast elsewhere."""
+    if not use_triton(x):
+        return torch.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(out_dtype)
+    out = rms_norm_triton(x, None, eps, fp32_product=True, out_dtype=out_dtype)
+    assert isinstance(out, torch.Tensor)  # no residual: one tensor
+    return out

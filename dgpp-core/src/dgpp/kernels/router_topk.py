@@ -1,9 +1,11 @@
 """A MoE router's top-k from its logits in one pass: scores, the biased choice, the group limit, the top-k,
 the weights.
 
-``logits [T, E]`` (fp32) -> ``(weights [T, k] in out_dtype, ids [T, k] int64)``: scores are
-``softmax(logits)``, ``sigmoid(logits)`` or ``sqrt(softplus(logits))`` (DeepSeek-V4.1) in fp32; the choice adds
-the correction bias (when given) to the scores. With ``n_group > 1`` (DeepSeek-V3 / GLM-4.5 style group-limited
+``logits [T, E]`` -> ``(weights [T, k] in out_dtype, ids [T, k] int64)``: scores are ``softmax(logits)`` or
+``sigmoid(logits)`` in fp32, or ``sqrt(softplus(logits))`` in the logits' dtype (DeepSeek-V4.1's fp32 logits,
+DeepSeek-V4's bf16 ones: the softplus, the root and then the weights' sum, division and scale each rounded to
+bf16, as the torch chain on bf16 tensors rounds them); the choice adds the correction bias (when given, fp32) to
+the scores. With ``n_group > 1`` (DeepSeek-V3 / GLM-4.5 style group-limited
 routing) the ``E`` experts form ``n_group`` equal groups of consecutive experts, each group is scored by the sum
 of its two best choices when a bias is given (else by its best choice), and only the ``topk_group`` best groups
 stay eligible. The ``k`` best eligible choices are taken in descending order; the weights are the picked scores,
@@ -13,7 +15,9 @@ kernel, so both pick the same experts in the same order.
 
 One program per token row replaces the torch chain's scores, bias add, group top-2, group top-k, mask, top-k,
 gather, sum, divide, scale and cast: 9 ops of a sigmoid router with a bias, 10 of a sqrt-softplus one, 17 grouped
-(as ``dgpp.bench.launches`` counts them on the CUDA branch). A row reads only its own logits, so its result does
+(as ``dgpp.bench.launches`` counts them on the CUDA branch). ``hash_table [V, k]`` and ``token_ids [T]`` given
+(DeepSeek-V4's hash layers): the experts are ``hash_table[token_ids]``, read in the kernel, and only the weights
+are computed from the scores (the lookup, scores, gather, sum, divide and scale: 9 ops -> 1). A row reads only its own logits, so its result does
 not depend on the other rows of the step; nothing is read back on the host. The exp, log, root and weight sum
 are Triton's, so the weights can differ from the torch chain's in the last place.
 """
@@ -25,8 +29,10 @@ from typing import NamedTuple
 import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
+from dgpp.kernels.torch_fp32_math import round_to_bf16
 
 MAX_EXPERTS = 1024  # one program holds a token's whole row
+KERNEL_SQRT_SOFTPLUS_DTYPES = (torch.float32, torch.bfloat16)  # the logits whose rounding the kernel repeats
 
 
 class RouterTopKInputs(NamedTuple):
@@ -41,6 +47,8 @@ class RouterTopKInputs(NamedTuple):
     out_dtype: torch.dtype
     n_group: int = 1
     topk_group: int = 1
+    hash_table: torch.Tensor | None = None  # [V, top_k] expert ids by token id: no selection
+    token_ids: torch.Tensor | None = None  # [T], with hash_table
 
 
 def top_k_lowest_first(values: torch.Tensor, k: int) -> torch.Tensor:
@@ -71,20 +79,24 @@ def pick_experts(
 SCORINGS = ("softmax", "sigmoid", "sqrtsoftplus")  # the kernel's SCORING is the index
 
 
-def scores_fp32(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+def router_scores_ref(logits: torch.Tensor, scoring: str) -> torch.Tensor:
+    """Softmax / sigmoid in fp32, sqrt-softplus in the logits' dtype."""
     if scoring == "softmax":
         return torch.softmax(logits.float(), dim=-1)
     if scoring == "sigmoid":
         return torch.sigmoid(logits.float())
-    return torch.nn.functional.softplus(logits.float()).sqrt()
+    return torch.nn.functional.softplus(logits).sqrt()
 
 
 def router_topk_ref(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    logits, bias, top_k, scoring, renormalize, scale, out_dtype, n_group, topk_group = step
-    scores = scores_fp32(logits, scoring)
-    choice = scores + bias.float() if bias is not None else scores
-    ids = pick_experts(choice, top_k, n_group, topk_group, pair_sum=bias is not None)
-    weights = scores.gather(1, ids)
+    logits, bias, top_k, scoring, renormalize, scale, out_dtype, n_group, topk_group, table, tokens = step
+    scores = router_scores_ref(logits, scoring)
+    if table is not None and tokens is not None:
+        ids = table[tokens.long()]
+    else:
+        choice = scores.float() + bias.float() if bias is not None else scores.float()
+        ids = pick_experts(choice, top_k, n_group, topk_group, pair_sum=bias is not None)
+    weights = scores.gather(1, ids)  # in the scores' dtype from here on
     if renormalize:
         weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
     return (weights * scale).to(out_dtype), ids
@@ -96,6 +108,8 @@ def _router_topk_kernel(
     bias_ptr,
     weights_ptr,
     ids_ptr,
+    table_ptr,
+    token_ptr,
     group_size,
     l_stride,
     scale,
@@ -103,6 +117,8 @@ def _router_topk_kernel(
     SCORING: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    ROUND_SCORES: tl.constexpr,
+    HASHED: tl.constexpr,
     N_GROUP: tl.constexpr,
     TOPK_GROUP: tl.constexpr,
     BLOCK_G: tl.constexpr,
@@ -125,7 +141,22 @@ def _router_topk_kernel(
         y = tl.exp(tl.minimum(x, 20.0))
         u = 1.0 + y
         log1p = tl.where(u == 1.0, y, tl.log(u) * (y / tl.where(u == 1.0, 1.0, u - 1.0)))
-        scores = tl.sqrt_rn(tl.where(x > 20.0, x, log1p))
+        soft = tl.where(x > 20.0, x, log1p)
+        if ROUND_SCORES:  # the chain's bf16 softplus, then its bf16 root
+            soft = round_to_bf16(soft)
+        scores = tl.sqrt_rn(soft)
+        if ROUND_SCORES:
+            scores = round_to_bf16(scores)
+    kk = tl.arange(0, BLOCK_K)
+    picked = tl.zeros([BLOCK_K], tl.float32)
+    if HASHED:  # the token's experts from the table; only their weights are computed
+        tid = tl.load(token_ptr + tok).to(tl.int64)
+        for k in tl.static_range(TOP_K):
+            idx = tl.load(table_ptr + tid * TOP_K + k).to(tl.int64)
+            tl.store(ids_ptr + tok * TOP_K + k, idx)
+            picked = tl.where(
+                kk == k, tl.sum(tl.sum(tl.where(e == idx, scores, 0.0), axis=1), axis=0), picked
+            )
     choice = scores
     if HAS_BIAS:
         choice = scores + tl.load(bias_ptr + e, mask=live, other=0.0).to(tl.float32)
@@ -143,18 +174,22 @@ def _router_topk_kernel(
             keep = keep | (grp == pick)
             group_score = tl.where(grp == pick, float("-inf"), group_score)
         choice = tl.where(keep[:, None], choice, float("-inf"))
-    kk = tl.arange(0, BLOCK_K)
-    picked = tl.zeros([BLOCK_K], tl.float32)
-    for k in tl.static_range(TOP_K):
+    for k in tl.static_range(0 if HASHED else TOP_K):
         best = tl.max(tl.max(choice, axis=1), axis=0)
         idx = tl.min(tl.min(tl.where(choice == best, e, BLOCK_G * BLOCK_S), axis=1), axis=0)  # lowest expert
         tl.store(ids_ptr + tok * TOP_K + k, idx.to(tl.int64))
         at = e == idx
         picked = tl.where(kk == k, tl.sum(tl.sum(tl.where(at, scores, 0.0), axis=1), axis=0), picked)
         choice = tl.where(at, float("-inf"), choice)
-    if RENORMALIZE:
+    if RENORMALIZE and ROUND_SCORES:  # the bf16 chain: sum, + 1e-20, quotient and product each rounded
+        total = round_to_bf16(round_to_bf16(tl.sum(picked, axis=0)) + 1e-20)
+        picked = round_to_bf16(picked / total)
+    elif RENORMALIZE:
         picked = picked / (tl.sum(picked, axis=0) + 1e-20)
-    out = (picked * scale).to(weights_ptr.dtype.element_ty)
+    out = picked * scale
+    if ROUND_SCORES:
+        out = round_to_bf16(out)
+    out = out.to(weights_ptr.dtype.element_ty)
     tl.store(weights_ptr + tok * TOP_K + kk, out, mask=kk < TOP_K)
 
 
@@ -163,6 +198,8 @@ def _check(step: RouterTopKInputs) -> int:
     num_experts = step.logits.shape[1]
     if step.scoring not in SCORINGS:
         raise ValueError(f"router_topk: scoring {step.scoring!r} is not one of {SCORINGS}")
+    if step.scoring == "sqrtsoftplus" and step.logits.dtype not in KERNEL_SQRT_SOFTPLUS_DTYPES:
+        raise ValueError(f"router_topk scores sqrt-softplus on fp32 or bf16 logits, got {step.logits.dtype}")
     if num_experts > MAX_EXPERTS or step.logits.stride(-1) != 1:
         raise ValueError(f"router_topk takes up to {MAX_EXPERTS} experts in contiguous rows")
     if step.n_group < 1 or num_experts % step.n_group or not 1 <= step.topk_group <= step.n_group:
@@ -170,6 +207,14 @@ def _check(step: RouterTopKInputs) -> int:
             f"router_topk: n_group={step.n_group} / topk_group={step.topk_group} do not split "
             f"{num_experts} experts into groups"
         )
+    table, token_ids = step.hash_table, step.token_ids
+    if (table is None) != (token_ids is None):
+        raise ValueError("router_topk: hash_table and token_ids go together")
+    if table is not None and token_ids is not None:
+        if table.dim() != 2 or table.shape[1] != step.top_k or not table.is_contiguous():
+            raise ValueError(f"router_topk: hash_table must be a contiguous [vocab, {step.top_k}] table")
+        if token_ids.shape != step.logits.shape[:1]:
+            raise ValueError(f"router_topk: {step.logits.shape[0]} rows need as many token_ids")
     group_size = num_experts // step.n_group
     if step.n_group > 1 and step.bias is not None and group_size < 2:
         raise ValueError("router_topk: a group scored by its two best experts needs >= 2 experts per group")
@@ -181,7 +226,7 @@ def _check(step: RouterTopKInputs) -> int:
 
 
 def router_topk_triton(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tensor]:
-    logits, bias, top_k, scoring, renormalize, scale, out_dtype, n_group, topk_group = step
+    logits, bias, top_k, scoring, renormalize, scale, out_dtype, n_group, topk_group, table, token_ids = step
     group_size = _check(step)
     tokens = logits.shape[0]
     weights = torch.empty(tokens, top_k, dtype=out_dtype, device=logits.device)
@@ -192,6 +237,8 @@ def router_topk_triton(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tens
             bias if bias is not None else logits,
             weights,
             ids,
+            table if table is not None else ids,
+            token_ids if token_ids is not None else ids,
             group_size,
             logits.stride(0),
             float(scale),
@@ -199,6 +246,8 @@ def router_topk_triton(step: RouterTopKInputs) -> tuple[torch.Tensor, torch.Tens
             SCORING=SCORINGS.index(scoring),
             HAS_BIAS=bias is not None,
             RENORMALIZE=renormalize,
+            ROUND_SCORES=scoring == "sqrtsoftplus" and logits.dtype == torch.bfloat16,
+            HASHED=table is not None,
             N_GROUP=n_group,
             TOPK_GROUP=topk_group,
             BLOCK_G=next_pow2(n_group),

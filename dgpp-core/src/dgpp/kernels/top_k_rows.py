@@ -28,9 +28,10 @@ def _order_key(x):
 
 
 @triton.jit
-def _top_k_rows_kernel(scores_ptr, lens_ptr, out_ptr, k, s_r, o_r, BLOCK: tl.constexpr):
+def _top_k_rows_kernel(scores_ptr, lens_ptr, out_ptr, count_ptr, k, s_r, o_r, BLOCK: tl.constexpr):
     r = tl.program_id(0).to(tl.int64)
     n = tl.load(lens_ptr + r).to(tl.int32)
+    tl.store(count_ptr + r, tl.minimum(n, k))  # the count too: no clamp and cast launched after
     offs = tl.arange(0, BLOCK)
     if n <= k:  # every real position, then the lowest padding ones
         for c0 in range(0, k, BLOCK):
@@ -73,9 +74,11 @@ def top_k_rows_triton(scores: torch.Tensor, lens: torch.Tensor, k: int) -> tuple
     rows, width = scores.shape
     k = min(k, width)
     positions = torch.empty(rows, k, dtype=torch.int32, device=scores.device)
-    if rows and k:
-        scores = scores.float()
-        _top_k_rows_kernel[(rows,)](
-            scores, lens, positions, k, scores.stride(0), positions.stride(0), BLOCK=_BLOCK, num_warps=4
-        )
-    return positions, torch.clamp(lens, max=k).to(torch.int32)
+    if not (rows and k):
+        return positions, torch.clamp(lens, max=k).to(torch.int32)
+    count = torch.empty(rows, dtype=torch.int32, device=scores.device)
+    scores = scores.float()
+    _top_k_rows_kernel[(rows,)](
+        scores, lens, positions, count, k, scores.stride(0), positions.stride(0), BLOCK=_BLOCK, num_warps=4
+    )
+    return positions, count

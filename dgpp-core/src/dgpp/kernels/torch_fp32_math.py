@@ -29,3 +29,12 @@ else:
     @triton.jit
     def cos_sin(x):
         return tl.cos(x), tl.sin(x)
+
+
+@triton.jit
+def round_to_bf16(x):
+    """fp32 ``x`` rounded to the nearest bf16 (ties to even), kept in fp32: what a CUDA fp32 -> bf16 cast gives,
+    spelled out in integer ops because Triton's interpreter truncates that cast (finite values)."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)

@@ -8,6 +8,10 @@ activation dtype unless ``fp32_angles``, ``sin`` negated for the inverse turn, t
 ``o·cos + e·sin`` as separate fp32 products and a sum (launched with fp contraction off, so no FMA), rounded once.
 The torch chain launches ~18 ops a call (angles, casts, ``repeat_interleave``, ``stack``, ``cat``); DeepSeek-V4
 rotates 3-4 times a layer.
+
+``head_rms_eps`` given: each head is first scaled by its unweighted RMS, ``x · rsqrt(mean(x²) + eps)`` with the
+factor rounded to the activation dtype and the product rounded again (DeepSeek-V4's per-head query norm, 7 torch
+ops), in the same launch. The head's sum of squares is one fp32 reduction in the kernel's order, not torch's.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ def _trailing_rotary_kernel(
     pos_ptr,
     freq_ptr,
     magnitude,
+    rms_eps,
     heads,
     nope,
     half,
@@ -36,6 +41,7 @@ def _trailing_rotary_kernel(
     o_h,
     INVERSE: tl.constexpr,
     ROUND_ANGLES: tl.constexpr,
+    HEAD_RMS: tl.constexpr,
     BLOCK_HEADS: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -55,14 +61,27 @@ def _trailing_rotary_kernel(
         sin = -sin
     src = x_ptr + row * x_t + h[:, None] * x_h
     dst = out_ptr + row * o_t + h[:, None] * o_h
-    for c0 in range(0, nope, BLOCK_N):
-        c = c0 + tl.arange(0, BLOCK_N)[None, :]
-        cmask = hmask[:, None] & (c < nope)
-        tl.store(dst + c, tl.load(src + c, mask=cmask), mask=cmask)
     even = nope + 2 * i[None, :]
     pmask = hmask[:, None] & imask[None, :]
     e = tl.load(src + even, mask=pmask, other=0.0).to(tl.float32)
     o = tl.load(src + even + 1, mask=pmask, other=0.0).to(tl.float32)
+    if HEAD_RMS:  # the head's sum of squares first: a second pass over the nope channels applies it
+        squares = tl.sum(e * e + o * o, axis=1)
+        for c0 in range(0, nope, BLOCK_N):
+            c = c0 + tl.arange(0, BLOCK_N)[None, :]
+            v = tl.load(src + c, mask=hmask[:, None] & (c < nope), other=0.0).to(tl.float32)
+            squares += tl.sum(v * v, axis=1)
+        factor = tl.rsqrt(squares / (nope + 2 * half) + rms_eps).to(out_ty).to(tl.float32)[:, None]
+        e = (e * factor).to(out_ty).to(tl.float32)
+        o = (o * factor).to(out_ty).to(tl.float32)
+    for c0 in range(0, nope, BLOCK_N):
+        c = c0 + tl.arange(0, BLOCK_N)[None, :]
+        cmask = hmask[:, None] & (c < nope)
+        if HEAD_RMS:
+            v = tl.load(src + c, mask=cmask, other=0.0).to(tl.float32)
+            tl.store(dst + c, (v * factor).to(out_ty), mask=cmask)
+        else:
+            tl.store(dst + c, tl.load(src + c, mask=cmask), mask=cmask)
     tl.store(dst + even, (e * cos[None, :] - o * sin[None, :]).to(out_ty), mask=pmask)
     tl.store(dst + even + 1, (o * cos[None, :] + e * sin[None, :]).to(out_ty), mask=pmask)
 
@@ -75,8 +94,10 @@ def trailing_rotary(
     *,
     fp32_angles: bool,
     inverse: bool = False,
+    head_rms_eps: float | None = None,
 ) -> torch.Tensor:
-    """``TrailingRotary.rotate`` in one launch: ``x [T, heads, D]`` turned in a new tensor."""
+    """``TrailingRotary.rotate`` in one launch: ``x [T, heads, D]`` turned in a new tensor, each head first
+    scaled by its RMS when ``head_rms_eps`` is given."""
     if x.dim() != 3 or x.stride(-1) != 1:
         raise ValueError(f"x must be [T, heads, D] with a contiguous last dim, got {list(x.shape)}")
     rows, heads, dim = x.shape
@@ -96,6 +117,7 @@ def trailing_rotary(
             positions,
             inv_freq,
             float(magnitude),
+            float(head_rms_eps or 0.0),
             heads,
             dim - 2 * half,
             half,
@@ -105,6 +127,7 @@ def trailing_rotary(
             out.stride(1),
             INVERSE=inverse,
             ROUND_ANGLES=not fp32_angles,
+            HEAD_RMS=head_rms_eps is not None,
             BLOCK_HEADS=block_heads,
             BLOCK_R=max(2, next_pow2(half)),
             BLOCK_N=_BLOCK_N,

@@ -39,8 +39,8 @@ from torch import nn
 
 from dgpp.kernels._triton import use_triton
 from dgpp.kernels.hyper_connections import hc_collapse, hc_collapse_given, hc_expand, hc_head
+from dgpp.kernels.rmsnorm import unweighted_rms_norm
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
-from dgpp.nn.norm import rms_normalize
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
@@ -100,11 +100,42 @@ def _weighted_sum(weights: torch.Tensor, streams: torch.Tensor) -> torch.Tensor:
 
 
 class _StreamNormed(nn.Module):
-    """The shared part of ``HyperConnection`` and ``HyperHead``: fp32 parameters, the normed projection."""
+    """The shared part of ``HyperConnection`` and ``HyperHead``: fp32 parameters, the normed projection.
+
+    The projection's rows (``(2+N)·N`` = 24, or ``N`` = 4 for the head) are off the CUDA GEMV's 16-row tile,
+    which would pad a copy of the whole weight on every call; ``settle_weights`` pads it once after loading and
+    leaves the parameter a view of the padded rows (``projection_rows``), so no second copy is kept."""
+
+    projection_name = "fn"  # the projection weight's parameter
 
     def __init__(self, hidden_size: int, streams: int, eps: float, norm_eps: float) -> None:
         super().__init__()
         self.hidden_size, self.streams, self.eps, self.norm_eps = hidden_size, streams, eps, norm_eps
+        self.projection_rows: torch.Tensor | None = None
+
+    def settle_weights(self) -> None:
+        """Pads the projection weight's rows to a multiple of 16 with zeros, in place of the per-call pad."""
+        weight: nn.Parameter = getattr(self, self.projection_name)
+        rows = weight.shape[0]
+        if rows % 16 == 0:
+            return
+        padded = torch.zeros(-(-rows // 16) * 16, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        padded[:rows] = weight.data
+        weight.data = padded[:rows]
+        self.projection_rows = padded
+
+    def _projection_weight(self, fn: torch.Tensor) -> torch.Tensor:
+        """``fn``, or its settled padded rows while ``fn`` still views them (a move to another device copies
+        the parameter alone: then the padded rows are stale and ``fn`` itself is used)."""
+        padded = self.projection_rows
+        if (
+            padded is None
+            or not fn.is_cuda
+            or fn.data_ptr() != padded.data_ptr()
+            or fn.device != padded.device
+        ):
+            return fn
+        return padded
 
     def _param(self, *shape: int) -> nn.Parameter:
         p = nn.Parameter(torch.empty(*shape, dtype=torch.float32), requires_grad=False)
@@ -116,8 +147,11 @@ class _StreamNormed(nn.Module):
             raise ValueError(
                 f"streams must be [T, {self.streams}, {self.hidden_size}], got {list(streams.shape)}"
             )
-        flat = rms_normalize(streams.reshape(streams.shape[0], -1), self.norm_eps)
-        return _projection(flat, fn)
+        # the streams' fp32 x̂ (on CUDA one launch reads the bf16 streams: no upcast copy)
+        flat = unweighted_rms_norm(streams.reshape(streams.shape[0], -1), self.norm_eps, torch.float32)
+        weight = self._projection_weight(fn)
+        mixes = _projection(flat, weight)
+        return mixes if weight is fn else mixes[:, : fn.shape[0]]
 
 
 class HyperConnection(_StreamNormed):
@@ -231,6 +265,8 @@ class HyperConnection(_StreamNormed):
 class HyperHead(_StreamNormed):
     """The final collapse: ``hc_fn [N, N*H]``, ``hc_base [N]``, ``hc_scale [1]`` (fp32);
     ``x = sum_j (sigmoid(mix_j * scale + base_j) + eps) * s_j``, in the streams' dtype."""
+
+    projection_name = "hc_fn"
 
     def __init__(
         self, hidden_size: int, streams: int = 4, *, eps: float = 1e-6, norm_eps: float = 1e-6

@@ -22,7 +22,13 @@ import torch
 from torch import nn
 
 from dgpp.family import World
-from dgpp.kernels.router_topk import RouterTopKInputs, pick_experts, router_topk
+from dgpp.kernels.router_topk import (
+    KERNEL_SQRT_SOFTPLUS_DTYPES,
+    MAX_EXPERTS,
+    RouterTopKInputs,
+    pick_experts,
+    router_topk,
+)
 from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
@@ -103,29 +109,38 @@ class TopKRouter(nn.Module):
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         return router_scores(self.logits(x), self.cfg.scoring)
 
+    def one_launch(self, logits: torch.Tensor) -> bool:
+        """Whether ``dgpp.kernels.router_topk`` routes ``logits`` (CUDA; up to its expert count; sqrt-softplus
+        scores of fp32 or bf16 logits, the roundings it repeats)."""
+        sqrt_softplus = self.cfg.scoring == "sqrtsoftplus"
+        return (
+            logits.is_cuda
+            and self.cfg.num_experts <= MAX_EXPERTS
+            and (not sqrt_softplus or logits.dtype in KERNEL_SQRT_SOFTPLUS_DTYPES)
+        )
+
+    def kernel_inputs(self, logits: torch.Tensor, out_dtype: torch.dtype) -> RouterTopKInputs:
+        """The one-launch router's inputs for ``logits`` (``dgpp.kernels.router_topk``)."""
+        cfg = self.cfg
+        return RouterTopKInputs(
+            logits,
+            self.e_score_correction_bias,
+            cfg.top_k,
+            cfg.scoring,
+            cfg.renormalize,
+            cfg.routed_scaling_factor,
+            out_dtype,
+            cfg.n_group,
+            cfg.topk_group,
+        )
+
     def forward(
         self, x: torch.Tensor, token_ids: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         cfg = self.cfg
         logits = self.logits(x)
-        # fp32 scores: softmax and sigmoid always, sqrt-softplus from fp32 logits (DeepSeek-V4 scores bf16 logits
-        # in bf16, which the kernel does not round as torch does)
-        fp32_scores = cfg.scoring != "sqrtsoftplus" or logits.dtype == torch.float32
-        if x.is_cuda and fp32_scores and cfg.num_experts <= 1024:
-            # scores, bias, group limit, top-k and weights in one launch
-            return router_topk(
-                RouterTopKInputs(
-                    logits,
-                    self.e_score_correction_bias,
-                    cfg.top_k,
-                    cfg.scoring,
-                    cfg.renormalize,
-                    cfg.routed_scaling_factor,
-                    x.dtype,
-                    cfg.n_group,
-                    cfg.topk_group,
-                )
-            )
+        if self.one_launch(logits):  # scores, bias, group limit, top-k and weights
+            return router_topk(self.kernel_inputs(logits, x.dtype))
         scores = router_scores(logits, cfg.scoring)
         choice = scores.float()
         bias = self.e_score_correction_bias
@@ -156,8 +171,12 @@ class HashRouter(TopKRouter):
         if token_ids is None or token_ids.shape != x.shape[:1]:
             got = None if token_ids is None else list(token_ids.shape)
             raise ValueError(f"a hash-routed MoE needs one token id per row ({x.shape[0]}), got {got}")
+        logits = self.logits(x)
+        if self.one_launch(logits):  # the lookup and the weights
+            step = self.kernel_inputs(logits, x.dtype)
+            return router_topk(step._replace(hash_table=self.tid2eid, token_ids=token_ids))
         ids = self.tid2eid[token_ids.long()]
-        return picked_weights(self.scores(x), ids, self.cfg, x.dtype), ids
+        return picked_weights(router_scores(logits, self.cfg.scoring), ids, self.cfg, x.dtype), ids
 
 
 def _router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -230,14 +249,19 @@ class FusedExperts(nn.Module):
         else:
             copy_checked(param[shard], narrow_for_rank(loaded, 1, self.world))
 
-    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """Sum over each token's experts of ``weight · expert(x)``; only experts that were picked run."""
+    def forward(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, add: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Sum over each token's experts of ``weight · expert(x)``; only experts that were picked run. ``add``
+        (CUDA): added to the rounded sum in the sum's launch (a shared expert's output)."""
         if x.is_cuda:  # grouped Triton GEMMs: no per-expert host loop, no sync
             from dgpp import kernels
 
             return kernels.fused_moe(
-                x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit
+                x, self.gate_up_proj, self.down_proj, weights, ids, swiglu_limit=self.swiglu_limit, add=add
             )
+        if add is not None:
+            raise ValueError("FusedExperts takes an addend on CUDA only (the CPU path adds after the call)")
         out = torch.zeros_like(x)
         for expert in torch.unique(ids).tolist():
             token_idx, slot = torch.where(ids == expert)
@@ -292,6 +316,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor, token_ids: torch.Tensor | None = None) -> torch.Tensor:
         """``token_ids [T]``: the rows' token ids (``batch.input_ids``); only a hash-routed gate reads them."""
         weights, ids = self.gate(x, token_ids)
+        if self.shared_expert is not None and self.shared_expert_gate is None:
+            if x.is_cuda and isinstance(self.experts, FusedExperts):  # the add in the expert sum's launch
+                return self.experts(x, weights, ids, add=self.shared_expert(x))
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)

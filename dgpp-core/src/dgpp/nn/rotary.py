@@ -130,12 +130,29 @@ class TrailingRotary(nn.Module):
         self.magnitude = yarn.magnitude() if yarn else 1.0
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def rotate(self, x: torch.Tensor, positions: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+    def rotate(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        *,
+        inverse: bool = False,
+        head_rms_eps: float | None = None,
+    ) -> torch.Tensor:
+        """``x`` turned; with ``head_rms_eps``, each head scaled by its unweighted RMS first (the factor
+        ``rsqrt(mean(x²) + eps)`` in fp32, rounded to ``x``'s dtype, then the product)."""
         if use_triton(x) and x.dim() == 3 and x.stride(-1) == 1:  # one launch, the same math
             inv_freq = self.inv_freq.to(x.device)
             return trailing_rotary(
-                x, positions, inv_freq, self.magnitude, fp32_angles=self.fp32_angles, inverse=inverse
+                x,
+                positions,
+                inv_freq,
+                self.magnitude,
+                fp32_angles=self.fp32_angles,
+                inverse=inverse,
+                head_rms_eps=head_rms_eps,
             )
+        if head_rms_eps is not None:
+            x = x * torch.rsqrt(x.float().square().mean(-1, keepdim=True) + head_rms_eps).to(x.dtype)
         freqs = positions.float()[:, None] * self.inv_freq.to(positions.device)[None, :]  # [T, rotary_dim/2]
         angle_dtype = torch.float32 if self.fp32_angles else x.dtype
         cos = (freqs.cos() * self.magnitude).to(angle_dtype).float().repeat_interleave(2, dim=-1)[:, None, :]

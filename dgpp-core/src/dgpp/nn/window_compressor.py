@@ -57,7 +57,9 @@ def live_sequences(batch: ForwardBatch) -> Iterator[SeqRows]:
 
 
 class FP32WeightRMSNorm(nn.Module):
-    """``(w · x̂).to(x.dtype)`` with ``w`` kept in fp32 and the product in fp32 (DeepSeek-V4's norms)."""
+    """``(w · x̂).to(x.dtype)`` with ``w`` kept in fp32 and the product in fp32 (DeepSeek-V4's norms). On CUDA one
+    launch reads ``x`` and the fp32 weight and writes ``x``'s dtype (``dgpp.kernels.rms_norm`` with the fp32
+    product), where the torch chain launches the upcast, the norm, the product and the cast back."""
 
     def __init__(self, dim: int, eps: float) -> None:
         super().__init__()
@@ -66,6 +68,10 @@ class FP32WeightRMSNorm(nn.Module):
         set_weight_attrs(self.weight, weight_loader=default_weight_loader)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if use_triton(x):
+            from dgpp import kernels
+
+            return kernels.rms_norm(x, self.weight, self.eps, None, 0.0, True)
         return (self.weight.float() * rms_normalize(x, self.eps)).to(x.dtype)
 
 

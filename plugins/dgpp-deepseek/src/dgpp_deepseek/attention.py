@@ -108,9 +108,7 @@ class DeepseekV4Attention(LatentProjections):
         rows = x.shape[0]
         q_resid = self.q_norm(self.wq_a(x))
         q = self.wq_b(q_resid).view(rows, self.num_heads, self.head_dim)
-        # per head, unweighted
-        q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + self.eps).to(q.dtype)
-        q = self.rotary.rotate(q, batch.positions)
+        q = self.rotary.rotate(q, batch.positions, head_rms_eps=self.eps)  # per head, unweighted, then RoPE
         kv = self.rotary.rotate(self.kv_norm(self.wkv(x))[:, None, :], batch.positions)[:, 0]
         out = self.core(q, kv, x, q_resid, batch, self.attn_sink)
         out = self.rotary.rotate(out, batch.positions, inverse=True)

@@ -279,8 +279,7 @@ class DSparkDrafter(DSparkHeads):
         rows = x.shape[0]
         q_resid = attn.q_norm(attn.wq_a(x))
         q = attn.wq_b(q_resid).view(rows, attn.num_heads, attn.head_dim)
-        q = q * torch.rsqrt(q.float().square().mean(-1, keepdim=True) + attn.eps).to(q.dtype)
-        q = attn.rotary.rotate(q, positions)
+        q = attn.rotary.rotate(q, positions, head_rms_eps=attn.eps)
         latent = self.context_latent(attn, x, positions)
         out = block_attention(q, latent, context, attn.attn_sink, attn.core.scale, block)
         out = attn.rotary.rotate(out, positions, inverse=True)
