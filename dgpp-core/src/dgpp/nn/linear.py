@@ -38,24 +38,31 @@ class UnquantizedLinearMethod:
         layer.weight = weight
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda:  # canonical rows (decode, verify) through the fixed-order kernel: dgpp.nn.exact.routing
-            from dgpp.nn.exact import routing as exact_cuda
+        return dense_linear(x, layer.weight, bias)
 
-            routed = exact_cuda.routed_linears(
-                x, [layer.weight], lambda rows: [self._stock(layer, rows, bias)], bias
-            )
-            if routed is not None:
-                return routed[0]
-        return self._stock(layer, x, bias)
 
-    @staticmethod
-    def _stock(layer: Linear, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        if x.is_cuda and bias is None:  # decode rows: one Triton GEMV pass, no split-K reduction
-            from dgpp import kernels
+def dense_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T (+ bias)`` for a dense weight with every row independent of the others in the call: on
+    CUDA, canonical rows (decode, verify) through the fixed-order kernel (``dgpp.nn.exact.routing``) and
+    decode rows through one Triton GEMV pass; on the CPU, ``batch_invariant_linear``."""
+    if x.is_cuda:
+        from dgpp.nn.exact import routing as exact_cuda
 
-            if kernels.gemv_applies(x, layer.weight):
-                return kernels.multi_linear(x, [layer.weight])[0]
-        return batch_invariant_linear(x, layer.weight, bias)
+        routed = exact_cuda.routed_linears(
+            x, [weight], lambda rows: [_stock_linear(rows, weight, bias)], bias
+        )
+        if routed is not None:
+            return routed[0]
+    return _stock_linear(x, weight, bias)
+
+
+def _stock_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    if x.is_cuda and bias is None:  # decode rows: one Triton GEMV pass, no split-K reduction
+        from dgpp import kernels
+
+        if kernels.gemv_applies(x, weight):
+            return kernels.multi_linear(x, [weight])[0]
+    return batch_invariant_linear(x, weight, bias)
 
 
 def fused_linears(layers: tuple[Linear, ...], x: torch.Tensor) -> list[torch.Tensor] | None:
@@ -78,7 +85,7 @@ def row_block_linear(layer: Linear, x: torch.Tensor, start: int, stop: int) -> t
     rows = getattr(layer.quant_method, "row_block", None)
     if rows is not None:
         return rows(layer, x, start, stop)
-    return batch_invariant_linear(x, layer.weight[start:stop])
+    return dense_linear(x, layer.weight[start:stop])
 
 
 class Linear(nn.Module):
