@@ -38,18 +38,31 @@ def paged_decode_attention_fixed(
     splits: int | None = None,
     scales: KVScales = None,
     sinks: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width).
     The programs per (row, KV head) follow the batch (``programs_per_row``): that never changes a row's
     bits, and at batch 64 it keeps the grid at 1024 programs instead of 16384 mostly idle ones.
     ``splits`` defaults to the policy's ``exact_splits``; ``scales``: an e4m3 pool's row scales; ``sinks``:
-    per-head sink logits ``[Hq]`` joining each row's softmax once."""
+    per-head sink logits ``[Hq]`` joining each row's softmax once; ``positions``: each row's token list
+    (``seq_lens`` its count) instead of its first ``seq_lens`` tokens."""
     splits = current().exact_splits if splits is None else splits
     if splits < 1:
         raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
     grid = programs_per_row(q.shape[0], k_cache.shape[2])
     return decode_attention_with_splits(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid, scales=scales, sinks=sinks
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        scale,
+        window,
+        splits,
+        grid,
+        scales=scales,
+        sinks=sinks,
+        positions=positions,
     )
 
 
