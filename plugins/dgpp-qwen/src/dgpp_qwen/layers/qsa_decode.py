@@ -34,9 +34,8 @@ from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
 from dgpp.plugin_api import ForwardBatch
 from dgpp_qwen.layers.indexer import QSAIndexer
 
-_SCORES_PER_CALL = (
-    1 << 26
-)  # fp32 block scores held at once (256 MB): rows per call = this / the table's width
+# fp32 block scores held at once (256 MB): rows per call = this / the table's width
+_SCORES_PER_CALL = 1 << 26
 
 
 def takes_row_path(x: torch.Tensor) -> bool:
