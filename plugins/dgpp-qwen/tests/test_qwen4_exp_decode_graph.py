@@ -87,7 +87,9 @@ def test_the_masked_torch_form_reads_the_host_and_is_caught(model, monkeypatch) 
     pools, tables, last, runner = _prefilled(model)
     work = [SeqWork(i, tables[i], n, [last[i]]) for i, n in enumerate(PROMPTS)]
     found = count_step(model, lambda: runner.step(work))
-    qsa_layers = [layer for layer, kind in zip(found.layers, found.layer_kinds) if "QSAttention" in kind]
+    qsa_layers = [
+        layer for layer, kind in zip(found.layers, found.layer_kinds, strict=True) if "QSAttention" in kind
+    ]
     assert qsa_layers and all(any(n.startswith("sync:") for n in layer) for layer in qsa_layers)
 
 
