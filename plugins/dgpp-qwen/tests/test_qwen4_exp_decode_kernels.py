@@ -95,9 +95,9 @@ def test_decode_layers_launch_few_ops_and_read_nothing_on_the_host(model, contex
 
 
 def test_verify_rows_on_the_cuda_path_are_the_decode_rows(model) -> None:
-    """A speculative verify of three tokens gives each row of the first layer (PLE + GDN + MoE, whose inputs are
-    the token embeddings alone) the bits plain decode gives it, token by token. (Later layers follow QSA, whose
-    all-rows masked attention on CPU tensors is not row-exact.)"""
+    """A speculative verify of three tokens gives each row the bits plain decode gives it, token by token: the first
+    layer (PLE + GDN + MoE, whose inputs are the token embeddings alone), and the logits through every layer (QSA
+    selects and attends each verify row as its own decode row)."""
     from dgpp.bench.launches import cuda_path
 
     prompt, table = list(PROMPTS[1]), list(range(BLOCKS_PER_SEQ))
@@ -119,17 +119,22 @@ def test_verify_rows_on_the_cuda_path_are_the_decode_rows(model) -> None:
     try:
         decoding = prefilled()
         with cuda_path():
-            for j, token in enumerate(drafts):
-                decoding.step([SeqWork(0, table, len(prompt) + j, [token])])
+            logits = [
+                decoding.step([SeqWork(0, table, len(prompt) + j, [token])]) for j, token in enumerate(drafts)
+            ]
         plain = {name: torch.cat(outs) for name, outs in seen.items()}
+        plain["logits"] = torch.cat(logits)
         verifying = prefilled()
         with cuda_path():
-            verifying.step([SeqWork(0, table, len(prompt), drafts, every_row_logits=True)], verify=True)
+            logits = [
+                verifying.step([SeqWork(0, table, len(prompt), drafts, every_row_logits=True)], verify=True)
+            ]
         verified = {name: torch.cat(outs) for name, outs in seen.items()}
+        verified["logits"] = torch.cat(logits)
     finally:
         for hook in hooks:
             hook.remove()
-    for name in seen:
+    for name in plain:
         assert torch.equal(verified[name], plain[name]), name
 
 
