@@ -21,6 +21,7 @@ from dgpp.engine.work import SeqWork
 from dgpp.nn.attention import gather_context
 from dgpp.nn.compressed_decode import entry_table
 from dgpp.step.pools import CachePools
+from dgpp_qwen.layers import qsa_decode
 from dgpp_qwen.layers.qsa import attend_selected
 from dgpp_qwen.layers.qsa_decode import row_attention, row_selection
 
@@ -125,7 +126,9 @@ def test_each_row_selects_the_reference_tokens(model, queries) -> None:
     assert [int(c) for c in counts] == [10, 16 + 2, 16 + 1]
 
 
-def test_attention_over_the_selection_matches_the_reference_and_rows_keep_their_bits(model) -> None:
+def test_attention_over_the_selection_matches_the_reference_and_rows_keep_their_bits(
+    model, monkeypatch
+) -> None:
     runner, pools, tables = _prefilled(model, 16)
     attn = _qsa_layers(model)[1]
     indexer = attn.indexer
@@ -148,3 +151,33 @@ def test_attention_over_the_selection_matches_the_reference_and_rows_keep_their_
         solo = _decode_batch(model, pools, tables, rows=[r])
         alone = row_attention(indexer, q[r : r + 1], index_q[r : r + 1], kv, solo, attn.attn.scale)
         assert torch.equal(alone[0], out[r]), r
+    # a long prompt's rows go in several calls: the same bits
+    monkeypatch.setattr(qsa_decode, "rows_per_call", lambda heads, v_dim: 2)
+    assert torch.equal(row_attention(indexer, q, index_q, kv, batch, attn.attn.scale), out)
+
+
+def test_prompt_rows_on_the_device_path_match_the_cpu_path(model) -> None:
+    """A 45-token prompt (sparse rows from position 19), in one step and in two chunks: every row's logits on the
+    device path within fp32 rounding of the CPU's row-by-row reference."""
+    from contextlib import nullcontext
+
+    from dgpp.bench.launches import cuda_path
+
+    gen = torch.Generator().manual_seed(7)
+    prompt = torch.randint(1, model.info.vocab_size, (45,), generator=gen).tolist()
+    table = list(range(CONTEXT // 16))
+
+    def run(chunks: list[int], device_path: bool) -> torch.Tensor:
+        runner = ModelRunner(model, CachePools(model.cache_spec(), len(table), 16, 1))
+        out, start = [], 0
+        with cuda_path() if device_path else nullcontext():
+            for n in chunks:
+                work = SeqWork(0, table, start, prompt[start : start + n], every_row_logits=True)
+                out.append(runner.step([work]))
+                start += n
+        return torch.cat(out)
+
+    cpu = run([45], False)
+    for chunks in ([45], [18, 27]):
+        ours = run(chunks, True)
+        torch.testing.assert_close(ours, cpu, rtol=1e-5, atol=1e-5 * float(cpu.abs().max()))

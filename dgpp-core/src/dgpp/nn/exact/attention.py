@@ -96,6 +96,12 @@ def canonical_route(batch: ForwardBatch, device: torch.device) -> StepRoute | No
     return route_for(batch.q_lens_cpu, device, per_row=True)
 
 
+def rows_per_call(heads: int, v_dim: int) -> int:
+    """Rows of one fixed-split call whose split partials fit ``_PARTIALS_PER_CALL`` (``heads`` query heads of
+    ``v_dim``): a prompt run row by row goes in calls of this many rows, which changes no bits."""
+    return max(1, _PARTIALS_PER_CALL // (heads * current().exact_splits * next_pow2(v_dim)))
+
+
 def expanded_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -109,9 +115,7 @@ def expanded_decode_attention(
     (a speculative verify, or a prompt row by row under ``batch_invariant``). Rows are independent, so cutting
     a long prompt into calls whose split partials fit ``_PARTIALS_PER_CALL`` changes no bits."""
     _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
-    per_call = max(
-        1, _PARTIALS_PER_CALL // (q.shape[1] * current().exact_splits * next_pow2(v_cache.shape[-1]))
-    )
+    per_call = rows_per_call(q.shape[1], v_cache.shape[-1])
 
     def rows(a: int, b: int) -> torch.Tensor:
         return paged_decode_attention_fixed(

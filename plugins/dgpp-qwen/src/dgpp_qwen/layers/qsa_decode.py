@@ -30,7 +30,7 @@ from dgpp.kernels.dsa_index import index_scores_triton
 from dgpp.kernels.pooled_selection import pooled_positions_triton
 from dgpp.kernels.top_k_rows import top_k_rows_triton
 from dgpp.nn.compressed_decode import entry_table
-from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed
+from dgpp.nn.exact.attention import expand_rows, paged_decode_attention_fixed, rows_per_call
 from dgpp.plugin_api import ForwardBatch
 from dgpp_qwen.layers.indexer import QSAIndexer
 
@@ -106,4 +106,12 @@ def row_attention(
     tables, lens = decode_rows(batch)
     selection = row_selection(indexer, index_q, batch)
     positions, counts = (None, lens) if selection is None else selection
-    return paged_decode_attention_fixed(q, kv[0], kv[1], tables, counts, scale, positions=positions)
+
+    def rows(a: int, b: int) -> torch.Tensor:
+        listed = None if positions is None else positions[a:b]
+        return paged_decode_attention_fixed(q[a:b], *kv, tables[a:b], counts[a:b], scale, positions=listed)
+
+    per_call = rows_per_call(q.shape[1], kv[1].shape[-1])  # a long prompt's rows in calls (the same bits)
+    if q.shape[0] <= per_call:
+        return rows(0, q.shape[0])
+    return torch.cat([rows(r, r + per_call) for r in range(0, q.shape[0], per_call)])
