@@ -1,4 +1,4 @@
-"""qwen4_exp's QSA per-row device path (``dgpp_qwen.layers.qsa_decode``; Triton's interpreter on CPU tensors, fp32
+"""qwen4_exp's QSA per-row device path (``dgpp_qwen.layers.qsa_rows``; Triton's interpreter on CPU tensors, fp32
 tiny checkpoint: compress_ratio 4, block_topk 4, dense limit 19) against the row-by-row reference:
 
 - the block keys stored as blocks complete equal ``_block_keys`` recomputed from the raw keys, bit for bit, for
@@ -21,9 +21,9 @@ from dgpp.engine.work import SeqWork
 from dgpp.nn.attention import gather_context
 from dgpp.nn.compressed_decode import entry_table
 from dgpp.step.pools import CachePools
-from dgpp_qwen.layers import qsa_decode
+from dgpp_qwen.layers import qsa_rows
 from dgpp_qwen.layers.qsa import attend_selected
-from dgpp_qwen.layers.qsa_decode import row_attention, row_selection
+from dgpp_qwen.layers.qsa_rows import row_attention, row_selection
 
 pytestmark = pytest.mark.skipif(
     os.environ.get("TRITON_INTERPRET") != "1", reason="the device path's kernels run in Triton's interpreter"
@@ -152,7 +152,7 @@ def test_attention_over_the_selection_matches_the_reference_and_rows_keep_their_
         alone = row_attention(indexer, q[r : r + 1], index_q[r : r + 1], kv, solo, attn.attn.scale)
         assert torch.equal(alone[0], out[r]), r
     # a long prompt's rows go in several calls: the same bits
-    monkeypatch.setattr(qsa_decode, "rows_per_call", lambda heads, v_dim: 2)
+    monkeypatch.setattr(qsa_rows, "rows_per_call", lambda heads, v_dim: 2)
     assert torch.equal(row_attention(indexer, q, index_q, kv, batch, attn.attn.scale), out)
 
 

@@ -193,7 +193,7 @@ class Qwen4ExpForCausalLM(Model):
     @property
     def decode_graph_safe(self) -> bool:  # type: ignore[override]
         """With Triton a decode step reads no host value: QSA selects and attends per row on the device
-        (``layers/qsa_decode.py``), GDN, PLE and the gated residuals read none. ``DGPP_KERNELS=torch`` keeps QSA's
+        (``layers/qsa_rows.py``), GDN, PLE and the gated residuals read none. ``DGPP_KERNELS=torch`` keeps QSA's
         masked torch form, which sizes its masks by host-side lengths: that decodes eager."""
         return triton_enabled()
 

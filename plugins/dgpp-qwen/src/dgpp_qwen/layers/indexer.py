@@ -11,7 +11,7 @@ zero-centred RMSNorm'd and rotated at the block's first token's rotary position.
 
 Each complete block's key is also kept, computed once, in a ``CompressedKV`` entry (``blocks_cache_name``): the
 row at a block's last position writes it (``store_block_keys``), with the same ops as ``_block_keys``, so the
-device decode path (``qsa_decode.py``) reads keys bit-identical to the ones the other paths recompute.
+per-row device path (``qsa_rows.py``) reads keys bit-identical to the ones the other paths recompute.
 """
 
 from __future__ import annotations

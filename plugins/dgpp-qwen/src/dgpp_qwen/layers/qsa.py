@@ -6,7 +6,7 @@ K/V go to the pool entry ``cache_name``; the indexer's raw keys to its own entry
 path) a query's output is the softmax over exactly its selected keys, in position order, with row-independent
 products, so a position's result does not depend on batching. On CUDA all rows of a sequence go at once
 through a masked score matrix (``attend_masked``): the same selection and the same math, other rounding (the
-form ``DGPP_KERNELS=torch`` keeps). With Triton every row selects and attends on its own (``qsa_decode.py``), from
+form ``DGPP_KERNELS=torch`` keeps). With Triton every row selects and attends on its own (``qsa_rows.py``), from
 block keys stored once; a decode step so reads nothing on the host and a CUDA graph can replay it.
 """
 
@@ -21,7 +21,7 @@ from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, PagedKV, World
 from dgpp_qwen.layers.attention import QwenAttention
 from dgpp_qwen.layers.indexer import QSAIndexer
-from dgpp_qwen.layers.qsa_decode import row_attention, takes_row_path
+from dgpp_qwen.layers.qsa_rows import row_attention, takes_row_path
 from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
 
 
