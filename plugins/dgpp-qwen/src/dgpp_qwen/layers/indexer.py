@@ -17,6 +17,7 @@ per-row device path (``qsa_rows.py``) reads keys bit-identical to the ones the o
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -30,6 +31,18 @@ from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CompressedKV, ForwardBatch, PagedKV
 from dgpp_qwen.qwen4_exp_config import IndexerConfig
+
+
+class BlockWrites(NamedTuple):
+    """A step's block-key writes: each row's block's raw-key rows ``[T·ratio]`` (a padding row reads block 0), the
+    block-key row it would write ``[T]``, whether it completes its block ``[T]`` (only those write), and the
+    rotation ``(cos, sin)`` of the block's first token."""
+
+    token_rows: torch.Tensor
+    entry: torch.Tensor
+    done: torch.Tensor
+    angles: tuple[torch.Tensor, torch.Tensor]
+
 
 Selection = list[
     torch.Tensor | None
@@ -86,14 +99,28 @@ class QSAIndexer(nn.Module):
     def _pool(self, grouped: torch.Tensor, start_positions: torch.Tensor) -> torch.Tensor:
         """Block keys ``[n, head_dim]`` of ``grouped`` ``[n, ratio, head_dim]`` raw keys, each block rotated at
         ``start_positions`` (``[n]`` or ``[axes, n]``): row by row, whatever else shares the call."""
+        return self._pool_rotated(grouped, *self.rotary.cos_sin(start_positions, grouped.dtype))
+
+    def _pool_rotated(self, grouped: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         pooled = grouped.float().mean(dim=1).to(grouped.dtype)
-        cos, sin = self.rotary.cos_sin(start_positions, grouped.dtype)
         return self.rotary.rotate(self.k_layernorm(pooled).unsqueeze(1), cos, sin).squeeze(1)
 
     def store_block_keys(self, k_cache: torch.Tensor, batch: ForwardBatch) -> None:
         """Write the key of every block a row of this step completes (a row at position ``p`` with
         ``(p + 1) % compress_ratio == 0``) into the block-key entry, from the raw keys already in ``k_cache``.
         Fixed shapes and a masked store: a decode step reads no host value here (text rows)."""
+        pool = batch.cache.kv[self.blocks_cache_name][0]
+        key = ("qsa_block_writes", self.cfg.compress_ratio, pool.shape[1], id(self.rotary), k_cache.dtype)
+        writes = batch.step_memo(key, lambda: self._block_writes(batch, pool.shape[1], k_cache.dtype))
+        grouped = k_cache.flatten(0, 1).index_select(0, writes.token_rows)
+        keys = self._pool_rotated(
+            grouped.view(writes.done.shape[0], self.cfg.compress_ratio, -1), *writes.angles
+        )
+        store_rows(pool.view(-1, pool.shape[-1]), writes.entry, keys, writes.done)
+
+    def _block_writes(self, batch: ForwardBatch, per_block: int, dtype: torch.dtype) -> BlockWrites:
+        """Where each row's block is read and written, and the rotation of its first token: the same for every
+        QSA layer of a step, so computed once a step."""
         ratio, block_size = self.cfg.compress_ratio, batch.cache.block_size
         positions, rows = batch.positions, batch.positions.shape[0]
         tables = batch.block_tables
@@ -103,12 +130,10 @@ class QSAIndexer(nn.Module):
         columns = (tokens // block_size).clamp(max=tables.shape[1] - 1)
         blocks = (tables.gather(1, columns) if seq is None else tables[seq[:, None], columns]).long()
         token_rows = blocks.clamp(min=0) * block_size + tokens % block_size  # padding rows read block 0
-        grouped = k_cache.flatten(0, 1).index_select(0, token_rows.flatten()).view(rows, ratio, -1)
-        keys = self._pool(grouped, self._start_rotary_positions(batch, start))
-        pool = batch.cache.kv[self.blocks_cache_name][0]
-        entry = blocks[:, -1] * pool.shape[1] + (positions % block_size) // ratio  # in the last token's block
+        entry = blocks[:, -1] * per_block + (positions % block_size) // ratio  # in the last token's block
         done = ((positions + 1) % ratio == 0) & (batch.slot_mapping >= 0) & (blocks[:, -1] >= 0)
-        store_rows(pool.view(-1, pool.shape[-1]), entry.clamp(min=0), keys, done)
+        angles = self.rotary.cos_sin(self._start_rotary_positions(batch, start), dtype)
+        return BlockWrites(token_rows.flatten(), entry.clamp(min=0), done, angles)
 
     def _start_rotary_positions(self, batch: ForwardBatch, start: torch.Tensor) -> torch.Tensor:
         """The rotary positions of tokens ``start`` (one per row): themselves for text, the prompt's multimodal
