@@ -121,3 +121,35 @@ def test_programs_per_row_do_not_change_the_bits() -> None:
     )
     for grid in (1, 3, 5):
         assert torch.equal(decode_attention_with_splits(q, kc, vc, bt, seq, 0.2, 0, 8, grid), full)
+
+
+def test_token_lists_attend_exactly_their_tokens_and_rows_keep_their_bits() -> None:
+    """``positions``: each row attends the tokens its list names (a sparse selection; ``seq_lens`` are the counts),
+    cut into splits as a context of that many tokens is. The same bits solo and batched; a padding row is zeros."""
+    from dgpp.kernels.paged_attention import decode_attention_with_splits
+
+    q, kc, vc, bt, lens = _paged_setup([150, 90, 0, 200], 4, 2, 16, 4, 256, seed=11)
+    g = torch.Generator().manual_seed(12)
+    counts = torch.tensor([70, 23, 0, 64], dtype=torch.int32)
+    positions = torch.zeros(4, 70, dtype=torch.int32)
+    for b, (n, c) in enumerate(zip(lens.tolist(), counts.tolist(), strict=True)):
+        if c:
+            positions[b, :c] = torch.randperm(n, generator=g)[:c].sort().values.int()
+    out = decode_attention_with_splits(q, kc, vc, bt, counts, 0.25, 0, 4, positions=positions)
+    ref = paged_decode_attention_ref(q, kc, vc, bt, counts, 0.25, positions=positions)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
+    assert torch.equal(out[2], torch.zeros_like(out[2]))
+    # the list matters: every visible token, or the first `count` of them, give other answers
+    for other in (lens, counts):
+        unlisted = paged_decode_attention_ref(q, kc, vc, bt, other, 0.25)
+        assert not torch.allclose(unlisted[0], out[0], rtol=1e-3, atol=1e-3)
+    for b in range(4):
+        rows = slice(b, b + 1)
+        solo = decode_attention_with_splits(
+            q[rows], kc, vc, bt[rows], counts[rows], 0.25, 0, 4, positions=positions[rows]
+        )
+        assert torch.equal(solo[0], out[b]), b
+    # a list of every token is the plain decode attention, bit for bit
+    every = torch.arange(200, dtype=torch.int32).expand(4, -1).contiguous()
+    plain = decode_attention_with_splits(q, kc, vc, bt, lens, 0.25, 0, 4)
+    assert torch.equal(decode_attention_with_splits(q, kc, vc, bt, lens, 0.25, 0, 4, positions=every), plain)

@@ -1,12 +1,13 @@
 """The split decode attention kernels (``dgpp.kernels.paged_attention``) compiled for sm_90 ahead of time, on a
 machine without a GPU (Triton's NVIDIA backend ships ptxas/nvdisasm). Not a test: every variant the engine
-launches (with and without sinks, bf16 or e4m3 K/V, one split or a merge) must compile, and this shows what each
-costs in SASS before a GPU run:
+launches (with and without sinks, bf16 or e4m3 K/V, one split or a merge, per-row token lists) must compile, and
+this shows what each costs in SASS before a GPU run:
 
     PYTHONPATH=dgpp-core/src:tests/perf python3 tests/perf/sass_paged_attention.py
 
 One line per variant at the full-attention head shapes of MiMo-V2.6-Flash (64 query heads over 4 KV heads,
-q/k 192, v 128) and Flint (32 over 4, 128): SASS instruction counts, loads by width, registers/stack per thread.
+q/k 192, v 128) and Flint (32 over 4, 128), and with token lists (``positions``) at Qwen3.8-Flash-Next's QSA
+shape (24 over 2, 256): SASS instruction counts, loads by width, registers/stack per thread.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from triton.compiler import ASTSource
 from dgpp.kernels.paged_attention import _decode_partition_kernel, _merge_partitions_kernel
 
 SHAPES = {"mimo-v2.6 full": (16, 192, 128), "flint full": (8, 128, 128)}  # (query heads per KV head, D, Dv)
+LIST_SHAPES = {"qwen3.8-flash-next qsa": (12, 256, 256)}  # attended through per-row token lists
 # integer arguments the launcher does not see as multiples of 16 (the rest are sizes and strides that are)
 NOT_ALIGNED = {"window", "group", "num_splits", "grid_splits", "num_heads"}
 
@@ -43,15 +45,15 @@ def compile_sm90(
 
 
 def main() -> None:
-    for (name, (group, dim, v_dim)), sinks, fp8, one_split in itertools.product(
-        SHAPES.items(), (False, True), (False, True), (False, True)
-    ):
+    variants = itertools.product(SHAPES.items(), (False, True), (False, True), (False, True), (False,))
+    lists = itertools.product(LIST_SHAPES.items(), (False,), (False,), (False, True), (True,))
+    for (name, (group, dim, v_dim)), sinks, fp8, one_split, listed in itertools.chain(variants, lists):
         kv = "*i32" if fp8 else "*bf16"  # e4m3 rows are read as int32 words of four codes
         pointers = {
             **dict.fromkeys(("q_ptr", "sink_ptr", "out_ptr"), "*bf16"),
             **dict.fromkeys(("k_ptr", "v_ptr"), kv),
             **dict.fromkeys(("ksc_ptr", "vsc_ptr", "part_acc_ptr", "part_ml_ptr"), "*fp32"),
-            **dict.fromkeys(("bt_ptr", "lens_ptr"), "*i32"),
+            **dict.fromkeys(("bt_ptr", "lens_ptr", "pos_ptr"), "*i32"),
             "scale": "fp32",
         }
         constexprs = {
@@ -64,10 +66,13 @@ def main() -> None:
             "PRECISION": "tf32",
             "HAS_SCALES": fp8,
             "HAS_SINKS": sinks,
+            "HAS_POSITIONS": listed,
         }
         compiled = compile_sm90(_decode_partition_kernel, pointers, constexprs)
         print(
-            f"{name}: sinks={sinks} fp8={fp8} one_split={one_split}\n    {sass_summary(compiled)}", flush=True
+            f"{name}: sinks={sinks} fp8={fp8} one_split={one_split} positions={listed}\n    "
+            f"{sass_summary(compiled)}",
+            flush=True,
         )
     merge = compile_sm90(
         _merge_partitions_kernel,

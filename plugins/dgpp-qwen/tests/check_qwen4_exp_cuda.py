@@ -1,6 +1,7 @@
 """Qwen3.8-Flash-Next (qwen4_exp) on a CUDA machine (not a CI test): the model through its CUDA paths (Triton
-norms, GDN, grouped MoE, gated residuals, PLE decode rows; QSA and indexer in torch) and the MTP drafter, against
-references prepared on a CPU-only host (transformers for the main model, the float64 reference for MTP).
+norms, GDN, grouped MoE, gated residuals, PLE decode rows, QSA's per-row selection and attention) and the MTP
+drafter, against references prepared on a CPU-only host (transformers for the main model, the float64 reference for
+MTP); and the batched greedy decode replayed in CUDA graphs against the same decode run eager (same logits).
 
     python plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py prepare --dir .cache/qwen4_exp_gpu   # CPU host
     python plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu     # GPU
@@ -76,6 +77,38 @@ def _decode_ms(model, prompt: list[int]) -> float:
     return (time.perf_counter() - start) * 1000 / 33
 
 
+def _graph_decode(model, prompts: list[list[int]], steps: int = NEW_TOKENS) -> tuple[bool, float, float]:
+    """The prompts' batched greedy decode, eager and under decode graphs: (the same logits every step, eager and
+    graph ms per step)."""
+    from dgpp.engine.runner import ModelRunner
+    from dgpp.engine.work import SeqWork
+    from dgpp.offline import make_pools
+
+    logits: dict[bool, list[torch.Tensor]] = {}
+    ms: dict[bool, float] = {}
+    for graph in (False, True):
+        pools, blocks, slots = make_pools(model, [len(p) + steps for p in prompts], 16)
+        tables = [blocks.allocate(blocks.blocks_for_tokens(len(p) + steps)) for p in prompts]
+        seqs = [slots.allocate() for _ in prompts]
+        runner = ModelRunner(model, pools, decode_graph=graph, max_batch=len(prompts))
+        assert (runner.graphs is not None) == graph, "qwen4_exp's decode is graph-safe with Triton"
+        first = runner.step([SeqWork(s, t, 0, p) for s, t, p in zip(seqs, tables, prompts, strict=True)])
+        last, out = torch.argmax(first, -1).tolist(), []
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for j in range(steps):
+            work = [
+                SeqWork(s, t, len(p) + j, [last[i]])
+                for i, (s, t, p) in enumerate(zip(seqs, tables, prompts, strict=True))
+            ]
+            out.append(runner.step(work))
+            last = torch.argmax(out[-1], -1).tolist()
+        torch.cuda.synchronize()
+        logits[graph], ms[graph] = out, (time.perf_counter() - start) * 1000 / steps
+    same = all(torch.equal(a, b) for a, b in zip(logits[False], logits[True], strict=True))
+    return same, ms[False], ms[True]
+
+
 def check(root: Path) -> int:
     from dgpp.testing import conformance as conf
     from dgpp.testing.gpu_check import greedy_agreement, print_table
@@ -101,14 +134,17 @@ def check(root: Path) -> int:
         greedy = greedy_agreement(model, prompts, NEW_TOKENS, ref["greedy"])
         mtp = _mtp_error(ctx, model, prompts[1], ref["mtp"]) if "mtp" in ref else float("nan")
         ms = _decode_ms(model, prompts[2])
+        graph_same, eager_ms, graph_ms = _graph_decode(model, prompts)
         ok = past <= outliers and greedy.chunked_same and greedy.alone_same and mmap_equal and not mtp > 1e-3
+        ok = ok and graph_same
         ok = ok and (
             greedy.same_as_reference == len(prompts) or name != "fp32"
         )  # bf16 may part at a near-tie
         failed += not ok
         rows.append(
             f"| {name} | {err:.2e} | {past:.1%} | {greedy.same_as_reference}/{len(prompts)} | {greedy.chunked_same} "
-            f"| {greedy.alone_same} | {mmap_equal} | {mtp:.2e} | {ms:.1f} | {'ok' if ok else 'FAIL'} |"
+            f"| {greedy.alone_same} | {mmap_equal} | {mtp:.2e} | {ms:.1f} | {graph_same} | {eager_ms:.1f} -> "
+            f"{graph_ms:.1f} | {'ok' if ok else 'FAIL'} |"
         )
         print(rows[-1], flush=True)
     print_table(
@@ -122,6 +158,8 @@ def check(root: Path) -> int:
             "mmap = resident",
             "MTP rel err vs f64",
             "eager decode ms/token (ctx 150)",
+            "graph decode = eager",
+            "batch-3 decode ms/step eager -> graph",
             "",
         ],
         rows,

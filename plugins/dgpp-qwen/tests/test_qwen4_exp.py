@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dgpp.startup.loading import load_model
-from dgpp.step.cache_spec import PagedKV, StateSpec
+from dgpp.step.cache_spec import CompressedKV, PagedKV, StateSpec
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import load_reference
 from dgpp_qwen.layers.ngram import hash_multipliers, head_vocab_sizes
@@ -39,13 +39,16 @@ def test_cache_spec_names_every_pool_entry(pair):
         "layers.0.ple",
         "layers.1",
         "layers.1.indexer",
+        "layers.1.indexer.blocks",
         "layers.2",
         "layers.2.ple",
         "layers.3",
         "layers.3.indexer",
+        "layers.3.indexer.blocks",
     }
     assert spec["layers.1"] == PagedKV(num_kv_heads=2, head_dim=16, dtype=torch.float32)
     assert spec["layers.1.indexer"] == PagedKV(num_kv_heads=1, head_dim=16, dtype=torch.float32, v_head_dim=0)
+    assert spec["layers.1.indexer.blocks"] == CompressedKV.of(4, 16, torch.float32)  # a key per 4-token block
     ple = spec["layers.0.ple"]
     assert isinstance(ple, StateSpec)
     assert ple.tensors == {"ngram_context": ((2,), torch.int64), "conv": ((9, 4 * 64), torch.float32)}

@@ -95,8 +95,8 @@ def test_memory_plan_of_the_geometry_counts_its_table_from_the_config(tmp_path):
     (ple,) = _ple_layers(model)
     table = ple.table_rows * 160 * 2
     assert plan.weights == sum(p.numel() * 2 for p in model.parameters()) + table
-    # per QSA layer: K+V of 2 kv heads x 256 and one 128-wide index key, bf16
-    assert plan.kv_per_token == 2 * (2 * 2 * 256 + 128) * 2
+    # per QSA layer: K+V of 2 kv heads x 256, one 128-wide index key and a quarter of a block key, bf16
+    assert plan.kv_per_token == 2 * (2 * 2 * 256 + 128 + 128 // 4) * 2
 
 
 @torch.inference_mode()

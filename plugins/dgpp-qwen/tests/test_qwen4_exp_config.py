@@ -121,9 +121,10 @@ def test_memory_plan_counts_indexer_keys_ple_state_and_table_mode(tmp_path):
 
     resident, mapped, with_mtp = plan(), plan(ngram_table="mmap"), plan(mtp=True)
     model = load_model(path)
-    # per QSA layer: K+V of 2 kv heads x 16, plus one 16-wide index key, fp32
-    assert resident.kv_per_token == 2 * (2 * 16 * 2 + 16) * 4
-    assert with_mtp.kv_per_token == 3 * (2 * 16 * 2 + 16) * 4 and with_mtp.drafter > 0
+    # per QSA layer: K+V of 2 kv heads x 16, one 16-wide index key and a quarter of a block key (one per 4
+    # tokens), fp32
+    assert resident.kv_per_token == 2 * (2 * 16 * 2 + 16 + 16 // 4) * 4
+    assert with_mtp.kv_per_token == 3 * (2 * 16 * 2 + 16 + 16 // 4) * 4 and with_mtp.drafter > 0
     states = [s for s in model.cache_spec().values() if isinstance(s, StateSpec)]
     assert len(states) == 4 and resident.state_per_request == sum(s.bytes_per_request() for s in states)
     table = ngram_table_bytes(path)

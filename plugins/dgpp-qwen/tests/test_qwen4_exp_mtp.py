@@ -30,7 +30,11 @@ def loaded(tmp_path_factory):
 def test_drafter_loads_mtp_tensors(loaded):
     path, _, drafter = loaded
     assert isinstance(drafter, Qwen4ExpMTPDrafter)
-    assert set(drafter.cache_spec()) == {"mtp.layers.0", "mtp.layers.0.indexer"}
+    assert set(drafter.cache_spec()) == {
+        "mtp.layers.0",
+        "mtp.layers.0.indexer",
+        "mtp.layers.0.indexer.blocks",
+    }
     stored = load_file(str(path / "model.safetensors"))
     torch.testing.assert_close(drafter.fc.weight, stored["mtp.fc.weight"], rtol=0, atol=0)
     indexer = drafter.layers[0].self_attn.indexer.index_qk_proj.weight

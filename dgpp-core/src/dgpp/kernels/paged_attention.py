@@ -20,6 +20,10 @@ has ``BLOCK_N`` chunks (not one long partition sized for the widest table), and 
 ``BLOCK_N`` tokens is done in one pass by split 0, which writes the output itself: no partials, and the
 merge kernel leaves that row alone.
 
+``positions [B, W]`` int32 with ``seq_lens`` as counts (``decode_attention_with_splits``): a row attends the
+tokens its list names (the first ``seq_lens[b]`` entries, in list order) instead of ``0 .. seq_len - 1``, e.g. the
+picks of a sparse-attention indexer; the list is split and merged as a context of that many tokens would be.
+
 ``sinks [Hq]`` (``decode_attention_with_splits``): one learned logit per query head that joins each row's
 softmax and attends to nothing (Flint / MiMo full-attention layers). Split 0 starts its online softmax from
 it (running max = the sink, running sum = 1), so it enters the merge exactly once however many splits the
@@ -65,6 +69,7 @@ def paged_decode_attention_ref(
     scale: float,
     window: int = 0,
     scales: KVScales = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     batch, hq, _ = q.shape
     bs, hk = k_cache.shape[1], k_cache.shape[2]
@@ -73,7 +78,7 @@ def paged_decode_attention_ref(
         if n <= 0:
             continue
         first = max(0, n - window) if window > 0 else 0
-        tok = torch.arange(first, n, device=q.device)
+        tok = torch.arange(first, n, device=q.device) if positions is None else positions[b, :n].long()
         phys = block_tables[b, tok // bs].long()
         k, v = k_cache[phys, tok % bs], v_cache[phys, tok % bs]
         if scales is not None:
@@ -108,6 +113,7 @@ def _decode_partition_kernel(
     vsc_ptr,
     bt_ptr,
     lens_ptr,
+    pos_ptr,
     sink_ptr,
     out_ptr,
     part_acc_ptr,
@@ -131,6 +137,7 @@ def _decode_partition_kernel(
     sc_tok,
     sc_head,
     bt_b,
+    pos_b,
     o_b,
     o_h,
     BLOCK_N: tl.constexpr,
@@ -142,6 +149,7 @@ def _decode_partition_kernel(
     PRECISION: tl.constexpr,
     HAS_SCALES: tl.constexpr,
     HAS_SINKS: tl.constexpr,
+    HAS_POSITIONS: tl.constexpr,
 ):
     """Program ``(b, kvh, p)`` computes splits ``p, p + grid_splits, ...`` of its sequence: how the context
     is cut depends on ``seq_len`` and ``num_splits`` alone, how many programs share the work does not
@@ -191,6 +199,8 @@ def _decode_partition_kernel(
         for tok0 in range(start, end, BLOCK_N):
             toks = tok0 + tl.arange(0, BLOCK_N)
             tmask = toks < end
+            if HAS_POSITIONS:  # the row's listed tokens (entries past its count are never loaded)
+                toks = tl.load(pos_ptr + b * pos_b + toks, mask=tmask, other=0)
             phys = tl.load(bt_ptr + b * bt_b + toks // BLOCK_SIZE, mask=tmask, other=0).to(tl.int64)
             off = (toks % BLOCK_SIZE).to(tl.int64)
             k_rows = k_ptr + phys * k_blk + off * k_tok + kvh * k_head
@@ -316,11 +326,13 @@ def decode_attention_with_splits(
     grid_splits: int | None = None,
     scales: KVScales = None,
     sinks: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The Triton decode attention with each sequence's context spread over ``splits`` splits (the merge
     runs only when ``splits > 1``), computed by ``grid_splits`` (default ``splits``) programs per
     (sequence, KV head): fewer programs when the batch alone fills the GPU, with the same bits. ``sinks``:
-    per-head sink logits ``[Hq]`` (see the module docstring)."""
+    per-head sink logits ``[Hq]``; ``positions``: per-row token lists, ``seq_lens`` their counts (see the
+    module docstring)."""
     batch, hq, head_dim = q.shape
     block_size, hk = k_cache.shape[1], k_cache.shape[2]
     v_dim = v_cache.shape[-1]
@@ -351,6 +363,7 @@ def decode_attention_with_splits(
         v_sc,
         block_tables,
         seq_lens,
+        positions if positions is not None else seq_lens,  # unread without positions
         sinks if sinks is not None else q,  # unread without sinks
         out,
         part_acc,
@@ -374,6 +387,7 @@ def decode_attention_with_splits(
         k_sc.stride(1),
         k_sc.stride(2),
         block_tables.stride(0),
+        0 if positions is None else positions.stride(0),
         out.stride(0),
         out.stride(1),
         BLOCK_N=_BLOCK_N,
@@ -385,6 +399,7 @@ def decode_attention_with_splits(
         PRECISION=precision,
         HAS_SCALES=scales is not None,
         HAS_SINKS=sinks is not None,
+        HAS_POSITIONS=positions is not None,
         num_warps=4,
     )
     if splits > 1:

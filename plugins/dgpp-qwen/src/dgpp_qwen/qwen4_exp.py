@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from dgpp.kernels._triton import triton_enabled
 from dgpp.nn.embedding import LMHead, VocabEmbedding
 from dgpp.nn.gated_deltanet import GatedDeltaNet, GatedRMSNorm
 from dgpp.nn.image_embeddings import merge_image_embeddings
@@ -189,8 +190,12 @@ class Qwen4ExpForCausalLM(Model):
     With ``keep_hidden`` on, ``last_hidden`` keeps every row's mixed hidden state of the last forward (the MTP
     layer's input)."""
 
-    # QSA attention picks each row's keys from host-side lengths (PLE and the gated residuals read none)
-    decode_graph_safe = False
+    @property
+    def decode_graph_safe(self) -> bool:  # type: ignore[override]
+        """With Triton a decode step reads no host value: QSA selects and attends per row on the device
+        (``layers/qsa_rows.py``), GDN, PLE and the gated residuals read none. ``DGPP_KERNELS=torch`` keeps QSA's
+        masked torch form, which sizes its masks by host-side lengths: that decodes eager."""
+        return triton_enabled()
 
     def __init__(
         self,

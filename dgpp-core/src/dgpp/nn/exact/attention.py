@@ -38,18 +38,31 @@ def paged_decode_attention_fixed(
     splits: int | None = None,
     scales: KVScales = None,
     sinks: torch.Tensor | None = None,
+    positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``paged_decode_attention`` with ``splits`` fixed (rows independent of the batch and table width).
     The programs per (row, KV head) follow the batch (``programs_per_row``): that never changes a row's
     bits, and at batch 64 it keeps the grid at 1024 programs instead of 16384 mostly idle ones.
     ``splits`` defaults to the policy's ``exact_splits``; ``scales``: an e4m3 pool's row scales; ``sinks``:
-    per-head sink logits ``[Hq]`` joining each row's softmax once."""
+    per-head sink logits ``[Hq]`` joining each row's softmax once; ``positions``: each row's token list
+    (``seq_lens`` its count) instead of its first ``seq_lens`` tokens."""
     splits = current().exact_splits if splits is None else splits
     if splits < 1:
         raise ValueError(f"paged_decode_attention_fixed needs at least 1 split, got {splits}")
     grid = programs_per_row(q.shape[0], k_cache.shape[2])
     return decode_attention_with_splits(
-        q, k_cache, v_cache, block_tables, seq_lens, scale, window, splits, grid, scales=scales, sinks=sinks
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        scale,
+        window,
+        splits,
+        grid,
+        scales=scales,
+        sinks=sinks,
+        positions=positions,
     )
 
 
@@ -83,6 +96,12 @@ def canonical_route(batch: ForwardBatch, device: torch.device) -> StepRoute | No
     return route_for(batch.q_lens_cpu, device, per_row=True)
 
 
+def rows_per_call(heads: int, v_dim: int) -> int:
+    """Rows of one fixed-split call whose split partials fit ``_PARTIALS_PER_CALL`` (``heads`` query heads of
+    ``v_dim``): a prompt run row by row goes in calls of this many rows, which changes no bits."""
+    return max(1, _PARTIALS_PER_CALL // (heads * current().exact_splits * next_pow2(v_dim)))
+
+
 def expanded_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -96,9 +115,7 @@ def expanded_decode_attention(
     (a speculative verify, or a prompt row by row under ``batch_invariant``). Rows are independent, so cutting
     a long prompt into calls whose split partials fit ``_PARTIALS_PER_CALL`` changes no bits."""
     _, tables, seq_lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
-    per_call = max(
-        1, _PARTIALS_PER_CALL // (q.shape[1] * current().exact_splits * next_pow2(v_cache.shape[-1]))
-    )
+    per_call = rows_per_call(q.shape[1], v_cache.shape[-1])
 
     def rows(a: int, b: int) -> torch.Tensor:
         return paged_decode_attention_fixed(

@@ -8,22 +8,41 @@ zero-centred RMSNorm'd and rotated at the block's first token's rotary position.
 (normed, rotated at ``p``) score each block as ``Σ_h relu(q_h · c) / √head_dim``; the best
 ``budget / compress_ratio`` blocks (ties to the lower block index) plus the tail are selected. While
 ``p + 1 < (block_topk + 1) · compress_ratio`` every block is kept, i.e. the attention is dense.
+
+Each complete block's key is also kept, computed once, in a ``CompressedKV`` entry (``blocks_cache_name``): the
+row at a block's last position writes it (``store_block_keys``), with the same ops as ``_block_keys``, so the
+per-row device path (``qsa_rows.py``) reads keys bit-identical to the ones the other paths recompute.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
+from dgpp.kernels.masked_rows import store_rows
+from dgpp.kernels.window_attention import row_sequences
 from dgpp.nn.attention import gather_context, scatter_rows
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.linear import Linear
 from dgpp.nn.norm import RMSNorm
 from dgpp.nn.rotary import RotaryEmbedding
-from dgpp.plugin_api import ForwardBatch, PagedKV
+from dgpp.plugin_api import CompressedKV, ForwardBatch, PagedKV
 from dgpp_qwen.qwen4_exp_config import IndexerConfig
+
+
+class BlockWrites(NamedTuple):
+    """A step's block-key writes: each row's block's raw-key rows ``[T·ratio]`` (a padding row reads block 0), the
+    block-key row it would write ``[T]``, whether it completes its block ``[T]`` (only those write), and the
+    rotation ``(cos, sin)`` of the block's first token."""
+
+    token_rows: torch.Tensor
+    entry: torch.Tensor
+    done: torch.Tensor
+    angles: tuple[torch.Tensor, torch.Tensor]
+
 
 Selection = list[
     torch.Tensor | None
@@ -49,6 +68,7 @@ class QSAIndexer(nn.Module):
             raise ValueError(f"indexer head dim {cfg.head_dim} is below the rotary dim {rotary.rotary_dim}")
         self.cfg = cfg
         self.cache_name = cache_name
+        self.blocks_cache_name = f"{cache_name}.blocks"
         self.rotary = rotary
         self.dtype = dtype
         self.index_qk_proj = Linear(hidden_size, (cfg.n_heads + 1) * cfg.head_dim, dtype=dtype)
@@ -56,8 +76,13 @@ class QSAIndexer(nn.Module):
         self.k_layernorm = RMSNorm(cfg.head_dim, eps, zero_centered=True, dtype=dtype)
         self.vectorized: bool | None = None  # None: all rows at once on CUDA, row by row on the CPU
 
-    def cache_spec(self) -> PagedKV:
-        return PagedKV(num_kv_heads=1, head_dim=self.cfg.head_dim, dtype=self.dtype, v_head_dim=0)
+    def cache_specs(self) -> dict[str, PagedKV]:
+        """The raw index keys (one per token) and the block keys (one per ``compress_ratio`` tokens)."""
+        cfg = self.cfg
+        return {
+            self.cache_name: PagedKV(num_kv_heads=1, head_dim=cfg.head_dim, dtype=self.dtype, v_head_dim=0),
+            self.blocks_cache_name: CompressedKV.of(cfg.compress_ratio, cfg.head_dim, self.dtype),
+        }
 
     def dense_limit(self) -> int:
         """The longest visible span (tokens) that is still attended densely."""
@@ -68,10 +93,62 @@ class QSAIndexer(nn.Module):
         rotated at its first token's rotary position (``rotary_positions``: the tokens', ``[L]`` or ``[axes, L]``)."""
         ratio = self.cfg.compress_ratio
         blocks = raw_keys.shape[0] // ratio
-        pooled = raw_keys[: blocks * ratio].view(blocks, ratio, -1).float().mean(dim=1).to(raw_keys.dtype)
         starts = torch.arange(blocks, device=raw_keys.device) * ratio
-        cos, sin = self.rotary.cos_sin(rotary_positions[..., starts], raw_keys.dtype)
+        return self._pool(raw_keys[: blocks * ratio].view(blocks, ratio, -1), rotary_positions[..., starts])
+
+    def _pool(self, grouped: torch.Tensor, start_positions: torch.Tensor) -> torch.Tensor:
+        """Block keys ``[n, head_dim]`` of ``grouped`` ``[n, ratio, head_dim]`` raw keys, each block rotated at
+        ``start_positions`` (``[n]`` or ``[axes, n]``): row by row, whatever else shares the call."""
+        return self._pool_rotated(grouped, *self.rotary.cos_sin(start_positions, grouped.dtype))
+
+    def _pool_rotated(self, grouped: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        pooled = grouped.float().mean(dim=1).to(grouped.dtype)
         return self.rotary.rotate(self.k_layernorm(pooled).unsqueeze(1), cos, sin).squeeze(1)
+
+    def store_block_keys(self, k_cache: torch.Tensor, batch: ForwardBatch) -> None:
+        """Write the key of every block a row of this step completes (a row at position ``p`` with
+        ``(p + 1) % compress_ratio == 0``) into the block-key entry, from the raw keys already in ``k_cache``.
+        Fixed shapes and a masked store: a decode step reads no host value here (text rows)."""
+        pool = batch.cache.kv[self.blocks_cache_name][0]
+        key = ("qsa_block_writes", self.cfg.compress_ratio, pool.shape[1], id(self.rotary), k_cache.dtype)
+        writes = batch.step_memo(key, lambda: self._block_writes(batch, pool.shape[1], k_cache.dtype))
+        grouped = k_cache.flatten(0, 1).index_select(0, writes.token_rows)
+        keys = self._pool_rotated(
+            grouped.view(writes.done.shape[0], self.cfg.compress_ratio, -1), *writes.angles
+        )
+        store_rows(pool.view(-1, pool.shape[-1]), writes.entry, keys, writes.done)
+
+    def _block_writes(self, batch: ForwardBatch, per_block: int, dtype: torch.dtype) -> BlockWrites:
+        """Where each row's block is read and written, and the rotation of its first token: the same for every
+        QSA layer of a step, so computed once a step."""
+        ratio, block_size = self.cfg.compress_ratio, batch.cache.block_size
+        positions, rows = batch.positions, batch.positions.shape[0]
+        tables = batch.block_tables
+        seq = None if batch.is_decode_only else row_sequences(batch.query_start_loc, rows).long()
+        start = (positions + 1 - ratio).clamp(min=0)
+        tokens = start[:, None] + torch.arange(ratio, device=positions.device)  # [T, ratio]
+        columns = (tokens // block_size).clamp(max=tables.shape[1] - 1)
+        blocks = (tables.gather(1, columns) if seq is None else tables[seq[:, None], columns]).long()
+        token_rows = blocks.clamp(min=0) * block_size + tokens % block_size  # padding rows read block 0
+        entry = blocks[:, -1] * per_block + (positions % block_size) // ratio  # in the last token's block
+        done = ((positions + 1) % ratio == 0) & (batch.slot_mapping >= 0) & (blocks[:, -1] >= 0)
+        angles = self.rotary.cos_sin(self._start_rotary_positions(batch, start), dtype)
+        return BlockWrites(token_rows.flatten(), entry.clamp(min=0), done, angles)
+
+    def _start_rotary_positions(self, batch: ForwardBatch, start: torch.Tensor) -> torch.Tensor:
+        """The rotary positions of tokens ``start`` (one per row): themselves for text, the prompt's multimodal
+        positions when the step has images (read from host-side lengths: such steps run eager)."""
+        if batch.rope_positions is None:
+            return start
+        axes = batch.rope_positions.shape[0]
+        parts = []
+        for i, q_len in enumerate(batch.q_lens_cpu):
+            context, length = batch.context_lens_cpu[i], batch.seq_lens_cpu[i]
+            starts = [max(0, context + j + 1 - self.cfg.compress_ratio) for j in range(q_len)]
+            index = torch.tensor(starts, dtype=torch.int64, device=start.device)
+            positions = batch.sequence_rotary_positions(i, max(length, 1))[..., index]
+            parts.append(positions if positions.dim() == 2 else positions.expand(axes, -1))
+        return torch.cat(parts, dim=-1)
 
     def _select(self, query: torch.Tensor, block_keys: torch.Tensor, position: int) -> torch.Tensor:
         """Sorted key positions for one query ``[n_heads, head_dim]`` at ``position`` (sparse case)."""
@@ -120,8 +197,9 @@ class QSAIndexer(nn.Module):
                 mask[j, : position + 1] = True
         return mask
 
-    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> Selection:
-        """Per sequence: the selection mask of its rows ``[q_len, seq_len]``, or None when all of them are dense."""
+    def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Store this step's raw index keys and the keys of the blocks it completes; the rows' index queries
+        ``[T, n_heads, head_dim]`` (normed and rotated), which ``select`` or the decode path score with."""
         rows, cfg = x.shape[0], self.cfg
         q, raw_k = self.index_qk_proj(x).split([cfg.n_heads * cfg.head_dim, cfg.head_dim], dim=-1)
         cos, sin = self.rotary.cos_sin(batch.rotary_positions, x.dtype)
@@ -129,8 +207,14 @@ class QSAIndexer(nn.Module):
         k_cache, empty_v = batch.cache.kv[self.cache_name]  # the entry's V part is empty
         raw_k = raw_k.unsqueeze(1)
         scatter_rows(batch, k_cache, empty_v, raw_k, raw_k[..., :0])  # slot -1: a padding row writes nothing
+        self.store_block_keys(k_cache, batch)
+        return q
 
-        vectorized = x.is_cuda if self.vectorized is None else self.vectorized
+    def select(self, q: torch.Tensor, batch: ForwardBatch) -> Selection:
+        """Per sequence: the selection mask of its rows ``[q_len, seq_len]``, or None when all of them are dense
+        (block keys recomputed from the raw keys, row lengths read on the host)."""
+        vectorized = q.is_cuda if self.vectorized is None else self.vectorized
+        k_cache = batch.cache.kv[self.cache_name][0]
         selection: Selection = []
         start = 0
         for i, q_len in enumerate(batch.q_lens_cpu):

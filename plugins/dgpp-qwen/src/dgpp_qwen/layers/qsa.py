@@ -5,7 +5,9 @@ its block indexer selects (``indexer.py``); short contexts select everything and
 K/V go to the pool entry ``cache_name``; the indexer's raw keys to its own entry. On the CPU (the reference
 path) a query's output is the softmax over exactly its selected keys, in position order, with row-independent
 products, so a position's result does not depend on batching. On CUDA all rows of a sequence go at once
-through a masked score matrix (``attend_masked``): the same selection and the same math, other rounding.
+through a masked score matrix (``attend_masked``): the same selection and the same math, other rounding (the
+form ``DGPP_KERNELS=torch`` keeps). With Triton every row selects and attends on its own (``qsa_rows.py``), from
+block keys stored once; a decode step so reads nothing on the host and a CUDA graph can replay it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.plugin_api import CacheSpec, ForwardBatch, PagedKV, World
 from dgpp_qwen.layers.attention import QwenAttention
 from dgpp_qwen.layers.indexer import QSAIndexer
+from dgpp_qwen.layers.qsa_rows import row_attention, takes_row_path
 from dgpp_qwen.qwen4_exp_config import Qwen4ExpConfig
 
 
@@ -107,7 +110,7 @@ class QSAttention(QwenAttention):
             self.attn.cache_name: PagedKV(
                 num_kv_heads=self.num_kv_heads, head_dim=self.head_dim, dtype=dtype
             ),
-            self.indexer.cache_name: self.indexer.cache_spec(),
+            **self.indexer.cache_specs(),
         }
 
     def forward(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
@@ -120,7 +123,11 @@ class QSAttention(QwenAttention):
             q, k = self.rotary.rotate(self.q_norm(q), cos, sin), self.rotary.rotate(self.k_norm(k), cos, sin)
         k_cache, v_cache = batch.cache.kv[self.attn.cache_name]
         scatter_rows(batch, k_cache, v_cache, k, v)
-        selection = self.indexer(x, batch)
+        index_q = self.indexer(x, batch)
+        if takes_row_path(x):
+            out = row_attention(self.indexer, q, index_q, (k_cache, v_cache), batch, self.attn.scale)
+            return self.o_proj(gated_output(out.flatten(1), gate))
+        selection = self.indexer.select(index_q, batch)
 
         all_rows = x.is_cuda if self.indexer.vectorized is None else self.indexer.vectorized
         attend = attend_masked if all_rows else attend_selected
