@@ -19,11 +19,11 @@ import torch
 from test_deepseek_v41 import build_fp32_fixture
 
 from dgpp.engine.graphs import DecodeGraphs
-from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.runner import build_batch
 from dgpp.engine.work import SeqWork
 from dgpp.kernels._triton import HAS_TRITON
 from dgpp.plugin_api import load_model
-from dgpp.step.pools import CachePools
+from dgpp.testing.prefilled import prefill_random, restore, snapshot
 from dgpp_deepseek.v41_attention import DeepseekV41Attention
 from dgpp_deepseek.v41_engram import EngramV41
 
@@ -48,24 +48,7 @@ def _fused(model, on: bool | None) -> None:
 
 
 def _prefilled(model):
-    pools = CachePools(model.cache_spec(), len(PROMPTS) * BLOCKS_PER_SEQ + 1, 16, len(PROMPTS) + 1, "cpu")
-    tables = [list(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)) for i in range(len(PROMPTS))]
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(0, model.info.vocab_size, (n,), generator=gen).tolist() for n in PROMPTS]
-    runner = ModelRunner(model, pools)
-    logits = runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)])
-    return pools, tables, torch.argmax(logits, -1).tolist(), runner
-
-
-def _snapshot(pools: CachePools) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    live = [t for ts in pools.state.values() for t in ts.values()]
-    live += [t for ts in pools.kv.values() for t in ts if isinstance(t, torch.Tensor)]
-    return [(t, t.clone()) for t in live]
-
-
-def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for live, copy in saved:
-        live.copy_(copy)
+    return prefill_random(model, PROMPTS, BLOCKS_PER_SEQ, 16, seed=3)
 
 
 def test_the_decode_step_reads_no_device_value_on_the_host(model) -> None:
@@ -123,10 +106,10 @@ def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(model, sizes) -> 
         graphs.sizes = sizes
         for step in range(4):
             work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
-            saved = _snapshot(pools)
+            saved = snapshot(pools)
             padded = graphs.run(build_batch(work, pools))
-            after_padded = _snapshot(pools)
-            _restore(saved)
+            after_padded = snapshot(pools)
+            restore(saved)
             eager = runner.step(work)
             assert torch.equal(padded, eager)
             # the padding rows wrote nothing: the caches end the same either way

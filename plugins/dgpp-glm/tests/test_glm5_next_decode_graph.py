@@ -10,12 +10,13 @@ import pytest
 import torch
 
 from dgpp.engine.graphs import DecodeGraphs
-from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.runner import build_batch
 from dgpp.engine.work import SeqWork
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.selection import DeviceSelection
 from dgpp.step.cache_spec import stored_as
 from dgpp.step.pools import CachePools
+from dgpp.testing.prefilled import prefill_random
 from dgpp.testing.suite import tiny_checkpoint_fixtures
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next
 
@@ -27,13 +28,7 @@ BLOCKS_PER_SEQ = 8  # 32 tokens of 4-token blocks
 
 def _prefilled(model, kv_dtype: str = "auto"):
     spec = stored_as(model.cache_spec(), kv_dtype)
-    pools = CachePools(spec, len(PROMPTS) * BLOCKS_PER_SEQ + 2, 4, len(PROMPTS), "cpu")
-    tables = [list(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)) for i in range(len(PROMPTS))]
-    gen = torch.Generator().manual_seed(1)
-    prompts = [torch.randint(0, model.info.vocab_size, (n,), generator=gen).tolist() for n in PROMPTS]
-    runner = ModelRunner(model, pools)
-    logits = runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)])
-    return pools, tables, torch.argmax(logits, -1).tolist(), runner
+    return prefill_random(model, PROMPTS, BLOCKS_PER_SEQ, 4, seed=1, spec=spec, spare_blocks=2, spare_seqs=0)
 
 
 @pytest.mark.parametrize("kv_dtype", ["auto", "fp4"])

@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from dgpp.engine.graphs import DecodeGraphs
-from dgpp.engine.runner import ModelRunner, build_batch
+from dgpp.engine.runner import build_batch
 from dgpp.engine.work import SeqWork
-from dgpp.step.pools import CachePools
+from dgpp.testing.prefilled import prefill_random, restore, snapshot
 
 PROMPTS = (23, 9, 14)  # sparse, dense and dense rows; 9 and 14 cross the dense limit (19) within a few steps
 BLOCKS_PER_SEQ = 4  # 64 tokens of 16-token blocks
@@ -35,24 +35,7 @@ def model():
 
 
 def _prefilled(model, device: str = "cpu"):
-    pools = CachePools(model.cache_spec(), len(PROMPTS) * BLOCKS_PER_SEQ + 1, 16, len(PROMPTS) + 1, device)
-    tables = [list(range(i * BLOCKS_PER_SEQ, (i + 1) * BLOCKS_PER_SEQ)) for i in range(len(PROMPTS))]
-    gen = torch.Generator().manual_seed(3)
-    prompts = [torch.randint(1, model.info.vocab_size, (n,), generator=gen).tolist() for n in PROMPTS]
-    runner = ModelRunner(model, pools)
-    logits = runner.step([SeqWork(i, tables[i], 0, p) for i, p in enumerate(prompts)])
-    return pools, tables, torch.argmax(logits, -1).tolist(), runner
-
-
-def _snapshot(pools: CachePools) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    live = [t for ts in pools.state.values() for t in ts.values()]
-    live += [t for ts in pools.kv.values() for t in ts]
-    return [(t, t.clone()) for t in live]
-
-
-def _restore(saved: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-    for live, copy in saved:
-        live.copy_(copy)
+    return prefill_random(model, PROMPTS, BLOCKS_PER_SEQ, 16, seed=3, device=device, first_token=1)
 
 
 @interpreted
@@ -101,10 +84,10 @@ def test_padded_graph_inputs_give_the_eager_logits_bit_for_bit(model) -> None:
     graphs = DecodeGraphs(model, pools, max_batch=4, max_blocks=BLOCKS_PER_SEQ, capture=False)
     for step in range(6):  # the 14-token row passes the dense limit within these steps
         work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
-        saved = _snapshot(pools)
+        saved = snapshot(pools)
         with cuda_path():
             padded = graphs.run(build_batch(work, pools))  # 3 rows in the size-4 batch: one padding row
-            _restore(saved)
+            restore(saved)
             eager = runner.step(work)
         assert torch.equal(padded, eager), step
         last = torch.argmax(eager, -1).tolist()
@@ -126,9 +109,9 @@ def test_decode_steps_are_captured_and_replayed_on_cuda(tmp_path) -> None:
     assert graphs.use_graphs and set(graphs.graphs) == {1, 2, 4}
     for step in range(8):  # the 9- and 14-token rows pass the dense limit (19) within these steps
         work = [SeqWork(i, tables[i], n + step, [last[i]]) for i, n in enumerate(PROMPTS)]
-        saved = _snapshot(pools)
+        saved = snapshot(pools)
         replayed = graphs.run(build_batch(work, pools, "cuda"))
-        _restore(saved)
+        restore(saved)
         eager = runner.step(work)
         torch.testing.assert_close(replayed, eager, rtol=1e-5, atol=1e-5)
         assert torch.argmax(replayed, -1).tolist() == torch.argmax(eager, -1).tolist()
