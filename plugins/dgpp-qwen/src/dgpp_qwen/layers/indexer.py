@@ -94,14 +94,12 @@ class QSAIndexer(nn.Module):
         ratio = self.cfg.compress_ratio
         blocks = raw_keys.shape[0] // ratio
         starts = torch.arange(blocks, device=raw_keys.device) * ratio
-        return self._pool(raw_keys[: blocks * ratio].view(blocks, ratio, -1), rotary_positions[..., starts])
-
-    def _pool(self, grouped: torch.Tensor, start_positions: torch.Tensor) -> torch.Tensor:
-        """Block keys ``[n, head_dim]`` of ``grouped`` ``[n, ratio, head_dim]`` raw keys, each block rotated at
-        ``start_positions`` (``[n]`` or ``[axes, n]``): row by row, whatever else shares the call."""
-        return self._pool_rotated(grouped, *self.rotary.cos_sin(start_positions, grouped.dtype))
+        grouped = raw_keys[: blocks * ratio].view(blocks, ratio, -1)
+        return self._pool_rotated(grouped, *self.rotary.cos_sin(rotary_positions[..., starts], grouped.dtype))
 
     def _pool_rotated(self, grouped: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Block keys ``[n, head_dim]`` of ``grouped`` ``[n, ratio, head_dim]`` raw keys, each rotated by its
+        ``(cos, sin)``: row by row, whatever else shares the call."""
         pooled = grouped.float().mean(dim=1).to(grouped.dtype)
         return self.rotary.rotate(self.k_layernorm(pooled).unsqueeze(1), cos, sin).squeeze(1)
 
