@@ -111,6 +111,37 @@ def test_fp4_probes_the_blocked_tile_first():
     batch_probe._EXACT_BATCH.clear()
 
 
+def test_probe_takes_the_fastest_exact_candidate():
+    """Of the row-exact candidates the probe keeps the one its timer finds fastest; one that changes rows' bits is
+    never taken (nor timed), however fast it would be."""
+    fmt, n, k = FP8Block(block=(16, 64)), 40, 256
+    tensors, _ = packed_weights(fmt, n, k, seed=3)
+    narrower = dataclasses.replace(DECODE, bk=DECODE.bk // 2, bn=32)  # an M-dependent K order: not exact
+    blocked = dataclasses.replace(DECODE, row_blocks=4)
+    default = decode_launch.default_batch_tile(fmt, DECODE, (n, k))
+
+    def launch(rows, batch):
+        return quant_multi_linear(fmt, [tensors], rows, [(n, k)], DECODE, batch)[0]
+
+    def probe(key, times):
+        timed = []
+
+        def timer(run, device):
+            timed.append(run())  # the timed launch runs the candidate
+            return times[len(timed) - 1]
+
+        chosen = batch_probe.exact_batch_tile(
+            key, launch, [default, narrower, blocked], k, torch.float32, torch.device("cpu"), timer
+        )
+        return chosen, len(timed)
+
+    batch_probe._EXACT_BATCH.clear()
+    assert probe("slower first", [3.0, 2.0]) == (blocked, 2)  # default and blocked timed, the inexact one not
+    assert probe("faster first", [1.0, 2.0]) == (default, 2)
+    assert probe("ties", [0.0, 0.0]) == (default, 2)  # equal times: the earlier candidate
+    batch_probe._EXACT_BATCH.clear()
+
+
 def test_batch_tile_must_keep_the_chain():
     fmt, n, k = FP8Block(block=(16, 64)), 32, 256
     tensors, _ = packed_weights(fmt, n, k, seed=0)

@@ -1,5 +1,5 @@
 """Which 64-row batch tile of the packed decode GEMV gives every row the bits of the decode tile's 16-row launches
-on this device: probed once per launch kind, format, shapes, tile, dtype and device."""
+on this device, and of those the fastest: probed once per launch kind, format, shapes, tile, dtype and device."""
 
 from __future__ import annotations
 
@@ -13,6 +13,24 @@ from dgpp.quant.kernels.gemv_tile import MAX_ROWS, GemvTile
 # the decode tile's 16-row launches on this device, or None (no candidate was: 16-row launches instead)
 _EXACT_BATCH: dict[tuple[object, ...], GemvTile | None] = {}
 PROBE_ROWS = 80  # a full 64-row block and a partial one
+TIMED_LAUNCHES = 5  # per exact candidate, after one warm launch; the median decides
+
+
+def launch_time_us(launch: Callable[[], object], device: torch.device) -> float:
+    """Median GPU time of ``TIMED_LAUNCHES`` launches (CUDA events); 0.0 off CUDA, where every candidate ties and
+    the order of preference decides."""
+    if device.type != "cuda":
+        return 0.0
+    launch()
+    times = []
+    for _ in range(TIMED_LAUNCHES):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def exact_batch_tile(
@@ -22,12 +40,15 @@ def exact_batch_tile(
     k: int,
     dtype: torch.dtype,
     device: torch.device,
+    timer: Callable[[Callable[[], object], torch.device], float] = launch_time_us,
 ) -> GemvTile | None:
-    """The first of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches of the decode
-    tile (``launch(rows, batch)``), probed once per key on random rows. A row's chain is the same in both by
-    construction, but the tensor-core instruction may not be (Hopper: mma for 16 rows, wgmma for 64), and only the
-    device can say whether they round alike; a candidate that fails to compile is skipped. Never probed inside a
-    CUDA-graph capture (None then: 16-row launches, which are the reference the probe compares with)."""
+    """The fastest (``timer``) of ``candidates`` whose 80-row launch gives every row the bits of 16-row launches
+    of the decode tile (``launch(rows, batch)``), probed once per key on random rows; ties go to the earlier
+    candidate. A row's chain is the same in both by construction, but the tensor-core instruction may not be
+    (Hopper: mma for 16 rows, wgmma for 64), and only the device can say whether they round alike; a candidate
+    that fails to compile is skipped. Every candidate kept gives the same bits, so which one is fastest changes
+    the time only. Never probed inside a CUDA-graph capture (None then: 16-row launches, which are the
+    reference the probe compares with)."""
     if key in _EXACT_BATCH:
         return _EXACT_BATCH[key]
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -35,14 +56,16 @@ def exact_batch_tile(
     gen = torch.Generator(device=device).manual_seed(0)
     x = torch.randn(PROBE_ROWS, k, generator=gen, device=device).to(dtype)
     want = torch.cat([launch(x[i : i + MAX_ROWS], None) for i in range(0, PROBE_ROWS, MAX_ROWS)])
-    choice = None
+    choice, best = None, float("inf")
     for batch in candidates:
         try:
             got = launch(x, batch)
         except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
             continue
-        if torch.equal(got, want):
-            choice = batch
-            break
+        if not torch.equal(got, want):
+            continue
+        took = timer(lambda b=batch: launch(x, b), device)
+        if took < best:
+            choice, best = batch, took
     _EXACT_BATCH[key] = choice
     return choice

@@ -215,8 +215,9 @@ def _check_batch_tile(fmt: QuantFormat, tile: GemvTile, batch: GemvTile, shape: 
 
 
 def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[GemvTile]:
-    """Tiles for 64-row blocks in order of preference: x as the MMA's A operand (the H200 sweep: as fast or
-    faster, NVFP4 gate/up 297 vs 347 us at 64 rows), then the weights as A; FP8 then x as A on 2 warps.
+    """Tiles for 64-row blocks, the probe's candidates (the fastest row-exact one is taken, ties to the earlier
+    one): x as the MMA's A operand (the H200 sweep: as fast or faster, NVFP4 gate/up 297 vs 347 us at 64 rows),
+    then the weights as A; FP8 then x as A on 2 warps.
 
     On the H200 (2026-12-05) only the 2-warp one was row-exact: with 4 warps Triton issues wgmma for 64-row
     blocks, whose rounding differs from the 16-row tile's mma; on 2 warps it keeps mma (FP8 8B layer at 64 rows:
@@ -373,7 +374,7 @@ def quant_multi_linear(
 ) -> list[torch.Tensor]:
     """``[x @ W_i^T]`` for 1..3 weights of one format in one launch (x ``[m, K]``, any m; the row GEMV takes at
     most 16 rows); the outputs are column views of one ``[m, sum N_i]`` buffer. Above 16 rows: 64-row blocks
-    with the first of ``batch_candidates`` found row-exact on this device (``exact_batch_tile``), else 16-row
+    with the fastest of ``batch_candidates`` found row-exact on this device (``exact_batch_tile``), else 16-row
     launches; ``batch`` pins the 64-row tile instead (sweeps; it must keep ``tile``'s K chain)."""
     from dgpp.quant.kernels.decode_gemv import quant_multi_gemv_kernel
 
