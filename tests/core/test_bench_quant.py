@@ -169,6 +169,8 @@ def test_kernel_check_sees_a_wrong_kernel(pair, monkeypatch):
         "prefill_argmax_agree": 1.0,
         "decode_rel_diff": 0.0,
         "decode_argmax_agree": 1.0,
+        "module_rel_diff": 0.0,
+        "module_worst": "",
     }
     real = quant_linear.packed_matmul
 
@@ -179,6 +181,8 @@ def test_kernel_check_sees_a_wrong_kernel(pair, monkeypatch):
     monkeypatch.setattr(quant_linear, "packed_matmul", broken)
     wrong = compare_with_torch_path(quant, batch=2, prompt=5)
     assert wrong["prefill_rel_diff"] > 0.25 and wrong["decode_rel_diff"] > 0.25
+    assert wrong["module_rel_diff"] == pytest.approx(0.5, rel=1e-5)  # 0.5 y over the reference y
+    assert wrong["module_worst"].startswith("model.layers.")
     assert not current().quant_torch_only
 
 

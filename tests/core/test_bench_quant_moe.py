@@ -317,3 +317,25 @@ def test_bench_runs_packed_moe_formats(tmp_path, capsys, geometry, spec, hf_case
         rf"^\| 6 \| 2 \| 3 \| {re.escape(packed)} graph \| .* \| {rate} \| \S+ \|$", text, re.M
     ), text
     assert f"{packed} greedy graph == eager for 6x1x3: True" in printed
+
+
+def test_kernel_check_names_a_wrong_expert_stack(packed, monkeypatch):
+    """The bench's kernel check compares each packed module with the torch path on the same inputs: an expert
+    stack whose kernel path is off by half its output is named, with the error it makes, and nothing is left
+    hooked after."""
+    from dgpp.bench.quantize import compare_with_torch_path
+    from dgpp.policy import current
+
+    _, _, quant = packed
+    real = QuantExperts.forward
+
+    def wrong(self, x, weights, ids):
+        y = real(self, x, weights, ids)
+        return y if current().quant_torch_only else y * 1.5
+
+    assert compare_with_torch_path(quant, batch=2, prompt=5)["module_rel_diff"] == 0.0
+    monkeypatch.setattr(QuantExperts, "forward", wrong)
+    check = compare_with_torch_path(quant, batch=2, prompt=5)
+    assert check["module_rel_diff"] == pytest.approx(0.5, rel=1e-5)  # 0.5 y over the reference y
+    assert check["module_worst"].endswith("experts")
+    assert all(not m._forward_hooks for m in quant.modules())

@@ -49,11 +49,12 @@ def prepare(root: Path) -> None:
 def _load(path: Path, **engine):
     from dgpp.family import LoadContext
     from dgpp.plugin_api import EngineConfig
-    from dgpp_qwen.loader import load_model
+    from dgpp.plugins import manager
+    from dgpp.startup.loading import model_for
 
     hf = json.loads((path / "config.json").read_text())
     ctx = LoadContext(path, hf, "qwen", hf["architectures"][0], EngineConfig(**engine), device="cuda")
-    return ctx, load_model(ctx)
+    return ctx, model_for(ctx, manager())  # the loader the plugin's hook picks for this model type
 
 
 @torch.inference_mode()

@@ -40,6 +40,7 @@ from dgpp.bench.models import build_pair, hf_config, packed_release, weight_byte
 from dgpp.bench.quantize import (
     DENSE,
     compare_with_torch_path,
+    packed_modules,
     parse_variants,
     quantize_model,
     quantized_linears,
@@ -49,12 +50,13 @@ from dgpp.bench.quantize import (
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.policy import current, install, overriding
+from dgpp.quant.moe import QuantExperts
 from dgpp.startup.kv_format import refuse_unstored_kv
 from dgpp.step.cache_spec import stored_as
 from dgpp.step.model import Model
 
-# kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so logits
-# differ by rounding; a layout or scale bug moves them by their own size
+# kernels and the torch path round differently (bf16 weights vs fp32 products, split-K order), so a packed
+# module's output differs by rounding (~1e-2); a layout or scale bug moves it by its own size
 GROSS_MISMATCH = 0.25
 
 
@@ -253,10 +255,15 @@ def prepare_variant(
     sections.append(
         f"{variant}: kernels vs the torch decode path (4 random 32-token prompts): max |diff| / max "
         f"|logit| {check['prefill_rel_diff']:.2e} prefill, {check['decode_rel_diff']:.2e} decode step; "
-        f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}"
+        f"argmax agreement {check['prefill_argmax_agree']:.0%} / {check['decode_argmax_agree']:.0%}; "
+        f"worst packed module on the same inputs {check['module_rel_diff']:.2e} ({check['module_worst'] or '-'})"
     )
     print(sections[-1], flush=True)
-    if max(check["prefill_rel_diff"], check["decode_rel_diff"]) > GROSS_MISMATCH:
+    # the logits of a random MoE or hybrid model amplify rounding (a flipped expert, recurrent state): there the
+    # modules' own errors decide; a dense model's logits still do as well
+    routed = any(isinstance(m, QuantExperts) for _, m in packed_modules(model))
+    logits_diff = 0.0 if routed else max(check["prefill_rel_diff"], check["decode_rel_diff"])
+    if max(check["module_rel_diff"], logits_diff) > GROSS_MISMATCH:
         failures.append(f"{variant} kernels vs torch path")
     return model
 

@@ -17,6 +17,7 @@ dgpp serves.
 
 from __future__ import annotations
 
+import contextlib
 import re
 from typing import Any
 
@@ -232,14 +233,67 @@ def sync_hf_weights(hf: nn.Module, model: Model) -> None:
 
 
 @torch.inference_mode()
-def compare_with_torch_path(
-    model: Model, batch: int = 4, prompt: int = 32, seed: int = 1
-) -> dict[str, float]:
+def packed_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The modules that hold packed weights: routed-expert stacks and linears with a packed ``quant_method``."""
+    from dgpp.quant.linear import QuantLinearMethod
+    from dgpp.quant.moe import QuantExperts
+
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if isinstance(m, QuantExperts) or isinstance(getattr(m, "quant_method", None), QuantLinearMethod)
+    ]
+
+
+class ModuleErrors:
+    """While entered, each packed module's output is compared with the torch decode path's on the same inputs
+    (the module run again under ``quant_torch_only``): ``worst`` holds the largest max |diff| / max |reference|
+    and the module's name. A random model's logits can amplify rounding (routing flips, recurrent state), so this
+    per-module error is what says whether a kernel computes its own product right."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.modules = packed_modules(model)
+        self.worst: tuple[float, str] = (0.0, "")
+        self._handles: list[Any] = []
+        self._inside = False
+
+    def _hook(self, name: str):
+        from dgpp.policy import overriding
+
+        def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            if self._inside or not isinstance(out, torch.Tensor):
+                return
+            self._inside = True
+            try:
+                with overriding(quant_torch_only=True):
+                    ref = module(*args, **kwargs)
+            finally:
+                self._inside = False
+            err = float((out.float() - ref.float()).abs().max() / ref.float().abs().max().clamp_min(1e-30))
+            if err > self.worst[0]:  # all-equal modules leave the name empty
+                self.worst = (err, name)
+
+        return hook
+
+    def __enter__(self) -> ModuleErrors:
+        self._handles = [
+            m.register_forward_hook(self._hook(name), with_kwargs=True) for name, m in self.modules
+        ]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+
+def compare_with_torch_path(model: Model, batch: int = 4, prompt: int = 32, seed: int = 1) -> dict[str, Any]:
     """The quantized model through its kernels against the same model through the torch decode path
     (the policy's ``quant_torch_only``, ``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then
     ``F.linear``): one prefill (the GEMM path) and one decode step (the GEMV path) on random prompts, both fed
     the reference's tokens.
-    Returns the largest |difference| over the largest |reference logit| and the argmax agreement of each."""
+    Returns the largest |difference| over the largest |reference logit| and the argmax agreement of each, and
+    the worst packed module's own error on the kernel path's inputs (``module_rel_diff``, ``module_worst``)."""
     from dgpp.bench.decode import DecodeSession, random_prompts
     from dgpp.engine.work import SeqWork
     from dgpp.policy import overriding
@@ -247,17 +301,20 @@ def compare_with_torch_path(
     prompts = random_prompts(batch, prompt, model.info.vocab_size, seed)
     logits: dict[str, list[torch.Tensor]] = {}
     first: list[int] = []
+    errors = ModuleErrors(model)
     for path, torch_only in (("torch", True), ("kernels", False)):
-        with overriding(quant_torch_only=torch_only):
+        watch = contextlib.nullcontext() if torch_only else errors
+        with overriding(quant_torch_only=torch_only), watch:
             session = DecodeSession(model, batch, prompt + 2, 16, graph=False)
             work = [SeqWork(b, session.tables[b], 0, p) for b, p in enumerate(prompts)]
             pre = session.runner.step(work).float()
             first = first or pre.argmax(-1).tolist()
             work = [SeqWork(b, session.tables[b], prompt, [first[b]]) for b in range(batch)]
             logits[path] = [pre, session.runner.step(work).float()]
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     for i, phase in enumerate(("prefill", "decode")):
         ref, got = logits["torch"][i], logits["kernels"][i]
         out[f"{phase}_rel_diff"] = float((got - ref).abs().max() / ref.abs().max().clamp_min(1e-30))
         out[f"{phase}_argmax_agree"] = float((got.argmax(-1) == ref.argmax(-1)).float().mean())
+    out["module_rel_diff"], out["module_worst"] = errors.worst
     return out
