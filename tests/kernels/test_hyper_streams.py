@@ -76,6 +76,21 @@ def test_stream_mix_matches_reference(tokens: int) -> None:
     assert (stream_mix_triton(step._replace(up_weight=cut)) - out).abs().max() > 1e-3
 
 
+def test_stream_mix_with_the_release_rank_matches_reference() -> None:
+    """The release's bottleneck (r = 320, padded to 512) takes 8-column programs: a ragged last block of a row
+    and every token still get the reference's mix."""
+    hidden, rank, tokens = 84, 320, 3
+    g = torch.Generator().manual_seed(31)
+    normed = torch.randn(tokens, STREAMS * hidden, generator=g)
+    low = torch.randn(tokens, rank, generator=g)
+    up = torch.randn(STREAMS * hidden, rank, generator=g) * rank**-0.5
+    step = StreamMixInputs(normed, low, up, STREAMS)
+    out = stream_mix_triton(step)
+    _close(out, stream_mix_ref(step))
+    alone = stream_mix_triton(StreamMixInputs(normed[2:], low[2:], up, STREAMS))
+    assert torch.equal(alone[0], out[2])
+
+
 def test_kernels_match_the_gated_residual_module() -> None:
     from dgpp_qwen.layers.gated_residual import GatedResidual
 

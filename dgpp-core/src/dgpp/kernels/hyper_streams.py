@@ -23,7 +23,10 @@ import torch.nn.functional as F
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
-_MIX_COLUMNS = 64  # columns of H per mix program: the up tile [64, r] stays in registers for r <= 64
+_MIX_COLUMNS = 64  # at most this many columns of H per mix program
+# elements of the up tile [columns, r] one program holds per stream: r = 320 (padded to 512) gives 8 columns, so a
+# 2,560-wide row spreads over 320 programs and no tile spills (64 x 512 did: one program per 64 columns)
+_MIX_TILE = 4096
 
 
 class StreamNormInputs(NamedTuple):
@@ -160,7 +163,7 @@ def _stream_mix_kernel(
     n_tok,
     l_tok,
     o_tok,
-    streams,
+    STREAMS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_R: tl.constexpr,
 ):
@@ -171,10 +174,10 @@ def _stream_mix_kernel(
     rank_mask = ranks < rank
     ty = out_ptr.dtype.element_ty
     low = tl.load(low_ptr + tok * l_tok + ranks, mask=rank_mask, other=0.0).to(tl.float32)
-    low = (low / streams).to(ty).to(tl.float32)
+    low = (low / STREAMS).to(ty).to(tl.float32)
     gate = (low * (1.0 / (1.0 + tl.exp(-low)))).to(ty).to(tl.float32)
     acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for stream in range(streams):
+    for stream in tl.static_range(STREAMS):  # unrolled: every stream's up tile is in flight at once
         rows = stream * hidden + cols
         up = tl.load(
             up_ptr + rows[:, None].to(tl.int64) * rank + ranks[None, :],
@@ -185,7 +188,7 @@ def _stream_mix_kernel(
         weight = (1.0 / (1.0 + tl.exp(-logit))).to(ty).to(tl.float32)
         x = tl.load(normed_ptr + tok * n_tok + rows, mask=col_mask, other=0.0).to(tl.float32)
         acc += (weight * x).to(ty).to(tl.float32)
-    tl.store(out_ptr + tok * o_tok + cols, (acc / streams).to(ty), mask=col_mask)
+    tl.store(out_ptr + tok * o_tok + cols, (acc / STREAMS).to(ty), mask=col_mask)
 
 
 def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
@@ -200,7 +203,8 @@ def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
     ):
         raise ValueError("stream_mix needs normed [T, hc*H], low [T, r] with contiguous rows, up [hc*H, r]")
     out = torch.empty(tokens, hidden, dtype=normed.dtype, device=normed.device)
-    block_h = min(_MIX_COLUMNS, next_pow2(hidden))
+    block_r = next_pow2(rank)
+    block_h = max(1, min(_MIX_COLUMNS, next_pow2(hidden), _MIX_TILE // block_r))
     if tokens:
         _stream_mix_kernel[(tokens, triton.cdiv(hidden, block_h))](
             normed,
@@ -212,9 +216,9 @@ def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
             normed.stride(0),
             low.stride(0),
             out.stride(0),
-            streams,
+            STREAMS=streams,
             BLOCK_H=block_h,
-            BLOCK_R=next_pow2(rank),
+            BLOCK_R=block_r,
         )
     return out
 
