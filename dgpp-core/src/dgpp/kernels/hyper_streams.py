@@ -24,9 +24,10 @@ import torch.nn.functional as F
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
 _MIX_COLUMNS = 64  # at most this many columns of H per mix program
-# elements of the up tile [columns, r] one program holds per stream: r = 320 (padded to 512) gives 8 columns, so a
-# 2,560-wide row spreads over 320 programs and no tile spills (64 x 512 did: one program per 64 columns)
-_MIX_TILE = 4096
+# elements of the up tile [columns, r] one program holds per stream, and its warps: r = 320 (padded to 512) gives
+# 4 columns, so a 2,560-wide row spreads over 640 programs (64 columns a program spilled the tile)
+_MIX_TILE = 2048
+_MIX_WARPS = 8
 
 
 class StreamNormInputs(NamedTuple):
@@ -219,6 +220,7 @@ def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
             STREAMS=streams,
             BLOCK_H=block_h,
             BLOCK_R=block_r,
+            num_warps=_MIX_WARPS,
         )
     return out
 
