@@ -74,6 +74,18 @@ def test_rotary_matches_reference(rot: int, neox: bool) -> None:
         torch.testing.assert_close(q_tri[..., rot:], q[..., rot:])
 
 
+def test_rotary_over_several_blocks_of_query_heads() -> None:
+    """20 query heads take three programs a row (the last block ragged), k rotated once by the first; the partial
+    rotary's pass-through channels of every head are written too."""
+    g = torch.Generator().manual_seed(7)
+    q, k = torch.randn(3, 20, 48, generator=g), torch.randn(3, 3, 48, generator=g)
+    pos, inv = torch.tensor([4, 0, 29]), _inv_freq(16)
+    q_ref, k_ref = rotary_ref(q, k, pos, inv, 1.0, True)
+    q_tri, k_tri = rotary_triton(q, k, pos, inv, 1.0, True)
+    torch.testing.assert_close(q_tri, q_ref)
+    torch.testing.assert_close(k_tri, k_ref)
+
+
 def test_rotary_without_rotated_dims_passes_q_and_k_through() -> None:
     """NoPE MLA (GLM-5.3-Flash) has an empty rope part: nothing to rotate, and no kernel of zero width to build."""
     q, k = torch.randn(3, 2, 0), torch.randn(3, 1, 0)

@@ -14,6 +14,10 @@ import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
+# query heads per program: a decode row of many wide heads (MLA's 64 x 256) spreads over several programs instead
+# of one program copying the whole row
+_HEADS_PER_PROGRAM = 8
+
 
 def _rotate_ref(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int, is_neox: bool
@@ -129,13 +133,14 @@ def _rotary_kernel(
     BLOCK_D: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
+    first = tl.program_id(1) * BLOCK_HQ  # this program's block of query heads; the first block also rotates k
     half = tl.arange(0, ROT // 2)
     cos, sin = rotary_cos_sin(pos_ptr, freq_ptr, row, half, magnitude)
     _rotate_heads(
-        q_ptr,
-        qo_ptr,
+        q_ptr + first * q_head,
+        qo_ptr + first * qo_head,
         row,
-        n_q_heads,
+        n_q_heads - first,
         q_tok,
         q_head,
         qo_tok,
@@ -153,7 +158,7 @@ def _rotary_kernel(
         k_ptr,
         ko_ptr,
         row,
-        n_k_heads,
+        tl.where(first == 0, n_k_heads, 0),
         k_tok,
         k_head,
         ko_tok,
@@ -187,7 +192,8 @@ def rotary_triton(
     q_out, k_out = torch.empty_like(q), torch.empty_like(k)
     tokens, hq, dim = q.shape
     if tokens:
-        _rotary_kernel[(tokens,)](
+        block_hq = min(next_pow2(hq), _HEADS_PER_PROGRAM)
+        _rotary_kernel[(tokens, triton.cdiv(hq, block_hq))](
             q,
             k,
             q_out,
@@ -208,7 +214,7 @@ def rotary_triton(
             k_out.stride(1),
             IS_NEOX=is_neox,
             ROT=rotary_dim,
-            BLOCK_HQ=next_pow2(hq),
+            BLOCK_HQ=block_hq,
             BLOCK_HK=next_pow2(k.shape[1]),
             BLOCK_D=next_pow2(dim),
             num_warps=4,
