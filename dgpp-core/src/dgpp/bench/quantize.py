@@ -232,7 +232,6 @@ def sync_hf_weights(hf: nn.Module, model: Model) -> None:
         target(name).copy_(param)
 
 
-@torch.inference_mode()
 def packed_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The modules that hold packed weights: routed-expert stacks and linears with a packed ``quant_method``."""
     from dgpp.quant.linear import QuantLinearMethod
@@ -287,6 +286,7 @@ class ModuleErrors:
         self._handles = []
 
 
+@torch.inference_mode()
 def compare_with_torch_path(model: Model, batch: int = 4, prompt: int = 32, seed: int = 1) -> dict[str, Any]:
     """The quantized model through its kernels against the same model through the torch decode path
     (the policy's ``quant_torch_only``, ``DGPP_QUANT_TORCH=1``: weights decoded to the compute dtype, then
