@@ -137,3 +137,20 @@ def test_gate_up_split_matches_the_reference_and_keeps_row_bits(monkeypatch) -> 
     big_x = torch.randn(PREFILL_ROWS + 2, 1024, generator=g)
     big = fixed_order_gate_up_silu(big_x, wg, wu)
     assert torch.equal(fixed_order_gate_up_silu(big_x[5:6].contiguous(), wg, wu), big[5:6])
+
+
+def test_arrival_counters_are_shared_and_never_first_allocated_in_a_capture(monkeypatch):
+    """The dense and packed split launches share one zeroed counter workspace per device, grown when a launch
+    needs more; inside a CUDA-graph capture a missing workspace is an error naming the launch (its zero fill would
+    not run), never a silent unsplit launch whose rows would differ in the last bit."""
+    from dgpp.kernels import split_partials
+
+    monkeypatch.setattr(split_partials, "_COUNTERS", {})
+    cpu = torch.device("cpu")
+    first = split_partials.arrival_counters(cpu, 10, "dense split-K GEMV")
+    assert split_partials.arrival_counters(cpu, 5, "packed split-K GEMV") is first
+    grown = split_partials.arrival_counters(cpu, split_partials.MIN_COUNTERS + 1, "packed split-K GEMV")
+    assert grown.numel() == split_partials.MIN_COUNTERS + 1 and int(grown.abs().sum()) == 0
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="packed split-K GEMV: split-K arrival counters"):
+        split_partials.arrival_counters(torch.device("cuda", 0), 10, "packed split-K GEMV")

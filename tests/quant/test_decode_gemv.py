@@ -173,7 +173,7 @@ def test_e2m1_ptx_decoder_logic(dtype):
 def test_split_k_sums_in_one_launch(fmt):
     """K cut in 2 or 3 slices (3 leaves a ragged last slice): the last program to finish sums the partials;
     equal to the reference, row 0 identical alone and in 16 rows, and the counters are re-armed to 0."""
-    from dgpp.quant.kernels.decode_launch import _COUNTERS
+    from dgpp.kernels.split_partials import _COUNTERS
 
     n, k = 48, 448 if fmt.name.startswith("fp8") else 512
     gate, dense = packed_weights(fmt, n, k, seed=11)

@@ -25,7 +25,7 @@ import math
 
 import torch
 
-from dgpp.kernels.split_partials import device_sm_count
+from dgpp.kernels.split_partials import arrival_counters, device_sm_count
 
 FILLING_COLUMNS = 4096  # from here on ``_tile`` picks 32-wide tiles: the grid fills the SMs, K is never split
 MIN_PROGRAMS_PER_SM = 1.5
@@ -33,12 +33,6 @@ MAX_SPLIT = 32
 SLICE_ALIGN = 256  # K columns: slice boundaries are multiples of it, whatever the tile's BK
 MIN_SLICE_STEPS = 2  # a slice streams at least this many SLICE_ALIGN-wide steps
 NARROW_BN = 16
-
-# per-device arrival counters (one per (row block, output tile)), zero between launches: the last program of a
-# tile re-arms its own. Allocated at a device's first split launch (eager: the engine warms every graph size up
-# before capturing it) and shared by launches on one stream.
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MIN_COUNTERS = 16384
 
 
 def split_count(n_total: int, k_dim: int, sms: int | None) -> int:
@@ -76,18 +70,8 @@ def device_sms(x: torch.Tensor) -> int | None:
 def split_buffers(
     split: int, tiles: int, blocks: int, bn: int, bm: int, device: torch.device, parts: int = 1
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(fp32 workspace for the partials, ``parts`` per program, arrival counters) of a split launch. The counters are never first
-    allocated (nor grown) inside a CUDA-graph capture, where their zero fill would not run: that is an error,
-    not a silent unsplit launch whose rows would differ in the last bit."""
-    cnt = _COUNTERS.get(device)
-    if cnt is None or cnt.numel() < tiles * blocks:
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            raise RuntimeError(
-                "dense split-K GEMV: its arrival counters must be allocated by an eager call before CUDA-graph "
-                f"capture ({tiles * blocks} needed)"
-            )
-        cnt = _COUNTERS[device] = torch.zeros(
-            max(tiles * blocks, MIN_COUNTERS), dtype=torch.int32, device=device
-        )
+    """(fp32 workspace for the partials, ``parts`` per program, arrival counters) of a split launch
+    (``split_partials.arrival_counters``: never first allocated inside a CUDA-graph capture)."""
+    cnt = arrival_counters(device, tiles * blocks, "dense split-K GEMV")
     ws = torch.empty(split * parts * tiles * blocks * bn * bm, dtype=torch.float32, device=device)
     return ws, cnt

@@ -11,11 +11,32 @@ import torch
 
 from dgpp.kernels._triton import tl, triton
 
+# per-device arrival counters (one per (row block, output tile) of a launch), zero between launches: the last
+# program of a tile re-arms its own, so the dense and the packed split launches of one stream share them
+_COUNTERS: dict[torch.device, torch.Tensor] = {}
+MIN_COUNTERS = 16384  # cover the 8B shapes' tiles for 1,024 rows without a regrowth
+
 
 @functools.cache
 def device_sm_count(device: torch.device) -> int:
     """The SM count a split rule spreads a launch's programs over (queried once per device)."""
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def arrival_counters(device: torch.device, needed: int, launch: str) -> torch.Tensor:
+    """At least ``needed`` zeroed arrival counters on ``device``. Allocated (or grown) at the first split launch
+    that needs them, eagerly: the engine warms every graph size up before capturing it. Never inside a CUDA-graph
+    capture, where their zero fill would not run: that is an error naming ``launch``, not a silent unsplit launch
+    whose rows would differ in the last bit."""
+    cnt = _COUNTERS.get(device)
+    if cnt is None or cnt.numel() < needed:
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"{launch}: split-K arrival counters must be allocated by an eager call before CUDA-graph "
+                f"capture ({needed} needed)"
+            )
+        cnt = _COUNTERS[device] = torch.zeros(max(needed, MIN_COUNTERS), dtype=torch.int32, device=device)
+    return cnt
 
 
 @triton.jit

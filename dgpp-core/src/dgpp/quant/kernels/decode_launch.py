@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 import torch
 
-from dgpp.kernels.split_partials import device_sm_count
+from dgpp.kernels.split_partials import arrival_counters, device_sm_count
 from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
@@ -164,12 +164,6 @@ def with_split(tile: GemvTile, n_total: int, k: int, sms: int, weights_per_progr
     return dataclasses.replace(tile, split_k=split)
 
 
-# per-device arrival counters of split-K launches: a workspace, allocated at a device's first split launch (one
-# counter per (row block, output tile); 16,384 cover the 8B shapes' tiles for 1,024 rows)
-_COUNTERS: dict[torch.device, torch.Tensor] = {}
-MIN_COUNTERS = 16384
-
-
 def _sms(device: torch.device) -> int | None:
     if device.type != "cuda" or interpreting():
         return None
@@ -245,25 +239,17 @@ def batch_candidates(fmt: QuantFormat, tile: GemvTile, shape: Shape) -> list[Gem
 
 def _split_buffers(
     tile: GemvTile, tiles: int, parts: int, m: int, device: torch.device
-) -> tuple[GemvTile, torch.Tensor, torch.Tensor]:
-    """(tile, fp32 workspace for the partials, arrival counters). The counters are zero between launches
-    (the last program of each tile re-arms its own), shared by launches on one stream; they are never
-    first allocated inside a CUDA graph capture (that launch runs unsplit instead)."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 workspace for the partials, arrival counters: ``split_partials.arrival_counters``, shared with the
+    dense split launches and never first allocated inside a CUDA-graph capture)."""
     bm = row_block(m)
     blocks = cdiv(m, bm)
-    cnt = _COUNTERS.get(device)
-    if tile.split_k > 1 and (cnt is None or cnt.numel() < tiles * blocks):
-        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-            tile = dataclasses.replace(tile, split_k=1)
-        else:
-            cnt = _COUNTERS[device] = torch.zeros(
-                max(tiles * blocks, MIN_COUNTERS), dtype=torch.int32, device=device
-            )
     if tile.split_k == 1:
         dummy = torch.empty(1, dtype=torch.float32, device=device)
-        return tile, dummy, dummy
+        return dummy, dummy
+    cnt = arrival_counters(device, tiles * blocks, "packed split-K GEMV")
     ws = torch.empty(tile.split_k * parts * tiles * tile.bn * bm * blocks, dtype=torch.float32, device=device)
-    return tile, ws, cnt
+    return ws, cnt
 
 
 def _launch_args(
@@ -351,7 +337,7 @@ def _plan(
         _check_batch_tile(fmt, tile, run, shapes[0])
         run = dataclasses.replace(run, split_k=tile.split_k)
     tiles = sum(cdiv(n, run.bn) for n in tile_rows)
-    run, ws, cnt = _split_buffers(run, tiles, parts, m, x.device)
+    ws, cnt = _split_buffers(run, tiles, parts, m, x.device)
     k_per_split = cdiv(cdiv(k, run.split_k), tile.bk) * tile.bk
     args = _launch_args(fmt, run, shapes, x, tile.bk)
     return _Launch(
