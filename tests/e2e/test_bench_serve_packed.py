@@ -85,3 +85,30 @@ def test_bench_serve_takes_one_format():
         serve_quant("fp8_block,nvfp4")
     with pytest.raises(ConfigError, match="unknown"):
         serve_quant("int3")
+
+
+def test_bench_serve_solo_check_through_a_real_server(tmp_path, capsys):
+    """``dgpp bench serve --solo-check N``: N greedy prompts sent one at a time, then all at once, to a real
+    ``dgpp serve`` of the packed checkpoint; the texts agree, the bench says so and exits 0."""
+    from dgpp.bench.cli import main
+
+    argv = ["serve", "--device", "cpu", "--geometry", "tiny", "--quant", "fp8_block", "--serve-cases", "2"]
+    argv += ["--solo-check", "4", "--max-tokens", "6", "--prompt-tokens", "8", "--no-bench"]
+    argv += ["--checkpoint-dir", str(tmp_path)]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "greedy solo == batched over 4 prompts (6 tokens each): True (4 of 4 equal)" in out
+
+
+def test_solo_check_counts_a_prompt_whose_batched_text_differs(monkeypatch):
+    """The check compares each prompt's text alone with its text in the batch: one that differs is counted out."""
+    from dgpp.bench import serve
+
+    async def texts(base, prompts, max_tokens):
+        return [
+            "alone" if len(prompts) == 1 else f"batched {i}" if i == 2 else "alone"
+            for i in range(len(prompts))
+        ]
+
+    monkeypatch.setattr(serve, "greedy_texts", texts)
+    assert serve.solo_equals_batched("http://unused", ["a", "b", "c", "d"], 4) == (3, 4)

@@ -90,6 +90,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="seconds after a case's requests are sent before the profile starts (0: the burst itself)",
     )
     serve.add_argument("--no-bench", action="store_true", help="skip the in-process decode rates")
+    serve.add_argument(
+        "--solo-check",
+        type=int,
+        default=0,
+        help="N greedy prompts sent one at a time, then all N at once: their texts must be equal (exit 1 if not)",
+    )
     quality = parser.add_argument_group("kv-quality and prefill-levers modes")
     quality.add_argument(
         "--model", default="dgpp-demo/smollm2-135m-instruct", help="the checkpoint scored ('' for none)"

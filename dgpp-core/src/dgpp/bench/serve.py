@@ -6,6 +6,7 @@ it with N concurrent clients per case (all sent at once: the burst is part of th
 
     dgpp bench serve --geometry qwen3-8b --serve-cases 1,8,64,64:sampled,64:nostream
     dgpp bench serve --quant fp8_block ...   # the checkpoint packed in that release's layout (one format)
+    dgpp bench serve --solo-check 24 ...     # also: 24 greedy prompts alone, then at once, must give equal texts
 
 A case is ``N[:sampled][:nostream]`` (sampled = temperature 0.8, top-p 0.95, top-k 50). Each client streams
 ``/v1/completions`` for ``--max-tokens`` tokens (ignore_eos) from its own ``--prompt-tokens``-token prompt. Per case:
@@ -130,6 +131,30 @@ async def drive(base: str, case: Case, prompts: list[str], max_tokens: int) -> l
             tasks.append(_one(client, f"{base}/v1/completions", body, times[-1]))
         await asyncio.gather(*tasks)
     return times
+
+
+async def greedy_texts(base: str, prompts: list[str], max_tokens: int) -> list[str]:
+    """Each prompt's greedy completion (ignore_eos, not streamed), all sent at once."""
+    import httpx
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    limits = httpx.Limits(max_connections=len(prompts) + 8, max_keepalive_connections=len(prompts) + 8)
+    async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
+
+        async def one(prompt: str) -> str:
+            body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
+            r = await client.post(f"{base}/v1/completions", json={**body, "temperature": 0.0})
+            r.raise_for_status()
+            return r.json()["choices"][0]["text"]
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def solo_equals_batched(base: str, prompts: list[str], max_tokens: int) -> tuple[int, int]:
+    """(prompts whose greedy text is the same sent alone and among all of them at once, prompts)."""
+    alone = [asyncio.run(greedy_texts(base, [p], max_tokens))[0] for p in prompts]
+    together = asyncio.run(greedy_texts(base, prompts, max_tokens))
+    return sum(a == b for a, b in zip(alone, together, strict=True)), len(prompts)
 
 
 async def staggered(base: str, case: Case, prompts: list[str], first: int = 4) -> None:
@@ -291,7 +316,7 @@ def run_serve(args) -> int:
             args.geometry, {c.streams for c in cases}, args.prompt_tokens, args.max_tokens, args.device, quant
         )
     )
-    width = max(c.streams for c in cases)
+    width = max([c.streams for c in cases] + [args.solo_check])
     engine = {
         "max_concurrency": width,
         "kv_capacity": width * (args.prompt_tokens + args.max_tokens + 64),
@@ -304,6 +329,7 @@ def run_serve(args) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="dgpp-bench-serve-run-"))
     proc, base = _server(checkpoint, workdir, engine, args.server_pythonpath)
     rows = []
+    same: tuple[int, int] | None = None
     try:
         _wait_ready(proc, base, workdir / "server.log")
         warm = [word_prompt(args.prompt_tokens, vocab, 10_000 + i) for i in range(width)]
@@ -318,6 +344,10 @@ def run_serve(args) -> int:
             )
         if any(c.sampled for c in cases):  # the sampling kernels compiled before a sampled case's burst
             asyncio.run(drive(base, Case(width, sampled=True), warm, 8))
+        if args.solo_check:  # after the warm-up: every batch shape compiled, graphs captured
+            solo = [word_prompt(args.prompt_tokens, vocab, 30_000 + i) for i in range(args.solo_check)]
+            same = solo_equals_batched(base, solo, args.max_tokens)
+            print(f"greedy solo == batched: {same[0]} of {same[1]} prompts equal", flush=True)
         for n, case in enumerate(cases):
             prompts = [word_prompt(args.prompt_tokens, vocab, 1000 * n + i) for i in range(case.streams)]
             spy = (
@@ -343,6 +373,12 @@ def run_serve(args) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
     print("\n" + header(args, engine) + "\n\n" + format_rows(rows))
+    if same is not None:
+        print(
+            f"\ngreedy solo == batched over {same[1]} prompts ({args.max_tokens} tokens each): "
+            f"{same[0] == same[1]} ({same[0]} of {same[1]} equal)"
+        )
+        return 0 if same[0] == same[1] else 1
     return 0
 
 
