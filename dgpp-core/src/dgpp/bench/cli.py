@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import datetime
 import gc
-import subprocess
 import sys
 import time
 import traceback
@@ -37,6 +36,7 @@ import torch
 from dgpp.bench.args import add_arguments, parse_cases
 from dgpp.bench.decode import DecodeResult, copy_bandwidth_gbs, format_table, hf_tok_s, run_case
 from dgpp.bench.models import build_pair, hf_config, packed_release, weight_bytes_per_step
+from dgpp.bench.provenance import tree_commit
 from dgpp.bench.quantize import (
     DENSE,
     compare_with_torch_path,
@@ -328,9 +328,7 @@ def run(args: argparse.Namespace) -> int:
         model = None
         release_device_memory(device)  # the next format's copy takes this one's room
     table = "\n\n".join([format_table(results, copy_gbs), *sections])
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = tree_commit()
     weights = (
         f"weights {', '.join(dense_name if v == DENSE else v for v in variants)} (quantized: the decoder-layer "
         f"linears and routed experts the geometry's releases pack; embedding, lm_head and norms {dense_name}; "

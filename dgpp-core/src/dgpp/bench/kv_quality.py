@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
-import subprocess
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 
 from dgpp.bench.kv_quality_texts import TEXTS
+from dgpp.bench.provenance import tree_commit
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.offline import engine_all_logits, greedy_generate, make_prompts
@@ -256,9 +256,7 @@ def print_report(sections: Iterator[str], out: str) -> int:
         print(line, flush=True)
         lines.append(line)
     if out:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
-        ).stdout.strip()
+        commit = tree_commit()
         when = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
         with open(out, "w") as f:
             f.write(f"{when}, {platform.processor() or platform.machine()}, commit {commit}\n\n")

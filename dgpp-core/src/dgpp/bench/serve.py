@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from dgpp.bench.provenance import tree_commit
 from dgpp.errors import ConfigError
 
 SAMPLED = {"temperature": 0.8, "top_p": 0.95, "top_k": 50}
@@ -383,9 +384,7 @@ def run_serve(args) -> int:
 
 
 def header(args, engine: dict) -> str:
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+    commit = tree_commit()
     return (
         f"date {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC, device {torch.cuda.get_device_name() if args.device == 'cuda' else 'cpu'}, "
         f"commit {commit or 'unknown'}, geometry {args.geometry} {'bf16' if args.device == 'cuda' else 'fp32'} random weights"
