@@ -83,11 +83,20 @@ def variants():
             "v_ptr": kv,
             "bt_ptr": "*i32",
             "lens_ptr": "*i32",
+            "pos_ptr": "*i32",
             "sink_ptr": "*bf16",
             "part_acc_ptr": "*fp32",
             "part_ml_ptr": "*fp32",
         }
-        consts = dict(tile, BLOCK_N=64, BLOCK_SIZE=16, ONE_SPLIT=False, HAS_SCALES=fp8, HAS_SINKS=False)
+        consts = dict(
+            tile,
+            BLOCK_N=64,
+            BLOCK_SIZE=16,
+            ONE_SPLIT=False,
+            HAS_SCALES=fp8,
+            HAS_SINKS=False,
+            HAS_POSITIONS=False,
+        )
         yield f"paged {'fp8' if fp8 else 'bf16'}", _decode_partition_kernel, paged, consts
         for source in ("pool", "ring"):
             window = {
