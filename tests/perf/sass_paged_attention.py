@@ -19,7 +19,7 @@ from sass_quant_gemv import sass_summary
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from dgpp.kernels.paged_attention import _decode_partition_kernel, _merge_partitions_kernel
+from dgpp.kernels.paged_attention import _WIDE_HEADS, _decode_partition_kernel, _merge_partitions_kernel
 
 SHAPES = {"mimo-v2.6 full": (16, 192, 128), "flint full": (8, 128, 128)}  # (query heads per KV head, D, Dv)
 LIST_SHAPES = {"qwen3.8-flash-next qsa": (12, 256, 256)}  # attended through per-row token lists
@@ -68,7 +68,10 @@ def main() -> None:
             "HAS_SINKS": sinks,
             "HAS_POSITIONS": listed,
         }
-        compiled = compile_sm90(_decode_partition_kernel, pointers, constexprs)
+        wide = (
+            constexprs["BLOCK_D"] + constexprs["BLOCK_DV"] >= _WIDE_HEADS
+        )  # as the launcher picks its warps
+        compiled = compile_sm90(_decode_partition_kernel, pointers, constexprs, warps=8 if wide else 4)
         print(
             f"{name}: sinks={sinks} fp8={fp8} one_split={one_split} positions={listed}\n    "
             f"{sass_summary(compiled)}",

@@ -58,6 +58,9 @@ _MIN_PARTITION = 128  # tokens; below this the merge costs more than the paralle
 _BLOCK_N = 64  # tokens per inner step, and the granularity a sequence's context is split in
 _TARGET_PROGRAMS = 1024  # enough programs to cover 132 SMs several times over
 _MIN_DOT = 16  # the narrowest dot operand dimension Triton compiles for the tensor cores
+# q/k and v widths (padded) from which a program runs on 8 warps: 256 + 256 (Qwen3.8-Flash-Next's QSA heads) on 4
+# warps needs more than 255 registers a thread on sm_90 and spills (tests/perf/sass_paged_attention.py)
+_WIDE_HEADS = 512
 
 
 def paged_decode_attention_ref(
@@ -400,7 +403,7 @@ def decode_attention_with_splits(
         HAS_SCALES=scales is not None,
         HAS_SINKS=sinks is not None,
         HAS_POSITIONS=positions is not None,
-        num_warps=4,
+        num_warps=8 if block_d + block_dv >= _WIDE_HEADS else 4,
     )
     if splits > 1:
         _merge_partitions_kernel[(batch, hq)](
