@@ -40,17 +40,16 @@ from dgpp.bench.provenance import tree_commit
 from dgpp.bench.quantize import (
     DENSE,
     compare_with_torch_path,
-    packed_modules,
     parse_variants,
     quantize_model,
     quantized_linears,
     shares_storage,
     sync_hf_weights,
 )
+from dgpp.bench.step_bytes import packed_experts
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
 from dgpp.policy import current, install, overriding
-from dgpp.quant.moe import QuantExperts
 from dgpp.startup.kv_format import refuse_unstored_kv
 from dgpp.step.cache_spec import stored_as
 from dgpp.step.model import Model
@@ -259,10 +258,9 @@ def prepare_variant(
         f"worst packed module on the same inputs {check['module_rel_diff']:.2e} ({check['module_worst'] or '-'})"
     )
     print(sections[-1], flush=True)
-    # the logits of a random MoE or hybrid model amplify rounding (a flipped expert, recurrent state): there the
-    # modules' own errors decide; a dense model's logits still do as well
-    routed = any(isinstance(m, QuantExperts) for _, m in packed_modules(model))
-    logits_diff = 0.0 if routed else max(check["prefill_rel_diff"], check["decode_rel_diff"])
+    # a random MoE model's logits amplify rounding (a flipped expert): with packed experts the modules' own errors
+    # decide; without, the logits do as well
+    logits_diff = 0.0 if packed_experts(model) else max(check["prefill_rel_diff"], check["decode_rel_diff"])
     if max(check["module_rel_diff"], logits_diff) > GROSS_MISMATCH:
         failures.append(f"{variant} kernels vs torch path")
     return model

@@ -232,18 +232,6 @@ def sync_hf_weights(hf: nn.Module, model: Model) -> None:
         target(name).copy_(param)
 
 
-def packed_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The modules that hold packed weights: routed-expert stacks and linears with a packed ``quant_method``."""
-    from dgpp.quant.linear import QuantLinearMethod
-    from dgpp.quant.moe import QuantExperts
-
-    return [
-        (name, m)
-        for name, m in model.named_modules()
-        if isinstance(m, QuantExperts) or isinstance(getattr(m, "quant_method", None), QuantLinearMethod)
-    ]
-
-
 class ModuleErrors:
     """While entered, each packed module's output is compared with the torch decode path's on the same inputs
     (the module run again under ``quant_torch_only``): ``worst`` holds the largest max |diff| / max |reference|
@@ -251,7 +239,7 @@ class ModuleErrors:
     per-module error is what says whether a kernel computes its own product right."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.modules = packed_modules(model)
+        self.modules = [*quantized_linears(model).items(), *packed_experts(model).items()]
         self.worst: tuple[float, str] = (0.0, "")
         self._handles: list[Any] = []
         self._inside = False
