@@ -106,13 +106,17 @@ async def _one(client, url: str, body: dict, times: StreamTimes) -> None:
     times.done = time.perf_counter()
 
 
-async def drive(base: str, case: Case, prompts: list[str], max_tokens: int) -> list[StreamTimes]:
+def _client(requests: int):
+    """An async HTTP client with room for ``requests`` requests at once (and no log line per request)."""
     import httpx
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # no log line per request
+    logging.getLogger("httpx").setLevel(logging.WARNING)
+    limits = httpx.Limits(max_connections=requests + 8, max_keepalive_connections=requests + 8)
+    return httpx.AsyncClient(timeout=600.0, limits=limits)
 
-    limits = httpx.Limits(max_connections=case.streams + 8, max_keepalive_connections=case.streams + 8)
-    async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
+
+async def drive(base: str, case: Case, prompts: list[str], max_tokens: int) -> list[StreamTimes]:
+    async with _client(case.streams) as client:
         times = []
         tasks = []
         for i in range(case.streams):
@@ -136,11 +140,7 @@ async def drive(base: str, case: Case, prompts: list[str], max_tokens: int) -> l
 
 async def greedy_texts(base: str, prompts: list[str], max_tokens: int) -> list[str]:
     """Each prompt's greedy completion (ignore_eos, not streamed), all sent at once."""
-    import httpx
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
-    limits = httpx.Limits(max_connections=len(prompts) + 8, max_keepalive_connections=len(prompts) + 8)
-    async with httpx.AsyncClient(timeout=600.0, limits=limits) as client:
+    async with _client(len(prompts)) as client:
 
         async def one(prompt: str) -> str:
             body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "ignore_eos": True}
