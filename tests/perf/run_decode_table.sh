@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The decode measurements of docs/benchmarks.md as named steps, for one GPU call: each step's log under $OUT
+# The decode measurements of docs/benchmarks.md as named steps under one time budget: each step's log under $OUT
 # (STEP.log), a line per step in $OUT/steps.log, every step cut at what is left of BUDGET seconds (default 580).
 #   STEPS="kvfp8 kv32k" DGPP_COMMIT=$(git rev-parse --short HEAD) bash tests/perf/run_decode_table.sh
 # DGPP_COMMIT names the tree in the bench headers where the host's copy of .git lags the files. Steps:
