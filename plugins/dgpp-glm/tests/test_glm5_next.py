@@ -19,7 +19,7 @@ from dgpp.offline import greedy_generate, make_pools
 from dgpp.step.cache_spec import CompressedKV, LatentKV, StateSpec, WindowBuffer
 from dgpp.testing import conformance as conf
 from dgpp.testing.latent_lever import LatentKVLever
-from dgpp.testing.suite import RecurrentConformance, tiny_checkpoint_fixtures
+from dgpp.testing.suite import HybridConformance, tiny_checkpoint_fixtures
 from dgpp_glm.glm5_next import Glm5NextAttention, Glm5NextForCausalLM, StreamMean
 from dgpp_glm.testing_glm5_next import build_tiny_glm5_next
 
@@ -63,7 +63,7 @@ def test_loads_kda_and_indexed_layers_with_their_caches(fp32_pair):
     assert model.info.hybrid
 
 
-class TestGlm5NextConformance(RecurrentConformance):
+class TestGlm5NextConformance(HybridConformance):
     """Prompts shorter and longer than index_topk (dense and sparse rows); prefill chunks of 3, 5 and 6 cut inside
     the 4-token pools, so a pool is completed by a later chunk from the rows its ring kept."""
 
@@ -76,11 +76,9 @@ class TestGlm5NextConformance(RecurrentConformance):
 
 class TestGlm5NextLatentKV(LatentKVLever):
     """``engine.kv_dtype`` fp8 / fp4 on the NoPE latents and the pooled index keys (e4m3 rows, written when their
-    pool completes, in the prefill row path and the decode step alike); logits chunked == one-shot is not bit for
-    bit here with the lever off either (the KDA chunked form), so chunking is checked on greedy tokens."""
+    pool completes, in the prefill row path and the decode step alike)."""
 
     kv_fp8_lengths = (11, 23, 40, 1)
-    kv_fp8_logit_chunks = ()
 
 
 @torch.inference_mode()

@@ -24,11 +24,6 @@ class TestQwen3KVFp8(KVFp8Lever):
 
 
 class TestQwen3_5KVFp8(KVFp8Lever):
-    """The GDN layers' chunked prefill is exact at the greedy tokens, not bit for bit at the logits (as without
-    the lever): chunked logits are not compared."""
-
-    kv_fp8_logit_chunks = ()
-
     @pytest.fixture(scope="class")
     def fp32_pair(self, tmp_path_factory):
         return _pair("qwen3_5", tmp_path_factory)

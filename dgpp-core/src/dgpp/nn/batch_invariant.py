@@ -316,3 +316,11 @@ def batch_invariant_rows(
         return fn(x.contiguous())
     pad = -rows % ROW_MULTIPLE
     return fn(F.pad(x, (0, 0, 0, pad)))[:rows] if pad else fn(x)
+
+
+def rows_elementwise(fn: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    """An elementwise ``fn`` (``torch.sigmoid``, ``F.softplus``, ``torch.exp``) of ``x [rows, ...]`` whose every row
+    has the bits it has alone: ``batch_invariant_rows`` over the rows flattened to 2-D (on a GPU, ``fn(x)``)."""
+    if x.device.type != "cpu":
+        return fn(x)
+    return batch_invariant_rows(fn, x.reshape(x.shape[0], -1), elementwise=True).view(x.shape)

@@ -7,9 +7,12 @@ scaled by ``dk^-1/2``; value head ``j`` reads key/query head ``j // (Hv/Hk)``.
 The decay ``g`` is one log-factor per head (GDN) or one per head and key channel (Kimi delta attention, KDA:
 ``S <- diag(exp(g))·S`` decays each key row of the state on its own); every function here takes either shape.
 
-Prefill uses the chunked (UT-transform) form: inside a chunk every token's contribution is solved at once, and
-only the chunk-to-chunk state hand-off is sequential. Decode rows (one token) take the plain recurrent step.
-Everything runs in fp32; outputs are rounded to the input dtype once.
+Two forms. The chunked (UT-transform) form solves every token's contribution inside a chunk at once and hands the
+state on sequentially from chunk to chunk; its rounding follows where the chunks fall, so a prompt cut into
+prefill chunks, or padded beside other prompts, comes out a few ulps away from the prompt in one piece. The row
+form (``gated_delta_rule_rows``) takes every row as one recurrent step with products whose bits do not depend on
+the rows beside them, so a row's result depends only on its own sequence: the CPU's canonical form. Everything runs
+in fp32; outputs are rounded to the input dtype once.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.nn.causal_conv1d import token_layout
 
 CHUNK_SIZE = 64
@@ -63,6 +67,68 @@ def gated_delta_step(
     state = state + k[..., :, None] * correction[..., None, :]
     out = torch.einsum("bhkv,bhk->bhv", state, q)
     return out, state
+
+
+def _row_independent_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    decay: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``gated_delta_step`` on prepared (normalised, head-repeated, fp32) inputs and ``decay = exp(g)``, its two state
+    products written as
+    multiply-then-sum over the key channel: each output is one fixed-order sum over its own state column, whatever
+    the number of sequences (a batched matrix product may block its sums by the batch size)."""
+    state = state * (decay[..., None] if decay.dim() == q.dim() else decay[..., None, None])
+    predicted = (state * k[..., :, None]).sum(dim=-2)
+    correction = (v - predicted) * beta[..., None]
+    state = state + k[..., :, None] * correction[..., None, :]
+    return (state * q[..., :, None]).sum(dim=-2), state
+
+
+def gated_delta_rule_rows(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state_pool: torch.Tensor,
+    state_slots: torch.Tensor,
+    q_lens: list[int],
+    context_lens: list[int],
+) -> torch.Tensor:
+    """The gated delta rule over flattened token rows (shapes as ``gated_delta_rule_varlen``), every row one
+    recurrent step: step ``j`` holds row ``j`` of each sequence that has one, so a row's bits are the same in a
+    one-shot prompt, in any cut of it into prefill chunks, as a decode or verify row, and beside any other
+    sequences. Returns ``[T, Hv, dv]`` fp32 (zeros for padding rows, whose slot is -1)."""
+    device = v.device
+    out = torch.zeros(v.shape, dtype=torch.float32, device=device)
+    slot_list = state_slots.tolist()
+    # longest first: the sequences still running at step j are always a prefix of this order
+    order = sorted((i for i, n in enumerate(q_lens) if n > 0 and slot_list[i] >= 0), key=lambda i: -q_lens[i])
+    if not order:
+        return out
+    starts = [0]
+    for n in q_lens:
+        starts.append(starts[-1] + n)
+    slots = state_slots[torch.tensor(order, dtype=torch.int64, device=device)]
+    state = initial_states(state_pool, slots, [context_lens[i] for i in order])
+    q, k = _prepare_qk(q, k, v.shape[-2])
+    v, beta = v.float(), beta.float()
+    decay = rows_elementwise(torch.exp, g.float())  # all rows at once, each with its bits alone
+    first_rows = torch.tensor([starts[i] for i in order], dtype=torch.int64, device=device)
+    running = len(order)
+    for j in range(q_lens[order[0]]):
+        while q_lens[order[running - 1]] <= j:
+            running -= 1
+        rows = first_rows[:running] + j
+        out[rows], state[:running] = _row_independent_step(
+            q[rows], k[rows], v[rows], decay[rows], beta[rows], state[:running]
+        )
+    state_pool[slots] = state.to(state_pool.dtype)
+    return out
 
 
 def chunked_gated_delta_rule(

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
+from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.nn.causal_conv1d import CausalConv1d
 from dgpp.nn.exact.recurrent import conv_rows, delta_rule_rows, recurrent_plan
 from dgpp.nn.gated_delta_rule import (  # noqa: F401  (re-exported: the math's historical home)
@@ -71,7 +72,7 @@ class GatedRMSNorm(nn.Module):
             )
         x = x.to(out_dtype)
         normed = rms_normalize(x, self.eps).to(x.dtype)
-        act = torch.sigmoid(gate.float()) if self.sigmoid_gate else F.silu(gate.float())
+        act = rows_elementwise(torch.sigmoid if self.sigmoid_gate else F.silu, gate.float())
         return (self.weight * normed * act).to(x.dtype)
 
 
@@ -175,9 +176,9 @@ class GatedDeltaNet(nn.Module):
 
             g, beta = kernels.gdn_gates(a, b, self.A_log, self.dt_bias)
         else:
-            beta = b.sigmoid()
+            beta = rows_elementwise(torch.sigmoid, b)
             # decay in log space, in fp32 (exp(A_log) overflows fp16 and loses bits in bf16)
-            g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+            g = -self.A_log.float().exp() * rows_elementwise(F.softplus, a.float() + self.dt_bias)
         core = delta_rule_rows(q, k, v, g, beta, state["recurrent"], batch, plan, self.chunk_size)
         z = z.reshape(rows, self.num_v_heads, self.head_v_dim)
         return self.out_proj(self.norm(core, z, hidden.dtype).reshape(rows, self.value_dim))

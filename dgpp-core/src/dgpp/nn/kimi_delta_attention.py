@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.family import World
+from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.nn.causal_conv1d import CausalConv1d
 from dgpp.nn.exact.recurrent import conv_rows, delta_rule_rows, recurrent_plan
 from dgpp.nn.gated_delta_rule import CHUNK_SIZE
@@ -47,7 +48,7 @@ class SigmoidGatedRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         normed = self.weight.float() * rms_normalize(x, self.eps)
-        return (normed * torch.sigmoid(gate.float())).to(x.dtype)
+        return (normed * rows_elementwise(torch.sigmoid, gate.float())).to(x.dtype)
 
 
 class KimiDeltaAttention(nn.Module):
@@ -113,8 +114,8 @@ class KimiDeltaAttention(nn.Module):
         )
         rate = self.A_log.float().exp()[:, None]
         if self.lower_bound is not None:
-            return self.lower_bound * torch.sigmoid(rate * gate)
-        return -rate * F.softplus(gate)
+            return self.lower_bound * rows_elementwise(torch.sigmoid, rate * gate)
+        return -rate * rows_elementwise(F.softplus, gate)
 
     def forward(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         state = batch.cache.state[self.name]
@@ -125,7 +126,7 @@ class KimiDeltaAttention(nn.Module):
             conv_rows(getattr(self, conv), proj(hidden), state[key], batch, plan).reshape(shape)
             for (conv, key), proj in zip(_CONVS, (self.q_proj, self.k_proj, self.v_proj), strict=True)
         )
-        beta = torch.sigmoid(self.b_proj(hidden))
+        beta = rows_elementwise(torch.sigmoid, self.b_proj(hidden))
         decay = self.decay(hidden)
         core = delta_rule_rows(q, k, v, decay, beta, state["recurrent"], batch, plan, self.chunk_size)
         core = core.to(hidden.dtype)

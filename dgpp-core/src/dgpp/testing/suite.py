@@ -1,9 +1,8 @@
 """The conformance checks a family's fp32 tests run, as pytest classes to subclass (``conformance.py`` holds the
 checks themselves).
 
-A test module subclasses ``FamilyConformance`` (or ``HybridConformance``, which adds the state snapshot, or
-``RecurrentConformance`` for delta-rule layers, whose chunked prefill agrees to a tolerance) in a class named
-``Test...`` (and ``KVFp8Lever`` for ``engine.kv_dtype: fp8``) and provides a fixture ``fp32_pair`` (our model and transformers' for one tiny
+A test module subclasses ``FamilyConformance`` (or ``HybridConformance``, which adds the state snapshot) in a
+class named ``Test...`` (and ``KVFp8Lever`` for ``engine.kv_dtype: fp8``) and provides a fixture ``fp32_pair`` (our model and transformers' for one tiny
 checkpoint; ``tiny_checkpoint_fixtures`` makes it). The class attributes set each check's prompts (lengths and
 seed) and lengths of run, which a family picks around its own geometry (a sliding window, compression ratios).
 """
@@ -120,14 +119,6 @@ class HybridConformance(FamilyConformance):
         model, _ = fp32_pair
         prompt = conf.make_prompts(model.info.vocab_size, (self.snapshot_length,), seed=5)[0]
         conf.check_state_snapshot(model, prompt, split=self.snapshot_split)
-
-
-class RecurrentConformance(HybridConformance):
-    """``HybridConformance`` for a family with delta-rule layers (per-request recurrent state): their chunked
-    prefill form sums in another order than the token-by-token step, so a chunked prompt's logits agree with the
-    one-shot run to ``chunk_rtol`` rather than bit for bit; greedy tokens, batching and snapshots stay exact."""
-
-    chunk_rtol = 1e-5
 
 
 class KVFp8Lever:

@@ -151,11 +151,16 @@ def delta_rule_rows(
     chunk_size: int,
 ) -> torch.Tensor:
     """The gated delta rule of the step's rows (fp32 ``[T, Hv, dv]``; ``g`` per head or per head and key channel):
-    by ``plan`` when routed; a decode-only CUDA step on the recurrent Triton step, which reads only device
-    tensors (graph-safe); else the torch varlen form (on CUDA prefill it beat the chunked kernel, whose UT solve
-    is sequential per program: docs/benchmarks.md)."""
-    from dgpp.nn.gated_delta_rule import gated_delta_rule_varlen
+    on the CPU every row one recurrent step (a row's bits never depend on the prefill chunking or on the other
+    sequences of the step); on CUDA by ``plan`` when routed; a decode-only CUDA step on the recurrent Triton step,
+    which reads only device tensors (graph-safe); else the torch varlen form (on CUDA prefill it beat the chunked
+    kernel, whose UT solve is sequential per program: docs/benchmarks.md)."""
+    from dgpp.nn.gated_delta_rule import gated_delta_rule_rows, gated_delta_rule_varlen
 
+    if not v.is_cuda:
+        return gated_delta_rule_rows(
+            q, k, v, g, beta, state_pool, batch.state_slots, batch.q_lens_cpu, batch.context_lens_cpu
+        )
     if plan is not None:
         return plan.delta(q, k, v, g, beta, state_pool, chunk_size)
     if v.is_cuda and batch.is_decode_only:
