@@ -93,7 +93,13 @@ def test_narrow_weights_take_the_native_product_where_rows_stay_exact(out_featur
     """bf16 parameters multiply natively, against a packed copy where oneDNN packs; every row of a call equals
     the row alone. On an AVX512-BF16 CPU 576 x 1536 is exact only in calls of one or two rows (the row limit):
     without it the batched rows below differ from the row alone."""
-    from dgpp.nn.batch_invariant import ROW_BATCH, _can_pack, batch_invariant_linear, native_row_limit
+    from dgpp.nn.batch_invariant import (
+        ROW_BATCH,
+        _can_pack,
+        _native_verdict,
+        batch_invariant_linear,
+        native_row_limit,
+    )
 
     w = torch.nn.Parameter(
         torch.randn(out_features, in_features, generator=GEN).to(torch.bfloat16), requires_grad=False
@@ -104,9 +110,16 @@ def test_narrow_weights_take_the_native_product_where_rows_stay_exact(out_featur
     if native_row_limit(torch.bfloat16, out_features, in_features):  # this CPU's bf16 kernel passed the check
         alone = torch.cat([torch.nn.functional.linear(x[i : i + 1], w) for i in range(x.shape[0])])
         assert torch.equal(out, alone)
-        assert (w._dgpp_packed[1] is not None) == _can_pack(torch.bfloat16)
+        # the packed copy exists where this CPU packs and the packed call kept the rows' bits (the verdict)
+        packs = _native_verdict(torch.bfloat16, out_features, in_features)[1]
+        assert (getattr(w, "_dgpp_packed", (None, None))[1] is not None) == packs
+        assert not packs or _can_pack(torch.bfloat16)
     else:
-        assert torch.equal(out, torch.nn.functional.linear(x.float(), w.float()).to(torch.bfloat16))
+        # the fp32 path: each row widened exactly, its one-row fp32 product rounded once
+        alone = torch.cat(
+            [torch.nn.functional.linear(x[i : i + 1].float(), w.float()) for i in range(x.shape[0])]
+        )
+        assert torch.equal(out, alone.to(torch.bfloat16))
     for rows in [*range(1, 12), 17, 64, ROW_BATCH, ROW_BATCH + 9]:
         assert torch.equal(batch_invariant_linear(x[:rows], w), out[:rows]), rows
     for row in range(0, x.shape[0], 7):
