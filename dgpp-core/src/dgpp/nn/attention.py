@@ -16,6 +16,7 @@ from torch import nn
 from dgpp.kernels._triton import use_triton
 from dgpp.kernels.kv_fp8 import KVScales, dequantize_rows, quantize_rows
 from dgpp.kernels.latent_formats import latent_format_of, quantize_latent
+from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.policy import current
 from dgpp.step.batch import ForwardBatch
 from dgpp.step.cache_spec import KV_FP8, PagedKV
@@ -381,4 +382,4 @@ def gated_output(attn_out: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         from dgpp import kernels
 
         return kernels.sigmoid_gate(attn_out, gate)
-    return attn_out * torch.sigmoid(gate).reshape(attn_out.shape)
+    return attn_out * rows_elementwise(torch.sigmoid, gate).reshape(attn_out.shape)

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 from dgpp.step.batch import ForwardBatch
 
@@ -83,7 +84,7 @@ def causal_conv1d_varlen(
         out = out + bias.float()
     out = out.to(x.dtype)
     if activation == "silu":
-        out = F.silu(out)
+        out = rows_elementwise(F.silu, out)
     elif activation is not None:
         raise ValueError(f"causal_conv1d: unsupported activation {activation!r}")
 

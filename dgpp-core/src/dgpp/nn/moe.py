@@ -29,7 +29,7 @@ from dgpp.kernels.router_topk import (
     pick_experts,
     router_topk,
 )
-from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
+from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows, rows_elementwise
 from dgpp.nn.linear import Linear
 from dgpp.nn.mlp import SwiGLUMLP, silu_and_mul
 from dgpp.nn.sources import Alternatives, Source
@@ -327,6 +327,7 @@ class SparseMoE(nn.Module):
 
                 return kernels.shared_expert_add(out, shared, self.shared_expert_gate(x))
             if self.shared_expert_gate is not None:
-                shared = torch.sigmoid(self.shared_expert_gate(x)) * shared
+                # a [T, 1] gate: its sigmoid must not put a row in the vector tail by the row count
+                shared = rows_elementwise(torch.sigmoid, self.shared_expert_gate(x)) * shared
             out = out + shared
         return out
