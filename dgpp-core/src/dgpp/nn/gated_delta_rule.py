@@ -77,10 +77,10 @@ def _row_independent_step(
     beta: torch.Tensor,
     state: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``gated_delta_step`` on prepared (normalised, head-repeated, fp32) inputs and ``decay = exp(g)``, its two state
-    products written as
-    multiply-then-sum over the key channel: each output is one fixed-order sum over its own state column, whatever
-    the number of sequences (a batched matrix product may block its sums by the batch size)."""
+    """``gated_delta_step`` on prepared (normalised, head-repeated, fp32) inputs and ``decay = exp(g)``, its two
+    state products written as multiply-then-sum over the key channel: each output is one fixed-order sum over its
+    own state column, whatever the number of sequences (a batched matrix product may block its sums by the batch
+    size)."""
     state = state * (decay[..., None] if decay.dim() == q.dim() else decay[..., None, None])
     predicted = (state * k[..., :, None]).sum(dim=-2)
     correction = (v - predicted) * beta[..., None]
