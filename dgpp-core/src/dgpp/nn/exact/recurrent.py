@@ -163,7 +163,7 @@ def delta_rule_rows(
         )
     if plan is not None:
         return plan.delta(q, k, v, g, beta, state_pool, chunk_size)
-    if v.is_cuda and batch.is_decode_only:
+    if batch.is_decode_only:
         from dgpp import kernels
 
         slots, starts = batch.state_slots, batch.query_start_loc
