@@ -185,7 +185,8 @@ TILE_VARIANTS = {
     "x_split_step": {"x_split": "step"},
     "x_split_launch": {"x_split": "launch"},
     # the weights as the MMA's A operand: on 8 warps Triton issues wgmma at 16 rows too, so its one-dot 64-row
-    # candidate may round as the 16-row tile does (the sweep's exact= says)
+    # candidate may round as the 16-row tile does (the sweep's exact= says); under DISABLE_MMA_V3=1 every tile is
+    # mma.sync, so the sweep then says what the 64-row tiles give on the decode tile's instruction
     "weights_as_a": {"w_as_a": True},
 }
 
@@ -202,7 +203,7 @@ def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, resu
     seen = set()
     for vname, change in TILE_VARIANTS.items():
         dec = dataclasses.replace(tile, **change)
-        fp4_only = "fp4_scales" in change or "x_split" in change or vname == "weights_as_a"
+        fp4_only = "fp4_scales" in change or "x_split" in change
         if (fp4_only and not isinstance(fmt, FP4Grouped)) or dec in seen:
             continue  # FP4 only, or the same tile as an earlier variant
         seen.add(dec)
