@@ -193,3 +193,45 @@ def test_canonical_rows_take_one_launch_on_the_tensor_core_kernel(kernel, launch
     assert len(calls) == launches and sum(calls) == 64
     want = x @ fmt.decode(sets[0], shapes[0], torch.float32).t()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("w_as_a", [False, True], ids=["x-as-a", "w-as-a"])
+@pytest.mark.parametrize("fmt", [FP8Block(), NVFP4ModelOpt()], ids=["fp8", "nvfp4"])
+def test_mma_sync_tiles_keep_the_chain_and_key_their_own_compile(fmt, w_as_a, monkeypatch):
+    """A 64-row tile compiled without wgmma (``mma_sync``) computes what the others do: row-exact over 1..300 rows
+    with the decode tile's products. Its launch passes the ``MMA_SYNC`` constexpr, so Triton's in-memory cache keeps
+    the two compiles apart."""
+    n, k = 40, _k(fmt)
+    tensors, dense = packed_weights(fmt, n, k, seed=21)
+    x = torch.randn(300, k)
+    batch = dataclasses.replace(
+        decode_launch.default_batch_tile(fmt, DECODE, (n, k)), w_as_a=w_as_a, mma_sync=True
+    )
+    assert decode_launch._launch_args(fmt, batch, [(n, k)], x, DECODE.bk)["MMA_SYNC"]
+    assert not decode_launch._launch_args(fmt, DECODE, [(n, k)], x, DECODE.bk)["MMA_SYNC"]
+    switched = []  # the launch compiles under the switch exactly when its tile asks for mma.sync
+    real = decode_launch.mma_sync_compiles
+    monkeypatch.setattr(decode_launch, "mma_sync_compiles", lambda on: switched.append(on) or real(on))
+    got = quant_multi_linear(fmt, [tensors], x, [(n, k)], DECODE, batch)[0]
+    quant_multi_linear(fmt, [tensors], x[:16], [(n, k)], DECODE, batch)
+    assert switched == [True, False]
+    torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+    assert_rows_exact(fmt, tensors, x, (n, k), DECODE, batch)
+
+
+def test_mma_sync_compiles_sets_the_switch_only_inside(monkeypatch):
+    """Triton reads ``DISABLE_MMA_V3`` when it compiles: set inside the block, restored after (also on error)."""
+    import os
+
+    from dgpp.kernels.mma_sync import mma_sync_compiles
+
+    monkeypatch.delenv("DISABLE_MMA_V3", raising=False)
+    with mma_sync_compiles(False):
+        assert "DISABLE_MMA_V3" not in os.environ
+    with mma_sync_compiles(True):
+        assert os.environ["DISABLE_MMA_V3"] == "1"
+    assert "DISABLE_MMA_V3" not in os.environ
+    monkeypatch.setenv("DISABLE_MMA_V3", "0")
+    with pytest.raises(RuntimeError), mma_sync_compiles(True):
+        raise RuntimeError
+    assert os.environ["DISABLE_MMA_V3"] == "0"
