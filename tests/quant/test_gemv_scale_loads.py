@@ -153,13 +153,14 @@ def test_fp8_blocked_one_dot_candidate_is_row_exact(fmt):
 
 
 def test_fp4_decode_tile_loads_scales_ahead_and_its_blocked_tile_in_step():
-    """The default FP4 decode tile loads its group scales a step ahead; its blocked 64-row candidate loads them in
-    the step (ahead it spills on sm_90), FP8 tiles in the step. Neither choice changes a bit (tests above)."""
+    """The default FP4 decode tile loads its group scales a step ahead and reads x split once per launch; its blocked
+    64-row candidate loads the scales in the step (ahead it spills on sm_90), FP8 tiles in the step. None of these
+    choices changes a bit (tests above, and test_x_halves)."""
     from dgpp.quant.kernels.decode_launch import batch_candidates, default_tile
 
     for fmt in FP4:
         tile = default_tile(fmt, 24576, 4096, sms=132, weights_per_program=2)
-        assert tile.scales_ahead and tile.fp4_scales == "broadcast"
+        assert tile.scales_ahead and tile.fp4_scales == "broadcast" and tile.x_split == "launch"
         blocked = [t for t in batch_candidates(fmt, tile, (12288, 4096)) if t.row_blocks == 4]
         assert blocked and not any(t.scales_ahead for t in blocked)
     assert not default_tile(FP8Block(), 4096, 4096, sms=132).scales_ahead

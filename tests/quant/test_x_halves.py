@@ -95,7 +95,7 @@ def test_split_once_per_launch_gives_the_bits_of_the_split_per_step(fmt, tile_id
 
 def test_only_fp4_tiles_that_split_x_run_the_pre_pass(monkeypatch):
     """The pre-pass runs once per FP4 launch with ``x_split="launch"`` (the 64-row candidates' default), and not
-    for the per-step split (the decode tile's default), interleaved nibbles (one dot against x in column order) or
+    for the per-step split (``GemvTile``'s default), interleaved nibbles (one dot against x in column order) or
     FP8; a decode tile splitting per step and its 64-row candidate splitting per launch keep rows exact."""
     calls = []
 
