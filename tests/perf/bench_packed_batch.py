@@ -191,17 +191,6 @@ TILE_VARIANTS = {
 }
 
 
-def mma_sync_tiles(fmt, tile, shape) -> list:
-    """64-row tiles with one dot per step compiled on mma.sync (``GemvTile.mma_sync``), the decode tile's own
-    instruction, so they may round as its 16-row launches do: x or the weights as A, 4 warps on the default batch
-    tile's columns and 8 on 128."""
-    from dgpp.quant.kernels.decode_launch import default_batch_tile
-
-    base = dataclasses.replace(default_batch_tile(fmt, tile, shape), mma_sync=True)
-    tiles = [dataclasses.replace(base, w_as_a=False), base]
-    return tiles + [dataclasses.replace(t, bn=128, warps=8) for t in tiles]
-
-
 def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, results) -> None:
     """``--tiles``: each decode-tile variant at 1 and 16 rows (``same_bits``: its 16-row launch has the default
     tile's bits), then each of its 64-row candidates at 64 rows (row-exact against the variant's 16-row launches
@@ -223,7 +212,7 @@ def sweep_tile_variants(name, fmt, pname, kind, sets, shapes, tile, copies, resu
         )
         runs = [(f"decode m={m} same_bits={same}", x[:m], None) for m in (1, 16)]
         want = launch(fmt, kind, sets[0], shapes, x, dec, chunk=16)
-        for i, b in enumerate(batch_candidates(fmt, dec, shapes[0]) + mma_sync_tiles(fmt, dec, shapes[0])):
+        for i, b in enumerate(batch_candidates(fmt, dec, shapes[0])):
             if "x_split" in change:
                 b = dataclasses.replace(b, x_split=change["x_split"])
             try:

@@ -137,13 +137,13 @@ def test_scale_loads_stop_waiting_in_their_step_on_sm90():
 
 @pytest.mark.parametrize("fmt", [FP8Block(block=(16, 64)), FP8Block()], ids=["fp8-16x64", "fp8-128"])
 def test_fp8_blocked_one_dot_candidate_is_row_exact(fmt):
-    """FP8's blocked 64-row candidate one dot wide (steps of the chain's width on 2 warps), keeps
+    """FP8's last 64-row candidate, the blocked tile one dot wide (steps of the chain's width on 2 warps), keeps
     the decode tile's chain: a row alone == the row among 1..300 rows, and the reference's products."""
     from dgpp.quant.kernels.decode_launch import batch_candidates
 
     n, k = 48, 256
     tile = GemvTile(bn=16, bk=128, w_as_a=False, scales_ahead=True)
-    one_dot = next(c for c in batch_candidates(fmt, tile, (n, k)) if c.row_blocks == 4 and c.warps == 2)
+    one_dot = batch_candidates(fmt, tile, (n, k))[-1]
     assert (one_dot.row_blocks, one_dot.warps, one_dot.bk) == (4, 2, 64 if fmt.block == (16, 64) else 128)
     tensors, dense = packed_weights(fmt, n, k, seed=13)
     x = torch.randn(300, k)

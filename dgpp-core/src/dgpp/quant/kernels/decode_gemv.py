@@ -114,7 +114,6 @@ def quant_multi_gemv_kernel(
     BLOCKS: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False,
     X_HALVES: tl.constexpr = False,
-    MMA_SYNC: tl.constexpr = False,  # read by no op: it keys a compile without wgmma apart (``mma_sync_compiles``)
 ):
     """Up to three weights of one format side by side (q/k/v): the program id picks the weight; segment
     starts are BN-aligned so a program never straddles two weights. Output columns are the concatenation.
@@ -212,7 +211,6 @@ def quant_gate_up_silu_kernel(
     BLOCKS: tl.constexpr = 1,
     SCALES_AHEAD: tl.constexpr = False,
     X_HALVES: tl.constexpr = False,
-    MMA_SYNC: tl.constexpr = False,  # read by no op: it keys a compile without wgmma apart (``mma_sync_compiles``)
 ):
     """``silu(x wg^T) * (x wu^T)`` for BN intermediate columns (split-K and row blocks as in the q/k/v kernel)."""
     cols = tl.program_id(0) * BN + tl.arange(0, BN)

@@ -18,7 +18,6 @@ from collections.abc import Callable
 
 import torch
 
-from dgpp.kernels.mma_sync import mma_sync_compiles
 from dgpp.kernels.split_partials import arrival_counters, device_sm_count
 from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
@@ -304,7 +303,6 @@ def _launch_args(
         BLOCKS=tile.row_blocks if row_block(x.shape[0]) > MAX_ROWS else 1,
         SCALES_AHEAD=tile.scales_ahead,
         X_HALVES=isinstance(fmt, FP4Grouped) and not tile.interleave and tile.x_split == "launch",
-        MMA_SYNC=tile.mma_sync,
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
@@ -354,26 +352,6 @@ def _plan(
     )
 
 
-def _run(kernel, plan: _Launch, operands: list, out: torch.Tensor, k: int, sizes: list[int]) -> None:
-    """``kernel`` over ``plan``: x, the weights' ``operands``, the output, the split-K buffers, the sizes. A tile that
-    asks for mma.sync compiles without wgmma (``mma_sync_compiles``)."""
-    with mma_sync_compiles(plan.args["MMA_SYNC"]):
-        kernel[plan.grid](
-            plan.x,
-            *operands,
-            out,
-            plan.ws,
-            plan.cnt,
-            out.shape[0],
-            k,
-            plan.k_per_split,
-            *sizes,
-            plan.x.stride(0),
-            out.stride(0),
-            **plan.args,
-        )
-
-
 def quant_multi_linear(
     fmt: QuantFormat,
     tensor_sets: list[dict[str, torch.Tensor]],
@@ -412,7 +390,24 @@ def quant_multi_linear(
     ns = sizes + [0] * (3 - len(sizes))
     out = torch.empty(x.shape[0], sum(sizes), dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, shapes, x, 1, sizes)
-    _run(quant_multi_gemv_kernel, plan, [*ops[0], *ops[1], *ops[2]], out, k, ns)
+    quant_multi_gemv_kernel[plan.grid](
+        plan.x,
+        *ops[0],
+        *ops[1],
+        *ops[2],
+        out,
+        plan.ws,
+        plan.cnt,
+        x.shape[0],
+        k,
+        plan.k_per_split,
+        ns[0],
+        ns[1],
+        ns[2],
+        plan.x.stride(0),
+        out.stride(0),
+        **plan.args,
+    )
     return list(out.split(sizes, dim=1))
 
 
@@ -447,7 +442,21 @@ def quant_gate_up_silu(
             )[0]
     out = torch.empty(x.shape[0], n, dtype=x.dtype, device=x.device)
     plan = _plan(fmt, tile, batch, [shape], x, 2, [n])
-    _run(quant_gate_up_silu_kernel, plan, [*operand(fmt, gate), *operand(fmt, up)], out, k, [n])
+    quant_gate_up_silu_kernel[plan.grid](
+        plan.x,
+        *operand(fmt, gate),
+        *operand(fmt, up),
+        out,
+        plan.ws,
+        plan.cnt,
+        x.shape[0],
+        k,
+        plan.k_per_split,
+        n,
+        plan.x.stride(0),
+        out.stride(0),
+        **plan.args,
+    )
     return out
 
 

@@ -41,6 +41,3 @@ class GemvTile:
     # launch by a pre-pass that writes each step's even columns then its odd ones ("launch", x_halves.py); the
     # same bits either way. The 64-row FP4 candidates take "launch" (decode_launch.batch_candidates)
     x_split: str = "step"
-    # compiled with Hopper's wgmma off (``mma_sync_compiles``): Triton issues mma.sync, the 16-row decode tile's
-    # instruction, at any warp count, so a 4- or 8-warp 64-row tile can round as the decode tile does
-    mma_sync: bool = False
