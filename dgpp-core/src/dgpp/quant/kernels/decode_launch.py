@@ -126,9 +126,8 @@ def default_tile(
     64 rows per program (the x tile costs the same per step whatever BN, so wider tiles amortise it), and the
     group scales loaded a step ahead (``scales_ahead``; in Triton 3.6's sm_90 SASS the K loop then no longer waits
     on a global load before its dots and runs 4.9 (NVFP4) / 4.8 (MXFP4) instructions per weight and thread
-    instead of 5.0 / 5.5), and x read split into each step's even and odd columns once per launch (``x_split``;
-    the same bits as every warp splitting each step, and on an H100 NVFP4 gate/up 57.8 against 70.8 us at one row,
-    56.7 against 77.1 at 16, q/k/v 22.7 / 23.9 against 26.3 / 28.4, the pre-pass included).
+    instead of 5.0 / 5.5), and x read split into each step's even and odd columns once per launch (``x_split``:
+    the same bits as every warp splitting each step, in less time on an H100, pre-pass included; docs/benchmarks.md).
     With ``sms`` known, K is split for an even spread over the SMs (``with_split``); the split depends on
     the shape only, never on M.
 
