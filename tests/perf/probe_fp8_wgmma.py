@@ -5,7 +5,7 @@ Chain: w = bf16(fp32(code) * scale) per weight, then one fp32-accumulated bf16 d
 into ``split`` K slices by the shape alone, summed in slice order. A row's bits depend on its own x only when the
 row tile (``br``) is the same for every call, so each launch here uses one ``br`` for any number of rows.
 
-    python3 tests/perf/probe_fp8_wgmma.py            # on the GPU host, after `source tests/perf/device_env.sh`
+    python3 tests/perf/probe_fp8_wgmma.py            # on a GPU host, after `source tests/perf/device_env.sh`
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import itertools
 import torch
 import triton
 import triton.language as tl
+from bench_quant_gemv import copy_bandwidth
 
 
 @triton.jit
@@ -32,7 +33,6 @@ def fp8_block_wgmma_kernel(
     BR: tl.constexpr,
     BK: tl.constexpr,
     SPLIT: tl.constexpr,
-    BIT_OPS: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -46,17 +46,9 @@ def fp8_block_wgmma_kernel(
     for k0 in range(pid_s * k_per, (pid_s + 1) * k_per, BK):
         codes = tl.load(w_ptr + cols[:, None].to(tl.int64) * k + (k0 + kk)[None, :])
         s = tl.load(s_ptr + (cols // 128) * s_cols + k0 // 128)
-        if BIT_OPS:  # the interpreter: the code's bits placed into an fp32 (e4m3 x 2^-120), times 2^120
-            b = codes.to(tl.int32)
-            wf = (((b & 0x7F) << 20) | ((b & 0x80) << 24)).to(tl.float32, bitcast=True) * 1.329227995784916e36
-        else:
-            wf = codes.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-        w = (wf * s[:, None]).to(tl.bfloat16)
+        w = (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]).to(tl.bfloat16)
         x = tl.load(x_ptr + rows[:, None] * k + (k0 + kk)[None, :], mask=row_ok[:, None], other=0.0)
-        if BIT_OPS:  # the interpreter's bf16 dot is not trusted: the same bf16 values multiplied in fp32
-            acc = tl.dot(w.to(tl.float32), tl.trans(x.to(tl.float32)), acc, input_precision="ieee")
-        else:
-            acc = tl.dot(w, tl.trans(x), acc)
+        acc = tl.dot(w, tl.trans(x), acc)
     out = out_ptr + pid_s * m * n + rows[None, :] * n + cols[:, None]
     tl.store(out, acc, mask=row_ok[None, :])
 
@@ -81,7 +73,6 @@ def fp8_block_wgmma(x, w, s, cfg, partials=None):
         BR=br,
         BK=bk,
         SPLIT=split,
-        BIT_OPS=not x.is_cuda,
         num_warps=warps,
         num_stages=stages,
     )
@@ -107,11 +98,6 @@ def bench_us(fn, reps=50):
     return triton.testing.do_bench(fn, warmup=10, rep=reps, return_mode="median") * 1e3
 
 
-def copy_bandwidth(dev) -> float:
-    big = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    return 2 * (1 << 29) / bench_us(lambda: big[: 1 << 29].copy_(big[1 << 29 :])) / 1e3
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="24576x4096,6144x4096,4096x12288,4096x4096")
@@ -135,8 +121,7 @@ def main():
     print(
         f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
     )
-    bw = copy_bandwidth(dev)
-    print(f"copy bandwidth {bw:.0f} GB/s (read + write)")
+    bw = copy_bandwidth(dev) / 1e9  # GB/s, printed
     for shape in a.shapes.split(","):
         n, k = (int(v) for v in shape.split("x"))
         ws = [random_fp8(n, k, gen, dev) for _ in range(copies)]
@@ -153,7 +138,7 @@ def main():
             it = itertools.cycle(range(copies))
             t = bench_us(lambda x=x, it=it, wb=wb: torch.matmul(x, wb[next(it)].T))
             print(f"rows {r:4d} cuBLAS bf16 {t:8.1f} us")
-        results = []
+        ran = []
         for cfg in cfgs:
             bn, br, bk, split, warps, stages = cfg
             if n % bn or (k // split) % bk:
@@ -180,13 +165,13 @@ def main():
                         )
                     )
                 )
-            results.append((cfg, err, exact, times))
+            ran.append(cfg)
             ts = " ".join(f"{t:7.1f}" for t in times)
             print(
                 f"cfg bn {bn} br {br} bk {bk} split {split} warps {warps} stages {stages}: err {err:.2e} "
                 f"exact {exact} us {ts} (% roofline at rows[0] {100 * fp8_bytes / bw / 1e3 / times[0]:.0f})"
             )
-        for cfg in [c[0] for c in results if c[0][1] != 64]:  # does the row tile's width change a row's bits?
+        for cfg in [c for c in ran if c[1] != 64]:  # does the row tile's width change a row's bits?
             wide = (cfg[0], 64, *cfg[2:])
             same = torch.equal(fp8_block_wgmma(xs[:16], *ws[0], cfg), fp8_block_wgmma(xs[:16], *ws[0], wide))
             print(f"cfg {cfg}: 16 rows in row tiles of {cfg[1]} == in row tiles of 64: {same}")

@@ -27,29 +27,30 @@ run() {
   echo "rc=$? $name" | tee -a "$OUT/steps.log"
   grep -E "^\| [0-9]|graph:|greedy|err|failed|kernels vs" "$OUT/$name.log" | tail -40
 }
+BENCH=(python3 -m dgpp.cli bench --hf-cases "")  # a command, not a function: `timeout` runs it
 for step in ${STEPS:-kvfp8 kv32k qwen4 dsv4}; do
   case $step in
     kvfp8) run kvfp8 bash -c "cd tests/perf && python3 check_kernels.py --only kv_fp8_decode_attention" ;;
-    kv32k) run kv32k python3 -m dgpp.cli bench --hf-cases "" --geometry qwen3-8b@9 --cases 32768x1x16,32768x32x8 --kv-dtype auto,fp8 --check-cases "" ;;
+    kv32k) run kv32k "${BENCH[@]}" --geometry qwen3-8b@9 --cases 32768x1x16,32768x32x8 --kv-dtype auto,fp8 --check-cases "" ;;
     qwen4)
       run qwen4_check python3 plugins/dgpp-qwen/tests/check_qwen4_exp_cuda.py check --dir .cache/qwen4_exp_gpu
-      run qwen4 python3 -m dgpp.cli bench --hf-cases "" --geometry qwen3.8-flash-next-8l --cases 128x1x64,128x8x64,32768x1x16 --check-cases 128x2x16 \
+      run qwen4 "${BENCH[@]}" --geometry qwen3.8-flash-next-8l --cases 128x1x64,128x8x64,32768x1x16 --check-cases 128x2x16 \
         --profile 128x1x8 ;;
     dsv4)
       run dsv4_check bash -c "cd tests/perf && python3 check_deepseek_v4_cuda.py"
-      run dsv4 python3 -m dgpp.cli bench --hf-cases "" --geometry deepseek-v4-flash-8l@4 --cases 128x1x64,128x8x64 --check-cases 128x3x16 --profile 128x1x8 ;;
+      run dsv4 "${BENCH[@]}" --geometry deepseek-v4-flash-8l@4 --cases 128x1x64,128x8x64 --check-cases 128x3x16 --profile 128x1x8 ;;
     moe)
       for spec in qwen3.5-122b-a10b-24l@8:nvfp4 mimo-v2.6-flash-8l@4:mxfp4+fp8_block \
         deepseek-v4-flash-8l@4:mxfp4+fp8_block; do
-        run "moe_${spec%%@*}" python3 -m dgpp.cli bench --hf-cases "" --geometry "${spec%%:*}" --quant "bf16,${spec#*:}" \
+        run "moe_${spec%%@*}" "${BENCH[@]}" --geometry "${spec%%:*}" --quant "bf16,${spec#*:}" \
           --cases 128x1x64,128x8x64,128x64x64 --check-cases 128x8x16
       done ;;
     dense)
-      run dense python3 -m dgpp.cli bench --hf-cases "" --geometry qwen3-8b --quant bf16,fp8_block,nvfp4 --cases 128x1x64,128x16x64,128x64x64
+      run dense "${BENCH[@]}" --geometry qwen3-8b --quant bf16,fp8_block,nvfp4 --cases 128x1x64,128x16x64,128x64x64
       run dense_tiles python3 tests/perf/bench_packed_batch.py --formats nvfp4,fp8_block --rows 1,16,64 \
         --problems gate_up,qkv --tiles ;;
     glm5) run glm5 python3 tests/perf/check_glm5_cuda.py --cases 1x1024,64x1024 --steps 8 --skip-kernels ;;
-    flint) run flint python3 -m dgpp.cli bench --hf-cases "" --geometry flint@8 --quant release --cases 128x1x32,128x8x32 --check-cases "" --profile 128x1x8 ;;
+    flint) run flint "${BENCH[@]}" --geometry flint@8 --quant release --cases 128x1x32,128x8x32 --check-cases "" --profile 128x1x8 ;;
     serve) run serve python3 -m dgpp.cli bench serve --geometry qwen3-8b --quant fp8_block --serve-cases 64 \
       --solo-check 24 --checkpoint-dir /tmp/ck8 ;;
     *) echo "unknown step $step" | tee -a "$OUT/steps.log" ;;
