@@ -239,3 +239,54 @@ def test_fused_clamped_swiglu_equals_reference(fmt):
     unclamped = moe(x, weights, ids)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-4 * float(want.abs().max()))
     assert (unclamped - want).abs().max() > 1e-2 * float(want.abs().max())
+
+
+@pytest.mark.parametrize("fmt", [NVFP4ModelOpt(), NVFP4CompressedTensors()], ids=["modelopt", "compressed"])
+def test_fp4_expert_weights_exact_with_the_global_per_sum(fmt):
+    """bf16 activations: an E2M1 code times its E4M3 group scale is exact in bf16, so the expert GEMM takes the
+    format's exact weights and applies the global (ModelOpt's multiplier, compressed-tensors' divisor) to each
+    fp32 sum. One projection with fp32 output equals an fp64 product of the exact weights to fp32 rounding;
+    weights rounded to bf16 after the global (a per-weight decode) would be ~1e-3 off."""
+    from dgpp.kernels.moe import align_to_experts
+    from dgpp.quant.kernels.moe_launch import _launch, stack_args
+
+    hidden, inter, experts, top_k, tokens = 64, 256, 4, 2, 5
+    moe = build_experts(fmt, seed=13, experts=experts, hidden=hidden, inter=inter)
+    down = moe.down_proj
+    x = torch.randn(tokens, inter, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+    _, ids = routing(tokens, top_k, seed=15, experts=experts)
+    tiles = MoETiles(bm=16, bn=32, bkp=64)
+    sorted_ids, block_expert = align_to_experts(ids, experts, tiles.bm)
+    n_assign = tokens * top_k
+    rows = torch.zeros(sorted_ids.shape[0], inter, dtype=torch.bfloat16)  # the GEMM reads its sorted rows
+    used = sorted_ids < n_assign
+    rows[used] = x[sorted_ids[used] // top_k]
+    got = torch.zeros(n_assign, hidden)
+    args = stack_args(down.fmt, down.stacks(), (hidden, inter))
+    _launch(
+        args,
+        None,
+        rows,
+        got,
+        sorted_ids,
+        block_expert,
+        torch.ones(n_assign),
+        n_assign,
+        top_k,
+        hidden,
+        tiles,
+        gather=False,
+        swiglu=False,
+        scatter=True,
+    )
+    flat_ids = ids.flatten()
+    exact = torch.stack(
+        [moe.expert_weight("down_proj", int(e), torch.float32) for e in range(experts)]
+    ).double()
+    want = torch.einsum("ak,ank->an", x.double().repeat_interleave(top_k, 0), exact[flat_ids])
+    rounded = torch.einsum(
+        "ak,ank->an", x.double().repeat_interleave(top_k, 0), exact[flat_ids].bfloat16().double()
+    )
+    scale = float(want.abs().max())
+    assert float((got.double() - want).abs().max()) < 1e-5 * scale
+    assert float((rounded - want).abs().max()) > 1e-4 * scale  # the weights' bf16 rounding is visible here

@@ -5,7 +5,10 @@ Rows are the ``T*K`` (token, expert) assignments sorted by expert in blocks of `
 expert's packed weight tiles once. Each stored [BN, BKP] tile is decoded in registers by the same
 helpers as the weight-only linear (``wo_matmul``: FP8 block/channel, E2M1 with E4M3/E8M0 group scales
 and a global, packed int and GPTQ words), rounded to the activation dtype like the torch reference
-decode, then fed to ``tl.dot``. The first GEMM gathers token rows and fuses SwiGLU (gate and up are
+decode, then fed to ``tl.dot``. E2M1 weights with bf16 activations (``FP4_EXACT``) skip that rounding: a 2-bit
+E2M1 significand times a 4-bit E4M3 or power-of-two E8M0 scale fits bf16's 8 bits, so ``code * scale`` is an
+exact bf16 product (one packed bf16 multiply per two weights), and the per-expert global multiplies (or divides)
+the fp32 sums once after the K loop instead of every weight. The first GEMM gathers token rows and fuses SwiGLU (gate and up are
 two stacks, each with its own scales and global); the second scales each row by its routing weight
 and writes it at its assignment index, so the caller sums each token's ``K`` rows in a fixed order.
 Every expert-dependent quantity is read on the device: nothing here needs the host.
@@ -16,7 +19,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dgpp.quant.kernels.wo_matmul import _decode, _scales
+from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
+from dgpp.quant.kernels.wo_matmul import _decode, _e2m1_value, _scales
 
 
 @triton.jit
@@ -26,6 +30,25 @@ def _activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, offs_kp, kp_ok):
     cols = offs_kp[None, :, None] * 2 + tl.arange(0, 2)[None, None, :]
     mask = rvalid[:, None, None] & kp_ok[None, :, None]
     return tl.load(a_ptr + a_rows[:, None, None] * a_row_stride + cols, mask=mask, other=0.0)
+
+
+@triton.jit
+def _fp4_exact(stored, i, scales, FAST_E2M1: tl.constexpr, DOT_LOW: tl.constexpr):
+    """Sub-position ``i`` of a [BN, BKP] tile of E2M1 pairs times its group ``scales`` (fp32 [BN, BKP]), exact:
+    in bf16 for the tensor cores, in fp32 where the dot runs in fp32 (the interpreter) - the same values."""
+    if FAST_E2M1:
+        lo, hi = e2m1_pairs(stored, tl.bfloat16)
+        if i == 0:
+            code = lo
+        else:
+            code = hi
+    else:
+        code = _e2m1_value((stored.to(tl.int32) >> (4 * i)) & 0xF)
+    if DOT_LOW:
+        w = code.to(tl.bfloat16) * scales.to(tl.bfloat16)
+    else:
+        w = code.to(tl.float32) * scales
+    return w
 
 
 @triton.jit
@@ -86,6 +109,7 @@ def quant_moe_gemm_kernel(
     BKP: tl.constexpr,
     FAST_E2M1: tl.constexpr = False,
     SWIGLU_LIMIT: tl.constexpr = 0.0,
+    FP4_EXACT: tl.constexpr = False,
 ):
     """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
     ``w/s/z/g``: the (gate or down) stack; ``w2/s2/z2/g2``: the up stack (SWIGLU only); every stack is
@@ -187,36 +211,41 @@ def quant_moe_gemm_kernel(
                     mask=rvalid[:, None] & kp_ok[None, :],
                     other=0.0,
                 )
-            w = _decode(
-                stored,
-                i,
-                offs_n,
-                offs_k,
-                kp_ok,
-                tile_ok,
-                s_base,
-                z_base,
-                s_base,
-                g,
-                s_pre,
-                z_row,
-                stride_sn,
-                stride_sk,
-                stride_zk,
-                FMT,
-                BITS,
-                SCALE_E8M0,
-                GLOBAL_OP,
-                ZERO_OFFSET,
-                False,
-                SCALE_MODE,
-                SBN,
-                SBK,
-                FAST_E2M1,
-                ROUND_DTYPE,
-            )
-            acc += _dot(a, w.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
-            if SWIGLU:
+            if FP4_EXACT:
+                acc += _dot(a, _fp4_exact(stored, i, s_pre, FAST_E2M1, DOT_LOW), ROUND_DTYPE, DOT_LOW)
+            else:
+                w = _decode(
+                    stored,
+                    i,
+                    offs_n,
+                    offs_k,
+                    kp_ok,
+                    tile_ok,
+                    s_base,
+                    z_base,
+                    s_base,
+                    g,
+                    s_pre,
+                    z_row,
+                    stride_sn,
+                    stride_sk,
+                    stride_zk,
+                    FMT,
+                    BITS,
+                    SCALE_E8M0,
+                    GLOBAL_OP,
+                    ZERO_OFFSET,
+                    False,
+                    SCALE_MODE,
+                    SBN,
+                    SBK,
+                    FAST_E2M1,
+                    ROUND_DTYPE,
+                )
+                acc += _dot(a, w.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
+            if SWIGLU and FP4_EXACT:
+                acc_up += _dot(a, _fp4_exact(stored_up, i, s_up, FAST_E2M1, DOT_LOW), ROUND_DTYPE, DOT_LOW)
+            elif SWIGLU:
                 w_up = _decode(
                     stored_up,
                     i,
@@ -246,6 +275,12 @@ def quant_moe_gemm_kernel(
                     ROUND_DTYPE,
                 )
                 acc_up += _dot(a, w_up.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
+    if FP4_EXACT and GLOBAL_OP == 1:  # the global, once per sum (the tile's weights were exact without it)
+        acc = acc * g
+        acc_up = acc_up * g2
+    elif FP4_EXACT and GLOBAL_OP == 2:
+        acc = acc / g
+        acc_up = acc_up / g2
     if SWIGLU:
         # the reference rounds gate and up to the activation dtype before silu(gate) * up
         gate = acc.to(ROUND_DTYPE).to(tl.float32)

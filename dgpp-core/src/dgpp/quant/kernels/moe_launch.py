@@ -117,6 +117,9 @@ def _launch(
     dot_low = round_dtype is not tl.float32 and not interpreting()
     # the PTX pair decoder works on 4 bytes per register: tiles that give each thread at least 4 bytes
     fast_e2m1 = dot_low and args["FMT"] == FMT_FP4 and tiles.bn * tiles.bkp >= 4 * 32 * tiles.num_warps
+    scale_mode = _scale_mode(args, tiles.bkp)
+    # E2M1 times its group scale is exact in bf16: bf16 activations take exact weights and the global per sum
+    fp4_exact = args["FMT"] == FMT_FP4 and round_dtype is tl.bfloat16 and scale_mode == 2
     up = up or args
     grid = (sorted_ids.shape[0] // tiles.bm, cdiv(n_out, tiles.bn))
     quant_moe_gemm_kernel[grid](
@@ -159,7 +162,7 @@ def _launch(
         ROUND_DTYPE=round_dtype,
         DOT_LOW=dot_low,
         FAST_E2M1=fast_e2m1,
-        SCALE_MODE=_scale_mode(args, tiles.bkp),
+        SCALE_MODE=scale_mode,
         GATHER_TOKENS=gather,
         SWIGLU=swiglu,
         SCATTER_WEIGHTED=scatter,
@@ -167,6 +170,7 @@ def _launch(
         BN=tiles.bn,
         BKP=tiles.bkp,
         SWIGLU_LIMIT=swiglu_limit,
+        FP4_EXACT=fp4_exact,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
