@@ -241,52 +241,73 @@ def test_fused_clamped_swiglu_equals_reference(fmt):
     assert (unclamped - want).abs().max() > 1e-2 * float(want.abs().max())
 
 
+def down_rows(
+    moe: QuantExperts, x: torch.Tensor, ids: torch.Tensor, tiles: MoETiles | None = None
+) -> torch.Tensor:
+    """The fused down projection alone, with fp32 output: one row per (token, expert) assignment, each row
+    ``x[token] @ W_e^T`` (routing weight 1), in the tiles ``fused_quant_moe`` takes for this many assignments."""
+    from dgpp.kernels.moe import align_to_experts
+    from dgpp.quant.kernels.moe_launch import _launch, moe_tiles, stack_args
+
+    down, (tokens, top_k) = moe.down_proj, ids.shape
+    args = stack_args(down.fmt, down.stacks(), down.shape)
+    n_assign = tokens * top_k
+    tiles = tiles or moe_tiles(args["PACK"], n_assign, moe.num_experts)
+    sorted_ids, block_expert = align_to_experts(ids, moe.num_experts, tiles.bm)
+    rows = torch.zeros(sorted_ids.shape[0], x.shape[1], dtype=x.dtype)  # the GEMM reads its sorted rows
+    used = sorted_ids < n_assign
+    rows[used] = x[sorted_ids[used] // top_k]
+    out = torch.zeros(n_assign, down.shape[0])
+    _launch(
+        args,
+        None,
+        rows,
+        out,
+        sorted_ids,
+        block_expert,
+        torch.ones(n_assign),
+        n_assign,
+        top_k,
+        down.shape[0],
+        tiles,
+        gather=False,
+        swiglu=False,
+        scatter=True,
+    )
+    return out
+
+
 @pytest.mark.parametrize("fmt", [NVFP4ModelOpt(), NVFP4CompressedTensors()], ids=["modelopt", "compressed"])
 def test_fp4_expert_weights_exact_with_the_global_per_sum(fmt):
     """bf16 activations: an E2M1 code times its E4M3 group scale is exact in bf16, so the expert GEMM takes the
     format's exact weights and applies the global (ModelOpt's multiplier, compressed-tensors' divisor) to each
     fp32 sum. One projection with fp32 output equals an fp64 product of the exact weights to fp32 rounding;
     weights rounded to bf16 after the global (a per-weight decode) would be ~1e-3 off."""
-    from dgpp.kernels.moe import align_to_experts
-    from dgpp.quant.kernels.moe_launch import _launch, stack_args
-
-    hidden, inter, experts, top_k, tokens = 64, 256, 4, 2, 5
-    moe = build_experts(fmt, seed=13, experts=experts, hidden=hidden, inter=inter)
-    down = moe.down_proj
-    x = torch.randn(tokens, inter, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
+    experts, top_k, tokens = 4, 2, 5
+    moe = build_experts(fmt, seed=13, experts=experts, hidden=64, inter=256)
+    x = torch.randn(tokens, 256, generator=torch.Generator().manual_seed(14)).to(torch.bfloat16)
     _, ids = routing(tokens, top_k, seed=15, experts=experts)
-    tiles = MoETiles(bm=16, bn=32, bkp=64)
-    sorted_ids, block_expert = align_to_experts(ids, experts, tiles.bm)
-    n_assign = tokens * top_k
-    rows = torch.zeros(sorted_ids.shape[0], inter, dtype=torch.bfloat16)  # the GEMM reads its sorted rows
-    used = sorted_ids < n_assign
-    rows[used] = x[sorted_ids[used] // top_k]
-    got = torch.zeros(n_assign, hidden)
-    args = stack_args(down.fmt, down.stacks(), (hidden, inter))
-    _launch(
-        args,
-        None,
-        rows,
-        got,
-        sorted_ids,
-        block_expert,
-        torch.ones(n_assign),
-        n_assign,
-        top_k,
-        hidden,
-        tiles,
-        gather=False,
-        swiglu=False,
-        scatter=True,
-    )
-    flat_ids = ids.flatten()
-    exact = torch.stack(
-        [moe.expert_weight("down_proj", int(e), torch.float32) for e in range(experts)]
-    ).double()
-    want = torch.einsum("ak,ank->an", x.double().repeat_interleave(top_k, 0), exact[flat_ids])
-    rounded = torch.einsum(
-        "ak,ank->an", x.double().repeat_interleave(top_k, 0), exact[flat_ids].bfloat16().double()
-    )
+    got = down_rows(moe, x, ids, MoETiles(bm=16, bn=32, bkp=64))
+    exact = torch.stack([moe.expert_weight("down_proj", e, torch.float32) for e in range(experts)]).double()
+    picked, inputs = exact[ids.flatten()], x.double().repeat_interleave(top_k, 0)
+    want = torch.einsum("ak,ank->an", inputs, picked)
+    rounded = torch.einsum("ak,ank->an", inputs, picked.bfloat16().double())
     scale = float(want.abs().max())
     assert float((got.double() - want).abs().max()) < 1e-5 * scale
     assert float((rounded - want).abs().max()) > 1e-4 * scale  # the weights' bf16 rounding is visible here
+
+
+@pytest.mark.parametrize("fmt", [NVFP4ModelOpt(), MXFP4()], ids=["nvfp4", "mxfp4"])
+def test_fp4_expert_rows_alone_equal_rows_in_a_batch(fmt):
+    """bf16 E2M1 experts: a token's fp32 expert rows do not depend on the tokens beside it, across batches that
+    take 16-row and 64-row expert blocks (above 4 assignments per expert). Inputs span a wide exponent range, so
+    the fp32 sums round and a K order that followed the batch would show."""
+    moe = build_experts(fmt, seed=17, inter=256)
+    gen = torch.Generator().manual_seed(18)
+    x = (torch.randn(40, 256, generator=gen) * 2.0 ** torch.randint(-12, 13, (40, 256), generator=gen)).to(
+        torch.bfloat16
+    )
+    _, ids = routing(40, 2, seed=19)
+    alone = torch.cat([down_rows(moe, x[i : i + 1], ids[i : i + 1]) for i in range(40)])
+    for tokens in (3, 17, 40):  # 40 x 2 assignments over 8 experts take the 64-row blocks
+        assert torch.equal(down_rows(moe, x[:tokens], ids[:tokens]), alone[: 2 * tokens])
