@@ -20,7 +20,7 @@ import triton
 import triton.language as tl
 
 from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
-from dgpp.quant.kernels.wo_matmul import _decode, _e2m1_value, _scales
+from dgpp.quant.kernels.wo_matmul import _decode, _e2m1_value, _e8m0_value, _scales
 
 
 @triton.jit
@@ -49,6 +49,30 @@ def _fp4_exact(stored, i, scales, FAST_E2M1: tl.constexpr, DOT_LOW: tl.constexpr
     else:
         w = code.to(tl.float32) * scales
     return w
+
+
+@triton.jit
+def _group_scale_bytes(
+    s_base, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, GSP: tl.constexpr, BKP: tl.constexpr
+):
+    """The stored E4M3 / E8M0 scale bytes of a [BN, BKP] tile of E2M1 pairs: [BN, BKP / GSP], one per group of
+    GSP stored bytes (zero past ``kp_hi``)."""
+    offs_g = kp0 // GSP + tl.arange(0, BKP // GSP)
+    return tl.load(
+        s_base + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk,
+        mask=n_ok[:, None] & (offs_g * GSP < kp_hi)[None, :],
+        other=0,
+    )
+
+
+@triton.jit
+def _scale_per_weight(raw, SCALE_E8M0: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, GSP: tl.constexpr):
+    """Scale bytes [BN, BKP / GSP] -> fp32 scales [BN, BKP], one per stored byte."""
+    if SCALE_E8M0:
+        sf = _e8m0_value(raw)
+    else:
+        sf = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
+    return tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, BKP // GSP, GSP)), (BN, BKP))
 
 
 @triton.jit
@@ -142,38 +166,27 @@ def quant_moe_gemm_kernel(
             g2 = tl.load(g2_ptr + expert * stride_ge).to(tl.float32)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     acc_up = tl.zeros((BM, BN), dtype=tl.float32)
+    # E2M1 pairs: scale bytes and activation pairs load a K step ahead of their use, so their latency hides
+    if FP4_EXACT:
+        GSP: tl.constexpr = SBK // PACK
+        next_s = _group_scale_bytes(s_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
+        next_s_up = _group_scale_bytes(s2_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
+        first = tl.arange(0, BKP)
+        next_a = _activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, first, first < kp_end)
     for kp0 in range(0, kp_end, BKP):
         offs_kp = kp0 + tl.arange(0, BKP)
         kp_ok = offs_kp < KP
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         w_off = offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk
         stored = tl.load(w_base + w_off, mask=tile_ok, other=0)
-        s_pre, z_row = _scales(
-            s_base,
-            z_base,
-            offs_n,
-            n_ok,
-            kp0,
-            KP,
-            stride_sn,
-            stride_sk,
-            stride_zk,
-            FMT,
-            BITS,
-            SCALE_E8M0,
-            ZERO_OFFSET,
-            SCALE_MODE,
-            PACK,
-            SBN,
-            SBK,
-            BN,
-            BKP,
-        )
-        if SWIGLU:
-            stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
-            s_up, z_up = _scales(
-                s2_base,
-                z2_base,
+        if FP4_EXACT:
+            s_pre = _scale_per_weight(next_s, SCALE_E8M0, BN, BKP, GSP)
+            next_s = _group_scale_bytes(s_base, offs_n, n_ok, kp0 + BKP, KP, stride_sn, stride_sk, GSP, BKP)
+            z_row = tl.zeros((BN,), dtype=tl.int32)
+        else:
+            s_pre, z_row = _scales(
+                s_base,
+                z_base,
                 offs_n,
                 n_ok,
                 kp0,
@@ -192,12 +205,47 @@ def quant_moe_gemm_kernel(
                 BN,
                 BKP,
             )
+        if SWIGLU:
+            stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
+            if FP4_EXACT:
+                s_up = _scale_per_weight(next_s_up, SCALE_E8M0, BN, BKP, GSP)
+                next_s_up = _group_scale_bytes(
+                    s2_base, offs_n, n_ok, kp0 + BKP, KP, stride_sn, stride_sk, GSP, BKP
+                )
+                z_up = z_row
+            else:
+                s_up, z_up = _scales(
+                    s2_base,
+                    z2_base,
+                    offs_n,
+                    n_ok,
+                    kp0,
+                    KP,
+                    stride_sn,
+                    stride_sk,
+                    stride_zk,
+                    FMT,
+                    BITS,
+                    SCALE_E8M0,
+                    ZERO_OFFSET,
+                    SCALE_MODE,
+                    PACK,
+                    SBN,
+                    SBK,
+                    BN,
+                    BKP,
+                )
         else:  # unused: keeps every name defined on both constexpr branches
             stored_up = stored
             s_up = s_pre
             z_up = z_row
         if PACK == 2:  # E2M1 pairs: activations loaded as [BM, BKP, 2] column pairs, split in registers
-            a_lo, a_hi = tl.split(_activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, offs_kp, kp_ok))
+            if FP4_EXACT:
+                a_lo, a_hi = tl.split(next_a)
+                ahead = offs_kp + BKP
+                next_a = _activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, ahead, ahead < KP)
+            else:
+                a_lo, a_hi = tl.split(_activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, offs_kp, kp_ok))
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
             if PACK == 2:
