@@ -5,13 +5,15 @@ Rows are the ``T*K`` (token, expert) assignments sorted by expert in blocks of `
 expert's packed weight tiles once. Each stored [BN, BKP] tile is decoded in registers by the same
 helpers as the weight-only linear (``wo_matmul``: FP8 block/channel, E2M1 with E4M3/E8M0 group scales
 and a global, packed int and GPTQ words), rounded to the activation dtype like the torch reference
-decode, then fed to ``tl.dot``. E2M1 weights with bf16 activations (``FP4_EXACT``) skip that rounding: a 2-bit
-E2M1 significand times a 4-bit E4M3 or power-of-two E8M0 scale fits bf16's 8 bits, so ``code * scale`` is an
-exact bf16 product (one packed bf16 multiply per two weights), and the per-expert global multiplies (or divides)
-the fp32 sums once after the K loop instead of every weight. The first GEMM gathers token rows and fuses SwiGLU (gate and up are
+decode, then fed to ``tl.dot``. The first GEMM gathers token rows and fuses SwiGLU (gate and up are
 two stacks, each with its own scales and global); the second scales each row by its routing weight
 and writes it at its assignment index, so the caller sums each token's ``K`` rows in a fixed order.
 Every expert-dependent quantity is read on the device: nothing here needs the host.
+
+E2M1 weights with bf16 activations (``FP4_EXACT``) skip the rounding: a 2-bit E2M1 significand times a 4-bit
+E4M3 or power-of-two E8M0 scale fits bf16's 8 bits, so ``code * scale`` is an exact bf16 product (one packed
+multiply per two weights), and the per-expert global multiplies (or divides) each fp32 sum once after the K loop.
+Their scale bytes and activation pairs load one K step ahead of their use.
 """
 
 from __future__ import annotations
