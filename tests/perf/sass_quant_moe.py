@@ -1,0 +1,105 @@
+"""Instruction mix of the fused packed-expert GEMM's K loop on sm_90, compiled ahead of time on a machine without
+a GPU (as ``sass_quant_gemv.py`` does for the dense tiles). Not a test: per format and launch (gate/up with SwiGLU,
+down), the K loop's instructions per decoded weight and thread, the most frequent opcodes, the registers, and how
+many instructions separate a global load from its first use in the same trip (``ldg_cover``).
+
+    PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_quant_moe.py [--formats nvfp4,mxfp4,fp8]
+        [--tiles 16,32,64,4,3] [--hidden 3072 --inter 1024]
+
+``--tiles`` is BM,BN,BKP,warps,stages (BKP 0: the launch's default for the format).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+
+import torch
+import triton
+import triton.language as tl
+from sass_quant_gemv import POINTER_KINDS, _disassemble, global_load_cover, main_loop
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt
+from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.kernels import moe_launch
+from dgpp.quant.kernels.moe_gemm import quant_moe_gemm_kernel as kernel
+from dgpp.quant.kernels.wo_matmul import FMT_FP4
+from dgpp.quant.moe import QuantExperts
+
+FORMATS = {"nvfp4": NVFP4ModelOpt(), "mxfp4": MXFP4(), "fp8": FP8Block(block=(128, 128))}
+
+
+def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
+    """The gate/up (``swiglu``) or down launch for bf16 activations, with the constexprs ``_launch`` passes."""
+    moe = QuantExperts(fmt, 2, hidden, inter)
+    shape = (inter, hidden) if swiglu else (hidden, inter)
+    first = moe.gate_proj if swiglu else moe.down_proj
+    args = moe_launch.stack_args(first.fmt, first.stacks(), shape)
+    up = moe_launch.stack_args(first.fmt, moe.up_proj.stacks(), shape) if swiglu else args
+    scale_mode = moe_launch._scale_mode(args, tiles.bkp)
+    fp4 = args["FMT"] == FMT_FP4
+    const = dict(
+        SBN=args["SBN"], SBK=args["SBK"], FMT=args["FMT"], PACK=args["PACK"], BITS=args["BITS"],
+        SCALE_E8M0=args["SCALE_E8M0"], GLOBAL_OP=args["GLOBAL_OP"], ZERO_OFFSET=args["ZERO_OFFSET"],
+        ROUND_DTYPE=tl.bfloat16, DOT_LOW=True, SCALE_MODE=scale_mode, GATHER_TOKENS=swiglu, SWIGLU=swiglu,
+        SCATTER_WEIGHTED=not swiglu, BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp,
+        FAST_E2M1=fp4 and tiles.bn * tiles.bkp >= 4 * 32 * tiles.num_warps, SWIGLU_LIMIT=0.0,
+        FP4_EXACT=fp4 and scale_mode == 2,
+    )  # fmt: skip
+    rows = torch.empty(1, hidden, dtype=torch.bfloat16)
+    index = torch.empty(1, dtype=torch.int32)
+    ptrs = dict(
+        a_ptr=rows, c_ptr=rows, sorted_ids_ptr=index, block_expert_ptr=index, topk_w_ptr=rows,
+        w_ptr=args["w"], s_ptr=args["s"], z_ptr=args["z"], g_ptr=args["g"],
+        w2_ptr=up["w"], s2_ptr=up["s"], z2_ptr=up["z"], g2_ptr=up["g"],
+    )  # fmt: skip
+    names = kernel.arg_names
+    const = {
+        k: v for k, v in const.items() if k in names
+    }  # a tree before a constexpr existed runs without it
+    kinds = {**POINTER_KINDS, torch.float8_e4m3fn: "*u8"}  # an unused z / g argument is the FP8 codes tensor
+    sig = {n: kinds[ptrs[n].dtype] if n in ptrs else "constexpr" if n in const else "i32" for n in names}
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]]
+        for n in names
+        if sig[n] != "constexpr" and n != "num_assign"
+    }
+    src = ASTSource(kernel, sig, constexprs={(names.index(k),): v for k, v in const.items()}, attrs=attrs)
+    options = {"num_warps": tiles.num_warps, "num_stages": tiles.num_stages}
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def loop_line(compiled, weights_per_thread: float) -> str:
+    sass, usage = _disassemble(compiled)
+    loop = main_loop(sass)
+    ops = collections.Counter(ins.split()[0].split(".")[0] for ins in loop)
+    regs = next((part for part in usage.split() if part.startswith("REG:")), "REG:?")
+    top = " ".join(f"{op}:{n}" for op, n in ops.most_common(12))
+    return (
+        f"loop={len(loop)} per_weight={len(loop) / weights_per_thread:.2f} ldg_cover={global_load_cover(loop)} "
+        f"{regs} {top}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--formats", default="nvfp4,mxfp4,fp8")
+    parser.add_argument("--tiles", default="16,32,0,4,3")
+    parser.add_argument("--hidden", type=int, default=3072)
+    parser.add_argument("--inter", type=int, default=1024)
+    args = parser.parse_args()
+    bm, bn, bkp, warps, stages = (int(v) for v in args.tiles.split(","))
+    for name in args.formats.split(","):
+        fmt = FORMATS[name]
+        pack = 1 if isinstance(fmt, FP8Block) else 2
+        tiles = moe_launch.MoETiles(bm, bn, bkp or max(16, 128 // pack), warps, stages)
+        for swiglu in (True, False):
+            weights = (2 if swiglu else 1) * tiles.bn * tiles.bkp * pack / (32 * tiles.num_warps)
+            line = loop_line(compile_launch(fmt, args.hidden, args.inter, tiles, swiglu), weights)
+            print(f"{name:6s} {'gate_up' if swiglu else 'down':7s} {tiles}  {line}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
