@@ -78,6 +78,129 @@ def _scale_per_weight(raw, SCALE_E8M0: tl.constexpr, BN: tl.constexpr, BKP: tl.c
 
 
 @triton.jit
+def _step_scales(
+    carried,
+    s_base,
+    z_base,
+    offs_n,
+    n_ok,
+    kp0,
+    KP,
+    stride_sn,
+    stride_sk,
+    stride_zk,
+    FMT: tl.constexpr,
+    BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    PACK: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    BN: tl.constexpr,
+    BKP: tl.constexpr,
+    FP4_EXACT: tl.constexpr,
+):
+    """One stack's scales and zeros for the K step at ``kp0``, and what it carries to the next step: with
+    ``FP4_EXACT`` the scale bytes loaded a step ahead (``carried``) spread per weight, and the next step's loaded
+    now; else ``_scales`` of this step, and ``carried`` unchanged."""
+    if FP4_EXACT:
+        GSP: tl.constexpr = SBK // PACK
+        scales = _scale_per_weight(carried, SCALE_E8M0, BN, BKP, GSP)
+        zeros = tl.zeros((BN,), dtype=tl.int32)
+        ahead = _group_scale_bytes(s_base, offs_n, n_ok, kp0 + BKP, KP, stride_sn, stride_sk, GSP, BKP)
+    else:
+        scales, zeros = _scales(
+            s_base,
+            z_base,
+            offs_n,
+            n_ok,
+            kp0,
+            KP,
+            stride_sn,
+            stride_sk,
+            stride_zk,
+            FMT,
+            BITS,
+            SCALE_E8M0,
+            ZERO_OFFSET,
+            SCALE_MODE,
+            PACK,
+            SBN,
+            SBK,
+            BN,
+            BKP,
+        )
+        ahead = carried
+    return scales, zeros, ahead
+
+
+@triton.jit
+def _weights(
+    stored,
+    i,
+    offs_n,
+    offs_k,
+    kp_ok,
+    tile_ok,
+    s_base,
+    z_base,
+    g,
+    scales,
+    zeros,
+    stride_sn,
+    stride_sk,
+    stride_zk,
+    FMT: tl.constexpr,
+    BITS: tl.constexpr,
+    SCALE_E8M0: tl.constexpr,
+    GLOBAL_OP: tl.constexpr,
+    ZERO_OFFSET: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    SBN: tl.constexpr,
+    SBK: tl.constexpr,
+    FAST_E2M1: tl.constexpr,
+    ROUND_DTYPE: tl.constexpr,
+    DOT_LOW: tl.constexpr,
+    FP4_EXACT: tl.constexpr,
+):
+    """Sub-position ``i`` of one stack's stored tile as the dot's weight operand: E2M1 times its scale exact
+    (``FP4_EXACT``), else the weight-only decode rounded to the activation dtype."""
+    if FP4_EXACT:
+        w = _fp4_exact(stored, i, scales, FAST_E2M1, DOT_LOW)
+    else:
+        w = _decode(
+            stored,
+            i,
+            offs_n,
+            offs_k,
+            kp_ok,
+            tile_ok,
+            s_base,
+            z_base,
+            s_base,
+            g,
+            scales,
+            zeros,
+            stride_sn,
+            stride_sk,
+            stride_zk,
+            FMT,
+            BITS,
+            SCALE_E8M0,
+            GLOBAL_OP,
+            ZERO_OFFSET,
+            False,
+            SCALE_MODE,
+            SBN,
+            SBK,
+            FAST_E2M1,
+            ROUND_DTYPE,
+        ).to(ROUND_DTYPE)
+    return w
+
+
+@triton.jit
 def _dot(a, w, ROUND_DTYPE: tl.constexpr, DOT_LOW: tl.constexpr):
     """``a [BM, BKP] @ w [BN, BKP]^T``: tensor cores in the activation dtype, or exact fp32 (fp32
     activations, and the interpreter whose bf16 dot is wrong)."""
@@ -175,20 +298,44 @@ def quant_moe_gemm_kernel(
         next_s_up = _group_scale_bytes(s2_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
         first = tl.arange(0, BKP)
         next_a = _activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, first, first < kp_end)
+    else:  # nothing is carried between K steps
+        next_s = 0
+        next_s_up = 0
     for kp0 in range(0, kp_end, BKP):
         offs_kp = kp0 + tl.arange(0, BKP)
         kp_ok = offs_kp < KP
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         w_off = offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk
         stored = tl.load(w_base + w_off, mask=tile_ok, other=0)
-        if FP4_EXACT:
-            s_pre = _scale_per_weight(next_s, SCALE_E8M0, BN, BKP, GSP)
-            next_s = _group_scale_bytes(s_base, offs_n, n_ok, kp0 + BKP, KP, stride_sn, stride_sk, GSP, BKP)
-            z_row = tl.zeros((BN,), dtype=tl.int32)
-        else:
-            s_pre, z_row = _scales(
-                s_base,
-                z_base,
+        s_pre, z_row, next_s = _step_scales(
+            next_s,
+            s_base,
+            z_base,
+            offs_n,
+            n_ok,
+            kp0,
+            KP,
+            stride_sn,
+            stride_sk,
+            stride_zk,
+            FMT,
+            BITS,
+            SCALE_E8M0,
+            ZERO_OFFSET,
+            SCALE_MODE,
+            PACK,
+            SBN,
+            SBK,
+            BN,
+            BKP,
+            FP4_EXACT,
+        )
+        if SWIGLU:
+            stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
+            s_up, z_up, next_s_up = _step_scales(
+                next_s_up,
+                s2_base,
+                z2_base,
                 offs_n,
                 n_ok,
                 kp0,
@@ -206,37 +353,8 @@ def quant_moe_gemm_kernel(
                 SBK,
                 BN,
                 BKP,
+                FP4_EXACT,
             )
-        if SWIGLU:
-            stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
-            if FP4_EXACT:
-                s_up = _scale_per_weight(next_s_up, SCALE_E8M0, BN, BKP, GSP)
-                next_s_up = _group_scale_bytes(
-                    s2_base, offs_n, n_ok, kp0 + BKP, KP, stride_sn, stride_sk, GSP, BKP
-                )
-                z_up = z_row
-            else:
-                s_up, z_up = _scales(
-                    s2_base,
-                    z2_base,
-                    offs_n,
-                    n_ok,
-                    kp0,
-                    KP,
-                    stride_sn,
-                    stride_sk,
-                    stride_zk,
-                    FMT,
-                    BITS,
-                    SCALE_E8M0,
-                    ZERO_OFFSET,
-                    SCALE_MODE,
-                    PACK,
-                    SBN,
-                    SBK,
-                    BN,
-                    BKP,
-                )
         else:  # unused: keeps every name defined on both constexpr branches
             stored_up = stored
             s_up = s_pre
@@ -261,42 +379,37 @@ def quant_moe_gemm_kernel(
                     mask=rvalid[:, None] & kp_ok[None, :],
                     other=0.0,
                 )
-            if FP4_EXACT:
-                acc += _dot(a, _fp4_exact(stored, i, s_pre, FAST_E2M1, DOT_LOW), ROUND_DTYPE, DOT_LOW)
-            else:
-                w = _decode(
-                    stored,
-                    i,
-                    offs_n,
-                    offs_k,
-                    kp_ok,
-                    tile_ok,
-                    s_base,
-                    z_base,
-                    s_base,
-                    g,
-                    s_pre,
-                    z_row,
-                    stride_sn,
-                    stride_sk,
-                    stride_zk,
-                    FMT,
-                    BITS,
-                    SCALE_E8M0,
-                    GLOBAL_OP,
-                    ZERO_OFFSET,
-                    False,
-                    SCALE_MODE,
-                    SBN,
-                    SBK,
-                    FAST_E2M1,
-                    ROUND_DTYPE,
-                )
-                acc += _dot(a, w.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
-            if SWIGLU and FP4_EXACT:
-                acc_up += _dot(a, _fp4_exact(stored_up, i, s_up, FAST_E2M1, DOT_LOW), ROUND_DTYPE, DOT_LOW)
-            elif SWIGLU:
-                w_up = _decode(
+            w = _weights(
+                stored,
+                i,
+                offs_n,
+                offs_k,
+                kp_ok,
+                tile_ok,
+                s_base,
+                z_base,
+                g,
+                s_pre,
+                z_row,
+                stride_sn,
+                stride_sk,
+                stride_zk,
+                FMT,
+                BITS,
+                SCALE_E8M0,
+                GLOBAL_OP,
+                ZERO_OFFSET,
+                SCALE_MODE,
+                SBN,
+                SBK,
+                FAST_E2M1,
+                ROUND_DTYPE,
+                DOT_LOW,
+                FP4_EXACT,
+            )
+            acc += _dot(a, w, ROUND_DTYPE, DOT_LOW)
+            if SWIGLU:
+                w_up = _weights(
                     stored_up,
                     i,
                     offs_n,
@@ -305,7 +418,6 @@ def quant_moe_gemm_kernel(
                     tile_ok,
                     s2_base,
                     z2_base,
-                    s2_base,
                     g2,
                     s_up,
                     z_up,
@@ -317,14 +429,15 @@ def quant_moe_gemm_kernel(
                     SCALE_E8M0,
                     GLOBAL_OP,
                     ZERO_OFFSET,
-                    False,
                     SCALE_MODE,
                     SBN,
                     SBK,
                     FAST_E2M1,
                     ROUND_DTYPE,
+                    DOT_LOW,
+                    FP4_EXACT,
                 )
-                acc_up += _dot(a, w_up.to(ROUND_DTYPE), ROUND_DTYPE, DOT_LOW)
+                acc_up += _dot(a, w_up, ROUND_DTYPE, DOT_LOW)
     if FP4_EXACT and GLOBAL_OP == 1:  # the global, once per sum (the tile's weights were exact without it)
         acc = acc * g
         acc_up = acc_up * g2
