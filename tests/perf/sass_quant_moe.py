@@ -1,7 +1,7 @@
 """Instruction mix of the fused packed-expert GEMM's K loop on sm_90, compiled ahead of time on a machine without
 a GPU (as ``sass_quant_gemv.py`` does for the dense tiles). Not a test: per format and launch (gate/up with SwiGLU,
-down), the K loop's instructions per decoded weight and thread, the most frequent opcodes, the registers, and how
-many instructions separate a global load from its first use in the same trip (``ldg_cover``).
+down), ``sass_quant_gemv.loop_summary`` of the K loop: instructions and shared-memory bytes per decoded weight and
+thread, how many instructions separate a global load from its first use (``ldg_cover``), the mix, the registers.
 
     PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_quant_moe.py [--formats nvfp4,mxfp4,fp8]
         [--tiles 16,32,64,4,3] [--hidden 3072 --inter 1024]
@@ -12,12 +12,11 @@ many instructions separate a global load from its first use in the same trip (``
 from __future__ import annotations
 
 import argparse
-import collections
 
 import torch
 import triton
 import triton.language as tl
-from sass_quant_gemv import POINTER_KINDS, _disassemble, global_load_cover, main_loop
+from sass_quant_gemv import POINTER_KINDS, loop_summary
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
@@ -71,18 +70,6 @@ def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def loop_line(compiled, weights_per_thread: float) -> str:
-    sass, usage = _disassemble(compiled)
-    loop = main_loop(sass)
-    ops = collections.Counter(ins.split()[0].split(".")[0] for ins in loop)
-    regs = next((part for part in usage.split() if part.startswith("REG:")), "REG:?")
-    top = " ".join(f"{op}:{n}" for op, n in ops.most_common(12))
-    return (
-        f"loop={len(loop)} per_weight={len(loop) / weights_per_thread:.2f} ldg_cover={global_load_cover(loop)} "
-        f"{regs} {top}"
-    )
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--formats", default="nvfp4,mxfp4,fp8")
@@ -96,8 +83,8 @@ def main() -> None:
         pack = 1 if isinstance(fmt, FP8Block) else 2
         tiles = moe_launch.MoETiles(bm, bn, bkp or max(16, 128 // pack), warps, stages)
         for swiglu in (True, False):
-            weights = (2 if swiglu else 1) * tiles.bn * tiles.bkp * pack / (32 * tiles.num_warps)
-            line = loop_line(compile_launch(fmt, args.hidden, args.inter, tiles, swiglu), weights)
+            weights = (2 if swiglu else 1) * tiles.bn * tiles.bkp * pack // (32 * tiles.num_warps)
+            line = loop_summary(compile_launch(fmt, args.hidden, args.inter, tiles, swiglu), weights)
             print(f"{name:6s} {'gate_up' if swiglu else 'down':7s} {tiles}  {line}", flush=True)
 
 
