@@ -230,7 +230,11 @@ def build_glm5(hf: dict, device: str = "cuda", std: float = 0.02) -> torch.nn.Mo
             elif p.dtype == torch.int64:  # weight_shape
                 continue
             elif "scale" in leaf:
-                p.copy_((torch.rand(p.shape, generator=g, device=device) * 0.002 + 0.001).to(p.dtype))
+                drawn = torch.rand(p.shape, generator=g, device=device) * 0.002 + 0.001
+                if getattr(p, "loaded_itemsize", 0) == 2:  # shipped in BF16, and a loaded model keeps them so
+                    p.data = drawn.to(torch.bfloat16)
+                else:
+                    p.copy_(drawn.to(p.dtype))
             elif p.dim() == 1:
                 p.fill_(0.0 if "bias" in leaf else 1.0)
             else:

@@ -3,10 +3,11 @@ a GPU (as ``sass_quant_gemv.py`` does for the dense tiles). Not a test: per form
 down), ``sass_quant_gemv.loop_summary`` of the K loop: instructions and shared-memory bytes per decoded weight and
 thread, how many instructions separate a global load from its first use (``ldg_cover``), the mix, the registers.
 
-    PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_quant_moe.py [--formats nvfp4,mxfp4,fp8]
+    PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_quant_moe.py [--formats nvfp4,mxfp4,fp8,int4_g64]
         [--tiles 16,32,64,4,3] [--hidden 3072 --inter 1024]
 
-``--tiles`` is BM,BN,BKP,warps,stages (BKP 0: the launch's default for the format).
+``--tiles`` is BM,BN,BKP,warps,stages (BKP 0: the launch's default for the format). int4 formats compile the path
+the policy takes (``DGPP_INT4_PTX=1``: the PTX decode).
 """
 
 from __future__ import annotations
@@ -22,12 +23,19 @@ from triton.compiler import ASTSource
 
 from dgpp.quant.fp4 import MXFP4, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
+from dgpp.quant.intq import IntPacked
 from dgpp.quant.kernels import moe_launch
 from dgpp.quant.kernels.moe_gemm import quant_moe_gemm_kernel as kernel
 from dgpp.quant.kernels.wo_matmul import FMT_FP4
 from dgpp.quant.moe import QuantExperts
 
-FORMATS = {"nvfp4": NVFP4ModelOpt(), "mxfp4": MXFP4(), "fp8": FP8Block(block=(128, 128))}
+FORMATS = {
+    "nvfp4": NVFP4ModelOpt(),
+    "mxfp4": MXFP4(),
+    "fp8": FP8Block(block=(128, 128)),
+    "int4_g64": IntPacked(bits=4, group=64),
+    "int8_g64": IntPacked(bits=8, group=64),
+}
 
 
 def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
@@ -37,6 +45,9 @@ def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
     first = moe.gate_proj if swiglu else moe.down_proj
     args = moe_launch.stack_args(first.fmt, first.stacks(), shape)
     up = moe_launch.stack_args(first.fmt, moe.up_proj.stacks(), shape) if swiglu else args
+    if isinstance(fmt, IntPacked):  # compressed-tensors ships BF16 scales, and a loaded model keeps them so
+        for stack in {id(args): args, id(up): up}.values():
+            stack["s"] = stack["s"].to(torch.bfloat16)
     scale_mode = moe_launch._scale_mode(args, tiles.bkp)
     fp4 = args["FMT"] == FMT_FP4
     const = dict(
@@ -46,6 +57,7 @@ def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
         SCATTER_WEIGHTED=not swiglu, BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp,
         FAST_E2M1=fp4 and tiles.bn * tiles.bkp >= 4 * 32 * tiles.num_warps, SWIGLU_LIMIT=0.0,
         FP4_EXACT=fp4 and scale_mode == 2,
+        INT4_BF16=moe_launch.int4_bf16_applies(args, tl.bfloat16, scale_mode),
     )  # fmt: skip
     rows = torch.empty(1, hidden, dtype=torch.bfloat16)
     index = torch.empty(1, dtype=torch.int32)
@@ -80,7 +92,7 @@ def main() -> None:
     bm, bn, bkp, warps, stages = (int(v) for v in args.tiles.split(","))
     for name in args.formats.split(","):
         fmt = FORMATS[name]
-        pack = 1 if isinstance(fmt, FP8Block) else 2
+        pack = 32 // fmt.bits if isinstance(fmt, IntPacked) else 1 if isinstance(fmt, FP8Block) else 2
         tiles = moe_launch.MoETiles(bm, bn, bkp or max(16, 128 // pack), warps, stages)
         for swiglu in (True, False):
             weights = (2 if swiglu else 1) * tiles.bn * tiles.bkp * pack // (32 * tiles.num_warps)

@@ -7,7 +7,9 @@ codes at K = word·PW + i) is decoded (codes -> value x scale, rounded once to t
 does) and meets the matching x columns of each row block in a tensor-core dot, the weight as the MMA's A operand:
 ``acc_b += W_i [BN, BKW] @ x_b^T [BKW, 16]``. So the packed bytes of a tile are read and decoded once for all
 of a program's rows, and every row's chain (the dot shape, the sub-position order, the K tiles, the K slices) is
-fixed by the weight's shape alone: a row's bits are the same alone and among any number of rows.
+fixed by the weight's shape alone: a row's bits are the same alone and among any number of rows. int4 words with
+bf16 scales and a bf16 dot (``INT4_BF16``) decode ``code - 8`` exactly in inline PTX (``int4_asm``) and multiply
+by the scale in bf16, which rounds the exact product once: the same weights in fewer instructions.
 
 A K slice (``SPLIT`` > 1) stores its sums in its own plane of an fp32 workspace ``[SPLIT, M, N]``, added in
 slice order at the end; with one slice the program rounds and stores the output itself.
@@ -18,6 +20,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from dgpp.quant.kernels.int4_asm import int4_centred
 from dgpp.quant.kernels.wo_matmul import code_f32
 
 FMT_INT = 0  # codes along K in [N, K·b/32] words, a scale per (row, group), fixed zero ZERO_OFFSET
@@ -199,6 +202,7 @@ def int_rows_kernel(
     BKW: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
+    INT4_BF16: tl.constexpr = False,
 ):
     """Program (column tile, K slice, group of BLOCKS row blocks): each block's sums over the slice kept in
     registers tile after tile, then stored once. Every block runs the same dots in the same order whatever M
@@ -266,8 +270,13 @@ def int_rows_kernel(
                     ZERO_OFFSET,
                     HAS_GIDX,
                 )
-            code = (words >> (i * BITS)) & code_mask
-            w = (_code_value(code, zero, levels_ptr, FMT) * s).to(DOT_DTYPE)  # rounded once to the dot dtype
+            if INT4_BF16 and not DOT_FP32:  # code - 8 exact in bf16, times the bf16 scale: one rounding
+                w = int4_centred(words, i) * s.to(tl.bfloat16)
+            else:
+                code = (words >> (i * BITS)) & code_mask
+                w = (_code_value(code, zero, levels_ptr, FMT) * s).to(
+                    DOT_DTYPE
+                )  # rounded once to the dot dtype
             acc0 = _row_block_dot(w, acc0, x_ptr, first, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32)
             if BLOCKS > 1:
                 acc1 = _row_block_dot(

@@ -117,6 +117,25 @@ def int_rows_operands(
     }
 
 
+def int4_bf16_applies(
+    args: dict[str, object], scales: torch.Tensor, dot_fp32: bool, dot_dtype: object
+) -> bool:
+    """int4 ``pack-quantized`` codes (offset 8) with bf16 scales and a bf16 dot, where the policy takes the PTX
+    decode (``int4_ptx``): ``code - 8`` is exact in bf16, so the kernel decodes it in inline PTX and multiplies in
+    bf16 (one rounding, as the fp32 decode rounds)."""
+    import triton.language as tl
+
+    return (
+        current().int4_ptx
+        and args["FMT"] == 0
+        and args["BITS"] == 4
+        and args["ZERO_OFFSET"] == 8
+        and scales.dtype == torch.bfloat16
+        and not dot_fp32
+        and dot_dtype == tl.bfloat16
+    )
+
+
 def scale_mode(args: dict[str, object], bk: int, k: int) -> int:
     """How a tile's scales load: once per tile when it sits inside one group, once per group when it holds whole
     groups, else per weight (act-order ``g_idx``, or groups that straddle tiles)."""
@@ -163,6 +182,7 @@ def int_rows_linear(
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
     blocks = min(MAX_BLOCKS, cdiv(m, ROWS))
+    int4_bf16 = int4_bf16_applies(args, ptrs[1], dot_fp32, dot_dtype)
     int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS * blocks))](
         x,
         *ptrs,
@@ -183,6 +203,7 @@ def int_rows_linear(
         BKW=tile.bk // per_word,
         DOT_DTYPE=dot_dtype,
         DOT_FP32=dot_fp32,
+        INT4_BF16=int4_bf16,
         num_warps=tile.warps,
         num_stages=tile.stages,
     )

@@ -13,7 +13,9 @@ Every expert-dependent quantity is read on the device: nothing here needs the ho
 E2M1 weights with bf16 activations (``FP4_EXACT``) skip the rounding: a 2-bit E2M1 significand times a 4-bit
 E4M3 or power-of-two E8M0 scale fits bf16's 8 bits, so ``code * scale`` is an exact bf16 product (one packed
 multiply per two weights), and the per-expert global multiplies (or divides) each fp32 sum once after the K loop.
-Their scale bytes and activation pairs load one K step ahead of their use.
+Their scale bytes and activation pairs load one K step ahead of their use. int4 words with bf16 scales and
+activations (``INT4_BF16``) decode ``code - 8`` to bf16 exactly in inline PTX (``int4_asm``) and multiply by the
+scale in bf16: one rounding of the exact product, the value the fp32 decode rounds to.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import triton
 import triton.language as tl
 
 from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
+from dgpp.quant.kernels.int4_asm import int4_centred
 from dgpp.quant.kernels.wo_matmul import _decode, _e2m1_value, _e8m0_value, _scales
 
 
@@ -163,12 +166,16 @@ def _weights(
     ROUND_DTYPE: tl.constexpr,
     DOT_LOW: tl.constexpr,
     FP4_EXACT: tl.constexpr,
+    INT4_BF16: tl.constexpr,
 ):
     """Sub-position ``i`` of one stack's stored tile as the dot's weight operand: E2M1 times its scale exact
-    (``FP4_EXACT``), else the weight-only decode rounded to the activation dtype."""
+    (``FP4_EXACT``), int4 ``code - 8`` times its bf16 scale rounded once (``INT4_BF16``), else the weight-only
+    decode rounded to the activation dtype."""
     if FP4_EXACT:
         w = _fp4_exact(stored, i, scales, FAST_E2M1, DOT_LOW)
-    else:
+    elif INT4_BF16 and DOT_LOW:  # bf16 x bf16 (the scales widened from bf16): the exact product rounded once
+        w = int4_centred(stored, i) * scales.to(tl.bfloat16)
+    else:  # (the interpreter's INT4_BF16 too: the same values through fp32)
         w = _decode(
             stored,
             i,
@@ -259,6 +266,7 @@ def quant_moe_gemm_kernel(
     FAST_E2M1: tl.constexpr = False,
     SWIGLU_LIMIT: tl.constexpr = 0.0,
     FP4_EXACT: tl.constexpr = False,
+    INT4_BF16: tl.constexpr = False,
 ):
     """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
     ``w/s/z/g``: the (gate or down) stack; ``w2/s2/z2/g2``: the up stack (SWIGLU only); every stack is
@@ -406,6 +414,7 @@ def quant_moe_gemm_kernel(
                 ROUND_DTYPE,
                 DOT_LOW,
                 FP4_EXACT,
+                INT4_BF16,
             )
             acc += _dot(a, w, ROUND_DTYPE, DOT_LOW)
             if SWIGLU:
@@ -436,6 +445,7 @@ def quant_moe_gemm_kernel(
                     ROUND_DTYPE,
                     DOT_LOW,
                     FP4_EXACT,
+                    INT4_BF16,
                 )
                 acc_up += _dot(a, w_up, ROUND_DTYPE, DOT_LOW)
     if FP4_EXACT and GLOBAL_OP == 1:  # the global, once per sum (the tile's weights were exact without it)

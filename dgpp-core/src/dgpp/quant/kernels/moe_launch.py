@@ -14,6 +14,7 @@ import torch
 
 from dgpp.kernels import moe_align
 from dgpp.kernels.moe import align_to_experts, swiglu_limit_constant
+from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
@@ -90,6 +91,25 @@ def _scale_mode(args: dict, bkp: int) -> int:
     return 0
 
 
+def int4_bf16_applies(args: dict, round_dtype: object, scale_mode: int) -> bool:
+    """int4 codes (offset 8) with bf16 scales, bf16 activations and whole groups per K tile, where the policy takes
+    the PTX decode (``int4_ptx``): ``code - 8`` is exact in bf16, so the kernel decodes it in inline PTX and
+    multiplies in bf16 (one rounding, as the fp32 decode)."""
+    import triton.language as tl
+
+    from dgpp.quant.kernels.wo_matmul import FMT_INT
+
+    return (
+        current().int4_ptx
+        and args["FMT"] == FMT_INT
+        and args["BITS"] == 4
+        and args["ZERO_OFFSET"] == 8
+        and args["s"].dtype == torch.bfloat16
+        and round_dtype is tl.bfloat16
+        and scale_mode == 2
+    )
+
+
 def _launch(
     args: dict,
     up: dict | None,
@@ -120,6 +140,7 @@ def _launch(
     scale_mode = _scale_mode(args, tiles.bkp)
     # E2M1 times its group scale is exact in bf16: bf16 activations take exact weights and the global per sum
     fp4_exact = args["FMT"] == FMT_FP4 and round_dtype is tl.bfloat16 and scale_mode == 2
+    int4_bf16 = int4_bf16_applies(args, round_dtype, scale_mode)
     up = up or args
     grid = (sorted_ids.shape[0] // tiles.bm, cdiv(n_out, tiles.bn))
     quant_moe_gemm_kernel[grid](
@@ -171,6 +192,7 @@ def _launch(
         BKP=tiles.bkp,
         SWIGLU_LIMIT=swiglu_limit,
         FP4_EXACT=fp4_exact,
+        INT4_BF16=int4_bf16,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
