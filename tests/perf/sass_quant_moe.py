@@ -57,7 +57,7 @@ def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
         SCATTER_WEIGHTED=not swiglu, BM=tiles.bm, BN=tiles.bn, BKP=tiles.bkp,
         FAST_E2M1=fp4 and tiles.bn * tiles.bkp >= 4 * 32 * tiles.num_warps, SWIGLU_LIMIT=0.0,
         FP4_EXACT=fp4 and scale_mode == 2,
-        INT4_BF16=moe_launch.int4_bf16_applies(args, tl.bfloat16, scale_mode),
+        INT4_BF16=moe_launch.int4_bf16_applies(args, tl.bfloat16, scale_mode, dot_low=True),
     )  # fmt: skip
     rows = torch.empty(1, hidden, dtype=torch.bfloat16)
     index = torch.empty(1, dtype=torch.int32)

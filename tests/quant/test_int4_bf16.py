@@ -69,14 +69,17 @@ def test_the_kernels_take_the_ptx_decode_exactly_for_int4_with_bf16_scales(bits,
     dot = {"bf16": tl.bfloat16, "fp16": tl.float16}[act]
     ptrs, row_args = int_rows_launch.int_rows_operands(fmt, tensors, (64, 256))
     with overriding(int4_ptx=False):  # the policy's switch (DGPP_INT4_PTX)
-        assert not moe_launch.int4_bf16_applies(args, dot, scale_mode=2)
+        assert not moe_launch.int4_bf16_applies(args, dot, scale_mode=2, dot_low=True)
         assert not int_rows_launch.int4_bf16_applies(row_args, ptrs[1], False, dot)
     with overriding(int4_ptx=True):
         _assert_applies(args, row_args, ptrs[1], dot, want)
 
 
 def _assert_applies(args, row_args, scales, dot, want) -> None:
-    assert moe_launch.int4_bf16_applies(args, dot, scale_mode=2) is want
-    assert moe_launch.int4_bf16_applies(args, dot, scale_mode=0) is False  # per-weight scale gathers
+    assert moe_launch.int4_bf16_applies(args, dot, scale_mode=2, dot_low=True) is want
+    assert (
+        moe_launch.int4_bf16_applies(args, dot, scale_mode=0, dot_low=True) is False
+    )  # per-weight scale gathers
+    assert moe_launch.int4_bf16_applies(args, dot, scale_mode=2, dot_low=False) is False  # fp32 dots
     assert int_rows_launch.int4_bf16_applies(row_args, scales, False, dot) is want
     assert int_rows_launch.int4_bf16_applies(row_args, scales, True, dot) is False  # fp32 dots (interpreter)

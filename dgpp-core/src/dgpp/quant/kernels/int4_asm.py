@@ -22,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import tl, triton
+from dgpp.policy import current
 
 LOW_NIBBLES, MAGIC_128 = 0x000F000F, 0x43004300  # bf16 128.0 = 0x4300: its 7 mantissa bits take the code
 ONE, MINUS_136 = 0x3F803F80, 0xC308C308  # bf16x2 (1.0, 1.0) and (-136.0, -136.0)
@@ -67,6 +68,21 @@ def int4_centred(words, i: tl.constexpr):
     else:
         out = hi
     return out
+
+
+def takes_int4_ptx(
+    bits: int, zero_offset: int, scale_dtype: torch.dtype, dot_dtype: object, dot_fp32: bool
+) -> bool:
+    """Whether a launch decodes with ``int4_centred``: the policy asks for it (``int4_ptx``), the codes are int4
+    offset by 8, the scales bf16 and the dots bf16 on the tensor cores (not fp32 dots, as under the interpreter)."""
+    return (
+        current().int4_ptx
+        and bits == 4
+        and zero_offset == 8
+        and scale_dtype == torch.bfloat16
+        and dot_dtype == tl.bfloat16
+        and not dot_fp32
+    )
 
 
 def int4_centred_model(words: torch.Tensor, i: int) -> torch.Tensor:

@@ -270,13 +270,11 @@ def int_rows_kernel(
                     ZERO_OFFSET,
                     HAS_GIDX,
                 )
-            if INT4_BF16 and not DOT_FP32:  # code - 8 exact in bf16, times the bf16 scale: one rounding
+            if INT4_BF16:  # code - 8 exact in bf16, times the bf16 scale: one rounding
                 w = int4_centred(words, i) * s.to(tl.bfloat16)
-            else:
+            else:  # rounded once to the dot dtype
                 code = (words >> (i * BITS)) & code_mask
-                w = (_code_value(code, zero, levels_ptr, FMT) * s).to(
-                    DOT_DTYPE
-                )  # rounded once to the dot dtype
+                w = (_code_value(code, zero, levels_ptr, FMT) * s).to(DOT_DTYPE)
             acc0 = _row_block_dot(w, acc0, x_ptr, first, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32)
             if BLOCKS > 1:
                 acc1 = _row_block_dot(

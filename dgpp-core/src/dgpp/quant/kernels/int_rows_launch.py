@@ -120,19 +120,16 @@ def int_rows_operands(
 def int4_bf16_applies(
     args: dict[str, object], scales: torch.Tensor, dot_fp32: bool, dot_dtype: object
 ) -> bool:
-    """int4 ``pack-quantized`` codes (offset 8) with bf16 scales and a bf16 dot, where the policy takes the PTX
-    decode (``int4_ptx``): ``code - 8`` is exact in bf16, so the kernel decodes it in inline PTX and multiplies in
-    bf16 (one rounding, as the fp32 decode rounds)."""
-    import triton.language as tl
+    """``pack-quantized`` int words that ``takes_int4_ptx`` accepts: ``code - 8`` is exact in bf16, so the kernel
+    decodes it in inline PTX and multiplies in bf16 (one rounding, as the fp32 decode rounds)."""
+    from dgpp.quant.kernels.int4_asm import takes_int4_ptx
 
-    return (
-        current().int4_ptx
-        and args["FMT"] == 0
-        and args["BITS"] == 4
-        and args["ZERO_OFFSET"] == 8
-        and scales.dtype == torch.bfloat16
-        and not dot_fp32
-        and dot_dtype == tl.bfloat16
+    return args["FMT"] == 0 and takes_int4_ptx(
+        int(args["BITS"]),  # type: ignore[call-overload]
+        int(args["ZERO_OFFSET"]),  # type: ignore[call-overload]
+        scales.dtype,
+        dot_dtype,
+        dot_fp32,
     )
 
 

@@ -173,9 +173,9 @@ def _weights(
     decode rounded to the activation dtype."""
     if FP4_EXACT:
         w = _fp4_exact(stored, i, scales, FAST_E2M1, DOT_LOW)
-    elif INT4_BF16 and DOT_LOW:  # bf16 x bf16 (the scales widened from bf16): the exact product rounded once
+    elif INT4_BF16:  # bf16 x bf16 (the scales widened from bf16): the exact product rounded once
         w = int4_centred(stored, i) * scales.to(tl.bfloat16)
-    else:  # (the interpreter's INT4_BF16 too: the same values through fp32)
+    else:
         w = _decode(
             stored,
             i,

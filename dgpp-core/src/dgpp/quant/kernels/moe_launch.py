@@ -14,7 +14,6 @@ import torch
 
 from dgpp.kernels import moe_align
 from dgpp.kernels.moe import align_to_experts, swiglu_limit_constant
-from dgpp.policy import current
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
@@ -91,22 +90,16 @@ def _scale_mode(args: dict, bkp: int) -> int:
     return 0
 
 
-def int4_bf16_applies(args: dict, round_dtype: object, scale_mode: int) -> bool:
-    """int4 codes (offset 8) with bf16 scales, bf16 activations and whole groups per K tile, where the policy takes
-    the PTX decode (``int4_ptx``): ``code - 8`` is exact in bf16, so the kernel decodes it in inline PTX and
-    multiplies in bf16 (one rounding, as the fp32 decode)."""
-    import triton.language as tl
-
+def int4_bf16_applies(args: dict, round_dtype: object, scale_mode: int, dot_low: bool) -> bool:
+    """Int words with whole groups per K tile that ``takes_int4_ptx`` accepts: ``code - 8`` is exact in bf16, so
+    the kernel decodes it in inline PTX and multiplies in bf16 (one rounding, as the fp32 decode)."""
+    from dgpp.quant.kernels.int4_asm import takes_int4_ptx
     from dgpp.quant.kernels.wo_matmul import FMT_INT
 
     return (
-        current().int4_ptx
-        and args["FMT"] == FMT_INT
-        and args["BITS"] == 4
-        and args["ZERO_OFFSET"] == 8
-        and args["s"].dtype == torch.bfloat16
-        and round_dtype is tl.bfloat16
+        args["FMT"] == FMT_INT
         and scale_mode == 2
+        and takes_int4_ptx(args["BITS"], args["ZERO_OFFSET"], args["s"].dtype, round_dtype, not dot_low)
     )
 
 
@@ -140,7 +133,7 @@ def _launch(
     scale_mode = _scale_mode(args, tiles.bkp)
     # E2M1 times its group scale is exact in bf16: bf16 activations take exact weights and the global per sum
     fp4_exact = args["FMT"] == FMT_FP4 and round_dtype is tl.bfloat16 and scale_mode == 2
-    int4_bf16 = int4_bf16_applies(args, round_dtype, scale_mode)
+    int4_bf16 = int4_bf16_applies(args, round_dtype, scale_mode, dot_low)
     up = up or args
     grid = (sorted_ids.shape[0] // tiles.bm, cdiv(n_out, tiles.bn))
     quant_moe_gemm_kernel[grid](
