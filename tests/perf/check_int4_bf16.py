@@ -9,8 +9,8 @@ decode it replaces, in the row-exact int GEMM (``int_rows``) and the fused exper
 
     python3 tests/perf/check_int4_bf16.py
 
-The path is the policy's ``int4_ptx`` (``DGPP_INT4_PTX=1``); this script turns it on and off itself. A model's A/B
-is the same command with and without the variable, e.g. ``DGPP_INT4_PTX=1 python3 tests/perf/check_glm5_cuda.py``.
+The path is the policy's ``int4_ptx`` (on by default, ``DGPP_INT4_PTX=0`` off); this script turns it on and off
+itself. A model's A/B is the same command with and without ``DGPP_INT4_PTX=0``, e.g. ``tests/perf/check_glm5_cuda.py``.
 """
 # ruff: noqa: B023  (timing lambdas run inside the loop iteration that defines them)
 

@@ -1,7 +1,7 @@
 """Instruction mix of the row-exact int GEMM's K loop (``quant/kernels/int_rows.py``) on sm_90, compiled ahead of
 time on a machine without a GPU (as ``sass_quant_moe.py`` does for the expert GEMM). Not a test: per format and
 row-block count, ``sass_quant_gemv.loop_summary`` of the K loop for bf16 x and BF16 scales (int4 compiles the path
-the policy takes: ``DGPP_INT4_PTX=1`` for the PTX decode).
+the policy takes: ``DGPP_INT4_PTX=0`` for the fp32 decode).
 
     PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_int_rows.py [--bits 4,8] [--blocks 1,4]
         [--shape 6144,6144] [--tile 64,128,4,3]

@@ -7,7 +7,7 @@ thread, how many instructions separate a global load from its first use (``ldg_c
         [--tiles 16,32,64,4,3] [--hidden 3072 --inter 1024]
 
 ``--tiles`` is BM,BN,BKP,warps,stages (BKP 0: the launch's default for the format). int4 formats compile the path
-the policy takes (``DGPP_INT4_PTX=1``: the PTX decode).
+the policy takes (``DGPP_INT4_PTX=0``: the fp32 decode).
 """
 
 from __future__ import annotations

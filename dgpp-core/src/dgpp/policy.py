@@ -32,8 +32,8 @@ class ExecPolicy:
     packed_decode_gemv: bool = True  # DGPP_QUANT_GEMV=0: packed decode rows take the weight-only GEMM
     quant_torch_only: bool = False  # DGPP_QUANT_TORCH=1: packed weights decoded, then F.linear (reference)
     bf12_triton: bool = False  # DGPP_BF12_TRITON=1: the bf12 Triton GEMV on a GPU
-    # DGPP_INT4_PTX=1: int4 words with bf16 scales decoded in inline PTX (the fp32 decode's bits, fewer instructions)
-    int4_ptx: bool = False
+    # int4 words with bf16 scales decoded in inline PTX (the fp32 decode's bits, fewer instructions); DGPP_INT4_PTX=0 off
+    int4_ptx: bool = True
     triton_kernels: bool = True  # DGPP_KERNELS=torch: the torch references on a GPU (A/B)
     dense_gemv: bool = True  # DGPP_GEMV=0: dense decode rows take cuBLAS instead of the Triton GEMV
     gemv_head: bool = False  # DGPP_GEMV_HEAD=1: the LM head through the Triton GEMV
@@ -103,7 +103,7 @@ def with_environment(base: ExecPolicy) -> ExecPolicy:
         ("exact_routing", "DGPP_EXACT", "!0"),
         ("quant_torch_only", "DGPP_QUANT_TORCH", "1"),
         ("bf12_triton", "DGPP_BF12_TRITON", "1"),
-        ("int4_ptx", "DGPP_INT4_PTX", "1"),
+        ("int4_ptx", "DGPP_INT4_PTX", "!0"),
         ("dense_gemv", "DGPP_GEMV", "!0"),
         ("gemv_head", "DGPP_GEMV_HEAD", "1"),
         ("gemv_split", "DGPP_GEMV_SPLIT", "!0"),
