@@ -9,13 +9,15 @@
    model's decode step runs them (``--eager-launch``: launched one by one from Python, host cost included).
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_int_rows.py [--shapes 6144x6144,24576x6144] [--rows 1,16,64]
-        [--tiles 64x128x4x2,128x128x4x3]   # int_rows tiles to time besides the default: BNxBKxWARPSxSTAGES
+        [--tiles 64x128x4x2,128x128x4x3]   # int_rows tiles to time besides the default: BNxBKxWARPSxSTAGES[xX]
+                                           # X: row blocks from which x is read in step order (0: never)
 """
 # ruff: noqa: B023  (timing lambdas run inside the loop iteration that defines them)
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 import torch
@@ -62,7 +64,9 @@ def main() -> int:
     ap.add_argument("--shapes", default="6144x6144,24576x6144")
     ap.add_argument("--rows", default="1,8,16,64,128,256")
     ap.add_argument(
-        "--tiles", default="", help="extra int_rows tiles BNxBKxWARPSxSTAGES (K split as the default)"
+        "--tiles",
+        default="",
+        help="extra int_rows tiles BNxBKxWARPSxSTAGES[xX] (K split as the default; X: x in step order from X row blocks)",
     )
     ap.add_argument(
         "--eager-launch", action="store_true", help="time Python launches instead of graph replays"
@@ -113,9 +117,11 @@ def main() -> int:
                     f"| {name} | {spec} | {m} | {us_rows:.1f} | {us_wo:.1f} | {100 * share:.1f} |", flush=True
                 )
             for spec_tile in filter(None, args.tiles.split(",")):
-                bn, bk, warps, stages = (int(v) for v in spec_tile.split("x"))
+                bn, bk, warps, stages, *step_order = (int(v) for v in spec_tile.split("x"))
                 split = default_int_rows_tile(*shape, x.device).split_k
                 tile = IntRowsTile(bn=bn, bk=bk, split_k=split, warps=warps, stages=stages)
+                if step_order:  # row blocks from which x is read in step order (0: never)
+                    tile = dataclasses.replace(tile, x_in_step_order=step_order[0])
                 times = []
                 for m in [int(r) for r in args.rows.split(",")]:
                     rows = x[:m].contiguous()

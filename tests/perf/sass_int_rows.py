@@ -4,7 +4,7 @@ row-block count, ``sass_quant_gemv.loop_summary`` of the K loop for bf16 x and B
 the policy takes: ``DGPP_INT4_PTX=0`` for the fp32 decode).
 
     PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_int_rows.py [--bits 4,8] [--blocks 1,4]
-        [--shape 6144,6144] [--tile 64,128,4,3]
+        [--shape 6144,6144] [--tile 64,128,4,3] [--x-in-step-order 0|1|2]
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def compile_tile(bits: int, shape: tuple[int, int], tile: int_rows_launch.IntRow
         DOT_DTYPE=tl.bfloat16,
         DOT_FP32=False,
         INT4_BF16=int_rows_launch.int4_bf16_applies(args, ptrs[1], False, tl.bfloat16),
+        X_BY_POSITION=0 < tile.x_in_step_order <= blocks,
     )
     tensors_by_name = dict(zip(("w_ptr", "s_ptr", "z_ptr", "gidx_ptr", "levels_ptr"), ptrs, strict=True))
     tensors_by_name.update(x_ptr=x, out_ptr=x, ws_ptr=torch.empty(1, dtype=torch.float32))
@@ -73,10 +74,18 @@ def main() -> None:
     parser.add_argument("--blocks", default="1,4")
     parser.add_argument("--shape", default="6144,6144")
     parser.add_argument("--tile", default="64,128,4,3", help="BN,BK,warps,stages")
+    parser.add_argument(
+        "--x-in-step-order",
+        type=int,
+        default=int_rows_launch.IntRowsTile.x_in_step_order,
+        help="row blocks from which x is read in step order (0: never, 1: always)",
+    )
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     bn, bk, warps, stages = (int(v) for v in args.tile.split(","))
-    tile = int_rows_launch.IntRowsTile(bn=bn, bk=bk, warps=warps, stages=stages)
+    tile = int_rows_launch.IntRowsTile(
+        bn=bn, bk=bk, warps=warps, stages=stages, x_in_step_order=args.x_in_step_order
+    )
     for bits in (int(b) for b in args.bits.split(",")):
         for blocks in (int(b) for b in args.blocks.split(",")):
             compiled, weights = compile_tile(bits, shape, tile, blocks)  # type: ignore[arg-type]

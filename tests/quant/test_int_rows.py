@@ -1,9 +1,12 @@
 """The row-exact GEMM for int32-word formats (int4/int8 groups of 64 with their fixed zero, NF4I8's codebook,
 GPTQ / AutoRound int4 with zero points) under the Triton interpreter (fp32): equal to the torch
 decode-then-multiply reference, a row alone == the same row among 1..300 rows bit for bit, and that check shown
-to fail when the K order is made to depend on the row count."""
+to fail when the K order is made to depend on the row count; x read in step order (``x_by_position``) gives the
+bits of x read column by column."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from dgpp.quant.codecs import pack_int32
 from dgpp.quant.encode import encode
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.int_rows_launch import IntRowsTile, int_rows_applies, int_rows_linear
+from dgpp.quant.kernels.x_halves import x_by_position
 
 TILE = IntRowsTile(bn=32, bk=64)
 SPLIT = IntRowsTile(bn=32, bk=64, split_k=2)
@@ -101,6 +105,33 @@ def test_k_not_a_multiple_of_the_tile(fmt):
         torch.testing.assert_close(
             int_rows_linear(fmt, tensors, x, (n, k), tile), x @ dense.t(), rtol=1e-5, atol=1e-5
         )
+
+
+@pytest.mark.parametrize("per_word", [2, 4, 8])
+def test_x_by_position_writes_each_step_position_by_position(per_word):
+    """Per ``bk`` columns (zero padded to whole steps): the columns of word position 0, then position 1, ..."""
+    k, bk = 320, 128
+    x = torch.randn(3, 2 * k)[:, :k]  # a row stride wider than K
+    got = x_by_position(x, bk, per_word)
+    padded = torch.nn.functional.pad(x, (0, -k % bk))
+    want = padded.view(3, -1, bk // per_word, per_word).transpose(2, 3).reshape(3, -1)
+    assert got.shape == (3, 384) and torch.equal(got, want)
+    assert torch.equal(got[:, bk // per_word], x[:, 1])  # position 1 of the step's first word
+
+
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_x_in_step_order_gives_the_column_reads_bits(fmt):
+    """The same values in the same dots: every row count, whole and split K, a ragged K, both x reads."""
+    n, k = 40, 320
+    tensors, dense = packed_weights(fmt, n, k, seed=6)
+    x = torch.randn(70, k)
+    for base in (IntRowsTile(bn=32, bk=128), IntRowsTile(bn=32, bk=128, split_k=2)):
+        columns = dataclasses.replace(base, x_in_step_order=0)
+        ordered = dataclasses.replace(base, x_in_step_order=1)
+        for m in (1, 17, 70):
+            want = int_rows_linear(fmt, tensors, x[:m], (n, k), columns)
+            assert torch.equal(int_rows_linear(fmt, tensors, x[:m], (n, k), ordered), want)
+        torch.testing.assert_close(want, x @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
 def test_act_order_g_idx_matches_reference():

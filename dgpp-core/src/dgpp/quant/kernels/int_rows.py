@@ -139,15 +139,30 @@ def _gathered_scales(
 
 @triton.jit
 def _row_block_dot(
-    w, acc, x_ptr, block, M, stride_xm, offs_k, k_ok, DOT_DTYPE: tl.constexpr, DOT_FP32: tl.constexpr
+    w,
+    acc,
+    x_ptr,
+    block,
+    M,
+    stride_xm,
+    offs_x,
+    k_ok,
+    DOT_DTYPE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    X_BY_POSITION: tl.constexpr,
 ):
-    """``acc + w @ x[rows of block]^T`` for the 16 rows of ``block`` at K columns ``offs_k``."""
+    """``acc + w @ x[rows of block]^T`` for the 16 rows of ``block`` at x's columns ``offs_x``: K columns ``PW``
+    apart, or (``X_BY_POSITION``) one contiguous run of x written in step order, zero past K."""
     rows = block * _ROWS + tl.arange(0, _ROWS)
-    xt = tl.load(
-        x_ptr + rows[None, :] * stride_xm + offs_k[:, None],
-        mask=(rows < M)[None, :] & k_ok[:, None],
-        other=0.0,
-    ).to(DOT_DTYPE)
+    if X_BY_POSITION:  # whole steps, zeros past K: the rows are the only mask
+        xt = tl.load(x_ptr + rows[None, :] * stride_xm + offs_x[:, None], mask=(rows < M)[None, :], other=0.0)
+    else:
+        xt = tl.load(
+            x_ptr + rows[None, :] * stride_xm + offs_x[:, None],
+            mask=(rows < M)[None, :] & k_ok[:, None],
+            other=0.0,
+        )
+    xt = xt.to(DOT_DTYPE)
     if DOT_FP32:
         out = tl.dot(w, xt, acc, input_precision="ieee")
     else:
@@ -203,6 +218,7 @@ def int_rows_kernel(
     DOT_DTYPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
     INT4_BF16: tl.constexpr = False,
+    X_BY_POSITION: tl.constexpr = False,
 ):
     """Program (column tile, K slice, group of BLOCKS row blocks): each block's sums over the slice kept in
     registers tile after tile, then stored once. Every block runs the same dots in the same order whatever M
@@ -275,17 +291,23 @@ def int_rows_kernel(
             else:  # rounded once to the dot dtype
                 code = (words >> (i * BITS)) & code_mask
                 w = (_code_value(code, zero, levels_ptr, FMT) * s).to(DOT_DTYPE)
-            acc0 = _row_block_dot(w, acc0, x_ptr, first, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32)
+            if X_BY_POSITION:  # x in step order: position i's columns of this step are one run
+                offs_x = tl.multiple_of(k0 + i * BKW, BKW) + tl.arange(0, BKW)
+            else:
+                offs_x = offs_k
+            acc0 = _row_block_dot(
+                w, acc0, x_ptr, first, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
+            )
             if BLOCKS > 1:
                 acc1 = _row_block_dot(
-                    w, acc1, x_ptr, first + 1, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32
+                    w, acc1, x_ptr, first + 1, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
                 )
             if BLOCKS > 2:
                 acc2 = _row_block_dot(
-                    w, acc2, x_ptr, first + 2, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32
+                    w, acc2, x_ptr, first + 2, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
                 )
                 acc3 = _row_block_dot(
-                    w, acc3, x_ptr, first + 3, M, stride_xm, offs_k, k_ok, DOT_DTYPE, DOT_FP32
+                    w, acc3, x_ptr, first + 3, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
                 )
     _store_block(acc0, first, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
     if BLOCKS > 1:

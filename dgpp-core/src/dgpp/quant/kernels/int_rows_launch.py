@@ -14,6 +14,7 @@ from dgpp.quant.codebook import NF4I8_LEVELS, NF4Codebook
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.operands import interpreting
+from dgpp.quant.kernels.x_halves import x_by_position
 
 MAX_BLOCKS = 4  # 16-row blocks per program: a tile's words are decoded once for up to 64 rows
 
@@ -21,13 +22,16 @@ MAX_BLOCKS = 4  # 16-row blocks per program: a tile's words are decoded once for
 @dataclasses.dataclass(frozen=True)
 class IntRowsTile:
     """BN output columns per program, BK K columns per decoded tile (at least 16 words: the dot's K), K slices
-    (fixed by the shape, never by M)."""
+    (fixed by the shape, never by M). From ``x_in_step_order`` row blocks a program up (0: never), x is first
+    written in step order (``x_by_position``) so each dot's x is one contiguous load: the same values in the
+    same dots, so the choice changes no bits."""
 
     bn: int = 64
     bk: int = 128
     split_k: int = 1
     warps: int = 4
     stages: int = 3
+    x_in_step_order: int = 2
 
 
 def default_int_rows_tile(n: int, k: int, device: torch.device) -> IntRowsTile:
@@ -180,8 +184,10 @@ def int_rows_linear(
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
     blocks = min(MAX_BLOCKS, cdiv(m, ROWS))
     int4_bf16 = int4_bf16_applies(args, ptrs[1], dot_fp32, dot_dtype)
+    step_order = 0 < tile.x_in_step_order <= blocks
+    x_read = x_by_position(x, tile.bk, per_word) if step_order else x
     int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS * blocks))](
-        x,
+        x_read,
         *ptrs,
         ws,
         out,
@@ -189,7 +195,7 @@ def int_rows_linear(
         n,
         k,
         k_per_split,
-        x.stride(0),
+        x_read.stride(0),
         out.stride(0),
         **args,
         SCALE_MODE=scale_mode(args, tile.bk, k),
@@ -201,6 +207,7 @@ def int_rows_linear(
         DOT_DTYPE=dot_dtype,
         DOT_FP32=dot_fp32,
         INT4_BF16=int4_bf16,
+        X_BY_POSITION=step_order,
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
