@@ -6,7 +6,7 @@ the routed experts' weights come from HBM, not L2), GB/s of the routed experts' 
 time, the old per-expert loop's time (A/B), and a CUDA-graph capture of the layer replayed with new
 routing, which must equal eager bit for bit. One line per result. Not a CI test.
 
-    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep]
+    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep [BNxKxWARPSxSTAGES,...]]
                                           [--no-old-loop] [--json f]
 
 Shape (Qwen3.5-122B-A10B's experts): hidden 3072, moe_intermediate 1024, 256 experts, top 8 (flags change it).
@@ -16,6 +16,7 @@ Shape (Qwen3.5-122B-A10B's experts): hidden 3072, moe_intermediate 1024, 256 exp
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -129,7 +130,7 @@ def graph_equals_eager(fn, x: torch.Tensor, routes) -> bool:
     return bool(same)
 
 
-def check(name: str, fmt, args, sweep: bool) -> None:
+def check(name: str, fmt, args, sweep: list | None) -> None:
     with torch.device(DEV):
         moe = QuantExperts(fmt, args.experts, args.hidden, args.inter)
     fill_random(moe)
@@ -208,30 +209,46 @@ def check(name: str, fmt, args, sweep: bool) -> None:
             flush=True,
         )
         if sweep:
-            sweep_tiles(name, moe, x, routes, nbytes, tokens, ref)
+            sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, sweep)
 
 
-def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref) -> None:
+def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:
+    """Time each tile of ``grid`` (BN, K-step multiple, warps, stages) and compare its output with the default
+    tile's bit for bit: a tile changes which program computes a column, not the column's K chain."""
     base = moe_tiles(_pack(moe.fmt), routes[0][1].numel(), moe.num_experts)
-    for bn in (16, 32, 64):
-        for warps, stages in ((4, 3), (2, 3), (4, 4), (8, 3)):
-            tiles = MoETiles(bm=base.bm, bn=bn, bkp=base.bkp, num_warps=warps, num_stages=stages)
-            fn = layer(moe, tiles)
-            try:
-                err = rel_err(fn(x, *routes[0]), ref)
-                t = triton.testing.do_bench_cudagraph(
-                    lambda: [fn(x, a, b) for a, b in routes], rep=50, return_mode="median"
-                ) / len(routes)
-            except Exception as exc:  # e.g. out of shared memory for this tile
-                print(
-                    f"  sweep {name} T={tokens} bn {bn} warps {warps} stages {stages}: {type(exc).__name__}"
-                )
-                continue
+    want = layer(moe, None)(x, *routes[0])
+    for bn, k_steps, warps, stages in grid:
+        bkp = base.bkp * k_steps
+        tiles = MoETiles(bm=base.bm, bn=bn, bkp=bkp, num_warps=warps, num_stages=stages)
+        fn = layer(moe, tiles)
+        try:
+            out = fn(x, *routes[0])
+            t = triton.testing.do_bench_cudagraph(
+                lambda: [fn(x, a, b) for a, b in routes], rep=50, return_mode="median"
+            ) / len(routes)
+        except Exception as exc:  # e.g. out of shared memory for this tile
             print(
-                f"  sweep {name:8s} T={tokens:3d} bm {tiles.bm} bn {bn:2d} bkp {tiles.bkp} warps {warps} "
-                f"stages {stages}  err {err:.1e}  {t * 1e3:8.1f} us  {nbytes / (t * 1e-3) / 1e9:6.0f} GB/s",
-                flush=True,
+                f"  sweep {name} T={tokens} bn {bn} bkp {bkp} warps {warps} stages {stages}: {type(exc).__name__}"
             )
+            continue
+        print(
+            f"  sweep {name:8s} T={tokens:3d} bm {tiles.bm} bn {bn:2d} bkp {tiles.bkp} warps {warps} "
+            f"stages {stages}  err {rel_err(out, ref):.1e}  bits == default tile {torch.equal(out, want)}  "
+            f"{t * 1e3:8.1f} us  {nbytes / (t * 1e-3) / 1e9:6.0f} GB/s",
+            flush=True,
+        )
+
+
+def tile_grid(text: str) -> list[tuple[int, int, int, int]]:
+    """``BNxKxWARPSxSTAGES,...`` (K: multiple of the default K step), or ``full`` for the whole grid."""
+    if text == "full":
+        return [
+            (bn, k, w, st)
+            for k, bn, (w, st) in itertools.product(
+                (1, 2, 4), (16, 32, 64), ((4, 3), (2, 3), (4, 4), (8, 3), (2, 5))
+            )
+        ]
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]  # type: ignore[misc]
 
 
 def main() -> int:
@@ -247,14 +264,18 @@ def main() -> int:
     )
     ap.add_argument("--no-old-loop", action="store_true", help="skip timing the old per-expert loop (A/B)")
     ap.add_argument(
-        "--sweep", action="store_true", help="also time a grid of tile sizes per format and token count"
+        "--sweep",
+        nargs="?",
+        const="full",
+        help="also time tiles per format and token count: BNxKxWARPSxSTAGES,... (K: multiple of the default K"
+        " step) or full (the default grid), each compared bit for bit with the default tile",
     )
     ap.add_argument("--json", help="write the result rows here")
     args = ap.parse_args()
     torch.manual_seed(0)
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__, flush=True)
     for name in args.formats.split(","):
-        check(name, FORMATS[name], args, args.sweep)
+        check(name, FORMATS[name], args, tile_grid(args.sweep) if args.sweep else None)
     if args.json:
         Path(args.json).write_text(json.dumps(ROWS, indent=1))
     failed = [r for r in ROWS if not r["ok"]]

@@ -69,11 +69,12 @@ class MoETiles:
 
 def moe_tiles(pack: int, n_assign: int, num_experts: int) -> MoETiles:
     """Decode (few rows per expert: the weights read is the cost) uses 16-row blocks, the smallest a
-    tensor-core dot takes, so an expert's bytes are read once per block; larger batches 64-row blocks.
+    tensor-core dot takes, so an expert's bytes are read once per block, and 64 output columns a program (a
+    wider tile keeps more of each expert's bytes in flight per program); larger batches 64-row blocks.
     A K step covers 128 weights whatever the packing."""
     bkp = max(16, 128 // pack)
     if n_assign <= 4 * num_experts:
-        return MoETiles(bm=16, bn=32, bkp=bkp)
+        return MoETiles(bm=16, bn=64, bkp=bkp)
     return MoETiles(bm=64, bn=64, bkp=bkp)
 
 
