@@ -46,7 +46,7 @@ def compile_tile(bits: int, shape: tuple[int, int], tile: int_rows_launch.IntRow
         DOT_DTYPE=tl.bfloat16,
         DOT_FP32=False,
         INT4_BF16=int_rows_launch.int4_bf16_applies(args, ptrs[1], False, tl.bfloat16),
-        X_BY_POSITION=0 < tile.x_in_step_order <= blocks,
+        X_BY_POSITION=0 < int_rows_launch.x_step_order_blocks(tile, per_word) <= blocks,
     )
     tensors_by_name = dict(zip(("w_ptr", "s_ptr", "z_ptr", "gidx_ptr", "levels_ptr"), ptrs, strict=True))
     tensors_by_name.update(x_ptr=x, out_ptr=x, ws_ptr=torch.empty(1, dtype=torch.float32))
@@ -77,8 +77,8 @@ def main() -> None:
     parser.add_argument(
         "--x-in-step-order",
         type=int,
-        default=int_rows_launch.IntRowsTile.x_in_step_order,
-        help="row blocks from which x is read in step order (0: never, 1: always)",
+        default=None,
+        help="row blocks from which x is read in step order (0: never, 1: always; default: the codes' default)",
     )
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))

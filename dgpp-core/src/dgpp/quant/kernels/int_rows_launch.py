@@ -22,16 +22,25 @@ MAX_BLOCKS = 4  # 16-row blocks per program: a tile's words are decoded once for
 @dataclasses.dataclass(frozen=True)
 class IntRowsTile:
     """BN output columns per program, BK K columns per decoded tile (at least 16 words: the dot's K), K slices
-    (fixed by the shape, never by M). From ``x_in_step_order`` row blocks a program up (0: never), x is first
-    written in step order (``x_by_position``) so each dot's x is one contiguous load: the same values in the
-    same dots, so the choice changes no bits."""
+    (fixed by the shape, never by M). From ``x_in_step_order`` row blocks a program up (0: never; None: the
+    codes' default, ``x_step_order_blocks``), x is first written in step order (``x_by_position``) so each dot's x
+    is one contiguous load: the same values in the same dots, so the choice changes no bits."""
 
     bn: int = 64
     bk: int = 128
     split_k: int = 1
     warps: int = 4
     stages: int = 3
-    x_in_step_order: int = 2
+    x_in_step_order: int | None = None
+
+
+def x_step_order_blocks(tile: IntRowsTile, per_word: int) -> int:
+    """Row blocks a program from which x is read in step order: from one for 4-bit codes (a word position's x
+    columns lie 16 bytes apart, and the pre-pass pays for itself even at one row), from two for 8-bit codes
+    (one row reads its 8-byte-apart columns faster than it runs the pre-pass); docs/benchmarks.md has the times."""
+    if tile.x_in_step_order is not None:
+        return tile.x_in_step_order
+    return 1 if per_word >= 8 else 2
 
 
 def default_int_rows_tile(n: int, k: int, device: torch.device) -> IntRowsTile:
@@ -184,7 +193,7 @@ def int_rows_linear(
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
     blocks = min(MAX_BLOCKS, cdiv(m, ROWS))
     int4_bf16 = int4_bf16_applies(args, ptrs[1], dot_fp32, dot_dtype)
-    step_order = 0 < tile.x_in_step_order <= blocks
+    step_order = 0 < x_step_order_blocks(tile, per_word) <= blocks
     x_read = x_by_position(x, tile.bk, per_word) if step_order else x
     int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS * blocks))](
         x_read,
