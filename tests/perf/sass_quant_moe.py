@@ -7,12 +7,14 @@ thread, how many instructions separate a global load from its first use (``ldg_c
         [--tiles 16,32,64,4,3] [--hidden 3072 --inter 1024]
 
 ``--tiles`` is BM,BN,BKP,warps,stages (BKP 0: the launch's default for the format). int4 formats compile the path
-the policy takes (``DGPP_INT4_PTX=0``: the fp32 decode).
+the policy takes (``DGPP_INT4_PTX=0``: the fp32 decode); eight codes a word read the activations in step order as
+the launch does (``DGPP_SASS_A_COLUMNS=1``: column by column, as before).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 
 import torch
 import triton
@@ -58,6 +60,7 @@ def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
         FAST_E2M1=fp4 and tiles.bn * tiles.bkp >= 4 * 32 * tiles.num_warps, SWIGLU_LIMIT=0.0,
         FP4_EXACT=fp4 and scale_mode == 2,
         INT4_BF16=moe_launch.int4_bf16_applies(args, tl.bfloat16, scale_mode, dot_low=True),
+        A_STEP_ORDER=moe_launch._reads_step_order(args, tiles) and os.environ.get("DGPP_SASS_A_COLUMNS") != "1",
     )  # fmt: skip
     rows = torch.empty(1, hidden, dtype=torch.bfloat16)
     index = torch.empty(1, dtype=torch.int32)

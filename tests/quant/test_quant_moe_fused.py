@@ -311,3 +311,30 @@ def test_fp4_expert_rows_alone_equal_rows_in_a_batch(fmt):
     alone = torch.cat([down_rows(moe, x[i : i + 1], ids[i : i + 1]) for i in range(40)])
     for tokens in (3, 17, 40):  # 40 x 2 assignments over 8 experts take the 64-row blocks
         assert torch.equal(down_rows(moe, x[:tokens], ids[:tokens]), alone[: 2 * tokens])
+
+
+@pytest.mark.parametrize(
+    "fmt", [IntPacked(bits=4, group=64), GPTQ(bits=4, group=64)], ids=["int4", "gptq-int4"]
+)
+def test_activations_in_step_order_give_the_column_reads_bits(fmt, monkeypatch):
+    """Eight codes a word: x and the SwiGLU rows are written in step order first (``x_by_position``), and each
+    code position's columns load as one run. The same values in the same dots: the bits of the column reads,
+    at decode and prefill block sizes, with K (64 intermediate columns) shorter than one 128-column step."""
+    from dgpp.quant.kernels import moe_launch
+
+    moe = build_experts(fmt, seed=5)
+    g, d = moe.gate_proj, moe.down_proj
+    assert moe_launch._reads_step_order(
+        moe_launch.stack_args(g.fmt, g.stacks(), (INTER, HIDDEN)), moe_launch.moe_tiles(8, 2, EXPERTS)
+    )
+    for tokens, top_k in ((1, 2), (5, 3), (40, 2)):
+        x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(tokens + 20))
+        weights, ids = routing(tokens, top_k, seed=tokens + 20)
+
+        experts = ((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()))
+        ordered = fused_quant_moe(*experts, x, weights, ids, moe.inter)
+        with monkeypatch.context() as patch:
+            patch.setattr(moe_launch, "_reads_step_order", lambda args, tiles: False)
+            columns = fused_quant_moe(*experts, x, weights, ids, moe.inter)
+        assert torch.equal(ordered, columns)
+        torch.testing.assert_close(ordered, moe.forward_reference(x, weights, ids), rtol=1e-5, atol=1e-5)

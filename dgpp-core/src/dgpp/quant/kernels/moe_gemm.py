@@ -15,7 +15,9 @@ E4M3 or power-of-two E8M0 scale fits bf16's 8 bits, so ``code * scale`` is an ex
 multiply per two weights), and the per-expert global multiplies (or divides) each fp32 sum once after the K loop.
 Their scale bytes and activation pairs load one K step ahead of their use. int4 words with bf16 scales and
 activations (``INT4_BF16``) decode ``code - 8`` to bf16 exactly in inline PTX (``int4_asm``) and multiply by the
-scale in bf16: one rounding of the exact product, the value the fp32 decode rounds to.
+scale in bf16: one rounding of the exact product, the value the fp32 decode rounds to. Eight codes a word
+(``A_STEP_ORDER``): the activations arrive written in step order (``x_by_position``), so position ``i``'s
+columns of a K step are one contiguous load instead of columns 16 bytes apart: the same values in the same dots.
 """
 
 from __future__ import annotations
@@ -267,6 +269,7 @@ def quant_moe_gemm_kernel(
     SWIGLU_LIMIT: tl.constexpr = 0.0,
     FP4_EXACT: tl.constexpr = False,
     INT4_BF16: tl.constexpr = False,
+    A_STEP_ORDER: tl.constexpr = False,
 ):
     """``c[row] = a[row] @ W_e^T`` for one block of BM sorted rows (expert ``e``) and BN output columns.
     ``w/s/z/g``: the (gate or down) stack; ``w2/s2/z2/g2``: the up stack (SWIGLU only); every stack is
@@ -381,6 +384,13 @@ def quant_moe_gemm_kernel(
                     a = a_lo
                 else:
                     a = a_hi
+            elif (
+                A_STEP_ORDER
+            ):  # a in step order (x_by_position): position i's columns are one run, zeros past K
+                offs_a = tl.multiple_of(kp0 * PACK + i * BKP, BKP) + tl.arange(0, BKP)
+                a = tl.load(
+                    a_ptr + a_rows[:, None] * a_row_stride + offs_a[None, :], mask=rvalid[:, None], other=0.0
+                )
             else:
                 a = tl.load(
                     a_ptr + a_rows[:, None] * a_row_stride + offs_k[None, :],

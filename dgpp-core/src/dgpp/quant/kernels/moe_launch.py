@@ -20,6 +20,7 @@ from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.launch import _format_args
 from dgpp.quant.kernels.operands import interpreting
+from dgpp.quant.kernels.x_halves import x_by_position
 
 
 def has_moe_kernel(fmt: QuantFormat) -> bool:
@@ -104,6 +105,12 @@ def int4_bf16_applies(args: dict, round_dtype: object, scale_mode: int, dot_low:
     )
 
 
+def _reads_step_order(args: dict, tiles: MoETiles) -> bool:
+    """Eight codes a word (int4, GPTQ / NF4 words): the activations are written in step order first, so each
+    code position's columns load as one run (as the row-exact int GEMM reads x for 4-bit codes)."""
+    return args["PACK"] == 8 and (tiles.bkp * 8) & (tiles.bkp * 8 - 1) == 0
+
+
 def _launch(
     args: dict,
     up: dict | None,
@@ -121,6 +128,7 @@ def _launch(
     swiglu: bool,
     scatter: bool,
     swiglu_limit: float = 0.0,
+    a_step_order: bool = False,
 ) -> None:
     import triton.language as tl
 
@@ -187,6 +195,7 @@ def _launch(
         SWIGLU_LIMIT=swiglu_limit,
         FP4_EXACT=fp4_exact,
         INT4_BF16=int4_bf16,
+        A_STEP_ORDER=a_step_order,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
@@ -228,10 +237,11 @@ def fused_quant_moe(
     sorted_ids, block_expert = align(topk_ids, num_experts, tiles.bm)
     weights = topk_weights.contiguous().view(-1)
     act = torch.empty(sorted_ids.shape[0], inter, dtype=x.dtype, device=x.device)
+    gate_order, down_order = (_reads_step_order(a, tiles) for a in (gate_args, down_args))
     _launch(
         gate_args,
         up_args,
-        x,
+        x_by_position(x, tiles.bkp * gate_args["PACK"], gate_args["PACK"]) if gate_order else x,
         act,
         sorted_ids,
         block_expert,
@@ -244,6 +254,7 @@ def fused_quant_moe(
         swiglu=True,
         scatter=False,
         swiglu_limit=swiglu_limit_constant(swiglu_limit),
+        a_step_order=gate_order,
     )
     # the interpreter's fp32 -> bf16 store does not round to nearest even as the GPU's does: there the rows are
     # stored in fp32 and rounded by torch below, the same values
@@ -254,7 +265,7 @@ def fused_quant_moe(
     _launch(
         down_args,
         None,
-        act,
+        x_by_position(act, tiles.bkp * down_args["PACK"], down_args["PACK"]) if down_order else act,
         per_assign,
         sorted_ids,
         block_expert,
@@ -266,6 +277,7 @@ def fused_quant_moe(
         gather=False,
         swiglu=False,
         scatter=True,
+        a_step_order=down_order,
     )
     partials = per_assign.view(tokens, top_k, hidden).float()
     if isinstance(bf16_partial_rows, torch.Tensor):  # a step mixing prefill and decode rows
