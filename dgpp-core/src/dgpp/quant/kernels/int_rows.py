@@ -9,7 +9,9 @@ does) and meets the matching x columns of each row block in a tensor-core dot, t
 of a program's rows, and every row's chain (the dot shape, the sub-position order, the K tiles, the K slices) is
 fixed by the weight's shape alone: a row's bits are the same alone and among any number of rows. int4 words with
 bf16 scales and a bf16 dot (``INT4_BF16``) decode ``code - 8`` exactly in inline PTX (``int4_asm``) and multiply
-by the scale in bf16, which rounds the exact product once: the same weights in fewer instructions.
+by the scale in bf16, which rounds the exact product once: the same weights in fewer instructions. With
+``X_BY_POSITION`` x arrives written in step order (``x_by_position``: a step's position-0 columns, then position
+1, ...), so each dot's x is one contiguous load instead of columns ``PW`` apart: the same values, the same bits.
 
 A K slice (``SPLIT`` > 1) stores its sums in its own plane of an fp32 workspace ``[SPLIT, M, N]``, added in
 slice order at the end; with one slice the program rounds and stores the output itself.

@@ -384,9 +384,8 @@ def quant_moe_gemm_kernel(
                     a = a_lo
                 else:
                     a = a_hi
-            elif (
-                A_STEP_ORDER
-            ):  # a in step order (x_by_position): position i's columns are one run, zeros past K
+            elif A_STEP_ORDER:
+                # a in step order (x_by_position): position i's columns are one run, zeros past K
                 offs_a = tl.multiple_of(kp0 * PACK + i * BKP, BKP) + tl.arange(0, BKP)
                 a = tl.load(
                     a_ptr + a_rows[:, None] * a_row_stride + offs_a[None, :], mask=rvalid[:, None], other=0.0

@@ -106,8 +106,8 @@ def int4_bf16_applies(args: dict, round_dtype: object, scale_mode: int, dot_low:
 
 
 def _reads_step_order(args: dict, tiles: MoETiles) -> bool:
-    """Eight codes a word (int4, GPTQ / NF4 words): the activations are written in step order first, so each
-    code position's columns load as one run (as the row-exact int GEMM reads x for 4-bit codes)."""
+    """Eight codes a word (int4, GPTQ int4): the activations are written in step order first, so each code
+    position's columns load as one run (as the row-exact int GEMM reads x for 4-bit codes)."""
     return args["PACK"] == 8 and (tiles.bkp * 8) & (tiles.bkp * 8 - 1) == 0
 
 
