@@ -4,7 +4,9 @@ For each format and token count: error against the per-expert decode reference (
 exact value), time of the fused layer (CUDA-graph replays with the routing rotated over several sets, so
 the routed experts' weights come from HBM, not L2), GB/s of the routed experts' packed bytes, eager
 time, the old per-expert loop's time (A/B), and a CUDA-graph capture of the layer replayed with new
-routing, which must equal eager bit for bit. One line per result. Not a CI test.
+routing, which must equal eager bit for bit; for eight codes a word, the layer with its activations read column
+by column instead of in step order (time, and bits against the step-order output). One line per result. Not a
+CI test.
 
     python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep [BNxKxWARPSxSTAGES,...]]
                                           [--no-old-loop] [--json f]
@@ -34,6 +36,7 @@ from dgpp.policy import overriding  # noqa: E402
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt  # noqa: E402
 from dgpp.quant.fp8 import FP8Block  # noqa: E402
 from dgpp.quant.intq import GPTQ, IntPacked  # noqa: E402
+from dgpp.quant.kernels import moe_launch  # noqa: E402
 from dgpp.quant.kernels.launch import _pack  # noqa: E402
 from dgpp.quant.kernels.moe_launch import MoETiles, fused_quant_moe, moe_tiles  # noqa: E402
 from dgpp.quant.moe import QuantExperts  # noqa: E402
@@ -210,6 +213,11 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
         )
         if sweep:
             sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, sweep)
+        if moe_launch._reads_step_order(
+            moe_launch.stack_args(moe.gate_proj.fmt, moe.gate_proj.stacks(), (args.inter, args.hidden)),
+            moe_launch.moe_tiles(_pack(moe.fmt), ids.numel(), moe.num_experts),
+        ):
+            columns_against_step_order(name, fused, x, routes, got, tokens, t_graph)
 
 
 def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:
@@ -237,6 +245,25 @@ def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:
             f"{t * 1e3:8.1f} us  {nbytes / (t * 1e-3) / 1e9:6.0f} GB/s",
             flush=True,
         )
+
+
+def columns_against_step_order(name, fused, x, routes, got, tokens, t_step_order) -> None:
+    """Eight codes a word: the same layer with the activations read column by column instead of in step order
+    (``moe_launch._reads_step_order``): its time, and its output against the step-order one bit for bit."""
+    step_order = moe_launch._reads_step_order
+    moe_launch._reads_step_order = lambda args, tiles: False
+    try:
+        same = torch.equal(fused(x, *routes[0]), got)
+        t = triton.testing.do_bench_cudagraph(
+            lambda: [fused(x, a, b) for a, b in routes], rep=100, return_mode="median"
+        ) / len(routes)
+    finally:
+        moe_launch._reads_step_order = step_order
+    print(
+        f"  activations {name:8s} T={tokens:3d}: step order {t_step_order * 1e3:8.1f} us, column reads "
+        f"{t * 1e3:8.1f} us, bits equal {same}",
+        flush=True,
+    )
 
 
 def tile_grid(text: str) -> list[tuple[int, int, int, int]]:
