@@ -77,9 +77,8 @@ def test_the_kernels_take_the_ptx_decode_exactly_for_int4_with_bf16_scales(bits,
 
 def _assert_applies(args, row_args, scales, dot, want) -> None:
     assert moe_launch.int4_bf16_applies(args, dot, scale_mode=2, dot_low=True) is want
-    assert (
-        moe_launch.int4_bf16_applies(args, dot, scale_mode=0, dot_low=True) is False
-    )  # per-weight scale gathers
+    # per-weight scale gathers
+    assert moe_launch.int4_bf16_applies(args, dot, scale_mode=0, dot_low=True) is False
     assert moe_launch.int4_bf16_applies(args, dot, scale_mode=2, dot_low=False) is False  # fp32 dots
     assert int_rows_launch.int4_bf16_applies(row_args, scales, False, dot) is want
     assert int_rows_launch.int4_bf16_applies(row_args, scales, True, dot) is False  # fp32 dots (interpreter)

@@ -134,6 +134,27 @@ def test_x_in_step_order_gives_the_column_reads_bits(fmt):
         torch.testing.assert_close(want, x @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
+def test_multi_linear_writes_x_in_step_order_once(monkeypatch):
+    """q/k/v or gate/up on one x: the step-order copy is written once and serves every weight, same results."""
+    from dgpp.quant.kernels import int_rows_launch
+
+    fmt, k = IntPacked(bits=4, group=64), 256
+    sets = [packed_weights(fmt, n, k, seed=10 + n)[0] for n in (40, 24, 24)]
+    shapes = [(40, k), (24, k), (24, k)]
+    x = torch.randn(20, k)
+    want = [int_rows_linear(fmt, t, x, s, TILE) for t, s in zip(sets, shapes, strict=True)]
+    writes = []
+
+    def counted(*args):
+        writes.append(args[1:])
+        return x_by_position(*args)
+
+    monkeypatch.setattr(int_rows_launch, "x_by_position", counted)
+    got = int_rows_launch.int_rows_multi_linear(fmt, sets, x, shapes, TILE)
+    assert len(writes) == 1
+    assert all(torch.equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def test_act_order_g_idx_matches_reference():
     fmt, n, k = GPTQ(bits=4, group=64), 40, 256
     g_idx = torch.randperm(k, generator=torch.Generator().manual_seed(5)) // 64

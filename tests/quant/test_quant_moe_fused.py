@@ -330,7 +330,6 @@ def test_activations_in_step_order_give_the_column_reads_bits(fmt, monkeypatch):
     for tokens, top_k in ((1, 2), (5, 3), (40, 2)):
         x = torch.randn(tokens, HIDDEN, generator=torch.Generator().manual_seed(tokens + 20))
         weights, ids = routing(tokens, top_k, seed=tokens + 20)
-
         experts = ((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()))
         ordered = fused_quant_moe(*experts, x, weights, ids, moe.inter)
         with monkeypatch.context() as patch:

@@ -167,9 +167,11 @@ def int_rows_linear(
     x: torch.Tensor,
     shape: Shape,
     tile: IntRowsTile | None = None,
+    x_orders: dict[tuple[int, int], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``x [M, K] @ W^T`` for any M in one launch (plus the pass that sums K slices and rounds, when K is split):
-    each block of 16 rows decodes the packed tiles it multiplies; the row bits do not depend on M."""
+    each block of 16 rows decodes the packed tiles it multiplies; the row bits do not depend on M.
+    ``x_orders``: x in step order by (BK, codes a word), shared by calls on the same x so it is written once."""
     import triton.language as tl
 
     from dgpp.quant.kernels.int_rows import ROWS, int_rows_finish, int_rows_kernel
@@ -194,7 +196,12 @@ def int_rows_linear(
     blocks = min(MAX_BLOCKS, cdiv(m, ROWS))
     int4_bf16 = int4_bf16_applies(args, ptrs[1], dot_fp32, dot_dtype)
     step_order = 0 < x_step_order_blocks(tile, per_word) <= blocks
-    x_read = x_by_position(x, tile.bk, per_word) if step_order else x
+    x_read = x
+    if step_order:
+        orders = {} if x_orders is None else x_orders
+        if (tile.bk, per_word) not in orders:
+            orders[tile.bk, per_word] = x_by_position(x, tile.bk, per_word)
+        x_read = orders[tile.bk, per_word]
     int_rows_kernel[(cdiv(n, tile.bn), split, cdiv(m, ROWS * blocks))](
         x_read,
         *ptrs,
@@ -233,5 +240,6 @@ def int_rows_multi_linear(
     shapes: list[Shape],
     tile: IntRowsTile | None = None,
 ) -> list[torch.Tensor]:
-    """``[x @ W_i^T]``: one row-exact launch per weight."""
-    return [int_rows_linear(fmt, t, x, s, tile) for t, s in zip(tensor_sets, shapes, strict=True)]
+    """``[x @ W_i^T]``: one row-exact launch per weight, x written in step order once for all of them."""
+    orders: dict[tuple[int, int], torch.Tensor] = {}
+    return [int_rows_linear(fmt, t, x, s, tile, orders) for t, s in zip(tensor_sets, shapes, strict=True)]
