@@ -155,7 +155,7 @@ def test_fp8_blocked_one_dot_candidate_is_row_exact(fmt):
 def test_fp4_decode_tile_loads_scales_ahead_and_its_blocked_tile_in_step():
     """The default FP4 decode tile loads its group scales a step ahead and reads x split once per launch; its blocked
     64-row candidate loads the scales in the step (ahead it spills on sm_90), FP8 tiles in the step. None of these
-    choices changes a bit (tests above, and test_x_halves)."""
+    choices changes a bit (tests above, and test_x_step_order)."""
     from dgpp.quant.kernels.decode_launch import batch_candidates, default_tile
 
     for fmt in FP4:

@@ -16,7 +16,7 @@ from dgpp.quant.codecs import pack_int32
 from dgpp.quant.encode import encode
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.int_rows_launch import IntRowsTile, int_rows_applies, int_rows_linear
-from dgpp.quant.kernels.x_halves import x_by_position
+from dgpp.quant.kernels.x_step_order import x_by_position
 
 TILE = IntRowsTile(bn=32, bk=64)
 SPLIT = IntRowsTile(bn=32, bk=64, split_k=2)

@@ -27,7 +27,7 @@ from dgpp.quant.kernels.batch_probe import exact_batch_tile
 from dgpp.quant.kernels.gemv_tile import FP4_LAYOUTS, FP4_SCALES, MAX_ROWS, X_SPLITS, GemvTile
 from dgpp.quant.kernels.operands import interpreting, operand, scale_block
 from dgpp.quant.kernels.row_launch import RowTile, row_gate_up_silu, row_multi_linear, row_supported
-from dgpp.quant.kernels.x_halves import x_halves
+from dgpp.quant.kernels.x_step_order import x_halves
 
 
 def _pow2_divisor(n: int) -> int:

@@ -38,6 +38,6 @@ class GemvTile:
     )
     scales_ahead: bool = False  # FP8 block / FP4 group scales loaded one K step before the step using them
     # FP4 without interleave: x's even and odd columns split by every warp in every K step ("step"), or once per
-    # launch by a pre-pass that writes each step's even columns then its odd ones ("launch", x_halves.py); the
+    # launch by a pre-pass that writes each step's even columns then its odd ones ("launch", x_step_order.py); the
     # same bits either way. The 64-row FP4 candidates take "launch" (decode_launch.batch_candidates)
     x_split: str = "step"

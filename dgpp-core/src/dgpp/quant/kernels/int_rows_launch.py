@@ -14,7 +14,7 @@ from dgpp.quant.codebook import NF4I8_LEVELS, NF4Codebook
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.operands import interpreting
-from dgpp.quant.kernels.x_halves import x_by_position
+from dgpp.quant.kernels.x_step_order import x_by_position
 
 MAX_BLOCKS = 4  # 16-row blocks per program: a tile's words are decoded once for up to 64 rows
 

@@ -20,7 +20,7 @@ from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels.launch import _format_args
 from dgpp.quant.kernels.operands import interpreting
-from dgpp.quant.kernels.x_halves import x_by_position
+from dgpp.quant.kernels.x_step_order import x_by_position
 
 
 def has_moe_kernel(fmt: QuantFormat) -> bool:

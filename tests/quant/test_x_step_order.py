@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.kernels import GemvTile, decode_launch, quant_gate_up_silu, quant_multi_linear
-from dgpp.quant.kernels.x_halves import x_halves
+from dgpp.quant.kernels.x_step_order import x_halves
 
 from .gemv_cases import packed_weights
 from .test_packed_batch import assert_rows_exact
