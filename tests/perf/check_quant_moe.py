@@ -4,7 +4,8 @@ For each format and token count: error against the per-expert decode reference (
 exact value), time of the fused layer (CUDA-graph replays with the routing rotated over several sets, so
 the routed experts' weights come from HBM, not L2), GB/s of the routed experts' packed bytes, eager
 time, the old per-expert loop's time (A/B), and a CUDA-graph capture of the layer replayed with new
-routing, which must equal eager bit for bit; for eight codes a word, the layer with its activations read column
+routing, which must equal eager bit for bit; the first tokens each alone, which must equal their rows in
+the batch bit for bit; for eight codes a word, the layer with its activations read column
 by column instead of in step order (time, and bits against the step-order output). One line per result. Not a
 CI test.
 
@@ -149,6 +150,7 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
             exact = moe.forward_reference(x.float(), w.float(), ids)
         err, err32, ref_err32 = rel_err(got, ref), rel_err(got, exact), rel_err(ref, exact)
         graph_ok = graph_equals_eager(fused, x, routes)
+        alone_ok = rows_alone_equal(fused, x, w, ids, got)
         used = sum(r[1].unique().numel() for r in routes) / len(routes)
         nbytes = used * per_expert + x.numel() * 2
         t_graph = triton.testing.do_bench_cudagraph(
@@ -183,7 +185,7 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
             t_loop = math.nan
         # bf16 rounds in different places than the reference (activation, fp32 sums): the fused result must
         # be as close to the exact fp32 value as the reference is, within 2x
-        ok = err <= 2e-2 and err32 <= 2 * ref_err32 and graph_ok and align_same
+        ok = err <= 2e-2 and err32 <= 2 * ref_err32 and graph_ok and align_same and alone_ok
         row = {
             "check": f"quant_moe {name}",
             "tokens": tokens,
@@ -192,6 +194,7 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
             "rel_err_vs_fp32": err32,
             "ref_rel_err_vs_fp32": ref_err32,
             "graph_equals_eager": graph_ok,
+            "rows_alone_equal": alone_ok,
             "ok": ok,
             "graph_us": t_graph * 1e3,
             "align_torch_us": t_align * 1e3,
@@ -205,7 +208,8 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
         ROWS.append(row)
         print(
             f"quant_moe {name:8s} T={tokens:3d} experts {used:5.1f}  err {err:.2e} (fp32 {err32:.2e}, ref {ref_err32:.2e})"
-            f"  graph==eager {graph_ok}  {'ok' if ok else 'FAIL'}  graph {row['graph_us']:8.1f} us "
+            f"  graph==eager {graph_ok}  alone==batch (bm {bm}) {alone_ok}  {'ok' if ok else 'FAIL'}"
+            f"  graph {row['graph_us']:8.1f} us "
             f"(align torch {row['align_torch_us']:5.1f} / one launch {row['align_triton_us']:5.1f}, same {align_same})  "
             f"eager {row['eager_us']:8.1f} us  old loop {row['old_loop_us']:8.1f} us  "
             f"{row['GB/s']:6.0f} GB/s ({row['pct_copy_bw']:.0f}% of copy bw)",
@@ -218,6 +222,16 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
             moe_launch.moe_tiles(_pack(moe.fmt), ids.numel(), moe.num_experts),
         ):
             columns_against_step_order(name, fused, x, routes, got, tokens, t_graph)
+
+
+def rows_alone_equal(fused, x, w, ids, got, count: int = 4) -> bool:
+    """The first tokens each alone (one token: 16-row expert blocks) against the same tokens in this batch, bit
+    for bit: a batch above 4 assignments per expert takes 64-row blocks, which Triton issues as wgmma where the
+    16-row blocks issue mma, so this is where a token's bits could follow its batch."""
+    return all(
+        torch.equal(fused(x[i : i + 1], w[i : i + 1], ids[i : i + 1]), got[i : i + 1])
+        for i in range(min(count, x.shape[0]))
+    )
 
 
 def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:

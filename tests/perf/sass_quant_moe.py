@@ -96,7 +96,7 @@ def main() -> None:
     for name in args.formats.split(","):
         fmt = FORMATS[name]
         pack = 32 // fmt.bits if isinstance(fmt, IntPacked) else 1 if isinstance(fmt, FP8Block) else 2
-        tiles = moe_launch.MoETiles(bm, bn, bkp or max(16, 128 // pack), warps, stages)
+        tiles = moe_launch.MoETiles(bm, bn, bkp or moe_launch.moe_tiles(pack, 1, 1).bkp, warps, stages)
         for swiglu in (True, False):
             weights = (2 if swiglu else 1) * tiles.bn * tiles.bkp * pack // (32 * tiles.num_warps)
             line = loop_summary(compile_launch(fmt, args.hidden, args.inter, tiles, swiglu), weights)

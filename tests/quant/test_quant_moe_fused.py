@@ -297,11 +297,16 @@ def test_fp4_expert_weights_exact_with_the_global_per_sum(fmt):
     assert float((rounded - want).abs().max()) > 1e-4 * scale  # the weights' bf16 rounding is visible here
 
 
-@pytest.mark.parametrize("fmt", [NVFP4ModelOpt(), MXFP4()], ids=["nvfp4", "mxfp4"])
-def test_fp4_expert_rows_alone_equal_rows_in_a_batch(fmt):
-    """bf16 E2M1 experts: a token's fp32 expert rows do not depend on the tokens beside it, across batches that
-    take 16-row and 64-row expert blocks (above 4 assignments per expert). Inputs span a wide exponent range, so
-    the fp32 sums round and a K order that followed the batch would show."""
+@pytest.mark.parametrize(
+    "fmt",
+    [NVFP4ModelOpt(), MXFP4(), IntPacked(bits=4, group=64), GPTQ(bits=4, group=64)],
+    ids=["nvfp4", "mxfp4", "int4", "gptq-int4"],
+)
+def test_expert_rows_alone_equal_rows_in_a_batch(fmt):
+    """bf16 packed experts: a token's fp32 expert rows do not depend on the tokens beside it, across batches that
+    take 16-row and 64-row expert blocks (above 4 assignments per expert; the two block sizes must share a K
+    step). Inputs span a wide exponent range, so the fp32 sums round and a K order that followed the batch
+    would show."""
     moe = build_experts(fmt, seed=17, inter=256)
     gen = torch.Generator().manual_seed(18)
     x = (torch.randn(40, 256, generator=gen) * 2.0 ** torch.randint(-12, 13, (40, 256), generator=gen)).to(

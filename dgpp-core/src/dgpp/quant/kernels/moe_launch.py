@@ -72,11 +72,13 @@ def moe_tiles(pack: int, n_assign: int, num_experts: int) -> MoETiles:
     """Decode (few rows per expert: the weights read is the cost) uses 16-row blocks, the smallest a
     tensor-core dot takes, so an expert's bytes are read once per block, and 64 output columns a program (a
     wider tile keeps more of each expert's bytes in flight per program); larger batches 64-row blocks.
-    A K step covers 128 weights whatever the packing."""
-    bkp = max(16, 128 // pack)
+    A K step covers 128 weights, 256 for eight codes a word (int4: half the loop trips around each word's
+    decode; two stages in the 64-row blocks, whose x tile doubles). Both block sizes take the same K step, so a
+    row's K chain, and its bits, do not depend on the batch."""
+    bkp = max(16, (256 if pack == 8 else 128) // pack)
     if n_assign <= 4 * num_experts:
         return MoETiles(bm=16, bn=64, bkp=bkp)
-    return MoETiles(bm=64, bn=64, bkp=bkp)
+    return MoETiles(bm=64, bn=64, bkp=bkp, num_stages=2 if pack == 8 else 3)
 
 
 def _scale_mode(args: dict, bkp: int) -> int:
