@@ -37,7 +37,7 @@ from dgpp.policy import overriding  # noqa: E402
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt  # noqa: E402
 from dgpp.quant.fp8 import FP8Block  # noqa: E402
 from dgpp.quant.intq import GPTQ, IntPacked  # noqa: E402
-from dgpp.quant.kernels import moe_launch  # noqa: E402
+from dgpp.quant.kernels import moe_block_probe, moe_launch  # noqa: E402
 from dgpp.quant.kernels.launch import _pack  # noqa: E402
 from dgpp.quant.kernels.moe_launch import MoETiles, fused_quant_moe, moe_tiles  # noqa: E402
 from dgpp.quant.moe import QuantExperts  # noqa: E402
@@ -215,6 +215,7 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
             f"{row['GB/s']:6.0f} GB/s ({row['pct_copy_bw']:.0f}% of copy bw)",
             flush=True,
         )
+        report_block_probe(name)
         if sweep:
             sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, sweep)
         if moe_launch._reads_step_order(
@@ -222,6 +223,20 @@ def check(name: str, fmt, args, sweep: list | None) -> None:
             moe_launch.moe_tiles(_pack(moe.fmt), ids.numel(), moe.num_experts),
         ):
             columns_against_step_order(name, fused, x, routes, got, tokens, t_graph)
+
+
+REPORTED: set = set()
+
+
+def report_block_probe(name: str) -> None:
+    """What ``moe_block_probe`` found for this format's 64-row expert blocks, where a batch took them."""
+    for key, exact in moe_block_probe._EXACT.items():
+        if key not in REPORTED:
+            REPORTED.add(key)
+            print(
+                f"  {name}: 64-row expert blocks give the 16-row blocks' bits on this device: {exact}",
+                flush=True,
+            )
 
 
 def rows_alone_equal(fused, x, w, ids, got, count: int = 4) -> bool:

@@ -342,3 +342,37 @@ def test_activations_in_step_order_give_the_column_reads_bits(fmt, monkeypatch):
             columns = fused_quant_moe(*experts, x, weights, ids, moe.inter)
         assert torch.equal(ordered, columns)
         torch.testing.assert_close(ordered, moe.forward_reference(x, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rounds_otherwise", [False, True], ids=["blocks-exact", "blocks-round-otherwise"])
+def test_64_row_blocks_only_where_they_give_the_16_row_bits(rounds_otherwise, monkeypatch):
+    """A prefill-sized routing takes 64-row expert blocks only where a probe on this device found their rows
+    bit-identical to the decode tile's 16-row blocks (Hopper issues wgmma for one and mma for the other); a
+    device whose 64-row blocks round otherwise (simulated: their output moved by one ulp) gets the 16-row
+    blocks' bits."""
+    from dgpp.quant.kernels import moe_block_probe, moe_launch
+
+    monkeypatch.setattr(moe_block_probe, "_EXACT", {})
+    launch = moe_launch._launch
+
+    def launch_rounding_otherwise(*args, **kwargs):
+        launch(*args, **kwargs)
+        out, tiles = args[3], args[10]
+        if rounds_otherwise and tiles.bm > moe_launch.DECODE_BM:
+            out.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
+
+    monkeypatch.setattr(moe_launch, "_launch", launch_rounding_otherwise)
+    moe = build_experts(IntPacked(bits=4, group=64), seed=31)
+    g, d = moe.gate_proj, moe.down_proj
+    experts = ((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()))
+    x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(32))
+    weights, ids = routing(40, 2, seed=33)  # 80 assignments over 8 experts: above 4 an expert
+    blocks = moe_launch.moe_tiles(8, ids.numel(), EXPERTS)
+    decode = moe_launch.moe_tiles(8, 0, EXPERTS)
+    assert blocks.bm == 64 and decode.bm == moe_launch.DECODE_BM
+    got = fused_quant_moe(*experts, x, weights, ids, moe.inter)
+    want = fused_quant_moe(*experts, x, weights, ids, moe.inter, decode if rounds_otherwise else blocks)
+    assert torch.equal(got, want)
+    assert list(moe_block_probe._EXACT.values()) == [not rounds_otherwise]
+    if rounds_otherwise:  # the simulated rounding shows in the 64-row blocks' output
+        assert not torch.equal(got, fused_quant_moe(*experts, x, weights, ids, moe.inter, blocks))

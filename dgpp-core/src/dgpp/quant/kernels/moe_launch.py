@@ -18,6 +18,7 @@ from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels import moe_block_probe
 from dgpp.quant.kernels.launch import _format_args
 from dgpp.quant.kernels.operands import interpreting
 from dgpp.quant.kernels.x_step_order import x_by_position
@@ -68,16 +69,20 @@ class MoETiles:
     num_stages: int = 3
 
 
+DECODE_BM = 16
+
+
 def moe_tiles(pack: int, n_assign: int, num_experts: int) -> MoETiles:
     """Decode (few rows per expert: the weights read is the cost) uses 16-row blocks, the smallest a
     tensor-core dot takes, so an expert's bytes are read once per block, and 64 output columns a program (a
     wider tile keeps more of each expert's bytes in flight per program); larger batches 64-row blocks.
     A K step covers 128 weights, 256 for eight codes a word (int4: half the loop trips around each word's
     decode; two stages in the 64-row blocks, whose x tile doubles). Both block sizes take the same K step, so a
-    row's K chain, and its bits, do not depend on the batch."""
+    row's K chain does not depend on the batch; whether the 64-row blocks' tensor-core instruction rounds like
+    the 16-row blocks' is probed on the device before ``fused_quant_moe`` takes them (``moe_block_probe``)."""
     bkp = max(16, (256 if pack == 8 else 128) // pack)
     if n_assign <= 4 * num_experts:
-        return MoETiles(bm=16, bn=64, bkp=bkp)
+        return MoETiles(bm=DECODE_BM, bn=64, bkp=bkp)
     return MoETiles(bm=64, bn=64, bkp=bkp, num_stages=2 if pack == 8 else 3)
 
 
@@ -203,6 +208,23 @@ def _launch(
     )
 
 
+def _row_exact_tiles(
+    gate_up, down, inter: int, top_k: int, choices: tuple[MoETiles, MoETiles], x: torch.Tensor, swiglu_limit
+) -> MoETiles:
+    """Of ``choices`` (the 64-row blocks, the decode tiles' 16-row blocks): the 64-row blocks where this device
+    gives their rows the 16-row blocks' bits (``moe_block_probe``, once per formats, shapes, tiles, dtype and
+    device), else the decode tiles, so a token's bits never depend on how many tokens share its step."""
+    tiles, decode = choices
+    key = (gate_up[0], down[0], x.shape[1], inter, top_k, tiles, decode, x.dtype, x.device)
+
+    def run(blocks: bool) -> torch.Tensor:
+        px, pw, pids = moe_block_probe.probe_inputs(x.shape[1], top_k, x.dtype, x.device)
+        chosen = tiles if blocks else decode
+        return fused_quant_moe(gate_up, down, px, pw, pids, inter, chosen, swiglu_limit)
+
+    return tiles if moe_block_probe.blocks_exact(key, run, x.device) else decode
+
+
 def fused_quant_moe(
     gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[str, torch.Tensor]],
     down: tuple[QuantFormat, dict[str, torch.Tensor]],
@@ -233,7 +255,11 @@ def fused_quant_moe(
     down_args = stack_args(down[0], down[1], (hidden, inter))
     num_experts = gate_args["w"].shape[0]
     n_assign = tokens * top_k
-    tiles = tiles or moe_tiles(gate_args["PACK"], n_assign, num_experts)
+    if tiles is None:
+        tiles = moe_tiles(gate_args["PACK"], n_assign, num_experts)
+        if tiles.bm > DECODE_BM:
+            decode = moe_tiles(gate_args["PACK"], 0, num_experts)
+            tiles = _row_exact_tiles(gate_up, down, inter, top_k, (tiles, decode), x, swiglu_limit)
     # decode-sized routings sort in one launch; the torch chain is ~15 small kernels
     align = moe_align.align_to_experts_triton if moe_align.fits(topk_ids, num_experts) else align_to_experts
     sorted_ids, block_expert = align(topk_ids, num_experts, tiles.bm)
