@@ -209,7 +209,13 @@ def _launch(
 
 
 def _row_exact_tiles(
-    gate_up, down, inter: int, top_k: int, choices: tuple[MoETiles, MoETiles], x: torch.Tensor, swiglu_limit
+    gate_up: tuple[QuantFormat, dict[str, torch.Tensor], dict[str, torch.Tensor]],
+    down: tuple[QuantFormat, dict[str, torch.Tensor]],
+    inter: int,
+    top_k: int,
+    choices: tuple[MoETiles, MoETiles],
+    x: torch.Tensor,
+    swiglu_limit: float | None,
 ) -> MoETiles:
     """Of ``choices`` (the 64-row blocks, the decode tiles' 16-row blocks): the 64-row blocks where this device
     gives their rows the 16-row blocks' bits (``moe_block_probe``, once per formats, shapes, tiles, dtype and
