@@ -9,7 +9,7 @@ the batch bit for bit; for eight codes a word, the layer with its activations re
 by column instead of in step order (time, and bits against the step-order output). One line per result. Not a
 CI test.
 
-    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep [BNxKxWARPSxSTAGES,...]]
+    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep [BNxKxWARPSxSTAGES[xBM],...]]
                                           [--no-old-loop] [--json f]
 
 Shape (Qwen3.5-122B-A10B's experts): hidden 3072, moe_intermediate 1024, 256 experts, top 8 (flags change it).
@@ -250,13 +250,13 @@ def rows_alone_equal(fused, x, w, ids, got, count: int = 4) -> bool:
 
 
 def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:
-    """Time each tile of ``grid`` (BN, K-step multiple, warps, stages) and compare its output with the default
+    """Time each tile of ``grid`` (BN, K-step multiple, warps, stages[, BM]) and compare its output with the default
     tile's bit for bit: a tile changes which program computes a column, not the column's K chain."""
     base = moe_tiles(_pack(moe.fmt), routes[0][1].numel(), moe.num_experts)
     want = layer(moe, None)(x, *routes[0])
-    for bn, k_steps, warps, stages in grid:
+    for bn, k_steps, warps, stages, *rows in grid:
         bkp = base.bkp * k_steps
-        tiles = MoETiles(bm=base.bm, bn=bn, bkp=bkp, num_warps=warps, num_stages=stages)
+        tiles = MoETiles(bm=rows[0] if rows else base.bm, bn=bn, bkp=bkp, num_warps=warps, num_stages=stages)
         fn = layer(moe, tiles)
         try:
             out = fn(x, *routes[0])
@@ -295,8 +295,9 @@ def columns_against_step_order(name, fused, x, routes, got, tokens, t_step_order
     )
 
 
-def tile_grid(text: str) -> list[tuple[int, int, int, int]]:
-    """``BNxKxWARPSxSTAGES,...`` (K: multiple of the default K step), or ``full`` for the whole grid."""
+def tile_grid(text: str) -> list[tuple[int, ...]]:
+    """``BNxKxWARPSxSTAGES[xBM],...`` (K: multiple of the default K step; BM: rows a block, else the token
+    count's), or ``full`` for the whole grid."""
     if text == "full":
         return [
             (bn, k, w, st)
@@ -304,7 +305,7 @@ def tile_grid(text: str) -> list[tuple[int, int, int, int]]:
                 (1, 2, 4), (16, 32, 64), ((4, 3), (2, 3), (4, 4), (8, 3), (2, 5))
             )
         ]
-    return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]  # type: ignore[misc]
+    return [tuple(int(v) for v in item.split("x")) for item in text.split(",")]
 
 
 def main() -> int:
@@ -323,7 +324,7 @@ def main() -> int:
         "--sweep",
         nargs="?",
         const="full",
-        help="also time tiles per format and token count: BNxKxWARPSxSTAGES,... (K: multiple of the default K"
+        help="also time tiles per format and token count: BNxKxWARPSxSTAGES[xBM],... (K: multiple of the default K"
         " step) or full (the default grid), each compared bit for bit with the default tile",
     )
     ap.add_argument("--json", help="write the result rows here")
