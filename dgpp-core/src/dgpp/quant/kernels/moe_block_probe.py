@@ -7,11 +7,10 @@ mma for 16-row ones, and only the device can say whether the two round alike."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 
-# (formats, shapes, experts, block tiles, decode tiles, dtype, device) -> the 64-row blocks were bit-identical
+# (formats, shapes, top_k, block tiles, decode tiles, dtype, device) -> the 64-row blocks were bit-identical
+# (``batch_probe.probed_once``: never probed inside a CUDA-graph capture)
 _EXACT: dict[tuple[object, ...], bool] = {}
 PROBE_TOKENS = 80  # every token on the same experts: a full 64-row block and a partial one each
 
@@ -25,14 +24,3 @@ def probe_inputs(
     weights = torch.rand(PROBE_TOKENS, top_k, generator=gen, device=device)
     ids = torch.arange(top_k, device=device).expand(PROBE_TOKENS, top_k).contiguous()
     return x, weights / weights.sum(1, keepdim=True), ids
-
-
-def blocks_exact(key: tuple[object, ...], run: Callable[[bool], torch.Tensor], device: torch.device) -> bool:
-    """``run(True)`` (the 64-row blocks) equals ``run(False)`` (the 16-row blocks) bit for bit, probed once per
-    key. Never probed inside a CUDA-graph capture: False then, uncached (the 16-row blocks are the reference)."""
-    if key in _EXACT:
-        return _EXACT[key]
-    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
-        return False
-    _EXACT[key] = torch.equal(run(True), run(False))
-    return _EXACT[key]

@@ -19,6 +19,7 @@ from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels import moe_block_probe
+from dgpp.quant.kernels.batch_probe import probed_once
 from dgpp.quant.kernels.launch import _format_args
 from dgpp.quant.kernels.operands import interpreting
 from dgpp.quant.kernels.x_step_order import x_by_position
@@ -223,12 +224,13 @@ def _row_exact_tiles(
     tiles, decode = choices
     key = (gate_up[0], down[0], x.shape[1], inter, top_k, tiles, decode, x.dtype, x.device)
 
-    def run(blocks: bool) -> torch.Tensor:
+    def probe() -> bool:
         px, pw, pids = moe_block_probe.probe_inputs(x.shape[1], top_k, x.dtype, x.device)
-        chosen = tiles if blocks else decode
-        return fused_quant_moe(gate_up, down, px, pw, pids, inter, chosen, swiglu_limit)
+        return torch.equal(
+            *(fused_quant_moe(gate_up, down, px, pw, pids, inter, t, swiglu_limit) for t in choices)
+        )
 
-    return tiles if moe_block_probe.blocks_exact(key, run, x.device) else decode
+    return tiles if probed_once(moe_block_probe._EXACT, key, x.device, probe) else decode
 
 
 def fused_quant_moe(
