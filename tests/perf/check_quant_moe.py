@@ -9,7 +9,7 @@ the batch bit for bit; for eight codes a word, the layer with its activations re
 by column instead of in step order (time, and bits against the step-order output). One line per result. Not a
 CI test.
 
-    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep [BNxKxWARPSxSTAGES[xBM],...]]
+    python3 tests/perf/check_quant_moe.py [--tokens 1,8,64] [--formats fp8,nvfp4,mxfp4,int4] [--sweep [BNxKxWARPSxSTAGES[xBM[xBLOCKS]],...]]
                                           [--no-old-loop] [--json f]
 
 Shape (Qwen3.5-122B-A10B's experts): hidden 3072, moe_intermediate 1024, 256 experts, top 8 (flags change it).
@@ -229,12 +229,16 @@ REPORTED: set = set()
 
 
 def report_block_probe(name: str) -> None:
-    """What ``moe_block_probe`` found for this format's 64-row expert blocks, where a batch took them."""
-    for key, exact in moe_block_probe._EXACT.items():
+    """What ``moe_block_probe`` chose for this format's prefill-sized batches (the fastest 64-row blocks whose rows
+    got the 16-row blocks' bits, else the 16-row blocks), where a batch asked."""
+    for key, chosen in moe_block_probe._CHOSEN.items():
         if key not in REPORTED:
             REPORTED.add(key)
+            exact = [t for t in key[5] if t == chosen]
             print(
-                f"  {name}: 64-row expert blocks give the 16-row blocks' bits on this device: {exact}",
+                f"  {name}: prefill blocks chosen on this device: bm {chosen.bm} row_blocks {chosen.row_blocks}"
+                f" ({'a 64-row candidate' if exact else 'no 64-row candidate was bit-identical'}; candidates"
+                f" {[(t.bm, t.row_blocks) for t in key[5]]})",
                 flush=True,
             )
 
@@ -256,7 +260,14 @@ def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:
     want = layer(moe, None)(x, *routes[0])
     for bn, k_steps, warps, stages, *rows in grid:
         bkp = base.bkp * k_steps
-        tiles = MoETiles(bm=rows[0] if rows else base.bm, bn=bn, bkp=bkp, num_warps=warps, num_stages=stages)
+        tiles = MoETiles(
+            bm=rows[0] if rows else base.bm,
+            bn=bn,
+            bkp=bkp,
+            num_warps=warps,
+            num_stages=stages,
+            row_blocks=rows[1] if len(rows) > 1 else 1,
+        )
         fn = layer(moe, tiles)
         try:
             out = fn(x, *routes[0])
@@ -269,7 +280,7 @@ def sweep_tiles(name, moe, x, routes, nbytes, tokens, ref, grid) -> None:
             )
             continue
         print(
-            f"  sweep {name:8s} T={tokens:3d} bm {tiles.bm} bn {bn:2d} bkp {tiles.bkp} warps {warps} "
+            f"  sweep {name:8s} T={tokens:3d} bm {tiles.bm}/{tiles.row_blocks} bn {bn:2d} bkp {tiles.bkp} warps {warps} "
             f"stages {stages}  err {rel_err(out, ref):.1e}  bits == default tile {torch.equal(out, want)}  "
             f"{t * 1e3:8.1f} us  {nbytes / (t * 1e-3) / 1e9:6.0f} GB/s",
             flush=True,
@@ -296,8 +307,8 @@ def columns_against_step_order(name, fused, x, routes, got, tokens, t_step_order
 
 
 def tile_grid(text: str) -> list[tuple[int, ...]]:
-    """``BNxKxWARPSxSTAGES[xBM],...`` (K: multiple of the default K step; BM: rows a block, else the token
-    count's), or ``full`` for the whole grid."""
+    """``BNxKxWARPSxSTAGES[xBM[xBLOCKS]],...`` (K: multiple of the default K step; BM: rows a block, else the token
+    count's; BLOCKS: row blocks a program, ``MoETiles.row_blocks``), or ``full`` for the whole grid."""
     if text == "full":
         return [
             (bn, k, w, st)
@@ -324,7 +335,7 @@ def main() -> int:
         "--sweep",
         nargs="?",
         const="full",
-        help="also time tiles per format and token count: BNxKxWARPSxSTAGES[xBM],... (K: multiple of the default K"
+        help="also time tiles per format and token count: BNxKxWARPSxSTAGES[xBM[xBLOCKS]],... (K: multiple of the default K"
         " step) or full (the default grid), each compared bit for bit with the default tile",
     )
     ap.add_argument("--json", help="write the result rows here")

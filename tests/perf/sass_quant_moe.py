@@ -4,9 +4,9 @@ down), ``sass_quant_gemv.loop_summary`` of the K loop: instructions and shared-m
 thread, how many instructions separate a global load from its first use (``ldg_cover``), the mix, the registers.
 
     PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_quant_moe.py [--formats nvfp4,mxfp4,fp8,int4_g64]
-        [--tiles 16,32,64,4,3] [--hidden 3072 --inter 1024]
+        [--tiles 16,32,64,4,3[,4]] [--hidden 3072 --inter 1024]
 
-``--tiles`` is BM,BN,BKP,warps,stages (BKP 0: the launch's default for the format). int4 formats compile the path
+``--tiles`` is BM,BN,BKP,warps,stages[,row blocks] (BKP 0: the launch's default for the format). int4 formats compile the path
 the policy takes (``DGPP_INT4_PTX=0``: the fp32 decode); eight codes a word read the activations in step order as
 the launch does (``DGPP_SASS_A_COLUMNS=1``: column by column, as before).
 """
@@ -61,6 +61,7 @@ def compile_launch(fmt, hidden: int, inter: int, tiles, swiglu: bool):
         FP4_EXACT=fp4 and scale_mode == 2,
         INT4_BF16=moe_launch.int4_bf16_applies(args, tl.bfloat16, scale_mode, dot_low=True),
         A_STEP_ORDER=moe_launch._reads_step_order(args, tiles) and os.environ.get("DGPP_SASS_A_COLUMNS") != "1",
+        BLOCKS=tiles.row_blocks,
     )  # fmt: skip
     rows = torch.empty(1, hidden, dtype=torch.bfloat16)
     index = torch.empty(1, dtype=torch.int32)
@@ -92,11 +93,13 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=3072)
     parser.add_argument("--inter", type=int, default=1024)
     args = parser.parse_args()
-    bm, bn, bkp, warps, stages = (int(v) for v in args.tiles.split(","))
+    bm, bn, bkp, warps, stages, *blocks = (int(v) for v in args.tiles.split(","))
     for name in args.formats.split(","):
         fmt = FORMATS[name]
         pack = 32 // fmt.bits if isinstance(fmt, IntPacked) else 1 if isinstance(fmt, FP8Block) else 2
-        tiles = moe_launch.MoETiles(bm, bn, bkp or moe_launch.moe_tiles(pack, 1, 1).bkp, warps, stages)
+        tiles = moe_launch.MoETiles(
+            bm, bn, bkp or moe_launch.moe_tiles(pack, 1, 1).bkp, warps, stages, blocks[0] if blocks else 1
+        )
         for swiglu in (True, False):
             weights = (2 if swiglu else 1) * tiles.bn * tiles.bkp * pack // (32 * tiles.num_warps)
             line = loop_summary(compile_launch(fmt, args.hidden, args.inter, tiles, swiglu), weights)

@@ -344,21 +344,26 @@ def test_activations_in_step_order_give_the_column_reads_bits(fmt, monkeypatch):
         torch.testing.assert_close(ordered, moe.forward_reference(x, weights, ids), rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("rounds_otherwise", [False, True], ids=["blocks-exact", "blocks-round-otherwise"])
-def test_64_row_blocks_only_where_they_give_the_16_row_bits(rounds_otherwise, monkeypatch):
-    """A prefill-sized routing takes 64-row expert blocks only where a probe on this device found their rows
-    bit-identical to the decode tile's 16-row blocks (Hopper issues wgmma for one and mma for the other); a
-    device whose 64-row blocks round otherwise (simulated: their output moved by one ulp) gets the 16-row
-    blocks' bits."""
+@pytest.mark.parametrize(
+    "rounding_otherwise",
+    [(), ("one_dot",), ("one_dot", "blocked")],
+    ids=["all-exact", "one-dot-rounds-otherwise", "all-round-otherwise"],
+)
+def test_prefill_blocks_only_where_they_give_the_16_row_bits(rounding_otherwise, monkeypatch):
+    """A prefill-sized routing takes 64-row expert blocks (one dot, else four 16-row dots on one decoded weight
+    tile) only where a probe on this device found their rows bit-identical to the decode tile's 16-row blocks
+    (Hopper issues wgmma for a one-dot 64-row block and mma for 16 rows); a device whose candidates round
+    otherwise (simulated: their output moved by one ulp) gets the 16-row blocks' bits."""
     from dgpp.quant.kernels import moe_block_probe, moe_launch
 
-    monkeypatch.setattr(moe_block_probe, "_EXACT", {})
+    monkeypatch.setattr(moe_block_probe, "_CHOSEN", {})
     launch = moe_launch._launch
 
     def launch_rounding_otherwise(*args, **kwargs):
         launch(*args, **kwargs)
         out, tiles = args[3], args[10]
-        if rounds_otherwise and tiles.bm > moe_launch.DECODE_BM:
+        kind = "blocked" if tiles.row_blocks > 1 else "one_dot" if tiles.bm > moe_launch.DECODE_BM else ""
+        if kind in rounding_otherwise:
             out.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
 
     monkeypatch.setattr(moe_launch, "_launch", launch_rounding_otherwise)
@@ -367,12 +372,53 @@ def test_64_row_blocks_only_where_they_give_the_16_row_bits(rounds_otherwise, mo
     experts = ((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()))
     x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(32))
     weights, ids = routing(40, 2, seed=33)  # 80 assignments over 8 experts: above 4 an expert
-    blocks = moe_launch.moe_tiles(8, ids.numel(), EXPERTS)
+    one_dot = moe_launch.moe_tiles(8, ids.numel(), EXPERTS)
+    blocked = moe_launch.blocked_tiles(8, EXPERTS)
     decode = moe_launch.moe_tiles(8, 0, EXPERTS)
-    assert blocks.bm == 64 and decode.bm == moe_launch.DECODE_BM
+    assert one_dot.bm == blocked.bm == 64 and blocked.row_blocks == 4 and decode.bm == moe_launch.DECODE_BM
+    want_tiles = next(
+        (t for t, kind in ((one_dot, "one_dot"), (blocked, "blocked")) if kind not in rounding_otherwise),
+        decode,
+    )
     got = fused_quant_moe(*experts, x, weights, ids, moe.inter)
-    want = fused_quant_moe(*experts, x, weights, ids, moe.inter, decode if rounds_otherwise else blocks)
-    assert torch.equal(got, want)
-    assert list(moe_block_probe._EXACT.values()) == [not rounds_otherwise]
-    if rounds_otherwise:  # the simulated rounding shows in the 64-row blocks' output
-        assert not torch.equal(got, fused_quant_moe(*experts, x, weights, ids, moe.inter, blocks))
+    assert torch.equal(got, fused_quant_moe(*experts, x, weights, ids, moe.inter, want_tiles))
+    assert list(moe_block_probe._CHOSEN.values()) == [want_tiles]
+    if rounding_otherwise:  # the simulated rounding shows in the first candidate's output
+        assert not torch.equal(got, fused_quant_moe(*experts, x, weights, ids, moe.inter, one_dot))
+
+
+@pytest.mark.parametrize(
+    "fmt",
+    [
+        FP8Block(block=(128, 128)),
+        NVFP4ModelOpt(),
+        MXFP4(),
+        IntPacked(bits=4, group=64),
+        IntPacked(bits=8, group=32),
+    ],
+    ids=["fp8", "nvfp4", "mxfp4", "int4", "int8"],
+)
+def test_blocked_prefill_tiles_give_the_16_row_blocks_bits(fmt):
+    """Four 16-row dots on one decoded weight tile (``blocked_tiles``): every row's bits are those of the decode
+    tile's 16-row blocks, through both launches (gather + SwiGLU, scatter), with blocks partly filled and an
+    expert holding more rows than one 64-row program. The test fails when a block's rows meet another block's
+    activations or accumulator, or when a block is dropped."""
+    from dgpp.quant.kernels import moe_launch
+
+    moe = build_experts(fmt, seed=41, experts=4, inter=128)
+    g, d = moe.gate_proj, moe.down_proj
+    experts = ((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()))
+    gen = torch.Generator().manual_seed(42)
+    x = (
+        torch.randn(90, HIDDEN, generator=gen) * 2.0 ** torch.randint(-8, 9, (90, HIDDEN), generator=gen)
+    ).to(torch.bfloat16)
+    weights, ids = routing(90, 2, seed=43, experts=4)  # ~45 rows an expert, one expert above 64
+    pack = moe_launch.stack_args(g.fmt, g.stacks(), (moe.inter, HIDDEN))["PACK"]
+    blocked = moe_launch.blocked_tiles(pack, 4)
+    decode = moe_launch.moe_tiles(pack, 0, 4)
+    want = fused_quant_moe(*experts, x, weights, ids, moe.inter, decode)
+    assert torch.equal(fused_quant_moe(*experts, x, weights, ids, moe.inter, blocked), want)
+    ref = moe.forward_reference(x, weights, ids).float()
+    assert float((want.float() - ref).abs().max()) < 5e-2 * float(
+        ref.abs().max()
+    )  # bf16 roundings of large rows

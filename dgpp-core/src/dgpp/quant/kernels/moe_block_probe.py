@@ -1,17 +1,18 @@
-"""Whether the fused expert GEMM's 64-row blocks give every row the bits of its 16-row blocks on this device:
-probed once per formats, shapes, tiles, dtype and device, on the layer's own weights.
+"""Which 64-row blocks of the fused expert GEMM give every row the bits of its 16-row blocks on this device, and of
+those the fastest: probed once per formats, shapes, tiles, dtype and device, on the layer's own weights.
 
-Both block sizes run the same K chain (the same K step, dot widths and order), so a row's value is fixed by
-construction up to the tensor-core instruction: on Hopper Triton issues wgmma for 64-row blocks on 4 warps and
-mma for 16-row ones, and only the device can say whether the two round alike."""
+Every block size runs the same K chain (the same K step, dot widths and order), so a row's value is fixed by
+construction up to the tensor-core instruction: on Hopper Triton issues wgmma for one-dot 64-row blocks on 4 warps
+and mma for 16-row ones, and only the device can say whether the two round alike. The blocked 64-row tiles (four
+16-row dots on one decoded weight tile) issue the 16-row instruction; the probe checks them too."""
 
 from __future__ import annotations
 
 import torch
 
-# (formats, shapes, top_k, block tiles, decode tiles, dtype, device) -> the 64-row blocks were bit-identical
-# (``batch_probe.probed_once``: never probed inside a CUDA-graph capture)
-_EXACT: dict[tuple[object, ...], bool] = {}
+# (formats, shapes, top_k, candidate tiles, decode tiles, dtype, device) -> the fastest candidate whose rows were
+# bit-identical to the decode tiles', or the decode tiles (``batch_probe.probed_once``: never inside a capture)
+_CHOSEN: dict[tuple[object, ...], object] = {}
 PROBE_TOKENS = 80  # every token on the same experts: a full 64-row block and a partial one each
 
 

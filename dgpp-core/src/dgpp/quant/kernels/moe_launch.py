@@ -19,7 +19,7 @@ from dgpp.quant.fp4 import FP4Grouped
 from dgpp.quant.fp8 import FP8Block
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels import moe_block_probe
-from dgpp.quant.kernels.batch_probe import probed_once
+from dgpp.quant.kernels.batch_probe import launch_time_us, probed_once
 from dgpp.quant.kernels.launch import _format_args
 from dgpp.quant.kernels.operands import interpreting
 from dgpp.quant.kernels.x_step_order import x_by_position
@@ -61,13 +61,15 @@ def stack_args(fmt: QuantFormat, stack: dict[str, torch.Tensor], shape: Shape) -
 
 @dataclasses.dataclass(frozen=True)
 class MoETiles:
-    """BM sorted rows (one expert per block), BN output columns, BKP stored elements along K per step."""
+    """BM sorted rows (one expert per block), BN output columns, BKP stored elements along K per step; the BM rows
+    as ``row_blocks`` blocks, each weight tile decoded once for all of them (``blocked_tiles``)."""
 
     bm: int
     bn: int
     bkp: int
     num_warps: int = 4
     num_stages: int = 3
+    row_blocks: int = 1
 
 
 DECODE_BM = 16
@@ -85,6 +87,16 @@ def moe_tiles(pack: int, n_assign: int, num_experts: int) -> MoETiles:
     if n_assign <= 4 * num_experts:
         return MoETiles(bm=DECODE_BM, bn=64, bkp=bkp)
     return MoETiles(bm=64, bn=64, bkp=bkp, num_stages=2 if pack == 8 else 3)
+
+
+def blocked_tiles(pack: int, num_experts: int) -> MoETiles:
+    """64-row blocks as four 16-row blocks of the decode tile in one program: each weight tile is decoded once
+    for 64 rows (as the one-dot 64-row blocks do), and each 16-row block meets it in the decode tile's own dot,
+    so its rows' bits are the decode tiles' by construction, whatever instruction a 64-row dot would take. On 8
+    warps: the eight [16, 64] accumulators of gate/up spill on 4 (sm_90 SASS, int4 at GLM-5.3's shape)."""
+    decode = moe_tiles(pack, 0, num_experts)
+    stages = moe_tiles(pack, 5 * num_experts, num_experts).num_stages
+    return dataclasses.replace(decode, bm=4 * decode.bm, row_blocks=4, num_warps=8, num_stages=stages)
 
 
 def _scale_mode(args: dict, bkp: int) -> int:
@@ -204,6 +216,7 @@ def _launch(
         FP4_EXACT=fp4_exact,
         INT4_BF16=int4_bf16,
         A_STEP_ORDER=a_step_order,
+        BLOCKS=tiles.row_blocks,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
     )
@@ -214,23 +227,38 @@ def _row_exact_tiles(
     down: tuple[QuantFormat, dict[str, torch.Tensor]],
     inter: int,
     top_k: int,
-    choices: tuple[MoETiles, MoETiles],
+    candidates: tuple[MoETiles, ...],
+    decode: MoETiles,
     x: torch.Tensor,
     swiglu_limit: float | None,
 ) -> MoETiles:
-    """Of ``choices`` (the 64-row blocks, the decode tiles' 16-row blocks): the 64-row blocks where this device
-    gives their rows the 16-row blocks' bits (``moe_block_probe``, once per formats, shapes, tiles, dtype and
-    device), else the decode tiles, so a token's bits never depend on how many tokens share its step."""
-    tiles, decode = choices
-    key = (gate_up[0], down[0], x.shape[1], inter, top_k, tiles, decode, x.dtype, x.device)
+    """Of ``candidates`` (64-row blocks: one dot, then four 16-row dots), the fastest whose rows get the decode
+    tiles' 16-row bits on this device (``moe_block_probe``, once per formats, shapes, tiles, dtype and device), ties
+    to the earlier; else the decode tiles, so a token's bits never depend on how many tokens share its step."""
+    key = (gate_up[0], down[0], x.shape[1], inter, top_k, candidates, decode, x.dtype, x.device)
 
-    def probe() -> bool:
+    def probe() -> MoETiles:
         px, pw, pids = moe_block_probe.probe_inputs(x.shape[1], top_k, x.dtype, x.device)
-        return torch.equal(
-            *(fused_quant_moe(gate_up, down, px, pw, pids, inter, t, swiglu_limit) for t in choices)
-        )
 
-    return tiles if probed_once(moe_block_probe._EXACT, key, x.device, probe) else decode
+        def layer(tiles: MoETiles) -> torch.Tensor:
+            return fused_quant_moe(gate_up, down, px, pw, pids, inter, tiles, swiglu_limit)
+
+        want = layer(decode)
+        choice, best = decode, float("inf")
+        for tiles in candidates:
+            try:
+                got = layer(tiles)
+            except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
+                continue
+            if not torch.equal(got, want):
+                continue
+            took = launch_time_us(lambda t=tiles: layer(t), x.device)
+            if took < best:
+                choice, best = tiles, took
+        return choice
+
+    chosen = probed_once(moe_block_probe._CHOSEN, key, x.device, probe)
+    return chosen if isinstance(chosen, MoETiles) else decode
 
 
 def fused_quant_moe(
@@ -266,8 +294,10 @@ def fused_quant_moe(
     if tiles is None:
         tiles = moe_tiles(gate_args["PACK"], n_assign, num_experts)
         if tiles.bm > DECODE_BM:
-            decode = moe_tiles(gate_args["PACK"], 0, num_experts)
-            tiles = _row_exact_tiles(gate_up, down, inter, top_k, (tiles, decode), x, swiglu_limit)
+            pack = gate_args["PACK"]
+            candidates = (tiles, blocked_tiles(pack, num_experts))
+            decode = moe_tiles(pack, 0, num_experts)
+            tiles = _row_exact_tiles(gate_up, down, inter, top_k, candidates, decode, x, swiglu_limit)
     # decode-sized routings sort in one launch; the torch chain is ~15 small kernels
     align = moe_align.align_to_experts_triton if moe_align.fits(topk_ids, num_experts) else align_to_experts
     sorted_ids, block_expert = align(topk_ids, num_experts, tiles.bm)
