@@ -387,6 +387,44 @@ def test_prefill_blocks_only_where_they_give_the_16_row_bits(rounding_otherwise,
         assert not torch.equal(got, fused_quant_moe(*experts, x, weights, ids, moe.inter, one_dot))
 
 
+@pytest.mark.parametrize("fastest", ["one_dot", "blocked", "decode"])
+def test_prefill_blocks_are_the_fastest_bit_identical_form(fastest, monkeypatch):
+    """Of the forms whose rows get the 16-row bits (all of them here), a prefill-sized routing takes the fastest by
+    the probe's timing, the 16-row blocks included: 64-row blocks that decode each weight once can still be slower
+    (FP4 experts' blocked form on an H100). The timer is simulated: each form's time is set, the launches real."""
+    from dgpp.quant.kernels import moe_block_probe, moe_launch
+
+    monkeypatch.setattr(moe_block_probe, "_CHOSEN", {})
+    launch, last = moe_launch._launch, []
+
+    def recording_launch(*args, **kwargs):
+        last.append(args[10])
+        launch(*args, **kwargs)
+
+    def kind(tiles) -> str:
+        return (
+            "blocked" if tiles.row_blocks > 1 else "one_dot" if tiles.bm > moe_launch.DECODE_BM else "decode"
+        )
+
+    def timer(run, device) -> float:
+        run()
+        return 1.0 if kind(last[-1]) == fastest else 2.0
+
+    monkeypatch.setattr(moe_launch, "_launch", recording_launch)
+    monkeypatch.setattr(moe_launch, "launch_time_us", timer)
+    moe = build_experts(IntPacked(bits=4, group=64), seed=31)
+    g, d = moe.gate_proj, moe.down_proj
+    experts = ((g.fmt, g.stacks(), moe.up_proj.stacks()), (d.fmt, d.stacks()))
+    x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(32))
+    weights, ids = routing(40, 2, seed=33)
+    fused_quant_moe(*experts, x, weights, ids, moe.inter)
+    (chosen,) = moe_block_probe._CHOSEN.values()
+    assert kind(chosen) == fastest
+    last.clear()
+    fused_quant_moe(*experts, x, weights, ids, moe.inter)  # probed once: the layer takes the chosen form
+    assert last and all(kind(t) == fastest for t in last)
+
+
 @pytest.mark.parametrize(
     "fmt",
     [

@@ -13,7 +13,9 @@ import torch
 # (formats, shapes, top_k, candidate tiles, decode tiles, dtype, device) -> the fastest candidate whose rows were
 # bit-identical to the decode tiles', or the decode tiles (``batch_probe.probed_once``: never inside a capture)
 _CHOSEN: dict[tuple[object, ...], object] = {}
-PROBE_TOKENS = 80  # every token on the same experts: a full 64-row block and a partial one each
+# every token on the same experts: four full 64-row blocks and a partial one each, 17 16-row blocks (a prefill's
+# ratio of weight decodes between the forms, which the timing compares)
+PROBE_TOKENS = 272
 
 
 def probe_inputs(

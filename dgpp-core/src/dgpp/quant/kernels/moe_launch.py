@@ -232,9 +232,10 @@ def _row_exact_tiles(
     x: torch.Tensor,
     swiglu_limit: float | None,
 ) -> MoETiles:
-    """Of ``candidates`` (64-row blocks: one dot, then four 16-row dots), the fastest whose rows get the decode
-    tiles' 16-row bits on this device (``moe_block_probe``, once per formats, shapes, tiles, dtype and device), ties
-    to the earlier; else the decode tiles, so a token's bits never depend on how many tokens share its step."""
+    """The fastest of ``candidates`` (64-row blocks: one dot, then four 16-row dots) whose rows get the decode tiles'
+    16-row bits on this device, and the decode tiles themselves (``moe_block_probe``, once per formats, shapes,
+    tiles, dtype and device; ties to the earlier), so a token's bits never depend on how many tokens share its step
+    and a 64-row form is taken only where it is faster."""
     key = (gate_up[0], down[0], x.shape[1], inter, top_k, candidates, decode, x.dtype, x.device)
 
     def probe() -> MoETiles:
@@ -245,13 +246,14 @@ def _row_exact_tiles(
 
         want = layer(decode)
         choice, best = decode, float("inf")
-        for tiles in candidates:
-            try:
-                got = layer(tiles)
-            except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
-                continue
-            if not torch.equal(got, want):
-                continue
+        for tiles in (*candidates, decode):
+            if tiles is not decode:
+                try:
+                    got = layer(tiles)
+                except Exception:  # noqa: BLE001 (a tile that does not compile or fit on this device is no candidate)
+                    continue
+                if not torch.equal(got, want):
+                    continue
             took = launch_time_us(lambda t=tiles: layer(t), x.device)
             if took < best:
                 choice, best = tiles, took
