@@ -229,16 +229,19 @@ REPORTED: set = set()
 
 
 def report_block_probe(name: str) -> None:
-    """What ``moe_block_probe`` chose for this format's prefill-sized batches (the fastest 64-row blocks whose rows
-    got the 16-row blocks' bits, else the 16-row blocks), where a batch asked."""
+    """What ``moe_block_probe`` chose for this format's prefill-sized batches (the fastest form whose rows got the
+    16-row blocks' bits, the 16-row blocks included), where a batch asked."""
     for key, chosen in moe_block_probe._CHOSEN.items():
         if key not in REPORTED:
             REPORTED.add(key)
-            exact = [t for t in key[5] if t == chosen]
+            form = (
+                "16-row blocks"
+                if chosen.bm == moe_launch.DECODE_BM
+                else f"64-row blocks ({chosen.row_blocks} a program)"
+            )
             print(
-                f"  {name}: prefill blocks chosen on this device: bm {chosen.bm} row_blocks {chosen.row_blocks}"
-                f" ({'a 64-row candidate' if exact else 'no 64-row candidate was bit-identical'}; candidates"
-                f" {[(t.bm, t.row_blocks) for t in key[5]]})",
+                f"  {name}: prefill blocks chosen on this device: {form}, of the bit-identical forms the fastest"
+                f" (64-row candidates: {[(t.bm, t.row_blocks) for t in key[5]]})",
                 flush=True,
             )
 
