@@ -1,5 +1,6 @@
-"""Which 64-row blocks of the fused expert GEMM give every row the bits of its 16-row blocks on this device, and of
-those the fastest: probed once per formats, shapes, tiles, dtype and device, on the layer's own weights.
+"""Which 64-row blocks of the fused expert GEMM give every row the bits of its 16-row blocks on this device, and
+which of those and the 16-row blocks is fastest: probed once per formats, shapes, tiles, dtype and device, on the
+layer's own weights.
 
 Every block size runs the same K chain (the same K step, dot widths and order), so a row's value is fixed by
 construction up to the tensor-core instruction: on Hopper Triton issues wgmma for one-dot 64-row blocks on 4 warps
@@ -10,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
-# (formats, shapes, top_k, candidate tiles, decode tiles, dtype, device) -> the fastest candidate whose rows were
-# bit-identical to the decode tiles', or the decode tiles (``batch_probe.probed_once``: never inside a capture)
+# (formats, shapes, top_k, candidate tiles, decode tiles, dtype, device) -> the fastest of the decode tiles and the
+# candidates whose rows were bit-identical to theirs (``batch_probe.probed_once``: never inside a capture)
 _CHOSEN: dict[tuple[object, ...], object] = {}
 # every token on the same experts: four full 64-row blocks and a partial one each, 17 16-row blocks (a prefill's
 # ratio of weight decodes between the forms, which the timing compares)
