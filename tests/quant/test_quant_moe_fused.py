@@ -9,6 +9,7 @@ from dgpp.quant.encode import encode
 from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels import moe_block_probe
 from dgpp.quant.kernels.moe_launch import MoETiles, fused_quant_moe
 from dgpp.quant.moe import QuantExperts
 
@@ -26,6 +27,13 @@ FORMATS = [
 ]
 IDS = [f"{f.name}-{i}" for i, f in enumerate(FORMATS)]
 HIDDEN, INTER, EXPERTS = 128, 64, 8
+
+
+@pytest.fixture(autouse=True)
+def _probe_on_80_tokens(monkeypatch):
+    """The expert block probe on 80 tokens (a full 64-row block and a partial one a form): the same checks at a third
+    of the interpreter's time."""
+    monkeypatch.setattr(moe_block_probe, "PROBE_TOKENS", 80)
 
 
 def build_experts(
@@ -354,7 +362,7 @@ def test_prefill_blocks_only_where_they_give_the_16_row_bits(rounding_otherwise,
     tile) only where a probe on this device found their rows bit-identical to the decode tile's 16-row blocks
     (Hopper issues wgmma for a one-dot 64-row block and mma for 16 rows); a device whose candidates round
     otherwise (simulated: their output moved by one ulp) gets the 16-row blocks' bits."""
-    from dgpp.quant.kernels import moe_block_probe, moe_launch
+    from dgpp.quant.kernels import moe_launch
 
     monkeypatch.setattr(moe_block_probe, "_CHOSEN", {})
     launch = moe_launch._launch
@@ -392,7 +400,7 @@ def test_prefill_blocks_are_the_fastest_bit_identical_form(fastest, monkeypatch)
     """Of the forms whose rows get the 16-row bits (all of them here), a prefill-sized routing takes the fastest by
     the probe's timing, the 16-row blocks included: 64-row blocks that decode each weight once can still be slower
     (FP4 experts' blocked form on an H100). The timer is simulated: each form's time is set, the launches real."""
-    from dgpp.quant.kernels import moe_block_probe, moe_launch
+    from dgpp.quant.kernels import moe_launch
 
     monkeypatch.setattr(moe_block_probe, "_CHOSEN", {})
     launch, last = moe_launch._launch, []
