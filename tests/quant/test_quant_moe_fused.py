@@ -352,6 +352,13 @@ def test_activations_in_step_order_give_the_column_reads_bits(fmt, monkeypatch):
         torch.testing.assert_close(ordered, moe.forward_reference(x, weights, ids), rtol=1e-5, atol=1e-5)
 
 
+def block_form(tiles: MoETiles) -> str:
+    """Which expert block form ``tiles`` is: the decode tile's 16-row blocks, one-dot or blocked 64-row blocks."""
+    from dgpp.quant.kernels.moe_launch import DECODE_BM
+
+    return "blocked" if tiles.row_blocks > 1 else "one_dot" if tiles.bm > DECODE_BM else "decode"
+
+
 @pytest.mark.parametrize(
     "rounding_otherwise",
     [(), ("one_dot",), ("one_dot", "blocked")],
@@ -370,8 +377,7 @@ def test_prefill_blocks_only_where_they_give_the_16_row_bits(rounding_otherwise,
     def launch_rounding_otherwise(*args, **kwargs):
         launch(*args, **kwargs)
         out, tiles = args[3], args[10]
-        kind = "blocked" if tiles.row_blocks > 1 else "one_dot" if tiles.bm > moe_launch.DECODE_BM else ""
-        if kind in rounding_otherwise:
+        if block_form(tiles) in rounding_otherwise:
             out.copy_(torch.nextafter(out, torch.full_like(out, float("inf"))))
 
     monkeypatch.setattr(moe_launch, "_launch", launch_rounding_otherwise)
@@ -381,8 +387,8 @@ def test_prefill_blocks_only_where_they_give_the_16_row_bits(rounding_otherwise,
     x = torch.randn(40, HIDDEN, generator=torch.Generator().manual_seed(32))
     weights, ids = routing(40, 2, seed=33)  # 80 assignments over 8 experts: above 4 an expert
     one_dot = moe_launch.moe_tiles(8, ids.numel(), EXPERTS)
-    blocked = moe_launch.blocked_tiles(8, EXPERTS)
     decode = moe_launch.moe_tiles(8, 0, EXPERTS)
+    blocked = moe_launch.blocked_tiles(decode, one_dot)
     assert one_dot.bm == blocked.bm == 64 and blocked.row_blocks == 4 and decode.bm == moe_launch.DECODE_BM
     want_tiles = next(
         (t for t, kind in ((one_dot, "one_dot"), (blocked, "blocked")) if kind not in rounding_otherwise),
@@ -409,14 +415,9 @@ def test_prefill_blocks_are_the_fastest_bit_identical_form(fastest, monkeypatch)
         last.append(args[10])
         launch(*args, **kwargs)
 
-    def kind(tiles) -> str:
-        return (
-            "blocked" if tiles.row_blocks > 1 else "one_dot" if tiles.bm > moe_launch.DECODE_BM else "decode"
-        )
-
     def timer(run, device) -> float:
         run()
-        return 1.0 if kind(last[-1]) == fastest else 2.0
+        return 1.0 if block_form(last[-1]) == fastest else 2.0
 
     monkeypatch.setattr(moe_launch, "_launch", recording_launch)
     monkeypatch.setattr(moe_launch, "launch_time_us", timer)
@@ -427,10 +428,10 @@ def test_prefill_blocks_are_the_fastest_bit_identical_form(fastest, monkeypatch)
     weights, ids = routing(40, 2, seed=33)
     fused_quant_moe(*experts, x, weights, ids, moe.inter)
     (chosen,) = moe_block_probe._CHOSEN.values()
-    assert kind(chosen) == fastest
+    assert block_form(chosen) == fastest
     last.clear()
     fused_quant_moe(*experts, x, weights, ids, moe.inter)  # probed once: the layer takes the chosen form
-    assert last and all(kind(t) == fastest for t in last)
+    assert last and all(block_form(t) == fastest for t in last)
 
 
 @pytest.mark.parametrize(
@@ -460,8 +461,8 @@ def test_blocked_prefill_tiles_give_the_16_row_blocks_bits(fmt):
     ).to(torch.bfloat16)
     weights, ids = routing(90, 2, seed=43, experts=4)  # ~45 rows an expert, one expert above 64
     pack = moe_launch.stack_args(g.fmt, g.stacks(), (moe.inter, HIDDEN))["PACK"]
-    blocked = moe_launch.blocked_tiles(pack, 4)
     decode = moe_launch.moe_tiles(pack, 0, 4)
+    blocked = moe_launch.blocked_tiles(decode, moe_launch.moe_tiles(pack, ids.numel(), 4))
     want = fused_quant_moe(*experts, x, weights, ids, moe.inter, decode)
     assert torch.equal(fused_quant_moe(*experts, x, weights, ids, moe.inter, blocked), want)
     ref = moe.forward_reference(x, weights, ids).float()

@@ -89,14 +89,18 @@ def moe_tiles(pack: int, n_assign: int, num_experts: int) -> MoETiles:
     return MoETiles(bm=64, bn=64, bkp=bkp, num_stages=2 if pack == 8 else 3)
 
 
-def blocked_tiles(pack: int, num_experts: int) -> MoETiles:
-    """64-row blocks as four 16-row blocks of the decode tile in one program: each weight tile is decoded once
-    for 64 rows (as the one-dot 64-row blocks do), and each 16-row block meets it in the decode tile's own dot,
-    so its rows' bits are the decode tiles' by construction, whatever instruction a 64-row dot would take. On 8
-    warps: the eight [16, 64] accumulators of gate/up spill on 4 (sm_90 SASS, int4 at GLM-5.3's shape)."""
-    decode = moe_tiles(pack, 0, num_experts)
-    stages = moe_tiles(pack, 5 * num_experts, num_experts).num_stages
-    return dataclasses.replace(decode, bm=4 * decode.bm, row_blocks=4, num_warps=8, num_stages=stages)
+def blocked_tiles(decode: MoETiles, one_dot: MoETiles) -> MoETiles:
+    """``one_dot``'s blocks as ``decode``-sized row blocks in one program: each weight tile is decoded once for all
+    the rows (as the one-dot blocks do), and each row block meets it in the decode tile's own dot, so its rows'
+    bits are the decode tiles' by construction, whatever instruction a 64-row dot would take. On 8 warps: the
+    eight [16, 64] accumulators of gate/up spill on 4 (sm_90 SASS, int4 at GLM-5.3's shape)."""
+    return dataclasses.replace(
+        decode,
+        bm=one_dot.bm,
+        row_blocks=one_dot.bm // decode.bm,
+        num_warps=8,
+        num_stages=one_dot.num_stages,
+    )
 
 
 def _scale_mode(args: dict, bkp: int) -> int:
@@ -296,9 +300,8 @@ def fused_quant_moe(
     if tiles is None:
         tiles = moe_tiles(gate_args["PACK"], n_assign, num_experts)
         if tiles.bm > DECODE_BM:
-            pack = gate_args["PACK"]
-            candidates = (tiles, blocked_tiles(pack, num_experts))
-            decode = moe_tiles(pack, 0, num_experts)
+            decode = moe_tiles(gate_args["PACK"], 0, num_experts)
+            candidates = (tiles, blocked_tiles(decode, tiles))
             tiles = _row_exact_tiles(gate_up, down, inter, top_k, candidates, decode, x, swiglu_limit)
     # decode-sized routings sort in one launch; the torch chain is ~15 small kernels
     align = moe_align.align_to_experts_triton if moe_align.fits(topk_ids, num_experts) else align_to_experts
