@@ -51,11 +51,26 @@ def top_k_lowest_on_ties(scores: torch.Tensor, k: int) -> torch.Tensor:
     return order.sort().values
 
 
+# keys per product: a CPU product's column bits depend on how many columns it makes (the kernel's vector blocks
+# and remainder loops), so every key is scored in a product of this many keys, at the same column of it
+SCORE_TILE = 128
+
+
 def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """``Σ_h w_h · relu(q_h · k_t · D^-½)`` for one row (``q [H, D]``, ``weights [H]``) over ``keys [n, D]`` -> ``[n]``
-    (fp32 in, fp32 out), each key's score independent of the others."""
-    per_head = F.relu(batch_invariant_linear(q, keys) * q.shape[-1] ** -0.5)  # [H, n]
-    return batch_invariant_linear(weights[None, :], per_head.t())[0]
+    (fp32 in, fp32 out). Each key's score has the same bits however many keys share the call (a decode step
+    scoring every pool its table holds, a prefill row its visible ones): keys go ``SCORE_TILE`` at a time, the
+    last tile padded with zeros."""
+    n = keys.shape[0]
+    tiles = list(keys.split(SCORE_TILE))
+    if n % SCORE_TILE:
+        tiles[-1] = F.pad(tiles[-1], (0, 0, 0, SCORE_TILE - n % SCORE_TILE))
+    scale = q.shape[-1] ** -0.5
+    scores = [
+        batch_invariant_linear(weights[None, :], F.relu(batch_invariant_linear(q, tile) * scale).t())[0]
+        for tile in tiles
+    ]
+    return torch.cat(scores)[:n] if scores else keys.new_empty(0)
 
 
 class DSAIndexer(nn.Module):
