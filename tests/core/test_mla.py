@@ -7,7 +7,7 @@ import torch
 
 from dgpp.engine.runner import build_batch
 from dgpp.engine.work import SeqWork
-from dgpp.nn.dsa import DSAIndexer, index_scores, top_k_lowest_on_ties
+from dgpp.nn.dsa import DSAIndexer, index_scores, index_scores_rows, top_k_lowest_on_ties
 from dgpp.nn.mla import MultiLatentAttention, mla_softmax_scale
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.step.cache_spec import LatentKV
@@ -95,14 +95,16 @@ def test_top_k_pins_ties_to_the_lower_position():
     assert top_k_lowest_on_ties(torch.zeros(6), 2).tolist() == [0, 1]
 
 
-def test_a_keys_index_score_does_not_depend_on_how_many_keys_are_scored():
-    """A decode step scores every pool its table holds and a prefill or verify row only the ones it sees: each
-    key's score must have the same bits in both, or the two pick different pools on a near-tie."""
+def test_a_keys_index_score_does_not_depend_on_how_many_keys_or_rows_are_scored():
+    """A decode step scores every entry its batch's table could hold for every row at once, a verify or prefill
+    row only the entries it sees, the reference one row at a time: each key's score must have the same bits in
+    all of them, or they pick different entries on a near-tie."""
     gen = torch.Generator().manual_seed(3)
-    q, keys, weights = (torch.randn(*shape, generator=gen) for shape in ((16, 16), (300, 16), (16,)))
-    every = index_scores(q, keys, weights)
+    q, keys, weights = (torch.randn(*shape, generator=gen) for shape in ((5, 16, 16), (5, 300, 16), (5, 16)))
+    every = index_scores_rows(q, keys, weights)
     for n in (1, 15, 16, 17, 23, 25, 31, 64, 127, 128, 129, 200):
-        assert torch.equal(index_scores(q, keys[:n], weights), every[:n]), n
+        assert torch.equal(index_scores_rows(q[1:4], keys[1:4, :n], weights[1:4]), every[1:4, :n]), n
+        assert torch.equal(index_scores(q[2], keys[2, :n], weights[2]), every[2, :n]), n
 
 
 def test_indexer_is_dense_up_to_topk_then_selects_topk_causally():

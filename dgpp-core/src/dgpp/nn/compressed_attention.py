@@ -19,7 +19,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels._triton import use_triton
@@ -27,7 +26,7 @@ from dgpp.kernels.compressed_attention import compressed_attention
 from dgpp.kernels.ring_write import RingWriteInputs, ring_write
 from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.compressed_prefill import Picks, attention_inputs, every_entry, select_entries
-from dgpp.nn.dsa import top_k_lowest_on_ties
+from dgpp.nn.dsa import index_scores, top_k_lowest_on_ties
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import TrailingRotary
 from dgpp.nn.sliding_attention import step_row_sequences
@@ -104,8 +103,7 @@ class LightningIndexer(nn.Module):
                 visible = (ctx + i + 1) // self.ratio
                 if visible > self.topk:
                     row = start + i
-                    per_head = F.relu(q[row].float() @ keys[:visible].t()) * self.head_dim**-0.5  # [H, n]
-                    scores = (per_head * weights[row][:, None]).sum(dim=0)
+                    scores = index_scores(q[row].float(), keys[:visible], weights[row])
                     selection[row] = top_k_lowest_on_ties(scores, self.topk)
         return selection
 

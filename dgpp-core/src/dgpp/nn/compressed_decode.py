@@ -16,7 +16,6 @@ against the reference at release sizes.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dgpp.kernels.compressed_decode_attention import (
     CompressedDecodeInputs,
@@ -33,6 +32,7 @@ from dgpp.kernels.window_pool import (
     window_compress_decode_triton,
     window_pool_decode_ref,
 )
+from dgpp.nn.dsa import index_scores_rows
 from dgpp.step.batch import ForwardBatch
 
 
@@ -116,8 +116,7 @@ def indexer_decode(
     weights = weights.float() * weight_scale
     entry = torch.arange(table.shape[1] * pool.shape[1], device=x.device)
     keys = entry_rows(pool, table, entry[None].expand(rows, -1)).float()
-    per_head = F.relu(torch.einsum("bhd,bed->bhe", q.float(), keys)) * scale
-    scores = (per_head * weights[:, :, None]).sum(dim=1)
+    scores = index_scores_rows(q.float(), keys, weights)
     return select_top_k(scores, complete, indexer.topk)[0]
 
 

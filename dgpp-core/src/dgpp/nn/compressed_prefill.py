@@ -20,12 +20,12 @@ prefix-cache restores keep the reference's property: the same bits however the p
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from dgpp.kernels._triton import use_triton
-from dgpp.kernels.compressed_attention import CompressedAttentionInputs, per_row_bmm
+from dgpp.kernels.compressed_attention import CompressedAttentionInputs
 from dgpp.kernels.dsa_index import index_scores_triton, select_top_k
 from dgpp.kernels.window_attention import row_sequences
+from dgpp.nn.dsa import index_scores_rows
 from dgpp.nn.window_compressor import entry_slots, live_sequences
 from dgpp.step.batch import ForwardBatch
 
@@ -64,9 +64,7 @@ def _best_by_rows(
         for v in range(max(topk + 1, (ctx + 1) // r), end // r + 1):
             lo, hi = max(ctx, v * r - 1), min(end, (v + 1) * r - 1)  # positions p with (p + 1) // r == v
             rows = slice(start + lo - ctx, start + hi - ctx)
-            transposed = seq_keys[:v].t().expand(hi - lo, -1, -1)
-            per_head = F.relu(per_row_bmm(q[rows].float(), transposed)) * q.shape[-1] ** -0.5  # [n, H, v]
-            scores = (per_head * weights[rows][:, :, None]).sum(dim=1)
+            scores = index_scores_rows(q[rows].float(), seq_keys[:v].expand(hi - lo, -1, -1), weights[rows])
             order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :topk]
             picks[rows] = order.sort(dim=1).values
 

@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dgpp.kernels._triton import use_triton
+from dgpp.kernels.compressed_attention import per_row_bmm
 from dgpp.nn.attention import context_token_rows, read_rows, store_keys
-from dgpp.nn.batch_invariant import batch_invariant_linear, batch_invariant_rows
+from dgpp.nn.batch_invariant import batch_invariant_rows
 from dgpp.nn.linear import Linear
 from dgpp.nn.rotary import RotaryEmbedding
 from dgpp.nn.selection import DeviceSelection, Selection
@@ -56,21 +57,29 @@ def top_k_lowest_on_ties(scores: torch.Tensor, k: int) -> torch.Tensor:
 SCORE_TILE = 128
 
 
-def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """``Σ_h w_h · relu(q_h · k_t · D^-½)`` for one row (``q [H, D]``, ``weights [H]``) over ``keys [n, D]`` -> ``[n]``
-    (fp32 in, fp32 out). Each key's score has the same bits however many keys share the call (a decode step
-    scoring every pool its table holds, a prefill row its visible ones): keys go ``SCORE_TILE`` at a time, the
-    last tile padded with zeros."""
-    n = keys.shape[0]
-    tiles = list(keys.split(SCORE_TILE))
-    if n % SCORE_TILE:
-        tiles[-1] = F.pad(tiles[-1], (0, 0, 0, SCORE_TILE - n % SCORE_TILE))
+def index_scores_rows(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``Σ_h w_h · relu(q_h · k_t · D^-½)`` of each row ``r`` (``q [R, H, D]``, ``weights [R, H]``) over its own keys
+    (``keys [R, n, D]``) -> ``[R, n]``, fp32 in and out.
+
+    A score's bits depend on its row's query and weights and on its key alone, not on how many rows or keys share
+    the call, so a decode step (every row of the batch over every entry its table could hold), a verify or prefill
+    row (the entries it sees) and the per-row reference score alike: keys go ``SCORE_TILE`` at a time (the last
+    tile padded with zeros), each tile through per-row products (``per_row_bmm``), the heads summed by one more."""
+    rows, n = keys.shape[0], keys.shape[1]
     scale = q.shape[-1] ** -0.5
-    scores = [
-        batch_invariant_linear(weights[None, :], F.relu(batch_invariant_linear(q, tile) * scale).t())[0]
-        for tile in tiles
-    ]
-    return torch.cat(scores)[:n] if scores else keys.new_empty(0)
+    scores = []
+    for first in range(0, n, SCORE_TILE):
+        tile = keys[:, first : first + SCORE_TILE]
+        if tile.shape[1] < SCORE_TILE:
+            tile = F.pad(tile, (0, 0, 0, SCORE_TILE - tile.shape[1]))
+        per_head = F.relu(per_row_bmm(q, tile.transpose(1, 2)) * scale)  # [R, H, SCORE_TILE]
+        scores.append(per_row_bmm(weights[:, None, :], per_head)[:, 0])
+    return torch.cat(scores, 1)[:, :n] if scores else keys.new_empty(rows, 0)
+
+
+def index_scores(q: torch.Tensor, keys: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``index_scores_rows`` of one row: ``q [H, D]``, ``keys [n, D]``, ``weights [H]`` -> ``[n]``."""
+    return index_scores_rows(q[None], keys[None], weights[None])[0]
 
 
 class DSAIndexer(nn.Module):

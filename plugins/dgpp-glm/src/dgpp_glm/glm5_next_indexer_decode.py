@@ -29,7 +29,7 @@ from typing import Protocol
 import torch
 
 from dgpp.kernels._triton import use_triton
-from dgpp.nn.dsa import index_scores
+from dgpp.nn.dsa import index_scores_rows
 from dgpp.nn.selection import DeviceSelection
 from dgpp.nn.window_compressor import entry_rows
 from dgpp.plugin_api import ForwardBatch
@@ -134,7 +134,7 @@ def select_decode(
     keys = entry_rows(
         cache, None if scales is None else scales[0], slots, indexer.dtype
     ).float()  # [B, capacity, D]
-    scores = torch.stack([index_scores(q[r], keys[r], weights[r]) for r in range(q.shape[0])])
+    scores = index_scores_rows(q, keys, weights)
     scores = scores.masked_fill(every_pool[None, :] >= complete[:, None], float("-inf"))
     width = keep * kpool + kpool - 1
     columns = torch.arange(width, device=device)
