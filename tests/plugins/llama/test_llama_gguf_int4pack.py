@@ -10,6 +10,8 @@ fails) with solo == batched logits, and the memory plan counts the packed weight
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -20,7 +22,7 @@ from dgpp.checkpoint.gguf_blocks import decode_blocks
 from dgpp.checkpoint.resolve import resolve_checkpoint
 from dgpp.config_schema import EngineConfig
 from dgpp.errors import ConfigError
-from dgpp.nn import int4pack_cpu
+from dgpp.nn import int4pack_cpu, second_core
 from dgpp.nn.embedding import LMHead
 from dgpp.nn.int4pack_cpu import GROUP, Int4PackLinearMethod, int4pack_available, pack_codes
 from dgpp.nn.linear import Linear
@@ -113,6 +115,32 @@ def test_joined_products_equal_each_part_alone():
         )
         is None
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second core")
+def test_a_head_sized_decode_row_runs_on_two_cores_with_the_whole_products_bits(monkeypatch):
+    """A decode row's product of at least ``SPLIT_MIN_OUTPUTS`` outputs, on one intra-op thread of a machine with
+    more cores, runs as two halves of the outputs, one on the helper thread: every output keeps the bits of the
+    whole product; several rows do not split."""
+    n = second_core.SPLIT_MIN_OUTPUTS + 40  # padded to a multiple of 16, cut at a multiple of 64
+    packed = gguf_packed.packed_weight(blocks_of("Q8_0", n, 64, seed=9), "Q8_0")
+    splits = []
+    real = int4pack_cpu.on_two_cores
+    monkeypatch.setattr(int4pack_cpu, "on_two_cores", lambda a, b: splits.append(1) or real(a, b))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(3, 64, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
+        scale_zeros = packed.contiguous_scale_zeros()
+        for row in x.split(1):
+            whole = int4pack_cpu.int4pack_product(row.repeat(1, packed.planes), packed.packed, scale_zeros)
+            assert torch.equal(packed(row), whole[:, :n])
+        assert len(splits) >= 3  # the decode rows split (besides the once-per-shape check)
+        splits.clear()
+        assert torch.equal(packed(x), torch.cat([packed(row) for row in x.split(1)]))
+        assert len(splits) == 3  # the three-row call did not split; its rows alone did
+    finally:
+        torch.set_num_threads(threads)
 
 
 def test_a_layout_whose_rows_depend_on_the_batch_is_refused(monkeypatch):

@@ -23,6 +23,7 @@ from torch import nn
 
 from dgpp.nn.batch_invariant import ROW_BATCH, rows_alone, rows_match
 from dgpp.nn.mlp import silu_and_mul
+from dgpp.nn.second_core import SPLIT_MIN_OUTPUTS, on_two_cores, spare_core, split_verdict
 
 GROUP = 32  # inputs per scale and zero (a GGUF block)
 OUT_MULTIPLE = (
@@ -126,7 +127,9 @@ class Int4PackedWeight(nn.Module):
         # a decode row needs no row limit (and no look-up of it)
         limit = 1 if rows == 1 else int4pack_row_limit(self.rows, self.planes * self.in_features)
         scale_zeros = self.contiguous_scale_zeros()
-        if rows <= limit:
+        if rows == 1 and self._splits():
+            out = self._on_two_cores(flat)
+        elif rows <= limit:
             out = int4pack_product(flat, self.packed, scale_zeros)
         else:
             out = torch.cat([int4pack_product(part, self.packed, scale_zeros) for part in flat.split(limit)])
@@ -135,6 +138,41 @@ class Int4PackedWeight(nn.Module):
         if out.dtype != x.dtype:
             out = out.to(x.dtype)
         return out if x.dim() == 2 else out.reshape(*x.shape[:-1], self.out_features)
+
+    def _splits(self) -> bool:
+        """Whether a decode row's product runs as two halves on two cores (``dgpp.nn.second_core``): a large
+        product, a spare core, and halves checked once per shape to give the whole product's bits."""
+        if self.rows < SPLIT_MIN_OUTPUTS or not spare_core():
+            return False
+        inputs = self.planes * self.in_features
+
+        def halves_exact() -> bool:
+            x = torch.randn(3, inputs, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+            scale_zeros = self.contiguous_scale_zeros()
+            return all(
+                torch.equal(self._on_two_cores(row), int4pack_product(row, self.packed, scale_zeros))
+                for row in x.split(1)
+            )
+
+        return split_verdict(("int4pack", self.rows, inputs), halves_exact)
+
+    def _on_two_cores(self, row: torch.Tensor) -> torch.Tensor:
+        """A row's product as two halves of the outputs (cut at a multiple of ``LAYOUT_ROWS``), one per core."""
+        halves = getattr(self, "_halves", None)
+        if halves is None or halves[0] is not self.packed:
+            cut = self.rows // 2 // LAYOUT_ROWS * LAYOUT_ROWS
+            scale_zeros = self.scale_zeros
+            halves = (
+                self.packed,
+                (self.packed[:cut], scale_zeros[:, :cut].contiguous()),
+                (self.packed[cut:], scale_zeros[:, cut:].contiguous()),
+            )
+            self._halves = halves
+        (first, first_scales), (second, second_scales) = halves[1], halves[2]
+        return on_two_cores(
+            lambda: int4pack_product(row, first, first_scales),
+            lambda: int4pack_product(row, second, second_scales),
+        )
 
     def contiguous_scale_zeros(self) -> torch.Tensor:
         """The scales and zeros as the kernel reads them: a part of a joined weight
