@@ -1,12 +1,18 @@
-"""``dgpp.nn.second_core``: two halves of a product on two threads, and a failure on the helper thread raised
-on the caller's without leaving its result queue out of step."""
+"""``dgpp.nn.second_core``: two halves of a product on two threads, a failure on the helper thread raised on the
+caller's without leaving its result queue out of step, and a CPU decode row's LM head split over two cores with
+the whole product's bits."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
-from dgpp.nn.second_core import on_two_cores
+from dgpp.nn import second_core
+from dgpp.nn.batch_invariant import batch_invariant_linear
+from dgpp.nn.embedding import LMHead
+from dgpp.nn.second_core import SPLIT_MIN_OUTPUTS, on_two_cores
 
 
 def test_the_halves_come_back_in_order():
@@ -23,3 +29,28 @@ def test_a_failure_on_the_helper_is_raised_here_and_the_next_call_gets_its_own_r
     assert torch.equal(
         on_two_cores(lambda: torch.ones(1, 1), lambda: torch.full((1, 1), 2.0)), torch.tensor([[1.0, 2.0]])
     )
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second core")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_decode_rows_head_runs_on_two_cores_with_the_whole_products_bits(dtype, monkeypatch):
+    vocab, hidden = SPLIT_MIN_OUTPUTS + 100, 64  # halves cut at a multiple of 64: 8,192 and 8,292 outputs
+    head = LMHead(vocab, hidden, dtype=dtype)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(1)))
+    splits = []
+    real = second_core.on_two_cores
+    monkeypatch.setattr(second_core, "on_two_cores", lambda a, b: splits.append(1) or real(a, b))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
+        with torch.inference_mode():
+            for row in x.split(1):
+                assert torch.equal(head(row), batch_invariant_linear(row, head.weight))
+            assert len(splits) >= 3  # the decode rows split (besides the once-per-shape check)
+            splits.clear()
+            assert torch.equal(head(x), batch_invariant_linear(x, head.weight))
+            assert not splits  # several rows stay one product
+    finally:
+        torch.set_num_threads(threads)

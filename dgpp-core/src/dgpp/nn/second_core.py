@@ -1,4 +1,4 @@
-"""A CPU decode row's one large product (the LM head) split by output features over two cores.
+"""A CPU decode row's one large product (the LM head, dense or int4-packed) split by output features over two cores.
 
 A CPU engine runs one intra-op thread on a 2-core machine (``engine.cpu_threads``: the other core serves HTTP), so
 a step's products run on one core. The head is the one product large enough for a second core to pay off: its
@@ -7,8 +7,8 @@ the core is the server's again between heads). Handing a product over and back c
 of any decoder-layer product of the demo model, so only products of at least ``SPLIT_MIN_OUTPUTS`` outputs split.
 
 Each output feature keeps its bits: a half is the same product over a slice of the weight's outputs, whose
-sums do not depend on how many outputs the call makes where the caller checks that once per shape
-(``split_verdict``) before it splits.
+sums do not depend on how many outputs the call makes where that is checked once per shape (``split_verdict``)
+before anything splits.
 """
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ import threading
 from collections.abc import Callable
 
 import torch
+from torch import nn
+
+from dgpp.nn.batch_invariant import batch_invariant_linear
 
 SPLIT_MIN_OUTPUTS = 16384
+CUT_MULTIPLE = 64  # halves cut at whole vector blocks of outputs
 _verdicts: dict[tuple[object, ...], bool] = {}
 
 
@@ -80,3 +84,55 @@ def on_two_cores(first: Callable[[], torch.Tensor], second: Callable[[], torch.T
     if isinstance(tail, BaseException):
         raise tail
     return torch.cat([head, tail], -1)
+
+
+def two_core_row_product(row: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """``batch_invariant_linear(row, weight)`` of one CPU row as two halves of ``weight``'s outputs on two cores;
+    None where it does not split (several rows, a small weight, no spare core, or halves that would not give the
+    whole product's bits for this shape, checked once on random data). The halves are parameters viewing
+    ``weight`` (so the CPU product keeps its per-parameter forms, e.g. oneDNN's packed copy), kept on it."""
+    if row.device.type != "cpu" or row.numel() != row.shape[-1] or weight.shape[0] < SPLIT_MIN_OUTPUTS:
+        return None
+    if not spare_core():
+        return None
+    key = ("dense", weight.dtype, *weight.shape)
+    if not split_verdict(key, lambda: _halves_exact(weight.dtype, *weight.shape)):
+        return None
+    return _split_product(row, *_halves(weight))
+
+
+def _split_product(row: torch.Tensor, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
+    return on_two_cores(
+        lambda: batch_invariant_linear(row, first), lambda: batch_invariant_linear(row, second)
+    )
+
+
+def _halves(weight: torch.Tensor) -> tuple[nn.Parameter, nn.Parameter]:
+    """Two parameters viewing ``weight``'s outputs, cut at a multiple of ``CUT_MULTIPLE``: cached on the weight,
+    remade if its storage moves."""
+    cached = getattr(weight, "_dgpp_halves", None)
+    if cached is None or cached[0] != weight.data_ptr():
+        cut = weight.shape[0] // 2 // CUT_MULTIPLE * CUT_MULTIPLE
+        data = weight.detach()
+        halves = (
+            nn.Parameter(data[:cut], requires_grad=False),
+            nn.Parameter(data[cut:], requires_grad=False),
+        )
+        cached = (weight.data_ptr(), halves)
+        weight._dgpp_halves = cached
+    return cached[1]
+
+
+def _halves_exact(dtype: torch.dtype, out_features: int, in_features: int) -> bool:
+    """Whether a random ``[out, in]`` parameter's halves give the whole product's bits for three random rows."""
+    gen = torch.Generator().manual_seed(0)
+    weight = nn.Parameter(
+        torch.randn(out_features, in_features, generator=gen).to(dtype), requires_grad=False
+    )
+    rows = torch.randn(3, in_features, generator=gen).to(dtype)
+    halves = _halves(weight)
+    with torch.inference_mode():
+        return all(
+            torch.equal(_split_product(row, *halves), batch_invariant_linear(row, weight))
+            for row in rows.split(1)
+        )
