@@ -13,6 +13,7 @@ from dgpp.nn import second_core
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.embedding import LMHead
 from dgpp.nn.second_core import SPLIT_MIN_OUTPUTS, on_two_cores
+from dgpp.testing.second_core import counted_splits
 
 
 def test_the_halves_come_back_in_order():
@@ -38,12 +39,7 @@ def test_a_decode_rows_head_runs_on_two_cores_with_the_whole_products_bits(dtype
     head = LMHead(vocab, hidden, dtype=dtype)
     with torch.no_grad():
         head.weight.copy_(torch.randn(vocab, hidden, generator=torch.Generator().manual_seed(1)))
-    splits = []
-    real = second_core.on_two_cores
-    monkeypatch.setattr(second_core, "on_two_cores", lambda a, b: splits.append(1) or real(a, b))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with counted_splits(monkeypatch, second_core) as splits:
         x = torch.randn(3, hidden, generator=torch.Generator().manual_seed(2)).to(dtype)
         with torch.inference_mode():
             for row in x.split(1):
@@ -52,5 +48,3 @@ def test_a_decode_rows_head_runs_on_two_cores_with_the_whole_products_bits(dtype
             splits.clear()
             assert torch.equal(head(x), batch_invariant_linear(x, head.weight))
             assert not splits  # several rows stay one product
-    finally:
-        torch.set_num_threads(threads)

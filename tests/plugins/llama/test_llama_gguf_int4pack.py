@@ -31,6 +31,7 @@ from dgpp.startup.loading import load_context, load_model
 from dgpp.startup.memory_plan import plan_for
 from dgpp.testing import conformance as conf
 from dgpp.testing.builders import build_tiny_checkpoint
+from dgpp.testing.second_core import counted_splits
 from dgpp.testing.tokenizers import build_tiny_tokenizer
 
 gguf = pytest.importorskip("gguf")
@@ -124,12 +125,7 @@ def test_a_head_sized_decode_row_runs_on_two_cores_with_the_whole_products_bits(
     whole product; several rows do not split."""
     n = second_core.SPLIT_MIN_OUTPUTS + 40  # padded to a multiple of 16, cut at a multiple of 64
     packed = gguf_packed.packed_weight(blocks_of("Q8_0", n, 64, seed=9), "Q8_0")
-    splits = []
-    real = int4pack_cpu.on_two_cores
-    monkeypatch.setattr(int4pack_cpu, "on_two_cores", lambda a, b: splits.append(1) or real(a, b))
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with counted_splits(monkeypatch, int4pack_cpu) as splits:
         x = torch.randn(3, 64, generator=torch.Generator().manual_seed(10)).to(torch.bfloat16)
         scale_zeros = packed.contiguous_scale_zeros()
         for row in x.split(1):
@@ -139,8 +135,6 @@ def test_a_head_sized_decode_row_runs_on_two_cores_with_the_whole_products_bits(
         splits.clear()
         assert torch.equal(packed(x), torch.cat([packed(row) for row in x.split(1)]))
         assert len(splits) == 3  # the three-row call did not split; its rows alone did
-    finally:
-        torch.set_num_threads(threads)
 
 
 def test_a_layout_whose_rows_depend_on_the_batch_is_refused(monkeypatch):
