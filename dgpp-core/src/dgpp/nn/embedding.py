@@ -11,7 +11,7 @@ from torch import nn
 from dgpp.family import World
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.collectives import all_gather_last_dim
-from dgpp.nn.second_core import two_core_row_product
+from dgpp.nn.second_core import two_core_product
 from dgpp.nn.weights import default_weight_loader, set_weight_attrs
 
 
@@ -84,8 +84,8 @@ class LMHead(nn.Module):
         logits = _head_gemv(hidden, weight) if hidden.is_cuda else None
         if logits is None and self.packed is not None:
             logits = self.packed(hidden)
-        if logits is None and not self.vocab_parallel:  # a CPU decode row: two cores where one is spare
-            logits = two_core_row_product(hidden, weight)
+        if logits is None and not self.vocab_parallel:  # on the CPU: two cores where one is spare
+            logits = two_core_product(hidden, weight)
         if logits is None:
             logits = batch_invariant_linear(hidden, weight)
         return all_gather_last_dim(logits, self.world, self.group) if self.vocab_parallel else logits

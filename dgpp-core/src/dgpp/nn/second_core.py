@@ -1,10 +1,11 @@
-"""A CPU decode row's one large product (the LM head, dense or int4-packed) split by output features over two cores.
+"""A CPU step's one large product (the LM head, dense or int4-packed) split by output features over two cores.
 
 A CPU engine runs one intra-op thread on a 2-core machine (``engine.cpu_threads``: the other core serves HTTP), so
 a step's products run on one core. The head is the one product large enough for a second core to pay off: its
 two halves run at once, one on the engine thread, one on a helper thread that waits on a queue (no spinning, so
-the core is the server's again between heads). Handing a product over and back costs ~40-65 us, more than half
-of any decoder-layer product of the demo model, so only products of at least ``SPLIT_MIN_OUTPUTS`` outputs split.
+the core is the server's again between heads). Handing a product over and back costs more than half of a small
+model's decoder-layer product (docs/benchmarks.md, "CPU demo: the head on two cores"), so only products of at
+least ``SPLIT_MIN_OUTPUTS`` outputs split: a dense head whatever its row count, an int4-packed one for a decode row.
 
 Each output feature keeps its bits: a half is the same product over a slice of the weight's outputs, whose
 sums do not depend on how many outputs the call makes where that is checked once per shape (``split_verdict``)
@@ -86,19 +87,19 @@ def on_two_cores(first: Callable[[], torch.Tensor], second: Callable[[], torch.T
     return torch.cat([head, tail], -1)
 
 
-def two_core_row_product(row: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
-    """``batch_invariant_linear(row, weight)`` of one CPU row as two halves of ``weight``'s outputs on two cores;
-    None where it does not split (several rows, a small weight, no spare core, or halves that would not give the
-    whole product's bits for this shape, checked once on random data). The halves are parameters viewing
-    ``weight`` (so the CPU product keeps its per-parameter forms, e.g. oneDNN's packed copy), kept on it."""
-    if row.device.type != "cpu" or row.numel() != row.shape[-1] or weight.shape[0] < SPLIT_MIN_OUTPUTS:
-        return None
-    if not spare_core():
+def two_core_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """``batch_invariant_linear(rows, weight)`` on the CPU as two halves of ``weight``'s outputs on two cores;
+    None where it does not split (a small weight, no spare core, or halves that would not give the whole
+    product's bits for this shape, checked once on one-row products of random data: a row's bits do not depend
+    on its batch in either product, so several rows keep them too). The halves are parameters viewing
+    ``weight`` (so the CPU product keeps its per-parameter forms, e.g. oneDNN's packed copy of each half, and
+    no packed copy of the whole is made), kept on it."""
+    if rows.device.type != "cpu" or weight.shape[0] < SPLIT_MIN_OUTPUTS or not spare_core():
         return None
     key = ("dense", weight.dtype, *weight.shape)
     if not split_verdict(key, lambda: _halves_exact(weight.dtype, *weight.shape)):
         return None
-    return _split_product(row, *_halves(weight))
+    return _split_product(rows, *_halves(weight))
 
 
 def _split_product(row: torch.Tensor, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
