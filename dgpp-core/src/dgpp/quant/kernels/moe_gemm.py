@@ -2,8 +2,8 @@
 
 Rows are the ``T*K`` (token, expert) assignments sorted by expert in blocks of ``BM`` rows
 (``dgpp.kernels.moe.align_to_experts``), so one launch serves every expert and each block reads its
-expert's packed weight tiles once. Each stored [BN, BKP] tile is decoded in registers by the same
-helpers as the weight-only linear (``wo_matmul``: FP8 block/channel, E2M1 with E4M3/E8M0 group scales
+expert's packed weight tiles once. Each stored [BN, BKP] tile is decoded in registers
+(``moe_weight_tiles``) by the same helpers as the weight-only linear (``wo_matmul``: FP8 block/channel, E2M1 with E4M3/E8M0 group scales
 and a global, packed int and GPTQ words), rounded to the activation dtype like the torch reference
 decode, then fed to ``tl.dot``. The first GEMM gathers token rows and fuses SwiGLU (gate and up are
 two stacks, each with its own scales and global); the second scales each row by its routing weight
@@ -25,9 +25,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from dgpp.quant.kernels.e2m1_asm import e2m1_pairs
-from dgpp.quant.kernels.int4_asm import int4_centred
-from dgpp.quant.kernels.wo_matmul import _decode, _e2m1_value, _e8m0_value, _scales
+from dgpp.quant.kernels.moe_weight_tiles import group_scale_bytes, step_scales, weight_operand
 
 
 @triton.jit
@@ -37,176 +35,6 @@ def _activation_pairs(a_ptr, a_rows, a_row_stride, rvalid, offs_kp, kp_ok):
     cols = offs_kp[None, :, None] * 2 + tl.arange(0, 2)[None, None, :]
     mask = rvalid[:, None, None] & kp_ok[None, :, None]
     return tl.load(a_ptr + a_rows[:, None, None] * a_row_stride + cols, mask=mask, other=0.0)
-
-
-@triton.jit
-def _fp4_exact(stored, i, scales, FAST_E2M1: tl.constexpr, DOT_LOW: tl.constexpr):
-    """Sub-position ``i`` of a [BN, BKP] tile of E2M1 pairs times its group ``scales`` (fp32 [BN, BKP]), exact:
-    in bf16 for the tensor cores, in fp32 where the dot runs in fp32 (the interpreter) - the same values."""
-    if FAST_E2M1:
-        lo, hi = e2m1_pairs(stored, tl.bfloat16)
-        if i == 0:
-            code = lo
-        else:
-            code = hi
-    else:
-        code = _e2m1_value((stored.to(tl.int32) >> (4 * i)) & 0xF)
-    if DOT_LOW:
-        w = code.to(tl.bfloat16) * scales.to(tl.bfloat16)
-    else:
-        w = code.to(tl.float32) * scales
-    return w
-
-
-@triton.jit
-def _group_scale_bytes(
-    s_base, offs_n, n_ok, kp0, kp_hi, stride_sn, stride_sk, GSP: tl.constexpr, BKP: tl.constexpr
-):
-    """The stored E4M3 / E8M0 scale bytes of a [BN, BKP] tile of E2M1 pairs: [BN, BKP / GSP], one per group of
-    GSP stored bytes (zero past ``kp_hi``)."""
-    offs_g = kp0 // GSP + tl.arange(0, BKP // GSP)
-    return tl.load(
-        s_base + offs_n[:, None] * stride_sn + offs_g[None, :] * stride_sk,
-        mask=n_ok[:, None] & (offs_g * GSP < kp_hi)[None, :],
-        other=0,
-    )
-
-
-@triton.jit
-def _scale_per_weight(raw, SCALE_E8M0: tl.constexpr, BN: tl.constexpr, BKP: tl.constexpr, GSP: tl.constexpr):
-    """Scale bytes [BN, BKP / GSP] -> fp32 scales [BN, BKP], one per stored byte."""
-    if SCALE_E8M0:
-        sf = _e8m0_value(raw)
-    else:
-        sf = raw.to(tl.float8e4nv, bitcast=True).to(tl.float32)
-    return tl.reshape(tl.broadcast_to(sf[:, :, None], (BN, BKP // GSP, GSP)), (BN, BKP))
-
-
-@triton.jit
-def _step_scales(
-    carried,
-    s_base,
-    z_base,
-    offs_n,
-    n_ok,
-    kp0,
-    KP,
-    stride_sn,
-    stride_sk,
-    stride_zk,
-    FMT: tl.constexpr,
-    BITS: tl.constexpr,
-    SCALE_E8M0: tl.constexpr,
-    ZERO_OFFSET: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    PACK: tl.constexpr,
-    SBN: tl.constexpr,
-    SBK: tl.constexpr,
-    BN: tl.constexpr,
-    BKP: tl.constexpr,
-    FP4_EXACT: tl.constexpr,
-):
-    """One stack's scales and zeros for the K step at ``kp0``, and what it carries to the next step: with
-    ``FP4_EXACT`` the scale bytes loaded a step ahead (``carried``) spread per weight, and the next step's loaded
-    now; else ``_scales`` of this step, and ``carried`` unchanged."""
-    if FP4_EXACT:
-        GSP: tl.constexpr = SBK // PACK
-        scales = _scale_per_weight(carried, SCALE_E8M0, BN, BKP, GSP)
-        zeros = tl.zeros((BN,), dtype=tl.int32)
-        ahead = _group_scale_bytes(s_base, offs_n, n_ok, kp0 + BKP, KP, stride_sn, stride_sk, GSP, BKP)
-    else:
-        scales, zeros = _scales(
-            s_base,
-            z_base,
-            offs_n,
-            n_ok,
-            kp0,
-            KP,
-            stride_sn,
-            stride_sk,
-            stride_zk,
-            FMT,
-            BITS,
-            SCALE_E8M0,
-            ZERO_OFFSET,
-            SCALE_MODE,
-            PACK,
-            SBN,
-            SBK,
-            BN,
-            BKP,
-        )
-        ahead = carried
-    return scales, zeros, ahead
-
-
-@triton.jit
-def _weights(
-    stored,
-    i,
-    offs_n,
-    offs_k,
-    kp_ok,
-    tile_ok,
-    s_base,
-    z_base,
-    g,
-    scales,
-    zeros,
-    stride_sn,
-    stride_sk,
-    stride_zk,
-    FMT: tl.constexpr,
-    BITS: tl.constexpr,
-    SCALE_E8M0: tl.constexpr,
-    GLOBAL_OP: tl.constexpr,
-    ZERO_OFFSET: tl.constexpr,
-    SCALE_MODE: tl.constexpr,
-    SBN: tl.constexpr,
-    SBK: tl.constexpr,
-    FAST_E2M1: tl.constexpr,
-    ROUND_DTYPE: tl.constexpr,
-    DOT_LOW: tl.constexpr,
-    FP4_EXACT: tl.constexpr,
-    INT4_BF16: tl.constexpr,
-):
-    """Sub-position ``i`` of one stack's stored tile as the dot's weight operand: E2M1 times its scale exact
-    (``FP4_EXACT``), int4 ``code - 8`` times its bf16 scale rounded once (``INT4_BF16``), else the weight-only
-    decode rounded to the activation dtype."""
-    if FP4_EXACT:
-        w = _fp4_exact(stored, i, scales, FAST_E2M1, DOT_LOW)
-    elif INT4_BF16:  # bf16 x bf16 (the scales widened from bf16): the exact product rounded once
-        w = int4_centred(stored, i) * scales.to(tl.bfloat16)
-    else:
-        w = _decode(
-            stored,
-            i,
-            offs_n,
-            offs_k,
-            kp_ok,
-            tile_ok,
-            s_base,
-            z_base,
-            s_base,
-            g,
-            scales,
-            zeros,
-            stride_sn,
-            stride_sk,
-            stride_zk,
-            FMT,
-            BITS,
-            SCALE_E8M0,
-            GLOBAL_OP,
-            ZERO_OFFSET,
-            False,
-            SCALE_MODE,
-            SBN,
-            SBK,
-            FAST_E2M1,
-            ROUND_DTYPE,
-        ).to(ROUND_DTYPE)
-    return w
 
 
 @triton.jit
@@ -454,8 +282,8 @@ def quant_moe_gemm_kernel(
     next_a3 = 0
     if FP4_EXACT:
         GSP: tl.constexpr = SBK // PACK
-        next_s = _group_scale_bytes(s_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
-        next_s_up = _group_scale_bytes(s2_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
+        next_s = group_scale_bytes(s_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
+        next_s_up = group_scale_bytes(s2_base, offs_n, n_ok, 0, kp_end, stride_sn, stride_sk, GSP, BKP)
         first = tl.arange(0, BKP)
         next_a0 = _activation_pairs(a_ptr, a_rows0, a_row_stride, rvalid0, first, first < kp_end)
         if BLOCKS > 1:
@@ -472,7 +300,7 @@ def quant_moe_gemm_kernel(
         tile_ok = n_ok[:, None] & kp_ok[None, :]
         w_off = offs_n[:, None] * stride_wn + offs_kp[None, :] * stride_wk
         stored = tl.load(w_base + w_off, mask=tile_ok, other=0)
-        s_pre, z_row, next_s = _step_scales(
+        s_pre, z_row, next_s = step_scales(
             next_s,
             s_base,
             z_base,
@@ -497,7 +325,7 @@ def quant_moe_gemm_kernel(
         )
         if SWIGLU:
             stored_up = tl.load(w2_base + w_off, mask=tile_ok, other=0)
-            s_up, z_up, next_s_up = _step_scales(
+            s_up, z_up, next_s_up = step_scales(
                 next_s_up,
                 s2_base,
                 z2_base,
@@ -543,7 +371,7 @@ def quant_moe_gemm_kernel(
                 )
         for i in tl.static_range(PACK):
             offs_k = offs_kp * PACK + i
-            w = _weights(
+            w = weight_operand(
                 stored,
                 i,
                 offs_n,
@@ -574,7 +402,7 @@ def quant_moe_gemm_kernel(
             )
             w_up = w
             if SWIGLU:
-                w_up = _weights(
+                w_up = weight_operand(
                     stored_up,
                     i,
                     offs_n,
