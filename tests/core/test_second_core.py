@@ -5,6 +5,7 @@ the whole product's bits."""
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -30,6 +31,20 @@ def test_a_failure_on_the_helper_is_raised_here_and_the_next_call_gets_its_own_r
     assert torch.equal(
         on_two_cores(lambda: torch.ones(1, 1), lambda: torch.full((1, 1), 2.0)), torch.tensor([[1.0, 2.0]])
     )
+
+
+def test_callers_on_several_threads_each_get_their_own_halves():
+    def calls(tag: float) -> bool:
+        return all(
+            torch.equal(
+                on_two_cores(lambda: torch.full((1, 1), tag), lambda: torch.full((1, 1), -tag)),
+                torch.tensor([[tag, -tag]]),
+            )
+            for _ in range(200)
+        )
+
+    with ThreadPoolExecutor(3) as pool:
+        assert all(pool.map(calls, (1.0, 2.0, 3.0)))
 
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second core")

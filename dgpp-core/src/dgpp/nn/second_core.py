@@ -35,6 +35,7 @@ class _Helper:
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[Callable[[], torch.Tensor]] = queue.SimpleQueue()
         self.results: queue.SimpleQueue[torch.Tensor | BaseException] = queue.SimpleQueue()
+        self.turn = threading.Lock()
         threading.Thread(target=self._run, name="dgpp-second-core", daemon=True).start()
 
     def _run(self) -> None:
@@ -75,13 +76,15 @@ def split_verdict(key: tuple[object, ...], check: Callable[[], bool]) -> bool:
 
 
 def on_two_cores(first: Callable[[], torch.Tensor], second: Callable[[], torch.Tensor]) -> torch.Tensor:
-    """``cat([first(), second()], -1)`` with ``second`` on the helper thread while ``first`` runs here."""
+    """``cat([first(), second()], -1)`` with ``second`` on the helper thread while ``first`` runs here. Callers on
+    several threads take turns (one helper, one result queue)."""
     helper = _started_helper()
-    helper.jobs.put(second)
-    try:
-        head = first()
-    finally:
-        tail = helper.results.get()  # always collected, so the next call gets its own result
+    with helper.turn:
+        helper.jobs.put(second)
+        try:
+            head = first()
+        finally:
+            tail = helper.results.get()  # always collected, so the next call gets its own result
     if isinstance(tail, BaseException):
         raise tail
     return torch.cat([head, tail], -1)
@@ -102,9 +105,9 @@ def two_core_product(rows: torch.Tensor, weight: torch.Tensor) -> torch.Tensor |
     return _split_product(rows, *_halves(weight))
 
 
-def _split_product(row: torch.Tensor, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
+def _split_product(rows: torch.Tensor, first: nn.Parameter, second: nn.Parameter) -> torch.Tensor:
     return on_two_cores(
-        lambda: batch_invariant_linear(row, first), lambda: batch_invariant_linear(row, second)
+        lambda: batch_invariant_linear(rows, first), lambda: batch_invariant_linear(rows, second)
     )
 
 
