@@ -4,7 +4,6 @@ the whole product's bits."""
 
 from __future__ import annotations
 
-import os
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 from dgpp.nn import second_core
 from dgpp.nn.batch_invariant import batch_invariant_linear
 from dgpp.nn.embedding import LMHead
-from dgpp.nn.second_core import SPLIT_MIN_OUTPUTS, on_two_cores
+from dgpp.nn.second_core import SPLIT_MIN_OUTPUTS, on_two_cores, usable_cores
 from dgpp.testing.second_core import counted_splits
 
 
@@ -47,7 +46,7 @@ def test_callers_on_several_threads_each_get_their_own_halves():
         assert all(pool.map(calls, (1.0, 2.0, 3.0)))
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second core")
+@pytest.mark.skipif(usable_cores() < 2, reason="needs a second core")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_cpu_head_runs_on_two_cores_with_the_whole_products_bits(dtype, monkeypatch):
     vocab, hidden = SPLIT_MIN_OUTPUTS + 100, 64  # halves cut at a multiple of 64: 8,192 and 8,292 outputs

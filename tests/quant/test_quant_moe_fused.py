@@ -10,7 +10,7 @@ from dgpp.quant.fp4 import MXFP4, NVFP4CompressedTensors, NVFP4ModelOpt
 from dgpp.quant.fp8 import FP8Block, FP8Channel
 from dgpp.quant.intq import GPTQ, IntPacked
 from dgpp.quant.kernels import moe_block_probe
-from dgpp.quant.kernels.moe_launch import MoETiles, fused_quant_moe
+from dgpp.quant.kernels.moe_launch import DECODE_BM, MoETiles, fused_quant_moe
 from dgpp.quant.moe import QuantExperts
 
 FORMATS = [
@@ -354,8 +354,6 @@ def test_activations_in_step_order_give_the_column_reads_bits(fmt, monkeypatch):
 
 def block_form(tiles: MoETiles) -> str:
     """Which expert block form ``tiles`` is: the decode tile's 16-row blocks, one-dot or blocked 64-row blocks."""
-    from dgpp.quant.kernels.moe_launch import DECODE_BM
-
     return "blocked" if tiles.row_blocks > 1 else "one_dot" if tiles.bm > DECODE_BM else "decode"
 
 

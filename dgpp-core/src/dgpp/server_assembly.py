@@ -4,7 +4,6 @@ wires everything around a runner, which is also how the tests build a backend ar
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +14,7 @@ import torch
 
 from dgpp.config import DeployConfig, EngineConfig
 from dgpp.engine.work import StepRunner
+from dgpp.nn.second_core import usable_cores
 from dgpp.policy import ExecPolicy, install
 from dgpp.sample.params import SamplingDefaults
 from dgpp.sched.block_pool import BlockPool, SlotPool
@@ -253,7 +253,7 @@ def _set_cpu_threads(setting: int, world_size: int) -> None:
     barrier. Several CPU ranks on one host keep torch's own setting unless the key names one."""
     if setting == 0 and world_size > 1:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     threads = setting or max(1, cores - 1)
     torch.set_num_threads(threads)
     log.info("cpu threads", threads=threads, cores=cores, setting=setting)

@@ -10,8 +10,6 @@ fails) with solo == batched logits, and the memory plan counts the packed weight
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
@@ -26,6 +24,7 @@ from dgpp.nn import int4pack_cpu, second_core
 from dgpp.nn.embedding import LMHead
 from dgpp.nn.int4pack_cpu import GROUP, Int4PackLinearMethod, int4pack_available, pack_codes
 from dgpp.nn.linear import Linear
+from dgpp.nn.second_core import usable_cores
 from dgpp.plugins import build_manager
 from dgpp.startup.loading import load_context, load_model
 from dgpp.startup.memory_plan import plan_for
@@ -118,7 +117,7 @@ def test_joined_products_equal_each_part_alone():
     )
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs a second core")
+@pytest.mark.skipif(usable_cores() < 2, reason="needs a second core")
 def test_a_head_sized_decode_row_runs_on_two_cores_with_the_whole_products_bits(monkeypatch):
     """A decode row's product of at least ``SPLIT_MIN_OUTPUTS`` outputs, on one intra-op thread of a machine with
     more cores, runs as two halves of the outputs, one on the helper thread: every output keeps the bits of the

@@ -61,10 +61,14 @@ def _started_helper() -> _Helper:
         return _helper
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS tells it, else the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def spare_core() -> bool:
     """Whether this process runs one intra-op thread on a machine with more cores (the CPU engine's default)."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return torch.get_num_threads() == 1 and cores > 1
+    return torch.get_num_threads() == 1 and usable_cores() > 1
 
 
 def split_verdict(key: tuple[object, ...], check: Callable[[], bool]) -> bool:
