@@ -336,6 +336,7 @@ def decode_bench(
     bandwidth: float,
     profile: bool = False,
     kv_dtype: str = "auto",
+    graphs: tuple[bool, ...] = (False, True),
 ) -> list[str]:
     from dgpp.bench.models import hf_config
     from dgpp.bench.step_bytes import decode_step_bytes
@@ -352,7 +353,7 @@ def decode_bench(
         total = context + steps + 8
         pools, blocks, slots = make_pools(model, [total] * batch, BS, kv_dtype)
         last: dict[bool, torch.Tensor] = {}
-        for graph in (False, True):
+        for graph in graphs:
             tables = [blocks.allocate(blocks.blocks_for_tokens(total)) for _ in range(batch)]
             ids = [slots.allocate() for _ in range(batch)]
             mode = "graph" if graph else "eager"
@@ -425,6 +426,11 @@ def main() -> int:
     ap.add_argument(
         "--profile", action="store_true", help="profile three decode steps of the first case, eager and graph"
     )
+    ap.add_argument(
+        "--modes",
+        default="eager,graph",
+        help="decode modes, comma-separated (a long prompt is prefilled per mode)",
+    )
     args = ap.parse_args()
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bandwidth = copy_bandwidth()
@@ -436,7 +442,8 @@ def main() -> int:
         table += exactness_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
-    table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile, args.kv_dtype)  # type: ignore[arg-type]
+    graphs = tuple(mode == "graph" for mode in args.modes.split(","))
+    table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile, args.kv_dtype, graphs)  # type: ignore[arg-type]
     return finish(table, failures)
 
 

@@ -12,6 +12,8 @@
 #   glm5       GLM-5.3 12 layers packed, context 1,024, batch 1 and 64, graph and eager
 #   flint      Flint@8 in its release formats, batch 1 and 8, with a batch-1 profile
 #   serve      Qwen3-8B fp8_block served at 64 streams, with 24 prompts solo == batched
+#   long       long context: GLM-5.3 12 layers at 1K / 32K, Qwen3.8-Flash-Next at 128 / 32K, and an 8,192-token
+#              prefill of the hybrid and MoE geometries (MiMo-V2.6, Qwen3.5-122B-A10B, Qwen3.8-Flash-Next)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 T0=$(date +%s)
@@ -53,6 +55,14 @@ for step in ${STEPS:-kvfp8 kv32k qwen4 dsv4}; do
     flint) run flint "${BENCH[@]}" --geometry flint@8 --quant release --cases 128x1x32,128x8x32 --check-cases "" --profile 128x1x8 ;;
     serve) run serve python3 -m dgpp.cli bench serve --geometry qwen3-8b --quant fp8_block --serve-cases 64 \
       --solo-check 24 --checkpoint-dir /tmp/ck8 ;;
+    long)
+      run long_glm5 python3 tests/perf/check_glm5_cuda.py --cases 1x1024,1x32768,8x8192 --steps 6 --skip-kernels --modes graph
+      run long_qwen4 "${BENCH[@]}" --geometry qwen3.8-flash-next-8l --cases 128x1x32,8192x1x16,32768x1x16 \
+        --check-cases "" --prefill 8192 --prefill-attn triton
+      for geometry in mimo-v2.6-flash-8l@4 qwen3.5-122b-a10b-24l@8; do
+        run "prefill_${geometry%%@*}" "${BENCH[@]}" --geometry "$geometry" --cases 128x1x16 --check-cases "" \
+          --prefill 8192 --prefill-attn triton
+      done ;;
     *) echo "unknown step $step" | tee -a "$OUT/steps.log" ;;
   esac
 done
