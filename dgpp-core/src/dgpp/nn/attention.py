@@ -126,7 +126,7 @@ def scatter_rows(
 
 
 def read_rows(
-    cache: torch.Tensor, scale: torch.Tensor | None, token_rows: torch.Tensor, dtype: torch.dtype
+    cache: torch.Tensor, scale: torch.Tensor | None, token_rows: torch.Tensor | slice, dtype: torch.dtype
 ) -> torch.Tensor:
     """Pool rows ``token_rows`` of ``cache`` in ``dtype``: gathered, and dequantized when ``scale`` is given."""
     rows = gather_rows(cache, token_rows)
@@ -148,8 +148,24 @@ def gather_context(cache: torch.Tensor, block_table: torch.Tensor, length: int) 
     return gather_rows(cache, context_token_rows(block_table, length, cache.shape[1]))
 
 
-def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor) -> torch.Tensor:
-    """Pool rows ``token_rows`` (``context_token_rows``) of ``cache``, ``[len, kv_heads, dim]``."""
+def consecutive_span(block_table: torch.Tensor, length: int, block_size: int) -> slice | None:
+    """The pool rows of a sequence's first ``length`` tokens as one slice when its blocks are consecutive ids
+    (a pool hands a lone stream consecutive blocks), else None. Host tables only: the check reads ids."""
+    num_blocks = -(-length // block_size)
+    if num_blocks == 0 or block_table.device.type != "cpu":
+        return None
+    blocks = block_table[:num_blocks]
+    first = int(blocks[0])
+    if first < 0 or not torch.equal(blocks.long(), torch.arange(first, first + num_blocks)):
+        return None
+    return slice(first * block_size, first * block_size + length)
+
+
+def gather_rows(cache: torch.Tensor, token_rows: torch.Tensor | slice) -> torch.Tensor:
+    """Pool rows ``token_rows`` (``context_token_rows``, or a ``consecutive_span``: a view, no copy) of
+    ``cache``, ``[len, kv_heads, dim]``."""
+    if isinstance(token_rows, slice):
+        return cache.flatten(0, 1)[token_rows]
     rows = _bits(cache).flatten(0, 1).index_select(0, token_rows)
     return rows if rows.dtype == cache.dtype else rows.view(cache.dtype)
 
@@ -225,12 +241,16 @@ def paged_attention(
     return out
 
 
-def _context_rows(batch: ForwardBatch, i: int, block_size: int) -> torch.Tensor:
-    """Sequence ``i``'s context pool rows, computed once a step (every layer of the step reads the same rows)."""
-    return batch.step_memo(
-        ("context_rows", i, block_size),
-        lambda: context_token_rows(batch.block_tables[i], batch.seq_lens_cpu[i], block_size),
-    )
+def _context_rows(batch: ForwardBatch, i: int, block_size: int) -> torch.Tensor | slice:
+    """Sequence ``i``'s context pool rows (one slice where its blocks are consecutive), computed once a step:
+    every layer of the step reads the same rows."""
+
+    def rows() -> torch.Tensor | slice:
+        table, length = batch.block_tables[i], batch.seq_lens_cpu[i]
+        span = consecutive_span(table, length, block_size)
+        return context_token_rows(table, length, block_size) if span is None else span
+
+    return batch.step_memo(("context_rows", i, block_size), rows)
 
 
 class PagedAttention(nn.Module):
