@@ -189,10 +189,15 @@ def test_index_scores_tiles_past_a_rows_tokens_are_minus_inf_and_the_rest_unchan
         assert torch.isinf(ours[row, n:]).all() and torch.isfinite(ours[row, :n]).all()
 
 
+@pytest.mark.parametrize("radix_pick", [False, True], ids=["select_top_k", "top_k_rows"])
 @torch.inference_mode()
-def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path):
+def test_device_selection_picks_what_the_torch_indexer_picks(tmp_path, monkeypatch, radix_pick):
     """The CUDA indexer's selection path (``dgpp.nn.dsa_cuda``, here with the reference scorer) against the torch
-    indexer on the same step: prefill chunks (rows past index_topk 8 select) and a decode step."""
+    indexer on the same step: prefill chunks (rows past index_topk 8 select) and a decode step; the picks by the
+    torch top-k and by the Triton per-row radix select that CUDA takes (interpreter)."""
+    import dgpp.nn.dsa_cuda as dsa_cuda
+
+    monkeypatch.setattr(dsa_cuda, "use_triton", lambda x: radix_pick)
     from dgpp.engine.runner import build_batch
     from dgpp.engine.work import SeqWork
     from dgpp.nn.dsa_cuda import device_selection

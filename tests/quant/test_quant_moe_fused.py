@@ -31,9 +31,24 @@ HIDDEN, INTER, EXPERTS = 128, 64, 8
 
 @pytest.fixture(autouse=True)
 def _probe_on_80_tokens(monkeypatch):
-    """The expert block probe on 80 tokens (a full 64-row block and a partial one a form): the same checks at a third
-    of the interpreter's time."""
+    """The expert block probe on 80 tokens (a full 64-row block and a partial one a form) on one group of experts:
+    the same checks at a fraction of the interpreter's time."""
     monkeypatch.setattr(moe_block_probe, "PROBE_TOKENS", 80)
+    monkeypatch.setattr(moe_block_probe, "PROBE_GROUPS", 1)
+
+
+def test_the_probe_routes_token_groups_to_distinct_experts(monkeypatch):
+    """Each group of probe tokens has its own top_k experts (so a prefill-sized probe streams more weights than a
+    cache holds), and no group names an expert the layer lacks."""
+    monkeypatch.setattr(moe_block_probe, "PROBE_GROUPS", 8)
+    x, weights, ids = moe_block_probe.probe_inputs(32, 4, 256, torch.float32, torch.device("cpu"))
+    assert x.shape == (8 * 80, 32) and ids.shape == weights.shape == (8 * 80, 4)
+    assert torch.allclose(weights.sum(1), torch.ones(8 * 80))
+    groups = ids.view(8, 80, 4)
+    assert (groups == groups[:, :1]).all()  # a group's tokens share their experts
+    assert groups[:, 0].flatten().unique().numel() == 32  # and no two groups share one
+    _, _, few = moe_block_probe.probe_inputs(32, 4, 10, torch.float32, torch.device("cpu"))
+    assert few.shape == (2 * 80, 4) and int(few.max()) == 7  # two groups fit ten experts
 
 
 def build_experts(

@@ -1,7 +1,8 @@
 """The DSA indexer's CUDA path: every row's selection as device tensors (``DeviceSelection``).
 
 Scores come from ``dgpp.kernels.dsa_index`` (each (row, token) score from that row's query and that token's key
-alone), the picks from one stable sort per row: the same tokens, ties and order as the torch path's row-by-row
+alone), the picks from a per-row radix select that reads each row's own scores only (``dgpp.kernels.top_k_rows``;
+``select_top_k`` off Triton): the same tokens, ties and order as the torch path's row-by-row
 ``top_k_lowest_on_ties``. A decode-only step reads only the step's device tensors, so it can be captured in a
 CUDA graph; other steps give each query row its own table and visible length (``expand_rows``).
 """
@@ -10,7 +11,9 @@ from __future__ import annotations
 
 import torch
 
+from dgpp.kernels._triton import use_triton
 from dgpp.kernels.dsa_index import index_scores, select_top_k
+from dgpp.kernels.top_k_rows import top_k_rows_triton
 from dgpp.nn.exact.attention import expand_rows
 from dgpp.nn.selection import DeviceSelection
 from dgpp.step.batch import ForwardBatch
@@ -37,8 +40,9 @@ def device_selection(
     else:
         _, tables, lens = expand_rows(batch.block_tables, batch.seq_lens_cpu, batch.q_lens_cpu)
     step = max(1, _SCORES_PER_CALL // width)
+    pick = top_k_rows_triton if use_triton(q) else select_top_k
     picks = [
-        select_top_k(
+        pick(
             index_scores(
                 q[r : r + step],
                 weights[r : r + step],

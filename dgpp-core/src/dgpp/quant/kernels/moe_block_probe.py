@@ -14,17 +14,24 @@ import torch
 # (formats, shapes, top_k, candidate tiles, decode tiles, dtype, device) -> the fastest of the decode tiles and the
 # candidates whose rows were bit-identical to theirs (``batch_probe.probed_once``: never inside a capture)
 _CHOSEN: dict[tuple[object, ...], object] = {}
-# every token on the same experts: four full 64-row blocks and a partial one each, 17 16-row blocks (a prefill's
-# ratio of weight decodes between the forms, which the timing compares)
+# tokens in groups of PROBE_TOKENS, each group on its own top_k experts: four full 64-row blocks and a partial one an
+# expert, 17 16-row blocks (a prefill's ratio of weight decodes between the forms, which the timing compares), and
+# up to PROBE_GROUPS groups so the experts' weights outgrow the L2 cache as a prefill's do (a form that re-reads its
+# weights more often looks cheap while they stay cached)
 PROBE_TOKENS = 272
+PROBE_GROUPS = 8
 
 
 def probe_inputs(
-    hidden: int, top_k: int, dtype: torch.dtype, device: torch.device
+    hidden: int, top_k: int, num_experts: int, dtype: torch.dtype, device: torch.device
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random rows (seeded), random routing weights, and every token routed to experts ``0..top_k-1``."""
+    """Random rows (seeded), random routing weights, and group ``g`` of the tokens routed to experts
+    ``g * top_k .. g * top_k + top_k - 1``."""
+    groups = max(1, min(PROBE_GROUPS, num_experts // top_k))
+    tokens = PROBE_TOKENS * groups
     gen = torch.Generator(device=device).manual_seed(0)
-    x = torch.randn(PROBE_TOKENS, hidden, generator=gen, device=device).to(dtype)
-    weights = torch.rand(PROBE_TOKENS, top_k, generator=gen, device=device)
-    ids = torch.arange(top_k, device=device).expand(PROBE_TOKENS, top_k).contiguous()
+    x = torch.randn(tokens, hidden, generator=gen, device=device).to(dtype)
+    weights = torch.rand(tokens, top_k, generator=gen, device=device)
+    group = torch.arange(tokens, device=device) // PROBE_TOKENS
+    ids = group[:, None] * top_k + torch.arange(top_k, device=device)
     return x, weights / weights.sum(1, keepdim=True), ids

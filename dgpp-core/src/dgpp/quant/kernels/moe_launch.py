@@ -243,7 +243,8 @@ def _row_exact_tiles(
     key = (gate_up[0], down[0], x.shape[1], inter, top_k, candidates, decode, x.dtype, x.device)
 
     def probe() -> MoETiles:
-        px, pw, pids = moe_block_probe.probe_inputs(x.shape[1], top_k, x.dtype, x.device)
+        num_experts = stack_args(gate_up[0], gate_up[1], (inter, x.shape[1]))["w"].shape[0]
+        px, pw, pids = moe_block_probe.probe_inputs(x.shape[1], top_k, num_experts, x.dtype, x.device)
 
         def layer(tiles: MoETiles) -> torch.Tensor:
             return fused_quant_moe(gate_up, down, px, pw, pids, inter, tiles, swiglu_limit)
