@@ -44,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--prefill", type=int, default=0, help="also time one eager prefill of this many tokens"
     )
     parser.add_argument(
+        "--profile-prefill",
+        action="store_true",
+        help="with --prefill: where the prefill's GPU time goes, per kernel (each --prefill-attn path)",
+    )
+    parser.add_argument(
         "--prefill-attn",
         default="torch",
         help="prefill attention paths to time, comma separated: torch, triton (DGPP_PREFILL_ATTN)",

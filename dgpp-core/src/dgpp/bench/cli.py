@@ -158,6 +158,14 @@ def bench_weights(
                 "rate measured in the same run"
             )
             print(sections[-1], flush=True)
+            if args.profile_prefill:
+                from dgpp.bench.profile import format_breakdown, prefill_breakdown
+
+                with overriding(prefill_attention=attn):
+                    per_prefill, rows = prefill_breakdown(model, args.prefill, kv_dtype=kv_dtype)
+                label = f"{tag}prefill of {args.prefill} tokens, {attn} attention"
+                sections.append(format_breakdown(label, per_prefill, rows, per=""))
+                print(sections[-1], flush=True)
     for prompt, batch, _ in parse_cases(args.profile):
         from dgpp.bench.profile import format_breakdown, kernel_breakdown
 

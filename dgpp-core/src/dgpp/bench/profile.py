@@ -1,4 +1,4 @@
-"""Where a decode step's GPU time goes: per-kernel durations from the torch profiler (CUPTI).
+"""Where a decode step's (or a prefill's) GPU time goes: per-kernel durations from the torch profiler (CUPTI).
 
 Kernels are read from the profiler's chrome trace (``cat == "kernel"``), summed per name over a few
 decode steps and divided by the step count. Comparing the per-step kernel sum with the graph replay
@@ -34,8 +34,26 @@ def kernel_breakdown(
     first = session.prefill(random_prompts(batch, prompt, model.info.vocab_size, 0), PREFILL_STEP_TOKENS)
     session.decode(first, prompt, 2)
     torch.cuda.synchronize()
+    rows = _kernel_rows(lambda: session.decode(first, prompt, steps), steps)
+    return sum(us for _, _, us in rows), rows
+
+
+def prefill_breakdown(model: Model, tokens: int, kv_dtype: str = "auto") -> tuple[float, list]:
+    """(kernel microseconds, [(kernel, launches, us)] largest first) of one eager prefill of ``tokens`` tokens in one
+    step, after a warm-up prefill of the same prompt."""
+    session = DecodeSession(model, 1, tokens + 1, 16, graph=False, kv_dtype=kv_dtype)
+    prompt = random_prompts(1, tokens, model.info.vocab_size, 0)
+    session.prefill(prompt)
+    rows = _kernel_rows(lambda: session.prefill(prompt), 1)
+    return sum(us for _, _, us in rows), rows
+
+
+def _kernel_rows(run, repeats: int) -> list:
+    """[(kernel, launches per repeat, us per repeat)] of ``run()``'s CUDA kernels, largest first (``repeats``: how
+    many steps ``run`` makes)."""
+    torch.cuda.synchronize()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        session.decode(first, prompt, steps)
+        run()
         torch.cuda.synchronize()
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -49,15 +67,15 @@ def kernel_breakdown(
             key = _short(ev.get("name", "?"))
             total[key] += float(ev.get("dur", 0.0))
             count[key] += 1
-    rows = sorted(((k, count[k] / steps, total[k] / steps) for k in total), key=lambda r: -r[2])
-    return sum(total.values()) / steps, rows
+    return sorted(((k, count[k] / repeats, total[k] / repeats) for k in total), key=lambda r: -r[2])
 
 
-def format_breakdown(label: str, per_step_us: float, rows: list, top: int = 14) -> str:
+def format_breakdown(label: str, per_step_us: float, rows: list, top: int = 14, per: str = "/step") -> str:
+    """A markdown table of ``rows`` (``per``: what the times are per, "" for one prefill)."""
     lines = [
-        f"### {label}: kernel time {per_step_us / 1e3:.2f} ms/step",
+        f"### {label}: kernel time {per_step_us / 1e3:.2f} ms{per}",
         "",
-        "| kernel | launches/step | us/step | share |",
+        f"| kernel | launches{per} | us{per} | share |",
         "|---|---|---|---|",
     ]
     for name, n, us in rows[:top]:
