@@ -242,7 +242,7 @@ def test_later_rows_leave_earlier_rows_alone(layers):
 @pytest.mark.parametrize("idx", [1, 2], ids=LAYER_TYPES[1:])
 def test_cuda_prefill_path_under_the_interpreter(layers, idx, monkeypatch):
     """What a CUDA prefill step runs (the indexer's scores from ``dgpp.kernels.dsa_index`` over the index pool and
-    its ``select_top_k``, the compressed-attention kernel), here on CPU tensors under the Triton interpreter:
+    the per-row radix select of ``dgpp.kernels.top_k_rows``, the compressed-attention kernel), here on CPU tensors under the Triton interpreter:
     within fp32 rounding of the per-row reference, and chunks of 5 give one shot's bits."""
     import dgpp.kernels.compressed_attention as kernel
     import dgpp.nn.compressed_prefill as prefill

@@ -7,8 +7,9 @@ The same math as the per-row reference (``dgpp.nn.compressed_attention``), in a 
 2. the lightning indexer scores every row against its sequence's complete index entries at once and keeps
    each row's ``topk`` (a row at ``p`` sees entry ``w`` once ``(w + 1)·r <= p + 1``; exact ties to the lower
    entry; a row with at most ``topk`` complete entries keeps them all). On CUDA the scores come from
-   ``dgpp.kernels.dsa_index`` (each (row, entry) score from that row and entry alone) and the selection from
-   its ``select_top_k``; elsewhere rows with the same number of visible entries are scored as one batch of
+   ``dgpp.kernels.dsa_index`` (each (row, entry) score from that row and entry alone) and the selection from a
+   per-row radix select over the row's own entries (``dgpp.kernels.top_k_rows``: ``select_top_k``'s picks);
+   elsewhere rows with the same number of visible entries are scored as one batch of
    per-row products and keep their best by a stable sort, as the reference does row by row;
 3. the inputs of one attention call (``dgpp.kernels.compressed_attention``): each row's window, its entries
    (the picks on CSA, every complete one on HCA) and the sinks.
@@ -23,7 +24,8 @@ import torch
 
 from dgpp.kernels._triton import use_triton
 from dgpp.kernels.compressed_attention import CompressedAttentionInputs
-from dgpp.kernels.dsa_index import index_scores_triton, select_top_k
+from dgpp.kernels.dsa_index import index_scores_triton
+from dgpp.kernels.top_k_rows import top_k_rows_triton
 from dgpp.kernels.window_attention import row_sequences
 from dgpp.nn.dsa import index_scores_rows
 from dgpp.nn.window_compressor import entry_slots, live_sequences
@@ -84,7 +86,7 @@ def select_entries(
         scores = index_scores_triton(
             q, weights, keys[:, None, None, :], row_tables, visible.to(torch.int32), scale
         )
-        picks, count = select_top_k(scores, visible, topk)
+        picks, count = top_k_rows_triton(scores, visible.to(torch.int32), topk)
         return picks.long(), count.long()
     picks = torch.arange(topk, device=q.device).repeat(rows, 1)
     _best_by_rows(q, weights, keys, batch, table, ratio, picks)
