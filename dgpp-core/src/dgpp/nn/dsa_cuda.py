@@ -20,7 +20,8 @@ from dgpp.step.batch import ForwardBatch
 
 _SCORES_PER_CALL = 1 << 26  # fp32 scores held at once (256 MB): rows per call = this / the table's width
 # the radix select runs one program per row: enough rows fill the GPU, and a short table is a few passes for one;
-# a lone row over a wide table (a long-context graph's) keeps torch's multi-block top-k
+# a lone row over a wide table (a long-context graph's) would run its whole select on one SM, so it keeps torch's
+# multi-block top-k
 RADIX_MIN_ROWS = 8
 RADIX_MAX_LONE_WIDTH = 8192
 
