@@ -442,7 +442,10 @@ def main() -> int:
         table += exactness_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
-    graphs = tuple(mode == "graph" for mode in args.modes.split(","))
+    modes = args.modes.split(",")
+    if not set(modes) <= {"eager", "graph"}:
+        ap.error(f"--modes: eager and/or graph, comma-separated (got {args.modes!r})")
+    graphs = tuple(mode == "graph" for mode in modes)
     table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile, args.kv_dtype, graphs)  # type: ignore[arg-type]
     return finish(table, failures)
 

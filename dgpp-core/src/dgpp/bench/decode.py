@@ -314,14 +314,23 @@ def prefill_flops(model: Model, tokens: int) -> tuple[float, bool]:
     return 2 * params * tokens + attn, full_attention
 
 
+def warm_prefill_session(
+    model: Model, tokens: int, seed: int = 0, kv_dtype: str = "auto"
+) -> tuple[DecodeSession, list[list[int]]]:
+    """An eager one-sequence session and a random prompt of ``tokens`` tokens, prefilled once (compiles and
+    allocations done): what a timed or profiled prefill of the same prompt runs after."""
+    session = DecodeSession(model, 1, tokens + 1, 16, graph=False, kv_dtype=kv_dtype)
+    prompt = random_prompts(1, tokens, model.info.vocab_size, seed)
+    session.prefill(prompt)
+    return session, prompt
+
+
 def prefill_tflops(
     model: Model, tokens: int, seed: int = 0, kv_dtype: str = "auto"
 ) -> tuple[float, float, bool]:
     """(seconds, TFLOP/s, attention counted) of one eager prefill of ``tokens`` tokens (one step, K/V written as
     ``kv_dtype`` stores them); FLOPs as ``prefill_flops`` counts them."""
-    session = DecodeSession(model, 1, tokens + 1, 16, graph=False, kv_dtype=kv_dtype)
-    prompt = random_prompts(1, tokens, model.info.vocab_size, seed)
-    session.prefill(prompt)  # warm-up
+    session, prompt = warm_prefill_session(model, tokens, seed, kv_dtype)
     _sync()
     t0 = time.perf_counter()
     session.prefill(prompt)

@@ -14,7 +14,7 @@ from collections import defaultdict
 
 import torch
 
-from dgpp.bench.decode import PREFILL_STEP_TOKENS, DecodeSession, random_prompts
+from dgpp.bench.decode import PREFILL_STEP_TOKENS, DecodeSession, random_prompts, warm_prefill_session
 from dgpp.step.model import Model
 
 
@@ -41,9 +41,7 @@ def kernel_breakdown(
 def prefill_breakdown(model: Model, tokens: int, kv_dtype: str = "auto") -> tuple[float, list]:
     """(kernel microseconds, [(kernel, launches, us)] largest first) of one eager prefill of ``tokens`` tokens in one
     step, after a warm-up prefill of the same prompt."""
-    session = DecodeSession(model, 1, tokens + 1, 16, graph=False, kv_dtype=kv_dtype)
-    prompt = random_prompts(1, tokens, model.info.vocab_size, 0)
-    session.prefill(prompt)
+    session, prompt = warm_prefill_session(model, tokens, kv_dtype=kv_dtype)
     rows = _kernel_rows(lambda: session.prefill(prompt), 1)
     return sum(us for _, _, us in rows), rows
 

@@ -83,10 +83,9 @@ def select_entries(
     if use_triton(q):
         row_tables = table[row_sequences(batch.query_start_loc, rows)].to(torch.int32)
         scale = q.shape[-1] ** -0.5
-        scores = index_scores_triton(
-            q, weights, keys[:, None, None, :], row_tables, visible.to(torch.int32), scale
-        )
-        picks, count = top_k_rows_triton(scores, visible.to(torch.int32), topk)
+        lens = visible.to(torch.int32)
+        scores = index_scores_triton(q, weights, keys[:, None, None, :], row_tables, lens, scale)
+        picks, count = top_k_rows_triton(scores, lens, topk)
         return picks.long(), count.long()
     picks = torch.arange(topk, device=q.device).repeat(rows, 1)
     _best_by_rows(q, weights, keys, batch, table, ratio, picks)
