@@ -432,6 +432,9 @@ def main() -> int:
         help="decode modes, comma-separated (a long prompt is prefilled per mode)",
     )
     args = ap.parse_args()
+    modes = args.modes.split(",")
+    if not set(modes) <= {"eager", "graph"}:
+        ap.error(f"--modes: eager and/or graph, comma-separated (got {args.modes!r})")
     print(torch.cuda.get_device_name(), torch.__version__, flush=True)
     bandwidth = copy_bandwidth()
     table = [f"copy bandwidth {bandwidth / 1e12:.3f} TB/s (read + write)"]
@@ -442,9 +445,6 @@ def main() -> int:
         table += exactness_checks(failures)
         print("\n".join(table), flush=True)
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
-    modes = args.modes.split(",")
-    if not set(modes) <= {"eager", "graph"}:
-        ap.error(f"--modes: eager and/or graph, comma-separated (got {args.modes!r})")
     graphs = tuple(mode == "graph" for mode in modes)
     table += decode_bench(args.geometry, cases, args.steps, bandwidth, args.profile, args.kv_dtype, graphs)  # type: ignore[arg-type]
     return finish(table, failures)
