@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from dgpp.kernels import gemm_prefill, gemv_split
 from dgpp.kernels.gemv import gate_up_silu_ref, gate_up_silu_triton, multi_linear_triton
+from dgpp.nn.exact import gemm as exact_gemm
 from dgpp.nn.exact.gemm import PREFILL_ROWS, WIDE_ROWS, fixed_order_gate_up_silu, fixed_order_linear
 
 H100_SMS = 132
@@ -84,8 +85,11 @@ def test_filling_shape_keeps_the_unsplit_launch(monkeypatch) -> None:
 
 def test_fixed_order_rows_of_a_split_shape_match_at_every_call_size(monkeypatch) -> None:
     """The canonical linear of a split shape keeps the GEMV (never the unsplit prefill tile), so a decode row
-    equals the same row inside a burst of prefill rows."""
+    equals the same row inside a burst of prefill rows. fp32 rows past 64 take ``FP32_TILE``'s 32-wide K steps,
+    which the GPU's per-element FMA chain makes no different (tests/perf/check_prefill_kernels.py checks the
+    bits there); the interpreter's dot sums a whole K step at once, so here the tile keeps the decode's K step."""
     monkeypatch.setattr(gemv_split, "device_sms", lambda x: H100_SMS)
+    monkeypatch.setattr(exact_gemm, "FP32_TILE", (64, gemv_split.SLICE_ALIGN, 1))
     monkeypatch.setattr(
         gemm_prefill, "prefill_linear", lambda *a: pytest.fail("split shape took the prefill tile")
     )
@@ -154,3 +158,25 @@ def test_arrival_counters_are_shared_and_never_first_allocated_in_a_capture(monk
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
     with pytest.raises(RuntimeError, match="packed split-K GEMV: split-K arrival counters"):
         split_partials.arrival_counters(torch.device("cuda", 0), 10, "packed split-K GEMV")
+
+
+def test_fp32_rows_past_the_decode_sizes_take_the_wide_fma_tile(monkeypatch) -> None:
+    """An fp32 router over a prompt (more rows than the decode GEMV's 64) launches 64-wide output tiles over
+    32-wide K steps, and its values are the product's."""
+    monkeypatch.setattr(gemv_split, "device_sms", lambda x: H100_SMS)
+    seen = []
+    real = exact_gemm.multi_linear_triton
+
+    def spy(x, weights, **kw):
+        seen.append(kw.get("tile"))
+        return real(x, weights, **kw)
+
+    monkeypatch.setattr(exact_gemm, "multi_linear_triton", spy)
+    g = torch.Generator().manual_seed(8)
+    x = torch.randn(70, 1024, generator=g)
+    ws = [torch.randn(64, 1024, generator=g)]
+    out = fixed_order_linear(x, ws)[0]
+    assert seen == [exact_gemm.FP32_TILE]
+    torch.testing.assert_close(out, F.linear(x, ws[0]), rtol=1e-5, atol=1e-4)
+    fixed_order_linear(x[:64].contiguous(), ws)
+    assert seen[-1] is None  # decode sizes keep the GEMV's own tile

@@ -11,7 +11,11 @@ The residual is ``hc`` streams of ``H`` features held flat as ``hyper [T, hc*H]`
   expansion's product is taken in the kernel, so the ``[T, hc*H]`` weights never reach memory.
 
 Rounding points are the torch chain's: each elementwise result rounded to the activation dtype, the norm and the
-dot products taken in fp32. One program per (token, stream) row for the norm; per (token, column block) for the mix.
+dot products taken in fp32. One program per (token, stream) row for the norm. The mix is a product
+``gate [T, r] @ up^T`` per stream, so it runs in (16-token, 16-column) tiles whose expansion weights are read once
+for the tile's tokens (one program per token re-read the whole ``[hc*H, r]`` weight for every token of an 8K
+prompt); its tile sizes and K steps are constants, so a token's bits do not depend on how many tokens share the
+launch.
 """
 
 from __future__ import annotations
@@ -23,11 +27,12 @@ import torch.nn.functional as F
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
-_MIX_COLUMNS = 64  # at most this many columns of H per mix program
-# elements of the up tile [columns, r] one program holds per stream, and its warps: r = 320 (padded to 512) gives
-# 4 columns, so a 2,560-wide row spreads over 640 programs (64 columns a program spilled the tile)
-_MIX_TILE = 2048
-_MIX_WARPS = 8
+# the mix's tile: tokens x columns of H, over K steps of the bottleneck; fixed for every token count, so a token's
+# logits are the same chain of K steps alone or among 8K (a 2,560-wide row spreads over 160 programs a token tile)
+_MIX_TOKENS = 16
+_MIX_COLUMNS = 16
+_MIX_K = 64
+_MIX_WARPS = 4
 
 
 class StreamNormInputs(NamedTuple):
@@ -153,43 +158,61 @@ def stream_norm_triton(step: StreamNormInputs) -> tuple[torch.Tensor, torch.Tens
     return normed, out
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["tokens"])  # one compiled kernel for every token count
 def _stream_mix_kernel(
     normed_ptr,
     low_ptr,
     up_ptr,
     out_ptr,
+    tokens,
     hidden,
     rank,
     n_tok,
     l_tok,
     o_tok,
     STREAMS: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    BLOCK_R: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
-    tok = tl.program_id(0).to(tl.int64)
+    toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    ranks = tl.arange(0, BLOCK_R)
+    tok_mask = toks < tokens
     col_mask = cols < hidden
-    rank_mask = ranks < rank
     ty = out_ptr.dtype.element_ty
-    low = tl.load(low_ptr + tok * l_tok + ranks, mask=rank_mask, other=0.0).to(tl.float32)
-    low = (low / STREAMS).to(ty).to(tl.float32)
-    gate = (low * (1.0 / (1.0 + tl.exp(-low)))).to(ty).to(tl.float32)
-    acc = tl.zeros([BLOCK_H], dtype=tl.float32)
-    for stream in tl.static_range(STREAMS):  # unrolled: every stream's up tile is in flight at once
+    acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+    for stream in tl.static_range(STREAMS):
         rows = stream * hidden + cols
-        up = tl.load(
-            up_ptr + rows[:, None].to(tl.int64) * rank + ranks[None, :],
-            mask=col_mask[:, None] & rank_mask[None, :],
+        logit = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
+        for k0 in range(0, rank, BLOCK_K):  # ascending K steps into one accumulator
+            ks = k0 + tl.arange(0, BLOCK_K)
+            k_mask = ks < rank
+            low = tl.load(
+                low_ptr + toks[:, None].to(tl.int64) * l_tok + ks[None, :],
+                mask=tok_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            low = (low / STREAMS).to(ty).to(tl.float32)
+            gate = (low * (1.0 / (1.0 + tl.exp(-low)))).to(ty)  # silu(0) = 0: masked K adds nothing
+            up = tl.load(
+                up_ptr + rows[:, None].to(tl.int64) * rank + ks[None, :],
+                mask=col_mask[:, None] & k_mask[None, :],
+                other=0.0,
+            )
+            logit = tl.dot(gate, tl.trans(up), logit, input_precision=PRECISION)
+        weight = (1.0 / (1.0 + tl.exp(-logit.to(ty).to(tl.float32)))).to(ty).to(tl.float32)
+        x = tl.load(
+            normed_ptr + toks[:, None].to(tl.int64) * n_tok + rows[None, :],
+            mask=tok_mask[:, None] & col_mask[None, :],
             other=0.0,
         ).to(tl.float32)
-        logit = tl.sum(up * gate[None, :], axis=1).to(ty).to(tl.float32)
-        weight = (1.0 / (1.0 + tl.exp(-logit))).to(ty).to(tl.float32)
-        x = tl.load(normed_ptr + tok * n_tok + rows, mask=col_mask, other=0.0).to(tl.float32)
         acc += (weight * x).to(ty).to(tl.float32)
-    tl.store(out_ptr + tok * o_tok + cols, (acc / STREAMS).to(ty), mask=col_mask)
+    tl.store(
+        out_ptr + toks[:, None].to(tl.int64) * o_tok + cols[None, :],
+        (acc / STREAMS).to(ty),
+        mask=tok_mask[:, None] & col_mask[None, :],
+    )
 
 
 def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
@@ -199,27 +222,32 @@ def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
     if (
         up_weight.shape != (width, rank)
         or not up_weight.is_contiguous()
+        or up_weight.dtype != normed.dtype
         or normed.stride(-1) != 1
         or low.stride(-1) != 1
     ):
-        raise ValueError("stream_mix needs normed [T, hc*H], low [T, r] with contiguous rows, up [hc*H, r]")
+        raise ValueError(
+            "stream_mix needs normed [T, hc*H], low [T, r] with contiguous rows, up [hc*H, r] of normed's dtype"
+        )
     out = torch.empty(tokens, hidden, dtype=normed.dtype, device=normed.device)
-    block_r = next_pow2(rank)
-    block_h = max(1, min(_MIX_COLUMNS, next_pow2(hidden), _MIX_TILE // block_r))
     if tokens:
-        _stream_mix_kernel[(tokens, triton.cdiv(hidden, block_h))](
+        grid = (triton.cdiv(tokens, _MIX_TOKENS), triton.cdiv(hidden, _MIX_COLUMNS))
+        _stream_mix_kernel[grid](
             normed,
             low,
             up_weight,
             out,
+            tokens,
             hidden,
             rank,
             normed.stride(0),
             low.stride(0),
             out.stride(0),
             STREAMS=streams,
-            BLOCK_H=block_h,
-            BLOCK_R=block_r,
+            BLOCK_T=_MIX_TOKENS,
+            BLOCK_H=_MIX_COLUMNS,
+            BLOCK_K=_MIX_K,
+            PRECISION="ieee" if normed.dtype == torch.float32 else "tf32",
             num_warps=_MIX_WARPS,
         )
     return out

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dgpp.kernels.delta_chunk_walk import ChunkWalkInputs, chunk_walk
 from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.nn.causal_conv1d import token_layout
 
@@ -184,13 +185,25 @@ def chunked_gated_delta_rule(
     k_to_end = k * (log_decay[..., -1:] - log_decay).exp()[..., None]
     chunk_decay = log_decay[..., -1].exp()[..., None, None]
 
-    state = state.float()
-    out = torch.empty_like(v)
-    for n in range(num_chunks):
-        new_values = values_solved[:, :, n] - keys_solved[:, :, n] @ state
-        out[:, :, n] = q_decayed[:, :, n] @ state + intra[:, :, n] @ new_values
-        state = state * chunk_decay[:, :, n] + k_to_end[:, :, n].transpose(-1, -2) @ new_values
-    return rows_first(out), state
+    # the chunk-to-chunk hand-off of the state: one launch on CUDA (dgpp.kernels.delta_chunk_walk)
+    heads = batch * num_v_heads
+
+    def by_head(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, ...] -> [B*H, N, ...]
+        return x.reshape(heads, *x.shape[2:]).contiguous()
+
+    out, state = chunk_walk(
+        ChunkWalkInputs(
+            by_head(values_solved),
+            by_head(keys_solved),
+            by_head(q_decayed),
+            by_head(intra),
+            by_head(k_to_end),
+            chunk_decay.reshape(heads, num_chunks).contiguous(),
+            state.float().reshape(heads, *state.shape[2:]).contiguous(),
+        )
+    )
+    out = out.view(batch, num_v_heads, num_chunks, chunk_size, dv)
+    return rows_first(out), state.view(batch, num_v_heads, *state.shape[1:])
 
 
 def _per_channel_chunks(

@@ -37,6 +37,11 @@ GATE_UP_TILE = (128, 4)  # (BK, stages) the stock gate/up launch uses
 # from this many rows on, the prefill tiles (dgpp.kernels.gemm_prefill): at 128 rows they ran 145-368 TFLOP/s on the
 # 8B shapes against 69-203 in the 64-row GEMV tiles (H200)
 PREFILL_ROWS = 128
+# fp32 operands (routers kept in fp32) multiply on the CUDA cores, one FMA chain per element in ascending K
+# whatever the tile; above the decode sizes they take 64-wide output tiles over 32-wide K steps in two 32 KB
+# stages (the decode tiles' 80 KB stages held one latency-bound program per SM: MiMo-V2.6's router over an
+# 8,192-token prompt took 47 ms a layer)
+FP32_TILE = (64, 32, 2)
 
 
 def _wide_tile(
@@ -99,6 +104,8 @@ def fixed_order_linear(
     # a split shape's rows sum K in slices (the decode GEMV's): the unsplit prefill tile would give other bits
     if row_block is None and split == 1 and _prefill_size(x, sizes, gemm_prefill.linear_tile(x.shape[0])):
         return gemm_prefill.prefill_linear(x, weights)
+    if row_block is None and x.dtype == torch.float32 and all(n % FP32_TILE[0] == 0 for n in sizes):
+        return multi_linear_triton(x, weights, tile=FP32_TILE, bm=bm)
     _, bk, stages = _tile(sum(sizes), x.shape[1], bm)
     tile = _wide_tile(x.shape[0], sizes, bk, stages, 1, x.element_size(), bm)
     return multi_linear_triton(x, weights, tile=tile, bm=bm)

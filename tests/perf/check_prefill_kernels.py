@@ -1,0 +1,148 @@
+"""Prefill-size launches of three kernels on a GPU, each against what it replaced, with its exactness:
+
+- the fp32 router's fixed-order product (``dgpp.nn.exact.gemm.FP32_TILE``) over an 8,192-token prompt at
+  MiMo-V2.6's shape: time against the decode tile, and every sampled row's bits against the row alone (decode);
+- the gated stream mix (``dgpp.kernels.hyper_streams``) at Qwen3.8-Flash-Next's shape: time at 1, 64 and 8,192
+  tokens, the largest difference from the torch reference, the last token alone == among all;
+- the chunked gated delta rule's chunk walk (``dgpp.kernels.delta_chunk_walk``) at Qwen3.5-122B's (8 value
+  heads a rank at TP 8) and Qwen3.8-Flash-Next's (48) shapes, 8,192 tokens: time against the torch products and
+  the largest relative difference; and the whole chunked form either way.
+
+    python3 tests/perf/check_prefill_kernels.py [--tokens 8192]
+
+Exits non-zero when a row-exactness check fails. Not a CI test.
+"""
+
+# ruff: noqa: B023
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[2] / "dgpp-core" / "src")]
+
+import torch  # noqa: E402
+import triton.testing  # noqa: E402
+
+FAILS: list[str] = []
+
+
+def _us(fn) -> float:
+    return triton.testing.do_bench(fn, warmup=5, rep=50) * 1e3
+
+
+def router(tokens: int) -> None:
+    from dgpp.kernels.gemv import multi_linear_triton
+    from dgpp.nn.exact import gemm as exact_gemm
+    from dgpp.nn.exact.gemm import fixed_order_linear
+
+    x = torch.randn(tokens, 4096, device="cuda")
+    ws = [torch.randn(256, 4096, device="cuda") * 4096**-0.5]
+    new = fixed_order_linear(x, ws)[0]
+    # what the call took before FP32_TILE: the decode split's K step under the wide output tile
+    old_tile = exact_gemm._wide_tile(tokens, [256], 256, 4, 1, 4, 64)
+    old = multi_linear_triton(x, ws, tile=old_tile, bm=64)[0]
+    rows = sorted({0, 1, 63, 64, tokens // 2, tokens - 1})
+    same = all(torch.equal(fixed_order_linear(x[r : r + 1], ws)[0][0], new[r]) for r in rows)
+    if not same:
+        FAILS.append("router rows")
+    new_us = _us(lambda: fixed_order_linear(x, ws))
+    old_us = _us(lambda: multi_linear_triton(x, ws, tile=old_tile, bm=64))
+    print(
+        f"fp32 router {tokens}x4096 @ 256: FP32_TILE {new_us:.0f} us, before {old_tile} {old_us:.0f} us, "
+        f"rows alone == in the prompt {same}, same as before {torch.equal(new, old)}",
+        flush=True,
+    )
+
+
+def stream_mix(tokens: int) -> None:
+    from dgpp.kernels import hyper_streams as hs
+
+    streams, hidden, rank = 4, 2560, 320
+    up = torch.randn(streams * hidden, rank, device="cuda", dtype=torch.bfloat16) * rank**-0.5
+    for n in (1, 64, tokens):
+        normed = torch.randn(n, streams * hidden, device="cuda", dtype=torch.bfloat16)
+        low = torch.randn(n, rank, device="cuda", dtype=torch.bfloat16)
+        step = hs.StreamMixInputs(normed, low, up, streams)
+        out = hs.stream_mix_triton(step)
+        err = float((out.float() - hs.stream_mix_ref(step).float()).abs().max())
+        alone = hs.stream_mix_triton(step._replace(normed=normed[-1:], low=low[-1:]))
+        same = bool(torch.equal(alone[0], out[-1]))
+        if not same:
+            FAILS.append(f"stream mix {n}")
+        print(
+            f"stream mix {n} tokens: {_us(lambda s=step: hs.stream_mix_triton(s)):.1f} us, max diff vs torch "
+            f"{err:.2e}, last token alone == among all {same}",
+            flush=True,
+        )
+
+
+def chunk_walk(tokens: int) -> None:
+    from dgpp.kernels import delta_chunk_walk as walk
+    from dgpp.nn import gated_delta_rule as rule
+
+    chunk, dk, dv = rule.CHUNK_SIZE, 128, 128
+    for label, heads, k_heads in (("Qwen3.5-122B@8", 8, 2), ("Qwen3.8-Flash-Next", 48, 16)):
+        n = tokens // chunk
+        g = torch.Generator(device="cuda").manual_seed(heads)
+
+        def rand(*shape, scale=1.0):
+            return torch.randn(*shape, generator=g, device="cuda") * scale
+
+        ops = walk.ChunkWalkInputs(
+            rand(heads, n, chunk, dv),
+            rand(heads, n, chunk, dk, scale=dk**-0.5),
+            rand(heads, n, chunk, dk, scale=dk**-0.5),
+            rand(heads, n, chunk, chunk, scale=chunk**-0.5).tril(),
+            rand(heads, n, chunk, dk, scale=dk**-0.5),
+            torch.rand(heads, n, generator=g, device="cuda") * 0.2 + 0.8,
+            rand(heads, dk, dv),
+        )
+        out, state = walk.chunk_walk_triton(ops)
+        ref_out, ref_state = walk.chunk_walk_ref(ops)
+        rel = max(float((a - b).abs().max() / b.abs().max()) for a, b in ((out, ref_out), (state, ref_state)))
+        new_us, old_us = _us(lambda: walk.chunk_walk_triton(ops)), _us(lambda: walk.chunk_walk_ref(ops))
+        q = torch.randn(1, tokens, k_heads, dk, device="cuda")
+        k = torch.randn(1, tokens, k_heads, dk, device="cuda")
+        v = torch.randn(1, tokens, heads, dv, device="cuda")
+        gate = -torch.nn.functional.softplus(torch.randn(1, tokens, heads, device="cuda")) * 0.1
+        beta = torch.rand(1, tokens, heads, device="cuda")
+        start = torch.zeros(1, heads, dk, dv, device="cuda")
+
+        def whole(fn, args=(q, k, v, gate, beta, start)):
+            rule.chunk_walk = fn
+            return rule.chunked_gated_delta_rule(*args)
+
+        a, b = whole(walk.chunk_walk_triton), whole(walk.chunk_walk_ref)
+        whole_rel = float((a[0] - b[0]).abs().max() / b[0].abs().max())
+        whole_new, whole_old = (
+            _us(lambda: whole(walk.chunk_walk_triton)),
+            _us(lambda: whole(walk.chunk_walk_ref)),
+        )
+        rule.chunk_walk = walk.chunk_walk
+        print(
+            f"chunk walk {label} ({heads} heads, {n} chunks): {new_us:.0f} us vs torch {old_us:.0f} us, "
+            f"max rel diff {rel:.1e}; whole chunked form {whole_new:.0f} vs {whole_old:.0f} us, "
+            f"max rel diff {whole_rel:.1e}",
+            flush=True,
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=8192)
+    args = parser.parse_args()
+    print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
+    for part in (router, stream_mix, chunk_walk):
+        try:
+            part(args.tokens)
+        except Exception as e:  # one failing part leaves the others' lines
+            FAILS.append(f"{part.__name__}: {type(e).__name__}: {e}")
+            print(f"{part.__name__} failed: {type(e).__name__}: {e}", flush=True)
+    print("FAILED: " + ", ".join(FAILS) if FAILS else "all checks ok")
+    sys.exit(1 if FAILS else 0)
+
+
+if __name__ == "__main__":
+    main()
