@@ -77,8 +77,9 @@ def test_stream_mix_matches_reference(tokens: int) -> None:
 
 
 def test_stream_mix_with_the_release_rank_matches_reference() -> None:
-    """The release's bottleneck (r = 320: five 64-wide K steps) over a ragged last column tile and more tokens
-    than one 16-token tile: every token gets the reference's mix, and a token alone the bits it gets among 40."""
+    """The release's bottleneck (r = 320, padded to 512 in one product) over a ragged last column tile and more
+    tokens than one 16-token tile: every token gets the reference's mix, and a token alone the bits it gets among
+    40."""
     hidden, rank, tokens = 84, 320, 40
     g = torch.Generator().manual_seed(31)
     normed = torch.randn(tokens, STREAMS * hidden, generator=g)
@@ -90,7 +91,7 @@ def test_stream_mix_with_the_release_rank_matches_reference() -> None:
     for row in (2, 37):
         alone = stream_mix_triton(StreamMixInputs(normed[row : row + 1], low[row : row + 1], up, STREAMS))
         assert torch.equal(alone[0], out[row])
-    # every K step counts: a bottleneck column past the first 256 moves the mix
+    # the whole bottleneck counts: a column past the first 256 moves the mix
     moved = low.clone()
     moved[:, 300] += 4.0
     assert (stream_mix_triton(step._replace(low=moved)) - out).abs().max() > 1e-3

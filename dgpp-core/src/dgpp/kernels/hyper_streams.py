@@ -12,10 +12,9 @@ The residual is ``hc`` streams of ``H`` features held flat as ``hyper [T, hc*H]`
 
 Rounding points are the torch chain's: each elementwise result rounded to the activation dtype, the norm and the
 dot products taken in fp32. One program per (token, stream) row for the norm. The mix is a product
-``gate [T, r] @ up^T`` per stream, so it runs in (16-token, 16-column) tiles whose expansion weights are read once
-for the tile's tokens (one program per token re-read the whole ``[hc*H, r]`` weight for every token of an 8K
-prompt); its tile sizes and K steps are constants, so a token's bits do not depend on how many tokens share the
-launch.
+``gate @ up^T`` per stream, so it runs in (16-token, 16-column) tiles whose expansion weights are read once for
+the tile's tokens (one program per token re-read the whole ``[hc*H, r]`` weight for every token of an 8K
+prompt).
 """
 
 from __future__ import annotations
@@ -27,12 +26,13 @@ import torch.nn.functional as F
 
 from dgpp.kernels._triton import next_pow2, tl, triton, use_triton
 
-# the mix's tile: tokens x columns of H, over K steps of the bottleneck; fixed for every token count, so a token's
-# logits are the same chain of K steps alone or among 8K (a 2,560-wide row spreads over 160 programs a token tile)
+# the mix's tile, the same for every token count (so a token's logits are one chain of MMA steps over the padded
+# bottleneck alone or among 8K): 16 tokens by 16 columns of H (a 2,560-wide row spreads over 160 programs a
+# token tile), the streams' up tiles three loads deep
 _MIX_TOKENS = 16
 _MIX_COLUMNS = 16
-_MIX_K = 64
 _MIX_WARPS = 4
+_MIX_STAGES = 3
 
 
 class StreamNormInputs(NamedTuple):
@@ -158,7 +158,7 @@ def stream_norm_triton(step: StreamNormInputs) -> tuple[torch.Tensor, torch.Tens
     return normed, out
 
 
-@triton.jit(do_not_specialize=["tokens"])  # one compiled kernel for every token count
+@triton.jit(do_not_specialize=["tokens"])
 def _stream_mix_kernel(
     normed_ptr,
     low_ptr,
@@ -173,45 +173,42 @@ def _stream_mix_kernel(
     STREAMS: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_H: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
+    """A ``[BLOCK_T tokens, BLOCK_H columns]`` tile: the tokens' gates once, then per stream (a loop whose next
+    up tile loads while this one multiplies) one product over the whole padded bottleneck."""
     toks = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    ranks = tl.arange(0, BLOCK_R)
     tok_mask = toks < tokens
     col_mask = cols < hidden
+    rank_mask = ranks < rank
+    cell_mask = tok_mask[:, None] & col_mask[None, :]
     ty = out_ptr.dtype.element_ty
+    low = tl.load(
+        low_ptr + toks[:, None].to(tl.int64) * l_tok + ranks[None, :],
+        mask=tok_mask[:, None] & rank_mask[None, :],
+        other=0.0,
+    ).to(tl.float32)
+    low = (low / STREAMS).to(ty).to(tl.float32)
+    gates = (low * (1.0 / (1.0 + tl.exp(-low)))).to(ty)  # [BLOCK_T, BLOCK_R]; silu(0) = 0 past the rank
     acc = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-    for stream in tl.static_range(STREAMS):
+    for stream in range(STREAMS):
         rows = stream * hidden + cols
-        logit = tl.zeros([BLOCK_T, BLOCK_H], dtype=tl.float32)
-        for k0 in range(0, rank, BLOCK_K):  # ascending K steps into one accumulator
-            ks = k0 + tl.arange(0, BLOCK_K)
-            k_mask = ks < rank
-            low = tl.load(
-                low_ptr + toks[:, None].to(tl.int64) * l_tok + ks[None, :],
-                mask=tok_mask[:, None] & k_mask[None, :],
-                other=0.0,
-            ).to(tl.float32)
-            low = (low / STREAMS).to(ty).to(tl.float32)
-            gate = (low * (1.0 / (1.0 + tl.exp(-low)))).to(ty)  # silu(0) = 0: masked K adds nothing
-            up = tl.load(
-                up_ptr + rows[:, None].to(tl.int64) * rank + ks[None, :],
-                mask=col_mask[:, None] & k_mask[None, :],
-                other=0.0,
-            )
-            logit = tl.dot(gate, tl.trans(up), logit, input_precision=PRECISION)
-        weight = (1.0 / (1.0 + tl.exp(-logit.to(ty).to(tl.float32)))).to(ty).to(tl.float32)
-        x = tl.load(
-            normed_ptr + toks[:, None].to(tl.int64) * n_tok + rows[None, :],
-            mask=tok_mask[:, None] & col_mask[None, :],
+        up = tl.load(
+            up_ptr + rows[None, :].to(tl.int64) * rank + ranks[:, None],
+            mask=rank_mask[:, None] & col_mask[None, :],
             other=0.0,
+        )  # [BLOCK_R, BLOCK_H]
+        logit = tl.dot(gates, up, input_precision=PRECISION).to(ty).to(tl.float32)
+        weight = (1.0 / (1.0 + tl.exp(-logit))).to(ty).to(tl.float32)
+        x = tl.load(
+            normed_ptr + toks[:, None].to(tl.int64) * n_tok + rows[None, :], mask=cell_mask, other=0.0
         ).to(tl.float32)
         acc += (weight * x).to(ty).to(tl.float32)
     tl.store(
-        out_ptr + toks[:, None].to(tl.int64) * o_tok + cols[None, :],
-        (acc / STREAMS).to(ty),
-        mask=tok_mask[:, None] & col_mask[None, :],
+        out_ptr + toks[:, None].to(tl.int64) * o_tok + cols[None, :], (acc / STREAMS).to(ty), mask=cell_mask
     )
 
 
@@ -246,9 +243,10 @@ def stream_mix_triton(step: StreamMixInputs) -> torch.Tensor:
             STREAMS=streams,
             BLOCK_T=_MIX_TOKENS,
             BLOCK_H=_MIX_COLUMNS,
-            BLOCK_K=_MIX_K,
+            BLOCK_R=max(16, next_pow2(rank)),
             PRECISION="ieee" if normed.dtype == torch.float32 else "tf32",
             num_warps=_MIX_WARPS,
+            num_stages=_MIX_STAGES,
         )
     return out
 
