@@ -1,4 +1,4 @@
-"""Prefill-size launches of three kernels on a GPU, each against what it replaced, with its exactness:
+"""Prefill-size launches of four kernels on a GPU, each against what it replaced, with its exactness:
 
 - the fp32 router's fixed-order product (``dgpp.nn.exact.gemm.FP32_TILE``) over an 8,192-token prompt at
   MiMo-V2.6's shape: time against the decode tile, and every sampled row's bits against the row alone (decode);
@@ -6,7 +6,9 @@
   tokens, the largest difference from the torch reference, the last token alone == among all;
 - the chunked gated delta rule's chunk walk (``dgpp.kernels.delta_chunk_walk``) at Qwen3.5-122B's (8 value
   heads a rank at TP 8) and Qwen3.8-Flash-Next's (48) shapes, 8,192 tokens: time against the torch products and
-  the largest relative difference; and the whole chunked form either way.
+  the largest relative difference; and the whole chunked form either way;
+- a full-attention layer's prompt rows four to a program (``dgpp.kernels.full_attention_rows``) at MiMo-V2.6's
+  shape: time against one row a program, and every row's bits against it.
 
     python3 tests/perf/check_prefill_kernels.py [--tokens 8192]
 
@@ -129,12 +131,43 @@ def chunk_walk(tokens: int) -> None:
         )
 
 
+def full_attention_rows(tokens: int) -> None:
+    from dgpp.kernels.full_attention_rows import prompt_row_blocks
+    from dgpp.kernels.window_attention import window_attention_triton
+
+    hq, hk, dim, v_dim, block = 16, 1, 192, 128, 16  # MiMo-V2.6's full-attention layer at TP 4
+    blocks = tokens // block + 1
+    bf16 = torch.bfloat16
+    q = torch.randn(tokens, hq, dim, device="cuda", dtype=bf16)
+    k_cache = torch.randn(blocks, block, hk, dim, device="cuda", dtype=bf16)
+    v_cache = torch.randn(blocks, block, hk, v_dim, device="cuda", dtype=bf16)
+    table = torch.randperm(blocks, device="cuda").int()[None]
+    starts = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
+    ctx = torch.zeros(1, dtype=torch.int32, device="cuda")
+    lens = torch.full((1,), tokens, dtype=torch.int32, device="cuda")
+    sinks = torch.randn(hq, device="cuda")
+    args = (q, None, None, k_cache, v_cache, table, starts, ctx, lens, sinks, dim**-0.5, 0, True)
+    row_blocks = prompt_row_blocks([tokens], q.device)
+    shared = window_attention_triton(*args, row_blocks=row_blocks)
+    alone = window_attention_triton(*args)
+    same = bool(torch.equal(shared, alone))
+    if not same:
+        FAILS.append("full attention rows")
+    new_us = _us(lambda: window_attention_triton(*args, row_blocks=row_blocks))
+    old_us = _us(lambda: window_attention_triton(*args))
+    print(
+        f"full attention {tokens} prompt rows ({hq} q / {hk} kv heads, {dim}/{v_dim}): four rows a program "
+        f"{new_us:.0f} us, one row a program {old_us:.0f} us, the same bits {same}",
+        flush=True,
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    for part in (router, stream_mix, chunk_walk):
+    for part in (router, stream_mix, chunk_walk, full_attention_rows):
         try:
             part(args.tokens)
         except Exception as e:  # one failing part leaves the others' lines

@@ -138,6 +138,42 @@ def window_attention_ref(
 
 
 @triton.jit
+def load_paged_tile(
+    sources,
+    table_ptr,
+    kvh,
+    toks,
+    tmask,
+    cap,
+    dims,
+    strides,
+    dtype: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    HAS_SCALES: tl.constexpr,
+):
+    """The key tile ``[BLOCK_D, N]`` and value tile ``[N, BLOCK_DV]`` of positions ``toks`` (zeros where not
+    ``tmask``) from the paged pool through one sequence's block table ``table_ptr``. ``sources``: the K and V
+    pools and their row scales; ``dims``: (head_dim, v_dim); ``strides``: the pools' three, then the scales'."""
+    ks_ptr, vs_ptr, ksc_ptr, vsc_ptr = sources
+    head_dim, v_dim = dims
+    ks_0, ks_1, ks_2, vs_0, vs_1, vs_2, sc_0, sc_1, sc_2 = strides
+    phys = tl.load(table_ptr + toks // cap, mask=tmask, other=0).to(tl.int64)
+    k_rows = ks_ptr + phys * ks_0 + (toks % cap) * ks_1 + kvh * ks_2
+    v_rows = vs_ptr + phys * vs_0 + (toks % cap) * vs_1 + kvh * vs_2
+    if HAS_SCALES:  # e4m3 rows (int32 words of four codes): code * row scale, rounded to q's dtype
+        sc_rows = phys * sc_0 + (toks % cap) * sc_1 + kvh * sc_2
+        kt = load_e4m3_rows(k_rows, ksc_ptr, sc_rows, tmask, head_dim // 4, dtype, BLOCK_D // 4, True)
+        v = load_e4m3_rows(v_rows, vsc_ptr, sc_rows, tmask, v_dim // 4, dtype, BLOCK_DV // 4, False)
+    else:
+        d = tl.arange(0, BLOCK_D)
+        dv = tl.arange(0, BLOCK_DV)
+        kt = tl.load(k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0)
+        v = tl.load(v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0)
+    return kt, v
+
+
+@triton.jit
 def _window_attention_kernel(
     q_ptr,
     kn_ptr,
@@ -224,22 +260,20 @@ def _window_attention_kernel(
         toks = tok0 + tl.arange(0, BLOCK_N)
         tmask = toks < hi
         if PAGED:
-            phys = tl.load(loc_ptr + b * loc_b + toks // cap, mask=tmask, other=0).to(tl.int64)
-            k_rows = ks_ptr + phys * ks_0 + (toks % cap) * ks_1 + kvh * ks_2
-            v_rows = vs_ptr + phys * vs_0 + (toks % cap) * vs_1 + kvh * vs_2
-            if HAS_SCALES:  # e4m3 rows (int32 words of four codes): code * row scale, rounded to q's dtype
-                sc_rows = phys * sc_0 + (toks % cap) * sc_1 + kvh * sc_2
-                kt = load_e4m3_rows(
-                    k_rows, ksc_ptr, sc_rows, tmask, head_dim // 4, q.dtype, BLOCK_D // 4, True
-                )
-                v = load_e4m3_rows(v_rows, vsc_ptr, sc_rows, tmask, v_dim // 4, q.dtype, BLOCK_DV // 4, False)
-            else:
-                kt = tl.load(
-                    k_rows[None, :] + d[:, None], mask=tmask[None, :] & (d[:, None] < head_dim), other=0.0
-                )
-                v = tl.load(
-                    v_rows[:, None] + dv[None, :], mask=tmask[:, None] & (dv[None, :] < v_dim), other=0.0
-                )
+            kt, v = load_paged_tile(
+                (ks_ptr, vs_ptr, ksc_ptr, vsc_ptr),
+                loc_ptr + b * loc_b,
+                kvh,
+                toks,
+                tmask,
+                cap,
+                (head_dim, v_dim),
+                (ks_0, ks_1, ks_2, vs_0, vs_1, vs_2, sc_0, sc_1, sc_2),
+                q.dtype,
+                BLOCK_D,
+                BLOCK_DV,
+                HAS_SCALES,
+            )
         else:  # positions before this step from the ring, the rest from this step's rows
             old = toks < ctx
             ring = toks % cap
@@ -295,6 +329,7 @@ def window_attention_triton(
     paged: bool,
     scales: KVScales = None,
     row_seq: torch.Tensor | None = None,
+    row_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
@@ -306,6 +341,26 @@ def window_attention_triton(
     row_seq = row_sequences(query_start_loc, rows) if row_seq is None else row_seq
     group = hq // hk
     block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
+    if row_blocks is not None and paged and window == 0 and block_n == _BLOCK_N:
+        # prompt rows of a full-attention layer: a sequence's rows share their key tiles (the same tiles and
+        # bits per row as below)
+        from dgpp.kernels.full_attention_rows import full_attention_rows_triton
+
+        return full_attention_rows_triton(
+            q,
+            src_k,
+            src_v,
+            loc,
+            query_start_loc,
+            context_lens,
+            seq_lens,
+            sinks,
+            scale,
+            row_seq,
+            row_blocks,
+            (block_g, head_groups),
+            scales,
+        )
     k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
     if scales is not None:
         src_k, src_v = e4m3_words(src_k), e4m3_words(src_v)
@@ -377,9 +432,12 @@ def window_attention(
     paged: bool,
     scales: KVScales = None,
     row_seq: torch.Tensor | None = None,
+    row_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere. ``row_seq``: the step's
-    ``row_sequences``, when the caller keeps them for every layer of the step."""
+    ``row_sequences``, when the caller keeps them for every layer of the step. ``row_blocks``: with a paged
+    source and no window, the step's ``full_attention_rows.prompt_row_blocks``, so the rows of a prompt share
+    their key tiles (``dgpp.kernels.full_attention_rows``)."""
     args = (
         q,
         k,
@@ -397,5 +455,5 @@ def window_attention(
         scales,
     )
     if use_triton(q):
-        return window_attention_triton(*args, row_seq=row_seq)
+        return window_attention_triton(*args, row_seq=row_seq, row_blocks=row_blocks)
     return window_attention_ref(*args)

@@ -11,9 +11,10 @@ the sink in split 0's partial only. The rows follow the step's route (``dgpp.ste
 - a decode-only step: every row, whatever the routing policy (its bits depend on the row alone either way);
 - a speculative verify, or any step under ``batch_invariant``: every row, as the decode row of its position
   (``expand_rows``), so a verify row has the bits of the plain decode row it stands for;
-- a mixed step: its decode rows; the prefill chunks' rows run the window kernel (one program per row, keys
-  walked from position 0 in fixed tiles: a row's bits do not depend on how its prompt was chunked), which the
-  decode rows skip (their ``seq_len`` zeroed for that launch, so they walk no keys there);
+- a mixed step: its decode rows; the prefill chunks' rows run the window kernel's full-context form (keys walked
+  from position 0 in fixed tiles, four rows of a prompt sharing each tile: ``dgpp.kernels.full_attention_rows``;
+  a row's bits do not depend on how its prompt was chunked), which the decode rows skip (their ``seq_len``
+  zeroed for that launch, so they walk no keys there);
 - prefill chunks alone, or routing off with chunks in the step: the window kernel for every row.
 
 Heads wider than 256 (no Flint / MiMo layer) keep the window kernel, whose wide-head tiles fit the SM. Off CUDA
@@ -25,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import use_triton
+from dgpp.kernels.full_attention_rows import prompt_row_blocks
 from dgpp.kernels.kv_fp8 import KVScales
 from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.exact.attention import (
@@ -52,6 +54,11 @@ def paged_sink_attention(
     e4m3 pool's row scales, ``row_seq``: the step's ``row_sequences`` for the window kernel."""
 
     def windowed(seq_lens: torch.Tensor) -> torch.Tensor:
+        blocks = None
+        if use_triton(q) and max(q.shape[-1], v_cache.shape[-1]) <= _SPLIT_MAX_HEAD_DIM:
+            blocks = batch.step_memo(
+                "prompt_row_blocks", lambda: prompt_row_blocks(batch.q_lens_cpu, q.device)
+            )
         return window_attention(
             q,
             None,
@@ -68,6 +75,7 @@ def paged_sink_attention(
             True,
             scales,
             row_seq=row_seq,
+            row_blocks=blocks,
         )
 
     if not use_triton(q) or max(q.shape[-1], v_cache.shape[-1]) > _SPLIT_MAX_HEAD_DIM:
