@@ -8,9 +8,10 @@
   heads a rank at TP 8) and Qwen3.8-Flash-Next's (48) shapes, 8,192 tokens: time against the torch products and
   the largest relative difference; and the whole chunked form either way;
 - a full-attention layer's prompt rows four to a program (``dgpp.kernels.full_attention_rows``) at MiMo-V2.6's
-  shape: time against one row a program, and every row's bits against it.
+  shape on 4 and 8 warps: time against one row a program, every row's bits against it and a prompt cut in two
+  chunks against the prompt at once.
 
-    python3 tests/perf/check_prefill_kernels.py [--tokens 8192]
+    python3 tests/perf/check_prefill_kernels.py [--tokens 8192] [--only router,stream_mix,chunk_walk,full_attention_rows]
 
 Exits non-zero when a row-exactness check fails. Not a CI test.
 """
@@ -132,7 +133,7 @@ def chunk_walk(tokens: int) -> None:
 
 
 def full_attention_rows(tokens: int) -> None:
-    from dgpp.kernels.full_attention_rows import prompt_row_blocks
+    from dgpp.kernels import full_attention_rows as rows_kernel
     from dgpp.kernels.window_attention import window_attention_triton
 
     hq, hk, dim, v_dim, block = 16, 1, 192, 128, 16  # MiMo-V2.6's full-attention layer at TP 4
@@ -142,32 +143,55 @@ def full_attention_rows(tokens: int) -> None:
     k_cache = torch.randn(blocks, block, hk, dim, device="cuda", dtype=bf16)
     v_cache = torch.randn(blocks, block, hk, v_dim, device="cuda", dtype=bf16)
     table = torch.randperm(blocks, device="cuda").int()[None]
-    starts = torch.tensor([0, tokens], dtype=torch.int32, device="cuda")
-    ctx = torch.zeros(1, dtype=torch.int32, device="cuda")
-    lens = torch.full((1,), tokens, dtype=torch.int32, device="cuda")
     sinks = torch.randn(hq, device="cuda")
-    args = (q, None, None, k_cache, v_cache, table, starts, ctx, lens, sinks, dim**-0.5, 0, True)
-    row_blocks = prompt_row_blocks([tokens], q.device)
-    shared = window_attention_triton(*args, row_blocks=row_blocks)
-    alone = window_attention_triton(*args)
-    same = bool(torch.equal(shared, alone))
-    if not same:
-        FAILS.append("full attention rows")
-    new_us = _us(lambda: window_attention_triton(*args, row_blocks=row_blocks))
-    old_us = _us(lambda: window_attention_triton(*args))
-    print(
-        f"full attention {tokens} prompt rows ({hq} q / {hk} kv heads, {dim}/{v_dim}): four rows a program "
-        f"{new_us:.0f} us, one row a program {old_us:.0f} us, the same bits {same}",
-        flush=True,
-    )
+
+    def attend(first: int, count: int, shared: bool) -> torch.Tensor:
+        """Rows ``first ..`` of the prompt as one chunk over the keys before them."""
+        args = (
+            q[first : first + count],
+            None,
+            None,
+            k_cache,
+            v_cache,
+            table,
+            torch.tensor([0, count], dtype=torch.int32, device="cuda"),
+            torch.tensor([first], dtype=torch.int32, device="cuda"),
+            torch.tensor([first + count], dtype=torch.int32, device="cuda"),
+            sinks,
+            dim**-0.5,
+            0,
+            True,
+        )
+        row_blocks = rows_kernel.prompt_row_blocks([count], q.device) if shared else None
+        return window_attention_triton(*args, row_blocks=row_blocks)
+
+    alone = attend(0, tokens, False)
+    old_us = _us(lambda: attend(0, tokens, False))
+    cut = tokens // 2 + 3  # a chunk boundary inside a four-row block of the one-shot call
+    for warps in (4, 8):
+        rows_kernel._WARPS = warps
+        shared = attend(0, tokens, True)
+        chunked = torch.cat([attend(0, cut, True), attend(cut, tokens - cut, True)])
+        as_one_row, as_chunks = bool(torch.equal(shared, alone)), bool(torch.equal(shared, chunked))
+        if not as_chunks:
+            FAILS.append(f"full attention rows chunked ({warps} warps)")
+        print(
+            f"full attention {tokens} prompt rows ({hq} q / {hk} kv heads, {dim}/{v_dim}), {warps} warps: four "
+            f"rows a program {_us(lambda: attend(0, tokens, True)):.0f} us, one row a program {old_us:.0f} us; "
+            f"the one-row kernel's bits {as_one_row}, chunked == one shot {as_chunks}",
+            flush=True,
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--only", default="", help="parts to run, comma separated (default: all)")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
     for part in (router, stream_mix, chunk_walk, full_attention_rows):
+        if args.only and part.__name__ not in args.only.split(","):
+            continue
         try:
             part(args.tokens)
         except Exception as e:  # one failing part leaves the others' lines
