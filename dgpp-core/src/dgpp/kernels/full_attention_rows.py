@@ -26,7 +26,7 @@ from dgpp.kernels.window_attention import load_paged_tile
 
 ROWS = 4  # rows a program holds the state of (four [BLOCK_G, Dv] fp32 accumulators)
 _BLOCK_N = 64  # the one-row kernel's key tile: a row's tiles are the same in both
-_WARPS = 8
+_WARPS = 4  # the one-row kernel's: the row max and sum reduce over the same layout, so the same bits
 
 
 def prompt_row_blocks(q_lens: list[int], device: torch.device) -> torch.Tensor:
