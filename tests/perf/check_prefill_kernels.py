@@ -1,4 +1,4 @@
-"""Prefill-size launches of four kernels on a GPU, each against what it replaced, with its exactness:
+"""Prefill-size launches of five kernels on a GPU, each against what it replaced, with its exactness:
 
 - the fp32 router's fixed-order product (``dgpp.nn.exact.gemm.FP32_TILE``) over an 8,192-token prompt at
   MiMo-V2.6's shape: time against the decode tile, and every sampled row's bits against the row alone (decode);
@@ -9,9 +9,11 @@
   the largest relative difference; and the whole chunked form either way;
 - a full-attention layer's prompt rows four to a program (``dgpp.kernels.full_attention_rows``) at MiMo-V2.6's
   shape on 4 and 8 warps: time against one row a program, every row's bits against it and a prompt cut in two
-  chunks against the prompt at once.
+  chunks against the prompt at once;
+- the bf16 grouped expert GEMM (``dgpp.kernels.moe``) over a prompt at MiMo-V2.6's and Qwen3.5-122B's expert
+  shapes per rank: time and TFLOP/s per tile, and each tile's bits against the default tile's.
 
-    python3 tests/perf/check_prefill_kernels.py [--tokens 8192] [--only router,stream_mix,chunk_walk,full_attention_rows]
+    python3 tests/perf/check_prefill_kernels.py [--tokens 8192] [--only router,stream_mix,chunk_walk,full_attention_rows,moe_tiles]
 
 Exits non-zero when a row-exactness check fails. Not a CI test.
 """
@@ -183,13 +185,45 @@ def full_attention_rows(tokens: int) -> None:
         )
 
 
+def moe_tiles(tokens: int) -> None:
+    from dgpp.kernels import moe
+
+    bf16 = torch.bfloat16
+    for label, hidden, inter, experts in (
+        ("MiMo-V2.6@4", 4096, 512, 256),
+        ("Qwen3.5-122B@8", 3072, 128, 256),
+    ):
+        g = torch.Generator(device="cuda").manual_seed(hidden)
+        x = torch.randn(tokens, hidden, device="cuda", dtype=bf16, generator=g)
+        gate_up = (
+            torch.randn(experts, 2 * inter, hidden, device="cuda", dtype=bf16, generator=g) * hidden**-0.5
+        )
+        down = torch.randn(experts, hidden, inter, device="cuda", dtype=bf16, generator=g) * inter**-0.5
+        scores = torch.randn(tokens, experts, device="cuda", generator=g)
+        weights, ids = scores.softmax(-1).topk(8, dim=-1)
+        base = moe.fused_moe_triton(x, gate_up, down, weights, ids, tile=moe.DEFAULT_TILE)
+        flops = tokens * 8 * 3 * 2 * hidden * inter
+        for tile in (moe.DEFAULT_TILE, (128, 64, 8, 3), (128, 64, 4, 3), (256, 64, 8, 3), (128, 32, 4, 4)):
+            try:
+                out = moe.fused_moe_triton(x, gate_up, down, weights, ids, tile=tile)
+                us = _us(lambda t=tile: moe.fused_moe_triton(x, gate_up, down, weights, ids, tile=t))
+            except Exception as e:  # a tile that does not fit
+                print(f"moe {label} tile {tile}: {type(e).__name__}: {str(e)[:120]}", flush=True)
+                continue
+            print(
+                f"moe {label} {tokens} tokens tile {tile}: {us:.0f} us, {flops / us / 1e6:.0f} TFLOP/s, "
+                f"bits == {moe.DEFAULT_TILE} {bool(torch.equal(out, base))}",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--only", default="", help="parts to run, comma separated (default: all)")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    for part in (router, stream_mix, chunk_walk, full_attention_rows):
+    for part in (router, stream_mix, chunk_walk, full_attention_rows, moe_tiles):
         if args.only and part.__name__ not in args.only.split(","):
             continue
         try:
