@@ -189,3 +189,21 @@ def test_row_form_is_the_same_bits_however_the_prompt_is_cut_or_batched(per_chan
     )
     torch.testing.assert_close(one_shot, ref[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(pool_one[1], state[0], rtol=1e-5, atol=1e-6)
+
+
+def test_one_prompt_among_decode_and_padding_rows_reads_its_own_rows():
+    """A call with one prompt (the routed path's call per sequence, here beside a decode row and a padding row
+    of slot -1) takes the prompt's rows as they lie: the reference's output and state, the padding row zeros and
+    its slot untouched."""
+    decode, prompt, pad = _inputs(1, seed=11), _inputs(13, seed=12), _inputs(1, seed=13)
+    flat = [torch.cat(parts) for parts in zip(decode, prompt, pad, strict=True)]
+    pool = torch.randn(4, HV, DK, DV)
+    before = pool.clone()
+    out = gated_delta_rule_varlen(*flat, pool, torch.tensor([1, 3, -1]), [1, 13, 1], [5, 0, 0], 4)
+    ref_out, ref_state = _reference(prompt, torch.zeros(HV, DK, DV))
+    torch.testing.assert_close(out[1:14], ref_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pool[3], ref_state, rtol=1e-4, atol=1e-5)
+    dec_out, dec_state = _reference(decode, before[1])
+    torch.testing.assert_close(out[:1], dec_out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pool[1], dec_state, rtol=1e-4, atol=1e-5)
+    assert float(out[14].abs().max()) == 0.0 and torch.equal(pool[[0, 2]], before[[0, 2]])

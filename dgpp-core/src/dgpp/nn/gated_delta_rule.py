@@ -260,7 +260,7 @@ def gated_delta_rule_varlen(
     ``state_pool[state_slots]``. q/k ``[T, Hk, dk]``, v ``[T, Hv, dv]``, beta ``[T, Hv]``, g ``[T, Hv]`` or
     ``[T, Hv, dk]``. Returns ``[T, Hv, dv]``
     fp32 (zeros for padding rows, whose slot is -1). Single-token sequences take the recurrent step; longer
-    ones the chunked form, padded together."""
+    ones the chunked form, padded together (one such sequence: its own rows, unpadded)."""
     device = v.device
     out = torch.zeros(v.shape, dtype=torch.float32, device=device)
     seq_of_token, offset_in_seq, starts = token_layout(q_lens, device)
@@ -276,7 +276,20 @@ def gated_delta_rule_varlen(
         out[rows], state = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
         state_pool[slots] = state.to(state_pool.dtype)
 
-    if prefill:
+    if (
+        len(prefill) == 1
+    ):  # one prompt (the routed path's call per sequence): its rows as they lie, no scatter
+        (i,) = prefill
+        first = sum(q_lens[:i])
+        rows_of = slice(first, first + q_lens[i])
+        slots = state_slots[i : i + 1]
+        state = initial_states(state_pool, slots, [context_lens[i]])
+        chunk_out, state = chunked_gated_delta_rule(
+            *(x[rows_of][None] for x in (q, k, v, g, beta)), state, chunk_size
+        )
+        out[rows_of] = chunk_out[0]
+        state_pool[slots] = state.to(state_pool.dtype)
+    elif prefill:
         seqs = torch.tensor(prefill, dtype=torch.int64, device=device)
         slots = state_slots[seqs]
         # Scatter each prefill sequence's rows into a zero-padded [B', Lmax] batch.
