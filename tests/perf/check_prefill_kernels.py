@@ -164,8 +164,10 @@ def full_attention_rows(tokens: int) -> None:
             0,
             True,
         )
-        row_blocks = rows_kernel.prompt_row_blocks([count], q.device) if shared else None
-        return window_attention_triton(*args, row_blocks=row_blocks)
+        if not shared:
+            return window_attention_triton(*args)
+        row_blocks = rows_kernel.prompt_row_blocks([count], q.device)
+        return rows_kernel.full_attention_rows_triton(*args[:1], *args[3:11], row_blocks)
 
     alone = attend(0, tokens, False)
     old_us = _us(lambda: attend(0, tokens, False))

@@ -12,7 +12,8 @@ its prompt was chunked.
 Shapes and sources as the paged branch of ``window_attention`` (``window`` 0): ``q [T, Hq, D]``, the pool
 ``[num_blocks, block_size, Hk, D]`` through ``block_tables``, this step's K/V already stored, optional e4m3 rows
 with their scales. ``row_blocks [B]`` int32: the first row of each block, every block inside one sequence (the
-caller cuts each sequence's rows into blocks of ``ROWS`` from its first row: ``prompt_row_blocks``).
+caller cuts each sequence's rows into blocks of ``ROWS`` from its first row: ``prompt_row_blocks``). On CUDA,
+``dgpp.nn.paged_sink_attention`` sends a step's prompt rows here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 from dgpp.kernels._triton import next_pow2, tl, triton
 from dgpp.kernels.kv_fp8 import KVScales, e4m3_words
 from dgpp.kernels.online_softmax import normalized, softmax_step
-from dgpp.kernels.window_attention import load_paged_tile
+from dgpp.kernels.window_attention import head_tiles, load_paged_tile, row_sequences
 
 ROWS = 4  # rows a program holds the state of (four [BLOCK_G, Dv] fp32 accumulators)
 _BLOCK_N = 64  # the one-row kernel's key tile: a row's tiles are the same in both
@@ -175,6 +176,13 @@ def _full_attention_rows_kernel(
     _store_row(out_ptr, r3, ok3 & (r3 < num_rows), acc3, l3, heads, gmask, dv, v_dim, o_t, o_h)
 
 
+def takes_rows(q: torch.Tensor, src_v: torch.Tensor, kv_heads: int) -> bool:
+    """Whether this head shape runs here: the one-row kernel's own tiles are ``BLOCK_N``-key tiles with one head
+    group per KV head (heads up to 256 wide; wider ones split their query heads and take 16-key tiles)."""
+    block_n, _, head_groups = head_tiles(q.shape[1] // kv_heads, q.shape[-1], src_v.shape[-1])
+    return block_n == _BLOCK_N and head_groups == 1
+
+
 def full_attention_rows_triton(
     q: torch.Tensor,
     src_k: torch.Tensor,
@@ -185,19 +193,22 @@ def full_attention_rows_triton(
     seq_lens: torch.Tensor,
     sinks: torch.Tensor | None,
     scale: float,
-    row_seq: torch.Tensor,
     row_blocks: torch.Tensor,
-    tiles: tuple[int, int],
     scales: KVScales = None,
+    row_seq: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[T, Hq, Dv]``: every row's full-context attention (zeros for rows of a sequence whose ``seq_lens`` is
-    0). ``tiles``: the one-row kernel's ``(BLOCK_G, head groups per KV head)`` for this head shape."""
+    0); the arguments as ``window_attention``'s paged form with ``window`` 0, ``row_blocks`` from
+    ``prompt_row_blocks``. The head shape must pass ``takes_rows``."""
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
+    if not takes_rows(q, src_v, hk):
+        raise ValueError(f"full_attention_rows: heads {head_dim}/{v_dim} wide under {hq // hk} a KV head")
     out = torch.zeros(rows, hq, v_dim, dtype=q.dtype, device=q.device)
     if rows == 0 or row_blocks.numel() == 0:
         return out
-    block_g, head_groups = tiles
+    row_seq = row_sequences(query_start_loc, rows) if row_seq is None else row_seq
+    _, block_g, head_groups = head_tiles(hq // hk, head_dim, v_dim)
     k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
     if scales is not None:
         src_k, src_v = e4m3_words(src_k), e4m3_words(src_v)

@@ -48,7 +48,7 @@ _WIDE_BLOCK_N = 16
 _WIDE_MAX_G = 16
 
 
-def _tiles(group: int, head_dim: int, v_dim: int) -> tuple[int, int, int]:
+def head_tiles(group: int, head_dim: int, v_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_G, head groups per KV head) for this head shape."""
     block_g = max(16, next_pow2(group))
     if max(head_dim, v_dim) <= _WIDE_HEAD:
@@ -329,7 +329,6 @@ def window_attention_triton(
     paged: bool,
     scales: KVScales = None,
     row_seq: torch.Tensor | None = None,
-    row_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
@@ -340,27 +339,7 @@ def window_attention_triton(
     vn = v if v is not None else q
     row_seq = row_sequences(query_start_loc, rows) if row_seq is None else row_seq
     group = hq // hk
-    block_n, block_g, head_groups = _tiles(group, head_dim, v_dim)
-    if row_blocks is not None and paged and window == 0 and block_n == _BLOCK_N:
-        # prompt rows of a full-attention layer: a sequence's rows share their key tiles (the same tiles and
-        # bits per row as below)
-        from dgpp.kernels.full_attention_rows import full_attention_rows_triton
-
-        return full_attention_rows_triton(
-            q,
-            src_k,
-            src_v,
-            loc,
-            query_start_loc,
-            context_lens,
-            seq_lens,
-            sinks,
-            scale,
-            row_seq,
-            row_blocks,
-            (block_g, head_groups),
-            scales,
-        )
+    block_n, block_g, head_groups = head_tiles(group, head_dim, v_dim)
     k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
     if scales is not None:
         src_k, src_v = e4m3_words(src_k), e4m3_words(src_v)
@@ -432,12 +411,9 @@ def window_attention(
     paged: bool,
     scales: KVScales = None,
     row_seq: torch.Tensor | None = None,
-    row_blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Sink (and window) attention; Triton on CUDA, the torch reference elsewhere. ``row_seq``: the step's
-    ``row_sequences``, when the caller keeps them for every layer of the step. ``row_blocks``: with a paged
-    source and no window, the step's ``full_attention_rows.prompt_row_blocks``, so the rows of a prompt share
-    their key tiles (``dgpp.kernels.full_attention_rows``)."""
+    ``row_sequences``, when the caller keeps them for every layer of the step."""
     args = (
         q,
         k,
@@ -455,5 +431,5 @@ def window_attention(
         scales,
     )
     if use_triton(q):
-        return window_attention_triton(*args, row_seq=row_seq, row_blocks=row_blocks)
+        return window_attention_triton(*args, row_seq=row_seq)
     return window_attention_ref(*args)

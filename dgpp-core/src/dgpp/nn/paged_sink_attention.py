@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import use_triton
-from dgpp.kernels.full_attention_rows import prompt_row_blocks
+from dgpp.kernels.full_attention_rows import full_attention_rows_triton, prompt_row_blocks, takes_rows
 from dgpp.kernels.kv_fp8 import KVScales
 from dgpp.kernels.window_attention import window_attention
 from dgpp.nn.exact.attention import (
@@ -54,10 +54,23 @@ def paged_sink_attention(
     e4m3 pool's row scales, ``row_seq``: the step's ``row_sequences`` for the window kernel."""
 
     def windowed(seq_lens: torch.Tensor) -> torch.Tensor:
-        blocks = None
-        if use_triton(q) and max(q.shape[-1], v_cache.shape[-1]) <= _SPLIT_MAX_HEAD_DIM:
+        if use_triton(q) and takes_rows(q, v_cache, k_cache.shape[2]):  # prompt rows four to a program
             blocks = batch.step_memo(
                 "prompt_row_blocks", lambda: prompt_row_blocks(batch.q_lens_cpu, q.device)
+            )
+            return full_attention_rows_triton(
+                q,
+                k_cache,
+                v_cache,
+                batch.block_tables,
+                batch.query_start_loc,
+                batch.context_lens,
+                seq_lens,
+                sinks,
+                scale,
+                blocks,
+                scales,
+                row_seq,
             )
         return window_attention(
             q,
@@ -75,7 +88,6 @@ def paged_sink_attention(
             True,
             scales,
             row_seq=row_seq,
-            row_blocks=blocks,
         )
 
     if not use_triton(q) or max(q.shape[-1], v_cache.shape[-1]) > _SPLIT_MAX_HEAD_DIM:
