@@ -54,41 +54,13 @@ def paged_sink_attention(
     e4m3 pool's row scales, ``row_seq``: the step's ``row_sequences`` for the window kernel."""
 
     def windowed(seq_lens: torch.Tensor) -> torch.Tensor:
+        step = (batch.block_tables, batch.query_start_loc, batch.context_lens, seq_lens, sinks, scale)
         if use_triton(q) and takes_rows(q, v_cache, k_cache.shape[2]):  # prompt rows four to a program
             blocks = batch.step_memo(
                 "prompt_row_blocks", lambda: prompt_row_blocks(batch.q_lens_cpu, q.device)
             )
-            return full_attention_rows_triton(
-                q,
-                k_cache,
-                v_cache,
-                batch.block_tables,
-                batch.query_start_loc,
-                batch.context_lens,
-                seq_lens,
-                sinks,
-                scale,
-                blocks,
-                scales,
-                row_seq,
-            )
-        return window_attention(
-            q,
-            None,
-            None,
-            k_cache,
-            v_cache,
-            batch.block_tables,
-            batch.query_start_loc,
-            batch.context_lens,
-            seq_lens,
-            sinks,
-            scale,
-            0,
-            True,
-            scales,
-            row_seq=row_seq,
-        )
+            return full_attention_rows_triton(q, k_cache, v_cache, *step, blocks, scales, row_seq)
+        return window_attention(q, None, None, k_cache, v_cache, *step, 0, True, scales, row_seq=row_seq)
 
     if not use_triton(q) or max(q.shape[-1], v_cache.shape[-1]) > _SPLIT_MAX_HEAD_DIM:
         return windowed(batch.seq_lens)
