@@ -126,6 +126,37 @@ def test_fused_moe_many_tokens_uses_large_blocks() -> None:
     )
 
 
+def test_a_prompt_takes_the_wide_tile_with_the_default_tiles_bits(monkeypatch) -> None:
+    """From ``PREFILL_ASSIGNMENTS`` (token x top-k) on, both grouped GEMMs launch ``PREFILL_TILE`` (128-wide
+    outputs); every row keeps the bits the default tile gives it (one accumulator fed in K order), and the values
+    are the reference's."""
+    import dgpp.kernels.moe as moe
+
+    widths = []
+    launch = moe._grouped_gemm_kernel
+
+    class Spy:
+        def __getitem__(self, grid):
+            def run(*args, **kwargs):
+                widths.append(kwargs["BN"])
+                return launch[grid](*args, **kwargs)
+
+            return run
+
+    x, gate_up, down, w, ids = _moe_inputs(tokens=256, experts=8, top_k=4, hidden=128, inter=128, seed=3)
+    assert (
+        x.shape[0] * ids.shape[1] >= moe.PREFILL_ASSIGNMENTS // 4
+    )  # the threshold lowered to fit a CPU test
+    monkeypatch.setattr(moe, "PREFILL_ASSIGNMENTS", x.shape[0] * ids.shape[1])
+    monkeypatch.setattr(moe, "_grouped_gemm_kernel", Spy())
+    wide = fused_moe_triton(x, gate_up, down, w, ids)
+    assert widths == [moe.PREFILL_TILE[0]] * 2
+    default = fused_moe_triton(x, gate_up, down, w, ids, tile=moe.DEFAULT_TILE)
+    assert widths[2:] == [moe.DEFAULT_TILE[0]] * 2
+    assert torch.equal(wide, default)
+    torch.testing.assert_close(wide, fused_moe_ref(x, gate_up, down, w, ids), rtol=1e-4, atol=1e-5)
+
+
 def test_reference_matches_nn_fused_experts() -> None:
     from dgpp.nn.moe import FusedExperts
 
