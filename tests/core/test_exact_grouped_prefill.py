@@ -4,21 +4,29 @@ route sends chunks by their own length, and a short chunk's rows are the same co
 a long chunk, or alone. The GPU twin: tests/perf/check_exact_cuda.py and tests/perf/bench_burst_prefill.py.
 
 K is one ``BK`` step (64) here: the interpreter adds each k-step's dot to the accumulator after the fact, while the
-GPU's MMA folds the accumulator into the dot, so only the GPU can show the chain is the same across ``BK``."""
+GPU's MMA folds the accumulator into the dot, so only the GPU can show the chain is the same across ``BK``. For the
+same reason fp32 calls of 65-127 rows (``FP32_TILE``, 32-wide K steps on the GPU) take one 64-wide step here."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from dgpp.kernels import gemm_prefill
 from dgpp.kernels.gemv import gate_up_silu_triton, multi_linear_triton
 from dgpp.nn.exact import chunks
+from dgpp.nn.exact import gemm as exact_gemm
 from dgpp.nn.exact import routing as exact_cuda
 from dgpp.nn.exact.gemm import PREFILL_ROWS, fixed_order_gate_up_silu, fixed_order_linear
 from dgpp.policy import overriding
 from dgpp.step.route import in_flight, route_for
 
 K = 64
+
+
+@pytest.fixture(autouse=True)
+def _one_k_step_for_fp32_rows(monkeypatch):
+    monkeypatch.setattr(exact_gemm, "FP32_TILE", (64, K, 1))
 
 
 def _gemv_rows(fn, x: torch.Tensor) -> torch.Tensor:
