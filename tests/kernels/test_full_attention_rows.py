@@ -67,8 +67,8 @@ def test_wide_heads_are_refused() -> None:
     """Heads over 256 wide split their query heads in the one-row kernel: not a shape this kernel takes."""
     q = torch.zeros(2, 4, 320)
     cache = torch.zeros(3, BS, 1, 320)
-    assert not full_attention_rows.takes_rows(q, cache, 1)
-    assert full_attention_rows.takes_rows(q[..., :192], cache[..., :128], 1)
+    assert not full_attention_rows.takes_rows(q, cache)
+    assert full_attention_rows.takes_rows(q[..., :192], cache[..., :128])
     with pytest.raises(ValueError, match="320/320"):
         full_attention_rows.full_attention_rows_triton(
             q,

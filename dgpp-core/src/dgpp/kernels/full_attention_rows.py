@@ -23,10 +23,9 @@ import torch
 from dgpp.kernels._triton import next_pow2, tl, triton
 from dgpp.kernels.kv_fp8 import KVScales, e4m3_words
 from dgpp.kernels.online_softmax import normalized, softmax_step
-from dgpp.kernels.window_attention import head_tiles, load_paged_tile, row_sequences
+from dgpp.kernels.window_attention import head_tiles, load_paged_tile, narrow_heads, row_sequences
 
 ROWS = 4  # rows a program holds the state of (four [BLOCK_G, Dv] fp32 accumulators)
-_BLOCK_N = 64  # the one-row kernel's key tile: a row's tiles are the same in both
 _WARPS = 4  # the one-row kernel's: the row max and sum reduce over the same layout, so the same bits
 
 
@@ -84,7 +83,6 @@ def _full_attention_rows_kernel(
     lens_ptr,
     sink_ptr,
     out_ptr,
-    num_rows,
     scale,
     group,
     head_dim,
@@ -170,17 +168,16 @@ def _full_attention_rows_kernel(
         acc1, m1, l1 = _fold_tile(q1, kt, v, acc1, m1, l1, tok0, toks, hi1, scale, PRECISION)
         acc2, m2, l2 = _fold_tile(q2, kt, v, acc2, m2, l2, tok0, toks, hi2, scale, PRECISION)
         acc3, m3, l3 = _fold_tile(q3, kt, v, acc3, m3, l3, tok0, toks, hi3, scale, PRECISION)
-    _store_row(out_ptr, r0, ok0 & (r0 < num_rows), acc0, l0, heads, gmask, dv, v_dim, o_t, o_h)
-    _store_row(out_ptr, r1, ok1 & (r1 < num_rows), acc1, l1, heads, gmask, dv, v_dim, o_t, o_h)
-    _store_row(out_ptr, r2, ok2 & (r2 < num_rows), acc2, l2, heads, gmask, dv, v_dim, o_t, o_h)
-    _store_row(out_ptr, r3, ok3 & (r3 < num_rows), acc3, l3, heads, gmask, dv, v_dim, o_t, o_h)
+    _store_row(out_ptr, r0, ok0, acc0, l0, heads, gmask, dv, v_dim, o_t, o_h)
+    _store_row(out_ptr, r1, ok1, acc1, l1, heads, gmask, dv, v_dim, o_t, o_h)
+    _store_row(out_ptr, r2, ok2, acc2, l2, heads, gmask, dv, v_dim, o_t, o_h)
+    _store_row(out_ptr, r3, ok3, acc3, l3, heads, gmask, dv, v_dim, o_t, o_h)
 
 
-def takes_rows(q: torch.Tensor, src_v: torch.Tensor, kv_heads: int) -> bool:
-    """Whether this head shape runs here: the one-row kernel's own tiles are ``BLOCK_N``-key tiles with one head
-    group per KV head (heads up to 256 wide; wider ones split their query heads and take 16-key tiles)."""
-    block_n, _, head_groups = head_tiles(q.shape[1] // kv_heads, q.shape[-1], src_v.shape[-1])
-    return block_n == _BLOCK_N and head_groups == 1
+def takes_rows(q: torch.Tensor, src_v: torch.Tensor) -> bool:
+    """Whether this head shape runs here: narrow heads (up to 256 wide), whose one-row tiles take a KV head's whole
+    query group; wider ones split their query heads and four rows of state would not fit."""
+    return narrow_heads(q.shape[-1], src_v.shape[-1])
 
 
 def full_attention_rows_triton(
@@ -202,13 +199,13 @@ def full_attention_rows_triton(
     ``prompt_row_blocks``. The head shape must pass ``takes_rows``."""
     rows, hq, head_dim = q.shape
     hk, v_dim = src_k.shape[2], src_v.shape[-1]
-    if not takes_rows(q, src_v, hk):
+    if not takes_rows(q, src_v):
         raise ValueError(f"full_attention_rows: heads {head_dim}/{v_dim} wide under {hq // hk} a KV head")
     out = torch.zeros(rows, hq, v_dim, dtype=q.dtype, device=q.device)
     if rows == 0 or row_blocks.numel() == 0:
         return out
     row_seq = row_sequences(query_start_loc, rows) if row_seq is None else row_seq
-    _, block_g, head_groups = head_tiles(hq // hk, head_dim, v_dim)
+    block_n, block_g, head_groups = head_tiles(hq // hk, head_dim, v_dim)  # the one-row kernel's tiles
     k_sc, v_sc = scales if scales is not None else (src_k, src_v)  # unread without scales
     if scales is not None:
         src_k, src_v = e4m3_words(src_k), e4m3_words(src_v)
@@ -226,7 +223,6 @@ def full_attention_rows_triton(
         seq_lens,
         sinks if sinks is not None else q,
         out,
-        rows,
         float(scale),
         hq // hk,
         head_dim,
@@ -248,7 +244,7 @@ def full_attention_rows_triton(
         out.stride(1),
         HAS_SINKS=sinks is not None,
         HAS_SCALES=scales is not None,
-        BLOCK_N=_BLOCK_N,
+        BLOCK_N=block_n,
         BLOCK_G=block_g,
         BLOCK_D=next_pow2(head_dim),
         BLOCK_DV=next_pow2(v_dim),

@@ -164,6 +164,13 @@ PREFILL_TILE = (128, 64, 4, 3)
 PREFILL_ASSIGNMENTS = 4096  # from this many assignments on, PREFILL_TILE
 
 
+def launch_tile(n_assign: int) -> tuple[int, int, int, int]:
+    """Both grouped GEMMs' tile for ``n_assign`` token x top-k assignments: decode, default or prompt."""
+    if n_assign <= DECODE_ASSIGNMENTS:
+        return DECODE_TILE
+    return PREFILL_TILE if n_assign >= PREFILL_ASSIGNMENTS else DEFAULT_TILE
+
+
 def fused_moe_triton(
     x: torch.Tensor,
     gate_up: torch.Tensor,
@@ -192,10 +199,7 @@ def fused_moe_triton(
     precision = "ieee" if x.dtype == torch.float32 else "tf32"
     act = torch.empty(capacity, inter, dtype=x.dtype, device=x.device)
     weights = topk_weights.contiguous().view(-1)
-    if tile is None:
-        tile = DECODE_TILE if n_assign <= DECODE_ASSIGNMENTS else DEFAULT_TILE
-        tile = PREFILL_TILE if n_assign >= PREFILL_ASSIGNMENTS else tile
-    bn, bk, warps, stages = tile
+    bn, bk, warps, stages = tile or launch_tile(n_assign)
     _grouped_gemm_kernel[(capacity // block_m, triton.cdiv(inter, bn))](
         x,
         gate_up,

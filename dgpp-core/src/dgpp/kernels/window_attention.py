@@ -48,10 +48,15 @@ _WIDE_BLOCK_N = 16
 _WIDE_MAX_G = 16
 
 
+def narrow_heads(head_dim: int, v_dim: int) -> bool:
+    """Heads whose tiles take ``_BLOCK_N`` keys and a KV head's whole query group in one program."""
+    return max(head_dim, v_dim) <= _WIDE_HEAD
+
+
 def head_tiles(group: int, head_dim: int, v_dim: int) -> tuple[int, int, int]:
     """(BLOCK_N, BLOCK_G, head groups per KV head) for this head shape."""
     block_g = max(16, next_pow2(group))
-    if max(head_dim, v_dim) <= _WIDE_HEAD:
+    if narrow_heads(head_dim, v_dim):
         return _BLOCK_N, block_g, 1
     block_g = min(block_g, _WIDE_MAX_G)
     return _WIDE_BLOCK_N, block_g, triton.cdiv(group, block_g)

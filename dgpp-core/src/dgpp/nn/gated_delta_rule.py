@@ -276,9 +276,8 @@ def gated_delta_rule_varlen(
         out[rows], state = gated_delta_step(q[rows], k[rows], v[rows], g[rows], beta[rows], state)
         state_pool[slots] = state.to(state_pool.dtype)
 
-    if (
-        len(prefill) == 1
-    ):  # one prompt (the routed path's call per sequence): its rows as they lie, no scatter
+    # one prompt (the routed path's call per sequence): its rows as they lie, no scatter into a padded batch
+    if len(prefill) == 1:
         (i,) = prefill
         first = sum(q_lens[:i])
         rows_of = slice(first, first + q_lens[i])

@@ -55,7 +55,7 @@ def paged_sink_attention(
 
     def windowed(seq_lens: torch.Tensor) -> torch.Tensor:
         step = (batch.block_tables, batch.query_start_loc, batch.context_lens, seq_lens, sinks, scale)
-        if use_triton(q) and takes_rows(q, v_cache, k_cache.shape[2]):  # prompt rows four to a program
+        if use_triton(q) and takes_rows(q, v_cache):  # prompt rows four to a program
             blocks = batch.step_memo(
                 "prompt_row_blocks", lambda: prompt_row_blocks(batch.q_lens_cpu, q.device)
             )
