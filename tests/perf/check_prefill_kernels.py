@@ -1,4 +1,4 @@
-"""Prefill-size launches of five kernels on a GPU, each against what it replaced, with its exactness:
+"""Prefill-size launches of six kernels on a GPU, each against what it replaced, with its exactness:
 
 - the fp32 router's fixed-order product (``dgpp.nn.exact.gemm.FP32_TILE``) over an 8,192-token prompt at
   MiMo-V2.6's shape: time against the decode tile, and every sampled row's bits against the row alone (decode);
@@ -7,13 +7,17 @@
 - the chunked gated delta rule's chunk walk (``dgpp.kernels.delta_chunk_walk``) at Qwen3.5-122B's (8 value
   heads a rank at TP 8) and Qwen3.8-Flash-Next's (48) shapes, 8,192 tokens: time against the torch products and
   the largest relative difference; and the whole chunked form either way;
+- its per-chunk UT transform in one launch (``dgpp.kernels.delta_chunk_prep``) at the same shapes, bf16 q/k/v:
+  time against the torch products, each operand's largest relative difference, and the whole chunked form either
+  way;
 - a full-attention layer's prompt rows four to a program (``dgpp.kernels.full_attention_rows``) at MiMo-V2.6's
   shape on 4 and 8 warps: time against one row a program, every row's bits against it and a prompt cut in two
   chunks against the prompt at once;
 - the bf16 grouped expert GEMM (``dgpp.kernels.moe``) over a prompt at MiMo-V2.6's and Qwen3.5-122B's expert
   shapes per rank: time and TFLOP/s per tile, and each tile's bits against the default tile's.
 
-    python3 tests/perf/check_prefill_kernels.py [--tokens 8192] [--only router,stream_mix,chunk_walk,full_attention_rows,moe_tiles]
+    python3 tests/perf/check_prefill_kernels.py [--tokens 8192] [--only router,stream_mix,chunk_walk,chunk_prep,full_attention_rows,
+        moe_tiles]
 
 Exits non-zero when a row-exactness check fails. Not a CI test.
 """
@@ -134,6 +138,45 @@ def chunk_walk(tokens: int) -> None:
         )
 
 
+def chunk_prep(tokens: int) -> None:
+    from dgpp.kernels import delta_chunk_prep as prep
+    from dgpp.nn import gated_delta_rule as rule
+
+    dk, dv = 128, 128
+    for label, heads, k_heads in (("Qwen3.5-122B@8", 8, 2), ("Qwen3.8-Flash-Next", 48, 16)):
+        g = torch.Generator(device="cuda").manual_seed(heads)
+        q, k = (torch.randn(1, tokens, k_heads, dk, generator=g, device="cuda").bfloat16() for _ in range(2))
+        v = torch.randn(1, tokens, heads, dv, generator=g, device="cuda").bfloat16()
+        gate = -torch.nn.functional.softplus(torch.randn(1, tokens, heads, generator=g, device="cuda")) * 0.1
+        beta = torch.rand(1, tokens, heads, generator=g, device="cuda").bfloat16()
+        start = torch.randn(1, heads, dk, dv, generator=g, device="cuda") * 0.1
+        args = (q, k, v, gate, beta, start, rule.CHUNK_SIZE)
+        got, want = prep.chunk_prep_triton(*args), rule.chunk_operands(*args)
+        diffs = " ".join(
+            f"{name} {float((a - b).abs().max() / b.abs().max()):.1e}"
+            for name, a, b in zip(got._fields, got, want, strict=True)
+        )
+        new_us, old_us = _us(lambda: prep.chunk_prep_triton(*args)), _us(lambda: rule.chunk_operands(*args))
+
+        def whole(fn):
+            rule.chunk_prep_triton = fn
+            return rule.chunked_gated_delta_rule(*args)
+
+        a, b = whole(prep.chunk_prep_triton), whole(rule.chunk_operands)
+        whole_rel = max(float((x - y).abs().max() / y.abs().max()) for x, y in zip(a, b, strict=True))
+        whole_new, whole_old = (
+            _us(lambda: whole(prep.chunk_prep_triton)),
+            _us(lambda: whole(rule.chunk_operands)),
+        )
+        rule.chunk_prep_triton = prep.chunk_prep_triton
+        print(
+            f"chunk prep {label} ({heads} heads, {tokens // rule.CHUNK_SIZE} chunks): {new_us:.0f} us vs torch "
+            f"{old_us:.0f} us; max rel diff {diffs}; whole chunked form {whole_new:.0f} vs {whole_old:.0f} us, "
+            f"max rel diff {whole_rel:.1e}",
+            flush=True,
+        )
+
+
 def full_attention_rows(tokens: int) -> None:
     from dgpp.kernels import full_attention_rows as rows_kernel
     from dgpp.kernels.window_attention import window_attention_triton
@@ -225,7 +268,7 @@ def main() -> None:
     parser.add_argument("--only", default="", help="parts to run, comma separated (default: all)")
     args = parser.parse_args()
     print(torch.cuda.get_device_name(), "torch", torch.__version__, "triton", triton.__version__)
-    for part in (router, stream_mix, chunk_walk, full_attention_rows, moe_tiles):
+    for part in (router, stream_mix, chunk_walk, chunk_prep, full_attention_rows, moe_tiles):
         if args.only and part.__name__ not in args.only.split(","):
             continue
         try:

@@ -59,9 +59,22 @@ def gated_delta_ref(
 
 
 @triton.jit
-def _load_normed(ptr, row_off, dims, dk, valid, scale):
+def load_normed(ptr, row_off, dims, dk, valid, scale):
     x = tl.load(ptr + row_off + dims, mask=valid & (dims < dk), other=0.0).to(tl.float32)
     return x * (tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + 1e-6) * scale)
+
+
+@triton.jit
+def unit_lower_inverse(a, C: tl.constexpr):
+    """``(I + a)^-1`` of a strictly lower ``[C, C]`` tile by forward substitution: row i = e_i - sum_{j<i} a_ij
+    row_j, rows j < i already final."""
+    r = tl.arange(0, C)
+    inv = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
+    for i in range(1, C):
+        a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)
+        row = tl.sum(a_i[:, None] * inv, axis=0)
+        inv = tl.where(r[:, None] == i, inv - row[None, :], inv)
+    return inv
 
 
 @triton.jit
@@ -104,8 +117,8 @@ def _gdn_decode_kernel(
     live = slot >= 0
     vmask = vcol < dv
     kh = h // group
-    qv = _load_normed(q_ptr, b * q_t + kh * q_h, krow, dk, live, scale)
-    kv = _load_normed(k_ptr, b * k_t + kh * k_h, krow, dk, live, 1.0)
+    qv = load_normed(q_ptr, b * q_t + kh * q_h, krow, dk, live, scale)
+    kv = load_normed(k_ptr, b * k_t + kh * k_h, krow, dk, live, 1.0)
     val = tl.load(v_ptr + b * v_t + h * v_h + vcol, mask=live & vmask, other=0.0).to(tl.float32)
     if PER_CHANNEL:  # one factor per key row of the state
         g_row = tl.load(g_ptr + b * g_t + h * g_h + krow, mask=live & (krow < dk), other=0.0)
@@ -175,13 +188,12 @@ def _gdn_chunk_kernel(
 
     r = tl.arange(0, C)
     lower_incl = r[:, None] >= r[None, :]
-    eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     for c0 in range(first, last, C):
         t = c0 + r
         valid = t < last
         # invalid rows carry k = v = beta = g = 0: they neither change the state nor the solve
-        qc = _load_normed(q_ptr, t[:, None] * q_t + kh * q_h, krow[None, :], dk, valid[:, None], scale)
-        kc = _load_normed(k_ptr, t[:, None] * k_t + kh * k_h, krow[None, :], dk, valid[:, None], 1.0)
+        qc = load_normed(q_ptr, t[:, None] * q_t + kh * q_h, krow[None, :], dk, valid[:, None], scale)
+        kc = load_normed(k_ptr, t[:, None] * k_t + kh * k_h, krow[None, :], dk, valid[:, None], 1.0)
         vc = tl.load(
             v_ptr + t[:, None] * v_t + h * v_h + vcol[None, :],
             mask=valid[:, None] & vmask[None, :],
@@ -193,13 +205,7 @@ def _gdn_chunk_kernel(
         cum_end = tl.sum(gc, axis=0)
         decay = tl.where(lower_incl, tl.exp(cum[:, None] - cum[None, :]), 0.0)
         kk = tl.dot(kc, tl.trans(kc), input_precision=PRECISION)
-        a = tl.where(r[:, None] > r[None, :], kk * decay * bc[:, None], 0.0)
-        # (I + A)^-1 by forward substitution: row i = e_i - sum_{j<i} A_ij row_j (rows j < i are final)
-        inv = eye
-        for i in range(1, C):
-            a_i = tl.sum(tl.where(r[:, None] == i, a, 0.0), axis=0)
-            row = tl.sum(a_i[:, None] * inv, axis=0)
-            inv = tl.where(r[:, None] == i, inv - row[None, :], inv)
+        inv = unit_lower_inverse(tl.where(r[:, None] > r[None, :], kk * decay * bc[:, None], 0.0), C)
         v_solved = tl.dot(inv, vc * bc[:, None], input_precision=PRECISION)
         k_solved = tl.dot(inv, kc * (bc * tl.exp(cum))[:, None], input_precision=PRECISION)
         new_v = v_solved - tl.dot(k_solved, state, input_precision=PRECISION)

@@ -20,6 +20,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dgpp.kernels._triton import use_triton
+from dgpp.kernels.delta_chunk_prep import chunk_prep_triton
 from dgpp.kernels.delta_chunk_walk import ChunkWalkInputs, chunk_walk
 from dgpp.nn.batch_invariant import rows_elementwise
 from dgpp.nn.causal_conv1d import token_layout
@@ -145,22 +147,49 @@ def chunked_gated_delta_rule(
     key channel ``[B, L, Hv, dk]``, state ``[B, Hv, dk, dv]``. Padding rows must carry k = v = beta = g = 0 (they
     then leave the state untouched). Returns (output ``[B, L, Hv, dv]`` fp32, final state fp32)."""
     batch, length, num_v_heads, dv = v.shape
-    q, k = _prepare_qk(q, k, num_v_heads)
+    num_chunks = -(-length // chunk_size)
+    if g.dim() == v.dim():
+        q, k = _prepare_qk(q, k, num_v_heads)
+        chunks = [_heads_first_chunked(x, chunk_size) for x in (q, k, v, g, beta)]
+        out, state = _per_channel_chunks(*chunks, state.float())
+        return _rows_first(out, length), state
+    # every chunk's UT transform at once (one launch on CUDA), then the chunk-to-chunk hand-off of the state
+    # (dgpp.kernels.delta_chunk_walk, one launch on CUDA)
+    prepare = chunk_prep_triton if use_triton(v) else chunk_operands
+    out, state = chunk_walk(prepare(q, k, v, g, beta, state, chunk_size))
+    out = out.view(batch, num_v_heads, num_chunks, chunk_size, dv)
+    return _rows_first(out, length), state.view(batch, num_v_heads, *state.shape[1:])
+
+
+def _heads_first_chunked(x: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """``[B, L, H, ...]`` -> fp32 ``[B, H, N, C, ...]``, the last chunk zero-padded."""
+    batch, length, heads = x.shape[:3]
     pad = (-length) % chunk_size
-    num_chunks = (length + pad) // chunk_size
+    x = x.float().transpose(1, 2)
+    x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
+    return x.reshape(batch, heads, (length + pad) // chunk_size, chunk_size, *x.shape[3:])
 
-    def heads_first_chunked(x: torch.Tensor) -> torch.Tensor:  # [B, L, H, ...] -> [B, H, N, C, ...]
-        x = x.float().transpose(1, 2)
-        x = F.pad(x, (0, 0, 0, pad)) if x.dim() == 4 else F.pad(x, (0, pad))
-        return x.reshape(batch, num_v_heads, num_chunks, chunk_size, *x.shape[3:])
 
-    def rows_first(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, C, dv] -> [B, L, H, dv]
-        return x.reshape(batch, num_v_heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
+def _rows_first(x: torch.Tensor, length: int) -> torch.Tensor:
+    """``[B, H, N, C, dv]`` -> ``[B, L, H, dv]`` (the padding rows dropped)."""
+    batch, heads, num_chunks, chunk_size, dv = x.shape
+    return x.reshape(batch, heads, num_chunks * chunk_size, dv)[:, :, :length].transpose(1, 2)
 
-    q, k, v, g, beta = (heads_first_chunked(x) for x in (q, k, v, g, beta))
-    if g.dim() == q.dim():
-        out, state = _per_channel_chunks(q, k, v, g, beta, state.float())
-        return rows_first(out), state
+
+def chunk_operands(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    state: torch.Tensor,
+    chunk_size: int,
+) -> ChunkWalkInputs:
+    """The walk's operands (one decay per head) as torch products: every chunk's UT transform solved at once
+    (``dgpp.kernels.delta_chunk_prep`` is the one-launch form)."""
+    batch, _, num_v_heads, _ = v.shape
+    q, k = _prepare_qk(q, k, num_v_heads)
+    q, k, v, g, beta = (_heads_first_chunked(x, chunk_size) for x in (q, k, v, g, beta))
     log_decay = g.cumsum(dim=-1)  # within each chunk, log of the decay from chunk start to position i
     causal = torch.ones(chunk_size, chunk_size, dtype=torch.bool, device=q.device).tril()
     # decay_between[i, j] = exp(log_decay_i - log_decay_j) for j <= i, zero above the diagonal
@@ -179,31 +208,20 @@ def chunked_gated_delta_rule(
     keys_solved = torch.linalg.solve_triangular(
         system, k_beta * log_decay.exp()[..., None], upper=False, unitriangular=True
     )
-
-    intra = (q @ k.transpose(-1, -2)) * decay_between
-    q_decayed = q * log_decay.exp()[..., None]
-    k_to_end = k * (log_decay[..., -1:] - log_decay).exp()[..., None]
-    chunk_decay = log_decay[..., -1].exp()[..., None, None]
-
-    # the chunk-to-chunk hand-off of the state: one launch on CUDA (dgpp.kernels.delta_chunk_walk)
     heads = batch * num_v_heads
 
     def by_head(x: torch.Tensor) -> torch.Tensor:  # [B, H, N, ...] -> [B*H, N, ...]
         return x.reshape(heads, *x.shape[2:]).contiguous()
 
-    out, state = chunk_walk(
-        ChunkWalkInputs(
-            by_head(values_solved),
-            by_head(keys_solved),
-            by_head(q_decayed),
-            by_head(intra),
-            by_head(k_to_end),
-            chunk_decay.reshape(heads, num_chunks).contiguous(),
-            state.float().reshape(heads, *state.shape[2:]).contiguous(),
-        )
+    return ChunkWalkInputs(
+        by_head(values_solved),
+        by_head(keys_solved),
+        by_head(q * log_decay.exp()[..., None]),
+        by_head((q @ k.transpose(-1, -2)) * decay_between),
+        by_head(k * (log_decay[..., -1:] - log_decay).exp()[..., None]),
+        by_head(log_decay[..., -1].exp()),
+        state.float().reshape(heads, *state.shape[2:]).contiguous(),
     )
-    out = out.view(batch, num_v_heads, num_chunks, chunk_size, dv)
-    return rows_first(out), state.view(batch, num_v_heads, *state.shape[1:])
 
 
 def _per_channel_chunks(
