@@ -9,8 +9,11 @@
    model's decode step runs them (``--eager-launch``: launched one by one from Python, host cost included).
 
     PYTHONPATH=dgpp-core/src python3 tests/perf/bench_int_rows.py [--shapes 6144x6144,24576x6144] [--rows 1,16,64]
-        [--tiles 64x128x4x2,128x128x4x3]   # int_rows tiles to time besides the default: BNxBKxWARPSxSTAGES[xX]
+        [--tiles 64x128x4x2,128x128x4x3]   # int_rows tiles to time besides the default: BNxBKxWARPSxSTAGES[xX[xD]]
                                            # X: row blocks from which x is read in step order (0: never)
+                                           # D: 1 for one dot over a program's row blocks (``one_dot``)
+
+Each extra tile's rows are also checked bit for bit against the default tile's rows alone (the same K split).
 """
 # ruff: noqa: B023  (timing lambdas run inside the loop iteration that defines them)
 
@@ -66,7 +69,8 @@ def main() -> int:
     ap.add_argument(
         "--tiles",
         default="",
-        help="extra int_rows tiles BNxBKxWARPSxSTAGES[xX] (K split as the default; X: x in step order from X row blocks)",
+        help="extra int_rows tiles BNxBKxWARPSxSTAGES[xX[xD]] (K split as the default; X: x in step order from X row "
+        "blocks; D: 1 for one dot over the row blocks)",
     )
     ap.add_argument(
         "--eager-launch", action="store_true", help="time Python launches instead of graph replays"
@@ -117,11 +121,20 @@ def main() -> int:
                     f"| {name} | {spec} | {m} | {us_rows:.1f} | {us_wo:.1f} | {100 * share:.1f} |", flush=True
                 )
             for spec_tile in filter(None, args.tiles.split(",")):
-                bn, bk, warps, stages, *step_order = (int(v) for v in spec_tile.split("x"))
+                bn, bk, warps, stages, *extra = (int(v) for v in spec_tile.split("x"))
                 split = default_int_rows_tile(*shape, x.device).split_k
                 tile = IntRowsTile(bn=bn, bk=bk, split_k=split, warps=warps, stages=stages)
-                if step_order:  # row blocks from which x is read in step order (0: never)
-                    tile = dataclasses.replace(tile, x_in_step_order=step_order[0])
+                if extra:  # row blocks from which x is read in step order (0: never)
+                    tile = dataclasses.replace(tile, x_in_step_order=extra[0])
+                if len(extra) > 1:
+                    tile = dataclasses.replace(tile, one_dot=bool(extra[1]))
+                for m in EXACT_ROWS:
+                    got = int_rows_linear(fmt, copies[0], x[:m], shape, tile)
+                    bad = [i for i in SAMPLED if i < m and not torch.equal(got[i], alone[i])]
+                    if bad:
+                        failures.append(
+                            f"{name} {spec} tile {spec_tile}: rows {bad} of {m} differ from alone"
+                        )
                 times = []
                 for m in [int(r) for r in args.rows.split(",")]:
                     rows = x[:m].contiguous()

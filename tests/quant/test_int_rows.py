@@ -95,6 +95,23 @@ def test_each_scale_load_matches_reference(fmt, tile, mode):
     assert torch.equal(got[20], int_rows_linear(fmt, tensors, x[20:21], (n, k), tile)[0])
 
 
+@pytest.mark.parametrize("fmt", FORMATS, ids=IDS)
+def test_one_dot_over_the_row_blocks_gives_the_block_dots_bits(fmt):
+    """``one_dot``: a program's row blocks in one dot of up to 64 rows (three blocks take a 64-row dot too), whole
+    and split K, equal to the 16-row dots bit for bit (the same K steps), so a row among them == the row alone."""
+    n, k = 72, 256
+    tensors, dense = packed_weights(fmt, n, k, seed=9)
+    x = torch.randn(300, k)
+    for base in (TILE, SPLIT):
+        wide = dataclasses.replace(base, one_dot=True)
+        for m in (40, 300):
+            want = int_rows_linear(fmt, tensors, x[:m], (n, k), base)
+            got = int_rows_linear(fmt, tensors, x[:m], (n, k), wide)
+            assert torch.equal(got, want), f"{m} rows, split {base.split_k}"
+            assert torch.equal(got[m - 1], int_rows_linear(fmt, tensors, x[m - 1 : m], (n, k), wide)[0])
+        torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[3]], ids=["int4-g64", "gptq-int4"])
 def test_k_not_a_multiple_of_the_tile(fmt):
     """K = 320 in tiles of 128 (and slices of 256): the last tile's words and groups past K are masked."""

@@ -140,22 +140,23 @@ def _gathered_scales(
 
 
 @triton.jit
-def _row_block_dot(
+def _rows_dot(
     w,
     acc,
     x_ptr,
-    block,
+    first_row,
     M,
     stride_xm,
     offs_x,
     k_ok,
+    ROWS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     DOT_FP32: tl.constexpr,
     X_BY_POSITION: tl.constexpr,
 ):
-    """``acc + w @ x[rows of block]^T`` for the 16 rows of ``block`` at x's columns ``offs_x``: K columns ``PW``
+    """``acc + w @ x[rows]^T`` for the ``ROWS`` rows from ``first_row`` at x's columns ``offs_x``: K columns ``PW``
     apart, or (``X_BY_POSITION``) one contiguous run of x written in step order, zero past K."""
-    rows = block * _ROWS + tl.arange(0, _ROWS)
+    rows = first_row + tl.arange(0, ROWS)
     if X_BY_POSITION:  # whole steps, zeros past K: the rows are the only mask
         xt = tl.load(x_ptr + rows[None, :] * stride_xm + offs_x[:, None], mask=(rows < M)[None, :], other=0.0)
     else:
@@ -173,9 +174,23 @@ def _row_block_dot(
 
 
 @triton.jit
-def _store_block(acc, block, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT: tl.constexpr):
-    """Block ``block``'s sums ([BN, 16], transposed back to rows): the output, or this K slice's plane."""
-    rows = block * _ROWS + tl.arange(0, _ROWS)
+def _store_rows(
+    acc,
+    first_row,
+    out_ptr,
+    ws_ptr,
+    pid_s,
+    M,
+    N,
+    stride_om,
+    offs_n,
+    n_ok,
+    ROWS: tl.constexpr,
+    SPLIT: tl.constexpr,
+):
+    """The sums of ``ROWS`` rows from ``first_row`` ([BN, ROWS], transposed back to rows): the output, or this K
+    slice's plane."""
+    rows = first_row + tl.arange(0, ROWS)
     ok = (rows < M)[None, :] & n_ok[:, None]
     if SPLIT == 1:
         tl.store(
@@ -221,19 +236,23 @@ def int_rows_kernel(
     DOT_FP32: tl.constexpr,
     INT4_BF16: tl.constexpr = False,
     X_BY_POSITION: tl.constexpr = False,
+    ONE_DOT: tl.constexpr = False,
 ):
     """Program (column tile, K slice, group of BLOCKS row blocks): each block's sums over the slice kept in
     registers tile after tile, then stored once. Every block runs the same dots in the same order whatever M
-    and BLOCKS are."""
+    and BLOCKS are; with ``ONE_DOT`` the blocks' dots are one dot of ``BLOCKS`` x 16 rows (the same K steps, so
+    the same chain per output where the MMA's row count does not enter a column's sums: Hopper's wgmma)."""
     per_word: tl.constexpr = 32 // BITS
     code_mask: tl.constexpr = (1 << BITS) - 1
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     first = tl.program_id(2) * BLOCKS
+    first_row = first * _ROWS
     offs_n = pid_n * BN + tl.arange(0, BN)
     n_ok = offs_n < N
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
+    wide = tl.zeros((BN, BLOCKS * _ROWS), dtype=tl.float32)
     acc0 = tl.zeros((BN, _ROWS), dtype=tl.float32)
     acc1 = tl.zeros((BN, _ROWS), dtype=tl.float32)
     acc2 = tl.zeros((BN, _ROWS), dtype=tl.float32)
@@ -297,26 +316,119 @@ def int_rows_kernel(
                 offs_x = tl.multiple_of(k0 + i * BKW, BKW) + tl.arange(0, BKW)
             else:
                 offs_x = offs_k
-            acc0 = _row_block_dot(
-                w, acc0, x_ptr, first, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
+            if ONE_DOT:
+                wide = _rows_dot(
+                    w,
+                    wide,
+                    x_ptr,
+                    first_row,
+                    M,
+                    stride_xm,
+                    offs_x,
+                    k_ok,
+                    BLOCKS * _ROWS,
+                    DOT_DTYPE,
+                    DOT_FP32,
+                    X_BY_POSITION,
+                )
+            else:
+                acc0 = _rows_dot(
+                    w,
+                    acc0,
+                    x_ptr,
+                    first_row,
+                    M,
+                    stride_xm,
+                    offs_x,
+                    k_ok,
+                    _ROWS,
+                    DOT_DTYPE,
+                    DOT_FP32,
+                    X_BY_POSITION,
+                )
+                if BLOCKS > 1:
+                    acc1 = _rows_dot(
+                        w,
+                        acc1,
+                        x_ptr,
+                        first_row + _ROWS,
+                        M,
+                        stride_xm,
+                        offs_x,
+                        k_ok,
+                        _ROWS,
+                        DOT_DTYPE,
+                        DOT_FP32,
+                        X_BY_POSITION,
+                    )
+                if BLOCKS > 2:
+                    acc2 = _rows_dot(
+                        w,
+                        acc2,
+                        x_ptr,
+                        first_row + 2 * _ROWS,
+                        M,
+                        stride_xm,
+                        offs_x,
+                        k_ok,
+                        _ROWS,
+                        DOT_DTYPE,
+                        DOT_FP32,
+                        X_BY_POSITION,
+                    )
+                    acc3 = _rows_dot(
+                        w,
+                        acc3,
+                        x_ptr,
+                        first_row + 3 * _ROWS,
+                        M,
+                        stride_xm,
+                        offs_x,
+                        k_ok,
+                        _ROWS,
+                        DOT_DTYPE,
+                        DOT_FP32,
+                        X_BY_POSITION,
+                    )
+    if ONE_DOT:
+        _store_rows(
+            wide, first_row, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, BLOCKS * _ROWS, SPLIT
+        )
+    else:
+        _store_rows(acc0, first_row, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, _ROWS, SPLIT)
+        if BLOCKS > 1:
+            _store_rows(
+                acc1, first_row + _ROWS, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, _ROWS, SPLIT
             )
-            if BLOCKS > 1:
-                acc1 = _row_block_dot(
-                    w, acc1, x_ptr, first + 1, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
-                )
-            if BLOCKS > 2:
-                acc2 = _row_block_dot(
-                    w, acc2, x_ptr, first + 2, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
-                )
-                acc3 = _row_block_dot(
-                    w, acc3, x_ptr, first + 3, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
-                )
-    _store_block(acc0, first, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
-    if BLOCKS > 1:
-        _store_block(acc1, first + 1, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
-    if BLOCKS > 2:
-        _store_block(acc2, first + 2, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
-        _store_block(acc3, first + 3, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+        if BLOCKS > 2:
+            _store_rows(
+                acc2,
+                first_row + 2 * _ROWS,
+                out_ptr,
+                ws_ptr,
+                pid_s,
+                M,
+                N,
+                stride_om,
+                offs_n,
+                n_ok,
+                _ROWS,
+                SPLIT,
+            )
+            _store_rows(
+                acc3,
+                first_row + 3 * _ROWS,
+                out_ptr,
+                ws_ptr,
+                pid_s,
+                M,
+                N,
+                stride_om,
+                offs_n,
+                n_ok,
+                _ROWS,
+                SPLIT,
+            )
 
 
 @triton.jit

@@ -9,6 +9,7 @@ import dataclasses
 
 import torch
 
+from dgpp.kernels._triton import next_pow2
 from dgpp.policy import current
 from dgpp.quant.codebook import NF4I8_LEVELS, NF4Codebook
 from dgpp.quant.format import QuantFormat, Shape, cdiv
@@ -24,7 +25,10 @@ class IntRowsTile:
     """BN output columns per program, BK K columns per decoded tile (at least 16 words: the dot's K), K slices
     (fixed by the shape, never by M). From ``x_in_step_order`` row blocks a program up (0: never; None: the
     codes' default, ``x_step_order_blocks``), x is first written in step order (``x_by_position``) so each dot's x
-    is one contiguous load: the same values in the same dots, so the choice changes no bits."""
+    is one contiguous load: the same values in the same dots, so the choice changes no bits. ``one_dot``: a
+    program's row blocks meet each decoded weight tile in one dot of up to 64 rows instead of one dot per 16 rows
+    (the same K steps; neither Hopper's wgmma nor fp32's FMA dots let the dot's row count enter a column's
+    sums)."""
 
     bn: int = 64
     bk: int = 128
@@ -32,6 +36,7 @@ class IntRowsTile:
     warps: int = 4
     stages: int = 3
     x_in_step_order: int | None = None
+    one_dot: bool = False
 
 
 def x_step_order_blocks(tile: IntRowsTile, per_word: int) -> int:
@@ -193,7 +198,7 @@ def int_rows_linear(
     ws = torch.empty(split if split > 1 else 0, m, n, dtype=torch.float32, device=x.device)
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
-    blocks = min(MAX_BLOCKS, cdiv(m, ROWS))
+    blocks = min(MAX_BLOCKS, next_pow2(cdiv(m, ROWS)))  # a power of two: one dot's rows are an arange
     int4_bf16 = int4_bf16_applies(args, ptrs[1], dot_fp32, dot_dtype)
     step_order = 0 < x_step_order_blocks(tile, per_word) <= blocks
     x_read = x
@@ -224,6 +229,7 @@ def int_rows_linear(
         DOT_FP32=dot_fp32,
         INT4_BF16=int4_bf16,
         X_BY_POSITION=step_order,
+        ONE_DOT=tile.one_dot and blocks > 1,
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
