@@ -4,7 +4,7 @@ row-block count, ``sass_quant_gemv.loop_summary`` of the K loop for bf16 x and B
 the policy takes: ``DGPP_INT4_PTX=0`` for the fp32 decode).
 
     PYTHONPATH=/tmp/t36:dgpp-core/src:tests/perf python3 tests/perf/sass_int_rows.py [--bits 4,8] [--blocks 1,4]
-        [--shape 6144,6144] [--tile 64,128,4,3] [--x-in-step-order 0|1|2]
+        [--shape 6144,6144] [--tile 64,128,4,3] [--x-in-step-order 0|1|2] [--one-dot]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ def compile_tile(bits: int, shape: tuple[int, int], tile: int_rows_launch.IntRow
         DOT_FP32=False,
         INT4_BF16=int_rows_launch.int4_bf16_applies(args, ptrs[1], False, tl.bfloat16),
         X_BY_POSITION=0 < int_rows_launch.x_step_order_blocks(tile, per_word) <= blocks,
+        ONE_DOT=tile.one_dot and blocks > 1,
     )
     tensors_by_name = dict(zip(("w_ptr", "s_ptr", "z_ptr", "gidx_ptr", "levels_ptr"), ptrs, strict=True))
     tensors_by_name.update(x_ptr=x, out_ptr=x, ws_ptr=torch.empty(1, dtype=torch.float32))
@@ -80,11 +81,12 @@ def main() -> None:
         default=None,
         help="row blocks from which x is read in step order (0: never, 1: always; default: the codes' default)",
     )
+    parser.add_argument("--one-dot", action="store_true", help="the row blocks in one dot (``one_dot``)")
     args = parser.parse_args()
     shape = tuple(int(v) for v in args.shape.split(","))
     bn, bk, warps, stages = (int(v) for v in args.tile.split(","))
     tile = int_rows_launch.IntRowsTile(
-        bn=bn, bk=bk, warps=warps, stages=stages, x_in_step_order=args.x_in_step_order
+        bn=bn, bk=bk, warps=warps, stages=stages, x_in_step_order=args.x_in_step_order, one_dot=args.one_dot
     )
     for bits in (int(b) for b in args.bits.split(",")):
         for blocks in (int(b) for b in args.blocks.split(",")):
