@@ -27,7 +27,7 @@ from dgpp.kernels.delta_chunk_walk import ChunkWalkInputs
 from dgpp.kernels.gated_delta import unit_lower_inverse
 
 # key columns (and inverse columns) a product takes at once, warps
-PIECE = 8
+PIECE = 16
 _WARPS = 8
 
 
@@ -97,6 +97,7 @@ def _chunk_prep_kernel(
     kcol = tl.arange(0, BLOCK_K)
     vcol = tl.arange(0, BLOCK_V)
     k_rows = b * k_b + t[:, None] * k_t + kh * k_h
+    k_out = chunk * C * dk + r[:, None] * dk + kcol[None, :]
     q_rows = b * q_b + t[:, None] * q_t + kh * q_h
 
     gc = tl.load(g_ptr + b * g_b + t * g_t + h * g_h, mask=valid, other=0.0).to(tl.float32)
@@ -129,12 +130,18 @@ def _chunk_prep_kernel(
     tl.debug_barrier()
 
     keys_solved = tl.zeros([C, BLOCK_K], tl.float32)
-    values_solved = tl.zeros([C, BLOCK_V], tl.float32)
     for p in tl.static_range(C // PIECE):
         j = p * PIECE + tl.arange(0, PIECE)
         inv = tl.load(inverse_ptr + chunk * C * C + r[:, None] * C + j[None, :])
         ks_rhs = tl.load(ks_ptr + chunk * C * dk + j[:, None] * dk + kcol[None, :], mask=(kcol < dk)[None, :])
         keys_solved = tl.dot(inv, ks_rhs, keys_solved, input_precision=PRECISION)
+    tl.debug_barrier()  # every piece of the right-hand side read before it is overwritten
+    tl.store(ks_ptr + k_out, keys_solved, mask=(kcol < dk)[None, :])
+
+    values_solved = tl.zeros([C, BLOCK_V], tl.float32)
+    for p in tl.static_range(C // PIECE):
+        j = p * PIECE + tl.arange(0, PIECE)
+        inv = tl.load(inverse_ptr + chunk * C * C + r[:, None] * C + j[None, :])
         vt = (chunk % num_chunks) * C + j
         v_rhs = tl.load(
             v_ptr + b * v_b + vt[:, None] * v_t + h * v_h + vcol[None, :],
@@ -142,11 +149,9 @@ def _chunk_prep_kernel(
             other=0.0,
         ).to(tl.float32)
         values_solved = tl.dot(inv, v_rhs, values_solved, input_precision=PRECISION)
-    tl.debug_barrier()  # every piece of the right-hand side read before it is overwritten
-    k_out = chunk * C * dk + r[:, None] * dk + kcol[None, :]
-    tl.store(ks_ptr + k_out, keys_solved, mask=(kcol < dk)[None, :])
-    v_out = chunk * C * dv + r[:, None] * dv + vcol[None, :]
-    tl.store(vs_ptr + v_out, values_solved, mask=(vcol < dv)[None, :])
+    tl.store(
+        vs_ptr + chunk * C * dv + r[:, None] * dv + vcol[None, :], values_solved, mask=(vcol < dv)[None, :]
+    )
 
 
 def chunk_prep_triton(
