@@ -3,7 +3,11 @@
 # expert format (check_quant_moe), GLM-5.3's packed decode at batch 64 and 1 (graph and eager), and the MoE
 # geometries with packed experts at batch 64 with a per-kernel profile. Each part has its own time limit
 # (seconds: PROBE_S, GLM_S, MOE_S) so one slow part leaves the others' logs. Logs under $OUT (or ./perf_out).
-# Usage: bash tests/perf/run_packed_batch.sh [probe|glm|moe ...]   (default: all three, in that order)
+# ``introws``: the row-exact int GEMM with one dot over its row blocks (``DGPP_INT_ROWS_ONE_DOT=1``) against one dot
+# per 16 rows, bits and time, then GLM-5.3 at batch 64 and 1 either way (INTROWS_S). ``prefill``: the chunked delta
+# rule's UT-transform launch and walk, Qwen3.5 through its CUDA paths against transformers, and the 8K prefill
+# profile of Qwen3.5-122B (PREFILL_S).
+# Usage: bash tests/perf/run_packed_batch.sh [probe|glm|moe|introws|prefill ...]   (default: probe, glm, moe)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 parts=("$@")
@@ -31,8 +35,29 @@ for part in "${parts[@]}"; do
           --quant "$2" --cases 128x64x32,128x1x32 --profile 128x64x6 2>&1 | tee "$OUT/moe_${1%%@*}.log"
       done
       ;;
+    introws)
+      for fmt_tile in "int8_g64 64x128x4x3x2x1" "int4_g64 64x128x4x3x1x1"; do
+        set -- $fmt_tile
+        timeout "${INTROWS_S:-120}" env PYTHONPATH="$PYTHONPATH:tests/perf" python3 tests/perf/bench_int_rows.py \
+          --formats "$1" --shapes 6144x16384,16384x2048,6144x6144 --rows 1,16,64 --tiles "$2" 2>&1 |
+          tee "$OUT/int_rows_$1.log"
+      done
+      for one_dot in 0 1; do
+        DGPP_INT_ROWS_ONE_DOT=$one_dot timeout "${INTROWS_S:-120}" python3 tests/perf/check_glm5_cuda.py \
+          --cases 64x1024,1x1024 --steps 6 --skip-kernels --modes graph 2>&1 | tee "$OUT/glm5_one_dot_$one_dot.log"
+      done
+      ;;
+    prefill)
+      timeout "${PREFILL_S:-120}" python3 tests/perf/check_prefill_kernels.py --only chunk_walk,chunk_prep 2>&1 |
+        tee "$OUT/chunk_prep.log"
+      [ -d .cache/qwen3_5_gpu ] && timeout "${PREFILL_S:-120}" python3 tests/perf/check_qwen3_5_cuda.py check \
+        --dir .cache/qwen3_5_gpu 2>&1 | tee "$OUT/qwen3_5_check.log"
+      timeout "${PREFILL_S:-120}" python3 -m dgpp.cli bench --hf-cases "" --check-cases "" \
+        --geometry qwen3.5-122b-a10b-24l@8 --cases 128x1x8 --prefill 8192 --prefill-attn triton --profile-prefill 2>&1 |
+        tee "$OUT/qwen3_5_prefill.log"
+      ;;
     *)
-      echo "unknown part $part (probe, glm, moe)" >&2
+      echo "unknown part $part (probe, glm, moe, introws, prefill)" >&2
       exit 2
       ;;
   esac

@@ -112,6 +112,19 @@ def test_one_dot_over_the_row_blocks_gives_the_block_dots_bits(fmt):
         torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
+def test_the_policy_switch_sets_the_default_tiles_one_dot(monkeypatch):
+    """``DGPP_INT_ROWS_ONE_DOT=1`` reaches the policy, and the policy the default tile (off by default)."""
+    from dgpp.policy import ExecPolicy, overriding, with_environment
+    from dgpp.quant.kernels.int_rows_launch import default_int_rows_tile
+
+    cpu = torch.device("cpu")
+    assert not default_int_rows_tile(64, 256, cpu).one_dot
+    monkeypatch.setenv("DGPP_INT_ROWS_ONE_DOT", "1")
+    assert with_environment(ExecPolicy()).int_rows_one_dot
+    with overriding(int_rows_one_dot=True):
+        assert default_int_rows_tile(64, 256, cpu).one_dot
+
+
 @pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[3]], ids=["int4-g64", "gptq-int4"])
 def test_k_not_a_multiple_of_the_tile(fmt):
     """K = 320 in tiles of 128 (and slices of 256): the last tile's words and groups past K are masked."""

@@ -51,7 +51,7 @@ def x_step_order_blocks(tile: IntRowsTile, per_word: int) -> int:
 def default_int_rows_tile(n: int, k: int, device: torch.device) -> IntRowsTile:
     """64 columns by 128-wide K tiles; on a GPU, K split in 2..8 slices (each at least 4 tiles) until the launch
     has 1.5 programs per SM. The split follows the shape and the device only, never the row count."""
-    tile = IntRowsTile()
+    tile = IntRowsTile(one_dot=current().int_rows_one_dot)
     if device.type != "cuda" or interpreting():
         return tile
     sms = torch.cuda.get_device_properties(device).multi_processor_count
