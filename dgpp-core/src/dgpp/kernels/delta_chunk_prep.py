@@ -133,7 +133,9 @@ def _chunk_prep_kernel(
     for p in tl.static_range(C // PIECE):
         j = p * PIECE + tl.arange(0, PIECE)
         inv = tl.load(inverse_ptr + chunk * C * C + r[:, None] * C + j[None, :])
-        ks_rhs = tl.load(ks_ptr + chunk * C * dk + j[:, None] * dk + kcol[None, :], mask=(kcol < dk)[None, :])
+        ks_rhs = tl.load(
+            ks_ptr + chunk * C * dk + j[:, None] * dk + kcol[None, :], mask=(kcol < dk)[None, :], other=0.0
+        )
         keys_solved = tl.dot(inv, ks_rhs, keys_solved, input_precision=PRECISION)
     tl.debug_barrier()  # every piece of the right-hand side read before it is overwritten
     tl.store(ks_ptr + k_out, keys_solved, mask=(kcol < dk)[None, :])
