@@ -3,8 +3,8 @@
 # expert format (check_quant_moe), GLM-5.3's packed decode at batch 64 and 1 (graph and eager), and the MoE
 # geometries with packed experts at batch 64 with a per-kernel profile. Each part has its own time limit
 # (seconds: PROBE_S, GLM_S, MOE_S) so one slow part leaves the others' logs. Logs under $OUT (or ./perf_out).
-# ``introws``: the row-exact int GEMM with one dot over its row blocks (``DGPP_INT_ROWS_ONE_DOT=1``) against one dot
-# per 16 rows, bits and time, then GLM-5.3 at batch 64 and 1 either way (INTROWS_S). ``prefill``: the chunked delta
+# ``introws``: the row-exact int GEMM with one dot over its row blocks against one dot per 16 rows, bits and time,
+# then GLM-5.3 at batch 64 and 1 either way (``DGPP_INT_ROWS_ONE_DOT=0`` / ``=1``, the default; INTROWS_S). ``prefill``: the chunked delta
 # rule's UT-transform launch and walk, Qwen3.5 through its CUDA paths against transformers, and the 8K prefill
 # profile of Qwen3.5-122B (PREFILL_S).
 # Usage: bash tests/perf/run_packed_batch.sh [probe|glm|moe|introws|prefill ...]   (default: probe, glm, moe)

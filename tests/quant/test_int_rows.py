@@ -113,16 +113,62 @@ def test_one_dot_over_the_row_blocks_gives_the_block_dots_bits(fmt):
 
 
 def test_the_policy_switch_sets_the_default_tiles_one_dot(monkeypatch):
-    """``DGPP_INT_ROWS_ONE_DOT=1`` reaches the policy, and the policy the default tile (off by default)."""
+    """The default tile takes one dot (``int_rows_one_dot``, on); ``DGPP_INT_ROWS_ONE_DOT=0`` turns it off."""
     from dgpp.policy import ExecPolicy, overriding, with_environment
     from dgpp.quant.kernels.int_rows_launch import default_int_rows_tile
 
     cpu = torch.device("cpu")
-    assert not default_int_rows_tile(64, 256, cpu).one_dot
-    monkeypatch.setenv("DGPP_INT_ROWS_ONE_DOT", "1")
-    assert with_environment(ExecPolicy()).int_rows_one_dot
-    with overriding(int_rows_one_dot=True):
-        assert default_int_rows_tile(64, 256, cpu).one_dot
+    assert default_int_rows_tile(64, 256, cpu).one_dot
+    monkeypatch.setenv("DGPP_INT_ROWS_ONE_DOT", "0")
+    assert not with_environment(ExecPolicy()).int_rows_one_dot
+    with overriding(int_rows_one_dot=False):
+        assert not default_int_rows_tile(64, 256, cpu).one_dot
+
+
+def _one_dot_rounding_otherwise(monkeypatch) -> list[bool]:
+    """A device on which one dot over the row blocks rounds unlike the 16-row dots: every one-dot launch's output
+    moves by one ulp. Returns the ONE_DOT of each launch, in order."""
+    from dgpp.quant.kernels import int_rows, int_rows_probe
+
+    monkeypatch.setattr(int_rows_probe, "_ONE_DOT", {})
+    kernel, seen = int_rows.int_rows_kernel, []
+
+    class Launcher:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernel[grid](*args, **kwargs)
+                seen.append(kwargs["ONE_DOT"])
+                if kwargs["ONE_DOT"]:
+                    args[7].copy_(torch.nextafter(args[7], torch.full_like(args[7], float("inf"))))
+
+            return launch
+
+    monkeypatch.setattr(int_rows, "int_rows_kernel", Launcher())
+    return seen
+
+
+def test_one_dot_is_taken_only_where_the_probe_finds_the_16_row_bits(monkeypatch):
+    """The probe compares one dot with the 16-row dots on the layer's weights before a call takes it: on a device
+    where they round alike the call takes one dot, on one where they do not it keeps the 16-row dots' bits (this
+    fails if the probe is removed)."""
+    from dgpp.quant.kernels import int_rows_probe
+
+    fmt = FORMATS[1]
+    tensors, dense = packed_weights(fmt, 40, 256, seed=2)
+    x = torch.randn(20, 256)
+    wide = dataclasses.replace(TILE, one_dot=True)
+    want = int_rows_linear(fmt, tensors, x, (40, 256), TILE)
+
+    monkeypatch.setattr(int_rows_probe, "_ONE_DOT", {})
+    assert torch.equal(int_rows_linear(fmt, tensors, x, (40, 256), wide), want)
+    assert list(int_rows_probe._ONE_DOT.values()) == [True]
+
+    seen = _one_dot_rounding_otherwise(monkeypatch)
+    got = int_rows_linear(fmt, tensors, x, (40, 256), wide)
+    assert torch.equal(got, want)
+    assert True in seen and seen[-1] is False  # probed with one dot, then ran the 16-row dots
+    assert list(int_rows_probe._ONE_DOT.values()) == [False]
+    torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[3]], ids=["int4-g64", "gptq-int4"])

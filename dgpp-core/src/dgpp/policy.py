@@ -34,9 +34,9 @@ class ExecPolicy:
     bf12_triton: bool = False  # DGPP_BF12_TRITON=1: the bf12 Triton GEMV on a GPU
     # int4 words with bf16 scales decoded in inline PTX (the fp32 decode's bits, fewer instructions); DGPP_INT4_PTX=0 off
     int4_ptx: bool = True
-    # DGPP_INT_ROWS_ONE_DOT=1: the row-exact int GEMM meets each decoded weight tile with one dot of up to 64 rows
-    # (``IntRowsTile.one_dot``), not one dot per 16 rows
-    int_rows_one_dot: bool = False
+    # the row-exact int GEMM meets each decoded weight tile with one dot of up to 64 rows (``IntRowsTile.one_dot``)
+    # where a device probe finds it gives the 16-row dots' bits; DGPP_INT_ROWS_ONE_DOT=0: a dot per 16 rows (A/B)
+    int_rows_one_dot: bool = True
     triton_kernels: bool = True  # DGPP_KERNELS=torch: the torch references on a GPU (A/B)
     dense_gemv: bool = True  # DGPP_GEMV=0: dense decode rows take cuBLAS instead of the Triton GEMV
     gemv_head: bool = False  # DGPP_GEMV_HEAD=1: the LM head through the Triton GEMV
@@ -107,7 +107,7 @@ def with_environment(base: ExecPolicy) -> ExecPolicy:
         ("quant_torch_only", "DGPP_QUANT_TORCH", "1"),
         ("bf12_triton", "DGPP_BF12_TRITON", "1"),
         ("int4_ptx", "DGPP_INT4_PTX", "!0"),
-        ("int_rows_one_dot", "DGPP_INT_ROWS_ONE_DOT", "1"),
+        ("int_rows_one_dot", "DGPP_INT_ROWS_ONE_DOT", "!0"),
         ("dense_gemv", "DGPP_GEMV", "!0"),
         ("gemv_head", "DGPP_GEMV_HEAD", "1"),
         ("gemv_split", "DGPP_GEMV_SPLIT", "!0"),

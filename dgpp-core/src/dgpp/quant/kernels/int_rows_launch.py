@@ -14,6 +14,7 @@ from dgpp.policy import current
 from dgpp.quant.codebook import NF4I8_LEVELS, NF4Codebook
 from dgpp.quant.format import QuantFormat, Shape, cdiv
 from dgpp.quant.intq import GPTQ, IntPacked
+from dgpp.quant.kernels.int_rows_probe import one_dot_exact
 from dgpp.quant.kernels.operands import interpreting
 from dgpp.quant.kernels.x_step_order import x_by_position
 
@@ -173,10 +174,13 @@ def int_rows_linear(
     shape: Shape,
     tile: IntRowsTile | None = None,
     x_orders: dict[tuple[int, int], torch.Tensor] | None = None,
+    probe: bool = True,
 ) -> torch.Tensor:
     """``x [M, K] @ W^T`` for any M in one launch (plus the pass that sums K slices and rounds, when K is split):
     each block of 16 rows decodes the packed tiles it multiplies; the row bits do not depend on M.
-    ``x_orders``: x in step order by (BK, codes a word), shared by calls on the same x so it is written once."""
+    ``x_orders``: x in step order by (BK, codes a word), shared by calls on the same x so it is written once.
+    A tile's ``one_dot`` is taken where ``int_rows_probe.one_dot_exact`` found it gives the 16-row dots' bits on
+    this device (``probe=False``: as the tile says, the probe's own launches)."""
     import triton.language as tl
 
     from dgpp.quant.kernels.int_rows import ROWS, int_rows_finish, int_rows_kernel
@@ -199,6 +203,17 @@ def int_rows_linear(
     dot_fp32 = x.dtype == torch.float32 or interpreting()
     dot_dtype = tl.float32 if dot_fp32 else {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16}[x.dtype]
     blocks = min(MAX_BLOCKS, next_pow2(cdiv(m, ROWS)))  # a power of two: one dot's rows are an arange
+    one_dot = tile.one_dot and blocks > 1
+    if one_dot and probe:
+        one_dot = one_dot_exact(
+            (fmt, shape, tile, x.dtype, x.device),
+            lambda rows, one: int_rows_linear(
+                fmt, tensors, rows, shape, dataclasses.replace(tile, one_dot=one), probe=False
+            ),
+            k,
+            x.dtype,
+            x.device,
+        )
     int4_bf16 = int4_bf16_applies(args, ptrs[1], dot_fp32, dot_dtype)
     step_order = 0 < x_step_order_blocks(tile, per_word) <= blocks
     x_read = x
@@ -229,7 +244,7 @@ def int_rows_linear(
         DOT_FP32=dot_fp32,
         INT4_BF16=int4_bf16,
         X_BY_POSITION=step_order,
-        ONE_DOT=tile.one_dot and blocks > 1,
+        ONE_DOT=one_dot,
         num_warps=tile.warps,
         num_stages=tile.stages,
     )
