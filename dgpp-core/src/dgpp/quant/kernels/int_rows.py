@@ -5,9 +5,11 @@ Each program owns BN output columns and up to ``BLOCKS`` blocks of 16 rows, and 
 vectorize); its group scales (and GPTQ zero points) once per group; then sub-position ``i`` of every word (the
 codes at K = word·PW + i) is decoded (codes -> value x scale, rounded once to the dot dtype, as the torch decode
 does) and meets the matching x columns of each row block in a tensor-core dot, the weight as the MMA's A operand:
-``acc_b += W_i [BN, BKW] @ x_b^T [BKW, 16]``. So the packed bytes of a tile are read and decoded once for all
-of a program's rows, and every row's chain (the dot shape, the sub-position order, the K tiles, the K slices) is
-fixed by the weight's shape alone: a row's bits are the same alone and among any number of rows. int4 words with
+``acc_b += W_i [BN, BKW] @ x_b^T [BKW, 16]``, or (``ONE_DOT``) all of a program's blocks in one dot of up to 64
+rows over the same K steps, where a device probe found that gives the same bits (``int_rows_probe``). So the packed
+bytes of a tile are read and decoded once for all of a program's rows, and every row's chain (the sub-position
+order, the K tiles, the K slices) is fixed by the weight's shape alone: a row's bits are the same alone and among
+any number of rows. int4 words with
 bf16 scales and a bf16 dot (``INT4_BF16``) decode ``code - 8`` exactly in inline PTX (``int4_asm``) and multiply
 by the scale in bf16, which rounds the exact product once: the same weights in fewer instructions. With
 ``X_BY_POSITION`` x arrives written in step order (``x_by_position``: a step's position-0 columns, then position
@@ -33,7 +35,7 @@ SCALES_GATHER = 0  # a scale (and zero) loaded per weight: act-order g_idx, or g
 SCALES_TILE = 1  # the whole tile inside one group: one scale per output column
 SCALES_GROUPS = 2  # whole groups inside the tile: one load per group, broadcast over its words
 
-ROWS = 16  # rows per dot: fixed, so the tensor-core instruction is the same for 1 row and for 300
+ROWS = 16  # rows per block, and per dot unless ONE_DOT: the 1-row call's dot shape
 _ROWS = tl.constexpr(ROWS)  # the same, as the kernels see it
 
 
@@ -201,6 +203,32 @@ def _store_rows(
 
 
 @triton.jit
+def _block_dot(
+    w,
+    acc,
+    x_ptr,
+    block,
+    M,
+    stride_xm,
+    offs_x,
+    k_ok,
+    DOT_DTYPE: tl.constexpr,
+    DOT_FP32: tl.constexpr,
+    X_BY_POSITION: tl.constexpr,
+):
+    """``_rows_dot`` for the 16 rows of row block ``block``."""
+    return _rows_dot(
+        w, acc, x_ptr, block * _ROWS, M, stride_xm, offs_x, k_ok, _ROWS, DOT_DTYPE, DOT_FP32, X_BY_POSITION
+    )
+
+
+@triton.jit
+def _store_block(acc, block, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT: tl.constexpr):
+    """``_store_rows`` for the 16 rows of row block ``block``."""
+    _store_rows(acc, block * _ROWS, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, _ROWS, SPLIT)
+
+
+@triton.jit
 def int_rows_kernel(
     x_ptr,
     w_ptr,
@@ -244,6 +272,7 @@ def int_rows_kernel(
     the same chain per output where the MMA's row count does not enter a column's sums: Hopper's wgmma)."""
     per_word: tl.constexpr = 32 // BITS
     code_mask: tl.constexpr = (1 << BITS) - 1
+    WIDE_ROWS: tl.constexpr = BLOCKS * _ROWS  # the one dot's rows
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
     first = tl.program_id(2) * BLOCKS
@@ -252,7 +281,7 @@ def int_rows_kernel(
     n_ok = offs_n < N
     k_lo = pid_s * k_per_split
     k_hi = tl.minimum(K, k_lo + k_per_split)
-    wide = tl.zeros((BN, BLOCKS * _ROWS), dtype=tl.float32)
+    wide = tl.zeros((BN, WIDE_ROWS), dtype=tl.float32)
     acc0 = tl.zeros((BN, _ROWS), dtype=tl.float32)
     acc1 = tl.zeros((BN, _ROWS), dtype=tl.float32)
     acc2 = tl.zeros((BN, _ROWS), dtype=tl.float32)
@@ -326,109 +355,35 @@ def int_rows_kernel(
                     stride_xm,
                     offs_x,
                     k_ok,
-                    BLOCKS * _ROWS,
+                    WIDE_ROWS,
                     DOT_DTYPE,
                     DOT_FP32,
                     X_BY_POSITION,
                 )
             else:
-                acc0 = _rows_dot(
-                    w,
-                    acc0,
-                    x_ptr,
-                    first_row,
-                    M,
-                    stride_xm,
-                    offs_x,
-                    k_ok,
-                    _ROWS,
-                    DOT_DTYPE,
-                    DOT_FP32,
-                    X_BY_POSITION,
+                acc0 = _block_dot(
+                    w, acc0, x_ptr, first, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
                 )
-                if BLOCKS > 1:
-                    acc1 = _rows_dot(
-                        w,
-                        acc1,
-                        x_ptr,
-                        first_row + _ROWS,
-                        M,
-                        stride_xm,
-                        offs_x,
-                        k_ok,
-                        _ROWS,
-                        DOT_DTYPE,
-                        DOT_FP32,
-                        X_BY_POSITION,
-                    )
-                if BLOCKS > 2:
-                    acc2 = _rows_dot(
-                        w,
-                        acc2,
-                        x_ptr,
-                        first_row + 2 * _ROWS,
-                        M,
-                        stride_xm,
-                        offs_x,
-                        k_ok,
-                        _ROWS,
-                        DOT_DTYPE,
-                        DOT_FP32,
-                        X_BY_POSITION,
-                    )
-                    acc3 = _rows_dot(
-                        w,
-                        acc3,
-                        x_ptr,
-                        first_row + 3 * _ROWS,
-                        M,
-                        stride_xm,
-                        offs_x,
-                        k_ok,
-                        _ROWS,
-                        DOT_DTYPE,
-                        DOT_FP32,
-                        X_BY_POSITION,
-                    )
+            if BLOCKS > 1 and not ONE_DOT:
+                acc1 = _block_dot(
+                    w, acc1, x_ptr, first + 1, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
+                )
+            if BLOCKS > 2 and not ONE_DOT:
+                acc2 = _block_dot(
+                    w, acc2, x_ptr, first + 2, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
+                )
+                acc3 = _block_dot(
+                    w, acc3, x_ptr, first + 3, M, stride_xm, offs_x, k_ok, DOT_DTYPE, DOT_FP32, X_BY_POSITION
+                )
     if ONE_DOT:
-        _store_rows(
-            wide, first_row, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, BLOCKS * _ROWS, SPLIT
-        )
+        _store_rows(wide, first_row, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, WIDE_ROWS, SPLIT)
     else:
-        _store_rows(acc0, first_row, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, _ROWS, SPLIT)
-        if BLOCKS > 1:
-            _store_rows(
-                acc1, first_row + _ROWS, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, _ROWS, SPLIT
-            )
-        if BLOCKS > 2:
-            _store_rows(
-                acc2,
-                first_row + 2 * _ROWS,
-                out_ptr,
-                ws_ptr,
-                pid_s,
-                M,
-                N,
-                stride_om,
-                offs_n,
-                n_ok,
-                _ROWS,
-                SPLIT,
-            )
-            _store_rows(
-                acc3,
-                first_row + 3 * _ROWS,
-                out_ptr,
-                ws_ptr,
-                pid_s,
-                M,
-                N,
-                stride_om,
-                offs_n,
-                n_ok,
-                _ROWS,
-                SPLIT,
-            )
+        _store_block(acc0, first, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+    if BLOCKS > 1 and not ONE_DOT:
+        _store_block(acc1, first + 1, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+    if BLOCKS > 2 and not ONE_DOT:
+        _store_block(acc2, first + 2, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
+        _store_block(acc3, first + 3, out_ptr, ws_ptr, pid_s, M, N, stride_om, offs_n, n_ok, SPLIT)
 
 
 @triton.jit
