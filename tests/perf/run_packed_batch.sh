@@ -36,7 +36,7 @@ for part in "${parts[@]}"; do
       done
       ;;
     introws)
-      for fmt_tile in "int8_g64 64x128x4x3x2x1" "int4_g64 64x128x4x3x1x1"; do
+      for fmt_tile in "int8_g64 64x128x4x3x2x0,64x128x4x3x2x1" "int4_g64 64x128x4x3x1x0,64x128x4x3x1x1"; do
         set -- $fmt_tile
         timeout "${INTROWS_S:-120}" env PYTHONPATH="$PYTHONPATH:tests/perf" python3 tests/perf/bench_int_rows.py \
           --formats "$1" --shapes 6144x16384,16384x2048,6144x6144 --rows 1,16,64 --tiles "$2" 2>&1 |

@@ -27,8 +27,9 @@ def one_dot_exact(
     timer: Callable[[Callable[[], object], torch.device], float] = launch_time_us,
 ) -> bool:
     """True when ``launch(rows, True)`` (one dot) gives an 80-row and a 24-row call the bits of
-    ``launch(rows, False)`` (a dot per 16 rows) and takes no longer at 80 rows (``timer``; off CUDA every form ties). A form that fails to compile is not
-    kept. Never probed inside a CUDA-graph capture: False then, uncached (the 16-row dots need no probe)."""
+    ``launch(rows, False)`` (a dot per 16 rows) and takes no longer at 80 rows (``timer``; off CUDA every form
+    ties). A form that fails to compile is not kept. Never probed inside a CUDA-graph capture: False then, uncached
+    (the 16-row dots need no probe)."""
 
     def probe() -> bool:
         gen = torch.Generator(device=device).manual_seed(0)
