@@ -24,7 +24,7 @@ import torch
 
 from dgpp.kernels._triton import next_pow2, tl, triton
 from dgpp.kernels.delta_chunk_walk import ChunkWalkInputs
-from dgpp.kernels.gated_delta import unit_lower_inverse
+from dgpp.kernels.gated_delta import l2_factor, unit_lower_inverse
 
 # key columns (and inverse columns) a product takes at once, warps
 PIECE = 16
@@ -33,10 +33,9 @@ _WARPS = 8
 
 @triton.jit
 def _row_scale(ptr, row_off, cols, dk, valid, scale):
-    """Per row: ``scale / sqrt(sum x^2 + eps)`` (``load_normed``'s factor), from one load of the whole rows."""
+    """``[C, 1]``: each row's ``l2_factor`` (``load_normed``'s), from one load of the whole rows."""
     x = tl.load(ptr + row_off + cols[None, :], mask=valid[:, None] & (cols < dk)[None, :], other=0.0)
-    x = x.to(tl.float32)
-    return tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6) * scale
+    return l2_factor(x.to(tl.float32), scale)
 
 
 @triton.jit
@@ -114,8 +113,8 @@ def _chunk_prep_kernel(
     for p in tl.static_range(BLOCK_K // PIECE):
         cols = p * PIECE + tl.arange(0, PIECE)
         on = valid[:, None] & (cols < dk)[None, :]
-        kp = tl.load(k_ptr + k_rows + cols[None, :], mask=on, other=0.0).to(tl.float32) * k_scale[:, None]
-        qp = tl.load(q_ptr + q_rows + cols[None, :], mask=on, other=0.0).to(tl.float32) * q_scale[:, None]
+        kp = tl.load(k_ptr + k_rows + cols[None, :], mask=on, other=0.0).to(tl.float32) * k_scale
+        qp = tl.load(q_ptr + q_rows + cols[None, :], mask=on, other=0.0).to(tl.float32) * q_scale
         out = chunk * C * dk + r[:, None] * dk + cols[None, :]
         keep = (cols < dk)[None, :]
         tl.store(kte_ptr + out, kp * tl.exp(cum_end - cum)[:, None], mask=keep)

@@ -59,9 +59,15 @@ def gated_delta_ref(
 
 
 @triton.jit
+def l2_factor(x, scale):
+    """``scale / sqrt(sum x^2 + eps)`` over the last dim (kept): what L2-normalises (and scales) each row of x."""
+    return tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + 1e-6) * scale
+
+
+@triton.jit
 def load_normed(ptr, row_off, dims, dk, valid, scale):
     x = tl.load(ptr + row_off + dims, mask=valid & (dims < dk), other=0.0).to(tl.float32)
-    return x * (tl.rsqrt(tl.sum(x * x, axis=-1, keep_dims=True) + 1e-6) * scale)
+    return x * l2_factor(x, scale)
 
 
 @triton.jit
