@@ -1,11 +1,19 @@
 """FP8 block-128 weights decoded to bf16 in the K loop and fed to Hopper's wgmma as the A operand (weights as the
 MMA's M side, the step's rows as its N side), timed against cuBLAS bf16 and checked for row-exactness.
 
-Chain: w = bf16(fp32(code) * scale) per weight, then one fp32-accumulated bf16 dot over K in a fixed order, split
-into ``split`` K slices by the shape alone, summed in slice order. A row's bits depend on its own x only when the
-row tile (``br``) is the same for every call, so each launch here uses one ``br`` for any number of rows.
+Two chains (``--chain``):
 
-    python3 tests/perf/probe_fp8_wgmma.py            # on a GPU host, after `source tests/perf/device_env.sh`
+- ``weight``: w = bf16(fp32(code) * scale) per weight, then one fp32-accumulated bf16 dot over K in a fixed order;
+- ``block``: each 128-wide K block's dot from zero on the codes converted to bf16 (exact: every E4M3 value is a
+  bf16 value), its fp32 partial times the block's scale added to the accumulator, as the FP8 decode tile
+  (``dgpp.quant.kernels.decode_gemv``) computes on ``mma.sync``; here the dot is wgmma, so the question is
+  whether one chain can serve 1, 16 and 64 rows at once at the decode tile's speed.
+
+K is split into ``split`` slices by the shape alone, summed in slice order. A row's bits depend on its own x
+only when the row tile (``br``) is the same for every call, or when the row tile's width does not enter a column's
+sums (the last lines of each shape check that, 16 rows in tiles of ``br`` against tiles of 64).
+
+    python3 tests/perf/probe_fp8_wgmma.py [--chain weight|block]   # on a GPU host, after `source tests/perf/device_env.sh`
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ def fp8_block_wgmma_kernel(
     BR: tl.constexpr,
     BK: tl.constexpr,
     SPLIT: tl.constexpr,
+    BLOCK_CHAIN: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_s = tl.program_id(1)
@@ -46,14 +55,18 @@ def fp8_block_wgmma_kernel(
     for k0 in range(pid_s * k_per, (pid_s + 1) * k_per, BK):
         codes = tl.load(w_ptr + cols[:, None].to(tl.int64) * k + (k0 + kk)[None, :])
         s = tl.load(s_ptr + (cols // 128) * s_cols + k0 // 128)
-        w = (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]).to(tl.bfloat16)
         x = tl.load(x_ptr + rows[:, None] * k + (k0 + kk)[None, :], mask=row_ok[:, None], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc)
+        if BLOCK_CHAIN:  # BK == 128: one scale block a step, its dot from zero
+            w = codes.to(tl.float8e4nv, bitcast=True).to(tl.bfloat16)
+            acc += tl.dot(w, tl.trans(x)) * s[:, None]
+        else:
+            w = (codes.to(tl.float8e4nv, bitcast=True).to(tl.float32) * s[:, None]).to(tl.bfloat16)
+            acc = tl.dot(w, tl.trans(x), acc)
     out = out_ptr + pid_s * m * n + rows[None, :] * n + cols[:, None]
     tl.store(out, acc, mask=row_ok[None, :])
 
 
-def fp8_block_wgmma(x, w, s, cfg, partials=None):
+def fp8_block_wgmma(x, w, s, cfg, partials=None, block_chain=False):
     m, k = x.shape
     n = w.shape[0]
     bn, br, bk, split, warps, stages = cfg
@@ -73,6 +86,7 @@ def fp8_block_wgmma(x, w, s, cfg, partials=None):
         BR=br,
         BK=bk,
         SPLIT=split,
+        BLOCK_CHAIN=block_chain,
         num_warps=warps,
         num_stages=stages,
     )
@@ -103,7 +117,13 @@ def main():
     p.add_argument("--shapes", default="24576x4096,6144x4096,4096x12288,4096x4096")
     p.add_argument("--rows", default="1,16,64,128")
     p.add_argument("--configs", default="")
+    p.add_argument("--chain", choices=("weight", "block"), default="weight")
     a = p.parse_args()
+    chain = a.chain == "block"
+
+    def run(x, w, s, cfg, partials=None):
+        return fp8_block_wgmma(x, w, s, cfg, partials, chain)
+
     dev = torch.device("cuda")
     gen = torch.Generator(device=dev).manual_seed(0)
     copies = 4
@@ -116,10 +136,11 @@ def main():
             if not (bn == 64 and wp == 8)
         ]
         + [(128, 16, 128, 1, 4, 4), (128, 32, 128, 1, 4, 4), (256, 64, 128, 1, 8, 3)]
+        + ([(128, 16, 128, 1, 4, 6), (256, 16, 128, 1, 8, 4), (128, 16, 128, 2, 4, 5)] if chain else [])
     )
     props = torch.cuda.get_device_properties(dev)
     print(
-        f"device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
+        f"chain {a.chain}, device {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, triton {triton.__version__}"
     )
     bw = copy_bandwidth(dev) / 1e9  # GB/s, printed
     for shape in a.shapes.split(","):
@@ -144,26 +165,21 @@ def main():
             if n % bn or (k // split) % bk:
                 continue
             try:
-                got = fp8_block_wgmma(xs, *ws[0], cfg)
+                got = run(xs, *ws[0], cfg)
             except Exception as e:  # noqa: BLE001 - a config the compiler refuses is reported and skipped
                 print(f"cfg {cfg}: {type(e).__name__} {str(e)[:120]}")
                 continue
             err = ((got.float() - ref.float()).abs().max() / ref.float().abs().max()).item()
             exact = all(
-                torch.equal(fp8_block_wgmma(xs[:c].contiguous(), *ws[0], cfg), got[:c])
-                for c in (1, 2, 16, 17, 64, 65)
-            ) and torch.equal(fp8_block_wgmma(xs[37:38].contiguous(), *ws[0], cfg), got[37:38])
+                torch.equal(run(xs[:c].contiguous(), *ws[0], cfg), got[:c]) for c in (1, 2, 16, 17, 64, 65)
+            ) and torch.equal(run(xs[37:38].contiguous(), *ws[0], cfg), got[37:38])
             times = []
             for r in (int(v) for v in a.rows.split(",")):
                 x = xs[:r].contiguous()
                 part = torch.empty(split, r, n, device=dev, dtype=torch.float32)
                 it = itertools.cycle(range(copies))
                 times.append(
-                    bench_us(
-                        lambda x=x, it=it, ws=ws, cfg=cfg, part=part: fp8_block_wgmma(
-                            x, *ws[next(it)], cfg, part
-                        )
-                    )
+                    bench_us(lambda x=x, it=it, ws=ws, cfg=cfg, part=part: run(x, *ws[next(it)], cfg, part))
                 )
             ran.append(cfg)
             ts = " ".join(f"{t:7.1f}" for t in times)
@@ -173,7 +189,7 @@ def main():
             )
         for cfg in [c for c in ran if c[1] != 64]:  # does the row tile's width change a row's bits?
             wide = (cfg[0], 64, *cfg[2:])
-            same = torch.equal(fp8_block_wgmma(xs[:16], *ws[0], cfg), fp8_block_wgmma(xs[:16], *ws[0], wide))
+            same = torch.equal(run(xs[:16], *ws[0], cfg), run(xs[:16], *ws[0], wide))
             print(f"cfg {cfg}: 16 rows in row tiles of {cfg[1]} == in row tiles of 64: {same}")
 
 

@@ -6,8 +6,9 @@
 # ``introws``: the row-exact int GEMM with one dot over its row blocks against one dot per 16 rows, bits and time,
 # then GLM-5.3 at batch 64 and 1 either way (``DGPP_INT_ROWS_ONE_DOT=0`` / ``=1``, the default; INTROWS_S). ``prefill``: the chunked delta
 # rule's UT-transform launch and walk, Qwen3.5 through its CUDA paths against transformers, and the 8K prefill
-# profile of Qwen3.5-122B (PREFILL_S).
-# Usage: bash tests/perf/run_packed_batch.sh [probe|glm|moe|introws|prefill ...]   (default: probe, glm, moe)
+# profile of Qwen3.5-122B (PREFILL_S). ``fp8chain``: FP8 block weights on wgmma with each 128-wide K block's dot from
+# zero (the decode tile's chain) at 1, 16 and 64 rows, row-exactness across row tiles (FP8CHAIN_S).
+# Usage: bash tests/perf/run_packed_batch.sh [probe|glm|moe|introws|prefill|fp8chain ...]   (default: probe, glm, moe)
 set -uo pipefail
 source "$(dirname "$0")/device_env.sh"
 parts=("$@")
@@ -56,8 +57,17 @@ for part in "${parts[@]}"; do
         --geometry qwen3.5-122b-a10b-24l@8 --cases 128x1x8 --prefill 8192 --prefill-attn triton --profile-prefill 2>&1 |
         tee "$OUT/qwen3_5_prefill.log"
       ;;
+    fp8chain)
+      timeout "${FP8CHAIN_S:-150}" env PYTHONPATH="$PYTHONPATH:tests/perf" python3 tests/perf/probe_fp8_wgmma.py \
+        --chain block --shapes 24576x4096,6144x4096 --rows 1,16,64 \
+        --configs 128:16:128:1:4:4,128:16:128:1:4:6,256:16:128:1:8:4,128:64:128:1:4:3,256:64:128:1:8:3,128:64:128:2:4:3 \
+        2>&1 | tee "$OUT/fp8chain.log"
+      # the shipped FP8 tiles on the same shapes, same run
+      timeout "${FP8CHAIN_S:-150}" env PYTHONPATH="$PYTHONPATH:tests/perf" python3 tests/perf/bench_packed_batch.py \
+        --formats fp8_block --rows 1,16,64 --problems gate_up,qkv 2>&1 | tee "$OUT/fp8_shipped.log"
+      ;;
     *)
-      echo "unknown part $part (probe, glm, moe, introws, prefill)" >&2
+      echo "unknown part $part (probe, glm, moe, introws, prefill, fp8chain)" >&2
       exit 2
       ;;
   esac
