@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 
 from dgpp.kernels._triton import tl, triton
-from dgpp.kernels.gemv import _segment
+from dgpp.kernels.gemv import _segment, fit_stages
 
 # (BM, BN, BK, warps, stages, GROUP_M) by row count; H200 sweeps of tests/perf/bench_prefill_gemm.py (2026-12-02,
 # TFLOP/s on the 8B shapes): from 1,024 rows 256 x 128 (578-633; cuBLAS 631-726), from 384 rows 128 x 128 (382-573
@@ -154,6 +154,7 @@ def prefill_linear(
     """``[x @ w.T for w in weights]`` (1 to 3 weights, one launch, outputs are column views of one buffer);
     ``tile`` overrides ``linear_tile`` (sweeps)."""
     bm, bn, bk, warps, stages, group = tile or linear_tile(x.shape[0])
+    stages = fit_stages(bm, bn, bk, stages, 1, x.element_size())  # fp32 rows stage twice the bytes
     sizes = [w.shape[0] for w in weights]
     n_total = sum(sizes)
     out = torch.empty(x.shape[0], n_total, dtype=x.dtype, device=x.device)
@@ -187,6 +188,8 @@ def prefill_gate_up_silu(
 ) -> torch.Tensor:
     """``silu(x wg^T) * (x wu^T)`` in one launch, gate and up sharing each x tile; ``tile`` as in prefill_linear."""
     bm, bn, bk, warps, stages, group = tile or gate_up_tile(x.shape[0])
+    # two weight tiles a step: fp32 rows at 4 stages would stage 288 KB, past the SM's 227 KB
+    stages = fit_stages(bm, bn, bk, stages, 2, x.element_size())
     inter = w_gate.shape[0]
     out = torch.empty(x.shape[0], inter, dtype=x.dtype, device=x.device)
     n_blocks = inter // bn

@@ -257,7 +257,7 @@ def row_block(m: int) -> int:
     return 16 if m <= 16 else 32 if m <= 32 else 64
 
 
-def _fit_stages(bm: int, bn: int, bk: int, stages: int, weight_tiles: int, elem: int) -> int:
+def fit_stages(bm: int, bn: int, bk: int, stages: int, weight_tiles: int, elem: int) -> int:
     """Cap the pipeline depth so the staged x and weight tiles fit Hopper's ~227 KB of shared memory
     (wider row tiles stage more of x per K step)."""
     per_stage = (bm + weight_tiles * bn) * bk * elem
@@ -324,7 +324,7 @@ def multi_linear_plan(
         bn, bk, stages = tile
     if any(n % bn for n in sizes):
         bn = 16
-    return bm, bn, bk, _fit_stages(bm, bn, bk, stages, 1, elem), split
+    return bm, bn, bk, fit_stages(bm, bn, bk, stages, 1, elem), split
 
 
 def multi_linear_triton(
@@ -392,7 +392,7 @@ def gate_up_silu_plan(
         bn, bk, stages = tile
     if inter % bn:
         bn = 16
-    return bm, bn, bk, _fit_stages(bm, bn, bk, stages, 2, elem), split
+    return bm, bn, bk, fit_stages(bm, bn, bk, stages, 2, elem), split
 
 
 def gate_up_silu_triton(
