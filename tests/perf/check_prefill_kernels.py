@@ -5,7 +5,8 @@
 - the gated stream mix (``dgpp.kernels.hyper_streams``) at Qwen3.8-Flash-Next's shape: time at 1, 64 and 8,192
   tokens, the largest difference from the torch reference, the last token alone == among all;
 - the chunked gated delta rule's chunk walk (``dgpp.kernels.delta_chunk_walk``) at Qwen3.5-122B's (8 value
-  heads a rank at TP 8) and Qwen3.8-Flash-Next's (48) shapes, 8,192 tokens: time against the torch products and
+  heads a rank at TP 8, and the 64 of one device, as ``dgpp bench --geometry qwen3.5-122b-a10b-24l@8`` runs them)
+  and Qwen3.8-Flash-Next's (48) shapes, 8,192 tokens: time against the torch products and
   the largest relative difference; and the whole chunked form either way;
 - its per-chunk UT transform in one launch (``dgpp.kernels.delta_chunk_prep``) at the same shapes, bf16 q/k/v:
   time against the torch products, each operand's largest relative difference, and the whole chunked form either
@@ -92,7 +93,11 @@ def chunk_walk(tokens: int) -> None:
     from dgpp.nn import gated_delta_rule as rule
 
     chunk, dk, dv = rule.CHUNK_SIZE, 128, 128
-    for label, heads, k_heads in (("Qwen3.5-122B@8", 8, 2), ("Qwen3.8-Flash-Next", 48, 16)):
+    for label, heads, k_heads in (
+        ("Qwen3.5-122B, a TP-8 rank", 8, 2),
+        ("Qwen3.5-122B, one device", 64, 16),
+        ("Qwen3.8-Flash-Next", 48, 16),
+    ):
         n = tokens // chunk
         g = torch.Generator(device="cuda").manual_seed(heads)
 
@@ -143,7 +148,11 @@ def chunk_prep(tokens: int) -> None:
     from dgpp.nn import gated_delta_rule as rule
 
     dk, dv = 128, 128
-    for label, heads, k_heads in (("Qwen3.5-122B@8", 8, 2), ("Qwen3.8-Flash-Next", 48, 16)):
+    for label, heads, k_heads in (
+        ("Qwen3.5-122B, a TP-8 rank", 8, 2),
+        ("Qwen3.5-122B, one device", 64, 16),
+        ("Qwen3.8-Flash-Next", 48, 16),
+    ):
         g = torch.Generator(device="cuda").manual_seed(heads)
         q, k = (torch.randn(1, tokens, k_heads, dk, generator=g, device="cuda").bfloat16() for _ in range(2))
         v = torch.randn(1, tokens, heads, dv, generator=g, device="cuda").bfloat16()
@@ -236,7 +245,7 @@ def moe_tiles(tokens: int) -> None:
     bf16 = torch.bfloat16
     for label, hidden, inter, experts in (
         ("MiMo-V2.6@4", 4096, 512, 256),
-        ("Qwen3.5-122B@8", 3072, 128, 256),
+        ("Qwen3.5-122B, a TP-8 rank", 3072, 128, 256),
     ):
         g = torch.Generator(device="cuda").manual_seed(hidden)
         x = torch.randn(tokens, hidden, device="cuda", dtype=bf16, generator=g)
