@@ -171,6 +171,30 @@ def test_one_dot_is_taken_only_where_the_probe_finds_the_16_row_bits(monkeypatch
     torch.testing.assert_close(got, x @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
+def test_the_one_dot_probe_times_full_64_row_programs(monkeypatch):
+    """The probe checks bits at 80 and 24 rows but times both forms at 64 rows, the batch the one dot is for (an
+    80-row call's partial program would charge one dot for 48 empty rows); the faster form at 64 rows wins."""
+    from dgpp.quant.kernels import int_rows_probe
+
+    monkeypatch.setattr(int_rows_probe, "_ONE_DOT", {})
+    launched: list[tuple[int, bool]] = []
+
+    def launch(rows: torch.Tensor, one_dot: bool) -> torch.Tensor:
+        launched.append((rows.shape[0], one_dot))
+        return rows * 2.0  # the same bits either way
+
+    def timer(run, device) -> float:  # one dot is faster at 64 rows, slower at any other row count
+        first = len(launched)
+        run()
+        rows, one_dot = launched[first]
+        return 1.0 if rows == 64 and one_dot else 2.0 if rows == 64 else 0.5 if not one_dot else 3.0
+
+    assert int_rows_probe.one_dot_exact(
+        ("fmt", "shape"), launch, 32, torch.float32, torch.device("cpu"), timer
+    )
+    assert [rows for rows, _ in launched[-2:]] == [64, 64]
+
+
 @pytest.mark.parametrize("fmt", [FORMATS[0], FORMATS[3]], ids=["int4-g64", "gptq-int4"])
 def test_k_not_a_multiple_of_the_tile(fmt):
     """K = 320 in tiles of 128 (and slices of 256): the last tile's words and groups past K are masked."""
