@@ -34,26 +34,31 @@ def _staged_bytes(meta: dict, weight_tiles: int, element_size: int) -> int:
     return (meta["num_stages"] - 1) * per_step
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [128, 512, 4096])
-def test_gate_up_pipeline_fits(monkeypatch, dtype, rows):
-    launch = _Launch()
-    monkeypatch.setattr(gemm_prefill, "_prefill_gate_up_silu_kernel", launch)
-    x = torch.empty(rows, 512, dtype=dtype)
-    w = torch.empty(256, 512, dtype=dtype)
+def _gate_up(x: torch.Tensor) -> None:
+    w = torch.empty(256, x.shape[1], dtype=x.dtype)
     gemm_prefill.prefill_gate_up_silu(x, w, w)
-    assert _staged_bytes(launch.meta, 2, x.element_size()) <= SM90_SHARED_BYTES
-    if dtype == torch.bfloat16:  # the swept bf16 pipeline is kept as it was measured
-        assert launch.meta["num_stages"] == gemm_prefill.gate_up_tile(rows)[4]
 
 
+def _linear(x: torch.Tensor) -> None:
+    gemm_prefill.prefill_linear(x, [torch.empty(256, x.shape[1], dtype=x.dtype)])
+
+
+# (kernel, call, weight tiles a K step, the swept tile by row count)
+KERNELS = {
+    "gate_up": ("_prefill_gate_up_silu_kernel", _gate_up, 2, gemm_prefill.gate_up_tile),
+    "linear": ("_prefill_linear_kernel", _linear, 1, gemm_prefill.linear_tile),
+}
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("rows", [128, 512, 4096])
-def test_linear_pipeline_fits(monkeypatch, dtype, rows):
+def test_pipeline_fits(monkeypatch, kernel, dtype, rows):
+    name, call, weight_tiles, swept_tile = KERNELS[kernel]
     launch = _Launch()
-    monkeypatch.setattr(gemm_prefill, "_prefill_linear_kernel", launch)
+    monkeypatch.setattr(gemm_prefill, name, launch)
     x = torch.empty(rows, 512, dtype=dtype)
-    gemm_prefill.prefill_linear(x, [torch.empty(256, 512, dtype=dtype)])
-    assert _staged_bytes(launch.meta, 1, x.element_size()) <= SM90_SHARED_BYTES
-    if dtype == torch.bfloat16:
-        assert launch.meta["num_stages"] == gemm_prefill.linear_tile(rows)[4]
+    call(x)
+    assert _staged_bytes(launch.meta, weight_tiles, x.element_size()) <= SM90_SHARED_BYTES
+    if dtype == torch.bfloat16:  # the swept bf16 pipeline is kept as it was measured
+        assert launch.meta["num_stages"] == swept_tile(rows)[4]
