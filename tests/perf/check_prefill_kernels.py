@@ -38,6 +38,14 @@ import triton.testing  # noqa: E402
 FAILS: list[str] = []
 
 
+# (label, value heads, key heads) of the delta-rule parts, 128 x 128 heads
+DELTA_RULE_HEADS = (
+    ("Qwen3.5-122B, a TP-8 rank", 8, 2),
+    ("Qwen3.5-122B, one device", 64, 16),
+    ("Qwen3.8-Flash-Next", 48, 16),
+)
+
+
 def _us(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=50) * 1e3
 
@@ -93,11 +101,7 @@ def chunk_walk(tokens: int) -> None:
     from dgpp.nn import gated_delta_rule as rule
 
     chunk, dk, dv = rule.CHUNK_SIZE, 128, 128
-    for label, heads, k_heads in (
-        ("Qwen3.5-122B, a TP-8 rank", 8, 2),
-        ("Qwen3.5-122B, one device", 64, 16),
-        ("Qwen3.8-Flash-Next", 48, 16),
-    ):
+    for label, heads, k_heads in DELTA_RULE_HEADS:
         n = tokens // chunk
         g = torch.Generator(device="cuda").manual_seed(heads)
 
@@ -148,11 +152,7 @@ def chunk_prep(tokens: int) -> None:
     from dgpp.nn import gated_delta_rule as rule
 
     dk, dv = 128, 128
-    for label, heads, k_heads in (
-        ("Qwen3.5-122B, a TP-8 rank", 8, 2),
-        ("Qwen3.5-122B, one device", 64, 16),
-        ("Qwen3.8-Flash-Next", 48, 16),
-    ):
+    for label, heads, k_heads in DELTA_RULE_HEADS:
         g = torch.Generator(device="cuda").manual_seed(heads)
         q, k = (torch.randn(1, tokens, k_heads, dk, generator=g, device="cuda").bfloat16() for _ in range(2))
         v = torch.randn(1, tokens, heads, dv, generator=g, device="cuda").bfloat16()

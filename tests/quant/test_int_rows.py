@@ -183,11 +183,13 @@ def test_the_one_dot_probe_times_full_64_row_programs(monkeypatch):
         launched.append((rows.shape[0], one_dot))
         return rows * 2.0  # the same bits either way
 
-    def timer(run, device) -> float:  # one dot is faster at 64 rows, slower at any other row count
+    # one dot is faster at 64 rows and slower at 80 (a row count the probe must not time fails on the look-up)
+    times = {(64, True): 1.0, (64, False): 2.0, (80, True): 3.0, (80, False): 0.5}
+
+    def timer(run, device) -> float:
         first = len(launched)
         run()
-        rows, one_dot = launched[first]
-        return 1.0 if rows == 64 and one_dot else 2.0 if rows == 64 else 0.5 if not one_dot else 3.0
+        return times[launched[first]]
 
     assert int_rows_probe.one_dot_exact(
         ("fmt", "shape"), launch, 32, torch.float32, torch.device("cpu"), timer
